@@ -1,0 +1,31 @@
+/* Memory-strategy plugins (checkpointing, offload, zero3): hooks around each layer and step. */
+#ifndef CTRL_MEMORY_H
+#define CTRL_MEMORY_H
+
+#include "plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ctrl_memory ctrl_memory; /* the plugin's own state */
+
+typedef struct ctrl_memory_ops {
+    size_t size;
+    ctrl_status (*create)(const ctrl_host *host, const ctrl_config *cfg, int n_layers, ctrl_memory **out);
+    /* Each hook is optional (NULL = nothing to do). `layer` counts from 0. */
+    ctrl_status (*before_forward)(ctrl_memory *m, int layer);
+    ctrl_status (*after_forward)(ctrl_memory *m, int layer);
+    ctrl_status (*before_backward)(ctrl_memory *m, int layer);
+    ctrl_status (*after_backward)(ctrl_memory *m, int layer);
+    ctrl_status (*before_step)(ctrl_memory *m);
+    ctrl_status (*after_step)(ctrl_memory *m);
+    /* 1 when layer activations should be dropped after forward and recomputed in backward. */
+    int (*recompute)(const ctrl_memory *m, int layer);
+    void (*destroy)(ctrl_memory *m);
+} ctrl_memory_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

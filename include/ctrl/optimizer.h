@@ -1,0 +1,38 @@
+/* Optimizer plugins (adamw, sgd): the kind's vtable. Parameters, gradients and states are flat
+ * fp32 buffers with the same layout; groups carry per-group weight decay (none on norms/biases). */
+#ifndef CTRL_OPTIMIZER_H
+#define CTRL_OPTIMIZER_H
+
+#include "plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ctrl_param_group {
+    float *param;       /* fp32 master weights */
+    const float *grad;  /* fp32 gradients */
+    int64_t numel;
+    float weight_decay; /* 0 for norms and biases */
+} ctrl_param_group;
+
+typedef struct ctrl_optimizer ctrl_optimizer; /* the plugin's own state */
+
+typedef struct ctrl_optimizer_ops {
+    size_t size;
+    /* Reads its options from `cfg` (section named after the plugin). */
+    ctrl_status (*create)(const ctrl_host *host, const ctrl_config *cfg, const ctrl_param_group *groups,
+                          int n_groups, ctrl_device device, ctrl_optimizer **out);
+    /* One update at learning rate lr; `step` counts from 1 (bias correction). */
+    ctrl_status (*step)(ctrl_optimizer *opt, const ctrl_param_group *groups, int n_groups, double lr,
+                        int64_t step);
+    /* Serialised state for checkpoints: named fp32 buffers, same layout as the params. */
+    int (*state_count)(const ctrl_optimizer *opt);
+    ctrl_status (*state_get)(ctrl_optimizer *opt, int i, const char **name, float **data, int64_t *numel);
+    void (*destroy)(ctrl_optimizer *opt);
+} ctrl_optimizer_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,111 @@
+/* The plugin ABI. A plugin .so exports one symbol, `ctrl_plugins`, returning a NULL-terminated
+ * list of descriptors; CTRL_PLUGIN_DEFINE makes it. The core checks `abi` exactly, `size` (structs
+ * only grow at the end) and `signature` (build traits that change layout), then registers each
+ * descriptor by (kind, name). Plugins include only headers from include/ctrl/ and reach the core
+ * through the ctrl_host table they are given; they never link against core internals. */
+#ifndef CTRL_PLUGIN_H
+#define CTRL_PLUGIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "log.h"
+#include "option.h"
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped on any incompatible change of this header or of a kind's vtable layout. */
+#define CTRL_PLUGIN_ABI 1u
+
+/* Build traits that change struct layouts or calling conventions. A plugin built with other
+ * traits than the core is refused with both signatures printed. */
+#define CTRL_PLUGIN_SIGNATURE "ctrl1-lp64"
+
+typedef enum ctrl_kind {
+    CTRL_KIND_ATTENTION = 0,
+    CTRL_KIND_OPTIMIZER,
+    CTRL_KIND_TRAINER,
+    CTRL_KIND_MEMORY,
+    CTRL_KIND_REWARD,
+    CTRL_KIND_COUNT,
+} ctrl_kind;
+
+/* What the core lends a plugin. Versioned by size: fields are only appended; a plugin checks
+ * `size` before using a field added after the one it was built against. */
+typedef struct ctrl_host {
+    size_t size;
+    uint32_t abi;
+    void (*log)(ctrl_log_level level, const char *fmt, ...);
+    ctrl_status (*error_set)(ctrl_status status, const char *fmt, ...);
+    const char *(*config_get_string)(const ctrl_config *cfg, const char *section, const char *key);
+    int64_t (*config_get_int)(const ctrl_config *cfg, const char *section, const char *key, int64_t fallback);
+    double (*config_get_float)(const ctrl_config *cfg, const char *section, const char *key, double fallback);
+    bool (*config_get_bool)(const ctrl_config *cfg, const char *section, const char *key, bool fallback);
+    int has_cuda; /* 1 when this process can run CUDA kernels */
+} ctrl_host;
+
+typedef struct ctrl_plugin {
+    uint32_t abi;          /* CTRL_PLUGIN_ABI as built */
+    uint32_t size;         /* sizeof(ctrl_plugin) as built */
+    const char *signature; /* CTRL_PLUGIN_SIGNATURE as built */
+    ctrl_kind kind;
+    const char *name; /* unique within its kind; [a-z0-9_]+ */
+    const char *version;
+    const char *summary;
+    const ctrl_option *options; /* keys of its config section, or NULL */
+    /* Optional. Called once after loading; non-OK refuses the plugin (message via host->error_set). */
+    ctrl_status (*init)(const ctrl_host *host);
+    /* Optional. 0 = cannot run on this host (e.g. needs CUDA); higher is preferred by `auto`. */
+    int (*score)(const ctrl_host *host);
+    /* The kind's vtable (ctrl_attention_ops, ...). Its first field is its own size. */
+    const void *ops;
+} ctrl_plugin;
+
+/* Fills abi, size and signature; use in a designated initializer:
+ *   static const ctrl_plugin p = { CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_REWARD, ... }; */
+#define CTRL_PLUGIN_HEADER .abi = CTRL_PLUGIN_ABI, .size = sizeof(ctrl_plugin), .signature = CTRL_PLUGIN_SIGNATURE
+
+#define CTRL_PLUGIN_ENTRY_SYMBOL "ctrl_plugins"
+
+#if defined(_WIN32)
+#define CTRL_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define CTRL_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* Defines the entry symbol. Built with CTRL_PLUGIN_STATIC_NAME=foo (for linking a plugin into a
+ * test binary), the function is named ctrl_plugins_foo instead, so several can coexist.
+ *   CTRL_PLUGIN_DEFINE(&my_reward, &my_other_reward)                                        */
+#ifdef CTRL_PLUGIN_STATIC_NAME
+#define CTRL_PLUGIN_CAT2(a, b) a##b
+#define CTRL_PLUGIN_CAT(a, b) CTRL_PLUGIN_CAT2(a, b)
+#define CTRL_PLUGIN_FN CTRL_PLUGIN_CAT(ctrl_plugins_, CTRL_PLUGIN_STATIC_NAME)
+#define CTRL_PLUGIN_DEFINE(...)                                                                    \
+    const ctrl_plugin *const *CTRL_PLUGIN_FN(void);                                                \
+    const ctrl_plugin *const *CTRL_PLUGIN_FN(void) {                                               \
+        static const ctrl_plugin *const list[] = {__VA_ARGS__, NULL};                              \
+        return list;                                                                               \
+    }
+#else
+#define CTRL_PLUGIN_DEFINE(...)                                                                    \
+    CTRL_PLUGIN_EXPORT const ctrl_plugin *const *ctrl_plugins(void);                               \
+    CTRL_PLUGIN_EXPORT const ctrl_plugin *const *ctrl_plugins(void) {                              \
+        static const ctrl_plugin *const list[] = {__VA_ARGS__, NULL};                              \
+        return list;                                                                               \
+    }
+#endif
+
+typedef const ctrl_plugin *const *(*ctrl_plugins_fn)(void);
+
+const char *ctrl_kind_name(ctrl_kind kind); /* "attention", ... */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
