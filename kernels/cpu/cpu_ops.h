@@ -1,0 +1,105 @@
+/* CPU kernels: the reference implementation of every model op (forward and backward).
+ * The CUDA backend (kernels/cuda/cuda_ops.h) mirrors these signatures with a ctrl_cuda_ prefix
+ * and device pointers, and is tested against them.
+ *
+ * Conventions (llm.c style, flat row-major buffers):
+ *   T = tokens in the flat batch, C = hidden size, V = vocab, IN/OUT = linear sizes.
+ *   Linear weights use the Hugging Face layout [OUT, IN]: y = x W^T + b.
+ *   Backward: gradients of PARAMETERS are accumulated (+=); gradients of INPUTS are written (=).
+ *   Optional outputs/inputs may be NULL where the comment says so. */
+#ifndef CTRL_KERNELS_CPU_OPS_H
+#define CTRL_KERNELS_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Embedding: out[t] = wte[tokens[t]]. */
+void ctrl_cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C);
+void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
+
+/* RMSNorm (Llama/Qwen): out = x / sqrt(mean(x^2) + eps) * weight; rstd[T] saved for backward. */
+void ctrl_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                              float eps);
+void ctrl_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                               const float *weight, const float *rstd, int T, int C);
+
+/* Linear: out[T,OUT] = x[T,IN] W[OUT,IN]^T + bias[OUT] (bias may be NULL). GEMM through OpenBLAS. */
+void ctrl_cpu_linear_forward(float *out, const float *x, const float *w, const float *bias, int T, int IN,
+                             int OUT);
+/* dx may be NULL (not needed); dbias may be NULL (no bias). */
+void ctrl_cpu_linear_backward(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                              const float *w, int T, int IN, int OUT);
+
+/* RoPE tables. Kinds follow transformers' rope_scaling "rope_type". */
+typedef enum ctrl_rope_kind {
+    CTRL_ROPE_DEFAULT = 0,
+    CTRL_ROPE_LINEAR,
+    CTRL_ROPE_LLAMA3,
+    CTRL_ROPE_YARN,
+    CTRL_ROPE_DYNAMIC, /* NTK-aware dynamic: tables depend on the sequence length seen */
+} ctrl_rope_kind;
+
+typedef struct ctrl_rope_params {
+    ctrl_rope_kind kind;
+    double theta;                 /* rope_theta */
+    double factor;                /* rope_scaling.factor */
+    double low_freq_factor;       /* llama3 */
+    double high_freq_factor;      /* llama3 */
+    int original_max_position;    /* original_max_position_embeddings (llama3, yarn, dynamic) */
+    double beta_fast, beta_slow;  /* yarn (defaults 32, 1) */
+    double attention_factor;      /* yarn mscale; 0 = derived from factor as transformers does */
+    double partial_rotary_factor; /* 1.0 = rotate the whole head */
+} ctrl_rope_params;
+
+/* cos/sin tables [max_pos, head_dim/2] (rotate-half convention: pairs (i, i + head_dim/2)). */
+void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_dim,
+                          const ctrl_rope_params *p);
+/* x: [T, n_head, head_dim]; pos[T] gives each token's position (restarting per packed sequence).
+ * In place is allowed (out == x). */
+void ctrl_cpu_rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                           const float *sin_tab, int T, int n_head, int head_dim);
+void ctrl_cpu_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
+                            const float *sin_tab, int T, int n_head, int head_dim);
+
+/* SwiGLU: out = silu(gate) * up, elementwise over n values. */
+void ctrl_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+void ctrl_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, int64_t n);
+
+/* Residual: out = a + b. Backward: da += dout, db += dout (both accumulate: the residual stream). */
+void ctrl_cpu_residual_forward(float *out, const float *a, const float *b, int64_t n);
+void ctrl_cpu_residual_backward(float *da, float *db, const float *dout, int64_t n);
+
+/* The fused head (DESIGN §5): per-token log-probability of targets[t] under
+ * softmax(hidden[t] W_lm^T / temperature), and the entropy of that distribution, computed in
+ * chunks of tokens and vocabulary so that the [T, V] logits never exist in full.
+ *   logp[T]      written
+ *   entropy[T]   written, may be NULL
+ *   lse[T]       written: log-sum-exp of the scaled logits, saved for backward
+ *   correct[T]   written, may be NULL: 1 when argmax == target (mean_token_accuracy)
+ * targets[t] < 0 marks a position with no target (logp, entropy = 0 there). */
+typedef struct ctrl_head_args {
+    const float *hidden;    /* [T, C] */
+    const float *w;         /* [V, C] (lm_head, or the tied embedding) */
+    const int32_t *targets; /* [T] */
+    int T, C, V;
+    float temperature;      /* > 0 */
+    int chunk_tokens;       /* 0 = default */
+    int chunk_vocab;        /* 0 = default */
+} ctrl_head_args;
+
+/* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */
+size_t ctrl_cpu_head_workspace_bytes(const ctrl_head_args *a);
+void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse,
+                           int32_t *correct, void *workspace);
+/* dlogp[T] = dL/dlogp; dentropy may be NULL (no loss term on entropy). Writes dhidden[T, C],
+ * accumulates dw[V, C]. Recomputes logits chunk by chunk from lse. */
+void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp,
+                            const float *entropy, const float *dentropy, float *dhidden, float *dw,
+                            void *workspace);
+
+/* Global gradient norm: sum of squares over n values (accumulated in double). */
+double ctrl_cpu_sum_squares(const float *x, int64_t n);
+void ctrl_cpu_scale(float *x, float s, int64_t n);
+
+#endif
