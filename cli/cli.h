@@ -1,0 +1,48 @@
+/* The ctrl command-line program: shared state and helpers of the commands (cli/cmd_*.c). */
+#ifndef CTRL_CLI_H
+#define CTRL_CLI_H
+
+#include <ctrl/ctrl.h>
+
+#include "registry.h"
+
+#define CTRL_CLI_MAX_PLUGIN_DIRS 64
+
+typedef struct ctrl_cli {
+    const char *plugin_dirs[CTRL_CLI_MAX_PLUGIN_DIRS]; /* --plugin-dir, in order */
+    int n_plugin_dirs;
+    ctrl_registry *reg; /* loaded on first use by cli_plugins() */
+} ctrl_cli;
+
+typedef struct ctrl_command {
+    const char *name;
+    const char *summary;
+    const char *usage; /* full --help text */
+    int (*run)(ctrl_cli *cli, int argc, char **argv); /* argv[0] is the command name */
+} ctrl_command;
+
+/* Loads the plugins once (the --plugin-dir list, then CTRL_PLUGIN_PATH, then the install dir).
+ * A plugin that fails to load is an error: the message names the file. */
+ctrl_status cli_plugins(ctrl_cli *cli, ctrl_registry **out);
+
+/* Prints "ctrl: error: <message>" for the current error and returns the exit code for `st`. */
+int cli_fail(ctrl_status st);
+
+/* Prints "ctrl CMD: <message>" and a hint to --help; returns 2. */
+int cli_usage_error(const ctrl_command *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* 1 when argv holds -h or --help (before any "--"). */
+int cli_wants_help(int argc, char **argv);
+
+/* Collects "--set section.key=value" / "--set=section.key=value" pairs from argv[first..];
+ * other arguments go to `positional`. Returns 0, or prints a usage error and returns 2. */
+int cli_split_sets(const ctrl_command *cmd, int argc, char **argv, const char **sets, int *n_sets,
+                   const char **positional, int *n_positional, int cap);
+
+/* Set by SIGINT/SIGTERM; long work polls it, finishes its step, saves, and exits 130. */
+int cli_interrupted(void);
+void cli_install_signal_handlers(void);
+
+extern const ctrl_command cli_cmd_train, cli_cmd_plugins, cli_cmd_config, cli_cmd_version;
+
+#endif
