@@ -17,7 +17,7 @@ typedef struct ctrl_cli {
 typedef struct ctrl_command {
     const char *name;
     const char *summary;
-    const char *usage; /* full --help text */
+    const char *usage;                                /* full --help text */
     int (*run)(ctrl_cli *cli, int argc, char **argv); /* argv[0] is the command name */
 } ctrl_command;
 

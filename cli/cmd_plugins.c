@@ -49,13 +49,15 @@ static int describe(ctrl_registry *reg, const char *spec) {
             }
         }
         if (matches > 1) {
-            ctrl_error_set(CTRL_ERR_USAGE, "plugins describe: '%s' names plugins of several kinds; write KIND/%s",
-                           spec, spec);
+            ctrl_error_set(CTRL_ERR_USAGE,
+                           "plugins describe: '%s' names plugins of several kinds; write KIND/%s", spec,
+                           spec);
             return cli_fail(CTRL_ERR_USAGE);
         }
     }
     if (!found) {
-        ctrl_error_set(CTRL_ERR_USAGE, "plugins describe: no plugin '%s' is loaded (see 'ctrl plugins')", spec);
+        ctrl_error_set(CTRL_ERR_USAGE, "plugins describe: no plugin '%s' is loaded (see 'ctrl plugins')",
+                       spec);
         return cli_fail(CTRL_ERR_USAGE);
     }
     const ctrl_plugin *p = found->plugin;

@@ -16,13 +16,14 @@ static void print_main_help(FILE *out) {
                  "LLM post-training (SFT, DPO, GRPO, ...) in one native program.\n\n"
                  "Commands:\n");
     for (int i = 0; commands[i]; i++) fprintf(out, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
-    fprintf(out, "\nGlobal options:\n"
-                 "  --plugin-dir DIR   load every plugin .so in DIR (repeatable; searched first)\n"
-                 "  --log-level LEVEL  trace|debug|info|warn|error|off (default info)\n"
-                 "  -h, --help         this text; `ctrl COMMAND --help` for a command's own\n"
-                 "  --version          print the version\n\n"
-                 "Plugins are also loaded from CTRL_PLUGIN_PATH (colon-separated) and the install\n"
-                 "directory. Exit codes: 0 ok, 1 run-time error, 2 usage or config error, 130 interrupted.\n");
+    fprintf(out,
+            "\nGlobal options:\n"
+            "  --plugin-dir DIR   load every plugin .so in DIR (repeatable; searched first)\n"
+            "  --log-level LEVEL  trace|debug|info|warn|error|off (default info)\n"
+            "  -h, --help         this text; `ctrl COMMAND --help` for a command's own\n"
+            "  --version          print the version\n\n"
+            "Plugins are also loaded from CTRL_PLUGIN_PATH (colon-separated) and the install\n"
+            "directory. Exit codes: 0 ok, 1 run-time error, 2 usage or config error, 130 interrupted.\n");
 }
 
 static int main_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -61,7 +62,8 @@ int main(int argc, char **argv) {
         if (!strncmp(a, "--plugin-dir", 12)) {
             if (!val[0]) return main_usage_error("--plugin-dir needs a directory");
             if (cli.n_plugin_dirs == CTRL_CLI_MAX_PLUGIN_DIRS)
-                return main_usage_error("too many --plugin-dir options (at most %d)", CTRL_CLI_MAX_PLUGIN_DIRS);
+                return main_usage_error("too many --plugin-dir options (at most %d)",
+                                        CTRL_CLI_MAX_PLUGIN_DIRS);
             cli.plugin_dirs[cli.n_plugin_dirs++] = val;
         } else {
             ctrl_log_level level;

@@ -53,8 +53,8 @@ void ctrl_logv(ctrl_log_level level, const char *fmt, va_list ap) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     static const char *const tags[] = {"TRACE", "DEBUG", "INFO ", "WARN ", "ERROR"};
     pthread_mutex_lock(&log_lock);
-    fprintf(stderr, "%02d:%02d:%02d.%03ld %s %s%s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
-            ts.tv_nsec / 1000000, tags[level], prefix, msg);
+    fprintf(stderr, "%02d:%02d:%02d.%03ld %s %s%s\n", tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+            tags[level], prefix, msg);
     fflush(stderr);
     pthread_mutex_unlock(&log_lock);
 }

@@ -1,0 +1,163 @@
+/* The adamw and sgd plugins against torch.optim trajectories (tests/reference/make_optimizer_fixtures.py):
+ * two parameter groups (with and without weight decay), a learning rate changing every step,
+ * six steps; parameters must match torch to fp32 rounding. */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/optimizer.h>
+
+#include "test.h"
+
+const ctrl_plugin *const *ctrl_plugins_adamw(void);
+const ctrl_plugin *const *ctrl_plugins_sgd(void);
+
+/* A host whose config accessors read the fixture's hyper-parameters (cfg is this table). */
+typedef struct {
+    char key[8][32];
+    double val[8];
+    int n;
+} hp_table;
+
+static double hp_get(const ctrl_config *cfg, const char *key, double fallback) {
+    const hp_table *t = (const hp_table *)cfg;
+    for (int i = 0; t && i < t->n; i++)
+        if (!strcmp(t->key[i], key)) return t->val[i];
+    return fallback;
+}
+static double host_get_float(const ctrl_config *cfg, const char *s, const char *k, double fb) {
+    (void)s;
+    return hp_get(cfg, k, fb);
+}
+static bool host_get_bool(const ctrl_config *cfg, const char *s, const char *k, bool fb) {
+    (void)s;
+    return hp_get(cfg, k, fb ? 1 : 0) != 0;
+}
+static ctrl_status host_error_set(ctrl_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return ctrl_error_set(st, "%s", buf);
+}
+static const ctrl_host test_host = {
+    .size = sizeof(ctrl_host),
+    .abi = CTRL_PLUGIN_ABI,
+    .error_set = host_error_set,
+    .config_get_float = host_get_float,
+    .config_get_bool = host_get_bool,
+};
+
+static float *read_floats(FILE *f, const char *tag, int n) {
+    char word[32];
+    if (fscanf(f, "%31s", word) != 1 || strcmp(word, tag) != 0) return NULL;
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int i = 0; i < n; i++)
+        if (fscanf(f, "%f", &x[i]) != 1) {
+            free(x);
+            return NULL;
+        }
+    return x;
+}
+
+static const ctrl_optimizer_ops *find_ops(const char *kind) {
+    const ctrl_plugin *const *list = !strcmp(kind, "adamw") ? ctrl_plugins_adamw() : ctrl_plugins_sgd();
+    CHECK(list && list[0] && list[0]->kind == CTRL_KIND_OPTIMIZER && !strcmp(list[0]->name, kind));
+    return list[0] ? list[0]->ops : NULL;
+}
+
+TEST(torch_trajectories) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/optimizer/optimizers.txt", CTRL_FIXTURE_DIR);
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    if (!f) return;
+    char line[256];
+    if (!fgets(line, sizeof line, f)) line[0] = 0; /* comment line */
+    int cases = 0;
+    char word[32], name[64], kind[16];
+    int steps;
+    while (fscanf(f, "%31s", word) == 1 && !strcmp(word, "case")) {
+        CHECK(fscanf(f, "%63s %15s %d", name, kind, &steps) == 3);
+        hp_table hp = {0};
+        CHECK(fscanf(f, "%31s", word) == 1 && !strcmp(word, "hparams"));
+        if (!fgets(line, sizeof line, f)) break;
+        for (char *tok = strtok(line, " \n"); tok && hp.n < 8; tok = strtok(NULL, " \n")) {
+            char *eq = strchr(tok, '=');
+            if (!eq) continue;
+            *eq = 0;
+            snprintf(hp.key[hp.n], sizeof hp.key[0], "%s", tok);
+            hp.val[hp.n++] = atof(eq + 1);
+        }
+        ctrl_param_group groups[2];
+        for (int g = 0; g < 2; g++) {
+            int n;
+            float wd;
+            CHECK(fscanf(f, "%31s %d %f", word, &n, &wd) == 3 && !strcmp(word, "group"));
+            groups[g].numel = n;
+            groups[g].weight_decay = wd;
+            groups[g].grad = NULL;
+            groups[g].param = malloc((size_t)n * sizeof(float));
+            for (int i = 0; i < n; i++) CHECK(fscanf(f, "%f", &groups[g].param[i]) == 1);
+        }
+        const ctrl_optimizer_ops *ops = find_ops(kind);
+        ctrl_optimizer *opt = NULL;
+        CHECK_EQ_INT(ops->create(&test_host, (const ctrl_config *)&hp, groups, 2,
+                                 (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                     CTRL_OK);
+        double worst = 0;
+        for (int t = 1; t <= steps; t++) {
+            int tt;
+            double lr;
+            CHECK(fscanf(f, "%31s %d %lf", word, &tt, &lr) == 3 && tt == t);
+            float *grads[2], *want[2];
+            for (int g = 0; g < 2; g++) grads[g] = read_floats(f, "grad", (int)groups[g].numel);
+            for (int g = 0; g < 2; g++) want[g] = read_floats(f, "param", (int)groups[g].numel);
+            for (int g = 0; g < 2; g++) groups[g].grad = grads[g];
+            CHECK_EQ_INT(ops->step(opt, groups, 2, lr, t), CTRL_OK);
+            for (int g = 0; g < 2; g++) {
+                double e = test_rel_error_f32(groups[g].param, want[g], groups[g].numel);
+                if (e > worst) worst = e;
+                free(grads[g]);
+                free(want[g]);
+            }
+        }
+        CHECK_MSG(worst <= 1e-6, "%s: relative error %.3g vs torch", name, worst);
+        printf("  %-14s %d steps, worst relative error vs torch %.2e\n", name, steps, worst);
+        /* The state is exported for checkpoints. */
+        int n_state = ops->state_count(opt);
+        CHECK(!strcmp(kind, "adamw") ? n_state == 4 : n_state >= 0);
+        for (int i = 0; i < n_state; i++) {
+            const char *sn;
+            float *data;
+            int64_t numel;
+            CHECK_EQ_INT(ops->state_get(opt, i, &sn, &data, &numel), CTRL_OK);
+            int g = !strcmp(kind, "adamw") ? i / 2 : i;
+            CHECK(data != NULL && numel == groups[g].numel);
+        }
+        ops->destroy(opt);
+        for (int g = 0; g < 2; g++) free(groups[g].param);
+        CHECK(fscanf(f, "%31s", word) == 1 && !strcmp(word, "end"));
+        cases++;
+    }
+    fclose(f);
+    CHECK_EQ_INT(cases, 5);
+}
+
+TEST(nesterov_needs_momentum) {
+    hp_table hp = {.n = 2};
+    strcpy(hp.key[0], "nesterov");
+    hp.val[0] = 1;
+    strcpy(hp.key[1], "momentum");
+    hp.val[1] = 0;
+    float p[3] = {0}, g[3] = {0};
+    ctrl_param_group grp = {.param = p, .grad = g, .numel = 3};
+    ctrl_optimizer *opt = NULL;
+    CHECK_EQ_INT(find_ops("sgd")->create(&test_host, (const ctrl_config *)&hp, &grp, 1,
+                                         (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                 CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "nesterov");
+}

@@ -1,0 +1,18 @@
+# The optimizer plugins linked statically into one test (CTRL_PLUGIN_STATIC_NAME renames each
+# plugin's entry function), replaying torch.optim trajectories from tests/fixtures/optimizer/.
+add_executable(test_optimizers ${CMAKE_SOURCE_DIR}/tests/optimizer/test_optimizers.c
+               ${CMAKE_SOURCE_DIR}/tests/test_main.c)
+add_library(test_optimizer_adamw OBJECT ${CMAKE_SOURCE_DIR}/plugins/optimizer/adamw/adamw.c)
+target_compile_definitions(test_optimizer_adamw PRIVATE CTRL_PLUGIN_STATIC_NAME=adamw)
+add_library(test_optimizer_sgd OBJECT ${CMAKE_SOURCE_DIR}/plugins/optimizer/sgd/sgd.c)
+target_compile_definitions(test_optimizer_sgd PRIVATE CTRL_PLUGIN_STATIC_NAME=sgd)
+foreach(t test_optimizer_adamw test_optimizer_sgd)
+  target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/include)
+  target_link_libraries(${t} PRIVATE OpenMP::OpenMP_C)
+endforeach()
+target_sources(test_optimizers PRIVATE $<TARGET_OBJECTS:test_optimizer_adamw> $<TARGET_OBJECTS:test_optimizer_sgd>)
+target_include_directories(test_optimizers PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/include)
+target_compile_definitions(test_optimizers PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
+target_link_libraries(test_optimizers PRIVATE ctrl OpenMP::OpenMP_C m)
+add_test(NAME test_optimizers COMMAND test_optimizers)
+set_tests_properties(test_optimizers PROPERTIES LABELS parity SKIP_RETURN_CODE 77 TIMEOUT 120)
