@@ -1,0 +1,83 @@
+/* The sft trainer's loss against transformers' ForCausalLMLoss with num_items_in_batch
+ * (tests/reference/make_sft_loss_fixtures.py): three micro-batches of one accumulated batch. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/trainer.h>
+
+#include "test.h"
+
+const ctrl_plugin *const *ctrl_plugins_sft(void);
+
+static ctrl_status host_error_set(ctrl_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return ctrl_error_set(st, "%s", buf);
+}
+static const ctrl_host test_host = {
+    .size = sizeof(ctrl_host), .abi = CTRL_PLUGIN_ABI, .error_set = host_error_set};
+
+static int read_tagged(FILE *f, const char *tag, float *x, int n) {
+    char word[32];
+    if (fscanf(f, "%31s", word) != 1 || strcmp(word, tag) != 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (fscanf(f, "%f", &x[i]) != 1) return 0;
+    return 1;
+}
+
+TEST(loss_matches_transformers_with_accumulation) {
+    const ctrl_plugin *p = ctrl_plugins_sft()[0];
+    CHECK(p->kind == CTRL_KIND_TRAINER && !strcmp(p->name, "sft"));
+    const ctrl_trainer_ops *ops = p->ops;
+    ctrl_trainer *t = NULL;
+    CHECK_EQ_INT(ops->create(&test_host, NULL, &t), CTRL_OK);
+
+    char path[1024];
+    snprintf(path, sizeof path, "%s/trainer/sft_loss.txt", CTRL_FIXTURE_DIR);
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    if (!f) return;
+    char line[256], word[32];
+    if (!fgets(line, sizeof line, f)) line[0] = 0;
+    int n_micro, num_items;
+    CHECK(fscanf(f, "%31s %d %d", word, &n_micro, &num_items) == 3);
+    for (int m = 0; m < n_micro; m++) {
+        int T;
+        double want;
+        CHECK(fscanf(f, "%31s %d %lf", word, &T, &want) == 3);
+        float *logp = malloc(sizeof(float) * T), *mask = malloc(sizeof(float) * T);
+        float *dwant = malloc(sizeof(float) * T), *dlogp = malloc(sizeof(float) * T);
+        CHECK(read_tagged(f, "logp", logp, T) && read_tagged(f, "mask", mask, T) &&
+              read_tagged(f, "dlogp", dwant, T));
+        memset(dlogp, 0xff, sizeof(float) * T); /* poisoned: every element must be written */
+        ctrl_trainer_batch b = {
+            .size = sizeof b, .T = T, .logp = logp, .weight = mask, .num_items = num_items};
+        double loss;
+        CHECK_EQ_INT(ops->loss(t, &b, &loss, dlogp), CTRL_OK);
+        CHECK_NEAR(loss, want, 1e-6 * (1 + want));
+        CHECK_REL(dlogp, dwant, T, 1e-6);
+        free(logp);
+        free(mask);
+        free(dwant);
+        free(dlogp);
+    }
+    fclose(f);
+    ops->destroy(t);
+}
+
+TEST(empty_accumulated_batch_is_an_error) {
+    const ctrl_trainer_ops *ops = ctrl_plugins_sft()[0]->ops;
+    ctrl_trainer *t = NULL;
+    CHECK_EQ_INT(ops->create(&test_host, NULL, &t), CTRL_OK);
+    float logp[2] = {-1, -2}, w[2] = {0, 0}, d[2];
+    ctrl_trainer_batch b = {.size = sizeof b, .T = 2, .logp = logp, .weight = w, .num_items = 0};
+    double loss;
+    CHECK_EQ_INT(ops->loss(t, &b, &loss, d), CTRL_ERR_RUNTIME);
+    CHECK_CONTAINS(ctrl_error_message(), "no trained token");
+    ops->destroy(t);
+}

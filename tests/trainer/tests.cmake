@@ -1,0 +1,10 @@
+# The sft trainer plugin linked statically, against transformers' loss with num_items_in_batch.
+add_executable(test_trainer_sft ${CMAKE_SOURCE_DIR}/tests/trainer/test_trainer_sft.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
+               ${CMAKE_SOURCE_DIR}/plugins/trainer/sft/sft.c)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/plugins/trainer/sft/sft.c TARGET_DIRECTORY test_trainer_sft
+                            PROPERTIES COMPILE_DEFINITIONS CTRL_PLUGIN_STATIC_NAME=sft)
+target_include_directories(test_trainer_sft PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/include)
+target_compile_definitions(test_trainer_sft PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
+target_link_libraries(test_trainer_sft PRIVATE ctrl m)
+add_test(NAME test_trainer_sft COMMAND test_trainer_sft)
+set_tests_properties(test_trainer_sft PROPERTIES LABELS parity SKIP_RETURN_CODE 77 TIMEOUT 60)
