@@ -27,6 +27,9 @@ ctrl_status cli_plugins(ctrl_cli *cli, ctrl_registry **out);
 
 /* Prints "ctrl: error: <message>" for the current error and returns the exit code for `st`. */
 int cli_fail(ctrl_status st);
+/* The same for a failure to load the run config: a missing or unreadable INI file is the user's
+ * config error too, so everything but out-of-memory exits 2. */
+int cli_fail_config(ctrl_status st);
 
 /* Prints "ctrl CMD: <message>" and a hint to --help; returns 2. */
 int cli_usage_error(const ctrl_command *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -23,6 +23,11 @@ int cli_fail(ctrl_status st) {
     return ctrl_status_exit_code(st);
 }
 
+int cli_fail_config(ctrl_status st) {
+    int rc = cli_fail(st);
+    return st == CTRL_ERR_NOMEM ? rc : 2;
+}
+
 int cli_usage_error(const ctrl_command *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -19,7 +19,7 @@ static int check(ctrl_cli *cli, int argc, char **argv) {
     if (st != CTRL_OK) return cli_fail(st);
     ctrl_config *cfg;
     st = ctrl_config_load(pos[0], sets, n_sets, reg, &cfg);
-    if (st != CTRL_OK) return cli_fail(st);
+    if (st != CTRL_OK) return cli_fail_config(st);
     printf("%s: ok (trainer %s, output_dir %s)\n", pos[0], ctrl_config_get_string(cfg, "run", "trainer"),
            ctrl_config_get_string(cfg, "run", "output_dir"));
     ctrl_config_free(cfg);

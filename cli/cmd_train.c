@@ -37,7 +37,7 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
     if (st != CTRL_OK) return cli_fail(st);
     ctrl_config *cfg;
     st = ctrl_config_load(pos[0], sets, n_sets, reg, &cfg);
-    if (st != CTRL_OK) return cli_fail(st);
+    if (st != CTRL_OK) return cli_fail_config(st);
 
     const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
     char path[4096];

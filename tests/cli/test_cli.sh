@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# CLI contract: exit codes 0 ok / 1 run-time / 2 usage or config, and messages naming what is wrong.
+# usage: test_cli.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+set -u
+CTRL=$1
+PLUGINS=$2
+SRC=$3
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+
+# expect CODE DESCRIPTION -- COMMAND...: runs it, checks the exit code; output in $TMP/out
+expect() {
+  local code=$1 desc=$2
+  shift 3
+  "$@" >"$TMP/out" 2>&1 </dev/null
+  local rc=$?
+  if [ "$rc" -eq "$code" ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $desc: exit $rc, expected $code"
+    sed 's/^/    /' "$TMP/out" | head -20
+  fi
+}
+
+# contains TEXT DESCRIPTION: the last command's output contains TEXT
+contains() {
+  if grep -qF -- "$1" "$TMP/out"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $2: output lacks '$1'"
+    sed 's/^/    /' "$TMP/out" | head -20
+  fi
+}
+
+C=("$CTRL" --plugin-dir "$PLUGINS")
+
+expect 2 "no command" -- "$CTRL"
+contains "usage: ctrl" "no command prints usage"
+expect 0 "--help" -- "$CTRL" --help
+contains "Commands:" "--help lists commands"
+expect 2 "unknown command" -- "$CTRL" frobnicate
+contains "unknown command 'frobnicate'" "unknown command named"
+expect 2 "unknown global option" -- "$CTRL" --frob plugins
+contains "unknown option '--frob'" "unknown option named"
+expect 2 "--plugin-dir without value" -- "$CTRL" --plugin-dir
+expect 2 "bad log level" -- "$CTRL" --log-level loud plugins
+contains "--log-level 'loud'" "bad log level named"
+expect 0 "version" -- "$CTRL" version
+contains "plugin ABI" "version prints the ABI"
+expect 0 "--version" -- "$CTRL" --version
+for cmd in train plugins config version; do
+  expect 0 "$cmd --help" -- "$CTRL" "$cmd" --help
+  contains "usage: ctrl $cmd" "$cmd --help prints its usage"
+done
+
+expect 0 "plugins" -- "${C[@]}" plugins
+for p in "optimizer  adamw" "optimizer  sgd" "trainer    sft"; do
+  contains "$p" "plugins lists '$p'"
+done
+expect 0 "describe optimizer/adamw" -- "${C[@]}" plugins describe optimizer/adamw
+contains "adam_beta1" "describe shows options"
+expect 0 "describe by bare name" -- "${C[@]}" plugins describe sgd
+contains "nesterov" "describe sgd shows nesterov"
+expect 2 "describe unknown plugin" -- "${C[@]}" plugins describe optimizer/lion
+contains "no plugin 'optimizer/lion'" "describe names the missing plugin"
+expect 2 "describe unknown kind" -- "${C[@]}" plugins describe widget/x
+expect 2 "plugins extra argument" -- "${C[@]}" plugins list
+expect 2 "missing plugin dir" -- "$CTRL" --plugin-dir "$TMP/nope" plugins
+contains "$TMP/nope" "missing plugin dir named"
+
+cat >"$TMP/good.ini" <<'INI'
+[run]
+trainer = sft
+output_dir = OUT
+[model]
+path = model
+[train]
+optimizer = adamw
+learning_rate = 1e-4
+INI
+sed -i "s#OUT#$TMP/run#" "$TMP/good.ini"
+expect 0 "config check good" -- "${C[@]}" config check "$TMP/good.ini"
+contains "ok" "config check says ok"
+
+cp "$TMP/good.ini" "$TMP/typo.ini"
+echo "learning_rat = 3" >>"$TMP/typo.ini"
+expect 2 "unknown key" -- "${C[@]}" config check "$TMP/typo.ini"
+contains "typo.ini:9" "unknown key: file:line"
+contains "learning_rat" "unknown key: the key"
+contains "learning_rate" "unknown key: did-you-mean"
+
+expect 2 "missing config file" -- "${C[@]}" config check "$TMP/absent.ini"
+contains "absent.ini" "missing file named"
+expect 2 "config check without file" -- "${C[@]}" config check
+expect 2 "bad --set" -- "${C[@]}" config check "$TMP/good.ini" --set train.learning_rate
+expect 2 "--set out of range" -- "${C[@]}" config check "$TMP/good.ini" --set train.gradient_accumulation_steps=0
+contains "gradient_accumulation_steps" "--set out of range names the key"
+expect 0 "--set good" -- "${C[@]}" config check "$TMP/good.ini" --set train.optimizer=sgd
+expect 2 "unknown optimizer" -- "${C[@]}" config check "$TMP/good.ini" --set train.optimizer=lion
+contains "adamw" "unknown optimizer lists the available ones"
+
+# train validates first (exit 2 on a bad config, before any work) ...
+expect 2 "train bad config" -- "${C[@]}" train "$TMP/typo.ini"
+# ... and writes the effective config to output_dir/config.ini.
+"${C[@]}" train "$TMP/good.ini" >"$TMP/out" 2>&1
+if [ -f "$TMP/run/config.ini" ] && grep -q "learning_rate" "$TMP/run/config.ini"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL train writes output_dir/config.ini"
+fi
+
+# config reference is generated from the option tables and the committed copy is current.
+expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"
+if [ -f "$SRC/docs/config-reference.md" ] && cmp -s "$TMP/ref.md" "$SRC/docs/config-reference.md"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL docs/config-reference.md is out of date: regenerate with"
+  echo "     build/ctrl --plugin-dir build/plugins config reference --out docs/config-reference.md"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
