@@ -14,7 +14,7 @@ typedef enum ctrl_option_type {
     CTRL_OPT_BOOL,       /* true|false|yes|no|on|off|1|0 */
     CTRL_OPT_CHOICE,     /* one of `choices` */
     CTRL_OPT_LIST,       /* comma-separated words, each one of `choices` when choices is set */
-    CTRL_OPT_PATH,       /* a file or directory path (relative paths resolve against the INI's dir) */
+    CTRL_OPT_PATH,       /* a file or directory path (relative to the current directory, as in TRL) */
 } ctrl_option_type;
 
 enum {

@@ -1,0 +1,60 @@
+/* Internals of the config module shared by its files (not for other modules). */
+#ifndef CTRL_CORE_CONFIG_INTERNAL_H
+#define CTRL_CORE_CONFIG_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config_load.h"
+
+/* One key as it appears in the file (or a --set, or a filled-in default). */
+typedef struct config_entry {
+    char *section;
+    char *key;
+    char *value;
+    char *where; /* "file:line", "--set section.key" or "default" */
+    int line;    /* 0 for --set and defaults */
+} config_entry;
+
+/* A section header as it appears in the file. */
+typedef struct config_section_seen {
+    char *name;
+    int line;
+} config_section_seen;
+
+struct ctrl_config {
+    char *path;
+    char *file_name; /* basename used in messages */
+    config_entry *entries;
+    int n, cap;
+    config_section_seen *sections;
+    int n_sections, cap_sections;
+};
+
+/* Reads `path` with a line scanner (for line numbers, syntax and duplicate checks) and iniparser
+ * (for the values); fills cfg->entries and cfg->sections. */
+ctrl_status config_read_file(ctrl_config *cfg, const char *path);
+
+/* Adds or replaces an entry; copies the strings. */
+ctrl_status config_put(ctrl_config *cfg, const char *section, const char *key, const char *value,
+                       const char *where, int line);
+config_entry *config_find(const ctrl_config *cfg, const char *section, const char *key);
+int config_has_section(const ctrl_config *cfg, const char *section);
+
+/* Value parsing shared by validation and the accessors; 0 on success. */
+int config_parse_int(const char *s, int64_t *out);
+int config_parse_float(const char *s, double *out);
+int config_parse_bool(const char *s, bool *out);
+/* 1 when `word` is one of the '|'-separated `choices`. */
+int config_choice_ok(const char *choices, const char *word);
+
+/* The closest of `candidates` to `word` (edit distance ≤ max(2, len/3)), or NULL. */
+const char *config_suggest(const char *word, const char *const *candidates, int n);
+
+/* The option tables of the core's sections and of the reward-instance header keys. */
+extern const ctrl_option config_reward_instance_options[];
+
+/* Validates every entry and fills defaults; messages name file:line and the key. */
+ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg);
+
+#endif

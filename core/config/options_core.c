@@ -1,0 +1,147 @@
+/* The core's own sections and keys. Key names follow TRL / transformers' TrainingArguments
+ * wherever they have one, with their defaults (SFT's where trainers differ). */
+#include "config/config_internal.h"
+
+/* Each range macro ends at .max so that the positional initialisers after it continue at .choices. */
+#define RANGE(lo, hi) .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX, .min = (lo), .max = (hi)
+#define MIN(lo) .flags = CTRL_OPT_HAS_MIN, .min = (lo), .max = 0
+#define POSITIVE .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_MIN_OPEN, .min = 0, .max = 0
+
+static const ctrl_option run_options[] = {
+    {"trainer", CTRL_OPT_STRING, "sft", 0, 0, 0, NULL,
+     "Trainer plugin (sft, dpo, grpo, ...); its options go in a section named after it."},
+    {"output_dir", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
+     "Where checkpoints, metrics and the effective config go (default: runs/<config file name>)."},
+    {"seed", CTRL_OPT_INT, "42", MIN(0), NULL, "Random seed for initialisation, shuffling and sampling."},
+    {"device", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL, "auto (a GPU when one exists), cpu, cuda, or cuda:N."},
+    {"log_level", CTRL_OPT_CHOICE, "info", 0, 0, 0, "trace|debug|info|warn|error", "Logging verbosity."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_option model_options[] = {
+    {"path", CTRL_OPT_PATH, NULL, CTRL_OPT_REQUIRED, 0, 0, NULL,
+     "Hugging Face model directory (config.json, safetensors, tokenizer files)."},
+    {"dtype", CTRL_OPT_CHOICE, "float32", 0, 0, 0, "float32|bfloat16|float16",
+     "Dtype the weights are loaded in (master weights stay fp32 when training)."},
+    {"attention", CTRL_OPT_STRING, "flash", 0, 0, 0, NULL,
+     "Attention plugin (eager, flash, ...); its options go in [attention.NAME]."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_option data_options[] = {
+    {"train_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL, "Training data: a .jsonl or .json file."},
+    {"eval_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
+     "Evaluation data; or hold out eval_fraction of train_file."},
+    {"eval_fraction", CTRL_OPT_FLOAT, "0", RANGE(0, 0.5), NULL,
+     "Fraction of train_file held out for evaluation when eval_file is not set."},
+    {"dataset_text_field", CTRL_OPT_STRING, "text", 0, 0, 0, NULL, "Column holding plain text rows."},
+    {"max_length", CTRL_OPT_INT, "1024", MIN(1), NULL,
+     "Truncate tokenized examples to this length (the pack length when packing)."},
+    {"truncation_mode", CTRL_OPT_CHOICE, "keep_start", 0, 0, 0, "keep_start|keep_end",
+     "Which end of a too-long example is kept."},
+    {"packing", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL, "Pack several examples into each sequence."},
+    {"packing_strategy", CTRL_OPT_CHOICE, "bfd", 0, 0, 0, "bfd|bfd_split|wrapped",
+     "bfd: best-fit decreasing (overflow dropped); bfd_split: long examples split first; wrapped: cut a "
+     "stream."},
+    {"padding_free", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
+     "Flat variable-length batches (no padding); false pads rows to the longest, as TRL's padded batches."},
+    {"pad_to_multiple_of", CTRL_OPT_INT, "0", MIN(0), NULL,
+     "Pad sequence lengths to a multiple of this (0 = off)."},
+    {"completion_only_loss", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|true|false",
+     "Train only on completion tokens (auto: on for prompt-completion data, as TRL)."},
+    {"assistant_only_loss", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "Train only on assistant tokens marked by {% generation %} in the chat template."},
+    {"eval_packing", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL, "Pack the evaluation set too (when packing)."},
+    {"shuffle", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL, "Shuffle the training rows with the seed each epoch."},
+    {"skip_bad_rows", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "Skip and count malformed rows instead of stopping with file:line."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_option train_options[] = {
+    {"optimizer", CTRL_OPT_STRING, "adamw", 0, 0, 0, NULL,
+     "Optimizer plugin (adamw, sgd, ...); its options go in a section named after it."},
+    {"learning_rate", CTRL_OPT_FLOAT, "2e-5", POSITIVE, NULL, "Peak learning rate."},
+    {"lr_scheduler_type", CTRL_OPT_CHOICE, "linear", 0, 0, 0,
+     "constant|constant_with_warmup|linear|cosine|cosine_with_min_lr", "Learning-rate schedule."},
+    {"min_lr_rate", CTRL_OPT_FLOAT, "0", RANGE(0, 1), NULL,
+     "cosine_with_min_lr: the floor as a fraction of learning_rate."},
+    {"warmup_steps", CTRL_OPT_INT, "0", MIN(0), NULL,
+     "Linear warmup steps (overrides warmup_ratio when > 0)."},
+    {"warmup_ratio", CTRL_OPT_FLOAT, "0", RANGE(0, 1), NULL, "Warmup as a fraction of the total steps."},
+    {"num_train_epochs", CTRL_OPT_FLOAT, "3", POSITIVE, NULL, "Epochs over the training data."},
+    {"max_steps", CTRL_OPT_INT, "-1", MIN(-1), NULL,
+     "Optimizer steps to run; overrides num_train_epochs when > 0."},
+    {"per_device_train_batch_size", CTRL_OPT_INT, "8", MIN(1), NULL, "Examples per micro-batch per device."},
+    {"per_device_eval_batch_size", CTRL_OPT_INT, "8", MIN(1), NULL,
+     "Examples per evaluation batch per device."},
+    {"gradient_accumulation_steps", CTRL_OPT_INT, "1", MIN(1), NULL, "Micro-batches per optimizer step."},
+    {"max_grad_norm", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Clip the global gradient norm (0 = off)."},
+    {"weight_decay", CTRL_OPT_FLOAT, "0", MIN(0), NULL, "Decoupled weight decay (not on norms and biases)."},
+    {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
+     "Compute dtype (master weights and optimizer state stay fp32)."},
+    {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
+    {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
+    {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL, "Checkpoint every N steps (0 = at the end only)."},
+    {"save_total_limit", CTRL_OPT_INT, "0", MIN(0), NULL, "Keep at most N checkpoints (0 = all)."},
+    {"resume_from_checkpoint", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "A checkpoint directory, or 'last' for the newest in output_dir."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_option memory_options[] = {
+    {"strategies", CTRL_OPT_LIST, "", 0, 0, 0, NULL,
+     "Memory-strategy plugins applied around each layer, in order (e.g. checkpointing, offload)."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_option generation_options[] = {
+    {"mode", CTRL_OPT_CHOICE, "colocate", 0, 0, 0, "colocate|server",
+     "colocate: generate in the training process from the live weights; server: HTTP to ctrl serve."},
+    {"server_url", CTRL_OPT_STRING, "http://127.0.0.1:8000", 0, 0, 0, NULL,
+     "The ctrl serve address (mode = server)."},
+    {"max_num_seqs", CTRL_OPT_INT, "256", MIN(1), NULL, "Sequences decoded together at most."},
+    {"max_num_batched_tokens", CTRL_OPT_INT, "8192", MIN(1), NULL, "Token budget of one engine step."},
+    {"kv_cache_bytes", CTRL_OPT_INT, "0", MIN(0), NULL,
+     "KV-cache pool size in bytes (0 = from gpu_memory_utilization)."},
+    {"gpu_memory_utilization", CTRL_OPT_FLOAT, "0.3", RANGE(0.01, 1), NULL,
+     "Fraction of device memory for the KV cache when kv_cache_bytes = 0."},
+    {"block_size", CTRL_OPT_INT, "16", RANGE(1, 1024), NULL, "Tokens per KV-cache block."},
+    {"temperature", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Sampling temperature (0 = greedy)."},
+    {"top_p", CTRL_OPT_FLOAT, "1.0", RANGE(0, 1), NULL, "Nucleus sampling mass."},
+    {"top_k", CTRL_OPT_INT, "0", MIN(0), NULL, "Sample among the k most likely tokens (0 = off)."},
+    {"min_p", CTRL_OPT_FLOAT, "0", RANGE(0, 1), NULL, "Drop tokens below min_p times the top probability."},
+    {"repetition_penalty", CTRL_OPT_FLOAT, "1.0", POSITIVE, NULL, "Penalty on tokens already present."},
+    {"sleep", CTRL_OPT_INT, "0", RANGE(0, 2), NULL,
+     "colocate: 1 releases the KV pool between generation phases, 2 also inference-only buffers."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_option peft_options[] = {
+    {"enabled", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL, "Train LoRA adapters instead of the full model."},
+    {"r", CTRL_OPT_INT, "16", MIN(1), NULL, "LoRA rank."},
+    {"lora_alpha", CTRL_OPT_FLOAT, "32", POSITIVE, NULL, "LoRA scaling numerator (scale = lora_alpha / r)."},
+    {"lora_dropout", CTRL_OPT_FLOAT, "0.05", RANGE(0, 1), NULL, "Dropout on the LoRA input."},
+    {"target_modules", CTRL_OPT_LIST, "q_proj,k_proj,v_proj,o_proj", 0, 0, 0,
+     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj", "Linear layers that get adapters."},
+    CTRL_OPTION_END,
+};
+
+const ctrl_option config_reward_instance_options[] = {
+    {"plugin", CTRL_OPT_STRING, NULL, CTRL_OPT_REQUIRED, 0, 0, NULL, "Reward plugin this function runs."},
+    {"weight", CTRL_OPT_FLOAT, "1.0", 0, 0, 0, NULL, "Weight of this reward in the total."},
+    CTRL_OPTION_END,
+};
+
+static const ctrl_config_section core_sections[] = {
+    {"run", "What to run and where its outputs go.", run_options},
+    {"model", "The model to train.", model_options},
+    {"data", "Datasets, tokenization, truncation and packing.", data_options},
+    {"train", "The training loop: optimizer, schedule, batches, logging and checkpoints.", train_options},
+    {"memory", "Memory strategies.", memory_options},
+    {"generation", "The generation engine (online trainers).", generation_options},
+    {"peft", "LoRA adapters.", peft_options},
+    {NULL, NULL, NULL},
+};
+
+const ctrl_config_section *ctrl_config_core_sections(void) { return core_sections; }

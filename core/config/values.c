@@ -1,0 +1,94 @@
+/* Parsing option values and suggesting the nearest valid name. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config/config_internal.h"
+
+int config_parse_int(const char *s, int64_t *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int config_parse_float(const char *s, double *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno == ERANGE || end == s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int config_parse_bool(const char *s, bool *out) {
+    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(s, yes[i])) {
+            *out = true;
+            return 0;
+        }
+        if (!strcasecmp(s, no[i])) {
+            *out = false;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int config_choice_ok(const char *choices, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = choices; p && *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, word, n)) return 1;
+        p = bar ? bar + 1 : NULL;
+    }
+    return 0;
+}
+
+/* Damerau-Levenshtein (optimal string alignment) distance, for short names. */
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63) return 99;
+    int d[64][64];
+    for (int i = 0; i <= la; i++) d[i][0] = i;
+    for (int j = 0; j <= lb; j++) d[0][j] = j;
+    for (int i = 1; i <= la; i++)
+        for (int j = 1; j <= lb; j++) {
+            int cost = a[i - 1] != b[j - 1];
+            int v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[la][lb];
+}
+
+const char *config_suggest(const char *word, const char *const *candidates, int n) {
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    int limit = (int)strlen(word) / 3;
+    if (limit < 2) limit = 2;
+    for (int i = 0; i < n; i++) {
+        int d = edit_distance(word, candidates[i]);
+        /* A candidate that contains the word or the other way round is a good guess too
+         * (learning_rat -> learning_rate, batch_size -> per_device_train_batch_size). */
+        if (d > limit && strlen(word) >= 4 && (strstr(candidates[i], word) || strstr(word, candidates[i])))
+            d = limit;
+        if (d <= limit && d < best_d) {
+            best = candidates[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
