@@ -1,10 +1,12 @@
 /* ctrl [--plugin-dir DIR]... [--log-level LEVEL] COMMAND ...
  * Global options, dispatch to cli/cmd_*.c, and the exit-code contract:
  * 0 ok, 1 run-time error, 2 usage or config error, 130 interrupted. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -61,6 +63,9 @@ int main(int argc, char **argv) {
         }
         if (!strncmp(a, "--plugin-dir", 12)) {
             if (!val[0]) return main_usage_error("--plugin-dir needs a directory");
+            struct stat sb;
+            if (stat(val, &sb) != 0) return main_usage_error("--plugin-dir %s: %s", val, strerror(errno));
+            if (!S_ISDIR(sb.st_mode)) return main_usage_error("--plugin-dir %s: not a directory", val);
             if (cli.n_plugin_dirs == CTRL_CLI_MAX_PLUGIN_DIRS)
                 return main_usage_error("too many --plugin-dir options (at most %d)",
                                         CTRL_CLI_MAX_PLUGIN_DIRS);
