@@ -20,30 +20,52 @@ static const ctrl_memory_ops t_memory_ops = {.size = sizeof(ctrl_memory_ops)};
 static const ctrl_reward_ops t_reward_ops = {.size = sizeof(ctrl_reward_ops)};
 
 static const ctrl_option t_dpo_options[] = {
-    {.key = "beta", .type = CTRL_OPT_FLOAT, .default_value = "0.1", .flags = CTRL_OPT_HAS_MIN, .min = 0,
+    {.key = "beta",
+     .type = CTRL_OPT_FLOAT,
+     .default_value = "0.1",
+     .flags = CTRL_OPT_HAS_MIN,
+     .min = 0,
      .doc = "KL strength."},
     CTRL_OPTION_END,
 };
 static const ctrl_option t_adamw_options[] = {
-    {.key = "adam_beta1", .type = CTRL_OPT_FLOAT, .default_value = "0.9",
-     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX | CTRL_OPT_MAX_OPEN, .min = 0, .max = 1, .doc = "b1"},
+    {.key = "adam_beta1",
+     .type = CTRL_OPT_FLOAT,
+     .default_value = "0.9",
+     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX | CTRL_OPT_MAX_OPEN,
+     .min = 0,
+     .max = 1,
+     .doc = "b1"},
     CTRL_OPTION_END,
 };
 static const ctrl_option t_flash_options[] = {
-    {.key = "block_q", .type = CTRL_OPT_INT, .default_value = "64", .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX,
-     .min = 16, .max = 256, .doc = "query tile"},
+    {.key = "block_q",
+     .type = CTRL_OPT_INT,
+     .default_value = "64",
+     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX,
+     .min = 16,
+     .max = 256,
+     .doc = "query tile"},
     CTRL_OPTION_END,
 };
 static const ctrl_option t_length_options[] = {
-    {.key = "target_length", .type = CTRL_OPT_INT, .default_value = "20", .flags = CTRL_OPT_HAS_MIN, .min = 0,
+    {.key = "target_length",
+     .type = CTRL_OPT_INT,
+     .default_value = "20",
+     .flags = CTRL_OPT_HAS_MIN,
+     .min = 0,
      .doc = "target"},
-    {.key = "unit", .type = CTRL_OPT_CHOICE, .default_value = "chars", .choices = "chars|tokens", .doc = "unit"},
+    {.key = "unit",
+     .type = CTRL_OPT_CHOICE,
+     .default_value = "chars",
+     .choices = "chars|tokens",
+     .doc = "unit"},
     CTRL_OPTION_END,
 };
 
-#define T_PLUGIN(var, k, n, opts, ops_)                                                                     \
-    static const ctrl_plugin var = {CTRL_PLUGIN_HEADER, .kind = k, .name = n, .version = "1", .summary = n, \
-                                    .options = opts, .ops = ops_}
+#define T_PLUGIN(var, k, n, opts, ops_)                                                                      \
+    static const ctrl_plugin var = {CTRL_PLUGIN_HEADER, .kind = k,       .name = n,  .version = "1",         \
+                                    .summary = n,       .options = opts, .ops = ops_}
 T_PLUGIN(t_sft, CTRL_KIND_TRAINER, "sft", NULL, &t_trainer_ops);
 T_PLUGIN(t_dpo, CTRL_KIND_TRAINER, "dpo", t_dpo_options, &t_trainer_ops);
 T_PLUGIN(t_adamw, CTRL_KIND_OPTIMIZER, "adamw", t_adamw_options, &t_optimizer_ops);

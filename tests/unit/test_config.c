@@ -116,14 +116,25 @@ TEST(effective_config_round_trip) {
         return;
     }
     static const char *const keys[][2] = {
-        {"run", "trainer"},      {"run", "seed"},         {"model", "path"},
-        {"data", "packing"},     {"data", "dataset_text_field"}, {"train", "learning_rate"},
-        {"train", "max_steps"},  {"train", "weight_decay"}, {"memory", "strategies"},
-        {"dpo", "beta"},         {"adamw", "adam_beta1"}, {"reward.len", "plugin"},
-        {"reward.len", "unit"},  {"generation", "mode"},  {"peft", "target_modules"},
+        {"run", "trainer"},
+        {"run", "seed"},
+        {"model", "path"},
+        {"data", "packing"},
+        {"data", "dataset_text_field"},
+        {"train", "learning_rate"},
+        {"train", "max_steps"},
+        {"train", "weight_decay"},
+        {"memory", "strategies"},
+        {"dpo", "beta"},
+        {"adamw", "adam_beta1"},
+        {"reward.len", "plugin"},
+        {"reward.len", "unit"},
+        {"generation", "mode"},
+        {"peft", "target_modules"},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        CHECK_STR(ctrl_config_get_string(b, keys[i][0], keys[i][1]), ctrl_config_get_string(a, keys[i][0], keys[i][1]));
+        CHECK_STR(ctrl_config_get_string(b, keys[i][0], keys[i][1]),
+                  ctrl_config_get_string(a, keys[i][0], keys[i][1]));
     ctrl_config_free(a);
     ctrl_config_free(b);
     ctrl_registry_destroy(reg);
