@@ -1,0 +1,9 @@
+# The built-in reward plugins, loaded as .so files through the registry with a real config.
+add_executable(test_reward_length ${CMAKE_SOURCE_DIR}/tests/reward/test_reward_length.c ${CMAKE_SOURCE_DIR}/tests/test_main.c)
+target_include_directories(test_reward_length PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core)
+target_compile_definitions(test_reward_length PRIVATE CTRL_PLUGIN_DIR="${CTRL_PLUGIN_OUTPUT_DIR}"
+                           CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
+target_link_libraries(test_reward_length PRIVATE ctrl)
+add_dependencies(test_reward_length length)
+add_test(NAME test_reward_length COMMAND test_reward_length)
+set_tests_properties(test_reward_length PROPERTIES LABELS parity TIMEOUT 60)
