@@ -4,6 +4,7 @@
 #include "registry.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <ltdl.h>
 #include <stdio.h>
@@ -269,6 +270,21 @@ ctrl_status ctrl_registry_load_standard(ctrl_registry *reg, const char *const *d
                 CTRL_DEBUG("CTRL_PLUGIN_PATH: skipping %s (not a directory)", tok);
         }
         free(copy);
+    }
+    /* The install directory: beside the libctrl.so actually loaded (<libdir>/ctrl/plugins), so an
+     * installed tree works wherever it was installed to; then the configured prefix's. */
+    Dl_info info;
+    if (dladdr((void *)(uintptr_t)ctrl_registry_load_standard, &info) && info.dli_fname) {
+        char lib_dir[4096];
+        snprintf(lib_dir, sizeof lib_dir, "%s", info.dli_fname);
+        char *slash = strrchr(lib_dir, '/');
+        if (slash) {
+            *slash = '\0';
+            char dir[4200];
+            snprintf(dir, sizeof dir, "%s/ctrl/plugins", lib_dir);
+            struct stat sb;
+            if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) NOTE_FAILURE(ctrl_registry_load_dir(reg, dir));
+        }
     }
 #ifdef CTRL_PLUGIN_INSTALL_DIR
     struct stat sb;

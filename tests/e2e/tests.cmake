@@ -1,0 +1,4 @@
+# Out-of-tree plugin: install, build examples/reward_plugin with pkg-config, load, list.
+add_test(NAME test_out_of_tree_plugin
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_out_of_tree_plugin.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR})
+set_tests_properties(test_out_of_tree_plugin PROPERTIES LABELS e2e TIMEOUT 300)
