@@ -41,8 +41,30 @@ typedef struct ctrl_tensor {
     int64_t stride[CTRL_MAX_DIMS]; /* in elements */
 } ctrl_tensor;
 
-size_t ctrl_dtype_size(ctrl_dtype dtype);
-const char *ctrl_dtype_name(ctrl_dtype dtype);
+/* Header-only, so that plugins can use them without linking against libctrl. */
+static inline size_t ctrl_dtype_size(ctrl_dtype dtype) {
+    switch (dtype) {
+    case CTRL_F32: return 4;
+    case CTRL_BF16: return 2;
+    case CTRL_F16: return 2;
+    case CTRL_I32: return 4;
+    case CTRL_I64: return 8;
+    case CTRL_U8: return 1;
+    default: return 0;
+    }
+}
+
+static inline const char *ctrl_dtype_name(ctrl_dtype dtype) {
+    switch (dtype) {
+    case CTRL_F32: return "f32";
+    case CTRL_BF16: return "bf16";
+    case CTRL_F16: return "f16";
+    case CTRL_I32: return "i32";
+    case CTRL_I64: return "i64";
+    case CTRL_U8: return "u8";
+    default: return "?";
+    }
+}
 
 /* Number of elements (product of the shape). */
 static inline int64_t ctrl_tensor_numel(const ctrl_tensor *t) {

@@ -35,3 +35,8 @@ ctrl_test_plugin(duplicate tp_dup_good 0 other)
 ctrl_test_plugin(mixed tp_mixed_a 0 alpha)
 ctrl_test_plugin(mixed tp_mixed_bad 1 broken)
 ctrl_test_plugin(mixed tp_mixed_z 0 zulu)
+
+# Built plugins reach the core only through the host table: no undefined ctrl_* symbols.
+add_test(NAME test_plugins_self_contained
+         COMMAND bash -c "bad=0; for so in ${CTRL_PLUGIN_OUTPUT_DIR}/*.so; do u=$(nm -D --undefined-only \"$so\" | grep -w 'ctrl_[a-z_0-9]*'); if [ -n \"$u\" ]; then echo \"$so uses core symbols: $u\"; bad=1; fi; done; exit $bad")
+set_tests_properties(test_plugins_self_contained PROPERTIES LABELS unit TIMEOUT 60)

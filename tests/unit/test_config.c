@@ -85,7 +85,7 @@ TEST(overrides) {
 
 TEST(default_output_dir_and_selected_plugin_defaults) {
     ctrl_registry *reg = test_registry();
-    const char *path = write_ini("my-run.ini", "[model]\npath = m\n", 0);
+    const char *path = write_ini("my-run.ini", "[model]\npath = m\nattention = flash\n", 0);
     ctrl_config *cfg = NULL;
     CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_OK);
     if (!cfg) return;

@@ -1,0 +1,155 @@
+/* Eager attention on the CPU, fp32: for each sequence and head, the full score matrix
+ * S = scale * Q K^T under the causal (and sliding-window) mask, P = softmax(S), O = P V.
+ * Backward recomputes P from the saved log-sum-exp:
+ *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q.
+ * Work is split over (sequence, kv head) so that the query heads of a GQA group, which share
+ * K and V, accumulate dK and dV without races. */
+#include "eager_cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Key j is visible from query i (both relative to the sequence start). */
+static inline int visible(const ctrl_attention_args *a, int i, int j) {
+    if (a->causal && j > i) return 0;
+    if (a->window > 0 && j <= i - a->window) return 0;
+    return 1;
+}
+
+/* Scores of one (sequence, head) into S [L, L]; masked entries are -inf. Returns row maxima. */
+static void scores(const ctrl_attention_args *a, int start, int L, int h, int kvh, float *S) {
+    const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head;
+    const float *q = a->q, *k = a->k;
+    for (int i = 0; i < L; i++) {
+        const float *qi = q + ((size_t)(start + i) * H + h) * D;
+        for (int j = 0; j < L; j++) {
+            if (!visible(a, i, j)) {
+                S[(size_t)i * L + j] = -INFINITY;
+                continue;
+            }
+            const float *kj = k + ((size_t)(start + j) * HK + kvh) * D;
+            float s = 0;
+            for (int d = 0; d < D; d++) s += qi[d] * kj[d];
+            S[(size_t)i * L + j] = s * a->scale;
+        }
+    }
+}
+
+static int max_len(const ctrl_attention_args *a) {
+    int m = 0;
+    for (int b = 0; b < a->n_seqs; b++) {
+        int L = a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b];
+        if (L > m) m = L;
+    }
+    return m;
+}
+
+ctrl_status eager_cpu_forward(const ctrl_attention_args *a) {
+    const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head, group = H / HK;
+    const int Lmax = max_len(a);
+    const float *v = a->v;
+    float *out = a->out;
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * (size_t)Lmax * (size_t)(Lmax ? Lmax : 1));
+        if (!S) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < a->n_seqs; b++)
+            for (int h = 0; h < H; h++) {
+                if (!S) continue;
+                const int start = a->cu_seqlens_host[b], L = a->cu_seqlens_host[b + 1] - start,
+                          kvh = h / group;
+                scores(a, start, L, h, kvh, S);
+                for (int i = 0; i < L; i++) {
+                    float *row = S + (size_t)i * L;
+                    float m = -INFINITY;
+                    for (int j = 0; j < L; j++) m = fmaxf(m, row[j]);
+                    double sum = 0;
+                    for (int j = 0; j < L; j++) {
+                        row[j] = row[j] == -INFINITY ? 0.0f : expf(row[j] - m);
+                        sum += row[j];
+                    }
+                    /* A fully masked row (impossible with causal masks, where j = i is always
+                     * visible) would give 0/0: define its output as 0 and its lse as -inf. */
+                    float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+                    float *oi = out + ((size_t)(start + i) * H + h) * D;
+                    for (int d = 0; d < D; d++) oi[d] = 0;
+                    for (int j = 0; j < L; j++) {
+                        float p = row[j] * inv;
+                        if (p == 0) continue;
+                        const float *vj = v + ((size_t)(start + j) * HK + kvh) * D;
+                        for (int d = 0; d < D; d++) oi[d] += p * vj[d];
+                    }
+                    if (a->lse)
+                        a->lse[(size_t)h * a->total_tokens + start + i] =
+                            sum > 0 ? m + (float)log(sum) : -INFINITY;
+                }
+            }
+        free(S);
+    }
+    if (failed)
+        return eager_host->error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix",
+                                     Lmax, Lmax);
+    return CTRL_OK;
+}
+
+ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
+    const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head, group = H / HK;
+    const int Lmax = max_len(a), T = a->total_tokens;
+    const float *q = a->q, *k = a->k, *v = a->v, *o = a->out, *dout = a->dout;
+    float *dq = a->dq, *dk = a->dk, *dv = a->dv;
+    memset(dq, 0, sizeof(float) * (size_t)T * H * D);
+    memset(dk, 0, sizeof(float) * (size_t)T * HK * D);
+    memset(dv, 0, sizeof(float) * (size_t)T * HK * D);
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * (size_t)Lmax * (size_t)(Lmax ? Lmax : 1));
+        if (!S) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < a->n_seqs; b++)
+            for (int kvh = 0; kvh < HK; kvh++) {
+                if (!S) continue;
+                const int start = a->cu_seqlens_host[b], L = a->cu_seqlens_host[b + 1] - start;
+                for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+                    scores(a, start, L, h, kvh, S);
+                    for (int i = 0; i < L; i++) {
+                        const size_t qi_off = ((size_t)(start + i) * H + h) * D;
+                        const float lse = a->lse[(size_t)h * T + start + i];
+                        float *row = S + (size_t)i * L;
+                        /* D_i = dO_i . O_i */
+                        float Di = 0;
+                        for (int d = 0; d < D; d++) Di += dout[qi_off + d] * o[qi_off + d];
+                        for (int j = 0; j < L; j++) {
+                            if (row[j] == -INFINITY) continue;
+                            const float p = expf(row[j] - lse);
+                            const size_t kj_off = ((size_t)(start + j) * HK + kvh) * D;
+                            float dp = 0;
+                            for (int d = 0; d < D; d++) {
+                                dv[kj_off + d] += p * dout[qi_off + d];
+                                dp += dout[qi_off + d] * v[kj_off + d];
+                            }
+                            const float ds = p * (dp - Di) * a->scale;
+                            for (int d = 0; d < D; d++) {
+                                dq[qi_off + d] += ds * k[kj_off + d];
+                                dk[kj_off + d] += ds * q[qi_off + d];
+                            }
+                        }
+                    }
+                }
+            }
+        free(S);
+    }
+    if (failed)
+        return eager_host->error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix",
+                                     Lmax, Lmax);
+    return CTRL_OK;
+}

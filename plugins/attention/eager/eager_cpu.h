@@ -1,0 +1,12 @@
+/* The eager attention reference on the CPU (fp32): scores materialised per (sequence, head). */
+#ifndef CTRL_PLUGIN_EAGER_CPU_H
+#define CTRL_PLUGIN_EAGER_CPU_H
+
+#include <ctrl/attention.h>
+
+extern const ctrl_host *eager_host;
+
+ctrl_status eager_cpu_forward(const ctrl_attention_args *a);
+ctrl_status eager_cpu_backward(const ctrl_attention_args *a);
+
+#endif
