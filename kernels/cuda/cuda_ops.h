@@ -1,0 +1,66 @@
+/* The CUDA backend's C API: device selection, the caching allocator, and the kernels that mirror
+ * kernels/cpu/cpu_ops.h (ctrl_cuda_* with device pointers). No CUDA types appear here, so C code
+ * and tests use it without the CUDA headers; built without CUDA, every call returns
+ * CTRL_ERR_UNSUPPORTED ("built without CUDA") and ctrl_cuda_device_count() is 0. */
+#ifndef CTRL_KERNELS_CUDA_OPS_H
+#define CTRL_KERNELS_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ctrl/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Devices. */
+int ctrl_cuda_built(void);        /* 1 when this libctrl has the CUDA backend */
+int ctrl_cuda_device_count(void); /* 0 when built without CUDA or no usable device */
+/* Why no device is usable ("built without CUDA", the driver's message, ...). */
+const char *ctrl_cuda_unavailable_reason(void);
+ctrl_status ctrl_cuda_set_device(int index);
+ctrl_status ctrl_cuda_device_name(int index, char *buf, size_t cap);
+ctrl_status ctrl_cuda_synchronize(void);
+
+/* The caching allocator: blocks are rounded up to size classes and kept in free lists, so the
+ * steady state of a training step never calls cudaMalloc or cudaFree. */
+ctrl_status ctrl_cuda_malloc(void **ptr, size_t bytes);
+void ctrl_cuda_free(void *ptr);
+/* Returns every cached block to the driver. */
+void ctrl_cuda_empty_cache(void);
+typedef struct ctrl_cuda_mem_stats {
+    size_t current;     /* bytes handed out and not yet freed */
+    size_t peak;        /* the largest `current` since the last reset */
+    size_t reserved;    /* bytes held from the driver (in use + cached) */
+    long driver_allocs; /* cudaMalloc calls so far */
+} ctrl_cuda_mem_stats;
+void ctrl_cuda_mem_stats_get(ctrl_cuda_mem_stats *out);
+void ctrl_cuda_mem_stats_reset_peak(void);
+
+/* Pinned host memory, for fast and asynchronous copies. */
+ctrl_status ctrl_cuda_host_alloc(void **ptr, size_t bytes);
+void ctrl_cuda_host_free(void *ptr);
+
+ctrl_status ctrl_cuda_memcpy_h2d(void *dst, const void *src, size_t bytes);
+ctrl_status ctrl_cuda_memcpy_d2h(void *dst, const void *src, size_t bytes);
+ctrl_status ctrl_cuda_memcpy_d2d(void *dst, const void *src, size_t bytes);
+ctrl_status ctrl_cuda_memset(void *dst, int value, size_t bytes);
+
+/* Linear through cuBLASLt, Hugging Face weight layout [OUT, IN]:
+ *   out[T, OUT] = x[T, IN] W^T (+ bias), fp32 in and out with fp32 compute (no TF32), so it is
+ *   comparable with the CPU reference at 1e-5. */
+ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float *w, const float *bias, int T,
+                                         int IN, int OUT);
+/* The bf16 path of mixed precision: bf16 x and W (uint16_t storage), fp32 accumulation, bf16 out. */
+ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w, int T, int IN,
+                                          int OUT);
+
+/* fp32 <-> bf16 conversion on the device (round to nearest even). */
+ctrl_status ctrl_cuda_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
+ctrl_status ctrl_cuda_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
