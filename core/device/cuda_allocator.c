@@ -118,6 +118,13 @@ void ctrl_cuda_empty_cache(void) {
     pthread_mutex_unlock(&lock);
 }
 
+void ctrl_cuda_linear_release(void); /* kernels/cuda/linear.cu */
+
+void ctrl_cuda_shutdown(void) {
+    ctrl_cuda_linear_release();
+    ctrl_cuda_empty_cache();
+}
+
 void ctrl_cuda_mem_stats_get(ctrl_cuda_mem_stats *out) {
     pthread_mutex_lock(&lock);
     *out = stats;
@@ -139,6 +146,7 @@ ctrl_status ctrl_cuda_malloc(void **ptr, size_t bytes) {
 }
 void ctrl_cuda_free(void *ptr) { (void)ptr; }
 void ctrl_cuda_empty_cache(void) {}
+void ctrl_cuda_shutdown(void) {}
 void ctrl_cuda_mem_stats_get(ctrl_cuda_mem_stats *out) {
     ctrl_cuda_mem_stats zero = {0};
     *out = zero;

@@ -29,6 +29,9 @@ ctrl_status ctrl_cuda_malloc(void **ptr, size_t bytes);
 void ctrl_cuda_free(void *ptr);
 /* Returns every cached block to the driver. */
 void ctrl_cuda_empty_cache(void);
+/* Releases library handles and their workspaces, then the cache: for a clean exit (and clean
+ * compute-sanitizer leak reports). The backend re-initialises itself on the next call. */
+void ctrl_cuda_shutdown(void);
 typedef struct ctrl_cuda_mem_stats {
     size_t current;     /* bytes handed out and not yet freed */
     size_t peak;        /* the largest `current` since the last reset */

@@ -77,6 +77,14 @@ done:
 
 } // namespace
 
+// Called by ctrl_cuda_shutdown().
+extern "C" void ctrl_cuda_linear_release(void) {
+    if (lt_handle) cublasLtDestroy(lt_handle);
+    if (lt_workspace) ctrl_cuda_free(lt_workspace);
+    lt_handle = nullptr;
+    lt_workspace = nullptr;
+}
+
 extern "C" ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float *w, const float *bias,
                                                     int T, int IN, int OUT) {
     // CUBLAS_COMPUTE_32F is true fp32 (TF32 would be CUBLAS_COMPUTE_32F_FAST_TF32).
