@@ -1,0 +1,123 @@
+/* The fused LM head (DESIGN §5): per-token log-probability of the target, entropy, log-sum-exp
+ * and argmax-correctness, computed chunk by chunk over tokens and vocabulary so that the [T, V]
+ * logits never exist in full. Scaled logits z = (h W^T) / temperature.
+ *
+ * Forward keeps, per token, a running max m, s = sum exp(z - m) and a = sum exp(z - m) z, so that
+ *   lse = m + log s,  logp = z_target - lse,  entropy = lse - a / s.
+ * Backward recomputes each chunk's z from lse (p = exp(z - lse)) and forms
+ *   dz_j = dlogp (1[j = target] - p_j)  -  dentropy p_j (z_j - lse + H),
+ * then dlogits = dz / temperature, dhidden = dlogits W and dW += dlogits^T h on chunks (sgemm). */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+
+#define DEFAULT_CHUNK_TOKENS 256
+#define DEFAULT_CHUNK_VOCAB 8192
+
+static int chunk_t(const ctrl_head_args *a) {
+    int c = a->chunk_tokens > 0 ? a->chunk_tokens : DEFAULT_CHUNK_TOKENS;
+    return c < a->T ? c : (a->T > 0 ? a->T : 1);
+}
+
+static int chunk_v(const ctrl_head_args *a) {
+    int c = a->chunk_vocab > 0 ? a->chunk_vocab : DEFAULT_CHUNK_VOCAB;
+    return c < a->V ? c : a->V;
+}
+
+/* Layout: logits [Tc, Vc], then per-token m, s, a, z_target, best value, best index. */
+size_t ctrl_cpu_head_workspace_bytes(const ctrl_head_args *a) {
+    size_t tc = (size_t)chunk_t(a), vc = (size_t)chunk_v(a);
+    return sizeof(float) * (tc * vc + 6 * tc);
+}
+
+/* logits chunk [tc, vc] = h[t0 : t0+tc] W[v0 : v0+vc]^T / temperature */
+static void chunk_logits(const ctrl_head_args *a, float *z, int t0, int tc, int v0, int vc) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, vc, a->C, 1.0f / a->temperature,
+                a->hidden + (size_t)t0 * a->C, a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+}
+
+void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse, int32_t *correct,
+                           void *workspace) {
+    const int TC = chunk_t(a), VC = chunk_v(a);
+    float *z = workspace, *m = z + (size_t)TC * VC, *s = m + TC, *acc = s + TC, *zt = acc + TC, *best = zt + TC;
+    int32_t *arg = (int32_t *)(best + TC);
+    for (int t0 = 0; t0 < a->T; t0 += TC) {
+        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+        for (int i = 0; i < tc; i++) m[i] = -INFINITY, s[i] = 0, acc[i] = 0, zt[i] = 0, best[i] = -INFINITY, arg[i] = -1;
+        for (int v0 = 0; v0 < a->V; v0 += VC) {
+            const int vc = v0 + VC <= a->V ? VC : a->V - v0;
+            chunk_logits(a, z, t0, tc, v0, vc);
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < tc; i++) {
+                const float *row = z + (size_t)i * vc;
+                float cm = -INFINITY;
+                int ci = 0;
+                for (int j = 0; j < vc; j++)
+                    if (row[j] > cm) cm = row[j], ci = j;
+                if (cm > best[i]) best[i] = cm, arg[i] = v0 + ci;
+                const float nm = cm > m[i] ? cm : m[i];
+                const float rescale = m[i] == -INFINITY ? 0.0f : expf(m[i] - nm);
+                double cs = 0, ca = 0;
+                for (int j = 0; j < vc; j++) {
+                    float e = expf(row[j] - nm);
+                    cs += e;
+                    ca += (double)e * row[j];
+                }
+                s[i] = (float)(s[i] * rescale + cs);
+                acc[i] = (float)(acc[i] * rescale + ca);
+                m[i] = nm;
+                const int32_t tg = a->targets[t0 + i];
+                if (tg >= v0 && tg < v0 + vc) zt[i] = row[tg - v0];
+            }
+        }
+        for (int i = 0; i < tc; i++) {
+            const int t = t0 + i;
+            const float l = m[i] + logf(s[i]);
+            lse[t] = l;
+            const int has_target = a->targets[t] >= 0 && a->targets[t] < a->V;
+            logp[t] = has_target ? zt[i] - l : 0.0f;
+            if (entropy) entropy[t] = has_target ? l - acc[i] / s[i] : 0.0f;
+            if (correct) correct[t] = has_target && arg[i] == a->targets[t];
+        }
+    }
+}
+
+void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp, const float *entropy,
+                            const float *dentropy, float *dhidden, float *dw, void *workspace) {
+    const int TC = chunk_t(a), VC = chunk_v(a);
+    float *z = workspace;
+    const float inv_temp = 1.0f / a->temperature;
+    for (int t0 = 0; t0 < a->T; t0 += TC) {
+        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+        for (int v0 = 0; v0 < a->V; v0 += VC) {
+            const int vc = v0 + VC <= a->V ? VC : a->V - v0;
+            chunk_logits(a, z, t0, tc, v0, vc);
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < tc; i++) {
+                const int t = t0 + i;
+                float *row = z + (size_t)i * vc;
+                const int32_t tg = a->targets[t];
+                if (tg < 0 || tg >= a->V) {
+                    memset(row, 0, sizeof(float) * (size_t)vc);
+                    continue;
+                }
+                const float l = lse[t], g = dlogp[t];
+                const float ge = dentropy ? dentropy[t] : 0.0f, H = entropy && dentropy ? entropy[t] : 0.0f;
+                for (int j = 0; j < vc; j++) {
+                    const float p = expf(row[j] - l);
+                    float dz = -g * p;
+                    if (ge != 0.0f) dz -= ge * p * (row[j] - l + H);
+                    row[j] = dz * inv_temp;
+                }
+                if (tg >= v0 && tg < v0 + vc) row[tg - v0] += g * inv_temp;
+            }
+            /* dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, a->C, vc, 1.0f, z, vc,
+                        a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C, a->C);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vc, a->C, tc, 1.0f, z, vc,
+                        a->hidden + (size_t)t0 * a->C, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
+        }
+    }
+}

@@ -1,0 +1,42 @@
+/* RMSNorm as Llama/Qwen compute it: y = w * x * r with r = 1 / sqrt(mean(x^2) + eps).
+ * Backward, with g = w * dy:  dx = r * g - x * r^3 * mean(g * x);  dw += dy * x * r. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+
+void ctrl_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                              float eps) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * C;
+        float *ot = out + (size_t)t * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)xt[c] * xt[c];
+        float r = 1.0f / sqrtf((float)(ss / C) + eps);
+        for (int c = 0; c < C; c++) ot[c] = weight[c] * (xt[c] * r);
+        rstd[t] = r;
+    }
+}
+
+void ctrl_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                               const float *rstd, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * C, *dy = dout + (size_t)t * C;
+        float *dxt = dx + (size_t)t * C;
+        const float r = rstd[t];
+        double dot = 0;
+        for (int c = 0; c < C; c++) dot += (double)weight[c] * dy[c] * xt[c];
+        const float k = (float)(dot / C) * r * r * r;
+        for (int c = 0; c < C; c++) dxt[c] = r * weight[c] * dy[c] - k * xt[c];
+    }
+    /* dw over channels, so that the sum over tokens has a fixed order. */
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int t = 0; t < T; t++) s += (double)dout[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+        dweight[c] += (float)s;
+    }
+}
