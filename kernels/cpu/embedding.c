@@ -5,7 +5,8 @@
 
 void ctrl_cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C) {
 #pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++) memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
+    for (int t = 0; t < T; t++)
+        memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, sizeof(float) * (size_t)C);
 }
 
 void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C) {

@@ -41,11 +41,13 @@ static void chunk_logits(const ctrl_head_args *a, float *z, int t0, int tc, int 
 void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse, int32_t *correct,
                            void *workspace) {
     const int TC = chunk_t(a), VC = chunk_v(a);
-    float *z = workspace, *m = z + (size_t)TC * VC, *s = m + TC, *acc = s + TC, *zt = acc + TC, *best = zt + TC;
+    float *z = workspace, *m = z + (size_t)TC * VC, *s = m + TC, *acc = s + TC, *zt = acc + TC,
+          *best = zt + TC;
     int32_t *arg = (int32_t *)(best + TC);
     for (int t0 = 0; t0 < a->T; t0 += TC) {
         const int tc = t0 + TC <= a->T ? TC : a->T - t0;
-        for (int i = 0; i < tc; i++) m[i] = -INFINITY, s[i] = 0, acc[i] = 0, zt[i] = 0, best[i] = -INFINITY, arg[i] = -1;
+        for (int i = 0; i < tc; i++)
+            m[i] = -INFINITY, s[i] = 0, acc[i] = 0, zt[i] = 0, best[i] = -INFINITY, arg[i] = -1;
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
             chunk_logits(a, z, t0, tc, v0, vc);
@@ -84,8 +86,9 @@ void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy,
     }
 }
 
-void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp, const float *entropy,
-                            const float *dentropy, float *dhidden, float *dw, void *workspace) {
+void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp,
+                            const float *entropy, const float *dentropy, float *dhidden, float *dw,
+                            void *workspace) {
     const int TC = chunk_t(a), VC = chunk_v(a);
     float *z = workspace;
     const float inv_temp = 1.0f / a->temperature;
@@ -115,7 +118,8 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
             }
             /* dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, a->C, vc, 1.0f, z, vc,
-                        a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C, a->C);
+                        a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C,
+                        a->C);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vc, a->C, tc, 1.0f, z, vc,
                         a->hidden + (size_t)t0 * a->C, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
         }

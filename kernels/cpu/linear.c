@@ -15,7 +15,9 @@ void ctrl_cpu_linear_forward(float *out, const float *x, const float *w, const f
 
 void ctrl_cpu_linear_backward(float *dx, float *dw, float *dbias, const float *dout, const float *x,
                               const float *w, int T, int IN, int OUT) {
-    if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx, IN);
+    if (dx)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx,
+                    IN);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN);
     if (!dbias) return;
 #pragma omp parallel for schedule(static)

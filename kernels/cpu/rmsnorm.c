@@ -20,8 +20,8 @@ void ctrl_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const flo
     }
 }
 
-void ctrl_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
-                               const float *rstd, int T, int C) {
+void ctrl_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                               const float *weight, const float *rstd, int T, int C) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * C, *dy = dout + (size_t)t * C;

@@ -23,14 +23,16 @@ static void inv_freqs(float *inv, int dim, int max_pos, const ctrl_rope_params *
     if (p->kind == CTRL_ROPE_DYNAMIC) {
         /* NTK-aware: a larger base once the sequence outgrows the trained context. */
         double seq = max_pos > p->original_max_position ? max_pos : p->original_max_position;
-        base = base * pow(p->factor * seq / p->original_max_position - (p->factor - 1), (double)dim / (dim - 2));
+        base =
+            base * pow(p->factor * seq / p->original_max_position - (p->factor - 1), (double)dim / (dim - 2));
     }
     for (int i = 0; i < half; i++) inv[i] = inv_freq_at(base, i, dim);
     if (p->kind == CTRL_ROPE_LINEAR) {
         for (int i = 0; i < half; i++) inv[i] = inv[i] / (float)p->factor;
     } else if (p->kind == CTRL_ROPE_LLAMA3) {
         const float old = (float)p->original_max_position;
-        const float low_wavelen = old / (float)p->low_freq_factor, high_wavelen = old / (float)p->high_freq_factor;
+        const float low_wavelen = old / (float)p->low_freq_factor,
+                    high_wavelen = old / (float)p->high_freq_factor;
         for (int i = 0; i < half; i++) {
             float wavelen = (float)(2 * M_PI) / inv[i];
             float v = wavelen > low_wavelen ? inv[i] / (float)p->factor : inv[i];
@@ -43,9 +45,10 @@ static void inv_freqs(float *inv, int dim, int max_pos, const ctrl_rope_params *
             inv[i] = v;
         }
     } else if (p->kind == CTRL_ROPE_YARN) {
-        const double beta_fast = p->beta_fast > 0 ? p->beta_fast : 32, beta_slow = p->beta_slow > 0 ? p->beta_slow : 1;
+        const double beta_fast = p->beta_fast > 0 ? p->beta_fast : 32,
+                     beta_slow = p->beta_slow > 0 ? p->beta_slow : 1;
         /* The dimension at which a frequency completes `rot` rotations over the trained context. */
-#define CORRECTION_DIM(rot) (dim * log(p->original_max_position / ((rot) * 2 * M_PI)) / (2 * log(base)))
+#define CORRECTION_DIM(rot) (dim * log(p->original_max_position / ((rot)*2 * M_PI)) / (2 * log(base)))
         double low = floor(CORRECTION_DIM(beta_fast)), high = ceil(CORRECTION_DIM(beta_slow));
 #undef CORRECTION_DIM
         if (low < 0) low = 0;
@@ -62,7 +65,8 @@ static void inv_freqs(float *inv, int dim, int max_pos, const ctrl_rope_params *
     }
 }
 
-void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_dim, const ctrl_rope_params *p) {
+void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_dim,
+                          const ctrl_rope_params *p) {
     const int half = head_dim / 2;
     float inv[1024];
     inv_freqs(inv, head_dim, max_pos, p);

@@ -210,7 +210,8 @@ TEST(head_backward_with_entropy_and_temperature) {
     c.logp = zeros(c.a.T), c.ent = zeros(c.a.T), c.lse = zeros(c.a.T);
     c.R = rand_buf(c.a.T, 1), c.RE = rand_buf(c.a.T, 1);
     c.ws = malloc(ctrl_cpu_head_workspace_bytes(&c.a));
-    float *dh = rand_buf((size_t)c.a.T * c.a.C, 1) /* must be overwritten */, *dw = zeros((size_t)c.a.V * c.a.C);
+    float *dh = rand_buf((size_t)c.a.T * c.a.C, 1) /* must be overwritten */,
+          *dw = zeros((size_t)c.a.V * c.a.C);
     head_loss(&c);
     ctrl_cpu_head_backward(&c.a, c.lse, c.R, c.ent, c.RE, dh, dw, c.ws);
     CHECK_MSG(fd_check(head_loss, &c, h, dh, (size_t)c.a.T * c.a.C, 1) < 1e-3, "dhidden");
@@ -219,7 +220,8 @@ TEST(head_backward_with_entropy_and_temperature) {
     printf("  head: finite-difference relative error of dW %.2e\n", ew);
     for (int t = 0; t < c.a.T; t++)
         if (tg[t] < 0) CHECK(c.logp[t] == 0 && c.ent[t] == 0);
-    free(h), free(w), free(c.logp), free(c.ent), free(c.lse), free(c.R), free(c.RE), free(c.ws), free(dh), free(dw);
+    free(h), free(w), free(c.logp), free(c.ent), free(c.lse), free(c.R), free(c.RE), free(c.ws), free(dh),
+        free(dw);
 }
 
 /* Chunk sizes change the order of sums only: every chunking agrees with one big chunk. */
@@ -228,20 +230,30 @@ TEST(head_chunking_is_invariant) {
     int32_t *tg = malloc(T * 4);
     for (int t = 0; t < T; t++) tg[t] = t % 5 == 4 ? -100 : (t * 37) % V;
     float *h = rand_buf((size_t)T * C, 2), *w = rand_buf((size_t)V * C, 1), *dlogp = rand_buf(T, 1);
-    float ref_logp[37], ref_ent[37], ref_lse[37], *ref_dh = zeros((size_t)T * C), *ref_dw = zeros((size_t)V * C);
+    float ref_logp[37], ref_ent[37], ref_lse[37], *ref_dh = zeros((size_t)T * C),
+                                                  *ref_dw = zeros((size_t)V * C);
     int32_t ref_ok[37];
     static const int chunks[][2] = {{T, V}, {1, 1}, {5, 17}, {64, 100}, {8, 300}};
     for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-        ctrl_head_args a = {.hidden = h, .w = w, .targets = tg, .T = T, .C = C, .V = V, .temperature = 1.3f,
-                            .chunk_tokens = chunks[k][0], .chunk_vocab = chunks[k][1]};
+        ctrl_head_args a = {.hidden = h,
+                            .w = w,
+                            .targets = tg,
+                            .T = T,
+                            .C = C,
+                            .V = V,
+                            .temperature = 1.3f,
+                            .chunk_tokens = chunks[k][0],
+                            .chunk_vocab = chunks[k][1]};
         void *ws = malloc(ctrl_cpu_head_workspace_bytes(&a));
         float logp[37], ent[37], lse[37], *dh = zeros((size_t)T * C), *dw = zeros((size_t)V * C);
         int32_t ok[37];
         ctrl_cpu_head_forward(&a, logp, ent, lse, ok, ws);
         ctrl_cpu_head_backward(&a, lse, dlogp, NULL, NULL, dh, dw, ws);
         if (k == 0) {
-            memcpy(ref_logp, logp, sizeof logp), memcpy(ref_ent, ent, sizeof ent), memcpy(ref_lse, lse, sizeof lse);
-            memcpy(ref_ok, ok, sizeof ok), memcpy(ref_dh, dh, (size_t)T * C * 4), memcpy(ref_dw, dw, (size_t)V * C * 4);
+            memcpy(ref_logp, logp, sizeof logp), memcpy(ref_ent, ent, sizeof ent),
+                memcpy(ref_lse, lse, sizeof lse);
+            memcpy(ref_ok, ok, sizeof ok), memcpy(ref_dh, dh, (size_t)T * C * 4),
+                memcpy(ref_dw, dw, (size_t)V * C * 4);
         } else {
             CHECK_REL(logp, ref_logp, T, 1e-6);
             CHECK_REL(ent, ref_ent, T, 1e-6);
