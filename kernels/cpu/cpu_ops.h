@@ -13,6 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Embedding: out[t] = wte[tokens[t]]. */
 void ctrl_cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C);
 void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
@@ -102,4 +106,7 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
 double ctrl_cpu_sum_squares(const float *x, int64_t n);
 void ctrl_cpu_scale(float *x, float s, int64_t n);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

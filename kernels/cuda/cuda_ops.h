@@ -59,6 +59,51 @@ ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float
 ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w, int T, int IN,
                                           int OUT);
 
+/* General row-major GEMM through cuBLASLt, fp32 with fp32 compute (no TF32):
+ *   C[M, N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T (trans_a / trans_b = 1),
+ *   A is [M, K] (or [K, M] when transposed) with leading dimension lda, likewise B and C. */
+ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                               const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The kernels of kernels/cpu/cpu_ops.h on device pointers, same arguments and semantics
+ * (parameter gradients accumulate, input gradients are written). */
+ctrl_status ctrl_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C);
+ctrl_status ctrl_cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
+ctrl_status ctrl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                                      float eps);
+ctrl_status ctrl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                       const float *weight, const float *rstd, int T, int C);
+ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                          const float *w, int T, int IN, int OUT);
+ctrl_status ctrl_cuda_rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                   const float *sin_tab, int T, int n_head, int head_dim);
+ctrl_status ctrl_cuda_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
+                                    const float *sin_tab, int T, int n_head, int head_dim);
+ctrl_status ctrl_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
+ctrl_status ctrl_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                      const float *up, int64_t n);
+ctrl_status ctrl_cuda_residual_forward(float *out, const float *a, const float *b, int64_t n);
+ctrl_status ctrl_cuda_residual_backward(float *da, float *db, const float *dout, int64_t n);
+/* Sum of squares into *out (host), accumulated in double; scale in place. */
+ctrl_status ctrl_cuda_sum_squares(const float *x, int64_t n, double *out);
+ctrl_status ctrl_cuda_scale(float *x, float s, int64_t n);
+
+/* The fused head on the device: same arguments as the CPU one (ctrl_head_args from
+ * kernels/cpu/cpu_ops.h), device pointers, chunked so that [T, V] logits never exist. */
+struct ctrl_head_args;
+size_t ctrl_cuda_head_workspace_bytes(const struct ctrl_head_args *a);
+ctrl_status ctrl_cuda_head_forward(const struct ctrl_head_args *a, float *logp, float *entropy, float *lse,
+                                   int32_t *correct, void *workspace);
+ctrl_status ctrl_cuda_head_backward(const struct ctrl_head_args *a, const float *lse, const float *dlogp,
+                                    const float *entropy, const float *dentropy, float *dhidden, float *dw,
+                                    void *workspace);
+
+/* AdamW over one flat fp32 buffer, torch.optim.AdamW's formula, in one pass; when param_bf16 is
+ * not NULL the updated parameters are also written there as bf16 (the compute copy). */
+ctrl_status ctrl_cuda_adamw_step(float *param, const float *grad, float *m, float *v, uint16_t *param_bf16,
+                                 int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                                 int64_t step);
+
 /* fp32 <-> bf16 conversion on the device (round to nearest even). */
 ctrl_status ctrl_cuda_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 ctrl_status ctrl_cuda_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);

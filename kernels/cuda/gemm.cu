@@ -1,0 +1,131 @@
+// GEMMs through cuBLASLt. cuBLASLt is column-major; ctrl's buffers are row-major. A row-major
+// matrix read column-major is its transpose, so row-major C = op(A) op(B) is computed as
+// column-major C^T = op(B)^T op(A)^T: the operands swap places and keep their op flags.
+// Linear layers (W is [OUT, IN]): out^T = W^T' x^T, i.e. m = OUT, n = T, k = IN with op(W) = T.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
+#include "device/cuda_check.h"
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+cublasLtHandle_t lt_handle = nullptr;
+void *lt_workspace = nullptr;
+
+ctrl_status ensure_handle() {
+    if (!lt_handle) {
+        CTRL_CUBLAS_CHECK(cublasLtCreate(&lt_handle));
+        ctrl_status st = ctrl_cuda_malloc(&lt_workspace, kWorkspaceBytes);
+        if (st != CTRL_OK) return st;
+    }
+    return CTRL_OK;
+}
+
+// Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n.
+ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda, const void *B,
+                      int ldb, float beta, void *C, int ldc, const void *bias, cudaDataType_t type,
+                      cublasComputeType_t compute) {
+    if (m == 0 || n == 0) return CTRL_OK;
+    ctrl_status st = ensure_handle();
+    if (st != CTRL_OK) return st;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    ctrl_status result = CTRL_OK;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    size_t ws = kWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t heur = {};
+    int found = 0;
+#define LT(call)                                                                                            \
+    do {                                                                                                    \
+        cublasStatus_t s_ = (call);                                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
+            result = ctrl_error_set(CTRL_ERR_DEVICE, "%s:%d: %s: cuBLAS status %d (m=%d n=%d k=%d)",        \
+                                    __FILE__, __LINE__, #call, (int)s_, m, n, k);                           \
+            goto done;                                                                                      \
+        }                                                                                                   \
+    } while (0)
+    LT(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (bias) LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    // Layouts describe the matrices as stored.
+    LT(cublasLtMatrixLayoutCreate(&la, type, ta ? k : m, ta ? m : k, lda));
+    LT(cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb));
+    LT(cublasLtMatrixLayoutCreate(&lc, type, m, n, ldc));
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+    if (!found) {
+        result = ctrl_error_set(CTRL_ERR_DEVICE, "cuBLASLt: no algorithm for m=%d n=%d k=%d", m, n, k);
+        goto done;
+    }
+    LT(cublasLtMatmul(lt_handle, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, lt_workspace,
+                      kWorkspaceBytes, 0));
+#undef LT
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return result;
+}
+
+// db[o] += sum_t dout[t, o], one thread per column, rows in order (deterministic).
+__global__ void column_sums_kernel(float *db, const float *dout, int T, int OUT) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OUT) return;
+    float s = 0;
+    for (int t = 0; t < T; t++) s += dout[(size_t)t * OUT + o];
+    db[o] += s;
+}
+
+} // namespace
+
+extern "C" void ctrl_cuda_linear_release(void) {
+    if (lt_handle) cublasLtDestroy(lt_handle);
+    if (lt_workspace) ctrl_cuda_free(lt_workspace);
+    lt_handle = nullptr;
+    lt_workspace = nullptr;
+}
+
+extern "C" ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                                          int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    // Row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T: swap the operands.
+    return lt_matmul(trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, nullptr, CUDA_R_32F,
+                     CUBLAS_COMPUTE_32F);
+}
+
+extern "C" ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float *w, const float *bias,
+                                                    int T, int IN, int OUT) {
+    // CUBLAS_COMPUTE_32F is true fp32 (TF32 would be CUBLAS_COMPUTE_32F_FAST_TF32).
+    return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, bias, CUDA_R_32F,
+                     CUBLAS_COMPUTE_32F);
+}
+
+extern "C" ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
+                                                     int IN, int OUT) {
+    return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, nullptr, CUDA_R_16BF,
+                     CUBLAS_COMPUTE_32F);
+}
+
+extern "C" ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float *dbias, const float *dout,
+                                                     const float *x, const float *w, int T, int IN, int OUT) {
+    ctrl_status st;
+    // dx[T, IN] = dout[T, OUT] W[OUT, IN]
+    if (dx && (st = ctrl_cuda_gemm_f32(0, 0, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK) return st;
+    // dW[OUT, IN] += dout^T x
+    if ((st = ctrl_cuda_gemm_f32(1, 0, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK) return st;
+    if (dbias) {
+        column_sums_kernel<<<(OUT + 255) / 256, 256>>>(dbias, dout, T, OUT);
+        CTRL_CUDA_CHECK_LAUNCH();
+    }
+    return CTRL_OK;
+}

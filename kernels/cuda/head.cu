@@ -1,0 +1,173 @@
+// The fused LM head on the GPU (see kernels/cpu/head.c for the math): per token chunk and vocab
+// chunk, logits come from a cuBLASLt GEMM into a [Tc, Vc] buffer, a warp per row folds them into
+// running (max, sum exp, sum exp*z, argmax, target logit); backward recomputes the chunk, turns
+// it into dlogits in place, and two GEMMs give dhidden and dW. [T, V] never exists.
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
+#include "device/cuda_check.h"
+
+namespace {
+
+constexpr int kDefaultChunkTokens = 1024;
+constexpr int kDefaultChunkVocab = 32768;
+constexpr int kRowsPerBlock = 8; // one warp per row, 256 threads
+
+int chunk_t(const ctrl_head_args *a) {
+    int c = a->chunk_tokens > 0 ? a->chunk_tokens : kDefaultChunkTokens;
+    return c < a->T ? c : (a->T > 0 ? a->T : 1);
+}
+int chunk_v(const ctrl_head_args *a) {
+    int c = a->chunk_vocab > 0 ? a->chunk_vocab : kDefaultChunkVocab;
+    return c < a->V ? c : a->V;
+}
+
+// Per-token running statistics of one token chunk.
+struct Stats {
+    float *m, *s, *acc, *zt, *best;
+    int *arg;
+};
+
+Stats stats_of(void *workspace, int TC, int VC) {
+    float *f = (float *)workspace + (size_t)TC * VC;
+    return Stats{f, f + TC, f + 2 * TC, f + 3 * TC, f + 4 * TC, (int *)(f + 5 * TC)};
+}
+
+__global__ void stats_init(Stats st, int tc) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tc) return;
+    st.m[i] = -INFINITY, st.s[i] = 0, st.acc[i] = 0, st.zt[i] = 0, st.best[i] = -INFINITY, st.arg[i] = -1;
+}
+
+__global__ void stats_update(Stats st, const float *z, const int32_t *targets, int tc, int vc, int v0) {
+    int i = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (i >= tc) return;
+    const float *row = z + (size_t)i * vc;
+    float cm = -INFINITY;
+    int ci = 0x7fffffff;
+    for (int j = lane; j < vc; j += 32)
+        if (row[j] > cm) cm = row[j], ci = j;
+    for (int off = 16; off > 0; off /= 2) {
+        float om = __shfl_xor_sync(0xffffffffu, cm, off);
+        int oi = __shfl_xor_sync(0xffffffffu, ci, off);
+        if (om > cm || (om == cm && oi < ci)) cm = om, ci = oi; // ties: the first index, as argmax
+    }
+    const float old_m = st.m[i], nm = fmaxf(cm, old_m);
+    float se = 0, sez = 0;
+    for (int j = lane; j < vc; j += 32) {
+        float e = expf(row[j] - nm);
+        se += e;
+        sez += e * row[j];
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        se += __shfl_xor_sync(0xffffffffu, se, off);
+        sez += __shfl_xor_sync(0xffffffffu, sez, off);
+    }
+    if (lane == 0) {
+        const float rescale = old_m == -INFINITY ? 0.0f : expf(old_m - nm);
+        st.s[i] = st.s[i] * rescale + se;
+        st.acc[i] = st.acc[i] * rescale + sez;
+        st.m[i] = nm;
+        if (cm > st.best[i]) st.best[i] = cm, st.arg[i] = v0 + ci;
+        const int32_t tg = targets[i];
+        if (tg >= v0 && tg < v0 + vc) st.zt[i] = row[tg - v0];
+    }
+}
+
+__global__ void stats_finish(Stats st, const int32_t *targets, int tc, int V, float *logp, float *entropy, float *lse,
+                             int32_t *correct) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tc) return;
+    const float l = st.m[i] + logf(st.s[i]);
+    const int32_t tg = targets[i];
+    const bool has = tg >= 0 && tg < V;
+    lse[i] = l;
+    logp[i] = has ? st.zt[i] - l : 0.0f;
+    if (entropy) entropy[i] = has ? l - st.acc[i] / st.s[i] : 0.0f;
+    if (correct) correct[i] = has && st.arg[i] == tg;
+}
+
+// dlogits in place of the recomputed scaled logits.
+__global__ void dlogits_kernel(float *z, const int32_t *targets, const float *lse, const float *dlogp,
+                               const float *entropy, const float *dentropy, int tc, int vc, int v0, int V,
+                               float inv_temp) {
+    int i = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (i >= tc) return;
+    float *row = z + (size_t)i * vc;
+    const int32_t tg = targets[i];
+    if (tg < 0 || tg >= V) {
+        for (int j = lane; j < vc; j += 32) row[j] = 0.0f;
+        return;
+    }
+    const float l = lse[i], g = dlogp[i];
+    const float ge = dentropy ? dentropy[i] : 0.0f, H = (entropy && dentropy) ? entropy[i] : 0.0f;
+    for (int j = lane; j < vc; j += 32) {
+        const float p = expf(row[j] - l);
+        float dz = -g * p;
+        if (ge != 0.0f) dz -= ge * p * (row[j] - l + H);
+        if (v0 + j == tg) dz += g;
+        row[j] = dz * inv_temp;
+    }
+}
+
+} // namespace
+
+extern "C" size_t ctrl_cuda_head_workspace_bytes(const ctrl_head_args *a) {
+    size_t tc = (size_t)chunk_t(a), vc = (size_t)chunk_v(a);
+    return sizeof(float) * (tc * vc + 6 * tc);
+}
+
+extern "C" ctrl_status ctrl_cuda_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse,
+                                              int32_t *correct, void *workspace) {
+    const int TC = chunk_t(a), VC = chunk_v(a);
+    float *z = (float *)workspace;
+    Stats st = stats_of(workspace, TC, VC);
+    for (int t0 = 0; t0 < a->T; t0 += TC) {
+        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+        stats_init<<<(tc + 255) / 256, 256>>>(st, tc);
+        CTRL_CUDA_CHECK_LAUNCH();
+        for (int v0 = 0; v0 < a->V; v0 += VC) {
+            const int vc = v0 + VC <= a->V ? VC : a->V - v0;
+            ctrl_status s = ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, 1.0f / a->temperature, a->hidden + (size_t)t0 * a->C,
+                                               a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+            if (s != CTRL_OK) return s;
+            stats_update<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(st, z, a->targets + t0, tc,
+                                                                                          vc, v0);
+            CTRL_CUDA_CHECK_LAUNCH();
+        }
+        stats_finish<<<(tc + 255) / 256, 256>>>(st, a->targets + t0, tc, a->V, logp + t0, entropy ? entropy + t0 : nullptr,
+                                                lse + t0, correct ? correct + t0 : nullptr);
+        CTRL_CUDA_CHECK_LAUNCH();
+    }
+    return CTRL_OK;
+}
+
+extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp,
+                                               const float *entropy, const float *dentropy, float *dhidden, float *dw,
+                                               void *workspace) {
+    const int TC = chunk_t(a), VC = chunk_v(a);
+    float *z = (float *)workspace;
+    for (int t0 = 0; t0 < a->T; t0 += TC) {
+        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+        for (int v0 = 0; v0 < a->V; v0 += VC) {
+            const int vc = v0 + VC <= a->V ? VC : a->V - v0;
+            ctrl_status s = ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, 1.0f / a->temperature, a->hidden + (size_t)t0 * a->C,
+                                               a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+            if (s != CTRL_OK) return s;
+            dlogits_kernel<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
+                z, a->targets + t0, lse + t0, dlogp + t0, entropy ? entropy + t0 : nullptr,
+                dentropy ? dentropy + t0 : nullptr, tc, vc, v0, a->V, 1.0f / a->temperature);
+            CTRL_CUDA_CHECK_LAUNCH();
+            // dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h
+            s = ctrl_cuda_gemm_f32(0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f,
+                                   dhidden + (size_t)t0 * a->C, a->C);
+            if (s != CTRL_OK) return s;
+            s = ctrl_cuda_gemm_f32(1, 0, vc, a->C, tc, 1.0f, z, vc, a->hidden + (size_t)t0 * a->C, a->C, 1.0f,
+                                   dw + (size_t)v0 * a->C, a->C);
+            if (s != CTRL_OK) return s;
+        }
+    }
+    return CTRL_OK;
+}

@@ -1,0 +1,65 @@
+// RMSNorm on the GPU: one warp per row (C up to any size, strided), rstd saved for backward.
+// Backward: dx per row in one warp; dweight per channel over all rows (deterministic order).
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_ops.h"
+#include "device/cuda_check.h"
+
+namespace {
+
+__device__ float warp_sum(float v) {
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__global__ void rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int T, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= T) return;
+    const float *xr = x + (size_t)row * C;
+    float ss = 0;
+    for (int c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / C + eps);
+    float *o = out + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) o[c] = w[c] * (xr[c] * r);
+    if (lane == 0) rstd[row] = r;
+}
+
+__global__ void rmsnorm_bwd_dx(float *dx, const float *dout, const float *x, const float *w, const float *rstd, int T,
+                               int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= T) return;
+    const float *xr = x + (size_t)row * C, *dy = dout + (size_t)row * C;
+    float dot = 0;
+    for (int c = lane; c < C; c += 32) dot += w[c] * dy[c] * xr[c];
+    dot = warp_sum(dot);
+    const float r = rstd[row], k = dot / C * r * r * r;
+    float *d = dx + (size_t)row * C;
+    for (int c = lane; c < C; c += 32) d[c] = r * w[c] * dy[c] - k * xr[c];
+}
+
+__global__ void rmsnorm_bwd_dw(float *dw, const float *dout, const float *x, const float *rstd, int T, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0;
+    for (int t = 0; t < T; t++) s += dout[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+    dw[c] += s;
+}
+
+} // namespace
+
+extern "C" ctrl_status ctrl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T,
+                                                 int C, float eps) {
+    rmsnorm_fwd<<<(T + 7) / 8, 256>>>(out, rstd, x, weight, T, C, eps);
+    CTRL_CUDA_CHECK_LAUNCH();
+    return CTRL_OK;
+}
+
+extern "C" ctrl_status ctrl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                                  const float *weight, const float *rstd, int T, int C) {
+    rmsnorm_bwd_dx<<<(T + 7) / 8, 256>>>(dx, dout, x, weight, rstd, T, C);
+    CTRL_CUDA_CHECK_LAUNCH();
+    rmsnorm_bwd_dw<<<(C + 255) / 256, 256>>>(dweight, dout, x, rstd, T, C);
+    CTRL_CUDA_CHECK_LAUNCH();
+    return CTRL_OK;
+}

@@ -1,0 +1,313 @@
+/* Every CUDA op against its CPU reference (kernels/cpu), on fresh random inputs, outputs poisoned
+ * with NaN before each run so that unwritten elements fail. fp32 tolerance: relative L2 error
+ * <= 1e-5. Sizes include non-multiples of the block shapes. CTRL_TEST_SMALL=1 shrinks them for
+ * compute-sanitizer runs. Skips, saying why, without a GPU or a CUDA build. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu/cpu_ops.h"
+#include "cuda/cuda_ops.h"
+#include "test.h"
+
+#ifdef CTRL_HAVE_CUDA
+
+static uint64_t rng;
+static float frand(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+static float *hrand(size_t n, float scale) {
+    float *x = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+static void *dev_copy(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (ctrl_cuda_malloc(&d, bytes) != CTRL_OK) return NULL;
+    ctrl_cuda_memcpy_h2d(d, h, bytes);
+    return d;
+}
+static void *dev_poisoned(size_t bytes) {
+    void *d = NULL;
+    if (ctrl_cuda_malloc(&d, bytes) != CTRL_OK) return NULL;
+    ctrl_cuda_memset(d, 0xff, bytes);
+    return d;
+}
+static float *host_of(const void *d, size_t n) {
+    float *h = malloc(n * 4);
+    if (ctrl_cuda_memcpy_d2h(h, d, n * 4) != CTRL_OK) memset(h, 0xff, n * 4);
+    return h;
+}
+static int small(void) { return getenv("CTRL_TEST_SMALL") != NULL; }
+
+#define NEED_GPU()                                                                                           \
+    do {                                                                                                     \
+        if (ctrl_cuda_device_count() == 0) TEST_SKIP(ctrl_cuda_unavailable_reason());                        \
+    } while (0)
+
+/* Compares a device result with a host reference; frees the downloaded copy. */
+#define EXPECT_DEV(dptr, ref, n, tol, what)                                                                  \
+    do {                                                                                                     \
+        float *h_ = host_of((dptr), (n));                                                                    \
+        double e_ = test_rel_error_f32(h_, (ref), (long)(n));                                                \
+        CHECK_MSG(e_ <= (tol), "%s: relative error %.3g vs CPU", (what), e_);                                \
+        free(h_);                                                                                            \
+    } while (0)
+
+TEST(rmsnorm) {
+    NEED_GPU();
+    static const int shapes[][2] = {{37, 896}, {300, 130}, {1, 4864}};
+    for (int s = 0; s < 3; s++) {
+        int T = shapes[s][0], C = shapes[s][1];
+        size_t n = (size_t)T * C;
+        float *x = hrand(n, 2), *w = hrand(C, 1), *dy = hrand(n, 1), *dw0 = hrand(C, 1);
+        float *out = malloc(n * 4), *rstd = malloc(T * 4), *dx = malloc(n * 4), *dw = malloc(C * 4);
+        memcpy(dw, dw0, C * 4);
+        ctrl_cpu_rmsnorm_forward(out, rstd, x, w, T, C, 1e-6f);
+        ctrl_cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, T, C);
+        float *d_x = dev_copy(x, n * 4), *d_w = dev_copy(w, C * 4), *d_dy = dev_copy(dy, n * 4);
+        float *d_dw = dev_copy(dw0, C * 4), *d_out = dev_poisoned(n * 4), *d_rstd = dev_poisoned(T * 4);
+        float *d_dx = dev_poisoned(n * 4);
+        CHECK_EQ_INT(ctrl_cuda_rmsnorm_forward(d_out, d_rstd, d_x, d_w, T, C, 1e-6f), CTRL_OK);
+        CHECK_EQ_INT(ctrl_cuda_rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, T, C), CTRL_OK);
+        EXPECT_DEV(d_out, out, n, 1e-5, "rmsnorm out");
+        EXPECT_DEV(d_rstd, rstd, T, 1e-5, "rmsnorm rstd");
+        EXPECT_DEV(d_dx, dx, n, 1e-5, "rmsnorm dx");
+        EXPECT_DEV(d_dw, dw, C, 1e-5, "rmsnorm dw (accumulated)");
+        ctrl_cuda_free(d_x), ctrl_cuda_free(d_w), ctrl_cuda_free(d_dy), ctrl_cuda_free(d_dw);
+        ctrl_cuda_free(d_out), ctrl_cuda_free(d_rstd), ctrl_cuda_free(d_dx);
+        free(x), free(w), free(dy), free(dw0), free(out), free(rstd), free(dx), free(dw);
+    }
+}
+
+TEST(linear_backward_and_gemm) {
+    NEED_GPU();
+    static const int shapes[][3] = {{37, 130, 96}, {129, 896, 4864}, {5, 4864, 896}};
+    for (int s = 0; s < 3; s++) {
+        int T = shapes[s][0], IN = shapes[s][1], OUT = shapes[s][2];
+        size_t nx = (size_t)T * IN, nw = (size_t)OUT * IN, no = (size_t)T * OUT;
+        float *x = hrand(nx, 1), *w = hrand(nw, 0.05f), *dy = hrand(no, 1), *dw0 = hrand(nw, 1),
+              *db0 = hrand(OUT, 1);
+        float *dx = malloc(nx * 4), *dw = malloc(nw * 4), *db = malloc(OUT * 4);
+        memcpy(dw, dw0, nw * 4), memcpy(db, db0, OUT * 4);
+        ctrl_cpu_linear_backward(dx, dw, db, dy, x, w, T, IN, OUT);
+        float *d_x = dev_copy(x, nx * 4), *d_w = dev_copy(w, nw * 4), *d_dy = dev_copy(dy, no * 4);
+        float *d_dw = dev_copy(dw0, nw * 4), *d_db = dev_copy(db0, OUT * 4), *d_dx = dev_poisoned(nx * 4);
+        CHECK_MSG(ctrl_cuda_linear_backward_f32(d_dx, d_dw, d_db, d_dy, d_x, d_w, T, IN, OUT) == CTRL_OK,
+                  "%s", ctrl_error_message());
+        EXPECT_DEV(d_dx, dx, nx, 1e-5, "linear dx");
+        EXPECT_DEV(d_dw, dw, nw, 1e-5, "linear dw (accumulated)");
+        EXPECT_DEV(d_db, db, OUT, 1e-5, "linear dbias (accumulated)");
+        ctrl_cuda_free(d_x), ctrl_cuda_free(d_w), ctrl_cuda_free(d_dy), ctrl_cuda_free(d_dw),
+            ctrl_cuda_free(d_db);
+        ctrl_cuda_free(d_dx);
+        free(x), free(w), free(dy), free(dw0), free(db0), free(dx), free(dw), free(db);
+    }
+}
+
+TEST(swiglu_residual_scale_sum_squares) {
+    NEED_GPU();
+    const int64_t n = small() ? 1001 : 1000003;
+    float *g = hrand(n, 4), *u = hrand(n, 2), *dy = hrand(n, 1), *a0 = hrand(n, 1), *b0 = hrand(n, 1);
+    float *out = malloc(n * 4), *dg = malloc(n * 4), *du = malloc(n * 4), *ra = malloc(n * 4),
+          *rb = malloc(n * 4);
+    ctrl_cpu_swiglu_forward(out, g, u, n);
+    ctrl_cpu_swiglu_backward(dg, du, dy, g, u, n);
+    float *d_g = dev_copy(g, n * 4), *d_u = dev_copy(u, n * 4), *d_dy = dev_copy(dy, n * 4);
+    float *d_out = dev_poisoned(n * 4), *d_dg = dev_poisoned(n * 4), *d_du = dev_poisoned(n * 4);
+    CHECK_EQ_INT(ctrl_cuda_swiglu_forward(d_out, d_g, d_u, n), CTRL_OK);
+    CHECK_EQ_INT(ctrl_cuda_swiglu_backward(d_dg, d_du, d_dy, d_g, d_u, n), CTRL_OK);
+    EXPECT_DEV(d_out, out, n, 1e-5, "swiglu out");
+    EXPECT_DEV(d_dg, dg, n, 1e-5, "swiglu dgate");
+    EXPECT_DEV(d_du, du, n, 1e-5, "swiglu dup");
+    /* residual: forward into a poisoned buffer, backward accumulates into both branches */
+    memcpy(ra, a0, n * 4), memcpy(rb, b0, n * 4);
+    ctrl_cpu_residual_forward(out, g, u, n);
+    ctrl_cpu_residual_backward(ra, rb, dy, n);
+    float *d_a = dev_copy(a0, n * 4), *d_b = dev_copy(b0, n * 4);
+    ctrl_cuda_memset(d_out, 0xff, n * 4);
+    CHECK_EQ_INT(ctrl_cuda_residual_forward(d_out, d_g, d_u, n), CTRL_OK);
+    CHECK_EQ_INT(ctrl_cuda_residual_backward(d_a, d_b, d_dy, n), CTRL_OK);
+    EXPECT_DEV(d_out, out, n, 1e-6, "residual out");
+    EXPECT_DEV(d_a, ra, n, 1e-6, "residual da");
+    EXPECT_DEV(d_b, rb, n, 1e-6, "residual db");
+    double want = ctrl_cpu_sum_squares(g, n), got = -1;
+    CHECK_EQ_INT(ctrl_cuda_sum_squares(d_g, n, &got), CTRL_OK);
+    CHECK_MSG(fabs(got - want) <= 1e-9 * want, "sum of squares %.17g vs %.17g", got, want);
+    ctrl_cpu_scale(g, 0.37f, n);
+    CHECK_EQ_INT(ctrl_cuda_scale(d_g, 0.37f, n), CTRL_OK);
+    EXPECT_DEV(d_g, g, n, 1e-7, "scale");
+    ctrl_cuda_free(d_g), ctrl_cuda_free(d_u), ctrl_cuda_free(d_dy), ctrl_cuda_free(d_out),
+        ctrl_cuda_free(d_dg);
+    ctrl_cuda_free(d_du), ctrl_cuda_free(d_a), ctrl_cuda_free(d_b);
+    free(g), free(u), free(dy), free(a0), free(b0), free(out), free(dg), free(du), free(ra), free(rb);
+}
+
+TEST(embedding_and_rope) {
+    NEED_GPU();
+    const int T = 37, C = 130, V = 50, H = 3, D = 64, max_pos = 4096;
+    int32_t tok[37], pos[37];
+    for (int t = 0; t < T; t++)
+        tok[t] = (int32_t)((t * 7) % 11), pos[t] = t < 20 ? t : (t - 20) * 97; /* repeats, restarts */
+    float *wte = hrand((size_t)V * C, 1), *dy = hrand((size_t)T * C, 1), *dwte0 = hrand((size_t)V * C, 1);
+    float *out = malloc((size_t)T * C * 4), *dwte = malloc((size_t)V * C * 4);
+    memcpy(dwte, dwte0, (size_t)V * C * 4);
+    ctrl_cpu_embedding_forward(out, tok, wte, T, C);
+    ctrl_cpu_embedding_backward(dwte, dy, tok, T, C);
+    int32_t *d_tok = dev_copy(tok, sizeof tok);
+    float *d_wte = dev_copy(wte, (size_t)V * C * 4), *d_dy = dev_copy(dy, (size_t)T * C * 4);
+    float *d_dwte = dev_copy(dwte0, (size_t)V * C * 4), *d_out = dev_poisoned((size_t)T * C * 4);
+    CHECK_EQ_INT(ctrl_cuda_embedding_forward(d_out, d_tok, d_wte, T, C), CTRL_OK);
+    CHECK_EQ_INT(ctrl_cuda_embedding_backward(d_dwte, d_dy, d_tok, T, C), CTRL_OK);
+    EXPECT_DEV(d_out, out, (size_t)T * C, 0, "embedding out (exact)");
+    EXPECT_DEV(d_dwte, dwte, (size_t)V * C, 1e-6, "embedding dwte (accumulated)");
+    /* RoPE with llama3 tables built on the host */
+    ctrl_rope_params p = {.kind = CTRL_ROPE_LLAMA3,
+                          .theta = 500000,
+                          .factor = 8,
+                          .low_freq_factor = 1,
+                          .high_freq_factor = 4,
+                          .original_max_position = 8192,
+                          .partial_rotary_factor = 1};
+    float *ct = malloc((size_t)max_pos * D / 2 * 4), *st = malloc((size_t)max_pos * D / 2 * 4);
+    ctrl_cpu_rope_tables(ct, st, max_pos, D, &p);
+    size_t n = (size_t)T * H * D;
+    float *x = hrand(n, 1), *g = hrand(n, 1), *ro = malloc(n * 4), *rd = malloc(n * 4);
+    ctrl_cpu_rope_forward(ro, x, pos, ct, st, T, H, D);
+    ctrl_cpu_rope_backward(rd, g, pos, ct, st, T, H, D);
+    int32_t *d_pos = dev_copy(pos, sizeof pos);
+    float *d_ct = dev_copy(ct, (size_t)max_pos * D / 2 * 4),
+          *d_st = dev_copy(st, (size_t)max_pos * D / 2 * 4);
+    float *d_x = dev_copy(x, n * 4), *d_g = dev_copy(g, n * 4), *d_ro = dev_poisoned(n * 4),
+          *d_rd = dev_poisoned(n * 4);
+    CHECK_EQ_INT(ctrl_cuda_rope_forward(d_ro, d_x, d_pos, d_ct, d_st, T, H, D), CTRL_OK);
+    CHECK_EQ_INT(ctrl_cuda_rope_backward(d_rd, d_g, d_pos, d_ct, d_st, T, H, D), CTRL_OK);
+    EXPECT_DEV(d_ro, ro, n, 1e-6, "rope out");
+    EXPECT_DEV(d_rd, rd, n, 1e-6, "rope dx");
+    /* in place */
+    CHECK_EQ_INT(ctrl_cuda_rope_forward(d_x, d_x, d_pos, d_ct, d_st, T, H, D), CTRL_OK);
+    EXPECT_DEV(d_x, ro, n, 1e-6, "rope in place");
+    ctrl_cuda_free(d_tok), ctrl_cuda_free(d_wte), ctrl_cuda_free(d_dy), ctrl_cuda_free(d_dwte),
+        ctrl_cuda_free(d_out);
+    ctrl_cuda_free(d_pos), ctrl_cuda_free(d_ct), ctrl_cuda_free(d_st), ctrl_cuda_free(d_x),
+        ctrl_cuda_free(d_g);
+    ctrl_cuda_free(d_ro), ctrl_cuda_free(d_rd);
+    free(wte), free(dy), free(dwte0), free(out), free(dwte), free(ct), free(st), free(x), free(g), free(ro),
+        free(rd);
+}
+
+TEST(fused_head) {
+    NEED_GPU();
+    static const int shapes[][5] = {/* T, C, V, chunk_tokens, chunk_vocab */
+                                    {37, 130, 1000, 16, 300},
+                                    {64, 896, 32003, 0, 0},
+                                    {129, 896, 32003, 50, 4096}};
+    int n_shapes = small() ? 1 : 3;
+    for (int s = 0; s < n_shapes; s++) {
+        int T = shapes[s][0], C = shapes[s][1], V = shapes[s][2];
+        ctrl_head_args a = {.T = T,
+                            .C = C,
+                            .V = V,
+                            .temperature = 0.9f,
+                            .chunk_tokens = shapes[s][3],
+                            .chunk_vocab = shapes[s][4]};
+        float *h = hrand((size_t)T * C, 1), *w = hrand((size_t)V * C, 0.1f), *dl = hrand(T, 1),
+              *de = hrand(T, 1);
+        float *dw0 = hrand((size_t)V * C, 0.01f);
+        int32_t *tg = malloc(T * 4);
+        for (int t = 0; t < T; t++) tg[t] = t % 7 == 3 ? -100 : (int32_t)((t * 7919u) % (unsigned)V);
+        a.hidden = h, a.w = w, a.targets = tg;
+        float *logp = malloc(T * 4), *ent = malloc(T * 4), *lse = malloc(T * 4),
+              *dh = malloc((size_t)T * C * 4);
+        float *dw = malloc((size_t)V * C * 4), *okf = malloc(T * 4);
+        int32_t *ok = malloc(T * 4);
+        memcpy(dw, dw0, (size_t)V * C * 4);
+        void *ws = malloc(ctrl_cpu_head_workspace_bytes(&a));
+        ctrl_cpu_head_forward(&a, logp, ent, lse, ok, ws);
+        ctrl_cpu_head_backward(&a, lse, dl, ent, de, dh, dw, ws);
+        for (int t = 0; t < T; t++) okf[t] = (float)ok[t];
+        ctrl_head_args d = a;
+        d.hidden = dev_copy(h, (size_t)T * C * 4), d.w = dev_copy(w, (size_t)V * C * 4),
+        d.targets = dev_copy(tg, T * 4);
+        float *d_logp = dev_poisoned(T * 4), *d_ent = dev_poisoned(T * 4), *d_lse = dev_poisoned(T * 4);
+        int32_t *d_ok = dev_poisoned(T * 4);
+        float *d_dl = dev_copy(dl, T * 4), *d_de = dev_copy(de, T * 4),
+              *d_dh = dev_poisoned((size_t)T * C * 4);
+        float *d_dw = dev_copy(dw0, (size_t)V * C * 4);
+        void *d_ws = NULL;
+        CHECK_EQ_INT(ctrl_cuda_malloc(&d_ws, ctrl_cuda_head_workspace_bytes(&d)), CTRL_OK);
+        CHECK_MSG(ctrl_cuda_head_forward(&d, d_logp, d_ent, d_lse, d_ok, d_ws) == CTRL_OK, "%s",
+                  ctrl_error_message());
+        CHECK_MSG(ctrl_cuda_head_backward(&d, d_lse, d_dl, d_ent, d_de, d_dh, d_dw, d_ws) == CTRL_OK, "%s",
+                  ctrl_error_message());
+        EXPECT_DEV(d_logp, logp, T, 1e-5, "head logp");
+        EXPECT_DEV(d_ent, ent, T, 1e-5, "head entropy");
+        EXPECT_DEV(d_lse, lse, T, 1e-5, "head lse");
+        EXPECT_DEV(d_dh, dh, (size_t)T * C, 1e-5, "head dhidden");
+        EXPECT_DEV(d_dw, dw, (size_t)V * C, 1e-5, "head dw (accumulated)");
+        int32_t *gok = malloc(T * 4);
+        ctrl_cuda_memcpy_d2h(gok, d_ok, T * 4);
+        int mism = 0;
+        for (int t = 0; t < T; t++) mism += gok[t] != ok[t];
+        CHECK_MSG(mism == 0, "head correct flags: %d mismatches", mism);
+        printf("  head T=%d C=%d V=%d: ok\n", T, C, V);
+        ctrl_cuda_free((void *)d.hidden), ctrl_cuda_free((void *)d.w), ctrl_cuda_free((void *)d.targets);
+        ctrl_cuda_free(d_logp), ctrl_cuda_free(d_ent), ctrl_cuda_free(d_lse), ctrl_cuda_free(d_ok);
+        ctrl_cuda_free(d_dl), ctrl_cuda_free(d_de), ctrl_cuda_free(d_dh), ctrl_cuda_free(d_dw),
+            ctrl_cuda_free(d_ws);
+        free(h), free(w), free(dl), free(de), free(dw0), free(tg), free(logp), free(ent), free(lse), free(dh);
+        free(dw), free(okf), free(ok), free(ws), free(gok);
+    }
+}
+
+/* torch.optim.AdamW's formula on the host in float, exactly as the adamw plugin computes it. */
+TEST(adamw_fused) {
+    NEED_GPU();
+    const int64_t n = small() ? 4099 : 1000003;
+    float *p = hrand(n, 1), *m = calloc(n, 4), *v = calloc(n, 4);
+    float *d_p = dev_copy(p, n * 4), *d_m = dev_copy(m, n * 4), *d_v = dev_copy(v, n * 4), *d_g = NULL;
+    uint16_t *d_p16 = dev_poisoned(n * 2);
+    CHECK_EQ_INT(ctrl_cuda_malloc((void **)&d_g, n * 4), CTRL_OK);
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+    for (int step = 1; step <= 3; step++) {
+        float *g = hrand(n, 1);
+        ctrl_cuda_memcpy_h2d(d_g, g, n * 4);
+        const float lr = 1e-3f * step;
+        const float step_size = (float)(lr / (1.0 - pow(b1, step))), bc2 = (float)sqrt(1.0 - pow(b2, step));
+        const float decay = (float)(1.0 - (double)lr * wd);
+        for (int64_t i = 0; i < n; i++) {
+            p[i] *= decay;
+            m[i] = b1 * m[i] + (1 - b1) * g[i];
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+            p[i] -= step_size * m[i] / (sqrtf(v[i]) / bc2 + eps);
+        }
+        CHECK_EQ_INT(ctrl_cuda_adamw_step(d_p, d_g, d_m, d_v, d_p16, n, lr, b1, b2, eps, wd, step), CTRL_OK);
+        free(g);
+    }
+    EXPECT_DEV(d_p, p, n, 1e-6, "adamw params");
+    EXPECT_DEV(d_m, m, n, 1e-6, "adamw exp_avg");
+    EXPECT_DEV(d_v, v, n, 1e-6, "adamw exp_avg_sq");
+    float *from16 = NULL;
+    CHECK_EQ_INT(ctrl_cuda_malloc((void **)&from16, n * 4), CTRL_OK);
+    ctrl_cuda_bf16_to_f32(from16, d_p16, n);
+    EXPECT_DEV(from16, p, n, 5e-3, "adamw bf16 copy");
+    ctrl_cuda_free(d_p), ctrl_cuda_free(d_m), ctrl_cuda_free(d_v), ctrl_cuda_free(d_g), ctrl_cuda_free(d_p16);
+    ctrl_cuda_free(from16);
+    free(p), free(m), free(v);
+}
+
+__attribute__((constructor)) static void seed(void) {
+    atexit(ctrl_cuda_shutdown);
+    rng = (uint64_t)time(NULL) * 6364136223846793005ull | 1;
+    printf("  seed %llu\n", (unsigned long long)rng);
+}
+
+#else
+
+TEST(cuda_ops) { TEST_SKIP("built without CUDA"); }
+
+#endif
