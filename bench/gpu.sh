@@ -81,6 +81,8 @@ fi
 stage "benchmarks"
 timeout 300 build-gpu/bench_cuda_ceilings $QUICK 2>&1 | tee "$LOG/bench_ceilings.log" | tee -a "$SUMMARY"
 timeout 300 python3 bench/cuda/torch_ceilings.py $QUICK 2>&1 | tee "$LOG/torch_ceilings.log" | tee -a "$SUMMARY"
+timeout 300 build-gpu/bench_cuda_ops 2>&1 | tee -a "$SUMMARY"
+timeout 300 python3 bench/cuda/torch_ops.py 2>&1 | tail -n 6 | tee -a "$SUMMARY"
 timeout 300 build-gpu/bench_cuda_head 2>&1 | tee -a "$SUMMARY"
 timeout 300 python3 bench/cuda/torch_head.py 2>&1 | tail -n 3 | tee -a "$SUMMARY"
 
