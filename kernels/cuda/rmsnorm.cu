@@ -38,11 +38,25 @@ __global__ void rmsnorm_bwd_dx(float *dx, const float *dout, const float *x, con
     for (int c = lane; c < C; c += 32) d[c] = r * w[c] * dy[c] - k * xr[c];
 }
 
-__global__ void rmsnorm_bwd_dw(float *dw, const float *dout, const float *x, const float *rstd, int T, int C) {
+// dweight in two deterministic passes: partial sums over slices of kRowsPerSlice rows (enough
+// blocks to fill the GPU even when C is small), then a fixed-order sum of the slices.
+constexpr int kRowsPerSlice = 128;
+
+__global__ void rmsnorm_bwd_dw_partial(float *partial, const float *dout, const float *x, const float *rstd, int T,
+                                       int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, slice = blockIdx.y;
+    if (c >= C) return;
+    int t0 = slice * kRowsPerSlice, t1 = min(T, t0 + kRowsPerSlice);
+    float s = 0;
+    for (int t = t0; t < t1; t++) s += dout[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+    partial[(size_t)slice * C + c] = s;
+}
+
+__global__ void rmsnorm_bwd_dw_sum(float *dw, const float *partial, int slices, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float s = 0;
-    for (int t = 0; t < T; t++) s += dout[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+    for (int i = 0; i < slices; i++) s += partial[(size_t)i * C + c];
     dw[c] += s;
 }
 
@@ -59,7 +73,18 @@ extern "C" ctrl_status ctrl_cuda_rmsnorm_backward(float *dx, float *dweight, con
                                                   const float *weight, const float *rstd, int T, int C) {
     rmsnorm_bwd_dx<<<(T + 7) / 8, 256>>>(dx, dout, x, weight, rstd, T, C);
     CTRL_CUDA_CHECK_LAUNCH();
-    rmsnorm_bwd_dw<<<(C + 255) / 256, 256>>>(dweight, dout, x, rstd, T, C);
-    CTRL_CUDA_CHECK_LAUNCH();
+    const int slices = (T + kRowsPerSlice - 1) / kRowsPerSlice;
+    float *partial = nullptr;
+    ctrl_status st = ctrl_cuda_malloc((void **)&partial, sizeof(float) * (size_t)slices * C);
+    if (st != CTRL_OK) return st;
+    rmsnorm_bwd_dw_partial<<<dim3((C + 127) / 128, slices), 128>>>(partial, dout, x, rstd, T, C);
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) {
+        rmsnorm_bwd_dw_sum<<<(C + 127) / 128, 128>>>(dweight, partial, slices, C);
+        err = cudaGetLastError();
+    }
+    ctrl_cuda_free(partial); /* back to the cache; stream order keeps it valid for the kernels */
+    if (err != cudaSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "%s:%d: rmsnorm backward: %s", __FILE__, __LINE__, cudaGetErrorString(err));
     return CTRL_OK;
 }
