@@ -1,0 +1,378 @@
+/* The decoder forward and backward (see model.h). Activations of every layer are kept for
+ * backward; memory strategies (checkpointing) will hook in around each layer. */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
+typedef struct layer_offsets {
+    long ln1, wq, bq, wk, bk, wv, bv, wo, q_norm, k_norm, ln2, wg, wu, wd;
+} layer_offsets;
+
+/* One layer's saved activations. */
+typedef struct layer_acts {
+    float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
+        *g, *u, *h;
+} layer_acts;
+
+struct ctrl_model {
+    ctrl_model_config cfg;
+    const ctrl_attention_ops *attn;
+    float *params, *grads;
+    size_t n_params;
+    ctrl_param_view *views;
+    int n_views, cap_views;
+    long off_embed, off_norm, off_lm_head;
+    layer_offsets *layers;
+    /* RoPE tables [rope_len, head_dim/2] */
+    float *cos_tab, *sin_tab;
+    int rope_len;
+    /* activations of the last forward */
+    int T, act_cap_T;
+    float *act_mem;
+    layer_acts *acts;
+    float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
+    ctrl_batch batch;
+    int32_t *batch_mem;
+};
+
+static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
+                     int no_decay) {
+    if (m->n_views == m->cap_views) {
+        m->cap_views = m->cap_views ? 2 * m->cap_views : 64;
+        m->views = realloc(m->views, sizeof *m->views * (size_t)m->cap_views);
+    }
+    ctrl_param_view *v = &m->views[m->n_views++];
+    snprintf(v->name, sizeof v->name, "%s", name);
+    v->offset = *cursor;
+    v->ndim = ndim;
+    v->shape[0] = d0;
+    v->shape[1] = ndim > 1 ? d1 : 1;
+    v->numel = d0 * (ndim > 1 ? d1 : 1);
+    v->no_decay = no_decay;
+    *cursor += (size_t)v->numel;
+    return (long)v->offset;
+}
+
+/* Lays out every parameter: embeddings, then each layer contiguously, then the final norm and
+ * the LM head. With cursor == NULL-like counting this also sizes the buffer. */
+static void layout(ctrl_model *m) {
+    const ctrl_model_config *c = &m->cfg;
+    const int C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
+              D = c->head_dim;
+    size_t cur = 0;
+    char n[96];
+    m->off_embed = add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_offsets *o = &m->layers[l];
+#define V(field, suffix, nd, a, b, nodecay)                                                                  \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                  \
+    o->field = add_view(m, &cur, n, nd, a, b, nodecay)
+        V(ln1, "input_layernorm.weight", 1, C, 0, 1);
+        V(wq, "self_attn.q_proj.weight", 2, H * D, C, 0);
+        o->bq = o->bk = o->bv = o->q_norm = o->k_norm = -1;
+        if (c->qkv_bias) {
+            V(bq, "self_attn.q_proj.bias", 1, H * D, 0, 1);
+        }
+        V(wk, "self_attn.k_proj.weight", 2, HK * D, C, 0);
+        if (c->qkv_bias) {
+            V(bk, "self_attn.k_proj.bias", 1, HK * D, 0, 1);
+        }
+        V(wv, "self_attn.v_proj.weight", 2, HK * D, C, 0);
+        if (c->qkv_bias) {
+            V(bv, "self_attn.v_proj.bias", 1, HK * D, 0, 1);
+        }
+        V(wo, "self_attn.o_proj.weight", 2, C, H * D, 0);
+        if (c->qk_norm) {
+            V(q_norm, "self_attn.q_norm.weight", 1, D, 0, 1);
+            V(k_norm, "self_attn.k_norm.weight", 1, D, 0, 1);
+        }
+        V(ln2, "post_attention_layernorm.weight", 1, C, 0, 1);
+        V(wg, "mlp.gate_proj.weight", 2, I, C, 0);
+        V(wu, "mlp.up_proj.weight", 2, I, C, 0);
+        V(wd, "mlp.down_proj.weight", 2, C, I, 0);
+#undef V
+    }
+    m->off_norm = add_view(m, &cur, "model.norm.weight", 1, C, 0, 1);
+    m->off_lm_head =
+        c->tie_word_embeddings ? m->off_embed : add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
+    m->n_params = cur;
+}
+
+ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                              ctrl_model **out) {
+    *out = NULL;
+    if (!attn || !attn->forward || !attn->backward)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: an attention plugin with forward and backward is needed");
+    ctrl_model *m = calloc(1, sizeof *m);
+    if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    m->attn = attn;
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
+    layout(m);
+    m->params = calloc(m->n_params, sizeof(float));
+    m->grads = calloc(m->n_params, sizeof(float));
+    if (!m->layers || !m->acts || !m->params || !m->grads) {
+        ctrl_model_free(m);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate %zu parameters", m->n_params);
+    }
+    *out = m;
+    return CTRL_OK;
+}
+
+void ctrl_model_free(ctrl_model *m) {
+    if (!m) return;
+    free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
+    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem);
+    free(m);
+}
+
+const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m) { return &m->cfg; }
+float *ctrl_model_params(ctrl_model *m, size_t *n) {
+    if (n) *n = m->n_params;
+    return m->params;
+}
+float *ctrl_model_grads(ctrl_model *m, size_t *n) {
+    if (n) *n = m->n_params;
+    return m->grads;
+}
+int ctrl_model_view_count(const ctrl_model *m) { return m->n_views; }
+const ctrl_param_view *ctrl_model_view(const ctrl_model *m, int i) {
+    return i >= 0 && i < m->n_views ? &m->views[i] : NULL;
+}
+const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *name) {
+    for (int i = 0; i < m->n_views; i++)
+        if (!strcmp(m->views[i].name, name)) return &m->views[i];
+    return NULL;
+}
+void ctrl_model_zero_grad(ctrl_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+
+static ctrl_status ensure_rope(ctrl_model *m, int max_pos) {
+    if (max_pos <= m->rope_len) return CTRL_OK;
+    int len = 256;
+    while (len < max_pos) len *= 2;
+    const int half = m->cfg.head_dim / 2;
+    free(m->cos_tab), free(m->sin_tab);
+    m->cos_tab = malloc(sizeof(float) * (size_t)len * half);
+    m->sin_tab = malloc(sizeof(float) * (size_t)len * half);
+    if (!m->cos_tab || !m->sin_tab)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: RoPE tables for %d positions", len);
+    ctrl_cpu_rope_tables(m->cos_tab, m->sin_tab, len, m->cfg.head_dim, &m->cfg.rope);
+    m->rope_len = len;
+    return CTRL_OK;
+}
+
+/* Activation memory for T tokens, carved into the per-layer views. */
+static ctrl_status ensure_acts(ctrl_model *m, int T) {
+    const ctrl_model_config *c = &m->cfg;
+    const size_t C = c->hidden_size, I = c->intermediate_size, QD = (size_t)c->n_heads * c->head_dim,
+                 KD = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t per_layer = 5 * C + 2 + 3 * QD + 4 * KD + c->n_heads + c->n_kv_heads + c->n_heads + 3 * I;
+    const size_t top = 2 * C + 3;
+    if (T <= m->act_cap_T) return CTRL_OK;
+    free(m->act_mem);
+    m->act_mem = malloc(sizeof(float) * (size_t)T * (per_layer * c->n_layers + top));
+    if (!m->act_mem) return ctrl_error_set(CTRL_ERR_NOMEM, "model: activations for %d tokens", T);
+    float *p = m->act_mem;
+#define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_acts *a = &m->acts[l];
+        a->x_in = TAKE(C), a->ln1 = TAKE(C), a->rstd1 = TAKE(1), a->q_raw = TAKE(QD), a->k_raw = TAKE(KD);
+        a->q_rstd = TAKE(c->n_heads), a->k_rstd = TAKE(c->n_kv_heads), a->q = TAKE(QD), a->k = TAKE(KD);
+        a->v = TAKE(KD), a->att = TAKE(QD), a->lse = TAKE(c->n_heads), a->x_mid = TAKE(C), a->ln2 = TAKE(C);
+        a->rstd2 = TAKE(1), a->g = TAKE(I), a->u = TAKE(I), a->h = TAKE(I);
+        (void)KD;
+    }
+    m->x_out = TAKE(C), m->lnf = TAKE(C), m->rstdf = TAKE(1), m->head_lse = TAKE(1), m->head_ent = TAKE(1);
+#undef TAKE
+    m->act_cap_T = T;
+    return CTRL_OK;
+}
+
+static ctrl_attention_args attn_args(const ctrl_model *m, const layer_acts *a) {
+    const ctrl_model_config *c = &m->cfg;
+    ctrl_attention_args args = {.size = sizeof args,
+                                .device = {CTRL_DEVICE_CPU, 0},
+                                .dtype = CTRL_F32,
+                                .n_seqs = m->batch.B,
+                                .cu_seqlens = m->batch.cu_seqlens,
+                                .cu_seqlens_host = m->batch.cu_seqlens,
+                                .total_tokens = m->T,
+                                .n_head = c->n_heads,
+                                .n_kv_head = c->n_kv_heads,
+                                .head_dim = c->head_dim,
+                                .scale = 1.0f / sqrtf((float)c->head_dim),
+                                .causal = 1,
+                                .window = c->sliding_window,
+                                .q = a->q,
+                                .k = a->k,
+                                .v = a->v,
+                                .out = a->att,
+                                .lse = a->lse};
+    return args;
+}
+
+static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
+    if (b->T <= 0 || b->B <= 0 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->B] != b->T)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: malformed batch (T=%d, B=%d)", b->T, b->B);
+    for (int i = 0; i < b->T; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab_size)
+            return ctrl_error_set(CTRL_ERR_RUNTIME,
+                                  "model: token %d at position %d is outside the vocabulary (%d)",
+                                  b->tokens[i], i, m->cfg.vocab_size);
+        if (b->positions[i] < 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: negative position at %d", i);
+    }
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy) {
+    const ctrl_model_config *c = &m->cfg;
+    ctrl_status st = check_batch(m, b);
+    if (st != CTRL_OK) return st;
+    int max_pos = 0;
+    for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
+    if ((st = ensure_rope(m, max_pos + 1)) != CTRL_OK || (st = ensure_acts(m, b->T)) != CTRL_OK) return st;
+    /* Keep a copy of the batch: backward needs it after the caller's buffers may have changed. */
+    free(m->batch_mem);
+    m->batch_mem = malloc(sizeof(int32_t) * (size_t)(4 * b->T + b->B + 1));
+    int32_t *bm = m->batch_mem;
+    memcpy(bm, b->tokens, 4 * (size_t)b->T), memcpy(bm + b->T, b->positions, 4 * (size_t)b->T);
+    memcpy(bm + 2 * b->T, b->targets, 4 * (size_t)b->T),
+        memcpy(bm + 3 * b->T, b->cu_seqlens, 4 * (size_t)(b->B + 1));
+    m->batch = (ctrl_batch){.T = b->T,
+                            .B = b->B,
+                            .tokens = bm,
+                            .positions = bm + b->T,
+                            .targets = bm + 2 * b->T,
+                            .cu_seqlens = bm + 3 * b->T};
+    m->T = b->T;
+    const int T = b->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
+              D = c->head_dim;
+    const float eps = c->rms_norm_eps, *P = m->params;
+    float *x = m->acts[0].x_in;
+    ctrl_cpu_embedding_forward(x, b->tokens, P + m->off_embed, T, C);
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_offsets *o = &m->layers[l];
+        layer_acts *a = &m->acts[l];
+        float *next = l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out;
+        ctrl_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps);
+        ctrl_cpu_linear_forward(a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
+        ctrl_cpu_linear_forward(a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
+        ctrl_cpu_linear_forward(a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
+        const float *qin = a->q_raw, *kin = a->k_raw;
+        if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
+            ctrl_cpu_rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps);
+            ctrl_cpu_rmsnorm_forward(a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D, eps);
+            qin = a->q, kin = a->k;
+        }
+        ctrl_cpu_rope_forward(a->q, qin, b->positions, m->cos_tab, m->sin_tab, T, H, D);
+        ctrl_cpu_rope_forward(a->k, kin, b->positions, m->cos_tab, m->sin_tab, T, HK, D);
+        ctrl_attention_args args = attn_args(m, a);
+        if ((st = m->attn->forward(&args, NULL)) != CTRL_OK)
+            return ctrl_error_wrap(st, "layer %d attention", l);
+        ctrl_cpu_linear_forward(a->x_mid, a->att, P + o->wo, NULL, T, H * D, C);
+        ctrl_cpu_residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C);
+        ctrl_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps);
+        ctrl_cpu_linear_forward(a->g, a->ln2, P + o->wg, NULL, T, C, I);
+        ctrl_cpu_linear_forward(a->u, a->ln2, P + o->wu, NULL, T, C, I);
+        ctrl_cpu_swiglu_forward(a->h, a->g, a->u, (int64_t)T * I);
+        ctrl_cpu_linear_forward(next, a->h, P + o->wd, NULL, T, I, C);
+        ctrl_cpu_residual_forward(next, next, a->x_mid, (int64_t)T * C);
+    }
+    ctrl_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps);
+    ctrl_head_args ha = {.hidden = m->lnf,
+                         .w = P + m->off_lm_head,
+                         .targets = b->targets,
+                         .T = T,
+                         .C = C,
+                         .V = c->vocab_size,
+                         .temperature = 1.0f};
+    void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
+    if (!ws) return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
+    ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, NULL, ws);
+    if (entropy) memcpy(entropy, m->head_ent, sizeof(float) * (size_t)T);
+    free(ws);
+    return CTRL_OK;
+}
+
+static void add_into(float *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
+    const ctrl_model_config *c = &m->cfg;
+    const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
+              D = c->head_dim;
+    if (T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: backward without a forward");
+    const float *P = m->params;
+    float *G = m->grads;
+    /* Scratch: residual-stream gradient, a second [T, C], and [T, max(I, H*D)] x 3. */
+    const size_t wide = (size_t)T * (I > H * D ? I : H * D);
+    float *dres = malloc(sizeof(float) * (size_t)T * C), *dtmp = malloc(sizeof(float) * (size_t)T * C);
+    float *d1 = malloc(sizeof(float) * wide), *d2 = malloc(sizeof(float) * wide),
+          *d3 = malloc(sizeof(float) * wide);
+    float *dk = malloc(sizeof(float) * (size_t)T * HK * D), *dv = malloc(sizeof(float) * (size_t)T * HK * D);
+    ctrl_head_args ha = {.hidden = m->lnf,
+                         .w = P + m->off_lm_head,
+                         .targets = m->batch.targets,
+                         .T = T,
+                         .C = C,
+                         .V = c->vocab_size,
+                         .temperature = 1.0f};
+    void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
+    ctrl_status st = CTRL_OK;
+    if (!dres || !dtmp || !d1 || !d2 || !d3 || !dk || !dv || !ws) {
+        st = ctrl_error_set(CTRL_ERR_NOMEM, "model: backward scratch for %d tokens", T);
+        goto done;
+    }
+    ctrl_cpu_head_backward(&ha, m->head_lse, dlogp, NULL, NULL, dtmp, G + m->off_lm_head, ws);
+    ctrl_cpu_rmsnorm_backward(dres, G + m->off_norm, dtmp, m->x_out, P + m->off_norm, m->rstdf, T, C);
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        const layer_offsets *o = &m->layers[l];
+        layer_acts *a = &m->acts[l];
+        /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
+        ctrl_cpu_linear_backward(d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C);
+        ctrl_cpu_swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I);
+        ctrl_cpu_linear_backward(dtmp, G + o->wg, NULL, d2, a->ln2, P + o->wg, T, C, I);
+        ctrl_cpu_linear_backward(d1, G + o->wu, NULL, d3, a->ln2, P + o->wu, T, C, I);
+        add_into(dtmp, d1, (int64_t)T * C);
+        ctrl_cpu_rmsnorm_backward(d1, G + o->ln2, dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C);
+        add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_mid */
+        /* Attention: x_mid = x_in + o_proj(att). */
+        ctrl_cpu_linear_backward(d1, G + o->wo, NULL, dres, a->att, P + o->wo, T, H * D, C);
+        ctrl_attention_args args = attn_args(m, a);
+        args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
+        if ((st = m->attn->backward(&args, NULL)) != CTRL_OK) {
+            ctrl_error_wrap(st, "layer %d attention backward", l);
+            goto done;
+        }
+        /* RoPE (then the per-head norms) back to the projections' outputs. */
+        ctrl_cpu_rope_backward(d2, d2, m->batch.positions, m->cos_tab, m->sin_tab, T, H, D);
+        ctrl_cpu_rope_backward(dk, dk, m->batch.positions, m->cos_tab, m->sin_tab, T, HK, D);
+        if (c->qk_norm) {
+            ctrl_cpu_rmsnorm_backward(d3, G + o->q_norm, d2, a->q_raw, P + o->q_norm, a->q_rstd, T * H, D);
+            memcpy(d2, d3, sizeof(float) * (size_t)T * H * D);
+            ctrl_cpu_rmsnorm_backward(d3, G + o->k_norm, dk, a->k_raw, P + o->k_norm, a->k_rstd, T * HK, D);
+            memcpy(dk, d3, sizeof(float) * (size_t)T * HK * D);
+        }
+        ctrl_cpu_linear_backward(dtmp, G + o->wq, o->bq >= 0 ? G + o->bq : NULL, d2, a->ln1, P + o->wq, T, C,
+                                 H * D);
+        ctrl_cpu_linear_backward(d1, G + o->wk, o->bk >= 0 ? G + o->bk : NULL, dk, a->ln1, P + o->wk, T, C,
+                                 HK * D);
+        add_into(dtmp, d1, (int64_t)T * C);
+        ctrl_cpu_linear_backward(d1, G + o->wv, o->bv >= 0 ? G + o->bv : NULL, dv, a->ln1, P + o->wv, T, C,
+                                 HK * D);
+        add_into(dtmp, d1, (int64_t)T * C);
+        ctrl_cpu_rmsnorm_backward(d1, G + o->ln1, dtmp, a->x_in, P + o->ln1, a->rstd1, T, C);
+        add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_in */
+    }
+    ctrl_cpu_embedding_backward(G + m->off_embed, dres, m->batch.tokens, T, C);
+done:
+    free(dres), free(dtmp), free(d1), free(d2), free(d3), free(dk), free(dv), free(ws);
+    return st;
+}

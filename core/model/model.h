@@ -1,0 +1,52 @@
+/* The decoder (Llama family) on the CPU: parameters in one flat fp32 buffer laid out layer by
+ * layer with named views under their Hugging Face names, gradients in the same layout, explicit
+ * forward and backward per layer (llm.c style), attention through the selected plugin, and the
+ * fused log-prob head at the top. */
+#ifndef CTRL_CORE_MODEL_H
+#define CTRL_CORE_MODEL_H
+
+#include <ctrl/attention.h>
+
+#include "model/model_config.h"
+
+/* A flat variable-length batch: sequence b is tokens cu_seqlens[b] .. cu_seqlens[b+1]-1. */
+typedef struct ctrl_batch {
+    int T, B;
+    const int32_t *tokens;     /* [T] */
+    const int32_t *positions;  /* [T], restarting at 0 for each sequence */
+    const int32_t *cu_seqlens; /* [B+1] */
+    const int32_t *targets;    /* [T] next-token targets, < 0 where nothing is predicted */
+} ctrl_batch;
+
+/* A named view of the flat parameter buffer. */
+typedef struct ctrl_param_view {
+    char name[96];
+    size_t offset; /* in floats */
+    int ndim;
+    int64_t shape[2];
+    int64_t numel;
+    int no_decay; /* norms and biases: no weight decay, as the HF Trainer groups them */
+} ctrl_param_view;
+
+typedef struct ctrl_model ctrl_model;
+
+ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn, ctrl_model **out);
+/* config.json + model.safetensors (or the shards of model.safetensors.index.json). */
+ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
+void ctrl_model_free(ctrl_model *m);
+
+const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m);
+float *ctrl_model_params(ctrl_model *m, size_t *n);
+float *ctrl_model_grads(ctrl_model *m, size_t *n);
+int ctrl_model_view_count(const ctrl_model *m);
+const ctrl_param_view *ctrl_model_view(const ctrl_model *m, int i);
+const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *name);
+
+/* Per-token log-probabilities of batch->targets (0 where target < 0) and, optionally, entropies;
+ * keeps what backward needs. */
+ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *logp, float *entropy);
+/* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward. */
+ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
+void ctrl_model_zero_grad(ctrl_model *m);
+
+#endif

@@ -1,0 +1,29 @@
+/* A decoder's shape, read from a Hugging Face config.json (Llama, Qwen2/2.5, Qwen3, Mistral). */
+#ifndef CTRL_CORE_MODEL_CONFIG_H
+#define CTRL_CORE_MODEL_CONFIG_H
+
+#include <ctrl/status.h>
+
+#include "cpu/cpu_ops.h"
+
+typedef enum ctrl_arch { CTRL_ARCH_LLAMA = 0, CTRL_ARCH_QWEN2, CTRL_ARCH_QWEN3, CTRL_ARCH_MISTRAL } ctrl_arch;
+
+typedef struct ctrl_model_config {
+    ctrl_arch arch;
+    char model_type[32];
+    int hidden_size, intermediate_size, n_layers, n_heads, n_kv_heads, head_dim, vocab_size;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    int tie_word_embeddings;
+    int qkv_bias;       /* q/k/v projections have biases (Qwen2; Llama's attention_bias) */
+    int qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    int sliding_window; /* 0 = none */
+    ctrl_rope_params rope;
+    int bos_token_id, eos_token_id;
+} ctrl_model_config;
+
+/* Reads DIR/config.json (or a config.json path). Unknown architectures and missing required
+ * fields are errors naming the file and the field. */
+ctrl_status ctrl_model_config_load(const char *path, ctrl_model_config *out);
+
+#endif

@@ -1,0 +1,315 @@
+/* safetensors: an 8-byte little-endian header length, a JSON header mapping each tensor name to
+ * {dtype, shape, data_offsets: [begin, end]} relative to the data section, then the data. */
+#include "model/safetensors.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct ctrl_safetensors {
+    char *path;
+    unsigned char *map;
+    size_t size;
+    ctrl_st_tensor *tensors;
+    int n;
+};
+
+static int parse_dtype(const char *s, ctrl_dtype *out) {
+    static const struct {
+        const char *name;
+        ctrl_dtype dtype;
+    } table[] = {{"F32", CTRL_F32}, {"BF16", CTRL_BF16}, {"F16", CTRL_F16},
+                 {"I32", CTRL_I32}, {"I64", CTRL_I64},   {"U8", CTRL_U8}};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(s, table[i].name)) {
+            *out = table[i].dtype;
+            return 0;
+        }
+    return -1;
+}
+
+static int cmp_offset(const void *a, const void *b) {
+    const ctrl_st_tensor *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static ctrl_status parse_header(ctrl_safetensors *st, const char *json, size_t len, size_t data_start) {
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: the header is not a JSON object", st->path);
+    }
+    int count = 0;
+    for (cJSON *it = root->child; it; it = it->next)
+        if (strcmp(it->string, "__metadata__") != 0) count++;
+    st->tensors = calloc(count ? (size_t)count : 1, sizeof *st->tensors);
+    ctrl_status status = CTRL_OK;
+    const size_t data_size = st->size - data_start;
+    for (cJSON *it = root->child; it && status == CTRL_OK; it = it->next) {
+        if (!strcmp(it->string, "__metadata__")) continue;
+        ctrl_st_tensor *t = &st->tensors[st->n];
+        const char *name = it->string;
+#define BAD(...) (status = ctrl_error_set(CTRL_ERR_FORMAT, __VA_ARGS__))
+        if (strlen(name) >= CTRL_ST_MAX_NAME) {
+            BAD("%s: tensor name longer than %d bytes", st->path, CTRL_ST_MAX_NAME - 1);
+            break;
+        }
+        strcpy(t->name, name);
+        cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype"),
+              *shape = cJSON_GetObjectItemCaseSensitive(it, "shape");
+        cJSON *offs = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+        if (!cJSON_IsString(dt) || parse_dtype(dt->valuestring, &t->dtype) != 0) {
+            BAD("%s: tensor '%s': unsupported or missing dtype", st->path, name);
+            break;
+        }
+        if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > CTRL_MAX_DIMS) {
+            BAD("%s: tensor '%s': shape must be an array of at most %d dims", st->path, name, CTRL_MAX_DIMS);
+            break;
+        }
+        size_t numel = 1;
+        t->ndim = 0;
+        for (cJSON *d = shape->child; d; d = d->next) {
+            if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12 ||
+                d->valuedouble != (int64_t)d->valuedouble) {
+                BAD("%s: tensor '%s': bad dimension in shape", st->path, name);
+                break;
+            }
+            t->shape[t->ndim++] = (int64_t)d->valuedouble;
+            numel *= (size_t)d->valuedouble;
+            if (numel > ((size_t)1 << 40)) {
+                BAD("%s: tensor '%s': shape too large", st->path, name);
+                break;
+            }
+        }
+        if (status != CTRL_OK) break;
+        if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !cJSON_IsNumber(offs->child) ||
+            !cJSON_IsNumber(offs->child->next)) {
+            BAD("%s: tensor '%s': data_offsets must be [begin, end]", st->path, name);
+            break;
+        }
+        double b = offs->child->valuedouble, e = offs->child->next->valuedouble;
+        if (b < 0 || e < b || e > (double)data_size) {
+            BAD("%s: tensor '%s': data_offsets [%.0f, %.0f] outside the %zu-byte data section", st->path,
+                name, b, e, data_size);
+            break;
+        }
+        t->offset = data_start + (size_t)b;
+        t->nbytes = (size_t)e - (size_t)b;
+        if (t->nbytes != numel * ctrl_dtype_size(t->dtype)) {
+            BAD("%s: tensor '%s': %zu bytes for %zu elements of %s", st->path, name, t->nbytes, numel,
+                ctrl_dtype_name(t->dtype));
+            break;
+        }
+        st->n++;
+#undef BAD
+    }
+    cJSON_Delete(root);
+    if (status != CTRL_OK) return status;
+    /* No two tensors may share bytes. */
+    ctrl_st_tensor *sorted = malloc(sizeof *sorted * (size_t)(st->n ? st->n : 1));
+    memcpy(sorted, st->tensors, sizeof *sorted * (size_t)st->n);
+    qsort(sorted, (size_t)st->n, sizeof *sorted, cmp_offset);
+    for (int i = 1; i < st->n && status == CTRL_OK; i++)
+        if (sorted[i].offset < sorted[i - 1].offset + sorted[i - 1].nbytes)
+            status = ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", st->path,
+                                    sorted[i - 1].name, sorted[i].name);
+    free(sorted);
+    return status;
+}
+
+ctrl_status ctrl_safetensors_open(const char *path, ctrl_safetensors **out) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: not a regular file", path);
+    }
+    if (sb.st_size < 8) {
+        close(fd);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: too short for a safetensors file (%lld bytes)", path,
+                              (long long)sb.st_size);
+    }
+    ctrl_safetensors *st = calloc(1, sizeof *st);
+    st->path = strdup(path);
+    st->size = (size_t)sb.st_size;
+    st->map = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (st->map == MAP_FAILED) {
+        st->map = NULL;
+        ctrl_safetensors_close(st);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot map: %s", path, strerror(errno));
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | st->map[i];
+    if (hlen > CTRL_ST_MAX_HEADER || hlen > st->size - 8) {
+        ctrl_safetensors_close(st);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: header length %llu is larger than %s", path,
+                              (unsigned long long)hlen,
+                              hlen > CTRL_ST_MAX_HEADER ? "the 100 MiB limit" : "the file");
+    }
+    ctrl_status s = parse_header(st, (const char *)st->map + 8, (size_t)hlen, 8 + (size_t)hlen);
+    if (s != CTRL_OK) {
+        ctrl_safetensors_close(st);
+        return s;
+    }
+    *out = st;
+    return CTRL_OK;
+}
+
+void ctrl_safetensors_close(ctrl_safetensors *st) {
+    if (!st) return;
+    if (st->map) munmap(st->map, st->size);
+    free(st->tensors);
+    free(st->path);
+    free(st);
+}
+
+int ctrl_safetensors_count(const ctrl_safetensors *st) { return st->n; }
+const ctrl_st_tensor *ctrl_safetensors_at(const ctrl_safetensors *st, int i) {
+    return i >= 0 && i < st->n ? &st->tensors[i] : NULL;
+}
+
+const ctrl_st_tensor *ctrl_safetensors_find(const ctrl_safetensors *st, const char *name) {
+    for (int i = 0; i < st->n; i++)
+        if (!strcmp(st->tensors[i].name, name)) return &st->tensors[i];
+    return NULL;
+}
+
+static float half_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *name, float *dst,
+                                      int64_t numel) {
+    const ctrl_st_tensor *t = ctrl_safetensors_find(st, name);
+    if (!t) return ctrl_error_set(CTRL_ERR_FORMAT, "%s: no tensor '%s'", st->path, name);
+    size_t esz = ctrl_dtype_size(t->dtype);
+    if ((int64_t)(t->nbytes / esz) != numel)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' has %zu elements, expected %lld", st->path,
+                              name, t->nbytes / esz, (long long)numel);
+    const unsigned char *src = st->map + t->offset;
+    switch (t->dtype) {
+    case CTRL_F32: memcpy(dst, src, (size_t)numel * 4); break;
+    case CTRL_BF16:
+        for (int64_t i = 0; i < numel; i++) {
+            uint32_t u = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
+            memcpy(&dst[i], &u, 4);
+        }
+        break;
+    case CTRL_F16:
+        for (int64_t i = 0; i < numel; i++)
+            dst[i] = half_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+        break;
+    default:
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' is %s, not a float type", st->path, name,
+                              ctrl_dtype_name(t->dtype));
+    }
+    return CTRL_OK;
+}
+
+static int cmp_write(const void *a, const void *b) {
+    return strcmp(((const ctrl_st_write *)a)->name, ((const ctrl_st_write *)b)->name);
+}
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensors, int n, ctrl_dtype dtype) {
+    if (dtype != CTRL_F32 && dtype != CTRL_BF16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: safetensors are written as F32 or BF16", path);
+    ctrl_st_write *sorted = malloc(sizeof *sorted * (size_t)(n ? n : 1));
+    memcpy(sorted, tensors, sizeof *sorted * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_write);
+    const size_t esz = ctrl_dtype_size(dtype);
+    cJSON *root = cJSON_CreateObject();
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddStringToObject(t, "dtype", dtype == CTRL_F32 ? "F32" : "BF16");
+        cJSON *shape = cJSON_AddArrayToObject(t, "shape");
+        size_t numel = 1;
+        for (int d = 0; d < sorted[i].ndim; d++) {
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)sorted[i].shape[d]));
+            numel *= (size_t)sorted[i].shape[d];
+        }
+        cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += numel * esz;
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToObject(root, sorted[i].name, t);
+    }
+    cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+    cJSON_AddStringToObject(meta, "format", "pt");
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    size_t hlen = strlen(json), padded = (hlen + 7) & ~(size_t)7; /* data 8-byte aligned, spaces as padding */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    ctrl_status status = CTRL_OK;
+    if (!f) {
+        status = ctrl_error_set(CTRL_ERR_IO, "%s: %s", tmp, strerror(errno));
+    } else {
+        unsigned char len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+        fwrite(len8, 1, 8, f);
+        fwrite(json, 1, hlen, f);
+        for (size_t i = hlen; i < padded; i++) fputc(' ', f);
+        for (int i = 0; i < n; i++) {
+            size_t numel = 1;
+            for (int d = 0; d < sorted[i].ndim; d++) numel *= (size_t)sorted[i].shape[d];
+            if (dtype == CTRL_F32) {
+                fwrite(sorted[i].data, 4, numel, f);
+            } else {
+                for (size_t k = 0; k < numel; k++) {
+                    uint16_t h = f32_to_bf16(sorted[i].data[k]);
+                    unsigned char b2[2] = {(unsigned char)h, (unsigned char)(h >> 8)};
+                    fwrite(b2, 1, 2, f);
+                }
+            }
+        }
+        int bad = ferror(f) != 0;
+        bad |= fflush(f) != 0;
+        bad |= fsync(fileno(f)) != 0;
+        bad |= fclose(f) != 0;
+        if (bad || rename(tmp, path) != 0) {
+            status = ctrl_error_set(CTRL_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+            unlink(tmp);
+        }
+    }
+    free(json);
+    free(sorted);
+    return status;
+}

@@ -1,0 +1,47 @@
+/* safetensors files, read as untrusted input: the header length is bounded, every tensor's
+ * dtype/shape must match its byte range, ranges must lie inside the file and not overlap. The
+ * file is memory-mapped; reads convert f32/bf16/f16 to f32. Writing is atomic (temp + rename). */
+#ifndef CTRL_CORE_SAFETENSORS_H
+#define CTRL_CORE_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ctrl/status.h>
+#include <ctrl/tensor.h>
+
+#define CTRL_ST_MAX_HEADER (100u << 20) /* 100 MiB, as the reference implementation allows */
+#define CTRL_ST_MAX_NAME 256
+
+typedef struct ctrl_st_tensor {
+    char name[CTRL_ST_MAX_NAME];
+    ctrl_dtype dtype;
+    int ndim;
+    int64_t shape[CTRL_MAX_DIMS];
+    size_t offset; /* from the start of the file */
+    size_t nbytes;
+} ctrl_st_tensor;
+
+typedef struct ctrl_safetensors ctrl_safetensors;
+
+ctrl_status ctrl_safetensors_open(const char *path, ctrl_safetensors **out);
+void ctrl_safetensors_close(ctrl_safetensors *st);
+int ctrl_safetensors_count(const ctrl_safetensors *st);
+const ctrl_st_tensor *ctrl_safetensors_at(const ctrl_safetensors *st, int i);
+const ctrl_st_tensor *ctrl_safetensors_find(const ctrl_safetensors *st, const char *name);
+/* Copies a tensor into dst as f32 (converting bf16/f16); numel must match. */
+ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *name, float *dst,
+                                      int64_t numel);
+
+/* One tensor to write: f32 data, stored as `dtype` (CTRL_F32 or CTRL_BF16). */
+typedef struct ctrl_st_write {
+    const char *name;
+    const float *data;
+    int ndim;
+    int64_t shape[CTRL_MAX_DIMS];
+} ctrl_st_write;
+
+/* Writes a safetensors file (tensors sorted by name, as the Python library does), atomically. */
+ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensors, int n, ctrl_dtype dtype);
+
+#endif
