@@ -23,7 +23,7 @@ static const ctrl_option model_options[] = {
      "Hugging Face model directory (config.json, safetensors, tokenizer files)."},
     {"dtype", CTRL_OPT_CHOICE, "float32", 0, 0, 0, "float32|bfloat16|float16",
      "Dtype the weights are loaded in (master weights stay fp32 when training)."},
-    {"attention", CTRL_OPT_STRING, "eager", 0, 0, 0, NULL,
+    {"attention", CTRL_OPT_STRING, "flash", 0, 0, 0, NULL,
      "Attention plugin (eager, flash, ...); its options go in [attention.NAME]."},
     CTRL_OPTION_END,
 };

@@ -13,9 +13,10 @@
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_eager(void);
+const ctrl_plugin *const *ctrl_plugins_flash(void);
 
 typedef const ctrl_plugin *const *(*entry_fn)(void);
-static const entry_fn plugins[] = {ctrl_plugins_eager};
+static const entry_fn plugins[] = {ctrl_plugins_eager, ctrl_plugins_flash};
 #define N_PLUGINS (int)(sizeof plugins / sizeof plugins[0])
 
 static const ctrl_attention_ops *plugin_ops(int i, const char **name) {

@@ -6,8 +6,15 @@ target_compile_definitions(test_attention_eager PRIVATE CTRL_PLUGIN_STATIC_NAME=
 target_include_directories(test_attention_eager PRIVATE ${CMAKE_SOURCE_DIR}/include)
 target_link_libraries(test_attention_eager PRIVATE OpenMP::OpenMP_C)
 
+add_library(test_attention_flash OBJECT ${CMAKE_SOURCE_DIR}/plugins/attention/flash/flash.c
+                                        ${CMAKE_SOURCE_DIR}/plugins/attention/flash/flash_cpu.c)
+target_compile_definitions(test_attention_flash PRIVATE CTRL_PLUGIN_STATIC_NAME=flash)
+target_include_directories(test_attention_flash PRIVATE ${CMAKE_SOURCE_DIR}/include)
+target_link_libraries(test_attention_flash PRIVATE OpenMP::OpenMP_C)
+
 add_executable(test_attention ${CMAKE_SOURCE_DIR}/tests/attention/test_attention.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
-               ${CMAKE_SOURCE_DIR}/tests/fixture.c $<TARGET_OBJECTS:test_attention_eager>)
+               ${CMAKE_SOURCE_DIR}/tests/fixture.c $<TARGET_OBJECTS:test_attention_eager>
+               $<TARGET_OBJECTS:test_attention_flash>)
 target_include_directories(test_attention PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core)
 target_compile_definitions(test_attention PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
 target_link_libraries(test_attention PRIVATE ctrl OpenMP::OpenMP_C m)

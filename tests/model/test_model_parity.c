@@ -15,6 +15,7 @@
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_eager(void);
+const ctrl_plugin *const *ctrl_plugins_flash(void);
 
 static int32_t *int_array(const cJSON *root, const char *key, int *n) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -98,11 +99,14 @@ static void check_arch(const char *arch, const ctrl_attention_ops *attn, const c
     ctrl_model_free(m);
 }
 
-TEST(four_architectures_match_transformers) {
-    const ctrl_plugin *eager = ctrl_plugins_eager()[0];
-    if (eager->init) eager->init(ctrl_host_table());
+TEST(four_architectures_match_transformers_with_each_attention) {
+    /* The same suite with each attention plugin: switching is one config key for users. */
+    const ctrl_plugin *plugins[] = {ctrl_plugins_eager()[0], ctrl_plugins_flash()[0]};
     static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
-    for (int a = 0; a < 4; a++) check_arch(archs[a], eager->ops, eager->name);
+    for (int p = 0; p < 2; p++) {
+        if (plugins[p]->init) plugins[p]->init(ctrl_host_table());
+        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name);
+    }
 }
 
 TEST(bad_model_directories) {

@@ -1,7 +1,7 @@
 # The whole model against transformers (tests/reference/make_model_fixtures.py), with each
 # attention plugin linked in statically.
 add_executable(test_model_parity ${CMAKE_SOURCE_DIR}/tests/model/test_model_parity.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
-               $<TARGET_OBJECTS:test_attention_eager>)
+               $<TARGET_OBJECTS:test_attention_eager> $<TARGET_OBJECTS:test_attention_flash>)
 target_include_directories(test_model_parity PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
                            ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
 target_compile_definitions(test_model_parity PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")

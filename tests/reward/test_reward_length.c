@@ -36,7 +36,7 @@ TEST(matches_trl_reward_len) {
     static const ctrl_plugin t = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_TRAINER, .name = "sft", .ops = &tops};
     static const ctrl_plugin o = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_OPTIMIZER, .name = "adamw",
                                   .ops = &oops};
-    static const ctrl_plugin a = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_ATTENTION, .name = "eager",
+    static const ctrl_plugin a = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_ATTENTION, .name = "flash",
                                   .ops = &aops};
     static const ctrl_plugin *const list[] = {&t, &o, &a, NULL};
     CHECK_EQ_INT(ctrl_registry_add_list(reg, list, "<test>"), CTRL_OK);

@@ -1,0 +1,32 @@
+/* Shared by the attention plugins' descriptors (header-only: each plugin is its own .so). */
+#ifndef CTRL_PLUGIN_ATTENTION_COMMON_H
+#define CTRL_PLUGIN_ATTENTION_COMMON_H
+
+#include <ctrl/attention.h>
+
+/* What the CPU paths run: fp32 on the CPU, whole GQA groups, host-side cu_seqlens. */
+static inline int attention_cpu_f32_supported(const ctrl_attention_args *a) {
+    return a->device.type == CTRL_DEVICE_CPU && a->dtype == CTRL_F32 && a->n_kv_head > 0 && a->n_head > 0 &&
+           a->n_head % a->n_kv_head == 0 && a->cu_seqlens_host != NULL && a->head_dim > 0;
+}
+
+/* CTRL_OK, or the error saying why `name` cannot run these arguments (and, for backward, that the
+ * saved and gradient buffers are there). */
+static inline ctrl_status attention_check_args(const ctrl_host *host, const char *name,
+                                               const ctrl_attention_args *a, int backward) {
+    if (a->size < sizeof(ctrl_attention_args))
+        return host->error_set(CTRL_ERR_RUNTIME, "attention %s: argument struct of size %zu is too old", name,
+                               a->size);
+    if (!attention_cpu_f32_supported(a))
+        return host->error_set(CTRL_ERR_UNSUPPORTED,
+                               "attention %s: supports fp32 on the CPU with n_head %% n_kv_head == 0 "
+                               "(got %s on %s, %d/%d heads)",
+                               name, ctrl_dtype_name(a->dtype),
+                               a->device.type == CTRL_DEVICE_CPU ? "cpu" : "cuda", a->n_head, a->n_kv_head);
+    if (backward && (!a->lse || !a->dout || !a->dq || !a->dk || !a->dv))
+        return host->error_set(CTRL_ERR_RUNTIME, "attention %s: backward needs lse, dout, dq, dk and dv",
+                               name);
+    return CTRL_OK;
+}
+
+#endif

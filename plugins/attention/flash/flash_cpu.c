@@ -1,0 +1,187 @@
+/* Flash attention on the CPU, fp32 (FlashAttention-2's algorithm on tiles of 64 x 64):
+ * forward keeps, per query row of a tile, a running max m, sum l and output accumulator, visiting
+ * only key tiles that the causal/window mask leaves visible, and saves lse = m + log l. Backward
+ * recomputes P = exp(S - lse) tile by tile with D = rowsum(dO * O):
+ *   dV += P^T dO,  dS = P * (dO V^T - D),  dQ += scale dS K,  dK += scale dS^T Q.
+ * Work is split over (sequence, kv head), so dK/dV of a GQA group and dQ of its heads are written
+ * by one thread: deterministic, no atomics. */
+#include "flash_cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BQ FLASH_BLOCK_Q
+#define BK FLASH_BLOCK_K
+
+static inline int visible(const ctrl_attention_args *a, int i, int j) {
+    return (!a->causal || j <= i) && (a->window <= 0 || j > i - a->window);
+}
+
+/* The key range [lo, hi) any query in [q0, q1) can see. */
+static void key_range(const ctrl_attention_args *a, int q0, int q1, int L, int *lo, int *hi) {
+    *hi = a->causal ? q1 : L;
+    *lo = a->window > 0 ? q0 - a->window + 1 : 0;
+    if (*lo < 0) *lo = 0;
+    if (*hi > L) *hi = L;
+}
+
+/* S[i][j] = scale * q_i . k_j for a tile (masked entries -inf). */
+static void tile_scores(const ctrl_attention_args *a, float *S, int s0, int h, int kvh, int q0, int nq,
+                        int k0, int nk) {
+    const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head;
+    const float *q = a->q, *k = a->k;
+    for (int i = 0; i < nq; i++) {
+        const float *qi = q + ((size_t)(s0 + q0 + i) * H + h) * D;
+        for (int j = 0; j < nk; j++) {
+            if (!visible(a, q0 + i, k0 + j)) {
+                S[i * BK + j] = -INFINITY;
+                continue;
+            }
+            const float *kj = k + ((size_t)(s0 + k0 + j) * HK + kvh) * D;
+            float s = 0;
+            for (int d = 0; d < D; d++) s += qi[d] * kj[d];
+            S[i * BK + j] = s * a->scale;
+        }
+    }
+}
+
+ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
+    const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head, group = H / HK, T = a->total_tokens;
+    const float *v = a->v;
+    float *out = a->out;
+    /* One task per (sequence, head, query tile); tiles are listed up front for the scheduler. */
+    int n_tasks = 0;
+    for (int b = 0; b < a->n_seqs; b++) {
+        int L = a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b];
+        n_tasks += H * ((L + BQ - 1) / BQ);
+    }
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * BQ * BK), *acc = malloc(sizeof(float) * BQ * (size_t)D);
+        float m[BQ], l[BQ];
+        if (!S || !acc) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic)
+        for (int task = 0; task < n_tasks; task++) {
+            if (!S || !acc) continue;
+            /* Decode the task into (sequence, head, query tile). */
+            int t = task, b = 0, L = 0;
+            for (;; b++) {
+                L = a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b];
+                int per = H * ((L + BQ - 1) / BQ);
+                if (t < per) break;
+                t -= per;
+            }
+            const int tiles = (L + BQ - 1) / BQ, h = t / tiles, q0 = (t % tiles) * BQ, kvh = h / group;
+            const int s0 = a->cu_seqlens_host[b], nq = q0 + BQ <= L ? BQ : L - q0;
+            for (int i = 0; i < nq; i++) m[i] = -INFINITY, l[i] = 0;
+            memset(acc, 0, sizeof(float) * BQ * (size_t)D);
+            int lo, hi;
+            key_range(a, q0, q0 + nq, L, &lo, &hi);
+            for (int k0 = (lo / BK) * BK; k0 < hi; k0 += BK) {
+                const int nk = k0 + BK <= L ? BK : L - k0;
+                tile_scores(a, S, s0, h, kvh, q0, nq, k0, nk);
+                for (int i = 0; i < nq; i++) {
+                    float *row = S + i * BK, mx = m[i];
+                    for (int j = 0; j < nk; j++) mx = fmaxf(mx, row[j]);
+                    if (mx == -INFINITY) continue; /* nothing visible in this tile */
+                    const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+                    float sum = 0;
+                    float *ai = acc + (size_t)i * D;
+                    for (int d = 0; d < D; d++) ai[d] *= corr;
+                    for (int j = 0; j < nk; j++) {
+                        const float p = row[j] == -INFINITY ? 0.0f : expf(row[j] - mx);
+                        sum += p;
+                        if (p == 0.0f) continue;
+                        const float *vj = v + ((size_t)(s0 + k0 + j) * HK + kvh) * D;
+                        for (int d = 0; d < D; d++) ai[d] += p * vj[d];
+                    }
+                    l[i] = l[i] * corr + sum;
+                    m[i] = mx;
+                }
+            }
+            for (int i = 0; i < nq; i++) {
+                float *oi = out + ((size_t)(s0 + q0 + i) * H + h) * D;
+                const float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
+                for (int d = 0; d < D; d++) oi[d] = acc[(size_t)i * D + d] * inv;
+                if (a->lse) a->lse[(size_t)h * T + s0 + q0 + i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
+            }
+        }
+        free(S);
+        free(acc);
+    }
+    if (failed) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
+    return CTRL_OK;
+}
+
+ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
+    const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head, group = H / HK, T = a->total_tokens;
+    const float *q = a->q, *k = a->k, *v = a->v, *o = a->out, *dout = a->dout;
+    float *dq = a->dq, *dk = a->dk, *dv = a->dv;
+    memset(dq, 0, sizeof(float) * (size_t)T * H * D);
+    memset(dk, 0, sizeof(float) * (size_t)T * HK * D);
+    memset(dv, 0, sizeof(float) * (size_t)T * HK * D);
+    /* D_i = dO_i . O_i, per (token, head) */
+    float *Dv = malloc(sizeof(float) * (size_t)T * H);
+    if (!Dv) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: backward scratch");
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)T * H; r++) {
+        float s = 0;
+        for (int d = 0; d < D; d++) s += dout[r * D + d] * o[r * D + d];
+        Dv[r] = s;
+    }
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *S = malloc(sizeof(float) * BQ * BK);
+        if (!S) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < a->n_seqs; b++)
+            for (int kvh = 0; kvh < HK; kvh++) {
+                if (!S) continue;
+                const int s0 = a->cu_seqlens_host[b], L = a->cu_seqlens_host[b + 1] - s0;
+                for (int h = kvh * group; h < (kvh + 1) * group; h++)
+                    for (int q0 = 0; q0 < L; q0 += BQ) {
+                        const int nq = q0 + BQ <= L ? BQ : L - q0;
+                        int lo, hi;
+                        key_range(a, q0, q0 + nq, L, &lo, &hi);
+                        for (int k0 = (lo / BK) * BK; k0 < hi; k0 += BK) {
+                            const int nk = k0 + BK <= L ? BK : L - k0;
+                            tile_scores(a, S, s0, h, kvh, q0, nq, k0, nk);
+                            for (int i = 0; i < nq; i++) {
+                                const size_t qo = ((size_t)(s0 + q0 + i) * H + h) * D;
+                                const float lse = a->lse[(size_t)h * T + s0 + q0 + i];
+                                const float Di = Dv[(size_t)(s0 + q0 + i) * H + h];
+                                for (int j = 0; j < nk; j++) {
+                                    const float sij = S[i * BK + j];
+                                    if (sij == -INFINITY) continue;
+                                    const float p = expf(sij - lse);
+                                    const size_t ko = ((size_t)(s0 + k0 + j) * HK + kvh) * D;
+                                    float dp = 0;
+                                    for (int d = 0; d < D; d++) {
+                                        dv[ko + d] += p * dout[qo + d];
+                                        dp += dout[qo + d] * v[ko + d];
+                                    }
+                                    const float ds = p * (dp - Di) * a->scale;
+                                    for (int d = 0; d < D; d++) {
+                                        dq[qo + d] += ds * k[ko + d];
+                                        dk[ko + d] += ds * q[qo + d];
+                                    }
+                                }
+                            }
+                        }
+                    }
+            }
+        free(S);
+    }
+    free(Dv);
+    if (failed) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
+    return CTRL_OK;
+}
