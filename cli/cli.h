@@ -42,6 +42,12 @@ int cli_wants_help(int argc, char **argv);
 int cli_split_sets(const ctrl_command *cmd, int argc, char **argv, const char **sets, int *n_sets,
                    const char **positional, int *n_positional, int cap);
 
+/* The shared front of `train` and `config check`: argv is "CMD RUN.ini [--set s.k=v]..."; loads
+ * the plugins and the validated config. Returns 0 with *cfg set, or the exit code after printing
+ * the error. `what` names the command in the usage message ("config check"). */
+int cli_load_run_config(ctrl_cli *cli, const ctrl_command *cmd, const char *what, int argc, char **argv,
+                        const char **path, ctrl_config **cfg);
+
 /* Set by SIGINT/SIGTERM; long work polls it, finishes its step, saves, and exits 130. */
 int cli_interrupted(void);
 void cli_install_signal_handlers(void);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "config_load.h"
 
 ctrl_status cli_plugins(ctrl_cli *cli, ctrl_registry **out) {
     if (!cli->reg) {
@@ -68,6 +69,24 @@ int cli_split_sets(const ctrl_command *cmd, int argc, char **argv, const char **
         if (*n_sets == cap) return cli_usage_error(cmd, "too many --set options (at most %d)", cap);
         sets[(*n_sets)++] = val;
     }
+    return 0;
+}
+
+#define MAX_ARGS 256
+
+int cli_load_run_config(ctrl_cli *cli, const ctrl_command *cmd, const char *what, int argc, char **argv,
+                        const char **path, ctrl_config **cfg) {
+    const char *sets[MAX_ARGS], *pos[MAX_ARGS];
+    int n_sets, n_pos;
+    int rc = cli_split_sets(cmd, argc, argv, sets, &n_sets, pos, &n_pos, MAX_ARGS);
+    if (rc) return rc;
+    if (n_pos != 1) return cli_usage_error(cmd, "%s needs exactly one RUN.ini", what);
+    ctrl_registry *reg;
+    ctrl_status st = cli_plugins(cli, &reg);
+    if (st != CTRL_OK) return cli_fail(st);
+    st = ctrl_config_load(pos[0], sets, n_sets, reg, cfg);
+    if (st != CTRL_OK) return cli_fail_config(st);
+    *path = pos[0];
     return 0;
 }
 

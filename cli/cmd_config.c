@@ -6,21 +6,12 @@
 #include "cli.h"
 #include "config_load.h"
 
-#define MAX_ARGS 256
-
 static int check(ctrl_cli *cli, int argc, char **argv) {
-    const char *sets[MAX_ARGS], *pos[MAX_ARGS];
-    int n_sets, n_pos;
-    int rc = cli_split_sets(&cli_cmd_config, argc, argv, sets, &n_sets, pos, &n_pos, MAX_ARGS);
-    if (rc) return rc;
-    if (n_pos != 1) return cli_usage_error(&cli_cmd_config, "config check needs exactly one RUN.ini");
-    ctrl_registry *reg;
-    ctrl_status st = cli_plugins(cli, &reg);
-    if (st != CTRL_OK) return cli_fail(st);
+    const char *path;
     ctrl_config *cfg;
-    st = ctrl_config_load(pos[0], sets, n_sets, reg, &cfg);
-    if (st != CTRL_OK) return cli_fail_config(st);
-    printf("%s: ok (trainer %s, output_dir %s)\n", pos[0], ctrl_config_get_string(cfg, "run", "trainer"),
+    int rc = cli_load_run_config(cli, &cli_cmd_config, "config check", argc, argv, &path, &cfg);
+    if (rc) return rc;
+    printf("%s: ok (trainer %s, output_dir %s)\n", path, ctrl_config_get_string(cfg, "run", "trainer"),
            ctrl_config_get_string(cfg, "run", "output_dir"));
     ctrl_config_free(cfg);
     return 0;

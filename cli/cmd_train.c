@@ -7,8 +7,6 @@
 #include "cli.h"
 #include "config_load.h"
 
-#define MAX_ARGS 256
-
 /* mkdir -p */
 static ctrl_status make_dirs(const char *path) {
     char buf[4096];
@@ -27,17 +25,11 @@ static ctrl_status make_dirs(const char *path) {
 }
 
 static int run_train(ctrl_cli *cli, int argc, char **argv) {
-    const char *sets[MAX_ARGS], *pos[MAX_ARGS];
-    int n_sets, n_pos;
-    int rc = cli_split_sets(&cli_cmd_train, argc, argv, sets, &n_sets, pos, &n_pos, MAX_ARGS);
-    if (rc) return rc;
-    if (n_pos != 1) return cli_usage_error(&cli_cmd_train, "train needs exactly one RUN.ini");
-    ctrl_registry *reg;
-    ctrl_status st = cli_plugins(cli, &reg);
-    if (st != CTRL_OK) return cli_fail(st);
+    const char *ini;
     ctrl_config *cfg;
-    st = ctrl_config_load(pos[0], sets, n_sets, reg, &cfg);
-    if (st != CTRL_OK) return cli_fail_config(st);
+    int rc = cli_load_run_config(cli, &cli_cmd_train, "train", argc, argv, &ini, &cfg);
+    if (rc) return rc;
+    ctrl_status st;
 
     const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
     char path[4096];
@@ -48,7 +40,7 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
     }
     if (st == CTRL_OK) {
         const char *trainer = ctrl_config_get_string(cfg, "run", "trainer");
-        CTRL_INFO("effective config written to %s", path);
+        CTRL_INFO("%s: effective config written to %s", ini, path);
         /* The training loop lands with the SFT issue; until then say so plainly. */
         st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                             "trainer '%s': the training loop is not built yet in this version of ctrl "

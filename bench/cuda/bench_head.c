@@ -9,35 +9,8 @@
 #include <time.h>
 
 #include "cpu/cpu_ops.h"
+#include "bench_common.h"
 #include "cuda/cuda_ops.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define CHECK(call)                                                                                          \
-    do {                                                                                                     \
-        if ((call) != CTRL_OK) {                                                                             \
-            fprintf(stderr, "bench: %s failed: %s\n", #call, ctrl_error_message());                          \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-static void *dev_random(size_t n, float scale) {
-    float *h = malloc(n * 4);
-    uint64_t s = 0x9E3779B97F4A7C15ull ^ n;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        h[i] = ((float)((s >> 40) * (1.0 / 16777216.0)) - 0.5f) * scale;
-    }
-    void *d;
-    CHECK(ctrl_cuda_malloc(&d, n * 4));
-    CHECK(ctrl_cuda_memcpy_h2d(d, h, n * 4));
-    free(h);
-    return d;
-}
 
 int main(int argc, char **argv) {
     if (ctrl_cuda_device_count() == 0) {
@@ -49,46 +22,41 @@ int main(int argc, char **argv) {
     ctrl_cuda_mem_stats s0;
     ctrl_cuda_mem_stats_get(&s0);
     ctrl_head_args a = {.T = T, .C = C, .V = V, .temperature = 1.0f};
-    a.hidden = dev_random((size_t)T * C, 2);
-    a.w = dev_random((size_t)V * C, 0.1f);
+    a.hidden = bench_dev_random((size_t)T * C, 2);
+    a.w = bench_dev_random((size_t)V * C, 0.1f);
     int32_t *tg = malloc(T * 4);
     for (int t = 0; t < T; t++) tg[t] = (int32_t)((t * 7919u) % V);
     void *d_tg;
-    CHECK(ctrl_cuda_malloc(&d_tg, T * 4));
-    CHECK(ctrl_cuda_memcpy_h2d(d_tg, tg, T * 4));
+    BENCH_CHECK(ctrl_cuda_malloc(&d_tg, T * 4));
+    BENCH_CHECK(ctrl_cuda_memcpy_h2d(d_tg, tg, T * 4));
     a.targets = d_tg;
-    float *logp, *ent, *lse, *dh, *dw, *dl = dev_random(T, 1);
-    CHECK(ctrl_cuda_malloc((void **)&logp, T * 4));
-    CHECK(ctrl_cuda_malloc((void **)&ent, T * 4));
-    CHECK(ctrl_cuda_malloc((void **)&lse, T * 4));
-    CHECK(ctrl_cuda_malloc((void **)&dh, (size_t)T * C * 4));
-    CHECK(ctrl_cuda_malloc((void **)&dw, (size_t)V * C * 4));
-    CHECK(ctrl_cuda_memset(dw, 0, (size_t)V * C * 4));
+    float *logp, *ent, *lse, *dh, *dw, *dl = bench_dev_random(T, 1);
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&logp, T * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&ent, T * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&lse, T * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&dh, (size_t)T * C * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&dw, (size_t)V * C * 4));
+    BENCH_CHECK(ctrl_cuda_memset(dw, 0, (size_t)V * C * 4));
     void *ws;
-    CHECK(ctrl_cuda_malloc(&ws, ctrl_cuda_head_workspace_bytes(&a)));
+    BENCH_CHECK(ctrl_cuda_malloc(&ws, ctrl_cuda_head_workspace_bytes(&a)));
     double times[10];
     for (int r = -2; r < 10; r++) {
-        CHECK(ctrl_cuda_synchronize());
-        double t0 = now();
-        CHECK(ctrl_cuda_head_forward(&a, logp, ent, lse, NULL, ws));
-        CHECK(ctrl_cuda_head_backward(&a, lse, dl, NULL, NULL, dh, dw, ws));
-        CHECK(ctrl_cuda_synchronize());
-        if (r >= 0) times[r] = now() - t0;
+        BENCH_CHECK(ctrl_cuda_synchronize());
+        double t0 = bench_now();
+        BENCH_CHECK(ctrl_cuda_head_forward(&a, logp, ent, lse, NULL, ws));
+        BENCH_CHECK(ctrl_cuda_head_backward(&a, lse, dl, NULL, NULL, dh, dw, ws));
+        BENCH_CHECK(ctrl_cuda_synchronize());
+        if (r >= 0) times[r] = bench_now() - t0;
     }
-    for (int i = 0; i < 10; i++)
-        for (int j = i + 1; j < 10; j++)
-            if (times[j] < times[i]) {
-                double x = times[i];
-                times[i] = times[j], times[j] = x;
-            }
+    const double median = bench_median(times, 10);
     ctrl_cuda_mem_stats s1;
     ctrl_cuda_mem_stats_get(&s1);
-    double ms = times[5] * 1e3;
+    double ms = median * 1e3;
     /* fwd: one GEMM; bwd: the recomputed GEMM and two gradient GEMMs */
     double tflop = 4.0 * 2.0 * T * (double)C * V / 1e12;
     printf("ctrl   head fp32 T=%d C=%d V=%d: fwd+bwd %.1f ms (%.1f TFLOP/s), peak %.2f GiB (workspace %.0f "
            "MiB)\n",
-           T, C, V, ms, tflop / times[5], (s1.peak - s0.current) / 1073741824.0,
+           T, C, V, ms, tflop / median, (s1.peak - s0.current) / 1073741824.0,
            ctrl_cuda_head_workspace_bytes(&a) / 1048576.0);
     return 0;
 }

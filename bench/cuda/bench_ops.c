@@ -9,35 +9,8 @@
 #include <time.h>
 
 #include "cpu/cpu_ops.h"
+#include "bench_common.h"
 #include "cuda/cuda_ops.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define CHECK(call)                                                                                          \
-    do {                                                                                                     \
-        if ((call) != CTRL_OK) {                                                                             \
-            fprintf(stderr, "bench: %s failed: %s\n", #call, ctrl_error_message());                          \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
-static float *dev_random(size_t n) {
-    float *h = malloc(n * 4);
-    uint64_t s = 0x9E3779B97F4A7C15ull ^ n;
-    for (size_t i = 0; i < n; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-        h[i] = (float)((s >> 40) * (1.0 / 16777216.0)) - 0.5f;
-    }
-    float *d;
-    CHECK(ctrl_cuda_malloc((void **)&d, n * 4));
-    CHECK(ctrl_cuda_memcpy_h2d(d, h, n * 4));
-    free(h);
-    return d;
-}
 
 typedef enum { RMS_FWD, RMS_BWD, SWI_FWD, SWI_BWD, ROPE_FWD, ADAMW } op_id;
 
@@ -51,18 +24,22 @@ typedef struct {
 
 static void run(op_id op, bufs *b, int step) {
     switch (op) {
-    case RMS_FWD: CHECK(ctrl_cuda_rmsnorm_forward(b->out, b->rstd, b->x, b->w, b->T, b->C, 1e-6f)); break;
+    case RMS_FWD:
+        BENCH_CHECK(ctrl_cuda_rmsnorm_forward(b->out, b->rstd, b->x, b->w, b->T, b->C, 1e-6f));
+        break;
     case RMS_BWD:
-        CHECK(ctrl_cuda_rmsnorm_backward(b->dx, b->dw, b->dout, b->x, b->w, b->rstd, b->T, b->C));
+        BENCH_CHECK(ctrl_cuda_rmsnorm_backward(b->dx, b->dw, b->dout, b->x, b->w, b->rstd, b->T, b->C));
         break;
-    case SWI_FWD: CHECK(ctrl_cuda_swiglu_forward(b->o2, b->g, b->u, (int64_t)b->T * b->I)); break;
+    case SWI_FWD: BENCH_CHECK(ctrl_cuda_swiglu_forward(b->o2, b->g, b->u, (int64_t)b->T * b->I)); break;
     case SWI_BWD:
-        CHECK(ctrl_cuda_swiglu_backward(b->dg, b->du, b->o2, b->g, b->u, (int64_t)b->T * b->I));
+        BENCH_CHECK(ctrl_cuda_swiglu_backward(b->dg, b->du, b->o2, b->g, b->u, (int64_t)b->T * b->I));
         break;
-    case ROPE_FWD: CHECK(ctrl_cuda_rope_forward(b->q2, b->q, b->pos, b->ct, b->st, b->T, b->H, b->D)); break;
+    case ROPE_FWD:
+        BENCH_CHECK(ctrl_cuda_rope_forward(b->q2, b->q, b->pos, b->ct, b->st, b->T, b->H, b->D));
+        break;
     case ADAMW:
-        CHECK(ctrl_cuda_adamw_step(b->p, b->pg, b->m, b->v, b->p16, b->P, 1e-5f, 0.9f, 0.999f, 1e-8f, 0.01f,
-                                   step));
+        BENCH_CHECK(ctrl_cuda_adamw_step(b->p, b->pg, b->m, b->v, b->p16, b->P, 1e-5f, 0.9f, 0.999f, 1e-8f,
+                                         0.01f, step));
         break;
     }
 }
@@ -74,26 +51,29 @@ int main(void) {
     }
     bufs b = {.T = 8192, .C = 896, .I = 4864, .H = 14, .D = 64, .P = 494032768};
     size_t tc = (size_t)b.T * b.C, ti = (size_t)b.T * b.I, tq = (size_t)b.T * b.H * b.D;
-    b.x = dev_random(tc), b.w = dev_random(b.C), b.out = dev_random(tc), b.rstd = dev_random(b.T);
-    b.dout = dev_random(tc), b.dx = dev_random(tc), b.dw = dev_random(b.C);
-    b.g = dev_random(ti), b.u = dev_random(ti), b.o2 = dev_random(ti), b.dg = dev_random(ti),
-    b.du = dev_random(ti);
-    b.q = dev_random(tq), b.q2 = dev_random(tq);
+    b.x = bench_dev_random(tc, 1.0f), b.w = bench_dev_random(b.C, 1.0f), b.out = bench_dev_random(tc, 1.0f),
+    b.rstd = bench_dev_random(b.T, 1.0f);
+    b.dout = bench_dev_random(tc, 1.0f), b.dx = bench_dev_random(tc, 1.0f),
+    b.dw = bench_dev_random(b.C, 1.0f);
+    b.g = bench_dev_random(ti, 1.0f), b.u = bench_dev_random(ti, 1.0f), b.o2 = bench_dev_random(ti, 1.0f),
+    b.dg = bench_dev_random(ti, 1.0f), b.du = bench_dev_random(ti, 1.0f);
+    b.q = bench_dev_random(tq, 1.0f), b.q2 = bench_dev_random(tq, 1.0f);
     const int max_pos = 2048;
     float *ct = malloc((size_t)max_pos * 32 * 4), *st = malloc((size_t)max_pos * 32 * 4);
     ctrl_rope_params rp = {.kind = CTRL_ROPE_DEFAULT, .theta = 1e6, .factor = 1, .partial_rotary_factor = 1};
     ctrl_cpu_rope_tables(ct, st, max_pos, b.D, &rp);
-    CHECK(ctrl_cuda_malloc((void **)&b.ct, (size_t)max_pos * 32 * 4));
-    CHECK(ctrl_cuda_malloc((void **)&b.st, (size_t)max_pos * 32 * 4));
-    CHECK(ctrl_cuda_memcpy_h2d(b.ct, ct, (size_t)max_pos * 32 * 4));
-    CHECK(ctrl_cuda_memcpy_h2d(b.st, st, (size_t)max_pos * 32 * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&b.ct, (size_t)max_pos * 32 * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&b.st, (size_t)max_pos * 32 * 4));
+    BENCH_CHECK(ctrl_cuda_memcpy_h2d(b.ct, ct, (size_t)max_pos * 32 * 4));
+    BENCH_CHECK(ctrl_cuda_memcpy_h2d(b.st, st, (size_t)max_pos * 32 * 4));
     int32_t *pos = malloc(b.T * 4);
     for (int t = 0; t < b.T; t++) pos[t] = t % max_pos; /* four packed sequences of 2048 */
-    CHECK(ctrl_cuda_malloc((void **)&b.pos, b.T * 4));
-    CHECK(ctrl_cuda_memcpy_h2d(b.pos, pos, b.T * 4));
-    b.p = dev_random(b.P), b.pg = dev_random(b.P), b.m = dev_random(b.P), b.v = dev_random(b.P);
-    CHECK(ctrl_cuda_malloc((void **)&b.p16, b.P * 2));
-    CHECK(ctrl_cuda_memset(b.v, 0, b.P * 4));
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&b.pos, b.T * 4));
+    BENCH_CHECK(ctrl_cuda_memcpy_h2d(b.pos, pos, b.T * 4));
+    b.p = bench_dev_random((size_t)b.P, 1.0f), b.pg = bench_dev_random(b.P, 1.0f),
+    b.m = bench_dev_random(b.P, 1.0f), b.v = bench_dev_random(b.P, 1.0f);
+    BENCH_CHECK(ctrl_cuda_malloc((void **)&b.p16, b.P * 2));
+    BENCH_CHECK(ctrl_cuda_memset(b.v, 0, b.P * 4));
 
     static const struct {
         op_id op;
@@ -108,19 +88,14 @@ int main(void) {
         int step = 1;
         for (int i = 0; i < 3; i++) run(ops[k].op, &b, step++);
         for (int r = 0; r < 7; r++) {
-            CHECK(ctrl_cuda_synchronize());
-            double t0 = now();
+            BENCH_CHECK(ctrl_cuda_synchronize());
+            double t0 = bench_now();
             for (int i = 0; i < inner; i++) run(ops[k].op, &b, step++);
-            CHECK(ctrl_cuda_synchronize());
-            times[r] = (now() - t0) / inner;
+            BENCH_CHECK(ctrl_cuda_synchronize());
+            times[r] = (bench_now() - t0) / inner;
         }
-        for (int i = 0; i < 7; i++)
-            for (int j = i + 1; j < 7; j++)
-                if (times[j] < times[i]) {
-                    double x = times[i];
-                    times[i] = times[j], times[j] = x;
-                }
-        printf("ctrl   %-12s %8.3f ms  %6.0f GB/s\n", ops[k].name, times[3] * 1e3, bytes[k] / times[3] / 1e9);
+        const double median = bench_median(times, 7);
+        printf("ctrl   %-12s %8.3f ms  %6.0f GB/s\n", ops[k].name, median * 1e3, bytes[k] / median / 1e9);
     }
     return 0;
 }

@@ -21,6 +21,20 @@ int config_has_section(const ctrl_config *cfg, const char *section) {
     return 0;
 }
 
+ctrl_status config_add_section(ctrl_config *cfg, const char *name, int line) {
+    if (cfg->n_sections == cfg->cap_sections) {
+        int cap = cfg->cap_sections ? cfg->cap_sections * 2 : 16;
+        config_section_seen *s = realloc(cfg->sections, (size_t)cap * sizeof *s);
+        if (!s) return ctrl_error_set(CTRL_ERR_NOMEM, "config: out of memory");
+        cfg->sections = s;
+        cfg->cap_sections = cap;
+    }
+    cfg->sections[cfg->n_sections].name = strdup(name);
+    cfg->sections[cfg->n_sections].line = line;
+    cfg->n_sections++;
+    return CTRL_OK;
+}
+
 ctrl_status config_put(ctrl_config *cfg, const char *section, const char *key, const char *value,
                        const char *where, int line) {
     config_entry *e = config_find(cfg, section, key);
@@ -87,16 +101,8 @@ static ctrl_status apply_override(ctrl_config *cfg, const char *spec) {
     snprintf(where, sizeof where, "--set %s.%s", lhs, dot + 1);
     /* An override may create a section the file does not have. */
     if (!config_has_section(cfg, lhs)) {
-        if (cfg->n_sections == cfg->cap_sections) {
-            int cap = cfg->cap_sections ? cfg->cap_sections * 2 : 16;
-            config_section_seen *s = realloc(cfg->sections, (size_t)cap * sizeof *s);
-            if (!s) return ctrl_error_set(CTRL_ERR_NOMEM, "config: out of memory");
-            cfg->sections = s;
-            cfg->cap_sections = cap;
-        }
-        cfg->sections[cfg->n_sections].name = strdup(lhs);
-        cfg->sections[cfg->n_sections].line = 0;
-        cfg->n_sections++;
+        ctrl_status st = config_add_section(cfg, lhs, 0);
+        if (st != CTRL_OK) return st;
     }
     return config_put(cfg, lhs, dot + 1, eq + 1, where, 0);
 }

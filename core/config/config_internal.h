@@ -38,6 +38,8 @@ ctrl_status config_read_file(ctrl_config *cfg, const char *path);
 /* Adds or replaces an entry; copies the strings. */
 ctrl_status config_put(ctrl_config *cfg, const char *section, const char *key, const char *value,
                        const char *where, int line);
+/* Records a section header (line 0 for one created by --set); duplicates are the caller's check. */
+ctrl_status config_add_section(ctrl_config *cfg, const char *name, int line);
 config_entry *config_find(const ctrl_config *cfg, const char *section, const char *key);
 int config_has_section(const ctrl_config *cfg, const char *section);
 

@@ -31,17 +31,7 @@ static ctrl_status add_section(ctrl_config *cfg, const char *name, int line) {
         if (!strcmp(cfg->sections[i].name, name))
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: [%s]: duplicate section (first at line %d)",
                                   cfg->file_name, line, name, cfg->sections[i].line);
-    if (cfg->n_sections == cfg->cap_sections) {
-        int cap = cfg->cap_sections ? cfg->cap_sections * 2 : 16;
-        config_section_seen *s = realloc(cfg->sections, (size_t)cap * sizeof *s);
-        if (!s) return ctrl_error_set(CTRL_ERR_NOMEM, "config: out of memory");
-        cfg->sections = s;
-        cfg->cap_sections = cap;
-    }
-    cfg->sections[cfg->n_sections].name = strdup(name);
-    cfg->sections[cfg->n_sections].line = line;
-    cfg->n_sections++;
-    return CTRL_OK;
+    return config_add_section(cfg, name, line);
 }
 
 /* Pass 1: structure and line numbers over the file's bytes. Values are stored provisionally and

@@ -80,8 +80,9 @@ void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_
         }
 }
 
-void ctrl_cpu_rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
-                           const float *sin_tab, int T, int n_head, int head_dim) {
+/* Rotates each (i, i + D/2) pair by sign * angle; backward is the rotation by -angle. */
+static void rotate(float *out, const float *x, const int32_t *pos, const float *cos_tab, const float *sin_tab,
+                   int T, int n_head, int head_dim, float sign) {
     const int half = head_dim / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int t = 0; t < T; t++)
@@ -90,27 +91,19 @@ void ctrl_cpu_rope_forward(float *out, const float *x, const int32_t *pos, const
             const float *xi = x + ((size_t)t * n_head + h) * head_dim;
             float *oi = out + ((size_t)t * n_head + h) * head_dim;
             for (int i = 0; i < half; i++) {
-                float a = xi[i], b = xi[i + half];
-                oi[i] = a * c[i] - b * s[i];
-                oi[i + half] = b * c[i] + a * s[i];
+                float a = xi[i], b = xi[i + half], si = sign * s[i];
+                oi[i] = a * c[i] - b * si;
+                oi[i + half] = b * c[i] + a * si;
             }
         }
 }
 
+void ctrl_cpu_rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                           const float *sin_tab, int T, int n_head, int head_dim) {
+    rotate(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim, 1.0f);
+}
+
 void ctrl_cpu_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
                             const float *sin_tab, int T, int n_head, int head_dim) {
-    /* The transpose of the rotation: rotate by -angle. */
-    const int half = head_dim / 2;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < n_head; h++) {
-            const float *c = cos_tab + (size_t)pos[t] * half, *s = sin_tab + (size_t)pos[t] * half;
-            const float *di = dout + ((size_t)t * n_head + h) * head_dim;
-            float *o = dx + ((size_t)t * n_head + h) * head_dim;
-            for (int i = 0; i < half; i++) {
-                float a = di[i], b = di[i + half];
-                o[i] = a * c[i] + b * s[i];
-                o[i + half] = b * c[i] - a * s[i];
-            }
-        }
+    rotate(dx, dout, pos, cos_tab, sin_tab, T, n_head, head_dim, -1.0f);
 }

@@ -29,4 +29,22 @@ static inline ctrl_status attention_check_args(const ctrl_host *host, const char
     return CTRL_OK;
 }
 
+/* The backward contribution of one (query i, key j) pair with probability p = exp(s_ij - lse_i),
+ * where Di = dO_i . O_i:  dv_j += p dO_i;  ds = p (dO_i . v_j - Di) scale;  dq_i += ds k_j;
+ * dk_j += ds q_i. */
+static inline void attention_backward_pair(float p, float Di, float scale, const float *dout_i,
+                                           const float *q_i, const float *k_j, const float *v_j, float *dq_i,
+                                           float *dk_j, float *dv_j, int D) {
+    float dp = 0;
+    for (int d = 0; d < D; d++) {
+        dv_j[d] += p * dout_i[d];
+        dp += dout_i[d] * v_j[d];
+    }
+    const float ds = p * (dp - Di) * scale;
+    for (int d = 0; d < D; d++) {
+        dq_i[d] += ds * k_j[d];
+        dk_j[d] += ds * q_i[d];
+    }
+}
+
 #endif

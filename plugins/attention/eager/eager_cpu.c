@@ -6,6 +6,8 @@
  * K and V, accumulate dK and dV without races. */
 #include "eager_cpu.h"
 
+#include "../attention_plugin_common.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,16 +134,8 @@ ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
                             if (row[j] == -INFINITY) continue;
                             const float p = expf(row[j] - lse);
                             const size_t kj_off = ((size_t)(start + j) * HK + kvh) * D;
-                            float dp = 0;
-                            for (int d = 0; d < D; d++) {
-                                dv[kj_off + d] += p * dout[qi_off + d];
-                                dp += dout[qi_off + d] * v[kj_off + d];
-                            }
-                            const float ds = p * (dp - Di) * a->scale;
-                            for (int d = 0; d < D; d++) {
-                                dq[qi_off + d] += ds * k[kj_off + d];
-                                dk[kj_off + d] += ds * q[qi_off + d];
-                            }
+                            attention_backward_pair(p, Di, a->scale, dout + qi_off, q + qi_off, k + kj_off,
+                                                    v + kj_off, dq + qi_off, dk + kj_off, dv + kj_off, D);
                         }
                     }
                 }

@@ -7,6 +7,8 @@
  * by one thread: deterministic, no atomics. */
 #include "flash_cpu.h"
 
+#include "../attention_plugin_common.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,16 +166,8 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
                                     if (sij == -INFINITY) continue;
                                     const float p = expf(sij - lse);
                                     const size_t ko = ((size_t)(s0 + k0 + j) * HK + kvh) * D;
-                                    float dp = 0;
-                                    for (int d = 0; d < D; d++) {
-                                        dv[ko + d] += p * dout[qo + d];
-                                        dp += dout[qo + d] * v[ko + d];
-                                    }
-                                    const float ds = p * (dp - Di) * a->scale;
-                                    for (int d = 0; d < D; d++) {
-                                        dq[qo + d] += ds * k[ko + d];
-                                        dk[ko + d] += ds * q[qo + d];
-                                    }
+                                    attention_backward_pair(p, Di, a->scale, dout + qo, q + qo, k + ko,
+                                                            v + ko, dq + qo, dk + ko, dv + ko, D);
                                 }
                             }
                         }
