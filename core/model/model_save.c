@@ -1,0 +1,126 @@
+/* Saving a model as a Hugging Face directory that transformers (and vLLM) load unchanged:
+ * config.json generated from the model's config, model.safetensors (f32 or bf16) under the HF
+ * parameter names, and generation_config.json. Every file is written to a temporary name,
+ * fsynced and renamed. */
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static ctrl_status write_text_atomic(const char *path, const char *text) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", tmp, strerror(errno));
+    int bad = fputs(text, f) < 0;
+    bad |= fflush(f) != 0;
+    bad |= fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot write: %s", path, strerror(err));
+    }
+    return CTRL_OK;
+}
+
+static const char *const arch_class[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                         "MistralForCausalLM"};
+static const char *const rope_names[] = {"default", "linear", "llama3", "yarn", "dynamic"};
+
+static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(archs, cJSON_CreateString(arch_class[c->arch]));
+    cJSON_AddStringToObject(o, "model_type", c->model_type);
+    cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_position_embeddings);
+    /* eps is kept as float: print its shortest decimal so 1e-6 stays 1e-6, not 9.99999997e-07. */
+    char eps[32];
+    snprintf(eps, sizeof eps, "%.7g", (double)c->rms_norm_eps);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", strtod(eps, NULL));
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
+    if (c->arch == CTRL_ARCH_LLAMA || c->arch == CTRL_ARCH_QWEN3)
+        cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
+    if (c->arch == CTRL_ARCH_MISTRAL) {
+        if (c->sliding_window > 0)
+            cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+        else
+            cJSON_AddNullToObject(o, "sliding_window");
+    } else if (c->arch != CTRL_ARCH_LLAMA) {
+        cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
+        if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+    }
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope.theta);
+    if (c->rope.kind != CTRL_ROPE_DEFAULT) {
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", rope_names[c->rope.kind]);
+        cJSON_AddNumberToObject(r, "factor", c->rope.factor);
+        if (c->rope.kind == CTRL_ROPE_LLAMA3) {
+            cJSON_AddNumberToObject(r, "low_freq_factor", c->rope.low_freq_factor);
+            cJSON_AddNumberToObject(r, "high_freq_factor", c->rope.high_freq_factor);
+        }
+        if (c->rope.kind == CTRL_ROPE_LLAMA3 || c->rope.kind == CTRL_ROPE_YARN)
+            cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope.original_max_position);
+        if (c->rope.kind == CTRL_ROPE_YARN) {
+            cJSON_AddNumberToObject(r, "beta_fast", c->rope.beta_fast);
+            cJSON_AddNumberToObject(r, "beta_slow", c->rope.beta_slow);
+            if (c->rope.attention_factor > 0)
+                cJSON_AddNumberToObject(r, "attention_factor", c->rope.attention_factor);
+        }
+    }
+    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);
+    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
+    cJSON_AddStringToObject(o, "torch_dtype", dtype == CTRL_BF16 ? "bfloat16" : "float32");
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    char path[4200];
+    char *text = config_json(c, dtype);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ctrl_status st = write_text_atomic(path, text);
+    cJSON_free(text);
+    if (st != CTRL_OK) return st;
+    cJSON *g = cJSON_CreateObject();
+    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(g, "bos_token_id", c->bos_token_id);
+    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(g, "eos_token_id", c->eos_token_id);
+    text = cJSON_Print(g);
+    cJSON_Delete(g);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    st = write_text_atomic(path, text);
+    cJSON_free(text);
+    if (st != CTRL_OK) return st;
+    const int n = ctrl_model_view_count(m);
+    ctrl_st_write *tensors = calloc((size_t)n, sizeof *tensors);
+    const float *params = ctrl_model_params(m, NULL);
+    for (int i = 0; i < n; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        tensors[i] = (ctrl_st_write){.name = v->name,
+                                     .data = params + v->offset,
+                                     .ndim = v->ndim,
+                                     .shape = {v->shape[0], v->shape[1]}};
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st = ctrl_safetensors_write(path, tensors, n, dtype);
+    free(tensors);
+    return st;
+}
