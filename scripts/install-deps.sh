@@ -8,7 +8,7 @@ PKGS=(
   build-essential cmake pkg-config
   libiniparser-dev   # INI parsing
   libltdl-dev        # plugin loading
-  libopenblas-dev    # CPU GEMM
+  libopenblas-openmp-dev  # CPU GEMM, on the same OpenMP threads as ctrl's kernels
   libopenmpi-dev openmpi-bin  # distributed bootstrap
   libpcre2-dev       # tokenizer pre-tokenizer regex
   libcjson-dev       # JSON (config.json, tokenizer.json, safetensors headers, datasets)

@@ -36,11 +36,13 @@ static inline void attention_backward_pair(float p, float Di, float scale, const
                                            const float *q_i, const float *k_j, const float *v_j, float *dq_i,
                                            float *dk_j, float *dv_j, int D) {
     float dp = 0;
+#pragma omp simd reduction(+ : dp)
     for (int d = 0; d < D; d++) {
         dv_j[d] += p * dout_i[d];
         dp += dout_i[d] * v_j[d];
     }
     const float ds = p * (dp - Di) * scale;
+#pragma omp simd
     for (int d = 0; d < D; d++) {
         dq_i[d] += ds * k_j[d];
         dk_j[d] += ds * q_i[d];

@@ -32,6 +32,7 @@ static void scores(const ctrl_attention_args *a, int start, int L, int h, int kv
             }
             const float *kj = k + ((size_t)(start + j) * HK + kvh) * D;
             float s = 0;
+#pragma omp simd reduction(+ : s)
             for (int d = 0; d < D; d++) s += qi[d] * kj[d];
             S[(size_t)i * L + j] = s * a->scale;
         }

@@ -42,6 +42,7 @@ static void tile_scores(const ctrl_attention_args *a, float *S, int s0, int h, i
             }
             const float *kj = k + ((size_t)(s0 + k0 + j) * HK + kvh) * D;
             float s = 0;
+#pragma omp simd reduction(+ : s)
             for (int d = 0; d < D; d++) s += qi[d] * kj[d];
             S[i * BK + j] = s * a->scale;
         }
@@ -100,6 +101,7 @@ ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
                         sum += p;
                         if (p == 0.0f) continue;
                         const float *vj = v + ((size_t)(s0 + k0 + j) * HK + kvh) * D;
+#pragma omp simd
                         for (int d = 0; d < D; d++) ai[d] += p * vj[d];
                     }
                     l[i] = l[i] * corr + sum;
@@ -133,6 +135,7 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)T * H; r++) {
         float s = 0;
+#pragma omp simd reduction(+ : s)
         for (int d = 0; d < D; d++) s += dout[r * D + d] * o[r * D + d];
         Dv[r] = s;
     }

@@ -1,0 +1,73 @@
+/* Forward + backward tokens/s and peak RSS of a model directory on the CPU (the flash attention
+ * plugin loaded from the plugin directory), on a packed batch of equal-length sequences of random
+ * tokens: the ctrl side of bench/cpu/run.sh, which runs PyTorch on the same model and batch.
+ * usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <ctrl/attention.h>
+
+#include "model/model.h"
+#include "registry.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS\n");
+        return 2;
+    }
+    const int B = atoi(argv[3]), L = atoi(argv[4]), steps = atoi(argv[5]), T = B * L;
+    ctrl_registry *reg;
+    const char *dirs[] = {argv[2]};
+    if (ctrl_registry_create(&reg) != CTRL_OK || ctrl_registry_load_standard(reg, dirs, 1) != CTRL_OK) {
+        fprintf(stderr, "bench: %s\n", ctrl_error_message());
+        return 1;
+    }
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    ctrl_model *m;
+    if (!e || ctrl_model_load(argv[1], e->plugin->ops, &m) != CTRL_OK) {
+        fprintf(stderr, "bench: %s\n", e ? ctrl_error_message() : "no flash plugin");
+        return 1;
+    }
+    int32_t *tok = malloc(4 * T), *pos = malloc(4 * T), *tg = malloc(4 * T), *cu = malloc(4 * (B + 1));
+    float *logp = malloc(4 * T), *dlogp = malloc(4 * T);
+    unsigned s = 12345;
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    for (int t = 0; t < T; t++) {
+        s = s * 1103515245u + 12345u;
+        tok[t] = (int32_t)((s >> 8) % (unsigned)V);
+        pos[t] = t % L;
+    }
+    for (int b = 0; b <= B; b++) cu[b] = b * L;
+    for (int t = 0; t < T; t++) tg[t] = pos[t] == L - 1 ? -100 : tok[t + 1];
+    const int n_tg = T - B;
+    for (int t = 0; t < T; t++) dlogp[t] = tg[t] >= 0 ? -1.0f / n_tg : 0.0f;
+    ctrl_batch batch = {.T = T, .B = B, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    double best = 1e30, total = 0;
+    for (int i = -1; i < steps; i++) { /* one warm-up step */
+        double t0 = now();
+        if (ctrl_model_forward(m, &batch, logp, NULL) != CTRL_OK ||
+            ctrl_model_backward(m, dlogp) != CTRL_OK) {
+            fprintf(stderr, "bench: %s\n", ctrl_error_message());
+            return 1;
+        }
+        double dt = now() - t0;
+        if (i >= 0) total += dt, best = dt < best ? dt : best;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    size_t n_params;
+    ctrl_model_params(m, &n_params);
+    printf("ctrl   params %.2fM tokens/step %d: %.0f tokens/s (mean of %d steps), peak RSS %.0f MiB\n",
+           n_params / 1e6, T, T * steps / total, steps, ru.ru_maxrss / 1024.0);
+    ctrl_model_free(m);
+    ctrl_registry_destroy(reg);
+    return 0;
+}
