@@ -1,0 +1,378 @@
+/* Reading tokenizer.json (and tokenizer_config.json): the BPE model, the supported normalizer,
+ * pre-tokenizer, post-processor and decoder configurations, and the added tokens. Anything else
+ * is refused with a message naming the file and the part. */
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tokenizer/tokenizer_internal.h"
+
+#define MAX_FILE (256u << 20)
+
+static char *slurp(const char *path, ctrl_status *st) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || (unsigned long)n > MAX_FILE) {
+        fclose(f);
+        *st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: file too large", path);
+        return NULL;
+    }
+    char *buf = malloc((size_t)n + 1);
+    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (!buf) {
+        *st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    buf[got] = '\0';
+    *st = CTRL_OK;
+    return buf;
+}
+
+/* GPT-2's byte-to-character map: printable bytes map to themselves, the others to U+0100... */
+static void byte_alphabet(ctrl_tokenizer *t) {
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        uint32_t cp = printable ? (uint32_t)b : 256u + (uint32_t)n++;
+        t->byte_char_len[b] = (uint8_t)tok_utf8_encode(cp, t->byte_char[b]);
+    }
+}
+
+static const char *json_str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+static int json_bool(const cJSON *o, const char *key, int fallback) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : fallback;
+}
+
+static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
+    const char *type = json_str(model, "type");
+    if (!type || strcmp(type, "BPE") != 0)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)",
+                              t->path, type ? type : "(none)");
+    if (json_bool(model, "byte_fallback", 0))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "%s: BPE with byte_fallback (SentencePiece-style) is not supported yet",
+                              t->path);
+    const char *prefix = json_str(model, "continuing_subword_prefix"),
+               *suffix = json_str(model, "end_of_word_suffix");
+    if ((prefix && prefix[0]) || (suffix && suffix[0]))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: BPE subword prefixes/suffixes are not supported",
+                              t->path);
+    t->ignore_merges = json_bool(model, "ignore_merges", 0);
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    if (!cJSON_IsObject(vocab))
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: model.vocab is not an object", t->path);
+    int n = cJSON_GetArraySize(vocab);
+    if (tok_map_init(&t->vocab, (size_t)n + 1024) != 0)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: vocabulary");
+    int32_t max_id = -1;
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e8)
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: vocab entry '%s' has no valid id", t->path,
+                                  e->string);
+        int32_t id = (int32_t)e->valuedouble;
+        if (tok_map_put(&t->vocab, e->string, strlen(e->string), id) != 0)
+            return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: vocabulary");
+        if (id > max_id) max_id = id;
+    }
+    t->n_ids = max_id + 1;
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!cJSON_IsArray(merges))
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: model.merges is not an array", t->path);
+    int nm = cJSON_GetArraySize(merges);
+    t->merge_result = malloc(sizeof(int32_t) * (size_t)(nm ? nm : 1));
+    if (!t->merge_result || tok_map_init(&t->merges, (size_t)nm + 16) != 0)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: merges");
+    int rank = 0;
+    for (const cJSON *e = merges->child; e; e = e->next, rank++) {
+        char a[512], b[512];
+        if (cJSON_IsString(e)) { /* "a b" */
+            const char *sp = strchr(e->valuestring, ' ');
+            if (!sp || (size_t)(sp - e->valuestring) >= sizeof a || strlen(sp + 1) >= sizeof b)
+                return ctrl_error_set(CTRL_ERR_FORMAT, "%s: merge %d ('%s') is not 'a b'", t->path, rank,
+                                      e->valuestring);
+            memcpy(a, e->valuestring, (size_t)(sp - e->valuestring));
+            a[sp - e->valuestring] = '\0';
+            strcpy(b, sp + 1);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) &&
+                   cJSON_IsString(e->child->next) && strlen(e->child->valuestring) < sizeof a &&
+                   strlen(e->child->next->valuestring) < sizeof b) { /* ["a", "b"] */
+            strcpy(a, e->child->valuestring);
+            strcpy(b, e->child->next->valuestring);
+        } else {
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: merge %d is neither 'a b' nor [a, b]", t->path, rank);
+        }
+        char ab[1024];
+        snprintf(ab, sizeof ab, "%s%s", a, b);
+        int32_t ia = tok_map_get(&t->vocab, a, strlen(a)), ib = tok_map_get(&t->vocab, b, strlen(b));
+        int32_t iab = tok_map_get(&t->vocab, ab, strlen(ab));
+        if (ia < 0 || ib < 0 || iab < 0)
+            return ctrl_error_set(CTRL_ERR_FORMAT,
+                                  "%s: merge %d ('%s' '%s') uses a token missing from the vocabulary",
+                                  t->path, rank, a, b);
+        int32_t key[2] = {ia, ib};
+        if (tok_map_get(&t->merges, (const char *)key, sizeof key) >= 0) continue; /* first rank wins */
+        if (tok_map_put(&t->merges, (const char *)key, sizeof key, rank) != 0)
+            return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: merges");
+        t->merge_result[rank] = iab;
+    }
+    return CTRL_OK;
+}
+
+static ctrl_status load_normalizer(ctrl_tokenizer *t, const cJSON *n) {
+    if (!n || cJSON_IsNull(n)) return CTRL_OK;
+    const char *type = json_str(n, "type");
+    if (type && !strcmp(type, "NFC")) {
+        t->nfc = 1;
+        return CTRL_OK;
+    }
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
+        for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
+            ctrl_status st = load_normalizer(t, e);
+            if (st != CTRL_OK) return st;
+        }
+        return CTRL_OK;
+    }
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (NFC)", t->path,
+                          type ? type : "?");
+}
+
+/* The GPT-2 pre-tokenizer regex, used by ByteLevel with use_regex = true. */
+static const char *const GPT2_PATTERN =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static ctrl_status compile_split(ctrl_tokenizer *t, const char *pattern) {
+    if (t->split)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: more than one regex pre-tokenizer", t->path);
+    int err;
+    PCRE2_SIZE off;
+    t->split =
+        pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
+    if (!t->split) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: pre-tokenizer regex at offset %zu: %s", t->path,
+                              (size_t)off, msg);
+    }
+    pcre2_jit_compile(t->split, PCRE2_JIT_COMPLETE); /* faster when available; fine when not */
+    return CTRL_OK;
+}
+
+static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
+    if (!p || cJSON_IsNull(p)) return CTRL_OK;
+    const char *type = json_str(p, "type");
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+        for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
+            ctrl_status st = load_pre_tokenizer(t, e);
+            if (st != CTRL_OK) return st;
+        }
+        return CTRL_OK;
+    }
+    if (type && !strcmp(type, "Split")) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+        const char *re = json_str(pat, "Regex"), *behavior = json_str(p, "behavior");
+        if (!re || !behavior || strcmp(behavior, "Isolated") != 0 || json_bool(p, "invert", 0))
+            return ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "%s: Split pre-tokenizer: only a Regex pattern with behavior Isolated is supported", t->path);
+        return compile_split(t, re);
+    }
+    if (type && !strcmp(type, "ByteLevel")) {
+        if (json_bool(p, "add_prefix_space", 0))
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "%s: ByteLevel add_prefix_space = true is not supported yet", t->path);
+        t->byte_level = 1;
+        return json_bool(p, "use_regex", 1) ? compile_split(t, GPT2_PATTERN) : CTRL_OK;
+    }
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (Split, ByteLevel)",
+                          t->path, type ? type : "?");
+}
+
+/* TemplateProcessing "single": [SpecialToken]? Sequence A [SpecialToken]? — only a leading
+ * special token (BOS) is supported; ByteLevel and RobertaProcessing-free configs add nothing. */
+static ctrl_status load_post_processor(ctrl_tokenizer *t, const cJSON *p) {
+    if (!p || cJSON_IsNull(p)) return CTRL_OK;
+    const char *type = json_str(p, "type");
+    if (type && !strcmp(type, "ByteLevel")) return CTRL_OK;
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "processors");
+        for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
+            ctrl_status st = load_post_processor(t, e);
+            if (st != CTRL_OK) return st;
+        }
+        return CTRL_OK;
+    }
+    if (type && !strcmp(type, "TemplateProcessing")) {
+        const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
+        int seen_seq = 0;
+        for (const cJSON *e = single ? single->child : NULL; e; e = e->next) {
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
+            if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) {
+                seen_seq = 1;
+            } else if (sp && !seen_seq) {
+                const char *id = json_str(sp, "id");
+                int32_t v = id ? tok_map_get(&t->vocab, id, strlen(id)) : -1;
+                for (int i = 0; v < 0 && id && i < t->n_added; i++)
+                    if (!strcmp(t->added[i].content, id)) v = t->added[i].id;
+                if (v < 0)
+                    return ctrl_error_set(CTRL_ERR_FORMAT, "%s: post-processor token '%s' is unknown",
+                                          t->path, id);
+                t->add_bos = 1, t->bos_id = v;
+            } else {
+                return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                      "%s: TemplateProcessing with trailing tokens is not supported",
+                                      t->path);
+            }
+        }
+        return CTRL_OK;
+    }
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: post-processor '%s' is not supported", t->path,
+                          type ? type : "?");
+}
+
+static ctrl_status load_added(ctrl_tokenizer *t, const cJSON *list) {
+    int n = cJSON_GetArraySize(list);
+    t->added = calloc((size_t)(n ? n : 1), sizeof *t->added);
+    for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        const char *content = json_str(e, "content");
+        if (!cJSON_IsNumber(id) || !content || !content[0])
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: an added token lacks id or content", t->path);
+        tok_added *a = &t->added[t->n_added++];
+        a->content = strdup(content);
+        a->len = strlen(content);
+        a->id = (int32_t)id->valuedouble;
+        a->special = json_bool(e, "special", 0), a->lstrip = json_bool(e, "lstrip", 0);
+        a->rstrip = json_bool(e, "rstrip", 0), a->normalized = json_bool(e, "normalized", 0);
+        a->single_word = json_bool(e, "single_word", 0);
+        if (a->id + 1 > t->n_ids) t->n_ids = a->id + 1;
+    }
+    return CTRL_OK;
+}
+
+/* bos_token etc. are strings or {"content": ...}. */
+static int32_t config_token(const ctrl_tokenizer *t, const cJSON *cfg, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    const char *s = cJSON_IsString(v) ? v->valuestring : json_str(v, "content");
+    return s ? ctrl_tokenizer_token_to_id(t, s) : -1;
+}
+
+static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return CTRL_OK;
+    ctrl_status st;
+    char *text = slurp(path, &st);
+    if (!text) return st;
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(cfg)) {
+        cJSON_Delete(cfg);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    int32_t bos = config_token(t, cfg, "bos_token");
+    if (bos >= 0 && !t->add_bos) t->bos_id = bos;
+    t->eos_id = config_token(t, cfg, "eos_token");
+    t->pad_id = config_token(t, cfg, "pad_token");
+    const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    if (cJSON_IsString(tmpl)) t->chat_template = strdup(tmpl->valuestring);
+    for (const cJSON *e = cJSON_IsArray(tmpl) ? tmpl->child : NULL; e && !t->chat_template; e = e->next) {
+        const char *name = json_str(e, "name"), *body = json_str(e, "template");
+        if (name && body && !strcmp(name, "default")) t->chat_template = strdup(body);
+    }
+    cJSON_Delete(cfg);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
+    *out = NULL;
+    char dir[4096], file[4200];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(dir, sizeof dir, "%s", path);
+        snprintf(file, sizeof file, "%s/tokenizer.json", path);
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        else
+            strcpy(dir, ".");
+    }
+    ctrl_status st;
+    char *text = slurp(file, &st);
+    if (!text) return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    ctrl_tokenizer *t = calloc(1, sizeof *t);
+    t->path = strdup(file);
+    t->bos_id = t->eos_id = t->pad_id = -1;
+    byte_alphabet(t);
+    if (!cJSON_IsObject(root)) {
+        st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object (truncated or not a tokenizer.json)",
+                            file);
+    } else {
+        const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+        st = model ? load_model(t, model) : ctrl_error_set(CTRL_ERR_FORMAT, "%s: no model", file);
+        if (st == CTRL_OK) st = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+        if (st == CTRL_OK) st = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
+        if (st == CTRL_OK)
+            st = load_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
+        if (st == CTRL_OK)
+            st = load_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
+        const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
+        const char *dtype = json_str(dec, "type");
+        if (st == CTRL_OK && dec && !cJSON_IsNull(dec) && (!dtype || strcmp(dtype, "ByteLevel") != 0))
+            st = ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (ByteLevel)", file,
+                                dtype ? dtype : "?");
+        if (st == CTRL_OK && !t->byte_level)
+            st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                "%s: only byte-level BPE tokenizers are supported so far", file);
+    }
+    cJSON_Delete(root);
+    if (st == CTRL_OK) {
+        t->id_to_token = calloc((size_t)t->n_ids, sizeof *t->id_to_token);
+        for (size_t i = 0; i < t->vocab.cap; i++)
+            if (t->vocab.keys[i] && t->vocab.values[i] < t->n_ids)
+                t->id_to_token[t->vocab.values[i]] = t->vocab.keys[i];
+        for (int i = 0; i < t->n_added; i++) t->id_to_token[t->added[i].id] = t->added[i].content;
+        st = load_config(t, dir);
+    }
+    if (st != CTRL_OK) {
+        ctrl_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return CTRL_OK;
+}
+
+void ctrl_tokenizer_free(ctrl_tokenizer *t) {
+    if (!t) return;
+    tok_map_free(&t->vocab);
+    tok_map_free(&t->merges);
+    free(t->merge_result);
+    free(t->id_to_token);
+    if (t->split) pcre2_code_free(t->split);
+    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    free(t->added);
+    free(t->chat_template);
+    free(t->path);
+    free(t);
+}

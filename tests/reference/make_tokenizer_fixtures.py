@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Tokenizer fixtures from the `tokenizers` library:
+- corpus.jsonl: >= 2000 lines mixing English, Chinese, code, emoji, numbers, accents (composed
+  and decomposed, for NFC), contractions, whitespace runs, newlines and special-token text;
+- <name>.ids: for each corpus line, the ids of encode(text, add_special_tokens=False), then a
+  tab, then the ids with add_special_tokens=True;
+- <name>.decoded.jsonl: decode(ids) of each line, skip_special_tokens False and True;
+for the real qwen3 and llama3 tokenizers (../shared/data/tokenizers) and a tiny byte-level BPE
+trained here (tiny_bpe/, with ChatML special tokens and chat template, for the quickstart).
+Run by hand: python3 tests/reference/make_tokenizer_fixtures.py
+"""
+import glob
+import json
+import os
+import random
+import sysconfig
+
+import tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "fixtures", "tokenizer")
+SHARED = os.path.join(HERE, "..", "..", "..", "shared", "data", "tokenizers")
+
+ENGLISH = ["The quick brown fox jumps over the lazy dog.", "I'll be there; you're late, aren't you?",
+           "DON'T SHOUT! We've SEEN it.", "Prices rose 3.5% to $1,234.56 in Q3 2024.", "e-mail: someone@example.com",
+           "Hello,   world!!!", "New\nline and\r\nwindows line", "tabs\tand\t\tmore tabs", "   leading and trailing   "]
+CHINESE = ["你好，世界！", "机器学习是人工智能的一个分支。", "今天天气很好，我们去公园散步吧。", "数学：3加4等于7。",
+           "中文English混合text测试", "这是一个“引号”测试…"]
+EMOJI = ["🎉🎉 party", "I ❤️ tokenizers", "👩‍👩‍👧‍👦 family", "🚀 to the 🌕", "flags 🇫🇷🇯🇵", "smile 😀😃😄"]
+ACCENTS = ["café naïve résumé", "cafe\u0301 (decomposed e + acute)", "Ångström", "A\u030a (decomposed)",
+           "crème brûlée", "Ω ohm sign \u2126", "ﬁ ligature", "한국어 텍스트", "\u1100\u1161 jamo"]
+SPECIAL = ["<|im_start|>user\nHi<|im_end|>", "<|endoftext|>", "text<|im_end|>more", "<think>\nok\n</think>"]
+
+
+def corpus():
+    rng = random.Random(1234)
+    lines = ENGLISH + CHINESE + EMOJI + ACCENTS + SPECIAL
+    src = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:40]
+    code = []
+    for path in src:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            code += [l.rstrip("\n") for l in f if l.strip()][:60]
+    rng.shuffle(code)
+    lines += code[:1400]
+    pools = [ENGLISH, CHINESE, EMOJI, ACCENTS, code[:200]]
+    while len(lines) < 2200:
+        k = rng.randint(1, 4)
+        parts = [rng.choice(rng.choice(pools)) for _ in range(k)]
+        sep = rng.choice([" ", "  ", "\n", "\t", "", " \n ", "    ", "\r\n"])
+        s = sep.join(parts)
+        if rng.random() < 0.2:
+            s += " " + str(rng.randint(0, 10**rng.randint(1, 12)))
+        if rng.random() < 0.1:
+            s = " " * rng.randint(1, 9) + s
+        lines.append(s)
+    return lines
+
+
+def write_ids(name, tok, lines):
+    with open(os.path.join(OUT, name + ".ids"), "w") as f:
+        for line in lines:
+            a = tok.encode(line, add_special_tokens=False).ids
+            b = tok.encode(line, add_special_tokens=True).ids
+            f.write(" ".join(map(str, a)) + "\t" + " ".join(map(str, b)) + "\n")
+    with open(os.path.join(OUT, name + ".decoded.jsonl"), "w") as f:
+        for line in lines:
+            ids = tok.encode(line, add_special_tokens=True).ids
+            f.write(json.dumps({"keep": tok.decode(ids, skip_special_tokens=False),
+                                "skip": tok.decode(ids, skip_special_tokens=True)}, ensure_ascii=False) + "\n")
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def tiny(lines):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    d = os.path.join(OUT, "tiny_bpe")
+    os.makedirs(d, exist_ok=True)
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+                   "pad_token": "<|endoftext|>", "chat_template": CHATML, "model_max_length": 2048}, f, indent=2)
+    return tok
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    lines = corpus()
+    with open(os.path.join(OUT, "corpus.jsonl"), "w") as f:
+        f.write(json.dumps({"note": "tokenizers %s (make_tokenizer_fixtures.py)" % tokenizers.__version__}) + "\n")
+        for line in lines:
+            f.write(json.dumps({"text": line}, ensure_ascii=False) + "\n")
+    for name in ("qwen3", "llama3"):
+        write_ids(name, Tokenizer.from_file(os.path.join(SHARED, name, "tokenizer.json")), lines)
+    write_ids("tiny_bpe", tiny(lines), lines)
+    print(len(lines), "lines")
+
+
+if __name__ == "__main__":
+    main()
