@@ -96,6 +96,7 @@ static int is_word_byte(unsigned char c) { return isalnum(c) || c == '_' || c >=
 static int find_added(const ctrl_tokenizer *t, const char *s, size_t n, size_t from, size_t *start,
                       size_t *end) {
     for (size_t i = from; i < n; i++) {
+        if (!t->added_first[(unsigned char)s[i]]) continue;
         int best = -1;
         for (int k = 0; k < t->n_added; k++) {
             const tok_added *a = &t->added[k];

@@ -51,6 +51,7 @@ struct ctrl_tokenizer {
     int byte_level;
     tok_added *added;
     int n_added;
+    uint8_t added_first[256]; /* 1 where some added token starts with that byte */
     int32_t bos_id, eos_id, pad_id;
     int add_bos; /* the post-processor prepends bos on add_special_tokens */
     char *chat_template;

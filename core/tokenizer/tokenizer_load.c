@@ -261,6 +261,7 @@ static ctrl_status load_added(ctrl_tokenizer *t, const cJSON *list) {
         a->rstrip = json_bool(e, "rstrip", 0), a->normalized = json_bool(e, "normalized", 0);
         a->single_word = json_bool(e, "single_word", 0);
         if (a->id + 1 > t->n_ids) t->n_ids = a->id + 1;
+        t->added_first[(unsigned char)a->content[0]] = 1;
     }
     return CTRL_OK;
 }

@@ -1,0 +1,105 @@
+/* Tokenizer files are untrusted: each malformed or unsupported tokenizer.json gives one clear
+ * error naming the file, never a crash. And the small API around encode/decode. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "tokenizer/tokenizer.h"
+
+static char dir[] = "/tmp/ctrl-tok-test-XXXXXX";
+
+static const char *write_json(const char *name, const char *text) {
+    static char path[256];
+    if (dir[sizeof dir - 2] == 'X' && !mkdtemp(dir)) return NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+#define BYTE_LEVEL "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}"
+
+static void expect_error(const char *name, const char *json, ctrl_status status, const char *needle) {
+    const char *path = write_json(name, json);
+    ctrl_tokenizer *t = NULL;
+    ctrl_status st = ctrl_tokenizer_load(path, &t);
+    CHECK_MSG(st == status, "%s: %s (%s)", name, ctrl_status_name(st), ctrl_error_message());
+    CHECK(t == NULL);
+    CHECK_CONTAINS(ctrl_error_message(), name);
+    CHECK_CONTAINS(ctrl_error_message(), needle);
+    ctrl_tokenizer_free(t);
+}
+
+TEST(malformed_and_unsupported_files) {
+    expect_error("truncated.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0", CTRL_ERR_FORMAT,
+                 "not a JSON object");
+    expect_error("no_model.json", "{\"added_tokens\": []}", CTRL_ERR_FORMAT, "no model");
+    expect_error("wordpiece.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}",
+                 CTRL_ERR_UNSUPPORTED, "'WordPiece' is not supported");
+    expect_error("unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", CTRL_ERR_UNSUPPORTED,
+                 "'Unigram'");
+    expect_error("bad_vocab.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": [1, 2], \"merges\": []}}",
+                 CTRL_ERR_FORMAT, "vocab is not an object");
+    expect_error("bad_id.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}",
+                 CTRL_ERR_FORMAT, "'a' has no valid id");
+    expect_error("bad_merge.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"ab\"]}}",
+                 CTRL_ERR_FORMAT, "is not 'a b'");
+    expect_error("merge_unknown.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
+                 CTRL_ERR_FORMAT, "missing from the vocabulary");
+    expect_error("byte_fallback.json",
+                 "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}",
+                 CTRL_ERR_UNSUPPORTED, "byte_fallback");
+    expect_error("bad_regex.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": "
+                 "{\"type\": \"Split\", "
+                 "\"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
+                 CTRL_ERR_FORMAT, "regex");
+    expect_error("normalizer.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"normalizer\": {\"type\": "
+                 "\"NFKD\"}, " BYTE_LEVEL "}",
+                 CTRL_ERR_UNSUPPORTED, "'NFKD'");
+    expect_error("no_byte_level.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+                 CTRL_ERR_UNSUPPORTED, "byte-level");
+    expect_error("bad_added.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"added_tokens\": "
+                 "[{\"id\": 3}], " BYTE_LEVEL "}",
+                 CTRL_ERR_FORMAT, "added token");
+    ctrl_tokenizer *t = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load("/nonexistent/tokenizer.json", &t), CTRL_ERR_IO);
+    CHECK_CONTAINS(ctrl_error_message(), "/nonexistent/tokenizer.json");
+}
+
+TEST(api_on_the_tiny_tokenizer) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer/tiny_bpe", CTRL_FIXTURE_DIR);
+    ctrl_tokenizer *t = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
+    if (!t) return;
+    CHECK_EQ_INT(ctrl_tokenizer_token_to_id(t, "<|im_end|>"), ctrl_tokenizer_eos_id(t));
+    CHECK_EQ_INT(ctrl_tokenizer_token_to_id(t, "<|endoftext|>"), ctrl_tokenizer_pad_id(t));
+    CHECK_STR(ctrl_tokenizer_id_to_token(t, ctrl_tokenizer_eos_id(t)), "<|im_end|>");
+    CHECK(ctrl_tokenizer_id_to_token(t, -1) == NULL && ctrl_tokenizer_id_to_token(t, 1 << 20) == NULL);
+    CHECK(ctrl_tokenizer_chat_template(t) && strstr(ctrl_tokenizer_chat_template(t), "<|im_start|>"));
+    CHECK(ctrl_tokenizer_vocab_size(t) >= 1024);
+    /* empty text; out-of-range ids decode to nothing */
+    int32_t *ids = NULL;
+    size_t n = 99;
+    CHECK_EQ_INT(ctrl_tokenizer_encode(t, "", 0, 1, &ids, &n), CTRL_OK);
+    CHECK_EQ_INT(n, 0);
+    free(ids);
+    int32_t bad[3] = {-5, 1 << 20, ctrl_tokenizer_eos_id(t)};
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_EQ_INT(ctrl_tokenizer_decode(t, bad, 3, 0, &text, &len), CTRL_OK);
+    CHECK_STR(text, "<|im_end|>");
+    free(text);
+    ctrl_tokenizer_free(t);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
+}
