@@ -52,6 +52,7 @@ int cli_load_run_config(ctrl_cli *cli, const ctrl_command *cmd, const char *what
 int cli_interrupted(void);
 void cli_install_signal_handlers(void);
 
-extern const ctrl_command cli_cmd_train, cli_cmd_plugins, cli_cmd_config, cli_cmd_version;
+extern const ctrl_command cli_cmd_train, cli_cmd_plugins, cli_cmd_config, cli_cmd_version, cli_cmd_model,
+    cli_cmd_tokenize;
 
 #endif

@@ -105,9 +105,9 @@ static void layout(ctrl_model *m) {
 ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                               ctrl_model **out) {
     *out = NULL;
-    if (!attn || !attn->forward || !attn->backward)
-        return ctrl_error_set(CTRL_ERR_RUNTIME,
-                              "model: an attention plugin with forward and backward is needed");
+    /* attn may be NULL for a model that is only initialised or converted; forward needs one. */
+    if (attn && (!attn->forward || !attn->backward))
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: the attention plugin lacks forward or backward");
     ctrl_model *m = calloc(1, sizeof *m);
     if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;
@@ -232,6 +232,8 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
 
 ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy) {
     const ctrl_model_config *c = &m->cfg;
+    if (!m->attn)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
     ctrl_status st = check_batch(m, b);
     if (st != CTRL_OK) return st;
     int max_pos = 0;

@@ -52,7 +52,7 @@ contains "--log-level 'loud'" "bad log level named"
 expect 0 "version" -- "$CTRL" version
 contains "plugin ABI" "version prints the ABI"
 expect 0 "--version" -- "$CTRL" --version
-for cmd in train plugins config version; do
+for cmd in train plugins config model tokenize version; do
   expect 0 "$cmd --help" -- "$CTRL" "$cmd" --help
   contains "usage: ctrl $cmd" "$cmd --help prints its usage"
 done
@@ -113,6 +113,30 @@ else
   fail=$((fail + 1))
   echo "FAIL train writes output_dir/config.ini"
 fi
+
+# model init / info / logprobs and tokenize, on the committed tiny tokenizer.
+TOKDIR="$SRC/tests/fixtures/tokenizer/tiny_bpe"
+expect 0 "model init" -- "${C[@]}" model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 \
+  --tokenizer "$TOKDIR" --out "$TMP/m"
+expect 0 "model info" -- "$CTRL" model info "$TMP/m"
+contains "qwen3" "model info names the architecture"
+contains "heads / kv heads  4 / 2" "model info shows the heads"
+printf '{"text": "Hello world"}\n{"input_ids": [5, 6, 7]}\n' >"$TMP/in.jsonl"
+expect 0 "model logprobs" -- "${C[@]}" model logprobs --model "$TMP/m" --input "$TMP/in.jsonl"
+contains '"logprobs":[null,' "model logprobs writes per-token log-probs"
+contains '"input_ids":[5,6,7]' "model logprobs keeps given ids"
+printf '{"text": "Hello world, and more words"}\nnot json\n' >"$TMP/bad.jsonl"
+expect 1 "model logprobs bad line" -- "${C[@]}" model logprobs --model "$TMP/m" --input "$TMP/bad.jsonl"
+contains "bad.jsonl:2" "model logprobs names file:line"
+expect 2 "model init bad arch" -- "$CTRL" model init --arch gpt2 --hidden 8 --layers 1 --heads 1 --tokenizer "$TOKDIR" --out "$TMP/x"
+printf '{"text": "Hello world"}\n' >"$TMP/text.jsonl"
+expect 0 "tokenize" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/text.jsonl" --no-special
+contains '"input_ids":[' "tokenize writes ids"
+expect 1 "tokenize wrong field" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/in.jsonl"
+contains "in.jsonl:2" "tokenize names file:line"
+printf '{"input_ids": [877, 878]}\n' >"$TMP/ids.jsonl"
+expect 0 "tokenize --decode" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/ids.jsonl" --decode
+contains '"text":' "decode writes text"
 
 # config reference is generated from the option tables and the committed copy is current.
 expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"

@@ -1,0 +1,301 @@
+/* ctrl model info DIR | model init ... | model logprobs --model DIR --input FILE.jsonl */
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral"};
+
+static int info(int argc, char **argv) {
+    if (argc != 2) return cli_usage_error(&cli_cmd_model, "model info needs exactly one DIR");
+    ctrl_model_config c;
+    ctrl_status st = ctrl_model_config_load(argv[1], &c);
+    if (st != CTRL_OK) return cli_fail(st);
+    /* Counted from the shapes, without loading the weights. */
+    long long per_layer = (long long)c.hidden_size * c.n_heads * c.head_dim * 2 +
+                          (long long)c.hidden_size * c.n_kv_heads * c.head_dim * 2 +
+                          3LL * c.hidden_size * c.intermediate_size + 2LL * c.hidden_size +
+                          (c.qkv_bias ? (long long)(c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 0) +
+                          (c.qk_norm ? 2LL * c.head_dim : 0);
+    long long total = per_layer * c.n_layers +
+                      (long long)c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
+                      c.hidden_size;
+    printf("architecture      %s (%s)\n", arch_names[c.arch], c.model_type);
+    printf("parameters        %lld (%.2fM)\n", total, total / 1e6);
+    printf("layers            %d\n", c.n_layers);
+    printf("hidden / mlp      %d / %d\n", c.hidden_size, c.intermediate_size);
+    printf("heads / kv heads  %d / %d (head_dim %d)\n", c.n_heads, c.n_kv_heads, c.head_dim);
+    printf("vocabulary        %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
+    printf("context           %d (rope theta %g%s)\n", c.max_position_embeddings, c.rope.theta,
+           c.rope.kind ? ", scaled" : "");
+    if (c.sliding_window) printf("sliding window    %d\n", c.sliding_window);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", argv[1]);
+    struct stat sb;
+    if (stat(path, &sb) == 0)
+        printf("weights           model.safetensors (%.1f MiB)\n", sb.st_size / 1048576.0);
+    return 0;
+}
+
+static ctrl_status copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb");
+    if (!in) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", from, strerror(errno));
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        fclose(in);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", to, strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
+    fclose(in);
+    return fclose(out) == 0 ? CTRL_OK : ctrl_error_set(CTRL_ERR_IO, "%s: write failed", to);
+}
+
+static int init(ctrl_cli *cli, int argc, char **argv) {
+    (void)cli;
+    ctrl_model_config c;
+    memset(&c, 0, sizeof c);
+    const char *arch = NULL, *tok_dir = NULL, *out = NULL;
+    int tie = 0;
+    long seed = 42;
+    c.intermediate_size = 0, c.vocab_size = 0, c.n_kv_heads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--tie-embeddings")) {
+            tie = 1;
+            continue;
+        }
+        if (!v) return cli_usage_error(&cli_cmd_model, "%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--arch"))
+            arch = v;
+        else if (!strcmp(a, "--hidden"))
+            c.hidden_size = atoi(v);
+        else if (!strcmp(a, "--layers"))
+            c.n_layers = atoi(v);
+        else if (!strcmp(a, "--heads"))
+            c.n_heads = atoi(v);
+        else if (!strcmp(a, "--kv-heads"))
+            c.n_kv_heads = atoi(v);
+        else if (!strcmp(a, "--intermediate"))
+            c.intermediate_size = atoi(v);
+        else if (!strcmp(a, "--vocab"))
+            c.vocab_size = atoi(v);
+        else if (!strcmp(a, "--tokenizer"))
+            tok_dir = v;
+        else if (!strcmp(a, "--out"))
+            out = v;
+        else if (!strcmp(a, "--seed"))
+            seed = atol(v);
+        else
+            return cli_usage_error(&cli_cmd_model, "model init: unknown option '%s'", a);
+    }
+    int k = -1;
+    for (int i = 0; arch && i < 4; i++)
+        if (!strcmp(arch, arch_names[i])) k = i;
+    if (k < 0)
+        return cli_usage_error(&cli_cmd_model, "model init: --arch must be llama, qwen2, qwen3 or mistral");
+    if (!out || !tok_dir || c.hidden_size <= 0 || c.n_layers <= 0 || c.n_heads <= 0)
+        return cli_usage_error(&cli_cmd_model,
+                               "model init needs --arch, --hidden, --layers, --heads, --tokenizer, --out");
+    ctrl_tokenizer *tok;
+    ctrl_status st = ctrl_tokenizer_load(tok_dir, &tok);
+    if (st != CTRL_OK) return cli_fail(st);
+    c.arch = (ctrl_arch)k;
+    snprintf(c.model_type, sizeof c.model_type, "%s", arch_names[k]);
+    if (!c.n_kv_heads) c.n_kv_heads = c.n_heads;
+    if (c.n_heads % c.n_kv_heads || c.hidden_size % c.n_heads)
+        return cli_usage_error(&cli_cmd_model,
+                               "model init: --heads must divide --hidden and be a multiple of --kv-heads");
+    c.head_dim = c.hidden_size / c.n_heads;
+    if (!c.intermediate_size) c.intermediate_size = 4 * c.hidden_size;
+    if (!c.vocab_size) c.vocab_size = ctrl_tokenizer_vocab_size(tok);
+    if (c.vocab_size < ctrl_tokenizer_vocab_size(tok))
+        return cli_usage_error(&cli_cmd_model, "model init: --vocab %d is smaller than the tokenizer's %d",
+                               c.vocab_size, ctrl_tokenizer_vocab_size(tok));
+    c.max_position_embeddings = 4096;
+    c.rms_norm_eps = 1e-6f;
+    c.tie_word_embeddings = tie;
+    c.qkv_bias = c.arch == CTRL_ARCH_QWEN2;
+    c.qk_norm = c.arch == CTRL_ARCH_QWEN3;
+    c.rope.kind = CTRL_ROPE_DEFAULT, c.rope.theta = 1000000.0, c.rope.factor = 1,
+    c.rope.partial_rotary_factor = 1;
+    c.bos_token_id = ctrl_tokenizer_bos_id(tok);
+    c.eos_token_id = ctrl_tokenizer_eos_id(tok);
+    ctrl_tokenizer_free(tok);
+    ctrl_model *m;
+    if ((st = ctrl_model_create(&c, NULL, &m)) != CTRL_OK) return cli_fail(st);
+    ctrl_model_init_random(m, (uint64_t)seed, 0.02f);
+    st = ctrl_model_save(m, out, CTRL_F32);
+    for (int i = 0; st == CTRL_OK && i < 2; i++) {
+        static const char *const files[] = {"tokenizer.json", "tokenizer_config.json"};
+        char from[4200], to[4200];
+        snprintf(from, sizeof from, "%s/%s", tok_dir, files[i]);
+        snprintf(to, sizeof to, "%s/%s", out, files[i]);
+        struct stat sb;
+        if (stat(from, &sb) == 0) st = copy_file(from, to);
+    }
+    size_t n;
+    ctrl_model_params(m, &n);
+    ctrl_model_free(m);
+    if (st != CTRL_OK) return cli_fail(st);
+    printf("%s: %s model with %.2fM parameters (seed %ld)\n", out, arch_names[k], n / 1e6, seed);
+    return 0;
+}
+
+/* One JSON line -> token ids: {"input_ids": [...]} as given, {"text": ...} through the tokenizer. */
+static ctrl_status line_ids(const cJSON *o, const ctrl_tokenizer *tok, const char *where, int32_t **ids,
+                            size_t *n) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "input_ids");
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(o, "text");
+    if (cJSON_IsArray(arr)) {
+        *n = (size_t)cJSON_GetArraySize(arr);
+        *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
+        size_t i = 0;
+        for (const cJSON *e = arr->child; e; e = e->next) {
+            if (!cJSON_IsNumber(e)) {
+                free(*ids);
+                return ctrl_error_set(CTRL_ERR_FORMAT, "%s: input_ids must be numbers", where);
+            }
+            (*ids)[i++] = (int32_t)e->valuedouble;
+        }
+        return CTRL_OK;
+    }
+    if (cJSON_IsString(text)) {
+        if (!tok)
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: \"text\" needs a tokenizer in the model directory",
+                                  where);
+        return ctrl_tokenizer_encode(tok, text->valuestring, strlen(text->valuestring), 1, ids, n);
+    }
+    return ctrl_error_set(CTRL_ERR_FORMAT, "%s: expected {\"text\": ...} or {\"input_ids\": [...]}", where);
+}
+
+static int logprobs(ctrl_cli *cli, int argc, char **argv) {
+    const char *model_dir = NULL, *input = NULL, *attention = "flash";
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--model"))
+            model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--input"))
+            input = argv[++i];
+        else if (!strcmp(argv[i], "--attention"))
+            attention = argv[++i];
+        else
+            return cli_usage_error(&cli_cmd_model, "model logprobs: unknown option '%s'", argv[i]);
+    }
+    if (!model_dir || !input)
+        return cli_usage_error(&cli_cmd_model, "model logprobs needs --model DIR and --input FILE");
+    ctrl_registry *reg;
+    ctrl_status st = cli_plugins(cli, &reg);
+    if (st != CTRL_OK) return cli_fail(st);
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
+    if (!e) {
+        char names[512];
+        ctrl_registry_names(reg, CTRL_KIND_ATTENTION, names, sizeof names);
+        ctrl_error_set(CTRL_ERR_USAGE, "--attention %s: no such attention plugin (loaded: %s)", attention,
+                       names);
+        return cli_fail(CTRL_ERR_USAGE);
+    }
+    ctrl_model *m;
+    if ((st = ctrl_model_load(model_dir, e->plugin->ops, &m)) != CTRL_OK) return cli_fail(st);
+    ctrl_tokenizer *tok = NULL;
+    char tok_path[4200];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    struct stat sb;
+    if (stat(tok_path, &sb) == 0 && (st = ctrl_tokenizer_load(model_dir, &tok)) != CTRL_OK) {
+        ctrl_model_free(m);
+        return cli_fail(st);
+    }
+    FILE *f = fopen(input, "r");
+    if (!f) {
+        ctrl_error_set(CTRL_ERR_IO, "%s: %s", input, strerror(errno));
+        ctrl_tokenizer_free(tok), ctrl_model_free(m);
+        return cli_fail(CTRL_ERR_IO);
+    }
+    size_t cap = 1 << 16;
+    char *line = malloc(cap);
+    int lineno = 0;
+    while (st == CTRL_OK && fgets(line, (int)cap, f)) {
+        lineno++;
+        if (line[strspn(line, " \t\r\n")] == '\0') continue;
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%d", input, lineno);
+        cJSON *o = cJSON_Parse(line);
+        if (!cJSON_IsObject(o)) {
+            cJSON_Delete(o);
+            st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object (or longer than %zu bytes)", where,
+                                cap - 1);
+            break;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = line_ids(o, tok, where, &ids, &n);
+        cJSON_Delete(o);
+        if (st != CTRL_OK) break;
+        if (n < 2) {
+            free(ids);
+            st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: needs at least 2 tokens", where);
+            break;
+        }
+        int32_t *pos = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n),
+                cu[2] = {0, (int32_t)n};
+        float *lp = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) pos[i] = (int32_t)i, tg[i] = i + 1 < n ? ids[i + 1] : -100;
+        ctrl_batch b = {
+            .T = (int)n, .B = 1, .tokens = ids, .positions = pos, .cu_seqlens = cu, .targets = tg};
+        st = ctrl_model_forward(m, &b, lp, NULL);
+        if (st == CTRL_OK) {
+            /* logprobs[i] is log p(token i | tokens before it); token 0 has none. */
+            cJSON *out = cJSON_CreateObject(), *ia = cJSON_AddArrayToObject(out, "input_ids");
+            cJSON *la = cJSON_AddArrayToObject(out, "logprobs");
+            double sum = 0;
+            for (size_t i = 0; i < n; i++) {
+                cJSON_AddItemToArray(ia, cJSON_CreateNumber(ids[i]));
+                cJSON_AddItemToArray(la, i == 0 ? cJSON_CreateNull() : cJSON_CreateNumber(lp[i - 1]));
+                if (i) sum += lp[i - 1];
+            }
+            cJSON_AddNumberToObject(out, "loss", -sum / (double)(n - 1));
+            char *text = cJSON_PrintUnformatted(out);
+            puts(text);
+            cJSON_free(text);
+            cJSON_Delete(out);
+        }
+        free(ids), free(pos), free(tg), free(lp);
+    }
+    free(line);
+    fclose(f);
+    ctrl_tokenizer_free(tok);
+    ctrl_model_free(m);
+    return st == CTRL_OK ? 0 : cli_fail(st);
+}
+
+static int run_model(ctrl_cli *cli, int argc, char **argv) {
+    if (argc < 2) return cli_usage_error(&cli_cmd_model, "expected info, init or logprobs");
+    if (!strcmp(argv[1], "info")) return info(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "init")) return init(cli, argc - 1, argv + 1);
+    if (!strcmp(argv[1], "logprobs")) return logprobs(cli, argc - 1, argv + 1);
+    return cli_usage_error(&cli_cmd_model, "unknown subcommand '%s' (info, init, logprobs)", argv[1]);
+}
+
+const ctrl_command cli_cmd_model = {
+    .name = "model",
+    .summary = "inspect, create, or score with a Hugging Face model directory",
+    .usage = "usage: ctrl model info DIR\n"
+             "       ctrl model init --arch llama|qwen2|qwen3|mistral --hidden N --layers N --heads N\n"
+             "                       [--kv-heads N] [--intermediate N] [--vocab N] [--tie-embeddings]\n"
+             "                       [--seed S] --tokenizer DIR --out DIR\n"
+             "       ctrl model logprobs --model DIR --input FILE.jsonl [--attention NAME]\n\n"
+             "info: architecture, parameter count, shapes, vocabulary, context.\n"
+             "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
+             "      directory with the tokenizer's files.\n"
+             "logprobs: each input line {\"text\": ...} or {\"input_ids\": [...]} gives one output line\n"
+             "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout.\n",
+    .run = run_model,
+};

@@ -1,0 +1,40 @@
+/* Random initialisation as transformers' _init_weights does for these models: linear and
+ * embedding weights ~ N(0, initializer_range), biases 0, RMSNorm weights 1. Deterministic in the
+ * seed (splitmix64 + Box-Muller), independent of the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "model/model.h"
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
+    float *p = ctrl_model_params(m, NULL);
+    for (int i = 0; i < ctrl_model_view_count(m); i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        float *x = p + v->offset;
+        const char *name = v->name;
+        size_t len = strlen(name);
+        int is_bias = len > 5 && !strcmp(name + len - 5, ".bias");
+        int is_norm = strstr(name, "norm") != NULL;
+        if (is_norm) {
+            for (int64_t k = 0; k < v->numel; k++) x[k] = 1.0f;
+        } else if (is_bias) {
+            memset(x, 0, sizeof(float) * (size_t)v->numel);
+        } else {
+            uint64_t s = seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)); /* one stream per tensor */
+            for (int64_t k = 0; k < v->numel; k += 2) {
+                double u1 = uniform01(&s), u2 = uniform01(&s), r = sqrt(-2.0 * log(u1));
+                x[k] = (float)(std * r * cos(2 * M_PI * u2));
+                if (k + 1 < v->numel) x[k + 1] = (float)(std * r * sin(2 * M_PI * u2));
+            }
+        }
+    }
+}
