@@ -250,7 +250,7 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
         for (size_t i = 0; i < n; i++) pos[i] = (int32_t)i, tg[i] = i + 1 < n ? ids[i + 1] : -100;
         ctrl_batch b = {
             .T = (int)n, .B = 1, .tokens = ids, .positions = pos, .cu_seqlens = cu, .targets = tg};
-        st = ctrl_model_forward(m, &b, lp, NULL);
+        st = ctrl_model_forward(m, &b, lp, NULL, NULL);
         if (st == CTRL_OK) {
             /* logprobs[i] is log p(token i | tokens before it); token 0 has none. */
             cJSON *out = cJSON_CreateObject(), *ia = cJSON_AddArrayToObject(out, "input_ids");

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "config_load.h"
+#include "train/train.h"
 
 /* mkdir -p */
 static ctrl_status make_dirs(const char *path) {
@@ -39,16 +40,12 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
         st = ctrl_config_write_effective(cfg, path);
     }
     if (st == CTRL_OK) {
-        const char *trainer = ctrl_config_get_string(cfg, "run", "trainer");
         CTRL_INFO("%s: effective config written to %s", ini, path);
-        /* The training loop lands with the SFT issue; until then say so plainly. */
-        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                            "trainer '%s': the training loop is not built yet in this version of ctrl "
-                            "(the config is valid; see 'ctrl config check')",
-                            trainer);
+        ctrl_registry *reg;
+        st = cli_plugins(cli, &reg);
+        if (st == CTRL_OK) st = ctrl_train_run(cfg, reg, cli_interrupted);
     }
     ctrl_config_free(cfg);
-    if (st == CTRL_OK && cli_interrupted()) st = ctrl_error_set(CTRL_ERR_INTERRUPTED, "interrupted");
     return st == CTRL_OK ? 0 : cli_fail(st);
 }
 

@@ -4,5 +4,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-./build/ctrl --plugin-dir build/plugins plugins
-./build/ctrl --plugin-dir build/plugins config check configs/quickstart.ini
+CTRL=(./build/ctrl --plugin-dir build/plugins)
+"${CTRL[@]}" plugins
+"${CTRL[@]}" config check configs/quickstart.ini
+# Data and model the project makes itself: no downloads.
+bash scripts/make_quickstart_data.sh runs/quickstart-data
+"${CTRL[@]}" model init --arch qwen2 --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
+  --tokenizer tests/fixtures/tokenizer/tiny_bpe --out runs/quickstart-model
+"${CTRL[@]}" train configs/quickstart.ini
+echo "metrics: runs/quickstart/metrics.jsonl (first and last lines below); model: runs/quickstart/"
+head -n 1 runs/quickstart/metrics.jsonl
+tail -n 2 runs/quickstart/metrics.jsonl

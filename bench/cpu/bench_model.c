@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     double best = 1e30, total = 0;
     for (int i = -1; i < steps; i++) { /* one warm-up step */
         double t0 = now();
-        if (ctrl_model_forward(m, &batch, logp, NULL) != CTRL_OK ||
+        if (ctrl_model_forward(m, &batch, logp, NULL, NULL) != CTRL_OK ||
             ctrl_model_backward(m, dlogp) != CTRL_OK) {
             fprintf(stderr, "bench: %s\n", ctrl_error_message());
             return 1;

@@ -230,7 +230,7 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
     return CTRL_OK;
 }
 
-ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy) {
+ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy, int32_t *correct) {
     const ctrl_model_config *c = &m->cfg;
     if (!m->attn)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
@@ -296,7 +296,7 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
                          .temperature = 1.0f};
     void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
     if (!ws) return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
-    ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, NULL, ws);
+    ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, correct, ws);
     if (entropy) memcpy(entropy, m->head_ent, sizeof(float) * (size_t)T);
     free(ws);
     return CTRL_OK;

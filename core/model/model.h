@@ -46,9 +46,10 @@ int ctrl_model_view_count(const ctrl_model *m);
 const ctrl_param_view *ctrl_model_view(const ctrl_model *m, int i);
 const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *name);
 
-/* Per-token log-probabilities of batch->targets (0 where target < 0) and, optionally, entropies;
- * keeps what backward needs. */
-ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *logp, float *entropy);
+/* Per-token log-probabilities of batch->targets (0 where target < 0) and, optionally, entropies
+ * and argmax-equals-target flags (mean_token_accuracy); keeps what backward needs. */
+ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *logp, float *entropy,
+                               int32_t *correct);
 /* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward. */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
 void ctrl_model_zero_grad(ctrl_model *m);

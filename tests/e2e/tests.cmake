@@ -2,3 +2,10 @@
 add_test(NAME test_out_of_tree_plugin
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_out_of_tree_plugin.sh ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR})
 set_tests_properties(test_out_of_tree_plugin PROPERTIES LABELS e2e TIMEOUT 300)
+
+# The SFT loop end to end (tests/e2e/test_train.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_train COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_train.sh $<TARGET_FILE:ctrl_cli>
+                                   ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_train PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

@@ -54,7 +54,7 @@ static void check_arch(const char *arch, const ctrl_attention_ops *attn, const c
     double want_loss = cJSON_GetObjectItemCaseSensitive(root, "loss")->valuedouble;
     ctrl_batch b = {
         .T = T, .B = n_cu - 1, .tokens = tokens, .positions = pos, .cu_seqlens = cu, .targets = tg};
-    CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL, NULL), CTRL_OK);
     double loss = 0;
     for (int t = 0; t < T; t++) n_targets += tg[t] >= 0;
     for (int t = 0; t < T; t++) {

@@ -1,0 +1,337 @@
+/* The training loop the core owns (DESIGN §7): steps and epochs, micro-batches and gradient
+ * accumulation with the loss normalised over the trained tokens of the whole accumulated batch,
+ * learning-rate schedule, global-norm clipping, the optimizer plugin, metrics with TRL's names,
+ * evaluation, and saving. The trainer plugin turns log-probabilities into the loss. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ctrl/optimizer.h>
+#include <ctrl/trainer.h>
+
+#include "cpu/cpu_ops.h"
+#include "train/train.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A permutation of 0..n-1, shuffled with a seeded generator (Fisher-Yates). */
+static void shuffled(int *order, int n, uint64_t seed, int shuffle) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    if (!shuffle) return;
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int i = n - 1; i > 0; i--) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((s >> 33) % (uint64_t)(i + 1));
+        int t = order[i];
+        order[i] = order[j], order[j] = t;
+    }
+}
+
+typedef struct eval_result {
+    double loss, accuracy, exact_match;
+} eval_result;
+
+/* Teacher-forced evaluation. Exact match under greedy decoding equals "every trained token is the
+ * argmax given the true prefix" (by induction over the completion), so it needs no generation. */
+static ctrl_status evaluate(ctrl_model *m, const ctrl_dataset *d, int bs, eval_result *r) {
+    double nll = 0;
+    long tokens = 0, correct = 0, exact = 0;
+    int *idx = malloc(sizeof(int) * (size_t)bs);
+    ctrl_status st = CTRL_OK;
+    for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
+        int n = i0 + bs <= d->n ? bs : d->n - i0;
+        for (int k = 0; k < n; k++) idx[k] = i0 + k;
+        ctrl_batch b;
+        ctrl_batch_build(d, idx, n, &b);
+        float *lp = malloc(sizeof(float) * (size_t)b.T);
+        int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
+        st = ctrl_model_forward(m, &b, lp, NULL, ok);
+        for (int k = 0; st == CTRL_OK && k < n; k++) {
+            int all = 1;
+            for (int t = b.cu_seqlens[k]; t < b.cu_seqlens[k + 1]; t++) {
+                if (b.targets[t] < 0) continue;
+                nll -= lp[t], tokens++, correct += ok[t];
+                all &= ok[t];
+            }
+            exact += all;
+        }
+        free(lp), free(ok);
+        ctrl_batch_free(&b);
+    }
+    free(idx);
+    r->loss = tokens ? nll / tokens : 0;
+    r->accuracy = tokens ? (double)correct / tokens : 0;
+    r->exact_match = d->n ? (double)exact / d->n : 0;
+    return st;
+}
+
+static ctrl_status copy_tokenizer_files(const char *from, const char *to) {
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+    for (int i = 0; i < 3; i++) {
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/%s", from, files[i]);
+        snprintf(b, sizeof b, "%s/%s", to, files[i]);
+        FILE *in = fopen(a, "rb");
+        if (!in) continue;
+        FILE *out = fopen(b, "wb");
+        if (!out) {
+            fclose(in);
+            return ctrl_error_set(CTRL_ERR_IO, "%s: %s", b, strerror(errno));
+        }
+        char buf[1 << 16];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
+        fclose(in);
+        if (fclose(out) != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", b);
+    }
+    return CTRL_OK;
+}
+
+typedef struct run_state {
+    const ctrl_config *cfg;
+    ctrl_model *model;
+    ctrl_tokenizer *tok;
+    ctrl_dataset train, eval;
+    const ctrl_trainer_ops *trainer_ops;
+    ctrl_trainer *trainer;
+    const ctrl_optimizer_ops *opt_ops;
+    ctrl_optimizer *opt;
+    ctrl_param_group *groups;
+    int n_groups;
+    FILE *metrics;
+} run_state;
+
+static ctrl_status setup(run_state *r, const ctrl_registry *reg) {
+    const ctrl_config *cfg = r->cfg;
+    const ctrl_host *host = ctrl_host_table();
+    const char *trainer = ctrl_config_get_string(cfg, "run", "trainer");
+    const char *attention = ctrl_config_get_string(cfg, "model", "attention");
+    const char *optimizer = ctrl_config_get_string(cfg, "train", "optimizer");
+    const char *model_path = ctrl_config_get_string(cfg, "model", "path");
+    const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
+    const char *device = ctrl_config_get_string(cfg, "run", "device");
+    if (device && strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[run] device = %s: training runs on the CPU so far (device = cpu)", device);
+    if (!train_file)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [data] train_file is required to train", "config");
+    const ctrl_plugin_entry *te = ctrl_registry_find(reg, CTRL_KIND_TRAINER, trainer);
+    const ctrl_plugin_entry *ae = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
+    const ctrl_plugin_entry *oe = ctrl_registry_find(reg, CTRL_KIND_OPTIMIZER, optimizer);
+    if (!te || !ae || !oe) return ctrl_error_set(CTRL_ERR_PLUGIN, "train: a selected plugin is not loaded");
+    r->trainer_ops = te->plugin->ops;
+    if (!r->trainer_ops->loss)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "trainer '%s' has no token-level loss the core loop can run", trainer);
+    ctrl_status st = r->trainer_ops->create(host, cfg, &r->trainer);
+    if (st == CTRL_OK) st = ctrl_model_load(model_path, ae->plugin->ops, &r->model);
+    if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
+    if (st == CTRL_OK) st = ctrl_dataset_load_sft(train_file, r->tok, cfg, &r->train);
+    const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
+    if (st == CTRL_OK && eval_file) st = ctrl_dataset_load_sft(eval_file, r->tok, cfg, &r->eval);
+    if (st != CTRL_OK) return st;
+    /* One parameter group per tensor: norms and biases get no weight decay (as the HF Trainer). */
+    const double wd = ctrl_config_get_float(cfg, "train", "weight_decay", 0);
+    r->n_groups = ctrl_model_view_count(r->model);
+    r->groups = calloc((size_t)r->n_groups, sizeof *r->groups);
+    float *params = ctrl_model_params(r->model, NULL), *grads = ctrl_model_grads(r->model, NULL);
+    for (int i = 0; i < r->n_groups; i++) {
+        const ctrl_param_view *v = ctrl_model_view(r->model, i);
+        r->groups[i] = (ctrl_param_group){.param = params + v->offset,
+                                          .grad = grads + v->offset,
+                                          .numel = v->numel,
+                                          .weight_decay = v->no_decay ? 0.0f : (float)wd};
+    }
+    r->opt_ops = oe->plugin->ops;
+    return r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+}
+
+static void teardown(run_state *r) {
+    if (r->opt) r->opt_ops->destroy(r->opt);
+    if (r->trainer) r->trainer_ops->destroy(r->trainer);
+    ctrl_dataset_free(&r->train);
+    ctrl_dataset_free(&r->eval);
+    ctrl_tokenizer_free(r->tok);
+    ctrl_model_free(r->model);
+    free(r->groups);
+    if (r->metrics) fclose(r->metrics);
+}
+
+/* One optimizer step over `ga` micro-batches of `bs` examples taken from order[*cursor...]. */
+typedef struct step_stats {
+    double loss, grad_norm, accuracy;
+    long tokens, trained;
+} step_stats;
+
+static ctrl_status train_step(run_state *r, const int *order, long *cursor, int bs, int ga, double lr,
+                              long step, step_stats *out) {
+    ctrl_batch *mb = calloc((size_t)ga, sizeof *mb);
+    long num_items = 0;
+    int *idx = malloc(sizeof(int) * (size_t)bs);
+    for (int g = 0; g < ga; g++) {
+        for (int k = 0; k < bs; k++) idx[k] = order[(*cursor)++ % r->train.n];
+        num_items += ctrl_batch_build(&r->train, idx, bs, &mb[g]);
+    }
+    free(idx);
+    ctrl_model_zero_grad(r->model);
+    ctrl_status st = CTRL_OK;
+    memset(out, 0, sizeof *out);
+    long correct = 0;
+    for (int g = 0; g < ga && st == CTRL_OK; g++) {
+        const int T = mb[g].T;
+        float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
+        float *dlp = malloc(sizeof(float) * (size_t)T);
+        int32_t *ok = malloc(sizeof(int32_t) * (size_t)T);
+        st = ctrl_model_forward(r->model, &mb[g], lp, NULL, ok);
+        if (st == CTRL_OK) {
+            for (int t = 0; t < T; t++) {
+                w[t] = mb[g].targets[t] >= 0 ? 1.0f : 0.0f;
+                correct += w[t] > 0 && ok[t];
+            }
+            ctrl_trainer_batch tb = {
+                .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
+            double loss;
+            st = r->trainer_ops->loss(r->trainer, &tb, &loss, dlp);
+            if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(r->model, dlp);
+        }
+        out->tokens += T;
+        free(lp), free(w), free(dlp), free(ok);
+    }
+    for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
+    free(mb);
+    if (st != CTRL_OK) return st;
+    out->trained = num_items;
+    out->accuracy = num_items ? (double)correct / num_items : 0;
+    size_t n;
+    float *grads = ctrl_model_grads(r->model, &n);
+    out->grad_norm = sqrt(ctrl_cpu_sum_squares(grads, (int64_t)n));
+    if (!isfinite(out->loss) || !isfinite(out->grad_norm))
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "step %ld: non-finite %s (%g); stopping, nothing of this step is saved",
+                              step + 1, isfinite(out->loss) ? "grad_norm" : "loss",
+                              isfinite(out->loss) ? out->grad_norm : out->loss);
+    /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1. */
+    const double max_norm = ctrl_config_get_float(r->cfg, "train", "max_grad_norm", 1.0);
+    if (max_norm > 0) {
+        double coef = max_norm / (out->grad_norm + 1e-6);
+        if (coef < 1) ctrl_cpu_scale(grads, (float)coef, (int64_t)n);
+    }
+    return r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+}
+
+static void progress(long step, long total, double rate, double eta, double loss) {
+    if (isatty(fileno(stderr))) {
+        int width = 30, done = (int)(width * step / (total ? total : 1));
+        fprintf(stderr, "\r[%.*s%*s] %ld/%ld  %.0f tok/s  ETA %.0fs  loss %.4f ", done,
+                "##############################", width - done, "", step, total, rate, eta, loss);
+        if (step == total) fputc('\n', stderr);
+    }
+}
+
+ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int (*interrupted)(void)) {
+    run_state r = {.cfg = cfg};
+    ctrl_status st = setup(&r, reg);
+    const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
+    if (st == CTRL_OK) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+        if (!(r.metrics = fopen(path, "w")))
+            st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    if (st != CTRL_OK) {
+        teardown(&r);
+        return st;
+    }
+    const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
+    const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
+    const long per_epoch = (r.train.n + (long)bs * ga - 1) / ((long)bs * ga);
+    long total = ctrl_config_get_int(cfg, "train", "max_steps", -1);
+    if (total <= 0)
+        total = (long)ceil(ctrl_config_get_float(cfg, "train", "num_train_epochs", 3) * per_epoch);
+    long warmup = ctrl_config_get_int(cfg, "train", "warmup_steps", 0);
+    if (warmup <= 0) warmup = (long)ceil(ctrl_config_get_float(cfg, "train", "warmup_ratio", 0) * total);
+    const double lr0 = ctrl_config_get_float(cfg, "train", "learning_rate", 2e-5);
+    const double min_lr = ctrl_config_get_float(cfg, "train", "min_lr_rate", 0);
+    const char *sched = ctrl_config_get_string(cfg, "train", "lr_scheduler_type");
+    const long log_every = ctrl_config_get_int(cfg, "train", "logging_steps", 10);
+    const uint64_t seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
+    const int shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true);
+    size_t n_params;
+    ctrl_model_params(r.model, &n_params);
+    CTRL_INFO(
+        "training: %d examples (%ld dropped without a trained token, %ld truncated), %ld steps of %d x %d, "
+        "%zu parameters",
+        r.train.n, r.train.dropped_empty, r.train.truncated, total, bs, ga, n_params);
+    int *order = malloc(sizeof(int) * (size_t)r.train.n);
+    long cursor = 0, epoch_seen = -1, num_tokens = 0;
+    double t_start = now(), win_loss = 0, win_acc = 0, win_norm = 0;
+    int win = 0;
+    for (long step = 0; step < total && st == CTRL_OK; step++) {
+        long epoch = cursor / r.train.n;
+        if (epoch != epoch_seen) {
+            shuffled(order, r.train.n, seed + (uint64_t)epoch, shuffle);
+            epoch_seen = epoch;
+        }
+        const double lr = ctrl_lr_at(sched ? sched : "linear", lr0, step, total, warmup, min_lr);
+        step_stats s;
+        st = train_step(&r, order, &cursor, bs, ga, lr, step, &s);
+        if (st != CTRL_OK) break;
+        num_tokens += s.tokens;
+        win_loss += s.loss, win_acc += s.accuracy, win_norm += s.grad_norm, win++;
+        const double elapsed = now() - t_start, rate = num_tokens / elapsed;
+        progress(step + 1, total, rate, elapsed / (step + 1) * (total - step - 1), s.loss);
+        if ((step + 1) % log_every == 0 || step + 1 == total) {
+            const double ep = (double)cursor / r.train.n;
+            fprintf(r.metrics,
+                    "{\"step\": %ld, \"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, "
+                    "\"mean_token_accuracy\": %.6f, \"num_tokens\": %ld, \"epoch\": %.4f, "
+                    "\"tokens_per_second\": %.1f}\n",
+                    step + 1, win_loss / win, win_norm / win, lr, win_acc / win, num_tokens, ep, rate);
+            fflush(r.metrics);
+            if (!isatty(fileno(stderr)))
+                fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  acc %.3f  %.0f tok/s\n",
+                        step + 1, total, win_loss / win, win_norm / win, lr, win_acc / win, rate);
+            win_loss = win_acc = win_norm = 0, win = 0;
+        }
+        if (interrupted && interrupted()) {
+            st = ctrl_error_set(CTRL_ERR_INTERRUPTED, "interrupted after step %ld; the model is saved",
+                                step + 1);
+            break;
+        }
+    }
+    free(order);
+    if (st == CTRL_OK && r.eval.n) {
+        eval_result e;
+        st = evaluate(r.model, &r.eval, bs, &e);
+        if (st == CTRL_OK) {
+            fprintf(r.metrics,
+                    "{\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f}\n",
+                    e.loss, e.accuracy, e.exact_match);
+            CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples)", e.loss,
+                      e.accuracy, e.exact_match, r.eval.n);
+        }
+    }
+    /* Save on success and on interruption, never after a failed step. */
+    if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+        ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
+        if (s2 == CTRL_OK) s2 = copy_tokenizer_files(ctrl_config_get_string(cfg, "model", "path"), out_dir);
+        if (s2 != CTRL_OK)
+            st = s2;
+        else {
+            CTRL_INFO("model saved to %s", out_dir);
+            if (st != CTRL_OK) ctrl_error_set(st, "%s", msg);
+        }
+    }
+    teardown(&r);
+    return st;
+}

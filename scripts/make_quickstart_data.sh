@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Synthetic SFT data for the quickstart: "a+b=" -> "c" for a, b in 0..49, prompt-completion
+# JSONL, a seeded shuffle, 10% of the pairs held out for evaluation (never seen in training).
+# usage: scripts/make_quickstart_data.sh OUT_DIR [SEED]
+set -euo pipefail
+OUT=${1:?usage: make_quickstart_data.sh OUT_DIR [SEED]}
+SEED=${2:-42}
+mkdir -p "$OUT"
+awk -v seed="$SEED" -v out="$OUT" 'BEGIN {
+  srand(seed); n = 0
+  for (a = 0; a < 50; a++) for (b = 0; b < 50; b++) { key[n] = rand(); A[n] = a; B[n] = b; n++ }
+  # order by the random key (insertion sort on indices is fine for 2500 rows)
+  for (i = 0; i < n; i++) idx[i] = i
+  for (i = 1; i < n; i++) { j = i; while (j > 0 && key[idx[j-1]] > key[idx[j]]) { t = idx[j]; idx[j] = idx[j-1]; idx[j-1] = t; j-- } }
+  held = int(n / 10)
+  for (i = 0; i < n; i++) {
+    k = idx[i]
+    line = sprintf("{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}", A[k], B[k], A[k] + B[k])
+    if (i < held) print line > (out "/eval.jsonl"); else print line > (out "/train.jsonl")
+  }
+}'
+echo "$OUT: $(wc -l < "$OUT/train.jsonl") training rows, $(wc -l < "$OUT/eval.jsonl") held-out rows"
