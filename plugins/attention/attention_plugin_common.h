@@ -10,6 +10,18 @@ static inline int attention_cpu_f32_supported(const ctrl_attention_args *a) {
            a->n_head % a->n_kv_head == 0 && a->cu_seqlens_host != NULL && a->head_dim > 0;
 }
 
+/* The same on a CUDA device (the plugin built with its CUDA sources). */
+static inline int attention_cuda_f32_supported(const ctrl_attention_args *a) {
+#ifdef CTRL_HAVE_CUDA
+    return a->device.type == CTRL_DEVICE_CUDA && a->dtype == CTRL_F32 && a->n_kv_head > 0 && a->n_head > 0 &&
+           a->n_head % a->n_kv_head == 0 && a->cu_seqlens_host != NULL && a->cu_seqlens != NULL &&
+           a->head_dim > 0;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
 /* CTRL_OK, or the error saying why `name` cannot run these arguments (and, for backward, that the
  * saved and gradient buffers are there). */
 static inline ctrl_status attention_check_args(const ctrl_host *host, const char *name,
@@ -17,7 +29,7 @@ static inline ctrl_status attention_check_args(const ctrl_host *host, const char
     if (a->size < sizeof(ctrl_attention_args))
         return host->error_set(CTRL_ERR_RUNTIME, "attention %s: argument struct of size %zu is too old", name,
                                a->size);
-    if (!attention_cpu_f32_supported(a))
+    if (!attention_cpu_f32_supported(a) && !attention_cuda_f32_supported(a))
         return host->error_set(CTRL_ERR_UNSUPPORTED,
                                "attention %s: supports fp32 on the CPU with n_head %% n_kv_head == 0 "
                                "(got %s on %s, %d/%d heads)",

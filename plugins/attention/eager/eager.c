@@ -1,6 +1,5 @@
 /* The `eager` attention plugin: the plain reference (materialised scores), the one every faster
- * backend is checked against. CPU fp32 for now; a CUDA path (batched GEMM) comes with the CUDA
- * backend. */
+ * backend is checked against: fp32 on the CPU, and on CUDA devices when built with CUDA. */
 #include <ctrl/attention.h>
 
 #include "../attention_plugin_common.h"
@@ -17,18 +16,30 @@ static ctrl_status eager_init(const ctrl_host *host) {
 static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
     ctrl_status st = attention_check_args(eager_host, "eager", a, 0);
-    return st != CTRL_OK ? st : eager_cpu_forward(a);
+    if (st != CTRL_OK) return st;
+#ifdef CTRL_HAVE_CUDA
+    if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_forward(a);
+#endif
+    return eager_cpu_forward(a);
 }
 
 static ctrl_status eager_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
     ctrl_status st = attention_check_args(eager_host, "eager", a, 1);
-    return st != CTRL_OK ? st : eager_cpu_backward(a);
+    if (st != CTRL_OK) return st;
+#ifdef CTRL_HAVE_CUDA
+    if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_backward(a);
+#endif
+    return eager_cpu_backward(a);
+}
+
+static int eager_supports(const ctrl_attention_args *a) {
+    return attention_cpu_f32_supported(a) || attention_cuda_f32_supported(a);
 }
 
 static const ctrl_attention_ops eager_ops = {
     .size = sizeof(ctrl_attention_ops),
-    .supports = attention_cpu_f32_supported,
+    .supports = eager_supports,
     .forward = eager_forward,
     .backward = eager_backward,
 };
