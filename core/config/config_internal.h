@@ -19,7 +19,8 @@ typedef struct config_entry {
 /* A section header as it appears in the file. */
 typedef struct config_section_seen {
     char *name;
-    int line;
+    int line;    /* 0 for a section that only --set created */
+    char *where; /* "file:line", or "--set section.key" of the override that created it */
 } config_section_seen;
 
 struct ctrl_config {
@@ -39,16 +40,21 @@ ctrl_status config_read_file(ctrl_config *cfg, const char *path);
 ctrl_status config_put(ctrl_config *cfg, const char *section, const char *key, const char *value,
                        const char *where, int line);
 /* Records a section header (line 0 for one created by --set); duplicates are the caller's check. */
-ctrl_status config_add_section(ctrl_config *cfg, const char *name, int line);
+ctrl_status config_add_section(ctrl_config *cfg, const char *name, const char *where, int line);
 config_entry *config_find(const ctrl_config *cfg, const char *section, const char *key);
 int config_has_section(const ctrl_config *cfg, const char *section);
 
-/* Value parsing shared by validation and the accessors; 0 on success. */
+/* Value parsing shared by validation and the accessors; 0 on success, -1 when the text is not a
+ * number, -2 when it is one but does not fit (int64 overflow, a float beyond double's range). */
 int config_parse_int(const char *s, int64_t *out);
 int config_parse_float(const char *s, double *out);
 int config_parse_bool(const char *s, bool *out);
 /* 1 when `word` is one of the '|'-separated `choices`. */
 int config_choice_ok(const char *choices, const char *word);
+
+/* Checks one entry's value against its option (type, range, choices); CTRL_ERR_CONFIG with a
+ * message naming e->where, the section and the key. */
+ctrl_status config_check_value(const config_entry *e, const ctrl_option *o);
 
 /* The closest of `candidates` to `word` (edit distance ≤ max(2, len/3)), or NULL. */
 const char *config_suggest(const char *word, const char *const *candidates, int n);

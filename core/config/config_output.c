@@ -8,12 +8,21 @@
 
 #include "config/config_internal.h"
 
-static int needs_quotes(const char *v) {
+/* Values are written so that iniparser reads back the same text: quoted when they hold a comment
+ * character, a quote, spaces at either end or a trailing backslash (which would continue the line).
+ * iniparser has no escapes, so a value holding both kinds of quote and needing quotes cannot be
+ * written; 0 then. */
+static int write_value(FILE *f, const char *v) {
     size_t n = strlen(v);
-    return n && (strpbrk(v, ";#\"") || v[0] == ' ' || v[n - 1] == ' ');
+    int quote = n && (strpbrk(v, ";#\"'") || v[0] == ' ' || v[n - 1] == ' ' || v[n - 1] == '\\' ||
+                      v[0] == '\t' || v[n - 1] == '\t');
+    if (!quote) return fputs(v, f), 1;
+    if (!strchr(v, '"')) return fprintf(f, "\"%s\"", v), 1;
+    if (!strchr(v, '\'')) return fprintf(f, "'%s'", v), 1;
+    return 0;
 }
 
-static void write_section(FILE *f, const ctrl_config *cfg, const char *section) {
+static ctrl_status write_section(FILE *f, const ctrl_config *cfg, const char *section) {
     int header = 0;
     for (int i = 0; i < cfg->n; i++) {
         const config_entry *e = &cfg->entries[i];
@@ -22,45 +31,51 @@ static void write_section(FILE *f, const ctrl_config *cfg, const char *section) 
             fprintf(f, "\n[%s]\n", section);
             header = 1;
         }
-        if (needs_quotes(e->value) && !strchr(e->value, '"'))
-            fprintf(f, "%s = \"%s\"", e->key, e->value);
-        else
-            fprintf(f, "%s = %s", e->key, e->value);
+        fprintf(f, "%s = ", e->key);
+        if (!write_value(f, e->value))
+            return ctrl_error_set(
+                CTRL_ERR_CONFIG,
+                "%s: [%s] %s: the value holds both kinds of quote and cannot be written as INI", e->where,
+                section, e->key);
         fprintf(f, "  ; %s\n", e->where);
     }
+    return CTRL_OK;
 }
 
 ctrl_status ctrl_config_write_effective(const ctrl_config *cfg, const char *path) {
+    if (!cfg || !path)
+        return ctrl_error_set(CTRL_ERR_USAGE, "ctrl_config_write_effective: no config or path");
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return ctrl_error_set(CTRL_ERR_IO, "%s: path too long", path);
     FILE *f = fopen(tmp, "w");
-    if (!f) return ctrl_error_set(CTRL_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+    if (!f) return ctrl_error_set(CTRL_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     fprintf(f,
             "; Effective configuration of this run: %s with defaults filled in.\n"
             "; Each value's origin follows it (file:line, --set, or default).\n",
             cfg->path);
-    for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
-        write_section(f, cfg, s->name);
+    ctrl_status st = CTRL_OK;
+    for (const ctrl_config_section *s = ctrl_config_core_sections(); st == CTRL_OK && s->name; s++)
+        st = write_section(f, cfg, s->name);
     /* Then the plugin sections, in the order their first key appears. */
-    for (int i = 0; i < cfg->n; i++) {
+    for (int i = 0; st == CTRL_OK && i < cfg->n; i++) {
         const char *sec = cfg->entries[i].section;
         int core = 0, seen = 0;
         for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
             if (!strcmp(s->name, sec)) core = 1;
         for (int j = 0; j < i; j++)
             if (!strcmp(cfg->entries[j].section, sec)) seen = 1;
-        if (!core && !seen) write_section(f, cfg, sec);
+        if (!core && !seen) st = write_section(f, cfg, sec);
     }
-    int bad = ferror(f) != 0;
-    bad |= fflush(f) != 0;
-    bad |= fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        int err = errno;
-        unlink(tmp);
-        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot write: %s", path, strerror(err));
-    }
-    return CTRL_OK;
+    int err = 0;
+    if (ferror(f)) err = EIO;
+    if (!err && (fflush(f) != 0 || fsync(fileno(f)) != 0)) err = errno;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err && st == CTRL_OK && rename(tmp, path) != 0) err = errno;
+    if (!err && st == CTRL_OK) return CTRL_OK;
+    unlink(tmp);
+    if (st != CTRL_OK) return st;
+    return ctrl_error_set(CTRL_ERR_IO, "%s: cannot write: %s", path, strerror(err));
 }
 
 static const char *type_name(ctrl_option_type t) {

@@ -1,7 +1,15 @@
 /* Reading an INI file. iniparser gives the values; a line scanner that follows the same syntax
  * gives what iniparser does not keep: the line of every section and key, duplicate keys and
  * sections (iniparser silently keeps the last), syntax errors with their line, and lines longer
- * than iniparser's buffer (which it would truncate). */
+ * than iniparser's buffer (which it would truncate).
+ *
+ * The scanner also refuses, each with its line, the constructs where iniparser 4.1 would either
+ * fail without saying where or silently read something else than the user wrote:
+ *   - a line ending in '\' (iniparser joins the next line to it, even to a comment);
+ *   - a comment after a section header ("[run] ; x" is a syntax error to iniparser);
+ *   - a quoted value without its closing quote (iniparser keeps the quote as text) or with text
+ *     after the closing quote (iniparser drops that text);
+ *   - a UTF-8 byte-order mark, and UTF-16 files (iniparser reads the mark as part of the name). */
 #include <ctype.h>
 #include <errno.h>
 #include <iniparser.h>
@@ -31,7 +39,26 @@ static ctrl_status add_section(ctrl_config *cfg, const char *name, int line) {
         if (!strcmp(cfg->sections[i].name, name))
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: [%s]: duplicate section (first at line %d)",
                                   cfg->file_name, line, name, cfg->sections[i].line);
-    return config_add_section(cfg, name, line);
+    char where[512];
+    snprintf(where, sizeof where, "%s:%d", cfg->file_name, line);
+    return config_add_section(cfg, name, where, line);
+}
+
+/* A value that opens with a quote must close it, with only a comment after the closing quote. */
+static ctrl_status check_quotes(const ctrl_config *cfg, int line, const char *section, const char *key,
+                                const char *value) {
+    if (*value != '"' && *value != '\'') return CTRL_OK;
+    const char *close = strchr(value + 1, *value);
+    if (!close)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: [%s] %s: unterminated quote (missing closing %c)",
+                              cfg->file_name, line, section, key, *value);
+    const char *rest = close + 1;
+    while (isspace((unsigned char)*rest)) rest++;
+    if (*rest && *rest != ';' && *rest != '#')
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s:%d: [%s] %s: unexpected text after the closing quote: '%s'", cfg->file_name,
+                              line, section, key, rest);
+    return CTRL_OK;
 }
 
 /* Pass 1: structure and line numbers over the file's bytes. Values are stored provisionally and
@@ -41,6 +68,13 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
     int line = 0;
     int saw_content = 0;
     char *next = text;
+    const unsigned char *u = (const unsigned char *)text;
+    if (size >= 2 && ((u[0] == 0xff && u[1] == 0xfe) || (u[0] == 0xfe && u[1] == 0xff)))
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s:1: the file is UTF-16; save it as UTF-8", cfg->file_name);
+    if (size >= 3 && !memcmp(text, "\xef\xbb\xbf", 3))
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s:1: the file starts with a UTF-8 byte-order mark; save it without one",
+                              cfg->file_name);
     while (next < text + size) {
         char *s = next;
         char *nl = memchr(s, '\n', (size_t)(text + size - s));
@@ -55,6 +89,11 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
                                   line, INI_MAX_LINE);
         s[len] = '\0';
         s = trim(s);
+        if (*s && s[strlen(s) - 1] == '\\')
+            return ctrl_error_set(CTRL_ERR_CONFIG,
+                                  "%s:%d: line ends with '\\', which would join the next line to it; "
+                                  "remove the backslash or quote the value",
+                                  cfg->file_name, line);
         if (!*s || *s == ';' || *s == '#') continue;
         saw_content = 1;
         if (*s == '[') {
@@ -63,7 +102,11 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
                 return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: section header without closing ']'",
                                       cfg->file_name, line);
             char *rest = trim(end + 1);
-            if (*rest && *rest != ';' && *rest != '#')
+            if (*rest == ';' || *rest == '#')
+                return ctrl_error_set(CTRL_ERR_CONFIG,
+                                      "%s:%d: comment after a section header; put it on a line of its own",
+                                      cfg->file_name, line);
+            if (*rest)
                 return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: unexpected text after section header: '%s'",
                                       cfg->file_name, line, rest);
             *end = '\0';
@@ -100,6 +143,8 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
         if (!section[0])
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: %s: key outside any [section]", cfg->file_name,
                                   line, key);
+        ctrl_status qst = check_quotes(cfg, line, section, key, trim(eq + 1));
+        if (qst != CTRL_OK) return qst;
         config_entry *dup = config_find(cfg, section, key);
         if (dup)
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: [%s] %s: duplicate key (first at line %d)",
@@ -127,6 +172,9 @@ ctrl_status config_read_file(ctrl_config *cfg, const char *path) {
         return ctrl_error_set(CTRL_ERR_IO, "%s: cannot read config: %s", path, strerror(errno));
     if (S_ISDIR(sb.st_mode))
         return ctrl_error_set(CTRL_ERR_IO, "%s: is a directory, not a config file", path);
+    /* iniparser opens the file by name after the scanner has read it: a pipe or device would be
+     * read twice, so only regular files are accepted. */
+    if (!S_ISREG(sb.st_mode)) return ctrl_error_set(CTRL_ERR_IO, "%s: not a regular file", path);
     if (sb.st_size > INI_MAX_BYTES)
         return ctrl_error_set(CTRL_ERR_CONFIG, "%s: config file too large (%lld bytes)", path,
                               (long long)sb.st_size);

@@ -34,105 +34,6 @@ static const char *where_of(const ctrl_config *cfg, const config_entry *e) {
     return e ? e->where : cfg->file_name;
 }
 
-/* A word of a '|'-separated list, for did-you-mean among choices. */
-static int split_choices(const char *choices, char buf[][64], const char **out, int cap) {
-    int n = 0;
-    for (const char *p = choices; p && *p && n < cap;) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len >= 64) len = 63;
-        memcpy(buf[n], p, len);
-        buf[n][len] = '\0';
-        out[n] = buf[n];
-        n++;
-        p = bar ? bar + 1 : NULL;
-    }
-    return n;
-}
-
-static void choices_text(const char *choices, char *out, size_t cap) {
-    snprintf(out, cap, "%s", choices);
-    for (char *c = out; *c; c++)
-        if (*c == '|') *c = ',';
-}
-
-static ctrl_status bad_choice(const config_entry *e, const char *word, const char *choices) {
-    char buf[64][64];
-    const char *names[64];
-    int n = split_choices(choices, buf, names, 64);
-    const char *s = config_suggest(word, names, n);
-    char list[1024];
-    choices_text(choices, list, sizeof list);
-    char hint[160] = "";
-    if (s) snprintf(hint, sizeof hint, " (did you mean '%s'?)", s);
-    return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s = '%s': expected one of %s%s", e->where, e->section,
-                          e->key, word, list, hint);
-}
-
-static ctrl_status check_range(const config_entry *e, const ctrl_option *o, double v) {
-    int lo_bad = (o->flags & CTRL_OPT_HAS_MIN) && ((o->flags & CTRL_OPT_MIN_OPEN) ? v <= o->min : v < o->min);
-    int hi_bad = (o->flags & CTRL_OPT_HAS_MAX) && ((o->flags & CTRL_OPT_MAX_OPEN) ? v >= o->max : v > o->max);
-    if (!lo_bad && !hi_bad) return CTRL_OK;
-    char range[128];
-    if ((o->flags & CTRL_OPT_HAS_MIN) && (o->flags & CTRL_OPT_HAS_MAX))
-        snprintf(range, sizeof range, "%s%g, %g%s", (o->flags & CTRL_OPT_MIN_OPEN) ? "(" : "[", o->min,
-                 o->max, (o->flags & CTRL_OPT_MAX_OPEN) ? ")" : "]");
-    else if (o->flags & CTRL_OPT_HAS_MIN)
-        snprintf(range, sizeof range, "%s %g", (o->flags & CTRL_OPT_MIN_OPEN) ? ">" : ">=", o->min);
-    else
-        snprintf(range, sizeof range, "%s %g", (o->flags & CTRL_OPT_MAX_OPEN) ? "<" : "<=", o->max);
-    return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s = %s: out of range (must be %s)", e->where,
-                          e->section, e->key, e->value, range);
-}
-
-static ctrl_status check_value(const config_entry *e, const ctrl_option *o) {
-    const char *v = e->value;
-    switch (o->type) {
-    case CTRL_OPT_INT: {
-        int64_t x;
-        double f;
-        if (config_parse_int(v, &x) != 0) {
-            if (config_parse_float(v, &f) == 0)
-                return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s = %s: expected a whole number", e->where,
-                                      e->section, e->key, v);
-            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s = '%s': expected an integer", e->where,
-                                  e->section, e->key, v);
-        }
-        return check_range(e, o, (double)x);
-    }
-    case CTRL_OPT_FLOAT: {
-        double x;
-        if (config_parse_float(v, &x) != 0)
-            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s = '%s': expected a number", e->where,
-                                  e->section, e->key, v);
-        return check_range(e, o, x);
-    }
-    case CTRL_OPT_BOOL: {
-        bool b;
-        if (config_parse_bool(v, &b) != 0)
-            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s = '%s': expected true or false", e->where,
-                                  e->section, e->key, v);
-        return CTRL_OK;
-    }
-    case CTRL_OPT_CHOICE: return config_choice_ok(o->choices, v) ? CTRL_OK : bad_choice(e, v, o->choices);
-    case CTRL_OPT_LIST: {
-        if (!o->choices) return CTRL_OK;
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s", v);
-        char *save = NULL;
-        for (char *w = strtok_r(buf, ", \t", &save); w; w = strtok_r(NULL, ", \t", &save))
-            if (!config_choice_ok(o->choices, w)) return bad_choice(e, w, o->choices);
-        return CTRL_OK;
-    }
-    case CTRL_OPT_PATH:
-        if (!v[0])
-            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s: empty path", e->where, e->section, e->key);
-        return CTRL_OK;
-    case CTRL_OPT_STRING: return CTRL_OK;
-    }
-    return CTRL_OK;
-}
-
 /* A plugin name given by a key: it must be loaded, with the kind the key selects. */
 static ctrl_status check_plugin_name(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_kind kind,
                                      const char *section, const char *key, const char *name,
@@ -193,30 +94,36 @@ static ctrl_status check_section_keys(const ctrl_config *cfg, const char *sectio
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s: unknown key%s", e->where, section, e->key,
                                   hint);
         }
-        ctrl_status st = check_value(e, o);
+        ctrl_status st = config_check_value(e, o);
         if (st != CTRL_OK) return st;
     }
     return CTRL_OK;
 }
 
-/* Missing required keys are errors; absent keys with defaults are filled in. */
-static ctrl_status require_and_fill(ctrl_config *cfg, const char *section, const ctrl_option *opts) {
+/* Where a section was opened: "file:line", the --set that created it, or the file alone. */
+static const char *section_where(const ctrl_config *cfg, const char *section) {
+    for (int s = 0; s < cfg->n_sections; s++)
+        if (!strcmp(cfg->sections[s].name, section)) return cfg->sections[s].where;
+    return cfg->file_name;
+}
+
+/* Missing required keys are errors; absent keys with defaults are filled in. A default that fails
+ * its own table's checks is the table author's bug, reported as such rather than used. */
+static ctrl_status require_and_fill(ctrl_config *cfg, const char *section, const ctrl_option *opts,
+                                    const char *owner) {
     for (int i = 0; opts && opts[i].key; i++) {
         const ctrl_option *o = &opts[i];
         if (config_find(cfg, section, o->key)) continue;
-        if (o->flags & CTRL_OPT_REQUIRED) {
-            int line = 0;
-            for (int s = 0; s < cfg->n_sections; s++)
-                if (!strcmp(cfg->sections[s].name, section)) line = cfg->sections[s].line;
-            if (line)
-                return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: [%s] %s: required key is missing (%s)",
-                                      cfg->file_name, line, section, o->key, o->doc ? o->doc : "");
+        if (o->flags & CTRL_OPT_REQUIRED)
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s: required key is missing (%s)",
-                                  cfg->file_name, section, o->key, o->doc ? o->doc : "");
-        }
-        if (o->default_value) {
-            ctrl_status st = config_put(cfg, section, o->key, o->default_value, "default", 0);
-            if (st != CTRL_OK) return st;
+                                  section_where(cfg, section), section, o->key, o->doc ? o->doc : "");
+        if (!o->default_value) continue;
+        ctrl_status st = config_put(cfg, section, o->key, o->default_value, "default", 0);
+        if (st != CTRL_OK) return st;
+        if (config_check_value(config_find(cfg, section, o->key), o) != CTRL_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", ctrl_error_message());
+            return ctrl_error_set(CTRL_ERR_PLUGIN, "%s declares an invalid default: %s", owner, why);
         }
     }
     return CTRL_OK;
@@ -228,8 +135,8 @@ static ctrl_status check_device(const ctrl_config *cfg) {
     const char *v = e->value;
     if (!strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "cuda")) return CTRL_OK;
     if (!strncmp(v, "cuda:", 5)) {
-        int64_t idx;
-        if (config_parse_int(v + 5, &idx) == 0 && idx >= 0 && idx < 1024) return CTRL_OK;
+        size_t digits = strspn(v + 5, "0123456789");
+        if (digits >= 1 && digits <= 4 && !v[5 + digits]) return CTRL_OK;
     }
     return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [run] device = '%s': expected auto, cpu, cuda or cuda:N",
                           e->where, v);
@@ -262,85 +169,129 @@ static ctrl_status select_plugins(const ctrl_config *cfg, const ctrl_registry *r
     return CTRL_OK;
 }
 
-/* The table for a non-core section, or an error saying why the section does not belong. */
+/* Every section name that could be valid with the loaded plugins, for did-you-mean: the core's,
+ * each trainer, optimizer and memory strategy by name, and attention.NAME. */
+#define MAX_ATTENTION 64
+typedef struct section_names {
+    const char *names[MAX_NAMES];
+    char attention[MAX_ATTENTION][80];
+    int n;
+} section_names;
+
+static void collect_section_names(const ctrl_registry *reg, section_names *sn) {
+    int n_attention = 0;
+    sn->n = 0;
+    for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
+        sn->names[sn->n++] = s->name;
+    for (int i = 0; i < ctrl_registry_count(reg) && sn->n < MAX_NAMES; i++) {
+        const ctrl_plugin *p = ctrl_registry_at(reg, i)->plugin;
+        if (p->kind == CTRL_KIND_ATTENTION) {
+            if (n_attention == MAX_ATTENTION) continue;
+            snprintf(sn->attention[n_attention], sizeof sn->attention[0], "attention.%s", p->name);
+            sn->names[sn->n++] = sn->attention[n_attention++];
+        } else if (p->kind != CTRL_KIND_REWARD) {
+            sn->names[sn->n++] = p->name;
+        }
+    }
+}
+
+/* "section [dpo] is for trainer 'dpo' but [run] trainer = sft": the user edited a section that the
+ * run does not use, most likely the wrong one. */
+static ctrl_status not_selected(const ctrl_config *cfg, const char *where, const char *section,
+                                ctrl_kind kind, const char *plugin_name) {
+    static const struct {
+        const char *section, *key;
+    } selector[CTRL_KIND_COUNT] = {
+        [CTRL_KIND_ATTENTION] = {"model", "attention"},
+        [CTRL_KIND_OPTIMIZER] = {"train", "optimizer"},
+        [CTRL_KIND_TRAINER] = {"run", "trainer"},
+        [CTRL_KIND_MEMORY] = {"memory", "strategies"},
+    };
+    const char *sel_section = selector[kind].section, *sel_key = selector[kind].key;
+    const char *value = value_or_default(cfg, sel_section, core_table(sel_section), sel_key);
+    if (kind == CTRL_KIND_MEMORY)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [%s]: section is for memory strategy '%s' but [memory] strategies = %s "
+                              "does not list it",
+                              where, section, plugin_name, value && value[0] ? value : "(empty)");
+    return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s]: section is for %s '%s' but [%s] %s = %s", where,
+                          section, ctrl_kind_name(kind), plugin_name, sel_section, sel_key,
+                          value ? value : "(none)");
+}
+
+/* The plugin whose options a non-core, non-reward section holds, or an error saying why the
+ * section does not belong. */
 static ctrl_status plugin_section(const ctrl_config *cfg, const ctrl_registry *reg, const selection *sel,
                                   const config_section_seen *sec, const ctrl_plugin **out) {
     const char *name = sec->name;
-    char where[600];
-    if (sec->line)
-        snprintf(where, sizeof where, "%s:%d", cfg->file_name, sec->line);
-    else
-        snprintf(where, sizeof where, "--set");
     *out = NULL;
     if (!strncmp(name, "attention.", 10)) {
         const char *a = name + 10;
-        if (sel->attention && !strcmp(a, sel->attention->name)) {
+        if (!strcmp(a, sel->attention->name)) {
             *out = sel->attention;
             return CTRL_OK;
         }
         if (ctrl_registry_find(reg, CTRL_KIND_ATTENTION, a))
-            return ctrl_error_set(CTRL_ERR_CONFIG,
-                                  "%s: [%s]: section is for attention '%s' but [model] attention = %s", where,
-                                  name, a, sel->attention ? sel->attention->name : "?");
+            return not_selected(cfg, sec->where, name, CTRL_KIND_ATTENTION, a);
     } else {
         if (!strcmp(name, sel->trainer->name)) *out = sel->trainer;
         if (!*out && !strcmp(name, sel->optimizer->name)) *out = sel->optimizer;
         for (int i = 0; !*out && i < sel->n_memory; i++)
             if (!strcmp(name, sel->memory[i]->name)) *out = sel->memory[i];
         if (*out) return CTRL_OK;
-        static const struct {
-            ctrl_kind kind;
-            const char *selector;
-        } selectors[] = {{CTRL_KIND_TRAINER, "[run] trainer"},
-                         {CTRL_KIND_OPTIMIZER, "[train] optimizer"},
-                         {CTRL_KIND_MEMORY, "[memory] strategies"}};
+        static const ctrl_kind kinds[] = {CTRL_KIND_TRAINER, CTRL_KIND_OPTIMIZER, CTRL_KIND_MEMORY};
         for (int k = 0; k < 3; k++)
-            if (ctrl_registry_find(reg, selectors[k].kind, name))
-                return ctrl_error_set(CTRL_ERR_CONFIG,
-                                      "%s: [%s]: section is for %s '%s', which %s does not select", where,
-                                      name, ctrl_kind_name(selectors[k].kind), name, selectors[k].selector);
+            if (ctrl_registry_find(reg, kinds[k], name))
+                return not_selected(cfg, sec->where, name, kinds[k], name);
     }
-    /* Unknown: suggest among every section that would be valid here. */
-    const char *names[MAX_NAMES];
-    char attn[128];
-    int n = 0;
-    for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++) names[n++] = s->name;
-    names[n++] = sel->trainer->name;
-    names[n++] = sel->optimizer->name;
-    for (int i = 0; i < sel->n_memory; i++) names[n++] = sel->memory[i]->name;
-    snprintf(attn, sizeof attn, "attention.%s", sel->attention->name);
-    names[n++] = attn;
-    const char *s = config_suggest(name, names, n);
+    section_names sn;
+    collect_section_names(reg, &sn);
+    const char *s = config_suggest(name, sn.names, sn.n);
     char hint[200];
     if (s)
         snprintf(hint, sizeof hint, " (did you mean [%s]?)", s);
     else
-        snprintf(hint, sizeof hint, " (reward functions go in [reward.NAME] sections)");
-    return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s]: unknown section%s", where, name, hint);
+        snprintf(hint, sizeof hint,
+                 " (no core section or loaded plugin has that name; reward functions go in "
+                 "[reward.NAME] sections)");
+    return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s]: unknown section%s", sec->where, name, hint);
 }
 
+/* [reward.NAME]: plugin = a loaded reward plugin (checked first: it decides which keys are
+ * valid), weight, and that plugin's options. */
 static ctrl_status check_reward_section(ctrl_config *cfg, const ctrl_registry *reg,
                                         const config_section_seen *sec) {
     const char *name = sec->name;
     if (!name[7])
-        return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: [reward.]: the reward needs a name ([reward.NAME])",
-                              cfg->file_name, sec->line);
-    const ctrl_plugin *plugin = NULL;
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [reward.]: the reward needs a name ([reward.NAME])",
+                              sec->where);
     config_entry *pe = config_find(cfg, name, "plugin");
-    if (pe) {
-        ctrl_status st = check_plugin_name(cfg, reg, CTRL_KIND_REWARD, name, "plugin", pe->value, &plugin);
-        if (st != CTRL_OK) return st;
+    if (!pe) {
+        char loaded[1024];
+        ctrl_registry_names(reg, CTRL_KIND_REWARD, loaded, sizeof loaded);
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [%s] plugin: required key is missing (the reward plugin this function "
+                              "runs; loaded: %s)",
+                              sec->where, name, loaded);
     }
-    ctrl_status st = check_section_keys(cfg, name, config_reward_instance_options,
-                                        plugin ? plugin->options : NULL, "reward");
+    const ctrl_plugin *plugin = NULL;
+    ctrl_status st = check_plugin_name(cfg, reg, CTRL_KIND_REWARD, name, "plugin", pe->value, &plugin);
     if (st != CTRL_OK) return st;
-    st = require_and_fill(cfg, name, config_reward_instance_options);
-    if (st != CTRL_OK) return st;
-    return require_and_fill(cfg, name, plugin->options);
+    char owner[128];
+    snprintf(owner, sizeof owner, "reward '%s'", plugin->name);
+    if ((st = check_section_keys(cfg, name, config_reward_instance_options, plugin->options, owner)))
+        return st;
+    if ((st = require_and_fill(cfg, name, config_reward_instance_options, "the core"))) return st;
+    return require_and_fill(cfg, name, plugin->options, owner);
+}
+
+static void owner_text(const ctrl_plugin *p, char *out, size_t cap) {
+    snprintf(out, cap, "%s '%s'", ctrl_kind_name(p->kind), p->name);
 }
 
 ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
     ctrl_status st;
+    char owner[128];
     /* 1. The core sections first: plugin selection depends on their values. */
     for (int i = 0; i < cfg->n_sections; i++) {
         const char *name = cfg->sections[i].name;
@@ -360,13 +311,12 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
         }
         const ctrl_plugin *p = NULL;
         if ((st = plugin_section(cfg, reg, &sel, sec, &p))) return st;
-        char owner[128];
-        snprintf(owner, sizeof owner, "%s '%s'", ctrl_kind_name(p->kind), p->name);
+        owner_text(p, owner, sizeof owner);
         if ((st = check_section_keys(cfg, sec->name, p->options, NULL, owner))) return st;
     }
     /* 3. Required keys and defaults, core and selected plugins. */
     for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
-        if ((st = require_and_fill(cfg, s->name, s->options))) return st;
+        if ((st = require_and_fill(cfg, s->name, s->options, "the core"))) return st;
     if (!config_find(cfg, "run", "output_dir")) {
         /* runs/<config file name without directory and extension> */
         const char *base = strrchr(cfg->path, '/');
@@ -386,9 +336,12 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
             snprintf(section, sizeof section, "attention.%s", selected[i]->name);
         else
             snprintf(section, sizeof section, "%s", selected[i]->name);
-        if ((st = require_and_fill(cfg, section, selected[i]->options))) return st;
+        owner_text(selected[i], owner, sizeof owner);
+        if ((st = require_and_fill(cfg, section, selected[i]->options, owner))) return st;
     }
-    for (int i = 0; i < sel.n_memory; i++)
-        if ((st = require_and_fill(cfg, sel.memory[i]->name, sel.memory[i]->options))) return st;
+    for (int i = 0; i < sel.n_memory; i++) {
+        owner_text(sel.memory[i], owner, sizeof owner);
+        if ((st = require_and_fill(cfg, sel.memory[i]->name, sel.memory[i]->options, owner))) return st;
+    }
     return CTRL_OK;
 }

@@ -8,27 +8,32 @@
 
 #include "config/config_internal.h"
 
+/* strtoll/strtod would skip leading spaces; values are already trimmed, so a space is an error. */
 int config_parse_int(const char *s, int64_t *out) {
-    if (!s || !*s) return -1;
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) return -1;
+    if (end == s || *end) return -1;
+    if (errno == ERANGE) return -2;
     *out = v;
     return 0;
 }
 
 int config_parse_float(const char *s, double *out) {
-    if (!s || !*s) return -1;
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno == ERANGE || end == s || *end || !isfinite(v)) return -1;
+    if (end == s || *end || isnan(v)) return -1;
+    if (isinf(v)) return -2; /* "inf", or beyond double's range */
+    /* ERANGE on underflow (1e-400) is a tiny number read as 0 or a denormal: accept it. */
     *out = v;
     return 0;
 }
 
 int config_parse_bool(const char *s, bool *out) {
+    if (!s) return -1;
     static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no", "off", "0"};
     for (int i = 0; i < 4; i++) {
         if (!strcasecmp(s, yes[i])) {
