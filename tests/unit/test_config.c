@@ -166,3 +166,271 @@ TEST(reference_and_describe) {
     free(buf);
     ctrl_registry_destroy(reg);
 }
+
+/* What the file syntax accepts besides the plain form: CRLF line ends, upper-case names (lower-cased
+ * as iniparser does), both quote kinds, empty quoted values, comments after values. */
+TEST(syntax_variants) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("variants.ini",
+                                 "; comment\r\n"
+                                 "# another\r\n"
+                                 "[RUN]\r\n"
+                                 "Seed = 11 ; inline\r\n"
+                                 "  [ model ]  \r\n"
+                                 "PATH = 'dir with spaces/m' # inline\r\n"
+                                 "[data]\r\n"
+                                 "dataset_text_field = \"\"\r\n"
+                                 "train_file = \"a;b#c.jsonl\"\r\n"
+                                 "eval_file = x=y.jsonl\r\n",
+                                 0);
+    char file[512];
+    snprintf(file, sizeof file, "%s", path);
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(file, NULL, 0, reg, &cfg), CTRL_OK);
+    if (!cfg) {
+        printf("  %s\n", ctrl_error_message());
+        ctrl_registry_destroy(reg);
+        return;
+    }
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "run", "seed", 0), 11);
+    CHECK_STR(ctrl_config_get_string(cfg, "model", "path"), "dir with spaces/m");
+    CHECK_STR(ctrl_config_get_string(cfg, "data", "dataset_text_field"), "");
+    CHECK_STR(ctrl_config_get_string(cfg, "data", "train_file"), "a;b#c.jsonl");
+    CHECK_STR(ctrl_config_get_string(cfg, "data", "eval_file"), "x=y.jsonl");
+    char want[600];
+    snprintf(want, sizeof want, "%s:6", file);
+    CHECK_STR(ctrl_config_where(cfg, "model", "path"), want);
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+}
+
+/* --set: spaces around names and values dropped, names lower-cased, a section created by --set
+ * alone, later overrides of the same key win, and the accessors read the types. */
+TEST(override_forms) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("forms.ini", BASE_INI, 0);
+    const char *sets[] = {
+        " train.learning_rate = 3e-4 ", "Run.Seed=1",      "run.seed=2",       "reward.short.plugin=length",
+        "reward.short.unit=tokens",     "data.packing=ON", "run.device=cuda:3"};
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, sets, 7, reg, &cfg), CTRL_OK);
+    if (!cfg) {
+        printf("  %s\n", ctrl_error_message());
+        ctrl_registry_destroy(reg);
+        return;
+    }
+    CHECK_NEAR(ctrl_config_get_float(cfg, "train", "learning_rate", 0), 3e-4, 1e-18);
+    CHECK_STR(ctrl_config_where(cfg, "train", "learning_rate"), "--set train.learning_rate");
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "run", "seed", 0), 2);
+    CHECK_STR(ctrl_config_get_string(cfg, "reward.short", "unit"), "tokens");
+    CHECK_NEAR(ctrl_config_get_float(cfg, "reward.short", "weight", 0), 1.0, 0); /* default */
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "reward.short", "target_length", 0), 20);
+    CHECK(ctrl_config_get_bool(cfg, "data", "packing", false));
+    CHECK_STR(ctrl_config_get_string(cfg, "run", "device"), "cuda:3");
+    /* Typed reads of a value of another type give the fallback, not garbage. */
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "run", "device", -7), -7);
+    CHECK(ctrl_config_get_bool(cfg, "run", "trainer", true));
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+}
+
+/* Every declared default of the core passes its own checks, and a config of defaults only holds
+ * every core key with "default" as its origin (except what the file set). */
+TEST(core_defaults_complete) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("minimal.ini", "[model]\npath = m\n", 0);
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_OK);
+    if (!cfg) {
+        ctrl_registry_destroy(reg);
+        return;
+    }
+    int n = 0;
+    for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
+        for (const ctrl_option *o = s->options; o->key; o++) {
+            CHECK_MSG(o->doc && o->doc[0], "[%s] %s has no doc string", s->name, o->key);
+            if (!o->default_value) continue;
+            CHECK_MSG(ctrl_config_has(cfg, s->name, o->key), "[%s] %s: default not filled in", s->name,
+                      o->key);
+            if (strcmp(s->name, "model") || strcmp(o->key, "path"))
+                CHECK_STR(ctrl_config_where(cfg, s->name, o->key), "default");
+            n++;
+        }
+    CHECK(n > 50);
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "data", "max_length", 0), 1024);
+    CHECK_NEAR(ctrl_config_get_float(cfg, "train", "learning_rate", 0), 2e-5, 1e-20);
+    CHECK_NEAR(ctrl_config_get_float(cfg, "train", "num_train_epochs", 0), 3, 0);
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "train", "max_steps", 0), -1);
+    CHECK_EQ_INT(ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 0), 8);
+    CHECK(ctrl_config_get_bool(cfg, "data", "padding_free", false));
+    CHECK(!ctrl_config_get_bool(cfg, "peft", "enabled", true));
+    CHECK_STR(ctrl_config_get_string(cfg, "data", "packing_strategy"), "bfd");
+    CHECK_STR(ctrl_config_get_string(cfg, "memory", "strategies"), "");
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+}
+
+static char *read_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = calloc(1, 1 << 16);
+    size_t n = buf ? fread(buf, 1, (1 << 16) - 1, f) : 0;
+    (void)n;
+    fclose(f);
+    return buf;
+}
+
+/* Values that need quoting in INI (comment characters, quotes, a trailing backslash) come back
+ * unchanged; one that INI cannot hold (both quote kinds and a ';') is refused, not mangled, and no
+ * file is left behind. Origins are written as comments. */
+TEST(effective_config_quoting) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("quoting.ini", BASE_INI, 0);
+    char file[512];
+    snprintf(file, sizeof file, "%s", path);
+    const char *sets[] = {"data.train_file=a;b#c.jsonl", "data.eval_file=C:\\data\\",
+                          "data.dataset_text_field=it's", "run.output_dir=say \"hi\" there"};
+    ctrl_config *a = NULL, *b = NULL;
+    CHECK_EQ_INT(ctrl_config_load(file, sets, 4, reg, &a), CTRL_OK);
+    if (!a) {
+        ctrl_registry_destroy(reg);
+        return;
+    }
+    char out[600];
+    snprintf(out, sizeof out, "%s.effective.ini", file);
+    CHECK_EQ_INT(ctrl_config_write_effective(a, out), CTRL_OK);
+    char *text = read_all(out);
+    CHECK_CONTAINS(text, "learning_rate = 2e-5  ; default");
+    CHECK_CONTAINS(text, "train_file = \"a;b#c.jsonl\"  ; --set data.train_file");
+    free(text);
+    CHECK_EQ_INT(ctrl_config_load(out, NULL, 0, reg, &b), CTRL_OK);
+    if (b) {
+        for (int i = 0; i < 4; i++) {
+            char sec[64];
+            const char *dot = strchr(sets[i], '.'), *eq = strchr(sets[i], '=');
+            snprintf(sec, sizeof sec, "%.*s", (int)(dot - sets[i]), sets[i]);
+            char key[64];
+            snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+            CHECK_STR(ctrl_config_get_string(b, sec, key), eq + 1);
+        }
+        ctrl_config_free(b);
+    } else {
+        printf("  reload: %s\n", ctrl_error_message());
+    }
+    ctrl_config_free(a);
+    const char *bad[] = {"data.train_file=a'b\"c;d"};
+    CHECK_EQ_INT(ctrl_config_load(file, bad, 1, reg, &a), CTRL_OK);
+    if (a) {
+        char out2[600];
+        snprintf(out2, sizeof out2, "%s.bad.ini", file);
+        CHECK_EQ_INT(ctrl_config_write_effective(a, out2), CTRL_ERR_CONFIG);
+        CHECK_CONTAINS(ctrl_error_message(), "--set data.train_file");
+        CHECK_CONTAINS(ctrl_error_message(), "both kinds of quote");
+        CHECK(access(out2, F_OK) != 0);
+        ctrl_config_free(a);
+    }
+    /* Unwritable destination: an I/O error naming the path. */
+    const char *sets2[] = {"train.max_steps=3"};
+    CHECK_EQ_INT(ctrl_config_load(file, sets2, 1, reg, &a), CTRL_OK);
+    if (a) {
+        CHECK_EQ_INT(ctrl_config_write_effective(a, "/nonexistent-dir/config.ini"), CTRL_ERR_IO);
+        CHECK_CONTAINS(ctrl_error_message(), "/nonexistent-dir/config.ini");
+        ctrl_config_free(a);
+    }
+    ctrl_registry_destroy(reg);
+}
+
+/* Every key of every section of the effective config reads back identically. */
+TEST(effective_config_round_trip_every_key) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("every.ini", good_ini, 0);
+    char file[512];
+    snprintf(file, sizeof file, "%s", path);
+    ctrl_config *a = NULL, *b = NULL;
+    CHECK_EQ_INT(ctrl_config_load(file, NULL, 0, reg, &a), CTRL_OK);
+    if (!a) {
+        ctrl_registry_destroy(reg);
+        return;
+    }
+    char out[600];
+    snprintf(out, sizeof out, "%s.effective.ini", file);
+    CHECK_EQ_INT(ctrl_config_write_effective(a, out), CTRL_OK);
+    CHECK_EQ_INT(ctrl_config_load(out, NULL, 0, reg, &b), CTRL_OK);
+    if (b) {
+        int n = 0;
+        for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
+            for (const ctrl_option *o = s->options; o->key; o++, n++)
+                CHECK_MSG((ctrl_config_get_string(a, s->name, o->key) == NULL) ==
+                                  (ctrl_config_get_string(b, s->name, o->key) == NULL) &&
+                              (!ctrl_config_get_string(a, s->name, o->key) ||
+                               !strcmp(ctrl_config_get_string(a, s->name, o->key),
+                                       ctrl_config_get_string(b, s->name, o->key))),
+                          "[%s] %s differs after the round trip", s->name, o->key);
+        static const char *const plugin_keys[][2] = {
+            {"dpo", "beta"},          {"adamw", "adam_beta1"},  {"attention.eager", NULL},
+            {"reward.len", "plugin"}, {"reward.len", "weight"}, {"reward.len", "target_length"},
+            {"reward.len", "unit"}};
+        for (size_t i = 0; i < sizeof plugin_keys / sizeof plugin_keys[0]; i++) {
+            if (!plugin_keys[i][1]) continue;
+            CHECK_STR(ctrl_config_get_string(b, plugin_keys[i][0], plugin_keys[i][1]),
+                      ctrl_config_get_string(a, plugin_keys[i][0], plugin_keys[i][1]));
+        }
+        CHECK(n > 50);
+        ctrl_config_free(b);
+    }
+    ctrl_config_free(a);
+    ctrl_registry_destroy(reg);
+}
+
+/* The reference is deterministic and lists plugins sorted by kind, then name. */
+TEST(reference_deterministic_and_sorted) {
+    ctrl_registry *reg = test_registry();
+    char *one = NULL, *two = NULL;
+    size_t n1 = 0, n2 = 0;
+    FILE *f = open_memstream(&one, &n1);
+    CHECK_EQ_INT(ctrl_config_reference_write(reg, f), CTRL_OK);
+    fclose(f);
+    f = open_memstream(&two, &n2);
+    CHECK_EQ_INT(ctrl_config_reference_write(reg, f), CTRL_OK);
+    fclose(f);
+    CHECK(n1 == n2 && !memcmp(one, two, n1));
+    const char *adamw = strstr(one, "### optimizer/adamw"), *sgd = strstr(one, "### optimizer/sgd");
+    const char *eager = strstr(one, "### attention/eager"), *flash = strstr(one, "### attention/flash");
+    CHECK(adamw && sgd && adamw < sgd);
+    CHECK(eager && flash && eager < flash);
+    CHECK_CONTAINS(one, "### [reward.NAME]");
+    CHECK_CONTAINS(one, "| `path` | path | (required) |");
+    CHECK_CONTAINS(one, "trace\\|debug"); /* '|' escaped inside table cells */
+    free(one);
+    free(two);
+    ctrl_registry_destroy(reg);
+}
+
+/* `ctrl plugins describe`: one header and one line per key, columns aligned. */
+TEST(option_table_print_aligned) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ctrl_option_table_print(f, t_length_options);
+    fclose(f);
+    CHECK_CONTAINS(buf, "KEY");
+    CHECK_CONTAINS(buf, "DEFAULT");
+    int lines = 0, doc_col = -1, aligned = 1;
+    for (char *line = buf; line && *line; lines++) {
+        char *nl = strchr(line, '\n');
+        const char *type = strstr(line, lines == 0 ? "TYPE" : (lines == 1 ? "int" : "choice"));
+        int col = type ? (int)(type - line) : -2;
+        if (doc_col == -1) doc_col = col;
+        if (col != doc_col) aligned = 0;
+        line = nl ? nl + 1 : NULL;
+    }
+    CHECK_EQ_INT(lines, 3);
+    CHECK(aligned);
+    free(buf);
+    buf = NULL;
+    f = open_memstream(&buf, &len);
+    ctrl_option_table_print(f, NULL); /* a plugin without options: header only, no crash */
+    fclose(f);
+    CHECK_CONTAINS(buf, "KEY");
+    free(buf);
+}

@@ -3,6 +3,8 @@
 #include "config_test_support.h"
 #include "test.h"
 
+#include <sys/stat.h>
+
 typedef struct bad_case {
     const char *name;    /* also the file name: <name>.ini */
     const char *ini;     /* file content (NULL = do not create the file) */
@@ -196,6 +198,161 @@ static const bad_case cases[] = {
      CTRL_ERR_CONFIG,
      {"@:2", "device = 'cuda:x'", "cuda:N"}},
     {"bad_key_chars", BASE_INI "learning rate = 3\n", {0}, CTRL_ERR_CONFIG, {"@:7", "learning rate"}},
+    /* Constructs iniparser would misread or reject without a line: refused with their line. */
+    {"comment_after_section",
+     "[run] ; the run\n[model]\npath = m\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:1", "comment after a section header"}},
+    {"line_continuation",
+     "[model]\npath = m \\\nattention = eager\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:2", "line ends with '\\'"}},
+    {"comment_continuation",
+     "[model]\n; see C:\\\npath = m\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:2", "join the next line"}},
+    {"utf8_bom", "\xef\xbb\xbf[model]\npath = m\n", {0}, CTRL_ERR_CONFIG, {"@:1", "byte-order mark"}},
+    {"utf16", "\xff\xfe[", {0}, CTRL_ERR_CONFIG, {"@:1", "UTF-16"}},
+    {"unterminated_quote",
+     "[model]\npath = \"models/x\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:2", "[model] path", "unterminated quote"}},
+    {"text_after_quote",
+     "[model]\npath = 'models/x' extra\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:2", "[model] path", "after the closing quote", "extra"}},
+    {"int_overflow",
+     BASE_INI "max_steps = 99999999999999999999\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "max_steps", "too large for a 64-bit integer"}},
+    {"float_infinite",
+     BASE_INI "learning_rate = 1e999\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "learning_rate", "not a finite number"}},
+    {"float_nan",
+     BASE_INI "max_grad_norm = nan\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "max_grad_norm", "a number"}},
+    {"empty_float",
+     BASE_INI "learning_rate =\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "learning_rate", "empty value"}},
+    {"device_signed_index",
+     "[run]\ndevice = cuda:+1\n[model]\npath = m\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:2", "device = 'cuda:+1'", "cuda:N"}},
+    {"device_unknown", "[run]\ndevice = gpu\n[model]\npath = m\n", {0}, CTRL_ERR_CONFIG, {"@:2", "'gpu'"}},
+    {"empty_path", "[model]\npath =\n", {0}, CTRL_ERR_CONFIG, {"@:2", "[model] path", "empty path"}},
+    {"empty_trainer",
+     "[run]\ntrainer =\n[model]\npath = m\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:2", "trainer = ''", "loaded: dpo, sft"}},
+    /* Sections of plugins that exist but that the run does not use. */
+    {"unselected_optimizer_section",
+     BASE_INI "[sgd]\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "[sgd]", "optimizer 'sgd'", "but [train] optimizer = adamw"}},
+    {"unselected_memory_section",
+     "[model]\npath = m\n[memory]\nstrategies = checkpointing\n[offload]\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:5", "[offload]", "strategies = checkpointing does not list it"}},
+    {"unselected_trainer_value",
+     BASE_INI "[dpo]\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "[dpo]", "but [run] trainer = sft"}},
+    {"plugin_section_typo",
+     BASE_INI "[dpoo]\nbeta = 0.2\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "[dpoo]", "unknown section", "did you mean [dpo]"}},
+    {"attention_section_typo",
+     "[model]\npath = m\nattention = flash\n[attention.flsh]\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:4", "[attention.flsh]", "did you mean [attention.flash]"}},
+    {"unknown_section_no_match",
+     BASE_INI "[zzzzzzzz]\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "[zzzzzzzz]", "unknown section", "[reward.NAME]"}},
+    /* Reward functions. */
+    {"reward_key_before_plugin",
+     BASE_INI "[reward.len]\ntarget_length = 3\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "[reward.len] plugin", "required key is missing", "loaded: length"}},
+    {"reward_key_typo",
+     BASE_INI "[reward.len]\nplugin = length\ntarget_lenght = 3\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:9", "target_lenght", "did you mean 'target_length'"}},
+    {"reward_bad_weight",
+     BASE_INI "[reward.len]\nplugin = length\nweight = heavy\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:9", "[reward.len] weight", "expected a number"}},
+    /* Overrides. */
+    {"set_reward_without_plugin",
+     BASE_INI,
+     {"reward.x.weight=3"},
+     CTRL_ERR_CONFIG,
+     {"--set reward.x.weight", "[reward.x] plugin", "required key is missing"}},
+    {"set_unselected_section",
+     BASE_INI,
+     {"dpo.beta=0.3"},
+     CTRL_ERR_CONFIG,
+     {"--set dpo.beta", "[dpo]", "but [run] trainer = sft"}},
+    {"set_control_character",
+     BASE_INI,
+     {"train.optimizer=adamw\n[x]"},
+     CTRL_ERR_CONFIG,
+     {"--set train.optimizer", "control character"}},
+    {"set_bad_name",
+     BASE_INI,
+     {"train.learning rate=3"},
+     CTRL_ERR_CONFIG,
+     {"--set train.learning rate=3", "letters, digits"}},
+    {"set_empty_key", BASE_INI, {"train.=3"}, CTRL_ERR_CONFIG, {"--set train.=3", "section.key=value"}},
+    {"set_empty_section", BASE_INI, {".seed=3"}, CTRL_ERR_CONFIG, {"--set .seed=3", "section.key=value"}},
+    {"set_bad_bool",
+     BASE_INI,
+     {"data.packing=maybe"},
+     CTRL_ERR_CONFIG,
+     {"--set data.packing", "true or false"}},
+    {"set_empty_int",
+     BASE_INI,
+     {"train.max_steps="},
+     CTRL_ERR_CONFIG,
+     {"--set train.max_steps", "empty value"}},
+    {"set_bad_choice",
+     BASE_INI,
+     {"train.dtype=bf61"},
+     CTRL_ERR_CONFIG,
+     {"--set train.dtype", "bf16,fp16,fp32", "did you mean 'bf16'"}},
+    {"set_unknown_memory",
+     BASE_INI,
+     {"memory.strategies=checkpointing,zero4"},
+     CTRL_ERR_CONFIG,
+     {"--set memory.strategies", "'zero4'", "no memory plugin", "loaded: checkpointing, offload"}},
+    {"set_later_wins_still_checked",
+     BASE_INI,
+     {"train.learning_rate=1e-4", "train.learning_rate=-1"},
+     CTRL_ERR_CONFIG,
+     {"--set train.learning_rate", "out of range"}},
 };
 
 static void run_case(const bad_case *c, ctrl_registry *reg) {
@@ -263,5 +420,84 @@ TEST(binary_and_long_lines) {
     CHECK_CONTAINS(ctrl_error_message(), "long.ini:2");
     CHECK_CONTAINS(ctrl_error_message(), "longer than");
     free(long_ini);
+    ctrl_registry_destroy(reg);
+}
+
+TEST(not_a_regular_file) {
+    ctrl_registry *reg = test_registry();
+    ctrl_config *cfg = NULL;
+    const char *p = write_ini("placeholder.ini", "x", 0);
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s.fifo", p);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    /* Must not block on the FIFO: refused from its type alone. */
+    CHECK_EQ_INT(ctrl_config_load(fifo, NULL, 0, reg, &cfg), CTRL_ERR_IO);
+    CHECK_CONTAINS(ctrl_error_message(), fifo);
+    CHECK_CONTAINS(ctrl_error_message(), "not a regular file");
+    CHECK(cfg == NULL);
+    unlink(fifo);
+    ctrl_registry_destroy(reg);
+}
+
+TEST(unreadable_file) {
+    if (geteuid() == 0) TEST_SKIP("running as root: permissions do not stop reads");
+    ctrl_registry *reg = test_registry();
+    const char *p = write_ini("secret.ini", BASE_INI, 0);
+    char file[512];
+    snprintf(file, sizeof file, "%s", p);
+    CHECK(chmod(file, 0) == 0);
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(file, NULL, 0, reg, &cfg), CTRL_ERR_IO);
+    CHECK_CONTAINS(ctrl_error_message(), file);
+    CHECK_CONTAINS(ctrl_error_message(), "Permission denied");
+    ctrl_registry_destroy(reg);
+}
+
+TEST(bad_arguments_do_not_crash) {
+    ctrl_registry *reg = test_registry();
+    ctrl_config *cfg = (ctrl_config *)1;
+    CHECK_EQ_INT(ctrl_config_load(NULL, NULL, 0, reg, &cfg), CTRL_ERR_USAGE);
+    CHECK(cfg == NULL);
+    const char *p = write_ini("args.ini", BASE_INI, 0);
+    CHECK_EQ_INT(ctrl_config_load(p, NULL, 0, NULL, &cfg), CTRL_ERR_USAGE);
+    CHECK_EQ_INT(ctrl_config_load(p, NULL, 2, reg, &cfg), CTRL_ERR_USAGE);
+    const char *sets[] = {NULL};
+    CHECK_EQ_INT(ctrl_config_load(p, sets, 1, reg, &cfg), CTRL_ERR_CONFIG);
+    CHECK_EQ_INT(ctrl_config_load(p, NULL, 0, reg, NULL), CTRL_ERR_USAGE);
+    /* Accessors on a NULL config or names fall back instead of crashing. */
+    CHECK(ctrl_config_get_string(NULL, "run", "seed") == NULL);
+    CHECK_EQ_INT(ctrl_config_get_int(NULL, "run", "seed", 5), 5);
+    CHECK(ctrl_config_where(NULL, NULL, NULL) == NULL);
+    ctrl_registry_destroy(reg);
+}
+
+/* A plugin whose declared default fails its own range is refused as a plugin bug, naming it. */
+static const ctrl_option t_bad_default_options[] = {
+    {.key = "momentum",
+     .type = CTRL_OPT_FLOAT,
+     .default_value = "1.5",
+     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX,
+     .min = 0,
+     .max = 1,
+     .doc = "m"},
+    CTRL_OPTION_END,
+};
+T_PLUGIN(t_bad_default, CTRL_KIND_OPTIMIZER, "badopt", t_bad_default_options, &t_optimizer_ops);
+
+TEST(plugin_with_invalid_default) {
+    ctrl_registry *reg = test_registry();
+    static const ctrl_plugin *const extra[] = {&t_bad_default, NULL};
+    CHECK_EQ_INT(ctrl_registry_add_list(reg, extra, "<test-bad>"), CTRL_OK);
+    const char *p = write_ini("baddefault.ini", BASE_INI, 0);
+    const char *sets[] = {"train.optimizer=badopt"};
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(p, sets, 1, reg, &cfg), CTRL_ERR_PLUGIN);
+    CHECK_CONTAINS(ctrl_error_message(), "optimizer 'badopt' declares an invalid default");
+    CHECK_CONTAINS(ctrl_error_message(), "[badopt] momentum = 1.5");
+    CHECK_CONTAINS(ctrl_error_message(), "out of range");
+    /* Set explicitly to a valid value, the bad default is never used. */
+    const char *fixed[] = {"train.optimizer=badopt", "badopt.momentum=0.5"};
+    CHECK_EQ_INT(ctrl_config_load(p, fixed, 2, reg, &cfg), CTRL_OK);
+    ctrl_config_free(cfg);
     ctrl_registry_destroy(reg);
 }
