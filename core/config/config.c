@@ -1,6 +1,6 @@
-/* The run configuration: loading (read, apply --set, validate) and the typed accessors of
- * include/ctrl/config.h. Every declared key has a value after loading (its default) unless it
- * has no default and is absent. */
+/* The run configuration: loading (read the file, apply --set overrides, validate) and the entry
+ * store the other config files share. Every declared key has a value after loading (its default)
+ * unless it has no default and is absent. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,38 +167,4 @@ ctrl_status ctrl_config_load(const char *path, const char *const *overrides, int
     }
     *out = cfg;
     return CTRL_OK;
-}
-
-/* ---- public accessors ---------------------------------------------------------------------- */
-
-const char *ctrl_config_get_string(const ctrl_config *cfg, const char *section, const char *key) {
-    config_entry *e = config_find(cfg, section, key);
-    return e ? e->value : NULL;
-}
-
-int64_t ctrl_config_get_int(const ctrl_config *cfg, const char *section, const char *key, int64_t fallback) {
-    config_entry *e = config_find(cfg, section, key);
-    int64_t v;
-    return (e && e->value[0] && config_parse_int(e->value, &v) == 0) ? v : fallback;
-}
-
-double ctrl_config_get_float(const ctrl_config *cfg, const char *section, const char *key, double fallback) {
-    config_entry *e = config_find(cfg, section, key);
-    double v;
-    return (e && e->value[0] && config_parse_float(e->value, &v) == 0) ? v : fallback;
-}
-
-bool ctrl_config_get_bool(const ctrl_config *cfg, const char *section, const char *key, bool fallback) {
-    config_entry *e = config_find(cfg, section, key);
-    bool v;
-    return (e && config_parse_bool(e->value, &v) == 0) ? v : fallback;
-}
-
-bool ctrl_config_has(const ctrl_config *cfg, const char *section, const char *key) {
-    return config_find(cfg, section, key) != NULL;
-}
-
-const char *ctrl_config_where(const ctrl_config *cfg, const char *section, const char *key) {
-    config_entry *e = config_find(cfg, section, key);
-    return e ? e->where : NULL;
 }

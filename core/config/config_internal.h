@@ -49,6 +49,9 @@ int config_has_section(const ctrl_config *cfg, const char *section);
 int config_parse_int(const char *s, int64_t *out);
 int config_parse_float(const char *s, double *out);
 int config_parse_bool(const char *s, bool *out);
+/* Iterates the items of a list value ("a, b c"): start with *pos at the value; returns 1 with the
+ * next item copied into word, 0 at the end, -1 for an item of cap bytes or more. */
+int config_list_next(const char **pos, char *word, size_t cap);
 /* 1 when `word` is one of the '|'-separated `choices`. */
 int config_choice_ok(const char *choices, const char *word);
 

@@ -8,11 +8,12 @@
 #include "config/config_internal.h"
 
 #define MAX_NAMES 256
+#define MAX_MEMORY 32
 
 /* The plugins a config selects, from its values or the defaults. */
 typedef struct selection {
     const ctrl_plugin *trainer, *optimizer, *attention;
-    const ctrl_plugin *memory[32];
+    const ctrl_plugin *memory[MAX_MEMORY];
     int n_memory;
 } selection;
 
@@ -154,17 +155,22 @@ static ctrl_status select_plugins(const ctrl_config *cfg, const ctrl_registry *r
     if ((st = check_plugin_name(cfg, reg, CTRL_KIND_ATTENTION, "model", "attention", name, &sel->attention)))
         return st;
     const char *list = value_or_default(cfg, "memory", core_table("memory"), "strategies");
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list ? list : "");
-    char *save = NULL;
-    for (char *w = strtok_r(buf, ", \t", &save); w; w = strtok_r(NULL, ", \t", &save)) {
+    const char *where = where_of(cfg, config_find(cfg, "memory", "strategies"));
+    char w[128];
+    int r;
+    for (const char *pos = list ? list : ""; (r = config_list_next(&pos, w, sizeof w)) != 0;) {
+        if (r < 0)
+            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [memory] strategies: a name is too long", where);
         const ctrl_plugin *p = NULL;
         if ((st = check_plugin_name(cfg, reg, CTRL_KIND_MEMORY, "memory", "strategies", w, &p))) return st;
         for (int i = 0; i < sel->n_memory; i++)
             if (sel->memory[i] == p)
-                return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [memory] strategies: '%s' is listed twice",
-                                      where_of(cfg, config_find(cfg, "memory", "strategies")), w);
-        if (sel->n_memory < 32) sel->memory[sel->n_memory++] = p;
+                return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [memory] strategies: '%s' is listed twice", where,
+                                      w);
+        if (sel->n_memory == MAX_MEMORY)
+            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [memory] strategies: more than %d strategies", where,
+                                  MAX_MEMORY);
+        sel->memory[sel->n_memory++] = p;
     }
     return CTRL_OK;
 }

@@ -102,11 +102,14 @@ ctrl_status config_check_value(const config_entry *e, const ctrl_option *o) {
     case CTRL_OPT_CHOICE: return config_choice_ok(o->choices, v) ? CTRL_OK : bad_choice(e, v, o->choices);
     case CTRL_OPT_LIST: {
         if (!o->choices) return CTRL_OK;
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s", v);
-        char *save = NULL;
-        for (char *w = strtok_r(buf, ", \t", &save); w; w = strtok_r(NULL, ", \t", &save))
+        char w[128];
+        int r;
+        for (const char *pos = v; (r = config_list_next(&pos, w, sizeof w)) != 0;) {
+            if (r < 0)
+                return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s: a list item is too long", e->where,
+                                      e->section, e->key);
             if (!config_choice_ok(o->choices, w)) return bad_choice(e, w, o->choices);
+        }
         return CTRL_OK;
     }
     case CTRL_OPT_PATH:

@@ -97,3 +97,19 @@ const char *config_suggest(const char *word, const char *const *candidates, int 
     }
     return best;
 }
+
+int config_list_next(const char **pos, char *word, size_t cap) {
+    const char *p = *pos;
+    while (*p && (*p == ',' || isspace((unsigned char)*p))) p++;
+    if (!*p) {
+        *pos = p;
+        return 0;
+    }
+    size_t n = 0;
+    while (p[n] && p[n] != ',' && !isspace((unsigned char)p[n])) n++;
+    *pos = p + n;
+    if (n >= cap) return -1;
+    memcpy(word, p, n);
+    word[n] = '\0';
+    return 1;
+}

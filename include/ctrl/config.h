@@ -4,6 +4,7 @@
 #define CTRL_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -18,8 +19,19 @@ int64_t ctrl_config_get_int(const ctrl_config *cfg, const char *section, const c
 double ctrl_config_get_float(const ctrl_config *cfg, const char *section, const char *key, double fallback);
 bool ctrl_config_get_bool(const ctrl_config *cfg, const char *section, const char *key, bool fallback);
 bool ctrl_config_has(const ctrl_config *cfg, const char *section, const char *key);
-/* "file:line" where the key was set ("--set" for overrides, "default" for defaults). */
+/* Where the value came from: "file:line", "--set section.key" for an override, "default". */
 const char *ctrl_config_where(const ctrl_config *cfg, const char *section, const char *key);
+
+/* Sections holding at least one value, in the order their first value was set: the file's order,
+ * then --set, then sections filled with defaults only. For finding every [reward.NAME]. */
+int ctrl_config_section_count(const ctrl_config *cfg);
+const char *ctrl_config_section_at(const ctrl_config *cfg, int index); /* NULL when out of range */
+
+/* A list value ("checkpointing, offload"): items separated by commas and/or blanks. */
+int ctrl_config_list_count(const ctrl_config *cfg, const char *section, const char *key);
+/* Copies item `index` into buf and returns buf; NULL when absent or longer than cap - 1. */
+const char *ctrl_config_list_item(const ctrl_config *cfg, const char *section, const char *key, int index,
+                                  char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -434,3 +434,54 @@ TEST(option_table_print_aligned) {
     CHECK_CONTAINS(buf, "KEY");
     free(buf);
 }
+
+/* Enumerating sections (the core finds every [reward.NAME] this way) and reading list values. */
+TEST(sections_and_lists) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("lists.ini",
+                                 "[reward.b]\nplugin = length\n[model]\npath = m\n[memory]\n"
+                                 "strategies = offload,checkpointing\n[reward.a]\nplugin = length\n"
+                                 "[peft]\ntarget_modules = q_proj v_proj,, o_proj\n",
+                                 0);
+    const char *sets[] = {"reward.c.plugin=length"};
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, sets, 1, reg, &cfg), CTRL_OK);
+    if (!cfg) {
+        printf("  %s\n", ctrl_error_message());
+        ctrl_registry_destroy(reg);
+        return;
+    }
+    int n = ctrl_config_section_count(cfg), rewards = 0;
+    const char *order[3] = {0};
+    for (int i = 0; i < n; i++) {
+        const char *s = ctrl_config_section_at(cfg, i);
+        CHECK(s != NULL);
+        if (s && !strncmp(s, "reward.", 7) && rewards < 3) order[rewards++] = s;
+    }
+    CHECK(ctrl_config_section_at(cfg, n) == NULL);
+    CHECK(ctrl_config_section_at(cfg, -1) == NULL);
+    CHECK_EQ_INT(rewards, 3);
+    CHECK_STR(order[0], "reward.b"); /* file order, then --set */
+    CHECK_STR(order[1], "reward.a");
+    CHECK_STR(order[2], "reward.c");
+    CHECK_STR(ctrl_config_section_at(cfg, 1), "model");
+    char buf[32];
+    CHECK_EQ_INT(ctrl_config_list_count(cfg, "memory", "strategies"), 2);
+    CHECK_STR(ctrl_config_list_item(cfg, "memory", "strategies", 0, buf, sizeof buf), "offload");
+    CHECK_STR(ctrl_config_list_item(cfg, "memory", "strategies", 1, buf, sizeof buf), "checkpointing");
+    CHECK(ctrl_config_list_item(cfg, "memory", "strategies", 2, buf, sizeof buf) == NULL);
+    CHECK(ctrl_config_list_item(cfg, "memory", "strategies", 1, buf, 5) == NULL); /* does not fit */
+    CHECK_EQ_INT(ctrl_config_list_count(cfg, "peft", "target_modules"), 3);
+    CHECK_STR(ctrl_config_list_item(cfg, "peft", "target_modules", 2, buf, sizeof buf), "o_proj");
+    CHECK_EQ_INT(ctrl_config_list_count(cfg, "nope", "nothing"), 0);
+    ctrl_config_free(cfg);
+    /* An empty list (the default strategies) has no items. */
+    path = write_ini("nolist.ini", "[model]\npath = m\n", 0);
+    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_OK);
+    if (cfg) {
+        CHECK_EQ_INT(ctrl_config_list_count(cfg, "memory", "strategies"), 0);
+        CHECK(ctrl_config_list_item(cfg, "memory", "strategies", 0, buf, sizeof buf) == NULL);
+        ctrl_config_free(cfg);
+    }
+    ctrl_registry_destroy(reg);
+}

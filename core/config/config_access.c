@@ -1,0 +1,82 @@
+/* The typed read accessors of include/ctrl/config.h over a validated config. Values were checked
+ * against their options when loading, so a typed read of a declared key does not fail; the
+ * fallbacks cover undeclared keys and reads with the wrong type. */
+#include <stdio.h>
+#include <string.h>
+
+#include "config/config_internal.h"
+
+const char *ctrl_config_get_string(const ctrl_config *cfg, const char *section, const char *key) {
+    config_entry *e = config_find(cfg, section, key);
+    return e ? e->value : NULL;
+}
+
+int64_t ctrl_config_get_int(const ctrl_config *cfg, const char *section, const char *key, int64_t fallback) {
+    config_entry *e = config_find(cfg, section, key);
+    int64_t v;
+    return (e && e->value[0] && config_parse_int(e->value, &v) == 0) ? v : fallback;
+}
+
+double ctrl_config_get_float(const ctrl_config *cfg, const char *section, const char *key, double fallback) {
+    config_entry *e = config_find(cfg, section, key);
+    double v;
+    return (e && e->value[0] && config_parse_float(e->value, &v) == 0) ? v : fallback;
+}
+
+bool ctrl_config_get_bool(const ctrl_config *cfg, const char *section, const char *key, bool fallback) {
+    config_entry *e = config_find(cfg, section, key);
+    bool v;
+    return (e && config_parse_bool(e->value, &v) == 0) ? v : fallback;
+}
+
+bool ctrl_config_has(const ctrl_config *cfg, const char *section, const char *key) {
+    return config_find(cfg, section, key) != NULL;
+}
+
+const char *ctrl_config_where(const ctrl_config *cfg, const char *section, const char *key) {
+    config_entry *e = config_find(cfg, section, key);
+    return e ? e->where : NULL;
+}
+
+int ctrl_config_section_count(const ctrl_config *cfg) {
+    if (!cfg) return 0;
+    int n = 0;
+    for (int i = 0; i < cfg->n; i++) {
+        int first = 1;
+        for (int j = 0; j < i && first; j++)
+            if (!strcmp(cfg->entries[j].section, cfg->entries[i].section)) first = 0;
+        n += first;
+    }
+    return n;
+}
+
+const char *ctrl_config_section_at(const ctrl_config *cfg, int index) {
+    if (!cfg || index < 0) return NULL;
+    int n = 0;
+    for (int i = 0; i < cfg->n; i++) {
+        int first = 1;
+        for (int j = 0; j < i && first; j++)
+            if (!strcmp(cfg->entries[j].section, cfg->entries[i].section)) first = 0;
+        if (first && n++ == index) return cfg->entries[i].section;
+    }
+    return NULL;
+}
+
+int ctrl_config_list_count(const ctrl_config *cfg, const char *section, const char *key) {
+    config_entry *e = config_find(cfg, section, key);
+    if (!e) return 0;
+    int n = 0;
+    char word[8];
+    for (const char *pos = e->value; config_list_next(&pos, word, sizeof word) != 0;) n++;
+    return n;
+}
+
+const char *ctrl_config_list_item(const ctrl_config *cfg, const char *section, const char *key, int index,
+                                  char *buf, size_t cap) {
+    config_entry *e = config_find(cfg, section, key);
+    if (!e || index < 0 || !buf || !cap) return NULL;
+    int n = 0, r;
+    for (const char *pos = e->value; (r = config_list_next(&pos, buf, cap)) != 0;)
+        if (n++ == index) return r > 0 ? buf : NULL;
+    return NULL;
+}
