@@ -59,23 +59,27 @@ int config_choice_ok(const char *choices, const char *word) {
     return 0;
 }
 
-/* Damerau-Levenshtein (optimal string alignment) distance, for short names. */
+/* Damerau-Levenshtein (optimal string alignment) distance for short names, ignoring case: values
+ * are case-sensitive, but "SFT" should still suggest 'sft'. */
 static int edit_distance(const char *a, const char *b) {
     int la = (int)strlen(a), lb = (int)strlen(b);
     if (la > 63 || lb > 63) return 99;
     int d[64][64];
+#define SAME(x, y) (tolower((unsigned char)(x)) == tolower((unsigned char)(y)))
     for (int i = 0; i <= la; i++) d[i][0] = i;
     for (int j = 0; j <= lb; j++) d[0][j] = j;
     for (int i = 1; i <= la; i++)
         for (int j = 1; j <= lb; j++) {
-            int cost = a[i - 1] != b[j - 1];
+            int cost = !SAME(a[i - 1], b[j - 1]);
             int v = d[i - 1][j] + 1;
             if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
             if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+            if (i > 1 && j > 1 && SAME(a[i - 1], b[j - 2]) && SAME(a[i - 2], b[j - 1]) &&
+                d[i - 2][j - 2] + 1 < v)
                 v = d[i - 2][j - 2] + 1;
             d[i][j] = v;
         }
+#undef SAME
     return d[la][lb];
 }
 
