@@ -176,7 +176,21 @@ ctrl_status ctrl_config_reference_write(const ctrl_registry *reg, FILE *f) {
             "validates it in full, and `--set section.key=value` overrides any key.\n\n"
             "Plugin options live in their own sections: the trainer's in `[NAME]` (e.g. `[grpo]`), the\n"
             "optimizer's in `[NAME]`, each memory strategy's in `[NAME]`, the attention plugin's in\n"
-            "`[attention.NAME]`, and each reward function in its own `[reward.NAME]` section.\n\n"
+            "`[attention.NAME]`, and each reward function in its own `[reward.NAME]` section. A section\n"
+            "for a plugin the run does not select is an error (it is usually the wrong section).\n\n"
+            "## File syntax\n\n"
+            "- `[section]` headers and `key = value` lines; section and key names are letters, digits, `_`,\n"
+            "  `-` and `.`, read lower-cased. Each section and each key appears once.\n"
+            "- Comments are lines starting with `;` or `#`, or the rest of a value line after `;` or `#`\n"
+            "  (not after a section header). Quote a value that holds `;` or `#`: `\"a;b\"` or `'a;b'`;\n"
+            "  there are no escapes, and nothing but a comment may follow the closing quote.\n"
+            "- One line per setting, at most 1000 characters; a line may not end with `\\` (no continuation\n"
+            "  lines). UTF-8 without a byte-order mark.\n"
+            "- Lists are separated by commas and/or blanks. Booleans are `true|false|yes|no|on|off|1|0`.\n"
+            "- `--set section.key=value`: the section is everything before the last dot, so\n"
+            "  `--set reward.len.weight=2` sets `weight` in `[reward.len]`.\n"
+            "- The run's output directory holds `config.ini`, the effective config: every value in use\n"
+            "  with where it came from (`file:line`, `--set`, or `default`).\n\n"
             "## Core sections\n\n");
     for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++) {
         fprintf(f, "### [%s]\n\n%s\n\n", s->name, s->doc);
