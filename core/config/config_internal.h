@@ -65,6 +65,49 @@ const char *config_suggest(const char *word, const char *const *candidates, int 
 /* The option tables of the core's sections and of the reward-instance header keys. */
 extern const ctrl_option config_reward_instance_options[];
 
+/* Problems found while validating, reported together in one message (one line each, in file
+ * order, --set overrides last). */
+#define CONFIG_MAX_PROBLEMS 12
+typedef struct config_problems {
+    int n; /* found; only the first CONFIG_MAX_PROBLEMS are kept */
+    ctrl_status status;
+    char text[CONFIG_MAX_PROBLEMS][400];
+} config_problems;
+/* Records ctrl_error_message() as one problem of `status`. */
+void config_problem_note(config_problems *p, ctrl_status status);
+/* CTRL_OK when there were none; else the first problem's status with every message joined. */
+ctrl_status config_problems_report(config_problems *p, const char *file_name);
+
+/* The plugins a config selects, from its values or the defaults. */
+#define CONFIG_MAX_MEMORY 32
+typedef struct config_selection {
+    const ctrl_plugin *trainer, *optimizer, *attention;
+    const ctrl_plugin *memory[CONFIG_MAX_MEMORY];
+    int n_memory;
+} config_selection;
+
+/* Helpers of validation shared by validate.c and plugin_sections.c. */
+const ctrl_option *config_core_table(const char *section);
+const ctrl_option *config_find_option(const ctrl_option *opts, const char *key);
+/* The value of a key, else its declared default in `opts`, else NULL. */
+const char *config_value_or_default(const ctrl_config *cfg, const char *section, const ctrl_option *opts,
+                                    const char *key);
+/* A plugin name given by [section] key: it must be loaded, with `kind`. */
+ctrl_status config_check_plugin_name(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_kind kind,
+                                     const char *section, const char *key, const char *name,
+                                     const ctrl_plugin **out);
+/* Checks every key of one section against up to two tables; notes each problem. */
+void config_check_section_keys(const ctrl_config *cfg, const char *section, const ctrl_option *t1,
+                               const ctrl_option *t2, const char *owner, config_problems *pr);
+/* The plugin whose options a section that is neither core nor [reward.*] holds, or an error
+ * saying why the section does not belong (not selected, or unknown with a did-you-mean). */
+ctrl_status config_plugin_section(const ctrl_config *cfg, const ctrl_registry *reg,
+                                  const config_selection *sel, const config_section_seen *sec,
+                                  const ctrl_plugin **out);
+/* [reward.NAME]: its plugin (NULL when the section is wrong; problems noted) and its keys. */
+const ctrl_plugin *config_check_reward_section(const ctrl_config *cfg, const ctrl_registry *reg,
+                                               const config_section_seen *sec, config_problems *pr);
+
 /* Validates every entry and fills defaults; messages name file:line and the key. */
 ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg);
 

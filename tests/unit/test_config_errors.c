@@ -568,3 +568,51 @@ TEST(mutated_configs_never_crash) {
     CHECK(ok > 0 && errors > 0);
     ctrl_registry_destroy(reg);
 }
+
+/* Every problem is reported at once, one line each, in file order (--set last), whatever order
+ * the sections are checked in; past the limit the rest are counted. */
+TEST(all_problems_reported_in_file_order) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("several.ini",
+                                 "[reward.r]\nplugin = length\nunit = words\n" /* line 3 */
+                                 "[model]\npath = m\n"
+                                 "[train]\nlearning_rat = 1e-4\n" /* line 7 */
+                                 "max_steps = many\n"             /* line 8 */
+                                 "[adamw]\nadam_beta1 = 2\n"      /* line 10 */
+                                 "[data]\npacking = perhaps\n",   /* line 12 */
+                                 0);
+    char file[512];
+    snprintf(file, sizeof file, "%s", path);
+    const char *sets[] = {"run.seed=-4"};
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(file, sets, 1, reg, &cfg), CTRL_ERR_CONFIG);
+    CHECK(cfg == NULL);
+    const char *msg = ctrl_error_message();
+    const char *want[] = {":3: [reward.r] unit",     ":7: [train] learning_rat", ":8: [train] max_steps",
+                          ":10: [adamw] adam_beta1", ":12: [data] packing",      "--set run.seed"};
+    const char *prev = msg;
+    for (int i = 0; i < 6; i++) {
+        char w[600];
+        snprintf(w, sizeof w, "%s%s", want[i][0] == ':' ? file : "", want[i]);
+        const char *at = strstr(msg, w);
+        CHECK_MSG(at != NULL, "missing \"%s\" in: %s", w, msg);
+        CHECK_MSG(!at || at >= prev, "\"%s\" out of order in: %s", w, msg);
+        if (at) prev = at;
+    }
+    /* One problem per line. */
+    int lines = 1;
+    for (const char *c = msg; *c; c++) lines += *c == '\n';
+    CHECK_EQ_INT(lines, 6);
+
+    /* Twenty unknown keys: the first ones shown, the rest counted. */
+    char big[2048];
+    int k = snprintf(big, sizeof big, "[model]\npath = m\n[train]\n");
+    for (int i = 0; i < 20; i++) k += snprintf(big + k, sizeof big - (size_t)k, "unknown_%02d = 1\n", i);
+    path = write_ini("many.ini", big, 0);
+    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_ERR_CONFIG);
+    msg = ctrl_error_message();
+    CHECK_CONTAINS(msg, "many.ini:4: [train] unknown_00: unknown key");
+    CHECK_CONTAINS(msg, "more problems)");
+    CHECK(strstr(msg, "unknown_19") == NULL);
+    ctrl_registry_destroy(reg);
+}
