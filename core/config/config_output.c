@@ -116,18 +116,22 @@ static const char *default_text(const ctrl_option *o) {
 }
 
 void ctrl_option_table_print(FILE *out, const ctrl_option *options) {
-    int wk = 3, wd = 7;
+    int wk = 3, wd = 7, wr = 13;
+    char range[512];
     for (int i = 0; options && options[i].key; i++) {
         int k = (int)strlen(options[i].key), d = (int)strlen(default_text(&options[i]));
+        range_text(&options[i], range, sizeof range);
+        int r = (int)strlen(range);
         if (k > wk) wk = k;
         if (d > wd) wd = d;
+        if (r > wr) wr = r;
     }
-    fprintf(out, "  %-*s  %-6s  %-*s  %-16s  %s\n", wk, "KEY", "TYPE", wd, "DEFAULT", "RANGE/CHOICES", "DOC");
+    fprintf(out, "  %-*s  %-6s  %-*s  %-*s  %s\n", wk, "KEY", "TYPE", wd, "DEFAULT", wr, "RANGE/CHOICES",
+            "DOC");
     for (int i = 0; options && options[i].key; i++) {
-        char range[512];
         range_text(&options[i], range, sizeof range);
-        fprintf(out, "  %-*s  %-6s  %-*s  %-16s  %s\n", wk, options[i].key, type_name(options[i].type), wd,
-                default_text(&options[i]), range[0] ? range : "-", options[i].doc ? options[i].doc : "");
+        fprintf(out, "  %-*s  %-6s  %-*s  %-*s  %s\n", wk, options[i].key, type_name(options[i].type), wd,
+                default_text(&options[i]), wr, range[0] ? range : "-", options[i].doc ? options[i].doc : "");
     }
 }
 

@@ -406,22 +406,39 @@ TEST(reference_deterministic_and_sorted) {
     ctrl_registry_destroy(reg);
 }
 
-/* `ctrl plugins describe`: one header and one line per key, columns aligned. */
+/* `ctrl plugins describe`: one header and one line per key, columns aligned even with choices
+ * wider than the header. */
+static const ctrl_option t_wide_options[] = {
+    {.key = "k",
+     .type = CTRL_OPT_INT,
+     .default_value = "1",
+     .flags = CTRL_OPT_HAS_MIN,
+     .min = 0,
+     .doc = "target"},
+    {.key = "mode",
+     .type = CTRL_OPT_CHOICE,
+     .default_value = "alpha",
+     .choices = "alpha|beta|gamma|delta|epsilon|zeta",
+     .doc = "unit"},
+    CTRL_OPTION_END,
+};
+
 TEST(option_table_print_aligned) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    ctrl_option_table_print(f, t_length_options);
+    ctrl_option_table_print(f, t_wide_options);
     fclose(f);
     CHECK_CONTAINS(buf, "KEY");
     CHECK_CONTAINS(buf, "DEFAULT");
     int lines = 0, doc_col = -1, aligned = 1;
     for (char *line = buf; line && *line; lines++) {
         char *nl = strchr(line, '\n');
-        const char *type = strstr(line, lines == 0 ? "TYPE" : (lines == 1 ? "int" : "choice"));
-        int col = type ? (int)(type - line) : -2;
+        /* The doc column: "DOC" in the header, the doc strings ("target", "unit") below. */
+        const char *doc = strstr(line, lines == 0 ? "DOC" : (lines == 1 ? "target\n" : "unit\n"));
+        int col = doc ? (int)(doc - line) : -2;
         if (doc_col == -1) doc_col = col;
-        if (col != doc_col) aligned = 0;
+        if (col != doc_col || col < 0) aligned = 0;
         line = nl ? nl + 1 : NULL;
     }
     CHECK_EQ_INT(lines, 3);
