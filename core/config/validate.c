@@ -49,9 +49,9 @@ ctrl_status config_check_plugin_name(const ctrl_config *cfg, const ctrl_registry
     char hint[160] = "";
     if (s) snprintf(hint, sizeof hint, "did you mean '%s'? ", s);
     config_entry *e = config_find(cfg, section, key);
-    return ctrl_error_set(CTRL_ERR_CONFIG,
-                          "%s: [%s] %s = '%s': no %s plugin of that name is loaded (%sloaded: %s)",
-                          where_of(cfg, e), section, key, name, ctrl_kind_name(kind), hint, loaded);
+    return ctrl_error_set(
+        CTRL_ERR_CONFIG, "%s: [%s] %s = '%s'%s: no %s plugin of that name is loaded (%sloaded: %s)",
+        where_of(cfg, e), section, key, name, e ? "" : " (the default)", ctrl_kind_name(kind), hint, loaded);
 }
 
 static int is_core_section(const char *name) {

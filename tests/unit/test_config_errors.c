@@ -616,3 +616,17 @@ TEST(all_problems_reported_in_file_order) {
     CHECK(strstr(msg, "unknown_19") == NULL);
     ctrl_registry_destroy(reg);
 }
+
+/* A default that names a plugin this installation lacks says so. */
+TEST(default_plugin_missing) {
+    static const ctrl_plugin *const list[] = {&t_sft, &t_adamw, &t_eager, NULL}; /* no flash */
+    ctrl_registry *reg = NULL;
+    CHECK_EQ_INT(ctrl_registry_create(&reg), CTRL_OK);
+    CHECK_EQ_INT(ctrl_registry_add_list(reg, list, "<test-small>"), CTRL_OK);
+    const char *path = write_ini("noflash.ini", "[model]\npath = m\n", 0);
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "[model] attention = 'flash' (the default)");
+    CHECK_CONTAINS(ctrl_error_message(), "loaded: eager");
+    ctrl_registry_destroy(reg);
+}
