@@ -230,7 +230,8 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
     return CTRL_OK;
 }
 
-ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy, int32_t *correct) {
+ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy,
+                               int32_t *correct) {
     const ctrl_model_config *c = &m->cfg;
     if (!m->attn)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");

@@ -1,34 +1,14 @@
 /* config.json → ctrl_model_config, with the defaults transformers applies for each model_type. */
 #include "model/model_config.h"
 
+#include "file_text.h"
+
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-static char *read_file(const char *path, size_t max, ctrl_status *st) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || (size_t)n > max) {
-        fclose(f);
-        *st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: file too large", path);
-        return NULL;
-    }
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    buf[got] = '\0';
-    *st = CTRL_OK;
-    return buf;
-}
 
 static int get_int(const cJSON *o, const char *key, int fallback) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -98,7 +78,7 @@ ctrl_status ctrl_model_config_load(const char *path, ctrl_model_config *out) {
     else
         snprintf(file, sizeof file, "%s", path);
     ctrl_status st;
-    char *text = read_file(file, 1u << 20, &st);
+    char *text = ctrl_read_text_file(file, 1u << 20, &st);
     if (!text) return st;
     cJSON *root = cJSON_Parse(text);
     free(text);

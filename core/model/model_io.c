@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "file_text.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -34,21 +35,12 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
         return ctrl_safetensors_open(path, &s->files[0]);
     }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    if (stat(path, &sb) != 0)
         return ctrl_error_set(CTRL_ERR_IO, "%s: neither model.safetensors nor model.safetensors.index.json",
                               dir);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (len < 0 || len > (64 << 20)) {
-        fclose(f);
-        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: index file too large", path);
-    }
-    char *text = malloc((size_t)len + 1);
-    size_t got = fread(text, 1, (size_t)len, f);
-    fclose(f);
-    text[got] = '\0';
+    ctrl_status rst;
+    char *text = ctrl_read_text_file(path, 64u << 20, &rst);
+    if (!text) return rst;
     cJSON *root = cJSON_Parse(text);
     free(text);
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");

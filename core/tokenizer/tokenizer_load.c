@@ -8,35 +8,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "file_text.h"
 #include "tokenizer/tokenizer_internal.h"
 
 #define MAX_FILE (256u << 20)
-
-static char *slurp(const char *path, ctrl_status *st) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0 || (unsigned long)n > MAX_FILE) {
-        fclose(f);
-        *st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: file too large", path);
-        return NULL;
-    }
-    char *buf = malloc((size_t)n + 1);
-    size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
-    fclose(f);
-    if (!buf) {
-        *st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
-        return NULL;
-    }
-    buf[got] = '\0';
-    *st = CTRL_OK;
-    return buf;
-}
 
 /* GPT-2's byte-to-character map: printable bytes map to themselves, the others to U+0100... */
 static void byte_alphabet(ctrl_tokenizer *t) {
@@ -279,7 +254,7 @@ static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
     struct stat sb;
     if (stat(path, &sb) != 0) return CTRL_OK;
     ctrl_status st;
-    char *text = slurp(path, &st);
+    char *text = ctrl_read_text_file(path, MAX_FILE, &st);
     if (!text) return st;
     cJSON *cfg = cJSON_Parse(text);
     free(text);
@@ -318,7 +293,7 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
             strcpy(dir, ".");
     }
     ctrl_status st;
-    char *text = slurp(file, &st);
+    char *text = ctrl_read_text_file(file, MAX_FILE, &st);
     if (!text) return st;
     cJSON *root = cJSON_Parse(text);
     free(text);

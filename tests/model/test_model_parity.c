@@ -155,6 +155,66 @@ TEST(save_and_reload) {
     }
 }
 
+/* A sharded directory (model.safetensors.index.json + shards) loads the same weights: the llama
+ * fixture split into two shards by the Python library's layout (here: the weights in two files
+ * written by ctrl's writer, and an index mapping each name to its file). */
+TEST(sharded_weights) {
+    const ctrl_plugin *eager = ctrl_plugins_eager()[0];
+    if (eager->init) eager->init(ctrl_host_table());
+    char src[1024], out[] = "/tmp/ctrl-shard-test-XXXXXX", path[1200];
+    snprintf(src, sizeof src, "%s/models/llama", CTRL_FIXTURE_DIR);
+    CHECK(mkdtemp(out) != NULL);
+    ctrl_model *m = NULL, *back = NULL;
+    CHECK_EQ_INT(ctrl_model_load(src, eager->ops, &m), CTRL_OK);
+    if (!m) return;
+    CHECK_EQ_INT(ctrl_model_save(m, out, CTRL_F32), CTRL_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    CHECK(remove(path) == 0);
+    const int n = ctrl_model_view_count(m), half = n / 2;
+    const float *params = ctrl_model_params(m, NULL);
+    ctrl_st_write *w = calloc((size_t)n, sizeof *w);
+    for (int i = 0; i < n; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        w[i] = (ctrl_st_write){.name = v->name,
+                               .data = params + v->offset,
+                               .ndim = v->ndim,
+                               .shape = {v->shape[0], v->shape[1]}};
+    }
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", out);
+    CHECK_EQ_INT(ctrl_safetensors_write(path, w, half, CTRL_F32), CTRL_OK);
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", out);
+    CHECK_EQ_INT(ctrl_safetensors_write(path, w + half, n - half, CTRL_BF16), CTRL_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"metadata\": {}, \"weight_map\": {");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", w[i].name,
+                i < half ? 1 : 2);
+    fprintf(f, "}}");
+    fclose(f);
+    CHECK_MSG(ctrl_model_load(out, eager->ops, &back) == CTRL_OK, "%s", ctrl_error_message());
+    if (back) {
+        const float *p2 = ctrl_model_params(back, NULL);
+        size_t first = ctrl_model_view(m, half)->offset, total;
+        ctrl_model_params(m, &total);
+        CHECK(memcmp(p2, params, first * sizeof(float)) == 0); /* the f32 shard: exact */
+        double e = test_rel_error_f32(p2 + first, params + first, (long)(total - first));
+        CHECK_MSG(e > 0 && e < 4e-3, "bf16 shard: relative error %.3g", e);
+    }
+    /* A shard named in the index but missing is an error naming it. */
+    snprintf(path, sizeof path, "%s/model-00002-of-00002.safetensors", out);
+    CHECK(remove(path) == 0);
+    ctrl_model *none = NULL;
+    CHECK(ctrl_model_load(out, eager->ops, &none) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "model-00002-of-00002.safetensors");
+    free(w);
+    ctrl_model_free(back);
+    ctrl_model_free(m);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", out);
+    CHECK(system(cmd) == 0);
+}
+
 TEST(bad_model_directories) {
     const ctrl_plugin *eager = ctrl_plugins_eager()[0];
     ctrl_model *m = NULL;

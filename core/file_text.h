@@ -1,0 +1,13 @@
+/* Reading a whole (untrusted) text file, bounded in size. */
+#ifndef CTRL_CORE_FILE_TEXT_H
+#define CTRL_CORE_FILE_TEXT_H
+
+#include <stddef.h>
+
+#include <ctrl/status.h>
+
+/* The NUL-terminated contents of `path` (malloc'd), or NULL with *st set: CTRL_ERR_IO when it
+ * cannot be opened, CTRL_ERR_FORMAT when larger than `max` bytes. */
+char *ctrl_read_text_file(const char *path, size_t max, ctrl_status *st);
+
+#endif
