@@ -1,26 +1,16 @@
 /* The sft trainer's loss against transformers' ForCausalLMLoss with num_items_in_batch
  * (tests/reference/make_sft_loss_fixtures.py): three micro-batches of one accumulated batch. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <ctrl/trainer.h>
 
+#include "registry.h"
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_sft(void);
 
-static ctrl_status host_error_set(ctrl_status st, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char buf[512];
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return ctrl_error_set(st, "%s", buf);
-}
-static const ctrl_host test_host = {
-    .size = sizeof(ctrl_host), .abi = CTRL_PLUGIN_ABI, .error_set = host_error_set};
 
 static int read_tagged(FILE *f, const char *tag, float *x, int n) {
     char word[32];
@@ -35,7 +25,7 @@ TEST(loss_matches_transformers_with_accumulation) {
     CHECK(p->kind == CTRL_KIND_TRAINER && !strcmp(p->name, "sft"));
     const ctrl_trainer_ops *ops = p->ops;
     ctrl_trainer *t = NULL;
-    CHECK_EQ_INT(ops->create(&test_host, NULL, &t), CTRL_OK);
+    CHECK_EQ_INT(ops->create(ctrl_host_table(), NULL, &t), CTRL_OK);
 
     char path[1024];
     snprintf(path, sizeof path, "%s/trainer/sft_loss.txt", CTRL_FIXTURE_DIR);
@@ -73,7 +63,7 @@ TEST(loss_matches_transformers_with_accumulation) {
 TEST(empty_accumulated_batch_is_an_error) {
     const ctrl_trainer_ops *ops = ctrl_plugins_sft()[0]->ops;
     ctrl_trainer *t = NULL;
-    CHECK_EQ_INT(ops->create(&test_host, NULL, &t), CTRL_OK);
+    CHECK_EQ_INT(ops->create(ctrl_host_table(), NULL, &t), CTRL_OK);
     float logp[2] = {-1, -2}, w[2] = {0, 0}, d[2];
     ctrl_trainer_batch b = {.size = sizeof b, .T = 2, .logp = logp, .weight = w, .num_items = 0};
     double loss;

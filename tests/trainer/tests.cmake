@@ -3,7 +3,7 @@ add_executable(test_trainer_sft ${CMAKE_SOURCE_DIR}/tests/trainer/test_trainer_s
                ${CMAKE_SOURCE_DIR}/plugins/trainer/sft/sft.c)
 set_source_files_properties(${CMAKE_SOURCE_DIR}/plugins/trainer/sft/sft.c TARGET_DIRECTORY test_trainer_sft
                             PROPERTIES COMPILE_DEFINITIONS CTRL_PLUGIN_STATIC_NAME=sft)
-target_include_directories(test_trainer_sft PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/include)
+target_include_directories(test_trainer_sft PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/core)
 target_compile_definitions(test_trainer_sft PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
 target_link_libraries(test_trainer_sft PRIVATE ctrl m)
 add_test(NAME test_trainer_sft COMMAND test_trainer_sft)
