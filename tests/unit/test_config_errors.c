@@ -437,7 +437,7 @@ TEST(not_a_regular_file) {
     ctrl_registry *reg = test_registry();
     ctrl_config *cfg = NULL;
     const char *p = write_ini("placeholder.ini", "x", 0);
-    char fifo[512];
+    char fifo[600];
     snprintf(fifo, sizeof fifo, "%s.fifo", p);
     CHECK(mkfifo(fifo, 0600) == 0);
     /* Must not block on the FIFO: refused from its type alone. */

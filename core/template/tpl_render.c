@@ -1,0 +1,216 @@
+/* Statement execution and the template API: output with the generation mask, if/for/set/macro,
+ * Jinja's scoping (each loop iteration is a fresh scope over the enclosing one, so a `set` inside
+ * a loop does not outlive the iteration; `namespace` is how templates carry state out). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "template/template.h"
+#include "template/tpl_internal.h"
+
+struct ctrl_template {
+    tpl_arena arena; /* tokens and the syntax tree */
+    tpl_nodes body;
+    char origin[256];
+};
+
+static void emit(tpl_render *r, const char *s, size_t n) {
+    tpl_buf_add(&r->out, s, n);
+    size_t at = r->gen.len;
+    tpl_buf_add(&r->gen, s, n); /* same length; overwritten with the mask bytes */
+    memset(r->gen.data + at, r->in_generation > 0, n);
+}
+
+static int bind_targets(tpl_render *r, tpl_scope *s, const tpl_node *n, tpl_value v) {
+    if (n->n_targets == 1) return tpl_assign(r, s, n->targets[0], v), 0;
+    if (v.kind != V_LIST || v.list->n != n->n_targets)
+        return tpl_fail(r, n->line, "cannot unpack into %d names", n->n_targets);
+    for (int k = 0; k < n->n_targets; k++) tpl_assign(r, s, n->targets[k], v.list->items[k]);
+    return 0;
+}
+
+static void set_key(tpl_render *r, tpl_dict *d, const char *k, tpl_value v) {
+    tpl_dict_set(&r->arena, d, tpl_str(k, strlen(k)), v);
+}
+
+static int exec_for(tpl_render *r, tpl_scope *s, const tpl_node *n) {
+    tpl_value seq;
+    tpl_list *all;
+    if (tpl_eval(r, s, n->a, &seq) || tpl_iterable(r, n->line, seq, &all)) return -1;
+    tpl_list *items = all;
+    if (n->b) { /* {% for x in xs if cond %}: filtered before loop.* is computed */
+        items = tpl_new_list(&r->arena).list;
+        for (int i = 0; i < all->n; i++) {
+            tpl_scope probe = {.parent = s};
+            tpl_value keep;
+            if (bind_targets(r, &probe, n, all->items[i]) || tpl_eval(r, &probe, n->b, &keep)) return -1;
+            if (tpl_truthy(keep)) tpl_list_push(&r->arena, items, all->items[i]);
+        }
+    }
+    const int len = items->n;
+    for (int i = 0; i < len; i++) {
+        tpl_scope it = {.parent = s};
+        tpl_value loop = tpl_new_dict(&r->arena);
+        set_key(r, loop.dict, "index", tpl_int(i + 1));
+        set_key(r, loop.dict, "index0", tpl_int(i));
+        set_key(r, loop.dict, "revindex", tpl_int(len - i));
+        set_key(r, loop.dict, "revindex0", tpl_int(len - i - 1));
+        set_key(r, loop.dict, "first", tpl_bool(i == 0));
+        set_key(r, loop.dict, "last", tpl_bool(i == len - 1));
+        set_key(r, loop.dict, "length", tpl_int(len));
+        set_key(r, loop.dict, "previtem", i > 0 ? items->items[i - 1] : tpl_undef("previtem"));
+        set_key(r, loop.dict, "nextitem", i + 1 < len ? items->items[i + 1] : tpl_undef("nextitem"));
+        tpl_assign(r, &it, "loop", loop);
+        if (bind_targets(r, &it, n, items->items[i]) || tpl_exec(r, &it, &n->body)) return -1;
+        int control = r->control;
+        r->control = 0;
+        if (control == 1) break;
+    }
+    if (len == 0 && n->orelse.n) return tpl_exec(r, s, &n->orelse);
+    return 0;
+}
+
+static int exec_set(tpl_render *r, tpl_scope *s, const tpl_node *n) {
+    tpl_value v;
+    if (n->kind == S_SET_BLOCK) {
+        size_t mark = r->out.len;
+        if (tpl_exec(r, s, &n->body)) return -1;
+        v = tpl_str_copy(&r->arena, r->out.data + mark, r->out.len - mark);
+        r->out.len = r->gen.len = mark;
+        return tpl_assign(r, s, n->targets[0], v), 0;
+    }
+    if (tpl_eval(r, s, n->a, &v)) return -1;
+    if (n->b) {
+        tpl_value ns = tpl_lookup(s, n->b->name, n->b->name_len);
+        if (ns.kind != V_DICT || !ns.dict->is_namespace)
+            return tpl_fail(r, n->line, "cannot assign attribute on '%s' (not a namespace)", n->b->name);
+        tpl_dict_set(&r->arena, ns.dict, tpl_str(n->name, n->name_len), v);
+        return 0;
+    }
+    return bind_targets(r, s, n, v);
+}
+
+int tpl_exec(tpl_render *r, tpl_scope *s, const tpl_nodes *body) {
+    for (int i = 0; i < body->n && !r->control; i++) {
+        const tpl_node *n = body->v[i];
+        tpl_value v;
+        switch (n->kind) {
+        case S_TEXT: emit(r, n->lit.str.s, n->lit.str.len); break;
+        case S_OUTPUT: {
+            if (tpl_eval(r, s, n->a, &v)) return -1;
+            if (v.kind == V_STR) {
+                emit(r, v.str.s, v.str.len);
+            } else {
+                tpl_buf b = {0};
+                tpl_write_str(&b, v);
+                emit(r, b.data, b.len);
+                tpl_buf_free(&b);
+            }
+            break;
+        }
+        case S_IF: {
+            int taken = 0;
+            for (int k = 0; k < n->body.n && !taken; k++) {
+                if (tpl_eval(r, s, n->body.v[k]->a, &v)) return -1;
+                if (tpl_truthy(v)) {
+                    taken = 1;
+                    if (tpl_exec(r, s, &n->body.v[k]->body)) return -1;
+                }
+            }
+            if (!taken && tpl_exec(r, s, &n->orelse)) return -1;
+            break;
+        }
+        case S_FOR:
+            if (exec_for(r, s, n)) return -1;
+            break;
+        case S_SET:
+        case S_SET_BLOCK:
+            if (exec_set(r, s, n)) return -1;
+            break;
+        case S_BREAK: r->control = 1; break;
+        case S_CONTINUE: r->control = 2; break;
+        case S_GENERATION:
+            r->in_generation++;
+            if (tpl_exec(r, s, &n->body)) return -1;
+            r->in_generation--;
+            break;
+        case S_MACRO: tpl_assign(r, s, n->name, (tpl_value){.kind = V_FUNC, .fn = {F_MACRO, n}}); break;
+        default: return tpl_fail(r, n->line, "internal: not a statement");
+        }
+    }
+    return r->failed ? -1 : 0;
+}
+
+/* ---- API ---- */
+
+static tpl_value from_json(tpl_arena *a, const cJSON *j) {
+    if (cJSON_IsNull(j)) return tpl_none();
+    if (cJSON_IsBool(j)) return tpl_bool(cJSON_IsTrue(j));
+    if (cJSON_IsString(j)) return tpl_str_copy(a, j->valuestring, strlen(j->valuestring));
+    if (cJSON_IsNumber(j)) {
+        /* cJSON keeps no int/float distinction: integral values become ints */
+        double d = j->valuedouble;
+        if (d == (double)(int64_t)d && d > -9.2e18 && d < 9.2e18) return tpl_int((int64_t)d);
+        return tpl_float(d);
+    }
+    if (cJSON_IsArray(j)) {
+        tpl_value l = tpl_new_list(a);
+        for (const cJSON *c = j->child; c; c = c->next) tpl_list_push(a, l.list, from_json(a, c));
+        return l;
+    }
+    if (cJSON_IsObject(j)) {
+        tpl_value d = tpl_new_dict(a);
+        for (const cJSON *c = j->child; c; c = c->next)
+            tpl_dict_set(a, d.dict, tpl_str_copy(a, c->string, strlen(c->string)), from_json(a, c));
+        return d;
+    }
+    return tpl_none();
+}
+
+ctrl_status ctrl_template_compile(const char *src, size_t len, const char *origin, ctrl_template **out) {
+    ctrl_template *t = calloc(1, sizeof *t);
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "template: out of memory");
+    snprintf(t->origin, sizeof t->origin, "%s", origin ? origin : "chat template");
+    tpl_token *toks;
+    int n;
+    char err[512];
+    if (tpl_lex(&t->arena, src, len, &toks, &n, err, sizeof err) ||
+        tpl_parse(&t->arena, toks, n, &t->body, err, sizeof err)) {
+        ctrl_template_free(t);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: chat template %s", origin ? origin : "template", err);
+    }
+    *out = t;
+    return CTRL_OK;
+}
+
+void ctrl_template_free(ctrl_template *t) {
+    if (!t) return;
+    tpl_arena_free(&t->arena);
+    free(t);
+}
+
+ctrl_status ctrl_template_render(const ctrl_template *t, const cJSON *vars, char **text, size_t *len,
+                                 uint8_t **generation_mask) {
+    tpl_render r = {0};
+    tpl_scope root = {0};
+    r.root = &root;
+    for (const cJSON *c = vars ? vars->child : NULL; c; c = c->next)
+        tpl_assign(&r, &root, tpl_strdup(&r.arena, c->string, strlen(c->string)), from_json(&r.arena, c));
+    int rc = tpl_exec(&r, &root, &t->body);
+    ctrl_status st = CTRL_OK;
+    if (rc) {
+        st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: %s", t->origin, r.err);
+        tpl_buf_free(&r.out);
+        tpl_buf_free(&r.gen);
+    } else {
+        if (!r.out.data) tpl_buf_add(&r.out, "", 0), tpl_buf_add(&r.gen, "", 0);
+        *text = r.out.data;
+        *len = r.out.len;
+        if (generation_mask)
+            *generation_mask = (uint8_t *)r.gen.data;
+        else
+            tpl_buf_free(&r.gen);
+    }
+    tpl_arena_free(&r.arena);
+    return st;
+}
