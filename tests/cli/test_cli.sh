@@ -137,6 +137,16 @@ contains "in.jsonl:2" "tokenize names file:line"
 printf '{"input_ids": [877, 878]}\n' >"$TMP/ids.jsonl"
 expect 0 "tokenize --decode" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/ids.jsonl" --decode
 contains '"text":' "decode writes text"
+printf '{"messages": [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}]}\n' >"$TMP/chat.jsonl"
+expect 0 "tokenize --chat" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/chat.jsonl" --chat \
+  --assistant-mask --chat-template "$SRC/tests/fixtures/templates/qwen2_5_training.jinja"
+contains '"assistant_masks":[0,' "tokenize --chat writes the assistant mask"
+printf '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}\n' >"$TMP/alt.jsonl"
+expect 1 "tokenize --chat template raises" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/alt.jsonl" \
+  --chat --chat-template "$SRC/tests/fixtures/templates/mistral_v0.3.jinja"
+contains "alt.jsonl:1" "template error names file:line"
+contains "must alternate" "template error carries the template's message"
+expect 2 "tokenize --assistant-mask without --chat" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/chat.jsonl" --assistant-mask
 
 # config reference is generated from the option tables and the committed copy is current.
 expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"

@@ -9,9 +9,9 @@ apply_chat_template), for tests/unit/test_template.c:
 - templates/renders.jsonl: one line per (template, conversation, options): the variables the
   template was given ("vars"), and either the rendered "text" with the byte spans [start, end) that
   generation blocks wrote, or the "error" transformers raised.
-- templates/tokens.jsonl: for the real Qwen3 tokenizer, apply_chat_template(tokenize=True,
-  return_assistant_tokens_mask=True) ids and masks over the qwen3_training template, so the C
-  tokenizer + template + mask mapping are checked end to end (needs ../shared; skipped otherwise).
+- templates/tokens.jsonl: apply_chat_template(tokenize=True, return_assistant_tokens_mask=True) ids
+  and masks for the real Qwen3 tokenizer (needs ../shared; skipped otherwise) and the committed
+  tiny tokenizer, so tokenizer + template + mask mapping are checked end to end.
 Run by hand: python3 tests/reference/make_template_fixtures.py
 """
 import json
@@ -308,19 +308,26 @@ def main():
         for rec in render_snippets():
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
-    tok = AutoTokenizer.from_pretrained(os.path.join(SHARED, "qwen3"))
-    training = trl_template("qwen3_training")
+    # Token ids and assistant masks: the real Qwen3 tokenizer with TRL's Qwen3 training template, and
+    # the committed tiny tokenizer (never skipped) with the Qwen2.5 training template; plus each
+    # tokenizer's own template with add_generation_prompt.
+    cases = [("qwen3", os.path.join(SHARED, "qwen3"), "qwen3_training"),
+             ("tiny_bpe", os.path.join(HERE, "..", "fixtures", "tokenizer", "tiny_bpe"), "qwen2_5_training")]
     with open(os.path.join(OUT, "tokens.jsonl"), "w", encoding="utf-8") as f:
-        for conv_name in ("multi_turn", "unicode", "think_in_content", "reasoning_field"):
-            out = tok.apply_chat_template(CONVERSATIONS[conv_name], chat_template=training, tokenize=True,
-                                          return_dict=True, return_assistant_tokens_mask=True)
-            f.write(json.dumps({"conversation": conv_name, "messages": CONVERSATIONS[conv_name],
-                                "input_ids": list(out["input_ids"]),
-                                "assistant_masks": list(out["assistant_masks"])}, ensure_ascii=False) + "\n")
-            ids = tok.apply_chat_template(CONVERSATIONS[conv_name], tokenize=True, add_generation_prompt=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            f.write(json.dumps({"conversation": conv_name, "messages": CONVERSATIONS[conv_name],
-                                "add_generation_prompt": True, "input_ids": list(ids)}, ensure_ascii=False) + "\n")
+        for tok_name, path, training_name in cases:
+            tok = AutoTokenizer.from_pretrained(path)
+            training = trl_template(training_name)
+            for conv_name in ("multi_turn", "unicode", "think_in_content", "reasoning_field"):
+                out = tok.apply_chat_template(CONVERSATIONS[conv_name], chat_template=training, tokenize=True,
+                                              return_dict=True, return_assistant_tokens_mask=True)
+                f.write(json.dumps({"tokenizer": tok_name, "template": training_name, "conversation": conv_name,
+                                    "messages": CONVERSATIONS[conv_name], "input_ids": list(out["input_ids"]),
+                                    "assistant_masks": list(out["assistant_masks"])}, ensure_ascii=False) + "\n")
+                ids = tok.apply_chat_template(CONVERSATIONS[conv_name], tokenize=True, add_generation_prompt=True)
+                ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+                f.write(json.dumps({"tokenizer": tok_name, "conversation": conv_name,
+                                    "messages": CONVERSATIONS[conv_name], "add_generation_prompt": True,
+                                    "input_ids": list(ids)}, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
