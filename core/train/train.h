@@ -25,10 +25,11 @@ typedef struct ctrl_dataset {
     long skipped_bad, dropped_empty, truncated;
 } ctrl_dataset;
 
-/* Reads a JSONL file in TRL's SFT formats (`text`, or `prompt` + `completion` strings),
- * tokenizes (EOS appended), applies completion_only_loss / max_length / truncation_mode from
- * [data], drops examples left without a trained token. A malformed row is an error naming
- * file:line, or is skipped and counted when [data] skip_bad_rows is true. */
+/* Reads a JSONL (or JSON array) file in TRL's SFT formats (see train/sft_format.h: text,
+ * prompt + completion, messages, ShareGPT conversations, input_ids), tokenizes, applies
+ * completion_only_loss / assistant_only_loss / max_length / truncation_mode from [data], drops
+ * examples left without a trained token. A malformed row is an error naming file:line, or is
+ * skipped and counted when [data] skip_bad_rows is true. */
 ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
                                   ctrl_dataset *out);
 void ctrl_dataset_free(ctrl_dataset *d);

@@ -1,4 +1,2 @@
 # Chat templates against transformers (fixtures from tests/reference/make_template_fixtures.py).
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/template/test_template.c unit)
-target_include_directories(test_template PRIVATE ${CJSON_INCLUDE_DIR})
-target_link_libraries(test_template PRIVATE ${CJSON_LIBRARY})

@@ -1,0 +1,193 @@
+/* SFT data preparation against TRL's own (fixtures from tests/reference/make_sft_data_fixtures.py):
+ * for text, prompt-completion (string and conversational), messages, ShareGPT conversations,
+ * assistant-only loss through a {% generation %} template and both truncation modes, the ids and
+ * trained-token masks ctrl builds equal TRL's input_ids and labels != -100, row for row, with the
+ * same rows dropped. Also: a JSON array file reads like the JSONL file, and malformed rows are
+ * errors naming file:line (or are skipped and counted). */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config_load.h"
+#include "file_text.h"
+#include "registry.h"
+#include "test.h"
+#include "train/train.h"
+
+#define SFT_DIR CTRL_FIXTURE_DIR "/sft_data"
+
+static char tmpdir[] = "/tmp/ctrl-sft-data-XXXXXX";
+
+/* A config with [data] train_file = path and the given [data] lines. */
+static ctrl_config *config_for(const char *train_file, const char *data_lines) {
+    if (tmpdir[sizeof tmpdir - 2] == 'X' && !mkdtemp(tmpdir)) return NULL;
+    char ini[1200];
+    snprintf(ini, sizeof ini, "%s/run.ini", tmpdir);
+    FILE *f = fopen(ini, "w");
+    fprintf(f, "[run]\noutput_dir = %s/out\n[model]\npath = %s/models/qwen2\n[data]\ntrain_file = %s\n%s\n",
+            tmpdir, CTRL_FIXTURE_DIR, train_file, data_lines);
+    fclose(f);
+    ctrl_registry *reg;
+    ctrl_registry_create(&reg);
+    const char *dirs[] = {CTRL_PLUGIN_DIR};
+    ctrl_registry_load_standard(reg, dirs, 1);
+    ctrl_config *cfg = NULL;
+    ctrl_status st = ctrl_config_load(ini, NULL, 0, reg, &cfg);
+    CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    ctrl_registry_destroy(reg);
+    return cfg;
+}
+
+/* [data] lines from the case's options.json ({"max_length": 23, ...}). */
+static void options_to_ini(const char *name, char *out, size_t cap) {
+    char path[1024];
+    snprintf(path, sizeof path, SFT_DIR "/%s.options.json", name);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 16, &st);
+    cJSON *o = text ? cJSON_Parse(text) : NULL, *k;
+    size_t n = 0;
+    out[0] = 0;
+    cJSON_ArrayForEach(k, o) {
+        if (cJSON_IsString(k) && !strcmp(k->string, "chat_template_path"))
+            n += (size_t)snprintf(out + n, cap - n, "%s = %s/%s\n", k->string, CTRL_FIXTURE_DIR,
+                                  k->valuestring);
+        else if (cJSON_IsString(k))
+            n += (size_t)snprintf(out + n, cap - n, "%s = %s\n", k->string, k->valuestring);
+        else if (cJSON_IsBool(k))
+            n += (size_t)snprintf(out + n, cap - n, "%s = %s\n", k->string,
+                                  cJSON_IsTrue(k) ? "true" : "false");
+        else
+            n += (size_t)snprintf(out + n, cap - n, "%s = %d\n", k->string, k->valueint);
+    }
+    cJSON_Delete(o);
+    free(text);
+}
+
+static int compare_with_trl(const char *name, const char *train_file) {
+    char data[2048], path[1024];
+    options_to_ini(name, data, sizeof data);
+    ctrl_config *cfg = config_for(train_file, data);
+    ctrl_tokenizer *tok;
+    CHECK_EQ_INT(ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok), CTRL_OK);
+    ctrl_dataset d;
+    ctrl_status st = ctrl_dataset_load_sft(train_file, tok, cfg, &d);
+    CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
+    snprintf(path, sizeof path, SFT_DIR "/%s.expected.jsonl", name);
+    char *text = ctrl_read_text_file(path, 1 << 22, &st);
+    int rows = 0, same = 1;
+    for (char *line = strtok(text, "\n"); line && st == CTRL_OK; line = strtok(NULL, "\n"), rows++) {
+        cJSON *r = cJSON_Parse(line);
+        const cJSON *ids = cJSON_GetObjectItem(r, "input_ids"), *tr = cJSON_GetObjectItem(r, "trained");
+        if (rows >= d.n || d.ex[rows].len != cJSON_GetArraySize(ids)) {
+            CHECK_MSG(0, "%s row %d: length %d, TRL %d", name, rows, rows < d.n ? d.ex[rows].len : -1,
+                      cJSON_GetArraySize(ids));
+            same = 0;
+        } else {
+            for (int i = 0; i < d.ex[rows].len; i++) {
+                same &= d.ex[rows].ids[i] == cJSON_GetArrayItem(ids, i)->valueint;
+                same &= d.ex[rows].trained[i] == cJSON_GetArrayItem(tr, i)->valueint;
+            }
+            CHECK_MSG(same, "%s row %d: ids or trained mask differ from TRL", name, rows);
+        }
+        cJSON_Delete(r);
+    }
+    if (st == CTRL_OK) {
+        CHECK_MSG(d.n == rows, "%s: %d examples, TRL keeps %d", name, d.n, rows);
+        ctrl_dataset_free(&d);
+    }
+    free(text);
+    ctrl_tokenizer_free(tok);
+    ctrl_config_free(cfg);
+    return rows;
+}
+
+#define TRL_CASE(name)                                                                                       \
+    TEST(name##_matches_trl) { CHECK(compare_with_trl(#name, SFT_DIR "/" #name ".jsonl") > 0); }
+
+TRL_CASE(text)
+TRL_CASE(prompt_completion)
+TRL_CASE(prompt_completion_full_loss)
+TRL_CASE(messages)
+TRL_CASE(messages_assistant_only)
+TRL_CASE(conversational_prompt_completion)
+TRL_CASE(sharegpt)
+TRL_CASE(truncated_keep_start)
+TRL_CASE(truncated_keep_end)
+
+TEST(json_array_file_reads_like_jsonl) {
+    CHECK_EQ_INT(compare_with_trl("messages", SFT_DIR "/messages_array.json"), 6);
+}
+
+static ctrl_status load_text(const char *rows, const char *data_lines, ctrl_dataset *d) {
+    if (tmpdir[sizeof tmpdir - 2] == 'X' && !mkdtemp(tmpdir)) return CTRL_ERR_IO;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/rows.jsonl", tmpdir);
+    FILE *f = fopen(path, "w");
+    fputs(rows, f);
+    fclose(f);
+    ctrl_config *cfg = config_for(path, data_lines);
+    ctrl_tokenizer *tok;
+    ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
+    ctrl_status st = ctrl_dataset_load_sft(path, tok, cfg, d);
+    ctrl_tokenizer_free(tok);
+    ctrl_config_free(cfg);
+    return st;
+}
+
+TEST(malformed_rows_name_file_and_line) {
+    static const struct {
+        const char *row, *why;
+    } bad[] = {
+        {"not json", "not valid JSON"},
+        {"[1, 2]", "not a JSON object"},
+        {"{\"prompt\": \"a\", \"completion\": [{\"role\": \"assistant\", \"content\": \"b\"}]}",
+         "both be strings"},
+        {"{\"messages\": []}", "non-empty list"},
+        {"{\"messages\": [{\"content\": \"no role\"}]}", "\"role\""},
+        {"{\"other\": 1}", "expected \"text\""},
+        {"{\"input_ids\": [1, -5]}", "token ids"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char rows[512];
+        snprintf(rows, sizeof rows, "{\"text\": \"fine row\"}\n\n%s\n", bad[i].row);
+        ctrl_dataset d;
+        CHECK_EQ_INT(load_text(rows, "", &d), CTRL_ERR_FORMAT);
+        CHECK_CONTAINS(ctrl_error_message(), "rows.jsonl:3");
+        CHECK_CONTAINS(ctrl_error_message(), bad[i].why);
+    }
+    ctrl_dataset d;
+    CHECK_EQ_INT(load_text("{\"text\": \"ok\"}\nnot json\n{\"x\": 1}\n{\"text\": \"ok too\"}\n",
+                           "skip_bad_rows = true", &d),
+                 CTRL_OK);
+    CHECK_EQ_INT(d.n, 2);
+    CHECK_EQ_INT(d.skipped_bad, 2);
+    ctrl_dataset_free(&d);
+}
+
+TEST(assistant_only_without_generation_blocks_is_an_error) {
+    ctrl_dataset d;
+    const char *row = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+                      "\"content\": \"yo\"}]}\n";
+    CHECK_EQ_INT(load_text(row, "assistant_only_loss = true", &d), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "rows.jsonl:1");
+    CHECK_CONTAINS(ctrl_error_message(), "generation");
+}
+
+TEST(unclosed_json_array_is_an_error) {
+    if (tmpdir[sizeof tmpdir - 2] == 'X' && !mkdtemp(tmpdir)) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/rows.json", tmpdir);
+    FILE *f = fopen(path, "w");
+    fputs("[\n {\"text\": \"a\"},\n {\"text\": \"b\"\n", f);
+    fclose(f);
+    ctrl_config *cfg = config_for(path, "");
+    ctrl_tokenizer *tok;
+    ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
+    ctrl_dataset d;
+    CHECK_EQ_INT(ctrl_dataset_load_sft(path, tok, cfg, &d), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "rows.json:3");
+    ctrl_tokenizer_free(tok);
+    ctrl_config_free(cfg);
+}
