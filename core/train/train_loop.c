@@ -167,7 +167,7 @@ static void teardown(run_state *r) {
 
 /* One optimizer step over `ga` micro-batches of `bs` examples taken from order[*cursor...]. */
 typedef struct step_stats {
-    double loss, grad_norm, accuracy;
+    double loss, grad_norm, accuracy, entropy;
     long tokens, trained;
 } step_stats;
 
@@ -184,18 +184,23 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     ctrl_model_zero_grad(r->model);
     ctrl_status st = CTRL_OK;
     memset(out, 0, sizeof *out);
-    long correct = 0;
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         const int T = mb[g].T;
         float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
-        float *dlp = malloc(sizeof(float) * (size_t)T);
+        float *dlp = malloc(sizeof(float) * (size_t)T), *ent = malloc(sizeof(float) * (size_t)T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)T);
-        st = ctrl_model_forward(r->model, &mb[g], lp, NULL, ok);
+        st = ctrl_model_forward(r->model, &mb[g], lp, ent, ok);
         if (st == CTRL_OK) {
+            /* entropy and token accuracy over the trained tokens of each micro-batch, then averaged
+             * over the micro-batches, as TRL's SFTTrainer logs them */
+            long valid = 0, correct = 0;
+            double ent_sum = 0;
             for (int t = 0; t < T; t++) {
                 w[t] = mb[g].targets[t] >= 0 ? 1.0f : 0.0f;
-                correct += w[t] > 0 && ok[t];
+                if (w[t] > 0) valid++, correct += ok[t] != 0, ent_sum += ent[t];
             }
+            out->accuracy += valid ? (double)correct / valid / ga : 0;
+            out->entropy += valid ? ent_sum / valid / ga : 0;
             ctrl_trainer_batch tb = {
                 .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
             double loss;
@@ -203,13 +208,12 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
             if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(r->model, dlp);
         }
         out->tokens += T;
-        free(lp), free(w), free(dlp), free(ok);
+        free(lp), free(w), free(dlp), free(ent), free(ok);
     }
     for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
     free(mb);
     if (st != CTRL_OK) return st;
     out->trained = num_items;
-    out->accuracy = num_items ? (double)correct / num_items : 0;
     size_t n;
     float *grads = ctrl_model_grads(r->model, &n);
     out->grad_norm = sqrt(ctrl_cpu_sum_squares(grads, (int64_t)n));
@@ -272,7 +276,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         r.train.n, r.train.dropped_empty, r.train.truncated, total, bs, ga, n_params);
     int *order = malloc(sizeof(int) * (size_t)r.train.n);
     long cursor = 0, epoch_seen = -1, num_tokens = 0;
-    double t_start = now(), win_loss = 0, win_acc = 0, win_norm = 0;
+    double t_start = now(), win_loss = 0, win_acc = 0, win_norm = 0, win_ent = 0;
     int win = 0;
     for (long step = 0; step < total && st == CTRL_OK; step++) {
         long epoch = cursor / r.train.n;
@@ -285,21 +289,22 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         st = train_step(&r, order, &cursor, bs, ga, lr, step, &s);
         if (st != CTRL_OK) break;
         num_tokens += s.tokens;
-        win_loss += s.loss, win_acc += s.accuracy, win_norm += s.grad_norm, win++;
+        win_loss += s.loss, win_acc += s.accuracy, win_norm += s.grad_norm, win_ent += s.entropy, win++;
         const double elapsed = now() - t_start, rate = num_tokens / elapsed;
         progress(step + 1, total, rate, elapsed / (step + 1) * (total - step - 1), s.loss);
         if ((step + 1) % log_every == 0 || step + 1 == total) {
             const double ep = (double)cursor / r.train.n;
             fprintf(r.metrics,
                     "{\"step\": %ld, \"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, "
-                    "\"mean_token_accuracy\": %.6f, \"num_tokens\": %ld, \"epoch\": %.4f, "
+                    "\"entropy\": %.6f, \"mean_token_accuracy\": %.6f, \"num_tokens\": %ld, \"epoch\": %.4f, "
                     "\"tokens_per_second\": %.1f}\n",
-                    step + 1, win_loss / win, win_norm / win, lr, win_acc / win, num_tokens, ep, rate);
+                    step + 1, win_loss / win, win_norm / win, lr, win_ent / win, win_acc / win, num_tokens,
+                    ep, rate);
             fflush(r.metrics);
             if (!isatty(fileno(stderr)))
                 fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  acc %.3f  %.0f tok/s\n",
                         step + 1, total, win_loss / win, win_norm / win, lr, win_acc / win, rate);
-            win_loss = win_acc = win_norm = 0, win = 0;
+            win_loss = win_acc = win_norm = win_ent = 0, win = 0;
         }
         if (interrupted && interrupted()) {
             st = ctrl_error_set(CTRL_ERR_INTERRUPTED, "interrupted after step %ld; the model is saved",
