@@ -14,6 +14,7 @@
 #include <ctrl/trainer.h>
 
 #include "cpu/cpu_ops.h"
+#include "train/metrics_plot.h"
 #include "train/train.h"
 
 static double now(void) {
@@ -338,5 +339,16 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         }
     }
     teardown(&r);
+    if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) { /* the plot is a convenience: never fails the run */
+        char jsonl[4200], png[4200], msg[1024];
+        snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+        snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", out_dir);
+        snprintf(png, sizeof png, "%s/metrics.png", out_dir);
+        if (ctrl_metrics_plot(jsonl, png) == CTRL_OK)
+            CTRL_INFO("curves plotted to %s", png);
+        else
+            CTRL_WARN("%s", ctrl_error_message());
+        if (st != CTRL_OK) ctrl_error_set(st, "%s", msg);
+    }
     return st;
 }

@@ -35,6 +35,9 @@ logging_steps = 20
 INI
 if "${C[@]}" train "$TMP/run.ini" >"$TMP/log" 2>&1; then ok; else bad "train exited $?"; cat "$TMP/log"; fi
 [ -f "$TMP/out/metrics.jsonl" ] && [ -f "$TMP/out/model.safetensors" ] && [ -f "$TMP/out/tokenizer.json" ] && ok || bad "outputs missing"
+if command -v gnuplot >/dev/null; then # the curves as a PNG (the magic bytes \x89PNG)
+  [ "$(head -c 4 "$TMP/out/metrics.png" 2>/dev/null | od -An -c | tr -d ' ')" = "211PNG" ] && ok || bad "metrics.png missing or not a PNG"
+fi
 first=$(sed -n 1p "$TMP/out/metrics.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/')
 last=$(sed -n 3p "$TMP/out/metrics.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a * 0.7) }' && ok || bad "loss did not fall: $first -> $last"

@@ -1,0 +1,102 @@
+/* metrics.jsonl -> a whitespace-separated table -> gnuplot (pngcairo, or png where cairo is absent). */
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "file_text.h"
+#include "train/metrics_plot.h"
+
+static const char *const columns[] = {"step",   "loss", "grad_norm", "learning_rate", "mean_token_accuracy",
+                                      "entropy"};
+enum { N_COLUMNS = 6 };
+
+/* The table gnuplot reads: one row per logged step; a missing metric is "?" (gnuplot skips it). */
+static ctrl_status write_table(const char *jsonl, const char *table, int *rows) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(jsonl, 1u << 30, &st);
+    if (!text) return st;
+    FILE *f = fopen(table, "w");
+    if (!f) {
+        free(text);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", table, strerror(errno));
+    }
+    *rows = 0;
+    char *save;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        if (o && cJSON_IsNumber(cJSON_GetObjectItem(o, "step"))) {
+            for (int c = 0; c < N_COLUMNS; c++) {
+                const cJSON *v = cJSON_GetObjectItem(o, columns[c]);
+                if (cJSON_IsNumber(v))
+                    fprintf(f, "%.9g ", v->valuedouble);
+                else
+                    fputs("? ", f);
+            }
+            fputc('\n', f);
+            (*rows)++;
+        }
+        cJSON_Delete(o);
+    }
+    free(text);
+    if (fclose(f) != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", table);
+    return CTRL_OK;
+}
+
+static int have_gnuplot(void) {
+    const char *path = getenv("PATH");
+    if (!path) return 0;
+    char *copy = strdup(path), *save;
+    int found = 0;
+    for (char *dir = strtok_r(copy, ":", &save); dir && !found; dir = strtok_r(NULL, ":", &save)) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/gnuplot", dir);
+        found = access(p, X_OK) == 0;
+    }
+    free(copy);
+    return found;
+}
+
+ctrl_status ctrl_metrics_plot(const char *metrics_jsonl, const char *png) {
+    if (!have_gnuplot())
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "no plot: gnuplot is not installed (apt-get install gnuplot-nox); the metrics are in %s",
+            metrics_jsonl);
+    char table[4200];
+    snprintf(table, sizeof table, "%s.plot.tsv", png);
+    int rows = 0;
+    ctrl_status st = write_table(metrics_jsonl, table, &rows);
+    if (st != CTRL_OK) return st;
+    if (rows == 0) {
+        remove(table);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "no plot: %s has no logged step", metrics_jsonl);
+    }
+    FILE *g = popen("gnuplot >/dev/null 2>&1", "w");
+    if (!g) {
+        remove(table);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "no plot: cannot run gnuplot: %s", strerror(errno));
+    }
+    /* Three panels sharing the step axis: loss (and entropy), grad_norm, learning rate and accuracy. */
+    fprintf(g,
+            "set terminal pngcairo size 1000,900 noenhanced\n"
+            "set output '%s'\n"
+            "set datafile missing '?'\n"
+            "set key top right\nset grid\nset xlabel 'step'\n"
+            "set multiplot layout 3,1 title 'ctrl training curves'\n"
+            "plot '%s' using 1:2 with lines lw 2 title 'loss', '' using 1:6 with lines title 'entropy'\n"
+            "plot '%s' using 1:3 with lines lw 2 title 'grad_norm'\n"
+            "set y2tics\nset ytics nomirror\n"
+            "plot '%s' using 1:4 with lines lw 2 title 'learning_rate', '' using 1:5 axes x1y2 with lines "
+            "title 'mean_token_accuracy'\n"
+            "unset multiplot\n",
+            png, table, table, table);
+    int rc = pclose(g);
+    remove(table);
+    if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0 || access(png, R_OK) != 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "no plot: gnuplot failed to write %s", png);
+    return CTRL_OK;
+}
