@@ -5,6 +5,6 @@ add_executable(test_model_parity ${CMAKE_SOURCE_DIR}/tests/model/test_model_pari
 target_include_directories(test_model_parity PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
                            ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
 target_compile_definitions(test_model_parity PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
-target_link_libraries(test_model_parity PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C m)
+target_link_libraries(test_model_parity PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C ctrl_openblas m)
 add_test(NAME test_model_parity COMMAND test_model_parity)
 set_tests_properties(test_model_parity PROPERTIES LABELS parity TIMEOUT 300)

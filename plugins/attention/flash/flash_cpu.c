@@ -3,12 +3,15 @@
  * only key tiles that the causal/window mask leaves visible, and saves lse = m + log l. Backward
  * recomputes P = exp(S - lse) tile by tile with D = rowsum(dO * O):
  *   dV += P^T dO,  dS = P * (dO V^T - D),  dQ += scale dS K,  dK += scale dS^T Q.
- * Work is split over (sequence, kv head), so dK/dV of a GQA group and dQ of its heads are written
- * by one thread: deterministic, no atomics. */
+ * Every tile product is one single-threaded SGEMM straight on the strided [T, heads, D] layout
+ * (OpenBLAS runs single-threaded inside our parallel region), so the arithmetic runs at GEMM speed.
+ * Work is split over (sequence, kv head) in backward, so dK/dV of a GQA group and dQ of its heads
+ * are written by one thread: deterministic, no atomics. */
 #include "flash_cpu.h"
 
 #include "../attention_plugin_common.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,25 +31,20 @@ static void key_range(const ctrl_attention_args *a, int q0, int q1, int L, int *
     if (*hi > L) *hi = L;
 }
 
-/* S[i][j] = scale * q_i . k_j for a tile (masked entries -inf). */
+/* S = scale * Q_tile K_tile^T (one GEMM), then -inf where the mask hides a pair (interior tiles,
+ * fully visible, skip the mask pass). */
 static void tile_scores(const ctrl_attention_args *a, float *S, int s0, int h, int kvh, int q0, int nq,
                         int k0, int nk) {
     const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head;
-    const float *q = a->q, *k = a->k;
-    for (int i = 0; i < nq; i++) {
-        const float *qi = q + ((size_t)(s0 + q0 + i) * H + h) * D;
-        for (int j = 0; j < nk; j++) {
-            if (!visible(a, q0 + i, k0 + j)) {
-                S[i * BK + j] = -INFINITY;
-                continue;
-            }
-            const float *kj = k + ((size_t)(s0 + k0 + j) * HK + kvh) * D;
-            float s = 0;
-#pragma omp simd reduction(+ : s)
-            for (int d = 0; d < D; d++) s += qi[d] * kj[d];
-            S[i * BK + j] = s * a->scale;
-        }
-    }
+    const float *q = (const float *)a->q + ((size_t)(s0 + q0) * H + h) * D;
+    const float *k = (const float *)a->k + ((size_t)(s0 + k0) * HK + kvh) * D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, a->scale, q, H * D, k, HK * D, 0.0f, S,
+                BK);
+    const int fully_visible = visible(a, q0, k0 + nk - 1) && visible(a, q0 + nq - 1, k0);
+    if (fully_visible) return;
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nk; j++)
+            if (!visible(a, q0 + i, k0 + j)) S[i * BK + j] = -INFINITY;
 }
 
 ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
@@ -88,25 +86,31 @@ ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
             for (int k0 = (lo / BK) * BK; k0 < hi; k0 += BK) {
                 const int nk = k0 + BK <= L ? BK : L - k0;
                 tile_scores(a, S, s0, h, kvh, q0, nq, k0, nk);
+                /* online softmax per row: S becomes P = exp(S - m_new); acc and l rescaled */
                 for (int i = 0; i < nq; i++) {
                     float *row = S + i * BK, mx = m[i];
                     for (int j = 0; j < nk; j++) mx = fmaxf(mx, row[j]);
-                    if (mx == -INFINITY) continue; /* nothing visible in this tile */
+                    if (mx == -INFINITY) { /* nothing visible in this row of the tile */
+                        for (int j = 0; j < nk; j++) row[j] = 0.0f;
+                        continue;
+                    }
                     const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
                     float sum = 0;
-                    float *ai = acc + (size_t)i * D;
-                    for (int d = 0; d < D; d++) ai[d] *= corr;
                     for (int j = 0; j < nk; j++) {
                         const float p = row[j] == -INFINITY ? 0.0f : expf(row[j] - mx);
+                        row[j] = p;
                         sum += p;
-                        if (p == 0.0f) continue;
-                        const float *vj = v + ((size_t)(s0 + k0 + j) * HK + kvh) * D;
-#pragma omp simd
-                        for (int d = 0; d < D; d++) ai[d] += p * vj[d];
                     }
+                    float *ai = acc + (size_t)i * D;
+                    if (corr != 1.0f)
+                        for (int d = 0; d < D; d++) ai[d] *= corr;
                     l[i] = l[i] * corr + sum;
                     m[i] = mx;
                 }
+                /* acc += P V_tile */
+                const float *vt = v + ((size_t)(s0 + k0) * HK + kvh) * D;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, S, BK, vt, HK * D,
+                            1.0f, acc, D);
             }
             for (int i = 0; i < nq; i++) {
                 float *oi = out + ((size_t)(s0 + q0 + i) * H + h) * D;
@@ -142,41 +146,54 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
     int failed = 0;
 #pragma omp parallel
     {
-        float *S = malloc(sizeof(float) * BQ * BK);
-        if (!S) {
+        float *S = malloc(sizeof(float) * BQ * BK), *dP = malloc(sizeof(float) * BQ * BK);
+        if (!S || !dP) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < a->n_seqs; b++)
             for (int kvh = 0; kvh < HK; kvh++) {
-                if (!S) continue;
+                if (!S || !dP) continue;
                 const int s0 = a->cu_seqlens_host[b], L = a->cu_seqlens_host[b + 1] - s0;
                 for (int h = kvh * group; h < (kvh + 1) * group; h++)
                     for (int q0 = 0; q0 < L; q0 += BQ) {
                         const int nq = q0 + BQ <= L ? BQ : L - q0;
+                        const size_t qo = ((size_t)(s0 + q0) * H + h) * D;
                         int lo, hi;
                         key_range(a, q0, q0 + nq, L, &lo, &hi);
                         for (int k0 = (lo / BK) * BK; k0 < hi; k0 += BK) {
                             const int nk = k0 + BK <= L ? BK : L - k0;
+                            const size_t ko = ((size_t)(s0 + k0) * HK + kvh) * D;
                             tile_scores(a, S, s0, h, kvh, q0, nq, k0, nk);
-                            for (int i = 0; i < nq; i++) {
-                                const size_t qo = ((size_t)(s0 + q0 + i) * H + h) * D;
+                            for (int i = 0; i < nq; i++) { /* S becomes P */
                                 const float lse = a->lse[(size_t)h * T + s0 + q0 + i];
-                                const float Di = Dv[(size_t)(s0 + q0 + i) * H + h];
-                                for (int j = 0; j < nk; j++) {
-                                    const float sij = S[i * BK + j];
-                                    if (sij == -INFINITY) continue;
-                                    const float p = expf(sij - lse);
-                                    const size_t ko = ((size_t)(s0 + k0 + j) * HK + kvh) * D;
-                                    attention_backward_pair(p, Di, a->scale, dout + qo, q + qo, k + ko,
-                                                            v + ko, dq + qo, dk + ko, dv + ko, D);
-                                }
+                                float *row = S + i * BK;
+                                for (int j = 0; j < nk; j++)
+                                    row[j] = row[j] == -INFINITY ? 0.0f : expf(row[j] - lse);
                             }
+                            /* dV += P^T dO;  dP = dO V^T */
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, S, BK,
+                                        dout + qo, H * D, 1.0f, dv + ko, HK * D);
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, 1.0f, dout + qo,
+                                        H * D, v + ko, HK * D, 0.0f, dP, BK);
+                            for (int i = 0; i < nq; i++) { /* dS = P * (dP - D_i) */
+                                const float Di = Dv[(size_t)(s0 + q0 + i) * H + h];
+                                float *ds = dP + i * BK;
+                                const float *p = S + i * BK;
+#pragma omp simd
+                                for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - Di);
+                            }
+                            /* dQ += scale dS K;  dK += scale dS^T Q */
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, a->scale, dP,
+                                        BK, k + ko, HK * D, 1.0f, dq + qo, H * D);
+                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, a->scale, dP, BK,
+                                        q + qo, H * D, 1.0f, dk + ko, HK * D);
                         }
                     }
             }
         free(S);
+        free(dP);
     }
     free(Dv);
     if (failed) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
