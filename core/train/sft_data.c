@@ -16,9 +16,7 @@ static ctrl_status add_example(ctrl_dataset *d, const int32_t *ids, const uint8_
         d->ex = e;
     }
     ctrl_example *e = &d->ex[d->n++];
-    e->ids = malloc(sizeof(int32_t) * (size_t)n);
-    e->trained = malloc((size_t)n);
-    e->len = n;
+    *e = (ctrl_example){.ids = malloc(sizeof(int32_t) * (size_t)n), .trained = malloc((size_t)n), .len = n};
     memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
     memcpy(e->trained, trained, (size_t)n);
     return CTRL_OK;
@@ -31,6 +29,9 @@ ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, c
     const char *trunc = ctrl_config_get_string(cfg, "data", "truncation_mode");
     const int keep_end = trunc && !strcmp(trunc, "keep_end");
     const int skip_bad = ctrl_config_get_bool(cfg, "data", "skip_bad_rows", false);
+    /* With packing, TRL neither truncates nor drops before packing: bfd truncates each sequence to
+     * the pack length itself, bfd_split and wrapped keep every token. */
+    const int packing = ctrl_config_get_bool(cfg, "data", "packing", false);
     ctrl_row_reader *rows;
     ctrl_status st = ctrl_row_reader_open(path, &rows);
     if (st != CTRL_OK) return st;
@@ -68,6 +69,11 @@ ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, c
             continue;
         }
         int off = 0;
+        if (packing) {
+            st = add_example(out, ids, trained, n);
+            free(ids), free(trained);
+            continue;
+        }
         if (n > max_len) {
             off = keep_end ? n - max_len : 0;
             n = max_len;
@@ -95,31 +101,124 @@ ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, c
 }
 
 void ctrl_dataset_free(ctrl_dataset *d) {
-    for (int i = 0; i < d->n; i++) free(d->ex[i].ids), free(d->ex[i].trained);
+    for (int i = 0; i < d->n; i++) free(d->ex[i].ids), free(d->ex[i].trained), free(d->ex[i].seg);
     free(d->ex);
     memset(d, 0, sizeof *d);
 }
 
-long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *b) {
-    int T = 0;
-    for (int i = 0; i < n; i++) T += d->ex[idx[i]].len;
+/* Moves a seeded random `fraction` of `train`'s examples to `eval` (both keep file order). */
+static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double fraction, uint64_t seed) {
+    int n_eval = (int)(train->n * fraction + 0.5);
+    if (n_eval < 1) n_eval = 1;
+    if (n_eval >= train->n)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "[data] eval_fraction = %g leaves no training example (%d examples)", fraction,
+                              train->n);
+    uint8_t *to_eval = calloc((size_t)train->n, 1);
+    int *perm = malloc(sizeof(int) * (size_t)train->n);
+    for (int i = 0; i < train->n; i++) perm[i] = i;
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+    for (int i = train->n - 1; i > 0; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int j = (int)(x % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int k = 0; k < n_eval; k++) to_eval[perm[k]] = 1;
+    free(perm);
+    memset(eval, 0, sizeof *eval);
+    eval->ex = malloc(sizeof(ctrl_example) * (size_t)n_eval);
+    int kept = 0;
+    for (int i = 0; i < train->n; i++) {
+        if (to_eval[i])
+            eval->ex[eval->n++] = train->ex[i];
+        else
+            train->ex[kept++] = train->ex[i];
+    }
+    train->n = kept;
+    free(to_eval);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok, ctrl_dataset *train,
+                               ctrl_dataset *eval) {
+    memset(eval, 0, sizeof *eval);
+    const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
+    const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
+    const double fraction = ctrl_config_get_float(cfg, "data", "eval_fraction", 0);
+    if (!train_file) return ctrl_error_set(CTRL_ERR_CONFIG, "config: [data] train_file is required to train");
+    ctrl_status st = ctrl_dataset_load_sft(train_file, tok, cfg, train);
+    if (st == CTRL_OK && eval_file)
+        st = ctrl_dataset_load_sft(eval_file, tok, cfg, eval);
+    else if (st == CTRL_OK && fraction > 0)
+        st = hold_out(train, eval, fraction, (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42));
+    const int packing = ctrl_config_get_bool(cfg, "data", "packing", false);
+    const int eval_packing = ctrl_config_get_bool(cfg, "data", "eval_packing", true);
+    const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024);
+    const char *strategy = ctrl_config_get_string(cfg, "data", "packing_strategy");
+    if (st == CTRL_OK && packing) st = ctrl_dataset_pack(train, max_len, strategy ? strategy : "bfd");
+    if (st == CTRL_OK && packing && eval_packing && eval->n)
+        st = ctrl_dataset_pack(eval, max_len, strategy ? strategy : "bfd");
+    if (st != CTRL_OK) {
+        ctrl_dataset_free(train), ctrl_dataset_free(eval);
+        return st;
+    }
+    int32_t pad = ctrl_tokenizer_pad_id(tok);
+    if (pad < 0) pad = ctrl_tokenizer_eos_id(tok); /* TRL pads with eos when the tokenizer has no pad */
+    for (ctrl_dataset *d = train; d; d = d == train ? eval : NULL) {
+        d->padded = !ctrl_config_get_bool(cfg, "data", "padding_free", true);
+        d->pad_multiple = (int)ctrl_config_get_int(cfg, "data", "pad_to_multiple_of", 0);
+        d->pad_id = pad < 0 ? 0 : pad;
+    }
+    return CTRL_OK;
+}
+
+long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *b, long *tokens) {
+    const int mult = d->pad_multiple > 1 ? d->pad_multiple : 1;
+    int row = 0, T = 0, B = 0;
+    for (int i = 0; i < n; i++) {
+        const ctrl_example *e = &d->ex[idx[i]];
+        row = e->len > row ? e->len : row;
+        T += e->len;
+        B += e->n_seg ? e->n_seg : 1;
+    }
+    row = (row + mult - 1) / mult * mult;
+    int pads = 0; /* pad segments */
+    if (d->padded) {
+        for (int i = 0; i < n; i++) pads += d->ex[idx[i]].len < row;
+        T = row * n;
+    } else if (T % mult) {
+        pads = 1;
+        T = (T + mult - 1) / mult * mult;
+    }
+    B += pads;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *pos = malloc(sizeof(int32_t) * (size_t)T);
-    int32_t *tg = malloc(sizeof(int32_t) * (size_t)T), *cu = malloc(sizeof(int32_t) * (size_t)(n + 1));
-    long trained = 0;
-    int t = 0;
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)T), *cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
+    long trained = 0, real = 0;
+    int t = 0, s = 0;
     cu[0] = 0;
     for (int i = 0; i < n; i++) {
         const ctrl_example *e = &d->ex[idx[i]];
-        for (int k = 0; k < e->len; k++, t++) {
-            tok[t] = e->ids[k];
-            pos[t] = k;
-            /* no token is predicted across an example boundary */
-            tg[t] = k + 1 < e->len && e->trained[k + 1] ? e->ids[k + 1] : -100;
-            trained += tg[t] >= 0;
+        const int n_seg = e->n_seg ? e->n_seg : 1;
+        for (int g = 0, off = 0; g < n_seg; g++) {
+            const int len = e->n_seg ? e->seg[g] : e->len;
+            for (int k = 0; k < len; k++, t++) {
+                tok[t] = e->ids[off + k];
+                pos[t] = k;
+                /* no token is predicted across a sequence boundary */
+                tg[t] = k + 1 < len && e->trained[off + k + 1] ? e->ids[off + k + 1] : -100;
+                trained += tg[t] >= 0;
+            }
+            off += len, real += len;
+            cu[++s] = t;
         }
-        cu[i + 1] = t;
+        const int pad = d->padded ? row - e->len : i == n - 1 ? T - t : 0;
+        if (pad > 0) { /* a masked segment of its own: attends to nothing real, predicts nothing */
+            for (int k = 0; k < pad; k++, t++) tok[t] = d->pad_id, pos[t] = k, tg[t] = -100;
+            cu[++s] = t;
+        }
     }
-    *b = (ctrl_batch){.T = T, .B = n, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    *b = (ctrl_batch){.T = T, .B = B, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    if (tokens) *tokens = real;
     return trained;
 }
 

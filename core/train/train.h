@@ -12,17 +12,25 @@
 #include "registry.h"
 #include "tokenizer/tokenizer.h"
 
-/* One tokenized example: ids and, per position, whether that token is trained (a label). */
+/* One tokenized example: ids and, per position, whether that token is trained (a label). A packed
+ * example holds several sequences: seg[0..n_seg) are their lengths (n_seg == 0: one sequence). */
 typedef struct ctrl_example {
     int32_t *ids;
     uint8_t *trained;
     int len;
+    int *seg, n_seg;
 } ctrl_example;
 
 typedef struct ctrl_dataset {
     ctrl_example *ex;
     int n;
     long skipped_bad, dropped_empty, truncated;
+    int packed_from; /* examples before packing (0: not packed) */
+    /* How ctrl_batch_build lays examples out: padded rows (padding_free = false) end with a pad
+     * segment up to the longest row; pad_multiple rounds row lengths (padded) or the batch length
+     * (padding-free) up, as TRL's collator does. */
+    int padded, pad_multiple;
+    int32_t pad_id;
 } ctrl_dataset;
 
 /* Reads a JSONL (or JSON array) file in TRL's SFT formats (see train/sft_format.h: text,
@@ -32,12 +40,23 @@ typedef struct ctrl_dataset {
  * skipped and counted when [data] skip_bad_rows is true. */
 ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
                                   ctrl_dataset *out);
+/* The train and eval sets of [data]: train_file, then eval_file or an eval_fraction of the train
+ * rows held out (seeded with [run] seed), each packed when [data] packing (eval: eval_packing), and
+ * laid out as padding_free / pad_to_multiple_of say. */
+ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok, ctrl_dataset *train,
+                               ctrl_dataset *eval);
 void ctrl_dataset_free(ctrl_dataset *d);
 
-/* Packs examples[idx[0..n)] into one flat batch (positions restart per example; targets are the
- * next token where it is trained, else -100). Buffers are malloc'd into *b (free with
- * ctrl_batch_free); returns the number of trained targets. */
-long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *b);
+/* Packs the examples with TRL's strategies (train/packing.c): "bfd", "bfd_split" or "wrapped". */
+ctrl_status ctrl_dataset_pack(ctrl_dataset *d, int seq_length, const char *strategy);
+/* Tokens over n * seq_length: how full the packed rows are. */
+double ctrl_dataset_fill_rate(const ctrl_dataset *d, int seq_length);
+
+/* Lays examples[idx[0..n)] out as one flat batch: one sequence per segment (positions restart;
+ * targets are the next token where it is trained, else -100), pad segments as the dataset's layout
+ * asks. Buffers are malloc'd into *b (free with ctrl_batch_free); returns the number of trained
+ * targets, and the number of non-pad tokens in *tokens (may be NULL). */
+long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *b, long *tokens);
 void ctrl_batch_free(ctrl_batch *b);
 
 /* transformers' get_scheduler semantics: the learning rate for optimizer step `step` (0-based). */

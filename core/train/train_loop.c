@@ -41,28 +41,29 @@ typedef struct eval_result {
 } eval_result;
 
 /* Teacher-forced evaluation. Exact match under greedy decoding equals "every trained token is the
- * argmax given the true prefix" (by induction over the completion), so it needs no generation. */
+ * argmax given the true prefix" (by induction over the completion), so it needs no generation; it
+ * is counted per sequence (a packed row holds several), over sequences with a trained token. */
 static ctrl_status evaluate(ctrl_model *m, const ctrl_dataset *d, int bs, eval_result *r) {
     double nll = 0;
-    long tokens = 0, correct = 0, exact = 0;
+    long tokens = 0, correct = 0, exact = 0, sequences = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = CTRL_OK;
     for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
         int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int k = 0; k < n; k++) idx[k] = i0 + k;
         ctrl_batch b;
-        ctrl_batch_build(d, idx, n, &b);
+        ctrl_batch_build(d, idx, n, &b, NULL);
         float *lp = malloc(sizeof(float) * (size_t)b.T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
         st = ctrl_model_forward(m, &b, lp, NULL, ok);
-        for (int k = 0; st == CTRL_OK && k < n; k++) {
-            int all = 1;
+        for (int k = 0; st == CTRL_OK && k < b.B; k++) {
+            int all = 1, any = 0;
             for (int t = b.cu_seqlens[k]; t < b.cu_seqlens[k + 1]; t++) {
                 if (b.targets[t] < 0) continue;
                 nll -= lp[t], tokens++, correct += ok[t];
-                all &= ok[t];
+                all &= ok[t], any = 1;
             }
-            exact += all;
+            exact += any && all, sequences += any;
         }
         free(lp), free(ok);
         ctrl_batch_free(&b);
@@ -70,7 +71,7 @@ static ctrl_status evaluate(ctrl_model *m, const ctrl_dataset *d, int bs, eval_r
     free(idx);
     r->loss = tokens ? nll / tokens : 0;
     r->accuracy = tokens ? (double)correct / tokens : 0;
-    r->exact_match = d->n ? (double)exact / d->n : 0;
+    r->exact_match = sequences ? (double)exact / sequences : 0;
     return st;
 }
 
@@ -117,13 +118,10 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg) {
     const char *attention = ctrl_config_get_string(cfg, "model", "attention");
     const char *optimizer = ctrl_config_get_string(cfg, "train", "optimizer");
     const char *model_path = ctrl_config_get_string(cfg, "model", "path");
-    const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
     const char *device = ctrl_config_get_string(cfg, "run", "device");
     if (device && strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[run] device = %s: training runs on the CPU so far (device = cpu)", device);
-    if (!train_file)
-        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [data] train_file is required to train", "config");
     const ctrl_plugin_entry *te = ctrl_registry_find(reg, CTRL_KIND_TRAINER, trainer);
     const ctrl_plugin_entry *ae = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
     const ctrl_plugin_entry *oe = ctrl_registry_find(reg, CTRL_KIND_OPTIMIZER, optimizer);
@@ -135,9 +133,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg) {
     ctrl_status st = r->trainer_ops->create(host, cfg, &r->trainer);
     if (st == CTRL_OK) st = ctrl_model_load(model_path, ae->plugin->ops, &r->model);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
-    if (st == CTRL_OK) st = ctrl_dataset_load_sft(train_file, r->tok, cfg, &r->train);
-    const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
-    if (st == CTRL_OK && eval_file) st = ctrl_dataset_load_sft(eval_file, r->tok, cfg, &r->eval);
+    if (st == CTRL_OK) st = ctrl_datasets_load(cfg, r->tok, &r->train, &r->eval);
     if (st != CTRL_OK) return st;
     /* One parameter group per tensor: norms and biases get no weight decay (as the HF Trainer). */
     const double wd = ctrl_config_get_float(cfg, "train", "weight_decay", 0);
@@ -175,16 +171,17 @@ typedef struct step_stats {
 static ctrl_status train_step(run_state *r, const int *order, long *cursor, int bs, int ga, double lr,
                               long step, step_stats *out) {
     ctrl_batch *mb = calloc((size_t)ga, sizeof *mb);
-    long num_items = 0;
+    long num_items = 0, real_tokens = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
+    memset(out, 0, sizeof *out);
     for (int g = 0; g < ga; g++) {
         for (int k = 0; k < bs; k++) idx[k] = order[(*cursor)++ % r->train.n];
-        num_items += ctrl_batch_build(&r->train, idx, bs, &mb[g]);
+        num_items += ctrl_batch_build(&r->train, idx, bs, &mb[g], &real_tokens);
+        out->tokens += real_tokens; /* num_tokens counts what is not padding, as TRL */
     }
     free(idx);
     ctrl_model_zero_grad(r->model);
     ctrl_status st = CTRL_OK;
-    memset(out, 0, sizeof *out);
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         const int T = mb[g].T;
         float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
@@ -208,7 +205,6 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
             st = r->trainer_ops->loss(r->trainer, &tb, &loss, dlp);
             if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(r->model, dlp);
         }
-        out->tokens += T;
         free(lp), free(w), free(dlp), free(ent), free(ok);
     }
     for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);

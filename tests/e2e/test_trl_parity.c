@@ -117,8 +117,4 @@ TEST(padding_free) { run_case("padding_free"); }
 TEST(full_loss) { run_case("full_loss"); }
 TEST(assistant_only) { run_case("assistant_only"); }
 TEST(grad_accum) { run_case("grad_accum"); }
-TEST(bfd_packing) {
-    /* enabled when [data] packing lands in the loop (the fixture is TRL's bfd curve) */
-    if (!getenv("CTRL_TEST_PACKING")) TEST_SKIP("bfd packing is not wired into the training loop yet");
-    run_case("bfd_packing");
-}
+TEST(bfd_packing) { run_case("bfd_packing"); }

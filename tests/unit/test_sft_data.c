@@ -191,3 +191,44 @@ TEST(unclosed_json_array_is_an_error) {
     ctrl_tokenizer_free(tok);
     ctrl_config_free(cfg);
 }
+
+/* eval_fraction holds out a seeded share of the training rows; the split is the same for the same
+ * seed, and every example lands in exactly one of the two sets. */
+TEST(eval_fraction_holds_out_rows) {
+    ctrl_tokenizer *tok;
+    ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
+    int first_ids[2][64], n_eval[2] = {0};
+    for (int run = 0; run < 2; run++) {
+        ctrl_config *cfg = config_for(SFT_DIR "/prompt_completion.jsonl", "eval_fraction = 0.34");
+        ctrl_dataset train, eval;
+        CHECK_EQ_INT(ctrl_datasets_load(cfg, tok, &train, &eval), CTRL_OK);
+        CHECK_EQ_INT(train.n + eval.n, 6);
+        CHECK_EQ_INT(eval.n, 2); /* round(6 * 0.34) */
+        n_eval[run] = eval.n;
+        for (int i = 0; i < eval.n; i++) first_ids[run][i] = eval.ex[i].len * 1000 + eval.ex[i].ids[1];
+        ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
+        ctrl_config_free(cfg);
+    }
+    CHECK_EQ_INT(n_eval[0], n_eval[1]);
+    for (int i = 0; i < n_eval[0]; i++) CHECK_EQ_INT(first_ids[0][i], first_ids[1][i]);
+    ctrl_tokenizer_free(tok);
+}
+
+TEST(packing_and_padding_options_reach_the_dataset) {
+    ctrl_tokenizer *tok;
+    ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
+    ctrl_config *cfg =
+        config_for(SFT_DIR "/prompt_completion.jsonl",
+                   "packing = true\nmax_length = 32\npadding_free = false\npad_to_multiple_of = 8");
+    ctrl_dataset train, eval;
+    CHECK_EQ_INT(ctrl_datasets_load(cfg, tok, &train, &eval), CTRL_OK);
+    CHECK_EQ_INT(train.packed_from, 6);
+    CHECK(train.n < 6);
+    CHECK_EQ_INT(train.padded, 1);
+    CHECK_EQ_INT(train.pad_multiple, 8);
+    CHECK_EQ_INT(train.pad_id, ctrl_tokenizer_pad_id(tok));
+    for (int i = 0; i < train.n; i++) CHECK(train.ex[i].len <= 32);
+    ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
+    ctrl_config_free(cfg);
+    ctrl_tokenizer_free(tok);
+}
