@@ -14,6 +14,8 @@
 #include <ctrl/trainer.h>
 
 #include "cpu/cpu_ops.h"
+#include "file_text.h"
+#include "train/checkpoint.h"
 #include "train/metrics_plot.h"
 #include "train/train.h"
 
@@ -75,28 +77,6 @@ static ctrl_status evaluate(ctrl_model *m, const ctrl_dataset *d, int bs, eval_r
     return st;
 }
 
-static ctrl_status copy_tokenizer_files(const char *from, const char *to) {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
-    for (int i = 0; i < 3; i++) {
-        char a[4200], b[4200];
-        snprintf(a, sizeof a, "%s/%s", from, files[i]);
-        snprintf(b, sizeof b, "%s/%s", to, files[i]);
-        FILE *in = fopen(a, "rb");
-        if (!in) continue;
-        FILE *out = fopen(b, "wb");
-        if (!out) {
-            fclose(in);
-            return ctrl_error_set(CTRL_ERR_IO, "%s: %s", b, strerror(errno));
-        }
-        char buf[1 << 16];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
-        fclose(in);
-        if (fclose(out) != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", b);
-    }
-    return CTRL_OK;
-}
-
 typedef struct run_state {
     const ctrl_config *cfg;
     ctrl_model *model;
@@ -111,7 +91,8 @@ typedef struct run_state {
     FILE *metrics;
 } run_state;
 
-static ctrl_status setup(run_state *r, const ctrl_registry *reg) {
+/* Loads plugins, model (its weights from `weights_dir` when resuming), tokenizer, data, optimizer. */
+static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *weights_dir) {
     const ctrl_config *cfg = r->cfg;
     const ctrl_host *host = ctrl_host_table();
     const char *trainer = ctrl_config_get_string(cfg, "run", "trainer");
@@ -131,7 +112,8 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "trainer '%s' has no token-level loss the core loop can run", trainer);
     ctrl_status st = r->trainer_ops->create(host, cfg, &r->trainer);
-    if (st == CTRL_OK) st = ctrl_model_load(model_path, ae->plugin->ops, &r->model);
+    if (st == CTRL_OK)
+        st = ctrl_model_load(weights_dir ? weights_dir : model_path, ae->plugin->ops, &r->model);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
     if (st == CTRL_OK) st = ctrl_datasets_load(cfg, r->tok, &r->train, &r->eval);
     if (st != CTRL_OK) return st;
@@ -237,16 +219,87 @@ static void progress(long step, long total, double rate, double eta, double loss
     }
 }
 
+/* metrics.jsonl: new, or on resume the lines up to the checkpoint's step kept (a killed run may
+ * have logged past it) and appended to. */
+static ctrl_status open_metrics(run_state *r, const char *out_dir, long resume_step) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    if (resume_step > 0) {
+        ctrl_status st;
+        char *old = ctrl_read_text_file(path, 1u << 30, &st), *save;
+        FILE *f = fopen(path, "w");
+        for (char *line = old ? strtok_r(old, "\n", &save) : NULL; f && line;
+             line = strtok_r(NULL, "\n", &save)) {
+            const char *k = strstr(line, "\"step\": ");
+            if (k && atol(k + 8) <= resume_step) fprintf(f, "%s\n", line);
+        }
+        free(old);
+        if (f) fclose(f);
+    }
+    if (!(r->metrics = fopen(path, resume_step > 0 ? "a" : "w")))
+        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+    return CTRL_OK;
+}
+
+static ctrl_status run_eval(run_state *r, int bs, long step) {
+    eval_result e;
+    ctrl_status st = evaluate(r->model, &r->eval, bs, &e);
+    if (st != CTRL_OK) return st;
+    if (step > 0)
+        fprintf(r->metrics, "{\"step\": %ld, ", step);
+    else
+        fprintf(r->metrics, "{");
+    fprintf(r->metrics,
+            "\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f}\n", e.loss,
+            e.accuracy, e.exact_match);
+    fflush(r->metrics);
+    CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples)", e.loss, e.accuracy,
+              e.exact_match, r->eval.n);
+    return CTRL_OK;
+}
+
+static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr, double rate) {
+    const double n = ts->win;
+    fprintf(
+        r->metrics,
+        "{\"step\": %ld, \"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, \"entropy\": %.6f, "
+        "\"mean_token_accuracy\": %.6f, \"num_tokens\": %ld, \"epoch\": %.4f, \"tokens_per_second\": %.1f}\n",
+        ts->step, ts->win_loss / n, ts->win_norm / n, lr, ts->win_ent / n, ts->win_acc / n, ts->num_tokens,
+        (double)ts->cursor / r->train.n, rate);
+    fflush(r->metrics);
+    if (!isatty(fileno(stderr)))
+        fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  acc %.3f  %.0f tok/s\n", ts->step,
+                total, ts->win_loss / n, ts->win_norm / n, lr, ts->win_acc / n, rate);
+    ts->win_loss = ts->win_acc = ts->win_norm = ts->win_ent = 0, ts->win = 0;
+}
+
+static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
+    char dir[4200];
+    const int keep = (int)ctrl_config_get_int(r->cfg, "train", "save_total_limit", 0);
+    ctrl_status st = ctrl_checkpoint_save(out_dir, r->model, ctrl_config_get_string(r->cfg, "model", "path"),
+                                          r->opt_ops, r->opt, ts, keep, dir, sizeof dir);
+    if (st == CTRL_OK) CTRL_INFO("checkpoint saved to %s", dir);
+    return st;
+}
+
 ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int (*interrupted)(void)) {
     run_state r = {.cfg = cfg};
-    ctrl_status st = setup(&r, reg);
     const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
-    if (st == CTRL_OK) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-        if (!(r.metrics = fopen(path, "w")))
-            st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+    const char *resume = ctrl_config_get_string(cfg, "train", "resume_from_checkpoint");
+    char ckpt[4200] = "";
+    ctrl_status st = resume ? ctrl_checkpoint_resolve(out_dir, resume, ckpt, sizeof ckpt) : CTRL_OK;
+    if (st == CTRL_OK) st = setup(&r, reg, ckpt[0] ? ckpt : NULL);
+    const uint64_t seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
+    ctrl_train_state ts = {.seed = seed};
+    if (st == CTRL_OK && ckpt[0]) {
+        st = ctrl_checkpoint_load_state(ckpt, r.opt_ops, r.opt, &ts);
+        if (st == CTRL_OK && ts.seed != seed)
+            CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",
+                      (unsigned long long)seed, (unsigned long long)ts.seed),
+                ts.seed = seed;
+        if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
+    if (st == CTRL_OK) st = open_metrics(&r, out_dir, ts.step);
     if (st != CTRL_OK) {
         teardown(&r);
         return st;
@@ -263,70 +316,66 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     const double min_lr = ctrl_config_get_float(cfg, "train", "min_lr_rate", 0);
     const char *sched = ctrl_config_get_string(cfg, "train", "lr_scheduler_type");
     const long log_every = ctrl_config_get_int(cfg, "train", "logging_steps", 10);
-    const uint64_t seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
+    const long save_every = ctrl_config_get_int(cfg, "train", "save_steps", 500);
+    const long eval_every = ctrl_config_get_int(cfg, "train", "eval_steps", 0);
     const int shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true);
     size_t n_params;
     ctrl_model_params(r.model, &n_params);
     CTRL_INFO(
-        "training: %d examples (%ld dropped without a trained token, %ld truncated), %ld steps of %d x %d, "
+        "training: %d examples%s (%ld dropped without a trained token, %ld truncated), %ld steps of %d x %d, "
         "%zu parameters",
-        r.train.n, r.train.dropped_empty, r.train.truncated, total, bs, ga, n_params);
+        r.train.n, r.train.packed_from ? " (packed)" : "", r.train.dropped_empty, r.train.truncated, total,
+        bs, ga, n_params);
     int *order = malloc(sizeof(int) * (size_t)r.train.n);
-    long cursor = 0, epoch_seen = -1, num_tokens = 0;
-    double t_start = now(), win_loss = 0, win_acc = 0, win_norm = 0, win_ent = 0;
-    int win = 0;
-    for (long step = 0; step < total && st == CTRL_OK; step++) {
-        long epoch = cursor / r.train.n;
-        if (epoch != epoch_seen) {
-            shuffled(order, r.train.n, seed + (uint64_t)epoch, shuffle);
+    long epoch_seen = -1;
+    const long start_step = ts.step, start_tokens = ts.num_tokens;
+    const double t_start = now();
+    while (ts.step < total && st == CTRL_OK) {
+        const long step = ts.step, epoch = ts.cursor / r.train.n;
+        if (epoch != epoch_seen) { /* the order is a function of (seed, epoch): resumable */
+            shuffled(order, r.train.n, ts.seed + (uint64_t)epoch, shuffle);
             epoch_seen = epoch;
         }
         const double lr = ctrl_lr_at(sched ? sched : "linear", lr0, step, total, warmup, min_lr);
         step_stats s;
-        st = train_step(&r, order, &cursor, bs, ga, lr, step, &s);
-        if (st != CTRL_OK) break;
-        num_tokens += s.tokens;
-        win_loss += s.loss, win_acc += s.accuracy, win_norm += s.grad_norm, win_ent += s.entropy, win++;
-        const double elapsed = now() - t_start, rate = num_tokens / elapsed;
-        progress(step + 1, total, rate, elapsed / (step + 1) * (total - step - 1), s.loss);
-        if ((step + 1) % log_every == 0 || step + 1 == total) {
-            const double ep = (double)cursor / r.train.n;
-            fprintf(r.metrics,
-                    "{\"step\": %ld, \"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, "
-                    "\"entropy\": %.6f, \"mean_token_accuracy\": %.6f, \"num_tokens\": %ld, \"epoch\": %.4f, "
-                    "\"tokens_per_second\": %.1f}\n",
-                    step + 1, win_loss / win, win_norm / win, lr, win_ent / win, win_acc / win, num_tokens,
-                    ep, rate);
-            fflush(r.metrics);
-            if (!isatty(fileno(stderr)))
-                fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  acc %.3f  %.0f tok/s\n",
-                        step + 1, total, win_loss / win, win_norm / win, lr, win_acc / win, rate);
-            win_loss = win_acc = win_norm = win_ent = 0, win = 0;
+        st = train_step(&r, order, &ts.cursor, bs, ga, lr, step, &s);
+        if (st != CTRL_OK) {
+            if (st == CTRL_ERR_RUNTIME) { /* non-finite loss: say what is left to resume from */
+                char msg[1024];
+                snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+                ctrl_error_set(st, "%s; the last checkpoint in %s is intact", msg, out_dir);
+            }
+            break;
         }
-        if (interrupted && interrupted()) {
-            st = ctrl_error_set(CTRL_ERR_INTERRUPTED, "interrupted after step %ld; the model is saved",
-                                step + 1);
+        ts.step++, ts.num_tokens += s.tokens;
+        ts.win_loss += s.loss, ts.win_acc += s.accuracy, ts.win_norm += s.grad_norm, ts.win_ent += s.entropy;
+        ts.win++;
+        const double elapsed = now() - t_start, rate = (ts.num_tokens - start_tokens) / elapsed;
+        progress(ts.step, total, rate, elapsed / (ts.step - start_step) * (total - ts.step), s.loss);
+        if (ts.step % log_every == 0 || ts.step == total) log_window(&r, &ts, total, lr, rate);
+        if (eval_every > 0 && ts.step % eval_every == 0 && ts.step < total && r.eval.n)
+            st = run_eval(&r, bs, ts.step);
+        const int stop = interrupted && interrupted();
+        if (st == CTRL_OK && ts.step < total && (stop || (save_every > 0 && ts.step % save_every == 0)))
+            st = save_checkpoint(&r, out_dir, &ts);
+        if (st == CTRL_OK && stop) {
+            st = ctrl_error_set(
+                CTRL_ERR_INTERRUPTED,
+                "interrupted after step %ld: checkpoint and model saved; continue with [train] "
+                "resume_from_checkpoint = last",
+                ts.step);
             break;
         }
     }
     free(order);
-    if (st == CTRL_OK && r.eval.n) {
-        eval_result e;
-        st = evaluate(r.model, &r.eval, bs, &e);
-        if (st == CTRL_OK) {
-            fprintf(r.metrics,
-                    "{\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f}\n",
-                    e.loss, e.accuracy, e.exact_match);
-            CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples)", e.loss,
-                      e.accuracy, e.exact_match, r.eval.n);
-        }
-    }
+    if (st == CTRL_OK && r.eval.n) st = run_eval(&r, bs, 0);
     /* Save on success and on interruption, never after a failed step. */
     if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ctrl_error_message());
         ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
-        if (s2 == CTRL_OK) s2 = copy_tokenizer_files(ctrl_config_get_string(cfg, "model", "path"), out_dir);
+        if (s2 == CTRL_OK)
+            s2 = ctrl_copy_tokenizer_files(ctrl_config_get_string(cfg, "model", "path"), out_dir);
         if (s2 != CTRL_OK)
             st = s2;
         else {

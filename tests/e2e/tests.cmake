@@ -9,3 +9,10 @@ if(TARGET ctrl_cli)
                                    ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_train PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# Checkpoints: exact resume, save_total_limit, kill -9 mid-save, SIGINT (tests/e2e/test_checkpoint.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_checkpoint COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_checkpoint.sh $<TARGET_FILE:ctrl_cli>
+                                        ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_checkpoint PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

@@ -1,0 +1,276 @@
+/* Atomic training checkpoints and resume. */
+#include <cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "file_text.h"
+#include "model/safetensors.h"
+#include "train/checkpoint.h"
+
+static ctrl_status fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+    int bad = fsync(fd) != 0;
+    close(fd);
+    return bad ? ctrl_error_set(CTRL_ERR_IO, "%s: fsync failed", path) : CTRL_OK;
+}
+
+ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to) {
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "chat_template.jinja"};
+    for (int i = 0; i < 4; i++) {
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/%s", from, files[i]);
+        snprintf(b, sizeof b, "%s/%s", to, files[i]);
+        FILE *in = fopen(a, "rb");
+        if (!in) continue;
+        FILE *out = fopen(b, "wb");
+        if (!out) {
+            fclose(in);
+            return ctrl_error_set(CTRL_ERR_IO, "%s: %s", b, strerror(errno));
+        }
+        char buf[1 << 16];
+        size_t n;
+        int bad = 0;
+        while ((n = fread(buf, 1, sizeof buf, in)) > 0) bad |= fwrite(buf, 1, n, out) != n;
+        fclose(in);
+        bad |= fflush(out) != 0 || fsync(fileno(out)) != 0;
+        if (fclose(out) != 0 || bad) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", b);
+    }
+    return CTRL_OK;
+}
+
+/* A test hook (CTRL_TEST_SAVE_DELAY_MS): a pause between the files of a checkpoint, so that the
+ * kill-mid-save test can hit the window it means to. */
+static void test_pause(void) {
+    const char *ms = getenv("CTRL_TEST_SAVE_DELAY_MS");
+    if (!ms) return;
+    struct timespec ts = {atol(ms) / 1000, (atol(ms) % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt) {
+    const int n = ops->state_count ? ops->state_count(opt) : 0;
+    ctrl_st_write *t = calloc((size_t)(n ? n : 1), sizeof *t);
+    char(*names)[80] = calloc((size_t)(n ? n : 1), sizeof *names);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < n && st == CTRL_OK; i++) {
+        const char *name;
+        float *data;
+        int64_t numel;
+        st = ops->state_get(opt, i, &name, &data, &numel);
+        snprintf(names[i], sizeof names[i], "%06d.%s", i, st == CTRL_OK ? name : "");
+        t[i] = (ctrl_st_write){.name = names[i], .data = data, .ndim = 1, .shape = {numel}};
+    }
+    if (st == CTRL_OK) st = ctrl_safetensors_write(path, t, n, CTRL_F32);
+    free(t), free(names);
+    return st;
+}
+
+static ctrl_status write_state(const char *path, const ctrl_train_state *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "global_step", (double)s->step);
+    cJSON_AddNumberToObject(o, "cursor", (double)s->cursor);
+    cJSON_AddNumberToObject(o, "num_tokens", (double)s->num_tokens);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
+    cJSON_AddStringToObject(o, "seed", seed);
+    /* the open logging window, as hex floats so that it round-trips exactly */
+    const double w[4] = {s->win_loss, s->win_acc, s->win_norm, s->win_ent};
+    static const char *const names[4] = {"window_loss", "window_accuracy", "window_grad_norm",
+                                         "window_entropy"};
+    for (int i = 0; i < 4; i++) {
+        char hex[64];
+        snprintf(hex, sizeof hex, "%a", w[i]);
+        cJSON_AddStringToObject(o, names[i], hex);
+    }
+    cJSON_AddNumberToObject(o, "window_steps", s->win);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        cJSON_free(text);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    int bad = fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0;
+    cJSON_free(text);
+    if (fclose(f) != 0 || bad) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", path);
+    return CTRL_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(const char *dir) { nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* The step of a complete checkpoint directory name ("checkpoint-<digits>"), else -1. */
+static long checkpoint_step(const char *name) {
+    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
+    char *end;
+    long v = strtol(name + 11, &end, 10);
+    return *end ? -1 : v;
+}
+
+static int cmp_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* Complete checkpoints in out_dir, sorted by step; returns the count (malloc'd *steps). */
+static int list_checkpoints(const char *out_dir, long **steps) {
+    DIR *d = opendir(out_dir);
+    int n = 0, cap = 16;
+    *steps = malloc(sizeof(long) * (size_t)cap);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        long s = checkpoint_step(e->d_name);
+        char state[4400];
+        snprintf(state, sizeof state, "%s/%s/trainer_state.json", out_dir, e->d_name);
+        if (s < 0 || access(state, R_OK) != 0) continue;
+        if (n == cap) *steps = realloc(*steps, sizeof(long) * (size_t)(cap *= 2));
+        (*steps)[n++] = s;
+    }
+    if (d) closedir(d);
+    qsort(*steps, (size_t)n, sizeof(long), cmp_long);
+    return n;
+}
+
+/* Temporary checkpoints a killed run left behind (never complete, never resumed from). */
+static void remove_stale_tmp(const char *out_dir) {
+    DIR *d = opendir(out_dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (strncmp(e->d_name, "checkpoint-", 11) != 0 || !strstr(e->d_name, ".tmp-")) continue;
+        char path[4400];
+        snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
+        remove_tree(path);
+    }
+    if (d) closedir(d);
+}
+
+ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char *tokenizer_dir,
+                                 const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
+                                 const ctrl_train_state *s, int keep, char *written, size_t cap) {
+    char final[4200], tmp[4300], path[4400];
+    snprintf(final, sizeof final, "%s/checkpoint-%ld", out_dir, s->step);
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", final, (int)getpid());
+    remove_stale_tmp(out_dir);
+    if (mkdir(tmp, 0777) != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", tmp, strerror(errno));
+    ctrl_status st = ctrl_model_save(m, tmp, CTRL_F32);
+    test_pause();
+    if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(tokenizer_dir, tmp);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if (st == CTRL_OK) st = save_optimizer(path, ops, opt);
+    test_pause();
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmp); /* last: it marks the checkpoint complete */
+    if (st == CTRL_OK) st = write_state(path, s);
+    if (st == CTRL_OK) st = fsync_path(tmp);
+    if (st == CTRL_OK) {
+        remove_tree(final); /* a checkpoint of the same step from an earlier, resumed-over run */
+        if (rename(tmp, final) != 0) st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", final, strerror(errno));
+    }
+    if (st == CTRL_OK) st = fsync_path(out_dir);
+    if (st != CTRL_OK) {
+        remove_tree(tmp);
+        return st;
+    }
+    if (written) snprintf(written, cap, "%s", final);
+    if (keep > 0) { /* save_total_limit: the oldest go */
+        long *steps;
+        int n = list_checkpoints(out_dir, &steps);
+        for (int i = 0; i + keep < n; i++) {
+            snprintf(path, sizeof path, "%s/checkpoint-%ld", out_dir, steps[i]);
+            remove_tree(path);
+        }
+        free(steps);
+    }
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char *path, size_t cap) {
+    if (strcmp(spec, "last") != 0) {
+        char state[4400];
+        snprintf(state, sizeof state, "%s/trainer_state.json", spec);
+        if (access(state, R_OK) != 0)
+            return ctrl_error_set(CTRL_ERR_CONFIG,
+                                  "[train] resume_from_checkpoint = %s: not a complete checkpoint (no "
+                                  "trainer_state.json)",
+                                  spec);
+        snprintf(path, cap, "%s", spec);
+        return CTRL_OK;
+    }
+    long *steps;
+    int n = list_checkpoints(out_dir, &steps);
+    if (n == 0) {
+        free(steps);
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "[train] resume_from_checkpoint = last: no complete checkpoint in %s", out_dir);
+    }
+    snprintf(path, cap, "%s/checkpoint-%ld", out_dir, steps[n - 1]);
+    free(steps);
+    return CTRL_OK;
+}
+
+static int get_long(const cJSON *o, const char *key, long *v) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(j)) return -1;
+    *v = (long)j->valuedouble;
+    return 0;
+}
+
+static int get_hex(const cJSON *o, const char *key, double *v) {
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(j)) return -1;
+    *v = strtod(j->valuestring, NULL);
+    return 0;
+}
+
+ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
+                                       ctrl_train_state *s) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    if (!text) return st;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    long win = 0;
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
+    int bad = !o || get_long(o, "global_step", &s->step) || get_long(o, "cursor", &s->cursor) ||
+              get_long(o, "num_tokens", &s->num_tokens) || !cJSON_IsString(seed) ||
+              get_hex(o, "window_loss", &s->win_loss) || get_hex(o, "window_accuracy", &s->win_acc) ||
+              get_hex(o, "window_grad_norm", &s->win_norm) || get_hex(o, "window_entropy", &s->win_ent) ||
+              get_long(o, "window_steps", &win);
+    if (!bad) s->seed = strtoull(seed->valuestring, NULL, 10), s->win = (int)win;
+    cJSON_Delete(o);
+    if (bad) return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a ctrl trainer state", path);
+    /* optimizer buffers, by name and size */
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    ctrl_safetensors *sf;
+    if ((st = ctrl_safetensors_open(path, &sf)) != CTRL_OK) return st;
+    const int n = ops->state_count ? ops->state_count(opt) : 0;
+    for (int i = 0; i < n && st == CTRL_OK; i++) {
+        const char *name;
+        float *data;
+        int64_t numel;
+        char key[80];
+        st = ops->state_get(opt, i, &name, &data, &numel);
+        snprintf(key, sizeof key, "%06d.%s", i, st == CTRL_OK ? name : "");
+        if (st == CTRL_OK) st = ctrl_safetensors_read_f32(sf, key, data, numel);
+    }
+    ctrl_safetensors_close(sf);
+    if (st != CTRL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+        return ctrl_error_set(st, "%s: the optimizer state does not fit this optimizer (%s)", dir, msg);
+    }
+    return CTRL_OK;
+}

@@ -1,0 +1,41 @@
+/* Training checkpoints: output_dir/checkpoint-STEP/ holds an HF model directory (config.json,
+ * model.safetensors, tokenizer files), optimizer.safetensors (the optimizer's state buffers by name)
+ * and trainer_state.json (step, data position, seed, token count, the open logging window). It is
+ * written into checkpoint-STEP.tmp-PID, every file fsynced, then renamed: a kill at any moment
+ * leaves either the previous checkpoints or the complete new one. */
+#ifndef CTRL_CORE_CHECKPOINT_H
+#define CTRL_CORE_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ctrl/optimizer.h>
+
+#include "model/model.h"
+
+/* Everything besides weights and optimizer buffers that a resumed run needs to continue the
+ * same loss curve. */
+typedef struct ctrl_train_state {
+    long step;   /* optimizer steps done */
+    long cursor; /* training examples consumed (the data position; the epoch is cursor / n) */
+    long num_tokens;
+    uint64_t seed;
+    double win_loss, win_acc, win_norm, win_ent; /* sums over the logging window not yet written */
+    int win;
+} ctrl_train_state;
+
+/* Copies tokenizer.json, tokenizer_config.json and special_tokens_map.json (those present). */
+ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to);
+
+/* Writes output_dir/checkpoint-<step> atomically, then removes the oldest checkpoints beyond
+ * `keep` (0 keeps all). *written (may be NULL) receives the directory. */
+ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char *tokenizer_dir,
+                                 const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
+                                 const ctrl_train_state *s, int keep, char *written, size_t cap);
+/* `spec` is a checkpoint directory or "last" (the newest complete checkpoint in out_dir). */
+ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char *path, size_t cap);
+/* Restores the optimizer buffers and the trainer state (the weights load with ctrl_model_load). */
+ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
+                                       ctrl_train_state *s);
+
+#endif
