@@ -1,14 +1,7 @@
 #!/usr/bin/env bash
 # CLI contract: exit codes 0 ok / 1 run-time / 2 usage or config, and messages naming what is wrong.
 # usage: test_cli.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
-set -u
-CTRL=$1
-PLUGINS=$2
-SRC=$3
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
+source "$(dirname "$0")/../e2e/e2e_common.sh"
 
 # expect CODE DESCRIPTION -- COMMAND...: runs it, checks the exit code; output in $TMP/out
 expect() {
@@ -36,7 +29,6 @@ contains() {
   fi
 }
 
-C=("$CTRL" --plugin-dir "$PLUGINS")
 
 expect 2 "no command" -- "$CTRL"
 contains "usage: ctrl" "no command prints usage"

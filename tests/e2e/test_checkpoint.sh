@@ -5,21 +5,8 @@
 # SIGINT saves a checkpoint, exits 130, and `resume_from_checkpoint = last` continues from it; a
 # missing checkpoint is a clear error.
 # usage: test_checkpoint.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
-set -u
-CTRL=$1
-PLUGINS=$2
-SRC=$3
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-C=("$CTRL" --plugin-dir "$PLUGINS")
-
-bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 5 >/dev/null
-"${C[@]}" model init --arch qwen2 --hidden 32 --layers 2 --heads 2 --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" \
-  --out "$TMP/model" >/dev/null || bad "model init"
+source "$(dirname "$0")/e2e_common.sh"
+tiny_setup 5 2
 cat >"$TMP/run.ini" <<INI
 [run]
 output_dir = $TMP/full
@@ -97,5 +84,4 @@ grep -q "\"step\": $((step + 2))," "$TMP/int/metrics.jsonl" && ok || bad "no ste
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/none" --set train.resume_from_checkpoint="$TMP/data" >"$TMP/log" 2>&1
 [ $? -ne 0 ] && grep -q "not a complete checkpoint" "$TMP/log" && ok || bad "resume from a non-checkpoint"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

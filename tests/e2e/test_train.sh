@@ -3,21 +3,8 @@
 # model saved and loadable again), gradient accumulation does not change the loss (bs 4 x ga 1
 # equals bs 1 x ga 4 at step 1), a malformed row is reported with file:line, SIGINT saves.
 # usage: test_train.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
-set -u
-CTRL=$1
-PLUGINS=$2
-SRC=$3
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-C=("$CTRL" --plugin-dir "$PLUGINS")
-
-bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 7 >/dev/null
-"${C[@]}" model init --arch qwen2 --hidden 32 --layers 1 --heads 2 --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" \
-  --out "$TMP/model" >/dev/null || bad "model init"
+source "$(dirname "$0")/e2e_common.sh"
+tiny_setup 7 1
 cat >"$TMP/run.ini" <<INI
 [run]
 output_dir = $TMP/out
@@ -80,5 +67,4 @@ wait $pid
 rc=$?
 [ $rc -eq 130 ] && [ -f "$TMP/int/model.safetensors" ] && ok || { bad "SIGINT: exit $rc"; tail -3 "$TMP/log"; }
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
