@@ -97,8 +97,9 @@ static const ctrl_option train_options[] = {
 };
 
 static const ctrl_option memory_options[] = {
-    {"strategies", CTRL_OPT_LIST, "", 0, 0, 0, NULL,
-     "Memory-strategy plugins applied around each layer, in order (e.g. checkpointing, offload)."},
+    {"strategies", CTRL_OPT_LIST, "checkpointing", 0, 0, 0, NULL,
+     "Memory-strategy plugins applied around each layer (checkpointing: recompute activations in backward, "
+     "TRL's default gradient_checkpointing; empty: keep every activation)."},
     CTRL_OPTION_END,
 };
 

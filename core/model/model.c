@@ -1,5 +1,8 @@
-/* The decoder forward and backward (see model.h). Activations of every layer are kept for
- * backward; memory strategies (checkpointing) will hook in around each layer. */
+/* The decoder forward and backward (see model.h). Each layer's input (the residual stream) is kept
+ * for backward; its internal activations are kept too, unless a memory strategy asks for the layer
+ * to be recomputed (activation checkpointing): then the layer runs on one shared set of internal
+ * buffers, and backward runs the layer's forward again from its saved input before its backward.
+ * The kernels are deterministic, so the recomputed activations, and the gradients, are identical. */
 #include "model/model.h"
 
 #include <math.h>
@@ -37,6 +40,12 @@ struct ctrl_model {
     float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
     ctrl_batch batch;
     int32_t *batch_mem;
+    /* memory strategy (may be NULL) and which layers it recomputes */
+    const ctrl_memory_ops *mem_ops;
+    ctrl_memory *mem;
+    uint8_t *recompute;
+    int n_recompute;
+    size_t act_bytes;
 };
 
 static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
@@ -127,6 +136,7 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
 
 void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
+    free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
     free(m->cos_tab), free(m->sin_tab), free(m->batch_mem);
     free(m);
@@ -167,26 +177,52 @@ static ctrl_status ensure_rope(ctrl_model *m, int max_pos) {
     return CTRL_OK;
 }
 
-/* Activation memory for T tokens, carved into the per-layer views. */
+void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem) {
+    m->mem_ops = ops, m->mem = mem;
+    free(m->recompute);
+    m->recompute = calloc((size_t)m->cfg.n_layers, 1);
+    m->n_recompute = 0;
+    for (int l = 0; ops && ops->recompute && l < m->cfg.n_layers; l++)
+        m->n_recompute += m->recompute[l] = ops->recompute(mem, l) != 0;
+    m->act_cap_T = 0; /* the activation layout changes */
+}
+
+size_t ctrl_model_activation_bytes(const ctrl_model *m) { return m->act_bytes; }
+
+static int recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
+
+/* Activation memory for T tokens, carved into the per-layer views: every layer's input, and the
+ * internals of each layer that is not recomputed, plus one shared set for those that are. */
 static ctrl_status ensure_acts(ctrl_model *m, int T) {
     const ctrl_model_config *c = &m->cfg;
     const size_t C = c->hidden_size, I = c->intermediate_size, QD = (size_t)c->n_heads * c->head_dim,
                  KD = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t per_layer = 5 * C + 2 + 3 * QD + 4 * KD + c->n_heads + c->n_kv_heads + c->n_heads + 3 * I;
+    const size_t internals = 4 * C + 2 + 3 * QD + 4 * KD + c->n_heads + c->n_kv_heads + c->n_heads + 3 * I;
     const size_t top = 2 * C + 3;
     if (T <= m->act_cap_T) return CTRL_OK;
+    const int kept = c->n_layers - m->n_recompute, shared = m->n_recompute > 0;
+    const size_t floats = (size_t)T * (C * c->n_layers + internals * (kept + shared) + top);
     free(m->act_mem);
-    m->act_mem = malloc(sizeof(float) * (size_t)T * (per_layer * c->n_layers + top));
+    m->act_mem = malloc(sizeof(float) * floats);
     if (!m->act_mem) return ctrl_error_set(CTRL_ERR_NOMEM, "model: activations for %d tokens", T);
+    m->act_bytes = sizeof(float) * floats;
     float *p = m->act_mem;
 #define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
-    for (int l = 0; l < c->n_layers; l++) {
-        layer_acts *a = &m->acts[l];
-        a->x_in = TAKE(C), a->ln1 = TAKE(C), a->rstd1 = TAKE(1), a->q_raw = TAKE(QD), a->k_raw = TAKE(KD);
+    layer_acts work = {0};
+    for (int l = -1; l < c->n_layers; l++) { /* l = -1: the shared set */
+        if (l >= 0) m->acts[l].x_in = TAKE(C);
+        if (l < 0 ? !shared : recomputed(m, l)) {
+            if (l >= 0) { /* internals in the shared set */
+                float *x_in = m->acts[l].x_in;
+                m->acts[l] = work, m->acts[l].x_in = x_in;
+            }
+            continue;
+        }
+        layer_acts *a = l < 0 ? &work : &m->acts[l];
+        a->ln1 = TAKE(C), a->rstd1 = TAKE(1), a->q_raw = TAKE(QD), a->k_raw = TAKE(KD);
         a->q_rstd = TAKE(c->n_heads), a->k_rstd = TAKE(c->n_kv_heads), a->q = TAKE(QD), a->k = TAKE(KD);
         a->v = TAKE(KD), a->att = TAKE(QD), a->lse = TAKE(c->n_heads), a->x_mid = TAKE(C), a->ln2 = TAKE(C);
         a->rstd2 = TAKE(1), a->g = TAKE(I), a->u = TAKE(I), a->h = TAKE(I);
-        (void)KD;
     }
     m->x_out = TAKE(C), m->lnf = TAKE(C), m->rstdf = TAKE(1), m->head_lse = TAKE(1), m->head_ent = TAKE(1);
 #undef TAKE
@@ -230,6 +266,43 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
     return CTRL_OK;
 }
 
+/* One decoder layer from acts[l].x_in; writes the layer's output into `next` (NULL: stop after the
+ * MLP's activations, which is all a recompute for backward needs). */
+static ctrl_status layer_forward(ctrl_model *m, int l, float *next) {
+    const ctrl_model_config *c = &m->cfg;
+    const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
+              D = c->head_dim;
+    const float eps = c->rms_norm_eps, *P = m->params;
+    const int32_t *positions = m->batch.positions;
+    const layer_offsets *o = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    ctrl_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps);
+    ctrl_cpu_linear_forward(a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
+    ctrl_cpu_linear_forward(a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
+    ctrl_cpu_linear_forward(a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
+    const float *qin = a->q_raw, *kin = a->k_raw;
+    if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
+        ctrl_cpu_rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps);
+        ctrl_cpu_rmsnorm_forward(a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D, eps);
+        qin = a->q, kin = a->k;
+    }
+    ctrl_cpu_rope_forward(a->q, qin, positions, m->cos_tab, m->sin_tab, T, H, D);
+    ctrl_cpu_rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D);
+    ctrl_attention_args args = attn_args(m, a);
+    ctrl_status st = m->attn->forward(&args, NULL);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "layer %d attention", l);
+    ctrl_cpu_linear_forward(a->x_mid, a->att, P + o->wo, NULL, T, H * D, C);
+    ctrl_cpu_residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C);
+    ctrl_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps);
+    ctrl_cpu_linear_forward(a->g, a->ln2, P + o->wg, NULL, T, C, I);
+    ctrl_cpu_linear_forward(a->u, a->ln2, P + o->wu, NULL, T, C, I);
+    ctrl_cpu_swiglu_forward(a->h, a->g, a->u, (int64_t)T * I);
+    if (!next) return CTRL_OK;
+    ctrl_cpu_linear_forward(next, a->h, P + o->wd, NULL, T, I, C);
+    ctrl_cpu_residual_forward(next, next, a->x_mid, (int64_t)T * C);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy,
                                int32_t *correct) {
     const ctrl_model_config *c = &m->cfg;
@@ -254,38 +327,18 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
                             .targets = bm + 2 * b->T,
                             .cu_seqlens = bm + 3 * b->T};
     m->T = b->T;
-    const int T = b->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
-              D = c->head_dim;
+    const int T = b->T, C = c->hidden_size;
     const float eps = c->rms_norm_eps, *P = m->params;
     float *x = m->acts[0].x_in;
     ctrl_cpu_embedding_forward(x, b->tokens, P + m->off_embed, T, C);
     for (int l = 0; l < c->n_layers; l++) {
-        const layer_offsets *o = &m->layers[l];
-        layer_acts *a = &m->acts[l];
-        float *next = l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out;
-        ctrl_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps);
-        ctrl_cpu_linear_forward(a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
-        ctrl_cpu_linear_forward(a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
-        ctrl_cpu_linear_forward(a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
-        const float *qin = a->q_raw, *kin = a->k_raw;
-        if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
-            ctrl_cpu_rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps);
-            ctrl_cpu_rmsnorm_forward(a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D, eps);
-            qin = a->q, kin = a->k;
-        }
-        ctrl_cpu_rope_forward(a->q, qin, b->positions, m->cos_tab, m->sin_tab, T, H, D);
-        ctrl_cpu_rope_forward(a->k, kin, b->positions, m->cos_tab, m->sin_tab, T, HK, D);
-        ctrl_attention_args args = attn_args(m, a);
-        if ((st = m->attn->forward(&args, NULL)) != CTRL_OK)
-            return ctrl_error_wrap(st, "layer %d attention", l);
-        ctrl_cpu_linear_forward(a->x_mid, a->att, P + o->wo, NULL, T, H * D, C);
-        ctrl_cpu_residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C);
-        ctrl_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps);
-        ctrl_cpu_linear_forward(a->g, a->ln2, P + o->wg, NULL, T, C, I);
-        ctrl_cpu_linear_forward(a->u, a->ln2, P + o->wu, NULL, T, C, I);
-        ctrl_cpu_swiglu_forward(a->h, a->g, a->u, (int64_t)T * I);
-        ctrl_cpu_linear_forward(next, a->h, P + o->wd, NULL, T, I, C);
-        ctrl_cpu_residual_forward(next, next, a->x_mid, (int64_t)T * C);
+        if (m->mem_ops && m->mem_ops->before_forward &&
+            (st = m->mem_ops->before_forward(m->mem, l)) != CTRL_OK)
+            return st;
+        if ((st = layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out)) != CTRL_OK)
+            return st;
+        if (m->mem_ops && m->mem_ops->after_forward && (st = m->mem_ops->after_forward(m->mem, l)) != CTRL_OK)
+            return st;
     }
     ctrl_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps);
     ctrl_head_args ha = {.hidden = m->lnf,
@@ -338,6 +391,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const layer_offsets *o = &m->layers[l];
         layer_acts *a = &m->acts[l];
+        if (m->mem_ops && m->mem_ops->before_backward &&
+            (st = m->mem_ops->before_backward(m->mem, l)) != CTRL_OK)
+            goto done;
+        if (recomputed(m, l) && (st = layer_forward(m, l, NULL)) != CTRL_OK) goto done;
         /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
         ctrl_cpu_linear_backward(d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C);
         ctrl_cpu_swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I);
@@ -373,6 +430,9 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         add_into(dtmp, d1, (int64_t)T * C);
         ctrl_cpu_rmsnorm_backward(d1, G + o->ln1, dtmp, a->x_in, P + o->ln1, a->rstd1, T, C);
         add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_in */
+        if (m->mem_ops && m->mem_ops->after_backward &&
+            (st = m->mem_ops->after_backward(m->mem, l)) != CTRL_OK)
+            goto done;
     }
     ctrl_cpu_embedding_backward(G + m->off_embed, dres, m->batch.tokens, T, C);
 done:

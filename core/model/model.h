@@ -6,6 +6,7 @@
 #define CTRL_CORE_MODEL_H
 
 #include <ctrl/attention.h>
+#include <ctrl/memory.h>
 
 #include "model/model_config.h"
 
@@ -52,6 +53,11 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *lo
                                int32_t *correct);
 /* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward. */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
+/* Attaches a memory strategy (NULL: none): its hooks run around each layer, and the layers it
+ * recomputes keep only their input through the forward (activation checkpointing). */
+void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+/* Bytes of activations the model holds for the last forward's length. */
+size_t ctrl_model_activation_bytes(const ctrl_model *m);
 void ctrl_model_zero_grad(ctrl_model *m);
 
 #endif

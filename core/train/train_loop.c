@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <ctrl/memory.h>
 #include <ctrl/optimizer.h>
 #include <ctrl/trainer.h>
 
@@ -86,10 +87,30 @@ typedef struct run_state {
     ctrl_trainer *trainer;
     const ctrl_optimizer_ops *opt_ops;
     ctrl_optimizer *opt;
+    const ctrl_memory_ops *mem_ops;
+    ctrl_memory *mem;
     ctrl_param_group *groups;
     int n_groups;
     FILE *metrics;
 } run_state;
+
+/* The [memory] strategy, attached to the model (one at a time so far). */
+static ctrl_status attach_memory(run_state *r, const ctrl_registry *reg) {
+    const int n = ctrl_config_list_count(r->cfg, "memory", "strategies");
+    if (n == 0) return CTRL_OK;
+    char name[128];
+    ctrl_config_list_item(r->cfg, "memory", "strategies", 0, name, sizeof name);
+    if (n > 1)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] strategies: one strategy at a time so far (got %d)", n);
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_MEMORY, name);
+    if (!e) return ctrl_error_set(CTRL_ERR_PLUGIN, "[memory] strategies: '%s' is not loaded", name);
+    r->mem_ops = e->plugin->ops;
+    ctrl_status st =
+        r->mem_ops->create(ctrl_host_table(), r->cfg, ctrl_model_cfg(r->model)->n_layers, &r->mem);
+    if (st == CTRL_OK) ctrl_model_set_memory(r->model, r->mem_ops, r->mem);
+    return st;
+}
 
 /* Loads plugins, model (its weights from `weights_dir` when resuming), tokenizer, data, optimizer. */
 static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *weights_dir) {
@@ -114,6 +135,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
     ctrl_status st = r->trainer_ops->create(host, cfg, &r->trainer);
     if (st == CTRL_OK)
         st = ctrl_model_load(weights_dir ? weights_dir : model_path, ae->plugin->ops, &r->model);
+    if (st == CTRL_OK) st = attach_memory(r, reg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
     if (st == CTRL_OK) st = ctrl_datasets_load(cfg, r->tok, &r->train, &r->eval);
     if (st != CTRL_OK) return st;
@@ -136,6 +158,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
 static void teardown(run_state *r) {
     if (r->opt) r->opt_ops->destroy(r->opt);
     if (r->trainer) r->trainer_ops->destroy(r->trainer);
+    if (r->mem) r->mem_ops->destroy(r->mem);
     ctrl_dataset_free(&r->train);
     ctrl_dataset_free(&r->eval);
     ctrl_tokenizer_free(r->tok);

@@ -265,7 +265,7 @@ TEST(core_defaults_complete) {
     CHECK(ctrl_config_get_bool(cfg, "data", "padding_free", false));
     CHECK(!ctrl_config_get_bool(cfg, "peft", "enabled", true));
     CHECK_STR(ctrl_config_get_string(cfg, "data", "packing_strategy"), "bfd");
-    CHECK_STR(ctrl_config_get_string(cfg, "memory", "strategies"), "");
+    CHECK_STR(ctrl_config_get_string(cfg, "memory", "strategies"), "checkpointing");
     ctrl_config_free(cfg);
     ctrl_registry_destroy(reg);
 }
@@ -492,8 +492,8 @@ TEST(sections_and_lists) {
     CHECK_STR(ctrl_config_list_item(cfg, "peft", "target_modules", 2, buf, sizeof buf), "o_proj");
     CHECK_EQ_INT(ctrl_config_list_count(cfg, "nope", "nothing"), 0);
     ctrl_config_free(cfg);
-    /* An empty list (the default strategies) has no items. */
-    path = write_ini("nolist.ini", "[model]\npath = m\n", 0);
+    /* An empty list has no items. */
+    path = write_ini("nolist.ini", "[model]\npath = m\n[memory]\nstrategies =\n", 0);
     CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_OK);
     if (cfg) {
         CHECK_EQ_INT(ctrl_config_list_count(cfg, "memory", "strategies"), 0);
