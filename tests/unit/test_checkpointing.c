@@ -1,7 +1,8 @@
-/* Activation checkpointing (the `checkpointing` memory plugin): on a packed batch of the TRL-parity
- * model, log-probabilities and every gradient are bit-identical with and without it, for both
- * attention plugins and for recomputing every layer or every other one; the activations the
- * model holds are fewer with it. */
+/* Activation checkpointing (the `checkpointing` memory plugin): on a packed batch, for the
+ * TRL-parity model and the Llama, Mistral (sliding window), Qwen2 (q/k/v bias) and Qwen3 (q/k
+ * norms) fixture models, log-probabilities and every gradient are bit-identical with and without
+ * it, for both attention plugins and for recomputing every layer or every other one; the
+ * activations the model holds are fewer with it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,6 @@
 #include "model/model.h"
 #include "registry.h"
 #include "test.h"
-
-#define MODEL CTRL_FIXTURE_DIR "/trl_sft/model"
 
 static ctrl_registry *registry(void) {
     ctrl_registry *reg;
@@ -42,10 +41,10 @@ typedef struct run {
     size_t n, act_bytes;
 } run;
 
-static void forward_backward(const ctrl_plugin_entry *attn, const ctrl_memory_ops *mops, ctrl_memory *mem,
-                             run *r) {
+static void forward_backward(const char *model, const ctrl_plugin_entry *attn, const ctrl_memory_ops *mops,
+                             ctrl_memory *mem, run *r) {
     ctrl_model *m;
-    CHECK_EQ_INT(ctrl_model_load(MODEL, attn->plugin->ops, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(model, attn->plugin->ops, &m), CTRL_OK);
     if (!m) return;
     if (mops) ctrl_model_set_memory(m, mops, mem);
     ctrl_batch b;
@@ -61,7 +60,9 @@ static void forward_backward(const ctrl_plugin_entry *attn, const ctrl_memory_op
     ctrl_model_free(m);
 }
 
-static void compare(const char *attention, long every) {
+static void compare(const char *model, const char *attention, long every) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, model);
     ctrl_registry *reg = registry();
     const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
     const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
@@ -72,7 +73,7 @@ static void compare(const char *attention, long every) {
     char ini[256];
     snprintf(ini, sizeof ini, "/tmp/ctrl-ckpt-%d.ini", (int)getpid());
     FILE *f = fopen(ini, "w");
-    fprintf(f, "[model]\npath = %s\n[checkpointing]\nevery = %ld\n", MODEL, every);
+    fprintf(f, "[model]\npath = %s\n[checkpointing]\nevery = %ld\n", dir, every);
     fclose(f);
     ctrl_config *cfg = NULL;
     CHECK_EQ_INT(ctrl_config_load(ini, NULL, 0, reg, &cfg), CTRL_OK);
@@ -80,25 +81,37 @@ static void compare(const char *attention, long every) {
     const ctrl_memory_ops *mops = ckpt->plugin->ops;
     CHECK_EQ_INT(mops->create(ctrl_host_table(), cfg, 2, &mem), CTRL_OK);
     run plain = {0}, recomputed = {0};
-    forward_backward(attn, NULL, NULL, &plain);
-    forward_backward(attn, mops, mem, &recomputed);
+    forward_backward(dir, attn, NULL, NULL, &plain);
+    forward_backward(dir, attn, mops, mem, &recomputed);
     CHECK_EQ_INT(plain.n, recomputed.n);
-    CHECK(memcmp(plain.logp, recomputed.logp, sizeof plain.logp) == 0);
+    CHECK_MSG(memcmp(plain.logp, recomputed.logp, sizeof plain.logp) == 0, "%s/%s every %ld: logp differ",
+              model, attention, every);
     CHECK_MSG(plain.grads && recomputed.grads &&
                   memcmp(plain.grads, recomputed.grads, sizeof(float) * plain.n) == 0,
-              "%s every %ld: gradients differ with checkpointing", attention, every);
+              "%s/%s every %ld: gradients differ with checkpointing", model, attention, every);
     /* all layers recomputed: one set of internals instead of one per layer (every 2 on this 2-layer
      * model keeps one layer's and the shared set: no saving, but no loss either) */
     CHECK_MSG(every == 1 ? recomputed.act_bytes < plain.act_bytes : recomputed.act_bytes <= plain.act_bytes,
-              "activations %zu with, %zu without", recomputed.act_bytes, plain.act_bytes);
-    printf("  %s, every %ld layer(s): activations %zu -> %zu bytes for 121 tokens\n", attention, every,
-           plain.act_bytes, recomputed.act_bytes);
+              "%s/%s: activations %zu with, %zu without", model, attention, recomputed.act_bytes,
+              plain.act_bytes);
+    printf("  %s, %s, every %ld layer(s): activations %zu -> %zu bytes for 121 tokens\n", model, attention,
+           every, plain.act_bytes, recomputed.act_bytes);
     free(plain.grads), free(recomputed.grads);
     mops->destroy(mem);
     ctrl_config_free(cfg);
     ctrl_registry_destroy(reg);
 }
 
-TEST(identical_with_flash) { compare("flash", 1); }
-TEST(identical_with_eager) { compare("eager", 1); }
-TEST(identical_every_other_layer) { compare("flash", 2); }
+static const char *const models[] = {"trl_sft/model", "models/llama", "models/mistral", "models/qwen2",
+                                     "models/qwen3"};
+
+TEST(identical_with_flash) {
+    for (int i = 0; i < 5; i++) compare(models[i], "flash", 1);
+}
+TEST(identical_with_eager) {
+    for (int i = 0; i < 5; i++) compare(models[i], "eager", 1);
+}
+TEST(identical_every_other_layer) {
+    compare("trl_sft/model", "flash", 2);
+    compare("models/qwen3", "eager", 2);
+}
