@@ -1,13 +1,17 @@
 /* Forward + backward tokens/s and peak RSS of a model directory on the CPU (the flash attention
  * plugin loaded from the plugin directory), on a packed batch of equal-length sequences of random
  * tokens: the ctrl side of bench/cpu/run.sh, which runs PyTorch on the same model and batch.
- * usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS */
+ * MEMORY names a memory strategy plugin to attach (e.g. checkpointing, with its defaults); none
+ * by default. Prints the activation bytes the model holds after the forward and the peak RSS.
+ * usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS [MEMORY] */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
 #include <ctrl/attention.h>
+#include <ctrl/memory.h>
 
 #include "model/model.h"
 #include "registry.h"
@@ -19,8 +23,8 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS [MEMORY]\n");
         return 2;
     }
     const int B = atoi(argv[3]), L = atoi(argv[4]), steps = atoi(argv[5]), T = B * L;
@@ -35,6 +39,22 @@ int main(int argc, char **argv) {
     if (!e || ctrl_model_load(argv[1], e->plugin->ops, &m) != CTRL_OK) {
         fprintf(stderr, "bench: %s\n", e ? ctrl_error_message() : "no flash plugin");
         return 1;
+    }
+    const char *memory = argc == 7 ? argv[6] : "none";
+    const ctrl_memory_ops *mops = NULL;
+    ctrl_memory *mem = NULL;
+    if (strcmp(memory, "none") != 0) {
+        const ctrl_plugin_entry *me = ctrl_registry_find(reg, CTRL_KIND_MEMORY, memory);
+        if (!me) {
+            fprintf(stderr, "bench: no memory plugin '%s'\n", memory);
+            return 1;
+        }
+        mops = me->plugin->ops;
+        if (mops->create(ctrl_host_table(), NULL, ctrl_model_cfg(m)->n_layers, &mem) != CTRL_OK) {
+            fprintf(stderr, "bench: %s\n", ctrl_error_message());
+            return 1;
+        }
+        ctrl_model_set_memory(m, mops, mem);
     }
     int32_t *tok = malloc(4 * T), *pos = malloc(4 * T), *tg = malloc(4 * T), *cu = malloc(4 * (B + 1));
     float *logp = malloc(4 * T), *dlogp = malloc(4 * T);
@@ -65,9 +85,12 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     size_t n_params;
     ctrl_model_params(m, &n_params);
-    printf("ctrl   params %.2fM tokens/step %d: %.0f tokens/s (mean of %d steps), peak RSS %.0f MiB\n",
-           n_params / 1e6, T, T * steps / total, steps, ru.ru_maxrss / 1024.0);
+    printf("ctrl   params %.2fM tokens/step %d memory %s: %.0f tokens/s (mean of %d steps), activations held "
+           "%.0f MiB, peak RSS %.0f MiB\n",
+           n_params / 1e6, T, memory, T * steps / total, steps, ctrl_model_activation_bytes(m) / 1048576.0,
+           ru.ru_maxrss / 1024.0);
     ctrl_model_free(m);
+    if (mem) mops->destroy(mem);
     ctrl_registry_destroy(reg);
     return 0;
 }

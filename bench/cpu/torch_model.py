@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The PyTorch side of bench/cpu/run.sh: creates the random Qwen2-shaped model (saved for ctrl),
-or times forward + backward of the same model on the same kind of batch, fp32 on the CPU.
-usage: torch_model.py create DIR | torch_model.py time DIR SEQS SEQ_LEN STEPS THREADS"""
+or times forward + backward of the same model on the same kind of batch, fp32 on the CPU
+(MEMORY = checkpointing: with transformers' gradient checkpointing, non-reentrant as TRL sets it).
+usage: torch_model.py create DIR | torch_model.py time DIR SEQS SEQ_LEN STEPS THREADS [MEMORY]"""
 import resource
 import sys
 import time
@@ -18,10 +19,12 @@ def create(d):
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(d)
 
 
-def timed(d, B, L, steps, threads):
+def timed(d, B, L, steps, threads, memory="none"):
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
     model.train()
+    if memory == "checkpointing":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(0, model.config.vocab_size, (B, L))
     total = 0.0
     for i in range(steps + 1):
@@ -32,12 +35,13 @@ def timed(d, B, L, steps, threads):
         if i > 0:
             total += time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("torch  %s threads=%d tokens/step %d: %.0f tokens/s (mean of %d steps), peak RSS %.0f MiB"
-          % (torch.__version__, threads, B * L, B * L * steps / total, steps, rss))
+    print("torch  %s threads=%d tokens/step %d memory %s: %.0f tokens/s (mean of %d steps), peak RSS %.0f MiB"
+          % (torch.__version__, threads, B * L, memory, B * L * steps / total, steps, rss))
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "create":
         create(sys.argv[2])
     else:
-        timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+              sys.argv[7] if len(sys.argv) > 7 else "none")
