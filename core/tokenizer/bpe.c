@@ -29,18 +29,35 @@ int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids
         int32_t whole = tok_map_get(&t->vocab, word, len);
         if (whole >= 0) return push(ids, n, cap, whole);
     }
+    /* at most one symbol per byte (byte fallback) */
     int32_t local[64], *sym = len <= 64 ? local : malloc(sizeof(int32_t) * len);
     if (!sym) return -1;
     size_t k = 0;
+    int prev_unk = 0;
     for (size_t i = 0; i < len;) {
         size_t start = i;
         tok_utf8_decode(word, len, &i);
         int32_t id = tok_map_get(&t->vocab, word + start, i - start);
-        if (id < 0) {
+        int ok = id >= 0;
+        if (!ok && t->byte_fallback) { /* one <0xXX> token per byte, when all exist (as `tokenizers`) */
+            ok = 1;
+            for (size_t b = start; b < i; b++) ok &= t->byte_id[(unsigned char)word[b]] >= 0;
+            for (size_t b = start; ok && b < i; b++) sym[k++] = t->byte_id[(unsigned char)word[b]];
+            if (ok) {
+                prev_unk = 0;
+                continue;
+            }
+        }
+        if (!ok && t->unk_id >= 0) {
+            if (!(t->fuse_unk && prev_unk)) sym[k++] = t->unk_id;
+            prev_unk = 1;
+            continue;
+        }
+        if (!ok) {
             if (sym != local) free(sym);
             return -1;
         }
-        sym[k++] = id;
+        sym[k++] = id, prev_unk = 0;
     }
     while (k > 1) {
         int32_t best = INT32_MAX;

@@ -46,9 +46,51 @@ static ctrl_status encode_piece(const ctrl_tokenizer *t, const char *s, size_t n
     return CTRL_OK;
 }
 
+/* The Prepend / Replace normalizers, in file order (malloc'd result). */
+static char *sp_normalize(const ctrl_tokenizer *t, const char *s, size_t n, size_t *out_n) {
+    char *cur = malloc(n + 1);
+    memcpy(cur, s, n);
+    cur[n] = 0;
+    size_t len = n;
+    for (int k = 0; k < t->n_norm_ops && cur; k++) {
+        const struct tok_norm_op *op = &t->norm_ops[k];
+        const size_t la = strlen(op->a), lb = strlen(op->b);
+        if (op->kind == 1) { /* Prepend: only to a non-empty string */
+            if (len == 0) continue;
+            char *p = malloc(len + la + 1);
+            memcpy(p, op->a, la), memcpy(p + la, cur, len + 1);
+            free(cur), cur = p, len += la;
+            continue;
+        }
+        size_t hits = 0;
+        for (size_t i = 0; i + la <= len;) i += memcmp(cur + i, op->a, la) == 0 ? (hits++, la) : 1;
+        char *p = malloc(len + hits * lb + 1), *o = p;
+        for (size_t i = 0; i < len;) {
+            if (i + la <= len && memcmp(cur + i, op->a, la) == 0)
+                memcpy(o, op->b, lb), o += lb, i += la;
+            else
+                *o++ = cur[i++];
+        }
+        *o = 0;
+        free(cur), cur = p, len = (size_t)(o - p);
+    }
+    *out_n = len;
+    return cur;
+}
+
 /* Text with no added token in it: normalize, pre-tokenize, BPE. */
 static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n, id_buf *out) {
     if (n == 0) return CTRL_OK;
+    if (!t->byte_level) { /* SentencePiece-style: the normalized segment is one word */
+        size_t m;
+        char *norm = sp_normalize(t, s, n, &m);
+        if (!norm) return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
+        int rc = m ? tok_bpe(t, norm, m, &out->ids, &out->n, &out->cap) : 0;
+        free(norm);
+        return rc ? ctrl_error_set(CTRL_ERR_FORMAT, "%s: a character has no token, byte token or unk",
+                                   t->path)
+                  : CTRL_OK;
+    }
     size_t m = n;
     char *norm = NULL;
     if (t->nfc) {
@@ -174,8 +216,74 @@ static size_t utf8_valid_len(const unsigned char *s, size_t n, size_t *bad) {
     return 0;
 }
 
+static int is_special(const ctrl_tokenizer *t, int32_t id) {
+    for (int a = 0; a < t->n_added; a++)
+        if (t->added[a].id == id) return t->added[a].special;
+    return 0;
+}
+
+/* SentencePiece decoding: "\u2581" -> " " per token, runs of <0xXX> byte tokens to their bytes when
+ * those are valid UTF-8 (else one U+FFFD per byte), all fused, then `strip_start` leading spaces
+ * removed. */
+static ctrl_status decode_sp(const ctrl_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                             char **text, size_t *len) {
+    size_t cap = 64, k = 0, nrun = 0, run_cap = 64;
+    char *out = malloc(cap);
+    unsigned char *run = malloc(run_cap);
+    for (size_t j = 0; j <= n; j++) {
+        int byte = -1;
+        const char *tok = NULL;
+        if (j < n) {
+            if (ids[j] < 0 || ids[j] >= t->n_ids || !t->id_to_token[ids[j]]) continue;
+            if (skip_special && is_special(t, ids[j])) continue;
+            tok = t->id_to_token[ids[j]];
+            if (strlen(tok) == 6 && !strncmp(tok, "<0x", 3) && tok[5] == '>') {
+                int v = (int)strtol(tok + 3, NULL, 16);
+                if (v >= 0 && v < 256 && t->byte_id[v] == ids[j]) byte = v;
+            }
+        }
+        if (byte >= 0) {
+            if (nrun == run_cap) run = realloc(run, run_cap *= 2);
+            run[nrun++] = (unsigned char)byte;
+            continue;
+        }
+        if (nrun) { /* flush the byte run */
+            size_t ok = 0, bad = 0;
+            for (size_t i = 0; i < nrun;) {
+                size_t v = utf8_valid_len(run + i, nrun - i, &bad);
+                if (!v || v > nrun - i) break;
+                i += v, ok = i;
+            }
+            if (k + nrun * 3 + 8 > cap) out = realloc(out, cap = (k + nrun * 3 + 8) * 2);
+            if (ok == nrun)
+                memcpy(out + k, run, nrun), k += nrun;
+            else
+                for (size_t i = 0; i < nrun; i++) memcpy(out + k, "\xEF\xBF\xBD", 3), k += 3;
+            nrun = 0;
+        }
+        if (!tok) continue;
+        const size_t tl = strlen(tok);
+        if (k + tl + 8 > cap) out = realloc(out, cap = (k + tl + 8) * 2);
+        for (size_t i = 0; i < tl;) {
+            if (i + 3 <= tl && !memcmp(tok + i, "\xE2\x96\x81", 3))
+                out[k++] = ' ', i += 3;
+            else
+                out[k++] = tok[i++];
+        }
+    }
+    size_t skip = 0;
+    while ((int)skip < t->strip_start && skip < k && out[skip] == ' ') skip++;
+    memmove(out, out + skip, k - skip);
+    k -= skip;
+    out[k] = 0;
+    free(run);
+    *text = out, *len = k;
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, size_t n,
                                   int skip_special_tokens, char **text, size_t *len) {
+    if (t->sp_decoder) return decode_sp(t, ids, n, skip_special_tokens, text, len);
     /* Byte-level characters back to bytes: code points below 324 cover the whole alphabet. */
     int16_t char_byte[324];
     for (int i = 0; i < 324; i++) char_byte[i] = -1;
@@ -190,10 +298,7 @@ ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, s
         if (ids[j] < 0 || ids[j] >= t->n_ids || !t->id_to_token[ids[j]])
             continue; /* unknown ids decode to nothing */
         const char *tok = t->id_to_token[ids[j]];
-        int special = 0;
-        for (int a = 0; a < t->n_added; a++)
-            if (t->added[a].id == ids[j]) special = t->added[a].special;
-        if (special && skip_special_tokens) continue;
+        if (skip_special_tokens && is_special(t, ids[j])) continue;
         size_t tl = strlen(tok);
         if (k + tl * 4 + 4 > cap) {
             cap = (k + tl * 4 + 4) * 2;

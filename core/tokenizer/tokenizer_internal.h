@@ -55,13 +55,25 @@ struct ctrl_tokenizer {
     int32_t bos_id, eos_id, pad_id;
     int add_bos; /* the post-processor prepends bos on add_special_tokens */
     char *chat_template;
+    /* SentencePiece-style BPE (Llama-2, Mistral): no pre-tokenizer; Prepend / Replace normalizers in
+     * file order; characters missing from the vocabulary become <0xXX> byte tokens (byte_fallback)
+     * or <unk> (runs fused with fuse_unk); decoder Replace("\u2581", " ") + ByteFallback + Fuse +
+     * Strip(" ", strip_start). */
+    struct tok_norm_op {
+        int kind; /* 1 prepend a, 2 replace a by b */
+        char *a, *b;
+    } norm_ops[4];
+    int n_norm_ops;
+    int byte_fallback, fuse_unk, sp_decoder, strip_start;
+    int32_t unk_id, byte_id[256];
     /* byte-level alphabet: byte -> UTF-8 of its mapped character, and back */
     char byte_char[256][3];
     uint8_t byte_char_len[256];
 };
 
-/* BPE of one pre-token (already byte-level mapped): appends ids; returns 0, -1 on a symbol
- * missing from the vocabulary (a malformed tokenizer). */
+/* BPE of one pre-token (already byte-level mapped, or normalized for SentencePiece-style models):
+ * appends ids; a character missing from the vocabulary becomes byte tokens (byte_fallback) or unk;
+ * returns 0, -1 when neither can stand for it (a malformed tokenizer). */
 int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids, size_t *n, size_t *cap);
 
 #endif

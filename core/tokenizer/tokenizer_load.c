@@ -37,10 +37,8 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
     if (!type || strcmp(type, "BPE") != 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)",
                               t->path, type ? type : "(none)");
-    if (json_bool(model, "byte_fallback", 0))
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "%s: BPE with byte_fallback (SentencePiece-style) is not supported yet",
-                              t->path);
+    t->byte_fallback = json_bool(model, "byte_fallback", 0);
+    t->fuse_unk = json_bool(model, "fuse_unk", 0);
     const char *prefix = json_str(model, "continuing_subword_prefix"),
                *suffix = json_str(model, "end_of_word_suffix");
     if ((prefix && prefix[0]) || (suffix && suffix[0]))
@@ -111,7 +109,23 @@ static ctrl_status load_normalizer(ctrl_tokenizer *t, const cJSON *n) {
     if (!n || cJSON_IsNull(n)) return CTRL_OK;
     const char *type = json_str(n, "type");
     if (type && !strcmp(type, "NFC")) {
+        if (t->n_norm_ops)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: NFC after Prepend/Replace is not supported",
+                                  t->path);
         t->nfc = 1;
+        return CTRL_OK;
+    }
+    if (type && (!strcmp(type, "Prepend") || !strcmp(type, "Replace"))) {
+        const int prepend = type[0] == 'P';
+        const char *a = prepend ? json_str(n, "prepend")
+                                : json_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String");
+        const char *b = prepend ? "" : json_str(n, "content");
+        if (!a || !b || (!prepend && !a[0]))
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "%s: normalizer %s: only a literal string is supported", t->path, type);
+        if (t->n_norm_ops == 4)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: too many normalizers", t->path);
+        t->norm_ops[t->n_norm_ops++] = (struct tok_norm_op){prepend ? 1 : 2, strdup(a), strdup(b)};
         return CTRL_OK;
     }
     if (type && !strcmp(type, "Sequence")) {
@@ -122,7 +136,8 @@ static ctrl_status load_normalizer(ctrl_tokenizer *t, const cJSON *n) {
         }
         return CTRL_OK;
     }
-    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: normalizer '%s' is not supported (NFC)", t->path,
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                          "%s: normalizer '%s' is not supported (NFC, Prepend, Replace)", t->path,
                           type ? type : "?");
 }
 
@@ -176,6 +191,48 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
     }
     return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (Split, ByteLevel)",
                           t->path, type ? type : "?");
+}
+
+/* Decoders: ByteLevel, or SentencePiece's Sequence [Replace("\u2581", " "), ByteFallback, Fuse,
+ * Strip(" ", n, 0)] (each part optional but in this order). */
+static ctrl_status load_decoder(ctrl_tokenizer *t, const cJSON *d) {
+    if (!d || cJSON_IsNull(d)) return CTRL_OK;
+    const char *type = json_str(d, "type");
+    if (type && !strcmp(type, "ByteLevel")) return CTRL_OK;
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
+        int stage = 0;
+        for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
+            const char *et = json_str(e, "type");
+            const char *from = json_str(cJSON_GetObjectItemCaseSensitive(e, "pattern"), "String");
+            const char *to = json_str(e, "content");
+            int next = -1;
+            if (et && !strcmp(et, "Replace") && from && to && !strcmp(from, "\xe2\x96\x81") &&
+                !strcmp(to, " "))
+                next = 1;
+            else if (et && !strcmp(et, "ByteFallback"))
+                next = 2;
+            else if (et && !strcmp(et, "Fuse"))
+                next = 3;
+            else if (et && !strcmp(et, "Strip") && to && !strcmp(to, " ") &&
+                     cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, "stop")) &&
+                     cJSON_GetObjectItemCaseSensitive(e, "stop")->valueint == 0) {
+                next = 4;
+                t->strip_start = cJSON_GetObjectItemCaseSensitive(e, "start")->valueint;
+            }
+            if (next <= stage)
+                return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                      "%s: decoder part '%s' is not supported here (SentencePiece decoders: "
+                                      "Replace \u2581 by space, ByteFallback, Fuse, Strip)",
+                                      t->path, et ? et : "?");
+            stage = next;
+        }
+        t->sp_decoder = 1;
+        return CTRL_OK;
+    }
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                          "%s: decoder '%s' is not supported (ByteLevel, SentencePiece Sequence)", t->path,
+                          type ? type : "?");
 }
 
 /* TemplateProcessing "single": [SpecialToken]? Sequence A [SpecialToken]? — only a leading
@@ -299,7 +356,7 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
     free(text);
     ctrl_tokenizer *t = calloc(1, sizeof *t);
     t->path = strdup(file);
-    t->bos_id = t->eos_id = t->pad_id = -1;
+    t->bos_id = t->eos_id = t->pad_id = t->unk_id = -1;
     byte_alphabet(t);
     if (!cJSON_IsObject(root)) {
         st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object (truncated or not a tokenizer.json)",
@@ -307,20 +364,23 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
     } else {
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
         st = model ? load_model(t, model) : ctrl_error_set(CTRL_ERR_FORMAT, "%s: no model", file);
+        const char *unk = st == CTRL_OK ? json_str(model, "unk_token") : NULL;
+        if (unk) t->unk_id = tok_map_get(&t->vocab, unk, strlen(unk));
         if (st == CTRL_OK) st = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
         if (st == CTRL_OK) st = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
         if (st == CTRL_OK)
             st = load_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
         if (st == CTRL_OK)
             st = load_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
-        const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-        const char *dtype = json_str(dec, "type");
-        if (st == CTRL_OK && dec && !cJSON_IsNull(dec) && (!dtype || strcmp(dtype, "ByteLevel") != 0))
-            st = ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported (ByteLevel)", file,
-                                dtype ? dtype : "?");
-        if (st == CTRL_OK && !t->byte_level)
+        if (st == CTRL_OK) st = load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
+        if (st == CTRL_OK && !t->byte_level && (t->split || !t->sp_decoder))
             st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                "%s: only byte-level BPE tokenizers are supported so far", file);
+                                "%s: supported are byte-level BPE (ByteLevel pre-tokenizer and decoder) and "
+                                "SentencePiece-style BPE (no pre-tokenizer, the SentencePiece decoder)",
+                                file);
+        if (st == CTRL_OK && t->byte_level && t->sp_decoder)
+            st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                "%s: a ByteLevel pre-tokenizer with a SentencePiece decoder", file);
     }
     cJSON_Delete(root);
     if (st == CTRL_OK) {
@@ -329,6 +389,11 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
             if (t->vocab.keys[i] && t->vocab.values[i] < t->n_ids)
                 t->id_to_token[t->vocab.values[i]] = t->vocab.keys[i];
         for (int i = 0; i < t->n_added; i++) t->id_to_token[t->added[i].id] = t->added[i].content;
+        for (int b = 0; b < 256; b++) { /* byte-fallback tokens <0x00>..<0xFF> */
+            char name[8];
+            snprintf(name, sizeof name, "<0x%02X>", b);
+            t->byte_id[b] = tok_map_get(&t->vocab, name, 6);
+        }
         st = load_config(t, dir);
     }
     if (st != CTRL_OK) {
@@ -349,6 +414,7 @@ void ctrl_tokenizer_free(ctrl_tokenizer *t) {
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
     free(t->chat_template);
+    for (int i = 0; i < t->n_norm_ops; i++) free(t->norm_ops[i].a), free(t->norm_ops[i].b);
     free(t->path);
     free(t);
 }

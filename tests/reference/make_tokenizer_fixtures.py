@@ -5,9 +5,12 @@
 - <name>.ids: for each corpus line, the ids of encode(text, add_special_tokens=False), then a
   tab, then the ids with add_special_tokens=True;
 - <name>.decoded.jsonl: decode(ids) of each line, skip_special_tokens False and True;
-for the real qwen3 and llama3 tokenizers (../shared/data/tokenizers) and a tiny byte-level BPE
-trained here (tiny_bpe/, with ChatML special tokens and chat template, for the quickstart).
-Run by hand: python3 tests/reference/make_tokenizer_fixtures.py
+for the real qwen3, llama3 and llama2 (SentencePiece-style BPE with byte fallback) tokenizers
+(../shared/data/tokenizers), a tiny byte-level BPE trained here (tiny_bpe/, with ChatML special
+tokens and chat template, for the quickstart) and a tiny SentencePiece-style BPE trained here
+(tiny_sp/: Llama-2's normalizer, decoder and byte fallback, a small alphabet so that Chinese and
+emoji go through the byte tokens).
+Run by hand: python3 tests/reference/make_tokenizer_fixtures.py [NAME...] (default: all)
 """
 import glob
 import json
@@ -90,16 +93,55 @@ def tiny(lines):
     return tok
 
 
+def tiny_sp(lines):
+    """A SentencePiece-style BPE as Llama-2's tokenizer.json describes one: <unk> <s> </s>, then the
+    256 byte tokens <0x00>..<0xFF>, then the trained pieces; no pre-tokenizer."""
+    from tokenizers import normalizers, processors
+    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=90,
+                                  show_progress=False)
+    tok.train_from_iterator(lines, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    pieces = sorted((i, t) for t, i in vocab.items() if t not in ("<unk>", "<s>", "</s>"))
+    new = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        new["<0x%02X>" % b] = 3 + b
+    for _, t in pieces:
+        new.setdefault(t, len(new))
+    spec["model"]["vocab"] = new
+    for a in spec["added_tokens"]:
+        a["id"] = new[a["content"]]
+    spec["decoder"] = json.loads(decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)]).__getstate__())
+    spec["post_processor"] = json.loads(processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]).__getstate__())
+    d = os.path.join(OUT, "tiny_sp")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "tokenizer.json"), "w") as f:
+        json.dump(spec, f, ensure_ascii=False)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                   "unk_token": "<unk>", "add_bos_token": True}, f, indent=2)
+    return Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+
+
 def main():
+    import sys
+    names = sys.argv[1:] or ["qwen3", "llama3", "llama2", "tiny_bpe", "tiny_sp"]
     os.makedirs(OUT, exist_ok=True)
     lines = corpus()
     with open(os.path.join(OUT, "corpus.jsonl"), "w") as f:
         f.write(json.dumps({"note": "tokenizers %s (make_tokenizer_fixtures.py)" % tokenizers.__version__}) + "\n")
         for line in lines:
             f.write(json.dumps({"text": line}, ensure_ascii=False) + "\n")
-    for name in ("qwen3", "llama3"):
-        write_ids(name, Tokenizer.from_file(os.path.join(SHARED, name, "tokenizer.json")), lines)
-    write_ids("tiny_bpe", tiny(lines), lines)
+    for name in names:
+        if name in ("qwen3", "llama3", "llama2"):
+            tok = Tokenizer.from_file(os.path.join(SHARED, name, "tokenizer.json"))
+        else:
+            tok = tiny(lines) if name == "tiny_bpe" else tiny_sp(lines)
+        write_ids(name, tok, lines)
     print(len(lines), "lines")
 
 

@@ -137,6 +137,19 @@ TEST(qwen3) {
     check_tokenizer("qwen3", dir);
 }
 
+TEST(tiny_sentencepiece_style_bpe) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tokenizer/tiny_sp", CTRL_FIXTURE_DIR);
+    check_tokenizer("tiny_sp", dir);
+}
+
+TEST(llama2) {
+    char dir[1024];
+    if (!shared_dir("llama2", dir, sizeof dir))
+        TEST_SKIP("the shared tokenizer files (../shared/data/tokenizers) are absent");
+    check_tokenizer("llama2", dir);
+}
+
 TEST(llama3) {
     char dir[1024];
     if (!shared_dir("llama3", dir, sizeof dir))
