@@ -22,16 +22,39 @@ static ctrl_status add_example(ctrl_dataset *d, const int32_t *ids, const uint8_
     return CTRL_OK;
 }
 
-ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
-                                  ctrl_dataset *out) {
+/* Truncates to max_length as truncation_mode says and keeps the example only if a token is still
+ * trained (TRL drops fully masked examples; a lone trained first token is kept although nothing
+ * predicts it). */
+static ctrl_status fit_example(ctrl_dataset *d, const int32_t *ids, const uint8_t *trained, int n,
+                               int max_len, int keep_end) {
+    int off = 0;
+    if (n > max_len) {
+        off = keep_end ? n - max_len : 0;
+        n = max_len;
+        d->truncated++;
+    }
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= trained[off + i];
+    if (!any) {
+        d->dropped_empty++;
+        return CTRL_OK;
+    }
+    return add_example(d, ids + off, trained + off, n);
+}
+
+static int keep_end_mode(const ctrl_config *cfg) {
+    const char *trunc = ctrl_config_get_string(cfg, "data", "truncation_mode");
+    return trunc && !strcmp(trunc, "keep_end");
+}
+
+/* raw: examples as tokenized, neither truncated nor dropped, as TRL leaves a set it packs (bfd
+ * truncates each sequence to the pack length itself, bfd_split and wrapped keep every token). */
+static ctrl_status load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg, int raw,
+                            ctrl_dataset *out) {
     memset(out, 0, sizeof *out);
     const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024);
-    const char *trunc = ctrl_config_get_string(cfg, "data", "truncation_mode");
-    const int keep_end = trunc && !strcmp(trunc, "keep_end");
+    const int keep_end = keep_end_mode(cfg);
     const int skip_bad = ctrl_config_get_bool(cfg, "data", "skip_bad_rows", false);
-    /* With packing, TRL neither truncates nor drops before packing: bfd truncates each sequence to
-     * the pack length itself, bfd_split and wrapped keep every token. */
-    const int packing = ctrl_config_get_bool(cfg, "data", "packing", false);
     ctrl_row_reader *rows;
     ctrl_status st = ctrl_row_reader_open(path, &rows);
     if (st != CTRL_OK) return st;
@@ -68,25 +91,7 @@ ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, c
             out->skipped_bad++;
             continue;
         }
-        int off = 0;
-        if (packing) {
-            st = add_example(out, ids, trained, n);
-            free(ids), free(trained);
-            continue;
-        }
-        if (n > max_len) {
-            off = keep_end ? n - max_len : 0;
-            n = max_len;
-            out->truncated++;
-        }
-        /* Dropped when no token is trained, as TRL drops fully masked examples (a lone trained
-         * first token is kept although nothing predicts it). */
-        int any = 0;
-        for (int i = 0; i < n; i++) any |= trained[off + i];
-        if (any)
-            st = add_example(out, ids + off, trained + off, n);
-        else
-            out->dropped_empty++;
+        st = raw ? add_example(out, ids, trained, n) : fit_example(out, ids, trained, n, max_len, keep_end);
         free(ids);
         free(trained);
     }
@@ -98,6 +103,27 @@ ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, c
     }
     if (out->n == 0) return ctrl_error_set(CTRL_ERR_FORMAT, "%s: no example with a trained token", path);
     return CTRL_OK;
+}
+
+ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
+                                  ctrl_dataset *out) {
+    return load_sft(path, tok, cfg, ctrl_config_get_bool(cfg, "data", "packing", false), out);
+}
+
+/* A raw set that is not packed after all (a held-out share): truncated and filtered as if loaded so. */
+static ctrl_status fit_all(ctrl_dataset *d, const ctrl_config *cfg, const char *what) {
+    ctrl_dataset out = {
+        .skipped_bad = d->skipped_bad, .dropped_empty = d->dropped_empty, .truncated = d->truncated};
+    const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024),
+              keep_end = keep_end_mode(cfg);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < d->n && st == CTRL_OK; i++)
+        st = fit_example(&out, d->ex[i].ids, d->ex[i].trained, d->ex[i].len, max_len, keep_end);
+    ctrl_dataset_free(d);
+    *d = out;
+    if (st == CTRL_OK && d->n == 0)
+        st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: no example with a trained token after truncation", what);
+    return st;
 }
 
 void ctrl_dataset_free(ctrl_dataset *d) {
@@ -145,27 +171,39 @@ ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok
     const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
     const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
     const double fraction = ctrl_config_get_float(cfg, "data", "eval_fraction", 0);
-    if (!train_file) return ctrl_error_set(CTRL_ERR_CONFIG, "config: [data] train_file is required to train");
-    ctrl_status st = ctrl_dataset_load_sft(train_file, tok, cfg, train);
-    if (st == CTRL_OK && eval_file)
-        st = ctrl_dataset_load_sft(eval_file, tok, cfg, eval);
-    else if (st == CTRL_OK && fraction > 0)
-        st = hold_out(train, eval, fraction, (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42));
     const int packing = ctrl_config_get_bool(cfg, "data", "packing", false);
-    const int eval_packing = ctrl_config_get_bool(cfg, "data", "eval_packing", true);
+    /* TRL's eval_packing = None: the eval set is packed as the train set is */
+    const int eval_packing = ctrl_config_has(cfg, "data", "eval_packing")
+                                 ? ctrl_config_get_bool(cfg, "data", "eval_packing", false)
+                                 : packing;
     const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024);
     const char *strategy = ctrl_config_get_string(cfg, "data", "packing_strategy");
-    if (st == CTRL_OK && packing) st = ctrl_dataset_pack(train, max_len, strategy ? strategy : "bfd");
-    if (st == CTRL_OK && packing && eval_packing && eval->n)
-        st = ctrl_dataset_pack(eval, max_len, strategy ? strategy : "bfd");
+    if (!strategy) strategy = "bfd";
+    if (!train_file) return ctrl_error_set(CTRL_ERR_CONFIG, "config: [data] train_file is required to train");
+    /* A held-out share is taken from the rows as tokenized; each set is then truncated (unpacked)
+     * or packed on its own, as TRL prepares its train and eval sets. */
+    const int hold = !eval_file && fraction > 0;
+    ctrl_status st = load_sft(train_file, tok, cfg, packing || hold, train);
+    if (st == CTRL_OK && eval_file) st = load_sft(eval_file, tok, cfg, eval_packing, eval);
+    if (st == CTRL_OK && hold) {
+        st = hold_out(train, eval, fraction, (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42));
+        if (st == CTRL_OK && !packing) st = fit_all(train, cfg, train_file);
+        if (st == CTRL_OK && !eval_packing) st = fit_all(eval, cfg, "[data] eval_fraction hold-out");
+    }
+    if (st == CTRL_OK && packing) st = ctrl_dataset_pack(train, max_len, strategy);
+    if (st == CTRL_OK && eval_packing && eval->n) st = ctrl_dataset_pack(eval, max_len, strategy);
     if (st != CTRL_OK) {
         ctrl_dataset_free(train), ctrl_dataset_free(eval);
         return st;
     }
     int32_t pad = ctrl_tokenizer_pad_id(tok);
     if (pad < 0) pad = ctrl_tokenizer_eos_id(tok); /* TRL pads with eos when the tokenizer has no pad */
+    /* TRL forces padding-free batches with bfd packing (padded rows would lose the sequence
+     * boundaries inside a row); its one collator serves the train and the eval set. */
+    const int padding_free = ctrl_config_get_bool(cfg, "data", "padding_free", true) ||
+                             (packing && strcmp(strategy, "wrapped") != 0);
     for (ctrl_dataset *d = train; d; d = d == train ? eval : NULL) {
-        d->padded = !ctrl_config_get_bool(cfg, "data", "padding_free", true);
+        d->padded = !padding_free;
         d->pad_multiple = (int)ctrl_config_get_int(cfg, "data", "pad_to_multiple_of", 0);
         d->pad_id = pad < 0 ? 0 : pad;
     }
@@ -218,7 +256,9 @@ long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *
         }
     }
     *b = (ctrl_batch){.T = T, .B = B, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
-    if (tokens) *tokens = real;
+    /* TRL's num_tokens: the attention mask's sum for padded rows, the whole flat row (padding to
+     * pad_to_multiple_of included) for padding-free batches */
+    if (tokens) *tokens = d->padded ? real : T;
     return trained;
 }
 

@@ -36,13 +36,15 @@ typedef struct ctrl_dataset {
 /* Reads a JSONL (or JSON array) file in TRL's SFT formats (see train/sft_format.h: text,
  * prompt + completion, messages, ShareGPT conversations, input_ids), tokenizes, applies
  * completion_only_loss / assistant_only_loss / max_length / truncation_mode from [data], drops
- * examples left without a trained token. A malformed row is an error naming file:line, or is
- * skipped and counted when [data] skip_bad_rows is true. */
+ * examples left without a trained token (neither with [data] packing: packing truncates, as TRL).
+ * A malformed row is an error naming file:line, or is skipped and counted when [data]
+ * skip_bad_rows is true. */
 ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
                                   ctrl_dataset *out);
 /* The train and eval sets of [data]: train_file, then eval_file or an eval_fraction of the train
- * rows held out (seeded with [run] seed), each packed when [data] packing (eval: eval_packing), and
- * laid out as padding_free / pad_to_multiple_of say. */
+ * rows held out (seeded with [run] seed), each packed when [data] packing (eval: eval_packing,
+ * unset = packing) or else truncated, and laid out as padding_free / pad_to_multiple_of say
+ * (padding-free forced with bfd packing, as TRL). */
 ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok, ctrl_dataset *train,
                                ctrl_dataset *eval);
 void ctrl_dataset_free(ctrl_dataset *d);
@@ -55,7 +57,8 @@ double ctrl_dataset_fill_rate(const ctrl_dataset *d, int seq_length);
 /* Lays examples[idx[0..n)] out as one flat batch: one sequence per segment (positions restart;
  * targets are the next token where it is trained, else -100), pad segments as the dataset's layout
  * asks. Buffers are malloc'd into *b (free with ctrl_batch_free); returns the number of trained
- * targets, and the number of non-pad tokens in *tokens (may be NULL). */
+ * targets, and in *tokens (may be NULL) what TRL's num_tokens counts: the non-pad tokens of padded
+ * rows, the whole flat batch when padding-free. */
 long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *b, long *tokens);
 void ctrl_batch_free(ctrl_batch *b);
 

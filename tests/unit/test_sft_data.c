@@ -214,21 +214,100 @@ TEST(eval_fraction_holds_out_rows) {
     ctrl_tokenizer_free(tok);
 }
 
+/* padding_free = false pads rows (wrapped packing, or none); bfd packing keeps the batch padding-free
+ * whatever padding_free says, as TRL forces it. */
 TEST(packing_and_padding_options_reach_the_dataset) {
     ctrl_tokenizer *tok;
     ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
+    static const char *const strategies[] = {"wrapped", "bfd", "bfd_split"};
+    for (int k = 0; k < 3; k++) {
+        char lines[256];
+        snprintf(lines, sizeof lines,
+                 "packing = true\npacking_strategy = %s\nmax_length = 32\npadding_free = false\n"
+                 "pad_to_multiple_of = 8",
+                 strategies[k]);
+        ctrl_config *cfg = config_for(SFT_DIR "/prompt_completion.jsonl", lines);
+        ctrl_dataset train, eval;
+        CHECK_EQ_INT(ctrl_datasets_load(cfg, tok, &train, &eval), CTRL_OK);
+        CHECK_EQ_INT(train.packed_from, 6);
+        CHECK(train.n < 6);
+        CHECK_EQ_INT(train.padded, k == 0);
+        CHECK_EQ_INT(train.pad_multiple, 8);
+        CHECK_EQ_INT(train.pad_id, ctrl_tokenizer_pad_id(tok));
+        for (int i = 0; i < train.n; i++) CHECK(train.ex[i].len <= 32);
+        ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
+        ctrl_config_free(cfg);
+    }
+    ctrl_tokenizer_free(tok);
+}
+
+/* TRL prepares the eval set with eval_packing (None: as packing): packed, it is neither truncated
+ * nor filtered; unpacked, it is truncated to max_length and fully masked rows are dropped, giving
+ * exactly TRL's truncated rows (the truncated_keep_start fixture: 6 rows, max_length 23, 3 kept). */
+static void load_with_eval(const char *train_file, const char *lines, ctrl_dataset *train,
+                           ctrl_dataset *eval) {
+    char all[512];
+    snprintf(all, sizeof all, "eval_file = %s\nmax_length = 23\n%s", SFT_DIR "/truncated_keep_start.jsonl",
+             lines);
+    ctrl_config *cfg = config_for(train_file, all);
+    ctrl_tokenizer *tok;
+    ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
+    CHECK_MSG(ctrl_datasets_load(cfg, tok, train, eval) == CTRL_OK, "%s", ctrl_error_message());
+    ctrl_tokenizer_free(tok);
+    ctrl_config_free(cfg);
+}
+
+static void check_truncated_like_trl(const ctrl_dataset *d) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(SFT_DIR "/truncated_keep_start.expected.jsonl", 1 << 20, &st);
+    int rows = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), rows++) {
+        cJSON *r = cJSON_Parse(line);
+        const cJSON *ids = cJSON_GetObjectItem(r, "input_ids");
+        CHECK(rows < d->n && d->ex[rows].len == cJSON_GetArraySize(ids));
+        for (int i = 0; rows < d->n && i < d->ex[rows].len && i < cJSON_GetArraySize(ids); i++)
+            CHECK_EQ_INT(d->ex[rows].ids[i], cJSON_GetArrayItem(ids, i)->valueint);
+        cJSON_Delete(r);
+    }
+    CHECK_EQ_INT(d->n, rows);
+    free(text);
+}
+
+TEST(eval_set_packed_as_eval_packing_says) {
+    ctrl_dataset train, eval;
+    load_with_eval(SFT_DIR "/prompt_completion.jsonl", "packing = true", &train, &eval);
+    CHECK_EQ_INT(eval.packed_from, 6); /* unset: packed like the train set, nothing dropped */
+    CHECK_EQ_INT(eval.dropped_empty, 0);
+    ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
+
+    load_with_eval(SFT_DIR "/prompt_completion.jsonl", "packing = true\neval_packing = false", &train, &eval);
+    CHECK_EQ_INT(train.packed_from, 6);
+    CHECK_EQ_INT(eval.packed_from, 0);
+    CHECK_EQ_INT(eval.dropped_empty, 3);
+    check_truncated_like_trl(&eval);
+    ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
+
+    load_with_eval(SFT_DIR "/prompt_completion.jsonl", "eval_packing = true", &train, &eval);
+    CHECK_EQ_INT(train.packed_from, 0);
+    CHECK_EQ_INT(eval.packed_from, 6);
+    ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
+}
+
+/* A held-out share is taken from the rows as tokenized; the packed train set keeps every row, the
+ * unpacked eval share is truncated and filtered like any unpacked set. */
+TEST(eval_fraction_with_packed_train_and_unpacked_eval) {
     ctrl_config *cfg =
-        config_for(SFT_DIR "/prompt_completion.jsonl",
-                   "packing = true\nmax_length = 32\npadding_free = false\npad_to_multiple_of = 8");
+        config_for(SFT_DIR "/truncated_keep_start.jsonl",
+                   "max_length = 23\npacking = true\neval_packing = false\neval_fraction = 0.5");
+    ctrl_tokenizer *tok;
+    ctrl_tokenizer_load(CTRL_FIXTURE_DIR "/tokenizer/tiny_bpe", &tok);
     ctrl_dataset train, eval;
     CHECK_EQ_INT(ctrl_datasets_load(cfg, tok, &train, &eval), CTRL_OK);
-    CHECK_EQ_INT(train.packed_from, 6);
-    CHECK(train.n < 6);
-    CHECK_EQ_INT(train.padded, 1);
-    CHECK_EQ_INT(train.pad_multiple, 8);
-    CHECK_EQ_INT(train.pad_id, ctrl_tokenizer_pad_id(tok));
-    for (int i = 0; i < train.n; i++) CHECK(train.ex[i].len <= 32);
+    CHECK_EQ_INT(train.packed_from, 3);
+    CHECK_EQ_INT(eval.packed_from, 0);
+    CHECK_EQ_INT(eval.n + eval.dropped_empty, 3);
+    for (int i = 0; i < eval.n; i++) CHECK(eval.ex[i].len <= 23);
     ctrl_dataset_free(&train), ctrl_dataset_free(&eval);
-    ctrl_config_free(cfg);
     ctrl_tokenizer_free(tok);
+    ctrl_config_free(cfg);
 }
