@@ -1,7 +1,9 @@
-/* Byte-pair encoding of one pre-token: start from its characters' ids and repeatedly merge the
- * adjacent pair of lowest merge rank (leftmost first among equals), as the `tokenizers` library's
- * BPE model does without dropout. With ignore_merges (Llama-3), a word that is itself in the
- * vocabulary is taken whole. */
+/* Byte-pair encoding of one pre-token, as the `tokenizers` library's BPE model does without
+ * dropout: the characters' ids (byte tokens or unk for characters outside the vocabulary), then a
+ * min-heap of adjacent pairs by (merge rank, position); a popped entry whose pair changed since it
+ * was pushed still merges when the new pair makes the same token (the library's staleness test),
+ * so this is the library's merge order exactly. With ignore_merges (Llama-3), a word that is itself
+ * in the vocabulary is taken whole. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,55 +26,119 @@ static int32_t merge_rank(const ctrl_tokenizer *t, int32_t a, int32_t b) {
     return tok_map_get(&t->merges, (const char *)key, sizeof key);
 }
 
+typedef struct pair_entry {
+    int32_t rank, pos;
+} pair_entry;
+
+static int before(pair_entry a, pair_entry b) { return a.rank != b.rank ? a.rank < b.rank : a.pos < b.pos; }
+
+static void heap_push(pair_entry *h, size_t *n, pair_entry e) {
+    size_t i = (*n)++;
+    while (i > 0 && before(e, h[(i - 1) / 2])) h[i] = h[(i - 1) / 2], i = (i - 1) / 2;
+    h[i] = e;
+}
+
+static pair_entry heap_pop(pair_entry *h, size_t *n) {
+    pair_entry top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && before(h[c + 1], h[c])) c++;
+        if (!before(h[c], last)) break;
+        h[i] = h[c], i = c;
+    }
+    h[i] = last;
+    return top;
+}
+
+/* The initial symbols: one per character; a character missing from the vocabulary becomes its
+ * <0xXX> byte tokens when all exist (byte_fallback), else unk — held back until the next
+ * vocabulary character or the end and fused with following unknowns under fuse_unk, as the
+ * library does (byte tokens in between do not release it) — else it is dropped. Returns the
+ * count, -1 when a byte-level character is missing (a malformed tokenizer), -2 when the named
+ * unk_token is not in the vocabulary (the library's UnkTokenOutOfVocabulary). */
+static long initial_symbols(const ctrl_tokenizer *t, const char *word, size_t len, int32_t *sym) {
+    size_t k = 0;
+    int unk_pending = 0;
+    for (size_t i = 0; i < len;) {
+        size_t start = i;
+        tok_utf8_decode(word, len, &i);
+        int32_t id = tok_map_get(&t->vocab, word + start, i - start);
+        if (id >= 0) {
+            if (unk_pending) sym[k++] = t->unk_id, unk_pending = 0;
+            sym[k++] = id;
+            continue;
+        }
+        if (t->byte_fallback) {
+            int all = 1;
+            for (size_t b = start; b < i; b++) all &= t->byte_id[(unsigned char)word[b]] >= 0;
+            if (all) {
+                for (size_t b = start; b < i; b++) sym[k++] = t->byte_id[(unsigned char)word[b]];
+                continue;
+            }
+        }
+        if (t->unk_id >= 0) {
+            if (unk_pending && !t->fuse_unk) sym[k++] = t->unk_id;
+            unk_pending = 1;
+        } else if (t->unk_missing) {
+            return -2;
+        } else if (t->byte_level) {
+            return -1;
+        }
+    }
+    if (unk_pending) sym[k++] = t->unk_id;
+    return (long)k;
+}
+
 int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids, size_t *n, size_t *cap) {
     if (t->ignore_merges) {
         int32_t whole = tok_map_get(&t->vocab, word, len);
         if (whole >= 0) return push(ids, n, cap, whole);
     }
-    /* at most one symbol per byte (byte fallback) */
-    int32_t local[64], *sym = len <= 64 ? local : malloc(sizeof(int32_t) * len);
-    if (!sym) return -1;
-    size_t k = 0;
-    int prev_unk = 0;
-    for (size_t i = 0; i < len;) {
-        size_t start = i;
-        tok_utf8_decode(word, len, &i);
-        int32_t id = tok_map_get(&t->vocab, word + start, i - start);
-        int ok = id >= 0;
-        if (!ok && t->byte_fallback) { /* one <0xXX> token per byte, when all exist (as `tokenizers`) */
-            ok = 1;
-            for (size_t b = start; b < i; b++) ok &= t->byte_id[(unsigned char)word[b]] >= 0;
-            for (size_t b = start; ok && b < i; b++) sym[k++] = t->byte_id[(unsigned char)word[b]];
-            if (ok) {
-                prev_unk = 0;
-                continue;
-            }
-        }
-        if (!ok && t->unk_id >= 0) {
-            if (!(t->fuse_unk && prev_unk)) sym[k++] = t->unk_id;
-            prev_unk = 1;
-            continue;
-        }
-        if (!ok) {
-            if (sym != local) free(sym);
-            return -1;
-        }
-        sym[k++] = id, prev_unk = 0;
-    }
-    while (k > 1) {
-        int32_t best = INT32_MAX;
-        size_t at = 0;
-        for (size_t i = 0; i + 1 < k; i++) {
-            int32_t r = merge_rank(t, sym[i], sym[i + 1]);
-            if (r >= 0 && r < best) best = r, at = i;
-        }
-        if (best == INT32_MAX) break;
-        sym[at] = t->merge_result[best];
-        memmove(sym + at + 1, sym + at + 2, sizeof(int32_t) * (k - at - 2));
-        k--;
-    }
+    /* at most one symbol per byte (byte fallback) + one unk; the heap holds at most 3 per symbol */
+    enum { LOCAL = 64 };
+    int32_t local_sym[4 * LOCAL];
+    pair_entry local_heap[3 * LOCAL];
+    const size_t m = len + 1;
+    int32_t *sym = m <= LOCAL ? local_sym : malloc(sizeof(int32_t) * 4 * m);
+    pair_entry *heap = m <= LOCAL ? local_heap : malloc(sizeof(pair_entry) * 3 * m);
     int rc = 0;
-    for (size_t i = 0; i < k && rc == 0; i++) rc = push(ids, n, cap, sym[i]);
-    if (sym != local) free(sym);
+    if (!sym || !heap) {
+        rc = -1;
+        goto done;
+    }
+    long k = initial_symbols(t, word, len, sym);
+    if (k < 0) {
+        rc = (int)k;
+        goto done;
+    }
+    int32_t *next = sym + m, *prev = sym + 2 * m, *alive = sym + 3 * m;
+    size_t nh = 0;
+    for (long i = 0; i < k; i++) {
+        next[i] = i + 1 < k ? (int32_t)i + 1 : -1, prev[i] = (int32_t)i - 1, alive[i] = 1;
+        int32_t r = i + 1 < k ? merge_rank(t, sym[i], sym[i + 1]) : -1;
+        if (r >= 0) heap_push(heap, &nh, (pair_entry){r, (int32_t)i});
+    }
+    while (nh) {
+        pair_entry top = heap_pop(heap, &nh);
+        const int32_t p = top.pos, q = next[p];
+        if (!alive[p] || q < 0) continue;
+        const int32_t now = merge_rank(t, sym[p], sym[q]);
+        if (now < 0 || t->merge_result[now] != t->merge_result[top.rank]) continue; /* stale */
+        sym[p] = t->merge_result[top.rank];
+        alive[q] = 0, next[p] = next[q];
+        if (next[q] >= 0) prev[next[q]] = p;
+        int32_t r;
+        if (prev[p] >= 0 && (r = merge_rank(t, sym[prev[p]], sym[p])) >= 0)
+            heap_push(heap, &nh, (pair_entry){r, prev[p]});
+        if (next[p] >= 0 && (r = merge_rank(t, sym[p], sym[next[p]])) >= 0)
+            heap_push(heap, &nh, (pair_entry){r, p});
+    }
+    for (long i = 0; i < k && rc == 0; i++)
+        if (alive[i]) rc = push(ids, n, cap, sym[i]);
+done:
+    if (sym != local_sym) free(sym);
+    if (heap != local_heap) free(heap);
     return rc;
 }

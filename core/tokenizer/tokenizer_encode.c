@@ -1,8 +1,10 @@
 /* Encoding and decoding with a loaded tokenizer (see tokenizer.h): added tokens are split out
  * first (leftmost, longest), the text between them is normalized (NFC), cut by the pre-tokenizer
  * regex (matches and the gaps between them are pieces, as behavior "Isolated"), mapped to the
- * byte-level alphabet and run through BPE. Decoding maps the byte-level characters back to bytes
- * and repairs invalid UTF-8 the way Rust's from_utf8_lossy does. */
+ * byte-level alphabet and run through BPE; SentencePiece-style models take the segments between
+ * added tokens to sp_encode.c instead. Byte-level decoding maps the byte-level characters back to
+ * bytes and repairs invalid UTF-8 the way Rust's from_utf8_lossy does; other decoders are in
+ * decode_chain.c. */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,55 +48,13 @@ static ctrl_status encode_piece(const ctrl_tokenizer *t, const char *s, size_t n
     return CTRL_OK;
 }
 
-/* The Prepend / Replace normalizers, in file order (malloc'd result). */
-static char *sp_normalize(const ctrl_tokenizer *t, const char *s, size_t n, size_t *out_n) {
-    char *cur = malloc(n + 1);
-    memcpy(cur, s, n);
-    cur[n] = 0;
-    size_t len = n;
-    for (int k = 0; k < t->n_norm_ops && cur; k++) {
-        const struct tok_norm_op *op = &t->norm_ops[k];
-        const size_t la = strlen(op->a), lb = strlen(op->b);
-        if (op->kind == 1) { /* Prepend: only to a non-empty string */
-            if (len == 0) continue;
-            char *p = malloc(len + la + 1);
-            memcpy(p, op->a, la), memcpy(p + la, cur, len + 1);
-            free(cur), cur = p, len += la;
-            continue;
-        }
-        size_t hits = 0;
-        for (size_t i = 0; i + la <= len;) i += memcmp(cur + i, op->a, la) == 0 ? (hits++, la) : 1;
-        char *p = malloc(len + hits * lb + 1), *o = p;
-        for (size_t i = 0; i < len;) {
-            if (i + la <= len && memcmp(cur + i, op->a, la) == 0)
-                memcpy(o, op->b, lb), o += lb, i += la;
-            else
-                *o++ = cur[i++];
-        }
-        *o = 0;
-        free(cur), cur = p, len = (size_t)(o - p);
-    }
-    *out_n = len;
-    return cur;
-}
-
 /* Text with no added token in it: normalize, pre-tokenize, BPE. */
 static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n, id_buf *out) {
     if (n == 0) return CTRL_OK;
-    if (!t->byte_level) { /* SentencePiece-style: the normalized segment is one word */
-        size_t m;
-        char *norm = sp_normalize(t, s, n, &m);
-        if (!norm) return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
-        int rc = m ? tok_bpe(t, norm, m, &out->ids, &out->n, &out->cap) : 0;
-        free(norm);
-        return rc ? ctrl_error_set(CTRL_ERR_FORMAT, "%s: a character has no token, byte token or unk",
-                                   t->path)
-                  : CTRL_OK;
-    }
     size_t m = n;
     char *norm = NULL;
-    if (t->nfc) {
-        norm = tok_nfc(s, n, &m);
+    if (t->n_norm_ops) {
+        norm = tok_normalize(t, s, n, &m);
         if (!norm) return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
         s = norm;
     }
@@ -133,24 +93,27 @@ static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n
 
 static int is_word_byte(unsigned char c) { return isalnum(c) || c == '_' || c >= 0x80; }
 
-/* The leftmost, longest added token at or after `from`; start and end include lstrip/rstrip
- * whitespace. Returns the index in t->added or -1. */
-static int find_added(const ctrl_tokenizer *t, const char *s, size_t n, size_t from, size_t *start,
-                      size_t *end) {
+int tok_find_added(const ctrl_tokenizer *t, const char *s, size_t n, size_t from, int normalized,
+                   size_t *start, size_t *end) {
+    if (normalized && !t->n_norm_added) return -1;
     for (size_t i = from; i < n; i++) {
-        if (!t->added_first[(unsigned char)s[i]]) continue;
+        if (!t->added_first[normalized][(unsigned char)s[i]]) continue;
         int best = -1;
+        size_t best_len = 0;
         for (int k = 0; k < t->n_added; k++) {
             const tok_added *a = &t->added[k];
-            if (a->content[0] != s[i] || a->len > n - i || memcmp(s + i, a->content, a->len) != 0) continue;
+            if (!a->norm_content != !normalized) continue;
+            const char *c = normalized ? a->norm_content : a->content;
+            const size_t len = normalized ? a->norm_len : a->len;
+            if (c[0] != s[i] || len > n - i || memcmp(s + i, c, len) != 0) continue;
             if (a->single_word && ((i > 0 && is_word_byte((unsigned char)s[i - 1])) ||
-                                   (i + a->len < n && is_word_byte((unsigned char)s[i + a->len]))))
+                                   (i + len < n && is_word_byte((unsigned char)s[i + len]))))
                 continue;
-            if (best < 0 || a->len > t->added[best].len) best = k;
+            if (best < 0 || len > best_len) best = k, best_len = len;
         }
         if (best < 0) continue;
         const tok_added *a = &t->added[best];
-        size_t b = i, e = i + a->len;
+        size_t b = i, e = i + best_len;
         if (a->lstrip)
             while (b > from && isspace((unsigned char)s[b - 1])) b--;
         if (a->rstrip)
@@ -169,12 +132,11 @@ ctrl_status ctrl_tokenizer_encode(const ctrl_tokenizer *t, const char *text, siz
     size_t pos = 0;
     while (st == CTRL_OK && pos < len) {
         size_t b, e;
-        int k = find_added(t, text, len, pos, &b, &e);
-        if (k < 0) {
-            st = encode_plain(t, text + pos, len - pos, &out);
-            break;
-        }
-        st = encode_plain(t, text + pos, b - pos, &out);
+        int k = tok_find_added(t, text, len, pos, 0, &b, &e);
+        const size_t end = k < 0 ? len : b;
+        st = t->byte_level ? encode_plain(t, text + pos, end - pos, &out)
+                           : tok_encode_sp(t, text + pos, end - pos, pos == 0, &out.ids, &out.n, &out.cap);
+        if (k < 0) break;
         if (st == CTRL_OK && push_id(&out, t->added[k].id) != 0) st = CTRL_ERR_NOMEM;
         pos = e;
     }
@@ -216,74 +178,15 @@ static size_t utf8_valid_len(const unsigned char *s, size_t n, size_t *bad) {
     return 0;
 }
 
-static int is_special(const ctrl_tokenizer *t, int32_t id) {
+int tok_is_special(const ctrl_tokenizer *t, int32_t id) {
     for (int a = 0; a < t->n_added; a++)
         if (t->added[a].id == id) return t->added[a].special;
     return 0;
 }
 
-/* SentencePiece decoding: "\u2581" -> " " per token, runs of <0xXX> byte tokens to their bytes when
- * those are valid UTF-8 (else one U+FFFD per byte), all fused, then `strip_start` leading spaces
- * removed. */
-static ctrl_status decode_sp(const ctrl_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
-                             char **text, size_t *len) {
-    size_t cap = 64, k = 0, nrun = 0, run_cap = 64;
-    char *out = malloc(cap);
-    unsigned char *run = malloc(run_cap);
-    for (size_t j = 0; j <= n; j++) {
-        int byte = -1;
-        const char *tok = NULL;
-        if (j < n) {
-            if (ids[j] < 0 || ids[j] >= t->n_ids || !t->id_to_token[ids[j]]) continue;
-            if (skip_special && is_special(t, ids[j])) continue;
-            tok = t->id_to_token[ids[j]];
-            if (strlen(tok) == 6 && !strncmp(tok, "<0x", 3) && tok[5] == '>') {
-                int v = (int)strtol(tok + 3, NULL, 16);
-                if (v >= 0 && v < 256 && t->byte_id[v] == ids[j]) byte = v;
-            }
-        }
-        if (byte >= 0) {
-            if (nrun == run_cap) run = realloc(run, run_cap *= 2);
-            run[nrun++] = (unsigned char)byte;
-            continue;
-        }
-        if (nrun) { /* flush the byte run */
-            size_t ok = 0, bad = 0;
-            for (size_t i = 0; i < nrun;) {
-                size_t v = utf8_valid_len(run + i, nrun - i, &bad);
-                if (!v || v > nrun - i) break;
-                i += v, ok = i;
-            }
-            if (k + nrun * 3 + 8 > cap) out = realloc(out, cap = (k + nrun * 3 + 8) * 2);
-            if (ok == nrun)
-                memcpy(out + k, run, nrun), k += nrun;
-            else
-                for (size_t i = 0; i < nrun; i++) memcpy(out + k, "\xEF\xBF\xBD", 3), k += 3;
-            nrun = 0;
-        }
-        if (!tok) continue;
-        const size_t tl = strlen(tok);
-        if (k + tl + 8 > cap) out = realloc(out, cap = (k + tl + 8) * 2);
-        for (size_t i = 0; i < tl;) {
-            if (i + 3 <= tl && !memcmp(tok + i, "\xE2\x96\x81", 3))
-                out[k++] = ' ', i += 3;
-            else
-                out[k++] = tok[i++];
-        }
-    }
-    size_t skip = 0;
-    while ((int)skip < t->strip_start && skip < k && out[skip] == ' ') skip++;
-    memmove(out, out + skip, k - skip);
-    k -= skip;
-    out[k] = 0;
-    free(run);
-    *text = out, *len = k;
-    return CTRL_OK;
-}
-
 ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, size_t n,
                                   int skip_special_tokens, char **text, size_t *len) {
-    if (t->sp_decoder) return decode_sp(t, ids, n, skip_special_tokens, text, len);
+    if (t->decoder_chain) return tok_decode_chain(t, ids, n, skip_special_tokens, text, len);
     /* Byte-level characters back to bytes: code points below 324 cover the whole alphabet. */
     int16_t char_byte[324];
     for (int i = 0; i < 324; i++) char_byte[i] = -1;
@@ -298,7 +201,7 @@ ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, s
         if (ids[j] < 0 || ids[j] >= t->n_ids || !t->id_to_token[ids[j]])
             continue; /* unknown ids decode to nothing */
         const char *tok = t->id_to_token[ids[j]];
-        if (skip_special_tokens && is_special(t, ids[j])) continue;
+        if (skip_special_tokens && tok_is_special(t, ids[j])) continue;
         size_t tl = strlen(tok);
         if (k + tl * 4 + 4 > cap) {
             cap = (k + tl * 4 + 4) * 2;

@@ -32,6 +32,9 @@ int32_t tok_map_get(const tok_map *m, const char *key, size_t len);      /* -1 w
 typedef struct tok_added {
     char *content;
     size_t len;
+    char *norm_content; /* normalized=true tokens of SentencePiece-style models: matched in the
+                           normalized text, as this normalized form */
+    size_t norm_len;
     int32_t id;
     int special, lstrip, rstrip, normalized, single_word;
 } tok_added;
@@ -46,34 +49,77 @@ struct ctrl_tokenizer {
     int32_t *merge_result; /* by rank: the merged token's id */
     int ignore_merges;
     /* pipeline */
-    int nfc;
+    int nfc;           /* an NFC normalizer is among norm_ops */
     pcre2_code *split; /* NULL: no Split pre-tokenizer */
     int byte_level;
     tok_added *added;
     int n_added;
-    uint8_t added_first[256]; /* 1 where some added token starts with that byte */
+    uint8_t added_first[2][256]; /* [normalized]: 1 where some added token starts with that byte */
+    int n_norm_added;            /* added tokens with norm_content */
     int32_t bos_id, eos_id, pad_id;
     int add_bos; /* the post-processor prepends bos on add_special_tokens */
     char *chat_template;
-    /* SentencePiece-style BPE (Llama-2, Mistral): no pre-tokenizer; Prepend / Replace normalizers in
-     * file order; characters missing from the vocabulary become <0xXX> byte tokens (byte_fallback)
-     * or <unk> (runs fused with fuse_unk); decoder Replace("\u2581", " ") + ByteFallback + Fuse +
-     * Strip(" ", strip_start). */
+    /* Normalizers in file order (NFC, Prepend, Replace with a literal pattern). */
     struct tok_norm_op {
-        int kind; /* 1 prepend a, 2 replace a by b */
+        int kind; /* TOK_NORM_* */
         char *a, *b;
-    } norm_ops[4];
+    } norm_ops[8];
     int n_norm_ops;
-    int byte_fallback, fuse_unk, sp_decoder, strip_start;
+    /* SentencePiece-style BPE (Llama-2, Mistral): no byte-level mapping; characters missing from
+     * the vocabulary become <0xXX> byte tokens (byte_fallback) or unk (runs fused with fuse_unk), or
+     * vanish when there is neither, as in `tokenizers`. */
+    int byte_fallback, fuse_unk, unk_missing; /* unk_missing: unk_token names no vocabulary entry */
     int32_t unk_id, byte_id[256];
+    /* the Metaspace pre-tokenizer: spaces -> meta (U+2581), prepended per meta_prepend, split
+     * before each meta when meta_split */
+    int metaspace, meta_prepend, meta_split;
+    char meta[5];
+    /* decoders other than ByteLevel: a chain applied to the token strings (sp_decode.c) */
+    int decoder_chain;
+    struct tok_dec_op {
+        int kind; /* TOK_DEC_* */
+        char *a, *b;
+        int start, stop;
+    } dec_ops[8];
+    int n_dec_ops;
     /* byte-level alphabet: byte -> UTF-8 of its mapped character, and back */
     char byte_char[256][3];
     uint8_t byte_char_len[256];
 };
 
+enum { TOK_NORM_NFC = 1, TOK_NORM_PREPEND, TOK_NORM_REPLACE };
+enum { TOK_META_NEVER = 0, TOK_META_FIRST, TOK_META_ALWAYS };
+enum { TOK_DEC_REPLACE = 1, TOK_DEC_BYTE_FALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE };
+
+/* The normalizers applied to s (malloc'd, NUL-terminated; NULL when out of memory). */
+char *tok_normalize(const ctrl_tokenizer *t, const char *s, size_t n, size_t *out_n);
+
+/* The leftmost, longest added token at or after `from` (start and end include lstrip/rstrip
+ * whitespace): with `normalized` 0 among the tokens matched in the raw text, with 1 among the
+ * normalized=true tokens of a SentencePiece-style model (in normalized text). -1 when none. */
+int tok_find_added(const ctrl_tokenizer *t, const char *s, size_t n, size_t from, int normalized,
+                   size_t *start, size_t *end);
+
+/* One segment of text between raw-matched added tokens of a SentencePiece-style model: normalize,
+ * split out normalized added tokens, Metaspace, BPE. `at_start`: the segment begins the text. */
+ctrl_status tok_encode_sp(const ctrl_tokenizer *t, const char *s, size_t n, int at_start, int32_t **ids,
+                          size_t *n_ids, size_t *cap);
+
+/* Loading and applying decoders other than ByteLevel (decode_chain.c). */
+struct cJSON;
+ctrl_status tok_load_decoder_chain(ctrl_tokenizer *t, const struct cJSON *d);
+/* Metaspace's settings (pre-tokenizer or decoder): prepend scheme (TOK_META_*), split, the
+ * replacement character as UTF-8. */
+ctrl_status tok_load_meta(const ctrl_tokenizer *t, const struct cJSON *p, int *scheme, int *split,
+                          char meta[5]);
+ctrl_status tok_decode_chain(const ctrl_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                             char **text, size_t *len);
+int tok_is_special(const ctrl_tokenizer *t, int32_t id);
+
 /* BPE of one pre-token (already byte-level mapped, or normalized for SentencePiece-style models):
- * appends ids; a character missing from the vocabulary becomes byte tokens (byte_fallback) or unk;
- * returns 0, -1 when neither can stand for it (a malformed tokenizer). */
+ * appends ids; a character missing from the vocabulary becomes byte tokens (byte_fallback) or unk
+ * or nothing; returns 0, -1 on a byte-level character missing (a malformed tokenizer) or no memory,
+ * -2 when unk is needed but unk_token is not in the vocabulary. */
 int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids, size_t *n, size_t *cap);
 
 #endif

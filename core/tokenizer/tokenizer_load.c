@@ -72,9 +72,14 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
     int rank = 0;
     for (const cJSON *e = merges->child; e; e = e->next, rank++) {
         char a[512], b[512];
-        if (cJSON_IsString(e)) { /* "a b" */
+        if (cJSON_IsString(e)) { /* "a b" (exactly one space; "#version" lines are skipped) */
             const char *sp = strchr(e->valuestring, ' ');
-            if (!sp || (size_t)(sp - e->valuestring) >= sizeof a || strlen(sp + 1) >= sizeof b)
+            if (!strncmp(e->valuestring, "#version", 8)) {
+                rank--;
+                continue;
+            }
+            if (!sp || strchr(sp + 1, ' ') || (size_t)(sp - e->valuestring) >= sizeof a ||
+                strlen(sp + 1) >= sizeof b)
                 return ctrl_error_set(CTRL_ERR_FORMAT, "%s: merge %d ('%s') is not 'a b'", t->path, rank,
                                       e->valuestring);
             memcpy(a, e->valuestring, (size_t)(sp - e->valuestring));
@@ -97,7 +102,7 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
                                   "%s: merge %d ('%s' '%s') uses a token missing from the vocabulary",
                                   t->path, rank, a, b);
         int32_t key[2] = {ia, ib};
-        if (tok_map_get(&t->merges, (const char *)key, sizeof key) >= 0) continue; /* first rank wins */
+        /* a repeated pair takes its last rank, as the library's map collects them */
         if (tok_map_put(&t->merges, (const char *)key, sizeof key, rank) != 0)
             return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: merges");
         t->merge_result[rank] = iab;
@@ -108,24 +113,25 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
 static ctrl_status load_normalizer(ctrl_tokenizer *t, const cJSON *n) {
     if (!n || cJSON_IsNull(n)) return CTRL_OK;
     const char *type = json_str(n, "type");
-    if (type && !strcmp(type, "NFC")) {
-        if (t->n_norm_ops)
-            return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: NFC after Prepend/Replace is not supported",
-                                  t->path);
-        t->nfc = 1;
-        return CTRL_OK;
-    }
-    if (type && (!strcmp(type, "Prepend") || !strcmp(type, "Replace"))) {
-        const int prepend = type[0] == 'P';
-        const char *a = prepend ? json_str(n, "prepend")
-                                : json_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String");
-        const char *b = prepend ? "" : json_str(n, "content");
-        if (!a || !b || (!prepend && !a[0]))
+    int kind = !type                      ? 0
+               : !strcmp(type, "NFC")     ? TOK_NORM_NFC
+               : !strcmp(type, "Prepend") ? TOK_NORM_PREPEND
+               : !strcmp(type, "Replace") ? TOK_NORM_REPLACE
+                                          : 0;
+    if (kind) {
+        const char *a = kind == TOK_NORM_PREPEND ? json_str(n, "prepend")
+                        : kind == TOK_NORM_REPLACE
+                            ? json_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String")
+                            : "";
+        const char *b = kind == TOK_NORM_REPLACE ? json_str(n, "content") : "";
+        if (!a || !b || (kind == TOK_NORM_REPLACE && !a[0]))
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                  "%s: normalizer %s: only a literal string is supported", t->path, type);
-        if (t->n_norm_ops == 4)
+                                  "%s: normalizer %s: only a literal String pattern is supported", t->path,
+                                  type);
+        if (t->n_norm_ops == (int)(sizeof t->norm_ops / sizeof t->norm_ops[0]))
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: too many normalizers", t->path);
-        t->norm_ops[t->n_norm_ops++] = (struct tok_norm_op){prepend ? 1 : 2, strdup(a), strdup(b)};
+        t->norm_ops[t->n_norm_ops++] = (struct tok_norm_op){kind, strdup(a), strdup(b)};
+        t->nfc |= kind == TOK_NORM_NFC;
         return CTRL_OK;
     }
     if (type && !strcmp(type, "Sequence")) {
@@ -182,6 +188,10 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
                 "%s: Split pre-tokenizer: only a Regex pattern with behavior Isolated is supported", t->path);
         return compile_split(t, re);
     }
+    if (type && !strcmp(type, "Metaspace")) {
+        t->metaspace = 1;
+        return tok_load_meta(t, p, &t->meta_prepend, &t->meta_split, t->meta);
+    }
     if (type && !strcmp(type, "ByteLevel")) {
         if (json_bool(p, "add_prefix_space", 0))
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -189,50 +199,40 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
         t->byte_level = 1;
         return json_bool(p, "use_regex", 1) ? compile_split(t, GPT2_PATTERN) : CTRL_OK;
     }
-    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported (Split, ByteLevel)",
-                          t->path, type ? type : "?");
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                          "%s: pre-tokenizer '%s' is not supported (Split, ByteLevel, Metaspace)", t->path,
+                          type ? type : "?");
 }
 
-/* Decoders: ByteLevel, or SentencePiece's Sequence [Replace("\u2581", " "), ByteFallback, Fuse,
- * Strip(" ", n, 0)] (each part optional but in this order). */
+ctrl_status tok_load_meta(const ctrl_tokenizer *t, const cJSON *p, int *scheme, int *split, char meta[5]) {
+    const char *rep = json_str(p, "replacement"), *ps = json_str(p, "prepend_scheme");
+    size_t i = 0;
+    if (rep && rep[0]) tok_utf8_decode(rep, strlen(rep), &i);
+    if (!rep || !rep[0] || rep[i] || i > 4)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: Metaspace needs a one-character replacement", t->path);
+    memcpy(meta, rep, i + 1);
+    *scheme = !ps || !strcmp(ps, "always") ? TOK_META_ALWAYS
+              : !strcmp(ps, "first")       ? TOK_META_FIRST
+              : !strcmp(ps, "never")       ? TOK_META_NEVER
+                                           : -1;
+    if (*scheme < 0)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: Metaspace prepend_scheme '%s' is unknown", t->path, ps);
+    const cJSON *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space");
+    if (cJSON_IsFalse(aps)) { /* the older form; the library refuses a contradiction */
+        if (*scheme != TOK_META_NEVER)
+            return ctrl_error_set(CTRL_ERR_FORMAT,
+                                  "%s: Metaspace add_prefix_space does not match declared prepend_scheme",
+                                  t->path);
+    }
+    *split = json_bool(p, "split", 1);
+    return CTRL_OK;
+}
+
 static ctrl_status load_decoder(ctrl_tokenizer *t, const cJSON *d) {
     if (!d || cJSON_IsNull(d)) return CTRL_OK;
     const char *type = json_str(d, "type");
     if (type && !strcmp(type, "ByteLevel")) return CTRL_OK;
-    if (type && !strcmp(type, "Sequence")) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
-        int stage = 0;
-        for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
-            const char *et = json_str(e, "type");
-            const char *from = json_str(cJSON_GetObjectItemCaseSensitive(e, "pattern"), "String");
-            const char *to = json_str(e, "content");
-            int next = -1;
-            if (et && !strcmp(et, "Replace") && from && to && !strcmp(from, "\xe2\x96\x81") &&
-                !strcmp(to, " "))
-                next = 1;
-            else if (et && !strcmp(et, "ByteFallback"))
-                next = 2;
-            else if (et && !strcmp(et, "Fuse"))
-                next = 3;
-            else if (et && !strcmp(et, "Strip") && to && !strcmp(to, " ") &&
-                     cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(e, "stop")) &&
-                     cJSON_GetObjectItemCaseSensitive(e, "stop")->valueint == 0) {
-                next = 4;
-                t->strip_start = cJSON_GetObjectItemCaseSensitive(e, "start")->valueint;
-            }
-            if (next <= stage)
-                return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                      "%s: decoder part '%s' is not supported here (SentencePiece decoders: "
-                                      "Replace \u2581 by space, ByteFallback, Fuse, Strip)",
-                                      t->path, et ? et : "?");
-            stage = next;
-        }
-        t->sp_decoder = 1;
-        return CTRL_OK;
-    }
-    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                          "%s: decoder '%s' is not supported (ByteLevel, SentencePiece Sequence)", t->path,
-                          type ? type : "?");
+    return tok_load_decoder_chain(t, d);
 }
 
 /* TemplateProcessing "single": [SpecialToken]? Sequence A [SpecialToken]? — only a leading
@@ -293,7 +293,28 @@ static ctrl_status load_added(ctrl_tokenizer *t, const cJSON *list) {
         a->rstrip = json_bool(e, "rstrip", 0), a->normalized = json_bool(e, "normalized", 0);
         a->single_word = json_bool(e, "single_word", 0);
         if (a->id + 1 > t->n_ids) t->n_ids = a->id + 1;
-        t->added_first[(unsigned char)a->content[0]] = 1;
+    }
+    return CTRL_OK;
+}
+
+/* After the normalizer is known: normalized=true tokens of SentencePiece-style models are matched
+ * in the normalized text as their normalized content (the library's second pass); byte-level
+ * models match all added tokens in the raw text. */
+static ctrl_status index_added(ctrl_tokenizer *t) {
+    for (int k = 0; k < t->n_added; k++) {
+        tok_added *a = &t->added[k];
+        if (a->normalized && !t->byte_level) {
+            a->norm_content = tok_normalize(t, a->content, a->len, &a->norm_len);
+            if (!a->norm_content) return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
+            if (!a->norm_len) { /* normalizes to nothing: never matches */
+                free(a->norm_content), a->norm_content = NULL;
+                continue;
+            }
+            t->n_norm_added++;
+            t->added_first[1][(unsigned char)a->norm_content[0]] = 1;
+        } else {
+            t->added_first[0][(unsigned char)a->content[0]] = 1;
+        }
     }
     return CTRL_OK;
 }
@@ -365,7 +386,7 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
         st = model ? load_model(t, model) : ctrl_error_set(CTRL_ERR_FORMAT, "%s: no model", file);
         const char *unk = st == CTRL_OK ? json_str(model, "unk_token") : NULL;
-        if (unk) t->unk_id = tok_map_get(&t->vocab, unk, strlen(unk));
+        if (unk) t->unk_id = tok_map_get(&t->vocab, unk, strlen(unk)), t->unk_missing = t->unk_id < 0;
         if (st == CTRL_OK) st = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
         if (st == CTRL_OK) st = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
         if (st == CTRL_OK)
@@ -373,14 +394,27 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
         if (st == CTRL_OK)
             st = load_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
         if (st == CTRL_OK) st = load_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
-        if (st == CTRL_OK && !t->byte_level && (t->split || !t->sp_decoder))
-            st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                "%s: supported are byte-level BPE (ByteLevel pre-tokenizer and decoder) and "
-                                "SentencePiece-style BPE (no pre-tokenizer, the SentencePiece decoder)",
-                                file);
-        if (st == CTRL_OK && t->byte_level && t->sp_decoder)
-            st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                "%s: a ByteLevel pre-tokenizer with a SentencePiece decoder", file);
+        if (st == CTRL_OK && t->byte_level && (t->decoder_chain || t->metaspace))
+            st = ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "%s: a ByteLevel pre-tokenizer with a Metaspace pre-tokenizer or a decoder other "
+                "than ByteLevel is not supported",
+                file);
+        if (st == CTRL_OK && !t->byte_level && t->split)
+            st = ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "%s: a Split pre-tokenizer without ByteLevel is not supported (supported: byte-level "
+                "BPE, and SentencePiece-style BPE with no pre-tokenizer or Metaspace)",
+                file);
+        if (st == CTRL_OK && !t->byte_level && !t->byte_fallback && t->unk_id < 0 && !t->metaspace &&
+            !t->n_norm_ops)
+            st = ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "%s: a BPE without a byte-level pre-tokenizer, byte_fallback, unk_token or "
+                "normalizer is not a supported configuration (byte-level or SentencePiece-style)",
+                file);
+        if (st == CTRL_OK && !t->byte_level) t->decoder_chain = 1; /* no decoder: tokens joined by spaces */
+        if (st == CTRL_OK) st = index_added(t);
     }
     cJSON_Delete(root);
     if (st == CTRL_OK) {
@@ -411,10 +445,11 @@ void ctrl_tokenizer_free(ctrl_tokenizer *t) {
     free(t->merge_result);
     free(t->id_to_token);
     if (t->split) pcre2_code_free(t->split);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++) free(t->added[i].content), free(t->added[i].norm_content);
     free(t->added);
     free(t->chat_template);
     for (int i = 0; i < t->n_norm_ops; i++) free(t->norm_ops[i].a), free(t->norm_ops[i].b);
+    for (int i = 0; i < t->n_dec_ops; i++) free(t->dec_ops[i].a), free(t->dec_ops[i].b);
     free(t->path);
     free(t);
 }

@@ -127,6 +127,90 @@ def tiny_sp(lines):
     return Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
 
 
+META = "\u2581"
+STRIP_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": META}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+# Variants of tiny_sp for the configurations Llama-2's file does not use; the C test applies the
+# same edits to tiny_sp/tokenizer.json: "set" replaces top-level keys, "model_set" keys of the model,
+# "vocab_remove" drops vocabulary entries, "added_append" adds added tokens.
+SP_VARIANTS = [
+    ("metaspace_first", {"set": {"normalizer": None, "pre_tokenizer": {
+        "type": "Metaspace", "replacement": META, "prepend_scheme": "first", "split": False}}}),
+    ("metaspace_legacy", {"set": {"normalizer": None, "pre_tokenizer": {
+        "type": "Metaspace", "replacement": META, "add_prefix_space": True, "str_rep": META},
+        "decoder": {"type": "Metaspace", "replacement": META, "add_prefix_space": True}}}),
+    ("metaspace_never", {"set": {"normalizer": None, "pre_tokenizer": {
+        "type": "Metaspace", "replacement": META, "prepend_scheme": "never", "split": True},
+        "decoder": {"type": "Metaspace", "replacement": META, "prepend_scheme": "never", "split": True}}}),
+    ("unk_unfused", {"model_set": {"byte_fallback": False, "fuse_unk": False}}),
+    ("unk_fused", {"model_set": {"byte_fallback": False, "fuse_unk": True}}),
+    ("bytes_partial", {"vocab_remove": ["<0x%02X>" % b for b in (0x80, 0x9F, 0xE4, 0xF0)]}),
+    ("bytes_partial_no_unk", {"model_set": {"unk_token": None},
+                              "vocab_remove": ["<0x%02X>" % b for b in (0x80, 0x9F, 0xE4, 0xF0)]}),
+    ("ignore_merges", {"model_set": {"ignore_merges": True}}),
+    ("no_decoder", {"set": {"decoder": None}}),
+    ("decoder_parts", {"set": {"decoder": {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": META}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Strip", "content": " ", "start": 2, "stop": 0}]}}}),  # per token; stop > 0 can panic in Rust
+    ("nfc_added", {"set": {"normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "NFC"}, {"type": "Prepend", "prepend": META},
+        {"type": "Replace", "pattern": {"String": " "}, "content": META}]}},
+        "added_append": [
+            {"id": 956, "content": "w\u00f6rld", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": True, "special": False},
+            {"id": 957, "content": "<mask>", "single_word": False, "lstrip": True, "rstrip": True,
+             "normalized": False, "special": True},
+            {"id": 958, "content": "is", "single_word": True, "lstrip": False, "rstrip": False,
+             "normalized": True, "special": False}]}),
+]
+SP_CASES = ["", " ", "  ", "a", " a", "a ", "  two  spaces  ", "\u2581literal meta \u2581\u2581x", "tab\there\nnew",
+            "<s>", "<s>hello", "hello<s>", "<s> hello </s>", "</s></s><unk>", "x<unk>y", "<s><s>",
+            "w\u00f6rld world wo\u0308rld, w\u00f6rld!", "this is his island", "a <mask> b  <mask>c",
+            "你好世界 🎉🎉 𝔘𝔫𝔦", "\u00e9\u0301 e\u0301", "ﬁ ℌ \u2126", "\x01\x1f control \x7f", "🇫🇷🇯🇵👩‍👩‍👧‍👦"]
+
+
+def sp_variant(spec, edit):
+    spec = json.loads(json.dumps(spec))
+    spec.update(edit.get("set", {}))
+    spec["model"].update(edit.get("model_set", {}))
+    for t in edit.get("vocab_remove", []):
+        del spec["model"]["vocab"][t]
+    spec["added_tokens"] += edit.get("added_append", [])
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def write_sp_variants(lines):
+    """tiny_sp_variants.jsonl: per variant, encodings (without and with special tokens) and decodes
+    (keeping and skipping special tokens) of a sample of the corpus and the cases above, and decodes
+    of random id sequences."""
+    with open(os.path.join(OUT, "tiny_sp", "tokenizer.json")) as f:
+        spec = json.load(f)
+    rng = random.Random(77)
+    texts = SP_CASES + lines[::50]
+    n_ids = len(spec["model"]["vocab"])
+    with open(os.path.join(OUT, "tiny_sp_variants.jsonl"), "w") as f:
+        for name, edit in SP_VARIANTS:
+            tok = sp_variant(spec, edit)
+            if "added_append" in edit:  # the ids the library gives them ("is" normalizes to the vocabulary's "\u2581is")
+                added = json.loads(tok.to_str())["added_tokens"]
+                edit = {k: v for k, v in edit.items() if k != "added_append"}
+                edit["added_append"] = added[len(spec["added_tokens"]):]
+            cases = []
+            for text in texts:
+                a = tok.encode(text, add_special_tokens=False).ids
+                b = tok.encode(text, add_special_tokens=True).ids
+                cases.append({"text": text, "ids": a, "ids_special": b,
+                              "keep": tok.decode(b, skip_special_tokens=False),
+                              "skip": tok.decode(b, skip_special_tokens=True)})
+            for _ in range(20):  # decoding alone: byte-token runs, specials, meta characters anywhere
+                ids = [rng.choice([rng.randrange(n_ids), rng.randrange(3), rng.randrange(3, 259)])
+                       for _ in range(rng.randint(1, 12))]
+                cases.append({"ids_special": ids, "keep": tok.decode(ids, skip_special_tokens=False),
+                              "skip": tok.decode(ids, skip_special_tokens=True)})
+            f.write(json.dumps({"name": name, "edit": edit, "cases": cases}, ensure_ascii=False) + "\n")
+
+
 def main():
     import sys
     names = sys.argv[1:] or ["qwen3", "llama3", "llama2", "tiny_bpe", "tiny_sp"]
@@ -142,6 +226,8 @@ def main():
         else:
             tok = tiny(lines) if name == "tiny_bpe" else tiny_sp(lines)
         write_ids(name, tok, lines)
+        if name == "tiny_sp":
+            write_sp_variants(lines)
     print(len(lines), "lines")
 
 

@@ -8,3 +8,6 @@ target_compile_definitions(test_tokenizer_parity PRIVATE CTRL_FIXTURE_DIR="${CMA
 target_link_libraries(test_tokenizer_parity PRIVATE ctrl ${CJSON_LIBRARY})
 add_test(NAME test_tokenizer_parity COMMAND test_tokenizer_parity)
 set_tests_properties(test_tokenizer_parity PROPERTIES LABELS parity SKIP_RETURN_CODE 77 TIMEOUT 300)
+
+# SentencePiece-style variants of the tiny tokenizer (edits + expected ids/texts in tiny_sp_variants.jsonl).
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_sp_variants.c parity)

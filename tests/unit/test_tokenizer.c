@@ -51,9 +51,6 @@ TEST(malformed_and_unsupported_files) {
     expect_error("merge_unknown.json",
                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
                  CTRL_ERR_FORMAT, "missing from the vocabulary");
-    expect_error("byte_fallback.json",
-                 "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}",
-                 CTRL_ERR_UNSUPPORTED, "byte_fallback");
     expect_error("bad_regex.json",
                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": "
                  "{\"type\": \"Split\", "
@@ -69,9 +66,73 @@ TEST(malformed_and_unsupported_files) {
                  "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"added_tokens\": "
                  "[{\"id\": 3}], " BYTE_LEVEL "}",
                  CTRL_ERR_FORMAT, "added token");
+    expect_error("three_part_merge.json",
+                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b c\"]}}",
+                 CTRL_ERR_FORMAT, "is not 'a b'");
     ctrl_tokenizer *t = NULL;
     CHECK_EQ_INT(ctrl_tokenizer_load("/nonexistent/tokenizer.json", &t), CTRL_ERR_IO);
     CHECK_CONTAINS(ctrl_error_message(), "/nonexistent/tokenizer.json");
+}
+
+/* A SentencePiece-style model (byte fallback) with one part replaced. */
+#define SP_MODEL                                                                                             \
+    "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": \"<unk>\", \"vocab\": "         \
+    "{\"<unk>\": 0, "                                                                                        \
+    "\"a\": 1, \"b\": 2, \"ab\": 3}, \"merges\": [\"#version: 0.2\", \"a b\"]}, "
+#define SP_NORMALIZER                                                                                        \
+    "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": "       \
+    "\"\u2581\"}]}"
+
+TEST(sentencepiece_style_errors) {
+    expect_error(
+        "regex_replace.json",
+        SP_MODEL
+        "\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \"x\"}}",
+        CTRL_ERR_UNSUPPORTED, "normalizer Replace: only a literal String pattern");
+    expect_error("nfkc.json", SP_MODEL "\"normalizer\": {\"type\": \"NFKC\"}}", CTRL_ERR_UNSUPPORTED,
+                 "'NFKC'");
+    expect_error("wordpiece_decoder.json", SP_MODEL SP_NORMALIZER ", \"decoder\": {\"type\": \"WordPiece\"}}",
+                 CTRL_ERR_UNSUPPORTED, "decoder 'WordPiece' is not supported");
+    expect_error("regex_decoder.json",
+                 SP_MODEL SP_NORMALIZER
+                 ", \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": "
+                 "\"Replace\", \"pattern\": {\"Regex\": \"x\"}, \"content\": \" \"}]}}",
+                 CTRL_ERR_UNSUPPORTED, "decoder Replace");
+    expect_error("bad_strip.json",
+                 SP_MODEL SP_NORMALIZER
+                 ", \"decoder\": {\"type\": \"Strip\", \"content\": \"ab\", \"start\": 1, \"stop\": 0}}",
+                 CTRL_ERR_FORMAT, "Strip");
+    expect_error("bad_scheme.json",
+                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
+                          "\"prepend_scheme\": \"sometimes\"}}",
+                 CTRL_ERR_FORMAT, "prepend_scheme 'sometimes'");
+    expect_error("contradiction.json",
+                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
+                          "\"add_prefix_space\": false, \"prepend_scheme\": \"always\"}}",
+                 CTRL_ERR_FORMAT, "add_prefix_space");
+    expect_error("long_replacement.json",
+                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"__\"}}",
+                 CTRL_ERR_FORMAT, "one-character replacement");
+    expect_error("split_without_byte_level.json",
+                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, "
+                          "\"behavior\": \"Isolated\", \"invert\": false}}",
+                 CTRL_ERR_UNSUPPORTED, "Split pre-tokenizer without ByteLevel");
+    expect_error("byte_level_metaspace.json",
+                 SP_MODEL BYTE_LEVEL ", \"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"_\"}}",
+                 CTRL_ERR_UNSUPPORTED, "ByteLevel");
+    /* unk_token naming no vocabulary entry: an error when a character needs it (as the library's
+     * UnkTokenOutOfVocabulary), none before */
+    const char *path =
+        write_json("unk_missing.json", "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": "
+                                       "{\"a\": 0}, \"merges\": []}, " SP_NORMALIZER "}");
+    ctrl_tokenizer *t = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_EQ_INT(ctrl_tokenizer_encode(t, "aza", 3, 0, &ids, &n), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "unk_missing.json");
+    CHECK_CONTAINS(ctrl_error_message(), "unk_token");
+    ctrl_tokenizer_free(t);
 }
 
 TEST(api_on_the_tiny_tokenizer) {
