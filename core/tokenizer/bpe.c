@@ -22,8 +22,7 @@ static int push(int32_t **ids, size_t *n, size_t *cap, int32_t id) {
 }
 
 static int32_t merge_rank(const ctrl_tokenizer *t, int32_t a, int32_t b) {
-    int32_t key[2] = {a, b};
-    return tok_map_get(&t->merges, (const char *)key, sizeof key);
+    return tok_pairs_get(&t->merges, a, b);
 }
 
 typedef struct pair_entry {

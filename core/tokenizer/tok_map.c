@@ -71,3 +71,40 @@ int32_t tok_map_get(const tok_map *m, const char *key, size_t len) {
     }
     return -1;
 }
+
+/* Merge pairs: (id a, id b) -> rank, keys packed in 64 bits (no string compare), Fibonacci hashing
+ * on the high bits; an all-ones key marks an empty slot (ids are non-negative). */
+static size_t pair_slot(const tok_pair_map *m, uint64_t key) {
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - m->bits));
+}
+
+int tok_pairs_init(tok_pair_map *m, size_t expected) {
+    m->bits = 4;
+    while (((size_t)1 << m->bits) < expected * 2) m->bits++;
+    m->cap = (size_t)1 << m->bits;
+    m->keys = malloc(m->cap * sizeof *m->keys);
+    m->values = malloc(m->cap * sizeof *m->values);
+    if (!m->keys || !m->values) return -1;
+    memset(m->keys, 0xFF, m->cap * sizeof *m->keys);
+    return 0;
+}
+
+void tok_pairs_free(tok_pair_map *m) {
+    free(m->keys), free(m->values);
+    memset(m, 0, sizeof *m);
+}
+
+void tok_pairs_put(tok_pair_map *m, int32_t a, int32_t b, int32_t value) { /* capacity from init */
+    const uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    size_t j = pair_slot(m, key);
+    while (m->keys[j] != UINT64_MAX && m->keys[j] != key) j = (j + 1) & (m->cap - 1);
+    m->keys[j] = key, m->values[j] = value;
+}
+
+int32_t tok_pairs_get(const tok_pair_map *m, int32_t a, int32_t b) {
+    const uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+    for (size_t j = pair_slot(m, key);; j = (j + 1) & (m->cap - 1)) {
+        if (m->keys[j] == key) return m->values[j];
+        if (m->keys[j] == UINT64_MAX) return -1;
+    }
+}

@@ -29,6 +29,18 @@ void tok_map_free(tok_map *m);
 int tok_map_put(tok_map *m, const char *key, size_t len, int32_t value); /* 0 ok, -1 no memory */
 int32_t tok_map_get(const tok_map *m, const char *key, size_t len);      /* -1 when absent */
 
+/* (id, id) -> int32 map for merge pairs; sized once for `expected` entries (half full at most). */
+typedef struct tok_pair_map {
+    uint64_t *keys;
+    int32_t *values;
+    size_t cap;
+    int bits;
+} tok_pair_map;
+int tok_pairs_init(tok_pair_map *m, size_t expected); /* 0 ok, -1 no memory */
+void tok_pairs_free(tok_pair_map *m);
+void tok_pairs_put(tok_pair_map *m, int32_t a, int32_t b, int32_t value);
+int32_t tok_pairs_get(const tok_pair_map *m, int32_t a, int32_t b); /* -1 when absent */
+
 typedef struct tok_added {
     char *content;
     size_t len;
@@ -45,7 +57,7 @@ struct ctrl_tokenizer {
     tok_map vocab;
     char **id_to_token; /* by id */
     int32_t n_ids;
-    tok_map merges;        /* "idA idB" as 8 bytes -> rank */
+    tok_pair_map merges;   /* (idA, idB) -> rank */
     int32_t *merge_result; /* by rank: the merged token's id */
     int ignore_merges;
     /* pipeline */

@@ -67,7 +67,7 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: model.merges is not an array", t->path);
     int nm = cJSON_GetArraySize(merges);
     t->merge_result = malloc(sizeof(int32_t) * (size_t)(nm ? nm : 1));
-    if (!t->merge_result || tok_map_init(&t->merges, (size_t)nm + 16) != 0)
+    if (!t->merge_result || tok_pairs_init(&t->merges, (size_t)nm + 16) != 0)
         return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: merges");
     int rank = 0;
     for (const cJSON *e = merges->child; e; e = e->next, rank++) {
@@ -94,17 +94,16 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
             return ctrl_error_set(CTRL_ERR_FORMAT, "%s: merge %d is neither 'a b' nor [a, b]", t->path, rank);
         }
         char ab[1024];
-        snprintf(ab, sizeof ab, "%s%s", a, b);
-        int32_t ia = tok_map_get(&t->vocab, a, strlen(a)), ib = tok_map_get(&t->vocab, b, strlen(b));
-        int32_t iab = tok_map_get(&t->vocab, ab, strlen(ab));
+        const size_t la = strlen(a), lb = strlen(b);
+        memcpy(ab, a, la), memcpy(ab + la, b, lb + 1);
+        int32_t ia = tok_map_get(&t->vocab, a, la), ib = tok_map_get(&t->vocab, b, lb);
+        int32_t iab = tok_map_get(&t->vocab, ab, la + lb);
         if (ia < 0 || ib < 0 || iab < 0)
             return ctrl_error_set(CTRL_ERR_FORMAT,
                                   "%s: merge %d ('%s' '%s') uses a token missing from the vocabulary",
                                   t->path, rank, a, b);
-        int32_t key[2] = {ia, ib};
         /* a repeated pair takes its last rank, as the library's map collects them */
-        if (tok_map_put(&t->merges, (const char *)key, sizeof key, rank) != 0)
-            return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: merges");
+        tok_pairs_put(&t->merges, ia, ib, rank);
         t->merge_result[rank] = iab;
     }
     return CTRL_OK;
@@ -441,7 +440,7 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
 void ctrl_tokenizer_free(ctrl_tokenizer *t) {
     if (!t) return;
     tok_map_free(&t->vocab);
-    tok_map_free(&t->merges);
+    tok_pairs_free(&t->merges);
     free(t->merge_result);
     free(t->id_to_token);
     if (t->split) pcre2_code_free(t->split);
