@@ -2,7 +2,9 @@
  * tiny model, data and hyper-parameters, 20 optimizer steps; per step, loss and grad_norm within
  * 1e-4 relative for steps 1-5 and 1e-3 through step 20, the learning rate, entropy and token
  * accuracy as TRL logs them, and the token count. Cases: padded batches, padding-free,
- * completion-only vs full loss, assistant-only loss, gradient accumulation, bfd packing. */
+ * completion-only vs full loss, assistant-only loss, gradient accumulation, bfd packing, bfd_split
+ * packing (sequences cut at max_length 8), wrapped packing (padded rows), pad_to_multiple_of with
+ * padded rows and with padding-free batches (TRL's num_tokens then counts the flat row's padding). */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -118,3 +120,7 @@ TEST(full_loss) { run_case("full_loss"); }
 TEST(assistant_only) { run_case("assistant_only"); }
 TEST(grad_accum) { run_case("grad_accum"); }
 TEST(bfd_packing) { run_case("bfd_packing"); }
+TEST(bfd_split_packing) { run_case("bfd_split_packing"); }
+TEST(wrapped_packing) { run_case("wrapped_packing"); }
+TEST(padded_multiple) { run_case("padded_multiple"); }
+TEST(padding_free_multiple) { run_case("padding_free_multiple"); }

@@ -7,12 +7,13 @@ messages JSONL; then, for each case, runs TRL (CPU, fp32, dropout off, rows in f
 optimizer steps and writes <case>.ini (the same run as a ctrl config, with @DIR@ for this folder
 and @OUT@ for the output directory) and <case>.trl.jsonl (per-step loss, grad_norm, learning_rate,
 entropy, mean_token_accuracy, num_tokens as TRL logs them at logging_steps = 1).
-Run by hand: python3 tests/reference/make_trl_sft_curves.py
+Run by hand: python3 tests/reference/make_trl_sft_curves.py [CASE...] (cases only: the model and data kept)
 """
 import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 
 import torch
@@ -49,6 +50,24 @@ CASES = {
     "bfd_packing": ("prompt_completion.jsonl", dict(per_device_train_batch_size=2, packing=True,
                                                     packing_strategy="bfd", shuffle_dataset=False),
                     {"per_device_train_batch_size": "2", "packing": "true", "packing_strategy": "bfd"}),
+    # rows are 6-10 tokens: at 8, bfd_split cuts the longer ones and packs the tails elsewhere
+    "bfd_split_packing": ("prompt_completion.jsonl", dict(per_device_train_batch_size=2, packing=True,
+                                                          packing_strategy="bfd_split", shuffle_dataset=False,
+                                                          max_length=8),
+                          {"per_device_train_batch_size": "2", "packing": "true", "packing_strategy": "bfd_split",
+                           "max_length": "8"}),
+    # wrapped blocks are padded rows in TRL (no padding-free forcing as with bfd)
+    "wrapped_packing": ("prompt_completion.jsonl", dict(per_device_train_batch_size=2, packing=True,
+                                                        packing_strategy="wrapped", shuffle_dataset=False,
+                                                        max_length=24),
+                        {"per_device_train_batch_size": "2", "packing": "true", "packing_strategy": "wrapped",
+                         "padding_free": "false", "max_length": "24"}),
+    "padded_multiple": ("prompt_completion.jsonl", dict(per_device_train_batch_size=4, pad_to_multiple_of=8),
+                        {"padding_free": "false", "pad_to_multiple_of": "8"}),
+    # TRL counts the padding of the flat row in num_tokens
+    "padding_free_multiple": ("prompt_completion.jsonl", dict(per_device_train_batch_size=4, padding_free=True,
+                                                              max_length=None, pad_to_multiple_of=8),
+                              {"pad_to_multiple_of": "8"}),
 }
 TRAIN_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps"}
 
@@ -135,18 +154,21 @@ def write_ini(name, data_file, ctrl_opts):
         f.write("\n".join(lines))
 
 
-def main():
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    os.makedirs(OUT)
-    shutil.copy(TRAINING_TEMPLATE, OUT)
-    make_data()
-    make_model()
+def main(names):
+    if not names:  # everything from scratch; named cases reuse the model and data already there
+        if os.path.isdir(OUT):
+            shutil.rmtree(OUT)
+        os.makedirs(OUT)
+        shutil.copy(TRAINING_TEMPLATE, OUT)
+        make_data()
+        make_model()
     for name, (data_file, overrides, ctrl_opts) in CASES.items():
+        if names and name not in names:
+            continue
         rows = run_case(name, data_file, overrides)
         write_ini(name, data_file, ctrl_opts)
         print(name, " ".join("%.5f" % r["loss"] for r in rows[:6]), "...")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
