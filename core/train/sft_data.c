@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/log.h>
+
 #include "train/row_reader.h"
 #include "train/sft_format.h"
 #include "train/train.h"
@@ -165,6 +167,18 @@ static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double frac
     return CTRL_OK;
 }
 
+static ctrl_status pack_and_report(ctrl_dataset *d, int max_len, const char *strategy, const char *what) {
+    long tokens_in = 0;
+    for (int i = 0; i < d->n; i++) tokens_in += d->ex[i].len;
+    ctrl_status st = ctrl_dataset_pack(d, max_len, strategy);
+    if (st != CTRL_OK) return st;
+    long kept = 0;
+    for (int i = 0; i < d->n; i++) kept += d->ex[i].len;
+    CTRL_INFO("%s: %d examples packed (%s) into %d rows of %d, fill rate %.3f, %ld of %ld tokens kept", what,
+              d->packed_from, strategy, d->n, max_len, ctrl_dataset_fill_rate(d, max_len), kept, tokens_in);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok, ctrl_dataset *train,
                                ctrl_dataset *eval) {
     memset(eval, 0, sizeof *eval);
@@ -190,8 +204,8 @@ ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok
         if (st == CTRL_OK && !packing) st = fit_all(train, cfg, train_file);
         if (st == CTRL_OK && !eval_packing) st = fit_all(eval, cfg, "[data] eval_fraction hold-out");
     }
-    if (st == CTRL_OK && packing) st = ctrl_dataset_pack(train, max_len, strategy);
-    if (st == CTRL_OK && eval_packing && eval->n) st = ctrl_dataset_pack(eval, max_len, strategy);
+    if (st == CTRL_OK && packing) st = pack_and_report(train, max_len, strategy, "train");
+    if (st == CTRL_OK && eval_packing && eval->n) st = pack_and_report(eval, max_len, strategy, "eval");
     if (st != CTRL_OK) {
         ctrl_dataset_free(train), ctrl_dataset_free(eval);
         return st;

@@ -16,3 +16,10 @@ if(TARGET ctrl_cli)
                                         ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_checkpoint PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# Packing end to end: each strategy trains, padded wrapped rows, bad options (tests/e2e/test_packing.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_packing_e2e COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_packing.sh $<TARGET_FILE:ctrl_cli>
+                                         ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_packing_e2e PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
