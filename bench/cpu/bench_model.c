@@ -85,10 +85,10 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     size_t n_params;
     ctrl_model_params(m, &n_params);
-    printf("ctrl   params %.2fM tokens/step %d memory %s: %.0f tokens/s (mean of %d steps), activations held "
-           "%.0f MiB, peak RSS %.0f MiB\n",
-           n_params / 1e6, T, memory, T * steps / total, steps, ctrl_model_activation_bytes(m) / 1048576.0,
-           ru.ru_maxrss / 1024.0);
+    printf("ctrl   params %.2fM tokens/step %d memory %s: %.0f tokens/s (mean of %d steps; best step %.0f), "
+           "activations held %.0f MiB, peak RSS %.0f MiB\n",
+           n_params / 1e6, T, memory, T * steps / total, steps, T / best,
+           ctrl_model_activation_bytes(m) / 1048576.0, ru.ru_maxrss / 1024.0);
     ctrl_model_free(m);
     if (mem) mops->destroy(mem);
     ctrl_registry_destroy(reg);
