@@ -115,3 +115,40 @@ TEST(identical_every_other_layer) {
     compare("trl_sft/model", "flash", 2);
     compare("models/qwen3", "eager", 2);
 }
+
+/* A strategy that records its hook calls: each layer's forward hooks in order, then its backward
+ * hooks in reverse order, every layer recomputed. */
+struct ctrl_memory {
+    char log[256];
+    size_t len;
+};
+static void note(ctrl_memory *m, const char *what, int layer) {
+    m->len += (size_t)snprintf(m->log + m->len, sizeof m->log - m->len, "%s%d ", what, layer);
+}
+static ctrl_status hook_bf(ctrl_memory *m, int l) { return note(m, "bf", l), CTRL_OK; }
+static ctrl_status hook_af(ctrl_memory *m, int l) { return note(m, "af", l), CTRL_OK; }
+static ctrl_status hook_bb(ctrl_memory *m, int l) { return note(m, "bb", l), CTRL_OK; }
+static ctrl_status hook_ab(ctrl_memory *m, int l) { return note(m, "ab", l), CTRL_OK; }
+static int every_layer(const ctrl_memory *m, int l) { return (void)m, (void)l, 1; }
+
+TEST(hooks_run_around_each_layer) {
+    ctrl_registry *reg = registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    CHECK(attn != NULL);
+    if (!attn) return;
+    const ctrl_memory_ops ops = {.size = sizeof ops,
+                                 .before_forward = hook_bf,
+                                 .after_forward = hook_af,
+                                 .before_backward = hook_bb,
+                                 .after_backward = hook_ab,
+                                 .recompute = every_layer};
+    ctrl_memory log = {0};
+    run plain = {0}, hooked = {0};
+    forward_backward(CTRL_FIXTURE_DIR "/models/qwen2", attn, NULL, NULL, &plain);
+    forward_backward(CTRL_FIXTURE_DIR "/models/qwen2", attn, &ops, &log, &hooked);
+    CHECK_MSG(!strcmp(log.log, "bf0 af0 bf1 af1 bb1 ab1 bb0 ab0 "), "hooks: %s", log.log);
+    CHECK(plain.grads && hooked.grads && memcmp(plain.grads, hooked.grads, sizeof(float) * plain.n) == 0);
+    CHECK(hooked.act_bytes < plain.act_bytes);
+    free(plain.grads), free(hooked.grads);
+    ctrl_registry_destroy(reg);
+}
