@@ -8,9 +8,11 @@
 
 ctrl_status ctrl_tokenizer_token_starts(const ctrl_tokenizer *t, const int32_t *ids, size_t n,
                                         size_t *starts) {
-    if (!t->byte_level)
+    if (!t->byte_level || t->n_norm_ops > t->nfc) /* NFC is the one normalizer mapped back */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "%s: token offsets (assistant masks) need a byte-level BPE tokenizer", t->path);
+                              "%s: token offsets (assistant masks) need a byte-level BPE tokenizer with no "
+                              "normalizer but NFC",
+                              t->path);
     size_t at = 0;
     for (size_t k = 0; k < n; k++) {
         starts[k] = at;

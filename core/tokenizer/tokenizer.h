@@ -1,7 +1,9 @@
-/* Hugging Face tokenizers from tokenizer.json: byte-level BPE (GPT-2 / Qwen2 / Llama-3 style),
- * with its normalizer (NFC), Split + ByteLevel pre-tokenizers, added and special tokens, and
- * decoding; bit-exact with the `tokenizers` library on the supported configurations. Files are
- * untrusted: anything unsupported or malformed is a clear error naming the file. */
+/* Hugging Face tokenizers from tokenizer.json: byte-level BPE (GPT-2 / Qwen2 / Llama-3 style:
+ * NFC, Split + ByteLevel pre-tokenizers, ByteLevel decoder) and SentencePiece-style BPE (Llama-2 /
+ * Mistral style: Prepend/Replace normalizers or a Metaspace pre-tokenizer, <0xXX> byte fallback and
+ * unk, Replace/ByteFallback/Fuse/Strip or Metaspace decoders), with added and special tokens and a
+ * BOS post-processor; bit-exact with the `tokenizers` library on the supported configurations.
+ * Files are untrusted: anything unsupported or malformed is a clear error naming the file. */
 #ifndef CTRL_CORE_TOKENIZER_H
 #define CTRL_CORE_TOKENIZER_H
 
