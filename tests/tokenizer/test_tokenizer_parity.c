@@ -1,7 +1,9 @@
 /* Bit-exact with the `tokenizers` library: every line of a 2200-line corpus (English, Chinese,
  * code, emoji, numbers, composed/decomposed accents, whitespace runs, newlines, special-token
- * text) encodes to the same ids, with and without special tokens, and decodes to the same text,
- * for the real Qwen3 and Llama-3 tokenizers and a tiny trained byte-level BPE. */
+ * text) encodes to the same ids, with and without special tokens, and decodes to the same text
+ * (keeping and skipping special tokens), for the real Qwen3 and Llama-3 (byte-level) and Llama-2
+ * (SentencePiece-style, byte fallback) tokenizers, skipped without ../shared, and for a tiny
+ * trained byte-level BPE and a tiny trained SentencePiece-style BPE, never skipped. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
