@@ -93,7 +93,11 @@ static const ctrl_option train_options[] = {
      "Compute dtype (master weights and optimizer state stay fp32)."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
-    {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL, "Checkpoint every N steps (0 = at the end only)."},
+    {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL,
+     "Write output_dir/checkpoint-STEP every N steps and at the end (0 = at the end only)."},
+    {"save_strategy", CTRL_OPT_CHOICE, "steps", 0, 0, 0, "steps|no",
+     "steps: checkpoints as save_steps says (TRL's default); no: none, except when interrupted (the model "
+     "is saved to output_dir either way)."},
     {"save_total_limit", CTRL_OPT_INT, "0", MIN(0), NULL, "Keep at most N checkpoints (0 = all)."},
     {"resume_from_checkpoint", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A checkpoint directory, or 'last' for the newest in output_dir."},

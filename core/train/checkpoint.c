@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,12 @@ static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *op
 
 static ctrl_status write_state(const char *path, const ctrl_train_state *s) {
     cJSON *o = cJSON_CreateObject();
+    /* global_step, epoch and max_steps as in transformers' trainer_state.json; the rest is ctrl's */
     cJSON_AddNumberToObject(o, "global_step", (double)s->step);
+    cJSON_AddNumberToObject(o, "epoch", s->n_examples ? (double)s->cursor / (double)s->n_examples : 0);
+    cJSON_AddNumberToObject(o, "max_steps", (double)s->max_steps);
     cJSON_AddNumberToObject(o, "cursor", (double)s->cursor);
+    cJSON_AddNumberToObject(o, "train_examples", (double)s->n_examples);
     cJSON_AddNumberToObject(o, "num_tokens", (double)s->num_tokens);
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
@@ -112,6 +117,17 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 }
 
 static void remove_tree(const char *dir) { nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Takes a checkpoint away: renamed to a temporary name first (atomic), then removed, so a kill
+ * in the middle never leaves a partial checkpoint-STEP behind. Returns nonzero when `dir` was
+ * there but could not be renamed. */
+static int retire_tree(const char *dir) {
+    char aside[4500];
+    if (snprintf(aside, sizeof aside, "%s.tmp-old-%d", dir, (int)getpid()) >= (int)sizeof aside) return 1;
+    if (rename(dir, aside) != 0) return errno != ENOENT;
+    remove_tree(aside);
+    return 0;
+}
 
 /* The step of a complete checkpoint directory name ("checkpoint-<digits>"), else -1. */
 static long checkpoint_step(const char *name) {
@@ -173,10 +189,11 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp); /* last: it marks the checkpoint complete */
     if (st == CTRL_OK) st = write_state(path, s);
     if (st == CTRL_OK) st = fsync_path(tmp);
-    if (st == CTRL_OK) {
-        remove_tree(final); /* a checkpoint of the same step from an earlier, resumed-over run */
-        if (rename(tmp, final) != 0) st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", final, strerror(errno));
-    }
+    /* a checkpoint of the same step from an earlier, resumed-over run goes first */
+    if (st == CTRL_OK && retire_tree(final))
+        st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot replace it: %s", final, strerror(errno));
+    if (st == CTRL_OK && rename(tmp, final) != 0)
+        st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", final, strerror(errno));
     if (st == CTRL_OK) st = fsync_path(out_dir);
     if (st != CTRL_OK) {
         remove_tree(tmp);
@@ -188,7 +205,7 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
         int n = list_checkpoints(out_dir, &steps);
         for (int i = 0; i + keep < n; i++) {
             snprintf(path, sizeof path, "%s/checkpoint-%ld", out_dir, steps[i]);
-            remove_tree(path);
+            retire_tree(path);
         }
         free(steps);
     }
@@ -207,21 +224,26 @@ ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char 
         snprintf(path, cap, "%s", spec);
         return CTRL_OK;
     }
-    long *steps;
-    int n = list_checkpoints(out_dir, &steps);
-    if (n == 0) {
-        free(steps);
+    if (!ctrl_checkpoint_last(out_dir, path, cap))
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "[train] resume_from_checkpoint = last: no complete checkpoint in %s", out_dir);
-    }
-    snprintf(path, cap, "%s/checkpoint-%ld", out_dir, steps[n - 1]);
-    free(steps);
     return CTRL_OK;
 }
 
+int ctrl_checkpoint_last(const char *out_dir, char *path, size_t cap) {
+    long *steps;
+    int n = list_checkpoints(out_dir, &steps);
+    if (n > 0) snprintf(path, cap, "%s/checkpoint-%ld", out_dir, steps[n - 1]);
+    free(steps);
+    return n > 0;
+}
+
+/* A non-negative integer (exact in a double), else -1: the file is untrusted. */
 static int get_long(const cJSON *o, const char *key, long *v) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(j)) return -1;
+    if (!cJSON_IsNumber(j) || !(j->valuedouble >= 0 && j->valuedouble <= 9007199254740992.0) ||
+        j->valuedouble != (double)(long)j->valuedouble)
+        return -1;
     *v = (long)j->valuedouble;
     return 0;
 }
@@ -229,8 +251,9 @@ static int get_long(const cJSON *o, const char *key, long *v) {
 static int get_hex(const cJSON *o, const char *key, double *v) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsString(j)) return -1;
-    *v = strtod(j->valuestring, NULL);
-    return 0;
+    char *end;
+    *v = strtod(j->valuestring, &end);
+    return *end || end == j->valuestring || !isfinite(*v) ? -1 : 0;
 }
 
 ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
@@ -245,10 +268,10 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops
     long win = 0;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
     int bad = !o || get_long(o, "global_step", &s->step) || get_long(o, "cursor", &s->cursor) ||
-              get_long(o, "num_tokens", &s->num_tokens) || !cJSON_IsString(seed) ||
-              get_hex(o, "window_loss", &s->win_loss) || get_hex(o, "window_accuracy", &s->win_acc) ||
-              get_hex(o, "window_grad_norm", &s->win_norm) || get_hex(o, "window_entropy", &s->win_ent) ||
-              get_long(o, "window_steps", &win);
+              get_long(o, "num_tokens", &s->num_tokens) || get_long(o, "train_examples", &s->n_examples) ||
+              !cJSON_IsString(seed) || get_hex(o, "window_loss", &s->win_loss) ||
+              get_hex(o, "window_accuracy", &s->win_acc) || get_hex(o, "window_grad_norm", &s->win_norm) ||
+              get_hex(o, "window_entropy", &s->win_ent) || get_long(o, "window_steps", &win) || win > s->step;
     if (!bad) s->seed = strtoull(seed->valuestring, NULL, 10), s->win = (int)win;
     cJSON_Delete(o);
     if (bad) return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a ctrl trainer state", path);

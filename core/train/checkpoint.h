@@ -2,7 +2,12 @@
  * model.safetensors, tokenizer files), optimizer.safetensors (the optimizer's state buffers by name)
  * and trainer_state.json (step, data position, seed, token count, the open logging window). It is
  * written into checkpoint-STEP.tmp-PID, every file fsynced, then renamed: a kill at any moment
- * leaves either the previous checkpoints or the complete new one. */
+ * leaves either the previous checkpoints or the complete new one. Directories that go (beyond
+ * save_total_limit, or replaced by a newer save of the same step) are first renamed to a
+ * temporary name, so a checkpoint-STEP directory is always complete.
+ *
+ * The optimizer's step count is not part of its state: the loop passes it to every step() call,
+ * so the buffers state_get exposes are all a plugin needs restored. */
 #ifndef CTRL_CORE_CHECKPOINT_H
 #define CTRL_CORE_CHECKPOINT_H
 
@@ -19,6 +24,8 @@ typedef struct ctrl_train_state {
     long step;   /* optimizer steps done */
     long cursor; /* training examples consumed (the data position; the epoch is cursor / n) */
     long num_tokens;
+    long n_examples; /* the training set's size: the order is a function of (seed, cursor / n) */
+    long max_steps;  /* written for readers (trainer_state.json), not restored */
     uint64_t seed;
     double win_loss, win_acc, win_norm, win_ent; /* sums over the logging window not yet written */
     int win;
@@ -34,6 +41,8 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
                                  const ctrl_train_state *s, int keep, char *written, size_t cap);
 /* `spec` is a checkpoint directory or "last" (the newest complete checkpoint in out_dir). */
 ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char *path, size_t cap);
+/* The newest complete checkpoint in out_dir into path, or 0 when there is none. */
+int ctrl_checkpoint_last(const char *out_dir, char *path, size_t cap);
 /* Restores the optimizer buffers and the trainer state (the weights load with ctrl_model_load). */
 ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
                                        ctrl_train_state *s);

@@ -247,17 +247,19 @@ static void progress(long step, long total, double rate, double eta, double loss
 static ctrl_status open_metrics(run_state *r, const char *out_dir, long resume_step) {
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    if (resume_step > 0) {
+    if (resume_step > 0) { /* rewritten beside and renamed: a kill here loses no line */
         ctrl_status st;
-        char *old = ctrl_read_text_file(path, 1u << 30, &st), *save;
-        FILE *f = fopen(path, "w");
+        char tmp[4300], *old = ctrl_read_text_file(path, 1u << 30, &st), *save;
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
         for (char *line = old ? strtok_r(old, "\n", &save) : NULL; f && line;
              line = strtok_r(NULL, "\n", &save)) {
             const char *k = strstr(line, "\"step\": ");
             if (k && atol(k + 8) <= resume_step) fprintf(f, "%s\n", line);
         }
         free(old);
-        if (f) fclose(f);
+        if (!f || fclose(f) != 0 || rename(tmp, path) != 0)
+            return ctrl_error_set(CTRL_ERR_IO, "%s: cannot rewrite it: %s", path, strerror(errno));
     }
     if (!(r->metrics = fopen(path, resume_step > 0 ? "a" : "w")))
         return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
@@ -268,10 +270,7 @@ static ctrl_status run_eval(run_state *r, int bs, long step) {
     eval_result e;
     ctrl_status st = evaluate(r->model, &r->eval, bs, &e);
     if (st != CTRL_OK) return st;
-    if (step > 0)
-        fprintf(r->metrics, "{\"step\": %ld, ", step);
-    else
-        fprintf(r->metrics, "{");
+    fprintf(r->metrics, "{\"step\": %ld, ", step);
     fprintf(r->metrics,
             "\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f}\n", e.loss,
             e.accuracy, e.exact_match);
@@ -320,6 +319,10 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
             CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",
                       (unsigned long long)seed, (unsigned long long)ts.seed),
                 ts.seed = seed;
+        if (st == CTRL_OK && ts.n_examples != r.train.n)
+            CTRL_WARN("the checkpoint was made on %ld training examples, this run has %d: the data order "
+                      "differs from the interrupted run's",
+                      ts.n_examples, r.train.n);
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
     if (st == CTRL_OK) st = open_metrics(&r, out_dir, ts.step);
@@ -333,6 +336,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     long total = ctrl_config_get_int(cfg, "train", "max_steps", -1);
     if (total <= 0)
         total = (long)ceil(ctrl_config_get_float(cfg, "train", "num_train_epochs", 3) * per_epoch);
+    ts.n_examples = r.train.n, ts.max_steps = total;
     long warmup = ctrl_config_get_int(cfg, "train", "warmup_steps", 0);
     if (warmup <= 0) warmup = (long)ceil(ctrl_config_get_float(cfg, "train", "warmup_ratio", 0) * total);
     const double lr0 = ctrl_config_get_float(cfg, "train", "learning_rate", 2e-5);
@@ -340,6 +344,9 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     const char *sched = ctrl_config_get_string(cfg, "train", "lr_scheduler_type");
     const long log_every = ctrl_config_get_int(cfg, "train", "logging_steps", 10);
     const long save_every = ctrl_config_get_int(cfg, "train", "save_steps", 500);
+    const char *save_strategy = ctrl_config_get_string(cfg, "train", "save_strategy");
+    const int saving = !save_strategy || strcmp(save_strategy, "no") != 0;
+    const int eval_bs = (int)ctrl_config_get_int(cfg, "train", "per_device_eval_batch_size", 8);
     const long eval_every = ctrl_config_get_int(cfg, "train", "eval_steps", 0);
     const int shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true);
     size_t n_params;
@@ -364,9 +371,12 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         st = train_step(&r, order, &ts.cursor, bs, ga, lr, step, &s);
         if (st != CTRL_OK) {
             if (st == CTRL_ERR_RUNTIME) { /* non-finite loss: say what is left to resume from */
-                char msg[1024];
+                char msg[1024], last[4200];
                 snprintf(msg, sizeof msg, "%s", ctrl_error_message());
-                ctrl_error_set(st, "%s; the last checkpoint in %s is intact", msg, out_dir);
+                if (ctrl_checkpoint_last(out_dir, last, sizeof last))
+                    ctrl_error_set(st, "%s; the last good checkpoint, %s, is intact", msg, last);
+                else
+                    ctrl_error_set(st, "%s; no checkpoint was saved before it", msg);
             }
             break;
         }
@@ -377,9 +387,11 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         progress(ts.step, total, rate, elapsed / (ts.step - start_step) * (total - ts.step), s.loss);
         if (ts.step % log_every == 0 || ts.step == total) log_window(&r, &ts, total, lr, rate);
         if (eval_every > 0 && ts.step % eval_every == 0 && ts.step < total && r.eval.n)
-            st = run_eval(&r, bs, ts.step);
-        const int stop = interrupted && interrupted();
-        if (st == CTRL_OK && ts.step < total && (stop || (save_every > 0 && ts.step % save_every == 0)))
+            st = run_eval(&r, eval_bs, ts.step);
+        /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
+        const int stop = ts.step < total && interrupted && interrupted();
+        if (st == CTRL_OK &&
+            (stop || (saving && (ts.step == total || (save_every > 0 && ts.step % save_every == 0)))))
             st = save_checkpoint(&r, out_dir, &ts);
         if (st == CTRL_OK && stop) {
             st = ctrl_error_set(
@@ -391,7 +403,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         }
     }
     free(order);
-    if (st == CTRL_OK && r.eval.n) st = run_eval(&r, bs, 0);
+    if (st == CTRL_OK && r.eval.n) st = run_eval(&r, eval_bs, ts.step);
     /* Save on success and on interruption, never after a failed step. */
     if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) {
         char msg[1024];
