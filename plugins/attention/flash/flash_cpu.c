@@ -3,7 +3,8 @@
  * only key tiles that the causal/window mask leaves visible, and saves lse = m + log l. Backward
  * recomputes P = exp(S - lse) tile by tile with D = rowsum(dO * O):
  *   dV += P^T dO,  dS = P * (dO V^T - D),  dQ += scale dS K,  dK += scale dS^T Q.
- * Every tile product is one single-threaded SGEMM straight on the strided [T, heads, D] layout
+ * Every tile product is one single-threaded SGEMM straight on the strided [T, heads, D] layout (small
+ * tiles: plain loops)
  * (OpenBLAS runs single-threaded inside our parallel region), so the arithmetic runs at GEMM speed.
  * Work is split over (sequence, kv head) in backward, so dK/dV of a GQA group and dQ of its heads
  * are written by one thread: deterministic, no atomics. */
@@ -31,6 +32,26 @@ static void key_range(const ctrl_attention_args *a, int q0, int q1, int L, int *
     if (*hi > L) *hi = L;
 }
 
+/* C = alpha op(A) op(B) + beta C (row-major). Through OpenBLAS when the tile is big enough to pay for
+ * the call (short sequences, e.g. 8-token examples, would spend more in call overhead and packing
+ * than in arithmetic); plain loops otherwise. */
+static void tile_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+    if ((long)M * N * K >= 32768) {
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                    M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (trans_a ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                       (trans_b ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+            C[(size_t)i * ldc + j] = alpha * acc + (beta != 0.0f ? beta * C[(size_t)i * ldc + j] : 0.0f);
+        }
+}
+
 /* S = scale * Q_tile K_tile^T (one GEMM), then -inf where the mask hides a pair (interior tiles,
  * fully visible, skip the mask pass). */
 static void tile_scores(const ctrl_attention_args *a, float *S, int s0, int h, int kvh, int q0, int nq,
@@ -38,8 +59,7 @@ static void tile_scores(const ctrl_attention_args *a, float *S, int s0, int h, i
     const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head;
     const float *q = (const float *)a->q + ((size_t)(s0 + q0) * H + h) * D;
     const float *k = (const float *)a->k + ((size_t)(s0 + k0) * HK + kvh) * D;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, a->scale, q, H * D, k, HK * D, 0.0f, S,
-                BK);
+    tile_gemm(0, 1, nq, nk, D, a->scale, q, H * D, k, HK * D, 0.0f, S, BK);
     const int fully_visible = visible(a, q0, k0 + nk - 1) && visible(a, q0 + nq - 1, k0);
     if (fully_visible) return;
     for (int i = 0; i < nq; i++)
@@ -109,8 +129,7 @@ ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
                 }
                 /* acc += P V_tile */
                 const float *vt = v + ((size_t)(s0 + k0) * HK + kvh) * D;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, S, BK, vt, HK * D,
-                            1.0f, acc, D);
+                tile_gemm(0, 0, nq, D, nk, 1.0f, S, BK, vt, HK * D, 1.0f, acc, D);
             }
             for (int i = 0; i < nq; i++) {
                 float *oi = out + ((size_t)(s0 + q0 + i) * H + h) * D;
@@ -173,10 +192,8 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
                                     row[j] = row[j] == -INFINITY ? 0.0f : expf(row[j] - lse);
                             }
                             /* dV += P^T dO;  dP = dO V^T */
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, S, BK,
-                                        dout + qo, H * D, 1.0f, dv + ko, HK * D);
-                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, 1.0f, dout + qo,
-                                        H * D, v + ko, HK * D, 0.0f, dP, BK);
+                            tile_gemm(1, 0, nk, D, nq, 1.0f, S, BK, dout + qo, H * D, 1.0f, dv + ko, HK * D);
+                            tile_gemm(0, 1, nq, nk, D, 1.0f, dout + qo, H * D, v + ko, HK * D, 0.0f, dP, BK);
                             for (int i = 0; i < nq; i++) { /* dS = P * (dP - D_i) */
                                 const float Di = Dv[(size_t)(s0 + q0 + i) * H + h];
                                 float *ds = dP + i * BK;
@@ -185,10 +202,10 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
                                 for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - Di);
                             }
                             /* dQ += scale dS K;  dK += scale dS^T Q */
-                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, a->scale, dP,
-                                        BK, k + ko, HK * D, 1.0f, dq + qo, H * D);
-                            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, a->scale, dP, BK,
-                                        q + qo, H * D, 1.0f, dk + ko, HK * D);
+                            tile_gemm(0, 0, nq, D, nk, a->scale, dP, BK, k + ko, HK * D, 1.0f, dq + qo,
+                                      H * D);
+                            tile_gemm(1, 0, nk, D, nq, a->scale, dP, BK, q + qo, H * D, 1.0f, dk + ko,
+                                      HK * D);
                         }
                     }
             }
