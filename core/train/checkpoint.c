@@ -88,6 +88,7 @@ static ctrl_status write_state(const char *path, const ctrl_train_state *s) {
     char seed[32];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->seed);
     cJSON_AddStringToObject(o, "seed", seed);
+    cJSON_AddStringToObject(o, "optimizer", s->optimizer);
     /* the open logging window, as hex floats so that it round-trips exactly */
     const double w[4] = {s->win_loss, s->win_acc, s->win_norm, s->win_ent};
     static const char *const names[4] = {"window_loss", "window_accuracy", "window_grad_norm",
@@ -256,8 +257,8 @@ static int get_hex(const cJSON *o, const char *key, double *v) {
     return *end || end == j->valuestring || !isfinite(*v) ? -1 : 0;
 }
 
-ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
-                                       ctrl_train_state *s) {
+ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, const ctrl_optimizer_ops *ops,
+                                       ctrl_optimizer *opt, ctrl_train_state *s) {
     char path[4400];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     ctrl_status st;
@@ -267,19 +268,42 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops
     free(text);
     long win = 0;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "seed");
-    int bad = !o || get_long(o, "global_step", &s->step) || get_long(o, "cursor", &s->cursor) ||
-              get_long(o, "num_tokens", &s->num_tokens) || get_long(o, "train_examples", &s->n_examples) ||
-              !cJSON_IsString(seed) || get_hex(o, "window_loss", &s->win_loss) ||
-              get_hex(o, "window_accuracy", &s->win_acc) || get_hex(o, "window_grad_norm", &s->win_norm) ||
-              get_hex(o, "window_entropy", &s->win_ent) || get_long(o, "window_steps", &win) || win > s->step;
-    if (!bad) s->seed = strtoull(seed->valuestring, NULL, 10), s->win = (int)win;
+    const cJSON *made_with = cJSON_GetObjectItemCaseSensitive(o, "optimizer");
+    /* the first key that is missing or wrong, for the message */
+    const char *bad = !o                                                   ? "valid JSON"
+                      : get_long(o, "global_step", &s->step)               ? "global_step"
+                      : get_long(o, "cursor", &s->cursor)                  ? "cursor"
+                      : get_long(o, "num_tokens", &s->num_tokens)          ? "num_tokens"
+                      : get_long(o, "train_examples", &s->n_examples)      ? "train_examples"
+                      : !cJSON_IsString(seed)                              ? "seed"
+                      : !cJSON_IsString(made_with)                         ? "optimizer"
+                      : get_hex(o, "window_loss", &s->win_loss)            ? "window_loss"
+                      : get_hex(o, "window_accuracy", &s->win_acc)         ? "window_accuracy"
+                      : get_hex(o, "window_grad_norm", &s->win_norm)       ? "window_grad_norm"
+                      : get_hex(o, "window_entropy", &s->win_ent)          ? "window_entropy"
+                      : get_long(o, "window_steps", &win) || win > s->step ? "window_steps"
+                                                                           : NULL;
+    if (!bad) {
+        s->seed = strtoull(seed->valuestring, NULL, 10), s->win = (int)win;
+        snprintf(s->optimizer, sizeof s->optimizer, "%s", made_with->valuestring);
+    }
     cJSON_Delete(o);
-    if (bad) return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a ctrl trainer state", path);
+    if (bad)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a ctrl trainer state (%s: missing or invalid)", path,
+                              bad);
+    if (strcmp(s->optimizer, optimizer) != 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: made with optimizer '%s', [train] optimizer = %s: resume with the same "
+                              "optimizer",
+                              dir, s->optimizer, optimizer);
     /* optimizer buffers, by name and size */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     ctrl_safetensors *sf;
     if ((st = ctrl_safetensors_open(path, &sf)) != CTRL_OK) return st;
     const int n = ops->state_count ? ops->state_count(opt) : 0;
+    if (ctrl_safetensors_count(sf) != n)
+        st = ctrl_error_set(CTRL_ERR_FORMAT, "it holds %d buffers, the optimizer has %d",
+                            ctrl_safetensors_count(sf), n);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         const char *name;
         float *data;

@@ -24,8 +24,9 @@ typedef struct ctrl_train_state {
     long step;   /* optimizer steps done */
     long cursor; /* training examples consumed (the data position; the epoch is cursor / n) */
     long num_tokens;
-    long n_examples; /* the training set's size: the order is a function of (seed, cursor / n) */
-    long max_steps;  /* written for readers (trainer_state.json), not restored */
+    long n_examples;    /* the training set's size: the order is a function of (seed, cursor / n) */
+    long max_steps;     /* written for readers (trainer_state.json), not restored */
+    char optimizer[64]; /* the optimizer plugin whose buffers optimizer.safetensors holds */
     uint64_t seed;
     double win_loss, win_acc, win_norm, win_ent; /* sums over the logging window not yet written */
     int win;
@@ -43,8 +44,9 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
 ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char *path, size_t cap);
 /* The newest complete checkpoint in out_dir into path, or 0 when there is none. */
 int ctrl_checkpoint_last(const char *out_dir, char *path, size_t cap);
-/* Restores the optimizer buffers and the trainer state (the weights load with ctrl_model_load). */
-ctrl_status ctrl_checkpoint_load_state(const char *dir, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
-                                       ctrl_train_state *s);
+/* Restores the optimizer buffers and the trainer state (the weights load with ctrl_model_load).
+ * A checkpoint made with another optimizer than `optimizer`, or with other buffers, is an error. */
+ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, const ctrl_optimizer_ops *ops,
+                                       ctrl_optimizer *opt, ctrl_train_state *s);
 
 #endif

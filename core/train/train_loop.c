@@ -313,8 +313,10 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     if (st == CTRL_OK) st = setup(&r, reg, ckpt[0] ? ckpt : NULL);
     const uint64_t seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
     ctrl_train_state ts = {.seed = seed};
+    snprintf(ts.optimizer, sizeof ts.optimizer, "%s", ctrl_config_get_string(cfg, "train", "optimizer"));
     if (st == CTRL_OK && ckpt[0]) {
-        st = ctrl_checkpoint_load_state(ckpt, r.opt_ops, r.opt, &ts);
+        st = ctrl_checkpoint_load_state(ckpt, ctrl_config_get_string(cfg, "train", "optimizer"), r.opt_ops,
+                                        r.opt, &ts);
         if (st == CTRL_OK && ts.seed != seed)
             CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",
                       (unsigned long long)seed, (unsigned long long)ts.seed),

@@ -6,7 +6,7 @@
 # leaves only complete checkpoints, and `resume_from_checkpoint = last` continues the same curve;
 # SIGINT and SIGTERM save a
 # checkpoint and exit 130; a non-finite loss stops the run naming the last good checkpoint, which
-# stays as it was; a missing checkpoint is a clear error.
+# stays as it was; a missing or damaged checkpoint, or another optimizer, is a clear error.
 # usage: test_checkpoint.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 # ~40 short runs: one thread each keeps them quick beside parallel tests (the curves compared are
@@ -150,10 +150,20 @@ rc=$?
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/nan" --set train.resume_from_checkpoint=last \
   >"$TMP/log" 2>&1 || { bad "resume after a non-finite loss"; tail -3 "$TMP/log"; }
 
-# 8. Errors: no checkpoint to resume, or a directory that is not one.
+# 8. Errors: no checkpoint to resume, a directory that is not one, another optimizer, a damaged state.
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/none" --set train.resume_from_checkpoint=last >"$TMP/log" 2>&1
 [ $? -ne 0 ] && grep -q "no complete checkpoint" "$TMP/log" && ok || bad "resume with nothing to resume"
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/none" --set train.resume_from_checkpoint="$TMP/data" >"$TMP/log" 2>&1
 [ $? -ne 0 ] && grep -q "not a complete checkpoint" "$TMP/log" && ok || bad "resume from a non-checkpoint"
+# ... with another optimizer, or from a damaged trainer_state.json
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/none" --set train.resume_from_checkpoint="$TMP/full/checkpoint-4" \
+  --set train.optimizer=sgd >"$TMP/log" 2>&1
+[ $? -ne 0 ] && grep -q "made with optimizer 'adamw', \[train\] optimizer = sgd" "$TMP/log" && ok ||
+  { bad "resume with another optimizer"; tail -2 "$TMP/log"; }
+mkdir -p "$TMP/damaged" && cp -r "$TMP/full/checkpoint-4" "$TMP/damaged/"
+sed -i 's/"cursor":.*/"cursor": -3,/' "$TMP/damaged/checkpoint-4/trainer_state.json"
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/damaged" --set train.resume_from_checkpoint=last >"$TMP/log" 2>&1
+[ $? -ne 0 ] && grep -q "checkpoint-4/trainer_state.json: not a ctrl trainer state (cursor: missing or invalid)" "$TMP/log" && ok ||
+  { bad "resume from a damaged trainer_state.json"; tail -2 "$TMP/log"; }
 
 finish
