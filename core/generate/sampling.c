@@ -1,0 +1,109 @@
+/* Logits processing and seeded draws (see sampling.h). Probabilities are computed in double. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "generate/sampling.h"
+
+void ctrl_rng_seed(ctrl_rng *r, uint64_t seed) { r->state = seed ^ 0x9E3779B97F4A7C15ull; }
+
+double ctrl_rng_uniform(ctrl_rng *r) {
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static double logsumexp(const float *l, int V) {
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    if (mx == -INFINITY) return -INFINITY;
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp((double)l[i] - mx);
+    return mx + log(s);
+}
+
+static int float_ascending(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static int by_logit_ascending(const void *a, const void *b, void *ctx) {
+    const float *l = ctx;
+    float x = l[*(const int *)a], y = l[*(const int *)b];
+    return (x > y) - (x < y);
+}
+
+/* top-p as transformers' TopPLogitsWarper: sort ascending, drop the entries whose cumulative
+ * probability stays <= 1 - top_p, always keep the most likely. */
+static void top_p_filter(float *l, int V, float top_p) {
+    int *idx = malloc(sizeof(int) * (size_t)V);
+    for (int i = 0; i < V; i++) idx[i] = i;
+    qsort_r(idx, (size_t)V, sizeof(int), by_logit_ascending, l);
+    const double lse = logsumexp(l, V);
+    double cum = 0;
+    for (int r = 0; r < V - 1; r++) {
+        cum += exp((double)l[idx[r]] - lse);
+        if (cum <= 1.0 - top_p) l[idx[r]] = -INFINITY;
+    }
+    free(idx);
+}
+
+int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen) {
+    if (p->temperature < 0 || p->top_p <= 0 || p->top_p > 1 || p->min_p < 0 || p->min_p > 1 ||
+        p->repetition_penalty <= 0)
+        return -1;
+    if (p->repetition_penalty != 1.0f) { /* each distinct seen token once */
+        uint8_t *done = calloc((size_t)V, 1);
+        for (int i = 0; i < n_seen; i++) {
+            int32_t t = seen[i];
+            if (t < 0 || t >= V || done[t]) continue;
+            done[t] = 1;
+            l[t] = l[t] < 0 ? l[t] * p->repetition_penalty : l[t] / p->repetition_penalty;
+        }
+        free(done);
+    }
+    if (p->temperature > 0 && p->temperature != 1.0f)
+        for (int i = 0; i < V; i++) l[i] /= p->temperature;
+    if (p->top_k > 0 && p->top_k < V) { /* below the k-th largest value goes; ties with it stay */
+        float *sorted = malloc(sizeof(float) * (size_t)V);
+        for (int i = 0; i < V; i++) sorted[i] = l[i];
+        qsort(sorted, (size_t)V, sizeof(float), float_ascending);
+        const float kth = sorted[V - p->top_k];
+        for (int i = 0; i < V; i++)
+            if (l[i] < kth) l[i] = -INFINITY;
+        free(sorted);
+    }
+    if (p->top_p < 1.0f) top_p_filter(l, V, p->top_p);
+    if (p->min_p > 0) { /* drop probabilities below min_p times the largest, keep the largest */
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+        const double cut = log((double)p->min_p); /* p_i < min_p * p_max  <=>  l_i - l_max < log(min_p) */
+        for (int i = 0; i < V; i++)
+            if ((double)l[i] - mx < cut) l[i] = -INFINITY;
+    }
+    return 0;
+}
+
+int32_t ctrl_sample(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen,
+                    ctrl_rng *rng, float *logprob) {
+    if (ctrl_sampling_process(p, l, V, seen, n_seen) != 0) return -1;
+    const double lse = logsumexp(l, V);
+    int32_t tok = 0;
+    if (p->temperature == 0) { /* greedy: the first maximum */
+        for (int i = 1; i < V; i++)
+            if (l[i] > l[tok]) tok = i;
+    } else {
+        const double u = ctrl_rng_uniform(rng);
+        double cum = 0;
+        tok = -1;
+        for (int i = 0; i < V; i++) {
+            if (l[i] == -INFINITY) continue;
+            cum += exp((double)l[i] - lse);
+            tok = i;
+            if (u < cum) break;
+        }
+    }
+    *logprob = (float)((double)l[tok] - lse);
+    return tok;
+}

@@ -1,0 +1,36 @@
+/* Sampling for generation: the logits processors (repetition penalty, temperature, top-k, top-p,
+ * min-p, in the order transformers' generate applies them), a per-request seeded generator so that
+ * a request draws the same tokens whatever else shares its batch, and each drawn token's
+ * log-probability after processing (vLLM's processed_logprobs), which the online trainers use for
+ * importance-sampling corrections. */
+#ifndef CTRL_CORE_SAMPLING_H
+#define CTRL_CORE_SAMPLING_H
+
+#include <stdint.h>
+
+typedef struct ctrl_sampling_params {
+    float temperature;        /* 0: greedy */
+    int top_k;                /* <= 0: off */
+    float top_p;              /* 1: off */
+    float min_p;              /* 0: off */
+    float repetition_penalty; /* 1: off; over the prompt and the completion so far */
+} ctrl_sampling_params;
+
+/* A request's generator (splitmix64): seeded once, advanced once per drawn token. */
+typedef struct ctrl_rng {
+    uint64_t state;
+} ctrl_rng;
+
+void ctrl_rng_seed(ctrl_rng *r, uint64_t seed);
+double ctrl_rng_uniform(ctrl_rng *r); /* [0, 1) with 53 random bits */
+
+/* Processes logits[V] in place (filtered entries become -inf); `seen` are the token ids the
+ * repetition penalty applies to. Returns 0, or -1 when the parameters are invalid. */
+int ctrl_sampling_process(const ctrl_sampling_params *p, float *logits, int V, const int32_t *seen,
+                          int n_seen);
+/* Processes and draws one token; *logprob gets its log-probability under the processed
+ * distribution. Returns the token id, or -1 on invalid parameters. */
+int32_t ctrl_sample(const ctrl_sampling_params *p, float *logits, int V, const int32_t *seen, int n_seen,
+                    ctrl_rng *rng, float *logprob);
+
+#endif

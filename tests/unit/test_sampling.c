@@ -1,0 +1,124 @@
+/* Sampling against transformers' logits processors (fixtures from
+ * tests/reference/make_sampling_fixtures.py: repetition penalty, temperature, top-k, top-p, min-p
+ * over a grid): the same tokens are filtered and the processed log-probabilities agree; a drawn
+ * token is always one that survives, with its processed log-probability; draws follow the processed
+ * distribution; the same seed draws the same tokens; greedy takes the argmax. */
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "file_text.h"
+#include "generate/sampling.h"
+#include "test.h"
+
+#define V 64
+
+typedef struct sample_case {
+    ctrl_sampling_params p;
+    float logits[V];
+    int32_t seen[12];
+    double want[V]; /* -inf where filtered */
+} sample_case;
+
+static int load_cases(sample_case **out) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(CTRL_FIXTURE_DIR "/sampling/cases.jsonl", 1 << 22, &st);
+    CHECK(text != NULL);
+    if (!text) return 0;
+    int n = 0;
+    sample_case *c = calloc(128, sizeof *c);
+    for (char *line = strtok(text, "\n"); line && n < 128; line = strtok(NULL, "\n"), n++) {
+        cJSON *o = cJSON_Parse(line), *p = cJSON_GetObjectItem(o, "params");
+        c[n].p = (ctrl_sampling_params){
+            .temperature = (float)cJSON_GetObjectItem(p, "temperature")->valuedouble,
+            .top_k = cJSON_GetObjectItem(p, "top_k")->valueint,
+            .top_p = (float)cJSON_GetObjectItem(p, "top_p")->valuedouble,
+            .min_p = (float)cJSON_GetObjectItem(p, "min_p")->valuedouble,
+            .repetition_penalty = (float)cJSON_GetObjectItem(p, "repetition_penalty")->valuedouble};
+        for (int i = 0; i < V; i++) {
+            c[n].logits[i] = (float)cJSON_GetArrayItem(cJSON_GetObjectItem(o, "logits"), i)->valuedouble;
+            const cJSON *w = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "logprobs"), i);
+            c[n].want[i] = cJSON_IsNull(w) ? -INFINITY : w->valuedouble;
+        }
+        for (int i = 0; i < 12; i++)
+            c[n].seen[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "seen"), i)->valueint;
+        cJSON_Delete(o);
+    }
+    free(text);
+    *out = c;
+    return n;
+}
+
+TEST(processing_matches_transformers) {
+    sample_case *c;
+    int n = load_cases(&c), filtered = 0;
+    CHECK_EQ_INT(n, 72);
+    for (int k = 0; k < n; k++) {
+        float l[V];
+        memcpy(l, c[k].logits, sizeof l);
+        CHECK_EQ_INT(ctrl_sampling_process(&c[k].p, l, V, c[k].seen, 12), 0);
+        double mx = -INFINITY, s = 0;
+        for (int i = 0; i < V; i++) mx = fmax(mx, l[i]);
+        for (int i = 0; i < V; i++) s += isinf(l[i]) ? 0 : exp(l[i] - mx);
+        for (int i = 0; i < V; i++) {
+            const double lp = isinf(l[i]) ? -INFINITY : l[i] - mx - log(s);
+            CHECK_MSG(!isinf(lp) == !isinf(c[k].want[i]), "case %d token %d: filtered differently", k, i);
+            if (!isinf(lp) && !isinf(c[k].want[i])) CHECK_NEAR(lp, c[k].want[i], 1e-5);
+            filtered += isinf(lp) != 0;
+        }
+    }
+    CHECK(filtered > 1000); /* the filters did filter */
+    free(c);
+}
+
+TEST(draws_follow_the_processed_distribution) {
+    sample_case *c;
+    int n = load_cases(&c);
+    for (int k = 0; k < n; k += 7) {
+        ctrl_rng rng;
+        ctrl_rng_seed(&rng, 1000 + (uint64_t)k);
+        int counts[V] = {0};
+        const int draws = 20000;
+        for (int d = 0; d < draws; d++) {
+            float l[V], lp;
+            memcpy(l, c[k].logits, sizeof l);
+            int32_t t = ctrl_sample(&c[k].p, l, V, c[k].seen, 12, &rng, &lp);
+            CHECK(t >= 0 && t < V);
+            if (t < 0 || t >= V) break;
+            CHECK_MSG(!isinf(c[k].want[t]), "case %d: drew filtered token %d", k, t);
+            if (d == 0) CHECK_NEAR(lp, c[k].want[t], 1e-5);
+            counts[t]++;
+        }
+        for (int i = 0; i < V; i++) { /* within 5 standard deviations of the expected count */
+            const double p = isinf(c[k].want[i]) ? 0 : exp(c[k].want[i]);
+            const double sd = sqrt(draws * p * (1 - p)) + 1;
+            CHECK_MSG(fabs(counts[i] - draws * p) <= 5 * sd, "case %d token %d: %d draws, expected %.1f", k,
+                      i, counts[i], draws * p);
+        }
+    }
+    free(c);
+}
+
+TEST(same_seed_same_tokens_and_greedy_is_argmax) {
+    sample_case *c;
+    load_cases(&c);
+    ctrl_rng a, b;
+    ctrl_rng_seed(&a, 7), ctrl_rng_seed(&b, 7);
+    for (int d = 0; d < 100; d++) {
+        float l1[V], l2[V], lp1, lp2;
+        memcpy(l1, c[d % 72].logits, sizeof l1), memcpy(l2, c[d % 72].logits, sizeof l2);
+        CHECK_EQ_INT(ctrl_sample(&c[d % 72].p, l1, V, NULL, 0, &a, &lp1),
+                     ctrl_sample(&c[d % 72].p, l2, V, NULL, 0, &b, &lp2));
+    }
+    ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    float l[V], lp;
+    memcpy(l, c[0].logits, sizeof l);
+    int arg = 0;
+    for (int i = 1; i < V; i++) arg = c[0].logits[i] > c[0].logits[arg] ? i : arg;
+    CHECK_EQ_INT(ctrl_sample(&greedy, l, V, NULL, 0, &a, &lp), arg);
+    ctrl_sampling_params bad = {.temperature = 1, .top_p = 1.5f, .repetition_penalty = 1};
+    CHECK_EQ_INT(ctrl_sample(&bad, l, V, NULL, 0, &a, &lp), -1);
+    free(c);
+}
