@@ -10,43 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
-typedef struct layer_offsets {
-    long ln1, wq, bq, wk, bk, wv, bv, wo, q_norm, k_norm, ln2, wg, wu, wd;
-} layer_offsets;
-
-/* One layer's saved activations. */
-typedef struct layer_acts {
-    float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
-        *g, *u, *h;
-} layer_acts;
-
-struct ctrl_model {
-    ctrl_model_config cfg;
-    const ctrl_attention_ops *attn;
-    float *params, *grads;
-    size_t n_params;
-    ctrl_param_view *views;
-    int n_views, cap_views;
-    long off_embed, off_norm, off_lm_head;
-    layer_offsets *layers;
-    /* RoPE tables [rope_len, head_dim/2] */
-    float *cos_tab, *sin_tab;
-    int rope_len;
-    /* activations of the last forward */
-    int T, act_cap_T;
-    float *act_mem;
-    layer_acts *acts;
-    float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
-    ctrl_batch batch;
-    int32_t *batch_mem;
-    /* memory strategy (may be NULL) and which layers it recomputes */
-    const ctrl_memory_ops *mem_ops;
-    ctrl_memory *mem;
-    uint8_t *recompute;
-    int n_recompute;
-    size_t act_bytes;
-};
+#include "model/model_internal.h"
 
 static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
                      int no_decay) {
@@ -162,7 +126,7 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
 }
 void ctrl_model_zero_grad(ctrl_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
 
-static ctrl_status ensure_rope(ctrl_model *m, int max_pos) {
+ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
     if (max_pos <= m->rope_len) return CTRL_OK;
     int len = 256;
     while (len < max_pos) len *= 2;
@@ -312,7 +276,8 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
     if (st != CTRL_OK) return st;
     int max_pos = 0;
     for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
-    if ((st = ensure_rope(m, max_pos + 1)) != CTRL_OK || (st = ensure_acts(m, b->T)) != CTRL_OK) return st;
+    if ((st = model_ensure_rope(m, max_pos + 1)) != CTRL_OK || (st = ensure_acts(m, b->T)) != CTRL_OK)
+        return st;
     /* Keep a copy of the batch: backward needs it after the caller's buffers may have changed. */
     free(m->batch_mem);
     m->batch_mem = malloc(sizeof(int32_t) * (size_t)(4 * b->T + b->B + 1));

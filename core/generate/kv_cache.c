@@ -1,0 +1,70 @@
+/* The paged KV cache's block pool and block tables. */
+#include <stdlib.h>
+
+#include "generate/kv_cache.h"
+
+ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int block_size, size_t bytes,
+                                 ctrl_kv_cache **out) {
+    const size_t per_block = 2 * sizeof(float) * (size_t)n_layers * block_size * n_kv_heads * head_dim;
+    size_t n = bytes / per_block;
+    if (n < 1) n = 1;
+    if (n > 1 << 24) return ctrl_error_set(CTRL_ERR_CONFIG, "kv cache: %zu blocks is too many", n);
+    ctrl_kv_cache *c = calloc(1, sizeof *c);
+    const size_t floats = (size_t)n_layers * n * block_size * n_kv_heads * head_dim;
+    if (c) {
+        *c = (ctrl_kv_cache){.n_layers = n_layers,
+                             .n_kv_heads = n_kv_heads,
+                             .head_dim = head_dim,
+                             .block_size = block_size,
+                             .n_blocks = (int)n};
+        c->k = malloc(sizeof(float) * floats), c->v = malloc(sizeof(float) * floats);
+        c->refcount = calloc(n, sizeof(int)), c->free_list = malloc(sizeof(int) * n);
+    }
+    if (!c || !c->k || !c->v || !c->refcount || !c->free_list) {
+        ctrl_kv_cache_free(c);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: %zu blocks of %d tokens", n, block_size);
+    }
+    for (int b = (int)n - 1; b >= 0; b--) c->free_list[c->n_free++] = b; /* block 0 handed out first */
+    *out = c;
+    return CTRL_OK;
+}
+
+void ctrl_kv_cache_free(ctrl_kv_cache *c) {
+    if (!c) return;
+    free(c->k), free(c->v), free(c->refcount), free(c->free_list);
+    free(c);
+}
+
+ctrl_status ctrl_kv_seq_reserve(ctrl_kv_cache *c, ctrl_kv_seq *s, int len) {
+    const int need = (len + c->block_size - 1) / c->block_size;
+    if (need - s->n_blocks > c->n_free)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: %d blocks needed, %d free", need - s->n_blocks,
+                              c->n_free);
+    if (need > s->cap) {
+        int cap = s->cap ? s->cap : 4;
+        while (cap < need) cap *= 2;
+        int *b = realloc(s->blocks, sizeof(int) * (size_t)cap);
+        if (!b) return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: block table");
+        s->blocks = b, s->cap = cap;
+    }
+    while (s->n_blocks < need) {
+        const int b = c->free_list[--c->n_free];
+        c->refcount[b] = 1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return CTRL_OK;
+}
+
+void ctrl_kv_seq_release(ctrl_kv_cache *c, ctrl_kv_seq *s) {
+    for (int i = 0; i < s->n_blocks; i++)
+        if (--c->refcount[s->blocks[i]] == 0) c->free_list[c->n_free++] = s->blocks[i];
+    free(s->blocks);
+    *s = (ctrl_kv_seq){0};
+}
+
+float *ctrl_kv_at(const ctrl_kv_cache *c, int v, int layer, const ctrl_kv_seq *s, int pos) {
+    const size_t slot = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t block = s->blocks[pos / c->block_size];
+    const size_t off = (((size_t)layer * c->n_blocks + block) * c->block_size + pos % c->block_size) * slot;
+    return (v ? c->v : c->k) + off;
+}

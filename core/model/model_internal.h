@@ -1,0 +1,49 @@
+/* The model's internals, shared by model.c (training forward/backward) and model_decode.c
+ * (incremental decoding over a KV cache). Not part of any public API. */
+#ifndef CTRL_CORE_MODEL_INTERNAL_H
+#define CTRL_CORE_MODEL_INTERNAL_H
+
+#include "model/model.h"
+
+/* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
+typedef struct layer_offsets {
+    long ln1, wq, bq, wk, bk, wv, bv, wo, q_norm, k_norm, ln2, wg, wu, wd;
+} layer_offsets;
+
+/* One layer's saved activations. */
+typedef struct layer_acts {
+    float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
+        *g, *u, *h;
+} layer_acts;
+
+struct ctrl_model {
+    ctrl_model_config cfg;
+    const ctrl_attention_ops *attn;
+    float *params, *grads;
+    size_t n_params;
+    ctrl_param_view *views;
+    int n_views, cap_views;
+    long off_embed, off_norm, off_lm_head;
+    layer_offsets *layers;
+    /* RoPE tables [rope_len, head_dim/2] */
+    float *cos_tab, *sin_tab;
+    int rope_len;
+    /* activations of the last forward */
+    int T, act_cap_T;
+    float *act_mem;
+    layer_acts *acts;
+    float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
+    ctrl_batch batch;
+    int32_t *batch_mem;
+    /* memory strategy (may be NULL) and which layers it recomputes */
+    const ctrl_memory_ops *mem_ops;
+    ctrl_memory *mem;
+    uint8_t *recompute;
+    int n_recompute;
+    size_t act_bytes;
+};
+
+/* RoPE tables covering positions [0, max_pos). */
+ctrl_status model_ensure_rope(ctrl_model *m, int max_pos);
+
+#endif
