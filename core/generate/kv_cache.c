@@ -1,5 +1,6 @@
 /* The paged KV cache's block pool and block tables. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "generate/kv_cache.h"
 
@@ -67,4 +68,28 @@ float *ctrl_kv_at(const ctrl_kv_cache *c, int v, int layer, const ctrl_kv_seq *s
     const size_t block = s->blocks[pos / c->block_size];
     const size_t off = (((size_t)layer * c->n_blocks + block) * c->block_size + pos % c->block_size) * slot;
     return (v ? c->v : c->k) + off;
+}
+
+ctrl_status ctrl_kv_seq_fork(ctrl_kv_cache *c, const ctrl_kv_seq *src, ctrl_kv_seq *dst, int *shared) {
+    const int full = src->len / c->block_size, partial = src->len % c->block_size != 0;
+    if (partial && c->n_free == 0) return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: no block to fork into");
+    dst->cap = src->n_blocks > 4 ? src->n_blocks : 4;
+    dst->blocks = malloc(sizeof(int) * (size_t)dst->cap);
+    if (!dst->blocks) return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: block table");
+    for (int i = 0; i < full; i++) dst->blocks[i] = src->blocks[i], c->refcount[src->blocks[i]]++;
+    dst->n_blocks = full, dst->len = src->len;
+    if (partial) { /* copy-on-fork of the block both would append to */
+        const int b = c->free_list[--c->n_free], from = src->blocks[full];
+        c->refcount[b] = 1;
+        dst->blocks[dst->n_blocks++] = b;
+        const size_t block = (size_t)c->block_size * c->n_kv_heads * c->head_dim;
+        for (int l = 0; l < c->n_layers; l++) {
+            memcpy(c->k + ((size_t)l * c->n_blocks + b) * block,
+                   c->k + ((size_t)l * c->n_blocks + from) * block, sizeof(float) * block);
+            memcpy(c->v + ((size_t)l * c->n_blocks + b) * block,
+                   c->v + ((size_t)l * c->n_blocks + from) * block, sizeof(float) * block);
+        }
+    }
+    if (shared) *shared = full;
+    return CTRL_OK;
 }

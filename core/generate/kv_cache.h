@@ -26,6 +26,10 @@ ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int
 void ctrl_kv_cache_free(ctrl_kv_cache *c);
 /* Blocks for positions [0, len) of `s`; CTRL_ERR_NOMEM (nothing changed) when the pool is out. */
 ctrl_status ctrl_kv_seq_reserve(ctrl_kv_cache *c, ctrl_kv_seq *s, int len);
+/* `dst` (empty) shares the full blocks of `src` (reference counted) and gets a copy of its last
+ * partial block, so that both can append without touching what the other sees (prefix sharing of a
+ * prompt's n samples). Returns the number of blocks shared. */
+ctrl_status ctrl_kv_seq_fork(ctrl_kv_cache *c, const ctrl_kv_seq *src, ctrl_kv_seq *dst, int *shared);
 /* Returns the sequence's blocks to the pool (shared blocks when their last user goes). */
 void ctrl_kv_seq_release(ctrl_kv_cache *c, ctrl_kv_seq *s);
 /* K (or V) of token `pos` of `s` in `layer`: n_kv_heads * head_dim floats. */

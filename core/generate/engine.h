@@ -1,0 +1,54 @@
+/* The generation engine (DESIGN §9): requests become sequences (n samples each), scheduled with
+ * continuous batching over the paged KV cache — every step decodes the running sequences and fills
+ * the rest of a token budget with prefill chunks of waiting ones; when blocks run out, the newest
+ * running sequence is preempted and later recomputed. The n samples of a prompt share its cached
+ * blocks (the last partial block is copied). Each sample draws from its own seeded generator, so
+ * a request gives the same tokens whatever else is in the batch. */
+#ifndef CTRL_CORE_ENGINE_H
+#define CTRL_CORE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "generate/sampling.h"
+#include "model/model.h"
+
+typedef struct ctrl_gen_request {
+    const int32_t *prompt;
+    int prompt_len;
+    int n; /* samples */
+    int max_tokens;
+    ctrl_sampling_params sampling;
+    uint64_t seed;
+    const int32_t *stop_ids; /* e.g. the EOS ids of generation_config.json */
+    int n_stop;
+} ctrl_gen_request;
+
+typedef struct ctrl_gen_output {
+    int32_t *ids;    /* malloc'd; the stop token, when one ended it, is included */
+    float *logprobs; /* processed log-probability of each token */
+    int len;
+    int stopped; /* 1: a stop id ended it; 0: max_tokens */
+} ctrl_gen_output;
+
+typedef struct ctrl_engine_config {
+    size_t kv_cache_bytes;
+    int block_size;             /* 16 */
+    int max_num_seqs;           /* running sequences per step */
+    int max_num_batched_tokens; /* tokens per step (decode + prefill chunks) */
+} ctrl_engine_config;
+
+typedef struct ctrl_engine ctrl_engine;
+
+ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out);
+void ctrl_engine_free(ctrl_engine *e);
+/* Generates every request; outputs are laid out request by request, sample by sample
+ * (sum of n entries). `progress` (may be NULL) is called after each step with tokens generated so
+ * far. Counters of the last call: steps, preemptions, shared prompt blocks. */
+ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, int n_req,
+                                 ctrl_gen_output *outs, void (*progress)(long generated, void *ctx),
+                                 void *ctx);
+void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, long *shared_blocks);
+void ctrl_gen_output_free(ctrl_gen_output *o);
+
+#endif

@@ -1,0 +1,160 @@
+/* The generation engine: greedy outputs equal transformers' generate (fixtures from
+ * tests/reference/make_generation_fixtures.py) however the scheduler cuts the work — one roomy
+ * step, prefill in chunks of 4 tokens, or a cache so small that sequences are preempted and
+ * recomputed; a sampled request draws the same tokens alone or batched with others; the n samples
+ * of a prompt share its blocks; stop ids end a completion and are reported. */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "file_text.h"
+#include "generate/engine.h"
+#include "test.h"
+
+typedef struct fixture_case {
+    int32_t prompt[64], want[12];
+    int len;
+} fixture_case;
+
+static ctrl_model *load(const char *arch, fixture_case *cases) {
+    char path[512];
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/generation/%s.json", arch);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    cJSON *all = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    for (int c = 0; c < 2; c++) {
+        const cJSON *o = cJSON_GetArrayItem(all, c), *p = cJSON_GetObjectItem(o, "prompt");
+        cases[c].len = cJSON_GetArraySize(p);
+        for (int i = 0; i < cases[c].len; i++) cases[c].prompt[i] = cJSON_GetArrayItem(p, i)->valueint;
+        for (int i = 0; i < 12; i++)
+            cases[c].want[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "generated"), i)->valueint;
+    }
+    cJSON_Delete(all);
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(path, NULL, &m), CTRL_OK);
+    return m;
+}
+
+static const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+
+static void greedy_case(const char *arch, ctrl_engine_config cfg, int expect_preemption) {
+    fixture_case cases[2];
+    ctrl_model *m = load(arch, cases);
+    if (!m) return;
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &cfg, &e), CTRL_OK);
+    ctrl_gen_request reqs[2];
+    for (int c = 0; c < 2; c++)
+        reqs[c] = (ctrl_gen_request){.prompt = cases[c].prompt,
+                                     .prompt_len = cases[c].len,
+                                     .n = 1,
+                                     .max_tokens = 12,
+                                     .sampling = greedy};
+    ctrl_gen_output out[2];
+    CHECK_MSG(ctrl_engine_generate(e, reqs, 2, out, NULL, NULL) == CTRL_OK, "%s", ctrl_error_message());
+    long steps, preempted;
+    ctrl_engine_stats(e, &steps, &preempted, NULL);
+    for (int c = 0; c < 2; c++) {
+        CHECK_EQ_INT(out[c].len, 12);
+        CHECK_MSG(out[c].len == 12 && memcmp(out[c].ids, cases[c].want, sizeof cases[c].want) == 0,
+                  "%s prompt %d: not transformers' greedy tokens (%ld steps, %ld preemptions)", arch, c,
+                  steps, preempted);
+        ctrl_gen_output_free(&out[c]);
+    }
+    if (expect_preemption) CHECK_MSG(preempted > 0, "%s: the small cache did not preempt", arch);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
+
+/* bytes for `blocks` blocks of 4 tokens of a 2-layer, 2-KV-head, head_dim 16 model */
+static size_t pool(const char *arch, int blocks) {
+    fixture_case cases[2];
+    ctrl_model *m = load(arch, cases);
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    const size_t per = 2 * sizeof(float) * (size_t)c->n_layers * 4 * c->n_kv_heads * c->head_dim;
+    ctrl_model_free(m);
+    return per * (size_t)blocks;
+}
+
+TEST(greedy_equals_transformers_however_scheduled) {
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
+    for (int a = 0; a < 4; a++) {
+        greedy_case(archs[a], (ctrl_engine_config){1 << 20, 16, 8, 256}, 0);
+        greedy_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 4}, 0); /* chunked prefill */
+        /* 12 blocks of 4 hold one sequence (prompt 23 + 12) but not both at once (+ 5 + 12) */
+        greedy_case(archs[a], (ctrl_engine_config){pool(archs[a], 12), 4, 8, 64}, 1);
+    }
+}
+
+TEST(same_request_same_tokens_alone_or_batched) {
+    fixture_case cases[2];
+    ctrl_model *m = load("qwen2", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64}, &e), CTRL_OK);
+    const ctrl_sampling_params warm = {
+        .temperature = 1.0f, .top_k = 50, .top_p = 0.95f, .repetition_penalty = 1.1f};
+    ctrl_gen_request a = {.prompt = cases[0].prompt,
+                          .prompt_len = cases[0].len,
+                          .n = 2,
+                          .max_tokens = 10,
+                          .sampling = warm,
+                          .seed = 3};
+    ctrl_gen_request both[2] = {{.prompt = cases[1].prompt,
+                                 .prompt_len = cases[1].len,
+                                 .n = 3,
+                                 .max_tokens = 7,
+                                 .sampling = warm,
+                                 .seed = 9},
+                                a};
+    ctrl_gen_output alone[2], batched[5];
+    CHECK_EQ_INT(ctrl_engine_generate(e, &a, 1, alone, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_generate(e, both, 2, batched, NULL, NULL), CTRL_OK);
+    long shared;
+    ctrl_engine_stats(e, NULL, NULL, &shared);
+    CHECK(shared > 0); /* the samples of the 23-token prompt shared its full blocks */
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_INT(alone[k].len, batched[3 + k].len);
+        CHECK(memcmp(alone[k].ids, batched[3 + k].ids, sizeof(int32_t) * (size_t)alone[k].len) == 0);
+        /* the log-probabilities agree to rounding (GEMMs over other batch sizes sum in another order) */
+        for (int i = 0; i < alone[k].len; i++) {
+            CHECK(alone[k].logprobs[i] <= 0);
+            CHECK_NEAR(alone[k].logprobs[i], batched[3 + k].logprobs[i], 1e-4);
+        }
+    }
+    CHECK(memcmp(alone[0].ids, alone[1].ids, sizeof(int32_t) * 10) != 0); /* two samples, two draws */
+    for (int k = 0; k < 2; k++) ctrl_gen_output_free(&alone[k]);
+    for (int k = 0; k < 5; k++) ctrl_gen_output_free(&batched[k]);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
+
+TEST(stop_ids_end_a_completion) {
+    fixture_case cases[2];
+    ctrl_model *m = load("llama", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64}, &e), CTRL_OK);
+    const int32_t stop = cases[0].want[4]; /* the greedy path reaches it at the 5th token (or earlier) */
+    int first = 0;
+    while (cases[0].want[first] != stop) first++;
+    ctrl_gen_request r = {.prompt = cases[0].prompt,
+                          .prompt_len = cases[0].len,
+                          .n = 1,
+                          .max_tokens = 12,
+                          .sampling = greedy,
+                          .stop_ids = &stop,
+                          .n_stop = 1};
+    ctrl_gen_output o;
+    CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &o, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(o.len, first + 1);
+    CHECK_EQ_INT(o.stopped, 1);
+    CHECK_EQ_INT(o.ids[o.len - 1], stop);
+    ctrl_gen_output_free(&o);
+    ctrl_gen_request bad = r;
+    bad.n = 0;
+    CHECK_EQ_INT(ctrl_engine_generate(e, &bad, 1, &o, NULL, NULL), CTRL_ERR_CONFIG);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
