@@ -140,6 +140,16 @@ contains "alt.jsonl:1" "template error names file:line"
 contains "must alternate" "template error carries the template's message"
 expect 2 "tokenize --assistant-mask without --chat" -- "$CTRL" tokenize --tokenizer "$TOKDIR" --input "$TMP/chat.jsonl" --assistant-mask
 
+# generate: completions for JSONL prompts; a bad line names file:line; bad values are usage errors.
+printf '{"prompt": "1+2="}\n{"prompt": "Hello"}\n' >"$TMP/prompts.jsonl"
+expect 0 "generate" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/gen.jsonl" \
+  --n 2 --max-tokens 4 --seed 3
+[ "$(grep -c '"completions":\[{"text"' "$TMP/gen.jsonl")" = 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL generate output"; }
+printf '{"prompt": "ok"}\n{"text": "no prompt"}\n' >"$TMP/badp.jsonl"
+expect 1 "generate bad line" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/badp.jsonl" --out "$TMP/x.jsonl"
+contains "badp.jsonl:2" "generate names file:line"
+expect 2 "generate bad top-p" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/x.jsonl" --top-p 2
+
 # config reference is generated from the option tables and the committed copy is current.
 expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"
 if [ -f "$SRC/docs/config-reference.md" ] && cmp -s "$TMP/ref.md" "$SRC/docs/config-reference.md"; then

@@ -1,0 +1,254 @@
+/* ctrl generate --model DIR --prompts FILE.jsonl [--chat] [--n N] [--max-tokens N] [--temperature T]
+ *               [--top-p P] [--top-k K] [--min-p P] [--repetition-penalty R] [--seed S]
+ *               [--kv-cache-mb N] --out FILE.jsonl */
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "file_text.h"
+#include "generate/engine.h"
+#include "template/chat.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct gen_args {
+    const char *model, *prompts, *out;
+    int chat, n, max_tokens, top_k;
+    float temperature, top_p, min_p, repetition_penalty;
+    long seed, kv_mb;
+} gen_args;
+
+static int parse(int argc, char **argv, gen_args *a) {
+    *a = (gen_args){.n = 1,
+                    .max_tokens = 64,
+                    .temperature = 1.0f,
+                    .top_p = 1.0f,
+                    .repetition_penalty = 1.0f,
+                    .kv_mb = 256};
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--chat")) {
+            a->chat = 1;
+            continue;
+        }
+        if (!v) return cli_usage_error(&cli_cmd_generate, "%s needs a value", k);
+        i++;
+        char *end = NULL;
+        double num = strtod(v, &end);
+        const int is_num = end && *end == 0;
+        if (!strcmp(k, "--model"))
+            a->model = v;
+        else if (!strcmp(k, "--prompts"))
+            a->prompts = v;
+        else if (!strcmp(k, "--out"))
+            a->out = v;
+        else if (!is_num)
+            return cli_usage_error(&cli_cmd_generate, "%s %s: not a number (or an unknown option)", k, v);
+        else if (!strcmp(k, "--n"))
+            a->n = (int)num;
+        else if (!strcmp(k, "--max-tokens"))
+            a->max_tokens = (int)num;
+        else if (!strcmp(k, "--temperature"))
+            a->temperature = (float)num;
+        else if (!strcmp(k, "--top-p"))
+            a->top_p = (float)num;
+        else if (!strcmp(k, "--top-k"))
+            a->top_k = (int)num;
+        else if (!strcmp(k, "--min-p"))
+            a->min_p = (float)num;
+        else if (!strcmp(k, "--repetition-penalty"))
+            a->repetition_penalty = (float)num;
+        else if (!strcmp(k, "--seed"))
+            a->seed = (long)num;
+        else if (!strcmp(k, "--kv-cache-mb"))
+            a->kv_mb = (long)num;
+        else
+            return cli_usage_error(&cli_cmd_generate, "unexpected argument '%s'", k);
+    }
+    if (!a->model || !a->prompts || !a->out)
+        return cli_usage_error(&cli_cmd_generate,
+                               "needs --model DIR, --prompts FILE.jsonl and --out FILE.jsonl");
+    if (a->n < 1 || a->max_tokens < 1 || a->kv_mb < 1 || a->temperature < 0 || a->top_p <= 0 ||
+        a->top_p > 1 || a->min_p < 0 || a->min_p > 1 || a->repetition_penalty <= 0)
+        return cli_usage_error(&cli_cmd_generate,
+                               "out-of-range value: n, max-tokens, kv-cache-mb >= 1; temperature "
+                               ">= 0; 0 < top-p <= 1; 0 <= min-p <= 1; repetition-penalty > 0");
+    return 0;
+}
+
+/* The stop ids: generation_config.json's eos_token_id (a number or a list), else the tokenizer's. */
+static int stop_ids(const char *dir, const ctrl_tokenizer *tok, int32_t *ids, int cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    ctrl_status st;
+    char *text = access(path, R_OK) == 0 ? ctrl_read_text_file(path, 1 << 20, &st) : NULL;
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    int n = 0;
+    if (cJSON_IsNumber(e)) ids[n++] = e->valueint;
+    for (const cJSON *x = cJSON_IsArray(e) ? e->child : NULL; x && n < cap; x = x->next)
+        if (cJSON_IsNumber(x)) ids[n++] = x->valueint;
+    cJSON_Delete(o);
+    if (n == 0 && ctrl_tokenizer_eos_id(tok) >= 0) ids[n++] = ctrl_tokenizer_eos_id(tok);
+    return n;
+}
+
+static void show_progress(long generated, void *ctx) {
+    const double *t0 = ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - *t0;
+    if (isatty(fileno(stderr)))
+        fprintf(stderr, "\r%ld tokens  %.0f tokens/s ", generated, generated / (dt > 0 ? dt : 1));
+}
+
+/* One prompt line to token ids: {"prompt": text} (special tokens added, as vLLM), or with --chat
+ * {"messages": [...]} through the chat template with the generation prompt. */
+static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tpl, cJSON *line, int32_t **ids,
+                              size_t *n) {
+    if (tpl) {
+        if (!cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(line, "messages")))
+            return ctrl_error_set(CTRL_ERR_FORMAT, "expected {\"messages\": [...]} (--chat)");
+        cJSON_DeleteItemFromObjectCaseSensitive(line, "add_generation_prompt");
+        cJSON_AddTrueToObject(line, "add_generation_prompt");
+        ctrl_chat_add_special_tokens(tok, line);
+        return ctrl_chat_encode(tok, tpl, line, ids, n, NULL);
+    }
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(line, "prompt");
+    if (!cJSON_IsString(p)) return ctrl_error_set(CTRL_ERR_FORMAT, "expected {\"prompt\": \"...\"}");
+    return ctrl_tokenizer_encode(tok, p->valuestring, strlen(p->valuestring), 1, ids, n);
+}
+
+static int run_generate(ctrl_cli *cli, int argc, char **argv) {
+    (void)cli;
+    gen_args a;
+    int rc = parse(argc, argv, &a);
+    if (rc) return rc;
+    ctrl_model *m = NULL;
+    ctrl_tokenizer *tok = NULL;
+    ctrl_template *tpl = NULL;
+    ctrl_engine *eng = NULL;
+    ctrl_status st = ctrl_model_load(a.model, NULL, &m);
+    if (st == CTRL_OK) st = ctrl_tokenizer_load(a.model, &tok);
+    if (st == CTRL_OK && a.chat) st = ctrl_chat_template_load(tok, &tpl);
+    /* read and tokenize every prompt */
+    cJSON **lines = NULL;
+    ctrl_gen_request *reqs = NULL;
+    int n_req = 0, cap = 0;
+    char *text = st == CTRL_OK ? ctrl_read_text_file(a.prompts, 1u << 30, &st) : NULL, *save;
+    int32_t stops[16];
+    const int n_stop = tok ? stop_ids(a.model, tok, stops, 16) : 0;
+    int lineno = 0;
+    for (char *l = text ? strtok_r(text, "\n", &save) : NULL; l && st == CTRL_OK;
+         l = strtok_r(NULL, "\n", &save)) {
+        lineno++;
+        if (l[strspn(l, " \t\r")] == 0) continue;
+        if (n_req == cap) {
+            cap = cap ? 2 * cap : 64;
+            lines = realloc(lines, sizeof *lines * (size_t)cap),
+            reqs = realloc(reqs, sizeof *reqs * (size_t)cap);
+        }
+        cJSON *o = cJSON_Parse(l);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = o ? prompt_ids(tok, tpl, o, &ids, &n) : ctrl_error_set(CTRL_ERR_FORMAT, "not valid JSON");
+        if (st == CTRL_OK && n == 0) st = ctrl_error_set(CTRL_ERR_FORMAT, "the prompt is empty");
+        if (st != CTRL_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+            ctrl_error_set(st, "%s:%d: %s", a.prompts, lineno, msg);
+            cJSON_Delete(o), free(ids);
+            break;
+        }
+        lines[n_req] = o;
+        reqs[n_req++] =
+            (ctrl_gen_request){.prompt = ids,
+                               .prompt_len = (int)n,
+                               .n = a.n,
+                               .max_tokens = a.max_tokens,
+                               .sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.repetition_penalty},
+                               .seed = (uint64_t)a.seed + (uint64_t)lineno,
+                               .stop_ids = stops,
+                               .n_stop = n_stop};
+    }
+    free(text);
+    ctrl_gen_output *outs = calloc((size_t)(n_req ? n_req : 1) * (size_t)a.n, sizeof *outs);
+    const ctrl_engine_config ec = {.kv_cache_bytes = (size_t)a.kv_mb << 20,
+                                   .block_size = 16,
+                                   .max_num_seqs = 256,
+                                   .max_num_batched_tokens = 2048};
+    if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, &eng);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    if (st == CTRL_OK) st = ctrl_engine_generate(eng, reqs, n_req, outs, show_progress, &t0);
+    FILE *f = st == CTRL_OK ? fopen(a.out, "w") : NULL;
+    if (st == CTRL_OK && !f) st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", a.out, strerror(errno));
+    long total = 0;
+    for (int r = 0; st == CTRL_OK && r < n_req; r++) {
+        cJSON *comps = cJSON_AddArrayToObject(lines[r], "completions");
+        for (int k = 0; k < a.n; k++) {
+            const ctrl_gen_output *o = &outs[(size_t)r * a.n + k];
+            char *txt = NULL;
+            size_t len;
+            if ((st = ctrl_tokenizer_decode(tok, o->ids, (size_t)o->len, 1, &txt, &len)) != CTRL_OK) break;
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddStringToObject(c, "text", txt);
+            cJSON *ids = cJSON_AddArrayToObject(c, "token_ids"), *lps = cJSON_AddArrayToObject(c, "logprobs");
+            for (int i = 0; i < o->len; i++) {
+                cJSON_AddItemToArray(ids, cJSON_CreateNumber(o->ids[i]));
+                cJSON_AddItemToArray(lps, cJSON_CreateNumber(o->logprobs[i]));
+            }
+            cJSON_AddStringToObject(c, "finish_reason", o->stopped ? "stop" : "length");
+            cJSON_AddItemToArray(comps, c);
+            free(txt);
+            total += o->len;
+        }
+        char *s = cJSON_PrintUnformatted(lines[r]);
+        fprintf(f, "%s\n", s);
+        cJSON_free(s);
+    }
+    if (f && fclose(f) != 0 && st == CTRL_OK) st = ctrl_error_set(CTRL_ERR_IO, "%s: write failed", a.out);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0;
+    if (st == CTRL_OK) {
+        long steps, pre, shared;
+        ctrl_engine_stats(eng, &steps, &pre, &shared);
+        if (isatty(fileno(stderr))) fputc('\n', stderr);
+        CTRL_INFO(
+            "%d prompts x %d: %ld tokens in %.2f s (%.0f tokens/s), %ld steps, %ld preemptions, %ld shared "
+            "prompt blocks; written to %s",
+            n_req, a.n, total, dt, total / (dt > 0 ? dt : 1), steps, pre, shared, a.out);
+    }
+    for (int r = 0; r < n_req; r++) {
+        cJSON_Delete(lines[r]);
+        free((void *)reqs[r].prompt);
+        for (int k = 0; k < a.n; k++) ctrl_gen_output_free(&outs[(size_t)r * a.n + k]);
+    }
+    free(lines), free(reqs), free(outs);
+    ctrl_engine_free(eng);
+    ctrl_template_free(tpl);
+    ctrl_tokenizer_free(tok);
+    ctrl_model_free(m);
+    return st == CTRL_OK ? 0 : cli_fail(st);
+}
+
+const ctrl_command cli_cmd_generate = {
+    .name = "generate",
+    .summary = "generate completions for JSONL prompts (paged KV cache, continuous batching)",
+    .usage =
+        "usage: ctrl generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--chat] [--n N]\n"
+        "                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
+        "                     [--repetition-penalty R] [--seed S] [--kv-cache-mb N]\n\n"
+        "Each line {\"prompt\": \"...\"} (or {\"messages\": [...]} with --chat, formatted by the chat\n"
+        "template with the generation prompt) gets its n completions, written as the same line with\n"
+        "\"completions\": [{\"text\", \"token_ids\", \"logprobs\", \"finish_reason\"}]. Generation stops at\n"
+        "generation_config.json's eos_token_id or max-tokens. temperature 0 is greedy; each line\n"
+        "samples with seed + its line number, so a prompt's completions do not depend on the others.\n",
+    .run = run_generate,
+};
