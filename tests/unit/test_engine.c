@@ -10,6 +10,7 @@
 
 #include "file_text.h"
 #include "generate/engine.h"
+#include "registry.h"
 #include "test.h"
 
 typedef struct fixture_case {
@@ -157,4 +158,55 @@ TEST(stop_ids_end_a_completion) {
     CHECK_EQ_INT(ctrl_engine_generate(e, &bad, 1, &o, NULL, NULL), CTRL_ERR_CONFIG);
     ctrl_engine_free(e);
     ctrl_model_free(m);
+}
+
+/* Co-located generation reads the live weights: after a gradient step on the model, the very next
+ * generation (same engine) scores with the updated weights — equal to a new engine's, unlike before. */
+TEST(next_generation_after_an_update_uses_the_new_weights) {
+    fixture_case cases[2];
+    ctrl_model *m = load("qwen3", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64}, &e), CTRL_OK);
+    ctrl_gen_request r = {
+        .prompt = cases[1].prompt, .prompt_len = cases[1].len, .n = 1, .max_tokens = 4, .sampling = greedy};
+    ctrl_gen_output before, after, fresh;
+    CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &before, NULL, NULL), CTRL_OK);
+    /* one SGD step on the prompt's next-token loss */
+    int32_t pos[64], tg[64], cu[2] = {0, cases[1].len};
+    for (int t = 0; t < cases[1].len; t++)
+        pos[t] = t, tg[t] = t + 1 < cases[1].len ? cases[1].prompt[t + 1] : -100;
+    ctrl_batch b = {.T = cases[1].len,
+                    .B = 1,
+                    .tokens = cases[1].prompt,
+                    .positions = pos,
+                    .cu_seqlens = cu,
+                    .targets = tg};
+    ctrl_registry *reg;
+    ctrl_registry_create(&reg);
+    const char *dirs[] = {CTRL_PLUGIN_DIR};
+    ctrl_registry_load_standard(reg, dirs, 1);
+    const ctrl_plugin_entry *flash = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    CHECK(flash != NULL);
+    if (!flash) return;
+    ctrl_model *trainer_view;
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen3", flash->plugin->ops, &trainer_view),
+                 CTRL_OK);
+    float lp[64], dlp[64];
+    CHECK_EQ_INT(ctrl_model_forward(trainer_view, &b, lp, NULL, NULL), CTRL_OK);
+    for (int t = 0; t < cases[1].len; t++) dlp[t] = tg[t] >= 0 ? -1.0f : 0.0f;
+    CHECK_EQ_INT(ctrl_model_backward(trainer_view, dlp), CTRL_OK);
+    size_t n;
+    float *p = ctrl_model_params(m, &n), *g = ctrl_model_grads(trainer_view, NULL);
+    for (size_t i = 0; i < n; i++) p[i] -= 0.5f * g[i]; /* the step lands in the model the engine serves */
+    CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &after, NULL, NULL), CTRL_OK);
+    ctrl_engine *e2;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64}, &e2), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_generate(e2, &r, 1, &fresh, NULL, NULL), CTRL_OK);
+    CHECK(after.logprobs[0] != before.logprobs[0]);
+    CHECK(memcmp(after.ids, fresh.ids, sizeof(int32_t) * 4) == 0);
+    CHECK(memcmp(after.logprobs, fresh.logprobs, sizeof(float) * 4) == 0);
+    ctrl_gen_output_free(&before), ctrl_gen_output_free(&after), ctrl_gen_output_free(&fresh);
+    ctrl_engine_free(e), ctrl_engine_free(e2);
+    ctrl_model_free(trainer_view), ctrl_model_free(m);
+    ctrl_registry_destroy(reg);
 }
