@@ -34,6 +34,21 @@ void ctrl_cpu_linear_forward(float *out, const float *x, const float *w, const f
 void ctrl_cpu_linear_backward(float *dx, float *dw, float *dbias, const float *dout, const float *x,
                               const float *w, int T, int IN, int OUT);
 
+/* bf16 (kernels/cpu/bf16.c): conversions with round-to-nearest-even; C[M,N] (+)= A[M,K] B[N,K]^T on
+ * bf16 inputs with fp32 accumulation, through AVX-512 BF16 where the CPU has it
+ * (ctrl_cpu_has_avx512bf16; CTRL_NO_AVX512BF16 in the environment forces the portable path); and
+ * the linear layer on it: inputs rounded to bf16, outputs and gradients fp32. The linear functions
+ * return 0, or -1 when scratch memory could not be had. */
+void ctrl_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
+void ctrl_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+int ctrl_cpu_has_avx512bf16(void);
+void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
+                           int accumulate);
+int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
+                                 int OUT);
+int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                  const float *w, int T, int IN, int OUT);
+
 /* RoPE tables. Kinds follow transformers' rope_scaling "rope_type". */
 typedef enum ctrl_rope_kind {
     CTRL_ROPE_DEFAULT = 0,
@@ -67,8 +82,8 @@ void ctrl_cpu_rope_backward(float *dx, const float *dout, const int32_t *pos, co
 
 /* SwiGLU: out = silu(gate) * up, elementwise over n values. */
 void ctrl_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
-void ctrl_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                              const float *up, int64_t n);
+void ctrl_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                              int64_t n);
 
 /* Residual: out = a + b. Backward: da += dout, db += dout (both accumulate: the residual stream). */
 void ctrl_cpu_residual_forward(float *out, const float *a, const float *b, int64_t n);
@@ -87,15 +102,15 @@ typedef struct ctrl_head_args {
     const float *w;         /* [V, C] (lm_head, or the tied embedding) */
     const int32_t *targets; /* [T] */
     int T, C, V;
-    float temperature;      /* > 0 */
-    int chunk_tokens;       /* 0 = default */
-    int chunk_vocab;        /* 0 = default */
+    float temperature; /* > 0 */
+    int chunk_tokens;  /* 0 = default */
+    int chunk_vocab;   /* 0 = default */
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */
 size_t ctrl_cpu_head_workspace_bytes(const ctrl_head_args *a);
-void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse,
-                           int32_t *correct, void *workspace);
+void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse, int32_t *correct,
+                           void *workspace);
 /* dlogp[T] = dL/dlogp; dentropy may be NULL (no loss term on entropy). Writes dhidden[T, C],
  * accumulates dw[V, C]. Recomputes logits chunk by chunk from lse. */
 void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp,

@@ -1,0 +1,3 @@
+# The bf16 tests once more with the AVX-512 BF16 path switched off: the portable kernels.
+add_test(NAME test_bf16_portable COMMAND test_bf16)
+set_tests_properties(test_bf16_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)

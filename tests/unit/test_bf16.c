@@ -1,0 +1,130 @@
+/* bf16 on the CPU: rounding equals torch's .to(torch.bfloat16) bit for bit (fixture from
+ * tests/reference/make_bf16_fixtures.py); the bf16 GEMM computes exactly the fp32 sums of the
+ * rounded inputs (to fp32 rounding), on the AVX-512 BF16 path and the portable one alike; the bf16
+ * linear layer, forward and backward, is within the issue's bf16 tolerance (1e-2) of fp32. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+#include "file_text.h"
+#include "test.h"
+
+TEST(rounding_matches_torch) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(CTRL_FIXTURE_DIR "/kernels/bf16_round.txt", 1 << 20, &st);
+    CHECK(text != NULL);
+    if (!text) return;
+    int n = 0, bad = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        unsigned int f32, want;
+        sscanf(line, "%x %x", &f32, &want);
+        float f;
+        memcpy(&f, &f32, 4);
+        uint16_t got;
+        ctrl_cpu_f32_to_bf16(&got, &f, 1);
+        bad += got != want;
+        if (got != want && bad < 5) printf("  %08x -> %04x, torch %04x\n", f32, got, want);
+    }
+    CHECK(n > 400);
+    CHECK_EQ_INT(bad, 0);
+    free(text);
+}
+
+static float frand(unsigned *s) {
+    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
+}
+
+/* C = A B^T in double from the bf16-rounded inputs. */
+static void reference(double *C, const float *A, const float *B, int M, int N, int K) {
+    uint16_t h;
+    float ra, rb;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) {
+                ctrl_cpu_f32_to_bf16(&h, &A[(size_t)i * K + k], 1), ctrl_cpu_bf16_to_f32(&ra, &h, 1);
+                ctrl_cpu_f32_to_bf16(&h, &B[(size_t)j * K + k], 1), ctrl_cpu_bf16_to_f32(&rb, &h, 1);
+                s += (double)ra * rb;
+            }
+            C[(size_t)i * N + j] = s;
+        }
+}
+
+TEST(gemm_sums_the_rounded_inputs_on_both_paths) {
+    static const int shapes[][3] = {{1, 1, 1}, {5, 7, 33}, {17, 9, 64}, {64, 130, 200}, {3, 4, 1000}};
+    unsigned seed = 1;
+    printf("  AVX-512 BF16 on this CPU: %s\n",
+           ctrl_cpu_has_avx512bf16() ? "yes" : "no (portable path twice)");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)N * K);
+        float *C = malloc(sizeof(float) * (size_t)M * N), *C2 = malloc(sizeof(float) * (size_t)M * N);
+        double *R = malloc(sizeof(double) * (size_t)M * N);
+        uint16_t *a = malloc(2 * (size_t)M * K), *b = malloc(2 * (size_t)N * K);
+        for (int i = 0; i < M * K; i++) A[i] = frand(&seed);
+        for (int i = 0; i < N * K; i++) B[i] = frand(&seed);
+        ctrl_cpu_f32_to_bf16(a, A, (int64_t)M * K), ctrl_cpu_f32_to_bf16(b, B, (int64_t)N * K);
+        reference(R, A, B, M, N, K);
+        ctrl_cpu_gemm_bf16_nt(C, a, b, M, N, K, 0);
+        /* the same sums in plain fp32 (the portable path's arithmetic; ctest also runs this file with
+         * CTRL_NO_AVX512BF16=1, as test_bf16_portable) */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                float acc = 0, x, y;
+                for (int k = 0; k < K; k++) {
+                    ctrl_cpu_bf16_to_f32(&x, &a[(size_t)i * K + k], 1),
+                        ctrl_cpu_bf16_to_f32(&y, &b[(size_t)j * K + k], 1);
+                    acc += x * y;
+                }
+                C2[(size_t)i * N + j] = acc;
+            }
+        double worst = 0;
+        for (int i = 0; i < M * N; i++) {
+            worst = fmax(worst, fabs(C[i] - R[i]) / (fabs(R[i]) + 1e-3 * sqrt((double)K)));
+            worst = fmax(worst, fabs(C2[i] - R[i]) / (fabs(R[i]) + 1e-3 * sqrt((double)K)));
+        }
+        CHECK_MSG(worst < 1e-4, "%dx%dx%d: %.3g from the exact sums of the rounded inputs", M, N, K, worst);
+        /* accumulate adds */
+        ctrl_cpu_gemm_bf16_nt(C, a, b, M, N, K, 1);
+        for (int i = 0; i < M * N; i++) CHECK_NEAR(C[i], 2 * R[i], 1e-3 * (fabs(R[i]) + 1));
+        free(A), free(B), free(C), free(C2), free(R), free(a), free(b);
+    }
+}
+
+static double rel(const float *a, const float *b, int n) {
+    double e = 0, r = 0;
+    for (int i = 0; i < n; i++) e += (double)(a[i] - b[i]) * (a[i] - b[i]), r += (double)b[i] * b[i];
+    return sqrt(e / r);
+}
+
+TEST(linear_within_bf16_tolerance_of_fp32) {
+    const int T = 37, IN = 96, OUT = 80;
+    unsigned seed = 7;
+    float *x = malloc(sizeof(float) * T * IN), *w = malloc(sizeof(float) * OUT * IN),
+          *bias = malloc(sizeof(float) * OUT);
+    float *dout = malloc(sizeof(float) * T * OUT);
+    for (int i = 0; i < T * IN; i++) x[i] = frand(&seed);
+    for (int i = 0; i < OUT * IN; i++) w[i] = frand(&seed) * 0.1f;
+    for (int i = 0; i < OUT; i++) bias[i] = frand(&seed);
+    for (int i = 0; i < T * OUT; i++) dout[i] = frand(&seed);
+    float *y32 = malloc(sizeof(float) * T * OUT), *y16 = malloc(sizeof(float) * T * OUT);
+    float *dx32 = malloc(sizeof(float) * T * IN), *dx16 = malloc(sizeof(float) * T * IN);
+    float *dw32 = calloc((size_t)OUT * IN, sizeof(float)), *dw16 = calloc((size_t)OUT * IN, sizeof(float));
+    float *db32 = calloc(OUT, sizeof(float)), *db16 = calloc(OUT, sizeof(float));
+    ctrl_cpu_linear_forward(y32, x, w, bias, T, IN, OUT);
+    CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(y16, x, w, bias, T, IN, OUT), 0);
+    ctrl_cpu_linear_backward(dx32, dw32, db32, dout, x, w, T, IN, OUT);
+    CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(dx16, dw16, db16, dout, x, w, T, IN, OUT), 0);
+    printf("  bf16 vs fp32: out %.2g, dx %.2g, dw %.2g, dbias %.2g\n", rel(y16, y32, T * OUT),
+           rel(dx16, dx32, T * IN), rel(dw16, dw32, OUT * IN), rel(db16, db32, OUT));
+    CHECK(rel(y16, y32, T * OUT) < 1e-2);
+    CHECK(rel(dx16, dx32, T * IN) < 1e-2);
+    CHECK(rel(dw16, dw32, OUT * IN) < 1e-2);
+    CHECK(rel(db16, db32, OUT) < 1e-6);
+    CHECK(rel(y16, y32, T * OUT) > 0); /* it did round */
+    free(x), free(w), free(bias), free(dout), free(y32), free(y16), free(dx32), free(dx16), free(dw32),
+        free(dw16);
+    free(db32), free(db16);
+}
