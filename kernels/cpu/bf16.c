@@ -1,7 +1,8 @@
 /* bf16 on the CPU: conversions (round to nearest even, as torch's .to(torch.bfloat16)) and the
  * GEMM that bf16 linear layers need, C[M,N] (+)= A[M,K] B[N,K]^T with bf16 inputs and fp32
- * accumulation. Where the CPU has AVX-512 BF16 (checked at run time) the products go through
- * vdpbf16ps on 4 x 4 register tiles; elsewhere a portable loop computes the same sums in fp32. */
+ * accumulation. Where the CPU has AVX-512 BF16 (checked at run time) B is packed in (k, k+1) pairs
+ * of 16 columns and a 6 x 32 register tile broadcasts pairs of A into vdpbf16ps; elsewhere (or
+ * when the packing buffer cannot be had) a portable loop computes the same sums in fp32. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -49,42 +50,65 @@ static void gemm_nt_portable(float *C, const uint16_t *A, const uint16_t *B, int
 
 #if defined(__GNUC__) && !defined(__clang__) && (__GNUC__ >= 11)
 #define CTRL_HAVE_AVX512BF16_CODE 1
-/* One 4 x 4 tile (fewer at the edges) of C: rows i0.., columns j0.., over all of K in steps of 32. */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void tile_4x4(float *C, const uint16_t *A,
-                                                                            const uint16_t *B, int N, int K,
-                                                                            int i0, int mi, int j0, int nj,
-                                                                            int accumulate) {
-    __m512 acc[4][4];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k += 32) {
-        const __mmask32 mask = K - k >= 32 ? 0xFFFFFFFFu : (1u << (K - k)) - 1u;
-        __m512i a[4], b[4];
-        for (int i = 0; i < mi; i++) a[i] = _mm512_maskz_loadu_epi16(mask, A + (size_t)(i0 + i) * K + k);
-        for (int j = 0; j < nj; j++) b[j] = _mm512_maskz_loadu_epi16(mask, B + (size_t)(j0 + j) * K + k);
-        for (int i = 0; i < mi; i++)
-            for (int j = 0; j < nj; j++)
-                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)a[i], (__m512bh)b[j]);
+/* B[N, K] packed for the micro-kernel: for each group of 16 columns, K/2 vectors of 16 (k, k+1)
+ * pairs (zero padded), so that one 512-bit load feeds 16 outputs. */
+static uint16_t *pack_b(const uint16_t *B, int N, int K) {
+    const int K2 = (K + 1) / 2, NG = (N + 15) / 16;
+    uint16_t *p = calloc((size_t)NG * K2 * 32, sizeof(uint16_t));
+    if (!p) return NULL;
+#pragma omp parallel for schedule(static)
+    for (int g = 0; g < NG; g++)
+        for (int k2 = 0; k2 < K2; k2++)
+            for (int c = 0; c < 16 && g * 16 + c < N; c++)
+                for (int h = 0; h < 2 && 2 * k2 + h < K; h++)
+                    p[(((size_t)g * K2 + k2) * 16 + c) * 2 + h] = B[(size_t)(g * 16 + c) * K + 2 * k2 + h];
+    return p;
+}
+
+/* Rows [i0, i0 + mi) (mi <= 6) x column groups [g0, g0 + ng) (ng <= 2) of C: each (k, k+1) pair of a
+ * row of A is broadcast and multiplied into 16 packed columns at once. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void micro(float *C, const uint16_t *A,
+                                                                         const uint16_t *Bp, int N, int K,
+                                                                         int i0, int mi, int g0, int ng,
+                                                                         int accumulate) {
+    const int K2 = (K + 1) / 2;
+    __m512 acc[6][2];
+    for (int i = 0; i < 6; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int k2 = 0; k2 < K2; k2++) {
+        __m512i b0 = _mm512_loadu_si512(Bp + (((size_t)g0 * K2 + k2) * 16) * 2);
+        __m512i b1 = ng > 1 ? _mm512_loadu_si512(Bp + (((size_t)(g0 + 1) * K2 + k2) * 16) * 2) : b0;
+        for (int i = 0; i < mi; i++) {
+            const uint16_t *a = A + (size_t)(i0 + i) * K + 2 * k2;
+            uint32_t pair = a[0] | (2 * k2 + 1 < K ? (uint32_t)a[1] << 16 : 0u);
+            const __m512i av = _mm512_set1_epi32((int)pair);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)av, (__m512bh)b0);
+            if (ng > 1) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)av, (__m512bh)b1);
+        }
     }
     for (int i = 0; i < mi; i++)
-        for (int j = 0; j < nj; j++) {
-            float *c = C + (size_t)(i0 + i) * N + j0 + j;
-            const float s = _mm512_reduce_add_ps(acc[i][j]);
-            *c = accumulate ? *c + s : s;
+        for (int g = 0; g < ng; g++) {
+            const int j0 = (g0 + g) * 16, nj = N - j0 < 16 ? N - j0 : 16;
+            const __mmask16 m = (__mmask16)((1u << nj) - 1u);
+            float *c = C + (size_t)(i0 + i) * N + j0;
+            __m512 v = acc[i][g];
+            if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, c));
+            _mm512_mask_storeu_ps(c, m, v);
         }
 }
 
-static void gemm_nt_avx512bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
-                               int accumulate) {
-    enum { JB = 128 }; /* columns per pass: their rows of B stay in L2 */
-    for (int jb = 0; jb < N; jb += JB) {
-        const int je = jb + JB < N ? jb + JB : N;
-#pragma omp parallel for schedule(static)
-        for (int i0 = 0; i0 < M; i0 += 4)
-            for (int j0 = jb; j0 < je; j0 += 4)
-                tile_4x4(C, A, B, N, K, i0, M - i0 < 4 ? M - i0 : 4, j0, je - j0 < 4 ? je - j0 : 4,
-                         accumulate);
-    }
+static int gemm_nt_avx512bf16(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
+                              int accumulate) {
+    uint16_t *Bp = pack_b(B, N, K);
+    if (!Bp) return -1;
+    const int NG = (N + 15) / 16, MB = (M + 5) / 6;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int gb = 0; gb < NG; gb += 2)
+        for (int ib = 0; ib < MB; ib++) {
+            const int i0 = ib * 6;
+            micro(C, A, Bp, N, K, i0, M - i0 < 6 ? M - i0 : 6, gb, NG - gb < 2 ? NG - gb : 2, accumulate);
+        }
+    free(Bp);
+    return 0;
 }
 #endif
 
@@ -101,10 +125,7 @@ int ctrl_cpu_has_avx512bf16(void) {
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                            int accumulate) {
 #ifdef CTRL_HAVE_AVX512BF16_CODE
-    if (ctrl_cpu_has_avx512bf16()) {
-        gemm_nt_avx512bf16(C, A, B, M, N, K, accumulate);
-        return;
-    }
+    if (ctrl_cpu_has_avx512bf16() && gemm_nt_avx512bf16(C, A, B, M, N, K, accumulate) == 0) return;
 #endif
     gemm_nt_portable(C, A, B, M, N, K, accumulate);
 }
