@@ -36,20 +36,17 @@ static float frand(unsigned *s) {
     return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
 }
 
-/* C = A B^T in double from the bf16-rounded inputs. */
-static void reference(double *C, const float *A, const float *B, int M, int N, int K) {
-    uint16_t h;
-    float ra, rb;
+/* C = A B^T in double from the bf16-rounded inputs (a, b: the bf16 copies). */
+static void reference(double *C, const uint16_t *a, const uint16_t *b, int M, int N, int K) {
+    float *ra = malloc(sizeof(float) * (size_t)M * K), *rb = malloc(sizeof(float) * (size_t)N * K);
+    ctrl_cpu_bf16_to_f32(ra, a, (int64_t)M * K), ctrl_cpu_bf16_to_f32(rb, b, (int64_t)N * K);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             double s = 0;
-            for (int k = 0; k < K; k++) {
-                ctrl_cpu_f32_to_bf16(&h, &A[(size_t)i * K + k], 1), ctrl_cpu_bf16_to_f32(&ra, &h, 1);
-                ctrl_cpu_f32_to_bf16(&h, &B[(size_t)j * K + k], 1), ctrl_cpu_bf16_to_f32(&rb, &h, 1);
-                s += (double)ra * rb;
-            }
+            for (int k = 0; k < K; k++) s += (double)ra[(size_t)i * K + k] * rb[(size_t)j * K + k];
             C[(size_t)i * N + j] = s;
         }
+    free(ra), free(rb);
 }
 
 TEST(gemm_sums_the_rounded_inputs_on_both_paths) {
@@ -66,7 +63,7 @@ TEST(gemm_sums_the_rounded_inputs_on_both_paths) {
         for (int i = 0; i < M * K; i++) A[i] = frand(&seed);
         for (int i = 0; i < N * K; i++) B[i] = frand(&seed);
         ctrl_cpu_f32_to_bf16(a, A, (int64_t)M * K), ctrl_cpu_f32_to_bf16(b, B, (int64_t)N * K);
-        reference(R, A, B, M, N, K);
+        reference(R, a, b, M, N, K);
         ctrl_cpu_gemm_bf16_nt(C, a, b, M, N, K, 0);
         /* the same sums in plain fp32 (the portable path's arithmetic; ctest also runs this file with
          * CTRL_NO_AVX512BF16=1, as test_bf16_portable) */
