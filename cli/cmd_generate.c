@@ -17,6 +17,8 @@
 
 typedef struct gen_args {
     const char *model, *prompts, *out;
+    const char *stop[8];
+    int n_stop_strings;
     int chat, n, max_tokens, top_k;
     float temperature, top_p, min_p, repetition_penalty;
     long seed, kv_mb;
@@ -40,7 +42,11 @@ static int parse(int argc, char **argv, gen_args *a) {
         char *end = NULL;
         double num = strtod(v, &end);
         const int is_num = end && *end == 0;
-        if (!strcmp(k, "--model"))
+        if (!strcmp(k, "--stop")) {
+            if (a->n_stop_strings == 8) return cli_usage_error(&cli_cmd_generate, "at most 8 --stop strings");
+            if (!v[0]) return cli_usage_error(&cli_cmd_generate, "--stop needs a non-empty string");
+            a->stop[a->n_stop_strings++] = v;
+        } else if (!strcmp(k, "--model"))
             a->model = v;
         else if (!strcmp(k, "--prompts"))
             a->prompts = v;
@@ -98,6 +104,32 @@ static int stop_ids(const char *dir, const ctrl_tokenizer *tok, int32_t *ids, in
     return n;
 }
 
+/* Stop strings: the completion so far is decoded and searched (vLLM's stop; the text written is cut
+ * before the stop string, as vLLM does unless include_stop_str_in_output). */
+typedef struct stop_strings {
+    const ctrl_tokenizer *tok;
+    const gen_args *a;
+} stop_strings;
+
+static const char *find_stop(const gen_args *a, const char *text) {
+    const char *first = NULL;
+    for (int i = 0; i < a->n_stop_strings; i++) {
+        const char *hit = strstr(text, a->stop[i]);
+        if (hit && (!first || hit < first)) first = hit;
+    }
+    return first;
+}
+
+static int stop_check(void *ctx, const int32_t *ids, int len) {
+    const stop_strings *s = ctx;
+    char *text = NULL;
+    size_t n;
+    if (ctrl_tokenizer_decode(s->tok, ids, (size_t)len, 1, &text, &n) != CTRL_OK) return 0;
+    const int hit = find_stop(s->a, text) != NULL;
+    free(text);
+    return hit;
+}
+
 static void show_progress(long generated, void *ctx) {
     const double *t0 = ctx;
     struct timespec ts;
@@ -142,6 +174,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     int n_req = 0, cap = 0;
     char *text = st == CTRL_OK ? ctrl_read_text_file(a.prompts, 1u << 30, &st) : NULL, *save;
     int32_t stops[16];
+    stop_strings ss = {tok, &a};
     const int n_stop = tok ? stop_ids(a.model, tok, stops, 16) : 0;
     int lineno = 0;
     for (char *l = text ? strtok_r(text, "\n", &save) : NULL; l && st == CTRL_OK;
@@ -174,7 +207,9 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
                                .sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.repetition_penalty},
                                .seed = (uint64_t)a.seed + (uint64_t)lineno,
                                .stop_ids = stops,
-                               .n_stop = n_stop};
+                               .n_stop = n_stop,
+                               .stop_check = a.n_stop_strings ? stop_check : NULL,
+                               .stop_ctx = &ss};
     }
     free(text);
     ctrl_gen_output *outs = calloc((size_t)(n_req ? n_req : 1) * (size_t)a.n, sizeof *outs);
@@ -198,6 +233,8 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
             size_t len;
             if ((st = ctrl_tokenizer_decode(tok, o->ids, (size_t)o->len, 1, &txt, &len)) != CTRL_OK) break;
             cJSON *c = cJSON_CreateObject();
+            char *cut = (char *)find_stop(&a, txt);
+            if (cut) *cut = 0;
             cJSON_AddStringToObject(c, "text", txt);
             cJSON *ids = cJSON_AddArrayToObject(c, "token_ids"), *lps = cJSON_AddArrayToObject(c, "logprobs");
             for (int i = 0; i < o->len; i++) {

@@ -85,6 +85,7 @@ static ctrl_status sample_next(ctrl_engine *e, gen_seq *s, const ctrl_gen_reques
         return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     o->ids[o->len] = t, o->logprobs[o->len] = lp, o->len++;
     for (int i = 0; i < r->n_stop; i++) o->stopped |= t == r->stop_ids[i];
+    if (!o->stopped && r->stop_check) o->stopped = r->stop_check(r->stop_ctx, o->ids, o->len) != 0;
     if (o->stopped || o->len >= r->max_tokens) {
         s->state = FINISHED;
         ctrl_kv_seq_release(e->kv, &s->kv);

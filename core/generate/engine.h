@@ -22,6 +22,10 @@ typedef struct ctrl_gen_request {
     uint64_t seed;
     const int32_t *stop_ids; /* e.g. the EOS ids of generation_config.json */
     int n_stop;
+    /* Optional, e.g. stop strings: called after each drawn token with the completion so far;
+     * non-zero ends it (finish reason "stop"). */
+    int (*stop_check)(void *ctx, const int32_t *ids, int len);
+    void *stop_ctx;
 } ctrl_gen_request;
 
 typedef struct ctrl_gen_output {

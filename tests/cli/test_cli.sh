@@ -145,6 +145,8 @@ printf '{"prompt": "1+2="}\n{"prompt": "Hello"}\n' >"$TMP/prompts.jsonl"
 expect 0 "generate" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/gen.jsonl" \
   --n 2 --max-tokens 4 --seed 3
 [ "$(grep -c '"completions":\[{"text"' "$TMP/gen.jsonl")" = 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL generate output"; }
+expect 0 "generate --stop" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/gen2.jsonl" \
+  --max-tokens 4 --stop "e" --stop "a"
 printf '{"prompt": "ok"}\n{"text": "no prompt"}\n' >"$TMP/badp.jsonl"
 expect 1 "generate bad line" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/badp.jsonl" --out "$TMP/x.jsonl"
 contains "badp.jsonl:2" "generate names file:line"

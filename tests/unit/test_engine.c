@@ -132,6 +132,11 @@ TEST(same_request_same_tokens_alone_or_batched) {
     ctrl_model_free(m);
 }
 
+static int stop_at_three(void *ctx, const int32_t *ids, int len) {
+    (void)ctx, (void)ids;
+    return len == 3;
+}
+
 TEST(stop_ids_end_a_completion) {
     fixture_case cases[2];
     ctrl_model *m = load("llama", cases);
@@ -152,6 +157,12 @@ TEST(stop_ids_end_a_completion) {
     CHECK_EQ_INT(o.len, first + 1);
     CHECK_EQ_INT(o.stopped, 1);
     CHECK_EQ_INT(o.ids[o.len - 1], stop);
+    ctrl_gen_output_free(&o);
+    /* a stop check (what stop strings use) ends it after the token it sees */
+    r.n_stop = 0, r.stop_check = stop_at_three;
+    CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &o, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(o.len, 3);
+    CHECK_EQ_INT(o.stopped, 1);
     ctrl_gen_output_free(&o);
     ctrl_gen_request bad = r;
     bad.n = 0;
