@@ -1,6 +1,7 @@
 /* The generation engine's scheduler (see engine.h). */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "generate/engine.h"
 
@@ -18,9 +19,16 @@ typedef struct gen_seq {
 struct ctrl_engine {
     ctrl_model *model;
     ctrl_engine_config cfg;
-    ctrl_kv_cache *kv;
+    ctrl_kv_cache *kv; /* NULL while asleep */
+    int asleep;
     long steps, preemptions, shared_blocks;
 };
+
+static ctrl_status make_pool(ctrl_engine *e) {
+    const ctrl_model_config *c = ctrl_model_cfg(e->model);
+    return ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, e->cfg.block_size,
+                                e->cfg.kv_cache_bytes, &e->kv);
+}
 
 ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out) {
     if (cfg->block_size < 1 || cfg->max_num_seqs < 1 || cfg->max_num_batched_tokens < 1)
@@ -30,15 +38,42 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
     ctrl_engine *e = calloc(1, sizeof *e);
     if (!e) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     e->model = m, e->cfg = *cfg;
-    const ctrl_model_config *c = ctrl_model_cfg(m);
-    ctrl_status st = ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, cfg->block_size,
-                                          cfg->kv_cache_bytes, &e->kv);
+    ctrl_status st = make_pool(e);
     if (st != CTRL_OK) {
         free(e);
         return st;
     }
     *out = e;
     return CTRL_OK;
+}
+
+void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {
+    long bytes = ctrl_config_get_int(cfg, "generation", "kv_cache_bytes", 0);
+    if (bytes <= 0) { /* the CPU's share: gpu_memory_utilization of physical memory */
+        const double frac = ctrl_config_get_float(cfg, "generation", "gpu_memory_utilization", 0.3);
+        bytes = (long)(frac * (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
+    }
+    *out =
+        (ctrl_engine_config){.kv_cache_bytes = (size_t)bytes,
+                             .block_size = (int)ctrl_config_get_int(cfg, "generation", "block_size", 16),
+                             .max_num_seqs = (int)ctrl_config_get_int(cfg, "generation", "max_num_seqs", 256),
+                             .max_num_batched_tokens =
+                                 (int)ctrl_config_get_int(cfg, "generation", "max_num_batched_tokens", 8192)};
+}
+
+ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {
+    if (level < 1 || level > 2)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "generation: sleep level %d (1 or 2)", level);
+    ctrl_kv_cache_free(e->kv);
+    e->kv = NULL, e->asleep = level;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_engine_wake_up(ctrl_engine *e) {
+    if (!e->asleep) return CTRL_OK;
+    ctrl_status st = make_pool(e);
+    if (st == CTRL_OK) e->asleep = 0;
+    return st;
 }
 
 void ctrl_engine_free(ctrl_engine *e) {
@@ -112,6 +147,8 @@ static int preempt(ctrl_engine *e, gen_seq *seqs, int n, gen_seq *const *keep, i
 ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, int n_req,
                                  ctrl_gen_output *outs, void (*progress)(long generated, void *ctx),
                                  void *ctx) {
+    if (e->asleep)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
     int n = 0;
     for (int r = 0; r < n_req; r++) {
         if (reqs[r].n < 1 || reqs[r].prompt_len < 1 || reqs[r].max_tokens < 1)

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <ctrl/config.h>
+
 #include "generate/sampling.h"
 #include "model/model.h"
 
@@ -45,6 +47,15 @@ typedef struct ctrl_engine_config {
 typedef struct ctrl_engine ctrl_engine;
 
 ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out);
+/* The [generation] section: kv_cache_bytes (0: gpu_memory_utilization of this machine's memory on
+ * the CPU), block_size, max_num_seqs, max_num_batched_tokens. */
+void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);
+/* Co-located use between training phases: level 1 returns the KV pool's memory (cached prompts
+ * are lost), level 2 also the engine's inference-only buffers (none beyond the pool on the CPU
+ * yet); wake_up restores them. The model's weights are never copied: generation after wake_up
+ * reads the weights as they are then. Generating while asleep is an error. */
+ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level);
+ctrl_status ctrl_engine_wake_up(ctrl_engine *e);
 void ctrl_engine_free(ctrl_engine *e);
 /* Generates every request; outputs are laid out request by request, sample by sample
  * (sum of n entries). `progress` (may be NULL) is called after each step with tokens generated so

@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "file_text.h"
 #include "generate/engine.h"
+#include "config_load.h"
 #include "registry.h"
 #include "test.h"
 
@@ -219,5 +221,52 @@ TEST(next_generation_after_an_update_uses_the_new_weights) {
     ctrl_gen_output_free(&before), ctrl_gen_output_free(&after), ctrl_gen_output_free(&fresh);
     ctrl_engine_free(e), ctrl_engine_free(e2);
     ctrl_model_free(trainer_view), ctrl_model_free(m);
+    ctrl_registry_destroy(reg);
+}
+
+TEST(sleep_releases_the_pool_and_wake_up_restores_it) {
+    fixture_case cases[2];
+    ctrl_model *m = load("llama", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64}, &e), CTRL_OK);
+    ctrl_gen_request r = {
+        .prompt = cases[0].prompt, .prompt_len = cases[0].len, .n = 1, .max_tokens = 12, .sampling = greedy};
+    ctrl_gen_output o;
+    for (int level = 1; level <= 2; level++) {
+        CHECK_EQ_INT(ctrl_engine_sleep(e, level), CTRL_OK);
+        CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &o, NULL, NULL), CTRL_ERR_RUNTIME);
+        CHECK_CONTAINS(ctrl_error_message(), "asleep");
+        CHECK_EQ_INT(ctrl_engine_wake_up(e), CTRL_OK);
+        CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &o, NULL, NULL), CTRL_OK);
+        CHECK(memcmp(o.ids, cases[0].want, sizeof cases[0].want) == 0);
+        ctrl_gen_output_free(&o);
+    }
+    CHECK_EQ_INT(ctrl_engine_sleep(e, 3), CTRL_ERR_CONFIG);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
+
+TEST(engine_config_from_the_generation_section) {
+    char ini[256];
+    snprintf(ini, sizeof ini, "/tmp/ctrl-engine-%d.ini", (int)getpid());
+    FILE *f = fopen(ini, "w");
+    fprintf(f, "[model]\npath = m\n[generation]\nkv_cache_bytes = 123456\nblock_size = 8\nmax_num_seqs = 5\n"
+               "max_num_batched_tokens = 77\n");
+    fclose(f);
+    ctrl_registry *reg;
+    ctrl_registry_create(&reg);
+    const char *dirs[] = {CTRL_PLUGIN_DIR};
+    ctrl_registry_load_standard(reg, dirs, 1);
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(ini, NULL, 0, reg, &cfg), CTRL_OK);
+    remove(ini);
+    if (!cfg) return;
+    ctrl_engine_config ec;
+    ctrl_engine_config_from(cfg, &ec);
+    CHECK_EQ_INT(ec.kv_cache_bytes, 123456);
+    CHECK_EQ_INT(ec.block_size, 8);
+    CHECK_EQ_INT(ec.max_num_seqs, 5);
+    CHECK_EQ_INT(ec.max_num_batched_tokens, 77);
+    ctrl_config_free(cfg);
     ctrl_registry_destroy(reg);
 }
