@@ -53,6 +53,6 @@ int cli_interrupted(void);
 void cli_install_signal_handlers(void);
 
 extern const ctrl_command cli_cmd_train, cli_cmd_plugins, cli_cmd_config, cli_cmd_version, cli_cmd_model,
-    cli_cmd_tokenize, cli_cmd_generate;
+    cli_cmd_tokenize, cli_cmd_generate, cli_cmd_serve;
 
 #endif

@@ -12,7 +12,7 @@
 
 static const ctrl_command *const commands[] = {
     &cli_cmd_train,    &cli_cmd_plugins,  &cli_cmd_config,  &cli_cmd_model,
-    &cli_cmd_tokenize, &cli_cmd_generate, &cli_cmd_version, NULL};
+    &cli_cmd_tokenize, &cli_cmd_generate, &cli_cmd_serve, &cli_cmd_version, NULL};
 
 static void print_main_help(FILE *out) {
     fprintf(out, "usage: ctrl [--plugin-dir DIR]... [--log-level LEVEL] COMMAND [ARGS]...\n\n"

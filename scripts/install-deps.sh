@@ -14,6 +14,7 @@ PKGS=(
   libcjson-dev       # JSON (config.json, tokenizer.json, safetensors headers, datasets)
   libmicrohttpd-dev  # ctrl serve
   gnuplot-nox        # metric plots
+  curl               # the ctrl serve tests talk HTTP with it
   file
 )
 

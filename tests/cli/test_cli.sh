@@ -152,6 +152,37 @@ expect 1 "generate bad line" -- "${C[@]}" generate --model "$TMP/m" --prompts "$
 contains "badp.jsonl:2" "generate names file:line"
 expect 2 "generate bad top-p" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/x.jsonl" --top-p 2
 
+# serve: health, TRL-style /generate, OpenAI /v1/completions, errors as HTTP codes, SIGINT stops it.
+PORT=$((20000 + $$ % 20000))
+"${C[@]}" serve --model "$TMP/m" --port "$PORT" --max-body-kb 1 >"$TMP/serve.log" 2>&1 &
+spid=$!
+for i in $(seq 50); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+http() { curl -s -o "$TMP/out" -w "%{http_code}" "$@"; }
+check_http() { # CODE DESCRIPTION CURL-ARGS...
+  local code=$1 desc=$2
+  shift 2
+  if [ "$(http "$@")" = "$code" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $desc"; cat "$TMP/out"; fi
+}
+check_http 200 "serve /health" "localhost:$PORT/health"
+check_http 200 "serve /v1/models" "localhost:$PORT/v1/models"
+check_http 200 "serve /generate" -X POST "localhost:$PORT/generate" -d '{"prompts": ["1+2=", "Hi"], "n": 2, "max_tokens": 3}'
+contains '"completion_ids":[[' "serve /generate returns completion ids"
+check_http 200 "serve /generate ids" -X POST "localhost:$PORT/generate" -d '{"prompt_token_ids": [[5, 6, 7]], "max_tokens": 2, "temperature": 0}'
+check_http 200 "serve /v1/completions" -X POST "localhost:$PORT/v1/completions" -d '{"model": "m", "prompt": "1+2=", "max_tokens": 3}'
+contains '"object":"text_completion"' "serve /v1/completions shape"
+check_http 400 "serve unknown field" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "bogus": 1}'
+contains "bogus" "serve names the unknown field"
+check_http 400 "serve bad JSON" -X POST "localhost:$PORT/generate" -d '{"prompts": '
+check_http 400 "serve bad ids" -X POST "localhost:$PORT/generate" -d '{"prompt_token_ids": [[99999999]]}'
+check_http 413 "serve oversized body" -X POST "localhost:$PORT/generate" --data-binary "@$SRC/tests/fixtures/templates/qwen3.jinja"
+check_http 404 "serve unknown endpoint" "localhost:$PORT/nope"
+check_http 200 "serve /sleep" -X POST "localhost:$PORT/sleep" -d '{"level": 2}'
+check_http 500 "serve generate while asleep" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"]}'
+check_http 200 "serve /wake_up" -X POST "localhost:$PORT/wake_up"
+check_http 200 "serve generate after wake_up" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "max_tokens": 2}'
+kill -INT $spid
+wait $spid && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL serve did not stop cleanly"; cat "$TMP/serve.log"; }
+
 # config reference is generated from the option tables and the committed copy is current.
 expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"
 if [ -f "$SRC/docs/config-reference.md" ] && cmp -s "$TMP/ref.md" "$SRC/docs/config-reference.md"; then
