@@ -157,7 +157,7 @@ static int recomputed(const ctrl_model *m, int l) { return m->recompute && m->re
 
 /* Activation memory for T tokens, carved into the per-layer views: every layer's input, and the
  * internals of each layer that is not recomputed, plus one shared set for those that are. */
-static ctrl_status ensure_acts(ctrl_model *m, int T) {
+ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     const ctrl_model_config *c = &m->cfg;
     const size_t C = c->hidden_size, I = c->intermediate_size, QD = (size_t)c->n_heads * c->head_dim,
                  KD = (size_t)c->n_kv_heads * c->head_dim;
@@ -230,9 +230,15 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
     return CTRL_OK;
 }
 
-/* One decoder layer from acts[l].x_in; writes the layer's output into `next` (NULL: stop after the
- * MLP's activations, which is all a recompute for backward needs). */
-static ctrl_status layer_forward(ctrl_model *m, int l, float *next) {
+/* The attention step of the training forward: the selected plugin over the flat batch. */
+static ctrl_status plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
+    (void)ctx;
+    ctrl_attention_args args = attn_args(m, a);
+    ctrl_status st = m->attn->forward(&args, NULL);
+    return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d attention", l);
+}
+
+ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx) {
     const ctrl_model_config *c = &m->cfg;
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
@@ -252,9 +258,8 @@ static ctrl_status layer_forward(ctrl_model *m, int l, float *next) {
     }
     ctrl_cpu_rope_forward(a->q, qin, positions, m->cos_tab, m->sin_tab, T, H, D);
     ctrl_cpu_rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D);
-    ctrl_attention_args args = attn_args(m, a);
-    ctrl_status st = m->attn->forward(&args, NULL);
-    if (st != CTRL_OK) return ctrl_error_wrap(st, "layer %d attention", l);
+    ctrl_status st = attend(m, l, a, ctx);
+    if (st != CTRL_OK) return st;
     ctrl_cpu_linear_forward(a->x_mid, a->att, P + o->wo, NULL, T, H * D, C);
     ctrl_cpu_residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C);
     ctrl_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps);
@@ -276,7 +281,7 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
     if (st != CTRL_OK) return st;
     int max_pos = 0;
     for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
-    if ((st = model_ensure_rope(m, max_pos + 1)) != CTRL_OK || (st = ensure_acts(m, b->T)) != CTRL_OK)
+    if ((st = model_ensure_rope(m, max_pos + 1)) != CTRL_OK || (st = model_ensure_acts(m, b->T)) != CTRL_OK)
         return st;
     /* Keep a copy of the batch: backward needs it after the caller's buffers may have changed. */
     free(m->batch_mem);
@@ -300,7 +305,8 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
         if (m->mem_ops && m->mem_ops->before_forward &&
             (st = m->mem_ops->before_forward(m->mem, l)) != CTRL_OK)
             return st;
-        if ((st = layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out)) != CTRL_OK)
+        if ((st = model_layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out,
+                                      plugin_attention, NULL)) != CTRL_OK)
             return st;
         if (m->mem_ops && m->mem_ops->after_forward && (st = m->mem_ops->after_forward(m->mem, l)) != CTRL_OK)
             return st;
@@ -359,7 +365,8 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         if (m->mem_ops && m->mem_ops->before_backward &&
             (st = m->mem_ops->before_backward(m->mem, l)) != CTRL_OK)
             goto done;
-        if (recomputed(m, l) && (st = layer_forward(m, l, NULL)) != CTRL_OK) goto done;
+        if (recomputed(m, l) && (st = model_layer_forward(m, l, NULL, plugin_attention, NULL)) != CTRL_OK)
+            goto done;
         /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
         ctrl_cpu_linear_backward(d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C);
         ctrl_cpu_swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I);

@@ -1,7 +1,9 @@
 /* Incremental decoding over a paged KV cache (see model.h): the new tokens of several sequences run
- * through the layers as one flat batch; each layer appends their K/V to the cache and attends over
- * the cache through the sequence's block table (causal, GQA, optional sliding window) — the CPU
- * path of paged attention; the head gives the logits of each sequence's last new token. */
+ * through the same layer code as training (model_layer_forward) as one flat batch; only the
+ * attention differs — each layer appends the new K/V to the cache and attends over it through the
+ * sequence's block table (causal, GQA, optional sliding window): the CPU path of paged attention.
+ * The head gives the logits of each sequence's last new token. The model's activation buffers are
+ * reused, so a training forward must come before the next backward (as it always does). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +11,17 @@
 #include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
 
-/* out[t] = softmax over the cached keys visible from position pos of (q . k) * scale, applied to v. */
-static void paged_attention(const ctrl_model *m, const ctrl_kv_cache *c, int layer, const ctrl_kv_seq *s,
-                            int pos, const float *q, float *out, float *scores) {
+typedef struct decode_ctx {
+    ctrl_kv_cache *c;
+    ctrl_kv_seq *const *seqs;
+    const int *n_new;
+    int n_seq;
+    float *scores; /* [max position + 1] */
+} decode_ctx;
+
+/* out = softmax over the cached keys visible from `pos` of (q . k) * scale, applied to v. */
+static void attend_one(const ctrl_model *m, const ctrl_kv_cache *c, int layer, const ctrl_kv_seq *s, int pos,
+                       const float *q, float *out, float *scores) {
     const ctrl_model_config *cfg = &m->cfg;
     const int H = cfg->n_heads, HK = cfg->n_kv_heads, D = cfg->head_dim, group = H / HK;
     const float scale = 1.0f / sqrtf((float)D);
@@ -40,12 +50,29 @@ static void paged_attention(const ctrl_model *m, const ctrl_kv_cache *c, int lay
     }
 }
 
+/* model_attention_fn for decoding: append K/V (a token sees itself), then attend over the cache. */
+static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
+    const decode_ctx *d = ctx;
+    const size_t QD = (size_t)m->cfg.n_heads * m->cfg.head_dim,
+                 KD = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    for (int s = 0, t = 0; s < d->n_seq; s++)
+        for (int i = 0; i < d->n_new[s]; i++, t++) {
+            memcpy(ctrl_kv_at(d->c, 0, l, d->seqs[s], m->batch.positions[t]), a->k + t * KD,
+                   sizeof(float) * KD);
+            memcpy(ctrl_kv_at(d->c, 1, l, d->seqs[s], m->batch.positions[t]), a->v + t * KD,
+                   sizeof(float) * KD);
+        }
+    for (int s = 0, t = 0; s < d->n_seq; s++)
+        for (int i = 0; i < d->n_new[s]; i++, t++)
+            attend_one(m, d->c, l, d->seqs[s], m->batch.positions[t], a->q + t * QD, a->att + t * QD,
+                       d->scores);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits) {
     const ctrl_model_config *cfg = &m->cfg;
-    const int C = cfg->hidden_size, I = cfg->intermediate_size, H = cfg->n_heads, HK = cfg->n_kv_heads,
-              D = cfg->head_dim, V = cfg->vocab_size;
-    const float eps = cfg->rms_norm_eps, *P = m->params;
+    const int C = cfg->hidden_size, V = cfg->vocab_size;
     int T = 0, max_pos = 0;
     for (int s = 0; s < n_seq; s++) {
         if (n_new[s] < 1) return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: sequence %d has no new token", s);
@@ -57,62 +84,37 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
             return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: token %d is outside the vocabulary (%d)",
                                   tokens[t], V);
     ctrl_status st = model_ensure_rope(m, max_pos);
+    if (st == CTRL_OK) st = model_ensure_acts(m, T);
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)
         st = ctrl_kv_seq_reserve(c, seqs[s], seqs[s]->len + n_new[s]);
     if (st != CTRL_OK) return st;
-    const size_t QD = (size_t)H * D, KD = (size_t)HK * D, wide = I > (int)QD ? (size_t)I : QD;
-    float *x = malloc(sizeof(float) * T * C), *h = malloc(sizeof(float) * T * C),
-          *rstd = malloc(sizeof(float) * T * H);
-    float *q = malloc(sizeof(float) * T * QD), *k = malloc(sizeof(float) * T * KD),
-          *v = malloc(sizeof(float) * T * KD);
-    float *att = malloc(sizeof(float) * T * QD), *g = malloc(sizeof(float) * T * wide),
-          *u = malloc(sizeof(float) * T * wide), *scores = malloc(sizeof(float) * (size_t)max_pos);
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
-    if (!x || !h || !rstd || !q || !k || !v || !att || !g || !u || !scores || !pos) {
-        st = ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
-        goto done;
+    free(m->batch_mem); /* positions of the new tokens, where the layer code reads them */
+    m->batch_mem = malloc(sizeof(int32_t) * (size_t)T);
+    float *scores = malloc(sizeof(float) * (size_t)max_pos), *h = malloc(sizeof(float) * (size_t)n_seq * C);
+    float *rstd = malloc(sizeof(float) * (size_t)n_seq);
+    if (!m->batch_mem || !scores || !h || !rstd) {
+        free(scores), free(h), free(rstd);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
     }
     for (int s = 0, t = 0; s < n_seq; s++)
-        for (int i = 0; i < n_new[s]; i++) pos[t++] = seqs[s]->len + i;
-    ctrl_cpu_embedding_forward(x, tokens, P + m->off_embed, T, C);
-    for (int l = 0; l < cfg->n_layers; l++) {
-        const layer_offsets *o = &m->layers[l];
-        ctrl_cpu_rmsnorm_forward(h, rstd, x, P + o->ln1, T, C, eps);
-        ctrl_cpu_linear_forward(att, h, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
-        ctrl_cpu_linear_forward(g, h, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
-        ctrl_cpu_linear_forward(v, h, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
-        if (cfg->qk_norm) { /* per-head RMSNorm before RoPE (Qwen3) */
-            ctrl_cpu_rmsnorm_forward(att, rstd, att, P + o->q_norm, T * H, D, eps);
-            ctrl_cpu_rmsnorm_forward(g, rstd, g, P + o->k_norm, T * HK, D, eps);
+        for (int i = 0; i < n_new[s]; i++) m->batch_mem[t++] = seqs[s]->len + i;
+    m->T = T;
+    m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->batch_mem};
+    decode_ctx d = {c, seqs, n_new, n_seq, scores};
+    ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->params + m->off_embed, T, C);
+    for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
+        st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
+                                 paged_attention, &d);
+    if (st == CTRL_OK) { /* each sequence's last new token through the head */
+        for (int s = 0, t = 0; s < n_seq; s++) {
+            t += n_new[s];
+            memcpy(h + (size_t)s * C, m->x_out + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
+            seqs[s]->len += n_new[s];
         }
-        ctrl_cpu_rope_forward(q, att, pos, m->cos_tab, m->sin_tab, T, H, D);
-        ctrl_cpu_rope_forward(k, g, pos, m->cos_tab, m->sin_tab, T, HK, D);
-        for (int s = 0, t = 0; s < n_seq; s++) /* append K/V, then attend (a token sees itself) */
-            for (int i = 0; i < n_new[s]; i++, t++) {
-                memcpy(ctrl_kv_at(c, 0, l, seqs[s], pos[t]), k + (size_t)t * KD, sizeof(float) * KD);
-                memcpy(ctrl_kv_at(c, 1, l, seqs[s], pos[t]), v + (size_t)t * KD, sizeof(float) * KD);
-            }
-        for (int s = 0, t = 0; s < n_seq; s++)
-            for (int i = 0; i < n_new[s]; i++, t++)
-                paged_attention(m, c, l, seqs[s], pos[t], q + (size_t)t * QD, att + (size_t)t * QD, scores);
-        ctrl_cpu_linear_forward(h, att, P + o->wo, NULL, T, H * D, C);
-        ctrl_cpu_residual_forward(x, x, h, (int64_t)T * C);
-        ctrl_cpu_rmsnorm_forward(h, rstd, x, P + o->ln2, T, C, eps);
-        ctrl_cpu_linear_forward(g, h, P + o->wg, NULL, T, C, I);
-        ctrl_cpu_linear_forward(u, h, P + o->wu, NULL, T, C, I);
-        ctrl_cpu_swiglu_forward(g, g, u, (int64_t)T * I);
-        ctrl_cpu_linear_forward(h, g, P + o->wd, NULL, T, I, C);
-        ctrl_cpu_residual_forward(x, x, h, (int64_t)T * C);
+        ctrl_cpu_rmsnorm_forward(h, rstd, h, m->params + m->off_norm, n_seq, C, cfg->rms_norm_eps);
+        ctrl_cpu_linear_forward(logits, h, m->params + m->off_lm_head, NULL, n_seq, C, V);
     }
-    for (int s = 0, t = 0; s < n_seq; s++) { /* each sequence's last new token through the head */
-        t += n_new[s];
-        memcpy(h + (size_t)s * C, x + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
-        seqs[s]->len += n_new[s];
-    }
-    ctrl_cpu_rmsnorm_forward(x, rstd, h, P + m->off_norm, n_seq, C, eps);
-    ctrl_cpu_linear_forward(logits, x, P + m->off_lm_head, NULL, n_seq, C, V);
-done:
-    free(x), free(h), free(rstd), free(q), free(k), free(v), free(att), free(g), free(u), free(scores),
-        free(pos);
+    m->batch.tokens = NULL; /* the caller's buffer: not kept */
+    free(scores), free(h), free(rstd);
     return st;
 }

@@ -43,6 +43,14 @@ struct ctrl_model {
     size_t act_bytes;
 };
 
+/* Activation buffers for T tokens (model->acts, x_out, ...). */
+ctrl_status model_ensure_acts(ctrl_model *m, int T);
+/* One decoder layer from acts[l].x_in over m->T tokens at m->batch.positions, writing the layer's
+ * output into `next` (NULL: stop after the MLP's activations, all a recompute for backward needs).
+ * `attend` computes acts[l].att from acts[l].q, k, v: the attention plugin in training, the paged
+ * KV cache in decoding. */
+typedef ctrl_status (*model_attention_fn)(ctrl_model *m, int l, layer_acts *a, void *ctx);
+ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx);
 /* RoPE tables covering positions [0, max_pos). */
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos);
 
