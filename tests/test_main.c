@@ -69,6 +69,13 @@ static int selected(int argc, char **argv, const char *name) {
     return 0;
 }
 
+const char *test_tmp_dir(void) {
+    static char dir[] = "/tmp/ctrl-test-XXXXXX";
+    static int made = -1; /* a flag: the random suffix itself may end in 'X' */
+    if (made < 0) made = mkdtemp(dir) != NULL;
+    return made ? dir : NULL;
+}
+
 int main(int argc, char **argv) {
     int passed = 0, failed = 0, skipped = 0;
     for (int i = 0; i < n_tests; i++) {

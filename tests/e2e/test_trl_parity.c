@@ -21,8 +21,6 @@
 
 #define DIR CTRL_FIXTURE_DIR "/trl_sft"
 
-static char tmp[] = "/tmp/ctrl-trl-parity-XXXXXX";
-
 /* The case's INI with @DIR@ and @OUT@ filled in, written to tmp/<name>.ini. */
 static int write_ini(const char *name, char *ini_path, size_t cap, char *out_dir, size_t out_cap) {
     char src_path[1024];
@@ -30,8 +28,8 @@ static int write_ini(const char *name, char *ini_path, size_t cap, char *out_dir
     ctrl_status st;
     char *src = ctrl_read_text_file(src_path, 1 << 16, &st);
     if (!src) return -1;
-    snprintf(out_dir, out_cap, "%s/%s", tmp, name);
-    snprintf(ini_path, cap, "%s/%s.ini", tmp, name);
+    snprintf(out_dir, out_cap, "%s/%s", test_tmp_dir(), name);
+    snprintf(ini_path, cap, "%s/%s.ini", test_tmp_dir(), name);
     FILE *f = fopen(ini_path, "w");
     for (const char *p = src; *p;) {
         if (!strncmp(p, "@DIR@", 5))
@@ -49,7 +47,8 @@ static int write_ini(const char *name, char *ini_path, size_t cap, char *out_dir
 static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }
 
 static void run_case(const char *name) {
-    if (tmp[sizeof tmp - 2] == 'X' && !mkdtemp(tmp)) TEST_SKIP("no temporary directory");
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
     char ini[1200], out[1200], path[1300];
     CHECK(write_ini(name, ini, sizeof ini, out, sizeof out) == 0);
     mkdir(out, 0755);

@@ -9,11 +9,10 @@
 #include "model/safetensors.h"
 #include "test.h"
 
-static char dir[] = "/tmp/ctrl-st-test-XXXXXX";
-
 static const char *tmp_path(const char *name) {
     static char path[256];
-    if (dir[sizeof dir - 2] == 'X' && !mkdtemp(dir)) return NULL;
+    const char *dir = test_tmp_dir();
+    if (!dir) return NULL;
     snprintf(path, sizeof path, "%s/%s", dir, name);
     return path;
 }
@@ -122,6 +121,6 @@ TEST(malformed_headers) {
     CHECK_CONTAINS(ctrl_error_message(), "too short");
     CHECK_EQ_INT(ctrl_safetensors_open("/nonexistent.safetensors", &st), CTRL_ERR_IO);
     char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", test_tmp_dir());
     CHECK(system(cmd) == 0);
 }

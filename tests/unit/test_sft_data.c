@@ -18,11 +18,10 @@
 
 #define SFT_DIR CTRL_FIXTURE_DIR "/sft_data"
 
-static char tmpdir[] = "/tmp/ctrl-sft-data-XXXXXX";
-
 /* A config with [data] train_file = path and the given [data] lines. */
 static ctrl_config *config_for(const char *train_file, const char *data_lines) {
-    if (tmpdir[sizeof tmpdir - 2] == 'X' && !mkdtemp(tmpdir)) return NULL;
+    const char *tmpdir = test_tmp_dir();
+    if (!tmpdir) return NULL;
     char ini[1200];
     snprintf(ini, sizeof ini, "%s/run.ini", tmpdir);
     FILE *f = fopen(ini, "w");
@@ -121,7 +120,8 @@ TEST(json_array_file_reads_like_jsonl) {
 }
 
 static ctrl_status load_text(const char *rows, const char *data_lines, ctrl_dataset *d) {
-    if (tmpdir[sizeof tmpdir - 2] == 'X' && !mkdtemp(tmpdir)) return CTRL_ERR_IO;
+    const char *tmpdir = test_tmp_dir();
+    if (!tmpdir) return CTRL_ERR_IO;
     char path[1024];
     snprintf(path, sizeof path, "%s/rows.jsonl", tmpdir);
     FILE *f = fopen(path, "w");
@@ -176,7 +176,8 @@ TEST(assistant_only_without_generation_blocks_is_an_error) {
 }
 
 TEST(unclosed_json_array_is_an_error) {
-    if (tmpdir[sizeof tmpdir - 2] == 'X' && !mkdtemp(tmpdir)) return;
+    const char *tmpdir = test_tmp_dir();
+    if (!tmpdir) return;
     char path[1024];
     snprintf(path, sizeof path, "%s/rows.json", tmpdir);
     FILE *f = fopen(path, "w");

@@ -8,11 +8,10 @@
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
-static char dir[] = "/tmp/ctrl-tok-test-XXXXXX";
-
 static const char *write_json(const char *name, const char *text) {
     static char path[256];
-    if (dir[sizeof dir - 2] == 'X' && !mkdtemp(dir)) return NULL;
+    const char *dir = test_tmp_dir();
+    if (!dir) return NULL;
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
     fputs(text, f);
@@ -161,6 +160,6 @@ TEST(api_on_the_tiny_tokenizer) {
     free(text);
     ctrl_tokenizer_free(t);
     char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", test_tmp_dir());
     CHECK(system(cmd) == 0);
 }
