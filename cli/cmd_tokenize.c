@@ -158,6 +158,7 @@ const ctrl_command cli_cmd_tokenize = {
              "template (or --chat-template; the line's other members are template variables, e.g.\n"
              "\"enable_thinking\") and tokenized as apply_chat_template(tokenize=True) does;\n"
              "--assistant-mask adds \"assistant_masks\" from the template's {% generation %} blocks.\n"
-             "Bit-exact with the tokenizers library for byte-level BPE tokenizers (Qwen, Llama-3).\n",
+             "Bit-exact with the tokenizers library for byte-level BPE (Qwen, Llama-3) and SentencePiece-style\n"
+             "BPE with byte fallback (Llama-2, Mistral); assistant masks need a byte-level tokenizer.\n",
     .run = run_tokenize,
 };
