@@ -13,10 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config_load.h"
 #include "file_text.h"
-#include "registry.h"
 #include "test.h"
+#include "test_registry.h"
 #include "train/train.h"
 
 #define DIR CTRL_FIXTURE_DIR "/trl_sft"
@@ -52,10 +51,7 @@ static void run_case(const char *name) {
     char ini[1200], out[1200], path[1300];
     CHECK(write_ini(name, ini, sizeof ini, out, sizeof out) == 0);
     mkdir(out, 0755);
-    ctrl_registry *reg;
-    ctrl_registry_create(&reg);
-    const char *dirs[] = {CTRL_PLUGIN_DIR};
-    ctrl_registry_load_standard(reg, dirs, 1);
+    ctrl_registry *reg = test_plugin_registry();
     ctrl_config *cfg = NULL;
     ctrl_status st = ctrl_config_load(ini, NULL, 0, reg, &cfg);
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());

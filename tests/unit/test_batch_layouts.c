@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "model/model.h"
-#include "registry.h"
+#include "test_registry.h"
 #include "test.h"
 #include "train/train.h"
 
@@ -75,10 +75,7 @@ static double grad_error(const result *a, const result *b) {
 }
 
 static void compare_layouts(const char *attention, int packed) {
-    ctrl_registry *reg;
-    ctrl_registry_create(&reg);
-    const char *dirs[] = {CTRL_PLUGIN_DIR};
-    CHECK_EQ_INT(ctrl_registry_load_standard(reg, dirs, 1), CTRL_OK);
+    ctrl_registry *reg = test_plugin_registry();
     const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
     CHECK(attn != NULL);
     ctrl_model *m = NULL;

@@ -9,18 +9,9 @@
 
 #include <unistd.h>
 
-#include "config_load.h"
 #include "model/model.h"
-#include "registry.h"
+#include "test_registry.h"
 #include "test.h"
-
-static ctrl_registry *registry(void) {
-    ctrl_registry *reg;
-    ctrl_registry_create(&reg);
-    const char *dirs[] = {CTRL_PLUGIN_DIR};
-    CHECK_EQ_INT(ctrl_registry_load_standard(reg, dirs, 1), CTRL_OK);
-    return reg;
-}
 
 /* Three sequences of 40, 17 and 64 tokens with pseudo-random ids. */
 static void make_batch(ctrl_batch *b, int vocab) {
@@ -63,21 +54,17 @@ static void forward_backward(const char *model, const ctrl_plugin_entry *attn, c
 static void compare(const char *model, const char *attention, long every) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, model);
-    ctrl_registry *reg = registry();
+    ctrl_registry *reg = test_plugin_registry();
     const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
     const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
     CHECK(attn && ckpt);
     if (!attn || !ckpt) return;
     /* the plugin reads [checkpointing] every from a config */
     ctrl_memory *mem;
-    char ini[256];
-    snprintf(ini, sizeof ini, "/tmp/ctrl-ckpt-%d.ini", (int)getpid());
-    FILE *f = fopen(ini, "w");
-    fprintf(f, "[model]\npath = %s\n[checkpointing]\nevery = %ld\n", dir, every);
-    fclose(f);
-    ctrl_config *cfg = NULL;
-    CHECK_EQ_INT(ctrl_config_load(ini, NULL, 0, reg, &cfg), CTRL_OK);
-    remove(ini);
+    char ini[1200];
+    snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = %ld\n", dir, every);
+    ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
+    if (!cfg) return;
     const ctrl_memory_ops *mops = ckpt->plugin->ops;
     CHECK_EQ_INT(mops->create(ctrl_host_table(), cfg, 2, &mem), CTRL_OK);
     run plain = {0}, recomputed = {0};
@@ -132,7 +119,7 @@ static ctrl_status hook_ab(ctrl_memory *m, int l) { return note(m, "ab", l), CTR
 static int every_layer(const ctrl_memory *m, int l) { return (void)m, (void)l, 1; }
 
 TEST(hooks_run_around_each_layer) {
-    ctrl_registry *reg = registry();
+    ctrl_registry *reg = test_plugin_registry();
     const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
     CHECK(attn != NULL);
     if (!attn) return;

@@ -11,8 +11,7 @@
 
 #include "file_text.h"
 #include "generate/engine.h"
-#include "config_load.h"
-#include "registry.h"
+#include "test_registry.h"
 #include "test.h"
 
 typedef struct fixture_case {
@@ -194,10 +193,7 @@ TEST(next_generation_after_an_update_uses_the_new_weights) {
                     .positions = pos,
                     .cu_seqlens = cu,
                     .targets = tg};
-    ctrl_registry *reg;
-    ctrl_registry_create(&reg);
-    const char *dirs[] = {CTRL_PLUGIN_DIR};
-    ctrl_registry_load_standard(reg, dirs, 1);
+    ctrl_registry *reg = test_plugin_registry();
     const ctrl_plugin_entry *flash = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
     CHECK(flash != NULL);
     if (!flash) return;
@@ -247,19 +243,11 @@ TEST(sleep_releases_the_pool_and_wake_up_restores_it) {
 }
 
 TEST(engine_config_from_the_generation_section) {
-    char ini[256];
-    snprintf(ini, sizeof ini, "/tmp/ctrl-engine-%d.ini", (int)getpid());
-    FILE *f = fopen(ini, "w");
-    fprintf(f, "[model]\npath = m\n[generation]\nkv_cache_bytes = 123456\nblock_size = 8\nmax_num_seqs = 5\n"
-               "max_num_batched_tokens = 77\n");
-    fclose(f);
-    ctrl_registry *reg;
-    ctrl_registry_create(&reg);
-    const char *dirs[] = {CTRL_PLUGIN_DIR};
-    ctrl_registry_load_standard(reg, dirs, 1);
-    ctrl_config *cfg = NULL;
-    CHECK_EQ_INT(ctrl_config_load(ini, NULL, 0, reg, &cfg), CTRL_OK);
-    remove(ini);
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_config *cfg =
+        test_config_from_text(reg, "engine.ini",
+                              "[model]\npath = m\n[generation]\nkv_cache_bytes = 123456\n"
+                              "block_size = 8\nmax_num_seqs = 5\nmax_num_batched_tokens = 77\n");
     if (!cfg) return;
     ctrl_engine_config ec;
     ctrl_engine_config_from(cfg, &ec);

@@ -12,29 +12,20 @@
 
 #include "config_load.h"
 #include "file_text.h"
-#include "registry.h"
 #include "test.h"
+#include "test_registry.h"
 #include "train/train.h"
 
 #define SFT_DIR CTRL_FIXTURE_DIR "/sft_data"
 
 /* A config with [data] train_file = path and the given [data] lines. */
 static ctrl_config *config_for(const char *train_file, const char *data_lines) {
-    const char *tmpdir = test_tmp_dir();
-    if (!tmpdir) return NULL;
-    char ini[1200];
-    snprintf(ini, sizeof ini, "%s/run.ini", tmpdir);
-    FILE *f = fopen(ini, "w");
-    fprintf(f, "[run]\noutput_dir = %s/out\n[model]\npath = %s/models/qwen2\n[data]\ntrain_file = %s\n%s\n",
-            tmpdir, CTRL_FIXTURE_DIR, train_file, data_lines);
-    fclose(f);
-    ctrl_registry *reg;
-    ctrl_registry_create(&reg);
-    const char *dirs[] = {CTRL_PLUGIN_DIR};
-    ctrl_registry_load_standard(reg, dirs, 1);
-    ctrl_config *cfg = NULL;
-    ctrl_status st = ctrl_config_load(ini, NULL, 0, reg, &cfg);
-    CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    char ini[4096];
+    snprintf(ini, sizeof ini,
+             "[run]\noutput_dir = %s/out\n[model]\npath = %s/models/qwen2\n[data]\ntrain_file = %s\n%s\n",
+             test_tmp_dir(), CTRL_FIXTURE_DIR, train_file, data_lines);
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_config *cfg = test_config_from_text(reg, "run.ini", ini);
     ctrl_registry_destroy(reg);
     return cfg;
 }

@@ -1,0 +1,27 @@
+/* See test_registry.h. */
+#include <stdio.h>
+
+#include "test.h"
+#include "test_registry.h"
+
+ctrl_registry *test_plugin_registry(void) {
+    ctrl_registry *reg = NULL;
+    CHECK_EQ_INT(ctrl_registry_create(&reg), CTRL_OK);
+    const char *dirs[] = {CTRL_PLUGIN_DIR};
+    CHECK_MSG(ctrl_registry_load_standard(reg, dirs, 1) == CTRL_OK, "plugins: %s", ctrl_error_message());
+    return reg;
+}
+
+ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, const char *ini) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", test_tmp_dir(), name);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return NULL;
+    fputs(ini, f);
+    fclose(f);
+    ctrl_config *cfg = NULL;
+    ctrl_status st = ctrl_config_load(path, NULL, 0, reg, &cfg);
+    CHECK_MSG(st == CTRL_OK, "%s: %s", path, ctrl_error_message());
+    return st == CTRL_OK ? cfg : NULL;
+}

@@ -1,0 +1,14 @@
+/* For tests that need the built plugins or a validated config (ctrl_add_c_test links it in). */
+#ifndef CTRL_TEST_REGISTRY_H
+#define CTRL_TEST_REGISTRY_H
+
+#include "config_load.h"
+#include "registry.h"
+
+/* A registry holding every plugin built into CTRL_PLUGIN_DIR (free with ctrl_registry_destroy). */
+ctrl_registry *test_plugin_registry(void);
+/* `ini` (INI text) written to this test's scratch directory as `name`, loaded and validated against
+ * `reg`; NULL (after a failed CHECK naming the error) when it does not load. */
+ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, const char *ini);
+
+#endif
