@@ -401,6 +401,12 @@ static int targets(parser *P, tpl_node *n) {
     return 0;
 }
 
+/* After `{% else`: the rest of the tag, then statements up to `{% <end>`. */
+static int else_body(parser *P, const char *end, tpl_nodes *orelse) {
+    const char *const ends[] = {end, NULL};
+    return end_tag(P) || body(P, ends, orelse) < 0 ? -1 : 0;
+}
+
 static tpl_node *statement(parser *P) {
     const tpl_token *kw = cur(P);
     if (kw->kind != T_NAME) return fail(P, "expected a statement keyword"), NULL;
@@ -415,10 +421,7 @@ static tpl_node *statement(parser *P) {
             if (e < 0) return NULL;
             add(P, &n->body, branch);
             if (e == 0) continue;
-            if (e == 1) {
-                static const char *const end_if[] = {"endif", NULL};
-                if (end_tag(P) || body(P, end_if, &n->orelse) < 0) return NULL;
-            }
+            if (e == 1 && else_body(P, "endif", &n->orelse)) return NULL;
             return end_tag(P) ? NULL : n;
         }
     }
@@ -433,10 +436,7 @@ static tpl_node *statement(parser *P) {
         static const char *const ends[] = {"else", "endfor", NULL};
         int e = body(P, ends, &n->body);
         if (e < 0) return NULL;
-        if (e == 0) {
-            static const char *const end_for[] = {"endfor", NULL};
-            if (end_tag(P) || body(P, end_for, &n->orelse) < 0) return NULL;
-        }
+        if (e == 0 && else_body(P, "endfor", &n->orelse)) return NULL;
         return end_tag(P) ? NULL : n;
     }
     if (skip_name(P, "set")) {
