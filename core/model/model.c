@@ -85,6 +85,7 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
     if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;
     m->attn = attn;
+    m->temperature = 1.0f;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
     layout(m);
@@ -124,6 +125,8 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
         if (!strcmp(m->views[i].name, name)) return &m->views[i];
     return NULL;
 }
+void ctrl_model_set_temperature(ctrl_model *m, float temperature) { m->temperature = temperature; }
+
 void ctrl_model_zero_grad(ctrl_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
 
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
@@ -318,7 +321,7 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
                          .T = T,
                          .C = C,
                          .V = c->vocab_size,
-                         .temperature = 1.0f};
+                         .temperature = m->temperature};
     void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
     if (!ws) return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
     ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, correct, ws);
@@ -350,7 +353,7 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
                          .T = T,
                          .C = C,
                          .V = c->vocab_size,
-                         .temperature = 1.0f};
+                         .temperature = m->temperature};
     void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
     ctrl_status st = CTRL_OK;
     if (!dres || !dtmp || !d1 || !d2 || !d3 || !dk || !dv || !ws) {

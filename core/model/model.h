@@ -52,6 +52,9 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
  * and argmax-equals-target flags (mean_token_accuracy); keeps what backward needs. */
 ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *logp, float *entropy,
                                int32_t *correct);
+/* Log-probabilities and entropies of softmax(logits / temperature) from now on (1 by default);
+ * the online trainers use their sampling temperature, as TRL. */
+void ctrl_model_set_temperature(ctrl_model *m, float temperature);
 /* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward. */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
 /* Attaches a memory strategy (NULL: none): its hooks run around each layer, and the layers it

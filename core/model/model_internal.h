@@ -19,6 +19,7 @@ typedef struct layer_acts {
 struct ctrl_model {
     ctrl_model_config cfg;
     const ctrl_attention_ops *attn;
+    float temperature; /* the head's: log-probs and entropies of softmax(logits / temperature) */
     float *params, *grads;
     size_t n_params;
     ctrl_param_view *views;
