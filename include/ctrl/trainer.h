@@ -4,6 +4,8 @@
 #ifndef CTRL_TRAINER_H
 #define CTRL_TRAINER_H
 
+#include <stdint.h>
+
 #include "plugin.h"
 
 #ifdef __cplusplus
@@ -22,7 +24,50 @@ typedef struct ctrl_trainer_batch {
     double num_items;    /* trained tokens in the whole accumulated batch (TRL's
                             num_items_in_batch), so that splitting a batch differently does not
                             change the loss */
+
+    /* Online trainers (grpo, rloo); zero or NULL for offline ones. The micro-batch holds n_seq
+     * prompt + completion sequences laid out flat: sequence s is tokens [cu_seqlens[s],
+     * cu_seqlens[s+1]), and `weight` marks its completion tokens that are trained. */
+    int n_seq;
+    const int32_t *cu_seqlens; /* [n_seq + 1] */
+    const float *advantages;   /* [n_seq] */
+    const float *old_logp;     /* [T] log-probs under the policy that generated (NULL: this forward's,
+                                  detached, as TRL when they are equal) */
+    const float *ref_logp;     /* [T] the reference model's (NULL when the trainer asked for none) */
+    const float *entropy;      /* [T] the policy's per-token entropy (temperature applied) */
+    int grad_accum;            /* micro-batches in this optimizer step */
+    /* Metrics with TRL's names: the trainer reports each once per micro-batch (or per generation
+     * batch, from `advantages`); the core logs each name's mean over the logging window. */
+    void (*report)(void *ctx, const char *name, double value);
+    void *report_ctx;
 } ctrl_trainer_batch;
+
+/* What an online trainer asks of the core's generation loop. */
+typedef struct ctrl_online_spec {
+    size_t size;                    /* sizeof(ctrl_online_spec) as built */
+    int num_generations;            /* completions per prompt (a group) */
+    int max_completion_length;      /* new tokens per completion at most */
+    int steps_per_generation;       /* micro-batches one generation batch feeds (0: the gradient
+                                       accumulation steps, as TRL) */
+    int num_iterations;             /* optimizer passes over each generation batch (TRL's mu) */
+    int needs_old_logp;             /* 1: always compute the generating policy's log-probs (RLOO);
+                                       0: only when the policy moves between generation and loss */
+    int needs_ref_logp;             /* 1: a reference model's log-probs (beta != 0) */
+    int mask_truncated_completions; /* completions cut at max_completion_length are not trained */
+} ctrl_online_spec;
+
+/* One generation batch after scoring, for the advantages. */
+typedef struct ctrl_rollout {
+    size_t size;          /* sizeof(ctrl_rollout) as built */
+    int n;                /* completions; i * group .. i * group + group - 1 answer prompt i */
+    int group;            /* num_generations */
+    const float *rewards; /* [n] weighted sum over reward functions, NaN where none applied */
+    const float *kl;      /* [n] sum over completion tokens of old - reference log-prob (NULL when
+                             no reference log-probs were asked for) */
+    const int *n_tokens;  /* [n] trained completion tokens of each */
+    void (*report)(void *ctx, const char *name, double value);
+    void *report_ctx;
+} ctrl_rollout;
 
 typedef struct ctrl_trainer_ops {
     size_t size;
@@ -30,6 +75,10 @@ typedef struct ctrl_trainer_ops {
     /* The micro-batch's share of the loss, and dL/dlogp[T] (written). */
     ctrl_status (*loss)(ctrl_trainer *t, const ctrl_trainer_batch *batch, double *loss, float *dlogp);
     void (*destroy)(ctrl_trainer *t);
+    /* Online trainers only (NULL otherwise): what to generate, and the advantages [n] of a scored
+     * generation batch. */
+    ctrl_status (*online_spec)(ctrl_trainer *t, ctrl_online_spec *out);
+    ctrl_status (*advantages)(ctrl_trainer *t, const ctrl_rollout *r, float *adv);
 } ctrl_trainer_ops;
 
 #ifdef __cplusplus

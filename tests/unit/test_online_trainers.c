@@ -1,0 +1,306 @@
+/* The grpo and rloo trainer plugins against TRL's own GRPOTrainer / RLOOTrainer code
+ * (tests/reference/make_grpo_fixtures.py): for every loss_type x importance_sampling_level x
+ * scale_rewards x beta, and RLOO's beta / normalize_advantages / reward_clip_range, the advantages
+ * TRL computed from fixed rewards, then over two micro-batches of one optimizer step the loss,
+ * dL/dlogp of every completion token and the metrics. Model cases also run the tiny Qwen2 with
+ * temperature 0.7 through ctrl's model and compare every parameter gradient. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/trainer.h>
+
+#include "fixture.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "test.h"
+#include "test_registry.h"
+
+#define MAX_METRICS 32
+typedef struct metrics {
+    char name[MAX_METRICS][64];
+    double sum[MAX_METRICS];
+    int count[MAX_METRICS], n;
+} metrics;
+
+static void report(void *ctx, const char *name, double value) {
+    metrics *m = ctx;
+    int i = 0;
+    while (i < m->n && strcmp(m->name[i], name)) i++;
+    if (i == m->n) {
+        if (m->n == MAX_METRICS) return;
+        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
+    }
+    m->sum[i] += value, m->count[i]++;
+}
+
+static const float *get(const fixture *f, const char *name, long want) {
+    long n = 0;
+    const float *x = fixture_get(f, name, &n);
+    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
+    return x;
+}
+
+/* The trainer plugin configured as the fixture case says. */
+static ctrl_config *case_config(ctrl_registry *reg, const char *name, const float *c) {
+    char ini[2048];
+    int n =
+        snprintf(ini, sizeof ini,
+                 "[model]\npath = %s/models/qwen2\n[memory]\nstrategies =\n[generation]\ntemperature = 0.7\n",
+                 CTRL_FIXTURE_DIR);
+    if (!strncmp(name, "grpo", 4)) {
+        static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo"},
+                                 *scales[] = {"group", "batch", "none"};
+        n += snprintf(ini + n, sizeof ini - n,
+                      "[run]\ntrainer = grpo\n[grpo]\nnum_generations = 4\nmax_completion_length = 7\n"
+                      "loss_type = %s\nimportance_sampling_level = %s\nscale_rewards = %s\nbeta = %g\n"
+                      "epsilon = 0.2\nepsilon_high = 0.28\n",
+                      losses[(int)c[0]], c[1] != 0 ? "sequence" : "token", scales[(int)c[2]], c[3]);
+        if (strstr(name, "delta_entropy"))
+            snprintf(ini + n, sizeof ini - n,
+                     "delta = 1.25\ntop_entropy_quantile = 0.5\nmask_truncated_completions = true\n");
+    } else {
+        n += snprintf(
+            ini + n, sizeof ini - n,
+            "[run]\ntrainer = rloo\n[rloo]\nnum_generations = 4\nmax_completion_length = 7\nbeta = %g\n"
+            "normalize_advantages = %s\n",
+            c[0], c[1] != 0 ? "true" : "false");
+        if (c[2] != 0 || c[3] != 0)
+            snprintf(ini + n, sizeof ini - n, "reward_clip_range = %g,%g\n", c[2], c[3]);
+    }
+    return test_config_from_text(reg, "online.ini", ini);
+}
+
+/* Runs the tiny model over micro-batch `mb` (prompt + completion per sequence, unpadded) and
+ * returns its completion tokens' log-probs and entropies in the fixture's [4, C] layout. */
+typedef struct model_batch {
+    ctrl_batch b;
+    int32_t *tok, *pos, *tg, cu[5];
+    int *at; /* [4 * C]: flat position predicting completion token (i, j), or -1 */
+} model_batch;
+
+static void model_batch_build(model_batch *mb, const fixture *f, int first, int C, const int *len) {
+    const float *shape = get(f, "shape", 4), *ids = get(f, "completion_ids", -1);
+    int T = 0;
+    for (int i = 0; i < 4; i++) T += (int)shape[2 + (first + i) / 4] + len[first + i];
+    mb->tok = malloc(sizeof(int32_t) * T), mb->pos = malloc(sizeof(int32_t) * T);
+    mb->tg = malloc(sizeof(int32_t) * T), mb->at = malloc(sizeof(int) * 4 * C);
+    int t = 0;
+    for (int i = 0; i < 4; i++) {
+        const int s = first + i, P = (int)shape[2 + s / 4];
+        char key[16];
+        snprintf(key, sizeof key, "prompt%d", s / 4);
+        const float *prompt = get(f, key, P);
+        mb->cu[i] = t;
+        for (int j = 0; j < P + len[s]; j++, t++) {
+            mb->tok[t] = (int32_t)(j < P ? prompt[j] : ids[s * C + j - P]);
+            mb->pos[t] = j, mb->tg[t] = -100;
+        }
+        for (int j = 0; j < C; j++) {
+            mb->at[i * C + j] = j < len[s] ? mb->cu[i] + P - 1 + j : -1;
+            if (j < len[s]) mb->tg[mb->cu[i] + P - 1 + j] = (int32_t)ids[s * C + j];
+        }
+    }
+    mb->cu[4] = t;
+    mb->b = (ctrl_batch){
+        .T = T, .B = 4, .tokens = mb->tok, .positions = mb->pos, .cu_seqlens = mb->cu, .targets = mb->tg};
+}
+
+static void model_batch_free(model_batch *mb) { free(mb->tok), free(mb->pos), free(mb->tg), free(mb->at); }
+
+static void compare_grads(ctrl_model *m, const char *path) {
+    ctrl_safetensors *gs = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);
+    float *grads = ctrl_model_grads(m, NULL);
+    double worst = 0;
+    for (int v = 0; gs && v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        float *want = malloc(sizeof(float) * (size_t)pv->numel);
+        if (ctrl_safetensors_read_f32(gs, pv->name, want, pv->numel) == CTRL_OK) {
+            double e = test_rel_error_f32(grads + pv->offset, want, pv->numel);
+            if (e > worst) worst = e;
+        } else {
+            CHECK_MSG(0, "%s: %s", path, ctrl_error_message());
+        }
+        free(want);
+    }
+    CHECK_MSG(worst <= 1e-4, "%s: worst parameter gradient relative error %.3g", path, worst);
+    printf("    parameter gradients through the model: worst relative error %.1e\n", worst);
+    ctrl_safetensors_close(gs);
+}
+
+static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
+    char path[2400], name[256];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - 4), file);
+    fixture *f = fixture_load(path);
+    CHECK_MSG(f != NULL, "cannot load %s", path);
+    if (!f) return;
+    const float *shape = get(f, "shape", 4);
+    const int B = (int)shape[0], C = (int)shape[1], rloo = !strncmp(name, "rloo", 4);
+    ctrl_config *cfg = case_config(reg, name, get(f, "config", 4));
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_TRAINER, rloo ? "rloo" : "grpo");
+    CHECK(e != NULL && cfg != NULL);
+    if (!e || !cfg) return;
+    const ctrl_trainer_ops *ops = e->plugin->ops;
+    ctrl_trainer *t = NULL;
+    CHECK_EQ_INT(ops->create(ctrl_host_table(), cfg, &t), CTRL_OK);
+    const float *ids = get(f, "completion_ids", B * C), *mask = get(f, "completion_mask", B * C);
+    const float *old = get(f, "old_logp", B * C), *ref = get(f, "ref_logp", B * C);
+    int *len = calloc((size_t)B, sizeof(int)), *ntok = calloc((size_t)B, sizeof(int));
+    float *kl = calloc((size_t)B, sizeof(float)), *adv = malloc(sizeof(float) * B);
+    for (int i = 0; i < B; i++)
+        for (int j = 0; j < C; j++) {
+            len[i] += ids[i * C + j] != 0; /* real ids are >= 1; 0 pads */
+            if (mask[i * C + j] > 0) kl[i] += old[i * C + j] - ref[i * C + j], ntok[i]++;
+        }
+    metrics got = {0};
+    ctrl_rollout ro = {.size = sizeof ro,
+                       .n = B,
+                       .group = 4,
+                       .rewards = get(f, "rewards", B),
+                       .kl = kl,
+                       .n_tokens = ntok,
+                       .report = report,
+                       .report_ctx = &got};
+    CHECK_EQ_INT(ops->advantages(t, &ro, adv), CTRL_OK);
+    const float *want_adv = get(f, "advantages", B);
+    CHECK_MSG(test_rel_error_f32(adv, want_adv, B) <= 1e-5, "%s: advantages differ from TRL's (rel %.3g)",
+              name, test_rel_error_f32(adv, want_adv, B));
+
+    snprintf(path, sizeof path, "%s/%s.grads.safetensors", dir, name);
+    FILE *gf = fopen(path, "rb");
+    ctrl_model *m = NULL;
+    if (gf) {
+        fclose(gf);
+        char model_dir[1024];
+        snprintf(model_dir, sizeof model_dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
+        CHECK_EQ_INT(ctrl_model_load(model_dir,
+                                     ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops, &m),
+                     CTRL_OK);
+        if (m) ctrl_model_set_temperature(m, 0.7f), ctrl_model_zero_grad(m);
+    }
+    const float *want_loss = get(f, "loss", 2), *want_d = get(f, "dlogp", B * C);
+    double worst_lp = 0;
+    float *got_d = malloc(sizeof(float) * B * C), *exp_d = malloc(sizeof(float) * B * C);
+    int n_d = 0;                  /* dL/dlogp of every real completion token, compared as one vector */
+    for (int k = 0; k < 2; k++) { /* the two micro-batches of the optimizer step */
+        char key[32];
+        snprintf(key, sizeof key, "mb%d_logp", k);
+        const float *lp_f = get(f, key, 4 * C);
+        snprintf(key, sizeof key, "mb%d_entropy", k);
+        const float *ent_f = get(f, key, 4 * C);
+        model_batch mb;
+        int T = 0, cu[5], *at;
+        if (m) {
+            model_batch_build(&mb, f, 4 * k, C, len);
+            T = mb.b.T, at = mb.at;
+        } else {
+            at = malloc(sizeof(int) * 4 * C);
+            for (int i = 0; i < 4; i++) {
+                cu[i] = T;
+                for (int j = 0; j < C; j++) at[i * C + j] = j < len[4 * k + i] ? T++ : -1;
+            }
+            cu[4] = T;
+        }
+        float *lp = calloc((size_t)T, sizeof(float)), *ent = calloc((size_t)T, sizeof(float));
+        float *w = calloc((size_t)T, sizeof(float)), *o = calloc((size_t)T, sizeof(float));
+        float *r = calloc((size_t)T, sizeof(float)), *d = malloc(sizeof(float) * T);
+        if (m) {
+            CHECK_EQ_INT(ctrl_model_forward(m, &mb.b, lp, ent, NULL), CTRL_OK);
+        }
+        for (int q = 0; q < 4 * C; q++) {
+            const int p = at[q], s = 4 * k * C + q;
+            if (p < 0) continue;
+            if (m) {
+                double e = fabs(lp[p] - lp_f[q]) / (fabs(lp_f[q]) + 1e-6);
+                if (e > worst_lp) worst_lp = e;
+            } else {
+                lp[p] = lp_f[q], ent[p] = ent_f[q];
+            }
+            w[p] = mask[s], o[p] = old[s], r[p] = ref[s];
+        }
+        int32_t seq[5];
+        for (int i = 0; i < 5; i++) seq[i] = m ? mb.cu[i] : cu[i];
+        memset(d, 0xff, sizeof(float) * T); /* poisoned: every element must be written */
+        ctrl_trainer_batch tb = {.size = sizeof tb,
+                                 .T = T,
+                                 .logp = lp,
+                                 .weight = w,
+                                 .num_items = get(f, "num_items", 1)[0],
+                                 .n_seq = 4,
+                                 .cu_seqlens = seq,
+                                 .advantages = want_adv + 4 * k,
+                                 .old_logp = o,
+                                 .ref_logp = r,
+                                 .entropy = ent,
+                                 .grad_accum = 2,
+                                 .report = report,
+                                 .report_ctx = &got};
+        double loss = 0;
+        CHECK_EQ_INT(ops->loss(t, &tb, &loss, d), CTRL_OK);
+        CHECK_MSG(fabs(loss - want_loss[k]) <= 1e-5 * fabs(want_loss[k]) + 1e-7,
+                  "%s mb%d: loss %.8g vs TRL %.8g", name, k, loss, want_loss[k]);
+        for (int q = 0; q < 4 * C; q++) {
+            if (at[q] < 0) continue;
+            got_d[n_d] = d[at[q]], exp_d[n_d++] = want_d[4 * k * C + q];
+        }
+        if (m) {
+            CHECK_EQ_INT(ctrl_model_backward(m, d), CTRL_OK);
+            model_batch_free(&mb);
+        } else {
+            free(at);
+        }
+        free(lp), free(ent), free(w), free(o), free(r), free(d);
+    }
+    const double worst_d = test_rel_error_f32(got_d, exp_d, n_d);
+    CHECK_MSG(worst_d <= (m ? 1e-4 : 1e-5), "%s: dL/dlogp relative error %.3g", name, worst_d);
+    free(got_d), free(exp_d);
+    if (m) CHECK_MSG(worst_lp <= 1e-4, "%s: model log-probs relative error %.3g", name, worst_lp);
+    int compared = 0;
+    for (int i = 0; i < got.n; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "metric:%s", got.name[i]);
+        long n = 0;
+        const float *want = fixture_get(f, key, &n);
+        CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", name, got.name[i]);
+        if (!want) continue;
+        const double mean = got.sum[i] / got.count[i];
+        CHECK_MSG(fabs(mean - want[0]) <= 1e-5 * fabs(want[0]) + 1e-6 || (isnan(mean) && isnan(want[0])),
+                  "%s: %s = %.7g, TRL %.7g", name, got.name[i], mean, want[0]);
+        compared++;
+    }
+    printf("  %-40s advantages, loss, dL/dlogp (rel %.1e), %d metrics match TRL\n", name, worst_d, compared);
+    if (m) {
+        snprintf(path, sizeof path, "%s/%s.grads.safetensors", dir, name);
+        compare_grads(m, path);
+        ctrl_model_free(m);
+    }
+    ops->destroy(t);
+    ctrl_config_free(cfg);
+    free(len), free(ntok), free(kl), free(adv);
+    fixture_free(f);
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+TEST(grpo_and_rloo_match_trl) {
+    ctrl_registry *reg = test_plugin_registry();
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/online", CTRL_FIXTURE_DIR);
+    DIR *d = opendir(dir);
+    CHECK_MSG(d != NULL, "cannot open %s", dir);
+    char *files[128];
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d)) && n < 128;) {
+        const size_t l = strlen(de->d_name);
+        if (l > 4 && !strcmp(de->d_name + l - 4, ".bin")) files[n++] = strdup(de->d_name);
+    }
+    if (d) closedir(d);
+    qsort(files, (size_t)n, sizeof *files, by_name);
+    CHECK_MSG(n >= 53, "%d fixture cases (expected 48 GRPO grid cases + extras + 4 RLOO)", n);
+    for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
+    ctrl_registry_destroy(reg);
+}
