@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Synthetic SFT data for the quickstart: "a+b=" -> "c" for a, b in 0..49, prompt-completion
-# JSONL, a seeded shuffle, 10% of the pairs held out for evaluation (never seen in training).
+# JSONL, a seeded shuffle, 10% of the pairs held out for evaluation (never seen in training);
+# and the same split as prompt-only rows with a `solution` column for the GRPO quickstart.
 # usage: scripts/make_quickstart_data.sh OUT_DIR [SEED]
 set -euo pipefail
 OUT=${1:?usage: make_quickstart_data.sh OUT_DIR [SEED]}
@@ -17,6 +18,9 @@ awk -v seed="$SEED" -v out="$OUT" 'BEGIN {
     k = idx[i]
     line = sprintf("{\"prompt\": \"%d+%d=\", \"completion\": \"%d\"}", A[k], B[k], A[k] + B[k])
     if (i < held) print line > (out "/eval.jsonl"); else print line > (out "/train.jsonl")
+    # the same split as prompt-only rows with the answer in a column, for the GRPO quickstart
+    pline = sprintf("{\"prompt\": \"%d+%d=\", \"solution\": \"%d\"}", A[k], B[k], A[k] + B[k])
+    if (i < held) print pline > (out "/eval_prompts.jsonl"); else print pline > (out "/train_prompts.jsonl")
   }
 }'
 echo "$OUT: $(wc -l < "$OUT/train.jsonl") training rows, $(wc -l < "$OUT/eval.jsonl") held-out rows"

@@ -18,6 +18,7 @@
 #include "file_text.h"
 #include "train/checkpoint.h"
 #include "train/metrics_plot.h"
+#include "train/online.h"
 #include "train/train.h"
 
 static double now(void) {
@@ -92,7 +93,13 @@ typedef struct run_state {
     ctrl_param_group *groups;
     int n_groups;
     FILE *metrics;
+    ctrl_online *online; /* online trainers (grpo, rloo, ...): prompts, generation, rewards */
 } run_state;
+
+/* What the loop iterates over: SFT examples, or an online trainer's prompts. */
+static int row_count(const run_state *r) {
+    return r->online ? ctrl_online_prompt_count(r->online) : r->train.n;
+}
 
 /* The [memory] strategy, attached to the model (one at a time so far). */
 static ctrl_status attach_memory(run_state *r, const ctrl_registry *reg) {
@@ -137,7 +144,10 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
         st = ctrl_model_load(weights_dir ? weights_dir : model_path, ae->plugin->ops, &r->model);
     if (st == CTRL_OK) st = attach_memory(r, reg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
-    if (st == CTRL_OK) st = ctrl_datasets_load(cfg, r->tok, &r->train, &r->eval);
+    if (st == CTRL_OK && r->trainer_ops->size >= sizeof(ctrl_trainer_ops) && r->trainer_ops->advantages)
+        st = ctrl_online_create(cfg, reg, r->model, r->tok, r->trainer_ops, r->trainer, &r->online);
+    else if (st == CTRL_OK)
+        st = ctrl_datasets_load(cfg, r->tok, &r->train, &r->eval);
     if (st != CTRL_OK) return st;
     /* One parameter group per tensor: norms and biases get no weight decay (as the HF Trainer). */
     const double wd = ctrl_config_get_float(cfg, "train", "weight_decay", 0);
@@ -156,6 +166,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
 }
 
 static void teardown(run_state *r) {
+    ctrl_online_free(r->online);
     if (r->opt) r->opt_ops->destroy(r->opt);
     if (r->trainer) r->trainer_ops->destroy(r->trainer);
     if (r->mem) r->mem_ops->destroy(r->mem);
@@ -173,19 +184,25 @@ typedef struct step_stats {
     long tokens, trained;
 } step_stats;
 
+static ctrl_status finish_step(run_state *r, double lr, long step, step_stats *out);
+
 static ctrl_status train_step(run_state *r, const int *order, long *cursor, int bs, int ga, double lr,
                               long step, step_stats *out) {
+    memset(out, 0, sizeof *out);
+    ctrl_model_zero_grad(r->model);
+    if (r->online) {
+        ctrl_status st = ctrl_online_accumulate(r->online, order, cursor, bs, ga, &out->loss, &out->tokens);
+        return st == CTRL_OK ? finish_step(r, lr, step, out) : st;
+    }
     ctrl_batch *mb = calloc((size_t)ga, sizeof *mb);
     long num_items = 0, real_tokens = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
-    memset(out, 0, sizeof *out);
     for (int g = 0; g < ga; g++) {
         for (int k = 0; k < bs; k++) idx[k] = order[(*cursor)++ % r->train.n];
         num_items += ctrl_batch_build(&r->train, idx, bs, &mb[g], &real_tokens);
         out->tokens += real_tokens; /* num_tokens counts what is not padding, as TRL */
     }
     free(idx);
-    ctrl_model_zero_grad(r->model);
     ctrl_status st = CTRL_OK;
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         const int T = mb[g].T;
@@ -216,6 +233,11 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     free(mb);
     if (st != CTRL_OK) return st;
     out->trained = num_items;
+    return finish_step(r, lr, step, out);
+}
+
+/* The gradients of the step are accumulated: their norm, clipping, the optimizer. */
+static ctrl_status finish_step(run_state *r, double lr, long step, step_stats *out) {
     size_t n;
     float *grads = ctrl_model_grads(r->model, &n);
     out->grad_norm = sqrt(ctrl_cpu_sum_squares(grads, (int64_t)n));
@@ -267,6 +289,7 @@ static ctrl_status open_metrics(run_state *r, const char *out_dir, long resume_s
 }
 
 static ctrl_status run_eval(run_state *r, int bs, long step) {
+    if (r->online) return ctrl_online_evaluate(r->online, step, r->metrics);
     eval_result e;
     ctrl_status st = evaluate(r->model, &r->eval, bs, &e);
     if (st != CTRL_OK) return st;
@@ -282,6 +305,19 @@ static ctrl_status run_eval(run_state *r, int bs, long step) {
 
 static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr, double rate) {
     const double n = ts->win;
+    if (r->online) { /* TRL's online metrics come from the trainer and the generation batches */
+        fprintf(r->metrics, "{\"step\": %ld, \"loss\": %.6g, \"grad_norm\": %.6f, \"learning_rate\": %.6g, ",
+                ts->step, ts->win_loss / n, ts->win_norm / n, lr);
+        ctrl_online_log_window(r->online, r->metrics);
+        fprintf(r->metrics, "\"num_tokens\": %ld, \"epoch\": %.4f, \"tokens_per_second\": %.1f}\n",
+                ts->num_tokens, (double)ts->cursor / row_count(r), rate);
+        fflush(r->metrics);
+        if (!isatty(fileno(stderr)))
+            fprintf(stderr, "step %ld/%ld  loss %.4g  grad_norm %.3f  lr %.3g  %.0f tok/s\n", ts->step, total,
+                    ts->win_loss / n, ts->win_norm / n, lr, rate);
+        ts->win_loss = ts->win_acc = ts->win_norm = ts->win_ent = 0, ts->win = 0;
+        return;
+    }
     fprintf(
         r->metrics,
         "{\"step\": %ld, \"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, \"entropy\": %.6f, "
@@ -321,10 +357,10 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
             CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",
                       (unsigned long long)seed, (unsigned long long)ts.seed),
                 ts.seed = seed;
-        if (st == CTRL_OK && ts.n_examples != r.train.n)
+        if (st == CTRL_OK && ts.n_examples != row_count(&r))
             CTRL_WARN("the checkpoint was made on %ld training examples, this run has %d: the data order "
                       "differs from the interrupted run's",
-                      ts.n_examples, r.train.n);
+                      ts.n_examples, row_count(&r));
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
     if (st == CTRL_OK) st = open_metrics(&r, out_dir, ts.step);
@@ -334,11 +370,20 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     }
     const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
     const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
-    const long per_epoch = (r.train.n + (long)bs * ga - 1) / ((long)bs * ga);
+    const int n_rows = row_count(&r);
+    /* an online step consumes bs x ga completions: bs x ga / (num_generations x num_iterations) prompts */
+    long rows_per_step = (long)bs * ga;
+    if (r.online) {
+        ctrl_online_spec spec = {.size = sizeof spec};
+        r.trainer_ops->online_spec(r.trainer, &spec);
+        rows_per_step = rows_per_step / ((long)spec.num_generations * spec.num_iterations);
+        if (rows_per_step < 1) rows_per_step = 1;
+    }
+    const long per_epoch = (n_rows + rows_per_step - 1) / rows_per_step;
     long total = ctrl_config_get_int(cfg, "train", "max_steps", -1);
     if (total <= 0)
         total = (long)ceil(ctrl_config_get_float(cfg, "train", "num_train_epochs", 3) * per_epoch);
-    ts.n_examples = r.train.n, ts.max_steps = total;
+    ts.n_examples = n_rows, ts.max_steps = total;
     long warmup = ctrl_config_get_int(cfg, "train", "warmup_steps", 0);
     if (warmup <= 0) warmup = (long)ceil(ctrl_config_get_float(cfg, "train", "warmup_ratio", 0) * total);
     const double lr0 = ctrl_config_get_float(cfg, "train", "learning_rate", 2e-5);
@@ -353,19 +398,23 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     const int shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true);
     size_t n_params;
     ctrl_model_params(r.model, &n_params);
-    CTRL_INFO(
-        "training: %d examples%s (%ld dropped without a trained token, %ld truncated), %ld steps of %d x %d, "
-        "%zu parameters",
-        r.train.n, r.train.packed_from ? " (packed)" : "", r.train.dropped_empty, r.train.truncated, total,
-        bs, ga, n_params);
-    int *order = malloc(sizeof(int) * (size_t)r.train.n);
+    if (r.online)
+        CTRL_INFO("training: %d prompts, %ld steps of %d x %d completions, %zu parameters", n_rows, total, bs,
+                  ga, n_params);
+    else
+        CTRL_INFO("training: %d examples%s (%ld dropped without a trained token, %ld truncated), %ld steps "
+                  "of %d x %d, "
+                  "%zu parameters",
+                  r.train.n, r.train.packed_from ? " (packed)" : "", r.train.dropped_empty, r.train.truncated,
+                  total, bs, ga, n_params);
+    int *order = malloc(sizeof(int) * (size_t)n_rows);
     long epoch_seen = -1;
     const long start_step = ts.step, start_tokens = ts.num_tokens;
     const double t_start = now();
     while (ts.step < total && st == CTRL_OK) {
-        const long step = ts.step, epoch = ts.cursor / r.train.n;
+        const long step = ts.step, epoch = ts.cursor / n_rows;
         if (epoch != epoch_seen) { /* the order is a function of (seed, epoch): resumable */
-            shuffled(order, r.train.n, ts.seed + (uint64_t)epoch, shuffle);
+            shuffled(order, n_rows, ts.seed + (uint64_t)epoch, shuffle);
             epoch_seen = epoch;
         }
         const double lr = ctrl_lr_at(sched ? sched : "linear", lr0, step, total, warmup, min_lr);
@@ -388,7 +437,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         const double elapsed = now() - t_start, rate = (ts.num_tokens - start_tokens) / elapsed;
         progress(ts.step, total, rate, elapsed / (ts.step - start_step) * (total - ts.step), s.loss);
         if (ts.step % log_every == 0 || ts.step == total) log_window(&r, &ts, total, lr, rate);
-        if (eval_every > 0 && ts.step % eval_every == 0 && ts.step < total && r.eval.n)
+        if (eval_every > 0 && ts.step % eval_every == 0 && ts.step < total && (r.eval.n || r.online))
             st = run_eval(&r, eval_bs, ts.step);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
         const int stop = ts.step < total && interrupted && interrupted();
@@ -405,7 +454,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         }
     }
     free(order);
-    if (st == CTRL_OK && r.eval.n) st = run_eval(&r, eval_bs, ts.step);
+    if (st == CTRL_OK && (r.eval.n || r.online)) st = run_eval(&r, eval_bs, ts.step);
     /* Save on success and on interruption, never after a failed step. */
     if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) {
         char msg[1024];

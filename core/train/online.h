@@ -1,0 +1,69 @@
+/* Online training (grpo, rloo, ...; DESIGN §7, §9): prompts are sampled num_generations times by
+ * the generation engine from the live weights, scored by the reward plugins, turned into
+ * advantages by the trainer plugin, and trained on in micro-batches; the core loop
+ * (train_loop.c) owns steps, clipping, the optimizer, logging and checkpoints. */
+#ifndef CTRL_CORE_ONLINE_H
+#define CTRL_CORE_ONLINE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ctrl/reward.h>
+#include <ctrl/trainer.h>
+
+#include "model/model.h"
+#include "registry.h"
+#include "tokenizer/tokenizer.h"
+
+/* A prompt dataset: TRL's prompt-only format (`prompt` as text or a message list); every other
+ * column goes to the reward functions as JSON text. */
+typedef struct ctrl_prompt_set {
+    int n, n_cols;
+    int32_t **ids;
+    int *len;
+    char **text;    /* [n] the prompt as the reward functions see it (rendered for messages) */
+    char **cols;    /* [n_cols] column names */
+    char ***values; /* [n][n_cols] JSON text, NULL where the row lacks the column */
+} ctrl_prompt_set;
+
+/* Reads `path` ([data] prompt_field names the prompt column). Conversational prompts go through the
+ * chat template with the generation prompt, text prompts are encoded with special tokens (as TRL).
+ * Errors name file:line. */
+ctrl_status ctrl_prompt_set_load(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
+                                 ctrl_prompt_set *out);
+void ctrl_prompt_set_free(ctrl_prompt_set *p);
+
+/* The [reward.NAME] functions of the config, created from their plugins. */
+typedef struct ctrl_reward_set ctrl_reward_set;
+ctrl_status ctrl_reward_set_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_reward_set **out);
+int ctrl_reward_set_count(const ctrl_reward_set *r);
+const char *ctrl_reward_set_name(const ctrl_reward_set *r, int i);
+/* scores[n * count]: function k's score of completion i at [i * count + k]; total[n]: the weighted
+ * sum over the functions that applied, NaN where none did (TRL's nansum + unscorable mask). */
+ctrl_status ctrl_reward_set_score(ctrl_reward_set *r, const ctrl_reward_batch *b, float *scores,
+                                  float *total);
+void ctrl_reward_set_free(ctrl_reward_set *r);
+
+typedef struct ctrl_online ctrl_online;
+
+/* Metrics of the logging window: every name reported since the last ctrl_online_log_window, with
+ * its mean, written as `"name": value, ` pairs. */
+typedef void (*ctrl_online_metric_fn)(void *ctx, const char *name, double value);
+
+ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_model *model,
+                               const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
+                               ctrl_online **out);
+int ctrl_online_prompt_count(const ctrl_online *o);
+/* One optimizer step's gradients: `ga` micro-batches of `bs` completions, generating a new batch
+ * (prompts taken from order[*cursor ...]) whenever the previous one is used up. Adds the loss
+ * and the tokens seen to *loss and *tokens. */
+ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
+                                   double *loss, long *tokens);
+/* Writes the window's metrics as JSON members ("name": mean, ...) and resets them. */
+void ctrl_online_log_window(ctrl_online *o, FILE *f);
+/* Greedy completions of the [data] eval_file prompts, scored: a metrics line with eval_reward and
+ * eval_rewards/NAME/mean. No eval file: nothing. */
+ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f);
+void ctrl_online_free(ctrl_online *o);
+
+#endif

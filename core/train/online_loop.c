@@ -1,0 +1,459 @@
+/* The online trainers' side of the training loop (see online.h): generation batches from the
+ * engine on the live weights, rewards, advantages, old and reference log-probs, and micro-batches
+ * of prompt + completion sequences whose completion tokens are trained. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "file_text.h"
+#include "generate/engine.h"
+#include "train/online.h"
+
+#define MAX_METRICS 64
+
+struct ctrl_online {
+    const ctrl_config *cfg;
+    ctrl_model *model, *ref;
+    const ctrl_tokenizer *tok;
+    const ctrl_trainer_ops *ops;
+    ctrl_trainer *trainer;
+    ctrl_online_spec spec;
+    ctrl_prompt_set train, eval;
+    ctrl_reward_set *rewards;
+    ctrl_engine *engine;
+    int sleep_level;
+    ctrl_sampling_params sampling;
+    int32_t stops[16];
+    int n_stop;
+    uint64_t seed;
+    long generations;
+    /* the current generation batch */
+    int gn, used;
+    int *gprompt, *trained;
+    ctrl_gen_output *gout;
+    float *adv, **old, **ref_lp;
+    double gen_items;
+    /* metrics of the logging window */
+    char *mname[MAX_METRICS];
+    double msum[MAX_METRICS];
+    long mcount[MAX_METRICS];
+    int n_metrics;
+};
+
+static void report(void *ctx, const char *name, double value) {
+    ctrl_online *o = ctx;
+    int i = 0;
+    while (i < o->n_metrics && strcmp(o->mname[i], name)) i++;
+    if (i == o->n_metrics) {
+        if (i == MAX_METRICS) return;
+        o->mname[o->n_metrics++] = strdup(name), o->msum[i] = 0, o->mcount[i] = 0;
+    }
+    if (!isnan(value)) o->msum[i] += value, o->mcount[i]++;
+}
+
+/* The stop ids: generation_config.json's eos_token_id (a number or a list), else the tokenizer's. */
+static int stop_ids(const char *dir, const ctrl_tokenizer *tok, int32_t *ids, int cap) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+    int n = 0;
+    if (cJSON_IsNumber(e)) ids[n++] = e->valueint;
+    for (const cJSON *x = cJSON_IsArray(e) ? e->child : NULL; x && n < cap; x = x->next)
+        if (cJSON_IsNumber(x)) ids[n++] = x->valueint;
+    cJSON_Delete(root);
+    if (n == 0 && ctrl_tokenizer_eos_id(tok) >= 0) ids[n++] = ctrl_tokenizer_eos_id(tok);
+    return n;
+}
+
+ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_model *model,
+                               const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
+                               ctrl_online **out) {
+    ctrl_online *o = calloc(1, sizeof *o);
+    if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    *o = (ctrl_online){.cfg = cfg, .model = model, .tok = tok, .ops = ops, .trainer = trainer};
+    o->spec.size = sizeof o->spec;
+    ctrl_status st = ops->online_spec(trainer, &o->spec);
+    const char *mode = ctrl_config_get_string(cfg, "generation", "mode");
+    if (st == CTRL_OK && mode && strcmp(mode, "colocate") != 0)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "[generation] mode = %s: only colocate is implemented so far", mode);
+    const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
+    const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
+    const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
+    const int G = o->spec.num_generations;
+    if (st == CTRL_OK && (G < 1 || (bs * spg) % G != 0))
+        st = ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "the generation batch (per_device_train_batch_size %d x steps_per_generation %d = %d "
+            "completions) must be a multiple of num_generations (%d)",
+            bs, spg, bs * spg, G);
+    const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
+    const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
+    if (st == CTRL_OK && !train_file)
+        st = ctrl_error_set(CTRL_ERR_CONFIG, "[data] train_file: an online trainer needs a prompt file");
+    if (st == CTRL_OK) st = ctrl_prompt_set_load(train_file, tok, cfg, &o->train);
+    if (st == CTRL_OK && eval_file) st = ctrl_prompt_set_load(eval_file, tok, cfg, &o->eval);
+    if (st == CTRL_OK) st = ctrl_reward_set_create(cfg, reg, &o->rewards);
+    const char *path = ctrl_config_get_string(cfg, "model", "path");
+    o->sampling = (ctrl_sampling_params){
+        .temperature = (float)ctrl_config_get_float(cfg, "generation", "temperature", 1.0),
+        .top_k = (int)ctrl_config_get_int(cfg, "generation", "top_k", 0),
+        .top_p = (float)ctrl_config_get_float(cfg, "generation", "top_p", 1.0),
+        .min_p = (float)ctrl_config_get_float(cfg, "generation", "min_p", 0.0),
+        .repetition_penalty = (float)ctrl_config_get_float(cfg, "generation", "repetition_penalty", 1.0)};
+    /* the trained log-probs are those of the sampling distribution's temperature, as TRL's */
+    const float temp = o->sampling.temperature > 0 ? o->sampling.temperature : 1.0f;
+    ctrl_model_set_temperature(model, temp);
+    if (st == CTRL_OK && o->spec.needs_ref_logp) { /* the reference: the initial weights, frozen */
+        const ctrl_plugin_entry *ae =
+            ctrl_registry_find(reg, CTRL_KIND_ATTENTION, ctrl_config_get_string(cfg, "model", "attention"));
+        st = ae ? ctrl_model_load(path, ae->plugin->ops, &o->ref)
+                : ctrl_error_set(CTRL_ERR_PLUGIN, "[model] attention: the plugin is not loaded");
+        if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
+    }
+    o->n_stop = stop_ids(path, tok, o->stops, 16);
+    o->seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
+    o->sleep_level = (int)ctrl_config_get_int(cfg, "generation", "sleep", 0);
+    ctrl_engine_config ec;
+    ctrl_engine_config_from(cfg, &ec);
+    if (st == CTRL_OK) st = ctrl_engine_create(model, &ec, &o->engine);
+    if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+    if (st != CTRL_OK) {
+        ctrl_online_free(o);
+        return st;
+    }
+    *out = o;
+    return CTRL_OK;
+}
+
+int ctrl_online_prompt_count(const ctrl_online *o) { return o->train.n; }
+
+/* Completions [c0, c0 + n) of the generation batch as one flat batch: each sequence is its prompt
+ * and completion, and the positions predicting completion token j are at[i] + j. */
+typedef struct flat {
+    ctrl_batch b;
+    int32_t *tok, *pos, *tg, *cu;
+    int *at;
+} flat;
+
+static void flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, flat *f) {
+    int T = 0;
+    for (int i = 0; i < n; i++) T += ps->len[o->gprompt[c0 + i]] + o->gout[c0 + i].len;
+    f->tok = malloc(sizeof(int32_t) * T), f->pos = malloc(sizeof(int32_t) * T),
+    f->tg = malloc(sizeof(int32_t) * T);
+    f->cu = malloc(sizeof(int32_t) * (n + 1)), f->at = malloc(sizeof(int) * n);
+    int t = 0;
+    for (int i = 0; i < n; i++) {
+        const int p = o->gprompt[c0 + i], P = ps->len[p];
+        const ctrl_gen_output *g = &o->gout[c0 + i];
+        f->cu[i] = t, f->at[i] = t + P - 1;
+        for (int j = 0; j < P + g->len; j++, t++) {
+            f->tok[t] = j < P ? ps->ids[p][j] : g->ids[j - P];
+            f->pos[t] = j;
+            f->tg[t] = j >= P - 1 && j - P + 1 < g->len ? g->ids[j - P + 1] : -100;
+        }
+    }
+    f->cu[n] = t;
+    f->b = (ctrl_batch){
+        .T = T, .B = n, .tokens = f->tok, .positions = f->pos, .cu_seqlens = f->cu, .targets = f->tg};
+}
+
+static void flat_free(flat *f) { free(f->tok), free(f->pos), free(f->tg), free(f->cu), free(f->at); }
+
+/* Per-completion log-probs of the generation batch under `m` (no gradient kept), bs at a time. */
+static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float **dst) {
+    ctrl_status st = CTRL_OK;
+    for (int c0 = 0; c0 < o->gn && st == CTRL_OK; c0 += bs) {
+        const int n = c0 + bs <= o->gn ? bs : o->gn - c0;
+        flat f;
+        flat_build(o, &o->train, c0, n, &f);
+        float *lp = malloc(sizeof(float) * (size_t)f.b.T);
+        st = ctrl_model_forward(m, &f.b, lp, NULL, NULL);
+        for (int i = 0; st == CTRL_OK && i < n; i++) {
+            dst[c0 + i] = malloc(sizeof(float) * (size_t)(o->gout[c0 + i].len + 1));
+            memcpy(dst[c0 + i], lp + f.at[i], sizeof(float) * (size_t)o->gout[c0 + i].len);
+        }
+        free(lp);
+        flat_free(&f);
+    }
+    return st;
+}
+
+static void gen_batch_free(ctrl_online *o) {
+    for (int i = 0; i < o->gn; i++) {
+        ctrl_gen_output_free(&o->gout[i]);
+        if (o->old) free(o->old[i]);
+        if (o->ref_lp) free(o->ref_lp[i]);
+    }
+    free(o->gout), free(o->gprompt), free(o->trained), free(o->adv), free(o->old), free(o->ref_lp);
+    o->gout = NULL, o->gprompt = o->trained = NULL, o->adv = NULL, o->old = o->ref_lp = NULL, o->gn = 0;
+}
+
+/* Generates for `ps` prompts order[*cursor ...]: n_prompts requests of `n` samples each. */
+static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int *order, long *cursor,
+                            int n_prompts, int n, const ctrl_sampling_params *sp) {
+    gen_batch_free(o);
+    o->gn = n_prompts * n;
+    o->gout = calloc((size_t)o->gn, sizeof *o->gout), o->gprompt = malloc(sizeof(int) * o->gn);
+    o->trained = malloc(sizeof(int) * o->gn), o->adv = calloc((size_t)o->gn, sizeof(float));
+    ctrl_gen_request *req = calloc((size_t)n_prompts, sizeof *req);
+    for (int i = 0; i < n_prompts; i++) {
+        const int p = order ? order[(*cursor)++ % ps->n] : i;
+        for (int k = 0; k < n; k++) o->gprompt[i * n + k] = p;
+        req[i] =
+            (ctrl_gen_request){.prompt = ps->ids[p],
+                               .prompt_len = ps->len[p],
+                               .n = n,
+                               .max_tokens = o->spec.max_completion_length,
+                               .sampling = *sp,
+                               .seed = o->seed * 1000003u + (uint64_t)o->generations * 7919u + (uint64_t)i,
+                               .stop_ids = o->stops,
+                               .n_stop = o->n_stop};
+    }
+    o->generations++;
+    ctrl_status st = ctrl_engine_wake_up(o->engine);
+    if (st == CTRL_OK) st = ctrl_engine_generate(o->engine, req, n_prompts, o->gout, NULL, NULL);
+    if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+    free(req);
+    return st;
+}
+
+/* Scores the generation batch: rewards per function into *scores, totals into *total. */
+static ctrl_status score(ctrl_online *o, const ctrl_prompt_set *ps, float **scores, float **total) {
+    const int n = o->gn, R = ctrl_reward_set_count(o->rewards);
+    char **texts = calloc((size_t)n, sizeof(char *));
+    const char **prompts = malloc(sizeof(char *) * n);
+    const int32_t **ids = malloc(sizeof(int32_t *) * n);
+    int *lens = malloc(sizeof(int) * n);
+    ctrl_reward_column *cols = calloc((size_t)ps->n_cols + 1, sizeof *cols);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < n && st == CTRL_OK; i++) {
+        size_t len;
+        st = ctrl_tokenizer_decode(o->tok, o->gout[i].ids, (size_t)o->gout[i].len, 1, &texts[i], &len);
+        prompts[i] = ps->text[o->gprompt[i]], ids[i] = o->gout[i].ids, lens[i] = o->gout[i].len;
+    }
+    for (int k = 0; k < ps->n_cols; k++) {
+        const char **v = malloc(sizeof(char *) * n);
+        for (int i = 0; i < n; i++) v[i] = ps->values[o->gprompt[i]][k];
+        cols[k] = (ctrl_reward_column){.name = ps->cols[k], .values = v};
+    }
+    *scores = malloc(sizeof(float) * (size_t)n * R), *total = malloc(sizeof(float) * n);
+    ctrl_reward_batch rb = {.size = sizeof rb,
+                            .n = n,
+                            .prompts = prompts,
+                            .completions = (const char *const *)texts,
+                            .completion_ids = ids,
+                            .completion_lens = lens,
+                            .n_columns = ps->n_cols,
+                            .columns = cols};
+    if (st == CTRL_OK) st = ctrl_reward_set_score(o->rewards, &rb, *scores, *total);
+    for (int k = 0; k < ps->n_cols; k++) free((void *)cols[k].values);
+    for (int i = 0; i < n; i++) free(texts[i]);
+    free(texts), free(prompts), free(ids), free(lens), free(cols);
+    return st;
+}
+
+static double nanmean_stride(const float *x, int n, int stride, double *std) {
+    double s = 0, ss = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i * stride])) s += x[i * stride], k++;
+    const double mean = k ? s / k : NAN;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i * stride])) ss += (x[i * stride] - mean) * (x[i * stride] - mean);
+    if (std) *std = k > 1 ? sqrt(ss / (k - 1)) : NAN;
+    return mean;
+}
+
+/* TRL's generation metrics: completion lengths, clipped ratio, rewards. */
+static void generation_metrics(ctrl_online *o, const float *scores, const float *total) {
+    const int n = o->gn, R = ctrl_reward_set_count(o->rewards);
+    double sum = 0, tsum = 0, mn = INFINITY, mx = 0, tmn = INFINITY, tmx = 0;
+    int clipped = 0;
+    for (int i = 0; i < n; i++) {
+        const double L = o->gout[i].len;
+        sum += L, mn = fmin(mn, L), mx = fmax(mx, L);
+        if (!o->gout[i].stopped)
+            clipped++;
+        else
+            tsum += L, tmn = fmin(tmn, L), tmx = fmax(tmx, L);
+    }
+    report(o, "completions/mean_length", sum / n);
+    report(o, "completions/min_length", mn);
+    report(o, "completions/max_length", mx);
+    report(o, "completions/clipped_ratio", (double)clipped / n);
+    const int term = n - clipped;
+    report(o, "completions/mean_terminated_length", term ? tsum / term : 0);
+    report(o, "completions/min_terminated_length", term ? tmn : 0);
+    report(o, "completions/max_terminated_length", term ? tmx : 0);
+    char name[160];
+    for (int k = 0; k < R; k++) {
+        double std;
+        const double mean = nanmean_stride(scores + k, n, R, &std);
+        snprintf(name, sizeof name, "rewards/%s/mean", ctrl_reward_set_name(o->rewards, k));
+        report(o, name, mean);
+        snprintf(name, sizeof name, "rewards/%s/std", ctrl_reward_set_name(o->rewards, k));
+        report(o, name, std);
+    }
+    double std;
+    report(o, "reward", nanmean_stride(total, n, 1, &std));
+    report(o, "reward_std", std);
+}
+
+/* A new generation batch for training: generated, scored, with old / reference log-probs as the
+ * trainer needs them, and advantages. Returns the prompt + completion tokens it holds. */
+static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
+                                        long *tokens) {
+    const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
+    const int G = o->spec.num_generations;
+    ctrl_status st = generate(o, &o->train, order, cursor, bs * spg / G, G, &o->sampling);
+    float *scores = NULL, *total = NULL, *kl = NULL;
+    int *ntok = NULL;
+    if (st == CTRL_OK) st = score(o, &o->train, &scores, &total);
+    o->gen_items = 0;
+    for (int i = 0; st == CTRL_OK && i < o->gn; i++) {
+        o->trained[i] = !(o->spec.mask_truncated_completions && !o->gout[i].stopped);
+        o->gen_items += o->trained[i] * o->gout[i].len;
+        *tokens += o->train.len[o->gprompt[i]] + o->gout[i].len;
+    }
+    /* TRL computes old log-probs only when the policy moves between generation and training */
+    const int need_old = o->spec.needs_old_logp || ga % (spg * o->spec.num_iterations) != 0;
+    if (st == CTRL_OK && need_old) {
+        o->old = calloc((size_t)o->gn, sizeof(float *));
+        st = completion_logps(o, o->model, bs, o->old);
+    }
+    if (st == CTRL_OK && o->spec.needs_ref_logp) {
+        o->ref_lp = calloc((size_t)o->gn, sizeof(float *));
+        st = completion_logps(o, o->ref, bs, o->ref_lp);
+    }
+    if (st == CTRL_OK && o->old && o->ref_lp) { /* the KL summed over each completion (RLOO's reward) */
+        kl = calloc((size_t)o->gn, sizeof(float)), ntok = calloc((size_t)o->gn, sizeof(int));
+        for (int i = 0; i < o->gn; i++)
+            for (int j = 0; o->trained[i] && j < o->gout[i].len; j++)
+                kl[i] += o->old[i][j] - o->ref_lp[i][j], ntok[i]++;
+    }
+    if (st == CTRL_OK) {
+        generation_metrics(o, scores, total);
+        ctrl_rollout ro = {.size = sizeof ro,
+                           .n = o->gn,
+                           .group = G,
+                           .rewards = total,
+                           .kl = kl,
+                           .n_tokens = ntok,
+                           .report = report,
+                           .report_ctx = o};
+        st = o->ops->advantages(o->trainer, &ro, o->adv);
+    }
+    free(scores), free(total), free(kl), free(ntok);
+    o->used = 0;
+    return st;
+}
+
+/* One micro-batch: completions [c0, c0 + n) forward, the trainer's loss, backward. */
+static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, double *loss) {
+    flat f;
+    flat_build(o, &o->train, c0, n, &f);
+    const int T = f.b.T;
+    float *lp = malloc(sizeof(float) * T), *ent = malloc(sizeof(float) * T),
+          *w = calloc((size_t)T, sizeof(float));
+    float *old = o->old ? calloc((size_t)T, sizeof(float)) : NULL,
+          *ref = o->ref_lp ? calloc((size_t)T, sizeof(float)) : NULL;
+    float *d = malloc(sizeof(float) * T);
+    ctrl_status st = ctrl_model_forward(o->model, &f.b, lp, ent, NULL);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < o->gout[c0 + i].len; j++) {
+            const int t = f.at[i] + j;
+            w[t] = (float)o->trained[c0 + i];
+            if (old) old[t] = o->old[c0 + i][j];
+            if (ref) ref[t] = o->ref_lp[c0 + i][j];
+        }
+    ctrl_trainer_batch tb = {.size = sizeof tb,
+                             .T = T,
+                             .logp = lp,
+                             .weight = w,
+                             .num_items = o->gen_items * ga / spg,
+                             .n_seq = n,
+                             .cu_seqlens = f.cu,
+                             .advantages = o->adv + c0,
+                             .old_logp = old,
+                             .ref_logp = ref,
+                             .entropy = ent,
+                             .grad_accum = ga,
+                             .report = report,
+                             .report_ctx = o};
+    double l = 0;
+    if (st == CTRL_OK) st = o->ops->loss(o->trainer, &tb, &l, d);
+    if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d);
+    free(lp), free(ent), free(w), free(old), free(ref), free(d);
+    flat_free(&f);
+    return st;
+}
+
+ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
+                                   double *loss, long *tokens) {
+    const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
+    ctrl_status st = CTRL_OK;
+    for (int g = 0; g < ga && st == CTRL_OK; g++) {
+        if (!o->gout || o->used >= spg * o->spec.num_iterations)
+            st = new_generation_batch(o, order, cursor, bs, ga, tokens);
+        if (st == CTRL_OK) st = micro_batch(o, (o->used % spg) * bs, bs, ga, spg, loss);
+        o->used++;
+    }
+    return st;
+}
+
+static void write_metric(FILE *f, const char *name, double v) {
+    if (isnan(v) || isinf(v))
+        fprintf(f, "\"%s\": null, ", name);
+    else
+        fprintf(f, "\"%s\": %.6g, ", name, v);
+}
+
+void ctrl_online_log_window(ctrl_online *o, FILE *f) {
+    for (int i = 0; i < o->n_metrics; i++) {
+        write_metric(f, o->mname[i], o->mcount[i] ? o->msum[i] / o->mcount[i] : NAN);
+        o->msum[i] = 0, o->mcount[i] = 0;
+    }
+}
+
+ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
+    if (!o->eval.n) return CTRL_OK;
+    const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    ctrl_status st = generate(o, &o->eval, NULL, NULL, o->eval.n, 1, &greedy);
+    float *scores = NULL, *total = NULL;
+    if (st == CTRL_OK) st = score(o, &o->eval, &scores, &total);
+    if (st == CTRL_OK) {
+        const int R = ctrl_reward_set_count(o->rewards);
+        char name[160];
+        fprintf(f, "{\"step\": %ld, ", step);
+        write_metric(f, "eval_reward", nanmean_stride(total, o->gn, 1, NULL));
+        for (int k = 0; k < R; k++) {
+            snprintf(name, sizeof name, "eval_rewards/%s/mean", ctrl_reward_set_name(o->rewards, k));
+            write_metric(f, name, nanmean_stride(scores + k, o->gn, R, NULL));
+        }
+        fprintf(f, "\"eval_prompts\": %d}\n", o->eval.n);
+        fflush(f);
+        CTRL_INFO("eval: mean reward %.4f over %d prompts (greedy)", nanmean_stride(total, o->gn, 1, NULL),
+                  o->eval.n);
+    }
+    free(scores), free(total);
+    gen_batch_free(o); /* the next training step generates anew */
+    return st;
+}
+
+void ctrl_online_free(ctrl_online *o) {
+    if (!o) return;
+    gen_batch_free(o);
+    ctrl_prompt_set_free(&o->train), ctrl_prompt_set_free(&o->eval);
+    ctrl_reward_set_free(o->rewards);
+    if (o->engine) ctrl_engine_free(o->engine);
+    ctrl_model_free(o->ref);
+    for (int i = 0; i < o->n_metrics; i++) free(o->mname[i]);
+    free(o);
+}

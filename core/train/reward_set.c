@@ -1,0 +1,87 @@
+/* The [reward.NAME] reward functions of a run (see online.h). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/online.h"
+
+struct ctrl_reward_set {
+    int n;
+    char **names;
+    double *weights;
+    const ctrl_reward_ops **ops;
+    ctrl_reward **inst;
+};
+
+ctrl_status ctrl_reward_set_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_reward_set **out) {
+    ctrl_reward_set *r = calloc(1, sizeof *r);
+    const int ns = ctrl_config_section_count(cfg);
+    r->names = calloc((size_t)ns + 1, sizeof(char *));
+    r->weights = calloc((size_t)ns + 1, sizeof(double));
+    r->ops = calloc((size_t)ns + 1, sizeof(*r->ops));
+    r->inst = calloc((size_t)ns + 1, sizeof(*r->inst));
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < ns && st == CTRL_OK; i++) {
+        const char *sec = ctrl_config_section_at(cfg, i);
+        if (strncmp(sec, "reward.", 7) != 0) continue;
+        const char *plugin = ctrl_config_get_string(cfg, sec, "plugin");
+        const ctrl_plugin_entry *e = plugin ? ctrl_registry_find(reg, CTRL_KIND_REWARD, plugin) : NULL;
+        if (!e) {
+            st = ctrl_error_set(CTRL_ERR_PLUGIN, "[%s] plugin = %s: no such reward plugin is loaded", sec,
+                                plugin ? plugin : "(none)");
+            break;
+        }
+        r->ops[r->n] = e->plugin->ops;
+        r->names[r->n] = strdup(sec + 7);
+        r->weights[r->n] = ctrl_config_get_float(cfg, sec, "weight", 1.0);
+        st = r->ops[r->n]->create(ctrl_host_table(), cfg, sec, &r->inst[r->n]);
+        if (st == CTRL_OK)
+            r->n++;
+        else
+            free(r->names[r->n]);
+    }
+    if (st == CTRL_OK && r->n == 0)
+        st = ctrl_error_set(CTRL_ERR_CONFIG, "an online trainer needs at least one [reward.NAME] section "
+                                             "(e.g. [reward.len] plugin = length)");
+    if (st != CTRL_OK) {
+        ctrl_reward_set_free(r);
+        return st;
+    }
+    *out = r;
+    return CTRL_OK;
+}
+
+int ctrl_reward_set_count(const ctrl_reward_set *r) { return r->n; }
+const char *ctrl_reward_set_name(const ctrl_reward_set *r, int i) { return r->names[i]; }
+
+ctrl_status ctrl_reward_set_score(ctrl_reward_set *r, const ctrl_reward_batch *b, float *scores,
+                                  float *total) {
+    float *one = malloc(sizeof(float) * (size_t)b->n);
+    ctrl_status st = one ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory");
+    for (int k = 0; k < r->n && st == CTRL_OK; k++) {
+        for (int i = 0; i < b->n; i++) one[i] = NAN;
+        st = r->ops[k]->score(r->inst[k], b, one);
+        if (st != CTRL_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+            st = ctrl_error_set(st, "reward '%s': %s", r->names[k], msg);
+        }
+        for (int i = 0; i < b->n; i++) scores[i * r->n + k] = one[i];
+    }
+    for (int i = 0; st == CTRL_OK && i < b->n; i++) {
+        double sum = 0;
+        int any = 0;
+        for (int k = 0; k < r->n; k++)
+            if (!isnan(scores[i * r->n + k])) sum += r->weights[k] * scores[i * r->n + k], any = 1;
+        total[i] = any ? (float)sum : NAN;
+    }
+    free(one);
+    return st;
+}
+
+void ctrl_reward_set_free(ctrl_reward_set *r) {
+    if (!r) return;
+    for (int k = 0; k < r->n; k++) r->ops[k]->destroy(r->inst[k]), free(r->names[k]);
+    free(r->names), free(r->weights), free(r->ops), free(r->inst);
+    free(r);
+}
