@@ -10,12 +10,12 @@
 #include "file_text.h"
 #include "train/metrics_plot.h"
 
-static const char *const columns[] = {"step",   "loss", "grad_norm", "learning_rate", "mean_token_accuracy",
-                                      "entropy"};
-enum { N_COLUMNS = 6 };
+static const char *const columns[] = {"step",    "loss",  "grad_norm", "learning_rate", "mean_token_accuracy",
+                                      "entropy", "reward"};
+enum { N_COLUMNS = 7, COL_ACCURACY = 4, COL_REWARD = 6 };
 
 /* The table gnuplot reads: one row per logged step; a missing metric is "?" (gnuplot skips it). */
-static ctrl_status write_table(const char *jsonl, const char *table, int *rows) {
+static ctrl_status write_table(const char *jsonl, const char *table, int *rows, int *have) {
     ctrl_status st;
     char *text = ctrl_read_text_file(jsonl, 1u << 30, &st);
     if (!text) return st;
@@ -32,7 +32,7 @@ static ctrl_status write_table(const char *jsonl, const char *table, int *rows) 
             for (int c = 0; c < N_COLUMNS; c++) {
                 const cJSON *v = cJSON_GetObjectItem(o, columns[c]);
                 if (cJSON_IsNumber(v))
-                    fprintf(f, "%.9g ", v->valuedouble);
+                    fprintf(f, "%.9g ", v->valuedouble), have[c] = 1;
                 else
                     fputs("? ", f);
             }
@@ -68,8 +68,8 @@ ctrl_status ctrl_metrics_plot(const char *metrics_jsonl, const char *png) {
             metrics_jsonl);
     char table[4200];
     snprintf(table, sizeof table, "%s.plot.tsv", png);
-    int rows = 0;
-    ctrl_status st = write_table(metrics_jsonl, table, &rows);
+    int rows = 0, have[N_COLUMNS] = {0};
+    ctrl_status st = write_table(metrics_jsonl, table, &rows, have);
     if (st != CTRL_OK) return st;
     if (rows == 0) {
         remove(table);
@@ -80,7 +80,9 @@ ctrl_status ctrl_metrics_plot(const char *metrics_jsonl, const char *png) {
         remove(table);
         return ctrl_error_set(CTRL_ERR_RUNTIME, "no plot: cannot run gnuplot: %s", strerror(errno));
     }
-    /* Three panels sharing the step axis: loss (and entropy), grad_norm, learning rate and accuracy. */
+    /* Three panels sharing the step axis: loss (and entropy), grad_norm, learning rate and accuracy
+     * (SFT) or the mean reward (online trainers). */
+    const int right = have[COL_REWARD] ? COL_REWARD : COL_ACCURACY;
     fprintf(g,
             "set terminal pngcairo size 1000,900 noenhanced\n"
             "set output '%s'\n"
@@ -90,10 +92,10 @@ ctrl_status ctrl_metrics_plot(const char *metrics_jsonl, const char *png) {
             "plot '%s' using 1:2 with lines lw 2 title 'loss', '' using 1:6 with lines title 'entropy'\n"
             "plot '%s' using 1:3 with lines lw 2 title 'grad_norm'\n"
             "set y2tics\nset ytics nomirror\n"
-            "plot '%s' using 1:4 with lines lw 2 title 'learning_rate', '' using 1:5 axes x1y2 with lines "
-            "title 'mean_token_accuracy'\n"
+            "plot '%s' using 1:4 with lines lw 2 title 'learning_rate', '' using 1:%d axes x1y2 with lines "
+            "title '%s'\n"
             "unset multiplot\n",
-            png, table, table, table);
+            png, table, table, table, right + 1, columns[right]);
     int rc = pclose(g);
     remove(table);
     if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0 || access(png, R_OK) != 0)

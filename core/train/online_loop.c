@@ -28,7 +28,6 @@ struct ctrl_online {
     int32_t stops[16];
     int n_stop;
     uint64_t seed;
-    long generations;
     /* the current generation batch */
     int gn, used;
     int *gprompt, *trained;
@@ -203,20 +202,21 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
     o->gout = calloc((size_t)o->gn, sizeof *o->gout), o->gprompt = malloc(sizeof(int) * o->gn);
     o->trained = malloc(sizeof(int) * o->gn), o->adv = calloc((size_t)o->gn, sizeof(float));
     ctrl_gen_request *req = calloc((size_t)n_prompts, sizeof *req);
+    /* seeded by the run's seed and the prompt cursor, so that a resumed run samples what the
+     * uninterrupted one would have (eval batches: a fixed stream of their own) */
+    const uint64_t batch_seed = o->seed * 1000003u + (cursor ? (uint64_t)*cursor : 0x9e3779b9u);
     for (int i = 0; i < n_prompts; i++) {
         const int p = order ? order[(*cursor)++ % ps->n] : i;
         for (int k = 0; k < n; k++) o->gprompt[i * n + k] = p;
-        req[i] =
-            (ctrl_gen_request){.prompt = ps->ids[p],
-                               .prompt_len = ps->len[p],
-                               .n = n,
-                               .max_tokens = o->spec.max_completion_length,
-                               .sampling = *sp,
-                               .seed = o->seed * 1000003u + (uint64_t)o->generations * 7919u + (uint64_t)i,
-                               .stop_ids = o->stops,
-                               .n_stop = o->n_stop};
+        req[i] = (ctrl_gen_request){.prompt = ps->ids[p],
+                                    .prompt_len = ps->len[p],
+                                    .n = n,
+                                    .max_tokens = o->spec.max_completion_length,
+                                    .sampling = *sp,
+                                    .seed = batch_seed * 7919u + (uint64_t)i,
+                                    .stop_ids = o->stops,
+                                    .n_stop = o->n_stop};
     }
-    o->generations++;
     ctrl_status st = ctrl_engine_wake_up(o->engine);
     if (st == CTRL_OK) st = ctrl_engine_generate(o->engine, req, n_prompts, o->gout, NULL, NULL);
     if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);

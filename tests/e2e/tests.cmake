@@ -23,3 +23,10 @@ if(TARGET ctrl_cli)
                                          ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_packing_e2e PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# The online trainers (grpo, rloo) end to end with colocated generation (tests/e2e/test_online.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_online COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_online.sh $<TARGET_FILE:ctrl_cli>
+                                    ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_online PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The online trainers end to end (colocated generation): GRPO with the length reward learns
+# (mean reward rises), logs TRL's metric names, and resumes onto the same curve; RLOO with a KL
+# penalty, GRPO with a reference model, num_iterations > 1 and sleep mode run; bad settings are
+# clear errors. usage: test_online.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+tiny_setup 7 2
+
+# grpo_ini OUT TRAINER STEPS [trainer option lines...]: a run on the arithmetic prompts, length reward
+grpo_ini() {
+  local out=$1 trainer=$2 steps=$3
+  shift 3
+  cat <<INI
+[run]
+trainer = $trainer
+output_dir = $TMP/$out
+seed = 3
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train_prompts.jsonl
+eval_file = $TMP/data/eval_prompts.jsonl
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = constant
+max_steps = $steps
+per_device_train_batch_size = 8
+gradient_accumulation_steps = 2
+logging_steps = 1
+save_steps = 2
+[generation]
+kv_cache_bytes = 8000000
+[reward.len]
+plugin = length
+target_length = 8
+[$trainer]
+num_generations = 4
+max_completion_length = 12
+INI
+  printf '%s\n' "$@"
+}
+
+# metric FILE STEP NAME: the value logged at STEP (empty when absent)
+metric() {
+  python3 - "$@" 2>/dev/null <<'PY' || awk -v s="$2" -v k="\"$3\": " 'index($0, "{\"step\": " s ",") == 1 { i = index($0, k); if (i) { v = substr($0, i + length(k)); sub(/[,}].*/, "", v); print v; exit } }' "$1"
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d["step"] == int(sys.argv[2]) and sys.argv[3] in d:
+        print(d[sys.argv[3]]); break
+PY
+}
+
+# 1. GRPO learns: the mean length reward of the last steps beats the first steps'.
+grpo_ini grpo grpo 16 >"$TMP/grpo.ini"
+if "${C[@]}" train "$TMP/grpo.ini" >"$TMP/grpo.log" 2>&1; then ok; else bad "grpo run"; tail -5 "$TMP/grpo.log"; fi
+M=$TMP/grpo/metrics.jsonl
+for k in loss grad_norm learning_rate reward reward_std rewards/len/mean rewards/len/std frac_reward_zero_std \
+  completions/mean_length completions/min_length completions/max_length completions/clipped_ratio \
+  completions/mean_terminated_length entropy clip_ratio/low_mean clip_ratio/high_mean clip_ratio/region_mean \
+  num_tokens; do
+  grep -q "\"$k\": " "$M" && ok || bad "metric $k missing from $M"
+done
+grep -q '"eval_reward": ' "$M" && ok || bad "no eval_reward line"
+first=$(awk -F'"reward": ' 'NR <= 4 && NF > 1 { split($2, a, ","); s += a[1]; n++ } END { print s / n }' "$M")
+last=$(awk -F'"reward": ' '$0 !~ /eval/ && NF > 1 { v[++n] = $2 } END { for (i = n - 3; i <= n; i++) { split(v[i], a, ","); s += a[1] } print s / 4 }' "$M")
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b > a) }' && ok || bad "grpo did not learn: reward $first -> $last"
+echo "grpo length reward: first 4 steps $first, last 4 steps $last"
+
+# 2. Resume from checkpoint-2 reproduces steps 3 and 4 of an uninterrupted 4-step run.
+grpo_ini full grpo 4 >"$TMP/full.ini"
+grpo_ini part grpo 2 >"$TMP/part.ini"
+"${C[@]}" train "$TMP/full.ini" >/dev/null 2>&1 && ok || bad "full run"
+"${C[@]}" train "$TMP/part.ini" >/dev/null 2>&1 && ok || bad "partial run"
+sed 's/^max_steps = 2$/max_steps = 4/' "$TMP/part.ini" >"$TMP/resume.ini"
+"${C[@]}" train "$TMP/resume.ini" --set train.resume_from_checkpoint=last >"$TMP/resume.log" 2>&1 && ok ||
+  { bad "resume"; tail -3 "$TMP/resume.log"; }
+for s in 3 4; do
+  a=$(metric "$TMP/full/metrics.jsonl" $s loss) b=$(metric "$TMP/part/metrics.jsonl" $s loss)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "step $s loss after resume: $b, uninterrupted $a"
+done
+
+# 3. RLOO with its KL penalty; GRPO with a reference model, two iterations per generation batch
+#    (old log-probs), sequence-level ratios and sleep mode.
+grpo_ini rloo rloo 3 "beta = 0.05" >"$TMP/rloo.ini"
+if "${C[@]}" train "$TMP/rloo.ini" --set train.save_strategy=no >"$TMP/rloo.log" 2>&1; then ok; else bad "rloo run"; tail -5 "$TMP/rloo.log"; fi
+grep -q '"kl": ' "$TMP/rloo/metrics.jsonl" && ok || bad "rloo logs no kl"
+grpo_ini ref grpo 3 "beta = 0.04" "num_iterations = 2" "steps_per_generation = 4" \
+  "importance_sampling_level = sequence" "loss_type = grpo" >"$TMP/ref.ini"
+if "${C[@]}" train "$TMP/ref.ini" --set train.save_strategy=no --set generation.sleep=1 >"$TMP/ref.log" 2>&1; then ok; else bad "grpo beta/iterations run"; tail -5 "$TMP/ref.log"; fi
+grep -q '"kl": ' "$TMP/ref/metrics.jsonl" && ok || bad "grpo with beta logs no kl"
+
+# 4. Bad settings: clear errors naming what is wrong.
+grpo_ini bad1 grpo 1 | sed 's/^num_generations = 4$/num_generations = 3/' >"$TMP/bad1.ini"
+out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "indivisible generation batch accepted" ||
+  { echo "$out" | grep -q "multiple of num_generations" && ok || bad "unclear error: $out"; }
+grpo_ini bad2 grpo 1 | sed '/^\[reward.len\]$/,$d' >"$TMP/bad2.ini"
+out=$("${C[@]}" train "$TMP/bad2.ini" 2>&1) && bad "no reward accepted" ||
+  { echo "$out" | grep -q "reward.NAME" && ok || bad "unclear error: $out"; }
+printf '{"prompt": "1+1="}\n{"prompt": 7}\n' >"$TMP/badprompts.jsonl"
+grpo_ini bad3 grpo 1 | sed "s|^train_file = .*|train_file = $TMP/badprompts.jsonl|" >"$TMP/bad3.ini"
+out=$("${C[@]}" train "$TMP/bad3.ini" 2>&1) && bad "bad prompt row accepted" ||
+  { echo "$out" | grep -q "badprompts.jsonl:2" && ok || bad "error does not name file:line: $out"; }
+finish
