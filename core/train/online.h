@@ -59,6 +59,8 @@ int ctrl_online_prompt_count(const ctrl_online *o);
  * and the tokens seen to *loss and *tokens. */
 ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
                                    double *loss, long *tokens);
+/* Adds a value to the window's metric `name` (logged as the window's mean). */
+void ctrl_online_report(ctrl_online *o, const char *name, double value);
 /* Writes the window's metrics as JSON members ("name": mean, ...) and resets them. */
 void ctrl_online_log_window(ctrl_online *o, FILE *f);
 /* Greedy completions of the [data] eval_file prompts, scored: a metrics line with eval_reward and

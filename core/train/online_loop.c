@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cJSON.h>
 
@@ -12,6 +13,12 @@
 #include "train/online.h"
 
 #define MAX_METRICS 64
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 struct ctrl_online {
     const ctrl_config *cfg;
@@ -41,8 +48,7 @@ struct ctrl_online {
     int n_metrics;
 };
 
-static void report(void *ctx, const char *name, double value) {
-    ctrl_online *o = ctx;
+void ctrl_online_report(ctrl_online *o, const char *name, double value) {
     int i = 0;
     while (i < o->n_metrics && strcmp(o->mname[i], name)) i++;
     if (i == o->n_metrics) {
@@ -51,6 +57,8 @@ static void report(void *ctx, const char *name, double value) {
     }
     if (!isnan(value)) o->msum[i] += value, o->mcount[i]++;
 }
+
+static void report(void *ctx, const char *name, double value) { ctrl_online_report(ctx, name, value); }
 
 /* The stop ids: generation_config.json's eos_token_id (a number or a list), else the tokenizer's. */
 static int stop_ids(const char *dir, const ctrl_tokenizer *tok, int32_t *ids, int cap) {
@@ -312,10 +320,15 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
                                         long *tokens) {
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
     const int G = o->spec.num_generations;
+    double t0 = now();
     ctrl_status st = generate(o, &o->train, order, cursor, bs * spg / G, G, &o->sampling);
     float *scores = NULL, *total = NULL, *kl = NULL;
     int *ntok = NULL;
+    double t1 = now();
+    report(o, "timing/generation_s", t1 - t0);
     if (st == CTRL_OK) st = score(o, &o->train, &scores, &total);
+    t0 = now();
+    report(o, "timing/reward_s", t0 - t1);
     o->gen_items = 0;
     for (int i = 0; st == CTRL_OK && i < o->gn; i++) {
         o->trained[i] = !(o->spec.mask_truncated_completions && !o->gout[i].stopped);
@@ -332,6 +345,7 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
         o->ref_lp = calloc((size_t)o->gn, sizeof(float *));
         st = completion_logps(o, o->ref, bs, o->ref_lp);
     }
+    if (need_old || o->spec.needs_ref_logp) report(o, "timing/old_ref_logprob_s", now() - t0);
     if (st == CTRL_OK && o->old && o->ref_lp) { /* the KL summed over each completion (RLOO's reward) */
         kl = calloc((size_t)o->gn, sizeof(float)), ntok = calloc((size_t)o->gn, sizeof(int));
         for (int i = 0; i < o->gn; i++)
@@ -357,6 +371,7 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
 
 /* One micro-batch: completions [c0, c0 + n) forward, the trainer's loss, backward. */
 static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, double *loss) {
+    const double t0 = now();
     flat f;
     flat_build(o, &o->train, c0, n, &f);
     const int T = f.b.T;
@@ -390,6 +405,7 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
     double l = 0;
     if (st == CTRL_OK) st = o->ops->loss(o->trainer, &tb, &l, d);
     if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d);
+    report(o, "timing/forward_backward_s", now() - t0);
     free(lp), free(ent), free(w), free(old), free(ref), free(d);
     flat_free(&f);
     return st;

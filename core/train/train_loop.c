@@ -419,7 +419,9 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         }
         const double lr = ctrl_lr_at(sched ? sched : "linear", lr0, step, total, warmup, min_lr);
         step_stats s;
+        const double t_step = now();
         st = train_step(&r, order, &ts.cursor, bs, ga, lr, step, &s);
+        if (r.online) ctrl_online_report(r.online, "step_time", now() - t_step); /* as TRL logs it */
         if (st != CTRL_OK) {
             if (st == CTRL_ERR_RUNTIME) { /* non-finite loss: say what is left to resume from */
                 char msg[1024], last[4200];
