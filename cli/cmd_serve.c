@@ -1,8 +1,8 @@
 /* ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb N] [--max-body-kb N]
  * HTTP (libmicrohttpd) over the generation engine: GET /health, GET /v1/models, POST /generate
  * (shaped like TRL's vllm-serve), POST /v1/completions (OpenAI, non-streaming), POST /sleep,
- * /wake_up, /reset_prefix_cache. Requests are served one at a time (the engine batches the
- * prompts and samples of one request). */
+ * /wake_up, /reset_prefix_cache, /update_weights (a safetensors body). Requests are served one at a time (the
+ * engine batches the prompts and samples of one request). */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <microhttpd.h>
@@ -14,6 +14,7 @@
 
 #include "cli.h"
 #include "generate/engine.h"
+#include "serve_weights.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct server {
@@ -150,7 +151,8 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
             cJSON *lps = openai ? NULL : cJSON_AddArrayToObject(o, "logprobs");
             for (int i = 0; i < n; i++) {
                 prompt_tokens += lens[i];
-                if (!openai) cJSON_AddItemToArray(pids, cJSON_CreateIntArray(ids[i], lens[i])); /* once per prompt */
+                if (!openai)
+                    cJSON_AddItemToArray(pids, cJSON_CreateIntArray(ids[i], lens[i])); /* once per prompt */
                 for (int k = 0; k < base.n; k++) {
                     const ctrl_gen_output *g = &outs[(size_t)i * base.n + k];
                     completion_tokens += g->len;
@@ -201,8 +203,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *state = calloc(1, sizeof(body));
         return MHD_YES;
     }
-    if (*upload_size) { /* body chunks */
-        if (b->len + *upload_size > s->max_body) b->too_big = 1;
+    if (*upload_size) { /* body chunks; a weights update may be as large as the model in f32 */
+        size_t n_params = 0;
+        ctrl_model_params(s->model, &n_params);
+        const size_t limit = !strcmp(url, "/update_weights") ? n_params * 4 + (16u << 20) : s->max_body;
+        if (b->len + *upload_size > limit) b->too_big = 1;
         if (!b->too_big) {
             b->data = realloc(b->data, b->len + *upload_size + 1);
             memcpy(b->data + b->len, upload, *upload_size);
@@ -229,6 +234,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     if (!post) return error(c, 404, "no such endpoint");
     if (b->too_big) return error(c, 413, "request body too large");
+    if (!strcmp(url, "/update_weights")) {
+        char err[512];
+        const int n = serve_update_weights(s->model, b->data ? b->data : "", b->len, err, sizeof err);
+        if (n < 0) return error(c, 400, err);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "updated", n);
+        return reply(c, 200, o);
+    }
     cJSON *in = b->len ? cJSON_ParseWithLength(b->data, b->len) : cJSON_CreateObject();
     enum MHD_Result ret;
     if (!cJSON_IsObject(in))

@@ -36,6 +36,8 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
 /* config.json + model.safetensors (or the shards of model.safetensors.index.json). */
 ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
 void ctrl_model_free(ctrl_model *m);
+/* Every parameter under its HF name into one safetensors file (CTRL_F32 or CTRL_BF16), atomically. */
+ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype dtype);
 /* transformers' initialisation: weights ~ N(0, std) (initializer_range, 0.02), biases 0, norms 1. */
 void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std);
 /* Writes DIR/config.json, model.safetensors (CTRL_F32 or CTRL_BF16) and generation_config.json. */

@@ -90,6 +90,24 @@ static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     return text;
 }
 
+/* Every parameter under its HF name into one safetensors file. */
+ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype dtype) {
+    const int n = ctrl_model_view_count(m);
+    ctrl_st_write *tensors = calloc((size_t)n, sizeof *tensors);
+    if (!tensors) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    const float *params = ctrl_model_params(m, NULL);
+    for (int i = 0; i < n; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        tensors[i] = (ctrl_st_write){.name = v->name,
+                                     .data = params + v->offset,
+                                     .ndim = v->ndim,
+                                     .shape = {v->shape[0], v->shape[1]}};
+    }
+    ctrl_status st = ctrl_safetensors_write(path, tensors, n, dtype);
+    free(tensors);
+    return st;
+}
+
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return ctrl_error_set(CTRL_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
@@ -109,18 +127,6 @@ ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype) {
     st = write_text_atomic(path, text);
     cJSON_free(text);
     if (st != CTRL_OK) return st;
-    const int n = ctrl_model_view_count(m);
-    ctrl_st_write *tensors = calloc((size_t)n, sizeof *tensors);
-    const float *params = ctrl_model_params(m, NULL);
-    for (int i = 0; i < n; i++) {
-        const ctrl_param_view *v = ctrl_model_view(m, i);
-        tensors[i] = (ctrl_st_write){.name = v->name,
-                                     .data = params + v->offset,
-                                     .ndim = v->ndim,
-                                     .shape = {v->shape[0], v->shape[1]}};
-    }
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st = ctrl_safetensors_write(path, tensors, n, dtype);
-    free(tensors);
-    return st;
+    return ctrl_model_save_weights(m, path, dtype);
 }

@@ -59,6 +59,9 @@ int ctrl_online_prompt_count(const ctrl_online *o);
  * and the tokens seen to *loss and *tokens. */
 ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
                                    double *loss, long *tokens);
+/* After each optimizer step: in server mode, pushes the new weights to the server (POST
+ * /update_weights), so the next generation uses them; colocated, nothing to do. */
+ctrl_status ctrl_online_after_step(ctrl_online *o);
 /* Adds a value to the window's metric `name` (logged as the window's mean). */
 void ctrl_online_report(ctrl_online *o, const char *name, double value);
 /* Writes the window's metrics as JSON members ("name": mean, ...) and resets them. */

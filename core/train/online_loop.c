@@ -10,6 +10,7 @@
 
 #include "file_text.h"
 #include "generate/engine.h"
+#include "generate/remote_engine.h"
 #include "train/online.h"
 
 #define MAX_METRICS 64
@@ -29,8 +30,9 @@ struct ctrl_online {
     ctrl_online_spec spec;
     ctrl_prompt_set train, eval;
     ctrl_reward_set *rewards;
-    ctrl_engine *engine;
+    ctrl_engine *engine; /* colocate */
     int sleep_level;
+    char *server_url, *bearer, *push_path; /* mode = server */
     ctrl_sampling_params sampling;
     int32_t stops[16];
     int n_stop;
@@ -87,9 +89,15 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
     o->spec.size = sizeof o->spec;
     ctrl_status st = ops->online_spec(trainer, &o->spec);
     const char *mode = ctrl_config_get_string(cfg, "generation", "mode");
-    if (st == CTRL_OK && mode && strcmp(mode, "colocate") != 0)
-        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                            "[generation] mode = %s: only colocate is implemented so far", mode);
+    if (mode && !strcmp(mode, "server")) {
+        const char *url = ctrl_config_get_string(cfg, "generation", "server_url"),
+                   *key = getenv("CTRL_API_KEY");
+        char push[4200];
+        snprintf(push, sizeof push, "%s/.weights-push.safetensors",
+                 ctrl_config_get_string(cfg, "run", "output_dir"));
+        o->server_url = strdup(url ? url : "http://127.0.0.1:8000"), o->push_path = strdup(push);
+        o->bearer = key && key[0] ? strdup(key) : NULL;
+    }
     const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
     const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
@@ -129,8 +137,15 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
     o->sleep_level = (int)ctrl_config_get_int(cfg, "generation", "sleep", 0);
     ctrl_engine_config ec;
     ctrl_engine_config_from(cfg, &ec);
-    if (st == CTRL_OK) st = ctrl_engine_create(model, &ec, &o->engine);
-    if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+    if (st == CTRL_OK && o->server_url) { /* the server generates from the trainer's weights from the start */
+        st = ctrl_remote_wait_ready(o->server_url, 60);
+        if (st == CTRL_OK) st = ctrl_online_after_step(o);
+        if (st == CTRL_OK)
+            CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server_url);
+    } else if (st == CTRL_OK) {
+        st = ctrl_engine_create(model, &ec, &o->engine);
+        if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+    }
     if (st != CTRL_OK) {
         ctrl_online_free(o);
         return st;
@@ -225,9 +240,14 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
                                     .stop_ids = o->stops,
                                     .n_stop = o->n_stop};
     }
-    ctrl_status st = ctrl_engine_wake_up(o->engine);
-    if (st == CTRL_OK) st = ctrl_engine_generate(o->engine, req, n_prompts, o->gout, NULL, NULL);
-    if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+    ctrl_status st;
+    if (o->server_url) {
+        st = ctrl_remote_generate(o->server_url, o->bearer, req, n_prompts, o->gout);
+    } else {
+        st = ctrl_engine_wake_up(o->engine);
+        if (st == CTRL_OK) st = ctrl_engine_generate(o->engine, req, n_prompts, o->gout, NULL, NULL);
+        if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+    }
     free(req);
     return st;
 }
@@ -463,8 +483,14 @@ ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     return st;
 }
 
+ctrl_status ctrl_online_after_step(ctrl_online *o) {
+    if (!o->server_url) return CTRL_OK; /* colocated: the engine reads the live weights */
+    return ctrl_remote_push_weights(o->server_url, o->bearer, o->model, o->push_path);
+}
+
 void ctrl_online_free(ctrl_online *o) {
     if (!o) return;
+    free(o->server_url), free(o->bearer), free(o->push_path);
     gen_batch_free(o);
     ctrl_prompt_set_free(&o->train), ctrl_prompt_set_free(&o->eval);
     ctrl_reward_set_free(o->rewards);

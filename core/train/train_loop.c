@@ -192,7 +192,8 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     ctrl_model_zero_grad(r->model);
     if (r->online) {
         ctrl_status st = ctrl_online_accumulate(r->online, order, cursor, bs, ga, &out->loss, &out->tokens);
-        return st == CTRL_OK ? finish_step(r, lr, step, out) : st;
+        if (st == CTRL_OK) st = finish_step(r, lr, step, out);
+        return st == CTRL_OK ? ctrl_online_after_step(r->online) : st;
     }
     ctrl_batch *mb = calloc((size_t)ga, sizeof *mb);
     long num_items = 0, real_tokens = 0;

@@ -43,13 +43,8 @@ INI
 
 # metric FILE STEP NAME: the value logged at STEP (empty when absent)
 metric() {
-  python3 - "$@" 2>/dev/null <<'PY' || awk -v s="$2" -v k="\"$3\": " 'index($0, "{\"step\": " s ",") == 1 { i = index($0, k); if (i) { v = substr($0, i + length(k)); sub(/[,}].*/, "", v); print v; exit } }' "$1"
-import json, sys
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    if d["step"] == int(sys.argv[2]) and sys.argv[3] in d:
-        print(d[sys.argv[3]]); break
-PY
+  awk -v s="$2" -v k="\"$3\": " 'index($0, "{\"step\": " s ",") == 1 && index($0, k) {
+    v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v); print v; exit }' "$1"
 }
 
 # 1. GRPO learns: the mean length reward of the last steps beats the first steps'.
@@ -91,7 +86,33 @@ grpo_ini ref grpo 3 "beta = 0.04" "num_iterations = 2" "steps_per_generation = 4
 if "${C[@]}" train "$TMP/ref.ini" --set train.save_strategy=no --set generation.sleep=1 >"$TMP/ref.log" 2>&1; then ok; else bad "grpo beta/iterations run"; tail -5 "$TMP/ref.log"; fi
 grep -q '"kl": ' "$TMP/ref/metrics.jsonl" && ok || bad "grpo with beta logs no kl"
 
-# 4. Bad settings: clear errors naming what is wrong.
+# 4. Server mode: generation through ctrl serve, the new weights pushed after every step; the
+#    server then generates exactly what the saved model does. /update_weights refuses bad bodies.
+PORT=$((20000 + RANDOM % 20000))
+"$CTRL" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+grpo_ini srv grpo 2 >"$TMP/srv.ini"
+printf 'mode = server\nserver_url = http://127.0.0.1:%s\n' "$PORT" >"$TMP/gen.txt"
+sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
+if "${C[@]}" train "$TMP/srv.ini" --set train.save_strategy=no >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode run"; tail -5 "$TMP/srv.log"; fi
+grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
+echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
+"$CTRL" generate --model "$TMP/srv" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 12 --out "$TMP/local.jsonl" >/dev/null 2>&1
+local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
+server_ids=$(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 12}' |
+  sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')
+[ -n "$local_ids" ] && [ "$local_ids" = "$server_ids" ] && ok || bad "server generates '$server_ids', the trained model '$local_ids'"
+code=$(curl -s -o "$TMP/uw.json" -w '%{http_code}' -X POST "localhost:$PORT/update_weights" --data-binary 'not safetensors')
+[ "$code" = 400 ] && grep -q '"error"' "$TMP/uw.json" && ok || bad "bad weights body: HTTP $code"
+h='{"no.such.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+{ printf "$(printf '\\x%02x' ${#h})\\0\\0\\0\\0\\0\\0\\0"; printf '%s' "$h"; printf '\0\0\0\0'; } >"$TMP/bad.safetensors"
+code=$(curl -s -o "$TMP/uw.json" -w '%{http_code}' -X POST "localhost:$PORT/update_weights" --data-binary "@$TMP/bad.safetensors")
+[ "$code" = 400 ] && grep -q "no.such.weight" "$TMP/uw.json" && ok || bad "unknown tensor: HTTP $code $(cat "$TMP/uw.json")"
+curl -s "localhost:$PORT/health" | grep -q ok && ok || bad "server stopped serving after bad requests"
+kill $SERVER 2>/dev/null
+
+# 5. Bad settings: clear errors naming what is wrong.
 grpo_ini bad1 grpo 1 | sed 's/^num_generations = 4$/num_generations = 3/' >"$TMP/bad1.ini"
 out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "indivisible generation batch accepted" ||
   { echo "$out" | grep -q "multiple of num_generations" && ok || bad "unclear error: $out"; }

@@ -1,0 +1,129 @@
+/* See remote_engine.h. */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "generate/remote_engine.h"
+#include "net/http_client.h"
+
+enum { TIMEOUT_S = 3600 }; /* a generation batch of long completions can take a while */
+
+/* The server's error, or the status, for a non-2xx response. */
+static ctrl_status http_failed(const char *url, const char *path, const ctrl_http_response *r) {
+    cJSON *o = cJSON_Parse(r->body ? r->body : "");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    ctrl_status st = ctrl_error_set(CTRL_ERR_RUNTIME, "%s%s: HTTP %d: %s", url, path, r->status,
+                                    cJSON_IsString(e) ? e->valuestring : "(no error message)");
+    cJSON_Delete(o);
+    return st;
+}
+
+ctrl_status ctrl_remote_wait_ready(const char *url, int wait_s) {
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i <= wait_s * 10; i++) {
+        ctrl_http_response r;
+        st = ctrl_http_get(url, "/health", 5, &r);
+        const int ok = st == CTRL_OK && r.status == 200;
+        ctrl_http_response_free(&r);
+        if (ok) return CTRL_OK;
+        usleep(100000);
+    }
+    return st != CTRL_OK ? st : ctrl_error_set(CTRL_ERR_RUNTIME, "%s/health: the server is not ready", url);
+}
+
+/* One POST /generate per distinct sampling setup would be needed in general; the online trainers
+ * send one setup per batch, so requests share the first request's parameters (checked). */
+static int same_params(const ctrl_gen_request *a, const ctrl_gen_request *b) {
+    return a->n == b->n && a->max_tokens == b->max_tokens &&
+           !memcmp(&a->sampling, &b->sampling, sizeof a->sampling);
+}
+
+static ctrl_status parse_outputs(const char *url, const cJSON *o, const ctrl_gen_request *reqs, int n_req,
+                                 ctrl_gen_output *outs) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "completion_ids");
+    const cJSON *lps = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+    const int want = n_req * reqs[0].n;
+    if (!cJSON_IsArray(ids) || !cJSON_IsArray(lps) || cJSON_GetArraySize(ids) != want ||
+        cJSON_GetArraySize(lps) != want)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s/generate: expected %d completion_ids and logprobs", url,
+                              want);
+    const cJSON *c = ids->child, *l = lps->child;
+    for (int i = 0; i < want; i++, c = c->next, l = l->next) {
+        const ctrl_gen_request *q = &reqs[i / reqs[0].n];
+        const int n = cJSON_GetArraySize(c);
+        if (!cJSON_IsArray(c) || !cJSON_IsArray(l) || cJSON_GetArraySize(l) != n || n > q->max_tokens)
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s/generate: completion %d is malformed", url, i);
+        ctrl_gen_output *g = &outs[i];
+        g->ids = malloc(sizeof(int32_t) * (size_t)(n + 1)),
+        g->logprobs = malloc(sizeof(float) * (size_t)(n + 1));
+        g->len = n;
+        int k = 0;
+        for (const cJSON *t = c->child, *p = l->child; t && p; t = t->next, p = p->next, k++)
+            g->ids[k] = (int32_t)t->valuedouble, g->logprobs[k] = (float)p->valuedouble;
+        for (int s = 0; n > 0 && s < q->n_stop; s++) g->stopped |= g->ids[n - 1] == q->stop_ids[s];
+    }
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_remote_generate(const char *url, const char *bearer, const ctrl_gen_request *reqs, int n_req,
+                                 ctrl_gen_output *outs) {
+    for (int i = 1; i < n_req; i++)
+        if (!same_params(&reqs[0], &reqs[i]))
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "remote generation: one sampling setup per batch");
+    const ctrl_gen_request *q = &reqs[0];
+    cJSON *in = cJSON_CreateObject(), *prompts = cJSON_AddArrayToObject(in, "prompt_token_ids");
+    for (int i = 0; i < n_req; i++)
+        cJSON_AddItemToArray(prompts, cJSON_CreateIntArray(reqs[i].prompt, reqs[i].prompt_len));
+    cJSON_AddNumberToObject(in, "n", q->n);
+    cJSON_AddNumberToObject(in, "max_tokens", q->max_tokens);
+    cJSON_AddNumberToObject(in, "temperature", q->sampling.temperature);
+    cJSON_AddNumberToObject(in, "top_p", q->sampling.top_p);
+    cJSON_AddNumberToObject(in, "top_k", q->sampling.top_k);
+    cJSON_AddNumberToObject(in, "min_p", q->sampling.min_p);
+    cJSON_AddNumberToObject(in, "repetition_penalty", q->sampling.repetition_penalty);
+    cJSON_AddNumberToObject(in, "seed", (double)(q->seed & ((1ull << 52) - 1))); /* exact in a JSON double */
+    char *body = cJSON_PrintUnformatted(in);
+    cJSON_Delete(in);
+    ctrl_http_response r;
+    ctrl_status st =
+        ctrl_http_post(url, "/generate", "application/json", body, strlen(body), bearer, TIMEOUT_S, &r);
+    free(body);
+    if (st != CTRL_OK) return st;
+    if (r.status / 100 != 2) {
+        st = http_failed(url, "/generate", &r);
+    } else {
+        cJSON *o = cJSON_Parse(r.body);
+        st = o ? parse_outputs(url, o, reqs, n_req, outs)
+               : ctrl_error_set(CTRL_ERR_FORMAT, "%s/generate: the response is not JSON", url);
+        cJSON_Delete(o);
+    }
+    ctrl_http_response_free(&r);
+    return st;
+}
+
+ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_model *m,
+                                     const char *scratch_path) {
+    ctrl_status st = ctrl_model_save_weights(m, scratch_path, CTRL_F32);
+    if (st != CTRL_OK) return st;
+    FILE *f = fopen(scratch_path, "rb");
+    char *buf = NULL;
+    long n = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)n)) && fread(buf, 1, (size_t)n, f) != (size_t)n)
+        n = -1;
+    if (f) fclose(f);
+    remove(scratch_path);
+    if (!buf || n <= 0) {
+        free(buf);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot read the staged weights back", scratch_path);
+    }
+    ctrl_http_response r;
+    st = ctrl_http_post(url, "/update_weights", "application/octet-stream", buf, (size_t)n, bearer, TIMEOUT_S,
+                        &r);
+    free(buf);
+    if (st == CTRL_OK && r.status / 100 != 2) st = http_failed(url, "/update_weights", &r);
+    ctrl_http_response_free(&r);
+    return st;
+}

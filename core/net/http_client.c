@@ -1,0 +1,117 @@
+/* See http_client.h. */
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "net/http_client.h"
+
+/* "http://host:port" -> host, port (80 when absent). */
+static ctrl_status parse_url(const char *url, char *host, size_t hcap, char *port, size_t pcap) {
+    if (strncmp(url, "http://", 7) != 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: only http:// URLs are supported", url);
+    const char *h = url + 7, *end = h + strcspn(h, "/"), *colon = memchr(h, ':', (size_t)(end - h));
+    const size_t hl = (size_t)((colon ? colon : end) - h);
+    if (hl == 0 || hl >= hcap) return ctrl_error_set(CTRL_ERR_CONFIG, "%s: no host", url);
+    memcpy(host, h, hl), host[hl] = '\0';
+    snprintf(port, pcap, "%.*s", colon ? (int)(end - colon - 1) : 2, colon ? colon + 1 : "80");
+    return CTRL_OK;
+}
+
+static ctrl_status send_all(int fd, const char *p, size_t n, const char *url) {
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return ctrl_error_set(CTRL_ERR_IO, "%s: send failed: %s", url, strerror(errno));
+        p += k, n -= (size_t)k;
+    }
+    return CTRL_OK;
+}
+
+static ctrl_status request(const char *base, const char *path, const char *method, const char *content_type,
+                           const void *body, size_t len, const char *bearer, int timeout_s,
+                           ctrl_http_response *out) {
+    memset(out, 0, sizeof *out);
+    char host[256], port[16], url[1024];
+    snprintf(url, sizeof url, "%s%s", base, path);
+    ctrl_status st = parse_url(base, host, sizeof host, port, sizeof port);
+    if (st != CTRL_OK) return st;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int rc = getaddrinfo(host, port, &hints, &ai);
+    if (rc != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", url, gai_strerror(rc));
+    int fd = -1;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) continue;
+        struct timeval tv = {.tv_sec = timeout_s};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) close(fd), fd = -1;
+    }
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot connect: %s (is ctrl serve running?)", url,
+                              strerror(errno));
+    char head[2048];
+    int hn = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nContent-Length: %zu\r\n", method,
+                      path, host, port, len);
+    if (content_type)
+        hn += snprintf(head + hn, sizeof head - (size_t)hn, "Content-Type: %s\r\n", content_type);
+    if (bearer) hn += snprintf(head + hn, sizeof head - (size_t)hn, "Authorization: Bearer %s\r\n", bearer);
+    hn += snprintf(head + hn, sizeof head - (size_t)hn, "\r\n");
+    st = send_all(fd, head, (size_t)hn, url);
+    if (st == CTRL_OK && len) st = send_all(fd, body, len, url);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (st == CTRL_OK) {
+        if (n == cap) {
+            char *b = realloc(buf, 2 * cap + 1);
+            if (!b)
+                st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: response too large", url);
+            else
+                buf = b, cap *= 2;
+            continue;
+        }
+        ssize_t k = recv(fd, buf + n, cap - n, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0)
+            st = ctrl_error_set(CTRL_ERR_IO, "%s: no response within %d s: %s", url, timeout_s,
+                                strerror(errno));
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    close(fd);
+    if (st != CTRL_OK) {
+        free(buf);
+        return st;
+    }
+    buf[n] = '\0';
+    const char *sep = strstr(buf, "\r\n\r\n");
+    if (!sep || sscanf(buf, "HTTP/1.%*d %d", &out->status) != 1) {
+        free(buf);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: malformed HTTP response", url);
+    }
+    out->len = n - (size_t)(sep + 4 - buf);
+    memmove(buf, sep + 4, out->len + 1);
+    out->body = buf;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_http_post(const char *base_url, const char *path, const char *content_type, const void *body,
+                           size_t len, const char *bearer, int timeout_s, ctrl_http_response *out) {
+    return request(base_url, path, "POST", content_type, body, len, bearer, timeout_s, out);
+}
+
+ctrl_status ctrl_http_get(const char *base_url, const char *path, int timeout_s, ctrl_http_response *out) {
+    return request(base_url, path, "GET", NULL, NULL, 0, NULL, timeout_s, out);
+}
+
+void ctrl_http_response_free(ctrl_http_response *r) {
+    free(r->body);
+    r->body = NULL;
+}

@@ -1,0 +1,25 @@
+/* A minimal blocking HTTP/1.1 client for talking to `ctrl serve` (the online trainers' server
+ * mode): one request per connection, a Content-Length body, the whole response read into memory.
+ * Plain http:// only (the server binds to loopback by default). */
+#ifndef CTRL_CORE_HTTP_CLIENT_H
+#define CTRL_CORE_HTTP_CLIENT_H
+
+#include <stddef.h>
+
+#include <ctrl/status.h>
+
+typedef struct ctrl_http_response {
+    int status; /* HTTP status code */
+    char *body; /* malloc'd, NUL-terminated */
+    size_t len;
+} ctrl_http_response;
+
+/* POSTs `body` to base_url + path ("http://HOST:PORT" + "/generate"). `bearer` (may be NULL) is sent
+ * as an Authorization header. Connection failures and malformed responses are errors naming the
+ * URL; a non-2xx status is returned in *out for the caller to report. timeout_s bounds every wait. */
+ctrl_status ctrl_http_post(const char *base_url, const char *path, const char *content_type, const void *body,
+                           size_t len, const char *bearer, int timeout_s, ctrl_http_response *out);
+ctrl_status ctrl_http_get(const char *base_url, const char *path, int timeout_s, ctrl_http_response *out);
+void ctrl_http_response_free(ctrl_http_response *r);
+
+#endif
