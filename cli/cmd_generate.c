@@ -86,24 +86,6 @@ static int parse(int argc, char **argv, gen_args *a) {
     return 0;
 }
 
-/* The stop ids: generation_config.json's eos_token_id (a number or a list), else the tokenizer's. */
-static int stop_ids(const char *dir, const ctrl_tokenizer *tok, int32_t *ids, int cap) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    ctrl_status st;
-    char *text = access(path, R_OK) == 0 ? ctrl_read_text_file(path, 1 << 20, &st) : NULL;
-    cJSON *o = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
-    int n = 0;
-    if (cJSON_IsNumber(e)) ids[n++] = e->valueint;
-    for (const cJSON *x = cJSON_IsArray(e) ? e->child : NULL; x && n < cap; x = x->next)
-        if (cJSON_IsNumber(x)) ids[n++] = x->valueint;
-    cJSON_Delete(o);
-    if (n == 0 && ctrl_tokenizer_eos_id(tok) >= 0) ids[n++] = ctrl_tokenizer_eos_id(tok);
-    return n;
-}
-
 /* Stop strings: the completion so far is decoded and searched (vLLM's stop; the text written is cut
  * before the stop string, as vLLM does unless include_stop_str_in_output). */
 typedef struct stop_strings {
@@ -175,7 +157,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     char *text = st == CTRL_OK ? ctrl_read_text_file(a.prompts, 1u << 30, &st) : NULL, *save;
     int32_t stops[16];
     stop_strings ss = {tok, &a};
-    const int n_stop = tok ? stop_ids(a.model, tok, stops, 16) : 0;
+    const int n_stop = tok ? ctrl_generation_stop_ids(a.model, tok, stops, 16) : 0;
     int lineno = 0;
     for (char *l = text ? strtok_r(text, "\n", &save) : NULL; l && st == CTRL_OK;
          l = strtok_r(NULL, "\n", &save)) {

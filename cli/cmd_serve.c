@@ -306,8 +306,7 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     if (st == CTRL_OK) st = ctrl_tokenizer_load(dir, &s.tok);
     const ctrl_engine_config ec = {(size_t)kv_mb << 20, 16, 256, 8192};
     if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
-    if (st == CTRL_OK && ctrl_tokenizer_eos_id(s.tok) >= 0)
-        s.stops[s.n_stop++] = ctrl_tokenizer_eos_id(s.tok);
+    if (st == CTRL_OK) s.n_stop = ctrl_generation_stop_ids(dir, s.tok, s.stops, 16);
     struct MHD_Daemon *d = NULL;
     if (st == CTRL_OK) {
         d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL,

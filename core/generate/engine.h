@@ -14,6 +14,7 @@
 
 #include "generate/sampling.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct ctrl_gen_request {
     const int32_t *prompt;
@@ -65,5 +66,8 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
                                  void *ctx);
 void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, long *shared_blocks);
 void ctrl_gen_output_free(ctrl_gen_output *o);
+/* The ids that end a completion: generation_config.json's eos_token_id (a number or a list) in
+ * model_dir, else the tokenizer's EOS. Returns how many were written (at most cap). */
+int ctrl_generation_stop_ids(const char *model_dir, const ctrl_tokenizer *tok, int32_t *ids, int cap);
 
 #endif

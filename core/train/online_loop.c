@@ -62,24 +62,6 @@ void ctrl_online_report(ctrl_online *o, const char *name, double value) {
 
 static void report(void *ctx, const char *name, double value) { ctrl_online_report(ctx, name, value); }
 
-/* The stop ids: generation_config.json's eos_token_id (a number or a list), else the tokenizer's. */
-static int stop_ids(const char *dir, const ctrl_tokenizer *tok, int32_t *ids, int cap) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    ctrl_status st;
-    char *text = ctrl_read_text_file(path, 1 << 20, &st);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
-    int n = 0;
-    if (cJSON_IsNumber(e)) ids[n++] = e->valueint;
-    for (const cJSON *x = cJSON_IsArray(e) ? e->child : NULL; x && n < cap; x = x->next)
-        if (cJSON_IsNumber(x)) ids[n++] = x->valueint;
-    cJSON_Delete(root);
-    if (n == 0 && ctrl_tokenizer_eos_id(tok) >= 0) ids[n++] = ctrl_tokenizer_eos_id(tok);
-    return n;
-}
-
 ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
                                ctrl_online **out) {
@@ -132,7 +114,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
                 : ctrl_error_set(CTRL_ERR_PLUGIN, "[model] attention: the plugin is not loaded");
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
     }
-    o->n_stop = stop_ids(path, tok, o->stops, 16);
+    o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
     o->seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
     o->sleep_level = (int)ctrl_config_get_int(cfg, "generation", "sleep", 0);
     ctrl_engine_config ec;
