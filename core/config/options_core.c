@@ -131,6 +131,9 @@ static const ctrl_option generation_options[] = {
     {"repetition_penalty", CTRL_OPT_FLOAT, "1.0", POSITIVE, NULL, "Penalty on tokens already present."},
     {"sleep", CTRL_OPT_INT, "0", RANGE(0, 2), NULL,
      "colocate: 1 releases the KV pool between generation phases, 2 also inference-only buffers."},
+    {"log_completions", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "Online trainers: append every generated completion with its rewards and advantage to "
+     "output_dir/completions.jsonl."},
     CTRL_OPTION_END,
 };
 

@@ -33,6 +33,8 @@ struct ctrl_online {
     ctrl_engine *engine; /* colocate */
     int sleep_level;
     char *server_url, *bearer, *push_path; /* mode = server */
+    FILE *completions;                     /* log_completions */
+    long batches;                          /* generation batches so far (for the log) */
     ctrl_sampling_params sampling;
     int32_t stops[16];
     int n_stop;
@@ -116,6 +118,11 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
     }
     o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
     o->seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
+    if (st == CTRL_OK && ctrl_config_get_bool(cfg, "generation", "log_completions", false)) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/completions.jsonl", ctrl_config_get_string(cfg, "run", "output_dir"));
+        if (!(o->completions = fopen(p, "a"))) st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot open it", p);
+    }
     o->sleep_level = (int)ctrl_config_get_int(cfg, "generation", "sleep", 0);
     ctrl_engine_config ec;
     ctrl_engine_config_from(cfg, &ec);
@@ -316,6 +323,31 @@ static void generation_metrics(ctrl_online *o, const float *scores, const float 
     report(o, "reward_std", std);
 }
 
+/* completions.jsonl: one line per completion of the generation batch (TRL's log_completions). */
+static void log_completions(ctrl_online *o, const float *scores) {
+    const int R = ctrl_reward_set_count(o->rewards);
+    for (int i = 0; i < o->gn; i++) {
+        cJSON *l = cJSON_CreateObject(), *rw = cJSON_CreateObject();
+        char *text = NULL;
+        size_t len;
+        ctrl_tokenizer_decode(o->tok, o->gout[i].ids, (size_t)o->gout[i].len, 1, &text, &len);
+        cJSON_AddNumberToObject(l, "generation_batch", (double)o->batches);
+        cJSON_AddStringToObject(l, "prompt", o->train.text[o->gprompt[i]]);
+        cJSON_AddStringToObject(l, "completion", text ? text : "");
+        for (int k = 0; k < R; k++) {
+            const float v = scores[i * R + k];
+            cJSON_AddItemToObject(rw, ctrl_reward_set_name(o->rewards, k),
+                                  isnan(v) ? cJSON_CreateNull() : cJSON_CreateNumber(v));
+        }
+        cJSON_AddItemToObject(l, "rewards", rw);
+        cJSON_AddNumberToObject(l, "advantage", o->adv[i]);
+        char *s = cJSON_PrintUnformatted(l);
+        fprintf(o->completions, "%s\n", s);
+        cJSON_free(s), cJSON_Delete(l), free(text);
+    }
+    fflush(o->completions);
+}
+
 /* A new generation batch for training: generated, scored, with old / reference log-probs as the
  * trainer needs them, and advantages. Returns the prompt + completion tokens it holds. */
 static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
@@ -366,8 +398,10 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
                            .report_ctx = o};
         st = o->ops->advantages(o->trainer, &ro, o->adv);
     }
+    if (st == CTRL_OK && o->completions) log_completions(o, scores);
     free(scores), free(total), free(kl), free(ntok);
     o->used = 0;
+    o->batches++;
     return st;
 }
 
@@ -473,6 +507,7 @@ ctrl_status ctrl_online_after_step(ctrl_online *o) {
 void ctrl_online_free(ctrl_online *o) {
     if (!o) return;
     free(o->server_url), free(o->bearer), free(o->push_path);
+    if (o->completions) fclose(o->completions);
     gen_batch_free(o);
     ctrl_prompt_set_free(&o->train), ctrl_prompt_set_free(&o->eval);
     ctrl_reward_set_free(o->rewards);
