@@ -15,3 +15,8 @@ bash scripts/make_quickstart_data.sh runs/quickstart-data
 echo "metrics: runs/quickstart/metrics.jsonl (first and last lines below); model: runs/quickstart/"
 head -n 1 runs/quickstart/metrics.jsonl
 tail -n 2 runs/quickstart/metrics.jsonl
+# Then GRPO on the SFT model with the accuracy reward (configs/grpo-quickstart.ini, ~20 s).
+"${CTRL[@]}" train configs/grpo-quickstart.ini
+echo "GRPO held-out accuracy (sampled), before -> after:" \
+  "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/grpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
+  "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/grpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"

@@ -66,7 +66,8 @@ ctrl_status ctrl_online_after_step(ctrl_online *o);
 void ctrl_online_report(ctrl_online *o, const char *name, double value);
 /* Writes the window's metrics as JSON members ("name": mean, ...) and resets them. */
 void ctrl_online_log_window(ctrl_online *o, FILE *f);
-/* Greedy completions of the [data] eval_file prompts, scored: a metrics line with eval_reward and
+/* num_generations completions of each [data] eval_file prompt, sampled as in training (TRL's
+ * evaluation) from a fixed seed stream, scored: a metrics line with eval_reward and
  * eval_rewards/NAME/mean. No eval file: nothing. */
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f);
 void ctrl_online_free(ctrl_online *o);

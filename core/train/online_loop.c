@@ -476,8 +476,9 @@ void ctrl_online_log_window(ctrl_online *o, FILE *f) {
 
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     if (!o->eval.n) return CTRL_OK;
-    const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
-    ctrl_status st = generate(o, &o->eval, NULL, NULL, o->eval.n, 1, &greedy);
+    /* as TRL's evaluation: num_generations completions per prompt with the training's sampling
+     * settings, from a seed stream of their own (the same at every evaluation) */
+    ctrl_status st = generate(o, &o->eval, NULL, NULL, o->eval.n, o->spec.num_generations, &o->sampling);
     float *scores = NULL, *total = NULL;
     if (st == CTRL_OK) st = score(o, &o->eval, &scores, &total);
     if (st == CTRL_OK) {
@@ -491,8 +492,8 @@ ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
         }
         fprintf(f, "\"eval_prompts\": %d}\n", o->eval.n);
         fflush(f);
-        CTRL_INFO("eval: mean reward %.4f over %d prompts (greedy)", nanmean_stride(total, o->gn, 1, NULL),
-                  o->eval.n);
+        CTRL_INFO("eval: mean reward %.4f over %d prompts x %d completions",
+                  nanmean_stride(total, o->gn, 1, NULL), o->eval.n, o->spec.num_generations);
     }
     free(scores), free(total);
     gen_batch_free(o); /* the next training step generates anew */

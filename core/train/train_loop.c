@@ -412,6 +412,8 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
     long epoch_seen = -1;
     const long start_step = ts.step, start_tokens = ts.num_tokens;
     const double t_start = now();
+    if (st == CTRL_OK && r.online && ts.step == 0)
+        st = run_eval(&r, eval_bs, 0); /* the "before" of an RL run */
     while (ts.step < total && st == CTRL_OK) {
         const long step = ts.step, epoch = ts.cursor / n_rows;
         if (epoch != epoch_seen) { /* the order is a function of (seed, epoch): resumable */

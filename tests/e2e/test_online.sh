@@ -78,10 +78,11 @@ done
 
 # 3. RLOO with its KL penalty; GRPO with a reference model, two iterations per generation batch
 #    (old log-probs), sequence-level ratios and sleep mode.
-grpo_ini rloo rloo 3 "beta = 0.05" >"$TMP/rloo.ini"
+grpo_ini rloo rloo 3 "beta = 0.05" "[reward.acc]" "plugin = accuracy" "weight = 2" >"$TMP/rloo.ini"
 if "${C[@]}" train "$TMP/rloo.ini" --set train.save_strategy=no --set generation.log_completions=true >"$TMP/rloo.log" 2>&1; then ok; else bad "rloo run"; tail -5 "$TMP/rloo.log"; fi
 grep -q '"kl": ' "$TMP/rloo/metrics.jsonl" && ok || bad "rloo logs no kl"
-n=$(grep -c '"completion":.*"rewards":{"len":.*"advantage":' "$TMP/rloo/completions.jsonl")
+grep -q '"rewards/acc/mean": ' "$TMP/rloo/metrics.jsonl" && ok || bad "rloo logs no rewards/acc/mean"
+n=$(grep -c '"completion":.*"rewards":{"len":.*,"acc":.*"advantage":' "$TMP/rloo/completions.jsonl")
 [ "$n" = 48 ] && ok || bad "completions.jsonl has $n lines, want 3 steps x 16"
 grpo_ini ref grpo 3 "beta = 0.04" "num_iterations = 2" "steps_per_generation = 4" \
   "importance_sampling_level = sequence" "loss_type = grpo" >"$TMP/ref.ini"
