@@ -85,6 +85,8 @@ timeout 300 build-gpu/bench_cuda_ops 2>&1 | tee -a "$SUMMARY"
 timeout 300 python3 bench/cuda/torch_ops.py 2>&1 | tail -n 6 | tee -a "$SUMMARY"
 timeout 300 build-gpu/bench_cuda_head 2>&1 | tee -a "$SUMMARY"
 timeout 300 python3 bench/cuda/torch_head.py 2>&1 | tail -n 3 | tee -a "$SUMMARY"
+timeout 300 build-gpu/bench_cuda_flash build-gpu/plugins 2>&1 | tee -a "$SUMMARY"
+timeout 300 python3 bench/cuda/torch_flash.py 2>&1 | tail -n 8 | tee -a "$SUMMARY"
 
 echo
 echo "=== summary"

@@ -13,9 +13,13 @@ static ctrl_status eager_init(const ctrl_host *host) {
     return CTRL_OK;
 }
 
+static int eager_supports(const ctrl_attention_args *a) {
+    return attention_cpu_f32_supported(a) || attention_cuda_f32_supported(a);
+}
+
 static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(eager_host, "eager", a, 0);
+    ctrl_status st = attention_check_args(eager_host, "eager", a, 0, eager_supports);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_forward(a);
@@ -25,16 +29,12 @@ static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) 
 
 static ctrl_status eager_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(eager_host, "eager", a, 1);
+    ctrl_status st = attention_check_args(eager_host, "eager", a, 1, eager_supports);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_backward(a);
 #endif
     return eager_cpu_backward(a);
-}
-
-static int eager_supports(const ctrl_attention_args *a) {
-    return attention_cpu_f32_supported(a) || attention_cuda_f32_supported(a);
 }
 
 static const ctrl_attention_ops eager_ops = {

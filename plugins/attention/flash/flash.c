@@ -1,10 +1,13 @@
 /* The `flash` attention plugin: tiled online softmax (FlashAttention-2's algorithm), memory
- * linear in the sequence length. CPU fp32 path here; the CUDA kernels come with the CUDA
- * attention work and dispatch on args->device. */
+ * linear in the sequence length. fp32 on the CPU (flash_cpu.c); fp32 or bf16 on CUDA devices when
+ * built with CUDA (flash_cuda.cu). */
 #include <ctrl/attention.h>
 
 #include "../attention_plugin_common.h"
 #include "flash_cpu.h"
+#ifdef CTRL_HAVE_CUDA
+#include "flash_cuda.h"
+#endif
 
 const ctrl_host *flash_host;
 
@@ -13,21 +16,36 @@ static ctrl_status flash_init(const ctrl_host *host) {
     return CTRL_OK;
 }
 
+static int flash_supports(const ctrl_attention_args *a) {
+#ifdef CTRL_HAVE_CUDA
+    if (flash_cuda_supported(a)) return 1;
+#endif
+    return attention_cpu_f32_supported(a);
+}
+
 static ctrl_status flash_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(flash_host, "flash", a, 0);
-    return st != CTRL_OK ? st : flash_cpu_forward(a);
+    ctrl_status st = attention_check_args(flash_host, "flash", a, 0, flash_supports);
+    if (st != CTRL_OK) return st;
+#ifdef CTRL_HAVE_CUDA
+    if (a->device.type == CTRL_DEVICE_CUDA) return flash_cuda_forward(a);
+#endif
+    return flash_cpu_forward(a);
 }
 
 static ctrl_status flash_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(flash_host, "flash", a, 1);
-    return st != CTRL_OK ? st : flash_cpu_backward(a);
+    ctrl_status st = attention_check_args(flash_host, "flash", a, 1, flash_supports);
+    if (st != CTRL_OK) return st;
+#ifdef CTRL_HAVE_CUDA
+    if (a->device.type == CTRL_DEVICE_CUDA) return flash_cuda_backward(a);
+#endif
+    return flash_cpu_backward(a);
 }
 
 static const ctrl_attention_ops flash_ops = {
     .size = sizeof(ctrl_attention_ops),
-    .supports = attention_cpu_f32_supported,
+    .supports = flash_supports,
     .forward = flash_forward,
     .backward = flash_backward,
 };

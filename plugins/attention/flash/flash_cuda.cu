@@ -1,0 +1,245 @@
+// The flash plugin's CUDA path: FlashAttention-2's algorithm on variable-length flat batches,
+// fp32 or bf16 in and out, fp32 accumulation, never materialising T x T. This is the SIMT
+// baseline (one thread per query row in the forward and the dQ pass, one per key row in the
+// dK/dV pass; K/V and Q/dO tiles staged in shared memory); the tensor-core (mma.sync) and
+// Hopper (wgmma/TMA) paths are to be built and tuned on a GPU against it.
+//
+// Grid: (query or key tiles of the longest sequence, heads, sequences); tiles past a sequence's
+// end exit. Forward saves the log-sum-exp of the scaled scores per (head, token). Backward is two
+// kernels with no atomics, so it is deterministic: dK/dV per key tile (looping over the GQA
+// group's query heads and the visible query tiles), then dQ per query tile.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+extern "C" {
+#include "flash_cuda.h"
+}
+
+extern "C" const ctrl_host *flash_host;
+
+namespace {
+
+constexpr int kMaxD = 128; // head_dim up to this
+constexpr int kBr = 64;    // query rows per block (forward, dQ)
+constexpr int kBc = 32;    // key rows per staged tile (forward, dQ)
+constexpr int kBk = 64;    // key rows per block (dK/dV)
+constexpr int kBq = 32;    // query rows per staged tile (dK/dV)
+
+__device__ __forceinline__ float load(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float load(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void store(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
+
+// Key j is visible from query i (positions within their sequence).
+__device__ __forceinline__ bool visible(const ctrl_attention_args &a, int i, int j) {
+    return (!a.causal || j <= i) && (a.window <= 0 || j > i - a.window);
+}
+
+// The keys any query of [q0, q1) can see: [lo, hi].
+__device__ __forceinline__ void key_range(const ctrl_attention_args &a, int q0, int q1, int L, int *lo, int *hi) {
+    *lo = a.window > 0 ? max(0, q0 - a.window + 1) : 0;
+    *hi = a.causal ? min(L - 1, q1 - 1) : L - 1;
+}
+
+// Stages rows [r0, r0 + n) of head `hh` of x ([T, heads, D]) as fp32 into sh[n][D].
+template <typename T>
+__device__ void stage(float *sh, const T *x, int s0, int r0, int n, int L, int heads, int hh, int D) {
+    for (int e = threadIdx.x; e < n * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        sh[e] = r0 + r < L ? load(x, ((size_t)(s0 + r0 + r) * heads + hh) * D + d) : 0.f;
+    }
+}
+
+template <typename T>
+__global__ void fwd_kernel(ctrl_attention_args a) {
+    __shared__ float ks[kBc * kMaxD], vs[kBc * kMaxD];
+    const int seq = blockIdx.z, h = blockIdx.y, D = a.head_dim, H = a.n_head, HK = a.n_kv_head;
+    const int kvh = h / (H / HK), s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0;
+    const int q0 = blockIdx.x * kBr, i = q0 + threadIdx.x;
+    if (q0 >= L) return;
+    const bool row = i < L;
+    const T *Q = (const T *)a.q, *K = (const T *)a.k, *V = (const T *)a.v;
+    float q[kMaxD], acc[kMaxD];
+    for (int d = 0; d < D; d++) q[d] = row ? load(Q, ((size_t)(s0 + i) * H + h) * D + d) * a.scale : 0.f, acc[d] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    int lo, hi;
+    key_range(a, q0, min(q0 + kBr, L), L, &lo, &hi);
+    for (int k0 = lo - lo % kBc; k0 <= hi; k0 += kBc) {
+        __syncthreads();
+        stage(ks, K, s0, k0, kBc, L, HK, kvh, D);
+        stage(vs, V, s0, k0, kBc, L, HK, kvh, D);
+        __syncthreads();
+        if (!row) continue;
+        float s[kBc], mt = -INFINITY;
+        for (int jj = 0; jj < kBc; jj++) {
+            const int j = k0 + jj;
+            s[jj] = -INFINITY;
+            if (j >= L || !visible(a, i, j)) continue;
+            float dot = 0.f;
+            for (int d = 0; d < D; d++) dot += q[d] * ks[jj * D + d];
+            s[jj] = dot, mt = fmaxf(mt, dot);
+        }
+        if (mt == -INFINITY) continue;
+        const float mn = fmaxf(m, mt), f = expf(m - mn); // online softmax: rescale once per tile
+        l *= f;
+        for (int d = 0; d < D; d++) acc[d] *= f;
+        for (int jj = 0; jj < kBc; jj++) {
+            if (s[jj] == -INFINITY) continue;
+            const float p = expf(s[jj] - mn);
+            l += p;
+            for (int d = 0; d < D; d++) acc[d] += p * vs[jj * D + d];
+        }
+        m = mn;
+    }
+    if (!row) return;
+    T *O = (T *)a.out;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int d = 0; d < D; d++) store(O, ((size_t)(s0 + i) * H + h) * D + d, acc[d] * inv);
+    if (a.lse) a.lse[(size_t)h * a.total_tokens + s0 + i] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+// dK, dV for kBk keys of kv head `kvh`: every query head of its GQA group, every visible query.
+template <typename T>
+__global__ void bwd_dkdv_kernel(ctrl_attention_args a) {
+    extern __shared__ float sh[]; // Q tile, dO tile [kBq][D], lse and Di [kBq]
+    float *qs = sh, *dos = qs + kBq * a.head_dim, *lses = dos + kBq * a.head_dim, *dis = lses + kBq;
+    const int seq = blockIdx.z, kvh = blockIdx.y, D = a.head_dim, H = a.n_head, HK = a.n_kv_head;
+    const int group = H / HK, s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0;
+    const int k0 = blockIdx.x * kBk, j = k0 + threadIdx.x;
+    if (k0 >= L) return;
+    const bool row = j < L;
+    const T *Q = (const T *)a.q, *K = (const T *)a.k, *V = (const T *)a.v, *O = (const T *)a.out,
+            *dO = (const T *)a.dout;
+    float k[kMaxD], v[kMaxD], dk[kMaxD], dv[kMaxD];
+    for (int d = 0; d < D; d++) {
+        const size_t o = ((size_t)(s0 + j) * HK + kvh) * D + d;
+        k[d] = row ? load(K, o) : 0.f, v[d] = row ? load(V, o) : 0.f, dk[d] = 0.f, dv[d] = 0.f;
+    }
+    // queries that can see some key of [k0, k0 + kBk)
+    const int qlo = a.causal ? k0 : 0, kend = min(k0 + kBk, L) - 1;
+    const int qhi = a.window > 0 ? min(L - 1, kend + a.window - 1) : L - 1;
+    for (int g = 0; g < group; g++) {
+        const int h = kvh * group + g;
+        for (int q0 = qlo - qlo % kBq; q0 <= qhi; q0 += kBq) {
+            __syncthreads();
+            stage(qs, Q, s0, q0, kBq, L, H, h, D);
+            stage(dos, dO, s0, q0, kBq, L, H, h, D);
+            for (int r = threadIdx.x; r < kBq; r += blockDim.x) { // Di = dO_i . O_i
+                float di = 0.f;
+                const int i = q0 + r;
+                for (int d = 0; i < L && d < D; d++) {
+                    const size_t o = ((size_t)(s0 + i) * H + h) * D + d;
+                    di += load(dO, o) * load(O, o);
+                }
+                dis[r] = di;
+                lses[r] = i < L ? a.lse[(size_t)h * a.total_tokens + s0 + i] : 0.f;
+            }
+            __syncthreads();
+            if (!row) continue;
+            for (int r = 0; r < kBq; r++) {
+                const int i = q0 + r;
+                if (i >= L || !visible(a, i, j)) continue;
+                const float *qi = qs + r * D, *doi = dos + r * D;
+                float s = 0.f, dp = 0.f;
+                for (int d = 0; d < D; d++) s += qi[d] * k[d], dp += doi[d] * v[d];
+                const float p = expf(s * a.scale - lses[r]), ds = p * (dp - dis[r]) * a.scale;
+                for (int d = 0; d < D; d++) dv[d] += p * doi[d], dk[d] += ds * qi[d];
+            }
+        }
+    }
+    if (!row) return;
+    T *dK = (T *)a.dk, *dV = (T *)a.dv;
+    for (int d = 0; d < D; d++) {
+        const size_t o = ((size_t)(s0 + j) * HK + kvh) * D + d;
+        store(dK, o, dk[d]), store(dV, o, dv[d]);
+    }
+}
+
+// dQ for kBr queries of head h: every visible key.
+template <typename T>
+__global__ void bwd_dq_kernel(ctrl_attention_args a) {
+    __shared__ float ks[kBc * kMaxD], vs[kBc * kMaxD];
+    const int seq = blockIdx.z, h = blockIdx.y, D = a.head_dim, H = a.n_head, HK = a.n_kv_head;
+    const int kvh = h / (H / HK), s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0;
+    const int q0 = blockIdx.x * kBr, i = q0 + threadIdx.x;
+    if (q0 >= L) return;
+    const bool row = i < L;
+    const T *Q = (const T *)a.q, *K = (const T *)a.k, *V = (const T *)a.v, *O = (const T *)a.out,
+            *dO = (const T *)a.dout;
+    float q[kMaxD], g[kMaxD], dq[kMaxD], di = 0.f;
+    for (int d = 0; d < D; d++) {
+        const size_t o = ((size_t)(s0 + i) * H + h) * D + d;
+        q[d] = row ? load(Q, o) : 0.f, g[d] = row ? load(dO, o) : 0.f, dq[d] = 0.f;
+        di += row ? g[d] * load(O, o) : 0.f;
+    }
+    const float lse = row ? a.lse[(size_t)h * a.total_tokens + s0 + i] : 0.f;
+    int lo, hi;
+    key_range(a, q0, min(q0 + kBr, L), L, &lo, &hi);
+    for (int k0 = lo - lo % kBc; k0 <= hi; k0 += kBc) {
+        __syncthreads();
+        stage(ks, K, s0, k0, kBc, L, HK, kvh, D);
+        stage(vs, V, s0, k0, kBc, L, HK, kvh, D);
+        __syncthreads();
+        if (!row) continue;
+        for (int jj = 0; jj < kBc; jj++) {
+            const int j = k0 + jj;
+            if (j >= L || !visible(a, i, j)) continue;
+            float s = 0.f, dp = 0.f;
+            for (int d = 0; d < D; d++) s += q[d] * ks[jj * D + d], dp += g[d] * vs[jj * D + d];
+            const float ds = expf(s * a.scale - lse) * (dp - di) * a.scale;
+            for (int d = 0; d < D; d++) dq[d] += ds * ks[jj * D + d];
+        }
+    }
+    if (!row) return;
+    T *dQ = (T *)a.dq;
+    for (int d = 0; d < D; d++) store(dQ, ((size_t)(s0 + i) * H + h) * D + d, dq[d]);
+}
+
+int max_len(const ctrl_attention_args *a) {
+    int m = 0;
+    for (int b = 0; b < a->n_seqs; b++) m = max(m, a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b]);
+    return m;
+}
+
+ctrl_status launch_error(const char *what) {
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) return CTRL_OK;
+    return flash_host->error_set(CTRL_ERR_DEVICE, "attention flash (cuda) %s: %s", what, cudaGetErrorString(err));
+}
+
+template <typename T>
+ctrl_status forward(const ctrl_attention_args *a) {
+    const int L = max_len(a);
+    if (L == 0) return CTRL_OK;
+    fwd_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
+    return launch_error("forward");
+}
+
+template <typename T>
+ctrl_status backward(const ctrl_attention_args *a) {
+    const int L = max_len(a);
+    if (L == 0) return CTRL_OK;
+    const size_t shmem = sizeof(float) * (2 * (size_t)kBq * a->head_dim + 2 * kBq);
+    bwd_dkdv_kernel<T><<<dim3((L + kBk - 1) / kBk, a->n_kv_head, a->n_seqs), kBk, shmem>>>(*a);
+    ctrl_status st = launch_error("backward dK/dV");
+    if (st != CTRL_OK) return st;
+    bwd_dq_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
+    return launch_error("backward dQ");
+}
+
+} // namespace
+
+extern "C" int flash_cuda_supported(const ctrl_attention_args *a) {
+    return a->device.type == CTRL_DEVICE_CUDA && (a->dtype == CTRL_F32 || a->dtype == CTRL_BF16) &&
+           a->n_kv_head > 0 && a->n_head > 0 && a->n_head % a->n_kv_head == 0 && a->cu_seqlens_host != NULL &&
+           a->cu_seqlens != NULL && a->head_dim > 0 && a->head_dim <= kMaxD;
+}
+
+extern "C" ctrl_status flash_cuda_forward(const ctrl_attention_args *a) {
+    return a->dtype == CTRL_BF16 ? forward<__nv_bfloat16>(a) : forward<float>(a);
+}
+
+extern "C" ctrl_status flash_cuda_backward(const ctrl_attention_args *a) {
+    return a->dtype == CTRL_BF16 ? backward<__nv_bfloat16>(a) : backward<float>(a);
+}

@@ -1,0 +1,11 @@
+/* The flash plugin's CUDA path (flash_cuda.cu): fp32 or bf16 on a CUDA device, head_dim <= 128. */
+#ifndef CTRL_FLASH_CUDA_H
+#define CTRL_FLASH_CUDA_H
+
+#include <ctrl/attention.h>
+
+int flash_cuda_supported(const ctrl_attention_args *a);
+ctrl_status flash_cuda_forward(const ctrl_attention_args *a);
+ctrl_status flash_cuda_backward(const ctrl_attention_args *a);
+
+#endif
