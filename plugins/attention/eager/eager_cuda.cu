@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "../attention_cuda_common.cuh"
+
 extern "C" {
 #include "eager_cpu.h"
 }
@@ -125,38 +127,26 @@ __global__ void bwd_kernel(ctrl_attention_args a) {
     }
 }
 
-int max_len(const ctrl_attention_args *a) {
-    int m = 0;
-    for (int b = 0; b < a->n_seqs; b++) m = max(m, a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b]);
-    return m;
-}
-
-ctrl_status launch_error(const char *what) {
-    cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess) return CTRL_OK;
-    return eager_host->error_set(CTRL_ERR_DEVICE, "attention eager (cuda) %s: %s", what, cudaGetErrorString(err));
-}
-
 } // namespace
 
 extern "C" ctrl_status eager_cuda_forward(const ctrl_attention_args *a) {
-    const size_t shmem = sizeof(float) * (size_t)max_len(a);
+    const size_t shmem = sizeof(float) * (size_t)attention_max_len(a);
     if (shmem > 200 * 1024)
         return eager_host->error_set(CTRL_ERR_UNSUPPORTED, "attention eager (cuda): sequences of %d tokens exceed "
-                                     "its shared-memory score row; use flash", max_len(a));
+                                     "its shared-memory score row; use flash", attention_max_len(a));
     cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
     fwd_kernel<<<dim3(a->total_tokens, a->n_head), kThreads, shmem>>>(*a);
-    return launch_error("forward");
+    return attention_launch_error(eager_host, "eager", "forward");
 }
 
 extern "C" ctrl_status eager_cuda_backward(const ctrl_attention_args *a) {
-    const size_t shmem = 2 * sizeof(float) * (size_t)max_len(a);
+    const size_t shmem = 2 * sizeof(float) * (size_t)attention_max_len(a);
     if (shmem > 200 * 1024)
         return eager_host->error_set(CTRL_ERR_UNSUPPORTED, "attention eager (cuda): sequences of %d tokens are too long",
-                                     max_len(a));
+                                     attention_max_len(a));
     cudaMemset(a->dk, 0, sizeof(float) * (size_t)a->total_tokens * a->n_kv_head * a->head_dim);
     cudaMemset(a->dv, 0, sizeof(float) * (size_t)a->total_tokens * a->n_kv_head * a->head_dim);
     cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
     bwd_kernel<<<dim3(a->total_tokens, a->n_head), kThreads, shmem>>>(*a);
-    return launch_error("backward");
+    return attention_launch_error(eager_host, "eager", "backward");
 }

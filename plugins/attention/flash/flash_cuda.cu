@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "../attention_cuda_common.cuh"
+
 extern "C" {
 #include "flash_cuda.h"
 }
@@ -51,6 +53,15 @@ __device__ void stage(float *sh, const T *x, int s0, int r0, int n, int L, int h
     }
 }
 
+// The next K and V tile of kBc rows, between barriers (the previous tile is no longer read).
+template <typename T>
+__device__ void stage_kv(float *ks, float *vs, const T *K, const T *V, int s0, int k0, int L, int HK, int kvh, int D) {
+    __syncthreads();
+    stage(ks, K, s0, k0, kBc, L, HK, kvh, D);
+    stage(vs, V, s0, k0, kBc, L, HK, kvh, D);
+    __syncthreads();
+}
+
 template <typename T>
 __global__ void fwd_kernel(ctrl_attention_args a) {
     __shared__ float ks[kBc * kMaxD], vs[kBc * kMaxD];
@@ -66,10 +77,7 @@ __global__ void fwd_kernel(ctrl_attention_args a) {
     int lo, hi;
     key_range(a, q0, min(q0 + kBr, L), L, &lo, &hi);
     for (int k0 = lo - lo % kBc; k0 <= hi; k0 += kBc) {
-        __syncthreads();
-        stage(ks, K, s0, k0, kBc, L, HK, kvh, D);
-        stage(vs, V, s0, k0, kBc, L, HK, kvh, D);
-        __syncthreads();
+        stage_kv(ks, vs, K, V, s0, k0, L, HK, kvh, D);
         if (!row) continue;
         float s[kBc], mt = -INFINITY;
         for (int jj = 0; jj < kBc; jj++) {
@@ -177,10 +185,7 @@ __global__ void bwd_dq_kernel(ctrl_attention_args a) {
     int lo, hi;
     key_range(a, q0, min(q0 + kBr, L), L, &lo, &hi);
     for (int k0 = lo - lo % kBc; k0 <= hi; k0 += kBc) {
-        __syncthreads();
-        stage(ks, K, s0, k0, kBc, L, HK, kvh, D);
-        stage(vs, V, s0, k0, kBc, L, HK, kvh, D);
-        __syncthreads();
+        stage_kv(ks, vs, K, V, s0, k0, L, HK, kvh, D);
         if (!row) continue;
         for (int jj = 0; jj < kBc; jj++) {
             const int j = k0 + jj;
@@ -196,36 +201,24 @@ __global__ void bwd_dq_kernel(ctrl_attention_args a) {
     for (int d = 0; d < D; d++) store(dQ, ((size_t)(s0 + i) * H + h) * D + d, dq[d]);
 }
 
-int max_len(const ctrl_attention_args *a) {
-    int m = 0;
-    for (int b = 0; b < a->n_seqs; b++) m = max(m, a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b]);
-    return m;
-}
-
-ctrl_status launch_error(const char *what) {
-    cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess) return CTRL_OK;
-    return flash_host->error_set(CTRL_ERR_DEVICE, "attention flash (cuda) %s: %s", what, cudaGetErrorString(err));
-}
-
 template <typename T>
 ctrl_status forward(const ctrl_attention_args *a) {
-    const int L = max_len(a);
+    const int L = attention_max_len(a);
     if (L == 0) return CTRL_OK;
     fwd_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
-    return launch_error("forward");
+    return attention_launch_error(flash_host, "flash", "forward");
 }
 
 template <typename T>
 ctrl_status backward(const ctrl_attention_args *a) {
-    const int L = max_len(a);
+    const int L = attention_max_len(a);
     if (L == 0) return CTRL_OK;
     const size_t shmem = sizeof(float) * (2 * (size_t)kBq * a->head_dim + 2 * kBq);
     bwd_dkdv_kernel<T><<<dim3((L + kBk - 1) / kBk, a->n_kv_head, a->n_seqs), kBk, shmem>>>(*a);
-    ctrl_status st = launch_error("backward dK/dV");
+    ctrl_status st = attention_launch_error(flash_host, "flash", "backward dK/dV");
     if (st != CTRL_OK) return st;
     bwd_dq_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
-    return launch_error("backward dQ");
+    return attention_launch_error(flash_host, "flash", "backward dQ");
 }
 
 } // namespace

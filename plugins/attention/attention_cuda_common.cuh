@@ -1,0 +1,25 @@
+// Shared by the attention plugins' CUDA paths (header-only: each plugin is its own .so).
+#ifndef CTRL_PLUGIN_ATTENTION_CUDA_COMMON_CUH
+#define CTRL_PLUGIN_ATTENTION_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+
+extern "C" {
+#include <ctrl/attention.h>
+}
+
+// The longest sequence of the batch (host-side cu_seqlens): the grid covers its tiles.
+static inline int attention_max_len(const ctrl_attention_args *a) {
+    int m = 0;
+    for (int b = 0; b < a->n_seqs; b++) m = max(m, a->cu_seqlens_host[b + 1] - a->cu_seqlens_host[b]);
+    return m;
+}
+
+// CTRL_OK, or the last launch's error as "attention NAME (cuda) WHAT: ...".
+static inline ctrl_status attention_launch_error(const ctrl_host *host, const char *name, const char *what) {
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) return CTRL_OK;
+    return host->error_set(CTRL_ERR_DEVICE, "attention %s (cuda) %s: %s", name, what, cudaGetErrorString(err));
+}
+
+#endif
