@@ -102,6 +102,10 @@ ctrl_status ctrl_model_cuda_grads_to_host(ctrl_model_cuda *d, float *dst) {
     return ctrl_cuda_memcpy_d2h(dst, d->grads, d->n_params * 4);
 }
 
+ctrl_status ctrl_model_cuda_params_from_host(ctrl_model_cuda *d) {
+    return ctrl_cuda_memcpy_h2d(d->params, ctrl_model_params(d->host, NULL), d->n_params * 4);
+}
+
 static ctrl_status ensure(ctrl_model_cuda *d, const ctrl_batch *b) {
     const ctrl_model_config *c = &d->cfg;
     ctrl_status st = CTRL_OK;
@@ -197,7 +201,8 @@ static ctrl_attention_args attn_args(const ctrl_model_cuda *d, dev_layer *a) {
         if (s_ != CTRL_OK) return s_;                                                                        \
     } while (0)
 
-ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *d, const ctrl_batch *b, float *logp, int32_t *correct) {
+ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *d, const ctrl_batch *b, float *logp, float *entropy,
+                                    int32_t *correct) {
     const ctrl_model_config *c = &d->cfg;
     TRY(ensure(d, b));
     const int T = b->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
@@ -248,6 +253,7 @@ ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *d, const ctrl_batch *b, flo
     ctrl_status st = ctrl_cuda_head_forward(&ha, dlogp, d->head_ent, d->head_lse, dok, d->head_ws);
     if (st == CTRL_OK) st = ctrl_cuda_memcpy_d2h(logp, dlogp, sizeof(float) * T);
     if (st == CTRL_OK && correct) st = ctrl_cuda_memcpy_d2h(correct, dok, sizeof(int32_t) * T);
+    if (st == CTRL_OK && entropy) st = ctrl_cuda_memcpy_d2h(entropy, d->head_ent, sizeof(float) * T);
     ctrl_cuda_free(dlogp), ctrl_cuda_free(dok);
     return st;
 }
@@ -330,8 +336,13 @@ ctrl_status ctrl_model_cuda_create(ctrl_model *m, const ctrl_attention_ops *attn
     return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model on cuda: this ctrl was built without CUDA");
 }
 void ctrl_model_cuda_free(ctrl_model_cuda *d) { (void)d; }
-ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *d, const ctrl_batch *b, float *logp, int32_t *correct) {
-    (void)d, (void)b, (void)logp, (void)correct;
+ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *d, const ctrl_batch *b, float *logp, float *entropy,
+                                    int32_t *correct) {
+    (void)d, (void)b, (void)logp, (void)entropy, (void)correct;
+    return CTRL_ERR_UNSUPPORTED;
+}
+ctrl_status ctrl_model_cuda_params_from_host(ctrl_model_cuda *d) {
+    (void)d;
     return CTRL_ERR_UNSUPPORTED;
 }
 ctrl_status ctrl_model_cuda_backward(ctrl_model_cuda *d, const float *dlogp) {

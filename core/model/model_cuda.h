@@ -11,11 +11,14 @@ typedef struct ctrl_model_cuda ctrl_model_cuda;
 /* Copies `m`'s parameters to the current device; `attn` must run on CUDA. */
 ctrl_status ctrl_model_cuda_create(ctrl_model *m, const ctrl_attention_ops *attn, ctrl_model_cuda **out);
 void ctrl_model_cuda_free(ctrl_model_cuda *dm);
-/* The batch lives on the host; logp (and correct, may be NULL) are returned to the host. */
-ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *dm, const ctrl_batch *b, float *logp, int32_t *correct);
+/* The batch lives on the host; logp (and entropy and correct, may be NULL) are returned to the host. */
+ctrl_status ctrl_model_cuda_forward(ctrl_model_cuda *dm, const ctrl_batch *b, float *logp, float *entropy,
+                                    int32_t *correct);
 /* dlogp on the host; gradients accumulate on the device. */
 ctrl_status ctrl_model_cuda_backward(ctrl_model_cuda *dm, const float *dlogp);
 ctrl_status ctrl_model_cuda_zero_grad(ctrl_model_cuda *dm);
 ctrl_status ctrl_model_cuda_grads_to_host(ctrl_model_cuda *dm, float *dst);
+/* The host model's parameters (after an optimizer step on the host) copied to the device. */
+ctrl_status ctrl_model_cuda_params_from_host(ctrl_model_cuda *dm);
 
 #endif

@@ -19,6 +19,7 @@
 #include "train/checkpoint.h"
 #include "train/metrics_plot.h"
 #include "train/online.h"
+#include "device/cuda_backend.h"
 #include "train/train.h"
 
 static double now(void) {
@@ -40,6 +41,35 @@ static void shuffled(int *order, int n, uint64_t seed, int shuffle) {
     }
 }
 
+/* The model where the run computes: the host model, or its copy on a CUDA device (`[run] device`),
+ * whose gradients come back to the host buffer for clipping and the optimizer, and whose
+ * parameters are refreshed from the host after each optimizer step. */
+typedef struct compute {
+    ctrl_model *host;
+    const ctrl_cuda_backend *cuda;
+    ctrl_model_cuda *dev;
+} compute;
+
+static ctrl_status compute_forward(const compute *c, const ctrl_batch *b, float *lp, float *ent,
+                                   int32_t *ok) {
+    return c->dev ? c->cuda->forward(c->dev, b, lp, ent, ok) : ctrl_model_forward(c->host, b, lp, ent, ok);
+}
+static ctrl_status compute_backward(const compute *c, const float *dlogp) {
+    return c->dev ? c->cuda->backward(c->dev, dlogp) : ctrl_model_backward(c->host, dlogp);
+}
+static ctrl_status compute_zero_grad(const compute *c) {
+    ctrl_model_zero_grad(c->host);
+    return c->dev ? c->cuda->zero_grad(c->dev) : CTRL_OK;
+}
+/* After the micro-batches: the gradients in the host buffer. */
+static ctrl_status compute_gather_grads(const compute *c) {
+    return c->dev ? c->cuda->grads_to_host(c->dev, ctrl_model_grads(c->host, NULL)) : CTRL_OK;
+}
+/* After the optimizer step on the host parameters. */
+static ctrl_status compute_sync_params(const compute *c) {
+    return c->dev ? c->cuda->params_from_host(c->dev) : CTRL_OK;
+}
+
 typedef struct eval_result {
     double loss, accuracy, exact_match;
 } eval_result;
@@ -47,7 +77,7 @@ typedef struct eval_result {
 /* Teacher-forced evaluation. Exact match under greedy decoding equals "every trained token is the
  * argmax given the true prefix" (by induction over the completion), so it needs no generation; it
  * is counted per sequence (a packed row holds several), over sequences with a trained token. */
-static ctrl_status evaluate(ctrl_model *m, const ctrl_dataset *d, int bs, eval_result *r) {
+static ctrl_status evaluate(const compute *m, const ctrl_dataset *d, int bs, eval_result *r) {
     double nll = 0;
     long tokens = 0, correct = 0, exact = 0, sequences = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
@@ -59,7 +89,7 @@ static ctrl_status evaluate(ctrl_model *m, const ctrl_dataset *d, int bs, eval_r
         ctrl_batch_build(d, idx, n, &b, NULL);
         float *lp = malloc(sizeof(float) * (size_t)b.T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
-        st = ctrl_model_forward(m, &b, lp, NULL, ok);
+        st = compute_forward(m, &b, lp, NULL, ok);
         for (int k = 0; st == CTRL_OK && k < b.B; k++) {
             int all = 1, any = 0;
             for (int t = b.cu_seqlens[k]; t < b.cu_seqlens[k + 1]; t++) {
@@ -94,6 +124,7 @@ typedef struct run_state {
     int n_groups;
     FILE *metrics;
     ctrl_online *online; /* online trainers (grpo, rloo, ...): prompts, generation, rewards */
+    compute comp;
 } run_state;
 
 /* What the loop iterates over: SFT examples, or an online trainer's prompts. */
@@ -127,10 +158,9 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
     const char *attention = ctrl_config_get_string(cfg, "model", "attention");
     const char *optimizer = ctrl_config_get_string(cfg, "train", "optimizer");
     const char *model_path = ctrl_config_get_string(cfg, "model", "path");
-    const char *device = ctrl_config_get_string(cfg, "run", "device");
-    if (device && strcmp(device, "cpu") != 0 && strcmp(device, "auto") != 0)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[run] device = %s: training runs on the CPU so far (device = cpu)", device);
+    ctrl_device dev;
+    ctrl_status dst = ctrl_device_select(ctrl_config_get_string(cfg, "run", "device"), &dev, &r->comp.cuda);
+    if (dst != CTRL_OK) return dst;
     const ctrl_plugin_entry *te = ctrl_registry_find(reg, CTRL_KIND_TRAINER, trainer);
     const ctrl_plugin_entry *ae = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
     const ctrl_plugin_entry *oe = ctrl_registry_find(reg, CTRL_KIND_OPTIMIZER, optimizer);
@@ -142,7 +172,19 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
     ctrl_status st = r->trainer_ops->create(host, cfg, &r->trainer);
     if (st == CTRL_OK)
         st = ctrl_model_load(weights_dir ? weights_dir : model_path, ae->plugin->ops, &r->model);
-    if (st == CTRL_OK) st = attach_memory(r, reg);
+    r->comp.host = r->model;
+    if (st == CTRL_OK && r->comp.cuda) { /* fp32 on the device, the optimizer on the host (for now) */
+        if (r->trainer_ops->size >= sizeof(ctrl_trainer_ops) && r->trainer_ops->advantages)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "[run] trainer = %s: online trainers run on the CPU so far "
+                                  "(set [run] device = cpu)",
+                                  trainer);
+        st = r->comp.cuda->model_create(r->model, ae->plugin->ops, &r->comp.dev);
+        if (st == CTRL_OK && ctrl_config_list_count(cfg, "memory", "strategies") > 0)
+            CTRL_WARN(
+                "[memory] strategies: not applied on CUDA yet (every activation is kept on the device)");
+    }
+    if (st == CTRL_OK && !r->comp.dev) st = attach_memory(r, reg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
     if (st == CTRL_OK && r->trainer_ops->size >= sizeof(ctrl_trainer_ops) && r->trainer_ops->advantages)
         st = ctrl_online_create(cfg, reg, r->model, r->tok, r->trainer_ops, r->trainer, &r->online);
@@ -167,6 +209,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
 
 static void teardown(run_state *r) {
     ctrl_online_free(r->online);
+    if (r->comp.dev) r->comp.cuda->model_free(r->comp.dev);
     if (r->opt) r->opt_ops->destroy(r->opt);
     if (r->trainer) r->trainer_ops->destroy(r->trainer);
     if (r->mem) r->mem_ops->destroy(r->mem);
@@ -189,7 +232,8 @@ static ctrl_status finish_step(run_state *r, double lr, long step, step_stats *o
 static ctrl_status train_step(run_state *r, const int *order, long *cursor, int bs, int ga, double lr,
                               long step, step_stats *out) {
     memset(out, 0, sizeof *out);
-    ctrl_model_zero_grad(r->model);
+    ctrl_status zst = compute_zero_grad(&r->comp);
+    if (zst != CTRL_OK) return zst;
     if (r->online) {
         ctrl_status st = ctrl_online_accumulate(r->online, order, cursor, bs, ga, &out->loss, &out->tokens);
         if (st == CTRL_OK) st = finish_step(r, lr, step, out);
@@ -210,7 +254,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
         float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
         float *dlp = malloc(sizeof(float) * (size_t)T), *ent = malloc(sizeof(float) * (size_t)T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)T);
-        st = ctrl_model_forward(r->model, &mb[g], lp, ent, ok);
+        st = compute_forward(&r->comp, &mb[g], lp, ent, ok);
         if (st == CTRL_OK) {
             /* entropy and token accuracy over the trained tokens of each micro-batch, then averaged
              * over the micro-batches, as TRL's SFTTrainer logs them */
@@ -226,7 +270,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
                 .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
             double loss;
             st = r->trainer_ops->loss(r->trainer, &tb, &loss, dlp);
-            if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(r->model, dlp);
+            if (st == CTRL_OK) out->loss += loss, st = compute_backward(&r->comp, dlp);
         }
         free(lp), free(w), free(dlp), free(ent), free(ok);
     }
@@ -239,6 +283,8 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
 
 /* The gradients of the step are accumulated: their norm, clipping, the optimizer. */
 static ctrl_status finish_step(run_state *r, double lr, long step, step_stats *out) {
+    ctrl_status gst = compute_gather_grads(&r->comp);
+    if (gst != CTRL_OK) return gst;
     size_t n;
     float *grads = ctrl_model_grads(r->model, &n);
     out->grad_norm = sqrt(ctrl_cpu_sum_squares(grads, (int64_t)n));
@@ -253,7 +299,8 @@ static ctrl_status finish_step(run_state *r, double lr, long step, step_stats *o
         double coef = max_norm / (out->grad_norm + 1e-6);
         if (coef < 1) ctrl_cpu_scale(grads, (float)coef, (int64_t)n);
     }
-    return r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+    ctrl_status st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+    return st == CTRL_OK ? compute_sync_params(&r->comp) : st;
 }
 
 static void progress(long step, long total, double rate, double eta, double loss) {
@@ -292,7 +339,7 @@ static ctrl_status open_metrics(run_state *r, const char *out_dir, long resume_s
 static ctrl_status run_eval(run_state *r, int bs, long step) {
     if (r->online) return ctrl_online_evaluate(r->online, step, r->metrics);
     eval_result e;
-    ctrl_status st = evaluate(r->model, &r->eval, bs, &e);
+    ctrl_status st = evaluate(&r->comp, &r->eval, bs, &e);
     if (st != CTRL_OK) return st;
     fprintf(r->metrics, "{\"step\": %ld, ", step);
     fprintf(r->metrics,

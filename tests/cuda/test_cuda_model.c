@@ -73,7 +73,7 @@ TEST(model_forward_backward_matches_cpu) {
         CHECK_MSG(ctrl_model_cuda_create(m, e->plugin->ops, &dm) == CTRL_OK, "%s", ctrl_error_message());
         if (dm) {
             memset(lp_gpu, 0xff, sizeof lp_gpu);
-            CHECK_MSG(ctrl_model_cuda_forward(dm, &b, lp_gpu, NULL) == CTRL_OK, "%s: %s", archs[a],
+            CHECK_MSG(ctrl_model_cuda_forward(dm, &b, lp_gpu, NULL, NULL) == CTRL_OK, "%s: %s", archs[a],
                       ctrl_error_message());
             CHECK_MSG(ctrl_model_cuda_backward(dm, dl) == CTRL_OK, "%s: %s", archs[a], ctrl_error_message());
             CHECK_EQ_INT(ctrl_model_cuda_grads_to_host(dm, g_gpu), CTRL_OK);

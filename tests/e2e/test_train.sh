@@ -67,4 +67,14 @@ wait $pid
 rc=$?
 [ $rc -eq 130 ] && [ -f "$TMP/int/model.safetensors" ] && ok || { bad "SIGINT: exit $rc"; tail -3 "$TMP/log"; }
 
+# [run] device: auto falls back to the CPU (saying so); cuda without a usable GPU is a clear error.
+if [ ! -e /proc/driver/nvidia/version ]; then
+  "${C[@]}" train "$TMP/run.ini" --set run.device=auto --set train.max_steps=1 --set run.output_dir="$TMP/auto" \
+    >"$TMP/log" 2>&1 && grep -q "device auto: no NVIDIA driver; running on the CPU" "$TMP/log" && ok ||
+    { bad "device auto"; tail -3 "$TMP/log"; }
+  "${C[@]}" train "$TMP/run.ini" --set run.device=cuda:1 --set run.output_dir="$TMP/cuda" >"$TMP/log" 2>&1
+  rc=$?
+  [ $rc -eq 1 ] && grep -q "\[run\] device = cuda:1: " "$TMP/log" && ok || { bad "device cuda without a GPU: exit $rc"; cat "$TMP/log"; }
+fi
+
 finish

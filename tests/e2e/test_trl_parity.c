@@ -16,9 +16,15 @@
 #include "file_text.h"
 #include "test.h"
 #include "test_registry.h"
+#include "device/cuda_backend.h"
 #include "train/train.h"
 
 #define DIR CTRL_FIXTURE_DIR "/trl_sft"
+
+/* tests/cuda/test_cuda_train.c includes this file with "cuda": the same curves, trained on a GPU. */
+#ifndef TRL_PARITY_DEVICE
+#define TRL_PARITY_DEVICE "cpu"
+#endif
 
 /* The case's INI with @DIR@ and @OUT@ filled in, written to tmp/<name>.ini. */
 static int write_ini(const char *name, char *ini_path, size_t cap, char *out_dir, size_t out_cap) {
@@ -51,9 +57,13 @@ static void run_case(const char *name) {
     char ini[1200], out[1200], path[1300];
     CHECK(write_ini(name, ini, sizeof ini, out, sizeof out) == 0);
     mkdir(out, 0755);
+    ctrl_device dev;
+    const ctrl_cuda_backend *cuda;
+    if (ctrl_device_select(TRL_PARITY_DEVICE, &dev, &cuda) != CTRL_OK) TEST_SKIP(ctrl_error_message());
     ctrl_registry *reg = test_plugin_registry();
     ctrl_config *cfg = NULL;
-    ctrl_status st = ctrl_config_load(ini, NULL, 0, reg, &cfg);
+    const char *device[] = {"run.device=" TRL_PARITY_DEVICE};
+    ctrl_status st = ctrl_config_load(ini, device, 1, reg, &cfg);
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
     if (st == CTRL_OK) st = ctrl_train_run(cfg, reg, NULL);
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
@@ -105,7 +115,8 @@ static void run_case(const char *name) {
         cJSON_Delete(a), cJSON_Delete(b);
     }
     CHECK_EQ_INT(steps, 20);
-    printf("  %s: 20 steps, worst relative error loss %.2g, grad_norm %.2g\n", name, worst_loss, worst_norm);
+    printf("  %s (%s): 20 steps, worst relative error loss %.2g, grad_norm %.2g\n", name, TRL_PARITY_DEVICE,
+           worst_loss, worst_norm);
     free(ours), free(theirs);
 }
 

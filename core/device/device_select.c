@@ -1,0 +1,73 @@
+/* `[run] device` (see cuda_backend.h): libctrl_cuda.so is looked for beside libctrl (the build
+ * tree and the install prefix both keep them together), then on the loader's path. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ctrl/log.h>
+
+#include "device/cuda_backend.h"
+
+static const ctrl_cuda_backend *load_backend(char *why, size_t cap) {
+    Dl_info self;
+    char path[4200];
+    void *h = NULL;
+    if (dladdr((void *)ctrl_device_select, &self) && self.dli_fname) {
+        const char *slash = strrchr(self.dli_fname, '/');
+        const int n = slash ? (int)(slash - self.dli_fname) : 0;
+        snprintf(path, sizeof path, "%.*s/libctrl_cuda.so", n, self.dli_fname);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) h = dlopen("libctrl_cuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, cap, "cannot load libctrl_cuda.so: %s", dlerror());
+        return NULL;
+    }
+    const ctrl_cuda_backend *(*table)(void) =
+        (const ctrl_cuda_backend *(*)(void))dlsym(h, "ctrl_cuda_backend_table");
+    if (!table) {
+        snprintf(why, cap, "libctrl_cuda.so has no backend table: %s", dlerror());
+        return NULL;
+    }
+    return table();
+}
+
+ctrl_status ctrl_device_select(const char *spec, ctrl_device *out, const ctrl_cuda_backend **backend) {
+    *out = (ctrl_device){CTRL_DEVICE_CPU, 0};
+    *backend = NULL;
+    if (!spec || !strcmp(spec, "cpu")) return CTRL_OK;
+    const int is_auto = !strcmp(spec, "auto");
+    int index = 0;
+    char tail;
+    if (!is_auto && strcmp(spec, "cuda") != 0 && (sscanf(spec, "cuda:%d%c", &index, &tail) != 1 || index < 0))
+        return ctrl_error_set(CTRL_ERR_CONFIG, "[run] device = %s: expected auto, cpu, cuda or cuda:N", spec);
+    /* no NVIDIA driver: not worth mapping the CUDA libraries (about 150 MiB) to find out */
+    if (is_auto && access("/proc/driver/nvidia/version", R_OK) != 0) {
+        CTRL_INFO("device auto: no NVIDIA driver; running on the CPU");
+        return CTRL_OK;
+    }
+    char why[1024] = "";
+    const ctrl_cuda_backend *b = load_backend(why, sizeof why);
+    int count = b ? b->device_count() : 0;
+    if (b && count == 0) snprintf(why, sizeof why, "%s", b->unavailable_reason());
+    if (is_auto && count == 0) {
+        CTRL_INFO("device auto: no usable GPU (%s); running on the CPU", why);
+        return CTRL_OK;
+    }
+    if (index >= count)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "[run] device = %s: %s", spec,
+                              count == 0 ? why : "no such CUDA device (see nvidia-smi)");
+    ctrl_status st = b->set_device(index);
+    if (st != CTRL_OK) return st;
+    char name[256] = "";
+    b->device_name(index, name, sizeof name);
+    CTRL_INFO("device %s: CUDA device %d (%s)", spec, index, name);
+    *out = (ctrl_device){CTRL_DEVICE_CUDA, index};
+    *backend = b;
+    return CTRL_OK;
+}
