@@ -180,8 +180,51 @@ check_http 200 "serve /sleep" -X POST "localhost:$PORT/sleep" -d '{"level": 2}'
 check_http 500 "serve generate while asleep" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"]}'
 check_http 200 "serve /wake_up" -X POST "localhost:$PORT/wake_up"
 check_http 200 "serve generate after wake_up" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "max_tokens": 2}'
+# OpenAI chat completions (the tokenizer's ChatML template), and SSE streaming of both OpenAI
+# endpoints: the streamed text equals the non-streamed one (greedy), then `data: [DONE]`.
+check_http 200 "serve /v1/chat/completions" -X POST "localhost:$PORT/v1/chat/completions" \
+  -d '{"model": "m", "messages": [{"role": "user", "content": "1+2="}], "max_tokens": 4}'
+contains '"object":"chat.completion"' "chat completion shape"
+contains '"message":{"role":"assistant","content":' "chat completion message"
+check_http 400 "serve chat without messages" -X POST "localhost:$PORT/v1/chat/completions" -d '{"model": "m"}'
+whole=$(curl -s -X POST "localhost:$PORT/v1/completions" -d '{"prompt": "1+2=", "max_tokens": 6, "temperature": 0}' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])' 2>/dev/null)
+curl -sN -X POST "localhost:$PORT/v1/completions" \
+  -d '{"prompt": "1+2=", "max_tokens": 6, "temperature": 0, "stream": true}' >"$TMP/sse.txt"
+streamed=$(python3 -c '
+import json, sys
+print("".join(json.loads(l[6:])["choices"][0]["text"] for l in open(sys.argv[1]) if l.startswith("data: {")))' \
+  "$TMP/sse.txt" 2>/dev/null)
+if [ "$(tail -n 2 "$TMP/sse.txt" | head -n 1)" = "data: [DONE]" ] && grep -q '"finish_reason":"length"' "$TMP/sse.txt" &&
+  { ! command -v python3 >/dev/null || [ "$streamed" = "$whole" ]; }; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL SSE completions: '$streamed' vs '$whole'"; cat "$TMP/sse.txt"
+fi
+curl -sN -X POST "localhost:$PORT/v1/chat/completions" \
+  -d '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": true}' >"$TMP/sse2.txt"
+grep -q '"object":"chat.completion.chunk"' "$TMP/sse2.txt" && grep -q '"delta":{"role":"assistant"' "$TMP/sse2.txt" &&
+  grep -q '^data: \[DONE\]' "$TMP/sse2.txt" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL SSE chat"; cat "$TMP/sse2.txt"; }
 kill -INT $spid
 wait $spid && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL serve did not stop cleanly"; cat "$TMP/serve.log"; }
+
+# An API key: /health stays open, everything else wants the bearer token. SIGTERM lets the request
+# in flight finish (200) before the server exits 0.
+"${C[@]}" serve --model "$TMP/m" --port "$PORT" --api-key s3cret >"$TMP/serve2.log" 2>&1 &
+spid=$!
+for i in $(seq 50); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+check_http 200 "serve /health without the key" "localhost:$PORT/health"
+check_http 401 "serve without the key" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"]}'
+check_http 401 "serve with a wrong key" -H "Authorization: Bearer nope" "localhost:$PORT/v1/models"
+check_http 200 "serve with the key" -H "Authorization: Bearer s3cret" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "max_tokens": 2}'
+curl -s -o "$TMP/long.json" -w "%{http_code}" -H "Authorization: Bearer s3cret" -X POST "localhost:$PORT/generate" \
+  -d '{"prompts": ["x"], "n": 256, "max_tokens": 400}' >"$TMP/long.code" &
+cpid=$!
+sleep 0.3
+kill -TERM $spid
+wait $cpid
+wait $spid && [ "$(cat "$TMP/long.code")" = 200 ] && grep -q completion_ids "$TMP/long.json" && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "FAIL SIGTERM drain: HTTP $(cat "$TMP/long.code")"; cat "$TMP/serve2.log"; }
 
 # config reference is generated from the option tables and the committed copy is current.
 expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"
