@@ -169,7 +169,9 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
     for (int r = 0, i = 0; r < n_req && st == CTRL_OK; r++)
         for (int k = 0; k < reqs[r].n; k++, i++) {
             gen_seq *s = &seqs[i];
-            s->req = r, s->out = &outs[i], s->state = k == 0 ? WAITING : FORK_PENDING;
+            s->req = r, s->out = &outs[i],
+            s->state = k == 0 || e->cfg.no_prefix_sharing ? WAITING : FORK_PENDING;
+            s->forked = k > 0 && e->cfg.no_prefix_sharing;
             memset(s->out, 0, sizeof *s->out);
             ctrl_rng_seed(&s->rng, reqs[r].seed * 1000003ull + (uint64_t)k); /* per request and sample */
             for (int t = 0; t < reqs[r].prompt_len && st == CTRL_OK; t++)

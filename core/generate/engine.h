@@ -43,6 +43,7 @@ typedef struct ctrl_engine_config {
     int block_size;             /* 16 */
     int max_num_seqs;           /* running sequences per step */
     int max_num_batched_tokens; /* tokens per step (decode + prefill chunks) */
+    int no_prefix_sharing;      /* 1: every sample prefills its own prompt (for comparisons) */
 } ctrl_engine_config;
 
 typedef struct ctrl_engine ctrl_engine;
