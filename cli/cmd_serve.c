@@ -176,7 +176,10 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     ctrl_status st = ctrl_model_load(dir, NULL, &s.model);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);
-    const ctrl_engine_config ec = {(size_t)kv_mb << 20, 16, 256, 8192};
+    const ctrl_engine_config ec = {.kv_cache_bytes = (size_t)kv_mb << 20,
+                                   .block_size = 16,
+                                   .max_num_seqs = 256,
+                                   .max_num_batched_tokens = 8192};
     if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
     if (st == CTRL_OK) s.n_stop = ctrl_generation_stop_ids(dir, s.tok, s.stops, 16);
     struct MHD_Daemon *d = NULL;
