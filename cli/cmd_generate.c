@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "file_text.h"
 #include "generate/engine.h"
+#include "progress.h"
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -102,23 +103,37 @@ static const char *find_stop(const gen_args *a, const char *text) {
     return first;
 }
 
+/* Called after every drawn token: only a match that ends in the new token's text is new, so only
+ * the completion's tail is decoded — enough tokens for the longest stop string plus a few, since a
+ * token may be a fragment of a UTF-8 character. */
 static int stop_check(void *ctx, const int32_t *ids, int len) {
     const stop_strings *s = ctx;
+    size_t need = 0;
+    for (int i = 0; i < s->a->n_stop_strings; i++)
+        if (strlen(s->a->stop[i]) > need) need = strlen(s->a->stop[i]);
+    need += 16;
+    int from = len;
     char *text = NULL;
-    size_t n;
-    if (ctrl_tokenizer_decode(s->tok, ids, (size_t)len, 1, &text, &n) != CTRL_OK) return 0;
+    size_t n = 0;
+    do {
+        from = from > 8 ? from - 8 : 0;
+        free(text), text = NULL;
+        if (ctrl_tokenizer_decode(s->tok, ids + from, (size_t)(len - from), 1, &text, &n) != CTRL_OK)
+            return 0;
+    } while (from > 0 && n < need);
     const int hit = find_stop(s->a, text) != NULL;
     free(text);
     return hit;
 }
 
+typedef struct progress_ctx {
+    ctrl_progress bar;
+    long max_tokens; /* every sample running to max_tokens: the bar's end */
+} progress_ctx;
+
 static void show_progress(long generated, void *ctx) {
-    const double *t0 = ctx;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - *t0;
-    if (isatty(fileno(stderr)))
-        fprintf(stderr, "\r%ld tokens  %.0f tokens/s ", generated, generated / (dt > 0 ? dt : 1));
+    progress_ctx *p = ctx;
+    ctrl_progress_update(&p->bar, generated, p->max_tokens, (double)generated, "tokens", NULL);
 }
 
 /* One prompt line to token ids: {"prompt": text} (special tokens added, as vLLM), or with --chat
@@ -202,8 +217,11 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, &eng);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
-    if (st == CTRL_OK) st = ctrl_engine_generate(eng, reqs, n_req, outs, show_progress, &t0);
+    const double t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    progress_ctx prog = {.max_tokens = (long)n_req * a.n * a.max_tokens};
+    ctrl_progress_start(&prog.bar, "tokens", 5.0);
+    if (st == CTRL_OK) st = ctrl_engine_generate(eng, reqs, n_req, outs, show_progress, &prog);
+    ctrl_progress_end(&prog.bar);
     FILE *f = st == CTRL_OK ? fopen(a.out, "w") : NULL;
     if (st == CTRL_OK && !f) st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", a.out, strerror(errno));
     long total = 0;
