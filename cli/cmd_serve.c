@@ -106,9 +106,13 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     const int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (get && !strcmp(url, "/health")) {
+    if (get && !strcmp(url, "/health")) { /* with the batcher's counters */
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", "ok");
+        pthread_mutex_lock(&s->batch.lock);
+        cJSON_AddNumberToObject(o, "generations", (double)s->batch.batches);
+        cJSON_AddNumberToObject(o, "max_requests_per_generation", (double)s->batch.max_jobs);
+        pthread_mutex_unlock(&s->batch.lock);
         return serve_reply(c, 200, o);
     }
     if (!authorized(d, c)) return serve_error(c, 401, "missing or wrong API key (Authorization: Bearer KEY)");
@@ -182,9 +186,11 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
                                    .max_num_batched_tokens = 8192};
     if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
     if (st == CTRL_OK) s.n_stop = ctrl_generation_stop_ids(dir, s.tok, s.stops, 16);
+    const int batching = st == CTRL_OK && (st = serve_batch_start(&s)) == CTRL_OK;
     struct MHD_Daemon *d = NULL;
-    if (st == CTRL_OK) {
-        d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG,
+    if (st == CTRL_OK) { /* a thread per connection: requests wait for the batcher side by side */
+        d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                                 MHD_USE_ERROR_LOG,
                              (uint16_t)port, NULL, NULL, handle, &ds, MHD_OPTION_SOCK_ADDR, &addr,
                              MHD_OPTION_NOTIFY_COMPLETED, finished, &ds, MHD_OPTION_END);
         if (!d) st = ctrl_error_set(CTRL_ERR_IO, "serve: cannot listen on %s:%ld", host, port);
@@ -206,6 +212,7 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
         MHD_stop_daemon(d);
         CTRL_INFO("serve: stopped");
     }
+    if (batching) serve_batch_stop(&s);
     ctrl_engine_free(s.eng);
     ctrl_template_free(s.chat);
     ctrl_tokenizer_free(s.tok);

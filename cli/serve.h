@@ -11,6 +11,19 @@
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
+typedef struct serve_job serve_job;
+
+/* Requests that arrive while a generation runs wait in a queue; when it ends, every queued
+ * request goes into the next one, so concurrent clients are batched together (serve_batch.c). */
+typedef struct serve_batcher {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    serve_job *head, *tail;
+    int stop;
+    pthread_t thread;
+    long batches, max_jobs; /* engine calls so far; the most requests one of them carried */
+} serve_batcher;
+
 typedef struct server {
     ctrl_model *model;
     ctrl_tokenizer *tok;
@@ -21,7 +34,16 @@ typedef struct server {
     size_t max_body;
     int32_t stops[16];
     int n_stop;
+    serve_batcher batch;
 } server;
+
+/* One request's generation through the batcher: blocks until its outputs are in outs (n_req *
+ * reqs[0].n entries). While it runs, `on_step` (may be NULL) is called after every engine step
+ * with the outputs so far. */
+ctrl_status serve_batch_generate(server *s, const ctrl_gen_request *reqs, int n_req, ctrl_gen_output *outs,
+                                 void (*on_step)(const ctrl_gen_output *live, void *ctx), void *ctx);
+ctrl_status serve_batch_start(server *s);
+void serve_batch_stop(server *s);
 
 enum { SERVE_TRL, SERVE_COMPLETIONS, SERVE_CHAT };
 

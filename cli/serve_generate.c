@@ -183,8 +183,8 @@ static cJSON *response(server *s, int kind, const ctrl_gen_request *reqs, int n,
     return o;
 }
 
-/* A streamed request: the generation runs on its own thread and queues SSE events; the daemon's
- * content reader hands them out as they come. */
+/* A streamed request: its generation (through the batcher) waits on a thread of its own and queues
+ * SSE events after every engine step; the daemon's content reader hands them out as they come. */
 typedef struct stream {
     server *s;
     int kind, n_req, n_out;
@@ -224,11 +224,11 @@ static void push_json(stream *st, cJSON *o) {
     free(ev), free(j);
 }
 
-/* New text of every completion since the last call (text that ends inside a multi-byte character
- * waits for the rest); with `final`, also each one's finish reason. */
-static void emit(stream *st, int final) {
+/* New text of every completion (`outs`: as they stand) since the last call (text that ends inside
+ * a multi-byte character waits for the rest); with `final`, also each one's finish reason. */
+static void emit(stream *st, const ctrl_gen_output *outs, int final) {
     for (int i = 0; i < st->n_out; i++) {
-        const ctrl_gen_output *g = &st->outs[i];
+        const ctrl_gen_output *g = &outs[i];
         char *txt = decoded(st->s, g, g->len);
         size_t n = strlen(txt);
         if (!final)
@@ -247,18 +247,13 @@ static void emit(stream *st, int final) {
     }
 }
 
-static void on_step(long generated, void *ctx) {
-    (void)generated;
-    emit(ctx, 0);
-}
+static void on_step(const ctrl_gen_output *live, void *ctx) { emit(ctx, live, 0); }
 
 static void *stream_run(void *arg) {
     stream *st = arg;
-    pthread_mutex_lock(&st->s->engine_lock);
-    const ctrl_status rc = ctrl_engine_generate(st->s->eng, st->reqs, st->n_req, st->outs, on_step, st);
-    pthread_mutex_unlock(&st->s->engine_lock);
+    const ctrl_status rc = serve_batch_generate(st->s, st->reqs, st->n_req, st->outs, on_step, st);
     if (rc == CTRL_OK) {
-        emit(st, 1);
+        emit(st, st->outs, 1);
     } else {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "error", ctrl_error_message());
@@ -355,9 +350,7 @@ enum MHD_Result serve_generate(server *s, struct MHD_Connection *c, const cJSON 
     if (kind != SERVE_TRL && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(in, "stream")))
         return start_stream(s, c, kind, reqs, n, ids, lens); /* it owns reqs, ids and lens now */
     ctrl_gen_output *outs = calloc((size_t)n * base.n, sizeof *outs);
-    pthread_mutex_lock(&s->engine_lock);
-    const ctrl_status st = ctrl_engine_generate(s->eng, reqs, n, outs, NULL, NULL);
-    pthread_mutex_unlock(&s->engine_lock);
+    const ctrl_status st = serve_batch_generate(s, reqs, n, outs, NULL, NULL);
     const enum MHD_Result ret = st == CTRL_OK ? serve_reply(c, 200, response(s, kind, reqs, n, outs))
                                               : serve_error(c, 500, ctrl_error_message());
     for (size_t i = 0; i < (size_t)n * base.n; i++) ctrl_gen_output_free(&outs[i]);

@@ -205,6 +205,29 @@ curl -sN -X POST "localhost:$PORT/v1/chat/completions" \
   -d '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": true}' >"$TMP/sse2.txt"
 grep -q '"object":"chat.completion.chunk"' "$TMP/sse2.txt" && grep -q '"delta":{"role":"assistant"' "$TMP/sse2.txt" &&
   grep -q '^data: \[DONE\]' "$TMP/sse2.txt" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL SSE chat"; cat "$TMP/sse2.txt"; }
+# 64 concurrent requests are batched together (fewer engine generations than requests) and each
+# gets the tokens it gets when served alone (seeded sampling: per-request generators).
+mkdir -p "$TMP/alone" "$TMP/together"
+body() { echo "{\"prompts\": [\"$1+$1=\"], \"max_tokens\": 8, \"seed\": $1, \"n\": 2}"; }
+for i in $(seq 64); do curl -s -X POST "localhost:$PORT/generate" -d "$(body $i)" >"$TMP/alone/$i"; done
+before=$(curl -s "localhost:$PORT/health" | sed 's/.*"generations":\([0-9]*\).*/\1/')
+pids=()
+for i in $(seq 64); do
+  curl -s -X POST "localhost:$PORT/generate" -d "$(body $i)" >"$TMP/together/$i" &
+  pids+=($!)
+done
+wait "${pids[@]}" # not a bare wait: the server is a background job too
+after=$(curl -s "localhost:$PORT/health" | sed 's/.*"generations":\([0-9]*\).*/\1/')
+most=$(curl -s "localhost:$PORT/health" | sed 's/.*"max_requests_per_generation":\([0-9]*\).*/\1/')
+same=0
+ids_of() { grep -o '"completion_ids":.*,"logprobs"' "$1"; } # the tokens (log-probs vary in the last bits with the batch)
+for i in $(seq 64); do
+  [ -n "$(ids_of "$TMP/alone/$i")" ] && [ "$(ids_of "$TMP/alone/$i")" = "$(ids_of "$TMP/together/$i")" ] && same=$((same + 1))
+done
+[ "$same" = 64 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL concurrent requests: $same/64 as when alone"; }
+[ $((after - before)) -lt 64 ] && [ "$most" -gt 1 ] && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "FAIL concurrent requests not batched: $((after - before)) generations, at most $most together"; }
+echo "64 concurrent requests: $((after - before)) generations, up to $most requests in one"
 kill -INT $spid
 wait $spid && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL serve did not stop cleanly"; cat "$TMP/serve.log"; }
 
