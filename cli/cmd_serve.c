@@ -113,6 +113,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         cJSON_AddNumberToObject(o, "generations", (double)s->batch.batches);
         cJSON_AddNumberToObject(o, "max_requests_per_generation", (double)s->batch.max_jobs);
         pthread_mutex_unlock(&s->batch.lock);
+        pthread_mutex_lock(&d->lock);
+        cJSON_AddNumberToObject(o, "requests_in_flight", d->in_flight - 1); /* not counting this one */
+        pthread_mutex_unlock(&d->lock);
         return serve_reply(c, 200, o);
     }
     if (!authorized(d, c)) return serve_error(c, 401, "missing or wrong API key (Authorization: Bearer KEY)");

@@ -241,9 +241,12 @@ check_http 401 "serve without the key" -X POST "localhost:$PORT/generate" -d '{"
 check_http 401 "serve with a wrong key" -H "Authorization: Bearer nope" "localhost:$PORT/v1/models"
 check_http 200 "serve with the key" -H "Authorization: Bearer s3cret" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "max_tokens": 2}'
 curl -s -o "$TMP/long.json" -w "%{http_code}" -H "Authorization: Bearer s3cret" -X POST "localhost:$PORT/generate" \
-  -d '{"prompts": ["x"], "n": 256, "max_tokens": 400}' >"$TMP/long.code" &
+  -d '{"prompts": ["x"], "n": 64, "max_tokens": 400}' >"$TMP/long.code" &
 cpid=$!
-sleep 0.3
+for i in $(seq 100); do # until the server has it
+  curl -s "localhost:$PORT/health" | grep -q '"requests_in_flight":[1-9]' && break
+  sleep 0.05
+done
 kill -TERM $spid
 wait $cpid
 wait $spid && [ "$(cat "$TMP/long.code")" = 200 ] && grep -q completion_ids "$TMP/long.json" && pass=$((pass + 1)) ||
