@@ -1,8 +1,13 @@
 /* ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb N] [--max-body-kb N]
- * HTTP (libmicrohttpd) over the generation engine: GET /health, GET /v1/models, POST /generate
- * (shaped like TRL's vllm-serve), POST /v1/completions (OpenAI, non-streaming), POST /sleep,
- * /wake_up, /reset_prefix_cache, /update_weights (a safetensors body). Requests are served one at a time (the
- * engine batches the prompts and samples of one request). */
+ *            [--api-key KEY]
+ * HTTP (libmicrohttpd, a thread per connection) over the generation engine: GET /health,
+ * /v1/models; POST /generate (shaped like TRL's vllm-serve), /v1/completions and
+ * /v1/chat/completions (OpenAI, with SSE streaming; serve_generate.c), /update_weights (a
+ * safetensors body; serve_weights.c), /sleep, /wake_up, /reset_prefix_cache. Concurrent requests
+ * are batched into the same generations (serve_batch.c); finished prompts stay in a prefix cache,
+ * emptied when the weights change. With an API key (or CTRL_API_KEY) every endpoint but /health
+ * wants `Authorization: Bearer KEY`. SIGINT/SIGTERM stop accepting connections, let the requests in
+ * flight finish, and exit 0. */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <microhttpd.h>
@@ -43,6 +48,7 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, const char *ur
         char err[512];
         pthread_mutex_lock(&s->engine_lock); /* between generations, never during one */
         const int n = serve_update_weights(s->model, b->data ? b->data : "", b->len, err, sizeof err);
+        if (n > 0) ctrl_engine_reset_prefix_cache(s->eng); /* cached K/V were computed with the old weights */
         pthread_mutex_unlock(&s->engine_lock);
         if (n < 0) return serve_error(c, 400, err);
         cJSON *o = cJSON_CreateObject();
@@ -62,10 +68,9 @@ static enum MHD_Result route(server *s, struct MHD_Connection *c, const char *ur
     else if (!strcmp(url, "/sleep") || !strcmp(url, "/wake_up") || !strcmp(url, "/reset_prefix_cache")) {
         const cJSON *lv = cJSON_GetObjectItemCaseSensitive(in, "level");
         pthread_mutex_lock(&s->engine_lock);
-        ctrl_status st = url[1] == 's' ? ctrl_engine_sleep(s->eng, cJSON_IsNumber(lv) ? lv->valueint : 1)
-                         : url[1] == 'w'
-                             ? ctrl_engine_wake_up(s->eng)
-                             : CTRL_OK; /* no prefix cache across requests yet: nothing to reset */
+        ctrl_status st = url[1] == 's'   ? ctrl_engine_sleep(s->eng, cJSON_IsNumber(lv) ? lv->valueint : 1)
+                         : url[1] == 'w' ? ctrl_engine_wake_up(s->eng)
+                                         : (ctrl_engine_reset_prefix_cache(s->eng), CTRL_OK);
         pthread_mutex_unlock(&s->engine_lock);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "status", "ok");
@@ -112,6 +117,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         pthread_mutex_lock(&s->batch.lock);
         cJSON_AddNumberToObject(o, "generations", (double)s->batch.batches);
         cJSON_AddNumberToObject(o, "max_requests_per_generation", (double)s->batch.max_jobs);
+        cJSON_AddNumberToObject(o, "prefix_cache_hits", (double)ctrl_engine_prefix_hits(s->eng));
         pthread_mutex_unlock(&s->batch.lock);
         pthread_mutex_lock(&d->lock);
         cJSON_AddNumberToObject(o, "requests_in_flight", d->in_flight - 1); /* not counting this one */
@@ -186,7 +192,8 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     const ctrl_engine_config ec = {.kv_cache_bytes = (size_t)kv_mb << 20,
                                    .block_size = 16,
                                    .max_num_seqs = 256,
-                                   .max_num_batched_tokens = 8192};
+                                   .max_num_batched_tokens = 8192,
+                                   .prefix_cache = 1};
     if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
     if (st == CTRL_OK) s.n_stop = ctrl_generation_stop_ids(dir, s.tok, s.stops, 16);
     const int batching = st == CTRL_OK && (st = serve_batch_start(&s)) == CTRL_OK;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "generate/engine.h"
+#include "generate/prefix_cache.h"
 
 enum { WAITING, RUNNING, FORK_PENDING, FINISHED };
 
@@ -19,7 +20,8 @@ typedef struct gen_seq {
 struct ctrl_engine {
     ctrl_model *model;
     ctrl_engine_config cfg;
-    ctrl_kv_cache *kv; /* NULL while asleep */
+    ctrl_kv_cache *kv;         /* NULL while asleep */
+    ctrl_prefix_cache *prefix; /* NULL unless cfg.prefix_cache */
     int asleep;
     long steps, preemptions, shared_blocks;
 };
@@ -38,6 +40,7 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
     ctrl_engine *e = calloc(1, sizeof *e);
     if (!e) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     e->model = m, e->cfg = *cfg;
+    if (cfg->prefix_cache) e->prefix = ctrl_prefix_cache_create();
     ctrl_status st = make_pool(e);
     if (st != CTRL_OK) {
         free(e);
@@ -64,6 +67,7 @@ void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {
 ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {
     if (level < 1 || level > 2)
         return ctrl_error_set(CTRL_ERR_CONFIG, "generation: sleep level %d (1 or 2)", level);
+    if (e->prefix) ctrl_prefix_cache_reset(e->prefix, e->kv); /* its blocks go with the pool */
     ctrl_kv_cache_free(e->kv);
     e->kv = NULL, e->asleep = level;
     return CTRL_OK;
@@ -78,9 +82,16 @@ ctrl_status ctrl_engine_wake_up(ctrl_engine *e) {
 
 void ctrl_engine_free(ctrl_engine *e) {
     if (!e) return;
+    ctrl_prefix_cache_free(e->prefix, e->kv);
     ctrl_kv_cache_free(e->kv);
     free(e);
 }
+
+void ctrl_engine_reset_prefix_cache(ctrl_engine *e) {
+    if (e->prefix) ctrl_prefix_cache_reset(e->prefix, e->kv);
+}
+
+long ctrl_engine_prefix_hits(const ctrl_engine *e) { return ctrl_prefix_cache_hits(e->prefix); }
 
 void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, long *shared_blocks) {
     if (steps) *steps = e->steps;
@@ -172,6 +183,8 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
             s->req = r, s->out = &outs[i],
             s->state = k == 0 || e->cfg.no_prefix_sharing ? WAITING : FORK_PENDING;
             s->forked = k > 0 && e->cfg.no_prefix_sharing;
+            if (k == 0 && e->prefix)
+                ctrl_prefix_cache_attach(e->prefix, e->kv, reqs[r].prompt, reqs[r].prompt_len, &s->kv);
             memset(s->out, 0, sizeof *s->out);
             ctrl_rng_seed(&s->rng, reqs[r].seed * 1000003ull + (uint64_t)k); /* per request and sample */
             for (int t = 0; t < reqs[r].prompt_len && st == CTRL_OK; t++)
@@ -195,6 +208,9 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
          * outside this step, else the newest one scheduled in it (possibly this one: it waits) */
         for (int b = 0; b < nb && st == CTRL_OK; b++) {
             while (ctrl_kv_seq_reserve(e->kv, &batch[b]->kv, batch[b]->kv.len + n_new[b]) != CTRL_OK) {
+                const int need = (batch[b]->kv.len + n_new[b] + e->kv->block_size - 1) / e->kv->block_size -
+                                 batch[b]->kv.n_blocks;
+                if (e->prefix && ctrl_prefix_cache_evict(e->prefix, e->kv, need) > 0) continue;
                 if (preempt(e, seqs, n, batch, nb)) continue;
                 if (nb > 1) {
                     gen_seq *victim = batch[--nb];
@@ -227,6 +243,7 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
             s->state = RUNNING;
             if (!s->forked) { /* the first time the prompt is cached: the other samples share it */
                 s->forked = 1;
+                if (e->prefix) ctrl_prefix_cache_insert(e->prefix, e->kv, r->prompt, r->prompt_len, &s->kv);
                 for (int i = 0; i < n && st == CTRL_OK; i++) {
                     if (seqs[i].req != s->req || seqs[i].state != FORK_PENDING) continue;
                     int shared = 0;

@@ -44,6 +44,7 @@ typedef struct ctrl_engine_config {
     int max_num_seqs;           /* running sequences per step */
     int max_num_batched_tokens; /* tokens per step (decode + prefill chunks) */
     int no_prefix_sharing;      /* 1: every sample prefills its own prompt (for comparisons) */
+    int prefix_cache;           /* 1: keep finished prompts' full blocks for later requests */
 } ctrl_engine_config;
 
 typedef struct ctrl_engine ctrl_engine;
@@ -66,6 +67,10 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
                                  ctrl_gen_output *outs, void (*progress)(long generated, void *ctx),
                                  void *ctx);
 void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, long *shared_blocks);
+/* With cfg.prefix_cache: drops every cached prompt block (after a weight update the cached K/V are
+ * stale); the blocks reused from the cache so far. */
+void ctrl_engine_reset_prefix_cache(ctrl_engine *e);
+long ctrl_engine_prefix_hits(const ctrl_engine *e);
 void ctrl_gen_output_free(ctrl_gen_output *o);
 /* The ids that end a completion: generation_config.json's eos_token_id (a number or a list) in
  * model_dir, else the tokenizer's EOS. Returns how many were written (at most cap). */

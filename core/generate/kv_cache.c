@@ -56,6 +56,18 @@ ctrl_status ctrl_kv_seq_reserve(ctrl_kv_cache *c, ctrl_kv_seq *s, int len) {
     return CTRL_OK;
 }
 
+ctrl_status ctrl_kv_seq_reserve_shared(ctrl_kv_cache *c, ctrl_kv_seq *s, int block) {
+    if (s->n_blocks == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        int *b = realloc(s->blocks, sizeof(int) * (size_t)cap);
+        if (!b) return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: block table");
+        s->blocks = b, s->cap = cap;
+    }
+    c->refcount[block]++;
+    s->blocks[s->n_blocks++] = block;
+    return CTRL_OK;
+}
+
 void ctrl_kv_seq_release(ctrl_kv_cache *c, ctrl_kv_seq *s) {
     for (int i = 0; i < s->n_blocks; i++)
         if (--c->refcount[s->blocks[i]] == 0) c->free_list[c->n_free++] = s->blocks[i];

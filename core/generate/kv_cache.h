@@ -30,6 +30,8 @@ ctrl_status ctrl_kv_seq_reserve(ctrl_kv_cache *c, ctrl_kv_seq *s, int len);
  * partial block, so that both can append without touching what the other sees (prefix sharing of a
  * prompt's n samples). Returns the number of blocks shared. */
 ctrl_status ctrl_kv_seq_fork(ctrl_kv_cache *c, const ctrl_kv_seq *src, ctrl_kv_seq *dst, int *shared);
+/* Appends an existing block to s's table, shared (reference counted): a cached prefix block. */
+ctrl_status ctrl_kv_seq_reserve_shared(ctrl_kv_cache *c, ctrl_kv_seq *s, int block);
 /* Returns the sequence's blocks to the pool (shared blocks when their last user goes). */
 void ctrl_kv_seq_release(ctrl_kv_cache *c, ctrl_kv_seq *s);
 /* K (or V) of token `pos` of `s` in `layer`: n_kv_heads * head_dim floats. */

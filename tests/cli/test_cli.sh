@@ -228,6 +228,21 @@ done
 [ $((after - before)) -lt 64 ] && [ "$most" -gt 1 ] && pass=$((pass + 1)) ||
   { fail=$((fail + 1)); echo "FAIL concurrent requests not batched: $((after - before)) generations, at most $most together"; }
 echo "64 concurrent requests: $((after - before)) generations, up to $most requests in one"
+# The prefix cache across requests: a repeated long prompt reuses its blocks (same greedy tokens);
+# after /reset_prefix_cache nothing is reused.
+long=$(printf 'The quick brown fox jumps over the lazy dog. %.0s' 1 2 3 4 5 6)
+hits() { curl -s "localhost:$PORT/health" | sed 's/.*"prefix_cache_hits":\([0-9]*\).*/\1/'; }
+req="{\"prompts\": [\"$long\"], \"max_tokens\": 6, \"temperature\": 0}"
+curl -s -X POST "localhost:$PORT/generate" -d "$req" >"$TMP/pc1"
+h1=$(hits)
+curl -s -X POST "localhost:$PORT/generate" -d "$req" >"$TMP/pc2"
+h2=$(hits)
+curl -s -X POST "localhost:$PORT/reset_prefix_cache" >/dev/null
+curl -s -X POST "localhost:$PORT/generate" -d "$req" >"$TMP/pc3"
+h3=$(hits)
+[ "$h2" -gt "$h1" ] && [ "$h3" = "$h2" ] && [ "$(ids_of "$TMP/pc1")" = "$(ids_of "$TMP/pc2")" ] &&
+  [ "$(ids_of "$TMP/pc1")" = "$(ids_of "$TMP/pc3")" ] && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "FAIL prefix cache: hits $h1 -> $h2 -> $h3 (after reset)"; }
 kill -INT $spid
 wait $spid && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL serve did not stop cleanly"; cat "$TMP/serve.log"; }
 

@@ -125,3 +125,57 @@ TEST(first_token_follows_the_model_distribution) {
     ctrl_model_free(m);
     ctrl_registry_destroy(reg);
 }
+
+/* The prefix cache across requests: a repeated prompt reuses its cached blocks and gets the same
+ * tokens as without the cache (greedy and seeded sampling); a reset empties it; a pool too small
+ * for everything evicts cached blocks instead of failing. */
+TEST(prefix_cache_reuses_blocks_and_changes_nothing) {
+    ctrl_model *m = tiny();
+    if (!m) return;
+    int32_t longer[40];
+    for (int i = 0; i < 40; i++) longer[i] = prompt[i % 21] + i % 3;
+    const ctrl_sampling_params warm = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
+    ctrl_gen_request r[2] = {
+        {.prompt = longer, .prompt_len = 40, .n = 3, .max_tokens = 6, .seed = 5, .sampling = warm},
+        {.prompt = longer, .prompt_len = 33, .n = 1, .max_tokens = 6, .sampling = greedy}};
+    ctrl_gen_output want[4], got[4];
+    ctrl_engine *plain, *cached;
+    ctrl_engine_config cfg = {
+        .kv_cache_bytes = 4 << 20, .block_size = 4, .max_num_seqs = 64, .max_num_batched_tokens = 256};
+    CHECK_EQ_INT(ctrl_engine_create(m, &cfg, &plain), CTRL_OK);
+    cfg.prefix_cache = 1;
+    CHECK_EQ_INT(ctrl_engine_create(m, &cfg, &cached), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_generate(plain, r, 2, want, NULL, NULL), CTRL_OK);
+    for (int round = 0; round < 3; round++) { /* cold, warm, after a reset */
+        if (round == 2) ctrl_engine_reset_prefix_cache(cached);
+        const long before = ctrl_engine_prefix_hits(cached);
+        CHECK_EQ_INT(ctrl_engine_generate(cached, r, 2, got, NULL, NULL), CTRL_OK);
+        const long hits = ctrl_engine_prefix_hits(cached) - before;
+        /* warm: 9 blocks of the 40-token prompt (one token left to prefill) and 8 of the 33-token one */
+        CHECK_MSG(round == 1 ? hits == 9 + 8 : hits == 0, "round %d: %ld blocks from the cache", round, hits);
+        for (int i = 0; i < 4; i++) {
+            CHECK_MSG(got[i].len == want[i].len &&
+                          !memcmp(got[i].ids, want[i].ids, sizeof(int32_t) * got[i].len),
+                      "round %d output %d differs with the prefix cache", round, i);
+            ctrl_gen_output_free(&got[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) ctrl_gen_output_free(&want[i]);
+    ctrl_engine_free(plain), ctrl_engine_free(cached);
+    /* a pool of 20 blocks of 4: the cached prompts must give way to new ones */
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    cfg.kv_cache_bytes = 20 * 2 * sizeof(float) * (size_t)c->n_layers * 4 * c->n_kv_heads * c->head_dim;
+    CHECK_EQ_INT(ctrl_engine_create(m, &cfg, &cached), CTRL_OK);
+    for (int k = 0; k < 6; k++) { /* six different 40-token prompts, one after the other */
+        int32_t p[40];
+        for (int i = 0; i < 40; i++) p[i] = (prompt[i % 21] + 7 * k + i) % 128;
+        ctrl_gen_request q = {.prompt = p, .prompt_len = 40, .n = 1, .max_tokens = 4, .sampling = greedy};
+        ctrl_gen_output o;
+        CHECK_MSG(ctrl_engine_generate(cached, &q, 1, &o, NULL, NULL) == CTRL_OK, "prompt %d: %s", k,
+                  ctrl_error_message());
+        ctrl_gen_output_free(&o);
+    }
+    ctrl_engine_free(cached);
+    ctrl_model_free(m);
+}
