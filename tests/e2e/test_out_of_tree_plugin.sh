@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A third-party plugin built OUT OF TREE: install ctrl into a temporary prefix, build
 # examples/reward_plugin with pkg-config only, load it with --plugin-dir, see it listed, described
-# and accepted by config check.
+# and accepted by config check, and scoring completions in a GRPO run of the installed ctrl.
 # usage: test_out_of_tree_plugin.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=$1
@@ -46,5 +46,40 @@ if grep -q "attention *eager" "$TMP/list.txt"; then
     fail "a missing required plugin option was accepted"
   fi
   grep -q "keyword: required key is missing" "$TMP/check.txt" || { cat "$TMP/check.txt"; fail "message for the missing option"; }
+fi
+# The plugin scores completions in a real run: two GRPO steps of the installed ctrl on a tiny model,
+# the keyword reward (every "a" scores) logged as rewards/kw/mean, and its mean matches the
+# completions the run wrote.
+if grep -q "trainer *grpo" "$TMP/list.txt"; then
+  bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" >/dev/null
+  "$CTRL" model init --arch qwen2 --hidden 32 --layers 1 --heads 2 --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" \
+    --out "$TMP/model" >/dev/null 2>&1 || fail "model init"
+  cat >"$TMP/grpo.ini" <<INI
+[run]
+trainer = grpo
+output_dir = $TMP/out
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train_prompts.jsonl
+[train]
+max_steps = 2
+per_device_train_batch_size = 8
+logging_steps = 1
+save_strategy = no
+[generation]
+kv_cache_bytes = 4000000
+log_completions = true
+[grpo]
+num_generations = 4
+max_completion_length = 24
+[reward.kw]
+plugin = keyword
+keyword = a
+INI
+  "$CTRL" --plugin-dir "$TMP/plugin" train "$TMP/grpo.ini" >"$TMP/train.log" 2>&1 || { tail -5 "$TMP/train.log"; fail "GRPO run with the plugin"; }
+  grep -q '"rewards/kw/mean": ' "$TMP/out/metrics.jsonl" || fail "no rewards/kw/mean in the metrics"
+  grep -q '"rewards":{"kw":[0-9]' "$TMP/out/completions.jsonl" || fail "the completions carry no keyword score"
 fi
 echo "1 passed, 0 failed"
