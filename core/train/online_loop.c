@@ -11,58 +11,13 @@
 #include "file_text.h"
 #include "generate/engine.h"
 #include "generate/remote_engine.h"
-#include "train/online.h"
-
-#define MAX_METRICS 64
+#include "train/online_internal.h"
 
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-
-struct ctrl_online {
-    const ctrl_config *cfg;
-    ctrl_model *model, *ref;
-    const ctrl_tokenizer *tok;
-    const ctrl_trainer_ops *ops;
-    ctrl_trainer *trainer;
-    ctrl_online_spec spec;
-    ctrl_prompt_set train, eval;
-    ctrl_reward_set *rewards;
-    ctrl_engine *engine; /* colocate */
-    int sleep_level;
-    char *server_url, *bearer, *push_path; /* mode = server */
-    FILE *completions;                     /* log_completions */
-    long batches;                          /* generation batches so far (for the log) */
-    ctrl_sampling_params sampling;
-    int32_t stops[16];
-    int n_stop;
-    uint64_t seed;
-    /* the current generation batch */
-    int gn, used;
-    int *gprompt, *trained;
-    ctrl_gen_output *gout;
-    float *adv, **old, **ref_lp;
-    double gen_items;
-    /* metrics of the logging window */
-    char *mname[MAX_METRICS];
-    double msum[MAX_METRICS];
-    long mcount[MAX_METRICS];
-    int n_metrics;
-};
-
-void ctrl_online_report(ctrl_online *o, const char *name, double value) {
-    int i = 0;
-    while (i < o->n_metrics && strcmp(o->mname[i], name)) i++;
-    if (i == o->n_metrics) {
-        if (i == MAX_METRICS) return;
-        o->mname[o->n_metrics++] = strdup(name), o->msum[i] = 0, o->mcount[i] = 0;
-    }
-    if (!isnan(value)) o->msum[i] += value, o->mcount[i]++;
-}
-
-static void report(void *ctx, const char *name, double value) { ctrl_online_report(ctx, name, value); }
 
 ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
@@ -241,113 +196,6 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
     return st;
 }
 
-/* Scores the generation batch: rewards per function into *scores, totals into *total. */
-static ctrl_status score(ctrl_online *o, const ctrl_prompt_set *ps, float **scores, float **total) {
-    const int n = o->gn, R = ctrl_reward_set_count(o->rewards);
-    char **texts = calloc((size_t)n, sizeof(char *));
-    const char **prompts = malloc(sizeof(char *) * n);
-    const int32_t **ids = malloc(sizeof(int32_t *) * n);
-    int *lens = malloc(sizeof(int) * n);
-    ctrl_reward_column *cols = calloc((size_t)ps->n_cols + 1, sizeof *cols);
-    ctrl_status st = CTRL_OK;
-    for (int i = 0; i < n && st == CTRL_OK; i++) {
-        size_t len;
-        st = ctrl_tokenizer_decode(o->tok, o->gout[i].ids, (size_t)o->gout[i].len, 1, &texts[i], &len);
-        prompts[i] = ps->text[o->gprompt[i]], ids[i] = o->gout[i].ids, lens[i] = o->gout[i].len;
-    }
-    for (int k = 0; k < ps->n_cols; k++) {
-        const char **v = malloc(sizeof(char *) * n);
-        for (int i = 0; i < n; i++) v[i] = ps->values[o->gprompt[i]][k];
-        cols[k] = (ctrl_reward_column){.name = ps->cols[k], .values = v};
-    }
-    *scores = malloc(sizeof(float) * (size_t)n * R), *total = malloc(sizeof(float) * n);
-    ctrl_reward_batch rb = {.size = sizeof rb,
-                            .n = n,
-                            .prompts = prompts,
-                            .completions = (const char *const *)texts,
-                            .completion_ids = ids,
-                            .completion_lens = lens,
-                            .n_columns = ps->n_cols,
-                            .columns = cols};
-    if (st == CTRL_OK) st = ctrl_reward_set_score(o->rewards, &rb, *scores, *total);
-    for (int k = 0; k < ps->n_cols; k++) free((void *)cols[k].values);
-    for (int i = 0; i < n; i++) free(texts[i]);
-    free(texts), free(prompts), free(ids), free(lens), free(cols);
-    return st;
-}
-
-static double nanmean_stride(const float *x, int n, int stride, double *std) {
-    double s = 0, ss = 0;
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (!isnan(x[i * stride])) s += x[i * stride], k++;
-    const double mean = k ? s / k : NAN;
-    for (int i = 0; i < n; i++)
-        if (!isnan(x[i * stride])) ss += (x[i * stride] - mean) * (x[i * stride] - mean);
-    if (std) *std = k > 1 ? sqrt(ss / (k - 1)) : NAN;
-    return mean;
-}
-
-/* TRL's generation metrics: completion lengths, clipped ratio, rewards. */
-static void generation_metrics(ctrl_online *o, const float *scores, const float *total) {
-    const int n = o->gn, R = ctrl_reward_set_count(o->rewards);
-    double sum = 0, tsum = 0, mn = INFINITY, mx = 0, tmn = INFINITY, tmx = 0;
-    int clipped = 0;
-    for (int i = 0; i < n; i++) {
-        const double L = o->gout[i].len;
-        sum += L, mn = fmin(mn, L), mx = fmax(mx, L);
-        if (!o->gout[i].stopped)
-            clipped++;
-        else
-            tsum += L, tmn = fmin(tmn, L), tmx = fmax(tmx, L);
-    }
-    report(o, "completions/mean_length", sum / n);
-    report(o, "completions/min_length", mn);
-    report(o, "completions/max_length", mx);
-    report(o, "completions/clipped_ratio", (double)clipped / n);
-    const int term = n - clipped;
-    report(o, "completions/mean_terminated_length", term ? tsum / term : 0);
-    report(o, "completions/min_terminated_length", term ? tmn : 0);
-    report(o, "completions/max_terminated_length", term ? tmx : 0);
-    char name[160];
-    for (int k = 0; k < R; k++) {
-        double std;
-        const double mean = nanmean_stride(scores + k, n, R, &std);
-        snprintf(name, sizeof name, "rewards/%s/mean", ctrl_reward_set_name(o->rewards, k));
-        report(o, name, mean);
-        snprintf(name, sizeof name, "rewards/%s/std", ctrl_reward_set_name(o->rewards, k));
-        report(o, name, std);
-    }
-    double std;
-    report(o, "reward", nanmean_stride(total, n, 1, &std));
-    report(o, "reward_std", std);
-}
-
-/* completions.jsonl: one line per completion of the generation batch (TRL's log_completions). */
-static void log_completions(ctrl_online *o, const float *scores) {
-    const int R = ctrl_reward_set_count(o->rewards);
-    for (int i = 0; i < o->gn; i++) {
-        cJSON *l = cJSON_CreateObject(), *rw = cJSON_CreateObject();
-        char *text = NULL;
-        size_t len;
-        ctrl_tokenizer_decode(o->tok, o->gout[i].ids, (size_t)o->gout[i].len, 1, &text, &len);
-        cJSON_AddNumberToObject(l, "generation_batch", (double)o->batches);
-        cJSON_AddStringToObject(l, "prompt", o->train.text[o->gprompt[i]]);
-        cJSON_AddStringToObject(l, "completion", text ? text : "");
-        for (int k = 0; k < R; k++) {
-            const float v = scores[i * R + k];
-            cJSON_AddItemToObject(rw, ctrl_reward_set_name(o->rewards, k),
-                                  isnan(v) ? cJSON_CreateNull() : cJSON_CreateNumber(v));
-        }
-        cJSON_AddItemToObject(l, "rewards", rw);
-        cJSON_AddNumberToObject(l, "advantage", o->adv[i]);
-        char *s = cJSON_PrintUnformatted(l);
-        fprintf(o->completions, "%s\n", s);
-        cJSON_free(s), cJSON_Delete(l), free(text);
-    }
-    fflush(o->completions);
-}
-
 /* A new generation batch for training: generated, scored, with old / reference log-probs as the
  * trainer needs them, and advantages. Returns the prompt + completion tokens it holds. */
 static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
@@ -359,10 +207,10 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     float *scores = NULL, *total = NULL, *kl = NULL;
     int *ntok = NULL;
     double t1 = now();
-    report(o, "timing/generation_s", t1 - t0);
-    if (st == CTRL_OK) st = score(o, &o->train, &scores, &total);
+    ctrl_online_report(o, "timing/generation_s", t1 - t0);
+    if (st == CTRL_OK) st = online_score(o, &o->train, &scores, &total);
     t0 = now();
-    report(o, "timing/reward_s", t0 - t1);
+    ctrl_online_report(o, "timing/reward_s", t0 - t1);
     o->gen_items = 0;
     for (int i = 0; st == CTRL_OK && i < o->gn; i++) {
         o->trained[i] = !(o->spec.mask_truncated_completions && !o->gout[i].stopped);
@@ -379,7 +227,7 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
         o->ref_lp = calloc((size_t)o->gn, sizeof(float *));
         st = completion_logps(o, o->ref, bs, o->ref_lp);
     }
-    if (need_old || o->spec.needs_ref_logp) report(o, "timing/old_ref_logprob_s", now() - t0);
+    if (need_old || o->spec.needs_ref_logp) ctrl_online_report(o, "timing/old_ref_logprob_s", now() - t0);
     if (st == CTRL_OK && o->old && o->ref_lp) { /* the KL summed over each completion (RLOO's reward) */
         kl = calloc((size_t)o->gn, sizeof(float)), ntok = calloc((size_t)o->gn, sizeof(int));
         for (int i = 0; i < o->gn; i++)
@@ -387,18 +235,18 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
                 kl[i] += o->old[i][j] - o->ref_lp[i][j], ntok[i]++;
     }
     if (st == CTRL_OK) {
-        generation_metrics(o, scores, total);
+        online_generation_metrics(o, scores, total);
         ctrl_rollout ro = {.size = sizeof ro,
                            .n = o->gn,
                            .group = G,
                            .rewards = total,
                            .kl = kl,
                            .n_tokens = ntok,
-                           .report = report,
+                           .report = online_report,
                            .report_ctx = o};
         st = o->ops->advantages(o->trainer, &ro, o->adv);
     }
-    if (st == CTRL_OK && o->completions) log_completions(o, scores);
+    if (st == CTRL_OK && o->completions) online_log_completions(o, scores);
     free(scores), free(total), free(kl), free(ntok);
     o->used = 0;
     o->batches++;
@@ -436,12 +284,12 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
                              .ref_logp = ref,
                              .entropy = ent,
                              .grad_accum = ga,
-                             .report = report,
+                             .report = online_report,
                              .report_ctx = o};
     double l = 0;
     if (st == CTRL_OK) st = o->ops->loss(o->trainer, &tb, &l, d);
     if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d);
-    report(o, "timing/forward_backward_s", now() - t0);
+    ctrl_online_report(o, "timing/forward_backward_s", now() - t0);
     free(lp), free(ent), free(w), free(old), free(ref), free(d);
     flat_free(&f);
     return st;
@@ -460,40 +308,26 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
     return st;
 }
 
-static void write_metric(FILE *f, const char *name, double v) {
-    if (isnan(v) || isinf(v))
-        fprintf(f, "\"%s\": null, ", name);
-    else
-        fprintf(f, "\"%s\": %.6g, ", name, v);
-}
-
-void ctrl_online_log_window(ctrl_online *o, FILE *f) {
-    for (int i = 0; i < o->n_metrics; i++) {
-        write_metric(f, o->mname[i], o->mcount[i] ? o->msum[i] / o->mcount[i] : NAN);
-        o->msum[i] = 0, o->mcount[i] = 0;
-    }
-}
-
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     if (!o->eval.n) return CTRL_OK;
     /* as TRL's evaluation: num_generations completions per prompt with the training's sampling
      * settings, from a seed stream of their own (the same at every evaluation) */
     ctrl_status st = generate(o, &o->eval, NULL, NULL, o->eval.n, o->spec.num_generations, &o->sampling);
     float *scores = NULL, *total = NULL;
-    if (st == CTRL_OK) st = score(o, &o->eval, &scores, &total);
+    if (st == CTRL_OK) st = online_score(o, &o->eval, &scores, &total);
     if (st == CTRL_OK) {
         const int R = ctrl_reward_set_count(o->rewards);
         char name[160];
         fprintf(f, "{\"step\": %ld, ", step);
-        write_metric(f, "eval_reward", nanmean_stride(total, o->gn, 1, NULL));
+        online_write_metric(f, "eval_reward", online_nanmean(total, o->gn, 1, NULL));
         for (int k = 0; k < R; k++) {
             snprintf(name, sizeof name, "eval_rewards/%s/mean", ctrl_reward_set_name(o->rewards, k));
-            write_metric(f, name, nanmean_stride(scores + k, o->gn, R, NULL));
+            online_write_metric(f, name, online_nanmean(scores + k, o->gn, R, NULL));
         }
         fprintf(f, "\"eval_prompts\": %d}\n", o->eval.n);
         fflush(f);
         CTRL_INFO("eval: mean reward %.4f over %d prompts x %d completions",
-                  nanmean_stride(total, o->gn, 1, NULL), o->eval.n, o->spec.num_generations);
+                  online_nanmean(total, o->gn, 1, NULL), o->eval.n, o->spec.num_generations);
     }
     free(scores), free(total);
     gen_batch_free(o); /* the next training step generates anew */

@@ -1,0 +1,55 @@
+/* The online loop's internals, shared by online_loop.c (generation batches, micro-batches,
+ * evaluation) and online_metrics.c (rewards, TRL's generation metrics, the logging window). */
+#ifndef CTRL_CORE_ONLINE_INTERNAL_H
+#define CTRL_CORE_ONLINE_INTERNAL_H
+
+#include <stdio.h>
+
+#include "generate/engine.h"
+#include "train/online.h"
+
+#define MAX_METRICS 64
+
+struct ctrl_online {
+    const ctrl_config *cfg;
+    ctrl_model *model, *ref;
+    const ctrl_tokenizer *tok;
+    const ctrl_trainer_ops *ops;
+    ctrl_trainer *trainer;
+    ctrl_online_spec spec;
+    ctrl_prompt_set train, eval;
+    ctrl_reward_set *rewards;
+    ctrl_engine *engine; /* colocate */
+    int sleep_level;
+    char *server_url, *bearer, *push_path; /* mode = server */
+    FILE *completions;                     /* log_completions */
+    long batches;                          /* generation batches so far (for the log) */
+    ctrl_sampling_params sampling;
+    int32_t stops[16];
+    int n_stop;
+    uint64_t seed;
+    /* the current generation batch */
+    int gn, used;
+    int *gprompt, *trained;
+    ctrl_gen_output *gout;
+    float *adv, **old, **ref_lp;
+    double gen_items;
+    /* metrics of the logging window */
+    char *mname[MAX_METRICS];
+    double msum[MAX_METRICS];
+    long mcount[MAX_METRICS];
+    int n_metrics;
+};
+
+/* The trainer plugins' metrics callback (ctx: the ctrl_online). */
+void online_report(void *ctx, const char *name, double value);
+/* Scores the generation batch: rewards per function into *scores ([n][functions]), weighted totals
+ * into *total (malloc'd). */
+ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scores, float **total);
+/* Mean of x[0], x[stride], ... ignoring NaN; *std (may be NULL) the Bessel-corrected std. */
+double online_nanmean(const float *x, int n, int stride, double *std);
+void online_generation_metrics(ctrl_online *o, const float *scores, const float *total);
+void online_log_completions(ctrl_online *o, const float *scores);
+void online_write_metric(FILE *f, const char *name, double v);
+
+#endif
