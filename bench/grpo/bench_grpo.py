@@ -5,7 +5,7 @@ backward + optimizer.
 Both start from the same random-initialized Qwen2-shaped model (ctrl model init, 0.75M
 parameters, the project's tiny BPE tokenizer), the quickstart's arithmetic prompts, the length
 reward (TRL's reward_len with target 20), 16 completions per step (2 prompts x num_generations 8),
-max_completion_length 48, temperature 1.0, fp32, 2 threads, activation checkpointing on both
+max_completion_length 48 (--max-completion-length), temperature 1.0, fp32, 2 threads, activation checkpointing on both
 (TRL's default), no reference model (beta = 0).
 
     python3 bench/grpo/bench_grpo.py [--steps N] [--ctrl build/ctrl]
@@ -42,11 +42,11 @@ per_device_train_batch_size = 16
 logging_steps = 1
 save_strategy = no
 [generation]
-kv_cache_bytes = 32000000
+kv_cache_bytes = 256000000
 temperature = 1.0
 [grpo]
 num_generations = 8
-max_completion_length = 48
+max_completion_length = {args.max_completion_length}
 [reward.len]
 plugin = length
 target_length = 20
@@ -79,7 +79,7 @@ def trl_run(args, work, model, data):
         return [-abs(20 - len(c)) for c in completions]
 
     cfg = GRPOConfig(output_dir=os.path.join(work, "trl-out"), per_device_train_batch_size=16, num_generations=8,
-                     max_completion_length=48, temperature=1.0, learning_rate=1e-3, lr_scheduler_type="constant",
+                     max_completion_length=args.max_completion_length, temperature=1.0, learning_rate=1e-3, lr_scheduler_type="constant",
                      max_steps=args.steps, logging_steps=1, bf16=False, use_cpu=True, report_to=[],
                      save_strategy="no", seed=42, dataloader_num_workers=0)
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
@@ -122,6 +122,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-completion-length", type=int, default=48)
     ap.add_argument("--ctrl", default=os.path.join(ROOT, "build/ctrl"))
     ap.add_argument("--plugins", default=os.path.join(ROOT, "build/plugins"))
     args = ap.parse_args()
@@ -136,7 +137,8 @@ def main():
                    stdout=subprocess.DEVNULL)
     c = ctrl_run(args, work, model, data)
     t = trl_run(args, work, model, data)
-    print(f"GRPO step, {args.steps} steps, 16 completions x <= 48 tokens, {args.threads} threads")
+    print(f"GRPO step, {args.steps} steps, 16 completions x <= {args.max_completion_length} tokens, "
+          f"{args.threads} threads")
     print(f"{'':22}{'ctrl':>10}{'TRL':>10}{'ratio':>8}")
     for k, label in [("step_s", "step (s)"), ("generation_s", "generation (s)"), ("reward_s", "reward (s)")]:
         print(f"{label:22}{c[k]:10.4f}{t[k]:10.4f}{t[k] / max(c[k], 1e-9):8.1f}x")
