@@ -115,7 +115,22 @@ code=$(curl -s -o "$TMP/uw.json" -w '%{http_code}' -X POST "localhost:$PORT/upda
 curl -s "localhost:$PORT/health" | grep -q ok && ok || bad "server stopped serving after bad requests"
 kill $SERVER 2>/dev/null
 
-# 5. Bad settings: clear errors naming what is wrong.
+# 5. Conversational prompts (TRL's {"prompt": [messages]}) go through the tokenizer's chat template
+#    with the generation prompt; the rewards see the rendered prompt and the other columns.
+head -n 32 "$TMP/data/train_prompts.jsonl" |
+  sed 's/{"prompt": "\([^"]*\)"/{"prompt": [{"role": "user", "content": "\1"}]/' >"$TMP/chat_prompts.jsonl"
+grpo_ini chat grpo 2 "[reward.acc]" "plugin = accuracy" |
+  sed "s|^train_file = .*|train_file = $TMP/chat_prompts.jsonl|; /^eval_file/d" >"$TMP/chat.ini"
+if "${C[@]}" train "$TMP/chat.ini" --set train.save_strategy=no --set generation.log_completions=true >"$TMP/chat.log" 2>&1; then
+  ok
+else
+  bad "conversational prompts"; tail -5 "$TMP/chat.log"
+fi
+grep -q '"prompt":"<|im_start|>user\\n[0-9]*+[0-9]*=<|im_end|>\\n<|im_start|>assistant\\n"' "$TMP/chat/completions.jsonl" && ok ||
+  { bad "chat prompts not rendered with the generation prompt"; head -c 300 "$TMP/chat/completions.jsonl"; }
+grep -q '"rewards":{"len":[-0-9.e]*,"acc":[01]' "$TMP/chat/completions.jsonl" && ok || bad "accuracy did not see the solution column"
+
+# 6. Bad settings: clear errors naming what is wrong.
 grpo_ini bad1 grpo 1 | sed 's/^num_generations = 4$/num_generations = 3/' >"$TMP/bad1.ini"
 out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "indivisible generation batch accepted" ||
   { echo "$out" | grep -q "multiple of num_generations" && ok || bad "unclear error: $out"; }
