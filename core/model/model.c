@@ -104,6 +104,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
     free(m->cos_tab), free(m->sin_tab), free(m->batch_mem);
+    free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
 }
 

@@ -2,8 +2,8 @@
  * through the same layer code as training (model_layer_forward) as one flat batch; only the
  * attention differs — each layer appends the new K/V to the cache and attends over it through the
  * sequence's block table (causal, GQA, optional sliding window): the CPU path of paged attention.
- * The head gives the logits of each sequence's last new token. The model's activation buffers are
- * reused, so a training forward must come before the next backward (as it always does). */
+ * The head gives the logits of each sequence's last new token. Decoding has scratch of its own (one
+ * layer's internals), so a training forward's saved activations survive it. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +94,38 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
     return CTRL_OK;
 }
 
+/* Decoding keeps nothing for a backward pass, so one set of layer internals serves every layer
+ * and the layer inputs take turns in two buffers: scratch for T tokens, a few layers' worth less
+ * than the training activations, which it leaves untouched. */
+static ctrl_status decode_scratch(ctrl_model *m, int T) {
+    if (T <= m->dec_cap_T) return CTRL_OK;
+    const ctrl_model_config *c = &m->cfg;
+    const size_t C = c->hidden_size, I = c->intermediate_size, QD = (size_t)c->n_heads * c->head_dim,
+                 KD = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t internals = 3 * C + 2 + 3 * QD + 4 * KD + 2 * c->n_heads + c->n_kv_heads + 3 * I;
+    free(m->dec_mem), free(m->dec_pos);
+    m->dec_mem = malloc(sizeof(float) * (size_t)T * (internals + 3 * C));
+    m->dec_pos = malloc(sizeof(int32_t) * (size_t)T);
+    if (!m->dec_acts) m->dec_acts = calloc((size_t)c->n_layers, sizeof *m->dec_acts);
+    if (!m->dec_mem || !m->dec_pos || !m->dec_acts) {
+        m->dec_cap_T = 0;
+        return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
+    }
+    float *p = m->dec_mem;
+#define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
+    layer_acts w;
+    w.ln1 = TAKE(C), w.rstd1 = TAKE(1), w.q_raw = TAKE(QD), w.k_raw = TAKE(KD), w.q_rstd = TAKE(c->n_heads);
+    w.k_rstd = TAKE(c->n_kv_heads), w.q = TAKE(QD), w.k = TAKE(KD), w.v = TAKE(KD), w.att = TAKE(QD);
+    w.lse = TAKE(c->n_heads), w.x_mid = TAKE(C), w.ln2 = TAKE(C), w.rstd2 = TAKE(1), w.g = TAKE(I);
+    w.u = TAKE(I), w.h = TAKE(I);
+    float *x[2] = {TAKE(C), TAKE(C)};
+    m->dec_out = TAKE(C);
+#undef TAKE
+    for (int l = 0; l < c->n_layers; l++) m->dec_acts[l] = w, m->dec_acts[l].x_in = x[l % 2];
+    m->dec_cap_T = T;
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits) {
     const ctrl_model_config *cfg = &m->cfg;
@@ -109,22 +141,26 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
             return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: token %d is outside the vocabulary (%d)",
                                   tokens[t], V);
     ctrl_status st = model_ensure_rope(m, max_pos);
-    if (st == CTRL_OK) st = model_ensure_acts(m, T);
+    if (st == CTRL_OK) st = decode_scratch(m, T);
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)
         st = ctrl_kv_seq_reserve(c, seqs[s], seqs[s]->len + n_new[s]);
     if (st != CTRL_OK) return st;
-    free(m->batch_mem); /* positions of the new tokens, where the layer code reads them */
-    m->batch_mem = malloc(sizeof(int32_t) * (size_t)T);
     int *seq_of = malloc(sizeof(int) * (size_t)T);
     float *h = malloc(sizeof(float) * (size_t)n_seq * C), *rstd = malloc(sizeof(float) * (size_t)n_seq);
-    if (!m->batch_mem || !seq_of || !h || !rstd) {
+    if (!seq_of || !h || !rstd) {
         free(seq_of), free(h), free(rstd);
         return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
     }
     for (int s = 0, t = 0; s < n_seq; s++)
-        for (int i = 0; i < n_new[s]; i++) seq_of[t] = s, m->batch_mem[t++] = seqs[s]->len + i;
-    m->T = T;
-    m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->batch_mem};
+        for (int i = 0; i < n_new[s]; i++) seq_of[t] = s, m->dec_pos[t++] = seqs[s]->len + i;
+    /* the layer code reads m->T, m->batch, m->acts and writes the last layer into m->x_out: point
+     * them at the decode scratch for this call, and give the training state back after */
+    const int saved_T = m->T;
+    const ctrl_batch saved_batch = m->batch;
+    layer_acts *saved_acts = m->acts;
+    float *saved_out = m->x_out;
+    m->T = T, m->acts = m->dec_acts, m->x_out = m->dec_out;
+    m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
     decode_ctx d = {c, seqs, n_new, n_seq, max_pos, seq_of};
     ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->params + m->off_embed, T, C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
@@ -139,7 +175,7 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
         ctrl_cpu_rmsnorm_forward(h, rstd, h, m->params + m->off_norm, n_seq, C, cfg->rms_norm_eps);
         ctrl_cpu_linear_forward(logits, h, m->params + m->off_lm_head, NULL, n_seq, C, V);
     }
-    m->batch.tokens = NULL; /* the caller's buffer: not kept */
+    m->T = saved_T, m->batch = saved_batch, m->acts = saved_acts, m->x_out = saved_out;
     free(seq_of), free(h), free(rstd);
     return st;
 }

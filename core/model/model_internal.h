@@ -42,6 +42,14 @@ struct ctrl_model {
     uint8_t *recompute;
     int n_recompute;
     size_t act_bytes;
+    /* decoding's own scratch (model_decode.c): one set of layer internals for every layer, the
+     * layer inputs in two buffers taking turns, and the new tokens' positions; the training
+     * activations and batch are left as they were */
+    float *dec_mem;
+    int dec_cap_T;
+    layer_acts *dec_acts;
+    float *dec_out;
+    int32_t *dec_pos;
 };
 
 /* Activation buffers for T tokens (model->acts, x_out, ...). */
