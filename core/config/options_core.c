@@ -90,8 +90,9 @@ static const ctrl_option train_options[] = {
     {"max_grad_norm", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Clip the global gradient norm (0 = off)."},
     {"weight_decay", CTRL_OPT_FLOAT, "0", MIN(0), NULL, "Decoupled weight decay (not on norms and biases)."},
     {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
-     "Compute dtype (master weights and optimizer state stay fp32); training on the CPU computes in fp32 so "
-     "far."},
+     "Compute dtype (master weights, gradients and optimizer state stay fp32). bf16 on the CPU: the linear "
+     "projections in bf16 with fp32 accumulation (AVX-512 BF16 where the CPU has it), as torch.autocast; fp16: "
+     "not on the CPU; the CUDA model computes in fp32 so far."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
     {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL,

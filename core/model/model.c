@@ -128,6 +128,41 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
 }
 void ctrl_model_set_temperature(ctrl_model *m, float temperature) { m->temperature = temperature; }
 
+ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
+    if (dtype != CTRL_F32 && dtype != CTRL_BF16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: compute dtype %s is not supported on the CPU (fp32 or bf16)",
+                              ctrl_dtype_name(dtype));
+    m->linear_bf16 = dtype == CTRL_BF16;
+    return CTRL_OK;
+}
+
+ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m) { return m->linear_bf16 ? CTRL_BF16 : CTRL_F32; }
+
+ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
+                                 const float *bias, int T, int IN, int OUT) {
+    if (!m->linear_bf16) {
+        ctrl_cpu_linear_forward(out, x, w, bias, T, IN, OUT);
+        return CTRL_OK;
+    }
+    return ctrl_cpu_linear_forward_bf16(out, x, w, bias, T, IN, OUT) == 0
+               ? CTRL_OK
+               : ctrl_error_set(CTRL_ERR_NOMEM, "model: bf16 scratch for a %d x %d linear over %d tokens",
+                                OUT, IN, T);
+}
+
+ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
+                                  const float *x, const float *w, int T, int IN, int OUT) {
+    if (!m->linear_bf16) {
+        ctrl_cpu_linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
+        return CTRL_OK;
+    }
+    return ctrl_cpu_linear_backward_bf16(dx, dw, dbias, dout, x, w, T, IN, OUT) == 0
+               ? CTRL_OK
+               : ctrl_error_set(CTRL_ERR_NOMEM, "model: bf16 scratch for a %d x %d linear over %d tokens",
+                                OUT, IN, T);
+}
+
 void ctrl_model_zero_grad(ctrl_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
 
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
@@ -251,9 +286,14 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
     ctrl_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps);
-    ctrl_cpu_linear_forward(a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
-    ctrl_cpu_linear_forward(a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
-    ctrl_cpu_linear_forward(a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
+    ctrl_status st =
+        model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
+    if (st == CTRL_OK)
+        st =
+            model_linear_forward(m, a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
+    if (st == CTRL_OK)
+        st = model_linear_forward(m, a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
+    if (st != CTRL_OK) return st;
     const float *qin = a->q_raw, *kin = a->k_raw;
     if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
         ctrl_cpu_rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps);
@@ -262,16 +302,17 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     }
     ctrl_cpu_rope_forward(a->q, qin, positions, m->cos_tab, m->sin_tab, T, H, D);
     ctrl_cpu_rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D);
-    ctrl_status st = attend(m, l, a, ctx);
-    if (st != CTRL_OK) return st;
-    ctrl_cpu_linear_forward(a->x_mid, a->att, P + o->wo, NULL, T, H * D, C);
+    if ((st = attend(m, l, a, ctx)) != CTRL_OK ||
+        (st = model_linear_forward(m, a->x_mid, a->att, P + o->wo, NULL, T, H * D, C)) != CTRL_OK)
+        return st;
     ctrl_cpu_residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C);
     ctrl_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps);
-    ctrl_cpu_linear_forward(a->g, a->ln2, P + o->wg, NULL, T, C, I);
-    ctrl_cpu_linear_forward(a->u, a->ln2, P + o->wu, NULL, T, C, I);
+    if ((st = model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I)) != CTRL_OK ||
+        (st = model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I)) != CTRL_OK)
+        return st;
     ctrl_cpu_swiglu_forward(a->h, a->g, a->u, (int64_t)T * I);
     if (!next) return CTRL_OK;
-    ctrl_cpu_linear_forward(next, a->h, P + o->wd, NULL, T, I, C);
+    if ((st = model_linear_forward(m, next, a->h, P + o->wd, NULL, T, I, C)) != CTRL_OK) return st;
     ctrl_cpu_residual_forward(next, next, a->x_mid, (int64_t)T * C);
     return CTRL_OK;
 }
@@ -372,15 +413,20 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         if (recomputed(m, l) && (st = model_layer_forward(m, l, NULL, plugin_attention, NULL)) != CTRL_OK)
             goto done;
         /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
-        ctrl_cpu_linear_backward(d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C);
+        if ((st = model_linear_backward(m, d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C)) != CTRL_OK)
+            goto done;
         ctrl_cpu_swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I);
-        ctrl_cpu_linear_backward(dtmp, G + o->wg, NULL, d2, a->ln2, P + o->wg, T, C, I);
-        ctrl_cpu_linear_backward(d1, G + o->wu, NULL, d3, a->ln2, P + o->wu, T, C, I);
+        if ((st = model_linear_backward(m, dtmp, G + o->wg, NULL, d2, a->ln2, P + o->wg, T, C, I)) !=
+                CTRL_OK ||
+            (st = model_linear_backward(m, d1, G + o->wu, NULL, d3, a->ln2, P + o->wu, T, C, I)) != CTRL_OK)
+            goto done;
         add_into(dtmp, d1, (int64_t)T * C);
         ctrl_cpu_rmsnorm_backward(d1, G + o->ln2, dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C);
         add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_mid */
         /* Attention: x_mid = x_in + o_proj(att). */
-        ctrl_cpu_linear_backward(d1, G + o->wo, NULL, dres, a->att, P + o->wo, T, H * D, C);
+        if ((st = model_linear_backward(m, d1, G + o->wo, NULL, dres, a->att, P + o->wo, T, H * D, C)) !=
+            CTRL_OK)
+            goto done;
         ctrl_attention_args args = attn_args(m, a);
         args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
         if ((st = m->attn->backward(&args, NULL)) != CTRL_OK) {
@@ -396,13 +442,15 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
             ctrl_cpu_rmsnorm_backward(d3, G + o->k_norm, dk, a->k_raw, P + o->k_norm, a->k_rstd, T * HK, D);
             memcpy(dk, d3, sizeof(float) * (size_t)T * HK * D);
         }
-        ctrl_cpu_linear_backward(dtmp, G + o->wq, o->bq >= 0 ? G + o->bq : NULL, d2, a->ln1, P + o->wq, T, C,
-                                 H * D);
-        ctrl_cpu_linear_backward(d1, G + o->wk, o->bk >= 0 ? G + o->bk : NULL, dk, a->ln1, P + o->wk, T, C,
-                                 HK * D);
+        if ((st = model_linear_backward(m, dtmp, G + o->wq, o->bq >= 0 ? G + o->bq : NULL, d2, a->ln1,
+                                        P + o->wq, T, C, H * D)) != CTRL_OK ||
+            (st = model_linear_backward(m, d1, G + o->wk, o->bk >= 0 ? G + o->bk : NULL, dk, a->ln1,
+                                        P + o->wk, T, C, HK * D)) != CTRL_OK)
+            goto done;
         add_into(dtmp, d1, (int64_t)T * C);
-        ctrl_cpu_linear_backward(d1, G + o->wv, o->bv >= 0 ? G + o->bv : NULL, dv, a->ln1, P + o->wv, T, C,
-                                 HK * D);
+        if ((st = model_linear_backward(m, d1, G + o->wv, o->bv >= 0 ? G + o->bv : NULL, dv, a->ln1,
+                                        P + o->wv, T, C, HK * D)) != CTRL_OK)
+            goto done;
         add_into(dtmp, d1, (int64_t)T * C);
         ctrl_cpu_rmsnorm_backward(d1, G + o->ln1, dtmp, a->x_in, P + o->ln1, a->rstd1, T, C);
         add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_in */

@@ -57,6 +57,12 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *lo
 /* Log-probabilities and entropies of softmax(logits / temperature) from now on (1 by default);
  * the online trainers use their sampling temperature, as TRL. */
 void ctrl_model_set_temperature(ctrl_model *m, float temperature);
+/* Compute dtype of the layers' linear projections: CTRL_F32 (the default) or CTRL_BF16 — inputs and
+ * weights rounded to bf16, products accumulated in fp32, as torch.autocast(bfloat16) runs them;
+ * parameters, gradients, norms, attention and the fused head stay fp32. CTRL_ERR_UNSUPPORTED for
+ * any other dtype. */
+ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype);
+ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m);
 /* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward. */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
 /* Attaches a memory strategy (NULL: none): its hooks run around each layer, and the layers it

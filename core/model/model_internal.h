@@ -20,6 +20,7 @@ struct ctrl_model {
     ctrl_model_config cfg;
     const ctrl_attention_ops *attn;
     float temperature; /* the head's: log-probs and entropies of softmax(logits / temperature) */
+    int linear_bf16;   /* linear projections in bf16 (ctrl_model_set_compute_dtype) */
     float *params, *grads;
     size_t n_params;
     ctrl_param_view *views;
@@ -52,6 +53,11 @@ struct ctrl_model {
     int32_t *dec_pos;
 };
 
+/* A linear projection in the model's compute dtype (ctrl_cpu_linear_forward or its bf16 twin). */
+ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
+                                 const float *bias, int T, int IN, int OUT);
+ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
+                                  const float *x, const float *w, int T, int IN, int OUT);
 /* Activation buffers for T tokens (model->acts, x_out, ...). */
 ctrl_status model_ensure_acts(ctrl_model *m, int T);
 /* One decoder layer from acts[l].x_in over m->T tokens at m->batch.positions, writing the layer's

@@ -70,6 +70,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
         st = ae ? ctrl_model_load(path, ae->plugin->ops, &o->ref)
                 : ctrl_error_set(CTRL_ERR_PLUGIN, "[model] attention: the plugin is not loaded");
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
+        if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(o->ref, ctrl_model_compute_dtype(model));
     }
     o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
     o->seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);

@@ -127,6 +127,22 @@ typedef struct run_state {
     compute comp;
 } run_state;
 
+/* `[train] dtype`: bf16 runs the CPU model's linear projections in bf16 (fp32 accumulation, fp32
+ * master weights, as torch.autocast); fp32 runs everything in fp32. The CUDA model computes in fp32
+ * so far. */
+static ctrl_status apply_compute_dtype(run_state *r) {
+    const char *dtype = ctrl_config_get_string(r->cfg, "train", "dtype");
+    if (r->comp.cuda) {
+        if (strcmp(dtype, "fp32") != 0)
+            CTRL_WARN("[train] dtype = %s: the CUDA model computes in fp32 so far", dtype);
+        return CTRL_OK;
+    }
+    if (strcmp(dtype, "fp16") == 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "[train] dtype = fp16: not supported on the CPU (use bf16 or fp32)");
+    return ctrl_model_set_compute_dtype(r->model, strcmp(dtype, "bf16") == 0 ? CTRL_BF16 : CTRL_F32);
+}
+
 /* What the loop iterates over: SFT examples, or an online trainer's prompts. */
 static int row_count(const run_state *r) {
     return r->online ? ctrl_online_prompt_count(r->online) : r->train.n;
@@ -173,6 +189,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
     if (st == CTRL_OK)
         st = ctrl_model_load(weights_dir ? weights_dir : model_path, ae->plugin->ops, &r->model);
     r->comp.host = r->model;
+    if (st == CTRL_OK) st = apply_compute_dtype(r);
     if (st == CTRL_OK && r->comp.cuda) { /* fp32 on the device, the optimizer on the host (for now) */
         if (r->trainer_ops->size >= sizeof(ctrl_trainer_ops) && r->trainer_ops->advantages)
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,

@@ -140,8 +140,26 @@ static uint16_t *transposed_bf16(const float *src, int R, int Cc) {
     return t;
 }
 
+/* fp32 copy of src[n] rounded to bf16 values: where the CPU has no bf16 dot products, bf16
+ * inputs times bf16 inputs are exact in fp32, so SGEMM on rounded copies gives the same products
+ * with fp32 accumulation at SGEMM's speed. */
+static float *rounded_f32(const float *src, int64_t n) {
+    float *r = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    if (!r) return NULL;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) r[i] = from_bf16(to_bf16(src[i]));
+    return r;
+}
+
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
                                  int OUT) {
+    if (!ctrl_cpu_has_avx512bf16()) {
+        float *xr = rounded_f32(x, (int64_t)T * IN), *wr = rounded_f32(w, (int64_t)OUT * IN);
+        if (xr && wr) ctrl_cpu_linear_forward(out, xr, wr, bias, T, IN, OUT);
+        const int rc = xr && wr ? 0 : -1;
+        free(xr), free(wr);
+        return rc;
+    }
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * IN),
              *wb = malloc(sizeof(uint16_t) * (size_t)OUT * IN);
     if (!xb || !wb) return free(xb), free(wb), -1;
@@ -158,6 +176,18 @@ int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, con
 
 int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
                                   const float *w, int T, int IN, int OUT) {
+    if (!ctrl_cpu_has_avx512bf16()) {
+        float *dr = rounded_f32(dout, (int64_t)T * OUT), *xr = rounded_f32(x, (int64_t)T * IN),
+              *wr = dx ? rounded_f32(w, (int64_t)OUT * IN) : NULL;
+        const int rc = dr && xr && (wr || !dx) ? 0 : -1;
+        /* the bias gradient sums the unrounded dout, as the AVX-512 path does */
+        if (rc == 0) ctrl_cpu_linear_backward(dx, dw, NULL, dr, xr, wr ? wr : w, T, IN, OUT);
+        if (rc == 0 && dbias)
+            for (int t = 0; t < T; t++)
+                for (int o = 0; o < OUT; o++) dbias[o] += dout[(size_t)t * OUT + o];
+        free(dr), free(xr), free(wr);
+        return rc;
+    }
     int rc = 0;
     if (dx) { /* dx[T, IN] = dout[T, OUT] W[OUT, IN]: B = W^T as [IN, OUT] rows */
         uint16_t *db = malloc(sizeof(uint16_t) * (size_t)T * OUT), *wt = transposed_bf16(w, OUT, IN);

@@ -1,14 +1,17 @@
 /* Llama, Qwen2 (tied, q/k/v bias), Qwen3 (q/k norms) and Mistral (sliding window) loaded from HF
  * directories written by transformers, run on a packed variable-length batch: per-token
  * log-probs and every parameter's gradient of the mean loss must match transformers
- * (relative L2 error <= 1e-4 end to end, fp32). */
+ * (relative L2 error <= 1e-4 end to end, fp32); with the linear projections in bf16, within 1e-2
+ * of them and as close to transformers under torch.autocast(bfloat16) as bf16 noise allows. */
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <ctrl/attention.h>
 
+#include "file_text.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "registry.h"
@@ -26,76 +29,145 @@ static int32_t *int_array(const cJSON *root, const char *key, int *n) {
     return out;
 }
 
-static void check_arch(const char *arch, const ctrl_attention_ops *attn, const char *attn_name) {
+static float *float_array(const cJSON *root, const char *key, int n) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
+    float *out = calloc((size_t)n, sizeof(float));
+    int i = 0;
+    for (const cJSON *e = a ? a->child : NULL; e && i < n; e = e->next) out[i++] = (float)e->valuedouble;
+    return out;
+}
+
+static cJSON *json_file(const char *path) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(root != NULL, "%s: %s", path, ctrl_error_message());
+    return root;
+}
+
+/* A gradients file of transformers' in the model's flat layout (every tensor read by name). */
+static float *grads_file(ctrl_model *m, const char *path) {
+    size_t n = 0;
+    ctrl_model_grads(m, &n);
+    float *out = calloc(n, sizeof(float));
+    ctrl_safetensors *gs = NULL;
+    CHECK_MSG(ctrl_safetensors_open(path, &gs) == CTRL_OK, "%s", ctrl_error_message());
+    int read = 0;
+    for (int v = 0; gs && v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        ctrl_status st = ctrl_safetensors_read_f32(gs, pv->name, out + pv->offset, pv->numel);
+        CHECK_MSG(st == CTRL_OK, "%s: %s", path, ctrl_error_message());
+        read += st == CTRL_OK;
+    }
+    CHECK_EQ_INT(read, gs ? ctrl_safetensors_count(gs) : -1);
+    ctrl_safetensors_close(gs);
+    return out;
+}
+
+/* Relative L2 errors of gradients `got` against `want` (both in the model's layout): the worst
+ * tensor's and that of all gradients as one vector. */
+typedef struct grad_error {
+    double worst, all;
+    const char *worst_name;
+} grad_error;
+
+static grad_error grads_error(const ctrl_model *m, const float *got, const float *want) {
+    grad_error r = {0, 0, ""};
+    double num = 0, den = 0;
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        const double e = test_rel_error_f32(got + pv->offset, want + pv->offset, pv->numel);
+        if (e > r.worst) r.worst = e, r.worst_name = pv->name;
+        for (size_t i = pv->offset; i < pv->offset + (size_t)pv->numel; i++)
+            num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]), den += (double)want[i] * want[i];
+    }
+    r.all = den > 0 ? sqrt(num / den) : 0;
+    return r;
+}
+
+/* fp32: every gradient tensor and the log-probs within 1e-4 of transformers. bf16 (the linear
+ * projections in bf16) against transformers' fp32: log-probs and loss within 1e-2, gradients
+ * within 1e-2 or, where bf16 rounding alone moves these small random models further, no further
+ * from fp32 than transformers' own bf16 (torch.autocast; batch_bf16.json and grads_bf16.safetensors
+ * from make_bf16_model_fixtures.py) is — it is 0.9-1.5e-2 from fp32 over all gradients and up to
+ * 2.6e-2 on single tensors here. And against autocast itself: log-probs within 1e-2, gradients
+ * within twice autocast's own distance from fp32 (two independent bf16 roundings). */
+static void check_arch(const char *arch, const ctrl_attention_ops *attn, const char *attn_name, int bf16) {
+    const double tol = bf16 ? 1e-2 : 1e-4;
     char dir[1024], path[1100];
     snprintf(dir, sizeof dir, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
     ctrl_model *m = NULL;
     ctrl_status st = ctrl_model_load(dir, attn, &m);
     CHECK_MSG(st == CTRL_OK, "%s: %s", arch, ctrl_error_message());
     if (!m) return;
+    if (bf16) CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
     snprintf(path, sizeof path, "%s/batch.json", dir);
-    FILE *f = fopen(path, "rb");
-    CHECK(f != NULL);
-    if (!f) return;
-    char *text = malloc(1 << 20);
-    size_t len = fread(text, 1, (1 << 20) - 1, f);
-    text[len] = 0;
-    fclose(f);
-    cJSON *root = cJSON_Parse(text);
-    free(text);
+    cJSON *root = json_file(path), *auto16 = NULL;
+    if (bf16) {
+        snprintf(path, sizeof path, "%s/batch_bf16.json", dir);
+        auto16 = json_file(path);
+    }
+    if (!root || (bf16 && !auto16)) return;
     int T, n_cu, n_pos, n_tg;
     int32_t *tokens = int_array(root, "tokens", &T), *pos = int_array(root, "positions", &n_pos);
     int32_t *tg = int_array(root, "targets", &n_tg), *cu = int_array(root, "cu_seqlens", &n_cu);
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logp");
-    float *want_logp = malloc(sizeof(float) * T), *logp = malloc(sizeof(float) * T),
+    float *want_logp = float_array(root, "logp", T), *logp = malloc(sizeof(float) * T),
           *dlogp = malloc(sizeof(float) * T);
-    int i = 0, n_targets = 0;
-    for (const cJSON *e = lp->child; e; e = e->next) want_logp[i++] = (float)e->valuedouble;
     double want_loss = cJSON_GetObjectItemCaseSensitive(root, "loss")->valuedouble;
     ctrl_batch b = {
         .T = T, .B = n_cu - 1, .tokens = tokens, .positions = pos, .cu_seqlens = cu, .targets = tg};
     CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL, NULL), CTRL_OK);
     double loss = 0;
+    int n_targets = 0;
     for (int t = 0; t < T; t++) n_targets += tg[t] >= 0;
     for (int t = 0; t < T; t++) {
         loss -= logp[t];
         dlogp[t] = tg[t] >= 0 ? -1.0f / n_targets : 0.0f;
     }
     loss /= n_targets;
+    const char *dt = bf16 ? "bf16" : "fp32";
     double e_logp = test_rel_error_f32(logp, want_logp, T);
-    CHECK_MSG(e_logp <= 1e-4, "%s/%s: logp relative error %.3g", arch, attn_name, e_logp);
-    CHECK_MSG(fabs(loss - want_loss) <= 1e-4 * fabs(want_loss), "%s/%s: loss %.7f vs %.7f", arch, attn_name,
-              loss, want_loss);
+    CHECK_MSG(e_logp <= tol, "%s/%s/%s: logp relative error %.3g", arch, attn_name, dt, e_logp);
+    CHECK_MSG(fabs(loss - want_loss) <= tol * fabs(want_loss), "%s/%s/%s: loss %.7f vs %.7f", arch, attn_name,
+              dt, loss, want_loss);
     ctrl_model_zero_grad(m);
     CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
-    /* Every gradient against transformers', by name. */
     snprintf(path, sizeof path, "%s/grads.safetensors", dir);
-    ctrl_safetensors *gs = NULL;
-    CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);
-    float *grads = ctrl_model_grads(m, NULL);
-    double worst = 0;
-    const char *worst_name = "";
-    int compared = 0;
-    for (int v = 0; gs && v < ctrl_model_view_count(m); v++) {
-        const ctrl_param_view *pv = ctrl_model_view(m, v);
-        float *want = malloc(sizeof(float) * (size_t)pv->numel);
-        st = ctrl_safetensors_read_f32(gs, pv->name, want, pv->numel);
-        CHECK_MSG(st == CTRL_OK, "%s: %s", arch, ctrl_error_message());
-        if (st == CTRL_OK) {
-            double e = test_rel_error_f32(grads + pv->offset, want, pv->numel);
-            if (e > worst) worst = e, worst_name = pv->name;
-            compared++;
-        }
-        free(want);
+    float *want32 = grads_file(m, path), *want16 = NULL;
+    const float *grads = ctrl_model_grads(m, NULL);
+    grad_error g = grads_error(m, grads, want32), floor = {0, 0, ""};
+    if (bf16) {
+        snprintf(path, sizeof path, "%s/grads_bf16.safetensors", dir);
+        want16 = grads_file(m, path);
+        floor = grads_error(m, want16, want32); /* autocast against fp32 */
     }
-    CHECK_EQ_INT(compared, gs ? ctrl_safetensors_count(gs) : -1);
-    CHECK_MSG(worst <= 1e-4, "%s/%s: gradient of %s: relative error %.3g", arch, attn_name, worst_name,
-              worst);
-    printf("  %-8s %-6s loss %.6f (transformers %.6f), logp rel %.1e, worst grad rel %.1e (%d tensors)\n",
-           arch, attn_name, loss, want_loss, e_logp, worst, compared);
-    ctrl_safetensors_close(gs);
-    cJSON_Delete(root);
-    free(tokens), free(pos), free(tg), free(cu), free(want_logp), free(logp), free(dlogp);
+    CHECK_MSG(g.all <= fmax(tol, floor.all), "%s/%s/%s: gradients: relative error %.3g", arch, attn_name, dt,
+              g.all);
+    CHECK_MSG(g.worst <= fmax(tol, floor.worst), "%s/%s/%s: gradient of %s: relative error %.3g", arch,
+              attn_name, dt, g.worst_name, g.worst);
+    printf(
+        "  %-8s %-6s %s: loss %.6f (transformers %.6f), logp rel %.1e, grads rel %.1e (worst tensor %.1e)\n",
+        arch, attn_name, dt, loss, want_loss, e_logp, g.all, g.worst);
+    if (bf16) {
+        /* really bf16: away from fp32 by more than fp32's own noise */
+        CHECK_MSG(e_logp > 1e-5, "%s/%s: bf16 log-probs equal fp32's", arch, attn_name);
+        float *auto_logp = float_array(auto16, "logp", T);
+        const double e16 = test_rel_error_f32(logp, auto_logp, T);
+        grad_error g16 = grads_error(m, grads, want16);
+        CHECK_MSG(e16 <= 1e-2, "%s/%s: logp vs autocast relative error %.3g", arch, attn_name, e16);
+        CHECK_MSG(g16.all <= 2 * floor.all && g16.worst <= 2 * floor.worst,
+                  "%s/%s: gradients vs autocast: relative error %.3g, %s %.3g", arch, attn_name, g16.all,
+                  g16.worst_name, g16.worst);
+        printf(
+            "  %-8s %-6s vs autocast: logp rel %.1e, grads rel %.1e (worst tensor %.1e); autocast vs fp32: "
+            "grads rel %.1e (worst tensor %.1e)\n",
+            arch, attn_name, e16, g16.all, g16.worst, floor.all, floor.worst);
+        free(auto_logp);
+    }
+    cJSON_Delete(root), cJSON_Delete(auto16);
+    free(tokens), free(pos), free(tg), free(cu), free(want_logp), free(logp), free(dlogp), free(want32),
+        free(want16);
     ctrl_model_free(m);
 }
 
@@ -105,7 +177,16 @@ TEST(four_architectures_match_transformers_with_each_attention) {
     static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
     for (int p = 0; p < 2; p++) {
         if (plugins[p]->init) plugins[p]->init(ctrl_host_table());
-        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name);
+        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name, 0);
+    }
+}
+
+TEST(four_architectures_in_bf16_within_bf16_tolerance) {
+    const ctrl_plugin *plugins[] = {ctrl_plugins_eager()[0], ctrl_plugins_flash()[0]};
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
+    for (int p = 0; p < 2; p++) {
+        if (plugins[p]->init) plugins[p]->init(ctrl_host_table());
+        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name, 1);
     }
 }
 

@@ -8,3 +8,6 @@ target_compile_definitions(test_model_parity PRIVATE CTRL_FIXTURE_DIR="${CMAKE_S
 target_link_libraries(test_model_parity PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C ctrl_openblas m)
 add_test(NAME test_model_parity COMMAND test_model_parity)
 set_tests_properties(test_model_parity PROPERTIES LABELS parity TIMEOUT 300)
+# bf16 once more on the portable path (where the CPU has AVX-512 BF16, the run above takes that one).
+add_test(NAME test_model_parity_portable COMMAND test_model_parity)
+set_tests_properties(test_model_parity_portable PROPERTIES LABELS parity ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 300)

@@ -3,7 +3,7 @@
 
 Builds tests/fixtures/trl_sft/: a random-init Qwen2-shaped model (hidden 64, 2 layers, GQA, tied
 embeddings) with the committed tiny tokenizer, arithmetic data as prompt-completion JSONL and as
-messages JSONL; then, for each case, runs TRL (CPU, fp32, dropout off, rows in file order) for 20
+messages JSONL; then, for each case, runs TRL (CPU, fp32 — or bf16 autocast where the case says —, dropout off, rows in file order) for 20
 optimizer steps and writes <case>.ini (the same run as a ctrl config, with @DIR@ for this folder
 and @OUT@ for the output directory) and <case>.trl.jsonl (per-step loss, grad_norm, learning_rate,
 entropy, mean_token_accuracy, num_tokens as TRL logs them at logging_steps = 1).
@@ -68,8 +68,11 @@ CASES = {
     "padding_free_multiple": ("prompt_completion.jsonl", dict(per_device_train_batch_size=4, padding_free=True,
                                                               max_length=None, pad_to_multiple_of=8),
                               {"pad_to_multiple_of": "8"}),
+    # bf16 mixed precision: TRL runs the model under torch.autocast(bfloat16) with fp32 master weights
+    "padded_bf16": ("prompt_completion.jsonl", dict(per_device_train_batch_size=4, bf16=True),
+                    {"padding_free": "false", "dtype": "bf16"}),
 }
-TRAIN_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps"}
+TRAIN_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps", "dtype"}
 
 
 def make_data():
@@ -127,8 +130,8 @@ def run_case(name, data_file, overrides):
     rows = [json.loads(l) for l in open(os.path.join(OUT, data_file))]
     rec = Record()
     with tempfile.TemporaryDirectory() as tmp:
-        args = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, bf16=False, max_steps=STEPS, logging_steps=1,
-                         save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, **dict(COMMON, **overrides))
+        args = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=STEPS, logging_steps=1,
+                         save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, **dict(dict(COMMON, bf16=False), **overrides))
         trainer = Sequential(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                              callbacks=[rec])
         trainer.train()
@@ -140,7 +143,7 @@ def run_case(name, data_file, overrides):
 
 def write_ini(name, data_file, ctrl_opts):
     data = {"train_file": "@DIR@/" + data_file, "max_length": str(COMMON["max_length"]), "shuffle": "false"}
-    train = {"learning_rate": str(COMMON["learning_rate"]), "lr_scheduler_type": "linear",
+    train = {"dtype": "fp32", "learning_rate": str(COMMON["learning_rate"]), "lr_scheduler_type": "linear",
              "warmup_steps": str(COMMON["warmup_steps"]), "weight_decay": str(COMMON["weight_decay"]),
              "max_grad_norm": "1.0", "max_steps": str(STEPS), "logging_steps": "1", "per_device_train_batch_size": "4",
              "optimizer": "adamw"}
