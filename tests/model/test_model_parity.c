@@ -171,24 +171,18 @@ static void check_arch(const char *arch, const ctrl_attention_ops *attn, const c
     ctrl_model_free(m);
 }
 
-TEST(four_architectures_match_transformers_with_each_attention) {
-    /* The same suite with each attention plugin: switching is one config key for users. */
+/* The same suite with each attention plugin: switching is one config key for users. */
+static void every_arch_with_each_attention(int bf16) {
     const ctrl_plugin *plugins[] = {ctrl_plugins_eager()[0], ctrl_plugins_flash()[0]};
     static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
     for (int p = 0; p < 2; p++) {
         if (plugins[p]->init) plugins[p]->init(ctrl_host_table());
-        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name, 0);
+        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name, bf16);
     }
 }
 
-TEST(four_architectures_in_bf16_within_bf16_tolerance) {
-    const ctrl_plugin *plugins[] = {ctrl_plugins_eager()[0], ctrl_plugins_flash()[0]};
-    static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
-    for (int p = 0; p < 2; p++) {
-        if (plugins[p]->init) plugins[p]->init(ctrl_host_table());
-        for (int a = 0; a < 4; a++) check_arch(archs[a], plugins[p]->ops, plugins[p]->name, 1);
-    }
-}
+TEST(four_architectures_match_transformers_with_each_attention) { every_arch_with_each_attention(0); }
+TEST(four_architectures_in_bf16_within_bf16_tolerance) { every_arch_with_each_attention(1); }
 
 /* Save (f32 and bf16) and load back: f32 is bit-exact, bf16 is the rounded weights. */
 TEST(save_and_reload) {
