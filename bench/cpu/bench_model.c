@@ -2,8 +2,11 @@
  * plugin loaded from the plugin directory), on a packed batch of equal-length sequences of random
  * tokens: the ctrl side of bench/cpu/run.sh, which runs PyTorch on the same model and batch.
  * MEMORY names a memory strategy plugin to attach (e.g. checkpointing, with its defaults); none
- * by default. Prints the activation bytes the model holds after the forward and the peak RSS.
- * usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS [MEMORY] */
+ * by default; DTYPE fp32 (default) or bf16 (the linear projections in bf16, as `[train] dtype`).
+ * Each step is what SFT runs: the forward with the head's backward fused in (dL/dlogp of the mean
+ * loss is known up front), then the backward. Prints the activation bytes the model holds after
+ * the forward and the peak RSS.
+ * usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS [MEMORY] [DTYPE] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +26,8 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 && argc != 7) {
-        fprintf(stderr, "usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS [MEMORY]\n");
+    if (argc < 6 || argc > 8) {
+        fprintf(stderr, "usage: bench_cpu_model MODEL_DIR PLUGIN_DIR SEQS SEQ_LEN STEPS [MEMORY] [DTYPE]\n");
         return 2;
     }
     const int B = atoi(argv[3]), L = atoi(argv[4]), steps = atoi(argv[5]), T = B * L;
@@ -40,7 +43,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench: %s\n", e ? ctrl_error_message() : "no flash plugin");
         return 1;
     }
-    const char *memory = argc == 7 ? argv[6] : "none";
+    const char *memory = argc >= 7 ? argv[6] : "none", *dtype = argc == 8 ? argv[7] : "fp32";
+    if (ctrl_model_set_compute_dtype(m, strcmp(dtype, "bf16") == 0 ? CTRL_BF16 : CTRL_F32) != CTRL_OK) {
+        fprintf(stderr, "bench: %s\n", ctrl_error_message());
+        return 1;
+    }
     const ctrl_memory_ops *mops = NULL;
     ctrl_memory *mem = NULL;
     if (strcmp(memory, "none") != 0) {
@@ -73,8 +80,8 @@ int main(int argc, char **argv) {
     double best = 1e30, total = 0;
     for (int i = -1; i < steps; i++) { /* one warm-up step */
         double t0 = now();
-        if (ctrl_model_forward(m, &batch, logp, NULL, NULL) != CTRL_OK ||
-            ctrl_model_backward(m, dlogp) != CTRL_OK) {
+        if (ctrl_model_forward_fused(m, &batch, dlogp, logp, NULL, NULL) != CTRL_OK ||
+            ctrl_model_backward(m, NULL) != CTRL_OK) {
             fprintf(stderr, "bench: %s\n", ctrl_error_message());
             return 1;
         }
@@ -85,10 +92,11 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     size_t n_params;
     ctrl_model_params(m, &n_params);
-    printf("ctrl   params %.2fM tokens/step %d memory %s: %.0f tokens/s (mean of %d steps; best step %.0f), "
-           "activations held %.0f MiB, peak RSS %.0f MiB\n",
-           n_params / 1e6, T, memory, T * steps / total, steps, T / best,
-           ctrl_model_activation_bytes(m) / 1048576.0, ru.ru_maxrss / 1024.0);
+    printf(
+        "ctrl   params %.2fM tokens/step %d %s memory %s: %.0f tokens/s (mean of %d steps; best step %.0f), "
+        "activations held %.0f MiB, peak RSS %.0f MiB\n",
+        n_params / 1e6, T, dtype, memory, T * steps / total, steps, T / best,
+        ctrl_model_activation_bytes(m) / 1048576.0, ru.ru_maxrss / 1024.0);
     ctrl_model_free(m);
     if (mem) mops->destroy(mem);
     ctrl_registry_destroy(reg);

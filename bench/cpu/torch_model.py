@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The PyTorch side of bench/cpu/run.sh: creates the random Qwen2-shaped model (saved for ctrl),
 or times forward + backward of the same model on the same kind of batch, fp32 on the CPU
-(MEMORY = checkpointing: with transformers' gradient checkpointing, non-reentrant as TRL sets it).
-usage: torch_model.py create DIR | torch_model.py time DIR SEQS SEQ_LEN STEPS THREADS [MEMORY]"""
+(MEMORY = checkpointing: with transformers' gradient checkpointing, non-reentrant as TRL sets it;
+DTYPE = bf16: under torch.autocast(bfloat16), as TRL's bf16 = True).
+usage: torch_model.py create DIR | torch_model.py time DIR SEQS SEQ_LEN STEPS THREADS [MEMORY] [DTYPE]"""
+import contextlib
 import resource
 import sys
 import time
@@ -19,7 +21,7 @@ def create(d):
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(d)
 
 
-def timed(d, B, L, steps, threads, memory="none"):
+def timed(d, B, L, steps, threads, memory="none", dtype="fp32"):
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
     model.train()
@@ -29,15 +31,16 @@ def timed(d, B, L, steps, threads, memory="none"):
     total, best = 0.0, 1e30
     for i in range(steps + 1):
         t0 = time.perf_counter()
-        out = model(input_ids=ids, labels=ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext():
+            out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         model.zero_grad(set_to_none=True)
         if i > 0:
             dt = time.perf_counter() - t0
             total, best = total + dt, min(best, dt)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("torch  %s threads=%d tokens/step %d memory %s: %.0f tokens/s (mean of %d steps; best step %.0f), peak RSS %.0f MiB"
-          % (torch.__version__, threads, B * L, memory, B * L * steps / total, steps, B * L / best, rss))
+    print("torch  %s threads=%d tokens/step %d %s memory %s: %.0f tokens/s (mean of %d steps; best step %.0f), peak RSS %.0f MiB"
+          % (torch.__version__, threads, B * L, dtype, memory, B * L * steps / total, steps, B * L / best, rss))
 
 
 if __name__ == "__main__":
@@ -45,4 +48,4 @@ if __name__ == "__main__":
         create(sys.argv[2])
     else:
         timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
-              sys.argv[7] if len(sys.argv) > 7 else "none")
+              sys.argv[7] if len(sys.argv) > 7 else "none", sys.argv[8] if len(sys.argv) > 8 else "fp32")

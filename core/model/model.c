@@ -103,7 +103,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
-    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem);
+    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
 }
@@ -317,11 +317,15 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     return CTRL_OK;
 }
 
-ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy,
-                               int32_t *correct) {
+/* The forward; with dlogp (a fused forward) the head's backward too: its parameter gradient
+ * accumulated, dL/d(final norm output) kept in head_dh for ctrl_model_backward(m, NULL). */
+static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
+                           float *entropy, int32_t *correct) {
     const ctrl_model_config *c = &m->cfg;
     if (!m->attn)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
+    free(m->head_dh); /* a backward(NULL) needs this forward's */
+    m->head_dh = NULL;
     ctrl_status st = check_batch(m, b);
     if (st != CTRL_OK) return st;
     int max_pos = 0;
@@ -364,12 +368,31 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, 
                          .C = C,
                          .V = c->vocab_size,
                          .temperature = m->temperature};
-    void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
-    if (!ws) return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
-    ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, correct, ws);
+    void *ws = malloc(dlogp ? ctrl_cpu_head_fused_workspace_bytes(&ha) : ctrl_cpu_head_workspace_bytes(&ha));
+    if (dlogp) m->head_dh = malloc(sizeof(float) * (size_t)T * C);
+    if (!ws || (dlogp && !m->head_dh)) {
+        free(ws);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
+    }
+    if (dlogp)
+        ctrl_cpu_head_forward_backward(&ha, dlogp, logp, m->head_ent, m->head_lse, correct, m->head_dh,
+                                       m->grads + m->off_lm_head, ws);
+    else
+        ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, correct, ws);
     if (entropy) memcpy(entropy, m->head_ent, sizeof(float) * (size_t)T);
     free(ws);
     return CTRL_OK;
+}
+
+ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy,
+                               int32_t *correct) {
+    return forward(m, b, NULL, logp, entropy, correct);
+}
+
+ctrl_status ctrl_model_forward_fused(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
+                                     float *entropy, int32_t *correct) {
+    if (!dlogp) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: a fused forward needs dL/dlogp");
+    return forward(m, b, dlogp, logp, entropy, correct);
 }
 
 static void add_into(float *dst, const float *src, int64_t n) {
@@ -381,6 +404,9 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
     if (T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: backward without a forward");
+    if (!dlogp && !m->head_dh)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: backward without dL/dlogp after a forward that was not fused");
     const float *P = m->params;
     float *G = m->grads;
     /* Scratch: residual-stream gradient, a second [T, C], and [T, max(I, H*D)] x 3. */
@@ -396,14 +422,16 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
                          .C = C,
                          .V = c->vocab_size,
                          .temperature = m->temperature};
-    void *ws = malloc(ctrl_cpu_head_workspace_bytes(&ha));
+    void *ws = dlogp ? malloc(ctrl_cpu_head_workspace_bytes(&ha)) : NULL;
     ctrl_status st = CTRL_OK;
-    if (!dres || !dtmp || !d1 || !d2 || !d3 || !dk || !dv || !ws) {
+    if (!dres || !dtmp || !d1 || !d2 || !d3 || !dk || !dv || (dlogp && !ws)) {
         st = ctrl_error_set(CTRL_ERR_NOMEM, "model: backward scratch for %d tokens", T);
         goto done;
     }
-    ctrl_cpu_head_backward(&ha, m->head_lse, dlogp, NULL, NULL, dtmp, G + m->off_lm_head, ws);
-    ctrl_cpu_rmsnorm_backward(dres, G + m->off_norm, dtmp, m->x_out, P + m->off_norm, m->rstdf, T, C);
+    if (dlogp) /* else the fused forward did this part */
+        ctrl_cpu_head_backward(&ha, m->head_lse, dlogp, NULL, NULL, dtmp, G + m->off_lm_head, ws);
+    ctrl_cpu_rmsnorm_backward(dres, G + m->off_norm, dlogp ? dtmp : m->head_dh, m->x_out, P + m->off_norm,
+                              m->rstdf, T, C);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         const layer_offsets *o = &m->layers[l];
         layer_acts *a = &m->acts[l];

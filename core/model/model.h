@@ -54,6 +54,11 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
  * and argmax-equals-target flags (mean_token_accuracy); keeps what backward needs. */
 ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *logp, float *entropy,
                                int32_t *correct);
+/* The forward with dL/dlogp known up front (a loss linear in the log-probs, as SFT's): the head's
+ * backward runs inside it (its logits are never recomputed) and accumulates the head's parameter
+ * gradient; ctrl_model_backward(m, NULL) then does the rest. */
+ctrl_status ctrl_model_forward_fused(ctrl_model *m, const ctrl_batch *batch, const float *dlogp, float *logp,
+                                     float *entropy, int32_t *correct);
 /* Log-probabilities and entropies of softmax(logits / temperature) from now on (1 by default);
  * the online trainers use their sampling temperature, as TRL. */
 void ctrl_model_set_temperature(ctrl_model *m, float temperature);
@@ -63,7 +68,8 @@ void ctrl_model_set_temperature(ctrl_model *m, float temperature);
  * any other dtype. */
 ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype);
 ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m);
-/* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward. */
+/* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward (NULL after
+ * ctrl_model_forward_fused). */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
 /* Attaches a memory strategy (NULL: none): its hooks run around each layer, and the layers it
  * recomputes keep only their input through the forward (activation checkpointing). */

@@ -35,6 +35,7 @@ struct ctrl_model {
     float *act_mem;
     layer_acts *acts;
     float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
+    float *head_dh; /* a fused forward's dL/d(final norm output) [T, C], for the backward */
     ctrl_batch batch;
     int32_t *batch_mem;
     /* memory strategy (may be NULL) and which layers it recomputes */

@@ -271,23 +271,32 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
         float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
         float *dlp = malloc(sizeof(float) * (size_t)T), *ent = malloc(sizeof(float) * (size_t)T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)T);
-        st = compute_forward(&r->comp, &mb[g], lp, ent, ok);
+        ctrl_trainer_batch tb = {
+            .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
+        for (int t = 0; t < T; t++) w[t] = mb[g].targets[t] >= 0 ? 1.0f : 0.0f;
+        double loss;
+        /* a loss linear in the log-probs (SFT): dL/dlogp first, and the head's backward fused
+         * into the forward (on the CPU model) */
+        const int fused = !r->comp.dev && r->trainer_ops->size >= sizeof(ctrl_trainer_ops) &&
+                          r->trainer_ops->dlogp_before_forward;
+        if (fused) {
+            memset(lp, 0, sizeof(float) * (size_t)T);
+            st = r->trainer_ops->loss(r->trainer, &tb, &loss, dlp);
+            if (st == CTRL_OK) st = ctrl_model_forward_fused(r->comp.host, &mb[g], dlp, lp, ent, ok);
+        } else {
+            st = compute_forward(&r->comp, &mb[g], lp, ent, ok);
+        }
         if (st == CTRL_OK) {
             /* entropy and token accuracy over the trained tokens of each micro-batch, then averaged
              * over the micro-batches, as TRL's SFTTrainer logs them */
             long valid = 0, correct = 0;
             double ent_sum = 0;
-            for (int t = 0; t < T; t++) {
-                w[t] = mb[g].targets[t] >= 0 ? 1.0f : 0.0f;
+            for (int t = 0; t < T; t++)
                 if (w[t] > 0) valid++, correct += ok[t] != 0, ent_sum += ent[t];
-            }
             out->accuracy += valid ? (double)correct / valid / ga : 0;
             out->entropy += valid ? ent_sum / valid / ga : 0;
-            ctrl_trainer_batch tb = {
-                .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
-            double loss;
             st = r->trainer_ops->loss(r->trainer, &tb, &loss, dlp);
-            if (st == CTRL_OK) out->loss += loss, st = compute_backward(&r->comp, dlp);
+            if (st == CTRL_OK) out->loss += loss, st = compute_backward(&r->comp, fused ? NULL : dlp);
         }
         free(lp), free(w), free(dlp), free(ent), free(ok);
     }

@@ -79,6 +79,10 @@ typedef struct ctrl_trainer_ops {
      * generation batch. */
     ctrl_status (*online_spec)(ctrl_trainer *t, ctrl_online_spec *out);
     ctrl_status (*advantages)(ctrl_trainer *t, const ctrl_rollout *r, float *adv);
+    /* 1 when dL/dlogp does not depend on logp (a token NLL, as SFT's): the core may then call `loss`
+     * on zero log-probs before the forward for dL/dlogp, and fuse the LM head's backward into its
+     * forward (its logits are not recomputed); `loss` is called again on the real log-probs. */
+    int dlogp_before_forward;
 } ctrl_trainer_ops;
 
 #ifdef __cplusplus

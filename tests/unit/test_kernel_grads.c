@@ -224,7 +224,8 @@ TEST(head_backward_with_entropy_and_temperature) {
         free(dw);
 }
 
-/* Chunk sizes change the order of sums only: every chunking agrees with one big chunk. */
+/* Chunk sizes change the order of sums only: every chunking agrees with one big chunk, and so does
+ * the fused forward + backward. */
 TEST(head_chunking_is_invariant) {
     const int T = 37, C = 16, V = 301;
     int32_t *tg = malloc(T * 4);
@@ -262,6 +263,33 @@ TEST(head_chunking_is_invariant) {
             CHECK_REL(dw, ref_dw, (long)V * C, 1e-6);
             CHECK(memcmp(ok, ref_ok, sizeof ok) == 0);
         }
+        free(ws), free(dh), free(dw);
+    }
+    /* The fused forward + backward (dlogp known up front) gives the same, with each token chunking
+     * and the default one; dw accumulates onto what is there. */
+    static const int fused_chunks[] = {0, 1, 5, 36, 64};
+    for (size_t k = 0; k < sizeof fused_chunks / sizeof fused_chunks[0]; k++) {
+        ctrl_head_args a = {.hidden = h,
+                            .w = w,
+                            .targets = tg,
+                            .T = T,
+                            .C = C,
+                            .V = V,
+                            .temperature = 1.3f,
+                            .chunk_tokens = fused_chunks[k]};
+        void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
+        float logp[37], ent[37], lse[37], *dh = rand_buf((size_t)T * C, 1) /* overwritten */,
+                                          *dw = zeros((size_t)V * C);
+        for (int i = 0; i < V * C; i++) dw[i] = ref_dw[i];
+        int32_t ok[37];
+        ctrl_cpu_head_forward_backward(&a, dlogp, logp, ent, lse, ok, dh, dw, ws);
+        for (int i = 0; i < V * C; i++) dw[i] -= ref_dw[i];
+        CHECK_REL(logp, ref_logp, T, 1e-6);
+        CHECK_REL(ent, ref_ent, T, 1e-6);
+        CHECK_REL(lse, ref_lse, T, 1e-6);
+        CHECK_REL(dh, ref_dh, (long)T * C, 1e-6);
+        CHECK_REL(dw, ref_dw, (long)V * C, 1e-5);
+        CHECK(memcmp(ok, ref_ok, sizeof ok) == 0);
         free(ws), free(dh), free(dw);
     }
     free(tg), free(h), free(w), free(dlogp), free(ref_dh), free(ref_dw);

@@ -40,6 +40,7 @@ static const ctrl_trainer_ops sft_ops = {
     .create = sft_create,
     .loss = sft_loss,
     .destroy = sft_destroy,
+    .dlogp_before_forward = 1, /* -weight / num_items */
 };
 
 static const ctrl_plugin sft_plugin = {
