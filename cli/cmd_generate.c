@@ -154,7 +154,6 @@ static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tp
 }
 
 static int run_generate(ctrl_cli *cli, int argc, char **argv) {
-    (void)cli;
     gen_args a;
     int rc = parse(argc, argv, &a);
     if (rc) return rc;
@@ -214,6 +213,9 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
                                    .block_size = 16,
                                    .max_num_seqs = 256,
                                    .max_num_batched_tokens = 2048};
+    ctrl_registry *reg = NULL;
+    if (st == CTRL_OK) st = cli_plugins(cli, &reg);
+    if (st == CTRL_OK) st = ctrl_engine_attach_attention(m, reg, NULL);
     if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, &eng);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

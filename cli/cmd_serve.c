@@ -154,7 +154,6 @@ static void finished(void *cls, struct MHD_Connection *c, void **state,
 }
 
 static int run_serve(ctrl_cli *cli, int argc, char **argv) {
-    (void)cli;
     const char *dir = NULL, *host = "127.0.0.1", *api_key = getenv("CTRL_API_KEY");
     long port = 8000, kv_mb = 256, body_kb = 1024;
     for (int i = 1; i < argc; i++) {
@@ -194,6 +193,9 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
                                    .max_num_seqs = 256,
                                    .max_num_batched_tokens = 8192,
                                    .prefix_cache = 1};
+    ctrl_registry *reg = NULL;
+    if (st == CTRL_OK) st = cli_plugins(cli, &reg);
+    if (st == CTRL_OK) st = ctrl_engine_attach_attention(s.model, reg, NULL);
     if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
     if (st == CTRL_OK) s.n_stop = ctrl_generation_stop_ids(dir, s.tok, s.stops, 16);
     const int batching = st == CTRL_OK && (st = serve_batch_start(&s)) == CTRL_OK;

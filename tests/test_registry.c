@@ -1,8 +1,10 @@
 /* See test_registry.h. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "test.h"
 #include "test_registry.h"
+#include "generate/engine.h"
 
 ctrl_registry *test_plugin_registry(void) {
     ctrl_registry *reg = NULL;
@@ -24,4 +26,16 @@ ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, c
     ctrl_status st = ctrl_config_load(path, NULL, 0, reg, &cfg);
     CHECK_MSG(st == CTRL_OK, "%s: %s", path, ctrl_error_message());
     return st == CTRL_OK ? cfg : NULL;
+}
+
+static ctrl_registry *decoders;
+static void free_decoders(void) { ctrl_registry_destroy(decoders); }
+
+void test_attach_paged(ctrl_model *m) {
+    if (!m) return;
+    if (!decoders) {
+        decoders = test_plugin_registry();
+        atexit(free_decoders);
+    }
+    CHECK_MSG(ctrl_engine_attach_attention(m, decoders, "paged") == CTRL_OK, "%s", ctrl_error_message());
 }

@@ -3,6 +3,7 @@
 #define CTRL_TEST_REGISTRY_H
 
 #include "config_load.h"
+#include "model/model.h"
 #include "registry.h"
 
 /* A registry holding every plugin built into CTRL_PLUGIN_DIR (free with ctrl_registry_destroy). */
@@ -10,5 +11,8 @@ ctrl_registry *test_plugin_registry(void);
 /* `ini` (INI text) written to this test's scratch directory as `name`, loaded and validated against
  * `reg`; NULL (after a failed CHECK naming the error) when it does not load. */
 ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, const char *ini);
+
+/* Gives `m` the built `paged` attention plugin to decode with (the registry lives until exit). */
+void test_attach_paged(ctrl_model *m);
 
 #endif

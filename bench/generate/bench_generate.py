@@ -26,7 +26,8 @@ TOK = os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe")
 
 def ctrl_generate(args, model, prompts_file, n, out):
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    r = subprocess.run([args.ctrl, "generate", "--model", model, "--prompts", prompts_file, "--n", str(n),
+    plugins = os.path.join(os.path.dirname(os.path.abspath(args.ctrl)), "plugins")
+    r = subprocess.run([args.ctrl, "--plugin-dir", plugins, "generate", "--model", model, "--prompts", prompts_file, "--n", str(n),
                         "--max-tokens", str(args.max_tokens), "--temperature", "1.0", "--seed", "1",
                         "--kv-cache-mb", "512", "--out", out], env=env, capture_output=True, text=True, check=True)
     line = [l for l in r.stderr.splitlines() if "tokens/s" in l and "prompts x" in l][-1]

@@ -91,7 +91,8 @@ static const ctrl_option train_options[] = {
     {"weight_decay", CTRL_OPT_FLOAT, "0", MIN(0), NULL, "Decoupled weight decay (not on norms and biases)."},
     {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
      "Compute dtype (master weights, gradients and optimizer state stay fp32). bf16 on the CPU: the linear "
-     "projections in bf16 with fp32 accumulation (AVX-512 BF16 where the CPU has it), as torch.autocast; fp16: "
+     "projections in bf16 with fp32 accumulation (AVX-512 BF16 where the CPU has it), as torch.autocast; "
+     "fp16: "
      "not on the CPU; the CUDA model computes in fp32 so far."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
@@ -125,6 +126,8 @@ static const ctrl_option generation_options[] = {
     {"gpu_memory_utilization", CTRL_OPT_FLOAT, "0.3", RANGE(0.01, 1), NULL,
      "Fraction of device memory for the KV cache when kv_cache_bytes = 0."},
     {"block_size", CTRL_OPT_INT, "16", RANGE(1, 1024), NULL, "Tokens per KV-cache block."},
+    {"attention", CTRL_OPT_STRING, "paged", 0, 0, 0, NULL,
+     "Attention plugin that decodes over the paged KV cache (colocate mode)."},
     {"temperature", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Sampling temperature (0 = greedy)."},
     {"top_p", CTRL_OPT_FLOAT, "1.0", RANGE(0, 1), NULL, "Nucleus sampling mass."},
     {"top_k", CTRL_OPT_INT, "0", MIN(0), NULL, "Sample among the k most likely tokens (0 = off)."},

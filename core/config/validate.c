@@ -150,6 +150,12 @@ static ctrl_status select_plugins(const ctrl_config *cfg, const ctrl_registry *r
     if ((st = config_check_plugin_name(cfg, reg, CTRL_KIND_ATTENTION, "model", "attention", name,
                                        &sel->attention)))
         return st;
+    const ctrl_plugin *decoder = NULL; /* set explicitly: checked now; the default when a run decodes */
+    name = config_value_or_default(cfg, "generation", config_core_table("generation"), "attention");
+    if (config_find(cfg, "generation", "attention") &&
+        (st = config_check_plugin_name(cfg, reg, CTRL_KIND_ATTENTION, "generation", "attention", name,
+                                       &decoder)))
+        return st;
     const char *list = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
     const char *where = where_of(cfg, config_find(cfg, "memory", "strategies"));
     char w[128];

@@ -37,6 +37,9 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "generation: block_size, max_num_seqs and max_num_batched_tokens must "
                               "be positive");
+    if (!ctrl_model_paged_attention(m))
+        return ctrl_error_set(CTRL_ERR_PLUGIN,
+                              "generation: the model has no paged attention plugin to decode with");
     ctrl_engine *e = calloc(1, sizeof *e);
     if (!e) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     e->model = m, e->cfg = *cfg;
@@ -48,6 +51,15 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
     }
     *out = e;
     return CTRL_OK;
+}
+
+ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_registry *reg, const char *name) {
+    if (!name) name = "paged";
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, name);
+    if (!e)
+        return ctrl_error_set(CTRL_ERR_PLUGIN,
+                              "generation: attention plugin '%s' is not loaded (see --plugin-dir)", name);
+    return ctrl_model_set_paged_attention(m, e->plugin->ops);
 }
 
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {

@@ -14,6 +14,7 @@
 
 #include "generate/sampling.h"
 #include "model/model.h"
+#include "registry.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct ctrl_gen_request {
@@ -49,7 +50,11 @@ typedef struct ctrl_engine_config {
 
 typedef struct ctrl_engine ctrl_engine;
 
+/* The model must have its paged attention (ctrl_engine_attach_attention). */
 ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out);
+/* Gives the model the attention plugin `name` (NULL: "paged", as `[generation] attention`) from the
+ * registry to decode with. */
+ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_registry *reg, const char *name);
 /* The [generation] section: kv_cache_bytes (0: gpu_memory_utilization of this machine's memory on
  * the CPU), block_size, max_num_seqs, max_num_batched_tokens. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);

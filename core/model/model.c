@@ -80,7 +80,9 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
     *out = NULL;
     /* attn may be NULL for a model that is only initialised or converted; forward needs one. */
     if (attn && (!attn->forward || !attn->backward))
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: the attention plugin lacks forward or backward");
+        return ctrl_error_set(CTRL_ERR_PLUGIN,
+                              "model: the attention plugin has no training forward/backward (`paged` only "
+                              "decodes: use eager or flash)");
     ctrl_model *m = calloc(1, sizeof *m);
     if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;

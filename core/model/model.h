@@ -74,11 +74,15 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
 /* Attaches a memory strategy (NULL: none): its hooks run around each layer, and the layers it
  * recomputes keep only their input through the forward (activation checkpointing). */
 void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+/* The attention plugin decoding runs with (its paged_forward; the `paged` plugin): CTRL_ERR_PLUGIN
+ * when `ops` has none. */
+ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops);
+const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m);
 /* Incremental decoding (model_decode.c): n_new[s] tokens of sequence s (flat in `tokens`, at
  * positions seqs[s]->len onwards) run through the model; their K/V are appended to the paged cache
  * (blocks reserved as needed) and logits[s * V ...] receive the next-token logits after each
- * sequence's last new token. No attention plugin is involved: the cache is read through the block
- * tables. */
+ * sequence's last new token. The paged attention plugin (ctrl_model_set_paged_attention) reads the
+ * cache through the block tables. */
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits);
 /* Bytes of activations the model holds for the last forward's length. */

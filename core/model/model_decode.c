@@ -1,10 +1,11 @@
 /* Incremental decoding over a paged KV cache (see model.h): the new tokens of several sequences run
  * through the same layer code as training (model_layer_forward) as one flat batch; only the
- * attention differs — each layer appends the new K/V to the cache and attends over it through the
- * sequence's block table (causal, GQA, optional sliding window): the CPU path of paged attention.
+ * attention differs — each layer appends the new K/V to the cache and the `paged` attention plugin
+ * (ctrl_model_set_paged_attention) attends over it through the sequences' block tables.
  * The head gives the logits of each sequence's last new token. Decoding has scratch of its own (one
  * layer's internals), so a training forward's saved activations survive it. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,61 +17,18 @@ typedef struct decode_ctx {
     ctrl_kv_seq *const *seqs;
     const int *n_new;
     int n_seq, max_pos;
-    const int *seq_of; /* [T] the sequence of each new token */
+    const int32_t *seq_of;       /* [T] the sequence of each new token */
+    const int32_t *block_tables; /* [n_seq, max_blocks] */
+    int max_blocks;
 } decode_ctx;
 
-/* For the query heads of kv head `kvh` (a GQA group): out = softmax over the cached keys visible
- * from `pos` of (q . k) * scale, applied to v. The cache is read through the sequence's block
- * table, each K and V row once for the whole group. scores: [group][pos + 1]. */
-static void attend_group(const ctrl_model *m, const ctrl_kv_cache *c, int layer, const ctrl_kv_seq *s,
-                         int pos, int kvh, const float *q, float *out, float *scores) {
-    const ctrl_model_config *cfg = &m->cfg;
-    const int HK = cfg->n_kv_heads, D = cfg->head_dim, G = cfg->n_heads / HK, bs = c->block_size;
-    const float scale = 1.0f / sqrtf((float)D);
-    const int lo =
-        cfg->sliding_window > 0 && pos - cfg->sliding_window + 1 > 0 ? pos - cfg->sliding_window + 1 : 0;
-    const int n = pos - lo + 1;
-    const size_t slot = (size_t)HK * D, layer_off = (size_t)layer * c->n_blocks * bs * slot;
-    const float *qg = q + (size_t)kvh * G * D;
-    for (int j = lo; j <= pos; j++) {
-        const float *k =
-            c->k + layer_off + ((size_t)s->blocks[j / bs] * bs + j % bs) * slot + (size_t)kvh * D;
-        for (int g = 0; g < G; g++) {
-            const float *qh = qg + (size_t)g * D;
-            float d = 0;
-#pragma omp simd reduction(+ : d)
-            for (int i = 0; i < D; i++) d += qh[i] * k[i];
-            scores[(size_t)g * n + j - lo] = d * scale;
-        }
-    }
-    float *og = out + (size_t)kvh * G * D;
-    memset(og, 0, sizeof(float) * (size_t)G * D);
-    for (int g = 0; g < G; g++) { /* softmax of each head's row, normalized up front */
-        float *sc = scores + (size_t)g * n, mx = -INFINITY;
-        for (int j = 0; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
-        double sum = 0;
-        for (int j = 0; j < n; j++) sum += sc[j] = expf(sc[j] - mx);
-        const float inv = (float)(1.0 / sum);
-        for (int j = 0; j < n; j++) sc[j] *= inv;
-    }
-    for (int j = lo; j <= pos; j++) {
-        const float *v =
-            c->v + layer_off + ((size_t)s->blocks[j / bs] * bs + j % bs) * slot + (size_t)kvh * D;
-        for (int g = 0; g < G; g++) {
-            const float p = scores[(size_t)g * n + j - lo];
-            float *o = og + (size_t)g * D;
-#pragma omp simd
-            for (int i = 0; i < D; i++) o[i] += p * v[i];
-        }
-    }
-}
-
-/* model_attention_fn for decoding: append K/V (a token sees itself), then attend over the cache,
- * every (new token, kv head) pair in parallel. */
+/* model_attention_fn for decoding: append the new tokens' K/V to the cache (a token sees itself),
+ * then the paged attention plugin attends over it. */
 static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
     const decode_ctx *d = ctx;
-    const int H = m->cfg.n_heads, T = m->T;
-    const size_t QD = (size_t)H * m->cfg.head_dim, KD = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    const ctrl_model_config *cfg = &m->cfg;
+    const int T = m->T;
+    const size_t KD = (size_t)cfg->n_kv_heads * cfg->head_dim;
     for (int s = 0, t = 0; s < d->n_seq; s++)
         for (int i = 0; i < d->n_new[s]; i++, t++) {
             memcpy(ctrl_kv_at(d->c, 0, l, d->seqs[s], m->batch.positions[t]), a->k + t * KD,
@@ -78,21 +36,42 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
             memcpy(ctrl_kv_at(d->c, 1, l, d->seqs[s], m->batch.positions[t]), a->v + t * KD,
                    sizeof(float) * KD);
         }
-    const int HK = m->cfg.n_kv_heads;
-#pragma omp parallel
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(H / HK) * (size_t)(d->max_pos + 1));
-#pragma omp for schedule(dynamic, 8)
-        for (long w = 0; w < (long)T * HK; w++) {
-            const int t = (int)(w / HK), kvh = (int)(w % HK);
-            if (scores)
-                attend_group(m, d->c, l, d->seqs[d->seq_of[t]], m->batch.positions[t], kvh, a->q + t * QD,
-                             a->att + t * QD, scores);
-        }
-        free(scores);
-    }
+    const size_t layer_off = (size_t)l * d->c->n_blocks * d->c->block_size * KD;
+    const ctrl_paged_attention_args args = {.size = sizeof args,
+                                            .device = {CTRL_DEVICE_CPU, 0},
+                                            .dtype = CTRL_F32,
+                                            .n_tokens = T,
+                                            .n_seqs = d->n_seq,
+                                            .n_head = cfg->n_heads,
+                                            .n_kv_head = cfg->n_kv_heads,
+                                            .head_dim = cfg->head_dim,
+                                            .scale = 1.0f / sqrtf((float)cfg->head_dim),
+                                            .window = cfg->sliding_window > 0 ? cfg->sliding_window : 0,
+                                            .q = a->q,
+                                            .out = a->att,
+                                            .k_cache = d->c->k + layer_off,
+                                            .v_cache = d->c->v + layer_off,
+                                            .n_blocks = d->c->n_blocks,
+                                            .block_size = d->c->block_size,
+                                            .block_tables = d->block_tables,
+                                            .max_blocks_per_seq = d->max_blocks,
+                                            .seq_of_token = d->seq_of,
+                                            .positions = m->batch.positions,
+                                            .max_position = d->max_pos};
+    const ctrl_status st = m->paged->paged_forward(&args);
+    return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d paged attention", l);
+}
+
+ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops) {
+    if (!ops || ops->size < offsetof(ctrl_attention_ops, paged_forward) + sizeof(void *) ||
+        !ops->paged_forward)
+        return ctrl_error_set(CTRL_ERR_PLUGIN,
+                              "decode: the attention plugin has no paged decoding (use `paged`)");
+    m->paged = ops;
     return CTRL_OK;
 }
+
+const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m) { return m->paged; }
 
 /* Decoding keeps nothing for a backward pass, so one set of layer internals serves every layer
  * and the layer inputs take turns in two buffers: scratch for T tokens, a few layers' worth less
@@ -130,6 +109,9 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits) {
     const ctrl_model_config *cfg = &m->cfg;
     const int C = cfg->hidden_size, V = cfg->vocab_size;
+    if (!m->paged)
+        return ctrl_error_set(CTRL_ERR_PLUGIN,
+                              "decode: no paged attention plugin (the `paged` plugin decodes)");
     int T = 0, max_pos = 0;
     for (int s = 0; s < n_seq; s++) {
         if (n_new[s] < 1) return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: sequence %d has no new token", s);
@@ -145,14 +127,20 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)
         st = ctrl_kv_seq_reserve(c, seqs[s], seqs[s]->len + n_new[s]);
     if (st != CTRL_OK) return st;
-    int *seq_of = malloc(sizeof(int) * (size_t)T);
+    int max_blocks = 1;
+    for (int s = 0; s < n_seq; s++)
+        max_blocks = seqs[s]->n_blocks > max_blocks ? seqs[s]->n_blocks : max_blocks;
+    int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)T),
+            *tables = calloc((size_t)n_seq * max_blocks, sizeof(int32_t));
     float *h = malloc(sizeof(float) * (size_t)n_seq * C), *rstd = malloc(sizeof(float) * (size_t)n_seq);
-    if (!seq_of || !h || !rstd) {
-        free(seq_of), free(h), free(rstd);
+    if (!seq_of || !tables || !h || !rstd) {
+        free(seq_of), free(tables), free(h), free(rstd);
         return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
     }
-    for (int s = 0, t = 0; s < n_seq; s++)
+    for (int s = 0, t = 0; s < n_seq; s++) {
         for (int i = 0; i < n_new[s]; i++) seq_of[t] = s, m->dec_pos[t++] = seqs[s]->len + i;
+        for (int b = 0; b < seqs[s]->n_blocks; b++) tables[(size_t)s * max_blocks + b] = seqs[s]->blocks[b];
+    }
     /* the layer code reads m->T, m->batch, m->acts and writes the last layer into m->x_out: point
      * them at the decode scratch for this call, and give the training state back after */
     const int saved_T = m->T;
@@ -161,7 +149,7 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     float *saved_out = m->x_out;
     m->T = T, m->acts = m->dec_acts, m->x_out = m->dec_out;
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
-    decode_ctx d = {c, seqs, n_new, n_seq, max_pos, seq_of};
+    decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks};
     ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->params + m->off_embed, T, C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
@@ -176,6 +164,6 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
         ctrl_cpu_linear_forward(logits, h, m->params + m->off_lm_head, NULL, n_seq, C, V);
     }
     m->T = saved_T, m->batch = saved_batch, m->acts = saved_acts, m->x_out = saved_out;
-    free(seq_of), free(h), free(rstd);
+    free(seq_of), free(tables), free(h), free(rstd);
     return st;
 }

@@ -19,6 +19,7 @@ typedef struct layer_acts {
 struct ctrl_model {
     ctrl_model_config cfg;
     const ctrl_attention_ops *attn;
+    const ctrl_attention_ops *paged; /* decoding's (ctrl_model_set_paged_attention) */
     float temperature; /* the head's: log-probs and entropies of softmax(logits / temperature) */
     int linear_bf16;   /* linear projections in bf16 (ctrl_model_set_compute_dtype) */
     float *params, *grads;

@@ -88,7 +88,8 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
         if (st == CTRL_OK)
             CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server_url);
     } else if (st == CTRL_OK) {
-        st = ctrl_engine_create(model, &ec, &o->engine);
+        st = ctrl_engine_attach_attention(model, reg, ctrl_config_get_string(cfg, "generation", "attention"));
+        if (st == CTRL_OK) st = ctrl_engine_create(model, &ec, &o->engine);
         if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
     }
     if (st != CTRL_OK) {

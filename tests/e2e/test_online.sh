@@ -93,7 +93,7 @@ grep -q '"kl": ' "$TMP/ref/metrics.jsonl" && ok || bad "grpo with beta logs no k
 # 4. Server mode: generation through ctrl serve, the new weights pushed after every step; the
 #    server then generates exactly what the saved model does. /update_weights refuses bad bodies.
 PORT=$((20000 + RANDOM % 20000))
-"$CTRL" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
 grpo_ini srv grpo 2 >"$TMP/srv.ini"
@@ -102,7 +102,7 @@ sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
 if "${C[@]}" train "$TMP/srv.ini" --set train.save_strategy=no >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode run"; tail -5 "$TMP/srv.log"; fi
 grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
 echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
-"$CTRL" generate --model "$TMP/srv" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 12 --out "$TMP/local.jsonl" >/dev/null 2>&1
+"${C[@]}" generate --model "$TMP/srv" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 12 --out "$TMP/local.jsonl" >/dev/null 2>&1
 local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
 server_ids=$(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 12}' |
   sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')

@@ -72,13 +72,14 @@ T_PLUGIN(t_adamw, CTRL_KIND_OPTIMIZER, "adamw", t_adamw_options, &t_optimizer_op
 T_PLUGIN(t_sgd, CTRL_KIND_OPTIMIZER, "sgd", NULL, &t_optimizer_ops);
 T_PLUGIN(t_flash, CTRL_KIND_ATTENTION, "flash", t_flash_options, &t_attention_ops);
 T_PLUGIN(t_eager, CTRL_KIND_ATTENTION, "eager", NULL, &t_attention_ops);
+T_PLUGIN(t_paged, CTRL_KIND_ATTENTION, "paged", NULL, &t_attention_ops);
 T_PLUGIN(t_ckpt, CTRL_KIND_MEMORY, "checkpointing", NULL, &t_memory_ops);
 T_PLUGIN(t_offload, CTRL_KIND_MEMORY, "offload", NULL, &t_memory_ops);
 T_PLUGIN(t_length, CTRL_KIND_REWARD, "length", t_length_options, &t_reward_ops);
 
 static ctrl_registry *test_registry(void) {
-    static const ctrl_plugin *const list[] = {&t_sft,   &t_dpo,  &t_adamw,   &t_sgd,    &t_flash,
-                                              &t_eager, &t_ckpt, &t_offload, &t_length, NULL};
+    static const ctrl_plugin *const list[] = {&t_sft,   &t_dpo,  &t_adamw,   &t_sgd,    &t_flash, &t_eager,
+                                              &t_paged, &t_ckpt, &t_offload, &t_length, NULL};
     ctrl_registry *reg = NULL;
     if (ctrl_registry_create(&reg) != CTRL_OK) return NULL;
     if (ctrl_registry_add_list(reg, list, "<test>") != CTRL_OK) {

@@ -37,6 +37,7 @@ static ctrl_model *load(const char *arch, fixture_case *cases) {
     snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load(path, NULL, &m), CTRL_OK);
+    test_attach_paged(m);
     return m;
 }
 

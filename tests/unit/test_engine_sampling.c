@@ -17,6 +17,7 @@
 static ctrl_model *tiny(void) {
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &m), CTRL_OK);
+    test_attach_paged(m);
     return m;
 }
 
@@ -68,6 +69,7 @@ TEST(first_token_follows_the_model_distribution) {
     CHECK(fe != NULL);
     if (fe) CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", fe->plugin->ops, &m), CTRL_OK);
     if (!m) return;
+    test_attach_paged(m);
     const int V = ctrl_model_cfg(m)->vocab_size, draws = 6000;
     /* the model's next-token log-probabilities after the prompt: every target of a full forward */
     int32_t pos[21], cu[2] = {0, 21};

@@ -12,6 +12,7 @@
 #include "file_text.h"
 #include "model/model.h"
 #include "test.h"
+#include "test_registry.h"
 
 static int argmax(const float *x, int n) {
     int a = 0;
@@ -29,6 +30,7 @@ static void check_arch(const char *arch, int chunk) {
     snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
     ctrl_model *m;
     CHECK_EQ_INT(ctrl_model_load(path, NULL, &m), CTRL_OK);
+    test_attach_paged(m);
     if (!m || !cases) return;
     const ctrl_model_config *c = ctrl_model_cfg(m);
     const int V = c->vocab_size, n = cJSON_GetArraySize(cases);
