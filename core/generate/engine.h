@@ -30,6 +30,9 @@ typedef struct ctrl_gen_request {
      * non-zero ends it (finish reason "stop"). */
     int (*stop_check)(void *ctx, const int32_t *ids, int len);
     void *stop_ctx;
+    /* Optional: called (from inside ctrl_engine_step) when the request's last sample finishes. */
+    void (*on_finish)(void *ctx);
+    void *finish_ctx;
 } ctrl_gen_request;
 
 typedef struct ctrl_gen_output {
@@ -72,6 +75,17 @@ ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, i
                                  ctrl_gen_output *outs, void (*progress)(long generated, void *ctx),
                                  void *ctx);
 void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, long *shared_blocks);
+/* Incremental use (ctrl serve): requests join a generation that is already running. `add` queues
+ * a request; the engine writes its n outputs into outs (zeroed now), and the caller keeps outs and
+ * the prompt until the request's on_finish. `step` runs one scheduler step over every request
+ * queued or running (*active: whether anything is left). After a failed step (or to stop), `abort`
+ * drops every request, freeing the outputs of unfinished ones. ctrl_engine_generate is add, step
+ * until done; it refuses to run while added requests are. */
+ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs);
+ctrl_status ctrl_engine_step(ctrl_engine *e, int *active);
+void ctrl_engine_abort(ctrl_engine *e);
+/* Requests added while others were running, so far. */
+long ctrl_engine_joined(const ctrl_engine *e);
 /* With cfg.prefix_cache: drops every cached prompt block (after a weight update the cached K/V are
  * stale); the blocks reused from the cache so far. */
 void ctrl_engine_reset_prefix_cache(ctrl_engine *e);

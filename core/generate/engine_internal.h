@@ -1,0 +1,46 @@
+/* The engine's state, shared by engine.c (life cycle, sleep, the one-call generate) and
+ * engine_schedule.c (requests, the scheduler step). Not part of any public API. */
+#ifndef CTRL_CORE_ENGINE_INTERNAL_H
+#define CTRL_CORE_ENGINE_INTERNAL_H
+
+#include "generate/engine.h"
+#include "generate/prefix_cache.h"
+
+enum { WAITING, RUNNING, FORK_PENDING, FINISHED };
+
+/* A request while it runs: the caller's request (its prompt stays the caller's until it finishes). */
+typedef struct gen_req {
+    ctrl_gen_request r;
+    int left; /* samples not finished */
+    int refs; /* sequences still pointing here */
+} gen_req;
+
+typedef struct gen_seq {
+    gen_req *rq;
+    int state, forked;
+    ctrl_kv_seq kv;
+    int32_t *tokens; /* prompt + generated: what a recompute after preemption prefills */
+    int n_tokens, cap;
+    ctrl_rng rng;
+    ctrl_gen_output *out;
+} gen_seq;
+
+struct ctrl_engine {
+    ctrl_model *model;
+    ctrl_engine_config cfg;
+    ctrl_kv_cache *kv;         /* NULL while asleep */
+    ctrl_prefix_cache *prefix; /* NULL unless cfg.prefix_cache */
+    int asleep;
+    long steps, preemptions, shared_blocks, generated, joined;
+    gen_seq *seqs; /* in arrival order; finished ones leave at the next step */
+    int n, cap;
+    /* one step's scratch, for `scratch` sequences */
+    gen_seq **batch;
+    int *n_new;
+    int32_t *tokens;
+    ctrl_kv_seq **kvs;
+    float *logits;
+    int scratch;
+};
+
+#endif

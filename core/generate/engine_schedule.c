@@ -1,0 +1,228 @@
+/* The engine's scheduler (see engine.h): requests become sequences (n samples each); every step
+ * decodes the running sequences and fills the rest of the token budget with prefill chunks of
+ * waiting ones, preempting the newest running sequence when blocks run out. Requests may be added
+ * between steps: they join the running generation. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "generate/engine_internal.h"
+
+static int push_token(gen_seq *s, int32_t t) {
+    if (s->n_tokens == s->cap) {
+        int32_t *p = realloc(s->tokens, sizeof(int32_t) * (size_t)(s->cap = s->cap * 2 + 16));
+        if (!p) return -1;
+        s->tokens = p;
+    }
+    s->tokens[s->n_tokens++] = t;
+    return 0;
+}
+
+/* Drops sequence i (its blocks already released or released now), and its request with the last. */
+static void drop(ctrl_engine *e, gen_seq *s) {
+    ctrl_kv_seq_release(e->kv, &s->kv);
+    free(s->tokens);
+    if (--s->rq->refs == 0) free(s->rq);
+}
+
+ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs) {
+    if (e->asleep)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
+    if (r->n < 1 || r->prompt_len < 1 || r->max_tokens < 1)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "generation: a request needs a prompt, n >= 1 and max_tokens >= 1");
+    if (e->n + r->n > e->cap) {
+        int cap = e->cap ? e->cap : 64;
+        while (cap < e->n + r->n) cap *= 2;
+        gen_seq *p = realloc(e->seqs, sizeof *p * (size_t)cap);
+        if (!p) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+        e->seqs = p, e->cap = cap;
+    }
+    gen_req *rq = calloc(1, sizeof *rq);
+    if (!rq) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    rq->r = *r, rq->left = r->n, rq->refs = r->n;
+    if (e->n > 0) e->joined++;
+    for (int k = 0; k < r->n; k++) {
+        gen_seq *s = &e->seqs[e->n++];
+        memset(s, 0, sizeof *s);
+        s->rq = rq, s->out = &outs[k];
+        s->state = k == 0 || e->cfg.no_prefix_sharing ? WAITING : FORK_PENDING;
+        s->forked = k > 0 && e->cfg.no_prefix_sharing;
+        if (k == 0 && e->prefix) ctrl_prefix_cache_attach(e->prefix, e->kv, r->prompt, r->prompt_len, &s->kv);
+        memset(s->out, 0, sizeof *s->out);
+        ctrl_rng_seed(&s->rng, r->seed * 1000003ull + (uint64_t)k); /* per request and sample */
+        for (int t = 0; t < r->prompt_len; t++)
+            if (push_token(s, r->prompt[t]) != 0) {
+                ctrl_engine_abort(e);
+                return ctrl_error_set(CTRL_ERR_NOMEM, "generation: prompt");
+            }
+    }
+    return CTRL_OK;
+}
+
+void ctrl_engine_abort(ctrl_engine *e) {
+    for (int i = 0; i < e->n; i++) {
+        if (e->seqs[i].state != FINISHED) ctrl_gen_output_free(e->seqs[i].out);
+        drop(e, &e->seqs[i]);
+    }
+    e->n = 0;
+}
+
+/* Draws the next token from the logits after the sequence's last token, records it, and decides
+ * whether the sequence is finished (its request's on_finish runs with the last sample). */
+static ctrl_status sample_next(ctrl_engine *e, gen_seq *s, const float *logits) {
+    const ctrl_gen_request *r = &s->rq->r;
+    const int V = ctrl_model_cfg(e->model)->vocab_size;
+    float *l = malloc(sizeof(float) * (size_t)V), lp;
+    if (!l) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    memcpy(l, logits, sizeof(float) * (size_t)V);
+    int32_t t = ctrl_sample(&r->sampling, l, V, s->tokens, s->n_tokens, &s->rng, &lp);
+    free(l);
+    if (t < 0) return ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameters");
+    ctrl_gen_output *o = s->out;
+    int32_t *ids = realloc(o->ids, sizeof(int32_t) * (size_t)(o->len + 1));
+    if (ids) o->ids = ids;
+    float *lps = realloc(o->logprobs, sizeof(float) * (size_t)(o->len + 1));
+    if (lps) o->logprobs = lps;
+    if (!ids || !lps || push_token(s, t) != 0)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    o->ids[o->len] = t, o->logprobs[o->len] = lp, o->len++;
+    e->generated++;
+    for (int i = 0; i < r->n_stop; i++) o->stopped |= t == r->stop_ids[i];
+    if (!o->stopped && r->stop_check) o->stopped = r->stop_check(r->stop_ctx, o->ids, o->len) != 0;
+    if (o->stopped || o->len >= r->max_tokens) {
+        s->state = FINISHED;
+        ctrl_kv_seq_release(e->kv, &s->kv);
+        if (--s->rq->left == 0 && r->on_finish) r->on_finish(r->finish_ctx);
+    }
+    return CTRL_OK;
+}
+
+/* Frees blocks by preempting the newest running sequence outside the step's batch; it will
+ * prefill its prompt and completion again. Returns 0 when there is none. */
+static int preempt(ctrl_engine *e, gen_seq *const *keep, int n_keep) {
+    for (int i = e->n - 1; i >= 0; i--) {
+        if (e->seqs[i].state != RUNNING) continue;
+        int kept = 0;
+        for (int k = 0; k < n_keep; k++) kept |= keep[k] == &e->seqs[i];
+        if (kept) continue;
+        ctrl_kv_seq_release(e->kv, &e->seqs[i].kv);
+        e->seqs[i].state = WAITING;
+        e->preemptions++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Finished sequences leave (their outputs are the caller's); the step's scratch fits the rest. */
+static ctrl_status tidy(ctrl_engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->n; i++)
+        if (e->seqs[i].state == FINISHED)
+            drop(e, &e->seqs[i]);
+        else
+            e->seqs[n++] = e->seqs[i];
+    e->n = n;
+    const int want = n < e->cfg.max_num_seqs ? n : e->cfg.max_num_seqs;
+    if (want <= e->scratch) return CTRL_OK;
+    const int V = ctrl_model_cfg(e->model)->vocab_size;
+    free(e->batch), free(e->n_new), free(e->kvs), free(e->logits);
+    e->batch = malloc(sizeof(gen_seq *) * (size_t)want), e->n_new = malloc(sizeof(int) * (size_t)want);
+    e->kvs = malloc(sizeof(ctrl_kv_seq *) * (size_t)want),
+    e->logits = malloc(sizeof(float) * (size_t)want * V);
+    if (!e->tokens) e->tokens = malloc(sizeof(int32_t) * (size_t)e->cfg.max_num_batched_tokens);
+    e->scratch = e->batch && e->n_new && e->kvs && e->logits && e->tokens ? want : 0;
+    return e->scratch ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+}
+
+/* Blocks for the step's tokens, preempting when the pool is out: first a running sequence outside
+ * the step, else the newest one scheduled in it (possibly this one: it waits). Returns the batch
+ * size that got its blocks. */
+static ctrl_status reserve(ctrl_engine *e, int *nb_io) {
+    int nb = *nb_io;
+    gen_seq **batch = e->batch;
+    for (int b = 0; b < nb; b++) {
+        while (ctrl_kv_seq_reserve(e->kv, &batch[b]->kv, batch[b]->kv.len + e->n_new[b]) != CTRL_OK) {
+            const int need = (batch[b]->kv.len + e->n_new[b] + e->kv->block_size - 1) / e->kv->block_size -
+                             batch[b]->kv.n_blocks;
+            if (e->prefix && ctrl_prefix_cache_evict(e->prefix, e->kv, need) > 0) continue;
+            if (preempt(e, batch, nb)) continue;
+            if (nb > 1) {
+                gen_seq *victim = batch[--nb];
+                ctrl_kv_seq_release(e->kv, &victim->kv);
+                if (victim->state == RUNNING) e->preemptions++;
+                victim->state = WAITING;
+                if (nb == b) break; /* it was this one */
+                continue;
+            }
+            return ctrl_error_set(
+                CTRL_ERR_NOMEM,
+                "generation: the KV cache (%d blocks of %d tokens) cannot hold one sequence of "
+                "%d tokens; raise kv_cache_bytes",
+                e->kv->n_blocks, e->kv->block_size, batch[b]->kv.len + e->n_new[b]);
+        }
+    }
+    *nb_io = nb;
+    return CTRL_OK;
+}
+
+/* The first time a prompt is cached (its first sample's prefill is done) the other samples fork
+ * from it and draw their first token from the same logits. */
+static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits) {
+    s->forked = 1;
+    if (e->prefix) ctrl_prefix_cache_insert(e->prefix, e->kv, s->rq->r.prompt, s->rq->r.prompt_len, &s->kv);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < e->n && st == CTRL_OK; i++) {
+        gen_seq *o = &e->seqs[i];
+        if (o->rq != s->rq || o->state != FORK_PENDING) continue;
+        int shared = 0;
+        st = ctrl_kv_seq_fork(e->kv, &s->kv, &o->kv, &shared);
+        if (st != CTRL_OK) break; /* no block to fork into: it prefills on its own */
+        e->shared_blocks += shared;
+        o->forked = 1, o->state = RUNNING;
+        st = sample_next(e, o, logits);
+    }
+    if (st == CTRL_ERR_NOMEM) { /* leave the others to prefill themselves */
+        st = CTRL_OK;
+        for (int i = 0; i < e->n; i++)
+            if (e->seqs[i].rq == s->rq && e->seqs[i].state == FORK_PENDING)
+                e->seqs[i].state = WAITING, e->seqs[i].forked = 1;
+    }
+    return st;
+}
+
+ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
+    *active = 0;
+    if (e->asleep)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
+    ctrl_status st = tidy(e);
+    if (st != CTRL_OK || e->n == 0) return st;
+    const int V = ctrl_model_cfg(e->model)->vocab_size;
+    /* 1. decode every running sequence (one token each), 2. prefill chunks of waiting ones */
+    int nb = 0, budget = e->cfg.max_num_batched_tokens, t = 0;
+    for (int i = 0; i < e->n && nb < e->scratch && budget > 0; i++)
+        if (e->seqs[i].state == RUNNING) e->batch[nb] = &e->seqs[i], e->n_new[nb++] = 1, budget--;
+    for (int i = 0; i < e->n && nb < e->scratch && budget > 0; i++)
+        if (e->seqs[i].state == WAITING) {
+            const int left = e->seqs[i].n_tokens - e->seqs[i].kv.len;
+            e->batch[nb] = &e->seqs[i], e->n_new[nb] = left < budget ? left : budget,
+            budget -= e->n_new[nb++];
+        }
+    if (nb > 0 && (st = reserve(e, &nb)) != CTRL_OK) return st;
+    for (int b = 0; b < nb; b++) {
+        memcpy(e->tokens + t, e->batch[b]->tokens + e->batch[b]->kv.len,
+               sizeof(int32_t) * (size_t)e->n_new[b]);
+        t += e->n_new[b];
+        e->kvs[b] = &e->batch[b]->kv;
+    }
+    if (nb > 0) st = ctrl_model_decode(e->model, e->kv, e->kvs, e->tokens, e->n_new, nb, e->logits);
+    e->steps++;
+    for (int b = 0; b < nb && st == CTRL_OK; b++) {
+        gen_seq *s = e->batch[b];
+        if (s->kv.len < s->n_tokens) continue; /* prefill not done yet */
+        s->state = RUNNING;
+        if (!s->forked) st = fork_samples(e, s, e->logits + (size_t)b * V);
+        if (st == CTRL_OK) st = sample_next(e, s, e->logits + (size_t)b * V);
+    }
+    for (int i = 0; i < e->n && st == CTRL_OK; i++) *active |= e->seqs[i].state != FINISHED;
+    return st;
+}
