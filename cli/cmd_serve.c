@@ -4,8 +4,8 @@
  * /v1/models; POST /generate (shaped like TRL's vllm-serve), /v1/completions and
  * /v1/chat/completions (OpenAI, with SSE streaming; serve_generate.c), /update_weights (a
  * safetensors body; serve_weights.c), /sleep, /wake_up, /reset_prefix_cache. Concurrent requests
- * are batched into the same generations (serve_batch.c); finished prompts stay in a prefix cache,
- * emptied when the weights change. With an API key (or CTRL_API_KEY) every endpoint but /health
+ * are batched into the same generations, joining one that runs (serve_batch.c); finished prompts stay in a
+ * prefix cache, emptied when the weights change. With an API key (or CTRL_API_KEY) every endpoint but /health
  * wants `Authorization: Bearer KEY`. SIGINT/SIGTERM stop accepting connections, let the requests in
  * flight finish, and exit 0. */
 #include <arpa/inet.h>
@@ -118,6 +118,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         cJSON_AddNumberToObject(o, "generations", (double)s->batch.batches);
         cJSON_AddNumberToObject(o, "max_requests_per_generation", (double)s->batch.max_jobs);
         cJSON_AddNumberToObject(o, "prefix_cache_hits", (double)ctrl_engine_prefix_hits(s->eng));
+        cJSON_AddNumberToObject(o, "joined_requests", (double)s->batch.joined);
         pthread_mutex_unlock(&s->batch.lock);
         pthread_mutex_lock(&d->lock);
         cJSON_AddNumberToObject(o, "requests_in_flight", d->in_flight - 1); /* not counting this one */

@@ -13,15 +13,18 @@
 
 typedef struct serve_job serve_job;
 
-/* Requests that arrive while a generation runs wait in a queue; when it ends, every queued
- * request goes into the next one, so concurrent clients are batched together (serve_batch.c). */
+/* Requests wait in a queue for the generation worker, which adds them to the running generation
+ * between engine steps, so concurrent clients are batched together and a request that arrives
+ * during a generation joins it (serve_batch.c). */
 typedef struct serve_batcher {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     serve_job *head, *tail;
     int stop;
     pthread_t thread;
-    long batches, max_jobs; /* engine calls so far; the most requests one of them carried */
+    long batches, max_jobs; /* generations (busy periods) so far; the most requests one of them carried */
+    long period_jobs;       /* requests in the current one */
+    long joined;            /* requests added to a generation already running */
 } serve_batcher;
 
 typedef struct server {

@@ -34,6 +34,7 @@ struct ctrl_engine {
     long steps, preemptions, shared_blocks, generated, joined;
     gen_seq *seqs; /* in arrival order; finished ones leave at the next step */
     int n, cap;
+    int stepped; /* a step ran for the requests present (a request added now joins them) */
     /* one step's scratch, for `scratch` sequences */
     gen_seq **batch;
     int *n_new;

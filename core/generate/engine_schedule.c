@@ -40,7 +40,7 @@ ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_
     gen_req *rq = calloc(1, sizeof *rq);
     if (!rq) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     rq->r = *r, rq->left = r->n, rq->refs = r->n;
-    if (e->n > 0) e->joined++;
+    if (e->n > 0 && e->stepped) e->joined++;
     for (int k = 0; k < r->n; k++) {
         gen_seq *s = &e->seqs[e->n++];
         memset(s, 0, sizeof *s);
@@ -64,7 +64,7 @@ void ctrl_engine_abort(ctrl_engine *e) {
         if (e->seqs[i].state != FINISHED) ctrl_gen_output_free(e->seqs[i].out);
         drop(e, &e->seqs[i]);
     }
-    e->n = 0;
+    e->n = 0, e->stepped = 0;
 }
 
 /* Draws the next token from the logits after the sequence's last token, records it, and decides
@@ -122,6 +122,7 @@ static ctrl_status tidy(ctrl_engine *e) {
         else
             e->seqs[n++] = e->seqs[i];
     e->n = n;
+    if (n == 0) e->stepped = 0;
     const int want = n < e->cfg.max_num_seqs ? n : e->cfg.max_num_seqs;
     if (want <= e->scratch) return CTRL_OK;
     const int V = ctrl_model_cfg(e->model)->vocab_size;
@@ -215,7 +216,7 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
         e->kvs[b] = &e->batch[b]->kv;
     }
     if (nb > 0) st = ctrl_model_decode(e->model, e->kv, e->kvs, e->tokens, e->n_new, nb, e->logits);
-    e->steps++;
+    e->steps++, e->stepped = 1;
     for (int b = 0; b < nb && st == CTRL_OK; b++) {
         gen_seq *s = e->batch[b];
         if (s->kv.len < s->n_tokens) continue; /* prefill not done yet */
@@ -224,5 +225,6 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
         if (st == CTRL_OK) st = sample_next(e, s, e->logits + (size_t)b * V);
     }
     for (int i = 0; i < e->n && st == CTRL_OK; i++) *active |= e->seqs[i].state != FINISHED;
+    if (st == CTRL_OK && !*active) tidy(e); /* idle: nothing left behind */
     return st;
 }

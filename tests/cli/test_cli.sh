@@ -228,6 +228,26 @@ done
 [ $((after - before)) -lt 64 ] && [ "$most" -gt 1 ] && pass=$((pass + 1)) ||
   { fail=$((fail + 1)); echo "FAIL concurrent requests not batched: $((after - before)) generations, at most $most together"; }
 echo "64 concurrent requests: $((after - before)) generations, up to $most requests in one"
+# A request that arrives while a long generation runs joins it (continuous batching across
+# requests): it is answered before the long one ends, with the tokens it gets alone.
+health() { curl -s "localhost:$PORT/health" | sed "s/.*\"$1\":\([0-9]*\).*/\1/"; }
+short='{"prompts": ["7+7="], "max_tokens": 4, "seed": 11}'
+curl -s -X POST "localhost:$PORT/generate" -d "$short" >"$TMP/short_alone"
+g0=$(health generations) j0=$(health joined_requests)
+(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["1+1="], "max_tokens": 1000, "n": 64, "seed": 1}' >"$TMP/long"
+  date +%s%N >"$TMP/long_end") &
+long_pid=$!
+for i in $(seq 200); do [ "$(health generations)" -gt "$g0" ] && break; sleep 0.01; done # it is generating
+curl -s -X POST "localhost:$PORT/generate" -d "$short" >"$TMP/short_joined"
+date +%s%N >"$TMP/short_end"
+wait "$long_pid"
+if [ "$(health joined_requests)" -gt "$j0" ] && [ "$(cat "$TMP/short_end")" -lt "$(cat "$TMP/long_end")" ] &&
+  [ -n "$(ids_of "$TMP/short_alone")" ] && [ "$(ids_of "$TMP/short_alone")" = "$(ids_of "$TMP/short_joined")" ]; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL joining a running generation: joined $j0 -> $(health joined_requests)," \
+    "short done $(cat "$TMP/short_end"), long done $(cat "$TMP/long_end")"
+fi
 # The prefix cache across requests: a repeated long prompt reuses its blocks (same greedy tokens);
 # after /reset_prefix_cache nothing is reused.
 long=$(printf 'The quick brown fox jumps over the lazy dog. %.0s' 1 2 3 4 5 6)

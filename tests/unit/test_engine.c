@@ -134,6 +134,70 @@ TEST(same_request_same_tokens_alone_or_batched) {
     ctrl_model_free(m);
 }
 
+typedef struct finish_rank {
+    int *clock, rank; /* the order in which requests finished */
+} finish_rank;
+static void note_finish(void *ctx) {
+    finish_rank *f = ctx;
+    f->rank = (*f->clock)++;
+}
+
+/* A request added while another runs joins its generation: it finishes first when it is short, and
+ * both get the tokens they get alone. */
+TEST(a_request_joins_a_running_generation) {
+    fixture_case cases[2];
+    ctrl_model *m = load("qwen2", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0}, &e), CTRL_OK);
+    const ctrl_sampling_params warm = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    ctrl_gen_request longer = {.prompt = cases[0].prompt,
+                               .prompt_len = cases[0].len,
+                               .n = 2,
+                               .max_tokens = 30,
+                               .sampling = warm,
+                               .seed = 5};
+    ctrl_gen_request shorter = {.prompt = cases[1].prompt,
+                                .prompt_len = cases[1].len,
+                                .n = 1,
+                                .max_tokens = 3,
+                                .sampling = warm,
+                                .seed = 8};
+    ctrl_gen_output alone_long[2], alone_short, got_long[2], got_short;
+    CHECK_EQ_INT(ctrl_engine_generate(e, &longer, 1, alone_long, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_generate(e, &shorter, 1, &alone_short, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_joined(e), 0);
+    int clock = 0;
+    finish_rank long_done = {&clock, -1}, short_done = {&clock, -1};
+    longer.on_finish = note_finish, longer.finish_ctx = &long_done;
+    shorter.on_finish = note_finish, shorter.finish_ctx = &short_done;
+    CHECK_EQ_INT(ctrl_engine_add(e, &longer, got_long), CTRL_OK);
+    int active = 0;
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
+    CHECK(active && got_long[0].len > 0);
+    CHECK_EQ_INT(ctrl_engine_add(e, &shorter, &got_short), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_joined(e), 1);
+    CHECK_EQ_INT(ctrl_engine_generate(e, &shorter, 1, &alone_short, NULL, NULL), CTRL_ERR_RUNTIME); /* busy */
+    while (active) CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
+    CHECK(short_done.rank == 0 && long_done.rank == 1); /* the short one finished first */
+    CHECK(got_short.len == alone_short.len &&
+          memcmp(got_short.ids, alone_short.ids, sizeof(int32_t) * (size_t)got_short.len) == 0);
+    for (int k = 0; k < 2; k++) {
+        CHECK(got_long[k].len == alone_long[k].len &&
+              memcmp(got_long[k].ids, alone_long[k].ids, sizeof(int32_t) * (size_t)got_long[k].len) == 0);
+        ctrl_gen_output_free(&got_long[k]), ctrl_gen_output_free(&alone_long[k]);
+    }
+    ctrl_gen_output_free(&got_short), ctrl_gen_output_free(&alone_short);
+    /* idle again: a one-call generation runs, and an abort drops what was added */
+    longer.on_finish = NULL;
+    CHECK_EQ_INT(ctrl_engine_add(e, &longer, got_long), CTRL_OK);
+    ctrl_engine_abort(e);
+    CHECK(got_long[0].ids == NULL);
+    CHECK_EQ_INT(ctrl_engine_generate(e, &shorter, 1, &got_short, NULL, NULL), CTRL_OK);
+    ctrl_gen_output_free(&got_short);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
+
 static int stop_at_three(void *ctx, const int32_t *ids, int len) {
     (void)ctx, (void)ids;
     return len == 3;
