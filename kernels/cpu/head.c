@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/exp_approx.h"
 
 #define DEFAULT_CHUNK_TOKENS 256
 #define DEFAULT_CHUNK_VOCAB 8192
@@ -55,15 +56,17 @@ void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy,
             for (int i = 0; i < tc; i++) {
                 const float *row = z + (size_t)i * vc;
                 float cm = -INFINITY;
-                int ci = 0;
-                for (int j = 0; j < vc; j++)
-                    if (row[j] > cm) cm = row[j], ci = j;
+#pragma omp simd reduction(max : cm)
+                for (int j = 0; j < vc; j++) cm = row[j] > cm ? row[j] : cm;
+                int ci = 0; /* the first maximum, as argmax */
+                while (ci < vc - 1 && row[ci] != cm) ci++;
                 if (cm > best[i]) best[i] = cm, arg[i] = v0 + ci;
                 const float nm = cm > m[i] ? cm : m[i];
                 const float rescale = m[i] == -INFINITY ? 0.0f : expf(m[i] - nm);
                 double cs = 0, ca = 0;
+#pragma omp simd reduction(+ : cs, ca)
                 for (int j = 0; j < vc; j++) {
-                    float e = expf(row[j] - nm);
+                    const float e = ctrl_exp_approx(row[j] - nm);
                     cs += e;
                     ca += (double)e * row[j];
                 }
@@ -108,11 +111,15 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
                 }
                 const float l = lse[t], g = dlogp[t];
                 const float ge = dentropy ? dentropy[t] : 0.0f, H = entropy && dentropy ? entropy[t] : 0.0f;
-                for (int j = 0; j < vc; j++) {
-                    const float p = expf(row[j] - l);
-                    float dz = -g * p;
-                    if (ge != 0.0f) dz -= ge * p * (row[j] - l + H);
-                    row[j] = dz * inv_temp;
+                if (ge != 0.0f) {
+#pragma omp simd
+                    for (int j = 0; j < vc; j++) {
+                        const float p = ctrl_exp_approx(row[j] - l);
+                        row[j] = (-g * p - ge * p * (row[j] - l + H)) * inv_temp;
+                    }
+                } else {
+#pragma omp simd
+                    for (int j = 0; j < vc; j++) row[j] = -g * ctrl_exp_approx(row[j] - l) * inv_temp;
                 }
                 if (tg >= v0 && tg < v0 + vc) row[tg - v0] += g * inv_temp;
             }
@@ -157,15 +164,17 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
             const int t = t0 + i;
             float *row = z + (size_t)i * V;
             float m = -INFINITY;
-            int arg = 0;
-            for (int j = 0; j < V; j++)
-                if (row[j] > m) m = row[j], arg = j;
+#pragma omp simd reduction(max : m)
+            for (int j = 0; j < V; j++) m = row[j] > m ? row[j] : m;
+            int arg = 0; /* the first maximum, as argmax */
+            while (arg < V - 1 && row[arg] != m) arg++;
             const int32_t tg = a->targets[t];
             const int has_target = tg >= 0 && tg < V;
             const float zt = has_target ? row[tg] : 0.0f;
             double s = 0, acc = 0;
+#pragma omp simd reduction(+ : s, acc)
             for (int j = 0; j < V; j++) { /* row becomes exp(z - m) */
-                const float e = expf(row[j] - m);
+                const float e = ctrl_exp_approx(row[j] - m);
                 s += e;
                 acc += (double)e * row[j];
                 row[j] = e;
@@ -177,6 +186,7 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
             if (correct) correct[t] = has_target && arg == tg;
             /* dz_j = dlogp (1[j = target] - p_j), p_j = e_j / s; then / temperature */
             const float g = has_target ? dlogp[t] : 0.0f, k = (float)(-g * inv_temp / s);
+#pragma omp simd
             for (int j = 0; j < V; j++) row[j] *= k;
             if (has_target) row[tg] += g * inv_temp;
         }

@@ -1,0 +1,31 @@
+/* exp(x) for fp32 in a form compilers vectorise (no libm call, no branches): Cody-Waite range
+ * reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, and 2^n built in the
+ * exponent bits. Relative error below 2 ulp over [-87.3, 88.7]; inputs outside are clamped (so
+ * exp of a very negative x is ~1e-38, not 0 — callers here only sum or scale such values). */
+#ifndef CTRL_KERNELS_CPU_EXP_APPROX_H
+#define CTRL_KERNELS_CPU_EXP_APPROX_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float ctrl_exp_approx(float x) {
+    x = x < -87.33654f ? -87.33654f : x;
+    x = x > 88.72283f ? 88.72283f : x;
+    /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to the nearest integer */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#endif
