@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
-#include "cpu/exp_approx.h"
+#include <ctrl/exp_approx.h>
 
 #define DEFAULT_CHUNK_TOKENS 256
 #define DEFAULT_CHUNK_VOCAB 8192

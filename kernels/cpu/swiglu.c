@@ -1,7 +1,7 @@
 /* SwiGLU: out = silu(g) * u with silu(g) = g * sigmoid(g).
  * d/dg silu(g) = s * (1 + g * (1 - s)) with s = sigmoid(g). */
 #include "cpu/cpu_ops.h"
-#include "cpu/exp_approx.h"
+#include <ctrl/exp_approx.h>
 
 void ctrl_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
 #pragma omp parallel for simd schedule(static)

@@ -1,9 +1,11 @@
-/* exp(x) for fp32 in a form compilers vectorise (no libm call, no branches): Cody-Waite range
- * reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6 polynomial for e^r, and 2^n built in the
- * exponent bits. Relative error below 2 ulp over [-87.3, 88.7]; inputs outside are clamped (so
- * exp of a very negative x is ~1e-38, not 0 — callers here only sum or scale such values). */
-#ifndef CTRL_KERNELS_CPU_EXP_APPROX_H
-#define CTRL_KERNELS_CPU_EXP_APPROX_H
+/* exp(x) for fp32 kernels, in the core and in plugins, in a form compilers vectorise (no libm
+ * call, no branches): Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6
+ * polynomial for e^r, and 2^n built in the exponent bits. Relative error below 2 ulp over
+ * [-87.3, 88.7]; inputs outside are clamped (so exp of a very negative x is ~1e-38, not 0 — for
+ * sums and scales, not for exact zeros). GCC vectorises loops over it with -fno-trapping-math (the
+ * project builds with it), which lets it if-convert the clamps. */
+#ifndef CTRL_EXP_APPROX_H
+#define CTRL_EXP_APPROX_H
 
 #include <stdint.h>
 #include <string.h>
