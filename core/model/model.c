@@ -105,7 +105,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
-    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh);
+    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh), free(m->bwd_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
 }
@@ -411,12 +411,18 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
                               "model: backward without dL/dlogp after a forward that was not fused");
     const float *P = m->params;
     float *G = m->grads;
-    /* Scratch: residual-stream gradient, a second [T, C], and [T, max(I, H*D)] x 3. */
-    const size_t wide = (size_t)T * (I > H * D ? I : H * D);
-    float *dres = malloc(sizeof(float) * (size_t)T * C), *dtmp = malloc(sizeof(float) * (size_t)T * C);
-    float *d1 = malloc(sizeof(float) * wide), *d2 = malloc(sizeof(float) * wide),
-          *d3 = malloc(sizeof(float) * wide);
-    float *dk = malloc(sizeof(float) * (size_t)T * HK * D), *dv = malloc(sizeof(float) * (size_t)T * HK * D);
+    /* Scratch: residual-stream gradient, a second [T, C], [T, max(I, H*D)] x 3 and [T, HK*D] x 2;
+     * kept between steps (fresh pages every step cost page faults and zeroing). */
+    const size_t wide = (size_t)T * (I > H * D ? I : H * D), per_T = 2 * (size_t)C + 2 * (size_t)HK * D,
+                 floats = (size_t)T * per_T + 3 * wide;
+    if (floats > m->bwd_floats) {
+        free(m->bwd_mem);
+        m->bwd_mem = malloc(sizeof(float) * floats);
+        m->bwd_floats = m->bwd_mem ? floats : 0;
+    }
+    float *dres = m->bwd_mem, *dtmp = dres ? dres + (size_t)T * C : NULL,
+          *d1 = dtmp ? dtmp + (size_t)T * C : NULL, *d2 = d1 ? d1 + wide : NULL, *d3 = d2 ? d2 + wide : NULL,
+          *dk = d3 ? d3 + wide : NULL, *dv = dk ? dk + (size_t)T * HK * D : NULL;
     ctrl_head_args ha = {.hidden = m->lnf,
                          .w = P + m->off_lm_head,
                          .targets = m->batch.targets,
@@ -490,6 +496,6 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     }
     ctrl_cpu_embedding_backward(G + m->off_embed, dres, m->batch.tokens, T, C);
 done:
-    free(dres), free(dtmp), free(d1), free(d2), free(d3), free(dk), free(dv), free(ws);
+    free(ws);
     return st;
 }

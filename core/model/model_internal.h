@@ -37,6 +37,8 @@ struct ctrl_model {
     layer_acts *acts;
     float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
     float *head_dh; /* a fused forward's dL/d(final norm output) [T, C], for the backward */
+    float *bwd_mem; /* the backward's scratch, kept between steps */
+    size_t bwd_floats;
     ctrl_batch batch;
     int32_t *batch_mem;
     /* memory strategy (may be NULL) and which layers it recomputes */

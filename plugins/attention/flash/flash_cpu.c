@@ -12,6 +12,8 @@
 
 #include "../attention_plugin_common.h"
 
+#include <ctrl/exp_approx.h>
+
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -109,15 +111,17 @@ ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
                 /* online softmax per row: S becomes P = exp(S - m_new); acc and l rescaled */
                 for (int i = 0; i < nq; i++) {
                     float *row = S + i * BK, mx = m[i];
-                    for (int j = 0; j < nk; j++) mx = fmaxf(mx, row[j]);
+#pragma omp simd reduction(max : mx)
+                    for (int j = 0; j < nk; j++) mx = row[j] > mx ? row[j] : mx;
                     if (mx == -INFINITY) { /* nothing visible in this row of the tile */
                         for (int j = 0; j < nk; j++) row[j] = 0.0f;
                         continue;
                     }
                     const float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
                     float sum = 0;
+#pragma omp simd reduction(+ : sum)
                     for (int j = 0; j < nk; j++) {
-                        const float p = row[j] == -INFINITY ? 0.0f : expf(row[j] - mx);
+                        const float p = row[j] == -INFINITY ? 0.0f : ctrl_exp_approx(row[j] - mx);
                         row[j] = p;
                         sum += p;
                     }
@@ -189,7 +193,7 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
                                 const float lse = a->lse[(size_t)h * T + s0 + q0 + i];
                                 float *row = S + i * BK;
                                 for (int j = 0; j < nk; j++)
-                                    row[j] = row[j] == -INFINITY ? 0.0f : expf(row[j] - lse);
+                                    row[j] = row[j] == -INFINITY ? 0.0f : ctrl_exp_approx(row[j] - lse);
                             }
                             /* dV += P^T dO;  dP = dO V^T */
                             tile_gemm(1, 0, nk, D, nq, 1.0f, S, BK, dout + qo, H * D, 1.0f, dv + ko, HK * D);
