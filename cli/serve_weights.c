@@ -48,6 +48,7 @@ int serve_update_weights(ctrl_model *m, const char *data, size_t len, char *err,
                 break;
             }
         }
+        ctrl_model_weights_changed(m);
         ctrl_safetensors_close(st);
     }
     remove(path);

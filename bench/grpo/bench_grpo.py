@@ -35,6 +35,7 @@ path = {model}
 [data]
 train_file = {data}/train_prompts.jsonl
 [train]
+dtype = fp32
 learning_rate = 1e-3
 lr_scheduler_type = constant
 max_steps = {args.steps}

@@ -105,7 +105,8 @@ void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
-    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh), free(m->bwd_mem);
+    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh), free(m->bwd_mem),
+        free(m->rounded);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
 }
@@ -129,41 +130,6 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
     return NULL;
 }
 void ctrl_model_set_temperature(ctrl_model *m, float temperature) { m->temperature = temperature; }
-
-ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
-    if (dtype != CTRL_F32 && dtype != CTRL_BF16)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "model: compute dtype %s is not supported on the CPU (fp32 or bf16)",
-                              ctrl_dtype_name(dtype));
-    m->linear_bf16 = dtype == CTRL_BF16;
-    return CTRL_OK;
-}
-
-ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m) { return m->linear_bf16 ? CTRL_BF16 : CTRL_F32; }
-
-ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
-                                 const float *bias, int T, int IN, int OUT) {
-    if (!m->linear_bf16) {
-        ctrl_cpu_linear_forward(out, x, w, bias, T, IN, OUT);
-        return CTRL_OK;
-    }
-    return ctrl_cpu_linear_forward_bf16(out, x, w, bias, T, IN, OUT) == 0
-               ? CTRL_OK
-               : ctrl_error_set(CTRL_ERR_NOMEM, "model: bf16 scratch for a %d x %d linear over %d tokens",
-                                OUT, IN, T);
-}
-
-ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
-                                  const float *x, const float *w, int T, int IN, int OUT) {
-    if (!m->linear_bf16) {
-        ctrl_cpu_linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
-        return CTRL_OK;
-    }
-    return ctrl_cpu_linear_backward_bf16(dx, dw, dbias, dout, x, w, T, IN, OUT) == 0
-               ? CTRL_OK
-               : ctrl_error_set(CTRL_ERR_NOMEM, "model: bf16 scratch for a %d x %d linear over %d tokens",
-                                OUT, IN, T);
-}
 
 void ctrl_model_zero_grad(ctrl_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
 
@@ -329,6 +295,7 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
     free(m->head_dh); /* a backward(NULL) needs this forward's */
     m->head_dh = NULL;
     ctrl_status st = check_batch(m, b);
+    if (st == CTRL_OK) st = model_prepare_weights(m);
     if (st != CTRL_OK) return st;
     int max_pos = 0;
     for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;

@@ -68,6 +68,9 @@ void ctrl_model_set_temperature(ctrl_model *m, float temperature);
  * any other dtype. */
 ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype);
 ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m);
+/* Whoever changes the parameters in place (an optimizer step, loaded weights) says so: with bf16
+ * compute the model keeps a rounded copy of them, refreshed before the next forward or decode. */
+void ctrl_model_weights_changed(ctrl_model *m);
 /* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward (NULL after
  * ctrl_model_forward_fused). */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);

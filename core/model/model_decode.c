@@ -123,6 +123,7 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
             return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: token %d is outside the vocabulary (%d)",
                                   tokens[t], V);
     ctrl_status st = model_ensure_rope(m, max_pos);
+    if (st == CTRL_OK) st = model_prepare_weights(m);
     if (st == CTRL_OK) st = decode_scratch(m, T);
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)
         st = ctrl_kv_seq_reserve(c, seqs[s], seqs[s]->len + n_new[s]);

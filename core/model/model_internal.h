@@ -22,6 +22,9 @@ struct ctrl_model {
     const ctrl_attention_ops *paged; /* decoding's (ctrl_model_set_paged_attention) */
     float temperature; /* the head's: log-probs and entropies of softmax(logits / temperature) */
     int linear_bf16;   /* linear projections in bf16 (ctrl_model_set_compute_dtype) */
+    float *rounded;    /* with linear_bf16: the parameters rounded to bf16 values (what the linear
+                          projections multiply with), rebuilt after ctrl_model_weights_changed */
+    int rounded_valid;
     float *params, *grads;
     size_t n_params;
     ctrl_param_view *views;
@@ -57,7 +60,10 @@ struct ctrl_model {
     int32_t *dec_pos;
 };
 
-/* A linear projection in the model's compute dtype (ctrl_cpu_linear_forward or its bf16 twin). */
+/* With bf16 compute: the rounded weights brought up to date (before a forward or a decode). */
+ctrl_status model_prepare_weights(ctrl_model *m);
+/* A linear projection in the model's compute dtype (ctrl_cpu_linear_forward or its bf16 twin,
+ * multiplying with the rounded copy of w). */
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
                                  const float *bias, int T, int IN, int OUT);
 ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,

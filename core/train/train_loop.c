@@ -326,6 +326,7 @@ static ctrl_status finish_step(run_state *r, double lr, long step, step_stats *o
         if (coef < 1) ctrl_cpu_scale(grads, (float)coef, (int64_t)n);
     }
     ctrl_status st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+    ctrl_model_weights_changed(r->model);
     return st == CTRL_OK ? compute_sync_params(&r->comp) : st;
 }
 

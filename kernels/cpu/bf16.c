@@ -140,23 +140,27 @@ static uint16_t *transposed_bf16(const float *src, int R, int Cc) {
     return t;
 }
 
+void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) dst[i] = from_bf16(to_bf16(src[i]));
+}
+
 /* fp32 copy of src[n] rounded to bf16 values: where the CPU has no bf16 dot products, bf16
  * inputs times bf16 inputs are exact in fp32, so SGEMM on rounded copies gives the same products
  * with fp32 accumulation at SGEMM's speed. */
 static float *rounded_f32(const float *src, int64_t n) {
     float *r = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (!r) return NULL;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) r[i] = from_bf16(to_bf16(src[i]));
+    if (r) ctrl_cpu_round_to_bf16(r, src, n);
     return r;
 }
 
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
-                                 int OUT) {
+                                 int OUT, int w_rounded) {
     if (!ctrl_cpu_has_avx512bf16()) {
-        float *xr = rounded_f32(x, (int64_t)T * IN), *wr = rounded_f32(w, (int64_t)OUT * IN);
-        if (xr && wr) ctrl_cpu_linear_forward(out, xr, wr, bias, T, IN, OUT);
-        const int rc = xr && wr ? 0 : -1;
+        float *xr = rounded_f32(x, (int64_t)T * IN),
+              *wr = w_rounded ? NULL : rounded_f32(w, (int64_t)OUT * IN);
+        const int rc = xr && (wr || w_rounded) ? 0 : -1;
+        if (rc == 0) ctrl_cpu_linear_forward(out, xr, wr ? wr : w, bias, T, IN, OUT);
         free(xr), free(wr);
         return rc;
     }
@@ -175,11 +179,11 @@ int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, con
 }
 
 int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
-                                  const float *w, int T, int IN, int OUT) {
+                                  const float *w, int T, int IN, int OUT, int w_rounded) {
     if (!ctrl_cpu_has_avx512bf16()) {
         float *dr = rounded_f32(dout, (int64_t)T * OUT), *xr = rounded_f32(x, (int64_t)T * IN),
-              *wr = dx ? rounded_f32(w, (int64_t)OUT * IN) : NULL;
-        const int rc = dr && xr && (wr || !dx) ? 0 : -1;
+              *wr = dx && !w_rounded ? rounded_f32(w, (int64_t)OUT * IN) : NULL;
+        const int rc = dr && xr && (wr || !dx || w_rounded) ? 0 : -1;
         /* the bias gradient sums the unrounded dout, as the AVX-512 path does */
         if (rc == 0) ctrl_cpu_linear_backward(dx, dw, NULL, dr, xr, wr ? wr : w, T, IN, OUT);
         if (rc == 0 && dbias)

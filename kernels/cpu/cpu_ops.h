@@ -37,17 +37,20 @@ void ctrl_cpu_linear_backward(float *dx, float *dw, float *dbias, const float *d
 /* bf16 (kernels/cpu/bf16.c): conversions with round-to-nearest-even; C[M,N] (+)= A[M,K] B[N,K]^T on
  * bf16 inputs with fp32 accumulation, through AVX-512 BF16 where the CPU has it
  * (ctrl_cpu_has_avx512bf16; CTRL_NO_AVX512BF16 in the environment forces the portable path); and
- * the linear layer on it: inputs rounded to bf16, outputs and gradients fp32. The linear functions
- * return 0, or -1 when scratch memory could not be had. */
+ * the linear layer on it: inputs rounded to bf16, outputs and gradients fp32 (w_rounded = 1: w
+ * already holds bf16 values, e.g. a model's rounded copy, and is not rounded again). The linear
+ * functions return 0, or -1 when scratch memory could not be had. */
 void ctrl_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 void ctrl_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+/* dst = src rounded to the nearest bf16 value, kept in fp32 (dst may be src). */
+void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n);
 int ctrl_cpu_has_avx512bf16(void);
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                            int accumulate);
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
-                                 int OUT);
+                                 int OUT, int w_rounded);
 int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
-                                  const float *w, int T, int IN, int OUT);
+                                  const float *w, int T, int IN, int OUT, int w_rounded);
 
 /* RoPE tables. Kinds follow transformers' rope_scaling "rope_type". */
 typedef enum ctrl_rope_kind {

@@ -184,6 +184,33 @@ static void every_arch_with_each_attention(int bf16) {
 TEST(four_architectures_match_transformers_with_each_attention) { every_arch_with_each_attention(0); }
 TEST(four_architectures_in_bf16_within_bf16_tolerance) { every_arch_with_each_attention(1); }
 
+/* With bf16 compute the projections use a rounded copy of the weights: after a change in place
+ * and ctrl_model_weights_changed, a forward equals a fresh model's with the changed weights. */
+TEST(bf16_weights_follow_in_place_changes) {
+    const ctrl_plugin *flash = ctrl_plugins_flash()[0];
+    if (flash->init) flash->init(ctrl_host_table());
+    ctrl_model *m = NULL, *fresh = NULL;
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen3", flash->ops, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen3", flash->ops, &fresh), CTRL_OK);
+    if (!m || !fresh) return;
+    int32_t tok[6] = {3, 17, 42, 99, 5, 64}, pos[6] = {0, 1, 2, 3, 4, 5}, tg[6] = {17, 42, 99, 5, 64, -100},
+            cu[2] = {0, 6};
+    const ctrl_batch b = {.T = 6, .B = 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    float before[6], after[6], want[6];
+    CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_set_compute_dtype(fresh, CTRL_BF16), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_forward(m, &b, before, NULL, NULL), CTRL_OK);
+    size_t n = 0;
+    float *p = ctrl_model_params(m, &n), *q = ctrl_model_params(fresh, NULL);
+    for (size_t i = 0; i < n; i++) p[i] *= 1.5f, q[i] *= 1.5f; /* an "optimizer step" on both */
+    ctrl_model_weights_changed(m);
+    CHECK_EQ_INT(ctrl_model_forward(m, &b, after, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_forward(fresh, &b, want, NULL, NULL), CTRL_OK);
+    CHECK(memcmp(after, want, sizeof after) == 0);
+    CHECK(memcmp(after, before, sizeof after) != 0);
+    ctrl_model_free(m), ctrl_model_free(fresh);
+}
+
 /* Save (f32 and bf16) and load back: f32 is bit-exact, bf16 is the rounded weights. */
 TEST(save_and_reload) {
     const ctrl_plugin *eager = ctrl_plugins_eager()[0];

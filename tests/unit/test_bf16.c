@@ -114,9 +114,9 @@ TEST(linear_within_bf16_tolerance_of_fp32) {
     float *dw32 = calloc((size_t)OUT * IN, sizeof(float)), *dw16 = calloc((size_t)OUT * IN, sizeof(float));
     float *db32 = calloc(OUT, sizeof(float)), *db16 = calloc(OUT, sizeof(float));
     ctrl_cpu_linear_forward(y32, x, w, bias, T, IN, OUT);
-    CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(y16, x, w, bias, T, IN, OUT), 0);
+    CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(y16, x, w, bias, T, IN, OUT, 0), 0);
     ctrl_cpu_linear_backward(dx32, dw32, db32, dout, x, w, T, IN, OUT);
-    CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(dx16, dw16, db16, dout, x, w, T, IN, OUT), 0);
+    CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(dx16, dw16, db16, dout, x, w, T, IN, OUT, 0), 0);
     printf("  bf16 vs fp32: out %.2g, dx %.2g, dw %.2g, dbias %.2g\n", rel(y16, y32, T * OUT),
            rel(dx16, dx32, T * IN), rel(dw16, dw32, OUT * IN), rel(db16, db32, OUT));
     CHECK(rel(y16, y32, T * OUT) < 1e-2);
@@ -124,6 +124,18 @@ TEST(linear_within_bf16_tolerance_of_fp32) {
     CHECK(rel(dw16, dw32, OUT * IN) < 1e-2);
     CHECK(rel(db16, db32, OUT) < 1e-6);
     CHECK(rel(y16, y32, T * OUT) > 0); /* it did round */
+    /* weights rounded once up front (a model's rounded copy) give the same, bit for bit */
+    uint16_t *wb = malloc(sizeof(uint16_t) * OUT * IN);
+    float *wr = malloc(sizeof(float) * OUT * IN), *y16r = malloc(sizeof(float) * T * OUT),
+          *dx16r = malloc(sizeof(float) * T * IN), *dw16r = calloc((size_t)OUT * IN, sizeof(float)),
+          *db16r = calloc(OUT, sizeof(float));
+    ctrl_cpu_f32_to_bf16(wb, w, (int64_t)OUT * IN), ctrl_cpu_bf16_to_f32(wr, wb, (int64_t)OUT * IN);
+    CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(y16r, x, wr, bias, T, IN, OUT, 1), 0);
+    CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(dx16r, dw16r, db16r, dout, x, wr, T, IN, OUT, 1), 0);
+    CHECK(memcmp(y16r, y16, sizeof(float) * T * OUT) == 0 &&
+          memcmp(dx16r, dx16, sizeof(float) * T * IN) == 0 &&
+          memcmp(dw16r, dw16, sizeof(float) * OUT * IN) == 0);
+    free(wb), free(wr), free(y16r), free(dx16r), free(dw16r), free(db16r);
     free(x), free(w), free(bias), free(dout), free(y32), free(y16), free(dx32), free(dx16), free(dw32),
         free(dw16);
     free(db32), free(db16);
