@@ -17,7 +17,7 @@ static int push_token(gen_seq *s, int32_t t) {
     return 0;
 }
 
-/* Drops sequence i (its blocks already released or released now), and its request with the last. */
+/* Drops a sequence (its blocks released if it still holds any), and its request with the last. */
 static void drop(ctrl_engine *e, gen_seq *s) {
     ctrl_kv_seq_release(e->kv, &s->kv);
     free(s->tokens);
@@ -39,23 +39,24 @@ ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_
     }
     gen_req *rq = calloc(1, sizeof *rq);
     if (!rq) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
-    rq->r = *r, rq->left = r->n, rq->refs = r->n;
-    if (e->n > 0 && e->stepped) e->joined++;
+    rq->r = *r, rq->left = r->n;
+    const int first = e->n;
     for (int k = 0; k < r->n; k++) {
         gen_seq *s = &e->seqs[e->n++];
         memset(s, 0, sizeof *s);
-        s->rq = rq, s->out = &outs[k];
+        s->rq = rq, s->out = &outs[k], rq->refs++;
         s->state = k == 0 || e->cfg.no_prefix_sharing ? WAITING : FORK_PENDING;
         s->forked = k > 0 && e->cfg.no_prefix_sharing;
         if (k == 0 && e->prefix) ctrl_prefix_cache_attach(e->prefix, e->kv, r->prompt, r->prompt_len, &s->kv);
         memset(s->out, 0, sizeof *s->out);
         ctrl_rng_seed(&s->rng, r->seed * 1000003ull + (uint64_t)k); /* per request and sample */
         for (int t = 0; t < r->prompt_len; t++)
-            if (push_token(s, r->prompt[t]) != 0) {
-                ctrl_engine_abort(e);
+            if (push_token(s, r->prompt[t]) != 0) { /* this request leaves again; the others stay */
+                while (e->n > first) drop(e, &e->seqs[--e->n]);
                 return ctrl_error_set(CTRL_ERR_NOMEM, "generation: prompt");
             }
     }
+    if (first > 0 && e->stepped) e->joined++;
     return CTRL_OK;
 }
 
