@@ -1,6 +1,6 @@
 /* ctrl generate --model DIR --prompts FILE.jsonl [--chat] [--n N] [--max-tokens N] [--temperature T]
  *               [--top-p P] [--top-k K] [--min-p P] [--repetition-penalty R] [--seed S]
- *               [--kv-cache-mb N] --out FILE.jsonl */
+ *               [--kv-cache-mb N] [--kv-cache-dtype fp32|bf16] --out FILE.jsonl */
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -23,6 +23,7 @@ typedef struct gen_args {
     int chat, n, max_tokens, top_k;
     float temperature, top_p, min_p, repetition_penalty;
     long seed, kv_mb;
+    int kv_bf16;
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a) {
@@ -53,6 +54,10 @@ static int parse(int argc, char **argv, gen_args *a) {
             a->prompts = v;
         else if (!strcmp(k, "--out"))
             a->out = v;
+        else if (!strcmp(k, "--kv-cache-dtype") && (!strcmp(v, "fp32") || !strcmp(v, "bf16")))
+            a->kv_bf16 = !strcmp(v, "bf16");
+        else if (!strcmp(k, "--kv-cache-dtype"))
+            return cli_usage_error(&cli_cmd_generate, "--kv-cache-dtype %s: fp32 or bf16", v);
         else if (!is_num)
             return cli_usage_error(&cli_cmd_generate, "%s %s: not a number (or an unknown option)", k, v);
         else if (!strcmp(k, "--n"))
@@ -212,7 +217,8 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     const ctrl_engine_config ec = {.kv_cache_bytes = (size_t)a.kv_mb << 20,
                                    .block_size = 16,
                                    .max_num_seqs = 256,
-                                   .max_num_batched_tokens = 2048};
+                                   .max_num_batched_tokens = 2048,
+                                   .kv_cache_dtype = a.kv_bf16};
     ctrl_registry *reg = NULL;
     if (st == CTRL_OK) st = cli_plugins(cli, &reg);
     if (st == CTRL_OK) st = ctrl_engine_attach_attention(m, reg, NULL);
@@ -283,11 +289,13 @@ const ctrl_command cli_cmd_generate = {
     .usage =
         "usage: ctrl generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--chat] [--n N]\n"
         "                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
-        "                     [--repetition-penalty R] [--seed S] [--kv-cache-mb N]\n\n"
+        "                     [--repetition-penalty R] [--seed S] [--kv-cache-mb N]\n"
+        "                     [--kv-cache-dtype fp32|bf16]\n\n"
         "Each line {\"prompt\": \"...\"} (or {\"messages\": [...]} with --chat, formatted by the chat\n"
         "template with the generation prompt) gets its n completions, written as the same line with\n"
         "\"completions\": [{\"text\", \"token_ids\", \"logprobs\", \"finish_reason\"}]. Generation stops at\n"
         "generation_config.json's eos_token_id or max-tokens. temperature 0 is greedy; each line\n"
-        "samples with seed + its line number, so a prompt's completions do not depend on the others.\n",
+        "samples with seed + its line number, so a prompt's completions do not depend on the others.\n"
+        "A bf16 KV cache holds twice the tokens in --kv-cache-mb (the model still computes in fp32).\n",
     .run = run_generate,
 };

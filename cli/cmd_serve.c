@@ -1,4 +1,5 @@
 /* ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb N] [--max-body-kb N]
+ *            [--kv-cache-dtype fp32|bf16]
  *            [--api-key KEY]
  * HTTP (libmicrohttpd, a thread per connection) over the generation engine: GET /health,
  * /v1/models; POST /generate (shaped like TRL's vllm-serve), /v1/completions and
@@ -157,6 +158,7 @@ static void finished(void *cls, struct MHD_Connection *c, void **state,
 static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     const char *dir = NULL, *host = "127.0.0.1", *api_key = getenv("CTRL_API_KEY");
     long port = 8000, kv_mb = 256, body_kb = 1024;
+    int kv_bf16 = 0;
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return cli_usage_error(&cli_cmd_serve, "%s needs a value", k);
@@ -169,6 +171,10 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
             port = atol(v);
         else if (!strcmp(k, "--kv-cache-mb"))
             kv_mb = atol(v);
+        else if (!strcmp(k, "--kv-cache-dtype") && (!strcmp(v, "fp32") || !strcmp(v, "bf16")))
+            kv_bf16 = !strcmp(v, "bf16");
+        else if (!strcmp(k, "--kv-cache-dtype"))
+            return cli_usage_error(&cli_cmd_serve, "--kv-cache-dtype %s: fp32 or bf16", v);
         else if (!strcmp(k, "--max-body-kb"))
             body_kb = atol(v);
         else if (!strcmp(k, "--api-key"))
@@ -193,7 +199,8 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
                                    .block_size = 16,
                                    .max_num_seqs = 256,
                                    .max_num_batched_tokens = 8192,
-                                   .prefix_cache = 1};
+                                   .prefix_cache = 1,
+                                   .kv_cache_dtype = kv_bf16};
     ctrl_registry *reg = NULL;
     if (st == CTRL_OK) st = cli_plugins(cli, &reg);
     if (st == CTRL_OK) st = ctrl_engine_attach_attention(s.model, reg, NULL);
@@ -238,7 +245,7 @@ const ctrl_command cli_cmd_serve = {
     .summary = "serve generation over HTTP (TRL vllm-serve /generate, OpenAI completions and chat, weights)",
     .usage =
         "usage: ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb N] [--max-body-kb N]\n"
-        "                  [--api-key KEY]\n\n"
+        "                  [--kv-cache-dtype fp32|bf16] [--api-key KEY]\n\n"
         "GET /health, GET /v1/models; POST /generate {\"prompts\": [...] | \"prompt_token_ids\": [[...]], "
         "n,\n"
         "temperature, top_p, top_k, min_p, repetition_penalty, max_tokens, seed} -> {prompt_ids,\n"

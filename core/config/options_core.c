@@ -128,6 +128,8 @@ static const ctrl_option generation_options[] = {
     {"block_size", CTRL_OPT_INT, "16", RANGE(1, 1024), NULL, "Tokens per KV-cache block."},
     {"attention", CTRL_OPT_STRING, "paged", 0, 0, 0, NULL,
      "Attention plugin that decodes over the paged KV cache (colocate mode)."},
+    {"kv_cache_dtype", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|fp32|bf16",
+     "KV-cache values: auto = the model's compute dtype ([train] dtype); bf16 holds twice the tokens."},
     {"temperature", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Sampling temperature (0 = greedy)."},
     {"top_p", CTRL_OPT_FLOAT, "1.0", RANGE(0, 1), NULL, "Nucleus sampling mass."},
     {"top_k", CTRL_OPT_INT, "0", MIN(0), NULL, "Sample among the k most likely tokens (0 = off)."},

@@ -8,8 +8,10 @@
 
 static ctrl_status make_pool(ctrl_engine *e) {
     const ctrl_model_config *c = ctrl_model_cfg(e->model);
+    const int bf16 = e->cfg.kv_cache_dtype < 0 ? ctrl_model_compute_dtype(e->model) == CTRL_BF16
+                                               : e->cfg.kv_cache_dtype == 1;
     return ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, e->cfg.block_size,
-                                e->cfg.kv_cache_bytes, &e->kv);
+                                e->cfg.kv_cache_bytes, bf16 ? CTRL_BF16 : CTRL_F32, &e->kv);
 }
 
 ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out) {
@@ -54,6 +56,8 @@ void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {
                              .max_num_seqs = (int)ctrl_config_get_int(cfg, "generation", "max_num_seqs", 256),
                              .max_num_batched_tokens =
                                  (int)ctrl_config_get_int(cfg, "generation", "max_num_batched_tokens", 8192)};
+    const char *kv = ctrl_config_get_string(cfg, "generation", "kv_cache_dtype");
+    out->kv_cache_dtype = !kv || !strcmp(kv, "auto") ? -1 : !strcmp(kv, "bf16");
 }
 
 ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {

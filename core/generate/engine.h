@@ -49,6 +49,8 @@ typedef struct ctrl_engine_config {
     int max_num_batched_tokens; /* tokens per step (decode + prefill chunks) */
     int no_prefix_sharing;      /* 1: every sample prefills its own prompt (for comparisons) */
     int prefix_cache;           /* 1: keep finished prompts' full blocks for later requests */
+    int kv_cache_dtype;         /* 0: fp32 (zero-initialised configs), 1: bf16, -1: the model's
+                                   compute dtype ([generation] kv_cache_dtype = auto) */
 } ctrl_engine_config;
 
 typedef struct ctrl_engine ctrl_engine;
@@ -59,7 +61,7 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
  * registry to decode with. */
 ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_registry *reg, const char *name);
 /* The [generation] section: kv_cache_bytes (0: gpu_memory_utilization of this machine's memory on
- * the CPU), block_size, max_num_seqs, max_num_batched_tokens. */
+ * the CPU), kv_cache_dtype, block_size, max_num_seqs, max_num_batched_tokens. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);
 /* Co-located use between training phases: level 1 returns the KV pool's memory (cached prompts
  * are lost), level 2 also the engine's inference-only buffers (none beyond the pool on the CPU

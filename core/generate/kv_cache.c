@@ -5,8 +5,11 @@
 #include "generate/kv_cache.h"
 
 ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int block_size, size_t bytes,
-                                 ctrl_kv_cache **out) {
-    const size_t per_block = 2 * sizeof(float) * (size_t)n_layers * block_size * n_kv_heads * head_dim;
+                                 ctrl_dtype dtype, ctrl_kv_cache **out) {
+    if (dtype != CTRL_F32 && dtype != CTRL_BF16)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "kv cache: dtype %s (fp32 or bf16)", ctrl_dtype_name(dtype));
+    const size_t elt = ctrl_dtype_size(dtype);
+    const size_t per_block = 2 * elt * (size_t)n_layers * block_size * n_kv_heads * head_dim;
     size_t n = bytes / per_block;
     if (n < 1) n = 1;
     if (n > 1 << 24) return ctrl_error_set(CTRL_ERR_CONFIG, "kv cache: %zu blocks is too many", n);
@@ -17,8 +20,10 @@ ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int
                              .n_kv_heads = n_kv_heads,
                              .head_dim = head_dim,
                              .block_size = block_size,
-                             .n_blocks = (int)n};
-        c->k = malloc(sizeof(float) * floats), c->v = malloc(sizeof(float) * floats);
+                             .n_blocks = (int)n,
+                             .dtype = dtype,
+                             .elt = elt};
+        c->k = malloc(elt * floats), c->v = malloc(elt * floats);
         c->refcount = calloc(n, sizeof(int)), c->free_list = malloc(sizeof(int) * n);
     }
     if (!c || !c->k || !c->v || !c->refcount || !c->free_list) {
@@ -75,11 +80,16 @@ void ctrl_kv_seq_release(ctrl_kv_cache *c, ctrl_kv_seq *s) {
     *s = (ctrl_kv_seq){0};
 }
 
-float *ctrl_kv_at(const ctrl_kv_cache *c, int v, int layer, const ctrl_kv_seq *s, int pos) {
+void *ctrl_kv_at(const ctrl_kv_cache *c, int v, int layer, const ctrl_kv_seq *s, int pos) {
     const size_t slot = (size_t)c->n_kv_heads * c->head_dim;
     const size_t block = s->blocks[pos / c->block_size];
     const size_t off = (((size_t)layer * c->n_blocks + block) * c->block_size + pos % c->block_size) * slot;
-    return (v ? c->v : c->k) + off;
+    return (char *)(v ? c->v : c->k) + off * c->elt;
+}
+
+void *ctrl_kv_layer(const ctrl_kv_cache *c, int v, int layer) {
+    const size_t per_layer = (size_t)c->n_blocks * c->block_size * c->n_kv_heads * c->head_dim;
+    return (char *)(v ? c->v : c->k) + (size_t)layer * per_layer * c->elt;
 }
 
 ctrl_status ctrl_kv_seq_fork(ctrl_kv_cache *c, const ctrl_kv_seq *src, ctrl_kv_seq *dst, int *shared) {
@@ -94,13 +104,12 @@ ctrl_status ctrl_kv_seq_fork(ctrl_kv_cache *c, const ctrl_kv_seq *src, ctrl_kv_s
         const int b = c->free_list[--c->n_free], from = src->blocks[full];
         c->refcount[b] = 1;
         dst->blocks[dst->n_blocks++] = b;
-        const size_t block = (size_t)c->block_size * c->n_kv_heads * c->head_dim;
-        for (int l = 0; l < c->n_layers; l++) {
-            memcpy(c->k + ((size_t)l * c->n_blocks + b) * block,
-                   c->k + ((size_t)l * c->n_blocks + from) * block, sizeof(float) * block);
-            memcpy(c->v + ((size_t)l * c->n_blocks + b) * block,
-                   c->v + ((size_t)l * c->n_blocks + from) * block, sizeof(float) * block);
-        }
+        const size_t block = (size_t)c->block_size * c->n_kv_heads * c->head_dim * c->elt;
+        for (int l = 0; l < c->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                char *pool = ctrl_kv_layer(c, kv, l);
+                memcpy(pool + (size_t)b * block, pool + (size_t)from * block, block);
+            }
     }
     if (shared) *shared = full;
     return CTRL_OK;

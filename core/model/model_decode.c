@@ -20,6 +20,7 @@ typedef struct decode_ctx {
     const int32_t *seq_of;       /* [T] the sequence of each new token */
     const int32_t *block_tables; /* [n_seq, max_blocks] */
     int max_blocks;
+    uint16_t *kv16; /* a bf16 cache: the new K then V rows, rounded ([2, T, kv dim]) */
 } decode_ctx;
 
 /* model_attention_fn for decoding: append the new tokens' K/V to the cache (a token sees itself),
@@ -29,14 +30,21 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
     const ctrl_model_config *cfg = &m->cfg;
     const int T = m->T;
     const size_t KD = (size_t)cfg->n_kv_heads * cfg->head_dim;
+    const float *k = a->k, *v = a->v;
+    if (d->c->dtype == CTRL_BF16) { /* the new rows rounded to bf16 first, in one pass each */
+        ctrl_cpu_f32_to_bf16(d->kv16, a->k, (int64_t)T * KD);
+        ctrl_cpu_f32_to_bf16(d->kv16 + (size_t)T * KD, a->v, (int64_t)T * KD);
+    }
+    const size_t row = KD * d->c->elt;
     for (int s = 0, t = 0; s < d->n_seq; s++)
         for (int i = 0; i < d->n_new[s]; i++, t++) {
-            memcpy(ctrl_kv_at(d->c, 0, l, d->seqs[s], m->batch.positions[t]), a->k + t * KD,
-                   sizeof(float) * KD);
-            memcpy(ctrl_kv_at(d->c, 1, l, d->seqs[s], m->batch.positions[t]), a->v + t * KD,
-                   sizeof(float) * KD);
+            const int p = m->batch.positions[t];
+            const void *kr = d->kv16 ? (const void *)(d->kv16 + t * KD) : (const void *)(k + t * KD);
+            const void *vr =
+                d->kv16 ? (const void *)(d->kv16 + ((size_t)T + t) * KD) : (const void *)(v + t * KD);
+            memcpy(ctrl_kv_at(d->c, 0, l, d->seqs[s], p), kr, row);
+            memcpy(ctrl_kv_at(d->c, 1, l, d->seqs[s], p), vr, row);
         }
-    const size_t layer_off = (size_t)l * d->c->n_blocks * d->c->block_size * KD;
     const ctrl_paged_attention_args args = {.size = sizeof args,
                                             .device = {CTRL_DEVICE_CPU, 0},
                                             .dtype = CTRL_F32,
@@ -49,15 +57,16 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
                                             .window = cfg->sliding_window > 0 ? cfg->sliding_window : 0,
                                             .q = a->q,
                                             .out = a->att,
-                                            .k_cache = d->c->k + layer_off,
-                                            .v_cache = d->c->v + layer_off,
+                                            .k_cache = ctrl_kv_layer(d->c, 0, l),
+                                            .v_cache = ctrl_kv_layer(d->c, 1, l),
                                             .n_blocks = d->c->n_blocks,
                                             .block_size = d->c->block_size,
                                             .block_tables = d->block_tables,
                                             .max_blocks_per_seq = d->max_blocks,
                                             .seq_of_token = d->seq_of,
                                             .positions = m->batch.positions,
-                                            .max_position = d->max_pos};
+                                            .max_position = d->max_pos,
+                                            .cache_dtype = d->c->dtype};
     const ctrl_status st = m->paged->paged_forward(&args);
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d paged attention", l);
 }
@@ -133,9 +142,12 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
         max_blocks = seqs[s]->n_blocks > max_blocks ? seqs[s]->n_blocks : max_blocks;
     int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)T),
             *tables = calloc((size_t)n_seq * max_blocks, sizeof(int32_t));
+    uint16_t *kv16 = c->dtype == CTRL_BF16
+                         ? malloc(sizeof(uint16_t) * 2 * (size_t)T * cfg->n_kv_heads * cfg->head_dim)
+                         : NULL;
     float *h = malloc(sizeof(float) * (size_t)n_seq * C), *rstd = malloc(sizeof(float) * (size_t)n_seq);
-    if (!seq_of || !tables || !h || !rstd) {
-        free(seq_of), free(tables), free(h), free(rstd);
+    if (!seq_of || !tables || !h || !rstd || (c->dtype == CTRL_BF16 && !kv16)) {
+        free(seq_of), free(tables), free(h), free(rstd), free(kv16);
         return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
     }
     for (int s = 0, t = 0; s < n_seq; s++) {
@@ -150,7 +162,7 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     float *saved_out = m->x_out;
     m->T = T, m->acts = m->dec_acts, m->x_out = m->dec_out;
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
-    decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks};
+    decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks, kv16};
     ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->params + m->off_embed, T, C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
@@ -165,6 +177,6 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
         ctrl_cpu_linear_forward(logits, h, m->params + m->off_lm_head, NULL, n_seq, C, V);
     }
     m->T = saved_T, m->batch = saved_batch, m->acts = saved_acts, m->x_out = saved_out;
-    free(seq_of), free(tables), free(h), free(rstd);
+    free(seq_of), free(tables), free(h), free(rstd), free(kv16);
     return st;
 }

@@ -37,7 +37,7 @@ typedef struct ctrl_attention_args {
 typedef struct ctrl_paged_attention_args {
     size_t size; /* sizeof(ctrl_paged_attention_args) as built */
     ctrl_device device;
-    ctrl_dtype dtype; /* of q, out and the caches */
+    ctrl_dtype dtype; /* of q and out */
     int n_tokens;     /* T */
     int n_seqs;
     int n_head, n_kv_head, head_dim; /* GQA: n_head % n_kv_head == 0 */
@@ -55,6 +55,7 @@ typedef struct ctrl_paged_attention_args {
     const int32_t *seq_of_token; /* [T] */
     const int32_t *positions;    /* [T] the query's position: it sees its sequence's keys 0..position */
     int max_position;            /* largest positions[t] (scratch sizing) */
+    ctrl_dtype cache_dtype;      /* of k_cache and v_cache (fp32 or bf16 on the CPU) */
 } ctrl_paged_attention_args;
 
 typedef struct ctrl_attention_ops {

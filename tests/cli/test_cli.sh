@@ -151,6 +151,12 @@ printf '{"prompt": "ok"}\n{"text": "no prompt"}\n' >"$TMP/badp.jsonl"
 expect 1 "generate bad line" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/badp.jsonl" --out "$TMP/x.jsonl"
 contains "badp.jsonl:2" "generate names file:line"
 expect 2 "generate bad top-p" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/x.jsonl" --top-p 2
+expect 0 "generate bf16 KV cache" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" \
+  --out "$TMP/gen16.jsonl" --n 2 --max-tokens 4 --seed 3 --kv-cache-dtype bf16
+[ "$(grep -c '"completions":\[{"text"' "$TMP/gen16.jsonl")" = 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL generate bf16 output"; }
+expect 2 "generate bad kv dtype" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/x.jsonl" \
+  --kv-cache-dtype fp8
+contains "fp32 or bf16" "bad kv dtype says what it takes"
 
 # serve: health, TRL-style /generate, OpenAI /v1/completions, errors as HTTP codes, SIGINT stops it.
 PORT=$((20000 + $$ % 20000))

@@ -2,7 +2,9 @@
  * tests/reference/make_generation_fixtures.py) for Llama, Qwen2, Qwen3 and Mistral: the logits after
  * the prompt match, and 12 greedy steps give transformers' tokens — with both prompts in one batch,
  * prefilled in one chunk or in chunks of 3, on blocks of 4 tokens so that sequences span several
- * blocks. A pool too small is a clear error; released blocks return to the pool. */
+ * blocks — with an fp32 cache and a bf16 one (logits within 1e-2; the greedy tokens equal on these
+ * fixtures). A pool too small is a clear error; released blocks return to the pool; a bf16 pool
+ * holds twice the blocks of an fp32 one in the same bytes. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +22,8 @@ static int argmax(const float *x, int n) {
     return a;
 }
 
-static void check_arch(const char *arch, int chunk) {
+/* kv: the cache's dtype; a bf16 cache holds the K/V rounded, so the logits agree to bf16's precision. */
+static void check_arch_kv(const char *arch, int chunk, ctrl_dtype kv_dtype) {
     char path[512];
     snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/generation/%s.json", arch);
     ctrl_status st;
@@ -35,7 +38,8 @@ static void check_arch(const char *arch, int chunk) {
     const ctrl_model_config *c = ctrl_model_cfg(m);
     const int V = c->vocab_size, n = cJSON_GetArraySize(cases);
     ctrl_kv_cache *kv;
-    CHECK_EQ_INT(ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, 4, 1 << 20, &kv), CTRL_OK);
+    CHECK_EQ_INT(ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, 4, 1 << 20, kv_dtype, &kv),
+                 CTRL_OK);
     ctrl_kv_seq seq[2] = {{0}}, *seqs[2] = {&seq[0], &seq[1]};
     int len[2], done[2] = {0}, n_new[2];
     const cJSON *prompt[2];
@@ -68,8 +72,9 @@ static void check_arch(const char *arch, int chunk) {
                 err += d * d, norm += cJSON_GetArrayItem(want, i)->valuedouble *
                                       cJSON_GetArrayItem(want, i)->valuedouble;
             }
-            CHECK_MSG(sqrt(err / norm) < 1e-5, "%s prompt %d: logits differ (%.2g relative)", arch, s,
-                      sqrt(err / norm));
+            CHECK_MSG(sqrt(err / norm) < (kv_dtype == CTRL_BF16 ? 1e-2 : 1e-5),
+                      "%s prompt %d (%s cache): logits differ (%.2g relative)", arch, s,
+                      ctrl_dtype_name(kv_dtype), sqrt(err / norm));
             tokens[32 + s] = argmax(logits + (size_t)j * V, V); /* the first generated token */
         }
     }
@@ -87,7 +92,8 @@ static void check_arch(const char *arch, int chunk) {
         const cJSON *want = cJSON_GetObjectItem(cJSON_GetArrayItem(cases, s), "generated");
         int same = 1;
         for (int i = 0; i < 12; i++) same &= gen[s][i] == cJSON_GetArrayItem(want, i)->valueint;
-        CHECK_MSG(same, "%s prompt %d (chunk %d): greedy tokens differ from transformers", arch, s, chunk);
+        CHECK_MSG(same, "%s prompt %d (chunk %d, %s cache): greedy tokens differ from transformers", arch, s,
+                  chunk, ctrl_dtype_name(kv_dtype));
     }
     const int free_before = kv->n_free;
     ctrl_kv_seq_release(kv, &seq[0]), ctrl_kv_seq_release(kv, &seq[1]);
@@ -99,6 +105,11 @@ static void check_arch(const char *arch, int chunk) {
     cJSON_Delete(cases);
 }
 
+static void check_arch(const char *arch, int chunk) {
+    check_arch_kv(arch, chunk, CTRL_F32);
+    check_arch_kv(arch, chunk, CTRL_BF16);
+}
+
 TEST(llama_greedy_matches_transformers) { check_arch("llama", 1000), check_arch("llama", 3); }
 TEST(qwen2_greedy_matches_transformers) { check_arch("qwen2", 1000), check_arch("qwen2", 3); }
 TEST(qwen3_greedy_matches_transformers) { check_arch("qwen3", 1000), check_arch("qwen3", 3); }
@@ -106,7 +117,7 @@ TEST(mistral_greedy_matches_transformers) { check_arch("mistral", 1000), check_a
 
 TEST(full_pool_is_an_error) {
     ctrl_kv_cache *kv;
-    CHECK_EQ_INT(ctrl_kv_cache_create(1, 1, 4, 16, 1, &kv), CTRL_OK); /* one block */
+    CHECK_EQ_INT(ctrl_kv_cache_create(1, 1, 4, 16, 1, CTRL_F32, &kv), CTRL_OK); /* one block */
     ctrl_kv_seq s = {0};
     CHECK_EQ_INT(ctrl_kv_seq_reserve(kv, &s, 16), CTRL_OK);
     CHECK_EQ_INT(ctrl_kv_seq_reserve(kv, &s, 17), CTRL_ERR_NOMEM);
@@ -114,4 +125,12 @@ TEST(full_pool_is_an_error) {
     ctrl_kv_seq_release(kv, &s);
     CHECK_EQ_INT(kv->n_free, 1);
     ctrl_kv_cache_free(kv);
+    const size_t four = 4 * 2 * 16 * 4 * sizeof(float); /* four fp32 blocks of 16 tokens (K and V) */
+    CHECK_EQ_INT(ctrl_kv_cache_create(1, 1, 4, 16, four, CTRL_F32, &kv), CTRL_OK);
+    CHECK_EQ_INT(kv->n_blocks, 4);
+    ctrl_kv_cache_free(kv);
+    CHECK_EQ_INT(ctrl_kv_cache_create(1, 1, 4, 16, four, CTRL_BF16, &kv), CTRL_OK);
+    CHECK_EQ_INT(kv->n_blocks, 8);
+    ctrl_kv_cache_free(kv);
+    CHECK_EQ_INT(ctrl_kv_cache_create(1, 1, 4, 16, four, CTRL_F16, &kv), CTRL_ERR_CONFIG);
 }

@@ -1,13 +1,15 @@
 /* The `paged` attention plugin against the `flash` plugin's forward: the same sequences, their K/V
  * scattered into a block pool through shuffled block tables; queries at every position (a prefill)
  * and at the last one only (a decode step), causal, GQA groups of 1/2/4, head_dim 64 and 128, with
- * and without a sliding window. Bad tables and plugins without paged decoding are clear errors. */
+ * and without a sliding window, fp32 and bf16 caches (against flash on the bf16-rounded K/V). Bad tables and
+ * plugins without paged decoding are clear errors. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <ctrl/attention.h>
 
+#include "cpu/cpu_ops.h"
 #include "model/model.h"
 #include "test.h"
 #include "test_registry.h"
@@ -19,7 +21,7 @@ static float frand(void) {
 }
 
 typedef struct shape {
-    int H, HK, D, window, block, last_only;
+    int H, HK, D, window, block, last_only, bf16; /* bf16: the cache holds bf16 */
 } shape;
 
 static const ctrl_attention_ops *find(ctrl_registry *reg, const char *name) {
@@ -44,6 +46,8 @@ static void check_shape(const ctrl_attention_ops *paged, const ctrl_attention_op
           *lse = malloc(sizeof(float) * T * H);
     for (int i = 0; i < T * H * D; i++) q[i] = frand();
     for (int i = 0; i < T * HK * D; i++) k[i] = frand(), v[i] = frand();
+    if (sh.bf16) /* the reference sees the values the cache holds */
+        ctrl_cpu_round_to_bf16(k, k, (int64_t)T * HK * D), ctrl_cpu_round_to_bf16(v, v, (int64_t)T * HK * D);
     ctrl_attention_args fa = {.size = sizeof fa,
                               .device = {CTRL_DEVICE_CPU, 0},
                               .dtype = CTRL_F32,
@@ -71,15 +75,20 @@ static void check_shape(const ctrl_attention_ops *paged, const ctrl_attention_op
         const int j = (int)((frand() + 1.0f) * 0.5f * i), t = order[i];
         order[i] = order[j], order[j] = t;
     }
-    const size_t slot = (size_t)HK * D;
-    float *kc = calloc((size_t)n_blocks * bs * slot, sizeof(float)),
-          *vc = calloc((size_t)n_blocks * bs * slot, sizeof(float));
+    const size_t slot = (size_t)HK * D, elt = sh.bf16 ? 2 : 4;
+    char *kc = calloc((size_t)n_blocks * bs * slot, elt), *vc = calloc((size_t)n_blocks * bs * slot, elt);
     for (int b = 0, next = 0; b < B; b++)
         for (int p = 0; p < lens[b]; p++) {
             if (p % bs == 0) tables[b * max_blocks + p / bs] = order[next++];
             const size_t at = ((size_t)tables[b * max_blocks + p / bs] * bs + p % bs) * slot;
-            memcpy(kc + at, k + (size_t)(cu[b] + p) * slot, sizeof(float) * slot);
-            memcpy(vc + at, v + (size_t)(cu[b] + p) * slot, sizeof(float) * slot);
+            const float *kr = k + (size_t)(cu[b] + p) * slot, *vr = v + (size_t)(cu[b] + p) * slot;
+            if (sh.bf16) {
+                ctrl_cpu_f32_to_bf16((uint16_t *)kc + at, kr, (int64_t)slot);
+                ctrl_cpu_f32_to_bf16((uint16_t *)vc + at, vr, (int64_t)slot);
+            } else {
+                memcpy((float *)kc + at, kr, sizeof(float) * slot),
+                    memcpy((float *)vc + at, vr, sizeof(float) * slot);
+            }
         }
     /* queries: every position, or each sequence's last */
     int32_t *seq_of = malloc(sizeof(int32_t) * T), *pos = malloc(sizeof(int32_t) * T);
@@ -112,12 +121,13 @@ static void check_shape(const ctrl_attention_ops *paged, const ctrl_attention_op
                                     .max_blocks_per_seq = max_blocks,
                                     .seq_of_token = seq_of,
                                     .positions = pos,
-                                    .max_position = lens[B - 1] - 1};
+                                    .max_position = lens[B - 1] - 1,
+                                    .cache_dtype = sh.bf16 ? CTRL_BF16 : CTRL_F32};
     CHECK_MSG(paged->paged_forward(&pa) == CTRL_OK, "%s", ctrl_error_message());
     double worst = 0;
     for (int i = 0; i < n * H * D; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
-    CHECK_MSG(worst <= 1e-5, "H %d HK %d D %d window %d block %d last_only %d: max error %.3g", H, HK, D,
-              sh.window, bs, sh.last_only, worst);
+    CHECK_MSG(worst <= 1e-5, "H %d HK %d D %d window %d block %d last_only %d bf16 %d: max error %.3g", H, HK,
+              D, sh.window, bs, sh.last_only, sh.bf16, worst);
     /* a table entry outside the pool is refused, not read */
     const int last = 2 * max_blocks + (lens[2] - 1) / bs, saved = tables[last];
     tables[last] = n_blocks;
@@ -133,8 +143,9 @@ TEST(paged_equals_flash_over_shuffled_blocks) {
     const ctrl_attention_ops *paged = find(reg, "paged"), *flash = find(reg, "flash");
     if (!paged || !flash) return;
     static const shape shapes[] = {
-        {4, 4, 64, 0, 16, 0}, {4, 2, 64, 0, 4, 0},   {8, 2, 128, 0, 16, 1},
-        {8, 2, 64, 7, 4, 0},  {4, 1, 128, 9, 16, 1}, {2, 2, 64, 0, 1, 0},
+        {4, 4, 64, 0, 16, 0, 0}, {4, 2, 64, 0, 4, 0, 0},   {8, 2, 128, 0, 16, 1, 0},
+        {8, 2, 64, 7, 4, 0, 0},  {4, 1, 128, 9, 16, 1, 0}, {2, 2, 64, 0, 1, 0, 0},
+        {4, 2, 64, 0, 16, 0, 1}, {8, 2, 128, 7, 4, 1, 1}, /* bf16 caches */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(paged, flash, shapes[i]);
     ctrl_registry_destroy(reg);

@@ -1,7 +1,8 @@
 /* The `paged` attention plugin: decoding over a paged KV cache (block pools and per-sequence block
- * tables, as vLLM's paged attention), for the generation engine. fp32 on the CPU (paged_cpu.c);
- * the interface (ctrl_paged_attention_args: flat queries, the layer's K/V pools, int32 block
- * tables, positions) is what a CUDA kernel takes too. It has no training forward/backward. */
+ * tables, as vLLM's paged attention), for the generation engine. fp32 queries over an fp32 or bf16
+ * cache on the CPU (paged_cpu.c); the interface (ctrl_paged_attention_args: flat queries, the
+ * layer's K/V pools, int32 block tables, positions) is what a CUDA kernel takes too. It has no
+ * training forward/backward. */
 #include <ctrl/attention.h>
 
 #include "paged_cpu.h"
@@ -37,10 +38,14 @@ static ctrl_status check_tables(const ctrl_paged_attention_args *a) {
 static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
     if (!a || a->size < sizeof(ctrl_paged_attention_args))
         return BAD("argument struct is missing or too old");
-    if (a->device.type != CTRL_DEVICE_CPU || a->dtype != CTRL_F32)
+    if (a->device.type != CTRL_DEVICE_CPU || a->dtype != CTRL_F32 ||
+        (a->cache_dtype != CTRL_F32 && a->cache_dtype != CTRL_BF16))
         return paged_host->error_set(
-            CTRL_ERR_UNSUPPORTED, "attention paged: runs fp32 on the CPU (got %s on %s)",
-            ctrl_dtype_name(a->dtype), a->device.type == CTRL_DEVICE_CPU ? "cpu" : "a device");
+            CTRL_ERR_UNSUPPORTED,
+            "attention paged: runs fp32 queries over an fp32 or bf16 cache on the CPU "
+            "(got %s over %s on %s)",
+            ctrl_dtype_name(a->dtype), ctrl_dtype_name(a->cache_dtype),
+            a->device.type == CTRL_DEVICE_CPU ? "cpu" : "a device");
     if (a->n_tokens < 0 || a->n_seqs < 1 || a->n_head < 1 || a->n_kv_head < 1 || a->n_head % a->n_kv_head ||
         a->head_dim < 1 || a->block_size < 1 || a->n_blocks < 1 || a->max_blocks_per_seq < 1 || a->window < 0)
         return BAD("bad shape (%d tokens, %d sequences, %d/%d heads of %d, %d blocks of %d, %d per sequence)",

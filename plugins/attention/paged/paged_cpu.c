@@ -1,9 +1,11 @@
 /* Paged attention on the CPU: every (query token, kv head) pair in parallel; the query heads of a
- * GQA group read each cached K and V row once, block by block through the sequence's table. Scores
+ * GQA group read each cached K and V row once, block by block through the sequence's table (a bf16
+ * cache row is widened to fp32 once for the group). Scores
  * of a group are materialised ([group, context]: decoding contexts are short next to T x T), each
  * head's softmax normalised up front, then applied to V. Built for AVX2+FMA as well as the
  * baseline, chosen at run time (decoding spends a third of its time here). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +19,18 @@
 #define CLONES
 #endif
 
+/* Row `src` of the pool as fp32: itself, or widened into buf (bf16 is the top half of an fp32). */
+static inline const float *row_f32(const void *src, int bf16, float *buf, int D) {
+    if (!bf16) return src;
+    const uint16_t *h = src;
+#pragma omp simd
+    for (int i = 0; i < D; i++) {
+        const uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&buf[i], &u, sizeof u);
+    }
+    return buf;
+}
+
 /* Block b of a sequence's table holds positions b*bs .. b*bs+bs-1; of those, [*j0, *j1] lie in
  * lo..pos. Returns the offset (in floats) of row *j0 at kv head kvh in a pool. */
 static inline size_t block_rows(const ctrl_paged_attention_args *a, const int32_t *table, int b, int kvh,
@@ -27,16 +41,20 @@ static inline size_t block_rows(const ctrl_paged_attention_args *a, const int32_
            (size_t)kvh * a->head_dim;
 }
 
-CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int kvh, float *scores) {
+CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int kvh, float *scores,
+                                float *buf) {
     const int D = a->head_dim, G = a->n_head / a->n_kv_head, pos = a->positions[t];
     const int lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n = pos - lo + 1;
     const size_t slot = (size_t)a->n_kv_head * D;
     const int32_t *table = a->block_tables + (size_t)a->seq_of_token[t] * a->max_blocks_per_seq;
     const float *qg = (const float *)a->q + ((size_t)t * a->n_head + (size_t)kvh * G) * D;
-    const float *kc = a->k_cache, *vc = a->v_cache;
+    const int bf16 = a->cache_dtype == CTRL_BF16;
+    const size_t elt = bf16 ? 2 : 4;
+    const char *kc = a->k_cache, *vc = a->v_cache;
     for (int b = lo / a->block_size, j0, j1; b <= pos / a->block_size; b++) {
-        const float *k = kc + block_rows(a, table, b, kvh, lo, pos, &j0, &j1);
-        for (int j = j0; j <= j1; j++, k += slot)
+        const char *kr = kc + block_rows(a, table, b, kvh, lo, pos, &j0, &j1) * elt;
+        for (int j = j0; j <= j1; j++, kr += slot * elt) {
+            const float *k = row_f32(kr, bf16, buf, D);
             for (int g = 0; g < G; g++) {
                 const float *qh = qg + (size_t)g * D;
                 float d = 0;
@@ -44,6 +62,7 @@ CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int k
                 for (int i = 0; i < D; i++) d += qh[i] * k[i];
                 scores[(size_t)g * n + j - lo] = d * a->scale;
             }
+        }
     }
     float *og = (float *)a->out + ((size_t)t * a->n_head + (size_t)kvh * G) * D;
     memset(og, 0, sizeof(float) * (size_t)G * D);
@@ -59,14 +78,16 @@ CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int k
         for (int j = 0; j < n; j++) sc[j] *= inv;
     }
     for (int b = lo / a->block_size, j0, j1; b <= pos / a->block_size; b++) {
-        const float *v = vc + block_rows(a, table, b, kvh, lo, pos, &j0, &j1);
-        for (int j = j0; j <= j1; j++, v += slot)
+        const char *vr = vc + block_rows(a, table, b, kvh, lo, pos, &j0, &j1) * elt;
+        for (int j = j0; j <= j1; j++, vr += slot * elt) {
+            const float *v = row_f32(vr, bf16, buf, D);
             for (int g = 0; g < G; g++) {
                 const float p = scores[(size_t)g * n + j - lo];
                 float *o = og + (size_t)g * D;
 #pragma omp simd
                 for (int i = 0; i < D; i++) o[i] += p * v[i];
             }
+        }
     }
 }
 
@@ -75,11 +96,14 @@ ctrl_status paged_cpu_forward(const ctrl_paged_attention_args *a) {
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * (size_t)G * (size_t)(a->max_position + 1));
+        float *scores =
+            malloc(sizeof(float) * ((size_t)G * (size_t)(a->max_position + 1) + (size_t)a->head_dim));
         failed = scores == NULL;
 #pragma omp for schedule(dynamic, 8)
         for (long w = 0; w < (long)a->n_tokens * HK; w++)
-            if (scores) attend_group(a, (int)(w / HK), (int)(w % HK), scores);
+            if (scores)
+                attend_group(a, (int)(w / HK), (int)(w % HK), scores,
+                             scores + (size_t)G * (size_t)(a->max_position + 1));
         free(scores);
     }
     return failed ? CTRL_ERR_NOMEM : CTRL_OK;
