@@ -1,13 +1,16 @@
 /* The `paged` attention plugin: decoding over a paged KV cache (block pools and per-sequence block
  * tables, as vLLM's paged attention), for the generation engine. fp32 queries over an fp32 or bf16
- * cache on the CPU (paged_cpu.c); the interface (ctrl_paged_attention_args: flat queries, the
- * layer's K/V pools, int32 block tables, positions) is what a CUDA kernel takes too. It has no
- * training forward/backward. */
+ * cache, on the CPU (paged_cpu.c) or, built with CUDA, on a CUDA device (paged_cuda.cu), through
+ * the same arguments (ctrl_paged_attention_args: flat queries, the layer's K/V pools, int32 block
+ * tables, positions). It has no training forward/backward. */
 #include <ctrl/attention.h>
 
 #include "paged_cpu.h"
+#ifdef CTRL_HAVE_CUDA
+#include "paged_cuda.h"
+#endif
 
-static const ctrl_host *paged_host;
+const ctrl_host *paged_host;
 
 static ctrl_status paged_init(const ctrl_host *host) {
     paged_host = host;
@@ -38,12 +41,16 @@ static ctrl_status check_tables(const ctrl_paged_attention_args *a) {
 static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
     if (!a || a->size < sizeof(ctrl_paged_attention_args))
         return BAD("argument struct is missing or too old");
-    if (a->device.type != CTRL_DEVICE_CPU || a->dtype != CTRL_F32 ||
-        (a->cache_dtype != CTRL_F32 && a->cache_dtype != CTRL_BF16))
+    int cuda = 0;
+#ifdef CTRL_HAVE_CUDA
+    cuda = paged_cuda_supported(a);
+#endif
+    if (!cuda && (a->device.type != CTRL_DEVICE_CPU || a->dtype != CTRL_F32 ||
+                  (a->cache_dtype != CTRL_F32 && a->cache_dtype != CTRL_BF16)))
         return paged_host->error_set(
             CTRL_ERR_UNSUPPORTED,
-            "attention paged: runs fp32 queries over an fp32 or bf16 cache on the CPU "
-            "(got %s over %s on %s)",
+            "attention paged: runs fp32 queries over an fp32 or bf16 cache (on CUDA: head_dim <= 128, "
+            "at most 32 query heads per kv head); got %s over %s on %s",
             ctrl_dtype_name(a->dtype), ctrl_dtype_name(a->cache_dtype),
             a->device.type == CTRL_DEVICE_CPU ? "cpu" : "a device");
     if (a->n_tokens < 0 || a->n_seqs < 1 || a->n_head < 1 || a->n_kv_head < 1 || a->n_head % a->n_kv_head ||
@@ -55,6 +62,9 @@ static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
     if (!a->q || !a->out || !a->k_cache || !a->v_cache || !a->block_tables || !a->seq_of_token ||
         !a->positions)
         return BAD("a buffer is missing");
+#ifdef CTRL_HAVE_CUDA
+    if (cuda) return paged_cuda_forward(a); /* the tables are on the device: the core's, trusted */
+#endif
     ctrl_status st = check_tables(a);
     if (st != CTRL_OK) return st;
     st = paged_cpu_forward(a);
