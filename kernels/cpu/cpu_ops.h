@@ -122,8 +122,9 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
 
 /* Forward and backward in one pass for a dL/dlogp known before the forward (no entropy term):
  * writes what ctrl_cpu_head_forward writes, dhidden[T, C], and accumulates dw[V, C] — the
- * logits of a chunk of tokens exist over the whole vocabulary at once (the workspace, bounded to
- * 32 MiB unless chunk_tokens says otherwise) and are never recomputed. */
+ * logits of a chunk of tokens exist over the whole vocabulary at once (the workspace: 32 MiB, or
+ * 128 tokens' worth for vocabularies over 64k, unless chunk_tokens says otherwise) and are never
+ * recomputed. */
 size_t ctrl_cpu_head_fused_workspace_bytes(const ctrl_head_args *a);
 void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp, float *entropy,
                                     float *lse, int32_t *correct, float *dhidden, float *dw, void *workspace);

@@ -136,11 +136,14 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
 /* The fused forward + backward for a dL/dlogp known before the forward (SFT's token NLL): each
  * chunk of tokens gets its logits over the whole vocabulary at once, so that lse is final before
  * the chunk's gradient is formed; the logits are not recomputed (three vocabulary GEMMs instead of
- * four) and exp runs once per logit. The chunk is sized to FUSED_BUDGET floats. */
+ * four) and exp runs once per logit. The chunk is sized to FUSED_BUDGET floats, but at least
+ * FUSED_MIN_TOKENS tokens (128 x 151,936 vocabulary: 74 MiB). */
 #define FUSED_BUDGET (8 << 20)
+#define FUSED_MIN_TOKENS 128 /* below, dW += dz^T h runs a short inner dimension (151k vocab: 0.83x at 55) */
 
 static int fused_chunk_t(const ctrl_head_args *a) {
     int c = a->chunk_tokens > 0 ? a->chunk_tokens : FUSED_BUDGET / (a->V > 0 ? a->V : 1);
+    if (a->chunk_tokens <= 0 && c < FUSED_MIN_TOKENS) c = FUSED_MIN_TOKENS;
     c = c < 1 ? 1 : c > DEFAULT_CHUNK_TOKENS ? DEFAULT_CHUNK_TOKENS : c;
     return c < a->T ? c : (a->T > 0 ? a->T : 1);
 }
