@@ -76,7 +76,10 @@ static void check_shape(const ctrl_attention_ops *paged, const ctrl_attention_op
         order[i] = order[j], order[j] = t;
     }
     const size_t slot = (size_t)HK * D, elt = sh.bf16 ? 2 : 4;
-    char *kc = calloc((size_t)n_blocks * bs * slot, elt), *vc = calloc((size_t)n_blocks * bs * slot, elt);
+    /* rows no sequence owns are NaN (all ones, in fp32 and bf16): a stray read shows */
+    char *kc = malloc((size_t)n_blocks * bs * slot * elt), *vc = malloc((size_t)n_blocks * bs * slot * elt);
+    memset(kc, 0xff, (size_t)n_blocks * bs * slot * elt),
+        memset(vc, 0xff, (size_t)n_blocks * bs * slot * elt);
     for (int b = 0, next = 0; b < B; b++)
         for (int p = 0; p < lens[b]; p++) {
             if (p % bs == 0) tables[b * max_blocks + p / bs] = order[next++];
