@@ -49,6 +49,7 @@ train_file = {d}/train.jsonl
 max_length = 1024
 shuffle = false
 [train]
+dtype = fp32
 learning_rate = 1e-4
 max_steps = {args.steps}
 per_device_train_batch_size = {args.batch}
