@@ -58,10 +58,10 @@ static void fail_all(server *s, running *rn, ctrl_status st) {
 static void add_job(server *s, running *rn, serve_job *j) {
     j->mine = malloc(sizeof *j->mine * (size_t)j->n_req);
     if (rn->n == rn->cap) {
-        serve_job **p = realloc(rn->jobs, sizeof *p * (size_t)(rn->cap = rn->cap * 2 + 16));
-        if (p) rn->jobs = p;
+        serve_job **p = realloc(rn->jobs, sizeof *p * (size_t)(rn->cap * 2 + 16));
+        if (p) rn->jobs = p, rn->cap = rn->cap * 2 + 16;
     }
-    if (!j->mine || !rn->jobs) return finish(s, j, CTRL_ERR_NOMEM, "serve: out of memory");
+    if (!j->mine || rn->n == rn->cap) return finish(s, j, CTRL_ERR_NOMEM, "serve: out of memory");
     j->left = j->n_req;
     for (int r = 0, o = 0; r < j->n_req; o += j->reqs[r++].n) {
         j->mine[r] = j->reqs[r];
