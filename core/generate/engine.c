@@ -80,7 +80,8 @@ ctrl_status ctrl_engine_wake_up(ctrl_engine *e) {
 void ctrl_engine_free(ctrl_engine *e) {
     if (!e) return;
     ctrl_engine_abort(e);
-    free(e->seqs), free(e->batch), free(e->n_new), free(e->tokens), free(e->kvs), free(e->logits);
+    free(e->seqs), free(e->batch), free(e->n_new), free(e->tokens), free(e->kvs), free(e->logits),
+        free(e->draws);
     ctrl_prefix_cache_free(e->prefix, e->kv);
     ctrl_kv_cache_free(e->kv);
     free(e);

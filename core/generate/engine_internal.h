@@ -25,6 +25,14 @@ typedef struct gen_seq {
     ctrl_gen_output *out;
 } gen_seq;
 
+/* A token to draw after a decode step: from `logits`, for `s` (filled in parallel, recorded in order). */
+typedef struct gen_draw {
+    gen_seq *s;
+    const float *logits;
+    int32_t tok;
+    float logprob;
+} gen_draw;
+
 struct ctrl_engine {
     ctrl_model *model;
     ctrl_engine_config cfg;
@@ -42,6 +50,8 @@ struct ctrl_engine {
     ctrl_kv_seq **kvs;
     float *logits;
     int scratch;
+    gen_draw *draws; /* one per sequence at most */
+    int draws_cap;
 };
 
 #endif

@@ -68,16 +68,10 @@ void ctrl_engine_abort(ctrl_engine *e) {
     e->n = 0, e->stepped = 0;
 }
 
-/* Draws the next token from the logits after the sequence's last token, records it, and decides
- * whether the sequence is finished (its request's on_finish runs with the last sample). */
-static ctrl_status sample_next(ctrl_engine *e, gen_seq *s, const float *logits) {
+/* Records a drawn token and decides whether the sequence is finished (its request's on_finish runs
+ * with the last sample). */
+static ctrl_status record_token(ctrl_engine *e, gen_seq *s, int32_t t, float lp) {
     const ctrl_gen_request *r = &s->rq->r;
-    const int V = ctrl_model_cfg(e->model)->vocab_size;
-    float *l = malloc(sizeof(float) * (size_t)V), lp;
-    if (!l) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
-    memcpy(l, logits, sizeof(float) * (size_t)V);
-    int32_t t = ctrl_sample(&r->sampling, l, V, s->tokens, s->n_tokens, &s->rng, &lp);
-    free(l);
     if (t < 0) return ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameters");
     ctrl_gen_output *o = s->out;
     int32_t *ids = realloc(o->ids, sizeof(int32_t) * (size_t)(o->len + 1));
@@ -96,6 +90,34 @@ static ctrl_status sample_next(ctrl_engine *e, gen_seq *s, const float *logits) 
         if (--s->rq->left == 0 && r->on_finish) r->on_finish(r->finish_ctx);
     }
     return CTRL_OK;
+}
+
+/* The step's draws: every sequence samples from its own logits row with its own generator, so they
+ * run in parallel (a large vocabulary makes sampling a real share of a decode step); the tokens are
+ * then recorded in order. */
+static ctrl_status draw_all(ctrl_engine *e, int n) {
+    const int V = ctrl_model_cfg(e->model)->vocab_size;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *l = malloc(sizeof(float) * (size_t)V);
+        failed = l == NULL;
+#pragma omp for schedule(dynamic, 4)
+        for (int i = 0; i < n; i++) {
+            gen_draw *d = &e->draws[i];
+            d->tok = -1;
+            if (!l) continue;
+            memcpy(l, d->logits, sizeof(float) * (size_t)V);
+            d->tok = ctrl_sample(&d->s->rq->r.sampling, l, V, d->s->tokens, d->s->n_tokens, &d->s->rng,
+                                 &d->logprob);
+        }
+        free(l);
+    }
+    if (failed) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < n && st == CTRL_OK; i++)
+        st = record_token(e, e->draws[i].s, e->draws[i].tok, e->draws[i].logprob);
+    return st;
 }
 
 /* Frees blocks by preempting the newest running sequence outside the step's batch; it will
@@ -124,6 +146,11 @@ static ctrl_status tidy(ctrl_engine *e) {
             e->seqs[n++] = e->seqs[i];
     e->n = n;
     if (n == 0) e->stepped = 0;
+    if (n > e->draws_cap) {
+        gen_draw *d = realloc(e->draws, sizeof *d * (size_t)n);
+        if (!d) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+        e->draws = d, e->draws_cap = n;
+    }
     const int want = n < e->cfg.max_num_seqs ? n : e->cfg.max_num_seqs;
     if (want <= e->scratch) return CTRL_OK;
     const int V = ctrl_model_cfg(e->model)->vocab_size;
@@ -168,8 +195,8 @@ static ctrl_status reserve(ctrl_engine *e, int *nb_io) {
 }
 
 /* The first time a prompt is cached (its first sample's prefill is done) the other samples fork
- * from it and draw their first token from the same logits. */
-static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits) {
+ * from it and will draw their first token from the same logits. */
+static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits, int *n_draws) {
     s->forked = 1;
     if (e->prefix) ctrl_prefix_cache_insert(e->prefix, e->kv, s->rq->r.prompt, s->rq->r.prompt_len, &s->kv);
     ctrl_status st = CTRL_OK;
@@ -181,7 +208,7 @@ static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits)
         if (st != CTRL_OK) break; /* no block to fork into: it prefills on its own */
         e->shared_blocks += shared;
         o->forked = 1, o->state = RUNNING;
-        st = sample_next(e, o, logits);
+        e->draws[(*n_draws)++] = (gen_draw){.s = o, .logits = logits};
     }
     if (st == CTRL_ERR_NOMEM) { /* leave the others to prefill themselves */
         st = CTRL_OK;
@@ -218,13 +245,15 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
     }
     if (nb > 0) st = ctrl_model_decode(e->model, e->kv, e->kvs, e->tokens, e->n_new, nb, e->logits);
     e->steps++, e->stepped = 1;
+    int n_draws = 0;
     for (int b = 0; b < nb && st == CTRL_OK; b++) {
         gen_seq *s = e->batch[b];
         if (s->kv.len < s->n_tokens) continue; /* prefill not done yet */
         s->state = RUNNING;
-        if (!s->forked) st = fork_samples(e, s, e->logits + (size_t)b * V);
-        if (st == CTRL_OK) st = sample_next(e, s, e->logits + (size_t)b * V);
+        if (!s->forked) st = fork_samples(e, s, e->logits + (size_t)b * V, &n_draws);
+        e->draws[n_draws++] = (gen_draw){.s = s, .logits = e->logits + (size_t)b * V};
     }
+    if (st == CTRL_OK && n_draws > 0) st = draw_all(e, n_draws);
     for (int i = 0; i < e->n && st == CTRL_OK; i++) *active |= e->seqs[i].state != FINISHED;
     if (st == CTRL_OK && !*active) tidy(e); /* idle: nothing left behind */
     return st;

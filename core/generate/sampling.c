@@ -1,6 +1,10 @@
-/* Logits processing and seeded draws (see sampling.h). Probabilities are computed in double. */
+/* Logits processing and seeded draws (see sampling.h). Probabilities are summed in double, each
+ * exp taken in fp32 by the vectorisable ctrl_exp_approx (< 2 ulp): a large vocabulary makes these
+ * loops a real share of a decode step. */
 #include <math.h>
 #include <stdlib.h>
+
+#include <ctrl/exp_approx.h>
 
 #include "generate/sampling.h"
 
@@ -14,12 +18,17 @@ double ctrl_rng_uniform(ctrl_rng *r) {
     return (double)(z >> 11) * 0x1.0p-53;
 }
 
+/* exp(x) for a log-probability x <= 0 (-inf: 0, which the clamped approximation is not). */
+static inline float prob(float x) { return x == -INFINITY ? 0.0f : ctrl_exp_approx(x); }
+
 static double logsumexp(const float *l, int V) {
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
     if (mx == -INFINITY) return -INFINITY;
     double s = 0;
-    for (int i = 0; i < V; i++) s += exp((double)l[i] - mx);
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < V; i++) s += prob(l[i] - mx);
     return mx + log(s);
 }
 
@@ -43,7 +52,7 @@ static void top_p_filter(float *l, int V, float top_p) {
     const double lse = logsumexp(l, V);
     double cum = 0;
     for (int r = 0; r < V - 1; r++) {
-        cum += exp((double)l[idx[r]] - lse);
+        cum += prob((float)((double)l[idx[r]] - lse));
         if (cum <= 1.0 - top_p) l[idx[r]] = -INFINITY;
     }
     free(idx);
@@ -94,12 +103,23 @@ int32_t ctrl_sample(const ctrl_sampling_params *p, float *l, int V, const int32_
         for (int i = 1; i < V; i++)
             if (l[i] > l[tok]) tok = i;
     } else {
+        /* the inverse CDF: whole blocks of 256 summed (vectorised) until the one u falls in */
         const double u = ctrl_rng_uniform(rng);
         double cum = 0;
         tok = -1;
-        for (int i = 0; i < V; i++) {
+        int i0 = 0;
+        for (; i0 + 256 <= V; i0 += 256) {
+            double blk = 0;
+#pragma omp simd reduction(+ : blk)
+            for (int i = i0; i < i0 + 256; i++) blk += prob((float)((double)l[i] - lse));
+            if (u < cum + blk) break;
+            cum += blk;
+            for (int i = i0; i < i0 + 256; i++)
+                tok = l[i] == -INFINITY ? tok : i; /* the last possible so far */
+        }
+        for (int i = i0; i < V; i++) {
             if (l[i] == -INFINITY) continue;
-            cum += exp((double)l[i] - lse);
+            cum += prob((float)((double)l[i] - lse));
             tok = i;
             if (u < cum) break;
         }
