@@ -67,6 +67,13 @@ ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {
     if (e->prefix) ctrl_prefix_cache_reset(e->prefix, e->kv); /* its blocks go with the pool */
     ctrl_kv_cache_free(e->kv);
     e->kv = NULL, e->asleep = level;
+    if (level ==
+        2) { /* the step's scratch (logits of every running sequence) and the model's decode scratch */
+        free(e->batch), free(e->n_new), free(e->tokens), free(e->kvs), free(e->logits), free(e->draws);
+        e->batch = NULL, e->n_new = NULL, e->tokens = NULL, e->kvs = NULL, e->logits = NULL, e->draws = NULL;
+        e->scratch = 0, e->draws_cap = 0;
+        ctrl_model_release_decode_scratch(e->model);
+    }
     return CTRL_OK;
 }
 

@@ -64,9 +64,10 @@ ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_registry *reg
  * the CPU), kv_cache_dtype, block_size, max_num_seqs, max_num_batched_tokens. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);
 /* Co-located use between training phases: level 1 returns the KV pool's memory (cached prompts
- * are lost), level 2 also the engine's inference-only buffers (none beyond the pool on the CPU
- * yet); wake_up restores them. The model's weights are never copied: generation after wake_up
- * reads the weights as they are then. Generating while asleep is an error. */
+ * are lost), level 2 also the inference-only buffers (the engine's step scratch — the logits of
+ * every running sequence — and the model's decode scratch); wake_up restores the pool (the rest
+ * comes back on first use). The model's weights are never copied: generation after wake_up reads
+ * the weights as they are then. Generating while asleep is an error. */
 ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level);
 ctrl_status ctrl_engine_wake_up(ctrl_engine *e);
 void ctrl_engine_free(ctrl_engine *e);

@@ -80,6 +80,8 @@ void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memor
 /* The attention plugin decoding runs with (its paged_forward; the `paged` plugin): CTRL_ERR_PLUGIN
  * when `ops` has none. */
 ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops);
+/* Frees decoding's scratch (allocated again by the next decode); for the engine's sleep level 2. */
+void ctrl_model_release_decode_scratch(ctrl_model *m);
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m);
 /* Incremental decoding (model_decode.c): n_new[s] tokens of sequence s (flat in `tokens`, at
  * positions seqs[s]->len onwards) run through the model; their K/V are appended to the paged cache

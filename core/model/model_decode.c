@@ -82,6 +82,11 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
 
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m) { return m->paged; }
 
+void ctrl_model_release_decode_scratch(ctrl_model *m) {
+    free(m->dec_mem), free(m->dec_pos), free(m->dec_acts);
+    m->dec_mem = m->dec_out = NULL, m->dec_pos = NULL, m->dec_acts = NULL, m->dec_cap_T = 0;
+}
+
 /* Decoding keeps nothing for a backward pass, so one set of layer internals serves every layer
  * and the layer inputs take turns in two buffers: scratch for T tokens, a few layers' worth less
  * than the training activations, which it leaves untouched. */
