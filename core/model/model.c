@@ -106,7 +106,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
     free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh), free(m->bwd_mem),
-        free(m->rounded);
+        free(m->rounded), free(m->head_ws);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
 }
@@ -285,6 +285,16 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     return CTRL_OK;
 }
 
+/* *buf holding at least `bytes` (kept between steps: fresh pages every step cost page faults and
+ * zeroing); NULL when it cannot be had. */
+static void *grow(void **buf, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return *buf;
+    free(*buf);
+    *buf = malloc(bytes);
+    *cap = *buf ? bytes : 0;
+    return *buf;
+}
+
 /* The forward; with dlogp (a fused forward) the head's backward too: its parameter gradient
  * accumulated, dL/d(final norm output) kept in head_dh for ctrl_model_backward(m, NULL). */
 static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
@@ -292,8 +302,7 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
     const ctrl_model_config *c = &m->cfg;
     if (!m->attn)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
-    free(m->head_dh); /* a backward(NULL) needs this forward's */
-    m->head_dh = NULL;
+    m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
     ctrl_status st = check_batch(m, b);
     if (st == CTRL_OK) st = model_prepare_weights(m);
     if (st != CTRL_OK) return st;
@@ -337,19 +346,17 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
                          .C = C,
                          .V = c->vocab_size,
                          .temperature = m->temperature};
-    void *ws = malloc(dlogp ? ctrl_cpu_head_fused_workspace_bytes(&ha) : ctrl_cpu_head_workspace_bytes(&ha));
-    if (dlogp) m->head_dh = malloc(sizeof(float) * (size_t)T * C);
-    if (!ws || (dlogp && !m->head_dh)) {
-        free(ws);
+    void *ws = grow(&m->head_ws, &m->head_ws_bytes,
+                    dlogp ? ctrl_cpu_head_fused_workspace_bytes(&ha) : ctrl_cpu_head_workspace_bytes(&ha));
+    if (!ws || (dlogp && !grow((void **)&m->head_dh, &m->head_dh_bytes, sizeof(float) * (size_t)T * C)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
-    }
     if (dlogp)
         ctrl_cpu_head_forward_backward(&ha, dlogp, logp, m->head_ent, m->head_lse, correct, m->head_dh,
                                        m->grads + m->off_lm_head, ws);
     else
         ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, correct, ws);
+    m->head_dh_ready = dlogp != NULL;
     if (entropy) memcpy(entropy, m->head_ent, sizeof(float) * (size_t)T);
-    free(ws);
     return CTRL_OK;
 }
 
@@ -373,7 +380,7 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
     if (T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: backward without a forward");
-    if (!dlogp && !m->head_dh)
+    if (!dlogp && !m->head_dh_ready)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: backward without dL/dlogp after a forward that was not fused");
     const float *P = m->params;
@@ -382,14 +389,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
      * kept between steps (fresh pages every step cost page faults and zeroing). */
     const size_t wide = (size_t)T * (I > H * D ? I : H * D), per_T = 2 * (size_t)C + 2 * (size_t)HK * D,
                  floats = (size_t)T * per_T + 3 * wide;
-    if (floats > m->bwd_floats) {
-        free(m->bwd_mem);
-        m->bwd_mem = malloc(sizeof(float) * floats);
-        m->bwd_floats = m->bwd_mem ? floats : 0;
-    }
-    float *dres = m->bwd_mem, *dtmp = dres ? dres + (size_t)T * C : NULL,
-          *d1 = dtmp ? dtmp + (size_t)T * C : NULL, *d2 = d1 ? d1 + wide : NULL, *d3 = d2 ? d2 + wide : NULL,
-          *dk = d3 ? d3 + wide : NULL, *dv = dk ? dk + (size_t)T * HK * D : NULL;
+    float *dres = grow((void **)&m->bwd_mem, &m->bwd_bytes, sizeof(float) * floats),
+          *dtmp = dres ? dres + (size_t)T * C : NULL, *d1 = dtmp ? dtmp + (size_t)T * C : NULL,
+          *d2 = d1 ? d1 + wide : NULL, *d3 = d2 ? d2 + wide : NULL, *dk = d3 ? d3 + wide : NULL,
+          *dv = dk ? dk + (size_t)T * HK * D : NULL;
     ctrl_head_args ha = {.hidden = m->lnf,
                          .w = P + m->off_lm_head,
                          .targets = m->batch.targets,
@@ -397,7 +400,7 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
                          .C = C,
                          .V = c->vocab_size,
                          .temperature = m->temperature};
-    void *ws = dlogp ? malloc(ctrl_cpu_head_workspace_bytes(&ha)) : NULL;
+    void *ws = dlogp ? grow(&m->head_ws, &m->head_ws_bytes, ctrl_cpu_head_workspace_bytes(&ha)) : NULL;
     ctrl_status st = CTRL_OK;
     if (!dres || !dtmp || !d1 || !d2 || !d3 || !dk || !dv || (dlogp && !ws)) {
         st = ctrl_error_set(CTRL_ERR_NOMEM, "model: backward scratch for %d tokens", T);
@@ -463,6 +466,5 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     }
     ctrl_cpu_embedding_backward(G + m->off_embed, dres, m->batch.tokens, T, C);
 done:
-    free(ws);
     return st;
 }

@@ -39,9 +39,12 @@ struct ctrl_model {
     float *act_mem;
     layer_acts *acts;
     float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
-    float *head_dh; /* a fused forward's dL/d(final norm output) [T, C], for the backward */
-    float *bwd_mem; /* the backward's scratch, kept between steps */
-    size_t bwd_floats;
+    float *head_dh;    /* a fused forward's dL/d(final norm output) [T, C], for the backward */
+    int head_dh_ready; /* the last forward was fused */
+    /* scratch kept between steps (grown as needed): the head's, dL/d(head input), the backward's */
+    void *head_ws;
+    float *bwd_mem;
+    size_t head_ws_bytes, head_dh_bytes, bwd_bytes;
     ctrl_batch batch;
     int32_t *batch_mem;
     /* memory strategy (may be NULL) and which layers it recomputes */
