@@ -139,7 +139,8 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
  * four) and exp runs once per logit. The chunk is sized to FUSED_BUDGET floats, but at least
  * FUSED_MIN_TOKENS tokens (128 x 151,936 vocabulary: 74 MiB). */
 #define FUSED_BUDGET (8 << 20)
-#define FUSED_MIN_TOKENS 128 /* below, dW += dz^T h runs a short inner dimension (151k vocab: 0.83x at 55) */
+#define FUSED_MIN_TOKENS 128 /* below, dW += dz^T h runs a short inner dimension (151k vocab: 0.83x at 55)   \
+                              */
 
 static int fused_chunk_t(const ctrl_head_args *a) {
     int c = a->chunk_tokens > 0 ? a->chunk_tokens : FUSED_BUDGET / (a->V > 0 ? a->V : 1);

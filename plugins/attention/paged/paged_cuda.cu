@@ -18,7 +18,7 @@ extern "C" const ctrl_host *paged_host;
 
 namespace {
 
-constexpr int kMaxD = 128;          // head_dim up to this
+constexpr int kMaxD = 128;           // head_dim up to this
 constexpr int kPerLane = kMaxD / 32; // head_dim elements per lane
 
 __device__ __forceinline__ float load(const float *p, size_t i) { return p[i]; }
@@ -29,8 +29,7 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-template <typename C>
-__global__ void decode_kernel(ctrl_paged_attention_args a) {
+template <typename C> __global__ void decode_kernel(ctrl_paged_attention_args a) {
     const int t = blockIdx.x, kvh = blockIdx.y, g = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int D = a.head_dim, G = a.n_head / a.n_kv_head, h = kvh * G + g;
     if (g >= G) return;
@@ -47,8 +46,8 @@ __global__ void decode_kernel(ctrl_paged_attention_args a) {
     }
     float m = -INFINITY, l = 0.f;
     for (int j = lo; j <= pos; j++) {
-        const size_t row = ((size_t)table[j / a.block_size] * a.block_size + j % a.block_size) * slot +
-                           (size_t)kvh * D;
+        const size_t row =
+            ((size_t)table[j / a.block_size] * a.block_size + j % a.block_size) * slot + (size_t)kvh * D;
         float s = 0.f;
         for (int i = 0; i < kPerLane; i++) {
             const int d = lane + 32 * i;
