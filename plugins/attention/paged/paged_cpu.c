@@ -41,6 +41,8 @@ static inline size_t block_rows(const ctrl_paged_attention_args *a, const int32_
            (size_t)kvh * a->head_dim;
 }
 
+enum { RT = 16 }; /* K rows per transposed tile */
+
 CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int kvh, float *scores,
                                 float *buf) {
     const int D = a->head_dim, G = a->n_head / a->n_kv_head, pos = a->positions[t];
@@ -51,16 +53,27 @@ CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int k
     const int bf16 = a->cache_dtype == CTRL_BF16;
     const size_t elt = bf16 ? 2 : 4;
     const char *kc = a->k_cache, *vc = a->v_cache;
+    /* K rows go through a transposed tile kt[D][RT], so that each head's scores for RT rows are
+     * vertical multiply-adds (no horizontal sum per row) */
     for (int b = lo / a->block_size, j0, j1; b <= pos / a->block_size; b++) {
         const char *kr = kc + block_rows(a, table, b, kvh, lo, pos, &j0, &j1) * elt;
-        for (int j = j0; j <= j1; j++, kr += slot * elt) {
-            const float *k = row_f32(kr, bf16, buf, D);
+        for (int r0 = j0; r0 <= j1; r0 += RT) {
+            const int nr = j1 - r0 + 1 < RT ? j1 - r0 + 1 : RT;
+            for (int r = 0; r < RT; r++) {
+                const float *k =
+                    r < nr ? row_f32(kr + (size_t)(r0 - j0 + r) * slot * elt, bf16, buf + (size_t)RT * D, D)
+                           : NULL;
+                for (int i = 0; i < D; i++) buf[(size_t)i * RT + r] = k ? k[i] : 0.0f;
+            }
             for (int g = 0; g < G; g++) {
                 const float *qh = qg + (size_t)g * D;
-                float d = 0;
-#pragma omp simd reduction(+ : d)
-                for (int i = 0; i < D; i++) d += qh[i] * k[i];
-                scores[(size_t)g * n + j - lo] = d * a->scale;
+                float acc[RT] = {0};
+                for (int i = 0; i < D; i++) {
+                    const float qi = qh[i], *kt = buf + (size_t)i * RT;
+#pragma omp simd
+                    for (int r = 0; r < RT; r++) acc[r] += qi * kt[r];
+                }
+                for (int r = 0; r < nr; r++) scores[(size_t)g * n + r0 - lo + r] = acc[r] * a->scale;
             }
         }
     }
@@ -96,8 +109,8 @@ ctrl_status paged_cpu_forward(const ctrl_paged_attention_args *a) {
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *scores =
-            malloc(sizeof(float) * ((size_t)G * (size_t)(a->max_position + 1) + (size_t)a->head_dim));
+        float *scores = malloc(sizeof(float) *
+                               ((size_t)G * (size_t)(a->max_position + 1) + (size_t)(RT + 1) * a->head_dim));
         failed = scores == NULL;
 #pragma omp for schedule(dynamic, 8)
         for (long w = 0; w < (long)a->n_tokens * HK; w++)
