@@ -1,7 +1,7 @@
 /* Paged attention on the CPU: every (query token, kv head) pair in parallel; the query heads of a
  * GQA group read each cached K and V row once, block by block through the sequence's table (a bf16
- * cache row is widened to fp32 once for the group). Scores
- * of a group are materialised ([group, context]: decoding contexts are short next to T x T), each
+ * cache row is widened to fp32 once for the group; K rows go through a transposed tile). Scores of
+ * a group are materialised ([group, context]: decoding contexts are short next to T x T), each
  * head's softmax normalised up front, then applied to V. Built for AVX2+FMA as well as the
  * baseline, chosen at run time (decoding spends a third of its time here). */
 #include <math.h>
