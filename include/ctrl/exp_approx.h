@@ -1,7 +1,7 @@
 /* exp(x) for fp32 kernels, in the core and in plugins, in a form compilers vectorise (no libm
  * call, no branches): Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, Cephes' degree-6
  * polynomial for e^r, and 2^n built in the exponent bits. Relative error below 2 ulp over
- * [-87.3, 88.7]; inputs outside are clamped (so exp of a very negative x is ~1e-38, not 0 — for
+ * [-87.3, 88.37]; inputs outside are clamped (so exp of a very negative x is ~1e-38, not 0 — for
  * sums and scales, not for exact zeros). GCC vectorises loops over it with -fno-trapping-math (the
  * project builds with it), which lets it if-convert the clamps. */
 #ifndef CTRL_EXP_APPROX_H
@@ -12,7 +12,7 @@
 
 static inline float ctrl_exp_approx(float x) {
     x = x < -87.33654f ? -87.33654f : x;
-    x = x > 88.72283f ? 88.72283f : x;
+    x = x > 88.37626f ? 88.37626f : x; /* n <= 127: 2^n stays a finite float */
     /* n = round(x / ln2): adding and subtracting 1.5 * 2^23 rounds to the nearest integer */
     const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f;

@@ -142,6 +142,8 @@ printf '{"prompt": "1+1="}\n{"prompt": 7}\n' >"$TMP/badprompts.jsonl"
 grpo_ini bad3 grpo 1 | sed "s|^train_file = .*|train_file = $TMP/badprompts.jsonl|" >"$TMP/bad3.ini"
 out=$("${C[@]}" train "$TMP/bad3.ini" 2>&1) && bad "bad prompt row accepted" ||
   { echo "$out" | grep -q "badprompts.jsonl:2" && ok || bad "error does not name file:line: $out"; }
+out=$("${C[@]}" train "$TMP/grpo.ini" --set train.dtype=fp16 2>&1) && bad "fp16 on the CPU accepted" ||
+  { echo "$out" | grep -q "\[train\] dtype = fp16" && ok || bad "unclear error for fp16 on the CPU: $out"; }
 out=$("${C[@]}" train "$TMP/grpo.ini" --set generation.attention=flash 2>&1) && bad "flash accepted as the decoder" ||
   { echo "$out" | grep -q "no paged decoding" && ok || bad "unclear error for a decoder without paged decoding: $out"; }
 out=$("${C[@]}" train "$TMP/grpo.ini" --set generation.attention=nope 2>&1) && bad "unknown decoder accepted" ||
