@@ -73,7 +73,7 @@ ctrl_status ctrl_engine_wake_up(ctrl_engine *e);
 void ctrl_engine_free(ctrl_engine *e);
 /* Generates every request; outputs are laid out request by request, sample by sample
  * (sum of n entries). `progress` (may be NULL) is called after each step with tokens generated so
- * far. Counters of the last call: steps, preemptions, shared prompt blocks. */
+ * far. ctrl_engine_stats: steps, preemptions and shared prompt blocks since the engine was made. */
 ctrl_status ctrl_engine_generate(ctrl_engine *e, const ctrl_gen_request *reqs, int n_req,
                                  ctrl_gen_output *outs, void (*progress)(long generated, void *ctx),
                                  void *ctx);
