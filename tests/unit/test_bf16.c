@@ -70,16 +70,15 @@ TEST(gemm_sums_the_rounded_inputs_on_both_paths) {
         ctrl_cpu_gemm_bf16_nt(C, a, b, M, N, K, 0);
         /* the same sums in plain fp32 (the portable path's arithmetic; ctest also runs this file with
          * CTRL_NO_AVX512BF16=1, as test_bf16_portable) */
+        float *wa = malloc(sizeof(float) * (size_t)M * K), *wb = malloc(sizeof(float) * (size_t)N * K);
+        ctrl_cpu_bf16_to_f32(wa, a, (int64_t)M * K), ctrl_cpu_bf16_to_f32(wb, b, (int64_t)N * K);
         for (int i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
-                float acc = 0, x, y;
-                for (int k = 0; k < K; k++) {
-                    ctrl_cpu_bf16_to_f32(&x, &a[(size_t)i * K + k], 1),
-                        ctrl_cpu_bf16_to_f32(&y, &b[(size_t)j * K + k], 1);
-                    acc += x * y;
-                }
+                float acc = 0;
+                for (int k = 0; k < K; k++) acc += wa[(size_t)i * K + k] * wb[(size_t)j * K + k];
                 C2[(size_t)i * N + j] = acc;
             }
+        free(wa), free(wb);
         double worst = 0;
         for (int i = 0; i < M * N; i++) {
             worst = fmax(worst, fabs(C[i] - R[i]) / (fabs(R[i]) + 1e-3 * sqrt((double)K)));
