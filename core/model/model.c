@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/model_internal.h"
 
@@ -83,6 +84,16 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
         return ctrl_error_set(CTRL_ERR_PLUGIN,
                               "model: the attention plugin has no training forward/backward (`paged` only "
                               "decodes: use eager or flash)");
+    /* refused before anything is allocated: a shape no machine here could hold */
+    const uint64_t n = ctrl_model_config_param_count(cfg);
+    const double need = 4.0 * (double)n,
+                 have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (have > 0 && need > have)
+        return ctrl_error_set(
+            CTRL_ERR_NOMEM,
+            "model: %llu parameters need %.1f GiB of fp32 weights, more than this machine's "
+            "%.1f GiB of memory",
+            (unsigned long long)n, need / (1 << 30), have / (1 << 30));
     ctrl_model *m = calloc(1, sizeof *m);
     if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     m->cfg = *cfg;
@@ -90,12 +101,21 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
     m->temperature = 1.0f;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
+    m->cap_views = 3 + 14 * cfg->n_layers; /* every view a layer can have: layout never grows it */
+    m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
+    if (!m->layers || !m->acts || !m->views) {
+        ctrl_model_free(m);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate the layout of %d layers",
+                              cfg->n_layers);
+    }
     layout(m);
     m->params = calloc(m->n_params, sizeof(float));
     m->grads = calloc(m->n_params, sizeof(float));
-    if (!m->layers || !m->acts || !m->params || !m->grads) {
+    if (!m->params || !m->grads) {
+        const size_t n_params = m->n_params; /* read before the model is freed */
         ctrl_model_free(m);
-        return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate %zu parameters", m->n_params);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate %zu parameters and their gradients",
+                              n_params);
     }
     *out = m;
     return CTRL_OK;

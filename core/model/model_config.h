@@ -2,6 +2,8 @@
 #ifndef CTRL_CORE_MODEL_CONFIG_H
 #define CTRL_CORE_MODEL_CONFIG_H
 
+#include <stdint.h>
+
 #include <ctrl/status.h>
 
 #include "cpu/cpu_ops.h"
@@ -22,8 +24,23 @@ typedef struct ctrl_model_config {
     int bos_token_id, eos_token_id;
 } ctrl_model_config;
 
+/* What config.json may ask for (checked where read, each named in the error). The largest public
+ * decoders stay well inside: Llama-3.1-405B has hidden 16384, intermediate 53248, 126 layers, 128
+ * heads; vocabularies reach 256k. */
+#define CTRL_MODEL_MAX_HIDDEN 65536
+#define CTRL_MODEL_MAX_INTERMEDIATE 1048576
+#define CTRL_MODEL_MAX_LAYERS 1024
+#define CTRL_MODEL_MAX_HEADS 1024
+#define CTRL_MODEL_MAX_HEAD_DIM 1024      /* the RoPE tables keep head_dim / 2 frequencies on the stack */
+#define CTRL_MODEL_MAX_ATTN_WIDTH 1048576 /* num_attention_heads × head_dim */
+#define CTRL_MODEL_MAX_VOCAB 16777216
+#define CTRL_MODEL_MAX_POSITIONS 16777216
+#define CTRL_MODEL_MAX_PARAMS (1ull << 40) /* a shape bound; the memory check comes at allocation */
+
 /* Reads DIR/config.json (or a config.json path). Unknown architectures and missing required
  * fields are errors naming the file and the field. */
 ctrl_status ctrl_model_config_load(const char *path, ctrl_model_config *out);
+/* The number of parameters the shape lays out (64-bit: a checked config stays below 2^40). */
+uint64_t ctrl_model_config_param_count(const ctrl_model_config *c);
 
 #endif
