@@ -68,6 +68,7 @@ char *tok_nfc(const char *s, size_t n, size_t *out_n) {
     for (size_t i = 0; i < n && ascii; i++) ascii = (unsigned char)s[i] < 0x80;
     if (ascii) { /* NFC leaves ASCII unchanged */
         char *o = malloc(n + 1);
+        if (!o) return NULL;
         memcpy(o, s, n);
         o[n] = '\0';
         *out_n = n;
@@ -75,6 +76,7 @@ char *tok_nfc(const char *s, size_t n, size_t *out_n) {
     }
     /* Decode and decompose (each code point expands to at most 4: Hangul 3, tables fewer). */
     uint32_t *cps = malloc(sizeof(uint32_t) * (n * 4 + 1));
+    if (!cps) return NULL;
     size_t m = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp = tok_utf8_decode(s, n, &i);
@@ -120,6 +122,10 @@ char *tok_nfc(const char *s, size_t n, size_t *out_n) {
         cps[w++] = cp;
     }
     char *o = malloc(w * 4 + 1);
+    if (!o) {
+        free(cps);
+        return NULL;
+    }
     size_t k = 0;
     for (size_t i = 0; i < w; i++) k += tok_utf8_encode(cps[i], o + k);
     o[k] = '\0';

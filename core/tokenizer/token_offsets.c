@@ -38,6 +38,7 @@ size_t ctrl_tokenizer_normalized_offset(const ctrl_tokenizer *t, const char *tex
     if (!t->nfc) return at;
     size_t n;
     char *norm = tok_nfc(text, at, &n);
+    if (!norm) return at; /* out of memory: the unnormalized offset */
     free(norm);
     return n;
 }

@@ -197,6 +197,7 @@ ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, s
     }
     size_t cap = 64, k = 0;
     unsigned char *bytes = malloc(cap);
+    if (!bytes) return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
     for (size_t j = 0; j < n; j++) {
         if (ids[j] < 0 || ids[j] >= t->n_ids || !t->id_to_token[ids[j]])
             continue; /* unknown ids decode to nothing */
@@ -205,7 +206,12 @@ ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, s
         size_t tl = strlen(tok);
         if (k + tl * 4 + 4 > cap) {
             cap = (k + tl * 4 + 4) * 2;
-            bytes = realloc(bytes, cap);
+            unsigned char *p = realloc(bytes, cap);
+            if (!p) {
+                free(bytes);
+                return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
+            }
+            bytes = p;
         }
         /* Each character through the alphabet; a token with a character outside it is kept raw. */
         size_t start = k, i = 0;
@@ -226,6 +232,10 @@ ctrl_status ctrl_tokenizer_decode(const ctrl_tokenizer *t, const int32_t *ids, s
     }
     /* Lossy UTF-8: each maximal invalid prefix becomes U+FFFD. */
     char *out = malloc(k * 3 + 1);
+    if (!out) {
+        free(bytes);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
+    }
     size_t o = 0;
     for (size_t i = 0; i < k;) {
         size_t bad = 0, v = utf8_valid_len(bytes + i, k - i, &bad);

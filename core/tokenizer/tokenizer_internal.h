@@ -55,8 +55,8 @@ struct ctrl_tokenizer {
     char *path;
     /* the model */
     tok_map vocab;
-    char **id_to_token; /* by id */
-    int32_t n_ids;
+    char **id_to_token; /* by id: id_cap slots (vocabulary and added tokens), ids below n_ids used */
+    int32_t n_ids, id_cap;
     tok_pair_map merges;   /* (idA, idB) -> rank */
     int32_t *merge_result; /* by rank: the merged token's id */
     int ignore_merges;
@@ -116,6 +116,15 @@ int tok_find_added(const ctrl_tokenizer *t, const char *s, size_t n, size_t from
  * split out normalized added tokens, Metaspace, BPE. `at_start`: the segment begins the text. */
 ctrl_status tok_encode_sp(const ctrl_tokenizer *t, const char *s, size_t n, int at_start, int32_t **ids,
                           size_t *n_ids, size_t *cap);
+
+/* Ids from tokenizer.json, validated where they are read (tokenizer_ids.c): model.vocab (sizes
+ * id_to_token for it and n_added added tokens), added_tokens, a TemplateProcessing token's id. */
+struct cJSON;
+enum { TOK_MAX_IDS = 1 << 24 }; /* vocabulary ids are below this (the largest vocabularies: ~256k) */
+int tok_json_bool(const struct cJSON *o, const char *key, int fallback);
+ctrl_status tok_load_vocab(ctrl_tokenizer *t, const struct cJSON *vocab, int n_added);
+ctrl_status tok_load_added(ctrl_tokenizer *t, const struct cJSON *list);
+ctrl_status tok_template_token(const ctrl_tokenizer *t, const struct cJSON *p, const char *name, int32_t *id);
 
 /* Loading and applying decoders other than ByteLevel (decode_chain.c). */
 struct cJSON;

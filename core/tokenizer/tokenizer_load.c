@@ -27,41 +27,29 @@ static const char *json_str(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
-static int json_bool(const cJSON *o, const char *key, int fallback) {
+int tok_json_bool(const cJSON *o, const char *key, int fallback) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : fallback;
 }
 
-static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model) {
+static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model, int n_added) {
     const char *type = json_str(model, "type");
     if (!type || strcmp(type, "BPE") != 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)",
                               t->path, type ? type : "(none)");
-    t->byte_fallback = json_bool(model, "byte_fallback", 0);
-    t->fuse_unk = json_bool(model, "fuse_unk", 0);
+    t->byte_fallback = tok_json_bool(model, "byte_fallback", 0);
+    t->fuse_unk = tok_json_bool(model, "fuse_unk", 0);
     const char *prefix = json_str(model, "continuing_subword_prefix"),
                *suffix = json_str(model, "end_of_word_suffix");
     if ((prefix && prefix[0]) || (suffix && suffix[0]))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: BPE subword prefixes/suffixes are not supported",
                               t->path);
-    t->ignore_merges = json_bool(model, "ignore_merges", 0);
+    t->ignore_merges = tok_json_bool(model, "ignore_merges", 0);
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!cJSON_IsObject(vocab))
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: model.vocab is not an object", t->path);
-    int n = cJSON_GetArraySize(vocab);
-    if (tok_map_init(&t->vocab, (size_t)n + 1024) != 0)
-        return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: vocabulary");
-    int32_t max_id = -1;
-    for (const cJSON *e = vocab->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e8)
-            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: vocab entry '%s' has no valid id", t->path,
-                                  e->string);
-        int32_t id = (int32_t)e->valuedouble;
-        if (tok_map_put(&t->vocab, e->string, strlen(e->string), id) != 0)
-            return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: vocabulary");
-        if (id > max_id) max_id = id;
-    }
-    t->n_ids = max_id + 1;
+    ctrl_status st = tok_load_vocab(t, vocab, n_added);
+    if (st != CTRL_OK) return st;
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (!cJSON_IsArray(merges))
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: model.merges is not an array", t->path);
@@ -181,7 +169,7 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
     if (type && !strcmp(type, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const char *re = json_str(pat, "Regex"), *behavior = json_str(p, "behavior");
-        if (!re || !behavior || strcmp(behavior, "Isolated") != 0 || json_bool(p, "invert", 0))
+        if (!re || !behavior || strcmp(behavior, "Isolated") != 0 || tok_json_bool(p, "invert", 0))
             return ctrl_error_set(
                 CTRL_ERR_UNSUPPORTED,
                 "%s: Split pre-tokenizer: only a Regex pattern with behavior Isolated is supported", t->path);
@@ -192,11 +180,11 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
         return tok_load_meta(t, p, &t->meta_prepend, &t->meta_split, t->meta);
     }
     if (type && !strcmp(type, "ByteLevel")) {
-        if (json_bool(p, "add_prefix_space", 0))
+        if (tok_json_bool(p, "add_prefix_space", 0))
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                                   "%s: ByteLevel add_prefix_space = true is not supported yet", t->path);
         t->byte_level = 1;
-        return json_bool(p, "use_regex", 1) ? compile_split(t, GPT2_PATTERN) : CTRL_OK;
+        return tok_json_bool(p, "use_regex", 1) ? compile_split(t, GPT2_PATTERN) : CTRL_OK;
     }
     return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                           "%s: pre-tokenizer '%s' is not supported (Split, ByteLevel, Metaspace)", t->path,
@@ -223,7 +211,7 @@ ctrl_status tok_load_meta(const ctrl_tokenizer *t, const cJSON *p, int *scheme, 
                                   "%s: Metaspace add_prefix_space does not match declared prepend_scheme",
                                   t->path);
     }
-    *split = json_bool(p, "split", 1);
+    *split = tok_json_bool(p, "split", 1);
     return CTRL_OK;
 }
 
@@ -256,13 +244,9 @@ static ctrl_status load_post_processor(ctrl_tokenizer *t, const cJSON *p) {
             if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) {
                 seen_seq = 1;
             } else if (sp && !seen_seq) {
-                const char *id = json_str(sp, "id");
-                int32_t v = id ? tok_map_get(&t->vocab, id, strlen(id)) : -1;
-                for (int i = 0; v < 0 && id && i < t->n_added; i++)
-                    if (!strcmp(t->added[i].content, id)) v = t->added[i].id;
-                if (v < 0)
-                    return ctrl_error_set(CTRL_ERR_FORMAT, "%s: post-processor token '%s' is unknown",
-                                          t->path, id);
+                int32_t v;
+                ctrl_status st = tok_template_token(t, p, json_str(sp, "id"), &v);
+                if (st != CTRL_OK) return st;
                 t->add_bos = 1, t->bos_id = v;
             } else {
                 return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -274,26 +258,6 @@ static ctrl_status load_post_processor(ctrl_tokenizer *t, const cJSON *p) {
     }
     return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: post-processor '%s' is not supported", t->path,
                           type ? type : "?");
-}
-
-static ctrl_status load_added(ctrl_tokenizer *t, const cJSON *list) {
-    int n = cJSON_GetArraySize(list);
-    t->added = calloc((size_t)(n ? n : 1), sizeof *t->added);
-    for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        const char *content = json_str(e, "content");
-        if (!cJSON_IsNumber(id) || !content || !content[0])
-            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: an added token lacks id or content", t->path);
-        tok_added *a = &t->added[t->n_added++];
-        a->content = strdup(content);
-        a->len = strlen(content);
-        a->id = (int32_t)id->valuedouble;
-        a->special = json_bool(e, "special", 0), a->lstrip = json_bool(e, "lstrip", 0);
-        a->rstrip = json_bool(e, "rstrip", 0), a->normalized = json_bool(e, "normalized", 0);
-        a->single_word = json_bool(e, "single_word", 0);
-        if (a->id + 1 > t->n_ids) t->n_ids = a->id + 1;
-    }
-    return CTRL_OK;
 }
 
 /* After the normalizer is known: normalized=true tokens of SentencePiece-style models are matched
@@ -318,11 +282,21 @@ static ctrl_status index_added(ctrl_tokenizer *t) {
     return CTRL_OK;
 }
 
-/* bos_token etc. are strings or {"content": ...}. */
-static int32_t config_token(const ctrl_tokenizer *t, const cJSON *cfg, const char *key) {
+/* bos_token etc. are absent, null, strings or {"content": ...}; a token they name must exist
+ * (a missing eos_token would silently never end generation). */
+static ctrl_status config_token(const ctrl_tokenizer *t, const char *path, const cJSON *cfg, const char *key,
+                                int32_t *id) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    *id = -1;
+    if (!v || cJSON_IsNull(v)) return CTRL_OK;
     const char *s = cJSON_IsString(v) ? v->valuestring : json_str(v, "content");
-    return s ? ctrl_tokenizer_token_to_id(t, s) : -1;
+    if (!s)
+        return ctrl_error_set(CTRL_ERR_FORMAT,
+                              "%s: %s is neither a string nor an object with a string content", path, key);
+    *id = ctrl_tokenizer_token_to_id(t, s);
+    if (*id < 0)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: %s '%s' is not a token of %s", path, key, s, t->path);
+    return CTRL_OK;
 }
 
 static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
@@ -339,11 +313,19 @@ static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
         cJSON_Delete(cfg);
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", path);
     }
-    int32_t bos = config_token(t, cfg, "bos_token");
+    int32_t bos;
+    st = config_token(t, path, cfg, "bos_token", &bos);
+    if (st == CTRL_OK) st = config_token(t, path, cfg, "eos_token", &t->eos_id);
+    if (st == CTRL_OK) st = config_token(t, path, cfg, "pad_token", &t->pad_id);
     if (bos >= 0 && !t->add_bos) t->bos_id = bos;
-    t->eos_id = config_token(t, cfg, "eos_token");
-    t->pad_id = config_token(t, cfg, "pad_token");
     const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
+    if (st == CTRL_OK && tmpl && !cJSON_IsNull(tmpl) && !cJSON_IsString(tmpl) && !cJSON_IsArray(tmpl))
+        st = ctrl_error_set(CTRL_ERR_FORMAT,
+                            "%s: chat_template is neither a string nor a list of {name, template}", path);
+    if (st != CTRL_OK) {
+        cJSON_Delete(cfg);
+        return st;
+    }
     if (cJSON_IsString(tmpl)) t->chat_template = strdup(tmpl->valuestring);
     for (const cJSON *e = cJSON_IsArray(tmpl) ? tmpl->child : NULL; e && !t->chat_template; e = e->next) {
         const char *name = json_str(e, "name"), *body = json_str(e, "template");
@@ -375,7 +357,11 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
     cJSON *root = cJSON_Parse(text);
     free(text);
     ctrl_tokenizer *t = calloc(1, sizeof *t);
-    t->path = strdup(file);
+    if (!t || !(t->path = strdup(file))) {
+        cJSON_Delete(root);
+        free(t);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
+    }
     t->bos_id = t->eos_id = t->pad_id = t->unk_id = -1;
     byte_alphabet(t);
     if (!cJSON_IsObject(root)) {
@@ -383,10 +369,12 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
                             file);
     } else {
         const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-        st = model ? load_model(t, model) : ctrl_error_set(CTRL_ERR_FORMAT, "%s: no model", file);
+        const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+        st = model ? load_model(t, model, cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0)
+                   : ctrl_error_set(CTRL_ERR_FORMAT, "%s: no model", file);
         const char *unk = st == CTRL_OK ? json_str(model, "unk_token") : NULL;
         if (unk) t->unk_id = tok_map_get(&t->vocab, unk, strlen(unk)), t->unk_missing = t->unk_id < 0;
-        if (st == CTRL_OK) st = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+        if (st == CTRL_OK) st = tok_load_added(t, added);
         if (st == CTRL_OK) st = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
         if (st == CTRL_OK)
             st = load_pre_tokenizer(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
@@ -417,11 +405,6 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
     }
     cJSON_Delete(root);
     if (st == CTRL_OK) {
-        t->id_to_token = calloc((size_t)t->n_ids, sizeof *t->id_to_token);
-        for (size_t i = 0; i < t->vocab.cap; i++)
-            if (t->vocab.keys[i] && t->vocab.values[i] < t->n_ids)
-                t->id_to_token[t->vocab.values[i]] = t->vocab.keys[i];
-        for (int i = 0; i < t->n_added; i++) t->id_to_token[t->added[i].id] = t->added[i].content;
         for (int b = 0; b < 256; b++) { /* byte-fallback tokens <0x00>..<0xFF> */
             char name[8];
             snprintf(name, sizeof name, "<0x%02X>", b);

@@ -11,3 +11,6 @@ set_tests_properties(test_tokenizer_parity PROPERTIES LABELS parity SKIP_RETURN_
 
 # SentencePiece-style variants of the tiny tokenizer (edits + expected ids/texts in tiny_sp_variants.jsonl).
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_sp_variants.c parity)
+
+# Ids from untrusted tokenizer.json / tokenizer_config.json: each bad one refused where it is read.
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_ids.c unit)

@@ -6,68 +6,53 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "tokenizer/tok_files.h"
 #include "tokenizer/tokenizer.h"
-
-static const char *write_json(const char *name, const char *text) {
-    static char path[256];
-    const char *dir = test_tmp_dir();
-    if (!dir) return NULL;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
 
 #define BYTE_LEVEL "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}"
 
-static void expect_error(const char *name, const char *json, ctrl_status status, const char *needle) {
-    const char *path = write_json(name, json);
-    ctrl_tokenizer *t = NULL;
-    ctrl_status st = ctrl_tokenizer_load(path, &t);
-    CHECK_MSG(st == status, "%s: %s (%s)", name, ctrl_status_name(st), ctrl_error_message());
-    CHECK(t == NULL);
-    CHECK_CONTAINS(ctrl_error_message(), name);
-    CHECK_CONTAINS(ctrl_error_message(), needle);
-    ctrl_tokenizer_free(t);
-}
-
 TEST(malformed_and_unsupported_files) {
-    expect_error("truncated.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0", CTRL_ERR_FORMAT,
-                 "not a JSON object");
-    expect_error("no_model.json", "{\"added_tokens\": []}", CTRL_ERR_FORMAT, "no model");
-    expect_error("wordpiece.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}",
-                 CTRL_ERR_UNSUPPORTED, "'WordPiece' is not supported");
-    expect_error("unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", CTRL_ERR_UNSUPPORTED,
-                 "'Unigram'");
-    expect_error("bad_vocab.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": [1, 2], \"merges\": []}}",
-                 CTRL_ERR_FORMAT, "vocab is not an object");
-    expect_error("bad_id.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}",
-                 CTRL_ERR_FORMAT, "'a' has no valid id");
-    expect_error("bad_merge.json",
-                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"ab\"]}}",
-                 CTRL_ERR_FORMAT, "is not 'a b'");
-    expect_error("merge_unknown.json",
-                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
-                 CTRL_ERR_FORMAT, "missing from the vocabulary");
-    expect_error("bad_regex.json",
-                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": "
-                 "{\"type\": \"Split\", "
-                 "\"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
-                 CTRL_ERR_FORMAT, "regex");
-    expect_error("normalizer.json",
-                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"normalizer\": {\"type\": "
-                 "\"NFKD\"}, " BYTE_LEVEL "}",
-                 CTRL_ERR_UNSUPPORTED, "'NFKD'");
-    expect_error("no_byte_level.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
-                 CTRL_ERR_UNSUPPORTED, "byte-level");
-    expect_error("bad_added.json",
-                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"added_tokens\": "
-                 "[{\"id\": 3}], " BYTE_LEVEL "}",
-                 CTRL_ERR_FORMAT, "added token");
-    expect_error("three_part_merge.json",
-                 "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b c\"]}}",
-                 CTRL_ERR_FORMAT, "is not 'a b'");
+    tok_expect_load_error("truncated.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0",
+                          CTRL_ERR_FORMAT, "not a JSON object");
+    tok_expect_load_error("no_model.json", "{\"added_tokens\": []}", CTRL_ERR_FORMAT, "no model");
+    tok_expect_load_error("wordpiece.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}",
+                          CTRL_ERR_UNSUPPORTED, "'WordPiece' is not supported");
+    tok_expect_load_error("unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}",
+                          CTRL_ERR_UNSUPPORTED, "'Unigram'");
+    tok_expect_load_error("bad_vocab.json",
+                          "{\"model\": {\"type\": \"BPE\", \"vocab\": [1, 2], \"merges\": []}}",
+                          CTRL_ERR_FORMAT, "vocab is not an object");
+    tok_expect_load_error("bad_id.json",
+                          "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}",
+                          CTRL_ERR_FORMAT, "'a' has no valid id");
+    tok_expect_load_error("bad_merge.json",
+                          "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"ab\"]}}",
+                          CTRL_ERR_FORMAT, "is not 'a b'");
+    tok_expect_load_error(
+        "merge_unknown.json",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
+        CTRL_ERR_FORMAT, "missing from the vocabulary");
+    tok_expect_load_error(
+        "bad_regex.json",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"pre_tokenizer\": "
+        "{\"type\": \"Split\", "
+        "\"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\", \"invert\": false}}",
+        CTRL_ERR_FORMAT, "regex");
+    tok_expect_load_error(
+        "normalizer.json",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"normalizer\": {\"type\": "
+        "\"NFKD\"}, " BYTE_LEVEL "}",
+        CTRL_ERR_UNSUPPORTED, "'NFKD'");
+    tok_expect_load_error("no_byte_level.json",
+                          "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+                          CTRL_ERR_UNSUPPORTED, "byte-level");
+    tok_expect_load_error("bad_added.json",
+                          "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"added_tokens\": "
+                          "[{\"id\": 3}], " BYTE_LEVEL "}",
+                          CTRL_ERR_FORMAT, "added token");
+    tok_expect_load_error("three_part_merge.json",
+                          "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b c\"]}}",
+                          CTRL_ERR_FORMAT, "is not 'a b'");
     ctrl_tokenizer *t = NULL;
     CHECK_EQ_INT(ctrl_tokenizer_load("/nonexistent/tokenizer.json", &t), CTRL_ERR_IO);
     CHECK_CONTAINS(ctrl_error_message(), "/nonexistent/tokenizer.json");
@@ -83,47 +68,51 @@ TEST(malformed_and_unsupported_files) {
     "\"\u2581\"}]}"
 
 TEST(sentencepiece_style_errors) {
-    expect_error(
+    tok_expect_load_error(
         "regex_replace.json",
         SP_MODEL
         "\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \"x\"}}",
         CTRL_ERR_UNSUPPORTED, "normalizer Replace: only a literal String pattern");
-    expect_error("nfkc.json", SP_MODEL "\"normalizer\": {\"type\": \"NFKC\"}}", CTRL_ERR_UNSUPPORTED,
-                 "'NFKC'");
-    expect_error("wordpiece_decoder.json", SP_MODEL SP_NORMALIZER ", \"decoder\": {\"type\": \"WordPiece\"}}",
-                 CTRL_ERR_UNSUPPORTED, "decoder 'WordPiece' is not supported");
-    expect_error("regex_decoder.json",
-                 SP_MODEL SP_NORMALIZER
-                 ", \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": "
-                 "\"Replace\", \"pattern\": {\"Regex\": \"x\"}, \"content\": \" \"}]}}",
-                 CTRL_ERR_UNSUPPORTED, "decoder Replace");
-    expect_error("bad_strip.json",
-                 SP_MODEL SP_NORMALIZER
-                 ", \"decoder\": {\"type\": \"Strip\", \"content\": \"ab\", \"start\": 1, \"stop\": 0}}",
-                 CTRL_ERR_FORMAT, "Strip");
-    expect_error("bad_scheme.json",
-                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
-                          "\"prepend_scheme\": \"sometimes\"}}",
-                 CTRL_ERR_FORMAT, "prepend_scheme 'sometimes'");
-    expect_error("contradiction.json",
-                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
-                          "\"add_prefix_space\": false, \"prepend_scheme\": \"always\"}}",
-                 CTRL_ERR_FORMAT, "add_prefix_space");
-    expect_error("long_replacement.json",
-                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"__\"}}",
-                 CTRL_ERR_FORMAT, "one-character replacement");
-    expect_error("split_without_byte_level.json",
-                 SP_MODEL "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, "
+    tok_expect_load_error("nfkc.json", SP_MODEL "\"normalizer\": {\"type\": \"NFKC\"}}", CTRL_ERR_UNSUPPORTED,
+                          "'NFKC'");
+    tok_expect_load_error("wordpiece_decoder.json",
+                          SP_MODEL SP_NORMALIZER ", \"decoder\": {\"type\": \"WordPiece\"}}",
+                          CTRL_ERR_UNSUPPORTED, "decoder 'WordPiece' is not supported");
+    tok_expect_load_error("regex_decoder.json",
+                          SP_MODEL SP_NORMALIZER
+                          ", \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": "
+                          "\"Replace\", \"pattern\": {\"Regex\": \"x\"}, \"content\": \" \"}]}}",
+                          CTRL_ERR_UNSUPPORTED, "decoder Replace");
+    tok_expect_load_error(
+        "bad_strip.json",
+        SP_MODEL SP_NORMALIZER
+        ", \"decoder\": {\"type\": \"Strip\", \"content\": \"ab\", \"start\": 1, \"stop\": 0}}",
+        CTRL_ERR_FORMAT, "Strip");
+    tok_expect_load_error("bad_scheme.json",
+                          SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
+                                   "\"prepend_scheme\": \"sometimes\"}}",
+                          CTRL_ERR_FORMAT, "prepend_scheme 'sometimes'");
+    tok_expect_load_error("contradiction.json",
+                          SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
+                                   "\"add_prefix_space\": false, \"prepend_scheme\": \"always\"}}",
+                          CTRL_ERR_FORMAT, "add_prefix_space");
+    tok_expect_load_error("long_replacement.json",
+                          SP_MODEL "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"__\"}}",
+                          CTRL_ERR_FORMAT, "one-character replacement");
+    tok_expect_load_error("split_without_byte_level.json",
+                          SP_MODEL
+                          "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, "
                           "\"behavior\": \"Isolated\", \"invert\": false}}",
-                 CTRL_ERR_UNSUPPORTED, "Split pre-tokenizer without ByteLevel");
-    expect_error("byte_level_metaspace.json",
-                 SP_MODEL BYTE_LEVEL ", \"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"_\"}}",
-                 CTRL_ERR_UNSUPPORTED, "ByteLevel");
+                          CTRL_ERR_UNSUPPORTED, "Split pre-tokenizer without ByteLevel");
+    tok_expect_load_error("byte_level_metaspace.json",
+                          SP_MODEL BYTE_LEVEL
+                          ", \"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"_\"}}",
+                          CTRL_ERR_UNSUPPORTED, "ByteLevel");
     /* unk_token naming no vocabulary entry: an error when a character needs it (as the library's
      * UnkTokenOutOfVocabulary), none before */
-    const char *path =
-        write_json("unk_missing.json", "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": "
-                                       "{\"a\": 0}, \"merges\": []}, " SP_NORMALIZER "}");
+    const char *path = tok_write_file("unk_missing.json",
+                                      "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": "
+                                      "{\"a\": 0}, \"merges\": []}, " SP_NORMALIZER "}");
     ctrl_tokenizer *t = NULL;
     CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
     int32_t *ids = NULL;
