@@ -1,0 +1,14 @@
+/* Which kind of trainer a plugin is (see kind.h). */
+#include "train/kind.h"
+
+ctrl_status train_kind_for(const ctrl_trainer_ops *ops, const char *trainer_name,
+                           const train_kind_ops **out) {
+    if (ops->size >= sizeof(ctrl_trainer_ops) && ops->advantages && ops->online_spec)
+        *out = &train_kind_online;
+    else if (ops->loss)
+        *out = &train_kind_token;
+    else
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "trainer '%s' has no loss the core loop can run",
+                              trainer_name);
+    return CTRL_OK;
+}

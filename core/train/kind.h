@@ -1,0 +1,91 @@
+/* Kinds of trainer: what the shared step loop (train_loop.c) asks of each. The loop owns the
+ * schedule, gradient accumulation's bookkeeping, clipping, the optimizer, health checks,
+ * checkpoints, the metrics file and the evaluation cadence; a kind owns its rows (what an epoch
+ * iterates over), how one optimizer step's gradients are accumulated from them, its evaluation
+ * and its metric names. A trainer plugin's ops decide its kind (train_kind_for):
+ *
+ *   token     (kind_token.c)  offline, token-level: SFT. Rows are tokenized examples; the plugin's
+ *                             `loss` turns per-token log-probs into the loss and dL/dlogp.
+ *   online    (kind_online.c) GRPO, RLOO: rows are prompts; generation batches are sampled from the
+ *                             live weights, scored by the reward set, turned into advantages by the
+ *                             plugin, then trained on as token-level micro-batches (online_loop.c).
+ *   sequence  (to come, issue 16: DPO, KTO, reward models) offline, sequence-level: rows are
+ *                             preference pairs or labelled completions; the plugin's loss sees one
+ *                             number per sequence (ctrl_sequence_batch in <ctrl/trainer.h>) and
+ *                             the kind spreads dL/dsequence back over each sequence's tokens.
+ *
+ * Adding a kind is a new kind_*.c with a train_kind_ops and a line in train_kind_for; the loop
+ * does not change. */
+#ifndef CTRL_CORE_TRAIN_KIND_H
+#define CTRL_CORE_TRAIN_KIND_H
+
+#include <stdio.h>
+
+#include <ctrl/trainer.h>
+
+#include "registry.h"
+#include "tokenizer/tokenizer.h"
+#include "train/compute.h"
+
+/* What a kind is made from (owned by the loop, alive as long as the kind). */
+typedef struct train_kind_env {
+    const ctrl_config *cfg;
+    const ctrl_registry *reg;
+    ctrl_model *model;
+    const train_compute *compute;
+    const ctrl_tokenizer *tok;
+    const ctrl_trainer_ops *trainer_ops;
+    ctrl_trainer *trainer;
+} train_kind_env;
+
+/* One optimizer step as a kind reports it (the loop adds the gradient norm). */
+typedef struct train_step_stats {
+    double loss;     /* the step's loss (summed over its micro-batches' shares) */
+    double accuracy; /* token accuracy and entropy over the trained tokens (0 where not measured) */
+    double entropy;
+    long tokens;  /* what TRL's num_tokens counts for this step */
+    long trained; /* trained targets */
+} train_step_stats;
+
+/* The logging window's means, for a kind's metrics line. */
+typedef struct train_window {
+    long step, total;
+    double loss, grad_norm, learning_rate, entropy, accuracy, tokens_per_second;
+} train_window;
+
+typedef struct train_kind train_kind; /* a kind's own state */
+
+typedef struct train_kind_ops {
+    const char *name;
+    ctrl_status (*create)(const train_kind_env *env, train_kind **out);
+    void (*destroy)(train_kind *k);
+    /* The rows an epoch iterates over, and how many one optimizer step of bs x ga consumes. */
+    int (*row_count)(const train_kind *k);
+    long (*rows_per_step)(const train_kind *k, int bs, int ga);
+    /* The "training: ..." line. */
+    void (*describe)(const train_kind *k, long total_steps, int bs, int ga, size_t n_params);
+    /* One optimizer step's gradients, into the model's (zeroed) gradient buffers: ga micro-batches
+     * of bs taking rows order[*cursor % row_count ...] (advancing *cursor). */
+    ctrl_status (*accumulate)(train_kind *k, const int *order, long *cursor, int bs, int ga,
+                              train_step_stats *out);
+    /* After each optimizer step (may be NULL). */
+    ctrl_status (*after_step)(train_kind *k);
+    /* The wall time of the whole step just done (may be NULL: not logged). */
+    void (*step_time)(train_kind *k, double seconds);
+    /* Writes the window's metrics as JSON members ("loss": ..., ...) between the loop's "step"
+     * and "num_tokens", and the terminal's progress line when stderr is not a terminal. */
+    void (*log_window)(train_kind *k, const train_window *w, FILE *metrics);
+    /* Evaluation: has_eval says whether there is anything to evaluate; evaluate writes its own
+     * metrics line for `step`. eval_at_start: also before the first step (RL's "before"). */
+    int (*has_eval)(const train_kind *k);
+    ctrl_status (*evaluate)(train_kind *k, long step, FILE *metrics);
+    int eval_at_start;
+} train_kind_ops;
+
+extern const train_kind_ops train_kind_token;
+extern const train_kind_ops train_kind_online;
+
+/* The kind a trainer plugin's ops call for (an error naming the trainer when none fits). */
+ctrl_status train_kind_for(const ctrl_trainer_ops *ops, const char *trainer_name, const train_kind_ops **out);
+
+#endif

@@ -1,0 +1,98 @@
+/* The online kind (GRPO, RLOO; see kind.h): rows are prompts; online_loop.c generates, scores and
+ * trains on the generation batches. */
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "train/kind.h"
+#include "train/online.h"
+
+struct train_kind {
+    ctrl_online *online;
+    ctrl_online_spec spec;
+};
+
+static void online_destroy(train_kind *k) {
+    if (!k) return;
+    ctrl_online_free(k->online);
+    free(k);
+}
+
+static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
+    if (!train_compute_on_host(env->compute))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[run] trainer = %s: online trainers run on the CPU so far "
+                              "(set [run] device = cpu)",
+                              ctrl_config_get_string(env->cfg, "run", "trainer"));
+    train_kind *k = calloc(1, sizeof *k);
+    if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    k->spec.size = sizeof k->spec;
+    ctrl_status st = env->trainer_ops->online_spec(env->trainer, &k->spec);
+    if (st == CTRL_OK)
+        st = ctrl_online_create(env->cfg, env->reg, env->model, env->tok, env->trainer_ops, env->trainer,
+                                &k->online);
+    if (st != CTRL_OK) {
+        online_destroy(k);
+        return st;
+    }
+    *out = k;
+    return CTRL_OK;
+}
+
+static int online_rows(const train_kind *k) { return ctrl_online_prompt_count(k->online); }
+
+/* A step consumes bs x ga completions: bs x ga / (num_generations x num_iterations) prompts. */
+static long online_rows_per_step(const train_kind *k, int bs, int ga) {
+    const long rows = (long)bs * ga / ((long)k->spec.num_generations * k->spec.num_iterations);
+    return rows < 1 ? 1 : rows;
+}
+
+static void online_describe(const train_kind *k, long total, int bs, int ga, size_t n_params) {
+    CTRL_INFO("training: %d prompts, %ld steps of %d x %d completions, %zu parameters", online_rows(k), total,
+              bs, ga, n_params);
+}
+
+static ctrl_status online_accumulate(train_kind *k, const int *order, long *cursor, int bs, int ga,
+                                     train_step_stats *out) {
+    return ctrl_online_accumulate(k->online, order, cursor, bs, ga, &out->loss, &out->tokens);
+}
+
+static ctrl_status online_after_step(train_kind *k) { return ctrl_online_after_step(k->online); }
+
+static void online_step_time(train_kind *k, double seconds) {
+    ctrl_online_report(k->online, "step_time", seconds); /* as TRL logs it */
+}
+
+/* TRL's online metrics come from the trainer and the generation batches. */
+static void online_log_window(train_kind *k, const train_window *w, FILE *f) {
+    fprintf(f, "\"loss\": %.6g, \"grad_norm\": %.6f, \"learning_rate\": %.6g, ", w->loss, w->grad_norm,
+            w->learning_rate);
+    ctrl_online_log_window(k->online, f);
+    if (!isatty(fileno(stderr)))
+        fprintf(stderr, "step %ld/%ld  loss %.4g  grad_norm %.3f  lr %.3g  %.0f tok/s\n", w->step, w->total,
+                w->loss, w->grad_norm, w->learning_rate, w->tokens_per_second);
+}
+
+static int online_has_eval(const train_kind *k) {
+    (void)k;
+    return 1; /* ctrl_online_evaluate writes nothing without eval prompts */
+}
+
+static ctrl_status online_evaluate(train_kind *k, long step, FILE *f) {
+    return ctrl_online_evaluate(k->online, step, f);
+}
+
+const train_kind_ops train_kind_online = {
+    .name = "online",
+    .create = online_create,
+    .destroy = online_destroy,
+    .row_count = online_rows,
+    .rows_per_step = online_rows_per_step,
+    .describe = online_describe,
+    .accumulate = online_accumulate,
+    .after_step = online_after_step,
+    .step_time = online_step_time,
+    .log_window = online_log_window,
+    .has_eval = online_has_eval,
+    .evaluate = online_evaluate,
+    .eval_at_start = 1,
+};

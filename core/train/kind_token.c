@@ -1,0 +1,184 @@
+/* The offline token-level kind (SFT; see kind.h): tokenized examples laid out as flat
+ * micro-batches, the loss normalised over the trained tokens of the whole accumulated batch
+ * (TRL's num_items_in_batch), token accuracy and entropy as TRL's SFTTrainer logs them, and a
+ * teacher-forced evaluation. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/kind.h"
+#include "train/train.h"
+
+struct train_kind {
+    const ctrl_trainer_ops *ops;
+    ctrl_trainer *trainer;
+    const train_compute *compute;
+    ctrl_dataset train, eval;
+    int eval_bs;
+};
+
+static void token_destroy(train_kind *k) {
+    if (!k) return;
+    ctrl_dataset_free(&k->train);
+    ctrl_dataset_free(&k->eval);
+    free(k);
+}
+
+static ctrl_status token_create(const train_kind_env *env, train_kind **out) {
+    train_kind *k = calloc(1, sizeof *k);
+    if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    k->ops = env->trainer_ops, k->trainer = env->trainer, k->compute = env->compute;
+    k->eval_bs = (int)ctrl_config_get_int(env->cfg, "train", "per_device_eval_batch_size", 8);
+    ctrl_status st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
+    if (st != CTRL_OK) {
+        token_destroy(k);
+        return st;
+    }
+    *out = k;
+    return CTRL_OK;
+}
+
+static int token_rows(const train_kind *k) { return k->train.n; }
+static long token_rows_per_step(const train_kind *k, int bs, int ga) {
+    (void)k;
+    return (long)bs * ga;
+}
+
+static void token_describe(const train_kind *k, long total, int bs, int ga, size_t n_params) {
+    CTRL_INFO("training: %d examples%s (%ld dropped without a trained token, %ld truncated), %ld steps "
+              "of %d x %d, %zu parameters",
+              k->train.n, k->train.packed_from ? " (packed)" : "", k->train.dropped_empty, k->train.truncated,
+              total, bs, ga, n_params);
+}
+
+/* One micro-batch: forward, the trainer's loss, backward; accuracy and entropy over its trained
+ * tokens (then averaged over the micro-batches, as TRL's SFTTrainer logs them). */
+static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, long num_items, int ga,
+                               train_step_stats *out) {
+    const int T = b->T;
+    float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
+    float *dlp = malloc(sizeof(float) * (size_t)T), *ent = malloc(sizeof(float) * (size_t)T);
+    int32_t *ok = malloc(sizeof(int32_t) * (size_t)T);
+    ctrl_status st =
+        lp && w && dlp && ent && ok ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    ctrl_trainer_batch tb = {
+        .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
+    for (int t = 0; st == CTRL_OK && t < T; t++) w[t] = b->targets[t] >= 0 ? 1.0f : 0.0f;
+    double loss;
+    /* a loss linear in the log-probs (SFT): dL/dlogp first, and the head's backward fused into the
+     * forward (on the host model) */
+    const int fused = train_compute_on_host(k->compute) && k->ops->size >= sizeof(ctrl_trainer_ops) &&
+                      k->ops->dlogp_before_forward;
+    if (st == CTRL_OK && fused) {
+        memset(lp, 0, sizeof(float) * (size_t)T);
+        st = k->ops->loss(k->trainer, &tb, &loss, dlp);
+        if (st == CTRL_OK) st = train_compute_forward_fused(k->compute, b, dlp, lp, ent, ok);
+    } else if (st == CTRL_OK) {
+        st = train_compute_forward(k->compute, b, lp, ent, ok);
+    }
+    if (st == CTRL_OK) {
+        long valid = 0, correct = 0;
+        double ent_sum = 0;
+        for (int t = 0; t < T; t++)
+            if (w[t] > 0) valid++, correct += ok[t] != 0, ent_sum += ent[t];
+        out->accuracy += valid ? (double)correct / valid / ga : 0;
+        out->entropy += valid ? ent_sum / valid / ga : 0;
+        st = k->ops->loss(k->trainer, &tb, &loss, dlp);
+        if (st == CTRL_OK) out->loss += loss, st = train_compute_backward(k->compute, fused ? NULL : dlp);
+    }
+    free(lp), free(w), free(dlp), free(ent), free(ok);
+    return st;
+}
+
+static ctrl_status token_accumulate(train_kind *k, const int *order, long *cursor, int bs, int ga,
+                                    train_step_stats *out) {
+    ctrl_batch *mb = calloc((size_t)ga, sizeof *mb);
+    int *idx = malloc(sizeof(int) * (size_t)bs);
+    if (!mb || !idx) {
+        free(mb), free(idx);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    }
+    long num_items = 0, real_tokens = 0;
+    for (int g = 0; g < ga; g++) {
+        for (int i = 0; i < bs; i++) idx[i] = order[(*cursor)++ % k->train.n];
+        num_items += ctrl_batch_build(&k->train, idx, bs, &mb[g], &real_tokens);
+        out->tokens += real_tokens; /* num_tokens counts what is not padding, as TRL */
+    }
+    free(idx);
+    ctrl_status st = CTRL_OK;
+    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], num_items, ga, out);
+    for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
+    free(mb);
+    out->trained = num_items;
+    return st;
+}
+
+static void token_log_window(train_kind *k, const train_window *w, FILE *f) {
+    (void)k;
+    fprintf(f,
+            "\"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, \"entropy\": %.6f, "
+            "\"mean_token_accuracy\": %.6f, ",
+            w->loss, w->grad_norm, w->learning_rate, w->entropy, w->accuracy);
+    if (!isatty(fileno(stderr)))
+        fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  acc %.3f  %.0f tok/s\n", w->step,
+                w->total, w->loss, w->grad_norm, w->learning_rate, w->accuracy, w->tokens_per_second);
+}
+
+/* Teacher-forced evaluation. Exact match under greedy decoding equals "every trained token is the
+ * argmax given the true prefix" (by induction over the completion), so it needs no generation; it
+ * is counted per sequence (a packed row holds several), over sequences with a trained token. */
+static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
+    const ctrl_dataset *d = &k->eval;
+    const int bs = k->eval_bs;
+    double nll = 0;
+    long tokens = 0, correct = 0, exact = 0, sequences = 0;
+    int *idx = malloc(sizeof(int) * (size_t)bs);
+    ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
+    for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
+        int n = i0 + bs <= d->n ? bs : d->n - i0;
+        for (int i = 0; i < n; i++) idx[i] = i0 + i;
+        ctrl_batch b;
+        ctrl_batch_build(d, idx, n, &b, NULL);
+        float *lp = malloc(sizeof(float) * (size_t)b.T);
+        int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
+        st = lp && ok ? train_compute_forward(k->compute, &b, lp, NULL, ok)
+                      : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
+        for (int s = 0; st == CTRL_OK && s < b.B; s++) {
+            int all = 1, any = 0;
+            for (int t = b.cu_seqlens[s]; t < b.cu_seqlens[s + 1]; t++) {
+                if (b.targets[t] < 0) continue;
+                nll -= lp[t], tokens++, correct += ok[t];
+                all &= ok[t], any = 1;
+            }
+            exact += any && all, sequences += any;
+        }
+        free(lp), free(ok);
+        ctrl_batch_free(&b);
+    }
+    free(idx);
+    if (st != CTRL_OK) return st;
+    const double loss = tokens ? nll / tokens : 0, accuracy = tokens ? (double)correct / tokens : 0,
+                 exact_match = sequences ? (double)exact / sequences : 0;
+    fprintf(f, "{\"step\": %ld, ", step);
+    fprintf(f, "\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f}\n", loss,
+            accuracy, exact_match);
+    fflush(f);
+    CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples)", loss, accuracy,
+              exact_match, d->n);
+    return CTRL_OK;
+}
+
+static int token_has_eval(const train_kind *k) { return k->eval.n > 0; }
+
+const train_kind_ops train_kind_token = {
+    .name = "token",
+    .create = token_create,
+    .destroy = token_destroy,
+    .row_count = token_rows,
+    .rows_per_step = token_rows_per_step,
+    .describe = token_describe,
+    .accumulate = token_accumulate,
+    .log_window = token_log_window,
+    .has_eval = token_has_eval,
+    .evaluate = token_evaluate,
+};
