@@ -87,6 +87,12 @@ void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, lon
 ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs);
 ctrl_status ctrl_engine_step(ctrl_engine *e, int *active);
 void ctrl_engine_abort(ctrl_engine *e);
+/* The most prompt tokens one sequence prefills in a step (0, the default: no limit but
+ * max_num_batched_tokens). With a limit a long prompt takes a slice of every step instead of
+ * whole steps, so the requests behind it start, and the running ones decode, meanwhile. */
+void ctrl_engine_set_prefill_chunk(ctrl_engine *e, int tokens);
+/* The most tokens one sequence can hold in the KV pool (0 while asleep). */
+long ctrl_engine_capacity_tokens(const ctrl_engine *e);
 /* Requests added while others were running, so far. */
 long ctrl_engine_joined(const ctrl_engine *e);
 /* With cfg.prefix_cache: drops every cached prompt block (after a weight update the cached K/V are

@@ -39,6 +39,7 @@ struct ctrl_engine {
     ctrl_kv_cache *kv;         /* NULL while asleep */
     ctrl_prefix_cache *prefix; /* NULL unless cfg.prefix_cache */
     int asleep;
+    int prefill_chunk; /* ctrl_engine_set_prefill_chunk; 0: none */
     long steps, preemptions, shared_blocks, generated, joined;
     gen_seq *seqs; /* in arrival order; finished ones leave at the next step */
     int n, cap;

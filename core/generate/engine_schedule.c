@@ -60,6 +60,12 @@ ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_
     return CTRL_OK;
 }
 
+void ctrl_engine_set_prefill_chunk(ctrl_engine *e, int tokens) { e->prefill_chunk = tokens > 0 ? tokens : 0; }
+
+long ctrl_engine_capacity_tokens(const ctrl_engine *e) {
+    return e->kv ? (long)e->kv->n_blocks * e->kv->block_size : 0;
+}
+
 void ctrl_engine_abort(ctrl_engine *e) {
     for (int i = 0; i < e->n; i++) {
         if (e->seqs[i].state != FINISHED) ctrl_gen_output_free(e->seqs[i].out);
@@ -226,15 +232,19 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
     ctrl_status st = tidy(e);
     if (st != CTRL_OK || e->n == 0) return st;
     const int V = ctrl_model_cfg(e->model)->vocab_size;
-    /* 1. decode every running sequence (one token each), 2. prefill chunks of waiting ones */
+    /* 1. decode every running sequence (one token each), 2. prefill chunks of waiting ones, each at
+     * most max_prefill_chunk tokens: a long prompt takes a slice of every step rather than whole
+     * steps, so the requests behind it start (and the running ones decode) meanwhile */
     int nb = 0, budget = e->cfg.max_num_batched_tokens, t = 0;
+    const int chunk = e->prefill_chunk > 0 ? e->prefill_chunk : budget;
     for (int i = 0; i < e->n && nb < e->scratch && budget > 0; i++)
         if (e->seqs[i].state == RUNNING) e->batch[nb] = &e->seqs[i], e->n_new[nb++] = 1, budget--;
     for (int i = 0; i < e->n && nb < e->scratch && budget > 0; i++)
         if (e->seqs[i].state == WAITING) {
-            const int left = e->seqs[i].n_tokens - e->seqs[i].kv.len;
-            e->batch[nb] = &e->seqs[i], e->n_new[nb] = left < budget ? left : budget,
-            budget -= e->n_new[nb++];
+            int take = e->seqs[i].n_tokens - e->seqs[i].kv.len;
+            if (take > budget) take = budget;
+            if (take > chunk) take = chunk;
+            e->batch[nb] = &e->seqs[i], e->n_new[nb++] = take, budget -= take;
         }
     if (nb > 0 && (st = reserve(e, &nb)) != CTRL_OK) return st;
     for (int b = 0; b < nb; b++) {

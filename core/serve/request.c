@@ -1,0 +1,216 @@
+/* A generation request's body, validated before anything runs: every field of the right JSON type
+ * and range (null means the default), prompts x n within --max-seqs-per-request, and every prompt
+ * with max_tokens inside the context the server can hold. Each refusal is a 400 naming the field. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/serve_internal.h"
+
+/* A whole number in [lo, hi], or -1 (a message naming `name` in msg). */
+static int integer(const cJSON *f, double lo, double hi, double *out, char *msg, size_t cap) {
+    const double v = cJSON_IsNumber(f) ? f->valuedouble : NAN;
+    if (isfinite(v) && v == floor(v) && v >= lo && v <= hi) return *out = v, 0;
+    if (hi >= 1e18)
+        snprintf(msg, cap, "%s: an integer >= %.0f", f->string, lo);
+    else
+        snprintf(msg, cap, "%s: an integer between %.0f and %.0f", f->string, lo, hi);
+    return -1;
+}
+
+/* A finite number in [lo, hi] (or exactly 0 when zero_ok: temperature's greedy); -1 otherwise. */
+static int number(const cJSON *f, double lo, double hi, int zero_ok, float *out, char *msg, size_t cap,
+                  const char *range) {
+    const double v = cJSON_IsNumber(f) ? f->valuedouble : NAN;
+    if ((isfinite(v) && v >= lo && v <= hi) || (zero_ok && v == 0)) return *out = (float)v, 0;
+    snprintf(msg, cap, "%s: %s", f->string, range);
+    return -1;
+}
+
+/* The sampling fields every endpoint takes; 400 for a field neither they nor `extra` know. */
+static unsigned sampling_fields(ctrl_server *s, const cJSON *in, const char *const *extra,
+                                ctrl_gen_request *r, char *msg, size_t cap) {
+    *r = (ctrl_gen_request){.n = 1, .max_tokens = 16, .sampling = {1.0f, 0, 1.0f, 0, 1.0f}};
+    for (const cJSON *f = in->child; f; f = f->next) {
+        const char *k = f->string;
+        double v = 0;
+        int bad = 0, known = 1;
+        if (cJSON_IsNull(f)) { /* the default */
+        } else if (!strcmp(k, "n")) {
+            bad = integer(f, 1, s->opt->max_seqs, &v, msg, cap), r->n = (int)v;
+        } else if (!strcmp(k, "max_tokens")) {
+            bad = integer(f, 1, s->context, &v, msg, cap), r->max_tokens = (int)v;
+        } else if (!strcmp(k, "seed")) {
+            bad = integer(f, 0, 18446744073709549568.0, &v, msg, cap), r->seed = (uint64_t)v;
+        } else if (!strcmp(k, "top_k")) { /* -1 and 0: off (vLLM's and transformers' spellings) */
+            bad = integer(f, -1, 2147483647.0, &v, msg, cap), r->sampling.top_k = v < 0 ? 0 : (int)v;
+        } else if (!strcmp(k, "temperature")) {
+            bad = number(f, 1e-5, 100, 1, &r->sampling.temperature, msg, cap,
+                         "0 (greedy) or between 1e-5 and 100");
+        } else if (!strcmp(k, "top_p")) {
+            bad = number(f, 1e-6, 1, 0, &r->sampling.top_p, msg, cap, "a number in (0, 1] (at least 1e-6)");
+        } else if (!strcmp(k, "min_p")) {
+            bad = number(f, 0, 1, 0, &r->sampling.min_p, msg, cap, "a number between 0 and 1");
+        } else if (!strcmp(k, "repetition_penalty")) {
+            bad = number(f, 0.01, 100, 0, &r->sampling.repetition_penalty, msg, cap,
+                         "a number between 0.01 and 100");
+        } else {
+            known = 0;
+            for (int i = 0; extra[i] && !known; i++) known = !strcmp(k, extra[i]);
+            if (!known) snprintf(msg, cap, "unknown field '%s'", k);
+        }
+        if (bad || !known) return 400;
+    }
+    return 0;
+}
+
+/* The prompt list under `key` (a string: one prompt) or `ids_key` (lists of token ids), counted;
+ * -1 with a message when its shape is wrong. */
+static int prompt_list(const cJSON *in, const char *key, const char *ids_key, const cJSON **list, int *is_ids,
+                       char *msg, size_t cap) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(in, key),
+                *q = cJSON_GetObjectItemCaseSensitive(in, ids_key);
+    if (cJSON_IsNull(p)) p = NULL;
+    if (cJSON_IsNull(q)) q = NULL;
+    if (p && q) return snprintf(msg, cap, "%s and %s: give one of them", key, ids_key), -1;
+    if (!p && !q) return snprintf(msg, cap, "%s: missing (a string or a list of strings)", key), -1;
+    *is_ids = q != NULL;
+    *list = p ? p : q;
+    if (cJSON_IsString(p)) return 1;
+    if (!cJSON_IsArray(*list) || cJSON_GetArraySize(*list) == 0)
+        return snprintf(msg, cap, "%s: %s", p ? key : ids_key,
+                        p ? "a string or a non-empty list of strings" : "a non-empty list of token-id lists"),
+               -1;
+    return cJSON_GetArraySize(*list);
+}
+
+/* One prompt's token ids: text through the tokenizer, or a list of ids in the vocabulary. */
+static int prompt_ids(ctrl_server *s, const cJSON *e, const char *what, int i, int32_t **ids, int *len,
+                      char *msg, size_t cap) {
+    const int V = ctrl_tokenizer_vocab_size(s->tok);
+    if (cJSON_IsString(e)) {
+        size_t n = 0;
+        if (ctrl_tokenizer_encode(s->tok, e->valuestring, strlen(e->valuestring), 1, ids, &n) != CTRL_OK)
+            return snprintf(msg, cap, "%s[%d]: %s", what, i, ctrl_error_message()), -1;
+        if (n > (size_t)s->context) n = (size_t)s->context + 1; /* refused below */
+        *len = (int)n;
+    } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) <= s->context) {
+        *ids = malloc(sizeof(int32_t) * (size_t)(cJSON_GetArraySize(e) + 1));
+        if (!*ids) return snprintf(msg, cap, "out of memory"), -1;
+        int n = 0;
+        for (const cJSON *t = e->child; t; t = t->next, n++) {
+            const double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+            if (!(v >= 0 && v < V && v == floor(v)))
+                return snprintf(msg, cap, "%s[%d][%d]: a token id in [0, %d)", what, i, n, V), -1;
+            (*ids)[n] = (int32_t)v;
+        }
+        *len = n;
+    } else if (cJSON_IsArray(e)) {
+        *len = cJSON_GetArraySize(e);
+    } else {
+        return snprintf(msg, cap, "%s[%d]: %s", what, i,
+                        strcmp(what, "prompt_token_ids") ? "a string" : "a list of token ids"),
+               -1;
+    }
+    if (*len < 1) return snprintf(msg, cap, "%s[%d]: empty", what, i), -1;
+    return 0;
+}
+
+/* A chat request's messages through the chat template with the generation prompt: one prompt. */
+static int chat_prompt(ctrl_server *s, const cJSON *in, serve_input *out, char *msg, size_t cap) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(in, "messages");
+    if (!s->chat) return snprintf(msg, cap, "messages: the model's tokenizer has no chat template"), -1;
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return snprintf(msg, cap, "messages: a non-empty list"), -1;
+    for (const cJSON *m = msgs->child; m; m = m->next)
+        if (!cJSON_IsObject(m)) return snprintf(msg, cap, "messages: a list of objects"), -1;
+    cJSON *vars = cJSON_CreateObject();
+    cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(msgs, 1));
+    cJSON_AddTrueToObject(vars, "add_generation_prompt");
+    ctrl_chat_add_special_tokens(s->tok, vars);
+    size_t n = 0;
+    const ctrl_status st = ctrl_chat_encode(s->tok, s->chat, vars, &out->ids[0], &n, NULL);
+    cJSON_Delete(vars);
+    if (st != CTRL_OK || n == 0)
+        return snprintf(msg, cap, "messages: the chat template cannot render them: %s", ctrl_error_message()),
+               -1;
+    out->lens[0] = n > (size_t)s->context ? s->context + 1 : (int)n;
+    return 0;
+}
+
+/* Prompt + max_tokens inside the context (the model's, or the KV pool's when that is smaller). */
+static int within_context(ctrl_server *s, const serve_input *in, const char *what, char *msg, size_t cap) {
+    for (int i = 0; i < in->n; i++)
+        if ((long)in->lens[i] + in->base.max_tokens > s->context)
+            return snprintf(msg, cap, "%s[%d]: %s%d prompt tokens + max_tokens %d exceed the %s of %d tokens",
+                            what, i, in->lens[i] > s->context ? "more than " : "",
+                            in->lens[i] > s->context ? s->context : in->lens[i], in->base.max_tokens,
+                            s->context_from_kv ? "KV cache's capacity (--kv-cache-mb)" : "model's context",
+                            s->context),
+                   -1;
+    return 0;
+}
+
+unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_input *out, char *msg,
+                           size_t cap) {
+    static const char *const extra[][4] = {
+        [SERVE_TRL] = {"prompts", "prompt_token_ids", NULL},
+        [SERVE_COMPLETIONS] = {"model", "prompt", "stream", NULL},
+        [SERVE_CHAT] = {"model", "messages", "stream", NULL},
+    };
+    memset(out, 0, sizeof *out);
+    if (sampling_fields(s, in, extra[kind], &out->base, msg, cap)) return 400;
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(in, "model"),
+                *stream = cJSON_GetObjectItemCaseSensitive(in, "stream");
+    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model))
+        return snprintf(msg, cap, "model: a string"), 400;
+    if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
+        return snprintf(msg, cap, "stream: true or false"), 400;
+    out->stream = cJSON_IsTrue(stream);
+    const char *what = kind == SERVE_TRL ? "prompts" : "prompt";
+    const cJSON *list = NULL;
+    int is_ids = 0;
+    const int n =
+        kind == SERVE_CHAT ? 1 : prompt_list(in, what, "prompt_token_ids", &list, &is_ids, msg, cap);
+    if (n < 0) return 400;
+    if ((long)n * out->base.n > s->opt->max_seqs)
+        return snprintf(msg, cap,
+                        "%s x n = %d x %d exceeds the server's limit of %d sequences per request "
+                        "(--max-seqs-per-request)",
+                        is_ids ? "prompt_token_ids" : what, n, out->base.n, s->opt->max_seqs),
+               400;
+    out->ids = calloc((size_t)n, sizeof *out->ids), out->lens = calloc((size_t)n, sizeof *out->lens);
+    if (!out->ids || !out->lens) return snprintf(msg, cap, "out of memory"), 500;
+    out->n = n;
+    if (is_ids) what = "prompt_token_ids";
+    if (kind == SERVE_CHAT) {
+        if (chat_prompt(s, in, out, msg, cap)) return 400;
+        what = "messages";
+    } else if (cJSON_IsString(list)) {
+        if (prompt_ids(s, list, what, 0, &out->ids[0], &out->lens[0], msg, cap)) return 400;
+    } else {
+        int i = 0;
+        for (const cJSON *e = list->child; e; e = e->next, i++)
+            if (prompt_ids(s, e, what, i, &out->ids[i], &out->lens[i], msg, cap)) return 400;
+    }
+    return within_context(s, out, what, msg, cap) ? 400 : 0;
+}
+
+void serve_input_free(serve_input *in) {
+    for (int i = 0; i < in->n && in->ids; i++) free(in->ids[i]);
+    free(in->ids), free(in->lens);
+    memset(in, 0, sizeof *in);
+}
+
+ctrl_gen_request *serve_input_requests(ctrl_server *s, const serve_input *in) {
+    ctrl_gen_request *reqs = calloc((size_t)in->n, sizeof *reqs);
+    for (int i = 0; reqs && i < in->n; i++) {
+        reqs[i] = in->base;
+        reqs[i].prompt = in->ids[i], reqs[i].prompt_len = in->lens[i],
+        reqs[i].seed = in->base.seed + (uint64_t)i;
+        reqs[i].stop_ids = s->stops, reqs[i].n_stop = s->n_stop;
+    }
+    return reqs;
+}

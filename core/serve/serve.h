@@ -1,0 +1,41 @@
+/* ctrl serve as a module: HTTP (libmicrohttpd, a thread per connection) over the generation
+ * engine and its request queue (generate/batcher.h). The CLI parses its flags into
+ * ctrl_serve_options and calls ctrl_serve_run; nothing here parses argv. Layout:
+ *   server.c   life cycle: model, engine, batcher, daemon, the bounded drain
+ *   daemon.c   the daemon's callbacks: request bodies, route lookup, API key, upload deadline
+ *   routes.c   the route table {method, path, auth, handler} and the small endpoints
+ *   request.c  a generation request's fields, validated (every bad field a 400 naming it)
+ *   generate.c /generate, /v1/completions, /v1/chat/completions (whole responses)
+ *   stream.c   Server-Sent Events for the OpenAI endpoints
+ *   weights.c  /update_weights: the whole body validated before any weight changes
+ *   reply.c    JSON responses and errors */
+#ifndef CTRL_CORE_SERVE_H
+#define CTRL_CORE_SERVE_H
+
+#include <stddef.h>
+
+#include "registry.h"
+
+typedef struct ctrl_serve_options {
+    const char *model_dir;
+    const char *host; /* an IPv4 address */
+    int port;
+    size_t kv_cache_bytes;
+    int kv_cache_dtype;  /* 0 fp32, 1 bf16 */
+    size_t max_body;     /* bytes of a JSON body (a weights body may be as large as the model in f32) */
+    const char *api_key; /* NULL: none */
+    int max_seqs;        /* prompts x n of one request */
+    int prefill_chunk;   /* the most prompt tokens one sequence prefills per engine step */
+    int timeout_s;       /* an idle connection, and a request's whole upload */
+    int max_connections; /* in all */
+    int max_per_ip;      /* from one address (0: no limit) */
+    int drain_s;         /* after SIGINT/SIGTERM: how long requests in flight may still run */
+} ctrl_serve_options;
+
+/* The defaults (the CLI's flags start from them). */
+void ctrl_serve_options_default(ctrl_serve_options *o);
+/* Loads the model, serves until stop() returns non-zero, drains (at most drain_s; what is still
+ * running then is answered 503) and returns. `reg` gives the attention plugin. */
+ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg, int (*stop)(void));
+
+#endif

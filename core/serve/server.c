@@ -1,0 +1,108 @@
+/* ctrl serve's life cycle: the model, tokenizer, chat template, engine and batcher; the daemon;
+ * and the drain after a stop: no new connections, the requests in flight run on for at most
+ * drain_s, then every generation still queued or running is aborted (its client gets a 503),
+ * and the server returns once the connections have answered. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ctrl/log.h>
+
+#include "serve/serve_internal.h"
+
+void ctrl_serve_options_default(ctrl_serve_options *o) {
+    *o = (ctrl_serve_options){.host = "127.0.0.1",
+                              .port = 8000,
+                              .kv_cache_bytes = (size_t)256 << 20,
+                              .max_body = (size_t)1 << 20,
+                              .max_seqs = 4096,
+                              .prefill_chunk = 512,
+                              .timeout_s = 30,
+                              .max_connections = 512,
+                              .max_per_ip = 256,
+                              .drain_s = 60};
+}
+
+static int in_flight(ctrl_server *s) {
+    pthread_mutex_lock(&s->lock);
+    const int n = s->in_flight;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+/* Waits up to `seconds` for the requests in flight to answer; whether they all did. */
+static int wait_idle(ctrl_server *s, double seconds) {
+    for (long i = 0; i < (long)(seconds * 20); i++) {
+        if (!in_flight(s)) return 1;
+        usleep(50 * 1000);
+    }
+    return !in_flight(s);
+}
+
+static void drain(ctrl_server *s, struct MHD_Daemon *d) {
+    MHD_quiesce_daemon(d);
+    if (!wait_idle(s, s->opt->drain_s)) {
+        CTRL_WARN("serve: %d request(s) still running after the %d s drain: aborting them", in_flight(s),
+                  s->opt->drain_s);
+        pthread_mutex_lock(&s->lock);
+        s->shutting_down = 1;
+        pthread_mutex_unlock(&s->lock);
+        ctrl_batcher_abort(s->batch, "the server is shutting down (drain deadline passed)");
+        wait_idle(s, 5); /* their answers go out; MHD_stop_daemon closes whatever is left */
+    }
+    MHD_stop_daemon(d);
+}
+
+/* The longest sequence the server accepts: the model's context, or the KV pool if smaller. */
+static void context_limit(ctrl_server *s) {
+    const ctrl_model_config *c = ctrl_model_cfg(s->model);
+    const long pool = ctrl_engine_capacity_tokens(s->eng);
+    s->context = c->max_position_embeddings;
+    s->context_from_kv = pool > 0 && pool < s->context;
+    if (s->context_from_kv) s->context = (int)pool;
+}
+
+ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg, int (*stop)(void)) {
+    ctrl_server s = {.opt = o};
+    pthread_mutex_init(&s.lock, NULL);
+    ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
+    if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
+    if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);
+    const ctrl_engine_config ec = {.kv_cache_bytes = o->kv_cache_bytes,
+                                   .block_size = 16,
+                                   .max_num_seqs = 256,
+                                   .max_num_batched_tokens = 8192,
+                                   .prefix_cache = 1,
+                                   .kv_cache_dtype = o->kv_cache_dtype};
+    if (st == CTRL_OK) st = ctrl_engine_attach_attention(s.model, reg, NULL);
+    if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
+    if (st == CTRL_OK) {
+        ctrl_engine_set_prefill_chunk(s.eng, o->prefill_chunk);
+        s.n_stop = ctrl_generation_stop_ids(o->model_dir, s.tok, s.stops, 16);
+        size_t n_params = 0;
+        ctrl_model_params(s.model, &n_params);
+        s.weights_body = n_params * 4 + ((size_t)16 << 20); /* all of it in f32, and the header */
+        context_limit(&s);
+        st = ctrl_batcher_start(s.eng, &s.batch);
+    }
+    struct MHD_Daemon *d = NULL;
+    if (st == CTRL_OK && !(d = serve_daemon_start(&s)))
+        st = ctrl_error_set(CTRL_ERR_IO, "serve: cannot listen on %s:%d", o->host, o->port);
+    if (st == CTRL_OK) {
+        char routes[512];
+        serve_route_list(routes, sizeof routes);
+        CTRL_INFO("serving %s on http://%s:%d (%s)%s; context %d tokens", o->model_dir, o->host, o->port,
+                  routes, o->api_key ? "; API key required" : "", s.context);
+        while (!stop()) usleep(100 * 1000);
+        drain(&s, d);
+        CTRL_INFO("serve: stopped");
+    }
+    ctrl_batcher_stop(s.batch);
+    ctrl_engine_free(s.eng);
+    ctrl_template_free(s.chat);
+    ctrl_tokenizer_free(s.tok);
+    ctrl_model_free(s.model);
+    pthread_mutex_destroy(&s.lock);
+    return st;
+}

@@ -1,0 +1,150 @@
+/* ctrl serve's Server-Sent Events for /v1/completions and /v1/chat/completions with "stream":
+ * true: the generation (through the batcher) waits on a thread of its own and queues the new text
+ * of every completion after each engine step; the daemon's content reader hands the events out as
+ * they come, then the finish reasons and `data: [DONE]`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/serve_internal.h"
+
+typedef struct stream {
+    ctrl_server *s;
+    int kind, n_out;
+    ctrl_gen_request *reqs;
+    serve_input in;
+    ctrl_gen_output *outs;
+    size_t *sent; /* bytes of each completion's text already sent */
+    pthread_t thread;
+    int started;
+    pthread_mutex_t lock;
+    pthread_cond_t ready;
+    char *buf; /* queued events not yet read */
+    size_t len, cap, at;
+    int done;
+} stream;
+
+static void push(stream *st, const char *event) {
+    const size_t n = strlen(event);
+    pthread_mutex_lock(&st->lock);
+    if (st->len + n + 1 > st->cap) {
+        char *p = realloc(st->buf, (st->len + n + 1) * 2);
+        if (p) st->buf = p, st->cap = (st->len + n + 1) * 2;
+    }
+    if (st->len + n + 1 <= st->cap) {
+        memcpy(st->buf + st->len, event, n + 1);
+        st->len += n;
+    }
+    pthread_cond_signal(&st->ready);
+    pthread_mutex_unlock(&st->lock);
+}
+
+static void push_json(stream *st, cJSON *o) {
+    char *j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    char *ev = j ? malloc(strlen(j) + 16) : NULL;
+    if (ev) {
+        sprintf(ev, "data: %s\n\n", j);
+        push(st, ev);
+    }
+    free(ev), free(j);
+}
+
+/* New text of every completion (`outs`: as they stand) since the last call (text that ends inside
+ * a multi-byte character waits for the rest); with `final`, also each one's finish reason. */
+static void emit(stream *st, const ctrl_gen_output *outs, int final) {
+    for (int i = 0; i < st->n_out; i++) {
+        const ctrl_gen_output *g = &outs[i];
+        char *txt = serve_decoded(st->s, g);
+        if (!txt) continue;
+        size_t n = strlen(txt);
+        if (!final)
+            while (n > st->sent[i] &&
+                   (((unsigned char)txt[n - 1] & 0xC0) == 0x80 || (unsigned char)txt[n - 1] >= 0xC0))
+                n--; /* a character still being completed */
+        if (n > st->sent[i] || (final && g->len)) {
+            txt[n] = '\0';
+            cJSON *o = serve_openai_object(st->s, st->kind, 1), *a = cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToArray(a,
+                                 serve_openai_choice(st->kind, i, txt + (st->sent[i] < n ? st->sent[i] : n),
+                                                     final ? (g->stopped ? "stop" : "length") : NULL, 1));
+            push_json(st, o);
+            st->sent[i] = n;
+        }
+        free(txt);
+    }
+}
+
+static void on_step(const ctrl_gen_output *live, void *ctx) { emit(ctx, live, 0); }
+
+static void *run(void *arg) {
+    stream *st = arg;
+    const ctrl_status rc = ctrl_batcher_generate(st->s->batch, st->reqs, st->in.n, st->outs, on_step, st);
+    if (rc == CTRL_OK) {
+        emit(st, st->outs, 1);
+    } else {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "error", ctrl_error_message());
+        push_json(st, o);
+    }
+    push(st, "data: [DONE]\n\n");
+    pthread_mutex_lock(&st->lock);
+    st->done = 1;
+    pthread_cond_signal(&st->ready);
+    pthread_mutex_unlock(&st->lock);
+    return NULL;
+}
+
+static ssize_t read_events(void *cls, uint64_t pos, char *out, size_t max) {
+    (void)pos;
+    stream *st = cls;
+    pthread_mutex_lock(&st->lock);
+    while (st->at == st->len && !st->done) pthread_cond_wait(&st->ready, &st->lock);
+    ssize_t n;
+    if (st->at == st->len) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        n = (ssize_t)(st->len - st->at < max ? st->len - st->at : max);
+        memcpy(out, st->buf + st->at, (size_t)n);
+        st->at += (size_t)n;
+    }
+    pthread_mutex_unlock(&st->lock);
+    return n;
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    if (st->started) pthread_join(st->thread, NULL);
+    for (int i = 0; st->outs && i < st->n_out; i++) ctrl_gen_output_free(&st->outs[i]);
+    serve_input_free(&st->in);
+    free(st->reqs), free(st->outs), free(st->sent), free(st->buf);
+    pthread_mutex_destroy(&st->lock), pthread_cond_destroy(&st->ready);
+    free(st);
+}
+
+enum MHD_Result serve_stream(ctrl_server *s, struct MHD_Connection *c, int kind, ctrl_gen_request *reqs,
+                             serve_input *in) {
+    stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        free(reqs), serve_input_free(in);
+        return serve_error(c, 500, "out of memory");
+    }
+    *st = (stream){.s = s, .kind = kind, .n_out = in->n * in->base.n, .reqs = reqs, .in = *in};
+    memset(in, 0, sizeof *in);
+    pthread_mutex_init(&st->lock, NULL), pthread_cond_init(&st->ready, NULL);
+    st->outs = calloc((size_t)st->n_out, sizeof *st->outs),
+    st->sent = calloc((size_t)st->n_out, sizeof *st->sent);
+    st->started = st->outs && st->sent && pthread_create(&st->thread, NULL, run, st) == 0;
+    struct MHD_Response *r =
+        st->started ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_events, st, stream_free)
+                    : NULL;
+    if (!r) {
+        stream_free(st);
+        return serve_error(c, 500, "cannot start the stream");
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# ctrl serve under abuse: every invalid request field is a 400 naming it; prompts x n and prompt +
+# max_tokens are bounded; a refused /update_weights body changes no weight; partial requests
+# (slowloris) are closed after --timeout-s; the SIGTERM drain ends after --drain-s, answering what
+# still runs with 503. (The happy paths are in test_cli.sh.)
+# usage: test_serve.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/../e2e/e2e_common.sh"
+
+"${C[@]}" model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/m" >/dev/null || bad "model init"
+PORT=$((40000 + $$ % 20000))
+start() { # FLAGS...: a server on $PORT, waited for
+  "${C[@]}" serve --model "$TMP/m" --port "$PORT" "$@" >"$TMP/serve.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && return; sleep 0.1; done
+  bad "serve did not start"; cat "$TMP/serve.log"
+}
+post() { curl -s -o "$TMP/out" -w "%{http_code}" -X POST "localhost:$PORT$1" "${@:2}"; }
+# refused BODY TEXT: POST /generate BODY is a 400 whose message contains TEXT
+refused() {
+  local code
+  code=$(post /generate -d "$1")
+  if [ "$code" = 400 ] && grep -qF -- "$2" "$TMP/out"; then ok; else bad "$1: HTTP $code, wanted 400 naming '$2': $(cat "$TMP/out")"; fi
+}
+
+start --max-seqs-per-request 64
+# every invalid sampling field: a 400 naming it (these were 500s, or silently ignored)
+refused '{"prompts": ["x"], "temperature": -1}' "temperature"
+refused '{"prompts": ["x"], "temperature": 1e999}' "temperature"
+refused '{"prompts": ["x"], "temperature": 1e-30}' "temperature"
+refused '{"prompts": ["x"], "top_p": 0}' "top_p"
+refused '{"prompts": ["x"], "top_p": 1.5}' "top_p"
+refused '{"prompts": ["x"], "top_p": 1e-320}' "top_p"
+refused '{"prompts": ["x"], "top_k": -5}' "top_k"
+refused '{"prompts": ["x"], "top_k": 2.5}' "top_k"
+refused '{"prompts": ["x"], "min_p": 2}' "min_p"
+refused '{"prompts": ["x"], "repetition_penalty": 0}' "repetition_penalty"
+refused '{"prompts": ["x"], "repetition_penalty": 1e-310}' "repetition_penalty"
+refused '{"prompts": ["x"], "repetition_penalty": -1}' "repetition_penalty"
+refused '{"prompts": ["x"], "seed": -3}' "seed"
+# wrong JSON types are named, not ignored
+refused '{"prompts": ["x"], "n": "5"}' "n:"
+refused '{"prompts": ["x"], "max_tokens": "3"}' "max_tokens"
+refused '{"prompts": ["x"], "temperature": "hot"}' "temperature"
+refused '{"prompts": "x", "n": [2]}' "n:"
+refused '{"prompts": 5}' "prompts"
+refused '{"prompts": ["x", 7]}' "prompts[1]"
+refused '{"prompt_token_ids": [[1, 2.5]]}' "prompt_token_ids[0][1]"
+refused '{"prompts": ["x"], "prompt_token_ids": [[1]]}' "prompts and prompt_token_ids"
+code=$(post /v1/completions -d '{"prompt": "x", "stream": "yes"}')
+[ "$code" = 400 ] && grep -q '"stream: true or false"' "$TMP/out" && ok || bad "stream type: $code $(cat "$TMP/out")"
+code=$(post /v1/completions -d '{"prompt": "x", "model": 3}')
+[ "$code" = 400 ] && grep -q 'model: a string' "$TMP/out" && ok || bad "model type: $code $(cat "$TMP/out")"
+code=$(post /sleep -d '{"level": 7}')
+[ "$code" = 400 ] && grep -q 'level' "$TMP/out" && ok || bad "sleep level: $code $(cat "$TMP/out")"
+# null is the default; valid edge values pass
+code=$(post /generate -d '{"prompts": ["x"], "n": null, "top_k": -1, "temperature": 0, "max_tokens": 2}')
+[ "$code" = 200 ] && ok || bad "null and edge values: $code $(cat "$TMP/out")"
+# prompts x n within --max-seqs-per-request; prompt + max_tokens within the context
+refused '{"prompts": ["a", "b", "c"], "n": 30}' "prompts x n = 3 x 30 exceeds the server's limit of 64 sequences per request (--max-seqs-per-request)"
+refused '{"prompts": ["x"], "n": 65}' "n: an integer between 1 and 64"
+refused '{"prompts": ["x"], "max_tokens": 5000}' "max_tokens: an integer between 1 and 4096"
+ids=$(seq -s, 1 100)
+refused "{\"prompt_token_ids\": [[$ids]], \"max_tokens\": 4000}" \
+  "prompt_token_ids[0]: 100 prompt tokens + max_tokens 4000 exceed the model's context of 4096 tokens"
+long=$(head -c 20000 /dev/zero | tr '\0' 'a')
+refused "{\"prompts\": [\"x\", \"$long\"]}" "prompts[1]: more than 4096 prompt tokens"
+code=$(curl -s -o "$TMP/out" -w "%{http_code}" "localhost:$PORT/generate")
+[ "$code" = 405 ] && ok || bad "GET /generate: $code, wanted 405"
+
+# /update_weights is all or nothing: one valid tensor and one of the wrong dtype (I32) is a 400
+# naming the bad one, and the valid one is not applied (greedy output unchanged); alone, the valid
+# one is applied (the output changes: the check can see a change).
+st_body() { # OUT NAME1 DTYPE1 [NAME2 DTYPE2]: [64] tensors, the first 7, -3, 7, -3..., the second zeros
+  local h="{\"$2\":{\"dtype\":\"$3\",\"shape\":[64],\"data_offsets\":[0,256]}"
+  [ -n "${4:-}" ] && h="$h,\"$4\":{\"dtype\":\"$5\",\"shape\":[64],\"data_offsets\":[256,512]}"
+  h="$h}"
+  local n=${#h}
+  {
+    printf "\\x$(printf %02x $((n & 255)))\\x$(printf %02x $((n >> 8)))\\x00\\x00\\x00\\x00\\x00\\x00"
+    printf '%s' "$h"
+    for _ in $(seq 32); do printf '\x00\x00\xe0\x40\x00\x00\x40\xc0'; done
+    [ -n "${4:-}" ] && head -c 256 /dev/zero
+  } >"$1"
+}
+greedy() { curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["1+2="], "max_tokens": 8, "temperature": 0}' |
+  grep -o '"completion_ids":[^]]*'; }
+before=$(greedy)
+st_body "$TMP/mixed.st" model.layers.0.post_attention_layernorm.weight F32 model.norm.weight I32
+code=$(post /update_weights --data-binary "@$TMP/mixed.st")
+[ "$code" = 400 ] && grep -q "model.norm.weight' is i32" "$TMP/out" && ok ||
+  bad "mixed weights body: $code $(cat "$TMP/out")"
+[ -n "$before" ] && [ "$(greedy)" = "$before" ] && ok || bad "a refused weights body changed the model"
+st_body "$TMP/one.st" model.layers.0.post_attention_layernorm.weight F32
+code=$(post /update_weights --data-binary "@$TMP/one.st")
+[ "$code" = 200 ] && [ "$(greedy)" != "$before" ] && ok || bad "the valid tensor alone: $code, output $(greedy)"
+kill -INT $spid
+wait $spid && ok || bad "serve did not stop cleanly"
+
+# Slowloris: partial requests are closed after --timeout-s (they were held forever), and a body
+# trickled in faster than that is cut at the upload deadline.
+start --timeout-s 1 --drain-s 1
+closed_within() { # SECONDS DESCRIPTION: fd 3's connection is closed by the server within SECONDS
+  local t0 t1
+  t0=$(date +%s%N)
+  timeout 8 cat <&3 >/dev/null
+  t1=$(date +%s%N)
+  exec 3<&-
+  [ $(((t1 - t0) / 1000000)) -lt $(($1 * 1000)) ] && ok || bad "$2: open for $(((t1 - t0) / 1000000)) ms"
+}
+exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+printf 'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Le' >&3
+closed_within 4 "partial headers"
+exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+printf 'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro' >&3
+closed_within 4 "partial body"
+exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+printf 'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n' >&3
+(for _ in $(seq 20); do printf ' ' >&3 || break; sleep 0.3; done) 2>/dev/null &
+trickle=$!
+closed_within 5 "a body trickled in"
+kill $trickle 2>/dev/null
+wait $trickle 2>/dev/null
+code=$(post /generate -d '{"prompts": ["x"], "max_tokens": 2}')
+[ "$code" = 200 ] && ok || bad "serving after the slow clients: $code"
+
+# The drain is bounded: SIGTERM during a generation longer than --drain-s answers it 503 and exits 0.
+curl -s -o "$TMP/long.json" -w "%{http_code}" -X POST "localhost:$PORT/generate" \
+  -d '{"prompts": ["x"], "n": 64, "max_tokens": 4000, "temperature": 1}' >"$TMP/long.code" &
+cpid=$!
+for _ in $(seq 100); do curl -s "localhost:$PORT/health" | grep -q '"generations":2' && break; sleep 0.05; done
+t0=$(date +%s%N)
+kill -TERM $spid
+wait $spid
+rc=$?
+t1=$(date +%s%N)
+wait $cpid
+[ "$rc" = 0 ] && [ $(((t1 - t0) / 1000000)) -lt 6000 ] && [ "$(cat "$TMP/long.code")" = 503 ] &&
+  grep -q "shutting down" "$TMP/long.json" && ok ||
+  bad "bounded drain: exit $rc after $(((t1 - t0) / 1000000)) ms, HTTP $(cat "$TMP/long.code") $(cat "$TMP/long.json")"
+finish
