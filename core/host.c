@@ -1,7 +1,10 @@
 /* The ctrl_host table lent to plugins: the core's services behind stable function pointers, so
- * that a plugin needs only the public headers and never links against libctrl's internals. */
+ * that a plugin needs only the public headers and imports nothing from libctrl (plugin_api.h
+ * routes a plugin's ctrl_error_set, ctrl_log, ctrl_option_int, ... calls through this table). */
 #include <stdarg.h>
 #include <stdio.h>
+
+#include <ctrl/config.h>
 
 #include "registry.h"
 
@@ -21,6 +24,29 @@ static ctrl_status host_error_set(ctrl_status status, const char *fmt, ...) {
     return ctrl_error_set(status, "%s", buf);
 }
 
+static ctrl_status host_error_wrap(ctrl_status status, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return ctrl_error_wrap(status, "%s", buf);
+}
+
+/* The option readers: the first failure sticks in *status (and its message in the thread's
+ * buffer); later reads do nothing, so a plugin checks *status once after reading everything. */
+#define HOST_OPTION_READER(name, type, require)                                                              \
+    static type name(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *status) {    \
+        type v = (type)0;                                                                                    \
+        if (*status != CTRL_OK) return v;                                                                    \
+        *status = require(cfg, section, key, &v);                                                            \
+        return v;                                                                                            \
+    }
+HOST_OPTION_READER(host_option_string, const char *, ctrl_config_require_string)
+HOST_OPTION_READER(host_option_int, int64_t, ctrl_config_require_int)
+HOST_OPTION_READER(host_option_float, double, ctrl_config_require_float)
+HOST_OPTION_READER(host_option_bool, bool, ctrl_config_require_bool)
+
 static const ctrl_host host = {
     .size = sizeof(ctrl_host),
     .abi = CTRL_PLUGIN_ABI,
@@ -33,6 +59,11 @@ static const ctrl_host host = {
 #ifdef CTRL_HAVE_CUDA
     .has_cuda = 1,
 #endif
+    .option_string = host_option_string,
+    .option_int = host_option_int,
+    .option_float = host_option_float,
+    .option_bool = host_option_bool,
+    .error_wrap = host_error_wrap,
 };
 
 const ctrl_host *ctrl_host_table(void) { return &host; }

@@ -3,7 +3,10 @@
 #ifndef CTRL_CORE_REGISTRY_H
 #define CTRL_CORE_REGISTRY_H
 
+#include <ctrl/config.h>
+#include <ctrl/log.h>
 #include <ctrl/plugin.h>
+#include <ctrl/status.h>
 
 typedef struct ctrl_registry ctrl_registry;
 

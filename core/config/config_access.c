@@ -29,6 +29,51 @@ bool ctrl_config_get_bool(const ctrl_config *cfg, const char *section, const cha
     return (e && config_parse_bool(e->value, &v) == 0) ? v : fallback;
 }
 
+/* The entry of a key that must have a value, or NULL with the error set. */
+static config_entry *required(const ctrl_config *cfg, const char *section, const char *key) {
+    config_entry *e = config_find(cfg, section, key);
+    if (!e)
+        ctrl_error_set(CTRL_ERR_CONFIG,
+                       "[%s] %s: has no value (read as a declared option, but no option table declares it "
+                       "with a default and the file does not set it)",
+                       section, key);
+    return e;
+}
+
+static ctrl_status not_of_type(const config_entry *e, const char *type) {
+    return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] %s = %s (%s): read as %s", e->section, e->key, e->value,
+                          e->where ? e->where : "?", type);
+}
+
+ctrl_status ctrl_config_require_string(const ctrl_config *cfg, const char *section, const char *key,
+                                       const char **out) {
+    config_entry *e = required(cfg, section, key);
+    if (!e) return CTRL_ERR_CONFIG;
+    *out = e->value;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_config_require_int(const ctrl_config *cfg, const char *section, const char *key,
+                                    int64_t *out) {
+    config_entry *e = required(cfg, section, key);
+    if (!e) return CTRL_ERR_CONFIG;
+    return config_parse_int(e->value, out) == 0 ? CTRL_OK : not_of_type(e, "an integer");
+}
+
+ctrl_status ctrl_config_require_float(const ctrl_config *cfg, const char *section, const char *key,
+                                      double *out) {
+    config_entry *e = required(cfg, section, key);
+    if (!e) return CTRL_ERR_CONFIG;
+    return config_parse_float(e->value, out) == 0 ? CTRL_OK : not_of_type(e, "a number");
+}
+
+ctrl_status ctrl_config_require_bool(const ctrl_config *cfg, const char *section, const char *key,
+                                     bool *out) {
+    config_entry *e = required(cfg, section, key);
+    if (!e) return CTRL_ERR_CONFIG;
+    return config_parse_bool(e->value, out) == 0 ? CTRL_OK : not_of_type(e, "a boolean");
+}
+
 bool ctrl_config_has(const ctrl_config *cfg, const char *section, const char *key) {
     return config_find(cfg, section, key) != NULL;
 }

@@ -13,18 +13,12 @@
 #include <ctrl/memory.h>
 #include <ctrl/optimizer.h>
 #include <ctrl/reward.h>
+#include <ctrl/status.h>
 #include <ctrl/trainer.h>
-
-static const char *const kind_names[CTRL_KIND_COUNT] = {"attention", "optimizer", "trainer", "memory",
-                                                        "reward"};
-
-const char *ctrl_kind_name(ctrl_kind kind) {
-    return ((int)kind >= 0 && kind < CTRL_KIND_COUNT) ? kind_names[kind] : "unknown";
-}
 
 int ctrl_kind_parse(const char *name) {
     for (int k = 0; k < CTRL_KIND_COUNT; k++)
-        if (!strcasecmp(name, kind_names[k])) return k;
+        if (!strcasecmp(name, ctrl_kind_name((ctrl_kind)k))) return k;
     return -1;
 }
 

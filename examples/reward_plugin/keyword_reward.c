@@ -4,12 +4,15 @@
  *     ctrl --plugin-dir . plugins
  *
  * Score: per_match times the number of (non-overlapping) occurrences of `keyword` in the
- * completion, capped at max_matches. It reads its options through the host table, so it needs
- * no library of ctrl's at link time. See docs/plugin-guide.md. */
+ * completion, capped at max_matches. It includes only <ctrl/plugin_api.h>, whose ctrl_error_set,
+ * ctrl_option_* ... go through the host table the core lends it: the .so imports nothing from
+ * ctrl. Its defaults live in its option table only. See docs/plugin-guide.md. */
 #include <stdlib.h>
 #include <string.h>
 
-#include <ctrl/reward.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_reward {
     char *keyword;
@@ -19,17 +22,22 @@ struct ctrl_reward {
 
 static ctrl_status keyword_create(const ctrl_host *host, const ctrl_config *cfg, const char *section,
                                   ctrl_reward **out) {
-    const char *kw = host->config_get_string(cfg, section, "keyword");
-    if (!kw || !kw[0]) return host->error_set(CTRL_ERR_CONFIG, "[%s] keyword: must not be empty", section);
+    (void)host; /* kept by init: ctrl_plugin_api_init */
+    ctrl_status st = CTRL_OK;
+    const char *kw = ctrl_option_string(cfg, section, "keyword", &st);
+    const double per_match = ctrl_option_float(cfg, section, "per_match", &st);
+    const long max_matches = (long)ctrl_option_int(cfg, section, "max_matches", &st);
+    if (st != CTRL_OK) return st;
+    if (!kw[0]) return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] keyword: must not be empty", section);
     ctrl_reward *r = calloc(1, sizeof *r);
     size_t n = strlen(kw) + 1;
     if (!r || !(r->keyword = malloc(n))) {
         free(r);
-        return host->error_set(CTRL_ERR_NOMEM, "reward keyword: out of memory");
+        return ctrl_error_set(CTRL_ERR_NOMEM, "reward keyword: out of memory");
     }
     memcpy(r->keyword, kw, n);
-    r->per_match = host->config_get_float(cfg, section, "per_match", 1.0);
-    r->max_matches = (long)host->config_get_int(cfg, section, "max_matches", 1);
+    r->per_match = per_match;
+    r->max_matches = max_matches;
     *out = r;
     return CTRL_OK;
 }
@@ -76,6 +84,7 @@ static const ctrl_plugin keyword_plugin = {
     .version = "1.0.0",
     .summary = "rewards completions that contain a keyword (example third-party plugin)",
     .options = keyword_options,
+    .init = ctrl_plugin_api_init,
     .ops = &keyword_ops,
 };
 

@@ -1,5 +1,6 @@
-/* Read access to a validated run configuration. Values are typed per the option tables; every
- * declared key has a value after validation (its default) unless it has no default and is absent. */
+/* libctrl's read access to a validated run configuration (ctrl_config, option.h). Values are typed
+ * per the option tables; every declared key has a value after validation (its default) unless it
+ * has no default and is absent. For libctrl's users; a plugin reads through the host table. */
 #ifndef CTRL_CONFIG_H
 #define CTRL_CONFIG_H
 
@@ -7,17 +8,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "option.h"
+#include "status_code.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct ctrl_config ctrl_config;
 
 /* NULL when the key is absent and has no default. */
 const char *ctrl_config_get_string(const ctrl_config *cfg, const char *section, const char *key);
 int64_t ctrl_config_get_int(const ctrl_config *cfg, const char *section, const char *key, int64_t fallback);
 double ctrl_config_get_float(const ctrl_config *cfg, const char *section, const char *key, double fallback);
 bool ctrl_config_get_bool(const ctrl_config *cfg, const char *section, const char *key, bool fallback);
+/* The value of a key that must have one: a declared option, after validation, holds the file's
+ * value or its default, so these read it without restating a default. CTRL_ERR_CONFIG naming
+ * [section] key when the key has no value (undeclared, or declared without a default and absent) or
+ * is not of the type read; *out is left alone then. */
+ctrl_status ctrl_config_require_string(const ctrl_config *cfg, const char *section, const char *key,
+                                       const char **out);
+ctrl_status ctrl_config_require_int(const ctrl_config *cfg, const char *section, const char *key,
+                                    int64_t *out);
+ctrl_status ctrl_config_require_float(const ctrl_config *cfg, const char *section, const char *key,
+                                      double *out);
+ctrl_status ctrl_config_require_bool(const ctrl_config *cfg, const char *section, const char *key, bool *out);
 bool ctrl_config_has(const ctrl_config *cfg, const char *section, const char *key);
 /* Where the value came from: "file:line", "--set section.key" for an override, "default". */
 const char *ctrl_config_where(const ctrl_config *cfg, const char *section, const char *key);

@@ -1,21 +1,15 @@
-/* Logging: levels, timestamps, and a prefix hook (the rank in distributed runs). */
+/* libctrl's logging: levels (log_level.h), timestamps, and a prefix hook (the rank in distributed
+ * runs). For libctrl's users; a plugin logs through the host table (plugin_api.h). */
 #ifndef CTRL_LOG_H
 #define CTRL_LOG_H
 
 #include <stdarg.h>
 
+#include "log_level.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum ctrl_log_level {
-    CTRL_LOG_TRACE = 0,
-    CTRL_LOG_DEBUG,
-    CTRL_LOG_INFO,
-    CTRL_LOG_WARN,
-    CTRL_LOG_ERROR,
-    CTRL_LOG_OFF,
-} ctrl_log_level;
 
 /* Writes the prefix for each line (e.g. "[rank 3] ") into buf; returns the length written. */
 typedef int (*ctrl_log_prefix_fn)(char *buf, int cap, void *user);
@@ -33,12 +27,6 @@ void ctrl_log(ctrl_log_level level, const char *fmt, ...)
 #endif
     ;
 void ctrl_logv(ctrl_log_level level, const char *fmt, va_list ap);
-
-#define CTRL_TRACE(...) ctrl_log(CTRL_LOG_TRACE, __VA_ARGS__)
-#define CTRL_DEBUG(...) ctrl_log(CTRL_LOG_DEBUG, __VA_ARGS__)
-#define CTRL_INFO(...) ctrl_log(CTRL_LOG_INFO, __VA_ARGS__)
-#define CTRL_WARN(...) ctrl_log(CTRL_LOG_WARN, __VA_ARGS__)
-#define CTRL_ERROR(...) ctrl_log(CTRL_LOG_ERROR, __VA_ARGS__)
 
 #ifdef __cplusplus
 }

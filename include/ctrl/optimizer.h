@@ -10,8 +10,8 @@ extern "C" {
 #endif
 
 typedef struct ctrl_param_group {
-    float *param;       /* fp32 master weights */
-    const float *grad;  /* fp32 gradients */
+    float *param;      /* fp32 master weights */
+    const float *grad; /* fp32 gradients */
     int64_t numel;
     float weight_decay; /* 0 for norms and biases */
 } ctrl_param_group;

@@ -26,7 +26,7 @@ enum {
 };
 
 typedef struct ctrl_option {
-    const char *key;           /* INI key, TRL's name where TRL has one */
+    const char *key; /* INI key, TRL's name where TRL has one */
     ctrl_option_type type;
     const char *default_value; /* as INI text; NULL = no default */
     unsigned flags;            /* CTRL_OPT_REQUIRED | CTRL_OPT_HAS_MIN | ... */
@@ -36,7 +36,13 @@ typedef struct ctrl_option {
 } ctrl_option;
 
 /* Tables end with an entry whose key is NULL. */
-#define CTRL_OPTION_END {0}
+#define CTRL_OPTION_END                                                                                      \
+    { 0 }
+
+/* A run configuration, validated against the core's and every selected plugin's option tables:
+ * each declared key holds the file's value or its option's default. Opaque; read through the host
+ * table (a plugin) or config.h (libctrl's users). */
+typedef struct ctrl_config ctrl_config;
 
 #ifdef __cplusplus
 }

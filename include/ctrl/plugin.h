@@ -1,8 +1,10 @@
 /* The plugin ABI. A plugin .so exports one symbol, `ctrl_plugins`, returning a NULL-terminated
  * list of descriptors; CTRL_PLUGIN_DEFINE makes it. The core checks `abi` exactly, `size` (structs
  * only grow at the end) and `signature` (build traits that change layout), then registers each
- * descriptor by (kind, name). Plugins include only headers from include/ctrl/ and reach the core
- * through the ctrl_host table they are given; they never link against core internals. */
+ * descriptor by (kind, name). Plugins reach the core only through the ctrl_host table they are
+ * given (plugin_api.h routes ctrl_error_set, ctrl_log, ... through it); this header and the kind
+ * headers declare types and header-only helpers, no function of libctrl, so a plugin imports
+ * nothing from the core. */
 #ifndef CTRL_PLUGIN_H
 #define CTRL_PLUGIN_H
 
@@ -10,10 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "log.h"
+#include "log_level.h"
 #include "option.h"
-#include "status.h"
+#include "status_code.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -38,16 +39,35 @@ typedef enum ctrl_kind {
 
 /* What the core lends a plugin. Versioned by size: fields are only appended; a plugin checks
  * `size` before using a field added after the one it was built against. */
+#if defined(__GNUC__)
+#define CTRL_PRINTF_LIKE(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define CTRL_PRINTF_LIKE(fmt, args)
+#endif
+
 typedef struct ctrl_host {
     size_t size;
     uint32_t abi;
-    void (*log)(ctrl_log_level level, const char *fmt, ...);
-    ctrl_status (*error_set)(ctrl_status status, const char *fmt, ...);
+    void (*log)(ctrl_log_level level, const char *fmt, ...) CTRL_PRINTF_LIKE(2, 3);
+    ctrl_status (*error_set)(ctrl_status status, const char *fmt, ...) CTRL_PRINTF_LIKE(2, 3);
     const char *(*config_get_string)(const ctrl_config *cfg, const char *section, const char *key);
     int64_t (*config_get_int)(const ctrl_config *cfg, const char *section, const char *key, int64_t fallback);
     double (*config_get_float)(const ctrl_config *cfg, const char *section, const char *key, double fallback);
     bool (*config_get_bool)(const ctrl_config *cfg, const char *section, const char *key, bool fallback);
     int has_cuda; /* 1 when this process can run CUDA kernels */
+    /* Appended (check `size`): a declared option's validated value -- the file's, or the option
+     * table's default, which is the only place a default lives, so these take none. On a key
+     * without a value (not declared with a default, and absent) or of another type they return
+     * 0 / false / NULL and, when *status is CTRL_OK, set it to CTRL_ERR_CONFIG with the message
+     * naming [section] key; once *status is an error they read nothing. So a plugin reads all its
+     * options and checks *status once. */
+    const char *(*option_string)(const ctrl_config *cfg, const char *section, const char *key,
+                                 ctrl_status *status);
+    int64_t (*option_int)(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *status);
+    double (*option_float)(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *status);
+    bool (*option_bool)(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *status);
+    /* Appended: prefixes the current message with "context: " (as libctrl's ctrl_error_wrap). */
+    ctrl_status (*error_wrap)(ctrl_status status, const char *fmt, ...) CTRL_PRINTF_LIKE(2, 3);
 } ctrl_host;
 
 typedef struct ctrl_plugin {
@@ -69,7 +89,8 @@ typedef struct ctrl_plugin {
 
 /* Fills abi, size and signature; use in a designated initializer:
  *   static const ctrl_plugin p = { CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_REWARD, ... }; */
-#define CTRL_PLUGIN_HEADER .abi = CTRL_PLUGIN_ABI, .size = sizeof(ctrl_plugin), .signature = CTRL_PLUGIN_SIGNATURE
+#define CTRL_PLUGIN_HEADER                                                                                   \
+    .abi = CTRL_PLUGIN_ABI, .size = sizeof(ctrl_plugin), .signature = CTRL_PLUGIN_SIGNATURE
 
 #define CTRL_PLUGIN_ENTRY_SYMBOL "ctrl_plugins"
 
@@ -86,24 +107,35 @@ typedef struct ctrl_plugin {
 #define CTRL_PLUGIN_CAT2(a, b) a##b
 #define CTRL_PLUGIN_CAT(a, b) CTRL_PLUGIN_CAT2(a, b)
 #define CTRL_PLUGIN_FN CTRL_PLUGIN_CAT(ctrl_plugins_, CTRL_PLUGIN_STATIC_NAME)
-#define CTRL_PLUGIN_DEFINE(...)                                                                    \
-    const ctrl_plugin *const *CTRL_PLUGIN_FN(void);                                                \
-    const ctrl_plugin *const *CTRL_PLUGIN_FN(void) {                                               \
-        static const ctrl_plugin *const list[] = {__VA_ARGS__, NULL};                              \
-        return list;                                                                               \
+#define CTRL_PLUGIN_DEFINE(...)                                                                              \
+    const ctrl_plugin *const *CTRL_PLUGIN_FN(void);                                                          \
+    const ctrl_plugin *const *CTRL_PLUGIN_FN(void) {                                                         \
+        static const ctrl_plugin *const list[] = {__VA_ARGS__, NULL};                                        \
+        return list;                                                                                         \
     }
 #else
-#define CTRL_PLUGIN_DEFINE(...)                                                                    \
-    CTRL_PLUGIN_EXPORT const ctrl_plugin *const *ctrl_plugins(void);                               \
-    CTRL_PLUGIN_EXPORT const ctrl_plugin *const *ctrl_plugins(void) {                              \
-        static const ctrl_plugin *const list[] = {__VA_ARGS__, NULL};                              \
-        return list;                                                                               \
+#define CTRL_PLUGIN_DEFINE(...)                                                                              \
+    CTRL_PLUGIN_EXPORT const ctrl_plugin *const *ctrl_plugins(void);                                         \
+    CTRL_PLUGIN_EXPORT const ctrl_plugin *const *ctrl_plugins(void) {                                        \
+        static const ctrl_plugin *const list[] = {__VA_ARGS__, NULL};                                        \
+        return list;                                                                                         \
     }
 #endif
 
 typedef const ctrl_plugin *const *(*ctrl_plugins_fn)(void);
 
-const char *ctrl_kind_name(ctrl_kind kind); /* "attention", ... */
+/* "attention", ... (header-only: the core and plugins use it without linking anything). */
+static inline const char *ctrl_kind_name(ctrl_kind kind) {
+    switch (kind) {
+    case CTRL_KIND_ATTENTION: return "attention";
+    case CTRL_KIND_OPTIMIZER: return "optimizer";
+    case CTRL_KIND_TRAINER: return "trainer";
+    case CTRL_KIND_MEMORY: return "memory";
+    case CTRL_KIND_REWARD: return "reward";
+    case CTRL_KIND_COUNT: break;
+    }
+    return "unknown";
+}
 
 #ifdef __cplusplus
 }

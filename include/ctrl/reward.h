@@ -16,12 +16,12 @@ typedef struct ctrl_reward_column {
 } ctrl_reward_column;
 
 typedef struct ctrl_reward_batch {
-    size_t size;                      /* sizeof(ctrl_reward_batch) as built */
-    int n;                            /* completions */
-    const char *const *prompts;       /* [n] rendered prompt text */
-    const char *const *completions;   /* [n] completion text */
+    size_t size;                          /* sizeof(ctrl_reward_batch) as built */
+    int n;                                /* completions */
+    const char *const *prompts;           /* [n] rendered prompt text */
+    const char *const *completions;       /* [n] completion text */
     const int32_t *const *completion_ids; /* [n] token ids */
-    const int *completion_lens;       /* [n] number of ids */
+    const int *completion_lens;           /* [n] number of ids */
     int n_columns;
     const ctrl_reward_column *columns;
 } ctrl_reward_batch;

@@ -1,24 +1,14 @@
-/* ctrl_status: every fallible function returns one; the message lives in a thread-local buffer. */
+/* libctrl's error messages: every fallible function returns a ctrl_status (status_code.h); the
+ * message lives in a thread-local buffer. For libctrl's users (the CLI, tests): a plugin reports
+ * errors through the host table (plugin_api.h), never by linking these. */
 #ifndef CTRL_STATUS_H
 #define CTRL_STATUS_H
+
+#include "status_code.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum ctrl_status {
-    CTRL_OK = 0,
-    CTRL_ERR_USAGE,       /* bad command line */
-    CTRL_ERR_CONFIG,      /* bad INI file or --set override */
-    CTRL_ERR_IO,          /* a file could not be read or written */
-    CTRL_ERR_FORMAT,      /* a file was read but its content is invalid */
-    CTRL_ERR_PLUGIN,      /* a plugin could not be loaded or failed to initialise */
-    CTRL_ERR_NOMEM,       /* an allocation failed */
-    CTRL_ERR_DEVICE,      /* a device (CUDA, ...) call failed or the device is absent */
-    CTRL_ERR_RUNTIME,     /* anything else that went wrong while working */
-    CTRL_ERR_INTERRUPTED, /* SIGINT/SIGTERM */
-    CTRL_ERR_UNSUPPORTED, /* a feature this build or plugin does not provide */
-} ctrl_status;
 
 /* Sets the calling thread's error message (printf-style) and returns `status`, so that
  * `return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));` reads naturally. */

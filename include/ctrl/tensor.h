@@ -1,5 +1,5 @@
-/* Tensors: a dtype, a device, up to 4 dims and a data pointer. Buffers are owned elsewhere
- * (arenas, flat per-layer buffers); a ctrl_tensor is a view. */
+/* Element types and devices of the buffers the core hands to plugins (attention arguments,
+ * optimizer devices). Buffers are plain pointers with their shapes given beside them. */
 #ifndef CTRL_TENSOR_H
 #define CTRL_TENSOR_H
 
@@ -30,16 +30,8 @@ typedef struct ctrl_device {
     int index; /* cuda:N; 0 for the CPU */
 } ctrl_device;
 
+/* The most dimensions a tensor the core reads may have (safetensors shapes). */
 #define CTRL_MAX_DIMS 4
-
-typedef struct ctrl_tensor {
-    void *data;
-    ctrl_dtype dtype;
-    ctrl_device device;
-    int ndim;
-    int64_t shape[CTRL_MAX_DIMS];
-    int64_t stride[CTRL_MAX_DIMS]; /* in elements */
-} ctrl_tensor;
 
 /* Header-only, so that plugins can use them without linking against libctrl. */
 static inline size_t ctrl_dtype_size(ctrl_dtype dtype) {
@@ -64,13 +56,6 @@ static inline const char *ctrl_dtype_name(ctrl_dtype dtype) {
     case CTRL_U8: return "u8";
     default: return "?";
     }
-}
-
-/* Number of elements (product of the shape). */
-static inline int64_t ctrl_tensor_numel(const ctrl_tensor *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
 }
 
 #ifdef __cplusplus

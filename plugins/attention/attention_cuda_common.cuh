@@ -4,9 +4,7 @@
 
 #include <cuda_runtime.h>
 
-extern "C" {
-#include <ctrl/attention.h>
-}
+#include <ctrl/plugin_api.h>
 
 // The longest sequence of the batch (host-side cu_seqlens): the grid covers its tiles.
 static inline int attention_max_len(const ctrl_attention_args *a) {
@@ -16,10 +14,10 @@ static inline int attention_max_len(const ctrl_attention_args *a) {
 }
 
 // CTRL_OK, or the last launch's error as "attention NAME (cuda) WHAT: ...".
-static inline ctrl_status attention_launch_error(const ctrl_host *host, const char *name, const char *what) {
+static inline ctrl_status attention_launch_error(const char *name, const char *what) {
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess) return CTRL_OK;
-    return host->error_set(CTRL_ERR_DEVICE, "attention %s (cuda) %s: %s", name, what, cudaGetErrorString(err));
+    return ctrl_error_set(CTRL_ERR_DEVICE, "attention %s (cuda) %s: %s", name, what, cudaGetErrorString(err));
 }
 
 #endif

@@ -2,7 +2,7 @@
 #ifndef CTRL_PLUGIN_ATTENTION_COMMON_H
 #define CTRL_PLUGIN_ATTENTION_COMMON_H
 
-#include <ctrl/attention.h>
+#include <ctrl/plugin_api.h>
 
 /* What the CPU paths run: fp32 on the CPU, whole GQA groups, host-side cu_seqlens. */
 static inline int attention_cpu_f32_supported(const ctrl_attention_args *a) {
@@ -24,22 +24,21 @@ static inline int attention_cuda_f32_supported(const ctrl_attention_args *a) {
 
 /* CTRL_OK, or the error saying why `name` cannot run these arguments (`supported` says what it
  * runs; and, for backward, that the saved and gradient buffers are there). */
-static inline ctrl_status attention_check_args(const ctrl_host *host, const char *name,
-                                               const ctrl_attention_args *a, int backward,
+static inline ctrl_status attention_check_args(const char *name, const ctrl_attention_args *a, int backward,
                                                int (*supported)(const ctrl_attention_args *)) {
     if (a->size < sizeof(ctrl_attention_args))
-        return host->error_set(CTRL_ERR_RUNTIME, "attention %s: argument struct of size %zu is too old", name,
-                               a->size);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: argument struct of size %zu is too old", name,
+                              a->size);
     if (!supported(a))
-        return host->error_set(
+        return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
             "attention %s: cannot run %s on %s with %d/%d heads of dimension %d (fp32 on the "
             "CPU; on CUDA as the plugin's CUDA path allows; n_head %% n_kv_head == 0)",
             name, ctrl_dtype_name(a->dtype), a->device.type == CTRL_DEVICE_CPU ? "cpu" : "cuda", a->n_head,
             a->n_kv_head, a->head_dim);
     if (backward && (!a->lse || !a->dout || !a->dq || !a->dk || !a->dv))
-        return host->error_set(CTRL_ERR_RUNTIME, "attention %s: backward needs lse, dout, dq, dk and dv",
-                               name);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: backward needs lse, dout, dq, dk and dv",
+                              name);
     return CTRL_OK;
 }
 

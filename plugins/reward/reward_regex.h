@@ -9,29 +9,30 @@
 #include <pcre2.h>
 #include <string.h>
 
-#include <ctrl/plugin.h>
+#include <ctrl/plugin_api.h>
 
 enum { RX_MATCH, RX_SEARCH, RX_FULLMATCH };
 
-/* Compiles [section] pattern with the section's dotall / multiline / ignore_case flags; an invalid
- * pattern is a config error naming the section, the key and the offset. */
-static inline ctrl_status rx_compile(const ctrl_host *host, const ctrl_config *cfg, const char *section,
-                                     const char *fallback, pcre2_code **out) {
-    const char *pattern = host->config_get_string(cfg, section, "pattern");
-    if (!pattern || !pattern[0]) pattern = fallback;
-    if (!pattern) return host->error_set(CTRL_ERR_CONFIG, "[%s] pattern: required", section);
+/* Compiles [section] pattern with the section's dotall / multiline / ignore_case flags (each
+ * plugin's option table declares them with its defaults); an empty or invalid pattern is a config
+ * error naming the section, the key and the offset. */
+static inline ctrl_status rx_compile(const ctrl_config *cfg, const char *section, pcre2_code **out) {
+    ctrl_status st = CTRL_OK;
+    const char *pattern = ctrl_option_string(cfg, section, "pattern", &st);
     uint32_t flags = PCRE2_UTF | PCRE2_UCP;
-    if (host->config_get_bool(cfg, section, "dotall", false)) flags |= PCRE2_DOTALL;
-    if (host->config_get_bool(cfg, section, "multiline", false)) flags |= PCRE2_MULTILINE;
-    if (host->config_get_bool(cfg, section, "ignore_case", false)) flags |= PCRE2_CASELESS;
+    if (ctrl_option_bool(cfg, section, "dotall", &st)) flags |= PCRE2_DOTALL;
+    if (ctrl_option_bool(cfg, section, "multiline", &st)) flags |= PCRE2_MULTILINE;
+    if (ctrl_option_bool(cfg, section, "ignore_case", &st)) flags |= PCRE2_CASELESS;
+    if (st != CTRL_OK) return st;
+    if (!pattern[0]) return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] pattern: must not be empty", section);
     int err;
     PCRE2_SIZE at;
     *out = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, flags, &err, &at, NULL);
     if (!*out) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return host->error_set(CTRL_ERR_CONFIG, "[%s] pattern: invalid at offset %zu: %s", section,
-                               (size_t)at, (const char *)msg);
+        return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] pattern: invalid at offset %zu: %s", section, (size_t)at,
+                              (const char *)msg);
     }
     return CTRL_OK;
 }

@@ -22,6 +22,22 @@ cp -r "$SRC/examples/reward_plugin" "$TMP/plugin"
 export PKG_CONFIG_PATH="$LIBDIR/pkgconfig"
 [ -f "$(pkg-config --variable=includedir ctrl)/ctrl/plugin.h" ] || fail "pkg-config's includedir lacks ctrl/plugin.h"
 make -C "$TMP/plugin" >"$TMP/make.log" 2>&1 || { cat "$TMP/make.log"; fail "building the example plugin"; }
+# Everything a plugin calls goes through the host table (ctrl/plugin_api.h): the example and every
+# installed plugin import no ctrl_* symbol, so none can bind to libctrl by mistake.
+for so in "$TMP/plugin/keyword.so" "$LIBDIR"/ctrl/plugins/*.so; do
+  imports=$(nm -D --undefined-only "$so" | awk '{print $NF}' | grep '^ctrl_' || true)
+  [ -z "$imports" ] || fail "$(basename "$so") imports from libctrl: $imports"
+done
+# A libctrl function the host table does not offer is not declared to a plugin: calling one does
+# not compile, and libctrl's own headers cannot be mixed in after plugin_api.h.
+printf '#include <ctrl/plugin_api.h>\nconst char *f(void) { return ctrl_error_message(); }\n' >"$TMP/direct.c"
+if cc -std=c11 -Werror -c $(pkg-config --cflags ctrl) "$TMP/direct.c" -o "$TMP/direct.o" 2>/dev/null; then
+  fail "a plugin calling ctrl_error_message() directly compiled"
+fi
+printf '#include <ctrl/plugin_api.h>\n#include <ctrl/status.h>\n' >"$TMP/mixed.c"
+if cc -std=c11 -c $(pkg-config --cflags ctrl) "$TMP/mixed.c" -o "$TMP/mixed.o" 2>/dev/null; then
+  fail "libctrl's status.h was accepted after plugin_api.h"
+fi
 
 CTRL="$TMP/prefix/bin/ctrl"
 "$CTRL" --plugin-dir "$TMP/plugin" plugins >"$TMP/list.txt" 2>&1 || { cat "$TMP/list.txt"; fail "ctrl plugins"; }

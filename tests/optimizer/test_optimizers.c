@@ -8,32 +8,33 @@
 #include <string.h>
 
 #include <ctrl/optimizer.h>
+#include <ctrl/status.h>
 
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_adamw(void);
 const ctrl_plugin *const *ctrl_plugins_sgd(void);
 
-/* A host whose config accessors read the fixture's hyper-parameters (cfg is this table). */
+/* A host whose option readers read the fixture's hyper-parameters (cfg is this table), standing in
+ * for a validated config: keys the fixture leaves out hold the plugin's declared default. */
 typedef struct {
     char key[8][32];
     double val[8];
     int n;
 } hp_table;
 
-static double hp_get(const ctrl_config *cfg, const char *key, double fallback) {
+static double hp_get(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *st) {
     const hp_table *t = (const hp_table *)cfg;
-    for (int i = 0; t && i < t->n; i++)
+    for (int i = 0; *st == CTRL_OK && t && i < t->n; i++)
         if (!strcmp(t->key[i], key)) return t->val[i];
-    return fallback;
+    if (*st == CTRL_OK) *st = ctrl_error_set(CTRL_ERR_CONFIG, "[%s] %s: has no value", section, key);
+    return 0;
 }
-static double host_get_float(const ctrl_config *cfg, const char *s, const char *k, double fb) {
-    (void)s;
-    return hp_get(cfg, k, fb);
+static double host_option_float(const ctrl_config *cfg, const char *s, const char *k, ctrl_status *st) {
+    return hp_get(cfg, s, k, st);
 }
-static bool host_get_bool(const ctrl_config *cfg, const char *s, const char *k, bool fb) {
-    (void)s;
-    return hp_get(cfg, k, fb ? 1 : 0) != 0;
+static bool host_option_bool(const ctrl_config *cfg, const char *s, const char *k, ctrl_status *st) {
+    return hp_get(cfg, s, k, st) != 0;
 }
 static ctrl_status host_error_set(ctrl_status st, const char *fmt, ...) {
     va_list ap;
@@ -47,9 +48,28 @@ static const ctrl_host test_host = {
     .size = sizeof(ctrl_host),
     .abi = CTRL_PLUGIN_ABI,
     .error_set = host_error_set,
-    .config_get_float = host_get_float,
-    .config_get_bool = host_get_bool,
+    .option_float = host_option_float,
+    .option_bool = host_option_bool,
 };
+
+static const ctrl_plugin *find_plugin(const char *kind) {
+    const ctrl_plugin *const *list = !strcmp(kind, "adamw") ? ctrl_plugins_adamw() : ctrl_plugins_sgd();
+    CHECK(list && list[0] && list[0]->kind == CTRL_KIND_OPTIMIZER && !strcmp(list[0]->name, kind));
+    if (list && list[0] && list[0]->init) CHECK_EQ_INT(list[0]->init(&test_host), CTRL_OK);
+    return list ? list[0] : NULL;
+}
+
+/* What validation does: every declared key the fixture leaves out gets the option's default. */
+static void hp_fill_defaults(hp_table *hp, const ctrl_plugin *p) {
+    for (const ctrl_option *o = p->options; o && o->key; o++) {
+        int have = 0;
+        for (int i = 0; i < hp->n; i++) have |= !strcmp(hp->key[i], o->key);
+        if (have || !o->default_value || hp->n == 8) continue;
+        snprintf(hp->key[hp->n], sizeof hp->key[0], "%s", o->key);
+        hp->val[hp->n++] =
+            o->type == CTRL_OPT_BOOL ? !strcmp(o->default_value, "true") : atof(o->default_value);
+    }
+}
 
 static float *read_floats(FILE *f, const char *tag, int n) {
     char word[32];
@@ -61,12 +81,6 @@ static float *read_floats(FILE *f, const char *tag, int n) {
             return NULL;
         }
     return x;
-}
-
-static const ctrl_optimizer_ops *find_ops(const char *kind) {
-    const ctrl_plugin *const *list = !strcmp(kind, "adamw") ? ctrl_plugins_adamw() : ctrl_plugins_sgd();
-    CHECK(list && list[0] && list[0]->kind == CTRL_KIND_OPTIMIZER && !strcmp(list[0]->name, kind));
-    return list[0] ? list[0]->ops : NULL;
 }
 
 TEST(torch_trajectories) {
@@ -103,7 +117,10 @@ TEST(torch_trajectories) {
             groups[g].param = malloc((size_t)n * sizeof(float));
             for (int i = 0; i < n; i++) CHECK(fscanf(f, "%f", &groups[g].param[i]) == 1);
         }
-        const ctrl_optimizer_ops *ops = find_ops(kind);
+        const ctrl_plugin *plugin = find_plugin(kind);
+        if (!plugin) break;
+        hp_fill_defaults(&hp, plugin);
+        const ctrl_optimizer_ops *ops = plugin->ops;
         ctrl_optimizer *opt = NULL;
         CHECK_EQ_INT(ops->create(&test_host, (const ctrl_config *)&hp, groups, 2,
                                  (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
@@ -156,8 +173,12 @@ TEST(nesterov_needs_momentum) {
     float p[3] = {0}, g[3] = {0};
     ctrl_param_group grp = {.param = p, .grad = g, .numel = 3};
     ctrl_optimizer *opt = NULL;
-    CHECK_EQ_INT(find_ops("sgd")->create(&test_host, (const ctrl_config *)&hp, &grp, 1,
-                                         (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
-                 CTRL_ERR_CONFIG);
+    const ctrl_plugin *sgd = find_plugin("sgd");
+    if (!sgd) return;
+    hp_fill_defaults(&hp, sgd);
+    CHECK_EQ_INT(
+        ((const ctrl_optimizer_ops *)sgd->ops)
+            ->create(&test_host, (const ctrl_config *)&hp, &grp, 1, (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+        CTRL_ERR_CONFIG);
     CHECK_CONTAINS(ctrl_error_message(), "nesterov");
 }

@@ -11,7 +11,6 @@
 
 const ctrl_plugin *const *ctrl_plugins_sft(void);
 
-
 static int read_tagged(FILE *f, const char *tag, float *x, int n) {
     char word[32];
     if (fscanf(f, "%31s", word) != 1 || strcmp(word, tag) != 0) return 0;
@@ -24,6 +23,7 @@ TEST(loss_matches_transformers_with_accumulation) {
     const ctrl_plugin *p = ctrl_plugins_sft()[0];
     CHECK(p->kind == CTRL_KIND_TRAINER && !strcmp(p->name, "sft"));
     const ctrl_trainer_ops *ops = p->ops;
+    CHECK_EQ_INT(p->init(ctrl_host_table()), CTRL_OK); /* as the registry does after loading */
     ctrl_trainer *t = NULL;
     CHECK_EQ_INT(ops->create(ctrl_host_table(), NULL, &t), CTRL_OK);
 
@@ -61,7 +61,9 @@ TEST(loss_matches_transformers_with_accumulation) {
 }
 
 TEST(empty_accumulated_batch_is_an_error) {
-    const ctrl_trainer_ops *ops = ctrl_plugins_sft()[0]->ops;
+    const ctrl_plugin *p = ctrl_plugins_sft()[0];
+    const ctrl_trainer_ops *ops = p->ops;
+    CHECK_EQ_INT(p->init(ctrl_host_table()), CTRL_OK);
     ctrl_trainer *t = NULL;
     CHECK_EQ_INT(ops->create(ctrl_host_table(), NULL, &t), CTRL_OK);
     float logp[2] = {-1, -2}, w[2] = {0, 0}, d[2];
@@ -70,4 +72,15 @@ TEST(empty_accumulated_batch_is_an_error) {
     CHECK_EQ_INT(ops->loss(t, &b, &loss, d), CTRL_ERR_RUNTIME);
     CHECK_CONTAINS(ctrl_error_message(), "no trained token");
     ops->destroy(t);
+}
+
+/* A plugin built against these headers refuses, with a message, the smaller host table of an older
+ * ctrl, which lacks functions plugin_api.h's macros call (ctrl_option_* ...). */
+TEST(init_refuses_an_older_host_table) {
+    const ctrl_plugin *p = ctrl_plugins_sft()[0];
+    ctrl_host old = *ctrl_host_table();
+    old.size = offsetof(ctrl_host, option_string);
+    CHECK_EQ_INT(p->init(&old), CTRL_ERR_PLUGIN);
+    CHECK_CONTAINS(ctrl_error_message(), "built against a newer ctrl");
+    CHECK_EQ_INT(p->init(ctrl_host_table()), CTRL_OK);
 }

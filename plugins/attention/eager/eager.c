@@ -1,17 +1,11 @@
 /* The `eager` attention plugin: the plain reference (materialised scores), the one every faster
  * backend is checked against: fp32 on the CPU, and on CUDA devices when built with CUDA. */
-#include <ctrl/attention.h>
+#include <ctrl/plugin_api.h>
 
 #include "../attention_plugin_common.h"
 #include "eager_cpu.h"
 
-/* The core's services, kept from init(): plugins report errors through the host table. */
-const ctrl_host *eager_host;
-
-static ctrl_status eager_init(const ctrl_host *host) {
-    eager_host = host;
-    return CTRL_OK;
-}
+CTRL_PLUGIN_API_DEFINE;
 
 static int eager_supports(const ctrl_attention_args *a) {
     return attention_cpu_f32_supported(a) || attention_cuda_f32_supported(a);
@@ -19,7 +13,7 @@ static int eager_supports(const ctrl_attention_args *a) {
 
 static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(eager_host, "eager", a, 0, eager_supports);
+    ctrl_status st = attention_check_args("eager", a, 0, eager_supports);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_forward(a);
@@ -29,7 +23,7 @@ static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) 
 
 static ctrl_status eager_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(eager_host, "eager", a, 1, eager_supports);
+    ctrl_status st = attention_check_args("eager", a, 1, eager_supports);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_backward(a);
@@ -50,7 +44,7 @@ static const ctrl_plugin eager_plugin = {
     .name = "eager",
     .version = "0.1.0",
     .summary = "reference attention: materialised scores, causal/window/GQA, variable-length batches",
-    .init = eager_init,
+    .init = ctrl_plugin_api_init,
     .ops = &eager_ops,
 };
 

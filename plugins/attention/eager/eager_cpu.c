@@ -96,8 +96,8 @@ ctrl_status eager_cpu_forward(const ctrl_attention_args *a) {
         free(S);
     }
     if (failed)
-        return eager_host->error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix",
-                                     Lmax, Lmax);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix", Lmax,
+                              Lmax);
     return CTRL_OK;
 }
 
@@ -144,7 +144,7 @@ ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
         free(S);
     }
     if (failed)
-        return eager_host->error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix",
-                                     Lmax, Lmax);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix", Lmax,
+                              Lmax);
     return CTRL_OK;
 }

@@ -2,9 +2,7 @@
 #ifndef CTRL_PLUGIN_EAGER_CPU_H
 #define CTRL_PLUGIN_EAGER_CPU_H
 
-#include <ctrl/attention.h>
-
-extern const ctrl_host *eager_host;
+#include <ctrl/plugin_api.h>
 
 ctrl_status eager_cpu_forward(const ctrl_attention_args *a);
 ctrl_status eager_cpu_backward(const ctrl_attention_args *a);

@@ -132,21 +132,21 @@ __global__ void bwd_kernel(ctrl_attention_args a) {
 extern "C" ctrl_status eager_cuda_forward(const ctrl_attention_args *a) {
     const size_t shmem = sizeof(float) * (size_t)attention_max_len(a);
     if (shmem > 200 * 1024)
-        return eager_host->error_set(CTRL_ERR_UNSUPPORTED, "attention eager (cuda): sequences of %d tokens exceed "
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "attention eager (cuda): sequences of %d tokens exceed "
                                      "its shared-memory score row; use flash", attention_max_len(a));
     cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
     fwd_kernel<<<dim3(a->total_tokens, a->n_head), kThreads, shmem>>>(*a);
-    return attention_launch_error(eager_host, "eager", "forward");
+    return attention_launch_error("eager", "forward");
 }
 
 extern "C" ctrl_status eager_cuda_backward(const ctrl_attention_args *a) {
     const size_t shmem = 2 * sizeof(float) * (size_t)attention_max_len(a);
     if (shmem > 200 * 1024)
-        return eager_host->error_set(CTRL_ERR_UNSUPPORTED, "attention eager (cuda): sequences of %d tokens are too long",
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "attention eager (cuda): sequences of %d tokens are too long",
                                      attention_max_len(a));
     cudaMemset(a->dk, 0, sizeof(float) * (size_t)a->total_tokens * a->n_kv_head * a->head_dim);
     cudaMemset(a->dv, 0, sizeof(float) * (size_t)a->total_tokens * a->n_kv_head * a->head_dim);
     cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
     bwd_kernel<<<dim3(a->total_tokens, a->n_head), kThreads, shmem>>>(*a);
-    return attention_launch_error(eager_host, "eager", "backward");
+    return attention_launch_error("eager", "backward");
 }

@@ -1,7 +1,7 @@
 /* The `flash` attention plugin: tiled online softmax (FlashAttention-2's algorithm), memory
  * linear in the sequence length. fp32 on the CPU (flash_cpu.c); fp32 or bf16 on CUDA devices when
  * built with CUDA (flash_cuda.cu). */
-#include <ctrl/attention.h>
+#include <ctrl/plugin_api.h>
 
 #include "../attention_plugin_common.h"
 #include "flash_cpu.h"
@@ -9,12 +9,7 @@
 #include "flash_cuda.h"
 #endif
 
-const ctrl_host *flash_host;
-
-static ctrl_status flash_init(const ctrl_host *host) {
-    flash_host = host;
-    return CTRL_OK;
-}
+CTRL_PLUGIN_API_DEFINE;
 
 static int flash_supports(const ctrl_attention_args *a) {
 #ifdef CTRL_HAVE_CUDA
@@ -25,7 +20,7 @@ static int flash_supports(const ctrl_attention_args *a) {
 
 static ctrl_status flash_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(flash_host, "flash", a, 0, flash_supports);
+    ctrl_status st = attention_check_args("flash", a, 0, flash_supports);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return flash_cuda_forward(a);
@@ -35,7 +30,7 @@ static ctrl_status flash_forward(const ctrl_attention_args *a, void *workspace) 
 
 static ctrl_status flash_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args(flash_host, "flash", a, 1, flash_supports);
+    ctrl_status st = attention_check_args("flash", a, 1, flash_supports);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return flash_cuda_backward(a);
@@ -56,7 +51,7 @@ static const ctrl_plugin flash_plugin = {
     .name = "flash",
     .version = "0.1.0",
     .summary = "flash attention: tiled online softmax, never materialises T x T; causal/window/GQA, varlen",
-    .init = flash_init,
+    .init = ctrl_plugin_api_init,
     .ops = &flash_ops,
 };
 

@@ -145,7 +145,7 @@ ctrl_status flash_cpu_forward(const ctrl_attention_args *a) {
         free(S);
         free(acc);
     }
-    if (failed) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
+    if (failed) return ctrl_error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
     return CTRL_OK;
 }
 
@@ -158,7 +158,7 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
     memset(dv, 0, sizeof(float) * (size_t)T * HK * D);
     /* D_i = dO_i . O_i, per (token, head) */
     float *Dv = malloc(sizeof(float) * (size_t)T * H);
-    if (!Dv) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: backward scratch");
+    if (!Dv) return ctrl_error_set(CTRL_ERR_NOMEM, "attention flash: backward scratch");
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)T * H; r++) {
         float s = 0;
@@ -217,6 +217,6 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
         free(dP);
     }
     free(Dv);
-    if (failed) return flash_host->error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
+    if (failed) return ctrl_error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");
     return CTRL_OK;
 }

@@ -2,9 +2,7 @@
 #ifndef CTRL_PLUGIN_FLASH_CPU_H
 #define CTRL_PLUGIN_FLASH_CPU_H
 
-#include <ctrl/attention.h>
-
-extern const ctrl_host *flash_host;
+#include <ctrl/plugin_api.h>
 
 #define FLASH_BLOCK_Q 64
 #define FLASH_BLOCK_K 64

@@ -18,8 +18,6 @@ extern "C" {
 #include "flash_cuda.h"
 }
 
-extern "C" const ctrl_host *flash_host;
-
 namespace {
 
 constexpr int kMaxD = 128; // head_dim up to this
@@ -206,7 +204,7 @@ ctrl_status forward(const ctrl_attention_args *a) {
     const int L = attention_max_len(a);
     if (L == 0) return CTRL_OK;
     fwd_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
-    return attention_launch_error(flash_host, "flash", "forward");
+    return attention_launch_error("flash", "forward");
 }
 
 template <typename T>
@@ -215,10 +213,10 @@ ctrl_status backward(const ctrl_attention_args *a) {
     if (L == 0) return CTRL_OK;
     const size_t shmem = sizeof(float) * (2 * (size_t)kBq * a->head_dim + 2 * kBq);
     bwd_dkdv_kernel<T><<<dim3((L + kBk - 1) / kBk, a->n_kv_head, a->n_seqs), kBk, shmem>>>(*a);
-    ctrl_status st = attention_launch_error(flash_host, "flash", "backward dK/dV");
+    ctrl_status st = attention_launch_error("flash", "backward dK/dV");
     if (st != CTRL_OK) return st;
     bwd_dq_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
-    return attention_launch_error(flash_host, "flash", "backward dQ");
+    return attention_launch_error("flash", "backward dQ");
 }
 
 } // namespace

@@ -2,7 +2,7 @@
 #ifndef CTRL_FLASH_CUDA_H
 #define CTRL_FLASH_CUDA_H
 
-#include <ctrl/attention.h>
+#include <ctrl/plugin_api.h>
 
 int flash_cuda_supported(const ctrl_attention_args *a);
 ctrl_status flash_cuda_forward(const ctrl_attention_args *a);

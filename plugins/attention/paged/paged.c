@@ -3,21 +3,16 @@
  * cache, on the CPU (paged_cpu.c) or, built with CUDA, on a CUDA device (paged_cuda.cu), through
  * the same arguments (ctrl_paged_attention_args: flat queries, the layer's K/V pools, int32 block
  * tables, positions). It has no training forward/backward. */
-#include <ctrl/attention.h>
+#include <ctrl/plugin_api.h>
 
 #include "paged_cpu.h"
 #ifdef CTRL_HAVE_CUDA
 #include "paged_cuda.h"
 #endif
 
-const ctrl_host *paged_host;
+CTRL_PLUGIN_API_DEFINE;
 
-static ctrl_status paged_init(const ctrl_host *host) {
-    paged_host = host;
-    return CTRL_OK;
-}
-
-#define BAD(...) paged_host->error_set(CTRL_ERR_RUNTIME, "attention paged: " __VA_ARGS__)
+#define BAD(...) ctrl_error_set(CTRL_ERR_RUNTIME, "attention paged: " __VA_ARGS__)
 
 /* Every query's block-table entries must exist and name blocks of the pool: a bad table would read
  * outside the cache. */
@@ -47,7 +42,7 @@ static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
 #endif
     if (!cuda && (a->device.type != CTRL_DEVICE_CPU || a->dtype != CTRL_F32 ||
                   (a->cache_dtype != CTRL_F32 && a->cache_dtype != CTRL_BF16)))
-        return paged_host->error_set(
+        return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
             "attention paged: runs fp32 queries over an fp32 or bf16 cache (on CUDA: head_dim <= 128, "
             "at most 32 query heads per kv head); got %s over %s on %s",
@@ -70,7 +65,7 @@ static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
     st = paged_cpu_forward(a);
     return st == CTRL_OK
                ? CTRL_OK
-               : paged_host->error_set(st, "attention paged: scratch for %d positions", a->max_position + 1);
+               : ctrl_error_set(st, "attention paged: scratch for %d positions", a->max_position + 1);
 }
 
 static const ctrl_attention_ops paged_ops = {
@@ -85,7 +80,7 @@ static const ctrl_plugin paged_plugin = {
     .version = "0.1.0",
     .summary =
         "paged attention for decoding: queries over a paged KV cache through block tables; GQA, window",
-    .init = paged_init,
+    .init = ctrl_plugin_api_init,
     .ops = &paged_ops,
 };
 

@@ -14,8 +14,6 @@ extern "C" {
 #include "paged_cuda.h"
 }
 
-extern "C" const ctrl_host *paged_host;
-
 namespace {
 
 constexpr int kMaxD = 128;           // head_dim up to this
@@ -84,5 +82,5 @@ extern "C" ctrl_status paged_cuda_forward(const ctrl_paged_attention_args *a) {
         decode_kernel<__nv_bfloat16><<<grid, block>>>(*a);
     else
         decode_kernel<float><<<grid, block>>>(*a);
-    return attention_launch_error(paged_host, "paged", "decode");
+    return attention_launch_error("paged", "decode");
 }

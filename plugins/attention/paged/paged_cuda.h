@@ -3,7 +3,7 @@
 #ifndef CTRL_PAGED_CUDA_H
 #define CTRL_PAGED_CUDA_H
 
-#include <ctrl/attention.h>
+#include <ctrl/plugin_api.h>
 
 int paged_cuda_supported(const ctrl_paged_attention_args *a);
 ctrl_status paged_cuda_forward(const ctrl_paged_attention_args *a);

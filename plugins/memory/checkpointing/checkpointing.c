@@ -4,7 +4,9 @@
  * Option: every (recompute every Nth layer, counting from the first; 1 = all). */
 #include <stdlib.h>
 
-#include <ctrl/memory.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_memory {
     long every;
@@ -12,10 +14,15 @@ struct ctrl_memory {
 
 static ctrl_status checkpointing_create(const ctrl_host *host, const ctrl_config *cfg, int n_layers,
                                         ctrl_memory **out) {
-    (void)n_layers;
+    (void)host, (void)n_layers;
     ctrl_memory *m = calloc(1, sizeof *m);
-    if (!m) return host->error_set(CTRL_ERR_NOMEM, "memory checkpointing: out of memory");
-    m->every = host->config_get_int(cfg, "checkpointing", "every", 1);
+    if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "memory checkpointing: out of memory");
+    ctrl_status st = CTRL_OK;
+    m->every = (long)ctrl_option_int(cfg, "checkpointing", "every", &st);
+    if (st != CTRL_OK) {
+        free(m);
+        return st;
+    }
     *out = m;
     return CTRL_OK;
 }
@@ -48,6 +55,7 @@ static const ctrl_plugin checkpointing_plugin = {
     .version = "0.1.0",
     .summary = "activation checkpointing: keep layer inputs, recompute the rest in backward",
     .options = checkpointing_options,
+    .init = ctrl_plugin_api_init,
     .ops = &checkpointing_ops,
 };
 

@@ -7,10 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ctrl/optimizer.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_optimizer {
-    const ctrl_host *host;
     double beta1, beta2, eps;
     int n_groups;
     int64_t *numel; /* per group */
@@ -32,13 +33,18 @@ static void adamw_destroy(ctrl_optimizer *o) {
 static ctrl_status adamw_create(const ctrl_host *host, const ctrl_config *cfg, const ctrl_param_group *groups,
                                 int n_groups, ctrl_device device, ctrl_optimizer **out) {
     if (device.type != CTRL_DEVICE_CPU)
-        return host->error_set(CTRL_ERR_UNSUPPORTED, "optimizer adamw: only the CPU path is built so far");
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "optimizer adamw: only the CPU path is built so far");
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_optimizer *o = calloc(1, sizeof *o);
-    if (!o) return host->error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory");
-    o->host = host;
-    o->beta1 = host->config_get_float(cfg, "adamw", "adam_beta1", 0.9);
-    o->beta2 = host->config_get_float(cfg, "adamw", "adam_beta2", 0.999);
-    o->eps = host->config_get_float(cfg, "adamw", "adam_epsilon", 1e-8);
+    if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory");
+    ctrl_status st = CTRL_OK;
+    o->beta1 = ctrl_option_float(cfg, "adamw", "adam_beta1", &st);
+    o->beta2 = ctrl_option_float(cfg, "adamw", "adam_beta2", &st);
+    o->eps = ctrl_option_float(cfg, "adamw", "adam_epsilon", &st);
+    if (st != CTRL_OK) {
+        free(o);
+        return st;
+    }
     o->n_groups = n_groups;
     o->numel = calloc((size_t)n_groups, sizeof *o->numel);
     o->m = calloc((size_t)n_groups, sizeof *o->m);
@@ -54,22 +60,21 @@ static ctrl_status adamw_create(const ctrl_host *host, const ctrl_config *cfg, c
     return CTRL_OK;
 oom:
     adamw_destroy(o);
-    return host->error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory for the state");
+    return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory for the state");
 }
 
 static ctrl_status adamw_step(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
                               int64_t step) {
     if (n_groups != o->n_groups || step < 1)
-        return o->host->error_set(CTRL_ERR_RUNTIME,
-                                  "optimizer adamw: step %lld with %d groups (created with %d)",
-                                  (long long)step, n_groups, o->n_groups);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: step %lld with %d groups (created with %d)",
+                              (long long)step, n_groups, o->n_groups);
     const float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
     const double bc1 = 1.0 - pow(o->beta1, (double)step);
     const float step_size = (float)(lr / bc1);
     const float bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, (double)step));
     for (int g = 0; g < n_groups; g++) {
         if (groups[g].numel != o->numel[g])
-            return o->host->error_set(CTRL_ERR_RUNTIME, "optimizer adamw: group %d changed size", g);
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: group %d changed size", g);
         float *p = groups[g].param, *m = o->m[g], *v = o->v[g];
         const float *grad = groups[g].grad;
         const float decay = (float)(1.0 - lr * groups[g].weight_decay);
@@ -92,7 +97,7 @@ static int adamw_state_count(const ctrl_optimizer *o) { return 2 * o->n_groups; 
 static ctrl_status adamw_state_get(ctrl_optimizer *o, int i, const char **name, float **data,
                                    int64_t *numel) {
     if (i < 0 || i >= 2 * o->n_groups)
-        return o->host->error_set(CTRL_ERR_RUNTIME, "optimizer adamw: no state buffer %d", i);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: no state buffer %d", i);
     int g = i / 2;
     *name = (i % 2) ? "exp_avg_sq" : "exp_avg";
     *data = (i % 2) ? o->v[g] : o->m[g];
@@ -140,6 +145,7 @@ static const ctrl_plugin adamw_plugin = {
     .version = "0.1.0",
     .summary = "AdamW with decoupled weight decay (torch.optim.AdamW semantics)",
     .options = adamw_options,
+    .init = ctrl_plugin_api_init,
     .ops = &adamw_ops,
 };
 

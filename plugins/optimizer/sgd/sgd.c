@@ -5,10 +5,11 @@
  *   p <- p - lr g                                                                            */
 #include <stdlib.h>
 
-#include <ctrl/optimizer.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_optimizer {
-    const ctrl_host *host;
     double momentum, dampening;
     int nesterov;
     int n_groups;
@@ -27,16 +28,19 @@ static void sgd_destroy(ctrl_optimizer *o) {
 static ctrl_status sgd_create(const ctrl_host *host, const ctrl_config *cfg, const ctrl_param_group *groups,
                               int n_groups, ctrl_device device, ctrl_optimizer **out) {
     if (device.type != CTRL_DEVICE_CPU)
-        return host->error_set(CTRL_ERR_UNSUPPORTED, "optimizer sgd: only the CPU path is built so far");
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "optimizer sgd: only the CPU path is built so far");
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_optimizer *o = calloc(1, sizeof *o);
-    if (!o) return host->error_set(CTRL_ERR_NOMEM, "optimizer sgd: out of memory");
-    o->host = host;
-    o->momentum = host->config_get_float(cfg, "sgd", "momentum", 0.0);
-    o->dampening = host->config_get_float(cfg, "sgd", "dampening", 0.0);
-    o->nesterov = host->config_get_bool(cfg, "sgd", "nesterov", false);
-    if (o->nesterov && (o->momentum <= 0 || o->dampening != 0)) {
+    if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer sgd: out of memory");
+    ctrl_status st = CTRL_OK;
+    o->momentum = ctrl_option_float(cfg, "sgd", "momentum", &st);
+    o->dampening = ctrl_option_float(cfg, "sgd", "dampening", &st);
+    o->nesterov = ctrl_option_bool(cfg, "sgd", "nesterov", &st);
+    if (st == CTRL_OK && o->nesterov && (o->momentum <= 0 || o->dampening != 0))
+        st = ctrl_error_set(CTRL_ERR_CONFIG, "[sgd] nesterov = true needs momentum > 0 and dampening = 0");
+    if (st != CTRL_OK) {
         sgd_destroy(o);
-        return host->error_set(CTRL_ERR_CONFIG, "[sgd] nesterov = true needs momentum > 0 and dampening = 0");
+        return st;
     }
     o->n_groups = n_groups;
     o->numel = calloc((size_t)n_groups, sizeof *o->numel);
@@ -50,19 +54,18 @@ static ctrl_status sgd_create(const ctrl_host *host, const ctrl_config *cfg, con
     return CTRL_OK;
 oom:
     sgd_destroy(o);
-    return host->error_set(CTRL_ERR_NOMEM, "optimizer sgd: out of memory for the state");
+    return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer sgd: out of memory for the state");
 }
 
 static ctrl_status sgd_step(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
                             int64_t step) {
     if (n_groups != o->n_groups || step < 1)
-        return o->host->error_set(CTRL_ERR_RUNTIME,
-                                  "optimizer sgd: step %lld with %d groups (created with %d)",
-                                  (long long)step, n_groups, o->n_groups);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer sgd: step %lld with %d groups (created with %d)",
+                              (long long)step, n_groups, o->n_groups);
     const float mu = (float)o->momentum, damp = (float)o->dampening, flr = (float)lr;
     for (int g = 0; g < n_groups; g++) {
         if (groups[g].numel != o->numel[g])
-            return o->host->error_set(CTRL_ERR_RUNTIME, "optimizer sgd: group %d changed size", g);
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer sgd: group %d changed size", g);
         float *p = groups[g].param, *b = o->buf[g];
         const float *grad = groups[g].grad;
         const float wd = groups[g].weight_decay;
@@ -86,7 +89,7 @@ static int sgd_state_count(const ctrl_optimizer *o) { return o->momentum != 0 ? 
 
 static ctrl_status sgd_state_get(ctrl_optimizer *o, int i, const char **name, float **data, int64_t *numel) {
     if (i < 0 || i >= sgd_state_count(o))
-        return o->host->error_set(CTRL_ERR_RUNTIME, "optimizer sgd: no state buffer %d", i);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer sgd: no state buffer %d", i);
     *name = "momentum_buffer";
     *data = o->buf[i];
     *numel = o->numel[i];
@@ -130,6 +133,7 @@ static const ctrl_plugin sgd_plugin = {
     .version = "0.1.0",
     .summary = "SGD with momentum and Nesterov (torch.optim.SGD semantics)",
     .options = sgd_options,
+    .init = ctrl_plugin_api_init,
     .ops = &sgd_ops,
 };
 

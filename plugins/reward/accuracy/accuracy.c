@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ctrl/reward.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_reward {
     char column[128];
@@ -130,15 +132,16 @@ static int same(const answer *x, const answer *y) {
     return !x->numeric && !y->numeric && !strcmp(x->text, y->text);
 }
 
-/* The column's JSON text: a string's content, or a number as written. */
-static void gold_of(const char *json, answer *a) {
+/* The column's JSON text: a string's content, or a number as written. -1 when out of memory. */
+static int gold_of(const char *json, answer *a) {
     memset(a, 0, sizeof *a);
-    if (!json) return;
+    if (!json) return 0;
     if (json[0] != '"') {
         extract(json, a);
-        return;
+        return 0;
     }
     char *s = malloc(strlen(json) + 1);
+    if (!s) return -1;
     size_t n = 0;
     for (const char *p = json + 1; *p && *p != '"'; p++) {
         if (*p == '\\' && p[1]) {
@@ -151,14 +154,21 @@ static void gold_of(const char *json, answer *a) {
     s[n] = '\0';
     extract(s, a);
     free(s);
+    return 0;
 }
 
 static ctrl_status accuracy_create(const ctrl_host *host, const ctrl_config *cfg, const char *section,
                                    ctrl_reward **out) {
+    (void)host; /* kept by init (plugin_api.h) */
+    ctrl_status st = CTRL_OK;
+    const char *col = ctrl_option_string(cfg, section, "column", &st);
+    if (st != CTRL_OK) return st;
+    if (!col[0] || strlen(col) >= sizeof((ctrl_reward *)0)->column)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] column: must name a dataset column (at most %zu bytes)",
+                              section, sizeof((ctrl_reward *)0)->column - 1);
     ctrl_reward *r = calloc(1, sizeof *r);
-    if (!r) return host->error_set(CTRL_ERR_NOMEM, "reward accuracy: out of memory");
-    const char *col = host->config_get_string(cfg, section, "column");
-    snprintf(r->column, sizeof r->column, "%s", col && col[0] ? col : "solution");
+    if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "reward accuracy: out of memory");
+    snprintf(r->column, sizeof r->column, "%s", col);
     *out = r;
     return CTRL_OK;
 }
@@ -169,7 +179,8 @@ static ctrl_status accuracy_score(ctrl_reward *r, const ctrl_reward_batch *b, fl
         if (!strcmp(b->columns[k].name, r->column)) col = &b->columns[k];
     for (int i = 0; i < b->n; i++) {
         answer gold, got;
-        gold_of(col ? col->values[i] : NULL, &gold);
+        if (gold_of(col ? col->values[i] : NULL, &gold) != 0)
+            return ctrl_error_set(CTRL_ERR_NOMEM, "reward accuracy: out of memory for a solution");
         if (!gold.ok) {
             out[i] = NAN; /* nothing to compare with: does not apply */
             continue;
@@ -204,6 +215,7 @@ static const ctrl_plugin accuracy_plugin = {
     .version = "0.1.0",
     .summary = "1 when the completion's final answer (\\boxed{}, ####, or last number) equals the solution's",
     .options = accuracy_options,
+    .init = ctrl_plugin_api_init,
     .ops = &accuracy_ops,
 };
 

@@ -3,9 +3,11 @@
  * re.DOTALL | re.MULTILINE) — reasoning enclosed in one <think>...</think> block at the start. */
 #include <stdlib.h>
 
-#include <ctrl/reward.h>
+#include <ctrl/plugin_api.h>
 
 #include "../reward_regex.h"
+
+CTRL_PLUGIN_API_DEFINE;
 
 #define THINK_PATTERN "^<think>(?!.*<think>)(.*?)</think>.*$"
 
@@ -16,13 +18,14 @@ struct ctrl_reward {
 
 static ctrl_status format_create(const ctrl_host *host, const ctrl_config *cfg, const char *section,
                                  ctrl_reward **out) {
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_reward *r = calloc(1, sizeof *r);
-    if (!r) return host->error_set(CTRL_ERR_NOMEM, "reward format: out of memory");
-    const char *mode = host->config_get_string(cfg, section, "mode");
-    r->mode = mode && !strcmp(mode, "search")      ? RX_SEARCH
-              : mode && !strcmp(mode, "fullmatch") ? RX_FULLMATCH
-                                                   : RX_MATCH;
-    ctrl_status st = rx_compile(host, cfg, section, THINK_PATTERN, &r->re);
+    if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "reward format: out of memory");
+    static const char *const modes[] = {"match", "search", "fullmatch", NULL};
+    static const int rx_modes[] = {RX_MATCH, RX_SEARCH, RX_FULLMATCH};
+    ctrl_status st = CTRL_OK;
+    const int mode = ctrl_option_choice(cfg, section, "mode", modes, &st);
+    if (st == CTRL_OK) r->mode = rx_modes[mode], st = rx_compile(cfg, section, &r->re);
     if (st != CTRL_OK) {
         free(r);
         return st;
@@ -67,6 +70,7 @@ static const ctrl_plugin format_plugin = {
     .version = "0.1.0",
     .summary = "1 when the completion matches a pattern (default: TRL's <think>...</think> format), else 0",
     .options = format_options,
+    .init = ctrl_plugin_api_init,
     .ops = &format_ops,
 };
 

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ctrl/reward.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_reward {
     long target;
@@ -13,11 +15,17 @@ struct ctrl_reward {
 
 static ctrl_status length_create(const ctrl_host *host, const ctrl_config *cfg, const char *section,
                                  ctrl_reward **out) {
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_reward *r = calloc(1, sizeof *r);
-    if (!r) return host->error_set(CTRL_ERR_NOMEM, "reward length: out of memory");
-    r->target = (long)host->config_get_int(cfg, section, "target_length", 20);
-    const char *unit = host->config_get_string(cfg, section, "unit");
-    r->tokens = unit && !strcmp(unit, "tokens");
+    if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "reward length: out of memory");
+    static const char *const units[] = {"chars", "tokens", NULL};
+    ctrl_status st = CTRL_OK;
+    r->target = (long)ctrl_option_int(cfg, section, "target_length", &st);
+    r->tokens = ctrl_option_choice(cfg, section, "unit", units, &st) == 1;
+    if (st != CTRL_OK) {
+        free(r);
+        return st;
+    }
     *out = r;
     return CTRL_OK;
 }
@@ -69,6 +77,7 @@ static const ctrl_plugin length_plugin = {
     .version = "0.1.0",
     .summary = "-|target_length - len(completion)| (TRL's reward_len example)",
     .options = length_options,
+    .init = ctrl_plugin_api_init,
     .ops = &length_ops,
 };
 

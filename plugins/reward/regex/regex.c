@@ -3,9 +3,11 @@
  * (len(re.findall(...))), or else_score when there is none. */
 #include <stdlib.h>
 
-#include <ctrl/reward.h>
+#include <ctrl/plugin_api.h>
 
 #include "../reward_regex.h"
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_reward {
     pcre2_code *re;
@@ -15,12 +17,14 @@ struct ctrl_reward {
 
 static ctrl_status regex_create(const ctrl_host *host, const ctrl_config *cfg, const char *section,
                                 ctrl_reward **out) {
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_reward *r = calloc(1, sizeof *r);
-    if (!r) return host->error_set(CTRL_ERR_NOMEM, "reward regex: out of memory");
-    r->score = host->config_get_float(cfg, section, "score", 1.0);
-    r->else_score = host->config_get_float(cfg, section, "else_score", 0.0);
-    r->count = host->config_get_bool(cfg, section, "count", false);
-    ctrl_status st = rx_compile(host, cfg, section, NULL, &r->re);
+    if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "reward regex: out of memory");
+    ctrl_status st = CTRL_OK;
+    r->score = ctrl_option_float(cfg, section, "score", &st);
+    r->else_score = ctrl_option_float(cfg, section, "else_score", &st);
+    r->count = ctrl_option_bool(cfg, section, "count", &st);
+    if (st == CTRL_OK) st = rx_compile(cfg, section, &r->re);
     if (st != CTRL_OK) {
         free(r);
         return st;
@@ -70,6 +74,7 @@ static const ctrl_plugin regex_plugin = {
     .version = "0.1.0",
     .summary = "a score when a pattern occurs in the completion (or per match), else another",
     .options = regex_options,
+    .init = ctrl_plugin_api_init,
     .ops = &regex_ops,
 };
 

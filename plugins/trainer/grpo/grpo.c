@@ -8,53 +8,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <ctrl/trainer.h>
+#include <ctrl/plugin_api.h>
 
 #include "../online_stats.h"
+#include "../online_trainer.h"
+
+CTRL_PLUGIN_API_DEFINE;
 
 enum { LOSS_GRPO, LOSS_BNPO, LOSS_DR_GRPO, LOSS_DAPO };
 enum { SCALE_GROUP, SCALE_BATCH, SCALE_NONE };
 
 struct ctrl_trainer {
-    const ctrl_host *host;
     ctrl_online_spec spec;
-    double beta, eps_low, eps_high, delta, top_entropy_quantile;
+    double beta, lo, hi, delta, top_entropy_quantile; /* the ratio is clipped to [lo, hi] */
     int loss_type, scale, sequence_level, bias_correction_kl;
 };
 
-static int pick(const char *v, const char *const *names, int fallback) {
-    for (int i = 0; v && names[i]; i++)
-        if (!strcmp(v, names[i])) return i;
-    return fallback;
-}
-
 static ctrl_status grpo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return host->error_set(CTRL_ERR_NOMEM, "trainer grpo: out of memory");
-    t->host = host;
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer grpo: out of memory");
     const char *s = "grpo";
-    t->spec = (ctrl_online_spec){
-        .size = sizeof(ctrl_online_spec),
-        .num_generations = (int)host->config_get_int(cfg, s, "num_generations", 8),
-        .max_completion_length = (int)host->config_get_int(cfg, s, "max_completion_length", 512),
-        .steps_per_generation = (int)host->config_get_int(cfg, s, "steps_per_generation", 0),
-        .num_iterations = (int)host->config_get_int(cfg, s, "num_iterations", 1),
-        .mask_truncated_completions = host->config_get_bool(cfg, s, "mask_truncated_completions", false),
-    };
-    t->beta = host->config_get_float(cfg, s, "beta", 0.0);
-    t->spec.needs_ref_logp = t->beta != 0.0;
-    t->eps_low = host->config_get_float(cfg, s, "epsilon", 0.2);
-    t->eps_high = host->config_get_float(cfg, s, "epsilon_high", 0.0);
-    if (!(t->eps_high > 0)) t->eps_high = t->eps_low; /* unset: as epsilon */
-    t->delta = host->config_get_float(cfg, s, "delta", 0.0);
-    t->top_entropy_quantile = host->config_get_float(cfg, s, "top_entropy_quantile", 1.0);
-    t->bias_correction_kl = host->config_get_bool(cfg, s, "use_bias_correction_kl", true);
     static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo", NULL};
     static const char *const scales[] = {"group", "batch", "none", NULL};
-    t->loss_type = pick(host->config_get_string(cfg, s, "loss_type"), losses, LOSS_DAPO);
-    t->scale = pick(host->config_get_string(cfg, s, "scale_rewards"), scales, SCALE_GROUP);
-    const char *level = host->config_get_string(cfg, s, "importance_sampling_level");
-    t->sequence_level = level && !strcmp(level, "sequence");
+    static const char *const levels[] = {"token", "sequence", NULL};
+    ctrl_status st = CTRL_OK;
+    online_read_options(cfg, s, &t->spec, &t->beta, &t->lo, &t->hi, &st);
+    t->delta = ctrl_option_float(cfg, s, "delta", &st);
+    t->top_entropy_quantile = ctrl_option_float(cfg, s, "top_entropy_quantile", &st);
+    t->bias_correction_kl = ctrl_option_bool(cfg, s, "use_bias_correction_kl", &st);
+    t->loss_type = ctrl_option_choice(cfg, s, "loss_type", losses, &st);
+    t->scale = ctrl_option_choice(cfg, s, "scale_rewards", scales, &st);
+    t->sequence_level = ctrl_option_choice(cfg, s, "importance_sampling_level", levels, &st) == 1;
+    if (st != CTRL_OK) {
+        free(t);
+        return st;
+    }
     *out = t;
     return CTRL_OK;
 }
@@ -69,8 +58,7 @@ static ctrl_status grpo_spec(ctrl_trainer *t, ctrl_online_spec *out) {
 static ctrl_status grpo_advantages(ctrl_trainer *t, const ctrl_rollout *r, float *adv) {
     const int G = r->group, n = r->n;
     if (G < 1 || n % G)
-        return t->host->error_set(CTRL_ERR_RUNTIME, "trainer grpo: %d completions are not groups of %d", n,
-                                  G);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer grpo: %d completions are not groups of %d", n, G);
     const double batch_std = n > 1 ? online_nanstd(r->rewards, n, 1) : 0.0;
     long zero_std = 0;
     for (int g = 0; g < n / G; g++) {
@@ -114,26 +102,14 @@ static double entropy_threshold(const ctrl_trainer *t, const ctrl_trainer_batch 
     return thr;
 }
 
-/* d(-min(c1d * A, c2 * A)) / dc1 where c1d = min(c1, delta) and c2 = clamp(c1, lo, hi): torch's
- * minimum splits the gradient evenly on ties; clamp passes it inside its range only. */
-static double policy_grad(const ctrl_trainer *t, double c1, double A) {
-    const double lo = 1 - t->eps_low, hi = 1 + t->eps_high;
-    const double c1d = t->delta > 0 && c1 > t->delta ? t->delta : c1;
-    const double c2 = c1 < lo ? lo : c1 > hi ? hi : c1;
-    const double da = (t->delta > 0 && c1 > t->delta) ? 0 : A, db = (c1 >= lo && c1 <= hi) ? A : 0;
-    const double a = c1d * A, bb = c2 * A;
-    return a < bb ? -da : a > bb ? -db : -(da + db) / 2;
-}
-
 static ctrl_status check_batch(const ctrl_trainer *t, const ctrl_trainer_batch *b) {
     if (b->size < sizeof(ctrl_trainer_batch) || b->n_seq < 1 || !b->cu_seqlens || !b->advantages)
-        return t->host->error_set(CTRL_ERR_RUNTIME,
-                                  "trainer grpo: the batch carries no sequences or advantages "
-                                  "(an online trainer runs under the core's generation loop)");
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer grpo: the batch carries no sequences or advantages "
+                                                "(an online trainer runs under the core's generation loop)");
     if (t->beta != 0 && !b->ref_logp)
-        return t->host->error_set(CTRL_ERR_RUNTIME, "trainer grpo: beta != 0 needs reference log-probs");
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer grpo: beta != 0 needs reference log-probs");
     if ((t->top_entropy_quantile < 1.0 || b->report) && !b->entropy)
-        return t->host->error_set(CTRL_ERR_RUNTIME, "trainer grpo: the batch carries no entropies");
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer grpo: the batch carries no entropies");
     return CTRL_OK;
 }
 
@@ -141,7 +117,7 @@ static ctrl_status grpo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, doubl
     ctrl_status st = check_batch(t, b);
     if (st != CTRL_OK) return st;
     const int ga = b->grad_accum > 0 ? b->grad_accum : 1, S = b->n_seq;
-    const double thr = entropy_threshold(t, b), lo = 1 - t->eps_low, hi = 1 + t->eps_high;
+    const double thr = entropy_threshold(t, b), lo = t->lo, hi = t->hi;
     double mask_total = 0, L = 0;
     for (int i = 0; i < b->T; i++) mask_total += b->weight[i] > 0;
     /* metrics: sums over trained tokens (token level) or sequences (sequence level) */
@@ -166,11 +142,10 @@ static ctrl_status grpo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, doubl
             dlogp[i] = 0;
             if (!(b->weight[i] > 0)) continue;
             const double lr = b->old_logp ? b->logp[i] - b->old_logp[i] : 0.0;
-            const double c1 = t->sequence_level ? seq_c1 : exp(lr);
-            const double c1d = t->delta > 0 && c1 > t->delta ? t->delta : c1;
-            const double c2 = c1 < lo ? lo : c1 > hi ? hi : c1;
+            const double c1 = t->sequence_level ? seq_c1 : exp(lr), c1d = online_capped(c1, t->delta);
             const double em = thr == -INFINITY || (double)b->entropy[i] >= thr ? 1.0 : 0.0;
-            double pl = -fmin(c1d * A, c2 * A) * em, dc1 = policy_grad(t, c1, A) * em, dlp = 0;
+            double dc1, pl = online_clipped_loss(c1, A, lo, hi, t->delta, &dc1) * em, dlp = 0;
+            dc1 *= em;
             if (t->beta != 0) {
                 const double d = b->ref_logp[i] - b->logp[i], e = exp(d), kl = e - d - 1;
                 const double w = t->bias_correction_kl ? c1 : 1.0;
@@ -184,7 +159,7 @@ static ctrl_status grpo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, doubl
                 dseq += agg * dc1, dlogp[i] = (float)(agg * dlp);
             else
                 dlogp[i] = (float)(agg * (dlp + dc1 * c1));
-            const int is_low = c1d < lo && A<0, is_high = c1d> hi && A > 0;
+            const int is_low = online_clipped_low(c1d, A, lo), is_high = online_clipped_high(c1d, A, hi);
             s_low += is_low, s_high += is_high;
             if (b->entropy) m_ent += b->entropy[i];
         }
@@ -195,8 +170,8 @@ static ctrl_status grpo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, doubl
          * TRL counts it once per sequence, empty ones included */
         double fl = cnt > 0 ? s_low / cnt : NAN, fh = cnt > 0 ? s_high / cnt : NAN;
         if (t->sequence_level) {
-            const double c1d = t->delta > 0 && seq_c1 > t->delta ? t->delta : seq_c1;
-            fl = c1d < lo && A<0, fh = c1d> hi && A > 0;
+            const double c1d = online_capped(seq_c1, t->delta);
+            fl = online_clipped_low(c1d, A, lo), fh = online_clipped_high(c1d, A, hi);
             m_low += fl, m_high += fh, m_region += fl + fh;
         } else {
             m_low += s_low, m_high += s_high, m_region += s_low + s_high;
@@ -230,20 +205,12 @@ static const ctrl_trainer_ops grpo_ops = {
 };
 
 static const ctrl_option grpo_options[] = {
-    {"num_generations", CTRL_OPT_INT, "8", CTRL_OPT_HAS_MIN, 2, 0, NULL,
-     "Completions sampled per prompt (a group); the generation batch must be a multiple of it."},
-    {"max_completion_length", CTRL_OPT_INT, "512", CTRL_OPT_HAS_MIN, 1, 0, NULL,
-     "New tokens per completion at most."},
-    {"steps_per_generation", CTRL_OPT_INT, "0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "Micro-batches one generation batch feeds (0 = gradient_accumulation_steps)."},
-    {"num_iterations", CTRL_OPT_INT, "1", CTRL_OPT_HAS_MIN, 1, 0, NULL,
-     "Optimization passes over each generation batch (TRL's mu)."},
-    {"beta", CTRL_OPT_FLOAT, "0.0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "KL coefficient (k3 estimator against the initial model); 0 loads no reference model."},
-    {"epsilon", CTRL_OPT_FLOAT, "0.2", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "Lower clipping bound: ratio >= 1 - epsilon."},
-    {"epsilon_high", CTRL_OPT_FLOAT, "0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "Upper clipping bound 1 + epsilon_high (0 = epsilon; DAPO recommends 0.28)."},
+    ONLINE_OPTION_NUM_GENERATIONS(
+        "8", "Completions sampled per prompt (a group); the generation batch must be a multiple of it."),
+    ONLINE_OPTIONS_GENERATION,
+    ONLINE_OPTION_BETA(
+        "0.0", "KL coefficient (k3 estimator against the initial model); 0 loads no reference model."),
+    ONLINE_OPTIONS_CLIP,
     {"delta", CTRL_OPT_FLOAT, "0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
      "Upper cap of the unclipped ratio (two-sided clipping; 0 = off, > 1 + epsilon recommended)."},
     {"importance_sampling_level", CTRL_OPT_CHOICE, "token", 0, 0, 0, "token|sequence",
@@ -253,8 +220,6 @@ static const ctrl_option grpo_options[] = {
      "B x max_completion_length (dr_grpo), token mean over the generation batch (dapo)."},
     {"scale_rewards", CTRL_OPT_CHOICE, "group", 0, 0, 0, "group|batch|none",
      "Divide advantages by the group's reward std, the batch's, or not at all."},
-    {"mask_truncated_completions", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
-     "Exclude completions cut at max_completion_length from the loss."},
     {"top_entropy_quantile", CTRL_OPT_FLOAT, "1.0", CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX, 0, 1, NULL,
      "Train only on the tokens whose entropy is in this top fraction of the micro-batch (1 = all)."},
     {"use_bias_correction_kl", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
@@ -269,6 +234,7 @@ static const ctrl_plugin grpo_plugin = {
     .version = "0.1.0",
     .summary = "Group Relative Policy Optimization with TRL's losses (grpo, bnpo, dr_grpo, dapo)",
     .options = grpo_options,
+    .init = ctrl_plugin_api_init,
     .ops = &grpo_ops,
 };
 

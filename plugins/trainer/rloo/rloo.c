@@ -6,47 +6,41 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <ctrl/trainer.h>
+#include <ctrl/plugin_api.h>
 
 #include "../online_stats.h"
+#include "../online_trainer.h"
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_trainer {
-    const ctrl_host *host;
     ctrl_online_spec spec;
-    double beta, eps_low, eps_high, clip_lo, clip_hi;
+    double beta, lo, hi, clip_lo,
+        clip_hi; /* the ratio is clipped to [lo, hi], rewards to [clip_lo, clip_hi] */
     int normalize, clip_rewards;
 };
 
 static ctrl_status rloo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
+    (void)host; /* kept by init (plugin_api.h) */
     ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return host->error_set(CTRL_ERR_NOMEM, "trainer rloo: out of memory");
-    t->host = host;
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer rloo: out of memory");
     const char *s = "rloo";
-    t->beta = host->config_get_float(cfg, s, "beta", 0.05);
-    t->spec = (ctrl_online_spec){
-        .size = sizeof(ctrl_online_spec),
-        .num_generations = (int)host->config_get_int(cfg, s, "num_generations", 2),
-        .max_completion_length = (int)host->config_get_int(cfg, s, "max_completion_length", 512),
-        .steps_per_generation = (int)host->config_get_int(cfg, s, "steps_per_generation", 0),
-        .num_iterations = (int)host->config_get_int(cfg, s, "num_iterations", 1),
-        .needs_old_logp = 1, /* the ratio and the KL use them */
-        .needs_ref_logp = t->beta != 0.0,
-        .mask_truncated_completions = host->config_get_bool(cfg, s, "mask_truncated_completions", false),
-    };
-    t->eps_low = host->config_get_float(cfg, s, "epsilon", 0.2);
-    t->eps_high = host->config_get_float(cfg, s, "epsilon_high", 0.0);
-    if (!(t->eps_high > 0)) t->eps_high = t->eps_low;
-    t->normalize = host->config_get_bool(cfg, s, "normalize_advantages", false);
-    const char *range = host->config_get_string(cfg, s, "reward_clip_range");
-    if (range && range[0]) {
+    ctrl_status st = CTRL_OK;
+    online_read_options(cfg, s, &t->spec, &t->beta, &t->lo, &t->hi, &st);
+    t->spec.needs_old_logp = 1; /* the ratio and the KL use them */
+    t->normalize = ctrl_option_bool(cfg, s, "normalize_advantages", &st);
+    const char *range = ctrl_option_string(cfg, s, "reward_clip_range", &st);
+    if (st == CTRL_OK && range[0]) {
         char tail;
         if (sscanf(range, "%lf , %lf %c", &t->clip_lo, &t->clip_hi, &tail) != 2 ||
-            !(t->clip_lo <= t->clip_hi)) {
-            free(t);
-            return host->error_set(
-                CTRL_ERR_CONFIG, "[rloo] reward_clip_range = %s: expected LOW,HIGH with LOW <= HIGH", range);
-        }
+            !(t->clip_lo <= t->clip_hi))
+            st = ctrl_error_set(CTRL_ERR_CONFIG,
+                                "[rloo] reward_clip_range = %s: expected LOW,HIGH with LOW <= HIGH", range);
         t->clip_rewards = 1;
+    }
+    if (st != CTRL_OK) {
+        free(t);
+        return st;
     }
     *out = t;
     return CTRL_OK;
@@ -60,13 +54,11 @@ static ctrl_status rloo_spec(ctrl_trainer *t, ctrl_online_spec *out) {
 static ctrl_status rloo_advantages(ctrl_trainer *t, const ctrl_rollout *r, float *adv) {
     const int G = r->group, n = r->n;
     if (G < 1 || n % G)
-        return t->host->error_set(CTRL_ERR_RUNTIME, "trainer rloo: %d completions are not groups of %d", n,
-                                  G);
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer rloo: %d completions are not groups of %d", n, G);
     if (t->beta != 0 && (!r->kl || !r->n_tokens))
-        return t->host->error_set(CTRL_ERR_RUNTIME,
-                                  "trainer rloo: beta != 0 needs the KL of each completion");
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer rloo: beta != 0 needs the KL of each completion");
     float *rw = malloc(sizeof(float) * (size_t)n);
-    if (!rw) return t->host->error_set(CTRL_ERR_NOMEM, "trainer rloo: out of memory");
+    if (!rw) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer rloo: out of memory");
     double kl_sum = 0, tokens = 0;
     for (int i = 0; i < n; i++) {
         double x = r->rewards[i];
@@ -102,12 +94,11 @@ static ctrl_status rloo_advantages(ctrl_trainer *t, const ctrl_rollout *r, float
 static ctrl_status rloo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, double *loss, float *dlogp) {
     if (b->size < sizeof(ctrl_trainer_batch) || b->n_seq < 1 || !b->cu_seqlens || !b->advantages ||
         !b->old_logp)
-        return t->host->error_set(CTRL_ERR_RUNTIME,
-                                  "trainer rloo: the batch carries no sequences, advantages or "
-                                  "old log-probs (an online trainer runs under the core's "
-                                  "generation loop)");
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer rloo: the batch carries no sequences, advantages or "
+                                                "old log-probs (an online trainer runs under the core's "
+                                                "generation loop)");
     const int ga = b->grad_accum > 0 ? b->grad_accum : 1, S = b->n_seq;
-    const double lo = 1 - t->eps_low, hi = 1 + t->eps_high;
+    const double lo = t->lo, hi = t->hi;
     double L = 0, low = 0, high = 0, ent = 0, tokens = 0, low_min = 1, high_max = 0;
     for (int s = 0; s < S; s++) {
         const int t0 = b->cu_seqlens[s], t1 = b->cu_seqlens[s + 1];
@@ -117,13 +108,12 @@ static ctrl_status rloo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, doubl
                 lr += (double)b->logp[i] - b->old_logp[i], tokens += 1;
                 if (b->entropy) ent += b->entropy[i];
             }
-        const double A = b->advantages[s], c1 = exp(lr), c2 = c1 < lo ? lo : c1 > hi ? hi : c1;
-        const double a = c1 * A, bb = c2 * A, da = A, db = (c1 >= lo && c1 <= hi) ? A : 0;
-        const double dc1 = a < bb ? -da : a > bb ? -db : -(da + db) / 2; /* as torch.minimum */
-        L += -fmin(a, bb) / S / ga;
+        const double A = b->advantages[s], c1 = exp(lr);
+        double dc1;
+        L += online_clipped_loss(c1, A, lo, hi, 0.0, &dc1) / S / ga;
         const float g = (float)(dc1 * c1 / S / ga);
         for (int i = t0; i < t1; i++) dlogp[i] = b->weight[i] > 0 ? g : 0.0f;
-        const int is_low = c1 < lo && A<0, is_high = c1> hi && A > 0;
+        const int is_low = online_clipped_low(c1, A, lo), is_high = online_clipped_high(c1, A, hi);
         low += is_low, high += is_high;
         if (is_low < low_min) low_min = is_low;
         if (is_high > high_max) high_max = is_high;
@@ -152,27 +142,17 @@ static const ctrl_trainer_ops rloo_ops = {
 };
 
 static const ctrl_option rloo_options[] = {
-    {"num_generations", CTRL_OPT_INT, "2", CTRL_OPT_HAS_MIN, 2, 0, NULL,
-     "Completions sampled per prompt; each one's baseline is the mean reward of the others."},
-    {"max_completion_length", CTRL_OPT_INT, "512", CTRL_OPT_HAS_MIN, 1, 0, NULL,
-     "New tokens per completion at most."},
-    {"steps_per_generation", CTRL_OPT_INT, "0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "Micro-batches one generation batch feeds (0 = gradient_accumulation_steps)."},
-    {"num_iterations", CTRL_OPT_INT, "1", CTRL_OPT_HAS_MIN, 1, 0, NULL,
-     "Optimization passes over each generation batch."},
-    {"beta", CTRL_OPT_FLOAT, "0.05", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "KL coefficient: the reward becomes r - beta * sum_t (log pi_old - log pi_ref); 0 loads no reference "
-     "model."},
-    {"epsilon", CTRL_OPT_FLOAT, "0.2", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "Lower clipping bound of the sequence ratio."},
-    {"epsilon_high", CTRL_OPT_FLOAT, "0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
-     "Upper clipping bound (0 = epsilon)."},
+    ONLINE_OPTION_NUM_GENERATIONS(
+        "2", "Completions sampled per prompt; each one's baseline is the mean reward of the others."),
+    ONLINE_OPTIONS_GENERATION,
+    ONLINE_OPTION_BETA("0.05",
+                       "KL coefficient: the reward becomes r - beta * sum_t (log pi_old - log pi_ref); 0 "
+                       "loads no reference model."),
+    ONLINE_OPTIONS_CLIP,
     {"normalize_advantages", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Normalize the advantages over the generation batch (mean 0, std 1)."},
     {"reward_clip_range", CTRL_OPT_STRING, "", 0, 0, 0, NULL,
      "LOW,HIGH: clip each total reward to this range."},
-    {"mask_truncated_completions", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
-     "Exclude completions cut at max_completion_length from the loss."},
     CTRL_OPTION_END,
 };
 
@@ -184,6 +164,7 @@ static const ctrl_plugin rloo_plugin = {
     .summary =
         "REINFORCE Leave-One-Out with TRL's semantics (KL in the reward, sequence-level clipped ratio)",
     .options = rloo_options,
+    .init = ctrl_plugin_api_init,
     .ops = &rloo_ops,
 };
 

@@ -4,25 +4,26 @@
  * masks, packing) and the loop live in the core. */
 #include <stdlib.h>
 
-#include <ctrl/trainer.h>
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_trainer {
-    const ctrl_host *host;
+    int unused; /* no options, no state */
 };
 
 static ctrl_status sft_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
-    (void)cfg;
+    (void)host, (void)cfg;
     ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return host->error_set(CTRL_ERR_NOMEM, "trainer sft: out of memory");
-    t->host = host;
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer sft: out of memory");
     *out = t;
     return CTRL_OK;
 }
 
 static ctrl_status sft_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, double *loss, float *dlogp) {
+    (void)t;
     if (!(b->num_items > 0))
-        return t->host->error_set(CTRL_ERR_RUNTIME,
-                                  "trainer sft: the accumulated batch has no trained token");
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer sft: the accumulated batch has no trained token");
     double sum = 0;
     const double inv = 1.0 / b->num_items;
     for (int i = 0; i < b->T; i++) {
@@ -50,6 +51,7 @@ static const ctrl_plugin sft_plugin = {
     .version = "0.1.0",
     .summary = "supervised fine-tuning: token-level NLL over trained tokens (TRL SFTTrainer)",
     .options = NULL,
+    .init = ctrl_plugin_api_init,
     .ops = &sft_ops,
 };
 
