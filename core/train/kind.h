@@ -9,16 +9,25 @@
  *   online    (kind_online.c) GRPO, RLOO: rows are prompts; generation batches are sampled from the
  *                             live weights, scored by the reward set, turned into advantages by the
  *                             plugin, then trained on as token-level micro-batches (online_loop.c).
- *   sequence  (to come, issue 16: DPO, KTO, reward models) offline, sequence-level: rows are
- *                             preference pairs or labelled completions; the plugin's loss sees one
- *                             number per sequence (ctrl_sequence_batch in <ctrl/trainer.h>) and
- *                             the kind spreads dL/dsequence back over each sequence's tokens.
+ *   sequence  (to come with issue 16: DPO, KTO, reward models) offline, sequence-level: rows
+ *                             are preference pairs {prompt, chosen, rejected} or labelled
+ *                             completions {prompt, completion, label}. Its accumulate will, per
+ *                             micro-batch: lay the pairs out flat (chosen then rejected, padding
+ *                             free), one forward through the fused head (logp per token), reduce to
+ *                             per-sequence sums (sequence.c: train_sequence_sums), add the
+ *                             reference sums (a frozen copy, or precomputed before training as
+ *                             precompute_ref_logp asks), call the plugin's sequence_loss
+ *                             (ctrl_sequence_batch in <ctrl/trainer.h>), spread dL/dlogp_sum back
+ *                             over the tokens (train_sequence_spread) and run the backward. Its
+ *                             rows_per_step counts pairs; num_items is the accumulated batch's
+ *                             sequence count, so a batch split differently gives the same loss.
  *
  * Adding a kind is a new kind_*.c with a train_kind_ops and a line in train_kind_for; the loop
  * does not change. */
 #ifndef CTRL_CORE_TRAIN_KIND_H
 #define CTRL_CORE_TRAIN_KIND_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include <ctrl/trainer.h>
@@ -26,6 +35,11 @@
 #include "registry.h"
 #include "tokenizer/tokenizer.h"
 #include "train/compute.h"
+
+/* 1 when a trainer plugin built against this header or an older one has `member` set (its
+ * table's size covers the member). */
+#define TRAINER_HAS(ops, member)                                                                             \
+    ((ops)->size >= offsetof(ctrl_trainer_ops, member) + sizeof((ops)->member) && (ops)->member)
 
 /* What a kind is made from (owned by the loop, alive as long as the kind). */
 typedef struct train_kind_env {

@@ -67,8 +67,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, long num_item
     double loss;
     /* a loss linear in the log-probs (SFT): dL/dlogp first, and the head's backward fused into the
      * forward (on the host model) */
-    const int fused = train_compute_on_host(k->compute) && k->ops->size >= sizeof(ctrl_trainer_ops) &&
-                      k->ops->dlogp_before_forward;
+    const int fused = train_compute_on_host(k->compute) && TRAINER_HAS(k->ops, dlogp_before_forward);
     if (st == CTRL_OK && fused) {
         memset(lp, 0, sizeof(float) * (size_t)T);
         st = k->ops->loss(k->trainer, &tb, &loss, dlp);

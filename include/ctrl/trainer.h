@@ -69,6 +69,49 @@ typedef struct ctrl_rollout {
     void *report_ctx;
 } ctrl_rollout;
 
+/* Offline sequence-level trainers (dpo, kto, reward; issue 16): the loss sees one number per
+ * sequence. A micro-batch holds n_seq prompt + completion sequences laid out flat (sequence s is
+ * tokens [cu_seqlens[s], cu_seqlens[s+1])); `weight` marks its completion tokens. Paired data
+ * (DPO, reward): sequences [0, n_pairs) are the chosen completions and [n_pairs, 2 n_pairs) the
+ * rejected ones, pair i being (i, n_pairs + i), as TRL concatenates them. Unpaired data (KTO):
+ * n_pairs = 0 and `label` says which completions are desirable; KTO's KL estimate comes from
+ * extra sequences (mismatched prompt/completion pairs, as TRL builds them) flagged in `kl`. The
+ * core computes the per-sequence sums from one forward through the fused head (no
+ * [tokens x vocabulary] logits tensor), the reference model's sums (live, or precomputed before
+ * training), and spreads the plugin's dL/dlogp_sum over each sequence's completion tokens. */
+typedef struct ctrl_sequence_batch {
+    size_t size; /* sizeof(ctrl_sequence_batch) as built */
+    int T;       /* tokens in the flat micro-batch */
+    int n_seq;
+    int n_pairs;
+    const int32_t *cu_seqlens;  /* [n_seq + 1] */
+    const float *logp;          /* [T] log pi(target_t | prefix) under the policy */
+    const float *weight;        /* [T] 1 on completion tokens that are trained, else 0 */
+    const double *logp_sum;     /* [n_seq] sum of logp * weight over the sequence (TRL's logps) */
+    const int *n_tokens;        /* [n_seq] completion tokens (for length-normalised losses) */
+    const double *ref_logp_sum; /* [n_seq] the same under the reference model (NULL: none asked) */
+    const double *mean_logit;   /* [n_seq] mean logit over the completion tokens (TRL's
+                                   logits/chosen; NULL until the fused head reports it) */
+    const float *score;         /* [n_seq] reward trainer: the score head at the last non-pad token
+                                   (NULL for the others) */
+    const float *label;         /* [n_seq] KTO: 1 desirable, 0 undesirable (NULL when paired) */
+    const uint8_t *kl;          /* [n_seq] KTO: 1 for the KL estimate's mismatched sequences */
+    const float *margin;        /* [n_pairs] reward trainer's margin column (NULL when absent) */
+    double num_items;           /* sequences (pairs when paired) of the whole accumulated batch */
+    void (*report)(void *ctx, const char *name, double value); /* TRL's metric names */
+    void *report_ctx;
+} ctrl_sequence_batch;
+
+/* What a sequence-level trainer asks of the core. */
+typedef struct ctrl_sequence_spec {
+    size_t size;             /* sizeof(ctrl_sequence_spec) as built */
+    int paired;              /* 1: {prompt, chosen, rejected} rows; 0: unpaired {.., label} */
+    int needs_ref_logp;      /* 1: reference sums (frozen copy of the initial weights) */
+    int precompute_ref_logp; /* 1: computed in one pass before training, not kept in memory */
+    int needs_score;         /* 1: a sequence-classification head (reward trainer) */
+    int kl_sequences;        /* 1: add KTO's mismatched sequences for the KL estimate */
+} ctrl_sequence_spec;
+
 typedef struct ctrl_trainer_ops {
     size_t size;
     ctrl_status (*create)(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out);
@@ -83,6 +126,13 @@ typedef struct ctrl_trainer_ops {
      * on zero log-probs before the forward for dL/dlogp, and fuse the LM head's backward into its
      * forward (its logits are not recomputed); `loss` is called again on the real log-probs. */
     int dlogp_before_forward;
+    /* Offline sequence-level trainers only (NULL otherwise; `loss` may then be NULL): what to
+     * build, and the micro-batch's share of the loss with dL/dlogp_sum[n_seq] (written) and, for
+     * a score head, dL/dscore[n_seq] (NULL unless spec.needs_score). A loss that weighs tokens of
+     * a sequence unequally (LD-DPO's ld_alpha) writes dlogp[T] instead and sets *per_token = 1. */
+    ctrl_status (*sequence_spec)(ctrl_trainer *t, ctrl_sequence_spec *out);
+    ctrl_status (*sequence_loss)(ctrl_trainer *t, const ctrl_sequence_batch *batch, double *loss,
+                                 double *dlogp_sum, float *dscore, float *dlogp, int *per_token);
 } ctrl_trainer_ops;
 
 #ifdef __cplusplus

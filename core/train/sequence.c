@@ -1,0 +1,19 @@
+/* Per-sequence sums and their gradient (see sequence.h). */
+#include "train/sequence.h"
+
+void train_sequence_sums(int n_seq, const int32_t *cu, const float *logp, const float *weight, double *sum,
+                         int *n_tokens) {
+    for (int s = 0; s < n_seq; s++) {
+        double acc = 0;
+        int n = 0;
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++) acc += (double)logp[t] * weight[t], n += weight[t] != 0;
+        sum[s] = acc;
+        if (n_tokens) n_tokens[s] = n;
+    }
+}
+
+void train_sequence_spread(int n_seq, const int32_t *cu, const float *weight, const double *dsum,
+                           float *dlogp) {
+    for (int s = 0; s < n_seq; s++)
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++) dlogp[t] = (float)(dsum[s] * weight[t]);
+}
