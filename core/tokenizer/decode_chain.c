@@ -120,28 +120,6 @@ static void tl_end_token(tok_list *l) { /* the token is what was written since t
 
 static void tl_token(tok_list *l, const char *s, size_t n) { tl_bytes(l, s, n), tl_end_token(l); }
 
-static int valid_utf8(const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned char c = s[i];
-        size_t need = c < 0x80                 ? 0
-                      : c >= 0xC2 && c <= 0xDF ? 1
-                      : c >= 0xE0 && c <= 0xEF ? 2
-                      : c >= 0xF0 && c <= 0xF4 ? 3
-                                               : 9;
-        if (need == 9 || (need && i + need >= n)) return 0;
-        unsigned char lo = c == 0xE0   ? 0xA0
-                           : c == 0xF0 ? 0x90
-                                       : 0x80,
-                      hi = c == 0xED   ? 0x9F
-                           : c == 0xF4 ? 0x8F
-                                       : 0xBF;
-        for (size_t k = 1; k <= need; k++)
-            if (s[i + k] < (k == 1 ? lo : 0x80) || s[i + k] > (k == 1 ? hi : 0xBF)) return 0;
-        i += need + 1;
-    }
-    return 1;
-}
-
 static int hex_digit(char c) {
     return c >= '0' && c <= '9'   ? c - '0'
            : c >= 'a' && c <= 'f' ? c - 'a' + 10
@@ -160,7 +138,7 @@ static int byte_token(const char *s, size_t n) {
 
 static void flush_bytes(tok_list *out, const unsigned char *run, size_t n) {
     if (!n) return;
-    if (valid_utf8(run, n)) {
+    if (tok_utf8_valid((const char *)run, n)) {
         tl_token(out, (const char *)run, n);
         return;
     }

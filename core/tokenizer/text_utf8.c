@@ -41,3 +41,28 @@ size_t tok_utf8_encode(uint32_t cp, char *out) {
     o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3F)), o[3] = (unsigned char)(0x80 | (cp & 0x3F));
     return 4;
 }
+
+/* Well-formed UTF-8 as Rust's str and PCRE2 take it: no overlongs, surrogates or code points
+ * beyond U+10FFFF. */
+int tok_utf8_valid(const char *text, size_t n) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t need = c < 0x80                 ? 0
+                      : c >= 0xC2 && c <= 0xDF ? 1
+                      : c >= 0xE0 && c <= 0xEF ? 2
+                      : c >= 0xF0 && c <= 0xF4 ? 3
+                                               : 9;
+        if (need == 9 || (need && i + need >= n)) return 0;
+        unsigned char lo = c == 0xE0   ? 0xA0
+                           : c == 0xF0 ? 0x90
+                                       : 0x80,
+                      hi = c == 0xED   ? 0x9F
+                           : c == 0xF4 ? 0x8F
+                                       : 0xBF;
+        for (size_t k = 1; k <= need; k++)
+            if (s[i + k] < (k == 1 ? lo : 0x80) || s[i + k] > (k == 1 ? hi : 0xBF)) return 0;
+        i += need + 1;
+    }
+    return 1;
+}

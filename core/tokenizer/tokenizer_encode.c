@@ -61,13 +61,17 @@ static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n
     char *scratch = NULL;
     size_t scratch_cap = 0;
     ctrl_status st = CTRL_OK;
-    if (!t->split) {
+    /* PCRE2 checks a UTF subject's validity from the start offset to the end on every call (which
+     * made a line's pre-tokenization quadratic): check it once here, then match without the check.
+     * Invalid UTF-8 (which PCRE2 refuses, and Rust strings cannot hold) stays one piece. */
+    if (!t->split || !tok_utf8_valid(s, m)) {
         st = encode_piece(t, s, m, out, &scratch, &scratch_cap);
     } else {
         pcre2_match_data *md = pcre2_match_data_create_from_pattern(t->split, NULL);
+        if (!md) st = ctrl_error_set(CTRL_ERR_NOMEM, "tokenizer: out of memory");
         size_t at = 0, gap = 0;
         while (st == CTRL_OK && at < m) {
-            int rc = pcre2_match(t->split, (PCRE2_SPTR)s, m, at, 0, md, NULL);
+            int rc = pcre2_match(t->split, (PCRE2_SPTR)s, m, at, PCRE2_NO_UTF_CHECK, md, NULL);
             if (rc < 0) break;
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t b = ov[0], e = ov[1];

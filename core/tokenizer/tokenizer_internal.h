@@ -12,6 +12,8 @@
 
 /* Decodes one code point at s[*i] (advancing *i); invalid bytes decode as U+FFFD, one byte each. */
 uint32_t tok_utf8_decode(const char *s, size_t n, size_t *i);
+/* 1 when s[0..n) is well-formed UTF-8. */
+int tok_utf8_valid(const char *s, size_t n);
 /* Writes cp as UTF-8 into out (at most 4 bytes); returns the byte count. */
 size_t tok_utf8_encode(uint32_t cp, char *out);
 /* NFC of UTF-8 text (malloc'd, NUL-terminated). */

@@ -14,3 +14,6 @@ ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_sp_variants.c
 
 # Ids from untrusted tokenizer.json / tokenizer_config.json: each bad one refused where it is read.
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_ids.c unit)
+
+# Long lines: linear encoding time, interruption.
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_long_input.c unit)

@@ -1,0 +1,69 @@
+/* Long lines: encoding takes time linear in the input (it was quadratic: PCRE2 re-checked the
+ * UTF-8 validity of the whole remaining line at every match, 15 s for 600 KB). Timed in the
+ * thread's CPU time, best of a few runs, against a bound 3x above linear and far below quadratic
+ * (a 20x longer input: linear ~20x, quadratic ~400x), so a loaded machine does not make it flaky. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "test.h"
+#include "tokenizer/tokenizer.h"
+
+static ctrl_tokenizer *tiny_bpe(void) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer/tiny_bpe", CTRL_FIXTURE_DIR);
+    ctrl_tokenizer *t = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
+    return t;
+}
+
+/* `unit` repeated to n bytes (malloc'd). */
+static char *repeat(const char *unit, size_t n) {
+    const size_t ul = strlen(unit);
+    char *s = malloc(n + 1);
+    for (size_t i = 0; s && i < n; i++) s[i] = unit[i % ul];
+    if (s) s[n] = '\0';
+    return s;
+}
+
+static double thread_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Best CPU time of `runs` encodes of s; *n_ids gets the id count. */
+static double encode_seconds(const ctrl_tokenizer *t, const char *s, size_t n, int runs, size_t *n_ids) {
+    double best = 1e30;
+    for (int r = 0; r < runs; r++) {
+        int32_t *ids = NULL;
+        const double t0 = thread_seconds();
+        CHECK_EQ_INT(ctrl_tokenizer_encode(t, s, n, 0, &ids, n_ids), CTRL_OK);
+        const double dt = thread_seconds() - t0;
+        free(ids);
+        if (dt < best) best = dt;
+    }
+    return best;
+}
+
+TEST(encoding_time_is_linear_in_the_line_length) {
+    ctrl_tokenizer *t = tiny_bpe();
+    if (!t) return;
+    /* "ab " is one pre-token a word; the mixed unit exercises every branch of the GPT-2 pattern */
+    const char *units[] = {"ab ", "Hi, it's 42 caf\xc3\xa9s!\n\n  \t x"};
+    for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+        const size_t small = 10 * 1000, big = 200 * 1000;
+        char *a = repeat(units[u], small), *b = repeat(units[u], big);
+        size_t na = 0, nb = 0;
+        encode_seconds(t, a, small, 1, &na); /* warm the caches */
+        const double ta = encode_seconds(t, a, small, 5, &na), tb = encode_seconds(t, b, big, 3, &nb);
+        printf("  unit %zu: %zu bytes %.2f ms, %zu bytes %.2f ms: x%.1f (linear: x20)\n", u, small, ta * 1e3,
+               big, tb * 1e3, tb / ta);
+        CHECK_MSG(tb < 60 * ta + 0.005, "200 KB took %.1f ms, 10 KB %.2f ms: x%.0f is not linear", tb * 1e3,
+                  ta * 1e3, tb / ta);
+        CHECK(nb > 19 * na && nb < 21 * na); /* the same kind of text, 20x the tokens */
+        free(a), free(b);
+    }
+    ctrl_tokenizer_free(t);
+}
