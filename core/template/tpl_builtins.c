@@ -43,9 +43,9 @@ int tpl_iterable(tpl_render *r, int line, tpl_value v, tpl_list **items) {
         return 0;
     }
     if (v.kind == V_STR) {
-        size_t n = tpl_utf8_count(v.str.s, v.str.len);
-        for (size_t i = 0; i < n; i++) {
-            size_t o = tpl_utf8_offset(v.str.s, v.str.len, i), e = tpl_utf8_offset(v.str.s, v.str.len, i + 1);
+        if (tpl_room_items(r, line, "iterating a string", tpl_utf8_count(v.str.s, v.str.len))) return -1;
+        for (size_t o = 0, e; o < v.str.len; o = e) {
+            e = tpl_utf8_step(v.str.s, v.str.len, o, 1);
             tpl_list_push(&r->arena, l.list, tpl_str(v.str.s + o, e - o));
         }
         return 0;
@@ -96,10 +96,10 @@ static tpl_value py_strip(tpl_value s, const tpl_value *chars, int left, int rig
     return tpl_str(s.str.s + b, e - b);
 }
 
+/* The first occurrence of n in h at or after `from` (glibc's memmem is linear). */
 static const char *find_sub(const char *h, size_t hn, const char *n, size_t nn, size_t from) {
-    for (size_t i = from; i + nn <= hn; i++)
-        if (memcmp(h + i, n, nn) == 0) return h + i;
-    return NULL;
+    if (from > hn) return NULL;
+    return nn ? memmem(h + from, hn - from, n, nn) : h + from;
 }
 
 /* str.split(sep, maxsplit) / str.rsplit; sep None splits on whitespace runs. */
@@ -155,13 +155,14 @@ static tpl_value py_split(tpl_render *r, tpl_value s, tpl_value sep, int64_t max
     return out;
 }
 
-static tpl_value py_replace(tpl_render *r, tpl_value s, tpl_value old, tpl_value new_, int64_t count) {
+static int py_replace(tpl_render *r, int line, tpl_value s, tpl_value old, tpl_value new_, int64_t count,
+                      tpl_value *out) {
     tpl_buf b = {0};
     size_t i = 0;
     int64_t done = 0;
     if (old.str.len == 0) { /* Python inserts `new` between characters */
         size_t l;
-        for (; i < s.str.len && (count < 0 || done < count); i += l, done++) {
+        for (; i < s.str.len && (count < 0 || done < count) && !b.over; i += l, done++) {
             tpl_buf_add(&b, new_.str.s, new_.str.len);
             cp_at(s.str.s, s.str.len, i, &l);
             tpl_buf_add(&b, s.str.s + i, l);
@@ -169,7 +170,7 @@ static tpl_value py_replace(tpl_render *r, tpl_value s, tpl_value old, tpl_value
         if (i >= s.str.len && (count < 0 || done < count)) tpl_buf_add(&b, new_.str.s, new_.str.len);
     } else {
         const char *hit;
-        while ((count < 0 || done < count) &&
+        while ((count < 0 || done < count) && !b.over &&
                (hit = find_sub(s.str.s, s.str.len, old.str.s, old.str.len, i))) {
             tpl_buf_add(&b, s.str.s + i, (size_t)(hit - s.str.s) - i);
             tpl_buf_add(&b, new_.str.s, new_.str.len);
@@ -177,9 +178,7 @@ static tpl_value py_replace(tpl_render *r, tpl_value s, tpl_value old, tpl_value
         }
     }
     tpl_buf_add(&b, s.str.s + i, s.str.len - i);
-    tpl_value v = tpl_str_copy(&r->arena, b.data, b.len);
-    tpl_buf_free(&b);
-    return v;
+    return tpl_buf_value(r, line, &b, out);
 }
 
 enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE };
@@ -241,35 +240,37 @@ int tpl_method(tpl_render *r, int line, tpl_value obj, const char *name, const t
             tpl_value o = arg(a, 0, NULL, none), n = arg(a, 1, NULL, none),
                       c = arg(a, 2, "count", tpl_int(-1));
             if (want_str(r, line, o, "replace") || want_str(r, line, n, "replace")) return -1;
-            return *out = py_replace(r, obj, o, n, c.kind == V_INT ? c.i : -1), 0;
+            return py_replace(r, line, obj, o, n, c.kind == V_INT ? c.i : -1, out);
         }
         if (NAME_IS(name, "find") || NAME_IS(name, "rfind") || NAME_IS(name, "count")) {
             tpl_value sub = arg(a, 0, NULL, none);
             if (want_str(r, line, sub, name)) return -1;
-            int64_t found = -1, count = 0;
-            for (size_t i = 0; i + sub.str.len <= obj.str.len;) {
-                if (memcmp(obj.str.s + i, sub.str.s, sub.str.len) == 0) {
-                    if (found < 0 || name[0] == 'r') found = (int64_t)tpl_utf8_count(obj.str.s, i);
-                    count++;
-                    i += sub.str.len ? sub.str.len : 1;
-                } else {
-                    i++;
-                }
+            if (tpl_budget(r, line, obj.str.len / 64)) return -1;
+            if (!sub.str.len) { /* an empty match at every code point and at the end, as Python */
+                const int64_t n = (int64_t)tpl_utf8_count(obj.str.s, obj.str.len);
+                return *out = tpl_int(name[0] == 'c' ? n + 1 : name[0] == 'r' ? n : 0), 0;
             }
+            const char *hit, *at = NULL; /* non-overlapping matches */
+            int64_t count = 0;
+            for (size_t i = 0; (hit = find_sub(obj.str.s, obj.str.len, sub.str.s, sub.str.len, i));) {
+                if (!at || name[0] == 'r') at = hit;
+                if (name[0] == 'f') break;
+                count++;
+                i = (size_t)(hit - obj.str.s) + sub.str.len;
+            }
+            const int64_t found = at ? (int64_t)tpl_utf8_count(obj.str.s, (size_t)(at - obj.str.s)) : -1;
             return *out = tpl_int(name[0] == 'c' ? count : found), 0;
         }
         if (NAME_IS(name, "join")) {
             tpl_list *items;
             if (a->n_pos < 1 || want_seq(r, line, a->pos[0], "join", &items)) return -1;
             tpl_buf b = {0};
-            for (int i = 0; i < items->n; i++) {
+            for (int i = 0; i < items->n && !b.over; i++) {
                 if (want_str(r, line, items->items[i], "join")) return tpl_buf_free(&b), -1;
                 if (i) tpl_buf_add(&b, obj.str.s, obj.str.len);
                 tpl_buf_add(&b, items->items[i].str.s, items->items[i].str.len);
             }
-            *out = tpl_str_copy(&r->arena, b.data, b.len);
-            tpl_buf_free(&b);
-            return 0;
+            return tpl_buf_value(r, line, &b, out);
         }
         if (NAME_IS(name, "isdigit") || NAME_IS(name, "isalpha") || NAME_IS(name, "isspace") ||
             NAME_IS(name, "isalnum")) {
@@ -344,7 +345,7 @@ int tpl_test(tpl_render *r, int line, const char *name, tpl_value v, const tpl_a
         if (v.kind != V_INT) return tpl_fail(r, line, "test '%s' expects an integer", name);
         int64_t d = name[0] == 'd' ? (x.kind == V_INT ? x.i : 0) : 2;
         if (d == 0) return tpl_fail(r, line, "divisibleby needs a non-zero integer");
-        int64_t m = v.i % d;
+        int64_t m = d == -1 ? 0 : v.i % d; /* INT64_MIN % -1 traps */
         return *out = name[0] == 'o' ? m != 0 : m == 0, 0;
     }
     if (NAME_IS(name, "lower") || NAME_IS(name, "upper")) {
@@ -403,6 +404,7 @@ static int select_items(tpl_render *r, int line, tpl_value seq, const tpl_args *
     return 0;
 }
 
+/* Jinja's sort, dictsort, min and max order strings ignoring case (ASCII here, as py_case). */
 static int compare_values(tpl_value a, tpl_value b) {
     if (tpl_is_number(a) && tpl_is_number(b)) {
         double x = tpl_as_double(a), y = tpl_as_double(b);
@@ -410,39 +412,59 @@ static int compare_values(tpl_value a, tpl_value b) {
     }
     if (a.kind == V_STR && b.kind == V_STR) {
         size_t m = a.str.len < b.str.len ? a.str.len : b.str.len;
-        int c = memcmp(a.str.s, b.str.s, m);
-        return c ? c : (a.str.len > b.str.len) - (a.str.len < b.str.len);
+        for (size_t i = 0; i < m; i++) {
+            unsigned char x = (unsigned char)a.str.s[i], y = (unsigned char)b.str.s[i];
+            x = x >= 'A' && x <= 'Z' ? (unsigned char)(x | 0x20) : x;
+            y = y >= 'A' && y <= 'Z' ? (unsigned char)(y | 0x20) : y;
+            if (x != y) return x < y ? -1 : 1;
+        }
+        return (a.str.len > b.str.len) - (a.str.len < b.str.len);
     }
     return (int)a.kind - (int)b.kind;
 }
 
-static void sort_values(tpl_value *v, int n, int reverse) { /* stable insertion sort: lists here are short */
-    for (int i = 1; i < n; i++) {
-        tpl_value x = v[i];
-        int j = i - 1;
-        while (j >= 0 && (reverse ? compare_values(v[j], x) < 0 : compare_values(v[j], x) > 0))
-            v[j + 1] = v[j], j--;
-        v[j + 1] = x;
+/* sort's order, or dictsort's (by each (key, value) pair's key) */
+static int sort_before(tpl_value a, tpl_value b, int reverse, int by_key) {
+    if (by_key) a = a.list->items[0], b = b.list->items[0];
+    return reverse ? compare_values(a, b) > 0 : compare_values(a, b) < 0;
+}
+
+/* A stable merge sort (Python's sort is stable), n log n for the lists a template may build. */
+static int sort_values(tpl_render *r, int line, tpl_value *v, int n, int reverse, int by_key) {
+    if (n < 2) return 0;
+    if (tpl_budget(r, line, (uint64_t)n * 24)) return -1;
+    tpl_value *tmp = tpl_alloc(&r->arena, sizeof *tmp * (size_t)n);
+    for (int width = 1; width < n; width *= 2) {
+        for (int lo = 0; lo < n - width; lo += 2 * width) {
+            const int mid = lo + width, hi = mid + width < n ? mid + width : n;
+            int i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = sort_before(v[j], v[i], reverse, by_key) ? v[j++] : v[i++];
+            while (i < mid) tmp[k++] = v[i++];
+            while (j < hi) tmp[k++] = v[j++];
+            memcpy(v + lo, tmp + lo, sizeof *v * (size_t)(hi - lo));
+        }
     }
+    return 0;
 }
 
 static int filter_tojson(tpl_render *r, int line, tpl_value v, const tpl_args *a, tpl_value *out) {
     tpl_value indent = arg(a, 0, "indent", tpl_none());
+    /* Python: a negative indent indents by nothing; a huge one fails at the first newline */
     tpl_value sort_keys = arg(a, 4, "sort_keys", tpl_bool(0)), ascii = arg(a, 1, "ensure_ascii", tpl_bool(0));
     tpl_value seps = arg(a, 3, "separators", tpl_none());
     if (tpl_truthy(sort_keys) || tpl_truthy(ascii) || seps.kind != V_NONE)
         return tpl_fail(r, line, "tojson: sort_keys, ensure_ascii and separators are not supported");
     if (indent.kind != V_NONE && indent.kind != V_INT)
         return tpl_fail(r, line, "tojson: indent must be an integer");
+    int64_t width = indent.kind != V_INT ? -1 : indent.i < 0 ? 0 : indent.i;
+    if (width > (int64_t)TPL_MAX_STRING) width = (int64_t)TPL_MAX_STRING + 1;
     tpl_buf b = {0};
-    if (tpl_write_json(&b, v, indent.kind == V_INT ? (int)indent.i : -1, 0)) {
+    if (tpl_write_json(&b, v, width, 0) && !b.over) {
         tpl_buf_free(&b);
         return tpl_fail(r, line, "tojson: value of type '%s' is not JSON serializable",
                         tpl_kind_name(v.kind));
     }
-    *out = tpl_str_copy(&r->arena, b.data, b.len);
-    tpl_buf_free(&b);
-    return 0;
+    return tpl_buf_value(r, line, &b, out);
 }
 
 int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_value v, const tpl_args *a,
@@ -466,16 +488,18 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
     }
     if (NAME_IS(name, "tojson")) return filter_tojson(r, line, v, a, out);
     if (NAME_IS(name, "trim") || NAME_IS(name, "string")) {
-        tpl_value str = tpl_to_str(&r->arena, v), chars = arg(a, 0, "chars", none);
+        tpl_value str, chars = arg(a, 0, "chars", none);
+        if (tpl_to_str_checked(r, line, v, &str)) return -1;
         if (name[0] == 's') return *out = str, 0;
         if (chars.kind != V_NONE && want_str(r, line, chars, "trim")) return -1;
         return *out = py_strip(str, chars.kind == V_STR ? &chars : NULL, 1, 1), 0;
     }
     if (NAME_IS(name, "safe") || NAME_IS(name, "e") || NAME_IS(name, "escape")) {
-        tpl_value str = tpl_to_str(&r->arena, v);
+        tpl_value str;
         if (name[0] == 's') return *out = v, 0;
+        if (tpl_to_str_checked(r, line, v, &str)) return -1;
         tpl_buf b = {0};
-        for (size_t i = 0; i < str.str.len; i++) {
+        for (size_t i = 0; i < str.str.len && !b.over; i++) {
             char c = str.str.s[i];
             const char *rep = c == '&'    ? "&amp;"
                               : c == '<'  ? "&lt;"
@@ -485,13 +509,12 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
                                           : NULL;
             rep ? tpl_buf_add(&b, rep, strlen(rep)) : tpl_buf_addc(&b, c);
         }
-        *out = tpl_str_copy(&r->arena, b.data ? b.data : "", b.len);
-        tpl_buf_free(&b);
-        return 0;
+        return tpl_buf_value(r, line, &b, out);
     }
     if (NAME_IS(name, "upper") || NAME_IS(name, "lower") || NAME_IS(name, "title") ||
         NAME_IS(name, "capitalize")) {
-        tpl_value str = tpl_to_str(&r->arena, v);
+        tpl_value str;
+        if (tpl_to_str_checked(r, line, v, &str)) return -1;
         int mode = name[0] == 'u'   ? CASE_UPPER
                    : name[0] == 'l' ? CASE_LOWER
                    : name[0] == 't' ? CASE_TITLE
@@ -500,10 +523,11 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
         return 0;
     }
     if (NAME_IS(name, "replace")) {
-        tpl_value str = tpl_to_str(&r->arena, v), o = arg(a, 0, "old", none), n = arg(a, 1, "new", none);
+        tpl_value str, o = arg(a, 0, "old", none), n = arg(a, 1, "new", none);
         tpl_value c = arg(a, 2, "count", none);
+        if (tpl_to_str_checked(r, line, v, &str)) return -1;
         if (want_str(r, line, o, "replace") || want_str(r, line, n, "replace")) return -1;
-        return *out = py_replace(r, str, o, n, c.kind == V_INT ? c.i : -1), 0;
+        return py_replace(r, line, str, o, n, c.kind == V_INT ? c.i : -1, out);
     }
     if (NAME_IS(name, "list")) {
         if (want_seq(r, line, v, "list", &items)) return -1;
@@ -522,9 +546,7 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
             tpl_buf b = {0};
             for (int i = items->n - 1; i >= 0; i--)
                 tpl_buf_add(&b, items->items[i].str.s, items->items[i].str.len);
-            *out = tpl_str_copy(&r->arena, b.data ? b.data : "", b.len);
-            tpl_buf_free(&b);
-            return 0;
+            return tpl_buf_value(r, line, &b, out);
         }
         *out = tpl_new_list(&r->arena);
         for (int i = items->n - 1; i >= 0; i--) tpl_list_push(&r->arena, out->list, items->items[i]);
@@ -534,15 +556,13 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
         tpl_value sep = arg(a, 0, "d", tpl_str("", 0)), attr = arg(a, 1, "attribute", none);
         if (want_seq(r, line, v, "join", &items) || want_str(r, line, sep, "join")) return -1;
         tpl_buf b = {0};
-        for (int i = 0; i < items->n; i++) {
+        for (int i = 0; i < items->n && !b.over; i++) {
             tpl_value x = items->items[i];
             if (attr.kind != V_NONE && item_attr(r, line, x, attr, &x)) return tpl_buf_free(&b), -1;
             if (i) tpl_buf_add(&b, sep.str.s, sep.str.len);
             tpl_write_str(&b, x);
         }
-        *out = tpl_str_copy(&r->arena, b.data ? b.data : "", b.len);
-        tpl_buf_free(&b);
-        return 0;
+        return tpl_buf_value(r, line, &b, out);
     }
     if (NAME_IS(name, "selectattr") || NAME_IS(name, "rejectattr"))
         return select_items(r, line, v, a, 1, name[0] == 's', out);
@@ -579,20 +599,13 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
     if (NAME_IS(name, "dictsort")) {
         if (v.kind != V_DICT) return tpl_fail(r, line, "dictsort expects a mapping");
         if (tpl_method(r, line, v, "items", a, out)) return -1;
-        tpl_list *l = out->list; /* by key */
-        for (int i = 1; i < l->n; i++) {
-            tpl_value x = l->items[i];
-            int j = i - 1;
-            while (j >= 0 && compare_values(l->items[j].list->items[0], x.list->items[0]) > 0)
-                l->items[j + 1] = l->items[j], j--;
-            l->items[j + 1] = x;
-        }
-        return 0;
+        return sort_values(r, line, out->list->items, out->list->n, 0, 1);
     }
     if (NAME_IS(name, "unique")) { /* first-seen order */
         if (want_seq(r, line, v, name, &items)) return -1;
         *out = tpl_new_list(&r->arena);
         for (int i = 0; i < items->n; i++) {
+            if (tpl_budget(r, line, (uint64_t)out->list->n)) return -1; /* quadratic: charged */
             int dup = 0;
             for (int k = 0; k < out->list->n && !dup; k++)
                 dup = tpl_equal(out->list->items[k], items->items[i]);
@@ -621,8 +634,9 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
             }
             return *out = acc, 0;
         }
-        sort_values(l.list->items, l.list->n,
-                    NAME_IS(name, "sort") && tpl_truthy(arg(a, 0, "reverse", tpl_bool(0))));
+        if (sort_values(r, line, l.list->items, l.list->n,
+                        NAME_IS(name, "sort") && tpl_truthy(arg(a, 0, "reverse", tpl_bool(0))), 0))
+            return -1;
         if (NAME_IS(name, "sort")) return *out = l, 0;
         *out = l.list->n ? l.list->items[name[1] == 'i' ? 0 : l.list->n - 1] : tpl_undef(name);
         return 0;
@@ -638,41 +652,51 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
             ok = end != tmp && *end == 0;
         } else
             ok = 0;
-        if (NAME_IS(name, "int"))
+        if (NAME_IS(name, "int")) {
+            if (v.kind == V_INT) return *out = v, 0; /* not through a double: exact */
+            if (ok && isnan(d)) ok = 0;              /* Python's int(nan) is a ValueError: the default */
+            if (ok && !(d > -9223372036854775808.0 && d < 9223372036854775808.0))
+                return tpl_fail(r, line, "int: %g does not fit in 64 bits", d);
             return *out = ok ? tpl_int((int64_t)d) : arg(a, 0, "default", tpl_int(0)), 0;
+        }
         if (NAME_IS(name, "float")) return *out = ok ? tpl_float(d) : arg(a, 0, "default", tpl_float(0)), 0;
         if (!tpl_is_number(v)) return tpl_fail(r, line, "%s expects a number", name);
-        if (NAME_IS(name, "abs"))
-            return *out =
-                       v.kind == V_FLOAT ? tpl_float(fabs(v.f)) : tpl_int(llabs((long long)tpl_as_double(v))),
-                   0;
+        if (NAME_IS(name, "abs")) {
+            if (v.kind == V_FLOAT) return *out = tpl_float(fabs(v.f)), 0;
+            const int64_t i = v.kind == V_INT ? v.i : v.b;
+            if (i == INT64_MIN) return tpl_fail(r, line, "integer overflow in abs(%lld)", (long long)i);
+            return *out = tpl_int(i < 0 ? -i : i), 0;
+        }
         tpl_value prec = arg(a, 0, "precision", tpl_int(0));
         double p = pow(10, prec.kind == V_INT ? (double)prec.i : 0);
         return *out = tpl_float(round(d * p) / p), 0;
     }
     if (NAME_IS(name, "indent")) {
-        tpl_value str = tpl_to_str(&r->arena, v), w = arg(a, 0, "width", tpl_int(4));
+        tpl_value str, w = arg(a, 0, "width", tpl_int(4));
         int first = tpl_truthy(arg(a, 1, "first", tpl_bool(0))),
             blank = tpl_truthy(arg(a, 2, "blank", tpl_bool(0)));
-        tpl_buf pad = {0}, b = {0};
-        if (w.kind == V_STR)
-            tpl_buf_add(&pad, w.str.s, w.str.len);
-        else
-            for (int64_t k = 0; k < (w.kind == V_INT ? w.i : 4); k++) tpl_buf_addc(&pad, ' ');
+        if (tpl_to_str_checked(r, line, v, &str)) return -1;
+        tpl_buf b = {0};
+        /* Python: " " * width, nothing when < 0; written only where a line takes it, so a huge width
+         * fails on the output's size, not up front */
+        const uint64_t width = w.kind != V_INT ? 4 : w.i > 0 ? (uint64_t)w.i : 0;
         size_t i = 0;
-        for (int ln = 0; i <= str.str.len; ln++) {
+        for (int ln = 0; i <= str.str.len && !b.over; ln++) {
             const char *nl = memchr(str.str.s + i, '\n', str.str.len - i);
             size_t e = nl ? (size_t)(nl - str.str.s) : str.str.len;
             int empty = e == i;
-            if ((ln > 0 || first) && (blank || !empty)) tpl_buf_add(&b, pad.data ? pad.data : "", pad.len);
+            if ((ln > 0 || first) && (blank || !empty)) {
+                if (w.kind == V_STR)
+                    tpl_buf_add(&b, w.str.s, w.str.len);
+                else
+                    tpl_buf_spaces(&b, width);
+            }
             tpl_buf_add(&b, str.str.s + i, e - i);
             if (!nl) break;
             tpl_buf_addc(&b, '\n');
             i = e + 1;
         }
-        *out = tpl_str_copy(&r->arena, b.data ? b.data : "", b.len);
-        tpl_buf_free(&pad), tpl_buf_free(&b);
-        return 0;
+        return tpl_buf_value(r, line, &b, out);
     }
     return tpl_fail(r, line, "unknown filter '%s'", name);
 }
@@ -713,7 +737,7 @@ int tpl_call_global(tpl_render *r, int line, tpl_value fn, const tpl_args *a, tp
                 return tpl_fail(r, line, "namespace attributes cannot start with '_'");
             tpl_dict_set(&r->arena, out->dict, tpl_str(a->kw_names[k], strlen(a->kw_names[k])), a->kw[k]);
         }
-        return 0;
+        return tpl_check_nesting(r, line, *out);
     }
     case F_RANGE: {
         int64_t v[3] = {0, 0, 1};
@@ -723,10 +747,18 @@ int tpl_call_global(tpl_render *r, int line, tpl_value fn, const tpl_args *a, tp
             v[a->n_pos == 1 ? 1 : i] = a->pos[i].i;
         }
         if (v[2] == 0) return tpl_fail(r, line, "range() step must not be zero");
-        if ((v[1] - v[0]) / v[2] > 1000000) return tpl_fail(r, line, "range() too long");
+        /* the length in 64 unsigned bits: stop - start may not fit a signed one */
+        const int up = v[2] > 0;
+        const uint64_t span = up ? (v[0] < v[1] ? (uint64_t)v[1] - (uint64_t)v[0] : 0)
+                                 : (v[0] > v[1] ? (uint64_t)v[0] - (uint64_t)v[1] : 0),
+                       step = up ? (uint64_t)v[2] : (uint64_t)0 - (uint64_t)v[2],
+                       n = span ? (span - 1) / step + 1 : 0;
+        if (n > TPL_MAX_RANGE)
+            return tpl_fail(r, line, "range() of %llu items exceeds the limit %d", (unsigned long long)n,
+                            TPL_MAX_RANGE);
         *out = tpl_new_list(&r->arena);
-        for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2])
-            tpl_list_push(&r->arena, out->list, tpl_int(i));
+        for (uint64_t k = 0; k < n; k++) /* start + k * step stays between start and stop */
+            tpl_list_push(&r->arena, out->list, tpl_int((int64_t)((uint64_t)v[0] + k * (uint64_t)v[2])));
         return 0;
     }
     default: return tpl_fail(r, line, "not callable");

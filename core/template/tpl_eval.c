@@ -87,21 +87,28 @@ static int eval_slice(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value 
     else
         return tpl_fail(r, e->line, "'%s' object is not subscriptable", tpl_kind_name(obj.kind));
     if (slice_range(r, e->line, part, n, &start, &stop, &step)) return -1;
+    /* how many indices start, start + step, ... lie before stop (in 64 bits: |step| may be 2^63) */
+    const uint64_t span = step > 0 ? (start < stop ? (uint64_t)(stop - start) : 0)
+                                   : (start > stop ? (uint64_t)(start - stop) : 0),
+                   ustep = step > 0 ? (uint64_t)step : (uint64_t)0 - (uint64_t)step,
+                   count = span ? (span - 1) / ustep + 1 : 0;
     if (obj.kind == V_LIST) {
         *out = tpl_new_list(&r->arena);
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-            tpl_list_push(&r->arena, out->list, obj.list->items[i]);
+        for (uint64_t k = 0; k < count; k++)
+            tpl_list_push(&r->arena, out->list, obj.list->items[start + (int64_t)k * step]);
         return 0;
     }
+    /* walk the code points once (indexing each from the start would be quadratic) */
     tpl_buf b = {0};
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        size_t o = tpl_utf8_offset(obj.str.s, obj.str.len, (size_t)i);
-        size_t e2 = tpl_utf8_offset(obj.str.s, obj.str.len, (size_t)i + 1);
-        tpl_buf_add(&b, obj.str.s + o, e2 - o);
+    const char *str = obj.str.s;
+    const size_t len = obj.str.len;
+    size_t at = tpl_utf8_offset(str, len, (size_t)start);
+    for (uint64_t k = 0; k < count; k++) {
+        if (k) at = tpl_utf8_step(str, len, at, step);
+        size_t end = tpl_utf8_step(str, len, at, 1);
+        tpl_buf_add(&b, str + at, end - at);
     }
-    *out = tpl_str_copy(&r->arena, b.data ? b.data : "", b.len);
-    tpl_buf_free(&b);
-    return 0;
+    return tpl_buf_value(r, e->line, &b, out);
 }
 
 int tpl_getitem(tpl_render *r, int line, tpl_value obj, tpl_value key, tpl_value *out) {
@@ -126,6 +133,56 @@ int tpl_getitem(tpl_render *r, int line, tpl_value obj, tpl_value key, tpl_value
     return 0;
 }
 
+static int overflow(tpl_render *r, int line, const char *sym, int64_t x, int64_t y) {
+    return tpl_fail(r, line, "integer overflow in %lld %s %lld (ctrl's template integers are 64-bit)",
+                    (long long)x, sym, (long long)y);
+}
+
+/* x ** y for y >= 0 by squaring, or -1 on overflow. */
+static int int_pow(int64_t x, int64_t y, int64_t *out) {
+    int64_t p = 1;
+    if (x == 0 || x == 1) return *out = y == 0 ? 1 : x, 0;
+    if (x == -1) return *out = y % 2 ? -1 : 1, 0;
+    for (;;) { /* |x| >= 2: at most 63 squarings before overflow */
+        if ((y & 1) && __builtin_mul_overflow(p, x, &p)) return -1;
+        y >>= 1;
+        if (!y) return *out = p, 0;
+        if (__builtin_mul_overflow(x, x, &x)) return -1;
+    }
+}
+
+/* Integer arithmetic with Python's results, or a template error where they do not fit 64 bits. */
+static int int_arith(tpl_render *r, int line, int op, const char *sym, int64_t x, int64_t y, tpl_value *out) {
+    int64_t v;
+    switch (op) {
+    case OP_ADD:
+        if (__builtin_add_overflow(x, y, &v)) return overflow(r, line, sym, x, y);
+        break;
+    case OP_SUB:
+        if (__builtin_sub_overflow(x, y, &v)) return overflow(r, line, sym, x, y);
+        break;
+    case OP_MUL:
+        if (__builtin_mul_overflow(x, y, &v)) return overflow(r, line, sym, x, y);
+        break;
+    case OP_FLOORDIV:
+    case OP_MOD: {
+        if (y == -1) { /* x / -1 and x % -1 trap on INT64_MIN */
+            if (op == OP_MOD) return *out = tpl_int(0), 0;
+            if (x == INT64_MIN) return overflow(r, line, sym, x, y);
+            return *out = tpl_int(-x), 0;
+        }
+        int64_t q = x / y, m = x % y;
+        if (m != 0 && ((m < 0) != (y < 0))) q--, m += y; /* Python floors */
+        v = op == OP_MOD ? m : q;
+        break;
+    }
+    default: /* OP_POW, y >= 0 */
+        if (int_pow(x, y, &v)) return overflow(r, line, sym, x, y);
+    }
+    *out = tpl_int(v);
+    return 0;
+}
+
 static int arith(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_value *out) {
     static const char *const sym[] = {"", "+", "-", "*", "/", "//", "%", "**"};
     if (a.kind == V_UNDEF) return undefined_error(r, line, a);
@@ -134,44 +191,39 @@ static int arith(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_
         int ints = a.kind != V_FLOAT && b.kind != V_FLOAT;
         int64_t x = a.kind == V_INT ? a.i : a.b, y = b.kind == V_INT ? b.i : b.b;
         double fx = tpl_as_double(a), fy = tpl_as_double(b);
+        if (ints && op != OP_DIV && (op != OP_POW || y >= 0)) {
+            if ((op == OP_FLOORDIV || op == OP_MOD) && y == 0)
+                return tpl_fail(r, line, "integer division or modulo by zero");
+            return int_arith(r, line, op, sym[op], x, y, out);
+        }
         switch (op) {
-        case OP_ADD: *out = ints ? tpl_int(x + y) : tpl_float(fx + fy); return 0;
-        case OP_SUB: *out = ints ? tpl_int(x - y) : tpl_float(fx - fy); return 0;
-        case OP_MUL: *out = ints ? tpl_int(x * y) : tpl_float(fx * fy); return 0;
+        case OP_ADD: *out = tpl_float(fx + fy); return 0;
+        case OP_SUB: *out = tpl_float(fx - fy); return 0;
+        case OP_MUL: *out = tpl_float(fx * fy); return 0;
         case OP_DIV:
             if (fy == 0) return tpl_fail(r, line, "division by zero");
             *out = tpl_float(fx / fy);
             return 0;
         case OP_FLOORDIV:
         case OP_MOD:
-            if (fy == 0) return tpl_fail(r, line, "integer division or modulo by zero");
-            if (ints) {
-                int64_t q = x / y, m = x % y;
-                if (m != 0 && ((m < 0) != (y < 0))) q--, m += y; /* Python floors */
-                *out = tpl_int(op == OP_MOD ? m : q);
-            } else {
+            if (fy == 0) return tpl_fail(r, line, "float floor division or modulo by zero");
+            {
                 double q = floor(fx / fy), m = fx - q * fy;
                 *out = tpl_float(op == OP_MOD ? m : q);
             }
             return 0;
-        case OP_POW:
-            if (ints && y >= 0) {
-                int64_t p = 1;
-                for (int64_t k = 0; k < y; k++) p *= x;
-                *out = tpl_int(p);
-            } else {
-                *out = tpl_float(pow(fx, fy));
-            }
-            return 0;
+        case OP_POW: *out = tpl_float(pow(fx, fy)); return 0;
         }
     }
     if (op == OP_ADD && a.kind == V_STR && b.kind == V_STR) {
+        if (tpl_room(r, line, "+", 1, (uint64_t)a.str.len + b.str.len)) return -1;
         char *s = tpl_alloc(&r->arena, a.str.len + b.str.len + 1);
         memcpy(s, a.str.s, a.str.len), memcpy(s + a.str.len, b.str.s, b.str.len);
         *out = tpl_str(s, a.str.len + b.str.len);
         return 0;
     }
     if (op == OP_ADD && a.kind == V_LIST && b.kind == V_LIST) {
+        if (tpl_room_items(r, line, "+", (uint64_t)a.list->n + (uint64_t)b.list->n)) return -1;
         *out = tpl_new_list(&r->arena);
         for (int i = 0; i < a.list->n; i++) tpl_list_push(&r->arena, out->list, a.list->items[i]);
         for (int i = 0; i < b.list->n; i++) tpl_list_push(&r->arena, out->list, b.list->items[i]);
@@ -182,33 +234,44 @@ static int arith(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_
         b = a, a = rep;
     }
     if (op == OP_MUL && a.kind == V_INT && (b.kind == V_STR || b.kind == V_LIST)) {
+        const uint64_t times = a.i > 0 ? (uint64_t)a.i : 0; /* Python: a count <= 0 repeats nothing */
         if (b.kind == V_STR) {
+            if (tpl_room(r, line, "string repetition", times, b.str.len)) return -1;
             tpl_buf buf = {0};
-            for (int64_t k = 0; k < a.i; k++) tpl_buf_add(&buf, b.str.s, b.str.len);
-            *out = tpl_str_copy(&r->arena, buf.data ? buf.data : "", buf.len);
-            tpl_buf_free(&buf);
-        } else {
-            *out = tpl_new_list(&r->arena);
-            for (int64_t k = 0; k < a.i; k++)
-                for (int i = 0; i < b.list->n; i++) tpl_list_push(&r->arena, out->list, b.list->items[i]);
+            for (uint64_t k = 0; k < times && b.str.len; k++) tpl_buf_add(&buf, b.str.s, b.str.len);
+            return tpl_buf_value(r, line, &buf, out);
         }
+        if (b.list->n && times > TPL_MAX_ITEMS) return tpl_room_items(r, line, "list repetition", times);
+        if (tpl_room_items(r, line, "list repetition", times * (uint64_t)b.list->n)) return -1;
+        *out = tpl_new_list(&r->arena);
+        for (uint64_t k = 0; k < times && b.list->n; k++)
+            for (int i = 0; i < b.list->n; i++) tpl_list_push(&r->arena, out->list, b.list->items[i]);
         return 0;
     }
     return tpl_fail(r, line, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op],
                     tpl_kind_name(a.kind), tpl_kind_name(b.kind));
 }
 
+/* A rough cost of walking a value (comparing it), for the step budget. */
+static uint64_t walk_cost(tpl_value v) {
+    return v.kind == V_STR    ? v.str.len / 64
+           : v.kind == V_LIST ? (uint64_t)v.list->n
+           : v.kind == V_DICT ? (uint64_t)v.dict->n
+                              : 0;
+}
+
 static int compare(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_value *out) {
+    if (tpl_budget(r, line, walk_cost(a) < walk_cost(b) ? walk_cost(a) : walk_cost(b))) return -1;
     if (op == OP_EQ || op == OP_NE) return *out = tpl_bool(tpl_equal(a, b) == (op == OP_EQ)), 0;
     if (op == OP_IN || op == OP_NOT_IN) {
         int found = 0;
         if (b.kind == V_UNDEF) return undefined_error(r, line, b);
         if (b.kind == V_STR) {
             if (a.kind != V_STR) return tpl_fail(r, line, "'in <string>' requires string as left operand");
-            found = a.str.len == 0;
-            for (size_t i = 0; !found && i + a.str.len <= b.str.len; i++)
-                found = memcmp(b.str.s + i, a.str.s, a.str.len) == 0;
+            if (tpl_budget(r, line, b.str.len / 64)) return -1;
+            found = a.str.len == 0 || memmem(b.str.s, b.str.len, a.str.s, a.str.len) != NULL;
         } else if (b.kind == V_LIST) {
+            if (tpl_budget(r, line, (uint64_t)b.list->n * (1 + walk_cost(a)))) return -1;
             for (int i = 0; !found && i < b.list->n; i++) found = tpl_equal(a, b.list->items[i]);
         } else if (b.kind == V_DICT) {
             found = a.kind == V_STR && tpl_dict_find(b.dict, a.str.s, a.str.len) >= 0;
@@ -251,11 +314,23 @@ static int eval_args(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *
     return 0;
 }
 
+static int run_macro(tpl_render *r, const tpl_node *m, const tpl_args *a, tpl_value *out);
+
 /* A macro call: parameters bound in a scope whose parent is the template's top level; the output
  * the body renders is the return value. */
 static int call_macro(tpl_render *r, const tpl_node *m, const tpl_args *a, tpl_value *out) {
     if (a->n_pos > m->n_targets)
         return tpl_fail(r, m->line, "macro '%s' takes %d arguments", m->name, m->n_targets);
+    if (r->macro_depth >= TPL_MAX_MACRO_DEPTH)
+        return tpl_fail(r, m->line, "macro '%s': calls nested deeper than %d (unbounded recursion?)", m->name,
+                        TPL_MAX_MACRO_DEPTH);
+    r->macro_depth++;
+    const int rc = run_macro(r, m, a, out);
+    r->macro_depth--;
+    return rc;
+}
+
+static int run_macro(tpl_render *r, const tpl_node *m, const tpl_args *a, tpl_value *out) {
     tpl_scope scope = {.parent = r->root};
     for (int i = 0; i < m->n_targets; i++) {
         tpl_value v;
@@ -271,6 +346,7 @@ static int call_macro(tpl_render *r, const tpl_node *m, const tpl_args *a, tpl_v
     if (tpl_exec(r, &scope, &m->body)) return -1;
     *out = tpl_str_copy(&r->arena, r->out.data + mark, r->out.len - mark);
     r->out.len = r->gen.len = mark;
+    if (r->out.data) r->out.data[mark] = 0;
     return 0;
 }
 
@@ -290,7 +366,21 @@ static int eval_call(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *
     return tpl_call_global(r, e->line, fn, &a, out);
 }
 
+static int eval_node(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out);
+
+/* Every evaluation counts against the step budget and the nesting limit (a left-deep chain such as
+ * a + a + ... + a nests as deep as it is long). */
 int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out) {
+    if (tpl_budget(r, e->line, 1)) return -1;
+    if (r->depth >= TPL_MAX_DEPTH)
+        return tpl_fail(r, e->line, "expressions and blocks nested deeper than %d levels", TPL_MAX_DEPTH);
+    r->depth++;
+    const int rc = eval_node(r, s, e, out);
+    r->depth--;
+    return rc;
+}
+
+static int eval_node(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out) {
     tpl_value a, b;
     switch (e->kind) {
     case E_LIT: *out = e->lit; return 0;
@@ -331,6 +421,8 @@ int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out) {
                             tpl_kind_name(a.kind));
         if (e->kind == E_POS)
             *out = a.kind == V_BOOL ? tpl_int(a.b) : a;
+        else if (a.kind == V_INT && a.i == INT64_MIN)
+            return overflow(r, e->line, "-", 0, a.i);
         else
             *out = a.kind == V_FLOAT ? tpl_float(-a.f) : tpl_int(-(a.kind == V_INT ? a.i : a.b));
         return 0;
@@ -348,9 +440,7 @@ int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out) {
         if (e->op == OP_CONCAT) {
             tpl_buf buf = {0};
             tpl_write_str(&buf, a), tpl_write_str(&buf, b);
-            *out = tpl_str_copy(&r->arena, buf.data ? buf.data : "", buf.len);
-            tpl_buf_free(&buf);
-            return 0;
+            return tpl_buf_value(r, e->line, &buf, out);
         }
         if (e->op >= OP_EQ) return compare(r, e->line, e->op, a, b, out);
         return arith(r, e->line, e->op, a, b, out);
@@ -368,7 +458,7 @@ int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out) {
             if (tpl_eval(r, s, e->args.v[i], &a)) return -1;
             tpl_list_push(&r->arena, out->list, a);
         }
-        return 0;
+        return tpl_check_nesting(r, e->line, *out);
     case E_DICT:
         *out = tpl_new_dict(&r->arena);
         for (int i = 0; i < e->args.n; i++) {
@@ -376,7 +466,7 @@ int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out) {
             if (a.kind != V_STR) return tpl_fail(r, e->line, "dictionary keys must be strings here");
             tpl_dict_set(&r->arena, out->dict, a, b);
         }
-        return 0;
+        return tpl_check_nesting(r, e->line, *out);
     default: return tpl_fail(r, e->line, "internal: not an expression");
     }
 }

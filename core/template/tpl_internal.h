@@ -8,9 +8,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ---- limits: templates are untrusted, so what a render may build or nest is bounded and each
+ * overrun is a template error naming the limit (docs/architecture.md, Chat templates) ---- */
+#define TPL_MAX_STRING (32u << 20)               /* bytes of any string built, the output included */
+#define TPL_MAX_ITEMS (1 << 22)                  /* items of any list built */
+#define TPL_MAX_RANGE 1000000                    /* items range() makes */
+#define TPL_MAX_RENDER_BYTES ((size_t)256 << 20) /* all values one render allocates */
+#define TPL_MAX_STEPS 20000000ull /* evaluations and statements one render runs (about a second at most) */
+#define TPL_MAX_DEPTH 500         /* nested evaluation and execution while rendering */
+#define TPL_MAX_MACRO_DEPTH 100   /* nested macro calls */
+#define TPL_MAX_NESTING 1000      /* lists and dicts inside each other, in values built */
+#define TPL_MAX_PARSE_DEPTH 100   /* nested expressions and blocks in the source */
+
 /* ---- arena: every value and node lives until its arena is freed ---- */
 typedef struct tpl_arena {
     struct tpl_block *head;
+    size_t total;   /* bytes allocated, for the render's budget */
+    int over_items; /* a list reached TPL_MAX_ITEMS: items were dropped, the render must fail */
 } tpl_arena;
 void *tpl_alloc(tpl_arena *a, size_t n); /* zeroed; aborts on out-of-memory like malloc wrappers */
 char *tpl_strdup(tpl_arena *a, const char *s, size_t n);
@@ -57,12 +71,14 @@ struct tpl_list {
     tpl_value *items;
     int n, cap;
     int is_tuple; /* only changes how repr() writes it */
+    int depth;    /* 1 + the deepest item's (lists are not changed once built) */
 };
 struct tpl_dict {
     tpl_value *keys; /* strings, in insertion order */
     tpl_value *vals;
     int n, cap;
     int is_namespace;
+    int depth; /* as a list's; a namespace is opaque to repr/tojson/== and is not counted */
 };
 
 tpl_value tpl_undef(const char *name);
@@ -77,6 +93,7 @@ tpl_value tpl_new_dict(tpl_arena *a);
 void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v);
 void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v);
 int tpl_dict_find(const tpl_dict *d, const char *key, size_t len); /* index or -1 */
+int tpl_depth(tpl_value v); /* nesting of lists and dicts: 0 for a scalar */
 
 int tpl_truthy(tpl_value v);
 int tpl_equal(tpl_value a, tpl_value b);
@@ -84,13 +101,16 @@ int tpl_is_number(tpl_value v); /* bool, int or float */
 double tpl_as_double(tpl_value v);
 const char *tpl_kind_name(tpl_kind k); /* Python's type name, for errors */
 
-/* A growable byte buffer (malloc'd). */
+/* A growable byte buffer (malloc'd). It never grows past TPL_MAX_STRING: what would is dropped
+ * and `over` set, which whoever turns the buffer into a value must check (tpl_buf_value). */
 typedef struct tpl_buf {
     char *data;
     size_t len, cap;
+    int over;
 } tpl_buf;
 void tpl_buf_add(tpl_buf *b, const char *s, size_t n);
 void tpl_buf_addc(tpl_buf *b, char c);
+void tpl_buf_spaces(tpl_buf *b, uint64_t n); /* n spaces, stopping once the buffer is full */
 void tpl_buf_free(tpl_buf *b);
 
 /* str(v) and repr(v) as Python writes them; 0 ok, -1 when v cannot be shown (error text in err). */
@@ -98,12 +118,14 @@ void tpl_write_str(tpl_buf *b, tpl_value v);
 void tpl_write_repr(tpl_buf *b, tpl_value v);
 /* json.dumps(v, ensure_ascii=False, indent=indent (<0: none), sort_keys=False); -1 on a value JSON cannot
  * hold (undefined, function). */
-int tpl_write_json(tpl_buf *b, tpl_value v, int indent, int depth);
-tpl_value tpl_to_str(tpl_arena *a, tpl_value v);
+int tpl_write_json(tpl_buf *b, tpl_value v, int64_t indent, int depth); /* indent <= TPL_MAX_STRING */
 
 /* UTF-8 code point helpers for Python string indexing. */
 size_t tpl_utf8_count(const char *s, size_t len);
 size_t tpl_utf8_offset(const char *s, size_t len, size_t cp_index); /* byte offset of code point i */
+/* From the code point starting at byte `at`, the byte offset `k` code points on (k < 0: back),
+ * clamped to [0, len]. */
+size_t tpl_utf8_step(const char *s, size_t len, size_t at, int64_t k);
 
 /* ---- tokens ---- */
 typedef enum tpl_tok_kind {
@@ -224,10 +246,25 @@ typedef struct tpl_render {
     tpl_scope *root;
     int control; /* 1 break, 2 continue */
     int failed;
+    int depth, macro_depth; /* nesting now, against TPL_MAX_DEPTH / TPL_MAX_MACRO_DEPTH */
+    uint64_t steps;         /* work done, against TPL_MAX_STEPS */
     char err[512];
 } tpl_render;
 
 int tpl_fail(tpl_render *r, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Counts `steps` of work and checks every budget (steps, bytes, list sizes); 0 or -1 after tpl_fail. */
+int tpl_budget(tpl_render *r, int line, uint64_t steps);
+/* A string of `n` bytes (n = count × size, computed without overflow) may be built: 0, or -1 after
+ * tpl_fail naming `what`. */
+int tpl_room(tpl_render *r, int line, const char *what, uint64_t count, uint64_t size);
+/* A list of `n` items may be built. */
+int tpl_room_items(tpl_render *r, int line, const char *what, uint64_t n);
+/* The buffer as a string value in the arena (the buffer is freed); -1 when it overflowed. */
+int tpl_buf_value(tpl_render *r, int line, tpl_buf *b, tpl_value *out);
+/* str(v) as a value; -1 when it would exceed TPL_MAX_STRING. */
+int tpl_to_str_checked(tpl_render *r, int line, tpl_value v, tpl_value *out);
+/* A list or dict value built here may not nest deeper than TPL_MAX_NESTING. */
+int tpl_check_nesting(tpl_render *r, int line, tpl_value v);
 int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out);
 int tpl_exec(tpl_render *r, tpl_scope *s, const tpl_nodes *body);
 tpl_value tpl_lookup(const tpl_scope *s, const char *name, size_t len);

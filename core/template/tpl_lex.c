@@ -3,6 +3,7 @@
  * trim_blocks drops the newline after a block or comment tag, lstrip_blocks drops the indentation
  * before one (`+` opts out of both). */
 #include <ctype.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,11 +171,15 @@ static int lex_tag(lexer *L, const char *close, int *strip_after, int *keep_newl
             for (size_t j = L->i; j < k && m < sizeof num - 1; j++)
                 if (L->s[j] != '_') num[m++] = L->s[j];
             num[m] = 0;
+            errno = 0;
+            const long long iv = is_float ? 0 : strtoll(num, NULL, 10);
+            if (!is_float && (errno == ERANGE || m == sizeof num - 1)) /* Python's ints are unbounded */
+                return lex_fail(L, "integer literal %.*s does not fit in 64 bits", (int)(k - L->i), p);
             tpl_token *t = push(L, is_float ? T_FLOAT : T_INT, p, k - L->i);
             if (is_float)
                 t->f = strtod(num, NULL);
             else
-                t->i = strtoll(num, NULL, 10);
+                t->i = iv;
             L->i = k;
         } else {
             int matched = 0;

@@ -11,6 +11,7 @@ typedef struct parser {
     tpl_arena *a;
     const tpl_token *t;
     int n, i;
+    int depth; /* nested expressions and blocks, against TPL_MAX_PARSE_DEPTH */
     char *err;
     size_t err_len;
 } parser;
@@ -48,11 +49,23 @@ static tpl_node *node(parser *P, tpl_node_kind k) {
     return n;
 }
 
+/* Appends to a node list, doubling its array at each power of two (copying it on every append
+ * made a long template quadratic in memory). */
 static void add(parser *P, tpl_nodes *l, tpl_node *n) {
-    tpl_node **v = tpl_alloc(P->a, sizeof(tpl_node *) * (size_t)(l->n + 1));
-    if (l->n) memcpy(v, l->v, sizeof(tpl_node *) * (size_t)l->n);
-    v[l->n++] = n;
-    l->v = v;
+    if (l->n == 0 || (l->n >= 4 && (l->n & (l->n - 1)) == 0)) {
+        const size_t cap = l->n ? 2 * (size_t)l->n : 4;
+        tpl_node **v = tpl_alloc(P->a, sizeof(tpl_node *) * cap);
+        if (l->n) memcpy(v, l->v, sizeof(tpl_node *) * (size_t)l->n);
+        l->v = v;
+    }
+    l->v[l->n++] = n;
+}
+
+/* Entering one more level of nesting (an expression, a unary operand, a block): the parser recurses,
+ * so a source nested without end would overflow the stack. */
+static int deeper(parser *P) {
+    if (++P->depth <= TPL_MAX_PARSE_DEPTH) return 0;
+    return fail(P, "expressions or blocks nested deeper than %d levels", TPL_MAX_PARSE_DEPTH);
 }
 
 static const char *name_str(parser *P, const tpl_token *t) { return tpl_strdup(P->a, t->s, t->len); }
@@ -254,7 +267,14 @@ static tpl_node *filters_and_tests(parser *P, tpl_node *n) {
     }
 }
 
+static tpl_node *unary_inner(parser *P, int with_filter);
 static tpl_node *unary(parser *P, int with_filter) {
+    tpl_node *n = deeper(P) ? NULL : unary_inner(P, with_filter);
+    P->depth--;
+    return n;
+}
+
+static tpl_node *unary_inner(parser *P, int with_filter) {
     tpl_node *n;
     if (is_op(P, "-") || is_op(P, "+")) {
         n = node(P, is_op(P, "-") ? E_NEG : E_POS);
@@ -342,7 +362,10 @@ static tpl_node *compare(parser *P) {
 static tpl_node *not_expr(parser *P) {
     if (skip_name(P, "not")) {
         tpl_node *n = node(P, E_NOT);
-        return (n->a = not_expr(P)) ? n : NULL;
+        if (deeper(P)) return P->depth--, NULL;
+        n->a = not_expr(P);
+        P->depth--;
+        return n->a ? n : NULL;
     }
     return compare(P);
 }
@@ -361,7 +384,14 @@ static tpl_node *logical(parser *P, int is_or) {
 
 static tpl_node *or_expr(parser *P) { return logical(P, 1); }
 
+static tpl_node *cond_expr(parser *P);
 static tpl_node *expr(parser *P) {
+    tpl_node *n = deeper(P) ? NULL : cond_expr(P);
+    P->depth--;
+    return n;
+}
+
+static tpl_node *cond_expr(parser *P) {
     tpl_node *n = or_expr(P);
     while (n && skip_name(P, "if")) {
         tpl_node *m = node(P, E_COND);
@@ -407,7 +437,14 @@ static int else_body(parser *P, const char *end, tpl_nodes *orelse) {
     return end_tag(P) || body(P, ends, orelse) < 0 ? -1 : 0;
 }
 
+static tpl_node *statement_inner(parser *P);
 static tpl_node *statement(parser *P) {
+    tpl_node *n = deeper(P) ? NULL : statement_inner(P);
+    P->depth--;
+    return n;
+}
+
+static tpl_node *statement_inner(parser *P) {
     const tpl_token *kw = cur(P);
     if (kw->kind != T_NAME) return fail(P, "expected a statement keyword"), NULL;
     tpl_node *n;

@@ -14,11 +14,13 @@ struct ctrl_template {
     char origin[256];
 };
 
-static void emit(tpl_render *r, const char *s, size_t n) {
+static int emit(tpl_render *r, int line, const char *s, size_t n) {
     tpl_buf_add(&r->out, s, n);
+    if (r->out.over) return tpl_fail(r, line, "the output would exceed %u MiB", TPL_MAX_STRING >> 20);
     size_t at = r->gen.len;
     tpl_buf_add(&r->gen, s, n); /* same length; overwritten with the mask bytes */
-    memset(r->gen.data + at, r->in_generation > 0, n);
+    if (n) memset(r->gen.data + at, r->in_generation > 0, n);
+    return 0;
 }
 
 static int bind_targets(tpl_render *r, tpl_scope *s, const tpl_node *n, tpl_value v) {
@@ -48,9 +50,14 @@ static int exec_for(tpl_render *r, tpl_scope *s, const tpl_node *n) {
         }
     }
     const int len = items->n;
+    tpl_scope it = {.parent = s}; /* a fresh scope per iteration, its arrays reused (nothing keeps them) */
     for (int i = 0; i < len; i++) {
-        tpl_scope it = {.parent = s};
-        tpl_value loop = tpl_new_dict(&r->arena);
+        it.vars.n = 0;
+        tpl_value loop =
+            tpl_new_dict(&r->arena); /* sized for its nine keys: loops are the arena's main use */
+        loop.dict->cap = 9;
+        loop.dict->keys = tpl_alloc(&r->arena, sizeof(tpl_value) * 9);
+        loop.dict->vals = tpl_alloc(&r->arena, sizeof(tpl_value) * 9);
         set_key(r, loop.dict, "index", tpl_int(i + 1));
         set_key(r, loop.dict, "index0", tpl_int(i));
         set_key(r, loop.dict, "revindex", tpl_int(len - i));
@@ -90,22 +97,33 @@ static int exec_set(tpl_render *r, tpl_scope *s, const tpl_node *n) {
     return bind_targets(r, s, n, v);
 }
 
+static int exec_body(tpl_render *r, tpl_scope *s, const tpl_nodes *body);
+
+/* Like tpl_eval, every statement counts against the step budget and the nesting limit. */
 int tpl_exec(tpl_render *r, tpl_scope *s, const tpl_nodes *body) {
+    const int line = body->n ? body->v[0]->line : 0;
+    if (tpl_budget(r, line, 1)) return -1;
+    if (r->depth >= TPL_MAX_DEPTH)
+        return tpl_fail(r, line, "expressions and blocks nested deeper than %d levels", TPL_MAX_DEPTH);
+    r->depth++;
+    const int rc = exec_body(r, s, body);
+    r->depth--;
+    return rc;
+}
+
+static int exec_body(tpl_render *r, tpl_scope *s, const tpl_nodes *body) {
     for (int i = 0; i < body->n && !r->control; i++) {
         const tpl_node *n = body->v[i];
         tpl_value v;
+        if (tpl_budget(r, n->line, 1)) return -1;
         switch (n->kind) {
-        case S_TEXT: emit(r, n->lit.str.s, n->lit.str.len); break;
+        case S_TEXT:
+            if (emit(r, n->line, n->lit.str.s, n->lit.str.len)) return -1;
+            break;
         case S_OUTPUT: {
             if (tpl_eval(r, s, n->a, &v)) return -1;
-            if (v.kind == V_STR) {
-                emit(r, v.str.s, v.str.len);
-            } else {
-                tpl_buf b = {0};
-                tpl_write_str(&b, v);
-                emit(r, b.data, b.len);
-                tpl_buf_free(&b);
-            }
+            if (v.kind != V_STR && tpl_to_str_checked(r, n->line, v, &v)) return -1;
+            if (emit(r, n->line, v.str.s, v.str.len)) return -1;
             break;
         }
         case S_IF: {
@@ -196,7 +214,7 @@ ctrl_status ctrl_template_render(const ctrl_template *t, const cJSON *vars, char
     r.root = &root;
     for (const cJSON *c = vars ? vars->child : NULL; c; c = c->next)
         tpl_assign(&r, &root, tpl_strdup(&r.arena, c->string, strlen(c->string)), from_json(&r.arena, c));
-    int rc = tpl_exec(&r, &root, &t->body);
+    int rc = tpl_exec(&r, &root, &t->body) || tpl_budget(&r, 0, 0);
     ctrl_status st = CTRL_OK;
     if (rc) {
         st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: %s", t->origin, r.err);

@@ -24,6 +24,7 @@ void *tpl_alloc(tpl_arena *a, size_t n) {
     }
     void *p = a->head->data + a->head->used;
     a->head->used += n;
+    a->total += n;
     memset(p, 0, n);
     return p;
 }
@@ -59,7 +60,19 @@ tpl_value tpl_new_dict(tpl_arena *a) {
     return (tpl_value){.kind = V_DICT, .dict = tpl_alloc(a, sizeof(tpl_dict))};
 }
 
+int tpl_depth(tpl_value v) {
+    if (v.kind == V_LIST) return v.list->depth > 0 ? v.list->depth : 1;
+    if (v.kind == V_DICT) return v.dict->depth > 0 && !v.dict->is_namespace ? v.dict->depth : 1;
+    return 0;
+}
+
 void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v) {
+    if (l->n >= TPL_MAX_ITEMS) { /* dropped; the render fails at its next budget check */
+        a->over_items = 1;
+        return;
+    }
+    const int d = tpl_depth(v) + 1;
+    if (d > l->depth) l->depth = d;
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 8;
         tpl_value *items = tpl_alloc(a, sizeof(tpl_value) * (size_t)cap);
@@ -81,6 +94,12 @@ void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v) {
         d->vals[i] = v;
         return;
     }
+    if (d->n >= TPL_MAX_ITEMS) {
+        a->over_items = 1;
+        return;
+    }
+    const int depth = tpl_depth(v) + 1;
+    if (depth > d->depth) d->depth = depth;
     if (d->n == d->cap) {
         int cap = d->cap ? d->cap * 2 : 8;
         tpl_value *keys = tpl_alloc(a, sizeof(tpl_value) * (size_t)cap);
@@ -152,6 +171,10 @@ const char *tpl_kind_name(tpl_kind k) {
 
 /* ---- buffers ---- */
 void tpl_buf_add(tpl_buf *b, const char *s, size_t n) {
+    if (b->over || n > TPL_MAX_STRING - b->len) {
+        b->over = 1;
+        return;
+    }
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
@@ -164,6 +187,10 @@ void tpl_buf_add(tpl_buf *b, const char *s, size_t n) {
     b->data[b->len] = 0;
 }
 void tpl_buf_addc(tpl_buf *b, char c) { tpl_buf_add(b, &c, 1); }
+void tpl_buf_spaces(tpl_buf *b, uint64_t n) {
+    static const char spaces[65] = "                                                                ";
+    for (; n > 0 && !b->over; n -= n < 64 ? n : 64) tpl_buf_add(b, spaces, n < 64 ? (size_t)n : 64);
+}
 void tpl_buf_free(tpl_buf *b) {
     free(b->data);
     *b = (tpl_buf){0};
@@ -259,7 +286,7 @@ void tpl_write_repr(tpl_buf *b, tpl_value v) {
     case V_STR: write_str_repr(b, v.str.s, v.str.len); return;
     case V_LIST:
         tpl_buf_addc(b, v.list->is_tuple ? '(' : '[');
-        for (int i = 0; i < v.list->n; i++) {
+        for (int i = 0; i < v.list->n && !b->over; i++) {
             if (i) tpl_buf_add(b, ", ", 2);
             tpl_write_repr(b, v.list->items[i]);
         }
@@ -272,7 +299,7 @@ void tpl_write_repr(tpl_buf *b, tpl_value v) {
             return;
         }
         tpl_buf_addc(b, '{');
-        for (int i = 0; i < v.dict->n; i++) {
+        for (int i = 0; i < v.dict->n && !b->over; i++) {
             if (i) tpl_buf_add(b, ", ", 2);
             tpl_write_repr(b, v.dict->keys[i]);
             tpl_buf_add(b, ": ", 2);
@@ -295,15 +322,6 @@ void tpl_write_str(tpl_buf *b, tpl_value v) {
     case V_FUNC: tpl_buf_add(b, "<function>", 10); return;
     default: tpl_write_repr(b, v);
     }
-}
-
-tpl_value tpl_to_str(tpl_arena *a, tpl_value v) {
-    if (v.kind == V_STR) return v;
-    tpl_buf b = {0};
-    tpl_write_str(&b, v);
-    tpl_value s = tpl_str_copy(a, b.data ? b.data : "", b.len);
-    tpl_buf_free(&b);
-    return s;
 }
 
 static void write_json_str(tpl_buf *b, const char *s, size_t n) {
@@ -331,12 +349,12 @@ static void write_json_str(tpl_buf *b, const char *s, size_t n) {
     tpl_buf_addc(b, '"');
 }
 
-static void newline_indent(tpl_buf *b, int indent, int depth) {
+static void newline_indent(tpl_buf *b, size_t indent, int depth) {
     tpl_buf_addc(b, '\n');
-    for (int i = 0; i < indent * depth; i++) tpl_buf_addc(b, ' ');
+    tpl_buf_spaces(b, (uint64_t)indent * (uint64_t)depth);
 }
 
-int tpl_write_json(tpl_buf *b, tpl_value v, int indent, int depth) {
+int tpl_write_json(tpl_buf *b, tpl_value v, int64_t indent, int depth) {
     switch (v.kind) {
     case V_NONE: tpl_buf_add(b, "null", 4); return 0;
     case V_BOOL: v.b ? tpl_buf_add(b, "true", 4) : tpl_buf_add(b, "false", 5); return 0;
@@ -355,16 +373,16 @@ int tpl_write_json(tpl_buf *b, tpl_value v, int indent, int depth) {
         int is_list = v.kind == V_LIST, n = is_list ? v.list->n : v.dict->n;
         if (!is_list && v.dict->is_namespace) return -1;
         tpl_buf_addc(b, is_list ? '[' : '{');
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n && !b->over; i++) {
             if (i) tpl_buf_add(b, indent >= 0 ? "," : ", ", indent >= 0 ? 1 : 2);
-            if (indent >= 0) newline_indent(b, indent, depth + 1);
+            if (indent >= 0) newline_indent(b, (size_t)indent, depth + 1);
             if (!is_list) {
                 write_json_str(b, v.dict->keys[i].str.s, v.dict->keys[i].str.len);
                 tpl_buf_add(b, ": ", 2);
             }
             if (tpl_write_json(b, is_list ? v.list->items[i] : v.dict->vals[i], indent, depth + 1)) return -1;
         }
-        if (indent >= 0 && n) newline_indent(b, indent, depth);
+        if (indent >= 0 && n) newline_indent(b, (size_t)indent, depth);
         tpl_buf_addc(b, is_list ? ']' : '}');
         return 0;
     }
@@ -387,4 +405,14 @@ size_t tpl_utf8_offset(const char *s, size_t len, size_t cp_index) {
         }
     }
     return len;
+}
+
+size_t tpl_utf8_step(const char *s, size_t len, size_t at, int64_t k) {
+    for (; k > 0 && at < len; k--) do
+            at++;
+        while (at < len && ((unsigned char)s[at] & 0xC0) == 0x80);
+    for (; k < 0 && at > 0; k++) do
+            at--;
+        while (at > 0 && ((unsigned char)s[at] & 0xC0) == 0x80);
+    return at;
 }

@@ -135,6 +135,10 @@ static void check_snippet(const cJSON *rec, void *ctx) {
 
 TEST(interpreter_semantics_match_jinja) { CHECK(each_line("snippets.jsonl", check_snippet, NULL) >= 20); }
 
+/* 64-bit edges of arithmetic, slices with huge steps, range at the ends of int64, searching, stable
+ * case-insensitive sorting, tojson/indent widths (tests/reference/make_template_edge_fixtures.py). */
+TEST(edge_semantics_match_jinja) { CHECK(each_line("edge_snippets.jsonl", check_snippet, NULL) >= 9); }
+
 TEST(raise_exception_message_is_reported) {
     const char *src = "{{ raise_exception('roles must alternate') }}";
     ctrl_template *t;

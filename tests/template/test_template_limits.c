@@ -1,0 +1,182 @@
+/* Chat templates as untrusted input (issue 15): each hostile template below once crashed the process
+ * (stack overflow, SIGFPE), ran for seconds or aborted on memory; now each is a template error that
+ * names the limit, reached in well under a second of CPU. The limits are in
+ * core/template/tpl_internal.h. */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "template/template.h"
+#include "test.h"
+
+/* CPU time: the machine running the suite may be shared */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Compiles and renders src; the error (at compile or render) must contain `needle`, within 2 s. */
+static void expect_error(const char *src, const char *needle) {
+    const double t0 = now_s();
+    ctrl_template *t = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    ctrl_status st = ctrl_template_compile(src, strlen(src), "hostile.jinja", &t);
+    if (st == CTRL_OK) {
+        cJSON *vars = cJSON_CreateObject();
+        st = ctrl_template_render(t, vars, &text, &len, NULL);
+        cJSON_Delete(vars);
+        ctrl_template_free(t);
+    }
+    const double dt = now_s() - t0;
+    CHECK_MSG(st == CTRL_ERR_FORMAT, "%.60s...: rendered (%zu bytes) instead of failing", src, len);
+    if (st != CTRL_OK) {
+        CHECK_CONTAINS(ctrl_error_message(), "hostile.jinja");
+        CHECK_CONTAINS(ctrl_error_message(), needle);
+    }
+    CHECK_MSG(dt < 2.0, "%.60s...: %.2f s of CPU", src, dt);
+    free(text);
+}
+
+/* pre, open × n, core, close × n, post */
+static char *nested(const char *pre, const char *open, const char *core, const char *close, int n,
+                    const char *post) {
+    size_t lp = strlen(pre), lo = strlen(open), lc = strlen(core), lx = strlen(close), lq = strlen(post);
+    char *s = malloc(lp + (lo + lx) * (size_t)n + lc + lq + 1), *p = s;
+    memcpy(p, pre, lp), p += lp;
+    for (int i = 0; i < n; i++) memcpy(p, open, lo), p += lo;
+    memcpy(p, core, lc), p += lc;
+    for (int i = 0; i < n; i++) memcpy(p, close, lx), p += lx;
+    memcpy(p, post, lq + 1);
+    return s;
+}
+
+TEST(recursion_is_bounded) {
+    expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                 "macro 'f': calls nested deeper than 100");
+    expect_error("{% macro a() %}{{ b() }}{% endmacro %}{% macro b() %}{{ a() }}{% endmacro %}{{ a() }}",
+                 "calls nested deeper than 100");
+    /* parsing recurses per level of nesting */
+    static const struct {
+        const char *pre, *open, *core, *close, *post;
+    } deep[] = {{"{{ ", "(", "1", ")", " }}"},
+                {"{{ ", "not ", "1", "", " }}"},
+                {"{{ ", "-", "1", "", " }}"},
+                {"{{ ", "[", "1", "]", " }}"},
+                {"{{ ", "{'a': ", "1", "}", " }}"},
+                {"{{ ", "f(", "1", ")", " }}"},
+                {"{{ ", "x[", "1", "]", " }}"},
+                {"", "{% if true %}", "x", "{% endif %}", ""},
+                {"", "{% for x in y %}", "x", "{% endfor %}", ""}};
+    for (size_t i = 0; i < sizeof deep / sizeof deep[0]; i++) {
+        char *src = nested(deep[i].pre, deep[i].open, deep[i].core, deep[i].close, 100000, deep[i].post);
+        expect_error(src, "nested deeper than 100 levels");
+        free(src);
+    }
+    /* chains parse in a loop but evaluate recursively */
+    static const struct {
+        const char *pre, *mid, *post;
+    } chains[] = {{"{{ 1", " + 1", " }}"},
+                  {"{{ x", ".a", " }}"},
+                  {"{{ 'a'", "|upper", " }}"},
+                  {"{{ 'a'", " ~ 'a'", " }}"}};
+    for (size_t i = 0; i < sizeof chains / sizeof chains[0]; i++) {
+        char *src = nested(chains[i].pre, chains[i].mid, "", "", 100000, chains[i].post);
+        expect_error(src, "nested deeper than 500 levels"); /* ~1.4 KB of stack a level at most */
+        free(src);
+    }
+    /* values nested by a loop: repr, tojson and == recurse on them */
+    expect_error("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor "
+                 "%}{{ ns.l }}",
+                 "nested deeper than 1000 levels");
+    expect_error(
+        "{% set ns = namespace(d={}) %}{% for i in range(100000) %}{% set ns.d = dict(a=ns.d) %}{% endfor %}",
+        "nested deeper than 1000 levels");
+}
+
+TEST(integer_overflow_is_an_error) {
+    expect_error("{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow in -9223372036854775808 // -1");
+    expect_error("{{ 9223372036854775807 + 1 }}", "integer overflow in 9223372036854775807 + 1");
+    expect_error("{{ -9223372036854775807 - 2 }}", "integer overflow in -9223372036854775807 - 2");
+    expect_error("{{ 4294967296 * 4294967296 }}", "integer overflow in 4294967296 * 4294967296");
+    expect_error("{{ 2 ** 63 }}", "integer overflow in 2 ** 63");
+    expect_error("{{ 3 ** 9223372036854775807 }}", "integer overflow in 3 ** 9223372036854775807");
+    expect_error("{{ -(-9223372036854775807 - 1) }}", "integer overflow in 0 - -9223372036854775808");
+    expect_error("{{ (-9223372036854775807 - 1)|abs }}", "integer overflow in abs(-9223372036854775808)");
+    expect_error("{{ [9223372036854775807, 1]|sum }}", "integer overflow in 9223372036854775807 + 1");
+    expect_error("{{ 99999999999999999999 }}",
+                 "integer literal 99999999999999999999 does not fit in 64 bits");
+    expect_error("{{ 1e300|int }}", "int: 1e+300 does not fit in 64 bits");
+}
+
+TEST(sizes_are_checked_before_building) {
+    expect_error("{{ 'a' * 2147483647 }}", "string repetition would build a string of 2147483647 × 1 bytes");
+    expect_error("{{ 'ab' * 9223372036854775807 }}", "more than the 32 MiB limit");
+    expect_error("{{ [1] * 2147483647 }}", "list repetition would build a list of 2147483647 items");
+    expect_error("{{ [1, 2] * 9223372036854775807 }}", "list repetition would build a list of");
+    expect_error("{{ [[1]]|tojson(indent=100000000) }}", "a string would exceed the 32 MiB limit");
+    expect_error("{{ 'a\nb'|indent(1000000000) }}", "a string would exceed the 32 MiB limit");
+    expect_error("{{ range(9223372036854775807)|length }}",
+                 "range() of 9223372036854775807 items exceeds the limit 1000000");
+    expect_error("{{ range(-9223372036854775807 - 1, 9223372036854775807)|length }}",
+                 "range() of 18446744073709551615 items exceeds");
+    /* doubling a list of 1 MB strings, then joining or printing it */
+    const char *doubling = "{% set ns = namespace(l=['x' * 1000000]) %}{% for i in range(20) %}"
+                           "{% set ns.l = ns.l + ns.l %}{% endfor %}";
+    char src[512];
+    snprintf(src, sizeof src, "%s{{ ns.l|join }}", doubling);
+    expect_error(src, "a string would exceed the 32 MiB limit");
+    snprintf(src, sizeof src, "%s{{ ns.l }}", doubling);
+    expect_error(src, "a string would exceed the 32 MiB limit");
+    expect_error("{% for c in 'x' * 5000000 %}{% endfor %}",
+                 "iterating a string would build a list of 5000000 items");
+    expect_error("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+                 "the output would exceed 32 MiB");
+    /* quadratic accumulation: every step's string stays in the render's arena */
+    expect_error(
+        "{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s ~ ('x' * 1000000) %}"
+        "{% endfor %}",
+        "the template built more than 256 MiB of values");
+}
+
+TEST(work_is_bounded) {
+    expect_error("{% set big = range(1000000)|list %}{% for i in range(1000) %}{% if -1 in big %}{% endif %}"
+                 "{% endfor %}",
+                 "the template ran more than 20000000 steps");
+    expect_error("{{ range(1000000)|unique|list|length }}", "the template ran more than 20000000 steps");
+    /* nested loops: each iteration's `loop` stays in the arena until the render ends */
+    expect_error("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+                 "the template built more than 256 MiB of values");
+}
+
+/* What the limits must not break: long but linear work still renders, quickly. */
+TEST(large_legitimate_renders_still_work) {
+    const double t0 = now_s();
+    char *src = nested("", "{{ x }}", "", "", 200000, ""); /* the parser once copied its node list per node */
+    ctrl_template *t = NULL;
+    CHECK_EQ_INT(ctrl_template_compile(src, strlen(src), "long.jinja", &t), CTRL_OK);
+    free(src);
+    cJSON *vars = cJSON_CreateObject();
+    cJSON_AddStringToObject(vars, "x", "ab");
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_EQ_INT(ctrl_template_render(t, vars, &text, &len, NULL), CTRL_OK);
+    CHECK_EQ_INT(len, 400000);
+    free(text);
+    ctrl_template_free(t);
+    /* sorting a reversed list (insertion sort was quadratic), slicing a long non-ASCII string
+     * backwards (each index was found from the start), counting in a long string */
+    const char *linear = "{{ (range(300000)|reverse|sort)[299999] }} {{ ('héllo' * 100000)[::-1][:5] }} "
+                         "{{ ('ab' * 1000000).count('ba') }} {% for i in range(100000) %}{% endfor %}";
+    CHECK_EQ_INT(ctrl_template_compile(linear, strlen(linear), "linear.jinja", &t), CTRL_OK);
+    CHECK_EQ_INT(ctrl_template_render(t, vars, &text, &len, NULL), CTRL_OK);
+    CHECK_STR(text, "299999 olléh 999999 ");
+    free(text);
+    ctrl_template_free(t);
+    cJSON_Delete(vars);
+    const double dt = now_s() - t0;
+    CHECK_MSG(dt < 2.0, "%.2f s of CPU", dt);
+}
