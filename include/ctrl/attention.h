@@ -3,6 +3,7 @@
 #ifndef CTRL_ATTENTION_H
 #define CTRL_ATTENTION_H
 
+#include "attention_mask.h"
 #include "plugin.h"
 
 #ifdef __cplusplus
@@ -19,7 +20,7 @@ typedef struct ctrl_attention_args {
     int total_tokens;                /* T = cu_seqlens[B] */
     int n_head, n_kv_head, head_dim; /* GQA: n_head % n_kv_head == 0 */
     float scale;                     /* usually 1/sqrt(head_dim) */
-    int causal;                      /* 1 for decoder models */
+    int causal;                      /* 1 for decoder models (the rule: attention_mask.h) */
     int window;                      /* sliding window (keys i-window < j <= i); 0 = none */
     const void *q;                   /* [T, n_head, head_dim] */
     const void *k, *v;               /* [T, n_kv_head, head_dim] */

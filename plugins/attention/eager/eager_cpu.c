@@ -12,11 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Key j is visible from query i (both relative to the sequence start). */
+/* Key j is visible from query i (both relative to the sequence start; attention_mask.h). */
 static inline int visible(const ctrl_attention_args *a, int i, int j) {
-    if (a->causal && j > i) return 0;
-    if (a->window > 0 && j <= i - a->window) return 0;
-    return 1;
+    return ctrl_attention_visible(a->causal, a->window, i, j);
 }
 
 /* Scores of one (sequence, head) into S [L, L]; masked entries are -inf. Returns row maxima. */

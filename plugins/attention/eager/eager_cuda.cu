@@ -50,8 +50,8 @@ struct Span {
 __device__ Span span_of(const ctrl_attention_args &a, int t) {
     int b = seq_of(a.cu_seqlens, a.n_seqs, t);
     int s0 = a.cu_seqlens[b], L = a.cu_seqlens[b + 1] - s0, i = t - s0;
-    int kmax = a.causal ? i : L - 1;
-    int kmin = a.window > 0 ? max(0, i - a.window + 1) : 0;
+    int kmax = ctrl_attention_key_end(a.causal, i + 1, L) - 1;
+    int kmin = ctrl_attention_first_key(a.window, i);
     return Span{s0, kmin, kmax};
 }
 

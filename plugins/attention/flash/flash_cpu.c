@@ -22,16 +22,15 @@
 #define BQ FLASH_BLOCK_Q
 #define BK FLASH_BLOCK_K
 
+/* Key j is visible from query i (positions within their sequence; attention_mask.h). */
 static inline int visible(const ctrl_attention_args *a, int i, int j) {
-    return (!a->causal || j <= i) && (a->window <= 0 || j > i - a->window);
+    return ctrl_attention_visible(a->causal, a->window, i, j);
 }
 
 /* The key range [lo, hi) any query in [q0, q1) can see. */
 static void key_range(const ctrl_attention_args *a, int q0, int q1, int L, int *lo, int *hi) {
-    *hi = a->causal ? q1 : L;
-    *lo = a->window > 0 ? q0 - a->window + 1 : 0;
-    if (*lo < 0) *lo = 0;
-    if (*hi > L) *hi = L;
+    *lo = ctrl_attention_first_key(a->window, q0);
+    *hi = ctrl_attention_key_end(a->causal, q1, L);
 }
 
 /* C = alpha op(A) op(B) + beta C (row-major). Through OpenBLAS when the tile is big enough to pay for

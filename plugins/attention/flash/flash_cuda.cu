@@ -31,15 +31,15 @@ __device__ __forceinline__ float load(const __nv_bfloat16 *p, size_t i) { return
 __device__ __forceinline__ void store(float *p, size_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 
-// Key j is visible from query i (positions within their sequence).
+// Key j is visible from query i (positions within their sequence; attention_mask.h).
 __device__ __forceinline__ bool visible(const ctrl_attention_args &a, int i, int j) {
-    return (!a.causal || j <= i) && (a.window <= 0 || j > i - a.window);
+    return ctrl_attention_visible(a.causal, a.window, i, j);
 }
 
 // The keys any query of [q0, q1) can see: [lo, hi].
 __device__ __forceinline__ void key_range(const ctrl_attention_args &a, int q0, int q1, int L, int *lo, int *hi) {
-    *lo = a.window > 0 ? max(0, q0 - a.window + 1) : 0;
-    *hi = a.causal ? min(L - 1, q1 - 1) : L - 1;
+    *lo = ctrl_attention_first_key(a.window, q0);
+    *hi = ctrl_attention_key_end(a.causal, q1, L) - 1;
 }
 
 // Stages rows [r0, r0 + n) of head `hh` of x ([T, heads, D]) as fp32 into sh[n][D].
@@ -123,8 +123,8 @@ __global__ void bwd_dkdv_kernel(ctrl_attention_args a) {
         k[d] = row ? load(K, o) : 0.f, v[d] = row ? load(V, o) : 0.f, dk[d] = 0.f, dv[d] = 0.f;
     }
     // queries that can see some key of [k0, k0 + kBk)
-    const int qlo = a.causal ? k0 : 0, kend = min(k0 + kBk, L) - 1;
-    const int qhi = a.window > 0 ? min(L - 1, kend + a.window - 1) : L - 1;
+    const int qlo = ctrl_attention_first_query(a.causal, k0);
+    const int qhi = ctrl_attention_query_end(a.window, min(k0 + kBk, L), L) - 1;
     for (int g = 0; g < group; g++) {
         const int h = kvh * group + g;
         for (int q0 = qlo - qlo % kBq; q0 <= qhi; q0 += kBq) {

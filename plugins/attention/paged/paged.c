@@ -24,7 +24,7 @@ static ctrl_status check_tables(const ctrl_paged_attention_args *a) {
             return BAD("token %d at position %d is outside its block table (%d blocks of %d)", t, p,
                        a->max_blocks_per_seq, a->block_size);
         const int32_t *table = a->block_tables + (size_t)s * a->max_blocks_per_seq;
-        const int lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        const int lo = ctrl_attention_first_key(a->window, p);
         for (int b = lo / a->block_size; b <= p / a->block_size; b++)
             if (table[b] < 0 || table[b] >= a->n_blocks)
                 return BAD("sequence %d: block table entry %d is %d (pool of %d blocks)", s, b, table[b],

@@ -46,7 +46,7 @@ enum { RT = 16 }; /* K rows per transposed tile */
 CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int kvh, float *scores,
                                 float *buf) {
     const int D = a->head_dim, G = a->n_head / a->n_kv_head, pos = a->positions[t];
-    const int lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n = pos - lo + 1;
+    const int lo = ctrl_attention_first_key(a->window, pos), n = pos - lo + 1; /* causal: keys lo..pos */
     const size_t slot = (size_t)a->n_kv_head * D;
     const int32_t *table = a->block_tables + (size_t)a->seq_of_token[t] * a->max_blocks_per_seq;
     const float *qg = (const float *)a->q + ((size_t)t * a->n_head + (size_t)kvh * G) * D;

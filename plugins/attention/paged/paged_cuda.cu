@@ -31,7 +31,7 @@ template <typename C> __global__ void decode_kernel(ctrl_paged_attention_args a)
     const int t = blockIdx.x, kvh = blockIdx.y, g = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int D = a.head_dim, G = a.n_head / a.n_kv_head, h = kvh * G + g;
     if (g >= G) return;
-    const int pos = a.positions[t], lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+    const int pos = a.positions[t], lo = ctrl_attention_first_key(a.window, pos);
     const int32_t *table = a.block_tables + (size_t)a.seq_of_token[t] * a.max_blocks_per_seq;
     const float *q = (const float *)a.q + ((size_t)t * a.n_head + h) * D;
     const C *kc = (const C *)a.k_cache, *vc = (const C *)a.v_cache;
