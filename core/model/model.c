@@ -1,6 +1,8 @@
-/* The decoder forward and backward (see model.h). Each layer's input (the residual stream) is kept
- * for backward; its internal activations are kept too, unless a memory strategy asks for the layer
- * to be recomputed (activation checkpointing): then the layer runs on one shared set of internal
+/* The decoder's layout and forward (see model.h; the backward is model_backward.c), every op through
+ * the backend ops table m->be, every activation in its memory. Each layer's input (the residual
+ * stream) is kept for backward; its internal activations are kept too (layer_acts in
+ * model_internal.h lists them with their shapes), unless a memory strategy asks for the layer to
+ * be recomputed (activation checkpointing): then the layer runs on one shared set of internal
  * buffers, and backward runs the layer's forward again from its saved input before its backward.
  * The kernels are deterministic, so the recomputed activations, and the gradients, are identical. */
 #include "model/model.h"
@@ -117,16 +119,19 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate %zu parameters and their gradients",
                               n_params);
     }
+    /* on the CPU until ctrl_model_to_device: the backend's parameters are the host's */
+    m->be = ctrl_backend_cpu(), m->device = (ctrl_device){CTRL_DEVICE_CPU, 0};
+    m->dparams = m->params, m->dgrads = m->grads, m->dparams_valid = 1;
     *out = m;
     return CTRL_OK;
 }
 
 void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
+    if (m->be) model_release_backend(m);
     free(m->recompute);
-    free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts), free(m->act_mem);
-    free(m->cos_tab), free(m->sin_tab), free(m->batch_mem), free(m->head_dh), free(m->bwd_mem),
-        free(m->rounded), free(m->head_ws);
+    free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
+    free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
 }
@@ -151,19 +156,34 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
 }
 void ctrl_model_set_temperature(ctrl_model *m, float temperature) { m->temperature = temperature; }
 
-void ctrl_model_zero_grad(ctrl_model *m) { memset(m->grads, 0, m->n_params * sizeof(float)); }
+ctrl_status ctrl_model_zero_grad(ctrl_model *m) {
+    memset(m->grads, 0, m->n_params * sizeof(float));
+    return m->dgrads == m->grads ? CTRL_OK : m->be->fill_zero(m->dgrads, m->n_params * sizeof(float));
+}
 
+/* The tables are made on the host (once per length) and copied to a device. */
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
     if (max_pos <= m->rope_len) return CTRL_OK;
     int len = 256;
     while (len < max_pos) len *= 2;
-    const int half = m->cfg.head_dim / 2;
-    free(m->cos_tab), free(m->sin_tab);
-    m->cos_tab = malloc(sizeof(float) * (size_t)len * half);
-    m->sin_tab = malloc(sizeof(float) * (size_t)len * half);
-    if (!m->cos_tab || !m->sin_tab)
+    const size_t bytes = sizeof(float) * (size_t)len * (size_t)(m->cfg.head_dim / 2);
+    m->be->free(m->cos_tab), m->be->free(m->sin_tab);
+    m->cos_tab = m->sin_tab = NULL, m->rope_len = 0;
+    ctrl_status st = m->be->alloc((void **)&m->cos_tab, bytes);
+    if (st == CTRL_OK) st = m->be->alloc((void **)&m->sin_tab, bytes);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "model: RoPE tables for %d positions", len);
+    float *cos_h = m->cos_tab, *sin_h = m->sin_tab;
+    if (!m->be->host_memory && (!(cos_h = malloc(bytes)) || !(sin_h = malloc(bytes)))) {
+        free(cos_h);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: RoPE tables for %d positions", len);
-    ctrl_cpu_rope_tables(m->cos_tab, m->sin_tab, len, m->cfg.head_dim, &m->cfg.rope);
+    }
+    ctrl_cpu_rope_tables(cos_h, sin_h, len, m->cfg.head_dim, &m->cfg.rope);
+    if (!m->be->host_memory) {
+        st = m->be->to_device(m->cos_tab, cos_h, bytes);
+        if (st == CTRL_OK) st = m->be->to_device(m->sin_tab, sin_h, bytes);
+        free(cos_h), free(sin_h);
+        if (st != CTRL_OK) return st;
+    }
     m->rope_len = len;
     return CTRL_OK;
 }
@@ -180,8 +200,6 @@ void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memor
 
 size_t ctrl_model_activation_bytes(const ctrl_model *m) { return m->act_bytes; }
 
-static int recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
-
 /* Activation memory for T tokens, carved into the per-layer views: every layer's input, and the
  * internals of each layer that is not recomputed, plus one shared set for those that are. */
 ctrl_status model_ensure_acts(ctrl_model *m, int T) {
@@ -193,16 +211,17 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     if (T <= m->act_cap_T) return CTRL_OK;
     const int kept = c->n_layers - m->n_recompute, shared = m->n_recompute > 0;
     const size_t floats = (size_t)T * (C * c->n_layers + internals * (kept + shared) + top);
-    free(m->act_mem);
-    m->act_mem = malloc(sizeof(float) * floats);
-    if (!m->act_mem) return ctrl_error_set(CTRL_ERR_NOMEM, "model: activations for %d tokens", T);
+    m->be->free(m->act_mem);
+    m->act_mem = NULL, m->act_cap_T = 0, m->act_bytes = 0;
+    ctrl_status st = m->be->alloc((void **)&m->act_mem, sizeof(float) * floats);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "model: activations for %d tokens", T);
     m->act_bytes = sizeof(float) * floats;
     float *p = m->act_mem;
 #define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
     layer_acts work = {0};
     for (int l = -1; l < c->n_layers; l++) { /* l = -1: the shared set */
         if (l >= 0) m->acts[l].x_in = TAKE(C);
-        if (l < 0 ? !shared : recomputed(m, l)) {
+        if (l < 0 ? !shared : model_recomputed(m, l)) {
             if (l >= 0) { /* internals in the shared set */
                 float *x_in = m->acts[l].x_in;
                 m->acts[l] = work, m->acts[l].x_in = x_in;
@@ -221,13 +240,13 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     return CTRL_OK;
 }
 
-static ctrl_attention_args attn_args(const ctrl_model *m, const layer_acts *a) {
+ctrl_attention_args model_attention_args(const ctrl_model *m, const layer_acts *a) {
     const ctrl_model_config *c = &m->cfg;
     ctrl_attention_args args = {.size = sizeof args,
-                                .device = {CTRL_DEVICE_CPU, 0},
+                                .device = m->device,
                                 .dtype = CTRL_F32,
                                 .n_seqs = m->batch.B,
-                                .cu_seqlens = m->batch.cu_seqlens,
+                                .cu_seqlens = m->dev_batch.cu_seqlens,
                                 .cu_seqlens_host = m->batch.cu_seqlens,
                                 .total_tokens = m->T,
                                 .n_head = c->n_heads,
@@ -257,127 +276,124 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
     return CTRL_OK;
 }
 
-/* The attention step of the training forward: the selected plugin over the flat batch. */
-static ctrl_status plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
+ctrl_status model_plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
     (void)ctx;
-    ctrl_attention_args args = attn_args(m, a);
+    ctrl_attention_args args = model_attention_args(m, a);
     ctrl_status st = m->attn->forward(&args, NULL);
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d attention", l);
 }
 
 ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx) {
+    const ctrl_backend_ops *be = m->be;
     const ctrl_model_config *c = &m->cfg;
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
-    const float eps = c->rms_norm_eps, *P = m->params;
-    const int32_t *positions = m->batch.positions;
+    const float eps = c->rms_norm_eps, *P = m->dparams;
+    const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
-    ctrl_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps);
-    ctrl_status st =
-        model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D);
-    if (st == CTRL_OK)
-        st =
-            model_linear_forward(m, a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D);
-    if (st == CTRL_OK)
-        st = model_linear_forward(m, a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D);
-    if (st != CTRL_OK) return st;
+    MODEL_TRY(be->rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps));
+    MODEL_TRY(
+        model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D));
+    MODEL_TRY(
+        model_linear_forward(m, a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D));
+    MODEL_TRY(model_linear_forward(m, a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D));
     const float *qin = a->q_raw, *kin = a->k_raw;
     if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
-        ctrl_cpu_rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps);
-        ctrl_cpu_rmsnorm_forward(a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D, eps);
+        MODEL_TRY(be->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps));
+        MODEL_TRY(be->rmsnorm_forward(a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D, eps));
         qin = a->q, kin = a->k;
     }
-    ctrl_cpu_rope_forward(a->q, qin, positions, m->cos_tab, m->sin_tab, T, H, D);
-    ctrl_cpu_rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D);
-    if ((st = attend(m, l, a, ctx)) != CTRL_OK ||
-        (st = model_linear_forward(m, a->x_mid, a->att, P + o->wo, NULL, T, H * D, C)) != CTRL_OK)
-        return st;
-    ctrl_cpu_residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C);
-    ctrl_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps);
-    if ((st = model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I)) != CTRL_OK ||
-        (st = model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I)) != CTRL_OK)
-        return st;
-    ctrl_cpu_swiglu_forward(a->h, a->g, a->u, (int64_t)T * I);
+    MODEL_TRY(be->rope_forward(a->q, qin, positions, m->cos_tab, m->sin_tab, T, H, D));
+    MODEL_TRY(be->rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D));
+    MODEL_TRY(attend(m, l, a, ctx));
+    MODEL_TRY(model_linear_forward(m, a->x_mid, a->att, P + o->wo, NULL, T, H * D, C));
+    MODEL_TRY(be->residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C));
+    MODEL_TRY(be->rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps));
+    MODEL_TRY(model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I));
+    MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
+    MODEL_TRY(be->swiglu_forward(a->h, a->g, a->u, (int64_t)T * I));
     if (!next) return CTRL_OK;
-    if ((st = model_linear_forward(m, next, a->h, P + o->wd, NULL, T, I, C)) != CTRL_OK) return st;
-    ctrl_cpu_residual_forward(next, next, a->x_mid, (int64_t)T * C);
-    return CTRL_OK;
+    MODEL_TRY(model_linear_forward(m, next, a->h, P + o->wd, NULL, T, I, C));
+    return be->residual_forward(next, next, a->x_mid, (int64_t)T * C);
 }
 
-/* *buf holding at least `bytes` (kept between steps: fresh pages every step cost page faults and
- * zeroing); NULL when it cannot be had. */
-static void *grow(void **buf, size_t *cap, size_t bytes) {
-    if (bytes <= *cap) return *buf;
-    free(*buf);
-    *buf = malloc(bytes);
-    *cap = *buf ? bytes : 0;
-    return *buf;
-}
-
-/* The forward; with dlogp (a fused forward) the head's backward too: its parameter gradient
- * accumulated, dL/d(final norm output) kept in head_dh for ctrl_model_backward(m, NULL). */
-static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
-                           float *entropy, int32_t *correct) {
-    const ctrl_model_config *c = &m->cfg;
-    if (!m->attn)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
-    m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
-    ctrl_status st = check_batch(m, b);
-    if (st == CTRL_OK) st = model_prepare_weights(m);
-    if (st != CTRL_OK) return st;
-    int max_pos = 0;
-    for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
-    if ((st = model_ensure_rope(m, max_pos + 1)) != CTRL_OK || (st = model_ensure_acts(m, b->T)) != CTRL_OK)
-        return st;
-    /* Keep a copy of the batch: backward needs it after the caller's buffers may have changed. */
+/* Keeps the batch (backward needs it after the caller's buffers may have changed) on the host and
+ * on the backend: tokens, positions, targets, cu_seqlens in one buffer each side. */
+static ctrl_status keep_batch(ctrl_model *m, const ctrl_batch *b) {
+    const size_t n = (size_t)(4 * b->T + b->B + 1);
     free(m->batch_mem);
-    m->batch_mem = malloc(sizeof(int32_t) * (size_t)(4 * b->T + b->B + 1));
+    if (!(m->batch_mem = malloc(sizeof(int32_t) * n)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: a batch of %d tokens", b->T);
     int32_t *bm = m->batch_mem;
     memcpy(bm, b->tokens, 4 * (size_t)b->T), memcpy(bm + b->T, b->positions, 4 * (size_t)b->T);
     memcpy(bm + 2 * b->T, b->targets, 4 * (size_t)b->T),
         memcpy(bm + 3 * b->T, b->cu_seqlens, 4 * (size_t)(b->B + 1));
-    m->batch = (ctrl_batch){.T = b->T,
-                            .B = b->B,
-                            .tokens = bm,
-                            .positions = bm + b->T,
-                            .targets = bm + 2 * b->T,
-                            .cu_seqlens = bm + 3 * b->T};
+    if (!m->be->host_memory) {
+        MODEL_TRY(model_grow(m, (void **)&m->dbatch_mem, &m->dbatch_bytes, sizeof(int32_t) * n));
+        MODEL_TRY(m->be->to_device(m->dbatch_mem, bm, sizeof(int32_t) * n));
+    }
+    for (int side = 0; side < 2; side++) {
+        const int32_t *p = side == 0 || m->be->host_memory ? bm : m->dbatch_mem;
+        (side == 0 ? &m->batch : &m->dev_batch)[0] = (ctrl_batch){.T = b->T,
+                                                                  .B = b->B,
+                                                                  .tokens = p,
+                                                                  .positions = p + b->T,
+                                                                  .targets = p + 2 * b->T,
+                                                                  .cu_seqlens = p + 3 * b->T};
+    }
+    return CTRL_OK;
+}
+
+/* The forward; with dlogp (a fused forward) the head's backward too: its parameter gradient
+ * accumulated, dL/d(final norm output) kept in head_dh for ctrl_model_backward(m, NULL). Per-token
+ * inputs and outputs are the caller's host buffers: with host memory the ops use them as they are,
+ * a device stages them (model_stage). */
+static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
+                           float *entropy, int32_t *correct) {
+    const ctrl_backend_ops *be = m->be;
+    const ctrl_model_config *c = &m->cfg;
+    if (!m->attn)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
+    m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
+    MODEL_TRY(check_batch(m, b));
+    MODEL_TRY(model_prepare_weights(m));
+    int max_pos = 0;
+    for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
+    MODEL_TRY(model_ensure_rope(m, max_pos + 1));
+    MODEL_TRY(model_ensure_acts(m, b->T));
+    MODEL_TRY(keep_batch(m, b));
     m->T = b->T;
     const int T = b->T, C = c->hidden_size;
-    const float eps = c->rms_norm_eps, *P = m->params;
-    float *x = m->acts[0].x_in;
-    ctrl_cpu_embedding_forward(x, b->tokens, P + m->off_embed, T, C);
+    const float eps = c->rms_norm_eps, *P = m->dparams;
+    MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
     for (int l = 0; l < c->n_layers; l++) {
-        if (m->mem_ops && m->mem_ops->before_forward &&
-            (st = m->mem_ops->before_forward(m->mem, l)) != CTRL_OK)
-            return st;
-        if ((st = model_layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out,
-                                      plugin_attention, NULL)) != CTRL_OK)
-            return st;
-        if (m->mem_ops && m->mem_ops->after_forward && (st = m->mem_ops->after_forward(m->mem, l)) != CTRL_OK)
-            return st;
+        if (m->mem_ops && m->mem_ops->before_forward) MODEL_TRY(m->mem_ops->before_forward(m->mem, l));
+        MODEL_TRY(model_layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out,
+                                      model_plugin_attention, NULL));
+        if (m->mem_ops && m->mem_ops->after_forward) MODEL_TRY(m->mem_ops->after_forward(m->mem, l));
     }
-    ctrl_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps);
-    ctrl_head_args ha = {.hidden = m->lnf,
-                         .w = P + m->off_lm_head,
-                         .targets = b->targets,
-                         .T = T,
-                         .C = C,
-                         .V = c->vocab_size,
-                         .temperature = m->temperature};
-    void *ws = grow(&m->head_ws, &m->head_ws_bytes,
-                    dlogp ? ctrl_cpu_head_fused_workspace_bytes(&ha) : ctrl_cpu_head_workspace_bytes(&ha));
-    if (!ws || (dlogp && !grow((void **)&m->head_dh, &m->head_dh_bytes, sizeof(float) * (size_t)T * C)))
-        return ctrl_error_set(CTRL_ERR_NOMEM, "model: head workspace");
+    MODEL_TRY(be->rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps));
+    ctrl_head_args ha = model_head_args(m);
+    const int fused = dlogp != NULL && ctrl_backend_has(be, head_forward_backward);
+    MODEL_TRY(model_grow(m, &m->head_ws, &m->head_ws_bytes,
+                         fused ? be->head_fused_workspace_bytes(&ha) : be->head_workspace_bytes(&ha)));
     if (dlogp)
-        ctrl_cpu_head_forward_backward(&ha, dlogp, logp, m->head_ent, m->head_lse, correct, m->head_dh,
-                                       m->grads + m->off_lm_head, ws);
-    else
-        ctrl_cpu_head_forward(&ha, logp, m->head_ent, m->head_lse, correct, ws);
+        MODEL_TRY(model_grow(m, (void **)&m->head_dh, &m->head_dh_bytes, sizeof(float) * (size_t)T * C));
+    model_stage st;
+    MODEL_TRY(model_stage_in(m, &st, dlogp, logp, correct));
+    if (fused)
+        MODEL_TRY(be->head_forward_backward(&ha, st.dlogp, st.logp, m->head_ent, m->head_lse, st.correct,
+                                            m->head_dh, m->dgrads + m->off_lm_head, m->head_ws));
+    else {
+        MODEL_TRY(be->head_forward(&ha, st.logp, m->head_ent, m->head_lse, st.correct, m->head_ws));
+        if (dlogp) /* a backend without the one-pass head: its backward right after */
+            MODEL_TRY(be->head_backward(&ha, m->head_lse, st.dlogp, NULL, NULL, m->head_dh,
+                                        m->dgrads + m->off_lm_head, m->head_ws));
+    }
+    MODEL_TRY(model_stage_out(m, &st, logp, correct));
     m->head_dh_ready = dlogp != NULL;
-    if (entropy) memcpy(entropy, m->head_ent, sizeof(float) * (size_t)T);
-    return CTRL_OK;
+    return entropy ? be->to_host(entropy, m->head_ent, sizeof(float) * (size_t)T) : CTRL_OK;
 }
 
 ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *b, float *logp, float *entropy,
@@ -389,102 +405,4 @@ ctrl_status ctrl_model_forward_fused(ctrl_model *m, const ctrl_batch *b, const f
                                      float *entropy, int32_t *correct) {
     if (!dlogp) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: a fused forward needs dL/dlogp");
     return forward(m, b, dlogp, logp, entropy, correct);
-}
-
-static void add_into(float *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
-    const ctrl_model_config *c = &m->cfg;
-    const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
-              D = c->head_dim;
-    if (T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: backward without a forward");
-    if (!dlogp && !m->head_dh_ready)
-        return ctrl_error_set(CTRL_ERR_RUNTIME,
-                              "model: backward without dL/dlogp after a forward that was not fused");
-    const float *P = m->params;
-    float *G = m->grads;
-    /* Scratch: residual-stream gradient, a second [T, C], [T, max(I, H*D)] x 3 and [T, HK*D] x 2;
-     * kept between steps (fresh pages every step cost page faults and zeroing). */
-    const size_t wide = (size_t)T * (I > H * D ? I : H * D), per_T = 2 * (size_t)C + 2 * (size_t)HK * D,
-                 floats = (size_t)T * per_T + 3 * wide;
-    float *dres = grow((void **)&m->bwd_mem, &m->bwd_bytes, sizeof(float) * floats),
-          *dtmp = dres ? dres + (size_t)T * C : NULL, *d1 = dtmp ? dtmp + (size_t)T * C : NULL,
-          *d2 = d1 ? d1 + wide : NULL, *d3 = d2 ? d2 + wide : NULL, *dk = d3 ? d3 + wide : NULL,
-          *dv = dk ? dk + (size_t)T * HK * D : NULL;
-    ctrl_head_args ha = {.hidden = m->lnf,
-                         .w = P + m->off_lm_head,
-                         .targets = m->batch.targets,
-                         .T = T,
-                         .C = C,
-                         .V = c->vocab_size,
-                         .temperature = m->temperature};
-    void *ws = dlogp ? grow(&m->head_ws, &m->head_ws_bytes, ctrl_cpu_head_workspace_bytes(&ha)) : NULL;
-    ctrl_status st = CTRL_OK;
-    if (!dres || !dtmp || !d1 || !d2 || !d3 || !dk || !dv || (dlogp && !ws)) {
-        st = ctrl_error_set(CTRL_ERR_NOMEM, "model: backward scratch for %d tokens", T);
-        goto done;
-    }
-    if (dlogp) /* else the fused forward did this part */
-        ctrl_cpu_head_backward(&ha, m->head_lse, dlogp, NULL, NULL, dtmp, G + m->off_lm_head, ws);
-    ctrl_cpu_rmsnorm_backward(dres, G + m->off_norm, dlogp ? dtmp : m->head_dh, m->x_out, P + m->off_norm,
-                              m->rstdf, T, C);
-    for (int l = c->n_layers - 1; l >= 0; l--) {
-        const layer_offsets *o = &m->layers[l];
-        layer_acts *a = &m->acts[l];
-        if (m->mem_ops && m->mem_ops->before_backward &&
-            (st = m->mem_ops->before_backward(m->mem, l)) != CTRL_OK)
-            goto done;
-        if (recomputed(m, l) && (st = model_layer_forward(m, l, NULL, plugin_attention, NULL)) != CTRL_OK)
-            goto done;
-        /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
-        if ((st = model_linear_backward(m, d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C)) != CTRL_OK)
-            goto done;
-        ctrl_cpu_swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I);
-        if ((st = model_linear_backward(m, dtmp, G + o->wg, NULL, d2, a->ln2, P + o->wg, T, C, I)) !=
-                CTRL_OK ||
-            (st = model_linear_backward(m, d1, G + o->wu, NULL, d3, a->ln2, P + o->wu, T, C, I)) != CTRL_OK)
-            goto done;
-        add_into(dtmp, d1, (int64_t)T * C);
-        ctrl_cpu_rmsnorm_backward(d1, G + o->ln2, dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C);
-        add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_mid */
-        /* Attention: x_mid = x_in + o_proj(att). */
-        if ((st = model_linear_backward(m, d1, G + o->wo, NULL, dres, a->att, P + o->wo, T, H * D, C)) !=
-            CTRL_OK)
-            goto done;
-        ctrl_attention_args args = attn_args(m, a);
-        args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
-        if ((st = m->attn->backward(&args, NULL)) != CTRL_OK) {
-            ctrl_error_wrap(st, "layer %d attention backward", l);
-            goto done;
-        }
-        /* RoPE (then the per-head norms) back to the projections' outputs. */
-        ctrl_cpu_rope_backward(d2, d2, m->batch.positions, m->cos_tab, m->sin_tab, T, H, D);
-        ctrl_cpu_rope_backward(dk, dk, m->batch.positions, m->cos_tab, m->sin_tab, T, HK, D);
-        if (c->qk_norm) {
-            ctrl_cpu_rmsnorm_backward(d3, G + o->q_norm, d2, a->q_raw, P + o->q_norm, a->q_rstd, T * H, D);
-            memcpy(d2, d3, sizeof(float) * (size_t)T * H * D);
-            ctrl_cpu_rmsnorm_backward(d3, G + o->k_norm, dk, a->k_raw, P + o->k_norm, a->k_rstd, T * HK, D);
-            memcpy(dk, d3, sizeof(float) * (size_t)T * HK * D);
-        }
-        if ((st = model_linear_backward(m, dtmp, G + o->wq, o->bq >= 0 ? G + o->bq : NULL, d2, a->ln1,
-                                        P + o->wq, T, C, H * D)) != CTRL_OK ||
-            (st = model_linear_backward(m, d1, G + o->wk, o->bk >= 0 ? G + o->bk : NULL, dk, a->ln1,
-                                        P + o->wk, T, C, HK * D)) != CTRL_OK)
-            goto done;
-        add_into(dtmp, d1, (int64_t)T * C);
-        if ((st = model_linear_backward(m, d1, G + o->wv, o->bv >= 0 ? G + o->bv : NULL, dv, a->ln1,
-                                        P + o->wv, T, C, HK * D)) != CTRL_OK)
-            goto done;
-        add_into(dtmp, d1, (int64_t)T * C);
-        ctrl_cpu_rmsnorm_backward(d1, G + o->ln1, dtmp, a->x_in, P + o->ln1, a->rstd1, T, C);
-        add_into(dres, d1, (int64_t)T * C); /* now the gradient of x_in */
-        if (m->mem_ops && m->mem_ops->after_backward &&
-            (st = m->mem_ops->after_backward(m->mem, l)) != CTRL_OK)
-            goto done;
-    }
-    ctrl_cpu_embedding_backward(G + m->off_embed, dres, m->batch.tokens, T, C);
-done:
-    return st;
 }

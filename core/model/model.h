@@ -1,15 +1,21 @@
-/* The decoder (Llama family) on the CPU: parameters in one flat fp32 buffer laid out layer by
- * layer with named views under their Hugging Face names, gradients in the same layout, explicit
- * forward and backward per layer (llm.c style), attention through the selected plugin, and the
- * fused log-prob head at the top. */
+/* The decoder (Llama family): parameters in one flat fp32 buffer laid out layer by layer with named
+ * views under their Hugging Face names, gradients in the same layout, explicit forward and backward
+ * per layer (llm.c style), attention through the selected plugin, and the fused log-prob head at
+ * the top. Written once against the backend ops table (device/backend.h): the model computes on
+ * the CPU from creation on, or on the device ctrl_model_to_device places it on. */
 #ifndef CTRL_CORE_MODEL_H
 #define CTRL_CORE_MODEL_H
 
 #include <ctrl/attention.h>
 #include <ctrl/memory.h>
 
-#include "generate/kv_cache.h"
 #include "model/model_config.h"
+
+/* The paged KV cache decoding appends to (generate/kv_cache.h); declared here so that the model
+ * does not depend on the generation module. */
+typedef struct ctrl_kv_cache ctrl_kv_cache;
+typedef struct ctrl_kv_seq ctrl_kv_seq;
+struct ctrl_backend_ops;
 
 /* A flat variable-length batch: sequence b is tokens cu_seqlens[b] .. cu_seqlens[b+1]-1. */
 typedef struct ctrl_batch {
@@ -43,7 +49,20 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std);
 /* Writes DIR/config.json, model.safetensors (CTRL_F32 or CTRL_BF16) and generation_config.json. */
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype);
 
+/* Places the model on a backend (device/backend.h: ctrl_backend_cpu(), or the CUDA backend's table
+ * from ctrl_device_select) and device: its parameters are copied there, and forward, backward and
+ * all they keep live there from then on; what the model held on the previous backend is freed.
+ * The host buffers of ctrl_model_params and ctrl_model_grads stay the master copy that loading,
+ * saving and the optimizer use: say ctrl_model_weights_changed after changing the parameters,
+ * and call ctrl_model_grads_to_host before reading the gradients. */
+ctrl_status ctrl_model_to_device(ctrl_model *m, const struct ctrl_backend_ops *be, ctrl_device device);
+ctrl_device ctrl_model_device(const ctrl_model *m);
+/* The gradients accumulated on the device copied into the host buffer (ctrl_model_grads); nothing
+ * to do for a model on the CPU, whose gradients are that buffer. */
+ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
+
 const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m);
+/* The host parameters and gradients (see ctrl_model_to_device). */
 float *ctrl_model_params(ctrl_model *m, size_t *n);
 float *ctrl_model_grads(ctrl_model *m, size_t *n);
 int ctrl_model_view_count(const ctrl_model *m);
@@ -68,8 +87,9 @@ void ctrl_model_set_temperature(ctrl_model *m, float temperature);
  * any other dtype. */
 ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype);
 ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m);
-/* Whoever changes the parameters in place (an optimizer step, loaded weights) says so: with bf16
- * compute the model keeps a rounded copy of them, refreshed before the next forward or decode. */
+/* Whoever changes the parameters in place (an optimizer step, loaded weights) says so: a model on a
+ * device copies them there, and with bf16 compute the model keeps a rounded copy of them; both are
+ * refreshed before the next forward or decode. */
 void ctrl_model_weights_changed(ctrl_model *m);
 /* Accumulates dL/dparams into the gradient buffer from dL/dlogp of the last forward (NULL after
  * ctrl_model_forward_fused). */
@@ -83,15 +103,16 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
 /* Frees decoding's scratch (allocated again by the next decode); for the engine's sleep level 2. */
 void ctrl_model_release_decode_scratch(ctrl_model *m);
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m);
-/* Incremental decoding (model_decode.c): n_new[s] tokens of sequence s (flat in `tokens`, at
- * positions seqs[s]->len onwards) run through the model; their K/V are appended to the paged cache
- * (blocks reserved as needed) and logits[s * V ...] receive the next-token logits after each
- * sequence's last new token. The paged attention plugin (ctrl_model_set_paged_attention) reads the
- * cache through the block tables. */
+/* Incremental decoding (model_decode.c; a model on the CPU so far): n_new[s] tokens of sequence s (flat in
+ * `tokens`, at positions seqs[s]->len onwards) run through the model; their K/V are appended to the paged
+ * cache (blocks reserved as needed) and logits[s * V ...] receive the next-token logits after each sequence's
+ * last new token. The paged attention plugin (ctrl_model_set_paged_attention) reads the cache through the
+ * block tables. */
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
-void ctrl_model_zero_grad(ctrl_model *m);
+/* Zeroes the gradients (on the device too). */
+ctrl_status ctrl_model_zero_grad(ctrl_model *m);
 
 #endif

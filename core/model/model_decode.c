@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "generate/kv_cache.h"
 #include "model/model_internal.h"
 
 typedef struct decode_ctx {
@@ -126,6 +127,8 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     if (!m->paged)
         return ctrl_error_set(CTRL_ERR_PLUGIN,
                               "decode: no paged attention plugin (the `paged` plugin decodes)");
+    if (!m->be->host_memory) /* the KV cache and the engine's buffers are host memory so far */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "decode: a model on %s does not decode yet", m->be->name);
     int T = 0, max_pos = 0;
     for (int s = 0; s < n_seq; s++) {
         if (n_new[s] < 1) return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: sequence %d has no new token", s);
@@ -162,13 +165,14 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     /* the layer code reads m->T, m->batch, m->acts and writes the last layer into m->x_out: point
      * them at the decode scratch for this call, and give the training state back after */
     const int saved_T = m->T;
-    const ctrl_batch saved_batch = m->batch;
+    const ctrl_batch saved_batch = m->batch, saved_dev_batch = m->dev_batch;
     layer_acts *saved_acts = m->acts;
     float *saved_out = m->x_out;
     m->T = T, m->acts = m->dec_acts, m->x_out = m->dec_out;
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
+    m->dev_batch = m->batch; /* host memory */
     decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks, kv16};
-    ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->params + m->off_embed, T, C);
+    ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->dparams + m->off_embed, T, C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                  paged_attention, &d);
@@ -178,10 +182,11 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
             memcpy(h + (size_t)s * C, m->x_out + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
             seqs[s]->len += n_new[s];
         }
-        ctrl_cpu_rmsnorm_forward(h, rstd, h, m->params + m->off_norm, n_seq, C, cfg->rms_norm_eps);
-        ctrl_cpu_linear_forward(logits, h, m->params + m->off_lm_head, NULL, n_seq, C, V);
+        ctrl_cpu_rmsnorm_forward(h, rstd, h, m->dparams + m->off_norm, n_seq, C, cfg->rms_norm_eps);
+        ctrl_cpu_linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, n_seq, C, V);
     }
-    m->T = saved_T, m->batch = saved_batch, m->acts = saved_acts, m->x_out = saved_out;
+    m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
+    m->x_out = saved_out;
     free(seq_of), free(tables), free(h), free(rstd), free(kv16);
     return st;
 }

@@ -3,6 +3,7 @@
 #ifndef CTRL_CORE_MODEL_INTERNAL_H
 #define CTRL_CORE_MODEL_INTERNAL_H
 
+#include "device/backend.h"
 #include "model/model.h"
 
 /* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
@@ -10,7 +11,31 @@ typedef struct layer_offsets {
     long ln1, wq, bq, wk, bk, wv, bv, wo, q_norm, k_norm, ln2, wg, wu, wd;
 } layer_offsets;
 
-/* One layer's saved activations. */
+/* One layer's activations, T = tokens of the flat batch, C = hidden size, H / HK = query / kv heads,
+ * D = head_dim, I = intermediate size (llm.c's convention). The forward writes them in this order;
+ * backward reads the ones marked (b). A layer a memory strategy recomputes keeps only x_in through
+ * the forward: its other buffers are one set shared by every such layer, refilled by a second
+ * forward just before its backward. All live on the model's backend.
+ *   x_in    [T, C]      the residual stream entering the layer (b: the first RMSNorm's backward)
+ *   ln1     [T, C]      RMSNorm(x_in) * input_layernorm (b: the q/k/v projections' backward)
+ *   rstd1   [T]         1 / rms of each x_in row (b)
+ *   q_raw   [T, H*D]    q_proj(ln1) (+ bias) (b: q_norm's backward, Qwen3)
+ *   k_raw   [T, HK*D]   k_proj(ln1) (+ bias) (b: k_norm's backward, Qwen3)
+ *   q_rstd  [T, H]      per-head q_norm rstd (Qwen3) (b)
+ *   k_rstd  [T, HK]     per-head k_norm rstd (Qwen3) (b)
+ *   q       [T, H*D]    queries after q_norm and RoPE, as [T, H, D] (b: attention backward)
+ *   k       [T, HK*D]   keys after k_norm and RoPE, as [T, HK, D] (b)
+ *   v       [T, HK*D]   v_proj(ln1) (+ bias), as [T, HK, D] (b)
+ *   att     [T, H*D]    attention output, as [T, H, D] (b: o_proj's backward and attention's)
+ *   lse     [T, H]      log-sum-exp of each query's scores, from the attention plugin (b)
+ *   x_mid   [T, C]      x_in + o_proj(att): the residual stream between attention and MLP (b)
+ *   ln2     [T, C]      RMSNorm(x_mid) * post_attention_layernorm (b: gate/up backward)
+ *   rstd2   [T]         (b)
+ *   g, u    [T, I]      gate_proj(ln2), up_proj(ln2) (b: SwiGLU's backward)
+ *   h       [T, I]      silu(g) * u (b: down_proj's backward)
+ * The layer's output, x_mid + down_proj(h), is the next layer's x_in. Above the last layer the
+ * model keeps x_out [T, C] (the last output), lnf [T, C] and rstdf [T] (the final norm), and the
+ * head's lse [T] and entropy [T]; a fused forward also keeps head_dh [T, C] = dL/dlnf. */
 typedef struct layer_acts {
     float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
         *g, *u, *h;
@@ -18,44 +43,58 @@ typedef struct layer_acts {
 
 struct ctrl_model {
     ctrl_model_config cfg;
+    /* Where the model computes (ctrl_model_to_device; the CPU backend from creation on): every op
+     * and every buffer below marked "backend" goes through it. */
+    const ctrl_backend_ops *be;
+    ctrl_device device;
     const ctrl_attention_ops *attn;
     const ctrl_attention_ops *paged; /* decoding's (ctrl_model_set_paged_attention) */
     float temperature; /* the head's: log-probs and entropies of softmax(logits / temperature) */
     int linear_bf16;   /* linear projections in bf16 (ctrl_model_set_compute_dtype) */
-    float *rounded;    /* with linear_bf16: the parameters rounded to bf16 values (what the linear
-                          projections multiply with), rebuilt after ctrl_model_weights_changed */
+    float *rounded;    /* backend; with linear_bf16: the parameters rounded to bf16 values (what the
+                          linear projections multiply with), rebuilt after ctrl_model_weights_changed */
     int rounded_valid;
+    /* Host: the parameters and gradients loaded, saved and stepped by the optimizer. On a backend
+     * with host memory dparams/dgrads are the same buffers; on a device they are its copies:
+     * dparams refreshed from params after ctrl_model_weights_changed (dparams_valid), gradients
+     * accumulated in dgrads and brought back by ctrl_model_grads_to_host. */
     float *params, *grads;
+    float *dparams, *dgrads;
+    int dparams_valid;
     size_t n_params;
     ctrl_param_view *views;
     int n_views, cap_views;
     long off_embed, off_norm, off_lm_head;
     layer_offsets *layers;
-    /* RoPE tables [rope_len, head_dim/2] */
+    /* backend: RoPE tables [rope_len, head_dim/2] */
     float *cos_tab, *sin_tab;
     int rope_len;
-    /* activations of the last forward */
+    /* backend: activations of the last forward (see layer_acts) */
     int T, act_cap_T;
     float *act_mem;
     layer_acts *acts;
     float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
     float *head_dh;    /* a fused forward's dL/d(final norm output) [T, C], for the backward */
     int head_dh_ready; /* the last forward was fused */
-    /* scratch kept between steps (grown as needed): the head's, dL/d(head input), the backward's */
+    /* backend scratch kept between steps (grown as needed): the head's, dL/d(head input), the
+     * backward's, and (off the host) the staging of per-token inputs and outputs [4, T] */
     void *head_ws;
-    float *bwd_mem;
-    size_t head_ws_bytes, head_dh_bytes, bwd_bytes;
-    ctrl_batch batch;
-    int32_t *batch_mem;
+    float *bwd_mem, *stage;
+    size_t head_ws_bytes, head_dh_bytes, bwd_bytes, stage_bytes;
+    /* the batch of the last forward, on the host (batch, in batch_mem) and on the backend (dev_batch,
+     * in dbatch_mem; the same buffer with host memory) */
+    ctrl_batch batch, dev_batch;
+    int32_t *batch_mem, *dbatch_mem;
+    size_t dbatch_bytes;
     /* memory strategy (may be NULL) and which layers it recomputes */
     const ctrl_memory_ops *mem_ops;
     ctrl_memory *mem;
     uint8_t *recompute;
     int n_recompute;
     size_t act_bytes;
-    /* decoding's own scratch (model_decode.c): one set of layer internals for every layer, the
-     * layer inputs in two buffers taking turns, and the new tokens' positions; the training
-     * activations and batch are left as they were */
+    /* decoding's own scratch (model_decode.c; host backends only): one set of layer internals for
+     * every layer, the layer inputs in two buffers taking turns, and the new tokens' positions;
+     * the training activations and batch are left as they were */
     float *dec_mem;
     int dec_cap_T;
     layer_acts *dec_acts;
@@ -63,9 +102,23 @@ struct ctrl_model {
     int32_t *dec_pos;
 };
 
-/* With bf16 compute: the rounded weights brought up to date (before a forward or a decode). */
+/* Returns the status of `call` when it is not CTRL_OK. */
+#define MODEL_TRY(call)                                                                                      \
+    do {                                                                                                     \
+        ctrl_status s_ = (call);                                                                             \
+        if (s_ != CTRL_OK) return s_;                                                                        \
+    } while (0)
+
+/* Backend scratch *buf holding at least `bytes`, kept between steps (fresh pages every step cost
+ * page faults and zeroing; a device allocation is worse). */
+ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t bytes);
+/* Frees every backend buffer (the device copies, activations, scratch, tables); the host
+ * parameters and gradients stay. */
+void model_release_backend(ctrl_model *m);
+/* The device's parameters brought up to date from the host after ctrl_model_weights_changed (a
+ * no-op with host memory), then with bf16 compute the rounded copy (before a forward or decode). */
 ctrl_status model_prepare_weights(ctrl_model *m);
-/* A linear projection in the model's compute dtype (ctrl_cpu_linear_forward or its bf16 twin,
+/* A linear projection in the model's compute dtype (the backend's linear_forward or its bf16 twin,
  * multiplying with the rounded copy of w). */
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
                                  const float *bias, int T, int IN, int OUT);
@@ -73,7 +126,7 @@ ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, flo
                                   const float *x, const float *w, int T, int IN, int OUT);
 /* Activation buffers for T tokens (model->acts, x_out, ...). */
 ctrl_status model_ensure_acts(ctrl_model *m, int T);
-/* One decoder layer from acts[l].x_in over m->T tokens at m->batch.positions, writing the layer's
+/* One decoder layer from acts[l].x_in over m->T tokens at m->dev_batch.positions, writing the layer's
  * output into `next` (NULL: stop after the MLP's activations, all a recompute for backward needs).
  * `attend` computes acts[l].att from acts[l].q, k, v: the attention plugin in training, the paged
  * KV cache in decoding. */
@@ -81,5 +134,23 @@ typedef ctrl_status (*model_attention_fn)(ctrl_model *m, int l, layer_acts *a, v
 ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx);
 /* RoPE tables covering positions [0, max_pos). */
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos);
+/* The attention plugin's arguments for layer activations `a` over the kept batch, and the training
+ * forward's model_attention_fn (the plugin's forward). */
+ctrl_attention_args model_attention_args(const ctrl_model *m, const layer_acts *a);
+ctrl_status model_plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx);
+/* The fused head's arguments over the kept batch (lnf, the LM head, the targets, temperature). */
+ctrl_head_args model_head_args(const ctrl_model *m);
+static inline int model_recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
+
+/* The per-token inputs and outputs of the head where the backend's ops can use them: the caller's
+ * host buffers with host memory, else m->stage ([3, T] floats: logp, dL/dlogp, correct), with
+ * dlogp copied in by model_stage_in and logp/correct copied out by model_stage_out. Any may be NULL. */
+typedef struct model_stage {
+    const float *dlogp;
+    float *logp;
+    int32_t *correct;
+} model_stage;
+ctrl_status model_stage_in(ctrl_model *m, model_stage *st, const float *dlogp, float *logp, int32_t *correct);
+ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, int32_t *correct);
 
 #endif

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "file_text.h"
+#include "generate/kv_cache.h"
 #include "model/model.h"
 #include "test.h"
 #include "test_registry.h"

@@ -1,0 +1,100 @@
+/* The backend ops table: everything the model does to memory and numbers on a device, as function
+ * pointers, one table per kind of device (ggml's backend model). core/model is written once against
+ * it; the CPU backend (backend_cpu.c, over kernels/cpu/cpu_ops.h) and the CUDA backend
+ * (cuda_backend_ops.c in libctrl_cuda.so, over kernels/cuda/cuda_ops.h) implement it. A model is
+ * placed on one with ctrl_model_to_device().
+ *
+ * Every op has the semantics of its kernels/cpu/cpu_ops.h namesake (flat row-major buffers; the
+ * gradients of parameters accumulate, those of inputs are written), on pointers into the backend's
+ * memory. Ops run in order on one stream: a later op sees what an earlier one wrote; results reach
+ * the host through to_host, which waits for them. A NULL op is one the backend does not have; the
+ * model says so when a feature needs it (bf16 compute, the fused head).
+ *
+ * A backend in another library (CUDA is loaded with dlopen) may be built against an older table:
+ * `size` is the sizeof the table it was built with, and fields past it are absent
+ * (ctrl_backend_has). New ops go at the end. */
+#ifndef CTRL_CORE_DEVICE_BACKEND_H
+#define CTRL_CORE_DEVICE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ctrl/status.h>
+#include <ctrl/tensor.h>
+
+#include "cpu/cpu_ops.h" /* ctrl_head_args */
+
+typedef struct ctrl_backend_ops {
+    size_t size; /* sizeof(ctrl_backend_ops) as the backend was built */
+    const char *name;
+    ctrl_device_type device_type; /* what the attention plugin is told the buffers are */
+    /* 1: the backend's memory is host memory (the CPU): the model hands the caller's buffers to
+     * the ops directly and skips every staging copy. */
+    int host_memory;
+
+    /* Memory. alloc gives memory that holds any type (no zeroing); free(NULL) does nothing.
+     * to_device/to_host copy between host memory and the backend's; copy stays on the backend. */
+    ctrl_status (*alloc)(void **ptr, size_t bytes);
+    void (*free)(void *ptr);
+    ctrl_status (*to_device)(void *dst, const void *src, size_t bytes);
+    ctrl_status (*to_host)(void *dst, const void *src, size_t bytes);
+    ctrl_status (*copy)(void *dst, const void *src, size_t bytes);
+    ctrl_status (*fill_zero)(void *dst, size_t bytes);
+    ctrl_status (*synchronize)(void);
+
+    /* Layers. */
+    ctrl_status (*embedding_forward)(float *out, const int32_t *tokens, const float *wte, int T, int C);
+    ctrl_status (*embedding_backward)(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
+    ctrl_status (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                                   float eps);
+    ctrl_status (*rmsnorm_backward)(float *dx, float *dweight, const float *dout, const float *x,
+                                    const float *weight, const float *rstd, int T, int C);
+    ctrl_status (*linear_forward)(float *out, const float *x, const float *w, const float *bias, int T,
+                                  int IN, int OUT);
+    ctrl_status (*linear_backward)(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                   const float *w, int T, int IN, int OUT);
+    /* bf16 compute as torch.autocast: inputs rounded to bf16, fp32 accumulation and outputs; w_rounded
+     * = 1 when w already holds bf16 values (round_to_bf16's copy). NULL where not implemented. */
+    ctrl_status (*linear_forward_bf16)(float *out, const float *x, const float *w, const float *bias, int T,
+                                       int IN, int OUT, int w_rounded);
+    ctrl_status (*linear_backward_bf16)(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                        const float *w, int T, int IN, int OUT, int w_rounded);
+    ctrl_status (*round_to_bf16)(float *dst, const float *src, int64_t n);
+    ctrl_status (*rope_forward)(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                const float *sin_tab, int T, int n_head, int head_dim);
+    ctrl_status (*rope_backward)(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
+                                 const float *sin_tab, int T, int n_head, int head_dim);
+    ctrl_status (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
+    ctrl_status (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                                   const float *up, int64_t n);
+    /* out = a + b (out may be a: the residual stream, and adding up gradients). */
+    ctrl_status (*residual_forward)(float *out, const float *a, const float *b, int64_t n);
+    ctrl_status (*residual_backward)(float *da, float *db, const float *dout, int64_t n);
+
+    /* The fused head (cpu_ops.h's ctrl_head_args, pointers on the backend). head_forward_backward
+     * is the forward with dL/dlogp known up front; a backend without a single-pass version runs
+     * the forward and then the backward in it. */
+    size_t (*head_workspace_bytes)(const ctrl_head_args *a);
+    size_t (*head_fused_workspace_bytes)(const ctrl_head_args *a);
+    ctrl_status (*head_forward)(const ctrl_head_args *a, float *logp, float *entropy, float *lse,
+                                int32_t *correct, void *workspace);
+    ctrl_status (*head_backward)(const ctrl_head_args *a, const float *lse, const float *dlogp,
+                                 const float *entropy, const float *dentropy, float *dhidden, float *dw,
+                                 void *workspace);
+    ctrl_status (*head_forward_backward)(const ctrl_head_args *a, const float *dlogp, float *logp,
+                                         float *entropy, float *lse, int32_t *correct, float *dhidden,
+                                         float *dw, void *workspace);
+
+    /* Reductions: sum of squares (accumulated in double) into *out on the host; x *= s. */
+    ctrl_status (*sum_squares)(const float *x, int64_t n, double *out);
+    ctrl_status (*scale)(float *x, float s, int64_t n);
+} ctrl_backend_ops;
+
+/* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */
+#define ctrl_backend_has(be, field)                                                                          \
+    ((be)->size >= offsetof(ctrl_backend_ops, field) + sizeof((be)->field) && (be)->field != NULL)
+
+/* The CPU backend (kernels/cpu), in libctrl. */
+const ctrl_backend_ops *ctrl_backend_cpu(void);
+
+#endif

@@ -1,0 +1,163 @@
+/* The CPU backend (see backend.h): host memory and the kernels of kernels/cpu/cpu_ops.h. The ops
+ * are the kernels themselves behind a status return, so the model costs one indirect call per op
+ * over calling them directly, and no copies: the model sees host_memory and hands its buffers over
+ * as they are. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+
+static ctrl_status cpu_alloc(void **ptr, size_t bytes) {
+    *ptr = malloc(bytes ? bytes : 1);
+    return *ptr ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "cpu: cannot allocate %zu bytes", bytes);
+}
+static void cpu_free(void *ptr) { free(ptr); }
+static ctrl_status cpu_memcpy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+    return CTRL_OK;
+}
+static ctrl_status cpu_fill_zero(void *dst, size_t bytes) {
+    if (bytes) memset(dst, 0, bytes);
+    return CTRL_OK;
+}
+static ctrl_status cpu_synchronize(void) { return CTRL_OK; }
+
+static ctrl_status embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C) {
+    ctrl_cpu_embedding_forward(out, tokens, wte, T, C);
+    return CTRL_OK;
+}
+static ctrl_status embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C) {
+    ctrl_cpu_embedding_backward(dwte, dout, tokens, T, C);
+    return CTRL_OK;
+}
+static ctrl_status rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                                   float eps) {
+    ctrl_cpu_rmsnorm_forward(out, rstd, x, weight, T, C, eps);
+    return CTRL_OK;
+}
+static ctrl_status rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                    const float *weight, const float *rstd, int T, int C) {
+    ctrl_cpu_rmsnorm_backward(dx, dweight, dout, x, weight, rstd, T, C);
+    return CTRL_OK;
+}
+static ctrl_status linear_forward(float *out, const float *x, const float *w, const float *bias, int T,
+                                  int IN, int OUT) {
+    ctrl_cpu_linear_forward(out, x, w, bias, T, IN, OUT);
+    return CTRL_OK;
+}
+static ctrl_status linear_backward(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                   const float *w, int T, int IN, int OUT) {
+    ctrl_cpu_linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
+    return CTRL_OK;
+}
+static ctrl_status bf16_scratch_error(int T, int IN, int OUT) {
+    return ctrl_error_set(CTRL_ERR_NOMEM, "cpu: bf16 scratch for a %d x %d linear over %d tokens", OUT, IN,
+                          T);
+}
+static ctrl_status linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T,
+                                       int IN, int OUT, int w_rounded) {
+    return ctrl_cpu_linear_forward_bf16(out, x, w, bias, T, IN, OUT, w_rounded) == 0
+               ? CTRL_OK
+               : bf16_scratch_error(T, IN, OUT);
+}
+static ctrl_status linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                        const float *w, int T, int IN, int OUT, int w_rounded) {
+    return ctrl_cpu_linear_backward_bf16(dx, dw, dbias, dout, x, w, T, IN, OUT, w_rounded) == 0
+               ? CTRL_OK
+               : bf16_scratch_error(T, IN, OUT);
+}
+static ctrl_status round_to_bf16(float *dst, const float *src, int64_t n) {
+    ctrl_cpu_round_to_bf16(dst, src, n);
+    return CTRL_OK;
+}
+static ctrl_status rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                const float *sin_tab, int T, int n_head, int head_dim) {
+    ctrl_cpu_rope_forward(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim);
+    return CTRL_OK;
+}
+static ctrl_status rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
+                                 const float *sin_tab, int T, int n_head, int head_dim) {
+    ctrl_cpu_rope_backward(dx, dout, pos, cos_tab, sin_tab, T, n_head, head_dim);
+    return CTRL_OK;
+}
+static ctrl_status swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+    ctrl_cpu_swiglu_forward(out, gate, up, n);
+    return CTRL_OK;
+}
+static ctrl_status swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                   const float *up, int64_t n) {
+    ctrl_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+    return CTRL_OK;
+}
+static ctrl_status residual_forward(float *out, const float *a, const float *b, int64_t n) {
+    ctrl_cpu_residual_forward(out, a, b, n);
+    return CTRL_OK;
+}
+static ctrl_status residual_backward(float *da, float *db, const float *dout, int64_t n) {
+    ctrl_cpu_residual_backward(da, db, dout, n);
+    return CTRL_OK;
+}
+static ctrl_status head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse,
+                                int32_t *correct, void *workspace) {
+    ctrl_cpu_head_forward(a, logp, entropy, lse, correct, workspace);
+    return CTRL_OK;
+}
+static ctrl_status head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp,
+                                 const float *entropy, const float *dentropy, float *dhidden, float *dw,
+                                 void *workspace) {
+    ctrl_cpu_head_backward(a, lse, dlogp, entropy, dentropy, dhidden, dw, workspace);
+    return CTRL_OK;
+}
+static ctrl_status head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp,
+                                         float *entropy, float *lse, int32_t *correct, float *dhidden,
+                                         float *dw, void *workspace) {
+    ctrl_cpu_head_forward_backward(a, dlogp, logp, entropy, lse, correct, dhidden, dw, workspace);
+    return CTRL_OK;
+}
+static ctrl_status sum_squares(const float *x, int64_t n, double *out) {
+    *out = ctrl_cpu_sum_squares(x, n);
+    return CTRL_OK;
+}
+static ctrl_status scale(float *x, float s, int64_t n) {
+    ctrl_cpu_scale(x, s, n);
+    return CTRL_OK;
+}
+
+const ctrl_backend_ops *ctrl_backend_cpu(void) {
+    static const ctrl_backend_ops ops = {
+        .size = sizeof(ctrl_backend_ops),
+        .name = "cpu",
+        .device_type = CTRL_DEVICE_CPU,
+        .host_memory = 1,
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .to_device = cpu_memcpy,
+        .to_host = cpu_memcpy,
+        .copy = cpu_memcpy,
+        .fill_zero = cpu_fill_zero,
+        .synchronize = cpu_synchronize,
+        .embedding_forward = embedding_forward,
+        .embedding_backward = embedding_backward,
+        .rmsnorm_forward = rmsnorm_forward,
+        .rmsnorm_backward = rmsnorm_backward,
+        .linear_forward = linear_forward,
+        .linear_backward = linear_backward,
+        .linear_forward_bf16 = linear_forward_bf16,
+        .linear_backward_bf16 = linear_backward_bf16,
+        .round_to_bf16 = round_to_bf16,
+        .rope_forward = rope_forward,
+        .rope_backward = rope_backward,
+        .swiglu_forward = swiglu_forward,
+        .swiglu_backward = swiglu_backward,
+        .residual_forward = residual_forward,
+        .residual_backward = residual_backward,
+        .head_workspace_bytes = ctrl_cpu_head_workspace_bytes,
+        .head_fused_workspace_bytes = ctrl_cpu_head_fused_workspace_bytes,
+        .head_forward = head_forward,
+        .head_backward = head_backward,
+        .head_forward_backward = head_forward_backward,
+        .sum_squares = sum_squares,
+        .scale = scale,
+    };
+    return &ops;
+}

@@ -1,0 +1,100 @@
+/* The decoder backward (see model.h), through the backend ops table like the forward (model.c).
+ * Layer by layer from the top, each layer a memory strategy recomputes runs its forward again
+ * first (without the last projection, which backward does not need). */
+#include <stddef.h>
+
+#include "model/model_internal.h"
+
+/* The gradient scratch of one layer's backward, on the backend. */
+typedef struct layer_grads {
+    float *dres;         /* [T, C] dL/d(residual stream) at the layer's output, then at its input */
+    float *dtmp;         /* [T, C] dL/d(a norm's output) being summed up */
+    float *d1, *d2, *d3; /* [T, max(I, H*D)] each */
+    float *dk, *dv;      /* [T, HK*D] */
+} layer_grads;
+
+/* MLP then attention of layer l, from dres = dL/d(layer output) to dres = dL/d(layer input). */
+static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
+    const ctrl_backend_ops *be = m->be;
+    const ctrl_model_config *c = &m->cfg;
+    const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
+              D = c->head_dim;
+    const float *P = m->dparams;
+    float *G = m->dgrads, *dres = g->dres, *dtmp = g->dtmp, *d1 = g->d1, *d2 = g->d2, *d3 = g->d3,
+          *dk = g->dk, *dv = g->dv;
+    const int32_t *positions = m->dev_batch.positions;
+    const layer_offsets *o = &m->layers[l];
+    layer_acts *a = &m->acts[l];
+    /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
+    MODEL_TRY(model_linear_backward(m, d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C));
+    MODEL_TRY(be->swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I));
+    MODEL_TRY(model_linear_backward(m, dtmp, G + o->wg, NULL, d2, a->ln2, P + o->wg, T, C, I));
+    MODEL_TRY(model_linear_backward(m, d1, G + o->wu, NULL, d3, a->ln2, P + o->wu, T, C, I));
+    MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
+    MODEL_TRY(be->rmsnorm_backward(d1, G + o->ln2, dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C));
+    MODEL_TRY(be->residual_forward(dres, dres, d1, (int64_t)T * C)); /* now the gradient of x_mid */
+    /* Attention: x_mid = x_in + o_proj(att). */
+    MODEL_TRY(model_linear_backward(m, d1, G + o->wo, NULL, dres, a->att, P + o->wo, T, H * D, C));
+    ctrl_attention_args args = model_attention_args(m, a);
+    args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
+    ctrl_status st = m->attn->backward(&args, NULL);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "layer %d attention backward", l);
+    /* RoPE (then the per-head norms) back to the projections' outputs. */
+    MODEL_TRY(be->rope_backward(d2, d2, positions, m->cos_tab, m->sin_tab, T, H, D));
+    MODEL_TRY(be->rope_backward(dk, dk, positions, m->cos_tab, m->sin_tab, T, HK, D));
+    if (c->qk_norm) {
+        MODEL_TRY(be->rmsnorm_backward(d3, G + o->q_norm, d2, a->q_raw, P + o->q_norm, a->q_rstd, T * H, D));
+        MODEL_TRY(be->copy(d2, d3, sizeof(float) * (size_t)T * H * D));
+        MODEL_TRY(be->rmsnorm_backward(d3, G + o->k_norm, dk, a->k_raw, P + o->k_norm, a->k_rstd, T * HK, D));
+        MODEL_TRY(be->copy(dk, d3, sizeof(float) * (size_t)T * HK * D));
+    }
+    MODEL_TRY(model_linear_backward(m, dtmp, G + o->wq, o->bq >= 0 ? G + o->bq : NULL, d2, a->ln1, P + o->wq,
+                                    T, C, H * D));
+    MODEL_TRY(model_linear_backward(m, d1, G + o->wk, o->bk >= 0 ? G + o->bk : NULL, dk, a->ln1, P + o->wk, T,
+                                    C, HK * D));
+    MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
+    MODEL_TRY(model_linear_backward(m, d1, G + o->wv, o->bv >= 0 ? G + o->bv : NULL, dv, a->ln1, P + o->wv, T,
+                                    C, HK * D));
+    MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
+    MODEL_TRY(be->rmsnorm_backward(d1, G + o->ln1, dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
+    return be->residual_forward(dres, dres, d1, (int64_t)T * C); /* now the gradient of x_in */
+}
+
+ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
+    const ctrl_backend_ops *be = m->be;
+    const ctrl_model_config *c = &m->cfg;
+    const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
+              D = c->head_dim;
+    if (T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: backward without a forward");
+    if (!dlogp && !m->head_dh_ready)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: backward without dL/dlogp after a forward that was not fused");
+    const float *P = m->dparams;
+    float *G = m->dgrads;
+    /* Scratch: residual-stream gradient, a second [T, C], [T, max(I, H*D)] x 3 and [T, HK*D] x 2;
+     * kept between steps. */
+    const size_t wide = (size_t)T * (I > H * D ? I : H * D), per_T = 2 * (size_t)C + 2 * (size_t)HK * D,
+                 floats = (size_t)T * per_T + 3 * wide;
+    ctrl_status st = model_grow(m, (void **)&m->bwd_mem, &m->bwd_bytes, sizeof(float) * floats);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "model: backward scratch for %d tokens", T);
+    layer_grads g = {.dres = m->bwd_mem};
+    g.dtmp = g.dres + (size_t)T * C, g.d1 = g.dtmp + (size_t)T * C, g.d2 = g.d1 + wide, g.d3 = g.d2 + wide;
+    g.dk = g.d3 + wide, g.dv = g.dk + (size_t)T * HK * D;
+    if (dlogp) { /* else the fused forward did this part */
+        ctrl_head_args ha = model_head_args(m);
+        model_stage s;
+        MODEL_TRY(model_grow(m, &m->head_ws, &m->head_ws_bytes, be->head_workspace_bytes(&ha)));
+        MODEL_TRY(model_stage_in(m, &s, dlogp, NULL, NULL));
+        MODEL_TRY(
+            be->head_backward(&ha, m->head_lse, s.dlogp, NULL, NULL, g.dtmp, G + m->off_lm_head, m->head_ws));
+    }
+    MODEL_TRY(be->rmsnorm_backward(g.dres, G + m->off_norm, dlogp ? g.dtmp : m->head_dh, m->x_out,
+                                   P + m->off_norm, m->rstdf, T, C));
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        if (m->mem_ops && m->mem_ops->before_backward) MODEL_TRY(m->mem_ops->before_backward(m->mem, l));
+        if (model_recomputed(m, l)) MODEL_TRY(model_layer_forward(m, l, NULL, model_plugin_attention, NULL));
+        MODEL_TRY(layer_backward(m, l, &g));
+        if (m->mem_ops && m->mem_ops->after_backward) MODEL_TRY(m->mem_ops->after_backward(m->mem, l));
+    }
+    return be->embedding_backward(G + m->off_embed, g.dres, m->dev_batch.tokens, T, C);
+}

@@ -1,0 +1,95 @@
+/* Where the model computes (see model.h, ctrl_model_to_device): its backend, the device copies of
+ * the parameters and gradients, the backend scratch every other file grows through model_grow,
+ * and the staging of per-token inputs and outputs between the host and a device. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t bytes) {
+    if (bytes <= *cap && *buf) return CTRL_OK;
+    m->be->free(*buf);
+    *buf = NULL, *cap = 0;
+    ctrl_status st = m->be->alloc(buf, bytes);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "model: %zu bytes of scratch on %s", bytes, m->be->name);
+    *cap = bytes;
+    return CTRL_OK;
+}
+
+void model_release_backend(ctrl_model *m) {
+    const ctrl_backend_ops *be = m->be;
+    void **bufs[] = {(void **)&m->act_mem, (void **)&m->cos_tab, (void **)&m->sin_tab,
+                     (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
+                     (void **)&m->rounded, &m->head_ws,          (void **)&m->dbatch_mem};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
+    if (m->dparams != m->params) be->free(m->dparams);
+    if (m->dgrads != m->grads) be->free(m->dgrads);
+    m->dparams = m->params, m->dgrads = m->grads, m->dparams_valid = 1;
+    m->act_cap_T = 0, m->act_bytes = 0, m->rope_len = 0, m->rounded_valid = 0, m->head_dh_ready = 0, m->T = 0;
+    m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->dbatch_bytes = 0;
+}
+
+ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl_device device) {
+    if (!be || be->size < offsetof(ctrl_backend_ops, scale) + sizeof be->scale)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "model: the %s backend's ops table is older than this libctrl",
+                              be ? be->name : "(none)");
+    if (m->linear_bf16 &&
+        (!ctrl_backend_has(be, linear_forward_bf16) || !ctrl_backend_has(be, round_to_bf16)))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
+                              be->name);
+    model_release_backend(m);
+    m->be = be, m->device = device;
+    if (be->host_memory) return CTRL_OK;
+    const size_t bytes = m->n_params * sizeof(float);
+    m->dparams = m->dgrads = NULL;
+    ctrl_status st = be->alloc((void **)&m->dparams, bytes);
+    if (st == CTRL_OK) st = be->alloc((void **)&m->dgrads, bytes);
+    if (st == CTRL_OK) st = be->to_device(m->dparams, m->params, bytes);
+    if (st == CTRL_OK) st = be->to_device(m->dgrads, m->grads, bytes);
+    if (st != CTRL_OK) { /* back on the CPU, as it was */
+        if (m->dparams) be->free(m->dparams);
+        if (m->dgrads) be->free(m->dgrads);
+        m->dparams = m->params, m->dgrads = m->grads;
+        m->be = ctrl_backend_cpu(), m->device = (ctrl_device){CTRL_DEVICE_CPU, 0};
+        return ctrl_error_wrap(st, "model: %zu parameters onto %s", m->n_params, be->name);
+    }
+    m->dparams_valid = 1;
+    return CTRL_OK;
+}
+
+ctrl_device ctrl_model_device(const ctrl_model *m) { return m->device; }
+
+ctrl_status ctrl_model_grads_to_host(ctrl_model *m) {
+    return m->dgrads == m->grads ? CTRL_OK : m->be->to_host(m->grads, m->dgrads, m->n_params * sizeof(float));
+}
+
+ctrl_status model_stage_in(ctrl_model *m, model_stage *st, const float *dlogp, float *logp,
+                           int32_t *correct) {
+    *st = (model_stage){dlogp, logp, correct};
+    if (m->be->host_memory) return CTRL_OK;
+    const size_t T = (size_t)m->T;
+    ctrl_status s = model_grow(m, (void **)&m->stage, &m->stage_bytes, 3 * T * sizeof(float));
+    if (s != CTRL_OK) return s;
+    st->logp = logp ? m->stage : NULL;
+    st->dlogp = dlogp ? m->stage + T : NULL;
+    st->correct = correct ? (int32_t *)(m->stage + 2 * T) : NULL;
+    return dlogp ? m->be->to_device(m->stage + T, dlogp, T * sizeof(float)) : CTRL_OK;
+}
+
+ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, int32_t *correct) {
+    if (m->be->host_memory) return CTRL_OK;
+    const size_t T = (size_t)m->T;
+    ctrl_status s = logp ? m->be->to_host(logp, st->logp, T * sizeof(float)) : CTRL_OK;
+    return s == CTRL_OK && correct ? m->be->to_host(correct, st->correct, T * sizeof(int32_t)) : s;
+}
+
+ctrl_head_args model_head_args(const ctrl_model *m) {
+    const ctrl_model_config *c = &m->cfg;
+    return (ctrl_head_args){.hidden = m->lnf,
+                            .w = m->dparams + m->off_lm_head,
+                            .targets = m->dev_batch.targets,
+                            .T = m->T,
+                            .C = c->hidden_size,
+                            .V = c->vocab_size,
+                            .temperature = m->temperature};
+}
