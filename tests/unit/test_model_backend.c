@@ -186,12 +186,18 @@ static void compare_on_staged(const char *arch, const char *attention, int check
     if (!attn || !ckpt) return;
     ctrl_memory *mem = NULL;
     const ctrl_memory_ops *mops = ckpt->plugin->ops;
-    if (checkpointing) CHECK_EQ_INT(mops->create(ctrl_host_table(), NULL, 2, &mem), CTRL_OK);
+    if (checkpointing) { /* every layer recomputed */
+        char ini[1200];
+        snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = 1\n", dir);
+        ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
+        CHECK(cfg && mops->create(ctrl_host_table(), cfg, 2, &mem) == CTRL_OK);
+        ctrl_config_free(cfg);
+    }
     outputs host = {0}, dev = {0};
     for (int side = 0; side < 2; side++) {
         ctrl_model *m;
         CHECK_EQ_INT(ctrl_model_load(dir, attn->plugin->ops, &m), CTRL_OK);
-        if (!m) return;
+        if (!m) break;
         if (mem) ctrl_model_set_memory(m, mops, mem);
         if (side == 1) {
             CHECK_MSG(ctrl_model_to_device(m, staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}) == CTRL_OK, "%s",
@@ -217,6 +223,7 @@ static void compare_on_staged(const char *arch, const char *attention, int check
     CHECK(memcmp(host.logp[1], host.logp[2], sizeof host.logp[1]) != 0);
     free(host.grads), free(dev.grads);
     if (mem) mops->destroy(mem);
+    ctrl_registry_destroy(reg);
 }
 
 TEST(staged_backend_matches_cpu_llama) { compare_on_staged("llama", "flash", 0); }
