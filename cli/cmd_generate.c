@@ -221,7 +221,9 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
                                    .kv_cache_dtype = a.kv_bf16};
     ctrl_registry *reg = NULL;
     if (st == CTRL_OK) st = cli_plugins(cli, &reg);
-    if (st == CTRL_OK) st = ctrl_engine_attach_attention(m, reg, NULL);
+    const ctrl_plugin *paged = NULL;
+    if (st == CTRL_OK) st = ctrl_registry_require(reg, CTRL_KIND_ATTENTION, "paged", &paged);
+    if (st == CTRL_OK) st = ctrl_engine_attach_attention(m, paged);
     if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, &eng);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -40,10 +40,9 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
         st = ctrl_config_write_effective(cfg, path);
     }
     if (st == CTRL_OK) {
+        /* the plugins the config resolved stay loaded in cli's registry for the run */
         CTRL_INFO("%s: effective config written to %s", ini, path);
-        ctrl_registry *reg;
-        st = cli_plugins(cli, &reg);
-        if (st == CTRL_OK) st = ctrl_train_run(cfg, reg, cli_interrupted);
+        st = ctrl_train_run(cfg, cli_interrupted);
     }
     ctrl_config_free(cfg);
     return st == CTRL_OK ? 0 : cli_fail(st);

@@ -3,6 +3,7 @@
 #ifndef CTRL_CORE_CONFIG_LOAD_H
 #define CTRL_CORE_CONFIG_LOAD_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include <ctrl/config.h>
@@ -10,11 +11,69 @@
 
 #include "registry.h"
 
+/* What loading a run config resolves once, so that no module looks a plugin up by name later:
+ * the plugins the config selects (their descriptors, whose `ops` the run uses) and, for each
+ * [reward.NAME] section, its plugin and weight. Valid while the config and the registry it was
+ * validated against live. */
+#define CTRL_RUN_MAX_MEMORY 32
+#define CTRL_RUN_MAX_REWARDS 32
+typedef struct ctrl_run_reward {
+    const char *section; /* "reward.NAME" */
+    const char *name;    /* NAME: metric names (rewards/NAME/mean) */
+    const ctrl_plugin *plugin;
+    double weight;
+} ctrl_run_reward;
+
+typedef struct ctrl_run_plugins {
+    const ctrl_plugin *trainer, *optimizer, *attention;
+    /* [generation] attention: the paged attention the engine decodes with; NULL when the default
+     * ("paged") is not loaded and the key is not set (a run that never decodes needs none). */
+    const ctrl_plugin *decoder;
+    const ctrl_plugin *memory[CTRL_RUN_MAX_MEMORY];
+    int n_memory;
+    ctrl_run_reward reward[CTRL_RUN_MAX_REWARDS];
+    int n_rewards;
+} ctrl_run_plugins;
+
+/* The typed settings the training loops read (defaults filled, validated): the core sections'
+ * keys by their INI names. Strings point into the config. */
+typedef struct ctrl_run_settings {
+    struct {
+        const char *trainer, *output_dir, *device;
+        uint64_t seed;
+    } run;
+    struct {
+        const char *path;
+    } model;
+    struct {
+        const char *train_file, *eval_file; /* NULL when unset */
+        int shuffle;
+    } data;
+    struct {
+        const char *optimizer, *dtype, *lr_scheduler_type, *save_strategy;
+        const char *resume_from_checkpoint; /* NULL when unset */
+        double learning_rate, min_lr_rate, warmup_ratio, num_train_epochs, max_grad_norm, weight_decay;
+        long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
+        int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
+        int save_total_limit;
+    } train;
+    struct {
+        int server; /* mode = server */
+        const char *server_url;
+        double temperature, top_p, min_p, repetition_penalty;
+        int top_k, sleep, log_completions;
+    } generation;
+} ctrl_run_settings;
+
+const ctrl_run_plugins *ctrl_config_plugins(const ctrl_config *cfg);
+const ctrl_run_settings *ctrl_config_settings(const ctrl_config *cfg);
+
 /* Parses `path` (iniparser), applies `overrides` ("section.key=value", from --set), and validates
  * every section and key against the core's option tables and the options of the plugins the
  * config selects (which must be in `reg`). Any problem is CTRL_ERR_CONFIG (CTRL_ERR_IO for an
  * unreadable file) with a message naming file:line and the key, and a did-you-mean where one fits.
- * Defaults are filled in. */
+ * Defaults are filled in; the selected plugins and the typed settings are resolved
+ * (ctrl_config_plugins, ctrl_config_settings). */
 ctrl_status ctrl_config_load(const char *path, const char *const *overrides, int n_overrides,
                              const ctrl_registry *reg, ctrl_config **out);
 void ctrl_config_free(ctrl_config *cfg);

@@ -38,6 +38,11 @@ int ctrl_registry_count(const ctrl_registry *reg);
 /* Entries sorted by kind, then name. */
 const ctrl_plugin_entry *ctrl_registry_at(const ctrl_registry *reg, int i);
 const ctrl_plugin_entry *ctrl_registry_find(const ctrl_registry *reg, ctrl_kind kind, const char *name);
+/* The plugin (kind, name), or an error naming it "not loaded (see --plugin-dir)": for commands
+ * that choose a plugin without a run config (ctrl generate, ctrl serve); a run config's plugins are
+ * resolved by ctrl_config_load (ctrl_config_plugins). */
+ctrl_status ctrl_registry_require(const ctrl_registry *reg, ctrl_kind kind, const char *name,
+                                  const ctrl_plugin **out);
 /* "eager, flash" — the names of one kind, for error messages. */
 void ctrl_registry_names(const ctrl_registry *reg, ctrl_kind kind, char *buf, size_t cap);
 

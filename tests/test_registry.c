@@ -37,5 +37,8 @@ void test_attach_paged(ctrl_model *m) {
         decoders = test_plugin_registry();
         atexit(free_decoders);
     }
-    CHECK_MSG(ctrl_engine_attach_attention(m, decoders, "paged") == CTRL_OK, "%s", ctrl_error_message());
+    const ctrl_plugin *paged = NULL;
+    CHECK_MSG(ctrl_registry_require(decoders, CTRL_KIND_ATTENTION, "paged", &paged) == CTRL_OK &&
+                  ctrl_engine_attach_attention(m, paged) == CTRL_OK,
+              "%s", ctrl_error_message());
 }

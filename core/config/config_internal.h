@@ -30,6 +30,8 @@ struct ctrl_config {
     int n, cap;
     config_section_seen *sections;
     int n_sections, cap_sections;
+    ctrl_run_plugins plugins;   /* resolved by config_validate */
+    ctrl_run_settings settings; /* filled by config_settings_fill once valid */
 };
 
 /* Reads `path` with a line scanner (for line numbers, syntax and duplicate checks) and iniparser
@@ -79,12 +81,11 @@ void config_problem_note(config_problems *p, ctrl_status status);
 ctrl_status config_problems_report(config_problems *p, const char *file_name);
 
 /* The plugins a config selects, from its values or the defaults. */
-#define CONFIG_MAX_MEMORY 32
-typedef struct config_selection {
-    const ctrl_plugin *trainer, *optimizer, *attention;
-    const ctrl_plugin *memory[CONFIG_MAX_MEMORY];
-    int n_memory;
-} config_selection;
+#define CONFIG_MAX_MEMORY CTRL_RUN_MAX_MEMORY
+typedef ctrl_run_plugins config_selection;
+
+/* The typed settings of a validated config (settings.c). */
+void config_settings_fill(ctrl_config *cfg);
 
 /* Helpers of validation shared by validate.c and plugin_sections.c. */
 const ctrl_option *config_core_table(const char *section);

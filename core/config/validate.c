@@ -150,12 +150,17 @@ static ctrl_status select_plugins(const ctrl_config *cfg, const ctrl_registry *r
     if ((st = config_check_plugin_name(cfg, reg, CTRL_KIND_ATTENTION, "model", "attention", name,
                                        &sel->attention)))
         return st;
-    const ctrl_plugin *decoder = NULL; /* set explicitly: checked now; the default when a run decodes */
+    /* set explicitly: checked now; the default only when loaded (a run that decodes without it
+     * says so when it starts generating) */
     name = config_value_or_default(cfg, "generation", config_core_table("generation"), "attention");
-    if (config_find(cfg, "generation", "attention") &&
-        (st = config_check_plugin_name(cfg, reg, CTRL_KIND_ATTENTION, "generation", "attention", name,
-                                       &decoder)))
-        return st;
+    if (config_find(cfg, "generation", "attention")) {
+        if ((st = config_check_plugin_name(cfg, reg, CTRL_KIND_ATTENTION, "generation", "attention", name,
+                                           &sel->decoder)))
+            return st;
+    } else {
+        const ctrl_plugin_entry *d = name ? ctrl_registry_find(reg, CTRL_KIND_ATTENTION, name) : NULL;
+        sel->decoder = d ? d->plugin : NULL;
+    }
     const char *list = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
     const char *where = where_of(cfg, config_find(cfg, "memory", "strategies"));
     char w[128];
@@ -198,8 +203,7 @@ static ctrl_status default_output_dir(ctrl_config *cfg) {
 
 /* Fills the defaults of every section in use; missing required keys are noted. Stops only for a
  * plugin's invalid default or an allocation failure. */
-static ctrl_status fill_defaults(ctrl_config *cfg, const ctrl_registry *reg, const config_selection *sel,
-                                 config_problems *pr) {
+static ctrl_status fill_defaults(ctrl_config *cfg, const config_selection *sel, config_problems *pr) {
     ctrl_status st;
     char owner[128], section[128];
     for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++)
@@ -215,15 +219,12 @@ static ctrl_status fill_defaults(ctrl_config *cfg, const ctrl_registry *reg, con
         owner_text(p, owner, sizeof owner);
         if ((st = require_and_fill(cfg, section, p->options, owner, pr))) return st;
     }
-    for (int i = 0; i < cfg->n_sections; i++) {
-        const char *name = cfg->sections[i].name;
-        if (strncmp(name, "reward.", 7) != 0) continue;
-        config_entry *pe = config_find(cfg, name, "plugin");
-        const ctrl_plugin_entry *e = pe ? ctrl_registry_find(reg, CTRL_KIND_REWARD, pe->value) : NULL;
-        if (!e) continue; /* already noted */
-        snprintf(owner, sizeof owner, "reward '%s'", e->plugin->name);
-        if ((st = require_and_fill(cfg, name, config_reward_instance_options, "the core", pr))) return st;
-        if ((st = require_and_fill(cfg, name, e->plugin->options, owner, pr))) return st;
+    for (int i = 0; i < sel->n_rewards; i++) { /* the [reward.NAME] sections whose plugin is loaded */
+        const ctrl_run_reward *rw = &sel->reward[i];
+        snprintf(owner, sizeof owner, "reward '%s'", rw->plugin->name);
+        if ((st = require_and_fill(cfg, rw->section, config_reward_instance_options, "the core", pr)))
+            return st;
+        if ((st = require_and_fill(cfg, rw->section, rw->plugin->options, owner, pr))) return st;
     }
     return CTRL_OK;
 }
@@ -238,8 +239,9 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
             config_check_section_keys(cfg, name, config_core_table(name), NULL, "the core", &pr);
     }
     if ((st = check_device(cfg))) config_problem_note(&pr, st);
-    config_selection sel = {0};
-    if ((st = select_plugins(cfg, reg, &sel))) {
+    config_selection *sel = &cfg->plugins;
+    memset(sel, 0, sizeof *sel);
+    if ((st = select_plugins(cfg, reg, sel))) {
         /* Without the selection, plugin sections cannot be judged: report what is known. */
         config_problem_note(&pr, st);
         return config_problems_report(&pr, cfg->file_name);
@@ -249,11 +251,19 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
         const config_section_seen *sec = &cfg->sections[i];
         if (is_core_section(sec->name)) continue;
         if (!strncmp(sec->name, "reward.", 7)) {
-            config_check_reward_section(cfg, reg, sec, &pr);
+            const ctrl_plugin *rp = config_check_reward_section(cfg, reg, sec, &pr);
+            if (rp && sel->n_rewards == CTRL_RUN_MAX_REWARDS) {
+                ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s]: more than %d reward functions", sec->where,
+                               sec->name, CTRL_RUN_MAX_REWARDS);
+                config_problem_note(&pr, CTRL_ERR_CONFIG);
+            } else if (rp) {
+                sel->reward[sel->n_rewards++] =
+                    (ctrl_run_reward){.section = sec->name, .name = sec->name + 7, .plugin = rp};
+            }
             continue;
         }
         const ctrl_plugin *p = NULL;
-        if ((st = config_plugin_section(cfg, reg, &sel, sec, &p))) {
+        if ((st = config_plugin_section(cfg, reg, sel, sec, &p))) {
             config_problem_note(&pr, st);
             continue;
         }
@@ -262,6 +272,8 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
         config_check_section_keys(cfg, sec->name, p->options, NULL, owner, &pr);
     }
     /* 3. Required keys and defaults, core and selected plugins. */
-    if ((st = fill_defaults(cfg, reg, &sel, &pr))) return st;
-    return config_problems_report(&pr, cfg->file_name);
+    if ((st = fill_defaults(cfg, sel, &pr))) return st;
+    if ((st = config_problems_report(&pr, cfg->file_name))) return st;
+    config_settings_fill(cfg);
+    return CTRL_OK;
 }

@@ -35,13 +35,11 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
     return CTRL_OK;
 }
 
-ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_registry *reg, const char *name) {
-    if (!name) name = "paged";
-    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, name);
-    if (!e)
+ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_plugin *paged) {
+    if (!paged)
         return ctrl_error_set(CTRL_ERR_PLUGIN,
-                              "generation: attention plugin '%s' is not loaded (see --plugin-dir)", name);
-    return ctrl_model_set_paged_attention(m, e->plugin->ops);
+                              "generation: attention plugin 'paged' is not loaded (see --plugin-dir)");
+    return ctrl_model_set_paged_attention(m, paged->ops);
 }
 
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {

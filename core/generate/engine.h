@@ -11,10 +11,10 @@
 #include <stdint.h>
 
 #include <ctrl/config.h>
+#include <ctrl/plugin.h>
 
 #include "generate/sampling.h"
 #include "model/model.h"
-#include "registry.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct ctrl_gen_request {
@@ -57,9 +57,10 @@ typedef struct ctrl_engine ctrl_engine;
 
 /* The model must have its paged attention (ctrl_engine_attach_attention). */
 ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out);
-/* Gives the model the attention plugin `name` (NULL: "paged", as `[generation] attention`) from the
- * registry to decode with. */
-ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_registry *reg, const char *name);
+/* Gives the model the paged attention plugin to decode with (`[generation] attention`, resolved
+ * once by the config: ctrl_config_plugins()->decoder, or ctrl_registry_require for commands
+ * without a run config); NULL is the error that it is not loaded. */
+ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_plugin *paged);
 /* The [generation] section: kv_cache_bytes (0: gpu_memory_utilization of this machine's memory on
  * the CPU), kv_cache_dtype, block_size, max_num_seqs, max_num_batched_tokens. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);

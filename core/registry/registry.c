@@ -68,6 +68,16 @@ const ctrl_plugin_entry *ctrl_registry_find(const ctrl_registry *reg, ctrl_kind 
     return NULL;
 }
 
+ctrl_status ctrl_registry_require(const ctrl_registry *reg, ctrl_kind kind, const char *name,
+                                  const ctrl_plugin **out) {
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, kind, name);
+    if (!e)
+        return ctrl_error_set(CTRL_ERR_PLUGIN, "%s plugin '%s' is not loaded (see --plugin-dir)",
+                              ctrl_kind_name(kind), name);
+    *out = e->plugin;
+    return CTRL_OK;
+}
+
 /* Checks every descriptor of a list and registers them all, or none. */
 static ctrl_status add_list(ctrl_registry *reg, const ctrl_plugin *const *list, const char *origin) {
     if (!list) return ctrl_error_set(CTRL_ERR_PLUGIN, "%s: ctrl_plugins() returned NULL", origin);

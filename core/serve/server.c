@@ -75,7 +75,9 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
                                    .max_num_batched_tokens = 8192,
                                    .prefix_cache = 1,
                                    .kv_cache_dtype = o->kv_cache_dtype};
-    if (st == CTRL_OK) st = ctrl_engine_attach_attention(s.model, reg, NULL);
+    const ctrl_plugin *paged = NULL;
+    if (st == CTRL_OK) st = ctrl_registry_require(reg, CTRL_KIND_ATTENTION, "paged", &paged);
+    if (st == CTRL_OK) st = ctrl_engine_attach_attention(s.model, paged);
     if (st == CTRL_OK) st = ctrl_engine_create(s.model, &ec, &s.eng);
     if (st == CTRL_OK) {
         ctrl_engine_set_prefill_chunk(s.eng, o->prefill_chunk);

@@ -32,7 +32,7 @@
 
 #include <ctrl/trainer.h>
 
-#include "registry.h"
+#include "config_load.h"
 #include "tokenizer/tokenizer.h"
 #include "train/compute.h"
 
@@ -43,8 +43,9 @@
 
 /* What a kind is made from (owned by the loop, alive as long as the kind). */
 typedef struct train_kind_env {
-    const ctrl_config *cfg;
-    const ctrl_registry *reg;
+    const ctrl_config *cfg; /* for the data loaders and the plugins' create() */
+    const ctrl_run_settings *settings;
+    const ctrl_run_plugins *plugins;
     ctrl_model *model;
     const train_compute *compute;
     const ctrl_tokenizer *tok;

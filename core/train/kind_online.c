@@ -22,13 +22,13 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[run] trainer = %s: online trainers run on the CPU so far "
                               "(set [run] device = cpu)",
-                              ctrl_config_get_string(env->cfg, "run", "trainer"));
+                              env->settings->run.trainer);
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->spec.size = sizeof k->spec;
     ctrl_status st = env->trainer_ops->online_spec(env->trainer, &k->spec);
     if (st == CTRL_OK)
-        st = ctrl_online_create(env->cfg, env->reg, env->model, env->tok, env->trainer_ops, env->trainer,
+        st = ctrl_online_create(env->cfg, env->plugins, env->model, env->tok, env->trainer_ops, env->trainer,
                                 &k->online);
     if (st != CTRL_OK) {
         online_destroy(k);

@@ -28,7 +28,7 @@ static ctrl_status token_create(const train_kind_env *env, train_kind **out) {
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->ops = env->trainer_ops, k->trainer = env->trainer, k->compute = env->compute;
-    k->eval_bs = (int)ctrl_config_get_int(env->cfg, "train", "per_device_eval_batch_size", 8);
+    k->eval_bs = env->settings->train.per_device_eval_batch_size;
     ctrl_status st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
     if (st != CTRL_OK) {
         token_destroy(k);

@@ -12,7 +12,7 @@
 #include <ctrl/trainer.h>
 
 #include "model/model.h"
-#include "registry.h"
+#include "config_load.h"
 #include "tokenizer/tokenizer.h"
 
 /* A prompt dataset: TRL's prompt-only format (`prompt` as text or a message list); every other
@@ -35,7 +35,8 @@ void ctrl_prompt_set_free(ctrl_prompt_set *p);
 
 /* The [reward.NAME] functions of the config, created from their plugins. */
 typedef struct ctrl_reward_set ctrl_reward_set;
-ctrl_status ctrl_reward_set_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_reward_set **out);
+ctrl_status ctrl_reward_set_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins,
+                                   ctrl_reward_set **out);
 int ctrl_reward_set_count(const ctrl_reward_set *r);
 const char *ctrl_reward_set_name(const ctrl_reward_set *r, int i);
 /* scores[n * count]: function k's score of completion i at [i * count + k]; total[n]: the weighted
@@ -50,7 +51,7 @@ typedef struct ctrl_online ctrl_online;
  * its mean, written as `"name": value, ` pairs. */
 typedef void (*ctrl_online_metric_fn)(void *ctx, const char *name, double value);
 
-ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_model *model,
+ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
                                ctrl_online **out);
 int ctrl_online_prompt_count(const ctrl_online *o);

@@ -19,26 +19,24 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_model *model,
+ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
                                ctrl_online **out) {
     ctrl_online *o = calloc(1, sizeof *o);
     if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
     *o = (ctrl_online){.cfg = cfg, .model = model, .tok = tok, .ops = ops, .trainer = trainer};
     o->spec.size = sizeof o->spec;
     ctrl_status st = ops->online_spec(trainer, &o->spec);
-    const char *mode = ctrl_config_get_string(cfg, "generation", "mode");
-    if (mode && !strcmp(mode, "server")) {
-        const char *url = ctrl_config_get_string(cfg, "generation", "server_url"),
-                   *key = getenv("CTRL_API_KEY");
+    if (s->generation.server) {
+        const char *url = s->generation.server_url, *key = getenv("CTRL_API_KEY");
         char push[4200];
-        snprintf(push, sizeof push, "%s/.weights-push.safetensors",
-                 ctrl_config_get_string(cfg, "run", "output_dir"));
+        snprintf(push, sizeof push, "%s/.weights-push.safetensors", s->run.output_dir);
         o->server_url = strdup(url ? url : "http://127.0.0.1:8000"), o->push_path = strdup(push);
         o->bearer = key && key[0] ? strdup(key) : NULL;
     }
-    const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
-    const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
+    const int bs = s->train.per_device_train_batch_size;
+    const int ga = s->train.gradient_accumulation_steps;
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
     const int G = o->spec.num_generations;
     if (st == CTRL_OK && (G < 1 || (bs * spg) % G != 0))
@@ -47,39 +45,35 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
             "the generation batch (per_device_train_batch_size %d x steps_per_generation %d = %d "
             "completions) must be a multiple of num_generations (%d)",
             bs, spg, bs * spg, G);
-    const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
-    const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
+    const char *train_file = s->data.train_file;
+    const char *eval_file = s->data.eval_file;
     if (st == CTRL_OK && !train_file)
         st = ctrl_error_set(CTRL_ERR_CONFIG, "[data] train_file: an online trainer needs a prompt file");
     if (st == CTRL_OK) st = ctrl_prompt_set_load(train_file, tok, cfg, &o->train);
     if (st == CTRL_OK && eval_file) st = ctrl_prompt_set_load(eval_file, tok, cfg, &o->eval);
-    if (st == CTRL_OK) st = ctrl_reward_set_create(cfg, reg, &o->rewards);
-    const char *path = ctrl_config_get_string(cfg, "model", "path");
-    o->sampling = (ctrl_sampling_params){
-        .temperature = (float)ctrl_config_get_float(cfg, "generation", "temperature", 1.0),
-        .top_k = (int)ctrl_config_get_int(cfg, "generation", "top_k", 0),
-        .top_p = (float)ctrl_config_get_float(cfg, "generation", "top_p", 1.0),
-        .min_p = (float)ctrl_config_get_float(cfg, "generation", "min_p", 0.0),
-        .repetition_penalty = (float)ctrl_config_get_float(cfg, "generation", "repetition_penalty", 1.0)};
+    if (st == CTRL_OK) st = ctrl_reward_set_create(cfg, plugins, &o->rewards);
+    const char *path = s->model.path;
+    o->sampling = (ctrl_sampling_params){.temperature = (float)s->generation.temperature,
+                                         .top_k = s->generation.top_k,
+                                         .top_p = (float)s->generation.top_p,
+                                         .min_p = (float)s->generation.min_p,
+                                         .repetition_penalty = (float)s->generation.repetition_penalty};
     /* the trained log-probs are those of the sampling distribution's temperature, as TRL's */
     const float temp = o->sampling.temperature > 0 ? o->sampling.temperature : 1.0f;
     ctrl_model_set_temperature(model, temp);
     if (st == CTRL_OK && o->spec.needs_ref_logp) { /* the reference: the initial weights, frozen */
-        const ctrl_plugin_entry *ae =
-            ctrl_registry_find(reg, CTRL_KIND_ATTENTION, ctrl_config_get_string(cfg, "model", "attention"));
-        st = ae ? ctrl_model_load(path, ae->plugin->ops, &o->ref)
-                : ctrl_error_set(CTRL_ERR_PLUGIN, "[model] attention: the plugin is not loaded");
+        st = ctrl_model_load(path, plugins->attention->ops, &o->ref);
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
         if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(o->ref, ctrl_model_compute_dtype(model));
     }
     o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
-    o->seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
-    if (st == CTRL_OK && ctrl_config_get_bool(cfg, "generation", "log_completions", false)) {
+    o->seed = s->run.seed;
+    if (st == CTRL_OK && s->generation.log_completions) {
         char p[4200];
-        snprintf(p, sizeof p, "%s/completions.jsonl", ctrl_config_get_string(cfg, "run", "output_dir"));
+        snprintf(p, sizeof p, "%s/completions.jsonl", s->run.output_dir);
         if (!(o->completions = fopen(p, "a"))) st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot open it", p);
     }
-    o->sleep_level = (int)ctrl_config_get_int(cfg, "generation", "sleep", 0);
+    o->sleep_level = s->generation.sleep;
     ctrl_engine_config ec;
     ctrl_engine_config_from(cfg, &ec);
     if (st == CTRL_OK && o->server_url) { /* the server generates from the trainer's weights from the start */
@@ -88,7 +82,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_registry *reg,
         if (st == CTRL_OK)
             CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server_url);
     } else if (st == CTRL_OK) {
-        st = ctrl_engine_attach_attention(model, reg, ctrl_config_get_string(cfg, "generation", "attention"));
+        st = ctrl_engine_attach_attention(model, plugins->decoder);
         if (st == CTRL_OK) st = ctrl_engine_create(model, &ec, &o->engine);
         if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
     }

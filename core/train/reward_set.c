@@ -13,28 +13,26 @@ struct ctrl_reward_set {
     ctrl_reward **inst;
 };
 
-ctrl_status ctrl_reward_set_create(const ctrl_config *cfg, const ctrl_registry *reg, ctrl_reward_set **out) {
+ctrl_status ctrl_reward_set_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins,
+                                   ctrl_reward_set **out) {
     ctrl_reward_set *r = calloc(1, sizeof *r);
-    const int ns = ctrl_config_section_count(cfg);
-    r->names = calloc((size_t)ns + 1, sizeof(char *));
-    r->weights = calloc((size_t)ns + 1, sizeof(double));
-    r->ops = calloc((size_t)ns + 1, sizeof(*r->ops));
-    r->inst = calloc((size_t)ns + 1, sizeof(*r->inst));
-    ctrl_status st = CTRL_OK;
-    for (int i = 0; i < ns && st == CTRL_OK; i++) {
-        const char *sec = ctrl_config_section_at(cfg, i);
-        if (strncmp(sec, "reward.", 7) != 0) continue;
-        const char *plugin = ctrl_config_get_string(cfg, sec, "plugin");
-        const ctrl_plugin_entry *e = plugin ? ctrl_registry_find(reg, CTRL_KIND_REWARD, plugin) : NULL;
-        if (!e) {
-            st = ctrl_error_set(CTRL_ERR_PLUGIN, "[%s] plugin = %s: no such reward plugin is loaded", sec,
-                                plugin ? plugin : "(none)");
-            break;
-        }
-        r->ops[r->n] = e->plugin->ops;
-        r->names[r->n] = strdup(sec + 7);
-        r->weights[r->n] = ctrl_config_get_float(cfg, sec, "weight", 1.0);
-        st = r->ops[r->n]->create(ctrl_host_table(), cfg, sec, &r->inst[r->n]);
+    const int nr = plugins->n_rewards;
+    if (r) {
+        r->names = calloc((size_t)nr + 1, sizeof(char *));
+        r->weights = calloc((size_t)nr + 1, sizeof(double));
+        r->ops = calloc((size_t)nr + 1, sizeof(*r->ops));
+        r->inst = calloc((size_t)nr + 1, sizeof(*r->inst));
+    }
+    ctrl_status st = r && r->names && r->weights && r->ops && r->inst
+                         ? CTRL_OK
+                         : ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory");
+    for (int i = 0; i < nr && st == CTRL_OK; i++) {
+        const ctrl_run_reward *rw = &plugins->reward[i];
+        r->ops[r->n] = rw->plugin->ops;
+        r->names[r->n] = strdup(rw->name);
+        r->weights[r->n] = rw->weight;
+        st = r->names[r->n] ? r->ops[r->n]->create(ctrl_host_table(), cfg, rw->section, &r->inst[r->n])
+                            : ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory");
         if (st == CTRL_OK)
             r->n++;
         else

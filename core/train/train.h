@@ -9,7 +9,7 @@
 #include <ctrl/config.h>
 
 #include "model/model.h"
-#include "registry.h"
+#include "config_load.h"
 #include "tokenizer/tokenizer.h"
 
 /* One tokenized example: ids and, per position, whether that token is trained (a label). A packed
@@ -65,10 +65,11 @@ void ctrl_batch_free(ctrl_batch *b);
 /* transformers' get_scheduler semantics: the learning rate for optimizer step `step` (0-based). */
 double ctrl_lr_at(const char *kind, double lr, long step, long total, long warmup, double min_lr_rate);
 
-/* Runs [run] trainer on the validated config: loads the model and tokenizer, the data, the
- * optimizer plugin, trains, logs metrics (terminal + output_dir/metrics.jsonl), saves the model to
- * output_dir. `interrupted` is polled between steps: the run then saves and returns
- * CTRL_ERR_INTERRUPTED. */
-ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int (*interrupted)(void));
+/* Runs [run] trainer on a config loaded by ctrl_config_load (its typed settings and the plugins
+ * it resolved; the registry they came from must still be loaded): loads the model and tokenizer,
+ * the data, the optimizer plugin, trains, logs metrics (terminal + output_dir/metrics.jsonl),
+ * saves the model to output_dir. `interrupted` is polled between steps: the run then saves and
+ * returns CTRL_ERR_INTERRUPTED. */
+ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void));
 
 #endif

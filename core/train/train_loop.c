@@ -42,7 +42,8 @@ static void shuffled(int *order, int n, uint64_t seed, int shuffle) {
 }
 
 typedef struct run_state {
-    const ctrl_config *cfg;
+    const ctrl_config *cfg; /* for the plugins' create() and the kind's data */
+    const ctrl_run_settings *s;
     ctrl_model *model;
     ctrl_tokenizer *tok;
     const ctrl_trainer_ops *trainer_ops;
@@ -57,52 +58,31 @@ typedef struct run_state {
     train_kind *kind;
 } run_state;
 
-/* The [memory] strategy (one at a time so far), or NULL. */
-static ctrl_status memory_strategy(const run_state *r, const ctrl_registry *reg,
-                                   const ctrl_memory_ops **out) {
-    *out = NULL;
-    const int n = ctrl_config_list_count(r->cfg, "memory", "strategies");
-    if (n == 0) return CTRL_OK;
-    char name[128];
-    ctrl_config_list_item(r->cfg, "memory", "strategies", 0, name, sizeof name);
-    if (n > 1)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[memory] strategies: one strategy at a time so far (got %d)", n);
-    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_MEMORY, name);
-    if (!e) return ctrl_error_set(CTRL_ERR_PLUGIN, "[memory] strategies: '%s' is not loaded", name);
-    *out = e->plugin->ops;
-    return CTRL_OK;
-}
-
-/* Loads plugins, model (its weights from `weights_dir` when resuming), tokenizer, the trainer
- * kind's data, optimizer. */
-static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *weights_dir) {
+/* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
+ * trainer kind's data, the optimizer: the plugins the config resolved. */
+static ctrl_status setup(run_state *r, const char *weights_dir) {
     const ctrl_config *cfg = r->cfg;
+    const ctrl_run_settings *s = r->s;
+    const ctrl_run_plugins *p = ctrl_config_plugins(cfg);
     const ctrl_host *host = ctrl_host_table();
-    const char *trainer = ctrl_config_get_string(cfg, "run", "trainer");
-    const char *attention = ctrl_config_get_string(cfg, "model", "attention");
-    const char *optimizer = ctrl_config_get_string(cfg, "train", "optimizer");
-    const char *model_path = ctrl_config_get_string(cfg, "model", "path");
-    ctrl_status dst = train_compute_select(ctrl_config_get_string(cfg, "run", "device"), &r->comp);
-    if (dst != CTRL_OK) return dst;
-    const ctrl_plugin_entry *te = ctrl_registry_find(reg, CTRL_KIND_TRAINER, trainer);
-    const ctrl_plugin_entry *ae = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
-    const ctrl_plugin_entry *oe = ctrl_registry_find(reg, CTRL_KIND_OPTIMIZER, optimizer);
-    if (!te || !ae || !oe) return ctrl_error_set(CTRL_ERR_PLUGIN, "train: a selected plugin is not loaded");
-    r->trainer_ops = te->plugin->ops;
-    const ctrl_memory_ops *mem_ops;
-    ctrl_status st = train_kind_for(r->trainer_ops, trainer, &r->kind_ops);
-    if (st == CTRL_OK) st = memory_strategy(r, reg, &mem_ops);
+    if (p->n_memory > 1)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] strategies: one strategy at a time so far (got %d)", p->n_memory);
+    const ctrl_attention_ops *attention = p->attention->ops;
+    r->trainer_ops = p->trainer->ops;
+    r->opt_ops = p->optimizer->ops;
+    ctrl_status st = train_compute_select(s->run.device, &r->comp);
+    if (st == CTRL_OK) st = train_kind_for(r->trainer_ops, s->run.trainer, &r->kind_ops);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
+    if (st == CTRL_OK) st = ctrl_model_load(weights_dir ? weights_dir : s->model.path, attention, &r->model);
     if (st == CTRL_OK)
-        st = ctrl_model_load(weights_dir ? weights_dir : model_path, ae->plugin->ops, &r->model);
-    if (st == CTRL_OK)
-        st = train_compute_attach(&r->comp, r->model, ae->plugin->ops,
-                                  ctrl_config_get_string(cfg, "train", "dtype"), mem_ops, cfg);
-    if (st == CTRL_OK) st = ctrl_tokenizer_load(model_path, &r->tok);
+        st = train_compute_attach(&r->comp, r->model, attention, s->train.dtype,
+                                  p->n_memory ? p->memory[0]->ops : NULL, cfg);
+    if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {
         const train_kind_env env = {.cfg = cfg,
-                                    .reg = reg,
+                                    .settings = s,
+                                    .plugins = p,
                                     .model = r->model,
                                     .compute = &r->comp,
                                     .tok = r->tok,
@@ -112,7 +92,7 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
     }
     if (st != CTRL_OK) return st;
     /* One parameter group per tensor: norms and biases get no weight decay (as the HF Trainer). */
-    const double wd = ctrl_config_get_float(cfg, "train", "weight_decay", 0);
+    const double wd = s->train.weight_decay;
     r->n_groups = ctrl_model_view_count(r->model);
     r->groups = calloc((size_t)r->n_groups, sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
@@ -124,7 +104,6 @@ static ctrl_status setup(run_state *r, const ctrl_registry *reg, const char *wei
                                           .numel = v->numel,
                                           .weight_decay = v->no_decay ? 0.0f : (float)wd};
     }
-    r->opt_ops = oe->plugin->ops;
     return r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
 }
 
@@ -157,7 +136,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
                               step + 1, isfinite(out->loss) ? "grad_norm" : "loss",
                               isfinite(out->loss) ? *grad_norm : out->loss);
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1. */
-    const double max_norm = ctrl_config_get_float(r->cfg, "train", "max_grad_norm", 1.0);
+    const double max_norm = r->s->train.max_grad_norm;
     if (max_norm > 0) {
         double coef = max_norm / (*grad_norm + 1e-6);
         if (coef < 1) ctrl_cpu_scale(grads, (float)coef, (int64_t)n);
@@ -222,9 +201,9 @@ static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr
 
 static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
     char dir[4200];
-    const int keep = (int)ctrl_config_get_int(r->cfg, "train", "save_total_limit", 0);
-    ctrl_status st = ctrl_checkpoint_save(out_dir, r->model, ctrl_config_get_string(r->cfg, "model", "path"),
-                                          r->opt_ops, r->opt, ts, keep, dir, sizeof dir);
+    const int keep = r->s->train.save_total_limit;
+    ctrl_status st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts, keep,
+                                          dir, sizeof dir);
     if (st == CTRL_OK) CTRL_INFO("checkpoint saved to %s", dir);
     return st;
 }
@@ -242,27 +221,26 @@ static void name_last_checkpoint(ctrl_status st, const char *out_dir) {
 /* The steps: schedule, logging window, evaluation cadence, checkpoints, interruption. */
 static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out_dir,
                              int (*interrupted)(void)) {
-    const ctrl_config *cfg = r->cfg;
-    const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
-    const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
+    const ctrl_run_settings *s = r->s;
+    const int bs = s->train.per_device_train_batch_size;
+    const int ga = s->train.gradient_accumulation_steps;
     const int n_rows = r->kind_ops->row_count(r->kind);
     const long rows_per_step = r->kind_ops->rows_per_step(r->kind, bs, ga);
     const long per_epoch = (n_rows + rows_per_step - 1) / rows_per_step;
-    long total = ctrl_config_get_int(cfg, "train", "max_steps", -1);
-    if (total <= 0)
-        total = (long)ceil(ctrl_config_get_float(cfg, "train", "num_train_epochs", 3) * per_epoch);
+    long total = s->train.max_steps;
+    if (total <= 0) total = (long)ceil(s->train.num_train_epochs * per_epoch);
     ts->n_examples = n_rows, ts->max_steps = total;
-    long warmup = ctrl_config_get_int(cfg, "train", "warmup_steps", 0);
-    if (warmup <= 0) warmup = (long)ceil(ctrl_config_get_float(cfg, "train", "warmup_ratio", 0) * total);
-    const double lr0 = ctrl_config_get_float(cfg, "train", "learning_rate", 2e-5);
-    const double min_lr = ctrl_config_get_float(cfg, "train", "min_lr_rate", 0);
-    const char *sched = ctrl_config_get_string(cfg, "train", "lr_scheduler_type");
-    const long log_every = ctrl_config_get_int(cfg, "train", "logging_steps", 10);
-    const long save_every = ctrl_config_get_int(cfg, "train", "save_steps", 500);
-    const char *save_strategy = ctrl_config_get_string(cfg, "train", "save_strategy");
+    long warmup = s->train.warmup_steps;
+    if (warmup <= 0) warmup = (long)ceil(s->train.warmup_ratio * total);
+    const double lr0 = s->train.learning_rate;
+    const double min_lr = s->train.min_lr_rate;
+    const char *sched = s->train.lr_scheduler_type;
+    const long log_every = s->train.logging_steps;
+    const long save_every = s->train.save_steps;
+    const char *save_strategy = s->train.save_strategy;
     const int saving = !save_strategy || strcmp(save_strategy, "no") != 0;
-    const long eval_every = ctrl_config_get_int(cfg, "train", "eval_steps", 0);
-    const int shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true);
+    const long eval_every = s->train.eval_steps;
+    const int shuffle = s->data.shuffle;
     const int has_eval = r->kind_ops->has_eval(r->kind);
     size_t n_params;
     ctrl_model_params(r->model, &n_params);
@@ -318,19 +296,19 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     return st;
 }
 
-ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int (*interrupted)(void)) {
-    run_state r = {.cfg = cfg};
-    const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
-    const char *resume = ctrl_config_get_string(cfg, "train", "resume_from_checkpoint");
+ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    run_state r = {.cfg = cfg, .s = s};
+    const char *out_dir = s->run.output_dir;
+    const char *resume = s->train.resume_from_checkpoint;
     char ckpt[4200] = "";
     ctrl_status st = resume ? ctrl_checkpoint_resolve(out_dir, resume, ckpt, sizeof ckpt) : CTRL_OK;
-    if (st == CTRL_OK) st = setup(&r, reg, ckpt[0] ? ckpt : NULL);
-    const uint64_t seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42);
+    if (st == CTRL_OK) st = setup(&r, ckpt[0] ? ckpt : NULL);
+    const uint64_t seed = s->run.seed;
     ctrl_train_state ts = {.seed = seed};
-    snprintf(ts.optimizer, sizeof ts.optimizer, "%s", ctrl_config_get_string(cfg, "train", "optimizer"));
+    snprintf(ts.optimizer, sizeof ts.optimizer, "%s", s->train.optimizer);
     if (st == CTRL_OK && ckpt[0]) {
-        st = ctrl_checkpoint_load_state(ckpt, ctrl_config_get_string(cfg, "train", "optimizer"), r.opt_ops,
-                                        r.opt, &ts);
+        st = ctrl_checkpoint_load_state(ckpt, s->train.optimizer, r.opt_ops, r.opt, &ts);
         const int rows = st == CTRL_OK ? r.kind_ops->row_count(r.kind) : 0;
         if (st == CTRL_OK && ts.seed != seed)
             CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",
@@ -349,8 +327,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, const ctrl_registry *reg, int
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ctrl_error_message());
         ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
-        if (s2 == CTRL_OK)
-            s2 = ctrl_copy_tokenizer_files(ctrl_config_get_string(cfg, "model", "path"), out_dir);
+        if (s2 == CTRL_OK) s2 = ctrl_copy_tokenizer_files(s->model.path, out_dir);
         if (s2 != CTRL_OK)
             st = s2;
         else {

@@ -68,7 +68,7 @@ static void run_case_dtype(const char *name, int bf16) {
     const char *device[] = {"run.device=" TRL_PARITY_DEVICE};
     ctrl_status st = ctrl_config_load(ini, device, 1, reg, &cfg);
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
-    if (st == CTRL_OK) st = ctrl_train_run(cfg, reg, NULL);
+    if (st == CTRL_OK) st = ctrl_train_run(cfg, NULL);
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
     ctrl_config_free(cfg);
     ctrl_registry_destroy(reg);

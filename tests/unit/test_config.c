@@ -83,6 +83,66 @@ TEST(overrides) {
     ctrl_registry_destroy(reg);
 }
 
+/* Loading resolves the selected plugins once (the loops never look one up by name) and reads the
+ * typed settings the loops use, overrides and defaults included. */
+TEST(resolved_plugins_and_typed_settings) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("resolved.ini", good_ini, 0);
+    const char *sets[] = {"reward.len.weight=2", "generation.mode=server", "train.per_device_train_batch_size=3"};
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, sets, 3, reg, &cfg), CTRL_OK);
+    if (!cfg) return;
+    const ctrl_run_plugins *p = ctrl_config_plugins(cfg);
+    CHECK_STR(p->trainer->name, "dpo");
+    CHECK(p->trainer == ctrl_registry_find(reg, CTRL_KIND_TRAINER, "dpo")->plugin);
+    CHECK_STR(p->optimizer->name, "adamw");
+    CHECK_STR(p->attention->name, "eager");
+    CHECK(p->decoder && !strcmp(p->decoder->name, "paged")); /* [generation] attention's default */
+    CHECK_EQ_INT(p->n_memory, 2);
+    CHECK_STR(p->memory[0]->name, "checkpointing");
+    CHECK_STR(p->memory[1]->name, "offload");
+    CHECK_EQ_INT(p->n_rewards, 1);
+    CHECK_STR(p->reward[0].section, "reward.len");
+    CHECK_STR(p->reward[0].name, "len");
+    CHECK_STR(p->reward[0].plugin->name, "length");
+    CHECK_NEAR(p->reward[0].weight, 2.0, 0);
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    CHECK_STR(s->run.trainer, "dpo");
+    CHECK_EQ_INT(s->run.seed, 7);
+    CHECK_STR(s->run.output_dir, "/tmp/ctrl-config-test-run");
+    CHECK_STR(s->model.path, "some/model");
+    CHECK_NEAR(s->train.learning_rate, 5e-7, 1e-20);
+    CHECK_EQ_INT(s->train.max_steps, 100);
+    CHECK_EQ_INT(s->train.per_device_train_batch_size, 3);
+    CHECK_EQ_INT(s->train.gradient_accumulation_steps, 1); /* defaults */
+    CHECK_STR(s->train.lr_scheduler_type, "linear");
+    CHECK_NEAR(s->train.max_grad_norm, 1.0, 0);
+    CHECK(s->train.resume_from_checkpoint == NULL);
+    CHECK(s->data.shuffle);
+    CHECK(s->data.train_file == NULL);
+    CHECK(s->generation.server);
+    CHECK_NEAR(s->generation.temperature, 1.0, 0);
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+}
+
+/* Without the default decoder loaded a run config still loads (only a run that decodes needs it);
+ * named explicitly, an unloaded one is a config error. */
+TEST(decoder_resolved_only_when_loaded) {
+    ctrl_registry *reg = test_registry();
+    const char *path = write_ini("decoder.ini", "[model]\npath = m\nattention = flash\n", 0);
+    const char *sets[] = {"generation.attention=eager"};
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, sets, 1, reg, &cfg), CTRL_OK);
+    if (cfg) CHECK_STR(ctrl_config_plugins(cfg)->decoder->name, "eager");
+    ctrl_config_free(cfg);
+    cfg = NULL;
+    const char *bad[] = {"generation.attention=nope"};
+    CHECK_EQ_INT(ctrl_config_load(path, bad, 1, reg, &cfg), CTRL_ERR_CONFIG);
+    CHECK(strstr(ctrl_error_message(), "[generation] attention = 'nope'") != NULL);
+    ctrl_registry_destroy(reg);
+}
+
 TEST(default_output_dir_and_selected_plugin_defaults) {
     ctrl_registry *reg = test_registry();
     const char *path = write_ini("my-run.ini", "[model]\npath = m\nattention = flash\n", 0);
