@@ -2,8 +2,9 @@
  * by side). Each request's route is looked up when its headers are in; its body is gathered up to
  * the route's limit (413 past it) within the upload deadline (the connection is closed past it);
  * then the API key is checked and the route's handler answers. Idle connections are closed after
- * timeout_s (libmicrohttpd's connection timeout), and connections are limited in all and per
- * address, so partial requests cannot hold the server. */
+ * timeout_s (libmicrohttpd's connection timeout), headers not complete within timeout_s too
+ * (deadline.c), and connections are limited in all and per address, so partial requests cannot
+ * hold the server. */
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         clock_gettime(CLOCK_MONOTONIC, &q->start);
         q->route = serve_route_find(method, url, &q->status);
         *state = q;
+        serve_deadline_request(s->deadline, c, 1);
         pthread_mutex_lock(&s->lock);
         s->in_flight++;
         pthread_mutex_unlock(&s->lock);
@@ -88,10 +90,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 static void finished(void *cls, struct MHD_Connection *c, void **state,
                      enum MHD_RequestTerminationCode code) {
-    (void)c, (void)code;
+    (void)code;
     ctrl_server *s = cls;
     request *q = *state;
     if (q) {
+        serve_deadline_request(s->deadline, c, 0);
         free(q->data), free(q);
         pthread_mutex_lock(&s->lock);
         s->in_flight--;
@@ -107,7 +110,8 @@ struct MHD_Daemon *serve_daemon_start(ctrl_server *s) {
     return MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                                 MHD_USE_ERROR_LOG,
                             (uint16_t)o->port, NULL, NULL, handle, s, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, finished, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                            MHD_OPTION_NOTIFY_COMPLETED, finished, s, MHD_OPTION_NOTIFY_CONNECTION,
+                            serve_deadline_notify, s->deadline, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_per_ip, MHD_OPTION_END);
 }

@@ -3,6 +3,7 @@
  * ctrl_serve_options and calls ctrl_serve_run; nothing here parses argv. Layout:
  *   server.c   life cycle: model, engine, batcher, daemon, the bounded drain
  *   daemon.c   the daemon's callbacks: request bodies, route lookup, API key, upload deadline
+ *   deadline.c the header deadline: a watchdog closes connections that trickle their headers
  *   routes.c   the route table {method, path, auth, handler} and the small endpoints
  *   request.c  a generation request's fields, validated (every bad field a 400 naming it)
  *   generate.c /generate, /v1/completions, /v1/chat/completions (whole responses)

@@ -12,6 +12,8 @@
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
+typedef struct serve_deadline serve_deadline;
+
 typedef struct ctrl_server {
     const ctrl_serve_options *opt;
     ctrl_model *model;
@@ -19,6 +21,7 @@ typedef struct ctrl_server {
     ctrl_template *chat; /* NULL when the tokenizer has no chat template */
     ctrl_engine *eng;
     ctrl_batcher *batch;
+    serve_deadline *deadline; /* the header deadline's watchdog */
     int32_t stops[16];
     int n_stop;
     int context;          /* the most tokens one sequence may hold (prompt + completion) */
@@ -46,6 +49,15 @@ void serve_route_list(char *out, size_t cap);
 
 enum MHD_Result serve_reply(struct MHD_Connection *c, unsigned code, cJSON *o);
 enum MHD_Result serve_error(struct MHD_Connection *c, unsigned code, const char *msg);
+
+/* The header deadline (deadline.c): a connection's next request's headers must be in within
+ * timeout_s. `notify` is the daemon's MHD_OPTION_NOTIFY_CONNECTION callback (cls: the deadline);
+ * `request` marks a request's headers in (started 1) and its end (0). */
+serve_deadline *serve_deadline_start(int timeout_s);
+void serve_deadline_stop(serve_deadline *w);
+void serve_deadline_notify(void *cls, struct MHD_Connection *connection, void **socket_context,
+                           enum MHD_ConnectionNotificationCode toe);
+void serve_deadline_request(serve_deadline *w, struct MHD_Connection *connection, int started);
 
 /* The MHD daemon over s (daemon.c); NULL when it cannot listen. */
 struct MHD_Daemon *serve_daemon_start(ctrl_server *s);

@@ -88,6 +88,8 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         context_limit(&s);
         st = ctrl_batcher_start(s.eng, &s.batch);
     }
+    if (st == CTRL_OK && !(s.deadline = serve_deadline_start(o->timeout_s)))
+        st = ctrl_error_set(CTRL_ERR_RUNTIME, "serve: cannot start the connection watchdog");
     struct MHD_Daemon *d = NULL;
     if (st == CTRL_OK && !(d = serve_daemon_start(&s)))
         st = ctrl_error_set(CTRL_ERR_IO, "serve: cannot listen on %s:%d", o->host, o->port);
@@ -100,6 +102,7 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         drain(&s, d);
         CTRL_INFO("serve: stopped");
     }
+    serve_deadline_stop(s.deadline);
     ctrl_batcher_stop(s.batch);
     ctrl_engine_free(s.eng);
     ctrl_template_free(s.chat);

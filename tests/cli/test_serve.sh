@@ -112,6 +112,13 @@ exec 3<>"/dev/tcp/127.0.0.1/$PORT"
 printf 'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Le' >&3
 closed_within 4 "partial headers"
 exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+printf 'POST /generate HTTP/1.1\r\n' >&3
+(for _ in $(seq 20); do printf 'X' >&3 || break; sleep 0.3; done) 2>/dev/null & # headers trickled in
+trickle=$!
+closed_within 5 "headers trickled in"
+kill $trickle 2>/dev/null
+wait $trickle 2>/dev/null
+exec 3<>"/dev/tcp/127.0.0.1/$PORT"
 printf 'POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro' >&3
 closed_within 4 "partial body"
 exec 3<>"/dev/tcp/127.0.0.1/$PORT"
