@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "config_load.h"
+#include "interrupt.h"
 
 ctrl_status cli_plugins(ctrl_cli *cli, ctrl_registry **out) {
     if (!cli->reg) {
@@ -110,4 +111,5 @@ void cli_install_signal_handlers(void) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    ctrl_interrupt_set_source(cli_interrupted); /* long work in core polls it (interrupt.h) */
 }

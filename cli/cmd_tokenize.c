@@ -2,6 +2,7 @@
  *               [--chat [--add-generation-prompt] [--assistant-mask] [--chat-template FILE]] */
 #include <cJSON.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,11 +87,15 @@ static int run_tokenize(ctrl_cli *cli, int argc, char **argv) {
         ctrl_error_set(CTRL_ERR_IO, "%s: %s", input, strerror(errno));
         return cli_fail(CTRL_ERR_IO);
     }
-    size_t cap = 1 << 20;
-    char *line = malloc(cap);
+    size_t cap = 0;
+    char *line = NULL; /* a line of any length (a row of many MB is one line) */
     int lineno = 0;
-    while (st == CTRL_OK && fgets(line, (int)cap, f)) {
+    while (st == CTRL_OK && getline(&line, &cap, f) >= 0) {
         lineno++;
+        if (cli_interrupted()) {
+            st = ctrl_error_set(CTRL_ERR_INTERRUPTED, "%s: interrupted before line %d", input, lineno);
+            break;
+        }
         if (line[strspn(line, " \t\r\n")] == '\0') continue;
         cJSON *o = cJSON_Parse(line), *out = cJSON_CreateObject();
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(o, "text");
@@ -106,6 +111,7 @@ static int run_tokenize(ctrl_cli *cli, int argc, char **argv) {
             int32_t *v;
             size_t n;
             st = ctrl_tokenizer_encode(tok, text->valuestring, strlen(text->valuestring), special, &v, &n);
+            if (st != CTRL_OK) ctrl_error_wrap(st, "%s:%d", input, lineno);
             if (st == CTRL_OK) {
                 cJSON *a = cJSON_AddArrayToObject(out, "input_ids");
                 for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
@@ -115,7 +121,9 @@ static int run_tokenize(ctrl_cli *cli, int argc, char **argv) {
             int n = cJSON_GetArraySize(ids), i = 0;
             int32_t *v = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
             for (const cJSON *e = ids->child; e; e = e->next)
-                v[i++] = cJSON_IsNumber(e) ? (int32_t)e->valuedouble : -1;
+                v[i++] = cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble <= INT32_MAX
+                             ? (int32_t)e->valuedouble
+                             : -1; /* not an id: decodes to nothing (a cast of it would be undefined) */
             char *s;
             size_t len;
             st = ctrl_tokenizer_decode(tok, v, (size_t)n, !special, &s, &len);

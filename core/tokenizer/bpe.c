@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "interrupt.h"
 #include "tokenizer/tokenizer_internal.h"
 
 static int push(int32_t **ids, size_t *n, size_t *cap, int32_t id) {
@@ -119,7 +120,11 @@ int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids
         int32_t r = i + 1 < k ? merge_rank(t, sym[i], sym[i + 1]) : -1;
         if (r >= 0) heap_push(heap, &nh, (pair_entry){r, (int32_t)i});
     }
-    while (nh) {
+    for (size_t pops = 1; nh; pops++) {
+        if (pops % TOK_POLL_MERGES == 0 && ctrl_interrupt_requested()) {
+            rc = -3;
+            goto done;
+        }
         pair_entry top = heap_pop(heap, &nh);
         const int32_t p = top.pos, q = next[p];
         if (!alive[p] || q < 0) continue;

@@ -12,6 +12,7 @@ static ctrl_status bpe_piece(const ctrl_tokenizer *t, const char *s, size_t n, i
                              size_t *cap) {
     if (n == 0) return CTRL_OK;
     int rc = tok_bpe(t, s, n, ids, n_ids, cap);
+    if (rc == -3) return tok_interrupted();
     if (rc == -2)
         return ctrl_error_set(CTRL_ERR_FORMAT,
                               "%s: unk_token is not in the vocabulary (needed for a character outside it)",
@@ -23,7 +24,7 @@ static ctrl_status bpe_piece(const ctrl_tokenizer *t, const char *s, size_t n, i
  * for the piece at the start of the text) unless already there; with split, the text is cut
  * before each meta character (MergedWithNext). */
 static ctrl_status metaspace(const ctrl_tokenizer *t, const char *s, size_t n, int at_start, int32_t **ids,
-                             size_t *n_ids, size_t *cap) {
+                             size_t *n_ids, size_t *cap, size_t *pieces) {
     if (n == 0) return CTRL_OK;
     const size_t ml = strlen(t->meta);
     size_t spaces = 0;
@@ -48,8 +49,10 @@ static ctrl_status metaspace(const ctrl_tokenizer *t, const char *s, size_t n, i
     } else {
         size_t piece = 0;
         for (size_t i = 1; i + ml <= m && st == CTRL_OK; i++)
-            if (!memcmp(buf + i, t->meta, ml))
+            if (!memcmp(buf + i, t->meta, ml)) {
                 st = bpe_piece(t, buf + piece, i - piece, ids, n_ids, cap), piece = i;
+                if (st == CTRL_OK) st = tok_poll(pieces);
+            }
         if (st == CTRL_OK) st = bpe_piece(t, buf + piece, m - piece, ids, n_ids, cap);
     }
     free(buf);
@@ -57,12 +60,13 @@ static ctrl_status metaspace(const ctrl_tokenizer *t, const char *s, size_t n, i
 }
 
 static ctrl_status pre_tokenize(const ctrl_tokenizer *t, const char *s, size_t n, int at_start, int32_t **ids,
-                                size_t *n_ids, size_t *cap) {
-    return t->metaspace ? metaspace(t, s, n, at_start, ids, n_ids, cap) : bpe_piece(t, s, n, ids, n_ids, cap);
+                                size_t *n_ids, size_t *cap, size_t *pieces) {
+    return t->metaspace ? metaspace(t, s, n, at_start, ids, n_ids, cap, pieces)
+                        : bpe_piece(t, s, n, ids, n_ids, cap);
 }
 
 ctrl_status tok_encode_sp(const ctrl_tokenizer *t, const char *s, size_t n, int at_start, int32_t **ids,
-                          size_t *n_ids, size_t *cap) {
+                          size_t *n_ids, size_t *cap, size_t *pieces) {
     if (n == 0) return CTRL_OK;
     size_t m;
     char *norm = tok_normalize(t, s, n, &m);
@@ -73,10 +77,11 @@ ctrl_status tok_encode_sp(const ctrl_tokenizer *t, const char *s, size_t n, int 
         size_t b, e;
         int k = tok_find_added(t, norm, m, pos, 1, &b, &e);
         if (k < 0) {
-            st = pre_tokenize(t, norm + pos, m - pos, at_start && pos == 0, ids, n_ids, cap);
+            st = pre_tokenize(t, norm + pos, m - pos, at_start && pos == 0, ids, n_ids, cap, pieces);
             break;
         }
-        st = pre_tokenize(t, norm + pos, b - pos, at_start && pos == 0, ids, n_ids, cap);
+        st = pre_tokenize(t, norm + pos, b - pos, at_start && pos == 0, ids, n_ids, cap, pieces);
+        if (st == CTRL_OK) st = tok_poll(pieces);
         if (st == CTRL_OK && *n_ids == *cap) {
             size_t c = *cap ? *cap * 2 : 64;
             int32_t *p = realloc(*ids, c * sizeof *p);

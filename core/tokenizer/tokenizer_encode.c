@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "interrupt.h"
 #include "tokenizer/tokenizer_internal.h"
 
 typedef struct id_buf {
@@ -42,14 +43,23 @@ static ctrl_status encode_piece(const ctrl_tokenizer *t, const char *s, size_t n
         memcpy(*scratch + k, t->byte_char[c], t->byte_char_len[c]);
         k += t->byte_char_len[c];
     }
-    if (tok_bpe(t, *scratch, k, &out->ids, &out->n, &out->cap) != 0)
+    const int rc = tok_bpe(t, *scratch, k, &out->ids, &out->n, &out->cap);
+    if (rc == -3) return tok_interrupted();
+    if (rc != 0)
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: a byte-level character is missing from the vocabulary",
                               t->path);
     return CTRL_OK;
 }
 
+ctrl_status tok_interrupted(void) { return ctrl_error_set(CTRL_ERR_INTERRUPTED, "tokenizer: interrupted"); }
+
+ctrl_status tok_poll(size_t *pieces) {
+    return ++*pieces % TOK_POLL_PIECES == 0 && ctrl_interrupt_requested() ? tok_interrupted() : CTRL_OK;
+}
+
 /* Text with no added token in it: normalize, pre-tokenize, BPE. */
-static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n, id_buf *out) {
+static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n, id_buf *out,
+                                size_t *pieces) {
     if (n == 0) return CTRL_OK;
     size_t m = n;
     char *norm = NULL;
@@ -77,6 +87,7 @@ static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n
             size_t b = ov[0], e = ov[1];
             if (b > gap) st = encode_piece(t, s + gap, b - gap, out, &scratch, &scratch_cap);
             if (st == CTRL_OK && e > b) st = encode_piece(t, s + b, e - b, out, &scratch, &scratch_cap);
+            if (st == CTRL_OK) st = tok_poll(pieces);
             if (e == b) { /* an empty match: step over one character */
                 size_t next = b;
                 tok_utf8_decode(s, m, &next);
@@ -133,13 +144,15 @@ ctrl_status ctrl_tokenizer_encode(const ctrl_tokenizer *t, const char *text, siz
     id_buf out = {0};
     ctrl_status st = CTRL_OK;
     if (add_special_tokens && t->add_bos && push_id(&out, t->bos_id) != 0) st = CTRL_ERR_NOMEM;
-    size_t pos = 0;
+    size_t pos = 0, pieces = 0;
     while (st == CTRL_OK && pos < len) {
         size_t b, e;
         int k = tok_find_added(t, text, len, pos, 0, &b, &e);
         const size_t end = k < 0 ? len : b;
-        st = t->byte_level ? encode_plain(t, text + pos, end - pos, &out)
-                           : tok_encode_sp(t, text + pos, end - pos, pos == 0, &out.ids, &out.n, &out.cap);
+        st = t->byte_level
+                 ? encode_plain(t, text + pos, end - pos, &out, &pieces)
+                 : tok_encode_sp(t, text + pos, end - pos, pos == 0, &out.ids, &out.n, &out.cap, &pieces);
+        if (st == CTRL_OK) st = tok_poll(&pieces);
         if (k < 0) break;
         if (st == CTRL_OK && push_id(&out, t->added[k].id) != 0) st = CTRL_ERR_NOMEM;
         pos = e;

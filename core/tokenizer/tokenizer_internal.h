@@ -114,10 +114,19 @@ char *tok_normalize(const ctrl_tokenizer *t, const char *s, size_t n, size_t *ou
 int tok_find_added(const ctrl_tokenizer *t, const char *s, size_t n, size_t from, int normalized,
                    size_t *start, size_t *end);
 
+/* Long encodes stop when interruption is requested (core/interrupt.h): called once per pre-token
+ * with the encode's count, it polls every TOK_POLL_PIECES of them (so a text of fewer always
+ * finishes) and returns CTRL_ERR_INTERRUPTED then, else CTRL_OK. BPE of one long pre-token polls
+ * every TOK_POLL_MERGES merges. */
+enum { TOK_POLL_PIECES = 4096, TOK_POLL_MERGES = 1 << 16 };
+ctrl_status tok_poll(size_t *pieces);
+ctrl_status tok_interrupted(void); /* sets the message, returns CTRL_ERR_INTERRUPTED */
+
 /* One segment of text between raw-matched added tokens of a SentencePiece-style model: normalize,
- * split out normalized added tokens, Metaspace, BPE. `at_start`: the segment begins the text. */
+ * split out normalized added tokens, Metaspace, BPE. `at_start`: the segment begins the text;
+ * `pieces`: the encode's pre-token count (tok_poll). */
 ctrl_status tok_encode_sp(const ctrl_tokenizer *t, const char *s, size_t n, int at_start, int32_t **ids,
-                          size_t *n_ids, size_t *cap);
+                          size_t *n_ids, size_t *cap, size_t *pieces);
 
 /* Ids from tokenizer.json, validated where they are read (tokenizer_ids.c): model.vocab (sizes
  * id_to_token for it and n_added added tokens), added_tokens, a TemplateProcessing token's id. */
@@ -142,7 +151,7 @@ int tok_is_special(const ctrl_tokenizer *t, int32_t id);
 /* BPE of one pre-token (already byte-level mapped, or normalized for SentencePiece-style models):
  * appends ids; a character missing from the vocabulary becomes byte tokens (byte_fallback) or unk
  * or nothing; returns 0, -1 on a byte-level character missing (a malformed tokenizer) or no memory,
- * -2 when unk is needed but unk_token is not in the vocabulary. */
+ * -2 when unk is needed but unk_token is not in the vocabulary, -3 when interrupted (tok_poll). */
 int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids, size_t *n, size_t *cap);
 
 #endif

@@ -1,12 +1,13 @@
-/* Long lines: encoding takes time linear in the input (it was quadratic: PCRE2 re-checked the
- * UTF-8 validity of the whole remaining line at every match, 15 s for 600 KB). Timed in the
- * thread's CPU time, best of a few runs, against a bound 3x above linear and far below quadratic
- * (a 20x longer input: linear ~20x, quadratic ~400x), so a loaded machine does not make it flaky. */
+/* Long lines: interruptible, and encoding takes time linear in the input (it was quadratic: PCRE2 re-checked
+ * the UTF-8 validity of the whole remaining line at every match, 15 s for 600 KB). Timed in the thread's CPU
+ * time, best of a few runs, against a bound 3x above linear and far below quadratic (a 20x longer input:
+ * linear ~20x, quadratic ~400x), so a loaded machine does not make it flaky. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "interrupt.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,4 +67,65 @@ TEST(encoding_time_is_linear_in_the_line_length) {
         free(a), free(b);
     }
     ctrl_tokenizer_free(t);
+}
+
+/* Interruption (core/interrupt.h): a long encode polls the source every few thousand pre-tokens
+ * (and every 65536 merges of one long pre-token) and stops with CTRL_ERR_INTERRUPTED. */
+static int polls;
+static double interrupt_at; /* the source says "interrupted" from this monotonic time on */
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int source(void) {
+    polls++;
+    return now() >= interrupt_at;
+}
+
+static ctrl_status encode_polled(const ctrl_tokenizer *t, const char *s, size_t n) {
+    int32_t *ids = NULL;
+    size_t k = 0;
+    polls = 0;
+    ctrl_status st = ctrl_tokenizer_encode(t, s, n, 0, &ids, &k);
+    free(ids);
+    return st;
+}
+
+TEST(a_long_encode_stops_when_interrupted) {
+    ctrl_tokenizer *t = tiny_bpe();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer/tiny_sp", CTRL_FIXTURE_DIR);
+    ctrl_tokenizer *sp = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load(path, &sp), CTRL_OK);
+    if (!t || !sp) return;
+    const size_t n = 4 << 20;
+    char *words = repeat("ab ", n), *one_word = repeat("ab", n); /* 1.4M pre-tokens; one pre-token */
+    ctrl_interrupt_set_source(source);
+    interrupt_at = 0; /* already interrupted: each stops at its first poll */
+    CHECK_EQ_INT(encode_polled(t, words, n), CTRL_ERR_INTERRUPTED);
+    CHECK_CONTAINS(ctrl_error_message(), "interrupted");
+    CHECK_EQ_INT(polls, 1);
+    CHECK_EQ_INT(encode_polled(t, one_word, n), CTRL_ERR_INTERRUPTED); /* in the BPE merges */
+    CHECK_EQ_INT(polls, 1);
+    CHECK_EQ_INT(encode_polled(sp, words, n), CTRL_ERR_INTERRUPTED); /* SentencePiece-style */
+    CHECK_EQ_INT(polls, 1);
+    /* a short text finishes: fewer pre-tokens than one poll interval */
+    CHECK_EQ_INT(encode_polled(t, words, 3000), CTRL_OK);
+    CHECK_EQ_INT(polls, 0);
+    /* interrupted 20 ms into the encode: it returns well within a second */
+    const double t0 = now();
+    interrupt_at = t0 + 0.02;
+    CHECK_EQ_INT(encode_polled(t, words, n), CTRL_ERR_INTERRUPTED);
+    const double took = now() - t0;
+    CHECK_MSG(took < 1.0, "the interrupted encode took %.2f s", took);
+    CHECK(polls > 1);
+    /* without a source nothing is interrupted */
+    ctrl_interrupt_set_source(NULL);
+    CHECK_EQ_INT(encode_polled(t, words, 1 << 20), CTRL_OK);
+    free(words), free(one_word);
+    ctrl_tokenizer_free(t);
+    ctrl_tokenizer_free(sp);
 }
