@@ -16,6 +16,7 @@ PKGS=(
   gnuplot-nox        # metric plots
   curl               # the ctrl serve tests talk HTTP with it
   file
+  clang libclang-rt-dev libomp-dev  # the sanitizer + libFuzzer build (docs/fuzzing.md)
 )
 
 missing=()

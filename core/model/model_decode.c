@@ -112,7 +112,8 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
     w.k_rstd = TAKE(c->n_kv_heads), w.q = TAKE(QD), w.k = TAKE(KD), w.v = TAKE(KD), w.att = TAKE(QD);
     w.lse = TAKE(c->n_heads), w.x_mid = TAKE(C), w.ln2 = TAKE(C), w.rstd2 = TAKE(1), w.g = TAKE(I);
     w.u = TAKE(I), w.h = TAKE(I);
-    float *x[2] = {TAKE(C), TAKE(C)};
+    float *x[2];
+    x[0] = TAKE(C), x[1] = TAKE(C); /* in order: an initializer list's are unsequenced */
     m->dec_out = TAKE(C);
 #undef TAKE
     for (int l = 0; l < c->n_layers; l++) m->dec_acts[l] = w, m->dec_acts[l].x_in = x[l % 2];

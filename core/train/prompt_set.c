@@ -53,17 +53,27 @@ static ctrl_status add_row(ctrl_prompt_set *p, const ctrl_tokenizer *tok, const 
         return st;
     }
     const int r = p->n;
-    p->ids = realloc(p->ids, sizeof(*p->ids) * (size_t)(r + 1));
-    p->len = realloc(p->len, sizeof(*p->len) * (size_t)(r + 1));
-    p->text = realloc(p->text, sizeof(*p->text) * (size_t)(r + 1));
-    p->values = realloc(p->values, sizeof(*p->values) * (size_t)(r + 1));
-    p->ids[r] = ids, p->len[r] = (int)n, p->text[r] = text;
-    p->values[r] = calloc((size_t)p->n_cols + 1, sizeof(char *));
+    int32_t **ids_rows = realloc(p->ids, sizeof(*p->ids) * (size_t)(r + 1));
+    if (ids_rows) p->ids = ids_rows;
+    int *lens = realloc(p->len, sizeof(*p->len) * (size_t)(r + 1));
+    if (lens) p->len = lens;
+    char **texts = realloc(p->text, sizeof(*p->text) * (size_t)(r + 1));
+    if (texts) p->text = texts;
+    char ***values = realloc(p->values, sizeof(*p->values) * (size_t)(r + 1));
+    if (values) p->values = values;
+    char **row_values = calloc((size_t)p->n_cols + 1, sizeof(char *));
+    if (!ids_rows || !lens || !texts || !values || !row_values) {
+        free(ids), free(text), free(row_values);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "prompts: out of memory");
+    }
+    p->ids[r] = ids, p->len[r] = (int)n, p->text[r] = text, p->values[r] = row_values;
     p->n++;
     for (const cJSON *c = row->child; c; c = c->next) {
         if (!strcmp(c->string, field)) continue;
         const int k = col_index(p, c->string);
         if (k < 0) return ctrl_error_set(CTRL_ERR_NOMEM, "prompts: out of memory");
+        /* A key repeated in one row: the last value counts, as Python's json module reads it. */
+        free(p->values[r][k]);
         p->values[r][k] = cJSON_PrintUnformatted(c);
     }
     return CTRL_OK;

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Collects the fuzz targets' seed corpora from the test fixtures (and the few small hand-made seeds
+# in tests/fuzz/seeds/) into OUT/<target>/. Nothing here is committed: the corpora are rebuilt from
+# the fixtures on every build (CMake target fuzz_seeds).
+# Usage: collect_seeds.sh SOURCE_DIR OUT
+set -euo pipefail
+src=$1 out=$2
+fx=$src/tests/fixtures
+sep=$'\n=====\n' # FUZZ_SEPARATOR (tests/fuzz/fuzz_common.h)
+rm -rf "$out"
+mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows}
+
+# safetensors: small files made here (the fixtures' are hundreds of KB): an 8-byte little-endian
+# header length, the JSON header, the data.
+st_seed() { # NAME HEADER DATA_BYTES
+  local len=${#2}
+  {
+    printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((len & 255)) $((len >> 8 & 255)) $((len >> 16 & 255)) $((len >> 24)))"
+    printf '\x00\x00\x00\x00%s' "$2"
+    head -c "$3" /dev/zero
+  } >"$out/safetensors/$1"
+}
+st_seed f32 '{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' 24
+st_seed bf16_f16 '{"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[1,2],"data_offsets":[8,12]}}' 12
+st_seed scalar_empty '{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}}' 4
+st_seed other_dtypes '{"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"u":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}' 11
+
+for d in "$fx"/models/*/; do cp "$d/config.json" "$out/model_config/$(basename "$d").json"; done
+
+cp "$src"/tests/fuzz/seeds/tokenizer/* "$out/tokenizer/"
+
+# tokenize_text: first byte picks the tokenizer (0 byte-level BPE, 1 SentencePiece-style).
+i=0
+while IFS= read -r line; do
+  printf '\x00%s' "$line" >"$out/tokenize_text/bpe_$i"
+  printf '\x01%s' "$line" >"$out/tokenize_text/sp_$i"
+  i=$((i + 1))
+done < <(head -n 40 "$fx/tokenizer/corpus.jsonl")
+
+cp "$fx"/templates/*.jinja "$src"/tests/fuzz/seeds/template/*.jinja "$out/template/"
+
+for f in "$src"/configs/*.ini "$fx"/trl_sft/*.ini; do cp "$f" "$out/config/$(basename "$(dirname "$f")")_$(basename "$f")"; done
+{ cat "$src/configs/quickstart.ini"; printf '%s' "${sep}train.learning_rate=1e-4"$'\n'"data.max_length=64"; } \
+  >"$out/config/quickstart_with_set"
+
+# sft_rows: first byte picks the [data] configuration (tests/fuzz/fuzz_sft_rows.c); 0x10 also packs.
+for f in "$fx"/sft_data/*.jsonl "$fx"/sft_data/messages_array.json "$fx"/trl_sft/messages.jsonl; do
+  case $f in *.expected.jsonl) continue ;; esac
+  for pick in 00 01 02 13; do
+    { printf "\\x$pick"; cat "$f"; } >"$out/sft_rows/${pick}_$(basename "$f")"
+  done
+done
+
+for f in "$fx"/sft_data/prompt_completion.jsonl "$fx"/sft_data/conversational_prompt_completion.jsonl \
+  "$fx"/trl_sft/prompt_completion.jsonl; do
+  cp "$f" "$out/prompt_rows/$(basename "$(dirname "$f")")_$(basename "$f")"
+done
+printf '[{"prompt": "2+2=", "answer": "4"}, {"prompt": [{"role": "user", "content": "hi"}], "x": [1]}]' \
+  >"$out/prompt_rows/array.json"
+
+echo "fuzz seeds: $(find "$out" -type f | wc -l) files in $out"
