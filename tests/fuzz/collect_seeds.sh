@@ -8,22 +8,23 @@ src=$1 out=$2
 fx=$src/tests/fixtures
 sep=$'\n=====\n' # FUZZ_SEPARATOR (tests/fuzz/fuzz_common.h)
 rm -rf "$out"
-mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows}
+mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,serve_body}
 
 # safetensors: small files made here (the fixtures' are hundreds of KB): an 8-byte little-endian
 # header length, the JSON header, the data.
-st_seed() { # NAME HEADER DATA_BYTES
+st_seed() { # FILE HEADER DATA_BYTES [PREFIX_BYTE]
   local len=${#2}
   {
+    [ -n "${4:-}" ] && printf "\\x$4"
     printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((len & 255)) $((len >> 8 & 255)) $((len >> 16 & 255)) $((len >> 24)))"
     printf '\x00\x00\x00\x00%s' "$2"
     head -c "$3" /dev/zero
-  } >"$out/safetensors/$1"
+  } >"$1"
 }
-st_seed f32 '{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' 24
-st_seed bf16_f16 '{"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[1,2],"data_offsets":[8,12]}}' 12
-st_seed scalar_empty '{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}}' 4
-st_seed other_dtypes '{"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"u":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}' 11
+st_seed "$out/safetensors/f32" '{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}' 24
+st_seed "$out/safetensors/bf16_f16" '{"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},"b":{"dtype":"F16","shape":[1,2],"data_offsets":[8,12]}}' 12
+st_seed "$out/safetensors/scalar_empty" '{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}}' 4
+st_seed "$out/safetensors/other_dtypes" '{"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"u":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}' 11
 
 for d in "$fx"/models/*/; do cp "$d/config.json" "$out/model_config/$(basename "$d").json"; done
 
@@ -57,5 +58,16 @@ for f in "$fx"/sft_data/prompt_completion.jsonl "$fx"/sft_data/conversational_pr
 done
 printf '[{"prompt": "2+2=", "answer": "4"}, {"prompt": [{"role": "user", "content": "hi"}], "x": [1]}]' \
   >"$out/prompt_rows/array.json"
+
+# serve_body: first byte picks the endpoint (0 /generate, 1 /v1/completions, 2 /v1/chat/completions,
+# 3 /update_weights: a safetensors body with parameters of tests/fixtures/trl_sft/model).
+body() { printf "\\x$1%s" "$3" >"$out/serve_body/$2"; }
+body 00 trl '{"prompts": ["Hello", "2+2="], "n": 2, "max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 1}'
+body 00 trl_ids '{"prompt_token_ids": [[1, 2, 3], [4, 5]], "max_tokens": 4, "repetition_penalty": 1.1, "min_p": 0.05, "top_k": -1}'
+body 01 completions '{"model": "m", "prompt": "Once upon", "max_tokens": 8, "stream": true, "n": null}'
+body 01 completions_list '{"prompt": ["a", "b"], "n": 1, "temperature": 0}'
+body 02 chat '{"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 8, "stream": false}'
+st_seed "$out/serve_body/weights_f32" '{"model.norm.weight":{"dtype":"F32","shape":[64],"data_offsets":[0,256]}}' 256 03
+st_seed "$out/serve_body/weights_bf16" '{"__metadata__":{"format":"pt"},"model.layers.0.input_layernorm.weight":{"dtype":"BF16","shape":[64],"data_offsets":[0,128]}}' 128 03
 
 echo "fuzz seeds: $(find "$out" -type f | wc -l) files in $out"

@@ -5,13 +5,14 @@
 #include "fuzz_rows_common.h"
 #include "train/train.h"
 
+/* The [data] lines of each setup (literals split over lines are parenthesised: clang warns otherwise). */
 static const char *const data_configs[] = {
     "",
-    "skip_bad_rows = true\nmax_length = 12\ntruncation_mode = keep_end\ncompletion_only_loss = false",
-    "skip_bad_rows = true\nassistant_only_loss = true\nchat_template_path = " CTRL_FIXTURE_DIR
-    "/templates/qwen2_5_training.jinja",
-    "skip_bad_rows = true\ndataset_text_field = t\nmessages_field = m\nprompt_field = p\ncompletion_field = "
-    "c",
+    ("skip_bad_rows = true\nmax_length = 12\ntruncation_mode = keep_end\ncompletion_only_loss = false"),
+    ("skip_bad_rows = true\nassistant_only_loss = true\n"
+     "chat_template_path = " CTRL_FIXTURE_DIR "/templates/qwen2_5_training.jinja"),
+    ("skip_bad_rows = true\ndataset_text_field = t\nmessages_field = m\n"
+     "prompt_field = p\ncompletion_field = c"),
 };
 #define N_CONFIGS (int)(sizeof data_configs / sizeof data_configs[0])
 static ctrl_config *configs[N_CONFIGS];
