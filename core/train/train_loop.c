@@ -19,6 +19,7 @@
 #include "file_text.h"
 #include "train/checkpoint.h"
 #include "train/metrics_plot.h"
+#include "train/health.h"
 #include "train/kind.h"
 #include "train/train.h"
 
@@ -56,6 +57,7 @@ typedef struct run_state {
     train_compute comp;
     const train_kind_ops *kind_ops; /* what kind of trainer: its rows, micro-batches, evaluation */
     train_kind *kind;
+    train_health health;
 } run_state;
 
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
@@ -130,11 +132,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     size_t n;
     float *grads = ctrl_model_grads(r->model, &n);
     *grad_norm = sqrt(ctrl_cpu_sum_squares(grads, (int64_t)n));
-    if (!isfinite(out->loss) || !isfinite(*grad_norm))
-        return ctrl_error_set(CTRL_ERR_RUNTIME,
-                              "step %ld: non-finite %s (%g); stopping, nothing of this step is saved",
-                              step + 1, isfinite(out->loss) ? "grad_norm" : "loss",
-                              isfinite(out->loss) ? *grad_norm : out->loss);
+    if ((st = train_health_step(step, out->loss, *grad_norm)) != CTRL_OK) return st;
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1. */
     const double max_norm = r->s->train.max_grad_norm;
     if (max_norm > 0) {
@@ -183,6 +181,7 @@ static ctrl_status open_metrics(run_state *r, const char *out_dir, long resume_s
 
 static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr, double rate) {
     const double n = ts->win;
+    train_health_window(&r->health, ts->step, ts->win, ts->win_norm / n, ts->win_loss / n, lr);
     const train_window w = {.step = ts->step,
                             .total = total,
                             .loss = ts->win_loss / n,

@@ -30,3 +30,10 @@ if(TARGET ctrl_cli)
                                     ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_online PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# Training health: collapse warning, non-finite stops (tests/e2e/test_train_health.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_train_health COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_train_health.sh
+                                          $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_train_health PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
