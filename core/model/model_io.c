@@ -16,14 +16,62 @@
 
 #define MAX_SHARDS 256
 
+/* Every tensor of every shard, sorted by name: a name may be in one shard only (which copy would
+ * count?), and the loader finds each by binary search. */
+typedef struct tensor_ref {
+    const char *name;
+    int shard;
+    const ctrl_st_tensor *t;
+} tensor_ref;
+
 typedef struct shard_set {
     ctrl_safetensors *files[MAX_SHARDS];
+    char names[MAX_SHARDS][256];
     int n;
+    tensor_ref *refs;
+    int n_refs;
 } shard_set;
 
 static void shards_close(shard_set *s) {
     for (int i = 0; i < s->n; i++) ctrl_safetensors_close(s->files[i]);
-    s->n = 0;
+    free(s->refs);
+    s->refs = NULL, s->n = s->n_refs = 0;
+}
+
+static int cmp_ref(const void *a, const void *b) {
+    return strcmp(((const tensor_ref *)a)->name, ((const tensor_ref *)b)->name);
+}
+
+static const tensor_ref *find_ref(const shard_set *s, const char *name) {
+    const tensor_ref key = {.name = name};
+    return bsearch(&key, s->refs, (size_t)s->n_refs, sizeof key, cmp_ref);
+}
+
+/* The name table, refusing a tensor in two shards; with an index, each weight_map entry must name
+ * the shard that holds the tensor. */
+static ctrl_status index_tensors(const char *dir, shard_set *s, const cJSON *map, const char *index_path) {
+    size_t total = 0;
+    for (int i = 0; i < s->n; i++) total += (size_t)ctrl_safetensors_count(s->files[i]);
+    s->refs = malloc(sizeof *s->refs * (total ? total : 1));
+    if (!s->refs) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: cannot index %zu tensors", dir, total);
+    for (int i = 0; i < s->n; i++)
+        for (int k = 0; k < ctrl_safetensors_count(s->files[i]); k++) {
+            const ctrl_st_tensor *t = ctrl_safetensors_at(s->files[i], k);
+            s->refs[s->n_refs++] = (tensor_ref){t->name, i, t};
+        }
+    qsort(s->refs, (size_t)s->n_refs, sizeof *s->refs, cmp_ref);
+    for (int i = 1; i < s->n_refs; i++)
+        if (!strcmp(s->refs[i].name, s->refs[i - 1].name))
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' is in both %s and %s", dir,
+                                  s->refs[i].name, s->names[s->refs[i - 1].shard],
+                                  s->names[s->refs[i].shard]);
+    for (const cJSON *e = map ? map->child : NULL; e; e = e->next) {
+        const tensor_ref *r = find_ref(s, e->string);
+        if (!r || strcmp(s->names[r->shard], e->valuestring) != 0)
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: weight_map puts '%s' in %s, which has no such tensor",
+                                  index_path, e->string, e->valuestring);
+    }
+    return CTRL_OK;
 }
 
 static ctrl_status shards_open(const char *dir, shard_set *s) {
@@ -31,8 +79,12 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     struct stat sb;
     if (stat(path, &sb) == 0) {
+        ctrl_status st = ctrl_safetensors_open(path, &s->files[0]);
+        if (st != CTRL_OK) return st;
         s->n = 1;
-        return ctrl_safetensors_open(path, &s->files[0]);
+        snprintf(s->names[0], sizeof s->names[0], "model.safetensors");
+        if ((st = index_tensors(dir, s, NULL, NULL)) != CTRL_OK) shards_close(s);
+        return st;
     }
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (stat(path, &sb) != 0)
@@ -48,27 +100,28 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
         cJSON_Delete(root);
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: no weight_map object", path);
     }
-    /* Open each distinct shard once. */
-    char names[MAX_SHARDS][256];
+    /* Open each distinct shard once: a plain file name in the model directory. */
     ctrl_status st = CTRL_OK;
     for (const cJSON *e = map->child; e && st == CTRL_OK; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strlen(e->valuestring) >= 256) {
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/') || strlen(e->valuestring) >= 256 ||
+            !strcmp(e->valuestring, ".") || !strcmp(e->valuestring, "..") || !e->valuestring[0]) {
             st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: bad shard name for '%s'", path, e->string);
             break;
         }
         int known = 0;
-        for (int i = 0; i < s->n; i++) known |= !strcmp(names[i], e->valuestring);
+        for (int i = 0; i < s->n && !known; i++) known = !strcmp(s->names[i], e->valuestring);
         if (known) continue;
         if (s->n == MAX_SHARDS) {
             st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: more than %d shards", path, MAX_SHARDS);
             break;
         }
-        snprintf(names[s->n], 256, "%s", e->valuestring);
+        snprintf(s->names[s->n], 256, "%s", e->valuestring);
         char shard[4400];
         snprintf(shard, sizeof shard, "%s/%s", dir, e->valuestring);
         st = ctrl_safetensors_open(shard, &s->files[s->n]);
         if (st == CTRL_OK) s->n++;
     }
+    if (st == CTRL_OK) st = index_tensors(dir, s, map, path);
     cJSON_Delete(root);
     if (st != CTRL_OK) shards_close(s);
     return st;
@@ -88,10 +141,9 @@ ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctr
     float *params = ctrl_model_params(m, NULL);
     for (int i = 0; i < ctrl_model_view_count(m) && st == CTRL_OK; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
-        const ctrl_safetensors *file = NULL;
-        const ctrl_st_tensor *t = NULL;
-        for (int s = 0; s < shards.n && !t; s++)
-            if ((t = ctrl_safetensors_find(shards.files[s], v->name))) file = shards.files[s];
+        const tensor_ref *ref = find_ref(&shards, v->name);
+        const ctrl_safetensors *file = ref ? shards.files[ref->shard] : NULL;
+        const ctrl_st_tensor *t = ref ? ref->t : NULL;
         if (!t) {
             st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: the weights have no tensor '%s'", dir, v->name);
             break;

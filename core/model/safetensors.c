@@ -39,6 +39,16 @@ static int cmp_offset(const void *a, const void *b) {
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const ctrl_st_tensor *)a)->name, ((const ctrl_st_tensor *)b)->name);
+}
+
+/* An integral JSON number in [0, max] (offsets and dimensions are counts of bytes or elements). */
+static int whole_number(const cJSON *v, double max) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= max &&
+           v->valuedouble == (double)(int64_t)v->valuedouble;
+}
+
 static ctrl_status parse_header(ctrl_safetensors *st, const char *json, size_t len, size_t data_start) {
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root || !cJSON_IsObject(root)) {
@@ -48,7 +58,16 @@ static ctrl_status parse_header(ctrl_safetensors *st, const char *json, size_t l
     int count = 0;
     for (cJSON *it = root->child; it; it = it->next)
         if (strcmp(it->string, "__metadata__") != 0) count++;
+    if (count > CTRL_ST_MAX_TENSORS) {
+        cJSON_Delete(root);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: %d tensors, more than the limit %d", st->path, count,
+                              CTRL_ST_MAX_TENSORS);
+    }
     st->tensors = calloc(count ? (size_t)count : 1, sizeof *st->tensors);
+    if (!st->tensors) {
+        cJSON_Delete(root);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: cannot allocate the table of %d tensors", st->path, count);
+    }
     ctrl_status status = CTRL_OK;
     const size_t data_size = st->size - data_start;
     for (cJSON *it = root->child; it && status == CTRL_OK; it = it->next) {
@@ -72,25 +91,26 @@ static ctrl_status parse_header(ctrl_safetensors *st, const char *json, size_t l
             BAD("%s: tensor '%s': shape must be an array of at most %d dims", st->path, name, CTRL_MAX_DIMS);
             break;
         }
-        size_t numel = 1;
+        uint64_t numel = 1;
         t->ndim = 0;
         for (cJSON *d = shape->child; d; d = d->next) {
-            if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble > 1e12 ||
-                d->valuedouble != (int64_t)d->valuedouble) {
+            if (!whole_number(d, 1e12)) {
                 BAD("%s: tensor '%s': bad dimension in shape", st->path, name);
                 break;
             }
-            t->shape[t->ndim++] = (int64_t)d->valuedouble;
-            numel *= (size_t)d->valuedouble;
-            if (numel > ((size_t)1 << 40)) {
-                BAD("%s: tensor '%s': shape too large", st->path, name);
+            const uint64_t dim = (uint64_t)d->valuedouble;
+            t->shape[t->ndim++] = (int64_t)dim;
+            /* checked before multiplying: [2^32, 2^32] must not wrap around to 0 elements */
+            if (dim && numel > CTRL_ST_MAX_NUMEL / dim) {
+                BAD("%s: tensor '%s': shape has more than 2^40 elements", st->path, name);
                 break;
             }
+            numel *= dim;
         }
         if (status != CTRL_OK) break;
-        if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !cJSON_IsNumber(offs->child) ||
-            !cJSON_IsNumber(offs->child->next)) {
-            BAD("%s: tensor '%s': data_offsets must be [begin, end]", st->path, name);
+        if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !whole_number(offs->child, 1e18) ||
+            !whole_number(offs->child->next, 1e18)) {
+            BAD("%s: tensor '%s': data_offsets must be [begin, end], whole numbers", st->path, name);
             break;
         }
         double b = offs->child->valuedouble, e = offs->child->next->valuedouble;
@@ -101,9 +121,9 @@ static ctrl_status parse_header(ctrl_safetensors *st, const char *json, size_t l
         }
         t->offset = data_start + (size_t)b;
         t->nbytes = (size_t)e - (size_t)b;
-        if (t->nbytes != numel * ctrl_dtype_size(t->dtype)) {
-            BAD("%s: tensor '%s': %zu bytes for %zu elements of %s", st->path, name, t->nbytes, numel,
-                ctrl_dtype_name(t->dtype));
+        if ((uint64_t)t->nbytes != numel * ctrl_dtype_size(t->dtype)) {
+            BAD("%s: tensor '%s': %zu bytes for %llu elements of %s", st->path, name, t->nbytes,
+                (unsigned long long)numel, ctrl_dtype_name(t->dtype));
             break;
         }
         st->n++;
@@ -111,14 +131,20 @@ static ctrl_status parse_header(ctrl_safetensors *st, const char *json, size_t l
     }
     cJSON_Delete(root);
     if (status != CTRL_OK) return status;
-    /* No two tensors may share bytes. */
+    /* No two tensors may share bytes, or a name (JSON allows repeated keys; which one would count?). */
     ctrl_st_tensor *sorted = malloc(sizeof *sorted * (size_t)(st->n ? st->n : 1));
+    if (!sorted) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: cannot sort %d tensors", st->path, st->n);
     memcpy(sorted, st->tensors, sizeof *sorted * (size_t)st->n);
     qsort(sorted, (size_t)st->n, sizeof *sorted, cmp_offset);
     for (int i = 1; i < st->n && status == CTRL_OK; i++)
         if (sorted[i].offset < sorted[i - 1].offset + sorted[i - 1].nbytes)
             status = ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap", st->path,
                                     sorted[i - 1].name, sorted[i].name);
+    qsort(sorted, (size_t)st->n, sizeof *sorted, cmp_name);
+    for (int i = 1; i < st->n && status == CTRL_OK; i++)
+        if (!strcmp(sorted[i].name, sorted[i - 1].name))
+            status = ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' appears twice in the header", st->path,
+                                    sorted[i].name);
     free(sorted);
     return status;
 }

@@ -1,5 +1,6 @@
-/* safetensors files, read as untrusted input: the header length is bounded, every tensor's
- * dtype/shape must match its byte range, ranges must lie inside the file and not overlap. The
+/* safetensors files, read as untrusted input: the header length and the tensor count are bounded,
+ * every tensor's dtype/shape (product checked before it can overflow) must match its byte range
+ * (whole-number offsets), ranges must lie inside the file and not overlap, names must be unique. The
  * file is memory-mapped; reads convert f32/bf16/f16 to f32. Writing is atomic (temp + rename). */
 #ifndef CTRL_CORE_SAFETENSORS_H
 #define CTRL_CORE_SAFETENSORS_H
@@ -12,6 +13,8 @@
 
 #define CTRL_ST_MAX_HEADER (100u << 20) /* 100 MiB, as the reference implementation allows */
 #define CTRL_ST_MAX_NAME 256
+#define CTRL_ST_MAX_TENSORS (1 << 18)         /* per file: ~90 MB of tensor table at most */
+#define CTRL_ST_MAX_NUMEL ((uint64_t)1 << 40) /* elements of one tensor */
 
 typedef struct ctrl_st_tensor {
     char name[CTRL_ST_MAX_NAME];

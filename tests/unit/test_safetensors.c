@@ -89,6 +89,28 @@ TEST(f16_conversion) {
     ctrl_safetensors_close(st);
 }
 
+/* Issue 15: header lies that once passed. */
+TEST(untrusted_header_edges) {
+    /* 2^32 × 2^32 elements wrapped around to 0, which 0 bytes then matched */
+    expect_bad("wrap.st",
+               "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0, 0,
+               "more than 2^40 elements");
+    expect_bad("frac.st", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", 0, 8,
+               "whole numbers");
+    expect_bad("dup.st",
+               "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+               "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+               0, 8, "tensor 'w' appears twice");
+    /* more entries than the limit: refused before the table is allocated */
+    const int n = CTRL_ST_MAX_TENSORS + 1;
+    char *hdr = malloc((size_t)n * 12 + 16), *p = hdr;
+    *p++ = '{';
+    for (int i = 0; i < n; i++) p += sprintf(p, "%s\"%d\":0", i ? "," : "", i);
+    *p++ = '}', *p = 0;
+    expect_bad("many.st", hdr, 0, 0, "262145 tensors, more than the limit 262144");
+    free(hdr);
+}
+
 TEST(malformed_headers) {
     expect_bad("huge_len.st", "{}", (uint64_t)1 << 40, 0, "header length");
     expect_bad("past_end.st", "{}", 4096, 0, "larger than the file");
