@@ -193,9 +193,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
         st = o ? prompt_ids(tok, tpl, o, &ids, &n) : ctrl_error_set(CTRL_ERR_FORMAT, "not valid JSON");
         if (st == CTRL_OK && n == 0) st = ctrl_error_set(CTRL_ERR_FORMAT, "the prompt is empty");
         if (st != CTRL_OK) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", ctrl_error_message());
-            ctrl_error_set(st, "%s:%d: %s", a.prompts, lineno, msg);
+            ctrl_error_wrap(st, "%s:%d", a.prompts, lineno);
             cJSON_Delete(o), free(ids);
             break;
         }

@@ -102,11 +102,7 @@ static int run_tokenize(ctrl_cli *cli, int argc, char **argv) {
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "input_ids");
         if (chat && cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"))) {
             st = chat_line(tok, tpl, o, add_gen, masks, out);
-            if (st != CTRL_OK) {
-                char why[1024];
-                snprintf(why, sizeof why, "%s", ctrl_error_message());
-                ctrl_error_set(st, "%s:%d: %s", input, lineno, why);
-            }
+            if (st != CTRL_OK) ctrl_error_wrap(st, "%s:%d", input, lineno);
         } else if (!chat && !decode && cJSON_IsString(text)) {
             int32_t *v;
             size_t n;

@@ -40,6 +40,30 @@ ctrl_status ctrl_error_wrap(ctrl_status status, const char *fmt, ...) {
     return status;
 }
 
+ctrl_status ctrl_error_append(ctrl_status status, const char *fmt, ...) {
+    const size_t n = strlen(error_buf);
+    if (n + 2 >= sizeof error_buf) return status;
+    memcpy(error_buf + n, "; ", 3);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_buf + n + 2, sizeof error_buf - n - 2, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+_Static_assert(sizeof(((ctrl_error_saved *)0)->message) == CTRL_ERROR_CAP,
+               "a saved message holds any message");
+
+void ctrl_error_save(ctrl_error_saved *saved, ctrl_status status) {
+    saved->status = status;
+    if (status != CTRL_OK) memcpy(saved->message, error_buf, sizeof error_buf);
+}
+
+ctrl_status ctrl_error_restore(const ctrl_error_saved *saved) {
+    if (saved->status != CTRL_OK) memcpy(error_buf, saved->message, sizeof error_buf);
+    return saved->status;
+}
+
 const char *ctrl_error_message(void) { return error_buf; }
 
 void ctrl_error_clear(void) { error_buf[0] = '\0'; }

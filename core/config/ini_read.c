@@ -213,6 +213,10 @@ ctrl_status config_read_file(ctrl_config *cfg, const char *path) {
                                   e->section, e->key);
         }
         char *copy = strdup(v);
+        if (!copy) {
+            iniparser_freedict(d);
+            return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", cfg->file_name);
+        }
         free(e->value);
         e->value = copy;
     }

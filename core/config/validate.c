@@ -115,11 +115,8 @@ static ctrl_status require_and_fill(ctrl_config *cfg, const char *section, const
         if (!o->default_value) continue;
         ctrl_status st = config_put(cfg, section, o->key, o->default_value, "default", 0);
         if (st != CTRL_OK) return st;
-        if (config_check_value(config_find(cfg, section, o->key), o) != CTRL_OK) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", ctrl_error_message());
-            return ctrl_error_set(CTRL_ERR_PLUGIN, "%s declares an invalid default: %s", owner, why);
-        }
+        if (config_check_value(config_find(cfg, section, o->key), o) != CTRL_OK)
+            return ctrl_error_wrap(CTRL_ERR_PLUGIN, "%s declares an invalid default", owner);
     }
     return CTRL_OK;
 }

@@ -68,6 +68,7 @@ static ctrl_status request(const char *base, const char *path, const char *metho
     if (st == CTRL_OK && len) st = send_all(fd, body, len, url);
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
+    if (!buf && st == CTRL_OK) st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for the response", url);
     while (st == CTRL_OK) {
         if (n == cap) {
             char *b = realloc(buf, 2 * cap + 1);

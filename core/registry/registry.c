@@ -104,11 +104,9 @@ static ctrl_status add_list(ctrl_registry *reg, const ctrl_plugin *const *list, 
             ctrl_error_clear();
             ctrl_status st = p->init(ctrl_host_table());
             if (st != CTRL_OK) {
-                const char *msg = ctrl_error_message();
-                char copy[1024];
-                snprintf(copy, sizeof copy, "%s", msg[0] ? msg : ctrl_status_name(st));
-                return ctrl_error_set(CTRL_ERR_PLUGIN, "%s: %s plugin '%s' failed to initialise: %s", origin,
-                                      ctrl_kind_name(p->kind), p->name, copy);
+                if (!ctrl_error_message()[0]) ctrl_error_set(st, "%s", ctrl_status_name(st));
+                return ctrl_error_wrap(CTRL_ERR_PLUGIN, "%s: %s plugin '%s' failed to initialise", origin,
+                                       ctrl_kind_name(p->kind), p->name);
             }
         }
     }
@@ -120,14 +118,19 @@ static ctrl_status add_list(ctrl_registry *reg, const ctrl_plugin *const *list, 
         reg->entries = e;
         reg->cap = cap;
     }
-    for (int i = 0; i < count; i++) {
-        loaded_entry *le = &reg->entries[reg->n++];
-        le->file = strdup(origin);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < count && st == CTRL_OK; i++) {
+        loaded_entry *le = &reg->entries[reg->n];
+        if (!(le->file = strdup(origin))) {
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "plugin registry: out of memory");
+            break;
+        }
+        reg->n++;
         le->e.plugin = list[i];
         le->e.file = le->file;
     }
     qsort(reg->entries, (size_t)reg->n, sizeof *reg->entries, entry_cmp);
-    return CTRL_OK;
+    return st;
 }
 
 ctrl_status ctrl_registry_add_list(ctrl_registry *reg, const ctrl_plugin *const *list, const char *origin) {
@@ -219,8 +222,7 @@ ctrl_status ctrl_registry_load_dir(ctrl_registry *reg, const char *dir) {
     }
     closedir(d);
     if (n) qsort(names, (size_t)n, sizeof *names, name_cmp);
-    ctrl_status first = CTRL_OK;
-    char first_msg[2048] = "";
+    ctrl_error_saved first = {CTRL_OK};
     for (int i = 0; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -233,29 +235,22 @@ ctrl_status ctrl_registry_load_dir(ctrl_registry *reg, const char *dir) {
         ctrl_status st = ctrl_registry_load_file(reg, path);
         if (st != CTRL_OK) {
             CTRL_ERROR("%s", ctrl_error_message());
-            if (first == CTRL_OK) {
-                first = st;
-                snprintf(first_msg, sizeof first_msg, "%s", ctrl_error_message());
-            }
+            if (first.status == CTRL_OK) ctrl_error_save(&first, st);
         } else {
             CTRL_DEBUG("loaded plugin file %s", path);
         }
         free(names[i]);
     }
     free(names);
-    if (first != CTRL_OK) return ctrl_error_set(first, "%s", first_msg);
-    return CTRL_OK;
+    return ctrl_error_restore(&first);
 }
 
 ctrl_status ctrl_registry_load_standard(ctrl_registry *reg, const char *const *dirs, int n_dirs) {
-    ctrl_status first = CTRL_OK;
-    char first_msg[2048] = "";
+    ctrl_error_saved first = {CTRL_OK};
 #define NOTE_FAILURE(st)                                                                                     \
     do {                                                                                                     \
-        if ((st) != CTRL_OK && first == CTRL_OK) {                                                           \
-            first = (st);                                                                                    \
-            snprintf(first_msg, sizeof first_msg, "%s", ctrl_error_message());                               \
-        }                                                                                                    \
+        ctrl_status st_ = (st);                                                                              \
+        if (st_ != CTRL_OK && first.status == CTRL_OK) ctrl_error_save(&first, st_);                         \
     } while (0)
     for (int i = 0; i < n_dirs; i++) {
         struct stat sb;
@@ -272,7 +267,8 @@ ctrl_status ctrl_registry_load_standard(ctrl_registry *reg, const char *const *d
     const char *env = getenv("CTRL_PLUGIN_PATH");
     if (env && env[0]) {
         char *copy = strdup(env), *save = NULL;
-        for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+        if (!copy) NOTE_FAILURE(ctrl_error_set(CTRL_ERR_NOMEM, "CTRL_PLUGIN_PATH: out of memory"));
+        for (char *tok = copy ? strtok_r(copy, ":", &save) : NULL; tok; tok = strtok_r(NULL, ":", &save)) {
             struct stat sb;
             if (stat(tok, &sb) == 0 && S_ISDIR(sb.st_mode))
                 NOTE_FAILURE(ctrl_registry_load_dir(reg, tok));
@@ -302,8 +298,7 @@ ctrl_status ctrl_registry_load_standard(ctrl_registry *reg, const char *const *d
         NOTE_FAILURE(ctrl_registry_load_dir(reg, CTRL_PLUGIN_INSTALL_DIR));
 #endif
 #undef NOTE_FAILURE
-    if (first != CTRL_OK) return ctrl_error_set(first, "%s", first_msg);
-    return CTRL_OK;
+    return ctrl_error_restore(&first);
 }
 
 int ctrl_registry_count(const ctrl_registry *reg) { return reg->n; }

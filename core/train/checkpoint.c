@@ -314,10 +314,6 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
         if (st == CTRL_OK) st = ctrl_safetensors_read_f32(sf, key, data, numel);
     }
     ctrl_safetensors_close(sf);
-    if (st != CTRL_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", ctrl_error_message());
-        return ctrl_error_set(st, "%s: the optimizer state does not fit this optimizer (%s)", dir, msg);
-    }
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "%s: the optimizer state does not fit this optimizer", dir);
     return CTRL_OK;
 }

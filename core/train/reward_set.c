@@ -59,11 +59,7 @@ ctrl_status ctrl_reward_set_score(ctrl_reward_set *r, const ctrl_reward_batch *b
     for (int k = 0; k < r->n && st == CTRL_OK; k++) {
         for (int i = 0; i < b->n; i++) one[i] = NAN;
         st = r->ops[k]->score(r->inst[k], b, one);
-        if (st != CTRL_OK) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", ctrl_error_message());
-            st = ctrl_error_set(st, "reward '%s': %s", r->names[k], msg);
-        }
+        if (st != CTRL_OK) st = ctrl_error_wrap(st, "reward '%s'", r->names[k]);
         for (int i = 0; i < b->n; i++) scores[i * r->n + k] = one[i];
     }
     for (int i = 0; st == CTRL_OK && i < b->n; i++) {

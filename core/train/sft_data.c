@@ -80,9 +80,7 @@ static ctrl_status load_sft(const char *path, const ctrl_tokenizer *tok, const c
         if (o) st = ctrl_sft_format_row(fmt, o, &ids, &trained, &n, &why);
         cJSON_Delete(o);
         if (st != CTRL_OK) { /* name the row that hit it */
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", ctrl_error_message());
-            ctrl_error_set(st, "%s:%ld: %s", path, lineno, msg);
+            ctrl_error_wrap(st, "%s:%ld", path, lineno);
             break;
         }
         if (why) {

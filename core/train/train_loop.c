@@ -209,12 +209,11 @@ static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl
 
 /* Why the run stopped at a failed step: what is left to resume from. */
 static void name_last_checkpoint(ctrl_status st, const char *out_dir) {
-    char msg[1024], last[4200];
-    snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+    char last[4200];
     if (ctrl_checkpoint_last(out_dir, last, sizeof last))
-        ctrl_error_set(st, "%s; the last good checkpoint, %s, is intact", msg, last);
+        ctrl_error_append(st, "the last good checkpoint, %s, is intact", last);
     else
-        ctrl_error_set(st, "%s; no checkpoint was saved before it", msg);
+        ctrl_error_append(st, "no checkpoint was saved before it");
 }
 
 /* The steps: schedule, logging window, evaluation cadence, checkpoints, interruption. */
@@ -323,28 +322,29 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     if (st == CTRL_OK) st = run_steps(&r, &ts, out_dir, interrupted);
     /* Save on success and on interruption, never after a failed step. */
     if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+        ctrl_error_saved run; /* an interruption's message, kept across the save */
+        ctrl_error_save(&run, st);
         ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
         if (s2 == CTRL_OK) s2 = ctrl_copy_tokenizer_files(s->model.path, out_dir);
         if (s2 != CTRL_OK)
             st = s2;
         else {
             CTRL_INFO("model saved to %s", out_dir);
-            if (st != CTRL_OK) ctrl_error_set(st, "%s", msg);
+            ctrl_error_restore(&run);
         }
     }
     teardown(&r);
     if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) { /* the plot is a convenience: never fails the run */
-        char jsonl[4200], png[4200], msg[1024];
-        snprintf(msg, sizeof msg, "%s", ctrl_error_message());
+        char jsonl[4200], png[4200];
+        ctrl_error_saved run;
+        ctrl_error_save(&run, st);
         snprintf(jsonl, sizeof jsonl, "%s/metrics.jsonl", out_dir);
         snprintf(png, sizeof png, "%s/metrics.png", out_dir);
         if (ctrl_metrics_plot(jsonl, png) == CTRL_OK)
             CTRL_INFO("curves plotted to %s", png);
         else
             CTRL_WARN("%s", ctrl_error_message());
-        if (st != CTRL_OK) ctrl_error_set(st, "%s", msg);
+        ctrl_error_restore(&run);
     }
     return st;
 }

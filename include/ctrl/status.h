@@ -25,6 +25,27 @@ ctrl_status ctrl_error_wrap(ctrl_status status, const char *fmt, ...)
 #endif
     ;
 
+/* Appends "; " and the text to the current message (for what is left to do after a failure). */
+ctrl_status ctrl_error_append(ctrl_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* A status and the thread's message, kept while other work may overwrite the message: cleanup
+ * after a failure (saving what can be saved), or attempts that go on after the first failure.
+ *   ctrl_error_saved first = {CTRL_OK};
+ *   for (...) if ((st = attempt()) != CTRL_OK && first.status == CTRL_OK) ctrl_error_save(&first, st);
+ *   return ctrl_error_restore(&first);                                                              */
+typedef struct ctrl_error_saved {
+    ctrl_status status;
+    char message[4096];
+} ctrl_error_saved;
+/* Keeps `status` and, unless it is CTRL_OK, the current message. */
+void ctrl_error_save(ctrl_error_saved *saved, ctrl_status status);
+/* Puts the kept message back (nothing for CTRL_OK) and returns the kept status. */
+ctrl_status ctrl_error_restore(const ctrl_error_saved *saved);
+
 /* The calling thread's last message ("" when none). */
 const char *ctrl_error_message(void);
 void ctrl_error_clear(void);

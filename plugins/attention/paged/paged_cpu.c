@@ -119,5 +119,7 @@ ctrl_status paged_cpu_forward(const ctrl_paged_attention_args *a) {
                              scores + (size_t)G * (size_t)(a->max_position + 1));
         free(scores);
     }
-    return failed ? CTRL_ERR_NOMEM : CTRL_OK;
+    return failed ? ctrl_error_set(CTRL_ERR_NOMEM, "attention paged: no scratch for %d positions",
+                                   a->max_position + 1)
+                  : CTRL_OK;
 }

@@ -4,7 +4,7 @@
 
 #include <ctrl/plugin_api.h>
 
-/* fp32 on the host; CTRL_ERR_NOMEM when per-thread scratch could not be had. */
+/* fp32 on the host; CTRL_ERR_NOMEM (message set) when per-thread scratch could not be had. */
 ctrl_status paged_cpu_forward(const ctrl_paged_attention_args *a);
 
 #endif

@@ -90,16 +90,18 @@ static double quantile(float *v, int n, double q) {
 }
 
 /* The entropy threshold of top_entropy_quantile over the micro-batch's trained tokens (TRL's
- * get_high_entropy_mask); -INFINITY keeps every token, INFINITY none. */
-static double entropy_threshold(const ctrl_trainer *t, const ctrl_trainer_batch *b) {
-    if (t->top_entropy_quantile >= 1.0) return -INFINITY;
-    float *v = malloc(sizeof(float) * (size_t)b->T);
+ * get_high_entropy_mask) into *thr; -INFINITY keeps every token, INFINITY none. */
+static ctrl_status entropy_threshold(const ctrl_trainer *t, const ctrl_trainer_batch *b, double *thr) {
+    *thr = -INFINITY;
+    if (t->top_entropy_quantile >= 1.0) return CTRL_OK;
+    float *v = malloc(sizeof(float) * (size_t)(b->T > 0 ? b->T : 1));
+    if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer grpo: out of memory for %d entropies", b->T);
     int n = 0;
-    for (int i = 0; v && i < b->T; i++)
+    for (int i = 0; i < b->T; i++)
         if (b->weight[i] > 0) v[n++] = b->entropy[i];
-    double thr = n && v ? quantile(v, n, 1.0 - t->top_entropy_quantile) : INFINITY;
+    *thr = n ? quantile(v, n, 1.0 - t->top_entropy_quantile) : INFINITY;
     free(v);
-    return thr;
+    return CTRL_OK;
 }
 
 static ctrl_status check_batch(const ctrl_trainer *t, const ctrl_trainer_batch *b) {
@@ -117,7 +119,9 @@ static ctrl_status grpo_loss(ctrl_trainer *t, const ctrl_trainer_batch *b, doubl
     ctrl_status st = check_batch(t, b);
     if (st != CTRL_OK) return st;
     const int ga = b->grad_accum > 0 ? b->grad_accum : 1, S = b->n_seq;
-    const double thr = entropy_threshold(t, b), lo = t->lo, hi = t->hi;
+    double thr;
+    if ((st = entropy_threshold(t, b, &thr)) != CTRL_OK) return st;
+    const double lo = t->lo, hi = t->hi;
     double mask_total = 0, L = 0;
     for (int i = 0; i < b->T; i++) mask_total += b->weight[i] > 0;
     /* metrics: sums over trained tokens (token level) or sequences (sequence level) */
