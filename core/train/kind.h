@@ -47,7 +47,6 @@ typedef struct train_kind_env {
     const ctrl_run_settings *settings;
     const ctrl_run_plugins *plugins;
     ctrl_model *model;
-    const train_compute *compute;
     const ctrl_tokenizer *tok;
     const ctrl_trainer_ops *trainer_ops;
     ctrl_trainer *trainer;

@@ -18,7 +18,7 @@ static void online_destroy(train_kind *k) {
 }
 
 static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
-    if (!train_compute_on_host(env->compute))
+    if (ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[run] trainer = %s: online trainers run on the CPU so far "
                               "(set [run] device = cpu)",

@@ -12,7 +12,7 @@
 struct train_kind {
     const ctrl_trainer_ops *ops;
     ctrl_trainer *trainer;
-    const train_compute *compute;
+    ctrl_model *model;
     ctrl_dataset train, eval;
     int eval_bs;
 };
@@ -27,7 +27,7 @@ static void token_destroy(train_kind *k) {
 static ctrl_status token_create(const train_kind_env *env, train_kind **out) {
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
-    k->ops = env->trainer_ops, k->trainer = env->trainer, k->compute = env->compute;
+    k->ops = env->trainer_ops, k->trainer = env->trainer, k->model = env->model;
     k->eval_bs = env->settings->train.per_device_eval_batch_size;
     ctrl_status st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
     if (st != CTRL_OK) {
@@ -66,14 +66,14 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, long num_item
     for (int t = 0; st == CTRL_OK && t < T; t++) w[t] = b->targets[t] >= 0 ? 1.0f : 0.0f;
     double loss;
     /* a loss linear in the log-probs (SFT): dL/dlogp first, and the head's backward fused into the
-     * forward (on the host model) */
-    const int fused = train_compute_on_host(k->compute) && TRAINER_HAS(k->ops, dlogp_before_forward);
+     * forward (on every backend) */
+    const int fused = TRAINER_HAS(k->ops, dlogp_before_forward);
     if (st == CTRL_OK && fused) {
         memset(lp, 0, sizeof(float) * (size_t)T);
         st = k->ops->loss(k->trainer, &tb, &loss, dlp);
-        if (st == CTRL_OK) st = train_compute_forward_fused(k->compute, b, dlp, lp, ent, ok);
+        if (st == CTRL_OK) st = ctrl_model_forward_fused(k->model, b, dlp, lp, ent, ok);
     } else if (st == CTRL_OK) {
-        st = train_compute_forward(k->compute, b, lp, ent, ok);
+        st = ctrl_model_forward(k->model, b, lp, ent, ok);
     }
     if (st == CTRL_OK) {
         long valid = 0, correct = 0;
@@ -83,7 +83,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, long num_item
         out->accuracy += valid ? (double)correct / valid / ga : 0;
         out->entropy += valid ? ent_sum / valid / ga : 0;
         st = k->ops->loss(k->trainer, &tb, &loss, dlp);
-        if (st == CTRL_OK) out->loss += loss, st = train_compute_backward(k->compute, fused ? NULL : dlp);
+        if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(k->model, fused ? NULL : dlp);
     }
     free(lp), free(w), free(dlp), free(ent), free(ok);
     return st;
@@ -140,7 +140,7 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
         ctrl_batch_build(d, idx, n, &b, NULL);
         float *lp = malloc(sizeof(float) * (size_t)b.T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
-        st = lp && ok ? train_compute_forward(k->compute, &b, lp, NULL, ok)
+        st = lp && ok ? ctrl_model_forward(k->model, &b, lp, NULL, ok)
                       : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
         for (int s = 0; st == CTRL_OK && s < b.B; s++) {
             int all = 1, any = 0;

@@ -78,15 +78,14 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
     if (st == CTRL_OK) st = ctrl_model_load(weights_dir ? weights_dir : s->model.path, attention, &r->model);
     if (st == CTRL_OK)
-        st = train_compute_attach(&r->comp, r->model, attention, s->train.dtype,
-                                  p->n_memory ? p->memory[0]->ops : NULL, cfg);
+        st = train_compute_attach(&r->comp, r->model, s->train.dtype, p->n_memory ? p->memory[0]->ops : NULL,
+                                  cfg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {
         const train_kind_env env = {.cfg = cfg,
                                     .settings = s,
                                     .plugins = p,
                                     .model = r->model,
-                                    .compute = &r->comp,
                                     .tok = r->tok,
                                     .trainer_ops = r->trainer_ops,
                                     .trainer = r->trainer};
@@ -125,9 +124,9 @@ static void teardown(run_state *r) {
 static ctrl_status train_step(run_state *r, const int *order, long *cursor, int bs, int ga, double lr,
                               long step, train_step_stats *out, double *grad_norm) {
     memset(out, 0, sizeof *out);
-    ctrl_status st = train_compute_zero_grad(&r->comp);
+    ctrl_status st = ctrl_model_zero_grad(r->model);
     if (st == CTRL_OK) st = r->kind_ops->accumulate(r->kind, order, cursor, bs, ga, out);
-    if (st == CTRL_OK) st = train_compute_gather_grads(&r->comp);
+    if (st == CTRL_OK) st = ctrl_model_grads_to_host(r->model);
     if (st != CTRL_OK) return st;
     size_t n;
     float *grads = ctrl_model_grads(r->model, &n);
@@ -141,7 +140,6 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     }
     st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
     ctrl_model_weights_changed(r->model);
-    if (st == CTRL_OK) st = train_compute_sync_params(&r->comp);
     if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind);
     return st;
 }
