@@ -82,7 +82,15 @@ static ctrl_status encode_plain(const ctrl_tokenizer *t, const char *s, size_t n
         size_t at = 0, gap = 0;
         while (st == CTRL_OK && at < m) {
             int rc = pcre2_match(t->split, (PCRE2_SPTR)s, m, at, PCRE2_NO_UTF_CHECK, md, NULL);
-            if (rc < 0) break;
+            if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc < 0) { /* e.g. the match limit: a regex from the file that backtracks without end */
+                PCRE2_UCHAR msg[256];
+                pcre2_get_error_message(rc, msg, sizeof msg);
+                st = ctrl_error_set(CTRL_ERR_FORMAT,
+                                    "%s: the pre-tokenizer regex failed at byte %zu of a text: %s", t->path,
+                                    at, (const char *)msg);
+                break;
+            }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t b = ov[0], e = ov[1];
             if (b > gap) st = encode_piece(t, s + gap, b - gap, out, &scratch, &scratch_cap);

@@ -9,6 +9,7 @@
 
 #include "interrupt.h"
 #include "test.h"
+#include "tokenizer/tok_files.h"
 #include "tokenizer/tokenizer.h"
 
 static ctrl_tokenizer *tiny_bpe(void) {
@@ -128,4 +129,29 @@ TEST(a_long_encode_stops_when_interrupted) {
     free(words), free(one_word);
     ctrl_tokenizer_free(t);
     ctrl_tokenizer_free(sp);
+}
+
+/* A Split regex from the file that backtracks exponentially hits PCRE2's match limit: an error
+ * naming the file, not a hang and not a silently different split (it was one piece). */
+TEST(a_runaway_regex_is_an_error) {
+    const char *path = tok_write_file(
+        "runaway.json",
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}, "
+        "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+        "\"pattern\": {\"Regex\": \"(a|aa)+\\\\d\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}}");
+    ctrl_tokenizer *t = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
+    if (!t) return;
+    char *s = repeat("a", 200);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_EQ_INT(ctrl_tokenizer_encode(t, s, 200, 0, &ids, &n), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "runaway.json: the pre-tokenizer regex failed at byte 0");
+    CHECK_CONTAINS(ctrl_error_message(), "limit");
+    free(s);
+    ctrl_tokenizer_free(t);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", test_tmp_dir());
+    CHECK(system(cmd) == 0);
 }
