@@ -122,7 +122,6 @@ TEST(a_long_encode_stops_when_interrupted) {
     CHECK_EQ_INT(encode_polled(t, words, n), CTRL_ERR_INTERRUPTED);
     const double took = now() - t0;
     CHECK_MSG(took < 1.0, "the interrupted encode took %.2f s", took);
-    CHECK(polls > 1);
     /* without a source nothing is interrupted */
     ctrl_interrupt_set_source(NULL);
     CHECK_EQ_INT(encode_polled(t, words, 1 << 20), CTRL_OK);
