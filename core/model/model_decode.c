@@ -3,7 +3,9 @@
  * attention differs — each layer appends the new K/V to the cache and the `paged` attention plugin
  * (ctrl_model_set_paged_attention) attends over it through the sequences' block tables.
  * The head gives the logits of each sequence's last new token. Decoding has scratch of its own (one
- * layer's internals), so a training forward's saved activations survive it. */
+ * layer's internals), so a training forward's saved activations survive it. The ops go through
+ * the model's backend like training's, but the KV cache, the K/V append and the scratch are host
+ * memory: a model on a device does not decode yet (issue 20). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -173,7 +175,7 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
     m->dev_batch = m->batch; /* host memory */
     decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks, kv16};
-    ctrl_cpu_embedding_forward(m->acts[0].x_in, tokens, m->dparams + m->off_embed, T, C);
+    st = m->be->embedding_forward(m->acts[0].x_in, tokens, m->dparams + m->off_embed, T, C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                  paged_attention, &d);
@@ -183,8 +185,9 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
             memcpy(h + (size_t)s * C, m->x_out + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
             seqs[s]->len += n_new[s];
         }
-        ctrl_cpu_rmsnorm_forward(h, rstd, h, m->dparams + m->off_norm, n_seq, C, cfg->rms_norm_eps);
-        ctrl_cpu_linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, n_seq, C, V);
+        st = m->be->rmsnorm_forward(h, rstd, h, m->dparams + m->off_norm, n_seq, C, cfg->rms_norm_eps);
+        if (st == CTRL_OK)
+            st = m->be->linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, n_seq, C, V);
     }
     m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
     m->x_out = saved_out;

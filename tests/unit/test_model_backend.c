@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_case.h"
 #include "device/backend.h"
 #include "model/model.h"
 #include "test.h"
-#include "test_registry.h"
 
 /* ---- the staged backend ---- */
 
@@ -130,100 +130,15 @@ TEST(cpu_backend_table_is_complete) {
     }
 }
 
-/* Three packed sequences from the model's vocabulary. */
-static void make_batch(ctrl_batch *b, int vocab) {
-    static int32_t tok[57], pos[57], tg[57], cu[4] = {0, 20, 37, 57};
-    uint32_t x = 777;
-    for (int s = 0; s < 3; s++)
-        for (int t = cu[s]; t < cu[s + 1]; t++) {
-            x = x * 1664525u + 1013904223u;
-            tok[t] = (int32_t)((x >> 8) % (uint32_t)vocab), pos[t] = t - cu[s];
-        }
-    for (int s = 0; s < 3; s++)
-        for (int t = cu[s]; t < cu[s + 1]; t++) tg[t] = t + 1 < cu[s + 1] ? tok[t + 1] : -100;
-    *b = (ctrl_batch){.T = 57, .B = 3, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
-}
-
-typedef struct outputs {
-    float logp[3][57], ent[57], *grads;
-    int32_t correct[57];
-    size_t n;
-} outputs;
-
-/* Two plain steps and a fused one at temperature 0.7, the parameters nudged in between, and the
- * gradients of all three accumulated. */
-static void run(ctrl_model *m, outputs *o) {
-    ctrl_batch b;
-    make_batch(&b, ctrl_model_cfg(m)->vocab_size);
-    float dlogp[57];
-    for (int t = 0; t < 57; t++) dlogp[t] = b.targets[t] >= 0 ? -1.0f / 50 : 0.0f;
-    CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
-    CHECK_MSG(ctrl_model_forward(m, &b, o->logp[0], o->ent, o->correct) == CTRL_OK, "%s",
-              ctrl_error_message());
-    CHECK_MSG(ctrl_model_backward(m, dlogp) == CTRL_OK, "%s", ctrl_error_message());
-    size_t n;
-    float *p = ctrl_model_params(m, &n);
-    for (size_t i = 0; i < n; i += 7) p[i] *= 0.99f;
-    ctrl_model_weights_changed(m);
-    CHECK_EQ_INT(ctrl_model_forward(m, &b, o->logp[1], NULL, NULL), CTRL_OK);
-    CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
-    ctrl_model_set_temperature(m, 0.7f);
-    CHECK_EQ_INT(ctrl_model_forward_fused(m, &b, dlogp, o->logp[2], NULL, NULL), CTRL_OK);
-    CHECK_EQ_INT(ctrl_model_backward(m, NULL), CTRL_OK);
-    CHECK_EQ_INT(ctrl_model_grads_to_host(m), CTRL_OK);
-    float *g = ctrl_model_grads(m, &o->n);
-    o->grads = malloc(sizeof(float) * o->n);
-    memcpy(o->grads, g, sizeof(float) * o->n);
-}
-
+/* The staged backend against the CPU, bit for bit (backend_case.c), and not one pointer outside
+ * its memory. */
 static void compare_on_staged(const char *arch, const char *attention, int checkpointing) {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
-    ctrl_registry *reg = test_plugin_registry();
-    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
-    const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
-    CHECK(attn && ckpt);
-    if (!attn || !ckpt) return;
-    ctrl_memory *mem = NULL;
-    const ctrl_memory_ops *mops = ckpt->plugin->ops;
-    if (checkpointing) { /* every layer recomputed */
-        char ini[1200];
-        snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = 1\n", dir);
-        ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
-        CHECK(cfg && mops->create(ctrl_host_table(), cfg, 2, &mem) == CTRL_OK);
-        ctrl_config_free(cfg);
-    }
-    outputs host = {0}, dev = {0};
-    for (int side = 0; side < 2; side++) {
-        ctrl_model *m;
-        CHECK_EQ_INT(ctrl_model_load(dir, attn->plugin->ops, &m), CTRL_OK);
-        if (!m) break;
-        if (mem) ctrl_model_set_memory(m, mops, mem);
-        if (side == 1) {
-            CHECK_MSG(ctrl_model_to_device(m, staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}) == CTRL_OK, "%s",
-                      ctrl_error_message());
-            /* the host gradients stay as they were until brought back */
-            CHECK(ctrl_model_device(m).type == CTRL_DEVICE_CPU);
-        }
-        stray = 0;
-        run(m, side ? &dev : &host);
-        CHECK_MSG(stray == 0, "%s/%s: %d pointers handed to the backend's ops were not its memory", arch,
-                  attention, stray);
-        ctrl_model_free(m);
-    }
+    const ctrl_backend_ops *be = staged();
+    stray = 0;
+    backend_case_check(be, (ctrl_device){CTRL_DEVICE_CPU, 0}, arch, attention, checkpointing, 0, 0);
+    CHECK_MSG(stray == 0, "%s/%s: %d pointers handed to the backend's ops were not its memory", arch,
+              attention, stray);
     for (int i = 0; i < MAX_BLOCKS; i++) CHECK_MSG(!blocks[i].p, "%s: backend memory left after free", arch);
-    CHECK_MSG(memcmp(host.logp, dev.logp, sizeof host.logp) == 0, "%s/%s: logp differ on the staged backend",
-              arch, attention);
-    CHECK_MSG(memcmp(host.ent, dev.ent, sizeof host.ent) == 0, "%s: entropies differ", arch);
-    CHECK_MSG(memcmp(host.correct, dev.correct, sizeof host.correct) == 0, "%s: accuracy flags differ", arch);
-    CHECK_MSG(host.n == dev.n && memcmp(host.grads, dev.grads, sizeof(float) * host.n) == 0,
-              "%s/%s: gradients differ on the staged backend", arch, attention);
-    /* the temperature and the nudged parameters did change the log-probs */
-    CHECK(memcmp(host.logp[0], host.logp[1], sizeof host.logp[0]) != 0);
-    CHECK(memcmp(host.logp[1], host.logp[2], sizeof host.logp[1]) != 0);
-    free(host.grads), free(dev.grads);
-    if (mem) mops->destroy(mem);
-    ctrl_registry_destroy(reg);
 }
 
 TEST(staged_backend_matches_cpu_llama) { compare_on_staged("llama", "flash", 0); }

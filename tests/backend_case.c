@@ -1,0 +1,133 @@
+/* See backend_case.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_case.h"
+#include "config_load.h"
+#include "model/model.h"
+#include "test.h"
+#include "test_registry.h"
+
+enum { CASE_T = 57 };
+
+/* Three packed sequences from the model's vocabulary. */
+static void make_batch(ctrl_batch *b, int vocab) {
+    static int32_t tok[CASE_T], pos[CASE_T], tg[CASE_T], cu[4] = {0, 20, 37, CASE_T};
+    uint32_t x = 777;
+    for (int s = 0; s < 3; s++)
+        for (int t = cu[s]; t < cu[s + 1]; t++) {
+            x = x * 1664525u + 1013904223u;
+            tok[t] = (int32_t)((x >> 8) % (uint32_t)vocab), pos[t] = t - cu[s];
+        }
+    for (int s = 0; s < 3; s++)
+        for (int t = cu[s]; t < cu[s + 1]; t++) tg[t] = t + 1 < cu[s + 1] ? tok[t + 1] : -100;
+    *b = (ctrl_batch){.T = CASE_T, .B = 3, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+}
+
+typedef struct outputs {
+    float logp[3][CASE_T], ent[CASE_T], *grads;
+    int32_t correct[CASE_T];
+    size_t n;
+} outputs;
+
+static int run(ctrl_model *m, outputs *o) {
+    ctrl_batch b;
+    make_batch(&b, ctrl_model_cfg(m)->vocab_size);
+    float dlogp[CASE_T];
+    for (int t = 0; t < CASE_T; t++) dlogp[t] = b.targets[t] >= 0 ? -1.0f / 50 : 0.0f;
+    memset(o->logp, 0xff, sizeof o->logp);
+    int ok = ctrl_model_zero_grad(m) == CTRL_OK &&
+             ctrl_model_forward(m, &b, o->logp[0], o->ent, o->correct) == CTRL_OK &&
+             ctrl_model_backward(m, dlogp) == CTRL_OK;
+    size_t n;
+    float *p = ctrl_model_params(m, &n);
+    for (size_t i = 0; i < n; i += 7) p[i] *= 0.99f;
+    ctrl_model_weights_changed(m);
+    ok = ok && ctrl_model_forward(m, &b, o->logp[1], NULL, NULL) == CTRL_OK &&
+         ctrl_model_backward(m, dlogp) == CTRL_OK;
+    ctrl_model_set_temperature(m, 0.7f);
+    ok = ok && ctrl_model_forward_fused(m, &b, dlogp, o->logp[2], NULL, NULL) == CTRL_OK &&
+         ctrl_model_backward(m, NULL) == CTRL_OK && ctrl_model_grads_to_host(m) == CTRL_OK;
+    CHECK_MSG(ok, "%s", ctrl_error_message());
+    float *g = ctrl_model_grads(m, &o->n);
+    if ((o->grads = malloc(sizeof(float) * o->n))) memcpy(o->grads, g, sizeof(float) * o->n);
+    return ok && o->grads;
+}
+
+static int same(const void *a, const void *b, size_t bytes) { return memcmp(a, b, bytes) == 0; }
+
+void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch,
+                        const char *attention, int checkpointing, double tol_logp, double tol_grad) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
+    const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
+    CHECK(attn && ckpt);
+    ctrl_memory *mem = NULL;
+    const ctrl_memory_ops *mops = ckpt ? ckpt->plugin->ops : NULL;
+    if (attn && mops && checkpointing) { /* every layer recomputed */
+        char ini[1200];
+        snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = 1\n", dir);
+        ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
+        CHECK(cfg && mops->create(ctrl_host_table(), cfg, 2, &mem) == CTRL_OK);
+        ctrl_config_free(cfg);
+    }
+    outputs ref = {0}, dev = {0};
+    int ok = attn != NULL;
+    for (int side = 0; ok && side < 2; side++) {
+        ctrl_model *m = NULL;
+        ok = ctrl_model_load(dir, attn->plugin->ops, &m) == CTRL_OK;
+        CHECK_MSG(ok, "%s: %s", dir, ctrl_error_message());
+        if (ok && mem) ctrl_model_set_memory(m, mops, mem);
+        if (ok && side == 1) {
+            ok = ctrl_model_to_device(m, be, device) == CTRL_OK;
+            CHECK_MSG(ok, "%s onto %s: %s", arch, be->name, ctrl_error_message());
+        }
+        ok = ok && run(m, side ? &dev : &ref);
+        ctrl_model_free(m);
+    }
+    if (ok) {
+        const char *what = be->name;
+        double el = 0, ee = test_rel_error_f32(dev.ent, ref.ent, CASE_T), worst = -1;
+        for (int i = 0; i < 3; i++) {
+            double e = test_rel_error_f32(dev.logp[i], ref.logp[i], CASE_T);
+            el = e > el || e != e ? e : el;
+        }
+        const char *worst_name = "";
+        ctrl_model *shape = NULL;
+        ctrl_model_load(dir, NULL, &shape);
+        for (int v = 0; shape && v < ctrl_model_view_count(shape); v++) {
+            const ctrl_param_view *pv = ctrl_model_view(shape, v);
+            double e = test_rel_error_f32(dev.grads + pv->offset, ref.grads + pv->offset, pv->numel);
+            if (!(e <= worst)) worst = e, worst_name = pv->name;
+        }
+        ctrl_model_free(shape);
+        worst = worst < 0 ? 0 : worst;
+        if (tol_logp == 0) {
+            CHECK_MSG(same(dev.logp, ref.logp, sizeof ref.logp), "%s/%s on %s: log-probs differ", arch,
+                      attention, what);
+            CHECK_MSG(same(dev.ent, ref.ent, sizeof ref.ent), "%s on %s: entropies differ", arch, what);
+            CHECK_MSG(same(dev.correct, ref.correct, sizeof ref.correct), "%s on %s: accuracy flags differ",
+                      arch, what);
+        } else {
+            CHECK_MSG(el <= tol_logp && ee <= tol_logp, "%s/%s on %s: log-prob rel error %.3g, entropy %.3g",
+                      arch, attention, what, el, ee);
+        }
+        if (tol_grad == 0)
+            CHECK_MSG(ref.n == dev.n && same(dev.grads, ref.grads, sizeof(float) * ref.n),
+                      "%s/%s on %s: gradients differ", arch, attention, what);
+        else
+            CHECK_MSG(worst <= tol_grad, "%s/%s on %s: gradient of %s rel error %.3g", arch, attention, what,
+                      worst_name, worst);
+        /* the nudged parameters and the temperature did change the log-probs */
+        CHECK(!same(ref.logp[0], ref.logp[1], sizeof ref.logp[0]));
+        CHECK(!same(ref.logp[1], ref.logp[2], sizeof ref.logp[1]));
+        printf("  %-8s %-6s %s%s vs cpu: logp rel %.1e, entropy %.1e, worst grad rel %.1e (%s)\n", arch,
+               attention, what, checkpointing ? " (checkpointing)" : "", el, ee, worst, worst_name);
+    }
+    free(ref.grads), free(dev.grads);
+    if (mem) mops->destroy(mem);
+    ctrl_registry_destroy(reg);
+}

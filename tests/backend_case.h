@@ -1,0 +1,22 @@
+/* The model on a backend against the model on the CPU backend, shared by
+ * tests/unit/test_model_backend.c (a staged host backend: bit-identical) and
+ * tests/cuda/test_cuda_model.c (the CUDA backend, natively or under issue 20's emulation: within
+ * fp32 tolerances). A fixture model (tests/fixtures/models/ARCH) is loaded twice, one copy placed
+ * on `be` with ctrl_model_to_device, and both run the same sequence on a packed batch of three
+ * sequences: a forward (log-probs, entropies, accuracy flags) and backward; the parameters nudged
+ * and ctrl_model_weights_changed, a second forward and backward; temperature 0.7 and the fused
+ * forward (SFT's step) with backward(NULL); the gradients of all three accumulated and brought to
+ * the host. With `checkpointing` the `checkpointing` memory plugin recomputes every layer. */
+#ifndef CTRL_TEST_BACKEND_CASE_H
+#define CTRL_TEST_BACKEND_CASE_H
+
+#include <ctrl/tensor.h>
+
+#include "device/backend.h"
+
+/* tol_logp / tol_grad: relative L2 errors allowed (log-probs and entropies / each parameter's
+ * gradient); 0 requires bit-identical results (accuracy flags too). CHECKs and prints the worst. */
+void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch,
+                        const char *attention, int checkpointing, double tol_logp, double tol_grad);
+
+#endif
