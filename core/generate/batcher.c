@@ -31,7 +31,8 @@ struct ctrl_batcher {
     char why[256]; /* the abort's message */
     pthread_t thread;
     ctrl_batcher_stats stats;
-    long period_jobs; /* jobs in the current generation */
+    long period_jobs;    /* jobs in the current generation */
+    uint64_t jobs_added; /* the worker's: numbers each job's group */
     /* the worker's own: the jobs in the running generation */
     job **running;
     int n_running, cap_running;
@@ -74,9 +75,11 @@ static void add_job(ctrl_batcher *b, job *j) {
     }
     if (!j->mine || b->n_running == b->cap_running) return finish(b, j, CTRL_ERR_NOMEM, "out of memory");
     j->left = j->n_req;
+    b->jobs_added++;
     for (int r = 0, o = 0; r < j->n_req; o += j->reqs[r++].n) {
         j->mine[r] = j->reqs[r];
         j->mine[r].on_finish = request_finished, j->mine[r].finish_ctx = j;
+        j->mine[r].group = b->jobs_added; /* a job's requests share the step's slots fairly with others' */
         ctrl_status st = ctrl_engine_add(b->eng, &j->mine[r], j->outs + o);
         if (st == CTRL_OK) continue;
         if (r == 0) return finish(b, j, st, ctrl_error_message());

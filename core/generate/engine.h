@@ -33,6 +33,10 @@ typedef struct ctrl_gen_request {
     /* Optional: called (from inside ctrl_engine_step) when the request's last sample finishes. */
     void (*on_finish)(void *ctx);
     void *finish_ctx;
+    /* Requests of one caller (ctrl serve: one HTTP request) share a group; when more sequences
+     * want a step than it has slots, each group gets an equal share first (0 for all: arrival
+     * order). Requests of a group are added one after another. */
+    uint64_t group;
 } ctrl_gen_request;
 
 typedef struct ctrl_gen_output {

@@ -23,6 +23,7 @@ typedef struct gen_seq {
     int n_tokens, cap;
     ctrl_rng rng;
     ctrl_gen_output *out;
+    long mark; /* the step that last picked it (engine_pick.c) */
 } gen_seq;
 
 /* A token to draw after a decode step: from `logits`, for `s` (filled in parallel, recorded in order). */
@@ -54,5 +55,8 @@ struct ctrl_engine {
     gen_draw *draws; /* one per sequence at most */
     int draws_cap;
 };
+
+/* Fills batch / n_new with the step's sequences (engine_pick.c); how many. */
+int engine_pick(ctrl_engine *e);
 
 #endif

@@ -232,20 +232,10 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
     ctrl_status st = tidy(e);
     if (st != CTRL_OK || e->n == 0) return st;
     const int V = ctrl_model_cfg(e->model)->vocab_size;
-    /* 1. decode every running sequence (one token each), 2. prefill chunks of waiting ones, each at
-     * most max_prefill_chunk tokens: a long prompt takes a slice of every step rather than whole
-     * steps, so the requests behind it start (and the running ones decode) meanwhile */
-    int nb = 0, budget = e->cfg.max_num_batched_tokens, t = 0;
-    const int chunk = e->prefill_chunk > 0 ? e->prefill_chunk : budget;
-    for (int i = 0; i < e->n && nb < e->scratch && budget > 0; i++)
-        if (e->seqs[i].state == RUNNING) e->batch[nb] = &e->seqs[i], e->n_new[nb++] = 1, budget--;
-    for (int i = 0; i < e->n && nb < e->scratch && budget > 0; i++)
-        if (e->seqs[i].state == WAITING) {
-            int take = e->seqs[i].n_tokens - e->seqs[i].kv.len;
-            if (take > budget) take = budget;
-            if (take > chunk) take = chunk;
-            e->batch[nb] = &e->seqs[i], e->n_new[nb++] = take, budget -= take;
-        }
+    /* 1. decode running sequences (one token each), 2. prefill chunks of waiting ones, each at most
+     * prefill_chunk tokens: a long prompt takes a slice of every step rather than whole steps, so
+     * the requests behind it start (and the running ones decode) meanwhile (engine_pick.c) */
+    int nb = engine_pick(e), t = 0;
     if (nb > 0 && (st = reserve(e, &nb)) != CTRL_OK) return st;
     for (int b = 0; b < nb; b++) {
         memcpy(e->tokens + t, e->batch[b]->tokens + e->batch[b]->kv.len,

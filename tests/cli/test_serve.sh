@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ctrl serve under abuse: every invalid request field is a 400 naming it; prompts x n and prompt +
 # max_tokens are bounded; a refused /update_weights body changes no weight; partial requests
-# (slowloris) are closed after --timeout-s; the SIGTERM drain ends after --drain-s, answering what
-# still runs with 503. (The happy paths are in test_cli.sh.)
+# (slowloris) are closed after --timeout-s; a request of many sequences does not hold up a small
+# one; the SIGTERM drain ends after --drain-s, answering what still runs with 503. (The happy
+# paths are in test_cli.sh.)
 # usage: test_serve.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/../e2e/e2e_common.sh"
 
@@ -131,11 +132,25 @@ wait $trickle 2>/dev/null
 code=$(post /generate -d '{"prompts": ["x"], "max_tokens": 2}')
 [ "$code" = 200 ] && ok || bad "serving after the slow clients: $code"
 
+# One request of many sequences (more than a step's 256 slots) does not hold up a small one sent
+# after it: the small one gets its share of every step and is answered first (it waited for all of
+# them before).
+(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["a", "b"], "n": 512, "max_tokens": 8}' >"$TMP/big"
+  date +%s%N >"$TMP/big_end") &
+bpid=$!
+for _ in $(seq 200); do curl -s "localhost:$PORT/health" | grep -q '"generations":2' && break; sleep 0.02; done
+curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["hi"], "max_tokens": 8}' >"$TMP/small"
+date +%s%N >"$TMP/small_end"
+wait $bpid
+grep -q completion_ids "$TMP/small" && grep -q completion_ids "$TMP/big" &&
+  [ "$(cat "$TMP/small_end")" -lt "$(cat "$TMP/big_end")" ] && ok ||
+  bad "a small request behind 1024 sequences: done at $(cat "$TMP/small_end"), the big one at $(cat "$TMP/big_end")"
+
 # The drain is bounded: SIGTERM during a generation longer than --drain-s answers it 503 and exits 0.
 curl -s -o "$TMP/long.json" -w "%{http_code}" -X POST "localhost:$PORT/generate" \
   -d '{"prompts": ["x"], "n": 64, "max_tokens": 4000, "temperature": 1}' >"$TMP/long.code" &
 cpid=$!
-for _ in $(seq 100); do curl -s "localhost:$PORT/health" | grep -q '"generations":2' && break; sleep 0.05; done
+for _ in $(seq 100); do curl -s "localhost:$PORT/health" | grep -q '"generations":3' && break; sleep 0.05; done
 t0=$(date +%s%N)
 kill -TERM $spid
 wait $spid
