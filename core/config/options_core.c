@@ -1,5 +1,7 @@
 /* The core's own sections and keys. Key names follow TRL / transformers' TrainingArguments
  * wherever they have one, with their defaults (SFT's where trainers differ). */
+#include <float.h>
+
 #include "config/config_internal.h"
 
 /* Each range macro ends at .max so that the positional initialisers after it continue at .choices. */
@@ -134,7 +136,10 @@ static const ctrl_option generation_options[] = {
     {"top_p", CTRL_OPT_FLOAT, "1.0", RANGE(0, 1), NULL, "Nucleus sampling mass."},
     {"top_k", CTRL_OPT_INT, "0", MIN(0), NULL, "Sample among the k most likely tokens (0 = off)."},
     {"min_p", CTRL_OPT_FLOAT, "0", RANGE(0, 1), NULL, "Drop tokens below min_p times the top probability."},
-    {"repetition_penalty", CTRL_OPT_FLOAT, "1.0", POSITIVE, NULL, "Penalty on tokens already present."},
+    {"repetition_penalty", CTRL_OPT_FLOAT, "1.0", RANGE(FLT_MIN, FLT_MAX), NULL,
+     "Penalty on tokens already present (1 = off; a normal positive float: a subnormal one would overflow "
+     "the "
+     "logits)."},
     {"sleep", CTRL_OPT_INT, "0", RANGE(0, 2), NULL,
      "colocate: 1 releases the KV pool between generation phases, 2 also inference-only buffers."},
     {"log_completions", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,

@@ -1,6 +1,7 @@
 /* Logits processing and seeded draws (see sampling.h). Probabilities are summed in double, each
  * exp taken in fp32 by the vectorisable ctrl_exp_approx (< 2 ulp): a large vocabulary makes these
  * loops a real share of a decode step. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -58,10 +59,16 @@ static void top_p_filter(float *l, int V, float top_p) {
     free(idx);
 }
 
+/* Written so that a NaN fails each test. repetition_penalty must be a normal float: dividing by a
+ * subnormal one overflows to inf (and inf - inf is NaN downstream); temperature likewise, or 0. */
+int ctrl_sampling_params_valid(const ctrl_sampling_params *p) {
+    return (p->temperature == 0 || (p->temperature >= FLT_MIN && p->temperature <= FLT_MAX)) &&
+           p->top_p > 0 && p->top_p <= 1 && p->min_p >= 0 && p->min_p <= 1 &&
+           p->repetition_penalty >= FLT_MIN && p->repetition_penalty <= FLT_MAX;
+}
+
 int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen) {
-    if (p->temperature < 0 || p->top_p <= 0 || p->top_p > 1 || p->min_p < 0 || p->min_p > 1 ||
-        p->repetition_penalty <= 0)
-        return -1;
+    if (!ctrl_sampling_params_valid(p)) return -1;
     if (p->repetition_penalty != 1.0f) { /* each distinct seen token once */
         uint8_t *done = calloc((size_t)V, 1);
         for (int i = 0; i < n_seen; i++) {
@@ -69,11 +76,12 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
             if (t < 0 || t >= V || done[t]) continue;
             done[t] = 1;
             l[t] = l[t] < 0 ? l[t] * p->repetition_penalty : l[t] / p->repetition_penalty;
+            if (l[t] > FLT_MAX) l[t] = FLT_MAX; /* a finite logit stays finite: +inf would make NaNs */
         }
         free(done);
     }
     if (p->temperature > 0 && p->temperature != 1.0f)
-        for (int i = 0; i < V; i++) l[i] /= p->temperature;
+        for (int i = 0; i < V; i++) l[i] = fminf(l[i] / p->temperature, FLT_MAX); /* as above */
     if (p->top_k > 0 && p->top_k < V) { /* below the k-th largest value goes; ties with it stay */
         float *sorted = malloc(sizeof(float) * (size_t)V);
         for (int i = 0; i < V; i++) sorted[i] = l[i];

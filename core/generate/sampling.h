@@ -24,6 +24,9 @@ typedef struct ctrl_rng {
 void ctrl_rng_seed(ctrl_rng *r, uint64_t seed);
 double ctrl_rng_uniform(ctrl_rng *r); /* [0, 1) with 53 random bits */
 
+/* 1 when the parameters are usable: temperature 0 or a normal positive float, top_p in (0, 1], min_p
+ * in [0, 1], repetition_penalty a normal positive float (no NaN, infinity or subnormal anywhere). */
+int ctrl_sampling_params_valid(const ctrl_sampling_params *p);
 /* Processes logits[V] in place (filtered entries become -inf); `seen` are the token ids the
  * repetition penalty applies to. Returns 0, or -1 when the parameters are invalid. */
 int ctrl_sampling_process(const ctrl_sampling_params *p, float *logits, int V, const int32_t *seen,

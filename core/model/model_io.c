@@ -159,6 +159,14 @@ ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctr
                 (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0], (long long)v->shape[1]);
             break;
         }
+        float bad;
+        const int64_t at = ctrl_safetensors_find_non_finite(file, t, &bad);
+        if (at >= 0) {
+            st = ctrl_error_set(CTRL_ERR_FORMAT,
+                                "%s: tensor '%s' holds %g at element %lld (weights must be finite)", dir,
+                                v->name, (double)bad, (long long)at);
+            break;
+        }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
     }
     shards_close(&shards);

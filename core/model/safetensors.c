@@ -5,6 +5,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,57 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
                               ctrl_dtype_name(t->dtype));
     }
     return CTRL_OK;
+}
+
+/* Is the element at i of a float tensor's raw data non-finite (all exponent bits set)? The data is
+ * little-endian, as the host (the f32 read copies it as is). */
+static int raw_non_finite(const unsigned char *src, ctrl_dtype dtype, int64_t i) {
+    if (dtype == CTRL_F32) {
+        uint32_t u;
+        memcpy(&u, src + 4 * i, 4);
+        return (u & 0x7f800000u) == 0x7f800000u;
+    }
+    uint16_t h;
+    memcpy(&h, src + 2 * i, 2);
+    return dtype == CTRL_BF16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u;
+}
+
+/* Whether [b, e) holds one: one branch-free loop per dtype, so that each vectorises. */
+static int block_non_finite(const unsigned char *src, ctrl_dtype dtype, int64_t b, int64_t e) {
+    unsigned any = 0;
+    if (dtype == CTRL_F32)
+#pragma omp simd reduction(| : any)
+        for (int64_t i = b; i < e; i++) any |= (unsigned)raw_non_finite(src, CTRL_F32, i);
+    else if (dtype == CTRL_BF16)
+#pragma omp simd reduction(| : any)
+        for (int64_t i = b; i < e; i++) any |= (unsigned)raw_non_finite(src, CTRL_BF16, i);
+    else
+#pragma omp simd reduction(| : any)
+        for (int64_t i = b; i < e; i++) any |= (unsigned)raw_non_finite(src, CTRL_F16, i);
+    return any != 0;
+}
+
+int64_t ctrl_safetensors_find_non_finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *value) {
+    if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16) return -1;
+    const unsigned char *src = st->map + t->offset;
+    const int64_t n = (int64_t)(t->nbytes / ctrl_dtype_size(t->dtype));
+    for (int64_t b = 0; b < n; b += 4096) { /* a branch-free pass per block, vectorised */
+        const int64_t e = b + 4096 < n ? b + 4096 : n;
+        if (!block_non_finite(src, t->dtype, b, e)) continue;
+        for (int64_t i = b; i < e; i++)
+            if (raw_non_finite(src, t->dtype, i)) {
+                if (value) {
+                    const uint32_t sign = t->dtype == CTRL_F32 ? src[4 * i + 3] >> 7 : src[2 * i + 1] >> 7;
+                    const int nan = t->dtype == CTRL_F32
+                                        ? (src[4 * i] | src[4 * i + 1] | (src[4 * i + 2] & 0x7f)) != 0
+                                    : t->dtype == CTRL_BF16 ? (src[2 * i] & 0x7f) != 0
+                                                            : (src[2 * i] | (src[2 * i + 1] & 0x03)) != 0;
+                    *value = nan ? NAN : sign ? -INFINITY : INFINITY;
+                }
+                return i;
+            }
+    }
+    return -1;
 }
 
 static int cmp_write(const void *a, const void *b) {

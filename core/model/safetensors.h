@@ -36,6 +36,11 @@ const ctrl_st_tensor *ctrl_safetensors_find(const ctrl_safetensors *st, const ch
 ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *name, float *dst,
                                       int64_t numel);
 
+/* The index of the first NaN or infinity in a float tensor (f32/bf16/f16, read from its stored bits,
+ * nothing converted), its value in *value (may be NULL); -1 when every value is finite or the
+ * tensor is not a float type. For checks before anything is written (weights never hold these). */
+int64_t ctrl_safetensors_find_non_finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *value);
+
 /* One tensor to write: f32 data, stored as `dtype` (CTRL_F32 or CTRL_BF16). */
 typedef struct ctrl_st_write {
     const char *name;

@@ -75,6 +75,11 @@ static const bad_case cases[] = {
      {0},
      CTRL_ERR_CONFIG,
      {"@:7", "learning_rate", "out of range", "> 0"}},
+    {"subnormal_repetition_penalty", /* issue 15: it overflowed the logits to inf, then NaN */
+     BASE_INI "[generation]\nrepetition_penalty = 1e-45\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@", "repetition_penalty", "out of range"}},
     {"zero_accumulation",
      BASE_INI "gradient_accumulation_steps = 0\n",
      {0},

@@ -1,7 +1,9 @@
 /* ctrl_exp_approx (include/ctrl/exp_approx.h, used by the head, SwiGLU, flash attention, the paged
  * plugin and sampling) against libm's exp in double: relative error below 2 ulp of fp32 over the
  * whole clamped range, exact 1 at 0, finite and monotone at the ends; the same values from a
- * vectorised loop as from scalar calls. */
+ * vectorised loop as from scalar calls; NaN in, NaN out, without undefined behaviour (this test is
+ * built with UBSan's float-cast-overflow and shift checks, tests/unit/tests.cmake: converting the
+ * NaN's n to an integer used to be one). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -46,5 +48,26 @@ TEST(vectorised_loop_equals_scalar_calls) {
         same &= y[i] == ctrl_exp_approx(xi);
     }
     CHECK(same);
+    free(x), free(y);
+}
+
+TEST(nan_gives_nan_and_infinities_clamp) {
+    volatile float nan = NAN;
+    CHECK(isnan(ctrl_exp_approx(nan)));
+    CHECK(isnan(ctrl_exp_approx(-nan)));
+    CHECK(ctrl_exp_approx(INFINITY) == ctrl_exp_approx(1000.0f));
+    CHECK(ctrl_exp_approx(-INFINITY) == ctrl_exp_approx(-1000.0f));
+    enum { N = 1027 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = i % 3 == 0 ? nan : i % 3 == 1 ? INFINITY : -50.0f + (float)i / 10;
+#pragma omp simd
+    for (int i = 0; i < N; i++) y[i] = ctrl_exp_approx(x[i]);
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        volatile float xi = x[i];
+        const float want = ctrl_exp_approx(xi);
+        ok &= isnan(x[i]) ? isnan(y[i]) : y[i] == want && isfinite(y[i]);
+    }
+    CHECK(ok);
     free(x), free(y);
 }

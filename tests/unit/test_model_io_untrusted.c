@@ -1,6 +1,7 @@
 /* Model directories as untrusted input (issue 15): sharded weights must name each tensor once, and
  * model.safetensors.index.json must tell the truth about where each tensor is. The directories are
  * made here from the llama fixture's own weights. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,17 +17,24 @@ static ctrl_model *fixture(void) {
     return m;
 }
 
+/* DIR/name/ holding the fixture's config.json. */
+static const char *model_dir(const char *name) {
+    static char dir[512];
+    char cmd[1200];
+    snprintf(dir, sizeof dir, "%s/%s", test_tmp_dir(), name);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/models/llama/config.json %s/", dir, CTRL_FIXTURE_DIR,
+             dir);
+    CHECK(system(cmd) == 0);
+    return dir;
+}
+
 /* DIR/name/ with the fixture's config.json, and its tensors split into shard a (views < half) and
  * shard b (the rest, plus view `dup` again when >= 0); the index maps `lie` (when given) to
  * `lie_shard`. Returns the directory. */
 static const char *sharded_dir(const char *name, ctrl_model *m, int dup, const char *lie,
                                const char *lie_shard) {
-    static char dir[512];
-    char path[700], cmd[1200];
-    snprintf(dir, sizeof dir, "%s/%s", test_tmp_dir(), name);
-    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/models/llama/config.json %s/", dir, CTRL_FIXTURE_DIR,
-             dir);
-    CHECK(system(cmd) == 0);
+    const char *dir = model_dir(name);
+    char path[700];
     const int nv = ctrl_model_view_count(m), half = nv / 2;
     float *params = ctrl_model_params(m, NULL);
     ctrl_st_write *w = calloc((size_t)nv + 1, sizeof *w);
@@ -87,5 +95,52 @@ TEST(an_index_that_lies_is_refused) {
                    "weight_map puts 'model.embed_tokens.weight' in b.safetensors, which has no such tensor");
     CHECK_EQ_INT(ctrl_model_load(sharded_dir("dots", m, -1, name, ".."), NULL, &s), CTRL_ERR_FORMAT);
     CHECK_CONTAINS(ctrl_error_message(), "bad shard name for 'model.embed_tokens.weight'");
+    ctrl_model_free(m);
+}
+
+/* DIR/name/ with the fixture's config.json and its weights as one file of `dtype`, where element
+ * `at` of view `which` is `value`. */
+static const char *poisoned_dir(const char *name, ctrl_model *m, int which, int64_t at, float value,
+                                ctrl_dtype dtype) {
+    const char *dir = model_dir(name);
+    char path[700];
+    size_t n = 0;
+    ctrl_model_params(m, &n);
+    float *copy = malloc(n * sizeof(float));
+    memcpy(copy, ctrl_model_params(m, NULL), n * sizeof(float));
+    const int nv = ctrl_model_view_count(m);
+    ctrl_st_write *w = calloc((size_t)nv, sizeof *w);
+    for (int i = 0; i < nv; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        w[i] = (ctrl_st_write){.name = v->name, .data = copy + v->offset, .ndim = v->ndim};
+        w[i].shape[0] = v->shape[0], w[i].shape[1] = v->shape[1];
+        if (i == which) copy[v->offset + (size_t)at] = value;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_EQ_INT(ctrl_safetensors_write(path, w, nv, dtype), CTRL_OK);
+    free(w), free(copy);
+    return dir;
+}
+
+TEST(non_finite_weights_are_refused_naming_the_tensor) {
+    ctrl_model *m = fixture(), *s = NULL;
+    if (!m) return;
+    const int which = 3;
+    const char *name = ctrl_model_view(m, which)->name;
+    char want[300];
+    static const float values[] = {NAN, INFINITY, -INFINITY};
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 3; k++) {
+            const ctrl_dtype dtype = d ? CTRL_BF16 : CTRL_F32;
+            CHECK_EQ_INT(ctrl_model_load(poisoned_dir("poison", m, which, 5 + k, values[k], dtype), NULL, &s),
+                         CTRL_ERR_FORMAT);
+            CHECK(s == NULL);
+            snprintf(want, sizeof want, "tensor '%s' holds %g at element %d (weights must be finite)", name,
+                     (double)values[k], 5 + k);
+            CHECK_CONTAINS(ctrl_error_message(), want);
+        }
+    /* the largest finite values load */
+    CHECK_EQ_INT(ctrl_model_load(poisoned_dir("big", m, which, 0, 3.0e38f, CTRL_F32), NULL, &s), CTRL_OK);
+    ctrl_model_free(s);
     ctrl_model_free(m);
 }

@@ -1,5 +1,6 @@
 /* safetensors as untrusted input: round trips of the writer, f16/bf16 conversion, and one clear
  * error (never a crash) for each way a header can lie. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,19 @@ TEST(f16_conversion) {
     float v[5];
     CHECK_EQ_INT(ctrl_safetensors_read_f32(st, "h", v, 5), CTRL_OK);
     CHECK(v[0] == 1.0f && v[1] == -2.0f && v[2] == 65504.0f && v[3] == 0x1p-24f && v[4] == 0x1p-14f);
+    CHECK_EQ_INT(ctrl_safetensors_find_non_finite(st, ctrl_safetensors_find(st, "h"), NULL), -1);
+    ctrl_safetensors_close(st);
+    /* f16 infinity and NaN (exponent all ones) are found, at their index, with their value */
+    const uint16_t nonfinite[5] = {0x3C00, 0x7BFF, 0xFC00, 0x7E00, 0x7C00};
+    f = fopen(path, "wb");
+    for (int i = 0; i < 8; i++) fputc((int)((len >> (8 * i)) & 0xff), f);
+    fputs(hdr, f);
+    for (int i = 0; i < 5; i++) fputc(nonfinite[i] & 0xff, f), fputc(nonfinite[i] >> 8, f);
+    fclose(f);
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &st), CTRL_OK);
+    float value = 0;
+    CHECK_EQ_INT(ctrl_safetensors_find_non_finite(st, ctrl_safetensors_find(st, "h"), &value), 2);
+    CHECK(value == -INFINITY);
     ctrl_safetensors_close(st);
 }
 

@@ -122,3 +122,40 @@ TEST(same_seed_same_tokens_and_greedy_is_argmax) {
     CHECK_EQ_INT(ctrl_sample(&bad, l, V, NULL, 0, &a, &lp), -1);
     free(c);
 }
+
+/* Issue 15: NaN passed every range check written as `x < lo || x > hi`, and a subnormal
+ * repetition_penalty divided a positive logit to +inf (then inf - inf = NaN in the softmax). */
+TEST(non_finite_and_subnormal_parameters_are_refused) {
+    const ctrl_sampling_params ok = {.temperature = 1, .top_p = 1, .min_p = 0, .repetition_penalty = 1};
+    CHECK(ctrl_sampling_params_valid(&ok));
+    const float bad_values[] = {NAN, INFINITY, -1.0f, 1e-45f, 0.0f};
+    for (int k = 0; k < 5; k++) {
+        ctrl_sampling_params p = ok;
+        p.repetition_penalty = bad_values[k];
+        CHECK_MSG(!ctrl_sampling_params_valid(&p), "repetition_penalty %g accepted", (double)bad_values[k]);
+        p = ok, p.temperature = bad_values[k];
+        CHECK_MSG(!ctrl_sampling_params_valid(&p) == (bad_values[k] != 0.0f), "temperature %g",
+                  (double)bad_values[k]);
+        p = ok, p.top_p = bad_values[k];
+        CHECK_MSG(!ctrl_sampling_params_valid(&p) == !(bad_values[k] > 0 && bad_values[k] <= 1), "top_p %g",
+                  (double)bad_values[k]);
+        if (bad_values[k] != 0.0f) {
+            p = ok, p.min_p = bad_values[k];
+            CHECK_MSG(!ctrl_sampling_params_valid(&p) == !(bad_values[k] > 0 && bad_values[k] <= 1),
+                      "min_p %g", (double)bad_values[k]);
+        }
+    }
+    /* the smallest normal penalty and temperature: logits overflow no further than FLT_MAX */
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = (float)(i % 7) - 3.0f;
+    const int32_t seen[3] = {1, 2, 3};
+    ctrl_sampling_params p = ok;
+    p.repetition_penalty = 1.1754944e-38f, p.temperature = 1.1754944e-38f;
+    ctrl_rng rng;
+    ctrl_rng_seed(&rng, 7);
+    float lp = 0;
+    const int32_t tok = ctrl_sample(&p, l, V, seen, 3, &rng, &lp);
+    CHECK(tok >= 0 && tok < V);
+    CHECK_MSG(!isnan(lp), "log-probability %g", (double)lp);
+    for (int i = 0; i < V; i++) CHECK(!isnan(l[i]) && l[i] < INFINITY);
+}
