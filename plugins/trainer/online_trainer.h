@@ -74,6 +74,15 @@ static inline void online_read_options(const ctrl_config *cfg, const char *secti
     *hi = 1 + eps_high;
 }
 
+/* CTRL_OK when a scored generation batch is whole groups (its completions i * group .. i * group +
+ * group - 1 answer prompt i), as the advantages need. */
+static inline ctrl_status online_check_groups(const char *trainer, const ctrl_rollout *r) {
+    if (r->group < 1 || r->n % r->group)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer %s: %d completions are not groups of %d", trainer,
+                              r->n, r->group);
+    return CTRL_OK;
+}
+
 /* The ratio c1 = pi / pi_old capped at delta when delta > 0 (GRPO's two-sided clipping). */
 static inline double online_capped(double c1, double delta) { return delta > 0 && c1 > delta ? delta : c1; }
 

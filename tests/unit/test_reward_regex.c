@@ -86,3 +86,38 @@ TEST(format_and_regex_match_python) {
     cJSON_Delete(root);
     ctrl_registry_destroy(reg);
 }
+
+/* An empty pattern is refused naming the key, for `regex` (required) and for `format` (which used to
+ * fall back silently to its default when the file set `pattern =`). The flags come from each
+ * plugin's option table: `format` defaults dotall and multiline to true, so TRL's think format
+ * matches across lines with no flag in the file. */
+TEST(empty_pattern_is_refused_and_flags_come_from_the_table) {
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_config *cfg = test_config_from_text(reg, "empty.ini",
+                                             "[model]\npath = m\n[memory]\nstrategies =\n"
+                                             "[reward.re]\nplugin = regex\npattern =\n"
+                                             "[reward.fmt]\nplugin = format\npattern =\n"
+                                             "[reward.think]\nplugin = format\n");
+    const ctrl_plugin_entry *re = ctrl_registry_find(reg, CTRL_KIND_REWARD, "regex");
+    const ctrl_plugin_entry *fmt = ctrl_registry_find(reg, CTRL_KIND_REWARD, "format");
+    CHECK(cfg && re && fmt);
+    if (!cfg || !re || !fmt) return;
+    const ctrl_reward_ops *re_ops = re->plugin->ops, *fmt_ops = fmt->plugin->ops;
+    ctrl_reward *r = NULL;
+    CHECK_EQ_INT(re_ops->create(ctrl_host_table(), cfg, "reward.re", &r), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "[reward.re] pattern: must not be empty");
+    CHECK_EQ_INT(fmt_ops->create(ctrl_host_table(), cfg, "reward.fmt", &r), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "[reward.fmt] pattern: must not be empty");
+    CHECK_EQ_INT(fmt_ops->create(ctrl_host_table(), cfg, "reward.think", &r), CTRL_OK);
+    if (r) {
+        const char *completions[] = {"<think>\nstep one\nstep two\n</think>\nanswer", "no think"};
+        ctrl_reward_batch b = {.size = sizeof b, .n = 2, .completions = completions};
+        float out[2];
+        CHECK_EQ_INT(fmt_ops->score(r, &b, out), CTRL_OK);
+        CHECK_NEAR(out[0], 1.0, 0);
+        CHECK_NEAR(out[1], 0.0, 0);
+        fmt_ops->destroy(r);
+    }
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+}

@@ -57,8 +57,8 @@ static ctrl_status grpo_spec(ctrl_trainer *t, ctrl_online_spec *out) {
  * function scored (NaN) get 0. */
 static ctrl_status grpo_advantages(ctrl_trainer *t, const ctrl_rollout *r, float *adv) {
     const int G = r->group, n = r->n;
-    if (G < 1 || n % G)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer grpo: %d completions are not groups of %d", n, G);
+    ctrl_status st = online_check_groups("grpo", r);
+    if (st != CTRL_OK) return st;
     const double batch_std = n > 1 ? online_nanstd(r->rewards, n, 1) : 0.0;
     long zero_std = 0;
     for (int g = 0; g < n / G; g++) {

@@ -53,8 +53,8 @@ static ctrl_status rloo_spec(ctrl_trainer *t, ctrl_online_spec *out) {
 
 static ctrl_status rloo_advantages(ctrl_trainer *t, const ctrl_rollout *r, float *adv) {
     const int G = r->group, n = r->n;
-    if (G < 1 || n % G)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer rloo: %d completions are not groups of %d", n, G);
+    ctrl_status st = online_check_groups("rloo", r);
+    if (st != CTRL_OK) return st;
     if (t->beta != 0 && (!r->kl || !r->n_tokens))
         return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer rloo: beta != 0 needs the KL of each completion");
     float *rw = malloc(sizeof(float) * (size_t)n);
