@@ -86,24 +86,33 @@ static int prompt_list(const cJSON *in, const char *key, const char *ids_key, co
     return cJSON_GetArraySize(*list);
 }
 
-/* One prompt's token ids: text through the tokenizer, or a list of ids in the vocabulary. */
-static int prompt_ids(ctrl_server *s, const cJSON *e, const char *what, int i, int32_t **ids, int *len,
-                      char *msg, size_t cap) {
+/* The status of a failed tokenization: the server is stopping (the drain's deadline interrupts
+ * it, server.c), out of memory, or the text itself (400). */
+static unsigned encode_failed(ctrl_status st) {
+    return st == CTRL_ERR_INTERRUPTED ? 503 : st == CTRL_ERR_NOMEM ? 500 : 400;
+}
+
+/* One prompt's token ids: text through the tokenizer, or a list of ids in the vocabulary; 0 or the
+ * HTTP status. */
+static unsigned prompt_ids(ctrl_server *s, const cJSON *e, const char *what, int i, int32_t **ids, int *len,
+                           char *msg, size_t cap) {
     const int V = ctrl_tokenizer_vocab_size(s->tok);
     if (cJSON_IsString(e)) {
         size_t n = 0;
-        if (ctrl_tokenizer_encode(s->tok, e->valuestring, strlen(e->valuestring), 1, ids, &n) != CTRL_OK)
-            return snprintf(msg, cap, "%s[%d]: %s", what, i, ctrl_error_message()), -1;
+        const ctrl_status st =
+            ctrl_tokenizer_encode(s->tok, e->valuestring, strlen(e->valuestring), 1, ids, &n);
+        if (st != CTRL_OK)
+            return snprintf(msg, cap, "%s[%d]: %s", what, i, ctrl_error_message()), encode_failed(st);
         if (n > (size_t)s->context) n = (size_t)s->context + 1; /* refused below */
         *len = (int)n;
     } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) <= s->context) {
         *ids = malloc(sizeof(int32_t) * (size_t)(cJSON_GetArraySize(e) + 1));
-        if (!*ids) return snprintf(msg, cap, "out of memory"), -1;
+        if (!*ids) return snprintf(msg, cap, "out of memory"), 500;
         int n = 0;
         for (const cJSON *t = e->child; t; t = t->next, n++) {
             const double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
             if (!(v >= 0 && v < V && v == floor(v)))
-                return snprintf(msg, cap, "%s[%d][%d]: a token id in [0, %d)", what, i, n, V), -1;
+                return snprintf(msg, cap, "%s[%d][%d]: a token id in [0, %d)", what, i, n, V), 400;
             (*ids)[n] = (int32_t)v;
         }
         *len = n;
@@ -112,20 +121,20 @@ static int prompt_ids(ctrl_server *s, const cJSON *e, const char *what, int i, i
     } else {
         return snprintf(msg, cap, "%s[%d]: %s", what, i,
                         strcmp(what, "prompt_token_ids") ? "a string" : "a list of token ids"),
-               -1;
+               400;
     }
-    if (*len < 1) return snprintf(msg, cap, "%s[%d]: empty", what, i), -1;
+    if (*len < 1) return snprintf(msg, cap, "%s[%d]: empty", what, i), 400;
     return 0;
 }
 
 /* A chat request's messages through the chat template with the generation prompt: one prompt. */
-static int chat_prompt(ctrl_server *s, const cJSON *in, serve_input *out, char *msg, size_t cap) {
+static unsigned chat_prompt(ctrl_server *s, const cJSON *in, serve_input *out, char *msg, size_t cap) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(in, "messages");
-    if (!s->chat) return snprintf(msg, cap, "messages: the model's tokenizer has no chat template"), -1;
+    if (!s->chat) return snprintf(msg, cap, "messages: the model's tokenizer has no chat template"), 400;
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
-        return snprintf(msg, cap, "messages: a non-empty list"), -1;
+        return snprintf(msg, cap, "messages: a non-empty list"), 400;
     for (const cJSON *m = msgs->child; m; m = m->next)
-        if (!cJSON_IsObject(m)) return snprintf(msg, cap, "messages: a list of objects"), -1;
+        if (!cJSON_IsObject(m)) return snprintf(msg, cap, "messages: a list of objects"), 400;
     cJSON *vars = cJSON_CreateObject();
     cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(msgs, 1));
     cJSON_AddTrueToObject(vars, "add_generation_prompt");
@@ -135,7 +144,7 @@ static int chat_prompt(ctrl_server *s, const cJSON *in, serve_input *out, char *
     cJSON_Delete(vars);
     if (st != CTRL_OK || n == 0)
         return snprintf(msg, cap, "messages: the chat template cannot render them: %s", ctrl_error_message()),
-               -1;
+               st == CTRL_OK ? 400 : encode_failed(st);
     out->lens[0] = n > (size_t)s->context ? s->context + 1 : (int)n;
     return 0;
 }
@@ -185,16 +194,18 @@ unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_inpu
     if (!out->ids || !out->lens) return snprintf(msg, cap, "out of memory"), 500;
     out->n = n;
     if (is_ids) what = "prompt_token_ids";
+    unsigned bad = 0;
     if (kind == SERVE_CHAT) {
-        if (chat_prompt(s, in, out, msg, cap)) return 400;
+        bad = chat_prompt(s, in, out, msg, cap);
         what = "messages";
     } else if (cJSON_IsString(list)) {
-        if (prompt_ids(s, list, what, 0, &out->ids[0], &out->lens[0], msg, cap)) return 400;
+        bad = prompt_ids(s, list, what, 0, &out->ids[0], &out->lens[0], msg, cap);
     } else {
         int i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++)
-            if (prompt_ids(s, e, what, i, &out->ids[i], &out->lens[i], msg, cap)) return 400;
+        for (const cJSON *e = list->child; e && !bad; e = e->next, i++)
+            bad = prompt_ids(s, e, what, i, &out->ids[i], &out->lens[i], msg, cap);
     }
+    if (bad) return bad;
     return within_context(s, out, what, msg, cap) ? 400 : 0;
 }
 

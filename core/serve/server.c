@@ -2,6 +2,7 @@
  * and the drain after a stop: no new connections, the requests in flight run on for at most
  * drain_s, then every generation still queued or running is aborted (its client gets a 503),
  * and the server returns once the connections have answered. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -9,6 +10,7 @@
 
 #include <ctrl/log.h>
 
+#include "interrupt.h"
 #include "serve/serve_internal.h"
 
 void ctrl_serve_options_default(ctrl_serve_options *o) {
@@ -40,9 +42,17 @@ static int wait_idle(ctrl_server *s, double seconds) {
     return !in_flight(s);
 }
 
+/* Long work in flight (tokenizing a long prompt) is interrupted only once the drain's deadline has
+ * passed, not by the signal that started the drain (core/interrupt.h). One server per process. */
+static volatile sig_atomic_t past_deadline;
+static int drain_interrupted(void) { return past_deadline; }
+
 static void drain(ctrl_server *s, struct MHD_Daemon *d) {
     MHD_quiesce_daemon(d);
+    past_deadline = 0;
+    ctrl_interrupt_set_source(drain_interrupted);
     if (!wait_idle(s, s->opt->drain_s)) {
+        past_deadline = 1;
         CTRL_WARN("serve: %d request(s) still running after the %d s drain: aborting them", in_flight(s),
                   s->opt->drain_s);
         pthread_mutex_lock(&s->lock);
@@ -52,6 +62,7 @@ static void drain(ctrl_server *s, struct MHD_Daemon *d) {
         wait_idle(s, 5); /* their answers go out; MHD_stop_daemon closes whatever is left */
     }
     MHD_stop_daemon(d);
+    ctrl_interrupt_set_source(NULL);
 }
 
 /* The longest sequence the server accepts: the model's context, or the KV pool if smaller. */

@@ -146,11 +146,27 @@ grep -q completion_ids "$TMP/small" && grep -q completion_ids "$TMP/big" &&
   [ "$(cat "$TMP/small_end")" -lt "$(cat "$TMP/big_end")" ] && ok ||
   bad "a small request behind 1024 sequences: done at $(cat "$TMP/small_end"), the big one at $(cat "$TMP/big_end")"
 
+# The drain lets work in flight finish, tokenization included: a 10 MB prompt still being tokenized
+# when SIGTERM arrives is tokenized to the end and answered (here: too long for the context)
+# rather than cut off by the signal.
+kill -TERM $spid
+wait $spid || bad "serve did not stop cleanly"
+start --max-body-kb 16384
+{ printf '{"prompts": ["'; yes ab | head -c 10000000 | tr '\n' ' '; printf '"], "max_tokens": 1}'; } >"$TMP/huge.json"
+curl -s -o "$TMP/huge.out" -w "%{http_code}" -X POST "localhost:$PORT/generate" --data-binary "@$TMP/huge.json" >"$TMP/huge.code" &
+cpid=$!
+sleep 0.8
+kill -TERM $spid
+wait $cpid
+wait $spid && [ "$(cat "$TMP/huge.code")" = 400 ] && grep -q "prompt tokens + max_tokens 1 exceed" "$TMP/huge.out" && ok ||
+  bad "tokenizing during the drain: HTTP $(cat "$TMP/huge.code") $(cat "$TMP/huge.out")"
+start --timeout-s 1 --drain-s 1
+
 # The drain is bounded: SIGTERM during a generation longer than --drain-s answers it 503 and exits 0.
 curl -s -o "$TMP/long.json" -w "%{http_code}" -X POST "localhost:$PORT/generate" \
   -d '{"prompts": ["x"], "n": 64, "max_tokens": 4000, "temperature": 1}' >"$TMP/long.code" &
 cpid=$!
-for _ in $(seq 100); do curl -s "localhost:$PORT/health" | grep -q '"generations":3' && break; sleep 0.05; done
+for _ in $(seq 100); do curl -s "localhost:$PORT/health" | grep -q '"generations":1' && break; sleep 0.05; done
 t0=$(date +%s%N)
 kill -TERM $spid
 wait $spid
