@@ -80,7 +80,7 @@ void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const ch
         ctrl_model *m = NULL;
         ok = ctrl_model_load(dir, attn->plugin->ops, &m) == CTRL_OK;
         CHECK_MSG(ok, "%s: %s", dir, ctrl_error_message());
-        if (ok && mem) ctrl_model_set_memory(m, mops, mem);
+        if (ok && mem) CHECK_EQ_INT(ctrl_model_set_memory(m, mops, mem), CTRL_OK);
         if (ok && side == 1) {
             ok = ctrl_model_to_device(m, be, device) == CTRL_OK;
             CHECK_MSG(ok, "%s onto %s: %s", arch, be->name, ctrl_error_message());

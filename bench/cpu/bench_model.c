@@ -12,10 +12,12 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ctrl/attention.h>
 #include <ctrl/memory.h>
 
+#include "config_load.h"
 #include "model/model.h"
 #include "registry.h"
 
@@ -57,11 +59,22 @@ int main(int argc, char **argv) {
             return 1;
         }
         mops = me->plugin->ops;
-        if (mops->create(ctrl_host_table(), NULL, ctrl_model_cfg(m)->n_layers, &mem) != CTRL_OK) {
+        /* the plugin reads its validated options: a config selecting it with its defaults */
+        char ini[] = "/tmp/bench_cpu_model_XXXXXX";
+        const int fd = mkstemp(ini);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        ctrl_config *cfg = NULL;
+        if (f) fprintf(f, "[model]\npath = %s\n[memory]\nstrategies = %s\n", argv[1], memory), fclose(f);
+        ctrl_status st =
+            f ? ctrl_config_load(ini, NULL, 0, reg, &cfg) : ctrl_error_set(CTRL_ERR_IO, "%s", ini);
+        if (fd >= 0) unlink(ini);
+        if (st == CTRL_OK) st = mops->create(ctrl_host_table(), cfg, ctrl_model_cfg(m)->n_layers, &mem);
+        if (st == CTRL_OK) st = ctrl_model_set_memory(m, mops, mem);
+        ctrl_config_free(cfg);
+        if (st != CTRL_OK) {
             fprintf(stderr, "bench: %s\n", ctrl_error_message());
             return 1;
         }
-        ctrl_model_set_memory(m, mops, mem);
     }
     int32_t *tok = malloc(4 * T), *pos = malloc(4 * T), *tg = malloc(4 * T), *cu = malloc(4 * (B + 1));
     float *logp = malloc(4 * T), *dlogp = malloc(4 * T);

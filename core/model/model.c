@@ -188,14 +188,17 @@ ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
     return CTRL_OK;
 }
 
-void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem) {
-    m->mem_ops = ops, m->mem = mem;
+ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem) {
     free(m->recompute);
-    m->recompute = calloc((size_t)m->cfg.n_layers, 1);
-    m->n_recompute = 0;
-    for (int l = 0; ops && ops->recompute && l < m->cfg.n_layers; l++)
-        m->n_recompute += m->recompute[l] = ops->recompute(mem, l) != 0;
+    m->recompute = NULL, m->n_recompute = 0, m->mem_ops = NULL, m->mem = NULL;
     m->act_cap_T = 0; /* the activation layout changes */
+    if (!ops) return CTRL_OK;
+    if (!(m->recompute = calloc((size_t)m->cfg.n_layers, 1)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: memory strategy flags for %d layers", m->cfg.n_layers);
+    m->mem_ops = ops, m->mem = mem;
+    for (int l = 0; ops->recompute && l < m->cfg.n_layers; l++)
+        m->n_recompute += m->recompute[l] = ops->recompute(mem, l) != 0;
+    return CTRL_OK;
 }
 
 size_t ctrl_model_activation_bytes(const ctrl_model *m) { return m->act_bytes; }

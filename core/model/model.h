@@ -95,8 +95,9 @@ void ctrl_model_weights_changed(ctrl_model *m);
  * ctrl_model_forward_fused). */
 ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
 /* Attaches a memory strategy (NULL: none): its hooks run around each layer, and the layers it
- * recomputes keep only their input through the forward (activation checkpointing). */
-void ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+ * recomputes keep only their input through the forward (activation checkpointing).
+ * CTRL_ERR_NOMEM (and no strategy) when its per-layer flags cannot be allocated. */
+ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
 /* The attention plugin decoding runs with (its paged_forward; the `paged` plugin): CTRL_ERR_PLUGIN
  * when `ops` has none. */
 ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops);

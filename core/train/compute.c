@@ -26,7 +26,7 @@ ctrl_status train_compute_attach(train_compute *c, ctrl_model *model, const char
     }
     if (st != CTRL_OK || !mem_ops) return st;
     st = mem_ops->create(ctrl_host_table(), cfg, ctrl_model_cfg(model)->n_layers, &c->mem);
-    if (st == CTRL_OK) c->mem_ops = mem_ops, ctrl_model_set_memory(model, mem_ops, c->mem);
+    if (st == CTRL_OK) c->mem_ops = mem_ops, st = ctrl_model_set_memory(model, mem_ops, c->mem);
     return st;
 }
 
