@@ -34,6 +34,12 @@ printf '#include <ctrl/plugin_api.h>\nconst char *f(void) { return ctrl_error_me
 if cc -std=c11 -Werror -c $(pkg-config --cflags ctrl) "$TMP/direct.c" -o "$TMP/direct.o" 2>/dev/null; then
   fail "a plugin calling ctrl_error_message() directly compiled"
 fi
+# Every installed header stands alone (C11, pedantic).
+for h in "$TMP/prefix/include/ctrl/"*.h; do
+  printf '#include <ctrl/%s>\n' "$(basename "$h")" >"$TMP/alone.c"
+  cc -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only $(pkg-config --cflags ctrl) "$TMP/alone.c" ||
+    fail "ctrl/$(basename "$h") does not compile on its own"
+done
 printf '#include <ctrl/plugin_api.h>\n#include <ctrl/status.h>\n' >"$TMP/mixed.c"
 if cc -std=c11 -c $(pkg-config --cflags ctrl) "$TMP/mixed.c" -o "$TMP/mixed.o" 2>/dev/null; then
   fail "libctrl's status.h was accepted after plugin_api.h"
