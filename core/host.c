@@ -15,22 +15,28 @@ static void host_log(ctrl_log_level level, const char *fmt, ...) {
     va_end(ap);
 }
 
-static ctrl_status host_error_set(ctrl_status status, const char *fmt, ...) {
+/* The plugin's printf-style message, handed to libctrl's setter as text. */
+static ctrl_status host_message(ctrl_status (*set)(ctrl_status, const char *, ...), ctrl_status status,
+                                const char *fmt, va_list ap) {
     char buf[4096];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    return set(status, "%s", buf);
+}
+
+static ctrl_status host_error_set(ctrl_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    status = host_message(ctrl_error_set, status, fmt, ap);
     va_end(ap);
-    return ctrl_error_set(status, "%s", buf);
+    return status;
 }
 
 static ctrl_status host_error_wrap(ctrl_status status, const char *fmt, ...) {
-    char buf[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    status = host_message(ctrl_error_wrap, status, fmt, ap);
     va_end(ap);
-    return ctrl_error_wrap(status, "%s", buf);
+    return status;
 }
 
 /* The option readers: the first failure sticks in *status (and its message in the thread's

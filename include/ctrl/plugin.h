@@ -79,7 +79,8 @@ typedef struct ctrl_plugin {
     const char *version;
     const char *summary;
     const ctrl_option *options; /* keys of its config section, or NULL */
-    /* Optional. Called once after loading; non-OK refuses the plugin (message via host->error_set). */
+    /* Called once after loading, before any other callback; non-OK refuses the plugin (message via
+     * host->error_set). A plugin built on plugin_api.h keeps the host here (ctrl_plugin_api_init). */
     ctrl_status (*init)(const ctrl_host *host);
     /* Optional. 0 = cannot run on this host (e.g. needs CUDA); higher is preferred by `auto`. */
     int (*score)(const ctrl_host *host);
