@@ -63,6 +63,8 @@ static unsigned sampling_fields(ctrl_server *s, const cJSON *in, const char *con
         }
         if (bad || !known) return 400;
     }
+    if (!ctrl_sampling_params_valid(&r->sampling)) /* the sampler's own rule; the ranges above are narrower */
+        return snprintf(msg, cap, "temperature, top_p, min_p, repetition_penalty: out of range"), 400;
     return 0;
 }
 

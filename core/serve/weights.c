@@ -1,6 +1,7 @@
 /* POST /update_weights: a safetensors body (f32, bf16 or f16) with some or all of the model's
  * parameters under their Hugging Face names. The whole body is validated first — the file's own
- * consistency through the untrusted-input reader, then every tensor's name, dtype and full shape —
+ * consistency through the untrusted-input reader, then every tensor's name, dtype, full shape and
+ * values (finite) —
  * and only then is any weight written, so a refused body leaves the model exactly as it was. The
  * caller holds the engine between generations, so no generation sees half-updated weights. */
 #include <stdio.h>
@@ -31,11 +32,23 @@ static int fits(const ctrl_st_tensor *t, const ctrl_param_view *v, char *err, si
     return 1;
 }
 
+/* Whether every value of t is finite (the weights never hold NaN or infinity: the loader refuses
+ * them too); a message in err otherwise. */
+static int finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, char *err, size_t errcap) {
+    float bad = 0;
+    const int64_t at = ctrl_safetensors_find_non_finite(st, t, &bad);
+    if (at < 0) return 1;
+    return snprintf(err, errcap,
+                    "tensor '%s' holds %g at element %lld: weights must be finite (nothing was updated)",
+                    t->name, (double)bad, (long long)at),
+           0;
+}
+
 static int apply(ctrl_model *m, const ctrl_safetensors *st, char *err, size_t errcap) {
     const int n = ctrl_safetensors_count(st);
     for (int i = 0; i < n; i++) { /* every tensor checked before anything is written */
         const ctrl_st_tensor *t = ctrl_safetensors_at(st, i);
-        if (!fits(t, ctrl_model_find_view(m, t->name), err, errcap)) return -1;
+        if (!fits(t, ctrl_model_find_view(m, t->name), err, errcap) || !finite(st, t, err, errcap)) return -1;
     }
     float *params = ctrl_model_params(m, NULL);
     for (int i = 0; i < n; i++) {

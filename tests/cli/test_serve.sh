@@ -92,6 +92,12 @@ code=$(post /update_weights --data-binary "@$TMP/mixed.st")
 [ "$code" = 400 ] && grep -q "model.norm.weight' is i32" "$TMP/out" && ok ||
   bad "mixed weights body: $code $(cat "$TMP/out")"
 [ -n "$before" ] && [ "$(greedy)" = "$before" ] && ok || bad "a refused weights body changed the model"
+st_body "$TMP/nan.st" model.layers.0.post_attention_layernorm.weight F32
+printf '\x00\x00\xc0\x7f' | dd of="$TMP/nan.st" bs=1 seek=$(($(stat -c %s "$TMP/nan.st") - 8)) conv=notrunc 2>/dev/null
+code=$(post /update_weights --data-binary "@$TMP/nan.st")
+[ "$code" = 400 ] && grep -q "post_attention_layernorm.weight' holds nan at element 62" "$TMP/out" && ok ||
+  bad "a NaN weight: $code $(cat "$TMP/out")"
+[ "$(greedy)" = "$before" ] && ok || bad "a refused NaN body changed the model"
 st_body "$TMP/one.st" model.layers.0.post_attention_layernorm.weight F32
 code=$(post /update_weights --data-binary "@$TMP/one.st")
 [ "$code" = 200 ] && [ "$(greedy)" != "$before" ] && ok || bad "the valid tensor alone: $code, output $(greedy)"
