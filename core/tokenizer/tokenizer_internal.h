@@ -61,6 +61,11 @@ struct ctrl_tokenizer {
     int32_t n_ids, id_cap;
     tok_pair_map merges;   /* (idA, idB) -> rank */
     int32_t *merge_result; /* by rank: the merged token's id */
+    /* (last character of a, first character of b) of every merge (a, b), as one-character token
+     * ids: only such neighbours can ever end up in one token, so a long word may be cut between
+     * any others (can_cut: every merge is of characters, not of unk or byte tokens) */
+    tok_pair_map joinable;
+    int can_cut;
     int ignore_merges;
     /* pipeline */
     int nfc;           /* an NFC normalizer is among norm_ops */
@@ -153,5 +158,7 @@ int tok_is_special(const ctrl_tokenizer *t, int32_t id);
  * or nothing; returns 0, -1 on a byte-level character missing (a malformed tokenizer) or no memory,
  * -2 when unk is needed but unk_token is not in the vocabulary, -3 when interrupted (tok_poll). */
 int tok_bpe(const ctrl_tokenizer *t, const char *word, size_t len, int32_t **ids, size_t *n, size_t *cap);
+/* Fills joinable and can_cut (after the vocabulary, merges, unk and byte tokens are known). */
+ctrl_status tok_index_joinable(ctrl_tokenizer *t);
 
 #endif

@@ -410,7 +410,8 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
             snprintf(name, sizeof name, "<0x%02X>", b);
             t->byte_id[b] = tok_map_get(&t->vocab, name, 6);
         }
-        st = load_config(t, dir);
+        st = tok_index_joinable(t);
+        if (st == CTRL_OK) st = load_config(t, dir);
     }
     if (st != CTRL_OK) {
         ctrl_tokenizer_free(t);
@@ -424,6 +425,7 @@ void ctrl_tokenizer_free(ctrl_tokenizer *t) {
     if (!t) return;
     tok_map_free(&t->vocab);
     tok_pairs_free(&t->merges);
+    tok_pairs_free(&t->joinable);
     free(t->merge_result);
     free(t->id_to_token);
     if (t->split) pcre2_code_free(t->split);

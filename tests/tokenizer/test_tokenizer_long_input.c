@@ -12,9 +12,10 @@
 #include "tokenizer/tok_files.h"
 #include "tokenizer/tokenizer.h"
 
-static ctrl_tokenizer *tiny_bpe(void) {
+/* A tokenizer of tests/fixtures/tokenizer (NULL, and a failed check, if it does not load). */
+static ctrl_tokenizer *fixture(const char *name) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizer/tiny_bpe", CTRL_FIXTURE_DIR);
+    snprintf(path, sizeof path, "%s/tokenizer/%s", CTRL_FIXTURE_DIR, name);
     ctrl_tokenizer *t = NULL;
     CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
     return t;
@@ -50,11 +51,15 @@ static double encode_seconds(const ctrl_tokenizer *t, const char *s, size_t n, i
 }
 
 TEST(encoding_time_is_linear_in_the_line_length) {
-    ctrl_tokenizer *t = tiny_bpe();
-    if (!t) return;
-    /* "ab " is one pre-token a word; the mixed unit exercises every branch of the GPT-2 pattern */
-    const char *units[] = {"ab ", "Hi, it's 42 caf\xc3\xa9s!\n\n  \t x"};
+    ctrl_tokenizer *bpe = fixture("tiny_bpe"), *sp = fixture("tiny_sp");
+    if (!bpe || !sp) return;
+    /* byte-level: "ab " is one pre-token a word; the mixed unit exercises every branch of the
+     * GPT-2 pattern. SentencePiece-style (no pre-tokenizer): a whole line is one BPE word, merged
+     * in runs between characters no merge joins. */
+    const char *units[] = {"ab ", "Hi, it's 42 caf\xc3\xa9s!\n\n  \t x", "ab ",
+                           "Hi, it's 42 caf\xc3\xa9s!\n\n  \t x"};
     for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
+        const ctrl_tokenizer *t = u < 2 ? bpe : sp;
         const size_t small = 10 * 1000, big = 200 * 1000;
         char *a = repeat(units[u], small), *b = repeat(units[u], big);
         size_t na = 0, nb = 0;
@@ -67,7 +72,8 @@ TEST(encoding_time_is_linear_in_the_line_length) {
         CHECK(nb > 19 * na && nb < 21 * na); /* the same kind of text, 20x the tokens */
         free(a), free(b);
     }
-    ctrl_tokenizer_free(t);
+    ctrl_tokenizer_free(bpe);
+    ctrl_tokenizer_free(sp);
 }
 
 /* Interruption (core/interrupt.h): a long encode polls the source every few thousand pre-tokens
@@ -96,11 +102,7 @@ static ctrl_status encode_polled(const ctrl_tokenizer *t, const char *s, size_t 
 }
 
 TEST(a_long_encode_stops_when_interrupted) {
-    ctrl_tokenizer *t = tiny_bpe();
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizer/tiny_sp", CTRL_FIXTURE_DIR);
-    ctrl_tokenizer *sp = NULL;
-    CHECK_EQ_INT(ctrl_tokenizer_load(path, &sp), CTRL_OK);
+    ctrl_tokenizer *t = fixture("tiny_bpe"), *sp = fixture("tiny_sp");
     if (!t || !sp) return;
     const size_t n = 4 << 20;
     char *words = repeat("ab ", n), *one_word = repeat("ab", n); /* 1.4M pre-tokens; one pre-token */
@@ -130,17 +132,23 @@ TEST(a_long_encode_stops_when_interrupted) {
     ctrl_tokenizer_free(sp);
 }
 
+/* Loads a tokenizer.json written into the scratch directory (NULL, and a failed check, if it
+ * does not load). */
+static ctrl_tokenizer *load_written(const char *name, const char *json) {
+    ctrl_tokenizer *t = NULL;
+    CHECK_EQ_INT(ctrl_tokenizer_load(tok_write_file(name, json), &t), CTRL_OK);
+    return t;
+}
+
 /* A Split regex from the file that backtracks exponentially hits PCRE2's match limit: an error
  * naming the file, not a hang and not a silently different split (it was one piece). */
 TEST(a_runaway_regex_is_an_error) {
-    const char *path = tok_write_file(
+    ctrl_tokenizer *t = load_written(
         "runaway.json",
         "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []}, "
         "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
         "\"pattern\": {\"Regex\": \"(a|aa)+\\\\d\"}, \"behavior\": \"Isolated\", \"invert\": false}, "
         "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}}");
-    ctrl_tokenizer *t = NULL;
-    CHECK_EQ_INT(ctrl_tokenizer_load(path, &t), CTRL_OK);
     if (!t) return;
     char *s = repeat("a", 200);
     int32_t *ids = NULL;
@@ -149,6 +157,35 @@ TEST(a_runaway_regex_is_an_error) {
     CHECK_CONTAINS(ctrl_error_message(), "runaway.json: the pre-tokenizer regex failed at byte 0");
     CHECK_CONTAINS(ctrl_error_message(), "limit");
     free(s);
+    ctrl_tokenizer_free(t);
+}
+
+/* A long word is merged in runs cut between characters no merge joins; a merge of byte tokens
+ * (here <0xC3> <0xA9>, the bytes of an 'é' outside the vocabulary) joins symbols that are not
+ * characters, so such a tokenizer is never cut. Expected ids: tokenizers 0.23.3 on this file. */
+TEST(a_long_word_is_cut_only_where_no_merge_joins) {
+    ctrl_tokenizer *t =
+        load_written("byte_merge.json", "{\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, "
+                                        "\"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
+                                        "\"<0xC3>\": 1, \"<0xA9>\": 2, \"a\": 3, \"<0xC3><0xA9>\": 4, \"<\": "
+                                        "5, \">\": 6, \"b\": 7, \"ab\": 8}, "
+                                        "\"merges\": [\"<0xC3> <0xA9>\", \"a b\"]}, \"normalizer\": "
+                                        "{\"type\": \"Sequence\", \"normalizers\": "
+                                        "[{\"type\": \"Prepend\", \"prepend\": \"a\"}]}}");
+    if (!t) return;
+    char text[400];
+    memset(text, 'b', 300);
+    memcpy(text + 300, "\xc3\xa9", 3);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_EQ_INT(ctrl_tokenizer_encode(t, text, 302, 0, &ids, &n), CTRL_OK); /* "a" + 300 "b" + "é" */
+    CHECK_EQ_INT(n, 301);
+    if (n == 301) {
+        int bs = 0;
+        for (int i = 1; i < 300; i++) bs += ids[i] == 7;
+        CHECK(ids[0] == 8 && bs == 299 && ids[300] == 4);
+    }
+    free(ids);
     ctrl_tokenizer_free(t);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", test_tmp_dir());
