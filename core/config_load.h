@@ -46,8 +46,14 @@ typedef struct ctrl_run_settings {
         const char *path;
     } model;
     struct {
-        const char *train_file, *eval_file; /* NULL when unset */
-        int shuffle;
+        const char *train_file, *eval_file, *chat_template_path; /* NULL when unset */
+        const char *dataset_text_field, *messages_field, *prompt_field, *completion_field;
+        const char *truncation_mode, *packing_strategy;
+        int completion_only_loss; /* -1 auto, 0, 1 */
+        int eval_packing;         /* -1 unset (as packing), 0, 1 */
+        double eval_fraction;
+        int max_length, pad_to_multiple_of;
+        int packing, padding_free, assistant_only_loss, shuffle, skip_bad_rows;
     } data;
     struct {
         const char *optimizer, *dtype, *lr_scheduler_type, *save_strategy;

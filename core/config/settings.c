@@ -7,6 +7,7 @@
 void config_settings_fill(ctrl_config *cfg) {
     ctrl_run_settings *s = &cfg->settings;
     const char *mode = ctrl_config_get_string(cfg, "generation", "mode");
+    const char *only = ctrl_config_get_string(cfg, "data", "completion_only_loss");
     *s = (ctrl_run_settings){
         .run = {.trainer = ctrl_config_get_string(cfg, "run", "trainer"),
                 .output_dir = ctrl_config_get_string(cfg, "run", "output_dir"),
@@ -15,7 +16,25 @@ void config_settings_fill(ctrl_config *cfg) {
         .model = {.path = ctrl_config_get_string(cfg, "model", "path")},
         .data = {.train_file = ctrl_config_get_string(cfg, "data", "train_file"),
                  .eval_file = ctrl_config_get_string(cfg, "data", "eval_file"),
-                 .shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true)},
+                 .chat_template_path = ctrl_config_get_string(cfg, "data", "chat_template_path"),
+                 .dataset_text_field = ctrl_config_get_string(cfg, "data", "dataset_text_field"),
+                 .messages_field = ctrl_config_get_string(cfg, "data", "messages_field"),
+                 .prompt_field = ctrl_config_get_string(cfg, "data", "prompt_field"),
+                 .completion_field = ctrl_config_get_string(cfg, "data", "completion_field"),
+                 .truncation_mode = ctrl_config_get_string(cfg, "data", "truncation_mode"),
+                 .packing_strategy = ctrl_config_get_string(cfg, "data", "packing_strategy"),
+                 .completion_only_loss = !only || !strcmp(only, "auto") ? -1 : !strcmp(only, "true"),
+                 .eval_packing = ctrl_config_has(cfg, "data", "eval_packing")
+                                     ? ctrl_config_get_bool(cfg, "data", "eval_packing", false)
+                                     : -1,
+                 .eval_fraction = ctrl_config_get_float(cfg, "data", "eval_fraction", 0),
+                 .max_length = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024),
+                 .pad_to_multiple_of = (int)ctrl_config_get_int(cfg, "data", "pad_to_multiple_of", 0),
+                 .packing = ctrl_config_get_bool(cfg, "data", "packing", false),
+                 .padding_free = ctrl_config_get_bool(cfg, "data", "padding_free", true),
+                 .assistant_only_loss = ctrl_config_get_bool(cfg, "data", "assistant_only_loss", false),
+                 .shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true),
+                 .skip_bad_rows = ctrl_config_get_bool(cfg, "data", "skip_bad_rows", false)},
         .train = {.optimizer = ctrl_config_get_string(cfg, "train", "optimizer"),
                   .dtype = ctrl_config_get_string(cfg, "train", "dtype"),
                   .lr_scheduler_type = ctrl_config_get_string(cfg, "train", "lr_scheduler_type"),

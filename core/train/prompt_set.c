@@ -82,7 +82,7 @@ static ctrl_status add_row(ctrl_prompt_set *p, const ctrl_tokenizer *tok, const 
 ctrl_status ctrl_prompt_set_load(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
                                  ctrl_prompt_set *out) {
     memset(out, 0, sizeof *out);
-    const char *field = ctrl_config_get_string(cfg, "data", "prompt_field");
+    const char *field = ctrl_config_settings(cfg)->data.prompt_field;
     if (!field) field = "prompt";
     ctrl_row_reader *rd;
     ctrl_status st = ctrl_row_reader_open(path, &rd);

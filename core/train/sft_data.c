@@ -45,7 +45,7 @@ static ctrl_status fit_example(ctrl_dataset *d, const int32_t *ids, const uint8_
 }
 
 static int keep_end_mode(const ctrl_config *cfg) {
-    const char *trunc = ctrl_config_get_string(cfg, "data", "truncation_mode");
+    const char *trunc = ctrl_config_settings(cfg)->data.truncation_mode;
     return trunc && !strcmp(trunc, "keep_end");
 }
 
@@ -54,9 +54,9 @@ static int keep_end_mode(const ctrl_config *cfg) {
 static ctrl_status load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg, int raw,
                             ctrl_dataset *out) {
     memset(out, 0, sizeof *out);
-    const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024);
+    const int max_len = ctrl_config_settings(cfg)->data.max_length;
     const int keep_end = keep_end_mode(cfg);
-    const int skip_bad = ctrl_config_get_bool(cfg, "data", "skip_bad_rows", false);
+    const int skip_bad = ctrl_config_settings(cfg)->data.skip_bad_rows;
     ctrl_row_reader *rows;
     ctrl_status st = ctrl_row_reader_open(path, &rows);
     if (st != CTRL_OK) return st;
@@ -107,15 +107,14 @@ static ctrl_status load_sft(const char *path, const ctrl_tokenizer *tok, const c
 
 ctrl_status ctrl_dataset_load_sft(const char *path, const ctrl_tokenizer *tok, const ctrl_config *cfg,
                                   ctrl_dataset *out) {
-    return load_sft(path, tok, cfg, ctrl_config_get_bool(cfg, "data", "packing", false), out);
+    return load_sft(path, tok, cfg, ctrl_config_settings(cfg)->data.packing, out);
 }
 
 /* A raw set that is not packed after all (a held-out share): truncated and filtered as if loaded so. */
 static ctrl_status fit_all(ctrl_dataset *d, const ctrl_config *cfg, const char *what) {
     ctrl_dataset out = {
         .skipped_bad = d->skipped_bad, .dropped_empty = d->dropped_empty, .truncated = d->truncated};
-    const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024),
-              keep_end = keep_end_mode(cfg);
+    const int max_len = ctrl_config_settings(cfg)->data.max_length, keep_end = keep_end_mode(cfg);
     ctrl_status st = CTRL_OK;
     for (int i = 0; i < d->n && st == CTRL_OK; i++)
         st = fit_example(&out, d->ex[i].ids, d->ex[i].trained, d->ex[i].len, max_len, keep_end);
@@ -180,16 +179,15 @@ static ctrl_status pack_and_report(ctrl_dataset *d, int max_len, const char *str
 ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok, ctrl_dataset *train,
                                ctrl_dataset *eval) {
     memset(eval, 0, sizeof *eval);
-    const char *train_file = ctrl_config_get_string(cfg, "data", "train_file");
-    const char *eval_file = ctrl_config_get_string(cfg, "data", "eval_file");
-    const double fraction = ctrl_config_get_float(cfg, "data", "eval_fraction", 0);
-    const int packing = ctrl_config_get_bool(cfg, "data", "packing", false);
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    const char *train_file = s->data.train_file;
+    const char *eval_file = s->data.eval_file;
+    const double fraction = s->data.eval_fraction;
+    const int packing = s->data.packing;
     /* TRL's eval_packing = None: the eval set is packed as the train set is */
-    const int eval_packing = ctrl_config_has(cfg, "data", "eval_packing")
-                                 ? ctrl_config_get_bool(cfg, "data", "eval_packing", false)
-                                 : packing;
-    const int max_len = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024);
-    const char *strategy = ctrl_config_get_string(cfg, "data", "packing_strategy");
+    const int eval_packing = s->data.eval_packing >= 0 ? s->data.eval_packing : packing;
+    const int max_len = s->data.max_length;
+    const char *strategy = s->data.packing_strategy;
     if (!strategy) strategy = "bfd";
     if (!train_file) return ctrl_error_set(CTRL_ERR_CONFIG, "config: [data] train_file is required to train");
     /* A held-out share is taken from the rows as tokenized; each set is then truncated (unpacked)
@@ -198,7 +196,7 @@ ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok
     ctrl_status st = load_sft(train_file, tok, cfg, packing || hold, train);
     if (st == CTRL_OK && eval_file) st = load_sft(eval_file, tok, cfg, eval_packing, eval);
     if (st == CTRL_OK && hold) {
-        st = hold_out(train, eval, fraction, (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42));
+        st = hold_out(train, eval, fraction, s->run.seed);
         if (st == CTRL_OK && !packing) st = fit_all(train, cfg, train_file);
         if (st == CTRL_OK && !eval_packing) st = fit_all(eval, cfg, "[data] eval_fraction hold-out");
     }
@@ -212,11 +210,10 @@ ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok
     if (pad < 0) pad = ctrl_tokenizer_eos_id(tok); /* TRL pads with eos when the tokenizer has no pad */
     /* TRL forces padding-free batches with bfd packing (padded rows would lose the sequence
      * boundaries inside a row); its one collator serves the train and the eval set. */
-    const int padding_free = ctrl_config_get_bool(cfg, "data", "padding_free", true) ||
-                             (packing && strcmp(strategy, "wrapped") != 0);
+    const int padding_free = s->data.padding_free || (packing && strcmp(strategy, "wrapped") != 0);
     for (ctrl_dataset *d = train; d; d = d == train ? eval : NULL) {
         d->padded = !padding_free;
-        d->pad_multiple = (int)ctrl_config_get_int(cfg, "data", "pad_to_multiple_of", 0);
+        d->pad_multiple = s->data.pad_to_multiple_of;
         d->pad_id = pad < 0 ? 0 : pad;
     }
     return CTRL_OK;

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config_load.h"
 #include "file_text.h"
 #include "template/chat.h"
 #include "train/sft_format.h"
@@ -19,16 +20,16 @@ struct ctrl_sft_format {
 ctrl_status ctrl_sft_format_create(const ctrl_tokenizer *tok, const ctrl_config *cfg, ctrl_sft_format **out) {
     ctrl_sft_format *f = calloc(1, sizeof *f);
     if (!f) return ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
     const char *v;
     f->tok = tok;
-    f->text_field = (v = ctrl_config_get_string(cfg, "data", "dataset_text_field")) ? v : "text";
-    f->messages_field = (v = ctrl_config_get_string(cfg, "data", "messages_field")) ? v : "messages";
-    f->prompt_field = (v = ctrl_config_get_string(cfg, "data", "prompt_field")) ? v : "prompt";
-    f->completion_field = (v = ctrl_config_get_string(cfg, "data", "completion_field")) ? v : "completion";
-    v = ctrl_config_get_string(cfg, "data", "completion_only_loss");
-    f->completion_only = !v || !strcmp(v, "auto") ? -1 : !strcmp(v, "true");
-    f->assistant_only = ctrl_config_get_bool(cfg, "data", "assistant_only_loss", false);
-    v = ctrl_config_get_string(cfg, "data", "chat_template_path");
+    f->text_field = (v = s->data.dataset_text_field) ? v : "text";
+    f->messages_field = (v = s->data.messages_field) ? v : "messages";
+    f->prompt_field = (v = s->data.prompt_field) ? v : "prompt";
+    f->completion_field = (v = s->data.completion_field) ? v : "completion";
+    f->completion_only = s->data.completion_only_loss;
+    f->assistant_only = s->data.assistant_only_loss;
+    v = s->data.chat_template_path;
     f->template_path = v ? strdup(v) : NULL;
     int32_t eos = ctrl_tokenizer_eos_id(tok);
     f->eos = eos >= 0 ? ctrl_tokenizer_id_to_token(tok, eos) : NULL;

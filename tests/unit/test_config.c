@@ -88,7 +88,8 @@ TEST(overrides) {
 TEST(resolved_plugins_and_typed_settings) {
     ctrl_registry *reg = test_registry();
     const char *path = write_ini("resolved.ini", good_ini, 0);
-    const char *sets[] = {"reward.len.weight=2", "generation.mode=server", "train.per_device_train_batch_size=3"};
+    const char *sets[] = {"reward.len.weight=2", "generation.mode=server",
+                          "train.per_device_train_batch_size=3"};
     ctrl_config *cfg = NULL;
     CHECK_EQ_INT(ctrl_config_load(path, sets, 3, reg, &cfg), CTRL_OK);
     if (!cfg) return;
@@ -120,6 +121,12 @@ TEST(resolved_plugins_and_typed_settings) {
     CHECK(s->train.resume_from_checkpoint == NULL);
     CHECK(s->data.shuffle);
     CHECK(s->data.train_file == NULL);
+    CHECK(s->data.packing);
+    CHECK_STR(s->data.dataset_text_field, "body # not a comment");
+    CHECK_EQ_INT(s->data.eval_packing, -1);         /* unset: follows packing */
+    CHECK_EQ_INT(s->data.completion_only_loss, -1); /* auto */
+    CHECK_EQ_INT(s->data.max_length, 1024);
+    CHECK_STR(s->data.packing_strategy, "bfd");
     CHECK(s->generation.server);
     CHECK_NEAR(s->generation.temperature, 1.0, 0);
     ctrl_config_free(cfg);
