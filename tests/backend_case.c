@@ -95,13 +95,13 @@ void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const ch
             double e = test_rel_error_f32(dev.logp[i], ref.logp[i], CASE_T);
             el = e > el || e != e ? e : el;
         }
-        const char *worst_name = "";
+        char worst_name[96] = "";
         ctrl_model *shape = NULL;
         ctrl_model_load(dir, NULL, &shape);
         for (int v = 0; shape && v < ctrl_model_view_count(shape); v++) {
             const ctrl_param_view *pv = ctrl_model_view(shape, v);
             double e = test_rel_error_f32(dev.grads + pv->offset, ref.grads + pv->offset, pv->numel);
-            if (!(e <= worst)) worst = e, worst_name = pv->name;
+            if (!(e <= worst)) worst = e, snprintf(worst_name, sizeof worst_name, "%s", pv->name);
         }
         ctrl_model_free(shape);
         worst = worst < 0 ? 0 : worst;

@@ -14,6 +14,7 @@
 #include "device/backend.h"
 #include "model/model.h"
 #include "test.h"
+#include "test_registry.h"
 
 /* ---- the staged backend ---- */
 
@@ -34,7 +35,10 @@ static int on_device(const void *p) {
 }
 #define DEV(p) (stray += !on_device(p))
 
+static int alloc_budget = -1; /* >= 0: allocations left before they fail (out of device memory) */
 static ctrl_status staged_alloc(void **ptr, size_t bytes) {
+    if (alloc_budget == 0) return ctrl_error_set(CTRL_ERR_NOMEM, "staged: out of memory (%zu bytes)", bytes);
+    if (alloc_budget > 0) alloc_budget--;
     for (int i = 0; i < MAX_BLOCKS; i++)
         if (!blocks[i].p) {
             blocks[i].p = malloc(bytes ? bytes : 1), blocks[i].n = bytes ? bytes : 1;
@@ -162,5 +166,75 @@ TEST(bf16_on_a_backend_without_it_is_refused) {
     CHECK_EQ_INT(ctrl_model_to_device(m, ctrl_backend_cpu(), (ctrl_device){CTRL_DEVICE_CPU, 0}), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_to_device(m, &no_bf16, (ctrl_device){CTRL_DEVICE_CPU, 0}), CTRL_ERR_UNSUPPORTED);
+    ctrl_model_free(m);
+}
+
+/* A batch of 9 tokens (one sequence) and a forward + backward on it; the status of the first that
+ * fails. */
+static ctrl_status small_step(ctrl_model *m) {
+    int32_t tok[9], pos[9], tg[9], cu[2] = {0, 9};
+    for (int t = 0; t < 9; t++) tok[t] = 3 + t, pos[t] = t, tg[t] = t + 1 < 9 ? 4 + t : -100;
+    ctrl_batch b = {.T = 9, .B = 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    float lp[9], dl[9];
+    for (int t = 0; t < 9; t++) dl[t] = tg[t] >= 0 ? -0.125f : 0.0f;
+    ctrl_status st = ctrl_model_forward(m, &b, lp, NULL, NULL);
+    return st == CTRL_OK ? ctrl_model_backward(m, dl) : st;
+}
+
+/* Out of device memory at every point of placing the model, its forward and its backward: a clear
+ * error each time, never a crash, and the model usable once memory is there again (placement
+ * leaves it on the CPU; a forward that failed can be run again). */
+TEST(out_of_device_memory_is_an_error_at_every_allocation) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/qwen3", CTRL_FIXTURE_DIR);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    CHECK(attn != NULL);
+    int failures = 0, budget;
+    for (budget = 0; attn && budget < 40; budget++) {
+        ctrl_model *m;
+        CHECK_EQ_INT(ctrl_model_load(dir, attn->plugin->ops, &m), CTRL_OK);
+        if (!m) break;
+        alloc_budget = budget;
+        ctrl_status st = ctrl_model_to_device(m, staged(), (ctrl_device){CTRL_DEVICE_CPU, 0});
+        if (st != CTRL_OK) {
+            CHECK_EQ_INT(st, CTRL_ERR_NOMEM);
+            CHECK_CONTAINS(ctrl_error_message(), "onto staged");
+            CHECK(ctrl_model_device(m).type == CTRL_DEVICE_CPU);
+            alloc_budget = -1;
+            CHECK_MSG(small_step(m) == CTRL_OK, "budget %d: the model left on the CPU: %s", budget,
+                      ctrl_error_message());
+        } else if ((st = small_step(m)) != CTRL_OK) {
+            CHECK_EQ_INT(st, CTRL_ERR_NOMEM);
+            CHECK_CONTAINS(ctrl_error_message(), "out of memory");
+            alloc_budget = -1;
+            CHECK_MSG(small_step(m) == CTRL_OK, "budget %d: the step again: %s", budget,
+                      ctrl_error_message());
+        } else {
+            ctrl_model_free(m);
+            break; /* enough memory for everything */
+        }
+        failures++;
+        ctrl_model_free(m);
+        for (int i = 0; i < MAX_BLOCKS; i++)
+            CHECK_MSG(!blocks[i].p, "budget %d: backend memory leaked", budget);
+    }
+    alloc_budget = -1;
+    CHECK_MSG(failures >= 8 && budget < 40, "%d failing placements/steps, first success at budget %d",
+              failures, budget);
+    ctrl_registry_destroy(reg);
+}
+
+/* A backend built against an older, shorter table is refused by name. */
+TEST(an_older_backend_table_is_refused) {
+    ctrl_model *m;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/llama", CTRL_FIXTURE_DIR);
+    CHECK_EQ_INT(ctrl_model_load(dir, NULL, &m), CTRL_OK);
+    if (!m) return;
+    ctrl_backend_ops old = *staged();
+    old.name = "old", old.size = offsetof(ctrl_backend_ops, head_forward_backward);
+    CHECK_EQ_INT(ctrl_model_to_device(m, &old, (ctrl_device){CTRL_DEVICE_CPU, 0}), CTRL_ERR_DEVICE);
+    CHECK_CONTAINS(ctrl_error_message(), "old backend");
     ctrl_model_free(m);
 }
