@@ -23,6 +23,7 @@ static void alias_reasoning(cJSON *messages) {
             cJSON_ReplaceItemInObjectCaseSensitive(m, "thinking", cJSON_Duplicate(value, 1));
         } else { /* first key */
             cJSON *t = cJSON_Duplicate(value, 1);
+            cJSON_free(t->string); /* the duplicate keeps the source's key: it leaked here */
             t->string = strdup("thinking");
             t->next = m->child;
             if (m->child) {

@@ -18,7 +18,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Compiles and renders src; the error (at compile or render) must contain `needle`, within 2 s. */
+/* Compiles and renders src; the error (at compile or render) must contain `needle`, within 5 s of CPU
+ * (well under 1 s in a normal build; the sanitizer build is several times slower). */
 static void expect_error(const char *src, const char *needle) {
     const double t0 = now_s();
     ctrl_template *t = NULL;
@@ -37,7 +38,7 @@ static void expect_error(const char *src, const char *needle) {
         CHECK_CONTAINS(ctrl_error_message(), "hostile.jinja");
         CHECK_CONTAINS(ctrl_error_message(), needle);
     }
-    CHECK_MSG(dt < 2.0, "%.60s...: %.2f s of CPU", src, dt);
+    CHECK_MSG(dt < 5.0, "%.60s...: %.2f s of CPU", src, dt);
     free(text);
 }
 
@@ -178,5 +179,5 @@ TEST(large_legitimate_renders_still_work) {
     ctrl_template_free(t);
     cJSON_Delete(vars);
     const double dt = now_s() - t0;
-    CHECK_MSG(dt < 2.0, "%.2f s of CPU", dt);
+    CHECK_MSG(dt < 5.0, "%.2f s of CPU", dt);
 }
