@@ -93,6 +93,8 @@ tpl_value tpl_new_dict(tpl_arena *a);
 void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v);
 void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v);
 int tpl_dict_find(const tpl_dict *d, const char *key, size_t len); /* index or -1 */
+/* tpl_dict_set for each pair in order, in n log n for a new dict (keys are strings). */
+void tpl_dict_set_many(tpl_arena *a, tpl_dict *d, const tpl_value *keys, const tpl_value *vals, int n);
 int tpl_depth(tpl_value v); /* nesting of lists and dicts: 0 for a scalar */
 
 int tpl_truthy(tpl_value v);

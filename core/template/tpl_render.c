@@ -178,8 +178,14 @@ static tpl_value from_json(tpl_arena *a, const cJSON *j) {
     }
     if (cJSON_IsObject(j)) {
         tpl_value d = tpl_new_dict(a);
-        for (const cJSON *c = j->child; c; c = c->next)
-            tpl_dict_set(a, d.dict, tpl_str_copy(a, c->string, strlen(c->string)), from_json(a, c));
+        int n = 0;
+        for (const cJSON *c = j->child; c && n < TPL_MAX_ITEMS + 1; c = c->next) n++;
+        tpl_value *keys = tpl_alloc(a, sizeof(tpl_value) * (size_t)n),
+                  *vals = tpl_alloc(a, sizeof(tpl_value) * (size_t)n);
+        int k = 0;
+        for (const cJSON *c = j->child; c && k < n; c = c->next, k++)
+            keys[k] = tpl_str_copy(a, c->string, strlen(c->string)), vals[k] = from_json(a, c);
+        tpl_dict_set_many(a, d.dict, keys, vals, n); /* more than TPL_MAX_ITEMS fails the render */
         return d;
     }
     return tpl_none();

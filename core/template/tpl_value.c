@@ -113,6 +113,55 @@ void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v) {
     d->keys[d->n] = key, d->vals[d->n] = v, d->n++;
 }
 
+static int cmp_key_index(const void *a, const void *b, void *ctx) {
+    const tpl_value *keys = ctx;
+    const int i = *(const int *)a, j = *(const int *)b;
+    const tpl_value x = keys[i], y = keys[j];
+    const size_t m = x.str.len < y.str.len ? x.str.len : y.str.len;
+    const int c = memcmp(x.str.s, y.str.s, m);
+    if (c) return c;
+    if (x.str.len != y.str.len) return x.str.len < y.str.len ? -1 : 1;
+    return (i > j) - (i < j); /* equal keys in their order */
+}
+
+void tpl_dict_set_many(tpl_arena *a, tpl_dict *d, const tpl_value *keys, const tpl_value *vals, int n) {
+    if (d->n > 0 || n <= 32) { /* small, or adding to a dict: one by one */
+        for (int i = 0; i < n; i++) tpl_dict_set(a, d, keys[i], vals[i]);
+        return;
+    }
+    /* each key at its first position with its last value, as repeated dict_set would leave it, in
+     * n log n: a JSON object of many keys (a request's message) made this quadratic */
+    int *order = tpl_alloc(a, sizeof(int) * (size_t)n);
+    uint8_t *drop = tpl_alloc(a, (size_t)n);
+    tpl_value *last = tpl_alloc(a, sizeof(tpl_value) * (size_t)n);
+    for (int i = 0; i < n; i++) order[i] = i, last[i] = vals[i];
+    qsort_r(order, (size_t)n, sizeof *order, cmp_key_index, (void *)keys);
+    for (int r = 0; r < n;) {
+        int e = r + 1;
+        const tpl_value k = keys[order[r]];
+        while (e < n && keys[order[e]].str.len == k.str.len &&
+               memcmp(keys[order[e]].str.s, k.str.s, k.str.len) == 0)
+            drop[order[e++]] = 1; /* a later duplicate: its value goes to the first */
+        last[order[r]] = vals[order[e - 1]];
+        r = e;
+    }
+    for (int i = 0; i < n; i++)
+        if (!drop[i]) {
+            if (d->n >= TPL_MAX_ITEMS) {
+                a->over_items = 1;
+                return;
+            }
+            if (d->n == d->cap) { /* sized once for all of them */
+                d->cap = n;
+                d->keys = tpl_alloc(a, sizeof(tpl_value) * (size_t)n);
+                d->vals = tpl_alloc(a, sizeof(tpl_value) * (size_t)n);
+            }
+            const int depth = tpl_depth(last[i]) + 1;
+            if (depth > d->depth) d->depth = depth;
+            d->keys[d->n] = keys[i], d->vals[d->n] = last[i], d->n++;
+        }
+}
+
 int tpl_truthy(tpl_value v) {
     switch (v.kind) {
     case V_UNDEF:

@@ -181,3 +181,30 @@ TEST(large_legitimate_renders_still_work) {
     const double dt = now_s() - t0;
     CHECK_MSG(dt < 5.0, "%.2f s of CPU", dt);
 }
+
+/* A message object of many keys (a request's, in `ctrl serve`) was turned into a dict one key at a
+ * time, each looked up first: quadratic. Repeated keys keep their first place and their last value,
+ * as Python's json.loads and dict give them. */
+TEST(variables_with_many_keys_load_in_n_log_n) {
+    const double t0 = now_s();
+    const int n = 200000;
+    char *json = malloc((size_t)n * 24 + 64), *p = json;
+    p += sprintf(p, "{\"d\": {");
+    for (int i = 0; i < n; i++) p += sprintf(p, "\"k%d\": %d, ", i, i);
+    p += sprintf(p, "\"k5\": \"last\"}}");
+    cJSON *vars = cJSON_Parse(json);
+    free(json);
+    CHECK(vars != NULL);
+    const char *src = "{{ d|length }} {{ d.k5 }} {{ (d|list)[5] }} {{ (d|list)[-1] }} {{ d.k199999 }}";
+    ctrl_template *t = NULL;
+    CHECK_EQ_INT(ctrl_template_compile(src, strlen(src), "keys.jinja", &t), CTRL_OK);
+    char *text = NULL;
+    size_t len = 0;
+    CHECK_EQ_INT(ctrl_template_render(t, vars, &text, &len, NULL), CTRL_OK);
+    CHECK_STR(text, "200000 last k5 k199999 199999");
+    free(text);
+    ctrl_template_free(t);
+    cJSON_Delete(vars);
+    const double dt = now_s() - t0;
+    CHECK_MSG(dt < 5.0, "%.2f s of CPU", dt);
+}
