@@ -183,9 +183,16 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
         lineno++;
         if (l[strspn(l, " \t\r")] == 0) continue;
         if (n_req == cap) {
-            cap = cap ? 2 * cap : 64;
-            lines = realloc(lines, sizeof *lines * (size_t)cap),
-            reqs = realloc(reqs, sizeof *reqs * (size_t)cap);
+            const int grown = cap ? 2 * cap : 64;
+            cJSON **nl = realloc(lines, sizeof *lines * (size_t)grown);
+            if (nl) lines = nl;
+            ctrl_gen_request *nr = nl ? realloc(reqs, sizeof *reqs * (size_t)grown) : NULL;
+            if (nr) reqs = nr;
+            if (!nl || !nr) {
+                st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory at line %d", a.prompts, lineno);
+                break;
+            }
+            cap = grown;
         }
         cJSON *o = cJSON_Parse(l);
         int32_t *ids = NULL;
@@ -212,6 +219,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     }
     free(text);
     ctrl_gen_output *outs = calloc((size_t)(n_req ? n_req : 1) * (size_t)a.n, sizeof *outs);
+    if (!outs && st == CTRL_OK) st = ctrl_error_set(CTRL_ERR_NOMEM, "generate: out of memory for outputs");
     const ctrl_engine_config ec = {.kv_cache_bytes = (size_t)a.kv_mb << 20,
                                    .block_size = 16,
                                    .max_num_seqs = 256,
@@ -273,7 +281,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     for (int r = 0; r < n_req; r++) {
         cJSON_Delete(lines[r]);
         free((void *)reqs[r].prompt);
-        for (int k = 0; k < a.n; k++) ctrl_gen_output_free(&outs[(size_t)r * a.n + k]);
+        for (int k = 0; outs && k < a.n; k++) ctrl_gen_output_free(&outs[(size_t)r * a.n + k]);
     }
     free(lines), free(reqs), free(outs);
     ctrl_engine_free(eng);

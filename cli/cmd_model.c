@@ -158,6 +158,7 @@ static ctrl_status line_ids(const cJSON *o, const ctrl_tokenizer *tok, const cha
     if (cJSON_IsArray(arr)) {
         *n = (size_t)cJSON_GetArraySize(arr);
         *ids = malloc(sizeof(int32_t) * (*n ? *n : 1));
+        if (!*ids) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for %zu ids", where, *n);
         size_t i = 0;
         for (const cJSON *e = arr->child; e; e = e->next) {
             if (!cJSON_IsNumber(e)) {
@@ -221,6 +222,7 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
     }
     size_t cap = 1 << 16;
     char *line = malloc(cap);
+    if (!line) st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for a line", input);
     int lineno = 0;
     while (st == CTRL_OK && fgets(line, (int)cap, f)) {
         lineno++;
@@ -247,6 +249,11 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
         int32_t *pos = malloc(sizeof(int32_t) * n), *tg = malloc(sizeof(int32_t) * n),
                 cu[2] = {0, (int32_t)n};
         float *lp = malloc(sizeof(float) * n);
+        if (!pos || !tg || !lp) {
+            free(ids), free(pos), free(tg), free(lp);
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for %zu tokens", where, n);
+            break;
+        }
         for (size_t i = 0; i < n; i++) pos[i] = (int32_t)i, tg[i] = i + 1 < n ? ids[i + 1] : -100;
         ctrl_batch b = {
             .T = (int)n, .B = 1, .tokens = ids, .positions = pos, .cu_seqlens = cu, .targets = tg};
