@@ -668,7 +668,10 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
             return *out = tpl_int(i < 0 ? -i : i), 0;
         }
         tpl_value prec = arg(a, 0, "precision", tpl_int(0));
-        double p = pow(10, prec.kind == V_INT ? (double)prec.i : 0);
+        const int64_t digits = prec.kind == V_INT ? prec.i : 0;
+        if (digits > 300) return *out = tpl_float(d), 0;                 /* 10^digits is inf */
+        if (digits < -300) return *out = tpl_float(copysign(0.0, d)), 0; /* and here 0 */
+        double p = pow(10, (double)digits);
         return *out = tpl_float(round(d * p) / p), 0;
     }
     if (NAME_IS(name, "indent")) {

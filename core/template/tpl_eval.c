@@ -54,7 +54,7 @@ static int slice_range(tpl_render *r, int line, tpl_value *part, int64_t n, int6
     for (int k = 0; k < 3; k++)
         if (part[k].kind != V_NONE && part[k].kind != V_INT && part[k].kind != V_BOOL)
             return tpl_fail(r, line, "slice indices must be integers or None");
-    *step = part[2].kind == V_NONE ? 1 : part[2].i;
+    *step = part[2].kind == V_NONE ? 1 : part[2].kind == V_BOOL ? part[2].b : part[2].i;
     if (*step == 0) return tpl_fail(r, line, "slice step cannot be zero");
     int64_t lo = *step < 0 ? -1 : 0, hi = *step < 0 ? n - 1 : n;
     for (int k = 0; k < 2; k++) {
@@ -63,7 +63,7 @@ static int slice_range(tpl_render *r, int line, tpl_value *part, int64_t n, int6
             *dst = (k == 0) == (*step > 0) ? lo : hi;
             continue;
         }
-        int64_t v = part[k].i;
+        int64_t v = part[k].kind == V_BOOL ? part[k].b : part[k].i; /* a bool's .i is not all set */
         if (v < 0) v += n;
         if (v < lo) v = lo;
         if (v > hi) v = hi;

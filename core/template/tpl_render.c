@@ -168,7 +168,8 @@ static tpl_value from_json(tpl_arena *a, const cJSON *j) {
     if (cJSON_IsNumber(j)) {
         /* cJSON keeps no int/float distinction: integral values become ints */
         double d = j->valuedouble;
-        if (d == (double)(int64_t)d && d > -9.2e18 && d < 9.2e18) return tpl_int((int64_t)d);
+        if (d > -9.2e18 && d < 9.2e18 && d == (double)(int64_t)d)
+            return tpl_int((int64_t)d); /* range first */
         return tpl_float(d);
     }
     if (cJSON_IsArray(j)) {

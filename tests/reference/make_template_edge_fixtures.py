@@ -40,6 +40,9 @@ SNIPPETS = [
     ("tojson_indents", "{{ xs|tojson(indent=-1) }}|{{ xs|tojson(indent=0) }}|{{ 5|tojson(indent=100000000) }}|"
      "{{ d|tojson(indent=3) }}", {"xs": [1, [2, {}]], "d": {"a": {"b": []}}}),
     ("indent_widths", "{{ 'a\nb'|indent(-3) }}|{{ 'a\nb'|indent(0, true) }}|{{ 'a'|indent(100000000) }}", {}),
+    ("bool_slices_big_floats", "{{ xs[true:] }} {{ xs[::true] }} {{ xs[false:true] }} {{ big }} {{ neg }} "
+     "{{ 2.567|round(400) }} {{ -2.5|round(-400) }} {{ 2.5|round(-400) }}",
+     {"xs": [1, 2, 3], "big": 1e300, "neg": -1e19}),
     ("repeat_edges", "{{ 'ab' * 0 }}|{{ 'ab' * -5 }}|{{ [1, 2] * -1 }}|{{ 3 * 'x' }}|{{ [] * 9223372036854775807 }}|"
      "{{ '' * 9223372036854775807 }}|", {}),
 ]
