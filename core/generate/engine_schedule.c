@@ -78,7 +78,9 @@ void ctrl_engine_abort(ctrl_engine *e) {
  * with the last sample). */
 static ctrl_status record_token(ctrl_engine *e, gen_seq *s, int32_t t, float lp) {
     const ctrl_gen_request *r = &s->rq->r;
-    if (t < 0) return ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameters");
+    if (t < 0)
+        return t == -2 ? ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory while sampling")
+                       : ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameters");
     ctrl_gen_output *o = s->out;
     int32_t *ids = realloc(o->ids, sizeof(int32_t) * (size_t)(o->len + 1));
     if (ids) o->ids = ids;

@@ -58,6 +58,7 @@ static ctrl_status parse_outputs(const char *url, const cJSON *o, const ctrl_gen
         ctrl_gen_output *g = &outs[i];
         g->ids = malloc(sizeof(int32_t) * (size_t)(n + 1)),
         g->logprobs = malloc(sizeof(float) * (size_t)(n + 1));
+        if (!g->ids || !g->logprobs) return ctrl_error_set(CTRL_ERR_NOMEM, "%s/generate: out of memory", url);
         g->len = n;
         int k = 0;
         for (const cJSON *t = c->child, *p = l->child; t && p; t = t->next, p = p->next, k++)

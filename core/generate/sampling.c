@@ -46,8 +46,9 @@ static int by_logit_ascending(const void *a, const void *b, void *ctx) {
 
 /* top-p as transformers' TopPLogitsWarper: sort ascending, drop the entries whose cumulative
  * probability stays <= 1 - top_p, always keep the most likely. */
-static void top_p_filter(float *l, int V, float top_p) {
+static int top_p_filter(float *l, int V, float top_p) {
     int *idx = malloc(sizeof(int) * (size_t)V);
+    if (!idx) return -2;
     for (int i = 0; i < V; i++) idx[i] = i;
     qsort_r(idx, (size_t)V, sizeof(int), by_logit_ascending, l);
     const double lse = logsumexp(l, V);
@@ -57,6 +58,7 @@ static void top_p_filter(float *l, int V, float top_p) {
         if (cum <= 1.0 - top_p) l[idx[r]] = -INFINITY;
     }
     free(idx);
+    return 0;
 }
 
 /* Written so that a NaN fails each test. repetition_penalty must be a normal float: dividing by a
@@ -71,6 +73,7 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
     if (!ctrl_sampling_params_valid(p)) return -1;
     if (p->repetition_penalty != 1.0f) { /* each distinct seen token once */
         uint8_t *done = calloc((size_t)V, 1);
+        if (!done) return -2;
         for (int i = 0; i < n_seen; i++) {
             int32_t t = seen[i];
             if (t < 0 || t >= V || done[t]) continue;
@@ -84,6 +87,7 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
         for (int i = 0; i < V; i++) l[i] = fminf(l[i] / p->temperature, FLT_MAX); /* as above */
     if (p->top_k > 0 && p->top_k < V) { /* below the k-th largest value goes; ties with it stay */
         float *sorted = malloc(sizeof(float) * (size_t)V);
+        if (!sorted) return -2;
         for (int i = 0; i < V; i++) sorted[i] = l[i];
         qsort(sorted, (size_t)V, sizeof(float), float_ascending);
         const float kth = sorted[V - p->top_k];
@@ -91,7 +95,7 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
             if (l[i] < kth) l[i] = -INFINITY;
         free(sorted);
     }
-    if (p->top_p < 1.0f) top_p_filter(l, V, p->top_p);
+    if (p->top_p < 1.0f && top_p_filter(l, V, p->top_p) != 0) return -2;
     if (p->min_p > 0) { /* drop probabilities below min_p times the largest, keep the largest */
         float mx = -INFINITY;
         for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
@@ -104,7 +108,8 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
 
 int32_t ctrl_sample(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen,
                     ctrl_rng *rng, float *logprob) {
-    if (ctrl_sampling_process(p, l, V, seen, n_seen) != 0) return -1;
+    const int processed = ctrl_sampling_process(p, l, V, seen, n_seen);
+    if (processed != 0) return processed;
     const double lse = logsumexp(l, V);
     int32_t tok = 0;
     if (p->temperature == 0) { /* greedy: the first maximum */

@@ -28,11 +28,11 @@ double ctrl_rng_uniform(ctrl_rng *r); /* [0, 1) with 53 random bits */
  * in [0, 1], repetition_penalty a normal positive float (no NaN, infinity or subnormal anywhere). */
 int ctrl_sampling_params_valid(const ctrl_sampling_params *p);
 /* Processes logits[V] in place (filtered entries become -inf); `seen` are the token ids the
- * repetition penalty applies to. Returns 0, or -1 when the parameters are invalid. */
+ * repetition penalty applies to. Returns 0, -1 when the parameters are invalid, -2 when out of memory. */
 int ctrl_sampling_process(const ctrl_sampling_params *p, float *logits, int V, const int32_t *seen,
                           int n_seen);
 /* Processes and draws one token; *logprob gets its log-probability under the processed
- * distribution. Returns the token id, or -1 on invalid parameters. */
+ * distribution. Returns the token id, -1 on invalid parameters, -2 when out of memory. */
 int32_t ctrl_sample(const ctrl_sampling_params *p, float *logits, int V, const int32_t *seen, int n_seen,
                     ctrl_rng *rng, float *logprob);
 
