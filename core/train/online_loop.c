@@ -104,12 +104,18 @@ typedef struct flat {
     int *at;
 } flat;
 
-static void flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, flat *f) {
-    int T = 0;
-    for (int i = 0; i < n; i++) T += ps->len[o->gprompt[c0 + i]] + o->gout[c0 + i].len;
+static void flat_free(flat *f) { free(f->tok), free(f->pos), free(f->tg), free(f->cu), free(f->at); }
+
+static ctrl_status flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, flat *f) {
+    size_t T = 0;
+    for (int i = 0; i < n; i++) T += (size_t)ps->len[o->gprompt[c0 + i]] + (size_t)o->gout[c0 + i].len;
     f->tok = malloc(sizeof(int32_t) * T), f->pos = malloc(sizeof(int32_t) * T),
     f->tg = malloc(sizeof(int32_t) * T);
-    f->cu = malloc(sizeof(int32_t) * (n + 1)), f->at = malloc(sizeof(int) * n);
+    f->cu = malloc(sizeof(int32_t) * (size_t)(n + 1)), f->at = malloc(sizeof(int) * (size_t)n);
+    if (!f->tok || !f->pos || !f->tg || !f->cu || !f->at) {
+        flat_free(f);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for a batch of %zu tokens", T);
+    }
     int t = 0;
     for (int i = 0; i < n; i++) {
         const int p = o->gprompt[c0 + i], P = ps->len[p];
@@ -123,10 +129,9 @@ static void flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, 
     }
     f->cu[n] = t;
     f->b = (ctrl_batch){
-        .T = T, .B = n, .tokens = f->tok, .positions = f->pos, .cu_seqlens = f->cu, .targets = f->tg};
+        .T = t, .B = n, .tokens = f->tok, .positions = f->pos, .cu_seqlens = f->cu, .targets = f->tg};
+    return CTRL_OK;
 }
-
-static void flat_free(flat *f) { free(f->tok), free(f->pos), free(f->tg), free(f->cu), free(f->at); }
 
 /* Per-completion log-probs of the generation batch under `m` (no gradient kept), bs at a time. */
 static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float **dst) {
@@ -134,12 +139,16 @@ static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float
     for (int c0 = 0; c0 < o->gn && st == CTRL_OK; c0 += bs) {
         const int n = c0 + bs <= o->gn ? bs : o->gn - c0;
         flat f;
-        flat_build(o, &o->train, c0, n, &f);
+        if ((st = flat_build(o, &o->train, c0, n, &f)) != CTRL_OK) break;
         float *lp = malloc(sizeof(float) * (size_t)f.b.T);
-        st = ctrl_model_forward(m, &f.b, lp, NULL, NULL);
+        st = lp ? ctrl_model_forward(m, &f.b, lp, NULL, NULL)
+                : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
         for (int i = 0; st == CTRL_OK && i < n; i++) {
             dst[c0 + i] = malloc(sizeof(float) * (size_t)(o->gout[c0 + i].len + 1));
-            memcpy(dst[c0 + i], lp + f.at[i], sizeof(float) * (size_t)o->gout[c0 + i].len);
+            if (!dst[c0 + i])
+                st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+            else
+                memcpy(dst[c0 + i], lp + f.at[i], sizeof(float) * (size_t)o->gout[c0 + i].len);
         }
         free(lp);
         flat_free(&f);
@@ -161,10 +170,16 @@ static void gen_batch_free(ctrl_online *o) {
 static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int *order, long *cursor,
                             int n_prompts, int n, const ctrl_sampling_params *sp) {
     gen_batch_free(o);
-    o->gn = n_prompts * n;
-    o->gout = calloc((size_t)o->gn, sizeof *o->gout), o->gprompt = malloc(sizeof(int) * o->gn);
-    o->trained = malloc(sizeof(int) * o->gn), o->adv = calloc((size_t)o->gn, sizeof(float));
+    const int gn = n_prompts * n;
+    o->gout = calloc((size_t)gn, sizeof *o->gout), o->gprompt = malloc(sizeof(int) * (size_t)gn);
+    o->trained = malloc(sizeof(int) * (size_t)gn), o->adv = calloc((size_t)gn, sizeof(float));
     ctrl_gen_request *req = calloc((size_t)n_prompts, sizeof *req);
+    if (!o->gout || !o->gprompt || !o->trained || !o->adv || !req) {
+        free(req);
+        gen_batch_free(o); /* gn is still 0: nothing inside to free */
+        return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for %d completions", gn);
+    }
+    o->gn = gn;
     /* seeded by the run's seed and the prompt cursor, so that a resumed run samples what the
      * uninterrupted one would have (eval batches: a fixed stream of their own) */
     const uint64_t batch_seed = o->seed * 1000003u + (cursor ? (uint64_t)*cursor : 0x9e3779b9u);
@@ -217,16 +232,19 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     const int need_old = o->spec.needs_old_logp || ga % (spg * o->spec.num_iterations) != 0;
     if (st == CTRL_OK && need_old) {
         o->old = calloc((size_t)o->gn, sizeof(float *));
-        st = completion_logps(o, o->model, bs, o->old);
+        st = o->old ? completion_logps(o, o->model, bs, o->old)
+                    : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     }
     if (st == CTRL_OK && o->spec.needs_ref_logp) {
         o->ref_lp = calloc((size_t)o->gn, sizeof(float *));
-        st = completion_logps(o, o->ref, bs, o->ref_lp);
+        st = o->ref_lp ? completion_logps(o, o->ref, bs, o->ref_lp)
+                       : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     }
     if (need_old || o->spec.needs_ref_logp) ctrl_online_report(o, "timing/old_ref_logprob_s", now() - t0);
     if (st == CTRL_OK && o->old && o->ref_lp) { /* the KL summed over each completion (RLOO's reward) */
         kl = calloc((size_t)o->gn, sizeof(float)), ntok = calloc((size_t)o->gn, sizeof(int));
-        for (int i = 0; i < o->gn; i++)
+        if (!kl || !ntok) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+        for (int i = 0; st == CTRL_OK && i < o->gn; i++)
             for (int j = 0; o->trained[i] && j < o->gout[i].len; j++)
                 kl[i] += o->old[i][j] - o->ref_lp[i][j], ntok[i]++;
     }
@@ -253,15 +271,16 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
 static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, double *loss) {
     const double t0 = now();
     flat f;
-    flat_build(o, &o->train, c0, n, &f);
-    const int T = f.b.T;
-    float *lp = malloc(sizeof(float) * T), *ent = malloc(sizeof(float) * T),
-          *w = calloc((size_t)T, sizeof(float));
-    float *old = o->old ? calloc((size_t)T, sizeof(float)) : NULL,
-          *ref = o->ref_lp ? calloc((size_t)T, sizeof(float)) : NULL;
+    ctrl_status st = flat_build(o, &o->train, c0, n, &f);
+    if (st != CTRL_OK) return st;
+    const size_t T = (size_t)f.b.T;
+    float *lp = malloc(sizeof(float) * T), *ent = malloc(sizeof(float) * T), *w = calloc(T, sizeof(float));
+    float *old = o->old ? calloc(T, sizeof(float)) : NULL, *ref = o->ref_lp ? calloc(T, sizeof(float)) : NULL;
     float *d = malloc(sizeof(float) * T);
-    ctrl_status st = ctrl_model_forward(o->model, &f.b, lp, ent, NULL);
-    for (int i = 0; i < n; i++)
+    if (!lp || !ent || !w || !d || (o->old && !old) || (o->ref_lp && !ref))
+        st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for a micro-batch of %zu tokens", T);
+    if (st == CTRL_OK) st = ctrl_model_forward(o->model, &f.b, lp, ent, NULL);
+    for (int i = 0; st == CTRL_OK && i < n; i++)
         for (int j = 0; j < o->gout[c0 + i].len; j++) {
             const int t = f.at[i] + j;
             w[t] = (float)o->trained[c0 + i];
@@ -269,7 +288,7 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
             if (ref) ref[t] = o->ref_lp[c0 + i][j];
         }
     ctrl_trainer_batch tb = {.size = sizeof tb,
-                             .T = T,
+                             .T = f.b.T,
                              .logp = lp,
                              .weight = w,
                              .num_items = o->gen_items * ga / spg,

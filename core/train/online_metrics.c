@@ -27,18 +27,24 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scor
     const int32_t **ids = malloc(sizeof(int32_t *) * n);
     int *lens = malloc(sizeof(int) * n);
     ctrl_reward_column *cols = calloc((size_t)ps->n_cols + 1, sizeof *cols);
-    ctrl_status st = CTRL_OK;
+    *scores = malloc(sizeof(float) * (size_t)n * (size_t)R), *total = malloc(sizeof(float) * (size_t)n);
+    ctrl_status st = texts && prompts && ids && lens && cols && *scores && *total
+                         ? CTRL_OK
+                         : ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory for %d completions", n);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         size_t len;
         st = ctrl_tokenizer_decode(o->tok, o->gout[i].ids, (size_t)o->gout[i].len, 1, &texts[i], &len);
         prompts[i] = ps->text[o->gprompt[i]], ids[i] = o->gout[i].ids, lens[i] = o->gout[i].len;
     }
-    for (int k = 0; k < ps->n_cols; k++) {
-        const char **v = malloc(sizeof(char *) * n);
+    for (int k = 0; k < ps->n_cols && st == CTRL_OK; k++) {
+        const char **v = malloc(sizeof(char *) * (size_t)n);
+        if (!v) {
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory");
+            break;
+        }
         for (int i = 0; i < n; i++) v[i] = ps->values[o->gprompt[i]][k];
         cols[k] = (ctrl_reward_column){.name = ps->cols[k], .values = v};
     }
-    *scores = malloc(sizeof(float) * (size_t)n * R), *total = malloc(sizeof(float) * n);
     ctrl_reward_batch rb = {.size = sizeof rb,
                             .n = n,
                             .prompts = prompts,
@@ -48,8 +54,8 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scor
                             .n_columns = ps->n_cols,
                             .columns = cols};
     if (st == CTRL_OK) st = ctrl_reward_set_score(o->rewards, &rb, *scores, *total);
-    for (int k = 0; k < ps->n_cols; k++) free((void *)cols[k].values);
-    for (int i = 0; i < n; i++) free(texts[i]);
+    for (int k = 0; cols && k < ps->n_cols; k++) free((void *)cols[k].values);
+    for (int i = 0; texts && i < n; i++) free(texts[i]);
     free(texts), free(prompts), free(ids), free(lens), free(cols);
     return st;
 }
