@@ -182,3 +182,26 @@ TEST(nesterov_needs_momentum) {
         CTRL_ERR_CONFIG);
     CHECK_CONTAINS(ctrl_error_message(), "nesterov");
 }
+
+/* State that cannot be allocated (a group larger than the address space) is CTRL_ERR_NOMEM with a
+ * message, and create frees what it had built (the half-built optimizer goes through destroy). */
+TEST(state_that_cannot_be_allocated_is_an_error) {
+    static const char *const kinds[] = {"adamw", "sgd"};
+    for (int k = 0; k < 2; k++) {
+        const ctrl_plugin *p = find_plugin(kinds[k]);
+        if (!p) return;
+        hp_table hp = {.n = 1};
+        strcpy(hp.key[0], "momentum"); /* sgd keeps state only with momentum */
+        hp.val[0] = 0.9;
+        hp_fill_defaults(&hp, p);
+        float x = 0;
+        ctrl_param_group groups[2] = {{.param = &x, .grad = &x, .numel = 1},
+                                      {.param = &x, .grad = &x, .numel = (int64_t)1 << 61}};
+        ctrl_optimizer *opt = NULL;
+        CHECK_EQ_INT(((const ctrl_optimizer_ops *)p->ops)
+                         ->create(&test_host, (const ctrl_config *)&hp, groups, 2,
+                                  (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                     CTRL_ERR_NOMEM);
+        CHECK_CONTAINS(ctrl_error_message(), "out of memory");
+    }
+}
