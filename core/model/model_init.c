@@ -37,4 +37,5 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
             }
         }
     }
+    ctrl_model_weights_changed(m); /* a model on a device copies them there before its next forward */
 }

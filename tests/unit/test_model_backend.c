@@ -238,3 +238,27 @@ TEST(an_older_backend_table_is_refused) {
     CHECK_CONTAINS(ctrl_error_message(), "old backend");
     ctrl_model_free(m);
 }
+
+/* Random initialisation of a model already on a device reaches the device's copy. */
+TEST(init_random_on_a_device_is_what_the_forward_sees) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/llama", CTRL_FIXTURE_DIR);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    CHECK(attn != NULL);
+    int32_t tok[9], pos[9], tg[9], cu[2] = {0, 9};
+    for (int t = 0; t < 9; t++) tok[t] = 3 + t, pos[t] = t, tg[t] = t + 1 < 9 ? 4 + t : -100;
+    ctrl_batch b = {.T = 9, .B = 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    float lp[2][9];
+    for (int side = 0; attn && side < 2; side++) {
+        ctrl_model *m;
+        CHECK_EQ_INT(ctrl_model_load(dir, attn->plugin->ops, &m), CTRL_OK);
+        if (!m) break;
+        if (side) CHECK_EQ_INT(ctrl_model_to_device(m, staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}), CTRL_OK);
+        ctrl_model_init_random(m, 5, 0.02f);
+        CHECK_EQ_INT(ctrl_model_forward(m, &b, lp[side], NULL, NULL), CTRL_OK);
+        ctrl_model_free(m);
+    }
+    CHECK_MSG(memcmp(lp[0], lp[1], sizeof lp[0]) == 0, "the device kept the loaded weights");
+    ctrl_registry_destroy(reg);
+}
