@@ -100,7 +100,7 @@ static void tl_bytes(tok_list *l, const char *s, size_t n) {
         }
         l->buf = p, l->cap = c;
     }
-    memcpy(l->buf + l->len, s, n);
+    if (n) memcpy(l->buf + l->len, s, n); /* s may be an empty list's NULL buffer */
     l->len += n;
 }
 

@@ -10,7 +10,9 @@ add_test(NAME test_tokenizer_parity COMMAND test_tokenizer_parity)
 set_tests_properties(test_tokenizer_parity PROPERTIES LABELS parity SKIP_RETURN_CODE 77 TIMEOUT 300)
 
 # SentencePiece-style variants of the tiny tokenizer (edits + expected ids/texts in tiny_sp_variants.jsonl).
+# Also "unit": fast, so the sanitizer build (scripts/test.sh, ctest -L 'unit|e2e') runs it too.
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_sp_variants.c parity)
+set_tests_properties(test_tokenizer_sp_variants PROPERTIES LABELS "parity;unit")
 
 # Ids from untrusted tokenizer.json / tokenizer_config.json: each bad one refused where it is read.
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/tokenizer/test_tokenizer_ids.c unit)
