@@ -100,11 +100,12 @@ static void tl_bytes(tok_list *l, const char *s, size_t n) {
         }
         l->buf = p, l->cap = c;
     }
-    if (n) memcpy(l->buf + l->len, s, n); /* s may be an empty list's NULL buffer */
+    if (n) memcpy(l->buf + l->len, s, n);
     l->len += n;
 }
 
 static void tl_end_token(tok_list *l) { /* the token is what was written since the last end */
+    if (!l->buf) tl_bytes(l, NULL, 0);  /* a list of empty tokens still has a buffer to point into */
     if (l->n + 2 > l->off_cap) {
         size_t c = (l->n + 2) * 2;
         size_t *p = realloc(l->off, c * sizeof *p);

@@ -175,6 +175,19 @@ TEST(valid_ids_encode_and_decode_as_the_library) {
     free(text);
     CHECK(ctrl_tokenizer_id_to_token(t, 4) == NULL && ctrl_tokenizer_id_to_token(t, -7) == NULL);
     ctrl_tokenizer_free(t);
+    /* nothing to decode through a decoder chain (Fuse then Strip made a token in a list without a
+     * buffer: UBSan's "zero offset to null pointer", found by fuzz_tokenize_text) */
+    char sp_dir[1024];
+    snprintf(sp_dir, sizeof sp_dir, "%s/tokenizer/tiny_sp", CTRL_FIXTURE_DIR);
+    CHECK_EQ_INT(ctrl_tokenizer_load(sp_dir, &t), CTRL_OK);
+    const int32_t bos[] = {ctrl_tokenizer_bos_id(t)};
+    for (int k = 0; t && k < 2; k++) {
+        CHECK_EQ_INT(ctrl_tokenizer_decode(t, bos, (size_t)k, 1, &text, &len),
+                     CTRL_OK); /* [], [<s>] skipped */
+        CHECK_EQ_INT(len, 0);
+        free(text);
+    }
+    ctrl_tokenizer_free(t);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", test_tmp_dir());
     CHECK(system(cmd) == 0);
