@@ -605,7 +605,8 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
         if (want_seq(r, line, v, name, &items)) return -1;
         *out = tpl_new_list(&r->arena);
         for (int i = 0; i < items->n; i++) {
-            if (tpl_budget(r, line, (uint64_t)out->list->n)) return -1; /* quadratic: charged */
+            if (tpl_budget(r, line, (uint64_t)out->list->n * tpl_size(items->items[i])))
+                return -1; /* charged */
             int dup = 0;
             for (int k = 0; k < out->list->n && !dup; k++)
                 dup = tpl_equal(out->list->items[k], items->items[i]);

@@ -252,26 +252,19 @@ static int arith(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_
                     tpl_kind_name(a.kind), tpl_kind_name(b.kind));
 }
 
-/* A rough cost of walking a value (comparing it), for the step budget. */
-static uint64_t walk_cost(tpl_value v) {
-    return v.kind == V_STR    ? v.str.len / 64
-           : v.kind == V_LIST ? (uint64_t)v.list->n
-           : v.kind == V_DICT ? (uint64_t)v.dict->n
-                              : 0;
-}
-
+/* Comparisons walk their operands: each is charged to the step budget by tpl_size, so that a loop
+ * comparing large values cannot run for minutes. */
 static int compare(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_value *out) {
-    if (tpl_budget(r, line, walk_cost(a) < walk_cost(b) ? walk_cost(a) : walk_cost(b))) return -1;
+    const uint64_t sa = tpl_size(a), sb = tpl_size(b);
+    if (tpl_budget(r, line, op == OP_IN || op == OP_NOT_IN ? sb : sa < sb ? sa : sb)) return -1;
     if (op == OP_EQ || op == OP_NE) return *out = tpl_bool(tpl_equal(a, b) == (op == OP_EQ)), 0;
     if (op == OP_IN || op == OP_NOT_IN) {
         int found = 0;
         if (b.kind == V_UNDEF) return undefined_error(r, line, b);
         if (b.kind == V_STR) {
             if (a.kind != V_STR) return tpl_fail(r, line, "'in <string>' requires string as left operand");
-            if (tpl_budget(r, line, b.str.len / 64)) return -1;
             found = a.str.len == 0 || memmem(b.str.s, b.str.len, a.str.s, a.str.len) != NULL;
         } else if (b.kind == V_LIST) {
-            if (tpl_budget(r, line, (uint64_t)b.list->n * (1 + walk_cost(a)))) return -1;
             for (int i = 0; !found && i < b.list->n; i++) found = tpl_equal(a, b.list->items[i]);
         } else if (b.kind == V_DICT) {
             found = a.kind == V_STR && tpl_dict_find(b.dict, a.str.s, a.str.len) >= 0;
@@ -459,14 +452,18 @@ static int eval_node(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *
             tpl_list_push(&r->arena, out->list, a);
         }
         return tpl_check_nesting(r, e->line, *out);
-    case E_DICT:
-        *out = tpl_new_dict(&r->arena);
+    case E_DICT: { /* all pairs first, then set in n log n (a literal of many keys was quadratic) */
+        tpl_value *keys = tpl_alloc(&r->arena, sizeof(tpl_value) * (size_t)e->args.n),
+                  *vals = tpl_alloc(&r->arena, sizeof(tpl_value) * (size_t)e->args.n);
         for (int i = 0; i < e->args.n; i++) {
-            if (tpl_eval(r, s, e->args.v[i], &a) || tpl_eval(r, s, e->kw_vals.v[i], &b)) return -1;
-            if (a.kind != V_STR) return tpl_fail(r, e->line, "dictionary keys must be strings here");
-            tpl_dict_set(&r->arena, out->dict, a, b);
+            if (tpl_eval(r, s, e->args.v[i], &keys[i]) || tpl_eval(r, s, e->kw_vals.v[i], &vals[i]))
+                return -1;
+            if (keys[i].kind != V_STR) return tpl_fail(r, e->line, "dictionary keys must be strings here");
         }
+        *out = tpl_new_dict(&r->arena);
+        tpl_dict_set_many(&r->arena, out->dict, keys, vals, e->args.n);
         return tpl_check_nesting(r, e->line, *out);
+    }
     default: return tpl_fail(r, e->line, "internal: not an expression");
     }
 }

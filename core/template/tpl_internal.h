@@ -70,15 +70,17 @@ struct tpl_value {
 struct tpl_list {
     tpl_value *items;
     int n, cap;
-    int is_tuple; /* only changes how repr() writes it */
-    int depth;    /* 1 + the deepest item's (lists are not changed once built) */
+    int is_tuple;  /* only changes how repr() writes it */
+    int depth;     /* 1 + the deepest item's (lists are not changed once built) */
+    uint64_t size; /* what walking it costs (tpl_size of the items), for the step budget */
 };
 struct tpl_dict {
     tpl_value *keys; /* strings, in insertion order */
     tpl_value *vals;
     int n, cap;
     int is_namespace;
-    int depth; /* as a list's; a namespace is opaque to repr/tojson/== and is not counted */
+    int depth;     /* as a list's; a namespace is opaque to repr/tojson/== and is not counted */
+    uint64_t size; /* as a list's */
 };
 
 tpl_value tpl_undef(const char *name);
@@ -95,7 +97,8 @@ void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v);
 int tpl_dict_find(const tpl_dict *d, const char *key, size_t len); /* index or -1 */
 /* tpl_dict_set for each pair in order, in n log n for a new dict (keys are strings). */
 void tpl_dict_set_many(tpl_arena *a, tpl_dict *d, const tpl_value *keys, const tpl_value *vals, int n);
-int tpl_depth(tpl_value v); /* nesting of lists and dicts: 0 for a scalar */
+int tpl_depth(tpl_value v);     /* nesting of lists and dicts: 0 for a scalar */
+uint64_t tpl_size(tpl_value v); /* a bound on the work of walking v (==, in, repr), >= 1 */
 
 int tpl_truthy(tpl_value v);
 int tpl_equal(tpl_value a, tpl_value b);

@@ -66,6 +66,16 @@ int tpl_depth(tpl_value v) {
     return 0;
 }
 
+uint64_t tpl_size(tpl_value v) {
+    if (v.kind == V_STR) return 1 + v.str.len / 64;
+    if (v.kind == V_LIST) return 1 + v.list->size;
+    if (v.kind == V_DICT && !v.dict->is_namespace) /* equality finds each key in the other: n^2 */
+        return 1 + v.dict->size + (uint64_t)v.dict->n * (uint64_t)v.dict->n / 16;
+    return 1;
+}
+
+static uint64_t add_size(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+
 void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v) {
     if (l->n >= TPL_MAX_ITEMS) { /* dropped; the render fails at its next budget check */
         a->over_items = 1;
@@ -73,6 +83,7 @@ void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v) {
     }
     const int d = tpl_depth(v) + 1;
     if (d > l->depth) l->depth = d;
+    l->size = add_size(l->size, tpl_size(v));
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 8;
         tpl_value *items = tpl_alloc(a, sizeof(tpl_value) * (size_t)cap);
@@ -100,6 +111,7 @@ void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v) {
     }
     const int depth = tpl_depth(v) + 1;
     if (depth > d->depth) d->depth = depth;
+    d->size = add_size(d->size, tpl_size(v));
     if (d->n == d->cap) {
         int cap = d->cap ? d->cap * 2 : 8;
         tpl_value *keys = tpl_alloc(a, sizeof(tpl_value) * (size_t)cap);
@@ -158,6 +170,7 @@ void tpl_dict_set_many(tpl_arena *a, tpl_dict *d, const tpl_value *keys, const t
             }
             const int depth = tpl_depth(last[i]) + 1;
             if (depth > d->depth) d->depth = depth;
+            d->size = add_size(d->size, tpl_size(last[i]));
             d->keys[d->n] = keys[i], d->vals[d->n] = last[i], d->n++;
         }
 }
