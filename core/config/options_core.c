@@ -149,7 +149,7 @@ static const ctrl_option generation_options[] = {
 };
 
 static const ctrl_option peft_options[] = {
-    {"enabled", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL, "Train LoRA adapters instead of the full model."},
+    {"enabled", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL, "Train LoRA adapters instead of the full model. Not implemented yet: true is refused."},
     {"r", CTRL_OPT_INT, "16", MIN(1), NULL, "LoRA rank."},
     {"lora_alpha", CTRL_OPT_FLOAT, "32", POSITIVE, NULL, "LoRA scaling numerator (scale = lora_alpha / r)."},
     {"lora_dropout", CTRL_OPT_FLOAT, "0.05", RANGE(0, 1), NULL, "Dropout on the LoRA input."},

@@ -134,6 +134,19 @@ static ctrl_status check_device(const ctrl_config *cfg) {
                           e->where, v);
 }
 
+/* Options the tables accept for the design but no code implements yet are refused when turned on,
+ * naming the key: a run must never silently do something other than what its config says. */
+static ctrl_status check_not_implemented(const ctrl_config *cfg) {
+    config_entry *e = config_find(cfg, "peft", "enabled");
+    bool on = false;
+    if (!e || config_parse_bool(e->value, &on) != 0 || !on) return CTRL_OK;
+    const char *trainer = config_value_or_default(cfg, "run", config_core_table("run"), "trainer");
+    return ctrl_error_set(CTRL_ERR_CONFIG,
+                          "%s: [peft] enabled = %s: LoRA adapters are not implemented yet (trainer '%s' "
+                          "would train and save the full model); remove the key or set it to false",
+                          e->where, e->value, trainer ? trainer : "sft");
+}
+
 static ctrl_status select_plugins(const ctrl_config *cfg, const ctrl_registry *reg, config_selection *sel) {
     ctrl_status st;
     const char *name = config_value_or_default(cfg, "run", config_core_table("run"), "trainer");
@@ -236,6 +249,7 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
             config_check_section_keys(cfg, name, config_core_table(name), NULL, "the core", &pr);
     }
     if ((st = check_device(cfg))) config_problem_note(&pr, st);
+    if ((st = check_not_implemented(cfg))) config_problem_note(&pr, st);
     config_selection *sel = &cfg->plugins;
     memset(sel, 0, sizeof *sel);
     if ((st = select_plugins(cfg, reg, sel))) {

@@ -100,6 +100,11 @@ static const bad_case cases[] = {
      {0},
      CTRL_ERR_CONFIG,
      {"@:4", "target_modules", "qq_proj", "did you mean 'q_proj'"}},
+    {"peft_not_implemented", /* was accepted and ignored: a full fine-tune ran and a full model was saved */
+     BASE_INI "[peft]\nenabled = true\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:8", "[peft] enabled = true", "not implemented", "trainer 'sft'"}},
     {"missing_required",
      "[run]\nseed = 1\n[model]\ndtype = float32\n",
      {0},
