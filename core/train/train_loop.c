@@ -205,6 +205,18 @@ static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl
     return st;
 }
 
+/* Interrupted after step ts->step (or during the next one, whose partial work is dropped): a
+ * checkpoint of that step; the model is saved by the caller. */
+static ctrl_status save_interrupted(run_state *r, const char *out_dir, const ctrl_train_state *ts,
+                                    const char *when) {
+    ctrl_status st = save_checkpoint(r, out_dir, ts);
+    if (st != CTRL_OK) return st;
+    return ctrl_error_set(CTRL_ERR_INTERRUPTED,
+                          "interrupted %s step %ld: checkpoint and model saved; continue with [train] "
+                          "resume_from_checkpoint = last",
+                          when, !strcmp(when, "after") ? ts->step : ts->step + 1);
+}
+
 /* Why the run stopped at a failed step: what is left to resume from. */
 static void name_last_checkpoint(ctrl_status st, const char *out_dir) {
     char last[4200];
@@ -258,8 +270,14 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         train_step_stats s;
         double grad_norm = 0;
         const double t_step = now();
+        const long cursor0 = ts->cursor;
         st = train_step(r, order, &ts->cursor, bs, ga, lr, step, &s, &grad_norm);
         if (r->kind_ops->step_time) r->kind_ops->step_time(r->kind, now() - t_step);
+        if (st == CTRL_ERR_INTERRUPTED) { /* long work inside the step (tokenizing a long row) */
+            ts->cursor = cursor0;         /* the step did not happen: the state is the last step's */
+            if (ts->step > start_step) st = save_interrupted(r, out_dir, ts, "during");
+            break;
+        }
         if (st != CTRL_OK) {
             if (st == CTRL_ERR_RUNTIME) name_last_checkpoint(st, out_dir); /* non-finite loss */
             break;
@@ -275,17 +293,12 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
             st = r->kind_ops->evaluate(r->kind, ts->step, r->metrics);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
         const int stop = ts->step < total && interrupted && interrupted();
-        if (st == CTRL_OK &&
-            (stop || (saving && (ts->step == total || (save_every > 0 && ts->step % save_every == 0)))))
-            st = save_checkpoint(r, out_dir, ts);
         if (st == CTRL_OK && stop) {
-            st = ctrl_error_set(
-                CTRL_ERR_INTERRUPTED,
-                "interrupted after step %ld: checkpoint and model saved; continue with [train] "
-                "resume_from_checkpoint = last",
-                ts->step);
+            st = save_interrupted(r, out_dir, ts, "after");
             break;
         }
+        if (st == CTRL_OK && saving && (ts->step == total || (save_every > 0 && ts->step % save_every == 0)))
+            st = save_checkpoint(r, out_dir, ts);
     }
     free(order);
     if (st == CTRL_OK && has_eval) st = r->kind_ops->evaluate(r->kind, ts->step, r->metrics);
@@ -317,9 +330,15 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
     if (st == CTRL_OK) st = open_metrics(&r, out_dir, ts.step);
+    const long start_step = ts.step;
     if (st == CTRL_OK) st = run_steps(&r, &ts, out_dir, interrupted);
-    /* Save on success and on interruption, never after a failed step. */
-    if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) {
+    /* Save on success, and on an interruption once a step was trained (interrupted while loading,
+     * or during the first step, the model is what it was: output_dir keeps what it holds); never
+     * after a failed step. */
+    const int progressed = st == CTRL_OK || (st == CTRL_ERR_INTERRUPTED && ts.step > start_step);
+    if (st == CTRL_ERR_INTERRUPTED && !progressed)
+        ctrl_error_append(st, "interrupted before a step was trained: nothing saved");
+    if (progressed) {
         ctrl_error_saved run; /* an interruption's message, kept across the save */
         ctrl_error_save(&run, st);
         ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
@@ -332,7 +351,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
         }
     }
     teardown(&r);
-    if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) { /* the plot is a convenience: never fails the run */
+    if (progressed) { /* the plot is a convenience: never fails the run */
         char jsonl[4200], png[4200];
         ctrl_error_saved run;
         ctrl_error_save(&run, st);

@@ -5,7 +5,7 @@
 # newest, save_strategy = no writes none; kill -9 in the middle of a save, and at random moments,
 # leaves only complete checkpoints, and `resume_from_checkpoint = last` continues the same curve;
 # SIGINT and SIGTERM save a
-# checkpoint and exit 130; a non-finite loss stops the run naming the last good checkpoint, which
+# checkpoint and exit 130 (while the data loads: nothing is saved); a non-finite loss stops the run naming the last good checkpoint, which
 # stays as it was; a missing or damaged checkpoint, or another optimizer, is a clear error.
 # usage: test_checkpoint.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -149,6 +149,23 @@ rc=$?
   { bad "non-finite loss: exit $rc"; tail -3 "$TMP/log"; }
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/nan" --set train.resume_from_checkpoint=last \
   >"$TMP/log" 2>&1 || { bad "resume after a non-finite loss"; tail -3 "$TMP/log"; }
+
+# 7b. SIGINT while the data is still loading (a long row being tokenized): exit 130 saying nothing
+#     was saved, and output_dir is left as it was -- no model of the initial weights written over it.
+row="{\"text\": \"$(printf 'ab cd %.0s' $(seq 20000))\"}"
+for i in $(seq 400); do echo "$row"; done >"$TMP/data/big.jsonl"
+mkdir -p "$TMP/loading" && echo keep >"$TMP/loading/model.safetensors"
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/loading" --set data.train_file="$TMP/data/big.jsonl" \
+  --set data.max_length=64 >"$TMP/log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "effective config written" "$TMP/log" && break; sleep 0.1; done
+sleep 0.3
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] && grep -q "interrupted before a step was trained: nothing saved" "$TMP/log" &&
+  [ "$(cat "$TMP/loading/model.safetensors")" = keep ] && [ ! -d "$TMP/loading/checkpoint-0" ] && ok ||
+  { bad "SIGINT while loading: exit $rc"; tail -3 "$TMP/log"; }
 
 # 8. Errors: no checkpoint to resume, a directory that is not one, another optimizer, a damaged state.
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/none" --set train.resume_from_checkpoint=last >"$TMP/log" 2>&1
