@@ -12,6 +12,7 @@ typedef struct job {
     ctrl_gen_output *outs; /* written by the engine while the job runs */
     void (*on_step)(const ctrl_gen_output *live, void *ctx);
     void *ctx;
+    const atomic_int *cancel;
     ctrl_gen_request *mine; /* the requests as added: with on_finish */
     int left;               /* requests not finished (the worker's) */
     ctrl_status status;
@@ -93,8 +94,24 @@ static void add_job(ctrl_batcher *b, job *j) {
     pthread_mutex_unlock(&b->lock);
 }
 
+/* Jobs whose callers cancelled them leave the engine and go back failed. */
+static void drop_cancelled(ctrl_batcher *b) {
+    int n = 0;
+    for (int i = 0; i < b->n_running; i++) {
+        job *j = b->running[i];
+        if (!j->cancel || !atomic_load(j->cancel)) {
+            b->running[n++] = j;
+            continue;
+        }
+        for (int r = 0, o = 0; r < j->n_req; o += j->reqs[r++].n) ctrl_engine_cancel(b->eng, j->outs + o);
+        finish(b, j, CTRL_ERR_INTERRUPTED, "cancelled");
+    }
+    b->n_running = n;
+}
+
 /* One engine step for everything running; finished jobs go back to their callers. */
 static void step(ctrl_batcher *b) {
+        drop_cancelled(b); /* then the step tidies their sequences away even when nothing else runs */
     int active = 0;
     const ctrl_status st = ctrl_engine_step(b->eng, &active);
     for (int i = 0; i < b->n_running; i++)
@@ -143,8 +160,9 @@ static void *worker(void *arg) {
 
 ctrl_status ctrl_batcher_generate(ctrl_batcher *b, const ctrl_gen_request *reqs, int n_req,
                                   ctrl_gen_output *outs,
-                                  void (*on_step)(const ctrl_gen_output *live, void *ctx), void *ctx) {
-    job j = {.reqs = reqs, .n_req = n_req, .outs = outs, .on_step = on_step, .ctx = ctx};
+                                  void (*on_step)(const ctrl_gen_output *live, void *ctx), void *ctx,
+                                  const atomic_int *cancel) {
+    job j = {.reqs = reqs, .n_req = n_req, .outs = outs, .on_step = on_step, .ctx = ctx, .cancel = cancel};
     pthread_cond_init(&j.finished, NULL);
     pthread_mutex_lock(&b->lock);
     if (b->aborted) {

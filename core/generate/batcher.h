@@ -9,6 +9,8 @@
 #ifndef CTRL_CORE_BATCHER_H
 #define CTRL_CORE_BATCHER_H
 
+#include <stdatomic.h>
+
 #include "generate/engine.h"
 
 typedef struct ctrl_batcher ctrl_batcher;
@@ -25,11 +27,14 @@ ctrl_status ctrl_batcher_start(ctrl_engine *e, ctrl_batcher **out);
 void ctrl_batcher_stop(ctrl_batcher *b);
 /* One job through the queue: blocks until its outputs are in outs (n_req * reqs[0].n entries,
  * request by request, sample by sample). While it runs, `on_step` (may be NULL) is called on the
- * worker thread after every engine step with the outputs so far. The caller frees the outputs
- * (ctrl_gen_output_free) whether it succeeded or not. */
+ * worker thread after every engine step with the outputs so far. Once *cancel (may be NULL) is
+ * nonzero — set from another thread, e.g. when the job's client has gone — the job's requests
+ * leave the engine before the next step and it fails with CTRL_ERR_INTERRUPTED. The caller frees
+ * the outputs (ctrl_gen_output_free) whether it succeeded or not. */
 ctrl_status ctrl_batcher_generate(ctrl_batcher *b, const ctrl_gen_request *reqs, int n_req,
                                   ctrl_gen_output *outs,
-                                  void (*on_step)(const ctrl_gen_output *live, void *ctx), void *ctx);
+                                  void (*on_step)(const ctrl_gen_output *live, void *ctx), void *ctx,
+                                  const atomic_int *cancel);
 /* Fails every job queued or running, and every later one, with `why` (a bounded shutdown). */
 void ctrl_batcher_abort(ctrl_batcher *b, const char *why);
 /* The engine between generations: blocks while one runs. */

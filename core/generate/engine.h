@@ -92,6 +92,11 @@ void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, lon
 ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs);
 ctrl_status ctrl_engine_step(ctrl_engine *e, int *active);
 void ctrl_engine_abort(ctrl_engine *e);
+/* Drops the one request whose first output is `outs` (as given to add): its unfinished samples
+ * stop, their blocks are released, and its on_finish runs; the outputs keep what was generated.
+ * No effect when no such request runs. */
+void ctrl_engine_cancel(ctrl_engine *e, const ctrl_gen_output *outs);
+
 /* The most prompt tokens one sequence prefills in a step (0, the default: no limit but
  * max_num_batched_tokens). With a limit a long prompt takes a slice of every step instead of
  * whole steps, so the requests behind it start, and the running ones decode, meanwhile. */

@@ -74,6 +74,19 @@ void ctrl_engine_abort(ctrl_engine *e) {
     e->n = 0, e->stepped = 0;
 }
 
+void ctrl_engine_cancel(ctrl_engine *e, const ctrl_gen_output *outs) {
+    gen_req *rq = NULL;
+    for (int i = 0; i < e->n && !rq; i++)
+        if (e->seqs[i].out == outs) rq = e->seqs[i].rq;
+    for (int i = 0; rq && i < e->n; i++) {
+        gen_seq *s = &e->seqs[i];
+        if (s->rq != rq || s->state == FINISHED) continue;
+        s->state = FINISHED; /* leaves at the next step */
+        ctrl_kv_seq_release(e->kv, &s->kv);
+        if (--rq->left == 0 && rq->r.on_finish) rq->r.on_finish(rq->r.finish_ctx);
+    }
+}
+
 /* Records a drawn token and decides whether the sequence is finished (its request's on_finish runs
  * with the last sample). */
 static ctrl_status record_token(ctrl_engine *e, gen_seq *s, int32_t t, float lp) {

@@ -101,7 +101,7 @@ enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const c
     if (in.stream && kind != SERVE_TRL) return serve_stream(s, c, kind, reqs, &in); /* it owns them now */
     const size_t n_out = (size_t)in.n * (size_t)in.base.n;
     ctrl_gen_output *outs = calloc(n_out, sizeof *outs);
-    const ctrl_status st = outs ? ctrl_batcher_generate(s->batch, reqs, in.n, outs, NULL, NULL)
+    const ctrl_status st = outs ? ctrl_batcher_generate(s->batch, reqs, in.n, outs, NULL, NULL, NULL)
                                 : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
     const enum MHD_Result ret = st == CTRL_OK
                                     ? serve_reply(c, 200, response(s, kind, reqs, in.n, outs))

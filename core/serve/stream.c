@@ -1,7 +1,8 @@
 /* ctrl serve's Server-Sent Events for /v1/completions and /v1/chat/completions with "stream":
  * true: the generation (through the batcher) waits on a thread of its own and queues the new text
  * of every completion after each engine step; the daemon's content reader hands the events out as
- * they come, then the finish reasons and `data: [DONE]`. */
+ * they come, then the finish reasons and `data: [DONE]`. A client that disconnects cancels its
+ * generation. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ typedef struct stream {
     size_t *sent; /* bytes of each completion's text already sent */
     pthread_t thread;
     int started;
+    atomic_int cancel; /* set when the client has gone: the generation stops */
     pthread_mutex_t lock;
     pthread_cond_t ready;
     char *buf; /* queued events not yet read */
@@ -79,7 +81,8 @@ static void on_step(const ctrl_gen_output *live, void *ctx) { emit(ctx, live, 0)
 
 static void *run(void *arg) {
     stream *st = arg;
-    const ctrl_status rc = ctrl_batcher_generate(st->s->batch, st->reqs, st->in.n, st->outs, on_step, st);
+    const ctrl_status rc =
+        ctrl_batcher_generate(st->s->batch, st->reqs, st->in.n, st->outs, on_step, st, &st->cancel);
     if (rc == CTRL_OK) {
         emit(st, st->outs, 1);
     } else {
@@ -112,8 +115,11 @@ static ssize_t read_events(void *cls, uint64_t pos, char *out, size_t max) {
     return n;
 }
 
+/* The response is done with: sent whole, or its client gone (then the generation is cancelled
+ * rather than run to the end for nobody). */
 static void stream_free(void *cls) {
     stream *st = cls;
+    atomic_store(&st->cancel, 1);
     if (st->started) pthread_join(st->thread, NULL);
     for (int i = 0; st->outs && i < st->n_out; i++) ctrl_gen_output_free(&st->outs[i]);
     serve_input_free(&st->in);

@@ -2,7 +2,7 @@
 # ctrl serve under abuse: every invalid request field is a 400 naming it; prompts x n and prompt +
 # max_tokens are bounded; a refused /update_weights body changes no weight; partial requests
 # (slowloris) are closed after --timeout-s; a request of many sequences does not hold up a small
-# one; the SIGTERM drain ends after --drain-s, answering what still runs with 503. (The happy
+# one; a streaming client that leaves cancels its generation; the SIGTERM drain ends after --drain-s, answering what still runs with 503. (The happy
 # paths are in test_cli.sh.)
 # usage: test_serve.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/../e2e/e2e_common.sh"
@@ -101,6 +101,18 @@ code=$(post /update_weights --data-binary "@$TMP/nan.st")
 st_body "$TMP/one.st" model.layers.0.post_attention_layernorm.weight F32
 code=$(post /update_weights --data-binary "@$TMP/one.st")
 [ "$code" = 200 ] && [ "$(greedy)" != "$before" ] && ok || bad "the valid tensor alone: $code, output $(greedy)"
+# A streaming client that disconnects cancels its generation: a request sent a moment later finds
+# the engine idle instead of joining a generation that runs on for nobody (as it did before).
+joined() { curl -s "localhost:$PORT/health" | sed 's/.*"joined_requests":\([0-9]*\).*/\1/'; }
+j0=$(joined)
+curl -sN --max-time 1 -X POST "localhost:$PORT/v1/completions" \
+  -d '{"prompt": "x", "n": 64, "max_tokens": 4000, "stream": true}' >"$TMP/sse_cut.txt" 2>/dev/null
+grep -q '^data: {' "$TMP/sse_cut.txt" || bad "the stream sent nothing before the client left"
+sleep 0.5
+code=$(post /generate -d '{"prompts": ["x"], "max_tokens": 2}')
+[ "$code" = 200 ] && [ "$(joined)" = "$j0" ] && ok ||
+  bad "a disconnected stream still generates: HTTP $code, joined_requests $j0 -> $(joined)"
+
 kill -INT $spid
 wait $spid && ok || bad "serve did not stop cleanly"
 

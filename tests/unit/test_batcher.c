@@ -1,7 +1,8 @@
 /* The request queue in front of the engine (core/generate/batcher.c), without HTTP: a job queued
  * while another generates joins its generation and comes back first when it is short; each job's
  * outputs come back request by request, sample by sample, with the tokens each request gets alone;
- * an abort fails the running job and every later one with its message and frees the engine. */
+ * a cancelled job leaves at once and the others run on unchanged; an abort fails the running job
+ * and every later one with its message and frees the engine. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ typedef struct async_job {
     ctrl_status st;
     char error[256];
     volatile int steps, done;
+    atomic_int cancel;
     pthread_t thread;
 } async_job;
 
@@ -67,7 +69,7 @@ static void count_step(const ctrl_gen_output *live, void *ctx) {
 
 static void *run_job(void *arg) {
     async_job *j = arg;
-    j->st = ctrl_batcher_generate(j->b, j->reqs, j->n_req, j->outs, count_step, j);
+    j->st = ctrl_batcher_generate(j->b, j->reqs, j->n_req, j->outs, count_step, j, &j->cancel);
     snprintf(j->error, sizeof j->error, "%s", j->st == CTRL_OK ? "" : ctrl_error_message());
     j->done = 1;
     return NULL;
@@ -97,7 +99,7 @@ TEST(a_queued_job_joins_the_running_generation_and_returns_first) {
     async_job lj = {.b = b, .reqs = longer, .n_req = 2, .outs = got};
     CHECK(pthread_create(&lj.thread, NULL, run_job, &lj) == 0);
     while (lj.steps < 3 && !lj.done) usleep(100); /* it is generating */
-    CHECK_EQ_INT(ctrl_batcher_generate(b, &shorter, 1, &got[4], NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_batcher_generate(b, &shorter, 1, &got[4], NULL, NULL, NULL), CTRL_OK);
     CHECK_MSG(!lj.done, "the short job came back after the long one");
     pthread_join(lj.thread, NULL);
     CHECK_EQ_INT(lj.st, CTRL_OK);
@@ -157,7 +159,7 @@ TEST(an_abort_fails_the_running_job_and_every_later_one) {
     CHECK_STR(lj.error, "shutting down");
     for (int i = 0; i < 4; i++) ctrl_gen_output_free(&got[i]);
     const ctrl_gen_request later = req(prompt_b, 5, 1, 2, 2);
-    CHECK_EQ_INT(ctrl_batcher_generate(b, &later, 1, got, NULL, NULL), CTRL_ERR_RUNTIME);
+    CHECK_EQ_INT(ctrl_batcher_generate(b, &later, 1, got, NULL, NULL, NULL), CTRL_ERR_RUNTIME);
     CHECK_CONTAINS(ctrl_error_message(), "shutting down");
     ctrl_gen_output_free(&got[0]);
     ctrl_batcher_lock_engine(b); /* the engine was let go */
@@ -166,5 +168,28 @@ TEST(an_abort_fails_the_running_job_and_every_later_one) {
     r.b = NULL;
     CHECK_EQ_INT(ctrl_engine_generate(e, &later, 1, got, NULL, NULL), CTRL_OK); /* and left clean */
     ctrl_gen_output_free(&got[0]);
+    free_rig(&r);
+}
+
+TEST(a_cancelled_job_leaves_and_the_others_run_on) {
+    rig r = make_rig(0);
+    const ctrl_gen_request keep = req(prompt_b, 5, 2, 30, 4), drop = req(prompt_a, 12, 3, 400, 5);
+    ctrl_gen_output alone[2], kept[2], dropped[3];
+    CHECK_EQ_INT(ctrl_engine_generate(r.e, &keep, 1, alone, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_batcher_start(r.e, &r.b), CTRL_OK);
+    async_job dj = {.b = r.b, .reqs = &drop, .n_req = 1, .outs = dropped};
+    async_job kj = {.b = r.b, .reqs = &keep, .n_req = 1, .outs = kept};
+    CHECK(pthread_create(&dj.thread, NULL, run_job, &dj) == 0);
+    while (dj.steps < 2 && !dj.done) usleep(100);
+    CHECK(pthread_create(&kj.thread, NULL, run_job, &kj) == 0);
+    while (kj.steps < 2 && !kj.done) usleep(100); /* both running */
+    atomic_store(&dj.cancel, 1);
+    pthread_join(dj.thread, NULL);
+    CHECK_EQ_INT(dj.st, CTRL_ERR_INTERRUPTED);
+    CHECK_MSG(dropped[0].len < 400, "the cancelled job ran to its end (%d tokens)", dropped[0].len);
+    pthread_join(kj.thread, NULL);
+    CHECK_EQ_INT(kj.st, CTRL_OK);
+    check_as_alone(kept, alone, 2);
+    for (int i = 0; i < 3; i++) ctrl_gen_output_free(&dropped[i]);
     free_rig(&r);
 }
