@@ -85,7 +85,7 @@ ctrl_status config_problems_report(config_problems *p, const char *file_name);
 typedef ctrl_run_plugins config_selection;
 
 /* The typed settings of a validated config (settings.c). */
-void config_settings_fill(ctrl_config *cfg);
+ctrl_status config_settings_fill(ctrl_config *cfg);
 
 /* Helpers of validation shared by validate.c and plugin_sections.c. */
 const ctrl_option *config_core_table(const char *section);

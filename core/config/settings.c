@@ -1,76 +1,100 @@
 /* The typed settings of a validated config (config_load.h: ctrl_run_settings): read once, after
- * the defaults are filled, so that the loops never read the config by string. */
+ * the defaults are filled, so that the loops never read the config by string. Values are read
+ * with ctrl_config_require_*: the option tables are the only place a default lives (a key with
+ * neither a value nor a default is the table's bug, reported, not papered over here). */
 #include <string.h>
 
 #include "config/config_internal.h"
 
-void config_settings_fill(ctrl_config *cfg) {
+typedef struct reader {
+    const ctrl_config *cfg;
+    ctrl_status st; /* the first failure (its message is kept: later reads are skipped) */
+} reader;
+
+static const char *rd_str(reader *r, const char *section, const char *key) {
+    const char *v = NULL;
+    if (r->st == CTRL_OK) r->st = ctrl_config_require_string(r->cfg, section, key, &v);
+    return v;
+}
+static int64_t rd_int(reader *r, const char *section, const char *key) {
+    int64_t v = 0;
+    if (r->st == CTRL_OK) r->st = ctrl_config_require_int(r->cfg, section, key, &v);
+    return v;
+}
+static double rd_float(reader *r, const char *section, const char *key) {
+    double v = 0;
+    if (r->st == CTRL_OK) r->st = ctrl_config_require_float(r->cfg, section, key, &v);
+    return v;
+}
+static int rd_bool(reader *r, const char *section, const char *key) {
+    bool v = false;
+    if (r->st == CTRL_OK) r->st = ctrl_config_require_bool(r->cfg, section, key, &v);
+    return v;
+}
+
+ctrl_status config_settings_fill(ctrl_config *cfg) {
+    reader r = {.cfg = cfg};
     ctrl_run_settings *s = &cfg->settings;
-    const char *mode = ctrl_config_get_string(cfg, "generation", "mode");
-    const char *only = ctrl_config_get_string(cfg, "data", "completion_only_loss");
+    const char *mode = rd_str(&r, "generation", "mode");
+    const char *only = rd_str(&r, "data", "completion_only_loss");
     *s = (ctrl_run_settings){
-        .run = {.trainer = ctrl_config_get_string(cfg, "run", "trainer"),
-                .output_dir = ctrl_config_get_string(cfg, "run", "output_dir"),
-                .device = ctrl_config_get_string(cfg, "run", "device"),
-                .seed = (uint64_t)ctrl_config_get_int(cfg, "run", "seed", 42)},
-        .model = {.path = ctrl_config_get_string(cfg, "model", "path")},
+        .run = {.trainer = rd_str(&r, "run", "trainer"),
+                .output_dir = rd_str(&r, "run", "output_dir"),
+                .device = rd_str(&r, "run", "device"),
+                .seed = (uint64_t)rd_int(&r, "run", "seed")},
+        .model = {.path = rd_str(&r, "model", "path")},
         .data = {.train_file = ctrl_config_get_string(cfg, "data", "train_file"),
                  .eval_file = ctrl_config_get_string(cfg, "data", "eval_file"),
                  .chat_template_path = ctrl_config_get_string(cfg, "data", "chat_template_path"),
-                 .dataset_text_field = ctrl_config_get_string(cfg, "data", "dataset_text_field"),
-                 .messages_field = ctrl_config_get_string(cfg, "data", "messages_field"),
-                 .prompt_field = ctrl_config_get_string(cfg, "data", "prompt_field"),
-                 .completion_field = ctrl_config_get_string(cfg, "data", "completion_field"),
-                 .truncation_mode = ctrl_config_get_string(cfg, "data", "truncation_mode"),
-                 .packing_strategy = ctrl_config_get_string(cfg, "data", "packing_strategy"),
+                 .dataset_text_field = rd_str(&r, "data", "dataset_text_field"),
+                 .messages_field = rd_str(&r, "data", "messages_field"),
+                 .prompt_field = rd_str(&r, "data", "prompt_field"),
+                 .completion_field = rd_str(&r, "data", "completion_field"),
+                 .truncation_mode = rd_str(&r, "data", "truncation_mode"),
+                 .packing_strategy = rd_str(&r, "data", "packing_strategy"),
                  .completion_only_loss = !only || !strcmp(only, "auto") ? -1 : !strcmp(only, "true"),
-                 .eval_packing = ctrl_config_has(cfg, "data", "eval_packing")
-                                     ? ctrl_config_get_bool(cfg, "data", "eval_packing", false)
-                                     : -1,
-                 .eval_fraction = ctrl_config_get_float(cfg, "data", "eval_fraction", 0),
-                 .max_length = (int)ctrl_config_get_int(cfg, "data", "max_length", 1024),
-                 .pad_to_multiple_of = (int)ctrl_config_get_int(cfg, "data", "pad_to_multiple_of", 0),
-                 .packing = ctrl_config_get_bool(cfg, "data", "packing", false),
-                 .padding_free = ctrl_config_get_bool(cfg, "data", "padding_free", true),
-                 .assistant_only_loss = ctrl_config_get_bool(cfg, "data", "assistant_only_loss", false),
-                 .shuffle = ctrl_config_get_bool(cfg, "data", "shuffle", true),
-                 .skip_bad_rows = ctrl_config_get_bool(cfg, "data", "skip_bad_rows", false)},
-        .train = {.optimizer = ctrl_config_get_string(cfg, "train", "optimizer"),
-                  .dtype = ctrl_config_get_string(cfg, "train", "dtype"),
-                  .lr_scheduler_type = ctrl_config_get_string(cfg, "train", "lr_scheduler_type"),
-                  .save_strategy = ctrl_config_get_string(cfg, "train", "save_strategy"),
+                 .eval_packing =
+                     ctrl_config_has(cfg, "data", "eval_packing") ? rd_bool(&r, "data", "eval_packing") : -1,
+                 .eval_fraction = rd_float(&r, "data", "eval_fraction"),
+                 .max_length = (int)rd_int(&r, "data", "max_length"),
+                 .pad_to_multiple_of = (int)rd_int(&r, "data", "pad_to_multiple_of"),
+                 .packing = rd_bool(&r, "data", "packing"),
+                 .padding_free = rd_bool(&r, "data", "padding_free"),
+                 .assistant_only_loss = rd_bool(&r, "data", "assistant_only_loss"),
+                 .shuffle = rd_bool(&r, "data", "shuffle"),
+                 .skip_bad_rows = rd_bool(&r, "data", "skip_bad_rows")},
+        .train = {.optimizer = rd_str(&r, "train", "optimizer"),
+                  .dtype = rd_str(&r, "train", "dtype"),
+                  .lr_scheduler_type = rd_str(&r, "train", "lr_scheduler_type"),
+                  .save_strategy = rd_str(&r, "train", "save_strategy"),
                   .resume_from_checkpoint = ctrl_config_get_string(cfg, "train", "resume_from_checkpoint"),
-                  .learning_rate = ctrl_config_get_float(cfg, "train", "learning_rate", 2e-5),
-                  .min_lr_rate = ctrl_config_get_float(cfg, "train", "min_lr_rate", 0),
-                  .warmup_ratio = ctrl_config_get_float(cfg, "train", "warmup_ratio", 0),
-                  .num_train_epochs = ctrl_config_get_float(cfg, "train", "num_train_epochs", 3),
-                  .max_grad_norm = ctrl_config_get_float(cfg, "train", "max_grad_norm", 1.0),
-                  .weight_decay = ctrl_config_get_float(cfg, "train", "weight_decay", 0),
-                  .max_steps = (long)ctrl_config_get_int(cfg, "train", "max_steps", -1),
-                  .warmup_steps = (long)ctrl_config_get_int(cfg, "train", "warmup_steps", 0),
-                  .logging_steps = (long)ctrl_config_get_int(cfg, "train", "logging_steps", 10),
-                  .eval_steps = (long)ctrl_config_get_int(cfg, "train", "eval_steps", 0),
-                  .save_steps = (long)ctrl_config_get_int(cfg, "train", "save_steps", 500),
-                  .per_device_train_batch_size =
-                      (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8),
-                  .per_device_eval_batch_size =
-                      (int)ctrl_config_get_int(cfg, "train", "per_device_eval_batch_size", 8),
-                  .gradient_accumulation_steps =
-                      (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1),
-                  .save_total_limit = (int)ctrl_config_get_int(cfg, "train", "save_total_limit", 0)},
+                  .learning_rate = rd_float(&r, "train", "learning_rate"),
+                  .min_lr_rate = rd_float(&r, "train", "min_lr_rate"),
+                  .warmup_ratio = rd_float(&r, "train", "warmup_ratio"),
+                  .num_train_epochs = rd_float(&r, "train", "num_train_epochs"),
+                  .max_grad_norm = rd_float(&r, "train", "max_grad_norm"),
+                  .weight_decay = rd_float(&r, "train", "weight_decay"),
+                  .max_steps = (long)rd_int(&r, "train", "max_steps"),
+                  .warmup_steps = (long)rd_int(&r, "train", "warmup_steps"),
+                  .logging_steps = (long)rd_int(&r, "train", "logging_steps"),
+                  .eval_steps = (long)rd_int(&r, "train", "eval_steps"),
+                  .save_steps = (long)rd_int(&r, "train", "save_steps"),
+                  .per_device_train_batch_size = (int)rd_int(&r, "train", "per_device_train_batch_size"),
+                  .per_device_eval_batch_size = (int)rd_int(&r, "train", "per_device_eval_batch_size"),
+                  .gradient_accumulation_steps = (int)rd_int(&r, "train", "gradient_accumulation_steps"),
+                  .save_total_limit = (int)rd_int(&r, "train", "save_total_limit")},
         .generation = {.server = mode && !strcmp(mode, "server"),
-                       .server_url = ctrl_config_get_string(cfg, "generation", "server_url"),
-                       .temperature = ctrl_config_get_float(cfg, "generation", "temperature", 1.0),
-                       .top_p = ctrl_config_get_float(cfg, "generation", "top_p", 1.0),
-                       .min_p = ctrl_config_get_float(cfg, "generation", "min_p", 0.0),
-                       .repetition_penalty =
-                           ctrl_config_get_float(cfg, "generation", "repetition_penalty", 1.0),
-                       .top_k = (int)ctrl_config_get_int(cfg, "generation", "top_k", 0),
-                       .sleep = (int)ctrl_config_get_int(cfg, "generation", "sleep", 0),
-                       .log_completions = ctrl_config_get_bool(cfg, "generation", "log_completions", false)}};
+                       .server_url = rd_str(&r, "generation", "server_url"),
+                       .temperature = rd_float(&r, "generation", "temperature"),
+                       .top_p = rd_float(&r, "generation", "top_p"),
+                       .min_p = rd_float(&r, "generation", "min_p"),
+                       .repetition_penalty = rd_float(&r, "generation", "repetition_penalty"),
+                       .top_k = (int)rd_int(&r, "generation", "top_k"),
+                       .sleep = (int)rd_int(&r, "generation", "sleep"),
+                       .log_completions = rd_bool(&r, "generation", "log_completions")}};
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
-        cfg->plugins.reward[i].weight =
-            ctrl_config_get_float(cfg, cfg->plugins.reward[i].section, "weight", 1.0);
+        cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
+    return r.st;
 }
 
 const ctrl_run_plugins *ctrl_config_plugins(const ctrl_config *cfg) { return &cfg->plugins; }

@@ -285,6 +285,5 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
     /* 3. Required keys and defaults, core and selected plugins. */
     if ((st = fill_defaults(cfg, sel, &pr))) return st;
     if ((st = config_problems_report(&pr, cfg->file_name))) return st;
-    config_settings_fill(cfg);
-    return CTRL_OK;
+    return config_settings_fill(cfg);
 }
