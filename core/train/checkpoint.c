@@ -62,7 +62,7 @@ static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *op
     const int n = ops->state_count ? ops->state_count(opt) : 0;
     ctrl_st_write *t = calloc((size_t)(n ? n : 1), sizeof *t);
     char(*names)[80] = calloc((size_t)(n ? n : 1), sizeof *names);
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = t && names ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         const char *name;
         float *data;
@@ -143,17 +143,25 @@ static int cmp_long(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Complete checkpoints in out_dir, sorted by step; returns the count (malloc'd *steps). */
+/* Complete checkpoints in out_dir, sorted by step; returns the count (malloc'd *steps), or -1 when
+ * out of memory (then nothing is removed or resumed by a partial list). */
 static int list_checkpoints(const char *out_dir, long **steps) {
-    DIR *d = opendir(out_dir);
     int n = 0, cap = 16;
-    *steps = malloc(sizeof(long) * (size_t)cap);
+    if (!(*steps = malloc(sizeof(long) * (size_t)cap))) return -1;
+    DIR *d = opendir(out_dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         long s = checkpoint_step(e->d_name);
         char state[4400];
         snprintf(state, sizeof state, "%s/%s/trainer_state.json", out_dir, e->d_name);
         if (s < 0 || access(state, R_OK) != 0) continue;
-        if (n == cap) *steps = realloc(*steps, sizeof(long) * (size_t)(cap *= 2));
+        if (n == cap) {
+            long *more = realloc(*steps, sizeof(long) * (size_t)(cap *= 2));
+            if (!more) {
+                closedir(d);
+                return -1;
+            }
+            *steps = more;
+        }
         (*steps)[n++] = s;
     }
     if (d) closedir(d);

@@ -98,13 +98,15 @@ static ctrl_status token_accumulate(train_kind *k, const int *order, long *curso
         return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     }
     long num_items = 0, real_tokens = 0;
-    for (int g = 0; g < ga; g++) {
+    ctrl_status st = CTRL_OK;
+    for (int g = 0; g < ga && st == CTRL_OK; g++) {
         for (int i = 0; i < bs; i++) idx[i] = order[(*cursor)++ % k->train.n];
-        num_items += ctrl_batch_build(&k->train, idx, bs, &mb[g], &real_tokens);
+        const long trained = ctrl_batch_build(&k->train, idx, bs, &mb[g], &real_tokens);
+        if (trained < 0) st = CTRL_ERR_NOMEM;
+        num_items += trained;
         out->tokens += real_tokens; /* num_tokens counts what is not padding, as TRL */
     }
     free(idx);
-    ctrl_status st = CTRL_OK;
     for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], num_items, ga, out);
     for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
     free(mb);
@@ -137,7 +139,10 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
         int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
         ctrl_batch b;
-        ctrl_batch_build(d, idx, n, &b, NULL);
+        if (ctrl_batch_build(d, idx, n, &b, NULL) < 0) {
+            st = CTRL_ERR_NOMEM;
+            break;
+        }
         float *lp = malloc(sizeof(float) * (size_t)b.T);
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
         st = lp && ok ? ctrl_model_forward(k->model, &b, lp, NULL, ok)

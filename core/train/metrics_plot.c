@@ -50,6 +50,7 @@ static int have_gnuplot(void) {
     const char *path = getenv("PATH");
     if (!path) return 0;
     char *copy = strdup(path), *save;
+    if (!copy) return 0;
     int found = 0;
     for (char *dir = strtok_r(copy, ":", &save); dir && !found; dir = strtok_r(NULL, ":", &save)) {
         char p[4096];

@@ -47,17 +47,21 @@ typedef struct room_queue {
     int *b, head, n, cap;
 } room_queue;
 
-static void queue_push(room_queue *q, int b) {
+/* 0, or -1 when out of memory (the queue unchanged). */
+static int queue_push(room_queue *q, int b) {
     if (q->head + q->n == q->cap) {
         if (q->head > 0) {
             memmove(q->b, q->b + q->head, sizeof(int) * (size_t)q->n);
             q->head = 0;
         } else {
-            q->cap = q->cap ? 2 * q->cap : 4;
-            q->b = realloc(q->b, sizeof(int) * (size_t)q->cap);
+            const int cap = q->cap ? 2 * q->cap : 4;
+            int *more = realloc(q->b, sizeof(int) * (size_t)cap);
+            if (!more) return -1;
+            q->b = more, q->cap = cap;
         }
     }
     q->b[q->head + q->n++] = b;
+    return 0;
 }
 
 static int queue_pop(room_queue *q) {
@@ -100,49 +104,60 @@ static ctrl_status emit(ctrl_dataset *out, const ctrl_dataset *in, const seq_ref
 }
 
 static ctrl_status pack_bfd(ctrl_dataset *out, const ctrl_dataset *in, int g0, int g1, int L, int split) {
-    int n = 0, cap = 0;
+    int n = 0, cap = 0, nomem = 0;
     seq_ref *seqs = NULL;
-    for (int i = g0; i < g1; i++) {
+    for (int i = g0; i < g1 && !nomem; i++) {
         const int len = in->ex[i].len;
-        for (int off = 0; off < len; off += L) {
-            if (n == cap) seqs = realloc(seqs, sizeof *seqs * (size_t)(cap = cap ? 2 * cap : 64));
+        for (int off = 0; off < len && !nomem; off += L) {
+            if (n == cap) {
+                seq_ref *more = realloc(seqs, sizeof *seqs * (size_t)(cap ? 2 * cap : 64));
+                if ((nomem = !more)) break;
+                seqs = more, cap = cap ? 2 * cap : 64;
+            }
             seqs[n++] = (seq_ref){i, off, len - off < L ? len - off : L};
             if (!split) break; /* bfd: the overflow is dropped */
         }
     }
-    qsort(seqs, (size_t)n, sizeof *seqs, cmp_len_desc);
+    if (!nomem) qsort(seqs, (size_t)n, sizeof *seqs, cmp_len_desc);
     room_tree rt = {.size = 1};
     while (rt.size < L) rt.size <<= 1;
     rt.t = calloc(2 * (size_t)rt.size, sizeof(int));
     room_queue *rooms = calloc((size_t)L + 1, sizeof *rooms);
     bin *bins = NULL;
     int n_bins = 0, bins_cap = 0;
-    tree_set(&rt, L, 1); /* a fresh bin always has room L */
-    for (int s = 0; s < n; s++) {
+    nomem |= !rt.t || !rooms;
+    if (!nomem) tree_set(&rt, L, 1); /* a fresh bin always has room L */
+    for (int s = 0; s < n && !nomem; s++) {
         const int len = seqs[s].len, room = tree_search(&rt, len);
         int b;
         if (room < L) {
             b = queue_pop(&rooms[room]);
             if (rooms[room].n == 0) tree_set(&rt, room, 0);
         } else {
-            if (n_bins == bins_cap)
-                bins = realloc(bins, sizeof *bins * (size_t)(bins_cap = bins_cap ? 2 * bins_cap : 16));
+            if (n_bins == bins_cap) {
+                bin *more = realloc(bins, sizeof *bins * (size_t)(bins_cap ? 2 * bins_cap : 16));
+                if ((nomem = !more)) break;
+                bins = more, bins_cap = bins_cap ? 2 * bins_cap : 16;
+            }
             b = n_bins++;
             bins[b] = (bin){0};
         }
         bin *B = &bins[b];
-        if (B->n == B->cap)
-            B->seqs = realloc(B->seqs, sizeof(int) * (size_t)(B->cap = B->cap ? 2 * B->cap : 4));
+        if (B->n == B->cap) {
+            int *more = realloc(B->seqs, sizeof(int) * (size_t)(B->cap ? 2 * B->cap : 4));
+            if ((nomem = !more)) break;
+            B->seqs = more, B->cap = B->cap ? 2 * B->cap : 4;
+        }
         B->seqs[B->n++] = s;
         B->used += len;
         const int left = L - B->used;
-        queue_push(&rooms[left], b); /* a full bin (left 0) is never searched */
+        if ((nomem = queue_push(&rooms[left], b) != 0)) break; /* a full bin (left 0) is never searched */
         if (left > 0) tree_set(&rt, left, 1);
     }
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = nomem ? ctrl_error_set(CTRL_ERR_NOMEM, "packing: out of memory") : CTRL_OK;
     for (int b = 0; b < n_bins && st == CTRL_OK; b++) st = emit(out, in, seqs, bins[b].seqs, bins[b].n);
     for (int b = 0; b < n_bins; b++) free(bins[b].seqs);
-    for (int r = 0; r <= L; r++) free(rooms[r].b);
+    for (int r = 0; rooms && r <= L; r++) free(rooms[r].b);
     free(bins), free(rooms), free(rt.t), free(seqs);
     return st;
 }
@@ -152,6 +167,10 @@ static ctrl_status pack_wrapped(ctrl_dataset *out, const ctrl_dataset *in, int g
     for (int i = g0; i < g1; i++) total += in->ex[i].len;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(total ? total : 1));
     uint8_t *tr = malloc((size_t)(total ? total : 1));
+    if (!ids || !tr) {
+        free(ids), free(tr);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "packing: out of memory for %ld tokens", total);
+    }
     long at = 0;
     for (int i = g0; i < g1; i++) {
         memcpy(ids + at, in->ex[i].ids, sizeof(int32_t) * (size_t)in->ex[i].len);

@@ -12,7 +12,7 @@ static int col_index(ctrl_prompt_set *p, const char *name) {
     char **c = realloc(p->cols, sizeof(char *) * (size_t)(p->n_cols + 1));
     if (!c) return -1;
     p->cols = c;
-    p->cols[p->n_cols] = strdup(name);
+    if (!(p->cols[p->n_cols] = strdup(name))) return -1;
     for (int r = 0; r < p->n; r++) { /* rows read before this column appeared lack it */
         char **v = realloc(p->values[r], sizeof(char *) * (size_t)(p->n_cols + 1));
         if (!v) return -1;
@@ -30,7 +30,8 @@ static ctrl_status add_row(ctrl_prompt_set *p, const ctrl_tokenizer *tok, const 
     ctrl_status st;
     if (cJSON_IsString(prompt)) {
         text = strdup(prompt->valuestring);
-        st = ctrl_tokenizer_encode(tok, text, strlen(text), 1, &ids, &n);
+        st = text ? ctrl_tokenizer_encode(tok, text, strlen(text), 1, &ids, &n)
+                  : ctrl_error_set(CTRL_ERR_NOMEM, "prompts: out of memory");
     } else if (cJSON_IsArray(prompt)) {
         if (!tpl)
             return ctrl_error_set(CTRL_ERR_FORMAT,

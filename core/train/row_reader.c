@@ -28,7 +28,12 @@ ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out) {
     FILE *f = fopen(path, "r");
     if (!f) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
     ctrl_row_reader *r = calloc(1, sizeof *r);
-    r->f = f, r->path = strdup(path), r->line = 1;
+    char *name = strdup(path);
+    if (!r || !name) {
+        free(r), free(name), fclose(f);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    }
+    r->f = f, r->path = name, r->line = 1;
     /* A file whose first non-blank character is '[' is one JSON array; anything else is JSONL. */
     int c;
     while ((c = getc(f)) != EOF && (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == 0xEF ||

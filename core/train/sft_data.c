@@ -17,8 +17,14 @@ static ctrl_status add_example(ctrl_dataset *d, const int32_t *ids, const uint8_
         if (!e) return ctrl_error_set(CTRL_ERR_NOMEM, "dataset: out of memory");
         d->ex = e;
     }
+    int32_t *e_ids = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    uint8_t *e_trained = malloc((size_t)(n ? n : 1));
+    if (!e_ids || !e_trained) {
+        free(e_ids), free(e_trained);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "dataset: out of memory for an example of %d tokens", n);
+    }
     ctrl_example *e = &d->ex[d->n++];
-    *e = (ctrl_example){.ids = malloc(sizeof(int32_t) * (size_t)n), .trained = malloc((size_t)n), .len = n};
+    *e = (ctrl_example){.ids = e_ids, .trained = e_trained, .len = n};
     memcpy(e->ids, ids, sizeof(int32_t) * (size_t)n);
     memcpy(e->trained, trained, (size_t)n);
     return CTRL_OK;
@@ -141,6 +147,11 @@ static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double frac
                               train->n);
     uint8_t *to_eval = calloc((size_t)train->n, 1);
     int *perm = malloc(sizeof(int) * (size_t)train->n);
+    ctrl_example *held = malloc(sizeof(ctrl_example) * (size_t)n_eval);
+    if (!to_eval || !perm || !held) {
+        free(to_eval), free(perm), free(held);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
+    }
     for (int i = 0; i < train->n; i++) perm[i] = i;
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
     for (int i = train->n - 1; i > 0; i--) {
@@ -151,7 +162,7 @@ static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double frac
     for (int k = 0; k < n_eval; k++) to_eval[perm[k]] = 1;
     free(perm);
     memset(eval, 0, sizeof *eval);
-    eval->ex = malloc(sizeof(ctrl_example) * (size_t)n_eval);
+    eval->ex = held;
     int kept = 0;
     for (int i = 0; i < train->n; i++) {
         if (to_eval[i])
@@ -240,6 +251,12 @@ long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *
     B += pads;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T), *pos = malloc(sizeof(int32_t) * (size_t)T);
     int32_t *tg = malloc(sizeof(int32_t) * (size_t)T), *cu = malloc(sizeof(int32_t) * (size_t)(B + 1));
+    memset(b, 0, sizeof *b);
+    if (!tok || !pos || !tg || !cu) {
+        free(tok), free(pos), free(tg), free(cu);
+        ctrl_error_set(CTRL_ERR_NOMEM, "batch: out of memory for %d tokens", T);
+        return -1;
+    }
     long trained = 0, real = 0;
     int t = 0, s = 0;
     cu[0] = 0;

@@ -31,6 +31,10 @@ ctrl_status ctrl_sft_format_create(const ctrl_tokenizer *tok, const ctrl_config 
     f->assistant_only = s->data.assistant_only_loss;
     v = s->data.chat_template_path;
     f->template_path = v ? strdup(v) : NULL;
+    if (v && !f->template_path) {
+        free(f);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
+    }
     int32_t eos = ctrl_tokenizer_eos_id(tok);
     f->eos = eos >= 0 ? ctrl_tokenizer_id_to_token(tok, eos) : NULL;
     *out = f;
@@ -66,9 +70,10 @@ static void sharegpt_to_chatml(cJSON *row, const char *messages_field) {
             const char *to = !strcmp(k->string, "from")    ? "role"
                              : !strcmp(k->string, "value") ? "content"
                                                            : NULL;
-            if (!to) continue;
+            char *renamed = to ? strdup(to) : NULL;
+            if (!renamed) continue; /* out of memory: the row keeps from/value and is refused as such */
             free(k->string);
-            k->string = strdup(to);
+            k->string = renamed;
         }
     }
     cJSON_AddItemReferenceToObject(row, messages_field, conv);
@@ -106,6 +111,7 @@ static ctrl_status encode_text(const ctrl_sft_format *f, const char *a, const ch
                                int32_t **ids, size_t *n) {
     size_t la = strlen(a), lb = b ? strlen(b) : 0, le = f->eos ? strlen(f->eos) : 0;
     char *s = malloc(la + lb + le + 1);
+    if (!s) return ctrl_error_set(CTRL_ERR_NOMEM, "out of memory for a row of %zu bytes", la + lb);
     memcpy(s, a, la);
     if (b) memcpy(s + la, b, lb);
     size_t len = la + lb;
@@ -174,6 +180,10 @@ ctrl_status ctrl_sft_format_row(ctrl_sft_format *f, cJSON *row, int32_t **ids_ou
             return *why = "\"labels\" must be a list as long as \"input_ids\"", CTRL_OK;
         ids = malloc(sizeof(int32_t) * (n ? n : 1));
         uint8_t *tr = malloc(n ? n : 1);
+        if (!ids || !tr) {
+            free(ids), free(tr);
+            return ctrl_error_set(CTRL_ERR_NOMEM, "out of memory for a row of %zu tokens", n);
+        }
         const cJSON *e = input_ids->child, *l = labels ? labels->child : NULL;
         for (size_t i = 0; i < n; i++, e = e->next, l = l ? l->next : NULL) {
             if (!cJSON_IsNumber(e) || e->valuedouble < 0 ||
@@ -212,6 +222,10 @@ ctrl_status ctrl_sft_format_row(ctrl_sft_format *f, cJSON *row, int32_t **ids_ou
     /* labels: a token is trained where every applicable mask is 1 (TRL's build_labels) */
     const int use_completion = prompt_len >= 0 && f->completion_only != 0;
     uint8_t *tr = malloc(n ? n : 1);
+    if (!tr) {
+        free(ids), free(assistant);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "out of memory for a row of %zu tokens", n);
+    }
     for (size_t i = 0; i < n; i++)
         tr[i] = (!use_completion || (long)i >= prompt_len) && (!assistant || assistant[i]);
     free(assistant);

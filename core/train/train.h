@@ -57,8 +57,8 @@ double ctrl_dataset_fill_rate(const ctrl_dataset *d, int seq_length);
 /* Lays examples[idx[0..n)] out as one flat batch: one sequence per segment (positions restart;
  * targets are the next token where it is trained, else -100), pad segments as the dataset's layout
  * asks. Buffers are malloc'd into *b (free with ctrl_batch_free); returns the number of trained
- * targets, and in *tokens (may be NULL) what TRL's num_tokens counts: the non-pad tokens of padded
- * rows, the whole flat batch when padding-free. */
+ * targets (-1 when out of memory: the error is set and *b is empty), and in *tokens (may be NULL) what TRL's
+ * num_tokens counts: the non-pad tokens of padded rows, the whole flat batch when padding-free. */
 long ctrl_batch_build(const ctrl_dataset *d, const int *idx, int n, ctrl_batch *b, long *tokens);
 void ctrl_batch_free(ctrl_batch *b);
 
