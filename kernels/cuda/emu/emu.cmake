@@ -1,0 +1,58 @@
+# The CUDA emulator build (kernels/cuda/emu/README.md): the project's own .cu sources, rewritten
+# only at their launches, compiled as host C++ against kernels/cuda/emu/include, into
+# ctrl_cuda_emu, a static library with the same ctrl_cuda_* API as ctrl_cuda. Only tests link it.
+option(CTRL_CUDA_EMU "Build the CUDA emulator and run the CUDA tests under it (needs a C++17 compiler)" ON)
+set(CTRL_HAVE_CUDA_EMU OFF)
+if(CTRL_CUDA_EMU)
+  include(CheckLanguage)
+  check_language(CXX)
+  if(CMAKE_CXX_COMPILER)
+    enable_language(CXX)
+    set(CTRL_HAVE_CUDA_EMU ON)
+  endif()
+endif()
+message(STATUS "ctrl: CUDA emulator ${CTRL_HAVE_CUDA_EMU}")
+
+set(CTRL_EMU_DIR ${CMAKE_SOURCE_DIR}/kernels/cuda/emu)
+
+# ctrl_emu_rewrite(<out-var> <file.cu>...): the launch-rewritten C++ copies, made at build time.
+function(ctrl_emu_rewrite out)
+  set(result)
+  foreach(cu ${ARGN})
+    get_filename_component(name ${cu} NAME_WE)
+    set(cpp ${CMAKE_BINARY_DIR}/cuda-emu/${name}.cpp)
+    add_custom_command(OUTPUT ${cpp}
+      COMMAND ${CMAKE_COMMAND} -DIN=${cu} -DOUT=${cpp} -P ${CTRL_EMU_DIR}/rewrite_launch.cmake
+      DEPENDS ${cu} ${CTRL_EMU_DIR}/rewrite_launch.cmake
+      COMMENT "emulator: rewriting the launches of ${name}.cu" VERBATIM)
+    list(APPEND result ${cpp})
+  endforeach()
+  set(${out} ${result} PARENT_SCOPE)
+endfunction()
+
+# ctrl_emu_target(<target>): compile a target's C++ (and C) against the emulator's headers.
+function(ctrl_emu_target target)
+  target_include_directories(${target} BEFORE PRIVATE ${CTRL_EMU_DIR}/include)
+  target_compile_definitions(${target} PRIVATE CTRL_HAVE_CUDA=1 CTRL_CUDA_EMU=1)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall> $<$<COMPILE_LANGUAGE:CXX>:-Wextra>
+                                           $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  set_target_properties(${target} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+endfunction()
+
+if(CTRL_HAVE_CUDA_EMU)
+  # The kernels that run under emulation so far; gemm.cu (cuBLASLt) and head.cu are still
+  # stubbed by emu_unported.c.
+  set(CTRL_EMU_KERNELS adamw convert elementwise embedding_rope rmsnorm)
+  set(cus)
+  foreach(k ${CTRL_EMU_KERNELS})
+    list(APPEND cus ${CMAKE_SOURCE_DIR}/kernels/cuda/${k}.cu)
+  endforeach()
+  ctrl_emu_rewrite(CTRL_EMU_KERNEL_CPP ${cus})
+  file(GLOB CTRL_EMU_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/device/cuda_*.c)
+  add_library(ctrl_cuda_emu STATIC ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_unported.c
+                                   ${CTRL_EMU_KERNEL_CPP} ${CTRL_EMU_HOST_SOURCES})
+  ctrl_emu_target(ctrl_cuda_emu)
+  target_include_directories(ctrl_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/core ${CMAKE_SOURCE_DIR}/kernels
+                                                   ${CJSON_INCLUDE_DIR})
+  target_link_libraries(ctrl_cuda_emu PUBLIC ctrl)
+endif()

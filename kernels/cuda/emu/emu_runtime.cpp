@@ -1,0 +1,382 @@
+// ctrl's CUDA emulator runtime: the scheduler that runs a kernel's threads as fibers, the warp
+// collectives and barriers, and the runtime API over host memory (every call synchronous).
+#include <cuda_runtime.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <vector>
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+
+namespace {
+
+enum State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
+
+struct Fiber {
+    ucontext_t ctx;
+    uint3 tid;
+    int lane, warp;
+    State state;
+    ctrl_emu::Collective kind; // the warp collective this fiber waits in
+    unsigned mask;
+    int arg, width;
+    uint64_t value, result;
+};
+
+constexpr size_t kStackBytes = 64 * 1024;
+
+struct Block {
+    std::vector<Fiber> fibers;
+    char *stacks = nullptr;
+    std::vector<int> warp_waiting, warp_done;
+    int block_waiting = 0, done = 0;
+    ucontext_t scheduler;
+    Fiber *current = nullptr;
+    void (*fn)(void *) = nullptr;
+    void *fn_ctx = nullptr;
+};
+
+thread_local Block *g_block = nullptr;
+cudaError_t g_last_error = cudaSuccess; // sticky until cudaGetLastError, as on a device
+uint64_t g_rng = 0;
+
+uint64_t next_random() {
+    if (g_rng == 0) {
+        const char *s = getenv("CTRL_EMU_SEED");
+        g_rng = s ? strtoull(s, nullptr, 0) : 0x9e3779b97f4a7c15ull;
+        if (g_rng == 0) g_rng = 1;
+    }
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+void fail(const char *what) {
+    fprintf(stderr, "ctrl CUDA emulator: block (%u,%u,%u): %s\n", blockIdx.x, blockIdx.y, blockIdx.z, what);
+    if (g_last_error == cudaSuccess) g_last_error = cudaErrorLaunchFailure;
+}
+
+void fiber_entry() {
+    Block *b = g_block;
+    b->fn(b->fn_ctx);
+    b->current->state = kDone;
+    // returning resumes uc_link: the scheduler
+}
+
+// Back to the scheduler; returns when the scheduler runs this fiber again.
+void yield_to_scheduler() {
+    Block *b = g_block;
+    swapcontext(&b->current->ctx, &b->scheduler);
+}
+
+int warp_lanes(const Block &b, int warp) {
+    int n = (int)b.fibers.size() - warp * 32;
+    return n < 32 ? n : 32;
+}
+
+// The last live lane of a warp has arrived: compute every lane's result, release them all.
+void resolve_warp(Block &b, int warp, std::vector<Fiber *> &runnable) {
+    Fiber *lanes = &b.fibers[(size_t)warp * 32];
+    const int n = warp_lanes(b, warp);
+    Fiber *first = nullptr;
+    for (int i = 0; i < n; i++)
+        if (lanes[i].state == kAtWarpBarrier) {
+            first = &lanes[i];
+            break;
+        }
+    if (!first) return;
+    for (int i = 0; i < n; i++) {
+        Fiber &f = lanes[i];
+        if (f.state != kAtWarpBarrier) {
+            if (f.state == kDone && (first->mask >> i) & 1u)
+                fail("warp collective's mask names a lane that has exited");
+            continue;
+        }
+        if (f.kind != first->kind || f.mask != first->mask) fail("lanes of a warp in different collectives");
+    }
+    uint64_t ballot = 0;
+    for (int i = 0; i < n; i++)
+        if (lanes[i].state == kAtWarpBarrier && lanes[i].value) ballot |= 1ull << i;
+    const uint64_t live = [&] {
+        uint64_t m = 0;
+        for (int i = 0; i < n; i++)
+            if (lanes[i].state == kAtWarpBarrier) m |= 1ull << i;
+        return m;
+    }();
+    for (int i = 0; i < n; i++) {
+        Fiber &f = lanes[i];
+        if (f.state != kAtWarpBarrier) continue;
+        // Lanes are grouped in segments of `width`; a source outside the segment keeps its own value.
+        const int w = f.width, base = i / w * w, in = i - base;
+        int src = i;
+        switch (f.kind) {
+        case ctrl_emu::kShflIdx: src = base + ((f.arg % w) + w) % w; break;
+        case ctrl_emu::kShflXor: src = (in ^ f.arg) < w ? base + (in ^ f.arg) : i; break;
+        case ctrl_emu::kShflDown: src = in + f.arg < w ? i + f.arg : i; break;
+        case ctrl_emu::kShflUp: src = in - f.arg >= 0 ? i - f.arg : i; break;
+        default: break;
+        }
+        switch (f.kind) {
+        case ctrl_emu::kSyncWarp: f.result = 0; break;
+        case ctrl_emu::kBallot: f.result = ballot; break;
+        case ctrl_emu::kAny: f.result = ballot != 0; break;
+        case ctrl_emu::kAll: f.result = ballot == live; break;
+        default:
+            if (src >= n || lanes[src].state != kAtWarpBarrier) {
+                fail("shuffle reads a lane that is not in the collective");
+                f.result = f.value;
+            } else {
+                f.result = lanes[src].value;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (lanes[i].state == kAtWarpBarrier) {
+            lanes[i].state = kRunnable;
+            runnable.push_back(&lanes[i]);
+        }
+    b.warp_waiting[warp] = 0;
+}
+
+void release_block(Block &b, std::vector<Fiber *> &runnable) {
+    for (Fiber &f : b.fibers)
+        if (f.state == kAtBlockBarrier) {
+            f.state = kRunnable;
+            runnable.push_back(&f);
+        }
+    b.block_waiting = 0;
+}
+
+// Runs one block to completion: pick a random runnable fiber, run it to its next synchronisation
+// point (or its end), release whatever barrier that completed, repeat.
+void run_block(Block &b) {
+    const int n = (int)b.fibers.size();
+    std::vector<Fiber *> runnable;
+    runnable.reserve(n);
+    for (int i = 0; i < n; i++) {
+        Fiber &f = b.fibers[i];
+        f.state = kRunnable;
+        f.ctx.uc_stack.ss_sp = b.stacks + (size_t)i * kStackBytes;
+        f.ctx.uc_stack.ss_size = kStackBytes;
+        f.ctx.uc_link = &b.scheduler;
+        makecontext(&f.ctx, fiber_entry, 0);
+        runnable.push_back(&f);
+    }
+    std::fill(b.warp_waiting.begin(), b.warp_waiting.end(), 0);
+    std::fill(b.warp_done.begin(), b.warp_done.end(), 0);
+    b.block_waiting = 0, b.done = 0;
+    while (b.done < n) {
+        if (runnable.empty()) {
+            fail("deadlock: threads wait in different barriers (__syncthreads or a warp collective in "
+                 "divergent code)");
+            return;
+        }
+        size_t pick = (size_t)(next_random() % runnable.size());
+        Fiber *f = runnable[pick];
+        runnable[pick] = runnable.back();
+        runnable.pop_back();
+        b.current = f;
+        threadIdx = f->tid;
+        swapcontext(&b.scheduler, &f->ctx);
+        const int w = f->warp;
+        if (f->state == kDone) {
+            b.done++;
+            b.warp_done[w]++;
+        } else if (f->state == kAtWarpBarrier) {
+            b.warp_waiting[w]++;
+        } else if (f->state == kAtBlockBarrier) {
+            b.block_waiting++;
+        }
+        if (b.warp_waiting[w] > 0 && b.warp_waiting[w] + b.warp_done[w] == warp_lanes(b, w))
+            resolve_warp(b, w, runnable);
+        if (b.block_waiting > 0 && b.block_waiting + b.done == n) release_block(b, runnable);
+    }
+}
+
+} // namespace
+
+namespace ctrl_emu {
+
+void sync_block() {
+    g_block->current->state = kAtBlockBarrier;
+    yield_to_scheduler();
+}
+
+uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg, int width) {
+    Fiber *f = g_block->current;
+    if (width <= 0 || width > 32 || (width & (width - 1)))
+        fail("shuffle width is not a power of two up to 32");
+    f->state = kAtWarpBarrier;
+    f->kind = kind, f->mask = mask, f->value = value, f->arg = arg,
+    f->width = width > 0 && width <= 32 ? width : 32;
+    yield_to_scheduler();
+    return f->result;
+}
+
+void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx) {
+    const uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535 || block.z > 64 || dynamic_shared > 0) {
+        // dynamic shared memory is not emulated yet: refuse rather than run it wrong
+        if (g_last_error == cudaSuccess) g_last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    Block b;
+    const int n = (int)threads, warps = (n + 31) / 32;
+    b.fibers.resize(n);
+    // The fiber stacks stay allocated for the next launch (1024 threads: 64 MiB of address space,
+    // touched only as deep as the kernels go).
+    static thread_local char *stacks = nullptr;
+    static thread_local int stacks_for = 0;
+    if (stacks_for < n) {
+        free(stacks);
+        stacks = static_cast<char *>(malloc((size_t)n * kStackBytes));
+        if (!stacks) {
+            stacks_for = 0;
+            if (g_last_error == cudaSuccess) g_last_error = cudaErrorMemoryAllocation;
+            return;
+        }
+        stacks_for = n;
+    }
+    b.stacks = stacks;
+    b.warp_waiting.assign(warps, 0);
+    b.warp_done.assign(warps, 0);
+    b.fn = fn, b.fn_ctx = ctx;
+    for (int i = 0; i < n; i++) {
+        Fiber &f = b.fibers[i];
+        f.tid = uint3{(unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
+                      (unsigned)(i / (block.x * block.y))};
+        f.lane = i % 32, f.warp = i / 32;
+        getcontext(&f.ctx); // once per launch; makecontext re-arms it for each block
+    }
+    Block *saved = g_block;
+    g_block = &b;
+    blockDim = block, gridDim = grid;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = uint3{x, y, z};
+                run_block(b);
+                if (b.done < n) break; // deadlocked; reported
+            }
+    g_block = saved;
+}
+
+} // namespace ctrl_emu
+
+// ---- the runtime API: host memory, synchronous ----
+
+struct CUstream_st {
+    int unused;
+};
+struct CUevent_st {
+    struct timespec at;
+};
+
+extern "C" {
+
+const char *cudaGetErrorString(cudaError_t err) {
+    switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument (emulator)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (emulator: see its message above)";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = g_last_error;
+    g_last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDevice(int *device) {
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (device != 0) return cudaErrorInvalidDevice;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "ctrl CUDA emulator");
+    prop->totalGlobalMem = (size_t)4 << 30;
+    prop->major = 8, prop->minor = 0, prop->multiProcessorCount = 1, prop->warpSize = 32;
+    prop->sharedMemPerBlock = 48 * 1024, prop->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return g_last_error; }
+cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+    *ptr = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+    return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void *ptr) {
+    free(ptr);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+cudaError_t cudaFreeHost(void *ptr) { return cudaFree(ptr); }
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    (void)kind;
+    if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    (void)s;
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
+    if (bytes) memset(dst, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s) {
+    (void)s;
+    return cudaMemset(dst, value, bytes);
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = new CUstream_st{0};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    (void)s;
+    return g_last_error;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new CUevent_st{};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    (void)s;
+    clock_gettime(CLOCK_MONOTONIC, &e->at);
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    (void)e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    *ms = (float)((end->at.tv_sec - start->at.tv_sec) * 1e3 + (end->at.tv_nsec - start->at.tv_nsec) * 1e-6);
+    return cudaSuccess;
+}
+
+void ctrl_emu_set_seed(uint64_t seed) { g_rng = seed ? seed : 1; }
+
+} // extern "C"

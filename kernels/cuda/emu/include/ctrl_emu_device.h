@@ -1,0 +1,168 @@
+/* ctrl's CUDA emulator, device side (C++ only): what a kernel body sees. Every CUDA thread of a
+ * block is a fiber; the scheduler (emu_runtime.cpp) runs them one at a time on the calling host
+ * thread, in an order shuffled by a seeded generator between synchronisation points, so a
+ * missing __syncthreads or a race shows up as a wrong result instead of passing by luck. */
+#ifndef CTRL_EMU_DEVICE_H
+#define CTRL_EMU_DEVICE_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <tuple>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+/* Blocks run one after another on one host thread, so a function-local static is exactly one
+ * copy per block at a time, which is what __shared__ means. */
+#define __shared__ static thread_local
+
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+/* Set by the scheduler before it switches to a fiber. */
+extern thread_local uint3 threadIdx, blockIdx;
+extern thread_local dim3 blockDim, gridDim;
+static const int warpSize = 32;
+
+namespace ctrl_emu {
+
+enum Collective { kSyncWarp, kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll };
+
+/* Block-wide barrier; the calling fiber waits for every thread of the block still running. */
+void sync_block();
+/* One warp-wide exchange: every live lane of the warp contributes `value`; the result is computed
+ * when the last one arrives (see emu_runtime.cpp for each kind's rule). */
+uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg, int width);
+
+/* Runs fn(ctx) once per thread of a grid of blocks. */
+void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx);
+
+template <class T> uint64_t to_bits(T v) {
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <class T> T from_bits(uint64_t b) {
+    T v;
+    memcpy(&v, &b, sizeof(T));
+    return v;
+}
+
+template <class... P> struct Launch {
+    void (*kernel)(P...);
+    dim3 grid, block;
+    size_t shared;
+    template <class... A> void operator()(A &&...args) const {
+        std::tuple<P...> bound(std::forward<A>(args)...);
+        struct Ctx {
+            void (*k)(P...);
+            std::tuple<P...> *a;
+        } ctx{kernel, &bound};
+        run_grid(
+            grid, block, shared,
+            [](void *c) {
+                Ctx *x = static_cast<Ctx *>(c);
+                std::apply(x->k, *x->a);
+            },
+            &ctx);
+    }
+};
+
+/* What `k<<<grid, block[, shared[, stream]]>>>(args)` is rewritten into: launch(k, grid, block...)(args). */
+template <class... P>
+Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared = 0, void *stream = nullptr) {
+    (void)stream;
+    return Launch<P...>{kernel, grid, block, shared};
+}
+
+} // namespace ctrl_emu
+
+inline void __syncthreads() { ctrl_emu::sync_block(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    ctrl_emu::warp_collective(ctrl_emu::kSyncWarp, mask, 0, 0, 32);
+}
+
+template <class T> T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    return ctrl_emu::from_bits<T>(
+        ctrl_emu::warp_collective(ctrl_emu::kShflIdx, mask, ctrl_emu::to_bits(v), src, width));
+}
+template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    return ctrl_emu::from_bits<T>(
+        ctrl_emu::warp_collective(ctrl_emu::kShflXor, mask, ctrl_emu::to_bits(v), lane_mask, width));
+}
+template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return ctrl_emu::from_bits<T>(
+        ctrl_emu::warp_collective(ctrl_emu::kShflDown, mask, ctrl_emu::to_bits(v), (int)delta, width));
+}
+template <class T> T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return ctrl_emu::from_bits<T>(
+        ctrl_emu::warp_collective(ctrl_emu::kShflUp, mask, ctrl_emu::to_bits(v), (int)delta, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    return (unsigned)ctrl_emu::warp_collective(ctrl_emu::kBallot, mask, pred != 0, 0, 32);
+}
+inline int __any_sync(unsigned mask, int pred) {
+    return (int)ctrl_emu::warp_collective(ctrl_emu::kAny, mask, pred != 0, 0, 32);
+}
+inline int __all_sync(unsigned mask, int pred) {
+    return (int)ctrl_emu::warp_collective(ctrl_emu::kAll, mask, pred != 0, 0, 32);
+}
+
+/* Atomics: fibers never interleave inside a call, so a plain read-modify-write is atomic. */
+template <class T> T atomicAdd(T *p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+template <class T> T atomicMax(T *p, T v) {
+    T old = *p;
+    *p = old < v ? v : old;
+    return old;
+}
+template <class T> T atomicMin(T *p, T v) {
+    T old = *p;
+    *p = v < old ? v : old;
+    return old;
+}
+template <class T> T atomicExch(T *p, T v) {
+    T old = *p;
+    *p = v;
+    return old;
+}
+template <class T> T atomicCAS(T *p, T cmp, T v) {
+    T old = *p;
+    if (old == cmp) *p = v;
+    return old;
+}
+
+/* Math: the device's overloads and intrinsics the kernels use. */
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+
+#endif

@@ -1,0 +1,9 @@
+# Build-time rewrite of a .cu file for the emulator: every `kernel<<<grid, block[, shared[, stream]]>>>(args)`
+# becomes `ctrl_emu::launch(kernel, grid, block...)(args)`; nothing else changes, and a #line keeps
+# compiler messages and __FILE__ pointing at the original. Usage: cmake -DIN=x.cu -DOUT=x.cpp -P this.
+file(READ "${IN}" src)
+# the kernel: a name, optionally qualified and with one level of template arguments (k<T, 4>)
+string(REGEX REPLACE "([A-Za-z_][A-Za-z0-9_:]*(<[^<>;]*>)?)<<<([^>]*)>>>" "ctrl_emu::launch(\\1, \\3)" src
+       "${src}")
+file(WRITE "${OUT}.tmp" "#line 1 \"${IN}\"\n${src}")
+file(RENAME "${OUT}.tmp" "${OUT}")

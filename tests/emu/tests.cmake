@@ -1,0 +1,33 @@
+# Tests under the CUDA emulator (kernels/cuda/emu, CMake option CTRL_CUDA_EMU): the emulator's own
+# test, and tests/cuda/test_cuda_ops.c compiled a second time against ctrl_cuda_emu so that the
+# project's kernels run on this CPU-only machine (label "cuda-emu").
+if(CTRL_HAVE_CUDA_EMU)
+  set(emu_harness ${CMAKE_SOURCE_DIR}/tests/test_main.c ${CMAKE_SOURCE_DIR}/tests/test_registry.c
+                  ${CMAKE_SOURCE_DIR}/tests/fixture.c)
+  set(emu_test_defs CTRL_SOURCE_DIR="${CMAKE_SOURCE_DIR}" CTRL_BINARY_DIR="${CMAKE_BINARY_DIR}"
+      CTRL_PLUGIN_DIR="${CTRL_PLUGIN_OUTPUT_DIR}" CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures"
+      CTRL_SHARED_DIR="${CTRL_SHARED_DIR}")
+
+  ctrl_emu_rewrite(emu_selftest_cpp ${CMAKE_CURRENT_SOURCE_DIR}/emu/emu_selftest_kernels.cu)
+  add_executable(test_cuda_emu ${CMAKE_CURRENT_SOURCE_DIR}/emu/test_cuda_emu.c ${emu_selftest_cpp} ${emu_harness})
+  ctrl_emu_target(test_cuda_emu)
+  target_compile_definitions(test_cuda_emu PRIVATE ${emu_test_defs})
+  target_include_directories(test_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
+                                                   ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+  target_link_libraries(test_cuda_emu PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
+  add_test(NAME test_cuda_emu COMMAND test_cuda_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_cuda_emu PROPERTIES LABELS cuda-emu TIMEOUT 120)
+
+  # The cases of test_cuda_ops whose kernels the emulator compiles (kernels/cuda/emu/README.md
+  # lists the rest), at the test's small shapes.
+  add_executable(test_cuda_ops_emu ${CMAKE_CURRENT_SOURCE_DIR}/cuda/test_cuda_ops.c ${emu_harness})
+  ctrl_emu_target(test_cuda_ops_emu)
+  target_compile_definitions(test_cuda_ops_emu PRIVATE ${emu_test_defs})
+  target_include_directories(test_cuda_ops_emu PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
+                                                       ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+  target_link_libraries(test_cuda_ops_emu PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
+  add_test(NAME test_cuda_ops_emu
+           COMMAND test_cuda_ops_emu rmsnorm swiglu_residual_scale_sum_squares embedding_and_rope adamw_fused
+           WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_cuda_ops_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 ENVIRONMENT CTRL_TEST_SMALL=1)
+endif()
