@@ -222,7 +222,7 @@ ctrl_status ctrl_registry_load_dir(ctrl_registry *reg, const char *dir) {
     }
     closedir(d);
     if (n) qsort(names, (size_t)n, sizeof *names, name_cmp);
-    ctrl_error_saved first = {CTRL_OK};
+    ctrl_error_saved first = {.status = CTRL_OK};
     for (int i = 0; i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
@@ -246,7 +246,7 @@ ctrl_status ctrl_registry_load_dir(ctrl_registry *reg, const char *dir) {
 }
 
 ctrl_status ctrl_registry_load_standard(ctrl_registry *reg, const char *const *dirs, int n_dirs) {
-    ctrl_error_saved first = {CTRL_OK};
+    ctrl_error_saved first = {.status = CTRL_OK};
 #define NOTE_FAILURE(st)                                                                                     \
     do {                                                                                                     \
         ctrl_status st_ = (st);                                                                              \

@@ -36,7 +36,7 @@ TEST(save_and_restore_around_cleanup) {
 }
 
 TEST(the_first_of_several_failures) {
-    ctrl_error_saved first = {CTRL_OK};
+    ctrl_error_saved first = {.status = CTRL_OK};
     for (int i = 0; i < 3; i++) {
         ctrl_status st = i ? ctrl_error_set(CTRL_ERR_PLUGIN, "attempt %d failed", i) : CTRL_OK;
         if (st != CTRL_OK && first.status == CTRL_OK) ctrl_error_save(&first, st);
