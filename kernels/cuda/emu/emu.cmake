@@ -40,19 +40,13 @@ function(ctrl_emu_target target)
 endfunction()
 
 if(CTRL_HAVE_CUDA_EMU)
-  # The kernels that run under emulation so far; gemm.cu (cuBLASLt) and head.cu are still
-  # stubbed by emu_unported.c.
-  set(CTRL_EMU_KERNELS adamw convert elementwise embedding_rope rmsnorm)
-  set(cus)
-  foreach(k ${CTRL_EMU_KERNELS})
-    list(APPEND cus ${CMAKE_SOURCE_DIR}/kernels/cuda/${k}.cu)
-  endforeach()
+  file(GLOB cus CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
   ctrl_emu_rewrite(CTRL_EMU_KERNEL_CPP ${cus})
   file(GLOB CTRL_EMU_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/device/cuda_*.c)
-  add_library(ctrl_cuda_emu STATIC ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_unported.c
+  add_library(ctrl_cuda_emu STATIC ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_cublaslt.cpp
                                    ${CTRL_EMU_KERNEL_CPP} ${CTRL_EMU_HOST_SOURCES})
   ctrl_emu_target(ctrl_cuda_emu)
   target_include_directories(ctrl_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/core ${CMAKE_SOURCE_DIR}/kernels
                                                    ${CJSON_INCLUDE_DIR})
-  target_link_libraries(ctrl_cuda_emu PUBLIC ctrl)
+  target_link_libraries(ctrl_cuda_emu PUBLIC ctrl PRIVATE ctrl_openblas)
 endif()
