@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "generate/kv_cache.h"
+#include "model/kv_cache.h"
 
 typedef struct ctrl_prefix_cache ctrl_prefix_cache;
 

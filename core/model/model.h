@@ -11,8 +11,8 @@
 
 #include "model/model_config.h"
 
-/* The paged KV cache decoding appends to (generate/kv_cache.h); declared here so that the model
- * does not depend on the generation module. */
+/* The paged KV cache decoding appends to (model/kv_cache.h); declared opaque here so that users
+ * of the model that never decode do not see its layout. */
 typedef struct ctrl_kv_cache ctrl_kv_cache;
 typedef struct ctrl_kv_seq ctrl_kv_seq;
 struct ctrl_backend_ops;

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
-#include "generate/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/model_internal.h"
 
 typedef struct decode_ctx {

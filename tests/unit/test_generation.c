@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "file_text.h"
-#include "generate/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 #include "test.h"
 #include "test_registry.h"

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "generate/kv_cache.h"
+#include "model/kv_cache.h"
 
 ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int block_size, size_t bytes,
                                  ctrl_dtype dtype, ctrl_kv_cache **out) {
