@@ -51,10 +51,9 @@ static int gather(ctrl_server *s, request *q, const char *upload, size_t n) {
 }
 
 static enum MHD_Result answer(ctrl_server *s, struct MHD_Connection *c, const request *q) {
-    if (!q->route)
-        return serve_error(c, q->status, q->status == 405 ? "method not allowed" : "no such endpoint");
-    if (q->route->auth && !authorized(s, c))
-        return serve_error(c, 401, "missing or wrong API key (Authorization: Bearer KEY)");
+    static const char *const why[] = {"no such endpoint", "method not allowed",
+                                      "missing or wrong API key (Authorization: Bearer KEY)"};
+    if (!q->route) return serve_error(c, q->status, why[q->status == 405 ? 1 : q->status == 401 ? 2 : 0]);
     if (q->too_big) return serve_error(c, 413, "request body too large");
     if (!q->route->json) return q->route->fn(s, c, NULL, q->data, q->len);
     cJSON *in = q->len ? cJSON_ParseWithLength(q->data, q->len) : cJSON_CreateObject();
@@ -73,6 +72,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (!(q = calloc(1, sizeof *q))) return MHD_NO;
         clock_gettime(CLOCK_MONOTONIC, &q->start);
         q->route = serve_route_find(method, url, &q->status);
+        if (q->route && q->route->auth && !authorized(s, c)) /* refused now: its body is not kept */
+            q->route = NULL, q->status = 401;
         *state = q;
         serve_deadline_request(s->deadline, c, 1);
         pthread_mutex_lock(&s->lock);

@@ -281,6 +281,15 @@ for i in $(seq 50); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && brea
 check_http 200 "serve /health without the key" "localhost:$PORT/health"
 check_http 401 "serve without the key" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"]}'
 check_http 401 "serve with a wrong key" -H "Authorization: Bearer nope" "localhost:$PORT/v1/models"
+# a body sent without the key is refused from its headers on, not held: 15 MB to /update_weights
+# (its limit is the model's size + 16 MB) leave the server's peak memory where it was
+hwm() { sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$spid/status"; }
+h0=$(hwm)
+head -c 15000000 /dev/zero >"$TMP/zeros.bin"
+check_http 401 "serve weights without the key" -X POST "localhost:$PORT/update_weights" --data-binary "@$TMP/zeros.bin"
+h1=$(hwm)
+[ -n "$h0" ] && [ -n "$h1" ] && [ $((h1 - h0)) -lt 8000 ] && pass=$((pass + 1)) ||
+  { fail=$((fail + 1)); echo "FAIL an unauthorized body was kept: peak memory $h0 -> $(hwm) kB"; }
 check_http 200 "serve with the key" -H "Authorization: Bearer s3cret" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "max_tokens": 2}'
 curl -s -o "$TMP/long.json" -w "%{http_code}" -H "Authorization: Bearer s3cret" -X POST "localhost:$PORT/generate" \
   -d '{"prompts": ["x"], "n": 64, "max_tokens": 400}' >"$TMP/long.code" &
