@@ -27,4 +27,27 @@ if(CTRL_HAVE_CUDA_EMU)
   target_link_libraries(test_cuda_ops_emu PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
   add_test(NAME test_cuda_ops_emu COMMAND test_cuda_ops_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(test_cuda_ops_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 ENVIRONMENT CTRL_TEST_SMALL=1)
+
+  # The whole model on the emulated CUDA backend against the CPU backend (tests/cuda/test_cuda_model.c),
+  # with the eager attention plugin's CUDA path emulated; the other plugins it loads are the
+  # ordinary builds, copied beside it into build/plugins-emu by the fixture cuda_emu_plugins.
+  ctrl_emu_plugin(NAME eager DIR plugins/attention/eager SOURCES eager.c eager_cpu.c CUDA_SOURCES eager_cuda.cu
+                  LIBS OpenMP::OpenMP_C m)
+  add_test(NAME cuda_emu_plugins
+           COMMAND ${CMAKE_COMMAND} -DSRC=${CTRL_PLUGIN_OUTPUT_DIR} -DDST=${CMAKE_BINARY_DIR}/plugins-emu -DKEEP=eager
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/emu/copy_plugins.cmake)
+  set_tests_properties(cuda_emu_plugins PROPERTIES LABELS cuda-emu FIXTURES_SETUP cuda_emu_plugins)
+  add_executable(test_cuda_model_emu ${CMAKE_CURRENT_SOURCE_DIR}/cuda/test_cuda_model.c ${emu_harness}
+                                     ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
+  ctrl_emu_target(test_cuda_model_emu)
+  target_compile_definitions(test_cuda_model_emu PRIVATE CTRL_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+    CTRL_BINARY_DIR="${CMAKE_BINARY_DIR}" CTRL_PLUGIN_DIR="${CMAKE_BINARY_DIR}/plugins-emu"
+    CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures" CTRL_SHARED_DIR="${CTRL_SHARED_DIR}")
+  target_include_directories(test_cuda_model_emu PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
+                                                         ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+  target_link_libraries(test_cuda_model_emu PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
+  add_dependencies(test_cuda_model_emu eager_emu)
+  add_test(NAME test_cuda_model_emu COMMAND test_cuda_model_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_cuda_model_emu PROPERTIES LABELS cuda-emu TIMEOUT 600
+                       FIXTURES_REQUIRED cuda_emu_plugins)
 endif()

@@ -43,10 +43,35 @@ if(CTRL_HAVE_CUDA_EMU)
   file(GLOB cus CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
   ctrl_emu_rewrite(CTRL_EMU_KERNEL_CPP ${cus})
   file(GLOB CTRL_EMU_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/device/cuda_*.c)
-  add_library(ctrl_cuda_emu STATIC ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_cublaslt.cpp
-                                   ${CTRL_EMU_KERNEL_CPP} ${CTRL_EMU_HOST_SOURCES})
+  # The runtime is one shared library, so that the emulated plugins and the emulated
+  # libctrl_cuda share one device state (errors, the shuffle generator).
+  add_library(ctrl_cuda_emu_rt SHARED ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_cublaslt.cpp)
+  ctrl_emu_target(ctrl_cuda_emu_rt)
+  target_link_libraries(ctrl_cuda_emu_rt PRIVATE ctrl_openblas)
+  add_library(ctrl_cuda_emu STATIC ${CTRL_EMU_KERNEL_CPP} ${CTRL_EMU_HOST_SOURCES})
   ctrl_emu_target(ctrl_cuda_emu)
   target_include_directories(ctrl_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/core ${CMAKE_SOURCE_DIR}/kernels
                                                    ${CJSON_INCLUDE_DIR})
-  target_link_libraries(ctrl_cuda_emu PUBLIC ctrl PRIVATE ctrl_openblas)
+  target_link_libraries(ctrl_cuda_emu PUBLIC ctrl ctrl_cuda_emu_rt)
 endif()
+
+# ctrl_emu_plugin(NAME <plugin> DIR <plugins/kind/name> SOURCES <.c files> CUDA_SOURCES <.cu files>
+# [LIBS <libs>]): the plugin with its CUDA path emulated, as build/plugins-emu/<plugin>.so.
+function(ctrl_emu_plugin)
+  cmake_parse_arguments(P "" "NAME;DIR" "SOURCES;CUDA_SOURCES;LIBS" ${ARGN})
+  set(srcs)
+  foreach(f ${P_SOURCES})
+    list(APPEND srcs ${CMAKE_SOURCE_DIR}/${P_DIR}/${f})
+  endforeach()
+  set(cus)
+  foreach(f ${P_CUDA_SOURCES})
+    list(APPEND cus ${CMAKE_SOURCE_DIR}/${P_DIR}/${f})
+  endforeach()
+  ctrl_emu_rewrite(cpp ${cus})
+  add_library(${P_NAME}_emu MODULE ${srcs} ${cpp})
+  set_target_properties(${P_NAME}_emu PROPERTIES PREFIX "" OUTPUT_NAME ${P_NAME}
+                        LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/plugins-emu C_VISIBILITY_PRESET hidden)
+  ctrl_emu_target(${P_NAME}_emu)
+  target_include_directories(${P_NAME}_emu PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/${P_DIR})
+  target_link_libraries(${P_NAME}_emu PRIVATE ctrl_cuda_emu_rt ${P_LIBS})
+endfunction()

@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <algorithm>
 #include <vector>
@@ -15,10 +17,52 @@ thread_local dim3 blockDim, gridDim;
 
 namespace {
 
+// Fiber contexts. On x86-64 a switch saves the callee-saved registers on the old stack and
+// swaps stack pointers (no system call: ucontext's swapcontext makes two sigprocmask calls per
+// switch, which made a kernel with barriers several times slower); elsewhere ucontext.
+#if defined(__x86_64__)
+struct Context {
+    void *sp = nullptr;
+};
+extern "C" void ctrl_emu_switch(void **save_sp, void *to_sp);
+__asm__(".text\n"
+        ".globl ctrl_emu_switch\n"
+        ".type ctrl_emu_switch,@function\n"
+        "ctrl_emu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size ctrl_emu_switch, .-ctrl_emu_switch\n");
+void context_switch(Context &from, Context &to) { ctrl_emu_switch(&from.sp, to.sp); }
+// A fresh context whose first switch "returns" into entry with the stack aligned as after a call.
+void context_make(Context &c, char *stack, size_t bytes, void (*entry)()) {
+    uintptr_t top = ((uintptr_t)(stack + bytes)) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr;       // entry's (never used) return address: rsp % 16 == 8 at entry
+    *--sp = (void *)entry; // popped by ret
+    for (int i = 0; i < 6; i++) *--sp = nullptr; // rbp rbx r12-r15
+    c.sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+void context_switch(Context &from, Context &to) { swapcontext(&from.uc, &to.uc); }
+void context_make(Context &c, char *stack, size_t bytes, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = bytes;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
 enum State { kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
 
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     uint3 tid;
     int lane, warp;
     State state;
@@ -35,13 +79,15 @@ struct Block {
     char *stacks = nullptr;
     std::vector<int> warp_waiting, warp_done;
     int block_waiting = 0, done = 0;
-    ucontext_t scheduler;
+    Context scheduler;
     Fiber *current = nullptr;
     void (*fn)(void *) = nullptr;
     void *fn_ctx = nullptr;
 };
 
 thread_local Block *g_block = nullptr;
+thread_local std::vector<unsigned char> g_dynamic_shared;
+constexpr size_t kMaxDynamicShared = 1 << 20;
 cudaError_t g_last_error = cudaSuccess; // sticky until cudaGetLastError, as on a device
 uint64_t g_rng = 0;
 
@@ -64,13 +110,14 @@ void fiber_entry() {
     Block *b = g_block;
     b->fn(b->fn_ctx);
     b->current->state = kDone;
-    // returning resumes uc_link: the scheduler
+    context_switch(b->current->ctx, b->scheduler); // never resumed
+    abort();
 }
 
 // Back to the scheduler; returns when the scheduler runs this fiber again.
 void yield_to_scheduler() {
     Block *b = g_block;
-    swapcontext(&b->current->ctx, &b->scheduler);
+    context_switch(b->current->ctx, b->scheduler);
 }
 
 int warp_lanes(const Block &b, int warp) {
@@ -160,10 +207,7 @@ void run_block(Block &b) {
     for (int i = 0; i < n; i++) {
         Fiber &f = b.fibers[i];
         f.state = kRunnable;
-        f.ctx.uc_stack.ss_sp = b.stacks + (size_t)i * kStackBytes;
-        f.ctx.uc_stack.ss_size = kStackBytes;
-        f.ctx.uc_link = &b.scheduler;
-        makecontext(&f.ctx, fiber_entry, 0);
+        context_make(f.ctx, b.stacks + (size_t)i * kStackBytes, kStackBytes, fiber_entry);
         runnable.push_back(&f);
     }
     std::fill(b.warp_waiting.begin(), b.warp_waiting.end(), 0);
@@ -181,7 +225,7 @@ void run_block(Block &b) {
         runnable.pop_back();
         b.current = f;
         threadIdx = f->tid;
-        swapcontext(&b.scheduler, &f->ctx);
+        context_switch(b.scheduler, f->ctx);
         const int w = f->warp;
         if (f->state == kDone) {
             b.done++;
@@ -200,6 +244,8 @@ void run_block(Block &b) {
 } // namespace
 
 namespace ctrl_emu {
+
+void *dynamic_shared() { return g_dynamic_shared.data(); }
 
 void sync_block() {
     g_block->current->state = kAtBlockBarrier;
@@ -220,8 +266,7 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx) {
     const uint64_t threads = (uint64_t)block.x * block.y * block.z;
     if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
-        grid.z > 65535 || block.z > 64 || dynamic_shared > 0) {
-        // dynamic shared memory is not emulated yet: refuse rather than run it wrong
+        grid.z > 65535 || block.z > 64 || dynamic_shared > kMaxDynamicShared) {
         if (g_last_error == cudaSuccess) g_last_error = cudaErrorInvalidConfiguration;
         return;
     }
@@ -251,7 +296,6 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), 
         f.tid = uint3{(unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
                       (unsigned)(i / (block.x * block.y))};
         f.lane = i % 32, f.warp = i / 32;
-        getcontext(&f.ctx); // once per launch; makecontext re-arms it for each block
     }
     Block *saved = g_block;
     g_block = &b;
@@ -260,6 +304,8 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), 
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
                 blockIdx = uint3{x, y, z};
+                // poison: a read of dynamic shared memory before a write sees NaN, not the last block's data
+                g_dynamic_shared.assign(dynamic_shared, 0xff);
                 run_block(b);
                 if (b.done < n) break; // deadlocked; reported
             }

@@ -45,6 +45,10 @@ void sync_block();
  * when the last one arrives (see emu_runtime.cpp for each kind's rule). */
 uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg, int width);
 
+/* The launch's dynamic shared memory (`extern __shared__ T name[]`, rewritten at build time into a
+ * pointer from here): one buffer per block, poisoned with NaN bytes before each block. */
+void *dynamic_shared();
+
 /* Runs fn(ctx) once per thread of a grid of blocks. */
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx);
 
@@ -88,6 +92,9 @@ Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared =
 }
 
 } // namespace ctrl_emu
+
+/* Accepted and ignored: the emulator has no shared-memory limit below its own (1 MiB). */
+template <class F> cudaError_t cudaFuncSetAttribute(F *, cudaFuncAttribute, int) { return cudaSuccess; }
 
 inline void __syncthreads() { ctrl_emu::sync_block(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {

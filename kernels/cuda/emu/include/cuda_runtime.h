@@ -29,6 +29,10 @@ typedef enum cudaMemcpyKind {
     cudaMemcpyDefault = 4,
 } cudaMemcpyKind;
 
+typedef enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+} cudaFuncAttribute;
+
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
 
