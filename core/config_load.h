@@ -68,6 +68,11 @@ typedef struct ctrl_run_settings {
         const char *server_url;
         double temperature, top_p, min_p, repetition_penalty;
         int top_k, sleep, log_completions;
+        /* the engine's pool and step budget (ctrl_engine_config_from) */
+        long kv_cache_bytes; /* 0: gpu_memory_utilization of the memory */
+        double gpu_memory_utilization;
+        int block_size, max_num_seqs, max_num_batched_tokens;
+        int kv_cache_dtype; /* -1 auto (the model's compute dtype), 0 fp32, 1 bf16 */
     } generation;
 } ctrl_run_settings;
 

@@ -37,6 +37,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     ctrl_run_settings *s = &cfg->settings;
     const char *mode = rd_str(&r, "generation", "mode");
     const char *only = rd_str(&r, "data", "completion_only_loss");
+    const char *kv = rd_str(&r, "generation", "kv_cache_dtype");
     *s = (ctrl_run_settings){
         .run = {.trainer = rd_str(&r, "run", "trainer"),
                 .output_dir = rd_str(&r, "run", "output_dir"),
@@ -91,7 +92,13 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                        .repetition_penalty = rd_float(&r, "generation", "repetition_penalty"),
                        .top_k = (int)rd_int(&r, "generation", "top_k"),
                        .sleep = (int)rd_int(&r, "generation", "sleep"),
-                       .log_completions = rd_bool(&r, "generation", "log_completions")}};
+                       .log_completions = rd_bool(&r, "generation", "log_completions"),
+                       .kv_cache_bytes = (long)rd_int(&r, "generation", "kv_cache_bytes"),
+                       .gpu_memory_utilization = rd_float(&r, "generation", "gpu_memory_utilization"),
+                       .block_size = (int)rd_int(&r, "generation", "block_size"),
+                       .max_num_seqs = (int)rd_int(&r, "generation", "max_num_seqs"),
+                       .max_num_batched_tokens = (int)rd_int(&r, "generation", "max_num_batched_tokens"),
+                       .kv_cache_dtype = !kv || !strcmp(kv, "auto") ? -1 : !strcmp(kv, "bf16")}};
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
     return r.st;

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config_load.h"
 #include "generate/engine_internal.h"
 
 static ctrl_status make_pool(ctrl_engine *e) {
@@ -43,19 +44,16 @@ ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_plugin *paged
 }
 
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {
-    long bytes = ctrl_config_get_int(cfg, "generation", "kv_cache_bytes", 0);
-    if (bytes <= 0) { /* the CPU's share: gpu_memory_utilization of physical memory */
-        const double frac = ctrl_config_get_float(cfg, "generation", "gpu_memory_utilization", 0.3);
-        bytes = (long)(frac * (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
-    }
-    *out =
-        (ctrl_engine_config){.kv_cache_bytes = (size_t)bytes,
-                             .block_size = (int)ctrl_config_get_int(cfg, "generation", "block_size", 16),
-                             .max_num_seqs = (int)ctrl_config_get_int(cfg, "generation", "max_num_seqs", 256),
-                             .max_num_batched_tokens =
-                                 (int)ctrl_config_get_int(cfg, "generation", "max_num_batched_tokens", 8192)};
-    const char *kv = ctrl_config_get_string(cfg, "generation", "kv_cache_dtype");
-    out->kv_cache_dtype = !kv || !strcmp(kv, "auto") ? -1 : !strcmp(kv, "bf16");
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    size_t bytes = (size_t)s->generation.kv_cache_bytes;
+    if (bytes == 0) /* the CPU's share: gpu_memory_utilization of physical memory */
+        bytes = (size_t)(s->generation.gpu_memory_utilization * (double)sysconf(_SC_PHYS_PAGES) *
+                         (double)sysconf(_SC_PAGESIZE));
+    *out = (ctrl_engine_config){.kv_cache_bytes = bytes,
+                                .kv_cache_dtype = s->generation.kv_cache_dtype,
+                                .block_size = s->generation.block_size,
+                                .max_num_seqs = s->generation.max_num_seqs,
+                                .max_num_batched_tokens = s->generation.max_num_batched_tokens};
 }
 
 ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {

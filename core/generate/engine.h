@@ -65,8 +65,9 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
  * once by the config: ctrl_config_plugins()->decoder, or ctrl_registry_require for commands
  * without a run config); NULL is the error that it is not loaded. */
 ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_plugin *paged);
-/* The [generation] section: kv_cache_bytes (0: gpu_memory_utilization of this machine's memory on
- * the CPU), kv_cache_dtype, block_size, max_num_seqs, max_num_batched_tokens. */
+/* The [generation] section, from the config's typed settings (ctrl_config_settings): kv_cache_bytes
+ * (0: gpu_memory_utilization of this machine's memory on the CPU), kv_cache_dtype, block_size,
+ * max_num_seqs, max_num_batched_tokens. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);
 /* Co-located use between training phases: level 1 returns the KV pool's memory (cached prompts
  * are lost), level 2 also the inference-only buffers (the engine's step scratch — the logits of

@@ -309,10 +309,10 @@ TEST(sleep_releases_the_pool_and_wake_up_restores_it) {
 
 TEST(engine_config_from_the_generation_section) {
     ctrl_registry *reg = test_plugin_registry();
-    ctrl_config *cfg =
-        test_config_from_text(reg, "engine.ini",
-                              "[model]\npath = m\n[generation]\nkv_cache_bytes = 123456\n"
-                              "block_size = 8\nmax_num_seqs = 5\nmax_num_batched_tokens = 77\n");
+    ctrl_config *cfg = test_config_from_text(reg, "engine.ini",
+                                             "[model]\npath = m\n[generation]\nkv_cache_bytes = 123456\n"
+                                             "block_size = 8\nmax_num_seqs = 5\nmax_num_batched_tokens = 77\n"
+                                             "kv_cache_dtype = bf16\n");
     if (!cfg) return;
     ctrl_engine_config ec;
     ctrl_engine_config_from(cfg, &ec);
@@ -320,6 +320,20 @@ TEST(engine_config_from_the_generation_section) {
     CHECK_EQ_INT(ec.block_size, 8);
     CHECK_EQ_INT(ec.max_num_seqs, 5);
     CHECK_EQ_INT(ec.max_num_batched_tokens, 77);
+    CHECK_EQ_INT(ec.kv_cache_dtype, 1);
     ctrl_config_free(cfg);
+    /* unset keys: the option table's defaults (auto dtype, a share of the memory for the pool) */
+    cfg = test_config_from_text(reg, "engine.ini",
+                                "[model]\npath = m\n[generation]\ngpu_memory_utilization = 0.01\n");
+    if (cfg) {
+        ctrl_engine_config_from(cfg, &ec);
+        CHECK_EQ_INT(ec.kv_cache_dtype, -1);
+        CHECK_EQ_INT(ec.block_size, 16);
+        CHECK_EQ_INT(ec.max_num_seqs, 256);
+        CHECK_EQ_INT(ec.max_num_batched_tokens, 8192);
+        const double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        CHECK(ec.kv_cache_bytes == (size_t)(0.01 * mem));
+        ctrl_config_free(cfg);
+    }
     ctrl_registry_destroy(reg);
 }
