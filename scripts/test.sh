@@ -25,7 +25,7 @@ start=$(date +%s)
 GEN=()
 if command -v ninja >/dev/null 2>&1; then GEN=(-G Ninja); fi
 if [ ! -f build-asan/CMakeCache.txt ]; then
-  cmake -S . -B build-asan "${GEN[@]}" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTRL_CUDA=OFF \
+  cmake -S . -B build-asan "${GEN[@]}" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCTRL_CUDA=OFF \
     -DCTRL_FUZZ=ON >/dev/null
 fi
 cmake --build build-asan -j "$(nproc)" >build-asan/build.log 2>&1 || { tail -50 build-asan/build.log; exit 1; }
