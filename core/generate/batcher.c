@@ -75,6 +75,10 @@ static void add_job(ctrl_batcher *b, job *j) {
         if (p) b->running = p, b->cap_running = b->cap_running * 2 + 16;
     }
     if (!j->mine || b->n_running == b->cap_running) return finish(b, j, CTRL_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < j->n_req; r++) { /* a bad request fails its job alone, before any of it runs */
+        ctrl_status st = ctrl_gen_request_check(&j->reqs[r]);
+        if (st != CTRL_OK) return finish(b, j, ctrl_error_wrap(st, "request %d", r), ctrl_error_message());
+    }
     j->left = j->n_req;
     b->jobs_added++;
     for (int r = 0, o = 0; r < j->n_req; o += j->reqs[r++].n) {
@@ -111,7 +115,7 @@ static void drop_cancelled(ctrl_batcher *b) {
 
 /* One engine step for everything running; finished jobs go back to their callers. */
 static void step(ctrl_batcher *b) {
-        drop_cancelled(b); /* then the step tidies their sequences away even when nothing else runs */
+    drop_cancelled(b); /* then the step tidies their sequences away even when nothing else runs */
     int active = 0;
     const ctrl_status st = ctrl_engine_step(b->eng, &active);
     for (int i = 0; i < b->n_running; i++)

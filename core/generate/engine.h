@@ -91,6 +91,9 @@ void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, lon
  * drops every request, freeing the outputs of unfinished ones. ctrl_engine_generate is add, step
  * until done; it refuses to run while added requests are. */
 ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs);
+/* What add refuses a request for (CTRL_ERR_CONFIG naming the field, the engine untouched): no
+ * prompt, n or max_tokens < 1, sampling parameters the sampler cannot use. */
+ctrl_status ctrl_gen_request_check(const ctrl_gen_request *r);
 ctrl_status ctrl_engine_step(ctrl_engine *e, int *active);
 void ctrl_engine_abort(ctrl_engine *e);
 /* Drops the one request whose first output is `outs` (as given to add): its unfinished samples

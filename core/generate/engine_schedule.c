@@ -24,12 +24,34 @@ static void drop(ctrl_engine *e, gen_seq *s) {
     if (--s->rq->refs == 0) free(s->rq);
 }
 
-ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs) {
-    if (e->asleep)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
+/* The sampler's own rule (ctrl_sampling_params_valid) applied to one field at a time, the others
+ * neutral, so that the message names the field at fault. */
+static const char *bad_sampling_field(const ctrl_sampling_params *p) {
+    const ctrl_sampling_params neutral = {.temperature = 1, .top_p = 1, .min_p = 0, .repetition_penalty = 1};
+    ctrl_sampling_params t = neutral, tp = neutral, mp = neutral, rp = neutral;
+    t.temperature = p->temperature, tp.top_p = p->top_p, mp.min_p = p->min_p;
+    rp.repetition_penalty = p->repetition_penalty;
+    return !ctrl_sampling_params_valid(&t)    ? "temperature (0, or a positive normal float)"
+           : !ctrl_sampling_params_valid(&tp) ? "top_p (in (0, 1])"
+           : !ctrl_sampling_params_valid(&mp) ? "min_p (in [0, 1])"
+           : !ctrl_sampling_params_valid(&rp) ? "repetition_penalty (a positive normal float)"
+                                              : NULL;
+}
+
+ctrl_status ctrl_gen_request_check(const ctrl_gen_request *r) {
     if (r->n < 1 || r->prompt_len < 1 || r->max_tokens < 1)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "generation: a request needs a prompt, n >= 1 and max_tokens >= 1");
+    const char *field = bad_sampling_field(&r->sampling);
+    if (field) return ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameter %s", field);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_output *outs) {
+    if (e->asleep)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
+    ctrl_status st = ctrl_gen_request_check(r); /* a bad request is refused here, alone */
+    if (st != CTRL_OK) return st;
     if (e->n + r->n > e->cap) {
         int cap = e->cap ? e->cap : 64;
         while (cap < e->n + r->n) cap *= 2;

@@ -193,3 +193,26 @@ TEST(a_cancelled_job_leaves_and_the_others_run_on) {
     for (int i = 0; i < 3; i++) ctrl_gen_output_free(&dropped[i]);
     free_rig(&r);
 }
+
+/* A job with one unusable request (its second: the first would already be decoding) fails alone,
+ * naming the request and the field, while a job running beside it finishes unchanged. */
+TEST(a_job_with_bad_sampling_fails_alone) {
+    rig r = make_rig(0);
+    const ctrl_gen_request keep = req(prompt_b, 5, 2, 30, 4);
+    ctrl_gen_request bad[2] = {req(prompt_a, 12, 1, 20, 5), req(prompt_c, 3, 1, 20, 6)};
+    bad[1].sampling.top_p = 0;
+    ctrl_gen_output alone[2], kept[2], lost[2] = {{0}};
+    CHECK_EQ_INT(ctrl_engine_generate(r.e, &keep, 1, alone, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_batcher_start(r.e, &r.b), CTRL_OK);
+    async_job kj = {.b = r.b, .reqs = &keep, .n_req = 1, .outs = kept};
+    CHECK(pthread_create(&kj.thread, NULL, run_job, &kj) == 0);
+    while (kj.steps < 2 && !kj.done) usleep(100); /* running */
+    CHECK_EQ_INT(ctrl_batcher_generate(r.b, bad, 2, lost, NULL, NULL, NULL), CTRL_ERR_CONFIG);
+    CHECK_MSG(strstr(ctrl_error_message(), "request 1") && strstr(ctrl_error_message(), "top_p"), "%s",
+              ctrl_error_message());
+    pthread_join(kj.thread, NULL);
+    CHECK_EQ_INT(kj.st, CTRL_OK);
+    check_as_alone(kept, alone, 2);
+    for (int i = 0; i < 2; i++) ctrl_gen_output_free(&lost[i]);
+    free_rig(&r);
+}

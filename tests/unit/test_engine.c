@@ -4,6 +4,7 @@
  * recomputed; a sampled request draws the same tokens alone or batched with others; the n samples
  * of a prompt share its blocks; stop ids end a completion and are reported. */
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,4 +337,55 @@ TEST(engine_config_from_the_generation_section) {
         ctrl_config_free(cfg);
     }
     ctrl_registry_destroy(reg);
+}
+
+/* Unusable sampling parameters are refused by add, naming the field, for that request alone: the
+ * one already added generates what it generates by itself. */
+TEST(a_request_with_bad_sampling_is_refused_alone) {
+    fixture_case cases[2];
+    ctrl_model *m = load("qwen2", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    const ctrl_sampling_params warm = {.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.1f};
+    const ctrl_gen_request good = {.prompt = cases[0].prompt,
+                                   .prompt_len = cases[0].len,
+                                   .n = 2,
+                                   .max_tokens = 12,
+                                   .sampling = warm,
+                                   .seed = 3};
+    ctrl_gen_output alone[2], got[2], refused = {0};
+    CHECK_EQ_INT(ctrl_engine_generate(e, &good, 1, alone, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_add(e, &good, got), CTRL_OK);
+    static const struct {
+        ctrl_sampling_params p;
+        const char *field;
+    } bad[] = {{{.temperature = NAN, .top_p = 1, .repetition_penalty = 1}, "temperature"},
+               {{.temperature = -1, .top_p = 1, .repetition_penalty = 1}, "temperature"},
+               {{.temperature = 1, .top_p = 0, .repetition_penalty = 1}, "top_p"},
+               {{.temperature = 1, .top_p = 1, .min_p = 1.5f, .repetition_penalty = 1}, "min_p"},
+               {{.temperature = 1, .top_p = 1, .repetition_penalty = 0}, "repetition_penalty"},
+               {{.temperature = 1, .top_p = 1, .repetition_penalty = INFINITY}, "repetition_penalty"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ctrl_gen_request r = good;
+        r.n = 1, r.sampling = bad[i].p;
+        CHECK_EQ_INT(ctrl_engine_add(e, &r, &refused), CTRL_ERR_CONFIG);
+        CHECK_MSG(strstr(ctrl_error_message(), bad[i].field), "case %zu: %s", i, ctrl_error_message());
+        CHECK(refused.ids == NULL);
+    }
+    int active = 1;
+    while (active) CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
+    for (int k = 0; k < 2; k++) {
+        CHECK(got[k].len == alone[k].len && got[k].len > 0 &&
+              memcmp(got[k].ids, alone[k].ids, sizeof(int32_t) * (size_t)got[k].len) == 0);
+        ctrl_gen_output_free(&got[k]), ctrl_gen_output_free(&alone[k]);
+    }
+    /* a one-call generation with a bad request fails before anything runs, naming it */
+    ctrl_gen_request two[2] = {good, good};
+    two[1].sampling.top_p = 2;
+    ctrl_gen_output outs[4];
+    CHECK_EQ_INT(ctrl_engine_generate(e, two, 2, outs, NULL, NULL), CTRL_ERR_CONFIG);
+    CHECK_MSG(strstr(ctrl_error_message(), "request 1") && strstr(ctrl_error_message(), "top_p"), "%s",
+              ctrl_error_message());
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
 }
