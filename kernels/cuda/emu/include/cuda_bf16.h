@@ -23,6 +23,8 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     return r;
 }
 
+static inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+
 static inline float __bfloat162float(__nv_bfloat16 h) {
     uint32_t u = (uint32_t)h.bits << 16;
     float f;
