@@ -131,8 +131,14 @@ static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt) {
     for (int i = 0; i < 5; i++) {
         float *h = download(outs[i].dev, outs[i].n, outs[i].dt);
         const double e = test_rel_error_f32(h, outs[i].ref, (long)outs[i].n);
-        CHECK_MSG(e <= tol, "%s %s: T %d (%d seqs) H %d/%d D %d window %d: relative error %.3g",
-                  ctrl_dtype_name(dt), outs[i].name, T, s->n_seqs, H, HK, D, s->window, e);
+        /* A gradient that is zero in exact arithmetic (dq and dk when each query sees one key: the
+         * softmax is constant) is rounding noise in the reference (~1e-7), so a relative error
+         * means nothing there: such outputs pass when they are within 1e-6 absolutely. */
+        double worst = 0;
+        for (size_t z = 0; z < outs[i].n; z++) worst = fmax(worst, fabs((double)h[z] - outs[i].ref[z]));
+        CHECK_MSG(e <= tol || worst <= 1e-6,
+                  "%s %s: T %d (%d seqs) H %d/%d D %d window %d: relative error %.3g (worst abs %.3g)",
+                  ctrl_dtype_name(dt), outs[i].name, T, s->n_seqs, H, HK, D, s->window, e, worst);
         free(h);
     }
     ctrl_cuda_free(dq_in), ctrl_cuda_free(dk_in), ctrl_cuda_free(dv_in), ctrl_cuda_free(ddout),
