@@ -15,11 +15,15 @@
 
 #include "model/model_internal.h"
 
+/* m->views has room for every view a layout can have (ctrl_model_create sizes it); a view past
+ * that is counted, not written, and layout reports the bound as wrong. */
 static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
                      int no_decay) {
-    if (m->n_views == m->cap_views) {
-        m->cap_views = m->cap_views ? 2 * m->cap_views : 64;
-        m->views = realloc(m->views, sizeof *m->views * (size_t)m->cap_views);
+    if (m->n_views >= m->cap_views) {
+        m->n_views++;
+        const size_t at = *cursor;
+        *cursor += (size_t)(d0 * (ndim > 1 ? d1 : 1));
+        return (long)at;
     }
     ctrl_param_view *v = &m->views[m->n_views++];
     snprintf(v->name, sizeof v->name, "%s", name);
@@ -35,7 +39,7 @@ static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, 
 
 /* Lays out every parameter: embeddings, then each layer contiguously, then the final norm and
  * the LM head. With cursor == NULL-like counting this also sizes the buffer. */
-static void layout(ctrl_model *m) {
+static ctrl_status layout(ctrl_model *m) {
     const ctrl_model_config *c = &m->cfg;
     const int C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
@@ -76,6 +80,11 @@ static void layout(ctrl_model *m) {
     m->off_lm_head =
         c->tie_word_embeddings ? m->off_embed : add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
     m->n_params = cur;
+    if (m->n_views > m->cap_views)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: %d parameter views, room for %d (a bug in the layout's bound)",
+                              m->n_views, m->cap_views);
+    return CTRL_OK;
 }
 
 ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
@@ -110,7 +119,11 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate the layout of %d layers",
                               cfg->n_layers);
     }
-    layout(m);
+    ctrl_status st = layout(m);
+    if (st != CTRL_OK) {
+        ctrl_model_free(m);
+        return st;
+    }
     m->params = calloc(m->n_params, sizeof(float));
     m->grads = calloc(m->n_params, sizeof(float));
     if (!m->params || !m->grads) {

@@ -165,7 +165,10 @@ ctrl_status ctrl_safetensors_open(const char *path, ctrl_safetensors **out) {
                               (long long)sb.st_size);
     }
     ctrl_safetensors *st = calloc(1, sizeof *st);
-    st->path = strdup(path);
+    if (!st || !(st->path = strdup(path))) {
+        free(st), close(fd);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    }
     st->size = (size_t)sb.st_size;
     st->map = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
@@ -328,30 +331,42 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
     if (dtype != CTRL_F32 && dtype != CTRL_BF16)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: safetensors are written as F32 or BF16", path);
     ctrl_st_write *sorted = malloc(sizeof *sorted * (size_t)(n ? n : 1));
+    if (!sorted) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
     memcpy(sorted, tensors, sizeof *sorted * (size_t)n);
     qsort(sorted, (size_t)n, sizeof *sorted, cmp_write);
     const size_t esz = ctrl_dtype_size(dtype);
+    /* the header is built whole or not at all: a tensor missing from it would be a corrupt file */
     cJSON *root = cJSON_CreateObject();
+    int built = root != NULL;
     size_t off = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && built; i++) {
         cJSON *t = cJSON_CreateObject();
-        cJSON_AddStringToObject(t, "dtype", dtype == CTRL_F32 ? "F32" : "BF16");
-        cJSON *shape = cJSON_AddArrayToObject(t, "shape");
+        if (!t || !cJSON_AddItemToObject(root, sorted[i].name, t)) { /* root owns t once added */
+            cJSON_Delete(t);
+            built = 0;
+            break;
+        }
+        built = cJSON_AddStringToObject(t, "dtype", dtype == CTRL_F32 ? "F32" : "BF16") != NULL;
+        cJSON *shape = built ? cJSON_AddArrayToObject(t, "shape") : NULL;
+        built = shape != NULL;
         size_t numel = 1;
-        for (int d = 0; d < sorted[i].ndim; d++) {
-            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)sorted[i].shape[d]));
+        for (int d = 0; d < sorted[i].ndim && built; d++) {
+            built = cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)sorted[i].shape[d]));
             numel *= (size_t)sorted[i].shape[d];
         }
-        cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        cJSON *offs = built ? cJSON_AddArrayToObject(t, "data_offsets") : NULL;
+        built = offs && cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
         off += numel * esz;
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        cJSON_AddItemToObject(root, sorted[i].name, t);
+        built = built && cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
     }
-    cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
-    cJSON_AddStringToObject(meta, "format", "pt");
-    char *json = cJSON_PrintUnformatted(root);
+    cJSON *meta = built ? cJSON_AddObjectToObject(root, "__metadata__") : NULL;
+    built = meta && cJSON_AddStringToObject(meta, "format", "pt");
+    char *json = built ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
+    if (!json) {
+        free(sorted);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory building the header", path);
+    }
     size_t hlen = strlen(json), padded = (hlen + 7) & ~(size_t)7; /* data 8-byte aligned, spaces as padding */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());

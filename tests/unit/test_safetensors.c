@@ -1,5 +1,6 @@
 /* safetensors as untrusted input: round trips of the writer, f16/bf16 conversion, and one clear
  * error (never a crash) for each way a header can lie. */
+#include <cJSON.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,6 +124,40 @@ TEST(untrusted_header_edges) {
     *p++ = '}', *p = 0;
     expect_bad("many.st", hdr, 0, 0, "262145 tensors, more than the limit 262144");
     free(hdr);
+}
+
+/* cJSON's allocator, failing from the `budget`-th allocation on (cJSON_InitHooks): the writer's
+ * header running out of memory at every point. */
+static int json_budget;
+static void *json_malloc(size_t n) { return json_budget-- > 0 ? malloc(n) : NULL; }
+
+/* Out of memory anywhere in the header is CTRL_ERR_NOMEM naming the file and nothing written (not
+ * a header missing tensors, nor a crash); with enough memory the file is whole. */
+TEST(writer_out_of_memory_in_the_header) {
+    float a[4] = {1, 2, 3, 4};
+    ctrl_st_write t[2] = {{.name = "w", .data = a, .ndim = 2, .shape = {2, 2}},
+                          {.name = "b", .data = a, .ndim = 1, .shape = {4}}};
+    const char *path = tmp_path("oom.safetensors");
+    int ok = 0;
+    for (int budget = 0; budget < 200 && !ok; budget++) {
+        unlink(path);
+        json_budget = budget;
+        cJSON_InitHooks(&(cJSON_Hooks){.malloc_fn = json_malloc, .free_fn = free});
+        ctrl_status st = ctrl_safetensors_write(path, t, 2, CTRL_F32);
+        cJSON_InitHooks(NULL);
+        ok = st == CTRL_OK;
+        if (!ok) {
+            CHECK_EQ_INT(st, CTRL_ERR_NOMEM);
+            CHECK_CONTAINS(ctrl_error_message(), "oom.safetensors");
+            CHECK_MSG(access(path, F_OK) != 0, "a file was written after running out at allocation %d",
+                      budget);
+        }
+    }
+    CHECK(ok);
+    ctrl_safetensors *st = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &st), CTRL_OK);
+    if (st) CHECK_EQ_INT(ctrl_safetensors_count(st), 2);
+    ctrl_safetensors_close(st);
 }
 
 TEST(malformed_headers) {
