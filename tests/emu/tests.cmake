@@ -63,8 +63,5 @@ if(CTRL_HAVE_CUDA_EMU)
   ctrl_emu_cuda_test(test_cuda_model ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
   ctrl_emu_cuda_test(test_cuda_device)
   ctrl_emu_cuda_test(test_cuda_flash)
-  # Built, not in the suite: test_cuda_paged_emu passes but takes about 6 minutes. Run it by hand:
-  # CTRL_TEST_SMALL=1 build/test_cuda_paged_emu (after the fixture test cuda_emu_plugins ran).
   ctrl_emu_cuda_test(test_cuda_paged ${CMAKE_SOURCE_DIR}/tests/paged_case.c)
-  set_tests_properties(test_cuda_paged_emu PROPERTIES DISABLED TRUE)
 endif()
