@@ -29,14 +29,17 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
                 {"--kv-cache-mb", 1, 1L << 24},
                 {"--max-body-kb", 1, 1L << 22},
                 {"--max-seqs-per-request", 1, 1L << 20},
+                {"--max-queued-seqs", 1, 1L << 24},
                 {"--prefill-chunk", 0, INT_MAX},
                 {"--timeout-s", 1, 86400},
                 {"--max-connections", 1, 65536},
                 {"--max-connections-per-ip", 0, 65536},
                 {"--drain-s", 0, 86400}};
-    int *const dst[] = {
-        &o.port,       NULL,      NULL, &o.max_seqs, &o.prefill_chunk, &o.timeout_s, &o.max_connections,
-        &o.max_per_ip, &o.drain_s};
+    int *const dst[] = {&o.port,       NULL,
+                        NULL,          &o.max_seqs,
+                        &o.max_queued, &o.prefill_chunk,
+                        &o.timeout_s,  &o.max_connections,
+                        &o.max_per_ip, &o.drain_s};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return cli_usage_error(&cli_cmd_serve, "%s needs a value", k);
@@ -83,8 +86,9 @@ const ctrl_command cli_cmd_serve = {
     .usage =
         "usage: ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb 256]\n"
         "                  [--kv-cache-dtype fp32|bf16] [--api-key KEY] [--max-body-kb 1024]\n"
-        "                  [--max-seqs-per-request 4096] [--prefill-chunk 512] [--timeout-s 30]\n"
-        "                  [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n\n"
+        "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
+        "                  [--timeout-s 30]"
+        " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n\n"
         "GET /health, GET /v1/models; POST /generate {\"prompts\": [...] | \"prompt_token_ids\": [[...]], "
         "n,\n"
         "temperature, top_p, top_k, min_p, repetition_penalty, max_tokens, seed} -> {prompt_ids,\n"
@@ -94,7 +98,8 @@ const ctrl_command cli_cmd_serve = {
         "{\"level\": 1|2}, /wake_up, /reset_prefix_cache.\n"
         "Every invalid field (wrong JSON type, out of range, unknown) is a 400 naming it; prompts x n\n"
         "above --max-seqs-per-request and prompt + max_tokens beyond the model's context (or the KV\n"
-        "cache) are 400; bad JSON 400, oversized bodies 413, a missing or wrong API key 401 (--api-key or\n"
+        "cache) are 400; a request that would make more than --max-queued-seqs sequences queued or\n"
+        "running 503; bad JSON 400, oversized bodies 413, a missing or wrong API key 401 (--api-key or\n"
         "CTRL_API_KEY: Authorization: Bearer KEY on everything but /health).\n"
         "A prompt prefills at most --prefill-chunk tokens per engine step (0: no limit), interleaved\n"
         "with the other requests' decoding. Connections idle for --timeout-s, and request bodies not\n"

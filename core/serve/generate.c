@@ -47,6 +47,20 @@ char *serve_decoded(ctrl_server *s, const ctrl_gen_output *g) {
     return txt;
 }
 
+int serve_admit(ctrl_server *s, long n) {
+    pthread_mutex_lock(&s->lock);
+    const int ok = s->seqs + n <= s->opt->max_queued;
+    if (ok) s->seqs += n;
+    pthread_mutex_unlock(&s->lock);
+    return ok;
+}
+
+void serve_release(ctrl_server *s, long n) {
+    pthread_mutex_lock(&s->lock);
+    s->seqs -= n;
+    pthread_mutex_unlock(&s->lock);
+}
+
 unsigned serve_generation_failed(ctrl_server *s) {
     pthread_mutex_lock(&s->lock);
     const int down = s->shutting_down;
@@ -98,8 +112,16 @@ enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const c
         serve_input_free(&in);
         return serve_error(c, bad ? bad : 500, bad ? msg : "out of memory");
     }
-    if (in.stream && kind != SERVE_TRL) return serve_stream(s, c, kind, reqs, &in); /* it owns them now */
     const size_t n_out = (size_t)in.n * (size_t)in.base.n;
+    if (!serve_admit(s, (long)n_out)) {
+        snprintf(msg, sizeof msg,
+                 "the server is busy: %zu more sequences would exceed the %d queued or running "
+                 "(--max-queued-seqs); retry later",
+                 n_out, s->opt->max_queued);
+        free(reqs), serve_input_free(&in);
+        return serve_error(c, 503, msg);
+    }
+    if (in.stream && kind != SERVE_TRL) return serve_stream(s, c, kind, reqs, &in); /* it owns them now */
     ctrl_gen_output *outs = calloc(n_out, sizeof *outs);
     const ctrl_status st = outs ? ctrl_batcher_generate(s->batch, reqs, in.n, outs, NULL, NULL, NULL)
                                 : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
@@ -109,5 +131,6 @@ enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const c
     for (size_t i = 0; outs && i < n_out; i++) ctrl_gen_output_free(&outs[i]);
     free(reqs), free(outs);
     serve_input_free(&in);
+    serve_release(s, (long)n_out);
     return ret;
 }

@@ -26,6 +26,7 @@ typedef struct ctrl_serve_options {
     size_t max_body;     /* bytes of a JSON body (a weights body may be as large as the model in f32) */
     const char *api_key; /* NULL: none */
     int max_seqs;        /* prompts x n of one request */
+    int max_queued;      /* sequences of all requests queued or running (more: 503) */
     int prefill_chunk;   /* the most prompt tokens one sequence prefills per engine step */
     int timeout_s;       /* an idle connection, and a request's whole upload */
     int max_connections; /* in all */

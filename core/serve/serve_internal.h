@@ -29,6 +29,7 @@ typedef struct ctrl_server {
     size_t weights_body;  /* the largest /update_weights body */
     pthread_mutex_t lock; /* in_flight, shutting_down */
     int in_flight;
+    long seqs;         /* sequences of the generation requests admitted and not answered */
     int shutting_down; /* the drain's deadline passed: generations are aborted */
 } ctrl_server;
 
@@ -85,6 +86,10 @@ enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const c
 /* Streams the generation of reqs as SSE; takes reqs and in's prompts. */
 enum MHD_Result serve_stream(ctrl_server *s, struct MHD_Connection *c, int kind, ctrl_gen_request *reqs,
                              serve_input *in);
+/* Admits a request of n sequences while the server holds fewer than max_queued (else 0: a 503);
+ * release gives them back once it is answered. */
+int serve_admit(ctrl_server *s, long n);
+void serve_release(ctrl_server *s, long n);
 /* The HTTP status of a failed generation: 503 once the server is shutting down, else 500. */
 unsigned serve_generation_failed(ctrl_server *s);
 

@@ -19,6 +19,7 @@ void ctrl_serve_options_default(ctrl_serve_options *o) {
                               .kv_cache_bytes = (size_t)256 << 20,
                               .max_body = (size_t)1 << 20,
                               .max_seqs = 4096,
+                              .max_queued = 16384,
                               .prefill_chunk = 512,
                               .timeout_s = 30,
                               .max_connections = 512,

@@ -122,6 +122,7 @@ static void stream_free(void *cls) {
     atomic_store(&st->cancel, 1);
     if (st->started) pthread_join(st->thread, NULL);
     for (int i = 0; st->outs && i < st->n_out; i++) ctrl_gen_output_free(&st->outs[i]);
+    serve_release(st->s, st->n_out); /* admitted by serve_generate */
     serve_input_free(&st->in);
     free(st->reqs), free(st->outs), free(st->sent), free(st->buf);
     pthread_mutex_destroy(&st->lock), pthread_cond_destroy(&st->ready);

@@ -24,7 +24,8 @@ refused() {
   if [ "$code" = 400 ] && grep -qF -- "$2" "$TMP/out"; then ok; else bad "$1: HTTP $code, wanted 400 naming '$2': $(cat "$TMP/out")"; fi
 }
 
-start --max-seqs-per-request 64
+start --max-seqs-per-request 64 --max-queued-seqs 80
+
 # every invalid sampling field: a 400 naming it (these were 500s, or silently ignored)
 refused '{"prompts": ["x"], "temperature": -1}' "temperature"
 refused '{"prompts": ["x"], "temperature": 1e999}' "temperature"
@@ -101,6 +102,18 @@ code=$(post /update_weights --data-binary "@$TMP/nan.st")
 st_body "$TMP/one.st" model.layers.0.post_attention_layernorm.weight F32
 code=$(post /update_weights --data-binary "@$TMP/one.st")
 [ "$code" = 200 ] && [ "$(greedy)" != "$before" ] && ok || bad "the valid tensor alone: $code, output $(greedy)"
+# The sequences of all requests queued or running are bounded: while 64 run, a request of 32 more
+# is a 503 naming --max-queued-seqs, one of 16 is served.
+curl -s -o /dev/null -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "n": 64, "max_tokens": 400}' &
+qpid=$!
+for _ in $(seq 200); do curl -s "localhost:$PORT/health" | grep -q '"requests_in_flight":1' && break; sleep 0.02; done
+sleep 0.2
+code=$(post /generate -d '{"prompts": ["x"], "n": 32, "max_tokens": 2}')
+[ "$code" = 503 ] && grep -q "max-queued-seqs" "$TMP/out" && ok || bad "over --max-queued-seqs: $code $(cat "$TMP/out")"
+code=$(post /generate -d '{"prompts": ["x"], "n": 16, "max_tokens": 2}')
+[ "$code" = 200 ] && ok || bad "within --max-queued-seqs: $code $(cat "$TMP/out")"
+wait $qpid
+
 # A streaming client that disconnects cancels its generation: a request sent a moment later finds
 # the engine idle instead of joining a generation that runs on for nobody (as it did before).
 joined() { curl -s "localhost:$PORT/health" | sed 's/.*"joined_requests":\([0-9]*\).*/\1/'; }
