@@ -166,7 +166,7 @@ code=$(post /generate -d '{"prompts": ["x"], "max_tokens": 2}')
 # One request of many sequences (more than a step's 256 slots) does not hold up a small one sent
 # after it: the small one gets its share of every step and is answered first (it waited for all of
 # them before).
-(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["a", "b"], "n": 512, "max_tokens": 8}' >"$TMP/big"
+(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["a", "b"], "n": 512, "max_tokens": 64}' >"$TMP/big"
   date +%s%N >"$TMP/big_end") &
 bpid=$!
 for _ in $(seq 200); do curl -s "localhost:$PORT/health" | grep -q '"generations":2' && break; sleep 0.02; done
