@@ -4,7 +4,7 @@
 
 #include <ctrl/ctrl.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 
 #define CTRL_CLI_MAX_PLUGIN_DIRS 64
 

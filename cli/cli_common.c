@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "config_load.h"
+#include "config/config_load.h"
 #include "interrupt.h"
 
 ctrl_status cli_plugins(ctrl_cli *cli, ctrl_registry **out) {

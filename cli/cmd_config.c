@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "config_load.h"
+#include "config/config_load.h"
 
 static int check(ctrl_cli *cli, int argc, char **argv) {
     const char *path;

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "config_load.h"
+#include "config/config_load.h"
 
 static int list_plugins(ctrl_registry *reg) {
     int n = ctrl_registry_count(reg);

@@ -5,7 +5,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
-#include "config_load.h"
+#include "config/config_load.h"
 #include "train/train.h"
 
 /* mkdir -p */

@@ -6,7 +6,7 @@
 
 #include <ctrl/config.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 
 static void host_log(ctrl_log_level level, const char *fmt, ...) {
     va_list ap;

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "backend_case.h"
-#include "config_load.h"
+#include "config/config_load.h"
 #include "model/model.h"
 #include "test.h"
 #include "test_registry.h"

@@ -2,9 +2,9 @@
 #ifndef CTRL_TEST_REGISTRY_H
 #define CTRL_TEST_REGISTRY_H
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "model/model.h"
-#include "registry.h"
+#include "registry/registry.h"
 
 /* A registry holding every plugin built into CTRL_PLUGIN_DIR (free with ctrl_registry_destroy). */
 ctrl_registry *test_plugin_registry(void);

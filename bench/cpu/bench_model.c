@@ -17,9 +17,9 @@
 #include <ctrl/attention.h>
 #include <ctrl/memory.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "model/model.h"
-#include "registry.h"
+#include "registry/registry.h"
 
 static double now(void) {
     struct timespec ts;

@@ -8,7 +8,7 @@
 #include <ctrl/attention.h>
 
 #include "bench_common.h"
-#include "registry.h"
+#include "registry/registry.h"
 
 static double time_it(const ctrl_attention_ops *ops, const ctrl_attention_args *a, int backward) {
     double t[5];

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 
 /* One key as it appears in the file (or a --set, or a filled-in default). */
 typedef struct config_entry {

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "generate/engine_internal.h"
 
 static ctrl_status make_pool(ctrl_engine *e) {

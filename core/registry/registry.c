@@ -1,7 +1,7 @@
 /* The plugin registry: descriptors by (kind, name), loaded from shared objects with libltdl or
  * added from statically linked lists. Every problem is one message naming the file; loading
  * goes on with the other files. */
-#include "registry.h"
+#include "registry/registry.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

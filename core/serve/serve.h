@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 
 typedef struct ctrl_serve_options {
     const char *model_dir;

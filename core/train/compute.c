@@ -1,7 +1,7 @@
 /* The training run's compute device (see compute.h). */
 #include <string.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 #include "train/compute.h"
 
 ctrl_status train_compute_select(const char *device, train_compute *c) {

@@ -32,7 +32,7 @@
 
 #include <ctrl/trainer.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "tokenizer/tokenizer.h"
 #include "train/compute.h"
 

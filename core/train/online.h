@@ -12,7 +12,7 @@
 #include <ctrl/trainer.h>
 
 #include "model/model.h"
-#include "config_load.h"
+#include "config/config_load.h"
 #include "tokenizer/tokenizer.h"
 
 /* A prompt dataset: TRL's prompt-only format (`prompt` as text or a message list); every other

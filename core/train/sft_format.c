@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "file_text.h"
 #include "template/chat.h"
 #include "train/sft_format.h"

@@ -9,7 +9,7 @@
 #include <ctrl/config.h>
 
 #include "model/model.h"
-#include "config_load.h"
+#include "config/config_load.h"
 #include "tokenizer/tokenizer.h"
 
 /* One tokenized example: ids and, per position, whether that token is trained (a label). A packed

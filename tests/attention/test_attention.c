@@ -9,7 +9,7 @@
 #include <ctrl/attention.h>
 
 #include "fixture.h"
-#include "registry.h"
+#include "registry/registry.h"
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_eager(void);

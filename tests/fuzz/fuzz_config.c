@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "fuzz_common.h"
 
 #define MAX_OVERRIDES 64

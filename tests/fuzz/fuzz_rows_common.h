@@ -2,7 +2,7 @@
 #ifndef CTRL_FUZZ_ROWS_COMMON_H
 #define CTRL_FUZZ_ROWS_COMMON_H
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "tokenizer/tokenizer.h"
 
 /* tests/fixtures' byte-level BPE (with a ChatML chat template), loaded once. */

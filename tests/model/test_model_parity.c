@@ -14,7 +14,7 @@
 #include "file_text.h"
 #include "model/model.h"
 #include "model/safetensors.h"
-#include "registry.h"
+#include "registry/registry.h"
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_eager(void);

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 #include "test.h"
 
 static ctrl_status load_case(const char *dir, ctrl_registry **out) {

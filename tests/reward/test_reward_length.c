@@ -6,8 +6,8 @@
 
 #include <ctrl/ctrl.h>
 
-#include "config_load.h"
-#include "registry.h"
+#include "config/config_load.h"
+#include "registry/registry.h"
 #include "test.h"
 
 static ctrl_config *load(ctrl_registry *reg, const char *ini) {

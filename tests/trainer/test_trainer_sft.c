@@ -6,7 +6,7 @@
 
 #include <ctrl/trainer.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_sft(void);

@@ -10,8 +10,8 @@
 
 #include <ctrl/ctrl.h>
 
-#include "config_load.h"
-#include "registry.h"
+#include "config/config_load.h"
+#include "registry/registry.h"
 
 static const ctrl_trainer_ops t_trainer_ops = {.size = sizeof(ctrl_trainer_ops)};
 static const ctrl_optimizer_ops t_optimizer_ops = {.size = sizeof(ctrl_optimizer_ops)};

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config_load.h"
+#include "config/config_load.h"
 #include "file_text.h"
 #include "test.h"
 #include "test_registry.h"

@@ -9,7 +9,7 @@
 #include <ctrl/config.h>
 #include <ctrl/option.h>
 
-#include "registry.h"
+#include "registry/registry.h"
 
 /* What loading a run config resolves once, so that no module looks a plugin up by name later:
  * the plugins the config selects (their descriptors, whose `ops` the run uses) and, for each
