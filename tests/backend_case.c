@@ -8,21 +8,14 @@
 #include "model/model.h"
 #include "test.h"
 #include "test_registry.h"
+#include "random_batch.h"
 
 enum { CASE_T = 57 };
 
 /* Three packed sequences from the model's vocabulary. */
 static void make_batch(ctrl_batch *b, int vocab) {
     static int32_t tok[CASE_T], pos[CASE_T], tg[CASE_T], cu[4] = {0, 20, 37, CASE_T};
-    uint32_t x = 777;
-    for (int s = 0; s < 3; s++)
-        for (int t = cu[s]; t < cu[s + 1]; t++) {
-            x = x * 1664525u + 1013904223u;
-            tok[t] = (int32_t)((x >> 8) % (uint32_t)vocab), pos[t] = t - cu[s];
-        }
-    for (int s = 0; s < 3; s++)
-        for (int t = cu[s]; t < cu[s + 1]; t++) tg[t] = t + 1 < cu[s + 1] ? tok[t + 1] : -100;
-    *b = (ctrl_batch){.T = CASE_T, .B = 3, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    random_batch(b, tok, pos, tg, cu, 3, 777, vocab);
 }
 
 typedef struct outputs {

@@ -12,19 +12,12 @@
 #include "model/model.h"
 #include "test_registry.h"
 #include "test.h"
+#include "random_batch.h"
 
 /* Three sequences of 40, 17 and 64 tokens with pseudo-random ids. */
 static void make_batch(ctrl_batch *b, int vocab) {
     static int32_t tok[121], pos[121], tg[121], cu[4] = {0, 40, 57, 121};
-    uint32_t x = 12345;
-    for (int s = 0; s < 3; s++)
-        for (int t = cu[s]; t < cu[s + 1]; t++) {
-            x = x * 1664525u + 1013904223u;
-            tok[t] = (int32_t)((x >> 8) % (uint32_t)vocab), pos[t] = t - cu[s];
-        }
-    for (int s = 0; s < 3; s++)
-        for (int t = cu[s]; t < cu[s + 1]; t++) tg[t] = t + 1 < cu[s + 1] ? tok[t + 1] : -100;
-    *b = (ctrl_batch){.T = 121, .B = 3, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    random_batch(b, tok, pos, tg, cu, 3, 12345, vocab);
 }
 
 typedef struct run {
