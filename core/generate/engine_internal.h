@@ -11,8 +11,9 @@ enum { WAITING, RUNNING, FORK_PENDING, FINISHED };
 /* A request while it runs: the caller's request (its prompt stays the caller's until it finishes). */
 typedef struct gen_req {
     ctrl_gen_request r;
-    int left; /* samples not finished */
-    int refs; /* sequences still pointing here */
+    const ctrl_gen_output *outs; /* its r.n outputs, as added (what ctrl_engine_cancel names) */
+    int left;                    /* samples not finished */
+    int refs;                    /* sequences still pointing here */
 } gen_req;
 
 typedef struct gen_seq {

@@ -61,7 +61,7 @@ ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_
     }
     gen_req *rq = calloc(1, sizeof *rq);
     if (!rq) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
-    rq->r = *r, rq->left = r->n;
+    rq->r = *r, rq->outs = outs, rq->left = r->n;
     const int first = e->n;
     for (int k = 0; k < r->n; k++) {
         gen_seq *s = &e->seqs[e->n++];
@@ -97,12 +97,12 @@ void ctrl_engine_abort(ctrl_engine *e) {
 }
 
 void ctrl_engine_cancel(ctrl_engine *e, const ctrl_gen_output *outs) {
-    gen_req *rq = NULL;
-    for (int i = 0; i < e->n && !rq; i++)
-        if (e->seqs[i].out == outs) rq = e->seqs[i].rq;
-    for (int i = 0; rq && i < e->n; i++) {
+    /* matched by the request's outputs, not by its first sample's sequence: that one may have
+     * finished and left while its siblings still run (they wrote into freed outputs after a cancel) */
+    for (int i = 0; i < e->n; i++) {
         gen_seq *s = &e->seqs[i];
-        if (s->rq != rq || s->state == FINISHED) continue;
+        gen_req *rq = s->rq;
+        if (rq->outs != outs || s->state == FINISHED) continue;
         s->state = FINISHED; /* leaves at the next step */
         ctrl_kv_seq_release(e->kv, &s->kv);
         if (--rq->left == 0 && rq->r.on_finish) rq->r.on_finish(rq->r.finish_ctx);

@@ -389,3 +389,50 @@ TEST(a_request_with_bad_sampling_is_refused_alone) {
     ctrl_engine_free(e);
     ctrl_model_free(m);
 }
+
+static void count_finish(void *ctx) { ++*(int *)ctx; }
+
+/* Cancelling a request stops every one of its samples, also after its first sample has finished
+ * and left the engine (the cancel found the request through that sample alone, so the others ran on
+ * into outputs their caller had freed: ctrl serve crashed when a streaming client left). */
+TEST(cancel_stops_every_sample_after_the_first_has_left) {
+    fixture_case cases[2];
+    ctrl_model *m = load("qwen2", cases);
+    ctrl_engine *e;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    enum { N = 8 };
+    ctrl_gen_request r = {.prompt = cases[0].prompt,
+                          .prompt_len = cases[0].len,
+                          .n = N,
+                          .max_tokens = 12,
+                          .sampling = {.temperature = 1, .top_p = 1, .repetition_penalty = 1},
+                          .seed = 11};
+    ctrl_gen_output alone[N], got[N];
+    CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, alone, NULL, NULL), CTRL_OK);
+    /* a stop id that ends sample 0 at its second token while some other sample runs on past it */
+    int32_t stop = alone[0].ids[1];
+    int other = -1;
+    for (int k = 1; k < N && other < 0; k++) {
+        int has = 0;
+        for (int t = 0; t < alone[k].len; t++) has |= alone[k].ids[t] == stop;
+        if (!has) other = k;
+    }
+    CHECK_MSG(alone[0].ids[0] != stop && other > 0, "no sample runs past sample 0's stop token");
+    for (int k = 0; k < N; k++) ctrl_gen_output_free(&alone[k]);
+    int finished = 0;
+    r.stop_ids = &stop, r.n_stop = 1, r.on_finish = count_finish, r.finish_ctx = &finished;
+    CHECK_EQ_INT(ctrl_engine_add(e, &r, got), CTRL_OK);
+    int active = 1, steps = 0;
+    while (!got[0].stopped && steps++ < 16) CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK); /* sample 0 leaves the engine */
+    CHECK(got[0].stopped && got[other].len < 12 && active);
+    int len[N];
+    for (int k = 0; k < N; k++) len[k] = got[k].len;
+    ctrl_engine_cancel(e, got);
+    CHECK_EQ_INT(finished, 1);
+    while (active) CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
+    for (int k = 0; k < N; k++) CHECK_MSG(got[k].len == len[k], "sample %d grew after the cancel", k);
+    for (int k = 0; k < N; k++) ctrl_gen_output_free(&got[k]);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
