@@ -94,8 +94,8 @@ static const ctrl_option train_options[] = {
     {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
      "Compute dtype (master weights, gradients and optimizer state stay fp32). bf16 on the CPU: the linear "
      "projections in bf16 with fp32 accumulation (AVX-512 BF16 where the CPU has it), as torch.autocast; "
-     "fp16: "
-     "not on the CPU; the CUDA model computes in fp32 so far."},
+     "on CUDA the same with bf16 cuBLASLt GEMMs where libctrl_cuda has them (refused naming this key where "
+     "not); fp16: not supported."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
     {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL,

@@ -1,5 +1,7 @@
 /* `[run] device` (see cuda_backend.h): libctrl_cuda.so is looked for beside libctrl (the build
- * tree and the install prefix both keep them together), then on the loader's path. */
+ * tree and the install prefix both keep them together), then on the loader's path; the
+ * environment variable CTRL_CUDA_LIBRARY, when set, names the library to load instead (the CUDA
+ * emulator's tests point it at build/cuda-emu/libctrl_cuda.so, kernels/cuda/emu/README.md). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -17,7 +19,13 @@ static const ctrl_cuda_backend *load_backend(char *why, size_t cap) {
     Dl_info self;
     char path[4200];
     void *h = NULL;
-    if (dladdr((void *)ctrl_device_select, &self) && self.dli_fname) {
+    const char *forced = getenv("CTRL_CUDA_LIBRARY");
+    if (forced && *forced) {
+        if (!(h = dlopen(forced, RTLD_NOW | RTLD_LOCAL))) {
+            snprintf(why, cap, "CTRL_CUDA_LIBRARY=%s: %s", forced, dlerror());
+            return NULL;
+        }
+    } else if (dladdr((void *)ctrl_device_select, &self) && self.dli_fname) {
         const char *slash = strrchr(self.dli_fname, '/');
         const int n = slash ? (int)(slash - self.dli_fname) : 0;
         snprintf(path, sizeof path, "%.*s/libctrl_cuda.so", n, self.dli_fname);

@@ -11,19 +11,19 @@ ctrl_status train_compute_select(const char *device, train_compute *c) {
 
 ctrl_status train_compute_attach(train_compute *c, ctrl_model *model, const char *dtype,
                                  const ctrl_memory_ops *mem_ops, const ctrl_config *cfg) {
+    if (strcmp(dtype, "fp16") == 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "[train] dtype = fp16: not supported (use bf16 or fp32)");
     ctrl_status st = CTRL_OK;
     if (c->cuda) {
         if (!c->cuda->ops)
             return ctrl_error_set(CTRL_ERR_DEVICE, "[run] device: libctrl_cuda.so has no model ops");
-        if (strcmp(dtype, "fp32") != 0) /* fp32 on the device so far (issue 20 brings bf16) */
-            CTRL_WARN("[train] dtype = %s: the CUDA backend computes in fp32 so far", dtype);
         st = ctrl_model_to_device(model, c->cuda->ops, c->device);
-    } else if (strcmp(dtype, "fp16") == 0) {
-        return ctrl_error_set(CTRL_ERR_CONFIG,
-                              "[train] dtype = fp16: not supported on the CPU (use bf16 or fp32)");
-    } else {
-        st = ctrl_model_set_compute_dtype(model, strcmp(dtype, "bf16") == 0 ? CTRL_BF16 : CTRL_F32);
     }
+    /* bf16 where the backend has its ops; refused naming the key where it does not */
+    if (st == CTRL_OK)
+        st = ctrl_model_set_compute_dtype(model, strcmp(dtype, "bf16") == 0 ? CTRL_BF16 : CTRL_F32);
+    if (st != CTRL_OK && strcmp(dtype, "bf16") == 0)
+        return ctrl_error_wrap(st, "[train] dtype = bf16 (fp32 runs everywhere)");
     if (st != CTRL_OK || !mem_ops) return st;
     st = mem_ops->create(ctrl_host_table(), cfg, ctrl_model_cfg(model)->n_layers, &c->mem);
     if (st == CTRL_OK) c->mem_ops = mem_ops, st = ctrl_model_set_memory(model, mem_ops, c->mem);

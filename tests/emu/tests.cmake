@@ -64,4 +64,9 @@ if(CTRL_HAVE_CUDA_EMU)
   ctrl_emu_cuda_test(test_cuda_device)
   ctrl_emu_cuda_test(test_cuda_flash)
   ctrl_emu_cuda_test(test_cuda_paged ${CMAKE_SOURCE_DIR}/tests/paged_case.c)
+  # SFT against TRL's curves with `[run] device = cuda`: the real device selection dlopens the
+  # emulated libctrl_cuda.so that CTRL_CUDA_LIBRARY names.
+  ctrl_emu_cuda_test(test_cuda_train)
+  set_tests_properties(test_cuda_train_emu PROPERTIES ENVIRONMENT
+                       "CTRL_TEST_SMALL=1;CTRL_CUDA_LIBRARY=$<TARGET_FILE:ctrl_cuda_emu>")
 endif()

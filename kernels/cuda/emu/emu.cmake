@@ -1,6 +1,7 @@
 # The CUDA emulator build (kernels/cuda/emu/README.md): the project's own .cu sources, rewritten
 # only at their launches, compiled as host C++ against kernels/cuda/emu/include, into
-# ctrl_cuda_emu, a static library with the same ctrl_cuda_* API as ctrl_cuda. Only tests link it.
+# ctrl_cuda_emu, build/cuda-emu/libctrl_cuda.so, with the same ctrl_cuda_* API as ctrl_cuda. Only
+# tests use it.
 option(CTRL_CUDA_EMU "Build the CUDA emulator and run the CUDA tests under it (needs a C++17 compiler)" ON)
 set(CTRL_HAVE_CUDA_EMU OFF)
 if(CTRL_CUDA_EMU)
@@ -48,7 +49,12 @@ if(CTRL_HAVE_CUDA_EMU)
   add_library(ctrl_cuda_emu_rt SHARED ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_cublaslt.cpp)
   ctrl_emu_target(ctrl_cuda_emu_rt)
   target_link_libraries(ctrl_cuda_emu_rt PRIVATE ctrl_openblas)
-  add_library(ctrl_cuda_emu STATIC ${CTRL_EMU_KERNEL_CPP} ${CTRL_EMU_HOST_SOURCES})
+  # The emulated libctrl_cuda.so, in build/cuda-emu/ (not beside libctrl, where the real one is):
+  # the emulated tests link it, and device selection dlopens it when CTRL_CUDA_LIBRARY names it
+  # (test_cuda_train_emu), so the real `[run] device = cuda` path runs on the emulator.
+  add_library(ctrl_cuda_emu SHARED ${CTRL_EMU_KERNEL_CPP} ${CTRL_EMU_HOST_SOURCES})
+  set_target_properties(ctrl_cuda_emu PROPERTIES OUTPUT_NAME ctrl_cuda
+                        LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-emu)
   ctrl_emu_target(ctrl_cuda_emu)
   target_include_directories(ctrl_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/core ${CMAKE_SOURCE_DIR}/kernels
                                                    ${CJSON_INCLUDE_DIR})
