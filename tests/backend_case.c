@@ -124,3 +124,45 @@ void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const ch
     if (mem) mops->destroy(mem);
     ctrl_registry_destroy(reg);
 }
+
+/* The score head (sequence classification) on `be` against the CPU: tests/fixtures/score/ARCH's
+ * classifier scores a packed batch (one sequence ending in pad tokens) and takes dL/dscores back. */
+void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/score/%s", CTRL_FIXTURE_DIR, arch);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    CHECK(attn != NULL);
+    ctrl_batch b;
+    make_batch(&b, 100);
+    ((int32_t *)b.tokens)[CASE_T - 1] = ((int32_t *)b.tokens)[CASE_T - 2] = 0; /* the pad token, twice */
+    const float dscores[3] = {0.7f, -1.3f, 0.4f};
+    float scores[2][3], *grads[2] = {NULL, NULL};
+    size_t n = 0;
+    for (int side = 0; attn && side < 2; side++) {
+        ctrl_model *m = NULL;
+        int ok = ctrl_model_load(dir, attn->plugin->ops, &m) == CTRL_OK;
+        if (ok && side == 1) ok = ctrl_model_to_device(m, be, device) == CTRL_OK;
+        ok = ok && ctrl_model_zero_grad(m) == CTRL_OK &&
+             ctrl_model_score_forward(m, &b, scores[side]) == CTRL_OK &&
+             ctrl_model_score_backward(m, dscores) == CTRL_OK && ctrl_model_grads_to_host(m) == CTRL_OK;
+        CHECK_MSG(ok, "%s score on %s: %s", arch, side ? be->name : "cpu", ctrl_error_message());
+        const float *g = ok ? ctrl_model_grads(m, &n) : NULL;
+        if (g && (grads[side] = malloc(sizeof(float) * n))) memcpy(grads[side], g, sizeof(float) * n);
+        ctrl_model_free(m);
+    }
+    if (grads[0] && grads[1]) {
+        const double es = test_rel_error_f32(scores[1], scores[0], 3),
+                     eg = test_rel_error_f32(grads[1], grads[0], (long)n);
+        if (tol == 0)
+            CHECK_MSG(same(scores[1], scores[0], sizeof scores[0]) &&
+                          same(grads[1], grads[0], sizeof(float) * n),
+                      "%s score on %s: differs from the cpu", arch, be->name);
+        else
+            CHECK_MSG(es <= tol && eg <= tol, "%s score on %s: scores rel %.3g, gradients rel %.3g", arch,
+                      be->name, es, eg);
+        printf("  %-8s score on %s vs cpu: scores rel %.1e, gradients rel %.1e\n", arch, be->name, es, eg);
+    }
+    free(grads[0]), free(grads[1]);
+    ctrl_registry_destroy(reg);
+}

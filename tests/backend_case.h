@@ -18,5 +18,8 @@
  * gradient); 0 requires bit-identical results (accuracy flags too). CHECKs and prints the worst. */
 void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch,
                         const char *attention, int checkpointing, double tol_logp, double tol_grad);
+/* The sequence-classification head (tests/fixtures/score/ARCH) on `be` against the CPU: scores and
+ * every gradient within `tol` relative (0: bit-identical). */
+void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
 
 #endif

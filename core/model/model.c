@@ -77,8 +77,12 @@ static ctrl_status layout(ctrl_model *m) {
 #undef V
     }
     m->off_norm = add_view(m, &cur, "model.norm.weight", 1, C, 0, 1);
-    m->off_lm_head =
-        c->tie_word_embeddings ? m->off_embed : add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
+    m->off_score = m->off_lm_head = -1; /* a sequence classifier has the score, not the LM head */
+    if (c->num_labels > 0)
+        m->off_score = add_view(m, &cur, "score.weight", 2, c->num_labels, C, 0);
+    else
+        m->off_lm_head = c->tie_word_embeddings ? m->off_embed
+                                                : add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
     m->n_params = cur;
     if (m->n_views > m->cap_views)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
@@ -365,8 +369,7 @@ static ctrl_status keep_batch(ctrl_model *m, const ctrl_batch *b) {
  * accumulated, dL/d(final norm output) kept in head_dh for ctrl_model_backward(m, NULL). Per-token
  * inputs and outputs are the caller's host buffers: with host memory the ops use them as they are,
  * a device stages them (model_stage). */
-static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
-                           float *entropy, int32_t *correct) {
+ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     const ctrl_backend_ops *be = m->be;
     const ctrl_model_config *c = &m->cfg;
     if (!m->attn)
@@ -389,7 +392,19 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
                                       model_plugin_attention, NULL));
         if (m->mem_ops && m->mem_ops->after_forward) MODEL_TRY(m->mem_ops->after_forward(m->mem, l));
     }
-    MODEL_TRY(be->rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps));
+    return be->rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps);
+}
+
+static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,
+                           float *entropy, int32_t *correct) {
+    const ctrl_backend_ops *be = m->be;
+    if (m->off_lm_head < 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: a sequence classifier (%d labels) has no LM head to give log-probs "
+                              "(its scores come from ctrl_model_score_forward)",
+                              m->cfg.num_labels);
+    MODEL_TRY(model_trunk_forward(m, b));
+    const int T = b->T, C = m->cfg.hidden_size;
     ctrl_head_args ha = model_head_args(m);
     const int fused = dlogp != NULL && ctrl_backend_has(be, head_forward_backward);
     MODEL_TRY(model_grow(m, &m->head_ws, &m->head_ws_bytes,

@@ -41,11 +41,18 @@ typedef struct ctrl_model ctrl_model;
 ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn, ctrl_model **out);
 /* config.json + model.safetensors (or the shards of model.safetensors.index.json). */
 ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
+/* DIR's weights into a model of shape *cfg (DIR's config.json, or it with another head: a causal
+ * LM's trunk under a score); a tensor of the model DIR lacks is an error, except the one named
+ * `optional` (NULL: none), which is left zero. */
+ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                               const char *optional, ctrl_model **out);
 void ctrl_model_free(ctrl_model *m);
 /* Every parameter under its HF name into one safetensors file (CTRL_F32 or CTRL_BF16), atomically. */
 ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype dtype);
 /* transformers' initialisation: weights ~ N(0, std) (initializer_range, 0.02), biases 0, norms 1. */
 void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std);
+/* View i (ctrl_model_view) alone ~ N(0, std), from the same stream ctrl_model_init_random gives it. */
+void ctrl_model_init_view(ctrl_model *m, int i, uint64_t seed, float std);
 /* Writes DIR/config.json, model.safetensors (CTRL_F32 or CTRL_BF16) and generation_config.json. */
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype);
 
@@ -115,5 +122,26 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
 /* Zeroes the gradients (on the device too). */
 ctrl_status ctrl_model_zero_grad(ctrl_model *m);
+
+/* Sequence classification (model_score.c; a model whose config has num_labels > 0, as transformers'
+ * *ForSequenceClassification): the trunk's final hidden states times `score` [num_labels, hidden]
+ * (no bias), read at one token per sequence -- transformers' rule, ctrl_model_score_index -- and no
+ * LM head computed at all. */
+/* A classifier from DIR: its config.json's *ForSequenceClassification with score.weight, or a
+ * causal LM's trunk under a new score of num_labels rows initialised as transformers does (normal,
+ * std = initializer_range, from `seed`); num_labels must match a classifier's. */
+ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                       uint64_t seed, ctrl_model **out);
+/* The token of a sequence its score is read at: the last one that is not pad_token_id (the
+ * rightmost non-pad token; 0 when all are pad), or the last one when the config has no pad token --
+ * what transformers does on a padded row holding this sequence. */
+int ctrl_model_score_index(const ctrl_model *m, const int32_t *tokens, int len);
+/* The pad token the rule skips (-1: none); saved in config.json, as TRL sets the model's. */
+void ctrl_model_set_pad_token_id(ctrl_model *m, int pad_token_id);
+/* scores[b * num_labels + k] for each sequence b of the batch (its targets are not read; may be NULL);
+ * keeps what ctrl_model_score_backward needs. */
+ctrl_status ctrl_model_score_forward(ctrl_model *m, const ctrl_batch *batch, float *scores);
+/* Accumulates dL/dparams (score and trunk) from dL/dscores [B * num_labels] of the last score forward. */
+ctrl_status ctrl_model_score_backward(ctrl_model *m, const float *dscores);
 
 #endif

@@ -66,6 +66,9 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
     if (T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: backward without a forward");
+    if (dlogp && m->off_lm_head < 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: a sequence classifier has no LM head to take dL/dlogp");
     if (!dlogp && !m->head_dh_ready)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: backward without dL/dlogp after a forward that was not fused");

@@ -130,7 +130,10 @@ uint64_t ctrl_model_config_param_count(const ctrl_model_config *c) {
                    KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, D = (uint64_t)c->head_dim;
     const uint64_t layer = 2 * C + QD * C + 2 * KD * C + C * QD + 3 * I * C +
                            (c->qkv_bias ? QD + 2 * KD : 0) + (c->qk_norm ? 2 * D : 0);
-    return (uint64_t)c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) + C + layer * (uint64_t)c->n_layers;
+    /* a sequence classifier has the score [num_labels, C] where a causal LM has its LM head */
+    const uint64_t head = c->num_labels > 0 ? (uint64_t)c->num_labels * C
+                                            : (c->tie_word_embeddings ? 0 : (uint64_t)c->vocab_size * C);
+    return (uint64_t)c->vocab_size * C + head + C + layer * (uint64_t)c->n_layers;
 }
 
 /* The shape's own consistency, and its products bounded (each below 2^40 and in the limits). */
@@ -153,6 +156,30 @@ static ctrl_status check_shape(const char *file, const ctrl_model_config *c) {
                               "%s: the shape makes %llu parameters, more than the limit %llu", file,
                               (unsigned long long)n, (unsigned long long)CTRL_MODEL_MAX_PARAMS);
     return CTRL_OK;
+}
+
+/* *ForSequenceClassification (the first of `architectures`): num_labels from id2label, as
+ * transformers derives it (else num_labels, else its default of 2); any other class is a causal LM. */
+static ctrl_status read_num_labels(reader *rd, const cJSON *root, ctrl_model_config *c) {
+    const cJSON *archs = field(root, "architectures");
+    const cJSON *first = cJSON_IsArray(archs) ? archs->child : NULL;
+    const char *name = cJSON_IsString(first) ? first->valuestring : "";
+    const char *suffix = "ForSequenceClassification";
+    const size_t n = strlen(name), k = strlen(suffix);
+    c->num_labels = 0;
+    if (n <= k || strcmp(name + n - k, suffix)) return CTRL_OK;
+    const cJSON *id2label = field(root, "id2label");
+    if (cJSON_IsObject(id2label))
+        c->num_labels = cJSON_GetArraySize(id2label);
+    else
+        c->num_labels = get_int(rd, root, "num_labels", 2, 1, CTRL_MODEL_MAX_LABELS);
+    if (rd->st == CTRL_OK && (c->num_labels < 1 || c->num_labels > CTRL_MODEL_MAX_LABELS))
+        rd->st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: %s with %d labels (1 to %d)", rd->file, name,
+                                c->num_labels, CTRL_MODEL_MAX_LABELS);
+    if (rd->st == CTRL_OK && field(root, "pad_token_id") && c->pad_token_id < 0)
+        rd->st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: pad_token_id is not a token id below vocab_size (%d)",
+                                rd->file, c->vocab_size);
+    return rd->st;
 }
 
 static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config *out) {
@@ -207,8 +234,18 @@ static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config 
     if (!use_sw) c.sliding_window = 0;
     c.bos_token_id = get_token(rd, root, "bos_token_id", c.vocab_size);
     c.eos_token_id = get_token(rd, root, "eos_token_id", c.vocab_size);
+    /* read leniently (causal LMs' configs carry odd values here that nothing uses); a sequence
+     * classifier's is checked in read_num_labels */
+    const cJSON *pad = field(root, "pad_token_id");
+    c.pad_token_id = cJSON_IsNumber(pad) && pad->valuedouble >= 0 && pad->valuedouble < c.vocab_size &&
+                             pad->valuedouble == floor(pad->valuedouble)
+                         ? (int)pad->valuedouble
+                         : -1;
+    c.initializer_range = (float)get_num(rd, root, "initializer_range", 0.02, 0, 1);
     if (rd->st != CTRL_OK) return rd->st;
-    ctrl_status st = parse_rope(rd, root, &c);
+    ctrl_status st = read_num_labels(rd, root, &c);
+    if (st != CTRL_OK) return st;
+    st = parse_rope(rd, root, &c);
     if (st == CTRL_OK) st = check_shape(rd->file, &c);
     if (st == CTRL_OK) *out = c;
     return st;

@@ -22,6 +22,12 @@ typedef struct ctrl_model_config {
     int sliding_window; /* 0 = none */
     ctrl_rope_params rope;
     int bos_token_id, eos_token_id;
+    /* Sequence classification (*ForSequenceClassification, model_score.c): num_labels > 0 means the
+     * model ends in `score` [num_labels, hidden] read at each sequence's last non-pad token and has
+     * no LM head; 0 is a causal LM. pad_token_id (-1: none) is the token transformers' rule skips. */
+    int num_labels;
+    int pad_token_id;
+    float initializer_range; /* transformers' init std (0.02 when config.json has none) */
 } ctrl_model_config;
 
 /* What config.json may ask for (checked where read, each named in the error). The largest public
@@ -35,6 +41,7 @@ typedef struct ctrl_model_config {
 #define CTRL_MODEL_MAX_ATTN_WIDTH 1048576 /* num_attention_heads × head_dim */
 #define CTRL_MODEL_MAX_VOCAB 16777216
 #define CTRL_MODEL_MAX_POSITIONS 16777216
+#define CTRL_MODEL_MAX_LABELS 65536
 #define CTRL_MODEL_MAX_PARAMS (1ull << 40) /* a shape bound; the memory check comes at allocation */
 
 /* Reads DIR/config.json (or a config.json path). Unknown architectures and missing required

@@ -130,6 +130,9 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     if (!m->paged)
         return ctrl_error_set(CTRL_ERR_PLUGIN,
                               "decode: no paged attention plugin (the `paged` plugin decodes)");
+    if (m->off_lm_head < 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "decode: a sequence classifier has no LM head to decode with");
     if (!m->be->host_memory) /* the KV cache and the engine's buffers are host memory so far */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "decode: a model on %s does not decode yet", m->be->name);
     int T = 0, max_pos = 0;

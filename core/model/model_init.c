@@ -15,6 +15,16 @@ static uint64_t splitmix64(uint64_t *s) {
 
 static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
+/* N(0, std) values, one stream per tensor (its view index). */
+static void normal_fill(float *x, int64_t n, uint64_t seed, int view, float std) {
+    uint64_t s = seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(view + 1));
+    for (int64_t k = 0; k < n; k += 2) {
+        double u1 = uniform01(&s), u2 = uniform01(&s), r = sqrt(-2.0 * log(u1));
+        x[k] = (float)(std * r * cos(2 * M_PI * u2));
+        if (k + 1 < n) x[k + 1] = (float)(std * r * sin(2 * M_PI * u2));
+    }
+}
+
 void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
     float *p = ctrl_model_params(m, NULL);
     for (int i = 0; i < ctrl_model_view_count(m); i++) {
@@ -29,13 +39,15 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
         } else if (is_bias) {
             memset(x, 0, sizeof(float) * (size_t)v->numel);
         } else {
-            uint64_t s = seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)); /* one stream per tensor */
-            for (int64_t k = 0; k < v->numel; k += 2) {
-                double u1 = uniform01(&s), u2 = uniform01(&s), r = sqrt(-2.0 * log(u1));
-                x[k] = (float)(std * r * cos(2 * M_PI * u2));
-                if (k + 1 < v->numel) x[k + 1] = (float)(std * r * sin(2 * M_PI * u2));
-            }
+            normal_fill(x, v->numel, seed, i, std);
         }
     }
     ctrl_model_weights_changed(m); /* a model on a device copies them there before its next forward */
+}
+
+void ctrl_model_init_view(ctrl_model *m, int i, uint64_t seed, float std) {
+    const ctrl_param_view *v = ctrl_model_view(m, i);
+    if (!v) return;
+    normal_fill(ctrl_model_params(m, NULL) + v->offset, v->numel, seed, i, std);
+    ctrl_model_weights_changed(m);
 }

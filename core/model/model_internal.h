@@ -64,7 +64,8 @@ struct ctrl_model {
     size_t n_params;
     ctrl_param_view *views;
     int n_views, cap_views;
-    long off_embed, off_norm, off_lm_head;
+    long off_embed, off_norm, off_lm_head; /* off_lm_head -1: a sequence classifier */
+    long off_score;                        /* -1: a causal LM (model_score.c) */
     layer_offsets *layers;
     /* backend: RoPE tables [rope_len, head_dim/2] */
     float *cos_tab, *sin_tab;
@@ -132,6 +133,9 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T);
  * KV cache in decoding. */
 typedef ctrl_status (*model_attention_fn)(ctrl_model *m, int l, layer_acts *a, void *ctx);
 ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx);
+/* The forward up to the final norm (m->lnf), keeping the batch and all backward needs; the heads
+ * (the fused LM head in model.c, the score in model_score.c) run on top of it. */
+ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b);
 /* RoPE tables covering positions [0, max_pos). */
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos);
 /* The attention plugin's arguments for layer activations `a` over the kept batch, and the training

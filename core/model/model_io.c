@@ -131,8 +131,14 @@ ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctr
     ctrl_model_config cfg;
     ctrl_status st = ctrl_model_config_load(dir, &cfg);
     if (st != CTRL_OK) return st;
+    return ctrl_model_load_as(dir, &cfg, attn, NULL, out);
+}
+
+ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                               const char *optional, ctrl_model **out) {
     ctrl_model *m;
-    if ((st = ctrl_model_create(&cfg, attn, &m)) != CTRL_OK) return st;
+    ctrl_status st = ctrl_model_create(cfg, attn, &m);
+    if (st != CTRL_OK) return st;
     shard_set shards = {0};
     if ((st = shards_open(dir, &shards)) != CTRL_OK) {
         ctrl_model_free(m);
@@ -144,6 +150,7 @@ ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctr
         const tensor_ref *ref = find_ref(&shards, v->name);
         const ctrl_safetensors *file = ref ? shards.files[ref->shard] : NULL;
         const ctrl_st_tensor *t = ref ? ref->t : NULL;
+        if (!t && optional && !strcmp(v->name, optional)) continue; /* left zero for the caller */
         if (!t) {
             st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: the weights have no tensor '%s'", dir, v->name);
             break;

@@ -30,14 +30,27 @@ static ctrl_status write_text_atomic(const char *path, const char *text) {
     return CTRL_OK;
 }
 
-static const char *const arch_class[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                         "MistralForCausalLM"};
+static const char *const arch_name[] = {"Llama", "Qwen2", "Qwen3", "Mistral"};
 static const char *const rope_names[] = {"default", "linear", "llama3", "yarn", "dynamic"};
 
 static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(archs, cJSON_CreateString(arch_class[c->arch]));
+    char cls[64];
+    snprintf(cls, sizeof cls, "%sFor%s", arch_name[c->arch],
+             c->num_labels > 0 ? "SequenceClassification" : "CausalLM");
+    cJSON_AddItemToArray(archs, cJSON_CreateString(cls));
+    if (c->num_labels > 0) { /* transformers derives num_labels from id2label */
+        cJSON *id2label = cJSON_AddObjectToObject(o, "id2label"),
+              *label2id = cJSON_AddObjectToObject(o, "label2id");
+        for (int i = 0; i < c->num_labels; i++) {
+            char id[16], label[32];
+            snprintf(id, sizeof id, "%d", i), snprintf(label, sizeof label, "LABEL_%d", i);
+            cJSON_AddStringToObject(id2label, id, label);
+            cJSON_AddNumberToObject(label2id, label, i);
+        }
+        if (c->pad_token_id >= 0) cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    }
     cJSON_AddStringToObject(o, "model_type", c->model_type);
     cJSON_AddNumberToObject(o, "hidden_size", c->hidden_size);
     cJSON_AddNumberToObject(o, "intermediate_size", c->intermediate_size);

@@ -37,3 +37,10 @@ TEST(model_with_checkpointing_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
     compare(1);
 }
+
+/* The sequence-classification head (reward models) through the same ops table. */
+TEST(score_head_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    backend_score_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);
+    backend_score_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "llama", 1e-5);
+}

@@ -12,6 +12,7 @@
 #include <ctrl/attention.h>
 
 #include "file_text.h"
+#include "json_file.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "registry/registry.h"
@@ -35,15 +36,6 @@ static float *float_array(const cJSON *root, const char *key, int n) {
     int i = 0;
     for (const cJSON *e = a ? a->child : NULL; e && i < n; e = e->next) out[i++] = (float)e->valuedouble;
     return out;
-}
-
-static cJSON *json_file(const char *path) {
-    ctrl_status st;
-    char *text = ctrl_read_text_file(path, 1 << 20, &st);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK_MSG(root != NULL, "%s: %s", path, ctrl_error_message());
-    return root;
 }
 
 /* A gradients file of transformers' in the model's flat layout (every tensor read by name). */

@@ -11,3 +11,12 @@ set_tests_properties(test_model_parity PROPERTIES LABELS parity TIMEOUT 300)
 # bf16 once more on the portable path (where the CPU has AVX-512 BF16, the run above takes that one).
 add_test(NAME test_model_parity_portable COMMAND test_model_parity)
 set_tests_properties(test_model_parity_portable PROPERTIES LABELS parity ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 300)
+# The sequence-classification head against transformers (tests/reference/make_score_fixtures.py).
+add_executable(test_score ${CMAKE_SOURCE_DIR}/tests/model/test_score.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
+               $<TARGET_OBJECTS:test_attention_eager>)
+target_include_directories(test_score PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
+                           ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+target_compile_definitions(test_score PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
+target_link_libraries(test_score PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C ctrl_openblas m)
+add_test(NAME test_score COMMAND test_score)
+set_tests_properties(test_score PROPERTIES LABELS parity TIMEOUT 120)

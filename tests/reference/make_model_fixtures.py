@@ -13,6 +13,7 @@ import os
 import torch
 import transformers
 from safetensors.torch import save_file
+from fixture_io import randomize_params
 from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config, AutoModelForCausalLM
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "models")
@@ -41,13 +42,7 @@ def main():
             pass
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         model.config._attn_implementation = "eager"
-        # Random, not the init's near-zero values, so that every path carries signal.
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
-                else:
-                    p.copy_(0.08 * torch.randn_like(p))
+        randomize_params(model, torch)
         model.eval()
         d = os.path.join(OUT, arch)
         os.makedirs(d, exist_ok=True)

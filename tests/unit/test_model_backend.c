@@ -147,6 +147,12 @@ static void compare_on_staged(const char *arch, const char *attention, int check
 
 TEST(staged_backend_matches_cpu_llama) { compare_on_staged("llama", "flash", 0); }
 TEST(staged_backend_matches_cpu_qwen2_eager) { compare_on_staged("qwen2", "eager", 0); }
+TEST(staged_backend_scores_as_the_cpu) {
+    const ctrl_backend_ops *be = staged();
+    stray = 0;
+    backend_score_check(be, (ctrl_device){CTRL_DEVICE_CPU, 0}, "qwen2", 0);
+    CHECK_MSG(stray == 0, "score: %d pointers handed to the backend's ops were not its memory", stray);
+}
 TEST(staged_backend_matches_cpu_qwen3_checkpointing) { compare_on_staged("qwen3", "flash", 1); }
 TEST(staged_backend_matches_cpu_mistral) { compare_on_staged("mistral", "eager", 1); }
 
