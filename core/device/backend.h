@@ -5,7 +5,8 @@
  * placed on one with ctrl_model_to_device().
  *
  * Every op has the semantics of its kernels/cpu/cpu_ops.h namesake (flat row-major buffers; the
- * gradients of parameters accumulate, those of inputs are written), on pointers into the backend's
+ * gradients of parameters accumulate, those of inputs are written; a NULL parameter gradient -- a
+ * frozen weight -- is not computed), on pointers into the backend's
  * memory. Ops run in order on one stream: a later op sees what an earlier one wrote; results reach
  * the host through to_host, which waits for them. A NULL op is one the backend does not have; the
  * model says so when a feature needs it (bf16 compute, the fused head).

@@ -17,8 +17,8 @@
 
 /* m->views has room for every view a layout can have (ctrl_model_create sizes it); a view past
  * that is counted, not written, and layout reports the bound as wrong. */
-static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
-                     int no_decay) {
+long model_add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
+                    int no_decay) {
     if (m->n_views >= m->cap_views) {
         m->n_views++;
         const size_t at = *cursor;
@@ -33,24 +33,29 @@ static long add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, 
     v->shape[1] = ndim > 1 ? d1 : 1;
     v->numel = d0 * (ndim > 1 ? d1 : 1);
     v->no_decay = no_decay;
+    v->lora = 0;
     *cursor += (size_t)v->numel;
     return (long)v->offset;
 }
 
 /* Lays out every parameter: embeddings, then each layer contiguously, then the final norm and
- * the LM head. With cursor == NULL-like counting this also sizes the buffer. */
+ * the LM head. With LoRA the trainable tensors come last: the modules_to_save (embeddings, LM head)
+ * after the final norm, then the adapters; train_off marks where they start. */
 static ctrl_status layout(ctrl_model *m) {
     const ctrl_model_config *c = &m->cfg;
     const int C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
     size_t cur = 0;
     char n[96];
-    m->off_embed = add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
+    const int save_embed = m->lora && m->lora->save_embed_tokens,
+              save_head = m->lora && m->lora->save_lm_head;
+    if (!save_embed)
+        m->off_embed = model_add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
     for (int l = 0; l < c->n_layers; l++) {
         layer_offsets *o = &m->layers[l];
 #define V(field, suffix, nd, a, b, nodecay)                                                                  \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                  \
-    o->field = add_view(m, &cur, n, nd, a, b, nodecay)
+    o->field = model_add_view(m, &cur, n, nd, a, b, nodecay)
         V(ln1, "input_layernorm.weight", 1, C, 0, 1);
         V(wq, "self_attn.q_proj.weight", 2, H * D, C, 0);
         o->bq = o->bk = o->bv = o->q_norm = o->k_norm = -1;
@@ -76,14 +81,22 @@ static ctrl_status layout(ctrl_model *m) {
         V(wd, "mlp.down_proj.weight", 2, C, I, 0);
 #undef V
     }
-    m->off_norm = add_view(m, &cur, "model.norm.weight", 1, C, 0, 1);
+    m->off_norm = model_add_view(m, &cur, "model.norm.weight", 1, C, 0, 1);
     m->off_score = m->off_lm_head = -1; /* a sequence classifier has the score, not the LM head */
     if (c->num_labels > 0)
-        m->off_score = add_view(m, &cur, "score.weight", 2, c->num_labels, C, 0);
-    else
-        m->off_lm_head = c->tie_word_embeddings ? m->off_embed
-                                                : add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
+        m->off_score = model_add_view(m, &cur, "score.weight", 2, c->num_labels, C, 0);
+    else if (!c->tie_word_embeddings && !save_head)
+        m->off_lm_head = model_add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
+    if (m->lora) m->train_off = cur;
+    if (save_embed)
+        m->off_embed = model_add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
+    if (c->num_labels <= 0 && c->tie_word_embeddings)
+        m->off_lm_head = m->off_embed;
+    else if (c->num_labels <= 0 && save_head)
+        m->off_lm_head = model_add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
+    if (m->lora) MODEL_TRY(lora_layout(m, &cur));
     m->n_params = cur;
+    m->n_train = cur - m->train_off;
     if (m->n_views > m->cap_views)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: %d parameter views, room for %d (a bug in the layout's bound)",
@@ -93,7 +106,23 @@ static ctrl_status layout(ctrl_model *m) {
 
 ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                               ctrl_model **out) {
+    return ctrl_model_create_lora(cfg, attn, NULL, out);
+}
+
+ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                                   const ctrl_lora_config *lora, ctrl_model **out) {
     *out = NULL;
+    if (lora && lora->r < 1) return ctrl_error_set(CTRL_ERR_CONFIG, "LoRA: r = %d, must be >= 1", lora->r);
+    if (lora && cfg->num_labels > 0)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "LoRA: adapters on a sequence classifier (num_labels = %d) are not implemented yet",
+            cfg->num_labels);
+    if (lora && cfg->tie_word_embeddings && (lora->save_embed_tokens || lora->save_lm_head))
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "LoRA: modules_to_save with tied word embeddings (tie_word_embeddings = true) is "
+            "not implemented: PEFT would untie them");
     /* attn may be NULL for a model that is only initialised or converted; forward needs one. */
     if (attn && (!attn->forward || !attn->backward))
         return ctrl_error_set(CTRL_ERR_PLUGIN,
@@ -116,9 +145,16 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
     m->temperature = 1.0f;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
-    m->cap_views = 3 + 14 * cfg->n_layers; /* every view a layer can have: layout never grows it */
+    /* every view a layer can have (and its adapters): layout never grows it */
+    m->cap_views = 3 + (14 + (lora ? 2 * LORA_N_TARGETS : 0)) * cfg->n_layers;
     m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
-    if (!m->layers || !m->acts || !m->views) {
+    if (lora) {
+        m->has_lora = 1, m->lora = malloc(sizeof *m->lora);
+        m->lora_a = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
+        m->lora_b = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
+        if (m->lora) *m->lora = *lora, m->lora_scale = ctrl_lora_scaling(lora);
+    }
+    if (!m->layers || !m->acts || !m->views || (lora && (!m->lora || !m->lora_a || !m->lora_b))) {
         ctrl_model_free(m);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate the layout of %d layers",
                               cfg->n_layers);
@@ -129,7 +165,7 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
         return st;
     }
     m->params = calloc(m->n_params, sizeof(float));
-    m->grads = calloc(m->n_params, sizeof(float));
+    m->grads = calloc(m->n_train ? m->n_train : 1, sizeof(float));
     if (!m->params || !m->grads) {
         const size_t n_params = m->n_params; /* read before the model is freed */
         ctrl_model_free(m);
@@ -139,6 +175,7 @@ ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention
     /* on the CPU until ctrl_model_to_device: the backend's parameters are the host's */
     m->be = ctrl_backend_cpu(), m->device = (ctrl_device){CTRL_DEVICE_CPU, 0};
     m->dparams = m->params, m->dgrads = m->grads, m->dparams_valid = 1;
+    if (lora) lora_init(m);
     *out = m;
     return CTRL_OK;
 }
@@ -148,6 +185,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (m->be) model_release_backend(m);
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
+    free(m->lora), free(m->lora_a), free(m->lora_b);
     free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
@@ -159,9 +197,13 @@ float *ctrl_model_params(ctrl_model *m, size_t *n) {
     return m->params;
 }
 float *ctrl_model_grads(ctrl_model *m, size_t *n) {
-    if (n) *n = m->n_params;
+    if (n) *n = m->n_train;
     return m->grads;
 }
+const ctrl_lora_config *ctrl_model_lora(const ctrl_model *m) { return m->lora; }
+size_t ctrl_model_trainable_offset(const ctrl_model *m) { return m->train_off; }
+void ctrl_model_set_training(ctrl_model *m, int training) { m->training = training; }
+void ctrl_model_set_adapters_enabled(ctrl_model *m, int enabled) { m->lora_off = !enabled; }
 int ctrl_model_view_count(const ctrl_model *m) { return m->n_views; }
 const ctrl_param_view *ctrl_model_view(const ctrl_model *m, int i) {
     return i >= 0 && i < m->n_views ? &m->views[i] : NULL;
@@ -174,8 +216,8 @@ const ctrl_param_view *ctrl_model_find_view(const ctrl_model *m, const char *nam
 void ctrl_model_set_temperature(ctrl_model *m, float temperature) { m->temperature = temperature; }
 
 ctrl_status ctrl_model_zero_grad(ctrl_model *m) {
-    memset(m->grads, 0, m->n_params * sizeof(float));
-    return m->dgrads == m->grads ? CTRL_OK : m->be->fill_zero(m->dgrads, m->n_params * sizeof(float));
+    memset(m->grads, 0, m->n_train * sizeof(float));
+    return m->dgrads == m->grads ? CTRL_OK : m->be->fill_zero(m->dgrads, m->n_train * sizeof(float));
 }
 
 /* The tables are made on the host (once per length) and copied to a device. */
@@ -230,7 +272,9 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     const size_t top = 2 * C + 3;
     if (T <= m->act_cap_T) return CTRL_OK;
     const int kept = c->n_layers - m->n_recompute, shared = m->n_recompute > 0;
-    const size_t floats = (size_t)T * (C * c->n_layers + internals * (kept + shared) + top);
+    size_t lora = shared ? lora_act_floats(m, -1) : 0; /* the adapters' s * x A^T: see layer_acts */
+    for (int l = 0; l < c->n_layers; l++) lora += model_recomputed(m, l) ? 0 : lora_act_floats(m, l);
+    const size_t floats = (size_t)T * (C * c->n_layers + internals * (kept + shared) + top + lora);
     m->be->free(m->act_mem);
     m->act_mem = NULL, m->act_cap_T = 0, m->act_bytes = 0;
     ctrl_status st = m->be->alloc((void **)&m->act_mem, sizeof(float) * floats);
@@ -253,6 +297,13 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
         a->q_rstd = TAKE(c->n_heads), a->k_rstd = TAKE(c->n_kv_heads), a->q = TAKE(QD), a->k = TAKE(KD);
         a->v = TAKE(KD), a->att = TAKE(QD), a->lse = TAKE(c->n_heads), a->x_mid = TAKE(C), a->ln2 = TAKE(C);
         a->rstd2 = TAKE(1), a->g = TAKE(I), a->u = TAKE(I), a->h = TAKE(I);
+        for (int t = 0; t < LORA_N_TARGETS; t++) a->lora_xa[t] = NULL;
+        for (int t = 0, ll = l < 0 ? -1 : l; m->has_lora && t < LORA_N_TARGETS; t++) {
+            int any = 0; /* the shared set has room for any layer's */
+            for (int k = 0; k < c->n_layers && !any; k++)
+                any = (ll < 0 ? model_recomputed(m, k) : k == ll) && m->lora_a[k * LORA_N_TARGETS + t] >= 0;
+            if (any) a->lora_xa[t] = TAKE(m->lora->r);
+        }
     }
     m->x_out = TAKE(C), m->lnf = TAKE(C), m->rstdf = TAKE(1), m->head_lse = TAKE(1), m->head_ent = TAKE(1);
 #undef TAKE
@@ -315,9 +366,12 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(be->rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps));
     MODEL_TRY(
         model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D));
+    MODEL_TRY(lora_forward(m, l, LORA_Q, a, a->q_raw, a->ln1, C, H * D));
     MODEL_TRY(
         model_linear_forward(m, a->k_raw, a->ln1, P + o->wk, o->bk >= 0 ? P + o->bk : NULL, T, C, HK * D));
+    MODEL_TRY(lora_forward(m, l, LORA_K, a, a->k_raw, a->ln1, C, HK * D));
     MODEL_TRY(model_linear_forward(m, a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D));
+    MODEL_TRY(lora_forward(m, l, LORA_V, a, a->v, a->ln1, C, HK * D));
     const float *qin = a->q_raw, *kin = a->k_raw;
     if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
         MODEL_TRY(be->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps));
@@ -328,13 +382,17 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(be->rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D));
     MODEL_TRY(attend(m, l, a, ctx));
     MODEL_TRY(model_linear_forward(m, a->x_mid, a->att, P + o->wo, NULL, T, H * D, C));
+    MODEL_TRY(lora_forward(m, l, LORA_O, a, a->x_mid, a->att, H * D, C));
     MODEL_TRY(be->residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C));
     MODEL_TRY(be->rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps));
     MODEL_TRY(model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I));
+    MODEL_TRY(lora_forward(m, l, LORA_GATE, a, a->g, a->ln2, C, I));
     MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
+    MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
     MODEL_TRY(be->swiglu_forward(a->h, a->g, a->u, (int64_t)T * I));
     if (!next) return CTRL_OK;
     MODEL_TRY(model_linear_forward(m, next, a->h, P + o->wd, NULL, T, I, C));
+    MODEL_TRY(lora_forward(m, l, LORA_DOWN, a, next, a->h, I, C));
     return be->residual_forward(next, next, a->x_mid, (int64_t)T * C);
 }
 
@@ -383,6 +441,7 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     MODEL_TRY(model_ensure_acts(m, b->T));
     MODEL_TRY(keep_batch(m, b));
     m->T = b->T;
+    m->lora_step += m->training; /* a fresh dropout mask per training forward (a recompute reuses it) */
     const int T = b->T, C = c->hidden_size;
     const float eps = c->rms_norm_eps, *P = m->dparams;
     MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
@@ -415,12 +474,12 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
     MODEL_TRY(model_stage_in(m, &st, dlogp, logp, correct));
     if (fused)
         MODEL_TRY(be->head_forward_backward(&ha, st.dlogp, st.logp, m->head_ent, m->head_lse, st.correct,
-                                            m->head_dh, m->dgrads + m->off_lm_head, m->head_ws));
+                                            m->head_dh, model_grad(m, m->off_lm_head), m->head_ws));
     else {
         MODEL_TRY(be->head_forward(&ha, st.logp, m->head_ent, m->head_lse, st.correct, m->head_ws));
         if (dlogp) /* a backend without the one-pass head: its backward right after */
             MODEL_TRY(be->head_backward(&ha, m->head_lse, st.dlogp, NULL, NULL, m->head_dh,
-                                        m->dgrads + m->off_lm_head, m->head_ws));
+                                        model_grad(m, m->off_lm_head), m->head_ws));
     }
     MODEL_TRY(model_stage_out(m, &st, logp, correct));
     m->head_dh_ready = dlogp != NULL;

@@ -34,10 +34,12 @@ typedef struct ctrl_param_view {
     int64_t shape[2];
     int64_t numel;
     int no_decay; /* norms and biases: no weight decay, as the HF Trainer groups them */
+    int lora;     /* a LoRA adapter tensor (lora_A / lora_B): saved with the adapter, not the model */
 } ctrl_param_view;
 
 typedef struct ctrl_model ctrl_model;
 
+struct ctrl_lora_config;
 ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn, ctrl_model **out);
 /* config.json + model.safetensors (or the shards of model.safetensors.index.json). */
 ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
@@ -46,6 +48,23 @@ ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctr
  * `optional` (NULL: none), which is left zero. */
 ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                                const char *optional, ctrl_model **out);
+/* The same with LoRA adapters (model/lora.h; NULL: none) laid out after the base and initialised
+ * as lora->init says: the base is frozen (no gradients), the views from
+ * ctrl_model_trainable_offset on train. */
+ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                                   const struct ctrl_lora_config *lora, ctrl_model **out);
+ctrl_status ctrl_model_load_lora(const char *dir, const ctrl_attention_ops *attn,
+                                 const struct ctrl_lora_config *lora, ctrl_model **out);
+/* The model's LoRA config (NULL without adapters). */
+const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
+/* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
+ * ctrl_model_grads holds their gradients from there (grads[i] is that of params[offset + i]). */
+size_t ctrl_model_trainable_offset(const ctrl_model *m);
+/* Training mode (LoRA dropout on; off by default, as after model.eval()). */
+void ctrl_model_set_training(ctrl_model *m, int training);
+/* Adapters on (default) or skipped: with them off the model is its base (a trainer's reference
+ * model with LoRA, as TRL's disable_adapter()). */
+void ctrl_model_set_adapters_enabled(ctrl_model *m, int enabled);
 void ctrl_model_free(ctrl_model *m);
 /* Every parameter under its HF name into one safetensors file (CTRL_F32 or CTRL_BF16), atomically. */
 ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype dtype);
@@ -69,7 +88,8 @@ ctrl_device ctrl_model_device(const ctrl_model *m);
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
 
 const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m);
-/* The host parameters and gradients (see ctrl_model_to_device). */
+/* The host parameters and gradients (see ctrl_model_to_device); *n of the gradients is the number
+ * of trainable floats (all of them without LoRA). */
 float *ctrl_model_params(ctrl_model *m, size_t *n);
 float *ctrl_model_grads(ctrl_model *m, size_t *n);
 int ctrl_model_view_count(const ctrl_model *m);

@@ -20,21 +20,24 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
     const float *P = m->dparams;
-    float *G = m->dgrads, *dres = g->dres, *dtmp = g->dtmp, *d1 = g->d1, *d2 = g->d2, *d3 = g->d3,
-          *dk = g->dk, *dv = g->dv;
+    float *dres = g->dres, *dtmp = g->dtmp, *d1 = g->d1, *d2 = g->d2, *d3 = g->d3, *dk = g->dk, *dv = g->dv;
     const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
     /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
-    MODEL_TRY(model_linear_backward(m, d1, G + o->wd, NULL, dres, a->h, P + o->wd, T, I, C));
+    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wd), NULL, dres, a->h, P + o->wd, T, I, C));
+    MODEL_TRY(lora_backward(m, l, LORA_DOWN, a, d1, dres, a->h, I, C));
     MODEL_TRY(be->swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I));
-    MODEL_TRY(model_linear_backward(m, dtmp, G + o->wg, NULL, d2, a->ln2, P + o->wg, T, C, I));
-    MODEL_TRY(model_linear_backward(m, d1, G + o->wu, NULL, d3, a->ln2, P + o->wu, T, C, I));
+    MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wg), NULL, d2, a->ln2, P + o->wg, T, C, I));
+    MODEL_TRY(lora_backward(m, l, LORA_GATE, a, dtmp, d2, a->ln2, C, I));
+    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wu), NULL, d3, a->ln2, P + o->wu, T, C, I));
+    MODEL_TRY(lora_backward(m, l, LORA_UP, a, d1, d3, a->ln2, C, I));
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
-    MODEL_TRY(be->rmsnorm_backward(d1, G + o->ln2, dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C));
+    MODEL_TRY(be->rmsnorm_backward(d1, model_grad(m, o->ln2), dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C));
     MODEL_TRY(be->residual_forward(dres, dres, d1, (int64_t)T * C)); /* now the gradient of x_mid */
     /* Attention: x_mid = x_in + o_proj(att). */
-    MODEL_TRY(model_linear_backward(m, d1, G + o->wo, NULL, dres, a->att, P + o->wo, T, H * D, C));
+    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wo), NULL, dres, a->att, P + o->wo, T, H * D, C));
+    MODEL_TRY(lora_backward(m, l, LORA_O, a, d1, dres, a->att, H * D, C));
     ctrl_attention_args args = model_attention_args(m, a);
     args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
     ctrl_status st = m->attn->backward(&args, NULL);
@@ -43,20 +46,25 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     MODEL_TRY(be->rope_backward(d2, d2, positions, m->cos_tab, m->sin_tab, T, H, D));
     MODEL_TRY(be->rope_backward(dk, dk, positions, m->cos_tab, m->sin_tab, T, HK, D));
     if (c->qk_norm) {
-        MODEL_TRY(be->rmsnorm_backward(d3, G + o->q_norm, d2, a->q_raw, P + o->q_norm, a->q_rstd, T * H, D));
+        MODEL_TRY(be->rmsnorm_backward(d3, model_grad(m, o->q_norm), d2, a->q_raw, P + o->q_norm, a->q_rstd,
+                                       T * H, D));
         MODEL_TRY(be->copy(d2, d3, sizeof(float) * (size_t)T * H * D));
-        MODEL_TRY(be->rmsnorm_backward(d3, G + o->k_norm, dk, a->k_raw, P + o->k_norm, a->k_rstd, T * HK, D));
+        MODEL_TRY(be->rmsnorm_backward(d3, model_grad(m, o->k_norm), dk, a->k_raw, P + o->k_norm, a->k_rstd,
+                                       T * HK, D));
         MODEL_TRY(be->copy(dk, d3, sizeof(float) * (size_t)T * HK * D));
     }
-    MODEL_TRY(model_linear_backward(m, dtmp, G + o->wq, o->bq >= 0 ? G + o->bq : NULL, d2, a->ln1, P + o->wq,
-                                    T, C, H * D));
-    MODEL_TRY(model_linear_backward(m, d1, G + o->wk, o->bk >= 0 ? G + o->bk : NULL, dk, a->ln1, P + o->wk, T,
-                                    C, HK * D));
+    MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wq), model_grad(m, o->bq), d2, a->ln1,
+                                    P + o->wq, T, C, H * D));
+    MODEL_TRY(lora_backward(m, l, LORA_Q, a, dtmp, d2, a->ln1, C, H * D));
+    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wk), model_grad(m, o->bk), dk, a->ln1, P + o->wk,
+                                    T, C, HK * D));
+    MODEL_TRY(lora_backward(m, l, LORA_K, a, d1, dk, a->ln1, C, HK * D));
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
-    MODEL_TRY(model_linear_backward(m, d1, G + o->wv, o->bv >= 0 ? G + o->bv : NULL, dv, a->ln1, P + o->wv, T,
-                                    C, HK * D));
+    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wv), model_grad(m, o->bv), dv, a->ln1, P + o->wv,
+                                    T, C, HK * D));
+    MODEL_TRY(lora_backward(m, l, LORA_V, a, d1, dv, a->ln1, C, HK * D));
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
-    MODEL_TRY(be->rmsnorm_backward(d1, G + o->ln1, dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
+    MODEL_TRY(be->rmsnorm_backward(d1, model_grad(m, o->ln1), dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
     return be->residual_forward(dres, dres, d1, (int64_t)T * C); /* now the gradient of x_in */
 }
 
@@ -73,7 +81,6 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: backward without dL/dlogp after a forward that was not fused");
     const float *P = m->dparams;
-    float *G = m->dgrads;
     /* Scratch: residual-stream gradient, a second [T, C], [T, max(I, H*D)] x 3 and [T, HK*D] x 2;
      * kept between steps. */
     const size_t wide = (size_t)T * (I > H * D ? I : H * D), per_T = 2 * (size_t)C + 2 * (size_t)HK * D,
@@ -88,10 +95,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         model_stage s;
         MODEL_TRY(model_grow(m, &m->head_ws, &m->head_ws_bytes, be->head_workspace_bytes(&ha)));
         MODEL_TRY(model_stage_in(m, &s, dlogp, NULL, NULL));
-        MODEL_TRY(
-            be->head_backward(&ha, m->head_lse, s.dlogp, NULL, NULL, g.dtmp, G + m->off_lm_head, m->head_ws));
+        MODEL_TRY(be->head_backward(&ha, m->head_lse, s.dlogp, NULL, NULL, g.dtmp,
+                                    model_grad(m, m->off_lm_head), m->head_ws));
     }
-    MODEL_TRY(be->rmsnorm_backward(g.dres, G + m->off_norm, dlogp ? g.dtmp : m->head_dh, m->x_out,
+    MODEL_TRY(be->rmsnorm_backward(g.dres, model_grad(m, m->off_norm), dlogp ? g.dtmp : m->head_dh, m->x_out,
                                    P + m->off_norm, m->rstdf, T, C));
     for (int l = c->n_layers - 1; l >= 0; l--) {
         if (m->mem_ops && m->mem_ops->before_backward) MODEL_TRY(m->mem_ops->before_backward(m->mem, l));
@@ -99,5 +106,6 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         MODEL_TRY(layer_backward(m, l, &g));
         if (m->mem_ops && m->mem_ops->after_backward) MODEL_TRY(m->mem_ops->after_backward(m->mem, l));
     }
-    return be->embedding_backward(G + m->off_embed, g.dres, m->dev_batch.tokens, T, C);
+    float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
+    return dwte ? be->embedding_backward(dwte, g.dres, m->dev_batch.tokens, T, C) : CTRL_OK;
 }

@@ -109,7 +109,7 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
     }
     float *p = m->dec_mem;
 #define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
-    layer_acts w;
+    layer_acts w = {0}; /* no lora_xa: decoding has no backward (lora.c uses scratch) */
     w.ln1 = TAKE(C), w.rstd1 = TAKE(1), w.q_raw = TAKE(QD), w.k_raw = TAKE(KD), w.q_rstd = TAKE(c->n_heads);
     w.k_rstd = TAKE(c->n_kv_heads), w.q = TAKE(QD), w.k = TAKE(KD), w.v = TAKE(KD), w.att = TAKE(QD);
     w.lse = TAKE(c->n_heads), w.x_mid = TAKE(C), w.ln2 = TAKE(C), w.rstd2 = TAKE(1), w.g = TAKE(I);

@@ -40,12 +40,12 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
     model_release_backend(m);
     m->be = be, m->device = device;
     if (be->host_memory) return CTRL_OK;
-    const size_t bytes = m->n_params * sizeof(float);
+    const size_t bytes = m->n_params * sizeof(float), gbytes = (m->n_train ? m->n_train : 1) * sizeof(float);
     m->dparams = m->dgrads = NULL;
     ctrl_status st = be->alloc((void **)&m->dparams, bytes);
-    if (st == CTRL_OK) st = be->alloc((void **)&m->dgrads, bytes);
+    if (st == CTRL_OK) st = be->alloc((void **)&m->dgrads, gbytes); /* the trainable ones' only */
     if (st == CTRL_OK) st = be->to_device(m->dparams, m->params, bytes);
-    if (st == CTRL_OK) st = be->to_device(m->dgrads, m->grads, bytes);
+    if (st == CTRL_OK) st = be->to_device(m->dgrads, m->grads, gbytes);
     if (st != CTRL_OK) { /* back on the CPU, as it was */
         if (m->dparams) be->free(m->dparams);
         if (m->dgrads) be->free(m->dgrads);
@@ -60,7 +60,7 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
 ctrl_device ctrl_model_device(const ctrl_model *m) { return m->device; }
 
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m) {
-    return m->dgrads == m->grads ? CTRL_OK : m->be->to_host(m->grads, m->dgrads, m->n_params * sizeof(float));
+    return m->dgrads == m->grads ? CTRL_OK : m->be->to_host(m->grads, m->dgrads, m->n_train * sizeof(float));
 }
 
 ctrl_status model_stage_in(ctrl_model *m, model_stage *st, const float *dlogp, float *logp,

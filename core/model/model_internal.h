@@ -4,6 +4,7 @@
 #define CTRL_CORE_MODEL_INTERNAL_H
 
 #include "device/backend.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 /* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
@@ -39,6 +40,9 @@ typedef struct layer_offsets {
 typedef struct layer_acts {
     float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
         *g, *u, *h;
+    /* with LoRA: s * dropout(x) A^T [T, r] of each adapted projection (b: the adapter's backward);
+     * NULL where the layer has no adapter, and in decoding (lora.c uses scratch) */
+    float *lora_xa[LORA_N_TARGETS];
 } layer_acts;
 
 struct ctrl_model {
@@ -101,7 +105,26 @@ struct ctrl_model {
     layer_acts *dec_acts;
     float *dec_out;
     int32_t *dec_pos;
+    /* LoRA (lora.c; has_lora = 0 without): the config, the offsets of each layer's lora_A / lora_B
+     * ([n_layers][LORA_N_TARGETS], -1 where none), the first trainable float (train_off: the base
+     * before it is frozen and has no gradient; 0 without LoRA, everything trains) and how many
+     * follow (n_train: the gradient buffers' length). training: dropout on (ctrl_model_set_training);
+     * lora_off: adapters skipped (ctrl_model_set_adapters_enabled); lora_step: the dropout masks'
+     * counter, one per training forward; lora_ws: backend scratch. */
+    int has_lora, training, lora_off;
+    ctrl_lora_config *lora;
+    float lora_scale;
+    long *lora_a, *lora_b;
+    size_t train_off, n_train;
+    uint64_t lora_step;
+    float *lora_ws;
+    size_t lora_ws_bytes;
 };
+
+/* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
+static inline float *model_grad(const ctrl_model *m, long off) {
+    return off < 0 || (size_t)off < m->train_off ? NULL : m->dgrads + ((size_t)off - m->train_off);
+}
 
 /* Returns the status of `call` when it is not CTRL_OK. */
 #define MODEL_TRY(call)                                                                                      \
@@ -110,6 +133,11 @@ struct ctrl_model {
         if (s_ != CTRL_OK) return s_;                                                                        \
     } while (0)
 
+/* Writes `text` to `path` atomically (temp file, fsync, rename): model_save.c. */
+ctrl_status model_write_text_atomic(const char *path, const char *text);
+/* Adds a view of d0 x d1 floats at *cursor (model.c's layout). */
+long model_add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
+                    int no_decay);
 /* Backend scratch *buf holding at least `bytes`, kept between steps (fresh pages every step cost
  * page faults and zeroing; a device allocation is worse). */
 ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t bytes);
@@ -144,6 +172,18 @@ ctrl_attention_args model_attention_args(const ctrl_model *m, const layer_acts *
 ctrl_status model_plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx);
 /* The fused head's arguments over the kept batch (lnf, the LM head, the targets, temperature). */
 ctrl_head_args model_head_args(const ctrl_model *m);
+/* LoRA (lora.c). lora_layout adds each layer's lora_A / lora_B views after *cursor; lora_init fills
+ * them as init_lora_weights says. lora_forward adds the adapter of layer l's linear `target` to
+ * `out` [T, OUT] from its input x [T, IN] (nothing where there is none), keeping a->lora_xa for
+ * backward; lora_backward accumulates dA, dB and adds the adapter's share to dx [T, IN] from dout. */
+ctrl_status lora_layout(ctrl_model *m, size_t *cursor);
+void lora_init(ctrl_model *m);
+/* Floats per token of layer l's lora_xa (l < 0: the shared set of the recomputed layers). */
+size_t lora_act_floats(const ctrl_model *m, int l);
+ctrl_status lora_forward(ctrl_model *m, int l, int target, layer_acts *a, float *out, const float *x, int IN,
+                         int OUT);
+ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a, float *dx, const float *dout,
+                          const float *x, int IN, int OUT);
 static inline int model_recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
 
 /* The per-token inputs and outputs of the head where the backend's ops can use them: the caller's

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "file_text.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -127,17 +128,31 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
     return st;
 }
 
+static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                             const char *optional, const ctrl_lora_config *lora, ctrl_model **out);
+
 ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
+    return ctrl_model_load_lora(dir, attn, NULL, out);
+}
+
+ctrl_status ctrl_model_load_lora(const char *dir, const ctrl_attention_ops *attn,
+                                 const ctrl_lora_config *lora, ctrl_model **out) {
     ctrl_model_config cfg;
     ctrl_status st = ctrl_model_config_load(dir, &cfg);
     if (st != CTRL_OK) return st;
-    return ctrl_model_load_as(dir, &cfg, attn, NULL, out);
+    return load_into(dir, &cfg, attn, NULL, lora, out);
 }
 
 ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                                const char *optional, ctrl_model **out) {
+    return load_into(dir, cfg, attn, optional, NULL, out);
+}
+
+/* A model of shape *cfg (with adapters: lora) and DIR's weights (ctrl_model_load_as). */
+static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
+                             const char *optional, const ctrl_lora_config *lora, ctrl_model **out) {
     ctrl_model *m;
-    ctrl_status st = ctrl_model_create(cfg, attn, &m);
+    ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
     shard_set shards = {0};
     if ((st = shards_open(dir, &shards)) != CTRL_OK) {
@@ -147,6 +162,7 @@ ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, co
     float *params = ctrl_model_params(m, NULL);
     for (int i = 0; i < ctrl_model_view_count(m) && st == CTRL_OK; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
+        if (v->lora) continue; /* the adapters: initialised, or loaded from an adapter directory */
         const tensor_ref *ref = find_ref(&shards, v->name);
         const ctrl_safetensors *file = ref ? shards.files[ref->shard] : NULL;
         const ctrl_st_tensor *t = ref ? ref->t : NULL;

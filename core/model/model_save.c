@@ -11,9 +11,10 @@
 #include <unistd.h>
 
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "model/safetensors.h"
 
-static ctrl_status write_text_atomic(const char *path, const char *text) {
+ctrl_status model_write_text_atomic(const char *path, const char *text) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "w");
@@ -109,14 +110,16 @@ ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype 
     ctrl_st_write *tensors = calloc((size_t)n, sizeof *tensors);
     if (!tensors) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     const float *params = ctrl_model_params(m, NULL);
+    int k = 0;
     for (int i = 0; i < n; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
-        tensors[i] = (ctrl_st_write){.name = v->name,
-                                     .data = params + v->offset,
-                                     .ndim = v->ndim,
-                                     .shape = {v->shape[0], v->shape[1]}};
+        if (v->lora) continue; /* the adapters are the adapter's (peft_save.c) */
+        tensors[k++] = (ctrl_st_write){.name = v->name,
+                                       .data = params + v->offset,
+                                       .ndim = v->ndim,
+                                       .shape = {v->shape[0], v->shape[1]}};
     }
-    ctrl_status st = ctrl_safetensors_write(path, tensors, n, dtype);
+    ctrl_status st = ctrl_safetensors_write(path, tensors, k, dtype);
     free(tensors);
     return st;
 }
@@ -128,7 +131,7 @@ ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype) {
     char path[4200];
     char *text = config_json(c, dtype);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    ctrl_status st = write_text_atomic(path, text);
+    ctrl_status st = model_write_text_atomic(path, text);
     cJSON_free(text);
     if (st != CTRL_OK) return st;
     cJSON *g = cJSON_CreateObject();
@@ -137,7 +140,7 @@ ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype) {
     text = cJSON_Print(g);
     cJSON_Delete(g);
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    st = write_text_atomic(path, text);
+    st = model_write_text_atomic(path, text);
     cJSON_free(text);
     if (st != CTRL_OK) return st;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);

@@ -27,7 +27,8 @@ static inline float from_bf16(uint16_t h) {
 }
 
 void ctrl_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= 16384) /* a parallel region costs more than a few thousand conversions */
+#pragma omp parallel for schedule(                                                                           \
+    static) if (n >= 16384) /* a parallel region costs more than a few thousand conversions */
     for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
 }
 

@@ -127,8 +127,9 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, a->C, vc, 1.0f, z, vc,
                         a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C,
                         a->C);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vc, a->C, tc, 1.0f, z, vc,
-                        a->hidden + (size_t)t0 * a->C, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
+            if (dw) /* NULL: a frozen head (LoRA) */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vc, a->C, tc, 1.0f, z, vc,
+                            a->hidden + (size_t)t0 * a->C, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
         }
     }
 }
@@ -139,8 +140,9 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
  * four) and exp runs once per logit. The chunk is sized to FUSED_BUDGET floats, but at least
  * FUSED_MIN_TOKENS tokens (128 x 151,936 vocabulary: 74 MiB). */
 #define FUSED_BUDGET (8 << 20)
-#define FUSED_MIN_TOKENS 128 /* below, dW += dz^T h runs a short inner dimension (151k vocab: 0.83x at 55)   \
-                              */
+#define FUSED_MIN_TOKENS                                                                                     \
+    128 /* below, dW += dz^T h runs a short inner dimension (151k vocab: 0.83x at 55)                        \
+         */
 
 static int fused_chunk_t(const ctrl_head_args *a) {
     int c = a->chunk_tokens > 0 ? a->chunk_tokens : FUSED_BUDGET / (a->V > 0 ? a->V : 1);
@@ -196,7 +198,8 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, C, V, 1.0f, z, V, a->w, C, 0.0f,
                     dhidden + (size_t)t0 * C, C);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, tc, 1.0f, z, V, a->hidden + (size_t)t0 * C,
-                    C, 1.0f, dw, C);
+        if (dw) /* NULL: a frozen head (LoRA) */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, tc, 1.0f, z, V,
+                        a->hidden + (size_t)t0 * C, C, 1.0f, dw, C);
     }
 }

@@ -1,5 +1,6 @@
 /* Linear layers on OpenBLAS, Hugging Face layout W [OUT, IN]:
- *   out = x W^T + b;   dx = dout W;   dW += dout^T x;   db += column sums of dout. */
+ *   out = x W^T + b;   dx = dout W;   dW += dout^T x;   db += column sums of dout.
+ * A NULL dx, dW or db is not computed (dW: a frozen weight). */
 #include <cblas.h>
 
 #include "cpu/cpu_ops.h"
@@ -18,7 +19,9 @@ void ctrl_cpu_linear_backward(float *dx, float *dw, float *dbias, const float *d
     if (dx)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx,
                     IN);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN);
+    if (dw) /* NULL: a frozen weight (LoRA), no gradient */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw,
+                    IN);
     if (!dbias) return;
 #pragma omp parallel for schedule(static)
     for (int o = 0; o < OUT; o++) {

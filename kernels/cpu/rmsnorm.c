@@ -32,7 +32,8 @@ void ctrl_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, con
         const float k = (float)(dot / C) * r * r * r;
         for (int c = 0; c < C; c++) dxt[c] = r * weight[c] * dy[c] - k * xt[c];
     }
-    /* dw over channels, so that the sum over tokens has a fixed order. */
+    /* dw over channels, so that the sum over tokens has a fixed order; none for a frozen weight */
+    if (!dweight) return;
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         double s = 0;

@@ -122,7 +122,8 @@ extern "C" ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float
     // dx[T, IN] = dout[T, OUT] W[OUT, IN]
     if (dx && (st = ctrl_cuda_gemm_f32(0, 0, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK) return st;
     // dW[OUT, IN] += dout^T x
-    if ((st = ctrl_cuda_gemm_f32(1, 0, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK) return st;
+    // (none for a frozen weight: dw NULL)
+    if (dw && (st = ctrl_cuda_gemm_f32(1, 0, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK) return st;
     if (dbias) {
         column_sums_kernel<<<(OUT + 255) / 256, 256>>>(dbias, dout, T, OUT);
         CTRL_CUDA_CHECK_LAUNCH();

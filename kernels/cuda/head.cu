@@ -164,6 +164,7 @@ extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const fl
             s = ctrl_cuda_gemm_f32(0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f,
                                    dhidden + (size_t)t0 * a->C, a->C);
             if (s != CTRL_OK) return s;
+            if (!dw) continue; /* a frozen head (LoRA) */
             s = ctrl_cuda_gemm_f32(1, 0, vc, a->C, tc, 1.0f, z, vc, a->hidden + (size_t)t0 * a->C, a->C, 1.0f,
                                    dw + (size_t)v0 * a->C, a->C);
             if (s != CTRL_OK) return s;

@@ -73,6 +73,7 @@ extern "C" ctrl_status ctrl_cuda_rmsnorm_backward(float *dx, float *dweight, con
                                                   const float *weight, const float *rstd, int T, int C) {
     rmsnorm_bwd_dx<<<(T + 7) / 8, 256>>>(dx, dout, x, weight, rstd, T, C);
     CTRL_CUDA_CHECK_LAUNCH();
+    if (!dweight) return CTRL_OK; /* a frozen weight (LoRA) */
     const int slices = (T + kRowsPerSlice - 1) / kRowsPerSlice;
     float *partial = nullptr;
     ctrl_status st = ctrl_cuda_malloc((void **)&partial, sizeof(float) * (size_t)slices * C);

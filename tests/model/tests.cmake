@@ -20,3 +20,13 @@ target_compile_definitions(test_score PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_D
 target_link_libraries(test_score PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C ctrl_openblas m)
 add_test(NAME test_score COMMAND test_score)
 set_tests_properties(test_score PROPERTIES LABELS parity TIMEOUT 120)
+# LoRA against PEFT (tests/reference/make_lora_fixtures.py), the adapter's finite differences,
+# PEFT's adapter files both ways.
+add_executable(test_lora ${CMAKE_SOURCE_DIR}/tests/model/test_lora.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
+               $<TARGET_OBJECTS:test_attention_eager>)
+target_include_directories(test_lora PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core
+                           ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+target_compile_definitions(test_lora PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
+target_link_libraries(test_lora PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C ctrl_openblas m)
+add_test(NAME test_lora COMMAND test_lora)
+set_tests_properties(test_lora PROPERTIES LABELS parity TIMEOUT 120)

@@ -1,0 +1,245 @@
+/* LoRA adapters in the model (see lora.h): their layout after the base, PEFT's initialisations,
+ * and the adapter's share of a linear layer's forward and backward, every op through the backend
+ * ops table as the rest of the model:
+ *   forward   xa = s * (dropout(x) A^T)   (kept for backward)       out += xa B^T
+ *   backward  dB += dout^T xa;  dxa = s * (dout B);  dA += dxa^T dropout(x);  dx += dropout'(dxa A)
+ * Dropout (training mode only) draws its mask from a hash of (seed, forward counter, layer,
+ * target, element), so that a layer a memory strategy recomputes gets the same mask again and the
+ * backward needs no stored mask. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+const char *const ctrl_lora_target_names[LORA_N_TARGETS] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+
+float ctrl_lora_scaling(const ctrl_lora_config *c) {
+    return c->use_rslora ? c->lora_alpha / sqrtf((float)c->r) : c->lora_alpha / (float)c->r;
+}
+
+/* PEFT's rule for a list entry: the module's name is the entry or ends with "." + entry. */
+static int name_matches(const char *full, const char *entry) {
+    const size_t nf = strlen(full), ne = strlen(entry);
+    if (nf == ne) return !strcmp(full, entry);
+    return nf > ne && full[nf - ne - 1] == '.' && !strcmp(full + nf - ne, entry);
+}
+
+int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int target) {
+    if (c->all_linear) return 1;
+    char full[128];
+    snprintf(full, sizeof full, "model.layers.%d.%s", layer, ctrl_lora_target_names[target]);
+    for (int i = 0; i < c->n_targets; i++)
+        if (name_matches(full, c->targets[i])) return 1;
+    return 0;
+}
+
+ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where) {
+    if (!strcmp(name, "all-linear")) {
+        c->all_linear = 1;
+        return CTRL_OK;
+    }
+    int known = 0; /* the entry must name one of the seven projections (of some layer) */
+    for (int t = 0; t < LORA_N_TARGETS && !known; t++) {
+        const char *full = ctrl_lora_target_names[t], *dot = strchr(full, '.');
+        known =
+            name_matches(full, name) || !strcmp(name, dot + 1) ||
+            (strlen(name) > strlen(full) && name_matches(name, full) && !strncmp(name, "model.layers.", 13));
+    }
+    if (!known)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: target_modules entry '%s' names no linear layer LoRA can adapt here (q_proj, "
+            "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, a full name such as "
+            "model.layers.0.self_attn.q_proj, or all-linear)",
+            where, name);
+    if (c->n_targets == CTRL_LORA_MAX_TARGETS || strlen(name) >= sizeof c->targets[0])
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: too many or too long target_modules entries", where);
+    snprintf(c->targets[c->n_targets++], sizeof c->targets[0], "%s", name);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where) {
+    if (name_matches("model.embed_tokens", name))
+        c->save_embed_tokens = 1;
+    else if (!strcmp(name, "lm_head"))
+        c->save_lm_head = 1;
+    else
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: modules_to_save entry '%s': only embed_tokens and lm_head can be trained in "
+            "full beside the adapters",
+            where, name);
+    return CTRL_OK;
+}
+
+static long *a_off(const ctrl_model *m, int l, int t) { return &m->lora_a[l * LORA_N_TARGETS + t]; }
+static long *b_off(const ctrl_model *m, int l, int t) { return &m->lora_b[l * LORA_N_TARGETS + t]; }
+
+/* The input and output widths of linear `t`. */
+static void dims(const ctrl_model *m, int t, int *in, int *out) {
+    const ctrl_model_config *c = &m->cfg;
+    const int C = c->hidden_size, I = c->intermediate_size, QD = c->n_heads * c->head_dim,
+              KD = c->n_kv_heads * c->head_dim;
+    static const int kv[LORA_N_TARGETS] = {0, 1, 1, 0, 0, 0, 0};
+    *in = t == LORA_O ? QD : t == LORA_DOWN ? I : C;
+    *out = t == LORA_Q ? QD : kv[t] ? KD : t == LORA_O || t == LORA_DOWN ? C : I;
+}
+
+ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
+    char n[160];
+    const int r = m->lora->r;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            *a_off(m, l, t) = *b_off(m, l, t) = -1;
+            if (!ctrl_lora_targets(m->lora, l, t)) continue;
+            int in, out;
+            dims(m, t, &in, &out);
+            for (int ab = 0; ab < 2; ab++) {
+                snprintf(n, sizeof n, "model.layers.%d.%s.lora_%c.weight", l, ctrl_lora_target_names[t],
+                         ab ? 'B' : 'A');
+                const int at = m->n_views;
+                const long off = model_add_view(m, cursor, n, 2, ab ? out : r, ab ? r : in, 0);
+                *(ab ? b_off(m, l, t) : a_off(m, l, t)) = off;
+                if (at < m->cap_views) m->views[at].lora = 1;
+            }
+        }
+    return CTRL_OK;
+}
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A uniform in (0, 1) from stream `s` (splitmix64). */
+static double next_uniform(uint64_t *s) {
+    *s += 0x9E3779B97F4A7C15ull;
+    return ((mix64(*s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* nn.init.kaiming_uniform_(a = sqrt(5)) of a [rows, fan_in] weight: U(-1/sqrt(fan_in), +). */
+static void kaiming(float *w, int64_t n, int fan_in, uint64_t *s) {
+    const double bound = 1.0 / sqrt((double)fan_in);
+    for (int64_t i = 0; i < n; i++) w[i] = (float)((2 * next_uniform(s) - 1) * bound);
+}
+
+void lora_init(ctrl_model *m) {
+    const int r = m->lora->r;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            if (*a_off(m, l, t) < 0) continue;
+            int in, out;
+            dims(m, t, &in, &out);
+            float *A = m->params + *a_off(m, l, t), *B = m->params + *b_off(m, l, t);
+            uint64_t s =
+                mix64(m->lora->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(l * LORA_N_TARGETS + t + 1)));
+            if (m->lora->init == CTRL_LORA_INIT_GAUSSIAN)
+                for (int64_t i = 0; i < (int64_t)r * in; i += 2) { /* N(0, 1/r), Box-Muller */
+                    const double u1 = next_uniform(&s), u2 = next_uniform(&s), k = sqrt(-2.0 * log(u1)) / r;
+                    A[i] = (float)(k * cos(2 * M_PI * u2));
+                    if (i + 1 < (int64_t)r * in) A[i + 1] = (float)(k * sin(2 * M_PI * u2));
+                }
+            else
+                kaiming(A, (int64_t)r * in, in, &s);
+            if (m->lora->init == CTRL_LORA_INIT_NONE)
+                kaiming(B, (int64_t)out * r, r, &s);
+            else
+                memset(B, 0, sizeof(float) * (size_t)out * r);
+        }
+    ctrl_model_weights_changed(m);
+}
+
+size_t lora_act_floats(const ctrl_model *m, int l) {
+    if (!m->has_lora) return 0;
+    size_t n = 0;
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        int any = 0;
+        for (int k = 0; k < m->cfg.n_layers && !any; k++)
+            any = (l < 0 ? model_recomputed(m, k) : k == l) && *a_off(m, k, t) >= 0;
+        n += any ? (size_t)m->lora->r : 0;
+    }
+    return n;
+}
+
+static int dropout_on(const ctrl_model *m) { return m->training && m->lora->lora_dropout > 0; }
+
+/* out = x * mask / (1 - p) (host memory), the mask a function of (seed, step, layer, target). */
+static void dropout(const ctrl_model *m, int l, int t, float *out, const float *x, int64_t n) {
+    const float p = m->lora->lora_dropout, keep = 1.0f / (1.0f - p);
+    const uint64_t key = mix64(m->lora->seed ^ mix64(m->lora_step * 0x100000001B3ull + (uint64_t)l * 7 + t));
+    for (int64_t i = 0; i < n; i++) {
+        const double u =
+            ((mix64(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) + 0.5) / 9007199254740992.0;
+        out[i] = u < p ? 0.0f : x[i] * keep;
+    }
+}
+
+/* Scratch: xa [T, r] (decoding, which keeps none), the dropped-out input or dA's dx [T, max width],
+ * the adapter's output or its dx [T, max width]. */
+static ctrl_status scratch(ctrl_model *m, float **xa, float **w1, float **w2) {
+    const ctrl_model_config *c = &m->cfg;
+    size_t wide = (size_t)c->hidden_size;
+    const size_t cand[3] = {(size_t)c->intermediate_size, (size_t)c->n_heads * c->head_dim,
+                            (size_t)c->n_kv_heads * c->head_dim};
+    for (int i = 0; i < 3; i++) wide = cand[i] > wide ? cand[i] : wide;
+    const size_t T = (size_t)m->T;
+    MODEL_TRY(model_grow(m, (void **)&m->lora_ws, &m->lora_ws_bytes,
+                         sizeof(float) * T * ((size_t)m->lora->r + 2 * wide)));
+    *xa = m->lora_ws, *w1 = *xa + T * (size_t)m->lora->r, *w2 = *w1 + T * wide;
+    return CTRL_OK;
+}
+
+static ctrl_status no_device_dropout(const ctrl_model *m) {
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                          "[peft] lora_dropout = %g: LoRA dropout is not implemented on %s yet (set it to 0)",
+                          (double)m->lora->lora_dropout, m->be->name);
+}
+
+ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out, const float *x, int IN,
+                         int OUT) {
+    if (!m->has_lora || m->lora_off || *a_off(m, l, t) < 0) return CTRL_OK;
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T, r = m->lora->r;
+    const float *P = m->dparams;
+    float *xa, *w1, *w2;
+    MODEL_TRY(scratch(m, &xa, &w1, &w2));
+    if (a->lora_xa[t]) xa = a->lora_xa[t];
+    if (dropout_on(m)) {
+        if (!be->host_memory) return no_device_dropout(m);
+        dropout(m, l, t, w1, x, (int64_t)T * IN);
+        x = w1;
+    }
+    MODEL_TRY(model_linear_forward(m, xa, x, P + *a_off(m, l, t), NULL, T, IN, r));
+    MODEL_TRY(be->scale(xa, m->lora_scale, (int64_t)T * r));
+    MODEL_TRY(model_linear_forward(m, w2, xa, P + *b_off(m, l, t), NULL, T, r, OUT));
+    return be->residual_forward(out, out, w2, (int64_t)T * OUT);
+}
+
+ctrl_status lora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
+                          const float *x, int IN, int OUT) {
+    if (!m->has_lora || m->lora_off || *a_off(m, l, t) < 0) return CTRL_OK;
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T, r = m->lora->r;
+    const float *P = m->dparams;
+    float *dxa, *w1, *w2;
+    MODEL_TRY(scratch(m, &dxa, &w1, &w2));
+    const long ao = *a_off(m, l, t), bo = *b_off(m, l, t);
+    MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, dout, a->lora_xa[t], P + bo, T, r, OUT));
+    MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
+    const int drop = dropout_on(m);
+    if (drop) {
+        if (!be->host_memory) return no_device_dropout(m);
+        dropout(m, l, t, w1, x, (int64_t)T * IN);
+        x = w1;
+    }
+    MODEL_TRY(model_linear_backward(m, w2, model_grad(m, ao), NULL, dxa, x, P + ao, T, IN, r));
+    if (drop) { /* through the mask: the same draw with the input's place taken by dx */
+        dropout(m, l, t, w1, w2, (int64_t)T * IN);
+        MODEL_TRY(be->copy(w2, w1, sizeof(float) * (size_t)T * IN));
+    }
+    return be->residual_forward(dx, dx, w2, (int64_t)T * IN);
+}

@@ -1,0 +1,54 @@
+/* LoRA adapters inside the one model code (PEFT's LoraConfig semantics, huggingface/peft
+ * tuners/lora): a targeted linear layer y = x W^T + b becomes
+ *     y = x W^T + b + s * (dropout(x) A^T) B^T,   A [r, IN], B [OUT, r],
+ * s = lora_alpha / r (or lora_alpha / sqrt(r) with use_rslora). The base weights are frozen: the
+ * model lays the trainable tensors (modules_to_save, then every lora_A / lora_B) out after the
+ * frozen ones and holds gradients for that suffix only, so the optimizer, which is given the
+ * trainable views, keeps no state for the base either. CPU and CUDA run the same code (the
+ * backend ops table). */
+#ifndef CTRL_CORE_MODEL_LORA_H
+#define CTRL_CORE_MODEL_LORA_H
+
+#include <stdint.h>
+
+#include <ctrl/status.h>
+
+/* The seven linear layers of a decoder layer, in PEFT's module names. */
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_TARGETS };
+extern const char *const ctrl_lora_target_names[LORA_N_TARGETS]; /* "self_attn.q_proj", ... */
+
+typedef enum {
+    CTRL_LORA_INIT_DEFAULT,  /* init_lora_weights = true: A Kaiming-uniform (a = sqrt(5)), B zero */
+    CTRL_LORA_INIT_GAUSSIAN, /* A ~ N(0, 1/r), B zero */
+    CTRL_LORA_INIT_NONE      /* false: nn.Linear's own init on both (A and B Kaiming-uniform) */
+} ctrl_lora_init;
+
+#define CTRL_LORA_MAX_TARGETS 512
+
+/* What PEFT's LoraConfig says (adapter_config.json or the [peft] section). target_modules entries
+ * match a module as PEFT matches a list: the module's full name equals the entry or ends with
+ * "." + entry ("q_proj", "self_attn.q_proj", "model.layers.3.self_attn.q_proj"); all_linear is
+ * `all-linear`: every linear layer but the output head. */
+typedef struct ctrl_lora_config {
+    int r;
+    float lora_alpha, lora_dropout;
+    int use_rslora;
+    ctrl_lora_init init;
+    uint64_t seed; /* the initialisation's and dropout's */
+    int all_linear;
+    int n_targets;
+    char targets[CTRL_LORA_MAX_TARGETS][96];
+    int save_embed_tokens, save_lm_head; /* modules_to_save */
+} ctrl_lora_config;
+
+/* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */
+float ctrl_lora_scaling(const ctrl_lora_config *c);
+/* Whether PEFT would put an adapter on layer `layer`'s linear `target` (LORA_Q ...). */
+int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int target);
+/* Adds a target_modules entry; CTRL_ERR_CONFIG naming `where` when it names no linear layer of a
+ * decoder (PEFT would refuse it too) or there are too many. */
+ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where);
+/* Adds a modules_to_save entry (embed_tokens or lm_head, by PEFT's suffix rule). */
+ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where);
+
+#endif

@@ -1,0 +1,26 @@
+/* PEFT's adapter directory format (huggingface/peft: save_pretrained / from_pretrained), both
+ * ways: adapter_config.json (peft_type LORA, r, lora_alpha, target_modules, ...) and
+ * adapter_model.safetensors with PEFT's tensor names -- "base_model.model." + the module's name,
+ * without the adapter's name: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight, and
+ * the modules_to_save in full (base_model.model.lm_head.weight). */
+#ifndef CTRL_CORE_MODEL_PEFT_H
+#define CTRL_CORE_MODEL_PEFT_H
+
+#include <stddef.h>
+
+#include "model/lora.h"
+#include "model/model.h"
+
+/* DIR/adapter_config.json into *out (init = NONE: the weights come from the file); `base`
+ * (may be NULL) receives base_model_name_or_path ("" when null). Refuses, naming the key, what is
+ * not implemented: another peft_type, use_dora, bias other than none, rank/alpha patterns,
+ * layers_to_transform, a regex target_modules, ... */
+ctrl_status ctrl_peft_read_config(const char *dir, ctrl_lora_config *out, char *base, size_t base_len);
+/* DIR/adapter_model.safetensors into the model's adapters and modules_to_save: every one of them
+ * must be in the file and every tensor of the file must be one of them, shapes equal. */
+ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir);
+/* Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (fp32), atomically, as PEFT's
+ * save_pretrained would for this model's adapters; `base` is base_model_name_or_path. */
+ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
+
+#endif

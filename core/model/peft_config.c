@@ -1,0 +1,125 @@
+/* adapter_config.json (PEFT's LoraConfig, as save_pretrained writes it) read into a
+ * ctrl_lora_config, refusing by name whatever would make the adapter compute something else. */
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "file_text.h"
+#include "model/model_internal.h"
+#include "model/peft.h"
+
+/* Keys that change what the adapter computes and are not implemented: they must be absent, null,
+ * false, {} or []. */
+static const char *const unsupported[] = {"use_dora",
+                                          "use_qalora",
+                                          "use_bdlora",
+                                          "fan_in_fan_out",
+                                          "lora_bias",
+                                          "layers_to_transform",
+                                          "rank_pattern",
+                                          "alpha_pattern",
+                                          "exclude_modules",
+                                          "layer_replication",
+                                          "trainable_token_indices",
+                                          "target_parameters",
+                                          "megatron_config",
+                                          "alora_invocation_tokens",
+                                          "eva_config",
+                                          "corda_config",
+                                          "arrow_config",
+                                          "kasa_config",
+                                          "lora_ga_config",
+                                          "monteclora_config",
+                                          "loftq_config"};
+
+static int trivial(const cJSON *v) {
+    return !v || cJSON_IsNull(v) || cJSON_IsFalse(v) ||
+           ((cJSON_IsObject(v) || cJSON_IsArray(v)) && cJSON_GetArraySize(v) == 0);
+}
+
+static ctrl_status bad(const char *path, const char *key, const char *why) {
+    return ctrl_error_set(CTRL_ERR_FORMAT, "%s: \"%s\": %s", path, key, why);
+}
+
+static ctrl_status read_number(const cJSON *root, const char *path, const char *key, double lo, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo)
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: \"%s\" must be a number >= %g", path, key, lo);
+    *out = v->valuedouble;
+    return CTRL_OK;
+}
+
+static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_config *c, char *base,
+                               size_t base_len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (!cJSON_IsString(v) || strcmp(v->valuestring, "LORA") != 0)
+        return bad(path, "peft_type", "only LORA adapters are implemented");
+    for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
+        if (!trivial(cJSON_GetObjectItemCaseSensitive(root, unsupported[i])))
+            return bad(path, unsupported[i],
+                       "set, and not implemented in ctrl (it must be null/false/empty)");
+    v = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    if (v && !(cJSON_IsString(v) && !strcmp(v->valuestring, "none")))
+        return bad(path, "bias", "only \"none\" is implemented");
+    v = cJSON_GetObjectItemCaseSensitive(root, "task_type");
+    if (!trivial(v) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "CAUSAL_LM")))
+        return bad(path, "task_type", "only CAUSAL_LM adapters are implemented");
+    double r, alpha, dropout = 0;
+    MODEL_TRY(read_number(root, path, "r", 1, &r));
+    MODEL_TRY(read_number(root, path, "lora_alpha", 0, &alpha));
+    if (cJSON_GetObjectItemCaseSensitive(root, "lora_dropout"))
+        MODEL_TRY(read_number(root, path, "lora_dropout", 0, &dropout));
+    if (r != floor(r) || r > 1e6) return bad(path, "r", "must be a whole number");
+    if (dropout >= 1) return bad(path, "lora_dropout", "must be below 1");
+    c->r = (int)r, c->lora_alpha = (float)alpha, c->lora_dropout = (float)dropout;
+    c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
+    v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "gaussian") != 0)
+        return bad(path, "init_lora_weights", "only true, false and \"gaussian\" are implemented");
+    c->init = CTRL_LORA_INIT_NONE; /* the weights are the file's */
+    char where[4300];
+    snprintf(where, sizeof where, "%s: \"target_modules\"", path);
+    v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    if (cJSON_IsString(v)) {
+        if (strcmp(v->valuestring, "all-linear") != 0)
+            return bad(path, "target_modules",
+                       "a regular expression; only a list of names or all-linear is implemented");
+        MODEL_TRY(ctrl_lora_add_target(c, v->valuestring, where));
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
+        for (const cJSON *e = v->child; e; e = e->next) {
+            if (!cJSON_IsString(e)) return bad(path, "target_modules", "entries must be strings");
+            MODEL_TRY(ctrl_lora_add_target(c, e->valuestring, where));
+        }
+    } else
+        return bad(path, "target_modules", "must be a list of module names or \"all-linear\"");
+    snprintf(where, sizeof where, "%s: \"modules_to_save\"", path);
+    v = cJSON_GetObjectItemCaseSensitive(root, "modules_to_save");
+    for (const cJSON *e = cJSON_IsArray(v) ? v->child : NULL; e; e = e->next) {
+        if (!cJSON_IsString(e)) return bad(path, "modules_to_save", "entries must be strings");
+        MODEL_TRY(ctrl_lora_add_module_to_save(c, e->valuestring, where));
+    }
+    if (!trivial(v) && !cJSON_IsArray(v)) return bad(path, "modules_to_save", "must be a list or null");
+    v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
+    if (base) snprintf(base, base_len, "%s", cJSON_IsString(v) ? v->valuestring : "");
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_peft_read_config(const char *dir, ctrl_lora_config *out, char *base, size_t base_len) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    memset(out, 0, sizeof *out);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 16u << 20, &st);
+    if (!text) return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    st = read_fields(root, path, out, base, base_len);
+    cJSON_Delete(root);
+    return st;
+}

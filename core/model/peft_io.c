@@ -1,0 +1,145 @@
+/* A model's adapters in and out of PEFT's files (see peft.h): adapter_model.safetensors under
+ * PEFT's names, adapter_config.json with the LoraConfig fields PEFT reads back. */
+#include <cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/model_internal.h"
+#include "model/peft.h"
+#include "model/safetensors.h"
+
+#define PEFT_PREFIX "base_model.model."
+
+/* The views an adapter holds: the LoRA tensors and the modules_to_save (all the trainable ones). */
+static int in_adapter(const ctrl_model *m, const ctrl_param_view *v) { return v->offset >= m->train_off; }
+
+ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir) {
+    if (!m->has_lora)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: the model has no LoRA adapters to load", dir);
+    char path[4200], name[CTRL_ST_MAX_NAME];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    ctrl_safetensors *f = NULL;
+    MODEL_TRY(ctrl_safetensors_open(path, &f));
+    ctrl_status st = CTRL_OK;
+    int used = 0;
+    for (int i = 0; i < m->n_views && st == CTRL_OK; i++) {
+        const ctrl_param_view *v = &m->views[i];
+        if (!in_adapter(m, v)) continue;
+        snprintf(name, sizeof name, PEFT_PREFIX "%s", v->name);
+        const ctrl_st_tensor *t = ctrl_safetensors_find(f, name);
+        if (!t) {
+            st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: no tensor '%s' (adapter_config.json implies it)", path,
+                                name);
+            break;
+        }
+        if (t->ndim != v->ndim || t->shape[0] != v->shape[0] || (v->ndim > 1 && t->shape[1] != v->shape[1])) {
+            st = ctrl_error_set(CTRL_ERR_FORMAT,
+                                "%s: '%s' has shape [%lld, %lld], the model's is [%lld, %lld]", path, name,
+                                (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1),
+                                (long long)v->shape[0], (long long)v->shape[1]);
+            break;
+        }
+        float badv;
+        const int64_t at = ctrl_safetensors_find_non_finite(f, t, &badv);
+        if (at >= 0)
+            st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: '%s' holds %g at element %lld", path, name,
+                                (double)badv, (long long)at);
+        else
+            st = ctrl_safetensors_read_f32(f, name, m->params + v->offset, v->numel);
+        used++;
+    }
+    if (st == CTRL_OK && used != ctrl_safetensors_count(f)) /* a tensor the config does not explain */
+        for (int k = 0; k < ctrl_safetensors_count(f) && st == CTRL_OK; k++) {
+            const char *n = ctrl_safetensors_at(f, k)->name;
+            const ctrl_param_view *v = strncmp(n, PEFT_PREFIX, strlen(PEFT_PREFIX))
+                                           ? NULL
+                                           : ctrl_model_find_view(m, n + strlen(PEFT_PREFIX));
+            if (!v || !in_adapter(m, v))
+                st = ctrl_error_set(
+                    CTRL_ERR_FORMAT,
+                    "%s: tensor '%s' is not one of the adapters adapter_config.json describes", path, n);
+        }
+    ctrl_safetensors_close(f);
+    ctrl_model_weights_changed(m);
+    return st;
+}
+
+static char *config_json(const ctrl_model *m, const char *base) {
+    const ctrl_lora_config *c = m->lora;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "peft_type", "LORA");
+    cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
+    if (base && base[0])
+        cJSON_AddStringToObject(o, "base_model_name_or_path", base);
+    else
+        cJSON_AddNullToObject(o, "base_model_name_or_path");
+    cJSON_AddNumberToObject(o, "r", c->r);
+    cJSON_AddNumberToObject(o, "lora_alpha", c->lora_alpha);
+    cJSON_AddNumberToObject(o, "lora_dropout", c->lora_dropout);
+    cJSON_AddBoolToObject(o, "use_rslora", c->use_rslora);
+    cJSON_AddBoolToObject(o, "use_dora", 0);
+    cJSON_AddStringToObject(o, "bias", "none");
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
+    cJSON_AddBoolToObject(o, "inference_mode", 1);
+    if (c->init == CTRL_LORA_INIT_GAUSSIAN)
+        cJSON_AddStringToObject(o, "init_lora_weights", "gaussian");
+    else
+        cJSON_AddBoolToObject(o, "init_lora_weights", c->init == CTRL_LORA_INIT_DEFAULT);
+    cJSON *t = cJSON_AddArrayToObject(o, "target_modules");
+    if (c->all_linear) /* PEFT saves the names all-linear resolved to: on a decoder, these seven */
+        for (int k = 0; k < LORA_N_TARGETS; k++)
+            cJSON_AddItemToArray(t, cJSON_CreateString(strchr(ctrl_lora_target_names[k], '.') + 1));
+    for (int k = 0; k < c->n_targets; k++) cJSON_AddItemToArray(t, cJSON_CreateString(c->targets[k]));
+    if (c->save_embed_tokens || c->save_lm_head) {
+        cJSON *s = cJSON_AddArrayToObject(o, "modules_to_save");
+        if (c->save_embed_tokens) cJSON_AddItemToArray(s, cJSON_CreateString("embed_tokens"));
+        if (c->save_lm_head) cJSON_AddItemToArray(s, cJSON_CreateString("lm_head"));
+    } else
+        cJSON_AddNullToObject(o, "modules_to_save");
+    cJSON_AddObjectToObject(o, "rank_pattern");
+    cJSON_AddObjectToObject(o, "alpha_pattern");
+    cJSON_AddNullToObject(o, "layers_to_transform");
+    cJSON_AddNullToObject(o, "layers_pattern");
+    cJSON_AddNullToObject(o, "revision");
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
+    if (!m->has_lora)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: the model has no LoRA adapters to save", dir);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return ctrl_error_set(CTRL_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+    char path[4200];
+    ctrl_st_write *w = calloc((size_t)m->n_views, sizeof *w);
+    char(*names)[CTRL_ST_MAX_NAME] = calloc((size_t)m->n_views, sizeof *names);
+    if (!w || !names) {
+        free(w), free(names);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    int n = 0;
+    for (int i = 0; i < m->n_views; i++) {
+        const ctrl_param_view *v = &m->views[i];
+        if (!in_adapter(m, v)) continue;
+        snprintf(names[n], sizeof names[n], PEFT_PREFIX "%s", v->name);
+        w[n] = (ctrl_st_write){.name = names[n],
+                               .data = m->params + v->offset,
+                               .ndim = v->ndim,
+                               .shape = {v->shape[0], v->shape[1]}};
+        n++;
+    }
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    ctrl_status st = ctrl_safetensors_write(path, w, n, CTRL_F32);
+    free(w), free(names);
+    if (st != CTRL_OK) return st;
+    char *text = config_json(m, base);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    st = text ? model_write_text_atomic(path, text)
+              : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    cJSON_free(text);
+    return st;
+}

@@ -1,0 +1,329 @@
+/* LoRA in the model against PEFT itself (tests/reference/make_lora_fixtures.py: adapters written
+ * by PEFT's save_pretrained over the tiny fixture models, and what PEFT computes with them): the
+ * adapter loads from PEFT's files, the log-probs and loss match, and so does the gradient of every
+ * lora_A / lora_B / modules_to_save tensor (log-probs <= 1e-5 relative L2, gradients <= 2e-5, fp32's
+ * noise); a central finite
+ * difference checks the adapter's backward (dropout on, too); the base is frozen (no gradient, the
+ * optimizer sees only the adapter); an adapter ctrl saves loads back with the same log-probs;
+ * adapter_config.json keys that are not implemented are refused by name. */
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <ctrl/attention.h>
+
+#include "file_text.h"
+#include "model/model_internal.h"
+#include "model/peft.h"
+#include "model/safetensors.h"
+#include "registry/registry.h"
+#include "test.h"
+
+const ctrl_plugin *const *ctrl_plugins_eager(void);
+
+static const ctrl_attention_ops *eager(void) {
+    const ctrl_plugin *p = ctrl_plugins_eager()[0];
+    if (p->init) p->init(ctrl_host_table());
+    return p->ops;
+}
+
+static cJSON *json_file(const char *path) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(root != NULL, "%s: %s", path, ctrl_error_message());
+    return root;
+}
+
+static int32_t *ints(const cJSON *root, const char *key, int *n) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
+    *n = cJSON_GetArraySize(a);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
+    int i = 0;
+    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
+    return out;
+}
+
+/* The model fixture's packed batch (models/<arch>/batch.json). */
+typedef struct fixture_batch {
+    int T, n_cu;
+    int32_t *tokens, *pos, *tg, *cu;
+    ctrl_batch b;
+} fixture_batch;
+
+static void batch_load(fixture_batch *f, const char *arch) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/%s/batch.json", CTRL_FIXTURE_DIR, arch);
+    cJSON *root = json_file(path);
+    int n;
+    f->tokens = ints(root, "tokens", &f->T), f->pos = ints(root, "positions", &n);
+    f->tg = ints(root, "targets", &n), f->cu = ints(root, "cu_seqlens", &f->n_cu);
+    f->b = (ctrl_batch){.T = f->T,
+                        .B = f->n_cu - 1,
+                        .tokens = f->tokens,
+                        .positions = f->pos,
+                        .cu_seqlens = f->cu,
+                        .targets = f->tg};
+    cJSON_Delete(root);
+}
+
+static void batch_free(fixture_batch *f) { free(f->tokens), free(f->pos), free(f->tg), free(f->cu); }
+
+/* The base model of a fixture adapter with the adapter loaded from PEFT's files. */
+static ctrl_model *load_adapter(const char *adapter_dir) {
+    ctrl_lora_config lc;
+    char base[512], dir[1200];
+    ctrl_status st = ctrl_peft_read_config(adapter_dir, &lc, base, sizeof base);
+    CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    if (st != CTRL_OK) return NULL;
+    snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, base);
+    ctrl_model *m = NULL;
+    st = ctrl_model_load_lora(dir, eager(), &lc, &m);
+    CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    if (st == CTRL_OK) {
+        st = ctrl_peft_load_weights(m, adapter_dir);
+        CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    }
+    return m;
+}
+
+/* Mean next-token loss of the batch: logp, and dL/dlogp in dlogp. */
+static double mean_loss(const fixture_batch *f, const float *logp, float *dlogp) {
+    int n = 0;
+    double loss = 0;
+    for (int t = 0; t < f->T; t++) n += f->tg[t] >= 0;
+    for (int t = 0; t < f->T; t++) {
+        loss -= logp[t];
+        if (dlogp) dlogp[t] = f->tg[t] >= 0 ? -1.0f / n : 0.0f;
+    }
+    return loss / n;
+}
+
+static void check_case(const char *name) {
+    char dir[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, name);
+    ctrl_model *m = load_adapter(dir);
+    if (!m) return;
+    snprintf(path, sizeof path, "%s/batch.json", dir);
+    cJSON *want = json_file(path);
+    const char *arch = strrchr(cJSON_GetObjectItemCaseSensitive(want, "base")->valuestring, '/') + 1;
+    fixture_batch f;
+    batch_load(&f, arch);
+    CHECK_NEAR(ctrl_lora_scaling(ctrl_model_lora(m)),
+               cJSON_GetObjectItemCaseSensitive(want, "scaling")->valuedouble, 1e-6);
+    float *logp = malloc(sizeof(float) * f.T), *dlogp = malloc(sizeof(float) * f.T),
+          *want_logp = calloc(f.T, 4);
+    int i = 0;
+    for (const cJSON *e = cJSON_GetObjectItemCaseSensitive(want, "logp")->child; e && i < f.T; e = e->next)
+        want_logp[i++] = (float)e->valuedouble;
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, logp, NULL, NULL), CTRL_OK);
+    const double loss = mean_loss(&f, logp, dlogp),
+                 want_loss = cJSON_GetObjectItemCaseSensitive(want, "loss")->valuedouble;
+    const double e_logp = test_rel_error_f32(logp, want_logp, f.T);
+    CHECK_MSG(e_logp <= 1e-5, "%s: logp relative error %.3g", name, e_logp);
+    CHECK_MSG(fabs(loss - want_loss) <= 1e-5 * fabs(want_loss), "%s: loss %.7f vs PEFT %.7f", name, loss,
+              want_loss);
+    CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
+    size_t n_train;
+    const float *g = ctrl_model_grads(m, &n_train);
+    const size_t off = ctrl_model_trainable_offset(m);
+    snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+    ctrl_safetensors *gs = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);
+    double worst = 0, num = 0, den = 0;
+    int checked = 0;
+    const char *worst_name = "";
+    for (int v = 0; gs && v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        if (pv->offset < off) continue;
+        char tn[300];
+        snprintf(tn, sizeof tn, "base_model.model.%s", pv->name);
+        float *w = malloc(sizeof(float) * (size_t)pv->numel);
+        CHECK_MSG(ctrl_safetensors_read_f32(gs, tn, w, pv->numel) == CTRL_OK, "%s", ctrl_error_message());
+        const float *got = g + (pv->offset - off);
+        double dn = 0, nn = 0;
+        for (int64_t k = 0; k < pv->numel; k++)
+            dn += ((double)got[k] - w[k]) * ((double)got[k] - w[k]), nn += (double)w[k] * w[k];
+        /* an all-zero gradient (lora_A under B = 0) must be zero here too */
+        const double e = nn > 0 ? sqrt(dn / nn) : sqrt(dn);
+        if (getenv("CTRL_TEST_VERBOSE")) printf("    %-48s %.2e\n", pv->name, e);
+        if (e > worst) worst = e, worst_name = pv->name;
+        num += dn, den += nn, checked++;
+        free(w);
+    }
+    CHECK_EQ_INT(checked, gs ? ctrl_safetensors_count(gs) : -1);
+    const double all = sqrt(num / den);
+    /* fp32 noise: llama_all_rslora (s = 11.3) is 1.4e-5 from PEFT over all gradients, 2e-5 on its worst
+     * tensors, where PEFT's own fp32 is 3-4e-5 away from PEFT in float64 (measured by hand) */
+    CHECK_MSG(all <= 2e-5, "%s: gradients: relative error %.3g", name, all);
+    CHECK_MSG(worst <= 5e-5, "%s: gradient of %s: relative error %.3g", name, worst_name, worst);
+    printf(
+        "  %-20s loss %.6f (PEFT %.6f), logp rel %.1e, %d adapter gradients rel %.1e (worst tensor %.1e)\n",
+        name, loss, want_loss, e_logp, checked, all, worst);
+    ctrl_safetensors_close(gs);
+    cJSON_Delete(want);
+    free(logp), free(dlogp), free(want_logp);
+    batch_free(&f);
+    ctrl_model_free(m);
+}
+
+TEST(lora_forward_and_adapter_gradients_match_peft) {
+    static const char *const cases[] = {"llama_qv", "llama_all_rslora", "qwen2_attn_mlp",
+                                        "qwen3_default_init"};
+    for (int i = 0; i < 4; i++) check_case(cases[i]);
+}
+
+/* The base has no gradient buffer: the gradients are the adapter's (and modules_to_save's) only,
+ * and the frozen weights are the trainable offset's prefix. */
+TEST(lora_base_is_frozen) {
+    ctrl_model *m = load_adapter(CTRL_FIXTURE_DIR "/lora/llama_all_rslora");
+    if (!m) return;
+    size_t n_all, n_train;
+    ctrl_model_params(m, &n_all);
+    ctrl_model_grads(m, &n_train);
+    size_t lora = 0, head = 0;
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        const int trains = pv->offset >= ctrl_model_trainable_offset(m);
+        CHECK_MSG(trains == (pv->lora || !strcmp(pv->name, "lm_head.weight")), "%s", pv->name);
+        lora += pv->lora ? (size_t)pv->numel : 0;
+        head += !strcmp(pv->name, "lm_head.weight") ? (size_t)pv->numel : 0;
+    }
+    CHECK_EQ_INT((long)n_train, (long)(lora + head)); /* 11,904 of PEFT's count */
+    CHECK_EQ_INT((long)n_train, 11904);
+    CHECK_EQ_INT((long)(n_all - n_train), (long)ctrl_model_trainable_offset(m));
+    ctrl_model_free(m);
+}
+
+/* dL/dθ of the adapters by central differences of L = sum_t w_t logp_t, in double from fp32
+ * forwards (h = 1e-2 on weights of magnitude ~0.1-0.5), against the backward; with dropout on,
+ * the forward counter is held so that each forward draws the same masks. */
+static void finite_difference(float dropout) {
+    ctrl_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/models/qwen2", &cfg), CTRL_OK);
+    ctrl_lora_config lc = {
+        .r = 3, .lora_alpha = 6, .lora_dropout = dropout, .init = CTRL_LORA_INIT_NONE, .seed = 7};
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m), CTRL_OK);
+    if (!m) return;
+    ctrl_model_set_training(m, 1);
+    fixture_batch f;
+    batch_load(&f, "qwen2");
+    float *logp = malloc(sizeof(float) * f.T), *w = malloc(sizeof(float) * f.T);
+    for (int t = 0; t < f.T; t++) w[t] = f.tg[t] >= 0 ? (float)(0.3 + 0.1 * (t % 5)) : 0.0f;
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, logp, NULL, NULL), CTRL_OK);
+    const uint64_t step = m->lora_step;
+    CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_backward(m, w), CTRL_OK);
+    float *params = ctrl_model_params(m, NULL);
+    const float *g = ctrl_model_grads(m, NULL);
+    const size_t off = ctrl_model_trainable_offset(m);
+    double worst = 0;
+    int n = 0;
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        if (!pv->lora) continue;
+        for (int64_t k = 0; k < pv->numel; k += pv->numel / 3 + 1) { /* three elements of each tensor */
+            float *p = params + pv->offset + k;
+            const float keep = *p, h = 1e-2f;
+            double L[2];
+            for (int s = 0; s < 2; s++) {
+                *p = keep + (s ? -h : h);
+                ctrl_model_weights_changed(m);
+                m->lora_step = step - 1; /* the forward counts it up to `step` again: the same masks */
+                CHECK_EQ_INT(ctrl_model_forward(m, &f.b, logp, NULL, NULL), CTRL_OK);
+                L[s] = 0;
+                for (int t = 0; t < f.T; t++) L[s] += (double)w[t] * logp[t];
+            }
+            *p = keep;
+            const double fd = (L[0] - L[1]) / (2.0 * h), an = g[pv->offset - off + k];
+            /* the fp32 loss (~75) is exact to ~5e-6: 3e-4 of absolute noise in a difference over 2h */
+            const double e = fabs(fd - an) / (fmax(fabs(an), fabs(fd)) + 1.5e-2);
+            CHECK_MSG(fabs(fd - an) <= 2e-2 * fmax(fabs(an), fabs(fd)) + 3e-4,
+                      "%s[%lld]: finite difference %.6g, backward %.6g", pv->name, (long long)k, fd, an);
+            worst = fmax(worst, e), n++;
+        }
+    }
+    ctrl_model_weights_changed(m);
+    printf("  dropout %.2f: %d adapter weights, worst relative difference %.2e\n", (double)dropout, n, worst);
+    CHECK(n >= 6 * 2 * 7);
+    free(logp), free(w);
+    batch_free(&f);
+    ctrl_model_free(m);
+}
+
+TEST(lora_backward_matches_finite_differences) { finite_difference(0.0f); }
+TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f); }
+
+/* An adapter ctrl writes loads back (by ctrl and, by hand, by PEFT: check_peft_adapter.py) with the
+ * same log-probs; with the adapters disabled the model is its base. */
+TEST(lora_adapter_saved_by_ctrl_loads_back) {
+    ctrl_model *m = load_adapter(CTRL_FIXTURE_DIR "/lora/qwen2_attn_mlp");
+    if (!m) return;
+    fixture_batch f;
+    batch_load(&f, "qwen2");
+    float *a = malloc(sizeof(float) * f.T), *b = malloc(sizeof(float) * f.T),
+          *base = malloc(sizeof(float) * f.T);
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+    char dir[] = "/tmp/ctrl_lora_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK_EQ_INT(ctrl_peft_save(m, dir, "models/qwen2"), CTRL_OK);
+    ctrl_model *back = load_adapter(dir);
+    if (back) {
+        CHECK_EQ_INT(ctrl_model_forward(back, &f.b, b, NULL, NULL), CTRL_OK);
+        CHECK_REL(b, a, f.T, 0.0);
+        ctrl_model_set_adapters_enabled(back, 0);
+        CHECK_EQ_INT(ctrl_model_forward(back, &f.b, base, NULL, NULL), CTRL_OK);
+        ctrl_model *plain = NULL;
+        CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &plain), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward(plain, &f.b, b, NULL, NULL), CTRL_OK);
+        CHECK_REL(base, b, f.T, 0.0);
+        CHECK(test_rel_error_f32(a, b, f.T) > 1e-3); /* the adapter does change the output */
+        ctrl_model_free(plain);
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir), unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir), unlink(path);
+    rmdir(dir);
+    free(a), free(b), free(base);
+    batch_free(&f);
+    ctrl_model_free(back);
+    ctrl_model_free(m);
+}
+
+/* What would make the adapter compute something else is refused, naming the key. */
+TEST(lora_adapter_config_refuses_what_is_not_implemented) {
+    static const char *const cases[][2] = {
+        {"\"use_dora\": true", "use_dora"},
+        {"\"bias\": \"all\"", "bias"},
+        {"\"rank_pattern\": {\"q_proj\": 8}", "rank_pattern"},
+        {"\"peft_type\": \"IA3\"", "peft_type"},
+        {"\"target_modules\": \".*q_proj\"", "target_modules"},
+        {"\"target_modules\": [\"lm_head\"]", "lm_head"},
+        {"\"modules_to_save\": [\"score\"]", "score"},
+        {"\"init_lora_weights\": \"pissa\"", "init_lora_weights"},
+    };
+    char dir[] = "/tmp/ctrl_lora_cfg_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        FILE *fp = fopen(path, "w"); /* a valid config but for the case's key */
+        fprintf(fp, "{%s, %s%s\"r\": 4, \"lora_alpha\": 8}", cases[i][0],
+                strncmp(cases[i][0], "\"peft_type\"", 11) ? "\"peft_type\": \"LORA\", " : "",
+                strncmp(cases[i][0], "\"target_modules\"", 16) ? "\"target_modules\": [\"q_proj\"], " : "");
+        fclose(fp);
+        ctrl_lora_config lc;
+        CHECK_MSG(ctrl_peft_read_config(dir, &lc, NULL, 0) != CTRL_OK, "%s accepted", cases[i][0]);
+        CHECK_CONTAINS(ctrl_error_message(), cases[i][1]);
+    }
+    unlink(path);
+    rmdir(dir);
+}

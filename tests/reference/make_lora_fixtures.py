@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""LoRA parity fixtures written by PEFT itself: the tiny fixture models of make_model_fixtures.py
+(tests/fixtures/models/<arch>) wrapped with peft.get_peft_model under several LoraConfigs, each
+adapter saved with PEFT's own save_pretrained (adapter_config.json + adapter_model.safetensors)
+under tests/fixtures/lora/<case>/, with what PEFT computes on the model fixture's packed batch
+(each sequence on its own, in eval mode: dropout off): per-token log-probs of the next tokens, the
+mean loss (batch.json), and the gradient of that loss for every trainable tensor -- every lora_A /
+lora_B and modules_to_save tensor -- under the names the adapter file uses (grads.safetensors).
+Run by hand:
+    /work/venv/bin/python tests/reference/make_lora_fixtures.py
+"""
+import json
+import math
+import os
+
+import peft
+import torch
+import transformers
+from peft import LoraConfig, get_peft_model
+from peft.utils import get_peft_model_state_dict
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+HERE = os.path.dirname(__file__)
+MODELS = os.path.join(HERE, "..", "fixtures", "models")
+OUT = os.path.join(HERE, "..", "fixtures", "lora")
+
+# name: (arch, LoraConfig keywords, B non-zero).  init_lora_weights=False leaves nn.Linear's own
+# init on both A and B (non-zero B, so that every path carries signal); the default-init case
+# keeps B = 0 (A's gradient is then exactly zero) and checks it.
+CASES = {
+    "llama_qv": ("llama", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                               lora_dropout=0.0)),
+    "llama_all_rslora": ("llama", dict(r=2, lora_alpha=16, target_modules="all-linear", use_rslora=True,
+                                       init_lora_weights=False, lora_dropout=0.1, modules_to_save=["lm_head"])),
+    "qwen2_attn_mlp": ("qwen2", dict(r=3, lora_alpha=5, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                        "gate_proj", "up_proj", "down_proj"],
+                                     init_lora_weights=False, lora_dropout=0.0)),
+    "qwen3_default_init": ("qwen3", dict(r=4, lora_alpha=4, target_modules=["o_proj", "down_proj"],
+                                         lora_dropout=0.0, modules_to_save=["embed_tokens"])),
+}
+
+
+def file_name(param_name):
+    """The adapter file's name of a trainable parameter (PEFT drops the adapter name)."""
+    n = param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+    return n.replace(".modules_to_save.default.", ".")
+
+
+def main():
+    for case, (arch, kw) in CASES.items():
+        torch.manual_seed(2000 + len(case))
+        base_dir = os.path.join(MODELS, arch)
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
+        cfg = LoraConfig(task_type="CAUSAL_LM", bias="none", **kw)
+        pm = get_peft_model(model, cfg)
+        pm.eval()
+        d = os.path.join(OUT, case)
+        os.makedirs(d, exist_ok=True)
+        pm.save_pretrained(d)
+        # the base model's path as the C test finds it, relative to the fixtures folder
+        cpath = os.path.join(d, "adapter_config.json")
+        with open(cpath) as f:
+            ac = json.load(f)
+        ac["base_model_name_or_path"] = "models/" + arch
+        with open(cpath, "w") as f:
+            json.dump(ac, f, indent=2, sort_keys=True)
+        with open(os.path.join(base_dir, "batch.json")) as f:
+            batch = json.load(f)
+        cu, toks = batch["cu_seqlens"], batch["tokens"]
+        total = sum(cu[i + 1] - cu[i] - 1 for i in range(len(cu) - 1))
+        loss_sum, logps = 0.0, []
+        for i in range(len(cu) - 1):
+            seq = torch.tensor(toks[cu[i]:cu[i + 1]])
+            logits = pm(input_ids=seq[None]).logits[0]
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            gathered = lp[:-1].gather(1, seq[1:, None])[:, 0]
+            loss_sum = loss_sum + (-gathered.sum())
+            logps += gathered.tolist() + [0.0]
+        loss = loss_sum / total
+        loss.backward()
+        grads = {file_name(n): p.grad.detach().contiguous() for n, p in pm.named_parameters() if p.requires_grad}
+        saved = get_peft_model_state_dict(pm)
+        assert set(grads) == set("base_model.model." + k if not k.startswith("base_model") else k for k in saved) \
+            or set(grads) == set(saved), (sorted(grads), sorted(saved))
+        save_file(grads, os.path.join(d, "grads.safetensors"))
+        scale = kw["lora_alpha"] / (math.sqrt(kw["r"]) if kw.get("use_rslora") else kw["r"])
+        with open(os.path.join(d, "batch.json"), "w") as f:
+            json.dump({"logp": logps, "loss": loss.item(), "scaling": scale, "base": "models/" + arch,
+                       "note": "torch %s, transformers %s, peft %s (make_lora_fixtures.py)" % (
+                           torch.__version__, transformers.__version__, peft.__version__)}, f)
+        print(case, "loss %.6f" % loss.item(), "trainable", sum(p.numel() for p in grads.values()),
+              "tensors", len(grads))
+
+
+if __name__ == "__main__":
+    main()
