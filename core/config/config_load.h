@@ -53,6 +53,7 @@ typedef struct ctrl_run_settings {
         int eval_packing;         /* -1 unset (as packing), 0, 1 */
         double eval_fraction;
         int max_length, pad_to_multiple_of;
+        int max_prompt_length, max_completion_length; /* preference data; 0 = off */
         int packing, padding_free, assistant_only_loss, shuffle, skip_bad_rows;
     } data;
     struct {

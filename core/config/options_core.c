@@ -49,6 +49,12 @@ static const ctrl_option data_options[] = {
      "Truncate tokenized examples to this length (the pack length when packing)."},
     {"truncation_mode", CTRL_OPT_CHOICE, "keep_start", 0, 0, 0, "keep_start|keep_end",
      "Which end of a too-long example is kept."},
+    {"max_prompt_length", CTRL_OPT_INT, "0", MIN(0), NULL,
+     "Preference data (dpo, kto): keep only the prompt's last this many tokens, before max_length (0 = "
+     "off)."},
+    {"max_completion_length", CTRL_OPT_INT, "0", MIN(0), NULL,
+     "Preference data (dpo, kto): keep only each completion's first this many tokens, before max_length "
+     "(0 = off)."},
     {"packing", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL, "Pack several examples into each sequence."},
     {"packing_strategy", CTRL_OPT_CHOICE, "bfd", 0, 0, 0, "bfd|bfd_split|wrapped",
      "bfd: best-fit decreasing (overflow dropped); bfd_split: long examples split first; wrapped: cut a "
@@ -149,7 +155,8 @@ static const ctrl_option generation_options[] = {
 };
 
 static const ctrl_option peft_options[] = {
-    {"enabled", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL, "Train LoRA adapters instead of the full model. Not implemented yet: true is refused."},
+    {"enabled", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "Train LoRA adapters instead of the full model. Not implemented yet: true is refused."},
     {"r", CTRL_OPT_INT, "16", MIN(1), NULL, "LoRA rank."},
     {"lora_alpha", CTRL_OPT_FLOAT, "32", POSITIVE, NULL, "LoRA scaling numerator (scale = lora_alpha / r)."},
     {"lora_dropout", CTRL_OPT_FLOAT, "0.05", RANGE(0, 1), NULL, "Dropout on the LoRA input."},

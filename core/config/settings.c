@@ -58,6 +58,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                      ctrl_config_has(cfg, "data", "eval_packing") ? rd_bool(&r, "data", "eval_packing") : -1,
                  .eval_fraction = rd_float(&r, "data", "eval_fraction"),
                  .max_length = (int)rd_int(&r, "data", "max_length"),
+                 .max_prompt_length = (int)rd_int(&r, "data", "max_prompt_length"),
+                 .max_completion_length = (int)rd_int(&r, "data", "max_completion_length"),
                  .pad_to_multiple_of = (int)rd_int(&r, "data", "pad_to_multiple_of"),
                  .packing = rd_bool(&r, "data", "packing"),
                  .padding_free = rd_bool(&r, "data", "padding_free"),

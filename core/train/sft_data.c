@@ -137,30 +137,41 @@ void ctrl_dataset_free(ctrl_dataset *d) {
     memset(d, 0, sizeof *d);
 }
 
-/* Moves a seeded random `fraction` of `train`'s examples to `eval` (both keep file order). */
-static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double fraction, uint64_t seed) {
-    int n_eval = (int)(train->n * fraction + 0.5);
+ctrl_status ctrl_hold_out_pick(int n, double fraction, uint64_t seed, uint8_t *to_eval, int *n_eval_out) {
+    int n_eval = (int)(n * fraction + 0.5);
     if (n_eval < 1) n_eval = 1;
-    if (n_eval >= train->n)
+    if (n_eval >= n)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "[data] eval_fraction = %g leaves no training example (%d examples)", fraction,
-                              train->n);
-    uint8_t *to_eval = calloc((size_t)train->n, 1);
-    int *perm = malloc(sizeof(int) * (size_t)train->n);
-    ctrl_example *held = malloc(sizeof(ctrl_example) * (size_t)n_eval);
-    if (!to_eval || !perm || !held) {
-        free(to_eval), free(perm), free(held);
-        return ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
-    }
-    for (int i = 0; i < train->n; i++) perm[i] = i;
+                              n);
+    int *perm = malloc(sizeof(int) * (size_t)n);
+    if (!perm) return ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
+    for (int i = 0; i < n; i++) perm[i] = i;
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-    for (int i = train->n - 1; i > 0; i--) {
+    for (int i = n - 1; i > 0; i--) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         int j = (int)(x % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
+    memset(to_eval, 0, (size_t)n);
     for (int k = 0; k < n_eval; k++) to_eval[perm[k]] = 1;
     free(perm);
+    *n_eval_out = n_eval;
+    return CTRL_OK;
+}
+
+/* Moves a seeded random `fraction` of `train`'s examples to `eval` (both keep file order). */
+static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double fraction, uint64_t seed) {
+    uint8_t *to_eval = malloc((size_t)train->n + 1);
+    if (!to_eval) return ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
+    int n_eval;
+    ctrl_status st = ctrl_hold_out_pick(train->n, fraction, seed, to_eval, &n_eval);
+    ctrl_example *held = st == CTRL_OK ? malloc(sizeof(ctrl_example) * (size_t)n_eval) : NULL;
+    if (st == CTRL_OK && !held) st = ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
+    if (st != CTRL_OK) {
+        free(to_eval);
+        return st;
+    }
     memset(eval, 0, sizeof *eval);
     eval->ex = held;
     int kept = 0;

@@ -48,15 +48,18 @@ void ctrl_sft_format_free(ctrl_sft_format *f) {
     free(f);
 }
 
-static ctrl_status chat_template(ctrl_sft_format *f) {
-    if (f->tpl) return CTRL_OK;
-    if (!f->template_path) return ctrl_chat_template_load(f->tok, &f->tpl);
+ctrl_status ctrl_row_chat_template(const ctrl_tokenizer *tok, const char *path, ctrl_template **out) {
+    if (!path) return ctrl_chat_template_load(tok, out);
     ctrl_status st;
-    char *src = ctrl_read_text_file(f->template_path, 1 << 20, &st);
+    char *src = ctrl_read_text_file(path, 1 << 20, &st);
     if (!src) return st;
-    st = ctrl_template_compile(src, strlen(src), f->template_path, &f->tpl);
+    st = ctrl_template_compile(src, strlen(src), path, out);
     free(src);
     return st;
+}
+
+static ctrl_status chat_template(ctrl_sft_format *f) {
+    return f->tpl ? CTRL_OK : ctrl_row_chat_template(f->tok, f->template_path, &f->tpl);
 }
 
 /* ShareGPT rows: `conversations` with from/value become `messages` with role/content, as TRL's
@@ -81,7 +84,7 @@ static void sharegpt_to_chatml(cJSON *row, const char *messages_field) {
 
 /* Template variables for a conversation: messages, tools (a JSON string is parsed, as TRL),
  * the row's chat_template_kwargs, the tokenizer's special tokens. */
-static cJSON *chat_vars(const ctrl_sft_format *f, const cJSON *row, const cJSON *messages, int add_gen) {
+cJSON *ctrl_row_chat_vars(const ctrl_tokenizer *tok, const cJSON *row, const cJSON *messages, int add_gen) {
     cJSON *vars = cJSON_CreateObject();
     cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(messages, 1));
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(row, "tools");
@@ -95,11 +98,11 @@ static cJSON *chat_vars(const ctrl_sft_format *f, const cJSON *row, const cJSON 
             cJSON_AddItemToObject(vars, k->string, cJSON_Duplicate(k, 1));
     if (!cJSON_HasObjectItem(vars, "add_generation_prompt"))
         cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);
-    ctrl_chat_add_special_tokens(f->tok, vars);
+    ctrl_chat_add_special_tokens(tok, vars);
     return vars;
 }
 
-static int messages_ok(const cJSON *m) {
+int ctrl_row_messages_ok(const cJSON *m) {
     if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0) return 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, m) if (!cJSON_IsObject(e) ||
@@ -123,7 +126,7 @@ static ctrl_status encode_text(const ctrl_sft_format *f, const char *a, const ch
     return st;
 }
 
-static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+size_t ctrl_common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
     size_t k = 0;
     while (k < na && k < nb && a[k] == b[k]) k++;
     return k;
@@ -147,14 +150,14 @@ ctrl_status ctrl_sft_format_row(ctrl_sft_format *f, cJSON *row, int32_t **ids_ou
     cJSON *vars = NULL;
     if (prompt || completion) {
         int strings = cJSON_IsString(prompt) && cJSON_IsString(completion);
-        if (!strings && !(messages_ok(prompt) && messages_ok(completion)))
+        if (!strings && !(ctrl_row_messages_ok(prompt) && ctrl_row_messages_ok(completion)))
             return *why = "\"prompt\" and \"completion\" must both be strings or both be lists of messages",
                    CTRL_OK;
         if (strings) {
             st = encode_text(f, prompt->valuestring, NULL, 0, &p_ids, &np);
             if (st == CTRL_OK) st = encode_text(f, prompt->valuestring, completion->valuestring, 1, &ids, &n);
         } else if ((st = chat_template(f)) == CTRL_OK) {
-            vars = chat_vars(f, row, prompt, 1);
+            vars = ctrl_row_chat_vars(f->tok, row, prompt, 1);
             st = ctrl_chat_encode(f->tok, f->tpl, vars, &p_ids, &np, NULL);
             cJSON *all = cJSON_GetObjectItemCaseSensitive(vars, "messages");
             const cJSON *m;
@@ -163,12 +166,12 @@ ctrl_status ctrl_sft_format_row(ctrl_sft_format *f, cJSON *row, int32_t **ids_ou
             if (st == CTRL_OK)
                 st = ctrl_chat_encode(f->tok, f->tpl, vars, &ids, &n, f->assistant_only ? &assistant : NULL);
         }
-        if (st == CTRL_OK) prompt_len = (long)common_prefix(p_ids, np, ids, n);
+        if (st == CTRL_OK) prompt_len = (long)ctrl_common_prefix(p_ids, np, ids, n);
     } else if (messages) {
-        if (!messages_ok(messages))
+        if (!ctrl_row_messages_ok(messages))
             return *why = "\"messages\" must be a non-empty list of objects with a \"role\"", CTRL_OK;
         if ((st = chat_template(f)) == CTRL_OK) {
-            vars = chat_vars(f, row, messages, 0);
+            vars = ctrl_row_chat_vars(f->tok, row, messages, 0);
             st = ctrl_chat_encode(f->tok, f->tpl, vars, &ids, &n, f->assistant_only ? &assistant : NULL);
         }
     } else if (cJSON_IsString(text)) {

@@ -49,6 +49,10 @@ ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok
                                ctrl_dataset *eval);
 void ctrl_dataset_free(ctrl_dataset *d);
 
+/* The seeded hold-out of [data] eval_fraction over n rows: to_eval[i] = 1 for the round(n * fraction)
+ * (at least 1) rows held out, *n_eval their count; CTRL_ERR_CONFIG when none would be left to train. */
+ctrl_status ctrl_hold_out_pick(int n, double fraction, uint64_t seed, uint8_t *to_eval, int *n_eval);
+
 /* Packs the examples with TRL's strategies (train/packing.c): "bfd", "bfd_split" or "wrapped". */
 ctrl_status ctrl_dataset_pack(ctrl_dataset *d, int seq_length, const char *strategy);
 /* Tokens over n * seq_length: how full the packed rows are. */
