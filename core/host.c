@@ -7,6 +7,7 @@
 #include <ctrl/config.h>
 
 #include "registry/registry.h"
+#include "train/score_model.h"
 
 static void host_log(ctrl_log_level level, const char *fmt, ...) {
     va_list ap;
@@ -70,6 +71,9 @@ static const ctrl_host host = {
     .option_float = host_option_float,
     .option_bool = host_option_bool,
     .error_wrap = host_error_wrap,
+    .score_model_open = ctrl_score_model_open,
+    .score_model_score = ctrl_score_model_score,
+    .score_model_close = ctrl_score_model_close,
 };
 
 const ctrl_host *ctrl_host_table(void) { return &host; }

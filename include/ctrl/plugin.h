@@ -45,6 +45,9 @@ typedef enum ctrl_kind {
 #define CTRL_PRINTF_LIKE(fmt, args)
 #endif
 
+/* A reward model the core loads and runs for a plugin (ctrl_host's score_model_* entries). */
+typedef struct ctrl_score_model ctrl_score_model;
+
 typedef struct ctrl_host {
     size_t size;
     uint32_t abi;
@@ -68,6 +71,16 @@ typedef struct ctrl_host {
     bool (*option_bool)(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *status);
     /* Appended: prefixes the current message with "context: " (as libctrl's ctrl_error_wrap). */
     ctrl_status (*error_wrap)(ctrl_status status, const char *fmt, ...) CTRL_PRINTF_LIKE(2, 3);
+    /* Appended: reward models (the `reward_model` reward). score_model_open loads a
+     * *ForSequenceClassification directory on the run's device with the run's attention plugin, its
+     * tokenizer from `tokenizer` (NULL: the model directory); score_model_score writes out[i], the
+     * first label's score of texts[i] -- tokenized without special tokens, read at its last non-pad
+     * token, as transformers scores a padded batch -- `batch_size` texts per forward. */
+    ctrl_status (*score_model_open)(const ctrl_config *cfg, const char *dir, const char *tokenizer,
+                                    ctrl_score_model **out);
+    ctrl_status (*score_model_score)(ctrl_score_model *m, const char *const *texts, int n, int batch_size,
+                                     float *out);
+    void (*score_model_close)(ctrl_score_model *m);
 } ctrl_host;
 
 typedef struct ctrl_plugin {

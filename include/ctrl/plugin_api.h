@@ -80,6 +80,10 @@ CTRL_PLUGIN_API_LINKAGE CTRL_PLUGIN_API_HIDDEN const ctrl_host *ctrl_api;
 #define ctrl_config_get_int ctrl_api->config_get_int
 #define ctrl_config_get_float ctrl_api->config_get_float
 #define ctrl_config_get_bool ctrl_api->config_get_bool
+/* Reward models loaded and run by the core (see ctrl_host). */
+#define ctrl_score_model_open ctrl_api->score_model_open
+#define ctrl_score_model_score ctrl_api->score_model_score
+#define ctrl_score_model_close ctrl_api->score_model_close
 
 #include <string.h>
 

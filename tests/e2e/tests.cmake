@@ -37,3 +37,10 @@ if(TARGET ctrl_cli)
                                           $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_train_health PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# GRPO and RLOO with a learned reward model as [reward.rm] plugin = reward_model (tests/e2e/test_reward_model.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_reward_model_e2e COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_reward_model.sh
+                                              $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_reward_model_e2e PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
