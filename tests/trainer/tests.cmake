@@ -8,3 +8,17 @@ target_compile_definitions(test_trainer_sft PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SO
 target_link_libraries(test_trainer_sft PRIVATE ctrl m)
 add_test(NAME test_trainer_sft COMMAND test_trainer_sft)
 set_tests_properties(test_trainer_sft PROPERTIES LABELS parity SKIP_RETURN_CODE 77 TIMEOUT 60)
+
+# The reward trainer plugin linked statically, on the score head, against TRL's RewardTrainer.
+add_executable(test_trainer_reward ${CMAKE_SOURCE_DIR}/tests/trainer/test_trainer_reward.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
+               ${CMAKE_SOURCE_DIR}/tests/test_registry.c ${CMAKE_SOURCE_DIR}/plugins/trainer/reward/reward.c)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/plugins/trainer/reward/reward.c TARGET_DIRECTORY test_trainer_reward
+                            PROPERTIES COMPILE_DEFINITIONS CTRL_PLUGIN_STATIC_NAME=reward)
+target_include_directories(test_trainer_reward PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/include
+                           ${CMAKE_SOURCE_DIR}/core ${CMAKE_SOURCE_DIR}/kernels ${CJSON_INCLUDE_DIR})
+target_compile_definitions(test_trainer_reward PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures"
+                           CTRL_PLUGIN_DIR="${CTRL_PLUGIN_OUTPUT_DIR}")
+target_link_libraries(test_trainer_reward PRIVATE ctrl ${CJSON_LIBRARY} m)
+add_dependencies(test_trainer_reward reward eager)
+add_test(NAME test_trainer_reward COMMAND test_trainer_reward)
+set_tests_properties(test_trainer_reward PROPERTIES LABELS parity TIMEOUT 60)
