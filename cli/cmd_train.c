@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "collective/collective.h"
 #include "config/config_load.h"
 #include "train/train.h"
 
@@ -25,7 +26,7 @@ static ctrl_status make_dirs(const char *path) {
     return CTRL_OK;
 }
 
-static int run_train(ctrl_cli *cli, int argc, char **argv) {
+static int train_ranked(ctrl_cli *cli, int argc, char **argv) {
     const char *ini;
     ctrl_config *cfg;
     int rc = cli_load_run_config(cli, &cli_cmd_train, "train", argc, argv, &ini, &cfg);
@@ -35,17 +36,30 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
     const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
     char path[4096];
     st = make_dirs(out_dir);
-    if (st == CTRL_OK) {
+    if (st == CTRL_OK && ctrl_collective_is_root()) {
         snprintf(path, sizeof path, "%s/config.ini", out_dir);
         st = ctrl_config_write_effective(cfg, path);
     }
     if (st == CTRL_OK) {
         /* the plugins the config resolved stay loaded in cli's registry for the run */
-        CTRL_INFO("%s: effective config written to %s", ini, path);
+        if (ctrl_collective_is_root()) CTRL_INFO("%s: effective config written to %s", ini, path);
         st = ctrl_train_run(cfg, cli_interrupted);
     }
     ctrl_config_free(cfg);
     return st == CTRL_OK ? 0 : cli_fail(st);
+}
+
+/* Under mpirun or srun, one rank of a data-parallel run (core/collective/): rank 0 alone writes
+ * the effective config, metrics, checkpoints and the model; the others log warnings and errors
+ * only (with their rank before each line). A rank that
+ * fails ends the whole job (MPI_Abort), so that none is left waiting in a collective. */
+static int run_train(ctrl_cli *cli, int argc, char **argv) {
+    ctrl_status st = ctrl_collective_init();
+    if (st != CTRL_OK) return cli_fail(st);
+    if (!ctrl_collective_is_root() && ctrl_log_get_level() < CTRL_LOG_WARN) ctrl_log_set_level(CTRL_LOG_WARN);
+    int rc = train_ranked(cli, argc, argv);
+    ctrl_collective_finalize(rc != 0 && rc != 130, rc);
+    return rc;
 }
 
 const ctrl_command cli_cmd_train = {
@@ -54,6 +68,9 @@ const ctrl_command cli_cmd_train = {
     .usage = "usage: ctrl train RUN.ini [--set section.key=value]...\n\n"
              "Validates RUN.ini and the overrides in full, writes the effective config to\n"
              "output_dir/config.ini, then trains with the trainer named by [run] trainer.\n"
-             "SIGINT/SIGTERM finish the current step, save a checkpoint and exit 130.\n",
+             "SIGINT/SIGTERM finish the current step, save a checkpoint and exit 130.\n\n"
+             "Data parallel: `mpirun -np N ctrl train RUN.ini` (or srun) runs N ranks, each on its\n"
+             "share of every batch (effective batch = per_device_train_batch_size x N x\n"
+             "gradient_accumulation_steps); `[run] device = cuda` takes each rank's local GPU.\n",
     .run = run_train,
 };

@@ -2,10 +2,6 @@
  * tree and the install prefix both keep them together), then on the loader's path; the
  * environment variable CTRL_CUDA_LIBRARY, when set, names the library to load instead (the CUDA
  * emulator's tests point it at build/cuda-emu/libctrl_cuda.so, kernels/cuda/emu/README.md). */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,36 +10,7 @@
 #include <ctrl/log.h>
 
 #include "device/cuda_backend.h"
-
-static const ctrl_cuda_backend *load_backend(char *why, size_t cap) {
-    Dl_info self;
-    char path[4200];
-    void *h = NULL;
-    const char *forced = getenv("CTRL_CUDA_LIBRARY");
-    if (forced && *forced) {
-        if (!(h = dlopen(forced, RTLD_NOW | RTLD_LOCAL))) {
-            snprintf(why, cap, "CTRL_CUDA_LIBRARY=%s: %s", forced, dlerror());
-            return NULL;
-        }
-    } else if (dladdr((void *)ctrl_device_select, &self) && self.dli_fname) {
-        const char *slash = strrchr(self.dli_fname, '/');
-        const int n = slash ? (int)(slash - self.dli_fname) : 0;
-        snprintf(path, sizeof path, "%.*s/libctrl_cuda.so", n, self.dli_fname);
-        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!h) h = dlopen("libctrl_cuda.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(why, cap, "cannot load libctrl_cuda.so: %s", dlerror());
-        return NULL;
-    }
-    const ctrl_cuda_backend *(*table)(void) =
-        (const ctrl_cuda_backend *(*)(void))dlsym(h, "ctrl_cuda_backend_table");
-    if (!table) {
-        snprintf(why, cap, "libctrl_cuda.so has no backend table: %s", dlerror());
-        return NULL;
-    }
-    return table();
-}
+#include "sibling_library.h"
 
 ctrl_status ctrl_device_select(const char *spec, ctrl_device *out, const ctrl_cuda_backend **backend) {
     *out = (ctrl_device){CTRL_DEVICE_CPU, 0};
@@ -60,7 +27,8 @@ ctrl_status ctrl_device_select(const char *spec, ctrl_device *out, const ctrl_cu
         return CTRL_OK;
     }
     char why[1024] = "";
-    const ctrl_cuda_backend *b = load_backend(why, sizeof why);
+    const ctrl_cuda_backend *b = ctrl_sibling_library_table("libctrl_cuda.so", "CTRL_CUDA_LIBRARY",
+                                                            "ctrl_cuda_backend_table", 0, why, sizeof why);
     int count = b ? b->device_count() : 0;
     if (b && count == 0) snprintf(why, sizeof why, "%s", b->unavailable_reason());
     if (is_auto && count == 0) {

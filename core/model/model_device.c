@@ -59,6 +59,11 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
 
 ctrl_device ctrl_model_device(const ctrl_model *m) { return m->device; }
 
+float *ctrl_model_device_grads(ctrl_model *m, size_t *n) {
+    if (n) *n = m->n_params;
+    return m->dgrads;
+}
+
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m) {
     return m->dgrads == m->grads ? CTRL_OK : m->be->to_host(m->grads, m->dgrads, m->n_train * sizeof(float));
 }

@@ -99,6 +99,7 @@ static ctrl_status write_state(const char *path, const ctrl_train_state *s) {
         cJSON_AddStringToObject(o, names[i], hex);
     }
     cJSON_AddNumberToObject(o, "window_steps", s->win);
+    cJSON_AddNumberToObject(o, "world_size", s->world_size > 0 ? s->world_size : 1);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     FILE *f = fopen(path, "w");
@@ -293,6 +294,11 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
                                                                            : NULL;
     if (!bad) {
         s->seed = strtoull(seed->valuestring, NULL, 10), s->win = (int)win;
+        long ranks = 1; /* absent before data parallel */
+        if (cJSON_HasObjectItem(o, "world_size") &&
+            (get_long(o, "world_size", &ranks) || ranks < 1 || ranks > 1 << 20))
+            bad = "world_size";
+        s->world_size = (int)ranks;
         snprintf(s->optimizer, sizeof s->optimizer, "%s", made_with->valuestring);
     }
     cJSON_Delete(o);

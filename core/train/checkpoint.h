@@ -30,6 +30,7 @@ typedef struct ctrl_train_state {
     uint64_t seed;
     double win_loss, win_acc, win_norm, win_ent; /* sums over the logging window not yet written */
     int win;
+    int world_size; /* the data-parallel ranks that made it (1 in checkpoints from before) */
 } ctrl_train_state;
 
 /* Copies tokenizer.json, tokenizer_config.json and special_tokens_map.json (those present). */

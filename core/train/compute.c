@@ -1,11 +1,24 @@
 /* The training run's compute device (see compute.h). */
+#include <stdio.h>
 #include <string.h>
 
+#include "collective/collective.h"
 #include "registry/registry.h"
 #include "train/compute.h"
 
 ctrl_status train_compute_select(const char *device, train_compute *c) {
     memset(c, 0, sizeof *c);
+    /* data parallel: "cuda" (and "auto") means the rank's GPU on its node */
+    char local[32];
+    if (ctrl_collective_size() > 1 && device && (!strcmp(device, "cuda") || !strcmp(device, "auto"))) {
+        snprintf(local, sizeof local, "cuda:%d", ctrl_collective_local_rank());
+        if (!strcmp(device, "cuda"))
+            device = local;
+        else if (ctrl_device_select(local, &c->device, &c->cuda) == CTRL_OK)
+            return CTRL_OK;
+        else
+            device = "cpu"; /* auto: no GPU for this rank */
+    }
     return ctrl_device_select(device, &c->device, &c->cuda);
 }
 

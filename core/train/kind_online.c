@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "collective/collective.h"
 #include "train/kind.h"
 #include "train/online.h"
 
@@ -23,6 +24,11 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
                               "[run] trainer = %s: online trainers run on the CPU so far "
                               "(set [run] device = cpu)",
                               env->settings->run.trainer);
+    if (ctrl_collective_size() > 1)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[run] trainer = %s: online trainers run on one rank so far (data parallel "
+                              "covers the offline trainers; launched with %d ranks)",
+                              env->settings->run.trainer, ctrl_collective_size());
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->spec.size = sizeof k->spec;

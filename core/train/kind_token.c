@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "train/data_parallel.h"
 #include "train/kind.h"
 #include "train/train.h"
 
@@ -53,7 +54,7 @@ static void token_describe(const train_kind *k, long total, int bs, int ga, size
 
 /* One micro-batch: forward, the trainer's loss, backward; accuracy and entropy over its trained
  * tokens (then averaged over the micro-batches, as TRL's SFTTrainer logs them). */
-static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, long num_items, int ga,
+static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_items, int ga,
                                train_step_stats *out) {
     const int T = b->T;
     float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
@@ -61,8 +62,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, long num_item
     int32_t *ok = malloc(sizeof(int32_t) * (size_t)T);
     ctrl_status st =
         lp && w && dlp && ent && ok ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
-    ctrl_trainer_batch tb = {
-        .size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = (double)num_items};
+    ctrl_trainer_batch tb = {.size = sizeof tb, .T = T, .logp = lp, .weight = w, .num_items = num_items};
     for (int t = 0; st == CTRL_OK && t < T; t++) w[t] = b->targets[t] >= 0 ? 1.0f : 0.0f;
     double loss;
     /* a loss linear in the log-probs (SFT): dL/dlogp first, and the head's backward fused into the
@@ -107,7 +107,9 @@ static ctrl_status token_accumulate(train_kind *k, const int *order, long *curso
         out->tokens += real_tokens; /* num_tokens counts what is not padding, as TRL */
     }
     free(idx);
-    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], num_items, ga, out);
+    /* the loss is over the trained tokens of every rank's share of the batch (data_parallel.h) */
+    const double items = st == CTRL_OK ? train_dp_items(num_items) : 0;
+    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], items, ga, out);
     for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
     free(mb);
     out->trained = num_items;

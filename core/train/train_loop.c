@@ -15,9 +15,11 @@
 #include <ctrl/optimizer.h>
 #include <ctrl/trainer.h>
 
+#include "collective/collective.h"
 #include "cpu/cpu_ops.h"
 #include "file_text.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 #include "train/metrics_plot.h"
 #include "train/health.h"
 #include "train/kind.h"
@@ -58,6 +60,8 @@ typedef struct run_state {
     const train_kind_ops *kind_ops; /* what kind of trainer: its rows, micro-batches, evaluation */
     train_kind *kind;
     train_health health;
+    train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
+    int root;
 } run_state;
 
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
@@ -91,6 +95,10 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                                     .trainer = r->trainer};
         st = r->kind_ops->create(&env, &r->kind);
     }
+    if (st == CTRL_OK)
+        st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
+                           s->train.gradient_accumulation_steps);
+    if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
     if (st != CTRL_OK) return st;
     /* One parameter group per tensor: norms and biases get no weight decay (as the HF Trainer). */
     const double wd = s->train.weight_decay;
@@ -116,17 +124,27 @@ static void teardown(run_state *r) {
     ctrl_tokenizer_free(r->tok);
     ctrl_model_free(r->model);
     free(r->groups);
+    train_dp_free(&r->dp);
     if (r->metrics) fclose(r->metrics);
 }
 
 /* One optimizer step: the kind accumulates the gradients of `ga` micro-batches of `bs` rows taken
- * from order[*cursor...]; then their norm, the health check, clipping, the optimizer. */
+ * from order[*cursor...] (this rank's share of them, averaged over the ranks); then their norm, the
+ * health check, clipping, the optimizer. */
 static ctrl_status train_step(run_state *r, const int *order, long *cursor, int bs, int ga, double lr,
                               long step, train_step_stats *out, double *grad_norm) {
     memset(out, 0, sizeof *out);
+    const long start = *cursor;
+    long mine = start;
+    const int on_device = ctrl_model_device(r->model).type != CTRL_DEVICE_CPU;
     ctrl_status st = ctrl_model_zero_grad(r->model);
-    if (st == CTRL_OK) st = r->kind_ops->accumulate(r->kind, order, cursor, bs, ga, out);
+    if (st == CTRL_OK)
+        st = r->kind_ops->accumulate(r->kind, train_dp_share(&r->dp, order, start), &mine, bs, ga, out);
+    st = train_dp_reduce_step(&r->dp, st, out);
+    *cursor = start + (mine - start) * r->dp.size; /* every rank's rows */
+    if (st == CTRL_OK && on_device) st = train_dp_average_grads(&r->dp, r->model, 1);
     if (st == CTRL_OK) st = ctrl_model_grads_to_host(r->model);
+    if (st == CTRL_OK && !on_device) st = train_dp_average_grads(&r->dp, r->model, 0);
     if (st != CTRL_OK) return st;
     size_t n;
     float *grads = ctrl_model_grads(r->model, &n);
@@ -199,8 +217,10 @@ static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr
 static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
     char dir[4200];
     const int keep = r->s->train.save_total_limit;
-    ctrl_status st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts, keep,
-                                          dir, sizeof dir);
+    ctrl_status st = train_dp_check_weights(&r->dp, r->model, ts->step);
+    if (st != CTRL_OK || !r->root) return st; /* rank 0 writes */
+    st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts, keep, dir,
+                              sizeof dir);
     if (st == CTRL_OK) CTRL_INFO("checkpoint saved to %s", dir);
     return st;
 }
@@ -233,7 +253,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     const int bs = s->train.per_device_train_batch_size;
     const int ga = s->train.gradient_accumulation_steps;
     const int n_rows = r->kind_ops->row_count(r->kind);
-    const long rows_per_step = r->kind_ops->rows_per_step(r->kind, bs, ga);
+    const long rows_per_step = r->kind_ops->rows_per_step(r->kind, bs, ga) * r->dp.size;
     const long per_epoch = (n_rows + rows_per_step - 1) / rows_per_step;
     long total = s->train.max_steps;
     if (total <= 0) total = (long)ceil(s->train.num_train_epochs * per_epoch);
@@ -249,17 +269,21 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     const int saving = !save_strategy || strcmp(save_strategy, "no") != 0;
     const long eval_every = s->train.eval_steps;
     const int shuffle = s->data.shuffle;
-    const int has_eval = r->kind_ops->has_eval(r->kind);
+    const int has_eval = r->root && r->kind_ops->has_eval(r->kind); /* rank 0 evaluates */
     size_t n_params;
     ctrl_model_params(r->model, &n_params);
     r->kind_ops->describe(r->kind, total, bs, ga, n_params);
+    if (r->dp.size > 1)
+        CTRL_INFO("data parallel: %d ranks x %d x %d (effective batch %ld)", r->dp.size, bs, ga,
+                  (long)r->dp.size * bs * ga);
     int *order = malloc(sizeof(int) * (size_t)(n_rows > 0 ? n_rows : 1));
     if (!order) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     long epoch_seen = -1;
     const long start_step = ts->step, start_tokens = ts->num_tokens;
     const double t_start = now();
     ctrl_status st = CTRL_OK;
-    if (r->kind_ops->eval_at_start && ts->step == 0) st = r->kind_ops->evaluate(r->kind, 0, r->metrics);
+    if (has_eval && r->kind_ops->eval_at_start && ts->step == 0)
+        st = r->kind_ops->evaluate(r->kind, 0, r->metrics);
     while (ts->step < total && st == CTRL_OK) {
         const long step = ts->step, epoch = ts->cursor / n_rows;
         if (epoch != epoch_seen) { /* the order is a function of (seed, epoch): resumable */
@@ -287,12 +311,13 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
             ts->win_ent += s.entropy;
         ts->win++;
         const double elapsed = now() - t_start, rate = (ts->num_tokens - start_tokens) / elapsed;
-        progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
-        if (ts->step % log_every == 0 || ts->step == total) log_window(r, ts, total, lr, rate);
+        if (r->root)
+            progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
+        if (r->root && (ts->step % log_every == 0 || ts->step == total)) log_window(r, ts, total, lr, rate);
         if (eval_every > 0 && ts->step % eval_every == 0 && ts->step < total && has_eval)
             st = r->kind_ops->evaluate(r->kind, ts->step, r->metrics);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
-        const int stop = ts->step < total && interrupted && interrupted();
+        const int stop = train_dp_any(&r->dp, ts->step < total && interrupted && interrupted());
         if (st == CTRL_OK && stop) {
             st = save_interrupted(r, out_dir, ts, "after");
             break;
@@ -307,14 +332,14 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
 
 ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     const ctrl_run_settings *s = ctrl_config_settings(cfg);
-    run_state r = {.cfg = cfg, .s = s};
+    run_state r = {.cfg = cfg, .s = s, .root = ctrl_collective_is_root()};
     const char *out_dir = s->run.output_dir;
     const char *resume = s->train.resume_from_checkpoint;
     char ckpt[4200] = "";
     ctrl_status st = resume ? ctrl_checkpoint_resolve(out_dir, resume, ckpt, sizeof ckpt) : CTRL_OK;
     if (st == CTRL_OK) st = setup(&r, ckpt[0] ? ckpt : NULL);
     const uint64_t seed = s->run.seed;
-    ctrl_train_state ts = {.seed = seed};
+    ctrl_train_state ts = {.seed = seed, .world_size = ctrl_collective_size()};
     snprintf(ts.optimizer, sizeof ts.optimizer, "%s", s->train.optimizer);
     if (st == CTRL_OK && ckpt[0]) {
         st = ctrl_checkpoint_load_state(ckpt, s->train.optimizer, r.opt_ops, r.opt, &ts);
@@ -327,18 +352,24 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
             CTRL_WARN("the checkpoint was made on %ld training examples, this run has %d: the data order "
                       "differs from the interrupted run's",
                       ts.n_examples, rows);
+        if (st == CTRL_OK && ts.world_size != ctrl_collective_size())
+            st = ctrl_error_set(CTRL_ERR_CONFIG,
+                                "%s: made by %d rank(s), this run has %d: resume with the same number of "
+                                "ranks (mpirun -np %d), which the data position and the batch depend on",
+                                ckpt, ts.world_size, ctrl_collective_size(), ts.world_size);
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
-    if (st == CTRL_OK) st = open_metrics(&r, out_dir, ts.step);
+    if (st == CTRL_OK && r.root) st = open_metrics(&r, out_dir, ts.step);
     const long start_step = ts.step;
     if (st == CTRL_OK) st = run_steps(&r, &ts, out_dir, interrupted);
     /* Save on success, and on an interruption once a step was trained (interrupted while loading,
      * or during the first step, the model is what it was: output_dir keeps what it holds); never
      * after a failed step. */
+    if (st == CTRL_OK) st = train_dp_check_weights(&r.dp, r.model, ts.step); /* never a diverged model */
     const int progressed = st == CTRL_OK || (st == CTRL_ERR_INTERRUPTED && ts.step > start_step);
     if (st == CTRL_ERR_INTERRUPTED && !progressed)
         ctrl_error_append(st, "interrupted before a step was trained: nothing saved");
-    if (progressed) {
+    if (progressed && r.root) {
         ctrl_error_saved run; /* an interruption's message, kept across the save */
         ctrl_error_save(&run, st);
         ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
@@ -351,7 +382,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
         }
     }
     teardown(&r);
-    if (progressed) { /* the plot is a convenience: never fails the run */
+    if (progressed && r.root) { /* the plot is a convenience: never fails the run */
         char jsonl[4200], png[4200];
         ctrl_error_saved run;
         ctrl_error_save(&run, st);

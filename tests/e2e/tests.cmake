@@ -44,3 +44,10 @@ if(TARGET ctrl_cli)
                                               $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_reward_model_e2e PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# Data parallel over MPI: 2 ranks follow one process's curve, resume (tests/e2e/test_mpi.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_mpi.sh $<TARGET_FILE:ctrl_cli>
+                                 ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()

@@ -1,0 +1,131 @@
+/* The process's place in a distributed run and the collectives' dispatch (see collective.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/log.h>
+
+#include "collective/collective.h"
+#include "collective/collective_backend.h"
+#include "sibling_library.h"
+
+static ctrl_collective_info info = {0, 1, 0, 1, "none", "none"};
+static const ctrl_collective_backend *backend; /* NULL on a single rank */
+static int initialised, device_ready;
+
+/* An integer environment variable, or -1. */
+static int env_int(const char *name) {
+    const char *v = getenv(name);
+    if (!v || !*v) return -1;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end || x < 0 || x > 1 << 30 ? -1 : (int)x;
+}
+
+/* The launcher's word on rank, size and local rank: mpirun (OpenMPI), a PMI launcher (MPICH's
+ * Hydra, Intel MPI), Slurm's srun. */
+static void from_environment(ctrl_collective_info *e) {
+    static const struct {
+        const char *launcher, *rank, *size, *local_rank, *local_size;
+    } vars[] = {
+        {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+        {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    };
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const int rank = env_int(vars[i].rank), size = env_int(vars[i].size);
+        if (rank < 0 || size < 1 || rank >= size) continue;
+        const int lr = env_int(vars[i].local_rank), ls = env_int(vars[i].local_size);
+        *e = (ctrl_collective_info){rank, size, lr >= 0 ? lr : 0, ls > 0 ? ls : 1, vars[i].launcher, "none"};
+        return;
+    }
+}
+
+static int rank_prefix(char *buf, int cap, void *user) {
+    (void)user;
+    return snprintf(buf, (size_t)cap, "[rank %d] ", info.rank);
+}
+
+ctrl_status ctrl_collective_init(void) {
+    if (initialised) return CTRL_OK;
+    ctrl_collective_info env = info;
+    from_environment(&env);
+    if (env.size == 1) { /* not launched, or launched as one rank: no MPI at all */
+        initialised = 1;
+        return CTRL_OK;
+    }
+    char why[1024];
+    /* RTLD_GLOBAL: OpenMPI dlopens its own components, which expect libmpi's symbols global */
+    const ctrl_collective_backend *b =
+        ctrl_sibling_library_table("libctrl_mpi.so", NULL, "ctrl_collective_mpi_backend", 1, why, sizeof why);
+    if (!b)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "started as rank %d of %d (%s's environment): %s (ctrl built without MPI?)",
+                              env.rank, env.size, env.launcher, why);
+    ctrl_collective_info got = env;
+    ctrl_status st = b->init(&got.rank, &got.size, &got.local_rank, &got.local_size);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "rank %d of %d (%s)", env.rank, env.size, env.launcher);
+    if (got.size != env.size || got.rank != env.rank) {
+        b->finalize();
+        return ctrl_error_set(CTRL_ERR_DEVICE,
+                              "the launcher (%s) started rank %d of %d but MPI_Init made rank %d of %d: "
+                              "this MPI cannot talk to that launcher (with srun, try --mpi=pmix, or "
+                              "launch with mpirun)",
+                              env.launcher, env.rank, env.size, got.rank, got.size);
+    }
+    got.backend = "mpi";
+    info = got, backend = b, initialised = 1;
+    ctrl_log_set_prefix(rank_prefix, NULL);
+    return CTRL_OK;
+}
+
+void ctrl_collective_finalize(int failed, int exit_code) {
+    if (!backend) return;
+    if (failed) backend->abort_job(exit_code ? exit_code : 1);
+    backend->finalize();
+    backend = NULL;
+}
+
+const ctrl_collective_info *ctrl_collective_info_get(void) { return &info; }
+int ctrl_collective_rank(void) { return info.rank; }
+int ctrl_collective_size(void) { return info.size; }
+int ctrl_collective_local_rank(void) { return info.local_rank; }
+
+ctrl_status ctrl_collective_allreduce_sum_f64(double *buf, size_t n) {
+    return backend ? backend->allreduce(buf, n, CTRL_COLL_F64, CTRL_COLL_SUM) : CTRL_OK;
+}
+
+ctrl_status ctrl_collective_allreduce_max_f64(double *buf, size_t n) {
+    return backend ? backend->allreduce(buf, n, CTRL_COLL_F64, CTRL_COLL_MAX) : CTRL_OK;
+}
+
+ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n) {
+    if (!backend) return CTRL_OK;
+    ctrl_status st = backend->allreduce(buf, n, CTRL_COLL_F32, CTRL_COLL_SUM);
+    for (size_t i = 0; st == CTRL_OK && i < n; i++) buf[i] /= (float)info.size;
+    return st;
+}
+
+ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root) {
+    return backend ? backend->broadcast(buf, bytes, root) : CTRL_OK;
+}
+
+ctrl_status ctrl_collective_barrier(void) { return backend ? backend->barrier() : CTRL_OK; }
+
+ctrl_status ctrl_collective_device_init(void) {
+    if (!backend || device_ready) return CTRL_OK;
+    if (!backend->device_init)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "libctrl_mpi.so was built without NCCL");
+    ctrl_status st = backend->device_init();
+    device_ready = st == CTRL_OK;
+    return st;
+}
+
+ctrl_status ctrl_collective_device_allreduce_mean_f32(float *device_buf, size_t n) {
+    if (!backend) return CTRL_OK;
+    if (!device_ready)
+        return ctrl_error_set(CTRL_ERR_DEVICE,
+                              "collective: no NCCL communicator (ctrl_collective_device_init)");
+    return backend->device_allreduce_mean_f32(device_buf, n);
+}

@@ -1,0 +1,61 @@
+/* Collective operations between the ranks of a distributed run (data parallel, issue 19), and the
+ * process's place in it: rank, number of ranks, rank on this node.
+ *
+ * The state is the process's own (one job per process, as MPI's): ctrl_collective_init() reads
+ * the launcher's environment -- mpirun's OMPI_COMM_WORLD_*, a PMI launcher's PMI_* (MPICH,
+ * Hydra), Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID) -- and, only when that says
+ * more than one rank, loads libctrl_mpi.so (dlopen, RTLD_GLOBAL: OpenMPI's own components resolve
+ * against it) and calls MPI_Init there; MPI's answer is then the truth (the launcher's is checked
+ * against it). A process not started by a launcher is rank 0 of 1 and never maps MPI: `ctrl`
+ * runs exactly as a single process, and builds without MPI (CTRL_HAVE_MPI off) refuse a launched
+ * run of several ranks with a message instead.
+ *
+ * Every operation below is a no-op returning CTRL_OK on a single rank, so the training loop calls
+ * them unconditionally. Buffers are host memory (the loop averages the host master copy of the
+ * gradients, where the optimizer steps them). On CUDA runs the backend also creates an NCCL
+ * communicator (its unique id broadcast over MPI) for device buffers:
+ * ctrl_collective_device_allreduce_mean. A collective that fails ends the job (MPI_Abort): a rank
+ * left waiting would hang. */
+#ifndef CTRL_CORE_COLLECTIVE_H
+#define CTRL_CORE_COLLECTIVE_H
+
+#include <stddef.h>
+
+#include <ctrl/status.h>
+
+typedef struct ctrl_collective_info {
+    int rank, size;             /* in the whole job */
+    int local_rank, local_size; /* on this node (the GPU a rank takes is its local rank) */
+    const char *launcher;       /* "none", "mpirun", "pmi", "srun": whose environment said so */
+    const char *backend;        /* "none" (one rank) or "mpi" */
+} ctrl_collective_info;
+
+/* Detects the launcher and, for several ranks, starts MPI. Idempotent. An error (several ranks
+ * but no MPI backend, or MPI disagreeing with the launcher) names what was found. */
+ctrl_status ctrl_collective_init(void);
+/* Ends MPI. `failed`: this rank stops on an error, which the others may not share (they could
+ * be waiting in a collective): the job is aborted with `exit_code` instead of finalized. */
+void ctrl_collective_finalize(int failed, int exit_code);
+
+const ctrl_collective_info *ctrl_collective_info_get(void);
+int ctrl_collective_rank(void);
+int ctrl_collective_size(void);
+int ctrl_collective_local_rank(void);
+static inline int ctrl_collective_is_root(void) { return ctrl_collective_rank() == 0; }
+
+/* In place over all ranks. */
+ctrl_status ctrl_collective_allreduce_sum_f64(double *buf, size_t n);
+ctrl_status ctrl_collective_allreduce_max_f64(double *buf, size_t n);
+/* Gradients: summed over the ranks, then divided by their number. */
+ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n);
+/* `bytes` of `buf` from `root` to every rank. */
+ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root);
+ctrl_status ctrl_collective_barrier(void);
+
+/* CUDA runs: an NCCL communicator over the same ranks, on the current device (set the device
+ * first). CTRL_ERR_UNSUPPORTED when libctrl_mpi.so was built without NCCL. Then the mean of a
+ * float buffer in device memory, on the default stream (synchronised before returning). */
+ctrl_status ctrl_collective_device_init(void);
+ctrl_status ctrl_collective_device_allreduce_mean_f32(float *device_buf, size_t n);
+
+#endif

@@ -1,0 +1,32 @@
+/* The table libctrl_mpi.so exports (backend_mpi.c; backend_nccl.c for device buffers when built
+ * with NCCL), which collective.c loads with dlopen for a run of several ranks. Functions return
+ * ctrl_status with the error set (libctrl_mpi.so links libctrl). The table only grows at the end;
+ * `size` says how far a loaded one reaches. */
+#ifndef CTRL_CORE_COLLECTIVE_BACKEND_H
+#define CTRL_CORE_COLLECTIVE_BACKEND_H
+
+#include <stddef.h>
+
+#include <ctrl/status.h>
+
+typedef enum { CTRL_COLL_F32, CTRL_COLL_F64 } ctrl_coll_dtype;
+typedef enum { CTRL_COLL_SUM, CTRL_COLL_MAX } ctrl_coll_op;
+
+typedef struct ctrl_collective_backend {
+    size_t size;
+    /* MPI_Init_thread (funneled: only the loop's thread communicates); the job's rank and size and
+     * the node's (MPI_COMM_TYPE_SHARED). */
+    ctrl_status (*init)(int *rank, int *size, int *local_rank, int *local_size);
+    ctrl_status (*allreduce)(void *buf, size_t n, ctrl_coll_dtype dtype, ctrl_coll_op op);
+    ctrl_status (*broadcast)(void *buf, size_t bytes, int root);
+    ctrl_status (*barrier)(void);
+    void (*abort_job)(int exit_code);
+    void (*finalize)(void);
+    /* NULL when built without NCCL. */
+    ctrl_status (*device_init)(void);
+    ctrl_status (*device_allreduce_mean_f32)(float *device_buf, size_t n);
+} ctrl_collective_backend;
+
+const ctrl_collective_backend *ctrl_collective_mpi_backend(void);
+
+#endif

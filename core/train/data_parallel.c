@@ -1,0 +1,120 @@
+/* Data parallel in the step loop (see data_parallel.h). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/log.h>
+
+#include "collective/collective.h"
+#include "train/data_parallel.h"
+
+ctrl_status train_dp_init(train_dp *dp, const train_kind_ops *ops, const train_kind *kind, int bs, int ga) {
+    memset(dp, 0, sizeof *dp);
+    dp->rank = ctrl_collective_rank(), dp->size = ctrl_collective_size();
+    dp->rows_per_rank = ops->rows_per_step(kind, bs, ga);
+    dp->chunk = ops->rows_per_step(kind, bs, 1);
+    dp->n_rows = ops->row_count(kind);
+    if (dp->size == 1) return CTRL_OK;
+    if (dp->rows_per_rank > dp->n_rows)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "[train] per_device_train_batch_size = %d, gradient_accumulation_steps = %d: "
+                              "each of the %d ranks takes %ld rows a step, more than the %d training rows",
+                              bs, ga, dp->size, dp->rows_per_rank, dp->n_rows);
+    if (!(dp->view = malloc(sizeof(int) * (size_t)dp->n_rows)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    return CTRL_OK;
+}
+
+void train_dp_free(train_dp *dp) {
+    free(dp->view);
+    dp->view = NULL;
+}
+
+const int *train_dp_share(train_dp *dp, const int *order, long cursor) {
+    if (dp->size == 1) return order;
+    const long n = dp->n_rows, N = dp->size;
+    for (long j = 0; j < dp->rows_per_rank; j++) {
+        const long c = j / dp->chunk, global = (c * N + dp->rank) * dp->chunk + j % dp->chunk;
+        dp->view[(cursor + j) % n] = order[(cursor + global) % n];
+    }
+    return dp->view;
+}
+
+ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_stats *s) {
+    if (dp->size == 1) return st;
+    /* the worst outcome (a failure over an interruption) and a rank that had it, for the message */
+    double agreed[2] = {st == CTRL_OK                ? 0
+                        : st == CTRL_ERR_INTERRUPTED ? 1
+                                                     : 2,
+                        st != CTRL_OK ? dp->rank : -1};
+    ctrl_status cs = ctrl_collective_allreduce_max_f64(agreed, 2);
+    if (cs != CTRL_OK) return cs;
+    if (st != CTRL_OK) return st;
+    if (agreed[0] == 1)
+        return ctrl_error_set(CTRL_ERR_INTERRUPTED, "rank %d was interrupted", (int)agreed[1]);
+    if (agreed[0] == 2)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "rank %d failed (its message above)", (int)agreed[1]);
+    double v[5] = {s->loss, s->accuracy, s->entropy, (double)s->tokens, (double)s->trained};
+    if ((cs = ctrl_collective_allreduce_sum_f64(v, 5)) != CTRL_OK) return cs;
+    s->loss = v[0] / dp->size, s->accuracy = v[1] / dp->size, s->entropy = v[2] / dp->size;
+    s->tokens = (long)v[3], s->trained = (long)v[4];
+    return CTRL_OK;
+}
+
+ctrl_status train_dp_average_grads(const train_dp *dp, ctrl_model *m, int on_device) {
+    if (dp->size == 1) return CTRL_OK;
+    size_t n = 0;
+    if (on_device) {
+        float *d = ctrl_model_device_grads(m, &n);
+        ctrl_status st = ctrl_collective_device_init();
+        return st == CTRL_OK ? ctrl_collective_device_allreduce_mean_f32(d, n) : st;
+    }
+    float *g = ctrl_model_grads(m, &n);
+    return ctrl_collective_allreduce_mean_f32(g, n);
+}
+
+ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m) {
+    if (dp->size == 1) return CTRL_OK;
+    size_t n = 0;
+    float *p = ctrl_model_params(m, &n);
+    ctrl_status st = ctrl_collective_broadcast(p, n * sizeof *p, 0);
+    ctrl_model_weights_changed(m);
+    return st;
+}
+
+/* FNV-1a over the parameters' 64-bit words: any differing bit shows. */
+static uint64_t checksum(const float *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    const uint32_t *w = (const uint32_t *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ w[i]) * 1099511628211ull;
+    return h;
+}
+
+ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step) {
+    if (dp->size == 1) return CTRL_OK;
+    size_t n = 0;
+    const uint64_t h = checksum(ctrl_model_params(m, &n), n);
+    /* the two 32-bit halves exactly as doubles: max and -min equal on every rank iff all agree */
+    double v[4] = {(double)(h >> 32), (double)(h & 0xffffffffu), -(double)(h >> 32),
+                   -(double)(h & 0xffffffffu)};
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 4);
+    if (st == CTRL_OK && (v[0] != -v[2] || v[1] != -v[3]))
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "step %ld: the ranks' weights differ (data parallel out of step)", step);
+    return st;
+}
+
+int train_dp_any(const train_dp *dp, int flag) {
+    if (dp->size == 1) return flag;
+    double v = flag ? 1 : 0;
+    if (ctrl_collective_allreduce_max_f64(&v, 1) != CTRL_OK) return 1; /* cannot agree: stop */
+    return v > 0;
+}
+
+double train_dp_items(long local_count) {
+    const int size = ctrl_collective_size();
+    if (size == 1) return (double)local_count;
+    double v = (double)local_count;
+    if (ctrl_collective_allreduce_sum_f64(&v, 1) != CTRL_OK) return (double)local_count * size;
+    return v / size;
+}

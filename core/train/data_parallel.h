@@ -1,0 +1,51 @@
+/* Data parallel in the shared step loop (issue 19; the collectives are core/collective/): each
+ * of N ranks trains on its share of every global batch and the gradients are averaged, so that N
+ * ranks x per_device_train_batch_size b follow one process's curve with batch N·b.
+ *
+ * A global optimizer step takes N x rows_per_step(bs, ga) rows of the epoch's order, in chunks of
+ * rows_per_step(bs, 1) (a micro-batch's rows): chunk c goes to rank c % N. Rank r's chunks are laid
+ * out for its kind where it reads them, order[(cursor + j) % n_rows] for j < its rows (the view),
+ * so a kind knows nothing of ranks -- except one normalising its loss over items counted across
+ * the whole accumulated batch (SFT's trained tokens): it divides by train_dp_items(count), the
+ * job's count over N (the loop averages the gradients, so each rank's loss is N times its share,
+ * as the HF Trainer's average_tokens_across_devices). With one rank every function here is the
+ * identity or a no-op. */
+#ifndef CTRL_CORE_TRAIN_DATA_PARALLEL_H
+#define CTRL_CORE_TRAIN_DATA_PARALLEL_H
+
+#include "model/model.h"
+#include "train/kind.h"
+
+typedef struct train_dp {
+    int rank, size;
+    long rows_per_rank; /* rows one rank takes per optimizer step */
+    long chunk;         /* rows of one micro-batch */
+    int *view;          /* n_rows entries: the rank's share where its kind reads it */
+    int n_rows;
+} train_dp;
+
+/* Checks that the share can be laid out (a rank's rows per step must fit in one epoch's order)
+ * and allocates the view. */
+ctrl_status train_dp_init(train_dp *dp, const train_kind_ops *ops, const train_kind *kind, int bs, int ga);
+void train_dp_free(train_dp *dp);
+/* The order the kind reads for the step starting at global `cursor` (the epoch's own order with
+ * one rank). */
+const int *train_dp_share(train_dp *dp, const int *order, long cursor);
+/* After the kind accumulated: `st` is this rank's status. Agrees on the outcome (one rank's
+ * failure or interruption stops every rank, the others with a message naming it) and sums the
+ * step's statistics over the ranks (loss, accuracy and entropy averaged). */
+ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_stats *s);
+/* The model's gradients averaged over the ranks: NCCL on a CUDA model's device buffer, else MPI
+ * on the host's (call before, respectively after, ctrl_model_grads_to_host: `on_device`). */
+ctrl_status train_dp_average_grads(const train_dp *dp, ctrl_model *m, int on_device);
+/* Rank 0's weights to every rank (after loading; adapters initialised at random included). */
+ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m);
+/* Checks that every rank holds the same weights (a checksum compared): an error naming the step
+ * when they diverged. */
+ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step);
+/* 1 when `flag` is set on any rank. */
+int train_dp_any(const train_dp *dp, int flag);
+/* See above: a count over the whole accumulated batch of every rank, divided by their number. */
+double train_dp_items(long local_count);
+
+#endif
