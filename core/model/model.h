@@ -86,8 +86,9 @@ ctrl_device ctrl_model_device(const ctrl_model *m);
 /* The gradients accumulated on the device copied into the host buffer (ctrl_model_grads); nothing
  * to do for a model on the CPU, whose gradients are that buffer. */
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
-/* The gradients where the backend keeps them (the host's on the CPU), n_params floats: for a
- * collective on device memory before ctrl_model_grads_to_host. */
+/* The gradients where the backend keeps them (the host's on the CPU), as many floats as
+ * ctrl_model_grads (the trainable ones): for a collective on device memory before
+ * ctrl_model_grads_to_host. */
 float *ctrl_model_device_grads(ctrl_model *m, size_t *n);
 
 const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m);

@@ -60,7 +60,7 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
 ctrl_device ctrl_model_device(const ctrl_model *m) { return m->device; }
 
 float *ctrl_model_device_grads(ctrl_model *m, size_t *n) {
-    if (n) *n = m->n_params;
+    if (n) *n = m->n_train;
     return m->dgrads;
 }
 
