@@ -20,7 +20,12 @@
  *                    1000 rows).
  *   margin           an optional number column of paired rows (the reward trainer's).
  * The reward trainer tokenizes prompt + chosen and prompt + rejected whole (no prompt split, no
- * prompt extraction) and drops pairs longer than max_length (TRL's RewardTrainer filter).
+ * prompt extraction; pre-tokenized chosen_ids / rejected_ids are taken as they are) and drops pairs
+ * longer than max_length (TRL's RewardTrainer filter). Each row is read on its own: where TRL
+ * decides from a dataset's first row whether to extract prompts and append EOS (a file mixing
+ * formats fails there), each row here follows its own format. [data] chat_template_path replaces
+ * the tokenizer's template (RewardConfig's chat_template_path; for DPO and KTO, what setting
+ * tokenizer.chat_template does).
  *
  * Truncation ([data] keys), in this order:
  *   1. max_prompt_length (0: off) keeps the prompt's last tokens;

@@ -5,6 +5,7 @@ For each case, TRL's own trainer (DPOTrainer, KTOTrainer or RewardTrainer) is in
 committed tiny model with a small dataset, and what it makes of the rows is dumped:
   tests/fixtures/pref/<case>.jsonl           the dataset rows as given
   tests/fixtures/pref/<case>.options.json    {"task", "tokenizer", "data": {[data] keys}, "batch_size"}
+                                             (chat_template_path relative to tests/fixtures)
   tests/fixtures/pref/<case>.expected.jsonl  trainer.train_dataset's ids, row for row (the rows TRL
                                              keeps, in its order): DPO prompt_ids / chosen_ids /
                                              rejected_ids; KTO prompt_ids / completion_ids /
@@ -12,6 +13,11 @@ committed tiny model with a small dataset, and what it makes of the rows is dump
                                              rejected_ids / margin
   tests/fixtures/pref/<case>.batch.json      trainer.data_collator on the first batch_size rows
                                              (max_length truncation, padding, pad_to_multiple_of)
+                                             and, for DPO and KTO with the tiny tokenizer, "logps":
+                                             trainer.compute_ref_log_probs on that batch (TRL's own
+                                             per-sequence log-probs: chosen then rejected, or the
+                                             completions then the KL sequences) under
+                                             tests/fixtures/trl_sft/model
 Tokenizers: the tiny BPE one (tests/fixtures/tokenizer/tiny_bpe) and Qwen3's with its chat template
 (../shared/data/tokenizers/qwen3, or $CTRL_SHARED_DIR/data/tokenizers/qwen3; those cases are skipped
 by the C test where it is absent).
@@ -29,7 +35,8 @@ from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardConfig, Rewa
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "..", "fixtures")
 OUT = os.path.join(FIX, "pref")
-MODEL = os.path.join(FIX, "models", "qwen2")
+MODEL = os.path.join(FIX, "models", "qwen2")  # vocabulary of 128: data preparation only
+LOGP_MODEL = os.path.join(FIX, "trl_sft", "model")  # the tiny tokenizer's vocabulary: sequence log-probs
 TOKENIZERS = {"tiny": os.path.join(FIX, "tokenizer", "tiny_bpe"),
               "qwen3": os.path.join(os.environ.get("CTRL_SHARED_DIR", os.path.join(HERE, "..", "..", "..", "shared")),
                                     "data", "tokenizers", "qwen3")}
@@ -111,6 +118,8 @@ CASES = {
     "dpo_standard_qwen3": ("dpo", "qwen3", standard(), {"pad_to_multiple_of": 4}, 3),
     "dpo_conversational_qwen3": ("dpo", "qwen3", conversational(), {}, 3),
     "dpo_implicit_conversational_qwen3": ("dpo", "qwen3", implicit_conversational(), {}, 3),
+    "dpo_chat_template": ("dpo", "tiny", conversational(1), {"chat_template_path": "templates/qwen2_5_training.jinja"},
+                          3),
     "kto_unpaired": ("kto", "tiny", unpaired(), {}, 3),
     "kto_paired": ("kto", "tiny", standard(), {}, 4),
     "kto_implicit": ("kto", "tiny", implicit()[:6], {}, 3),
@@ -118,6 +127,8 @@ CASES = {
     "kto_conversational_qwen3": ("kto", "qwen3", unpaired_conversational(), {}, 3),
     "reward_standard": ("reward", "tiny", with_margin(standard()), {}, 3),
     "reward_conversational": ("reward", "tiny", conversational(), {"pad_to_multiple_of": 8}, 3),
+    "reward_chat_template": ("reward", "tiny", conversational(),
+                             {"chat_template_path": "templates/qwen2_5_training.jinja"}, 3),
     "reward_implicit": ("reward", "tiny", implicit()[:6], {}, 3),
     "reward_max_length": ("reward", "tiny", long_prompts(), {"max_length": 20}, 3),
     "reward_conversational_qwen3": ("reward", "qwen3", with_margin(conversational()), {}, 3),
@@ -136,21 +147,26 @@ def ids(x):
 
 def prepare(task, tok_name, rows, options, bs):
     tok = AutoTokenizer.from_pretrained(TOKENIZERS[tok_name])
+    template = os.path.join(FIX, options["chat_template_path"]) if "chat_template_path" in options else None
+    if template and task != "reward":  # DPOConfig / KTOConfig have no chat_template_path: the tokenizer's
+        with open(template, encoding="utf-8") as f:
+            tok.chat_template = f.read()
     ds = Dataset.from_list(rows)
+    model_dir = LOGP_MODEL if tok_name == "tiny" else MODEL
     with tempfile.TemporaryDirectory() as tmp:
         if task == "dpo":
-            model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             args = DPOConfig(**common(tmp, options, bs), truncation_mode=options.get("truncation_mode", "keep_start"))
             trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
             keys = ["prompt_ids", "chosen_ids", "rejected_ids"]
         elif task == "kto":
-            model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             args = KTOConfig(**common(tmp, options, bs))
             trainer = KTOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
             keys = ["prompt_ids", "completion_ids", "KL_completion_ids", "label"]
         else:
-            model = AutoModelForSequenceClassification.from_pretrained(MODEL, num_labels=1, dtype=torch.float32)
-            args = RewardConfig(**common(tmp, options, bs))
+            model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+            args = RewardConfig(**common(tmp, options, bs), chat_template_path=template)
             trainer = RewardTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
             keys = ["chosen_ids", "rejected_ids"] + (["margin"] if "margin" in rows[0] else [])
         data = trainer.train_dataset
@@ -162,7 +178,13 @@ def prepare(task, tok_name, rows, options, bs):
             expected.append(e)
         examples = [data[i] for i in range(min(bs, len(data)))]
         batch = trainer.data_collator(examples)
+        logps = None
+        if task != "reward" and tok_name == "tiny":
+            out = trainer.compute_ref_log_probs(trainer.ref_model, batch)
+            logps = [float(x) for part in out for x in part.tolist()]
         batch = {k: v.tolist() for k, v in batch.items() if torch.is_tensor(v)}
+        if logps is not None:
+            batch["logps"] = logps
         return expected, batch, tok.pad_token_id
 
 

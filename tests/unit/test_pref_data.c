@@ -4,10 +4,14 @@
  * Qwen3's, the prompt / chosen / rejected / completion / KL ids ctrl prepares equal the trainers'
  * train_dataset row for row (the same rows dropped by max_length), and the micro-batch built padded
  * equals the trainer's data_collator output (max_length truncation in both modes,
- * pad_to_multiple_of, the completion mask as weights shifted by one). Also: padding-free layout,
+ * pad_to_multiple_of, the completion mask as weights shifted by one; [data] chat_template_path as the
+ * tokenizer's template, or RewardConfig's chat_template_path), and the tiny model's
+ * per-sequence log-probs summed over ctrl's batch (padded and padding-free) equal TRL's own
+ * (compute_ref_log_probs) within 1e-5 relative. Also: padding-free layout,
  * max_prompt_length / max_completion_length, bad rows (file:line and the column) and
  * skip_bad_rows, refused [data] keys, the eval_fraction hold-out. */
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +21,10 @@
 #include "test.h"
 #include "test_registry.h"
 #include "train/pref_data.h"
+#include "train/sequence.h"
 
 #define PREF_DIR CTRL_FIXTURE_DIR "/pref"
+#define LOGP_MODEL CTRL_FIXTURE_DIR "/trl_sft/model" /* the tiny tokenizer's vocabulary */
 
 static const char *shared_dir(void) {
     const char *env = getenv("CTRL_SHARED_DIR");
@@ -91,7 +97,10 @@ static int case_open(const char *name, const char *extra, pref_case *c) {
     const cJSON *k;
     size_t n = 0;
     cJSON_ArrayForEach(k, cJSON_GetObjectItem(c->opts, "data")) {
-        if (cJSON_IsString(k))
+        if (cJSON_IsString(k) && !strcmp(k->string, "chat_template_path"))
+            n += (size_t)snprintf(data + n, sizeof data - n, "%s = %s/%s\n", k->string, CTRL_FIXTURE_DIR,
+                                  k->valuestring);
+        else if (cJSON_IsString(k))
             n += (size_t)snprintf(data + n, sizeof data - n, "%s = %s\n", k->string, k->valuestring);
         else if (cJSON_IsNumber(k))
             n += (size_t)snprintf(data + n, sizeof data - n, "%s = %d\n", k->string, k->valueint);
@@ -189,6 +198,36 @@ static void check_group(const char *name, const pref_case *c, const ctrl_pref_ba
     (void)c;
 }
 
+/* The model's per-sequence log-probs over a built batch: sum of logp * weight over seq_cu, as the
+ * sequence kind computes them (train_sequence_sums). */
+static void sequence_logps(const ctrl_pref_batch *b, double *sum) {
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    ctrl_model *m = NULL;
+    CHECK(attn && ctrl_model_load(LOGP_MODEL, attn->plugin->ops, &m) == CTRL_OK);
+    float *lp = calloc((size_t)b->T, sizeof(float));
+    if (m) CHECK_EQ_INT(ctrl_model_forward(m, &b->batch, lp, NULL, NULL), CTRL_OK);
+    train_sequence_sums(b->n_seq, b->seq_cu, lp, b->weight, sum, NULL);
+    free(lp);
+    ctrl_model_free(m);
+    ctrl_registry_destroy(reg);
+}
+
+/* TRL's own sequence log-probs of the batch (compute_ref_log_probs) equal the sums over ctrl's
+ * batch, padded and padding-free: the weights mark exactly the log-probs TRL sums. */
+static void logps_match(const char *name, const ctrl_pref_batch *b, const cJSON *want, const char *layout) {
+    if (!want) return;
+    CHECK_EQ_INT(cJSON_GetArraySize(want), b->n_seq);
+    double *sum = calloc((size_t)b->n_seq, sizeof(double));
+    sequence_logps(b, sum);
+    for (int k = 0; k < b->n_seq && k < cJSON_GetArraySize(want); k++) {
+        const double w = cJSON_GetArrayItem(want, k)->valuedouble;
+        CHECK_MSG(fabs(sum[k] - w) <= 1e-5 * fabs(w), "%s (%s): sequence %d log-prob %.9g, TRL %.9g", name,
+                  layout, k, sum[k], w);
+    }
+    free(sum);
+}
+
 static void batch_matches(const char *name, pref_case *c) {
     char path[1024];
     snprintf(path, sizeof path, PREF_DIR "/%s.batch.json", name);
@@ -211,6 +250,7 @@ static void batch_matches(const char *name, pref_case *c) {
         const cJSON *l = cJSON_GetObjectItem(batch, "label");
         for (int i = 0; i < n; i++) CHECK_EQ_INT(b.label[i], cJSON_IsTrue(cJSON_GetArrayItem(l, i)));
     }
+    logps_match(name, &b, cJSON_GetObjectItem(batch, "logps"), "padded");
     ctrl_pref_batch_free(&b);
     /* padding-free: the same sequences back to back, the flat batch rounded to pad_to_multiple_of */
     c->set.padded = 0;
@@ -226,6 +266,7 @@ static void batch_matches(const char *name, pref_case *c) {
     CHECK_EQ_INT(b.tokens, real);
     CHECK_EQ_INT(b.seq_cu[b.n_seq], b.T);
     CHECK_EQ_INT(b.batch.cu_seqlens[b.batch.B], b.T);
+    logps_match(name, &b, cJSON_GetObjectItem(batch, "logps"), "padding-free");
     ctrl_pref_batch_free(&b);
     cJSON_Delete(batch);
 }
@@ -253,6 +294,7 @@ TRL_CASE(dpo_keep_end)
 TRL_CASE(dpo_standard_qwen3)
 TRL_CASE(dpo_conversational_qwen3)
 TRL_CASE(dpo_implicit_conversational_qwen3)
+TRL_CASE(dpo_chat_template)
 TRL_CASE(kto_unpaired)
 TRL_CASE(kto_paired)
 TRL_CASE(kto_implicit)
@@ -260,6 +302,7 @@ TRL_CASE(kto_max_length)
 TRL_CASE(kto_conversational_qwen3)
 TRL_CASE(reward_standard)
 TRL_CASE(reward_conversational)
+TRL_CASE(reward_chat_template)
 TRL_CASE(reward_implicit)
 TRL_CASE(reward_max_length)
 TRL_CASE(reward_conversational_qwen3)
