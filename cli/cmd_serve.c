@@ -64,6 +64,11 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
             return cli_usage_error(&cli_cmd_serve, "--kv-cache-dtype %s: fp32 or bf16", v);
         } else if (!strcmp(k, "--api-key")) {
             o.api_key = v;
+        } else if (!strcmp(k, "--weight-transfer-config")) { /* vLLM's flag, which TRL's errors name */
+            return cli_usage_error(&cli_cmd_serve,
+                                   "--weight-transfer-config: ctrl serve has no NCCL weight-transfer engine; "
+                                   "send new weights with POST /update_weights (a safetensors body), see "
+                                   "docs/serve.md");
         } else {
             return cli_usage_error(&cli_cmd_serve, "unexpected argument '%s'", k);
         }
@@ -89,14 +94,16 @@ const ctrl_command cli_cmd_serve = {
         "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
         "                  [--timeout-s 30]"
         " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n\n"
-        "GET /health, GET /v1/models; POST /generate {\"prompts\": [...] | \"prompt_token_ids\": [[...]], "
-        "n,\n"
-        "temperature, top_p, top_k, min_p, repetition_penalty, max_tokens, seed} -> {prompt_ids,\n"
-        "completion_ids, logprobs}; POST /v1/completions {prompt, ...} and /v1/chat/completions\n"
-        "{messages, ...} (\"stream\": true for Server-Sent Events); POST /update_weights (a safetensors\n"
-        "body of some or all parameters, validated whole before any weight changes); POST /sleep\n"
-        "{\"level\": 1|2}, /wake_up, /reset_prefix_cache.\n"
-        "Every invalid field (wrong JSON type, out of range, unknown) is a 400 naming it; prompts x n\n"
+        "GET /health, GET /v1/models, /server_info, /get_world_size; POST /generate {\"prompts\": [...] |\n"
+        "\"prompt_token_ids\": [[...]], n, temperature, top_p, top_k, min_p, repetition_penalty,\n"
+        "presence_penalty, frequency_penalty, max_tokens, seed} -> {prompt_ids, completion_ids, logprobs};\n"
+        "POST /v1/completions {prompt, ...} and /v1/chat/completions {messages, ...} as vLLM serves them\n"
+        "(stop, logprobs, top_logprobs, prompt_logprobs, echo, return_token_ids, stream with\n"
+        "stream_options; TRL's VLLMClient works against it); POST /update_weights (a safetensors body of\n"
+        "some or all parameters, validated whole before any weight changes); POST /sleep\n"
+        "{\"level\": 1|2}, /wake_up, /reset_prefix_cache. Requests without a seed get a fresh one.\n"
+        "Errors are OpenAI's {\"error\": {message, type, param, code}}. Every invalid field (wrong JSON\n"
+        "type, out of range, unknown or unsupported) is a 400 naming it; prompts x n\n"
         "above --max-seqs-per-request and prompt + max_tokens beyond the model's context (or the KV\n"
         "cache) are 400; a request that would make more than --max-queued-seqs sequences queued or\n"
         "running 503; bad JSON 400, oversized bodies 413, a missing or wrong API key 401 (--api-key or\n"
@@ -104,7 +111,9 @@ const ctrl_command cli_cmd_serve = {
         "A prompt prefills at most --prefill-chunk tokens per engine step (0: no limit), interleaved\n"
         "with the other requests' decoding. Connections idle for --timeout-s, and request bodies not\n"
         "received within it, are closed. Binds to 127.0.0.1 unless --host says otherwise.\n"
-        "SIGINT/SIGTERM stop accepting connections and let the requests in flight finish for at most\n"
-        "--drain-s seconds; the rest are answered 503; then the server exits 0.\n",
+        "A client that disconnects cancels its generation (streamed or not).\n"
+        "SIGINT/SIGTERM drain: /health answers 503 and new generations are refused (503) while the\n"
+        "requests in flight finish for at most --drain-s seconds; the rest are answered 503; then the\n"
+        "server exits 0. See docs/serve.md.\n",
     .run = run_serve,
 };

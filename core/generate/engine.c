@@ -105,7 +105,7 @@ void ctrl_engine_stats(const ctrl_engine *e, long *steps, long *preemptions, lon
 long ctrl_engine_joined(const ctrl_engine *e) { return e->joined; }
 
 void ctrl_gen_output_free(ctrl_gen_output *o) {
-    free(o->ids), free(o->logprobs);
+    free(o->ids), free(o->logprobs), free(o->top_ids), free(o->top_logprobs);
     memset(o, 0, sizeof *o);
 }
 

@@ -37,6 +37,9 @@ typedef struct ctrl_gen_request {
      * want a step than it has slots, each group gets an equal share first (0 for all: arrival
      * order). Requests of a group are added one after another. */
     uint64_t group;
+    /* The most likely tokens to record with each drawn token (0: none): the top_logprobs entries
+     * of its output. */
+    int top_logprobs;
 } ctrl_gen_request;
 
 typedef struct ctrl_gen_output {
@@ -44,6 +47,12 @@ typedef struct ctrl_gen_output {
     float *logprobs; /* processed log-probability of each token */
     int len;
     int stopped; /* 1: a stop id ended it; 0: max_tokens */
+    /* With the request's top_logprobs = k: for token i, its k most likely alternatives under the
+     * processed distribution at top_ids[i * k ...] / top_logprobs[i * k ...], most likely first
+     * (-1 and -inf past the possible ones). */
+    int32_t *top_ids;
+    float *top_logprobs;
+    int top_k;
 } ctrl_gen_output;
 
 typedef struct ctrl_engine_config {
@@ -114,6 +123,14 @@ long ctrl_engine_joined(const ctrl_engine *e);
 void ctrl_engine_reset_prefix_cache(ctrl_engine *e);
 long ctrl_engine_prefix_hits(const ctrl_engine *e);
 void ctrl_gen_output_free(ctrl_gen_output *o);
+/* Scores a token sequence without generating (the OpenAI prompt_logprobs / echo): for every
+ * position i >= 1, the log-probability of ids[i] after ids[0..i) under softmax(logits /
+ * temperature) (temperature 0: 1), its rank (1: the most likely), and the k most likely tokens
+ * there (ids and log-probabilities, most likely first). Outputs are [n] (position 0 unused) and
+ * [n * k]. Runs the model on the engine's KV pool: the caller holds the engine between generations
+ * (ctrl_batcher_lock_engine). */
+ctrl_status ctrl_engine_score(ctrl_engine *e, const int32_t *ids, int n, float temperature, int k,
+                              float *logprob, int32_t *rank, int32_t *top_ids, float *top_logprobs);
 /* The ids that end a completion: generation_config.json's eos_token_id (a number or a list) in
  * model_dir, else the tokenizer's EOS. Returns how many were written (at most cap). */
 int ctrl_generation_stop_ids(const char *model_dir, const ctrl_tokenizer *tok, int32_t *ids, int cap);

@@ -33,6 +33,8 @@ typedef struct gen_draw {
     const float *logits;
     int32_t tok;
     float logprob;
+    int32_t *top_ids; /* the request's top_logprobs entries, in the step's scratch */
+    float *top_lps;
 } gen_draw;
 
 struct ctrl_engine {

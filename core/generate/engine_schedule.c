@@ -2,6 +2,7 @@
  * decodes the running sequences and fills the rest of the token budget with prefill chunks of
  * waiting ones, preempting the newest running sequence when blocks run out. Requests may be added
  * between steps: they join the running generation. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,20 +29,24 @@ static void drop(ctrl_engine *e, gen_seq *s) {
  * neutral, so that the message names the field at fault. */
 static const char *bad_sampling_field(const ctrl_sampling_params *p) {
     const ctrl_sampling_params neutral = {.temperature = 1, .top_p = 1, .min_p = 0, .repetition_penalty = 1};
-    ctrl_sampling_params t = neutral, tp = neutral, mp = neutral, rp = neutral;
+    ctrl_sampling_params t = neutral, tp = neutral, mp = neutral, rp = neutral, pp = neutral, fp = neutral;
     t.temperature = p->temperature, tp.top_p = p->top_p, mp.min_p = p->min_p;
     rp.repetition_penalty = p->repetition_penalty;
+    pp.presence_penalty = p->presence_penalty, fp.frequency_penalty = p->frequency_penalty;
     return !ctrl_sampling_params_valid(&t)    ? "temperature (0, or a positive normal float)"
            : !ctrl_sampling_params_valid(&tp) ? "top_p (in (0, 1])"
            : !ctrl_sampling_params_valid(&mp) ? "min_p (in [0, 1])"
            : !ctrl_sampling_params_valid(&rp) ? "repetition_penalty (a positive normal float)"
+           : !ctrl_sampling_params_valid(&pp) ? "presence_penalty (in [-2, 2])"
+           : !ctrl_sampling_params_valid(&fp) ? "frequency_penalty (in [-2, 2])"
                                               : NULL;
 }
 
 ctrl_status ctrl_gen_request_check(const ctrl_gen_request *r) {
-    if (r->n < 1 || r->prompt_len < 1 || r->max_tokens < 1)
-        return ctrl_error_set(CTRL_ERR_CONFIG,
-                              "generation: a request needs a prompt, n >= 1 and max_tokens >= 1");
+    if (r->n < 1 || r->prompt_len < 1 || r->max_tokens < 1 || r->top_logprobs < 0)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "generation: a request needs a prompt, n >= 1, max_tokens >= 1 and top_logprobs >= 0");
     const char *field = bad_sampling_field(&r->sampling);
     if (field) return ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameter %s", field);
     return CTRL_OK;
@@ -111,7 +116,9 @@ void ctrl_engine_cancel(ctrl_engine *e, const ctrl_gen_output *outs) {
 
 /* Records a drawn token and decides whether the sequence is finished (its request's on_finish runs
  * with the last sample). */
-static ctrl_status record_token(ctrl_engine *e, gen_seq *s, int32_t t, float lp) {
+static ctrl_status record_token(ctrl_engine *e, gen_seq *s, const gen_draw *d) {
+    const int32_t t = d->tok;
+    const float lp = d->logprob;
     const ctrl_gen_request *r = &s->rq->r;
     if (t < 0)
         return t == -2 ? ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory while sampling")
@@ -123,6 +130,17 @@ static ctrl_status record_token(ctrl_engine *e, gen_seq *s, int32_t t, float lp)
     if (lps) o->logprobs = lps;
     if (!ids || !lps || push_token(s, t) != 0)
         return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    const int k = r->top_logprobs;
+    if (k > 0) {
+        int32_t *ti = realloc(o->top_ids, sizeof(int32_t) * (size_t)k * (size_t)(o->len + 1));
+        if (ti) o->top_ids = ti;
+        float *tl = realloc(o->top_logprobs, sizeof(float) * (size_t)k * (size_t)(o->len + 1));
+        if (tl) o->top_logprobs = tl;
+        if (!ti || !tl) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+        memcpy(ti + (size_t)o->len * k, d->top_ids, sizeof(int32_t) * (size_t)k);
+        memcpy(tl + (size_t)o->len * k, d->top_lps, sizeof(float) * (size_t)k);
+        o->top_k = k;
+    }
     o->ids[o->len] = t, o->logprobs[o->len] = lp, o->len++;
     e->generated++;
     for (int i = 0; i < r->n_stop; i++) o->stopped |= t == r->stop_ids[i];
@@ -140,6 +158,16 @@ static ctrl_status record_token(ctrl_engine *e, gen_seq *s, int32_t t, float lp)
  * then recorded in order. */
 static ctrl_status draw_all(ctrl_engine *e, int n) {
     const int V = ctrl_model_cfg(e->model)->vocab_size;
+    size_t tops = 0; /* the step's top_logprobs scratch */
+    for (int i = 0; i < n; i++) tops += (size_t)e->draws[i].s->rq->r.top_logprobs;
+    int32_t *top_ids = tops ? malloc(sizeof(int32_t) * tops) : NULL;
+    float *top_lps = tops ? malloc(sizeof(float) * tops) : NULL;
+    if (tops && (!top_ids || !top_lps)) {
+        free(top_ids), free(top_lps);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    }
+    for (size_t i = 0, at = 0; i < (size_t)n; at += (size_t)e->draws[i++].s->rq->r.top_logprobs)
+        e->draws[i].top_ids = top_ids + at, e->draws[i].top_lps = top_lps + at;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -151,15 +179,19 @@ static ctrl_status draw_all(ctrl_engine *e, int n) {
             d->tok = -1;
             if (!l) continue;
             memcpy(l, d->logits, sizeof(float) * (size_t)V);
-            d->tok = ctrl_sample(&d->s->rq->r.sampling, l, V, d->s->tokens, d->s->n_tokens, &d->s->rng,
-                                 &d->logprob);
+            const ctrl_gen_request *r = &d->s->rq->r;
+            d->tok = ctrl_sample_seq(&r->sampling, l, V, d->s->tokens, d->s->n_tokens, r->prompt_len,
+                                     &d->s->rng, &d->logprob);
+            if (d->tok >= 0 && r->top_logprobs > 0) {
+                const int got = ctrl_sampling_top(l, V, r->top_logprobs, d->top_ids, d->top_lps);
+                for (int j = got; j < r->top_logprobs; j++) d->top_ids[j] = -1, d->top_lps[j] = -INFINITY;
+            }
         }
         free(l);
     }
-    if (failed) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
-    ctrl_status st = CTRL_OK;
-    for (int i = 0; i < n && st == CTRL_OK; i++)
-        st = record_token(e, e->draws[i].s, e->draws[i].tok, e->draws[i].logprob);
+    ctrl_status st = failed ? ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory") : CTRL_OK;
+    for (int i = 0; i < n && st == CTRL_OK; i++) st = record_token(e, e->draws[i].s, &e->draws[i]);
+    free(top_ids), free(top_lps);
     return st;
 }
 

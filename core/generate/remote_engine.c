@@ -14,6 +14,7 @@ enum { TIMEOUT_S = 3600 }; /* a generation batch of long completions can take a 
 static ctrl_status http_failed(const char *url, const char *path, const ctrl_http_response *r) {
     cJSON *o = cJSON_Parse(r->body ? r->body : "");
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (cJSON_IsObject(e)) e = cJSON_GetObjectItemCaseSensitive(e, "message"); /* OpenAI's shape */
     ctrl_status st = ctrl_error_set(CTRL_ERR_RUNTIME, "%s%s: HTTP %d: %s", url, path, r->status,
                                     cJSON_IsString(e) ? e->valuestring : "(no error message)");
     cJSON_Delete(o);

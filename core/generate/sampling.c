@@ -66,10 +66,32 @@ static int top_p_filter(float *l, int V, float top_p) {
 int ctrl_sampling_params_valid(const ctrl_sampling_params *p) {
     return (p->temperature == 0 || (p->temperature >= FLT_MIN && p->temperature <= FLT_MAX)) &&
            p->top_p > 0 && p->top_p <= 1 && p->min_p >= 0 && p->min_p <= 1 &&
-           p->repetition_penalty >= FLT_MIN && p->repetition_penalty <= FLT_MAX;
+           p->repetition_penalty >= FLT_MIN && p->repetition_penalty <= FLT_MAX &&
+           p->presence_penalty >= -2 && p->presence_penalty <= 2 && p->frequency_penalty >= -2 &&
+           p->frequency_penalty <= 2;
+}
+
+/* presence and frequency penalties over the completion (out[n_out]); 0, or -2 when out of memory */
+static int penalize_output(const ctrl_sampling_params *p, float *l, int V, const int32_t *out, int n_out) {
+    if ((p->presence_penalty == 0 && p->frequency_penalty == 0) || n_out <= 0) return 0;
+    int *count = calloc((size_t)V, sizeof(int));
+    if (!count) return -2;
+    for (int i = 0; i < n_out; i++)
+        if (out[i] >= 0 && out[i] < V) count[out[i]]++;
+    for (int t = 0; t < V; t++)
+        if (count[t] > 0 && l[t] != -INFINITY)
+            l[t] = fmaxf(fminf(l[t] - p->frequency_penalty * (float)count[t] - p->presence_penalty, FLT_MAX),
+                         -FLT_MAX);
+    free(count);
+    return 0;
 }
 
 int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen) {
+    return ctrl_sampling_process_seq(p, l, V, seen, n_seen, n_seen);
+}
+
+int ctrl_sampling_process_seq(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen,
+                              int n_prompt) {
     if (!ctrl_sampling_params_valid(p)) return -1;
     if (p->repetition_penalty != 1.0f) { /* each distinct seen token once */
         uint8_t *done = calloc((size_t)V, 1);
@@ -83,6 +105,8 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
         }
         free(done);
     }
+    if (n_prompt < 0 || n_prompt > n_seen) n_prompt = n_seen;
+    if (penalize_output(p, l, V, seen + n_prompt, n_seen - n_prompt) != 0) return -2;
     if (p->temperature > 0 && p->temperature != 1.0f)
         for (int i = 0; i < V; i++) l[i] = fminf(l[i] / p->temperature, FLT_MAX); /* as above */
     if (p->top_k > 0 && p->top_k < V) { /* below the k-th largest value goes; ties with it stay */
@@ -108,7 +132,25 @@ int ctrl_sampling_process(const ctrl_sampling_params *p, float *l, int V, const 
 
 int32_t ctrl_sample(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen,
                     ctrl_rng *rng, float *logprob) {
-    const int processed = ctrl_sampling_process(p, l, V, seen, n_seen);
+    return ctrl_sample_seq(p, l, V, seen, n_seen, n_seen, rng, logprob);
+}
+
+int ctrl_sampling_top(const float *l, int V, int k, int32_t *ids, float *logprobs) {
+    const double lse = logsumexp(l, V);
+    int n = 0;
+    for (int i = 0; i < V && k > 0; i++) { /* insertion into the sorted k best so far */
+        if (l[i] == -INFINITY || (n == k && l[i] <= l[ids[n - 1]])) continue;
+        int at = n < k ? n++ : k - 1;
+        while (at > 0 && l[ids[at - 1]] < l[i]) ids[at] = ids[at - 1], at--;
+        ids[at] = i;
+    }
+    for (int j = 0; j < n; j++) logprobs[j] = (float)((double)l[ids[j]] - lse);
+    return n;
+}
+
+int32_t ctrl_sample_seq(const ctrl_sampling_params *p, float *l, int V, const int32_t *seen, int n_seen,
+                        int n_prompt, ctrl_rng *rng, float *logprob) {
+    const int processed = ctrl_sampling_process_seq(p, l, V, seen, n_seen, n_prompt);
     if (processed != 0) return processed;
     const double lse = logsumexp(l, V);
     int32_t tok = 0;

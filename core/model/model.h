@@ -142,6 +142,10 @@ const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m);
  * block tables. */
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits);
+/* The same for one sequence, with the logits after every one of its n new tokens: logits[n * V]
+ * (scoring a prompt: the OpenAI prompt_logprobs). */
+ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *seq, const int32_t *tokens,
+                                  int n, float *logits);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
 /* Zeroes the gradients (on the device too). */

@@ -123,8 +123,9 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
     return CTRL_OK;
 }
 
-ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
-                              const int32_t *tokens, const int *n_new, int n_seq, float *logits) {
+/* all_rows: every new token's logits (T rows), else each sequence's last one's (n_seq rows) */
+static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs, const int32_t *tokens,
+                          const int *n_new, int n_seq, float *logits, int all_rows) {
     const ctrl_model_config *cfg = &m->cfg;
     const int C = cfg->hidden_size, V = cfg->vocab_size;
     if (!m->paged)
@@ -159,7 +160,8 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     uint16_t *kv16 = c->dtype == CTRL_BF16
                          ? malloc(sizeof(uint16_t) * 2 * (size_t)T * cfg->n_kv_heads * cfg->head_dim)
                          : NULL;
-    float *h = malloc(sizeof(float) * (size_t)n_seq * C), *rstd = malloc(sizeof(float) * (size_t)n_seq);
+    const int rows = all_rows ? T : n_seq;
+    float *h = malloc(sizeof(float) * (size_t)rows * C), *rstd = malloc(sizeof(float) * (size_t)rows);
     if (!seq_of || !tables || !h || !rstd || (c->dtype == CTRL_BF16 && !kv16)) {
         free(seq_of), free(tables), free(h), free(rstd), free(kv16);
         return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
@@ -185,15 +187,28 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
     if (st == CTRL_OK) { /* each sequence's last new token through the head */
         for (int s = 0, t = 0; s < n_seq; s++) {
             t += n_new[s];
-            memcpy(h + (size_t)s * C, m->x_out + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
+            if (!all_rows)
+                memcpy(h + (size_t)s * C, m->x_out + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
             seqs[s]->len += n_new[s];
         }
-        st = m->be->rmsnorm_forward(h, rstd, h, m->dparams + m->off_norm, n_seq, C, cfg->rms_norm_eps);
+        if (all_rows) memcpy(h, m->x_out, sizeof(float) * (size_t)T * C);
+        st = m->be->rmsnorm_forward(h, rstd, h, m->dparams + m->off_norm, rows, C, cfg->rms_norm_eps);
         if (st == CTRL_OK)
-            st = m->be->linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, n_seq, C, V);
+            st = m->be->linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, rows, C, V);
     }
     m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
     m->x_out = saved_out;
     free(seq_of), free(tables), free(h), free(rstd), free(kv16);
     return st;
+}
+
+ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
+                              const int32_t *tokens, const int *n_new, int n_seq, float *logits) {
+    return decode(m, c, seqs, tokens, n_new, n_seq, logits, 0);
+}
+
+ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *seq, const int32_t *tokens,
+                                  int n, float *logits) {
+    ctrl_kv_seq *const seqs[1] = {seq};
+    return decode(m, c, seqs, tokens, &n, 1, logits, 1);
 }

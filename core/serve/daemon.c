@@ -18,6 +18,7 @@ typedef struct request {
     char *data;
     size_t len;
     int too_big;
+    int counted; /* in the server's in_flight */
     struct timespec start;
 } request;
 
@@ -74,10 +75,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         q->route = serve_route_find(method, url, &q->status);
         if (q->route && q->route->auth && !authorized(s, c)) /* refused now: its body is not kept */
             q->route = NULL, q->status = 401;
+        q->counted = !strcmp(method, "POST"); /* what the drain waits for; GETs answer at once */
         *state = q;
         serve_deadline_request(s->deadline, c, 1);
         pthread_mutex_lock(&s->lock);
-        s->in_flight++;
+        s->in_flight += q->counted;
         pthread_mutex_unlock(&s->lock);
         return MHD_YES;
     }
@@ -96,10 +98,10 @@ static void finished(void *cls, struct MHD_Connection *c, void **state,
     request *q = *state;
     if (q) {
         serve_deadline_request(s->deadline, c, 0);
-        free(q->data), free(q);
         pthread_mutex_lock(&s->lock);
-        s->in_flight--;
+        s->in_flight -= q->counted;
         pthread_mutex_unlock(&s->lock);
+        free(q->data), free(q);
     }
     *state = NULL;
 }

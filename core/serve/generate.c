@@ -1,10 +1,14 @@
-/* ctrl serve's generation endpoints: POST /generate (TRL vllm-serve's shape: prompts or token ids
- * -> prompt_ids, completion_ids, logprobs), /v1/completions and /v1/chat/completions (OpenAI's
- * shapes; "stream": true goes to stream.c). The request is validated whole (request.c), then
- * generated through the batcher. */
+/* ctrl serve's generation endpoints: POST /generate (ctrl's own shape: prompts or token ids ->
+ * prompt_ids, completion_ids, logprobs), /v1/completions and /v1/chat/completions (OpenAI's
+ * shapes with vLLM's extensions: return_token_ids, prompt_logprobs; "stream": true goes to
+ * stream.c). The request is validated whole (request.c), prompts are scored when asked
+ * (prompt_logprobs, echo with logprobs), then generated through the batcher; a client that
+ * disconnects meanwhile cancels its generation. */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "serve/serve_internal.h"
@@ -18,8 +22,8 @@ cJSON *serve_openai_choice(int kind, int index, const char *text, const char *fi
         cJSON_AddStringToObject(m, "content", text);
     } else {
         cJSON_AddStringToObject(ch, "text", text);
-        cJSON_AddNullToObject(ch, "logprobs");
     }
+    cJSON_AddNullToObject(ch, "logprobs");
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else
@@ -27,17 +31,28 @@ cJSON *serve_openai_choice(int kind, int index, const char *text, const char *fi
     return ch;
 }
 
-cJSON *serve_openai_object(ctrl_server *s, int kind, int chunk) {
+cJSON *serve_openai_object(ctrl_server *s, const serve_input *in, int kind, int chunk) {
     cJSON *o = cJSON_CreateObject();
-    char id[64];
-    snprintf(id, sizeof id, "%s-%ld", kind == SERVE_CHAT ? "chatcmpl" : "cmpl", (long)time(NULL));
-    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "id", in->id);
     cJSON_AddStringToObject(o, "object",
                             kind == SERVE_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)time(NULL));
     cJSON_AddStringToObject(o, "model", s->opt->model_dir);
     return o;
+}
+
+cJSON *serve_usage(const serve_input *in, const ctrl_gen_output *outs) {
+    long prompt = 0, completion = 0;
+    for (int i = 0; i < in->n; i++) {
+        prompt += in->lens[i];
+        for (int k = 0; k < in->base.n; k++) completion += outs[(size_t)i * in->base.n + k].len;
+    }
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
+    return u;
 }
 
 char *serve_decoded(ctrl_server *s, const ctrl_gen_output *g) {
@@ -68,44 +83,103 @@ unsigned serve_generation_failed(ctrl_server *s) {
     return down ? 503 : 500;
 }
 
-/* The whole response once every completion is done. */
-static cJSON *response(ctrl_server *s, int kind, const ctrl_gen_request *reqs, int n,
-                       const ctrl_gen_output *outs) {
-    cJSON *o = kind == SERVE_TRL ? cJSON_CreateObject() : serve_openai_object(s, kind, 0);
-    long completion_tokens = 0, prompt_tokens = 0;
-    cJSON *a = kind != SERVE_TRL ? cJSON_AddArrayToObject(o, "choices") : NULL;
-    cJSON *pids = kind == SERVE_TRL ? cJSON_AddArrayToObject(o, "prompt_ids") : NULL;
-    cJSON *cids = kind == SERVE_TRL ? cJSON_AddArrayToObject(o, "completion_ids") : NULL;
-    cJSON *lps = kind == SERVE_TRL ? cJSON_AddArrayToObject(o, "logprobs") : NULL;
-    for (int i = 0; i < n; i++) {
-        prompt_tokens += reqs[i].prompt_len;
-        if (pids) cJSON_AddItemToArray(pids, cJSON_CreateIntArray(reqs[i].prompt, reqs[i].prompt_len));
-        for (int k = 0; k < reqs[i].n; k++) {
-            const ctrl_gen_output *g = &outs[(size_t)i * reqs[i].n + k];
-            completion_tokens += g->len;
-            if (kind == SERVE_TRL) {
-                cJSON_AddItemToArray(cids, cJSON_CreateIntArray(g->ids, g->len));
-                cJSON_AddItemToArray(lps, cJSON_CreateFloatArray(g->logprobs, g->len));
-            } else {
-                char *txt = serve_decoded(s, g);
-                cJSON_AddItemToArray(
-                    a, serve_openai_choice(kind, i * reqs[i].n + k, txt, g->stopped ? "stop" : "length", 0));
-                free(txt);
-            }
+int serve_draining(ctrl_server *s) {
+    pthread_mutex_lock(&s->lock);
+    const int d = s->draining;
+    pthread_mutex_unlock(&s->lock);
+    return d;
+}
+
+/* ctrl's /generate: ids and each token's log-probability. */
+static cJSON *response_trl(const serve_input *in, const ctrl_gen_output *outs) {
+    cJSON *o = cJSON_CreateObject(), *pids = cJSON_AddArrayToObject(o, "prompt_ids"),
+          *cids = cJSON_AddArrayToObject(o, "completion_ids"), *lps = cJSON_AddArrayToObject(o, "logprobs");
+    for (int i = 0; i < in->n; i++) {
+        cJSON_AddItemToArray(pids, cJSON_CreateIntArray(in->ids[i], in->lens[i]));
+        for (int k = 0; k < in->base.n; k++) {
+            const ctrl_gen_output *g = &outs[(size_t)i * in->base.n + k];
+            cJSON_AddItemToArray(cids, cJSON_CreateIntArray(g->ids, g->len));
+            cJSON_AddItemToArray(lps, cJSON_CreateFloatArray(g->logprobs, g->len));
         }
     }
-    if (kind != SERVE_TRL) {
-        cJSON *u = cJSON_AddObjectToObject(o, "usage");
-        cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt_tokens);
-        cJSON_AddNumberToObject(u, "completion_tokens", (double)completion_tokens);
-        cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt_tokens + completion_tokens));
-    }
     return o;
+}
+
+/* One OpenAI choice with everything the request asked for. */
+static cJSON *choice(ctrl_server *s, const serve_input *in, int kind, int i, int index,
+                     const ctrl_gen_output *g, const serve_scored *sc) {
+    int by_string = 0;
+    char *txt = serve_completion_text(s, in, g, 1, &by_string);
+    char *prompt = NULL;
+    if (in->echo) { /* completions: the prompt's text first */
+        size_t pl = 0;
+        if (ctrl_tokenizer_decode(s->tok, in->ids[i], (size_t)in->lens[i], in->skip_special, &prompt, &pl) !=
+            CTRL_OK)
+            prompt = NULL;
+    }
+    char *both = malloc(strlen(txt ? txt : "") + (prompt ? strlen(prompt) : 0) + 1);
+    if (both) sprintf(both, "%s%s", prompt ? prompt : "", txt ? txt : "");
+    cJSON *ch =
+        serve_openai_choice(kind, index, both ? both : "", g->stopped || by_string ? "stop" : "length", 0);
+    free(txt), free(prompt), free(both);
+    if (in->logprobs >= 0) {
+        long offset = 0;
+        cJSON *lp = serve_logprobs(s, in, kind, g, 0, g->len, &offset);
+        if (in->echo && sc) serve_logprobs_prepend_prompt(s, in, lp, in->ids[i], in->lens[i], sc);
+        cJSON_ReplaceItemInObjectCaseSensitive(ch, "logprobs", lp);
+    }
+    if (in->token_ids) {
+        if (kind != SERVE_CHAT)
+            cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(in->ids[i], in->lens[i]));
+        cJSON_AddItemToObject(ch, "token_ids", cJSON_CreateIntArray(g->ids, g->len));
+    }
+    if (in->prompt_logprobs >= 0 && sc && kind != SERVE_CHAT)
+        cJSON_AddItemToObject(ch, "prompt_logprobs",
+                              serve_prompt_logprobs(s, in, in->ids[i], in->lens[i], sc));
+    return ch;
+}
+
+static cJSON *response(ctrl_server *s, int kind, const serve_input *in, const ctrl_gen_output *outs,
+                       const serve_scored *sc) {
+    if (kind == SERVE_TRL) return response_trl(in, outs);
+    cJSON *o = serve_openai_object(s, in, kind, 0), *a = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < in->n; i++)
+        for (int k = 0; k < in->base.n; k++) {
+            cJSON_AddItemToArray(a, choice(s, in, kind, i, i * in->base.n + k,
+                                           &outs[(size_t)i * in->base.n + k], sc ? &sc[i] : NULL));
+        }
+    if (kind == SERVE_CHAT && in->token_ids)
+        cJSON_AddItemToObject(o, "prompt_token_ids", cJSON_CreateIntArray(in->ids[0], in->lens[0]));
+    if (kind == SERVE_CHAT && in->prompt_logprobs >= 0 && sc)
+        cJSON_AddItemToObject(o, "prompt_logprobs",
+                              serve_prompt_logprobs(s, in, in->ids[0], in->lens[0], sc));
+    cJSON_AddItemToObject(o, "usage", serve_usage(in, outs));
+    return o;
+}
+
+/* A whole (non-streamed) response's watch on its client: after every engine step, whether the
+ * connection was closed (the client gave up); then the generation is cancelled. */
+typedef struct watch {
+    int fd;
+    atomic_int cancel;
+} watch;
+
+static void client_gone(const ctrl_gen_output *live, void *ctx) {
+    (void)live;
+    watch *w = ctx;
+    if (w->fd < 0 || atomic_load(&w->cancel)) return;
+    struct pollfd p = {.fd = w->fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return;
+    char b;
+    if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR)) ||
+        ((p.revents & POLLIN) && recv(w->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0))
+        atomic_store(&w->cancel, 1);
 }
 
 enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const cJSON *body, int kind) {
     serve_input in;
     char msg[512];
+    if (serve_draining(s)) return serve_error(c, 503, "the server is shutting down (draining)");
     const unsigned bad = serve_input_parse(s, body, kind, &in, msg, sizeof msg);
     ctrl_gen_request *reqs = bad ? NULL : serve_input_requests(s, &in);
     if (bad || !reqs) {
@@ -122,14 +196,30 @@ enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const c
         return serve_error(c, 503, msg);
     }
     if (in.stream && kind != SERVE_TRL) return serve_stream(s, c, kind, reqs, &in); /* it owns them now */
-    ctrl_gen_output *outs = calloc(n_out, sizeof *outs);
-    const ctrl_status st = outs ? ctrl_batcher_generate(s->batch, reqs, in.n, outs, NULL, NULL, NULL)
-                                : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
-    const enum MHD_Result ret = st == CTRL_OK
-                                    ? serve_reply(c, 200, response(s, kind, reqs, in.n, outs))
-                                    : serve_error(c, serve_generation_failed(s), ctrl_error_message());
+    serve_scored *sc = NULL;
+    unsigned failed = 0;
+    const int k = in.prompt_logprobs >= 0 ? in.prompt_logprobs : in.logprobs;
+    if (in.prompt_logprobs >= 0 || (in.echo && in.logprobs >= 0)) {
+        sc = calloc((size_t)in.n, sizeof *sc);
+        failed = sc ? serve_score_prompts(s, &in, k > 0 ? k : 0, sc, msg, sizeof msg) : 500;
+        if (!sc) snprintf(msg, sizeof msg, "out of memory");
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    watch w = {.fd = ci ? ci->connect_fd : -1};
+    ctrl_gen_output *outs = failed ? NULL : calloc(n_out, sizeof *outs);
+    const ctrl_status st = failed ? CTRL_ERR_RUNTIME
+                           : outs
+                               ? ctrl_batcher_generate(s->batch, reqs, in.n, outs, client_gone, &w, &w.cancel)
+                               : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
+    const enum MHD_Result ret =
+        failed          ? serve_error(c, failed, msg)
+        : st == CTRL_OK ? serve_reply(c, 200, response(s, kind, &in, outs, sc))
+        : atomic_load(&w.cancel)
+            ? serve_error(c, 499, "the client closed the connection: generation cancelled")
+            : serve_error(c, serve_generation_failed(s), ctrl_error_message());
     for (size_t i = 0; outs && i < n_out; i++) ctrl_gen_output_free(&outs[i]);
-    free(reqs), free(outs);
+    serve_scored_free(sc, in.n);
+    free(sc), free(reqs), free(outs);
     serve_input_free(&in);
     serve_release(s, (long)n_out);
     return ret;

@@ -1,6 +1,8 @@
 /* ctrl serve's route table: {method, path, auth, handler} looked up once per request (daemon.c),
- * and the endpoints too small for a file of their own: /health (with the batcher's counters),
- * /v1/models, /sleep, /wake_up, /reset_prefix_cache, /update_weights (weights.c does the work). */
+ * and the endpoints too small for a file of their own: /health (with the batcher's counters; 503
+ * while draining), /v1/models, /server_info and /get_world_size (what TRL's VLLMClient asks),
+ * /sleep, /wake_up, /reset_prefix_cache, /update_weights (weights.c does the work) and vLLM's
+ * weight-transfer endpoints (NCCL: answered 501 naming /update_weights, see docs/serve.md). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,14 +15,67 @@ static enum MHD_Result health(ctrl_server *s, struct MHD_Connection *c, const cJ
     ctrl_batcher_stats bs;
     ctrl_batcher_stats_get(s->batch, &bs);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", "ok");
+    const int draining = serve_draining(s);
+    cJSON_AddStringToObject(o, "status", draining ? "draining" : "ok");
     cJSON_AddNumberToObject(o, "generations", (double)bs.generations);
     cJSON_AddNumberToObject(o, "max_requests_per_generation", (double)bs.max_jobs);
     cJSON_AddNumberToObject(o, "prefix_cache_hits", (double)ctrl_engine_prefix_hits(s->eng));
     cJSON_AddNumberToObject(o, "joined_requests", (double)bs.joined);
     pthread_mutex_lock(&s->lock);
-    cJSON_AddNumberToObject(o, "requests_in_flight", s->in_flight - 1); /* not counting this one */
+    cJSON_AddNumberToObject(o, "requests_in_flight", s->in_flight);
     pthread_mutex_unlock(&s->lock);
+    return serve_reply(c, draining ? 503 : 200, o);
+}
+
+#define WEIGHTS_HOW                                                                                          \
+    "ctrl serve takes new weights over HTTP: POST /update_weights with a safetensors body (the "             \
+    "parameters under their Hugging Face names, f32/bf16/f16; see docs/serve.md)"
+
+/* What TRL's VLLMClient reads of vLLM's /server_info: the config tree, weight_transfer_config null
+ * (ctrl serve has no NCCL weight-transfer engine: init_communicator says so before it starts a
+ * rendezvous), and how weights are taken instead. */
+static enum MHD_Result server_info(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                                   size_t n) {
+    (void)in, (void)b, (void)n;
+    cJSON *o = cJSON_CreateObject(), *v = cJSON_AddObjectToObject(o, "vllm_config");
+    cJSON *mc = cJSON_AddObjectToObject(v, "model_config");
+    cJSON_AddStringToObject(mc, "model", s->opt->model_dir);
+    cJSON_AddNumberToObject(mc, "max_model_len", s->context);
+    cJSON *pc = cJSON_AddObjectToObject(v, "parallel_config");
+    cJSON_AddNumberToObject(pc, "tensor_parallel_size", 1);
+    cJSON_AddNumberToObject(pc, "data_parallel_size", 1);
+    cJSON_AddNumberToObject(pc, "world_size", 1);
+    cJSON_AddNullToObject(v, "weight_transfer_config");
+    cJSON_AddStringToObject(o, "server", "ctrl serve");
+    cJSON_AddStringToObject(o, "weight_update", WEIGHTS_HOW);
+    return serve_reply(c, 200, o);
+}
+
+static enum MHD_Result world_size(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                                  size_t n) {
+    (void)s, (void)in, (void)b, (void)n;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "world_size", 1);
+    return serve_reply(c, 200, o);
+}
+
+/* vLLM's NCCL weight transfer (/init_weight_transfer_engine, and /update_weights with a JSON
+ * update_info): not implemented; the answer names what is. */
+static enum MHD_Result no_nccl(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                               size_t n) {
+    (void)s, (void)in, (void)b, (void)n;
+    return serve_error(c, 501, "NCCL weight transfer is not implemented: " WEIGHTS_HOW);
+}
+
+/* /start_weight_update and /finish_weight_update: every /update_weights body is applied whole
+ * between generations, so there is no update to open or close; answered ok so that clients that
+ * bracket their updates with them work. */
+static enum MHD_Result weight_update_bracket(ctrl_server *s, struct MHD_Connection *c, const cJSON *in,
+                                             const char *b, size_t n) {
+    (void)s, (void)in, (void)b, (void)n;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddStringToObject(o, "note", "each /update_weights body is applied whole between generations");
     return serve_reply(c, 200, o);
 }
 
@@ -89,12 +144,18 @@ static enum MHD_Result reset_prefix_cache(ctrl_server *s, struct MHD_Connection 
     ctrl_batcher_lock_engine(s->batch);
     ctrl_engine_reset_prefix_cache(s->eng);
     ctrl_batcher_unlock_engine(s->batch);
-    return ok_or_error(c, CTRL_OK);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddTrueToObject(o, "success"); /* vLLM 0.26's answer, which TRL's client reads */
+    return serve_reply(c, 200, o);
 }
 
 static enum MHD_Result update_weights(ctrl_server *s, struct MHD_Connection *c, const cJSON *in,
                                       const char *b, size_t len) {
     (void)in;
+    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (type && !strncmp(type, "application/json", 16)) /* vLLM's {"update_info": ...} over NCCL */
+        return no_nccl(s, c, in, b, len);
     char err[512];
     ctrl_batcher_lock_engine(s->batch); /* between generations, never during one */
     const int n = serve_update_weights(s->model, b ? b : "", len, err, sizeof err);
@@ -110,6 +171,11 @@ static const serve_route routes[] = {
     /* method, path, auth, json, large_body, handler */
     {"GET", "/health", 0, 0, 0, health},
     {"GET", "/v1/models", 1, 0, 0, models},
+    {"GET", "/server_info", 1, 0, 0, server_info},
+    {"GET", "/get_world_size", 1, 0, 0, world_size},
+    {"POST", "/init_weight_transfer_engine", 1, 0, 0, no_nccl},
+    {"POST", "/start_weight_update", 1, 0, 0, weight_update_bracket},
+    {"POST", "/finish_weight_update", 1, 0, 0, weight_update_bracket},
     {"POST", "/generate", 1, 1, 0, generate_trl},
     {"POST", "/v1/completions", 1, 1, 0, completions},
     {"POST", "/v1/chat/completions", 1, 1, 0, chat},

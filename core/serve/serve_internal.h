@@ -27,10 +27,12 @@ typedef struct ctrl_server {
     int context;          /* the most tokens one sequence may hold (prompt + completion) */
     int context_from_kv;  /* 1: the KV pool bounds it, 0: the model's max_position_embeddings */
     size_t weights_body;  /* the largest /update_weights body */
-    pthread_mutex_t lock; /* in_flight, shutting_down */
-    int in_flight;
-    long seqs;         /* sequences of the generation requests admitted and not answered */
-    int shutting_down; /* the drain's deadline passed: generations are aborted */
+    pthread_mutex_t lock; /* in_flight, draining, shutting_down, rng */
+    int in_flight;        /* POST requests being answered (what the drain waits for) */
+    long seqs;            /* sequences of the generation requests admitted and not answered */
+    int draining;         /* a stop signal came: /health answers 503, new generations are refused */
+    int shutting_down;    /* the drain's deadline passed: generations are aborted */
+    uint64_t rng;         /* the server's generator: seeds of requests without one, response ids */
 } ctrl_server;
 
 /* A route: `json` handlers get the body parsed (an object; otherwise 400 before the handler),
@@ -49,7 +51,13 @@ const serve_route *serve_route_find(const char *method, const char *path, unsign
 void serve_route_list(char *out, size_t cap);
 
 enum MHD_Result serve_reply(struct MHD_Connection *c, unsigned code, cJSON *o);
+/* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}. `param` is the field
+ * the message names first (messages about a field start with it: "temperature: ...",
+ * "prompt[1]: ...", "unknown field 'x'"), null otherwise; `type` follows the status. */
 enum MHD_Result serve_error(struct MHD_Connection *c, unsigned code, const char *msg);
+cJSON *serve_error_object(unsigned code, const char *msg);
+/* The next value of the server's generator (splitmix64 under the server's lock). */
+uint64_t serve_random(ctrl_server *s);
 
 /* The header deadline (deadline.c): a connection's next request's headers must be in within
  * timeout_s. `notify` is the daemon's MHD_OPTION_NOTIFY_CONNECTION callback (cls: the deadline);
@@ -65,21 +73,52 @@ struct MHD_Daemon *serve_daemon_start(ctrl_server *s);
 
 enum { SERVE_TRL, SERVE_COMPLETIONS, SERVE_CHAT };
 
-/* A generation request, validated: the sampling fields in `base`, the prompts as token ids. */
+typedef struct serve_stops serve_stops;
+
+/* A generation request, validated: the sampling fields in `base`, the prompts as token ids, and
+ * what the response carries (the OpenAI and vLLM options). */
 typedef struct serve_input {
     ctrl_gen_request base;
-    int stream;
-    int n;         /* prompts */
-    int32_t **ids; /* n prompts */
+    int stream, include_usage; /* stream_options.include_usage */
+    int n;                     /* prompts */
+    int32_t **ids;             /* n prompts */
     int *lens;
+    int logprobs;        /* -1: none; else the alternatives per token (completions' logprobs, chat's
+                            top_logprobs) */
+    int prompt_logprobs; /* -1: none; else the alternatives per prompt position */
+    int echo;            /* completions: the prompt before the completion */
+    int token_ids;       /* return_token_ids: prompt_token_ids and token_ids in the response */
+    int tokens_as_ids;   /* return_tokens_as_token_ids: logprob tokens as "token_id:ID" */
+    int skip_special;    /* skip_special_tokens (default 1) */
+    int include_stop;    /* include_stop_str_in_output */
+    serve_stops *stops;  /* stop strings (NULL: none); heap: the requests point at it */
+    int32_t *stop_ids;   /* the ids ending a completion: the model's (unless ignore_eos) + stop_token_ids */
+    int n_stop_ids;
+    char id[48]; /* the response's id */
 } serve_input;
+
+/* The completion's text: decoded (skip_special), cut at the first stop string (after it with
+ * include_stop); *by_string: whether a stop string ended it. malloc'd. */
+char *serve_completion_text(ctrl_server *s, const serve_input *in, const ctrl_gen_output *g, int final,
+                            int *by_string);
+/* request_options.c: one OpenAI / vLLM field beyond sampling into out: 0, -1 (a 400: msg names the
+ * field), 1 (not one of them). finish_options settles them once every field is read. */
+int serve_option_field(ctrl_server *s, int kind, const cJSON *f, serve_input *out, int *ignore_eos, char *msg,
+                       size_t cap);
+void serve_input_finish_options(serve_input *in);
+void serve_stops_attach(const serve_input *in, ctrl_gen_request *r);
+void serve_stops_free(serve_stops *st);
+/* The longest stop string in bytes (0: none): streamed text holds back one less than this. */
+size_t serve_stops_longest(const serve_input *in);
 
 /* Reads a generation body of `kind`; 0, or the HTTP status (400) with the reason in msg naming
  * the field. */
 unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_input *out, char *msg,
                            size_t cap);
 void serve_input_free(serve_input *in);
-/* The request per prompt (the server's stop ids, seed + prompt index); NULL when out of memory. */
+/* A chat request's messages rendered into out->ids[0] (messages.c); 0 or the HTTP status. */
+unsigned serve_chat_prompt(ctrl_server *s, const cJSON *in, serve_input *out, char *msg, size_t cap);
+/* The request per prompt (its stop ids and strings, seed + prompt index); NULL when out of memory. */
 ctrl_gen_request *serve_input_requests(ctrl_server *s, const serve_input *in);
 
 enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, int kind);
@@ -92,10 +131,37 @@ int serve_admit(ctrl_server *s, long n);
 void serve_release(ctrl_server *s, long n);
 /* The HTTP status of a failed generation: 503 once the server is shutting down, else 500. */
 unsigned serve_generation_failed(ctrl_server *s);
+/* Whether the server is draining (new generations are refused with 503). */
+int serve_draining(ctrl_server *s);
 
 /* OpenAI objects, shared by whole and streamed responses (generate.c). */
-cJSON *serve_openai_object(ctrl_server *s, int kind, int chunk);
+cJSON *serve_openai_object(ctrl_server *s, const serve_input *in, int kind, int chunk);
 cJSON *serve_openai_choice(int kind, int index, const char *text, const char *finish, int delta);
+cJSON *serve_usage(const serve_input *in, const ctrl_gen_output *outs);
+/* Logprobs of completion tokens [from, to) of g (logprobs.c): completions' {tokens,
+ * token_logprobs, top_logprobs, text_offset} or chat's {content: [...]}; *offset carries the text
+ * offset on. */
+cJSON *serve_logprobs(ctrl_server *s, const serve_input *in, int kind, const ctrl_gen_output *g, int from,
+                      int to, long *offset);
+/* A prompt scored (prompt_logprobs, echo with logprobs): per position, log-probability, rank and
+ * top entries; filled by serve_score_prompts. */
+typedef struct serve_scored {
+    float *logprob;
+    int32_t *rank, *top_ids;
+    float *top_lps;
+    int k;
+} serve_scored;
+/* Scores every prompt of `in` with k alternatives (the engine held between generations); 0, or
+ * the HTTP status with msg. */
+unsigned serve_score_prompts(ctrl_server *s, const serve_input *in, int k, serve_scored *out, char *msg,
+                             size_t cap);
+void serve_scored_free(serve_scored *sc, int n);
+/* vLLM's prompt_logprobs list: null, then {"ID": {logprob, rank, decoded_token}} per position. */
+cJSON *serve_prompt_logprobs(ctrl_server *s, const serve_input *in, const int32_t *ids, int len,
+                             const serve_scored *sc);
+/* Completions' echo with logprobs: the prompt's tokens as completion logprobs, prepended. */
+void serve_logprobs_prepend_prompt(ctrl_server *s, const serve_input *in, cJSON *lp, const int32_t *ids,
+                                   int len, const serve_scored *sc);
 char *serve_decoded(ctrl_server *s, const ctrl_gen_output *g);
 
 /* Applies a safetensors body to the model; the number of tensors updated, or -1 with a message in

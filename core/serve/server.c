@@ -1,7 +1,7 @@
 /* ctrl serve's life cycle: the model, tokenizer, chat template, engine and batcher; the daemon;
- * and the drain after a stop: no new connections, the requests in flight run on for at most
- * drain_s, then every generation still queued or running is aborted (its client gets a 503),
- * and the server returns once the connections have answered. */
+ * and the drain after a stop: /health answers 503 and new generations are refused (503) while the
+ * requests in flight run on for at most drain_s; then every generation still queued or running is
+ * aborted (its client gets a 503), and the server returns once the connections have answered. */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,7 +49,10 @@ static volatile sig_atomic_t past_deadline;
 static int drain_interrupted(void) { return past_deadline; }
 
 static void drain(ctrl_server *s, struct MHD_Daemon *d) {
-    MHD_quiesce_daemon(d);
+    pthread_mutex_lock(&s->lock);
+    s->draining = 1; /* the daemon still accepts: /health says 503, generations are refused */
+    pthread_mutex_unlock(&s->lock);
+    CTRL_INFO("serve: draining (at most %d s, --drain-s)", s->opt->drain_s);
     past_deadline = 0;
     ctrl_interrupt_set_source(drain_interrupted);
     if (!wait_idle(s, s->opt->drain_s)) {
@@ -78,6 +81,15 @@ static void context_limit(ctrl_server *s) {
 ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg, int (*stop)(void)) {
     ctrl_server s = {.opt = o};
     pthread_mutex_init(&s.lock, NULL);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    s.rng = (uint64_t)now.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)now.tv_sec ^ ((uint64_t)getpid() << 32);
+    FILE *ur = fopen("/dev/urandom", "rb"); /* better, where there is one */
+    if (ur) {
+        uint64_t r = 0;
+        if (fread(&r, sizeof r, 1, ur) == 1) s.rng ^= r;
+        fclose(ur);
+    }
     ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);

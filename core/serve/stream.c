@@ -15,7 +15,9 @@ typedef struct stream {
     ctrl_gen_request *reqs;
     serve_input in;
     ctrl_gen_output *outs;
-    size_t *sent; /* bytes of each completion's text already sent */
+    size_t *sent;  /* bytes of each completion's text already sent */
+    int *sent_ids; /* tokens of each completion whose logprobs / ids were sent */
+    long *offsets; /* each completion's text offset (completions' logprobs) */
     pthread_t thread;
     int started;
     atomic_int cancel; /* set when the client has gone: the generation stops */
@@ -57,7 +59,8 @@ static void push_json(stream *st, cJSON *o) {
 static void emit(stream *st, const ctrl_gen_output *outs, int final) {
     for (int i = 0; i < st->n_out; i++) {
         const ctrl_gen_output *g = &outs[i];
-        char *txt = serve_decoded(st->s, g);
+        int by_string = 0;
+        char *txt = serve_completion_text(st->s, &st->in, g, final, &by_string);
         if (!txt) continue;
         size_t n = strlen(txt);
         if (!final)
@@ -66,12 +69,21 @@ static void emit(stream *st, const ctrl_gen_output *outs, int final) {
                 n--; /* a character still being completed */
         if (n > st->sent[i] || (final && g->len)) {
             txt[n] = '\0';
-            cJSON *o = serve_openai_object(st->s, st->kind, 1), *a = cJSON_AddArrayToObject(o, "choices");
-            cJSON_AddItemToArray(a,
-                                 serve_openai_choice(st->kind, i, txt + (st->sent[i] < n ? st->sent[i] : n),
-                                                     final ? (g->stopped ? "stop" : "length") : NULL, 1));
+            cJSON *o = serve_openai_object(st->s, &st->in, st->kind, 1),
+                  *a = cJSON_AddArrayToObject(o, "choices");
+            cJSON *ch = serve_openai_choice(st->kind, i, txt + (st->sent[i] < n ? st->sent[i] : n),
+                                            final ? (g->stopped || by_string ? "stop" : "length") : NULL, 1);
+            if (st->in.logprobs >= 0)
+                cJSON_ReplaceItemInObjectCaseSensitive(
+                    ch, "logprobs",
+                    serve_logprobs(st->s, &st->in, st->kind, g, st->sent_ids[i], g->len, &st->offsets[i]));
+            if (st->in.token_ids)
+                cJSON_AddItemToObject(
+                    ch, "token_ids",
+                    cJSON_CreateIntArray(g->ids + st->sent_ids[i], g->len - st->sent_ids[i]));
+            cJSON_AddItemToArray(a, ch);
             push_json(st, o);
-            st->sent[i] = n;
+            st->sent[i] = n, st->sent_ids[i] = g->len;
         }
         free(txt);
     }
@@ -85,10 +97,14 @@ static void *run(void *arg) {
         ctrl_batcher_generate(st->s->batch, st->reqs, st->in.n, st->outs, on_step, st, &st->cancel);
     if (rc == CTRL_OK) {
         emit(st, st->outs, 1);
+        if (st->in.include_usage) { /* stream_options.include_usage: a last chunk with no choices */
+            cJSON *o = serve_openai_object(st->s, &st->in, st->kind, 1);
+            cJSON_AddArrayToObject(o, "choices");
+            cJSON_AddItemToObject(o, "usage", serve_usage(&st->in, st->outs));
+            push_json(st, o);
+        }
     } else {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "error", ctrl_error_message());
-        push_json(st, o);
+        push_json(st, serve_error_object(serve_generation_failed(st->s), ctrl_error_message()));
     }
     push(st, "data: [DONE]\n\n");
     pthread_mutex_lock(&st->lock);
@@ -124,7 +140,7 @@ static void stream_free(void *cls) {
     for (int i = 0; st->outs && i < st->n_out; i++) ctrl_gen_output_free(&st->outs[i]);
     serve_release(st->s, st->n_out); /* admitted by serve_generate */
     serve_input_free(&st->in);
-    free(st->reqs), free(st->outs), free(st->sent), free(st->buf);
+    free(st->reqs), free(st->outs), free(st->sent), free(st->sent_ids), free(st->offsets), free(st->buf);
     pthread_mutex_destroy(&st->lock), pthread_cond_destroy(&st->ready);
     free(st);
 }
@@ -141,7 +157,10 @@ enum MHD_Result serve_stream(ctrl_server *s, struct MHD_Connection *c, int kind,
     pthread_mutex_init(&st->lock, NULL), pthread_cond_init(&st->ready, NULL);
     st->outs = calloc((size_t)st->n_out, sizeof *st->outs),
     st->sent = calloc((size_t)st->n_out, sizeof *st->sent);
-    st->started = st->outs && st->sent && pthread_create(&st->thread, NULL, run, st) == 0;
+    st->sent_ids = calloc((size_t)st->n_out, sizeof *st->sent_ids),
+    st->offsets = calloc((size_t)st->n_out, sizeof *st->offsets);
+    st->started = st->outs && st->sent && st->sent_ids && st->offsets &&
+                  pthread_create(&st->thread, NULL, run, st) == 0;
     struct MHD_Response *r =
         st->started ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, read_events, st, stream_free)
                     : NULL;
