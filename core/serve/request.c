@@ -184,10 +184,10 @@ unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_inpu
         [SERVE_CHAT] = {"model", "messages", "stream", "chat_template_kwargs", "add_generation_prompt", NULL},
     };
     memset(out, 0, sizeof *out);
-    out->logprobs = out->prompt_logprobs = -1, out->skip_special = 1;
+    out->logprobs = out->prompt_logprobs = out->chat_logprobs = -1, out->skip_special = 1;
     int ignore_eos = 0, max_given = 0;
     if (fields(s, in, kind, extra[kind], out, &ignore_eos, &max_given, msg, cap)) return 400;
-    serve_input_finish_options(out);
+    if (serve_input_finish_options(out, msg, cap)) return 400;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(in, "model"),
                 *stream = cJSON_GetObjectItemCaseSensitive(in, "stream");
     if (model && !cJSON_IsNull(model) && !cJSON_IsString(model))

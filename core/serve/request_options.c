@@ -133,19 +133,8 @@ int serve_option_field(ctrl_server *s, int kind, const cJSON *f, serve_input *ou
         if (count(f, V, &v, msg, cap)) return -1;
         return out->logprobs = v, 0;
     }
-    if (kind == SERVE_CHAT && !strcmp(k, "logprobs")) {
-        if (boolean(f, &v, msg, cap)) return -1;
-        if (v && out->logprobs < 0) out->logprobs = 0;
-        if (!v) out->logprobs = -2; /* off, whatever top_logprobs says (checked after) */
-        return 0;
-    }
-    if (kind == SERVE_CHAT && !strcmp(k, "top_logprobs")) {
-        if (count(f, V, &v, msg, cap)) return -1;
-        if (out->logprobs == -2 && v > 0)
-            return snprintf(msg, cap, "top_logprobs: needs \"logprobs\": true"), -1;
-        if (out->logprobs != -2) out->logprobs = v;
-        return 0;
-    }
+    if (kind == SERVE_CHAT && !strcmp(k, "logprobs")) return boolean(f, &out->chat_logprobs, msg, cap);
+    if (kind == SERVE_CHAT && !strcmp(k, "top_logprobs")) return count(f, V, &out->chat_top, msg, cap);
     if (openai && !strcmp(k, "prompt_logprobs")) {
         if (count(f, V, &v, msg, cap)) return -1;
         return out->prompt_logprobs = v, 0;
@@ -153,9 +142,12 @@ int serve_option_field(ctrl_server *s, int kind, const cJSON *f, serve_input *ou
     return 1;
 }
 
-void serve_input_finish_options(serve_input *in) {
-    if (in->logprobs < -1) in->logprobs = -1;
+int serve_input_finish_options(serve_input *in, char *msg, size_t cap) {
+    if (in->chat_top > 0 && in->chat_logprobs != 1) /* as OpenAI: top_logprobs wants logprobs */
+        return snprintf(msg, cap, "top_logprobs: needs \"logprobs\": true"), -1;
+    if (in->chat_logprobs == 1) in->logprobs = in->chat_top > 0 ? in->chat_top : 0;
     if (in->stops) in->stops->skip_special = in->skip_special;
+    return 0;
 }
 
 /* Whether a stop string appears in the text of the completion's last tokens (the engine calls it

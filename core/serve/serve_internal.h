@@ -91,6 +91,8 @@ typedef struct serve_input {
     int tokens_as_ids;   /* return_tokens_as_token_ids: logprob tokens as "token_id:ID" */
     int skip_special;    /* skip_special_tokens (default 1) */
     int include_stop;    /* include_stop_str_in_output */
+    int chat_logprobs;   /* chat's logprobs (-1: not given) and top_logprobs, settled into logprobs */
+    int chat_top;
     serve_stops *stops;  /* stop strings (NULL: none); heap: the requests point at it */
     int32_t *stop_ids;   /* the ids ending a completion: the model's (unless ignore_eos) + stop_token_ids */
     int n_stop_ids;
@@ -105,7 +107,7 @@ char *serve_completion_text(ctrl_server *s, const serve_input *in, const ctrl_ge
  * field), 1 (not one of them). finish_options settles them once every field is read. */
 int serve_option_field(ctrl_server *s, int kind, const cJSON *f, serve_input *out, int *ignore_eos, char *msg,
                        size_t cap);
-void serve_input_finish_options(serve_input *in);
+int serve_input_finish_options(serve_input *in, char *msg, size_t cap);
 void serve_stops_attach(const serve_input *in, ctrl_gen_request *r);
 void serve_stops_free(serve_stops *st);
 /* The longest stop string in bytes (0: none): streamed text holds back one less than this. */

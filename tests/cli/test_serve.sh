@@ -2,7 +2,8 @@
 # ctrl serve under abuse: every invalid request field is a 400 naming it; prompts x n and prompt +
 # max_tokens are bounded; a refused /update_weights body changes no weight; partial requests
 # (slowloris) are closed after --timeout-s; a request of many sequences does not hold up a small
-# one; a streaming client that leaves cancels its generation; the SIGTERM drain ends after --drain-s, answering what still runs with 503. (The happy
+# one; a client that leaves (streaming or not) cancels its generation; the SIGTERM drain ends after
+# --drain-s, answering what still runs with 503, while /health answers 503 and new requests are refused. (The happy
 # paths are in test_cli.sh.)
 # usage: test_serve.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/../e2e/e2e_common.sh"
@@ -126,6 +127,17 @@ code=$(post /generate -d '{"prompts": ["x"], "max_tokens": 2}')
 [ "$code" = 200 ] && [ "$(joined)" = "$j0" ] && ok ||
   bad "a disconnected stream still generates: HTTP $code, joined_requests $j0 -> $(joined)"
 
+# A non-streaming client that disconnects cancels its generation too (it ran on for minutes): the
+# server is idle again right after the client leaves.
+curl -s --max-time 1 -o /dev/null -X POST "localhost:$PORT/v1/completions" \
+  -d '{"prompt": "x", "n": 64, "max_tokens": 4000}' 2>/dev/null
+idle=0
+for _ in $(seq 40); do
+  curl -s "localhost:$PORT/health" | grep -q '"requests_in_flight":0' && idle=1 && break
+  sleep 0.05
+done
+[ "$idle" = 1 ] && ok || bad "a disconnected non-streaming request still runs: $(curl -s "localhost:$PORT/health")"
+
 kill -INT $spid
 wait $spid && ok || bad "serve did not stop cleanly"
 
@@ -200,6 +212,11 @@ cpid=$!
 for _ in $(seq 100); do curl -s "localhost:$PORT/health" | grep -q '"generations":1' && break; sleep 0.05; done
 t0=$(date +%s%N)
 kill -TERM $spid
+sleep 0.2 # draining: /health answers 503 (it hung before), new generations are refused
+hcode=$(curl -s -o "$TMP/h.json" -w "%{http_code}" --max-time 2 "localhost:$PORT/health")
+[ "$hcode" = 503 ] && grep -q '"status":"draining"' "$TMP/h.json" && ok || bad "/health while draining: $hcode"
+code=$(curl -s -o "$TMP/out" -w "%{http_code}" --max-time 2 -X POST "localhost:$PORT/v1/completions" -d '{"prompt": "x"}')
+[ "$code" = 503 ] && grep -q "draining" "$TMP/out" && ok || bad "a new request while draining: $code $(cat "$TMP/out")"
 wait $spid
 rc=$?
 t1=$(date +%s%N)

@@ -159,3 +159,59 @@ TEST(non_finite_and_subnormal_parameters_are_refused) {
     CHECK_MSG(!isnan(lp), "log-probability %g", (double)lp);
     for (int i = 0; i < V; i++) CHECK(!isnan(l[i]) && l[i] < INFINITY);
 }
+
+/* OpenAI's presence and frequency penalties as vLLM applies them (apply_penalties in vLLM's
+ * model_executor/layers/utils.py): over the completion only (prompt tokens are not counted),
+ * logit -= frequency_penalty * count + presence_penalty * (count > 0), after the repetition
+ * penalty and before the temperature. */
+TEST(presence_and_frequency_penalties_count_the_completion_only) {
+    enum { W = 8 };
+    const float raw[W] = {1.0f, -0.5f, 2.0f, 0.25f, -1.0f, 0.0f, 3.0f, -2.0f};
+    /* prompt: 0 and 6 (not counted); completion: 2, 2, 3, 2 */
+    const int32_t seen[6] = {0, 6, 2, 2, 3, 2};
+    ctrl_sampling_params p = {.temperature = 0.5f,
+                              .top_p = 1,
+                              .repetition_penalty = 1.5f,
+                              .presence_penalty = 0.7f,
+                              .frequency_penalty = -0.3f};
+    float l[W];
+    memcpy(l, raw, sizeof l);
+    CHECK_EQ_INT(ctrl_sampling_process_seq(&p, l, W, seen, 6, 2), 0);
+    for (int t = 0; t < W; t++) {
+        float want = raw[t];
+        const int in_seen = t == 0 || t == 6 || t == 2 || t == 3; /* repetition: prompt and completion */
+        if (in_seen) want = want < 0 ? want * 1.5f : want / 1.5f;
+        const int count = t == 2 ? 3 : t == 3 ? 1 : 0;
+        if (count) want -= -0.3f * (float)count + 0.7f;
+        CHECK_NEAR(l[t], want / 0.5f, 1e-5);
+    }
+    /* ctrl_sample (every seen id a prompt id) leaves them off */
+    memcpy(l, raw, sizeof l);
+    CHECK_EQ_INT(ctrl_sampling_process(&p, l, W, seen, 6), 0);
+    CHECK_NEAR(l[2], raw[2] / 1.5f / 0.5f, 1e-5);
+    ctrl_sampling_params out_of_range = p;
+    out_of_range.presence_penalty = 2.5f;
+    CHECK(!ctrl_sampling_params_valid(&out_of_range));
+    out_of_range = p, out_of_range.frequency_penalty = NAN;
+    CHECK(!ctrl_sampling_params_valid(&out_of_range));
+}
+
+/* The top entries returned with each token (OpenAI's top_logprobs): the k largest processed
+ * logits, most likely first, ties by id, log-probabilities normalised over the processed
+ * distribution; filtered (-inf) entries never appear. */
+TEST(top_entries_are_the_k_most_likely) {
+    enum { W = 6 };
+    const float l[W] = {0.5f, 2.0f, -INFINITY, 2.0f, 1.0f, -3.0f};
+    int32_t ids[W];
+    float lps[W];
+    double lse = 0;
+    for (int i = 0; i < W; i++) lse += isinf(l[i]) ? 0 : exp(l[i]);
+    lse = log(lse);
+    CHECK_EQ_INT(ctrl_sampling_top(l, W, 3, ids, lps), 3);
+    CHECK_EQ_INT(ids[0], 1);
+    CHECK_EQ_INT(ids[1], 3);
+    CHECK_EQ_INT(ids[2], 4);
+    for (int j = 0; j < 3; j++) CHECK_NEAR(lps[j], l[ids[j]] - lse, 1e-6);
+    CHECK_EQ_INT(ctrl_sampling_top(l, W, 6, ids, lps), 5); /* the filtered one is not possible */
+    CHECK_EQ_INT(ids[4], 5);
+}

@@ -1,0 +1,379 @@
+/* ctrl serve against the clients TRL and OpenAI users run, over HTTP: the requests TRL 1.16's own
+ * VLLMClient sends (recorded from the real client by tests/reference/capture_vllm_client.py into
+ * tests/fixtures/serve/trl_vllm_client.json) are replayed against a server running in this process,
+ * and every response field that client reads must be there with its type; then the OpenAI
+ * semantics those clients rely on: log-probabilities consistent between generation, top entries
+ * and prompt scoring, stop strings, seeds, errors in OpenAI's shape. (tests/reference/
+ * check_vllm_client.py drives the real Python clients by hand; tests/cli/test_serve.sh covers the
+ * drain and disconnects with curl.) */
+#include <arpa/inet.h>
+#include <cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "net/http_client.h"
+#include "serve/serve.h"
+#include "test.h"
+#include "test_registry.h"
+
+static volatile int stop_now;
+static int should_stop(void) { return stop_now; }
+static char base[64];
+static ctrl_serve_options opt;
+static ctrl_registry *reg;
+static pthread_t server_thread;
+static char model_dir[512];
+
+static void *serve_main(void *arg) {
+    (void)arg;
+    ctrl_serve_run(&opt, reg, should_stop);
+    return NULL;
+}
+
+static int free_port(void) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* The server (once per process): a tiny random qwen3 model with the tiny_bpe tokenizer (ChatML). */
+static int server_up(void) {
+    if (base[0]) return 1;
+    snprintf(model_dir, sizeof model_dir, "%s/m", test_tmp_dir());
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s/ctrl model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --tokenizer "
+             "%s/tokenizer/tiny_bpe --out %s >/dev/null",
+             CTRL_BINARY_DIR, CTRL_FIXTURE_DIR, model_dir);
+    if (system(cmd) != 0) {
+        test_fail_at(__FILE__, __LINE__, "%s failed", cmd);
+        return 0;
+    }
+    reg = test_plugin_registry();
+    ctrl_serve_options_default(&opt);
+    opt.model_dir = model_dir, opt.port = free_port(), opt.kv_cache_bytes = (size_t)32 << 20;
+    snprintf(base, sizeof base, "http://127.0.0.1:%d", opt.port);
+    pthread_create(&server_thread, NULL, serve_main, NULL);
+    for (int i = 0; i < 200; i++) {
+        ctrl_http_response r = {0};
+        const int up = ctrl_http_get(base, "/health", 2, &r) == CTRL_OK && r.status == 200;
+        ctrl_http_response_free(&r);
+        if (up) return 1;
+        usleep(50 * 1000);
+    }
+    {
+        test_fail_at(__FILE__, __LINE__, "ctrl serve did not start");
+        return 0;
+    }
+}
+
+__attribute__((destructor)) static void server_down(void) {
+    if (!base[0]) return;
+    stop_now = 1;
+    pthread_join(server_thread, NULL);
+}
+
+/* POST (body not NULL) or GET; the parsed response (NULL when not JSON), its status in *status. */
+static cJSON *call(const char *method, const char *path, const char *body, int *status) {
+    ctrl_http_response r = {0};
+    const ctrl_status st = strcmp(method, "POST")
+                               ? ctrl_http_get(base, path, 30, &r)
+                               : ctrl_http_post(base, path, "application/json", body ? body : "",
+                                                body ? strlen(body) : 0, NULL, 30, &r);
+    CHECK_MSG(st == CTRL_OK, "%s %s: %s", method, path, ctrl_error_message());
+    *status = r.status;
+    cJSON *o = r.body ? cJSON_Parse(r.body) : NULL;
+    if (!o && r.status == 200) CHECK_MSG(0, "%s %s: not JSON: %.200s", method, path, r.body ? r.body : "");
+    ctrl_http_response_free(&r);
+    return o;
+}
+
+static cJSON *post_ok(const char *path, const char *body) {
+    int status = 0;
+    cJSON *o = call("POST", path, body, &status);
+    char *txt = o ? cJSON_PrintUnformatted(o) : NULL;
+    CHECK_MSG(status == 200, "POST %s %s: HTTP %d %.300s", path, body, status, txt ? txt : "");
+    free(txt);
+    return o;
+}
+
+static int has_type(const cJSON *v, const char *type) {
+    if (!strcmp(type, "ints")) {
+        if (!cJSON_IsArray(v)) return 0;
+        for (const cJSON *e = v->child; e; e = e->next)
+            if (!cJSON_IsNumber(e)) return 0;
+        return 1;
+    }
+    return !strcmp(type, "string")   ? cJSON_IsString(v)
+           : !strcmp(type, "number") ? cJSON_IsNumber(v)
+           : !strcmp(type, "object") ? cJSON_IsObject(v)
+           : !strcmp(type, "array")  ? cJSON_IsArray(v)
+           : !strcmp(type, "bool")   ? cJSON_IsBool(v)
+           : !strcmp(type, "null")   ? cJSON_IsNull(v)
+                                     : 0;
+}
+
+/* Checks `path` (a.b, a[] every element, a[3] one) of v ends in `type`; how many values it reached. */
+static int walk(const cJSON *v, const char *path, const char *type, const char *where) {
+    if (!*path) {
+        CHECK_MSG(has_type(v, type), "%s: not %s", where, type);
+        return 1;
+    }
+    char key[64];
+    size_t n = strcspn(path, ".[");
+    snprintf(key, sizeof key, "%.*s", (int)n, path);
+    const cJSON *x = n ? cJSON_GetObjectItemCaseSensitive(v, key) : v;
+    if (!x) {
+        test_fail_at(__FILE__, __LINE__, "%s: no '%s'", where, key);
+        return 0;
+    }
+    const char *rest = path + n;
+    if (*rest == '[') {
+        const char *close = strchr(rest, ']');
+        if (!close || !cJSON_IsArray(x)) {
+            test_fail_at(__FILE__, __LINE__, "%s: '%s' is not a list", where, key);
+            return 0;
+        }
+        const char *after = close[1] == '.' ? close + 2 : close + 1;
+        if (close == rest + 1) { /* every element */
+            int reached = 0;
+            for (const cJSON *e = x->child; e; e = e->next) reached += walk(e, after, type, where);
+            return reached;
+        }
+        const cJSON *e = cJSON_GetArrayItem(x, atoi(rest + 1));
+        if (!e) {
+            test_fail_at(__FILE__, __LINE__, "%s: '%s' has no element %d", where, key, atoi(rest + 1));
+            return 0;
+        }
+        return walk(e, after, type, where);
+    }
+    return walk(x, *rest == '.' ? rest + 1 : rest, type, where);
+}
+
+static cJSON *load_fixture(void) {
+    FILE *f = fopen(CTRL_FIXTURE_DIR "/serve/trl_vllm_client.json", "rb");
+    CHECK(f != NULL);
+    if (!f) return NULL;
+    static char buf[1 << 16];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return cJSON_Parse(buf);
+}
+
+/* A completions response to a TRL generate(): prompt-major choices, n per prompt, each token's
+ * logprob entries naming that token, with at most logprobs + 1 entries. */
+static void check_generate(const cJSON *req, const cJSON *resp) {
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(req, "prompt"),
+                *n = cJSON_GetObjectItemCaseSensitive(req, "n"),
+                *lp = cJSON_GetObjectItemCaseSensitive(req, "logprobs");
+    const cJSON *choices = cJSON_GetObjectItemCaseSensitive(resp, "choices");
+    CHECK_EQ_INT(cJSON_GetArraySize(choices), cJSON_GetArraySize(prompt) * (n ? n->valueint : 1));
+    int i = 0;
+    for (const cJSON *c = choices->child; c; c = c->next, i++) {
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c, "token_ids"),
+                    *pids = cJSON_GetObjectItemCaseSensitive(c, "prompt_token_ids");
+        const cJSON *p = cJSON_GetArrayItem(prompt, i / (n ? n->valueint : 1));
+        if (cJSON_IsArray(p)) CHECK_EQ_INT(cJSON_Compare(p, pids, 1), 1); /* token-id prompts come back */
+        if (!cJSON_IsNumber(lp)) continue;
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(c, "logprobs");
+        const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(l, "tokens"),
+                    *tops = cJSON_GetObjectItemCaseSensitive(l, "top_logprobs");
+        CHECK_EQ_INT(cJSON_GetArraySize(tokens), cJSON_GetArraySize(ids));
+        int t = 0;
+        for (const cJSON *id = ids->child; id; id = id->next, t++) {
+            char want[32];
+            snprintf(want, sizeof want, "token_id:%d", id->valueint);
+            CHECK_STR(cJSON_GetArrayItem(tokens, t)->valuestring, want);
+            const cJSON *top = cJSON_GetArrayItem(tops, t);
+            CHECK(cJSON_GetObjectItemCaseSensitive(top, want) != NULL);
+            CHECK(cJSON_GetArraySize(top) >= 1 && cJSON_GetArraySize(top) <= lp->valueint + 1);
+        }
+    }
+}
+
+TEST(trl_vllm_client_requests_get_what_the_client_reads) {
+    if (!server_up()) return;
+    cJSON *fx = load_fixture();
+    int replayed = 0;
+    for (const cJSON *q = cJSON_GetObjectItemCaseSensitive(fx, "requests")->child; q; q = q->next) {
+        const char *method = cJSON_GetObjectItemCaseSensitive(q, "method")->valuestring,
+                   *path = cJSON_GetObjectItemCaseSensitive(q, "path")->valuestring,
+                   *name = cJSON_GetObjectItemCaseSensitive(q, "call")->valuestring;
+        const cJSON *body = cJSON_GetObjectItemCaseSensitive(q, "body");
+        char *b = cJSON_IsNull(body) ? NULL : cJSON_PrintUnformatted(body);
+        int status = 0;
+        cJSON *r = call(method, path, b ? b : (strcmp(method, "POST") ? NULL : ""), &status);
+        CHECK_MSG(status == 200, "%s: %s %s -> HTTP %d", name, method, path, status);
+        for (const cJSON *rd = cJSON_GetObjectItemCaseSensitive(q, "reads")->child; rd && r; rd = rd->next) {
+            char p[256], where[320];
+            snprintf(p, sizeof p, "%s", rd->valuestring);
+            char *type = strrchr(p, ':');
+            *type++ = '\0';
+            snprintf(where, sizeof where, "%s %s", name, rd->valuestring);
+            CHECK_MSG(walk(r, p, type, where) > 0, "%s: reached nothing", where);
+        }
+        if (!strcmp(name, "generate")) check_generate(body, r);
+        cJSON_Delete(r);
+        free(b);
+        replayed++;
+    }
+    CHECK(replayed >= 12);
+    cJSON_Delete(fx);
+}
+
+/* TRL's get_sequence_logprobs scores sequences through prompt_logprobs: the scores must be the
+ * model's own log-probabilities, i.e. those the generation reports for the tokens it drew (a
+ * sample at temperature 1, no filter: the raw softmax), and ranks and top entries must agree. */
+TEST(prompt_logprobs_agree_with_generation_and_ranks) {
+    if (!server_up()) return;
+    cJSON *g = post_ok("/v1/completions",
+                       "{\"prompt\": [[5, 6, 7, 8]], \"max_tokens\": 6, \"seed\": 4, "
+                       "\"logprobs\": 0, \"return_token_ids\": true, \"return_tokens_as_token_ids\": true}");
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(g, "choices"), 0);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c0, "token_ids"),
+                *lps = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c0, "logprobs"),
+                                                        "token_logprobs");
+    char body[512];
+    int at = snprintf(body, sizeof body, "{\"prompt\": [[5, 6, 7, 8");
+    for (const cJSON *e = ids->child; e; e = e->next)
+        at += snprintf(body + at, sizeof body - at, ", %d", e->valueint);
+    snprintf(body + at, sizeof body - at,
+             "]], \"max_tokens\": 1, \"temperature\": 1, \"prompt_logprobs\": 3}");
+    cJSON *s = post_ok("/v1/completions", body);
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(s, "choices"), 0), "prompt_logprobs");
+    CHECK_EQ_INT(cJSON_GetArraySize(pl), 4 + cJSON_GetArraySize(ids));
+    CHECK(cJSON_IsNull(cJSON_GetArrayItem(pl, 0)));
+    for (int t = 0; t < cJSON_GetArraySize(ids); t++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", cJSON_GetArrayItem(ids, t)->valueint);
+        const cJSON *pos = cJSON_GetArrayItem(pl, 4 + t), *e = cJSON_GetObjectItemCaseSensitive(pos, key);
+        CHECK_MSG(e != NULL, "position %d: no entry for token %s", 4 + t, key);
+        if (!e) continue;
+        CHECK_NEAR(cJSON_GetObjectItemCaseSensitive(e, "logprob")->valuedouble,
+                   cJSON_GetArrayItem(lps, t)->valuedouble, 2e-4);
+        double best = -INFINITY, rank1 = NAN;
+        int ranks = 0;
+        for (const cJSON *x = pos->child; x; x = x->next) {
+            const double lp = cJSON_GetObjectItemCaseSensitive(x, "logprob")->valuedouble;
+            const int r = cJSON_GetObjectItemCaseSensitive(x, "rank")->valueint;
+            best = fmax(best, lp);
+            if (r == 1) rank1 = lp;
+            ranks += r <= 3;
+        }
+        CHECK_EQ_INT(ranks, 3);
+        CHECK_NEAR(rank1, best, 0);
+    }
+    cJSON_Delete(g), cJSON_Delete(s);
+}
+
+static char *text_of(cJSON *o) {
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "text");
+    return cJSON_IsString(t) ? strdup(t->valuestring) : strdup("");
+}
+
+TEST(stop_strings_cut_the_text_and_seeds_decide_randomness) {
+    if (!server_up()) return;
+    cJSON *free_run =
+        post_ok("/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": 12, \"temperature\": 0}");
+    char *all = text_of(free_run);
+    CHECK(strlen(all) >= 4);
+    char stop[3] = {all[2], all[3], 0}, body[256];
+    cJSON *js = cJSON_CreateString(stop);
+    char *stop_json = cJSON_PrintUnformatted(js);
+    snprintf(body, sizeof body,
+             "{\"prompt\": \"a\", \"max_tokens\": 12, \"temperature\": 0, \"stop\": [%s, \"\\u0001\"]}",
+             stop_json);
+    cJSON *cut = post_ok("/v1/completions", body);
+    char *txt = text_of(cut);
+    const char *first = strstr(all, stop);
+    CHECK_EQ_INT((long)strlen(txt), (long)(first - all));
+    CHECK_EQ_INT(strncmp(txt, all, strlen(txt)), 0);
+    CHECK_STR(cJSON_GetObjectItemCaseSensitive(
+                  cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cut, "choices"), 0), "finish_reason")
+                  ->valuestring,
+              "stop");
+    /* no seed: a fresh sample each time; a seed: the same one; ids unique */
+    char *a[4];
+    int distinct = 0;
+    char *id0 = NULL;
+    for (int i = 0; i < 4; i++) {
+        cJSON *r = post_ok("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 8}");
+        a[i] = text_of(r);
+        for (int j = 0; j < i; j++) distinct += !strcmp(a[i], a[j]);
+        const char *id = cJSON_GetObjectItemCaseSensitive(r, "id")->valuestring;
+        if (id0) CHECK(strcmp(id, id0) != 0);
+        if (!id0) id0 = strdup(id);
+        cJSON_Delete(r);
+    }
+    CHECK_MSG(distinct < 6, "4 unseeded requests gave the same text"); /* 6 equal pairs: all the same */
+    cJSON *s1 = post_ok("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 8, \"seed\": 9}"),
+          *s2 = post_ok("/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 8, \"seed\": 9}");
+    char *t1 = text_of(s1), *t2 = text_of(s2);
+    CHECK_STR(t1, t2);
+    for (int i = 0; i < 4; i++) free(a[i]);
+    free(all), free(txt), free(stop_json), free(id0), free(t1), free(t2);
+    cJSON_Delete(js), cJSON_Delete(free_run), cJSON_Delete(cut), cJSON_Delete(s1), cJSON_Delete(s2);
+}
+
+/* Errors as the openai client reads them: {"error": {message, type, param, code}}, a 4xx naming
+ * the field; fields ctrl serve cannot honour refused by name. */
+TEST(errors_are_openai_shaped_4xx_naming_the_field) {
+    if (!server_up()) return;
+    static const struct {
+        const char *path, *body, *param;
+        int status;
+    } cases[] = {
+        {"/v1/completions", "{\"prompt\": \"x\", \"temperature\": -1}", "temperature", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", "presence_penalty", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"frequency_penalty\": \"a\"}", "frequency_penalty", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logprobs\": -1}", "logprobs", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"stop\": [\"\"]}", "stop", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}",
+         "stream_options", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"response_format\": {}}", "response_format", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"bogus\": 1}", "bogus", 400},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", "messages", 400},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2, "
+         "\"logprobs\": false}",
+         "top_logprobs", 400},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": []}",
+         "tools", 400},
+        {"/init_weight_transfer_engine", "{}", NULL, 501},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int status = 0;
+        cJSON *r = call("POST", cases[i].path, cases[i].body, &status);
+        CHECK_MSG(status == cases[i].status, "%s: HTTP %d", cases[i].body, status);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(r, "error");
+        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message"),
+                    *param = cJSON_GetObjectItemCaseSensitive(e, "param"),
+                    *code = cJSON_GetObjectItemCaseSensitive(e, "code");
+        CHECK_MSG(cJSON_IsString(msg) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "type")) &&
+                      cJSON_IsNumber(code) && code->valueint == cases[i].status,
+                  "%s: not OpenAI's error shape", cases[i].body);
+        if (cases[i].param) {
+            CHECK_MSG(cJSON_IsString(param) && !strcmp(param->valuestring, cases[i].param), "%s: param %s",
+                      cases[i].body, cJSON_IsString(param) ? param->valuestring : "null");
+            CHECK_CONTAINS(msg->valuestring, cases[i].param);
+        } else {
+            CHECK_CONTAINS(msg->valuestring, "/update_weights");
+        }
+        cJSON_Delete(r);
+    }
+}
