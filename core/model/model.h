@@ -171,5 +171,10 @@ void ctrl_model_set_pad_token_id(ctrl_model *m, int pad_token_id);
 ctrl_status ctrl_model_score_forward(ctrl_model *m, const ctrl_batch *batch, float *scores);
 /* Accumulates dL/dparams (score and trunk) from dL/dscores [B * num_labels] of the last score forward. */
 ctrl_status ctrl_model_score_backward(ctrl_model *m, const float *dscores);
+/* The same with the n read positions given (flat token indices into the batch: a layout whose
+ * sequences carry pad segments of their own, as the preference batches' `last`). */
+ctrl_status ctrl_model_score_forward_at(ctrl_model *m, const ctrl_batch *batch, int n, const int32_t *at,
+                                        float *scores);
+ctrl_status ctrl_model_score_backward_at(ctrl_model *m, int n, const int32_t *at, const float *dscores);
 
 #endif

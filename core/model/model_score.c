@@ -29,9 +29,39 @@ static ctrl_status need_score(const ctrl_model *m) {
     return CTRL_OK;
 }
 
+/* Each sequence's read position in the flat batch (ctrl_model_score_index); NULL when out of memory. */
+static int32_t *read_positions(const ctrl_model *m, const ctrl_batch *b) {
+    int32_t *at = malloc(sizeof(int32_t) * (size_t)(b->B > 0 ? b->B : 1));
+    for (int s = 0; at && s < b->B; s++)
+        at[s] = b->cu_seqlens[s] + ctrl_model_score_index(m, b->tokens + b->cu_seqlens[s],
+                                                          b->cu_seqlens[s + 1] - b->cu_seqlens[s]);
+    return at;
+}
+
 ctrl_status ctrl_model_score_forward(ctrl_model *m, const ctrl_batch *b, float *scores) {
+    int32_t *at = read_positions(m, b);
+    ctrl_status st = at ? ctrl_model_score_forward_at(m, b, b->B, at, scores)
+                        : ctrl_error_set(CTRL_ERR_NOMEM, "model: a batch of %d sequences", b->B);
+    free(at);
+    return st;
+}
+
+ctrl_status ctrl_model_score_backward(ctrl_model *m, const float *dscores) {
+    int32_t *at = m->T > 0 ? read_positions(m, &m->batch) : NULL;
+    ctrl_status st = at ? ctrl_model_score_backward_at(m, m->batch.B, at, dscores)
+                        : ctrl_error_set(CTRL_ERR_RUNTIME, "model: score backward without a score forward");
+    free(at);
+    return st;
+}
+
+ctrl_status ctrl_model_score_forward_at(ctrl_model *m, const ctrl_batch *b, int n, const int32_t *at,
+                                        float *scores) {
     MODEL_TRY(need_score(m));
     const int L = m->cfg.num_labels, C = m->cfg.hidden_size;
+    for (int s = 0; s < n; s++)
+        if (at[s] < 0 || at[s] >= b->T)
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "model: score position %d outside the batch's %d tokens",
+                                  at[s], b->T);
     ctrl_batch kb = *b;
     int32_t *none = NULL; /* the trunk keeps the batch's targets: a row of -1 when it has none */
     if (!b->targets) {
@@ -43,40 +73,35 @@ ctrl_status ctrl_model_score_forward(ctrl_model *m, const ctrl_batch *b, float *
     ctrl_status st = model_trunk_forward(m, &kb);
     free(none);
     if (st != CTRL_OK) return st;
-    const size_t n = (size_t)m->T * (size_t)L;
-    MODEL_TRY(model_grow(m, (void **)&m->stage, &m->stage_bytes, sizeof(float) * n));
+    const size_t all_n = (size_t)m->T * (size_t)L;
+    MODEL_TRY(model_grow(m, (void **)&m->stage, &m->stage_bytes, sizeof(float) * all_n));
     MODEL_TRY(model_linear_forward(m, m->stage, m->lnf, m->dparams + m->off_score, NULL, m->T, C, L));
-    float *all = m->be->host_memory ? m->stage : malloc(sizeof(float) * n);
+    float *all = m->be->host_memory ? m->stage : malloc(sizeof(float) * all_n);
     if (!all) return ctrl_error_set(CTRL_ERR_NOMEM, "model: scores of %d tokens", m->T);
-    st = m->be->host_memory ? CTRL_OK : m->be->to_host(all, m->stage, sizeof(float) * n);
-    for (int s = 0; s < m->batch.B && st == CTRL_OK; s++) {
-        const int32_t a = m->batch.cu_seqlens[s];
-        const int at = a + ctrl_model_score_index(m, m->batch.tokens + a, m->batch.cu_seqlens[s + 1] - a);
-        memcpy(scores + (size_t)s * L, all + (size_t)at * L, sizeof(float) * (size_t)L);
-    }
+    st = m->be->host_memory ? CTRL_OK : m->be->to_host(all, m->stage, sizeof(float) * all_n);
+    for (int s = 0; s < n && st == CTRL_OK; s++)
+        memcpy(scores + (size_t)s * L, all + (size_t)at[s] * L, sizeof(float) * (size_t)L);
     if (all != m->stage) free(all);
     return st;
 }
 
-ctrl_status ctrl_model_score_backward(ctrl_model *m, const float *dscores) {
+ctrl_status ctrl_model_score_backward_at(ctrl_model *m, int n, const int32_t *at, const float *dscores) {
     MODEL_TRY(need_score(m));
     if (m->T <= 0) return ctrl_error_set(CTRL_ERR_RUNTIME, "model: score backward without a forward");
     const int L = m->cfg.num_labels, C = m->cfg.hidden_size, T = m->T;
-    const size_t n = (size_t)T * (size_t)L;
-    float *dout = calloc(n, sizeof(float)); /* dL/d(every token's score): nonzero at the read rows */
+    const size_t all_n = (size_t)T * (size_t)L;
+    float *dout = calloc(all_n, sizeof(float)); /* dL/d(every token's score): nonzero at the read rows */
     if (!dout) return ctrl_error_set(CTRL_ERR_NOMEM, "model: score gradients of %d tokens", T);
-    for (int s = 0; s < m->batch.B; s++) {
-        const int32_t a = m->batch.cu_seqlens[s];
-        const int at = a + ctrl_model_score_index(m, m->batch.tokens + a, m->batch.cu_seqlens[s + 1] - a);
-        for (int k = 0; k < L; k++) dout[(size_t)at * L + k] += dscores[(size_t)s * L + k];
-    }
-    ctrl_status st = model_grow(m, (void **)&m->stage, &m->stage_bytes, sizeof(float) * n);
+    for (int s = 0; s < n; s++)
+        for (int k = 0; k < L && at[s] >= 0 && at[s] < T; k++)
+            dout[(size_t)at[s] * L + k] += dscores[(size_t)s * L + k];
+    ctrl_status st = model_grow(m, (void **)&m->stage, &m->stage_bytes, sizeof(float) * all_n);
     if (st == CTRL_OK)
         st = model_grow(m, (void **)&m->head_dh, &m->head_dh_bytes, sizeof(float) * (size_t)T * C);
-    if (st == CTRL_OK) st = m->be->to_device(m->stage, dout, sizeof(float) * n);
+    if (st == CTRL_OK) st = m->be->to_device(m->stage, dout, sizeof(float) * all_n);
     free(dout);
     if (st != CTRL_OK) return st;
-    MODEL_TRY(model_linear_backward(m, m->head_dh, model_grad(m, m->off_score), NULL, m->stage, m->lnf,
+    MODEL_TRY(model_linear_backward(m, m->head_dh, m->dgrads + m->off_score, NULL, m->stage, m->lnf,
                                     m->dparams + m->off_score, T, C, L));
     m->head_dh_ready = 1; /* the trunk's backward starts from dL/d(final norm output) in head_dh */
     return ctrl_model_backward(m, NULL);

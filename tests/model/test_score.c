@@ -242,3 +242,38 @@ TEST(score_index_is_the_last_non_pad_token) {
     CHECK_EQ_INT(ctrl_model_score_index(m, a, 5), 4);
     ctrl_model_free(m);
 }
+
+/* With the read positions given (a layout with pad segments of their own, as the preference
+ * batches): the scores and gradients of the batch without the pad segment. */
+TEST(score_at_given_positions_skips_pad_segments) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/score/llama", CTRL_FIXTURE_DIR);
+    ctrl_model *m = NULL;
+    flat f, g;
+    CHECK_EQ_INT(ctrl_model_load(dir, eager(), &m), CTRL_OK);
+    if (!m || !load_batch(dir, &f) || !load_batch(dir, &g)) return;
+    /* g: f's sequences, then a pad segment of 5 tokens */
+    for (int i = 0; i < 5; i++) g.tokens[f.b.T + i] = 0, g.positions[f.b.T + i] = i;
+    g.cu[f.b.B + 1] = f.b.T + 5;
+    g.b.T = f.b.T + 5, g.b.B = f.b.B + 1;
+    int32_t at[16];
+    for (int s = 0; s < f.b.B; s++)
+        at[s] = f.cu[s] + ctrl_model_score_index(m, f.tokens + f.cu[s], f.cu[s + 1] - f.cu[s]);
+    float a[16], b[16];
+    size_t n;
+    ctrl_model_zero_grad(m);
+    CHECK_EQ_INT(ctrl_model_score_forward(m, &f.b, a), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_score_backward(m, f.w), CTRL_OK);
+    const float *gr = ctrl_model_grads(m, &n);
+    float *want = malloc(sizeof(float) * n);
+    memcpy(want, gr, sizeof(float) * n);
+    ctrl_model_zero_grad(m);
+    CHECK_EQ_INT(ctrl_model_score_forward_at(m, &g.b, f.b.B, at, b), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_score_backward_at(m, f.b.B, at, f.w), CTRL_OK);
+    CHECK_REL(b, a, f.b.B, 1e-6);
+    CHECK_REL(ctrl_model_grads(m, NULL), want, (long)n, 1e-6);
+    at[0] = g.b.T; /* outside */
+    CHECK_EQ_INT(ctrl_model_score_forward_at(m, &g.b, 1, at, b), CTRL_ERR_RUNTIME);
+    free(want);
+    ctrl_model_free(m);
+}
