@@ -189,6 +189,23 @@ TEST(classifier_saves_as_transformers_classifier) {
     ctrl_model_free(m), ctrl_model_free(back);
 }
 
+/* With CTRL_SAVE_TEST_DIR set, both fixture classifiers saved there for
+ * tests/reference/check_saved_classifiers.py (transformers loads them and gives the same scores). */
+TEST(classifiers_saved_for_transformers_when_asked) {
+    const char *out = getenv("CTRL_SAVE_TEST_DIR");
+    if (!out) TEST_SKIP("CTRL_SAVE_TEST_DIR not set");
+    static const char *const archs[] = {"qwen2", "llama"};
+    for (int i = 0; i < 2; i++) {
+        char dir[1024], to[1200];
+        snprintf(dir, sizeof dir, "%s/score/%s", CTRL_FIXTURE_DIR, archs[i]);
+        snprintf(to, sizeof to, "%s/%s", out, archs[i]);
+        ctrl_model *m = NULL;
+        CHECK_EQ_INT(ctrl_model_load(dir, eager(), &m), CTRL_OK);
+        if (m) CHECK_EQ_INT(ctrl_model_save(m, to, CTRL_F32), CTRL_OK);
+        ctrl_model_free(m);
+    }
+}
+
 /* A causal LM's trunk under a fresh score: its weights as loaded, the score ~ N(0, initializer_range)
  * and the same for the same seed; the LM head is gone (the log-prob forward is refused), and a
  * causal LM has no score to run. */
