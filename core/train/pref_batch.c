@@ -110,7 +110,7 @@ ctrl_status ctrl_pref_batch_build(const ctrl_pref_set *s, const int *idx, int n,
             b->n_tokens[k] += w;
             if (tok[t] != s->pad_id) b->last[k] = t;
         }
-        b->tokens += len;
+        if (!q.kl) b->tokens += len; /* TRL counts the attention mask of the main batch only */
         cu[++seg] = t;
         const int pad = s->padded        ? round_up(row_len[k / per_group], s->pad_multiple) - len
                         : k == n_seq - 1 ? T - t

@@ -134,7 +134,7 @@ typedef struct ctrl_pref_batch {
     uint8_t *kl;     /* [n_seq] 1 for KTO's KL sequences; NULL without them */
     float *margin;   /* [n_pairs] the margin column; NULL when the set has none */
     int *row;        /* [n_seq] the set row each sequence comes from */
-    long tokens;     /* real (non-pad) tokens */
+    long tokens;     /* TRL's num_tokens: the real (non-pad) tokens, KTO's KL sequences not counted */
 } ctrl_pref_batch;
 
 /* Builds rows idx[0..n) of `s` into *b (malloc'd; free with ctrl_pref_batch_free). CTRL_ERR_NOMEM

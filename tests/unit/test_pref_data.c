@@ -255,15 +255,16 @@ static void batch_matches(const char *name, pref_case *c) {
     /* padding-free: the same sequences back to back, the flat batch rounded to pad_to_multiple_of */
     c->set.padded = 0;
     CHECK_EQ_INT(ctrl_pref_batch_build(&c->set, idx, n, &b), CTRL_OK);
-    long real = 0;
+    long real = 0, counted = 0;
     for (int k = 0; k < b.n_seq; k++) {
         CHECK_EQ_INT(b.seq_cu[k] + b.seq_len[k],
                      k + 1 < b.n_seq ? b.seq_cu[k + 1] : b.seq_cu[k] + b.seq_len[k]);
         real += b.seq_len[k];
+        counted += b.kl && b.kl[k] ? 0 : b.seq_len[k];
     }
     const int m = c->set.pad_multiple > 1 ? c->set.pad_multiple : 1;
     CHECK_EQ_INT(b.T, (real + m - 1) / m * m);
-    CHECK_EQ_INT(b.tokens, real);
+    CHECK_EQ_INT(b.tokens, counted); /* TRL's num_tokens: the main batch's attention mask */
     CHECK_EQ_INT(b.seq_cu[b.n_seq], b.T);
     CHECK_EQ_INT(b.batch.cu_seqlens[b.batch.B], b.T);
     logps_match(name, &b, cJSON_GetObjectItem(batch, "logps"), "padding-free");
