@@ -98,6 +98,21 @@ def unpaired_conversational():
             for i, (q, c, r) in enumerate(QA)]
 
 
+TOOL = {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+                                          "parameters": {"type": "object", "properties": {
+                                              "a": {"type": "number"}, "b": {"type": "number"}}}}}
+
+
+def with_template_kwargs():
+    """chat_template_kwargs (Qwen3's enable_thinking: false ends the generation prompt in an empty
+    think block the full conversation does not have) and tools (a JSON string, as TRL parses it)."""
+    rows = conversational()
+    for i, r in enumerate(rows):  # a datasets column has one type: every row has both keys
+        r["chat_template_kwargs"] = {"enable_thinking": i % 2 == 1}
+        r["tools"] = json.dumps([TOOL]) if i % 3 == 1 else None
+    return rows
+
+
 def with_margin(rows):
     return [dict(r, margin=0.25 * i) for i, r in enumerate(rows)]
 
@@ -117,6 +132,7 @@ CASES = {
     "dpo_keep_end": ("dpo", "tiny", long_prompts(), {"max_length": 12, "truncation_mode": "keep_end"}, 3),
     "dpo_standard_qwen3": ("dpo", "qwen3", standard(), {"pad_to_multiple_of": 4}, 3),
     "dpo_conversational_qwen3": ("dpo", "qwen3", conversational(), {}, 3),
+    "dpo_template_kwargs_qwen3": ("dpo", "qwen3", with_template_kwargs(), {}, 3),
     "dpo_implicit_conversational_qwen3": ("dpo", "qwen3", implicit_conversational(), {}, 3),
     "dpo_chat_template": ("dpo", "tiny", conversational(1), {"chat_template_path": "templates/qwen2_5_training.jinja"},
                           3),
@@ -125,6 +141,7 @@ CASES = {
     "kto_implicit": ("kto", "tiny", implicit()[:6], {}, 3),
     "kto_max_length": ("kto", "tiny", long_prompts(), {"max_length": 22, "pad_to_multiple_of": 8}, 3),
     "kto_conversational_qwen3": ("kto", "qwen3", unpaired_conversational(), {}, 3),
+    "kto_template_kwargs_qwen3": ("kto", "qwen3", with_template_kwargs(), {}, 3),
     "reward_standard": ("reward", "tiny", with_margin(standard()), {}, 3),
     "reward_conversational": ("reward", "tiny", conversational(), {"pad_to_multiple_of": 8}, 3),
     "reward_chat_template": ("reward", "tiny", conversational(),

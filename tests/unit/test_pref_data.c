@@ -4,12 +4,13 @@
  * Qwen3's, the prompt / chosen / rejected / completion / KL ids ctrl prepares equal the trainers'
  * train_dataset row for row (the same rows dropped by max_length), and the micro-batch built padded
  * equals the trainer's data_collator output (max_length truncation in both modes,
- * pad_to_multiple_of, the completion mask as weights shifted by one; [data] chat_template_path as the
- * tokenizer's template, or RewardConfig's chat_template_path), and the tiny model's
- * per-sequence log-probs summed over ctrl's batch (padded and padding-free) equal TRL's own
- * (compute_ref_log_probs) within 1e-5 relative. Also: padding-free layout,
- * max_prompt_length / max_completion_length, bad rows (file:line and the column) and
- * skip_bad_rows, refused [data] keys, the eval_fraction hold-out. */
+ * pad_to_multiple_of, the completion mask as weights shifted by one). Covered too: [data]
+ * chat_template_path (the tokenizer's template replaced, RewardConfig's chat_template_path), the
+ * rows' tools and chat_template_kwargs (Qwen3's enable_thinking). The tiny model's per-sequence
+ * log-probs summed over ctrl's batch (padded and padding-free) equal TRL's own
+ * (compute_ref_log_probs) within 1e-5 relative. Also: padding-free layout, max_prompt_length /
+ * max_completion_length, bad rows (file:line and the column) and skip_bad_rows, refused [data]
+ * keys, the eval_fraction hold-out. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -294,6 +295,7 @@ TRL_CASE(dpo_keep_start)
 TRL_CASE(dpo_keep_end)
 TRL_CASE(dpo_standard_qwen3)
 TRL_CASE(dpo_conversational_qwen3)
+TRL_CASE(dpo_template_kwargs_qwen3)
 TRL_CASE(dpo_implicit_conversational_qwen3)
 TRL_CASE(dpo_chat_template)
 TRL_CASE(kto_unpaired)
@@ -301,6 +303,7 @@ TRL_CASE(kto_paired)
 TRL_CASE(kto_implicit)
 TRL_CASE(kto_max_length)
 TRL_CASE(kto_conversational_qwen3)
+TRL_CASE(kto_template_kwargs_qwen3)
 TRL_CASE(reward_standard)
 TRL_CASE(reward_conversational)
 TRL_CASE(reward_chat_template)
