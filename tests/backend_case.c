@@ -5,6 +5,7 @@
 
 #include "backend_case.h"
 #include "config/config_load.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "test.h"
 #include "test_registry.h"
@@ -162,6 +163,69 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
             CHECK_MSG(es <= tol && eg <= tol, "%s score on %s: scores rel %.3g, gradients rel %.3g", arch,
                       be->name, es, eg);
         printf("  %-8s score on %s vs cpu: scores rel %.1e, gradients rel %.1e\n", arch, be->name, es, eg);
+    }
+    free(grads[0]), free(grads[1]);
+    ctrl_registry_destroy(reg);
+}
+
+/* LoRA on `be` against the CPU: tests/fixtures/models/ARCH under adapters on every linear layer
+ * (init false: B != 0), dropout 0.2 in training mode, modules_to_save lm_head where the head is
+ * untied; a forward and backward, the adapters nudged, a fused forward and backward; log-probs and
+ * every trainable tensor's gradient within `tol` (0: bit-identical). The base has no gradients
+ * (the backend's kernels skip NULL parameter gradients). */
+void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    CHECK(attn != NULL);
+    static ctrl_lora_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.r = 4, lc.lora_alpha = 8, lc.lora_dropout = 0.2f, lc.init = CTRL_LORA_INIT_NONE, lc.seed = 5;
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
+    ctrl_batch b;
+    make_batch(&b, 100);
+    float dlogp[CASE_T], logp[2][2][CASE_T], *grads[2] = {NULL, NULL};
+    for (int t = 0; t < CASE_T; t++) dlogp[t] = b.targets[t] >= 0 ? -1.0f / 50 : 0.0f;
+    size_t n = 0;
+    for (int side = 0; attn && side < 2; side++) {
+        ctrl_model *m = NULL;
+        lc.save_lm_head = 0;
+        int ok = ctrl_model_load_lora(dir, attn->plugin->ops, &lc, &m) == CTRL_OK;
+        if (ok && !ctrl_model_cfg(m)->tie_word_embeddings) { /* once more, with the head trained in full */
+            ctrl_model_free(m);
+            lc.save_lm_head = 1;
+            ok = ctrl_model_load_lora(dir, attn->plugin->ops, &lc, &m) == CTRL_OK;
+        }
+        if (ok && side == 1) ok = ctrl_model_to_device(m, be, device) == CTRL_OK;
+        ctrl_model_set_training(m, 1, 9);
+        ok = ok && ctrl_model_zero_grad(m) == CTRL_OK &&
+             ctrl_model_forward(m, &b, logp[side][0], NULL, NULL) == CTRL_OK &&
+             ctrl_model_backward(m, dlogp) == CTRL_OK;
+        size_t all;
+        float *p = ctrl_model_params(m, &all);
+        for (size_t i = ctrl_model_trainable_offset(m); i < all; i += 5) p[i] *= 0.9f;
+        ctrl_model_weights_changed(m);
+        ok = ok && ctrl_model_forward_fused(m, &b, dlogp, logp[side][1], NULL, NULL) == CTRL_OK &&
+             ctrl_model_backward(m, NULL) == CTRL_OK && ctrl_model_grads_to_host(m) == CTRL_OK;
+        CHECK_MSG(ok, "%s LoRA on %s: %s", arch, side ? be->name : "cpu", ctrl_error_message());
+        const float *g = ok ? ctrl_model_grads(m, &n) : NULL;
+        if (g && (grads[side] = malloc(sizeof(float) * n))) memcpy(grads[side], g, sizeof(float) * n);
+        ctrl_model_free(m);
+    }
+    if (grads[0] && grads[1]) {
+        const double el = test_rel_error_f32(logp[1][0], logp[0][0], 2 * CASE_T),
+                     eg = test_rel_error_f32(grads[1], grads[0], (long)n);
+        if (tol == 0)
+            CHECK_MSG(same(logp[1], logp[0], sizeof logp[0]) && same(grads[1], grads[0], sizeof(float) * n),
+                      "%s LoRA on %s: differs from the cpu", arch, be->name);
+        else
+            CHECK_MSG(el <= tol && eg <= tol, "%s LoRA on %s: log-probs rel %.3g, gradients rel %.3g", arch,
+                      be->name, el, eg);
+        CHECK(!same(logp[0][0], logp[0][1], sizeof logp[0][0])); /* the nudge changed something */
+        printf(
+            "  %-8s LoRA (dropout 0.2) on %s vs cpu: log-probs rel %.1e, %zu trainable gradients rel %.1e\n",
+            arch, be->name, el, n, eg);
     }
     free(grads[0]), free(grads[1]);
     ctrl_registry_destroy(reg);

@@ -22,4 +22,8 @@ void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const ch
  * every gradient within `tol` relative (0: bit-identical). */
 void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
 
+/* LoRA adapters (dropout on, modules_to_save lm_head where untied) on tests/fixtures/models/ARCH: on
+ * `be` against the CPU, log-probs and trainable gradients within `tol` (0: bit-identical). */
+void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
+
 #endif

@@ -75,6 +75,14 @@ typedef struct ctrl_run_settings {
         int block_size, max_num_seqs, max_num_batched_tokens;
         int kv_cache_dtype; /* -1 auto (the model's compute dtype), 0 fp32, 1 bf16 */
     } generation;
+    struct {
+        int enabled, r, use_rslora;
+        double lora_alpha, lora_dropout;
+        const char *init_lora_weights; /* true, false, gaussian */
+        const char *adapter_path;      /* NULL when unset */
+        unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down) */
+        int all_linear, save_embed_tokens, save_lm_head;
+    } peft;
 } ctrl_run_settings;
 
 const ctrl_run_plugins *ctrl_config_plugins(const ctrl_config *cfg);

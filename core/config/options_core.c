@@ -156,12 +156,37 @@ static const ctrl_option generation_options[] = {
 
 static const ctrl_option peft_options[] = {
     {"enabled", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
-     "Train LoRA adapters instead of the full model. Not implemented yet: true is refused."},
+     "Train LoRA adapters (PEFT's LoraConfig semantics) instead of the full model: the base weights are "
+     "frozen "
+     "(no gradients, no optimizer state) and output_dir receives a PEFT adapter (adapter_config.json, "
+     "adapter_model.safetensors) instead of a model."},
     {"r", CTRL_OPT_INT, "16", MIN(1), NULL, "LoRA rank."},
-    {"lora_alpha", CTRL_OPT_FLOAT, "32", POSITIVE, NULL, "LoRA scaling numerator (scale = lora_alpha / r)."},
-    {"lora_dropout", CTRL_OPT_FLOAT, "0.05", RANGE(0, 1), NULL, "Dropout on the LoRA input."},
+    {"lora_alpha", CTRL_OPT_FLOAT, "32", POSITIVE, NULL,
+     "LoRA scaling numerator (scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora)."},
+    {"lora_dropout", CTRL_OPT_FLOAT, "0.05", RANGE(0, 0.999), NULL,
+     "Dropout on the adapters' input while training (off in evaluation and generation); seeded by [run] seed "
+     "and the step (a resumed run draws the same masks). On CUDA the masks are applied on the host (a copy "
+     "each way per adapter: slower; 0 avoids it)."},
     {"target_modules", CTRL_OPT_LIST, "q_proj,k_proj,v_proj,o_proj", 0, 0, 0,
-     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj", "Linear layers that get adapters."},
+     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|all-linear",
+     "Linear layers that get adapters; all-linear: every linear layer but the output head (as PEFT)."},
+    {"use_rslora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "Rank-stabilised LoRA: scale = lora_alpha / sqrt(r)."},
+    {"init_lora_weights", CTRL_OPT_STRING, "true", 0, 0, 0, "true|false|gaussian",
+     "true: A Kaiming-uniform (a = sqrt(5)), B zero (PEFT's default); gaussian: A ~ N(0, 1/r), B zero; "
+     "false: "
+     "both Kaiming-uniform (the adapter changes the model from the first step; for tests)."},
+    {"modules_to_save", CTRL_OPT_LIST, "", 0, 0, 0, "embed_tokens|lm_head",
+     "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings)."},
+    {"bias", CTRL_OPT_STRING, "none", 0, 0, 0, "none|all|lora_only",
+     "Which biases train: none (the only one implemented; the others are refused)."},
+    {"use_dora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "DoRA's magnitude vectors. Not implemented: true is refused."},
+    {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
+     "save_pretrained) "
+     "to continue training from: its config replaces r, lora_alpha, target_modules, use_rslora and "
+     "modules_to_save, which must then be left unset."},
     CTRL_OPTION_END,
 };
 

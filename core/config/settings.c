@@ -100,7 +100,28 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                        .block_size = (int)rd_int(&r, "generation", "block_size"),
                        .max_num_seqs = (int)rd_int(&r, "generation", "max_num_seqs"),
                        .max_num_batched_tokens = (int)rd_int(&r, "generation", "max_num_batched_tokens"),
-                       .kv_cache_dtype = !kv || !strcmp(kv, "auto") ? -1 : !strcmp(kv, "bf16")}};
+                       .kv_cache_dtype = !kv || !strcmp(kv, "auto") ? -1 : !strcmp(kv, "bf16")},
+        .peft = {.enabled = rd_bool(&r, "peft", "enabled"),
+                 .r = (int)rd_int(&r, "peft", "r"),
+                 .lora_alpha = rd_float(&r, "peft", "lora_alpha"),
+                 .lora_dropout = rd_float(&r, "peft", "lora_dropout"),
+                 .use_rslora = rd_bool(&r, "peft", "use_rslora"),
+                 .init_lora_weights = rd_str(&r, "peft", "init_lora_weights"),
+                 .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")}};
+    /* the lists as the seven projections' bits (the option table allows only their names) */
+    static const char *const proj[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                       "gate_proj", "up_proj", "down_proj"};
+    char item[64];
+    for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "target_modules"); i++) {
+        const char *t = ctrl_config_list_item(cfg, "peft", "target_modules", i, item, sizeof item);
+        for (int k = 0; t && k < 7; k++) s->peft.target_bits |= !strcmp(t, proj[k]) ? 1u << k : 0;
+        s->peft.all_linear |= t && !strcmp(t, "all-linear");
+    }
+    for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "modules_to_save"); i++) {
+        const char *t = ctrl_config_list_item(cfg, "peft", "modules_to_save", i, item, sizeof item);
+        s->peft.save_embed_tokens |= t && !strcmp(t, "embed_tokens");
+        s->peft.save_lm_head |= t && !strcmp(t, "lm_head");
+    }
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
     return r.st;

@@ -137,14 +137,42 @@ static ctrl_status check_device(const ctrl_config *cfg) {
 /* Options the tables accept for the design but no code implements yet are refused when turned on,
  * naming the key: a run must never silently do something other than what its config says. */
 static ctrl_status check_not_implemented(const ctrl_config *cfg) {
-    config_entry *e = config_find(cfg, "peft", "enabled");
+    config_entry *e = config_find(cfg, "peft", "use_dora");
     bool on = false;
+    if (e && config_parse_bool(e->value, &on) == 0 && on)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: [peft] use_dora = %s: DoRA is not implemented yet; remove the key or set it "
+            "to false",
+            e->where, e->value);
+    e = config_find(cfg, "peft", "bias");
+    if (e && strcmp(e->value, "none") != 0)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG, "%s: [peft] bias = %s: only none is implemented (the base's biases stay frozen)",
+            e->where, e->value);
+    e = config_find(cfg, "peft", "enabled");
+    on = false;
     if (!e || config_parse_bool(e->value, &on) != 0 || !on) return CTRL_OK;
-    const char *trainer = config_value_or_default(cfg, "run", config_core_table("run"), "trainer");
-    return ctrl_error_set(CTRL_ERR_CONFIG,
-                          "%s: [peft] enabled = %s: LoRA adapters are not implemented yet (trainer '%s' "
-                          "would train and save the full model); remove the key or set it to false",
-                          e->where, e->value, trainer ? trainer : "sft");
+    const char *mode = config_value_or_default(cfg, "generation", config_core_table("generation"), "mode");
+    if (mode && !strcmp(mode, "server"))
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: [peft] enabled = %s with [generation] mode = server: the server is sent the "
+            "base weights only, not the adapters (not implemented yet); use mode = colocate",
+            e->where, e->value);
+    static const char *const adapter_keys[] = {"r",          "lora_alpha",      "target_modules",
+                                               "use_rslora", "modules_to_save", "init_lora_weights"};
+    if (config_find(cfg, "peft", "adapter_path"))
+        for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {
+            config_entry *k = config_find(cfg, "peft", adapter_keys[i]);
+            if (k)
+                return ctrl_error_set(
+                    CTRL_ERR_CONFIG,
+                    "%s: [peft] %s: set together with adapter_path, whose adapter_config.json "
+                    "defines it; remove one",
+                    k->where, adapter_keys[i]);
+        }
+    return CTRL_OK;
 }
 
 static ctrl_status select_plugins(const ctrl_config *cfg, const ctrl_registry *reg, config_selection *sel) {

@@ -8,6 +8,7 @@
  * backward needs no stored mask. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/model_internal.h"
@@ -193,10 +194,24 @@ static ctrl_status scratch(ctrl_model *m, float **xa, float **w1, float **w2) {
     return CTRL_OK;
 }
 
-static ctrl_status no_device_dropout(const ctrl_model *m) {
-    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                          "[peft] lora_dropout = %g: LoRA dropout is not implemented on %s yet (set it to 0)",
-                          (double)m->lora->lora_dropout, m->be->name);
+/* dst = dropout(src) [n] on the backend: in place on host memory; a device's values make a round trip
+ * through m->lora_host (the masks are drawn on the host; slow, but exact and the same masks). */
+static ctrl_status apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n) {
+    if (m->be->host_memory) {
+        dropout(m, l, t, dst, src, n);
+        return CTRL_OK;
+    }
+    if ((size_t)n > m->lora_host_n) {
+        free(m->lora_host);
+        if (!(m->lora_host = malloc(sizeof(float) * (size_t)n))) {
+            m->lora_host_n = 0;
+            return ctrl_error_set(CTRL_ERR_NOMEM, "LoRA dropout: %lld floats of host staging", (long long)n);
+        }
+        m->lora_host_n = (size_t)n;
+    }
+    MODEL_TRY(m->be->to_host(m->lora_host, src, sizeof(float) * (size_t)n));
+    dropout(m, l, t, m->lora_host, m->lora_host, n);
+    return m->be->to_device(dst, m->lora_host, sizeof(float) * (size_t)n);
 }
 
 ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out, const float *x, int IN,
@@ -208,9 +223,8 @@ ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out,
     float *xa, *w1, *w2;
     MODEL_TRY(scratch(m, &xa, &w1, &w2));
     if (a->lora_xa[t]) xa = a->lora_xa[t];
-    if (dropout_on(m)) {
-        if (!be->host_memory) return no_device_dropout(m);
-        dropout(m, l, t, w1, x, (int64_t)T * IN);
+    if (dropout_on(m) && a->lora_xa[t]) { /* decoding (no lora_xa) runs without */
+        MODEL_TRY(apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
         x = w1;
     }
     MODEL_TRY(model_linear_forward(m, xa, x, P + *a_off(m, l, t), NULL, T, IN, r));
@@ -232,13 +246,12 @@ ctrl_status lora_backward(ctrl_model *m, int l, int t, const layer_acts *a, floa
     MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
     const int drop = dropout_on(m);
     if (drop) {
-        if (!be->host_memory) return no_device_dropout(m);
-        dropout(m, l, t, w1, x, (int64_t)T * IN);
+        MODEL_TRY(apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
         x = w1;
     }
     MODEL_TRY(model_linear_backward(m, w2, model_grad(m, ao), NULL, dxa, x, P + ao, T, IN, r));
     if (drop) { /* through the mask: the same draw with the input's place taken by dx */
-        dropout(m, l, t, w1, w2, (int64_t)T * IN);
+        MODEL_TRY(apply_dropout(m, l, t, w1, w2, (int64_t)T * IN));
         MODEL_TRY(be->copy(w2, w1, sizeof(float) * (size_t)T * IN));
     }
     return be->residual_forward(dx, dx, w2, (int64_t)T * IN);

@@ -185,7 +185,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (m->be) model_release_backend(m);
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
-    free(m->lora), free(m->lora_a), free(m->lora_b);
+    free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host);
     free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
@@ -202,7 +202,10 @@ float *ctrl_model_grads(ctrl_model *m, size_t *n) {
 }
 const ctrl_lora_config *ctrl_model_lora(const ctrl_model *m) { return m->lora; }
 size_t ctrl_model_trainable_offset(const ctrl_model *m) { return m->train_off; }
-void ctrl_model_set_training(ctrl_model *m, int training) { m->training = training; }
+void ctrl_model_set_training(ctrl_model *m, int training, uint64_t step) {
+    m->training = training;
+    if (training) m->lora_step = step << 24;
+}
 void ctrl_model_set_adapters_enabled(ctrl_model *m, int enabled) { m->lora_off = !enabled; }
 int ctrl_model_view_count(const ctrl_model *m) { return m->n_views; }
 const ctrl_param_view *ctrl_model_view(const ctrl_model *m, int i) {

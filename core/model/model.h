@@ -60,8 +60,10 @@ const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 /* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
  * ctrl_model_grads holds their gradients from there (grads[i] is that of params[offset + i]). */
 size_t ctrl_model_trainable_offset(const ctrl_model *m);
-/* Training mode (LoRA dropout on; off by default, as after model.eval()). */
-void ctrl_model_set_training(ctrl_model *m, int training);
+/* Training mode (LoRA dropout on; off by default, as after model.eval()); the dropout masks are a
+ * function of the seed, `step` and the forwards counted since this call, so that a resumed run
+ * draws the same ones. */
+void ctrl_model_set_training(ctrl_model *m, int training, uint64_t step);
 /* Adapters on (default) or skipped: with them off the model is its base (a trainer's reference
  * model with LoRA, as TRL's disable_adapter()). */
 void ctrl_model_set_adapters_enabled(ctrl_model *m, int enabled);

@@ -110,7 +110,7 @@ struct ctrl_model {
      * before it is frozen and has no gradient; 0 without LoRA, everything trains) and how many
      * follow (n_train: the gradient buffers' length). training: dropout on (ctrl_model_set_training);
      * lora_off: adapters skipped (ctrl_model_set_adapters_enabled); lora_step: the dropout masks'
-     * counter, one per training forward; lora_ws: backend scratch. */
+     * counter, one per training forward; lora_ws: backend scratch (freed with the backend's). */
     int has_lora, training, lora_off;
     ctrl_lora_config *lora;
     float lora_scale;
@@ -119,6 +119,8 @@ struct ctrl_model {
     uint64_t lora_step;
     float *lora_ws;
     size_t lora_ws_bytes;
+    float *lora_host; /* host staging of dropout on a device, lora_host_n floats */
+    size_t lora_host_n;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */

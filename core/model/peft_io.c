@@ -67,6 +67,13 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir) {
     return st;
 }
 
+/* A float setting as the decimal it was written as (0.1, not 0.10000000149011612). */
+static double decimal(float x) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.7g", (double)x);
+    return strtod(buf, NULL);
+}
+
 static char *config_json(const ctrl_model *m, const char *base) {
     const ctrl_lora_config *c = m->lora;
     cJSON *o = cJSON_CreateObject();
@@ -77,8 +84,8 @@ static char *config_json(const ctrl_model *m, const char *base) {
     else
         cJSON_AddNullToObject(o, "base_model_name_or_path");
     cJSON_AddNumberToObject(o, "r", c->r);
-    cJSON_AddNumberToObject(o, "lora_alpha", c->lora_alpha);
-    cJSON_AddNumberToObject(o, "lora_dropout", c->lora_dropout);
+    cJSON_AddNumberToObject(o, "lora_alpha", decimal(c->lora_alpha));
+    cJSON_AddNumberToObject(o, "lora_dropout", decimal(c->lora_dropout));
     cJSON_AddBoolToObject(o, "use_rslora", c->use_rslora);
     cJSON_AddBoolToObject(o, "use_dora", 0);
     cJSON_AddStringToObject(o, "bias", "none");

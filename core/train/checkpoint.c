@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "file_text.h"
+#include "train/train_lora.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
 
@@ -190,7 +191,7 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", final, (int)getpid());
     remove_stale_tmp(out_dir);
     if (mkdir(tmp, 0777) != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", tmp, strerror(errno));
-    ctrl_status st = ctrl_model_save(m, tmp, CTRL_F32);
+    ctrl_status st = train_model_save(m, tmp, tokenizer_dir); /* with LoRA: the adapter only */
     test_pause();
     if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(tokenizer_dir, tmp);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);

@@ -61,7 +61,9 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     /* the trained log-probs are those of the sampling distribution's temperature, as TRL's */
     const float temp = o->sampling.temperature > 0 ? o->sampling.temperature : 1.0f;
     ctrl_model_set_temperature(model, temp);
-    if (st == CTRL_OK && o->spec.needs_ref_logp) { /* the reference: the initial weights, frozen */
+    /* the reference: the initial weights, frozen; with LoRA the base itself, the adapters switched off
+     * for its log-probs (TRL's disable_adapter): no second copy */
+    if (st == CTRL_OK && o->spec.needs_ref_logp && !ctrl_model_lora(model)) {
         st = ctrl_model_load(path, plugins->attention->ops, &o->ref);
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
         if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(o->ref, ctrl_model_compute_dtype(model));
@@ -237,8 +239,10 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     }
     if (st == CTRL_OK && o->spec.needs_ref_logp) {
         o->ref_lp = calloc((size_t)o->gn, sizeof(float *));
-        st = o->ref_lp ? completion_logps(o, o->ref, bs, o->ref_lp)
+        if (!o->ref) ctrl_model_set_adapters_enabled(o->model, 0);
+        st = o->ref_lp ? completion_logps(o, o->ref ? o->ref : o->model, bs, o->ref_lp)
                        : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+        if (!o->ref) ctrl_model_set_adapters_enabled(o->model, 1);
     }
     if (need_old || o->spec.needs_ref_logp) ctrl_online_report(o, "timing/old_ref_logprob_s", now() - t0);
     if (st == CTRL_OK && o->old && o->ref_lp) { /* the KL summed over each completion (RLOO's reward) */

@@ -23,6 +23,7 @@
 #include "train/metrics_plot.h"
 #include "train/health.h"
 #include "train/kind.h"
+#include "train/train_lora.h"
 #include "train/train.h"
 
 static double now(void) {
@@ -80,7 +81,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     ctrl_status st = train_compute_select(s->run.device, &r->comp);
     if (st == CTRL_OK) st = train_kind_for(r->trainer_ops, s->run.trainer, &r->kind_ops);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
-    if (st == CTRL_OK) st = ctrl_model_load(weights_dir ? weights_dir : s->model.path, attention, &r->model);
+    if (st == CTRL_OK) st = train_model_load(s, attention, weights_dir, &r->model);
     if (st == CTRL_OK)
         st = train_compute_attach(&r->comp, r->model, s->train.dtype, p->n_memory ? p->memory[0]->ops : NULL,
                                   cfg);
@@ -100,18 +101,21 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
     if (st != CTRL_OK) return st;
-    /* One parameter group per tensor: norms and biases get no weight decay (as the HF Trainer). */
+    /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
+     * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
+     * Trainer). */
     const double wd = s->train.weight_decay;
-    r->n_groups = ctrl_model_view_count(r->model);
-    r->groups = calloc((size_t)r->n_groups, sizeof *r->groups);
+    const size_t first = ctrl_model_trainable_offset(r->model);
+    r->groups = calloc((size_t)ctrl_model_view_count(r->model), sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     float *params = ctrl_model_params(r->model, NULL), *grads = ctrl_model_grads(r->model, NULL);
-    for (int i = 0; i < r->n_groups; i++) {
+    for (int i = 0; i < ctrl_model_view_count(r->model); i++) {
         const ctrl_param_view *v = ctrl_model_view(r->model, i);
-        r->groups[i] = (ctrl_param_group){.param = params + v->offset,
-                                          .grad = grads + v->offset,
-                                          .numel = v->numel,
-                                          .weight_decay = v->no_decay ? 0.0f : (float)wd};
+        if (v->offset < first) continue;
+        r->groups[r->n_groups++] = (ctrl_param_group){.param = params + v->offset,
+                                                      .grad = grads + (v->offset - first),
+                                                      .numel = v->numel,
+                                                      .weight_decay = v->no_decay ? 0.0f : (float)wd};
     }
     return r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
 }
@@ -138,8 +142,10 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     long mine = start;
     const int on_device = ctrl_model_device(r->model).type != CTRL_DEVICE_CPU;
     ctrl_status st = ctrl_model_zero_grad(r->model);
+    ctrl_model_set_training(r->model, 1, (uint64_t)step); /* LoRA dropout: masks a function of the step */
     if (st == CTRL_OK)
         st = r->kind_ops->accumulate(r->kind, train_dp_share(&r->dp, order, start), &mine, bs, ga, out);
+    ctrl_model_set_training(r->model, 0, 0);
     st = train_dp_reduce_step(&r->dp, st, out);
     *cursor = start + (mine - start) * r->dp.size; /* every rank's rows */
     if (st == CTRL_OK && on_device) st = train_dp_average_grads(&r->dp, r->model, 1);
@@ -372,12 +378,13 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     if (progressed && r.root) {
         ctrl_error_saved run; /* an interruption's message, kept across the save */
         ctrl_error_save(&run, st);
-        ctrl_status s2 = ctrl_model_save(r.model, out_dir, CTRL_F32);
+        ctrl_status s2 = train_model_save(r.model, out_dir, s->model.path);
         if (s2 == CTRL_OK) s2 = ctrl_copy_tokenizer_files(s->model.path, out_dir);
         if (s2 != CTRL_OK)
             st = s2;
         else {
-            CTRL_INFO("model saved to %s", out_dir);
+            CTRL_INFO("%s saved to %s", ctrl_model_lora(r.model) ? "LoRA adapter (PEFT format)" : "model",
+                      out_dir);
             ctrl_error_restore(&run);
         }
     }

@@ -39,6 +39,12 @@ TEST(model_with_checkpointing_matches_cpu) {
 }
 
 /* The sequence-classification head (reward models) through the same ops table. */
+TEST(lora_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    backend_lora_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "llama", 1e-5);
+    backend_lora_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);
+}
+
 TEST(score_head_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
     backend_score_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);

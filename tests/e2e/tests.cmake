@@ -51,3 +51,11 @@ if(TARGET ctrl_cli)
                                  ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
+
+# LoRA training end to end: SFT, resume, adapter_path, GRPO's reference = adapters off, RLOO
+# (tests/e2e/test_lora_train.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_lora_train COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_lora_train.sh $<TARGET_FILE:ctrl_cli>
+                                        ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_lora_train PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

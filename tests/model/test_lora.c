@@ -213,7 +213,7 @@ static void finite_difference(float dropout) {
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m), CTRL_OK);
     if (!m) return;
-    ctrl_model_set_training(m, 1);
+    ctrl_model_set_training(m, 1, 3);
     fixture_batch f;
     batch_load(&f, "qwen2");
     float *logp = malloc(sizeof(float) * f.T), *w = malloc(sizeof(float) * f.T);
@@ -326,4 +326,53 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
     }
     unlink(path);
     rmdir(dir);
+}
+
+/* Three SGD steps of ctrl's on each PEFT fixture adapter lower the loss; with CTRL_LORA_EXPORT_DIR
+ * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json), for
+ * PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
+TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
+    static const char *const cases[] = {"llama_qv", "llama_all_rslora", "qwen2_attn_mlp",
+                                        "qwen3_default_init"};
+    const char *export = getenv("CTRL_LORA_EXPORT_DIR");
+    for (int c = 0; c < 4; c++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
+        ctrl_model *m = load_adapter(dir);
+        if (!m) continue;
+        const char *arch = c < 2 ? "llama" : c == 2 ? "qwen2" : "qwen3";
+        fixture_batch f;
+        batch_load(&f, arch);
+        float *logp = malloc(sizeof(float) * f.T), *dlogp = malloc(sizeof(float) * f.T);
+        size_t n;
+        float *p = ctrl_model_params(m, NULL);
+        const size_t off = ctrl_model_trainable_offset(m);
+        double loss0 = 0, loss = 0;
+        for (int step = 0; step < 4; step++) {
+            CHECK_EQ_INT(ctrl_model_forward(m, &f.b, logp, NULL, NULL), CTRL_OK);
+            loss = mean_loss(&f, logp, dlogp);
+            if (step == 0) loss0 = loss;
+            if (step == 3) break;
+            CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
+            CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
+            const float *g = ctrl_model_grads(m, &n);
+            for (size_t i = 0; i < n; i++) p[off + i] -= 0.1f * g[i];
+            ctrl_model_weights_changed(m);
+        }
+        CHECK_MSG(loss < loss0 - 1e-3, "%s: loss %.6f -> %.6f", cases[c], loss0, loss);
+        if (export) {
+            char out[1200], path[1300];
+            snprintf(out, sizeof out, "%s/%s", export, cases[c]);
+            CHECK_EQ_INT(ctrl_peft_save(m, out, arch), CTRL_OK);
+            snprintf(path, sizeof path, "%s/logp.json", out);
+            FILE *fp = fopen(path, "w");
+            fprintf(fp, "{\"base\": \"%s\", \"logp\": [", arch);
+            for (int t = 0; t < f.T; t++) fprintf(fp, "%s%.9g", t ? ", " : "", (double)logp[t]);
+            fprintf(fp, "]}\n");
+            fclose(fp);
+        }
+        free(logp), free(dlogp);
+        batch_free(&f);
+        ctrl_model_free(m);
+    }
 }

@@ -153,6 +153,12 @@ TEST(staged_backend_scores_as_the_cpu) {
     backend_score_check(be, (ctrl_device){CTRL_DEVICE_CPU, 0}, "qwen2", 0);
     CHECK_MSG(stray == 0, "score: %d pointers handed to the backend's ops were not its memory", stray);
 }
+TEST(staged_backend_matches_cpu_with_lora) {
+    stray = 0;
+    backend_lora_check(staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}, "llama", 0);
+    backend_lora_check(staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}, "qwen2", 0);
+    CHECK_MSG(stray == 0, "LoRA: %d pointers handed to the backend's ops were not its memory", stray);
+}
 TEST(staged_backend_matches_cpu_qwen3_checkpointing) { compare_on_staged("qwen3", "flash", 1); }
 TEST(staged_backend_matches_cpu_mistral) { compare_on_staged("mistral", "eager", 1); }
 

@@ -1,0 +1,57 @@
+/* The trained model with LoRA ([peft] enabled): the typed [peft] settings made into the model's
+ * LoRA config (or an adapter directory's, [peft] adapter_path), the base loaded frozen with the
+ * adapters on top, their weights from a checkpoint or an adapter directory; saved as PEFT saves
+ * it. The loop and the trainers do not need to know: the model trains what it holds gradients
+ * for, and says which views those are. */
+#include "train/train_lora.h"
+
+#include <string.h>
+
+#include <ctrl/log.h>
+
+#include "model/peft.h"
+
+static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_config *lc) {
+    memset(lc, 0, sizeof *lc);
+    lc->r = s->peft.r, lc->lora_alpha = (float)s->peft.lora_alpha, lc->use_rslora = s->peft.use_rslora;
+    lc->save_embed_tokens = s->peft.save_embed_tokens, lc->save_lm_head = s->peft.save_lm_head;
+    const char *init = s->peft.init_lora_weights;
+    lc->init = !strcmp(init, "gaussian") ? CTRL_LORA_INIT_GAUSSIAN
+               : !strcmp(init, "false")  ? CTRL_LORA_INIT_NONE
+                                         : CTRL_LORA_INIT_DEFAULT;
+    if (s->peft.all_linear) return ctrl_lora_add_target(lc, "all-linear", "[peft] target_modules");
+    ctrl_status st = CTRL_OK;
+    for (int k = 0; k < LORA_N_TARGETS && st == CTRL_OK; k++)
+        if (s->peft.target_bits & (1u << k))
+            st =
+                ctrl_lora_add_target(lc, strchr(ctrl_lora_target_names[k], '.') + 1, "[peft] target_modules");
+    return st;
+}
+
+ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
+                             ctrl_model **out) {
+    if (!s->peft.enabled) return ctrl_model_load(ckpt ? ckpt : s->model.path, attn, out);
+    static ctrl_lora_config lc; /* large (the target list): not on the stack */
+    const char *adapter = s->peft.adapter_path;
+    ctrl_status st = adapter ? ctrl_peft_read_config(adapter, &lc, NULL, 0) : lora_from_settings(s, &lc);
+    if (st != CTRL_OK) return st;
+    lc.lora_dropout = (float)s->peft.lora_dropout, lc.seed = s->run.seed;
+    if ((st = ctrl_model_load_lora(s->model.path, attn, &lc, out)) != CTRL_OK) return st;
+    const char *from = ckpt ? ckpt : adapter;
+    if (from && (st = ctrl_peft_load_weights(*out, from)) != CTRL_OK) {
+        ctrl_model_free(*out);
+        *out = NULL;
+        return st;
+    }
+    size_t all, train;
+    ctrl_model_params(*out, &all);
+    ctrl_model_grads(*out, &train);
+    CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%), the base frozen%s%s", lc.r,
+              (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
+              from ? "; adapter from " : "", from ? from : "");
+    return CTRL_OK;
+}
+
+ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base) {
+    return ctrl_model_lora(m) ? ctrl_peft_save(m, dir, base) : ctrl_model_save(m, dir, CTRL_F32);
+}

@@ -1,0 +1,19 @@
+/* The model a run trains, with or without LoRA ([peft]); train_lora.c. */
+#ifndef CTRL_CORE_TRAIN_LORA_H
+#define CTRL_CORE_TRAIN_LORA_H
+
+#include <ctrl/attention.h>
+
+#include "config/config_load.h"
+#include "model/model.h"
+
+/* With [peft] enabled: the base ([model] path) frozen under LoRA adapters whose weights are
+ * `ckpt`'s adapter when resuming, else [peft] adapter_path's, else initialised; without:
+ * `ckpt`'s full weights, else [model] path's. */
+ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
+                             ctrl_model **out);
+/* What a run saves into DIR: with LoRA the adapter in PEFT's format (base_model_name_or_path =
+ * `base`), else the full model (config.json, model.safetensors, generation_config.json). */
+ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base);
+
+#endif

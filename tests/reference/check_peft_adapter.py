@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Checks that PEFT loads the adapters ctrl saves: for each case exported by test_lora (ctrl's own
+SGD steps on the PEFT fixture adapters, saved with ctrl_peft_save), PeftModel.from_pretrained over
+the fixture base model gives ctrl's log-probs of the fixture batch (relative L2 <= 1e-5). Run by hand:
+    mkdir -p /tmp/ctrl-lora && CTRL_LORA_EXPORT_DIR=/tmp/ctrl-lora build/test_lora
+    /work/venv/bin/python tests/reference/check_peft_adapter.py /tmp/ctrl-lora
+"""
+import json
+import os
+import sys
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "models")
+
+
+def main():
+    root = sys.argv[1]
+    ok = True
+    for case in sorted(os.listdir(root)):
+        with open(os.path.join(root, case, "logp.json")) as f:
+            want = json.load(f)
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, want["base"]), dtype=torch.float32,
+                                                    attn_implementation="eager")
+        pm = PeftModel.from_pretrained(base, os.path.join(root, case))
+        pm.eval()
+        with open(os.path.join(FIX, want["base"], "batch.json")) as f:
+            batch = json.load(f)
+        cu, toks, got = batch["cu_seqlens"], batch["tokens"], []
+        with torch.no_grad():
+            for i in range(len(cu) - 1):
+                seq = torch.tensor(toks[cu[i]:cu[i + 1]])
+                lp = torch.log_softmax(pm(input_ids=seq[None]).logits[0].float(), dim=-1)
+                got += lp[:-1].gather(1, seq[1:, None])[:, 0].tolist() + [0.0]
+        a, b = torch.tensor(got, dtype=torch.float64), torch.tensor(want["logp"], dtype=torch.float64)
+        rel = ((a - b).norm() / b.norm()).item()
+        ok &= rel <= 1e-5
+        print("%-20s PEFT %s vs ctrl: log-probs relative L2 %.2e %s" % (case, pm.peft_config["default"].peft_type,
+                                                                         rel, "ok" if rel <= 1e-5 else "FAIL"))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
