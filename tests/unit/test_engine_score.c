@@ -1,8 +1,6 @@
-/* Cancelling a request (ctrl_engine_cancel, what ctrl serve does when a client disconnects) stops
- * every one of its samples — also after its first sample has finished and left the engine (it
- * was looked up by that sample's output, so the others ran on into freed outputs) — and scoring
- * a sequence (ctrl_engine_score, OpenAI's prompt_logprobs) gives the log-probabilities the
- * generation reported for the tokens it drew. */
+/* Scoring a sequence (ctrl_engine_score: OpenAI's prompt_logprobs and echo, TRL's
+ * get_sequence_logprobs) gives the log-probabilities and top entries the generation reported for
+ * the tokens it drew, across more than one scoring chunk. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,45 +18,6 @@ static ctrl_model *tiny(void) {
 
 static const ctrl_engine_config cfg = {
     .kv_cache_bytes = 4 << 20, .block_size = 4, .max_num_seqs = 16, .max_num_batched_tokens = 256};
-
-TEST(cancel_stops_every_sample_after_the_first_finished) {
-    ctrl_model *m = tiny();
-    if (!m) return;
-    ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &cfg, &e), CTRL_OK);
-    const int32_t prompt[4] = {3, 9, 27, 81};
-    ctrl_gen_request r = {.prompt = prompt,
-                          .prompt_len = 4,
-                          .n = 4,
-                          .max_tokens = 40,
-                          .seed = 5,
-                          .sampling = {.temperature = 1, .top_p = 1, .repetition_penalty = 1}};
-    ctrl_gen_output pilot[4];
-    CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, pilot, NULL, NULL), CTRL_OK);
-    /* sample 0's first token ends sample 0 at once; the others go on (unless they draw it first) */
-    int32_t stop = pilot[0].ids[0];
-    int others_first = 0;
-    for (int k = 1; k < 4; k++) others_first += pilot[k].ids[0] == stop;
-    CHECK_EQ_INT(others_first, 0);
-    for (int k = 0; k < 4; k++) ctrl_gen_output_free(&pilot[k]);
-    r.stop_ids = &stop, r.n_stop = 1;
-    ctrl_gen_output outs[4];
-    CHECK_EQ_INT(ctrl_engine_add(e, &r, outs), CTRL_OK);
-    int active = 1;
-    for (int i = 0; i < 3 && active; i++) CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
-    CHECK(outs[0].stopped && outs[0].len == 1); /* finished, and gone from the engine at the 3rd step */
-    ctrl_engine_cancel(e, outs);
-    int lens[4];
-    for (int k = 0; k < 4; k++) lens[k] = outs[k].len;
-    CHECK_EQ_INT(ctrl_engine_step(e, &active), CTRL_OK);
-    CHECK_EQ_INT(active, 0);
-    for (int k = 1; k < 4; k++)
-        CHECK_MSG(outs[k].len == lens[k] && lens[k] < 40, "sample %d: %d -> %d tokens", k, lens[k],
-                  outs[k].len);
-    for (int k = 0; k < 4; k++) ctrl_gen_output_free(&outs[k]);
-    ctrl_engine_free(e);
-    ctrl_model_free(m);
-}
 
 TEST(scores_equal_the_generated_logprobs_with_ranks_and_top_entries) {
     ctrl_model *m = tiny();
