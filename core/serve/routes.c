@@ -41,6 +41,7 @@ static enum MHD_Result server_info(ctrl_server *s, struct MHD_Connection *c, con
     cJSON *mc = cJSON_AddObjectToObject(v, "model_config");
     cJSON_AddStringToObject(mc, "model", s->opt->model_dir);
     cJSON_AddNumberToObject(mc, "max_model_len", s->context);
+    cJSON_AddStringToObject(mc, "logprobs_mode", "processed_logprobs"); /* GRPOTrainer checks it */
     cJSON *pc = cJSON_AddObjectToObject(v, "parallel_config");
     cJSON_AddNumberToObject(pc, "tensor_parallel_size", 1);
     cJSON_AddNumberToObject(pc, "data_parallel_size", 1);

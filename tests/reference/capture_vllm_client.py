@@ -25,7 +25,9 @@ recorded = []
 READS = {
     "__init__": ["data[0].id:string"],
     "check_server": [],
-    "get_server_info": ["vllm_config:object", "vllm_config.weight_transfer_config:null"],
+    # (and GRPOTrainer reads model_config.logprobs_mode of it, trl/trainer/grpo_trainer.py)
+    "get_server_info": ["vllm_config:object", "vllm_config.weight_transfer_config:null",
+                        "vllm_config.model_config.logprobs_mode:string"],
     "get_world_size": ["world_size:number"],
     "generate": ["choices[].prompt_token_ids:ints", "choices[].token_ids:ints", "choices[].logprobs.tokens[]:string",
                  "choices[].logprobs.token_logprobs[]:number", "choices[].logprobs.top_logprobs[]:object"],

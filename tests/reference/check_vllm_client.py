@@ -3,7 +3,9 @@
 
 Starts `ctrl serve` on a tiny random model (ctrl model init + the tiny_bpe fixture tokenizer, which
 has a ChatML chat template) and drives TRL 1.16's own VLLMClient (trl/generation/vllm_client.py)
-and the official `openai` client through every call they make, then prints a result table
+and the official `openai` client through every call they make, and TRL's GRPOTrainer with
+use_vllm=True, vllm_mode="server" for 3 steps (examples/trl/grpo_with_ctrl_serve.py: the weight
+sync over POST /update_weights), then prints a result table
 (markdown) and exits 1 if any check failed. Not run by CI (CI never runs Python): the C test
 tests/unit/test_serve_clients.c replays the TRL client's recorded requests instead.
 
@@ -76,6 +78,7 @@ def main():
     server = start_server(model, port, "--drain-s", "5")
     try:
         trl_checks(base)
+        grpo_check(base, model)
         openai_checks(base)
         server_checks(base, model)
         drain_check(server, base)
@@ -173,6 +176,22 @@ def trl_checks(base):
         assert r.status_code == 501 and "/update_weights" in r.json()["error"]["message"]
         return "start/finish 200; JSON update_info 501 naming POST /update_weights (safetensors)"
     check(f"{T}: start/finish_weight_update, update_weights(update_info)", weight_bracket)
+
+
+def grpo_check(base, model):
+    sys.path.insert(0, os.path.join(ROOT, "examples", "trl"))
+    import grpo_with_ctrl_serve
+
+    def grpo():
+        trainer = grpo_with_ctrl_serve.train(model, base, 3)
+        logs = [l for l in trainer.state.log_history if "sampling/sampling_logp_difference/max" in l]
+        diffs = [float(l["sampling/sampling_logp_difference/max"]) for l in logs]
+        assert trainer.state.global_step == 3 and len(diffs) == 3, trainer.state.log_history
+        # the server's log-probabilities equal transformers' on the trainer's weights, before and
+        # after each weight sync (a sync that did not land would leave them apart)
+        assert max(diffs) < 1e-4, diffs
+        return f"3 steps; max |server logprob - transformers logprob| per step: {', '.join(f'{d:.1e}' for d in diffs)}"
+    check("TRL GRPOTrainer: use_vllm=True, vllm_mode='server' (weights over POST /update_weights)", grpo)
 
 
 def openai_checks(base):
