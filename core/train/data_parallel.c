@@ -14,7 +14,8 @@ ctrl_status train_dp_init(train_dp *dp, const train_kind_ops *ops, const train_k
     dp->rows_per_rank = ops->rows_per_step(kind, bs, ga);
     dp->chunk = ops->rows_per_step(kind, bs, 1);
     dp->n_rows = ops->row_count(kind);
-    if (dp->size == 1) return CTRL_OK;
+    dp->kind_splits = ops->splits_ranks;
+    if (dp->size == 1 || dp->kind_splits) return CTRL_OK;
     if (dp->rows_per_rank > dp->n_rows)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "[train] per_device_train_batch_size = %d, gradient_accumulation_steps = %d: "
@@ -31,13 +32,17 @@ void train_dp_free(train_dp *dp) {
 }
 
 const int *train_dp_share(train_dp *dp, const int *order, long cursor) {
-    if (dp->size == 1) return order;
+    if (dp->size == 1 || dp->kind_splits) return order;
     const long n = dp->n_rows, N = dp->size;
     for (long j = 0; j < dp->rows_per_rank; j++) {
         const long c = j / dp->chunk, global = (c * N + dp->rank) * dp->chunk + j % dp->chunk;
         dp->view[(cursor + j) % n] = order[(cursor + global) % n];
     }
     return dp->view;
+}
+
+long train_dp_advance(const train_dp *dp, long start, long mine) {
+    return dp->kind_splits ? mine : start + (mine - start) * dp->size; /* every rank's rows */
 }
 
 ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_stats *s) {

@@ -18,6 +18,7 @@
 
 typedef struct train_dp {
     int rank, size;
+    int kind_splits;    /* the kind takes its own share (train_kind_ops.splits_ranks) */
     long rows_per_rank; /* rows one rank takes per optimizer step */
     long chunk;         /* rows of one micro-batch */
     int *view;          /* n_rows entries: the rank's share where its kind reads it */
@@ -29,8 +30,10 @@ typedef struct train_dp {
 ctrl_status train_dp_init(train_dp *dp, const train_kind_ops *ops, const train_kind *kind, int bs, int ga);
 void train_dp_free(train_dp *dp);
 /* The order the kind reads for the step starting at global `cursor` (the epoch's own order with
- * one rank). */
+ * one rank, or for a kind that splits the work itself). */
 const int *train_dp_share(train_dp *dp, const int *order, long cursor);
+/* The global cursor after a step that started at `start` and left the kind's at `mine`. */
+long train_dp_advance(const train_dp *dp, long start, long mine);
 /* After the kind accumulated: `st` is this rank's status. Agrees on the outcome (one rank's
  * failure or interruption stops every rank, the others with a message naming it) and sums the
  * step's statistics over the ranks (loss, accuracy and entropy averaged). */

@@ -94,6 +94,12 @@ typedef struct train_kind_ops {
     int (*has_eval)(const train_kind *k);
     ctrl_status (*evaluate)(train_kind *k, long step, FILE *metrics);
     int eval_at_start;
+    /* Data parallel (train/data_parallel.h). 0: the loop hands each rank its share of the step's
+     * rows, and rank 0 alone evaluates. 1: the kind splits the work itself -- it gets the epoch's
+     * whole order and the global cursor, advances that by every rank's rows, and evaluate runs on
+     * every rank with `metrics` NULL except on rank 0 (online: generation batches are split by
+     * prompts and gathered, as TRL's). */
+    int splits_ranks;
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

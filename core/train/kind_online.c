@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "collective/collective.h"
 #include "train/kind.h"
 #include "train/online.h"
 
@@ -24,11 +23,6 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
                               "[run] trainer = %s: online trainers run on the CPU so far "
                               "(set [run] device = cpu)",
                               env->settings->run.trainer);
-    if (ctrl_collective_size() > 1)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[run] trainer = %s: online trainers run on one rank so far (data parallel "
-                              "covers the offline trainers; launched with %d ranks)",
-                              env->settings->run.trainer, ctrl_collective_size());
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->spec.size = sizeof k->spec;
@@ -66,6 +60,9 @@ static ctrl_status online_after_step(train_kind *k) { return ctrl_online_after_s
 
 static void online_step_time(train_kind *k, double seconds) {
     ctrl_online_report(k->online, "step_time", seconds); /* as TRL logs it */
+    /* data parallel: the step's metrics summed over the ranks, before rank 0 logs them (a failure
+     * here is the next step's: the same collective fails there) */
+    (void)ctrl_online_sync_metrics(k->online);
 }
 
 /* TRL's online metrics come from the trainer and the generation batches. */
@@ -101,4 +98,5 @@ const train_kind_ops train_kind_online = {
     .has_eval = online_has_eval,
     .evaluate = online_evaluate,
     .eval_at_start = 1,
+    .splits_ranks = 1,
 };

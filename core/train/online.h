@@ -65,6 +65,9 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
 ctrl_status ctrl_online_after_step(ctrl_online *o);
 /* Adds a value to the window's metric `name` (logged as the window's mean). */
 void ctrl_online_report(ctrl_online *o, const char *name, double value);
+/* Data parallel: the metrics reported on every rank since the last call summed into each (call
+ * on every rank after each step, before the window is logged). */
+ctrl_status ctrl_online_sync_metrics(ctrl_online *o);
 /* Writes the window's metrics as JSON members ("name": mean, ...) and resets them. */
 void ctrl_online_log_window(ctrl_online *o, FILE *f);
 /* num_generations completions of each [data] eval_file prompt, sampled as in training (TRL's

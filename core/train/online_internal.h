@@ -39,17 +39,34 @@ struct ctrl_online {
     double msum[MAX_METRICS];
     long mcount[MAX_METRICS];
     int n_metrics;
+    /* data parallel (online_ranks.c): the per-device batch, and the window as last agreed */
+    int bs;
+    double msynced[MAX_METRICS];
+    long csynced[MAX_METRICS];
+    int sync_warned;
 };
 
 /* The trainer plugins' metrics callback (ctx: the ctrl_online). */
 void online_report(void *ctx, const char *name, double value);
-/* Scores the generation batch: rewards per function into *scores ([n][functions]), weighted totals
- * into *total (malloc'd). */
-ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scores, float **total);
+/* Scores completions [c0, c0 + n) of the generation batch: rewards per function into *scores
+ * ([gn][functions]), weighted totals into *total (malloc'd for the whole batch, 0 elsewhere). */
+ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, float **scores,
+                         float **total);
 /* Mean of x[0], x[stride], ... ignoring NaN; *std (may be NULL) the Bessel-corrected std. */
 double online_nanmean(const float *x, int n, int stride, double *std);
 void online_generation_metrics(ctrl_online *o, const float *scores, const float *total);
 void online_log_completions(ctrl_online *o, const float *scores);
 void online_write_metric(FILE *f, const char *name, double v);
+
+/* Data parallel (online_ranks.c; each a no-op or the identity on one rank). Of a generation batch
+ * of N x bs x steps_per_generation completions, rank r trains micro-batch u on completions
+ * [(u N + r) bs, + bs), the part of one process's micro-batch u of N x bs that is its, and samples
+ * and scores a block of the prompts; online_gather then gives every rank the whole batch, so that
+ * advantages are over whole groups and the generation metrics are the batch's, as TRL's gather. */
+int online_mine(const ctrl_online *o, int c);  /* completion c is one this rank trains on */
+int online_slice(const ctrl_online *o, int u); /* the first completion of micro-batch u */
+ctrl_status online_gather(ctrl_online *o, int c0, int n, float *scores, float *total);
+/* Each completion's KL sum and token count from the rank that trains on it. */
+ctrl_status online_gather_kl(ctrl_online *o, float *kl, int *ntok);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include <cJSON.h>
 
+#include "collective/collective.h"
 #include "file_text.h"
 #include "generate/engine.h"
 #include "generate/remote_engine.h"
@@ -37,6 +38,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     }
     const int bs = s->train.per_device_train_batch_size;
     const int ga = s->train.gradient_accumulation_steps;
+    o->bs = bs;
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
     const int G = o->spec.num_generations;
     if (st == CTRL_OK && (G < 1 || (bs * spg) % G != 0))
@@ -70,7 +72,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     }
     o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
     o->seed = s->run.seed;
-    if (st == CTRL_OK && s->generation.log_completions) {
+    if (st == CTRL_OK && s->generation.log_completions && ctrl_collective_is_root()) {
         char p[4200];
         snprintf(p, sizeof p, "%s/completions.jsonl", s->run.output_dir);
         if (!(o->completions = fopen(p, "a"))) st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot open it", p);
@@ -135,10 +137,12 @@ static ctrl_status flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, i
     return CTRL_OK;
 }
 
-/* Per-completion log-probs of the generation batch under `m` (no gradient kept), bs at a time. */
+/* Per-completion log-probs under `m` (no gradient kept) of the completions this rank trains on
+ * (online_ranks.c: bs at a time; the whole batch on one rank). */
 static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float **dst) {
     ctrl_status st = CTRL_OK;
     for (int c0 = 0; c0 < o->gn && st == CTRL_OK; c0 += bs) {
+        if (!online_mine(o, c0)) continue;
         const int n = c0 + bs <= o->gn ? bs : o->gn - c0;
         flat f;
         if ((st = flat_build(o, &o->train, c0, n, &f)) != CTRL_OK) break;
@@ -168,9 +172,10 @@ static void gen_batch_free(ctrl_online *o) {
     o->gout = NULL, o->gprompt = o->trained = NULL, o->adv = NULL, o->old = o->ref_lp = NULL, o->gn = 0;
 }
 
-/* Generates for `ps` prompts order[*cursor ...]: n_prompts requests of `n` samples each. */
+/* Generates for `ps` prompts order[*cursor ...]: n_prompts requests of `n` samples each, of which
+ * this rank samples requests [own0, own0 + n_own) (seeded by their place in the whole batch). */
 static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int *order, long *cursor,
-                            int n_prompts, int n, const ctrl_sampling_params *sp) {
+                            int n_prompts, int n, int own0, int n_own, const ctrl_sampling_params *sp) {
     gen_batch_free(o);
     const int gn = n_prompts * n;
     o->gout = calloc((size_t)gn, sizeof *o->gout), o->gprompt = malloc(sizeof(int) * (size_t)gn);
@@ -199,10 +204,11 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
     }
     ctrl_status st;
     if (o->server_url) {
-        st = ctrl_remote_generate(o->server_url, o->bearer, req, n_prompts, o->gout);
+        st = ctrl_remote_generate(o->server_url, o->bearer, req + own0, n_own, o->gout + (size_t)own0 * n);
     } else {
         st = ctrl_engine_wake_up(o->engine);
-        if (st == CTRL_OK) st = ctrl_engine_generate(o->engine, req, n_prompts, o->gout, NULL, NULL);
+        if (st == CTRL_OK)
+            st = ctrl_engine_generate(o->engine, req + own0, n_own, o->gout + (size_t)own0 * n, NULL, NULL);
         if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
     }
     free(req);
@@ -214,21 +220,25 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
 static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
                                         long *tokens) {
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
-    const int G = o->spec.num_generations;
+    const int G = o->spec.num_generations, N = ctrl_collective_size(), rank = ctrl_collective_rank();
+    /* N ranks: the batch of N x bs x spg completions one process would make, each rank sampling
+     * and scoring a block of its prompts, then gathered (online_ranks.c) */
+    const int P = bs * spg / G * N, own0 = P / N * rank, n_own = P / N;
     double t0 = now();
-    ctrl_status st = generate(o, &o->train, order, cursor, bs * spg / G, G, &o->sampling);
+    ctrl_status st = generate(o, &o->train, order, cursor, P, G, own0, n_own, &o->sampling);
     float *scores = NULL, *total = NULL, *kl = NULL;
     int *ntok = NULL;
     double t1 = now();
     ctrl_online_report(o, "timing/generation_s", t1 - t0);
-    if (st == CTRL_OK) st = online_score(o, &o->train, &scores, &total);
+    if (st == CTRL_OK) st = online_score(o, &o->train, own0 * G, n_own * G, &scores, &total);
+    if (st == CTRL_OK) st = online_gather(o, own0 * G, n_own * G, scores, total);
     t0 = now();
     ctrl_online_report(o, "timing/reward_s", t0 - t1);
     o->gen_items = 0;
     for (int i = 0; st == CTRL_OK && i < o->gn; i++) {
         o->trained[i] = !(o->spec.mask_truncated_completions && !o->gout[i].stopped);
         o->gen_items += o->trained[i] * o->gout[i].len;
-        *tokens += o->train.len[o->gprompt[i]] + o->gout[i].len;
+        if (online_mine(o, i)) *tokens += o->train.len[o->gprompt[i]] + o->gout[i].len;
     }
     /* TRL computes old log-probs only when the policy moves between generation and training */
     const int need_old = o->spec.needs_old_logp || ga % (spg * o->spec.num_iterations) != 0;
@@ -249,8 +259,9 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
         kl = calloc((size_t)o->gn, sizeof(float)), ntok = calloc((size_t)o->gn, sizeof(int));
         if (!kl || !ntok) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
         for (int i = 0; st == CTRL_OK && i < o->gn; i++)
-            for (int j = 0; o->trained[i] && j < o->gout[i].len; j++)
+            for (int j = 0; o->old[i] && o->trained[i] && j < o->gout[i].len; j++)
                 kl[i] += o->old[i][j] - o->ref_lp[i][j], ntok[i]++;
+        if (st == CTRL_OK) st = online_gather_kl(o, kl, ntok); /* each rank has its slices' */
     }
     if (st == CTRL_OK) {
         online_generation_metrics(o, scores, total);
@@ -295,7 +306,7 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
                              .T = f.b.T,
                              .logp = lp,
                              .weight = w,
-                             .num_items = o->gen_items * ga / spg,
+                             .num_items = o->gen_items * ga / spg / ctrl_collective_size(),
                              .n_seq = n,
                              .cu_seqlens = f.cu,
                              .advantages = o->adv + c0,
@@ -321,7 +332,7 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         if (!o->gout || o->used >= spg * o->spec.num_iterations)
             st = new_generation_batch(o, order, cursor, bs, ga, tokens);
-        if (st == CTRL_OK) st = micro_batch(o, (o->used % spg) * bs, bs, ga, spg, loss);
+        if (st == CTRL_OK) st = micro_batch(o, online_slice(o, o->used % spg), bs, ga, spg, loss);
         o->used++;
     }
     return st;
@@ -329,11 +340,16 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
 
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     if (!o->eval.n) return CTRL_OK;
+    if (!f) { /* data parallel: rank 0 evaluates; every rank drops its generation batch, as it does */
+        gen_batch_free(o);
+        return CTRL_OK;
+    }
     /* as TRL's evaluation: num_generations completions per prompt with the training's sampling
      * settings, from a seed stream of their own (the same at every evaluation) */
-    ctrl_status st = generate(o, &o->eval, NULL, NULL, o->eval.n, o->spec.num_generations, &o->sampling);
+    ctrl_status st =
+        generate(o, &o->eval, NULL, NULL, o->eval.n, o->spec.num_generations, 0, o->eval.n, &o->sampling);
     float *scores = NULL, *total = NULL;
-    if (st == CTRL_OK) st = online_score(o, &o->eval, &scores, &total);
+    if (st == CTRL_OK) st = online_score(o, &o->eval, 0, o->gn, &scores, &total);
     if (st == CTRL_OK) {
         const int R = ctrl_reward_set_count(o->rewards);
         char name[160];
@@ -355,7 +371,12 @@ ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
 
 ctrl_status ctrl_online_after_step(ctrl_online *o) {
     if (!o->server_url) return CTRL_OK; /* colocated: the engine reads the live weights */
-    return ctrl_remote_push_weights(o->server_url, o->bearer, o->model, o->push_path);
+    /* rank 0 pushes the weights every rank holds; the others wait for it before generating */
+    ctrl_status st = ctrl_collective_is_root()
+                         ? ctrl_remote_push_weights(o->server_url, o->bearer, o->model, o->push_path)
+                         : CTRL_OK;
+    ctrl_status b = ctrl_collective_barrier();
+    return st != CTRL_OK ? st : b;
 }
 
 void ctrl_online_free(ctrl_online *o) {

@@ -20,21 +20,23 @@ void ctrl_online_report(ctrl_online *o, const char *name, double value) {
 void online_report(void *ctx, const char *name, double value) { ctrl_online_report(ctx, name, value); }
 
 /* Scores the generation batch: rewards per function into *scores, totals into *total. */
-ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scores, float **total) {
-    const int n = o->gn, R = ctrl_reward_set_count(o->rewards);
+ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, float **scores,
+                         float **total) {
+    const int gn = o->gn, R = ctrl_reward_set_count(o->rewards);
     char **texts = calloc((size_t)n, sizeof(char *));
     const char **prompts = malloc(sizeof(char *) * n);
     const int32_t **ids = malloc(sizeof(int32_t *) * n);
     int *lens = malloc(sizeof(int) * n);
     ctrl_reward_column *cols = calloc((size_t)ps->n_cols + 1, sizeof *cols);
-    *scores = malloc(sizeof(float) * (size_t)n * (size_t)R), *total = malloc(sizeof(float) * (size_t)n);
+    *scores = calloc((size_t)gn * (size_t)R, sizeof(float)), *total = calloc((size_t)gn, sizeof(float));
     ctrl_status st = texts && prompts && ids && lens && cols && *scores && *total
                          ? CTRL_OK
                          : ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory for %d completions", n);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         size_t len;
-        st = ctrl_tokenizer_decode(o->tok, o->gout[i].ids, (size_t)o->gout[i].len, 1, &texts[i], &len);
-        prompts[i] = ps->text[o->gprompt[i]], ids[i] = o->gout[i].ids, lens[i] = o->gout[i].len;
+        const ctrl_gen_output *g = &o->gout[c0 + i];
+        st = ctrl_tokenizer_decode(o->tok, g->ids, (size_t)g->len, 1, &texts[i], &len);
+        prompts[i] = ps->text[o->gprompt[c0 + i]], ids[i] = g->ids, lens[i] = g->len;
     }
     for (int k = 0; k < ps->n_cols && st == CTRL_OK; k++) {
         const char **v = malloc(sizeof(char *) * (size_t)n);
@@ -42,7 +44,7 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scor
             st = ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory");
             break;
         }
-        for (int i = 0; i < n; i++) v[i] = ps->values[o->gprompt[i]][k];
+        for (int i = 0; i < n; i++) v[i] = ps->values[o->gprompt[c0 + i]][k];
         cols[k] = (ctrl_reward_column){.name = ps->cols[k], .values = v};
     }
     ctrl_reward_batch rb = {.size = sizeof rb,
@@ -53,7 +55,7 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, float **scor
                             .completion_lens = lens,
                             .n_columns = ps->n_cols,
                             .columns = cols};
-    if (st == CTRL_OK) st = ctrl_reward_set_score(o->rewards, &rb, *scores, *total);
+    if (st == CTRL_OK) st = ctrl_reward_set_score(o->rewards, &rb, *scores + (size_t)c0 * R, *total + c0);
     for (int k = 0; cols && k < ps->n_cols; k++) free((void *)cols[k].values);
     for (int i = 0; texts && i < n; i++) free(texts[i]);
     free(texts), free(prompts), free(ids), free(lens), free(cols);
@@ -142,6 +144,6 @@ void online_write_metric(FILE *f, const char *name, double v) {
 void ctrl_online_log_window(ctrl_online *o, FILE *f) {
     for (int i = 0; i < o->n_metrics; i++) {
         online_write_metric(f, o->mname[i], o->mcount[i] ? o->msum[i] / o->mcount[i] : NAN);
-        o->msum[i] = 0, o->mcount[i] = 0;
+        o->msum[i] = o->msynced[i] = 0, o->mcount[i] = o->csynced[i] = 0;
     }
 }

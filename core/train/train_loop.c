@@ -147,7 +147,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
         st = r->kind_ops->accumulate(r->kind, train_dp_share(&r->dp, order, start), &mine, bs, ga, out);
     ctrl_model_set_training(r->model, 0, 0);
     st = train_dp_reduce_step(&r->dp, st, out);
-    *cursor = start + (mine - start) * r->dp.size; /* every rank's rows */
+    *cursor = train_dp_advance(&r->dp, start, mine);
     if (st == CTRL_OK && on_device) st = train_dp_average_grads(&r->dp, r->model, 1);
     if (st == CTRL_OK) st = ctrl_model_grads_to_host(r->model);
     if (st == CTRL_OK && !on_device) st = train_dp_average_grads(&r->dp, r->model, 0);
@@ -275,7 +275,8 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     const int saving = !save_strategy || strcmp(save_strategy, "no") != 0;
     const long eval_every = s->train.eval_steps;
     const int shuffle = s->data.shuffle;
-    const int has_eval = r->root && r->kind_ops->has_eval(r->kind); /* rank 0 evaluates */
+    /* rank 0 evaluates, or every rank for a kind that splits the work itself */
+    const int has_eval = (r->root || r->kind_ops->splits_ranks) && r->kind_ops->has_eval(r->kind);
     size_t n_params;
     ctrl_model_params(r->model, &n_params);
     r->kind_ops->describe(r->kind, total, bs, ga, n_params);
