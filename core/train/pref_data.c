@@ -127,7 +127,7 @@ static ctrl_status load_rows(const char *path, const ctrl_tokenizer *tok, const 
     cJSON *o;
     long line;
     int more;
-    char why_buf[256];
+    char why_buf[1024];
     while (st == CTRL_OK && (more = ctrl_row_reader_next(rd, &o, &line)) != 0) {
         if (more < 0) {
             st = CTRL_ERR_FORMAT;

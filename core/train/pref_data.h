@@ -37,8 +37,9 @@
  * Reward rows are never truncated: a pair with a sequence over max_length is dropped.
  *
  * Bad rows (not JSON, a missing or mistyped column, mixed string/message columns, a non-boolean
- * label, a non-number margin) are an error naming file:line and the column, or are counted and
- * skipped with [data] skip_bad_rows. [data] keys that mean nothing for preference data
+ * label, a non-number margin, a chat template raising on the row's messages) are an error naming
+ * file:line and the column, or are counted and skipped with [data] skip_bad_rows; a template that
+ * does not load stops the run whatever skip_bad_rows says. [data] keys that mean nothing for preference data
  * (packing, dataset_text_field, ...) are refused naming where they were set. */
 #ifndef CTRL_CORE_TRAIN_PREF_DATA_H
 #define CTRL_CORE_TRAIN_PREF_DATA_H

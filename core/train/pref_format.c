@@ -275,6 +275,55 @@ static const char *kinds_match(const cJSON *const *cols, const char *const *name
     return NULL;
 }
 
+/* The row's ids for f->task (its columns checked: cols[0..nc) are the prompt if any, then chosen and
+ * rejected or the completion). */
+static ctrl_status tokenize_row(pref_format *f, const cJSON *row, const cJSON *prompt,
+                                const cJSON *const *cols, int nc, int paired, ctrl_pref_row out[2],
+                                int *n_out) {
+    ctrl_status st;
+    if (f->task == CTRL_PREF_REWARD) { /* whole sequences: prompt + chosen, prompt + rejected */
+        size_t n = 0, m = 0;
+        int32_t *c = NULL, *r = NULL;
+        st = encode_full(f, row, prompt, cols[nc - 2], &c, &n);
+        if (st == CTRL_OK) st = encode_full(f, row, prompt, cols[nc - 1], &r, &m);
+        out[0].chosen = c, out[0].rejected = r, out[0].n_chosen = (int)n, out[0].n_rejected = (int)m;
+        if (st != CTRL_OK) return pref_row_free(&out[0]), st;
+        *n_out = 1;
+        return CTRL_OK;
+    }
+    /* DPO, KTO: the prompt, then each completion after it; the completion starts where the
+     * tokenized prompt and prompt + completion diverge (for a DPO pair, the earlier of the two). */
+    int32_t *p = NULL, *full[2] = {NULL, NULL};
+    size_t np = 0, nf[2] = {0, 0}, split[2];
+    const int halves = paired ? 2 : 1;
+    st = encode_prompt(f, row, prompt, &p, &np);
+    for (int h = 0; h < halves && st == CTRL_OK; h++) {
+        st = encode_full(f, row, prompt, cols[1 + h], &full[h], &nf[h]);
+        if (st == CTRL_OK) split[h] = ctrl_common_prefix(p, np, full[h], nf[h]);
+    }
+    if (st == CTRL_OK && f->task == CTRL_PREF_DPO) {
+        const size_t k = split[0] < split[1] ? split[0] : split[1];
+        st = take(p, 0, k, &out[0].prompt, &out[0].n_prompt);
+        if (st == CTRL_OK) st = take(full[0], k, nf[0], &out[0].chosen, &out[0].n_chosen);
+        if (st == CTRL_OK) st = take(full[1], k, nf[1], &out[0].rejected, &out[0].n_rejected);
+        *n_out = 1;
+    } else if (st == CTRL_OK) { /* KTO: a paired row is unpaired into chosen (label 1), rejected (0) */
+        for (int h = 0; h < halves && st == CTRL_OK; h++) {
+            out[h].kl_row = -1, out[h].margin = out[0].margin;
+            out[h].label = paired ? (float)(h == 0) : out[0].label;
+            st = take(p, 0, split[h], &out[h].prompt, &out[h].n_prompt);
+            if (st == CTRL_OK) st = take(full[h], split[h], nf[h], &out[h].chosen, &out[h].n_chosen);
+        }
+        *n_out = halves;
+    }
+    free(p), free(full[0]), free(full[1]);
+    if (st != CTRL_OK) {
+        pref_row_free(&out[0]), pref_row_free(&out[1]);
+        *n_out = 0;
+    }
+    return st;
+}
+
 ctrl_status pref_format_row(pref_format *f, cJSON *row, ctrl_pref_row out[2], int *n_out, const char **why,
                             char *why_buf, size_t why_cap) {
     memset(out, 0, 2 * sizeof *out);
@@ -320,45 +369,14 @@ ctrl_status pref_format_row(pref_format *f, cJSON *row, ctrl_pref_row out[2], in
                    CTRL_OK;
     }
     if ((*why = kinds_match(cols, names, nc, why_buf, why_cap))) return CTRL_OK;
-    if (f->task == CTRL_PREF_REWARD) { /* whole sequences: prompt + chosen, prompt + rejected */
-        size_t n = 0, m = 0;
-        int32_t *c = NULL, *r = NULL;
-        st = encode_full(f, row, prompt, cols[nc - 2], &c, &n);
-        if (st == CTRL_OK) st = encode_full(f, row, prompt, cols[nc - 1], &r, &m);
-        out[0].chosen = c, out[0].rejected = r, out[0].n_chosen = (int)n, out[0].n_rejected = (int)m;
-        if (st != CTRL_OK) return pref_row_free(&out[0]), st;
-        *n_out = 1;
+    /* the template is the run's: failing to load it stops the run; failing on a row is the row's */
+    if (cJSON_IsArray(cols[0]) && (st = chat_template(f)) != CTRL_OK) return st;
+    st = tokenize_row(f, row, prompt, cols, nc, paired, out, n_out);
+    if (st != CTRL_OK && st != CTRL_ERR_NOMEM) {
+        snprintf(why_buf, why_cap, "the chat template or the tokenizer failed on this row: %s",
+                 ctrl_error_message());
+        *why = why_buf;
         return CTRL_OK;
-    }
-    /* DPO, KTO: the prompt, then each completion after it; the completion starts where the
-     * tokenized prompt and prompt + completion diverge (for a DPO pair, the earlier of the two). */
-    int32_t *p = NULL, *full[2] = {NULL, NULL};
-    size_t np = 0, nf[2] = {0, 0}, split[2];
-    const int halves = paired ? 2 : 1;
-    st = encode_prompt(f, row, prompt, &p, &np);
-    for (int h = 0; h < halves && st == CTRL_OK; h++) {
-        st = encode_full(f, row, prompt, cols[1 + h], &full[h], &nf[h]);
-        if (st == CTRL_OK) split[h] = ctrl_common_prefix(p, np, full[h], nf[h]);
-    }
-    if (st == CTRL_OK && f->task == CTRL_PREF_DPO) {
-        const size_t k = split[0] < split[1] ? split[0] : split[1];
-        st = take(p, 0, k, &out[0].prompt, &out[0].n_prompt);
-        if (st == CTRL_OK) st = take(full[0], k, nf[0], &out[0].chosen, &out[0].n_chosen);
-        if (st == CTRL_OK) st = take(full[1], k, nf[1], &out[0].rejected, &out[0].n_rejected);
-        *n_out = 1;
-    } else if (st == CTRL_OK) { /* KTO: a paired row is unpaired into chosen (label 1), rejected (0) */
-        for (int h = 0; h < halves && st == CTRL_OK; h++) {
-            out[h].kl_row = -1, out[h].margin = out[0].margin;
-            out[h].label = paired ? (float)(h == 0) : out[0].label;
-            st = take(p, 0, split[h], &out[h].prompt, &out[h].n_prompt);
-            if (st == CTRL_OK) st = take(full[h], split[h], nf[h], &out[h].chosen, &out[h].n_chosen);
-        }
-        *n_out = halves;
-    }
-    free(p), free(full[0]), free(full[1]);
-    if (st != CTRL_OK) {
-        pref_row_free(&out[0]), pref_row_free(&out[1]);
-        *n_out = 0;
     }
     return st;
 }

@@ -441,3 +441,42 @@ TEST(eval_fraction_holds_out_rows) {
     ctrl_config_free(cfg);
     ctrl_tokenizer_free(tok);
 }
+
+/* A template that fails on a row (raise_exception) makes that row bad: file:line, or skipped. A
+ * template that cannot be loaded stops the run. */
+TEST(chat_template_errors_on_a_row_are_bad_rows) {
+    char tpl[1024], lines[1200];
+    snprintf(tpl, sizeof tpl, "%s/strict.jinja", test_tmp_dir());
+    FILE *f = fopen(tpl, "w");
+    fputs("{% for m in messages %}{% if m['role'] == 'bad' %}{{ raise_exception('no bad roles') }}{% endif %}"
+          "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant: "
+          "{% endif %}",
+          f);
+    fclose(f);
+    const char *good =
+        "{\"prompt\": [{\"role\": \"user\", \"content\": \"hi\"}], \"chosen\": [{\"role\": "
+        "\"assistant\", \"content\": \"a\"}], \"rejected\": [{\"role\": \"assistant\", \"content\": "
+        "\"b\"}]}\n";
+    char rows[1024];
+    snprintf(rows, sizeof rows,
+             "%s{\"prompt\": [{\"role\": \"bad\", \"content\": \"x\"}], \"chosen\": [{\"role\": "
+             "\"assistant\", \"content\": \"a\"}], \"rejected\": [{\"role\": \"assistant\", "
+             "\"content\": \"b\"}]}\n%s",
+             good, good);
+    ctrl_pref_set s;
+    snprintf(lines, sizeof lines, "chat_template_path = %s", tpl);
+    CHECK_EQ_INT(load_text(rows, "dpo", lines, &s), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "pref_rows.jsonl:2: ");
+    CHECK_CONTAINS(ctrl_error_message(), "no bad roles");
+    snprintf(lines, sizeof lines, "chat_template_path = %s\nskip_bad_rows = true", tpl);
+    CHECK_EQ_INT(load_text(rows, "dpo", lines, &s), CTRL_OK);
+    CHECK_EQ_INT(s.n, 2);
+    CHECK_EQ_INT(s.skipped_bad, 1);
+    ctrl_pref_set_free(&s);
+    /* a template that does not compile is the run's error, even with skip_bad_rows */
+    f = fopen(tpl, "w");
+    fputs("{% for m in messages %}", f);
+    fclose(f);
+    CHECK(load_text(rows, "dpo", lines, &s) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "strict.jinja");
+}
