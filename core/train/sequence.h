@@ -14,5 +14,10 @@ void train_sequence_sums(int n_seq, const int32_t *cu, const float *logp, const 
  * (every token of [0, cu[n_seq]) is written). */
 void train_sequence_spread(int n_seq, const int32_t *cu, const float *weight, const double *dsum,
                            float *dlogp);
+/* LD-DPO's token weights (TRL's ld_alpha): pairs are sequences i and n_pairs + i; a completion
+ * token (weight[t] != 0) keeps its weight while it is among the first min(n_chosen, n_rejected)
+ * completion tokens of its sequence, and is multiplied by alpha past them. out[t] = 0 where
+ * weight[t] = 0. Summing with these weights gives TRL's shared + ld_alpha * tail log-probs. */
+void train_sequence_ld_weights(int n_pairs, const int32_t *cu, const float *weight, double alpha, float *out);
 
 #endif

@@ -87,11 +87,12 @@ typedef struct ctrl_sequence_batch {
     const int32_t *cu_seqlens;  /* [n_seq + 1] */
     const float *logp;          /* [T] log pi(target_t | prefix) under the policy */
     const float *weight;        /* [T] 1 on completion tokens that are trained, else 0 */
-    const double *logp_sum;     /* [n_seq] sum of logp * weight over the sequence (TRL's logps) */
+    const double *logp_sum;     /* [n_seq] sum of logp * weight over the sequence (TRL's logps;
+                                   LD-DPO-weighted when spec.ld_alpha >= 0) */
     const int *n_tokens;        /* [n_seq] completion tokens (for length-normalised losses) */
     const double *ref_logp_sum; /* [n_seq] the same under the reference model (NULL: none asked) */
-    const double *mean_logit;   /* [n_seq] mean logit over the completion tokens (TRL's
-                                   logits/chosen; NULL until the fused head reports it) */
+    const double *mean_logit;   /* [n_seq] mean over the completion tokens of the mean logit over
+                                   the vocabulary (TRL's logits/chosen, token-weighted by n_tokens) */
     const float *score;         /* [n_seq] reward trainer: the score head at the last non-pad token
                                    (NULL for the others) */
     const float *label;         /* [n_seq] KTO: 1 desirable, 0 undesirable (NULL when paired) */
@@ -100,6 +101,10 @@ typedef struct ctrl_sequence_batch {
     double num_items;           /* sequences (pairs when paired) of the whole accumulated batch */
     void (*report)(void *ctx, const char *name, double value); /* TRL's metric names */
     void *report_ctx;
+    /* Appended (issue 16, dpo). Per token [T], from the same fused-head pass as logp: */
+    const float *entropy;       /* the policy's entropy (0 where weight is 0) */
+    const int32_t *correct;     /* 1 where the target is the argmax (TRL's is_top1) */
+    const float *log_sum_sq;    /* log sum_v p_v^2 (WPO's weights; NULL unless spec.needs_log_sum_sq) */
 } ctrl_sequence_batch;
 
 /* What a sequence-level trainer asks of the core. */
@@ -110,6 +115,17 @@ typedef struct ctrl_sequence_spec {
     int precompute_ref_logp; /* 1: computed in one pass before training, not kept in memory */
     int needs_score;         /* 1: a sequence-classification head (reward trainer) */
     int kl_sequences;        /* 1: add KTO's mismatched sequences for the KL estimate */
+    /* Appended (issue 16, dpo). */
+    int precompute_ref_batch_size; /* pairs per precompute forward (0: per_device_train_batch_size,
+                                      per_device_eval_batch_size for the eval set, as TRL) */
+    int needs_log_sum_sq;          /* 1: batch.log_sum_sq (one more pass of the head, no gradient) */
+    double ld_alpha;               /* LD-DPO (< 0: off): logp_sum and ref_logp_sum weigh a completion's
+                                      tokens past the shorter completion of its pair by ld_alpha, and
+                                      dL/dlogp_sum is spread with those weights */
+    int sync_ref_model;            /* TR-DPO: every ref_model_sync_steps optimizer steps the reference
+                                      becomes alpha * policy + (1 - alpha) * reference */
+    double ref_model_mixup_alpha;
+    int ref_model_sync_steps;
 } ctrl_sequence_spec;
 
 typedef struct ctrl_trainer_ops {
@@ -128,8 +144,10 @@ typedef struct ctrl_trainer_ops {
     int dlogp_before_forward;
     /* Offline sequence-level trainers only (NULL otherwise; `loss` may then be NULL): what to
      * build, and the micro-batch's share of the loss with dL/dlogp_sum[n_seq] (written) and, for
-     * a score head, dL/dscore[n_seq] (NULL unless spec.needs_score). A loss that weighs tokens of
-     * a sequence unequally (LD-DPO's ld_alpha) writes dlogp[T] instead and sets *per_token = 1. */
+     * a score head, dL/dscore[n_seq] (NULL unless spec.needs_score). A loss with a token-level term
+     * as well (DPO's `sft` loss_type) writes that term's dL/dlogp[T] into dlogp and sets
+     * *per_token = 1: the core adds it to the spread of dL/dlogp_sum (*per_token = 0: dlogp is not
+     * read). LD-DPO's weighting is the core's (spec.ld_alpha). */
     ctrl_status (*sequence_spec)(ctrl_trainer *t, ctrl_sequence_spec *out);
     ctrl_status (*sequence_loss)(ctrl_trainer *t, const ctrl_sequence_batch *batch, double *loss,
                                  double *dlogp_sum, float *dscore, float *dlogp, int *per_token);

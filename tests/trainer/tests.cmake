@@ -22,3 +22,11 @@ target_link_libraries(test_trainer_reward PRIVATE ctrl ${CJSON_LIBRARY} m)
 add_dependencies(test_trainer_reward reward eager)
 add_test(NAME test_trainer_reward COMMAND test_trainer_reward)
 set_tests_properties(test_trainer_reward PROPERTIES LABELS parity TIMEOUT 60)
+
+# The dpo trainer plugin (loaded from build/plugins) and the sequence kind against TRL 1.16's
+# DPOTrainer (tests/reference/make_dpo_fixtures.py).
+foreach(t test_dpo)
+  ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/${t}.c parity)
+  target_sources(${t} PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
+  add_dependencies(${t} dpo flash eager)
+endforeach()

@@ -1,0 +1,137 @@
+/* The dpo parity tests' shared pieces (see dpo_case.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dpo_case.h"
+#include "test.h"
+#include "test_registry.h"
+
+static const char *const losses[] = {"sigmoid",  "hinge",    "ipo",       "exo_pair", "nca_pair",
+                                     "robust",   "bco_pair", "sppo_hard", "aot",      "aot_unpaired",
+                                     "apo_zero", "apo_down", "discopop",  "sft",      "sigmoid_norm"};
+static const char *const fdivs[] = {"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"};
+
+const float *dpo_fixture_get(const fixture *f, const char *name, long want) {
+    long n = 0;
+    const float *x = fixture_get(f, name, &n);
+    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
+    return x;
+}
+
+void dpo_flat_build(dpo_flat *x, const fixture *f, int mb) {
+    char key[64];
+#define ARR(field, want) (snprintf(key, sizeof key, "mb%d_%s", mb, field), dpo_fixture_get(f, key, want))
+    const float *shape = ARR("shape", 2);
+    const int S = (int)shape[0], L = (int)shape[1];
+    const float *ids = ARR("ids", S * L), *att = ARR("attention_mask", S * L),
+                *cm = ARR("completion_mask", S * L);
+    const float *lp = ARR("logp", S * (L - 1)), *dlp = ARR("dlogp", S * (L - 1)),
+                *ref = ARR("ref_logp", S * (L - 1));
+    const float *ent = ARR("entropy", S * (L - 1)), *ml = ARR("mean_logit", S * (L - 1));
+    const float *top1 = ARR("is_top1", S * (L - 1));
+    snprintf(key, sizeof key, "mb%d_log_sum_sq", mb);
+    long n_lss = 0;
+    const float *lss = fixture_get(f, key, &n_lss);
+#undef ARR
+    int T = 0;
+    for (int i = 0; i < S * L; i++) T += att[i] != 0;
+    memset(x, 0, sizeof *x);
+    x->T = T, x->n_seq = S;
+    x->cu = malloc(sizeof(int32_t) * (S + 1));
+    x->tokens = malloc(sizeof(int32_t) * T), x->positions = malloc(sizeof(int32_t) * T);
+    x->targets = malloc(sizeof(int32_t) * T), x->correct = calloc(T, sizeof(int32_t));
+    x->weight = calloc(T, sizeof(float)), x->logp = calloc(T, sizeof(float)),
+    x->dlogp = calloc(T, sizeof(float));
+    x->ref_logp = calloc(T, sizeof(float)), x->entropy = calloc(T, sizeof(float));
+    x->mean_logit = calloc(T, sizeof(float));
+    x->log_sum_sq = lss ? calloc(T, sizeof(float)) : NULL;
+    int t = 0;
+    for (int s = 0; s < S; s++) {
+        x->cu[s] = t;
+        int len = 0;
+        while (len < L && att[s * L + len] != 0) len++;
+        for (int j = 0; j < len; j++, t++) {
+            x->tokens[t] = (int32_t)ids[s * L + j], x->positions[t] = j;
+            const int trained = j + 1 < len && cm[s * L + j + 1] != 0;
+            x->targets[t] = trained ? (int32_t)ids[s * L + j + 1] : -100;
+            if (!trained) continue;
+            const int k = s * (L - 1) + j;
+            x->weight[t] = 1, x->logp[t] = lp[k], x->dlogp[t] = dlp[k], x->ref_logp[t] = ref[k];
+            x->entropy[t] = ent[k], x->mean_logit[t] = ml[k], x->correct[t] = top1[k] != 0;
+            if (lss) x->log_sum_sq[t] = lss[k];
+        }
+    }
+    x->cu[S] = t;
+    x->batch = (ctrl_batch){.T = T,
+                            .B = S,
+                            .tokens = x->tokens,
+                            .positions = x->positions,
+                            .cu_seqlens = x->cu,
+                            .targets = x->targets};
+}
+
+void dpo_flat_free(dpo_flat *x) {
+    free(x->cu), free(x->tokens), free(x->positions), free(x->targets), free(x->correct), free(x->weight);
+    free(x->logp), free(x->dlogp), free(x->ref_logp), free(x->entropy), free(x->mean_logit),
+        free(x->log_sum_sq);
+}
+
+void dpo_case_ini(const fixture *f, char *buf, size_t cap) {
+    const float *c = dpo_fixture_get(f, "config", DPO_CONFIG_N);
+    int n = snprintf(buf, cap, "[dpo]\nloss_type = %s%s%s\nbeta = %.9g\nlabel_smoothing = %.9g\n",
+                     losses[(int)c[0]], c[1] >= 0 ? "," : "", c[1] >= 0 ? losses[(int)c[1]] : "", c[4], c[5]);
+    if (c[1] >= 0) n += snprintf(buf + n, cap - n, "loss_weights = %.9g,%.9g\n", c[2], c[3]);
+    n += snprintf(buf + n, cap - n, "f_divergence_type = %s\nf_alpha_divergence_coef = %.9g\n",
+                  fdivs[(int)c[6]], c[7]);
+    n +=
+        snprintf(buf + n, cap - n, "use_weighting = %s\ndiscopop_tau = %.9g\nprecompute_ref_log_probs = %s\n",
+                 c[8] != 0 ? "true" : "false", c[10], c[11] != 0 ? "true" : "false");
+    if (c[9] >= 0) snprintf(buf + n, cap - n, "ld_alpha = %.9g\n", c[9]);
+}
+
+const ctrl_trainer_ops *dpo_case_trainer(ctrl_registry *reg, const fixture *f, ctrl_trainer **out) {
+    char ini[4096], sec[1024];
+    dpo_case_ini(f, sec, sizeof sec);
+    snprintf(ini, sizeof ini, "[model]\npath = %s/models/qwen2\n[run]\ntrainer = dpo\n%s", CTRL_FIXTURE_DIR,
+             sec);
+    ctrl_config *cfg = test_config_from_text(reg, "dpo_case.ini", ini);
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_TRAINER, "dpo");
+    CHECK(cfg != NULL && e != NULL);
+    if (!cfg || !e) return NULL;
+    const ctrl_trainer_ops *ops = e->plugin->ops;
+    const ctrl_status st = ops->create(ctrl_host_table(), cfg, out);
+    CHECK_MSG(st == CTRL_OK, "dpo create: %s", ctrl_error_message());
+    ctrl_config_free(cfg);
+    return st == CTRL_OK ? ops : NULL;
+}
+
+void dpo_report(void *ctx, const char *name, double value) {
+    dpo_metrics *m = ctx;
+    int i = 0;
+    while (i < m->n && strcmp(m->name[i], name)) i++;
+    if (i == m->n) {
+        if (m->n == DPO_MAX_METRICS) return;
+        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
+    }
+    m->sum[i] += value, m->count[i]++;
+}
+
+int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *name, double rel) {
+    int compared = 0;
+    for (int i = 0; i < got->n; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "metric:%s", got->name[i]);
+        long n = 0;
+        const float *want = fixture_get(f, key, &n);
+        CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", name, got->name[i]);
+        if (!want) continue;
+        const double mean = got->sum[i] / got->count[i];
+        CHECK_MSG(fabs(mean - want[0]) <= rel * fabs(want[0]) + 1e-6, "%s: %s = %.7g, TRL %.7g", name,
+                  got->name[i], mean, want[0]);
+        compared++;
+    }
+    CHECK_MSG(compared >= 10, "%s: %d metrics compared (TRL logs 10 for DPO)", name, compared);
+    return compared;
+}

@@ -1,0 +1,51 @@
+/* What the dpo parity tests share (dpo_case.c): a fixture case of tests/reference/
+ * make_dpo_fixtures.py laid out flat as the sequence kind lays a micro-batch out, the dpo trainer
+ * configured as the case says, and TRL's metrics compared. */
+#ifndef CTRL_TESTS_DPO_CASE_H
+#define CTRL_TESTS_DPO_CASE_H
+
+#include <stdint.h>
+
+#include <ctrl/trainer.h>
+
+#include "fixture.h"
+#include "model/model.h"
+#include "registry/registry.h"
+
+/* config: loss_type, second loss_type (-1: none), their weights, beta, label_smoothing,
+ * f_divergence_type, f_alpha_divergence_coef, use_weighting, ld_alpha (-1: None), discopop_tau,
+ * precomputed reference */
+#define DPO_CONFIG_N 12
+
+/* Micro-batch mb of a case: its 2B sequences (chosen, then rejected) back to back, unpadded;
+ * per-token arrays [T] hold TRL's values at the position predicting each completion token (0
+ * elsewhere). */
+typedef struct dpo_flat {
+    int T, n_seq;
+    int32_t *cu, *tokens, *positions, *targets, *correct;
+    float *weight, *logp, *dlogp, *ref_logp, *entropy, *mean_logit, *log_sum_sq;
+    ctrl_batch batch;
+} dpo_flat;
+
+void dpo_flat_build(dpo_flat *x, const fixture *f, int mb);
+void dpo_flat_free(dpo_flat *x);
+
+/* The fixture's array `name` with `want` values (< 0: any), checked. */
+const float *dpo_fixture_get(const fixture *f, const char *name, long want);
+
+/* The dpo trainer created from the case's config (NULL and a failed check when it cannot be). */
+const ctrl_trainer_ops *dpo_case_trainer(ctrl_registry *reg, const fixture *f, ctrl_trainer **out);
+/* The [dpo] section of the case's config, as INI lines. */
+void dpo_case_ini(const fixture *f, char *buf, size_t cap);
+
+#define DPO_MAX_METRICS 32
+typedef struct dpo_metrics {
+    char name[DPO_MAX_METRICS][64];
+    double sum[DPO_MAX_METRICS];
+    int count[DPO_MAX_METRICS], n;
+} dpo_metrics;
+void dpo_report(void *ctx, const char *name, double value);
+/* Every metric reported is one TRL logged, with its mean over the calls within rel; returns how many. */
+int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *name, double rel);
+
+#endif

@@ -1,0 +1,154 @@
+/* The dpo trainer plugin against TRL 1.16's own DPOTrainer._compute_loss
+ * (tests/reference/make_dpo_fixtures.py): every loss_type x beta in {0.1, 0.5} x {reference live,
+ * precomputed}, sigmoid + sft with loss_weights, WPO, LD-DPO, the f-divergences. Per case, the two
+ * micro-batches of one optimizer step are laid out flat as the sequence kind lays them (chosen
+ * sequences, then rejected ones, unpadded), with TRL's per-token log-probs and fused-head outputs;
+ * the core's reductions (train_sequence_sums, LD-DPO's weights, train_sequence_spread) and the
+ * plugin's sequence_loss must give TRL's loss, dL/dlogp of every token and every metric TRL logs,
+ * within 1e-5 relative. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/trainer.h>
+
+#include "dpo_case.h"
+#include "fixture.h"
+#include "test.h"
+#include "test_registry.h"
+#include "train/sequence.h"
+
+static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
+    char path[2400], name[256];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - 4), file);
+    fixture *f = fixture_load(path);
+    CHECK_MSG(f != NULL, "cannot load %s", path);
+    if (!f) return;
+    dpo_metrics got = {0};
+    ctrl_trainer *t = NULL;
+    const ctrl_trainer_ops *ops = dpo_case_trainer(reg, f, &t);
+    const float *cfg = dpo_fixture_get(f, "config", DPO_CONFIG_N);
+    const double ld = cfg[9];
+    const int pre = cfg[11] != 0;
+    const float *want_loss = dpo_fixture_get(f, "loss", 2);
+    double worst_d = 0;
+    int sft = 0;
+    for (int mb = 0; mb < 2 && ops; mb++) {
+        dpo_flat x;
+        dpo_flat_build(&x, f, mb);
+        const int S = x.n_seq, B = S / 2;
+        double *sum = malloc(sizeof(double) * S), *ref = malloc(sizeof(double) * S),
+               *ml = malloc(sizeof(double) * S);
+        double *dsum = malloc(sizeof(double) * S);
+        int *n_tok = malloc(sizeof(int) * S);
+        float *sw = malloc(sizeof(float) * x.T), *d = malloc(sizeof(float) * x.T),
+              *dt = malloc(sizeof(float) * x.T);
+        /* what the kind computes: LD-DPO weights, the sums, the mean logits */
+        if (ld >= 0)
+            train_sequence_ld_weights(B, x.cu, x.weight, ld, sw);
+        else
+            memcpy(sw, x.weight, sizeof(float) * x.T);
+        train_sequence_sums(S, x.cu, x.logp, sw, sum, NULL);
+        train_sequence_sums(S, x.cu, x.weight, x.weight, ml, n_tok); /* n_tok */
+        train_sequence_sums(S, x.cu, x.mean_logit, x.weight, ml, NULL);
+        for (int s = 0; s < S; s++) ml[s] = n_tok[s] ? ml[s] / n_tok[s] : 0;
+        if (pre) {
+            const float *r = dpo_fixture_get(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", S);
+            for (int s = 0; s < S; s++) ref[s] = r[s];
+        } else {
+            train_sequence_sums(S, x.cu, x.ref_logp, sw, ref, NULL);
+        }
+        ctrl_sequence_batch b = {.size = sizeof b,
+                                 .T = x.T,
+                                 .n_seq = S,
+                                 .n_pairs = B,
+                                 .cu_seqlens = x.cu,
+                                 .logp = x.logp,
+                                 .weight = x.weight,
+                                 .logp_sum = sum,
+                                 .n_tokens = n_tok,
+                                 .ref_logp_sum = ref,
+                                 .mean_logit = ml,
+                                 .num_items = 2 * B,
+                                 .report = dpo_report,
+                                 .report_ctx = &got,
+                                 .entropy = x.entropy,
+                                 .correct = x.correct,
+                                 .log_sum_sq = x.log_sum_sq};
+        double loss = NAN;
+        int per_token = -1;
+        memset(dt, 0xff, sizeof(float) * x.T); /* poisoned: the plugin writes it whole when it says so */
+        CHECK_EQ_INT(ops->sequence_loss(t, &b, &loss, dsum, NULL, dt, &per_token), CTRL_OK);
+        CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
+                  "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
+        train_sequence_spread(S, x.cu, sw, dsum, d);
+        if (per_token == 1)
+            for (int i = 0; i < x.T; i++) d[i] += dt[i];
+        sft |= per_token == 1;
+        const double e = test_rel_error_f32(d, x.dlogp, x.T);
+        if (e > worst_d) worst_d = e;
+        dpo_flat_free(&x);
+        free(sum), free(ref), free(ml), free(dsum), free(n_tok), free(sw), free(d), free(dt);
+    }
+    CHECK_MSG(worst_d <= 1e-5, "%s: dL/dlogp relative error %.3g", name, worst_d);
+    const int compared = dpo_compare_metrics(f, &got, name, 1e-5);
+    printf("  %-40s loss, dL/dlogp (rel %.1e)%s, %d metrics match TRL\n", name, worst_d,
+           sft ? " with sft" : "", compared);
+    if (ops) ops->destroy(t);
+    fixture_free(f);
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+TEST(dpo_losses_match_trl) {
+    ctrl_registry *reg = test_plugin_registry();
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/dpo", CTRL_FIXTURE_DIR);
+    DIR *d = opendir(dir);
+    CHECK_MSG(d != NULL, "cannot open %s", dir);
+    char *files[160];
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d)) && n < 160;) {
+        const size_t l = strlen(de->d_name);
+        if (l > 4 && !strcmp(de->d_name + l - 4, ".bin")) files[n++] = strdup(de->d_name);
+    }
+    if (d) closedir(d);
+    qsort(files, (size_t)n, sizeof *files, by_name);
+    CHECK_MSG(n >= 74, "%d fixture cases (expected 60 loss_type x beta x reference cases + 14 more)", n);
+    for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
+    ctrl_registry_destroy(reg);
+}
+
+/* What TRL refuses (or fails on) is refused naming the key. */
+TEST(dpo_refuses_bad_combinations) {
+    ctrl_registry *reg = test_plugin_registry();
+    static const char *const bad[][2] = {
+        {"loss_type = sigmoid,sft\nloss_weights = 1.0\n", "loss_weights"},
+        {"loss_type = sigmoid,sft\nloss_weights = 1.0,x\n", "loss_weights"},
+        {"loss_type = bco_pair\nf_divergence_type = js_divergence\n", "f_divergence_type"},
+        {"loss_type = aot\nuse_weighting = true\n", "use_weighting"},
+        {"loss_type = sigmoid,sft\nuse_weighting = true\n", "use_weighting"},
+        {"loss_type = exo_pair\n", "label_smoothing"},
+        {"precompute_ref_log_probs = true\nsync_ref_model = true\n", "sync_ref_model"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char ini[1024];
+        snprintf(ini, sizeof ini, "[model]\npath = %s/models/qwen2\n[run]\ntrainer = dpo\n[dpo]\n%s",
+                 CTRL_FIXTURE_DIR, bad[i][0]);
+        ctrl_config *cfg = test_config_from_text(reg, "dpo_bad.ini", ini);
+        const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_TRAINER, "dpo");
+        CHECK(cfg && e);
+        if (!cfg || !e) continue;
+        const ctrl_trainer_ops *ops = e->plugin->ops;
+        ctrl_trainer *t = NULL;
+        const ctrl_status st = ops->create(ctrl_host_table(), cfg, &t);
+        CHECK_MSG(st == CTRL_ERR_CONFIG && strstr(ctrl_error_message(), bad[i][1]),
+                  "case %zu: %d, '%s' does not name %s", i, st, ctrl_error_message(), bad[i][1]);
+        if (st == CTRL_OK) ops->destroy(t);
+        ctrl_config_free(cfg);
+    }
+    ctrl_registry_destroy(reg);
+}
