@@ -111,6 +111,11 @@ ctrl_status ctrl_model_forward(ctrl_model *m, const ctrl_batch *batch, float *lo
  * gradient; ctrl_model_backward(m, NULL) then does the rest. */
 ctrl_status ctrl_model_forward_fused(ctrl_model *m, const ctrl_batch *batch, const float *dlogp, float *logp,
                                      float *entropy, int32_t *correct);
+/* After a forward (either kind), per token [T] of its batch (0 where there is no target): the mean
+ * over the vocabulary of the scaled logits (TRL's mean_logits) and log sum_v p_v^2 (TRL's
+ * log_sum_sq_probs, WPO's weights); either may be NULL. No gradient flows through them, and the
+ * [T x V] logits are never built (model_head_stats.c). */
+ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_sum_sq_probs);
 /* Log-probabilities and entropies of softmax(logits / temperature) from now on (1 by default);
  * the online trainers use their sampling temperature, as TRL. */
 void ctrl_model_set_temperature(ctrl_model *m, float temperature);

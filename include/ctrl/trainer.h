@@ -119,9 +119,10 @@ typedef struct ctrl_sequence_spec {
     int precompute_ref_batch_size; /* pairs per precompute forward (0: per_device_train_batch_size,
                                       per_device_eval_batch_size for the eval set, as TRL) */
     int needs_log_sum_sq;          /* 1: batch.log_sum_sq (one more pass of the head, no gradient) */
-    double ld_alpha;               /* LD-DPO (< 0: off): logp_sum and ref_logp_sum weigh a completion's
-                                      tokens past the shorter completion of its pair by ld_alpha, and
+    int length_desensitized;       /* LD-DPO: logp_sum and ref_logp_sum weigh a completion's tokens
+                                      past the shorter completion of its pair by ld_alpha, and
                                       dL/dlogp_sum is spread with those weights */
+    double ld_alpha;
     int sync_ref_model;            /* TR-DPO: every ref_model_sync_steps optimizer steps the reference
                                       becomes alpha * policy + (1 - alpha) * reference */
     double ref_model_mixup_alpha;

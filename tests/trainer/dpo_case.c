@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dpo_case.h"
+#include "model/safetensors.h"
 #include "test.h"
 #include "test_registry.h"
 
@@ -134,4 +135,26 @@ int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *na
     }
     CHECK_MSG(compared >= 10, "%s: %d metrics compared (TRL logs 10 for DPO)", name, compared);
     return compared;
+}
+
+double dpo_compare_grads(ctrl_model *m, const char *path) {
+    ctrl_safetensors *gs = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);
+    if (!gs) return INFINITY;
+    float *grads = ctrl_model_grads(m, NULL);
+    double worst = 0;
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        float *want = malloc(sizeof(float) * (size_t)pv->numel);
+        if (ctrl_safetensors_read_f32(gs, pv->name, want, pv->numel) == CTRL_OK) {
+            const double e = test_rel_error_f32(grads + pv->offset, want, pv->numel);
+            if (e > worst) worst = e;
+        } else {
+            CHECK_MSG(0, "%s: %s", path, ctrl_error_message());
+            worst = INFINITY;
+        }
+        free(want);
+    }
+    ctrl_safetensors_close(gs);
+    return worst;
 }

@@ -48,4 +48,7 @@ void dpo_report(void *ctx, const char *name, double value);
 /* Every metric reported is one TRL logged, with its mean over the calls within rel; returns how many. */
 int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *name, double rel);
 
+/* The worst relative error of the model's gradients against a safetensors file of TRL's. */
+double dpo_compare_grads(ctrl_model *m, const char *path);
+
 #endif

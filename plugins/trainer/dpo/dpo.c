@@ -137,7 +137,8 @@ static ctrl_status dpo_create(const ctrl_host *host, const ctrl_config *cfg, ctr
         .precompute_ref_logp = ctrl_option_bool(cfg, s, "precompute_ref_log_probs", &st),
         .precompute_ref_batch_size = (int)ctrl_option_int(cfg, s, "precompute_ref_batch_size", &st),
         .needs_log_sum_sq = p->use_weighting,
-        .ld_alpha = ld < 1.0 ? ld : -1.0, /* 1.0 weighs every token as the plain sum: TRL's None */
+        .length_desensitized = ld < 1.0, /* 1.0 weighs every token as the plain sum: TRL's None */
+        .ld_alpha = ld,
         .sync_ref_model = ctrl_option_bool(cfg, s, "sync_ref_model", &st),
         .ref_model_mixup_alpha = ctrl_option_float(cfg, s, "ref_model_mixup_alpha", &st),
         .ref_model_sync_steps = (int)ctrl_option_int(cfg, s, "ref_model_sync_steps", &st),

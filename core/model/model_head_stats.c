@@ -1,0 +1,57 @@
+/* Per-token statistics of the head's distribution besides the log-prob, from the last forward's
+ * final hidden states (see model.h): the mean logit over the vocabulary, one dot product per token
+ * with the mean row of the LM head (the logits are linear in it), and log sum_v p_v^2 from a second
+ * log-sum-exp at half the temperature (log sum p^2 = lse(2z) - 2 lse(z)). Neither builds a
+ * [tokens x vocabulary] tensor; both run on any backend through its ops. */
+#include <stdlib.h>
+
+#include "model/model_internal.h"
+
+static ctrl_status mean_logits(ctrl_model *m, float *out) {
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const float *w = m->params + m->off_lm_head;
+    double *acc = calloc((size_t)C, sizeof(double));
+    float *wbar = malloc(sizeof(float) * (size_t)C), *d = NULL;
+    ctrl_status st = acc && wbar ? be->alloc((void **)&d, sizeof(float) * ((size_t)C + (size_t)T))
+                                 : ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    if (st == CTRL_OK) {
+        for (int v = 0; v < V; v++)
+            for (int c = 0; c < C; c++) acc[c] += w[(size_t)v * C + c];
+        for (int c = 0; c < C; c++) wbar[c] = (float)(acc[c] / V);
+        st = be->to_device(d, wbar, sizeof(float) * (size_t)C);
+    }
+    if (st == CTRL_OK) st = be->linear_forward(d + C, m->lnf, d, NULL, T, C, 1);
+    if (st == CTRL_OK) st = be->to_host(out, d + C, sizeof(float) * (size_t)T);
+    for (int t = 0; st == CTRL_OK && t < T; t++)
+        out[t] = m->batch.targets[t] >= 0 ? out[t] / m->temperature : 0.0f;
+    if (d) be->free(d);
+    free(acc), free(wbar);
+    return st;
+}
+
+static ctrl_status log_sum_sq(ctrl_model *m, float *out) {
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T;
+    ctrl_head_args ha = model_head_args(m);
+    ha.temperature *= 0.5f; /* logits 2z */
+    float *d = NULL, *lse = malloc(sizeof(float) * (size_t)T);
+    ctrl_status st = lse ? model_grow(m, &m->head_ws, &m->head_ws_bytes, be->head_workspace_bytes(&ha))
+                         : ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    if (st == CTRL_OK) st = be->alloc((void **)&d, sizeof(float) * 2 * (size_t)T);
+    if (st == CTRL_OK) st = be->head_forward(&ha, d, NULL, d + T, NULL, m->head_ws);
+    if (st == CTRL_OK) st = be->to_host(out, d + T, sizeof(float) * (size_t)T);
+    if (st == CTRL_OK) st = be->to_host(lse, m->head_lse, sizeof(float) * (size_t)T);
+    for (int t = 0; st == CTRL_OK && t < T; t++)
+        out[t] = m->batch.targets[t] >= 0 ? out[t] - 2.0f * lse[t] : 0.0f;
+    if (d) be->free(d);
+    free(lse);
+    return st;
+}
+
+ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_sum_sq_probs) {
+    if (m->T <= 0 || !m->batch.targets)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
+    ctrl_status st = mean_logit ? mean_logits(m, mean_logit) : CTRL_OK;
+    return st == CTRL_OK && log_sum_sq_probs ? log_sum_sq(m, log_sum_sq_probs) : st;
+}

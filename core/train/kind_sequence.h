@@ -1,0 +1,49 @@
+/* The sequence-level kind's internals (kind.h; DPO, and the KTO / reward trainers to come):
+ * kind_sequence_step.c runs one micro-batch -- one forward of the policy through the fused head,
+ * the per-sequence sums, the reference's sums, the trainer plugin's sequence_loss, the spread of
+ * dL/dlogp_sum back over the tokens and the backward -- and kind_sequence.c is the kind (the
+ * preference sets, the accumulated step, the precomputed reference, TR-DPO's sync, evaluation). */
+#ifndef CTRL_CORE_TRAIN_KIND_SEQUENCE_H
+#define CTRL_CORE_TRAIN_KIND_SEQUENCE_H
+
+#include <ctrl/trainer.h>
+
+#include "model/model.h"
+
+/* One micro-batch as the step sees it (the preference batch builder's layout: pref_data.h). */
+typedef struct seq_micro_batch {
+    const ctrl_batch *batch; /* tokens, positions, cu_seqlens (pad segments included), targets */
+    int n_seq, n_pairs;
+    const int32_t *seq_cu; /* [n_seq + 1] each sequence with its padding */
+    const float *weight;   /* [T] 1 on the log-probs of completion tokens */
+    const float *label;    /* [n_seq] or NULL (KTO) */
+    const uint8_t *kl;     /* [n_seq] or NULL (KTO) */
+    const float *margin;   /* [n_pairs] or NULL (reward) */
+    const double *ref_sum; /* [n_seq] precomputed reference sums (NULL: from the reference model) */
+} seq_micro_batch;
+
+/* What a step runs with. */
+typedef struct seq_step {
+    const ctrl_trainer_ops *ops;
+    ctrl_trainer *trainer;
+    const ctrl_sequence_spec *spec;
+    ctrl_model *model;
+    ctrl_model *ref; /* the frozen reference (NULL: precomputed sums, or none asked for) */
+    void (*report)(void *ctx, const char *name, double value);
+    void *report_ctx;
+} seq_step;
+
+/* The token weights the sums use: `weight`, or LD-DPO's (spec->length_desensitized). */
+void train_sequence_sum_weights(const ctrl_sequence_spec *spec, const seq_micro_batch *mb, float *out);
+
+/* The micro-batch's reference sums under `ref` (a forward, no gradient) into out[n_seq]. */
+ctrl_status train_sequence_ref_sums(const ctrl_sequence_spec *spec, ctrl_model *ref,
+                                    const seq_micro_batch *mb, double *out);
+
+/* One micro-batch: its share of the loss into *loss (num_items: the pairs -- or sequences when
+ * unpaired -- of the whole accumulated batch); with `train`, the gradients accumulated into the
+ * model's. */
+ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
+                                       int train, double *loss);
+
+#endif

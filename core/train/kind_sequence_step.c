@@ -1,0 +1,117 @@
+/* One micro-batch of the sequence-level kind (see kind_sequence.h): the policy's forward through the
+ * fused head gives per-token log-probs, entropies and argmax flags, and (ctrl_model_head_stats, from
+ * the same hidden states) the mean logits and, for WPO, log sum p^2; no [tokens x vocabulary]
+ * tensor exists at any time. The sums per sequence, the reference's, the plugin's loss, then
+ * dL/dlogp = the spread of dL/dlogp_sum (plus the plugin's token-level term) into the backward. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/kind_sequence.h"
+#include "train/sequence.h"
+
+void train_sequence_sum_weights(const ctrl_sequence_spec *spec, const seq_micro_batch *mb, float *out) {
+    const int T = mb->batch->T;
+    if (spec->length_desensitized && mb->n_pairs > 0)
+        train_sequence_ld_weights(mb->n_pairs, mb->seq_cu, mb->weight, spec->ld_alpha, out);
+    else
+        memcpy(out, mb->weight, sizeof(float) * (size_t)T);
+}
+
+ctrl_status train_sequence_ref_sums(const ctrl_sequence_spec *spec, ctrl_model *ref,
+                                    const seq_micro_batch *mb, double *out) {
+    const int T = mb->batch->T;
+    float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
+    ctrl_status st = lp && w ? ctrl_model_forward(ref, mb->batch, lp, NULL, NULL)
+                             : ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for %d tokens", T);
+    if (st == CTRL_OK) {
+        train_sequence_sum_weights(spec, mb, w);
+        train_sequence_sums(mb->n_seq, mb->seq_cu, lp, w, out, NULL);
+    }
+    free(lp), free(w);
+    return st;
+}
+
+typedef struct step_bufs {
+    float *lp, *ent, *ml_tok, *lss, *sw, *dlp, *dtok;
+    int32_t *ok;
+    double *sum, *ref, *ml, *dsum;
+    int *n_tok;
+} step_bufs;
+
+static void bufs_free(step_bufs *b) {
+    free(b->lp), free(b->ent), free(b->ml_tok), free(b->lss), free(b->sw), free(b->dlp), free(b->dtok);
+    free(b->ok), free(b->sum), free(b->ref), free(b->ml), free(b->dsum), free(b->n_tok);
+}
+
+static int bufs_alloc(step_bufs *b, int T, int S, int lss) {
+    const size_t t = sizeof(float) * (size_t)(T > 0 ? T : 1), s = sizeof(double) * (size_t)(S > 0 ? S : 1);
+    memset(b, 0, sizeof *b);
+    b->lp = malloc(t), b->ent = malloc(t), b->ml_tok = malloc(t), b->sw = malloc(t), b->dlp = malloc(t);
+    b->dtok = malloc(t), b->ok = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+    b->lss = lss ? malloc(t) : NULL;
+    b->sum = malloc(s), b->ref = malloc(s), b->ml = malloc(s), b->dsum = malloc(s);
+    b->n_tok = malloc(sizeof(int) * (size_t)(S > 0 ? S : 1));
+    return b->lp && b->ent && b->ml_tok && b->sw && b->dlp && b->dtok && b->ok && (!lss || b->lss) &&
+           b->sum && b->ref && b->ml && b->dsum && b->n_tok;
+}
+
+ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
+                                       int train, double *loss) {
+    const ctrl_sequence_spec *spec = s->spec;
+    const int T = mb->batch->T, S = mb->n_seq;
+    step_bufs b;
+    if (!bufs_alloc(&b, T, S, spec->needs_log_sum_sq)) {
+        bufs_free(&b);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for a micro-batch of %d tokens", T);
+    }
+    ctrl_status st = ctrl_model_forward(s->model, mb->batch, b.lp, b.ent, b.ok);
+    if (st == CTRL_OK) st = ctrl_model_head_stats(s->model, b.ml_tok, b.lss);
+    if (st == CTRL_OK && spec->needs_ref_logp) {
+        if (mb->ref_sum)
+            memcpy(b.ref, mb->ref_sum, sizeof(double) * (size_t)S);
+        else if (s->ref)
+            st = train_sequence_ref_sums(spec, s->ref, mb, b.ref);
+        else
+            st =
+                ctrl_error_set(CTRL_ERR_RUNTIME, "train: the trainer needs reference log-probs and none were "
+                                                 "loaded or precomputed");
+    }
+    if (st == CTRL_OK) {
+        train_sequence_sum_weights(spec, mb, b.sw);
+        train_sequence_sums(S, mb->seq_cu, b.lp, b.sw, b.sum, NULL);
+        train_sequence_sums(S, mb->seq_cu, b.ml_tok, mb->weight, b.ml, b.n_tok);
+        for (int i = 0; i < S; i++) b.ml[i] = b.n_tok[i] ? b.ml[i] / b.n_tok[i] : 0.0;
+        for (int t = 0; t < T; t++) /* the plugin sees the completion tokens' values only */
+            if (mb->weight[t] == 0) b.ent[t] = 0, b.ok[t] = 0;
+        const ctrl_sequence_batch sb = {.size = sizeof sb,
+                                        .T = T,
+                                        .n_seq = S,
+                                        .n_pairs = mb->n_pairs,
+                                        .cu_seqlens = mb->seq_cu,
+                                        .logp = b.lp,
+                                        .weight = mb->weight,
+                                        .logp_sum = b.sum,
+                                        .n_tokens = b.n_tok,
+                                        .ref_logp_sum = spec->needs_ref_logp ? b.ref : NULL,
+                                        .mean_logit = b.ml,
+                                        .label = mb->label,
+                                        .kl = mb->kl,
+                                        .margin = mb->margin,
+                                        .num_items = num_items,
+                                        .report = s->report,
+                                        .report_ctx = s->report_ctx,
+                                        .entropy = b.ent,
+                                        .correct = b.ok,
+                                        .log_sum_sq = b.lss};
+        int per_token = 0;
+        st = s->ops->sequence_loss(s->trainer, &sb, loss, b.dsum, NULL, b.dtok, &per_token);
+        if (st == CTRL_OK && train) {
+            train_sequence_spread(S, mb->seq_cu, b.sw, b.dsum, b.dlp);
+            if (per_token)
+                for (int t = 0; t < T; t++) b.dlp[t] += b.dtok[t];
+            st = ctrl_model_backward(s->model, b.dlp);
+        }
+    }
+    bufs_free(&b);
+    return st;
+}
