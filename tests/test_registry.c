@@ -1,9 +1,11 @@
 /* See test_registry.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test.h"
 #include "test_registry.h"
+#include "file_text.h"
 #include "generate/engine.h"
 
 ctrl_registry *test_plugin_registry(void) {
@@ -41,4 +43,22 @@ void test_attach_paged(ctrl_model *m) {
     CHECK_MSG(ctrl_registry_require(decoders, CTRL_KIND_ATTENTION, "paged", &paged) == CTRL_OK &&
                   ctrl_engine_attach_attention(m, paged) == CTRL_OK,
               "%s", ctrl_error_message());
+}
+
+int test_write_ini_template(const char *src_path, const char *dst_path, const char *const (*subs)[2],
+                            int n_subs) {
+    ctrl_status st;
+    char *src = ctrl_read_text_file(src_path, 1 << 16, &st);
+    FILE *f = src ? fopen(dst_path, "w") : NULL;
+    if (!f) return free(src), -1;
+    for (const char *p = src; *p;) {
+        int i = 0;
+        while (i < n_subs && strncmp(p, subs[i][0], strlen(subs[i][0]))) i++;
+        if (i < n_subs)
+            fputs(subs[i][1], f), p += strlen(subs[i][0]);
+        else
+            fputc(*p++, f);
+    }
+    free(src);
+    return fclose(f) == 0 ? 0 : -1;
 }

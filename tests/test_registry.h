@@ -14,5 +14,9 @@ ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, c
 
 /* Gives `m` the built `paged` attention plugin to decode with (the registry lives until exit). */
 void test_attach_paged(ctrl_model *m);
+/* Copies the INI at src_path to dst_path with each subs[i][0] (e.g. "@DIR@") replaced by
+ * subs[i][1]; 0 on success. */
+int test_write_ini_template(const char *src_path, const char *dst_path, const char *const (*subs)[2],
+                            int n_subs);
 
 #endif

@@ -5,10 +5,11 @@ ctrl_status train_kind_for(const ctrl_trainer_ops *ops, const char *trainer_name
                            const train_kind_ops **out) {
     if (TRAINER_HAS(ops, advantages) && TRAINER_HAS(ops, online_spec))
         *out = &train_kind_online;
+    else if (TRAINER_HAS(ops, sequence_loss) && TRAINER_HAS(ops, sequence_spec))
+        *out = &train_kind_sequence;
     else if (TRAINER_HAS(ops, sequence_loss))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "trainer '%s' is sequence-level (preference pairs): the core's sequence "
-                              "kind is not built yet (issue 16)",
+                              "trainer '%s' is sequence-level (sequence_loss) but has no sequence_spec",
                               trainer_name);
     else if (ops->loss)
         *out = &train_kind_token;

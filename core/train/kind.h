@@ -9,9 +9,9 @@
  *   online    (kind_online.c) GRPO, RLOO: rows are prompts; generation batches are sampled from the
  *                             live weights, scored by the reward set, turned into advantages by the
  *                             plugin, then trained on as token-level micro-batches (online_loop.c).
- *   sequence  (to come with issue 16: DPO, KTO, reward models) offline, sequence-level: rows
+ *   sequence  (kind_sequence*.c: DPO, KTO, reward models) offline, sequence-level: rows
  *                             are preference pairs {prompt, chosen, rejected} or labelled
- *                             completions {prompt, completion, label}. Its accumulate will, per
+ *                             completions {prompt, completion, label}. Its accumulate, per
  *                             micro-batch: lay the pairs out flat (chosen then rejected, padding
  *                             free), one forward through the fused head (logp per token), reduce to
  *                             per-sequence sums (sequence.c: train_sequence_sums), add the
@@ -20,7 +20,8 @@
  *                             (ctrl_sequence_batch in <ctrl/trainer.h>), spread dL/dlogp_sum back
  *                             over the tokens (train_sequence_spread) and run the backward. Its
  *                             rows_per_step counts pairs; num_items is the accumulated batch's
- *                             sequence count, so a batch split differently gives the same loss.
+ *                             pair count (sequences when unpaired), so a batch split differently
+ *                             gives the same loss.
  *
  * Adding a kind is a new kind_*.c with a train_kind_ops and a line in train_kind_for; the loop
  * does not change. */
@@ -104,6 +105,7 @@ typedef struct train_kind_ops {
 
 extern const train_kind_ops train_kind_token;
 extern const train_kind_ops train_kind_online;
+extern const train_kind_ops train_kind_sequence;
 
 /* The kind a trainer plugin's ops call for (an error naming the trainer when none fits). */
 ctrl_status train_kind_for(const ctrl_trainer_ops *ops, const char *trainer_name, const train_kind_ops **out);

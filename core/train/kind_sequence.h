@@ -9,6 +9,8 @@
 #include <ctrl/trainer.h>
 
 #include "model/model.h"
+#include "train/kind.h"
+#include "train/pref_data.h"
 
 /* One micro-batch as the step sees it (the preference batch builder's layout: pref_data.h). */
 typedef struct seq_micro_batch {
@@ -45,5 +47,19 @@ ctrl_status train_sequence_ref_sums(const ctrl_sequence_spec *spec, ctrl_model *
  * model's. */
 ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
                                        int train, double *loss);
+
+/* kind_sequence_ref.c: which of a row's two precomputed sums sequence s of a batch is (0: chosen,
+ * or an unpaired completion; 1: rejected, or a KTO KL sequence). */
+int train_sequence_role(const ctrl_pref_batch *b, int s);
+/* The frozen reference: the initial weights ([model] path) placed where the policy is. */
+ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model **out);
+/* precompute_ref_log_probs: the reference sums of every row of both sets ([row][2], malloc'd), read
+ * from output_dir/ref_logps.bin when it was made from the same rows and weights, else computed in
+ * one pass (batches of spec->precompute_ref_batch_size rows, or the train / eval batch size) by the
+ * policy before training -- or, when resuming, a copy of the initial weights loaded for the pass
+ * -- and stored there. */
+ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequence_spec *spec,
+                                      const ctrl_pref_set *train, const ctrl_pref_set *eval,
+                                      double **ref_train, double **ref_eval);
 
 #endif

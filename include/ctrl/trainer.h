@@ -88,7 +88,7 @@ typedef struct ctrl_sequence_batch {
     const float *logp;          /* [T] log pi(target_t | prefix) under the policy */
     const float *weight;        /* [T] 1 on completion tokens that are trained, else 0 */
     const double *logp_sum;     /* [n_seq] sum of logp * weight over the sequence (TRL's logps;
-                                   LD-DPO-weighted when spec.ld_alpha >= 0) */
+                                   LD-DPO-weighted with spec.length_desensitized) */
     const int *n_tokens;        /* [n_seq] completion tokens (for length-normalised losses) */
     const double *ref_logp_sum; /* [n_seq] the same under the reference model (NULL: none asked) */
     const double *mean_logit;   /* [n_seq] mean over the completion tokens of the mean logit over

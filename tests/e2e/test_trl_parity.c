@@ -31,23 +31,10 @@
 static int write_ini(const char *name, char *ini_path, size_t cap, char *out_dir, size_t out_cap) {
     char src_path[1024];
     snprintf(src_path, sizeof src_path, DIR "/%s.ini", name);
-    ctrl_status st;
-    char *src = ctrl_read_text_file(src_path, 1 << 16, &st);
-    if (!src) return -1;
     snprintf(out_dir, out_cap, "%s/%s", test_tmp_dir(), name);
     snprintf(ini_path, cap, "%s/%s.ini", test_tmp_dir(), name);
-    FILE *f = fopen(ini_path, "w");
-    for (const char *p = src; *p;) {
-        if (!strncmp(p, "@DIR@", 5))
-            fputs(DIR, f), p += 5;
-        else if (!strncmp(p, "@OUT@", 5))
-            fputs(out_dir, f), p += 5;
-        else
-            fputc(*p++, f);
-    }
-    fclose(f);
-    free(src);
-    return 0;
+    const char *const subs[][2] = {{"@DIR@", DIR}, {"@OUT@", out_dir}};
+    return test_write_ini_template(src_path, ini_path, subs, 2);
 }
 
 static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-12); }

@@ -105,21 +105,28 @@ def make_model():
         shutil.copy(os.path.join(TOK, name), os.path.join(OUT, "model", name))
 
 
-class Sequential(SFTTrainer):
-    """Rows in file order, so that ctrl (shuffle = false) sees the same batches."""
+def sequential(trainer_cls):
+    """The trainer with rows in file order, so that ctrl (shuffle = false) sees the same batches."""
 
-    def _get_train_sampler(self, *args, **kwargs):
-        return SequentialSampler(self.train_dataset)
+    class Sequential(trainer_cls):
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+    return Sequential
+
+
+Sequential = sequential(SFTTrainer)
 
 
 class Record(TrainerCallback):
-    def __init__(self):
-        self.rows = []
+    """The logged values of `keys` at every logging step."""
+
+    def __init__(self, keys=("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", "num_tokens")):
+        self.rows, self.keys = [], keys
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
-            self.rows.append({"step": state.global_step, **{k: logs[k] for k in (
-                "loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", "num_tokens") if k in logs}})
+            self.rows.append({"step": state.global_step, **{k: logs[k] for k in self.keys if k in logs}})
 
 
 def run_case(name, data_file, overrides):

@@ -25,6 +25,11 @@ static ctrl_status t_seq(ctrl_trainer *t, const ctrl_sequence_batch *b, double *
     return CTRL_OK;
 }
 
+static ctrl_status t_seq_spec(ctrl_trainer *t, ctrl_sequence_spec *o) {
+    (void)t, (void)o;
+    return CTRL_OK;
+}
+
 TEST(kind_from_the_plugin_ops) {
     const train_kind_ops *k = NULL;
     ctrl_trainer_ops sft = {.size = sizeof sft, .loss = t_loss};
@@ -38,12 +43,15 @@ TEST(kind_from_the_plugin_ops) {
     grpo.size = offsetof(ctrl_trainer_ops, online_spec);
     CHECK_EQ_INT(train_kind_for(&grpo, "old", &k), CTRL_OK);
     CHECK(k == &train_kind_token);
-    /* sequence-level: named, not run as SFT (its kind comes with the preference data) */
+    /* sequence-level: the sequence kind; without a sequence_spec named, not run as SFT */
     ctrl_trainer_ops dpo = {.size = sizeof dpo, .sequence_loss = t_seq};
     k = NULL;
     CHECK_EQ_INT(train_kind_for(&dpo, "dpo", &k), CTRL_ERR_UNSUPPORTED);
     CHECK(k == NULL);
     CHECK(strstr(ctrl_error_message(), "trainer 'dpo' is sequence-level") != NULL);
+    dpo.sequence_spec = t_seq_spec;
+    CHECK_EQ_INT(train_kind_for(&dpo, "dpo", &k), CTRL_OK);
+    CHECK(k == &train_kind_sequence);
     ctrl_trainer_ops none = {.size = sizeof none};
     CHECK_EQ_INT(train_kind_for(&none, "empty", &k), CTRL_ERR_UNSUPPORTED);
     CHECK(strstr(ctrl_error_message(), "trainer 'empty' has no loss") != NULL);

@@ -1,0 +1,277 @@
+/* The offline sequence-level kind (see kind.h; DPO, and the KTO / reward trainers to come): rows are
+ * preference pairs (pref_data.h), a step is ga micro-batches of bs pairs run by
+ * kind_sequence_step.c, the loss divided by the pairs of the whole accumulated batch. The reference
+ * is a frozen copy of the initial weights, loaded once, or its sums are precomputed before training
+ * (kind_sequence_ref.c) so that no reference is in memory while training. TR-DPO's reference sync
+ * after the optimizer steps; evaluation over the eval pairs with TRL's eval_ metrics. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train/kind.h"
+#include "train/kind_sequence.h"
+#include "train/pref_data.h"
+
+#define MAX_METRICS 48
+
+typedef struct seq_metrics {
+    char *name[MAX_METRICS];
+    double sum[MAX_METRICS];
+    long count[MAX_METRICS];
+    int n;
+} seq_metrics;
+
+struct train_kind {
+    const ctrl_trainer_ops *ops;
+    ctrl_trainer *trainer;
+    ctrl_model *model, *ref;
+    ctrl_sequence_spec spec;
+    ctrl_pref_set train, eval;
+    double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
+    int eval_bs;
+    long steps; /* optimizer steps of this process (TR-DPO's sync) */
+    seq_metrics window, eval_m;
+};
+
+static void seq_report(void *ctx, const char *name, double value) {
+    seq_metrics *m = ctx;
+    int i = 0;
+    while (i < m->n && strcmp(m->name[i], name)) i++;
+    if (i == m->n) {
+        if (i == MAX_METRICS) return;
+        if (!(m->name[i] = strdup(name))) return;
+        m->sum[i] = 0, m->count[i] = 0, m->n++;
+    }
+    if (!isnan(value)) m->sum[i] += value, m->count[i]++;
+}
+
+static void metrics_free(seq_metrics *m) {
+    for (int i = 0; i < m->n; i++) free(m->name[i]);
+    m->n = 0;
+}
+
+static void sequence_destroy(train_kind *k) {
+    if (!k) return;
+    ctrl_pref_set_free(&k->train);
+    ctrl_pref_set_free(&k->eval);
+    ctrl_model_free(k->ref);
+    free(k->ref_train), free(k->ref_eval);
+    metrics_free(&k->window), metrics_free(&k->eval_m);
+    free(k);
+}
+
+static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) {
+    train_kind *k = calloc(1, sizeof *k);
+    if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    k->ops = env->trainer_ops, k->trainer = env->trainer, k->model = env->model;
+    k->eval_bs = env->settings->train.per_device_eval_batch_size;
+    k->spec.size = sizeof k->spec;
+    ctrl_status st = k->ops->sequence_spec(k->trainer, &k->spec);
+    if (st == CTRL_OK && k->spec.needs_score)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "[run] trainer = %s: the sequence kind has no score head path yet",
+                            env->settings->run.trainer);
+    if (st == CTRL_OK) st = ctrl_pref_sets_load(env->cfg, env->tok, &k->spec, &k->train, &k->eval);
+    if (st == CTRL_OK && k->train.n == 0)
+        st = ctrl_error_set(CTRL_ERR_CONFIG, "[data] train_file: no usable row");
+    if (st == CTRL_OK && k->spec.needs_ref_logp) {
+        if (k->spec.precompute_ref_logp)
+            st = train_sequence_precompute(env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
+        else
+            st = train_sequence_load_reference(env, &k->ref);
+    }
+    if (st != CTRL_OK) {
+        sequence_destroy(k);
+        return st;
+    }
+    *out = k;
+    return CTRL_OK;
+}
+
+static int sequence_rows(const train_kind *k) { return k->train.n; }
+static long sequence_rows_per_step(const train_kind *k, int bs, int ga) {
+    (void)k;
+    return (long)bs * ga; /* pairs (rows) */
+}
+
+static void sequence_describe(const train_kind *k, long total, int bs, int ga, size_t n_params) {
+    CTRL_INFO(
+        "training: %d %s (%ld bad rows skipped, %ld dropped by max_length, %ld truncated), %ld steps of "
+        "%d x %d, %zu parameters, reference %s",
+        k->train.n, k->train.paired ? "pairs" : "rows", k->train.skipped_bad, k->train.dropped,
+        k->train.truncated, total, bs, ga, n_params,
+        !k->spec.needs_ref_logp       ? "none"
+        : k->spec.precompute_ref_logp ? "precomputed"
+        : k->spec.sync_ref_model      ? "live (TR-DPO sync)"
+                                      : "live");
+}
+
+/* Items the loss is divided by: pairs, or the non-KL sequences of unpaired data. */
+static long batch_items(const ctrl_pref_batch *b) {
+    if (b->n_pairs > 0) return b->n_pairs;
+    long n = 0;
+    for (int s = 0; s < b->n_seq; s++) n += !b->kl || !b->kl[s];
+    return n;
+}
+
+/* The micro-batch as the step sees it, with its rows' precomputed reference sums (ref_rows may be
+ * NULL) gathered into *ref_sum (malloc'd). */
+static ctrl_status micro_view(const ctrl_pref_batch *b, const double *ref_rows, seq_micro_batch *mb,
+                              double **ref_sum) {
+    *mb = (seq_micro_batch){.batch = &b->batch,
+                            .n_seq = b->n_seq,
+                            .n_pairs = b->n_pairs,
+                            .seq_cu = b->seq_cu,
+                            .weight = b->weight,
+                            .label = b->label,
+                            .kl = b->kl,
+                            .margin = b->margin};
+    *ref_sum = NULL;
+    if (!ref_rows) return CTRL_OK;
+    if (!(*ref_sum = malloc(sizeof(double) * (size_t)b->n_seq)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    for (int s = 0; s < b->n_seq; s++)
+        (*ref_sum)[s] = ref_rows[2 * (size_t)b->row[s] + train_sequence_role(b, s)];
+    mb->ref_sum = *ref_sum;
+    return CTRL_OK;
+}
+
+/* The step's context, its metrics reported into `m`. */
+static seq_step step_for(train_kind *k, seq_metrics *m) {
+    return (seq_step){.ops = k->ops,
+                      .trainer = k->trainer,
+                      .spec = &k->spec,
+                      .model = k->model,
+                      .ref = k->ref,
+                      .report = seq_report,
+                      .report_ctx = m};
+}
+
+static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cursor, int bs, int ga,
+                                       train_step_stats *out) {
+    ctrl_pref_batch *mb = calloc((size_t)ga, sizeof *mb);
+    int *idx = malloc(sizeof(int) * (size_t)bs);
+    ctrl_status st = mb && idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    long items = 0;
+    for (int g = 0; g < ga && st == CTRL_OK; g++) {
+        for (int i = 0; i < bs; i++) idx[i] = order[(*cursor)++ % k->train.n];
+        st = ctrl_pref_batch_build(&k->train, idx, bs, &mb[g]);
+        if (st == CTRL_OK) items += batch_items(&mb[g]), out->tokens += mb[g].tokens;
+    }
+    const seq_step step = step_for(k, &k->window);
+    for (int g = 0; g < ga && st == CTRL_OK; g++) {
+        seq_micro_batch v;
+        double *ref = NULL, loss = 0;
+        st = micro_view(&mb[g], k->ref_train, &v, &ref);
+        if (st == CTRL_OK) st = train_sequence_micro_batch(&step, &v, (double)items, 1, &loss);
+        if (st == CTRL_OK) out->loss += loss;
+        for (int t = 0; st == CTRL_OK && t < mb[g].T; t++) out->trained += mb[g].weight[t] != 0;
+        free(ref);
+    }
+    for (int g = 0; mb && g < ga; g++) ctrl_pref_batch_free(&mb[g]);
+    free(mb), free(idx);
+    return st;
+}
+
+/* TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps, the reference
+ * becomes alpha * policy + (1 - alpha) * reference. */
+static ctrl_status sequence_after_step(train_kind *k) {
+    k->steps++;
+    if (!k->spec.sync_ref_model || !k->ref || k->steps % k->spec.ref_model_sync_steps) return CTRL_OK;
+    size_t n, n_ref;
+    const float *p = ctrl_model_params(k->model, &n);
+    float *r = ctrl_model_params(k->ref, &n_ref);
+    if (n != n_ref) return ctrl_error_set(CTRL_ERR_RUNTIME, "sync_ref_model: the reference's shape differs");
+    const float a = (float)k->spec.ref_model_mixup_alpha;
+    for (size_t i = 0; i < n; i++) r[i] = r[i] * (1.0f - a) + p[i] * a;
+    ctrl_model_weights_changed(k->ref);
+    CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld", (double)a,
+              k->steps);
+    return CTRL_OK;
+}
+
+static void write_metric(FILE *f, const char *prefix, const char *name, double v) {
+    if (isnan(v) || isinf(v))
+        fprintf(f, "\"%s%s\": null", prefix, name);
+    else
+        fprintf(f, "\"%s%s\": %.6g", prefix, name, v);
+}
+
+static void sequence_log_window(train_kind *k, const train_window *w, FILE *f) {
+    fprintf(f, "\"loss\": %.6g, \"grad_norm\": %.6f, \"learning_rate\": %.6g, ", w->loss, w->grad_norm,
+            w->learning_rate);
+    seq_metrics *m = &k->window;
+    double acc = NAN, margin = NAN;
+    for (int i = 0; i < m->n; i++) {
+        const double v = m->count[i] ? m->sum[i] / m->count[i] : NAN;
+        write_metric(f, "", m->name[i], v);
+        fputs(", ", f);
+        if (!strcmp(m->name[i], "rewards/accuracies")) acc = v;
+        if (!strcmp(m->name[i], "rewards/margins")) margin = v;
+        m->sum[i] = 0, m->count[i] = 0;
+    }
+    if (!isatty(fileno(stderr)))
+        fprintf(
+            stderr,
+            "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  reward acc %.3f  margin %.3f  %.0f tok/s\n",
+            w->step, w->total, w->loss, w->grad_norm, w->learning_rate, acc, margin, w->tokens_per_second);
+}
+
+static int sequence_has_eval(const train_kind *k) { return k->eval.n > 0; }
+
+/* TRL's evaluation: the loss of each batch of per_device_eval_batch_size pairs (its mean),
+ * eval_loss their mean weighted by the batch's pairs, the metrics the mean over batches. */
+static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
+    const ctrl_pref_set *d = &k->eval;
+    const int bs = k->eval_bs > 0 ? k->eval_bs : 1;
+    int *idx = malloc(sizeof(int) * (size_t)bs);
+    ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
+    const seq_step s = step_for(k, &k->eval_m);
+    double loss_sum = 0, items = 0;
+    for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
+        const int n = i0 + bs <= d->n ? bs : d->n - i0;
+        for (int i = 0; i < n; i++) idx[i] = i0 + i;
+        ctrl_pref_batch b;
+        st = ctrl_pref_batch_build(d, idx, n, &b);
+        if (st != CTRL_OK) break;
+        seq_micro_batch v;
+        double *ref = NULL, loss = 0;
+        const long m = batch_items(&b);
+        st = micro_view(&b, k->ref_eval, &v, &ref);
+        if (st == CTRL_OK) st = train_sequence_micro_batch(&s, &v, (double)m, 0, &loss);
+        loss_sum += loss * m, items += m;
+        free(ref);
+        ctrl_pref_batch_free(&b);
+    }
+    free(idx);
+    if (st != CTRL_OK) return st;
+    const double loss = items > 0 ? loss_sum / items : 0;
+    fprintf(f, "{\"step\": %ld, \"eval_loss\": %.6g", step, loss);
+    double acc = NAN;
+    for (int i = 0; i < k->eval_m.n; i++) {
+        const double v = k->eval_m.count[i] ? k->eval_m.sum[i] / k->eval_m.count[i] : NAN;
+        fputs(", ", f);
+        write_metric(f, "eval_", k->eval_m.name[i], v);
+        if (!strcmp(k->eval_m.name[i], "rewards/accuracies")) acc = v;
+        k->eval_m.sum[i] = 0, k->eval_m.count[i] = 0;
+    }
+    fputs("}\n", f);
+    fflush(f);
+    CTRL_INFO("eval: loss %.4f, reward accuracy %.3f (%d %s)", loss, acc, d->n, d->paired ? "pairs" : "rows");
+    return CTRL_OK;
+}
+
+const train_kind_ops train_kind_sequence = {
+    .name = "sequence",
+    .create = sequence_create,
+    .destroy = sequence_destroy,
+    .row_count = sequence_rows,
+    .rows_per_step = sequence_rows_per_step,
+    .describe = sequence_describe,
+    .accumulate = sequence_accumulate,
+    .after_step = sequence_after_step,
+    .log_window = sequence_log_window,
+    .has_eval = sequence_has_eval,
+    .evaluate = sequence_evaluate,
+};
