@@ -227,7 +227,8 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
     const int bs = k->eval_bs > 0 ? k->eval_bs : 1;
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
-    const seq_step s = step_for(k, &k->eval_m);
+    seq_step s = step_for(k, &k->eval_m);
+    s.exact_match = 1;
     double loss_sum = 0, items = 0;
     for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
         const int n = i0 + bs <= d->n ? bs : d->n - i0;

@@ -33,6 +33,8 @@ typedef struct seq_step {
     ctrl_model *ref; /* the frozen reference (NULL: precomputed sums, or none asked for) */
     void (*report)(void *ctx, const char *name, double value);
     void *report_ctx;
+    int exact_match; /* paired: also report "exact_match", the chosen completions whose every token
+                        is the argmax given the true prefix (greedy decoding would write them) */
 } seq_step;
 
 /* The token weights the sums use: `weight`, or LD-DPO's (spec->length_desensitized). */

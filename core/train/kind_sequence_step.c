@@ -55,6 +55,19 @@ static int bufs_alloc(step_bufs *b, int T, int S, int lss) {
            b->sum && b->ref && b->ml && b->dsum && b->n_tok;
 }
 
+/* Teacher-forced exact match of the chosen completions (ctrl's own evaluation metric, as the token
+ * kind's eval_exact_match): every completion token the argmax given the true prefix. */
+static void report_exact_match(const seq_step *s, const seq_micro_batch *mb, const int32_t *ok) {
+    int exact = 0, n = 0;
+    for (int i = 0; i < mb->n_pairs; i++) {
+        int all = 1, any = 0;
+        for (int32_t t = mb->seq_cu[i]; t < mb->seq_cu[i + 1]; t++)
+            if (mb->weight[t] != 0) all &= ok[t] != 0, any = 1;
+        exact += any && all, n += any;
+    }
+    if (n) s->report(s->report_ctx, "exact_match", (double)exact / n);
+}
+
 ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
                                        int train, double *loss) {
     const ctrl_sequence_spec *spec = s->spec;
@@ -103,6 +116,7 @@ ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch 
                                         .entropy = b.ent,
                                         .correct = b.ok,
                                         .log_sum_sq = b.lss};
+        if (s->exact_match && s->report && mb->n_pairs > 0) report_exact_match(s, mb, b.ok);
         int per_token = 0;
         st = s->ops->sequence_loss(s->trainer, &sb, loss, b.dsum, NULL, b.dtok, &per_token);
         if (st == CTRL_OK && train) {

@@ -5,7 +5,8 @@
  * (the rewards, logps and logits metrics, entropy, mean_token_accuracy) within 1e-4 relative plus a small
  * absolute floor for the values fp32 cancellation leaves near zero (a reward is a difference of two
  * log-prob sums of ~-25). Cases: sigmoid with a live reference; sigmoid + sft with loss_weights, a
- * precomputed reference and gradient accumulation; ipo with WPO weighting and LD-DPO. */
+ * precomputed reference and gradient accumulation; TR-DPO (sync_ref_model every 3 steps); ipo with
+ * WPO weighting and LD-DPO. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -98,3 +99,4 @@ static void run_case(const char *name) {
 TEST(sigmoid) { run_case("sigmoid"); }
 TEST(sigmoid_sft_precompute_ga) { run_case("sigmoid_sft_precompute_ga"); }
 TEST(ipo_wpo_ld) { run_case("ipo_wpo_ld"); }
+TEST(sigmoid_tr_dpo) { run_case("sigmoid_tr_dpo"); }

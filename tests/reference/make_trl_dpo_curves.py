@@ -43,6 +43,10 @@ CASES = {
                                   {"per_device_train_batch_size": "2", "gradient_accumulation_steps": "2"},
                                   {"loss_type": "sigmoid,sft", "loss_weights": "1.0,0.2", "beta": "0.5",
                                    "precompute_ref_log_probs": "true"}),
+    # TR-DPO: the reference mixed with the policy every 3 steps (TRL's SyncRefModelCallback)
+    "sigmoid_tr_dpo": (dict(per_device_train_batch_size=4, sync_ref_model=True, ref_model_sync_steps=3,
+                            ref_model_mixup_alpha=0.5),
+                       {}, {"sync_ref_model": "true", "ref_model_sync_steps": "3", "ref_model_mixup_alpha": "0.5"}),
     "ipo_wpo_ld": (dict(per_device_train_batch_size=4, loss_type=["ipo"], use_weighting=True, ld_alpha=0.5),
                    {}, {"loss_type": "ipo", "use_weighting": "true", "ld_alpha": "0.5"}),
 }
