@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "train/data_parallel.h"
 #include "train/kind.h"
 #include "train/kind_sequence.h"
 #include "train/pref_data.h"
@@ -29,6 +30,7 @@ struct train_kind {
     ctrl_sequence_spec spec;
     ctrl_pref_set train, eval;
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
+    int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
     int eval_bs;
     long steps; /* optimizer steps of this process (TR-DPO's sync) */
     seq_metrics window, eval_m;
@@ -78,8 +80,15 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
     if (st == CTRL_OK && k->spec.needs_ref_logp) {
         if (k->spec.precompute_ref_logp)
             st = train_sequence_precompute(env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
-        else
+        else if (!ctrl_model_lora(k->model))
             st = train_sequence_load_reference(env, &k->ref);
+        else if (k->spec.sync_ref_model)
+            st = ctrl_error_set(CTRL_ERR_CONFIG,
+                                "[%s] sync_ref_model: not with [peft] (the reference is the base "
+                                "model with the adapters off, as TRL's)",
+                                env->settings->run.trainer);
+        else
+            k->ref_is_base = 1;
     }
     if (st != CTRL_OK) {
         sequence_destroy(k);
@@ -144,6 +153,7 @@ static seq_step step_for(train_kind *k, seq_metrics *m) {
                       .spec = &k->spec,
                       .model = k->model,
                       .ref = k->ref,
+                      .ref_is_base = k->ref_is_base,
                       .report = seq_report,
                       .report_ctx = m};
 }
@@ -159,12 +169,14 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
         st = ctrl_pref_batch_build(&k->train, idx, bs, &mb[g]);
         if (st == CTRL_OK) items += batch_items(&mb[g]), out->tokens += mb[g].tokens;
     }
+    /* the loss is over the pairs of every rank's share of the batch (data_parallel.h) */
+    const double num_items = st == CTRL_OK ? train_dp_items(items) : 0;
     const seq_step step = step_for(k, &k->window);
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         seq_micro_batch v;
         double *ref = NULL, loss = 0;
         st = micro_view(&mb[g], k->ref_train, &v, &ref);
-        if (st == CTRL_OK) st = train_sequence_micro_batch(&step, &v, (double)items, 1, &loss);
+        if (st == CTRL_OK) st = train_sequence_micro_batch(&step, &v, num_items, 1, &loss);
         if (st == CTRL_OK) out->loss += loss;
         for (int t = 0; st == CTRL_OK && t < mb[g].T; t++) out->trained += mb[g].weight[t] != 0;
         free(ref);

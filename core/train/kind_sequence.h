@@ -30,7 +30,9 @@ typedef struct seq_step {
     ctrl_trainer *trainer;
     const ctrl_sequence_spec *spec;
     ctrl_model *model;
-    ctrl_model *ref; /* the frozen reference (NULL: precomputed sums, or none asked for) */
+    ctrl_model *ref; /* the frozen reference (NULL: precomputed sums, the base, or none asked for) */
+    int ref_is_base; /* with LoRA: the reference is `model` with its adapters off (TRL's
+                        disable_adapter), no second copy */
     void (*report)(void *ctx, const char *name, double value);
     void *report_ctx;
     int exact_match; /* paired: also report "exact_match", the chosen completions whose every token

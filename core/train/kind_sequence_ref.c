@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collective/collective.h"
 #include "train/compute.h"
 #include "train/kind.h"
 #include "train/kind_sequence.h"
@@ -155,10 +156,12 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
         const int be = spec->precompute_ref_batch_size > 0 ? spec->precompute_ref_batch_size
                                                            : s->train.per_device_eval_batch_size;
         CTRL_INFO("precomputing the reference log-probs of %d + %d rows", train->n, eval->n);
+        if (!loaded) ctrl_model_set_adapters_enabled(ref, 0); /* LoRA: the base, as the live reference */
         if (st == CTRL_OK) st = pass(spec, ref, train, bt > 0 ? bt : 1, rt);
         if (st == CTRL_OK && eval->n) st = pass(spec, ref, eval, be > 0 ? be : 1, re);
+        if (!loaded) ctrl_model_set_adapters_enabled(ref, 1);
         ctrl_model_free(loaded);
-        if (st == CTRL_OK) write_cache(path, h, train->n, eval->n, rt, re);
+        if (st == CTRL_OK && ctrl_collective_is_root()) write_cache(path, h, train->n, eval->n, rt, re);
     }
     if (st != CTRL_OK) {
         free(rt), free(re);

@@ -77,18 +77,26 @@ ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch 
         bufs_free(&b);
         return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for a micro-batch of %d tokens", T);
     }
-    ctrl_status st = ctrl_model_forward(s->model, mb->batch, b.lp, b.ent, b.ok);
-    if (st == CTRL_OK) st = ctrl_model_head_stats(s->model, b.ml_tok, b.lss);
-    if (st == CTRL_OK && spec->needs_ref_logp) {
-        if (mb->ref_sum)
+    /* the reference first: with LoRA it is the policy itself with its adapters off, whose forward
+     * must not replace the activations the policy's backward needs */
+    ctrl_status st = CTRL_OK;
+    if (spec->needs_ref_logp) {
+        if (mb->ref_sum) {
             memcpy(b.ref, mb->ref_sum, sizeof(double) * (size_t)S);
-        else if (s->ref)
+        } else if (s->ref) {
             st = train_sequence_ref_sums(spec, s->ref, mb, b.ref);
-        else
-            st =
-                ctrl_error_set(CTRL_ERR_RUNTIME, "train: the trainer needs reference log-probs and none were "
-                                                 "loaded or precomputed");
+        } else if (s->ref_is_base) {
+            ctrl_model_set_adapters_enabled(s->model, 0);
+            st = train_sequence_ref_sums(spec, s->model, mb, b.ref);
+            ctrl_model_set_adapters_enabled(s->model, 1);
+        } else {
+            st = ctrl_error_set(
+                CTRL_ERR_RUNTIME,
+                "train: the trainer needs reference log-probs and none were loaded or precomputed");
+        }
     }
+    if (st == CTRL_OK) st = ctrl_model_forward(s->model, mb->batch, b.lp, b.ent, b.ok);
+    if (st == CTRL_OK) st = ctrl_model_head_stats(s->model, b.ml_tok, b.lss);
     if (st == CTRL_OK) {
         train_sequence_sum_weights(spec, mb, b.sw);
         train_sequence_sums(S, mb->seq_cu, b.lp, b.sw, b.sum, NULL);
