@@ -113,6 +113,7 @@ static void sequence_describe(const train_kind *k, long total, int bs, int ga, s
         !k->spec.needs_ref_logp       ? "none"
         : k->spec.precompute_ref_logp ? "precomputed"
         : k->spec.sync_ref_model      ? "live (TR-DPO sync)"
+        : k->ref_is_base              ? "the base model (LoRA adapters off)"
                                       : "live");
 }
 
