@@ -40,6 +40,14 @@ typedef struct ctrl_gen_request {
     /* The most likely tokens to record with each drawn token (0: none): the top_logprobs entries
      * of its output. */
     int top_logprobs;
+    /* OpenAI's logit_bias: bias[i] added to the logit of token bias_ids[i] before any processing
+     * (NULL / 0: none). */
+    const int32_t *bias_ids;
+    const float *bias;
+    int n_bias;
+    /* vLLM's min_tokens: until the completion has this many tokens its stop ids cannot be drawn
+     * and stop_check is not asked. */
+    int min_tokens;
 } ctrl_gen_request;
 
 typedef struct ctrl_gen_output {

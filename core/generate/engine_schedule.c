@@ -43,7 +43,8 @@ static const char *bad_sampling_field(const ctrl_sampling_params *p) {
 }
 
 ctrl_status ctrl_gen_request_check(const ctrl_gen_request *r) {
-    if (r->n < 1 || r->prompt_len < 1 || r->max_tokens < 1 || r->top_logprobs < 0)
+    if (r->n < 1 || r->prompt_len < 1 || r->max_tokens < 1 || r->top_logprobs < 0 || r->min_tokens < 0 ||
+        r->n_bias < 0)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "generation: a request needs a prompt, n >= 1, max_tokens >= 1 and top_logprobs >= 0");
@@ -143,8 +144,9 @@ static ctrl_status record_token(ctrl_engine *e, gen_seq *s, const gen_draw *d) {
     }
     o->ids[o->len] = t, o->logprobs[o->len] = lp, o->len++;
     e->generated++;
-    for (int i = 0; i < r->n_stop; i++) o->stopped |= t == r->stop_ids[i];
-    if (!o->stopped && r->stop_check) o->stopped = r->stop_check(r->stop_ctx, o->ids, o->len) != 0;
+    for (int i = 0; i < r->n_stop && o->len > r->min_tokens - 1; i++) o->stopped |= t == r->stop_ids[i];
+    if (!o->stopped && r->stop_check && o->len >= r->min_tokens)
+        o->stopped = r->stop_check(r->stop_ctx, o->ids, o->len) != 0;
     if (o->stopped || o->len >= r->max_tokens) {
         s->state = FINISHED;
         ctrl_kv_seq_release(e->kv, &s->kv);
@@ -180,6 +182,11 @@ static ctrl_status draw_all(ctrl_engine *e, int n) {
             if (!l) continue;
             memcpy(l, d->logits, sizeof(float) * (size_t)V);
             const ctrl_gen_request *r = &d->s->rq->r;
+            for (int b = 0; b < r->n_bias; b++)
+                if (r->bias_ids[b] >= 0 && r->bias_ids[b] < V) l[r->bias_ids[b]] += r->bias[b];
+            if (d->s->n_tokens - r->prompt_len < r->min_tokens) /* too early to stop */
+                for (int j = 0; j < r->n_stop; j++)
+                    if (r->stop_ids[j] >= 0 && r->stop_ids[j] < V) l[r->stop_ids[j]] = -INFINITY;
             d->tok = ctrl_sample_seq(&r->sampling, l, V, d->s->tokens, d->s->n_tokens, r->prompt_len,
                                      &d->s->rng, &d->logprob);
             if (d->tok >= 0 && r->top_logprobs > 0) {

@@ -247,7 +247,7 @@ unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_inpu
 
 void serve_input_free(serve_input *in) {
     for (int i = 0; i < in->n && in->ids; i++) free(in->ids[i]);
-    free(in->ids), free(in->lens), free(in->stop_ids);
+    free(in->ids), free(in->lens), free(in->stop_ids), free(in->bias_ids), free(in->bias);
     serve_stops_free(in->stops);
     memset(in, 0, sizeof *in);
 }
@@ -261,6 +261,8 @@ ctrl_gen_request *serve_input_requests(ctrl_server *s, const serve_input *in) {
         reqs[i].seed = in->base.seed + (uint64_t)i;
         reqs[i].stop_ids = in->stop_ids, reqs[i].n_stop = in->n_stop_ids;
         reqs[i].top_logprobs = in->logprobs > 0 ? in->logprobs : 0;
+        reqs[i].bias_ids = in->bias_ids, reqs[i].bias = in->bias, reqs[i].n_bias = in->n_bias;
+        reqs[i].min_tokens = in->min_tokens;
         serve_stops_attach(in, &reqs[i]);
     }
     return reqs;

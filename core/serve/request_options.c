@@ -21,7 +21,6 @@ struct serve_stops {
 /* Fields of the OpenAI or vLLM APIs that ctrl serve does not implement: refused by name. */
 static const char *const unsupported[] = {"suffix",
                                           "best_of",
-                                          "logit_bias",
                                           "tools",
                                           "tool_choice",
                                           "functions",
@@ -33,7 +32,6 @@ static const char *const unsupported[] = {"suffix",
                                           "guided_regex",
                                           "guided_choice",
                                           "guided_grammar",
-                                          "min_tokens",
                                           "chat_template",
                                           "modalities",
                                           "audio",
@@ -111,13 +109,49 @@ static int stream_options(const cJSON *f, serve_input *out, char *msg, size_t ca
     return 0;
 }
 
+/* A value of an unsupported field that asks for nothing (what clients send by default): an empty
+ * string, list or object, false, 0 or 1 (best_of), "none" (tool_choice), {"type": "text"}
+ * (response_format). */
+static int neutral(const cJSON *f) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(f, "type");
+    return cJSON_IsFalse(f) ||
+           (cJSON_IsString(f) && (!f->valuestring[0] || !strcmp(f->valuestring, "none"))) ||
+           ((cJSON_IsArray(f) || cJSON_IsObject(f)) && !f->child) ||
+           (cJSON_IsNumber(f) && (f->valuedouble == 0 || f->valuedouble == 1)) ||
+           (!strcmp(f->string, "response_format") && cJSON_GetArraySize(f) == 1 && cJSON_IsString(type) &&
+            !strcmp(type->valuestring, "text"));
+}
+
+/* OpenAI's logit_bias: {"token id": bias in [-100, 100]}. */
+static int logit_bias(ctrl_server *s, const cJSON *f, serve_input *out, char *msg, size_t cap) {
+    const int V = ctrl_tokenizer_vocab_size(s->tok), n = cJSON_GetArraySize(f);
+    if (!cJSON_IsObject(f)) return snprintf(msg, cap, "logit_bias: an object {\"token id\": bias}"), -1;
+    out->bias_ids = malloc(sizeof(int32_t) * (size_t)(n + 1)),
+    out->bias = malloc(sizeof(float) * (size_t)(n + 1));
+    if (!out->bias_ids || !out->bias) return snprintf(msg, cap, "out of memory"), -1;
+    for (const cJSON *e = f->child; e; e = e->next) {
+        char *end = NULL;
+        const long id = strtol(e->string, &end, 10);
+        if (!e->string[0] || *end || id < 0 || id >= V)
+            return snprintf(msg, cap, "logit_bias: '%.40s' is not a token id in [0, %d)", e->string, V), -1;
+        const double b = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (!(b >= -100 && b <= 100))
+            return snprintf(msg, cap, "logit_bias: a bias between -100 and 100"), -1;
+        out->bias_ids[out->n_bias] = (int32_t)id, out->bias[out->n_bias++] = (float)b;
+    }
+    return 0;
+}
+
 int serve_option_field(ctrl_server *s, int kind, const cJSON *f, serve_input *out, int *ignore_eos, char *msg,
                        size_t cap) {
     const char *k = f->string;
     const int V = ctrl_tokenizer_vocab_size(s->tok), openai = kind != SERVE_TRL;
     int v = 0;
     for (int i = 0; unsupported[i]; i++)
-        if (!strcmp(k, unsupported[i])) return snprintf(msg, cap, "%s: not supported by ctrl serve", k), -1;
+        if (!strcmp(k, unsupported[i]))
+            return neutral(f) ? 0 : (snprintf(msg, cap, "%s: not supported by ctrl serve", k), -1);
+    if (!strcmp(k, "logit_bias")) return logit_bias(s, f, out, msg, cap);
+    if (!strcmp(k, "min_tokens")) return count(f, s->context, &out->min_tokens, msg, cap);
     if (openai && !strcmp(k, "stop")) return stop_strings(s, f, out, msg, cap);
     if (!strcmp(k, "stop_token_ids")) return stop_token_ids(s, f, out, msg, cap);
     if (openai && !strcmp(k, "stream_options")) return stream_options(f, out, msg, cap);
@@ -143,6 +177,10 @@ int serve_option_field(ctrl_server *s, int kind, const cJSON *f, serve_input *ou
 }
 
 int serve_input_finish_options(serve_input *in, char *msg, size_t cap) {
+    if (in->min_tokens > in->base.max_tokens)
+        return snprintf(msg, cap, "min_tokens: %d is more than max_tokens %d", in->min_tokens,
+                        in->base.max_tokens),
+               -1;
     if (in->chat_top > 0 && in->chat_logprobs != 1) /* as OpenAI: top_logprobs wants logprobs */
         return snprintf(msg, cap, "top_logprobs: needs \"logprobs\": true"), -1;
     if (in->chat_logprobs == 1) in->logprobs = in->chat_top > 0 ? in->chat_top : 0;

@@ -93,8 +93,12 @@ typedef struct serve_input {
     int include_stop;    /* include_stop_str_in_output */
     int chat_logprobs;   /* chat's logprobs (-1: not given) and top_logprobs, settled into logprobs */
     int chat_top;
-    serve_stops *stops;  /* stop strings (NULL: none); heap: the requests point at it */
-    int32_t *stop_ids;   /* the ids ending a completion: the model's (unless ignore_eos) + stop_token_ids */
+    int32_t *bias_ids; /* logit_bias */
+    float *bias;
+    int n_bias;
+    int min_tokens;
+    serve_stops *stops; /* stop strings (NULL: none); heap: the requests point at it */
+    int32_t *stop_ids;  /* the ids ending a completion: the model's (unless ignore_eos) + stop_token_ids */
     int n_stop_ids;
     char id[48]; /* the response's id */
 } serve_input;

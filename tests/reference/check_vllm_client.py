@@ -246,7 +246,7 @@ def openai_checks(base):
         seen = []
         for kw, field in (({"temperature": -1}, "temperature"), ({"top_p": 2}, "top_p"),
                           ({"presence_penalty": 3}, "presence_penalty"), ({"n": 0}, "n"),
-                          ({"extra_body": {"tools": []}}, "tools"), ({"logprobs": -1}, "logprobs")):
+                          ({"extra_body": {"tools": [{"type": "function"}]}}, "tools"), ({"logprobs": -1}, "logprobs")):
             try:
                 c.completions.create(model=model, prompt="x", max_tokens=2, **kw)
             except openai.BadRequestError as e:

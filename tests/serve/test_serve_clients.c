@@ -344,7 +344,11 @@ TEST(errors_are_openai_shaped_4xx_naming_the_field) {
         {"/v1/completions", "{\"prompt\": \"x\", \"stop\": [\"\"]}", "stop", 400},
         {"/v1/completions", "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}",
          "stream_options", 400},
-        {"/v1/completions", "{\"prompt\": \"x\", \"response_format\": {}}", "response_format", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}",
+         "response_format", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"x\": 1}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"x\", \"min_tokens\": 9, \"max_tokens\": 4}", "min_tokens", 400},
         {"/v1/completions", "{\"prompt\": \"x\", \"bogus\": 1}", "bogus", 400},
         {"/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", "messages", 400},
@@ -352,7 +356,8 @@ TEST(errors_are_openai_shaped_4xx_naming_the_field) {
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2, "
          "\"logprobs\": false}",
          "top_logprobs", 400},
-        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": []}",
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}",
          "tools", 400},
         {"/init_weight_transfer_engine", "{}", NULL, 501},
     };
@@ -376,4 +381,48 @@ TEST(errors_are_openai_shaped_4xx_naming_the_field) {
         }
         cJSON_Delete(r);
     }
+}
+
+/* logit_bias moves the logits before anything else (+100: that token always); min_tokens keeps the
+ * stop ids out of a completion until it is that long (vLLM's); neutral values of fields ctrl serve
+ * does not implement (what clients send by default) are accepted. */
+TEST(logit_bias_min_tokens_and_neutral_fields) {
+    if (!server_up()) return;
+    cJSON *b = post_ok("/v1/completions", "{\"prompt\": [[5, 6]], \"max_tokens\": 5, \"temperature\": 0, "
+                                          "\"logit_bias\": {\"7\": 100}, \"return_token_ids\": true}");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(b, "choices"), 0), "token_ids");
+    CHECK_EQ_INT(cJSON_GetArraySize(ids), 5);
+    for (const cJSON *t = ids ? ids->child : NULL; t; t = t->next) CHECK_EQ_INT(t->valueint, 7);
+    cJSON *g = post_ok("/v1/completions", "{\"prompt\": [[5, 6]], \"max_tokens\": 5, \"temperature\": 0, "
+                                          "\"return_token_ids\": true}");
+    const int first =
+        cJSON_GetArrayItem(
+            cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(g, "choices"), 0), "token_ids"),
+            0)
+            ->valueint;
+    char body[256];
+    for (int min = 0; min <= 3; min += 3) {
+        snprintf(body, sizeof body,
+                 "{\"prompt\": [[5, 6]], \"max_tokens\": 5, \"temperature\": 0, \"stop_token_ids\": [%d], "
+                 "\"min_tokens\": %d, \"return_token_ids\": true}",
+                 first, min);
+        cJSON *r = post_ok("/v1/completions", body);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "choices"), 0);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "token_ids");
+        if (min == 0) { /* the first greedy token is the stop id */
+            CHECK_EQ_INT(cJSON_GetArraySize(t), 1);
+            CHECK_STR(cJSON_GetObjectItemCaseSensitive(c, "finish_reason")->valuestring, "stop");
+        } else {
+            CHECK(cJSON_GetArraySize(t) >= 3);
+            for (int i = 0; i < 3; i++) CHECK(cJSON_GetArrayItem(t, i)->valueint != first);
+        }
+        cJSON_Delete(r);
+    }
+    cJSON *n = post_ok("/v1/chat/completions",
+                       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                       "\"max_tokens\": 2, \"tools\": [], \"response_format\": {\"type\": "
+                       "\"text\"}, \"logit_bias\": {}, \"best_of\": 1, \"tool_choice\": \"none\"}");
+    cJSON_Delete(n), cJSON_Delete(b), cJSON_Delete(g);
 }
