@@ -117,6 +117,13 @@ def with_margin(rows):
     return [dict(r, margin=0.25 * i) for i, r in enumerate(rows)]
 
 
+def pretokenized(legacy=False):
+    """Already tokenized pairs (RewardTrainer's is_processed path; the legacy column names renamed)."""
+    c, r = ("chosen_input_ids", "rejected_input_ids") if legacy else ("chosen_ids", "rejected_ids")
+    return [{c: [5 + i, 17, 300 + i, 2][: 2 + i % 3], r: [5 + i, 40 + i] * (1 + i % 4), "margin": i / 4}
+            for i in range(6)]
+
+
 def long_prompts():
     return [{"prompt": f"Q: {q} " * (1 + i % 3) + "A:", "chosen": f" {c}", "rejected": f" {r}"}
             for i, (q, c, r) in enumerate(QA)]
@@ -147,6 +154,8 @@ CASES = {
     "reward_chat_template": ("reward", "tiny", conversational(),
                              {"chat_template_path": "templates/qwen2_5_training.jinja"}, 3),
     "reward_implicit": ("reward", "tiny", implicit()[:6], {}, 3),
+    "reward_pretokenized": ("reward", "tiny", pretokenized(), {"max_length": 7}, 3),
+    "reward_pretokenized_legacy": ("reward", "tiny", pretokenized(legacy=True), {}, 3),
     "reward_max_length": ("reward", "tiny", long_prompts(), {"max_length": 20}, 3),
     "reward_conversational_qwen3": ("reward", "qwen3", with_margin(conversational()), {}, 3),
 }

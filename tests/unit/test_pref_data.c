@@ -308,6 +308,8 @@ TRL_CASE(reward_standard)
 TRL_CASE(reward_conversational)
 TRL_CASE(reward_chat_template)
 TRL_CASE(reward_implicit)
+TRL_CASE(reward_pretokenized)
+TRL_CASE(reward_pretokenized_legacy)
 TRL_CASE(reward_max_length)
 TRL_CASE(reward_conversational_qwen3)
 
