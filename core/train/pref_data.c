@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/log.h>
+
 #include "config/config_load.h"
 #include "train/pref_format.h"
 #include "train/row_reader.h"
@@ -260,4 +262,26 @@ void ctrl_pref_set_free(ctrl_pref_set *s) {
     for (int i = 0; i < s->n; i++) pref_row_free(&s->rows[i]);
     free(s->rows);
     memset(s, 0, sizeof *s);
+}
+
+void ctrl_pref_set_describe(const ctrl_pref_set *s, const char *what) {
+    long tokens = 0;
+    int desirable = 0;
+    for (int i = 0; i < s->n; i++) {
+        const ctrl_pref_row *r = &s->rows[i];
+        tokens += s->paired ? 2L * r->n_prompt + r->n_chosen + r->n_rejected : r->n_prompt + r->n_chosen;
+        desirable += r->label != 0;
+    }
+    char rows[96];
+    if (s->paired)
+        snprintf(rows, sizeof rows, "%d pairs", s->n);
+    else
+        snprintf(rows, sizeof rows, "%d completions (%d desirable, %d undesirable)", s->n, desirable,
+                 s->n - desirable);
+    CTRL_INFO(
+        "%s: %s preference data, %s%s, %ld tokens before max_length = %d (%s); %ld malformed rows skipped, "
+        "%ld dropped over max_length, %ld cut by max_prompt_length / max_completion_length; %s%s",
+        what, task_name(s->task), rows, s->has_margin ? " with margins" : "", tokens, s->max_length,
+        s->keep_end ? "keep_end" : "keep_start", s->skipped_bad, s->dropped, s->truncated,
+        s->padded ? "padded batches" : "padding-free batches", s->has_kl ? ", KL sequences" : "");
 }

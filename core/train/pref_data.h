@@ -103,6 +103,9 @@ ctrl_status ctrl_pref_set_load(const char *path, const ctrl_tokenizer *tok, cons
 ctrl_status ctrl_pref_sets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok,
                                 const ctrl_sequence_spec *spec, ctrl_pref_set *train, ctrl_pref_set *eval);
 void ctrl_pref_set_free(ctrl_pref_set *s);
+/* Logs one line about a set (`what`: "train", "eval"): its rows (pairs, or KTO's desirable and
+ * undesirable completions), the rows skipped, dropped and cut, its layout. */
+void ctrl_pref_set_describe(const ctrl_pref_set *s, const char *what);
 
 /* One micro-batch of rows idx[0..n), laid out flat for the model.
  *   Paired (DPO, reward): n_seq = 2n, sequences [0, n) are prompt + chosen of the rows in order,

@@ -438,6 +438,7 @@ TEST(eval_fraction_holds_out_rows) {
     CHECK_EQ_INT(train.n + eval.n, 7);
     CHECK_EQ_INT(eval.n, 2); /* round(7 * 0.3) */
     CHECK(train.has_kl && eval.has_kl);
+    ctrl_pref_set_describe(&train, "train"), ctrl_pref_set_describe(&eval, "eval");
     for (int i = 0; i < eval.n; i++) CHECK(eval.rows[i].kl_row >= 0 && eval.rows[i].kl_row < eval.n);
     ctrl_pref_set_free(&train), ctrl_pref_set_free(&eval);
     ctrl_config_free(cfg);
