@@ -20,3 +20,10 @@ tail -n 2 runs/quickstart/metrics.jsonl
 echo "GRPO held-out accuracy (sampled), before -> after:" \
   "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/grpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
   "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/grpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"
+# And DPO on the SFT model with the preference pairs (configs/dpo-quickstart.ini, ~30 s).
+"${CTRL[@]}" train configs/dpo-quickstart.ini
+echo "DPO held-out reward accuracy and exact match, before -> after:" \
+  "$(grep -o '"eval_rewards/accuracies": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
+  "$(grep -o '"eval_rewards/accuracies": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)," \
+  "$(grep -o '"eval_exact_match": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
+  "$(grep -o '"eval_exact_match": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"

@@ -237,6 +237,7 @@ static int sequence_has_eval(const train_kind *k) { return k->eval.n > 0; }
  * eval_loss their mean weighted by the batch's pairs, the metrics the mean over batches. */
 static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
     const ctrl_pref_set *d = &k->eval;
+    if (d->n == 0) return CTRL_OK; /* the loop asks before the first step too */
     const int bs = k->eval_bs > 0 ? k->eval_bs : 1;
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
@@ -288,4 +289,5 @@ const train_kind_ops train_kind_sequence = {
     .log_window = sequence_log_window,
     .has_eval = sequence_has_eval,
     .evaluate = sequence_evaluate,
+    .eval_at_start = 1, /* the "before" of a preference run (TRL's eval_on_start) */
 };
