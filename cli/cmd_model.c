@@ -8,6 +8,8 @@
 
 #include "cli.h"
 #include "model/model.h"
+#include "model/peft.h"
+#include "train/checkpoint.h"
 #include "tokenizer/tokenizer.h"
 
 static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral"};
@@ -179,11 +181,13 @@ static ctrl_status line_ids(const cJSON *o, const ctrl_tokenizer *tok, const cha
 }
 
 static int logprobs(ctrl_cli *cli, int argc, char **argv) {
-    const char *model_dir = NULL, *input = NULL, *attention = "flash";
+    const char *model_dir = NULL, *input = NULL, *attention = "flash", *adapter = NULL;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--model"))
             model_dir = argv[++i];
+        else if (!strcmp(argv[i], "--adapter"))
+            adapter = argv[++i];
         else if (!strcmp(argv[i], "--input"))
             input = argv[++i];
         else if (!strcmp(argv[i], "--attention"))
@@ -205,7 +209,9 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
         return cli_fail(CTRL_ERR_USAGE);
     }
     ctrl_model *m;
-    if ((st = ctrl_model_load(model_dir, e->plugin->ops, &m)) != CTRL_OK) return cli_fail(st);
+    st = adapter ? ctrl_peft_load(model_dir, adapter, e->plugin->ops, &m)
+                 : ctrl_model_load(model_dir, e->plugin->ops, &m);
+    if (st != CTRL_OK) return cli_fail(st);
     ctrl_tokenizer *tok = NULL;
     char tok_path[4200];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
@@ -283,26 +289,60 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
     return st == CTRL_OK ? 0 : cli_fail(st);
 }
 
+/* ctrl model merge --base DIR --adapter DIR --out DIR: PEFT's merge_and_unload, saved as a plain HF
+ * model directory (with the base's tokenizer files). */
+static int merge(int argc, char **argv) {
+    const char *base = NULL, *adapter = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--base"))
+            base = argv[++i];
+        else if (!strcmp(argv[i], "--adapter"))
+            adapter = argv[++i];
+        else if (!strcmp(argv[i], "--out"))
+            out = argv[++i];
+        else
+            return cli_usage_error(&cli_cmd_model, "model merge: unknown option '%s'", argv[i]);
+    }
+    if (!base || !adapter || !out)
+        return cli_usage_error(&cli_cmd_model, "model merge needs --base DIR --adapter DIR --out DIR");
+    ctrl_model *m;
+    ctrl_status st = ctrl_peft_load(base, adapter, NULL, &m);
+    if (st != CTRL_OK) return cli_fail(st);
+    st = ctrl_peft_merge(m);
+    if (st == CTRL_OK) st = ctrl_model_save(m, out, CTRL_F32);
+    if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(base, out);
+    ctrl_model_free(m);
+    if (st != CTRL_OK) return cli_fail(st);
+    printf("%s: %s merged into %s\n", out, adapter, base);
+    return 0;
+}
+
 static int run_model(ctrl_cli *cli, int argc, char **argv) {
-    if (argc < 2) return cli_usage_error(&cli_cmd_model, "expected info, init or logprobs");
+    if (argc < 2) return cli_usage_error(&cli_cmd_model, "expected info, init, logprobs or merge");
     if (!strcmp(argv[1], "info")) return info(argc - 1, argv + 1);
     if (!strcmp(argv[1], "init")) return init(cli, argc - 1, argv + 1);
     if (!strcmp(argv[1], "logprobs")) return logprobs(cli, argc - 1, argv + 1);
-    return cli_usage_error(&cli_cmd_model, "unknown subcommand '%s' (info, init, logprobs)", argv[1]);
+    if (!strcmp(argv[1], "merge")) return merge(argc - 1, argv + 1);
+    return cli_usage_error(&cli_cmd_model, "unknown subcommand '%s' (info, init, logprobs, merge)", argv[1]);
 }
 
 const ctrl_command cli_cmd_model = {
     .name = "model",
-    .summary = "inspect, create, or score with a Hugging Face model directory",
+    .summary = "inspect, create, score with, or merge a LoRA adapter into a Hugging Face model directory",
     .usage = "usage: ctrl model info DIR\n"
              "       ctrl model init --arch llama|qwen2|qwen3|mistral --hidden N --layers N --heads N\n"
              "                       [--kv-heads N] [--intermediate N] [--vocab N] [--tie-embeddings]\n"
              "                       [--seed S] --tokenizer DIR --out DIR\n"
-             "       ctrl model logprobs --model DIR --input FILE.jsonl [--attention NAME]\n\n"
+             "       ctrl model logprobs --model DIR [--adapter DIR] --input FILE.jsonl [--attention NAME]\n"
+             "       ctrl model merge --base DIR --adapter DIR --out DIR\n\n"
              "info: architecture, parameter count, shapes, vocabulary, context.\n"
              "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
              "      directory with the tokenizer's files.\n"
              "logprobs: each input line {\"text\": ...} or {\"input_ids\": [...]} gives one output line\n"
-             "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout.\n",
+             "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout; with\n"
+             "      --adapter, of the model under a PEFT LoRA adapter directory.\n"
+             "merge: the adapter folded into the base weights (W += s B A, PEFT's merge_and_unload),\n"
+             "      saved as a plain HF model directory with the base's tokenizer files.\n",
     .run = run_model,
 };

@@ -23,4 +23,13 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir);
  * save_pretrained would for this model's adapters; `base` is base_model_name_or_path. */
 ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
 
+/* The base model BASE_DIR under the adapter of ADAPTER_DIR (its config and weights); attn may be
+ * NULL for a model that is only merged or saved. */
+ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
+                           ctrl_model **out);
+/* Folds every adapter into its base weight, W += s B A (PEFT's merge_and_unload), and switches the
+ * adapters off: the model computes what it did, and ctrl_model_save writes the merged model (the
+ * modules_to_save are the model's own tensors already). */
+ctrl_status ctrl_peft_merge(ctrl_model *m);
+
 #endif

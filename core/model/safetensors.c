@@ -261,6 +261,12 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' is %s, not a float type", st->path, name,
                               ctrl_dtype_name(t->dtype));
     }
+    /* The copied pages are let go (read again from the file if ever touched): loading a model peaks
+     * at its fp32 weights, not the weights plus the mapped file (a LoRA run's peak: 1434 -> 797 MiB
+     * with a 704 MiB file, docs/performance.md). */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)src & ~(page - 1),
+                    hi = ((uintptr_t)src + t->nbytes) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
     return CTRL_OK;
 }
 

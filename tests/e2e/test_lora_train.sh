@@ -51,6 +51,19 @@ grep -q "LoRA: r 4, scale 2, .* trainable parameters" "$TMP/log" && ok || bad "n
 first=$(loss_at "$TMP/lora" 1) last=$(for s in 5 6 7 8; do loss_at "$TMP/lora" $s; done | awk '{ t += $1 } END { print t / NR }')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "loss did not fall: $first -> $last (mean of 5-8)"
 
+# 1b. ctrl model merge: the merged model scores what the base under the adapter does
+# (`ctrl model logprobs --adapter`), and differs from the base.
+printf '{"text": "12+7=19"}\n{"text": "40+3=43"}\n' >"$TMP/lp.jsonl"
+"${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/lora" --out "$TMP/merged" >/dev/null 2>&1 &&
+  [ -s "$TMP/merged/model.safetensors" ] && [ -s "$TMP/merged/tokenizer.json" ] && ok || bad "model merge"
+lp() { "${C[@]}" model logprobs --input "$TMP/lp.jsonl" "$@" 2>/dev/null | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/' | tr '\n' ' '; }
+with=$(lp --model "$TMP/model" --adapter "$TMP/lora") merged=$(lp --model "$TMP/merged") base=$(lp --model "$TMP/model")
+awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
+  exit !(n == 2) }' && ok || bad "merged losses $merged, with the adapter $with, base $base"
+"${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/nowhere" --out "$TMP/m2" >/dev/null 2>&1
+[ $? = 1 ] && ok || bad "merge of a missing adapter: not a run-time error"
+
 # 2. The optimizer state is the adapters' only: against a full fine-tune's.
 "${C[@]}" train "$TMP/sft.ini" --set peft.enabled=false --set run.output_dir="$TMP/full" --set train.max_steps=4 \
   >"$TMP/log" 2>&1 || { bad "full run"; tail -5 "$TMP/log"; }

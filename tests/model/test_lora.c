@@ -329,8 +329,8 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
 }
 
 /* Three SGD steps of ctrl's on each PEFT fixture adapter lower the loss; with CTRL_LORA_EXPORT_DIR
- * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json), for
- * PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
+ * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json) and
+ * merged (merged/), for PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
 TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
     static const char *const cases[] = {"llama_qv", "llama_all_rslora", "qwen2_attn_mlp",
                                         "qwen3_default_init"};
@@ -364,6 +364,14 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
             char out[1200], path[1300];
             snprintf(out, sizeof out, "%s/%s", export, cases[c]);
             CHECK_EQ_INT(ctrl_peft_save(m, out, arch), CTRL_OK);
+            ctrl_model *merged = NULL; /* and merged (ctrl_peft_merge), for PEFT's merge_and_unload */
+            snprintf(path, sizeof path, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+            CHECK_EQ_INT(ctrl_peft_load(path, out, NULL, &merged), CTRL_OK);
+            if (merged && ctrl_peft_merge(merged) == CTRL_OK) {
+                snprintf(path, sizeof path, "%s/merged", out);
+                CHECK_EQ_INT(ctrl_model_save(merged, path, CTRL_F32), CTRL_OK);
+            }
+            ctrl_model_free(merged);
             snprintf(path, sizeof path, "%s/logp.json", out);
             FILE *fp = fopen(path, "w");
             fprintf(fp, "{\"base\": \"%s\", \"logp\": [", arch);
@@ -374,5 +382,48 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
         free(logp), free(dlogp);
         batch_free(&f);
         ctrl_model_free(m);
+    }
+}
+
+/* ctrl_peft_merge (PEFT's merge_and_unload): the merged model computes what the adapters did, and
+ * saved, it loads back as a plain model with the same log-probs. */
+TEST(lora_merged_model_equals_the_adapters) {
+    static const char *const cases[] = {"llama_qv", "llama_all_rslora", "qwen2_attn_mlp"};
+    static const char *const archs[] = {"llama", "llama", "qwen2"};
+    for (int c = 0; c < 3; c++) {
+        char dir[1024], base[1024];
+        snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
+        snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, archs[c]);
+        ctrl_model *m = NULL, *plain = NULL;
+        CHECK_EQ_INT(ctrl_peft_load(base, dir, eager(), &m), CTRL_OK);
+        if (!m) continue;
+        fixture_batch f;
+        batch_load(&f, archs[c]);
+        float *a = malloc(sizeof(float) * f.T), *b = malloc(sizeof(float) * f.T),
+              *p = malloc(sizeof(float) * f.T);
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+        CHECK_EQ_INT(ctrl_peft_merge(m), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, b, NULL, NULL), CTRL_OK);
+        const double e = test_rel_error_f32(b, a, f.T);
+        CHECK_MSG(e <= 1e-6, "%s: merged log-probs relative error %.3g", cases[c], e);
+        char out[] = "/tmp/ctrl_lora_merged_XXXXXX";
+        CHECK(mkdtemp(out) != NULL);
+        CHECK_EQ_INT(ctrl_model_save(m, out, CTRL_F32), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_load(out, eager(), &plain), CTRL_OK);
+        if (plain) {
+            CHECK_EQ_INT(ctrl_model_forward(plain, &f.b, p, NULL, NULL), CTRL_OK);
+            CHECK_REL(p, b, f.T, 0.0);
+        }
+        printf("  %-20s merged vs adapters: log-probs rel %.1e\n", cases[c], e);
+        static const char *const files[] = {"config.json", "model.safetensors", "generation_config.json"};
+        for (int i = 0; i < 3; i++) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/%s", out, files[i]);
+            unlink(path);
+        }
+        rmdir(out);
+        free(a), free(b), free(p);
+        batch_free(&f);
+        ctrl_model_free(plain), ctrl_model_free(m);
     }
 }

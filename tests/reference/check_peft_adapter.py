@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Checks that PEFT loads the adapters ctrl saves: for each case exported by test_lora (ctrl's own
 SGD steps on the PEFT fixture adapters, saved with ctrl_peft_save), PeftModel.from_pretrained over
-the fixture base model gives ctrl's log-probs of the fixture batch (relative L2 <= 1e-5). Run by hand:
+the fixture base model gives ctrl's log-probs of the fixture batch (relative L2 <= 1e-5); and
+ctrl's merged model (ctrl_peft_merge, `ctrl model merge`), loaded by transformers, gives the logits
+of PEFT's merge_and_unload (relative L2 <= 1e-6, or twice PEFT's own merged-vs-unmerged distance
+where fp32 merging moves the logits more: large adapters). Run by hand:
     mkdir -p /tmp/ctrl-lora && CTRL_LORA_EXPORT_DIR=/tmp/ctrl-lora build/test_lora
     /work/venv/bin/python tests/reference/check_peft_adapter.py /tmp/ctrl-lora
 """
@@ -39,6 +42,20 @@ def main():
         ok &= rel <= 1e-5
         print("%-20s PEFT %s vs ctrl: log-probs relative L2 %.2e %s" % (case, pm.peft_config["default"].peft_type,
                                                                          rel, "ok" if rel <= 1e-5 else "FAIL"))
+        merged_dir = os.path.join(root, case, "merged")
+        if os.path.isdir(merged_dir):
+            ours = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32, attn_implementation="eager")
+            ids = torch.tensor(toks)[None]
+            with torch.no_grad():
+                unmerged = pm(input_ids=ids).logits.double()
+                theirs = pm.merge_and_unload()
+                a, b = ours(input_ids=ids).logits.double(), theirs(input_ids=ids).logits.double()
+            rel = ((a - b).norm() / b.norm()).item()
+            own = ((b - unmerged).norm() / unmerged.norm()).item()  # PEFT's own merge vs its adapters
+            tol = max(1e-6, 2 * own)
+            ok &= rel <= tol
+            print("%-20s ctrl merged vs PEFT merge_and_unload: logits relative L2 %.2e (PEFT merged vs unmerged "
+                  "%.2e) %s" % (case, rel, own, "ok" if rel <= tol else "FAIL"))
     sys.exit(0 if ok else 1)
 
 

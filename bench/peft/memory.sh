@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Memory of LoRA against a full fine-tune: SFT on the CPU, the same random Qwen2-shaped model and
+# data, `[peft] enabled` false then true (all-linear, r 16, alpha 32), 3 steps of 8 rows, fp32,
+# AdamW. Per run: peak RSS (/usr/bin/time -v, loading included), the largest RSS sampled while the
+# steps run (/proc/PID/status every 0.05 s once the first step is logged), wall time, the last loss.
+# With `--trl`, the same two runs with TRL's SFTTrainer (+ PEFT's LoraConfig) in /work/venv.
+# usage: bench/peft/memory.sh BUILD_DIR [HIDDEN LAYERS HEADS KV_HEADS] [--trl]
+set -euo pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$(cd "$1" && pwd)
+shift
+TRL=0
+ARGS=()
+for a in "$@"; do [ "$a" = --trl ] && TRL=1 || ARGS+=("$a"); done
+HIDDEN=${ARGS[0]:-1024} LAYERS=${ARGS[1]:-12} HEADS=${ARGS[2]:-16} KV=${ARGS[3]:-4}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+C=("$BUILD/ctrl" --plugin-dir "$BUILD/plugins")
+export OMP_WAIT_POLICY=PASSIVE
+bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 1 >/dev/null
+"${C[@]}" model init --arch qwen2 --hidden "$HIDDEN" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV" \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/model" >/dev/null
+cat >"$TMP/run.ini" <<INI
+[run]
+device = cpu
+seed = 1
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train.jsonl
+[train]
+learning_rate = 1e-4
+max_steps = 3
+per_device_train_batch_size = 8
+logging_steps = 1
+save_strategy = no
+dtype = fp32
+[peft]
+target_modules = all-linear
+r = 16
+lora_alpha = 32
+lora_dropout = 0
+INI
+echo "model: $("${C[@]}" model info "$TMP/model" | grep parameters | awk '{print $2}') parameters (hidden $HIDDEN, $LAYERS layers)"
+printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | last loss |\n|---|---|---|---|---|\n'
+for peft in false true; do
+  out=$TMP/out-$peft
+  /usr/bin/time -v -o "$TMP/time-$peft" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
+    --set peft.enabled=$peft >"$TMP/log-$peft" 2>&1 &
+  tpid=$!
+  max=0
+  while kill -0 $tpid 2>/dev/null; do
+    pid=$(pgrep -P $tpid | head -1 || true)
+    if [ -n "$pid" ] && [ -s "$out/metrics.jsonl" ]; then
+      r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status 2>/dev/null || echo 0)
+      [ "${r:-0}" -gt "$max" ] && max=$r
+    fi
+    sleep 0.05
+  done
+  wait $tpid
+  peak=$(awk -F': ' '/Maximum resident/ {print $2}' "$TMP/time-$peft")
+  wall=$(awk -F': ' '/Elapsed/ {print $2}' "$TMP/time-$peft")
+  loss=$(tail -1 "$out/metrics.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/')
+  name=$([ $peft = true ] && echo "ctrl LoRA" || echo "ctrl full fine-tune")
+  printf '| %s | %d | %d | %s | %s |\n' "$name" $((peak / 1024)) $((max / 1024)) "$wall" "$loss"
+done
+if [ $TRL = 1 ]; then
+  for peft in 0 1; do
+    /work/venv/bin/python "$SRC/bench/peft/trl_sft.py" "$TMP/model" "$TMP/data/train.jsonl" $peft 2>/dev/null | grep '^| TRL' 
+  done
+fi

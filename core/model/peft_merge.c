@@ -1,0 +1,46 @@
+/* Adapters in and out of a model in one call (ctrl_peft_load), and folded into the base weights
+ * (ctrl_peft_merge: PEFT's merge_and_unload): W += s * B A for every adapter, on the host copy. */
+#include <cblas.h>
+
+#include "model/model_internal.h"
+#include "model/peft.h"
+
+ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
+                           ctrl_model **out) {
+    static ctrl_lora_config lc; /* large (the target list): not on the stack */
+    *out = NULL;
+    MODEL_TRY(ctrl_peft_read_config(adapter_dir, &lc, NULL, 0));
+    ctrl_model *m;
+    MODEL_TRY(ctrl_model_load_lora(base_dir, attn, &lc, &m));
+    ctrl_status st = ctrl_peft_load_weights(m, adapter_dir);
+    if (st != CTRL_OK) {
+        ctrl_model_free(m);
+        return st;
+    }
+    *out = m;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_peft_merge(ctrl_model *m) {
+    if (!m->has_lora) return ctrl_error_set(CTRL_ERR_RUNTIME, "merge: the model has no LoRA adapters");
+    const int r = m->lora->r;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const long ao = m->lora_a[l * LORA_N_TARGETS + t], bo = m->lora_b[l * LORA_N_TARGETS + t];
+            if (ao < 0) continue;
+            const ctrl_param_view *a = NULL, *b = NULL; /* A [r, IN], B [OUT, r] */
+            for (int i = 0; i < m->n_views && (!a || !b); i++) {
+                if (m->views[i].offset == (size_t)ao) a = &m->views[i];
+                if (m->views[i].offset == (size_t)bo) b = &m->views[i];
+            }
+            const int IN = (int)a->shape[1], OUT = (int)b->shape[0];
+            const layer_offsets *o = &m->layers[l];
+            const long w[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
+            /* W [OUT, IN] += s * B [OUT, r] A [r, IN] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OUT, IN, r, m->lora_scale, m->params + bo,
+                        r, m->params + ao, IN, 1.0f, m->params + w[t], IN);
+        }
+    m->lora_off = 1; /* the adapters are in the weights now */
+    ctrl_model_weights_changed(m);
+    return CTRL_OK;
+}
