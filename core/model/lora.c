@@ -229,6 +229,7 @@ ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out,
     }
     MODEL_TRY(model_linear_forward(m, xa, x, P + *a_off(m, l, t), NULL, T, IN, r));
     MODEL_TRY(be->scale(xa, m->lora_scale, (int64_t)T * r));
+    if (!out) return CTRL_OK; /* a recompute for backward: lora_xa is all it needs */
     MODEL_TRY(model_linear_forward(m, w2, xa, P + *b_off(m, l, t), NULL, T, r, OUT));
     return be->residual_forward(out, out, w2, (int64_t)T * OUT);
 }

@@ -393,7 +393,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
     MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
     MODEL_TRY(be->swiglu_forward(a->h, a->g, a->u, (int64_t)T * I));
-    if (!next) return CTRL_OK;
+    if (!next) return lora_forward(m, l, LORA_DOWN, a, NULL, a->h, I, C); /* its adapter's kept input */
     MODEL_TRY(model_linear_forward(m, next, a->h, P + o->wd, NULL, T, I, C));
     MODEL_TRY(lora_forward(m, l, LORA_DOWN, a, next, a->h, I, C));
     return be->residual_forward(next, next, a->x_mid, (int64_t)T * C);

@@ -159,6 +159,7 @@ ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, flo
 ctrl_status model_ensure_acts(ctrl_model *m, int T);
 /* One decoder layer from acts[l].x_in over m->T tokens at m->dev_batch.positions, writing the layer's
  * output into `next` (NULL: stop after the MLP's activations, all a recompute for backward needs).
+ * (NULL still keeps the down projection adapter's input: its backward needs it.)
  * `attend` computes acts[l].att from acts[l].q, k, v: the attention plugin in training, the paged
  * KV cache in decoding. */
 typedef ctrl_status (*model_attention_fn)(ctrl_model *m, int l, layer_acts *a, void *ctx);
@@ -177,7 +178,8 @@ ctrl_head_args model_head_args(const ctrl_model *m);
 /* LoRA (lora.c). lora_layout adds each layer's lora_A / lora_B views after *cursor; lora_init fills
  * them as init_lora_weights says. lora_forward adds the adapter of layer l's linear `target` to
  * `out` [T, OUT] from its input x [T, IN] (nothing where there is none), keeping a->lora_xa for
- * backward; lora_backward accumulates dA, dB and adds the adapter's share to dx [T, IN] from dout. */
+ * backward (out NULL: only that, for a recompute that stops before the projection); lora_backward accumulates
+ * dA, dB and adds the adapter's share to dx [T, IN] from dout. */
 ctrl_status lora_layout(ctrl_model *m, size_t *cursor);
 void lora_init(ctrl_model *m);
 /* Floats per token of layer l's lora_xa (l < 0: the shared set of the recomputed layers). */

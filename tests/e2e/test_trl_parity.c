@@ -5,7 +5,7 @@
  * completion-only vs full loss, assistant-only loss, gradient accumulation, bfd packing, bfd_split
  * packing (sequences cut at max_length 8), wrapped packing (padded rows), pad_to_multiple_of with
  * padded rows and with padding-free batches (TRL's num_tokens then counts the flat row's padding);
- * and padded batches in bf16 (TRL's bf16 = True: autocast) within 1e-2. */
+ * padded batches in bf16 (TRL's bf16 = True: autocast) within 1e-2; and LoRA adapters (TRL + PEFT). */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -130,3 +130,6 @@ TEST(bfd_split_packing) { run_case("bfd_split_packing"); }
 TEST(wrapped_packing) { run_case("wrapped_packing"); }
 TEST(padded_multiple) { run_case("padded_multiple"); }
 TEST(padding_free_multiple) { run_case("padding_free_multiple"); }
+/* LoRA ([peft] enabled, all-linear r 8, from the initial adapter PEFT saved): TRL + PEFT's curve
+ * (tests/reference/make_lora_sft_curve.py) */
+TEST(lora_padded) { run_case("lora_padded"); }

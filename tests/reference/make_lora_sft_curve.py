@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""TRL + PEFT's SFT loss curve with LoRA, for tests/e2e/test_trl_parity.c's lora_padded case.
+
+On tests/fixtures/trl_sft/ (make_trl_sft_curves.py's tiny Qwen2 model and arithmetic data): PEFT's
+get_peft_model with LoraConfig(all-linear, r 8, lora_alpha 16, dropout 0, PEFT's default init:
+A Kaiming-uniform, B zero), the initial adapter saved with PEFT's save_pretrained to
+trl_sft/lora_init/ (ctrl starts from it: [peft] adapter_path, so that both begin from the same
+random A), then TRL's SFTTrainer as the `padded` case (rows in file order, fp32, 20 steps) on the
+PEFT model. Writes trl_sft/lora_padded.ini (the same run as a ctrl config) and
+trl_sft/lora_padded.trl.jsonl (per-step loss, grad_norm, learning_rate, entropy,
+mean_token_accuracy, num_tokens). Run by hand (after make_trl_sft_curves.py):
+    /work/venv/bin/python tests/reference/make_lora_sft_curve.py
+"""
+import json
+import os
+import sys
+import tempfile
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers import AutoTokenizer, Qwen2ForCausalLM
+from trl import SFTConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_trl_sft_curves as base  # noqa: E402  (the padded case's settings, sampler and recorder)
+
+OUT = base.OUT
+
+
+def main():
+    tok = AutoTokenizer.from_pretrained(base.TOK)
+    model = Qwen2ForCausalLM.from_pretrained(os.path.join(OUT, "model"), attn_implementation="eager")
+    torch.manual_seed(7)
+    pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
+                                          task_type="CAUSAL_LM", bias="none"))
+    init = os.path.join(OUT, "lora_init")
+    pm.save_pretrained(init)
+    os.remove(os.path.join(init, "README.md"))
+    cpath = os.path.join(init, "adapter_config.json")
+    with open(cpath) as f:
+        ac = json.load(f)
+    ac["base_model_name_or_path"] = "model"
+    with open(cpath, "w") as f:
+        json.dump(ac, f, indent=2, sort_keys=True)
+    rows = [json.loads(l) for l in open(os.path.join(OUT, "prompt_completion.jsonl"))]
+    rec = base.Record()
+    with tempfile.TemporaryDirectory() as tmp:
+        args = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=base.STEPS, logging_steps=1,
+                         save_strategy="no", optim="adamw_torch", dataloader_drop_last=False,
+                         **dict(base.COMMON, bf16=False, per_device_train_batch_size=4))
+        trainer = base.Sequential(model=pm, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                                  callbacks=[rec])
+        trainer.train()
+    with open(os.path.join(OUT, "lora_padded.trl.jsonl"), "w") as f:
+        for r in rec.rows:
+            f.write(json.dumps(r) + "\n")
+    base.write_ini("lora_padded", "prompt_completion.jsonl", {"padding_free": "false"})
+    with open(os.path.join(OUT, "lora_padded.ini"), "a") as f:
+        f.write("[peft]\nenabled = true\nadapter_path = @DIR@/lora_init\nlora_dropout = 0\n")
+    print("lora_padded", " ".join("%.5f" % r["loss"] for r in rec.rows[:6]), "...")
+
+
+if __name__ == "__main__":
+    main()
