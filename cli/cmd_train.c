@@ -46,6 +46,7 @@ static int train_ranked(ctrl_cli *cli, int argc, char **argv) {
         st = ctrl_train_run(cfg, cli_interrupted);
     }
     ctrl_config_free(cfg);
+    if (st != CTRL_OK && ctrl_collective_size() > 1) st = ctrl_error_wrap(st, "rank %d", ctrl_collective_rank());
     return st == CTRL_OK ? 0 : cli_fail(st);
 }
 

@@ -1,12 +1,19 @@
 /* The MPI backend of the collectives (libctrl_mpi.so; see collective_backend.h). Errors return
  * (MPI_ERRORS_RETURN) as ctrl errors naming the call; the caller ends the job on them. Counts are
- * int in MPI: long buffers go in chunks. */
+ * int in MPI: long buffers go in chunks. Each collective is the non-blocking call waited on with
+ * MPI_Test: past the timeout it fails instead of hanging, and a rank that waits long sleeps
+ * between tests instead of spinning a core another rank may need. */
 #include <limits.h>
 #include <mpi.h>
+#include <time.h>
 
 #include "collective/collective_backend.h"
 
 #define CHUNK (1 << 28) /* elements per call, below INT_MAX for any element size */
+
+static double timeout_s = 1800;
+
+static void mpi_set_timeout(double seconds) { timeout_s = seconds; }
 
 static ctrl_status mpi_fail(int rc, const char *call) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -14,6 +21,25 @@ static ctrl_status mpi_fail(int rc, const char *call) {
     if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
     msg[len] = '\0';
     return ctrl_error_set(CTRL_ERR_DEVICE, "%s: %s", call, len ? msg : "failed");
+}
+
+/* Completes `req`: an error past the timeout. */
+static ctrl_status wait_for(MPI_Request *req, const char *call) {
+    const double start = MPI_Wtime();
+    for (long tests = 0;; tests++) {
+        int done = 0, rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, call);
+        if (done) return CTRL_OK;
+        if (tests < 20000) continue; /* a prompt peer: answered within microseconds */
+        const double waited = MPI_Wtime() - start;
+        if (waited > timeout_s)
+            return ctrl_error_set(CTRL_ERR_RUNTIME,
+                                  "%s: the other ranks did not join within %.0f s ([train] ddp_timeout): a "
+                                  "rank stopped, failed or is far behind",
+                                  call, timeout_s);
+        const struct timespec pause = {0, waited < 0.01 ? 20000 : 200000}; /* 20 us, then 0.2 ms */
+        nanosleep(&pause, NULL);
+    }
 }
 
 static ctrl_status mpi_init(int *rank, int *size, int *local_rank, int *local_size) {
@@ -39,9 +65,12 @@ static ctrl_status mpi_allreduce(void *buf, size_t n, ctrl_coll_dtype dtype, ctr
     const size_t elem = dtype == CTRL_COLL_F32 ? sizeof(float) : sizeof(double);
     for (size_t i = 0; i < n; i += CHUNK) {
         const int count = (int)(n - i < CHUNK ? n - i : CHUNK);
-        int rc = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + i * elem, count, t,
-                               op == CTRL_COLL_SUM ? MPI_SUM : MPI_MAX, MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Allreduce");
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + i * elem, count, t,
+                                op == CTRL_COLL_SUM ? MPI_SUM : MPI_MAX, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Iallreduce");
+        ctrl_status st = wait_for(&req, "MPI_Allreduce");
+        if (st != CTRL_OK) return st;
     }
     return CTRL_OK;
 }
@@ -49,15 +78,19 @@ static ctrl_status mpi_allreduce(void *buf, size_t n, ctrl_coll_dtype dtype, ctr
 static ctrl_status mpi_broadcast(void *buf, size_t bytes, int root) {
     for (size_t i = 0; i < bytes; i += CHUNK) {
         const int count = (int)(bytes - i < CHUNK ? bytes - i : CHUNK);
-        int rc = MPI_Bcast((char *)buf + i, count, MPI_BYTE, root, MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Bcast");
+        MPI_Request req;
+        int rc = MPI_Ibcast((char *)buf + i, count, MPI_BYTE, root, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Ibcast");
+        ctrl_status st = wait_for(&req, "MPI_Bcast");
+        if (st != CTRL_OK) return st;
     }
     return CTRL_OK;
 }
 
 static ctrl_status mpi_barrier(void) {
-    int rc = MPI_Barrier(MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? CTRL_OK : mpi_fail(rc, "MPI_Barrier");
+    MPI_Request req;
+    int rc = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    return rc == MPI_SUCCESS ? wait_for(&req, "MPI_Barrier") : mpi_fail(rc, "MPI_Ibarrier");
 }
 
 static void mpi_abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
@@ -86,6 +119,7 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .device_init = ctrl_collective_nccl_init,
         .device_allreduce_mean_f32 = ctrl_collective_nccl_allreduce_mean_f32,
 #endif
+        .set_timeout = mpi_set_timeout,
     };
     return &table;
 }

@@ -1,4 +1,5 @@
 /* The process's place in a distributed run and the collectives' dispatch (see collective.h). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,11 @@ ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root) {
 }
 
 ctrl_status ctrl_collective_barrier(void) { return backend ? backend->barrier() : CTRL_OK; }
+
+void ctrl_collective_set_timeout(double seconds) {
+    if (backend && backend->size > offsetof(ctrl_collective_backend, set_timeout) && backend->set_timeout)
+        backend->set_timeout(seconds);
+}
 
 ctrl_status ctrl_collective_device_init(void) {
     if (!backend || device_ready) return CTRL_OK;

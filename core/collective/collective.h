@@ -51,6 +51,9 @@ ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n);
 /* `bytes` of `buf` from `root` to every rank. */
 ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root);
 ctrl_status ctrl_collective_barrier(void);
+/* A host collective that has waited this long for the other ranks fails (an error naming the
+ * call and the timeout; the job then ends). [train] ddp_timeout; 1800 s until set. */
+void ctrl_collective_set_timeout(double seconds);
 
 /* CUDA runs: an NCCL communicator over the same ranks, on the current device (set the device
  * first). CTRL_ERR_UNSUPPORTED when libctrl_mpi.so was built without NCCL. Then the mean of a

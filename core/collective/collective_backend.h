@@ -25,6 +25,8 @@ typedef struct ctrl_collective_backend {
     /* NULL when built without NCCL. */
     ctrl_status (*device_init)(void);
     ctrl_status (*device_allreduce_mean_f32)(float *device_buf, size_t n);
+    /* How long a host collective may wait for the other ranks (seconds; the default 1800). */
+    void (*set_timeout)(double seconds);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

@@ -112,6 +112,10 @@ static const ctrl_option train_options[] = {
     {"save_total_limit", CTRL_OPT_INT, "0", MIN(0), NULL, "Keep at most N checkpoints (0 = all)."},
     {"resume_from_checkpoint", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A checkpoint directory, or 'last' for the newest in output_dir."},
+    {"ddp_timeout", CTRL_OPT_INT, "1800", MIN(1), NULL,
+     "Data parallel (mpirun/srun): seconds a collective may wait for the other ranks before the job is "
+     "ended with an error (a rank stopped or far behind; rank 0's evaluations and checkpoint saves must "
+     "fit in it), as TrainingArguments.ddp_timeout."},
     CTRL_OPTION_END,
 };
 

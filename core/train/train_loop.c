@@ -340,6 +340,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
 ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     const ctrl_run_settings *s = ctrl_config_settings(cfg);
     run_state r = {.cfg = cfg, .s = s, .root = ctrl_collective_is_root()};
+    ctrl_collective_set_timeout(s->train.ddp_timeout);
     const char *out_dir = s->run.output_dir;
     const char *resume = s->train.resume_from_checkpoint;
     char ckpt[4200] = "";

@@ -147,6 +147,25 @@ grep '"step": [1-3],' "$TMP/g2/metrics.jsonl" >"$TMP/g2r/metrics.jsonl"
 timeless() { sed -e 's/, "tokens_per_second": [0-9.]*//' -e 's/"timing[^,]*, //g' -e 's/"step_time[^,]*, //g' "$1/metrics.jsonl"; }
 diff <(timeless "$TMP/g2") <(timeless "$TMP/g2r") >"$TMP/diff" && ok || { bad "grpo resumed curve differs"; cat "$TMP/diff"; }
 
-# 6. A single process does not link or load MPI (the backend is dlopen'ed for launched runs only).
+# 6. A rank that dies ends the job (mpirun's doing); one that stops makes the others' collective
+#    fail after [train] ddp_timeout and the job end (MPI_Abort): non-zero, never a hang.
+long_run() {
+  "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$1" --set train.per_device_train_batch_size=2 \
+    --set train.max_steps=1000000 --set train.save_steps=0 --set train.ddp_timeout=2 >"$TMP/$1.log" 2>&1 &
+  local mp=$! rank t0=$SECONDS
+  # once training runs (a rank stopped inside MPI_Init would hang it: MPI has no timeout there)
+  while [ ! -s "$TMP/$1/metrics.jsonl" ] && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.2; done
+  rank=$(pgrep -P $mp | tail -1)
+  kill "-$2" "$rank"
+  wait $mp
+  echo "$? $((SECONDS - t0))"
+}
+read -r rc secs < <(long_run killed KILL)
+[ "$rc" != 0 ] && [ "$secs" -lt 90 ] && ok || bad "a killed rank: exit $rc after $secs s"
+read -r rc secs < <(long_run stopped STOP)
+[ "$rc" != 0 ] && [ "$secs" -lt 90 ] && grep -q "did not join within 2 s (\[train\] ddp_timeout)" "$TMP/stopped.log" && ok ||
+  { bad "a stopped rank: exit $rc after $secs s"; grep -v '^step' "$TMP/stopped.log" | tail -5; }
+
+# 7. A single process does not link or load MPI (the backend is dlopen'ed for launched runs only).
 ldd "$LIBDIR/libctrl.so" "$CTRL" | grep -q libmpi && bad "libctrl or ctrl links libmpi" || ok
 finish
