@@ -6,13 +6,15 @@
  * absolute floor for the values fp32 cancellation leaves near zero (a reward is a difference of two
  * log-prob sums of ~-25). Cases: sigmoid with a live reference; sigmoid + sft with loss_weights, a
  * precomputed reference and gradient accumulation; TR-DPO (sync_ref_model every 3 steps); ipo with
- * WPO weighting and LD-DPO. */
+ * WPO weighting and LD-DPO; and sigmoid with an eval set, whose last evaluation equals TRL's evaluate()
+ * (eval_loss and every eval_ metric). */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "file_text.h"
 #include "test.h"
@@ -62,8 +64,16 @@ static void run_case(const char *name) {
     char *la = strtok_r(ours, "\n", &save_a), *lb = strtok_r(theirs, "\n", &save_b);
     int steps = 0;
     double worst_loss = 0, worst_norm = 0, worst_metric = 0;
-    for (; la && lb; la = strtok_r(NULL, "\n", &save_a), lb = strtok_r(NULL, "\n", &save_b)) {
-        cJSON *a = cJSON_Parse(la), *b = cJSON_Parse(lb);
+    cJSON *last_eval = NULL;
+    for (; la && lb; la = strtok_r(NULL, "\n", &save_a)) {
+        cJSON *a = cJSON_Parse(la);
+        if (cJSON_GetObjectItem(a, "eval_loss")) { /* our evaluation lines: the last one is compared below */
+            cJSON_Delete(last_eval);
+            last_eval = a;
+            continue;
+        }
+        cJSON *b = cJSON_Parse(lb);
+        lb = strtok_r(NULL, "\n", &save_b);
         const int step = cJSON_GetObjectItem(b, "step")->valueint;
         CHECK_EQ_INT(cJSON_GetObjectItem(a, "step")->valueint, step);
 #define V(o, k) (cJSON_GetObjectItem((o), (k)) ? cJSON_GetObjectItem((o), (k))->valuedouble : NAN)
@@ -81,10 +91,39 @@ static void run_case(const char *name) {
             worst_metric = fmax(worst_metric, e);
             CHECK_MSG(e <= 1e-4, "%s step %d: %s = %.7g, TRL %.7g", name, step, metrics[i], x, y);
         }
-#undef V
         steps++;
         cJSON_Delete(a), cJSON_Delete(b);
     }
+    for (; la; la = strtok_r(NULL, "\n", &save_a)) { /* the final evaluation */
+        cJSON *a = cJSON_Parse(la);
+        if (cJSON_GetObjectItem(a, "eval_loss"))
+            cJSON_Delete(last_eval), last_eval = a;
+        else
+            cJSON_Delete(a);
+    }
+    snprintf(path, sizeof path, DIR "/%s.trl_eval.json", name);
+    char *trl_eval = access(path, R_OK) == 0 ? ctrl_read_text_file(path, 1 << 16, &st) : NULL;
+    if (trl_eval) { /* TRL's evaluate() after the steps: eval_loss and every eval_ metric */
+        cJSON *b = cJSON_Parse(trl_eval);
+        CHECK_MSG(last_eval != NULL, "%s: no evaluation line", name);
+        int compared = 0;
+        for (cJSON *it = b ? b->child : NULL; it && last_eval; it = it->next) {
+            if (strstr(it->string, "runtime") || strstr(it->string, "per_second") ||
+                !strcmp(it->string, "eval_num_tokens"))
+                continue;
+            const double x = V(last_eval, it->string), y = it->valuedouble;
+            const double e = fabs(x - y) / (fabs(y) + 0.1);
+            worst_metric = fmax(worst_metric, e);
+            CHECK_MSG(e <= 1e-4, "%s: %s = %.7g, TRL %.7g", name, it->string, x, y);
+            compared++;
+        }
+        CHECK_MSG(compared >= 11, "%s: %d evaluation metrics compared", name, compared);
+        printf("  %s: %d evaluation metrics match TRL's evaluate()\n", name, compared);
+        cJSON_Delete(b);
+        free(trl_eval);
+    }
+#undef V
+    cJSON_Delete(last_eval);
     CHECK_EQ_INT(steps, 20);
     if (strstr(name, "precompute")) { /* the reference sums stored beside the run */
         struct stat sb;
@@ -97,6 +136,7 @@ static void run_case(const char *name) {
 }
 
 TEST(sigmoid) { run_case("sigmoid"); }
+TEST(sigmoid_eval) { run_case("sigmoid_eval"); }
 TEST(sigmoid_sft_precompute_ga) {
     run_case("sigmoid_sft_precompute_ga");
     run_case("sigmoid_sft_precompute_ga"); /* again: the reference sums read back from ref_logps.bin */

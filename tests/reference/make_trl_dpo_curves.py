@@ -6,7 +6,8 @@ tests/fixtures/trl_dpo/: arithmetic preference pairs as prompt / chosen / reject
 right sum, rejected a wrong one); then, for each case, runs TRL (CPU, fp32, dropout off, rows in file
 order) for 20 optimizer steps and writes <case>.ini (the same run as a ctrl config, with @DIR@ for
 this folder, @SFT@ for the trl_sft folder and @OUT@ for the output directory) and <case>.trl.jsonl
-(per-step loss, grad_norm, learning_rate and every DPO metric as TRL logs them at logging_steps = 1).
+(per-step loss, grad_norm, learning_rate and every DPO metric as TRL logs them at logging_steps = 1),
+and for the *_eval cases <case>.trl_eval.json (TRL's evaluate() on eval_pairs.jsonl after the steps).
 Run by hand: python3 tests/reference/make_trl_dpo_curves.py [CASE...]
 """
 import json
@@ -47,6 +48,9 @@ CASES = {
     "sigmoid_tr_dpo": (dict(per_device_train_batch_size=4, sync_ref_model=True, ref_model_sync_steps=3,
                             ref_model_mixup_alpha=0.5),
                        {}, {"sync_ref_model": "true", "ref_model_sync_steps": "3", "ref_model_mixup_alpha": "0.5"}),
+    # with an eval set: TRL's evaluate() after the 20 steps (its eval_* metrics)
+    "sigmoid_eval": (dict(per_device_train_batch_size=4, per_device_eval_batch_size=8),
+                     {"per_device_eval_batch_size": "8"}, {}),
     "ipo_wpo_ld": (dict(per_device_train_batch_size=4, loss_type=["ipo"], use_weighting=True, ld_alpha=0.5),
                    {}, {"loss_type": "ipo", "use_weighting": "true", "ld_alpha": "0.5"}),
 }
@@ -56,12 +60,14 @@ KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", 
 
 
 def make_data():
+    """120 training pairs, then 20 held-out ones, from one seeded stream."""
     rng = random.Random(5)
-    with open(os.path.join(OUT, "pairs.jsonl"), "w") as f:
-        for _ in range(120):
-            a, b = rng.randrange(100), rng.randrange(100)
-            wrong = a + b + rng.choice([-11, -10, -2, -1, 1, 2, 10, 11])
-            f.write(json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(max(wrong, 0))}) + "\n")
+    for name, n in (("pairs.jsonl", 120), ("eval_pairs.jsonl", 20)):
+        with open(os.path.join(OUT, name), "w") as f:
+            for _ in range(n):
+                a, b = rng.randrange(100), rng.randrange(100)
+                wrong = a + b + rng.choice([-11, -10, -2, -1, 1, 2, 10, 11])
+                f.write(json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(max(wrong, 0))}) + "\n")
 
 
 Sequential = sequential(DPOTrainer)
@@ -73,14 +79,19 @@ def run_case(name, overrides):
     ref = None if overrides.get("precompute_ref_log_probs") else \
         Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
     rows = [json.loads(l) for l in open(os.path.join(OUT, "pairs.jsonl"))]
+    evals = [json.loads(l) for l in open(os.path.join(OUT, "eval_pairs.jsonl"))] if name.endswith("_eval") else None
     rec = Record(KEYS)
     with tempfile.TemporaryDirectory() as tmp:
         args = DPOConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=STEPS, logging_steps=1,
                          save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, bf16=False,
                          gradient_checkpointing=False, **dict(COMMON, **overrides))
         trainer = Sequential(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
-                             processing_class=tok, callbacks=[rec])
+                             eval_dataset=Dataset.from_list(evals) if evals else None, processing_class=tok,
+                             callbacks=[rec])
         trainer.train()
+        if evals:
+            with open(os.path.join(OUT, name + ".trl_eval.json"), "w") as f:
+                json.dump({k: v for k, v in trainer.evaluate().items() if k.startswith("eval_")}, f)
     with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
         for r in rec.rows:
             f.write(json.dumps(r) + "\n")
@@ -94,8 +105,9 @@ def write_ini(name, train_opts, dpo_opts):
              "optimizer": "adamw", "save_strategy": "no"}
     train.update(train_opts)
     lines = ["[run]", "trainer = dpo", "output_dir = @OUT@", "device = cpu", "seed = 42", "", "[model]",
-             "path = @SFT@/model", "attention = eager", "", "[data]", "train_file = @DIR@/pairs.jsonl",
-             "shuffle = false", "", "[train]"] + [f"{k} = {v}" for k, v in train.items()] + \
+             "path = @SFT@/model", "attention = eager", "", "[data]", "train_file = @DIR@/pairs.jsonl"] + \
+            (["eval_file = @DIR@/eval_pairs.jsonl"] if name.endswith("_eval") else []) + \
+            ["shuffle = false", "", "[train]"] + [f"{k} = {v}" for k, v in train.items()] + \
             ["", "[adamw]", "adam_beta1 = 0.9", "adam_beta2 = 0.999", "adam_epsilon = 1e-8", "", "[dpo]"] + \
             [f"{k} = {v}" for k, v in dpo_opts.items()] + [""]
     with open(os.path.join(OUT, name + ".ini"), "w") as f:
