@@ -6,6 +6,7 @@
 
 #include <ctrl/config.h>
 
+#include "device/cuda_backend.h"
 #include "registry/registry.h"
 #include "train/score_model.h"
 
@@ -54,6 +55,22 @@ HOST_OPTION_READER(host_option_int, int64_t, ctrl_config_require_int)
 HOST_OPTION_READER(host_option_float, double, ctrl_config_require_float)
 HOST_OPTION_READER(host_option_bool, bool, ctrl_config_require_bool)
 
+/* A device backend's memory and optimizer kernels (ctrl_host.device_kernels): the ops of the CUDA
+ * table device selection loaded, for the optimizer plugins; none on the CPU. */
+static const ctrl_device_kernels *host_device_kernels(ctrl_device device) {
+    static ctrl_device_kernels k;
+    const ctrl_backend_ops *be = device.type == CTRL_DEVICE_CPU ? NULL : ctrl_device_backend(device);
+    if (!be || be->host_memory || !ctrl_backend_has(be, adamw_step)) return NULL;
+    k = (ctrl_device_kernels){.size = sizeof k,
+                              .alloc = be->alloc,
+                              .free = be->free,
+                              .fill_zero = be->fill_zero,
+                              .to_host = be->to_host,
+                              .to_device = be->to_device,
+                              .adamw_step = be->adamw_step};
+    return &k;
+}
+
 static const ctrl_host host = {
     .size = sizeof(ctrl_host),
     .abi = CTRL_PLUGIN_ABI,
@@ -74,6 +91,7 @@ static const ctrl_host host = {
     .score_model_open = ctrl_score_model_open,
     .score_model_score = ctrl_score_model_score,
     .score_model_close = ctrl_score_model_close,
+    .device_kernels = host_device_kernels,
 };
 
 const ctrl_host *ctrl_host_table(void) { return &host; }

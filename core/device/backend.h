@@ -89,6 +89,12 @@ typedef struct ctrl_backend_ops {
     /* Reductions: sum of squares (accumulated in double) into *out on the host; x *= s. */
     ctrl_status (*sum_squares)(const float *x, int64_t n, double *out);
     ctrl_status (*scale)(float *x, float s, int64_t n);
+
+    /* Appended: torch.optim.AdamW's update in one pass (ctrl_device_kernels' adamw_step, lent to
+     * optimizer plugins by the host table); NULL where the optimizer steps on the host (the CPU). */
+    ctrl_status (*adamw_step)(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n,
+                              float lr, float beta1, float beta2, float eps, float weight_decay,
+                              int64_t step);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

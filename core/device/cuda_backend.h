@@ -28,5 +28,8 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void);
  * and why when that device cannot be used); "auto": the first CUDA device when the backend loads
  * and one exists, else the CPU; the choice is logged. *backend is the loaded table for CUDA. */
 ctrl_status ctrl_device_select(const char *spec, ctrl_device *out, const ctrl_cuda_backend **backend);
+/* The backend ops of `device`: the CPU's, or the CUDA table ctrl_device_select loaded (NULL before
+ * a CUDA device was selected). */
+const ctrl_backend_ops *ctrl_device_backend(ctrl_device device);
 
 #endif

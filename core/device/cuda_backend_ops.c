@@ -12,6 +12,11 @@
 
 static ctrl_status fill_zero(void *dst, size_t bytes) { return ctrl_cuda_memset(dst, 0, bytes); }
 
+static ctrl_status adamw_step(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                              float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+    return ctrl_cuda_adamw_step(param, grad, m, v, NULL, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
 const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
     static const ctrl_backend_ops ops = {
         .size = sizeof(ctrl_backend_ops),
@@ -42,6 +47,7 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .head_backward = ctrl_cuda_head_backward,
         .sum_squares = ctrl_cuda_sum_squares,
         .scale = ctrl_cuda_scale,
+        .adamw_step = adamw_step,
     };
     return &ops;
 }

@@ -12,6 +12,13 @@
 #include "device/cuda_backend.h"
 #include "sibling_library.h"
 
+static const ctrl_cuda_backend *selected; /* the CUDA table a selection loaded (one per process) */
+
+const ctrl_backend_ops *ctrl_device_backend(ctrl_device device) {
+    if (device.type == CTRL_DEVICE_CPU) return ctrl_backend_cpu();
+    return selected ? selected->ops : NULL;
+}
+
 ctrl_status ctrl_device_select(const char *spec, ctrl_device *out, const ctrl_cuda_backend **backend) {
     *out = (ctrl_device){CTRL_DEVICE_CPU, 0};
     *backend = NULL;
@@ -44,6 +51,6 @@ ctrl_status ctrl_device_select(const char *spec, ctrl_device *out, const ctrl_cu
     b->device_name(index, name, sizeof name);
     CTRL_INFO("device %s: CUDA device %d (%s)", spec, index, name);
     *out = (ctrl_device){CTRL_DEVICE_CUDA, index};
-    *backend = b;
+    *backend = selected = b;
     return CTRL_OK;
 }

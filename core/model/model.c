@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <ctrl/log.h>
+
 #include "model/model_internal.h"
 
 /* m->views has room for every view a layout can have (ctrl_model_create sizes it); a view past
@@ -194,6 +196,7 @@ void ctrl_model_free(ctrl_model *m) {
 const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m) { return &m->cfg; }
 float *ctrl_model_params(ctrl_model *m, size_t *n) {
     if (n) *n = m->n_params;
+    if (m->host_stale && ctrl_model_params_to_host(m) != CTRL_OK) CTRL_ERROR("%s", ctrl_error_message());
     return m->params;
 }
 float *ctrl_model_grads(ctrl_model *m, size_t *n) {

@@ -93,9 +93,20 @@ ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
  * ctrl_model_grads_to_host. */
 float *ctrl_model_device_grads(ctrl_model *m, size_t *n);
 
+/* For an optimizer that steps on the device: its parameters there (the host buffer on the CPU); the
+ * sum of squares of the (trainable) gradients, accumulated in double, and their scaling, on the
+ * model's backend. After a step there, ctrl_model_device_weights_changed: the device copy is the
+ * master until ctrl_model_params (or ctrl_model_params_to_host) brings it back to the host. */
+float *ctrl_model_device_params(ctrl_model *m);
+ctrl_status ctrl_model_grad_sum_squares(ctrl_model *m, double *out);
+ctrl_status ctrl_model_scale_grads(ctrl_model *m, float s);
+void ctrl_model_device_weights_changed(ctrl_model *m);
+ctrl_status ctrl_model_params_to_host(ctrl_model *m);
+
 const ctrl_model_config *ctrl_model_cfg(const ctrl_model *m);
 /* The host parameters and gradients (see ctrl_model_to_device); *n of the gradients is the number
- * of trainable floats (all of them without LoRA). */
+ * of trainable floats (all of them without LoRA); the parameters brought back from the device
+ * first when an optimizer stepped them there. */
 float *ctrl_model_params(ctrl_model *m, size_t *n);
 float *ctrl_model_grads(ctrl_model *m, size_t *n);
 int ctrl_model_view_count(const ctrl_model *m);

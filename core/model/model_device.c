@@ -66,6 +66,30 @@ float *ctrl_model_device_grads(ctrl_model *m, size_t *n) {
     return m->dgrads;
 }
 
+float *ctrl_model_device_params(ctrl_model *m) { return m->dparams; }
+
+ctrl_status ctrl_model_grad_sum_squares(ctrl_model *m, double *out) {
+    return m->be->sum_squares(m->dgrads, (int64_t)m->n_train, out);
+}
+
+ctrl_status ctrl_model_scale_grads(ctrl_model *m, float s) {
+    return m->be->scale(m->dgrads, s, (int64_t)m->n_train);
+}
+
+void ctrl_model_device_weights_changed(ctrl_model *m) {
+    m->rounded_valid = 0;
+    m->dparams_valid = 1;
+    m->host_stale = m->dparams != m->params;
+}
+
+ctrl_status ctrl_model_params_to_host(ctrl_model *m) {
+    if (!m->host_stale) return CTRL_OK;
+    ctrl_status st = m->be->to_host(m->params, m->dparams, m->n_params * sizeof(float));
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "model: %zu parameters from %s", m->n_params, m->be->name);
+    m->host_stale = 0;
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m) {
     return m->dgrads == m->grads ? CTRL_OK : m->be->to_host(m->grads, m->dgrads, m->n_train * sizeof(float));
 }

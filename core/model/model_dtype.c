@@ -24,6 +24,7 @@ ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m) { return m->linear_bf16
 void ctrl_model_weights_changed(ctrl_model *m) {
     m->rounded_valid = 0;
     m->dparams_valid = m->dparams == m->params;
+    m->host_stale = 0;
 }
 
 ctrl_status model_prepare_weights(ctrl_model *m) {

@@ -65,6 +65,7 @@ struct ctrl_model {
     float *params, *grads;
     float *dparams, *dgrads;
     int dparams_valid;
+    int host_stale; /* an optimizer stepped dparams on the device (ctrl_model_device_weights_changed) */
     size_t n_params;
     ctrl_param_view *views;
     int n_views, cap_views;

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,11 +60,16 @@ static void test_pause(void) {
     nanosleep(&ts, NULL);
 }
 
+static int has_state_sync(const ctrl_optimizer_ops *ops) {
+    return ops->size >= offsetof(ctrl_optimizer_ops, state_sync) + sizeof ops->state_sync && ops->state_sync;
+}
+
 static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt) {
     const int n = ops->state_count ? ops->state_count(opt) : 0;
     ctrl_st_write *t = calloc((size_t)(n ? n : 1), sizeof *t);
     char(*names)[80] = calloc((size_t)(n ? n : 1), sizeof *names);
     ctrl_status st = t && names ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    if (st == CTRL_OK && has_state_sync(ops)) st = ops->state_sync(opt, 0); /* a device's state to the host */
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         const char *name;
         float *data;
@@ -328,6 +334,7 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
         snprintf(key, sizeof key, "%06d.%s", i, st == CTRL_OK ? name : "");
         if (st == CTRL_OK) st = ctrl_safetensors_read_f32(sf, key, data, numel);
     }
+    if (st == CTRL_OK && has_state_sync(ops)) st = ops->state_sync(opt, 1); /* and onto its device */
     ctrl_safetensors_close(sf);
     if (st != CTRL_OK) return ctrl_error_wrap(st, "%s: the optimizer state does not fit this optimizer", dir);
     return CTRL_OK;

@@ -2,8 +2,9 @@
  * CUDA backend's (ctrl_model_to_device) with its compute dtype and [memory] strategy, and from then
  * on the loop and the trainer kinds call the model itself (ctrl_model_forward/backward/zero_grad,
  * ctrl_model_grads_to_host before reading the gradients); nothing else in core/train knows the
- * device. The optimizer steps the host parameters (ctrl_model_weights_changed refreshes the
- * device's copy). */
+ * device. The gradient norm and clipping run on the model's backend; an optimizer that can step
+ * on the device (adamw) steps the device's buffers there, any other the host copies
+ * (ctrl_model_weights_changed refreshes the device's copy). */
 #ifndef CTRL_CORE_TRAIN_COMPUTE_H
 #define CTRL_CORE_TRAIN_COMPUTE_H
 

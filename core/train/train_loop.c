@@ -56,6 +56,7 @@ typedef struct run_state {
     ctrl_optimizer *opt;
     ctrl_param_group *groups;
     int n_groups;
+    int opt_on_device; /* the optimizer steps the model's device buffers (ctrl_model_device_params) */
     FILE *metrics;
     train_compute comp;
     const train_kind_ops *kind_ops; /* what kind of trainer: its rows, micro-batches, evaluation */
@@ -64,6 +65,20 @@ typedef struct run_state {
     train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
     int root;
 } run_state;
+
+static void set_groups(run_state *r, float *params, float *grads) {
+    const size_t first = ctrl_model_trainable_offset(r->model); /* grads start there */
+    r->n_groups = 0;
+    for (int i = 0; i < ctrl_model_view_count(r->model); i++) {
+        const ctrl_param_view *v = ctrl_model_view(r->model, i);
+        if (v->offset < first) continue;
+        r->groups[r->n_groups++] =
+            (ctrl_param_group){.param = params + v->offset,
+                               .grad = grads + (v->offset - first),
+                               .numel = v->numel,
+                               .weight_decay = v->no_decay ? 0.0f : (float)r->s->train.weight_decay};
+    }
+}
 
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
@@ -103,20 +118,23 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
-     * Trainer). */
-    const double wd = s->train.weight_decay;
-    const size_t first = ctrl_model_trainable_offset(r->model);
+     * Trainer). On a device the optimizer is offered the device's buffers first; one that cannot
+     * step there (CTRL_ERR_UNSUPPORTED) steps the host copies. */
     r->groups = calloc((size_t)ctrl_model_view_count(r->model), sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
-    float *params = ctrl_model_params(r->model, NULL), *grads = ctrl_model_grads(r->model, NULL);
-    for (int i = 0; i < ctrl_model_view_count(r->model); i++) {
-        const ctrl_param_view *v = ctrl_model_view(r->model, i);
-        if (v->offset < first) continue;
-        r->groups[r->n_groups++] = (ctrl_param_group){.param = params + v->offset,
-                                                      .grad = grads + (v->offset - first),
-                                                      .numel = v->numel,
-                                                      .weight_decay = v->no_decay ? 0.0f : (float)wd};
+    const ctrl_device dev = ctrl_model_device(r->model);
+    if (dev.type != CTRL_DEVICE_CPU) {
+        set_groups(r, ctrl_model_device_params(r->model), ctrl_model_device_grads(r->model, NULL));
+        st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, dev, &r->opt);
+        if (st == CTRL_OK) {
+            r->opt_on_device = 1;
+            CTRL_INFO("optimizer %s: steps on the device", s->train.optimizer);
+            return CTRL_OK;
+        }
+        if (st != CTRL_ERR_UNSUPPORTED) return st;
+        CTRL_INFO("optimizer %s: steps on the host (%s)", s->train.optimizer, ctrl_error_message());
     }
+    set_groups(r, ctrl_model_params(r->model, NULL), ctrl_model_grads(r->model, NULL));
     return r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
 }
 
@@ -148,22 +166,24 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     ctrl_model_set_training(r->model, 0, 0);
     st = train_dp_reduce_step(&r->dp, st, out);
     *cursor = train_dp_advance(&r->dp, start, mine);
-    if (st == CTRL_OK && on_device) st = train_dp_average_grads(&r->dp, r->model, 1);
-    if (st == CTRL_OK) st = ctrl_model_grads_to_host(r->model);
-    if (st == CTRL_OK && !on_device) st = train_dp_average_grads(&r->dp, r->model, 0);
+    if (st == CTRL_OK) st = train_dp_average_grads(&r->dp, r->model, on_device);
+    double sum_sq = 0;
+    if (st == CTRL_OK) st = ctrl_model_grad_sum_squares(r->model, &sum_sq); /* on the model's backend */
     if (st != CTRL_OK) return st;
-    size_t n;
-    float *grads = ctrl_model_grads(r->model, &n);
-    *grad_norm = sqrt(ctrl_cpu_sum_squares(grads, (int64_t)n));
+    *grad_norm = sqrt(sum_sq);
     if ((st = train_health_step(step, out->loss, *grad_norm)) != CTRL_OK) return st;
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1. */
     const double max_norm = r->s->train.max_grad_norm;
     if (max_norm > 0) {
         double coef = max_norm / (*grad_norm + 1e-6);
-        if (coef < 1) ctrl_cpu_scale(grads, (float)coef, (int64_t)n);
+        if (coef < 1) st = ctrl_model_scale_grads(r->model, (float)coef);
     }
-    st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
-    ctrl_model_weights_changed(r->model);
+    if (st == CTRL_OK && !r->opt_on_device) st = ctrl_model_grads_to_host(r->model);
+    if (st == CTRL_OK) st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+    if (r->opt_on_device)
+        ctrl_model_device_weights_changed(r->model);
+    else
+        ctrl_model_weights_changed(r->model);
     if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind);
     return st;
 }

@@ -1,5 +1,8 @@
 /* Optimizer plugins (adamw, sgd): the kind's vtable. Parameters, gradients and states are flat
- * fp32 buffers with the same layout; groups carry per-group weight decay (none on norms/biases). */
+ * fp32 buffers with the same layout; groups carry per-group weight decay (none on norms/biases).
+ * create() is given the device the model computes on: a plugin that can step there (through
+ * host->device_kernels) gets groups of device pointers; one that cannot returns
+ * CTRL_ERR_UNSUPPORTED and the core steps it on the CPU with host groups. */
 #ifndef CTRL_OPTIMIZER_H
 #define CTRL_OPTIMIZER_H
 
@@ -30,6 +33,10 @@ typedef struct ctrl_optimizer_ops {
     int (*state_count)(const ctrl_optimizer *opt);
     ctrl_status (*state_get)(ctrl_optimizer *opt, int i, const char **name, float **data, int64_t *numel);
     void (*destroy)(ctrl_optimizer *opt);
+    /* Appended, optional (check `size`): an optimizer whose state lives on a device keeps the
+     * buffers state_get returns as host copies, and this moves them: to_device = 0 before the
+     * core reads them (a checkpoint save), 1 after it wrote them (a resume). */
+    ctrl_status (*state_sync)(ctrl_optimizer *opt, int to_device);
 } ctrl_optimizer_ops;
 
 #ifdef __cplusplus

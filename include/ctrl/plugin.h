@@ -47,6 +47,22 @@ typedef enum ctrl_kind {
 
 /* A reward model the core loads and runs for a plugin (ctrl_host's score_model_* entries). */
 typedef struct ctrl_score_model ctrl_score_model;
+/* A device's memory and the fused kernels an optimizer steps with there (ctrl_host's
+ * device_kernels): pointers are the device's; every call runs in order on the device's stream and
+ * to_host waits for what came before. Versioned by size (fields only appended). */
+typedef struct ctrl_device_kernels {
+    size_t size;
+    ctrl_status (*alloc)(void **ptr, size_t bytes); /* not zeroed */
+    void (*free)(void *ptr);
+    ctrl_status (*fill_zero)(void *dst, size_t bytes);
+    ctrl_status (*to_host)(void *dst, const void *src, size_t bytes);
+    ctrl_status (*to_device)(void *dst, const void *src, size_t bytes);
+    /* torch.optim.AdamW's update of n values in one pass (the formula of the adamw plugin; step
+     * counts from 1). */
+    ctrl_status (*adamw_step)(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n,
+                              float lr, float beta1, float beta2, float eps, float weight_decay,
+                              int64_t step);
+} ctrl_device_kernels;
 
 typedef struct ctrl_host {
     size_t size;
@@ -81,6 +97,10 @@ typedef struct ctrl_host {
     ctrl_status (*score_model_score)(ctrl_score_model *m, const char *const *texts, int n, int batch_size,
                                      float *out);
     void (*score_model_close)(ctrl_score_model *m);
+    /* Appended: the memory and kernels of `device` for an optimizer created there (its create()'s
+     * device; its groups then hold that device's pointers); NULL for the CPU, whose memory is the
+     * plugin's own, or a device this process has no backend for. */
+    const ctrl_device_kernels *(*device_kernels)(ctrl_device device);
 } ctrl_host;
 
 typedef struct ctrl_plugin {

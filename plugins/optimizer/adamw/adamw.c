@@ -2,8 +2,11 @@
  *   p <- p * (1 - lr * wd)
  *   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
  *   p <- p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
- * Per-group weight decay lets the core exempt norms and biases, as the HF Trainer does. */
+ * Per-group weight decay lets the core exempt norms and biases, as the HF Trainer does. On a device
+ * (a CUDA run) the state lives there and each group is one launch of the device's fused AdamW
+ * kernel (host->device_kernels), the same formula. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,26 +18,57 @@ struct ctrl_optimizer {
     double beta1, beta2, eps;
     int n_groups;
     int64_t *numel; /* per group */
-    float **m, **v; /* per group, fp32, same layout as the params */
+    float **m, **v; /* per group, fp32, same layout as the params: host memory, or the device's */
+    /* On a device (create's device is not the CPU): its kernels, the two state buffers the groups'
+     * m and v point into, and their host copies for checkpoints (state_get, state_sync). */
+    const ctrl_device_kernels *dev;
+    float *dev_m, *dev_v, *host_m, *host_v;
+    int64_t total;
 };
 
 static void adamw_destroy(ctrl_optimizer *o) {
     if (!o) return;
-    for (int g = 0; g < o->n_groups; g++) {
+    for (int g = 0; g < o->n_groups && !o->dev; g++) {
         if (o->m) free(o->m[g]);
         if (o->v) free(o->v[g]);
     }
+    if (o->dev) o->dev->free(o->dev_m), o->dev->free(o->dev_v);
+    free(o->host_m);
+    free(o->host_v);
     free(o->m);
     free(o->v);
     free(o->numel);
     free(o);
 }
 
+/* The state on the device: one zeroed buffer each for exp_avg and exp_avg_sq, the groups' parts
+ * consecutive in them. */
+static ctrl_status device_state(ctrl_optimizer *o) {
+    for (int g = 0; g < o->n_groups; g++) o->total += o->numel[g];
+    const size_t bytes = (size_t)o->total * sizeof(float);
+    ctrl_status st = o->dev->alloc((void **)&o->dev_m, bytes);
+    if (st == CTRL_OK) st = o->dev->alloc((void **)&o->dev_v, bytes);
+    if (st == CTRL_OK) st = o->dev->fill_zero(o->dev_m, bytes);
+    if (st == CTRL_OK) st = o->dev->fill_zero(o->dev_v, bytes);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(st, "optimizer adamw: %zu bytes of state on the device", 2 * bytes);
+    int64_t off = 0;
+    for (int g = 0; g < o->n_groups; off += o->numel[g], g++)
+        o->m[g] = o->dev_m + off, o->v[g] = o->dev_v + off;
+    return CTRL_OK;
+}
+
 static ctrl_status adamw_create(const ctrl_host *host, const ctrl_config *cfg, const ctrl_param_group *groups,
                                 int n_groups, ctrl_device device, ctrl_optimizer **out) {
-    if (device.type != CTRL_DEVICE_CPU)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "optimizer adamw: only the CPU path is built so far");
-    (void)host; /* kept by init (plugin_api.h) */
+    const ctrl_device_kernels *dev = NULL;
+    if (device.type != CTRL_DEVICE_CPU) {
+        dev = host->size >= offsetof(ctrl_host, device_kernels) + sizeof host->device_kernels &&
+                      host->device_kernels
+                  ? host->device_kernels(device)
+                  : NULL;
+        if (!dev || dev->size < offsetof(ctrl_device_kernels, adamw_step) + sizeof dev->adamw_step)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "optimizer adamw: no AdamW kernel on this device");
+    }
     ctrl_optimizer *o = calloc(1, sizeof *o);
     if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory");
     ctrl_status st = CTRL_OK;
@@ -50,8 +84,17 @@ static ctrl_status adamw_create(const ctrl_host *host, const ctrl_config *cfg, c
     o->m = calloc((size_t)n_groups, sizeof *o->m);
     o->v = calloc((size_t)n_groups, sizeof *o->v);
     if (!o->numel || !o->m || !o->v) goto oom;
+    for (int g = 0; g < n_groups; g++) o->numel[g] = groups[g].numel;
+    if (dev) {
+        o->dev = dev;
+        if ((st = device_state(o)) != CTRL_OK) {
+            adamw_destroy(o);
+            return st;
+        }
+        *out = o;
+        return CTRL_OK;
+    }
     for (int g = 0; g < n_groups; g++) {
-        o->numel[g] = groups[g].numel;
         o->m[g] = calloc((size_t)groups[g].numel, sizeof(float));
         o->v[g] = calloc((size_t)groups[g].numel, sizeof(float));
         if (!o->m[g] || !o->v[g]) goto oom;
@@ -75,6 +118,13 @@ static ctrl_status adamw_step(ctrl_optimizer *o, const ctrl_param_group *groups,
     for (int g = 0; g < n_groups; g++) {
         if (groups[g].numel != o->numel[g])
             return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: group %d changed size", g);
+        if (o->dev) { /* the fused kernel: the same formula, on the device */
+            ctrl_status st =
+                o->dev->adamw_step(groups[g].param, groups[g].grad, o->m[g], o->v[g], groups[g].numel,
+                                   (float)lr, b1, b2, eps, groups[g].weight_decay, step);
+            if (st != CTRL_OK) return st;
+            continue;
+        }
         float *p = groups[g].param, *m = o->m[g], *v = o->v[g];
         const float *grad = groups[g].grad;
         const float decay = (float)(1.0 - lr * groups[g].weight_decay);
@@ -94,6 +144,28 @@ static ctrl_status adamw_step(ctrl_optimizer *o, const ctrl_param_group *groups,
 
 static int adamw_state_count(const ctrl_optimizer *o) { return 2 * o->n_groups; }
 
+/* On a device: the host copies of the state, made on first use. */
+static ctrl_status host_copies(ctrl_optimizer *o) {
+    if (!o->host_m) o->host_m = malloc((size_t)o->total * sizeof(float));
+    if (!o->host_v) o->host_v = malloc((size_t)o->total * sizeof(float));
+    return o->host_m && o->host_v
+               ? CTRL_OK
+               : ctrl_error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory for the state");
+}
+
+static ctrl_status adamw_state_sync(ctrl_optimizer *o, int to_device) {
+    if (!o->dev) return CTRL_OK;
+    ctrl_status st = host_copies(o);
+    const size_t bytes = (size_t)o->total * sizeof(float);
+    if (st == CTRL_OK)
+        st = to_device ? o->dev->to_device(o->dev_m, o->host_m, bytes)
+                       : o->dev->to_host(o->host_m, o->dev_m, bytes);
+    if (st == CTRL_OK)
+        st = to_device ? o->dev->to_device(o->dev_v, o->host_v, bytes)
+                       : o->dev->to_host(o->host_v, o->dev_v, bytes);
+    return st;
+}
+
 static ctrl_status adamw_state_get(ctrl_optimizer *o, int i, const char **name, float **data,
                                    int64_t *numel) {
     if (i < 0 || i >= 2 * o->n_groups)
@@ -101,6 +173,11 @@ static ctrl_status adamw_state_get(ctrl_optimizer *o, int i, const char **name, 
     int g = i / 2;
     *name = (i % 2) ? "exp_avg_sq" : "exp_avg";
     *data = (i % 2) ? o->v[g] : o->m[g];
+    if (o->dev) { /* the host copy of the group's part (state_sync moves it) */
+        ctrl_status st = host_copies(o);
+        if (st != CTRL_OK) return st;
+        *data = ((i % 2) ? o->host_v : o->host_m) + ((i % 2) ? o->v[g] - o->dev_v : o->m[g] - o->dev_m);
+    }
     *numel = o->numel[g];
     return CTRL_OK;
 }
@@ -112,6 +189,7 @@ static const ctrl_optimizer_ops adamw_ops = {
     .state_count = adamw_state_count,
     .state_get = adamw_state_get,
     .destroy = adamw_destroy,
+    .state_sync = adamw_state_sync,
 };
 
 static const ctrl_option adamw_options[] = {
