@@ -51,6 +51,8 @@ static int run(ctrl_model *m, outputs *o) {
 
 static int same(const void *a, const void *b, size_t bytes) { return memcmp(a, b, bytes) == 0; }
 
+int backend_case_bf16;
+
 void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch,
                         const char *attention, int checkpointing, double tol_logp, double tol_grad) {
     char dir[512];
@@ -78,6 +80,10 @@ void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const ch
         if (ok && side == 1) {
             ok = ctrl_model_to_device(m, be, device) == CTRL_OK;
             CHECK_MSG(ok, "%s onto %s: %s", arch, be->name, ctrl_error_message());
+        }
+        if (ok && backend_case_bf16) { /* both sides in bf16 compute */
+            ok = ctrl_model_set_compute_dtype(m, CTRL_BF16) == CTRL_OK;
+            CHECK_MSG(ok, "%s in bf16 on %s: %s", arch, side ? be->name : "cpu", ctrl_error_message());
         }
         ok = ok && run(m, side ? &dev : &ref);
         ctrl_model_free(m);

@@ -16,6 +16,8 @@
 
 /* tol_logp / tol_grad: relative L2 errors allowed (log-probs and entropies / each parameter's
  * gradient); 0 requires bit-identical results (accuracy flags too). CHECKs and prints the worst. */
+/* 1: backend_case_check runs both models with bf16 compute (ctrl_model_set_compute_dtype). */
+extern int backend_case_bf16;
 void backend_case_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch,
                         const char *attention, int checkpointing, double tol_logp, double tol_grad);
 /* The sequence-classification head (tests/fixtures/score/ARCH) on `be` against the CPU: scores and

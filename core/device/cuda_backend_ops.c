@@ -2,15 +2,46 @@
  * the kernels of kernels/cuda/cuda_ops.h, memory from the caching allocator. Most entries are the
  * kernels themselves (their signatures are the table's); this file holds only what needs adapting.
  * Nothing here includes a CUDA header: an emulation build that compiles the kernels/cuda .cu files for the
- * host (issue 20) links this same table and runs the model through it. Not yet here: bf16 compute
- * (linear_*_bf16, round_to_bf16: the model refuses `dtype = bf16` on this backend) and a one-pass
- * fused head (the model runs the head's forward, then its backward). */
+ * host (issue 20) links this same table and runs the model through it. Not yet here: a one-pass
+ * fused head (the model runs the head's forward, then its backward), and the head in bf16 (it is
+ * fp32, as on the CPU backend). */
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
 
 #ifdef CTRL_HAVE_CUDA
 
 static ctrl_status fill_zero(void *dst, size_t bytes) { return ctrl_cuda_memset(dst, 0, bytes); }
+
+/* bf16 compute (backend.h): each GEMM operand converted to bf16 into scratch from the caching
+ * allocator (exact for w, which the model's rounded copy already holds at bf16 values), cuBLASLt's
+ * bf16 GEMM with fp32 accumulation and fp32 results. */
+static ctrl_status bf16_copy(uint16_t **dst, const float *src, int64_t n) {
+    ctrl_status st = ctrl_cuda_malloc((void **)dst, (size_t)n * sizeof(uint16_t));
+    return st == CTRL_OK ? ctrl_cuda_f32_to_bf16(*dst, src, n) : st;
+}
+
+static ctrl_status linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T,
+                                       int IN, int OUT, int w_rounded) {
+    (void)w_rounded; /* rounding a bf16 value again changes nothing */
+    uint16_t *xb = NULL, *wb = NULL;
+    ctrl_status st = bf16_copy(&xb, x, (int64_t)T * IN);
+    if (st == CTRL_OK) st = bf16_copy(&wb, w, (int64_t)OUT * IN);
+    if (st == CTRL_OK) st = ctrl_cuda_linear_forward_bf16_f32(out, xb, wb, bias, T, IN, OUT);
+    ctrl_cuda_free(xb), ctrl_cuda_free(wb);
+    return st;
+}
+
+static ctrl_status linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
+                                        const float *w, int T, int IN, int OUT, int w_rounded) {
+    (void)w_rounded;
+    uint16_t *db = NULL, *xb = NULL, *wb = NULL;
+    ctrl_status st = bf16_copy(&db, dout, (int64_t)T * OUT);
+    if (st == CTRL_OK && dw) st = bf16_copy(&xb, x, (int64_t)T * IN);
+    if (st == CTRL_OK && dx) st = bf16_copy(&wb, w, (int64_t)OUT * IN);
+    if (st == CTRL_OK) st = ctrl_cuda_linear_backward_bf16_f32(dx, dw, dbias, db, dout, xb, wb, T, IN, OUT);
+    ctrl_cuda_free(db), ctrl_cuda_free(xb), ctrl_cuda_free(wb);
+    return st;
+}
 
 static ctrl_status adamw_step(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                               float beta1, float beta2, float eps, float weight_decay, int64_t step) {
@@ -36,6 +67,9 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .rmsnorm_backward = ctrl_cuda_rmsnorm_backward,
         .linear_forward = ctrl_cuda_linear_forward_f32,
         .linear_backward = ctrl_cuda_linear_backward_f32,
+        .linear_forward_bf16 = linear_forward_bf16,
+        .linear_backward_bf16 = linear_backward_bf16,
+        .round_to_bf16 = ctrl_cuda_round_to_bf16,
         .rope_forward = ctrl_cuda_rope_forward,
         .rope_backward = ctrl_cuda_rope_backward,
         .swiglu_forward = ctrl_cuda_swiglu_forward,

@@ -62,19 +62,19 @@ ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, cons
 /* General row-major GEMM through cuBLASLt, fp32 with fp32 compute (no TF32):
  *   C[M, N] = alpha * op(A) op(B) + beta * C, op(X) = X or X^T (trans_a / trans_b = 1),
  *   A is [M, K] (or [K, M] when transposed) with leading dimension lda, likewise B and C. */
-ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
-                               const float *B, int ldb, float beta, float *C, int ldc);
+ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                               int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 /* The kernels of kernels/cpu/cpu_ops.h on device pointers, same arguments and semantics
  * (parameter gradients accumulate, input gradients are written). */
 ctrl_status ctrl_cuda_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C);
 ctrl_status ctrl_cuda_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
-ctrl_status ctrl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
-                                      float eps);
+ctrl_status ctrl_cuda_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T,
+                                      int C, float eps);
 ctrl_status ctrl_cuda_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
                                        const float *weight, const float *rstd, int T, int C);
-ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float *dbias, const float *dout, const float *x,
-                                          const float *w, int T, int IN, int OUT);
+ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float *dbias, const float *dout,
+                                          const float *x, const float *w, int T, int IN, int OUT);
 ctrl_status ctrl_cuda_rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
                                    const float *sin_tab, int T, int n_head, int head_dim);
 ctrl_status ctrl_cuda_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
@@ -107,6 +107,20 @@ ctrl_status ctrl_cuda_adamw_step(float *param, const float *grad, float *m, floa
 /* fp32 <-> bf16 conversion on the device (round to nearest even). */
 ctrl_status ctrl_cuda_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 ctrl_status ctrl_cuda_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+/* dst = src rounded to the nearest bf16, kept in fp32 (dst may be src): the model's bf16 copy. */
+ctrl_status ctrl_cuda_round_to_bf16(float *dst, const float *src, int64_t n);
+/* Mixed precision as torch.autocast runs a linear layer: bf16 operands (uint16_t storage), fp32
+ * accumulation and fp32 results, through cuBLASLt's bf16 GEMM (tensor cores on sm_80+). Row-major
+ * C = alpha op(A) op(B) + beta C; the linear layer's forward (+ fp32 bias) and backward (dx written,
+ * dW and dbias accumulated; dbias from the unrounded fp32 dout). */
+ctrl_status ctrl_cuda_gemm_bf16_f32(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                                    const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                                    float *C, int ldc);
+ctrl_status ctrl_cuda_linear_forward_bf16_f32(float *out, const uint16_t *x, const uint16_t *w,
+                                              const float *bias, int T, int IN, int OUT);
+ctrl_status ctrl_cuda_linear_backward_bf16_f32(float *dx, float *dw, float *dbias, const uint16_t *dout16,
+                                               const float *dout, const uint16_t *x, const uint16_t *w, int T,
+                                               int IN, int OUT);
 
 #ifdef __cplusplus
 }

@@ -25,10 +25,11 @@ ctrl_status ensure_handle() {
     return CTRL_OK;
 }
 
-// Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n.
+// Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n; A and B
+// of `type`, C of `c_type` (bf16 operands with an fp32 result: CUDA_R_16BF, CUDA_R_32F).
 ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda, const void *B,
                       int ldb, float beta, void *C, int ldc, const void *bias, cudaDataType_t type,
-                      cublasComputeType_t compute) {
+                      cudaDataType_t c_type, cublasComputeType_t compute) {
     if (m == 0 || n == 0) return CTRL_OK;
     ctrl_status st = ensure_handle();
     if (st != CTRL_OK) return st;
@@ -58,7 +59,7 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
     // Layouts describe the matrices as stored.
     LT(cublasLtMatrixLayoutCreate(&la, type, ta ? k : m, ta ? m : k, lda));
     LT(cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb));
-    LT(cublasLtMatrixLayoutCreate(&lc, type, m, n, ldc));
+    LT(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
@@ -100,20 +101,20 @@ extern "C" ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N
                                           int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     // Row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T: swap the operands.
     return lt_matmul(trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, nullptr, CUDA_R_32F,
-                     CUBLAS_COMPUTE_32F);
+                     CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
 extern "C" ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float *w, const float *bias,
                                                     int T, int IN, int OUT) {
     // CUBLAS_COMPUTE_32F is true fp32 (TF32 would be CUBLAS_COMPUTE_32F_FAST_TF32).
     return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, bias, CUDA_R_32F,
-                     CUBLAS_COMPUTE_32F);
+                     CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
 extern "C" ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
                                                      int IN, int OUT) {
     return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, nullptr, CUDA_R_16BF,
-                     CUBLAS_COMPUTE_32F);
+                     CUDA_R_16BF, CUBLAS_COMPUTE_32F);
 }
 
 extern "C" ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float *dbias, const float *dout,
@@ -125,6 +126,37 @@ extern "C" ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float
     // (none for a frozen weight: dw NULL)
     if (dw && (st = ctrl_cuda_gemm_f32(1, 0, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK) return st;
     if (dbias) {
+        column_sums_kernel<<<(OUT + 255) / 256, 256>>>(dbias, dout, T, OUT);
+        CTRL_CUDA_CHECK_LAUNCH();
+    }
+    return CTRL_OK;
+}
+
+// Mixed precision as torch.autocast (cuda_ops.h): bf16 operands, fp32 accumulation and results.
+extern "C" ctrl_status ctrl_cuda_gemm_bf16_f32(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                                               const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
+                                               float *C, int ldc) {
+    return lt_matmul(trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, nullptr, CUDA_R_16BF,
+                     CUDA_R_32F, CUBLAS_COMPUTE_32F);
+}
+
+extern "C" ctrl_status ctrl_cuda_linear_forward_bf16_f32(float *out, const uint16_t *x, const uint16_t *w,
+                                                         const float *bias, int T, int IN, int OUT) {
+    return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, bias, CUDA_R_16BF, CUDA_R_32F,
+                     CUBLAS_COMPUTE_32F);
+}
+
+extern "C" ctrl_status ctrl_cuda_linear_backward_bf16_f32(float *dx, float *dw, float *dbias, const uint16_t *dout16,
+                                                          const float *dout, const uint16_t *x, const uint16_t *w,
+                                                          int T, int IN, int OUT) {
+    ctrl_status st;
+    // dx[T, IN] = dout[T, OUT] W[OUT, IN]
+    if (dx && (st = ctrl_cuda_gemm_bf16_f32(0, 0, T, IN, OUT, 1.0f, dout16, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK)
+        return st;
+    // dW[OUT, IN] += dout^T x
+    if (dw && (st = ctrl_cuda_gemm_bf16_f32(1, 0, OUT, IN, T, 1.0f, dout16, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK)
+        return st;
+    if (dbias) { // the unrounded dout, as the CPU path
         column_sums_kernel<<<(OUT + 255) / 256, 256>>>(dbias, dout, T, OUT);
         CTRL_CUDA_CHECK_LAUNCH();
     }

@@ -11,6 +11,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
+#include "device/cuda_backend.h"
 #include "test.h"
 
 #ifdef CTRL_HAVE_CUDA
@@ -314,6 +315,44 @@ TEST(adamw_fused) {
 __attribute__((constructor)) static void seed(void) {
     rng = (uint64_t)time(NULL) * 6364136223846793005ull | 1;
     printf("  seed %llu\n", (unsigned long long)rng);
+}
+
+/* bf16 compute through the backend table (cuda_backend_ops.c: operands converted to bf16, cuBLASLt's
+ * bf16 GEMM, fp32 accumulation) against the CPU's bf16 linear (kernels/cpu/bf16.c): both multiply
+ * the same bf16 values exactly and add in fp32, so only the order of the sums differs. */
+TEST(linear_bf16) {
+    NEED_GPU();
+    const ctrl_backend_ops *be = ctrl_cuda_backend_ops();
+    CHECK(be && ctrl_backend_has(be, linear_forward_bf16) && ctrl_backend_has(be, round_to_bf16));
+    if (!be || !be->linear_forward_bf16) return;
+    static const int shapes[][3] = {{37, 96, 130}, {5, 200, 64}, {64, 64, 300}};
+    for (int s = 0; s < 3; s++) {
+        const int T = shapes[s][0], IN = shapes[s][1], OUT = shapes[s][2];
+        const size_t nx = (size_t)T * IN, nw = (size_t)OUT * IN, no = (size_t)T * OUT;
+        float *x = hrand(nx, 1), *w = hrand(nw, 0.5f), *b = hrand(OUT, 1), *dout = hrand(no, 1);
+        float *dw0 = hrand(nw, 0.1f), *db0 = hrand(OUT, 0.1f);
+        float *out = malloc(no * 4), *dx = malloc(nx * 4), *dw = malloc(nw * 4), *db = malloc(OUT * 4);
+        float *wr = malloc(nw * 4);
+        memcpy(dw, dw0, nw * 4), memcpy(db, db0, OUT * 4);
+        CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(out, x, w, b, T, IN, OUT, 0), 0);
+        CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(dx, dw, db, dout, x, w, T, IN, OUT, 0), 0);
+        ctrl_cpu_round_to_bf16(wr, w, (int64_t)nw);
+        float *d_x = dev_copy(x, nx * 4), *d_w = dev_copy(w, nw * 4), *d_b = dev_copy(b, OUT * 4);
+        float *d_dout = dev_copy(dout, no * 4), *d_dw = dev_copy(dw0, nw * 4), *d_db = dev_copy(db0, OUT * 4);
+        float *d_out = dev_poisoned(no * 4), *d_dx = dev_poisoned(nx * 4), *d_wr = dev_poisoned(nw * 4);
+        CHECK_EQ_INT(be->round_to_bf16(d_wr, d_w, (int64_t)nw), CTRL_OK);
+        EXPECT_DEV(d_wr, wr, nw, 0, "round_to_bf16");
+        CHECK_EQ_INT(be->linear_forward_bf16(d_out, d_x, d_wr, d_b, T, IN, OUT, 1), CTRL_OK);
+        CHECK_EQ_INT(be->linear_backward_bf16(d_dx, d_dw, d_db, d_dout, d_x, d_wr, T, IN, OUT, 1), CTRL_OK);
+        EXPECT_DEV(d_out, out, no, 1e-5, "linear_forward_bf16");
+        EXPECT_DEV(d_dx, dx, nx, 1e-5, "linear_backward_bf16 dx");
+        EXPECT_DEV(d_dw, dw, nw, 1e-5, "linear_backward_bf16 dW");
+        EXPECT_DEV(d_db, db, OUT, 1e-5, "linear_backward_bf16 dbias");
+        void *dev[] = {d_x, d_w, d_b, d_dout, d_dw, d_db, d_out, d_dx, d_wr};
+        for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) ctrl_cuda_free(dev[i]);
+        free(x), free(w), free(b), free(dout), free(dw0), free(db0), free(out), free(dx), free(dw), free(db),
+            free(wr);
+    }
 }
 
 #else

@@ -139,7 +139,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const bool ta = desc->opa == CUBLAS_OP_T, tb = desc->opb == CUBLAS_OP_T;
     const uint64_t m = lc->rows, n = lc->cols, k = ta ? la->rows : la->cols;
     if ((ta ? la->cols : la->rows) != m || (tb ? lb->rows : lb->cols) != n ||
-        (tb ? lb->cols : lb->rows) != k || la->type != lc->type || lb->type != lc->type)
+        (tb ? lb->cols : lb->rows) != k || la->type != lb->type)
         return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
     std::vector<float> ta_tmp, tb_tmp, c_tmp;
