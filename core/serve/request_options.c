@@ -64,6 +64,8 @@ static int count(const cJSON *f, int hi, int *out, char *msg, size_t cap) {
 static int stop_strings(ctrl_server *s, const cJSON *f, serve_input *out, char *msg, size_t cap) {
     const int list = cJSON_IsArray(f), n = list ? cJSON_GetArraySize(f) : 1;
     if (!list && !cJSON_IsString(f)) return snprintf(msg, cap, "stop: a string or a list of strings"), -1;
+    serve_stops_free(out->stops); /* a key given twice: the last one counts */
+    out->stops = NULL;
     serve_stops *st = calloc(1, sizeof *st);
     if (!st || !(st->str = calloc((size_t)n + 1, sizeof *st->str)))
         return free(st), snprintf(msg, cap, "out of memory"), -1;
