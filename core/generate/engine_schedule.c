@@ -169,7 +169,7 @@ static ctrl_status draw_all(ctrl_engine *e, int n) {
         return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     }
     for (size_t i = 0, at = 0; i < (size_t)n; at += (size_t)e->draws[i++].s->rq->r.top_logprobs)
-        e->draws[i].top_ids = top_ids + at, e->draws[i].top_lps = top_lps + at;
+        e->draws[i].top_ids = tops ? top_ids + at : NULL, e->draws[i].top_lps = tops ? top_lps + at : NULL;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {

@@ -106,7 +106,7 @@ int ctrl_sampling_process_seq(const ctrl_sampling_params *p, float *l, int V, co
         free(done);
     }
     if (n_prompt < 0 || n_prompt > n_seen) n_prompt = n_seen;
-    if (penalize_output(p, l, V, seen + n_prompt, n_seen - n_prompt) != 0) return -2;
+    if (n_seen > n_prompt && penalize_output(p, l, V, seen + n_prompt, n_seen - n_prompt) != 0) return -2;
     if (p->temperature > 0 && p->temperature != 1.0f)
         for (int i = 0; i < V; i++) l[i] = fminf(l[i] / p->temperature, FLT_MAX); /* as above */
     if (p->top_k > 0 && p->top_k < V) { /* below the k-th largest value goes; ties with it stay */

@@ -18,7 +18,8 @@ typedef struct request {
     char *data;
     size_t len;
     int too_big;
-    int counted; /* in the server's in_flight */
+    int counted;  /* in the server's in_flight */
+    int draining; /* a POST whose headers came after the stop signal: refused (503) */
     struct timespec start;
 } request;
 
@@ -41,7 +42,7 @@ static int gather(ctrl_server *s, request *q, const char *upload, size_t n) {
     if (since(&q->start) > (double)s->opt->timeout_s * (double)(1 + (q->len >> 26))) return 0;
     const size_t limit = q->route && q->route->large_body ? s->weights_body : s->opt->max_body;
     if (q->len + n > limit) q->too_big = 1;
-    if (q->too_big || !q->route) return 1; /* read and dropped */
+    if (q->too_big || !q->route || q->draining) return 1; /* read and dropped */
     char *p = realloc(q->data, q->len + n + 1);
     if (!p) return q->too_big = 1, 1;
     q->data = p;
@@ -56,6 +57,7 @@ static enum MHD_Result answer(ctrl_server *s, struct MHD_Connection *c, const re
                                       "missing or wrong API key (Authorization: Bearer KEY)"};
     if (!q->route) return serve_error(c, q->status, why[q->status == 405 ? 1 : q->status == 401 ? 2 : 0]);
     if (q->too_big) return serve_error(c, 413, "request body too large");
+    if (q->draining) return serve_error(c, 503, "the server is shutting down (draining)");
     if (!q->route->json) return q->route->fn(s, c, NULL, q->data, q->len);
     cJSON *in = q->len ? cJSON_ParseWithLength(q->data, q->len) : cJSON_CreateObject();
     const enum MHD_Result ret = cJSON_IsObject(in) ? q->route->fn(s, c, in, q->data, q->len)
@@ -75,7 +77,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         q->route = serve_route_find(method, url, &q->status);
         if (q->route && q->route->auth && !authorized(s, c)) /* refused now: its body is not kept */
             q->route = NULL, q->status = 401;
-        q->counted = !strcmp(method, "POST"); /* what the drain waits for; GETs answer at once */
+        q->counted = !strcmp(method, "POST");          /* what the drain waits for; GETs answer at once */
+        q->draining = q->counted && serve_draining(s); /* in flight before the signal: it runs on */
         *state = q;
         serve_deadline_request(s->deadline, c, 1);
         pthread_mutex_lock(&s->lock);

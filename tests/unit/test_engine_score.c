@@ -22,8 +22,9 @@ static const ctrl_engine_config cfg = {
 TEST(scores_equal_the_generated_logprobs_with_ranks_and_top_entries) {
     ctrl_model *m = tiny();
     if (!m) return;
-    ctrl_engine *e;
+    ctrl_engine *e = NULL;
     CHECK_EQ_INT(ctrl_engine_create(m, &cfg, &e), CTRL_OK);
+    if (!e) return ctrl_model_free(m);
     const int32_t prompt[5] = {1, 2, 3, 4, 5};
     /* temperature 0.7 and top-k 3: the generation's (processed) log-probabilities come from the
      * same temperature; scoring has no top-k, so it is compared where the drawn token ranks */
