@@ -49,6 +49,11 @@ static ctrl_status layout(ctrl_model *m) {
               D = c->head_dim;
     size_t cur = 0;
     char n[96];
+    if (m->lora && c->num_labels > 0) /* PEFT's SEQ_CLS task trains the score too: not here yet */
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "model: LoRA on a sequence classifier (its score would stay frozen, where PEFT's "
+            "SEQ_CLS task trains it) is not supported yet");
     const int save_embed = m->lora && m->lora->save_embed_tokens,
               save_head = m->lora && m->lora->save_lm_head;
     if (!save_embed)

@@ -101,7 +101,7 @@ ctrl_status ctrl_model_score_backward_at(ctrl_model *m, int n, const int32_t *at
     if (st == CTRL_OK) st = m->be->to_device(m->stage, dout, sizeof(float) * all_n);
     free(dout);
     if (st != CTRL_OK) return st;
-    MODEL_TRY(model_linear_backward(m, m->head_dh, m->dgrads + m->off_score, NULL, m->stage, m->lnf,
+    MODEL_TRY(model_linear_backward(m, m->head_dh, model_grad(m, m->off_score), NULL, m->stage, m->lnf,
                                     m->dparams + m->off_score, T, C, L));
     m->head_dh_ready = 1; /* the trunk's backward starts from dL/d(final norm output) in head_dh */
     return ctrl_model_backward(m, NULL);

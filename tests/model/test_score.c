@@ -14,6 +14,7 @@
 
 #include "file_text.h"
 #include "json_file.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "registry/registry.h"
@@ -293,4 +294,15 @@ TEST(score_at_given_positions_skips_pad_segments) {
     CHECK_EQ_INT(ctrl_model_score_forward_at(m, &g.b, 1, at, b), CTRL_ERR_RUNTIME);
     free(want);
     ctrl_model_free(m);
+}
+
+/* LoRA on a classifier is refused (PEFT's SEQ_CLS task would train the score; ours would stay frozen). */
+TEST(lora_on_a_classifier_is_refused) {
+    ctrl_model_config cfg;
+    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/score/llama", &cfg), CTRL_OK);
+    ctrl_lora_config lc = {.r = 2, .lora_alpha = 4, .all_linear = 1};
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_create_lora(&cfg, eager(), &lc, &m), CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "sequence classifier");
+    CHECK(m == NULL);
 }
