@@ -70,11 +70,9 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
     k->eval_bs = env->settings->train.per_device_eval_batch_size;
     k->spec.size = sizeof k->spec;
     ctrl_status st = k->ops->sequence_spec(k->trainer, &k->spec);
-    if (st == CTRL_OK && k->spec.needs_score)
-        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                            "[run] trainer = %s: the sequence kind has no score head path yet",
-                            env->settings->run.trainer);
     if (st == CTRL_OK) st = ctrl_pref_sets_load(env->cfg, env->tok, &k->spec, &k->train, &k->eval);
+    /* the pad token the score is read before, as TRL sets the model's (saved in config.json) */
+    if (st == CTRL_OK && k->spec.needs_score) ctrl_model_set_pad_token_id(k->model, k->train.pad_id);
     if (st == CTRL_OK && k->train.n == 0)
         st = ctrl_error_set(CTRL_ERR_CONFIG, "[data] train_file: no usable row");
     if (st == CTRL_OK && k->spec.needs_ref_logp) {
@@ -136,7 +134,8 @@ static ctrl_status micro_view(const ctrl_pref_batch *b, const double *ref_rows, 
                             .weight = b->weight,
                             .label = b->label,
                             .kl = b->kl,
-                            .margin = b->margin};
+                            .margin = b->margin,
+                            .last = b->last};
     *ref_sum = NULL;
     if (!ref_rows) return CTRL_OK;
     if (!(*ref_sum = malloc(sizeof(double) * (size_t)b->n_seq)))
@@ -220,8 +219,8 @@ static void sequence_log_window(train_kind *k, const train_window *w, FILE *f) {
         const double v = m->count[i] ? m->sum[i] / m->count[i] : NAN;
         write_metric(f, "", m->name[i], v);
         fputs(", ", f);
-        if (!strcmp(m->name[i], "rewards/accuracies")) acc = v;
-        if (!strcmp(m->name[i], "rewards/margins")) margin = v;
+        if (!strcmp(m->name[i], "rewards/accuracies") || !strcmp(m->name[i], "accuracy")) acc = v;
+        if (!strcmp(m->name[i], "rewards/margins") || !strcmp(m->name[i], "margin")) margin = v;
         m->sum[i] = 0, m->count[i] = 0;
     }
     if (!isatty(fileno(stderr)))
@@ -268,7 +267,8 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
         const double v = k->eval_m.count[i] ? k->eval_m.sum[i] / k->eval_m.count[i] : NAN;
         fputs(", ", f);
         write_metric(f, "eval_", k->eval_m.name[i], v);
-        if (!strcmp(k->eval_m.name[i], "rewards/accuracies")) acc = v;
+        if (!strcmp(k->eval_m.name[i], "rewards/accuracies") || !strcmp(k->eval_m.name[i], "accuracy"))
+            acc = v;
         k->eval_m.sum[i] = 0, k->eval_m.count[i] = 0;
     }
     fputs("}\n", f);

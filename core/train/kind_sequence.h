@@ -22,6 +22,7 @@ typedef struct seq_micro_batch {
     const uint8_t *kl;     /* [n_seq] or NULL (KTO) */
     const float *margin;   /* [n_pairs] or NULL (reward) */
     const double *ref_sum; /* [n_seq] precomputed reference sums (NULL: from the reference model) */
+    const int32_t *last;   /* [n_seq] where a score head reads each sequence (pref_data's `last`) */
 } seq_micro_batch;
 
 /* What a step runs with. */
@@ -65,5 +66,10 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
 ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequence_spec *spec,
                                       const ctrl_pref_set *train, const ctrl_pref_set *eval,
                                       double **ref_train, double **ref_eval);
+
+/* The same for a trainer with a score head (spec->needs_score: the reward trainer;
+ * kind_sequence_score.c): the classifier's scores at mb->last instead of log-probs. */
+ctrl_status train_sequence_score_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
+                                             int train, double *loss);
 
 #endif

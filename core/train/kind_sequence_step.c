@@ -71,6 +71,7 @@ static void report_exact_match(const seq_step *s, const seq_micro_batch *mb, con
 ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
                                        int train, double *loss) {
     const ctrl_sequence_spec *spec = s->spec;
+    if (spec->needs_score) return train_sequence_score_micro_batch(s, mb, num_items, train, loss);
     const int T = mb->batch->T, S = mb->n_seq;
     step_bufs b;
     if (!bufs_alloc(&b, T, S, spec->needs_log_sum_sq)) {

@@ -96,7 +96,20 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     ctrl_status st = train_compute_select(s->run.device, &r->comp);
     if (st == CTRL_OK) st = train_kind_for(r->trainer_ops, s->run.trainer, &r->kind_ops);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
-    if (st == CTRL_OK) st = train_model_load(s, attention, weights_dir, &r->model);
+    /* a trainer with a score head (reward) trains a sequence classifier: a causal LM's trunk under a
+     * fresh score (seeded), or a classifier's own */
+    ctrl_sequence_spec spec = {.size = sizeof spec};
+    if (st == CTRL_OK && TRAINER_HAS(r->trainer_ops, sequence_spec))
+        st = r->trainer_ops->sequence_spec(r->trainer, &spec);
+    if (st == CTRL_OK && spec.needs_score && s->peft.enabled)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "[peft] enabled = true: LoRA on a reward model (a sequence "
+                            "classifier, trainer = %s) is not supported yet",
+                            s->run.trainer);
+    if (st == CTRL_OK)
+        st = spec.needs_score ? ctrl_model_load_classifier(weights_dir ? weights_dir : s->model.path,
+                                                           attention, 1, s->run.seed, &r->model)
+                              : train_model_load(s, attention, weights_dir, &r->model);
     if (st == CTRL_OK)
         st = train_compute_attach(&r->comp, r->model, s->train.dtype, p->n_memory ? p->memory[0]->ops : NULL,
                                   cfg);

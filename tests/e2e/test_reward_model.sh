@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GRPO and RLOO against a learned reward: [reward.rm] plugin = reward_model with the tiny
-# Qwen2ForSequenceClassification of tests/fixtures/score/qwen2 (the tiny_bpe vocabulary) as the
-# reward. A few steps each: the runs finish, log rewards/rm/mean and rewards/rm/std (finite, and
-# the reward is the model's, not a constant), and completions.jsonl carries the rm scores.
+# Reward models end to end. `trainer = reward` on the arithmetic pairs (with and without a margin
+# column) from a causal LM: TRL's metric names (and eval_ ones), a loss that falls, a
+# Qwen2ForSequenceClassification saved. Then GRPO and RLOO against a learned reward:
+# [reward.rm] plugin = reward_model with the tiny Qwen2ForSequenceClassification of
+# tests/fixtures/score/qwen2 (the tiny_bpe vocabulary), and GRPO with the model just trained. A few
+# steps each: the runs finish, log rewards/rm/mean and rewards/rm/std (finite, and the reward is the
+# model's, not a constant), and completions.jsonl carries the rm scores.
 # usage: test_reward_model.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 tiny_setup 7 1
@@ -38,6 +41,49 @@ max_completion_length = 8
 INI
 }
 
+# metric FILE STEP NAME: the value logged at STEP (empty when absent)
+metric() {
+  awk -v s="$2" -v k="\"$3\": " 'index($0, "{\"step\": " s ",") == 1 && index($0, k) {
+    v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v); print v; exit }' "$1"
+}
+
+# 1. The reward trainer.
+awk 'NR % 3 == 0 { sub(/}$/, ", \"margin\": 0.5}") } { print }' "$TMP/data/train_pairs.jsonl" >"$TMP/data/margin_pairs.jsonl"
+for data in train_pairs margin_pairs; do
+  cat >"$TMP/rm_$data.ini" <<INI
+[run]
+trainer = reward
+output_dir = $TMP/rm_$data
+seed = 3
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/$data.jsonl
+eval_file = $TMP/data/eval_pairs.jsonl
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = constant
+max_steps = 30
+per_device_train_batch_size = 16
+logging_steps = 5
+eval_steps = 30
+save_strategy = no
+[reward]
+center_rewards_coefficient = 0.01
+INI
+  if "${C[@]}" train "$TMP/rm_$data.ini" >"$TMP/rm_$data.log" 2>&1; then ok; else bad "reward run ($data)"; tail -5 "$TMP/rm_$data.log"; continue; fi
+  M=$TMP/rm_$data/metrics.jsonl
+  for k in loss grad_norm learning_rate min_reward mean_reward max_reward accuracy margin num_tokens eval_loss \
+    eval_accuracy eval_margin eval_mean_reward; do
+    grep -q "\"$k\": -\?[0-9]" "$M" && ok || bad "reward ($data): metric $k missing from $M"
+  done
+  grep -q '"Qwen2ForSequenceClassification"' "$TMP/rm_$data/config.json" && ok || bad "reward ($data): not saved as a classifier"
+  first=$(metric "$M" 5 loss) last=$(metric "$M" 30 loss)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' && ok || bad "reward ($data): loss $first -> $last did not fall"
+done
+
+# 2. GRPO and RLOO with a reward model.
 for trainer in grpo rloo; do
   rm_ini $trainer >"$TMP/$trainer.ini"
   if "${C[@]}" train "$TMP/$trainer.ini" >"$TMP/$trainer.log" 2>&1; then ok; else bad "$trainer run"; tail -5 "$TMP/$trainer.log"; continue; fi
@@ -49,6 +95,11 @@ for trainer in grpo rloo; do
   n=$(grep -o '"rm":[-0-9.e]*' "$TMP/$trainer/completions.jsonl" | sort -u | wc -l)
   [ "$n" -gt 4 ] && ok || bad "$trainer: only $n distinct rm scores in completions.jsonl"
 done
+
+# GRPO with the reward model trained above.
+rm_ini grpo | sed "s#^path = $SRC/tests/fixtures/score/qwen2#path = $TMP/rm_train_pairs#; s#^output_dir = .*#output_dir = $TMP/grpo_own#" >"$TMP/own.ini"
+if "${C[@]}" train "$TMP/own.ini" >"$TMP/own.log" 2>&1; then ok; else bad "grpo with the trained reward model"; tail -5 "$TMP/own.log"; fi
+grep -q '"rewards/rm/mean": -\?[0-9]' "$TMP/grpo_own/metrics.jsonl" && ok || bad "grpo with the trained reward model: no rm reward"
 
 # A causal LM as the reward model: the config error names the section.
 rm_ini grpo | sed "s#^path = $SRC/tests/fixtures/score/qwen2#path = $TMP/model#" >"$TMP/bad.ini"
