@@ -83,7 +83,54 @@ INI
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' && ok || bad "reward ($data): loss $first -> $last did not fall"
 done
 
-# 2. GRPO and RLOO with a reward model.
+# 2. The first step through `ctrl train` (data, tokenization, batch, score head, loss) equals TRL's
+#    RewardTrainer on the same four pairs (tests/fixtures/reward_trainer, fp32): loss and metrics.
+mkdir -p "$TMP/fx"
+cp "$SRC/tests/fixtures/score/qwen2/config.json" "$SRC/tests/fixtures/score/qwen2/model.safetensors" \
+  "$SRC/tests/fixtures/tokenizer/tiny_bpe/"* "$TMP/fx/"
+CASES=$SRC/tests/fixtures/reward_trainer/cases.json
+# the pairs of cases.json, one JSON object a line, with the margin column or without
+awk '/"pairs"/ { on = 1 } on && /\{/ { row = "" } on { gsub(/^ +/, ""); row = row $0 }
+     on && /^\}/ { sub(/,$/, "", row); print row } on && /^\]/ { exit }' "$CASES" >"$TMP/fx_margin.jsonl"
+sed 's/, *"margin": *[-0-9.e]*//' "$TMP/fx_margin.jsonl" >"$TMP/fx_plain.jsonl"
+# trl CASE KEY: TRL's value of KEY (loss or a metric) in CASE
+trl() { awk -v c="\"$1\": {" -v k="\"$2\": " -v top="$([ "$2" = loss ] && echo 1 || echo 0)" '
+  index($0, c) { on = 1 } on && index($0, "\"metrics\"") { in_m = 1 }
+  on && (top || in_m) && index($0, k) { v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v); print v; exit }' "$CASES"; }
+for case in plain margin center margin_center; do
+  data=plain center=0
+  case $case in *margin*) data=margin ;; esac
+  case $case in *center) center=0.01 ;; esac
+  cat >"$TMP/fx_$case.ini" <<INI
+[run]
+trainer = reward
+output_dir = $TMP/fx_$case
+device = cpu
+[model]
+path = $TMP/fx
+attention = eager
+[data]
+train_file = $TMP/fx_$data.jsonl
+shuffle = false
+[train]
+dtype = fp32
+learning_rate = 1e-9
+max_steps = 1
+per_device_train_batch_size = 4
+logging_steps = 1
+save_strategy = no
+[reward]
+center_rewards_coefficient = $center
+INI
+  if ! "${C[@]}" train "$TMP/fx_$case.ini" >"$TMP/fx_$case.log" 2>&1; then bad "fixture run $case"; tail -3 "$TMP/fx_$case.log"; continue; fi
+  for k in loss min_reward mean_reward max_reward accuracy margin num_tokens; do
+    got=$(metric "$TMP/fx_$case/metrics.jsonl" 1 $k) want=$(trl $case $k)
+    awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(a != "" && d <= 1e-5 * (m > 1e-3 ? m : 1e-3)) }' \
+      && ok || bad "$case: $k = $got, TRL $want"
+  done
+done
+
+# 3. GRPO and RLOO with a reward model.
 for trainer in grpo rloo; do
   rm_ini $trainer >"$TMP/$trainer.ini"
   if "${C[@]}" train "$TMP/$trainer.ini" >"$TMP/$trainer.log" 2>&1; then ok; else bad "$trainer run"; tail -5 "$TMP/$trainer.log"; continue; fi
