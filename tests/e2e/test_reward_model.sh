@@ -84,7 +84,8 @@ INI
 done
 
 # 2. The first step through `ctrl train` (data, tokenization, batch, score head, loss) equals TRL's
-#    RewardTrainer on the same four pairs (tests/fixtures/reward_trainer, fp32): loss and metrics.
+#    RewardTrainer on the same four pairs (tests/fixtures/reward_trainer, fp32): loss and metrics;
+#    padded as TRL's collator pads (pad_to_multiple_of = 8), the same.
 mkdir -p "$TMP/fx"
 cp "$SRC/tests/fixtures/score/qwen2/config.json" "$SRC/tests/fixtures/score/qwen2/model.safetensors" \
   "$SRC/tests/fixtures/tokenizer/tiny_bpe/"* "$TMP/fx/"
@@ -97,8 +98,12 @@ sed 's/, *"margin": *[-0-9.e]*//' "$TMP/fx_margin.jsonl" >"$TMP/fx_plain.jsonl"
 trl() { awk -v c="\"$1\": {" -v k="\"$2\": " -v top="$([ "$2" = loss ] && echo 1 || echo 0)" '
   index($0, c) { on = 1 } on && index($0, "\"metrics\"") { in_m = 1 }
   on && (top || in_m) && index($0, k) { v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v); print v; exit }' "$CASES"; }
-for case in plain margin center margin_center; do
-  data=plain center=0
+for case in plain margin center margin_center padded; do
+  data=plain center=0 layout=""
+  [ $case = padded ] && layout="padding_free = false
+pad_to_multiple_of = 8"
+  want_case=$case
+  [ $case = padded ] && want_case=plain
   case $case in *margin*) data=margin ;; esac
   case $case in *center) center=0.01 ;; esac
   cat >"$TMP/fx_$case.ini" <<INI
@@ -112,6 +117,7 @@ attention = eager
 [data]
 train_file = $TMP/fx_$data.jsonl
 shuffle = false
+$layout
 [train]
 dtype = fp32
 learning_rate = 1e-9
@@ -124,7 +130,7 @@ center_rewards_coefficient = $center
 INI
   if ! "${C[@]}" train "$TMP/fx_$case.ini" >"$TMP/fx_$case.log" 2>&1; then bad "fixture run $case"; tail -3 "$TMP/fx_$case.log"; continue; fi
   for k in loss min_reward mean_reward max_reward accuracy margin num_tokens; do
-    got=$(metric "$TMP/fx_$case/metrics.jsonl" 1 $k) want=$(trl $case $k)
+    got=$(metric "$TMP/fx_$case/metrics.jsonl" 1 $k) want=$(trl $want_case $k)
     awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(a != "" && d <= 1e-5 * (m > 1e-3 ? m : 1e-3)) }' \
       && ok || bad "$case: $k = $got, TRL $want"
   done
