@@ -48,8 +48,9 @@ metric() {
 }
 
 # 1. The reward trainer.
-awk 'NR % 3 == 0 { sub(/}$/, ", \"margin\": 0.5}") } { print }' "$TMP/data/train_pairs.jsonl" >"$TMP/data/margin_pairs.jsonl"
-for data in train_pairs margin_pairs; do
+bash "$SRC/scripts/make_reward_pairs.sh" "$TMP/data" >/dev/null
+awk 'NR % 3 == 0 { sub(/}$/, ", \"margin\": 0.5}") } { print }' "$TMP/data/train_rm_pairs.jsonl" >"$TMP/data/margin_pairs.jsonl"
+for data in train_rm_pairs margin_pairs; do
   cat >"$TMP/rm_$data.ini" <<INI
 [run]
 trainer = reward
@@ -60,7 +61,7 @@ device = cpu
 path = $TMP/model
 [data]
 train_file = $TMP/data/$data.jsonl
-eval_file = $TMP/data/eval_pairs.jsonl
+eval_file = $TMP/data/eval_rm_pairs.jsonl
 [train]
 learning_rate = 3e-3
 lr_scheduler_type = constant
@@ -79,8 +80,10 @@ INI
     grep -q "\"$k\": -\?[0-9]" "$M" && ok || bad "reward ($data): metric $k missing from $M"
   done
   grep -q '"Qwen2ForSequenceClassification"' "$TMP/rm_$data/config.json" && ok || bad "reward ($data): not saved as a classifier"
-  first=$(metric "$M" 5 loss) last=$(metric "$M" 30 loss)
-  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' && ok || bad "reward ($data): loss $first -> $last did not fall"
+  # the held-out loss (evaluated before the first step and after the last) falls
+  first=$(grep -o '"eval_loss": [0-9.]*' "$M" | head -n 1 | cut -d' ' -f2)
+  last=$(grep -o '"eval_loss": [0-9.]*' "$M" | tail -n 1 | cut -d' ' -f2)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b < a) }' && ok || bad "reward ($data): eval_loss $first -> $last did not fall"
 done
 
 # 2. The first step through `ctrl train` (data, tokenization, batch, score head, loss) equals TRL's
@@ -150,9 +153,13 @@ for trainer in grpo rloo; do
 done
 
 # GRPO with the reward model trained above.
-rm_ini grpo | sed "s#^path = $SRC/tests/fixtures/score/qwen2#path = $TMP/rm_train_pairs#; s#^output_dir = .*#output_dir = $TMP/grpo_own#" >"$TMP/own.ini"
+rm_ini grpo | sed "s#^path = $SRC/tests/fixtures/score/qwen2#path = $TMP/rm_train_rm_pairs#; s#^output_dir = .*#output_dir = $TMP/grpo_own#" >"$TMP/own.ini"
 if "${C[@]}" train "$TMP/own.ini" >"$TMP/own.log" 2>&1; then ok; else bad "grpo with the trained reward model"; tail -5 "$TMP/own.log"; fi
 grep -q '"rewards/rm/mean": -\?[0-9]' "$TMP/grpo_own/metrics.jsonl" && ok || bad "grpo with the trained reward model: no rm reward"
+
+# LoRA on a reward model is refused, naming the key.
+if "${C[@]}" train "$TMP/rm_train_rm_pairs.ini" --set peft.enabled=true --set run.output_dir="$TMP/rm_peft" >"$TMP/peft.log" 2>&1; then
+  bad "reward with [peft] ran"; else grep -q "\[peft\] enabled" "$TMP/peft.log" && ok || { bad "unclear peft error"; cat "$TMP/peft.log"; }; fi
 
 # A causal LM as the reward model: the config error names the section.
 rm_ini grpo | sed "s#^path = $SRC/tests/fixtures/score/qwen2#path = $TMP/model#" >"$TMP/bad.ini"
