@@ -7,7 +7,9 @@
  * log-prob sums of ~-25). Cases: sigmoid with a live reference; sigmoid + sft with loss_weights, a
  * precomputed reference and gradient accumulation; TR-DPO (sync_ref_model every 3 steps); ipo with
  * WPO weighting and LD-DPO; and sigmoid with an eval set, whose last evaluation equals TRL's evaluate()
- * (eval_loss and every eval_ metric). */
+ * (eval_loss and every eval_ metric). Interrupted after step 10 and resumed (sigmoid: the live reference
+ * reloaded; the precomputed case without its stored sums: computed again from the initial weights),
+ * the curve is still TRL's uninterrupted one. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,19 +41,45 @@ static const char *const metrics[] = {"entropy",          "mean_token_accuracy",
                                       "logps/chosen",     "logps/rejected",      "logits/chosen",
                                       "logits/rejected"};
 
-static void run_case(const char *name) {
+/* Interrupts the run after its 10th step (the loop polls once per step). */
+static int polls;
+static int after_ten(void) { return ++polls == 10; }
+
+/* Trains the case's config with `overrides`; `interrupt`: stopped after step 10 (a checkpoint). */
+static ctrl_status train(const char *ini, const char *const *overrides, int n, int interrupt) {
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_config *cfg = NULL;
+    ctrl_status st = ctrl_config_load(ini, overrides, n, reg, &cfg);
+    polls = 0;
+    if (st == CTRL_OK) st = ctrl_train_run(cfg, interrupt ? after_ten : NULL);
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+    return st;
+}
+
+/* resume: trained to step 10, interrupted (checkpoint), then resumed to step 20 in the same
+ * output_dir; the curve must still be TRL's uninterrupted one. */
+static void run_case_resume(const char *name, int resume) {
     const char *tmp = test_tmp_dir();
     if (!tmp) TEST_SKIP("no temporary directory");
     char ini[1200], out[1200], path[1300];
     CHECK(write_ini(name, ini, sizeof ini, out, sizeof out) == 0);
     mkdir(out, 0755);
-    ctrl_registry *reg = test_plugin_registry();
-    ctrl_config *cfg = NULL;
-    ctrl_status st = ctrl_config_load(ini, NULL, 0, reg, &cfg);
-    CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
-    if (st == CTRL_OK) st = ctrl_train_run(cfg, NULL);
-    ctrl_config_free(cfg);
-    ctrl_registry_destroy(reg);
+    ctrl_status st;
+    if (resume) {
+        const char *first[] = {"train.save_strategy=steps", "train.save_steps=100"};
+        st = train(ini, first, 2, 1);
+        CHECK_MSG(st == CTRL_ERR_INTERRUPTED, "%s: interrupted run: %d %s", name, st, ctrl_error_message());
+        if (strstr(name, "precompute")) { /* without the stored sums: computed from the initial weights */
+            snprintf(path, sizeof path, "%s/ref_logps.bin", out);
+            CHECK(unlink(path) == 0);
+        }
+        const char *again[] = {"train.save_strategy=steps", "train.save_steps=100",
+                               "train.resume_from_checkpoint=last"};
+        st = train(ini, again, 3, 0);
+    } else {
+        st = train(ini, NULL, 0, 0);
+    }
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
     if (st != CTRL_OK) return;
     snprintf(path, sizeof path, "%s/metrics.jsonl", out);
@@ -135,11 +163,18 @@ static void run_case(const char *name) {
     free(ours), free(theirs);
 }
 
+static void run_case(const char *name) { run_case_resume(name, 0); }
+
 TEST(sigmoid) { run_case("sigmoid"); }
+/* interrupted at step 10 and resumed: the live reference is the initial weights again */
+TEST(sigmoid_resumed) { run_case_resume("sigmoid", 1); }
 TEST(sigmoid_eval) { run_case("sigmoid_eval"); }
 TEST(sigmoid_sft_precompute_ga) {
     run_case("sigmoid_sft_precompute_ga");
     run_case("sigmoid_sft_precompute_ga"); /* again: the reference sums read back from ref_logps.bin */
 }
+/* interrupted and resumed without ref_logps.bin: the policy has moved, so the pass before the resumed
+ * steps loads the initial weights for it (and stores the sums again) */
+TEST(sigmoid_sft_precompute_ga_resumed) { run_case_resume("sigmoid_sft_precompute_ga", 1); }
 TEST(ipo_wpo_ld) { run_case("ipo_wpo_ld"); }
 TEST(sigmoid_tr_dpo) { run_case("sigmoid_tr_dpo"); }
