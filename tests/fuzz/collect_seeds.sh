@@ -8,7 +8,7 @@ src=$1 out=$2
 fx=$src/tests/fixtures
 sep=$'\n=====\n' # FUZZ_SEPARATOR (tests/fuzz/fuzz_common.h)
 rm -rf "$out"
-mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,serve_body}
+mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body}
 
 # safetensors: small files made here (the fixtures' are hundreds of KB): an 8-byte little-endian
 # header length, the JSON header, the data.
@@ -49,6 +49,16 @@ for f in "$fx"/sft_data/*.jsonl "$fx"/sft_data/messages_array.json "$fx"/trl_sft
   case $f in *.expected.jsonl) continue ;; esac
   for pick in 00 01 02 13; do
     { printf "\\x$pick"; cat "$f"; } >"$out/sft_rows/${pick}_$(basename "$f")"
+  done
+done
+
+# pref_rows: the first byte's low 6 bits p pick the trainer (p % 3: dpo, kto, reward) and the [data]
+# configuration (p / 3 % 4); 0x40 asks for padded batches (tests/fuzz/fuzz_pref_rows.c).
+for f in "$fx"/pref/*.jsonl; do
+  case $f in *.expected.jsonl) continue ;; esac
+  case $(basename "$f") in kto_*) picks="01 04 47" ;; reward_*) picks="02 05 4b" ;; *) picks="00 03 46 09" ;; esac
+  for pick in $picks; do
+    { printf "\\x$pick"; cat "$f"; } >"$out/pref_rows/${pick}_$(basename "$f")"
   done
 done
 
