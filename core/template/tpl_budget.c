@@ -12,8 +12,8 @@ int tpl_budget(tpl_render *r, int line, uint64_t steps) {
     if (r->steps > TPL_MAX_STEPS)
         return tpl_fail(r, line, "the template ran more than %llu steps (a loop too long?)",
                         (unsigned long long)TPL_MAX_STEPS);
-    if (r->arena.total > TPL_MAX_RENDER_BYTES)
-        return tpl_fail(r, line, "the template built more than %zu MiB of values",
+    if (r->arena.total + r->out.cap + r->gen.cap > TPL_MAX_RENDER_BYTES)
+        return tpl_fail(r, line, "the template used more than %zu MiB of memory (values and output)",
                         TPL_MAX_RENDER_BYTES >> 20);
     if (r->arena.over_items)
         return tpl_fail(r, line, "a list or dict would hold more than %d items", TPL_MAX_ITEMS);
@@ -26,6 +26,14 @@ int tpl_room(tpl_render *r, int line, const char *what, uint64_t count, uint64_t
         return tpl_fail(r, line, "%s would build a string of %llu × %llu bytes, more than the %u MiB limit",
                         what, (unsigned long long)count, (unsigned long long)size, TPL_MAX_STRING >> 20);
     return tpl_budget(r, line, count * size / 64);
+}
+
+int tpl_walk(tpl_render *r, int line, tpl_value v) {
+    const uint64_t n = v.kind == V_STR    ? v.str.len / 4
+                       : v.kind == V_LIST ? (uint64_t)v.list->n
+                       : v.kind == V_DICT ? (uint64_t)v.dict->n
+                                          : 0;
+    return tpl_budget(r, line, n);
 }
 
 int tpl_room_items(tpl_render *r, int line, const char *what, uint64_t n) {

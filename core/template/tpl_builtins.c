@@ -39,11 +39,14 @@ int tpl_iterable(tpl_render *r, int line, tpl_value v, tpl_list **items) {
     *items = l.list;
     if (v.kind == V_UNDEF) return 0;
     if (v.kind == V_DICT && !v.dict->is_namespace) {
+        tpl_list_reserve(&r->arena, l.list, v.dict->n);
         for (int i = 0; i < v.dict->n; i++) tpl_list_push(&r->arena, l.list, v.dict->keys[i]);
         return 0;
     }
     if (v.kind == V_STR) {
-        if (tpl_room_items(r, line, "iterating a string", tpl_utf8_count(v.str.s, v.str.len))) return -1;
+        const size_t count = tpl_utf8_count(v.str.s, v.str.len);
+        if (tpl_room_items(r, line, "iterating a string", count)) return -1;
+        tpl_list_reserve(&r->arena, l.list, (int64_t)count);
         for (size_t o = 0, e; o < v.str.len; o = e) {
             e = tpl_utf8_step(v.str.s, v.str.len, o, 1);
             tpl_list_push(&r->arena, l.list, tpl_str(v.str.s + o, e - o));
@@ -84,16 +87,28 @@ static int strip_match(const char *s, size_t n, size_t i, const tpl_value *chars
     return 0;
 }
 
-static tpl_value py_strip(tpl_value s, const tpl_value *chars, int left, int right) {
+/* Each code point tried walks `chars`: with a long `chars` the work is charged as it goes (a long
+ * string of matching characters made it len(s) × len(chars)). */
+static int py_strip(tpl_render *r, int line, tpl_value s, const tpl_value *chars, int left, int right,
+                    tpl_value *out) {
+    const uint64_t per = chars ? chars->str.len / 16 : 0;
+    uint64_t owed = 0;
     size_t b = 0, e = s.str.len, l;
-    while (left && b < e && strip_match(s.str.s, e, b, chars, &l)) b += l;
+    while (left && b < e && strip_match(s.str.s, e, b, chars, &l)) {
+        b += l;
+        if ((owed += per) >= 4096 && tpl_budget(r, line, owed)) return -1;
+        owed = owed >= 4096 ? 0 : owed;
+    }
     while (right && e > b) {
         size_t start = e - 1;
         while (start > b && ((unsigned char)s.str.s[start] & 0xC0) == 0x80) start--;
         if (!strip_match(s.str.s, e, start, chars, &l)) break;
         e = start;
+        if ((owed += per) >= 4096 && tpl_budget(r, line, owed)) return -1;
+        owed = owed >= 4096 ? 0 : owed;
     }
-    return tpl_str(s.str.s + b, e - b);
+    *out = tpl_str(s.str.s + b, e - b);
+    return tpl_budget(r, line, owed);
 }
 
 /* The first occurrence of n in h at or after `from` (glibc's memmem is linear). */
@@ -110,13 +125,10 @@ static tpl_value py_split(tpl_render *r, tpl_value s, tpl_value sep, int64_t max
     if (sep.kind == V_STR) {
         tpl_value parts = tpl_new_list(&r->arena);
         size_t start = 0;
-        for (size_t i = 0; i + sep.str.len <= n;) {
-            if (memcmp(p + i, sep.str.s, sep.str.len) == 0) {
-                tpl_list_push(&r->arena, parts.list, tpl_str(p + start, i - start));
-                i += sep.str.len, start = i;
-            } else {
-                i++;
-            }
+        /* memmem is linear; comparing at each position was n × len(sep) */
+        for (const char *hit; (hit = find_sub(p, n, sep.str.s, sep.str.len, start));) {
+            tpl_list_push(&r->arena, parts.list, tpl_str(p + start, (size_t)(hit - p) - start));
+            start = (size_t)(hit - p) + sep.str.len;
         }
         tpl_list_push(&r->arena, parts.list, tpl_str(p + start, n - start));
         int total = parts.list->n;
@@ -144,7 +156,8 @@ static tpl_value py_split(tpl_render *r, tpl_value s, tpl_value sep, int64_t max
         if (i >= n) break;
         size_t start = i;
         if (maxsplit >= 0 && splits == maxsplit && !from_right) {
-            tpl_value rest = py_strip(tpl_str(p + start, n - start), NULL, 0, 1);
+            tpl_value rest;
+            py_strip(r, 0, tpl_str(p + start, n - start), NULL, 0, 1, &rest); /* no chars: nothing owed */
             tpl_list_push(&r->arena, out.list, rest);
             break;
         }
@@ -202,7 +215,8 @@ static int starts_or_ends(tpl_render *r, int line, tpl_value s, tpl_value what, 
     *res = 0;
     for (int i = 0; i < opts->n; i++) {
         tpl_value p = opts->items[i];
-        if (want_str(r, line, p, ends ? "endswith" : "startswith")) return -1;
+        if (want_str(r, line, p, ends ? "endswith" : "startswith") || tpl_budget(r, line, 1 + p.str.len / 64))
+            return -1;
         if (p.str.len <= s.str.len &&
             memcmp(s.str.s + (ends ? s.str.len - p.str.len : 0), p.str.s, p.str.len) == 0)
             *res = 1;
@@ -212,6 +226,7 @@ static int starts_or_ends(tpl_render *r, int line, tpl_value s, tpl_value what, 
 
 int tpl_method(tpl_render *r, int line, tpl_value obj, const char *name, const tpl_args *a, tpl_value *out) {
     tpl_value none = tpl_none();
+    if (tpl_walk(r, line, obj)) return -1; /* every method walks its string or dict (or searches it) */
     if (obj.kind == V_STR) {
         if (NAME_IS(name, "startswith") || NAME_IS(name, "endswith")) {
             int res;
@@ -221,8 +236,8 @@ int tpl_method(tpl_render *r, int line, tpl_value obj, const char *name, const t
         if (NAME_IS(name, "strip") || NAME_IS(name, "lstrip") || NAME_IS(name, "rstrip")) {
             tpl_value chars = arg(a, 0, "chars", none);
             if (chars.kind != V_NONE && want_str(r, line, chars, name)) return -1;
-            *out = py_strip(obj, chars.kind == V_STR ? &chars : NULL, name[0] != 'r', name[0] != 'l');
-            return 0;
+            return py_strip(r, line, obj, chars.kind == V_STR ? &chars : NULL, name[0] != 'r', name[0] != 'l',
+                            out);
         }
         if (NAME_IS(name, "split") || NAME_IS(name, "rsplit")) {
             tpl_value sep = arg(a, 0, "sep", none), max = arg(a, 1, "maxsplit", tpl_int(-1));
@@ -245,7 +260,6 @@ int tpl_method(tpl_render *r, int line, tpl_value obj, const char *name, const t
         if (NAME_IS(name, "find") || NAME_IS(name, "rfind") || NAME_IS(name, "count")) {
             tpl_value sub = arg(a, 0, NULL, none);
             if (want_str(r, line, sub, name)) return -1;
-            if (tpl_budget(r, line, obj.str.len / 64)) return -1;
             if (!sub.str.len) { /* an empty match at every code point and at the end, as Python */
                 const int64_t n = (int64_t)tpl_utf8_count(obj.str.s, obj.str.len);
                 return *out = tpl_int(name[0] == 'c' ? n + 1 : name[0] == 'r' ? n : 0), 0;
@@ -264,6 +278,7 @@ int tpl_method(tpl_render *r, int line, tpl_value obj, const char *name, const t
         if (NAME_IS(name, "join")) {
             tpl_list *items;
             if (a->n_pos < 1 || want_seq(r, line, a->pos[0], "join", &items)) return -1;
+            if (tpl_budget(r, line, (uint64_t)items->n / 16)) return -1;
             tpl_buf b = {0};
             for (int i = 0; i < items->n && !b.over; i++) {
                 if (want_str(r, line, items->items[i], "join")) return tpl_buf_free(&b), -1;
@@ -339,8 +354,11 @@ int tpl_test(tpl_render *r, int line, const char *name, tpl_value v, const tpl_a
         return *out = v.kind == V_LIST || v.kind == V_STR || v.kind == V_DICT || v.kind == V_UNDEF, 0;
     if (NAME_IS(name, "sequence")) return *out = v.kind == V_LIST || v.kind == V_STR || v.kind == V_DICT, 0;
     if (NAME_IS(name, "callable")) return *out = v.kind == V_FUNC, 0;
-    if (NAME_IS(name, "sameas"))
+    if (NAME_IS(name, "sameas")) { /* == walks both: charged as compare() charges it */
+        const uint64_t sv = tpl_size(v), sx = tpl_size(x);
+        if (tpl_budget(r, line, sv < sx ? sv : sx)) return -1;
         return *out = v.kind == x.kind && (v.kind == V_NONE || v.kind == V_UNDEF || tpl_equal(v, x)), 0;
+    }
     if (NAME_IS(name, "odd") || NAME_IS(name, "even") || NAME_IS(name, "divisibleby")) {
         if (v.kind != V_INT) return tpl_fail(r, line, "test '%s' expects an integer", name);
         int64_t d = name[0] == 'd' ? (x.kind == V_INT ? x.i : 0) : 2;
@@ -350,6 +368,7 @@ int tpl_test(tpl_render *r, int line, const char *name, tpl_value v, const tpl_a
     }
     if (NAME_IS(name, "lower") || NAME_IS(name, "upper")) {
         if (v.kind != V_STR) return *out = 0, 0;
+        if (tpl_walk(r, line, v)) return -1;
         return *out = tpl_equal(v, py_case(r, v, name[0] == 'l' ? CASE_LOWER : CASE_UPPER)), 0;
     }
     static const struct {
@@ -373,6 +392,7 @@ int tpl_test(tpl_render *r, int line, const char *name, tpl_value v, const tpl_a
 
 static int item_attr(tpl_render *r, int line, tpl_value item, tpl_value attr, tpl_value *out) {
     if (attr.kind == V_STR && item.kind == V_DICT) {
+        if (tpl_walk(r, line, item)) return -1;
         int i = tpl_dict_find(item.dict, attr.str.s, attr.str.len);
         *out = i >= 0 ? item.dict->vals[i] : tpl_undef("attribute");
         return 0;
@@ -480,6 +500,10 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
     if (v.kind == V_UNDEF && !NAME_IS(name, "length") && !NAME_IS(name, "count") && !NAME_IS(name, "list") &&
         !NAME_IS(name, "string") && !NAME_IS(name, "trim") && !NAME_IS(name, "join"))
         return tpl_fail(r, line, "'%s' is undefined", v.undef_name ? v.undef_name : "value");
+    /* every filter walks its subject, but a list's length, first and last item */
+    const int constant = v.kind == V_LIST && (NAME_IS(name, "length") || NAME_IS(name, "count") ||
+                                              NAME_IS(name, "first") || NAME_IS(name, "last"));
+    if (!constant && tpl_walk(r, line, v)) return -1;
     if (NAME_IS(name, "length") || NAME_IS(name, "count")) {
         if (v.kind == V_STR) return *out = tpl_int((int64_t)tpl_utf8_count(v.str.s, v.str.len)), 0;
         if (v.kind == V_DICT) return *out = tpl_int(v.dict->n), 0;
@@ -492,7 +516,7 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
         if (tpl_to_str_checked(r, line, v, &str)) return -1;
         if (name[0] == 's') return *out = str, 0;
         if (chars.kind != V_NONE && want_str(r, line, chars, "trim")) return -1;
-        return *out = py_strip(str, chars.kind == V_STR ? &chars : NULL, 1, 1), 0;
+        return py_strip(r, line, str, chars.kind == V_STR ? &chars : NULL, 1, 1, out);
     }
     if (NAME_IS(name, "safe") || NAME_IS(name, "e") || NAME_IS(name, "escape")) {
         tpl_value str;
@@ -532,6 +556,7 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
     if (NAME_IS(name, "list")) {
         if (want_seq(r, line, v, "list", &items)) return -1;
         *out = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, out->list, items->n);
         for (int i = 0; i < items->n; i++) tpl_list_push(&r->arena, out->list, items->items[i]);
         return 0;
     }
@@ -549,6 +574,7 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
             return tpl_buf_value(r, line, &b, out);
         }
         *out = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, out->list, items->n);
         for (int i = items->n - 1; i >= 0; i--) tpl_list_push(&r->arena, out->list, items->items[i]);
         return 0;
     }
@@ -620,6 +646,7 @@ int tpl_filter(tpl_render *r, tpl_scope *s, int line, const char *name, tpl_valu
         if (attr.kind != V_NONE && !NAME_IS(name, "sum"))
             return tpl_fail(r, line, "%s(attribute=...) is not supported", name);
         tpl_value l = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, l.list, items->n);
         for (int i = 0; i < items->n; i++) {
             tpl_value x = items->items[i];
             if (attr.kind != V_NONE && item_attr(r, line, x, attr, &x)) return -1;
@@ -729,18 +756,28 @@ int tpl_call_global(tpl_render *r, int line, tpl_value fn, const tpl_args *a, tp
     }
     case F_NAMESPACE:
     case F_DICT: {
-        *out = tpl_new_dict(&r->arena);
-        out->dict->is_namespace = fn.fn.id == F_NAMESPACE;
+        /* every pair in order, then set at once in n log n (merging a large mapping key by key,
+         * each looked up first, was quadratic) */
+        uint64_t total = (uint64_t)a->n_kw;
         for (int i = 0; i < a->n_pos; i++) {
             if (a->pos[i].kind != V_DICT) return tpl_fail(r, line, "positional arguments must be mappings");
-            for (int k = 0; k < a->pos[i].dict->n; k++)
-                tpl_dict_set(&r->arena, out->dict, a->pos[i].dict->keys[k], a->pos[i].dict->vals[k]);
+            total += (uint64_t)a->pos[i].dict->n;
         }
-        for (int k = 0; k < a->n_kw; k++) {
+        if (tpl_room_items(r, line, fn.fn.id == F_NAMESPACE ? "namespace()" : "dict()", total)) return -1;
+        tpl_value *keys = tpl_alloc(&r->arena, sizeof(tpl_value) * (size_t)(total + 1)),
+                  *vals = tpl_alloc(&r->arena, sizeof(tpl_value) * (size_t)(total + 1));
+        int n = 0;
+        for (int i = 0; i < a->n_pos; i++)
+            for (int k = 0; k < a->pos[i].dict->n; k++, n++)
+                keys[n] = a->pos[i].dict->keys[k], vals[n] = a->pos[i].dict->vals[k];
+        for (int k = 0; k < a->n_kw; k++, n++) {
             if (fn.fn.id == F_NAMESPACE && a->kw_names[k][0] == '_')
                 return tpl_fail(r, line, "namespace attributes cannot start with '_'");
-            tpl_dict_set(&r->arena, out->dict, tpl_str(a->kw_names[k], strlen(a->kw_names[k])), a->kw[k]);
+            keys[n] = tpl_str(a->kw_names[k], strlen(a->kw_names[k])), vals[n] = a->kw[k];
         }
+        *out = tpl_new_dict(&r->arena);
+        out->dict->is_namespace = fn.fn.id == F_NAMESPACE;
+        tpl_dict_set_many(&r->arena, out->dict, keys, vals, n);
         return tpl_check_nesting(r, line, *out);
     }
     case F_RANGE: {
@@ -761,6 +798,7 @@ int tpl_call_global(tpl_render *r, int line, tpl_value fn, const tpl_args *a, tp
             return tpl_fail(r, line, "range() of %llu items exceeds the limit %d", (unsigned long long)n,
                             TPL_MAX_RANGE);
         *out = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, out->list, (int64_t)n);
         for (uint64_t k = 0; k < n; k++) /* start + k * step stays between start and stop */
             tpl_list_push(&r->arena, out->list, tpl_int((int64_t)((uint64_t)v[0] + k * (uint64_t)v[2])));
         return 0;

@@ -29,8 +29,9 @@ static const struct {
                {"dict", F_DICT},
                {"range", F_RANGE}};
 
-tpl_value tpl_lookup(const tpl_scope *s, const char *name, size_t len) {
+tpl_value tpl_lookup(const tpl_scope *s, const char *name, size_t len, uint64_t *walked) {
     for (; s; s = s->parent) {
+        if (walked) *walked += 1 + (uint64_t)s->vars.n;
         int i = tpl_dict_find(&s->vars, name, len);
         if (i >= 0) return s->vars.vals[i];
     }
@@ -79,6 +80,7 @@ static int eval_slice(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value 
     for (int k = 0; k < 3; k++)
         if (p[k] && tpl_eval(r, s, p[k], &part[k])) return -1;
     if (obj.kind == V_UNDEF) return undefined_error(r, e->line, obj);
+    if (obj.kind == V_STR && tpl_walk(r, e->line, obj)) return -1; /* its code points are counted */
     int64_t n, start = 0, stop = 0, step = 1;
     if (obj.kind == V_LIST)
         n = obj.list->n;
@@ -94,6 +96,7 @@ static int eval_slice(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value 
                    count = span ? (span - 1) / ustep + 1 : 0;
     if (obj.kind == V_LIST) {
         *out = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, out->list, (int64_t)count);
         for (uint64_t k = 0; k < count; k++)
             tpl_list_push(&r->arena, out->list, obj.list->items[start + (int64_t)k * step]);
         return 0;
@@ -113,6 +116,7 @@ static int eval_slice(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value 
 
 int tpl_getitem(tpl_render *r, int line, tpl_value obj, tpl_value key, tpl_value *out) {
     if (obj.kind == V_UNDEF) return undefined_error(r, line, obj);
+    if (obj.kind != V_LIST && tpl_walk(r, line, obj)) return -1; /* a key's search, a code point's offset */
     if (obj.kind == V_DICT) {
         if (key.kind != V_STR) return *out = tpl_undef("item"), 0;
         int i = tpl_dict_find(obj.dict, key.str.s, key.str.len);
@@ -225,6 +229,7 @@ static int arith(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_
     if (op == OP_ADD && a.kind == V_LIST && b.kind == V_LIST) {
         if (tpl_room_items(r, line, "+", (uint64_t)a.list->n + (uint64_t)b.list->n)) return -1;
         *out = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, out->list, (int64_t)a.list->n + b.list->n);
         for (int i = 0; i < a.list->n; i++) tpl_list_push(&r->arena, out->list, a.list->items[i]);
         for (int i = 0; i < b.list->n; i++) tpl_list_push(&r->arena, out->list, b.list->items[i]);
         return 0;
@@ -244,6 +249,7 @@ static int arith(tpl_render *r, int line, int op, tpl_value a, tpl_value b, tpl_
         if (b.list->n && times > TPL_MAX_ITEMS) return tpl_room_items(r, line, "list repetition", times);
         if (tpl_room_items(r, line, "list repetition", times * (uint64_t)b.list->n)) return -1;
         *out = tpl_new_list(&r->arena);
+        tpl_list_reserve(&r->arena, out->list, (int64_t)(times * (uint64_t)b.list->n));
         for (uint64_t k = 0; k < times && b.list->n; k++)
             for (int i = 0; i < b.list->n; i++) tpl_list_push(&r->arena, out->list, b.list->items[i]);
         return 0;
@@ -377,11 +383,16 @@ static int eval_node(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *
     tpl_value a, b;
     switch (e->kind) {
     case E_LIT: *out = e->lit; return 0;
-    case E_NAME: *out = tpl_lookup(s, e->name, e->name_len); return 0;
+    case E_NAME: { /* a lookup from inside nested loops and macros walks every scope out to the root */
+        uint64_t walked = 0;
+        *out = tpl_lookup(s, e->name, e->name_len, &walked);
+        return tpl_budget(r, e->line, walked / 4);
+    }
     case E_ATTR:
         if (tpl_eval(r, s, e->a, &a)) return -1;
         if (a.kind == V_UNDEF) return undefined_error(r, e->line, a);
         if (a.kind == V_DICT) {
+            if (tpl_walk(r, e->line, a)) return -1;
             int i = tpl_dict_find(a.dict, e->name, e->name_len);
             *out = i >= 0 ? a.dict->vals[i] : tpl_undef(e->name);
         } else {

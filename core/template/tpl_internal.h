@@ -10,11 +10,13 @@
 
 /* ---- limits: templates are untrusted, so what a render may build or nest is bounded and each
  * overrun is a template error naming the limit (docs/architecture.md, Chat templates) ---- */
-#define TPL_MAX_STRING (32u << 20)               /* bytes of any string built, the output included */
-#define TPL_MAX_ITEMS (1 << 22)                  /* items of any list built */
-#define TPL_MAX_RANGE 1000000                    /* items range() makes */
-#define TPL_MAX_RENDER_BYTES ((size_t)256 << 20) /* all values one render allocates */
-#define TPL_MAX_STEPS 20000000ull /* evaluations and statements one render runs (about a second at most) */
+#define TPL_MAX_STRING (16u << 20) /* bytes of any string built, the output included */
+#define TPL_MAX_ITEMS (1 << 22)    /* items of any list built */
+#define TPL_MAX_RANGE 1000000      /* items range() makes */
+/* memory one render holds: its arena's blocks (every value it built, the variables included) and the
+ * output and generation-mask buffers */
+#define TPL_MAX_RENDER_BYTES ((size_t)64 << 20)
+#define TPL_MAX_STEPS 10000000ull /* evaluations, statements and walks one render runs (0.5 s at most) */
 #define TPL_MAX_DEPTH 500         /* nested evaluation and execution while rendering */
 #define TPL_MAX_MACRO_DEPTH 100   /* nested macro calls */
 #define TPL_MAX_NESTING 1000      /* lists and dicts inside each other, in values built */
@@ -23,7 +25,7 @@
 /* ---- arena: every value and node lives until its arena is freed ---- */
 typedef struct tpl_arena {
     struct tpl_block *head;
-    size_t total;   /* bytes allocated, for the render's budget */
+    size_t total;   /* bytes of the blocks it malloc'd (not just of the values in them), for the budget */
     int over_items; /* a list reached TPL_MAX_ITEMS: items were dropped, the render must fail */
 } tpl_arena;
 void *tpl_alloc(tpl_arena *a, size_t n); /* zeroed; aborts on out-of-memory like malloc wrappers */
@@ -93,6 +95,8 @@ tpl_value tpl_str_copy(tpl_arena *a, const char *s, size_t len);
 tpl_value tpl_new_list(tpl_arena *a);
 tpl_value tpl_new_dict(tpl_arena *a);
 void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v);
+/* Room for n more items at once (growth by doubling leaves every smaller array behind in the arena). */
+void tpl_list_reserve(tpl_arena *a, tpl_list *l, int64_t n);
 void tpl_dict_set(tpl_arena *a, tpl_dict *d, tpl_value key, tpl_value v);
 int tpl_dict_find(const tpl_dict *d, const char *key, size_t len); /* index or -1 */
 /* tpl_dict_set for each pair in order, in n log n for a new dict (keys are strings). */
@@ -262,6 +266,9 @@ int tpl_budget(tpl_render *r, int line, uint64_t steps);
 /* A string of `n` bytes (n = count × size, computed without overflow) may be built: 0, or -1 after
  * tpl_fail naming `what`. */
 int tpl_room(tpl_render *r, int line, const char *what, uint64_t count, uint64_t size);
+/* Charges walking v once, shallowly (a string's bytes, a list's items, a dict's keys): what a filter,
+ * a method, indexing or a lookup costs beyond its one step. 0, or -1 after tpl_fail. */
+int tpl_walk(tpl_render *r, int line, tpl_value v);
 /* A list of `n` items may be built. */
 int tpl_room_items(tpl_render *r, int line, const char *what, uint64_t n);
 /* The buffer as a string value in the arena (the buffer is freed); -1 when it overflowed. */
@@ -272,7 +279,9 @@ int tpl_to_str_checked(tpl_render *r, int line, tpl_value v, tpl_value *out);
 int tpl_check_nesting(tpl_render *r, int line, tpl_value v);
 int tpl_eval(tpl_render *r, tpl_scope *s, const tpl_node *e, tpl_value *out);
 int tpl_exec(tpl_render *r, tpl_scope *s, const tpl_nodes *body);
-tpl_value tpl_lookup(const tpl_scope *s, const char *name, size_t len);
+/* The name's value through the scope chain, then the globals; *walked (if not NULL) gets the number of
+ * scope entries it compared, for the step budget. */
+tpl_value tpl_lookup(const tpl_scope *s, const char *name, size_t len, uint64_t *walked);
 void tpl_assign(tpl_render *r, tpl_scope *s, const char *name, tpl_value v);
 
 /* Built-ins (tpl_builtins.c): filters, tests, methods of str/dict, global functions. args[0] is the

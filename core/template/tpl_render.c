@@ -31,10 +31,55 @@ static int bind_targets(tpl_render *r, tpl_scope *s, const tpl_node *n, tpl_valu
     return 0;
 }
 
-static void set_key(tpl_render *r, tpl_dict *d, const char *k, tpl_value v) {
-    tpl_dict_set(&r->arena, d, tpl_str(k, strlen(k)), v);
+/* Jinja's `loop` is one live object per loop, its fields updated as the loop advances: one dict
+ * per for statement run, its values overwritten in place each iteration (a dict per iteration kept
+ * every iteration's 0.3 KB in the arena until the render ended: nested loops built hundreds of MB). */
+enum {
+    LOOP_INDEX,
+    LOOP_INDEX0,
+    LOOP_REVINDEX,
+    LOOP_REVINDEX0,
+    LOOP_FIRST,
+    LOOP_LAST,
+    LOOP_LENGTH,
+    LOOP_PREVITEM,
+    LOOP_NEXTITEM,
+    LOOP_FIELDS
+};
+static const char *const loop_names[LOOP_FIELDS] = {"index", "index0", "revindex", "revindex0", "first",
+                                                    "last",  "length", "previtem", "nextitem"};
+
+static tpl_dict *new_loop(tpl_render *r, const tpl_list *items) {
+    tpl_dict *d = tpl_new_dict(&r->arena).dict;
+    d->keys = tpl_alloc(&r->arena, sizeof(tpl_value) * LOOP_FIELDS);
+    d->vals = tpl_alloc(&r->arena, sizeof(tpl_value) * LOOP_FIELDS);
+    d->n = d->cap = LOOP_FIELDS;
+    for (int k = 0; k < LOOP_FIELDS; k++) d->keys[k] = tpl_str(loop_names[k], strlen(loop_names[k]));
+    /* bounds for any iteration (a list holding `loop` keeps the depth and size it saw): previtem and
+     * nextitem are items, so at most the items' depth plus one, and two of the largest item */
+    uint64_t largest = 1;
+    for (int i = 0; i < items->n; i++) {
+        const uint64_t z = tpl_size(items->items[i]);
+        if (z > largest) largest = z;
+    }
+    d->depth = items->depth > 0 ? items->depth : 1;
+    d->size = LOOP_FIELDS + 2 * largest;
+    return d;
 }
 
+static void update_loop(tpl_dict *d, const tpl_list *items, int i) {
+    const int len = items->n;
+    tpl_value *v = d->vals;
+    v[LOOP_INDEX] = tpl_int(i + 1), v[LOOP_INDEX0] = tpl_int(i);
+    v[LOOP_REVINDEX] = tpl_int(len - i), v[LOOP_REVINDEX0] = tpl_int(len - i - 1);
+    v[LOOP_FIRST] = tpl_bool(i == 0), v[LOOP_LAST] = tpl_bool(i == len - 1), v[LOOP_LENGTH] = tpl_int(len);
+    v[LOOP_PREVITEM] = i > 0 ? items->items[i - 1] : tpl_undef("previtem");
+    v[LOOP_NEXTITEM] = i + 1 < len ? items->items[i + 1] : tpl_undef("nextitem");
+}
+
+/* Each iteration runs in a fresh scope over the enclosing one; the scope's arrays are reused (nothing
+ * keeps them), so an iteration allocates nothing of its own. Its setup (the scope, `loop`, the
+ * targets) is charged to the step budget like the statements it runs. */
 static int exec_for(tpl_render *r, tpl_scope *s, const tpl_node *n) {
     tpl_value seq;
     tpl_list *all;
@@ -42,38 +87,30 @@ static int exec_for(tpl_render *r, tpl_scope *s, const tpl_node *n) {
     tpl_list *items = all;
     if (n->b) { /* {% for x in xs if cond %}: filtered before loop.* is computed */
         items = tpl_new_list(&r->arena).list;
+        tpl_scope probe = {.parent = s};
         for (int i = 0; i < all->n; i++) {
-            tpl_scope probe = {.parent = s};
             tpl_value keep;
-            if (bind_targets(r, &probe, n, all->items[i]) || tpl_eval(r, &probe, n->b, &keep)) return -1;
+            probe.vars.n = 0;
+            if (tpl_budget(r, n->line, 1 + (uint64_t)n->n_targets) ||
+                bind_targets(r, &probe, n, all->items[i]) || tpl_eval(r, &probe, n->b, &keep))
+                return -1;
             if (tpl_truthy(keep)) tpl_list_push(&r->arena, items, all->items[i]);
         }
     }
-    const int len = items->n;
-    tpl_scope it = {.parent = s}; /* a fresh scope per iteration, its arrays reused (nothing keeps them) */
-    for (int i = 0; i < len; i++) {
+    if (tpl_budget(r, n->line, (uint64_t)items->n / 16)) return -1; /* new_loop's walk */
+    tpl_dict *loop = items->n ? new_loop(r, items) : NULL;
+    tpl_scope it = {.parent = s};
+    for (int i = 0; i < items->n; i++) {
+        if (tpl_budget(r, n->line, 2 + (uint64_t)n->n_targets)) return -1;
         it.vars.n = 0;
-        tpl_value loop =
-            tpl_new_dict(&r->arena); /* sized for its nine keys: loops are the arena's main use */
-        loop.dict->cap = 9;
-        loop.dict->keys = tpl_alloc(&r->arena, sizeof(tpl_value) * 9);
-        loop.dict->vals = tpl_alloc(&r->arena, sizeof(tpl_value) * 9);
-        set_key(r, loop.dict, "index", tpl_int(i + 1));
-        set_key(r, loop.dict, "index0", tpl_int(i));
-        set_key(r, loop.dict, "revindex", tpl_int(len - i));
-        set_key(r, loop.dict, "revindex0", tpl_int(len - i - 1));
-        set_key(r, loop.dict, "first", tpl_bool(i == 0));
-        set_key(r, loop.dict, "last", tpl_bool(i == len - 1));
-        set_key(r, loop.dict, "length", tpl_int(len));
-        set_key(r, loop.dict, "previtem", i > 0 ? items->items[i - 1] : tpl_undef("previtem"));
-        set_key(r, loop.dict, "nextitem", i + 1 < len ? items->items[i + 1] : tpl_undef("nextitem"));
-        tpl_assign(r, &it, "loop", loop);
+        update_loop(loop, items, i);
+        tpl_assign(r, &it, "loop", (tpl_value){.kind = V_DICT, .dict = loop});
         if (bind_targets(r, &it, n, items->items[i]) || tpl_exec(r, &it, &n->body)) return -1;
         int control = r->control;
         r->control = 0;
         if (control == 1) break;
     }
-    if (len == 0 && n->orelse.n) return tpl_exec(r, s, &n->orelse);
+    if (items->n == 0 && n->orelse.n) return tpl_exec(r, s, &n->orelse);
     return 0;
 }
 
@@ -88,9 +125,11 @@ static int exec_set(tpl_render *r, tpl_scope *s, const tpl_node *n) {
     }
     if (tpl_eval(r, s, n->a, &v)) return -1;
     if (n->b) {
-        tpl_value ns = tpl_lookup(s, n->b->name, n->b->name_len);
+        uint64_t walked = 0;
+        tpl_value ns = tpl_lookup(s, n->b->name, n->b->name_len, &walked);
         if (ns.kind != V_DICT || !ns.dict->is_namespace)
             return tpl_fail(r, n->line, "cannot assign attribute on '%s' (not a namespace)", n->b->name);
+        if (tpl_budget(r, n->line, walked / 4 + (uint64_t)ns.dict->n / 2)) return -1;
         tpl_dict_set(&r->arena, ns.dict, tpl_str(n->name, n->name_len), v);
         return 0;
     }

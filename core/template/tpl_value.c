@@ -13,18 +13,26 @@ typedef struct tpl_block {
     _Alignas(16) unsigned char data[];
 } tpl_block;
 
+/* Small values share 60 KB blocks; a value of over a quarter block gets a block of its own, put
+ * behind the current one, whose free end stays in use (so at most a quarter of each block is lost). */
 void *tpl_alloc(tpl_arena *a, size_t n) {
+    enum { BLOCK = 60000 };
     n = (n + 15) & ~(size_t)15;
-    if (!a->head || a->head->used + n > a->head->cap) {
-        size_t cap = n > 60000 ? n : 60000;
-        tpl_block *b = malloc(sizeof *b + cap);
+    tpl_block *b = a->head;
+    if (!b || b->used + n > b->cap) {
+        const int own = n > BLOCK / 4;
+        const size_t cap = own ? n : BLOCK;
+        b = malloc(sizeof *b + cap);
         if (!b) abort(); /* like the rest of the core: allocation failure is fatal */
-        b->next = a->head, b->used = 0, b->cap = cap;
-        a->head = b;
+        b->used = 0, b->cap = cap;
+        if (own && a->head)
+            b->next = a->head->next, a->head->next = b;
+        else
+            b->next = a->head, a->head = b;
+        a->total += sizeof *b + cap; /* what the arena holds, the unused end of each block included */
     }
-    void *p = a->head->data + a->head->used;
-    a->head->used += n;
-    a->total += n;
+    void *p = b->data + b->used;
+    b->used += n;
     memset(p, 0, n);
     return p;
 }
@@ -91,6 +99,14 @@ void tpl_list_push(tpl_arena *a, tpl_list *l, tpl_value v) {
         l->items = items, l->cap = cap;
     }
     l->items[l->n++] = v;
+}
+
+void tpl_list_reserve(tpl_arena *a, tpl_list *l, int64_t n) {
+    if (n <= 0 || n > TPL_MAX_ITEMS || l->n + n <= l->cap) return; /* past the cap: push flags it */
+    const int cap = l->n + (int)n;
+    tpl_value *items = tpl_alloc(a, sizeof(tpl_value) * (size_t)cap);
+    if (l->n) memcpy(items, l->items, sizeof(tpl_value) * (size_t)l->n);
+    l->items = items, l->cap = cap;
 }
 
 int tpl_dict_find(const tpl_dict *d, const char *key, size_t len) {
@@ -240,6 +256,7 @@ void tpl_buf_add(tpl_buf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->len + n + 1) cap *= 2;
+        if (cap > (size_t)TPL_MAX_STRING + 1) cap = (size_t)TPL_MAX_STRING + 1; /* still >= len + n + 1 */
         char *d = realloc(b->data, cap);
         if (!d) abort();
         b->data = d, b->cap = cap;
