@@ -45,6 +45,19 @@ SNIPPETS = [
      {"xs": [1, 2, 3], "big": 1e300, "neg": -1e19}),
     ("repeat_edges", "{{ 'ab' * 0 }}|{{ 'ab' * -5 }}|{{ [1, 2] * -1 }}|{{ 3 * 'x' }}|{{ [] * 9223372036854775807 }}|"
      "{{ '' * 9223372036854775807 }}|", {}),
+    # one live `loop` per loop (F9): kept past its iteration it shows the loop's state, not a copy
+    ("loop_object", "{% set ns = namespace(l=none, k=[]) %}{% for x in xs if x != 2 %}{% if loop.first %}"
+     "{% set ns.l = loop %}{% endif %}{% set ns.k = ns.k + [loop] %}[{{ loop.index }}/{{ loop.length }} "
+     "{{ loop.previtem }} {{ loop.nextitem }} {{ loop.first }} {{ loop.last }} {{ loop.revindex0 }}"
+     "{% for y in 'ab' %} {{ y }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.previtem }}{% endfor %}]"
+     "{% else %}none{% endfor %} {{ ns.l.index }} {{ ns.l.last }} {{ ns.k[0].index }} {{ ns.k|length }}"
+     "{% for x in [] %}x{% else %} empty{% endfor %}",
+     {"xs": [1, 2, 3, 4]}),
+    # split on a long separator (memmem), strip with chars, dict() merging (in n log n)
+    ("split_strip_dict", "{{ 'a,,b,,,c'.split(',,') }} {{ ',,'.split(',,') }} {{ 'a,,b,,c'.split(',,', 1) }} "
+     "{{ 'a,,b,,c'.rsplit(',,', 1) }} {{ 'xxaxyx'.strip('xy') }}|{{ 'éaé'.strip('é') }}|{{ '  a b  '.split() }} "
+     "{{ dict(d, b=5) }} {{ dict(b=1, a=2) }} {{ dict(d) == d }}",
+     {"d": {"a": 1, "b": 2, "c": 3}}),
 ]
 
 

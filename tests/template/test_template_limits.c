@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "template/template.h"
 #include "test.h"
@@ -237,4 +240,174 @@ TEST(a_dict_literal_of_many_keys_is_built_in_n_log_n) {
     p += sprintf(p, "'k7': 'again'} %%}{{ d|length }} {{ d.k7 }} {{ (d|list)[7] }} {{ d.k99999 }}");
     expect_render(src, cJSON_CreateObject(), "100000 again k7 99999", t0);
     free(src);
+}
+
+/* ---- F9 and the walks the step budget did not see (issue 15): each template below ran for seconds
+ * to hours, or held hundreds of MB, before its error. Rendered in a child process, so that its peak
+ * memory (ru_maxrss) is its own: the render budget is 64 MiB, the child may hold 128 MB at most. ---- */
+
+/* Renders src with the given variables (JSON, or NULL) in a child; the error must contain `needle`
+ * (NULL: the render must succeed), within `cpu_s` of CPU and 128 MB of peak memory. */
+static void expect_bounded(const char *src, const char *vars_json, const char *needle, double cpu_s) {
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60); /* a hang fails the test (the child dies) instead of stalling it */
+        close(fds[0]);
+        ctrl_template *t = NULL;
+        char *text = NULL;
+        size_t len = 0;
+        ctrl_status st = ctrl_template_compile(src, strlen(src), "hostile.jinja", &t);
+        if (st == CTRL_OK) {
+            cJSON *vars = vars_json ? cJSON_Parse(vars_json) : cJSON_CreateObject();
+            st = ctrl_template_render(t, vars, &text, &len, NULL);
+            cJSON_Delete(vars);
+        }
+        char msg[600];
+        int n =
+            snprintf(msg, sizeof msg, "%d %s", (int)st, st == CTRL_OK ? "rendered" : ctrl_error_message());
+        if (write(fds[1], msg, (size_t)n) != n) _exit(2);
+        _exit(0);
+    }
+    close(fds[1]);
+    char msg[600] = {0};
+    size_t got = 0;
+    for (ssize_t k; got < sizeof msg - 1 && (k = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0;)
+        got += (size_t)k;
+    close(fds[0]);
+    int status = 0;
+    struct rusage ru;
+    CHECK(wait4(pid, &status, 0, &ru) == pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%.60s...: the child died (status %d)", src,
+              status);
+    const double cpu = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                       (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+    const long rss_mb = ru.ru_maxrss / 1024;
+    if (needle) { /* one of the alternatives "a|b" */
+        CHECK_MSG(atoi(msg) == CTRL_ERR_FORMAT, "%.60s...: %s", src, msg);
+        CHECK_CONTAINS(msg, "hostile.jinja");
+        int found = 0;
+        for (const char *alt = needle; alt && !found; alt = strchr(alt, '|') ? strchr(alt, '|') + 1 : NULL) {
+            const size_t k = strchr(alt, '|') ? (size_t)(strchr(alt, '|') - alt) : strlen(alt);
+            for (const char *at = msg; !found && (at = strchr(at, alt[0])); at++)
+                found = !strncmp(at, alt, k);
+        }
+        CHECK_MSG(found, "\"%s\" names none of \"%s\"", msg, needle);
+    } else {
+        CHECK_MSG(atoi(msg) == CTRL_OK, "%.60s...: %s", src, msg);
+    }
+    CHECK_MSG(cpu < cpu_s, "%.60s...: %.2f s of CPU", src, cpu);
+    CHECK_MSG(rss_mb < 128, "%.60s...: %ld MB at its peak", src, rss_mb);
+}
+
+#define STEPS "the template ran more than 10000000 steps"
+#define MEMORY "the template used more than 64 MiB of memory"
+#define BUDGET STEPS "|" MEMORY
+
+/* F9 (fuzz_template, 724,545 inputs in): nested for loops over strings rendered for 23.6 s and held
+ * 700 MB under ASan: each iteration made a new `loop` dict that lived until the render ended, and
+ * only one step was charged per iteration. Now one live `loop` per loop, the iteration's setup is
+ * charged, and the arena counts the blocks it mallocs. */
+TEST(nested_loops_are_bounded_F9) {
+    const char *s36 = "{% set s = 'abcdefghijklmnopqrstuvwxyz0123456789' %}";
+    char src[4096];
+    snprintf(src, sizeof src,
+             "%s{%% for a in s %%}{%% for b in s %%}{%% for c in s %%}{%% for d in s %%}{%% for e in s %%}"
+             "{%% if loop.last and a == e %%}{{ loop.index }}{%% endif %%}"
+             "{%% endfor %%}{%% endfor %%}{%% endfor %%}{%% endfor %%}{%% endfor %%}",
+             s36);
+    expect_bounded(src, NULL, BUDGET, 2.0);
+    /* filtered loops (each item was tried in a new scope) */
+    snprintf(
+        src, sizeof src,
+        "%s{%% for a in s if a %%}{%% for b in s if b != a %%}{%% for c in s if c %%}{%% for d in s if d %%}"
+        "{%% endfor %%}{%% endfor %%}{%% endfor %%}{%% endfor %%}",
+        s36);
+    expect_bounded(src, NULL, BUDGET, 2.0);
+    /* without the budget error: 10^6 iterations that once built 350 MB of `loop` dicts now render */
+    expect_bounded("{% set s = 'x' * 100 %}{% for a in s %}{% for b in s %}{% for c in s %}{% endfor %}"
+                   "{% endfor %}{% endfor %}done",
+                   NULL, NULL, 2.0);
+    /* a name looked up from 95 loops deep walks every scope out to the root: charged by the walk */
+    char *deep = nested("", "{% for a in 'x' %}",
+                        "{% set r = range(1000000) %}{% for i in r %}{% for j in r %}{{ zz }}{% endfor %}"
+                        "{% endfor %}",
+                        "{% endfor %}", 95, "");
+    expect_bounded(deep, NULL, BUDGET, 2.0); /* each {{ }} of a non-string makes a string */
+    free(deep);
+    /* macros called from nested loops */
+    expect_bounded("{% macro m(x) %}{{ x }}{% endmacro %}{% set r = range(1000000) %}{% for i in r %}"
+                   "{% for j in r %}{{ m(j) }}{% endfor %}{% endfor %}",
+                   NULL, BUDGET "|the output would exceed 16 MiB", 2.0);
+}
+
+/* Work proportional to a string's, a list's or a dict's length was one step: each of these loops
+ * walked 16 MB (or a million items) per iteration and ran for minutes to hours. */
+TEST(walks_are_charged_to_the_step_budget) {
+    static const char *const walks[] = {
+        "{% set s = 'é' * 8000000 %}{% for i in range(1000000) %}{{ s|length }}{% endfor %}",
+        "{% set s = 'é' * 8000000 %}{% for i in range(1000000) %}{{ s[-1] }}{% endfor %}",
+        "{% set s = 'é' * 8000000 %}{% for i in range(1000000) %}{{ s[-1:] }}{% endfor %}",
+        "{% set s = 'a' * 16000000 %}{% for i in range(1000000) %}{{ s.isalpha() }}{% endfor %}",
+        "{% set s = ' ' * 16000000 ~ 'x' %}{% for i in range(1000000) %}{{ s.strip() }}{% endfor %}",
+        "{% set s = 'a' * 16000000 %}{% for i in range(1000000) %}{{ s.split('b') is defined }}{% endfor %}",
+        "{% set s = 'a' * 16000000 %}{% for i in range(1000000) %}{{ s is lower }}{% endfor %}",
+        "{% set b = [''] * 1000000 %}{% for i in range(1000000) %}{{ b|join }}{% endfor %}",
+        "{% set b = [''] * 1000000 %}{% for i in range(1000000) %}{{ ''.join(b) }}{% endfor %}",
+        "{% set b = [none] * 1000000 %}{% for i in range(1000000) %}{{ b|select|first }}{% endfor %}",
+        /* each option of startswith compared in full */
+        "{% set s = 'a' * 16000000 %}{% set o = [s] * 1000000 %}{{ s.startswith(o) }}",
+        /* == on a value shared 2^60 ways (sameas did not charge it) */
+        "{% set ns = namespace(l=[]) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}"
+        "{{ ns.l is sameas ns.l }}",
+        /* strip tried every character of a long `chars` at each position of a matching string */
+        "{% set s = 'a' * 16000000 %}{{ s.strip('b' * 8000000 ~ 'a')|length }}",
+    };
+    for (size_t i = 0; i < sizeof walks / sizeof walks[0]; i++) expect_bounded(walks[i], NULL, BUDGET, 2.0);
+    /* split compared the separator at every position, len(s) × len(sep): now memmem, linear */
+    expect_bounded("{% set s = 'a' * 16000000 %}{{ s.split('a' * 8000000 ~ 'b')|length }}", NULL, NULL, 2.0);
+    /* a key looked up in a dict of many keys (a dict literal of 20,000 keys, read in a loop) */
+    const int n = 20000;
+    char *src = malloc((size_t)n * 24 + 256), *p = src;
+    p += sprintf(p, "{%% set d = {");
+    for (int i = 0; i < n; i++) p += sprintf(p, "'k%d': %d, ", i, i);
+    p += sprintf(p, "} %%}{%% for i in range(1000000) %%}{{ d.k19999 }}{{ d['k1'] }}{%% endfor %%}");
+    expect_bounded(src, NULL, STEPS, 2.0);
+    /* dict() merged mappings key by key, each looked up first: quadratic; now n log n */
+    p = src + sprintf(src, "{%% set d = {");
+    for (int i = 0; i < n; i++) p += sprintf(p, "'k%d': %d, ", i, i);
+    p += sprintf(p, "} %%}{{ dict(d, k7='x')|length }} {{ dict(d, k7='x').k7 }} {{ namespace(d).k19999 }}");
+    expect_bounded(src, NULL, NULL, 2.0);
+    free(src);
+}
+
+/* What the lower limits must still allow: a conversation of 4,000 messages (about 5 MB, over a
+ * million tokens) renders through the real chat templates with room to spare. */
+TEST(a_long_conversation_still_renders) {
+    const int n = 4000;
+    char *json = malloc((size_t)n * 1400 + 1024), *p = json;
+    p += sprintf(p, "{\"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\", "
+                    "\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}");
+    for (int i = 0; i < n; i++) {
+        p += sprintf(p, ", {\"role\": \"%s\", \"content\": \"%s", i % 2 ? "assistant" : "user",
+                     i % 2 ? "<think>\\nfirst this, then that\\n</think>\\n\\n" : "");
+        for (int w = 0; w < 120; w++) p += sprintf(p, "word%d ", (i * 7 + w) % 1000);
+        p += sprintf(p, "\"}");
+    }
+    sprintf(p, ", {\"role\": \"user\", \"content\": \"and now?\"}]}");
+    static const char *const names[] = {"qwen3_training", "qwen3", "llama3_1", "mistral_v0.3", "qwen2_5"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/templates/%s.jinja", CTRL_FIXTURE_DIR, names[k]);
+        FILE *f = fopen(path, "rb");
+        CHECK_MSG(f != NULL, "%s", path);
+        if (!f) continue;
+        static char src[1 << 16];
+        size_t len = fread(src, 1, sizeof src - 1, f);
+        fclose(f);
+        src[len] = 0;
+        expect_bounded(src, json, NULL, 2.0);
+    }
+    free(json);
 }
