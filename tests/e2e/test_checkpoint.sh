@@ -6,7 +6,8 @@
 # leaves only complete checkpoints, and `resume_from_checkpoint = last` continues the same curve;
 # SIGINT and SIGTERM save a
 # checkpoint and exit 130 (while the data loads: nothing is saved); a non-finite loss stops the run naming the last good checkpoint, which
-# stays as it was; a missing or damaged checkpoint, or another optimizer, is a clear error.
+# stays as it was; a missing or damaged checkpoint, or another optimizer, is a clear error; a save
+# that fails for lack of space leaves the earlier checkpoints intact and the run resumable.
 # usage: test_checkpoint.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 # ~40 short runs: one thread each keeps them quick beside parallel tests (the curves compared are
@@ -182,5 +183,25 @@ sed -i 's/"cursor":.*/"cursor": -3,/' "$TMP/damaged/checkpoint-4/trainer_state.j
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/damaged" --set train.resume_from_checkpoint=last >"$TMP/log" 2>&1
 [ $? -ne 0 ] && grep -q "checkpoint-4/trainer_state.json: not a ctrl trainer state (cursor: missing or invalid)" "$TMP/log" && ok ||
   { bad "resume from a damaged trainer_state.json"; tail -2 "$TMP/log"; }
+
+# 9. Disk full during a save (issue 15: "held perfectly -- keep it so"): with a file-size limit
+#    smaller than model.safetensors (RLIMIT_FSIZE: writes past it fail as on a full disk), saving
+#    checkpoint-8 fails with an error naming the file and exit 1; nothing of checkpoint-8 is left,
+#    checkpoint-4 is as it was, and a resume without the limit completes the run.
+mkdir -p "$TMP/diskfull" && cp -r "$TMP/full/checkpoint-4" "$TMP/diskfull/"
+sums_df() { (cd "$TMP/diskfull/checkpoint-4" && md5sum *); }
+before=$(sums_df)
+(
+  trap '' XFSZ
+  ulimit -f 40
+  exec "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/diskfull" --set train.resume_from_checkpoint=last
+) >"$TMP/log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "checkpoint-8.tmp-[0-9]*/model.safetensors: cannot write" "$TMP/log" &&
+  [ -z "$(ls -d "$TMP/diskfull"/checkpoint-8* 2>/dev/null)" ] && [ "$(sums_df)" = "$before" ] && ok ||
+  { bad "disk full during a save: exit $rc, $(ls "$TMP/diskfull")"; tail -3 "$TMP/log"; }
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/diskfull" --set train.resume_from_checkpoint=last \
+  >"$TMP/log" 2>&1 && all_complete "$TMP/diskfull" && [ -d "$TMP/diskfull/checkpoint-12" ] &&
+  [ -f "$TMP/diskfull/model.safetensors" ] && ok || { bad "resume after a failed save"; tail -3 "$TMP/log"; }
 
 finish
