@@ -128,6 +128,8 @@ static int neutral(const cJSON *f) {
 static int logit_bias(ctrl_server *s, const cJSON *f, serve_input *out, char *msg, size_t cap) {
     const int V = ctrl_tokenizer_vocab_size(s->tok), n = cJSON_GetArraySize(f);
     if (!cJSON_IsObject(f)) return snprintf(msg, cap, "logit_bias: an object {\"token id\": bias}"), -1;
+    free(out->bias_ids), free(out->bias); /* a key given twice: the last one counts */
+    out->n_bias = 0;
     out->bias_ids = malloc(sizeof(int32_t) * (size_t)(n + 1)),
     out->bias = malloc(sizeof(float) * (size_t)(n + 1));
     if (!out->bias_ids || !out->bias) return snprintf(msg, cap, "out of memory"), -1;
