@@ -4,7 +4,7 @@
 # model; the optimizer state is the adapters' only, a fraction of a full fine-tune's); a run
 # resumed from a checkpoint continues the same curve (dropout included); a run continues from an
 # adapter directory ([peft] adapter_path); GRPO with a KL term uses the base with the adapters
-# switched off as its reference (KL exactly 0 at the first step, where B = 0) and RLOO trains.
+# switched off as its reference (KL exactly 0 at the first step, where B = 0), RLOO and DPO train.
 # usage: test_lora_train.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 export OMP_NUM_THREADS=1
@@ -126,4 +126,11 @@ awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "gr
 sed 's/trainer = grpo/trainer = rloo/; s/^\[grpo\]/[rloo]/; s/beta = 0.05/beta = 0.05/' "$TMP/grpo.ini" >"$TMP/rloo.ini"
 "${C[@]}" train "$TMP/rloo.ini" --set run.output_dir="$TMP/rloo" >"$TMP/log" 2>&1 || { bad "rloo lora run"; tail -5 "$TMP/log"; }
 [ -s "$TMP/rloo/adapter_model.safetensors" ] && ok || bad "rloo: no adapter saved"
+# 6. DPO (the sequence kind) with LoRA: the reference equals the policy at the start (B = 0): loss ln 2.
+D=$SRC/tests/fixtures/trl_dpo
+sed "s|@DIR@|$D|g; s|@SFT@|$SRC/tests/fixtures/trl_sft|g; s|@OUT@|$TMP/dpo|g" "$D/sigmoid.ini" >"$TMP/dpo.ini"
+printf '[peft]\nenabled = true\nlora_dropout = 0\n' >>"$TMP/dpo.ini"
+"${C[@]}" train "$TMP/dpo.ini" --set train.max_steps=3 >"$TMP/log" 2>&1 || { bad "dpo lora run"; tail -5 "$TMP/log"; }
+[ "$(loss_at "$TMP/dpo" 1)" = 0.693147 ] && [ -s "$TMP/dpo/adapter_model.safetensors" ] && ok ||
+  bad "dpo lora: step 1 loss $(loss_at "$TMP/dpo" 1)"
 finish
