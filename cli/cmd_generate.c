@@ -12,12 +12,13 @@
 #include "cli.h"
 #include "file_text.h"
 #include "generate/engine.h"
+#include "model/peft.h"
 #include "progress.h"
 #include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct gen_args {
-    const char *model, *prompts, *out;
+    const char *model, *prompts, *out, *adapter;
     const char *stop[8];
     int n_stop_strings;
     int chat, n, max_tokens, top_k;
@@ -50,6 +51,8 @@ static int parse(int argc, char **argv, gen_args *a) {
             a->stop[a->n_stop_strings++] = v;
         } else if (!strcmp(k, "--model"))
             a->model = v;
+        else if (!strcmp(k, "--adapter"))
+            a->adapter = v;
         else if (!strcmp(k, "--prompts"))
             a->prompts = v;
         else if (!strcmp(k, "--out"))
@@ -166,7 +169,9 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     ctrl_tokenizer *tok = NULL;
     ctrl_template *tpl = NULL;
     ctrl_engine *eng = NULL;
-    ctrl_status st = ctrl_model_load(a.model, NULL, &m);
+    /* with --adapter the base under a PEFT LoRA adapter, applied live in every step (no merge) */
+    ctrl_status st =
+        a.adapter ? ctrl_peft_load(a.model, a.adapter, NULL, &m) : ctrl_model_load(a.model, NULL, &m);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(a.model, &tok);
     if (st == CTRL_OK && a.chat) st = ctrl_chat_template_load(tok, &tpl);
     /* read and tokenize every prompt */
@@ -295,7 +300,8 @@ const ctrl_command cli_cmd_generate = {
     .name = "generate",
     .summary = "generate completions for JSONL prompts (paged KV cache, continuous batching)",
     .usage =
-        "usage: ctrl generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--chat] [--n N]\n"
+        "usage: ctrl generate --model DIR [--adapter DIR] --prompts FILE.jsonl --out FILE.jsonl [--chat] "
+        "[--n N]\n"
         "                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
         "                     [--repetition-penalty R] [--seed S] [--kv-cache-mb N]\n"
         "                     [--kv-cache-dtype fp32|bf16]\n\n"
@@ -304,6 +310,7 @@ const ctrl_command cli_cmd_generate = {
         "\"completions\": [{\"text\", \"token_ids\", \"logprobs\", \"finish_reason\"}]. Generation stops at\n"
         "generation_config.json's eos_token_id or max-tokens. temperature 0 is greedy; each line\n"
         "samples with seed + its line number, so a prompt's completions do not depend on the others.\n"
-        "A bf16 KV cache holds twice the tokens in --kv-cache-mb (the model still computes in fp32).\n",
+        "A bf16 KV cache holds twice the tokens in --kv-cache-mb (the model still computes in fp32).\n"
+        "--adapter DIR: a PEFT LoRA adapter directory over the --model base, applied in every step.\n",
     .run = run_generate,
 };

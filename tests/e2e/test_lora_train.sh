@@ -64,6 +64,16 @@ awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); spli
 "${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/nowhere" --out "$TMP/m2" >/dev/null 2>&1
 [ $? = 1 ] && ok || bad "merge of a missing adapter: not a run-time error"
 
+# 1c. ctrl generate --adapter: greedy completions with the adapter applied live equal the merged model's.
+printf '{"prompt": "12+7="}\n{"prompt": "40+3="}\n' >"$TMP/prompts.jsonl"
+"${C[@]}" generate --model "$TMP/model" --adapter "$TMP/lora" --prompts "$TMP/prompts.jsonl" --out "$TMP/g1.jsonl" \
+  --temperature 0 --max-tokens 8 >/dev/null 2>&1 || bad "generate --adapter"
+"${C[@]}" generate --model "$TMP/merged" --prompts "$TMP/prompts.jsonl" --out "$TMP/g2.jsonl" --temperature 0 \
+  --max-tokens 8 >/dev/null 2>&1 || bad "generate (merged)"
+ids() { sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$1"; }
+[ -s "$TMP/g1.jsonl" ] && [ "$(ids "$TMP/g1.jsonl")" = "$(ids "$TMP/g2.jsonl")" ] && ok ||
+  bad "generate --adapter: $(ids "$TMP/g1.jsonl") vs merged $(ids "$TMP/g2.jsonl")"
+
 # 2. The optimizer state is the adapters' only: against a full fine-tune's.
 "${C[@]}" train "$TMP/sft.ini" --set peft.enabled=false --set run.output_dir="$TMP/full" --set train.max_steps=4 \
   >"$TMP/log" 2>&1 || { bad "full run"; tail -5 "$TMP/log"; }
