@@ -91,7 +91,9 @@ rc=$?
 
 # 5. GRPO and RLOO (fp32): 2 ranks x 4 completions per micro-batch, each rank sampling half of the
 #    prompts, rewards gathered, advantages over whole groups: the same completions, rewards and
-#    curve as one process with 8 (the loss within 1e-5 or 1e-7 absolute: it is ~1e-9 at times).
+#    curve as one process with 8 (the loss within 1e-5 or 1e-7 absolute: it is ~1e-9 at times),
+#    and the same evaluations.
+head -40 "$TMP/data/eval_prompts.jsonl" >"$TMP/data/eval40_prompts.jsonl"
 cat >"$TMP/grpo.ini" <<INI
 [run]
 trainer = grpo
@@ -102,6 +104,7 @@ device = cpu
 path = $TMP/model
 [data]
 train_file = $TMP/data/train_prompts.jsonl
+eval_file = $TMP/data/eval40_prompts.jsonl
 [train]
 learning_rate = 3e-3
 lr_scheduler_type = constant
@@ -110,6 +113,7 @@ per_device_train_batch_size = 8
 gradient_accumulation_steps = 2
 logging_steps = 1
 save_steps = 3
+eval_steps = 3
 dtype = fp32
 [generation]
 kv_cache_bytes = 8000000
@@ -136,11 +140,14 @@ for t in grpo rloo; do
   # the same completions and rewards, logged once (by rank 0); advantages to float rounding
   strip() { sed 's/"advantage":.*//' "$1/completions.jsonl"; }
   diff <(strip "$one") <(strip "$two") >/dev/null && ok || bad "$t: completions.jsonl differs"
+  # rank 0 evaluates (before step 1, at 3 and 6), the others drop their generation batch with it
+  [ "$(grep -c eval_reward "$two/metrics.jsonl")" = 3 ] && diff <(grep eval_reward "$one/metrics.jsonl") \
+    <(grep eval_reward "$two/metrics.jsonl") >/dev/null && ok || bad "$t: evaluations differ"
 done
 close "$TMP/r1" "$TMP/r2" kl 1e-4 1e-9
 # resumed with 2 ranks from checkpoint-3: steps 4..6 as before (wall-clock timings aside)
 mkdir -p "$TMP/g2r" && cp -r "$TMP/g2/checkpoint-3" "$TMP/g2r/"
-grep '"step": [1-3],' "$TMP/g2/metrics.jsonl" >"$TMP/g2r/metrics.jsonl"
+grep '"step": [0-3],' "$TMP/g2/metrics.jsonl" >"$TMP/g2r/metrics.jsonl"
 "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/g2r" --set train.per_device_train_batch_size=4 \
   --set train.resume_from_checkpoint=last --set generation.log_completions=false >"$TMP/log6" 2>&1 ||
   { bad "grpo 2-rank resume"; tail -20 "$TMP/log6"; }
