@@ -18,9 +18,9 @@ committed tiny model with a small dataset, and what it makes of the rows is dump
                                              per-sequence log-probs: chosen then rejected, or the
                                              completions then the KL sequences) under
                                              tests/fixtures/trl_sft/model
-Tokenizers: the tiny BPE one (tests/fixtures/tokenizer/tiny_bpe) and Qwen3's with its chat template
-(../shared/data/tokenizers/qwen3, or $CTRL_SHARED_DIR/data/tokenizers/qwen3; those cases are skipped
-by the C test where it is absent).
+Tokenizers: the tiny BPE one (tests/fixtures/tokenizer/tiny_bpe), Qwen3's and Llama 3's with their chat
+templates and Llama 2's (../shared/data/tokenizers/NAME, or $CTRL_SHARED_DIR/data/tokenizers/NAME;
+those cases are skipped by the C test where they are absent).
 Run by hand: /work/venv/bin/python tests/reference/make_pref_data_fixtures.py
 """
 import json
@@ -38,8 +38,8 @@ OUT = os.path.join(FIX, "pref")
 MODEL = os.path.join(FIX, "models", "qwen2")  # vocabulary of 128: data preparation only
 LOGP_MODEL = os.path.join(FIX, "trl_sft", "model")  # the tiny tokenizer's vocabulary: sequence log-probs
 TOKENIZERS = {"tiny": os.path.join(FIX, "tokenizer", "tiny_bpe"),
-              "qwen3": os.path.join(os.environ.get("CTRL_SHARED_DIR", os.path.join(HERE, "..", "..", "..", "shared")),
-                                    "data", "tokenizers", "qwen3")}
+              **{name: os.path.join(os.environ.get("CTRL_SHARED_DIR", os.path.join(HERE, "..", "..", "..", "shared")),
+                                    "data", "tokenizers", name) for name in ("qwen3", "llama3", "llama2")}}
 
 QA = [("What is 12 + 7?", "19", "21"), ("Spell cat backwards.", "tac", "cat"),
       ("Capital of France?", "Paris.", "Lyon, I think."), ("Translate 'hello' to Spanish.", "hola", "bonjour"),
@@ -143,6 +143,15 @@ CASES = {
     "dpo_implicit_conversational_qwen3": ("dpo", "qwen3", implicit_conversational(), {}, 3),
     "dpo_chat_template": ("dpo", "tiny", conversational(1), {"chat_template_path": "templates/qwen2_5_training.jinja"},
                           3),
+    # BOS: Llama 3's template writes it, tokenizer(text) adds it (Llama 2 too); neither has a pad token
+    # (TRL pads with EOS, which standard rows also end with: the reward's last non-pad token moves)
+    "dpo_standard_llama3": ("dpo", "llama3", standard(), {}, 3),
+    "dpo_conversational_llama3": ("dpo", "llama3", conversational(), {}, 3),
+    "dpo_implicit_llama2": ("dpo", "llama2", implicit(), {}, 3),
+    "dpo_standard_llama2": ("dpo", "llama2", standard(), {"max_length": 16, "truncation_mode": "keep_end"}, 3),
+    "kto_unpaired_llama3": ("kto", "llama3", unpaired(), {}, 3),
+    "reward_standard_llama3": ("reward", "llama3", with_margin(standard()), {}, 3),
+    "reward_conversational_llama3": ("reward", "llama3", conversational(), {}, 3),
     "kto_unpaired": ("kto", "tiny", unpaired(), {}, 3),
     "kto_paired": ("kto", "tiny", standard(), {}, 4),
     "kto_implicit": ("kto", "tiny", implicit()[:6], {}, 3),

@@ -1,13 +1,13 @@
 /* Preference data against TRL 1.16's own preparation (fixtures from
  * tests/reference/make_pref_data_fixtures.py, which runs DPOTrainer, KTOTrainer and RewardTrainer):
  * for standard, conversational, implicit-prompt and unpaired rows, with the tiny tokenizer and
- * Qwen3's, the prompt / chosen / rejected / completion / KL ids ctrl prepares equal the trainers'
- * train_dataset row for row (the same rows dropped by max_length), and the micro-batch built padded
- * equals the trainer's data_collator output (max_length truncation in both modes,
- * pad_to_multiple_of, the completion mask as weights shifted by one). Covered too: [data]
- * chat_template_path (the tokenizer's template replaced, RewardConfig's chat_template_path), the
- * rows' tools and chat_template_kwargs (Qwen3's enable_thinking). The tiny model's per-sequence
- * log-probs summed over ctrl's batch (padded and padding-free) equal TRL's own
+ * Qwen3's, Llama 3's and Llama 2's (BOS from the template or the tokenizer, EOS as the pad token), the prompt
+ * / chosen / rejected / completion / KL ids ctrl prepares equal the trainers' train_dataset row for row (the
+ * same rows dropped by max_length), and the micro-batch built padded equals the trainer's data_collator
+ * output (max_length truncation in both modes, pad_to_multiple_of, the completion mask as weights shifted by
+ * one). Covered too: [data] chat_template_path (the tokenizer's template replaced, RewardConfig's
+ * chat_template_path), the rows' tools and chat_template_kwargs (Qwen3's enable_thinking). The tiny model's
+ * per-sequence log-probs summed over ctrl's batch (padded and padding-free) equal TRL's own
  * (compute_ref_log_probs) within 1e-5 relative. Also: padding-free layout, max_prompt_length /
  * max_completion_length, bad rows (file:line and the column) and skip_bad_rows, refused [data]
  * keys, the eval_fraction hold-out. */
@@ -298,6 +298,13 @@ TRL_CASE(dpo_conversational_qwen3)
 TRL_CASE(dpo_template_kwargs_qwen3)
 TRL_CASE(dpo_implicit_conversational_qwen3)
 TRL_CASE(dpo_chat_template)
+TRL_CASE(dpo_standard_llama3)
+TRL_CASE(dpo_conversational_llama3)
+TRL_CASE(dpo_implicit_llama2)
+TRL_CASE(dpo_standard_llama2)
+TRL_CASE(kto_unpaired_llama3)
+TRL_CASE(reward_standard_llama3)
+TRL_CASE(reward_conversational_llama3)
 TRL_CASE(kto_unpaired)
 TRL_CASE(kto_paired)
 TRL_CASE(kto_implicit)
