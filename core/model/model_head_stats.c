@@ -52,6 +52,8 @@ static ctrl_status log_sum_sq(ctrl_model *m, float *out) {
 ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_sum_sq_probs) {
     if (m->T <= 0 || !m->batch.targets)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
+    if (m->off_lm_head < 0)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a sequence classifier has no LM head statistics");
     ctrl_status st = mean_logit ? mean_logits(m, mean_logit) : CTRL_OK;
     return st == CTRL_OK && log_sum_sq_probs ? log_sum_sq(m, log_sum_sq_probs) : st;
 }

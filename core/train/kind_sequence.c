@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collective/collective.h"
 #include "train/data_parallel.h"
 #include "train/kind.h"
 #include "train/kind_sequence.h"
@@ -32,8 +33,8 @@ struct train_kind {
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
     int eval_bs;
-    long steps; /* optimizer steps of this process (TR-DPO's sync) */
-    seq_metrics window, eval_m;
+    long steps;                         /* optimizer steps of this process (TR-DPO's sync) */
+    seq_metrics step_m, window, eval_m; /* this step's (every rank's), the logging window's, eval's */
 };
 
 static void seq_report(void *ctx, const char *name, double value) {
@@ -59,7 +60,7 @@ static void sequence_destroy(train_kind *k) {
     ctrl_pref_set_free(&k->eval);
     ctrl_model_free(k->ref);
     free(k->ref_train), free(k->ref_eval);
-    metrics_free(&k->window), metrics_free(&k->eval_m);
+    metrics_free(&k->step_m), metrics_free(&k->window), metrics_free(&k->eval_m);
     free(k);
 }
 
@@ -171,7 +172,7 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
     }
     /* the loss is over the pairs of every rank's share of the batch (data_parallel.h) */
     const double num_items = st == CTRL_OK ? train_dp_items(items) : 0;
-    const seq_step step = step_for(k, &k->window);
+    const seq_step step = step_for(k, &k->step_m);
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         seq_micro_batch v;
         double *ref = NULL, loss = 0;
@@ -188,7 +189,33 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
 
 /* TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps, the reference
  * becomes alpha * policy + (1 - alpha) * reference. */
+/* The step's metrics into the logging window; with several ranks summed over them first, as TRL
+ * gathers its metrics across processes (every rank reports the same names in the same order). */
+static ctrl_status window_add_step(train_kind *k) {
+    seq_metrics *m = &k->step_m;
+    if (ctrl_collective_size() > 1 && m->n > 0) {
+        double buf[2 * MAX_METRICS];
+        for (int i = 0; i < m->n; i++) buf[i] = m->sum[i], buf[m->n + i] = (double)m->count[i];
+        ctrl_status st = ctrl_collective_allreduce_sum_f64(buf, 2 * (size_t)m->n);
+        if (st != CTRL_OK) return st;
+        for (int i = 0; i < m->n; i++) m->sum[i] = buf[i], m->count[i] = (long)buf[m->n + i];
+    }
+    for (int i = 0; i < m->n; i++) {
+        int j = 0;
+        while (j < k->window.n && strcmp(k->window.name[j], m->name[i])) j++;
+        if (j == k->window.n) {
+            if (j == MAX_METRICS || !(k->window.name[j] = strdup(m->name[i]))) continue;
+            k->window.sum[j] = 0, k->window.count[j] = 0, k->window.n++;
+        }
+        k->window.sum[j] += m->sum[i], k->window.count[j] += m->count[i];
+        m->sum[i] = 0, m->count[i] = 0;
+    }
+    return CTRL_OK;
+}
+
 static ctrl_status sequence_after_step(train_kind *k) {
+    ctrl_status st = window_add_step(k);
+    if (st != CTRL_OK) return st;
     k->steps++;
     if (!k->spec.sync_ref_model || !k->ref || k->steps % k->spec.ref_model_sync_steps) return CTRL_OK;
     size_t n, n_ref;

@@ -59,3 +59,10 @@ if(TARGET ctrl_cli)
                                         ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_lora_train PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# DPO over MPI: 2 ranks x 2 pairs follow 1 x 4, metrics gathered over the ranks (tests/e2e/test_dpo_mpi.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_dpo_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_dpo_mpi.sh $<TARGET_FILE:ctrl_cli>
+                                     ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_dpo_mpi PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77)
+endif()
