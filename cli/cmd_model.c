@@ -20,16 +20,12 @@ static int info(int argc, char **argv) {
     ctrl_status st = ctrl_model_config_load(argv[1], &c);
     if (st != CTRL_OK) return cli_fail(st);
     /* Counted from the shapes, without loading the weights. */
-    long long per_layer = (long long)c.hidden_size * c.n_heads * c.head_dim * 2 +
-                          (long long)c.hidden_size * c.n_kv_heads * c.head_dim * 2 +
-                          3LL * c.hidden_size * c.intermediate_size + 2LL * c.hidden_size +
-                          (c.qkv_bias ? (long long)(c.n_heads + 2 * c.n_kv_heads) * c.head_dim : 0) +
-                          (c.qk_norm ? 2LL * c.head_dim : 0);
-    long long total = per_layer * c.n_layers +
-                      (long long)c.vocab_size * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
-                      c.hidden_size;
+    const long long total = (long long)ctrl_model_config_param_count(&c);
     printf("architecture      %s (%s)\n", arch_names[c.arch], c.model_type);
     printf("parameters        %lld (%.2fM)\n", total, total / 1e6);
+    if (c.num_labels > 0)
+        printf("head              score, %d label%s (sequence classifier; pad_token_id %d)\n", c.num_labels,
+               c.num_labels > 1 ? "s" : "", c.pad_token_id);
     printf("layers            %d\n", c.n_layers);
     printf("hidden / mlp      %d / %d\n", c.hidden_size, c.intermediate_size);
     printf("heads / kv heads  %d / %d (head_dim %d)\n", c.n_heads, c.n_kv_heads, c.head_dim);
