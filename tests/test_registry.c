@@ -7,6 +7,7 @@
 #include "test_registry.h"
 #include "file_text.h"
 #include "generate/engine.h"
+#include "train/train.h"
 
 ctrl_registry *test_plugin_registry(void) {
     ctrl_registry *reg = NULL;
@@ -61,4 +62,27 @@ int test_write_ini_template(const char *src_path, const char *dst_path, const ch
     }
     free(src);
     return fclose(f) == 0 ? 0 : -1;
+}
+
+ctrl_status test_train_ini(const char *ini, const char *const *sets, int n_sets) {
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_config *cfg = NULL;
+    ctrl_status st = ctrl_config_load(ini, sets, n_sets, reg, &cfg);
+    if (st == CTRL_OK) st = ctrl_train_run(cfg, NULL);
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
+    return st;
+}
+
+int test_read_curves(const char *out_dir, const char *trl_path, char **ours, char **theirs) {
+    char path[1300];
+    ctrl_status st;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    *ours = ctrl_read_text_file(path, 1 << 20, &st);
+    *theirs = ctrl_read_text_file(trl_path, 1 << 20, &st);
+    CHECK_MSG(*ours && *theirs, "%s/metrics.jsonl or %s missing", out_dir, trl_path);
+    if (*ours && *theirs) return 1;
+    free(*ours), free(*theirs);
+    *ours = *theirs = NULL;
+    return 0;
 }

@@ -18,5 +18,10 @@ void test_attach_paged(ctrl_model *m);
  * subs[i][1]; 0 on success. */
 int test_write_ini_template(const char *src_path, const char *dst_path, const char *const (*subs)[2],
                             int n_subs);
+/* The training run of the INI at `ini` (`n_sets` --set overrides), with the built plugins. */
+ctrl_status test_train_ini(const char *ini, const char *const *sets, int n_sets);
+/* OUT_DIR/metrics.jsonl and a TRL curve fixture read whole into *ours and *theirs (free both);
+ * 0, after a failed CHECK, when either is missing. */
+int test_read_curves(const char *out_dir, const char *trl_path, char **ours, char **theirs);
 
 #endif

@@ -56,24 +56,13 @@ static void run_case_dtype(const char *name, int bf16) {
     ctrl_device dev;
     const ctrl_cuda_backend *cuda;
     if (ctrl_device_select(TRL_PARITY_DEVICE, &dev, &cuda) != CTRL_OK) TEST_SKIP(ctrl_error_message());
-    ctrl_registry *reg = test_plugin_registry();
-    ctrl_config *cfg = NULL;
     const char *device[] = {"run.device=" TRL_PARITY_DEVICE};
-    ctrl_status st = ctrl_config_load(ini, device, 1, reg, &cfg);
-    CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
-    if (st == CTRL_OK) st = ctrl_train_run(cfg, NULL);
-    ctrl_config_free(cfg);
-    ctrl_registry_destroy(reg);
+    ctrl_status st = test_train_ini(ini, device, 1);
     if (st == CTRL_ERR_UNSUPPORTED && bf16) TEST_SKIP(ctrl_error_message()); /* a device without bf16 */
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
-    if (st != CTRL_OK) return;
-
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    char *ours = ctrl_read_text_file(path, 1 << 20, &st);
     snprintf(path, sizeof path, DIR "/%s.trl.jsonl", name);
-    char *theirs = ctrl_read_text_file(path, 1 << 20, &st);
-    CHECK(ours && theirs);
-    if (!ours || !theirs) return free(ours), free(theirs);
+    char *ours, *theirs;
+    if (st != CTRL_OK || !test_read_curves(out, path, &ours, &theirs)) return;
     char *save_a, *save_b;
     char *la = strtok_r(ours, "\n", &save_a), *lb = strtok_r(theirs, "\n", &save_b);
     int steps = 0;
