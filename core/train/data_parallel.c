@@ -109,6 +109,8 @@ ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step)
     return st;
 }
 
+ctrl_status train_dp_sum(double *v, size_t n) { return ctrl_collective_allreduce_sum_f64(v, n); }
+
 int train_dp_any(const train_dp *dp, int flag) {
     if (dp->size == 1) return flag;
     double v = flag ? 1 : 0;

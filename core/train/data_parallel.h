@@ -46,6 +46,8 @@ ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m);
 /* Checks that every rank holds the same weights (a checksum compared): an error naming the step
  * when they diverged. */
 ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step);
+/* v[0..n) summed over the ranks (a kind's counts). */
+ctrl_status train_dp_sum(double *v, size_t n);
 /* 1 when `flag` is set on any rank. */
 int train_dp_any(const train_dp *dp, int flag);
 /* See above: a count over the whole accumulated batch of every rank, divided by their number. */

@@ -52,9 +52,9 @@ static void token_describe(const train_kind *k, long total, int bs, int ga, size
               total, bs, ga, n_params);
 }
 
-/* One micro-batch: forward, the trainer's loss, backward; accuracy and entropy over its trained
- * tokens (then averaged over the micro-batches, as TRL's SFTTrainer logs them). */
-static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_items, int ga,
+/* One micro-batch: forward, the trainer's loss, backward; counts[0..2] = its trained tokens, those
+ * predicted right, their entropies' sum (for accuracy and entropy, as TRL's SFTTrainer logs them). */
+static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_items, double *counts,
                                train_step_stats *out) {
     const int T = b->T;
     float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
@@ -80,8 +80,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_it
         double ent_sum = 0;
         for (int t = 0; t < T; t++)
             if (w[t] > 0) valid++, correct += ok[t] != 0, ent_sum += ent[t];
-        out->accuracy += valid ? (double)correct / valid / ga : 0;
-        out->entropy += valid ? ent_sum / valid / ga : 0;
+        counts[0] = (double)valid, counts[1] = (double)correct, counts[2] = ent_sum;
         st = k->ops->loss(k->trainer, &tb, &loss, dlp);
         if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(k->model, fused ? NULL : dlp);
     }
@@ -93,8 +92,9 @@ static ctrl_status token_accumulate(train_kind *k, const int *order, long *curso
                                     train_step_stats *out) {
     ctrl_batch *mb = calloc((size_t)ga, sizeof *mb);
     int *idx = malloc(sizeof(int) * (size_t)bs);
-    if (!mb || !idx) {
-        free(mb), free(idx);
+    double *counts = calloc((size_t)ga * 3, sizeof(double));
+    if (!mb || !idx || !counts) {
+        free(mb), free(idx), free(counts);
         return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     }
     long num_items = 0, real_tokens = 0;
@@ -109,9 +109,16 @@ static ctrl_status token_accumulate(train_kind *k, const int *order, long *curso
     free(idx);
     /* the loss is over the trained tokens of every rank's share of the batch (data_parallel.h) */
     const double items = st == CTRL_OK ? train_dp_items(num_items) : 0;
-    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], items, ga, out);
+    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], items, counts + 3 * g, out);
+    /* each micro-batch's accuracy and entropy over every rank's share of it, then their mean */
+    if (st == CTRL_OK) st = train_dp_sum(counts, (size_t)ga * 3);
+    for (int g = 0; g < ga && st == CTRL_OK; g++) {
+        const double valid = counts[3 * g], correct = counts[3 * g + 1], ent_sum = counts[3 * g + 2];
+        out->accuracy += valid > 0 ? correct / valid / ga : 0;
+        out->entropy += valid > 0 ? ent_sum / valid / ga : 0;
+    }
     for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
-    free(mb);
+    free(mb), free(counts);
     out->trained = num_items;
     return st;
 }

@@ -54,6 +54,8 @@ close() { # close DIR_A DIR_B KEY TOLERANCE [ABSOLUTE]: equal within TOLERANCE r
   --set train.per_device_train_batch_size=2 >"$TMP/log2" 2>&1 || { bad "2 ranks exited $?"; tail -20 "$TMP/log2"; }
 close "$TMP/one" "$TMP/two" loss 1e-5
 close "$TMP/one" "$TMP/two" learning_rate 1e-7
+close "$TMP/one" "$TMP/two" mean_token_accuracy 1e-5 1e-7 # over every rank's share of each micro-batch
+close "$TMP/one" "$TMP/two" entropy 1e-5
 # The gradient norm differs by up to ~4e-5 from step 3: the gradients are summed in another order
 # (fp32), and AdamW's step magnifies the last-bit differences of near-zero gradients. One process
 # with batch 2 x accumulation 4 differs from batch 4 x 2 exactly as much (measured).
