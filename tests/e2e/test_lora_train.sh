@@ -136,7 +136,8 @@ awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "gr
 sed 's/trainer = grpo/trainer = rloo/; s/^\[grpo\]/[rloo]/; s/beta = 0.05/beta = 0.05/' "$TMP/grpo.ini" >"$TMP/rloo.ini"
 "${C[@]}" train "$TMP/rloo.ini" --set run.output_dir="$TMP/rloo" >"$TMP/log" 2>&1 || { bad "rloo lora run"; tail -5 "$TMP/log"; }
 [ -s "$TMP/rloo/adapter_model.safetensors" ] && ok || bad "rloo: no adapter saved"
-# 6. DPO (the sequence kind) with LoRA: the reference equals the policy at the start (B = 0): loss ln 2.
+# 6. DPO (the sequence kind) with LoRA: the reference (the policy with its adapters off) equals the
+# policy at the start (B = 0): loss ln 2.
 D=$SRC/tests/fixtures/trl_dpo
 sed "s|@DIR@|$D|g; s|@SFT@|$SRC/tests/fixtures/trl_sft|g; s|@OUT@|$TMP/dpo|g" "$D/sigmoid.ini" >"$TMP/dpo.ini"
 printf '[peft]\nenabled = true\nlora_dropout = 0\n' >>"$TMP/dpo.ini"
