@@ -46,7 +46,8 @@ static const ctrl_option data_options[] = {
     {"chat_template_path", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
      "A Jinja chat template file used instead of the tokenizer's (e.g. one with {% generation %} blocks)."},
     {"max_length", CTRL_OPT_INT, "1024", MIN(1), NULL,
-     "Truncate tokenized examples to this length (the pack length when packing)."},
+     "Truncate tokenized examples to this length (the pack length when packing; preference data: each "
+     "prompt + completion, rows whose prompt fills it dropped, reward pairs over it dropped)."},
     {"truncation_mode", CTRL_OPT_CHOICE, "keep_start", 0, 0, 0, "keep_start|keep_end",
      "Which end of a too-long example is kept."},
     {"max_prompt_length", CTRL_OPT_INT, "0", MIN(0), NULL,
