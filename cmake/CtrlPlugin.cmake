@@ -19,7 +19,11 @@ function(ctrl_add_plugin)
   endif()
   if(CTRL_HAVE_CUDA AND P_CUDA_SOURCES)
     target_compile_definitions(${P_NAME} PRIVATE CTRL_HAVE_CUDA=1)
-    target_link_libraries(${P_NAME} PRIVATE CUDA::cudart)
+    # The CUDA runtime linked statically (nvcc's own default): it maps nothing until the plugin's
+    # first CUDA call, so loading the plugin for a CPU run never loads libcudart (test_train.sh
+    # checks that no CUDA library is mapped); on a GPU it shares the device's primary context, and
+    # so its memory and streams, with libctrl_cuda.
+    target_link_libraries(${P_NAME} PRIVATE CUDA::cudart_static)
   endif()
   install(TARGETS ${P_NAME} LIBRARY DESTINATION ${CTRL_PLUGIN_INSTALL_DIR})
 endfunction()

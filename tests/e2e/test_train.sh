@@ -67,6 +67,13 @@ wait $pid
 rc=$?
 [ $rc -eq 130 ] && [ -f "$TMP/int/model.safetensors" ] && ok || { bad "SIGINT: exit $rc"; tail -3 "$TMP/log"; }
 
+# A CPU run never maps a CUDA library (libctrl_cuda, the CUDA runtime, cuBLAS): the loader's own
+# list of the files it opens, dlopen included.
+LD_DEBUG=files "${C[@]}" train "$TMP/run.ini" --set train.max_steps=1 --set run.output_dir="$TMP/nocuda" \
+  >"$TMP/log" 2>&1 || { bad "one-step CPU run"; tail -3 "$TMP/log"; }
+grep -q "file=.*libctrl.so" "$TMP/log" && ! grep -Eq "file=[^ ]*(libctrl_cuda|libcudart|libcublas|libcuda\.)" "$TMP/log" &&
+  ok || bad "a CPU run loaded a CUDA library: $(grep -Eo "file=[^ ]*(cuda|cublas)[^ ]*" "$TMP/log" | sort -u | head -3)"
+
 # [run] device: auto falls back to the CPU (saying so); cuda without a usable GPU is a clear error.
 if [ ! -e /proc/driver/nvidia/version ]; then
   "${C[@]}" train "$TMP/run.ini" --set run.device=auto --set train.max_steps=1 --set run.output_dir="$TMP/auto" \
