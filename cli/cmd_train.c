@@ -1,6 +1,8 @@
 /* ctrl train RUN.ini [--set section.key=value]... */
 #include <errno.h>
+#include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -46,8 +48,21 @@ static int train_ranked(ctrl_cli *cli, int argc, char **argv) {
         st = ctrl_train_run(cfg, cli_interrupted);
     }
     ctrl_config_free(cfg);
-    if (st != CTRL_OK && ctrl_collective_size() > 1) st = ctrl_error_wrap(st, "rank %d", ctrl_collective_rank());
+    if (st != CTRL_OK && ctrl_collective_size() > 1)
+        st = ctrl_error_wrap(st, "rank %d", ctrl_collective_rank());
     return st == CTRL_OK ? 0 : cli_fail(st);
+}
+
+/* Several ranks on one node, OMP_NUM_THREADS unset: OpenMP's default (every core a rank may use)
+ * in each would oversubscribe the node, so each takes its part of the cores it sees. */
+static void share_cores(void) {
+    const ctrl_collective_info *ci = ctrl_collective_info_get();
+    if (ci->local_size < 2 || getenv("OMP_NUM_THREADS")) return;
+    const int procs = omp_get_num_procs(), threads = procs / ci->local_size > 1 ? procs / ci->local_size : 1;
+    omp_set_num_threads(threads);
+    if (ctrl_collective_is_root())
+        CTRL_INFO("%d ranks on this node, OMP_NUM_THREADS unset: %d OpenMP thread(s) each (%d cores seen)",
+                  ci->local_size, threads, procs);
 }
 
 /* Under mpirun or srun, one rank of a data-parallel run (core/collective/): rank 0 alone writes
@@ -58,6 +73,7 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
     ctrl_status st = ctrl_collective_init();
     if (st != CTRL_OK) return cli_fail(st);
     if (!ctrl_collective_is_root() && ctrl_log_get_level() < CTRL_LOG_WARN) ctrl_log_set_level(CTRL_LOG_WARN);
+    share_cores();
     int rc = train_ranked(cli, argc, argv);
     ctrl_collective_finalize(rc != 0 && rc != 130, rc);
     return rc;

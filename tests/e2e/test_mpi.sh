@@ -69,6 +69,12 @@ grep -q "\[rank 1\]" "$TMP/log2" && bad "rank 1 logged: $(grep '\[rank 1\]' "$TM
   bad "outputs missing: $(ls "$TMP/two")"
 grep -q '"world_size":.*2' "$TMP/two/checkpoint-5/trainer_state.json" && ok || bad "world_size not in trainer_state.json"
 
+# ranks sharing a node split its cores when OMP_NUM_THREADS is unset
+env -u OMP_NUM_THREADS "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/omp" \
+  --set train.per_device_train_batch_size=2 --set train.max_steps=1 >"$TMP/log_omp" 2>&1
+grep -q "2 ranks on this node, OMP_NUM_THREADS unset: [0-9]* OpenMP thread(s) each" "$TMP/log_omp" && ok ||
+  { bad "no core split"; tail -3 "$TMP/log_omp"; }
+
 # 2. Resumed with 2 ranks from checkpoint-5 in a fresh directory: steps 6..10 exactly as before.
 mkdir -p "$TMP/res" && cp -r "$TMP/two/checkpoint-5" "$TMP/res/"
 grep '"step": [1-5],' "$TMP/two/metrics.jsonl" >"$TMP/res/metrics.jsonl"
