@@ -17,6 +17,7 @@
 #include <ctrl/memory.h>
 
 #include "file_text.h"
+#include "json_file.h"
 #include "model/model_internal.h"
 #include "model/peft.h"
 #include "model/safetensors.h"
@@ -29,15 +30,6 @@ static const ctrl_attention_ops *eager(void) {
     const ctrl_plugin *p = ctrl_plugins_eager()[0];
     if (p->init) p->init(ctrl_host_table());
     return p->ops;
-}
-
-static cJSON *json_file(const char *path) {
-    ctrl_status st;
-    char *text = ctrl_read_text_file(path, 1 << 20, &st);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK_MSG(root != NULL, "%s: %s", path, ctrl_error_message());
-    return root;
 }
 
 static int32_t *ints(const cJSON *root, const char *key, int *n) {
