@@ -154,6 +154,19 @@ typedef struct ctrl_trainer_ops {
                                  double *dlogp_sum, float *dscore, float *dlogp, int *per_token);
 } ctrl_trainer_ops;
 
+/* Appended (issue 16, kto). The option entries (ctrl_option, plugin.h) of TR-DPO's reference sync,
+ * which TRL's DPOConfig and KTOConfig share; a sequence-level trainer lists them in its options and
+ * reads them into its ctrl_sequence_spec. */
+/* clang-format off */
+#define CTRL_SEQUENCE_REF_SYNC_OPTIONS                                                              \
+    {"sync_ref_model", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,                                       \
+     "TR-DPO: mix the policy into the reference every ref_model_sync_steps steps."},                \
+    {"ref_model_mixup_alpha", CTRL_OPT_FLOAT, "0.6", CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX, 0, 1, NULL, \
+     "TR-DPO: reference = alpha * policy + (1 - alpha) * reference at each sync."},                 \
+    {"ref_model_sync_steps", CTRL_OPT_INT, "512", CTRL_OPT_HAS_MIN, 1, 0, NULL,                     \
+     "TR-DPO: optimizer steps between reference syncs."}
+/* clang-format on */
+
 #ifdef __cplusplus
 }
 #endif

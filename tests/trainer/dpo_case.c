@@ -137,6 +137,16 @@ int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *na
     return compared;
 }
 
+void dpo_case_models(ctrl_registry *reg, ctrl_model **policy, ctrl_model **ref) {
+    char path[2048];
+    const ctrl_attention_ops *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops;
+    *policy = *ref = NULL;
+    snprintf(path, sizeof path, "%s/models/qwen2", CTRL_FIXTURE_DIR);
+    CHECK_EQ_INT(ctrl_model_load(path, attn, policy), CTRL_OK);
+    snprintf(path, sizeof path, "%s/dpo/ref_model", CTRL_FIXTURE_DIR);
+    CHECK_EQ_INT(ctrl_model_load(path, attn, ref), CTRL_OK);
+}
+
 double dpo_compare_grads(ctrl_model *m, const char *path) {
     ctrl_safetensors *gs = NULL;
     CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);

@@ -48,6 +48,10 @@ void dpo_report(void *ctx, const char *name, double value);
 /* Every metric reported is one TRL logged, with its mean over the calls within rel; returns how many. */
 int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *name, double rel);
 
+/* The tiny Qwen2 fixture policy and tests/fixtures/dpo/ref_model, both on the flash attention
+ * plugin (a failed check when either cannot be loaded). */
+void dpo_case_models(ctrl_registry *reg, ctrl_model **policy, ctrl_model **ref);
+
 /* The worst relative error of the model's gradients against a safetensors file of TRL's. */
 double dpo_compare_grads(ctrl_model *m, const char *path);
 

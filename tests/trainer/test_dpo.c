@@ -164,12 +164,8 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
     fixture *f = fixture_load(path);
     CHECK_MSG(f != NULL, "cannot load %s", path);
     if (!f) return;
-    const ctrl_attention_ops *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops;
     ctrl_model *m = NULL, *ref = NULL;
-    snprintf(path, sizeof path, "%s/models/qwen2", CTRL_FIXTURE_DIR);
-    CHECK_EQ_INT(ctrl_model_load(path, attn, &m), CTRL_OK);
-    snprintf(path, sizeof path, "%s/dpo/ref_model", CTRL_FIXTURE_DIR);
-    CHECK_EQ_INT(ctrl_model_load(path, attn, &ref), CTRL_OK);
+    dpo_case_models(reg, &m, &ref);
     ctrl_trainer *t = NULL;
     const ctrl_trainer_ops *ops = dpo_case_trainer(reg, f, &t);
     if (!m || !ref || !ops) return;

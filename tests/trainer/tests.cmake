@@ -30,3 +30,9 @@ foreach(t test_dpo)
   target_sources(${t} PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
   add_dependencies(${t} dpo flash eager)
 endforeach()
+
+# The kto trainer plugin (loaded from build/plugins) on the sequence kind against TRL 1.16's
+# KTOTrainer (tests/reference/make_kto_fixtures.py).
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_kto.c parity)
+target_sources(test_kto PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
+add_dependencies(test_kto kto flash eager)

@@ -213,12 +213,7 @@ static const ctrl_option dpo_options[] = {
     {"precompute_ref_batch_size", CTRL_OPT_INT, "0", CTRL_OPT_HAS_MIN, 0, 0, NULL,
      "Pairs per forward of the precompute pass (0: per_device_train_batch_size / "
      "per_device_eval_batch_size)."},
-    {"sync_ref_model", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
-     "TR-DPO: mix the policy into the reference every ref_model_sync_steps steps."},
-    {"ref_model_mixup_alpha", CTRL_OPT_FLOAT, "0.6", CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX, 0, 1, NULL,
-     "TR-DPO: reference = alpha * policy + (1 - alpha) * reference at each sync."},
-    {"ref_model_sync_steps", CTRL_OPT_INT, "512", CTRL_OPT_HAS_MIN, 1, 0, NULL,
-     "TR-DPO: optimizer steps between reference syncs."},
+    CTRL_SEQUENCE_REF_SYNC_OPTIONS,
     CTRL_OPTION_END,
 };
 
