@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""TRL's KTOTrainer loss curves on a tiny model, for tests/e2e/test_trl_kto_parity.c.
+
+Uses the model and tokenizer of tests/fixtures/trl_sft/ (make_trl_sft_curves.py) and writes
+tests/fixtures/trl_kto/: unpaired arithmetic rows as prompt / completion / label JSONL (the right sum
+labelled desirable, a wrong one undesirable, mixed at random); then, for each case, runs TRL (CPU,
+fp32, dropout off, rows in file order) for 20 optimizer steps and writes <case>.ini (the same run as
+a ctrl config, with @DIR@ for this folder, @SFT@ for the trl_sft folder and @OUT@ for the output
+directory) and <case>.trl.jsonl (per-step loss, grad_norm, learning_rate and every KTO metric as TRL
+logs them at logging_steps = 1).
+Run by hand: python3 tests/reference/make_trl_kto_curves.py [CASE...]
+"""
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, Qwen2ForCausalLM
+from trl import KTOConfig, KTOTrainer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_trl_dpo_curves import COMMON, FIX, SFT, STEPS, TOK  # noqa: E402
+from make_trl_sft_curves import Record, sequential  # noqa: E402
+
+OUT = os.path.join(FIX, "trl_kto")
+
+# case: (KTOConfig overrides, ctrl [train] lines, ctrl [kto] lines)
+CASES = {
+    "kto": (dict(per_device_train_batch_size=4), {}, {}),
+    "kto_weights_precompute_ga": (dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, beta=0.5,
+                                       desirable_weight=1.33, undesirable_weight=0.7, precompute_ref_log_probs=True),
+                                  {"per_device_train_batch_size": "2", "gradient_accumulation_steps": "2"},
+                                  {"beta": "0.5", "desirable_weight": "1.33", "undesirable_weight": "0.7",
+                                   "precompute_ref_log_probs": "true"}),
+    "apo_zero_unpaired": (dict(per_device_train_batch_size=4, loss_type="apo_zero_unpaired", beta=0.5),
+                          {}, {"loss_type": "apo_zero_unpaired", "beta": "0.5"}),
+}
+KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "num_tokens", "kl", "rewards/chosen", "rewards/rejected",
+        "rewards/margins", "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected")
+
+
+def make_data():
+    """120 unpaired training rows from one seeded stream."""
+    rng = random.Random(6)
+    with open(os.path.join(OUT, "rows.jsonl"), "w") as f:
+        for _ in range(120):
+            a, b = rng.randrange(100), rng.randrange(100)
+            good = rng.random() < 0.5
+            wrong = a + b + rng.choice([-11, -10, -2, -1, 1, 2, 10, 11])
+            f.write(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b) if good else str(max(wrong, 0)),
+                                "label": good}) + "\n")
+
+
+Sequential = sequential(KTOTrainer)
+
+
+def run_case(name, overrides):
+    tok = AutoTokenizer.from_pretrained(TOK)
+    model = Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
+    ref = None if overrides.get("precompute_ref_log_probs") else \
+        Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
+    rows = [json.loads(l) for l in open(os.path.join(OUT, "rows.jsonl"))]
+    rec = Record(KEYS)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = KTOConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=STEPS, logging_steps=1,
+                         save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, bf16=False,
+                         gradient_checkpointing=False, **dict(COMMON, **overrides))
+        trainer = Sequential(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tok, callbacks=[rec])
+        trainer.train()
+    with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
+        for r in rec.rows:
+            f.write(json.dumps(r) + "\n")
+    return rec.rows
+
+
+def write_ini(name, train_opts, kto_opts):
+    train = {"dtype": "fp32", "learning_rate": str(COMMON["learning_rate"]), "lr_scheduler_type": "linear",
+             "warmup_steps": str(COMMON["warmup_steps"]), "weight_decay": str(COMMON["weight_decay"]),
+             "max_grad_norm": "1.0", "max_steps": str(STEPS), "logging_steps": "1", "per_device_train_batch_size": "4",
+             "optimizer": "adamw", "save_strategy": "no"}
+    train.update(train_opts)
+    lines = ["[run]", "trainer = kto", "output_dir = @OUT@", "device = cpu", "seed = 42", "", "[model]",
+             "path = @SFT@/model", "attention = eager", "", "[data]", "train_file = @DIR@/rows.jsonl",
+             "shuffle = false", "", "[train]"] + [f"{k} = {v}" for k, v in train.items()] + \
+            ["", "[adamw]", "adam_beta1 = 0.9", "adam_beta2 = 0.999", "adam_epsilon = 1e-8", "", "[kto]"] + \
+            [f"{k} = {v}" for k, v in kto_opts.items()] + [""]
+    with open(os.path.join(OUT, name + ".ini"), "w") as f:
+        f.write("\n".join(lines))
+
+
+def main(names):
+    if not names:
+        if os.path.isdir(OUT):
+            shutil.rmtree(OUT)
+        os.makedirs(OUT)
+        make_data()
+    for name, (overrides, train_opts, kto_opts) in CASES.items():
+        if names and name not in names:
+            continue
+        torch.manual_seed(0)
+        rows = run_case(name, overrides)
+        write_ini(name, train_opts, kto_opts)
+        print(name, " ".join("%.5f" % r["loss"] for r in rows[:6]), "...")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
