@@ -95,7 +95,14 @@ static ctrl_status mpi_barrier(void) {
 
 static void mpi_abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
 
+#ifdef CTRL_HAVE_NCCL
+void ctrl_collective_nccl_finalize(void);
+#endif
+
 static void mpi_finalize(void) {
+#ifdef CTRL_HAVE_NCCL
+    ctrl_collective_nccl_finalize(); /* before MPI goes */
+#endif
     int done = 0;
     MPI_Finalized(&done);
     if (!done) MPI_Finalize();

@@ -11,6 +11,12 @@ static ncclComm_t comm;
 
 ctrl_status ctrl_collective_nccl_init(void);
 ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
+void ctrl_collective_nccl_finalize(void);
+
+void ctrl_collective_nccl_finalize(void) {
+    if (comm) ncclCommDestroy(comm);
+    comm = NULL;
+}
 
 ctrl_status ctrl_collective_nccl_init(void) {
     int rank, size;
