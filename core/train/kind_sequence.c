@@ -300,7 +300,11 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
     }
     fputs("}\n", f);
     fflush(f);
-    CTRL_INFO("eval: loss %.4f, reward accuracy %.3f (%d %s)", loss, acc, d->n, d->paired ? "pairs" : "rows");
+    if (isnan(acc)) /* KTO logs no accuracy */
+        CTRL_INFO("eval: loss %.4f (%d %s)", loss, d->n, d->paired ? "pairs" : "rows");
+    else
+        CTRL_INFO("eval: loss %.4f, reward accuracy %.3f (%d %s)", loss, acc, d->n,
+                  d->paired ? "pairs" : "rows");
     return CTRL_OK;
 }
 
