@@ -76,11 +76,19 @@ void serve_release(ctrl_server *s, long n) {
     pthread_mutex_unlock(&s->lock);
 }
 
+void serve_set_asleep(ctrl_server *s, int asleep) {
+    pthread_mutex_lock(&s->lock);
+    s->asleep = asleep;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* A generation that failed while the server was shutting down or asleep is the server being
+ * unavailable (503: the client may retry), otherwise an internal error (500). */
 unsigned serve_generation_failed(ctrl_server *s) {
     pthread_mutex_lock(&s->lock);
-    const int down = s->shutting_down;
+    const int unavailable = s->shutting_down || s->asleep;
     pthread_mutex_unlock(&s->lock);
-    return down ? 503 : 500;
+    return unavailable ? 503 : 500;
 }
 
 int serve_draining(ctrl_server *s) {

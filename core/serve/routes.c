@@ -126,6 +126,7 @@ static enum MHD_Result sleep_engine(ctrl_server *s, struct MHD_Connection *c, co
         return serve_error(c, 400, "level: 1 or 2");
     ctrl_batcher_lock_engine(s->batch); /* between generations, never during one */
     const ctrl_status st = ctrl_engine_sleep(s->eng, cJSON_IsNumber(lv) ? lv->valueint : 1);
+    if (st == CTRL_OK) serve_set_asleep(s, 1);
     ctrl_batcher_unlock_engine(s->batch);
     return ok_or_error(c, st);
 }
@@ -135,6 +136,7 @@ static enum MHD_Result wake_up(ctrl_server *s, struct MHD_Connection *c, const c
     (void)in, (void)b, (void)n;
     ctrl_batcher_lock_engine(s->batch);
     const ctrl_status st = ctrl_engine_wake_up(s->eng);
+    if (st == CTRL_OK) serve_set_asleep(s, 0);
     ctrl_batcher_unlock_engine(s->batch);
     return ok_or_error(c, st);
 }

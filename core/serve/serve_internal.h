@@ -27,11 +27,12 @@ typedef struct ctrl_server {
     int context;          /* the most tokens one sequence may hold (prompt + completion) */
     int context_from_kv;  /* 1: the KV pool bounds it, 0: the model's max_position_embeddings */
     size_t weights_body;  /* the largest /update_weights body */
-    pthread_mutex_t lock; /* in_flight, draining, shutting_down, rng */
+    pthread_mutex_t lock; /* in_flight, draining, shutting_down, asleep, rng */
     int in_flight;        /* POST requests being answered (what the drain waits for) */
     long seqs;            /* sequences of the generation requests admitted and not answered */
     int draining;         /* a stop signal came: /health answers 503, new generations are refused */
     int shutting_down;    /* the drain's deadline passed: generations are aborted */
+    int asleep;           /* after /sleep until /wake_up: generations fail with 503 */
     uint64_t rng;         /* the server's generator: seeds of requests without one, response ids */
 } ctrl_server;
 
@@ -135,8 +136,11 @@ enum MHD_Result serve_stream(ctrl_server *s, struct MHD_Connection *c, int kind,
  * release gives them back once it is answered. */
 int serve_admit(ctrl_server *s, long n);
 void serve_release(ctrl_server *s, long n);
-/* The HTTP status of a failed generation: 503 once the server is shutting down, else 500. */
+/* The HTTP status of a failed generation: 503 once the server is shutting down or while it is
+ * asleep, else 500. */
 unsigned serve_generation_failed(ctrl_server *s);
+/* Records /sleep (1) and /wake_up (0) for serve_generation_failed. */
+void serve_set_asleep(ctrl_server *s, int asleep);
 /* Whether the server is draining (new generations are refused with 503). */
 int serve_draining(ctrl_server *s);
 

@@ -183,7 +183,7 @@ check_http 400 "serve bad ids" -X POST "localhost:$PORT/generate" -d '{"prompt_t
 check_http 413 "serve oversized body" -X POST "localhost:$PORT/generate" --data-binary "@$SRC/tests/fixtures/templates/qwen3.jinja"
 check_http 404 "serve unknown endpoint" "localhost:$PORT/nope"
 check_http 200 "serve /sleep" -X POST "localhost:$PORT/sleep" -d '{"level": 2}'
-check_http 500 "serve generate while asleep" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"]}'
+check_http 503 "serve generate while asleep" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"]}'
 check_http 200 "serve /wake_up" -X POST "localhost:$PORT/wake_up"
 check_http 200 "serve generate after wake_up" -X POST "localhost:$PORT/generate" -d '{"prompts": ["x"], "max_tokens": 2}'
 # OpenAI chat completions (the tokenizer's ChatML template), and SSE streaming of both OpenAI
