@@ -127,6 +127,25 @@ ctrl_status ctrl_model_forward_fused(ctrl_model *m, const ctrl_batch *batch, con
  * log_sum_sq_probs, WPO's weights); either may be NULL. No gradient flows through them, and the
  * [T x V] logits are never built (model_head_stats.c). */
 ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_sum_sq_probs);
+/* Distillation (model_jsd.c). ctrl_model_hidden_forward runs the model up to its final norm only
+ * (no head, nothing for a backward): a frozen teacher's forward. ctrl_model_jsd_forward then runs
+ * the student's forward over the same batch and, at each token with a target, the generalized
+ * JSD between softmax(student logits / temperature) and softmax(teacher logits / temperature) as
+ * TRL's GKD computes it (beta 0: KL(teacher || student), 1: KL(student || teacher), between: the
+ * JSD of the mixture (1 - beta) p_student + beta p_teacher) into jsd[T] (0 elsewhere), a chunk
+ * of tokens' logits at a time from both heads (never a [tokens x vocabulary] tensor). The
+ * gradient of sum_t weight[t] jsd[t] (weight known up front: a loss linear in the per-token
+ * divergences) is taken into the student's LM head and kept for ctrl_model_backward(student,
+ * NULL). Both models on one backend, with the same vocabulary; the teacher is never written. */
+typedef struct ctrl_jsd_args {
+    double beta;         /* 0 .. 1 */
+    double temperature;  /* > 0 */
+    const float *weight; /* [T] dL/djsd[t] (NULL: no gradient) */
+    int chunk_tokens;    /* tokens whose logits are held at once (0: 32 MiB worth per head) */
+} ctrl_jsd_args;
+ctrl_status ctrl_model_hidden_forward(ctrl_model *m, const ctrl_batch *batch);
+ctrl_status ctrl_model_jsd_forward(ctrl_model *student, const ctrl_batch *batch, ctrl_model *teacher,
+                                   const ctrl_jsd_args *args, float *jsd);
 /* Log-probabilities and entropies of softmax(logits / temperature) from now on (1 by default);
  * the online trainers use their sampling temperature, as TRL. */
 void ctrl_model_set_temperature(ctrl_model *m, float temperature);

@@ -36,3 +36,9 @@ endforeach()
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_kto.c parity)
 target_sources(test_kto PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
 add_dependencies(test_kto kto flash eager)
+
+# The distillation head (model_jsd.c) against TRL 1.16's GKD generalized_jsd_loss
+# (tests/reference/make_gkd_fixtures.py).
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_gkd_jsd.c parity)
+target_sources(test_gkd_jsd PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
+add_dependencies(test_gkd_jsd eager)

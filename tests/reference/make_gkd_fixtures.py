@@ -1,0 +1,108 @@
+"""GKD parity fixtures from TRL 1.16's own generalized_jsd_loss (run by hand, never in CI).
+
+The student is the tiny Llama fixture model (tests/fixtures/models/llama: vocab 128, hidden 64, two
+layers); the teacher a smaller random Llama of the same vocabulary (hidden 32, one layer), written
+to tests/fixtures/gkd/teacher/. One padded batch of three prompt + completion sequences (labels
+-100 on the prompt and the padding, as TRL's collator makes them) runs through both models; the
+shifted logits go through trl.experimental.gkd.GKDTrainer.generalized_jsd_loss -- TRL's code --
+for several beta / temperature pairs, once with reduction "batchmean" and once with
+num_items_in_batch (what GKDTrainer.compute_loss passes under gradient accumulation). Captured per
+case: both losses, the per-token divergence (reduction "none" summed over the vocabulary), and for
+two cases the gradient of every student parameter of the batchmean loss (torch autograd through
+TRL's loss).
+
+    python tests/reference/make_gkd_fixtures.py   # writes tests/fixtures/gkd/
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, os.path.dirname(__file__))
+from fixture_io import randomize_params, write_fixture  # noqa: E402
+
+import trl  # noqa: E402
+from trl.experimental.gkd import GKDTrainer  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+STUDENT = os.path.join(ROOT, "models", "llama")
+OUT = os.path.join(ROOT, "gkd")
+TEACHER = os.path.join(OUT, "teacher")
+# (name, beta, temperature, with parameter gradients)
+CASES = [
+    ("fkl_t1", 0.0, 1.0, False),
+    ("rkl_t1", 1.0, 1.0, True),
+    ("jsd05_t1", 0.5, 1.0, True),
+    ("jsd01_t2", 0.1, 2.0, False),
+    ("jsd09_t05", 0.9, 0.5, False),
+    ("rkl_t07", 1.0, 0.7, False),
+]
+NUM_ITEMS = 11.0  # as if the accumulated batch held more trained tokens than this micro-batch
+
+
+def make_teacher():
+    os.makedirs(TEACHER, exist_ok=True)
+    torch.manual_seed(5)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    m = LlamaForCausalLM(cfg)
+    randomize_params(m, torch)
+    m.save_pretrained(TEACHER, safe_serialization=True)
+
+
+def make_batch():
+    """Three sequences (prompt, completion) right-padded with 0; labels -100 on prompt and pad."""
+    g = torch.Generator().manual_seed(3)
+    lens = [(3, 5), (5, 2), (2, 6)]
+    L = max(p + c for p, c in lens)
+    ids, att, labels = [], [], []
+    for p, c in lens:
+        seq = torch.randint(3, 128, (p + c,), generator=g).tolist()
+        pad = L - p - c
+        ids.append(seq + [0] * pad)
+        att.append([1] * (p + c) + [0] * pad)
+        labels.append([-100] * p + seq[p:] + [-100] * pad)
+    return torch.tensor(ids), torch.tensor(att), torch.tensor(labels)
+
+
+def main():
+    print("trl", trl.__version__, "torch", torch.__version__)
+    make_teacher()
+    student = AutoModelForCausalLM.from_pretrained(STUDENT, dtype=torch.float32)
+    teacher = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.float32)
+    student.eval(), teacher.eval()
+    ids, att, labels = make_batch()
+    arrays = [("shape", [float(ids.shape[0]), float(ids.shape[1])]), ("ids", ids.flatten().float().tolist()),
+              ("attention_mask", att.flatten().float().tolist()), ("labels", labels.flatten().float().tolist()),
+              ("num_items", [NUM_ITEMS])]
+    with torch.no_grad():
+        t_logits = teacher(input_ids=ids, attention_mask=att).logits[:, :-1, :]
+    shifted = labels[:, 1:]
+    for name, beta, temp, with_grads in CASES:
+        student.zero_grad()
+        s_logits = student(input_ids=ids, attention_mask=att).logits[:, :-1, :]
+        loss = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=shifted, beta=beta, temperature=temp)
+        with torch.no_grad():
+            loss_items = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=shifted, beta=beta,
+                                                         temperature=temp, num_items_in_batch=NUM_ITEMS)
+            # per token: reduction "none" gives the masked [n, V] terms in row-major order of the mask
+            terms = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=shifted, beta=beta,
+                                                    temperature=temp, reduction="none")
+            per_tok = torch.zeros(shifted.shape)
+            per_tok[shifted != -100] = terms.sum(-1)
+        loss.backward()
+        arrays += [(f"{name}_params", [beta, temp]), (f"{name}_loss", [loss.item()]),
+                   (f"{name}_loss_items", [loss_items.item()]), (f"{name}_jsd", per_tok.flatten().tolist())]
+        if with_grads:
+            grads = {n: p.grad.detach().contiguous() for n, p in student.named_parameters()}
+            save_file(grads, os.path.join(OUT, f"{name}.grads.safetensors"))
+        print(name, "loss", loss.item(), "loss/num_items", loss_items.item())
+    write_fixture(os.path.join(OUT, "jsd.bin"), arrays,
+                  f"trl {trl.__version__} GKDTrainer.generalized_jsd_loss on models/llama vs gkd/teacher")
+
+
+if __name__ == "__main__":
+    main()

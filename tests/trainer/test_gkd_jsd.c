@@ -1,0 +1,230 @@
+/* The distillation head (model_jsd.c) against TRL 1.16's GKDTrainer.generalized_jsd_loss
+ * (tests/reference/make_gkd_fixtures.py): the per-token divergence, the batchmean and
+ * num_items_in_batch losses for several beta / temperature pairs, every student parameter's
+ * gradient against torch autograd through TRL's loss, a finite-difference check of the gradient,
+ * chunking that does not change the result, and a teacher of another vocabulary refused. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dpo_case.h" /* dpo_compare_grads */
+#include "fixture.h"
+#include "test.h"
+#include "test_registry.h"
+
+typedef struct jsd_case {
+    ctrl_registry *reg;
+    ctrl_model *student, *teacher;
+    fixture *f;
+    ctrl_batch b;
+    int32_t *tok, *pos, *tg, *cu;
+    int *src; /* [T] index into the fixture's [S, L-1] per-token arrays, -1 where untrained */
+    int n_valid;
+} jsd_case;
+
+static const float *get(const fixture *f, const char *name, long want) {
+    long n = 0;
+    const float *x = fixture_get(f, name, &n);
+    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
+    return x;
+}
+
+static int case_open(jsd_case *c) {
+    memset(c, 0, sizeof *c);
+    char path[2048];
+    snprintf(path, sizeof path, "%s/gkd/jsd.bin", CTRL_FIXTURE_DIR);
+    c->f = fixture_load(path);
+    CHECK_MSG(c->f != NULL, "cannot load %s", path);
+    c->reg = test_plugin_registry();
+    if (!c->f || !c->reg) return 0;
+    const ctrl_attention_ops *attn = ctrl_registry_find(c->reg, CTRL_KIND_ATTENTION, "eager")->plugin->ops;
+    snprintf(path, sizeof path, "%s/models/llama", CTRL_FIXTURE_DIR);
+    CHECK_EQ_INT(ctrl_model_load(path, attn, &c->student), CTRL_OK);
+    snprintf(path, sizeof path, "%s/gkd/teacher", CTRL_FIXTURE_DIR);
+    CHECK_EQ_INT(ctrl_model_load(path, attn, &c->teacher), CTRL_OK);
+    if (!c->student || !c->teacher) return 0;
+    const float *shape = get(c->f, "shape", 2);
+    const int S = (int)shape[0], L = (int)shape[1];
+    const float *ids = get(c->f, "ids", S * L), *att = get(c->f, "attention_mask", S * L),
+                *lab = get(c->f, "labels", S * L);
+    int T = 0;
+    for (int i = 0; i < S * L; i++) T += att[i] != 0;
+    c->tok = malloc(sizeof(int32_t) * T), c->pos = malloc(sizeof(int32_t) * T),
+    c->tg = malloc(sizeof(int32_t) * T);
+    c->cu = malloc(sizeof(int32_t) * (S + 1)), c->src = malloc(sizeof(int) * T);
+    int t = 0;
+    for (int s = 0; s < S; s++) {
+        c->cu[s] = t;
+        int len = 0;
+        while (len < L && att[s * L + len] != 0) len++;
+        for (int j = 0; j < len; j++, t++) {
+            c->tok[t] = (int32_t)ids[s * L + j], c->pos[t] = j;
+            const int trained = j + 1 < len && lab[s * L + j + 1] != -100;
+            c->tg[t] = trained ? (int32_t)lab[s * L + j + 1] : -100;
+            c->src[t] = trained ? s * (L - 1) + j : -1;
+            c->n_valid += trained;
+        }
+    }
+    c->cu[S] = t;
+    c->b = (ctrl_batch){
+        .T = T, .B = S, .tokens = c->tok, .positions = c->pos, .cu_seqlens = c->cu, .targets = c->tg};
+    return 1;
+}
+
+static void case_close(jsd_case *c) {
+    ctrl_model_free(c->student), ctrl_model_free(c->teacher);
+    free(c->tok), free(c->pos), free(c->tg), free(c->cu), free(c->src);
+    fixture_free(c->f);
+    if (c->reg) ctrl_registry_destroy(c->reg);
+}
+
+/* The batchmean loss sum_t jsd_t / n_valid (its gradient into the student), and jsd[T]. */
+static double run(jsd_case *c, double beta, double temp, int chunk, float *jsd) {
+    const int T = c->b.T;
+    float *w = malloc(sizeof(float) * T);
+    for (int t = 0; t < T; t++) w[t] = c->tg[t] >= 0 ? 1.0f / (float)c->n_valid : 0.0f;
+    const ctrl_jsd_args a = {.beta = beta, .temperature = temp, .weight = w, .chunk_tokens = chunk};
+    CHECK_EQ_INT(ctrl_model_hidden_forward(c->teacher, &c->b), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_jsd_forward(c->student, &c->b, c->teacher, &a, jsd), CTRL_OK);
+    double loss = 0;
+    for (int t = 0; t < T; t++) loss += (double)w[t] * jsd[t];
+    free(w);
+    return loss;
+}
+
+static const char *const cases[] = {"fkl_t1", "rkl_t1", "jsd05_t1", "jsd01_t2", "jsd09_t05", "rkl_t07"};
+
+TEST(gkd_jsd_matches_trl) {
+    jsd_case c;
+    if (!case_open(&c)) return case_close(&c);
+    const float *shape = get(c.f, "shape", 2);
+    const int S = (int)shape[0], L = (int)shape[1], T = c.b.T;
+    const double num_items = get(c.f, "num_items", 1)[0];
+    float *jsd = malloc(sizeof(float) * T), *want = calloc(T, sizeof(float));
+    char key[96];
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        snprintf(key, sizeof key, "%s_params", cases[k]);
+        const float *p = get(c.f, key, 2);
+        snprintf(key, sizeof key, "%s_jsd", cases[k]);
+        const float *per = get(c.f, key, (long)S * (L - 1));
+        CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
+        const double loss = run(&c, p[0], p[1], 0, jsd);
+        double sum = 0;
+        for (int t = 0; t < T; t++) want[t] = c.src[t] >= 0 ? per[c.src[t]] : 0.0f, sum += jsd[t];
+        CHECK_REL(jsd, want, T, 1e-5);
+        snprintf(key, sizeof key, "%s_loss", cases[k]);
+        const double wl = get(c.f, key, 1)[0];
+        CHECK_MSG(fabs(loss - wl) <= 1e-5 * fabs(wl), "%s: loss %.9g, TRL %.9g", cases[k], loss, wl);
+        snprintf(key, sizeof key, "%s_loss_items", cases[k]);
+        const double wi = get(c.f, key, 1)[0];
+        CHECK_MSG(fabs(sum / num_items - wi) <= 1e-5 * fabs(wi), "%s: loss/num_items %.9g, TRL %.9g",
+                  cases[k], sum / num_items, wi);
+        char path[2048];
+        snprintf(path, sizeof path, "%s/gkd/%s.grads.safetensors", CTRL_FIXTURE_DIR, cases[k]);
+        FILE *g = fopen(path, "rb");
+        if (!g) continue;
+        fclose(g);
+        CHECK_EQ_INT(ctrl_model_backward(c.student, NULL), CTRL_OK);
+        const double worst = dpo_compare_grads(c.student, path);
+        CHECK_MSG(worst <= 1e-5, "%s: worst parameter gradient relative error %.3g", cases[k], worst);
+        printf("  %s: loss %.7g (TRL %.7g), worst parameter gradient rel error %.2g\n", cases[k], loss, wl,
+               worst);
+    }
+    free(jsd), free(want);
+    case_close(&c);
+}
+
+/* Chunks of 1 and 3 tokens give what one chunk gives, gradients included. */
+TEST(gkd_jsd_chunking_is_invisible) {
+    jsd_case c;
+    if (!case_open(&c)) return case_close(&c);
+    const int T = c.b.T;
+    size_t n = 0;
+    ctrl_model_grads(c.student, &n);
+    float *j0 = malloc(sizeof(float) * T), *j1 = malloc(sizeof(float) * T), *g0 = malloc(sizeof(float) * n);
+    const int chunks[] = {0, 1, 3};
+    for (int k = 0; k < 3; k++) {
+        CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
+        run(&c, 0.3, 1.5, chunks[k], k ? j1 : j0);
+        CHECK_EQ_INT(ctrl_model_backward(c.student, NULL), CTRL_OK);
+        float *g = ctrl_model_grads(c.student, NULL);
+        if (k == 0) {
+            memcpy(g0, g, sizeof(float) * n);
+            continue;
+        }
+        CHECK_REL(j1, j0, T, 1e-6);
+        CHECK_REL(g, g0, (long)n, 1e-6);
+    }
+    free(j0), free(j1), free(g0);
+    case_close(&c);
+}
+
+/* Central differences of the loss in a few parameters of every kind against the analytic gradient. */
+TEST(gkd_jsd_finite_differences) {
+    jsd_case c;
+    if (!case_open(&c)) return case_close(&c);
+    const int T = c.b.T;
+    float *jsd = malloc(sizeof(float) * T);
+    const char *names[] = {"lm_head.weight", "model.embed_tokens.weight",
+                           "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight",
+                           "model.norm.weight"};
+    const double betas[] = {0.0, 1.0, 0.4}, temps[] = {1.0, 0.8, 1.7};
+    for (int bi = 0; bi < 3; bi++) {
+        CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
+        run(&c, betas[bi], temps[bi], 2, jsd);
+        CHECK_EQ_INT(ctrl_model_backward(c.student, NULL), CTRL_OK);
+        size_t np = 0;
+        float *P = ctrl_model_params(c.student, &np), *G = malloc(sizeof(float) * np);
+        memcpy(G, ctrl_model_grads(c.student, NULL), sizeof(float) * np); /* the runs below add to it */
+        double worst = 0;
+        int checked = 0;
+        for (size_t v = 0; v < sizeof names / sizeof *names; v++) {
+            const ctrl_param_view *pv = ctrl_model_find_view(c.student, names[v]);
+            CHECK_MSG(pv != NULL, "no view %s", names[v]);
+            if (!pv) continue;
+            /* the entries with the largest gradients among a stride of the tensor */
+            for (int64_t i = 0; i < pv->numel; i += pv->numel / 37 + 1) {
+                const size_t o = pv->offset + (size_t)i;
+                const double g = G[o];
+                if (fabs(g) < 1e-4) continue;
+                const float keep = P[o], h = 1e-2f;
+                P[o] = keep + h, ctrl_model_weights_changed(c.student);
+                const double lp = run(&c, betas[bi], temps[bi], 2, jsd);
+                P[o] = keep - h, ctrl_model_weights_changed(c.student);
+                const double lm = run(&c, betas[bi], temps[bi], 2, jsd);
+                P[o] = keep, ctrl_model_weights_changed(c.student);
+                const double fd = (lp - lm) / (2.0 * h), e = fabs(fd - g) / (fabs(g) + 1e-4);
+                if (e > worst) worst = e;
+                checked++;
+            }
+        }
+        free(G);
+        CHECK_MSG(checked >= 20, "only %d entries checked", checked);
+        CHECK_MSG(worst <= 2e-2, "beta %.1f: worst finite-difference rel error %.3g over %d entries",
+                  betas[bi], worst, checked);
+        printf("  beta %.1f temperature %.1f: %d entries, worst finite-difference rel error %.2g\n",
+               betas[bi], temps[bi], checked, worst);
+    }
+    free(jsd);
+    case_close(&c);
+}
+
+/* A teacher whose vocabulary is not the student's is refused, naming both sizes. */
+TEST(gkd_jsd_refuses_another_vocabulary) {
+    jsd_case c;
+    if (!case_open(&c)) return case_close(&c);
+    ctrl_model_config cfg = *ctrl_model_cfg(c.teacher);
+    cfg.vocab_size = 64;
+    ctrl_model *other = NULL;
+    const ctrl_attention_ops *attn = ctrl_registry_find(c.reg, CTRL_KIND_ATTENTION, "eager")->plugin->ops;
+    CHECK_EQ_INT(ctrl_model_create(&cfg, attn, &other), CTRL_OK);
+    float *jsd = malloc(sizeof(float) * c.b.T);
+    const ctrl_jsd_args a = {.beta = 0.5, .temperature = 1.0};
+    CHECK_EQ_INT(ctrl_model_jsd_forward(c.student, &c.b, other, &a, jsd), CTRL_ERR_CONFIG);
+    CHECK(strstr(ctrl_error_message(), "vocabulary (64)") != NULL);
+    const ctrl_jsd_args bad = {.beta = 1.5, .temperature = 1.0};
+    CHECK_EQ_INT(ctrl_model_jsd_forward(c.student, &c.b, c.teacher, &bad, jsd), CTRL_ERR_CONFIG);
+    free(jsd);
+    ctrl_model_free(other);
+    case_close(&c);
+}
