@@ -42,13 +42,14 @@ static int online_rows(const train_kind *k) { return ctrl_online_prompt_count(k-
 
 /* A step consumes bs x ga completions: bs x ga / (num_generations x num_iterations) prompts. */
 static long online_rows_per_step(const train_kind *k, int bs, int ga) {
-    const long rows = (long)bs * ga / ((long)k->spec.num_generations * k->spec.num_iterations);
+    const long rows = (long)ctrl_online_micro_batch(&k->spec, bs) * ga /
+                      ((long)k->spec.num_generations * k->spec.num_iterations);
     return rows < 1 ? 1 : rows;
 }
 
 static void online_describe(const train_kind *k, long total, int bs, int ga, size_t n_params) {
     CTRL_INFO("training: %d prompts, %ld steps of %d x %d completions, %zu parameters", online_rows(k), total,
-              bs, ga, n_params);
+              ctrl_online_micro_batch(&k->spec, bs), ga, n_params);
 }
 
 static ctrl_status online_accumulate(train_kind *k, const int *order, long *cursor, int bs, int ga,

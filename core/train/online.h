@@ -55,6 +55,11 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
                                ctrl_online **out);
 int ctrl_online_prompt_count(const ctrl_online *o);
+/* Completions in a micro-batch of per_device_train_batch_size `bs` (prompts when the trainer counts
+ * prompts: bs x num_generations). */
+static inline int ctrl_online_micro_batch(const ctrl_online_spec *spec, int bs) {
+    return spec->batch_counts_prompts ? bs * spec->num_generations : bs;
+}
 /* One optimizer step's gradients: `ga` micro-batches of `bs` completions, generating a new batch
  * (prompts taken from order[*cursor ...]) whenever the previous one is used up. Adds the loss
  * and the tokens seen to *loss and *tokens. */

@@ -36,8 +36,8 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
         o->server_url = strdup(url ? url : "http://127.0.0.1:8000"), o->push_path = strdup(push);
         o->bearer = key && key[0] ? strdup(key) : NULL;
     }
-    const int bs = s->train.per_device_train_batch_size;
     const int ga = s->train.gradient_accumulation_steps;
+    const int bs = ctrl_online_micro_batch(&o->spec, s->train.per_device_train_batch_size);
     o->bs = bs;
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
     const int G = o->spec.num_generations;
@@ -61,7 +61,8 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
                                          .min_p = (float)s->generation.min_p,
                                          .repetition_penalty = (float)s->generation.repetition_penalty};
     /* the trained log-probs are those of the sampling distribution's temperature, as TRL's */
-    const float temp = o->sampling.temperature > 0 ? o->sampling.temperature : 1.0f;
+    const float temp =
+        o->sampling.temperature > 0 && !o->spec.logp_at_unit_temperature ? o->sampling.temperature : 1.0f;
     ctrl_model_set_temperature(model, temp);
     /* the reference: the initial weights, frozen; with LoRA the base itself, the adapters switched off
      * for its log-probs (TRL's disable_adapter): no second copy */
@@ -113,6 +114,7 @@ static void flat_free(flat *f) { free(f->tok), free(f->pos), free(f->tg), free(f
 static ctrl_status flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, flat *f) {
     size_t T = 0;
     for (int i = 0; i < n; i++) T += (size_t)ps->len[o->gprompt[c0 + i]] + (size_t)o->gout[c0 + i].len;
+    const int max_len = o->spec.max_length;
     f->tok = malloc(sizeof(int32_t) * T), f->pos = malloc(sizeof(int32_t) * T),
     f->tg = malloc(sizeof(int32_t) * T);
     f->cu = malloc(sizeof(int32_t) * (size_t)(n + 1)), f->at = malloc(sizeof(int) * (size_t)n);
@@ -122,11 +124,16 @@ static ctrl_status flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, i
     }
     int t = 0;
     for (int i = 0; i < n; i++) {
-        const int p = o->gprompt[c0 + i], P = ps->len[p];
+        const int p = o->gprompt[c0 + i];
         const ctrl_gen_output *g = &o->gout[c0 + i];
+        /* max_length: the prompt's leftmost tokens are dropped (never the whole prompt) */
+        int cut = max_len > 0 && ps->len[p] + g->len > max_len ? ps->len[p] + g->len - max_len : 0;
+        if (cut > ps->len[p] - 1) cut = ps->len[p] - 1;
+        const int32_t *prompt = ps->ids[p] + cut;
+        const int P = ps->len[p] - cut;
         f->cu[i] = t, f->at[i] = t + P - 1;
         for (int j = 0; j < P + g->len; j++, t++) {
-            f->tok[t] = j < P ? ps->ids[p][j] : g->ids[j - P];
+            f->tok[t] = j < P ? prompt[j] : g->ids[j - P];
             f->pos[t] = j;
             f->tg[t] = j >= P - 1 && j - P + 1 < g->len ? g->ids[j - P + 1] : -100;
         }
@@ -225,9 +232,11 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
      * and scoring a block of its prompts, then gathered (online_ranks.c) */
     const int P = bs * spg / G * N, own0 = P / N * rank, n_own = P / N;
     double t0 = now();
+    const double epoch = (double)*cursor / (o->train.n > 0 ? o->train.n : 1);
     ctrl_status st = generate(o, &o->train, order, cursor, P, G, own0, n_own, &o->sampling);
     float *scores = NULL, *total = NULL, *kl = NULL;
-    int *ntok = NULL;
+    int *ntok = NULL, *stopped = calloc((size_t)(o->gn > 0 ? o->gn : 1), sizeof(int));
+    if (st == CTRL_OK && !stopped) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     double t1 = now();
     ctrl_online_report(o, "timing/generation_s", t1 - t0);
     if (st == CTRL_OK) st = online_score(o, &o->train, own0 * G, n_own * G, &scores, &total);
@@ -237,6 +246,7 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     o->gen_items = 0;
     for (int i = 0; st == CTRL_OK && i < o->gn; i++) {
         o->trained[i] = !(o->spec.mask_truncated_completions && !o->gout[i].stopped);
+        stopped[i] = o->gout[i].stopped;
         o->gen_items += o->trained[i] * o->gout[i].len;
         if (online_mine(o, i)) *tokens += o->train.len[o->gprompt[i]] + o->gout[i].len;
     }
@@ -272,11 +282,13 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
                            .kl = kl,
                            .n_tokens = ntok,
                            .report = online_report,
-                           .report_ctx = o};
+                           .report_ctx = o,
+                           .stopped = stopped,
+                           .epoch = epoch};
         st = o->ops->advantages(o->trainer, &ro, o->adv);
     }
     if (st == CTRL_OK && o->completions) online_log_completions(o, scores);
-    free(scores), free(total), free(kl), free(ntok);
+    free(scores), free(total), free(kl), free(ntok), free(stopped);
     o->used = 0;
     o->batches++;
     return st;
@@ -327,6 +339,7 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
 
 ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *cursor, int bs, int ga,
                                    double *loss, long *tokens) {
+    bs = ctrl_online_micro_batch(&o->spec, bs);
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
     ctrl_status st = CTRL_OK;
     for (int g = 0; g < ga && st == CTRL_OK; g++) {

@@ -54,6 +54,13 @@ typedef struct ctrl_online_spec {
                                        0: only when the policy moves between generation and loss */
     int needs_ref_logp;             /* 1: a reference model's log-probs (beta != 0) */
     int mask_truncated_completions; /* completions cut at max_completion_length are not trained */
+    /* Appended (issue 17, online_dpo). */
+    int batch_counts_prompts;     /* 1: per_device_train_batch_size counts prompts, a micro-batch holds
+                                     it x num_generations completions (TRL's online DPO); 0: completions */
+    int logp_at_unit_temperature; /* 1: trained and reference log-probs at temperature 1 (TRL's online
+                                     DPO); 0: at the sampling temperature (GRPO, RLOO) */
+    int max_length;               /* > 0: a prompt + completion longer than this loses its prompt's
+                                     leftmost tokens in the log-prob forwards (not in generation) */
 } ctrl_online_spec;
 
 /* One generation batch after scoring, for the advantages. */
@@ -67,6 +74,10 @@ typedef struct ctrl_rollout {
     const int *n_tokens;  /* [n] trained completion tokens of each */
     void (*report)(void *ctx, const char *name, double value);
     void *report_ctx;
+    /* Appended (issue 17, online_dpo). */
+    const int *stopped; /* [n] 1 where a stop id (EOS) ended the completion, 0 where it was cut */
+    double epoch;       /* training prompts taken before this batch / prompts in the train set
+                           (TRL's state.epoch; 0 for evaluation batches) */
 } ctrl_rollout;
 
 /* Offline sequence-level trainers (dpo, kto, reward; issue 16): the loss sees one number per

@@ -31,6 +31,13 @@ if(TARGET ctrl_cli)
   set_tests_properties(test_online PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 
+# The online_dpo trainer end to end, colocated and server generation (tests/e2e/test_online_dpo.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_online_dpo_e2e COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_online_dpo.sh
+                                            $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_online_dpo_e2e PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
+
 # Training health: collapse warning, non-finite stops (tests/e2e/test_train_health.sh).
 if(TARGET ctrl_cli)
   add_test(NAME test_train_health COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_train_health.sh

@@ -42,3 +42,9 @@ add_dependencies(test_kto kto flash eager)
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_gkd_jsd.c parity)
 target_sources(test_gkd_jsd PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
 add_dependencies(test_gkd_jsd eager)
+
+# The online_dpo trainer plugin (loaded from build/plugins) against TRL 1.16's
+# OnlineDPOTrainer.training_step (tests/reference/make_online_dpo_fixtures.py).
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_online_dpo.c parity)
+target_sources(test_online_dpo PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
+add_dependencies(test_online_dpo online_dpo flash eager)

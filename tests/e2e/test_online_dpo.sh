@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The online_dpo trainer end to end on a tiny random model: colocated generation logs TRL's metric
+# names and its step counts prompts (per_device_train_batch_size prompts x 2 completions); a beta
+# list and missing_eos_penalty run; server mode generates through ctrl serve with the weights pushed
+# after every step, and its first step's loss equals the colocated run's (same seed, same samples);
+# bad options are clear errors. usage: test_online_dpo.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+tiny_setup 7 2
+
+# odpo_ini OUT STEPS [extra lines...]: a run on the arithmetic prompts, length reward
+odpo_ini() {
+  local out=$1 steps=$2
+  shift 2
+  cat <<INI
+[run]
+trainer = online_dpo
+output_dir = $TMP/$out
+seed = 3
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train_prompts.jsonl
+eval_file = $TMP/data/eval_prompts.jsonl
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = constant
+max_steps = $steps
+per_device_train_batch_size = 4
+gradient_accumulation_steps = 2
+logging_steps = 1
+save_strategy = no
+[generation]
+kv_cache_bytes = 8000000
+[reward.len]
+plugin = length
+target_length = 8
+[online_dpo]
+max_new_tokens = 12
+INI
+  printf '%s\n' "$@"
+}
+
+# 1. Colocated: TRL's metrics, 2 x 4 prompts x 2 completions a step.
+odpo_ini colo 3 "beta = 0.2, 0.1" "missing_eos_penalty = 1.0" >"$TMP/colo.ini"
+if "${C[@]}" train "$TMP/colo.ini" >"$TMP/colo.log" 2>&1; then ok; else bad "colocated run"; tail -5 "$TMP/colo.log"; fi
+M=$TMP/colo/metrics.jsonl
+for k in loss grad_norm objective/kl objective/entropy objective/non_score_reward objective/rlhf_reward \
+  objective/scores objective/scores_margin rewards/chosen rewards/rejected rewards/accuracies rewards/margins \
+  logps/chosen logps/rejected val/contain_eos_token beta rewards/len/mean; do
+  grep -q "\"$k\": " "$M" && ok || bad "metric $k missing from $M"
+done
+grep -q '"beta": 0.2,' "$M" && ok || bad "beta of the first epoch is not 0.2"
+grep -q '"eval_reward": ' "$M" && ok || bad "no eval_reward line"
+grep -q "steps of 8 x 2 completions" "$TMP/colo.log" && ok || bad "a micro-batch is not 4 prompts x 2 completions"
+
+# 2. Server mode: ctrl serve generates; the first step (same seed, same initial weights) is the
+#    colocated one's, and the pushed weights keep the runs together.
+PORT=$((20000 + RANDOM % 20000))
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+odpo_ini srv 2 >"$TMP/srv.ini"
+odpo_ini ref 2 >"$TMP/ref.ini"
+printf 'mode = server\nserver_url = http://127.0.0.1:%s\n' "$PORT" >"$TMP/gen.txt"
+sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
+if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode run"; tail -5 "$TMP/srv.log"; fi
+grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
+"${C[@]}" train "$TMP/ref.ini" >"$TMP/ref.log" 2>&1 && ok || bad "colocated reference run"
+a=$(grep -o '"loss": [-0-9.e]*' "$TMP/ref/metrics.jsonl" | head -n 1)
+b=$(grep -o '"loss": [-0-9.e]*' "$TMP/srv/metrics.jsonl" | head -n 1)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "server-mode first step $b, colocated $a"
+kill $SERVER 2>/dev/null
+
+# 3. Bad settings: clear errors naming the key.
+odpo_ini bad1 1 "beta = 0.1, nope" >"$TMP/bad1.ini"
+out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "bad beta list accepted" ||
+  { echo "$out" | grep -q "\[online_dpo\] beta" && ok || bad "unclear error: $out"; }
+odpo_ini bad2 1 "loss_type = hinge" >"$TMP/bad2.ini"
+out=$("${C[@]}" train "$TMP/bad2.ini" 2>&1) && bad "loss_type hinge accepted" ||
+  { echo "$out" | grep -q "loss_type" && ok || bad "unclear error: $out"; }
+odpo_ini bad3 1 "max_length = 12" >"$TMP/bad3.ini"
+out=$("${C[@]}" train "$TMP/bad3.ini" 2>&1) && bad "max_length <= max_new_tokens accepted" ||
+  { echo "$out" | grep -q "max_length" && ok || bad "unclear error: $out"; }
+odpo_ini bad4 1 | sed '/^\[reward.len\]$/,/^target_length/d' >"$TMP/bad4.ini"
+out=$("${C[@]}" train "$TMP/bad4.ini" 2>&1) && bad "no reward accepted" ||
+  { echo "$out" | grep -q "reward.NAME" && ok || bad "unclear error: $out"; }
+finish
