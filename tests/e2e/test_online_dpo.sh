@@ -41,8 +41,9 @@ INI
   printf '%s\n' "$@"
 }
 
-# 1. Colocated: TRL's metrics, 2 x 4 prompts x 2 completions a step.
-odpo_ini colo 3 "beta = 0.2, 0.1" "missing_eos_penalty = 1.0" >"$TMP/colo.ini"
+# 1. Colocated: TRL's metrics, 2 x 4 prompts x 2 completions a step; prompt + completion past
+#    max_length = 16 lose prompt tokens in the log-prob forwards.
+odpo_ini colo 3 "beta = 0.2, 0.1" "missing_eos_penalty = 1.0" "max_length = 16" >"$TMP/colo.ini"
 if "${C[@]}" train "$TMP/colo.ini" >"$TMP/colo.log" 2>&1; then ok; else bad "colocated run"; tail -5 "$TMP/colo.log"; fi
 M=$TMP/colo/metrics.jsonl
 for k in loss grad_norm objective/kl objective/entropy objective/non_score_reward objective/rlhf_reward \
