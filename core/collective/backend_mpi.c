@@ -5,6 +5,8 @@
  * between tests instead of spinning a core another rank may need. */
 #include <limits.h>
 #include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "collective/collective_backend.h"
@@ -93,6 +95,69 @@ static ctrl_status mpi_barrier(void) {
     return rc == MPI_SUCCESS ? wait_for(&req, "MPI_Barrier") : mpi_fail(rc, "MPI_Ibarrier");
 }
 
+/* The displacements of counts' pieces (ints: a piece's offset must fit, checked by the caller). */
+static int *displacements(const int *counts, int *n) {
+    if (MPI_Comm_size(MPI_COMM_WORLD, n) != MPI_SUCCESS) return NULL;
+    int *d = malloc(sizeof(int) * (size_t)*n);
+    for (int r = 0, at = 0; d && r < *n; at += counts[r], r++) d[r] = at;
+    return d;
+}
+
+static ctrl_status mpi_allgather_f32(float *buf, const int *counts) {
+    int n;
+    int *displs = displacements(counts, &n);
+    if (!displs) return ctrl_error_set(CTRL_ERR_NOMEM, "MPI_Allgatherv: out of memory");
+    MPI_Request req;
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts, displs, MPI_FLOAT,
+                             MPI_COMM_WORLD, &req);
+    ctrl_status st = rc == MPI_SUCCESS ? wait_for(&req, "MPI_Allgatherv") : mpi_fail(rc, "MPI_Iallgatherv");
+    free(displs);
+    return st;
+}
+
+/* In place: MPI leaves the rank's piece of the sums at the start of the buffer; moved to its own
+ * place after. */
+static ctrl_status mpi_reduce_scatter_sum_f32(float *buf, const int *counts) {
+    int n, rank;
+    int *displs = displacements(counts, &n);
+    if (!displs) return ctrl_error_set(CTRL_ERR_NOMEM, "MPI_Reduce_scatter: out of memory");
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Request req;
+    int rc = MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req);
+    ctrl_status st =
+        rc == MPI_SUCCESS ? wait_for(&req, "MPI_Reduce_scatter") : mpi_fail(rc, "MPI_Ireduce_scatter");
+    if (st == CTRL_OK && displs[rank] > 0)
+        memmove(buf + displs[rank], buf, sizeof(float) * (size_t)counts[rank]);
+    free(displs);
+    return st;
+}
+
+#define P2P_TAG 19
+
+static ctrl_status mpi_send(const void *buf, size_t bytes, int to) {
+    for (size_t i = 0; i < bytes || i == 0; i += CHUNK) {
+        const int count = (int)(bytes - i < CHUNK ? bytes - i : CHUNK);
+        MPI_Request req;
+        int rc = MPI_Isend((const char *)buf + i, count, MPI_BYTE, to, P2P_TAG, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Isend");
+        ctrl_status st = wait_for(&req, "MPI_Send");
+        if (st != CTRL_OK || bytes == 0) return st;
+    }
+    return CTRL_OK;
+}
+
+static ctrl_status mpi_recv(void *buf, size_t bytes, int from) {
+    for (size_t i = 0; i < bytes || i == 0; i += CHUNK) {
+        const int count = (int)(bytes - i < CHUNK ? bytes - i : CHUNK);
+        MPI_Request req;
+        int rc = MPI_Irecv((char *)buf + i, count, MPI_BYTE, from, P2P_TAG, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Irecv");
+        ctrl_status st = wait_for(&req, "MPI_Recv");
+        if (st != CTRL_OK || bytes == 0) return st;
+    }
+    return CTRL_OK;
+}
+
 static void mpi_abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
 
 #ifdef CTRL_HAVE_NCCL
@@ -127,6 +192,10 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .device_allreduce_mean_f32 = ctrl_collective_nccl_allreduce_mean_f32,
 #endif
         .set_timeout = mpi_set_timeout,
+        .allgather_f32 = mpi_allgather_f32,
+        .reduce_scatter_sum_f32 = mpi_reduce_scatter_sum_f32,
+        .send = mpi_send,
+        .recv = mpi_recv,
     };
     return &table;
 }

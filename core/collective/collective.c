@@ -112,6 +112,40 @@ ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root) {
     return backend ? backend->broadcast(buf, bytes, root) : CTRL_OK;
 }
 
+/* The table's ZeRO entries (a libctrl_mpi.so from before them lacks them). */
+static int has_zero_ops(void) {
+    return backend->size >= offsetof(ctrl_collective_backend, recv) + sizeof backend->recv;
+}
+
+static ctrl_status no_zero_ops(void) {
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                          "libctrl_mpi.so has no allgather/reduce-scatter (an old build)");
+}
+
+ctrl_status ctrl_collective_allgather_f32(float *buf, const int *counts) {
+    if (!backend) return CTRL_OK;
+    return has_zero_ops() ? backend->allgather_f32(buf, counts) : no_zero_ops();
+}
+
+ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *counts) {
+    if (!backend) return CTRL_OK;
+    ctrl_status st = has_zero_ops() ? backend->reduce_scatter_sum_f32(buf, counts) : no_zero_ops();
+    size_t at = 0;
+    for (int r = 0; r < info.rank; r++) at += (size_t)counts[r];
+    for (size_t i = 0; st == CTRL_OK && i < (size_t)counts[info.rank]; i++) buf[at + i] /= (float)info.size;
+    return st;
+}
+
+ctrl_status ctrl_collective_send(const void *buf, size_t bytes, int to) {
+    if (!backend) return ctrl_error_set(CTRL_ERR_RUNTIME, "collective: send on a single rank");
+    return has_zero_ops() ? backend->send(buf, bytes, to) : no_zero_ops();
+}
+
+ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from) {
+    if (!backend) return ctrl_error_set(CTRL_ERR_RUNTIME, "collective: recv on a single rank");
+    return has_zero_ops() ? backend->recv(buf, bytes, from) : no_zero_ops();
+}
+
 ctrl_status ctrl_collective_barrier(void) { return backend ? backend->barrier() : CTRL_OK; }
 
 void ctrl_collective_set_timeout(double seconds) {

@@ -55,6 +55,17 @@ ctrl_status ctrl_collective_barrier(void);
  * call and the timeout; the job then ends). [train] ddp_timeout; 1800 s until set. */
 void ctrl_collective_set_timeout(double seconds);
 
+/* ZeRO's collectives (host buffers, core/train/zero.c): a float buffer cut in consecutive pieces,
+ * rank r's counts[r] floats long (counts has one entry per rank). allgather: every rank's buf ends
+ * up holding every piece (its own is its input, in place); reduce_scatter_mean: buf (every piece) summed over
+ * the ranks and divided by their number, this rank's piece of that left at its own place in buf
+ * (the other pieces undefined). On one rank both are no-ops. */
+ctrl_status ctrl_collective_allgather_f32(float *buf, const int *counts);
+ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *counts);
+/* `bytes` from this rank to rank `to`, received there by the matching recv (in order). */
+ctrl_status ctrl_collective_send(const void *buf, size_t bytes, int to);
+ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from);
+
 /* CUDA runs: an NCCL communicator over the same ranks, on the current device (set the device
  * first). CTRL_ERR_UNSUPPORTED when libctrl_mpi.so was built without NCCL. Then the mean of a
  * float buffer in device memory, on the default stream (synchronised before returning). */

@@ -27,6 +27,16 @@ typedef struct ctrl_collective_backend {
     ctrl_status (*device_allreduce_mean_f32)(float *device_buf, size_t n);
     /* How long a host collective may wait for the other ranks (seconds; the default 1800). */
     void (*set_timeout)(double seconds);
+    /* ZeRO (core/train/zero.c): float buffers split in consecutive pieces, rank r's of counts[r]
+     * elements at the sum of the counts before it. allgather fills every rank's buf with every
+     * piece (in place: each rank's own piece is its input); reduce_scatter sums `buf` (every
+     * piece) over the ranks and leaves this rank's piece of the sums at its own place in `buf` (the
+     * other pieces are left undefined). */
+    ctrl_status (*allgather_f32)(float *buf, const int *counts);
+    ctrl_status (*reduce_scatter_sum_f32)(float *buf, const int *counts);
+    /* Point to point (a sharded checkpoint's pieces go to rank 0). */
+    ctrl_status (*send)(const void *buf, size_t bytes, int to);
+    ctrl_status (*recv)(void *buf, size_t bytes, int from);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

@@ -123,7 +123,9 @@ static const ctrl_option train_options[] = {
 static const ctrl_option memory_options[] = {
     {"strategies", CTRL_OPT_LIST, "checkpointing", 0, 0, 0, NULL,
      "Memory-strategy plugins applied around each layer (checkpointing: recompute activations in backward, "
-     "TRL's default gradient_checkpointing; empty: keep every activation)."},
+     "TRL's default gradient_checkpointing; empty: keep every activation), and at most one ZeRO stage for "
+     "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
+     "reduce-scatters the gradients (e.g. checkpointing, zero2; docs/distributed.md)."},
     CTRL_OPTION_END,
 };
 

@@ -64,6 +64,10 @@ static int has_state_sync(const ctrl_optimizer_ops *ops) {
     return ops->size >= offsetof(ctrl_optimizer_ops, state_sync) + sizeof ops->state_sync && ops->state_sync;
 }
 
+void ctrl_checkpoint_state_key(char *key, size_t cap, int i, const char *name) {
+    snprintf(key, cap, "%06d.%s", i, name);
+}
+
 static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt) {
     const int n = ops->state_count ? ops->state_count(opt) : 0;
     ctrl_st_write *t = calloc((size_t)(n ? n : 1), sizeof *t);
@@ -75,7 +79,7 @@ static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *op
         float *data;
         int64_t numel;
         st = ops->state_get(opt, i, &name, &data, &numel);
-        snprintf(names[i], sizeof names[i], "%06d.%s", i, st == CTRL_OK ? name : "");
+        ctrl_checkpoint_state_key(names[i], sizeof names[i], i, st == CTRL_OK ? name : "");
         t[i] = (ctrl_st_write){.name = names[i], .data = data, .ndim = 1, .shape = {numel}};
     }
     if (st == CTRL_OK) st = ctrl_safetensors_write(path, t, n, CTRL_F32);
@@ -107,6 +111,7 @@ static ctrl_status write_state(const char *path, const ctrl_train_state *s) {
     }
     cJSON_AddNumberToObject(o, "window_steps", s->win);
     cJSON_AddNumberToObject(o, "world_size", s->world_size > 0 ? s->world_size : 1);
+    if (s->zero_stage > 0) cJSON_AddNumberToObject(o, "zero_stage", s->zero_stage);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     FILE *f = fopen(path, "w");
@@ -191,7 +196,8 @@ static void remove_stale_tmp(const char *out_dir) {
 
 ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char *tokenizer_dir,
                                  const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
-                                 const ctrl_train_state *s, int keep, char *written, size_t cap) {
+                                 const ctrl_train_state *s, const ctrl_checkpoint_shards *shards, int keep,
+                                 char *written, size_t cap) {
     char final[4200], tmp[4300], path[4400];
     snprintf(final, sizeof final, "%s/checkpoint-%ld", out_dir, s->step);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", final, (int)getpid());
@@ -200,8 +206,14 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
     ctrl_status st = train_model_save(m, tmp, tokenizer_dir); /* with LoRA: the adapter only */
     test_pause();
     if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(tokenizer_dir, tmp);
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if (st == CTRL_OK) st = save_optimizer(path, ops, opt);
+    if (!shards) {
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+        if (st == CTRL_OK) st = save_optimizer(path, ops, opt);
+    }
+    for (int r = 0; shards && r < shards->n && st == CTRL_OK; r++) { /* ZeRO: each rank's slice */
+        snprintf(path, sizeof path, "%s/optimizer.rank-%d.safetensors", tmp, r);
+        st = r == 0 ? save_optimizer(path, ops, opt) : shards->write(shards->user, r, path);
+    }
     test_pause();
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp); /* last: it marks the checkpoint complete */
     if (st == CTRL_OK) st = write_state(path, s);
@@ -274,7 +286,8 @@ static int get_hex(const cJSON *o, const char *key, double *v) {
 }
 
 ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, const ctrl_optimizer_ops *ops,
-                                       ctrl_optimizer *opt, ctrl_train_state *s) {
+                                       ctrl_optimizer *opt, int zero_stage, int rank, ctrl_train_state *s) {
+    const int world_size = s->world_size > 0 ? s->world_size : 1; /* this run's: the file's must equal it */
     char path[4400];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     ctrl_status st;
@@ -306,6 +319,11 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
             (get_long(o, "world_size", &ranks) || ranks < 1 || ranks > 1 << 20))
             bad = "world_size";
         s->world_size = (int)ranks;
+        long stage = 0; /* absent without ZeRO */
+        if (cJSON_HasObjectItem(o, "zero_stage") &&
+            (get_long(o, "zero_stage", &stage) || stage < 1 || stage > 3))
+            bad = "zero_stage";
+        s->zero_stage = (int)stage;
         snprintf(s->optimizer, sizeof s->optimizer, "%s", made_with->valuestring);
     }
     cJSON_Delete(o);
@@ -317,8 +335,21 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
                               "%s: made with optimizer '%s', [train] optimizer = %s: resume with the same "
                               "optimizer",
                               dir, s->optimizer, optimizer);
-    /* optimizer buffers, by name and size */
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (s->world_size != world_size)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: made by %d rank(s), this run has %d: resume with the same number of ranks "
+                              "(mpirun -np %d), which the data position and the batch depend on",
+                              dir, s->world_size, world_size, s->world_size);
+    if ((s->zero_stage > 0) != (zero_stage > 0))
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: made %s ZeRO, [memory] strategies %s: resume with a ZeRO strategy as the "
+                              "checkpoint was made (zero1 or zero2: the same slices) or without",
+                              dir, s->zero_stage ? "with" : "without", zero_stage ? "has one" : "has none");
+    /* optimizer buffers, by name and size (ZeRO: this rank's slice's) */
+    if (zero_stage > 0)
+        snprintf(path, sizeof path, "%s/optimizer.rank-%d.safetensors", dir, rank);
+    else
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     ctrl_safetensors *sf;
     if ((st = ctrl_safetensors_open(path, &sf)) != CTRL_OK) return st;
     const int n = ops->state_count ? ops->state_count(opt) : 0;
@@ -331,7 +362,7 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
         int64_t numel;
         char key[80];
         st = ops->state_get(opt, i, &name, &data, &numel);
-        snprintf(key, sizeof key, "%06d.%s", i, st == CTRL_OK ? name : "");
+        ctrl_checkpoint_state_key(key, sizeof key, i, st == CTRL_OK ? name : "");
         if (st == CTRL_OK) st = ctrl_safetensors_read_f32(sf, key, data, numel);
     }
     if (st == CTRL_OK && has_state_sync(ops)) st = ops->state_sync(opt, 1); /* and onto its device */

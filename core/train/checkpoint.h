@@ -1,10 +1,10 @@
 /* Training checkpoints: output_dir/checkpoint-STEP/ holds an HF model directory (config.json,
- * model.safetensors, tokenizer files), optimizer.safetensors (the optimizer's state buffers by name)
- * and trainer_state.json (step, data position, seed, token count, the open logging window). It is
- * written into checkpoint-STEP.tmp-PID, every file fsynced, then renamed: a kill at any moment
- * leaves either the previous checkpoints or the complete new one. Directories that go (beyond
- * save_total_limit, or replaced by a newer save of the same step) are first renamed to a
- * temporary name, so a checkpoint-STEP directory is always complete.
+ * model.safetensors, tokenizer files), optimizer.safetensors (the optimizer's state buffers by name;
+ * with ZeRO one optimizer.rank-R.safetensors per rank, each rank's slice) and trainer_state.json (step, data
+ * position, seed, token count, the open logging window). It is written into checkpoint-STEP.tmp-PID, every
+ * file fsynced, then renamed: a kill at any moment leaves either the previous checkpoints or the complete new
+ * one. Directories that go (beyond save_total_limit, or replaced by a newer save of the same step) are first
+ * renamed to a temporary name, so a checkpoint-STEP directory is always complete.
  *
  * The optimizer's step count is not part of its state: the loop passes it to every step() call,
  * so the buffers state_get exposes are all a plugin needs restored. */
@@ -31,7 +31,20 @@ typedef struct ctrl_train_state {
     double win_loss, win_acc, win_norm, win_ent; /* sums over the logging window not yet written */
     int win;
     int world_size; /* the data-parallel ranks that made it (1 in checkpoints from before) */
+    int zero_stage; /* ZeRO (core/train/zero.h): 0, or 1/2 with the optimizer state in per-rank files */
 } ctrl_train_state;
+
+/* A run whose optimizer state is sharded over `n` ranks (ZeRO): rank 0, saving, writes its own
+ * state to optimizer.rank-0.safetensors and calls write(user, r, path) for each other rank's
+ * optimizer.rank-R.safetensors. */
+typedef struct ctrl_checkpoint_shards {
+    int n;
+    ctrl_status (*write)(void *user, int rank, const char *path);
+    void *user;
+} ctrl_checkpoint_shards;
+
+/* The name of optimizer state buffer i in the optimizer files ("000003.exp_avg_sq"). */
+void ctrl_checkpoint_state_key(char *key, size_t cap, int i, const char *name);
 
 /* Copies tokenizer.json, tokenizer_config.json and special_tokens_map.json (those present). */
 ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to);
@@ -40,14 +53,18 @@ ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to);
  * `keep` (0 keeps all). *written (may be NULL) receives the directory. */
 ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char *tokenizer_dir,
                                  const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
-                                 const ctrl_train_state *s, int keep, char *written, size_t cap);
+                                 const ctrl_train_state *s, const ctrl_checkpoint_shards *shards, int keep,
+                                 char *written, size_t cap);
 /* `spec` is a checkpoint directory or "last" (the newest complete checkpoint in out_dir). */
 ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char *path, size_t cap);
 /* The newest complete checkpoint in out_dir into path, or 0 when there is none. */
 int ctrl_checkpoint_last(const char *out_dir, char *path, size_t cap);
 /* Restores the optimizer buffers and the trainer state (the weights load with ctrl_model_load).
- * A checkpoint made with another optimizer than `optimizer`, or with other buffers, is an error. */
+ * A checkpoint made with another optimizer than `optimizer`, or with other buffers, is an error.
+ * `zero_stage` is this run's (0: none): with a stage, this rank's optimizer.rank-R.safetensors
+ * (R = `rank`) is read; a checkpoint sharded when the run is not, or the reverse, is an error. On
+ * entry s->world_size is this run's number of ranks: a checkpoint made by another is an error. */
 ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, const ctrl_optimizer_ops *ops,
-                                       ctrl_optimizer *opt, ctrl_train_state *s);
+                                       ctrl_optimizer *opt, int zero_stage, int rank, ctrl_train_state *s);
 
 #endif

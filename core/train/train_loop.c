@@ -25,6 +25,7 @@
 #include "train/kind.h"
 #include "train/train_lora.h"
 #include "train/train.h"
+#include "train/zero.h"
 
 static double now(void) {
     struct timespec ts;
@@ -64,6 +65,7 @@ typedef struct run_state {
     train_health health;
     train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
     int root;
+    train_zero zero; /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
 } run_state;
 
 static void set_groups(run_state *r, float *params, float *grads) {
@@ -80,6 +82,37 @@ static void set_groups(run_state *r, float *params, float *grads) {
     }
 }
 
+/* [memory] strategies: at most one that hooks the layers (checkpointing), given to the model, and
+ * at most one ZeRO stage (zero1, zero2), which the loop carries out. */
+static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plugins *p,
+                                     const ctrl_memory_ops **layers, int *zero_stage) {
+    const char *layer_name = NULL, *zero_name = NULL;
+    *layers = NULL, *zero_stage = 0;
+    for (int i = 0; i < p->n_memory; i++) {
+        const ctrl_memory_ops *ops = p->memory[i]->ops;
+        const char *name = p->memory[i]->name;
+        if (ops->size >= offsetof(ctrl_memory_ops, zero_stage) + sizeof ops->zero_stage && ops->zero_stage) {
+            if (zero_name)
+                return ctrl_error_set(CTRL_ERR_CONFIG,
+                                      "[memory] strategies: %s and %s: one ZeRO stage at a time", zero_name,
+                                      name);
+            ctrl_memory *m = NULL;
+            ctrl_status st = ops->create(ctrl_host_table(), cfg, 0, &m);
+            if (st != CTRL_OK) return st;
+            *zero_stage = ops->zero_stage(m), zero_name = name;
+            ops->destroy(m);
+            continue;
+        }
+        if (layer_name)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "[memory] strategies: %s and %s: one layer strategy at a time so far "
+                                  "(a ZeRO stage may go beside it)",
+                                  layer_name, name);
+        *layers = ops, layer_name = name;
+    }
+    return CTRL_OK;
+}
+
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
 static ctrl_status setup(run_state *r, const char *weights_dir) {
@@ -87,13 +120,13 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     const ctrl_run_settings *s = r->s;
     const ctrl_run_plugins *p = ctrl_config_plugins(cfg);
     const ctrl_host *host = ctrl_host_table();
-    if (p->n_memory > 1)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[memory] strategies: one strategy at a time so far (got %d)", p->n_memory);
+    const ctrl_memory_ops *layer_strategy = NULL;
+    int zero_stage = 0;
     const ctrl_attention_ops *attention = p->attention->ops;
     r->trainer_ops = p->trainer->ops;
     r->opt_ops = p->optimizer->ops;
-    ctrl_status st = train_compute_select(s->run.device, &r->comp);
+    ctrl_status st = memory_strategies(cfg, p, &layer_strategy, &zero_stage);
+    if (st == CTRL_OK) st = train_compute_select(s->run.device, &r->comp);
     if (st == CTRL_OK) st = train_kind_for(r->trainer_ops, s->run.trainer, &r->kind_ops);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
     /* a trainer with a score head (reward) trains a sequence classifier: a causal LM's trunk under a
@@ -110,9 +143,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         st = spec.needs_score ? ctrl_model_load_classifier(weights_dir ? weights_dir : s->model.path,
                                                            attention, 1, s->run.seed, &r->model)
                               : train_model_load(s, attention, weights_dir, &r->model);
-    if (st == CTRL_OK)
-        st = train_compute_attach(&r->comp, r->model, s->train.dtype, p->n_memory ? p->memory[0]->ops : NULL,
-                                  cfg);
+    if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {
         const train_kind_env env = {.cfg = cfg,
@@ -128,15 +159,17 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
+    if (st == CTRL_OK) st = train_zero_init(&r->zero, zero_stage, r->model);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
      * Trainer). On a device the optimizer is offered the device's buffers first; one that cannot
-     * step there (CTRL_ERR_UNSUPPORTED) steps the host copies. */
+     * step there (CTRL_ERR_UNSUPPORTED) steps the host copies. With ZeRO the groups are clipped to
+     * this rank's slice, stepped on the host. */
     r->groups = calloc((size_t)ctrl_model_view_count(r->model), sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     const ctrl_device dev = ctrl_model_device(r->model);
-    if (dev.type != CTRL_DEVICE_CPU) {
+    if (dev.type != CTRL_DEVICE_CPU && !r->zero.stage) {
         set_groups(r, ctrl_model_device_params(r->model), ctrl_model_device_grads(r->model, NULL));
         st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, dev, &r->opt);
         if (st == CTRL_OK) {
@@ -148,7 +181,9 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         CTRL_INFO("optimizer %s: steps on the host (%s)", s->train.optimizer, ctrl_error_message());
     }
     set_groups(r, ctrl_model_params(r->model, NULL), ctrl_model_grads(r->model, NULL));
-    return r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+    if (r->zero.stage) r->n_groups = train_zero_shard_groups(&r->zero, r->model, r->groups, r->n_groups);
+    st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+    return st == CTRL_OK ? train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt) : st;
 }
 
 static void teardown(run_state *r) {
@@ -160,6 +195,7 @@ static void teardown(run_state *r) {
     ctrl_model_free(r->model);
     free(r->groups);
     train_dp_free(&r->dp);
+    train_zero_free(&r->zero);
     if (r->metrics) fclose(r->metrics);
 }
 
@@ -179,9 +215,13 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     ctrl_model_set_training(r->model, 0, 0);
     st = train_dp_reduce_step(&r->dp, st, out);
     *cursor = train_dp_advance(&r->dp, start, mine);
-    if (st == CTRL_OK) st = train_dp_average_grads(&r->dp, r->model, on_device);
     double sum_sq = 0;
-    if (st == CTRL_OK) st = ctrl_model_grad_sum_squares(r->model, &sum_sq); /* on the model's backend */
+    if (r->zero.stage) { /* this rank's slice, on the host */
+        if (st == CTRL_OK) st = train_zero_reduce_grads(&r->zero, r->model, &sum_sq);
+    } else {
+        if (st == CTRL_OK) st = train_dp_average_grads(&r->dp, r->model, on_device);
+        if (st == CTRL_OK) st = ctrl_model_grad_sum_squares(r->model, &sum_sq); /* on the model's backend */
+    }
     if (st != CTRL_OK) return st;
     *grad_norm = sqrt(sum_sq);
     if ((st = train_health_step(step, out->loss, *grad_norm)) != CTRL_OK) return st;
@@ -189,10 +229,12 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     const double max_norm = r->s->train.max_grad_norm;
     if (max_norm > 0) {
         double coef = max_norm / (*grad_norm + 1e-6);
-        if (coef < 1) st = ctrl_model_scale_grads(r->model, (float)coef);
+        if (coef < 1 && r->zero.stage) train_zero_scale_grads(&r->zero, r->model, (float)coef);
+        if (coef < 1 && !r->zero.stage) st = ctrl_model_scale_grads(r->model, (float)coef);
     }
-    if (st == CTRL_OK && !r->opt_on_device) st = ctrl_model_grads_to_host(r->model);
+    if (st == CTRL_OK && !r->opt_on_device && !r->zero.stage) st = ctrl_model_grads_to_host(r->model);
     if (st == CTRL_OK) st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+    if (st == CTRL_OK && r->zero.stage) st = train_zero_gather_params(&r->zero, r->model);
     if (r->opt_on_device)
         ctrl_model_device_weights_changed(r->model);
     else
@@ -257,9 +299,12 @@ static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl
     char dir[4200];
     const int keep = r->s->train.save_total_limit;
     ctrl_status st = train_dp_check_weights(&r->dp, r->model, ts->step);
+    if (st == CTRL_OK && !r->root && r->zero.stage) /* ZeRO: its slice of the state to rank 0 */
+        st = train_zero_send_state(&r->zero, r->opt_ops, r->opt);
     if (st != CTRL_OK || !r->root) return st; /* rank 0 writes */
-    st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts, keep, dir,
-                              sizeof dir);
+    const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero};
+    st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts,
+                              r->zero.stage ? &shards : NULL, keep, dir, sizeof dir);
     if (st == CTRL_OK) CTRL_INFO("checkpoint saved to %s", dir);
     return st;
 }
@@ -381,9 +426,12 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     if (st == CTRL_OK) st = setup(&r, ckpt[0] ? ckpt : NULL);
     const uint64_t seed = s->run.seed;
     ctrl_train_state ts = {.seed = seed, .world_size = ctrl_collective_size()};
+    ts.zero_stage = r.zero.stage;
     snprintf(ts.optimizer, sizeof ts.optimizer, "%s", s->train.optimizer);
     if (st == CTRL_OK && ckpt[0]) {
-        st = ctrl_checkpoint_load_state(ckpt, s->train.optimizer, r.opt_ops, r.opt, &ts);
+        st = ctrl_checkpoint_load_state(ckpt, s->train.optimizer, r.opt_ops, r.opt, r.zero.stage,
+                                        ctrl_collective_rank(), &ts);
+        ts.zero_stage = r.zero.stage; /* zero1 <-> zero2: the same slices */
         const int rows = st == CTRL_OK ? r.kind_ops->row_count(r.kind) : 0;
         if (st == CTRL_OK && ts.seed != seed)
             CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",
@@ -393,11 +441,6 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
             CTRL_WARN("the checkpoint was made on %ld training examples, this run has %d: the data order "
                       "differs from the interrupted run's",
                       ts.n_examples, rows);
-        if (st == CTRL_OK && ts.world_size != ctrl_collective_size())
-            st = ctrl_error_set(CTRL_ERR_CONFIG,
-                                "%s: made by %d rank(s), this run has %d: resume with the same number of "
-                                "ranks (mpirun -np %d), which the data position and the batch depend on",
-                                ckpt, ts.world_size, ctrl_collective_size(), ts.world_size);
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
     if (st == CTRL_OK && r.root) st = open_metrics(&r, out_dir, ts.step);

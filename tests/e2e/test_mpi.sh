@@ -10,14 +10,7 @@
 # installs OpenMPI, so CI runs it.
 # usage: test_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
-LIBDIR=$(dirname "$CTRL")
-if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun not found (scripts/install-deps.sh installs OpenMPI)"; exit 77; fi
-if [ ! -e "$LIBDIR/libctrl_mpi.so" ]; then echo "SKIP: ctrl was built without MPI (no libctrl_mpi.so)"; exit 77; fi
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
-# OpenMPI refuses root without these flags (CI containers run as root); no binding (2 ranks
-# beside other tests on a small machine); no CMA single copy (blocked by containers' ptrace rules)
-MPI=(mpirun -np 2 --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none)
-[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+mpi_setup
 tiny_setup 7 2
 cat >"$TMP/run.ini" <<INI
 [run]

@@ -59,6 +59,14 @@ if(TARGET ctrl_cli)
   set_tests_properties(test_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
 
+# ZeRO stages 1 and 2 over MPI: the plain data-parallel curve, half the optimizer state per rank,
+# sharded checkpoints and resume (tests/e2e/test_zero_mpi.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_zero_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_zero_mpi.sh $<TARGET_FILE:ctrl_cli>
+                                      ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_zero_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
+
 # LoRA training end to end: SFT, resume, adapter_path, GRPO's reference = adapters off, RLOO
 # (tests/e2e/test_lora_train.sh).
 if(TARGET ctrl_cli)

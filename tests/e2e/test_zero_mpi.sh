@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# ZeRO stages 1 and 2 over MPI on the CPU (issue 19; core/train/zero.c, plugins/memory/zero/):
+# `mpirun -np 2` SFT with [memory] strategies = zero1 and zero2 follows plain data parallel's loss
+# curve (<= 1e-6 relative, fp32; with gradient clipping active and weight decay on), each rank
+# holds half of the optimizer state (the state's bytes each rank reports: the largest at most 1/2 of
+# the unsharded plus one float per buffer, the sum equal to the unsharded), the checkpoint holds one
+# optimizer file per rank, and a 2-rank resume continues the same curve; a checkpoint sharded or not
+# is refused by a run that is the other way, naming the key; two ZeRO stages at once are refused.
+# Skipped (77) only when mpirun or libctrl_mpi.so is absent.
+# usage: test_zero_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+mpi_setup
+tiny_setup 7 2
+cat >"$TMP/run.ini" <<INI
+[run]
+output_dir = $TMP/dp
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train.jsonl
+[memory]
+strategies = checkpointing
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = cosine
+warmup_steps = 2
+max_steps = 8
+per_device_train_batch_size = 2
+gradient_accumulation_steps = 2
+logging_steps = 1
+save_steps = 4
+weight_decay = 0.1
+max_grad_norm = 0.5
+dtype = fp32
+INI
+col() { grep -o "\"$2\": [-0-9.e]*" "$1/metrics.jsonl" | sed 's/.*: //'; }
+close() { # close DIR_A DIR_B KEY TOLERANCE: equal within TOLERANCE relative, line by line
+  local n
+  n=$(paste <(col "$1" "$3") <(col "$2" "$3") |
+    awk -v tol="$4" '{ d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1
+         if (d > tol * m + 1e-12) bad++; n++ }
+         END { print (n >= 8 && !bad) ? "ok" : n " lines, " bad+0 " differ" }')
+  [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(col "$1" "$3") <(col "$2" "$3"); }
+}
+state_bytes() { grep -o "optimizer adamw: $2 bytes of state" "$1" | grep -o '[0-9]*' | head -1; }
+
+# 1. Plain data parallel, zero1, zero2 (beside checkpointing): the same curve.
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" >"$TMP/dp.log" 2>&1 || { bad "plain 2 ranks"; tail -20 "$TMP/dp.log"; }
+for z in zero1 zero2; do
+  "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$z" --set "memory.strategies=checkpointing,$z" \
+    >"$TMP/$z.log" 2>&1 || { bad "$z 2 ranks exited $?"; tail -20 "$TMP/$z.log"; }
+  close "$TMP/dp" "$TMP/$z" loss 1e-6
+  close "$TMP/dp" "$TMP/$z" mean_token_accuracy 1e-6
+  close "$TMP/dp" "$TMP/$z" grad_norm 1e-5 # the slices' sums of squares added in another order
+  # 2. The optimizer state per rank: at most half of the unsharded (+ one float per buffer when
+  #    a slice ends mid-tensor), and the ranks' together exactly the unsharded.
+  full=$(grep -o "optimizer adamw: [0-9]* bytes of state per rank" "$TMP/dp.log" | grep -o '[0-9]*' | head -1)
+  line=$(grep -o "$z: 2 ranks, each steps [0-9]* of [0-9]* trainable floats; optimizer adamw: at most [0-9]* bytes of state per rank, [0-9]* over the ranks" "$TMP/$z.log")
+  max=$(echo "$line" | sed 's/.*at most \([0-9]*\) bytes.*/\1/') sum=$(echo "$line" | sed 's/.*rank, \([0-9]*\) over.*/\1/')
+  echo "$z: unsharded $full bytes, per rank at most $max, over the ranks $sum"
+  [ -n "$full" ] && [ -n "$max" ] && [ "$sum" = "$full" ] && [ $((max * 2)) -le $((full + 64)) ] && ok ||
+    bad "$z: optimizer state: unsharded '$full', per rank '$max', sum '$sum'"
+  # the checkpoint: the model as ever, one optimizer file per rank, the stage in trainer_state.json
+  ck=$TMP/$z/checkpoint-4
+  [ -f "$ck/model.safetensors" ] && [ -f "$ck/optimizer.rank-0.safetensors" ] && [ -f "$ck/optimizer.rank-1.safetensors" ] &&
+    [ ! -e "$ck/optimizer.safetensors" ] && grep -q '"zero_stage":.*'"${z#zero}" "$ck/trainer_state.json" && ok ||
+    bad "$z: checkpoint-4 holds $(ls "$ck" | tr '\n' ' ')"
+done
+# the slices' files together are the unsharded file's size (same buffers, cut in two), give or
+# take the headers
+a=$(stat -c %s "$TMP/dp/checkpoint-4/optimizer.safetensors")
+b=$(($(stat -c %s "$TMP/zero2/checkpoint-4/optimizer.rank-0.safetensors") + $(stat -c %s "$TMP/zero2/checkpoint-4/optimizer.rank-1.safetensors")))
+[ $((b - a)) -lt 4096 ] && [ $((a - b)) -lt 4096 ] && ok || bad "optimizer files: $a bytes unsharded, $b sharded"
+
+# LoRA (the adapters alone are sliced, the frozen base stays whole on every rank) and 3 ranks (the
+# slices uneven, cut inside tensors): the plain curve again.
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/lora" --set peft.enabled=true \
+  --set peft.target_modules=all-linear >"$TMP/lora.log" 2>&1 || { bad "lora 2 ranks"; tail -20 "$TMP/lora.log"; }
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/lora2" --set peft.enabled=true \
+  --set peft.target_modules=all-linear --set memory.strategies=zero2 >"$TMP/lora2.log" 2>&1 ||
+  { bad "lora zero2 2 ranks"; tail -20 "$TMP/lora2.log"; }
+close "$TMP/lora" "$TMP/lora2" loss 1e-6
+MPI3=("${MPI[@]}") && MPI3[2]=3
+"${MPI3[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/dp3" --set train.per_device_train_batch_size=1 \
+  --set train.save_strategy=no >"$TMP/dp3.log" 2>&1 || { bad "plain 3 ranks"; tail -20 "$TMP/dp3.log"; }
+"${MPI3[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3" --set train.per_device_train_batch_size=1 \
+  --set train.save_strategy=no --set memory.strategies=zero2 >"$TMP/z3.log" 2>&1 || { bad "zero2 3 ranks"; tail -20 "$TMP/z3.log"; }
+close "$TMP/dp3" "$TMP/z3" loss 1e-6
+grep -q "zero2: 3 ranks, each steps 32886 of 98656 trainable floats" "$TMP/z3.log" && ok ||
+  bad "3 ranks: $(grep 'zero2:' "$TMP/z3.log")"
+
+# GRPO (a kind that splits the generation batch itself): zero2 samples the same completions and
+# follows the same curve.
+cat >"$TMP/grpo.ini" <<INI
+[run]
+trainer = grpo
+output_dir = $TMP/g
+seed = 3
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train_prompts.jsonl
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = constant
+max_steps = 8
+per_device_train_batch_size = 4
+gradient_accumulation_steps = 2
+logging_steps = 1
+save_strategy = no
+dtype = fp32
+[generation]
+kv_cache_bytes = 8000000
+[reward.len]
+plugin = length
+target_length = 8
+[grpo]
+num_generations = 4
+max_completion_length = 12
+INI
+"${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" >"$TMP/g.log" 2>&1 || { bad "grpo 2 ranks"; tail -20 "$TMP/g.log"; }
+"${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gz" --set memory.strategies=zero2 >"$TMP/gz.log" 2>&1 ||
+  { bad "grpo zero2 2 ranks"; tail -20 "$TMP/gz.log"; }
+close "$TMP/g" "$TMP/gz" reward 1e-6
+close "$TMP/g" "$TMP/gz" grad_norm 1e-5
+
+# 3. Resumed with 2 ranks and zero2 from checkpoint-4: steps 5..8 as before.
+mkdir -p "$TMP/res" && cp -r "$TMP/zero2/checkpoint-4" "$TMP/res/"
+grep '"step": [1-4],' "$TMP/zero2/metrics.jsonl" >"$TMP/res/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/res" --set memory.strategies=checkpointing,zero2 \
+  --set train.resume_from_checkpoint=last >"$TMP/res.log" 2>&1 || { bad "zero2 resume"; tail -20 "$TMP/res.log"; }
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
+diff <(curve "$TMP/zero2") <(curve "$TMP/res") >"$TMP/diff" && ok || { bad "zero2 resumed curve differs"; cat "$TMP/diff"; }
+
+# 4. Sharded and unsharded checkpoints do not mix (exit 2 naming the key); one ZeRO stage at a time.
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/res" --set train.resume_from_checkpoint=last \
+  >"$TMP/mix.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "made with ZeRO, \[memory\] strategies has none" "$TMP/mix.log" && ok ||
+  { bad "unsharded resume of a zero2 checkpoint: exit $rc"; tail -3 "$TMP/mix.log"; }
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/two" --set memory.strategies=zero1,zero2 >"$TMP/two.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\[memory\] strategies: zero1 and zero2: one ZeRO stage at a time" "$TMP/two.log" && ok ||
+  { bad "zero1,zero2: exit $rc"; tail -3 "$TMP/two.log"; }
+finish
