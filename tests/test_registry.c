@@ -17,18 +17,31 @@ ctrl_registry *test_plugin_registry(void) {
     return reg;
 }
 
-ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, const char *ini) {
+static ctrl_status load_text(const ctrl_registry *reg, const char *name, const char *ini, ctrl_config **cfg) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", test_tmp_dir(), name);
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
-    if (!f) return NULL;
+    *cfg = NULL;
+    if (!f) return CTRL_ERR_IO;
     fputs(ini, f);
     fclose(f);
-    ctrl_config *cfg = NULL;
-    ctrl_status st = ctrl_config_load(path, NULL, 0, reg, &cfg);
-    CHECK_MSG(st == CTRL_OK, "%s: %s", path, ctrl_error_message());
+    return ctrl_config_load(path, NULL, 0, reg, cfg);
+}
+
+ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, const char *ini) {
+    ctrl_config *cfg;
+    ctrl_status st = load_text(reg, name, ini, &cfg);
+    CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
     return st == CTRL_OK ? cfg : NULL;
+}
+
+void test_config_refused(const ctrl_registry *reg, const char *name, const char *ini, const char *want) {
+    ctrl_config *cfg;
+    ctrl_status st = load_text(reg, name, ini, &cfg);
+    CHECK_MSG(st == CTRL_ERR_CONFIG && strstr(ctrl_error_message(), want),
+              "%s: status %d, '%s' does not say '%s'", name, st, st ? ctrl_error_message() : "", want);
+    ctrl_config_free(cfg);
 }
 
 static ctrl_registry *decoders;

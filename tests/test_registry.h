@@ -11,6 +11,9 @@ ctrl_registry *test_plugin_registry(void);
 /* `ini` (INI text) written to this test's scratch directory as `name`, loaded and validated against
  * `reg`; NULL (after a failed CHECK naming the error) when it does not load. */
 ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, const char *ini);
+/* The same INI must be refused as a config error whose message contains `want` (e.g.
+ * "name.ini:7: [dpo] loss_type"); a failed CHECK naming the case otherwise. */
+void test_config_refused(const ctrl_registry *reg, const char *name, const char *ini, const char *want);
 
 /* Gives `m` the built `paged` attention plugin to decode with (the registry lives until exit). */
 void test_attach_paged(ctrl_model *m);

@@ -109,6 +109,10 @@ ctrl_status config_plugin_section(const ctrl_config *cfg, const ctrl_registry *r
 const ctrl_plugin *config_check_reward_section(const ctrl_config *cfg, const ctrl_registry *reg,
                                                const config_section_seen *sec, config_problems *pr);
 
+/* Runs every selected plugin's check_options (plugin.h) on the validated values; notes each
+ * refusal, located at the key its message names (plugin_checks.c). */
+void config_check_plugin_options(const ctrl_config *cfg, const config_selection *sel, config_problems *pr);
+
 /* Validates every entry and fills defaults; messages name file:line and the key. */
 ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg);
 

@@ -313,5 +313,8 @@ ctrl_status config_validate(ctrl_config *cfg, const ctrl_registry *reg) {
     /* 3. Required keys and defaults, core and selected plugins. */
     if ((st = fill_defaults(cfg, sel, &pr))) return st;
     if ((st = config_problems_report(&pr, cfg->file_name))) return st;
+    /* 4. The plugins' own checks of the values (combinations their tables cannot declare). */
+    config_check_plugin_options(cfg, sel, &pr);
+    if ((st = config_problems_report(&pr, cfg->file_name))) return st;
     return config_settings_fill(cfg);
 }

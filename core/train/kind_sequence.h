@@ -40,6 +40,10 @@ typedef struct seq_step {
                         is the argmax given the true prefix (greedy decoding would write them) */
 } seq_step;
 
+/* The batch's n_ranks and sum_over_ranks (trainer.h): the data-parallel ranks when `train`, else
+ * one (evaluation runs on one rank). */
+void train_sequence_set_ranks(ctrl_sequence_batch *sb, int train);
+
 /* The token weights the sums use: `weight`, or LD-DPO's (spec->length_desensitized). */
 void train_sequence_sum_weights(const ctrl_sequence_spec *spec, const seq_micro_batch *mb, float *out);
 

@@ -17,17 +17,18 @@ ctrl_status train_sequence_score_micro_batch(const seq_step *s, const seq_micro_
                          ? ctrl_model_score_forward_at(s->model, mb->batch, S, mb->last, score)
                          : ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for %d scores", S);
     if (st == CTRL_OK) {
-        const ctrl_sequence_batch sb = {.size = sizeof sb,
-                                        .T = mb->batch->T,
-                                        .n_seq = S,
-                                        .n_pairs = mb->n_pairs,
-                                        .cu_seqlens = mb->seq_cu,
-                                        .weight = mb->weight,
-                                        .score = score,
-                                        .margin = mb->margin,
-                                        .num_items = num_items,
-                                        .report = s->report,
-                                        .report_ctx = s->report_ctx};
+        ctrl_sequence_batch sb = {.size = sizeof sb,
+                                  .T = mb->batch->T,
+                                  .n_seq = S,
+                                  .n_pairs = mb->n_pairs,
+                                  .cu_seqlens = mb->seq_cu,
+                                  .weight = mb->weight,
+                                  .score = score,
+                                  .margin = mb->margin,
+                                  .num_items = num_items,
+                                  .report = s->report,
+                                  .report_ctx = s->report_ctx};
+        train_sequence_set_ranks(&sb, train);
         int per_token = 0;
         st = s->ops->sequence_loss(s->trainer, &sb, loss, dsum, dscore, NULL, &per_token);
         if (st == CTRL_OK && per_token)

@@ -6,8 +6,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collective/collective.h"
 #include "train/kind_sequence.h"
 #include "train/sequence.h"
+
+static ctrl_status sum_over_ranks(double *v, int n) {
+    return n > 0 ? ctrl_collective_allreduce_sum_f64(v, (size_t)n) : CTRL_OK;
+}
+static ctrl_status sum_over_one_rank(double *v, int n) {
+    (void)v, (void)n;
+    return CTRL_OK;
+}
+
+void train_sequence_set_ranks(ctrl_sequence_batch *sb, int train) {
+    sb->n_ranks = train ? ctrl_collective_size() : 1;
+    sb->sum_over_ranks = sb->n_ranks > 1 ? sum_over_ranks : sum_over_one_rank;
+}
 
 void train_sequence_sum_weights(const ctrl_sequence_spec *spec, const seq_micro_batch *mb, float *out) {
     const int T = mb->batch->T;
@@ -105,26 +119,27 @@ ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch 
         for (int i = 0; i < S; i++) b.ml[i] = b.n_tok[i] ? b.ml[i] / b.n_tok[i] : 0.0;
         for (int t = 0; t < T; t++) /* the plugin sees the completion tokens' values only */
             if (mb->weight[t] == 0) b.ent[t] = 0, b.ok[t] = 0;
-        const ctrl_sequence_batch sb = {.size = sizeof sb,
-                                        .T = T,
-                                        .n_seq = S,
-                                        .n_pairs = mb->n_pairs,
-                                        .cu_seqlens = mb->seq_cu,
-                                        .logp = b.lp,
-                                        .weight = mb->weight,
-                                        .logp_sum = b.sum,
-                                        .n_tokens = b.n_tok,
-                                        .ref_logp_sum = spec->needs_ref_logp ? b.ref : NULL,
-                                        .mean_logit = b.ml,
-                                        .label = mb->label,
-                                        .kl = mb->kl,
-                                        .margin = mb->margin,
-                                        .num_items = num_items,
-                                        .report = s->report,
-                                        .report_ctx = s->report_ctx,
-                                        .entropy = b.ent,
-                                        .correct = b.ok,
-                                        .log_sum_sq = b.lss};
+        ctrl_sequence_batch sb = {.size = sizeof sb,
+                                  .T = T,
+                                  .n_seq = S,
+                                  .n_pairs = mb->n_pairs,
+                                  .cu_seqlens = mb->seq_cu,
+                                  .logp = b.lp,
+                                  .weight = mb->weight,
+                                  .logp_sum = b.sum,
+                                  .n_tokens = b.n_tok,
+                                  .ref_logp_sum = spec->needs_ref_logp ? b.ref : NULL,
+                                  .mean_logit = b.ml,
+                                  .label = mb->label,
+                                  .kl = mb->kl,
+                                  .margin = mb->margin,
+                                  .num_items = num_items,
+                                  .report = s->report,
+                                  .report_ctx = s->report_ctx,
+                                  .entropy = b.ent,
+                                  .correct = b.ok,
+                                  .log_sum_sq = b.lss};
+        train_sequence_set_ranks(&sb, train);
         if (s->exact_match && s->report && mb->n_pairs > 0) report_exact_match(s, mb, b.ok);
         int per_token = 0;
         st = s->ops->sequence_loss(s->trainer, &sb, loss, b.dsum, NULL, b.dtok, &per_token);

@@ -119,6 +119,15 @@ typedef struct ctrl_plugin {
     int (*score)(const ctrl_host *host);
     /* The kind's vtable (ctrl_attention_ops, ...). Its first field is its own size. */
     const void *ops;
+    /* Appended (the core reads it only when `size` covers it), optional: the checks of the plugin's
+     * options that its table cannot declare (keys that exclude or need one another, the items of a
+     * list, other sections' keys), on the validated values. The core runs it for every plugin a run
+     * config selects while it validates the config -- `ctrl config check`, and every command that
+     * loads a run config, before any work -- with the plugin's section (`dpo`, `reward.NAME`, ...).
+     * A refusal's message starts with "[section] key" (the key whose value is refused): the core
+     * prefixes where that key was set (file:line, --set, or the file for a default). create() may
+     * call the same function, so a refusal reads the same either way. */
+    ctrl_status (*check_options)(const ctrl_config *cfg, const char *section);
 } ctrl_plugin;
 
 /* Fills abi, size and signature; use in a designated initializer:

@@ -113,9 +113,17 @@ typedef struct ctrl_sequence_batch {
     void (*report)(void *ctx, const char *name, double value); /* TRL's metric names */
     void *report_ctx;
     /* Appended (issue 16, dpo). Per token [T], from the same fused-head pass as logp: */
-    const float *entropy;       /* the policy's entropy (0 where weight is 0) */
-    const int32_t *correct;     /* 1 where the target is the argmax (TRL's is_top1) */
-    const float *log_sum_sq;    /* log sum_v p_v^2 (WPO's weights; NULL unless spec.needs_log_sum_sq) */
+    const float *entropy;    /* the policy's entropy (0 where weight is 0) */
+    const int32_t *correct;  /* 1 where the target is the argmax (TRL's is_top1) */
+    const float *log_sum_sq; /* log sum_v p_v^2 (WPO's weights; NULL unless spec.needs_log_sum_sq) */
+    /* Appended (issue 16: data parallel). TRL's gather_for_metrics(x).sum(): v[0..n) replaced by
+     * its sum over the n_ranks ranks that train this micro-batch together, for the metrics TRL
+     * computes from sums gathered over its processes (token-weighted means, KTO's per-label means)
+     * and KTO's KL estimate (their mean). Every rank calls it at the same point with the same n, so
+     * a plugin calls it unconditionally, not depending on its own rows. n_ranks is 1 on one process
+     * and in evaluation; v is then left as it is. */
+    int n_ranks;
+    ctrl_status (*sum_over_ranks)(double *v, int n);
 } ctrl_sequence_batch;
 
 /* What a sequence-level trainer asks of the core. */
@@ -134,8 +142,8 @@ typedef struct ctrl_sequence_spec {
                                       past the shorter completion of its pair by ld_alpha, and
                                       dL/dlogp_sum is spread with those weights */
     double ld_alpha;
-    int sync_ref_model;            /* TR-DPO: every ref_model_sync_steps optimizer steps the reference
-                                      becomes alpha * policy + (1 - alpha) * reference */
+    int sync_ref_model; /* TR-DPO: every ref_model_sync_steps optimizer steps the reference
+                           becomes alpha * policy + (1 - alpha) * reference */
     double ref_model_mixup_alpha;
     int ref_model_sync_steps;
 } ctrl_sequence_spec;

@@ -37,6 +37,14 @@ static inline ctrl_status rx_compile(const ctrl_config *cfg, const char *section
     return CTRL_OK;
 }
 
+/* The plugins' check_options (plugin.h): the pattern compiles, when the config is validated. */
+static inline ctrl_status rx_check_options(const ctrl_config *cfg, const char *section) {
+    pcre2_code *re = NULL;
+    ctrl_status st = rx_compile(cfg, section, &re);
+    pcre2_code_free(re);
+    return st;
+}
+
 /* 1 when `text` matches in `mode`, 0 when not, -1 on a matching error (e.g. invalid UTF-8). */
 static inline int rx_matches(const pcre2_code *re, const char *text, int mode) {
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);

@@ -94,6 +94,17 @@ contains "gradient_accumulation_steps" "--set out of range names the key"
 expect 0 "--set good" -- "${C[@]}" config check "$TMP/good.ini" --set train.optimizer=sgd
 expect 2 "unknown optimizer" -- "${C[@]}" config check "$TMP/good.ini" --set train.optimizer=lion
 contains "adamw" "unknown optimizer lists the available ones"
+# A plugin's own checks (ctrl_plugin.check_options) refuse in config check too, located at the key.
+expect 2 "plugin check: sgd nesterov" -- "${C[@]}" config check "$TMP/good.ini" --set train.optimizer=sgd \
+  --set sgd.nesterov=true
+contains "--set sgd.nesterov: [sgd] nesterov" "plugin check: where the key was set"
+cp "$TMP/good.ini" "$TMP/dpo.ini"
+sed -i 's/trainer = sft/trainer = dpo/' "$TMP/dpo.ini"
+printf '[dpo]\nloss_type = exo_pair\n' >>"$TMP/dpo.ini"
+expect 2 "plugin check: dpo exo_pair" -- "${C[@]}" config check "$TMP/dpo.ini"
+contains "dpo.ini:10: [dpo] loss_type: exo_pair needs label_smoothing > 0" "plugin check: file:line and key"
+expect 0 "plugin check: dpo exo_pair with label_smoothing" -- "${C[@]}" config check "$TMP/dpo.ini" \
+  --set dpo.label_smoothing=0.001
 
 # train validates first (exit 2 on a bad config, before any work) ...
 expect 2 "train bad config" -- "${C[@]}" train "$TMP/typo.ini"

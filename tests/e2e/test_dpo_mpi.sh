@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# DPO over MPI (the sequence kind under data parallel): `mpirun -np 2` with
-# per_device_train_batch_size 2 follows one process with batch 4 on the DPO curve fixture's pairs
-# (tests/fixtures/trl_dpo): loss, grad_norm and the per-pair metrics (rewards/*, logps/*), gathered
-# over the ranks as TRL gathers them, within 1e-5 relative (plus 1e-7 for values near zero).
+# DPO and KTO over MPI (the sequence kind under data parallel): `mpirun -np 2` with
+# per_device_train_batch_size 2 follows one process with batch 4 on the curve fixtures' rows
+# (tests/fixtures/trl_dpo, trl_kto): loss, grad_norm and every metric -- gathered over the ranks as
+# TRL gathers them over its processes: the per-pair means, the token-weighted ones (logits/*,
+# entropy, mean_token_accuracy) as summed values over summed tokens, KTO's per-label means and its
+# KL estimate (the mean of the ranks' estimates) -- within 1e-5 relative (plus 1e-7 near zero).
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_dpo_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -13,24 +15,47 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 MPI=(mpirun -np 2 --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none)
 [ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
 FIX="$SRC/tests/fixtures"
-for n in one two; do
-  sed -e "s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/$n|; s/^max_steps = 20/max_steps = 6/" \
-    "$FIX/trl_dpo/sigmoid.ini" >"$TMP/$n.ini"
-done
-sed -i 's/^per_device_train_batch_size = 4/per_device_train_batch_size = 2/' "$TMP/two.ini"
-"${C[@]}" train "$TMP/one.ini" >"$TMP/one.log" 2>&1 && ok || { bad "one process, batch 4"; tail -3 "$TMP/one.log"; }
-"${MPI[@]}" "${C[@]}" train "$TMP/two.ini" >"$TMP/two.log" 2>&1 && ok || { bad "two ranks"; tail -3 "$TMP/two.log"; }
 # every training line's KEY
 col() { grep -o "\"$2\": [-0-9.e]*" "$TMP/$1/metrics.jsonl" | awk '{print $2}'; }
-for key in loss grad_norm rewards/chosen rewards/rejected rewards/margins rewards/accuracies logps/chosen \
-  logps/rejected; do
-  if paste <(col one "$key") <(col two "$key") | awk -v key="$key" '
-      { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
-        if (d > 1e-5 * a + 1e-7) { print "  " key " line " NR ": " $1 " vs " $2; bad = 1 } }
-      END { exit (bad || n != 6) }'; then
-    ok
-  else
-    bad "2 ranks x 2 pairs differ from 1 x 4 on $key"
-  fi
-done
+# compare NAME KEY...: 2 ranks x 2 rows against 1 x 4, 6 steps
+compare() {
+  local name=$1
+  shift
+  for key in "$@"; do
+    if paste <(col "$name-one" "$key") <(col "$name-two" "$key") | awk -v key="$key" '
+        { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1
+          if (d > 1e-5 * a + 1e-7) { print "  " key " line " NR ": " $1 " vs " $2; bad = 1 } }
+        END { exit (bad || n != 6) }'; then
+      ok
+    else
+      bad "$name: 2 ranks x 2 rows differ from 1 x 4 on $key"
+    fi
+  done
+}
+# run NAME FIXTURE_DIR INI [DATA_DIR]: one process with batch 4, then 2 ranks with batch 2
+run() {
+  for n in one two; do
+    sed -e "s|@DIR@/|${4:-$FIX/$2}/|; s|@DIR@|$FIX/$2|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/$1-$n|" \
+      -e "s/^max_steps = 20/max_steps = 6/" \
+      -e "s/^per_device_train_batch_size = .*/per_device_train_batch_size = $([ $n = one ] && echo 4 || echo 2)/" \
+      "$FIX/$2/$3" >"$TMP/$1-$n.ini"
+  done
+  "${C[@]}" train "$TMP/$1-one.ini" >"$TMP/$1-one.log" 2>&1 && ok || { bad "$1: one process"; tail -3 "$TMP/$1-one.log"; }
+  "${MPI[@]}" "${C[@]}" train "$TMP/$1-two.ini" >"$TMP/$1-two.log" 2>&1 && ok ||
+    { bad "$1: two ranks"; tail -3 "$TMP/$1-two.log"; }
+}
+run dpo trl_dpo sigmoid.ini
+compare dpo loss grad_norm rewards/chosen rewards/rejected rewards/margins rewards/accuracies logps/chosen \
+  logps/rejected logits/chosen logits/rejected entropy mean_token_accuracy
+# KTO with the precomputed reference and gradient accumulation (the KL estimate is not clamped to 0).
+# TRL pairs each row with the previous row's completion within chunks of per_device_train_batch_size
+# rows, so batch 4 and batch 2 pair differently; with every 4 consecutive rows sharing one
+# completion the KL sequences are the same either way, and 2 ranks must follow 1 x 4 exactly.
+mkdir -p "$TMP/kto-rows"
+awk '{ if (match($0, /"completion": "[^"]*"/)) { if (NR % 4 == 1) c = substr($0, RSTART, RLENGTH)
+       $0 = substr($0, 1, RSTART - 1) c substr($0, RSTART + RLENGTH) } print }' \
+  "$FIX/trl_kto/rows.jsonl" >"$TMP/kto-rows/rows.jsonl"
+run kto trl_kto kto_weights_precompute_ga.ini "$TMP/kto-rows"
+compare kto loss grad_norm kl rewards/chosen rewards/rejected logps/chosen logps/rejected logits/chosen \
+  logits/rejected entropy
 finish

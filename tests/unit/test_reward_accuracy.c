@@ -82,18 +82,9 @@ TEST(accuracy_matches_math_verify) {
  * "solution", restating the option table's default). */
 TEST(an_empty_column_is_refused) {
     ctrl_registry *reg = test_plugin_registry();
-    ctrl_config *cfg = test_config_from_text(reg, "acc_empty.ini",
-                                             "[model]\npath = m\n[memory]\nstrategies =\n"
-                                             "[reward.acc]\nplugin = accuracy\ncolumn =\n");
-    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_REWARD, "accuracy");
-    CHECK(e && cfg);
-    if (e && cfg) {
-        ctrl_reward *r = NULL;
-        CHECK_EQ_INT(
-            ((const ctrl_reward_ops *)e->plugin->ops)->create(ctrl_host_table(), cfg, "reward.acc", &r),
-            CTRL_ERR_CONFIG);
-        CHECK_CONTAINS(ctrl_error_message(), "[reward.acc] column");
-    }
-    ctrl_config_free(cfg);
+    test_config_refused(
+        reg, "acc_empty.ini",
+        "[model]\npath = m\n[memory]\nstrategies =\n[reward.acc]\nplugin = accuracy\ncolumn =\n",
+        "acc_empty.ini:7: [reward.acc] column");
     ctrl_registry_destroy(reg);
 }

@@ -69,19 +69,11 @@ TEST(format_and_regex_match_python) {
     printf("  %d scores equal to Python's\n", checked);
     ctrl_config_free(cfg);
 
-    /* an invalid pattern: a config error naming the section and key */
-    cfg = test_config_from_text(reg, "bad.ini",
-                                "[model]\npath = m\n[memory]\nstrategies =\n[reward.bad]\nplugin = regex\n"
-                                "pattern = (unclosed\n");
-    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_REWARD, "regex");
-    ctrl_reward *r = NULL;
-    if (cfg && e) {
-        CHECK_EQ_INT(
-            ((const ctrl_reward_ops *)e->plugin->ops)->create(ctrl_host_table(), cfg, "reward.bad", &r),
-            CTRL_ERR_CONFIG);
-        CHECK_CONTAINS(ctrl_error_message(), "[reward.bad] pattern");
-    }
-    ctrl_config_free(cfg);
+    /* an invalid pattern: a config error naming file:line, the section and key */
+    test_config_refused(reg, "bad.ini",
+                        "[model]\npath = m\n[memory]\nstrategies =\n[reward.bad]\nplugin = regex\n"
+                        "pattern = (unclosed\n",
+                        "bad.ini:7: [reward.bad] pattern: invalid at offset 9");
     free(completions), free(got);
     cJSON_Delete(root);
     ctrl_registry_destroy(reg);
@@ -93,21 +85,20 @@ TEST(format_and_regex_match_python) {
  * matches across lines with no flag in the file. */
 TEST(empty_pattern_is_refused_and_flags_come_from_the_table) {
     ctrl_registry *reg = test_plugin_registry();
-    ctrl_config *cfg = test_config_from_text(reg, "empty.ini",
+    static const char *const empty = "[model]\npath = m\n[memory]\nstrategies =\n"
+                                     "[reward.re]\nplugin = regex\npattern =\n"
+                                     "[reward.fmt]\nplugin = format\npattern =\n";
+    /* refused when the config is validated (ctrl config check), each at its line */
+    test_config_refused(reg, "empty.ini", empty, "empty.ini:7: [reward.re] pattern: must not be empty");
+    test_config_refused(reg, "empty.ini", empty, "empty.ini:10: [reward.fmt] pattern: must not be empty");
+    ctrl_config *cfg = test_config_from_text(reg, "think.ini",
                                              "[model]\npath = m\n[memory]\nstrategies =\n"
-                                             "[reward.re]\nplugin = regex\npattern =\n"
-                                             "[reward.fmt]\nplugin = format\npattern =\n"
                                              "[reward.think]\nplugin = format\n");
-    const ctrl_plugin_entry *re = ctrl_registry_find(reg, CTRL_KIND_REWARD, "regex");
     const ctrl_plugin_entry *fmt = ctrl_registry_find(reg, CTRL_KIND_REWARD, "format");
-    CHECK(cfg && re && fmt);
-    if (!cfg || !re || !fmt) return;
-    const ctrl_reward_ops *re_ops = re->plugin->ops, *fmt_ops = fmt->plugin->ops;
+    CHECK(cfg && fmt);
+    if (!cfg || !fmt) return;
+    const ctrl_reward_ops *fmt_ops = fmt->plugin->ops;
     ctrl_reward *r = NULL;
-    CHECK_EQ_INT(re_ops->create(ctrl_host_table(), cfg, "reward.re", &r), CTRL_ERR_CONFIG);
-    CHECK_CONTAINS(ctrl_error_message(), "[reward.re] pattern: must not be empty");
-    CHECK_EQ_INT(fmt_ops->create(ctrl_host_table(), cfg, "reward.fmt", &r), CTRL_ERR_CONFIG);
-    CHECK_CONTAINS(ctrl_error_message(), "[reward.fmt] pattern: must not be empty");
     CHECK_EQ_INT(fmt_ops->create(ctrl_host_table(), cfg, "reward.think", &r), CTRL_OK);
     if (r) {
         const char *completions[] = {"<think>\nstep one\nstep two\n</think>\nanswer", "no think"};

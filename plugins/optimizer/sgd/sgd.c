@@ -25,6 +25,23 @@ static void sgd_destroy(ctrl_optimizer *o) {
     free(o);
 }
 
+/* The options into o, checked (create, and check_options when the config is validated). */
+static ctrl_status read_options(const ctrl_config *cfg, ctrl_optimizer *o) {
+    ctrl_status st = CTRL_OK;
+    o->momentum = ctrl_option_float(cfg, "sgd", "momentum", &st);
+    o->dampening = ctrl_option_float(cfg, "sgd", "dampening", &st);
+    o->nesterov = ctrl_option_bool(cfg, "sgd", "nesterov", &st);
+    if (st == CTRL_OK && o->nesterov && (o->momentum <= 0 || o->dampening != 0))
+        st = ctrl_error_set(CTRL_ERR_CONFIG, "[sgd] nesterov = true needs momentum > 0 and dampening = 0");
+    return st;
+}
+
+static ctrl_status sgd_check_options(const ctrl_config *cfg, const char *section) {
+    (void)section;
+    ctrl_optimizer o = {0};
+    return read_options(cfg, &o);
+}
+
 static ctrl_status sgd_create(const ctrl_host *host, const ctrl_config *cfg, const ctrl_param_group *groups,
                               int n_groups, ctrl_device device, ctrl_optimizer **out) {
     if (device.type != CTRL_DEVICE_CPU)
@@ -32,12 +49,7 @@ static ctrl_status sgd_create(const ctrl_host *host, const ctrl_config *cfg, con
     (void)host; /* kept by init (plugin_api.h) */
     ctrl_optimizer *o = calloc(1, sizeof *o);
     if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer sgd: out of memory");
-    ctrl_status st = CTRL_OK;
-    o->momentum = ctrl_option_float(cfg, "sgd", "momentum", &st);
-    o->dampening = ctrl_option_float(cfg, "sgd", "dampening", &st);
-    o->nesterov = ctrl_option_bool(cfg, "sgd", "nesterov", &st);
-    if (st == CTRL_OK && o->nesterov && (o->momentum <= 0 || o->dampening != 0))
-        st = ctrl_error_set(CTRL_ERR_CONFIG, "[sgd] nesterov = true needs momentum > 0 and dampening = 0");
+    ctrl_status st = read_options(cfg, o);
     if (st != CTRL_OK) {
         sgd_destroy(o);
         return st;
@@ -135,6 +147,7 @@ static const ctrl_plugin sgd_plugin = {
     .options = sgd_options,
     .init = ctrl_plugin_api_init,
     .ops = &sgd_ops,
+    .check_options = sgd_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&sgd_plugin)

@@ -157,15 +157,28 @@ static int gold_of(const char *json, answer *a) {
     return 0;
 }
 
+/* [section] column, checked (create, and check_options when the config is validated). */
+static ctrl_status read_column(const ctrl_config *cfg, const char *section, const char **col) {
+    ctrl_status st = CTRL_OK;
+    *col = ctrl_option_string(cfg, section, "column", &st);
+    if (st != CTRL_OK) return st;
+    if (!(*col)[0] || strlen(*col) >= sizeof((ctrl_reward *)0)->column)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] column: must name a dataset column (at most %zu bytes)",
+                              section, sizeof((ctrl_reward *)0)->column - 1);
+    return CTRL_OK;
+}
+
+static ctrl_status accuracy_check_options(const ctrl_config *cfg, const char *section) {
+    const char *col;
+    return read_column(cfg, section, &col);
+}
+
 static ctrl_status accuracy_create(const ctrl_host *host, const ctrl_config *cfg, const char *section,
                                    ctrl_reward **out) {
     (void)host; /* kept by init (plugin_api.h) */
-    ctrl_status st = CTRL_OK;
-    const char *col = ctrl_option_string(cfg, section, "column", &st);
+    const char *col;
+    ctrl_status st = read_column(cfg, section, &col);
     if (st != CTRL_OK) return st;
-    if (!col[0] || strlen(col) >= sizeof((ctrl_reward *)0)->column)
-        return ctrl_error_set(CTRL_ERR_CONFIG, "[%s] column: must name a dataset column (at most %zu bytes)",
-                              section, sizeof((ctrl_reward *)0)->column - 1);
     ctrl_reward *r = calloc(1, sizeof *r);
     if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "reward accuracy: out of memory");
     snprintf(r->column, sizeof r->column, "%s", col);
@@ -217,6 +230,7 @@ static const ctrl_plugin accuracy_plugin = {
     .options = accuracy_options,
     .init = ctrl_plugin_api_init,
     .ops = &accuracy_ops,
+    .check_options = accuracy_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&accuracy_plugin)

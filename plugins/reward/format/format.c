@@ -72,6 +72,7 @@ static const ctrl_plugin format_plugin = {
     .options = format_options,
     .init = ctrl_plugin_api_init,
     .ops = &format_ops,
+    .check_options = rx_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&format_plugin)

@@ -76,6 +76,7 @@ static const ctrl_plugin regex_plugin = {
     .options = regex_options,
     .init = ctrl_plugin_api_init,
     .ops = &regex_ops,
+    .check_options = rx_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&regex_plugin)

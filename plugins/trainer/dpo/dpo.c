@@ -107,8 +107,9 @@ static ctrl_status check_params(const dpo_params *p, const ctrl_sequence_spec *s
                               "[dpo] use_weighting: not with loss_type sft (TRL 1.16 fails on "
                               "this combination)");
     if (uses(p, DPO_EXO_PAIR) && !(p->label_smoothing > 0))
-        return ctrl_error_set(CTRL_ERR_CONFIG, "[dpo] label_smoothing: must be > 0 with loss_type exo_pair "
-                                               "(the EXO paper recommends 1e-3)");
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "[dpo] loss_type: exo_pair needs label_smoothing > 0 (the EXO paper "
+                              "recommends 1e-3)");
     if (spec->sync_ref_model && spec->precompute_ref_logp)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "[dpo] sync_ref_model: not with precompute_ref_log_probs = true (precomputed "
@@ -116,10 +117,8 @@ static ctrl_status check_params(const dpo_params *p, const ctrl_sequence_spec *s
     return CTRL_OK;
 }
 
-static ctrl_status dpo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
-    (void)host;
-    ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer dpo: out of memory");
+/* The options into t, checked (create, and check_options when the config is validated). */
+static ctrl_status read_options(const ctrl_config *cfg, ctrl_trainer *t) {
     const char *s = "dpo";
     ctrl_status st = read_losses(cfg, &t->p);
     dpo_params *p = &t->p;
@@ -143,7 +142,20 @@ static ctrl_status dpo_create(const ctrl_host *host, const ctrl_config *cfg, ctr
         .ref_model_mixup_alpha = ctrl_option_float(cfg, s, "ref_model_mixup_alpha", &st),
         .ref_model_sync_steps = (int)ctrl_option_int(cfg, s, "ref_model_sync_steps", &st),
     };
-    if (st == CTRL_OK) st = check_params(p, &t->spec);
+    return st == CTRL_OK ? check_params(p, &t->spec) : st;
+}
+
+static ctrl_status dpo_check_options(const ctrl_config *cfg, const char *section) {
+    (void)section;
+    ctrl_trainer t = {0};
+    return read_options(cfg, &t);
+}
+
+static ctrl_status dpo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
+    (void)host;
+    ctrl_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer dpo: out of memory");
+    ctrl_status st = read_options(cfg, t);
     if (st != CTRL_OK) {
         free(t);
         return st;
@@ -226,6 +238,7 @@ static const ctrl_plugin dpo_plugin = {
     .options = dpo_options,
     .init = ctrl_plugin_api_init,
     .ops = &dpo_ops,
+    .check_options = dpo_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&dpo_plugin)

@@ -8,6 +8,7 @@
  * and each loss_type's per-pair loss as TRL writes it. Every loss is differentiated by hand into
  * dL/dlc and dL/dlr (= dL/dc and dL/dr); the sft loss_type's gradient is per token. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "dpo_loss.h"
@@ -144,37 +145,47 @@ static double wpo_weight(const ctrl_sequence_batch *b, int s) {
     return exp(acc / (n > 1 ? n : 1));
 }
 
-/* TRL's metrics of the micro-batch (its _compute_loss logs them once per call). */
-static void report_metrics(const dpo_params *p, const ctrl_sequence_batch *b, const pair_terms *q) {
+/* TRL's metrics of the micro-batch (its _compute_loss logs them once per call). With several ranks,
+ * from sums over them, as TRL gathers its processes' values: the per-pair metrics over every
+ * rank's pairs, the token-weighted ones (logits/chosen and rejected, entropy, mean_token_accuracy) as the
+ * ranks' summed values over their summed tokens. */
+static ctrl_status report_metrics(const dpo_params *p, const ctrl_sequence_batch *b, const pair_terms *q) {
     const int B = b->n_pairs;
-    double rc = 0, rr = 0, acc = 0, lc = 0, lr = 0;
+    enum { RC, RR, ACC, LC, LR, PAIRS, ML0, NT0, ML1, NT1, ENT, TOK, OK, CHOSEN, NV };
+    double v[NV] = {0};
     for (int i = 0; i < B; i++) {
-        rc += p->beta * q[i].lc, rr += p->beta * q[i].lr, acc += p->beta * q[i].lc > p->beta * q[i].lr;
-        lc += b->logp_sum[i], lr += b->logp_sum[B + i];
+        v[RC] += p->beta * q[i].lc, v[RR] += p->beta * q[i].lr;
+        v[ACC] += p->beta * q[i].lc > p->beta * q[i].lr;
+        v[LC] += b->logp_sum[i], v[LR] += b->logp_sum[B + i];
     }
-    b->report(b->report_ctx, "rewards/chosen", rc / B);
-    b->report(b->report_ctx, "rewards/rejected", rr / B);
-    b->report(b->report_ctx, "rewards/accuracies", acc / B);
-    b->report(b->report_ctx, "rewards/margins", (rc - rr) / B);
-    b->report(b->report_ctx, "logps/chosen", lc / B);
-    b->report(b->report_ctx, "logps/rejected", lr / B);
-    if (b->mean_logit) {
-        double sum[2] = {0, 0}, n[2] = {0, 0};
-        for (int s = 0; s < 2 * B; s++)
-            sum[s >= B] += b->mean_logit[s] * b->n_tokens[s], n[s >= B] += b->n_tokens[s];
-        b->report(b->report_ctx, "logits/chosen", n[0] > 0 ? sum[0] / n[0] : 0.0);
-        b->report(b->report_ctx, "logits/rejected", n[1] > 0 ? sum[1] / n[1] : 0.0);
-    }
-    double ent = 0, tokens = 0, correct = 0, chosen = 0;
+    v[PAIRS] = B;
+    for (int s = 0; b->mean_logit && s < 2 * B; s++)
+        v[s < B ? ML0 : ML1] += b->mean_logit[s] * b->n_tokens[s], v[s < B ? NT0 : NT1] += b->n_tokens[s];
     for (int s = 0; s < 2 * B; s++)
         for (int32_t t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1]; t++) {
             if (b->weight[t] == 0) continue;
-            tokens += 1;
-            if (b->entropy) ent += b->entropy[t];
-            if (s < B) chosen += 1, correct += b->correct ? b->correct[t] != 0 : 0;
+            v[TOK] += 1;
+            if (b->entropy) v[ENT] += b->entropy[t];
+            if (s < B) v[CHOSEN] += 1, v[OK] += b->correct ? b->correct[t] != 0 : 0;
         }
-    if (b->entropy) b->report(b->report_ctx, "entropy", tokens > 0 ? ent / tokens : 0.0);
-    if (b->correct) b->report(b->report_ctx, "mean_token_accuracy", chosen > 0 ? correct / chosen : 0.0);
+    if (b->size >= offsetof(ctrl_sequence_batch, sum_over_ranks) + sizeof(void *) && b->sum_over_ranks) {
+        ctrl_status st = b->sum_over_ranks(v, NV);
+        if (st != CTRL_OK) return ctrl_error_wrap(st, "trainer dpo: metrics over the ranks");
+    }
+    const double n = v[PAIRS];
+    b->report(b->report_ctx, "rewards/chosen", v[RC] / n);
+    b->report(b->report_ctx, "rewards/rejected", v[RR] / n);
+    b->report(b->report_ctx, "rewards/accuracies", v[ACC] / n);
+    b->report(b->report_ctx, "rewards/margins", (v[RC] - v[RR]) / n);
+    b->report(b->report_ctx, "logps/chosen", v[LC] / n);
+    b->report(b->report_ctx, "logps/rejected", v[LR] / n);
+    if (b->mean_logit) {
+        b->report(b->report_ctx, "logits/chosen", v[NT0] > 0 ? v[ML0] / v[NT0] : 0.0);
+        b->report(b->report_ctx, "logits/rejected", v[NT1] > 0 ? v[ML1] / v[NT1] : 0.0);
+    }
+    if (b->entropy) b->report(b->report_ctx, "entropy", v[TOK] > 0 ? v[ENT] / v[TOK] : 0.0);
+    if (b->correct) b->report(b->report_ctx, "mean_token_accuracy", v[CHOSEN] > 0 ? v[OK] / v[CHOSEN] : 0.0);
+    return CTRL_OK;
 }
 
 ctrl_status dpo_loss(const dpo_params *p, const ctrl_sequence_batch *b, double *loss, double *dlogp_sum,
@@ -243,7 +254,7 @@ ctrl_status dpo_loss(const dpo_params *p, const ctrl_sequence_batch *b, double *
         }
     }
     *loss = L;
-    if (b->report) report_metrics(p, b, q);
+    const ctrl_status st = b->report ? report_metrics(p, b, q) : CTRL_OK;
     free(q), free(w), free(key), free(key2), free(ia), free(ib);
-    return CTRL_OK;
+    return st;
 }

@@ -11,9 +11,10 @@
  *   apo_zero_unpaired desirable 1 - sigmoid(beta r),         undesirable sigmoid(beta r)
  * weighed by desirable_weight / undesirable_weight, summed over the micro-batch and divided by the
  * rows of the whole accumulated batch (TRL: the micro-batch mean over the gradient accumulation
- * steps). TRL averages z over the processes (gather_for_metrics); here it is the micro-batch's own
- * mean, which is TRL's on one process. */
+ * steps). With several ranks z is the mean of the ranks' estimates and the metrics come from sums
+ * over the ranks, as TRL gathers them over its processes (gather_for_metrics). */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,10 +33,8 @@ struct ctrl_trainer {
 
 static double sigm(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
 
-static ctrl_status kto_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
-    (void)host;
-    ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer kto: out of memory");
+/* The options into t, checked (create, and check_options when the config is validated). */
+static ctrl_status read_options(const ctrl_config *cfg, ctrl_trainer *t) {
     const char *s = "kto";
     ctrl_status st = CTRL_OK;
     t->loss_type = ctrl_option_choice(cfg, s, "loss_type", loss_names, &st);
@@ -64,6 +63,20 @@ static ctrl_status kto_create(const ctrl_host *host, const ctrl_config *cfg, ctr
         st = ctrl_error_set(CTRL_ERR_CONFIG,
                             "[kto] sync_ref_model: not with precompute_ref_log_probs = true (precomputed "
                             "log-probs assume a fixed reference)");
+    return st;
+}
+
+static ctrl_status kto_check_options(const ctrl_config *cfg, const char *section) {
+    (void)section;
+    ctrl_trainer t = {0};
+    return read_options(cfg, &t);
+}
+
+static ctrl_status kto_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
+    (void)host;
+    ctrl_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer kto: out of memory");
+    ctrl_status st = read_options(cfg, t);
     if (st != CTRL_OK) {
         free(t);
         return st;
@@ -81,33 +94,40 @@ static ctrl_status kto_spec(ctrl_trainer *t, ctrl_sequence_spec *out) {
 
 static int is_kl(const ctrl_sequence_batch *b, int s) { return b->kl && b->kl[s]; }
 
-/* TRL's metrics of the micro-batch (its _compute_loss logs them once per call). */
-static void report_metrics(const ctrl_trainer *t, const ctrl_sequence_batch *b, double kl) {
-    double n[2] = {0, 0}, rew[2] = {0, 0}, lp[2] = {0, 0}, lg[2] = {0, 0}, tok[2] = {0, 0};
-    double ent = 0, ent_tok = 0;
+/* TRL's metrics of the micro-batch (its _compute_loss logs them once per call), each from sums
+ * over the ranks as TRL gathers them over its processes (v: the sums below, already summed); a
+ * metric whose rows no rank has is absent, as in TRL. */
+enum { N0, N1, REW0, REW1, LP0, LP1, LG0, LG1, TOK0, TOK1, ENT, ENT_TOK, KL_SUM, NV };
+
+static void metric_sums(const ctrl_trainer *t, const ctrl_sequence_batch *b, double *v) {
+    for (int i = 0; i < NV; i++) v[i] = 0;
     for (int s = 0; s < b->n_seq; s++) {
         if (is_kl(b, s)) continue;
         const int d = b->label[s] == 0; /* 0 desirable (TRL's chosen), 1 undesirable */
-        n[d] += 1;
-        rew[d] += t->beta * (b->logp_sum[s] - b->ref_logp_sum[s]);
-        lp[d] += b->logp_sum[s];
-        if (b->mean_logit) lg[d] += b->mean_logit[s] * b->n_tokens[s], tok[d] += b->n_tokens[s];
+        v[N0 + d] += 1;
+        v[REW0 + d] += t->beta * (b->logp_sum[s] - b->ref_logp_sum[s]);
+        v[LP0 + d] += b->logp_sum[s];
+        if (b->mean_logit) v[LG0 + d] += b->mean_logit[s] * b->n_tokens[s], v[TOK0 + d] += b->n_tokens[s];
         for (int32_t i = b->cu_seqlens[s]; b->entropy && i < b->cu_seqlens[s + 1]; i++)
-            if (b->weight[i] != 0) ent += b->entropy[i], ent_tok += 1;
+            if (b->weight[i] != 0) v[ENT] += b->entropy[i], v[ENT_TOK] += 1;
     }
+}
+
+static void report_metrics(const ctrl_sequence_batch *b, const double *v, double kl) {
     b->report(b->report_ctx, "kl", kl);
-    if (b->entropy) b->report(b->report_ctx, "entropy", ent_tok > 0 ? ent / ent_tok : 0.0);
-    if (tok[0] > 0) b->report(b->report_ctx, "logits/chosen", lg[0] / tok[0]);
-    if (tok[1] > 0) b->report(b->report_ctx, "logits/rejected", lg[1] / tok[1]);
-    if (n[0] > 0) {
-        b->report(b->report_ctx, "rewards/chosen", rew[0] / n[0]);
-        b->report(b->report_ctx, "logps/chosen", lp[0] / n[0]);
+    if (b->entropy) b->report(b->report_ctx, "entropy", v[ENT_TOK] > 0 ? v[ENT] / v[ENT_TOK] : 0.0);
+    if (v[TOK0] > 0) b->report(b->report_ctx, "logits/chosen", v[LG0] / v[TOK0]);
+    if (v[TOK1] > 0) b->report(b->report_ctx, "logits/rejected", v[LG1] / v[TOK1]);
+    if (v[N0] > 0) {
+        b->report(b->report_ctx, "rewards/chosen", v[REW0] / v[N0]);
+        b->report(b->report_ctx, "logps/chosen", v[LP0] / v[N0]);
     }
-    if (n[1] > 0) {
-        b->report(b->report_ctx, "rewards/rejected", rew[1] / n[1]);
-        b->report(b->report_ctx, "logps/rejected", lp[1] / n[1]);
+    if (v[N1] > 0) {
+        b->report(b->report_ctx, "rewards/rejected", v[REW1] / v[N1]);
+        b->report(b->report_ctx, "logps/rejected", v[LP1] / v[N1]);
     }
-    if (n[0] > 0 && n[1] > 0) b->report(b->report_ctx, "rewards/margins", rew[0] / n[0] - rew[1] / n[1]);
+    if (v[N0] > 0 && v[N1] > 0)
+        b->report(b->report_ctx, "rewards/margins", v[REW0] / v[N0] - v[REW1] / v[N1]);
 }
 
 static ctrl_status kto_sequence_loss(ctrl_trainer *t, const ctrl_sequence_batch *b, double *loss,
@@ -118,13 +138,25 @@ static ctrl_status kto_sequence_loss(ctrl_trainer *t, const ctrl_sequence_batch 
                                                 "labels and the reference's log-prob sums");
     if (!(b->num_items > 0))
         return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer kto: the accumulated batch has no row");
-    /* the KL estimate: mean of policy - reference over the mismatched sequences, clamped, detached */
+    /* the KL estimate: mean of policy - reference over the mismatched sequences, its mean over the
+     * ranks (TRL's gather_for_metrics(kl).mean()), clamped, detached */
     double kl = 0, n_kl = 0;
     for (int s = 0; s < b->n_seq; s++)
         if (is_kl(b, s)) kl += b->logp_sum[s] - b->ref_logp_sum[s], n_kl += 1;
     if (t->spec.kl_sequences && n_kl == 0)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "trainer kto: loss_type kto needs the KL sequences");
-    kl = n_kl > 0 ? fmax(kl / n_kl, 0.0) : 0.0;
+    double v[NV];
+    metric_sums(t, b, v);
+    v[KL_SUM] = n_kl > 0 ? kl / n_kl : 0.0;
+    const int ranks = b->size >= offsetof(ctrl_sequence_batch, sum_over_ranks) + sizeof(void *) &&
+                              b->sum_over_ranks && b->n_ranks > 1
+                          ? b->n_ranks
+                          : 1;
+    if (ranks > 1) {
+        const ctrl_status st = b->sum_over_ranks(v, NV);
+        if (st != CTRL_OK) return ctrl_error_wrap(st, "trainer kto: the KL estimate over the ranks");
+    }
+    kl = n_kl > 0 ? fmax(v[KL_SUM] / ranks, 0.0) : 0.0;
     const double beta = t->beta, inv = 1.0 / b->num_items;
     double L = 0;
     for (int s = 0; s < b->n_seq; s++) {
@@ -144,7 +176,7 @@ static ctrl_status kto_sequence_loss(ctrl_trainer *t, const ctrl_sequence_batch 
         L += w * l, dlogp_sum[s] = w * g;
     }
     *loss = L, *per_token = 0;
-    if (b->report) report_metrics(t, b, kl);
+    if (b->report) report_metrics(b, v, kl);
     return CTRL_OK;
 }
 
@@ -188,6 +220,7 @@ static const ctrl_plugin kto_plugin = {
     .options = kto_options,
     .init = ctrl_plugin_api_init,
     .ops = &kto_ops,
+    .check_options = kto_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&kto_plugin)

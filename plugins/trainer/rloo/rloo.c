@@ -20,10 +20,8 @@ struct ctrl_trainer {
     int normalize, clip_rewards;
 };
 
-static ctrl_status rloo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
-    (void)host; /* kept by init (plugin_api.h) */
-    ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer rloo: out of memory");
+/* The options into t, checked (create, and check_options when the config is validated). */
+static ctrl_status read_options(const ctrl_config *cfg, ctrl_trainer *t) {
     const char *s = "rloo";
     ctrl_status st = CTRL_OK;
     online_read_options(cfg, s, &t->spec, &t->beta, &t->lo, &t->hi, &st);
@@ -38,6 +36,20 @@ static ctrl_status rloo_create(const ctrl_host *host, const ctrl_config *cfg, ct
                                 "[rloo] reward_clip_range = %s: expected LOW,HIGH with LOW <= HIGH", range);
         t->clip_rewards = 1;
     }
+    return st;
+}
+
+static ctrl_status rloo_check_options(const ctrl_config *cfg, const char *section) {
+    (void)section;
+    ctrl_trainer t = {0};
+    return read_options(cfg, &t);
+}
+
+static ctrl_status rloo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
+    (void)host; /* kept by init (plugin_api.h) */
+    ctrl_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer rloo: out of memory");
+    ctrl_status st = read_options(cfg, t);
     if (st != CTRL_OK) {
         free(t);
         return st;
@@ -166,6 +178,7 @@ static const ctrl_plugin rloo_plugin = {
     .options = rloo_options,
     .init = ctrl_plugin_api_init,
     .ops = &rloo_ops,
+    .check_options = rloo_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&rloo_plugin)
