@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The online_dpo trainer end to end on a tiny random model: colocated generation logs TRL's metric
 # names and its step counts prompts (per_device_train_batch_size prompts x 2 completions); a beta
-# list and missing_eos_penalty run; server mode generates through ctrl serve with the weights pushed
-# after every step, and its first step's loss equals the colocated run's (same seed, same samples);
-# bad options are clear errors. usage: test_online_dpo.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+# list, missing_eos_penalty and max_length run; server mode generates through ctrl serve with the
+# weights pushed after every step, and its first step's loss equals the colocated run's (same seed,
+# same samples; that one with sleep mode); with LoRA the reference is the adapters-off policy; bad
+# options are clear errors. usage: test_online_dpo.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 tiny_setup 7 2
 
@@ -67,13 +68,22 @@ printf 'mode = server\nserver_url = http://127.0.0.1:%s\n' "$PORT" >"$TMP/gen.tx
 sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
 if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode run"; tail -5 "$TMP/srv.log"; fi
 grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
-"${C[@]}" train "$TMP/ref.ini" >"$TMP/ref.log" 2>&1 && ok || bad "colocated reference run"
+"${C[@]}" train "$TMP/ref.ini" --set generation.sleep=1 >"$TMP/ref.log" 2>&1 && ok || bad "colocated reference run (sleep mode)"
 a=$(grep -o '"loss": [-0-9.e]*' "$TMP/ref/metrics.jsonl" | head -n 1)
 b=$(grep -o '"loss": [-0-9.e]*' "$TMP/srv/metrics.jsonl" | head -n 1)
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "server-mode first step $b, colocated $a"
 kill $SERVER 2>/dev/null
 
-# 3. Bad settings: clear errors naming the key.
+# 3. LoRA: the reference is the policy with its adapters off (no second copy): KL 0 at the first
+#    step, then not; the adapters are what is saved.
+odpo_ini lora 3 "[peft]" "enabled = true" "lora_dropout = 0" >"$TMP/lora.ini"
+if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "lora run"; tail -5 "$TMP/lora.log"; fi
+kl1=$(grep '"step": 1,' "$TMP/lora/metrics.jsonl" | sed 's/.*"objective\/kl": \([0-9.e+-]*\).*/\1/')
+kl3=$(grep '"step": 3,' "$TMP/lora/metrics.jsonl" | sed 's/.*"objective\/kl": \([0-9.e+-]*\).*/\1/')
+awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b != 0) }' && ok || bad "lora objective/kl: step 1 $kl1, step 3 $kl3"
+[ -s "$TMP/lora/adapter_model.safetensors" ] && ok || bad "lora: no adapter saved"
+
+# 4. Bad settings: clear errors naming the key.
 odpo_ini bad1 1 "beta = 0.1, nope" >"$TMP/bad1.ini"
 out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "bad beta list accepted" ||
   { echo "$out" | grep -q "\[online_dpo\] beta" && ok || bad "unclear error: $out"; }
