@@ -3,8 +3,8 @@
 # names and its step counts prompts (per_device_train_batch_size prompts x 2 completions); a beta
 # list, missing_eos_penalty and max_length run; server mode generates through ctrl serve with the
 # weights pushed after every step, and its first step's loss equals the colocated run's (same seed,
-# same samples; that one with sleep mode); with LoRA the reference is the adapters-off policy; bad
-# options are clear errors. usage: test_online_dpo.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+# same samples; that one with sleep mode); with LoRA the reference is the adapters-off policy; a
+# reward model ranks the pairs; bad options are clear errors. usage: test_online_dpo.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 tiny_setup 7 2
 
@@ -83,7 +83,18 @@ kl3=$(grep '"step": 3,' "$TMP/lora/metrics.jsonl" | sed 's/.*"objective\/kl": \(
 awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b != 0) }' && ok || bad "lora objective/kl: step 1 $kl1, step 3 $kl3"
 [ -s "$TMP/lora/adapter_model.safetensors" ] && ok || bad "lora: no adapter saved"
 
-# 4. Bad settings: clear errors naming the key.
+# 4. Ranked by a reward model ([reward.rm] plugin = reward_model, the tiny sequence classifier of
+#    tests/fixtures/score/qwen2): objective/scores is the model's mean score (no penalty here).
+odpo_ini rm 2 | sed '/^\[reward.len\]$/,/^target_length/d' >"$TMP/rm.ini"
+printf '[reward.rm]\nplugin = reward_model\npath = %s\ntokenizer = %s\n' "$SRC/tests/fixtures/score/qwen2" \
+  "$SRC/tests/fixtures/tokenizer/tiny_bpe" >>"$TMP/rm.ini"
+if "${C[@]}" train "$TMP/rm.ini" >"$TMP/rm.log" 2>&1; then ok; else bad "reward-model run"; tail -5 "$TMP/rm.log"; fi
+s=$(grep '"step": 1,' "$TMP/rm/metrics.jsonl" | sed 's/.*"objective\/scores": \([-0-9.e+]*\).*/\1/')
+r=$(grep '"step": 1,' "$TMP/rm/metrics.jsonl" | sed 's/.*"rewards\/rm\/mean": \([-0-9.e+]*\).*/\1/')
+awk -v a="$s" -v b="$r" 'BEGIN { exit !(a != "" && a == b && a != 0) }' && ok ||
+  bad "objective/scores $s is not the reward model's mean $r"
+
+# 5. Bad settings: clear errors naming the key.
 odpo_ini bad1 1 "beta = 0.1, nope" >"$TMP/bad1.ini"
 out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "bad beta list accepted" ||
   { echo "$out" | grep -q "\[online_dpo\] beta" && ok || bad "unclear error: $out"; }
