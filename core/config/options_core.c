@@ -188,11 +188,13 @@ static const ctrl_option peft_options[] = {
     {"bias", CTRL_OPT_STRING, "none", 0, 0, 0, "none|all|lora_only",
      "Which biases train: none (the only one implemented; the others are refused)."},
     {"use_dora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
-     "DoRA's magnitude vectors. Not implemented: true is refused."},
+     "DoRA (PEFT's use_dora): each adapted layer's weight split into a trainable magnitude per output row "
+     "(lora_magnitude_vector, starting at the row norms of W + s B A) and a direction W + s B A; the "
+     "norm is a constant in backward, as PEFT computes it."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "
-     "to continue training from: its config replaces r, lora_alpha, target_modules, use_rslora and "
+     "to continue training from: its config replaces r, lora_alpha, target_modules, use_rslora, use_dora and "
      "modules_to_save, which must then be left unset."},
     CTRL_OPTION_END,
 };

@@ -107,6 +107,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .lora_alpha = rd_float(&r, "peft", "lora_alpha"),
                  .lora_dropout = rd_float(&r, "peft", "lora_dropout"),
                  .use_rslora = rd_bool(&r, "peft", "use_rslora"),
+                 .use_dora = rd_bool(&r, "peft", "use_dora"),
                  .init_lora_weights = rd_str(&r, "peft", "init_lora_weights"),
                  .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")}};
     /* the lists as the seven projections' bits (the option table allows only their names) */

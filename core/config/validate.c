@@ -137,15 +137,8 @@ static ctrl_status check_device(const ctrl_config *cfg) {
 /* Options the tables accept for the design but no code implements yet are refused when turned on,
  * naming the key: a run must never silently do something other than what its config says. */
 static ctrl_status check_not_implemented(const ctrl_config *cfg) {
-    config_entry *e = config_find(cfg, "peft", "use_dora");
     bool on = false;
-    if (e && config_parse_bool(e->value, &on) == 0 && on)
-        return ctrl_error_set(
-            CTRL_ERR_CONFIG,
-            "%s: [peft] use_dora = %s: DoRA is not implemented yet; remove the key or set it "
-            "to false",
-            e->where, e->value);
-    e = config_find(cfg, "peft", "bias");
+    config_entry *e = config_find(cfg, "peft", "bias");
     if (e && strcmp(e->value, "none") != 0)
         return ctrl_error_set(
             CTRL_ERR_CONFIG, "%s: [peft] bias = %s: only none is implemented (the base's biases stay frozen)",
@@ -161,7 +154,8 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
             "base weights only, not the adapters (not implemented yet); use mode = colocate",
             e->where, e->value);
     static const char *const adapter_keys[] = {"r",          "lora_alpha",      "target_modules",
-                                               "use_rslora", "modules_to_save", "init_lora_weights"};
+                                               "use_rslora", "modules_to_save", "init_lora_weights",
+                                               "use_dora"};
     if (config_find(cfg, "peft", "adapter_path"))
         for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {
             config_entry *k = config_find(cfg, "peft", adapter_keys[i]);

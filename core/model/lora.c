@@ -95,6 +95,7 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             *a_off(m, l, t) = *b_off(m, l, t) = -1;
+            if (m->lora_mag) m->lora_mag[l * LORA_N_TARGETS + t] = -1;
             if (!ctrl_lora_targets(m->lora, l, t)) continue;
             int in, out;
             dims(m, t, &in, &out);
@@ -106,6 +107,7 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
                 *(ab ? b_off(m, l, t) : a_off(m, l, t)) = off;
                 if (at < m->cap_views) m->views[at].lora = 1;
             }
+            if (m->lora->use_dora) dora_layout(m, cursor, l, t, out);
         }
     return CTRL_OK;
 }
@@ -166,7 +168,14 @@ size_t lora_act_floats(const ctrl_model *m, int l) {
     return n;
 }
 
-static int dropout_on(const ctrl_model *m) { return m->training && m->lora->lora_dropout > 0; }
+int lora_dropout_on(const ctrl_model *m) { return m->training && m->lora->lora_dropout > 0; }
+
+void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias) {
+    const layer_offsets *o = &m->layers[l];
+    const long ws[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
+    *w = ws[t];
+    *bias = t == LORA_Q ? o->bq : t == LORA_K ? o->bk : t == LORA_V ? o->bv : -1;
+}
 
 /* out = x * mask / (1 - p) (host memory), the mask a function of (seed, step, layer, target). */
 static void dropout(const ctrl_model *m, int l, int t, float *out, const float *x, int64_t n) {
@@ -180,8 +189,8 @@ static void dropout(const ctrl_model *m, int l, int t, float *out, const float *
 }
 
 /* Scratch: xa [T, r] (decoding, which keeps none), the dropped-out input or dA's dx [T, max width],
- * the adapter's output or its dx [T, max width]. */
-static ctrl_status scratch(ctrl_model *m, float **xa, float **w1, float **w2) {
+ * the adapter's output or its dx [T, max width], and DoRA's third [T, max width]. */
+ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, float **w3) {
     const ctrl_model_config *c = &m->cfg;
     size_t wide = (size_t)c->hidden_size;
     const size_t cand[3] = {(size_t)c->intermediate_size, (size_t)c->n_heads * c->head_dim,
@@ -189,14 +198,14 @@ static ctrl_status scratch(ctrl_model *m, float **xa, float **w1, float **w2) {
     for (int i = 0; i < 3; i++) wide = cand[i] > wide ? cand[i] : wide;
     const size_t T = (size_t)m->T;
     MODEL_TRY(model_grow(m, (void **)&m->lora_ws, &m->lora_ws_bytes,
-                         sizeof(float) * T * ((size_t)m->lora->r + 2 * wide)));
-    *xa = m->lora_ws, *w1 = *xa + T * (size_t)m->lora->r, *w2 = *w1 + T * wide;
+                         sizeof(float) * T * ((size_t)m->lora->r + 3 * wide)));
+    *xa = m->lora_ws, *w1 = *xa + T * (size_t)m->lora->r, *w2 = *w1 + T * wide, *w3 = *w2 + T * wide;
     return CTRL_OK;
 }
 
 /* dst = dropout(src) [n] on the backend: in place on host memory; a device's values make a round trip
  * through m->lora_host (the masks are drawn on the host; slow, but exact and the same masks). */
-static ctrl_status apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n) {
+ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n) {
     if (m->be->host_memory) {
         dropout(m, l, t, dst, src, n);
         return CTRL_OK;
@@ -220,39 +229,46 @@ ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out,
     const ctrl_backend_ops *be = m->be;
     const int T = m->T, r = m->lora->r;
     const float *P = m->dparams;
-    float *xa, *w1, *w2;
-    MODEL_TRY(scratch(m, &xa, &w1, &w2));
+    float *xa, *w1, *w2, *w3;
+    MODEL_TRY(lora_scratch(m, &xa, &w1, &w2, &w3));
     if (a->lora_xa[t]) xa = a->lora_xa[t];
-    if (dropout_on(m) && a->lora_xa[t]) { /* decoding (no lora_xa) runs without */
-        MODEL_TRY(apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
+    if (lora_dropout_on(m) && a->lora_xa[t]) { /* decoding (no lora_xa) runs without */
+        MODEL_TRY(lora_apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
         x = w1;
     }
     MODEL_TRY(model_linear_forward(m, xa, x, P + *a_off(m, l, t), NULL, T, IN, r));
     MODEL_TRY(be->scale(xa, m->lora_scale, (int64_t)T * r));
     if (!out) return CTRL_OK; /* a recompute for backward: lora_xa is all it needs */
     MODEL_TRY(model_linear_forward(m, w2, xa, P + *b_off(m, l, t), NULL, T, r, OUT));
-    return be->residual_forward(out, out, w2, (int64_t)T * OUT);
+    if (!m->lora->use_dora) return be->residual_forward(out, out, w2, (int64_t)T * OUT);
+    if (x != w1) return dora_combine(m, l, t, out, w2, NULL, OUT); /* no dropout: out - b is x W^T */
+    long w, bias;
+    lora_base_weight(m, l, t, &w, &bias);
+    MODEL_TRY(model_linear_forward(m, w3, x, P + w, NULL, T, IN, OUT)); /* PEFT's F.linear(dropout(x), W) */
+    return dora_combine(m, l, t, out, w2, w3, OUT);
 }
 
 ctrl_status lora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
                           const float *x, int IN, int OUT) {
     if (!m->has_lora || m->lora_off || *a_off(m, l, t) < 0) return CTRL_OK;
+    if (m->lora->use_dora) return dora_backward(m, l, t, a, dx, dout, x, IN, OUT);
     const ctrl_backend_ops *be = m->be;
     const int T = m->T, r = m->lora->r;
     const float *P = m->dparams;
-    float *dxa, *w1, *w2;
-    MODEL_TRY(scratch(m, &dxa, &w1, &w2));
+    float *dxa, *w1, *w2, *w3;
+    MODEL_TRY(lora_scratch(m, &dxa, &w1, &w2, &w3));
+    (void)w3;
     const long ao = *a_off(m, l, t), bo = *b_off(m, l, t);
     MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, dout, a->lora_xa[t], P + bo, T, r, OUT));
     MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
-    const int drop = dropout_on(m);
+    const int drop = lora_dropout_on(m);
     if (drop) {
-        MODEL_TRY(apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
+        MODEL_TRY(lora_apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
         x = w1;
     }
     MODEL_TRY(model_linear_backward(m, w2, model_grad(m, ao), NULL, dxa, x, P + ao, T, IN, r));
     if (drop) { /* through the mask: the same draw with the input's place taken by dx */
-        MODEL_TRY(apply_dropout(m, l, t, w1, w2, (int64_t)T * IN));
+        MODEL_TRY(lora_apply_dropout(m, l, t, w1, w2, (int64_t)T * IN));
         MODEL_TRY(be->copy(w2, w1, sizeof(float) * (size_t)T * IN));
     }
     return be->residual_forward(dx, dx, w2, (int64_t)T * IN);

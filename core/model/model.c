@@ -153,15 +153,20 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
     /* every view a layer can have (and its adapters): layout never grows it */
-    m->cap_views = 3 + (14 + (lora ? 2 * LORA_N_TARGETS : 0)) * cfg->n_layers;
+    m->cap_views = 3 + (14 + (lora ? (2 + !!lora->use_dora) * LORA_N_TARGETS : 0)) * cfg->n_layers;
     m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
     if (lora) {
         m->has_lora = 1, m->lora = malloc(sizeof *m->lora);
         m->lora_a = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         m->lora_b = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         if (m->lora) *m->lora = *lora, m->lora_scale = ctrl_lora_scaling(lora);
+        if (lora->use_dora) {
+            m->lora_mag = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
+            m->dora_at = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
+        }
     }
-    if (!m->layers || !m->acts || !m->views || (lora && (!m->lora || !m->lora_a || !m->lora_b))) {
+    if (!m->layers || !m->acts || !m->views || (lora && (!m->lora || !m->lora_a || !m->lora_b)) ||
+        (lora && lora->use_dora && (!m->lora_mag || !m->dora_at))) {
         ctrl_model_free(m);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate the layout of %d layers",
                               cfg->n_layers);
@@ -193,6 +198,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->recompute);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host);
+    free(m->lora_mag), free(m->dora_at), free(m->dora_norm), free(m->dora_g), free(m->dora_host);
     free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);

@@ -23,6 +23,7 @@ ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m) { return m->linear_bf16
 
 void ctrl_model_weights_changed(ctrl_model *m) {
     m->rounded_valid = 0;
+    m->dora_valid = 0;
     m->dparams_valid = m->dparams == m->params;
     m->host_stale = 0;
 }
@@ -34,14 +35,17 @@ ctrl_status model_prepare_weights(ctrl_model *m) {
         if (st != CTRL_OK) return ctrl_error_wrap(st, "model: parameters onto %s", m->be->name);
         m->dparams_valid = 1;
     }
-    if (!m->linear_bf16 || m->rounded_valid) return CTRL_OK;
-    if (!m->rounded) {
-        ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
-        if (st != CTRL_OK) return ctrl_error_wrap(st, "model: the bf16 copy of %zu parameters", m->n_params);
+    if (m->linear_bf16 && !m->rounded_valid) {
+        if (!m->rounded) {
+            ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
+            if (st != CTRL_OK)
+                return ctrl_error_wrap(st, "model: the bf16 copy of %zu parameters", m->n_params);
+        }
+        ctrl_status st = m->be->round_to_bf16(m->rounded, m->dparams, (int64_t)m->n_params);
+        m->rounded_valid = st == CTRL_OK;
+        if (st != CTRL_OK) return st;
     }
-    ctrl_status st = m->be->round_to_bf16(m->rounded, m->dparams, (int64_t)m->n_params);
-    m->rounded_valid = st == CTRL_OK;
-    return st;
+    return dora_prepare(m); /* DoRA's weight norms, after the weights changed */
 }
 
 /* w (inside the parameters) as the projection multiplies it. */

@@ -122,6 +122,21 @@ struct ctrl_model {
     size_t lora_ws_bytes;
     float *lora_host; /* host staging of dropout on a device, lora_host_n floats */
     size_t lora_host_n;
+    /* DoRA (dora.c; lora->use_dora): each adapted layer's lora_magnitude_vector offset (lora_mag,
+     * -1 where none); per adapted layer at dora_at[l][t] on the host: the weight norm
+     * ||W + s B A|| of each output row (dora_norm) and magnitude / norm (dora_g), recomputed before
+     * a forward when the weights changed (dora_valid 0); dora_ws: backend scratch of that; dora_host:
+     * host staging of DoRA's per-row scaling on a device (dora_host_n floats). */
+    long *lora_mag, *dora_at;
+    size_t dora_norm_n; /* floats of dora_norm (and dora_g) */
+    float *dora_norm, *dora_g;
+    int dora_valid;
+    int dora_hold_norms; /* tests: the norms kept as they are (PEFT's detached constant) while the
+                          * weights change, for finite differences of what backward differentiates */
+    float *dora_ws;
+    size_t dora_ws_bytes;
+    float *dora_host;
+    size_t dora_host_n;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -188,6 +203,28 @@ size_t lora_act_floats(const ctrl_model *m, int l);
 ctrl_status lora_forward(ctrl_model *m, int l, int target, layer_acts *a, float *out, const float *x, int IN,
                          int OUT);
 ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a, float *dx, const float *dout,
+                          const float *x, int IN, int OUT);
+/* Scratch of an adapter's forward and backward on the backend: xa [T, r], and three buffers of
+ * [T, widest linear width] (lora.c). */
+ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, float **w3);
+/* dst = dropout(src) [n] with layer l's target t's mask of this forward (lora.c); lora_dropout_on: the
+ * model trains with lora_dropout > 0. */
+ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n);
+int lora_dropout_on(const ctrl_model *m);
+/* Layer l's base weight [OUT, IN] and bias (-1: none) of linear t, as offsets into the parameters. */
+void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias);
+/* DoRA (dora.c). dora_layout adds layer l's target t's lora_magnitude_vector [OUT] after *cursor;
+ * dora_init_magnitudes sets every magnitude to its weight norm (PEFT's initialisation: the adapted
+ * model starts as plain LoRA's), once the base weights are loaded; dora_prepare recomputes the norms
+ * and magnitude / norm after the weights changed (before a forward). dora_combine turns `out`
+ * [T, OUT], which holds x W^T + b, into DoRA's output given the adapter's yl = s (x A^T) B^T and, with
+ * dropout, yb = dropout(x) W^T (else NULL: out - b is used); dora_backward is lora_backward for a
+ * DoRA layer. */
+void dora_layout(ctrl_model *m, size_t *cursor, int l, int t, int OUT);
+ctrl_status dora_init_magnitudes(ctrl_model *m);
+ctrl_status dora_prepare(ctrl_model *m);
+ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *yl, const float *yb, int OUT);
+ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
                           const float *x, int IN, int OUT);
 static inline int model_recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
 

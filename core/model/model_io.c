@@ -13,6 +13,7 @@
 #include "file_text.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "model/safetensors.h"
 
 #define MAX_SHARDS 256
@@ -193,6 +194,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
     }
     shards_close(&shards);
+    if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */
     if (st != CTRL_OK) {
         ctrl_model_free(m);
         return st;

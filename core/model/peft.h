@@ -13,7 +13,7 @@
 
 /* DIR/adapter_config.json into *out (init = NONE: the weights come from the file); `base`
  * (may be NULL) receives base_model_name_or_path ("" when null). Refuses, naming the key, what is
- * not implemented: another peft_type, use_dora, bias other than none, rank/alpha patterns,
+ * not implemented: another peft_type, bias other than none, rank/alpha patterns,
  * layers_to_transform, a regex target_modules, ... */
 ctrl_status ctrl_peft_read_config(const char *dir, ctrl_lora_config *out, char *base, size_t base_len);
 /* DIR/adapter_model.safetensors into the model's adapters and modules_to_save: every one of them

@@ -12,8 +12,7 @@
 
 /* Keys that change what the adapter computes and are not implemented: they must be absent, null,
  * false, {} or []. */
-static const char *const unsupported[] = {"use_dora",
-                                          "use_qalora",
+static const char *const unsupported[] = {"use_qalora",
                                           "use_bdlora",
                                           "fan_in_fan_out",
                                           "lora_bias",
@@ -75,6 +74,7 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     if (dropout >= 1) return bad(path, "lora_dropout", "must be below 1");
     c->r = (int)r, c->lora_alpha = (float)alpha, c->lora_dropout = (float)dropout;
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
+    c->use_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_dora"));
     v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
     if (cJSON_IsString(v) && strcmp(v->valuestring, "gaussian") != 0)
         return bad(path, "init_lora_weights", "only true, false and \"gaussian\" are implemented");

@@ -1,6 +1,9 @@
 /* Adapters in and out of a model in one call (ctrl_peft_load), and folded into the base weights
- * (ctrl_peft_merge: PEFT's merge_and_unload): W += s * B A for every adapter, on the host copy. */
+ * (ctrl_peft_merge: PEFT's merge_and_unload): W += s * B A for every adapter, on the host copy;
+ * with DoRA then each row j scaled by magnitude_j / ||row j|| (the norm of the unmerged W + s B A,
+ * as PEFT's DoRA merge computes it). */
 #include <cblas.h>
+#include <math.h>
 
 #include "model/model_internal.h"
 #include "model/peft.h"
@@ -39,6 +42,15 @@ ctrl_status ctrl_peft_merge(ctrl_model *m) {
             /* W [OUT, IN] += s * B [OUT, r] A [r, IN] */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OUT, IN, r, m->lora_scale, m->params + bo,
                         r, m->params + ao, IN, 1.0f, m->params + w[t], IN);
+            const long mo = m->lora_mag ? m->lora_mag[l * LORA_N_TARGETS + t] : -1;
+            for (int j = 0; mo >= 0 && j < OUT;
+                 j++) { /* DoRA: W_j = m_j / ||W_j + s (B A)_j|| (W_j + s (B A)_j) */
+                float *row = m->params + w[t] + (size_t)j * IN;
+                double n2 = 0;
+                for (int i = 0; i < IN; i++) n2 += (double)row[i] * row[i];
+                const float f = m->params[mo + j] / (float)sqrt(n2);
+                for (int i = 0; i < IN; i++) row[i] *= f;
+            }
         }
     m->lora_off = 1; /* the adapters are in the weights now */
     ctrl_model_weights_changed(m);

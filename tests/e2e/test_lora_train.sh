@@ -74,6 +74,19 @@ ids() { sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$1"; }
 [ -s "$TMP/g1.jsonl" ] && [ "$(ids "$TMP/g1.jsonl")" = "$(ids "$TMP/g2.jsonl")" ] && ok ||
   bad "generate --adapter: $(ids "$TMP/g1.jsonl") vs merged $(ids "$TMP/g2.jsonl")"
 
+# 1d. DoRA ([peft] use_dora): the adapter holds PEFT's lora_magnitude_vector tensors and says
+# use_dora; the merged model (W = m / ||W + s B A|| (W + s B A)) scores what the adapter does.
+"${C[@]}" train "$TMP/sft.ini" --set peft.use_dora=true --set run.output_dir="$TMP/dora" --set train.max_steps=4 \
+  >"$TMP/log" 2>&1 || { bad "dora sft run"; tail -5 "$TMP/log"; }
+grep -q "\"use_dora\":[[:space:]]*true" "$TMP/dora/adapter_config.json" &&
+  grep -q "base_model.model.model.layers.0.mlp.down_proj.lora_magnitude_vector" "$TMP/dora/adapter_model.safetensors" &&
+  ok || bad "DoRA adapter files"
+"${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/dora" --out "$TMP/dmerged" >/dev/null 2>&1 || bad "DoRA merge"
+with=$(lp --model "$TMP/model" --adapter "$TMP/dora") merged=$(lp --model "$TMP/dmerged")
+awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
+  exit !(n == 2) }' && ok || bad "DoRA merged losses $merged, with the adapter $with, base $base"
+
 # 2. The optimizer state is the adapters' only: against a full fine-tune's.
 "${C[@]}" train "$TMP/sft.ini" --set peft.enabled=false --set run.output_dir="$TMP/full" --set train.max_steps=4 \
   >"$TMP/log" 2>&1 || { bad "full run"; tail -5 "$TMP/log"; }

@@ -12,6 +12,7 @@ Run by hand:
 import json
 import math
 import os
+import sys
 
 import peft
 import torch
@@ -38,23 +39,37 @@ CASES = {
                                      init_lora_weights=False, lora_dropout=0.0)),
     "qwen3_default_init": ("qwen3", dict(r=4, lora_alpha=4, target_modules=["o_proj", "down_proj"],
                                          lora_dropout=0.0, modules_to_save=["embed_tokens"])),
+    "llama_dora_qv": ("llama", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                                    lora_dropout=0.0, use_dora=True), "perturb"),
+    "qwen2_dora_all_rslora": ("qwen2", dict(r=2, lora_alpha=6, target_modules="all-linear", use_rslora=True,
+                                            init_lora_weights=False, lora_dropout=0.05, use_dora=True), "perturb"),
+    "qwen3_dora_default_init": ("qwen3", dict(r=4, lora_alpha=4, target_modules=["q_proj", "o_proj", "down_proj"],
+                                              lora_dropout=0.0, use_dora=True)),
 }
 
 
 def file_name(param_name):
     """The adapter file's name of a trainable parameter (PEFT drops the adapter name)."""
     n = param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+    n = n.replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")
     return n.replace(".modules_to_save.default.", ".")
 
 
 def main():
-    for case, (arch, kw) in CASES.items():
+    for case, (arch, kw, *how) in CASES.items():
+        if sys.argv[1:] and case not in sys.argv[1:]:
+            continue
         torch.manual_seed(2000 + len(case))
         base_dir = os.path.join(MODELS, arch)
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
         cfg = LoraConfig(task_type="CAUSAL_LM", bias="none", **kw)
         pm = get_peft_model(model, cfg)
         pm.eval()
+        if how == ["perturb"]:
+            with torch.no_grad():
+                for n, p in pm.named_parameters():
+                    if "lora_magnitude_vector" in n:
+                        p.mul_(0.8 + 0.4 * torch.rand(p.shape))
         d = os.path.join(OUT, case)
         os.makedirs(d, exist_ok=True)
         pm.save_pretrained(d)

@@ -79,4 +79,5 @@ static void check(const char *adapter, const char *arch) {
 TEST(lora_decoding_applies_the_adapters_live) {
     check("qwen2_attn_mlp", "qwen2");
     check("llama_all_rslora", "llama"); /* lora_dropout 0.1, modules_to_save lm_head */
+    check("qwen2_dora_all_rslora", "qwen2"); /* DoRA, biases, lora_dropout 0.05 */
 }

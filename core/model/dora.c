@@ -1,0 +1,215 @@
+/* DoRA (use_dora: weight-decomposed LoRA, huggingface/peft tuners/lora/dora.py) on a linear layer
+ * y = x W^T + b with an adapter A [r, IN], B [OUT, r], scaling s and a trainable magnitude m [OUT]:
+ *     n   = || W + s B A ||  per output row, treated as a constant (PEFT detaches it, as the DoRA
+ *           paper's section 4.3 suggests: no gradient flows through the norm)
+ *     g   = m / n
+ *     y   = x W^T + b + (g - 1) * (x' W^T) + g * s (x' A^T) B^T,   x' = dropout(x)
+ * (without dropout x' W^T is the base output less its bias, so no second base GEMM). The magnitude
+ * starts as n (PEFT's initialisation), so that a new DoRA adapter computes what LoRA would.
+ * Backward, with z = x' W^T + s (x' A^T) B^T recomputed (nothing more is kept than LoRA keeps):
+ *     dm += sum_t dout * z / n;   LoRA's backward on g * dout;   dx' += ((g - 1) * dout) W.
+ * The norms come from W A^T, A A^T and B (A A^T) on the backend, ||W_j||^2 on the host:
+ *     n_j^2 = ||W_j||^2 + sum_k B_jk (2 s (W A^T)_jk + s^2 (B A A^T)_jk),
+ * recomputed when the weights change. The per-row scalings run on the host; on a device their
+ * [T, OUT] operands make a round trip through host memory (exact, slow, as LoRA's dropout masks). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+
+static long *mag_off(const ctrl_model *m, int l, int t) { return &m->lora_mag[l * LORA_N_TARGETS + t]; }
+static long *at_off(const ctrl_model *m, int l, int t) { return &m->dora_at[l * LORA_N_TARGETS + t]; }
+static long a_of(const ctrl_model *m, int l, int t) { return m->lora_a[l * LORA_N_TARGETS + t]; }
+static long b_of(const ctrl_model *m, int l, int t) { return m->lora_b[l * LORA_N_TARGETS + t]; }
+
+void dora_layout(ctrl_model *m, size_t *cursor, int l, int t, int OUT) {
+    char n[160];
+    snprintf(n, sizeof n, "model.layers.%d.%s.lora_magnitude_vector", l, ctrl_lora_target_names[t]);
+    const int at = m->n_views;
+    *mag_off(m, l, t) = model_add_view(m, cursor, n, 1, OUT, 0, 0); /* decayed, as transformers does */
+    if (at < m->cap_views) m->views[at].lora = 1;
+    *at_off(m, l, t) = (long)m->dora_norm_n;
+    m->dora_norm_n += (size_t)OUT;
+}
+
+/* A host copy of n floats of backend memory: the memory itself with host memory, else a copy in
+ * slot `slot` of m->dora_host (slots of `slot_n` floats). */
+static ctrl_status host_view(ctrl_model *m, int slot, size_t slot_n, const float *src, size_t n,
+                             float **out) {
+    if (m->be->host_memory) {
+        *out = (float *)src;
+        return CTRL_OK;
+    }
+    if (4 * slot_n > m->dora_host_n) {
+        free(m->dora_host);
+        if (!(m->dora_host = malloc(sizeof(float) * 4 * slot_n))) {
+            m->dora_host_n = 0;
+            return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %zu floats of host staging", 4 * slot_n);
+        }
+        m->dora_host_n = 4 * slot_n;
+    }
+    *out = m->dora_host + (size_t)slot * slot_n;
+    return src ? m->be->to_host(*out, src, sizeof(float) * n) : CTRL_OK;
+}
+
+/* dst (backend) = host (a host_view of it): nothing to do with host memory. */
+static ctrl_status host_back(const ctrl_model *m, float *dst, const float *host, size_t n) {
+    return m->be->host_memory ? CTRL_OK : m->be->to_device(dst, host, sizeof(float) * n);
+}
+
+/* The norms ||W + s B A|| of layer l's target t into m->dora_norm (see the file's comment). */
+static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT) {
+    const ctrl_backend_ops *be = m->be;
+    const int r = m->lora->r;
+    const double s = m->lora_scale;
+    long w, bias;
+    lora_base_weight(m, l, t, &w, &bias);
+    const float *P = m->dparams, *A = P + a_of(m, l, t), *B = P + b_of(m, l, t);
+    const size_t n_pq = (size_t)OUT * r;
+    MODEL_TRY(
+        model_grow(m, (void **)&m->dora_ws, &m->dora_ws_bytes, sizeof(float) * (2 * n_pq + (size_t)r * r)));
+    float *WA = m->dora_ws, *BG = WA + n_pq, *G = BG + n_pq;
+    MODEL_TRY(be->linear_forward(WA, P + w, A, NULL, OUT, IN, r)); /* W A^T [OUT, r] */
+    MODEL_TRY(be->linear_forward(G, A, A, NULL, r, IN, r));        /* A A^T [r, r] */
+    MODEL_TRY(be->linear_forward(BG, B, G, NULL, OUT, r, r));      /* B (A A^T) [OUT, r] */
+    float *hWA, *hBG, *hB;
+    MODEL_TRY(host_view(m, 0, n_pq, WA, n_pq, &hWA));
+    MODEL_TRY(host_view(m, 1, n_pq, BG, n_pq, &hBG));
+    MODEL_TRY(host_view(m, 2, n_pq, B, n_pq, &hB));
+    const float *W = m->params + w; /* the base is frozen: the host's copy is current */
+    float *norm = m->dora_norm + *at_off(m, l, t);
+    for (int j = 0; j < OUT; j++) {
+        double n2 = 0;
+        for (int i = 0; i < IN; i++) n2 += (double)W[(size_t)j * IN + i] * W[(size_t)j * IN + i];
+        for (int k = 0; k < r; k++) {
+            const size_t jk = (size_t)j * r + k;
+            n2 += (double)hB[jk] * (2 * s * hWA[jk] + s * s * hBG[jk]);
+        }
+        norm[j] = (float)sqrt(n2 > 0 ? n2 : 0);
+    }
+    return CTRL_OK;
+}
+
+/* Every adapted layer's norms, and with `set` its magnitude := norm (else g := magnitude / norm). */
+static ctrl_status all_norms(ctrl_model *m, int set) {
+    const size_t total = m->dora_norm_n;
+    if (!m->dora_norm) {
+        m->dora_norm = malloc(sizeof(float) * (total ? total : 1));
+        m->dora_g = malloc(sizeof(float) * (total ? total : 1));
+        if (!m->dora_norm || !m->dora_g) return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %zu norms", total);
+    }
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const long mo = *mag_off(m, l, t);
+            if (mo < 0) continue;
+            int IN = 0, OUT = 0;
+            for (int i = 0; i < m->n_views; i++) /* A [r, IN], the magnitude [OUT] */
+                if (m->views[i].offset == (size_t)a_of(m, l, t))
+                    IN = (int)m->views[i].shape[1];
+                else if (m->views[i].offset == (size_t)mo)
+                    OUT = (int)m->views[i].shape[0];
+            if (!m->dora_hold_norms || set) MODEL_TRY(weight_norms(m, l, t, IN, OUT));
+            const float *norm = m->dora_norm + *at_off(m, l, t);
+            float *g = m->dora_g + *at_off(m, l, t), *mag;
+            if (set) {
+                memcpy(m->params + mo, norm, sizeof(float) * (size_t)OUT);
+                continue;
+            }
+            MODEL_TRY(host_view(m, 0, (size_t)OUT, m->dparams + mo, (size_t)OUT, &mag));
+            for (int j = 0; j < OUT; j++) g[j] = mag[j] / norm[j];
+        }
+    return CTRL_OK;
+}
+
+ctrl_status dora_init_magnitudes(ctrl_model *m) {
+    if (!m->has_lora || !m->lora->use_dora) return CTRL_OK;
+    if (!m->be->host_memory)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "DoRA: magnitudes are initialised before the model moves");
+    MODEL_TRY(all_norms(m, 1));
+    ctrl_model_weights_changed(m);
+    return CTRL_OK;
+}
+
+ctrl_status dora_prepare(ctrl_model *m) {
+    if (!m->has_lora || !m->lora->use_dora || m->dora_valid || m->lora_off) return CTRL_OK;
+    MODEL_TRY(all_norms(m, 0));
+    m->dora_valid = 1;
+    return CTRL_OK;
+}
+
+ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *yl, const float *yb, int OUT) {
+    const size_t n = (size_t)m->T * OUT;
+    const float *g = m->dora_g + *at_off(m, l, t);
+    long w, bias;
+    lora_base_weight(m, l, t, &w, &bias);
+    const float *b = bias >= 0 ? m->params + bias : NULL; /* frozen: the host's copy is current */
+    float *ho, *hl, *hb = NULL;
+    MODEL_TRY(host_view(m, 0, n, out, n, &ho));
+    MODEL_TRY(host_view(m, 1, n, yl, n, &hl));
+    if (yb) MODEL_TRY(host_view(m, 2, n, yb, n, &hb));
+    for (int tok = 0; tok < m->T; tok++) {
+        float *o = ho + (size_t)tok * OUT;
+        const float *L = hl + (size_t)tok * OUT, *Y = hb ? hb + (size_t)tok * OUT : NULL;
+        for (int j = 0; j < OUT; j++) {
+            const float base = Y ? Y[j] : b ? o[j] - b[j] : o[j];
+            o[j] = o[j] + ((g[j] - 1.0f) * base + g[j] * L[j]);
+        }
+    }
+    return host_back(m, out, ho, n);
+}
+
+ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
+                          const float *x, int IN, int OUT) {
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T, r = m->lora->r;
+    const float *P = m->dparams;
+    const long ao = a_of(m, l, t), bo = b_of(m, l, t), mo = *mag_off(m, l, t);
+    long w, bias;
+    lora_base_weight(m, l, t, &w, &bias);
+    float *dxa, *w1, *w2, *w3;
+    MODEL_TRY(lora_scratch(m, &dxa, &w1, &w2, &w3));
+    const float *xa = a->lora_xa[t], *xp = x;
+    const int drop = lora_dropout_on(m);
+    if (drop) {
+        MODEL_TRY(lora_apply_dropout(m, l, t, w1, x, (int64_t)T * IN));
+        xp = w1;
+    }
+    MODEL_TRY(model_linear_forward(m, w2, xa, P + bo, NULL, T, r, OUT)); /* s (x' A^T) B^T */
+    MODEL_TRY(model_linear_forward(m, w3, xp, P + w, NULL, T, IN, OUT)); /* x' W^T */
+    { /* dm, and dout scaled by g (into w2) and by g - 1 (into w3) */
+        const size_t n = (size_t)T * OUT;
+        const float *g = m->dora_g + *at_off(m, l, t), *norm = m->dora_norm + *at_off(m, l, t);
+        float *hd, *hl, *hb, *hm;
+        MODEL_TRY(host_view(m, 0, n, dout, n, &hd));
+        MODEL_TRY(host_view(m, 1, n, w2, n, &hl));
+        MODEL_TRY(host_view(m, 2, n, w3, n, &hb));
+        MODEL_TRY(host_view(m, 3, n, model_grad(m, mo), (size_t)OUT, &hm));
+        for (int j = 0; j < OUT; j++) {
+            double acc = 0;
+            for (int tok = 0; tok < T; tok++) {
+                const size_t k = (size_t)tok * OUT + j;
+                acc += (double)hd[k] * ((double)hb[k] + hl[k]);
+            }
+            hm[j] += (float)(acc / norm[j]);
+        }
+        for (size_t k = 0; k < n; k++) {
+            const float gj = g[k % (size_t)OUT];
+            hl[k] = gj * hd[k], hb[k] = (gj - 1.0f) * hd[k];
+        }
+        MODEL_TRY(host_back(m, model_grad(m, mo), hm, (size_t)OUT));
+        MODEL_TRY(host_back(m, w2, hl, n));
+        MODEL_TRY(host_back(m, w3, hb, n));
+    }
+    MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, w2, xa, P + bo, T, r, OUT));
+    MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
+    MODEL_TRY(model_linear_backward(m, w2, model_grad(m, ao), NULL, dxa, xp, P + ao, T, IN, r)); /* dxa A */
+    MODEL_TRY(model_linear_backward(m, w1, NULL, NULL, w3, x, P + w, T, IN, OUT)); /* ((g-1) dout) W */
+    MODEL_TRY(be->residual_forward(w2, w2, w1, (int64_t)T * IN));
+    if (drop) { /* through the mask: the same draw with the input's place taken by dx' */
+        MODEL_TRY(lora_apply_dropout(m, l, t, w1, w2, (int64_t)T * IN));
+        return be->residual_forward(dx, dx, w1, (int64_t)T * IN);
+    }
+    return be->residual_forward(dx, dx, w2, (int64_t)T * IN);
+}
