@@ -62,6 +62,19 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
             o.kv_cache_dtype = !strcmp(v, "bf16");
         } else if (!strcmp(k, "--kv-cache-dtype")) {
             return cli_usage_error(&cli_cmd_serve, "--kv-cache-dtype %s: fp32 or bf16", v);
+        } else if (!strcmp(k, "--lora") || !strcmp(k, "--lora-modules")) { /* NAME=DIR, repeatable */
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v || !eq[1])
+                return cli_usage_error(&cli_cmd_serve, "%s %s: NAME=DIR (an adapter directory)", k, v);
+            if (o.n_lora == CTRL_SERVE_MAX_LORA)
+                return cli_usage_error(&cli_cmd_serve, "%s: at most %d adapters", k, CTRL_SERVE_MAX_LORA);
+            char *name = strndup(v, (size_t)(eq - v));
+            for (int j = 0; name && j < o.n_lora; j++)
+                if (!strcmp(o.lora_name[j], name)) {
+                    free(name);
+                    return cli_usage_error(&cli_cmd_serve, "%s %s: the name is given twice", k, v);
+                }
+            o.lora_name[o.n_lora] = name, o.lora_dir[o.n_lora++] = eq + 1;
         } else if (!strcmp(k, "--api-key")) {
             o.api_key = v;
         } else if (!strcmp(k, "--weight-transfer-config")) { /* vLLM's flag, which TRL's errors name */
@@ -74,6 +87,10 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
         }
     }
     if (!o.model_dir) return cli_usage_error(&cli_cmd_serve, "needs --model DIR");
+    for (int j = 0; j < o.n_lora; j++)
+        if (!strcmp(o.lora_name[j], o.model_dir))
+            return cli_usage_error(&cli_cmd_serve, "--lora %s: the name is the served model's own",
+                                   o.lora_name[j]);
     unsigned char addr[4];
     if (sscanf(o.host, "%hhu.%hhu.%hhu.%hhu", &addr[0], &addr[1], &addr[2], &addr[3]) != 4)
         return cli_usage_error(&cli_cmd_serve, "--host %s: not an IPv4 address", o.host);
@@ -82,6 +99,7 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     ctrl_registry *reg = NULL;
     ctrl_status st = cli_plugins(cli, &reg);
     if (st == CTRL_OK) st = ctrl_serve_run(&o, reg, cli_interrupted);
+    for (int j = 0; j < o.n_lora; j++) free((char *)o.lora_name[j]);
     return st == CTRL_OK ? 0 : cli_fail(st);
 }
 
@@ -93,7 +111,8 @@ const ctrl_command cli_cmd_serve = {
         "                  [--kv-cache-dtype fp32|bf16] [--api-key KEY] [--max-body-kb 1024]\n"
         "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
         "                  [--timeout-s 30]"
-        " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n\n"
+        " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n"
+        "                  [--lora NAME=DIR ...]\n\n"
         "GET /health, GET /v1/models, /server_info, /get_world_size; POST /generate {\"prompts\": [...] |\n"
         "\"prompt_token_ids\": [[...]], n, temperature, top_p, top_k, min_p, repetition_penalty,\n"
         "presence_penalty, frequency_penalty, max_tokens, seed} -> {prompt_ids, completion_ids, logprobs};\n"
@@ -114,6 +133,9 @@ const ctrl_command cli_cmd_serve = {
         "A client that disconnects cancels its generation (streamed or not).\n"
         "SIGINT/SIGTERM drain: /health answers 503 and new generations are refused (503) while the\n"
         "requests in flight finish for at most --drain-s seconds; the rest are answered 503; then the\n"
-        "server exits 0. See docs/serve.md.\n",
+        "server exits 0.\n"
+        "--lora NAME=DIR (repeatable; vLLM's --lora-modules): a PEFT LoRA adapter served over the base,\n"
+        "chosen by a request's \"model\": NAME (listed in /v1/models); requests for different adapters\n"
+        "and the base are batched in the same engine steps. See docs/serve.md.\n",
     .run = run_serve,
 };

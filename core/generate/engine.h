@@ -48,6 +48,9 @@ typedef struct ctrl_gen_request {
     /* vLLM's min_tokens: until the completion has this many tokens its stop ids cannot be drawn
      * and stop_check is not asked. */
     int min_tokens;
+    /* The LoRA adapter it runs under (ctrl_model_add_adapter's id; 0: the base model). Requests
+     * under different adapters share steps. */
+    int adapter;
 } ctrl_gen_request;
 
 typedef struct ctrl_gen_output {
@@ -139,6 +142,10 @@ void ctrl_gen_output_free(ctrl_gen_output *o);
  * (ctrl_batcher_lock_engine). */
 ctrl_status ctrl_engine_score(ctrl_engine *e, const int32_t *ids, int n, float temperature, int k,
                               float *logprob, int32_t *rank, int32_t *top_ids, float *top_logprobs);
+/* The same under LoRA adapter `adapter` (0: the base; see ctrl_gen_request.adapter). */
+ctrl_status ctrl_engine_score_adapter(ctrl_engine *e, int adapter, const int32_t *ids, int n,
+                                      float temperature, int k, float *logprob, int32_t *rank,
+                                      int32_t *top_ids, float *top_logprobs);
 /* The ids that end a completion: generation_config.json's eos_token_id (a number or a list) in
  * model_dir, else the tokenizer's EOS. Returns how many were written (at most cap). */
 int ctrl_generation_stop_ids(const char *model_dir, const ctrl_tokenizer *tok, int32_t *ids, int cap);

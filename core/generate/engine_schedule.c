@@ -58,6 +58,9 @@ ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_
         return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
     ctrl_status st = ctrl_gen_request_check(r); /* a bad request is refused here, alone */
     if (st != CTRL_OK) return st;
+    if (r->adapter < 0 || r->adapter > ctrl_model_adapter_count(e->model))
+        return ctrl_error_set(CTRL_ERR_CONFIG, "generation: no LoRA adapter %d (the model has %d)",
+                              r->adapter, ctrl_model_adapter_count(e->model));
     if (e->n + r->n > e->cap) {
         int cap = e->cap ? e->cap : 64;
         while (cap < e->n + r->n) cap *= 2;
@@ -75,7 +78,8 @@ ctrl_status ctrl_engine_add(ctrl_engine *e, const ctrl_gen_request *r, ctrl_gen_
         s->rq = rq, s->out = &outs[k], rq->refs++;
         s->state = k == 0 || e->cfg.no_prefix_sharing ? WAITING : FORK_PENDING;
         s->forked = k > 0 && e->cfg.no_prefix_sharing;
-        if (k == 0 && e->prefix) ctrl_prefix_cache_attach(e->prefix, e->kv, r->prompt, r->prompt_len, &s->kv);
+        if (k == 0 && e->prefix && !r->adapter) /* cached K/V are the base's: not an adapter's */
+            ctrl_prefix_cache_attach(e->prefix, e->kv, r->prompt, r->prompt_len, &s->kv);
         memset(s->out, 0, sizeof *s->out);
         ctrl_rng_seed(&s->rng, r->seed * 1000003ull + (uint64_t)k); /* per request and sample */
         for (int t = 0; t < r->prompt_len; t++)
@@ -280,7 +284,8 @@ static ctrl_status reserve(ctrl_engine *e, int *nb_io) {
  * from it and will draw their first token from the same logits. */
 static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits, int *n_draws) {
     s->forked = 1;
-    if (e->prefix) ctrl_prefix_cache_insert(e->prefix, e->kv, s->rq->r.prompt, s->rq->r.prompt_len, &s->kv);
+    if (e->prefix && !s->rq->r.adapter)
+        ctrl_prefix_cache_insert(e->prefix, e->kv, s->rq->r.prompt, s->rq->r.prompt_len, &s->kv);
     ctrl_status st = CTRL_OK;
     for (int i = 0; i < e->n && st == CTRL_OK; i++) {
         gen_seq *o = &e->seqs[i];
@@ -319,7 +324,15 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
         t += e->n_new[b];
         e->kvs[b] = &e->batch[b]->kv;
     }
+    int *adapters = NULL; /* each sequence's LoRA adapter, when any runs under one: a mixed batch */
+    for (int b = 0; b < nb && !adapters; b++)
+        if (e->batch[b]->rq->r.adapter && !(adapters = malloc(sizeof(int) * (size_t)nb)))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    for (int b = 0; adapters && b < nb; b++) adapters[b] = e->batch[b]->rq->r.adapter;
+    ctrl_model_set_decode_adapters(e->model, adapters);
     if (nb > 0) st = ctrl_model_decode(e->model, e->kv, e->kvs, e->tokens, e->n_new, nb, e->logits);
+    ctrl_model_set_decode_adapters(e->model, NULL);
+    free(adapters);
     e->steps++, e->stepped = 1;
     int n_draws = 0;
     for (int b = 0; b < nb && st == CTRL_OK; b++) {

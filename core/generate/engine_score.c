@@ -31,6 +31,14 @@ static void score_row(float *l, int V, float temperature, int32_t next, int k, f
 
 ctrl_status ctrl_engine_score(ctrl_engine *e, const int32_t *ids, int n, float temperature, int k,
                               float *logprob, int32_t *rank, int32_t *top_ids, float *top_logprobs) {
+    return ctrl_engine_score_adapter(e, 0, ids, n, temperature, k, logprob, rank, top_ids, top_logprobs);
+}
+
+ctrl_status ctrl_engine_score_adapter(ctrl_engine *e, int adapter, const int32_t *ids, int n,
+                                      float temperature, int k, float *logprob, int32_t *rank,
+                                      int32_t *top_ids, float *top_logprobs) {
+    if (adapter < 0 || adapter > ctrl_model_adapter_count(e->model))
+        return ctrl_error_set(CTRL_ERR_CONFIG, "scoring: no LoRA adapter %d", adapter);
     if (e->asleep)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "generation: the engine is asleep (wake_up first)");
     if (n < 1 || k < 0) return ctrl_error_set(CTRL_ERR_CONFIG, "scoring: an empty sequence");
@@ -46,6 +54,7 @@ ctrl_status ctrl_engine_score(ctrl_engine *e, const int32_t *ids, int n, float t
             ctrl_prefix_cache_reset(e->prefix, e->kv);
             st = ctrl_kv_seq_reserve(e->kv, &seq, at + m);
         }
+        if (st == CTRL_OK && adapter) ctrl_model_set_decode_adapters(e->model, &adapter);
         if (st == CTRL_OK) st = ctrl_model_decode_all(e->model, e->kv, &seq, ids + at, m, logits);
         for (int j = 0; j < m && st == CTRL_OK; j++) {
             const int pos = at + j + 1; /* the position scored: ids[pos] after ids[0..pos) */

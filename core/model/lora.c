@@ -79,8 +79,7 @@ ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, 
 static long *a_off(const ctrl_model *m, int l, int t) { return &m->lora_a[l * LORA_N_TARGETS + t]; }
 static long *b_off(const ctrl_model *m, int l, int t) { return &m->lora_b[l * LORA_N_TARGETS + t]; }
 
-/* The input and output widths of linear `t`. */
-static void dims(const ctrl_model *m, int t, int *in, int *out) {
+void lora_dims(const ctrl_model *m, int t, int *in, int *out) {
     const ctrl_model_config *c = &m->cfg;
     const int C = c->hidden_size, I = c->intermediate_size, QD = c->n_heads * c->head_dim,
               KD = c->n_kv_heads * c->head_dim;
@@ -98,7 +97,7 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
             if (m->lora_mag) m->lora_mag[l * LORA_N_TARGETS + t] = -1;
             if (!ctrl_lora_targets(m->lora, l, t)) continue;
             int in, out;
-            dims(m, t, &in, &out);
+            lora_dims(m, t, &in, &out);
             for (int ab = 0; ab < 2; ab++) {
                 snprintf(n, sizeof n, "model.layers.%d.%s.lora_%c.weight", l, ctrl_lora_target_names[t],
                          ab ? 'B' : 'A');
@@ -136,7 +135,7 @@ void lora_init(ctrl_model *m) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             if (*a_off(m, l, t) < 0) continue;
             int in, out;
-            dims(m, t, &in, &out);
+            lora_dims(m, t, &in, &out);
             float *A = m->params + *a_off(m, l, t), *B = m->params + *b_off(m, l, t);
             uint64_t s =
                 mix64(m->lora->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(l * LORA_N_TARGETS + t + 1)));
@@ -225,6 +224,7 @@ ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const fl
 
 ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out, const float *x, int IN,
                          int OUT) {
+    if (m->dec_adapters && out) return lora_bank_forward(m, l, t, out, x, IN, OUT); /* serving */
     if (!m->has_lora || m->lora_off || *a_off(m, l, t) < 0) return CTRL_OK;
     const ctrl_backend_ops *be = m->be;
     const int T = m->T, r = m->lora->r;

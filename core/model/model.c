@@ -199,6 +199,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host);
     free(m->lora_mag), free(m->dora_at), free(m->dora_norm), free(m->dora_g), free(m->dora_host);
+    lora_bank_free(m);
     free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);

@@ -183,6 +183,14 @@ ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *cons
  * (scoring a prompt: the OpenAI prompt_logprobs). */
 ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *seq, const int32_t *tokens,
                                   int n, float *logits);
+/* Serving several LoRA adapters over one base (model/lora_bank.c; ctrl serve --lora): adds the PEFT
+ * adapter directory DIR to the model's bank (plain LoRA; a DoRA or modules_to_save adapter, or a
+ * model with its own adapters, is refused) and gives its id (1, 2, ...; 0 is the base).
+ * ctrl_model_set_decode_adapters tells the next decode call (only that one) the adapter of each
+ * of its sequences ([n_seq], 0: the base; NULL: every one the base): one call mixes them. */
+ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id);
+int ctrl_model_adapter_count(const ctrl_model *m);
+void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
 /* Zeroes the gradients (on the device too). */

@@ -180,6 +180,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
     m->dev_batch = m->batch; /* host memory */
     decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks, kv16};
+    m->dec_n_new = n_new, m->dec_n_seq = n_seq; /* the adapters' runs (lora_bank.c) */
     st = m->be->embedding_forward(m->acts[0].x_in, tokens, m->dparams + m->off_embed, T, C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
@@ -198,17 +199,22 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     }
     m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
     m->x_out = saved_out;
+    m->dec_adapters = NULL, m->dec_n_new = NULL, m->dec_n_seq = 0; /* for this call only */
     free(seq_of), free(tables), free(h), free(rstd), free(kv16);
     return st;
 }
 
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits) {
-    return decode(m, c, seqs, tokens, n_new, n_seq, logits, 0);
+    ctrl_status st = decode(m, c, seqs, tokens, n_new, n_seq, logits, 0);
+    m->dec_adapters = NULL; /* ctrl_model_set_decode_adapters holds for one call, failed or not */
+    return st;
 }
 
 ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *seq, const int32_t *tokens,
                                   int n, float *logits) {
     ctrl_kv_seq *const seqs[1] = {seq};
-    return decode(m, c, seqs, tokens, &n, 1, logits, 1);
+    ctrl_status st = decode(m, c, seqs, tokens, &n, 1, logits, 1);
+    m->dec_adapters = NULL;
+    return st;
 }

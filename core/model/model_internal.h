@@ -37,6 +37,8 @@ typedef struct layer_offsets {
  * The layer's output, x_mid + down_proj(h), is the next layer's x_in. Above the last layer the
  * model keeps x_out [T, C] (the last output), lnf [T, C] and rstdf [T] (the final norm), and the
  * head's lse [T] and entropy [T]; a fused forward also keeps head_dh [T, C] = dL/dlnf. */
+typedef struct lora_bank_entry lora_bank_entry;
+
 typedef struct layer_acts {
     float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
         *g, *u, *h;
@@ -137,6 +139,16 @@ struct ctrl_model {
     size_t dora_ws_bytes;
     float *dora_host;
     size_t dora_host_n;
+    /* Adapters served side by side over the base (lora_bank.c, ctrl_model_add_adapter): the bank,
+     * its decode scratch (bank_ws, bank_ws_n floats), and for the decode call under way each
+     * sequence's adapter (dec_adapters, 0 the base; NULL: all the base) with the sequences' new
+     * token counts (dec_n_new, dec_n_seq). */
+    lora_bank_entry **bank;
+    int n_bank;
+    float *bank_ws;
+    size_t bank_ws_n;
+    const int *dec_adapters, *dec_n_new;
+    int dec_n_seq;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -211,6 +223,12 @@ ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, floa
  * model trains with lora_dropout > 0. */
 ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n);
 int lora_dropout_on(const ctrl_model *m);
+/* The input and output widths of linear t (LORA_Q ...). */
+void lora_dims(const ctrl_model *m, int t, int *in, int *out);
+/* lora_bank.c: adds the bank's adapters of the decode call under way to out [T, OUT] (see
+ * ctrl_model_set_decode_adapters); lora_bank_free releases the bank. */
+ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const float *x, int IN, int OUT);
+void lora_bank_free(ctrl_model *m);
 /* Layer l's base weight [OUT, IN] and bias (-1: none) of linear t, as offsets into the parameters. */
 void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias);
 /* DoRA (dora.c). dora_layout adds layer l's target t's lora_magnitude_vector [OUT] after *cursor;

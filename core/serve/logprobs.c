@@ -162,8 +162,9 @@ unsigned serve_score_prompts(ctrl_server *s, const serve_input *in, int k, serve
         sc->top_ids = malloc(sizeof(int32_t) * L * (size_t)(k ? k : 1));
         sc->top_lps = malloc(sizeof(float) * L * (size_t)(k ? k : 1));
         st = sc->logprob && sc->rank && sc->top_ids && sc->top_lps
-                 ? ctrl_engine_score(s->eng, in->ids[i], in->lens[i], in->base.sampling.temperature, k,
-                                     sc->logprob, sc->rank, sc->top_ids, sc->top_lps)
+                 ? ctrl_engine_score_adapter(s->eng, in->base.adapter, in->ids[i], in->lens[i],
+                                             in->base.sampling.temperature, k, sc->logprob, sc->rank,
+                                             sc->top_ids, sc->top_lps)
                  : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
     }
     ctrl_batcher_unlock_engine(s->batch);

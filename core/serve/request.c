@@ -192,6 +192,18 @@ unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_inpu
                 *stream = cJSON_GetObjectItemCaseSensitive(in, "stream");
     if (model && !cJSON_IsNull(model) && !cJSON_IsString(model))
         return snprintf(msg, cap, "model: a string"), 400;
+    if (cJSON_IsString(model) && s->opt->n_lora > 0) { /* the base, or one of the --lora adapters */
+        for (int i = 0; i < s->opt->n_lora && !out->base.adapter; i++)
+            if (!strcmp(model->valuestring, s->opt->lora_name[i])) out->base.adapter = i + 1;
+        const char *slash = strrchr(s->opt->model_dir, '/'); /* the directory's name is the model's too */
+        if (!out->base.adapter && strcmp(model->valuestring, s->opt->model_dir) &&
+            !(slash && slash[1] && !strcmp(model->valuestring, slash + 1)))
+            return snprintf(msg, cap,
+                            "model: '%.200s' is neither the served model nor one of its LoRA adapters "
+                            "(GET /v1/models lists them)",
+                            model->valuestring),
+                   404;
+    }
     if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
         return snprintf(msg, cap, "stream: true or false"), 400;
     out->stream = cJSON_IsTrue(stream);

@@ -89,7 +89,18 @@ static enum MHD_Result models(ctrl_server *s, struct MHD_Connection *c, const cJ
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddStringToObject(m, "owned_by", "ctrl");
     cJSON_AddNumberToObject(m, "max_model_len", s->context);
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    cJSON_AddItemToArray(data, m);
+    for (int i = 0; i < s->opt->n_lora; i++) { /* as vLLM lists its LoRA modules */
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "id", s->opt->lora_name[i]);
+        cJSON_AddStringToObject(a, "object", "model");
+        cJSON_AddStringToObject(a, "owned_by", "ctrl");
+        cJSON_AddStringToObject(a, "root", s->opt->lora_dir[i]);
+        cJSON_AddStringToObject(a, "parent", s->opt->model_dir);
+        cJSON_AddNumberToObject(a, "max_model_len", s->context);
+        cJSON_AddItemToArray(data, a);
+    }
     return serve_reply(c, 200, o);
 }
 

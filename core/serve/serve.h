@@ -17,6 +17,8 @@
 
 #include "registry/registry.h"
 
+#define CTRL_SERVE_MAX_LORA 64
+
 typedef struct ctrl_serve_options {
     const char *model_dir;
     const char *host; /* an IPv4 address */
@@ -32,6 +34,10 @@ typedef struct ctrl_serve_options {
     int max_connections; /* in all */
     int max_per_ip;      /* from one address (0: no limit) */
     int drain_s;         /* after SIGINT/SIGTERM: how long requests in flight may still run */
+    /* LoRA adapters served over the base (--lora NAME=DIR, vLLM's --lora-modules): a request's
+     * "model" naming one runs under it; requests for different adapters share engine steps. */
+    int n_lora;
+    const char *lora_name[CTRL_SERVE_MAX_LORA], *lora_dir[CTRL_SERVE_MAX_LORA];
 } ctrl_serve_options;
 
 /* The defaults (the CLI's flags start from them). */

@@ -91,6 +91,11 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         fclose(ur);
     }
     ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
+    for (int i = 0; i < o->n_lora && st == CTRL_OK; i++) { /* ids 1, 2, ...: the request's adapter */
+        int id = 0;
+        st = ctrl_model_add_adapter(s.model, o->lora_dir[i], &id);
+        if (st == CTRL_OK) CTRL_INFO("serve: LoRA adapter '%s' from %s", o->lora_name[i], o->lora_dir[i]);
+    }
     if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);
     const ctrl_engine_config ec = {.kv_cache_bytes = o->kv_cache_bytes,

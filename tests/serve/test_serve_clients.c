@@ -5,7 +5,9 @@
  * semantics those clients rely on: log-probabilities consistent between generation, top entries
  * and prompt scoring, stop strings, seeds, errors in OpenAI's shape. (tests/reference/
  * check_vllm_client.py drives the real Python clients by hand; tests/cli/test_serve.sh covers the
- * drain and disconnects with curl.) */
+ * drain and disconnects with curl.) The server also serves two LoRA adapters (--lora NAME=DIR):
+ * chosen by the request's "model", listed in /v1/models, generating what `ctrl generate --adapter`
+ * does, alone and side by side. */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <math.h>
@@ -16,6 +18,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "model/lora.h"
+#include "model/peft.h"
 #include "net/http_client.h"
 #include "serve/serve.h"
 #include "test.h"
@@ -27,7 +31,28 @@ static char base[64];
 static ctrl_serve_options opt;
 static ctrl_registry *reg;
 static pthread_t server_thread;
-static char model_dir[512];
+static char model_dir[512], lora_dir[2][600];
+static const char *const lora_names[2] = {"alpha", "beta"};
+
+/* Two random LoRA adapters (all-linear, r 4, both A and B non-zero) over the served model. */
+static int make_adapters(void) {
+    for (int i = 0; i < 2; i++) {
+        static ctrl_lora_config lc;
+        memset(&lc, 0, sizeof lc);
+        lc.r = 4, lc.lora_alpha = 8, lc.init = CTRL_LORA_INIT_NONE, lc.seed = 100 + (uint64_t)i;
+        ctrl_model *m = NULL;
+        if (ctrl_lora_add_target(&lc, "all-linear", "test") != CTRL_OK ||
+            ctrl_model_load_lora(model_dir, NULL, &lc, &m) != CTRL_OK)
+            return 0;
+        snprintf(lora_dir[i], sizeof lora_dir[i], "%s/lora_%s", test_tmp_dir(), lora_names[i]);
+        const ctrl_status st = ctrl_peft_save(m, lora_dir[i], model_dir);
+        ctrl_model_free(m);
+        if (st != CTRL_OK) return 0;
+        opt.lora_name[i] = lora_names[i], opt.lora_dir[i] = lora_dir[i];
+    }
+    opt.n_lora = 2;
+    return 1;
+}
 
 static void *serve_main(void *arg) {
     (void)arg;
@@ -63,6 +88,10 @@ static int server_up(void) {
     reg = test_plugin_registry();
     ctrl_serve_options_default(&opt);
     opt.model_dir = model_dir, opt.port = free_port(), opt.kv_cache_bytes = (size_t)32 << 20;
+    if (!make_adapters()) {
+        test_fail_at(__FILE__, __LINE__, "LoRA adapters for the server: %s", ctrl_error_message());
+        return 0;
+    }
     snprintf(base, sizeof base, "http://127.0.0.1:%d", opt.port);
     pthread_create(&server_thread, NULL, serve_main, NULL);
     for (int i = 0; i < 200; i++) {
@@ -426,4 +455,106 @@ TEST(logit_bias_min_tokens_and_neutral_fields) {
                        "\"max_tokens\": 2, \"tools\": [], \"response_format\": {\"type\": "
                        "\"text\"}, \"logit_bias\": {}, \"best_of\": 1, \"tool_choice\": \"none\"}");
     cJSON_Delete(n), cJSON_Delete(b), cJSON_Delete(g);
+}
+
+/* The greedy token ids `ctrl generate` gives for `prompt` (under --adapter DIR when not NULL). */
+static void cli_generate(const char *adapter, const char *prompt, char *ids, size_t cap) {
+    char in[700], out[700], cmd[3000];
+    snprintf(in, sizeof in, "%s/lora_prompt.jsonl", test_tmp_dir());
+    snprintf(out, sizeof out, "%s/lora_out.jsonl", test_tmp_dir());
+    FILE *f = fopen(in, "w");
+    if (f) fprintf(f, "{\"prompt\": \"%s\"}\n", prompt), fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s/ctrl --plugin-dir %s generate --model %s %s%s --prompts %s --out %s --temperature 0 "
+             "--max-tokens 8 >/dev/null 2>&1",
+             CTRL_BINARY_DIR, CTRL_PLUGIN_DIR, model_dir, adapter ? "--adapter " : "", adapter ? adapter : "",
+             in, out);
+    ids[0] = 0;
+    CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+    f = fopen(out, "r");
+    char line[8192] = "";
+    if (f && fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "completions"), 0);
+        char *t = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "token_ids"));
+        snprintf(ids, cap, "%s", t ? t : "");
+        free(t), cJSON_Delete(o);
+    }
+    if (f) fclose(f);
+}
+
+typedef struct lora_call {
+    const char *model, *prompt;
+    char ids[4096];
+} lora_call;
+
+/* POST /v1/completions greedy for call->model; its token ids (JSON) into call->ids. */
+static void *lora_complete(void *arg) {
+    lora_call *c = arg;
+    char body[600];
+    snprintf(body, sizeof body,
+             "{\"model\": \"%s\", \"prompt\": \"%s\", \"max_tokens\": 8, \"temperature\": 0, "
+             "\"return_token_ids\": true}",
+             c->model, c->prompt);
+    ctrl_http_response r = {0};
+    c->ids[0] = 0;
+    if (ctrl_http_post(base, "/v1/completions", "application/json", body, strlen(body), NULL, 30, &r) ==
+            CTRL_OK &&
+        r.status == 200) {
+        cJSON *o = cJSON_Parse(r.body),
+              *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+        char *t = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(ch, "token_ids"));
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "model");
+        const int named =
+            cJSON_IsString(m) && (!strcmp(m->valuestring, c->model) || strcmp(c->model, "m") == 0);
+        if (t && named) snprintf(c->ids, sizeof c->ids, "%s", t); /* the response names the adapter */
+        free(t), cJSON_Delete(o);
+    }
+    ctrl_http_response_free(&r);
+    return NULL;
+}
+
+TEST(lora_adapters_chosen_by_model_equal_ctrl_generate_adapter) {
+    if (!server_up()) return;
+    int status = 0;
+    cJSON *models = call("GET", "/v1/models", NULL, &status);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(models, "data");
+    CHECK_EQ_INT(cJSON_GetArraySize(data), 3);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *m = cJSON_GetArrayItem(data, i + 1);
+        CHECK_STR(cJSON_GetObjectItemCaseSensitive(m, "id")->valuestring, lora_names[i]);
+        CHECK_STR(cJSON_GetObjectItemCaseSensitive(m, "parent")->valuestring, model_dir);
+    }
+    cJSON_Delete(models);
+    static const char *const prompts[] = {"hello world", "the cat sat"};
+    /* each model alone: the base (by its directory's name), alpha, beta */
+    lora_call alone[3][2];
+    const char *names[3] = {"m", "alpha", "beta"};
+    for (int k = 0; k < 3; k++)
+        for (int p = 0; p < 2; p++) {
+            alone[k][p] = (lora_call){.model = names[k], .prompt = prompts[p]};
+            lora_complete(&alone[k][p]);
+            char want[4096];
+            cli_generate(k ? lora_dir[k - 1] : NULL, prompts[p], want, sizeof want);
+            CHECK_MSG(want[0] && !strcmp(alone[k][p].ids, want), "%s '%s': served %s, ctrl generate%s %s",
+                      names[k], prompts[p], alone[k][p].ids, k ? " --adapter" : "", want);
+        }
+    CHECK(strcmp(alone[0][0].ids, alone[1][0].ids) || strcmp(alone[0][0].ids, alone[2][0].ids));
+    /* all six at once, from six connections: the engine batches them across adapters */
+    lora_call together[6];
+    pthread_t th[6];
+    for (int i = 0; i < 6; i++) {
+        together[i] = (lora_call){.model = names[i % 3], .prompt = prompts[i / 3]};
+        pthread_create(&th[i], NULL, lora_complete, &together[i]);
+    }
+    for (int i = 0; i < 6; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 6; i++)
+        CHECK_MSG(!strcmp(together[i].ids, alone[i % 3][i / 3].ids), "%s '%s' concurrently: %s, alone %s",
+                  names[i % 3], prompts[i / 3], together[i].ids, alone[i % 3][i / 3].ids);
+    /* a name that is neither the model nor an adapter: vLLM's 404, naming the field */
+    cJSON *e = call("POST", "/v1/completions", "{\"model\": \"gamma\", \"prompt\": \"hi\"}", &status);
+    CHECK_EQ_INT(status, 404);
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(e, "error");
+    CHECK_STR(cJSON_GetObjectItemCaseSensitive(err, "param")->valuestring, "model");
+    cJSON_Delete(e);
 }

@@ -1,12 +1,15 @@
 /* Generation with LoRA adapters applied live (no merge): decoding over the paged KV cache, one
  * token at a time, gives the log-probs the training forward gives under the same adapter (PEFT's
  * fixture adapters, tests/fixtures/lora), with dropout never applied while decoding (a model left
- * in training mode decodes as in evaluation), and with the adapters switched off the base's. */
+ * in training mode decodes as in evaluation), and with the adapters switched off the base's. Several
+ * adapters over one base (ctrl serve --lora): one decode call, and the engine's steps, mix them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "generate/engine.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/peft.h"
@@ -78,6 +81,172 @@ static void check(const char *adapter, const char *arch) {
 
 TEST(lora_decoding_applies_the_adapters_live) {
     check("qwen2_attn_mlp", "qwen2");
-    check("llama_all_rslora", "llama"); /* lora_dropout 0.1, modules_to_save lm_head */
+    check("llama_all_rslora", "llama");      /* lora_dropout 0.1, modules_to_save lm_head */
     check("qwen2_dora_all_rslora", "qwen2"); /* DoRA, biases, lora_dropout 0.05 */
+}
+
+/* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
+ * prompts flat in `tokens`), under the given adapters (NULL: none set). */
+static void decode_batch(ctrl_model *m, const int32_t *tokens, const int *lens, int n, const int *adapters,
+                         float *logits) {
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    ctrl_kv_cache *kv = NULL;
+    CHECK_EQ_INT(ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, 4, 1 << 20, CTRL_F32, &kv),
+                 CTRL_OK);
+    if (!kv) return;
+    ctrl_kv_seq seq[4] = {{0}}, *seqs[4] = {&seq[0], &seq[1], &seq[2], &seq[3]};
+    ctrl_model_set_decode_adapters(m, adapters);
+    CHECK_EQ_INT(ctrl_model_decode(m, kv, seqs, tokens, lens, n, logits), CTRL_OK);
+    for (int s = 0; s < n; s++) ctrl_kv_seq_release(kv, &seq[s]);
+    ctrl_kv_cache_free(kv);
+}
+
+/* Writes into the fresh directory made from `dir` (mkdtemp's template) the adapter `src` over `base`
+ * with every lora_B scaled by f: a second adapter for the same base. */
+static int scaled_adapter(const char *base, const char *src, float f, char *dir) {
+    CHECK(mkdtemp(dir) != NULL);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_peft_load(base, src, NULL, &m), CTRL_OK);
+    if (!m) return 0;
+    float *p = ctrl_model_params(m, NULL);
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        for (int64_t k = 0; strstr(pv->name, "lora_B") && k < pv->numel; k++) p[pv->offset + k] *= f;
+    }
+    const ctrl_status st = ctrl_peft_save(m, dir, "models/llama");
+    CHECK_EQ_INT(st, CTRL_OK);
+    ctrl_model_free(m);
+    return st == CTRL_OK;
+}
+
+static void remove_adapter(const char *dir) {
+    char path[200];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir), unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir), unlink(path);
+    rmdir(dir);
+}
+
+/* ctrl serve --lora's model side: adapters added to a plain base (ctrl_model_add_adapter) and one
+ * decode call mixing them per sequence (base, A, B, A) gives each sequence the logits its own
+ * adapter gives alone (ctrl_peft_load, as ctrl generate --adapter); what cannot be served side by
+ * side (DoRA, modules_to_save) is refused naming the key. */
+TEST(lora_bank_mixes_adapters_in_one_decode_call) {
+    static const char base[] = CTRL_FIXTURE_DIR "/models/llama", a1[] = CTRL_FIXTURE_DIR "/lora/llama_qv";
+    char a2[] = "/tmp/ctrl_lora_bank_XXXXXX"; /* a second adapter: llama_qv with B scaled by -2 */
+    if (!scaled_adapter(base, a1, -2.0f, a2)) return;
+
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
+    test_attach_paged(m);
+    int id1 = 0, id2 = 0;
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id1), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a2, &id2), CTRL_OK);
+    CHECK(id1 == 1 && id2 == 2 && ctrl_model_adapter_count(m) == 2);
+    CHECK(ctrl_model_add_adapter(m, CTRL_FIXTURE_DIR "/lora/llama_all_rslora", &id1) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "modules_to_save");
+    ctrl_model *q = NULL;
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &q), CTRL_OK);
+    if (q) CHECK(ctrl_model_add_adapter(q, CTRL_FIXTURE_DIR "/lora/qwen2_dora_all_rslora", &id1) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "use_dora");
+    ctrl_model_free(q);
+
+    static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2, 9};
+    static const int lens[4] = {3, 5, 4, 2}, adapters[4] = {1, 0, 2, 1};
+    const int V = m ? ctrl_model_cfg(m)->vocab_size : 1;
+    float *mixed = malloc(sizeof(float) * 4 * V), *alone = malloc(sizeof(float) * V);
+    if (m) decode_batch(m, tokens, lens, 4, adapters, mixed);
+    double worst = 0;
+    for (int s = 0, at = 0; m && s < 4; at += lens[s++]) {
+        ctrl_model *one = NULL;
+        const char *dir = adapters[s] == 1 ? a1 : a2;
+        CHECK_EQ_INT(adapters[s] ? ctrl_peft_load(base, dir, NULL, &one) : ctrl_model_load(base, NULL, &one),
+                     CTRL_OK);
+        test_attach_paged(one);
+        if (one) decode_batch(one, tokens + at, &lens[s], 1, NULL, alone);
+        const double e = test_rel_error_f32(mixed + (size_t)s * V, alone, V);
+        CHECK_MSG(e <= 1e-6, "sequence %d (adapter %d): logits relative error %.3g", s, adapters[s], e);
+        worst = fmax(worst, e);
+        ctrl_model_free(one);
+    }
+    if (m) { /* and the adapters do differ */
+        float *plain = malloc(sizeof(float) * 4 * V);
+        decode_batch(m, tokens, lens, 4, NULL, plain);
+        CHECK(test_rel_error_f32(mixed, plain, V) > 1e-4 &&
+              test_rel_error_f32(mixed + 2 * V, plain + 2 * V, V) > 1e-4);
+        CHECK_REL(mixed + V, plain + V, V, 0.0);
+        free(plain);
+    }
+    printf("  base + 2 adapters in one decode call: each sequence vs its adapter alone: logits rel %.1e\n",
+           worst);
+    free(mixed), free(alone);
+    ctrl_model_free(m);
+    remove_adapter(a2);
+}
+
+/* The engine with a bank: requests under adapter 1, the base, adapter 2 and adapter 1 again (n = 2)
+ * generated together (so they share every step: a mixed batch) give each request the tokens it gets
+ * alone from the base under its adapter (ctrl_peft_load, as ctrl generate --adapter). */
+static void generate_alone(const char *base, const char *adapter, const ctrl_gen_request *r,
+                           ctrl_gen_output *o) {
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(adapter ? ctrl_peft_load(base, adapter, NULL, &m) : ctrl_model_load(base, NULL, &m),
+                 CTRL_OK);
+    test_attach_paged(m);
+    ctrl_engine *e = NULL;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    ctrl_gen_request one = *r;
+    one.adapter = 0;
+    if (e) CHECK_EQ_INT(ctrl_engine_generate(e, &one, 1, o, NULL, NULL), CTRL_OK);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
+
+TEST(lora_bank_engine_batches_requests_for_different_adapters) {
+    static const char base[] = CTRL_FIXTURE_DIR "/models/llama", a1[] = CTRL_FIXTURE_DIR "/lora/llama_qv";
+    char b2[] = "/tmp/ctrl_lora_eng_XXXXXX"; /* a second llama adapter: llama_qv with B tripled */
+    if (!scaled_adapter(base, a1, 3.0f, b2)) return;
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
+    test_attach_paged(m);
+    int id = 0;
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, b2, &id), CTRL_OK);
+    ctrl_engine *e = NULL;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 1, 0}, &e), CTRL_OK);
+    static const int32_t p0[] = {3, 17, 42, 99, 5}, p1[] = {64, 11, 23}, p2[] = {88, 7, 120, 45, 2, 9};
+    const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .top_k = -1, .repetition_penalty = 1};
+    ctrl_gen_request reqs[4] = {
+        {.prompt = p0, .prompt_len = 5, .n = 1, .max_tokens = 6, .sampling = greedy, .adapter = 1},
+        {.prompt = p1, .prompt_len = 3, .n = 1, .max_tokens = 6, .sampling = greedy, .adapter = 0},
+        {.prompt = p2, .prompt_len = 6, .n = 1, .max_tokens = 6, .sampling = greedy, .adapter = 2},
+        {.prompt = p1, .prompt_len = 3, .n = 2, .max_tokens = 6, .sampling = greedy, .adapter = 1}};
+    ctrl_gen_output out[5], alone[5];
+    if (e) CHECK_EQ_INT(ctrl_engine_generate(e, reqs, 4, out, NULL, NULL), CTRL_OK);
+    ctrl_gen_request bad = reqs[0];
+    bad.adapter = 3;
+    if (e) CHECK(ctrl_engine_add(e, &bad, alone) != CTRL_OK);
+    int differs = 0;
+    for (int r = 0, o = 0; e && r < 4; o += reqs[r++].n) {
+        generate_alone(base,
+                       reqs[r].adapter == 1   ? a1
+                       : reqs[r].adapter == 2 ? b2
+                                              : NULL,
+                       &reqs[r], &alone[o]);
+        if (reqs[r].n == 2) alone[o + 1] = alone[o]; /* greedy: both samples are the same */
+        for (int k = 0; k < reqs[r].n; k++) {
+            CHECK_EQ_INT(out[o + k].len, alone[o].len);
+            CHECK_MSG(out[o + k].len == alone[o].len &&
+                          !memcmp(out[o + k].ids, alone[o].ids, sizeof(int32_t) * (size_t)alone[o].len),
+                      "request %d (adapter %d): the mixed batch's tokens differ from its adapter alone's", r,
+                      reqs[r].adapter);
+        }
+        differs +=
+            r > 0 && (out[o].len != out[1].len || memcmp(out[o].ids, out[1].ids, 4 * (size_t)out[1].len));
+    }
+    CHECK(differs >= 1); /* the adapters change what is generated */
+    for (int o = 0; e && o < 5; o++) ctrl_gen_output_free(&out[o]);
+    for (int o = 0; e && o < 4; o++) ctrl_gen_output_free(&alone[o]);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+    remove_adapter(b2);
 }

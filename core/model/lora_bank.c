@@ -1,0 +1,166 @@
+/* Several LoRA adapters over one base model for decoding (ctrl serve --lora NAME=DIR, vLLM's
+ * multi-LoRA serving): each adapter of the bank holds its own config and lora_A / lora_B weights
+ * (host memory, as decoding), and a decode call is told which adapter each sequence runs under
+ * (ctrl_model_set_decode_adapters). A projection then adds, for each run of consecutive sequences
+ * under the same adapter, s * (x A^T) B^T over those rows only: one batch mixes adapters and the
+ * base (PEFT's mixed-batch forward). Only plain LoRA: DoRA and modules_to_save adapters are
+ * refused (PEFT refuses DoRA in mixed batches too). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "model/peft.h"
+#include "model/safetensors.h"
+
+struct lora_bank_entry {
+    ctrl_lora_config cfg;
+    float scale;
+    long *a, *b; /* [n_layers][LORA_N_TARGETS] offsets into w, -1 where none */
+    float *w;
+};
+
+static void entry_free(lora_bank_entry *e) {
+    if (!e) return;
+    free(e->a), free(e->b), free(e->w);
+    free(e);
+}
+
+void lora_bank_free(ctrl_model *m) {
+    for (int i = 0; i < m->n_bank; i++) entry_free(m->bank[i]);
+    free(m->bank), free(m->bank_ws);
+    m->bank = NULL, m->n_bank = 0, m->bank_ws = NULL, m->bank_ws_n = 0;
+}
+
+/* The adapter of DIR's tensors into e (every one the config implies, shapes checked; no other). */
+static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const char *dir) {
+    char path[4200], name[CTRL_ST_MAX_NAME];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    const int L = m->cfg.n_layers, r = e->cfg.r;
+    size_t n = 0;
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            e->a[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + t] = -1;
+            if (!ctrl_lora_targets(&e->cfg, l, t)) continue;
+            int in, out;
+            lora_dims(m, t, &in, &out);
+            e->a[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)r * in;
+            e->b[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)out * r;
+        }
+    if (!(e->w = malloc(sizeof(float) * (n ? n : 1))))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: %zu adapter weights", dir, n);
+    ctrl_safetensors *f = NULL;
+    MODEL_TRY(ctrl_safetensors_open(path, &f));
+    ctrl_status st = CTRL_OK;
+    int used = 0;
+    for (int l = 0; l < L && st == CTRL_OK; l++)
+        for (int t = 0; t < LORA_N_TARGETS && st == CTRL_OK; t++)
+            for (int ab = 0; ab < 2 && st == CTRL_OK && e->a[l * LORA_N_TARGETS + t] >= 0; ab++) {
+                int in, out;
+                lora_dims(m, t, &in, &out);
+                const int64_t d0 = ab ? out : r, d1 = ab ? r : in;
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l,
+                         ctrl_lora_target_names[t], ab ? 'B' : 'A');
+                const ctrl_st_tensor *x = ctrl_safetensors_find(f, name);
+                if (!x || x->ndim != 2 || x->shape[0] != d0 || x->shape[1] != d1) {
+                    st = ctrl_error_set(
+                        CTRL_ERR_FORMAT, "%s: %s '%s' (adapter_config.json implies [%lld, %lld])", path,
+                        x ? "a wrongly shaped" : "no tensor", name, (long long)d0, (long long)d1);
+                    break;
+                }
+                float bad;
+                const int64_t at = ctrl_safetensors_find_non_finite(f, x, &bad);
+                st = at >= 0 ? ctrl_error_set(CTRL_ERR_FORMAT, "%s: '%s' holds %g at element %lld", path,
+                                              name, (double)bad, (long long)at)
+                             : ctrl_safetensors_read_f32(
+                                   f, name, e->w + (ab ? e->b : e->a)[l * LORA_N_TARGETS + t], d0 * d1);
+                used++;
+            }
+    if (st == CTRL_OK && used != ctrl_safetensors_count(f))
+        st = ctrl_error_set(CTRL_ERR_FORMAT,
+                            "%s: %d tensors, of which adapter_config.json explains %d (modules_to_save or "
+                            "DoRA magnitudes cannot be served beside other adapters)",
+                            path, ctrl_safetensors_count(f), used);
+    ctrl_safetensors_close(f);
+    return st;
+}
+
+ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
+    if (m->has_lora)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: the model has its own adapters; serve a plain base",
+                              dir);
+    lora_bank_entry *e = calloc(1, sizeof *e);
+    if (!e) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
+    ctrl_status st = ctrl_peft_read_config(dir, &e->cfg, NULL, 0);
+    if (st == CTRL_OK && e->cfg.use_dora)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "%s/adapter_config.json: \"use_dora\": a DoRA adapter cannot be served beside "
+                            "others (as in PEFT's mixed batches); merge it (ctrl model merge) and serve the "
+                            "merged model",
+                            dir);
+    if (st == CTRL_OK && (e->cfg.save_embed_tokens || e->cfg.save_lm_head))
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "%s/adapter_config.json: \"modules_to_save\": an adapter that replaces the "
+                            "embeddings or the head cannot be served beside others; merge it",
+                            dir);
+    if (st == CTRL_OK) {
+        const size_t n = (size_t)m->cfg.n_layers * LORA_N_TARGETS;
+        e->a = malloc(sizeof(long) * n), e->b = malloc(sizeof(long) * n);
+        st =
+            e->a && e->b ? read_weights(m, e, dir) : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    lora_bank_entry **p = st == CTRL_OK ? realloc(m->bank, sizeof *p * (size_t)(m->n_bank + 1)) : NULL;
+    if (st == CTRL_OK && !p) st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
+    if (st != CTRL_OK) {
+        entry_free(e);
+        return st;
+    }
+    e->scale = ctrl_lora_scaling(&e->cfg);
+    m->bank = p, m->bank[m->n_bank++] = e;
+    *id = m->n_bank;
+    return CTRL_OK;
+}
+
+int ctrl_model_adapter_count(const ctrl_model *m) { return m->n_bank; }
+
+void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq) {
+    m->dec_adapters = adapter_of_seq;
+}
+
+/* out = x w^T in the model's compute dtype (w outside the parameters: rounded on the fly in bf16). */
+static ctrl_status linear(const ctrl_model *m, float *out, const float *x, const float *w, int T, int IN,
+                          int OUT) {
+    return m->linear_bf16 ? m->be->linear_forward_bf16(out, x, w, NULL, T, IN, OUT, 0)
+                          : m->be->linear_forward(out, x, w, NULL, T, IN, OUT);
+}
+
+ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const float *x, int IN, int OUT) {
+    const int *ad = m->dec_adapters, *n_new = m->dec_n_new;
+    int max_r = 1;
+    for (int i = 0; i < m->n_bank; i++) max_r = m->bank[i]->cfg.r > max_r ? m->bank[i]->cfg.r : max_r;
+    const size_t need = (size_t)m->T * ((size_t)max_r + (size_t)OUT);
+    if (need > m->bank_ws_n) {
+        free(m->bank_ws);
+        if (!(m->bank_ws = malloc(sizeof(float) * need))) {
+            m->bank_ws_n = 0;
+            return ctrl_error_set(CTRL_ERR_NOMEM, "decode: LoRA scratch for %d tokens", m->T);
+        }
+        m->bank_ws_n = need;
+    }
+    for (int s = 0, t0 = 0; s < m->dec_n_seq;) {
+        int rows = 0, e_end = s; /* a run of sequences under one adapter */
+        while (e_end < m->dec_n_seq && ad[e_end] == ad[s]) rows += n_new[e_end++];
+        const lora_bank_entry *e = ad[s] > 0 && ad[s] <= m->n_bank ? m->bank[ad[s] - 1] : NULL;
+        const long ao = e ? e->a[l * LORA_N_TARGETS + t] : -1;
+        if (ao >= 0) {
+            float *xa = m->bank_ws, *y = xa + (size_t)rows * e->cfg.r;
+            MODEL_TRY(linear(m, xa, x + (size_t)t0 * IN, e->w + ao, rows, IN, e->cfg.r));
+            MODEL_TRY(m->be->scale(xa, e->scale, (int64_t)rows * e->cfg.r));
+            MODEL_TRY(linear(m, y, xa, e->w + e->b[l * LORA_N_TARGETS + t], rows, e->cfg.r, OUT));
+            MODEL_TRY(m->be->residual_forward(out + (size_t)t0 * OUT, out + (size_t)t0 * OUT, y,
+                                              (int64_t)rows * OUT));
+        }
+        t0 += rows, s = e_end;
+    }
+    return CTRL_OK;
+}
