@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctrl/log.h"
 #include "device/backend.h"
 
 static ctrl_status cpu_alloc(void **ptr, size_t bytes) {
@@ -54,8 +55,22 @@ static ctrl_status bf16_scratch_error(int T, int IN, int OUT) {
     return ctrl_error_set(CTRL_ERR_NOMEM, "cpu: bf16 scratch for a %d x %d linear over %d tokens", OUT, IN,
                           T);
 }
+/* Once per process: where bf16 compute has no fast path, the log says so (and what runs instead). */
+static void bf16_path_note(void) {
+    static int said;
+    if (said) return;
+    said = 1;
+    int fast;
+    const char *path = ctrl_cpu_bf16_path(&fast);
+    if (fast)
+        CTRL_DEBUG("cpu: bf16 linear layers on %s", path);
+    else
+        CTRL_WARN("cpu: bf16 compute has no fast path here: linear layers run as %s, no faster than fp32",
+                  path);
+}
 static ctrl_status linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T,
                                        int IN, int OUT, int w_rounded) {
+    bf16_path_note();
     return ctrl_cpu_linear_forward_bf16(out, x, w, bias, T, IN, OUT, w_rounded) == 0
                ? CTRL_OK
                : bf16_scratch_error(T, IN, OUT);

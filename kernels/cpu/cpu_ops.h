@@ -34,19 +34,32 @@ void ctrl_cpu_linear_forward(float *out, const float *x, const float *w, const f
 void ctrl_cpu_linear_backward(float *dx, float *dw, float *dbias, const float *dout, const float *x,
                               const float *w, int T, int IN, int OUT);
 
-/* bf16 (kernels/cpu/bf16.c): conversions with round-to-nearest-even; C[M,N] (+)= A[M,K] B[N,K]^T on
- * bf16 inputs with fp32 accumulation, through AVX-512 BF16 where the CPU has it
- * (ctrl_cpu_has_avx512bf16; CTRL_NO_AVX512BF16 in the environment forces the portable path); and
- * the linear layer on it: inputs rounded to bf16, outputs and gradients fp32 (w_rounded = 1: w
- * already holds bf16 values, e.g. a model's rounded copy, and is not rounded again). The linear
- * functions return 0, or -1 when scratch memory could not be had. */
+/* bf16 (kernels/cpu/bf16.c, gemm_bf16.c): conversions with round-to-nearest-even; C[M,N] (+)=
+ * A[M,K] B[N,K]^T on bf16 inputs with fp32 accumulation, through AVX-512 BF16 where the CPU has it
+ * (ctrl_cpu_has_avx512bf16: cpuid and the OS's saved state; CTRL_NO_AVX512BF16 in the environment
+ * forces the portable path); and the linear layer on it: inputs rounded to bf16, outputs and
+ * gradients fp32 (w_rounded = 1: w already holds bf16 values, e.g. a model's rounded copy, and is not
+ * rounded again). The linear functions return 0, or -1 when scratch memory could not be had. */
 void ctrl_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 void ctrl_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 /* dst = src rounded to the nearest bf16 value, kept in fp32 (dst may be src). */
 void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n);
 int ctrl_cpu_has_avx512bf16(void);
+/* How bf16 linear layers run here, in words; *fast = 0 where that is no faster than fp32. */
+const char *ctrl_cpu_bf16_path(int *fast);
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                            int accumulate);
+/* The blocked AVX-512 BF16 GEMM (gemm_bf16.c), as cblas_sgemm row-major with alpha 1:
+ * C[M,N] = (accumulate ? C : 0) + op(A) op(B), op(A)[M,K] = trans_a ? A^T (A stored [K,M]) : A,
+ * op(B)[K,N] = trans_b ? B^T (B stored [N,K]) : B; fp32 inputs are rounded to bf16 as they are packed,
+ * products accumulate in fp32. Returns 0, or -1 (C untouched) without AVX-512 BF16 or scratch memory.
+ * ctrl_cpu_gemm_bf16_nt_avx512: the same on bf16 inputs, C[M,N] (+)= A[M,K] B[N,K]^T.
+ * ctrl_cpu_gemm_bf16_compiled: 1 when this build has the AVX-512 BF16 code at all. */
+int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
+                       int ldb, float *C, int ldc, int accumulate);
+int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
+                                 int accumulate);
+int ctrl_cpu_gemm_bf16_compiled(void);
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
                                  int OUT, int w_rounded);
 int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,

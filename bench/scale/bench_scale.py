@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""SFT at a real model's size on the CPU: ctrl against TRL, bf16 and fp32, in one run.
+
+The model is a random-init Qwen2.5-0.5B-shaped Qwen2 (hidden 896, 14 heads, 2 KV heads, intermediate
+4864, tied embeddings; 24 layers unless --layers says fewer) made by `ctrl model init` with the real
+Qwen3 tokenizer (151,669 tokens) from ../shared/data/tokenizers/qwen3. The data are plain-text rows
+long enough that every row is truncated to exactly --seq tokens, so both trainers see batches of
+--batch x --seq tokens. Four runs, each in its own process (its peak RSS is its own):
+  ctrl  [train] dtype = bf16      ctrl  [train] dtype = fp32
+  TRL   bf16 = True (autocast)    TRL   fp32
+Reported: training tokens/s (tokens / training-loop time, first step included), seconds per step,
+peak RSS, the final loss, and the ratios. --profile adds `perf record` of ctrl's bf16 run and prints
+where its step goes (symbols, self time).
+usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
+       [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32] [--profile]   (after scripts/build.sh)"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TOK = os.path.abspath(os.path.join(ROOT, "..", "..", "shared", "data", "tokenizers", "qwen3"))
+if not os.path.isdir(TOK):
+    TOK = "/work/shared/data/tokenizers/qwen3"
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+CTRL = os.path.join(BUILD, "ctrl")
+PLUGINS = os.path.join(BUILD, "plugins")
+WORDS = ("the model learns a gradient from each token of the batch while the optimizer moves every "
+         "weight by its own step size and the loss falls over time as training goes on").split()
+
+
+def make_data(path, rows, words_per_row, seed=0):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=words_per_row))}) + "\n")
+
+
+def wait_child(cmd, env=None, stdout=subprocess.DEVNULL):
+    """Runs cmd, returns (its own peak RSS in MiB, user CPU seconds, its stdout or None)."""
+    p = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
+    out = p.stdout.read() if stdout == subprocess.PIPE else None
+    err = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        sys.stderr.write(err)
+        raise SystemExit(f"{cmd[0]} failed ({p.returncode})")
+    return ru.ru_maxrss / 1024, ru.ru_utime, out, err
+
+
+def run_ctrl(d, args, dtype, profile=False):
+    out = os.path.join(d, f"ctrl_{dtype}")
+    ini = os.path.join(d, f"ctrl_{dtype}.ini")
+    with open(ini, "w") as f:
+        f.write(f"""[run]
+output_dir = {out}
+device = cpu
+[model]
+path = {d}/model
+attention = flash
+[data]
+train_file = {d}/train.jsonl
+max_length = {args.seq}
+shuffle = false
+[train]
+dtype = {dtype}
+learning_rate = 1e-5
+max_steps = {args.steps}
+per_device_train_batch_size = {args.batch}
+logging_steps = 1
+save_strategy = no
+""")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS="1")
+    cmd = [CTRL, "--plugin-dir", PLUGINS, "train", ini]
+    if profile:
+        cmd = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] + cmd
+    rss, utime, _, err = wait_child(cmd, env=env)
+    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"step"' in l]
+    notes = [l for l in err.splitlines() if "cpu: bf16" in l]
+    return {"tokens_per_second": steps[-1]["tokens_per_second"], "rss_mib": rss, "loss": steps[-1]["loss"],
+            "user_s": utime, "notes": notes}
+
+
+def run_trl(d, args, dtype):
+    cmd = [sys.executable, os.path.abspath(__file__), "--trl-child", d, "--dtype", dtype]
+    for k in ("threads", "steps", "batch", "seq"):
+        cmd += [f"--{k}", str(getattr(args, k))]
+    rss, utime, out, _ = wait_child(cmd, stdout=subprocess.PIPE)
+    r = json.loads(out.strip().splitlines()[-1])
+    r.update(rss_mib=rss, user_s=utime, notes=[])
+    return r
+
+
+def trl_child(d, args):
+    import torch
+    from datasets import Dataset
+    from torch.utils.data import SequentialSampler
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    class Sequential(SFTTrainer):
+        def _get_train_sampler(self, *a, **k):
+            return SequentialSampler(self.train_dataset)
+
+    torch.set_num_threads(args.threads)
+    tok = AutoTokenizer.from_pretrained(os.path.join(d, "model"))
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    rows = [json.loads(l) for l in open(os.path.join(d, "train.jsonl"))]
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, bf16=args.dtype == "bf16",
+                        max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=1e-5,
+                        logging_steps=1, save_strategy="no", max_length=args.seq, dataloader_num_workers=0)
+        trainer = Sequential(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
+        t0 = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - t0
+        tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h][-1]
+        loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
+    print(json.dumps({"tokens_per_second": tokens / seconds, "loss": loss,
+                      "versions": f"torch {torch.__version__}, trl {__import__('trl').__version__}"}))
+
+
+def cpu_line():
+    info = open("/proc/cpuinfo").read()
+    model = info.split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
+    flags = info.split("\nflags")[1].split("\n")[0].split(":", 1)[1].split()
+    simd = [f for f in flags if f.startswith(("avx", "amx"))]
+    return f"{model}, {os.cpu_count()} cores; {' '.join(simd)}"
+
+
+def profile_report(d):
+    if not shutil.which("perf"):
+        print("profile: perf is not installed")
+        return
+    r = subprocess.run(["perf", "report", "-i", os.path.join(d, "perf.data"), "--no-children", "--sort",
+                        "symbol", "--stdio", "-q", "--percent-limit", "1.5"], capture_output=True, text=True)
+    print("profile of ctrl's bf16 run (perf, self time by symbol, >= 1.5%):")
+    for line in r.stdout.splitlines():
+        if line.strip():
+            print("  " + line.strip())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--only", default="ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--trl-child")
+    p.add_argument("--dtype", default="fp32")
+    args = p.parse_args()
+    if args.trl_child:
+        return trl_child(args.trl_child, args)
+    if not os.path.isdir(TOK):
+        raise SystemExit(f"bench_scale: no tokenizer at {TOK}")
+    with tempfile.TemporaryDirectory() as d:
+        make_data(os.path.join(d, "train.jsonl"), rows=args.batch * args.steps + 8, words_per_row=args.seq * 2)
+        subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init", "--arch", "qwen2", "--hidden", "896",
+                        "--layers", str(args.layers), "--heads", "14", "--kv-heads", "2", "--intermediate", "4864",
+                        "--tie-embeddings", "--tokenizer", TOK, "--out", os.path.join(d, "model")], check=True,
+                       stdout=subprocess.DEVNULL)
+        load = open("/proc/loadavg").read().split()[:3]
+        print(f"machine: {cpu_line()}")
+        print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {' '.join(load)} at start; "
+              f"Qwen2.5-0.5B shape with {args.layers} of 24 layers, vocab 151,669, batch {args.batch} x "
+              f"{args.seq} tokens, {args.steps} steps, {args.threads} thread(s)")
+        tokens = args.batch * args.seq
+        results = {}
+        for name in args.only.split(","):
+            side, dtype = name.split("-")
+            r = run_ctrl(d, args, dtype, args.profile and name == "ctrl-bf16") if side == "ctrl" else run_trl(d, args, dtype)
+            results[name] = r
+            print(f"{name:10s} {r['tokens_per_second']:8.1f} tokens/s  {tokens / r['tokens_per_second']:7.2f} s/step  "
+                  f"peak RSS {r['rss_mib']:7.0f} MiB  user CPU {r['user_s']:7.1f} s  loss {r['loss']:.4f}"
+                  + (f"  ({r['versions']})" if "versions" in r else ""), flush=True)
+            for n in r["notes"]:
+                print(f"           log: {n}")
+        for c in ("ctrl-bf16", "ctrl-fp32"):
+            for t in ("trl-bf16", "trl-fp32"):
+                if c in results and t in results:
+                    print(f"{c} / {t}: {results[c]['tokens_per_second'] / results[t]['tokens_per_second']:.2f}x tokens/s "
+                          f"at {results[c]['rss_mib'] / results[t]['rss_mib']:.2f}x peak RSS")
+        print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])} at end")
+        if args.profile and "ctrl-bf16" in results:
+            profile_report(d)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+/* The blocked bf16 GEMM on AVX-512 BF16 (vdpbf16ps): C[M,N] (+)= op(A)[M,K] op(B)[K,N] with the
+ * inputs rounded to bf16 as they are packed (fp32 sources, or bf16 ones) and fp32 accumulation.
+ *
+ * Blocking in the usual way for a packed-panel GEMM: for each block of NC columns and KC of the
+ * depth, B[KC, NC] is rounded and packed into panels of NR = 64 columns, each a run of (k, k+1)
+ * pairs (one 512-bit load holds 16 columns' pairs); then each block of MC rows of A is packed into
+ * panels of MR = 6 rows the same way, and a 6 x 64 register tile (24 accumulators) walks the depth:
+ * per pair of k, 4 loads of B, 6 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (KC x 64, 32 KiB)
+ * stays in L1 while the A block (MC x KC, 96 KiB) streams from L2. K odd or not a multiple of KC:
+ * the last pair is padded with zero; edges of M and N: the tile is computed whole on zero padding
+ * and stored under masks. op(X) is X or X^T as stored row-major, so the three products a linear
+ * layer needs (x W^T, dout W, dout^T x) run without transposed copies. */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) &&                                                                                   \
+    ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 11))
+#define MR 8
+#define NR 48
+#define KC 256  /* depth per block (even) */
+#define MC 192  /* rows of A per block (a multiple of MR and of 16) */
+#define NC 8160 /* columns of B per block (a multiple of NR and of 16) */
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+typedef struct operand {
+    const void *p; /* fp32 or bf16 (uint16_t) values */
+    int bf16;      /* 1: p holds bf16 */
+    int k_contig;  /* 1: element (r, k) at p[r * ld + k]; 0: at p[k * ld + r] */
+    size_t ld;
+} operand;
+
+static inline uint16_t round_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline uint32_t elem(const operand *o, int r, int k) {
+    const size_t i = o->k_contig ? (size_t)r * o->ld + k : (size_t)k * o->ld + r;
+    return o->bf16 ? ((const uint16_t *)o->p)[i] : round_bf16(((const float *)o->p)[i]);
+}
+
+/* 16 floats rounded to bf16 (round to nearest even, NaN kept quiet, as round_bf16), each in the
+ * low half of its 32-bit lane. */
+TARGET static inline __m512i round16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
+/* 16 x 16 transpose of 32-bit lanes: r[i] lane j <- r[j] lane i. */
+TARGET static void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4a + b], 128-bit lane L: rows 4a..4a+3 of column 4L + b; gather the four lanes L of each b */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);     /* lanes 0, 2 of each */
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD); /* lanes 1, 3 */
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+    }
+}
+
+/* The packed layout of a block of rows (MR or NR = W rows per panel, panels kc2 x W apart): pair k2
+ * of block row r at dst[(r / W) * kc2 * W + k2 * W + r % W]. A group of 16 rows is two halves of 8
+ * (W is a multiple of 8), each within one panel: where each half's pair 0 goes, NULL past the last
+ * panel (alloc rows). */
+typedef struct halves {
+    uint32_t *d[2];
+    int W;
+} halves;
+
+static halves halves_of(uint32_t *dst, int W, int kc2, int r, int alloc) {
+    halves h = {{NULL, NULL}, W};
+    for (int i = 0; i < 2; i++, r += 8)
+        if (r < alloc) h.d[i] = dst + (size_t)(r / W) * kc2 * W + r % W;
+    return h;
+}
+
+/* 16 rows' pair k2 (lanes) stored into the two halves */
+TARGET static inline void store16(const halves *h, int k2, __m512i v) {
+    _mm256_storeu_si256((__m256i *)(h->d[0] + (size_t)k2 * h->W), _mm512_castsi512_si256(v));
+    if (h->d[1])
+        _mm256_storeu_si256((__m256i *)(h->d[1] + (size_t)k2 * h->W), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/* Packs block rows [r, r + 16) (n of them valid, zeros after) of depth [k0, k0 + kc) into the layout
+ * above; the block's row 0 is operand row r0. */
+TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int r0, int r, int n, int k0,
+                          int kc) {
+    const int kc2 = (kc + 1) / 2;
+    const __mmask16 rows = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
+    const halves h = halves_of(dst, W, kc2, r, alloc);
+    if (o->bf16) {
+        for (int k2 = 0; k2 < kc2; k2++) {
+            uint32_t v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = i < n ? elem(o, r0 + r + i, k0 + 2 * k2) |
+                                   (2 * k2 + 1 < kc ? elem(o, r0 + r + i, k0 + 2 * k2 + 1) << 16 : 0u)
+                             : 0u;
+            store16(&h, k2, _mm512_loadu_si512(v));
+        }
+        return;
+    }
+    const float *p = o->p;
+    if (!o->k_contig) { /* rows k and k + 1 of the source hold the 16 rows' values side by side */
+        for (int k2 = 0; k2 < kc2; k2++) {
+            const float *lo = p + (size_t)(k0 + 2 * k2) * o->ld + r0 + r;
+            _mm_prefetch((const char *)(lo + 4 * o->ld), _MM_HINT_T0);
+            _mm_prefetch((const char *)(lo + 5 * o->ld), _MM_HINT_T0);
+            __m512i v = round16(_mm512_maskz_loadu_ps(rows, lo));
+            if (2 * k2 + 1 < kc)
+                v = _mm512_or_si512(v,
+                                    _mm512_slli_epi32(round16(_mm512_maskz_loadu_ps(rows, lo + o->ld)), 16));
+            store16(&h, k2, v);
+        }
+        return;
+    }
+    /* each row's values are contiguous: 32 of them make 16 pairs; 16 rows of those, transposed */
+    for (int k = 0; k < kc; k += 32) {
+        const int left = kc - k;
+        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+        const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1u) : 0;
+        __m512i v[16];
+        for (int i = 0; i < 16; i++) {
+            if (i >= n) {
+                v[i] = _mm512_setzero_si512();
+                continue;
+            }
+            const float *src = p + (size_t)(r0 + r + i) * o->ld + k0 + k;
+            /* 16 rows far apart: the hardware prefetcher does not keep up; fetch two chunks ahead */
+            _mm_prefetch((const char *)(src + 64), _MM_HINT_T0);
+            _mm_prefetch((const char *)(src + 80), _MM_HINT_T0);
+            const __m256i a = _mm512_cvtepi32_epi16(round16(_mm512_maskz_loadu_ps(m0, src)));
+            const __m256i b = _mm512_cvtepi32_epi16(round16(_mm512_maskz_loadu_ps(m1, src + 16)));
+            v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        }
+        transpose16(v);
+        const int np = left >= 32 ? 16 : (left + 1) / 2;
+        for (int q = 0; q < np; q++) store16(&h, k / 2 + q, v[q]);
+    }
+}
+
+/* Block rows [0, n) packed into panels of W (alloc = n rounded up to W), the groups of 16 rows in
+ * [g0, g1). Where the rows lie side by side in the source (k_contig = 0), the source rows are read
+ * whole, all groups at once, pair by pair. */
+TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int g0,
+                              int g1) {
+    const int alloc = (n + W - 1) / W * W, kc2 = (kc + 1) / 2;
+    if (o->k_contig || o->bf16 || g1 - g0 > NC / 16) {
+        for (int g = g0; g < g1; g++) {
+            const int r = 16 * g;
+            pack16(dst, W, alloc, o, r0, r, n - r < 16 ? n - r : 16, k0, kc);
+        }
+        return;
+    }
+    halves hs[NC / 16];
+    for (int g = g0; g < g1; g++) hs[g - g0] = halves_of(dst, W, kc2, 16 * g, alloc);
+    const float *p = o->p;
+    for (int k2 = 0; k2 < kc2; k2++) {
+        const float *lo = p + (size_t)(k0 + 2 * k2) * o->ld + r0, *hi = 2 * k2 + 1 < kc ? lo + o->ld : NULL;
+        for (int g = g0; g < g1; g++) {
+            const int r = 16 * g, left = n - r;
+            const __mmask16 m = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+            __m512i v = round16(_mm512_maskz_loadu_ps(m, lo + r));
+            if (hi) v = _mm512_or_si512(v, _mm512_slli_epi32(round16(_mm512_maskz_loadu_ps(m, hi + r)), 16));
+            store16(&hs[g - g0], k2, v);
+            if (2 * k2 + 3 < kc) { /* the next pair of rows, one line each */
+                _mm_prefetch((const char *)(lo + 2 * o->ld + r), _MM_HINT_T0);
+                _mm_prefetch((const char *)(lo + 3 * o->ld + r), _MM_HINT_T0);
+            }
+        }
+    }
+}
+
+/* c[mr, nr] (+)= the 8 x 48 tile of a (kc2 pairs x MR) times b (kc2 pairs x NR). */
+TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c, size_t ldc, int mr, int nr,
+                        int accumulate) {
+    __m512 acc[MR][3];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 3
+        for (int j = 0; j < 3; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int k2 = 0; k2 < kc2; k2++, a += MR, b += NR) {
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16),
+                       b2 = (__m512bh)_mm512_loadu_si512(b + 32);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
+            acc[i][2] = _mm512_dpbf16_ps(acc[i][2], av, b2);
+        }
+    }
+    if (mr == MR && nr == NR) {
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; j++) {
+                float *cp = c + (size_t)i * ldc + 16 * j;
+                _mm512_storeu_ps(cp, accumulate ? _mm512_add_ps(acc[i][j], _mm512_loadu_ps(cp)) : acc[i][j]);
+            }
+        return;
+    }
+    for (int i = 0; i < MR; i++) {
+        if (i >= mr) break;
+        for (int j = 0; j < 3 && 16 * j < nr; j++) {
+            const int n = nr - 16 * j;
+            const __mmask16 m = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
+            float *cp = c + (size_t)i * ldc + 16 * j;
+            const __m512 v = accumulate ? _mm512_add_ps(acc[i][j], _mm512_maskz_loadu_ps(m, cp)) : acc[i][j];
+            _mm512_mask_storeu_ps(cp, m, v);
+        }
+    }
+}
+
+static int gemm_blocked(int M, int N, int K, const operand *A, const operand *B, float *C, size_t ldc,
+                        int accumulate) {
+    const int ncmax = N < NC ? (N + NR - 1) / NR * NR : NC;
+    uint32_t *bp = aligned_alloc(64, sizeof(uint32_t) * (size_t)(KC / 2) * ncmax);
+    if (!bp) return -1;
+    int failed = 0;
+#pragma omp parallel
+    {
+        uint32_t *ap = aligned_alloc(64, sizeof(uint32_t) * (size_t)(KC / 2) * MC);
+        if (!ap) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#ifdef _OPENMP
+        const int nth = omp_get_num_threads();
+#else
+        const int nth = 1;
+#endif
+        for (int jc = 0; jc < N; jc += NC) {
+            const int nc = N - jc < NC ? N - jc : NC, npanels = (nc + NR - 1) / NR;
+            for (int pc = 0; pc < K; pc += KC) {
+                const int kc = K - pc < KC ? K - pc : KC, kc2 = (kc + 1) / 2;
+                const int ngroups = (nc + 15) / 16;
+#pragma omp for schedule(static)
+                for (int t = 0; t < nth; t++)
+                    pack_block(bp, NR, B, jc, nc, pc, kc, ngroups * t / nth, ngroups * (t + 1) / nth);
+                /* work items: blocks of MC rows, each split across the columns when there are
+                 * fewer blocks than threads (few tokens: decoding) */
+                const int mblocks = (M + MC - 1) / MC;
+                const int nsplit = mblocks >= nth ? 1 : (npanels < nth ? npanels : nth);
+#pragma omp for schedule(dynamic, 1)
+                for (int w = 0; w < mblocks * nsplit; w++) {
+                    if (!ap) continue;
+                    const int ic = (w / nsplit) * MC, s = w % nsplit, mc = M - ic < MC ? M - ic : MC;
+                    const int p0 = npanels * s / nsplit, p1 = npanels * (s + 1) / nsplit;
+                    pack_block(ap, MR, A, ic, mc, pc, kc, 0, (mc + 15) / 16);
+                    for (int p = p0; p < p1; p++) {
+                        const int n = nc - p * NR < NR ? nc - p * NR : NR;
+                        for (int i = 0; i < mc; i += MR)
+                            tile(kc2, ap + (size_t)i * kc2, bp + (size_t)p * kc2 * NR,
+                                 C + (size_t)(ic + i) * ldc + jc + p * NR, ldc, mc - i < MR ? mc - i : MR, n,
+                                 accumulate || pc > 0);
+                    }
+                }
+            }
+        }
+        free(ap);
+    }
+    free(bp);
+    return failed ? -1 : 0;
+}
+#define CTRL_HAVE_BLOCKED 1
+#endif
+
+int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
+                       int ldb, float *C, int ldc, int accumulate) {
+#ifdef CTRL_HAVE_BLOCKED
+    if (!ctrl_cpu_has_avx512bf16()) return -1;
+    if (M <= 0 || N <= 0) return 0;
+    const operand a = {A, 0, !trans_a, (size_t)lda}, b = {B, 0, trans_b, (size_t)ldb};
+    if (K <= 0) { /* an empty sum */
+        for (int i = 0; i < M; i++)
+            if (!accumulate) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
+        return 0;
+    }
+    return gemm_blocked(M, N, K, &a, &b, C, (size_t)ldc, accumulate);
+#else
+    (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
+    (void)ldc, (void)accumulate;
+    return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
+                                 int accumulate) {
+#ifdef CTRL_HAVE_BLOCKED
+    if (!ctrl_cpu_has_avx512bf16()) return -1;
+    if (M <= 0 || N <= 0 || K <= 0) return -1;
+    const operand a = {A, 1, 1, (size_t)K}, b = {B, 1, 1, (size_t)K};
+    return gemm_blocked(M, N, K, &a, &b, C, (size_t)N, accumulate);
+#else
+    (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)accumulate;
+    return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_compiled(void) {
+#ifdef CTRL_HAVE_BLOCKED
+    return 1;
+#else
+    return 0;
+#endif
+}

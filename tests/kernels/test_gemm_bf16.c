@@ -1,0 +1,165 @@
+/* The blocked bf16 GEMM (kernels/cpu/gemm_bf16.c) and the bf16 linear layer on it, against an fp64
+ * reference computed from the bf16-rounded inputs: all four orientations (the model uses three:
+ * x W^T, dout W, dout^T x), odd shapes (edges of the 6 x 64 tile, K odd, K past the 256 depth block,
+ * M past the 192-row block, N past the 4096-column block), leading dimensions wider than the rows,
+ * accumulate on and off; the rounding done while packing equals ctrl_cpu_round_to_bf16 bit for bit
+ * (ties, overflow to infinity) in both packing directions. ctest runs this file twice: as is (the
+ * AVX-512 BF16 path where the CPU has it) and with CTRL_NO_AVX512BF16=1 (test_gemm_bf16_portable),
+ * where ctrl_cpu_gemm_bf16 must refuse (-1, C untouched) and the linear layer must still agree. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+#include "test.h"
+
+static float frand(unsigned *s) {
+    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
+}
+
+/* element (i, k) of op(X) stored row-major with leading dimension ld, X^T when trans */
+static float at(const float *x, int trans, int ld, int i, int k) {
+    return trans ? x[(size_t)k * ld + i] : x[(size_t)i * ld + k];
+}
+
+/* R = op(A) op(B) in double on the inputs rounded to bf16; S = the sums of |products| (the error scale) */
+static void reference(double *R, double *S, int ta, int tb, int M, int N, int K, const float *A, int lda,
+                      const float *B, int ldb) {
+    const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
+    float *a = malloc(sizeof(float) * na), *b = malloc(sizeof(float) * nb);
+    ctrl_cpu_round_to_bf16(a, A, (int64_t)na), ctrl_cpu_round_to_bf16(b, B, (int64_t)nb);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double r = 0, s = 0;
+            for (int k = 0; k < K; k++) {
+                const double p = (double)at(a, ta, lda, i, k) * at(b, !tb, ldb, j, k);
+                r += p, s += fabs(p);
+            }
+            R[(size_t)i * N + j] = r, S[(size_t)i * N + j] = s;
+        }
+    free(a), free(b);
+}
+
+TEST(all_orientations_odd_shapes_against_fp64) {
+    static const int shapes[][3] = {{1, 1, 1},      {7, 65, 33},  {6, 64, 2},   {13, 130, 257},
+                                    {200, 70, 515}, {5, 129, 31}, {3, 4100, 5}, {37, 17, 1}};
+    const int fast = ctrl_cpu_has_avx512bf16();
+    printf("  AVX-512 BF16 path: %s\n", fast ? "on" : "off (ctrl_cpu_gemm_bf16 must refuse)");
+    unsigned seed = 3;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int o = 0; o < 4; o++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ta = o >> 1, tb = o & 1;
+            const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+            float *A = malloc(sizeof(float) * (size_t)(ta ? K : M) * lda);
+            float *B = malloc(sizeof(float) * (size_t)(tb ? N : K) * ldb);
+            float *C = malloc(sizeof(float) * (size_t)M * ldc);
+            double *R = malloc(sizeof(double) * (size_t)M * N), *S = malloc(sizeof(double) * (size_t)M * N);
+            for (size_t i = 0; i < (size_t)(ta ? K : M) * lda; i++) A[i] = frand(&seed);
+            for (size_t i = 0; i < (size_t)(tb ? N : K) * ldb; i++) B[i] = frand(&seed);
+            for (size_t i = 0; i < (size_t)M * ldc; i++) C[i] = 0.5f;
+            reference(R, S, ta, tb, M, N, K, A, lda, B, ldb);
+            for (int acc = 1; acc >= 0; acc--) {
+                const int rc = ctrl_cpu_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
+                if (!fast) {
+                    CHECK_EQ_INT(rc, -1);
+                    int touched = 0;
+                    for (size_t i = 0; i < (size_t)M * ldc; i++) touched += C[i] != 0.5f;
+                    CHECK_EQ_INT(touched, 0);
+                    continue;
+                }
+                CHECK_EQ_INT(rc, 0);
+                double worst = 0;
+                int pad = 0;
+                for (int i = 0; i < M; i++) {
+                    for (int j = 0; j < N; j++) {
+                        const double want = R[(size_t)i * N + j] + (acc ? 0.5 : 0.0);
+                        /* fp32 accumulation: at most K roundings of 2^-24 of the sum of |products| */
+                        const double tol = 1e-7 * (K + 2) * (S[(size_t)i * N + j] + 1);
+                        worst = fmax(worst, fabs(C[(size_t)i * ldc + j] - want) / tol);
+                    }
+                    pad += C[(size_t)i * ldc + N] != 0.5f || C[(size_t)i * ldc + N + 1] != 0.5f;
+                }
+                CHECK_MSG(worst <= 1, "%dx%dx%d ta %d tb %d acc %d: error %.3g of the bound", M, N, K, ta, tb,
+                          acc, worst);
+                CHECK_MSG(pad == 0, "%dx%dx%d ta %d tb %d: wrote past N in %d rows", M, N, K, ta, tb, pad);
+            }
+            free(A), free(B), free(C), free(R), free(S);
+        }
+}
+
+/* C = op(A) I picks out A's values as the packing rounded them: they must be ctrl_cpu_round_to_bf16's
+ * (finite values in a K = 40 identity product; infinities, which would make NaNs of the other
+ * columns' zeros, one per row with K = 1). */
+TEST(packing_rounds_as_round_to_bf16) {
+    if (!ctrl_cpu_has_avx512bf16()) TEST_SKIP("AVX-512 BF16 off: nothing is packed");
+    enum { M = 9, K = 40, NS = 16 };
+    static const float specials[NS] = {1.00390625f,    1.01171875f,    -1.00390625f,   3.3895314e38f,
+                                       -3.3895314e38f, 3.40282347e38f, INFINITY,       -INFINITY,
+                                       0.0f,           -0.0f,          1e-30f,         65504.0f,
+                                       0.1f,           -2.5e-3f,       1.0f + 0x1p-8f, 3.0f + 0x1p-7f};
+    float A[M * K], At[K * M], I[K * K], C[M * K], want[M * K];
+    unsigned seed = 11;
+    for (int i = 0; i < M * K; i++)
+        A[i] = i < NS && isfinite(specials[i]) && fabsf(specials[i]) < 3.39e38f ? specials[i]
+                                                                                : frand(&seed) * 1000;
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) At[(size_t)k * M + i] = A[(size_t)i * K + k];
+    for (int i = 0; i < K * K; i++) I[i] = i % (K + 1) == 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const int m = pass ? NS : M, k = pass ? 1 : K;
+        const float *src = pass ? specials : A, one = 1.0f;
+        ctrl_cpu_round_to_bf16(want, src, m * k);
+        for (int ta = 0; ta < 2; ta++) {
+            const float *a = ta && !pass ? At : src;
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16(ta, 0, m, k, k, a, ta ? m : k, pass ? &one : I, k, C, k, 0), 0);
+            int bad = 0;
+            for (int i = 0; i < m * k; i++)
+                if (memcmp(&C[i], &want[i], 4) && !(C[i] == 0 && want[i] == 0)) {
+                    if (bad++ < 4)
+                        printf("  ta %d: %a packed as %a, rounding gives %a\n", ta, src[i], C[i], want[i]);
+                }
+            CHECK_MSG(bad == 0, "K %d, ta %d: %d values rounded differently", k, ta, bad);
+        }
+    }
+}
+
+static double worst_rel(const float *got, const double *want, const double *scale, int n, int K) {
+    double w = 0;
+    for (int i = 0; i < n; i++) w = fmax(w, fabs(got[i] - want[i]) / (1e-7 * (K + 2) * (scale[i] + 1)));
+    return w;
+}
+
+/* The linear layer on whichever path runs (forward x W^T, dx = dout W, dW += dout^T x), against fp64
+ * on rounded inputs; T = 3 with rounded weights also takes the few-tokens SGEMM path. */
+TEST(linear_layer_on_every_path_against_fp64) {
+    static const int shapes[][3] = {{3, 33, 17}, {37, 96, 80}, {70, 257, 130}};
+    unsigned seed = 5;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int T = shapes[s][0], IN = shapes[s][1], OUT = shapes[s][2];
+        float *x = malloc(sizeof(float) * T * IN), *w = malloc(sizeof(float) * OUT * IN),
+              *dout = malloc(sizeof(float) * T * OUT), *y = malloc(sizeof(float) * T * OUT),
+              *dx = malloc(sizeof(float) * T * IN), *dw = malloc(sizeof(float) * OUT * IN);
+        double *R = malloc(sizeof(double) * OUT * IN), *S = malloc(sizeof(double) * OUT * IN);
+        for (int i = 0; i < T * IN; i++) x[i] = frand(&seed);
+        for (int i = 0; i < OUT * IN; i++) w[i] = frand(&seed) * 0.1f;
+        for (int i = 0; i < T * OUT; i++) dout[i] = frand(&seed);
+        for (int rounded = 0; rounded < 2; rounded++) {
+            if (rounded) ctrl_cpu_round_to_bf16(w, w, (int64_t)OUT * IN);
+            for (int i = 0; i < OUT * IN; i++) dw[i] = 1.0f;
+            CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(y, x, w, NULL, T, IN, OUT, rounded), 0);
+            CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(dx, dw, NULL, dout, x, w, T, IN, OUT, rounded), 0);
+            reference(R, S, 0, 1, T, OUT, IN, x, IN, w, IN);
+            const double ey = worst_rel(y, R, S, T * OUT, IN);
+            reference(R, S, 0, 0, T, IN, OUT, dout, OUT, w, IN);
+            const double edx = worst_rel(dx, R, S, T * IN, OUT);
+            reference(R, S, 1, 0, OUT, IN, T, dout, OUT, x, IN);
+            for (int i = 0; i < OUT * IN; i++) R[i] += 1.0;
+            const double edw = worst_rel(dw, R, S, OUT * IN, T);
+            CHECK_MSG(ey <= 1 && edx <= 1 && edw <= 1,
+                      "T %d IN %d OUT %d rounded %d: out %.3g dx %.3g dW %.3g", T, IN, OUT, rounded, ey, edx,
+                      edw);
+        }
+        free(x), free(w), free(dout), free(y), free(dx), free(dw), free(R), free(S);
+    }
+}
