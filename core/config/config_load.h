@@ -84,6 +84,10 @@ typedef struct ctrl_run_settings {
         unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down) */
         int all_linear, save_embed_tokens, save_lm_head;
     } peft;
+    struct {
+        const char *path; /* NULL when unset */
+        int bf16;         /* [teacher] dtype = bf16 */
+    } teacher;
 } ctrl_run_settings;
 
 const ctrl_run_plugins *ctrl_config_plugins(const ctrl_config *cfg);

@@ -199,6 +199,16 @@ static const ctrl_option peft_options[] = {
     CTRL_OPTION_END,
 };
 
+static const ctrl_option teacher_options[] = {
+    {"path", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
+     "Distillation (trainer = gkd): the teacher, a Hugging Face causal LM directory of the student's vocabulary "
+     "(and tokenizer, when it has tokenizer files); any size. Held frozen: no gradients, no optimizer state."},
+    {"dtype", CTRL_OPT_CHOICE, "fp32", 0, 0, 0, "fp32|bf16",
+     "The teacher's compute dtype: bf16 runs its linear projections in bf16 (fp32 accumulation, as "
+     "torch.autocast), whatever the student's [train] dtype."},
+    CTRL_OPTION_END,
+};
+
 const ctrl_option config_reward_instance_options[] = {
     {"plugin", CTRL_OPT_STRING, NULL, CTRL_OPT_REQUIRED, 0, 0, NULL, "Reward plugin this function runs."},
     {"weight", CTRL_OPT_FLOAT, "1.0", 0, 0, 0, NULL, "Weight of this reward in the total."},
@@ -213,6 +223,7 @@ static const ctrl_config_section core_sections[] = {
     {"memory", "Memory strategies.", memory_options},
     {"generation", "The generation engine (online trainers).", generation_options},
     {"peft", "LoRA adapters.", peft_options},
+    {"teacher", "The teacher model of a distillation trainer (gkd).", teacher_options},
     {NULL, NULL, NULL},
 };
 

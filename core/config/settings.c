@@ -38,6 +38,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     const char *mode = rd_str(&r, "generation", "mode");
     const char *only = rd_str(&r, "data", "completion_only_loss");
     const char *kv = rd_str(&r, "generation", "kv_cache_dtype");
+    const char *tdtype = rd_str(&r, "teacher", "dtype");
     *s = (ctrl_run_settings){
         .run = {.trainer = rd_str(&r, "run", "trainer"),
                 .output_dir = rd_str(&r, "run", "output_dir"),
@@ -109,7 +110,9 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .use_rslora = rd_bool(&r, "peft", "use_rslora"),
                  .use_dora = rd_bool(&r, "peft", "use_dora"),
                  .init_lora_weights = rd_str(&r, "peft", "init_lora_weights"),
-                 .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")}};
+                 .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")},
+        .teacher = {.path = ctrl_config_get_string(cfg, "teacher", "path"),
+                    .bf16 = tdtype && !strcmp(tdtype, "bf16")}};
     /* the lists as the seven projections' bits (the option table allows only their names) */
     static const char *const proj[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                        "gate_proj", "up_proj", "down_proj"};

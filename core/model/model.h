@@ -144,6 +144,11 @@ typedef struct ctrl_jsd_args {
     int chunk_tokens;    /* tokens whose logits are held at once (0: 32 MiB worth per head) */
 } ctrl_jsd_args;
 ctrl_status ctrl_model_hidden_forward(ctrl_model *m, const ctrl_batch *batch);
+/* A frozen model (a distillation teacher): no gradient buffer and nothing trainable from now on
+ * (on the CPU, before ctrl_model_to_device); and a model placed where `like` computes (its backend
+ * and device). */
+ctrl_status ctrl_model_freeze(ctrl_model *m);
+ctrl_status ctrl_model_place_like(ctrl_model *m, const ctrl_model *like);
 ctrl_status ctrl_model_jsd_forward(ctrl_model *student, const ctrl_batch *batch, ctrl_model *teacher,
                                    const ctrl_jsd_args *args, float *jsd);
 /* Log-probabilities and entropies of softmax(logits / temperature) from now on (1 by default);

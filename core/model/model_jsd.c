@@ -30,6 +30,23 @@ ctrl_status ctrl_model_hidden_forward(ctrl_model *m, const ctrl_batch *b) {
     return model_trunk_forward(m, b);
 }
 
+ctrl_status ctrl_model_freeze(ctrl_model *m) {
+    if (m->dgrads != m->grads || m->has_lora)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: freeze a model without adapters, on the CPU");
+    float *g = calloc(1, sizeof(float));
+    if (!g) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    free(m->grads);
+    m->grads = m->dgrads = g;
+    m->train_off = m->n_params, m->n_train = 0;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_model_place_like(ctrl_model *m, const ctrl_model *like) {
+    if (m->be == like->be && m->device.type == like->device.type && m->device.index == like->device.index)
+        return CTRL_OK;
+    return ctrl_model_to_device(m, like->be, like->device);
+}
+
 /* log_softmax(z / tau) of one row into `out` (may be z). */
 static void log_softmax_row(float *out, const float *z, int V, double inv_t) {
     float mx = -INFINITY;

@@ -22,6 +22,12 @@
  *                             rows_per_step counts pairs; num_items is the accumulated batch's
  *                             pair count (sequences when unpaired), so a batch split differently
  *                             gives the same loss.
+ *   distill   (kind_distill.c: GKD) offline rows (SFT examples) whose completions may be
+ *                             replaced by the student's or the teacher's samples; each micro-batch
+ *                             is trained on the generalized JSD from a frozen teacher
+ *                             (train/teacher.h), computed chunk by chunk from both heads
+ *                             (ctrl_model_jsd_forward); the plugin's distill_loss turns the
+ *                             per-token divergences into the loss and dL/djsd.
  *
  * Adding a kind is a new kind_*.c with a train_kind_ops and a line in train_kind_for; the loop
  * does not change. */
@@ -106,6 +112,7 @@ typedef struct train_kind_ops {
 extern const train_kind_ops train_kind_token;
 extern const train_kind_ops train_kind_online;
 extern const train_kind_ops train_kind_sequence;
+extern const train_kind_ops train_kind_distill;
 
 /* The kind a trainer plugin's ops call for (an error naming the trainer when none fits). */
 ctrl_status train_kind_for(const ctrl_trainer_ops *ops, const char *trainer_name, const train_kind_ops **out);

@@ -128,6 +128,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     ctrl_status st = memory_strategies(cfg, p, &layer_strategy, &zero_stage);
     if (st == CTRL_OK) st = train_compute_select(s->run.device, &r->comp);
     if (st == CTRL_OK) st = train_kind_for(r->trainer_ops, s->run.trainer, &r->kind_ops);
+    if (st == CTRL_OK && s->teacher.path && r->kind_ops != &train_kind_distill)
+        st = ctrl_error_set(CTRL_ERR_CONFIG,
+                            "%s: [teacher] path: trainer %s has no teacher (a distillation "
+                            "trainer, gkd, has)",
+                            ctrl_config_where(cfg, "teacher", "path"), s->run.trainer);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
     /* a trainer with a score head (reward) trains a sequence classifier: a causal LM's trunk under a
      * fresh score (seeded), or a classifier's own */

@@ -171,6 +171,9 @@ typedef struct ctrl_trainer_ops {
     ctrl_status (*sequence_spec)(ctrl_trainer *t, ctrl_sequence_spec *out);
     ctrl_status (*sequence_loss)(ctrl_trainer *t, const ctrl_sequence_batch *batch, double *loss,
                                  double *dlogp_sum, float *dscore, float *dlogp, int *per_token);
+    /* Appended (issue 17, gkd). Distillation trainers only (NULL otherwise): the core's distill kind
+     * runs a trainer that has them (ctrl_trainer_distill_ops below; `loss` may then be NULL). */
+    const struct ctrl_trainer_distill_ops *distill;
 } ctrl_trainer_ops;
 
 /* Appended (issue 16, kto). The option entries (ctrl_option, plugin.h) of TR-DPO's reference sync,
@@ -185,6 +188,43 @@ typedef struct ctrl_trainer_ops {
     {"ref_model_sync_steps", CTRL_OPT_INT, "512", CTRL_OPT_HAS_MIN, 1, 0, NULL,                     \
      "TR-DPO: optimizer steps between reference syncs."}
 /* clang-format on */
+
+/* Appended (issue 17, gkd). Distillation trainers: the loss is linear in the per-token divergence
+ * between the student's and a frozen teacher's next-token distributions (model_jsd.c: TRL's
+ * generalized JSD, computed by the core chunk by chunk from both heads). A micro-batch holds n_seq
+ * prompt + completion sequences laid out flat; `weight` marks the completion tokens compared. */
+typedef struct ctrl_distill_batch {
+    size_t size;         /* sizeof(ctrl_distill_batch) as built */
+    int T;               /* tokens in the flat micro-batch */
+    const float *weight; /* [T] 1 where the token is compared (TRL: label != -100), else 0 */
+    const float *jsd;    /* [T] the divergence per token; NULL when the core asks for dL/djsd first */
+    double num_items;    /* compared tokens of the whole accumulated batch (TRL's num_items_in_batch) */
+    int source;          /* where the completions came from: 0 the dataset, 1 the student (on-policy),
+                            2 the teacher (seq_kd) */
+    void (*report)(void *ctx, const char *name, double value);
+    void *report_ctx;
+} ctrl_distill_batch;
+
+/* What a distillation trainer asks of the core. */
+typedef struct ctrl_distill_spec {
+    size_t size;               /* sizeof(ctrl_distill_spec) as built */
+    double beta;               /* the divergence: 0 forward KL, 1 reverse KL, between the JSD */
+    double loss_temperature;   /* softmax temperature of both distributions in the divergence */
+    double lmbda;              /* fraction of micro-batches whose completions the student samples */
+    int seq_kd;                /* 1: the other micro-batches' completions are the teacher's samples */
+    int max_new_tokens;        /* tokens sampled per completion at most */
+    double temperature;        /* sampling temperature of the student and teacher completions */
+} ctrl_distill_spec;
+
+/* The distillation members of the ops table (a trainer with both is run by the core's distill
+ * kind; its `loss` may be NULL). distill_loss: the micro-batch's share of the loss from
+ * batch->jsd, and dL/djsd[T] (written; it must not depend on jsd: the core calls it once with
+ * jsd NULL before the forward for the weights, and again with the divergences for the loss and
+ * the metrics). */
+typedef struct ctrl_trainer_distill_ops {
+    ctrl_status (*distill_spec)(ctrl_trainer *t, ctrl_distill_spec *out);
+    ctrl_status (*distill_loss)(ctrl_trainer *t, const ctrl_distill_batch *b, double *loss, float *djsd);
+} ctrl_trainer_distill_ops;
 
 #ifdef __cplusplus
 }

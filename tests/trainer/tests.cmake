@@ -48,3 +48,10 @@ add_dependencies(test_gkd_jsd eager)
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_online_dpo.c parity)
 target_sources(test_online_dpo PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
 add_dependencies(test_online_dpo online_dpo flash eager)
+
+# The gkd trainer end to end: learning, seq_kd, KL variants, a bf16 teacher, refusals (test_gkd.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_gkd COMMAND bash ${CMAKE_SOURCE_DIR}/tests/trainer/test_gkd.sh $<TARGET_FILE:ctrl_cli>
+                                 ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_gkd PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

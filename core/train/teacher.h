@@ -1,0 +1,20 @@
+/* The teacher of a distillation run ([teacher] section): a second causal LM held by the same model
+ * code as the student, frozen (no gradient buffer, no optimizer state, never written), on the
+ * student's backend, optionally computing in bf16. */
+#ifndef CTRL_CORE_TRAIN_TEACHER_H
+#define CTRL_CORE_TRAIN_TEACHER_H
+
+#include <ctrl/attention.h>
+
+#include "config/config_load.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+/* Loads [teacher] path for `student` (tokenized by `tok`): refused naming the key when it is unset,
+ * not a causal LM, of another vocabulary size, or when its own tokenizer (if it has tokenizer
+ * files) maps any id to another token than the student's. [teacher] dtype = bf16 runs its linear
+ * projections in bf16. */
+ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
+                               const ctrl_attention_ops *attn, ctrl_model **out);
+
+#endif

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The gkd trainer end to end (the distill kind, a [teacher] model, colocated generation): the
+# student's divergence from a teacher falls with on-policy sampling (lmbda), seq_kd samples from the
+# teacher, forward / reverse KL and a bf16 teacher run, TRL's metric names are logged, and bad
+# settings are refused naming the key. usage: test_gkd.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/../e2e/e2e_common.sh"
+tiny_setup 5 1
+"${C[@]}" model init --arch qwen2 --hidden 48 --layers 1 --heads 2 --seed 9 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/teacher" >/dev/null || bad "teacher init"
+
+# gkd_ini OUT STEPS [extra lines...]
+gkd_ini() {
+  local out=$1 steps=$2
+  shift 2
+  cat <<INI
+[run]
+trainer = gkd
+output_dir = $TMP/$out
+seed = 3
+device = cpu
+[model]
+path = $TMP/model
+[teacher]
+path = $TMP/teacher
+[data]
+train_file = $TMP/data/train.jsonl
+eval_file = $TMP/data/eval.jsonl
+${DATA_EXTRA:-}
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = constant
+max_steps = $steps
+per_device_train_batch_size = 8
+per_device_eval_batch_size = 64
+gradient_accumulation_steps = 2
+logging_steps = 5
+eval_steps = 1000
+save_strategy = no
+[generation]
+kv_cache_bytes = 8000000
+${GEN_EXTRA:-}
+INI
+  printf '%s\n' "$@"
+}
+# first / last eval_loss of a metrics file
+eval_loss() { grep -o '"eval_loss": [0-9.e+-]*' "$1" | sed -n "$2" | cut -d' ' -f2; }
+
+# 1. On-policy GKD learns: the held-out divergence falls; TRL's and the kind's metrics are there.
+gkd_ini on 30 "[gkd]" "lmbda = 0.5" "max_new_tokens = 6" >"$TMP/on.ini"
+if "${C[@]}" train "$TMP/on.ini" >"$TMP/on.log" 2>&1; then ok; else bad "gkd run"; tail -5 "$TMP/on.log"; fi
+M=$TMP/on/metrics.jsonl
+for k in loss grad_norm learning_rate num_tokens on_policy timing/generation_s timing/teacher_s timing/train_s \
+  eval_loss eval_exact_match eval_mean_token_accuracy eval_teacher_exact_match; do
+  grep -q "\"$k\": " "$M" && ok || bad "metric $k missing from $M"
+done
+a=$(eval_loss "$M" 1p) b=$(eval_loss "$M" '$p')
+awk -v a="$a" -v b="$b" 'BEGIN { exit !(b < 0.8 * a) }' && ok || bad "gkd did not learn: eval_loss $a -> $b"
+echo "gkd held-out divergence: $a -> $b"
+
+# 2. seq_kd (teacher-sampled completions), forward and reverse KL on the dataset's, a bf16 teacher.
+for v in "seqkd:lmbda = 0|seq_kd = true" "fkl:lmbda = 0|beta = 0" "rkl:lmbda = 0|beta = 1" "bf16:lmbda = 0"; do
+  name=${v%%:*} opts=${v#*:}
+  extra=()
+  [ "$name" = bf16 ] && extra=(--set teacher.dtype=bf16)
+  gkd_ini "$name" 4 "[gkd]" "max_new_tokens = 4" "${opts%%|*}" "$([ "${opts#*|}" != "$opts" ] && echo "${opts#*|}")" \
+    >"$TMP/$name.ini"
+  if "${C[@]}" train "$TMP/$name.ini" "${extra[@]}" >"$TMP/$name.log" 2>&1; then ok; else
+    bad "gkd $name run"
+    tail -3 "$TMP/$name.log"
+  fi
+done
+
+# 3. Refusals naming the key.
+refuse() { # NAME PATTERN INI-LINES... : the run fails with PATTERN in its message
+  local name=$1 pat=$2
+  shift 2
+  gkd_ini "r_$name" 2 "$@" >"$TMP/r_$name.ini"
+  if "${C[@]}" train "$TMP/r_$name.ini" >"$TMP/r_$name.log" 2>&1; then bad "$name accepted"; else
+    grep -q -- "$pat" "$TMP/r_$name.log" && ok || { bad "$name: no '$pat' in:"; tail -2 "$TMP/r_$name.log"; }
+  fi
+}
+refuse unknown_key "lmbd" "[gkd]" "lmbd = 0.5"
+refuse beta_range "beta" "[gkd]" "beta = 1.5"
+GEN_EXTRA="temperature = 0.7" refuse gen_temperature "\[generation\] temperature" "[gkd]" "lmbda = 1"
+GEN_EXTRA="mode = server" refuse server "mode = server" "[gkd]" "lmbda = 1"
+DATA_EXTRA="packing = true" refuse packing "\[data\] packing" "[gkd]" "lmbda = 1"
+# no teacher; a teacher of another vocabulary; a teacher for a trainer without one; a bad dtype
+gkd_ini r_none 2 | sed '/^\[teacher\]$/,/^path/d' >"$TMP/r_none.ini"
+"${C[@]}" train "$TMP/r_none.ini" >"$TMP/r_none.log" 2>&1 && bad "no teacher accepted" ||
+  { grep -q "\[teacher\] path" "$TMP/r_none.log" && ok || bad "no teacher: $(tail -1 "$TMP/r_none.log")"; }
+gkd_ini r_vocab 2 | sed "s|^path = $TMP/teacher|path = $SRC/tests/fixtures/models/llama|" >"$TMP/r_vocab.ini"
+"${C[@]}" train "$TMP/r_vocab.ini" >"$TMP/r_vocab.log" 2>&1 && bad "other vocabulary accepted" ||
+  { grep -q "\[teacher\] path: the teacher's vocab_size is 128" "$TMP/r_vocab.log" && ok ||
+    bad "vocab: $(tail -1 "$TMP/r_vocab.log")"; }
+gkd_ini r_sft 2 | sed 's/^trainer = gkd/trainer = sft/' >"$TMP/r_sft.ini"
+"${C[@]}" train "$TMP/r_sft.ini" >"$TMP/r_sft.log" 2>&1 && bad "teacher with sft accepted" ||
+  { grep -q "\[teacher\] path: trainer sft has no teacher" "$TMP/r_sft.log" && ok || bad "sft: $(tail -1 "$TMP/r_sft.log")"; }
+"${C[@]}" config check "$TMP/on.ini" --set teacher.dtype=fp16 >"$TMP/r_dt.log" 2>&1 && bad "fp16 teacher accepted" ||
+  { grep -q "dtype" "$TMP/r_dt.log" && ok || bad "dtype: $(tail -1 "$TMP/r_dt.log")"; }
+finish
