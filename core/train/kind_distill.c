@@ -7,12 +7,15 @@
  * dataset's. The loss is normalised by the dataset's completion tokens of the accumulated batch
  * (TRL's num_items_in_batch, counted by the HF Trainer before the completions are replaced). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "collective/collective.h"
 #include "generate/engine.h"
+#include "generate/remote_engine.h"
 #include "train/data_parallel.h"
 #include "train/kind.h"
 #include "train/teacher.h"
@@ -27,7 +30,8 @@ struct train_kind {
     ctrl_model *model, *teacher;
     ctrl_dataset train, eval;
     int eval_bs, sleep_level;
-    ctrl_engine *engine, *teacher_engine; /* made when lmbda > 0 / seq_kd */
+    ctrl_engine *engine, *teacher_engine;  /* made when lmbda > 0 (colocate) / seq_kd */
+    char *server_url, *bearer, *push_path; /* [generation] mode = server with lmbda > 0 */
     ctrl_sampling_params sampling;
     int32_t stops[16];
     int n_stop;
@@ -60,6 +64,7 @@ static void report(void *ctx, const char *name, double value) {
 static void distill_destroy(train_kind *k) {
     if (!k) return;
     if (k->engine) ctrl_engine_free(k->engine);
+    free(k->server_url), free(k->bearer), free(k->push_path);
     if (k->teacher_engine) ctrl_engine_free(k->teacher_engine);
     ctrl_model_free(k->teacher);
     ctrl_dataset_free(&k->train);
@@ -78,23 +83,19 @@ static ctrl_status check_generation(const train_kind_env *env, train_kind *k) {
     const ctrl_config *cfg = env->cfg;
     const char *key = k->spec.lmbda > 0 ? "lmbda" : "seq_kd";
     const char *trainer = env->settings->run.trainer;
-    if (env->settings->generation.server)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: [generation] mode = server: trainer %s samples its completions co-located so far "
-            "(mode = colocate, or [%s] lmbda = 0 and seq_kd = false)",
-            ctrl_config_where(cfg, "generation", "mode"), trainer, trainer);
     if (strcmp(ctrl_config_where(cfg, "generation", "temperature"), "default") != 0)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "%s: [generation] temperature: trainer %s samples at its own [%s] temperature (as "
             "TRL's GKDConfig); set it there",
             ctrl_config_where(cfg, "generation", "temperature"), trainer, trainer);
-    if (ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
+    const int colocated = k->spec.seq_kd || (k->spec.lmbda > 0 && !env->settings->generation.server);
+    if (colocated && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
-            "[%s] %s: the generation engine runs on the CPU so far (set [run] device = cpu, or "
-            "lmbda = 0 and seq_kd = false to train on the dataset's completions)",
+            "[%s] %s: the co-located generation engine runs on the CPU so far (set [run] device "
+            "= cpu; or [generation] mode = server with seq_kd = false; or lmbda = 0 and "
+            "seq_kd = false to train on the dataset's completions)",
             trainer, key);
     if (k->train.packed_from)
         return ctrl_error_set(
@@ -120,6 +121,28 @@ static ctrl_status make_engine(const train_kind_env *env, ctrl_model *m, ctrl_en
     return st;
 }
 
+static ctrl_status distill_after_step(train_kind *k) {
+    return k->server_url ? ctrl_remote_push_weights(k->server_url, k->bearer, k->model, k->push_path)
+                         : CTRL_OK;
+}
+
+/* Server mode: the student's samples come from a running `ctrl serve`, which gets the student's
+ * weights now and after every optimizer step (distill_after_step), as the online kind's. */
+static ctrl_status connect_server(train_kind *k, const ctrl_run_settings *s) {
+    const char *url = s->generation.server_url, *key = getenv("CTRL_API_KEY");
+    char push[4200];
+    snprintf(push, sizeof push, "%s/.weights-push.safetensors", s->run.output_dir);
+    k->server_url = strdup(url ? url : "http://127.0.0.1:8000"), k->push_path = strdup(push);
+    k->bearer = key && key[0] ? strdup(key) : NULL;
+    if (!k->server_url || !k->push_path) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    ctrl_status st = ctrl_remote_wait_ready(k->server_url, 60);
+    if (st == CTRL_OK) st = distill_after_step(k);
+    if (st == CTRL_OK)
+        CTRL_INFO("generation: the student samples through ctrl serve at %s (weights pushed after each step)",
+                  k->server_url);
+    return st;
+}
+
 static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
@@ -142,7 +165,10 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
         k->n_stop = ctrl_generation_stop_ids(s->model.path, env->tok, k->stops, 16);
         k->sleep_level = s->generation.sleep;
     }
-    if (st == CTRL_OK && k->spec.lmbda > 0) st = make_engine(env, k->model, &k->engine);
+    if (st == CTRL_OK && k->spec.lmbda > 0 && s->generation.server)
+        st = connect_server(k, s);
+    else if (st == CTRL_OK && k->spec.lmbda > 0)
+        st = make_engine(env, k->model, &k->engine);
     if (st == CTRL_OK && k->spec.seq_kd) st = make_engine(env, k->teacher, &k->teacher_engine);
     if (st != CTRL_OK) {
         distill_destroy(k);
@@ -176,8 +202,8 @@ static double uniform(uint64_t seed, uint64_t i) {
     return (double)(z >> 11) / 9007199254740992.0;
 }
 
-/* Completions of examples idx[0..n) sampled by `e`'s model from their prompts, laid out flat as
- * prompt + completion with the completion tokens trained (every sampled token, the stop token
+/* Completions of examples idx[0..n) sampled by `e`'s model (NULL: the server's) from their prompts, laid out
+ * flat as prompt + completion with the completion tokens trained (every sampled token, the stop token
  * included: TRL's mask keeps the first EOS and drops what follows, which the engine never draws). */
 static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, int n, uint64_t draw,
                                 ctrl_batch *b) {
@@ -195,9 +221,13 @@ static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, i
                                     .stop_ids = k->stops,
                                     .n_stop = k->n_stop};
     }
-    if (st == CTRL_OK) st = ctrl_engine_wake_up(e);
-    if (st == CTRL_OK) st = ctrl_engine_generate(e, req, n, gout, NULL, NULL);
-    if (st == CTRL_OK && k->sleep_level) st = ctrl_engine_sleep(e, k->sleep_level);
+    if (st == CTRL_OK && !e) { /* the student, through the server */
+        st = ctrl_remote_generate(k->server_url, k->bearer, req, n, gout);
+    } else if (st == CTRL_OK) {
+        st = ctrl_engine_wake_up(e);
+        if (st == CTRL_OK) st = ctrl_engine_generate(e, req, n, gout, NULL, NULL);
+        if (st == CTRL_OK && k->sleep_level) st = ctrl_engine_sleep(e, k->sleep_level);
+    }
     size_t T = 0;
     for (int i = 0; i < n; i++) T += (size_t)req[i].prompt_len + (size_t)gout[i].len;
     int32_t *mem = st == CTRL_OK ? malloc(sizeof(int32_t) * (3 * T + (size_t)n + 1)) : NULL;
@@ -390,6 +420,7 @@ const train_kind_ops train_kind_distill = {
     .rows_per_step = distill_rows_per_step,
     .describe = distill_describe,
     .accumulate = distill_accumulate,
+    .after_step = distill_after_step,
     .log_window = distill_log_window,
     .has_eval = distill_has_eval,
     .evaluate = distill_evaluate,

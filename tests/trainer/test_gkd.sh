@@ -70,7 +70,28 @@ for v in "seqkd:lmbda = 0|seq_kd = true" "fkl:lmbda = 0|beta = 0" "rkl:lmbda = 0
   fi
 done
 
-# 3. Refusals naming the key.
+# 3. Server mode: the student samples through ctrl serve, which gets the weights after every step
+#    and then generates what the saved student does.
+PORT=$((20000 + RANDOM % 20000))
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+GEN_EXTRA=$(printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$PORT") gkd_ini srv 3 "[gkd]" "lmbda = 1" \
+  "max_new_tokens = 4" >"$TMP/srv.ini"
+if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else
+  bad "server-mode run"
+  tail -5 "$TMP/srv.log"
+fi
+grep -q "samples through ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it samples"
+echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
+"${C[@]}" generate --model "$TMP/srv" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 8 --out "$TMP/local.jsonl" \
+  >/dev/null 2>&1
+local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
+server_ids=$(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 8}' |
+  sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')
+[ -n "$local_ids" ] && [ "$local_ids" = "$server_ids" ] && ok || bad "server generates '$server_ids', the student '$local_ids'"
+
+# 4. Refusals naming the key.
 refuse() { # NAME PATTERN INI-LINES... : the run fails with PATTERN in its message
   local name=$1 pat=$2
   shift 2
@@ -82,7 +103,6 @@ refuse() { # NAME PATTERN INI-LINES... : the run fails with PATTERN in its messa
 refuse unknown_key "lmbd" "[gkd]" "lmbd = 0.5"
 refuse beta_range "beta" "[gkd]" "beta = 1.5"
 GEN_EXTRA="temperature = 0.7" refuse gen_temperature "\[generation\] temperature" "[gkd]" "lmbda = 1"
-GEN_EXTRA="mode = server" refuse server "mode = server" "[gkd]" "lmbda = 1"
 DATA_EXTRA="packing = true" refuse packing "\[data\] packing" "[gkd]" "lmbda = 1"
 # no teacher; a teacher of another vocabulary; a teacher for a trainer without one; a bad dtype
 gkd_ini r_none 2 | sed '/^\[teacher\]$/,/^path/d' >"$TMP/r_none.ini"
