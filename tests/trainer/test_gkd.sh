@@ -71,8 +71,8 @@ for v in "seqkd:lmbda = 0|seq_kd = true" "fkl:lmbda = 0|beta = 0" "rkl:lmbda = 0
 done
 
 # LoRA on the student (its head frozen: the divergence's gradient stops at the hidden states) with
-# activation checkpointing, on-policy.
-gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[peft]" "enabled = true" "[memory]" \
+# activation checkpointing, on-policy, the engine asleep between generations.
+GEN_EXTRA="sleep = 1" gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[peft]" "enabled = true" "[memory]" \
   "strategies = checkpointing" >"$TMP/lora.ini"
 if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "gkd lora run"; tail -3 "$TMP/lora.log"; fi
 grep -q "LoRA adapter" "$TMP/lora.log" && ok || bad "gkd lora saved no adapter"
