@@ -70,6 +70,24 @@ for v in "seqkd:lmbda = 0|seq_kd = true" "fkl:lmbda = 0|beta = 0" "rkl:lmbda = 0
   fi
 done
 
+# Resuming from checkpoint-2 reproduces steps 3 and 4 of an uninterrupted on-policy run.
+metric() { # FILE STEP NAME
+  awk -v s="$2" -v k="\"$3\": " 'index($0, "{\"step\": " s ",") == 1 && index($0, k) {
+    v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v); print v; exit }' "$1"
+}
+gkd_ini full 4 "[gkd]" "max_new_tokens = 4" | sed 's/^save_strategy = no/save_steps = 2/; s/^logging_steps = 5/logging_steps = 1/' \
+  >"$TMP/full.ini"
+sed "s|$TMP/full|$TMP/part|; s/^max_steps = 4/max_steps = 2/" "$TMP/full.ini" >"$TMP/part.ini"
+sed 's/^max_steps = 2$/max_steps = 4/' "$TMP/part.ini" >"$TMP/resume.ini"
+"${C[@]}" train "$TMP/full.ini" >/dev/null 2>&1 && ok || bad "full run"
+"${C[@]}" train "$TMP/part.ini" >/dev/null 2>&1 && ok || bad "partial run"
+"${C[@]}" train "$TMP/resume.ini" --set train.resume_from_checkpoint=last >"$TMP/resume.log" 2>&1 && ok ||
+  { bad "resume"; tail -3 "$TMP/resume.log"; }
+for s in 3 4; do
+  a=$(metric "$TMP/full/metrics.jsonl" $s loss) b=$(metric "$TMP/part/metrics.jsonl" $s loss)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "step $s loss after resume: $b, uninterrupted $a"
+done
+
 # LoRA on the student (its head frozen: the divergence's gradient stops at the hidden states) with
 # activation checkpointing, on-policy, the engine asleep between generations.
 GEN_EXTRA="sleep = 1" gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[peft]" "enabled = true" "[memory]" \
