@@ -9,12 +9,17 @@ for several beta / temperature pairs, once with reduction "batchmean" and once w
 num_items_in_batch (what GKDTrainer.compute_loss passes under gradient accumulation). Captured per
 case: both losses, the per-token divergence (reduction "none" summed over the vocabulary), and for
 two cases the gradient of every student parameter of the batchmean loss (torch autograd through
-TRL's loss).
+TRL's loss). Then one optimizer step's worth as the trainer runs it (trainer_*): the same sequences
+as two micro-batches (sequences 0-1, then 2, each padded on its own) through
+GKDTrainer.compute_loss -- TRL's code, with the HF Trainer's num_items_in_batch (the accumulated
+batch's labels[..., 1:] != -100) -- for beta 0.5: each micro-batch's loss, and the gradients of
+three student tensors (lm_head, embed_tokens, layer 0 q_proj) summed over both backwards.
 
     python tests/reference/make_gkd_fixtures.py   # writes tests/fixtures/gkd/
 """
 import os
 import sys
+import types
 
 import torch
 from safetensors.torch import save_file
@@ -100,6 +105,24 @@ def main():
             grads = {n: p.grad.detach().contiguous() for n, p in student.named_parameters()}
             save_file(grads, os.path.join(OUT, f"{name}.grads.safetensors"))
         print(name, "loss", loss.item(), "loss/num_items", loss_items.item())
+    # the trainer's aggregation: GKDTrainer.compute_loss over two micro-batches, num_items_in_batch
+    trainer = types.SimpleNamespace(teacher_model=teacher, beta=0.5,
+                                    generalized_jsd_loss=GKDTrainer.generalized_jsd_loss)
+    student.zero_grad()
+    parts = [[0, 1], [2]]
+    num_items = sum(int((labels[i, 1:] != -100).sum()) for i in range(ids.shape[0]))
+    mb_loss = []
+    for rows in parts:
+        L = int(att[rows].sum(1).max())
+        inputs = {"input_ids": ids[rows, :L], "attention_mask": att[rows, :L], "labels": labels[rows, :L]}
+        loss = GKDTrainer.compute_loss(trainer, student, inputs, num_items_in_batch=num_items)
+        loss.backward()
+        mb_loss.append(loss.item())
+    keep = ["lm_head.weight", "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"]
+    save_file({n: p.grad.detach().contiguous() for n, p in student.named_parameters() if n in keep},
+              os.path.join(OUT, "trainer.grads.safetensors"))
+    arrays += [("trainer_num_items", [float(num_items)]), ("trainer_mb_loss", mb_loss)]
+    print("trainer: num_items", num_items, "micro-batch losses", mb_loss)
     write_fixture(os.path.join(OUT, "jsd.bin"), arrays,
                   f"trl {trl.__version__} GKDTrainer.generalized_jsd_loss on models/llama vs gkd/teacher")
 
