@@ -1,13 +1,16 @@
 /* The distillation head (model_jsd.c) against TRL 1.16's GKDTrainer.generalized_jsd_loss
  * (tests/reference/make_gkd_fixtures.py): the per-token divergence, the batchmean and
  * num_items_in_batch losses for several beta / temperature pairs, every student parameter's
- * gradient against torch autograd through TRL's loss, a finite-difference check of the gradient,
+ * gradient against torch autograd through TRL's loss, one step of the gkd plugin's aggregation
+ * (two micro-batches, num_items_in_batch) against GKDTrainer.compute_loss, a finite-difference check
+ * of the gradient,
  * chunking that does not change the result, and a teacher of another vocabulary refused. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dpo_case.h" /* dpo_compare_grads */
+#include "model/safetensors.h"
 #include "fixture.h"
 #include "test.h"
 #include "test_registry.h"
@@ -226,5 +229,82 @@ TEST(gkd_jsd_refuses_another_vocabulary) {
     CHECK_EQ_INT(ctrl_model_jsd_forward(c.student, &c.b, c.teacher, &bad, jsd), CTRL_ERR_CONFIG);
     free(jsd);
     ctrl_model_free(other);
+    case_close(&c);
+}
+
+/* One optimizer step as the distill kind runs it, with the gkd plugin's distill_loss: sequences 0-1
+ * then 2 as two micro-batches, normalised by the accumulated batch's completion tokens, against
+ * GKDTrainer.compute_loss with the HF Trainer's num_items_in_batch. */
+TEST(gkd_trainer_step_matches_trl) {
+    jsd_case c;
+    if (!case_open(&c)) return case_close(&c);
+    char ini[4096];
+    snprintf(ini, sizeof ini, "[model]\npath = %s/models/llama\n[run]\ntrainer = gkd\n[gkd]\nbeta = 0.5\n",
+             CTRL_FIXTURE_DIR);
+    ctrl_config *cfg = test_config_from_text(c.reg, "gkd_case.ini", ini);
+    const ctrl_plugin_entry *e = ctrl_registry_find(c.reg, CTRL_KIND_TRAINER, "gkd");
+    CHECK(cfg != NULL && e != NULL);
+    if (!cfg || !e) return case_close(&c);
+    const ctrl_trainer_ops *ops = e->plugin->ops;
+    ctrl_trainer *t = NULL;
+    CHECK_EQ_INT(ops->create(ctrl_host_table(), cfg, &t), CTRL_OK);
+    ctrl_config_free(cfg);
+    CHECK(ops->distill && ops->distill->distill_spec && ops->distill->distill_loss);
+    if (!t || !ops->distill) return case_close(&c);
+    ctrl_distill_spec spec = {.size = sizeof spec};
+    CHECK_EQ_INT(ops->distill->distill_spec(t, &spec), CTRL_OK);
+    CHECK(spec.beta == 0.5 && spec.loss_temperature == 1.0);
+    const double num_items = get(c.f, "trainer_num_items", 1)[0];
+    const float *want = get(c.f, "trainer_mb_loss", 2);
+    CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
+    const int parts[3] = {0, 2, 3}; /* sequences [parts[m], parts[m + 1]) */
+    for (int m = 0; m < 2; m++) {
+        const int t0 = c.cu[parts[m]], n_seq = parts[m + 1] - parts[m], T = c.cu[parts[m + 1]] - t0;
+        int32_t cu[4];
+        for (int s = 0; s <= n_seq; s++) cu[s] = c.cu[parts[m] + s] - t0;
+        const ctrl_batch b = {.T = T,
+                              .B = n_seq,
+                              .tokens = c.tok + t0,
+                              .positions = c.pos + t0,
+                              .cu_seqlens = cu,
+                              .targets = c.tg + t0};
+        float *w = malloc(sizeof(float) * T), *d = malloc(sizeof(float) * T),
+              *jsd = malloc(sizeof(float) * T);
+        for (int i = 0; i < T; i++) w[i] = b.targets[i] >= 0 ? 1.0f : 0.0f;
+        ctrl_distill_batch db = {.size = sizeof db, .T = T, .weight = w, .num_items = num_items};
+        double loss = 0;
+        CHECK_EQ_INT(ops->distill->distill_loss(t, &db, &loss, d), CTRL_OK);
+        const ctrl_jsd_args a = {.beta = spec.beta, .temperature = spec.loss_temperature, .weight = d};
+        CHECK_EQ_INT(ctrl_model_hidden_forward(c.teacher, &b), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_jsd_forward(c.student, &b, c.teacher, &a, jsd), CTRL_OK);
+        db.jsd = jsd;
+        CHECK_EQ_INT(ops->distill->distill_loss(t, &db, &loss, d), CTRL_OK);
+        CHECK_MSG(fabs(loss - want[m]) <= 1e-5 * fabs(want[m]), "micro-batch %d: loss %.9g, TRL %.9g", m,
+                  loss, (double)want[m]);
+        CHECK_EQ_INT(ctrl_model_backward(c.student, NULL), CTRL_OK);
+        free(w), free(d), free(jsd);
+    }
+    char path[2048];
+    snprintf(path, sizeof path, "%s/gkd/trainer.grads.safetensors", CTRL_FIXTURE_DIR);
+    ctrl_safetensors *gs = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);
+    const float *grads = ctrl_model_grads(c.student, NULL);
+    double worst = 0;
+    for (int i = 0; gs && i < ctrl_safetensors_count(gs); i++) {
+        const ctrl_st_tensor *x = ctrl_safetensors_at(gs, i);
+        const ctrl_param_view *pv = ctrl_model_find_view(c.student, x->name);
+        CHECK_MSG(pv != NULL, "no view %s", x->name);
+        if (!pv) continue;
+        float *g = malloc(sizeof(float) * (size_t)pv->numel);
+        CHECK_EQ_INT(ctrl_safetensors_read_f32(gs, x->name, g, pv->numel), CTRL_OK);
+        const double err = test_rel_error_f32(grads + pv->offset, g, pv->numel);
+        worst = err > worst ? err : worst;
+        free(g);
+    }
+    if (gs) ctrl_safetensors_close(gs);
+    CHECK_MSG(worst <= 1e-5, "trainer step: worst gradient rel error %.3g", worst);
+    printf("  trainer step (2 micro-batches, num_items %g): losses match, worst gradient rel error %.2g\n",
+           num_items, worst);
+    ops->destroy(t);
     case_close(&c);
 }

@@ -41,7 +41,7 @@ add_dependencies(test_kto kto flash eager)
 # (tests/reference/make_gkd_fixtures.py).
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_gkd_jsd.c parity)
 target_sources(test_gkd_jsd PRIVATE ${CMAKE_SOURCE_DIR}/tests/trainer/dpo_case.c)
-add_dependencies(test_gkd_jsd eager)
+add_dependencies(test_gkd_jsd eager gkd)
 
 # The online_dpo trainer plugin (loaded from build/plugins) against TRL 1.16's
 # OnlineDPOTrainer.training_step (tests/reference/make_online_dpo_fixtures.py).
