@@ -137,6 +137,12 @@ gkd_ini r_vocab 2 | sed "s|^path = $TMP/teacher|path = $SRC/tests/fixtures/model
 "${C[@]}" train "$TMP/r_vocab.ini" >"$TMP/r_vocab.log" 2>&1 && bad "other vocabulary accepted" ||
   { grep -q "\[teacher\] path: the teacher's vocab_size is 128" "$TMP/r_vocab.log" && ok ||
     bad "vocab: $(tail -1 "$TMP/r_vocab.log")"; }
+cp -r "$TMP/teacher" "$TMP/teacher_tok"
+sed -i 's/"<|im_start|>"/"<|im_begin|>"/g' "$TMP/teacher_tok/tokenizer.json"
+gkd_ini r_tok 2 | sed "s|^path = $TMP/teacher|path = $TMP/teacher_tok|" >"$TMP/r_tok.ini"
+"${C[@]}" train "$TMP/r_tok.ini" >"$TMP/r_tok.log" 2>&1 && bad "another tokenizer accepted" ||
+  { grep -q "\[teacher\] path: its tokenizer is not the student's" "$TMP/r_tok.log" && ok ||
+    bad "tokenizer: $(tail -1 "$TMP/r_tok.log")"; }
 gkd_ini r_sft 2 | sed 's/^trainer = gkd/trainer = sft/' >"$TMP/r_sft.ini"
 "${C[@]}" train "$TMP/r_sft.ini" >"$TMP/r_sft.log" 2>&1 && bad "teacher with sft accepted" ||
   { grep -q "\[teacher\] path: trainer sft has no teacher" "$TMP/r_sft.log" && ok || bad "sft: $(tail -1 "$TMP/r_sft.log")"; }
