@@ -96,14 +96,14 @@ awk -v a="$s" -v b="$r" 'BEGIN { exit !(a != "" && a == b && a != 0) }' && ok ||
 
 # 5. Bad settings: clear errors naming the key.
 odpo_ini bad1 1 "beta = 0.1, nope" >"$TMP/bad1.ini"
-out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "bad beta list accepted" ||
-  { echo "$out" | grep -q "\[online_dpo\] beta" && ok || bad "unclear error: $out"; }
+out=$("${C[@]}" config check "$TMP/bad1.ini" 2>&1) && bad "bad beta list accepted" ||
+  { echo "$out" | grep -q "bad1.ini:[0-9]*: \[online_dpo\] beta" && ok || bad "unclear error: $out"; }
 odpo_ini bad2 1 "loss_type = hinge" >"$TMP/bad2.ini"
 out=$("${C[@]}" train "$TMP/bad2.ini" 2>&1) && bad "loss_type hinge accepted" ||
   { echo "$out" | grep -q "loss_type" && ok || bad "unclear error: $out"; }
 odpo_ini bad3 1 "max_length = 12" >"$TMP/bad3.ini"
 out=$("${C[@]}" train "$TMP/bad3.ini" 2>&1) && bad "max_length <= max_new_tokens accepted" ||
-  { echo "$out" | grep -q "max_length" && ok || bad "unclear error: $out"; }
+  { echo "$out" | grep -q "bad3.ini:[0-9]*: \[online_dpo\] max_length" && ok || bad "unclear error: $out"; }
 odpo_ini bad4 1 | sed '/^\[reward.len\]$/,/^target_length/d' >"$TMP/bad4.ini"
 out=$("${C[@]}" train "$TMP/bad4.ini" 2>&1) && bad "no reward accepted" ||
   { echo "$out" | grep -q "reward.NAME" && ok || bad "unclear error: $out"; }

@@ -55,10 +55,8 @@ static ctrl_status parse_betas(ctrl_trainer *t, const char *text) {
     return CTRL_OK;
 }
 
-static ctrl_status odpo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
-    (void)host; /* kept by init (plugin_api.h) */
-    ctrl_trainer *t = calloc(1, sizeof *t);
-    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer online_dpo: out of memory");
+/* The options into t, checked (create, and check_options when the config is validated). */
+static ctrl_status read_options(const ctrl_config *cfg, ctrl_trainer *t) {
     const char *s = "online_dpo";
     static const char *const losses[] = {"sigmoid", "ipo", NULL};
     ctrl_status st = CTRL_OK;
@@ -81,6 +79,20 @@ static ctrl_status odpo_create(const ctrl_host *host, const ctrl_config *cfg, ct
                             "[online_dpo] max_length = %d: must exceed max_new_tokens (%d), or the prompt is "
                             "truncated away (0 = no limit)",
                             t->spec.max_length, t->spec.max_completion_length);
+    return st;
+}
+
+static ctrl_status odpo_check_options(const ctrl_config *cfg, const char *section) {
+    (void)section;
+    ctrl_trainer t = {0};
+    return read_options(cfg, &t);
+}
+
+static ctrl_status odpo_create(const ctrl_host *host, const ctrl_config *cfg, ctrl_trainer **out) {
+    (void)host; /* kept by init (plugin_api.h) */
+    ctrl_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ctrl_error_set(CTRL_ERR_NOMEM, "trainer online_dpo: out of memory");
+    const ctrl_status st = read_options(cfg, t);
     if (st != CTRL_OK) {
         free(t);
         return st;
@@ -221,6 +233,7 @@ static const ctrl_plugin odpo_plugin = {
     .options = odpo_options,
     .init = ctrl_plugin_api_init,
     .ops = &odpo_ops,
+    .check_options = odpo_check_options,
 };
 
 CTRL_PLUGIN_DEFINE(&odpo_plugin)
