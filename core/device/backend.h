@@ -95,6 +95,9 @@ typedef struct ctrl_backend_ops {
     ctrl_status (*adamw_step)(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n,
                               float lr, float beta1, float beta2, float eps, float weight_decay,
                               int64_t step);
+    /* Appended: 1 when linear_*_bf16 round w to bf16 themselves as fast as they would read a rounded
+     * copy (the CPU with AVX-512 BF16: rounded while packed): the model then keeps no rounded copy. */
+    int (*bf16_rounds_weights)(void);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -160,6 +160,7 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .linear_forward_bf16 = linear_forward_bf16,
         .linear_backward_bf16 = linear_backward_bf16,
         .round_to_bf16 = round_to_bf16,
+        .bf16_rounds_weights = ctrl_cpu_has_avx512bf16,
         .rope_forward = rope_forward,
         .rope_backward = rope_backward,
         .swiglu_forward = swiglu_forward,

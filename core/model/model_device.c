@@ -124,5 +124,6 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                             .T = m->T,
                             .C = c->hidden_size,
                             .V = c->vocab_size,
-                            .temperature = m->temperature};
+                            .temperature = m->temperature,
+                            .bf16 = m->linear_bf16};
 }

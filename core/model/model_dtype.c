@@ -35,7 +35,9 @@ ctrl_status model_prepare_weights(ctrl_model *m) {
         if (st != CTRL_OK) return ctrl_error_wrap(st, "model: parameters onto %s", m->be->name);
         m->dparams_valid = 1;
     }
-    if (m->linear_bf16 && !m->rounded_valid) {
+    /* no rounded copy where the backend's bf16 products round w themselves at no cost */
+    const int rounds_itself = ctrl_backend_has(m->be, bf16_rounds_weights) && m->be->bf16_rounds_weights();
+    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself) {
         if (!m->rounded) {
             ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
             if (st != CTRL_OK)

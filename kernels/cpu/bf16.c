@@ -72,10 +72,9 @@ static int cpu_has_avx512bf16(void) {
 }
 
 int ctrl_cpu_has_avx512bf16(void) {
-    static int cached = -1;
-    if (cached < 0)
-        cached = ctrl_cpu_gemm_bf16_compiled() && cpu_has_avx512bf16() && !getenv("CTRL_NO_AVX512BF16");
-    return cached;
+    static int cpu = -1; /* the CPU does not change; the switch is read each time (tests flip it) */
+    if (cpu < 0) cpu = ctrl_cpu_gemm_bf16_compiled() && cpu_has_avx512bf16();
+    return cpu && !getenv("CTRL_NO_AVX512BF16");
 }
 
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
@@ -126,14 +125,9 @@ const char *ctrl_cpu_bf16_path(int *fast) {
                : "fp32 SGEMM on bf16-rounded inputs (built without AVX-512 BF16 code)";
 }
 
-/* Few tokens (decoding) against weights already rounded: SGEMM on the rounded weights needs no
- * packing of W, which would cost more than the products. */
-#define FEW_TOKENS 4
-
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
                                  int OUT, int w_rounded) {
-    if (!(w_rounded && T <= FEW_TOKENS) &&
-        ctrl_cpu_gemm_bf16(0, 1, T, OUT, IN, x, IN, w, IN, out, OUT, 0) == 0)
+    if (ctrl_cpu_gemm_bf16(0, 1, T, OUT, IN, x, IN, w, IN, out, OUT, 0) == 0)
         return add_bias(out, bias, T, OUT), 0;
     float *xr = rounded_f32(x, (int64_t)T * IN), *wr = w_rounded ? NULL : rounded_f32(w, (int64_t)OUT * IN);
     const int rc = xr && (wr || w_rounded) ? 0 : -1;

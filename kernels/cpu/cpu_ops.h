@@ -53,6 +53,7 @@ void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M
  * C[M,N] = (accumulate ? C : 0) + op(A) op(B), op(A)[M,K] = trans_a ? A^T (A stored [K,M]) : A,
  * op(B)[K,N] = trans_b ? B^T (B stored [N,K]) : B; fp32 inputs are rounded to bf16 as they are packed,
  * products accumulate in fp32. Returns 0, or -1 (C untouched) without AVX-512 BF16 or scratch memory.
+ * A few rows (M <= 4) times B^T (x W^T while decoding) read B once, rounding it in registers.
  * ctrl_cpu_gemm_bf16_nt_avx512: the same on bf16 inputs, C[M,N] (+)= A[M,K] B[N,K]^T.
  * ctrl_cpu_gemm_bf16_compiled: 1 when this build has the AVX-512 BF16 code at all. */
 int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
@@ -121,6 +122,8 @@ typedef struct ctrl_head_args {
     float temperature; /* > 0 */
     int chunk_tokens;  /* 0 = default */
     int chunk_vocab;   /* 0 = default */
+    int bf16;          /* 1: the products in bf16 as torch.autocast runs lm_head (inputs rounded to bf16,
+                        * fp32 accumulation) where the CPU has a fast bf16 GEMM; fp32 otherwise */
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */

@@ -24,9 +24,10 @@
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 11))
 #define MR 8
 #define NR 48
-#define KC 256  /* depth per block (even) */
-#define MC 192  /* rows of A per block (a multiple of MR and of 16) */
-#define NC 8160 /* columns of B per block (a multiple of NR and of 16) */
+#define KC 256     /* depth per block (even) */
+#define MC 192     /* rows of A per block (a multiple of MR and of 16) */
+#define NC 8160    /* columns of B per block (a multiple of NR and of 16) */
+#define FEW_ROWS 4 /* up to this many rows of A, x W^T runs without packing (gemm_few) */
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
@@ -293,6 +294,66 @@ static int gemm_blocked(int M, int N, int K, const operand *A, const operand *B,
     free(bp);
     return failed ? -1 : 0;
 }
+/* Few rows of A against B stored [N, K] (decoding: a handful of tokens through a linear layer):
+ * C[M, N] (+)= A B^T with B read once, 4 of its rows at a time, rounded in registers (vcvtne2ps2bf16
+ * rounds to nearest even, as round_bf16) instead of packed: packing would cost more than the
+ * products. A's rows are rounded into a small buffer first (Kp: K padded to 32, zeros). */
+TARGET static void few_round_a(uint16_t *a, int M, int K, int Kp, const float *A, size_t lda) {
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < Kp; k += 16) {
+            const int left = K - k;
+            const __mmask16 m = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+            const __m512i r = round16(_mm512_maskz_loadu_ps(m, A + (size_t)i * lda + k));
+            _mm256_store_si256((__m256i *)(a + (size_t)i * Kp + k), _mm512_cvtepi32_epi16(r));
+        }
+}
+
+/* columns [n0, n0 + nn) (nn <= 4) of C */
+TARGET static void few_cols(const uint16_t *a, int M, int K, int Kp, const float *B, size_t ldb, float *C,
+                            size_t ldc, int n0, int nn, int accumulate) {
+    __m512 acc[FEW_ROWS][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < FEW_ROWS; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int k = 0; k < Kp; k += 32) {
+        const int left = K - k;
+        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+        const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1u) : 0;
+        __m512bh b[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const float *row = B + (size_t)(n0 + (j < nn ? j : 0)) * ldb + k;
+            b[j] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_maskz_loadu_ps(m0, row));
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < FEW_ROWS; i++) {
+            if (i >= M) break;
+            const __m512bh av = (__m512bh)_mm512_load_si512(a + (size_t)i * Kp + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, b[j]);
+        }
+    }
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < nn; j++) {
+            float *c = C + (size_t)i * ldc + n0 + j;
+            const float s = _mm512_reduce_add_ps(acc[i][j]);
+            *c = accumulate ? *c + s : s;
+        }
+}
+
+static int gemm_few(int M, int N, int K, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                    size_t ldc, int accumulate) {
+    const int Kp = (K + 31) / 32 * 32;
+    uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * FEW_ROWS * (size_t)Kp);
+    if (!a) return -1;
+    few_round_a(a, M, K, Kp, A, lda);
+#pragma omp parallel for schedule(static)
+    for (int n0 = 0; n0 < N; n0 += 4)
+        few_cols(a, M, K, Kp, B, ldb, C, ldc, n0, N - n0 < 4 ? N - n0 : 4, accumulate);
+    free(a);
+    return 0;
+}
 #define CTRL_HAVE_BLOCKED 1
 #endif
 
@@ -307,6 +368,8 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
             if (!accumulate) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
         return 0;
     }
+    if (M <= FEW_ROWS && !trans_a && trans_b)
+        return gemm_few(M, N, K, A, (size_t)lda, B, (size_t)ldb, C, (size_t)ldc, accumulate);
     return gemm_blocked(M, N, K, &a, &b, C, (size_t)ldc, accumulate);
 #else
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;

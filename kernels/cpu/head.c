@@ -33,10 +33,25 @@ size_t ctrl_cpu_head_workspace_bytes(const ctrl_head_args *a) {
     return sizeof(float) * (tc * vc + 6 * tc);
 }
 
+/* C = alpha op(A) op(B) + beta C (beta 0 or 1; alpha other than 1 only with beta 0), as cblas_sgemm
+ * row-major; through the bf16 GEMM where the head computes in bf16 (a->bf16) and the CPU has one. */
+static void head_gemm(const ctrl_head_args *a, int ta, int tb, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (a->bf16 && ctrl_cpu_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, beta != 0.0f) == 0) {
+        if (alpha != 1.0f)
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= alpha;
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+                A, lda, B, ldb, beta, C, ldc);
+}
+
 /* logits chunk [tc, vc] = h[t0 : t0+tc] W[v0 : v0+vc]^T / temperature */
 static void chunk_logits(const ctrl_head_args *a, float *z, int t0, int tc, int v0, int vc) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, vc, a->C, 1.0f / a->temperature,
-                a->hidden + (size_t)t0 * a->C, a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+    head_gemm(a, 0, 1, tc, vc, a->C, 1.0f / a->temperature, a->hidden + (size_t)t0 * a->C, a->C,
+              a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
 }
 
 void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse, int32_t *correct,
@@ -124,12 +139,11 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
                 if (tg >= v0 && tg < v0 + vc) row[tg - v0] += g * inv_temp;
             }
             /* dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, a->C, vc, 1.0f, z, vc,
-                        a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C,
-                        a->C);
+            head_gemm(a, 0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C,
+                      v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C, a->C);
             if (dw) /* NULL: a frozen head (LoRA) */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vc, a->C, tc, 1.0f, z, vc,
-                            a->hidden + (size_t)t0 * a->C, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
+                head_gemm(a, 1, 0, vc, a->C, tc, 1.0f, z, vc, a->hidden + (size_t)t0 * a->C, a->C, 1.0f,
+                          dw + (size_t)v0 * a->C, a->C);
         }
     }
 }
@@ -163,8 +177,7 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
     float *z = workspace;
     for (int t0 = 0; t0 < a->T; t0 += TC) {
         const int tc = t0 + TC <= a->T ? TC : a->T - t0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tc, V, C, inv_temp, a->hidden + (size_t)t0 * C,
-                    C, a->w, C, 0.0f, z, V);
+        head_gemm(a, 0, 1, tc, V, C, inv_temp, a->hidden + (size_t)t0 * C, C, a->w, C, 0.0f, z, V);
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < tc; i++) {
             const int t = t0 + i;
@@ -196,10 +209,8 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
             for (int j = 0; j < V; j++) row[j] *= k;
             if (has_target) row[tg] += g * inv_temp;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, tc, C, V, 1.0f, z, V, a->w, C, 0.0f,
-                    dhidden + (size_t)t0 * C, C);
+        head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dhidden + (size_t)t0 * C, C);
         if (dw) /* NULL: a frozen head (LoRA) */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, C, tc, 1.0f, z, V,
-                        a->hidden + (size_t)t0 * C, C, 1.0f, dw, C);
+            head_gemm(a, 1, 0, V, C, tc, 1.0f, z, V, a->hidden + (size_t)t0 * C, C, 1.0f, dw, C);
     }
 }

@@ -163,3 +163,89 @@ TEST(linear_layer_on_every_path_against_fp64) {
         free(x), free(w), free(dout), free(y), free(dx), free(dw), free(R), free(S);
     }
 }
+
+static double rel(const float *a, const float *b, int n) {
+    double e = 0, r = 0;
+    for (int i = 0; i < n; i++) e += (double)(a[i] - b[i]) * (a[i] - b[i]), r += (double)b[i] * b[i];
+    return sqrt(e / (r > 0 ? r : 1));
+}
+
+/* The LM head with bf16 products (ctrl_head_args.bf16, the model's dtype = bf16): where the fast
+ * path runs, its log-probs are those of the fp32 head on bf16-rounded hidden states and weights (the
+ * forward products are the same sums), and its gradients (dlogits rounded too, as autocast's bf16
+ * backward) stay within bf16 tolerance of fp32; elsewhere it is the fp32 head, bit for bit. Both the
+ * one-pass head (SFT) and the chunked forward + backward, V past one 8160-column block. */
+TEST(head_in_bf16) {
+    enum { T = 19, C = 40, V = 8200 };
+    unsigned seed = 9;
+    float *h = malloc(sizeof(float) * T * C), *w = malloc(sizeof(float) * V * C),
+          *hr = malloc(sizeof(float) * T * C), *wr = malloc(sizeof(float) * V * C);
+    int32_t tg[T];
+    float dlogp[T];
+    for (int i = 0; i < T * C; i++) h[i] = frand(&seed);
+    for (int i = 0; i < V * C; i++) w[i] = frand(&seed) * 0.3f;
+    for (int t = 0; t < T; t++) tg[t] = t == 3 ? -100 : (int32_t)((t * 977u) % V), dlogp[t] = frand(&seed);
+    ctrl_cpu_round_to_bf16(hr, h, T * C), ctrl_cpu_round_to_bf16(wr, w, (int64_t)V * C);
+    float lp[3][T], lse[3][T];
+    float *dh[3], *dw[3];
+    for (int v = 0; v < 3; v++) { /* 0: fp32, 1: bf16, 2: fp32 on the rounded inputs */
+        ctrl_head_args a = {.hidden = v == 2 ? hr : h,
+                            .w = v == 2 ? wr : w,
+                            .targets = tg,
+                            .T = T,
+                            .C = C,
+                            .V = V,
+                            .temperature = 0.7f,
+                            .chunk_tokens = 8,
+                            .bf16 = v == 1};
+        void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
+        dh[v] = malloc(sizeof(float) * T * C), dw[v] = calloc((size_t)V * C, sizeof(float));
+        ctrl_cpu_head_forward_backward(&a, dlogp, lp[v], NULL, lse[v], NULL, dh[v], dw[v], ws);
+        free(ws);
+        /* the chunked pair gives the same as the one pass */
+        ws = malloc(ctrl_cpu_head_workspace_bytes(&a));
+        float lp2[T], lse2[T], *dh2 = malloc(sizeof(float) * T * C),
+                               *dw2 = calloc((size_t)V * C, sizeof(float));
+        ctrl_cpu_head_forward(&a, lp2, NULL, lse2, NULL, ws);
+        ctrl_cpu_head_backward(&a, lse2, dlogp, NULL, NULL, dh2, dw2, ws);
+        double e = 0;
+        for (int t = 0; t < T; t++) e = fmax(e, fabs(lp2[t] - lp[v][t]));
+        CHECK_MSG(e < 1e-4, "variant %d: chunked log-probs %.3g from the one-pass head", v, e);
+        CHECK_MSG(rel(dh2, dh[v], T * C) < 1e-4 && rel(dw2, dw[v], V * C) < 1e-4, "variant %d: chunked grads",
+                  v);
+        free(ws), free(dh2), free(dw2);
+    }
+    double e_r = 0, e_32 = 0;
+    for (int t = 0; t < T; t++)
+        e_r = fmax(e_r, fabs(lp[1][t] - lp[2][t])), e_32 = fmax(e_32, fabs(lp[1][t] - lp[0][t]));
+    printf("  bf16 head: log-probs %.2g from fp32 on rounded inputs, %.2g from fp32; dh %.2g, dW %.2g from "
+           "fp32\n",
+           e_r, e_32, rel(dh[1], dh[0], T * C), rel(dw[1], dw[0], V * C));
+    if (ctrl_cpu_has_avx512bf16()) {
+        CHECK(e_r < 1e-4);
+        CHECK(e_32 > 0); /* it did round */
+        CHECK(rel(dh[1], dh[0], T * C) < 1e-2 && rel(dw[1], dw[0], V * C) < 1e-2);
+    } else {
+        CHECK(memcmp(lp[1], lp[0], sizeof lp[0]) == 0 && memcmp(dh[1], dh[0], sizeof(float) * T * C) == 0);
+    }
+    for (int v = 0; v < 3; v++) free(dh[v]), free(dw[v]);
+    free(h), free(w), free(hr), free(wr);
+}
+
+/* Few tokens through x W^T (decoding) take the unpacked path: the same sums as the blocked one. */
+TEST(few_rows_match_blocked) {
+    if (!ctrl_cpu_has_avx512bf16()) TEST_SKIP("AVX-512 BF16 off");
+    enum { K = 77, N = 23 };
+    unsigned seed = 13;
+    float A[8 * K], B[N * K], C1[8 * N], C2[8 * N];
+    for (int i = 0; i < 8 * K; i++) A[i] = frand(&seed);
+    for (int i = 0; i < N * K; i++) B[i] = frand(&seed);
+    CHECK_EQ_INT(ctrl_cpu_gemm_bf16(0, 1, 8, N, K, A, K, B, K, C1, N, 0), 0); /* 8 rows: blocked */
+    for (int M = 1; M <= 4; M++) {
+        for (int i = 0; i < M * N; i++) C2[i] = 1.0f;
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16(0, 1, M, N, K, A, K, B, K, C2, N, 1), 0);
+        double e = 0;
+        for (int i = 0; i < M * N; i++) e = fmax(e, fabs(C2[i] - 1.0f - C1[i]));
+        CHECK_MSG(e < 1e-5, "M %d: %.3g from the blocked path", M, e);
+    }
+}
