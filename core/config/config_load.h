@@ -77,7 +77,7 @@ typedef struct ctrl_run_settings {
         int kv_cache_dtype; /* -1 auto (the model's compute dtype), 0 fp32, 1 bf16 */
     } generation;
     struct {
-        int enabled, r, use_rslora, use_dora;
+        int enabled, r, use_rslora, use_dora, nf4; /* nf4: quantization = nf4 */
         double lora_alpha, lora_dropout;
         const char *init_lora_weights; /* true, false, gaussian */
         const char *adapter_path;      /* NULL when unset */

@@ -109,6 +109,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .lora_dropout = rd_float(&r, "peft", "lora_dropout"),
                  .use_rslora = rd_bool(&r, "peft", "use_rslora"),
                  .use_dora = rd_bool(&r, "peft", "use_dora"),
+                 .nf4 = !strcmp(rd_str(&r, "peft", "quantization"), "nf4"),
                  .init_lora_weights = rd_str(&r, "peft", "init_lora_weights"),
                  .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")},
         .teacher = {.path = ctrl_config_get_string(cfg, "teacher", "path"),

@@ -145,7 +145,14 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
             e->where, e->value);
     e = config_find(cfg, "peft", "enabled");
     on = false;
-    if (!e || config_parse_bool(e->value, &on) != 0 || !on) return CTRL_OK;
+    const int peft_on = e && config_parse_bool(e->value, &on) == 0 && on;
+    config_entry *q = config_find(cfg, "peft", "quantization");
+    if (q && !strcmp(q->value, "nf4") && !peft_on) /* QLoRA: adapters over the NF4 base */
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [peft] quantization = nf4 without [peft] enabled = true: QLoRA trains "
+                              "adapters over the quantized base",
+                              q->where);
+    if (!peft_on) return CTRL_OK;
     const char *mode = config_value_or_default(cfg, "generation", config_core_table("generation"), "mode");
     if (mode && !strcmp(mode, "server"))
         return ctrl_error_set(

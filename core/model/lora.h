@@ -40,6 +40,7 @@ typedef struct ctrl_lora_config {
     char targets[CTRL_LORA_MAX_TARGETS][96];
     int save_embed_tokens, save_lm_head; /* modules_to_save */
     int use_dora; /* DoRA (dora.c): a trainable magnitude per output row of every adapted layer */
+    int nf4;      /* QLoRA (model_nf4.c): the base's linear weights held in NF4, dequantized per layer */
 } ctrl_lora_config;
 
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */

@@ -35,7 +35,7 @@ long model_add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, i
     v->shape[1] = ndim > 1 ? d1 : 1;
     v->numel = d0 * (ndim > 1 ? d1 : 1);
     v->no_decay = no_decay;
-    v->lora = 0;
+    v->lora = 0, v->nf4 = 0;
     *cursor += (size_t)v->numel;
     return (long)v->offset;
 }
@@ -55,7 +55,7 @@ static ctrl_status layout(ctrl_model *m) {
             "model: LoRA on a sequence classifier (its score would stay frozen, where PEFT's "
             "SEQ_CLS task trains it) is not supported yet");
     const int save_embed = m->lora && m->lora->save_embed_tokens,
-              save_head = m->lora && m->lora->save_lm_head;
+              save_head = m->lora && m->lora->save_lm_head, nf4 = m->lora && m->lora->nf4;
     if (!save_embed)
         m->off_embed = model_add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
     for (int l = 0; l < c->n_layers; l++) {
@@ -63,29 +63,40 @@ static ctrl_status layout(ctrl_model *m) {
 #define V(field, suffix, nd, a, b, nodecay)                                                                  \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                  \
     o->field = model_add_view(m, &cur, n, nd, a, b, nodecay)
+/* a projection weight: in QLoRA every layer's view of it is layer 0's slot (model_nf4.c) */
+#define W(field, suffix, nd, a, b, target)                                                                   \
+    if (nf4 && l > 0) {                                                                                      \
+        size_t at_ = (size_t)m->layers[0].field;                                                             \
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                              \
+        o->field = model_add_view(m, &at_, n, nd, a, b, 0);                                                  \
+    } else {                                                                                                 \
+        V(field, suffix, nd, a, b, 0);                                                                       \
+    }                                                                                                        \
+    if (nf4 && m->n_views <= m->cap_views) m->views[m->n_views - 1].nf4 = 1 + l * LORA_N_TARGETS + (target)
         V(ln1, "input_layernorm.weight", 1, C, 0, 1);
-        V(wq, "self_attn.q_proj.weight", 2, H * D, C, 0);
+        W(wq, "self_attn.q_proj.weight", 2, H * D, C, LORA_Q);
         o->bq = o->bk = o->bv = o->q_norm = o->k_norm = -1;
         if (c->qkv_bias) {
             V(bq, "self_attn.q_proj.bias", 1, H * D, 0, 1);
         }
-        V(wk, "self_attn.k_proj.weight", 2, HK * D, C, 0);
+        W(wk, "self_attn.k_proj.weight", 2, HK * D, C, LORA_K);
         if (c->qkv_bias) {
             V(bk, "self_attn.k_proj.bias", 1, HK * D, 0, 1);
         }
-        V(wv, "self_attn.v_proj.weight", 2, HK * D, C, 0);
+        W(wv, "self_attn.v_proj.weight", 2, HK * D, C, LORA_V);
         if (c->qkv_bias) {
             V(bv, "self_attn.v_proj.bias", 1, HK * D, 0, 1);
         }
-        V(wo, "self_attn.o_proj.weight", 2, C, H * D, 0);
+        W(wo, "self_attn.o_proj.weight", 2, C, H * D, LORA_O);
         if (c->qk_norm) {
             V(q_norm, "self_attn.q_norm.weight", 1, D, 0, 1);
             V(k_norm, "self_attn.k_norm.weight", 1, D, 0, 1);
         }
         V(ln2, "post_attention_layernorm.weight", 1, C, 0, 1);
-        V(wg, "mlp.gate_proj.weight", 2, I, C, 0);
-        V(wu, "mlp.up_proj.weight", 2, I, C, 0);
-        V(wd, "mlp.down_proj.weight", 2, C, I, 0);
+        W(wg, "mlp.gate_proj.weight", 2, I, C, LORA_GATE);
+        W(wu, "mlp.up_proj.weight", 2, I, C, LORA_UP);
+        W(wd, "mlp.down_proj.weight", 2, C, I, LORA_DOWN);
+#undef W
 #undef V
     }
     m->off_norm = model_add_view(m, &cur, "model.norm.weight", 1, C, 0, 1);
@@ -120,6 +131,9 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
                                    const ctrl_lora_config *lora, ctrl_model **out) {
     *out = NULL;
     if (lora && lora->r < 1) return ctrl_error_set(CTRL_ERR_CONFIG, "LoRA: r = %d, must be >= 1", lora->r);
+    if (lora && lora->nf4 && lora->use_dora) /* DoRA's norms read the whole base weight */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "LoRA: use_dora with quantization = nf4 (QDoRA) is not implemented yet");
     if (lora && cfg->num_labels > 0)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
@@ -200,6 +214,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host);
     free(m->lora_mag), free(m->dora_at), free(m->dora_norm), free(m->dora_g), free(m->dora_host);
     lora_bank_free(m);
+    nf4_free(m);
     free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
     free(m);
@@ -381,6 +396,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
+    if (m->nf4_w) MODEL_TRY(nf4_layer_weights(m, l)); /* QLoRA: this layer's weights, dequantized */
     MODEL_TRY(be->rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps));
     MODEL_TRY(
         model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D));

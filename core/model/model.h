@@ -35,6 +35,8 @@ typedef struct ctrl_param_view {
     int64_t numel;
     int no_decay; /* norms and biases: no weight decay, as the HF Trainer groups them */
     int lora;     /* a LoRA adapter tensor (lora_A / lora_B): saved with the adapter, not the model */
+    int nf4;      /* QLoRA: 1 + layer * 7 + projection of a base weight held in NF4 (its offset is the
+                   * shared slot the layer being computed is dequantized into); 0 otherwise */
 } ctrl_param_view;
 
 typedef struct ctrl_model ctrl_model;

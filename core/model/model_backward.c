@@ -24,6 +24,7 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
+    if (m->nf4_w) MODEL_TRY(nf4_layer_weights(m, l)); /* QLoRA: this layer's weights, dequantized */
     /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
     MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wd), NULL, dres, a->h, P + o->wd, T, I, C));
     MODEL_TRY(lora_backward(m, l, LORA_DOWN, a, d1, dres, a->h, I, C));

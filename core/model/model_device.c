@@ -40,6 +40,10 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
         (!ctrl_backend_has(be, linear_forward_bf16) || !ctrl_backend_has(be, round_to_bf16)))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
                               be->name);
+    if (m->nf4_w && !be->host_memory)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "model: QLoRA ([peft] quantization = nf4) runs on the CPU only so far, not on %s", be->name);
     model_release_backend(m);
     m->be = be, m->device = device;
     if (be->host_memory) return CTRL_OK;

@@ -5,6 +5,7 @@
 
 #include "device/backend.h"
 #include "model/lora.h"
+#include "model/nf4.h"
 #include "model/model.h"
 
 /* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
@@ -149,6 +150,11 @@ struct ctrl_model {
     size_t bank_ws_n;
     const int *dec_adapters, *dec_n_new;
     int dec_n_seq;
+    /* QLoRA (model_nf4.c; lora->nf4): each layer's seven projection weights in NF4
+     * ([n_layers][LORA_N_TARGETS]); every layer's views of them share one slot of fp32 parameters,
+     * which holds layer nf4_layer's dequantized weights (-1: none yet). */
+    ctrl_nf4 *nf4_w;
+    int nf4_layer;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -223,6 +229,12 @@ ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, floa
  * model trains with lora_dropout > 0. */
 ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n);
 int lora_dropout_on(const ctrl_model *m);
+/* QLoRA (model_nf4.c): nf4_store quantizes view `v`'s weight (just read into its slot) into its
+ * NF4 store; nf4_layer_weights dequantizes layer l's seven weights into the shared slot (nothing
+ * when it holds them already), before layer l's forward or backward. */
+ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
+ctrl_status nf4_layer_weights(ctrl_model *m, int l);
+void nf4_free(ctrl_model *m);
 /* The input and output widths of linear t (LORA_Q ...). */
 void lora_dims(const ctrl_model *m, int t, int *in, int *out);
 /* lora_bank.c: adds the bank's adapters of the decode call under way to out [T, OUT] (see

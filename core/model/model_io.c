@@ -192,6 +192,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
             break;
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
+        if (st == CTRL_OK && v->nf4) st = nf4_store(m, v); /* QLoRA: into NF4 before the next layer's */
     }
     shards_close(&shards);
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */

@@ -109,6 +109,11 @@ ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype 
     const int n = ctrl_model_view_count(m);
     ctrl_st_write *tensors = calloc((size_t)n, sizeof *tensors);
     if (!tensors) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    if (m->nf4_w) {
+        free(tensors);
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: the base is held in NF4 (QLoRA): only its adapter is saved");
+    }
     const float *params = ctrl_model_params(m, NULL);
     int k = 0;
     for (int i = 0; i < n; i++) {

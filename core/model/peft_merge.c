@@ -26,6 +26,10 @@ ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const 
 
 ctrl_status ctrl_peft_merge(ctrl_model *m) {
     if (!m->has_lora) return ctrl_error_set(CTRL_ERR_RUNTIME, "merge: the model has no LoRA adapters");
+    if (m->nf4_w)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "merge: the base is held in NF4 (QLoRA); merge into the full-precision base "
+                              "(ctrl model merge --base DIR --adapter DIR)");
     const int r = m->lora->r;
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {

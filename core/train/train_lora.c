@@ -36,7 +36,7 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
     const char *adapter = s->peft.adapter_path;
     ctrl_status st = adapter ? ctrl_peft_read_config(adapter, &lc, NULL, 0) : lora_from_settings(s, &lc);
     if (st != CTRL_OK) return st;
-    lc.lora_dropout = (float)s->peft.lora_dropout, lc.seed = s->run.seed;
+    lc.lora_dropout = (float)s->peft.lora_dropout, lc.seed = s->run.seed, lc.nf4 = s->peft.nf4;
     if ((st = ctrl_model_load_lora(s->model.path, attn, &lc, out)) != CTRL_OK) return st;
     const char *from = ckpt ? ckpt : adapter;
     if (from && (st = ctrl_peft_load_weights(*out, from)) != CTRL_OK) {
@@ -47,8 +47,9 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
     size_t all, train;
     ctrl_model_params(*out, &all);
     ctrl_model_grads(*out, &train);
-    CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%), the base frozen%s%s", lc.r,
+    CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%), the base frozen%s%s%s", lc.r,
               (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
+              lc.nf4 ? " in NF4 (QLoRA: fp32 parameters counted are one layer's projections)" : "",
               from ? "; adapter from " : "", from ? from : "");
     return CTRL_OK;
 }

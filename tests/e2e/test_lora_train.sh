@@ -87,6 +87,19 @@ awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); spli
   for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
   exit !(n == 2) }' && ok || bad "DoRA merged losses $merged, with the adapter $with, base $base"
 
+# 1e. QLoRA ([peft] quantization = nf4): the base in NF4, the adapters train (the loss falls as with
+# LoRA), PEFT's adapter files, in bf16 compute too; without [peft] enabled it is refused by key.
+"${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set run.output_dir="$TMP/qlora" >"$TMP/log" 2>&1 ||
+  { bad "qlora sft run"; tail -5 "$TMP/log"; }
+grep -q "in NF4 (QLoRA" "$TMP/log" && [ -s "$TMP/qlora/adapter_model.safetensors" ] && ok || bad "QLoRA run: log or adapter"
+first=$(loss_at "$TMP/qlora" 1) last=$(for s in 5 6 7 8; do loss_at "$TMP/qlora" $s; done | awk '{ t += $1 } END { print t / NR }')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "QLoRA loss did not fall: $first -> $last"
+"${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set train.dtype=fp32 --set train.max_steps=2 \
+  --set run.output_dir="$TMP/qlora32" >"$TMP/log" 2>&1 && [ -s "$TMP/qlora32/adapter_model.safetensors" ] && ok ||
+  bad "QLoRA in fp32"
+"${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set peft.enabled=false >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "quantization = nf4 without" "$TMP/log" && ok || bad "quantization without [peft] enabled not refused"
+
 # 2. The optimizer state is the adapters' only: against a full fine-tune's.
 "${C[@]}" train "$TMP/sft.ini" --set peft.enabled=false --set run.output_dir="$TMP/full" --set train.max_steps=4 \
   >"$TMP/log" 2>&1 || { bad "full run"; tail -5 "$TMP/log"; }

@@ -66,8 +66,9 @@ static void batch_load(fixture_batch *f, const char *arch) {
 
 static void batch_free(fixture_batch *f) { free(f->tokens), free(f->pos), free(f->tg), free(f->cu); }
 
-/* The base model of a fixture adapter with the adapter loaded from PEFT's files. */
-static ctrl_model *load_adapter(const char *adapter_dir) {
+/* The base model of a fixture adapter with the adapter loaded from PEFT's files (nf4: the base
+ * quantized to NF4, QLoRA). */
+static ctrl_model *load_adapter_as(const char *adapter_dir, int nf4) {
     ctrl_lora_config lc;
     char base[512], dir[1200];
     ctrl_status st = ctrl_peft_read_config(adapter_dir, &lc, base, sizeof base);
@@ -75,6 +76,7 @@ static ctrl_model *load_adapter(const char *adapter_dir) {
     if (st != CTRL_OK) return NULL;
     snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, base);
     ctrl_model *m = NULL;
+    lc.nf4 = nf4;
     st = ctrl_model_load_lora(dir, eager(), &lc, &m);
     CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
     if (st == CTRL_OK) {
@@ -83,6 +85,8 @@ static ctrl_model *load_adapter(const char *adapter_dir) {
     }
     return m;
 }
+
+static ctrl_model *load_adapter(const char *adapter_dir) { return load_adapter_as(adapter_dir, 0); }
 
 /* Mean next-token loss of the batch: logp, and dL/dlogp in dlogp. */
 static double mean_loss(const fixture_batch *f, const float *logp, float *dlogp) {
@@ -99,10 +103,13 @@ static double mean_loss(const fixture_batch *f, const float *logp, float *dlogp)
 static void check_case(const char *name) {
     char dir[1024], path[1100];
     snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, name);
-    ctrl_model *m = load_adapter(dir);
-    if (!m) return;
     snprintf(path, sizeof path, "%s/batch.json", dir);
     cJSON *want = json_file(path);
+    ctrl_model *m = load_adapter_as(dir, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(want, "nf4")));
+    if (!m) {
+        cJSON_Delete(want);
+        return;
+    }
     const char *arch = strrchr(cJSON_GetObjectItemCaseSensitive(want, "base")->valuestring, '/') + 1;
     fixture_batch f;
     batch_load(&f, arch);
@@ -181,6 +188,55 @@ TEST(dora_forward_and_adapter_gradients_match_peft) {
 
 /* A new DoRA adapter's magnitudes are the weight norms PEFT initialises them to: with the default
  * init (B = 0) ||W|| of each row, which the PEFT fixture saved untouched. */
+/* QLoRA (quantization = nf4) against PEFT over transformers' 4-bit load (bitsandbytes NF4, double
+ * quantization, fp32 compute): the same log-probs and adapter gradients, so the dequantized base is
+ * bitsandbytes' (tests/unit/test_nf4.c checks its bytes); the base's fp32 parameters are one layer's
+ * projections, not every layer's. */
+TEST(qlora_forward_and_adapter_gradients_match_peft_over_bitsandbytes) {
+    static const char *const cases[] = {"qwen2_qlora_all", "llama_qlora_qv"};
+    for (int i = 0; i < 2; i++) check_case(cases[i]);
+    ctrl_model *q = load_adapter_as(CTRL_FIXTURE_DIR "/lora/qwen2_qlora_all", 1),
+               *f = load_adapter_as(CTRL_FIXTURE_DIR "/lora/qwen2_qlora_all", 0);
+    size_t nq = 0, nf = 0;
+    if (q && f) ctrl_model_params(q, &nq), ctrl_model_params(f, &nf);
+    const ctrl_model_config *c = f ? ctrl_model_cfg(f) : NULL;
+    if (c) { /* (layers - 1) x the seven projections fewer fp32 parameters */
+        const long C = c->hidden_size, I = c->intermediate_size, QD = (long)c->n_heads * c->head_dim,
+                   KD = (long)c->n_kv_heads * c->head_dim;
+        CHECK_EQ_INT((long)(nf - nq), (long)(c->n_layers - 1) * (2 * C * QD + 2 * C * KD + 3 * C * I));
+    }
+    if (q) { /* what would read the quantized base whole is refused */
+        CHECK(ctrl_peft_merge(q) != CTRL_OK);
+        CHECK_CONTAINS(ctrl_error_message(), "NF4");
+    }
+    if (q && f) { /* = the full model with bitsandbytes' dequantized weights, in fp32 and in bf16 (the
+                   * slot's rounded copy follows each layer's dequantization) */
+        for (int l = 0; l < c->n_layers; l++) {
+            CHECK_EQ_INT(nf4_layer_weights(q, l), CTRL_OK);
+            const layer_offsets *oq = &q->layers[l], *of = &f->layers[l];
+            const long wq[7] = {oq->wq, oq->wk, oq->wv, oq->wo, oq->wg, oq->wu, oq->wd},
+                       wf[7] = {of->wq, of->wk, of->wv, of->wo, of->wg, of->wu, of->wd};
+            for (int t = 0; t < 7; t++)
+                memcpy(f->params + wf[t], q->params + wq[t], sizeof(float) * (size_t)q->nf4_w[l * 7 + t].n);
+        }
+        ctrl_model_weights_changed(f);
+        fixture_batch fb;
+        batch_load(&fb, "qwen2");
+        float *a = malloc(sizeof(float) * fb.T), *b = malloc(sizeof(float) * fb.T);
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            CHECK_EQ_INT(ctrl_model_set_compute_dtype(q, bf16 ? CTRL_BF16 : CTRL_F32), CTRL_OK);
+            CHECK_EQ_INT(ctrl_model_set_compute_dtype(f, bf16 ? CTRL_BF16 : CTRL_F32), CTRL_OK);
+            CHECK_EQ_INT(ctrl_model_forward(q, &fb.b, a, NULL, NULL), CTRL_OK);
+            CHECK_EQ_INT(ctrl_model_forward(f, &fb.b, b, NULL, NULL), CTRL_OK);
+            CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)fb.T), "%s: NF4 model vs dequantized full model",
+                      bf16 ? "bf16" : "fp32");
+        }
+        free(a), free(b);
+        batch_free(&fb);
+    }
+    ctrl_model_free(q), ctrl_model_free(f);
+}
+
 TEST(dora_new_adapter_magnitudes_equal_peft_init) {
     ctrl_lora_config lc = {.r = 4, .lora_alpha = 4, .init = CTRL_LORA_INIT_DEFAULT, .seed = 1, .use_dora = 1};
     CHECK_EQ_INT(ctrl_lora_add_target(&lc, "q_proj", "test"), CTRL_OK);
@@ -233,7 +289,7 @@ TEST(lora_base_is_frozen) {
 /* dL/dθ of the adapters by central differences of L = sum_t w_t logp_t, in double from fp32
  * forwards (h = 1e-2 on weights of magnitude ~0.1-0.5), against the backward; with dropout on,
  * the forward counter is held so that each forward draws the same masks. */
-static void finite_difference(float dropout, int dora) {
+static void finite_difference(float dropout, int dora, int nf4) {
     ctrl_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
     CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/models/qwen2", &cfg), CTRL_OK);
@@ -242,7 +298,8 @@ static void finite_difference(float dropout, int dora) {
                            .lora_dropout = dropout,
                            .init = CTRL_LORA_INIT_NONE,
                            .seed = 7,
-                           .use_dora = dora};
+                           .use_dora = dora,
+                           .nf4 = nf4};
     CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m), CTRL_OK);
@@ -276,9 +333,9 @@ static void finite_difference(float dropout, int dora) {
         if (!pv->lora) continue;
         for (int64_t k = 0; k < pv->numel; k += pv->numel / 3 + 1) { /* three elements of each tensor */
             float *p = params + pv->offset + k;
-            /* DoRA's per-row rescaling curves the loss more: a smaller step (its
-             * truncation error at 1e-2 was 0.008 on a gradient of 0.013; 0.0008 at 3e-3) */
-            const float keep = *p, h = dora ? 3e-3f : 1e-2f;
+            /* DoRA's per-row rescaling, and QLoRA's coarser base, curve the loss more: a smaller
+             * step (DoRA's truncation error at 1e-2 was 0.008 on a gradient of 0.013; 0.0008 at 3e-3) */
+            const float keep = *p, h = dora || nf4 ? 3e-3f : 1e-2f;
             double L[2];
             for (int s = 0; s < 2; s++) {
                 *p = keep + (s ? -h : h);
@@ -298,18 +355,19 @@ static void finite_difference(float dropout, int dora) {
         }
     }
     ctrl_model_weights_changed(m);
-    printf("  %sdropout %.2f: %d adapter weights, worst relative difference %.2e\n", dora ? "DoRA, " : "",
-           (double)dropout, n, worst);
+    printf("  %s%sdropout %.2f: %d adapter weights, worst relative difference %.2e\n", dora ? "DoRA, " : "",
+           nf4 ? "QLoRA, " : "", (double)dropout, n, worst);
     CHECK(n >= 6 * (2 + dora) * 7);
     free(logp), free(w);
     batch_free(&f);
     ctrl_model_free(m);
 }
 
-TEST(lora_backward_matches_finite_differences) { finite_difference(0.0f, 0); }
-TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0); }
-TEST(dora_backward_matches_finite_differences) { finite_difference(0.0f, 1); }
-TEST(dora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 1); }
+TEST(lora_backward_matches_finite_differences) { finite_difference(0.0f, 0, 0); }
+TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 0); }
+TEST(dora_backward_matches_finite_differences) { finite_difference(0.0f, 1, 0); }
+TEST(dora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 1, 0); }
+TEST(qlora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 1); }
 
 /* An adapter ctrl writes loads back (by ctrl and, by hand, by PEFT: check_peft_adapter.py) with the
  * same log-probs; with the adapters disabled the model is its base. */

@@ -6,8 +6,14 @@ under tests/fixtures/lora/<case>/, with what PEFT computes on the model fixture'
 (each sequence on its own, in eval mode: dropout off): per-token log-probs of the next tokens, the
 mean loss (batch.json), and the gradient of that loss for every trainable tensor -- every lora_A /
 lora_B and modules_to_save tensor -- under the names the adapter file uses (grads.safetensors).
-Run by hand:
-    /work/venv/bin/python tests/reference/make_lora_fixtures.py
+The DoRA cases (use_dora=True) also hold each lora_magnitude_vector and its gradient; where the case
+says "perturb", the magnitudes PEFT initialised (the weight norms, which make DoRA's output equal
+LoRA's) are scaled by random factors in [0.8, 1.2] before saving, so that they change the output.
+The QLoRA cases ("nf4") load the base as transformers does with BitsAndBytesConfig(load_in_4bit=True,
+bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=float32)
+(bitsandbytes on the CPU; batch.json says "nf4": true) and put the adapters over it.
+Run by hand (all cases, or the ones named; the QLoRA cases need bitsandbytes):
+    /work/venv/bin/python tests/reference/make_lora_fixtures.py [CASE ...]
 """
 import json
 import math
@@ -20,7 +26,7 @@ import transformers
 from peft import LoraConfig, get_peft_model
 from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 HERE = os.path.dirname(__file__)
 MODELS = os.path.join(HERE, "..", "fixtures", "models")
@@ -45,7 +51,28 @@ CASES = {
                                             init_lora_weights=False, lora_dropout=0.05, use_dora=True), "perturb"),
     "qwen3_dora_default_init": ("qwen3", dict(r=4, lora_alpha=4, target_modules=["q_proj", "o_proj", "down_proj"],
                                               lora_dropout=0.0, use_dora=True)),
+    # QLoRA: the base loaded by transformers in 4-bit NF4 with double quantization (bitsandbytes on
+    # the CPU, compute in fp32), the adapters over it
+    "qwen2_qlora_all": ("qwen2", dict(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False,
+                                      lora_dropout=0.0), "nf4"),
+    "llama_qlora_qv": ("llama", dict(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
+                                     init_lora_weights=False, lora_dropout=0.0), "nf4"),
 }
+
+
+def reference_dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
+    """bitsandbytes' dequantize_4bit through its reference kernels (backends/default: flat blocks of
+    64, as its CUDA kernels index them). Its native CPU kernel (0.50.2) maps the blocks of a 2-D
+    weight whose rows are not a multiple of 64 long row by row (down_proj here: 96), which its own
+    quantize_4bit does not: the dequantized weight is then not the quantized one."""
+    from bitsandbytes.backends.default import ops as dops
+    qs = quant_state
+    am = qs.absmax
+    if qs.nested:
+        am = dops._dequantize_blockwise_compute(qs.absmax.reshape(-1), qs.state2.absmax, qs.state2.code,
+                                                qs.state2.blocksize, torch.float32) + qs.offset
+    return dops._dequantize_4bit_compute(A.reshape(-1).view(torch.uint8), am, qs.code, qs.blocksize, qs.shape,
+                                         qs.dtype)
 
 
 def file_name(param_name):
@@ -61,10 +88,22 @@ def main():
             continue
         torch.manual_seed(2000 + len(case))
         base_dir = os.path.join(MODELS, arch)
-        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
+        quant = None
+        if how == ["nf4"]:  # Linear4bit's product: the dequantized weight (reference kernels), in fp32
+            import bitsandbytes
+
+            bitsandbytes.matmul_4bit = lambda A, B, quant_state, out=None, bias=None: torch.nn.functional.linear(
+                A, reference_dequantize_4bit(B, quant_state).to(A.dtype), bias)
+            quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                       bnb_4bit_compute_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager",
+                                                     quantization_config=quant, device_map="cpu" if quant else None)
         cfg = LoraConfig(task_type="CAUSAL_LM", bias="none", **kw)
         pm = get_peft_model(model, cfg)
-        pm.eval()
+        # eval mode (dropout off); the QLoRA cases stay in train mode with lora_dropout 0 (nothing
+        # random): in eval bitsandbytes repacks 4-bit weights for its CPU inference kernel, which
+        # multiplies in bf16, where its training path multiplies the dequantized fp32 weight (as on a GPU)
+        pm.train(how == ["nf4"])
         if how == ["perturb"]:
             with torch.no_grad():
                 for n, p in pm.named_parameters():
@@ -73,6 +112,8 @@ def main():
         d = os.path.join(OUT, case)
         os.makedirs(d, exist_ok=True)
         pm.save_pretrained(d)
+        if os.path.exists(os.path.join(d, "README.md")):  # PEFT's model card: not a fixture
+            os.remove(os.path.join(d, "README.md"))
         # the base model's path as the C test finds it, relative to the fixtures folder
         cpath = os.path.join(d, "adapter_config.json")
         with open(cpath) as f:
@@ -102,6 +143,7 @@ def main():
         scale = kw["lora_alpha"] / (math.sqrt(kw["r"]) if kw.get("use_rslora") else kw["r"])
         with open(os.path.join(d, "batch.json"), "w") as f:
             json.dump({"logp": logps, "loss": loss.item(), "scaling": scale, "base": "models/" + arch,
+                       "nf4": how == ["nf4"],
                        "note": "torch %s, transformers %s, peft %s (make_lora_fixtures.py)" % (
                            torch.__version__, transformers.__version__, peft.__version__)}, f)
         print(case, "loss %.6f" % loss.item(), "trainable", sum(p.numel() for p in grads.values()),

@@ -1,0 +1,53 @@
+/* 4-bit NormalFloat (NF4) as bitsandbytes defines it for QLoRA (bitsandbytes.functional
+ * quantize_4bit / dequantize_4bit with quant_type "nf4", blocksize 64, compress_statistics: what
+ * transformers' BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+ * bnb_4bit_use_double_quant=True) stores a base weight as):
+ *   - each block of 64 values is scaled by 1/absmax (absmax = max |x| of the block) into [-1, 1]
+ *     and each value mapped to the nearest of the 16 NF4 code values (the midpoints between
+ *     neighbouring codes decide; a value on a midpoint takes the lower code), two 4-bit indices
+ *     per byte, the first value in the high nibble; a last partial block has its own absmax;
+ *     (bitsandbytes clamps a partial last block's absmax at 1e-38);
+ *   - double quantization: the fp32 absmax values less their mean (`offset`) are quantized in
+ *     blocks of 256 (scaled by their block's absmax) to bitsandbytes' signed 8-bit dynamic code as
+ *     bitsandbytes' CPU kernel does (a 65536-step lookup table), one byte each, one fp32 scale per 256;
+ *   - dequantization: absmax = dynamic[q] * scale2 + offset, value = nf4[index] * absmax (fp32).
+ * The code books are bitsandbytes' own values; tests/unit/test_nf4.c checks them and every byte
+ * against bitsandbytes (tests/reference/make_nf4_fixtures.py). */
+#ifndef CTRL_CORE_MODEL_NF4_H
+#define CTRL_CORE_MODEL_NF4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ctrl/status.h>
+
+#define CTRL_NF4_BLOCK 64
+#define CTRL_NF4_BLOCK2 256
+
+extern const float ctrl_nf4_code[16];
+extern const float ctrl_nf4_dynamic_code[256];
+
+/* A tensor of n values in NF4 with double-quantized statistics. */
+typedef struct ctrl_nf4 {
+    int64_t n;
+    uint8_t *packed;  /* (n + 1) / 2 bytes */
+    uint8_t *qabsmax; /* one byte per block of 64 */
+    float *absmax2;   /* one scale per 256 blocks */
+    float offset;
+} ctrl_nf4;
+
+/* Blocks of 64 of w [n] into packed [(n + 1) / 2] bytes and absmax [ceil(n / 64)]. */
+void ctrl_nf4_quantize_blocks(const float *w, int64_t n, uint8_t *packed, float *absmax);
+/* The blockwise 8-bit quantization of x [n] (blocks of 256) to the dynamic code: q [n], scale
+ * [ceil(n / 256)]. */
+void ctrl_nf4_quantize_dynamic(const float *x, int64_t n, uint8_t *q, float *scale);
+/* w [n] into *out (its buffers allocated here; ctrl_nf4_free). */
+ctrl_status ctrl_nf4_quantize(const float *w, int64_t n, ctrl_nf4 *out);
+/* The block scales of q (absmax [ceil(n / 64)]) and the values (out [n]). */
+void ctrl_nf4_absmax(const ctrl_nf4 *q, float *absmax);
+void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out);
+void ctrl_nf4_free(ctrl_nf4 *q);
+/* Bytes q holds. */
+size_t ctrl_nf4_bytes(int64_t n);
+
+#endif

@@ -1,0 +1,134 @@
+/* NF4 (core/model/nf4.c) against bitsandbytes itself (tests/reference/make_nf4_fixtures.py:
+ * bitsandbytes 0.50.2's quantize_4bit / dequantize_4bit on weights both sides compute from one
+ * formula): the code books are bitsandbytes' values; the 4-bit indices and the fp32 block absmax
+ * are bitsandbytes' byte for byte; dequantizing bitsandbytes' own double-quantized state gives
+ * its values bit for bit; ctrl's double quantization gives bitsandbytes' absmax bytes exactly, its
+ * offset (the mean of the absmax, which torch sums in its own order) within an ulp, and so its
+ * dequantized values within 1e-6 (an ulp of the offset, relative to a small block scale). */
+#include <cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "file_text.h"
+#include "model/nf4.h"
+#include "test.h"
+
+static cJSON *fixture(void) {
+    ctrl_status st;
+    char *text = ctrl_read_text_file(CTRL_FIXTURE_DIR "/nf4/nf4.json", 1 << 20, &st);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(root != NULL, "nf4.json: %s", ctrl_error_message());
+    return root;
+}
+
+/* make_nf4_fixtures.py's weights(n, seed, scale). */
+static float *weights(int n, uint64_t seed, double scale) {
+    float *w = malloc(sizeof(float) * (size_t)n);
+    uint64_t s = seed;
+    for (int i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        double v = ((double)(s >> 40) / 16777216.0 - 0.5) * scale;
+        if (i % 97 == 0) v *= 8.0;
+        if (i >= 64 && i < 128) v = 0.0;
+        w[i] = (float)v;
+    }
+    return w;
+}
+
+static uint8_t *hex(const char *s, size_t *n) {
+    *n = strlen(s) / 2;
+    uint8_t *b = malloc(*n + 1);
+    for (size_t i = 0; i < *n; i++) {
+        unsigned v = 0;
+        sscanf(s + 2 * i, "%2x", &v);
+        b[i] = (uint8_t)v;
+    }
+    return b;
+}
+
+static float *floats(const cJSON *a, int *n) {
+    *n = cJSON_GetArraySize(a);
+    float *f = malloc(sizeof(float) * (size_t)(*n + 1));
+    int i = 0;
+    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) f[i++] = (float)e->valuedouble;
+    return f;
+}
+
+TEST(nf4_code_books_are_bitsandbytes) {
+    cJSON *fx = fixture();
+    int n;
+    float *nf4 = floats(cJSON_GetObjectItemCaseSensitive(fx, "nf4_code"), &n), *dyn;
+    CHECK_EQ_INT(n, 16);
+    CHECK(n == 16 && !memcmp(nf4, ctrl_nf4_code, sizeof ctrl_nf4_code));
+    dyn = floats(cJSON_GetObjectItemCaseSensitive(fx, "dynamic_code"), &n);
+    CHECK_EQ_INT(n, 256);
+    CHECK(n == 256 && !memcmp(dyn, ctrl_nf4_dynamic_code, sizeof ctrl_nf4_dynamic_code));
+    free(nf4), free(dyn);
+    cJSON_Delete(fx);
+}
+
+TEST(nf4_quantize_and_dequantize_equal_bitsandbytes) {
+    cJSON *fx = fixture();
+    int cases = 0;
+    for (const cJSON *c = cJSON_GetObjectItemCaseSensitive(fx, "cases")->child; c; c = c->next, cases++) {
+        const int n = cJSON_GetObjectItemCaseSensitive(c, "n")->valueint;
+        float *w = weights(n, (uint64_t)cJSON_GetObjectItemCaseSensitive(c, "seed")->valuedouble,
+                           cJSON_GetObjectItemCaseSensitive(c, "scale")->valuedouble);
+        int nb, nb2, n_deq;
+        size_t n_packed, n_q;
+        float *want_absmax = floats(cJSON_GetObjectItemCaseSensitive(c, "absmax"), &nb),
+              *want_absmax2 = floats(cJSON_GetObjectItemCaseSensitive(c, "absmax2"), &nb2),
+              *want_deq = floats(cJSON_GetObjectItemCaseSensitive(c, "dequant_every_31st"), &n_deq);
+        uint8_t *want_packed = hex(cJSON_GetObjectItemCaseSensitive(c, "packed")->valuestring, &n_packed),
+                *want_q = hex(cJSON_GetObjectItemCaseSensitive(c, "qabsmax")->valuestring, &n_q);
+        const float want_offset = (float)cJSON_GetObjectItemCaseSensitive(c, "offset")->valuedouble;
+        const float first = (float)cJSON_GetObjectItemCaseSensitive(c, "first_values")->child->valuedouble;
+        CHECK_MSG(w[0] == first, "the weight formula: %.9g vs bitsandbytes' input %.9g", (double)w[0],
+                  (double)first);
+        /* the 4-bit indices and block absmax: exact */
+        uint8_t *packed = malloc(n_packed + 1);
+        float *absmax = malloc(sizeof(float) * (size_t)(nb + 1));
+        ctrl_nf4_quantize_blocks(w, n, packed, absmax);
+        CHECK_EQ_INT((long)n_packed, (n + 1) / 2);
+        CHECK_EQ_INT(nb, (n + 63) / 64);
+        CHECK_MSG(!memcmp(packed, want_packed, n_packed), "n %d: NF4 indices differ from bitsandbytes'", n);
+        CHECK_MSG(!memcmp(absmax, want_absmax, sizeof(float) * (size_t)nb), "n %d: absmax differs", n);
+        /* bitsandbytes' own double-quantized state, dequantized here: its values bit for bit */
+        ctrl_nf4 theirs = {
+            .n = n, .packed = want_packed, .qabsmax = want_q, .absmax2 = want_absmax2, .offset = want_offset};
+        float *deq = malloc(sizeof(float) * (size_t)n), *am = malloc(sizeof(float) * (size_t)nb);
+        ctrl_nf4_absmax(&theirs, am);
+        ctrl_nf4_dequantize(&theirs, am, deq);
+        int same = 0;
+        for (int k = 0; k < n_deq; k++) same += deq[(size_t)k * 31] == want_deq[k];
+        CHECK_MSG(same == n_deq, "n %d: dequantized %d of %d equal bitsandbytes'", n, same, n_deq);
+        /* ctrl's double quantization from the weights: bitsandbytes' absmax bytes exactly; the offset
+         * (the mean of the absmax, which torch sums in its own order) within an ulp */
+        ctrl_nf4 ours;
+        CHECK_EQ_INT(ctrl_nf4_quantize(w, n, &ours), CTRL_OK);
+        CHECK_MSG(fabsf(ours.offset - want_offset) <= nextafterf(want_offset, INFINITY) - want_offset,
+                  "n %d: offset %.9g vs %.9g", n, (double)ours.offset, (double)want_offset);
+        CHECK_REL(ours.absmax2, want_absmax2, nb2, 1e-6);
+        CHECK_MSG(!memcmp(ours.qabsmax, want_q, (size_t)nb), "n %d: double-quantized absmax bytes differ", n);
+        CHECK_MSG(!memcmp(ours.packed, want_packed, n_packed), "n %d: packed differs", n);
+        ctrl_nf4_absmax(&ours, am);
+        ctrl_nf4_dequantize(&ours, am, deq);
+        double worst = 0;
+        for (int k = 0; k < n_deq; k++)
+            worst =
+                fmax(worst, fabs((double)deq[(size_t)k * 31] - want_deq[k]) / fmax(fabs(want_deq[k]), 1e-30));
+        CHECK_MSG(worst <= 1e-6, "n %d: dequantized values %.3g from bitsandbytes'", n, worst);
+        printf("  n %5d: %d blocks of 64, %d of 256: indices, absmax and absmax bytes equal bitsandbytes', "
+               "offset %s, dequantized values within %.1e\n",
+               n, nb, nb2, ours.offset == want_offset ? "equal" : "1 ulp off", worst);
+        ctrl_nf4_free(&ours);
+        free(w), free(want_absmax), free(want_absmax2), free(want_deq), free(want_packed), free(want_q);
+        free(packed), free(absmax), free(deq), free(am);
+    }
+    CHECK_EQ_INT(cases, 3);
+    cJSON_Delete(fx);
+}
