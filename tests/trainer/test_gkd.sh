@@ -95,6 +95,26 @@ GEN_EXTRA="sleep = 1" gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[
 if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "gkd lora run"; tail -3 "$TMP/lora.log"; fi
 grep -q "LoRA adapter" "$TMP/lora.log" && ok || bad "gkd lora saved no adapter"
 
+# The teacher and the divergence head on the CUDA backend (the emulator where it is built; lmbda = 0:
+# the engine samples on the CPU only) give the CPU run's losses and gradient norms.
+EMU=$(dirname "$CTRL")/cuda-emu/libctrl_cuda.so
+if [ -f "$EMU" ] && [ -f "$(dirname "$CTRL")/plugins-emu/gkd.so" ]; then
+  gkd_ini dev_cpu 3 "[gkd]" "lmbda = 0" "beta = 0.3" | sed 's/^logging_steps = 5/logging_steps = 1/' >"$TMP/dev_cpu.ini"
+  sed "s|$TMP/dev_cpu|$TMP/dev_cuda|; s/^device = cpu/device = cuda/" "$TMP/dev_cpu.ini" >"$TMP/dev_cuda.ini"
+  "${C[@]}" train "$TMP/dev_cpu.ini" >/dev/null 2>&1 && ok || bad "cpu run"
+  if CTRL_CUDA_LIBRARY=$EMU "$CTRL" --plugin-dir "$(dirname "$CTRL")/plugins-emu" train "$TMP/dev_cuda.ini" \
+    >"$TMP/dev_cuda.log" 2>&1; then ok; else bad "cuda (emulated) run"; tail -3 "$TMP/dev_cuda.log"; fi
+  for s in 1 3; do
+    for k in loss grad_norm; do
+      a=$(metric "$TMP/dev_cpu/metrics.jsonl" $s $k) b=$(metric "$TMP/dev_cuda/metrics.jsonl" $s $k)
+      awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-4 * (a < 0 ? -a : a)) }' &&
+        ok || bad "step $s $k on cuda $b, on the cpu $a"
+    done
+  done
+else
+  echo "skipped the CUDA check: no emulator build beside $CTRL"
+fi
+
 # 3. Server mode: the student samples through ctrl serve, which gets the weights after every step
 #    and then generates what the saved student does.
 PORT=$((20000 + RANDOM % 20000))

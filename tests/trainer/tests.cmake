@@ -54,4 +54,7 @@ if(TARGET ctrl_cli)
   add_test(NAME test_gkd COMMAND bash ${CMAKE_SOURCE_DIR}/tests/trainer/test_gkd.sh $<TARGET_FILE:ctrl_cli>
                                  ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_gkd PROPERTIES LABELS e2e TIMEOUT 300)
+  if(CTRL_HAVE_CUDA_EMU) # its device check runs the emulated plugins (build/plugins-emu)
+    set_tests_properties(test_gkd PROPERTIES FIXTURES_REQUIRED cuda_emu_plugins)
+  endif()
 endif()
