@@ -20,6 +20,11 @@ tail -n 2 runs/quickstart/metrics.jsonl
 echo "GRPO held-out accuracy (sampled), before -> after:" \
   "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/grpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
   "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/grpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"
+# PPO on the SFT model with a value model and the accuracy reward (configs/ppo-quickstart.ini, ~2 min).
+"${CTRL[@]}" train configs/ppo-quickstart.ini
+echo "PPO held-out accuracy (sampled), before -> after:" \
+  "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/ppo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
+  "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/ppo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"
 # And DPO on the SFT model with the preference pairs (configs/dpo-quickstart.ini, ~30 s).
 "${CTRL[@]}" train configs/dpo-quickstart.ini
 echo "DPO held-out reward accuracy and exact match, before -> after:" \

@@ -107,6 +107,9 @@ typedef struct train_kind_ops {
      * every rank with `metrics` NULL except on rank 0 (online: generation batches are split by
      * prompts and gathered, as TRL's). */
     int splits_ranks;
+    /* Right after the policy's optimizer step, with its learning rate and step (from 1): a kind
+     * that trains a second model steps it here (may be NULL). */
+    ctrl_status (*optimizer_step)(train_kind *k, double lr, long step);
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

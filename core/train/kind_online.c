@@ -1,4 +1,4 @@
-/* The online kind (GRPO, RLOO; see kind.h): rows are prompts; online_loop.c generates, scores and
+/* The online kind (GRPO, RLOO, PPO; see kind.h): rows are prompts; online_loop.c generates, scores and
  * trains on the generation batches. */
 #include <stdlib.h>
 #include <unistd.h>
@@ -59,6 +59,10 @@ static ctrl_status online_accumulate(train_kind *k, const int *order, long *curs
 
 static ctrl_status online_after_step(train_kind *k) { return ctrl_online_after_step(k->online); }
 
+static ctrl_status online_optimizer_step(train_kind *k, double lr, long step) {
+    return ctrl_online_optimizer_step(k->online, lr, step);
+}
+
 static void online_step_time(train_kind *k, double seconds) {
     ctrl_online_report(k->online, "step_time", seconds); /* as TRL logs it */
     /* data parallel: the step's metrics summed over the ranks, before rank 0 logs them (a failure
@@ -100,4 +104,5 @@ const train_kind_ops train_kind_online = {
     .evaluate = online_evaluate,
     .eval_at_start = 1,
     .splits_ranks = 1,
+    .optimizer_step = online_optimizer_step,
 };

@@ -68,6 +68,9 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
 /* After each optimizer step: in server mode, pushes the new weights to the server (POST
  * /update_weights), so the next generation uses them; colocated, nothing to do. */
 ctrl_status ctrl_online_after_step(ctrl_online *o);
+/* Right after the policy's optimizer step at learning rate lr (step counts from 1): a value
+ * model's own step (PPO); nothing otherwise. */
+ctrl_status ctrl_online_optimizer_step(ctrl_online *o, double lr, long step);
 /* Adds a value to the window's metric `name` (logged as the window's mean). */
 void ctrl_online_report(ctrl_online *o, const char *name, double value);
 /* Data parallel: the metrics reported on every rank since the last call summed into each (call

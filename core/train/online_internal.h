@@ -10,6 +10,8 @@
 
 #define MAX_METRICS 64
 
+typedef struct online_value online_value; /* a token-level trainer's value model (online_ppo.c) */
+
 struct ctrl_online {
     const ctrl_config *cfg;
     ctrl_model *model, *ref;
@@ -44,7 +46,35 @@ struct ctrl_online {
     double msynced[MAX_METRICS];
     long csynced[MAX_METRICS];
     int sync_warned;
+    online_value *value; /* spec.value_model (PPO), else NULL */
 };
+
+/* Completions [c0, c0 + n) of the generation batch as one flat batch: each sequence is its prompt
+ * and completion, and the positions predicting completion token j are at[i] + j. */
+typedef struct online_flat {
+    ctrl_batch b;
+    int32_t *tok, *pos, *tg, *cu;
+    int *at;
+} online_flat;
+ctrl_status online_flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, online_flat *f);
+void online_flat_free(online_flat *f);
+
+/* The value model of a token-level trainer (PPO, online_ppo.c). create: loads it ([TRAINER]
+ * value_model, default the policy's weights under a fresh value head) and its optimizer. rollout:
+ * after the old and reference log-probs, the values of the generation batch and the trainer's
+ * token_rollout (total: the rewards' weighted sums). batch: the micro-batch's value forward and
+ * per-token targets into tb (the policy weights `w` become the trainer's policy mask); backward
+ * (run = 0: only frees them) after the loss. shuffle: permutes the generation batch (each pass).
+ * step: the value model's optimizer step after the policy's. */
+ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins);
+ctrl_status online_value_rollout(ctrl_online *o, const float *total, int bs);
+ctrl_status online_value_batch(ctrl_online *o, int c0, int n, const online_flat *f, float *w,
+                               ctrl_trainer_batch *tb);
+ctrl_status online_value_backward(ctrl_online *o, ctrl_trainer_batch *tb, int run);
+void online_value_shuffle(ctrl_online *o);
+ctrl_status online_value_zero_grad(ctrl_online *o);
+ctrl_status online_value_step(ctrl_online *o, double lr, long step);
+void online_value_free(ctrl_online *o);
 
 /* The trainer plugins' metrics callback (ctx: the ctrl_online). */
 void online_report(void *ctx, const char *name, double value);

@@ -72,6 +72,10 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
         if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(o->ref, ctrl_model_compute_dtype(model));
     }
     o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
+    if (o->spec.stop == CTRL_ONLINE_STOP_EOS) o->stops[0] = ctrl_tokenizer_eos_id(tok), o->n_stop = 1;
+    if (o->spec.stop == CTRL_ONLINE_STOP_ID) o->stops[0] = o->spec.stop_token_id, o->n_stop = 1;
+    if (o->spec.stop == CTRL_ONLINE_STOP_NONE) o->n_stop = 0;
+    if (st == CTRL_OK && o->spec.value_model) st = online_value_create(o, plugins);
     o->seed = s->run.seed;
     if (st == CTRL_OK && s->generation.log_completions && ctrl_collective_is_root()) {
         char p[4200];
@@ -101,17 +105,10 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
 
 int ctrl_online_prompt_count(const ctrl_online *o) { return o->train.n; }
 
-/* Completions [c0, c0 + n) of the generation batch as one flat batch: each sequence is its prompt
- * and completion, and the positions predicting completion token j are at[i] + j. */
-typedef struct flat {
-    ctrl_batch b;
-    int32_t *tok, *pos, *tg, *cu;
-    int *at;
-} flat;
+void online_flat_free(online_flat *f) { free(f->tok), free(f->pos), free(f->tg), free(f->cu), free(f->at); }
 
-static void flat_free(flat *f) { free(f->tok), free(f->pos), free(f->tg), free(f->cu), free(f->at); }
-
-static ctrl_status flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n, flat *f) {
+ctrl_status online_flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, int c0, int n,
+                              online_flat *f) {
     size_t T = 0;
     for (int i = 0; i < n; i++) T += (size_t)ps->len[o->gprompt[c0 + i]] + (size_t)o->gout[c0 + i].len;
     const int max_len = o->spec.max_length;
@@ -119,7 +116,7 @@ static ctrl_status flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, i
     f->tg = malloc(sizeof(int32_t) * T);
     f->cu = malloc(sizeof(int32_t) * (size_t)(n + 1)), f->at = malloc(sizeof(int) * (size_t)n);
     if (!f->tok || !f->pos || !f->tg || !f->cu || !f->at) {
-        flat_free(f);
+        online_flat_free(f);
         return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for a batch of %zu tokens", T);
     }
     int t = 0;
@@ -151,8 +148,8 @@ static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float
     for (int c0 = 0; c0 < o->gn && st == CTRL_OK; c0 += bs) {
         if (!online_mine(o, c0)) continue;
         const int n = c0 + bs <= o->gn ? bs : o->gn - c0;
-        flat f;
-        if ((st = flat_build(o, &o->train, c0, n, &f)) != CTRL_OK) break;
+        online_flat f;
+        if ((st = online_flat_build(o, &o->train, c0, n, &f)) != CTRL_OK) break;
         float *lp = malloc(sizeof(float) * (size_t)f.b.T);
         st = lp ? ctrl_model_forward(m, &f.b, lp, NULL, NULL)
                 : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
@@ -164,7 +161,7 @@ static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float
                 memcpy(dst[c0 + i], lp + f.at[i], sizeof(float) * (size_t)o->gout[c0 + i].len);
         }
         free(lp);
-        flat_free(&f);
+        online_flat_free(&f);
     }
     return st;
 }
@@ -273,7 +270,10 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
                 kl[i] += o->old[i][j] - o->ref_lp[i][j], ntok[i]++;
         if (st == CTRL_OK) st = online_gather_kl(o, kl, ntok); /* each rank has its slices' */
     }
-    if (st == CTRL_OK) {
+    if (st == CTRL_OK && o->value) {
+        online_generation_metrics(o, scores, total);
+        st = online_value_rollout(o, total, bs);
+    } else if (st == CTRL_OK) {
         online_generation_metrics(o, scores, total);
         ctrl_rollout ro = {.size = sizeof ro,
                            .n = o->gn,
@@ -297,8 +297,8 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
 /* One micro-batch: completions [c0, c0 + n) forward, the trainer's loss, backward. */
 static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, double *loss) {
     const double t0 = now();
-    flat f;
-    ctrl_status st = flat_build(o, &o->train, c0, n, &f);
+    online_flat f;
+    ctrl_status st = online_flat_build(o, &o->train, c0, n, &f);
     if (st != CTRL_OK) return st;
     const size_t T = (size_t)f.b.T;
     float *lp = malloc(sizeof(float) * T), *ent = malloc(sizeof(float) * T), *w = calloc(T, sizeof(float));
@@ -328,12 +328,18 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
                              .grad_accum = ga,
                              .report = online_report,
                              .report_ctx = o};
+    const int valued = st == CTRL_OK && o->value;
+    if (valued) st = online_value_batch(o, c0, n, &f, w, &tb);
     double l = 0;
     if (st == CTRL_OK) st = o->ops->loss(o->trainer, &tb, &l, d);
     if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d);
+    if (valued) {
+        const ctrl_status vs = online_value_backward(o, &tb, st == CTRL_OK);
+        if (st == CTRL_OK) st = vs;
+    }
     ctrl_online_report(o, "timing/forward_backward_s", now() - t0);
     free(lp), free(ent), free(w), free(old), free(ref), free(d);
-    flat_free(&f);
+    online_flat_free(&f);
     return st;
 }
 
@@ -341,10 +347,11 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
                                    double *loss, long *tokens) {
     bs = ctrl_online_micro_batch(&o->spec, bs);
     const int spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = o->value ? online_value_zero_grad(o) : CTRL_OK;
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         if (!o->gout || o->used >= spg * o->spec.num_iterations)
             st = new_generation_batch(o, order, cursor, bs, ga, tokens);
+        if (st == CTRL_OK && o->spec.shuffle && o->value && o->used % spg == 0) online_value_shuffle(o);
         if (st == CTRL_OK) st = micro_batch(o, online_slice(o, o->used % spg), bs, ga, spg, loss);
         o->used++;
     }
@@ -382,6 +389,10 @@ ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     return st;
 }
 
+ctrl_status ctrl_online_optimizer_step(ctrl_online *o, double lr, long step) {
+    return o->value ? online_value_step(o, lr, step) : CTRL_OK;
+}
+
 ctrl_status ctrl_online_after_step(ctrl_online *o) {
     if (!o->server_url) return CTRL_OK; /* colocated: the engine reads the live weights */
     /* rank 0 pushes the weights every rank holds; the others wait for it before generating */
@@ -401,6 +412,7 @@ void ctrl_online_free(ctrl_online *o) {
     ctrl_reward_set_free(o->rewards);
     if (o->engine) ctrl_engine_free(o->engine);
     ctrl_model_free(o->ref);
+    online_value_free(o);
     for (int i = 0; i < o->n_metrics; i++) free(o->mname[i]);
     free(o);
 }

@@ -240,6 +240,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     if (st == CTRL_OK && !r->opt_on_device && !r->zero.stage) st = ctrl_model_grads_to_host(r->model);
     if (st == CTRL_OK) st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
     if (st == CTRL_OK && r->zero.stage) st = train_zero_gather_params(&r->zero, r->model);
+    if (st == CTRL_OK && r->kind_ops->optimizer_step) st = r->kind_ops->optimizer_step(r->kind, lr, step + 1);
     if (r->opt_on_device)
         ctrl_model_device_weights_changed(r->model);
     else

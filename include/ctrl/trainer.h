@@ -40,6 +40,17 @@ typedef struct ctrl_trainer_batch {
      * batch, from `advantages`); the core logs each name's mean over the logging window. */
     void (*report)(void *ctx, const char *name, double value);
     void *report_ctx;
+    /* Appended (issue 17, ppo). Token-level online trainers with a value model (spec.value_model;
+     * NULL / 0 otherwise), per token [T] of the flat layout, as ctrl_token_rollout wrote them: */
+    const float *token_advantages; /* the token's advantage (`weight` is TRL's policy mask) */
+    const float *returns;          /* the value target */
+    const float *old_values;       /* the value model's output at generation */
+    const float *values;           /* the value model's output in this forward (its gradient is kept) */
+    const float *value_weight;     /* 1 where the value loss reads (one token past the policy's) */
+    const float *stat_weight;      /* 1 at the positions of the padded response width that the layout
+                                      holds (per-token metrics averaged over them) */
+    float *dvalues;                /* written by `loss`: dL/dvalues [T] */
+    int width;                     /* the generation batch's response width W (TRL's padded width) */
 } ctrl_trainer_batch;
 
 /* What an online trainer asks of the core's generation loop. */
@@ -61,7 +72,42 @@ typedef struct ctrl_online_spec {
                                      DPO); 0: at the sampling temperature (GRPO, RLOO) */
     int max_length;               /* > 0: a prompt + completion longer than this loses its prompt's
                                      leftmost tokens in the log-prob forwards (not in generation) */
+    /* Appended (issue 17, ppo). */
+    int value_model;   /* 1: a value model beside the policy ([ppo] value_model), trained with it; the
+                          trainer's token_rollout replaces `advantages` and the micro-batches carry
+                          values (PPO) */
+    int stop;          /* which tokens end a completion: CTRL_ONLINE_STOP_* */
+    int stop_token_id; /* with CTRL_ONLINE_STOP_ID */
+    int shuffle;       /* 1: the generation batch is shuffled before each pass over it (TRL's PPO
+                          permutes it every epoch) */
 } ctrl_online_spec;
+
+enum {
+    CTRL_ONLINE_STOP_MODEL = 0, /* generation_config.json's eos ids (GRPO, RLOO) */
+    CTRL_ONLINE_STOP_EOS,       /* the tokenizer's EOS only */
+    CTRL_ONLINE_STOP_ID,        /* stop_token_id only */
+    CTRL_ONLINE_STOP_NONE,      /* none: every completion is max_completion_length tokens */
+};
+
+/* Appended (issue 17, ppo). A scored generation batch for a token-level trainer: n responses padded
+ * to the batch's width with pad_token_id (as HF generate returns them), row-major [n * width]; index
+ * t of a row is the t-th generated token, and values[t] the value model's output at the token before
+ * it (the last prompt token for t = 0). The trainer writes the per-token targets the micro-batches
+ * then carry. */
+typedef struct ctrl_token_rollout {
+    size_t size; /* sizeof(ctrl_token_rollout) as built */
+    int n, width;
+    int pad_token_id, eos_token_id;
+    const int32_t *responses; /* [n * width] */
+    const float *logp;        /* [n * width] the generating policy's log-probs (any value past a row's end) */
+    const float *ref_logp;    /* [n * width] the reference model's */
+    const float *values;      /* [n * width] the value model's */
+    const float *scores;      /* [n] the reward functions' weighted sum (0 where none applied) */
+    float *advantages, *returns, *old_values; /* [n * width] written */
+    float *policy_mask, *value_mask;          /* [n * width] written: 1 where trained */
+    void (*report)(void *ctx, const char *name, double value);
+    void *report_ctx;
+} ctrl_token_rollout;
 
 /* One generation batch after scoring, for the advantages. */
 typedef struct ctrl_rollout {
@@ -174,6 +220,9 @@ typedef struct ctrl_trainer_ops {
     /* Appended (issue 17, gkd). Distillation trainers only (NULL otherwise): the core's distill kind
      * runs a trainer that has them (ctrl_trainer_distill_ops below; `loss` may then be NULL). */
     const struct ctrl_trainer_distill_ops *distill;
+    /* Appended (issue 17, ppo). Token-level online trainers (spec.value_model): the per-token
+     * advantages, returns and masks of a scored generation batch (NULL otherwise). */
+    ctrl_status (*token_rollout)(ctrl_trainer *t, ctrl_token_rollout *r);
 } ctrl_trainer_ops;
 
 /* Appended (issue 16, kto). The option entries (ctrl_option, plugin.h) of TR-DPO's reference sync,

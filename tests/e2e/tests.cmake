@@ -81,3 +81,10 @@ if(TARGET ctrl_cli)
                                      ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_dpo_mpi PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77)
 endif()
+
+# The ppo trainer end to end: value model, colocated and server generation, bad options (tests/e2e/test_ppo.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_ppo_e2e COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_ppo.sh $<TARGET_FILE:ctrl_cli>
+                                      ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_ppo_e2e PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

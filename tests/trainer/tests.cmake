@@ -58,3 +58,8 @@ if(TARGET ctrl_cli)
     set_tests_properties(test_gkd PROPERTIES FIXTURES_REQUIRED cuda_emu_plugins)
   endif()
 endif()
+
+# The ppo trainer plugin (loaded from build/plugins) against TRL 0.25's PPOTrainer
+# (tests/reference/make_ppo_fixtures.py): rollout, losses, gradients and metrics.
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/trainer/test_ppo.c parity)
+add_dependencies(test_ppo ppo adamw paged flash eager)

@@ -1,0 +1,297 @@
+/* The value model of a token-level online trainer (PPO; spec.value_model), see online_internal.h.
+ *
+ * How it is held and run: a second ctrl_model, a sequence classifier of one label -- `[ppo]
+ * value_model` (a *ForSequenceClassification directory, or a causal LM whose trunk gets a fresh
+ * `score` head seeded from [run] seed), by default the policy's own weights under a fresh head, as
+ * TRL's examples build it. Its per-token values are the score head read at every position
+ * (ctrl_model_score_forward_at), the policy's tokens laid out exactly as for the policy's forward.
+ * After generation it scores each completion once without gradients (the rollout's old values);
+ * in each micro-batch it runs forward beside the policy, the trainer's loss gives dL/dvalues, and
+ * ctrl_model_score_backward_at accumulates its own gradients. It has its own optimizer (the run's
+ * optimizer plugin and settings: TRL's single optimizer over PolicyAndValueWrapper steps both with
+ * the same learning rate and schedule), stepped right after the policy's. The value model is not
+ * saved (TRL saves only the policy) and not part of checkpoints yet. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/optimizer.h>
+
+#include "collective/collective.h"
+#include "registry/registry.h"
+#include "train/online_internal.h"
+
+struct online_value {
+    ctrl_model *model;
+    const ctrl_optimizer_ops *opt_ops;
+    ctrl_optimizer *opt;
+    ctrl_param_group *groups;
+    int n_groups;
+    double max_grad_norm;
+    int W; /* the generation batch's response width */
+    /* per completion of the generation batch, [W] each */
+    float **adv, **ret, **oval, **pm, **vm;
+    int gn;
+    /* the micro-batch in flight: the flat positions the value is read at, and dL/dvalues there */
+    int32_t *at;
+    float *dv_at;
+    int n_at;
+    uint64_t shuffles;
+};
+
+static void rows_free(online_value *v) {
+    for (int i = 0; i < v->gn; i++)
+        free(v->adv[i]), free(v->ret[i]), free(v->oval[i]), free(v->pm[i]), free(v->vm[i]);
+    free(v->adv), free(v->ret), free(v->oval), free(v->pm), free(v->vm);
+    v->adv = v->ret = v->oval = v->pm = v->vm = NULL, v->gn = 0;
+}
+
+void online_value_free(ctrl_online *o) {
+    online_value *v = o->value;
+    if (!v) return;
+    rows_free(v);
+    if (v->opt) v->opt_ops->destroy(v->opt);
+    ctrl_model_free(v->model);
+    free(v->groups), free(v->at), free(v->dv_at);
+    free(v);
+    o->value = NULL;
+}
+
+ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins) {
+    const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
+    if (ctrl_collective_size() > 1)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[run] trainer = %s: a value model with several processes is not supported yet",
+                              s->run.trainer);
+    if (s->train.resume_from_checkpoint)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "[train] resume_from_checkpoint: trainer %s's value model is not in checkpoints yet "
+            "(a resumed run would start it afresh)",
+            s->run.trainer);
+    online_value *v = calloc(1, sizeof *v);
+    if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    o->value = v;
+    const char *dir = ctrl_config_get_string(o->cfg, s->run.trainer, "value_model");
+    if (!dir || !dir[0]) dir = s->model.path;
+    ctrl_status st = ctrl_model_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(st, "[%s] value_model = %s: cannot load it as a value model", s->run.trainer,
+                               dir);
+    st = ctrl_model_set_compute_dtype(v->model, ctrl_model_compute_dtype(o->model));
+    /* one parameter group per tensor, no weight decay on norms and biases, as the policy's */
+    v->groups = calloc((size_t)ctrl_model_view_count(v->model), sizeof *v->groups);
+    if (st == CTRL_OK && !v->groups) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    float *params = ctrl_model_params(v->model, NULL), *grads = ctrl_model_grads(v->model, NULL);
+    const size_t first = ctrl_model_trainable_offset(v->model);
+    for (int i = 0; st == CTRL_OK && i < ctrl_model_view_count(v->model); i++) {
+        const ctrl_param_view *pv = ctrl_model_view(v->model, i);
+        if (pv->offset < first) continue;
+        v->groups[v->n_groups++] =
+            (ctrl_param_group){.param = params + pv->offset,
+                               .grad = grads + (pv->offset - first),
+                               .numel = pv->numel,
+                               .weight_decay = pv->no_decay ? 0.0f : (float)s->train.weight_decay};
+    }
+    v->opt_ops = plugins->optimizer->ops;
+    v->max_grad_norm = s->train.max_grad_norm;
+    if (st == CTRL_OK)
+        st = v->opt_ops->create(ctrl_host_table(), o->cfg, v->groups, v->n_groups,
+                                (ctrl_device){CTRL_DEVICE_CPU, 0}, &v->opt);
+    if (st == CTRL_OK)
+        CTRL_INFO("value model: %s (%s), its own %s optimizer", dir,
+                  strcmp(dir, s->model.path) ? "as given" : "the policy's weights under a fresh value head",
+                  s->train.optimizer);
+    return st;
+}
+
+/* The flat positions reading response tokens 0 .. min(len, W - 1) of completions [c0, c0 + n)
+ * (t = len reads the completion's last token: the value one past the policy's last), in order. */
+static int value_positions(const ctrl_online *o, int c0, int n, const int *at, int W, int32_t *out) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        const int len = o->gout[c0 + i].len;
+        for (int t = 0; t <= len && t < W; t++) out[k++] = at[i] + t;
+    }
+    return k;
+}
+
+static ctrl_status grow_at(online_value *v, size_t need) {
+    int32_t *a = realloc(v->at, sizeof(int32_t) * (need ? need : 1));
+    if (a) v->at = a;
+    float *d = realloc(v->dv_at, sizeof(float) * (need ? need : 1));
+    if (d) v->dv_at = d;
+    return a && d ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for %zu values", need);
+}
+
+ctrl_status online_value_rollout(ctrl_online *o, const float *total, int bs) {
+    online_value *v = o->value;
+    rows_free(v);
+    const int n = o->gn;
+    int W = 1;
+    for (int i = 0; i < n; i++) W = o->gout[i].len > W ? o->gout[i].len : W;
+    v->W = W;
+    const size_t N = (size_t)n * W;
+    int32_t *resp = malloc(sizeof(int32_t) * N);
+    float *lp = calloc(N, sizeof(float)), *ref = calloc(N, sizeof(float)), *val = calloc(N, sizeof(float));
+    float *score = malloc(sizeof(float) * (size_t)n);
+    v->adv = calloc((size_t)n, sizeof(float *)), v->ret = calloc((size_t)n, sizeof(float *));
+    v->oval = calloc((size_t)n, sizeof(float *)), v->pm = calloc((size_t)n, sizeof(float *));
+    v->vm = calloc((size_t)n, sizeof(float *));
+    ctrl_status st = resp && lp && ref && val && score && v->adv && v->ret && v->oval && v->pm && v->vm
+                         ? CTRL_OK
+                         : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for %zu tokens", N);
+    if (st == CTRL_OK) v->gn = n;
+    for (int i = 0; st == CTRL_OK && i < n; i++) {
+        const ctrl_gen_output *g = &o->gout[i];
+        for (int t = 0; t < W; t++) {
+            resp[(size_t)i * W + t] = t < g->len ? g->ids[t] : ctrl_tokenizer_pad_id(o->tok);
+            if (t < g->len) lp[(size_t)i * W + t] = o->old[i][t], ref[(size_t)i * W + t] = o->ref_lp[i][t];
+        }
+        score[i] = isnan(total[i]) ? 0.0f : total[i];
+        v->adv[i] = malloc(sizeof(float) * W), v->ret[i] = malloc(sizeof(float) * W);
+        v->oval[i] = malloc(sizeof(float) * W), v->pm[i] = malloc(sizeof(float) * W);
+        v->vm[i] = malloc(sizeof(float) * W);
+        if (!v->adv[i] || !v->ret[i] || !v->oval[i] || !v->pm[i] || !v->vm[i])
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    }
+    /* the value model's outputs, bs completions at a time, no gradient kept */
+    for (int c0 = 0; st == CTRL_OK && c0 < n; c0 += bs) {
+        const int m = c0 + bs <= n ? bs : n - c0;
+        online_flat f;
+        if ((st = online_flat_build(o, &o->train, c0, m, &f)) != CTRL_OK) break;
+        size_t need = 0;
+        for (int i = 0; i < m; i++) need += (size_t)o->gout[c0 + i].len + 1;
+        float *out = malloc(sizeof(float) * (need ? need : 1));
+        st = out ? grow_at(v, need) : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+        if (st == CTRL_OK) {
+            const int k = value_positions(o, c0, m, f.at, W, v->at);
+            st = ctrl_model_score_forward_at(v->model, &f.b, k, v->at, out);
+        }
+        for (int i = 0, k = 0; st == CTRL_OK && i < m; i++)
+            for (int t = 0; t <= o->gout[c0 + i].len && t < W; t++) val[(size_t)(c0 + i) * W + t] = out[k++];
+        free(out);
+        online_flat_free(&f);
+    }
+    if (st == CTRL_OK) {
+        float *adv = malloc(sizeof(float) * N), *ret = malloc(sizeof(float) * N),
+              *ov = malloc(sizeof(float) * N);
+        float *pm = malloc(sizeof(float) * N), *vm = malloc(sizeof(float) * N);
+        ctrl_token_rollout ro = {.size = sizeof ro,
+                                 .n = n,
+                                 .width = W,
+                                 .pad_token_id = ctrl_tokenizer_pad_id(o->tok),
+                                 .eos_token_id = ctrl_tokenizer_eos_id(o->tok),
+                                 .responses = resp,
+                                 .logp = lp,
+                                 .ref_logp = ref,
+                                 .values = val,
+                                 .scores = score,
+                                 .advantages = adv,
+                                 .returns = ret,
+                                 .old_values = ov,
+                                 .policy_mask = pm,
+                                 .value_mask = vm,
+                                 .report = online_report,
+                                 .report_ctx = o};
+        st = adv && ret && ov && pm && vm ? o->ops->token_rollout(o->trainer, &ro)
+                                          : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+        for (int i = 0; st == CTRL_OK && i < n; i++) {
+            const size_t b = (size_t)i * W * sizeof(float), w = sizeof(float) * W;
+            memcpy(v->adv[i], (char *)adv + b, w), memcpy(v->ret[i], (char *)ret + b, w);
+            memcpy(v->oval[i], (char *)ov + b, w), memcpy(v->pm[i], (char *)pm + b, w);
+            memcpy(v->vm[i], (char *)vm + b, w);
+        }
+        free(adv), free(ret), free(ov), free(pm), free(vm);
+    }
+    free(resp), free(lp), free(ref), free(val), free(score);
+    return st;
+}
+
+ctrl_status online_value_batch(ctrl_online *o, int c0, int n, const online_flat *f, float *w,
+                               ctrl_trainer_batch *tb) {
+    online_value *v = o->value;
+    const size_t T = (size_t)f->b.T;
+    float *a = calloc(T, sizeof(float)), *r = calloc(T, sizeof(float)), *ov = calloc(T, sizeof(float));
+    float *vals = calloc(T, sizeof(float)), *vw = calloc(T, sizeof(float)), *sw = calloc(T, sizeof(float));
+    float *dv = calloc(T, sizeof(float));
+    size_t need = 0;
+    for (int i = 0; i < n; i++) need += (size_t)o->gout[c0 + i].len + 1;
+    float *out = malloc(sizeof(float) * (need ? need : 1));
+    ctrl_status st =
+        a && r && ov && vals && vw && sw && dv && out
+            ? grow_at(v, need)
+            : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for a micro-batch of %zu tokens", T);
+    if (st == CTRL_OK) {
+        v->n_at = value_positions(o, c0, n, f->at, v->W, v->at);
+        st = ctrl_model_score_forward_at(v->model, &f->b, v->n_at, v->at, out);
+    }
+    for (int i = 0, k = 0; st == CTRL_OK && i < n; i++) {
+        const int c = c0 + i;
+        for (int t = 0; t <= o->gout[c].len && t < v->W; t++, k++) {
+            const int p = f->at[i] + t;
+            vals[p] = out[k], sw[p] = 1, a[p] = v->adv[c][t], r[p] = v->ret[c][t], ov[p] = v->oval[c][t];
+            vw[p] = v->vm[c][t];
+            if (t < o->gout[c].len) w[p] = v->pm[c][t];
+        }
+    }
+    free(out);
+    if (st != CTRL_OK) {
+        free(a), free(r), free(ov), free(vals), free(vw), free(sw), free(dv);
+        return st;
+    }
+    tb->token_advantages = a, tb->returns = r, tb->old_values = ov, tb->values = vals;
+    tb->value_weight = vw, tb->stat_weight = sw, tb->dvalues = dv, tb->width = v->W;
+    return CTRL_OK;
+}
+
+ctrl_status online_value_backward(ctrl_online *o, ctrl_trainer_batch *tb, int run) {
+    online_value *v = o->value;
+    ctrl_status st = CTRL_OK;
+    if (run) {
+        for (int k = 0; k < v->n_at; k++) v->dv_at[k] = tb->dvalues[v->at[k]];
+        st = ctrl_model_score_backward_at(v->model, v->n_at, v->at, v->dv_at);
+    }
+    free((void *)tb->token_advantages), free((void *)tb->returns), free((void *)tb->old_values);
+    free((void *)tb->values), free((void *)tb->value_weight), free((void *)tb->stat_weight),
+        free(tb->dvalues);
+    return st;
+}
+
+static void swap(void *arr, size_t size, int i, int j) {
+    char tmp[256], *a = (char *)arr + (size_t)i * size, *b = (char *)arr + (size_t)j * size;
+    memcpy(tmp, a, size), memcpy(a, b, size), memcpy(b, tmp, size);
+}
+
+/* TRL's np.random.permutation of the batch before each epoch, from a stream of the run's seed. */
+void online_value_shuffle(ctrl_online *o) {
+    online_value *v = o->value;
+    uint64_t s = o->seed * 0x9e3779b97f4a7c15ull + ++v->shuffles * 0xbf58476d1ce4e5b9ull;
+    for (int i = o->gn - 1; i > 0; i--) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const int j = (int)((s >> 33) % (uint64_t)(i + 1));
+        swap(o->gout, sizeof *o->gout, i, j), swap(o->gprompt, sizeof *o->gprompt, i, j);
+        swap(o->trained, sizeof *o->trained, i, j), swap(o->adv, sizeof *o->adv, i, j);
+        if (o->old) swap(o->old, sizeof *o->old, i, j);
+        if (o->ref_lp) swap(o->ref_lp, sizeof *o->ref_lp, i, j);
+        float **rows[] = {v->adv, v->ret, v->oval, v->pm, v->vm};
+        for (int k = 0; k < 5; k++) swap(rows[k], sizeof(float *), i, j);
+    }
+}
+
+ctrl_status online_value_zero_grad(ctrl_online *o) { return ctrl_model_zero_grad(o->value->model); }
+
+ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
+    online_value *v = o->value;
+    double sum_sq = 0;
+    ctrl_status st = ctrl_model_grad_sum_squares(v->model, &sum_sq);
+    if (st == CTRL_OK && v->max_grad_norm > 0) { /* clipped on its own, by the run's max_grad_norm */
+        const double coef = v->max_grad_norm / (sqrt(sum_sq) + 1e-6);
+        if (coef < 1) st = ctrl_model_scale_grads(v->model, (float)coef);
+    }
+    if (st == CTRL_OK) st = ctrl_model_grads_to_host(v->model);
+    if (st == CTRL_OK) st = v->opt_ops->step(v->opt, v->groups, v->n_groups, lr, step);
+    ctrl_model_weights_changed(v->model);
+    if (st == CTRL_OK) ctrl_online_report(o, "value_model/grad_norm", sqrt(sum_sq)); /* ctrl's own */
+    return st;
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The ppo trainer end to end (arguments: CTRL_BINARY PLUGIN_DIR SOURCE_DIR): a tiny model trained
+# with a value model beside it, generation co-located and from `ctrl serve`, TRL's metric names in
+# metrics.jsonl, a value_model directory, and bad [ppo] options refused naming the key.
+source "$(dirname "$0")/e2e_common.sh"
+tiny_setup 11 2
+
+ppo_ini() {
+  local out=$1 steps=$2
+  shift 2
+  cat <<INI
+[run]
+trainer = ppo
+output_dir = $TMP/$out
+seed = 3
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train_prompts.jsonl
+eval_file = $TMP/data/eval_prompts.jsonl
+[train]
+learning_rate = 3e-3
+lr_scheduler_type = constant
+max_steps = $steps
+per_device_train_batch_size = 4
+gradient_accumulation_steps = 2
+logging_steps = 1
+save_strategy = no
+[generation]
+kv_cache_bytes = 8000000
+[reward.len]
+plugin = length
+target_length = 6
+[ppo]
+response_length = 10
+num_ppo_epochs = 2
+INI
+  printf '%s\n' "$@"
+}
+
+ppo_ini ppo 6 "stop_token = eos" "kl_estimator = k3" "missing_eos_penalty = 0.5" >"$TMP/ppo.ini"
+if "${C[@]}" train "$TMP/ppo.ini" --set train.dtype=fp32 >"$TMP/ppo.log" 2>&1; then ok; else bad "ppo run"; tail -5 "$TMP/ppo.log"; fi
+M=$TMP/ppo/metrics.jsonl
+for k in objective/kl objective/entropy objective/non_score_reward objective/rlhf_reward objective/scores \
+  policy/approxkl_avg policy/clipfrac_avg loss/policy_avg loss/value_avg val/clipfrac_avg policy/entropy_avg \
+  val/ratio val/ratio_var val/num_eos_tokens value_model/grad_norm; do
+  grep -q "\"$k\": " "$M" && ok || bad "metric $k missing from $M"
+done
+grep -q '"eval_reward": ' "$M" && ok || bad "no eval_reward line"
+grep -q "value model: .*fresh value head" "$TMP/ppo.log" && ok || bad "the log does not say which value model"
+[ -f "$TMP/ppo/model.safetensors" ] && ok || bad "no policy saved"
+
+# a value model directory (here the tiny model again: a causal LM gets a fresh value head), with
+# no stop token, whitened rewards and k1
+ppo_ini vm 2 "value_model = $TMP/model" "whiten_rewards = true" >"$TMP/vm.ini"
+if "${C[@]}" train "$TMP/vm.ini" >"$TMP/vm.log" 2>&1; then ok; else bad "ppo with value_model"; tail -5 "$TMP/vm.log"; fi
+
+PORT=$((20000 + RANDOM % 20000))
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+ppo_ini srv 2 "stop_token = eos" >"$TMP/srv.ini"
+printf 'mode = server\nserver_url = http://127.0.0.1:%s\n' "$PORT" >"$TMP/gen.txt"
+sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
+if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode ppo run"; tail -5 "$TMP/srv.log"; fi
+grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
+grep -q '"loss/value_avg": ' "$TMP/srv/metrics.jsonl" && ok || bad "server-mode ppo logs no value loss"
+kill $SERVER 2>/dev/null
+
+expect_error() { # expect_error NAME PATTERN INI-EXTRA...
+  local name=$1 pat=$2
+  shift 2
+  ppo_ini "$name" 1 "$@" >"$TMP/$name.ini"
+  out=$("${C[@]}" train "$TMP/$name.ini" 2>&1) && bad "$name accepted" ||
+    { echo "$out" | grep -q -- "$pat" && ok || bad "$name: unclear error: $out"; }
+}
+expect_error both "\[ppo\] stop_token_id" "stop_token = eos" "stop_token_id = 5"
+expect_error minib "\[ppo\] num_mini_batches" "num_mini_batches = 3"
+expect_error whiten "\[ppo\] whiten_rewards" "whiten_rewards = true" "num_mini_batches = 2"
+expect_error est "kl_estimator" "kl_estimator = k2"
+expect_error unknown "total_episodes" "total_episodes = 10"
+expect_error vmdir "value_model" "value_model = $TMP/no-such-dir"
+ppo_ini resume 1 >"$TMP/resume.ini"
+out=$("${C[@]}" train "$TMP/resume.ini" --set train.resume_from_checkpoint=last 2>&1) && bad "resume accepted" ||
+  { echo "$out" | grep -q "resume_from_checkpoint" && ok || bad "resume: unclear error: $out"; }
+finish
+

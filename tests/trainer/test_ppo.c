@@ -1,0 +1,334 @@
+/* The ppo trainer plugin against TRL 0.25's own PPOTrainer.train() (tests/reference/
+ * make_ppo_fixtures.py): from fixed responses, generating and reference log-probs, value-model
+ * outputs and reward-model scores, the rollout TRL computed (truncation after the stop token,
+ * missing_eos_penalty, k1 / k3 KL penalty, score at the last token, whitened rewards, GAE,
+ * whitened advantages, returns, masks, the objective metrics), then the first optimizer step's
+ * micro-batches: dL/dlogp and dL/dvalue of every token and the per-update policy and value metrics.
+ * The k1_plain case also runs the tiny Qwen2 policy and its value model (the same trunk under a
+ * one-label score) through ctrl's model and compares their log-probs, values and every parameter
+ * gradient. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/trainer.h>
+
+#include "fixture.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "test.h"
+#include "test_registry.h"
+
+#define MAX_METRICS 32
+typedef struct metrics {
+    char name[MAX_METRICS][64];
+    double sum[MAX_METRICS];
+    int count[MAX_METRICS], n;
+} metrics;
+
+static void report(void *ctx, const char *name, double value) {
+    metrics *m = ctx;
+    int i = 0;
+    while (i < m->n && strcmp(m->name[i], name)) i++;
+    if (i == m->n) {
+        if (m->n == MAX_METRICS) return;
+        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
+    }
+    m->sum[i] += value, m->count[i]++;
+}
+
+static const float *get(const fixture *f, const char *name, long want) {
+    long n = 0;
+    const float *x = fixture_get(f, name, &n);
+    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
+    return x;
+}
+
+/* max |a - b| / max |b| (TRL's padded entries included) */
+static double rel(const float *a, const float *b, long n) {
+    double num = 0, den = 0;
+    for (long i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return num / (den > 0 ? den : 1);
+}
+
+/* config: bs ga nmb epochs stop(-1|eos) missing_eos_penalty k3 kl_coef gamma lam whiten cliprange
+ * cliprange_value vf_coef temperature pad eos */
+static ctrl_config *case_config(ctrl_registry *reg, const float *c) {
+    char ini[2048];
+    snprintf(ini, sizeof ini,
+             "[model]\npath = %s/models/qwen2\n[memory]\nstrategies =\n[generation]\ntemperature = %g\n"
+             "[run]\ntrainer = ppo\n[train]\nper_device_train_batch_size = %d\ngradient_accumulation_steps = "
+             "%d\n[ppo]\nnum_mini_batches = %d\nnum_ppo_epochs = %d\nstop_token = %s\nmissing_eos_penalty = "
+             "%g\nkl_estimator = %s\nkl_coef = %g\ngamma = %g\nlam = %g\nwhiten_rewards = %s\ncliprange = "
+             "%g\ncliprange_value = %g\nvf_coef = %g\n",
+             CTRL_FIXTURE_DIR, c[14], (int)c[0], (int)c[1], (int)c[2], (int)c[3], c[4] >= 0 ? "eos" : "none",
+             isnan(c[5]) ? 0.0 : c[5], c[6] != 0 ? "k3" : "k1", c[7], c[8], c[9],
+             c[10] != 0 ? "true" : "false", c[11], c[12], c[13]);
+    return test_config_from_text(reg, "ppo.ini", ini);
+}
+
+/* The policy and value model over the micro-batch's rows: each row is its prompt and response
+ * tokens up to the value model's last read (the last kept token); at[i * W + t] is the flat position
+ * that reads response token t (-1 past the row). */
+typedef struct model_batch {
+    ctrl_batch b;
+    int32_t *tok, *pos, *tg, cu[64];
+    int *at;
+} model_batch;
+
+static void model_batch_build(model_batch *mb, const float *q, const float *resp, const int *rows, int n,
+                              int P, int W, const float *pmask) {
+    mb->tok = malloc(sizeof(int32_t) * n * (P + W)), mb->pos = malloc(sizeof(int32_t) * n * (P + W));
+    mb->tg = malloc(sizeof(int32_t) * n * (P + W)), mb->at = malloc(sizeof(int) * n * W);
+    int t = 0;
+    for (int i = 0; i < n; i++) {
+        const int r = rows[i];
+        int keep = 0; /* the response tokens through the last trained one (the value reads one past it) */
+        for (int j = 0; j < W; j++)
+            if (pmask[r * W + j] != 0) keep = j + 1;
+        mb->cu[i] = t;
+        for (int j = 0; j < P + keep; j++, t++) {
+            mb->tok[t] = (int32_t)(j < P ? q[r * P + j] : resp[r * W + j - P]);
+            mb->pos[t] = j;
+            mb->tg[t] = j >= P - 1 && j - P + 1 < keep ? (int32_t)resp[r * W + j - P + 1] : -100;
+        }
+        for (int j = 0; j < W; j++) mb->at[i * W + j] = j <= keep ? mb->cu[i] + P - 1 + j : -1;
+    }
+    mb->cu[n] = t;
+    mb->b = (ctrl_batch){
+        .T = t, .B = n, .tokens = mb->tok, .positions = mb->pos, .cu_seqlens = mb->cu, .targets = mb->tg};
+}
+
+static void compare_grads(ctrl_model *m, ctrl_safetensors *gs, const char *prefix, double *worst) {
+    float *grads = ctrl_model_grads(m, NULL);
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        char name[256];
+        snprintf(name, sizeof name, "%s%s", prefix, pv->name);
+        float *want = malloc(sizeof(float) * (size_t)pv->numel);
+        if (ctrl_safetensors_read_f32(gs, name, want, pv->numel) == CTRL_OK) {
+            const double e = test_rel_error_f32(grads + pv->offset, want, pv->numel);
+            if (e > *worst) *worst = e;
+        }
+        free(want);
+    }
+}
+
+static void run_case(ctrl_registry *reg, const char *name) {
+    char path[2400];
+    snprintf(path, sizeof path, "%s/ppo/%s.bin", CTRL_FIXTURE_DIR, name);
+    fixture *f = fixture_load(path);
+    CHECK_MSG(f != NULL, "cannot load %s", path);
+    if (!f) return;
+    const float *c = get(f, "config", 17), *shape = get(f, "shape", 4);
+    const int B = (int)shape[0], W = (int)shape[1], P = (int)shape[2], n_micro = (int)shape[3];
+    const int bs = (int)c[0], ga = (int)c[1], epochs = (int)c[3];
+    const long N = (long)B * W;
+    ctrl_config *cfg = case_config(reg, c);
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_TRAINER, "ppo");
+    CHECK(e != NULL && cfg != NULL);
+    if (!e || !cfg) return;
+    const ctrl_trainer_ops *ops = e->plugin->ops;
+    ctrl_trainer *t = NULL;
+    const ctrl_status cst = ops->create(ctrl_host_table(), cfg, &t);
+    CHECK_MSG(cst == CTRL_OK, "%s: %s", name, ctrl_error_message());
+    if (!t) return;
+    const float *resp_f = get(f, "responses", N);
+    int32_t *resp = malloc(sizeof(int32_t) * N);
+    for (long i = 0; i < N; i++) resp[i] = (int32_t)resp_f[i];
+    float *adv = malloc(sizeof(float) * N), *ret = malloc(sizeof(float) * N),
+          *val = malloc(sizeof(float) * N);
+    float *pm = malloc(sizeof(float) * N), *vm = malloc(sizeof(float) * N);
+    metrics got = {0};
+    ctrl_token_rollout ro = {.size = sizeof ro,
+                             .n = B,
+                             .width = W,
+                             .pad_token_id = (int)c[15],
+                             .eos_token_id = (int)c[16],
+                             .responses = resp,
+                             .logp = get(f, "old_logp_raw", N),
+                             .ref_logp = get(f, "trl:ref_logprobs", N),
+                             .values = get(f, "values_raw", N),
+                             .scores = get(f, "scores_raw", B),
+                             .advantages = adv,
+                             .returns = ret,
+                             .old_values = val,
+                             .policy_mask = pm,
+                             .value_mask = vm,
+                             .report = report,
+                             .report_ctx = &got};
+    CHECK_EQ_INT(ops->token_rollout(t, &ro), CTRL_OK);
+    const float *pad_m = get(f, "trl:padding_mask", N), *pad_m1 = get(f, "trl:padding_mask_p1", N);
+    int masks_equal = 1;
+    for (long i = 0; i < N; i++) masks_equal &= pm[i] == 1 - pad_m[i] && vm[i] == 1 - pad_m1[i];
+    CHECK_MSG(masks_equal, "%s: policy / value masks differ from TRL's padding masks", name);
+    const double e_adv = rel(adv, get(f, "trl:advantages", N), N),
+                 e_ret = rel(ret, get(f, "trl:returns", N), N);
+    const double e_val = rel(val, get(f, "trl:values", N), N);
+    CHECK_MSG(e_adv <= 1e-5 && e_ret <= 1e-5 && e_val <= 1e-6,
+              "%s: advantages %.3g, returns %.3g, values %.3g", name, e_adv, e_ret, e_val);
+
+    /* the first optimizer step's micro-batches, with TRL's new log-probs and values (or the model's) */
+    const float *rows_f = get(f, "mb_rows", (long)n_micro * bs),
+                *lp_f = get(f, "mb_logp", (long)n_micro * bs * W);
+    const float *ent_f = get(f, "mb_entropy", (long)n_micro * bs * W), *dlp_f = get(f, "mb_dlogp", -1);
+    const float *vp_f = get(f, "mb_vpred", (long)n_micro * bs * W), *dvp_f = get(f, "mb_dvpred", -1);
+    const float *old_lp = get(f, "trl:logprobs", N), *q = get(f, "queries", (long)B * P);
+    ctrl_model *pol = NULL, *vmod = NULL;
+    snprintf(path, sizeof path, "%s/ppo/%s.grads.safetensors", CTRL_FIXTURE_DIR, name);
+    ctrl_safetensors *gs = NULL;
+    const int with_model = !strcmp(name, "k1_plain");
+    if (with_model) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
+        const ctrl_attention_ops *fl = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops;
+        CHECK_EQ_INT(ctrl_model_load(dir, fl, &pol), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_load_classifier(dir, fl, 1, 1, &vmod), CTRL_OK);
+        CHECK_EQ_INT(ctrl_safetensors_open(path, &gs), CTRL_OK);
+        if (!pol || !vmod || !gs) return;
+        for (int v = 0; v < ctrl_model_view_count(vmod); v++) /* TRL's value head */
+            if (!strcmp(ctrl_model_view(vmod, v)->name, "score.weight"))
+                CHECK_EQ_INT(ctrl_safetensors_read_f32(gs, "value_model.score.init",
+                                                       ctrl_model_params(vmod, NULL) +
+                                                           ctrl_model_view(vmod, v)->offset,
+                                                       ctrl_model_view(vmod, v)->numel),
+                             CTRL_OK);
+        ctrl_model_weights_changed(vmod);
+        ctrl_model_set_temperature(pol, (float)c[14]);
+        ctrl_model_zero_grad(pol), ctrl_model_zero_grad(vmod);
+    }
+    double e_dlp = 0, e_dv = 0, e_lp = 0, e_vp = 0;
+    for (int u = 0; u < n_micro; u++) {
+        int rows[64];
+        for (int i = 0; i < bs; i++) rows[i] = (int)rows_f[u * bs + i];
+        const float *lpu = lp_f + (long)u * bs * W, *vpu = vp_f + (long)u * bs * W;
+        /* the flat layout: bs rows of W positions (the math alone), or the model's rows */
+        model_batch mb = {0};
+        int T = bs * W;
+        if (with_model) model_batch_build(&mb, q, resp_f, rows, bs, P, W, pm), T = mb.b.T;
+        float *lp = calloc(T, sizeof(float)), *ent = calloc(T, sizeof(float)), *vp = calloc(T, sizeof(float));
+        float *w = calloc(T, sizeof(float)), *vw = calloc(T, sizeof(float)), *sw = calloc(T, sizeof(float));
+        float *o = calloc(T, sizeof(float)), *a = calloc(T, sizeof(float)), *r = calloc(T, sizeof(float));
+        float *ov = calloc(T, sizeof(float)), *d = malloc(sizeof(float) * T), *dv = malloc(sizeof(float) * T);
+        float *vall = NULL;
+        int32_t cu[65];
+        if (with_model) {
+            CHECK_EQ_INT(ctrl_model_forward(pol, &mb.b, lp, ent, NULL), CTRL_OK);
+            int32_t *at = malloc(sizeof(int32_t) * T);
+            for (int k = 0; k < T; k++) at[k] = k;
+            vall = malloc(sizeof(float) * T);
+            CHECK_EQ_INT(ctrl_model_score_forward_at(vmod, &mb.b, T, at, vall), CTRL_OK);
+            free(at);
+            memcpy(cu, mb.cu, sizeof(int32_t) * (bs + 1));
+        } else {
+            for (int i = 0; i <= bs; i++) cu[i] = i * W;
+        }
+        for (int i = 0; i < bs; i++)
+            for (int j = 0; j < W; j++) {
+                const int k = with_model ? mb.at[i * W + j] : i * W + j;
+                const long s = (long)rows[i] * W + j, x = (long)i * W + j;
+                if (k < 0) continue;
+                if (with_model) {
+                    if (pm[s] != 0) e_lp = fmax(e_lp, fabs(lp[k] - lpu[x]) / (fabs(lpu[x]) + 1e-6));
+                    if (vm[s] != 0) e_vp = fmax(e_vp, fabs(vall[k] - vpu[x]) / (fabs(vpu[x]) + 1e-3));
+                    vp[k] = vall[k];
+                } else {
+                    lp[k] = lpu[x], vp[k] = vpu[x], ent[k] = ent_f[(long)u * bs * W + x];
+                }
+                sw[k] = 1, w[k] = pm[s], vw[k] = vm[s], o[k] = old_lp[s], a[k] = adv[s], r[k] = ret[s];
+                ov[k] = val[s];
+            }
+        ctrl_trainer_batch tb = {.size = sizeof tb,
+                                 .T = T,
+                                 .logp = lp,
+                                 .weight = w,
+                                 .n_seq = bs,
+                                 .cu_seqlens = cu,
+                                 .old_logp = o,
+                                 .entropy = ent,
+                                 .grad_accum = ga,
+                                 .report = report,
+                                 .report_ctx = &got,
+                                 .token_advantages = a,
+                                 .returns = r,
+                                 .old_values = ov,
+                                 .values = vp,
+                                 .value_weight = vw,
+                                 .stat_weight = sw,
+                                 .dvalues = dv,
+                                 .width = W};
+        double loss = 0;
+        CHECK_EQ_INT(ops->loss(t, &tb, &loss, d), CTRL_OK);
+        for (int i = 0; i < bs; i++)
+            for (int j = 0; j < W; j++) {
+                const int k = with_model ? mb.at[i * W + j] : i * W + j;
+                const long x = (long)u * bs * W + (long)i * W + j;
+                const double got_d = k >= 0 ? d[k] : 0, got_v = k >= 0 ? dv[k] : 0;
+                e_dlp = fmax(e_dlp, fabs(got_d - dlp_f[x]) / (fabs(dlp_f[x]) + 1e-4));
+                e_dv = fmax(e_dv, fabs(got_v - dvp_f[x]) / (fabs(dvp_f[x]) + 1e-4));
+            }
+        if (with_model) {
+            CHECK_EQ_INT(ctrl_model_backward(pol, d), CTRL_OK);
+            int32_t *at = malloc(sizeof(int32_t) * T);
+            for (int k = 0; k < T; k++) at[k] = k;
+            CHECK_EQ_INT(ctrl_model_score_backward_at(vmod, T, at, dv), CTRL_OK);
+            free(at);
+            free(mb.tok), free(mb.pos), free(mb.tg), free(mb.at);
+        }
+        free(lp), free(ent), free(vp), free(w), free(vw), free(sw), free(o), free(a), free(r), free(ov),
+            free(d);
+        free(dv), free(vall);
+    }
+    const double tol = 1e-5;
+    CHECK_MSG(e_dlp <= tol && e_dv <= tol, "%s: dL/dlogp %.3g, dL/dvalue %.3g", name, e_dlp, e_dv);
+    if (with_model)
+        CHECK_MSG(e_lp <= 1e-5 && e_vp <= 1e-5, "%s: model log-probs %.3g, values %.3g", name, e_lp, e_vp);
+    /* the rollout's metrics always; the policy metrics when the first step is the whole update */
+    int compared = 0;
+    for (int i = 0; i < got.n; i++) {
+        if (epochs > 1 && strncmp(got.name[i], "objective/", 10) && strcmp(got.name[i], "val/num_eos_tokens"))
+            continue;
+        /* TRL averages the entropy over the padded width too, at pad positions whose logits come
+         * from a masked pad token; the model layout has no pads (the math cases feed TRL's) */
+        if (with_model && !strcmp(got.name[i], "policy/entropy_avg")) continue;
+        char key[96];
+        snprintf(key, sizeof key, "metric:%s", got.name[i]);
+        long n = 0;
+        const float *want = fixture_get(f, key, &n);
+        CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", name, got.name[i]);
+        if (!want) continue;
+        const double mean = got.sum[i] / got.count[i];
+        CHECK_MSG(fabs(mean - want[0]) <= 1e-5 * fabs(want[0]) + 1e-6, "%s: %s = %.7g, TRL %.7g", name,
+                  got.name[i], mean, want[0]);
+        compared++;
+    }
+    CHECK_MSG(compared >= (epochs > 1 ? 6 : with_model ? 13 : 14), "%s: %d metrics compared", name, compared);
+    printf("  %-20s advantages %.1e, returns %.1e, dL/dlogp %.1e, dL/dvalue %.1e, %d metrics\n", name, e_adv,
+           e_ret, e_dlp, e_dv, compared);
+    if (with_model) {
+        double worst = 0;
+        compare_grads(pol, gs, "policy.", &worst);
+        compare_grads(vmod, gs, "value_model.", &worst);
+        CHECK_MSG(worst <= 1e-5, "%s: worst parameter gradient relative error %.3g", name, worst);
+        printf("    policy and value model: log-probs %.1e, values %.1e, parameter gradients %.1e\n", e_lp,
+               e_vp, worst);
+        ctrl_safetensors_close(gs);
+        ctrl_model_free(pol), ctrl_model_free(vmod);
+    }
+    ops->destroy(t);
+    ctrl_config_free(cfg);
+    free(resp), free(adv), free(ret), free(val), free(pm), free(vm);
+    fixture_free(f);
+}
+
+TEST(ppo_matches_trl) {
+    ctrl_registry *reg = test_plugin_registry();
+    run_case(reg, "k1_plain");
+    run_case(reg, "k3_whiten_stop");
+    run_case(reg, "epochs_minibatches");
+    ctrl_registry_destroy(reg);
+}
