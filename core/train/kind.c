@@ -5,7 +5,8 @@ ctrl_status train_kind_for(const ctrl_trainer_ops *ops, const char *trainer_name
                            const train_kind_ops **out) {
     if (TRAINER_HAS(ops, distill) && ops->distill->distill_spec && ops->distill->distill_loss)
         *out = &train_kind_distill;
-    else if ((TRAINER_HAS(ops, advantages) || TRAINER_HAS(ops, token_rollout)) && TRAINER_HAS(ops, online_spec))
+    else if ((TRAINER_HAS(ops, advantages) || TRAINER_HAS(ops, token_rollout)) &&
+             TRAINER_HAS(ops, online_spec))
         *out = &train_kind_online;
     else if (TRAINER_HAS(ops, sequence_loss) && TRAINER_HAS(ops, sequence_spec))
         *out = &train_kind_sequence;
