@@ -6,8 +6,10 @@ to tests/fixtures/gkd/teacher/. One padded batch of three prompt + completion se
 -100 on the prompt and the padding, as TRL's collator makes them) runs through both models; the
 shifted logits go through trl.experimental.gkd.GKDTrainer.generalized_jsd_loss -- TRL's code --
 for several beta / temperature pairs, once with reduction "batchmean" and once with
-num_items_in_batch (what GKDTrainer.compute_loss passes under gradient accumulation). Captured per
-case: both losses, the per-token divergence (reduction "none" summed over the vocabulary), and for
+num_items_in_batch (what GKDTrainer.compute_loss passes under gradient accumulation), and through
+the newer DistillationTrainer's chunked loss (trl/trainer/distillation_trainer.py
+_chunked_divergence_loss: the final hidden states and both LM heads, temperature in the divergence).
+Captured per case: the three losses, the per-token divergence (reduction "none" summed over the vocabulary), and for
 two cases the gradient of every student parameter of the batchmean loss (torch autograd through
 TRL's loss). Then one optimizer step's worth as the trainer runs it (trainer_*): the same sequences
 as two micro-batches (sequences 0-1, then 2, each padded on its own) through
@@ -30,6 +32,7 @@ from fixture_io import randomize_params, write_fixture  # noqa: E402
 
 import trl  # noqa: E402
 from trl.experimental.gkd import GKDTrainer  # noqa: E402
+from trl.trainer.distillation_trainer import _chunked_divergence_loss  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 STUDENT = os.path.join(ROOT, "models", "llama")
@@ -84,7 +87,8 @@ def main():
               ("attention_mask", att.flatten().float().tolist()), ("labels", labels.flatten().float().tolist()),
               ("num_items", [NUM_ITEMS])]
     with torch.no_grad():
-        t_logits = teacher(input_ids=ids, attention_mask=att).logits[:, :-1, :]
+        t_out = teacher(input_ids=ids, attention_mask=att, output_hidden_states=True)
+        t_logits, t_hidden = t_out.logits[:, :-1, :], t_out.hidden_states[-1][:, :-1]
     shifted = labels[:, 1:]
     for name, beta, temp, with_grads in CASES:
         student.zero_grad()
@@ -99,6 +103,12 @@ def main():
             per_tok = torch.zeros(shifted.shape)
             per_tok[shifted != -100] = terms.sum(-1)
         loss.backward()
+        with torch.no_grad():
+            s_hidden = student(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states[-1][:, :-1]
+            distill, _, _ = _chunked_divergence_loss(s_hidden, t_hidden, student.lm_head.weight,
+                                                     teacher.lm_head.weight, (shifted != -100).int(), beta,
+                                                     temperature=temp)
+        arrays += [(f"{name}_loss_distill", [distill.item()])]
         arrays += [(f"{name}_params", [beta, temp]), (f"{name}_loss", [loss.item()]),
                    (f"{name}_loss_items", [loss_items.item()]), (f"{name}_jsd", per_tok.flatten().tolist())]
         if with_grads:

@@ -1,6 +1,7 @@
 /* The distillation head (model_jsd.c) against TRL 1.16's GKDTrainer.generalized_jsd_loss
  * (tests/reference/make_gkd_fixtures.py): the per-token divergence, the batchmean and
- * num_items_in_batch losses for several beta / temperature pairs, every student parameter's
+ * num_items_in_batch losses for several beta / temperature pairs (and the batchmean loss against
+ * the newer DistillationTrainer's _chunked_divergence_loss), every student parameter's
  * gradient against torch autograd through TRL's loss, one step of the gkd plugin's aggregation
  * (two micro-batches, num_items_in_batch) against GKDTrainer.compute_loss, a finite-difference check
  * of the gradient,
@@ -118,6 +119,10 @@ TEST(gkd_jsd_matches_trl) {
         snprintf(key, sizeof key, "%s_loss", cases[k]);
         const double wl = get(c.f, key, 1)[0];
         CHECK_MSG(fabs(loss - wl) <= 1e-5 * fabs(wl), "%s: loss %.9g, TRL %.9g", cases[k], loss, wl);
+        snprintf(key, sizeof key, "%s_loss_distill", cases[k]); /* DistillationTrainer's chunked loss */
+        const double wd = get(c.f, key, 1)[0];
+        CHECK_MSG(fabs(loss - wd) <= 1e-5 * fabs(wd), "%s: loss %.9g, TRL's DistillationTrainer %.9g",
+                  cases[k], loss, wd);
         snprintf(key, sizeof key, "%s_loss_items", cases[k]);
         const double wi = get(c.f, key, 1)[0];
         CHECK_MSG(fabs(sum / num_items - wi) <= 1e-5 * fabs(wi), "%s: loss/num_items %.9g, TRL %.9g",
