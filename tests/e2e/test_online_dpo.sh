@@ -56,6 +56,16 @@ grep -q '"beta": 0.2,' "$M" && ok || bad "beta of the first epoch is not 0.2"
 grep -q '"eval_reward": ' "$M" && ok || bad "no eval_reward line"
 grep -q "steps of 8 x 2 completions" "$TMP/colo.log" && ok || bad "a micro-batch is not 4 prompts x 2 completions"
 
+# max_length only shortens the log-prob forwards: without it the first step samples and scores the
+# same completions, and their log-probs differ (the truncated prompts were longer).
+odpo_ini nolim 1 "beta = 0.2, 0.1" "missing_eos_penalty = 1.0" "max_length = 0" >"$TMP/nolim.ini"
+"${C[@]}" train "$TMP/nolim.ini" >"$TMP/nolim.log" 2>&1 && ok || bad "run without max_length"
+step1() { grep '"step": 1,' "$1" | grep -o "\"$2\": [-0-9.e]*"; }
+[ -n "$(step1 "$M" objective/scores)" ] && [ "$(step1 "$M" objective/scores)" = "$(step1 "$TMP/nolim/metrics.jsonl" objective/scores)" ] &&
+  ok || bad "max_length changed the samples: $(step1 "$M" objective/scores) vs $(step1 "$TMP/nolim/metrics.jsonl" objective/scores)"
+[ "$(step1 "$M" logps/chosen)" != "$(step1 "$TMP/nolim/metrics.jsonl" logps/chosen)" ] && ok ||
+  bad "max_length = 16 did not truncate: logps/chosen $(step1 "$M" logps/chosen) either way"
+
 # 2. Server mode: ctrl serve generates; the first step (same seed, same initial weights) is the
 #    colocated one's, and the pushed weights keep the runs together.
 PORT=$((20000 + RANDOM % 20000))
