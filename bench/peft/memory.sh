@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Memory of LoRA against a full fine-tune: SFT on the CPU, the same random Qwen2-shaped model and
-# data, `[peft] enabled` false then true (all-linear, r 16, alpha 32), 3 steps of 8 rows, fp32,
+# Memory of LoRA and QLoRA against a full fine-tune: SFT on the CPU, the same random Qwen2-shaped
+# model and data, `[peft] enabled` false, then true (all-linear, r 16, alpha 32), then true with
+# `quantization = nf4` (QLoRA), 3 steps of 8 rows, fp32,
 # AdamW. Per run: peak RSS (/usr/bin/time -v, loading included), the largest RSS sampled while the
 # steps run (/proc/PID/status every 0.05 s once the first step is logged), wall time, the last loss.
 # With `--trl`, the same two runs with TRL's SFTTrainer (+ PEFT's LoraConfig) in /work/venv.
@@ -43,10 +44,11 @@ lora_dropout = 0
 INI
 echo "model: $("${C[@]}" model info "$TMP/model" | grep parameters | awk '{print $2}') parameters (hidden $HIDDEN, $LAYERS layers)"
 printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | last loss |\n|---|---|---|---|---|\n'
-for peft in false true; do
+for peft in false true nf4; do
   out=$TMP/out-$peft
   /usr/bin/time -v -o "$TMP/time-$peft" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
-    --set peft.enabled=$peft >"$TMP/log-$peft" 2>&1 &
+    $([ $peft = nf4 ] && echo "--set peft.enabled=true --set peft.quantization=nf4" || echo "--set peft.enabled=$peft") \
+    >"$TMP/log-$peft" 2>&1 &
   tpid=$!
   max=0
   while kill -0 $tpid 2>/dev/null; do
@@ -61,7 +63,7 @@ for peft in false true; do
   peak=$(awk -F': ' '/Maximum resident/ {print $2}' "$TMP/time-$peft")
   wall=$(awk -F': ' '/Elapsed/ {print $2}' "$TMP/time-$peft")
   loss=$(tail -1 "$out/metrics.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/')
-  name=$([ $peft = true ] && echo "ctrl LoRA" || echo "ctrl full fine-tune")
+  name=$(case $peft in true) echo "ctrl LoRA" ;; nf4) echo "ctrl QLoRA (nf4)" ;; *) echo "ctrl full fine-tune" ;; esac)
   printf '| %s | %d | %d | %s | %s |\n' "$name" $((peak / 1024)) $((max / 1024)) "$wall" "$loss"
 done
 if [ $TRL = 1 ]; then

@@ -93,32 +93,25 @@ static int nearest(const float *code, int n, float x) {
     return lo;
 }
 
-/* The blocks of `block` values of x, scaled by their absmax into [-1, 1] and mapped to `code`. */
-static void quantize(const float *x, int64_t n, int block, const float *code, int n_code, float *absmax,
-                     void (*put)(void *dst, int64_t i, int q), void *dst) {
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        const int64_t b1 = b0 + block < n ? b0 + block : n;
-        float m = 0.0f;
-        for (int64_t i = b0; i < b1; i++) m = fmaxf(m, fabsf(x[i]));
-        absmax[b0 / block] =
-            b1 - b0 < block ? fmaxf(m, 1e-38f) : m; /* bitsandbytes clamps a partial block's */
-        const float inv = 1.0f / fmaxf(m, 1e-38f);
-        for (int64_t i = b0; i < b1; i++) {
-            float s = x[i] * inv;
-            s = s < -1.0f ? -1.0f : s > 1.0f ? 1.0f : s;
-            put(dst, i, nearest(code, n_code, s));
-        }
-    }
-}
-
-static void put_nibble(void *dst, int64_t i, int q) {
-    uint8_t *p = (uint8_t *)dst + i / 2;
-    *p = i % 2 ? (uint8_t)((*p & 0xF0) | q) : (uint8_t)((*p & 0x0F) | (q << 4));
-}
+static int64_t blocks(int64_t n, int b) { return (n + b - 1) / b; }
 
 void ctrl_nf4_quantize_blocks(const float *w, int64_t n, uint8_t *packed, float *absmax) {
     memset(packed, 0, (size_t)(n + 1) / 2); /* an odd last value pairs with a zero index */
-    quantize(w, n, CTRL_NF4_BLOCK, ctrl_nf4_code, 16, absmax, put_nibble, packed);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks(n, CTRL_NF4_BLOCK); b++) { /* blocks of 64 share no byte */
+        const int64_t b0 = b * CTRL_NF4_BLOCK, b1 = b0 + CTRL_NF4_BLOCK < n ? b0 + CTRL_NF4_BLOCK : n;
+        float m = 0.0f;
+        for (int64_t i = b0; i < b1; i++) m = fmaxf(m, fabsf(w[i]));
+        absmax[b] =
+            b1 - b0 < CTRL_NF4_BLOCK ? fmaxf(m, 1e-38f) : m; /* bitsandbytes clamps a partial block's */
+        const float inv = 1.0f / fmaxf(m, 1e-38f);
+        for (int64_t i = b0; i < b1; i++) {
+            float x = w[i] * inv;
+            x = x < -1.0f ? -1.0f : x > 1.0f ? 1.0f : x;
+            const int q = nearest(ctrl_nf4_code, 16, x);
+            packed[i / 2] |= (uint8_t)(i % 2 ? q : q << 4); /* the first value in the high nibble */
+        }
+    }
 }
 
 /* bitsandbytes' native CPU blockwise quantizer (what its quantize_blockwise runs on the CPU, and so
@@ -154,8 +147,6 @@ void ctrl_nf4_quantize_dynamic(const float *x, int64_t n, uint8_t *q, float *sca
         }
     }
 }
-
-static int64_t blocks(int64_t n, int b) { return (n + b - 1) / b; }
 
 /* The mean of the block scales in double, rounded once (torch's float32 mean can differ from it by
  * an ulp: its vectorised reduction order is its own). */
@@ -198,9 +189,15 @@ void ctrl_nf4_absmax(const ctrl_nf4 *q, float *absmax) {
 }
 
 void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out) {
-    for (int64_t i = 0; i < q->n; i++) {
-        const uint8_t byte = q->packed[i / 2];
-        out[i] = ctrl_nf4_code[i % 2 ? byte & 0xF : byte >> 4] * absmax[i / CTRL_NF4_BLOCK];
+    const int64_t nb = blocks(q->n, CTRL_NF4_BLOCK);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nb; b++) { /* a block of 64 values: 32 bytes, two values each */
+        const int64_t i1 = (b + 1) * CTRL_NF4_BLOCK < q->n ? (b + 1) * CTRL_NF4_BLOCK : q->n;
+        const float s = absmax[b];
+        for (int64_t i = b * CTRL_NF4_BLOCK; i < i1; i++) {
+            const uint8_t byte = q->packed[i / 2];
+            out[i] = ctrl_nf4_code[i % 2 ? byte & 0xF : byte >> 4] * s;
+        }
     }
 }
 
