@@ -92,8 +92,8 @@ awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); spli
 "${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set run.output_dir="$TMP/qlora" >"$TMP/log" 2>&1 ||
   { bad "qlora sft run"; tail -5 "$TMP/log"; }
 grep -q "in NF4 (QLoRA" "$TMP/log" && [ -s "$TMP/qlora/adapter_model.safetensors" ] && ok || bad "QLoRA run: log or adapter"
-first=$(loss_at "$TMP/qlora" 1) last=$(for s in 5 6 7 8; do loss_at "$TMP/qlora" $s; done | awk '{ t += $1 } END { print t / NR }')
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "QLoRA loss did not fall: $first -> $last"
+qfirst=$(loss_at "$TMP/qlora" 1) qlast=$(for s in 5 6 7 8; do loss_at "$TMP/qlora" $s; done | awk '{ t += $1 } END { print t / NR }')
+awk -v a="$qfirst" -v b="$qlast" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "QLoRA loss did not fall: $qfirst -> $qlast"
 "${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set train.dtype=fp32 --set train.max_steps=2 \
   --set run.output_dir="$TMP/qlora32" >"$TMP/log" 2>&1 && [ -s "$TMP/qlora32/adapter_model.safetensors" ] && ok ||
   bad "QLoRA in fp32"
@@ -159,6 +159,12 @@ kl1=$(grep '"step": 1,' "$TMP/grpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\
 kl3=$(grep '"step": 3,' "$TMP/grpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "grpo kl: step 1 $kl1, step 3 $kl3"
 [ -s "$TMP/grpo/adapter_model.safetensors" ] && ok || bad "grpo: no adapter saved"
+# QLoRA GRPO: generation decodes over the NF4 base too; the reference is that base, adapters off
+"${C[@]}" train "$TMP/grpo.ini" --set peft.quantization=nf4 --set train.max_steps=2 --set run.output_dir="$TMP/qgrpo" \
+  >"$TMP/log" 2>&1 || { bad "grpo qlora run"; tail -5 "$TMP/log"; }
+qkl1=$(grep '"step": 1,' "$TMP/qgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
+[ "$qkl1" = 0 ] || [ "$qkl1" = 0.000000 ] && [ -s "$TMP/qgrpo/adapter_model.safetensors" ] && ok ||
+  bad "grpo qlora: kl at step 1 $qkl1, or no adapter"
 sed 's/trainer = grpo/trainer = rloo/; s/^\[grpo\]/[rloo]/; s/beta = 0.05/beta = 0.05/' "$TMP/grpo.ini" >"$TMP/rloo.ini"
 "${C[@]}" train "$TMP/rloo.ini" --set run.output_dir="$TMP/rloo" >"$TMP/log" 2>&1 || { bad "rloo lora run"; tail -5 "$TMP/log"; }
 [ -s "$TMP/rloo/adapter_model.safetensors" ] && ok || bad "rloo: no adapter saved"
