@@ -63,6 +63,8 @@ ctrl_status config_check_value(const config_entry *e, const ctrl_option *o);
 
 /* The closest of `candidates` to `word` (edit distance ≤ max(2, len/3)), or NULL. */
 const char *config_suggest(const char *word, const char *const *candidates, int n);
+/* ctrl's name for a TRL / transformers setting (trl_names.c), or NULL. */
+const char *config_trl_name_hint(const char *key);
 
 /* The option tables of the core's sections and of the reward-instance header keys. */
 extern const ctrl_option config_reward_instance_options[];

@@ -78,9 +78,11 @@ void config_check_section_keys(const ctrl_config *cfg, const char *section, cons
             int n = 0;
             for (int k = 0; t1 && t1[k].key && n < MAX_NAMES; k++) names[n++] = t1[k].key;
             for (int k = 0; t2 && t2[k].key && n < MAX_NAMES; k++) names[n++] = t2[k].key;
-            const char *s = config_suggest(e->key, names, n);
-            char hint[160] = "";
-            if (s)
+            const char *s = config_suggest(e->key, names, n), *trl = config_trl_name_hint(e->key);
+            char hint[320] = "";
+            if (trl) /* a TRL / transformers name: say what ctrl calls it */
+                snprintf(hint, sizeof hint, " (TRL's %s is ctrl's %s)", e->key, trl);
+            else if (s)
                 snprintf(hint, sizeof hint, " (did you mean '%s'?)", s);
             else if (n == 0)
                 snprintf(hint, sizeof hint, " (%s has no options)", owner);

@@ -317,5 +317,14 @@ void ctrl_registry_names(const ctrl_registry *reg, ctrl_kind kind, char *buf, si
         if (w < 0 || (size_t)w >= cap - len) break;
         len += (size_t)w;
     }
-    if (cap && !buf[0]) snprintf(buf, cap, "(none loaded)");
+    if (cap && !buf[0]) /* how plugins are found (ctrl_registry_load_standard) */
+        snprintf(buf, cap,
+                 "(none loaded: plugins are read from --plugin-dir DIR, the directories of CTRL_PLUGIN_PATH, "
+                 "then %s)",
+#ifdef CTRL_PLUGIN_INSTALL_DIR
+                 CTRL_PLUGIN_INSTALL_DIR
+#else
+                 "the install directory"
+#endif
+        );
 }

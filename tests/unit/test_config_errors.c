@@ -45,6 +45,21 @@ static const bad_case cases[] = {
      {0},
      CTRL_ERR_CONFIG,
      {"@:7", "learning_rat", "unknown key", "did you mean 'learning_rate'"}},
+    {"trl_name_gradient_checkpointing",
+     BASE_INI "gradient_checkpointing = true\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "unknown key", "TRL's gradient_checkpointing is ctrl's [memory] strategies = checkpointing"}},
+    {"trl_name_max_seq_length",
+     BASE_INI "max_seq_length = 512\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "unknown key", "TRL's max_seq_length is ctrl's [data] max_length"}},
+    {"trl_name_seed_in_train",
+     BASE_INI "seed = 3\n",
+     {0},
+     CTRL_ERR_CONFIG,
+     {"@:7", "[train] seed", "TRL's seed is ctrl's [run] seed"}},
     {"bad_int",
      BASE_INI "per_device_train_batch_size = 8x\n",
      {0},
@@ -654,5 +669,20 @@ TEST(default_plugin_missing) {
     CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_ERR_CONFIG);
     CHECK_CONTAINS(ctrl_error_message(), "[model] attention = 'flash' (the default)");
     CHECK_CONTAINS(ctrl_error_message(), "loaded: eager");
+    ctrl_registry_destroy(reg);
+}
+
+/* No plugin of a kind at all: the message says where plugins are looked for. */
+TEST(no_plugin_of_a_kind_says_where_they_are_read) {
+    static const ctrl_plugin *const list[] = {&t_adamw, &t_flash, NULL}; /* no trainer */
+    ctrl_registry *reg = NULL;
+    CHECK_EQ_INT(ctrl_registry_create(&reg), CTRL_OK);
+    CHECK_EQ_INT(ctrl_registry_add_list(reg, list, "<test-small>"), CTRL_OK);
+    const char *path = write_ini("notrainer.ini", "[model]\npath = m\n", 0);
+    ctrl_config *cfg = NULL;
+    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(),
+                   "none loaded: plugins are read from --plugin-dir DIR, the directories of "
+                   "CTRL_PLUGIN_PATH, then");
     ctrl_registry_destroy(reg);
 }
