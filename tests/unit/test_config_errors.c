@@ -658,31 +658,30 @@ TEST(all_problems_reported_in_file_order) {
     ctrl_registry_destroy(reg);
 }
 
-/* A default that names a plugin this installation lacks says so. */
-TEST(default_plugin_missing) {
-    static const ctrl_plugin *const list[] = {&t_sft, &t_adamw, &t_eager, NULL}; /* no flash */
+/* Loading "[model] path = m" with only the plugins of `list` fails with a config error. */
+static void load_with_only(const ctrl_plugin *const *list, const char *name) {
     ctrl_registry *reg = NULL;
     CHECK_EQ_INT(ctrl_registry_create(&reg), CTRL_OK);
     CHECK_EQ_INT(ctrl_registry_add_list(reg, list, "<test-small>"), CTRL_OK);
-    const char *path = write_ini("noflash.ini", "[model]\npath = m\n", 0);
     ctrl_config *cfg = NULL;
-    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_ERR_CONFIG);
+    CHECK_EQ_INT(ctrl_config_load(write_ini(name, "[model]\npath = m\n", 0), NULL, 0, reg, &cfg),
+                 CTRL_ERR_CONFIG);
+    ctrl_registry_destroy(reg);
+}
+
+/* A default that names a plugin this installation lacks says so. */
+TEST(default_plugin_missing) {
+    static const ctrl_plugin *const list[] = {&t_sft, &t_adamw, &t_eager, NULL}; /* no flash */
+    load_with_only(list, "noflash.ini");
     CHECK_CONTAINS(ctrl_error_message(), "[model] attention = 'flash' (the default)");
     CHECK_CONTAINS(ctrl_error_message(), "loaded: eager");
-    ctrl_registry_destroy(reg);
 }
 
 /* No plugin of a kind at all: the message says where plugins are looked for. */
 TEST(no_plugin_of_a_kind_says_where_they_are_read) {
     static const ctrl_plugin *const list[] = {&t_adamw, &t_flash, NULL}; /* no trainer */
-    ctrl_registry *reg = NULL;
-    CHECK_EQ_INT(ctrl_registry_create(&reg), CTRL_OK);
-    CHECK_EQ_INT(ctrl_registry_add_list(reg, list, "<test-small>"), CTRL_OK);
-    const char *path = write_ini("notrainer.ini", "[model]\npath = m\n", 0);
-    ctrl_config *cfg = NULL;
-    CHECK_EQ_INT(ctrl_config_load(path, NULL, 0, reg, &cfg), CTRL_ERR_CONFIG);
+    load_with_only(list, "notrainer.ini");
     CHECK_CONTAINS(ctrl_error_message(),
                    "none loaded: plugins are read from --plugin-dir DIR, the directories of "
                    "CTRL_PLUGIN_PATH, then");
-    ctrl_registry_destroy(reg);
 }
