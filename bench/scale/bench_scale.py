@@ -9,10 +9,13 @@ long enough that every row is truncated to exactly --seq tokens, so both trainer
   ctrl  [train] dtype = bf16      ctrl  [train] dtype = fp32
   TRL   bf16 = True (autocast)    TRL   fp32
 Reported: training tokens/s (tokens / training-loop time, first step included), seconds per step,
-peak RSS, the final loss, and the ratios. --profile adds `perf record` of ctrl's bf16 run and prints
+CPU seconds per step (on a shared machine the steadier measure: TRL's process CPU time over
+trainer.train(); ctrl's user CPU of the run less that of a one-step run), peak RSS, the final loss,
+and the ratios. ctrl-bf16nofast is ctrl's bf16 with CTRL_NO_AVX512BF16=1 (what a CPU without AVX-512
+BF16 runs). --profile adds `perf record` of ctrl's bf16 run and prints
 where its step goes (symbols, self time).
 usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
-       [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32] [--profile]   (after scripts/build.sh)"""
+       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32] [--profile]   (after scripts/build.sh)"""
 import argparse
 import json
 import os
@@ -55,8 +58,19 @@ def wait_child(cmd, env=None, stdout=subprocess.DEVNULL):
 
 
 def run_ctrl(d, args, dtype, profile=False):
-    out = os.path.join(d, f"ctrl_{dtype}")
-    ini = os.path.join(d, f"ctrl_{dtype}.ini")
+    """dtype: bf16, fp32, or bf16nofast (bf16 with CTRL_NO_AVX512BF16=1: the path of a CPU without a
+    fast bf16 GEMM). CPU seconds per step: the user CPU of this run less that of a one-step run, over
+    the steps between (loading, saving and the first step's setup cancel out)."""
+    r = ctrl_once(d, args, dtype, args.steps, profile)
+    if args.steps > 1:
+        one = ctrl_once(d, args, dtype, 1, False)
+        r["cpu_per_step"] = (r["user_s"] - one["user_s"]) / (args.steps - 1)
+    return r
+
+
+def ctrl_once(d, args, dtype, steps, profile):
+    out = os.path.join(d, f"ctrl_{dtype}_{steps}")
+    ini = os.path.join(d, f"ctrl_{dtype}_{steps}.ini")
     with open(ini, "w") as f:
         f.write(f"""[run]
 output_dir = {out}
@@ -69,14 +83,16 @@ train_file = {d}/train.jsonl
 max_length = {args.seq}
 shuffle = false
 [train]
-dtype = {dtype}
+dtype = {dtype.replace("nofast", "")}
 learning_rate = 1e-5
-max_steps = {args.steps}
+max_steps = {steps}
 per_device_train_batch_size = {args.batch}
 logging_steps = 1
 save_strategy = no
 """)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS="1")
+    if dtype.endswith("nofast"):
+        env["CTRL_NO_AVX512BF16"] = "1"
     cmd = [CTRL, "--plugin-dir", PLUGINS, "train", ini]
     if profile:
         cmd = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] + cmd
@@ -118,12 +134,12 @@ def trl_child(d, args):
                         max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=1e-5,
                         logging_steps=1, save_strategy="no", max_length=args.seq, dataloader_num_workers=0)
         trainer = Sequential(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         trainer.train()
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h][-1]
         loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
-    print(json.dumps({"tokens_per_second": tokens / seconds, "loss": loss,
+    print(json.dumps({"tokens_per_second": tokens / seconds, "loss": loss, "cpu_per_step": cpu / args.steps,
                       "versions": f"torch {torch.__version__}, trl {__import__('trl').__version__}"}))
 
 
@@ -180,16 +196,21 @@ def main():
             side, dtype = name.split("-")
             r = run_ctrl(d, args, dtype, args.profile and name == "ctrl-bf16") if side == "ctrl" else run_trl(d, args, dtype)
             results[name] = r
-            print(f"{name:10s} {r['tokens_per_second']:8.1f} tokens/s  {tokens / r['tokens_per_second']:7.2f} s/step  "
-                  f"peak RSS {r['rss_mib']:7.0f} MiB  user CPU {r['user_s']:7.1f} s  loss {r['loss']:.4f}"
+            cps = r.get("cpu_per_step")
+            print(f"{name:15s} {r['tokens_per_second']:8.1f} tokens/s  {tokens / r['tokens_per_second']:7.2f} s/step  "
+                  + (f"CPU {cps:6.2f} s/step ({tokens / cps:6.1f} tokens/CPU-s)  " if cps else "")
+                  + f"peak RSS {r['rss_mib']:7.0f} MiB  loss {r['loss']:.4f}"
                   + (f"  ({r['versions']})" if "versions" in r else ""), flush=True)
             for n in r["notes"]:
                 print(f"           log: {n}")
-        for c in ("ctrl-bf16", "ctrl-fp32"):
+        for c in ("ctrl-bf16", "ctrl-fp32", "ctrl-bf16nofast"):
             for t in ("trl-bf16", "trl-fp32"):
                 if c in results and t in results:
-                    print(f"{c} / {t}: {results[c]['tokens_per_second'] / results[t]['tokens_per_second']:.2f}x tokens/s "
-                          f"at {results[c]['rss_mib'] / results[t]['rss_mib']:.2f}x peak RSS")
+                    rc, rt = results[c], results[t]
+                    cpu = (f", {rt['cpu_per_step'] / rc['cpu_per_step']:.2f}x by CPU time per step"
+                           if rc.get("cpu_per_step") and rt.get("cpu_per_step") else "")
+                    print(f"{c} / {t}: {rc['tokens_per_second'] / rt['tokens_per_second']:.2f}x tokens/s{cpu}, "
+                          f"at {rc['rss_mib'] / rt['rss_mib']:.2f}x peak RSS")
         print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])} at end")
         if args.profile and "ctrl-bf16" in results:
             profile_report(d)

@@ -1,15 +1,18 @@
 /* The blocked bf16 GEMM on AVX-512 BF16 (vdpbf16ps): C[M,N] (+)= op(A)[M,K] op(B)[K,N] with the
  * inputs rounded to bf16 as they are packed (fp32 sources, or bf16 ones) and fp32 accumulation.
  *
- * Blocking in the usual way for a packed-panel GEMM: for each block of NC columns and KC of the
- * depth, B[KC, NC] is rounded and packed into panels of NR = 64 columns, each a run of (k, k+1)
- * pairs (one 512-bit load holds 16 columns' pairs); then each block of MC rows of A is packed into
- * panels of MR = 6 rows the same way, and a 6 x 64 register tile (24 accumulators) walks the depth:
- * per pair of k, 4 loads of B, 6 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (KC x 64, 32 KiB)
- * stays in L1 while the A block (MC x KC, 96 KiB) streams from L2. K odd or not a multiple of KC:
- * the last pair is padded with zero; edges of M and N: the tile is computed whole on zero padding
- * and stored under masks. op(X) is X or X^T as stored row-major, so the three products a linear
- * layer needs (x W^T, dout W, dout^T x) run without transposed copies. */
+ * Blocking in the usual way for a packed-panel GEMM: for each block of NC columns and KC = 384 of
+ * the depth, B[KC, NC] is rounded and packed into panels of NR = 48 columns, each a run of (k, k+1)
+ * pairs (one 512-bit load holds 16 columns' pairs); then each block of MC = 192 rows of A is packed
+ * into panels of MR = 8 rows the same way, and an 8 x 48 register tile (24 accumulators) walks the
+ * depth: per pair of k, 3 loads of B, 8 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (36 KiB)
+ * stays in L1 while the A block (144 KiB) streams from L2; the tile's rows of C are prefetched as it
+ * starts. Packing goes 16 rows at a time: rows along K are rounded, narrowed and transposed 16 x 16
+ * in registers; rows along M or N (the transposed operands) are read two source rows at a time.
+ * K odd or not a multiple of KC: the last pair is padded with zero; edges of M and N: the tile is
+ * computed whole on zero padding and stored under masks. op(X) is X or X^T as stored row-major, so
+ * the three products a linear layer needs (x W^T, dout W, dout^T x) run without transposed copies.
+ * AMX (TDPBF16PS) is not here: the CPUs this was written on have none to test it. */
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +27,7 @@
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 11))
 #define MR 8
 #define NR 48
-#define KC 256     /* depth per block (even) */
+#define KC 384     /* depth per block (even) */
 #define MC 192     /* rows of A per block (a multiple of MR and of 16) */
 #define NC 8160    /* columns of B per block (a multiple of NR and of 16) */
 #define FEW_ROWS 4 /* up to this many rows of A, x W^T runs without packing (gemm_few) */
@@ -210,6 +213,8 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
     for (int i = 0; i < MR; i++)
 #pragma GCC unroll 3
         for (int j = 0; j < 3; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int i = 0; i < mr; i++) /* C's rows arrive while the products run */
+        for (int j = 0; j < nr; j += 16) _mm_prefetch((const char *)(c + (size_t)i * ldc + j), _MM_HINT_T0);
     for (int k2 = 0; k2 < kc2; k2++, a += MR, b += NR) {
         const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16),
                        b2 = (__m512bh)_mm512_loadu_si512(b + 32);
