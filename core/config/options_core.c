@@ -100,9 +100,11 @@ static const ctrl_option train_options[] = {
     {"weight_decay", CTRL_OPT_FLOAT, "0", MIN(0), NULL, "Decoupled weight decay (not on norms and biases)."},
     {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
      "Compute dtype (master weights, gradients and optimizer state stay fp32). bf16 on the CPU: the linear "
-     "projections in bf16 with fp32 accumulation (AVX-512 BF16 where the CPU has it), as torch.autocast; "
-     "on CUDA the same with bf16 cuBLASLt GEMMs where libctrl_cuda has them (refused naming this key where "
-     "not); fp16: not supported."},
+     "projections in bf16 with fp32 accumulation, as torch.autocast; with AVX-512 BF16 (checked at run time; "
+     "CTRL_NO_AVX512BF16=1 turns it off) a blocked vdpbf16ps GEMM that rounds as it packs, the LM head in "
+     "bf16 too and no rounded copy of the weights; without it SGEMM on bf16-rounded inputs (the log says "
+     "so once: no faster than fp32); on CUDA bf16 cuBLASLt GEMMs where libctrl_cuda has them (refused "
+     "naming this key where not); fp16: not supported."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
     {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL,

@@ -90,11 +90,24 @@ void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n) {
 
 /* fp32 copy of src[n] rounded to bf16 values: where the CPU has no bf16 dot products, bf16
  * inputs times bf16 inputs are exact in fp32, so SGEMM on rounded copies gives the same products
- * with fp32 accumulation at SGEMM's speed. */
-static float *rounded_f32(const float *src, int64_t n) {
-    float *r = malloc(sizeof(float) * (size_t)(n ? n : 1));
-    if (r) ctrl_cpu_round_to_bf16(r, src, n);
-    return r;
+ * with fp32 accumulation at SGEMM's speed. The copies live in per-thread scratch kept between calls
+ * (slot 0: x, 1: dout, 2: w): they are as big as a layer's activations, and fresh ones in every
+ * projection cost page faults that made this path slower than fp32. */
+static _Thread_local struct {
+    float *p;
+    size_t n;
+} scratch[3];
+
+static float *rounded_f32(int slot, const float *src, int64_t n) {
+    const size_t want = (size_t)(n ? n : 1);
+    if (want > scratch[slot].n) {
+        free(scratch[slot].p);
+        scratch[slot].p = malloc(sizeof(float) * want);
+        scratch[slot].n = scratch[slot].p ? want : 0;
+        if (!scratch[slot].p) return NULL;
+    }
+    ctrl_cpu_round_to_bf16(scratch[slot].p, src, n);
+    return scratch[slot].p;
 }
 
 static void add_bias(float *out, const float *bias, int T, int OUT) {
@@ -129,10 +142,10 @@ int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, con
                                  int OUT, int w_rounded) {
     if (ctrl_cpu_gemm_bf16(0, 1, T, OUT, IN, x, IN, w, IN, out, OUT, 0) == 0)
         return add_bias(out, bias, T, OUT), 0;
-    float *xr = rounded_f32(x, (int64_t)T * IN), *wr = w_rounded ? NULL : rounded_f32(w, (int64_t)OUT * IN);
+    float *xr = rounded_f32(0, x, (int64_t)T * IN),
+          *wr = w_rounded ? NULL : rounded_f32(2, w, (int64_t)OUT * IN);
     const int rc = xr && (wr || w_rounded) ? 0 : -1;
     if (rc == 0) ctrl_cpu_linear_forward(out, xr, wr ? wr : w, bias, T, IN, OUT);
-    free(xr), free(wr);
     return rc;
 }
 
@@ -142,11 +155,10 @@ int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const floa
     if ((!dx || ctrl_cpu_gemm_bf16(0, 0, T, IN, OUT, dout, OUT, w, IN, dx, IN, 0) == 0) &&
         (!dw || ctrl_cpu_gemm_bf16(1, 0, OUT, IN, T, dout, OUT, x, IN, dw, IN, 1) == 0))
         return bias_grad(dbias, dout, T, OUT), 0;
-    float *dr = rounded_f32(dout, (int64_t)T * OUT), *xr = rounded_f32(x, (int64_t)T * IN),
-          *wr = dx && !w_rounded ? rounded_f32(w, (int64_t)OUT * IN) : NULL;
+    float *dr = rounded_f32(1, dout, (int64_t)T * OUT), *xr = rounded_f32(0, x, (int64_t)T * IN),
+          *wr = dx && !w_rounded ? rounded_f32(2, w, (int64_t)OUT * IN) : NULL;
     const int rc = dr && xr && (wr || !dx || w_rounded) ? 0 : -1;
     if (rc == 0) ctrl_cpu_linear_backward(dx, dw, NULL, dr, xr, wr ? wr : w, T, IN, OUT);
     if (rc == 0) bias_grad(dbias, dout, T, OUT);
-    free(dr), free(xr), free(wr);
     return rc;
 }
