@@ -293,6 +293,26 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
     return CTRL_OK;
 }
 
+ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem) {
+    m->shard_ops = ops, m->shard_mem = mem;
+    return CTRL_OK;
+}
+
+/* The layer hooks, the sharding's around the memory strategy's: `before` says which side. */
+ctrl_status model_layer_hooks(ctrl_model *m, int layer, int backward, int before) {
+    typedef ctrl_status (*hook)(ctrl_memory *, int);
+    const ctrl_memory_ops *ops[2] = {m->shard_ops, m->mem_ops};
+    ctrl_memory *mem[2] = {m->shard_mem, m->mem};
+    for (int k = 0; k < 2; k++) {
+        const int i = before ? k : 1 - k;
+        if (!ops[i]) continue;
+        const hook h = before ? (backward ? ops[i]->before_backward : ops[i]->before_forward)
+                              : (backward ? ops[i]->after_backward : ops[i]->after_forward);
+        if (h) MODEL_TRY(h(mem[i], layer));
+    }
+    return CTRL_OK;
+}
+
 size_t ctrl_model_activation_bytes(const ctrl_model *m) { return m->act_bytes; }
 
 /* Activation memory for T tokens, carved into the per-layer views: every layer's input, and the
@@ -480,10 +500,10 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     const float eps = c->rms_norm_eps, *P = m->dparams;
     MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
     for (int l = 0; l < c->n_layers; l++) {
-        if (m->mem_ops && m->mem_ops->before_forward) MODEL_TRY(m->mem_ops->before_forward(m->mem, l));
+        MODEL_TRY(model_layer_hooks(m, l, 0, 1));
         MODEL_TRY(model_layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                       model_plugin_attention, NULL));
-        if (m->mem_ops && m->mem_ops->after_forward) MODEL_TRY(m->mem_ops->after_forward(m->mem, l));
+        MODEL_TRY(model_layer_hooks(m, l, 0, 0));
     }
     return be->rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps);
 }

@@ -173,6 +173,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
  * recomputes keep only their input through the forward (activation checkpointing).
  * CTRL_ERR_NOMEM (and no strategy) when its per-layer flags cannot be allocated. */
 ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+/* A second set of layer hooks beside the memory strategy's (NULL: none), for the parameters'
+ * sharding (ZeRO-3, core/train/zero_layers.c): before_forward and before_backward run first
+ * (before a recompute too), after_forward and after_backward last. */
+ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
 /* The attention plugin decoding runs with (its paged_forward; the `paged` plugin): CTRL_ERR_PLUGIN
  * when `ops` has none. */
 ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops);

@@ -102,10 +102,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     MODEL_TRY(be->rmsnorm_backward(g.dres, model_grad(m, m->off_norm), dlogp ? g.dtmp : m->head_dh, m->x_out,
                                    P + m->off_norm, m->rstdf, T, C));
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        if (m->mem_ops && m->mem_ops->before_backward) MODEL_TRY(m->mem_ops->before_backward(m->mem, l));
+        MODEL_TRY(model_layer_hooks(m, l, 1, 1));
         if (model_recomputed(m, l)) MODEL_TRY(model_layer_forward(m, l, NULL, model_plugin_attention, NULL));
         MODEL_TRY(layer_backward(m, l, &g));
-        if (m->mem_ops && m->mem_ops->after_backward) MODEL_TRY(m->mem_ops->after_backward(m->mem, l));
+        MODEL_TRY(model_layer_hooks(m, l, 1, 0));
     }
     float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
     return dwte ? be->embedding_backward(dwte, g.dres, m->dev_batch.tokens, T, C) : CTRL_OK;

@@ -98,6 +98,9 @@ struct ctrl_model {
     /* memory strategy (may be NULL) and which layers it recomputes */
     const ctrl_memory_ops *mem_ops;
     ctrl_memory *mem;
+    /* the sharding's layer hooks (ZeRO-3: gather before, release after; may be NULL) */
+    const ctrl_memory_ops *shard_ops;
+    ctrl_memory *shard_mem;
     uint8_t *recompute;
     int n_recompute;
     size_t act_bytes;
@@ -257,6 +260,9 @@ ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *y
 ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
                           const float *x, int IN, int OUT);
 static inline int model_recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
+/* Layer l's hooks: the memory strategy's and the sharding's (ctrl_model_set_sharding), of the
+ * forward or the backward, before or after the layer. */
+ctrl_status model_layer_hooks(ctrl_model *m, int l, int backward, int before);
 
 /* The per-token inputs and outputs of the head where the backend's ops can use them: the caller's
  * host buffers with host memory, else m->stage ([3, T] floats: logp, dL/dlogp, correct), with

@@ -345,6 +345,12 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
                               "%s: made %s ZeRO, [memory] strategies %s: resume with a ZeRO strategy as the "
                               "checkpoint was made (zero1 or zero2: the same slices) or without",
                               dir, s->zero_stage ? "with" : "without", zero_stage ? "has one" : "has none");
+    if (s->zero_stage > 0 && zero_stage > 0 && (s->zero_stage >= 3) != (zero_stage >= 3))
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: made with ZeRO-%d, [memory] strategies has zero%d: ZeRO-3 cuts the optimizer "
+            "state in other slices than zero1 and zero2; resume with the checkpoint's stage",
+            dir, s->zero_stage, zero_stage);
     /* optimizer buffers, by name and size (ZeRO: this rank's slice's) */
     if (zero_stage > 0)
         snprintf(path, sizeof path, "%s/optimizer.rank-%d.safetensors", dir, rank);

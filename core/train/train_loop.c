@@ -164,6 +164,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
+    if (st == CTRL_OK && zero_stage >= 3 && r->kind_ops != &train_kind_token)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "[memory] strategies = zero3 with trainer = %s: SFT only so far (generation and "
+                            "reference models read the whole model; zero1 and zero2 work with every trainer)",
+                            s->run.trainer);
     if (st == CTRL_OK) st = train_zero_init(&r->zero, zero_stage, r->model);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
@@ -188,7 +193,8 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     set_groups(r, ctrl_model_params(r->model, NULL), ctrl_model_grads(r->model, NULL));
     if (r->zero.stage) r->n_groups = train_zero_shard_groups(&r->zero, r->model, r->groups, r->n_groups);
     st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
-    return st == CTRL_OK ? train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt) : st;
+    if (st == CTRL_OK) st = train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt);
+    return st == CTRL_OK ? train_zero_attach(&r->zero, r->model) : st; /* zero3: the layers sliced */
 }
 
 static void teardown(run_state *r) {
@@ -304,14 +310,38 @@ static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr
 static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
     char dir[4200];
     const int keep = r->s->train.save_total_limit;
-    ctrl_status st = train_dp_check_weights(&r->dp, r->model, ts->step);
+    ctrl_status st = train_zero_gather_all(&r->zero); /* zero3: the whole model for the save */
+    if (st == CTRL_OK) st = train_dp_check_weights(&r->dp, r->model, ts->step);
     if (st == CTRL_OK && !r->root && r->zero.stage) /* ZeRO: its slice of the state to rank 0 */
         st = train_zero_send_state(&r->zero, r->opt_ops, r->opt);
-    if (st != CTRL_OK || !r->root) return st; /* rank 0 writes */
     const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero};
-    st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts,
-                              r->zero.stage ? &shards : NULL, keep, dir, sizeof dir);
-    if (st == CTRL_OK) CTRL_INFO("checkpoint saved to %s", dir);
+    if (st == CTRL_OK && r->root) /* rank 0 writes */
+        st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts,
+                                  r->zero.stage ? &shards : NULL, keep, dir, sizeof dir);
+    if (st == CTRL_OK && r->root) CTRL_INFO("checkpoint saved to %s", dir);
+    train_zero_release_all(&r->zero);
+    return st;
+}
+
+/* An evaluation at `step` by the ranks that evaluate (has_eval); with zero3 every rank first gathers
+ * the layers (a collective), and releases them after. */
+static ctrl_status evaluate(run_state *r, int has_eval, long step) {
+    const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
+    ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;
+    if (st == CTRL_OK && has_eval) st = r->kind_ops->evaluate(r->kind, step, r->metrics);
+    if (any) train_zero_release_all(&r->zero);
+    return st;
+}
+
+/* zero3, after the first step: the parameter memory each rank holds (mincore), logged by rank 0. */
+static ctrl_status report_resident(run_state *r) {
+    size_t buffer = 0;
+    double v[1] = {(double)train_zero_resident_bytes(&r->zero, &buffer)};
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 1);
+    if (st == CTRL_OK && r->root)
+        CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
+                  "(layers %zu bytes, sliced over %d ranks)",
+                  v[0], buffer, train_zero_layer_bytes(&r->zero), r->zero.size);
     return st;
 }
 
@@ -373,8 +403,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     const long start_step = ts->step, start_tokens = ts->num_tokens;
     const double t_start = now();
     ctrl_status st = CTRL_OK;
-    if (has_eval && r->kind_ops->eval_at_start && ts->step == 0)
-        st = r->kind_ops->evaluate(r->kind, 0, r->metrics);
+    if (r->kind_ops->eval_at_start && ts->step == 0) st = evaluate(r, has_eval, 0);
     while (ts->step < total && st == CTRL_OK) {
         const long step = ts->step, epoch = ts->cursor / n_rows;
         if (epoch != epoch_seen) { /* the order is a function of (seed, epoch): resumable */
@@ -405,8 +434,9 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         if (r->root)
             progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
         if (r->root && (ts->step % log_every == 0 || ts->step == total)) log_window(r, ts, total, lr, rate);
-        if (eval_every > 0 && ts->step % eval_every == 0 && ts->step < total && has_eval)
-            st = r->kind_ops->evaluate(r->kind, ts->step, r->metrics);
+        if (st == CTRL_OK && r->zero.stage >= 3 && ts->step == start_step + 1) st = report_resident(r);
+        if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
+            st = evaluate(r, has_eval, ts->step);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
         const int stop = train_dp_any(&r->dp, ts->step < total && interrupted && interrupted());
         if (st == CTRL_OK && stop) {
@@ -417,7 +447,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
             st = save_checkpoint(r, out_dir, ts);
     }
     free(order);
-    if (st == CTRL_OK && has_eval) st = r->kind_ops->evaluate(r->kind, ts->step, r->metrics);
+    if (st == CTRL_OK) st = evaluate(r, has_eval, ts->step);
     return st;
 }
 
@@ -455,6 +485,10 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     /* Save on success, and on an interruption once a step was trained (interrupted while loading,
      * or during the first step, the model is what it was: output_dir keeps what it holds); never
      * after a failed step. */
+    if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) { /* zero3: the whole model for the save */
+        ctrl_status g = train_zero_gather_all(&r.zero);
+        st = g != CTRL_OK ? g : st;
+    }
     if (st == CTRL_OK) st = train_dp_check_weights(&r.dp, r.model, ts.step); /* never a diverged model */
     const int progressed = st == CTRL_OK || (st == CTRL_ERR_INTERRUPTED && ts.step > start_step);
     if (st == CTRL_ERR_INTERRUPTED && !progressed)

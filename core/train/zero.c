@@ -1,4 +1,4 @@
-/* ZeRO stages 1 and 2 in the step loop (see zero.h). */
+/* ZeRO stages 1 to 3 in the step loop (see zero.h); stage 3's layer hooks are zero_layers.c. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,13 +13,59 @@
 #include "train/checkpoint.h"
 #include "train/zero.h"
 
+void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi) {
+    const size_t a = z->units[u].a, len = z->units[u].b - a,
+                 piece = (len + (size_t)z->size - 1) / (size_t)z->size;
+    const size_t at = piece * (size_t)r;
+    *lo = a + (at < len ? at : len);
+    *hi = a + (at + piece < len ? at + piece : len);
+}
+
+const int *train_zero_counts(train_zero *z, int u) {
+    for (int r = 0; r < z->size; r++) {
+        size_t lo, hi;
+        train_zero_slice(z, u, r, &lo, &hi);
+        z->counts[r] = (int)(hi - lo);
+    }
+    return z->counts;
+}
+
+/* The layer a view belongs to ("model.layers.L.*"), else -1. */
+static int view_layer(const ctrl_param_view *v) {
+    int l = -1, n = 0;
+    return sscanf(v->name, "model.layers.%d.%n", &l, &n) == 1 && n > 0 ? l : -1;
+}
+
+/* Stage 3's units: the runs of consecutive views of one layer (or of none). */
+static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
+    const int n_views = ctrl_model_view_count(m), n_layers = ctrl_model_cfg(m)->n_layers;
+    if (!(z->units = calloc((size_t)n_views + 1, sizeof *z->units)) ||
+        !(z->layer_unit = malloc(sizeof(int) * (size_t)(n_layers > 0 ? n_layers : 1))))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+    for (int l = 0; l < n_layers; l++) z->layer_unit[l] = -1;
+    for (int i = 0; i < n_views; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        const int layer = view_layer(v);
+        if (z->n_units && z->units[z->n_units - 1].layer == layer) continue;
+        if (z->n_units) z->units[z->n_units - 1].b = (size_t)v->offset;
+        z->units[z->n_units++] = (train_zero_unit){(size_t)v->offset, z->total, layer};
+        if (layer >= 0 && layer < n_layers) {
+            if (z->layer_unit[layer] >= 0)
+                return ctrl_error_set(
+                    CTRL_ERR_UNSUPPORTED,
+                    "[memory] strategies = zero3: layer %d's parameters are not consecutive", layer);
+            z->layer_unit[layer] = z->n_units - 1;
+        }
+    }
+    return CTRL_OK;
+}
+
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
     memset(z, 0, sizeof *z);
     if (stage <= 0) return CTRL_OK;
     z->stage = stage, z->rank = ctrl_collective_rank(), z->size = ctrl_collective_size();
     ctrl_model_grads(m, &z->total);
     z->first = ctrl_model_trainable_offset(m);
-    const size_t piece = (z->total + (size_t)z->size - 1) / (size_t)z->size;
     if (z->total > (size_t)INT_MAX)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
@@ -28,13 +74,25 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
             stage, z->total);
     if (!(z->counts = calloc((size_t)z->size, sizeof *z->counts)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    for (int r = 0; r < z->size; r++) {
-        const size_t lo = piece * (size_t)r < z->total ? piece * (size_t)r : z->total;
-        const size_t hi = lo + piece < z->total ? lo + piece : z->total;
-        z->counts[r] = (int)(hi - lo);
-        if (r == z->rank) z->lo = lo, z->hi = hi;
+    if (stage >= 3) {
+        if (ctrl_model_lora(m))
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "[memory] strategies = zero3 with [peft] enabled = true: not supported "
+                                  "(zero1 or zero2 shard the adapters' optimizer state)");
+        if (ctrl_model_device(m).type != CTRL_DEVICE_CPU)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "[memory] strategies = zero3 with [run] device = cuda: not supported yet "
+                                  "(zero1 and zero2 are)");
+        if (ctrl_model_compute_dtype(m) != CTRL_F32)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                  "[memory] strategies = zero3 with [train] dtype = bf16: not supported yet "
+                                  "(the rounded copy is of the whole model); use dtype = fp32");
+        return layer_units(z, m);
     }
-    if (z->counts[z->size - 1] == 0)
+    if (!(z->units = calloc(1, sizeof *z->units)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+    z->units[0] = (train_zero_unit){0, z->total, -1}, z->n_units = 1;
+    if (train_zero_counts(z, 0)[z->size - 1] == 0)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "[memory] strategies = zero%d: %zu trainable floats cannot be cut in %d non-empty "
@@ -44,8 +102,8 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
 }
 
 void train_zero_free(train_zero *z) {
-    free(z->counts);
-    z->counts = NULL;
+    free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks);
+    z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL;
 }
 
 int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n) {
@@ -54,7 +112,11 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
     for (int i = 0; i < n; i++) {
         ctrl_param_group g = groups[i];
         const size_t a = (size_t)(g.grad - grads), b = a + (size_t)g.numel; /* in trainable floats */
-        const size_t lo = a > z->lo ? a : z->lo, hi = b < z->hi ? b : z->hi;
+        int u = 0;
+        while (u + 1 < z->n_units && z->units[u].b <= a) u++; /* a group is inside one unit */
+        size_t lo, hi;
+        train_zero_slice(z, u, z->rank, &lo, &hi);
+        lo = a > lo ? a : lo, hi = b < hi ? b : hi;
         if (lo >= hi) continue;
         g.param += lo - a, g.grad += lo - a, g.numel = (int64_t)(hi - lo);
         groups[kept++] = g;
@@ -62,23 +124,42 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
     return kept;
 }
 
-ctrl_status train_zero_reduce_grads(const train_zero *z, ctrl_model *m, double *sum_sq) {
+ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq) {
     ctrl_status st = ctrl_model_grads_to_host(m); /* a CUDA model's: the step is the host's */
     float *g = ctrl_model_grads(m, NULL);
-    if (st == CTRL_OK)
-        st = z->stage >= 2 ? ctrl_collective_reduce_scatter_mean_f32(g, z->counts)
-                           : ctrl_collective_allreduce_mean_f32(g, z->total);
-    if (st != CTRL_OK) return st;
-    *sum_sq = ctrl_cpu_sum_squares(g + z->lo, (int64_t)(z->hi - z->lo));
-    return ctrl_collective_allreduce_sum_f64(sum_sq, 1);
+    if (st == CTRL_OK && z->stage == 1) st = ctrl_collective_allreduce_mean_f32(g, z->total);
+    *sum_sq = 0;
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
+        if (z->stage >= 2)
+            st = ctrl_collective_reduce_scatter_mean_f32(g + z->units[u].a, train_zero_counts(z, u));
+        size_t lo, hi;
+        train_zero_slice(z, u, z->rank, &lo, &hi);
+        *sum_sq += ctrl_cpu_sum_squares(g + lo, (int64_t)(hi - lo));
+    }
+    return st == CTRL_OK ? ctrl_collective_allreduce_sum_f64(sum_sq, 1) : st;
 }
 
 void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef) {
-    ctrl_cpu_scale(ctrl_model_grads(m, NULL) + z->lo, coef, (int64_t)(z->hi - z->lo));
+    float *g = ctrl_model_grads(m, NULL);
+    for (int u = 0; u < z->n_units; u++) {
+        size_t lo, hi;
+        train_zero_slice(z, u, z->rank, &lo, &hi);
+        ctrl_cpu_scale(g + lo, coef, (int64_t)(hi - lo));
+    }
 }
 
-ctrl_status train_zero_gather_params(const train_zero *z, ctrl_model *m) {
-    ctrl_status st = ctrl_collective_allgather_f32(ctrl_model_params(m, NULL) + z->first, z->counts);
+size_t train_zero_layer_bytes(const train_zero *z) {
+    size_t n = 0;
+    for (int u = 0; u < z->n_units; u++) n += z->units[u].layer >= 0 ? z->units[u].b - z->units[u].a : 0;
+    return n * sizeof(float);
+}
+
+ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m) {
+    float *p = ctrl_model_params(m, NULL) + z->first;
+    ctrl_status st = CTRL_OK;
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++)
+        if (z->units[u].layer < 0 || z->gathered)
+            st = ctrl_collective_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
     ctrl_model_weights_changed(m);
     return st;
 }
@@ -106,12 +187,13 @@ ctrl_status train_zero_report(const train_zero *z, const char *optimizer, const 
         CTRL_INFO("optimizer %s: %.0f bytes of state per rank", optimizer, mine);
         return CTRL_OK;
     }
-    CTRL_INFO("zero%d: %d ranks, each steps %d of %zu trainable floats; optimizer %s: at most %.0f bytes "
+    size_t lo, hi, stepped = 0;
+    for (int u = 0; u < z->n_units; u++) train_zero_slice(z, u, 0, &lo, &hi), stepped += hi - lo;
+    CTRL_INFO("zero%d: %d ranks, each steps %zu of %zu trainable floats; optimizer %s: at most %.0f bytes "
               "of state per rank, %.0f over the ranks",
-              z->stage, z->size, z->counts[0], z->total, optimizer, max, sum);
+              z->stage, z->size, stepped, z->total, optimizer, max, sum);
     return CTRL_OK;
 }
-
 /* What a rank sends rank 0 for each of its optimizer state buffers before the floats. */
 typedef struct shard_header {
     char name[64];

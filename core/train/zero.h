@@ -1,56 +1,90 @@
-/* ZeRO stages 1 and 2 in the shared step loop (issue 19; the `zero1` and `zero2` memory strategies
- * declare the stage, plugins/memory/zero/), with DeepSpeed's meaning (stage_1_and_2.py):
+/* ZeRO in the shared step loop (issue 19; the `zero1`, `zero2` and `zero3` memory strategies
+ * declare the stage, plugins/memory/zero/), with DeepSpeed's meaning (stage_1_and_2.py, stage3.py):
  *
  * The trainable floats of the model (ctrl_model_grads' layout: all parameters, or the LoRA adapters)
- * are one flat buffer cut in N consecutive slices of ceil(T / N) floats (the last one shorter), slice
- * r being rank r's. Each rank creates its optimizer on the parameter groups clipped to its slice
+ * are cut into units -- stages 1 and 2: one, the whole buffer; stage 3: each layer's parameters
+ * (consecutive in the buffer), and the runs between them (embeddings, final norm, head) -- and each
+ * unit into N consecutive slices of ceil(L / N) floats (the last one shorter), slice r being rank
+ * r's. Each rank creates its optimizer on the parameter groups clipped to its slices
  * (train_zero_shard_groups), so it holds 1/N of the optimizer state (AdamW: exp_avg, exp_avg_sq).
  * A step: the gradients are averaged over the ranks -- all-reduced (stage 1) or reduce-scattered
- * (stage 2: each rank receives its slice's average only) --, the global gradient norm is the
- * ranks' slices' sums of squares added up (DeepSpeed's partitioned norm), clipping scales the slice,
- * the rank's optimizer steps it, and the updated slices are all-gathered into every rank's model.
- * The loss curve is plain data parallel's.
+ * (stages 2 and 3: each rank receives its slices' average only) --, the global gradient norm is the
+ * ranks' slices' sums of squares added up (DeepSpeed's partitioned norm), clipping scales the
+ * slices, the rank's optimizer steps them, and the updated slices are all-gathered into every
+ * rank's model -- with stage 3 only the units outside the layers: a layer's parameters stay sliced,
+ * each rank's memory holding its own slice, and are all-gathered just before the layer's forward and
+ * again before its backward (train_zero_attach: the model's layer hooks), the other ranks' slices
+ * released (madvise) after each. The loss curve is plain data parallel's.
  *
- * Checkpoints: the model is gathered (every rank holds it), rank 0 writes it as ever; the optimizer
- * state stays sharded, one file per rank (optimizer.rank-R.safetensors, as DeepSpeed's per-rank
- * zero_pp_rank_R files), which rank 0 writes from what each rank sends it (one rank's slice in memory
- * at a time); a resume reads each rank's own file and needs the same number of ranks (as every
- * data-parallel resume).
+ * Checkpoints: the model is gathered whole (stage 3: for the save), rank 0 writes it as ever; the
+ * optimizer state stays sharded, one file per rank (optimizer.rank-R.safetensors, as DeepSpeed's
+ * per-rank zero_pp_rank_R files), which rank 0 writes from what each rank sends it (one rank's
+ * slices in memory at a time); a resume reads each rank's own file and needs the same number of
+ * ranks and stage 3 or not as the checkpoint (the slices differ), zero1 and zero2 resuming each other.
  *
- * On a CUDA model the sharded step runs on the host (the gradients brought back first, the state in
- * host memory, the weights copied back to the device after the gather). */
+ * On a CUDA model stages 1 and 2 step on the host (the gradients brought back first, the state in
+ * host memory, the weights copied back to the device after the gather); stage 3 is the CPU's. */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
 #define CTRL_CORE_TRAIN_ZERO_H
 
 #include <stddef.h>
 
+#include <ctrl/memory.h>
 #include <ctrl/optimizer.h>
 
 #include "model/model.h"
 
+typedef struct train_zero_unit {
+    size_t a, b; /* in trainable floats */
+    int layer;   /* stage 3: the layer whose parameters these are (gathered per use), else -1 */
+} train_zero_unit;
+
 typedef struct train_zero {
-    int stage; /* 0: off (everything below unused); 1 or 2 */
+    int stage; /* 0: off (everything below unused); 1, 2 or 3 */
     int rank, size;
-    size_t total;  /* trainable floats */
-    size_t lo, hi; /* this rank's slice of them */
-    size_t first;  /* ctrl_model_trainable_offset: where they start in the parameters */
-    int *counts;   /* each rank's slice length */
+    size_t total;           /* trainable floats */
+    size_t first;           /* ctrl_model_trainable_offset: where they start in the parameters */
+    train_zero_unit *units; /* in order, covering [0, total) */
+    int n_units;
+    int *counts;        /* scratch: one unit's slice lengths, per rank */
+    int *layer_unit;    /* stage 3: each layer's unit */
+    int gathered;       /* stage 3: every layer is whole (train_zero_gather_all) */
+    ctrl_model *model;  /* stage 3: whose layers the hooks gather */
+    ctrl_memory *hooks; /* stage 3: the instance the model's hooks get */
 } train_zero;
 
-/* Lays out the slices of the model's trainable floats (stage 0: nothing). An error when a slice
- * offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
+/* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
+ * u (in z->counts, returned). */
+void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi);
+const int *train_zero_counts(train_zero *z, int u);
+/* Stage 3: the bytes of the layers' parameters (the units sliced between uses). */
+size_t train_zero_layer_bytes(const train_zero *z);
+/* Lays out the units and slices of the model's trainable floats (stage 0: nothing). Stage 3 needs
+ * a CPU model in fp32 without LoRA, else an error naming the key. An error when a slice offset does
+ * not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m);
 void train_zero_free(train_zero *z);
-/* The groups (set over the whole model) clipped to this rank's slice, in place, those outside it
- * dropped; returns how many are left (0 when a rank's slice is empty: a tiny model on many ranks). */
+/* Stage 3: hooks the model's layers (gather before forward and backward, release after) and
+ * releases the other ranks' slices of every layer. Nothing for stages 1 and 2. */
+ctrl_status train_zero_attach(train_zero *z, ctrl_model *m);
+/* The groups (set over the whole model) clipped to this rank's slices, in place, those outside
+ * dropped; returns how many are left. */
 int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);
-/* After the kind accumulated: the gradients averaged (the slice at least, see above) on the host
- * and their global sum of squares. */
-ctrl_status train_zero_reduce_grads(const train_zero *z, ctrl_model *m, double *sum_sq);
-/* Clipping: the slice's gradients times `coef`. */
+/* After the kind accumulated: the gradients averaged (this rank's slices at least, see above) on
+ * the host and their global sum of squares. */
+ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq);
+/* Clipping: the slices' gradients times `coef`. */
 void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef);
-/* After the optimizer stepped the slice: every rank's slice into every rank's model. */
-ctrl_status train_zero_gather_params(const train_zero *z, ctrl_model *m);
+/* After the optimizer stepped the slices: every rank's slices into every rank's model (stage 3:
+ * those of the units outside the layers). */
+ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m);
+/* Stage 3 (no-ops otherwise): every layer gathered whole on every rank (a collective: every rank
+ * calls it), for what reads the whole model -- an evaluation on rank 0, a save, the weights'
+ * checksum; then released again. */
+ctrl_status train_zero_gather_all(train_zero *z);
+void train_zero_release_all(train_zero *z);
+/* Stage 3: the bytes of the model's parameter buffer resident in memory (mincore), this rank's. */
+size_t train_zero_resident_bytes(const train_zero *z, size_t *buffer_bytes);
 /* The optimizer state's bytes (state_get's buffers) on this rank. */
 size_t train_zero_state_bytes(const ctrl_optimizer_ops *ops, ctrl_optimizer *opt);
 /* Logs (rank 0) the optimizer state per rank, the largest and the sum over the ranks. */

@@ -1,4 +1,4 @@
-/* Memory-strategy plugins (checkpointing, zero1, zero2): hooks around each layer and step. */
+/* Memory-strategy plugins (checkpointing, zero1, zero2, zero3): hooks around each layer and step. */
 #ifndef CTRL_MEMORY_H
 #define CTRL_MEMORY_H
 
@@ -27,7 +27,8 @@ typedef struct ctrl_memory_ops {
      * zero2) says its stage, with DeepSpeed's meaning, and the core's step loop carries it out over
      * the data-parallel ranks (core/train/zero.c): 1 each rank keeps and steps the optimizer state
      * of its slice of the trainable parameters, which are all-gathered after the step; 2 the
-     * gradients are also reduce-scattered (each rank gets the average of its slice only). A
+     * gradients are also reduce-scattered (each rank gets the average of its slice only); 3 the
+     * parameters too (each layer gathered around its forward and backward, the core's hooks). A
      * sharding strategy may be listed beside one that hooks the layers (checkpointing). */
     int (*zero_stage)(const ctrl_memory *m);
 } ctrl_memory_ops;

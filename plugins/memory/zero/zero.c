@@ -5,7 +5,10 @@
  *          (1/N of AdamW's exp_avg and exp_avg_sq), steps it with the averaged gradients, and the
  *          updated slices are all-gathered so every rank holds the whole model again;
  *   zero2: the same, and the gradients are reduce-scattered instead of all-reduced: each rank
- *          receives the average of its own slice only (half an allreduce's traffic).
+ *          receives the average of its own slice only (half an allreduce's traffic);
+ *   zero3: the same per layer, and the parameters too: each rank keeps its slice of every layer,
+ *          which is all-gathered just before the layer's forward and backward and released after
+ *          (SFT on the CPU so far; embeddings, final norm and head kept whole).
  * The plugin declares the stage; the core's step loop does the partitioning, the collectives and
  * the sharded checkpoints (core/train/zero.c), so that every trainer kind and optimizer plugin
  * gets it. On one rank both are plain training. */
@@ -39,6 +42,12 @@ static ctrl_status zero2_create(const ctrl_host *host, const ctrl_config *cfg, i
     return create_stage(2, out);
 }
 
+static ctrl_status zero3_create(const ctrl_host *host, const ctrl_config *cfg, int n_layers,
+                                ctrl_memory **out) {
+    (void)host, (void)cfg, (void)n_layers;
+    return create_stage(3, out);
+}
+
 static int zero_stage(const ctrl_memory *m) { return m->stage; }
 
 static void zero_destroy(ctrl_memory *m) { free(m); }
@@ -53,6 +62,13 @@ static const ctrl_memory_ops zero1_ops = {
 static const ctrl_memory_ops zero2_ops = {
     .size = sizeof(ctrl_memory_ops),
     .create = zero2_create,
+    .destroy = zero_destroy,
+    .zero_stage = zero_stage,
+};
+
+static const ctrl_memory_ops zero3_ops = {
+    .size = sizeof(ctrl_memory_ops),
+    .create = zero3_create,
     .destroy = zero_destroy,
     .zero_stage = zero_stage,
 };
@@ -77,4 +93,14 @@ static const ctrl_plugin zero2_plugin = {
     .ops = &zero2_ops,
 };
 
-CTRL_PLUGIN_DEFINE(&zero1_plugin, &zero2_plugin)
+static const ctrl_plugin zero3_plugin = {
+    CTRL_PLUGIN_HEADER,
+    .kind = CTRL_KIND_MEMORY,
+    .name = "zero3",
+    .version = "0.1.0",
+    .summary = "ZeRO stage 3 (DeepSpeed): parameters too, each layer gathered for its forward and backward",
+    .init = ctrl_plugin_api_init,
+    .ops = &zero3_ops,
+};
+
+CTRL_PLUGIN_DEFINE(&zero1_plugin, &zero2_plugin, &zero3_plugin)
