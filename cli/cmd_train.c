@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "collective/collective.h"
 #include "config/config_load.h"
+#include "train/data_parallel.h"
 #include "train/train.h"
 
 /* mkdir -p */
@@ -28,16 +29,10 @@ static ctrl_status make_dirs(const char *path) {
     return CTRL_OK;
 }
 
-static int train_ranked(ctrl_cli *cli, int argc, char **argv) {
-    const char *ini;
-    ctrl_config *cfg;
-    int rc = cli_load_run_config(cli, &cli_cmd_train, "train", argc, argv, &ini, &cfg);
-    if (rc) return rc;
-    ctrl_status st;
-
+static int train_ranked(const char *ini, ctrl_config *cfg) {
     const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
     char path[4096];
-    st = make_dirs(out_dir);
+    ctrl_status st = train_dp_agree_config(cfg); /* every rank runs rank 0's config */
     if (st == CTRL_OK && ctrl_collective_is_root()) {
         snprintf(path, sizeof path, "%s/config.ini", out_dir);
         st = ctrl_config_write_effective(cfg, path);
@@ -47,7 +42,6 @@ static int train_ranked(ctrl_cli *cli, int argc, char **argv) {
         if (ctrl_collective_is_root()) CTRL_INFO("%s: effective config written to %s", ini, path);
         st = ctrl_train_run(cfg, cli_interrupted);
     }
-    ctrl_config_free(cfg);
     if (st != CTRL_OK && ctrl_collective_size() > 1)
         st = ctrl_error_wrap(st, "rank %d", ctrl_collective_rank());
     return st == CTRL_OK ? 0 : cli_fail(st);
@@ -67,14 +61,29 @@ static void share_cores(void) {
 
 /* Under mpirun or srun, one rank of a data-parallel run (core/collective/): rank 0 alone writes
  * the effective config, metrics, checkpoints and the model; the others log warnings and errors
- * only (with their rank before each line). A rank that
- * fails ends the whole job (MPI_Abort), so that none is left waiting in a collective. */
+ * only (with their rank before each line). Every rank reads the config before MPI starts, so that
+ * [train] ddp_timeout watches MPI_Init too (a rank that never arrives is named, not waited for),
+ * and the ranks then check that they run the same one. A rank that fails ends the whole job
+ * (MPI_Abort), so that none is left waiting in a collective. */
 static int run_train(ctrl_cli *cli, int argc, char **argv) {
-    ctrl_status st = ctrl_collective_init();
-    if (st != CTRL_OK) return cli_fail(st);
+    ctrl_collective_detect();
     if (!ctrl_collective_is_root() && ctrl_log_get_level() < CTRL_LOG_WARN) ctrl_log_set_level(CTRL_LOG_WARN);
+    const char *ini;
+    ctrl_config *cfg;
+    int rc = cli_load_run_config(cli, &cli_cmd_train, "train", argc, argv, &ini, &cfg);
+    if (rc) return rc;
+    const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
+    ctrl_status st = make_dirs(out_dir);
+    ctrl_collective_set_timeout(ctrl_config_settings(cfg)->train.ddp_timeout);
+    ctrl_collective_set_start_dir(out_dir);
+    if (st == CTRL_OK) st = ctrl_collective_init();
+    if (st != CTRL_OK) {
+        ctrl_config_free(cfg);
+        return cli_fail(st);
+    }
     share_cores();
-    int rc = train_ranked(cli, argc, argv);
+    rc = train_ranked(ini, cfg);
+    ctrl_config_free(cfg);
     ctrl_collective_finalize(rc != 0 && rc != 130, rc);
     return rc;
 }

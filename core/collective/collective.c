@@ -8,11 +8,14 @@
 
 #include "collective/collective.h"
 #include "collective/collective_backend.h"
+#include "collective/start_watch.h"
 #include "sibling_library.h"
 
 static ctrl_collective_info info = {0, 1, 0, 1, "none", "none"};
 static const ctrl_collective_backend *backend; /* NULL on a single rank */
 static int initialised, device_ready;
+static double timeout_s = 1800; /* [train] ddp_timeout: MPI_Init's and every host collective's */
+static char start_dir[4096];    /* where the ranks leave their mark before MPI_Init (start_watch.h) */
 
 /* An integer environment variable, or -1. */
 static int env_int(const char *name) {
@@ -48,9 +51,19 @@ static int rank_prefix(char *buf, int cap, void *user) {
     return snprintf(buf, (size_t)cap, "[rank %d] ", info.rank);
 }
 
+void ctrl_collective_detect(void) {
+    if (initialised) return;
+    from_environment(&info);
+    if (info.size > 1) ctrl_log_set_prefix(rank_prefix, NULL);
+}
+
+void ctrl_collective_set_start_dir(const char *dir) {
+    snprintf(start_dir, sizeof start_dir, "%s", dir && strlen(dir) < sizeof start_dir ? dir : "");
+}
+
 ctrl_status ctrl_collective_init(void) {
     if (initialised) return CTRL_OK;
-    ctrl_collective_info env = info;
+    ctrl_collective_info env = {0, 1, 0, 1, "none", "none"};
     from_environment(&env);
     if (env.size == 1) { /* not launched, or launched as one rank: no MPI at all */
         initialised = 1;
@@ -65,7 +78,10 @@ ctrl_status ctrl_collective_init(void) {
                               "started as rank %d of %d (%s's environment): %s (ctrl built without MPI?)",
                               env.rank, env.size, env.launcher, why);
     ctrl_collective_info got = env;
+    start_watch_begin(&env, start_dir[0] ? start_dir : NULL, timeout_s); /* MPI_Init has no timeout */
     ctrl_status st = b->init(&got.rank, &got.size, &got.local_rank, &got.local_size);
+    /* MPI_Init returned on this rank: every rank called it, so their marks can go */
+    start_watch_done(st == CTRL_OK && got.size == env.size && got.rank == env.rank);
     if (st != CTRL_OK) return ctrl_error_wrap(st, "rank %d of %d (%s)", env.rank, env.size, env.launcher);
     if (got.size != env.size || got.rank != env.rank) {
         b->finalize();
@@ -78,6 +94,7 @@ ctrl_status ctrl_collective_init(void) {
     got.backend = "mpi";
     info = got, backend = b, initialised = 1;
     ctrl_log_set_prefix(rank_prefix, NULL);
+    ctrl_collective_set_timeout(timeout_s);
     return CTRL_OK;
 }
 
@@ -149,6 +166,7 @@ ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from) {
 ctrl_status ctrl_collective_barrier(void) { return backend ? backend->barrier() : CTRL_OK; }
 
 void ctrl_collective_set_timeout(double seconds) {
+    timeout_s = seconds;
     if (backend && backend->size > offsetof(ctrl_collective_backend, set_timeout) && backend->set_timeout)
         backend->set_timeout(seconds);
 }

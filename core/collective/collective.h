@@ -30,8 +30,16 @@ typedef struct ctrl_collective_info {
     const char *backend;        /* "none" (one rank) or "mpi" */
 } ctrl_collective_info;
 
+/* The launcher's word on rank and size alone (no MPI yet), for what comes before
+ * ctrl_collective_init (reading the config): the rank prefix on log lines. */
+void ctrl_collective_detect(void);
+/* Where the ranks leave a mark before MPI_Init (the run's output directory, existing), so that a
+ * rank that never arrives can be named when the start times out (start_watch.h). */
+void ctrl_collective_set_start_dir(const char *dir);
 /* Detects the launcher and, for several ranks, starts MPI. Idempotent. An error (several ranks
- * but no MPI backend, or MPI disagreeing with the launcher) names what was found. */
+ * but no MPI backend, or MPI disagreeing with the launcher) names what was found. MPI_Init itself
+ * is watched: past the timeout (ctrl_collective_set_timeout, before) without every rank, the
+ * process ends with a message naming the ranks that never arrived (exit 1). */
 ctrl_status ctrl_collective_init(void);
 /* Ends MPI. `failed`: this rank stops on an error, which the others may not share (they could
  * be waiting in a collective): the job is aborted with `exit_code` instead of finalized. */
@@ -52,7 +60,8 @@ ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n);
 ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root);
 ctrl_status ctrl_collective_barrier(void);
 /* A host collective that has waited this long for the other ranks fails (an error naming the
- * call and the timeout; the job then ends). [train] ddp_timeout; 1800 s until set. */
+ * call and the timeout; the job then ends); MPI_Init too when set before ctrl_collective_init.
+ * [train] ddp_timeout; 1800 s until set. */
 void ctrl_collective_set_timeout(double seconds);
 
 /* ZeRO's collectives (host buffers, core/train/zero.c): a float buffer cut in consecutive pieces,

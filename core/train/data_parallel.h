@@ -50,6 +50,10 @@ ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step)
 ctrl_status train_dp_sum(double *v, size_t n);
 /* 1 when `flag` is set on any rank. */
 int train_dp_any(const train_dp *dp, int flag);
+/* Every rank runs rank 0's config: each compares rank 0's values with its own, and a key that
+ * differs (or is set on one side only) is a config error on that rank naming the key and both
+ * values, and on the others one naming that rank. A no-op on one rank. (data_parallel_config.c) */
+ctrl_status train_dp_agree_config(const ctrl_config *cfg);
 /* See above: a count over the whole accumulated batch of every rank, divided by their number. */
 double train_dp_items(long local_count);
 

@@ -61,6 +61,8 @@ grep -q "\[rank 1\]" "$TMP/log2" && bad "rank 1 logged: $(grep '\[rank 1\]' "$TM
 [ -f "$TMP/two/model.safetensors" ] && [ -d "$TMP/two/checkpoint-5" ] && [ -d "$TMP/two/checkpoint-10" ] && ok ||
   bad "outputs missing: $(ls "$TMP/two")"
 grep -q '"world_size":.*2' "$TMP/two/checkpoint-5/trainer_state.json" && ok || bad "world_size not in trainer_state.json"
+# the ranks' start marks (named after the job) are gone once every rank started
+ls -a "$TMP/two" | grep -q ctrl-start && bad "start marks left in output_dir: $(ls -a "$TMP/two")" || ok
 
 # ranks sharing a node split its cores when OMP_NUM_THREADS is unset
 env -u OMP_NUM_THREADS "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/omp" \
@@ -173,6 +175,25 @@ read -r rc secs < <(long_run killed KILL)
 read -r rc secs < <(long_run stopped STOP)
 [ "$rc" != 0 ] && [ "$secs" -lt 90 ] && grep -q "did not join within 2 s (\[train\] ddp_timeout)" "$TMP/stopped.log" && ok ||
   { bad "a stopped rank: exit $rc after $secs s"; grep -v '^step' "$TMP/stopped.log" | tail -5; }
+
+# 8. A rank that never arrives (rank 1 stalls before MPI_Init) ends the job after [train]
+#    ddp_timeout, the waiting rank naming it (the ranks' marks in output_dir), never a hang.
+t0=$SECONDS
+"${MPI[@]}" bash -c '[ "$OMPI_COMM_WORLD_RANK" = 1 ] && exec sleep 120; exec "$@"' stall "${C[@]}" train "$TMP/run.ini" \
+  --set run.output_dir="$TMP/stall" --set train.ddp_timeout=3 >"$TMP/stall.log" 2>&1
+rc=$?
+[ $rc != 0 ] && [ $((SECONDS - t0)) -lt 60 ] &&
+  grep -q "rank 0: the job's 2 ranks did not all start within 3 s (\[train\] ddp_timeout): rank 1 never reached MPI_Init" "$TMP/stall.log" && ok ||
+  { bad "a rank that never starts: exit $rc after $((SECONDS - t0)) s"; tail -5 "$TMP/stall.log"; }
+
+# 9. Ranks that run different configs (rank 1 another learning rate): a config error naming the
+#    key, both values and where rank 1's comes from (exit 2), before any work.
+"${MPI[@]}" bash -c 'exec "$@" --set train.learning_rate=$((OMPI_COMM_WORLD_RANK + 1))e-3' differ "${C[@]}" train \
+  "$TMP/run.ini" --set run.output_dir="$TMP/differ" >"$TMP/differ.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "rank 1: the ranks run different configs: \[train\] learning_rate = 2e-3 here (--set train.learning_rate), 1e-3 on rank 0" "$TMP/differ.log" &&
+  grep -q "rank 1 runs another config than rank 0" "$TMP/differ.log" && [ ! -e "$TMP/differ/metrics.jsonl" ] && ok ||
+  { bad "different configs: exit $rc"; tail -5 "$TMP/differ.log"; }
 
 # 7. A single process does not link or load MPI (the backend is dlopen'ed for launched runs only).
 ldd "$LIBDIR/libctrl.so" "$CTRL" | grep -q libmpi && bad "libctrl or ctrl links libmpi" || ok
