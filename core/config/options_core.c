@@ -128,7 +128,8 @@ static const ctrl_option memory_options[] = {
      "TRL's default gradient_checkpointing; empty: keep every activation), and at most one ZeRO stage for "
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
-     "and backward (SFT, fp32 on the CPU) (e.g. checkpointing, zero2; docs/distributed.md)."},
+     "and backward (SFT, fp32 on the CPU); offload_optimizer: on a CUDA run the optimizer state and step in "
+     "host memory (e.g. checkpointing, zero2; docs/distributed.md)."},
     CTRL_OPTION_END,
 };
 

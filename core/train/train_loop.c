@@ -82,15 +82,20 @@ static void set_groups(run_state *r, float *params, float *grads) {
     }
 }
 
-/* [memory] strategies: at most one that hooks the layers (checkpointing), given to the model, and
- * at most one ZeRO stage (zero1, zero2), which the loop carries out. */
+/* [memory] strategies: at most one that hooks the layers (checkpointing), given to the model, at
+ * most one ZeRO stage (zero1, zero2, zero3), and offload_optimizer, which the loop carries out. */
 static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plugins *p,
-                                     const ctrl_memory_ops **layers, int *zero_stage) {
+                                     const ctrl_memory_ops **layers, int *zero_stage, int *offload) {
     const char *layer_name = NULL, *zero_name = NULL;
-    *layers = NULL, *zero_stage = 0;
+    *layers = NULL, *zero_stage = 0, *offload = 0;
     for (int i = 0; i < p->n_memory; i++) {
         const ctrl_memory_ops *ops = p->memory[i]->ops;
         const char *name = p->memory[i]->name;
+        if (ops->size >= offsetof(ctrl_memory_ops, offload_optimizer) + sizeof ops->offload_optimizer &&
+            ops->offload_optimizer) {
+            *offload = 1; /* a property of the run, no instance needed beyond the flag */
+            continue;
+        }
         if (ops->size >= offsetof(ctrl_memory_ops, zero_stage) + sizeof ops->zero_stage && ops->zero_stage) {
             if (zero_name)
                 return ctrl_error_set(CTRL_ERR_CONFIG,
@@ -121,12 +126,19 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     const ctrl_run_plugins *p = ctrl_config_plugins(cfg);
     const ctrl_host *host = ctrl_host_table();
     const ctrl_memory_ops *layer_strategy = NULL;
-    int zero_stage = 0;
+    int zero_stage = 0, offload = 0;
     const ctrl_attention_ops *attention = p->attention->ops;
     r->trainer_ops = p->trainer->ops;
     r->opt_ops = p->optimizer->ops;
-    ctrl_status st = memory_strategies(cfg, p, &layer_strategy, &zero_stage);
+    ctrl_status st = memory_strategies(cfg, p, &layer_strategy, &zero_stage, &offload);
     if (st == CTRL_OK) st = train_compute_select(s->run.device, &r->comp);
+    if (st == CTRL_OK && offload && r->comp.device.type == CTRL_DEVICE_CPU)
+        st = ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "[memory] strategies = offload_optimizer with [run] device = %s: the model and the "
+            "optimizer state are in host memory already, there is nothing to offload (drop "
+            "offload_optimizer, or train on cuda)",
+            s->run.device);
     if (st == CTRL_OK) st = train_kind_for(r->trainer_ops, s->run.trainer, &r->kind_ops);
     if (st == CTRL_OK && s->teacher.path && r->kind_ops != &train_kind_distill)
         st = ctrl_error_set(CTRL_ERR_CONFIG,
@@ -179,7 +191,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     r->groups = calloc((size_t)ctrl_model_view_count(r->model), sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     const ctrl_device dev = ctrl_model_device(r->model);
-    if (dev.type != CTRL_DEVICE_CPU && !r->zero.stage) {
+    if (dev.type != CTRL_DEVICE_CPU && offload)
+        CTRL_INFO("optimizer %s: steps on the host, its state in host memory ([memory] strategies = "
+                  "offload_optimizer)",
+                  s->train.optimizer);
+    if (dev.type != CTRL_DEVICE_CPU && !r->zero.stage && !offload) {
         set_groups(r, ctrl_model_device_params(r->model), ctrl_model_device_grads(r->model, NULL));
         st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, dev, &r->opt);
         if (st == CTRL_OK) {

@@ -1,4 +1,5 @@
-/* Memory-strategy plugins (checkpointing, zero1, zero2, zero3): hooks around each layer and step. */
+/* Memory-strategy plugins (checkpointing, zero1, zero2, zero3, offload_optimizer): hooks around each layer
+ * and step. */
 #ifndef CTRL_MEMORY_H
 #define CTRL_MEMORY_H
 
@@ -31,6 +32,10 @@ typedef struct ctrl_memory_ops {
      * parameters too (each layer gathered around its forward and backward, the core's hooks). A
      * sharding strategy may be listed beside one that hooks the layers (checkpointing). */
     int (*zero_stage)(const ctrl_memory *m);
+    /* Appended, optional (check `size`; NULL: no). 1: the optimizer's state and step go to host
+     * memory on a device run (offload_optimizer): the core steps the host copies there. Listed
+     * beside the other strategies. */
+    int (*offload_optimizer)(const ctrl_memory *m);
 } ctrl_memory_ops;
 
 #ifdef __cplusplus

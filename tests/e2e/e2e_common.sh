@@ -32,6 +32,19 @@ mpi_setup() {
   if [ "$(id -u)" = 0 ]; then MPI+=(--allow-run-as-root); fi
 }
 
+# Training curves: column KEY of every metrics.jsonl line of DIR (curve_col DIR KEY), and two runs'
+# columns equal line by line within TOLERANCE relative (+ ABSOLUTE, 1e-12 unless given) over at
+# least 6 lines (curve_close DIR_A DIR_B KEY TOLERANCE [ABSOLUTE]; ok or bad, both printed on bad).
+curve_col() { grep -o "\"$2\": [-0-9.e]*" "$1/metrics.jsonl" | sed 's/.*: //'; }
+curve_close() {
+  local n
+  n=$(paste <(curve_col "$1" "$3") <(curve_col "$2" "$3") |
+    awk -v tol="$4" -v abs="${5:-1e-12}" '{ d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1
+         if (d > tol * m + abs) bad++; n++ }
+         END { print (n >= 6 && !bad) ? "ok" : n " lines, " bad+0 " differ" }')
+  [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(curve_col "$1" "$3") <(curve_col "$2" "$3"); }
+}
+
 # Prints the counts and exits non-zero when anything failed.
 finish() {
   echo "$pass passed, $fail failed"

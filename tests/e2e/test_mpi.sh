@@ -30,30 +30,20 @@ gradient_accumulation_steps = 2
 logging_steps = 1
 save_steps = 5
 INI
-# column $2 of every training line ("loss", "grad_norm", ...)
-col() { grep -o "\"$2\": [-0-9.e]*" "$1/metrics.jsonl" | sed 's/.*: //'; }
-close() { # close DIR_A DIR_B KEY TOLERANCE [ABSOLUTE]: equal within TOLERANCE relative, line by line
-  local n
-  n=$(paste <(col "$1" "$3") <(col "$2" "$3") |
-    awk -v tol="$4" -v abs="${5:-1e-12}" '{ d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1
-         if (d > tol * m + abs) bad++; n++ }
-         END { print (n >= 6 && !bad) ? "ok" : n " lines, " bad+0 " differ" }')
-  [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(col "$1" "$3") <(col "$2" "$3"); }
-}
 
 # 1. One process, batch 4; two ranks, batch 2 each: the same curve.
 "${C[@]}" train "$TMP/run.ini" >"$TMP/log1" 2>&1 || { bad "1 rank"; tail -5 "$TMP/log1"; }
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/two" \
   --set train.per_device_train_batch_size=2 >"$TMP/log2" 2>&1 || { bad "2 ranks exited $?"; tail -20 "$TMP/log2"; }
-close "$TMP/one" "$TMP/two" loss 1e-5
-close "$TMP/one" "$TMP/two" learning_rate 1e-7
-close "$TMP/one" "$TMP/two" mean_token_accuracy 1e-5 1e-7 # over every rank's share of each micro-batch
-close "$TMP/one" "$TMP/two" entropy 1e-5
+curve_close "$TMP/one" "$TMP/two" loss 1e-5
+curve_close "$TMP/one" "$TMP/two" learning_rate 1e-7
+curve_close "$TMP/one" "$TMP/two" mean_token_accuracy 1e-5 1e-7 # over every rank's share of each micro-batch
+curve_close "$TMP/one" "$TMP/two" entropy 1e-5
 # The gradient norm differs by up to ~4e-5 from step 3: the gradients are summed in another order
 # (fp32), and AdamW's step magnifies the last-bit differences of near-zero gradients. One process
 # with batch 2 x accumulation 4 differs from batch 4 x 2 exactly as much (measured).
-close "$TMP/one" "$TMP/two" grad_norm 1e-4
-[ "$(col "$TMP/one" num_tokens)" = "$(col "$TMP/two" num_tokens)" ] && ok || bad "num_tokens differ"
+curve_close "$TMP/one" "$TMP/two" grad_norm 1e-4
+[ "$(curve_col "$TMP/one" num_tokens)" = "$(curve_col "$TMP/two" num_tokens)" ] && ok || bad "num_tokens differ"
 grep -q "data parallel: 2 ranks x 2 x 2 (effective batch 8)" "$TMP/log2" && ok || bad "no data-parallel line"
 # rank 0 alone logs (others: warnings only) and writes: one line per step, the checkpoints, the model
 [ "$(grep -c '"step"' "$TMP/two/metrics.jsonl")" = 10 ] && ok || bad "metrics.jsonl: $(wc -l <"$TMP/two/metrics.jsonl") lines"
@@ -135,11 +125,11 @@ for t in grpo rloo; do
   "${C[@]}" train "$TMP/$t.ini" >"$TMP/$t.log1" 2>&1 || { bad "$t 1 rank"; tail -5 "$TMP/$t.log1"; }
   "${MPI[@]}" "${C[@]}" train "$TMP/$t.ini" --set run.output_dir="$two" --set train.per_device_train_batch_size=4 \
     >"$TMP/$t.log2" 2>&1 || { bad "$t 2 ranks exited $?"; tail -20 "$TMP/$t.log2"; }
-  close "$one" "$two" loss 1e-5 1e-7
-  close "$one" "$two" grad_norm 1e-5
-  close "$one" "$two" reward 1e-6
-  close "$one" "$two" completions/mean_length 1e-6
-  [ "$(col "$one" num_tokens)" = "$(col "$two" num_tokens)" ] && ok || bad "$t: num_tokens differ"
+  curve_close "$one" "$two" loss 1e-5 1e-7
+  curve_close "$one" "$two" grad_norm 1e-5
+  curve_close "$one" "$two" reward 1e-6
+  curve_close "$one" "$two" completions/mean_length 1e-6
+  [ "$(curve_col "$one" num_tokens)" = "$(curve_col "$two" num_tokens)" ] && ok || bad "$t: num_tokens differ"
   # the same completions and rewards, logged once (by rank 0); advantages to float rounding
   strip() { sed 's/"advantage":.*//' "$1/completions.jsonl"; }
   diff <(strip "$one") <(strip "$two") >/dev/null && ok || bad "$t: completions.jsonl differs"
@@ -147,7 +137,7 @@ for t in grpo rloo; do
   [ "$(grep -c eval_reward "$two/metrics.jsonl")" = 3 ] && diff <(grep eval_reward "$one/metrics.jsonl") \
     <(grep eval_reward "$two/metrics.jsonl") >/dev/null && ok || bad "$t: evaluations differ"
 done
-close "$TMP/r1" "$TMP/r2" kl 1e-4 1e-9
+curve_close "$TMP/r1" "$TMP/r2" kl 1e-4 1e-9
 # resumed with 2 ranks from checkpoint-3: steps 4..6 as before (wall-clock timings aside)
 mkdir -p "$TMP/g2r" && cp -r "$TMP/g2/checkpoint-3" "$TMP/g2r/"
 grep '"step": [0-3],' "$TMP/g2/metrics.jsonl" >"$TMP/g2r/metrics.jsonl"

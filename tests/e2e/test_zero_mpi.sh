@@ -35,15 +35,6 @@ weight_decay = 0.1
 max_grad_norm = 0.5
 dtype = fp32
 INI
-col() { grep -o "\"$2\": [-0-9.e]*" "$1/metrics.jsonl" | sed 's/.*: //'; }
-close() { # close DIR_A DIR_B KEY TOLERANCE: equal within TOLERANCE relative, line by line
-  local n
-  n=$(paste <(col "$1" "$3") <(col "$2" "$3") |
-    awk -v tol="$4" '{ d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1
-         if (d > tol * m + 1e-12) bad++; n++ }
-         END { print (n >= 8 && !bad) ? "ok" : n " lines, " bad+0 " differ" }')
-  [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(col "$1" "$3") <(col "$2" "$3"); }
-}
 state_bytes() { grep -o "optimizer adamw: $2 bytes of state" "$1" | grep -o '[0-9]*' | head -1; }
 
 # 1. Plain data parallel, zero1, zero2 (beside checkpointing): the same curve.
@@ -51,9 +42,9 @@ state_bytes() { grep -o "optimizer adamw: $2 bytes of state" "$1" | grep -o '[0-
 for z in zero1 zero2; do
   "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$z" --set "memory.strategies=checkpointing,$z" \
     >"$TMP/$z.log" 2>&1 || { bad "$z 2 ranks exited $?"; tail -20 "$TMP/$z.log"; }
-  close "$TMP/dp" "$TMP/$z" loss 1e-6
-  close "$TMP/dp" "$TMP/$z" mean_token_accuracy 1e-6
-  close "$TMP/dp" "$TMP/$z" grad_norm 1e-5 # the slices' sums of squares added in another order
+  curve_close "$TMP/dp" "$TMP/$z" loss 1e-6
+  curve_close "$TMP/dp" "$TMP/$z" mean_token_accuracy 1e-6
+  curve_close "$TMP/dp" "$TMP/$z" grad_norm 1e-5 # the slices' sums of squares added in another order
   # 2. The optimizer state per rank: at most half of the unsharded (+ one float per buffer when
   #    a slice ends mid-tensor), and the ranks' together exactly the unsharded.
   full=$(grep -o "optimizer adamw: [0-9]* bytes of state per rank" "$TMP/dp.log" | grep -o '[0-9]*' | head -1)
@@ -81,13 +72,13 @@ b=$(($(stat -c %s "$TMP/zero2/checkpoint-4/optimizer.rank-0.safetensors") + $(st
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/lora2" --set peft.enabled=true \
   --set peft.target_modules=all-linear --set memory.strategies=zero2 >"$TMP/lora2.log" 2>&1 ||
   { bad "lora zero2 2 ranks"; tail -20 "$TMP/lora2.log"; }
-close "$TMP/lora" "$TMP/lora2" loss 1e-6
+curve_close "$TMP/lora" "$TMP/lora2" loss 1e-6
 MPI3=("${MPI[@]}") && MPI3[2]=3
 "${MPI3[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/dp3" --set train.per_device_train_batch_size=1 \
   --set train.save_strategy=no >"$TMP/dp3.log" 2>&1 || { bad "plain 3 ranks"; tail -20 "$TMP/dp3.log"; }
 "${MPI3[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3" --set train.per_device_train_batch_size=1 \
   --set train.save_strategy=no --set memory.strategies=zero2 >"$TMP/z3.log" 2>&1 || { bad "zero2 3 ranks"; tail -20 "$TMP/z3.log"; }
-close "$TMP/dp3" "$TMP/z3" loss 1e-6
+curve_close "$TMP/dp3" "$TMP/z3" loss 1e-6
 grep -q "zero2: 3 ranks, each steps 32886 of 98656 trainable floats" "$TMP/z3.log" && ok ||
   bad "3 ranks: $(grep 'zero2:' "$TMP/z3.log")"
 
@@ -124,8 +115,8 @@ INI
 "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" >"$TMP/g.log" 2>&1 || { bad "grpo 2 ranks"; tail -20 "$TMP/g.log"; }
 "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gz" --set memory.strategies=zero2 >"$TMP/gz.log" 2>&1 ||
   { bad "grpo zero2 2 ranks"; tail -20 "$TMP/gz.log"; }
-close "$TMP/g" "$TMP/gz" reward 1e-6
-close "$TMP/g" "$TMP/gz" grad_norm 1e-5
+curve_close "$TMP/g" "$TMP/gz" reward 1e-6
+curve_close "$TMP/g" "$TMP/gz" grad_norm 1e-5
 
 # 3. Resumed with 2 ranks and zero2 from checkpoint-4: steps 5..8 as before.
 mkdir -p "$TMP/res" && cp -r "$TMP/zero2/checkpoint-4" "$TMP/res/"
@@ -158,10 +149,10 @@ z3=(--set model.path="$TMP/model4" --set data.eval_file="$TMP/data/eval.jsonl" -
   { bad "plain 4 layers"; tail -20 "$TMP/p4.log"; }
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3" "${z3[@]}" --set memory.strategies=checkpointing,zero3 \
   >"$TMP/z3.log" 2>&1 || { bad "zero3 2 ranks exited $?"; tail -20 "$TMP/z3.log"; }
-close "$TMP/p4" "$TMP/z3" loss 1e-6
-close "$TMP/p4" "$TMP/z3" grad_norm 1e-5
-[ -n "$(col "$TMP/p4" eval_loss)" ] && [ "$(col "$TMP/p4" eval_loss)" = "$(col "$TMP/z3" eval_loss)" ] && ok ||
-  bad "zero3 evaluations: $(col "$TMP/z3" eval_loss | tr '\n' ' ') vs $(col "$TMP/p4" eval_loss | tr '\n' ' ')"
+curve_close "$TMP/p4" "$TMP/z3" loss 1e-6
+curve_close "$TMP/p4" "$TMP/z3" grad_norm 1e-5
+[ -n "$(curve_col "$TMP/p4" eval_loss)" ] && [ "$(curve_col "$TMP/p4" eval_loss)" = "$(curve_col "$TMP/z3" eval_loss)" ] && ok ||
+  bad "zero3 evaluations: $(curve_col "$TMP/z3" eval_loss | tr '\n' ' ') vs $(curve_col "$TMP/p4" eval_loss | tr '\n' ' ')"
 cmp -s "$TMP/p4/model.safetensors" "$TMP/z3/model.safetensors" && ok || bad "zero3: the final model differs from plain data parallel's"
 line=$(grep -o "zero3: parameters resident between steps: at most [0-9]* of the model's [0-9]* bytes per rank (layers [0-9]* bytes" "$TMP/z3.log")
 read -r res buf lay < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')

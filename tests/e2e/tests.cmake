@@ -74,6 +74,14 @@ if(TARGET ctrl_cli)
   set_tests_properties(test_zero_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
 
+# offload_optimizer (and zero1's host step) on a CUDA run under the emulator
+# (tests/e2e/test_offload_emu.sh).
+if(TARGET ctrl_cli AND TARGET ctrl_cuda_emu)
+  add_test(NAME test_offload_emu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_offload_emu.sh $<TARGET_FILE:ctrl_cli>
+                                         ${CMAKE_BINARY_DIR}/plugins-emu ${CMAKE_SOURCE_DIR} $<TARGET_FILE:ctrl_cuda_emu>)
+  set_tests_properties(test_offload_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 FIXTURES_REQUIRED cuda_emu_plugins)
+endif()
+
 # LoRA training end to end: SFT, resume, adapter_path, GRPO's reference = adapters off, RLOO
 # (tests/e2e/test_lora_train.sh).
 if(TARGET ctrl_cli)

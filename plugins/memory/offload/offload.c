@@ -1,0 +1,50 @@
+/* The `offload_optimizer` memory strategy (DeepSpeed's zero_optimization.offload_optimizer, TRL's
+ * co-location recipes): on a device (`[run] device = cuda`) the optimizer's state lives in host
+ * memory and its step runs on the host -- the gradients come back to the host after the backward,
+ * the host AdamW updates the fp32 master weights there, and the updated weights go back to the
+ * device before the next forward -- so the device holds no exp_avg / exp_avg_sq (8 bytes a
+ * parameter with AdamW). The core's step loop does it (core/train/train_loop.c); the plugin says
+ * so. On the CPU there is nothing to offload: the run is refused, naming the key. Not yet: the
+ * host step overlapped with the next step's compute (DeepSpeed's ZeRO-Offload overlaps them). */
+#include <stdlib.h>
+
+#include <ctrl/plugin_api.h>
+
+CTRL_PLUGIN_API_DEFINE;
+
+struct ctrl_memory {
+    int unused;
+};
+
+static ctrl_status offload_create(const ctrl_host *host, const ctrl_config *cfg, int n_layers,
+                                  ctrl_memory **out) {
+    (void)host, (void)cfg, (void)n_layers;
+    *out = calloc(1, sizeof **out);
+    return *out ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "memory offload_optimizer: out of memory");
+}
+
+static int offload_optimizer(const ctrl_memory *m) {
+    (void)m;
+    return 1;
+}
+
+static void offload_destroy(ctrl_memory *m) { free(m); }
+
+static const ctrl_memory_ops offload_ops = {
+    .size = sizeof(ctrl_memory_ops),
+    .create = offload_create,
+    .destroy = offload_destroy,
+    .offload_optimizer = offload_optimizer,
+};
+
+static const ctrl_plugin offload_plugin = {
+    CTRL_PLUGIN_HEADER,
+    .kind = CTRL_KIND_MEMORY,
+    .name = "offload_optimizer",
+    .version = "0.1.0",
+    .summary = "optimizer state and step in host memory on a device run (DeepSpeed's offload_optimizer)",
+    .init = ctrl_plugin_api_init,
+    .ops = &offload_ops,
+};
+
+CTRL_PLUGIN_DEFINE(&offload_plugin)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# offload_optimizer on a CUDA run, under the CUDA emulator (issue 19; plugins/memory/offload/): the
+# optimizer state and step on the host follow the device optimizer's loss curve (<= 1e-6 relative)
+# with the same first gradient norm (the gradients are the device's, bit for bit), and zero1 on one
+# rank (its sharded step is the host's) too; offload_optimizer on the CPU is refused naming the key.
+# usage: test_offload_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA
+source "$(dirname "$0")/e2e_common.sh"
+export CTRL_CUDA_LIBRARY=$4 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+tiny_setup 7 2
+cat >"$TMP/run.ini" <<INI
+[run]
+output_dir = $TMP/dev
+device = cuda
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train.jsonl
+[train]
+learning_rate = 3e-3
+max_steps = 6
+per_device_train_batch_size = 2
+logging_steps = 1
+save_strategy = no
+weight_decay = 0.1
+max_grad_norm = 1.0
+dtype = fp32
+INI
+"${C[@]}" train "$TMP/run.ini" >"$TMP/dev.log" 2>&1 || { bad "device optimizer"; tail -5 "$TMP/dev.log"; }
+grep -q "optimizer adamw: steps on the device" "$TMP/dev.log" && ok || bad "not on the device: $(grep optimizer "$TMP/dev.log")"
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/off" --set memory.strategies=checkpointing,offload_optimizer \
+  >"$TMP/off.log" 2>&1 || { bad "offload_optimizer"; tail -5 "$TMP/off.log"; }
+grep -q "optimizer adamw: steps on the host, its state in host memory (\[memory\] strategies = offload_optimizer)" "$TMP/off.log" &&
+  ! grep -q "steps on the device" "$TMP/off.log" && ok || bad "offload: $(grep optimizer "$TMP/off.log")"
+[ "$(curve_col "$TMP/dev" grad_norm | head -1)" = "$(curve_col "$TMP/off" grad_norm | head -1)" ] && ok || bad "first gradient norms differ"
+curve_close "$TMP/dev" "$TMP/off" loss 1e-6
+curve_close "$TMP/dev" "$TMP/off" grad_norm 1e-5
+# zero1 on one rank: the host's sharded step on a CUDA model
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z1" --set memory.strategies=zero1 >"$TMP/z1.log" 2>&1 ||
+  { bad "zero1 on cuda"; tail -5 "$TMP/z1.log"; }
+curve_close "$TMP/dev" "$TMP/z1" loss 1e-6
+# nothing to offload on the CPU: refused, naming the key
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/cpu" --set run.device=cpu --set memory.strategies=offload_optimizer \
+  >"$TMP/cpu.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\[memory\] strategies = offload_optimizer with \[run\] device = cpu: .*nothing to offload" "$TMP/cpu.log" && ok ||
+  { bad "offload on the cpu: exit $rc"; tail -3 "$TMP/cpu.log"; }
+finish
