@@ -36,17 +36,17 @@ dtype = fp32
 INI
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
 echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, $params parameters; 2 ranks x 1 thread, $STEPS steps; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| strategy | peak RSS, one rank | the other rank | optimizer state per rank | final loss |"
+echo "| strategy | peak RSS, one rank | the other | optimizer state per rank | final loss |"
 echo "|---|---|---|---|---|"
 for z in none zero1 zero2 zero3; do
   mem=checkpointing
   [ "$z" != none ] && mem="checkpointing,$z"
   "${MPI[@]}" /usr/bin/time -f "peak-rss-kb %M" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$z" \
     --set "memory.strategies=$mem" >"$TMP/$z.log" 2>&1
-  read -r a b < <(grep -o "peak-rss-kb [0-9]*" "$TMP/$z.log" | awk '{printf "%.0f ", $2 / 1024}')
+  rss=$(grep -o "peak-rss-kb [0-9]*" "$TMP/$z.log" | awk '{printf "%s%.0f MiB", (NR > 1 ? " | " : ""), $2 / 1024}')
   state=$(grep -o "at most [0-9]* bytes of state per rank\|adamw: [0-9]* bytes of state per rank" "$TMP/$z.log" |
     grep -o "[0-9][0-9]*" | awk '{printf "%.0f MiB", $1 / 1048576}')
   loss=$(tail -1 "$TMP/$z/metrics.jsonl" | sed 's/.*"loss": \([-0-9.e]*\).*/\1/')
-  echo "| $z | $a MiB | $b MiB | $state | $loss |"
+  echo "| $z | $rss | $state | $loss |"
   grep -o "zero3: parameters resident.*" "$TMP/$z.log" || true
 done

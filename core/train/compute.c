@@ -10,6 +10,12 @@ ctrl_status train_compute_select(const char *device, train_compute *c) {
     memset(c, 0, sizeof *c);
     /* data parallel: "cuda" (and "auto") means the rank's GPU on its node */
     char local[32];
+    if (ctrl_collective_size() > 1 && device && !strncmp(device, "cuda:", 5))
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "[run] device = %s with %d ranks: every rank would take that one GPU; say "
+                              "device = cuda (each rank takes the GPU of its local rank) and choose the GPUs "
+                              "with CUDA_VISIBLE_DEVICES",
+                              device, ctrl_collective_size());
     if (ctrl_collective_size() > 1 && device && (!strcmp(device, "cuda") || !strcmp(device, "auto"))) {
         snprintf(local, sizeof local, "cuda:%d", ctrl_collective_local_rank());
         if (!strcmp(device, "cuda"))

@@ -185,6 +185,13 @@ rc=$?
   grep -q "rank 1 runs another config than rank 0" "$TMP/differ.log" && [ ! -e "$TMP/differ/metrics.jsonl" ] && ok ||
   { bad "different configs: exit $rc"; tail -5 "$TMP/differ.log"; }
 
+# 10. One GPU named for every rank ([run] device = cuda:0 with 2 ranks) is a config error before
+#     any work (each rank takes its local GPU with device = cuda).
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/gpu0" --set run.device=cuda:0 >"$TMP/gpu0.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\[run\] device = cuda:0 with 2 ranks: every rank would take that one GPU" "$TMP/gpu0.log" && ok ||
+  { bad "device = cuda:0 on 2 ranks: exit $rc"; tail -3 "$TMP/gpu0.log"; }
+
 # 7. A single process does not link or load MPI (the backend is dlopen'ed for launched runs only).
 ldd "$LIBDIR/libctrl.so" "$CTRL" | grep -q libmpi && bad "libctrl or ctrl links libmpi" || ok
 finish
