@@ -235,7 +235,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     const long start = *cursor;
     long mine = start;
     const int on_device = ctrl_model_device(r->model).type != CTRL_DEVICE_CPU;
-    ctrl_status st = ctrl_model_zero_grad(r->model);
+    ctrl_status st = train_zero_zero_grad(&r->zero, r->model); /* zero3: the units outside the layers */
     ctrl_model_set_training(r->model, 1, (uint64_t)step); /* LoRA dropout: masks a function of the step */
     if (st == CTRL_OK)
         st = r->kind_ops->accumulate(r->kind, train_dp_share(&r->dp, order, start), &mine, bs, ga, out);
@@ -349,15 +349,19 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
     return st;
 }
 
-/* zero3, after the first step: the parameter memory each rank holds (mincore), logged by rank 0. */
+/* zero3, after the first step: the parameter and gradient memory each rank holds (mincore),
+ * logged by rank 0. */
 static ctrl_status report_resident(run_state *r) {
-    size_t buffer = 0;
-    double v[1] = {(double)train_zero_resident_bytes(&r->zero, &buffer)};
-    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 1);
+    size_t n_params = 0, n_grads = 0;
+    const float *p = ctrl_model_params(r->model, &n_params), *g = ctrl_model_grads(r->model, &n_grads);
+    double v[2] = {(double)train_zero_resident(p, n_params * sizeof *p),
+                   (double)train_zero_resident(g, n_grads * sizeof *g)};
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
     if (st == CTRL_OK && r->root)
         CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
-                  "(layers %zu bytes, sliced over %d ranks)",
-                  v[0], buffer, train_zero_layer_bytes(&r->zero), r->zero.size);
+                  "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes",
+                  v[0], n_params * sizeof *p, train_zero_layer_bytes(&r->zero), r->zero.size, v[1],
+                  n_grads * sizeof *g);
     return st;
 }
 

@@ -87,7 +87,19 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                                   "[memory] strategies = zero3 with [train] dtype = bf16: not supported yet "
                                   "(the rounded copy is of the whole model); use dtype = fp32");
-        return layer_units(z, m);
+        ctrl_status st = layer_units(z, m);
+        size_t n = 0;
+        if (st == CTRL_OK && !(z->acc_off = calloc((size_t)z->n_units, sizeof *z->acc_off)))
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+        for (int u = 0; st == CTRL_OK && u < z->n_units; u++) {
+            size_t lo, hi;
+            train_zero_slice(z, u, z->rank, &lo, &hi);
+            z->acc_off[u] = n, n += z->units[u].layer >= 0 ? hi - lo : 0;
+        }
+        z->acc_n = n;
+        if (st == CTRL_OK && !(z->acc = calloc(n ? n : 1, sizeof *z->acc)))
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory for %zu gradient floats", n);
+        return st;
     }
     if (!(z->units = calloc(1, sizeof *z->units)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
@@ -102,8 +114,9 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
 }
 
 void train_zero_free(train_zero *z) {
-    free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks);
-    z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL;
+    free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
+    z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL, z->acc = NULL,
+    z->acc_off = NULL;
 }
 
 int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n) {
@@ -116,9 +129,11 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
         while (u + 1 < z->n_units && z->units[u].b <= a) u++; /* a group is inside one unit */
         size_t lo, hi;
         train_zero_slice(z, u, z->rank, &lo, &hi);
+        const size_t slice_lo = lo;
         lo = a > lo ? a : lo, hi = b < hi ? b : hi;
         if (lo >= hi) continue;
         g.param += lo - a, g.grad += lo - a, g.numel = (int64_t)(hi - lo);
+        if (z->acc && z->units[u].layer >= 0) g.grad = z->acc + z->acc_off[u] + (lo - slice_lo); /* zero3 */
         groups[kept++] = g;
     }
     return kept;
@@ -130,10 +145,14 @@ ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq
     if (st == CTRL_OK && z->stage == 1) st = ctrl_collective_allreduce_mean_f32(g, z->total);
     *sum_sq = 0;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
-        if (z->stage >= 2)
-            st = ctrl_collective_reduce_scatter_mean_f32(g + z->units[u].a, train_zero_counts(z, u));
         size_t lo, hi;
         train_zero_slice(z, u, z->rank, &lo, &hi);
+        if (z->acc && z->units[u].layer >= 0) { /* zero3: reduced layer by layer in the backward */
+            *sum_sq += ctrl_cpu_sum_squares(z->acc + z->acc_off[u], (int64_t)(hi - lo));
+            continue;
+        }
+        if (z->stage >= 2)
+            st = ctrl_collective_reduce_scatter_mean_f32(g + z->units[u].a, train_zero_counts(z, u));
         *sum_sq += ctrl_cpu_sum_squares(g + lo, (int64_t)(hi - lo));
     }
     return st == CTRL_OK ? ctrl_collective_allreduce_sum_f64(sum_sq, 1) : st;
@@ -144,7 +163,8 @@ void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef) {
     for (int u = 0; u < z->n_units; u++) {
         size_t lo, hi;
         train_zero_slice(z, u, z->rank, &lo, &hi);
-        ctrl_cpu_scale(g + lo, coef, (int64_t)(hi - lo));
+        ctrl_cpu_scale(z->acc && z->units[u].layer >= 0 ? z->acc + z->acc_off[u] : g + lo, coef,
+                       (int64_t)(hi - lo));
     }
 }
 
@@ -154,7 +174,17 @@ size_t train_zero_layer_bytes(const train_zero *z) {
     return n * sizeof(float);
 }
 
+ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m) {
+    if (!z->acc) return ctrl_model_zero_grad(m);
+    float *g = ctrl_model_grads(m, NULL);
+    for (int u = 0; u < z->n_units; u++)
+        if (z->units[u].layer < 0)
+            memset(g + z->units[u].a, 0, sizeof(float) * (z->units[u].b - z->units[u].a));
+    return CTRL_OK;
+}
+
 ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m) {
+    if (z->acc) memset(z->acc, 0, sizeof(float) * z->acc_n); /* stepped: the next step's sums from zero */
     float *p = ctrl_model_params(m, NULL) + z->first;
     ctrl_status st = CTRL_OK;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++)

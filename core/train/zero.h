@@ -46,10 +46,15 @@ typedef struct train_zero {
     size_t first;           /* ctrl_model_trainable_offset: where they start in the parameters */
     train_zero_unit *units; /* in order, covering [0, total) */
     int n_units;
-    int *counts;        /* scratch: one unit's slice lengths, per rank */
-    int *layer_unit;    /* stage 3: each layer's unit */
-    int gathered;       /* stage 3: every layer is whole (train_zero_gather_all) */
-    ctrl_model *model;  /* stage 3: whose layers the hooks gather */
+    int *counts;       /* scratch: one unit's slice lengths, per rank */
+    int *layer_unit;   /* stage 3: each layer's unit */
+    int gathered;      /* stage 3: every layer is whole (train_zero_gather_all) */
+    ctrl_model *model; /* stage 3: whose layers the hooks gather */
+    /* stage 3: this rank's slices of the layers' gradients, the ranks' averages of every
+     * micro-batch's added up (the hooks reduce-scatter each layer's right after its backward and
+     * release the rest); acc_off[u]: where unit u's slice starts in it */
+    float *acc;
+    size_t *acc_off, acc_n;
     ctrl_memory *hooks; /* stage 3: the instance the model's hooks get */
 } train_zero;
 
@@ -73,6 +78,9 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
 /* After the kind accumulated: the gradients averaged (this rank's slices at least, see above) on
  * the host and their global sum of squares. */
 ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq);
+/* Before a step's micro-batches: the gradients zeroed (stage 3: the units outside the layers; the
+ * layers' are released after each backward and their slices' sums are the step's to clear). */
+ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m);
 /* Clipping: the slices' gradients times `coef`. */
 void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef);
 /* After the optimizer stepped the slices: every rank's slices into every rank's model (stage 3:
@@ -83,8 +91,8 @@ ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m);
  * checksum; then released again. */
 ctrl_status train_zero_gather_all(train_zero *z);
 void train_zero_release_all(train_zero *z);
-/* Stage 3: the bytes of the model's parameter buffer resident in memory (mincore), this rank's. */
-size_t train_zero_resident_bytes(const train_zero *z, size_t *buffer_bytes);
+/* The bytes of [p, p + bytes) resident in memory (mincore), this process's. */
+size_t train_zero_resident(const void *p, size_t bytes);
 /* The optimizer state's bytes (state_get's buffers) on this rank. */
 size_t train_zero_state_bytes(const ctrl_optimizer_ops *ops, ctrl_optimizer *opt);
 /* Logs (rank 0) the optimizer state per rank, the largest and the sum over the ranks. */

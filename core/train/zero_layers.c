@@ -7,6 +7,7 @@
  * time. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -52,12 +53,34 @@ static ctrl_status release_layer(ctrl_memory *m, int layer) {
     return CTRL_OK;
 }
 
+/* After a layer's backward: its parameters released, its gradients averaged over the ranks
+ * (reduce-scatter), this rank's slice added to its sums, and the whole layer's gradients zeroed and
+ * released (the next micro-batch's backward adds into zeros). */
+static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
+    train_zero *z = m->z;
+    const int u = z->layer_unit[layer];
+    release_layer(m, layer);
+    if (u < 0) return CTRL_OK;
+    float *g = ctrl_model_grads(z->model, NULL) + z->units[u].a;
+    const size_t len = z->units[u].b - z->units[u].a;
+    ctrl_status st = ctrl_collective_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
+    if (st != CTRL_OK) return st;
+    size_t lo, hi;
+    train_zero_slice(z, u, z->rank, &lo, &hi);
+    float *acc = z->acc + z->acc_off[u];
+    const float *mine = g + (lo - z->units[u].a);
+    for (size_t i = 0; i < hi - lo; i++) acc[i] += mine[i];
+    memset(g, 0, sizeof(float) * len);
+    release_range(g, g + len);
+    return CTRL_OK;
+}
+
 static const ctrl_memory_ops layer_hooks = {
     .size = sizeof(ctrl_memory_ops),
     .before_forward = gather_layer,
     .after_forward = release_layer,
     .before_backward = gather_layer,
-    .after_backward = release_layer,
+    .after_backward = reduce_layer,
 };
 
 ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
@@ -85,16 +108,13 @@ void train_zero_release_all(train_zero *z) {
         if (z->units[u].layer >= 0) release_unit(z, u);
 }
 
-size_t train_zero_resident_bytes(const train_zero *z, size_t *buffer_bytes) {
-    size_t n = 0;
-    const float *p = ctrl_model_params(z->model, &n);
+size_t train_zero_resident(const void *p, size_t bytes) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = (uintptr_t)p / page * page, hi = ((uintptr_t)(p + n) + page - 1) / page * page;
-    *buffer_bytes = n * sizeof(float);
+    const uintptr_t lo = (uintptr_t)p / page * page, hi = ((uintptr_t)p + bytes + page - 1) / page * page;
     unsigned char *vec = malloc((hi - lo) / page);
     if (!vec || mincore((void *)lo, hi - lo, vec) != 0) {
         free(vec);
-        return *buffer_bytes;
+        return bytes;
     }
     size_t resident = 0;
     for (size_t i = 0; i < (hi - lo) / page; i++) resident += vec[i] & 1 ? page : 0;
