@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ppo trainer end to end (arguments: CTRL_BINARY PLUGIN_DIR SOURCE_DIR): a tiny model trained
-# with a value model beside it, generation co-located and from `ctrl serve`, TRL's metric names in
-# metrics.jsonl, a value_model directory, and bad [ppo] options refused naming the key.
+# with a value model beside it, generation co-located and from `ctrl serve` (the same first step),
+# sleep mode, LoRA, TRL's metric names in metrics.jsonl, a value_model directory, and bad [ppo]
+# options refused naming the key.
 source "$(dirname "$0")/e2e_common.sh"
 tiny_setup 11 2
 
@@ -66,7 +67,23 @@ sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
 if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode ppo run"; tail -5 "$TMP/srv.log"; fi
 grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
 grep -q '"loss/value_avg": ' "$TMP/srv/metrics.jsonl" && ok || bad "server-mode ppo logs no value loss"
+# the first step from the server's samples is the colocated run's (same seed, same initial weights;
+# the colocated one with the engine asleep while training)
+ppo_ini ref 2 "stop_token = eos" >"$TMP/ref.ini"
+"${C[@]}" train "$TMP/ref.ini" --set generation.sleep=1 >"$TMP/ref.log" 2>&1 && ok || bad "colocated reference run (sleep mode)"
+for k in loss objective/scores loss/value_avg; do
+  a=$(grep -o "\"$k\": [-0-9.e]*" "$TMP/ref/metrics.jsonl" | head -n 1)
+  b=$(grep -o "\"$k\": [-0-9.e]*" "$TMP/srv/metrics.jsonl" | head -n 1)
+  [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "server-mode first step $b, colocated $a"
+done
 kill $SERVER 2>/dev/null
+
+# LoRA: the reference is the policy with its adapters off, so the first batch's KL is 0; the value
+# model trains in full beside the adapters, and the adapters are what is saved
+ppo_ini lora 2 "[peft]" "enabled = true" "lora_dropout = 0" >"$TMP/lora.ini"
+if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "lora run"; tail -5 "$TMP/lora.log"; fi
+grep -q '"objective/kl": 0,' "$TMP/lora/metrics.jsonl" && ok || bad "LoRA: the first batch's KL is not 0"
+[ -f "$TMP/lora/adapter_model.safetensors" ] && ok || bad "LoRA: no adapter saved"
 
 expect_error() { # expect_error NAME PATTERN INI-EXTRA...
   local name=$1 pat=$2
