@@ -313,6 +313,16 @@ ctrl_status model_layer_hooks(ctrl_model *m, int layer, int backward, int before
     return CTRL_OK;
 }
 
+ctrl_status ctrl_model_set_recompute_all(ctrl_model *m) {
+    ctrl_status st = ctrl_model_set_memory(m, NULL, NULL);
+    if (st == CTRL_OK && !(m->recompute = malloc((size_t)m->cfg.n_layers)))
+        st = ctrl_error_set(CTRL_ERR_NOMEM, "model: recompute flags for %d layers", m->cfg.n_layers);
+    if (st != CTRL_OK) return st;
+    memset(m->recompute, 1, (size_t)m->cfg.n_layers);
+    m->n_recompute = m->cfg.n_layers;
+    return CTRL_OK;
+}
+
 size_t ctrl_model_activation_bytes(const ctrl_model *m) { return m->act_bytes; }
 
 /* Activation memory for T tokens, carved into the per-layer views: every layer's input, and the

@@ -177,6 +177,10 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
  * sharding (ZeRO-3, core/train/zero_layers.c): before_forward and before_backward run first
  * (before a recompute too), after_forward and after_backward last. */
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+/* Every layer recomputed, without a strategy plugin: the activations keep each layer's input and
+ * one set of layer internals that all layers share -- for a model that only runs forwards (a frozen
+ * reference), whose forward needs no more; a backward would still be right (it recomputes). */
+ctrl_status ctrl_model_set_recompute_all(ctrl_model *m);
 /* The attention plugin decoding runs with (its paged_forward; the `paged` plugin): CTRL_ERR_PLUGIN
  * when `ops` has none. */
 ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops);

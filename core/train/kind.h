@@ -89,8 +89,9 @@ typedef struct train_kind_ops {
      * of bs taking rows order[*cursor % row_count ...] (advancing *cursor). */
     ctrl_status (*accumulate)(train_kind *k, const int *order, long *cursor, int bs, int ga,
                               train_step_stats *out);
-    /* After each optimizer step (may be NULL). */
-    ctrl_status (*after_step)(train_kind *k);
+    /* After each optimizer step (may be NULL); `step`: the optimizer steps done, counted from the
+     * run's start through resumes (the HF Trainer's state.global_step). */
+    ctrl_status (*after_step)(train_kind *k, long step);
     /* The wall time of the whole step just done (may be NULL: not logged). */
     void (*step_time)(train_kind *k, double seconds);
     /* Writes the window's metrics as JSON members ("loss": ..., ...) between the loop's "step"
@@ -110,6 +111,10 @@ typedef struct train_kind_ops {
     /* Right after the policy's optimizer step, with its learning rate and step (from 1): a kind
      * that trains a second model steps it here (may be NULL). */
     ctrl_status (*optimizer_step)(train_kind *k, double lr, long step);
+    /* 1: the kind reads the tokenizer only in create (its rows are tokenized when loaded), so the
+     * loop frees it right after, before the optimizer state and activations exist (a 151k
+     * vocabulary's tokenizer holds ~90 MiB). */
+    int tokenizer_only_at_create;
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

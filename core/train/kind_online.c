@@ -57,7 +57,10 @@ static ctrl_status online_accumulate(train_kind *k, const int *order, long *curs
     return ctrl_online_accumulate(k->online, order, cursor, bs, ga, &out->loss, &out->tokens);
 }
 
-static ctrl_status online_after_step(train_kind *k) { return ctrl_online_after_step(k->online); }
+static ctrl_status online_after_step(train_kind *k, long step) {
+    (void)step;
+    return ctrl_online_after_step(k->online);
+}
 
 static ctrl_status online_optimizer_step(train_kind *k, double lr, long step) {
     return ctrl_online_optimizer_step(k->online, lr, step);

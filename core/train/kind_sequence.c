@@ -33,7 +33,6 @@ struct train_kind {
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
     int eval_bs;
-    long steps;                         /* optimizer steps of this process (TR-DPO's sync) */
     seq_metrics step_m, window, eval_m; /* this step's (every rank's), the logging window's, eval's */
 };
 
@@ -133,6 +132,7 @@ static ctrl_status micro_view(const ctrl_pref_batch *b, const double *ref_rows, 
                             .n_pairs = b->n_pairs,
                             .seq_cu = b->seq_cu,
                             .weight = b->weight,
+                            .n_completion = b->n_completion,
                             .label = b->label,
                             .kl = b->kl,
                             .margin = b->margin,
@@ -213,11 +213,12 @@ static ctrl_status window_add_step(train_kind *k) {
     return CTRL_OK;
 }
 
-static ctrl_status sequence_after_step(train_kind *k) {
+/* TRL's SyncRefModelCallback syncs when state.global_step % ref_model_sync_steps == 0: the global
+ * step, so a resumed run syncs at the same steps as an uninterrupted one. */
+static ctrl_status sequence_after_step(train_kind *k, long step) {
     ctrl_status st = window_add_step(k);
     if (st != CTRL_OK) return st;
-    k->steps++;
-    if (!k->spec.sync_ref_model || !k->ref || k->steps % k->spec.ref_model_sync_steps) return CTRL_OK;
+    if (!k->spec.sync_ref_model || !k->ref || step % k->spec.ref_model_sync_steps) return CTRL_OK;
     size_t n, n_ref;
     const float *p = ctrl_model_params(k->model, &n);
     float *r = ctrl_model_params(k->ref, &n_ref);
@@ -225,8 +226,7 @@ static ctrl_status sequence_after_step(train_kind *k) {
     const float a = (float)k->spec.ref_model_mixup_alpha;
     for (size_t i = 0; i < n; i++) r[i] = r[i] * (1.0f - a) + p[i] * a;
     ctrl_model_weights_changed(k->ref);
-    CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld", (double)a,
-              k->steps);
+    CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld", (double)a, step);
     return CTRL_OK;
 }
 
@@ -321,4 +321,5 @@ const train_kind_ops train_kind_sequence = {
     .has_eval = sequence_has_eval,
     .evaluate = sequence_evaluate,
     .eval_at_start = 1, /* the "before" of a preference run (TRL's eval_on_start) */
+    .tokenizer_only_at_create = 1,
 };

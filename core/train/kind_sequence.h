@@ -16,13 +16,14 @@
 typedef struct seq_micro_batch {
     const ctrl_batch *batch; /* tokens, positions, cu_seqlens (pad segments included), targets */
     int n_seq, n_pairs;
-    const int32_t *seq_cu; /* [n_seq + 1] each sequence with its padding */
-    const float *weight;   /* [T] 1 on the log-probs of completion tokens */
-    const float *label;    /* [n_seq] or NULL (KTO) */
-    const uint8_t *kl;     /* [n_seq] or NULL (KTO) */
-    const float *margin;   /* [n_pairs] or NULL (reward) */
-    const double *ref_sum; /* [n_seq] precomputed reference sums (NULL: from the reference model) */
-    const int32_t *last;   /* [n_seq] where a score head reads each sequence (pref_data's `last`) */
+    const int32_t *seq_cu;   /* [n_seq + 1] each sequence with its padding */
+    const float *weight;     /* [T] 1 on the log-probs of completion tokens */
+    const int *n_completion; /* [n_seq] completion tokens (pref_data.h), or NULL */
+    const float *label;      /* [n_seq] or NULL (KTO) */
+    const uint8_t *kl;       /* [n_seq] or NULL (KTO) */
+    const float *margin;     /* [n_pairs] or NULL (reward) */
+    const double *ref_sum;   /* [n_seq] precomputed reference sums (NULL: from the reference model) */
+    const int32_t *last;     /* [n_seq] where a score head reads each sequence (pref_data's `last`) */
 } seq_micro_batch;
 
 /* What a step runs with. */

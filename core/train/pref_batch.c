@@ -42,7 +42,8 @@ static int round_up(int x, int m) { return m > 1 ? (x + m - 1) / m * m : x; }
 void ctrl_pref_batch_free(ctrl_pref_batch *b) {
     free((void *)b->batch.tokens), free((void *)b->batch.positions), free((void *)b->batch.targets),
         free((void *)b->batch.cu_seqlens);
-    free(b->seq_cu), free(b->seq_len), free(b->last), free(b->weight), free(b->n_tokens);
+    free(b->seq_cu), free(b->seq_len), free(b->last), free(b->weight), free(b->n_tokens),
+        free(b->n_completion);
     free(b->label), free(b->kl), free(b->margin), free(b->row);
     memset(b, 0, sizeof *b);
 }
@@ -78,6 +79,7 @@ ctrl_status ctrl_pref_batch_build(const ctrl_pref_set *s, const int *idx, int n,
     b->seq_cu = malloc(sizeof(int32_t) * (size_t)(n_seq + 1));
     b->seq_len = malloc(sizeof(int) * (size_t)n_seq), b->last = malloc(sizeof(int) * (size_t)n_seq);
     b->weight = malloc(sizeof(float) * (size_t)T), b->n_tokens = malloc(sizeof(int) * (size_t)n_seq);
+    b->n_completion = malloc(sizeof(int) * (size_t)n_seq);
     b->row = malloc(sizeof(int) * (size_t)n_seq);
     if (!s->paired) b->label = malloc(sizeof(float) * (size_t)n_seq);
     if (s->has_kl) b->kl = malloc((size_t)n_seq);
@@ -85,7 +87,8 @@ ctrl_status ctrl_pref_batch_build(const ctrl_pref_set *s, const int *idx, int n,
     b->batch = (ctrl_batch){
         .T = T, .B = n_seq + pads, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
     if (!tok || !pos || !tg || !cu || !b->seq_cu || !b->seq_len || !b->last || !b->weight || !b->n_tokens ||
-        !b->row || (!s->paired && !b->label) || (s->has_kl && !b->kl) || (s->has_margin && !b->margin)) {
+        !b->n_completion || !b->row || (!s->paired && !b->label) || (s->has_kl && !b->kl) ||
+        (s->has_margin && !b->margin)) {
         ctrl_pref_batch_free(b);
         return ctrl_error_set(CTRL_ERR_NOMEM, "preference batch: out of memory for %d tokens", T);
     }
@@ -110,6 +113,7 @@ ctrl_status ctrl_pref_batch_build(const ctrl_pref_set *s, const int *idx, int n,
             b->n_tokens[k] += w;
             if (tok[t] != s->pad_id) b->last[k] = t;
         }
+        b->n_completion[k] = b->n_tokens[k] + (trains && len > 0 && off >= q.na);
         if (!q.kl) b->tokens += len; /* TRL counts the attention mask of the main batch only */
         cu[++seg] = t;
         const int pad = s->padded        ? round_up(row_len[k / per_group], s->pad_multiple) - len

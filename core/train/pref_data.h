@@ -126,19 +126,22 @@ typedef struct ctrl_pref_batch {
     ctrl_batch batch; /* tokens, positions (restarting per sequence), cu_seqlens (pad segments
                          included), targets */
     int T, n_seq, n_pairs;
-    int32_t *seq_cu; /* [n_seq + 1] sequence s with its padding spans [seq_cu[s], seq_cu[s+1]);
-                        seq_cu[n_seq] = T (the trailing pad belongs to the last sequence) */
-    int *seq_len;    /* [n_seq] its real tokens, from seq_cu[s] */
-    int *last;       /* [n_seq] the flat index a sequence-classification head reads: the rightmost
-                        token of the sequence that is not the pad id, as transformers' *ForSequence
-                        Classification picks it (the sequence's first token when all are) */
-    float *weight;   /* [T] 1 on log-probs of completion tokens, else 0 */
-    int *n_tokens;   /* [n_seq] completion tokens counted in weight */
-    float *label;    /* [n_seq] KTO's labels (the KL sequences carry their row's); NULL when paired */
-    uint8_t *kl;     /* [n_seq] 1 for KTO's KL sequences; NULL without them */
-    float *margin;   /* [n_pairs] the margin column; NULL when the set has none */
-    int *row;        /* [n_seq] the set row each sequence comes from */
-    long tokens;     /* TRL's num_tokens: the real (non-pad) tokens, KTO's KL sequences not counted */
+    int32_t *seq_cu;   /* [n_seq + 1] sequence s with its padding spans [seq_cu[s], seq_cu[s+1]);
+                          seq_cu[n_seq] = T (the trailing pad belongs to the last sequence) */
+    int *seq_len;      /* [n_seq] its real tokens, from seq_cu[s] */
+    int *last;         /* [n_seq] the flat index a sequence-classification head reads: the rightmost
+                          token of the sequence that is not the pad id, as transformers' *ForSequence
+                          Classification picks it (the sequence's first token when all are) */
+    float *weight;     /* [T] 1 on log-probs of completion tokens, else 0 */
+    int *n_tokens;     /* [n_seq] completion tokens counted in weight */
+    int *n_completion; /* [n_seq] completion tokens of the sequence (TRL's completion_mask sum):
+                          n_tokens, plus one when the sequence starts with a completion token
+                          (an empty prompt without BOS), which no log-prob predicts */
+    float *label;      /* [n_seq] KTO's labels (the KL sequences carry their row's); NULL when paired */
+    uint8_t *kl;       /* [n_seq] 1 for KTO's KL sequences; NULL without them */
+    float *margin;     /* [n_pairs] the margin column; NULL when the set has none */
+    int *row;          /* [n_seq] the set row each sequence comes from */
+    long tokens;       /* TRL's num_tokens: the real (non-pad) tokens, KTO's KL sequences not counted */
 } ctrl_pref_batch;
 
 /* Builds rows idx[0..n) of `s` into *b (malloc'd; free with ctrl_pref_batch_free). CTRL_ERR_NOMEM

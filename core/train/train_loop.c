@@ -10,6 +10,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <ctrl/memory.h>
 #include <ctrl/optimizer.h>
@@ -26,6 +29,14 @@
 #include "train/train_lora.h"
 #include "train/train.h"
 #include "train/zero.h"
+
+/* Gives the heap's free pages back to the system (glibc keeps the small blocks a freed structure
+ * was made of, e.g. a tokenizer's, in the process otherwise). */
+static void train_release_free_memory(void) {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
+}
 
 static double now(void) {
     struct timespec ts;
@@ -172,6 +183,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                                     .trainer = r->trainer};
         st = r->kind_ops->create(&env, &r->kind);
     }
+    if (st == CTRL_OK && r->kind_ops->tokenizer_only_at_create) {
+        ctrl_tokenizer_free(r->tok);
+        r->tok = NULL;
+        train_release_free_memory();
+    }
     if (st == CTRL_OK)
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
@@ -267,7 +283,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
         ctrl_model_device_weights_changed(r->model);
     else
         ctrl_model_weights_changed(r->model);
-    if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind);
+    if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind, step + 1);
     return st;
 }
 

@@ -170,6 +170,10 @@ typedef struct ctrl_sequence_batch {
      * and in evaluation; v is then left as it is. */
     int n_ranks;
     ctrl_status (*sum_over_ranks)(double *v, int n);
+    /* Appended: [n_seq] completion tokens of each sequence, TRL's completion_mask sum (IPO's and
+     * sigmoid_norm's lengths): n_tokens, plus one for a sequence that starts with a completion
+     * token (an empty prompt without BOS), which no log-prob predicts. NULL: use n_tokens. */
+    const int *n_completion;
 } ctrl_sequence_batch;
 
 /* What a sequence-level trainer asks of the core. */

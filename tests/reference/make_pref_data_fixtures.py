@@ -21,10 +21,11 @@ committed tiny model with a small dataset, and what it makes of the rows is dump
 Tokenizers: the tiny BPE one (tests/fixtures/tokenizer/tiny_bpe), Qwen3's and Llama 3's with their chat
 templates and Llama 2's (../shared/data/tokenizers/NAME, or $CTRL_SHARED_DIR/data/tokenizers/NAME;
 those cases are skipped by the C test where they are absent).
-Run by hand: /work/venv/bin/python tests/reference/make_pref_data_fixtures.py
+Run by hand: /work/venv/bin/python tests/reference/make_pref_data_fixtures.py [CASE...]
 """
 import json
 import os
+import sys
 import tempfile
 
 import torch
@@ -124,6 +125,13 @@ def pretokenized(legacy=False):
             for i in range(6)]
 
 
+def empty_prompt():
+    """An empty prompt with a tokenizer without BOS: the first completion token starts the sequence,
+    and no log-prob predicts it (TRL's completion_mask still counts it, IPO and sigmoid_norm divide
+    by that count)."""
+    return [{"prompt": "", "chosen": c, "rejected": r} for _, c, r in QA]
+
+
 def long_prompts():
     return [{"prompt": f"Q: {q} " * (1 + i % 3) + "A:", "chosen": f" {c}", "rejected": f" {r}"}
             for i, (q, c, r) in enumerate(QA)]
@@ -137,6 +145,7 @@ CASES = {
     "dpo_implicit_conversational": ("dpo", "tiny", implicit_conversational(), {}, 3),
     "dpo_keep_start": ("dpo", "tiny", long_prompts(), {"max_length": 24, "pad_to_multiple_of": 8}, 3),
     "dpo_keep_end": ("dpo", "tiny", long_prompts(), {"max_length": 12, "truncation_mode": "keep_end"}, 3),
+    "dpo_empty_prompt": ("dpo", "tiny", empty_prompt(), {}, 3),
     "dpo_standard_qwen3": ("dpo", "qwen3", standard(), {"pad_to_multiple_of": 4}, 3),
     "dpo_conversational_qwen3": ("dpo", "qwen3", conversational(), {}, 3),
     "dpo_template_kwargs_qwen3": ("dpo", "qwen3", with_template_kwargs(), {}, 3),
@@ -225,7 +234,10 @@ def prepare(task, tok_name, rows, options, bs):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
+    only = set(sys.argv[1:])  # case names to remake (default: all)
     for name, (task, tok_name, rows, options, bs) in CASES.items():
+        if only and name not in only:
+            continue
         if not os.path.isdir(TOKENIZERS[tok_name]):
             print(name, "skipped: no tokenizer at", TOKENIZERS[tok_name])
             continue

@@ -19,7 +19,7 @@ import tempfile
 
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer, Qwen2ForCausalLM
+from transformers import AutoTokenizer, Qwen2ForCausalLM, TrainerCallback
 from trl import DPOConfig, DPOTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +48,13 @@ CASES = {
     "sigmoid_tr_dpo": (dict(per_device_train_batch_size=4, sync_ref_model=True, ref_model_sync_steps=3,
                             ref_model_mixup_alpha=0.5),
                        {}, {"sync_ref_model": "true", "ref_model_sync_steps": "3", "ref_model_mixup_alpha": "0.5"}),
+    # TR-DPO interrupted after step 10 (checkpoint) and resumed with resume_from_checkpoint: the
+    # reference is the initial model again (TRL keeps no reference in checkpoints) and the syncs stay
+    # at global steps 12, 15, 18 (state.global_step % ref_model_sync_steps)
+    "sigmoid_tr_dpo_resumed": (dict(per_device_train_batch_size=4, sync_ref_model=True, ref_model_sync_steps=3,
+                                    ref_model_mixup_alpha=0.5),
+                               {}, {"sync_ref_model": "true", "ref_model_sync_steps": "3",
+                                    "ref_model_mixup_alpha": "0.5"}),
     # with an eval set: TRL's evaluate() after the 20 steps (its eval_* metrics)
     "sigmoid_eval": (dict(per_device_train_batch_size=4, per_device_eval_batch_size=8),
                      {"per_device_eval_batch_size": "8"}, {}),
@@ -73,25 +80,43 @@ def make_data():
 Sequential = sequential(DPOTrainer)
 
 
+class StopAfter(TrainerCallback):
+    """Stops training after `step` (the checkpoint saved there is what the resumed run loads)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
 def run_case(name, overrides):
     tok = AutoTokenizer.from_pretrained(TOK)
-    model = Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
-    ref = None if overrides.get("precompute_ref_log_probs") else \
-        Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
     rows = [json.loads(l) for l in open(os.path.join(OUT, "pairs.jsonl"))]
     evals = [json.loads(l) for l in open(os.path.join(OUT, "eval_pairs.jsonl"))] if name.endswith("_eval") else None
     rec = Record(KEYS)
+    resumed = name.endswith("_resumed")
     with tempfile.TemporaryDirectory() as tmp:
-        args = DPOConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=STEPS, logging_steps=1,
-                         save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, bf16=False,
-                         gradient_checkpointing=False, **dict(COMMON, **overrides))
-        trainer = Sequential(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
-                             eval_dataset=Dataset.from_list(evals) if evals else None, processing_class=tok,
-                             callbacks=[rec])
-        trainer.train()
+        for part in (("first", "second") if resumed else ("whole",)):
+            model = Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
+            ref = None if overrides.get("precompute_ref_log_probs") else \
+                Qwen2ForCausalLM.from_pretrained(os.path.join(SFT, "model"), attn_implementation="eager")
+            save = dict(save_strategy="steps", save_steps=10) if resumed else dict(save_strategy="no")
+            args = DPOConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=STEPS, logging_steps=1,
+                             optim="adamw_torch", dataloader_drop_last=False, bf16=False,
+                             gradient_checkpointing=False, **save, **dict(COMMON, **overrides))
+            trainer = Sequential(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                                 eval_dataset=Dataset.from_list(evals) if evals else None, processing_class=tok,
+                                 callbacks=[rec] + ([StopAfter(10)] if part == "first" else []))
+            trainer.train(resume_from_checkpoint=os.path.join(tmp, "checkpoint-10") if part == "second" else None)
         if evals:
             with open(os.path.join(OUT, name + ".trl_eval.json"), "w") as f:
                 json.dump({k: v for k, v in trainer.evaluate().items() if k.startswith("eval_")}, f)
+    if resumed:  # TRL restarts num_tokens on resume (its token count is not in the checkpoint); ctrl's
+        for r in rec.rows:  # goes on from the checkpoint, as the uninterrupted run's: not compared there
+            if r["step"] > 10:
+                r.pop("num_tokens", None)
     with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
         for r in rec.rows:
             f.write(json.dumps(r) + "\n")

@@ -165,8 +165,9 @@ static int rows_match(const char *name, const pref_case *c) {
 }
 
 /* Sequence k of a batch equals row k of TRL's collated tensors (prefix "" or "KL_"): the tokens,
- * the padded width, the attention mask as seq_len and the completion mask shifted by one as the
- * weights (a reward batch has none), and `last` is transformers' last non-pad token. */
+ * the padded width, the attention mask as seq_len, the completion mask shifted by one as the
+ * weights and its sum as n_completion (a reward batch has none), and `last` is transformers' last
+ * non-pad token. */
 static void check_group(const char *name, const pref_case *c, const ctrl_pref_batch *b, const cJSON *batch,
                         const char *prefix, int k0) {
     char key[64];
@@ -194,6 +195,12 @@ static void check_group(const char *name, const pref_case *c, const ctrl_pref_ba
                        : b->batch.targets[start + j] == -100;
         }
         ok &= real == b->seq_len[k] && b->last[k] == start + last;
+        /* the completion tokens IPO and sigmoid_norm divide by: TRL's completion_mask sum */
+        int completion = 0;
+        for (int j = 0; cm && j < width; j++)
+            completion += cJSON_GetArrayItem(cJSON_GetArrayItem(cm, i), j)->valueint;
+        CHECK_MSG(!cm || b->n_completion[k] == completion, "%s: %ssequence %d: %d completion tokens, TRL %d",
+                  name, prefix, i, b->n_completion[k], completion);
         CHECK_MSG(ok, "%s: %ssequence %d differs from TRL's collated batch", name, prefix, i);
     }
     (void)c;
@@ -293,6 +300,7 @@ TRL_CASE(dpo_implicit)
 TRL_CASE(dpo_implicit_conversational)
 TRL_CASE(dpo_keep_start)
 TRL_CASE(dpo_keep_end)
+TRL_CASE(dpo_empty_prompt)
 TRL_CASE(dpo_standard_qwen3)
 TRL_CASE(dpo_conversational_qwen3)
 TRL_CASE(dpo_template_kwargs_qwen3)

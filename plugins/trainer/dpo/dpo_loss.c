@@ -199,6 +199,10 @@ ctrl_status dpo_loss(const dpo_params *p, const ctrl_sequence_batch *b, double *
         free(q), free(w), free(key), free(key2), free(ia), free(ib);
         return ctrl_error_set(CTRL_ERR_NOMEM, "trainer dpo: out of memory for %d pairs", B);
     }
+    /* IPO's and sigmoid_norm's lengths: TRL's completion_mask sums */
+    const int *nt = b->size >= offsetof(ctrl_sequence_batch, n_completion) + sizeof(void *) && b->n_completion
+                        ? b->n_completion
+                        : b->n_tokens;
     for (int i = 0; i < B; i++) {
         pair_terms *x = &q[i];
         x->lc = b->logp_sum[i] - b->ref_logp_sum[i];
@@ -206,7 +210,7 @@ ctrl_status dpo_loss(const dpo_params *p, const ctrl_sequence_batch *b, double *
         x->sc = score(p, x->lc, &x->dsc);
         x->sr = score(p, x->lr, &x->dsr);
         x->delta = x->sc - x->sr;
-        x->nc = b->n_tokens[i], x->nr = b->n_tokens[B + i];
+        x->nc = nt[i], x->nr = nt[B + i];
         w[i] = p->use_weighting ? wpo_weight(b, i) * wpo_weight(b, B + i) : 1.0;
     }
     for (int s = 0; s < 2 * B; s++) dlogp_sum[s] = 0;
