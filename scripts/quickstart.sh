@@ -25,10 +25,15 @@ echo "GRPO held-out accuracy (sampled), before -> after:" \
 echo "PPO held-out accuracy (sampled), before -> after:" \
   "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/ppo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
   "$(grep -o '"eval_rewards/acc/mean": [0-9.]*' runs/ppo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"
-# And DPO on the SFT model with the preference pairs (configs/dpo-quickstart.ini, ~30 s).
+# And DPO with the preference pairs, from the SFT run's step-2000 checkpoint (configs/dpo-quickstart.ini, ~20 s).
 "${CTRL[@]}" train configs/dpo-quickstart.ini
 echo "DPO held-out reward accuracy and exact match, before -> after:" \
   "$(grep -o '"eval_rewards/accuracies": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
   "$(grep -o '"eval_rewards/accuracies": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)," \
   "$(grep -o '"eval_exact_match": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
   "$(grep -o '"eval_exact_match": [0-9.]*' runs/dpo-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"
+# And KTO on the SFT model with the same pairs unpaired (configs/kto-quickstart.ini, ~15 s).
+"${CTRL[@]}" train configs/kto-quickstart.ini
+echo "KTO held-out reward margin, before -> after:" \
+  "$(grep -o '"eval_rewards/margins": [-0-9.e]*' runs/kto-quickstart/metrics.jsonl | head -n 1 | cut -d' ' -f2)" '->' \
+  "$(grep -o '"eval_rewards/margins": [-0-9.e]*' runs/kto-quickstart/metrics.jsonl | tail -n 1 | cut -d' ' -f2)"

@@ -181,6 +181,11 @@ ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, c
  * one set of layer internals that all layers share -- for a model that only runs forwards (a frozen
  * reference), whose forward needs no more; a backward would still be right (it recomputes). */
 ctrl_status ctrl_model_set_recompute_all(ctrl_model *m);
+/* Frees the scratch of the last forward/backward (activations, the head's workspace, the backward's
+ * buffers); the next forward allocates them again. For a model whose forwards are rare next to the
+ * work between them (a frozen reference between the policy's passes), so that its scratch is not
+ * held through the policy's backward and optimizer step. A backward now needs a new forward. */
+void ctrl_model_release_scratch(ctrl_model *m);
 /* The attention plugin decoding runs with (its paged_forward; the `paged` plugin): CTRL_ERR_PLUGIN
  * when `ops` has none. */
 ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_ops *ops);

@@ -16,20 +16,26 @@ ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t byte
     return CTRL_OK;
 }
 
+void ctrl_model_release_scratch(ctrl_model *m) {
+    const ctrl_backend_ops *be = m->be;
+    void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
+                     &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
+    m->act_cap_T = 0, m->act_bytes = 0, m->head_dh_ready = 0, m->T = 0, m->dora_valid = 0;
+    m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->lora_ws_bytes =
+        m->dora_ws_bytes = 0;
+}
+
 void model_release_backend(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
-    void **bufs[] = {(void **)&m->act_mem, (void **)&m->cos_tab, (void **)&m->sin_tab,
-                     (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
-                     (void **)&m->rounded, &m->head_ws,          (void **)&m->dbatch_mem,
-                     (void **)&m->lora_ws, (void **)&m->dora_ws};
+    ctrl_model_release_scratch(m);
+    void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
+                     (void **)&m->dbatch_mem};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
     if (m->dparams != m->params) be->free(m->dparams);
     if (m->dgrads != m->grads) be->free(m->dgrads);
     m->dparams = m->params, m->dgrads = m->grads, m->dparams_valid = 1;
-    m->act_cap_T = 0, m->act_bytes = 0, m->rope_len = 0, m->rounded_valid = 0, m->head_dh_ready = 0, m->T = 0;
-    m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->dbatch_bytes = m->lora_ws_bytes =
-        m->dora_ws_bytes = 0;
-    m->dora_valid = 0;
+    m->rope_len = 0, m->rounded_valid = 0, m->dbatch_bytes = 0;
 }
 
 ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl_device device) {

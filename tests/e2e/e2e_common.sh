@@ -45,6 +45,20 @@ curve_close() {
   [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(curve_col "$1" "$3") <(curve_col "$2" "$3"); }
 }
 
+# tiny_ini FILE OUTPUT_DIR [RUN_LINE...] <<INI ... INI: a run on tiny_setup's model and data, on the CPU:
+# [run] (output_dir, device, then RUN_LINEs such as "seed = 11"), [model], [data] and the [train]
+# header; standard input follows it ([train]'s keys, then any other section).
+tiny_ini() {
+  local f=$1 out=$2
+  shift 2
+  {
+    printf '[run]\noutput_dir = %s\ndevice = cpu\n' "$out"
+    [ $# -gt 0 ] && printf '%s\n' "$@"
+    printf '[model]\npath = %s\n[data]\ntrain_file = %s\n[train]\n' "$TMP/model" "$TMP/data/train.jsonl"
+    cat
+  } >"$f"
+}
+
 # Prints the counts and exits non-zero when anything failed.
 finish() {
   echo "$pass passed, $fail failed"

@@ -9,16 +9,7 @@
 source "$(dirname "$0")/e2e_common.sh"
 export OMP_NUM_THREADS=1
 tiny_setup 5 2
-cat >"$TMP/sft.ini" <<INI
-[run]
-output_dir = $TMP/lora
-device = cpu
-seed = 11
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
+tiny_ini "$TMP/sft.ini" "$TMP/lora" "seed = 11" <<INI
 learning_rate = 2e-2
 lr_scheduler_type = constant
 max_steps = 8

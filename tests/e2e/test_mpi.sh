@@ -12,15 +12,7 @@
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
 tiny_setup 7 2
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/one
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
+tiny_ini "$TMP/run.ini" "$TMP/one" <<INI
 learning_rate = 3e-3
 lr_scheduler_type = cosine
 warmup_steps = 2

@@ -8,15 +8,7 @@
 source "$(dirname "$0")/e2e_common.sh"
 export OMP_NUM_THREADS=1
 tiny_setup 5 2
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/ok
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
+tiny_ini "$TMP/run.ini" "$TMP/ok" <<INI
 learning_rate = 3e-3
 lr_scheduler_type = constant
 max_steps = 12

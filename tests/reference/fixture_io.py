@@ -26,3 +26,23 @@ def randomize_params(model, torch):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.08 * torch.randn_like(p))
+
+
+def write_curve_ini(path, trainer, common, steps, model, train_file, train_opts, trainer_opts, eval_file=None):
+    """The ctrl config of a curve case (make_trl_{dpo,kto,reward}_curves.py): the run TRL made with
+    `common` (learning_rate, warmup_steps, weight_decay) for `steps` steps, fp32, eager attention,
+    rows in file order, AdamW; `train_opts` added to / replacing [train]'s keys, `trainer_opts` the
+    [TRAINER] section. @OUT@, @DIR@, @SFT@ and @MODEL@ are left for the test to replace."""
+    train = {"dtype": "fp32", "learning_rate": str(common["learning_rate"]), "lr_scheduler_type": "linear",
+             "warmup_steps": str(common["warmup_steps"]), "weight_decay": str(common["weight_decay"]),
+             "max_grad_norm": "1.0", "max_steps": str(steps), "logging_steps": "1", "per_device_train_batch_size": "4",
+             "optimizer": "adamw", "save_strategy": "no"}
+    train.update(train_opts)
+    lines = ["[run]", f"trainer = {trainer}", "output_dir = @OUT@", "device = cpu", "seed = 42", "", "[model]",
+             f"path = {model}", "attention = eager", "", "[data]", f"train_file = {train_file}"] + \
+            ([f"eval_file = {eval_file}"] if eval_file else []) + \
+            ["shuffle = false", "", "[train]"] + [f"{k} = {v}" for k, v in train.items()] + \
+            ["", "[adamw]", "adam_beta1 = 0.9", "adam_beta2 = 0.999", "adam_epsilon = 1e-8", "", f"[{trainer}]"] + \
+            [f"{k} = {v}" for k, v in trainer_opts.items()] + [""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))

@@ -24,6 +24,7 @@ from trl import KTOConfig, KTOTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_trl_dpo_curves import COMMON, FIX, SFT, STEPS, TOK  # noqa: E402
+from fixture_io import write_curve_ini  # noqa: E402
 from make_trl_sft_curves import Record, sequential  # noqa: E402
 
 OUT = os.path.join(FIX, "trl_kto")
@@ -79,18 +80,8 @@ def run_case(name, overrides):
 
 
 def write_ini(name, train_opts, kto_opts):
-    train = {"dtype": "fp32", "learning_rate": str(COMMON["learning_rate"]), "lr_scheduler_type": "linear",
-             "warmup_steps": str(COMMON["warmup_steps"]), "weight_decay": str(COMMON["weight_decay"]),
-             "max_grad_norm": "1.0", "max_steps": str(STEPS), "logging_steps": "1", "per_device_train_batch_size": "4",
-             "optimizer": "adamw", "save_strategy": "no"}
-    train.update(train_opts)
-    lines = ["[run]", "trainer = kto", "output_dir = @OUT@", "device = cpu", "seed = 42", "", "[model]",
-             "path = @SFT@/model", "attention = eager", "", "[data]", "train_file = @DIR@/rows.jsonl",
-             "shuffle = false", "", "[train]"] + [f"{k} = {v}" for k, v in train.items()] + \
-            ["", "[adamw]", "adam_beta1 = 0.9", "adam_beta2 = 0.999", "adam_epsilon = 1e-8", "", "[kto]"] + \
-            [f"{k} = {v}" for k, v in kto_opts.items()] + [""]
-    with open(os.path.join(OUT, name + ".ini"), "w") as f:
-        f.write("\n".join(lines))
+    write_curve_ini(os.path.join(OUT, name + ".ini"), "kto", COMMON, STEPS, "@SFT@/model", "@DIR@/rows.jsonl",
+                    train_opts, kto_opts)
 
 
 def main(names):

@@ -168,3 +168,45 @@ double dpo_compare_grads(ctrl_model *m, const char *path) {
     ctrl_safetensors_close(gs);
     return worst;
 }
+
+int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *name,
+                  seq_case_trainer_fn make) {
+    memset(c, 0, sizeof *c);
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s/%s.bin", CTRL_FIXTURE_DIR, dir, name);
+    c->f = fixture_load(path);
+    CHECK_MSG(c->f != NULL, "cannot load %s", path);
+    if (!c->f) return 0;
+    dpo_case_models(reg, &c->m, &c->ref);
+    c->ops = make(reg, c->f, &c->t);
+    if (!c->m || !c->ref || !c->ops) return 0;
+    c->spec.size = sizeof c->spec;
+    CHECK_EQ_INT(c->ops->sequence_spec(c->t, &c->spec), CTRL_OK);
+    c->step = (seq_step){.ops = c->ops,
+                         .trainer = c->t,
+                         .spec = &c->spec,
+                         .model = c->m,
+                         .ref = c->spec.precompute_ref_logp ? NULL : c->ref,
+                         .report = dpo_report,
+                         .report_ctx = &c->got};
+    ctrl_model_zero_grad(c->m);
+    return 1;
+}
+
+void seq_case_ref_sums(seq_case *c, seq_micro_batch *run, int mb, double *pre, double *worst) {
+    if (!c->spec.precompute_ref_logp) return;
+    CHECK_EQ_INT(train_sequence_ref_sums(&c->spec, c->ref, run, pre), CTRL_OK);
+    const float *want = dpo_fixture_get(c->f, mb ? "mb1_ref_sum" : "mb0_ref_sum", run->n_seq);
+    for (int s = 0; want && s < run->n_seq; s++) {
+        const double e = fabs(pre[s] - want[s]) / fabs(want[s]);
+        if (e > *worst) *worst = e;
+    }
+    run->ref_sum = pre;
+}
+
+void seq_case_close(seq_case *c) {
+    if (c->ops && c->t) c->ops->destroy(c->t);
+    ctrl_model_free(c->m), ctrl_model_free(c->ref);
+    fixture_free(c->f);
+    memset(c, 0, sizeof *c);
+}

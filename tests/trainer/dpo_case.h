@@ -11,6 +11,7 @@
 #include "fixture.h"
 #include "model/model.h"
 #include "registry/registry.h"
+#include "train/kind_sequence.h"
 
 /* config: loss_type, second loss_type (-1: none), their weights, beta, label_smoothing,
  * f_divergence_type, f_alpha_divergence_coef, use_weighting, ld_alpha (-1: None), discopop_tau,
@@ -51,6 +52,30 @@ int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *na
 /* The tiny Qwen2 fixture policy and tests/fixtures/dpo/ref_model, both on the flash attention
  * plugin (a failed check when either cannot be loaded). */
 void dpo_case_models(ctrl_registry *reg, ctrl_model **policy, ctrl_model **ref);
+
+/* One case of tests/fixtures/DIR/NAME.bin run through the models (test_dpo, test_kto): the fixture,
+ * the tiny policy and reference (dpo_case_models), the trainer `make` creates from the case's
+ * config, its sequence spec, and a step reporting into `got` (keep the struct in place). */
+typedef const ctrl_trainer_ops *(*seq_case_trainer_fn)(ctrl_registry *reg, const fixture *f,
+                                                       ctrl_trainer **out);
+typedef struct seq_case {
+    fixture *f;
+    ctrl_model *m, *ref;
+    ctrl_trainer *t;
+    const ctrl_trainer_ops *ops;
+    ctrl_sequence_spec spec;
+    dpo_metrics got;
+    seq_step step;
+} seq_case;
+/* 1 when every part could be had (else 0 after a failed check; close it either way); the policy's
+ * gradients are zeroed. */
+int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *name,
+                  seq_case_trainer_fn make);
+/* With a precomputed reference: micro-batch mb's reference sums by the precompute pass's function
+ * into pre[run->n_seq], their worst relative error against the fixture's mbN_ref_sum folded into
+ * *worst, and run->ref_sum = pre. Nothing without one. */
+void seq_case_ref_sums(seq_case *c, seq_micro_batch *run, int mb, double *pre, double *worst);
+void seq_case_close(seq_case *c);
 
 /* The worst relative error of the model's gradients against a safetensors file of TRL's. */
 double dpo_compare_grads(ctrl_model *m, const char *path);

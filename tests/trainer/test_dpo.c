@@ -151,51 +151,25 @@ TEST(dpo_refuses_bad_combinations) {
  * per token, the reference sums (live forward, or the precompute pass's function), the loss, the
  * metrics and every parameter gradient of one optimizer step against TRL's. */
 static void run_model_case(ctrl_registry *reg, const char *name) {
-    char path[2048];
-    snprintf(path, sizeof path, "%s/dpo/%s.bin", CTRL_FIXTURE_DIR, name);
-    fixture *f = fixture_load(path);
-    CHECK_MSG(f != NULL, "cannot load %s", path);
-    if (!f) return;
-    ctrl_model *m = NULL, *ref = NULL;
-    dpo_case_models(reg, &m, &ref);
-    ctrl_trainer *t = NULL;
-    const ctrl_trainer_ops *ops = dpo_case_trainer(reg, f, &t);
-    if (!m || !ref || !ops) return;
-    ctrl_sequence_spec spec = {.size = sizeof spec};
-    CHECK_EQ_INT(ops->sequence_spec(t, &spec), CTRL_OK);
-    dpo_metrics got = {0};
-    const seq_step step = {.ops = ops,
-                           .trainer = t,
-                           .spec = &spec,
-                           .model = m,
-                           .ref = spec.precompute_ref_logp ? NULL : ref,
-                           .report = dpo_report,
-                           .report_ctx = &got};
-    const float *want_loss = dpo_fixture_get(f, "loss", 2);
+    seq_case c;
+    if (!seq_case_open(&c, reg, "dpo", name, dpo_case_trainer)) {
+        seq_case_close(&c);
+        return;
+    }
+    const float *want_loss = dpo_fixture_get(c.f, "loss", 2);
     double worst_lp = 0, worst_ml = 0, worst_lss = 0, worst_ref = 0;
-    ctrl_model_zero_grad(m);
     for (int mb = 0; mb < 2; mb++) {
         dpo_flat x;
-        dpo_flat_build(&x, f, mb);
-        double *pre = NULL;
-        const seq_micro_batch smb = {
+        dpo_flat_build(&x, c.f, mb);
+        double *pre = malloc(sizeof(double) * x.n_seq);
+        seq_micro_batch run = {
             .batch = &x.batch, .n_seq = x.n_seq, .n_pairs = x.n_seq / 2, .seq_cu = x.cu, .weight = x.weight};
-        if (spec.precompute_ref_logp) { /* the precompute pass's function on the reference model */
-            pre = malloc(sizeof(double) * x.n_seq);
-            CHECK_EQ_INT(train_sequence_ref_sums(&spec, ref, &smb, pre), CTRL_OK);
-            const float *want = dpo_fixture_get(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", x.n_seq);
-            for (int s = 0; s < x.n_seq; s++) {
-                const double e = fabs(pre[s] - want[s]) / fabs(want[s]);
-                if (e > worst_ref) worst_ref = e;
-            }
-        }
-        seq_micro_batch run = smb;
-        run.ref_sum = pre;
+        seq_case_ref_sums(&c, &run, mb, pre, &worst_ref);
         /* the head's per-token outputs, checked on their own first */
         float *lp = malloc(sizeof(float) * x.T), *ml = malloc(sizeof(float) * x.T),
               *lss = malloc(sizeof(float) * x.T);
-        CHECK_EQ_INT(ctrl_model_forward(m, &x.batch, lp, NULL, NULL), CTRL_OK);
-        CHECK_EQ_INT(ctrl_model_head_stats(m, ml, x.log_sum_sq ? lss : NULL), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward(c.m, &x.batch, lp, NULL, NULL), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_head_stats(c.m, ml, x.log_sum_sq ? lss : NULL), CTRL_OK);
         for (int i = 0; i < x.T; i++) {
             if (x.weight[i] == 0) continue;
             const double e1 = fabs(lp[i] - x.logp[i]) / fabs(x.logp[i]), e2 = fabs(ml[i] - x.mean_logit[i]);
@@ -207,7 +181,7 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
         }
         free(lp), free(ml), free(lss);
         double loss = NAN;
-        CHECK_EQ_INT(train_sequence_micro_batch(&step, &run, 6, 1, &loss), CTRL_OK);
+        CHECK_EQ_INT(train_sequence_micro_batch(&c.step, &run, 6, 1, &loss), CTRL_OK);
         CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
                   "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
         free(pre);
@@ -217,16 +191,15 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
     CHECK_MSG(worst_ml <= 1e-6, "%s: mean logits absolute error %.3g", name, worst_ml);
     CHECK_MSG(worst_lss <= 1e-5, "%s: log sum p^2 relative error %.3g", name, worst_lss);
     CHECK_MSG(worst_ref <= 1e-5, "%s: precomputed reference sums relative error %.3g", name, worst_ref);
-    dpo_compare_metrics(f, &got, name, 1e-5);
+    dpo_compare_metrics(c.f, &c.got, name, 1e-5);
+    char path[2048];
     snprintf(path, sizeof path, "%s/dpo/%s.grads.safetensors", CTRL_FIXTURE_DIR, name);
-    const double worst = dpo_compare_grads(m, path);
+    const double worst = dpo_compare_grads(c.m, path);
     CHECK_MSG(worst <= 1e-4, "%s: worst parameter gradient relative error %.3g", name, worst);
     printf("  %-28s through the models: log-probs %.1e, mean logits %.1e (abs), log sum p^2 %.1e, reference "
            "sums %.1e, loss and metrics match, parameter gradients %.1e\n",
            name, worst_lp, worst_ml, worst_lss, worst_ref, worst);
-    ops->destroy(t);
-    ctrl_model_free(m), ctrl_model_free(ref);
-    fixture_free(f);
+    seq_case_close(&c);
 }
 
 TEST(dpo_step_through_the_model_matches_trl) {

@@ -229,63 +229,37 @@ TEST(kto_refuses_bad_options) {
  * reference: completions and KL sequences in one forward, the reference live or through the
  * precompute pass's function; the loss and the metrics against TRL's. */
 static void run_model_case(ctrl_registry *reg, const char *name) {
-    char path[2048];
-    snprintf(path, sizeof path, "%s/kto/%s.bin", CTRL_FIXTURE_DIR, name);
-    fixture *f = fixture_load(path);
-    CHECK_MSG(f != NULL, "cannot load %s", path);
-    if (!f) return;
-    ctrl_model *m = NULL, *ref = NULL;
-    dpo_case_models(reg, &m, &ref);
-    ctrl_trainer *t = NULL;
-    const ctrl_trainer_ops *ops = case_trainer(reg, f, &t);
-    if (!m || !ref || !ops) return;
-    ctrl_sequence_spec spec = {.size = sizeof spec};
-    CHECK_EQ_INT(ops->sequence_spec(t, &spec), CTRL_OK);
-    dpo_metrics got = {0};
-    const seq_step step = {.ops = ops,
-                           .trainer = t,
-                           .spec = &spec,
-                           .model = m,
-                           .ref = spec.precompute_ref_logp ? NULL : ref,
-                           .report = dpo_report,
-                           .report_ctx = &got};
-    const float *want_loss = dpo_fixture_get(f, "loss", 2);
+    seq_case c;
+    if (!seq_case_open(&c, reg, "kto", name, case_trainer)) {
+        seq_case_close(&c);
+        return;
+    }
+    const float *want_loss = dpo_fixture_get(c.f, "loss", 2);
     double worst_ref = 0;
-    ctrl_model_zero_grad(m);
     for (int mb = 0; mb < 2; mb++) {
         dpo_flat x;
         float label[64];
         uint8_t kl[64];
-        const int S = case_layout(f, mb, spec.kl_sequences, &x, label, kl);
+        const int S = case_layout(c.f, mb, c.spec.kl_sequences, &x, label, kl);
         double pre[64];
         seq_micro_batch run = {.batch = &x.batch,
                                .n_seq = S,
                                .seq_cu = x.cu,
                                .weight = x.weight,
                                .label = label,
-                               .kl = spec.kl_sequences ? kl : NULL};
-        if (spec.precompute_ref_logp) { /* the precompute pass's function on the reference model */
-            CHECK_EQ_INT(train_sequence_ref_sums(&spec, ref, &run, pre), CTRL_OK);
-            const float *want = dpo_fixture_get(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", -1);
-            for (int s = 0; s < S; s++) {
-                const double e = fabs(pre[s] - want[s]) / fabs(want[s]);
-                if (e > worst_ref) worst_ref = e;
-            }
-            run.ref_sum = pre;
-        }
+                               .kl = c.spec.kl_sequences ? kl : NULL};
+        seq_case_ref_sums(&c, &run, mb, pre, &worst_ref);
         double loss = NAN;
-        CHECK_EQ_INT(train_sequence_micro_batch(&step, &run, 8, 1, &loss), CTRL_OK);
+        CHECK_EQ_INT(train_sequence_micro_batch(&c.step, &run, 8, 1, &loss), CTRL_OK);
         CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
                   "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
         dpo_flat_free(&x);
     }
     CHECK_MSG(worst_ref <= 1e-5, "%s: precomputed reference sums relative error %.3g", name, worst_ref);
-    compare_metrics(f, &got, name);
+    compare_metrics(c.f, &c.got, name);
     printf("  %-38s through the models: loss and metrics match TRL, precomputed reference sums %.1e\n", name,
            worst_ref);
-    ops->destroy(t);
-    ctrl_model_free(m), ctrl_model_free(ref);
-    fixture_free(f);
+    seq_case_close(&c);
 }
 
 TEST(kto_step_through_the_model_matches_trl) {

@@ -96,6 +96,46 @@ TEST(identical_every_other_layer) {
     compare("models/qwen3", "eager", 2);
 }
 
+/* A frozen reference (the sequence kind's): every layer recomputed without a plugin
+ * (ctrl_model_set_recompute_all) gives the same log-probs from fewer activations, and so does a
+ * forward after its scratch was released (ctrl_model_release_scratch); a backward then needs a new
+ * forward, and after one it equals the plain model's gradients. */
+TEST(reference_recompute_all_and_release_scratch) {
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    CHECK(attn != NULL);
+    if (!attn) return;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/qwen3", CTRL_FIXTURE_DIR);
+    run plain = {0};
+    forward_backward(dir, attn, NULL, NULL, &plain);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(dir, attn->plugin->ops, &m), CTRL_OK);
+    if (!m) return;
+    CHECK_EQ_INT(ctrl_model_set_recompute_all(m), CTRL_OK);
+    ctrl_batch b;
+    make_batch(&b, ctrl_model_cfg(m)->vocab_size);
+    float logp[121], dlogp[121];
+    for (int t = 0; t < 121; t++) dlogp[t] = b.targets[t] >= 0 ? -1.0f / 100 : 0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL, NULL), CTRL_OK);
+        CHECK_MSG(memcmp(plain.logp, logp, sizeof logp) == 0, "pass %d: logp differ", pass);
+        CHECK_MSG(ctrl_model_activation_bytes(m) < plain.act_bytes, "activations %zu, plain %zu",
+                  ctrl_model_activation_bytes(m), plain.act_bytes);
+        ctrl_model_release_scratch(m);
+        CHECK_EQ_INT(ctrl_model_activation_bytes(m), 0);
+    }
+    CHECK(ctrl_model_backward(m, dlogp) != CTRL_OK); /* released: no forward to go back through */
+    CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
+    size_t n = 0;
+    const float *g = ctrl_model_grads(m, &n);
+    CHECK(n == plain.n && memcmp(g, plain.grads, sizeof(float) * n) == 0);
+    free(plain.grads);
+    ctrl_model_free(m);
+    ctrl_registry_destroy(reg);
+}
+
 /* A strategy that records its hook calls: each layer's forward hooks in order, then its backward
  * hooks in reverse order, every layer recomputed. */
 struct ctrl_memory {
