@@ -92,6 +92,7 @@ static const ctrl_host host = {
     .score_model_score = ctrl_score_model_score,
     .score_model_close = ctrl_score_model_close,
     .device_kernels = host_device_kernels,
+    .score_model_chat_text = ctrl_score_model_chat_text,
 };
 
 const ctrl_host *ctrl_host_table(void) { return &host; }

@@ -21,9 +21,10 @@ typedef struct ctrl_prompt_set {
     int n, n_cols;
     int32_t **ids;
     int *len;
-    char **text;    /* [n] the prompt as the reward functions see it (rendered for messages) */
-    char **cols;    /* [n_cols] column names */
-    char ***values; /* [n][n_cols] JSON text, NULL where the row lacks the column */
+    char **text;     /* [n] the prompt as the reward functions see it (rendered for messages) */
+    char **messages; /* [n] a conversational prompt's message list as JSON text, else NULL */
+    char **cols;     /* [n_cols] column names */
+    char ***values;  /* [n][n_cols] JSON text, NULL where the row lacks the column */
 } ctrl_prompt_set;
 
 /* Reads `path` ([data] prompt_field names the prompt column). Conversational prompts go through the

@@ -24,12 +24,12 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, int c0, int 
                          float **total) {
     const int gn = o->gn, R = ctrl_reward_set_count(o->rewards);
     char **texts = calloc((size_t)n, sizeof(char *));
-    const char **prompts = malloc(sizeof(char *) * n);
+    const char **prompts = malloc(sizeof(char *) * n), **messages = malloc(sizeof(char *) * n);
     const int32_t **ids = malloc(sizeof(int32_t *) * n);
     int *lens = malloc(sizeof(int) * n);
     ctrl_reward_column *cols = calloc((size_t)ps->n_cols + 1, sizeof *cols);
     *scores = calloc((size_t)gn * (size_t)R, sizeof(float)), *total = calloc((size_t)gn, sizeof(float));
-    ctrl_status st = texts && prompts && ids && lens && cols && *scores && *total
+    ctrl_status st = texts && prompts && messages && ids && lens && cols && *scores && *total
                          ? CTRL_OK
                          : ctrl_error_set(CTRL_ERR_NOMEM, "rewards: out of memory for %d completions", n);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
@@ -37,6 +37,7 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, int c0, int 
         const ctrl_gen_output *g = &o->gout[c0 + i];
         st = ctrl_tokenizer_decode(o->tok, g->ids, (size_t)g->len, 1, &texts[i], &len);
         prompts[i] = ps->text[o->gprompt[c0 + i]], ids[i] = g->ids, lens[i] = g->len;
+        messages[i] = ps->messages ? ps->messages[o->gprompt[c0 + i]] : NULL;
     }
     for (int k = 0; k < ps->n_cols && st == CTRL_OK; k++) {
         const char **v = malloc(sizeof(char *) * (size_t)n);
@@ -54,11 +55,12 @@ ctrl_status online_score(ctrl_online *o, const ctrl_prompt_set *ps, int c0, int 
                             .completion_ids = ids,
                             .completion_lens = lens,
                             .n_columns = ps->n_cols,
-                            .columns = cols};
+                            .columns = cols,
+                            .prompt_messages = messages};
     if (st == CTRL_OK) st = ctrl_reward_set_score(o->rewards, &rb, *scores + (size_t)c0 * R, *total + c0);
     for (int k = 0; cols && k < ps->n_cols; k++) free((void *)cols[k].values);
     for (int i = 0; texts && i < n; i++) free(texts[i]);
-    free(texts), free(prompts), free(ids), free(lens), free(cols);
+    free(texts), free(prompts), free(messages), free(ids), free(lens), free(cols);
     return st;
 }
 

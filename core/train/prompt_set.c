@@ -62,12 +62,17 @@ static ctrl_status add_row(ctrl_prompt_set *p, const ctrl_tokenizer *tok, const 
     if (texts) p->text = texts;
     char ***values = realloc(p->values, sizeof(*p->values) * (size_t)(r + 1));
     if (values) p->values = values;
+    char **messages = realloc(p->messages, sizeof(*p->messages) * (size_t)(r + 1));
+    if (messages) p->messages = messages;
+    char *message_json = cJSON_IsArray(prompt) ? cJSON_PrintUnformatted(prompt) : NULL;
     char **row_values = calloc((size_t)p->n_cols + 1, sizeof(char *));
-    if (!ids_rows || !lens || !texts || !values || !row_values) {
-        free(ids), free(text), free(row_values);
+    if (!ids_rows || !lens || !texts || !values || !messages || !row_values ||
+        (cJSON_IsArray(prompt) && !message_json)) {
+        free(ids), free(text), free(row_values), free(message_json);
         return ctrl_error_set(CTRL_ERR_NOMEM, "prompts: out of memory");
     }
-    p->ids[r] = ids, p->len[r] = (int)n, p->text[r] = text, p->values[r] = row_values;
+    p->ids[r] = ids, p->len[r] = (int)n, p->text[r] = text, p->values[r] = row_values,
+    p->messages[r] = message_json;
     p->n++;
     for (const cJSON *c = row->child; c; c = c->next) {
         if (!strcmp(c->string, field)) continue;
@@ -113,11 +118,11 @@ ctrl_status ctrl_prompt_set_load(const char *path, const ctrl_tokenizer *tok, co
 
 void ctrl_prompt_set_free(ctrl_prompt_set *p) {
     for (int r = 0; r < p->n; r++) {
-        free(p->ids[r]), free(p->text[r]);
+        free(p->ids[r]), free(p->text[r]), free(p->messages[r]);
         for (int k = 0; k < p->n_cols; k++) free(p->values[r][k]);
         free(p->values[r]);
     }
     for (int k = 0; k < p->n_cols; k++) free(p->cols[k]);
-    free(p->ids), free(p->len), free(p->text), free(p->values), free(p->cols);
+    free(p->ids), free(p->len), free(p->text), free(p->values), free(p->cols), free(p->messages);
     memset(p, 0, sizeof *p);
 }

@@ -6,12 +6,14 @@
 
 #include "config/config_load.h"
 #include "model/model.h"
+#include "template/chat.h"
 #include "tokenizer/tokenizer.h"
 #include "train/compute.h"
 
 struct ctrl_score_model {
     ctrl_model *model;
     ctrl_tokenizer *tok;
+    ctrl_template *chat; /* the tokenizer's chat template, compiled when first needed */
     train_compute compute;
     char dir[1024];
 };
@@ -20,6 +22,7 @@ void ctrl_score_model_close(ctrl_score_model *m) {
     if (!m) return;
     ctrl_model_free(m->model);
     ctrl_tokenizer_free(m->tok);
+    ctrl_template_free(m->chat);
     train_compute_free(&m->compute);
     free(m);
 }
@@ -98,4 +101,29 @@ ctrl_status ctrl_score_model_score(ctrl_score_model *m, const char *const *texts
         if (st != CTRL_OK) return ctrl_error_wrap(st, "reward model %s", m->dir);
     }
     return CTRL_OK;
+}
+
+ctrl_status ctrl_score_model_chat_text(ctrl_score_model *m, const char *messages_json, const char *completion,
+                                       char **text) {
+    *text = NULL;
+    ctrl_status st = m->chat ? CTRL_OK : ctrl_chat_template_load(m->tok, &m->chat);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "reward model %s: a conversational prompt", m->dir);
+    cJSON *messages = cJSON_Parse(messages_json), *vars = cJSON_CreateObject(), *turn = cJSON_CreateObject();
+    if (!messages || !cJSON_IsArray(messages)) {
+        cJSON_Delete(messages), cJSON_Delete(vars), cJSON_Delete(turn);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "reward model %s: the prompt's messages are not a JSON list",
+                              m->dir);
+    }
+    if (!vars || !turn || !cJSON_AddStringToObject(turn, "role", "assistant") ||
+        !cJSON_AddStringToObject(turn, "content", completion ? completion : "")) {
+        cJSON_Delete(messages), cJSON_Delete(vars), cJSON_Delete(turn);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "reward model: out of memory");
+    }
+    cJSON_AddItemToArray(messages, turn);
+    cJSON_AddItemToObject(vars, "messages", messages);
+    ctrl_chat_add_special_tokens(m->tok, vars);
+    size_t len;
+    st = ctrl_chat_render(m->chat, vars, text, &len, NULL);
+    cJSON_Delete(vars);
+    return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "reward model %s: its chat template", m->dir);
 }

@@ -15,5 +15,10 @@ ctrl_status ctrl_score_model_open(const ctrl_config *cfg, const char *dir, const
 ctrl_status ctrl_score_model_score(ctrl_score_model *m, const char *const *texts, int n, int batch_size,
                                    float *out);
 void ctrl_score_model_close(ctrl_score_model *m);
+/* messages_json (a JSON array) + the completion as the assistant's message, rendered with the
+ * model's tokenizer's chat template, no generation prompt (TRL's apply_chat_template of
+ * {"messages": prompt + completion}); *text malloc'd. */
+ctrl_status ctrl_score_model_chat_text(ctrl_score_model *m, const char *messages_json, const char *completion,
+                                       char **text);
 
 #endif

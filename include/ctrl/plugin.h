@@ -101,6 +101,12 @@ typedef struct ctrl_host {
      * device; its groups then hold that device's pointers); NULL for the CPU, whose memory is the
      * plugin's own, or a device this process has no backend for. */
     const ctrl_device_kernels *(*device_kernels)(ctrl_device device);
+    /* Appended: the text a reward model scores for a conversational prompt, as TRL's GRPOTrainer
+     * builds it: the prompt's messages (a JSON array) followed by {"role": "assistant", "content":
+     * completion}, rendered with the reward model's own chat template (its tokenizer's), without a
+     * generation prompt -- so the assistant's end-of-turn is there. *text is malloc'd (free it). */
+    ctrl_status (*score_model_chat_text)(ctrl_score_model *m, const char *messages_json,
+                                         const char *completion, char **text);
 } ctrl_host;
 
 typedef struct ctrl_plugin {

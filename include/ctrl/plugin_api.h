@@ -84,6 +84,7 @@ CTRL_PLUGIN_API_LINKAGE CTRL_PLUGIN_API_HIDDEN const ctrl_host *ctrl_api;
 #define ctrl_score_model_open ctrl_api->score_model_open
 #define ctrl_score_model_score ctrl_api->score_model_score
 #define ctrl_score_model_close ctrl_api->score_model_close
+#define ctrl_score_model_chat_text ctrl_api->score_model_chat_text
 
 #include <string.h>
 

@@ -24,6 +24,10 @@ typedef struct ctrl_reward_batch {
     const int *completion_lens;           /* [n] number of ids */
     int n_columns;
     const ctrl_reward_column *columns;
+    /* Appended (check `size`): [n] the prompt's message list as JSON text where the dataset's
+     * prompt is conversational, else NULL (the array or an entry): what TRL's GRPOTrainer renders,
+     * with the completion as the assistant's message, for a reward model (reward_model). */
+    const char *const *prompt_messages;
 } ctrl_reward_batch;
 
 typedef struct ctrl_reward ctrl_reward; /* the plugin's own state */

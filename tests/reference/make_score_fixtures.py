@@ -17,6 +17,7 @@ Run by hand: /work/venv/bin/python tests/reference/make_score_fixtures.py
 """
 import json
 import os
+import sys
 
 import torch
 import transformers
@@ -94,5 +95,36 @@ def plugin_fixture(model, d):
     print("plugin scores", scores.tolist())
 
 
+def chat_fixture(d):
+    """Conversational prompts as TRL's GRPOTrainer scores them with a reward model: each prompt's
+    messages plus the completion as the assistant's message, through trl.data_utils.apply_chat_template
+    with the reward model's tokenizer (its chat template; the end-of-turn after the completion), then
+    tokenized without special tokens, right-padded: reward_plugin_chat.json (messages, completions,
+    the texts TRL built, the scores). Reads the model saved in `d`."""
+    from transformers import AutoModelForSequenceClassification
+    from trl.data_utils import apply_chat_template
+    tok = AutoTokenizer.from_pretrained(TOK)
+    model = AutoModelForSequenceClassification.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    prompts = [[{"role": "user", "content": "What is 2+3?"}],
+               [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "What is 7+5?"}],
+               [{"role": "user", "content": "Say hi."}],
+               [{"role": "user", "content": "What is 10+11?"}]]
+    completions = ["5", "13", "hi there, friend", "21"]
+    texts = [apply_chat_template({"messages": p + [{"role": "assistant", "content": c}]}, tok)["text"]
+             for p, c in zip(prompts, completions)]
+    enc = tok(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.no_grad():
+        scores = model(**enc).logits[:, 0]
+    with open(os.path.join(d, "reward_plugin_chat.json"), "w") as f:
+        json.dump({"messages": prompts, "completions": completions, "texts": texts, "scores": scores.tolist(),
+                   "note": NOTE}, f)
+    print("plugin chat scores", scores.tolist())
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["chat"]:  # only reward_plugin_chat.json, from the committed qwen2 classifier
+        chat_fixture(os.path.join(OUT, "qwen2"))
+    else:
+        main()
+        chat_fixture(os.path.join(OUT, "qwen2"))

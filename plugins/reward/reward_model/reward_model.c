@@ -1,9 +1,12 @@
 /* The `reward_model` reward: a learned reward model -- a *ForSequenceClassification directory, as
  * `trainer = reward` saves it or transformers' AutoModelForSequenceClassification loads it -- scores
  * each completion, as TRL's GRPOTrainer and RLOOTrainer score with a reward model passed as a
- * reward function: the text prompt + completion, tokenized by the reward model's tokenizer without
- * special tokens, batched, the score at each sequence's last non-pad token. The core loads and runs
+ * reward function: the text prompt + completion -- or, for a conversational prompt, its messages and
+ * the completion as the assistant's message rendered with the reward model's chat template (its
+ * end-of-turn included) -- tokenized by the reward model's tokenizer without special tokens,
+ * batched, the score at each sequence's last non-pad token. The core loads and runs
  * the model (the host table's score_model_* entries) on the run's device with its attention. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,9 +42,15 @@ static ctrl_status rm_create(const ctrl_host *host, const ctrl_config *cfg, cons
 static ctrl_status rm_score(ctrl_reward *r, const ctrl_reward_batch *b, float *out) {
     char **texts = calloc((size_t)b->n + 1, sizeof *texts);
     ctrl_status st = texts ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "reward reward_model: out of memory");
+    const char *const *messages =
+        b->size >= offsetof(ctrl_reward_batch, prompt_messages) + sizeof(void *) ? b->prompt_messages : NULL;
     for (int i = 0; i < b->n && st == CTRL_OK; i++) {
         const char *p = b->prompts && b->prompts[i] ? b->prompts[i] : "",
                    *c = b->completions[i] ? b->completions[i] : "";
+        if (messages && messages[i]) { /* the conversation with the reward model's own template */
+            st = ctrl_score_model_chat_text(r->model, messages[i], c, &texts[i]);
+            continue;
+        }
         const size_t np = strlen(p), nc = strlen(c);
         if (!(texts[i] = malloc(np + nc + 1))) {
             st = ctrl_error_set(CTRL_ERR_NOMEM, "reward reward_model: out of memory");
