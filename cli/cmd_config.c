@@ -52,8 +52,9 @@ const ctrl_command cli_cmd_config = {
     .usage = "usage: ctrl config check RUN.ini [--set section.key=value]...\n"
              "       ctrl config reference [--out FILE]\n\n"
              "check: full validation of RUN.ini and the overrides (sections, keys, types, ranges,\n"
-             "choices, required keys, plugin names) without doing any work; exits 0 when valid,\n"
-             "2 with a message naming file:line and the key when not.\n"
+             "choices, required keys, plugin names, and each selected plugin's checks of its\n"
+             "options) without doing any work; exits 0 when valid, 2 with a message naming\n"
+             "file:line and the key when not.\n"
              "reference: the Markdown reference of every section and key, core and plugins\n"
              "(docs/config-reference.md is generated with it).\n",
     .run = run_config,

@@ -100,7 +100,9 @@ ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch 
             memcpy(b.ref, mb->ref_sum, sizeof(double) * (size_t)S);
         } else if (s->ref) {
             st = train_sequence_ref_sums(spec, s->ref, mb, b.ref);
-            ctrl_model_release_scratch(s->ref); /* not held through the policy's passes */
+            /* not held through the policy's passes; on a device, freeing would synchronize it
+             * (cudaFree) every micro-batch: kept there */
+            if (ctrl_model_device(s->ref).type == CTRL_DEVICE_CPU) ctrl_model_release_scratch(s->ref);
         } else if (s->ref_is_base) {
             ctrl_model_set_adapters_enabled(s->model, 0);
             st = train_sequence_ref_sums(spec, s->model, mb, b.ref);
