@@ -121,7 +121,8 @@ static ctrl_status make_engine(const train_kind_env *env, ctrl_model *m, ctrl_en
     return st;
 }
 
-static ctrl_status distill_after_step(train_kind *k) {
+static ctrl_status distill_after_step(train_kind *k, long step) {
+    (void)step;
     return k->server_url ? ctrl_remote_push_weights(k->server_url, k->bearer, k->model, k->push_path)
                          : CTRL_OK;
 }
@@ -136,7 +137,7 @@ static ctrl_status connect_server(train_kind *k, const ctrl_run_settings *s) {
     k->bearer = key && key[0] ? strdup(key) : NULL;
     if (!k->server_url || !k->push_path) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     ctrl_status st = ctrl_remote_wait_ready(k->server_url, 60);
-    if (st == CTRL_OK) st = distill_after_step(k);
+    if (st == CTRL_OK) st = distill_after_step(k, 0);
     if (st == CTRL_OK)
         CTRL_INFO("generation: the student samples through ctrl serve at %s (weights pushed after each step)",
                   k->server_url);
