@@ -3,6 +3,11 @@ in its own environment, never in CI:
 
     /work/venv-ppo/bin/python tests/reference/make_ppo_fixtures.py  # writes tests/fixtures/ppo/*
 
+The environment (trl 0.25.1 is the last release whose trl/trainer/ppo_trainer.py is the trainer; 0.26
+moved it to trl.experimental and TRL 1.x dropped it): `python3 -m venv venv-ppo && venv-ppo/bin/pip
+install trl==0.25.1 transformers==4.57.1 accelerate datasets torch` (CPU torch is enough; the
+fixtures were made with torch 2.15, accelerate 1.15, datasets 5.0).
+
 TRL's own PPOTrainer.train() runs one update on the tiny Qwen2 fixture model: its generation is patched
 to return fixed completions (with the generating policy's logits, plus noise so that the policy has
 "moved" and the clipping is exercised), the reward model's get_reward returns fixed scores, and the
