@@ -12,7 +12,11 @@
 #include "train/checkpoint.h"
 #include "tokenizer/tokenizer.h"
 
-static const char *const arch_names[] = {"llama", "qwen2", "qwen3", "mistral"};
+static const char *const arch_names[CTRL_ARCH_COUNT] = {"llama",  "qwen2", "qwen3",     "mistral", "gemma2",
+                                                        "gemma3", "phi3",  "qwen3_moe", "mixtral"};
+/* config.json's model_type of each (Gemma 3's text model is gemma3_text) */
+static const char *const model_types[CTRL_ARCH_COUNT] = {
+    "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"};
 
 static int info(int argc, char **argv) {
     if (argc != 2) return cli_usage_error(&cli_cmd_model, "model info needs exactly one DIR");
@@ -23,6 +27,16 @@ static int info(int argc, char **argv) {
     const long long total = (long long)ctrl_model_config_param_count(&c);
     printf("architecture      %s (%s)\n", arch_names[c.arch], c.model_type);
     printf("parameters        %lld (%.2fM)\n", total, total / 1e6);
+    if (c.n_experts > 0) { /* the experts a token does not go to are not active for it */
+        int sparse = 0;
+        for (int l = 0; l < c.n_layers; l++) sparse += c.moe_layer[l];
+        const long long idle = (long long)sparse * (c.n_experts - c.n_experts_per_tok) * 3LL *
+                               c.moe_intermediate_size * c.hidden_size;
+        printf("experts           %d in %d of %d layers, %d per token%s, width %d\n", c.n_experts, sparse,
+               c.n_layers, c.n_experts_per_tok, c.norm_topk_prob ? " (weights renormalised)" : "",
+               c.moe_intermediate_size);
+        printf("active parameters %lld (%.2fM) per token\n", total - idle, (total - idle) / 1e6);
+    }
     if (c.num_labels > 0)
         printf("head              score, %d label%s (sequence classifier; pad_token_id %d)\n", c.num_labels,
                c.num_labels > 1 ? "s" : "", c.pad_token_id);
@@ -32,7 +46,19 @@ static int info(int argc, char **argv) {
     printf("vocabulary        %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
     printf("context           %d (rope theta %g%s)\n", c.max_position_embeddings, c.rope.theta,
            c.rope.kind ? ", scaled" : "");
-    if (c.sliding_window) printf("sliding window    %d\n", c.sliding_window);
+    if (c.sliding_window && c.has_layer_types) {
+        int n = 0;
+        for (int l = 0; l < c.n_layers; l++) n += c.sliding_layer[l];
+        printf("sliding window    %d (%d of %d layers; the others full)\n", c.sliding_window, n, c.n_layers);
+    } else if (c.sliding_window) {
+        printf("sliding window    %d\n", c.sliding_window);
+    }
+    if (c.sandwich_norm)
+        printf("gemma             (1 + w) norms, sandwich norms, GeGLU, embeddings x %g, query scale %g\n",
+               (double)c.embed_scale, (double)c.attn_scale);
+    if (c.attn_softcap > 0 || c.final_softcap > 0)
+        printf("soft-capping      attention %g, final logits %g (0: none)\n", (double)c.attn_softcap,
+               (double)c.final_softcap);
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", argv[1]);
     struct stat sb;
@@ -61,7 +87,7 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
     ctrl_model_config c;
     memset(&c, 0, sizeof c);
     const char *arch = NULL, *tok_dir = NULL, *out = NULL;
-    int tie = 0;
+    int tie = -1, head_dim = 0, experts = 0, per_tok = 0, moe_width = 0;
     long seed = 42;
     c.intermediate_size = 0, c.vocab_size = 0, c.n_kv_heads = 0;
     for (int i = 1; i < argc; i++) {
@@ -82,6 +108,14 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
             c.n_heads = atoi(v);
         else if (!strcmp(a, "--kv-heads"))
             c.n_kv_heads = atoi(v);
+        else if (!strcmp(a, "--head-dim"))
+            head_dim = atoi(v);
+        else if (!strcmp(a, "--experts"))
+            experts = atoi(v);
+        else if (!strcmp(a, "--experts-per-tok"))
+            per_tok = atoi(v);
+        else if (!strcmp(a, "--moe-intermediate"))
+            moe_width = atoi(v);
         else if (!strcmp(a, "--intermediate"))
             c.intermediate_size = atoi(v);
         else if (!strcmp(a, "--vocab"))
@@ -96,10 +130,11 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
             return cli_usage_error(&cli_cmd_model, "model init: unknown option '%s'", a);
     }
     int k = -1;
-    for (int i = 0; arch && i < 4; i++)
+    for (int i = 0; arch && i < CTRL_ARCH_COUNT; i++)
         if (!strcmp(arch, arch_names[i])) k = i;
     if (k < 0)
-        return cli_usage_error(&cli_cmd_model, "model init: --arch must be llama, qwen2, qwen3 or mistral");
+        return cli_usage_error(&cli_cmd_model, "model init: --arch must be llama, qwen2, qwen3, mistral, "
+                                               "gemma2, gemma3, phi3, qwen3_moe or mixtral");
     if (!out || !tok_dir || c.hidden_size <= 0 || c.n_layers <= 0 || c.n_heads <= 0)
         return cli_usage_error(&cli_cmd_model,
                                "model init needs --arch, --hidden, --layers, --heads, --tokenizer, --out");
@@ -107,12 +142,18 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
     ctrl_status st = ctrl_tokenizer_load(tok_dir, &tok);
     if (st != CTRL_OK) return cli_fail(st);
     c.arch = (ctrl_arch)k;
-    snprintf(c.model_type, sizeof c.model_type, "%s", arch_names[k]);
+    snprintf(c.model_type, sizeof c.model_type, "%s", model_types[k]);
     if (!c.n_kv_heads) c.n_kv_heads = c.n_heads;
-    if (c.n_heads % c.n_kv_heads || c.hidden_size % c.n_heads)
+    if (c.n_heads % c.n_kv_heads || (!head_dim && c.hidden_size % c.n_heads))
         return cli_usage_error(&cli_cmd_model,
-                               "model init: --heads must divide --hidden and be a multiple of --kv-heads");
-    c.head_dim = c.hidden_size / c.n_heads;
+                               "model init: --heads must be a multiple of --kv-heads and divide "
+                               "--hidden (unless --head-dim is given)");
+    if (head_dim < 0 || head_dim % 2 || head_dim > CTRL_MODEL_MAX_HEAD_DIM ||
+        c.n_layers > CTRL_MODEL_MAX_LAYERS)
+        return cli_usage_error(&cli_cmd_model,
+                               "model init: --head-dim must be even and at most %d, --layers at most %d",
+                               CTRL_MODEL_MAX_HEAD_DIM, CTRL_MODEL_MAX_LAYERS);
+    c.head_dim = head_dim ? head_dim : c.hidden_size / c.n_heads;
     if (!c.intermediate_size) c.intermediate_size = 4 * c.hidden_size;
     if (!c.vocab_size) c.vocab_size = ctrl_tokenizer_vocab_size(tok);
     if (c.vocab_size < ctrl_tokenizer_vocab_size(tok))
@@ -120,13 +161,37 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
                                c.vocab_size, ctrl_tokenizer_vocab_size(tok));
     c.max_position_embeddings = 4096;
     c.rms_norm_eps = 1e-6f;
-    c.tie_word_embeddings = tie;
+    const int gemma = c.arch == CTRL_ARCH_GEMMA2 || c.arch == CTRL_ARCH_GEMMA3;
+    c.tie_word_embeddings = tie >= 0 ? tie : gemma; /* transformers' defaults */
     c.qkv_bias = c.arch == CTRL_ARCH_QWEN2;
-    c.qk_norm = c.arch == CTRL_ARCH_QWEN3;
+    c.qk_norm = c.arch == CTRL_ARCH_QWEN3 || c.arch == CTRL_ARCH_QWEN3_MOE;
     c.rope.kind = CTRL_ROPE_DEFAULT, c.rope.theta = 1000000.0, c.rope.factor = 1,
     c.rope.partial_rotary_factor = 1;
     c.bos_token_id = ctrl_tokenizer_bos_id(tok);
     c.eos_token_id = ctrl_tokenizer_eos_id(tok);
+    c.pad_token_id = -1;
+    ctrl_model_config_family_defaults(
+        &c); /* Gemma's fields at Gemma2Config's / Gemma3TextConfig's defaults */
+    if (c.arch == CTRL_ARCH_GEMMA2 || c.arch == CTRL_ARCH_PHI3) c.rope.theta = 10000.0;
+    if (c.arch == CTRL_ARCH_PHI3) c.rms_norm_eps = 1e-5f;
+    const int moe = c.arch == CTRL_ARCH_QWEN3_MOE || c.arch == CTRL_ARCH_MIXTRAL;
+    if (moe != (experts > 0) || experts > CTRL_MODEL_MAX_EXPERTS ||
+        (experts > 0 && (per_tok < 1 || per_tok > experts)) || moe_width < 0)
+        return cli_usage_error(
+            &cli_cmd_model,
+            "model init: qwen3_moe and mixtral (and only they) take --experts N (at most %d) "
+            "and --experts-per-tok K (1..N)",
+            CTRL_MODEL_MAX_EXPERTS);
+    if (experts > 0) { /* Qwen3MoeConfig's defaults otherwise: every layer sparse, no renormalisation */
+        c.n_experts = experts, c.n_experts_per_tok = per_tok;
+        c.moe_intermediate_size = moe_width ? moe_width : c.intermediate_size / 4;
+        if (c.arch == CTRL_ARCH_MIXTRAL) /* MixtralConfig: experts of intermediate_size, renormalised */
+            c.moe_intermediate_size = c.intermediate_size, c.norm_topk_prob = 1, c.rms_norm_eps = 1e-5f;
+        c.router_aux_loss_coef = 0.001f;
+        c.qk_norm = c.arch == CTRL_ARCH_QWEN3_MOE;
+        memset(c.moe_layer, 1, (size_t)c.n_layers);
+    }
+    if (gemma) c.pad_token_id = ctrl_tokenizer_pad_id(tok);
     ctrl_tokenizer_free(tok);
     ctrl_model *m;
     if ((st = ctrl_model_create(&c, NULL, &m)) != CTRL_OK) return cli_fail(st);
@@ -327,14 +392,23 @@ const ctrl_command cli_cmd_model = {
     .name = "model",
     .summary = "inspect, create, score with, or merge a LoRA adapter into a Hugging Face model directory",
     .usage = "usage: ctrl model info DIR\n"
-             "       ctrl model init --arch llama|qwen2|qwen3|mistral --hidden N --layers N --heads N\n"
-             "                       [--kv-heads N] [--intermediate N] [--vocab N] [--tie-embeddings]\n"
-             "                       [--seed S] --tokenizer DIR --out DIR\n"
+             "       ctrl model init --arch llama|qwen2|qwen3|mistral|gemma2|gemma3|phi3|qwen3_moe|mixtral\n"
+             "                       --hidden N --layers N --heads N [--kv-heads N] [--head-dim N]\n"
+             "                       [--intermediate N] [--vocab N] [--tie-embeddings] [--seed S]\n"
+             "                       [--experts N --experts-per-tok K [--moe-intermediate N]]\n"
+             "                       --tokenizer DIR --out DIR\n"
              "       ctrl model logprobs --model DIR [--adapter DIR] --input FILE.jsonl [--attention NAME]\n"
              "       ctrl model merge --base DIR --adapter DIR --out DIR\n\n"
              "info: architecture, parameter count, shapes, vocabulary, context.\n"
              "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
-             "      directory with the tokenizer's files.\n"
+             "      directory with the tokenizer's files; gemma2 takes Gemma2Config's defaults (tied\n"
+             "      embeddings, soft-capping 50/30, window 4096 on alternating layers, query scalar 256),\n"
+             "      gemma3 Gemma3TextConfig's (q/k norms, five sliding layers in six, RoPE 1e6 / 1e4),\n"
+             "      phi3 Phi3Config's (fused qkv_proj / gate_up_proj, rms_norm_eps 1e-5), qwen3_moe\n"
+             "      Qwen3MoeConfig's (every layer sparse, no top-k renormalisation; expert width\n"
+             "      --intermediate / 4 unless --moe-intermediate says), mixtral MixtralConfig's (experts of\n"
+             "      --intermediate, top-k renormalised).\n"
+             "      info also reports experts and the parameters active per token.\n"
              "logprobs: each input line {\"text\": ...} or {\"input_ids\": [...]} gives one output line\n"
              "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout; with\n"
              "      --adapter, of the model under a PEFT LoRA adapter directory.\n"

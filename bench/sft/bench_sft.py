@@ -4,8 +4,10 @@
 assistant turns trained as usual: all tokens), fp32, the same batch size, steps, learning rate
 and threads. Each trainer runs in its own process; reported: training tokens/s (tokens seen /
 training-loop time, the first step included for both) and peak RSS of the process, and the ratios.
-usage: bench/sft/bench_sft.py [--threads N] [--steps N] [--batch N] (after scripts/build.sh;
-needs torch, transformers, trl, datasets)"""
+usage: bench/sft/bench_sft.py [--threads N] [--steps N] [--batch N] [--experts N --experts-per-tok K]
+(after scripts/build.sh; needs torch, transformers, trl, datasets). With --experts the model is a
+Qwen3-MoE of the same shape (every layer sparse: N experts of width intermediate / 4, top K, as
+`ctrl model init --arch qwen3_moe` makes it)."""
 import argparse
 import json
 import os
@@ -106,19 +108,29 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--experts", type=int, default=0, help="a Qwen3-MoE with this many experts")
+    p.add_argument("--experts-per-tok", type=int, default=2)
     p.add_argument("--trl-child")
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
     with tempfile.TemporaryDirectory() as d:
         make_data(os.path.join(d, "train.jsonl"))
-        subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init", "--arch", "qwen2", "--hidden", "256",
+        moe = ["--arch", "qwen3_moe", "--experts", str(args.experts), "--experts-per-tok",
+               str(args.experts_per_tok)] if args.experts else ["--arch", "qwen2"]
+        subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init"] + moe + ["--hidden", "256",
                         "--layers", "6", "--heads", "4", "--kv-heads", "2", "--intermediate", "1024",
                         "--tie-embeddings", "--tokenizer", TOK, "--out", os.path.join(d, "model")], check=True,
                        stdout=subprocess.DEVNULL)
+        if args.experts:  # no load-balancing loss on either side (ctrl has none yet; TRL's off at 0)
+            cfg_path = os.path.join(d, "model", "config.json")
+            cfg = json.load(open(cfg_path))
+            cfg["router_aux_loss_coef"] = 0.0
+            json.dump(cfg, open(cfg_path, "w"), indent=1)
         cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
         print(f"machine: {os.cpu_count()} cores, {cpu}; threads {args.threads}, batch {args.batch}, "
-              f"{args.steps} steps, fp32")
+              f"{args.steps} steps, fp32" + (f"; Qwen3-MoE, {args.experts} experts, top {args.experts_per_tok}"
+                                             if args.experts else ""))
         tps, rss, loss = run_ctrl(d, args)
         trl = run_trl(d, args)
         print(f"ctrl  {tps:10.0f} tokens/s  peak RSS {rss:7.0f} MiB  final loss {loss:.4f}")

@@ -98,11 +98,43 @@ typedef struct ctrl_backend_ops {
     /* Appended: 1 when linear_*_bf16 round w to bf16 themselves as fast as they would read a rounded
      * copy (the CPU with AVX-512 BF16: rounded while packed): the model then keeps no rounded copy. */
     int (*bf16_rounds_weights)(void);
+
+    /* Appended for Gemma 2/3 (cpu_ops.h's namesakes): RMSNorm scaling by (1 + weight), and GeGLU
+     * (tanh-GELU gate). NULL where not implemented: the model refuses a Gemma model there. */
+    ctrl_status (*rmsnorm_1p_forward)(float *out, float *rstd, const float *x, const float *weight, int T,
+                                      int C, float eps);
+    ctrl_status (*rmsnorm_1p_backward)(float *dx, float *dweight, const float *dout, const float *x,
+                                       const float *weight, const float *rstd, int T, int C);
+    ctrl_status (*geglu_forward)(float *out, const float *gate, const float *up, int64_t n);
+    ctrl_status (*geglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, int64_t n);
+    /* 1: the head ops honour ctrl_head_args.softcap (final-logit soft-capping); 0: they do not, and
+     * the model refuses a soft-capped model there (ctrl_backend_flag). */
+    int head_softcap;
+    /* Appended for Phi-3/4's partial_rotary_factor: RoPE on the first rot_dim dimensions of each head
+     * (cpu_ops.h's ctrl_cpu_rope_partial_*); NULL where not implemented (the model refuses such a
+     * model there). */
+    ctrl_status (*rope_partial_forward)(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                        const float *sin_tab, int T, int n_head, int head_dim, int rot_dim);
+    ctrl_status (*rope_partial_backward)(float *dx, const float *dout, const int32_t *pos,
+                                         const float *cos_tab, const float *sin_tab, int T, int n_head,
+                                         int head_dim, int rot_dim);
+    /* Appended for mixture-of-experts layers (cpu_ops.h's ctrl_cpu_gather_rows, scatter_add_rows,
+     * rows_dot; rows on the backend); NULL where not implemented (the model refuses an MoE model). */
+    ctrl_status (*gather_rows)(float *out, const float *x, const int32_t *rows, const float *scale, int n,
+                               int C);
+    ctrl_status (*scatter_add_rows)(float *out, const float *y, const int32_t *rows, const float *scale,
+                                    int n, int C);
+    ctrl_status (*rows_dot)(float *out, const float *x, const int32_t *rows, const float *y, int n, int C);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */
 #define ctrl_backend_has(be, field)                                                                          \
     ((be)->size >= offsetof(ctrl_backend_ops, field) + sizeof((be)->field) && (be)->field != NULL)
+
+/* Whether `be` was built with the int flag `field` and sets it. */
+#define ctrl_backend_flag(be, field)                                                                         \
+    ((be)->size >= offsetof(ctrl_backend_ops, field) + sizeof((be)->field) && (be)->field != 0)
 
 /* The CPU backend (kernels/cpu), in libctrl. */
 const ctrl_backend_ops *ctrl_backend_cpu(void);

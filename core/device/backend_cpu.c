@@ -104,6 +104,50 @@ static ctrl_status swiglu_backward(float *dgate, float *dup, const float *dout, 
     ctrl_cpu_swiglu_backward(dgate, dup, dout, gate, up, n);
     return CTRL_OK;
 }
+static ctrl_status rmsnorm_1p_forward(float *out, float *rstd, const float *x, const float *weight, int T,
+                                      int C, float eps) {
+    ctrl_cpu_rmsnorm_1p_forward(out, rstd, x, weight, T, C, eps);
+    return CTRL_OK;
+}
+static ctrl_status rmsnorm_1p_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                       const float *weight, const float *rstd, int T, int C) {
+    ctrl_cpu_rmsnorm_1p_backward(dx, dweight, dout, x, weight, rstd, T, C);
+    return CTRL_OK;
+}
+static ctrl_status geglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+    ctrl_cpu_geglu_forward(out, gate, up, n);
+    return CTRL_OK;
+}
+static ctrl_status geglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                  const float *up, int64_t n) {
+    ctrl_cpu_geglu_backward(dgate, dup, dout, gate, up, n);
+    return CTRL_OK;
+}
+static ctrl_status rope_partial_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                        const float *sin_tab, int T, int n_head, int head_dim, int rot_dim) {
+    ctrl_cpu_rope_partial_forward(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim, rot_dim);
+    return CTRL_OK;
+}
+static ctrl_status rope_partial_backward(float *dx, const float *dout, const int32_t *pos,
+                                         const float *cos_tab, const float *sin_tab, int T, int n_head,
+                                         int head_dim, int rot_dim) {
+    ctrl_cpu_rope_partial_backward(dx, dout, pos, cos_tab, sin_tab, T, n_head, head_dim, rot_dim);
+    return CTRL_OK;
+}
+static ctrl_status gather_rows(float *out, const float *x, const int32_t *rows, const float *scale, int n,
+                               int C) {
+    ctrl_cpu_gather_rows(out, x, rows, scale, n, C);
+    return CTRL_OK;
+}
+static ctrl_status scatter_add_rows(float *out, const float *y, const int32_t *rows, const float *scale,
+                                    int n, int C) {
+    ctrl_cpu_scatter_add_rows(out, y, rows, scale, n, C);
+    return CTRL_OK;
+}
+static ctrl_status rows_dot(float *out, const float *x, const int32_t *rows, const float *y, int n, int C) {
+    ctrl_cpu_rows_dot(out, x, rows, y, n, C);
+    return CTRL_OK;
+}
 static ctrl_status residual_forward(float *out, const float *a, const float *b, int64_t n) {
     ctrl_cpu_residual_forward(out, a, b, n);
     return CTRL_OK;
@@ -174,6 +218,16 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .head_forward_backward = head_forward_backward,
         .sum_squares = sum_squares,
         .scale = scale,
+        .rmsnorm_1p_forward = rmsnorm_1p_forward,
+        .rmsnorm_1p_backward = rmsnorm_1p_backward,
+        .geglu_forward = geglu_forward,
+        .geglu_backward = geglu_backward,
+        .head_softcap = 1,
+        .rope_partial_forward = rope_partial_forward,
+        .rope_partial_backward = rope_partial_backward,
+        .gather_rows = gather_rows,
+        .scatter_add_rows = scatter_add_rows,
+        .rows_dot = rows_dot,
     };
     return &ops;
 }

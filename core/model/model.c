@@ -74,16 +74,25 @@ static ctrl_status layout(ctrl_model *m) {
     }                                                                                                        \
     if (nf4 && m->n_views <= m->cap_views) m->views[m->n_views - 1].nf4 = 1 + l * LORA_N_TARGETS + (target)
         V(ln1, "input_layernorm.weight", 1, C, 0, 1);
-        W(wq, "self_attn.q_proj.weight", 2, H * D, C, LORA_Q);
         o->bq = o->bk = o->bv = o->q_norm = o->k_norm = -1;
+        if (c->fused_qkv) { /* Phi-3: q, k, v are the row blocks of qkv_proj (LoRA refused there) */
+            V(wq, "self_attn.qkv_proj.weight", 2, (H + 2 * HK) * D, C, 0);
+            o->wk = o->wq + (long)H * D * C, o->wv = o->wk + (long)HK * D * C;
+        } else {
+            W(wq, "self_attn.q_proj.weight", 2, H * D, C, LORA_Q);
+        }
         if (c->qkv_bias) {
             V(bq, "self_attn.q_proj.bias", 1, H * D, 0, 1);
         }
-        W(wk, "self_attn.k_proj.weight", 2, HK * D, C, LORA_K);
+        if (!c->fused_qkv) {
+            W(wk, "self_attn.k_proj.weight", 2, HK * D, C, LORA_K);
+        }
         if (c->qkv_bias) {
             V(bk, "self_attn.k_proj.bias", 1, HK * D, 0, 1);
         }
-        W(wv, "self_attn.v_proj.weight", 2, HK * D, C, LORA_V);
+        if (!c->fused_qkv) {
+            W(wv, "self_attn.v_proj.weight", 2, HK * D, C, LORA_V);
+        }
         if (c->qkv_bias) {
             V(bv, "self_attn.v_proj.bias", 1, HK * D, 0, 1);
         }
@@ -92,9 +101,45 @@ static ctrl_status layout(ctrl_model *m) {
             V(q_norm, "self_attn.q_norm.weight", 1, D, 0, 1);
             V(k_norm, "self_attn.k_norm.weight", 1, D, 0, 1);
         }
-        V(ln2, "post_attention_layernorm.weight", 1, C, 0, 1);
-        W(wg, "mlp.gate_proj.weight", 2, I, C, LORA_GATE);
-        W(wu, "mlp.up_proj.weight", 2, I, C, LORA_UP);
+        o->post_attn = o->post_ffw = -1;
+        if (c->sandwich_norm) { /* Gemma 2: post_attention_layernorm is after attention */
+            V(post_attn, "post_attention_layernorm.weight", 1, C, 0, 1);
+            V(ln2, "pre_feedforward_layernorm.weight", 1, C, 0, 1);
+            V(post_ffw, "post_feedforward_layernorm.weight", 1, C, 0, 1);
+        } else {
+            V(ln2, "post_attention_layernorm.weight", 1, C, 0, 1);
+        }
+        o->router = o->experts = -1;
+        if (c->n_experts > 0 && c->moe_layer[l]) { /* the router, then each expert's gate, up, down */
+            const int E = c->n_experts, Im = c->moe_intermediate_size;
+            const int mixtral = c->arch == CTRL_ARCH_MIXTRAL; /* block_sparse_moe, experts.E.w1/w3/w2 */
+            if (mixtral) {
+                V(router, "block_sparse_moe.gate.weight", 2, E, C, 0);
+            } else {
+                V(router, "mlp.gate.weight", 2, E, C, 0);
+            }
+            o->wg = o->wu = o->wd = -1;
+            static const char *const parts[2][3] = {
+                {"mlp.experts.%d.gate_proj", "mlp.experts.%d.up_proj", "mlp.experts.%d.down_proj"},
+                {"block_sparse_moe.experts.%d.w1", "block_sparse_moe.experts.%d.w3",
+                 "block_sparse_moe.experts.%d.w2"}};
+            for (int e = 0; e < E; e++)
+                for (int p = 0; p < 3; p++) { /* expert e's tensor p at experts + (3 e + p) Im C */
+                    char part[64];
+                    snprintf(part, sizeof part, parts[mixtral][p], e);
+                    snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, part);
+                    const long at = model_add_view(m, &cur, n, 2, p < 2 ? Im : C, p < 2 ? C : Im, 0);
+                    if (e == 0 && p == 0) o->experts = at;
+                }
+            continue;
+        }
+        if (c->fused_gate_up) { /* Phi-3: gate then up, the row blocks of gate_up_proj */
+            V(wg, "mlp.gate_up_proj.weight", 2, 2 * I, C, 0);
+            o->wu = o->wg + (long)I * C;
+        } else {
+            W(wg, "mlp.gate_proj.weight", 2, I, C, LORA_GATE);
+            W(wu, "mlp.up_proj.weight", 2, I, C, LORA_UP);
+        }
         W(wd, "mlp.down_proj.weight", 2, C, I, LORA_DOWN);
 #undef W
 #undef V
@@ -134,6 +179,11 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     if (lora && lora->nf4 && lora->use_dora) /* DoRA's norms read the whole base weight */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "LoRA: use_dora with quantization = nf4 (QDoRA) is not implemented yet");
+    if (lora && (cfg->fused_qkv || cfg->fused_gate_up || cfg->n_experts > 0))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "LoRA: adapters on %s's fused qkv_proj / gate_up_proj or experts are not "
+                              "implemented yet",
+                              cfg->model_type);
     if (lora && cfg->num_labels > 0)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
@@ -164,10 +214,12 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     m->cfg = *cfg;
     m->attn = attn;
     m->temperature = 1.0f;
+    m->embed_pad = cfg->pad_token_id; /* fixed at construction, as nn.Embedding's padding_idx */
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
     /* every view a layer can have (and its adapters): layout never grows it */
-    m->cap_views = 3 + (14 + (lora ? (2 + !!lora->use_dora) * LORA_N_TARGETS : 0)) * cfg->n_layers;
+    m->cap_views =
+        3 + (17 + 3 * cfg->n_experts + (lora ? (2 + !!lora->use_dora) * LORA_N_TARGETS : 0)) * cfg->n_layers;
     m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
     if (lora) {
         m->has_lora = 1, m->lora = malloc(sizeof *m->lora);
@@ -255,10 +307,19 @@ ctrl_status ctrl_model_zero_grad(ctrl_model *m) {
 
 /* The tables are made on the host (once per length) and copied to a device. */
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
-    if (max_pos <= m->rope_len) return CTRL_OK;
+    /* longrope switches to its long factors once the sequence seen (max_pos, the largest position + 1)
+     * outgrows the trained context, and back, as transformers' longrope_frequency_update */
+    ctrl_rope_params rope = m->cfg.rope, local = m->cfg.rope_local;
+    rope.use_long = local.use_long = max_pos > rope.original_max_position;
+    const int use_long = rope.kind == CTRL_ROPE_LONGROPE && rope.use_long;
+    if (max_pos <= m->rope_len && use_long == m->rope_long) return CTRL_OK;
     int len = 256;
-    while (len < max_pos) len *= 2;
-    const size_t bytes = sizeof(float) * (size_t)len * (size_t)(m->cfg.head_dim / 2);
+    while (len < max_pos || len < m->rope_len) len *= 2;
+    /* rope_dim / 2 columns (partial rotary); with two RoPEs (Gemma 3) the local tables follow the
+     * global ones in the same buffers */
+    const int dim = ctrl_model_rope_dim(&m->cfg);
+    const size_t one = sizeof(float) * (size_t)len * (size_t)(dim / 2),
+                 bytes = one * (m->cfg.local_rope ? 2 : 1);
     m->be->free(m->cos_tab), m->be->free(m->sin_tab);
     m->cos_tab = m->sin_tab = NULL, m->rope_len = 0;
     ctrl_status st = m->be->alloc((void **)&m->cos_tab, bytes);
@@ -269,14 +330,16 @@ ctrl_status model_ensure_rope(ctrl_model *m, int max_pos) {
         free(cos_h);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: RoPE tables for %d positions", len);
     }
-    ctrl_cpu_rope_tables(cos_h, sin_h, len, m->cfg.head_dim, &m->cfg.rope);
+    ctrl_cpu_rope_tables(cos_h, sin_h, len, dim, &rope);
+    if (m->cfg.local_rope)
+        ctrl_cpu_rope_tables(cos_h + one / sizeof(float), sin_h + one / sizeof(float), len, dim, &local);
     if (!m->be->host_memory) {
         st = m->be->to_device(m->cos_tab, cos_h, bytes);
         if (st == CTRL_OK) st = m->be->to_device(m->sin_tab, sin_h, bytes);
         free(cos_h), free(sin_h);
         if (st != CTRL_OK) return st;
     }
-    m->rope_len = len;
+    m->rope_len = len, m->rope_long = use_long;
     return CTRL_OK;
 }
 
@@ -331,7 +394,8 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     const ctrl_model_config *c = &m->cfg;
     const size_t C = c->hidden_size, I = c->intermediate_size, QD = (size_t)c->n_heads * c->head_dim,
                  KD = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t internals = 4 * C + 2 + 3 * QD + 4 * KD + c->n_heads + c->n_kv_heads + c->n_heads + 3 * I;
+    const size_t internals = 4 * C + 2 + 3 * QD + 4 * KD + c->n_heads + c->n_kv_heads + c->n_heads + 3 * I +
+                             model_arch_act_floats(c);
     const size_t top = 2 * C + 3;
     if (T <= m->act_cap_T) return CTRL_OK;
     const int kept = c->n_layers - m->n_recompute, shared = m->n_recompute > 0;
@@ -360,6 +424,7 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
         a->q_rstd = TAKE(c->n_heads), a->k_rstd = TAKE(c->n_kv_heads), a->q = TAKE(QD), a->k = TAKE(KD);
         a->v = TAKE(KD), a->att = TAKE(QD), a->lse = TAKE(c->n_heads), a->x_mid = TAKE(C), a->ln2 = TAKE(C);
         a->rstd2 = TAKE(1), a->g = TAKE(I), a->u = TAKE(I), a->h = TAKE(I);
+        model_arch_take_acts(c, a, &p, T);
         for (int t = 0; t < LORA_N_TARGETS; t++) a->lora_xa[t] = NULL;
         for (int t = 0, ll = l < 0 ? -1 : l; m->has_lora && t < LORA_N_TARGETS; t++) {
             int any = 0; /* the shared set has room for any layer's */
@@ -374,7 +439,7 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     return CTRL_OK;
 }
 
-ctrl_attention_args model_attention_args(const ctrl_model *m, const layer_acts *a) {
+ctrl_attention_args model_attention_args(const ctrl_model *m, int l, const layer_acts *a) {
     const ctrl_model_config *c = &m->cfg;
     ctrl_attention_args args = {.size = sizeof args,
                                 .device = m->device,
@@ -386,14 +451,15 @@ ctrl_attention_args model_attention_args(const ctrl_model *m, const layer_acts *
                                 .n_head = c->n_heads,
                                 .n_kv_head = c->n_kv_heads,
                                 .head_dim = c->head_dim,
-                                .scale = 1.0f / sqrtf((float)c->head_dim),
+                                .scale = c->attn_scale > 0 ? c->attn_scale : 1.0f / sqrtf((float)c->head_dim),
                                 .causal = 1,
-                                .window = c->sliding_window,
+                                .window = ctrl_model_layer_window(c, l),
                                 .q = a->q,
                                 .k = a->k,
                                 .v = a->v,
                                 .out = a->att,
-                                .lse = a->lse};
+                                .lse = a->lse,
+                                .softcap = c->attn_softcap};
     return args;
 }
 
@@ -412,7 +478,7 @@ static ctrl_status check_batch(const ctrl_model *m, const ctrl_batch *b) {
 
 ctrl_status model_plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
     (void)ctx;
-    ctrl_attention_args args = model_attention_args(m, a);
+    ctrl_attention_args args = model_attention_args(m, l, a);
     ctrl_status st = m->attn->forward(&args, NULL);
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d attention", l);
 }
@@ -422,12 +488,13 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     const ctrl_model_config *c = &m->cfg;
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
               D = c->head_dim;
-    const float eps = c->rms_norm_eps, *P = m->dparams;
+    const float *P = m->dparams;
     const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
     if (m->nf4_w) MODEL_TRY(nf4_layer_weights(m, l)); /* QLoRA: this layer's weights, dequantized */
-    MODEL_TRY(be->rmsnorm_forward(a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C, eps));
+    const int sandwich = c->sandwich_norm;
+    MODEL_TRY(model_norm_forward(m, a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C));
     MODEL_TRY(
         model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D));
     MODEL_TRY(lora_forward(m, l, LORA_Q, a, a->q_raw, a->ln1, C, H * D));
@@ -438,30 +505,43 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(lora_forward(m, l, LORA_V, a, a->v, a->ln1, C, HK * D));
     const float *qin = a->q_raw, *kin = a->k_raw;
     if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
-        MODEL_TRY(be->rmsnorm_forward(a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D, eps));
-        MODEL_TRY(be->rmsnorm_forward(a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D, eps));
+        MODEL_TRY(model_norm_forward(m, a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D));
+        MODEL_TRY(model_norm_forward(m, a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D));
         qin = a->q, kin = a->k;
     }
-    MODEL_TRY(be->rope_forward(a->q, qin, positions, m->cos_tab, m->sin_tab, T, H, D));
-    MODEL_TRY(be->rope_forward(a->k, kin, positions, m->cos_tab, m->sin_tab, T, HK, D));
+    MODEL_TRY(model_rope(m, l, a->q, qin, positions, T, H, 1));
+    MODEL_TRY(model_rope(m, l, a->k, kin, positions, T, HK, 1));
     MODEL_TRY(attend(m, l, a, ctx));
-    MODEL_TRY(model_linear_forward(m, a->x_mid, a->att, P + o->wo, NULL, T, H * D, C));
-    MODEL_TRY(lora_forward(m, l, LORA_O, a, a->x_mid, a->att, H * D, C));
+    float *attn_out = sandwich ? a->o_raw : a->x_mid; /* Gemma 2 norms it into x_mid */
+    MODEL_TRY(model_linear_forward(m, attn_out, a->att, P + o->wo, NULL, T, H * D, C));
+    MODEL_TRY(lora_forward(m, l, LORA_O, a, attn_out, a->att, H * D, C));
+    if (sandwich) MODEL_TRY(model_norm_forward(m, a->x_mid, a->rstd_pa, a->o_raw, P + o->post_attn, T, C));
     MODEL_TRY(be->residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C));
-    MODEL_TRY(be->rmsnorm_forward(a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C, eps));
+    MODEL_TRY(model_norm_forward(m, a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C));
+    if (o->router >= 0) { /* a mixture-of-experts layer (no recompute shortcut: it keeps its own) */
+        MODEL_TRY(model_moe_forward(m, l, a->ln2, next));
+        return next ? be->residual_forward(next, next, a->x_mid, (int64_t)T * C) : CTRL_OK;
+    }
     MODEL_TRY(model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I));
     MODEL_TRY(lora_forward(m, l, LORA_GATE, a, a->g, a->ln2, C, I));
     MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
     MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
-    MODEL_TRY(be->swiglu_forward(a->h, a->g, a->u, (int64_t)T * I));
-    if (!next) return lora_forward(m, l, LORA_DOWN, a, NULL, a->h, I, C); /* its adapter's kept input */
-    MODEL_TRY(model_linear_forward(m, next, a->h, P + o->wd, NULL, T, I, C));
-    MODEL_TRY(lora_forward(m, l, LORA_DOWN, a, next, a->h, I, C));
+    MODEL_TRY(model_act_forward(m, a->h, a->g, a->u, (int64_t)T * I));
+    /* a recompute (next NULL) stops here, keeping the down adapter's input; with sandwich norms it
+     * also needs down_proj's output, which post_feedforward_layernorm's backward reads */
+    if (!next && !sandwich) return lora_forward(m, l, LORA_DOWN, a, NULL, a->h, I, C);
+    float *mlp_out = sandwich ? a->d_raw : next;
+    MODEL_TRY(model_linear_forward(m, mlp_out, a->h, P + o->wd, NULL, T, I, C));
+    MODEL_TRY(lora_forward(m, l, LORA_DOWN, a, mlp_out, a->h, I, C));
+    if (!next) return CTRL_OK;
+    if (sandwich) MODEL_TRY(model_norm_forward(m, next, a->rstd_pf, a->d_raw, P + o->post_ffw, T, C));
     return be->residual_forward(next, next, a->x_mid, (int64_t)T * C);
 }
 
 /* Keeps the batch (backward needs it after the caller's buffers may have changed) on the host and
- * on the backend: tokens, positions, targets, cu_seqlens in one buffer each side. */
+ * on the backend: tokens, positions, targets, cu_seqlens in one buffer each side, and after them the
+ * tokens the embedding's backward scatters (m->grad_tokens: the padding_idx, config.json's
+ * pad_token_id, as -1: nn.Embedding gives its row no gradient). */
 static ctrl_status keep_batch(ctrl_model *m, const ctrl_batch *b) {
     const size_t n = (size_t)(4 * b->T + b->B + 1);
     free(m->batch_mem);
@@ -471,6 +551,8 @@ static ctrl_status keep_batch(ctrl_model *m, const ctrl_batch *b) {
     memcpy(bm, b->tokens, 4 * (size_t)b->T), memcpy(bm + b->T, b->positions, 4 * (size_t)b->T);
     memcpy(bm + 2 * b->T, b->targets, 4 * (size_t)b->T),
         memcpy(bm + 3 * b->T, b->cu_seqlens, 4 * (size_t)(b->B + 1));
+    int32_t *gt = bm + 3 * b->T + b->B + 1;
+    for (int t = 0; t < b->T; t++) gt[t] = b->tokens[t] == m->embed_pad ? -1 : b->tokens[t];
     if (!m->be->host_memory) {
         MODEL_TRY(model_grow(m, (void **)&m->dbatch_mem, &m->dbatch_bytes, sizeof(int32_t) * n));
         MODEL_TRY(m->be->to_device(m->dbatch_mem, bm, sizeof(int32_t) * n));
@@ -483,6 +565,7 @@ static ctrl_status keep_batch(ctrl_model *m, const ctrl_batch *b) {
                                                                   .positions = p + b->T,
                                                                   .targets = p + 2 * b->T,
                                                                   .cu_seqlens = p + 3 * b->T};
+        if (side == 1) m->grad_tokens = p + 3 * b->T + b->B + 1;
     }
     return CTRL_OK;
 }
@@ -496,6 +579,12 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     const ctrl_model_config *c = &m->cfg;
     if (!m->attn)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: no attention plugin to run the forward with");
+    if (c->attn_softcap > 0 && !ctrl_attention_has(m->attn, CTRL_ATTENTION_SOFTCAP))
+        return ctrl_error_set(CTRL_ERR_PLUGIN,
+                              "model: %s needs attention logit soft-capping (attn_logit_softcapping = %g), "
+                              "which this attention plugin does not declare (eager and flash do)",
+                              c->model_type, (double)c->attn_softcap);
+    MODEL_TRY(model_check_backend(m, be));
     m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
     MODEL_TRY(check_batch(m, b));
     MODEL_TRY(model_prepare_weights(m));
@@ -503,19 +592,21 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
     MODEL_TRY(model_ensure_rope(m, max_pos + 1));
     MODEL_TRY(model_ensure_acts(m, b->T));
+    MODEL_TRY(model_moe_ensure(m, b->T));
     MODEL_TRY(keep_batch(m, b));
     m->T = b->T;
     m->lora_step += m->training; /* a fresh dropout mask per training forward (a recompute reuses it) */
     const int T = b->T, C = c->hidden_size;
-    const float eps = c->rms_norm_eps, *P = m->dparams;
+    const float *P = m->dparams;
     MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
+    if (c->embed_scale > 0) MODEL_TRY(be->scale(m->acts[0].x_in, c->embed_scale, (int64_t)T * C));
     for (int l = 0; l < c->n_layers; l++) {
         MODEL_TRY(model_layer_hooks(m, l, 0, 1));
         MODEL_TRY(model_layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                       model_plugin_attention, NULL));
         MODEL_TRY(model_layer_hooks(m, l, 0, 0));
     }
-    return be->rmsnorm_forward(m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C, eps);
+    return model_norm_forward(m, m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C);
 }
 
 static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlogp, float *logp,

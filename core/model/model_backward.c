@@ -25,33 +25,52 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
     if (m->nf4_w) MODEL_TRY(nf4_layer_weights(m, l)); /* QLoRA: this layer's weights, dequantized */
-    /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)). */
-    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wd), NULL, dres, a->h, P + o->wd, T, I, C));
-    MODEL_TRY(lora_backward(m, l, LORA_DOWN, a, d1, dres, a->h, I, C));
-    MODEL_TRY(be->swiglu_backward(d2, d3, d1, a->g, a->u, (int64_t)T * I));
-    MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wg), NULL, d2, a->ln2, P + o->wg, T, C, I));
-    MODEL_TRY(lora_backward(m, l, LORA_GATE, a, dtmp, d2, a->ln2, C, I));
-    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wu), NULL, d3, a->ln2, P + o->wu, T, C, I));
-    MODEL_TRY(lora_backward(m, l, LORA_UP, a, d1, d3, a->ln2, C, I));
-    MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
-    MODEL_TRY(be->rmsnorm_backward(d1, model_grad(m, o->ln2), dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C));
+    const int sandwich = c->sandwich_norm;
+    /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)) (Gemma 2: of
+     * x_mid + post_ffw_norm(down(geglu(gate, up))), whose norm's backward comes first, into dtmp). */
+    const float *dmlp = dres;
+    if (sandwich) {
+        MODEL_TRY(model_norm_backward(m, dtmp, model_grad(m, o->post_ffw), dres, a->d_raw, P + o->post_ffw,
+                                      a->rstd_pf, T, C));
+        dmlp = dtmp;
+    }
+    if (o->router >= 0) { /* a mixture-of-experts layer: dL/d(ln2) into dtmp */
+        MODEL_TRY(model_moe_backward(m, l, a->ln2, dmlp, dtmp));
+    } else {
+        MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wd), NULL, dmlp, a->h, P + o->wd, T, I, C));
+        MODEL_TRY(lora_backward(m, l, LORA_DOWN, a, d1, dmlp, a->h, I, C));
+        MODEL_TRY(model_act_backward(m, d2, d3, d1, a->g, a->u, (int64_t)T * I));
+        MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wg), NULL, d2, a->ln2, P + o->wg, T, C, I));
+        MODEL_TRY(lora_backward(m, l, LORA_GATE, a, dtmp, d2, a->ln2, C, I));
+        MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wu), NULL, d3, a->ln2, P + o->wu, T, C, I));
+        MODEL_TRY(lora_backward(m, l, LORA_UP, a, d1, d3, a->ln2, C, I));
+        MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
+    }
+    MODEL_TRY(model_norm_backward(m, d1, model_grad(m, o->ln2), dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C));
     MODEL_TRY(be->residual_forward(dres, dres, d1, (int64_t)T * C)); /* now the gradient of x_mid */
-    /* Attention: x_mid = x_in + o_proj(att). */
-    MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wo), NULL, dres, a->att, P + o->wo, T, H * D, C));
-    MODEL_TRY(lora_backward(m, l, LORA_O, a, d1, dres, a->att, H * D, C));
-    ctrl_attention_args args = model_attention_args(m, a);
+    /* Attention: x_mid = x_in + o_proj(att) (Gemma 2: x_in + post_attn_norm(o_proj(att))). */
+    const float *dattn = dres;
+    if (sandwich) {
+        MODEL_TRY(model_norm_backward(m, dtmp, model_grad(m, o->post_attn), dres, a->o_raw, P + o->post_attn,
+                                      a->rstd_pa, T, C));
+        dattn = dtmp;
+    }
+    MODEL_TRY(
+        model_linear_backward(m, d1, model_grad(m, o->wo), NULL, dattn, a->att, P + o->wo, T, H * D, C));
+    MODEL_TRY(lora_backward(m, l, LORA_O, a, d1, dattn, a->att, H * D, C));
+    ctrl_attention_args args = model_attention_args(m, l, a);
     args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
     ctrl_status st = m->attn->backward(&args, NULL);
     if (st != CTRL_OK) return ctrl_error_wrap(st, "layer %d attention backward", l);
     /* RoPE (then the per-head norms) back to the projections' outputs. */
-    MODEL_TRY(be->rope_backward(d2, d2, positions, m->cos_tab, m->sin_tab, T, H, D));
-    MODEL_TRY(be->rope_backward(dk, dk, positions, m->cos_tab, m->sin_tab, T, HK, D));
+    MODEL_TRY(model_rope(m, l, d2, d2, positions, T, H, 0));
+    MODEL_TRY(model_rope(m, l, dk, dk, positions, T, HK, 0));
     if (c->qk_norm) {
-        MODEL_TRY(be->rmsnorm_backward(d3, model_grad(m, o->q_norm), d2, a->q_raw, P + o->q_norm, a->q_rstd,
-                                       T * H, D));
+        MODEL_TRY(model_norm_backward(m, d3, model_grad(m, o->q_norm), d2, a->q_raw, P + o->q_norm, a->q_rstd,
+                                      T * H, D));
         MODEL_TRY(be->copy(d2, d3, sizeof(float) * (size_t)T * H * D));
-        MODEL_TRY(be->rmsnorm_backward(d3, model_grad(m, o->k_norm), dk, a->k_raw, P + o->k_norm, a->k_rstd,
-                                       T * HK, D));
+        MODEL_TRY(model_norm_backward(m, d3, model_grad(m, o->k_norm), dk, a->k_raw, P + o->k_norm, a->k_rstd,
+                                      T * HK, D));
         MODEL_TRY(be->copy(dk, d3, sizeof(float) * (size_t)T * HK * D));
     }
     MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wq), model_grad(m, o->bq), d2, a->ln1,
@@ -65,7 +84,7 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
                                     T, C, HK * D));
     MODEL_TRY(lora_backward(m, l, LORA_V, a, d1, dv, a->ln1, C, HK * D));
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
-    MODEL_TRY(be->rmsnorm_backward(d1, model_grad(m, o->ln1), dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
+    MODEL_TRY(model_norm_backward(m, d1, model_grad(m, o->ln1), dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
     return be->residual_forward(dres, dres, d1, (int64_t)T * C); /* now the gradient of x_in */
 }
 
@@ -99,14 +118,21 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         MODEL_TRY(be->head_backward(&ha, m->head_lse, s.dlogp, NULL, NULL, g.dtmp,
                                     model_grad(m, m->off_lm_head), m->head_ws));
     }
-    MODEL_TRY(be->rmsnorm_backward(g.dres, model_grad(m, m->off_norm), dlogp ? g.dtmp : m->head_dh, m->x_out,
-                                   P + m->off_norm, m->rstdf, T, C));
+    MODEL_TRY(model_norm_backward(m, g.dres, model_grad(m, m->off_norm), dlogp ? g.dtmp : m->head_dh,
+                                  m->x_out, P + m->off_norm, m->rstdf, T, C));
     for (int l = c->n_layers - 1; l >= 0; l--) {
         MODEL_TRY(model_layer_hooks(m, l, 1, 1));
-        if (model_recomputed(m, l)) MODEL_TRY(model_layer_forward(m, l, NULL, model_plugin_attention, NULL));
+        if (model_recomputed(m, l)) {
+            MODEL_TRY(model_layer_forward(m, l, NULL, model_plugin_attention, NULL));
+            if (c->sandwich_norm) /* the recompute stops before post_feedforward_layernorm: its rstd */
+                MODEL_TRY(model_norm_forward(m, g.dtmp, m->acts[l].rstd_pf, m->acts[l].d_raw,
+                                             P + m->layers[l].post_ffw, T, C));
+        }
         MODEL_TRY(layer_backward(m, l, &g));
         MODEL_TRY(model_layer_hooks(m, l, 1, 0));
     }
     float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
-    return dwte ? be->embedding_backward(dwte, g.dres, m->dev_batch.tokens, T, C) : CTRL_OK;
+    if (!dwte) return CTRL_OK;
+    if (c->embed_scale > 0) MODEL_TRY(be->scale(g.dres, c->embed_scale, (int64_t)T * C));
+    return be->embedding_backward(dwte, g.dres, m->grad_tokens, T, C);
 }

@@ -56,8 +56,9 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
                                             .n_head = cfg->n_heads,
                                             .n_kv_head = cfg->n_kv_heads,
                                             .head_dim = cfg->head_dim,
-                                            .scale = 1.0f / sqrtf((float)cfg->head_dim),
-                                            .window = cfg->sliding_window > 0 ? cfg->sliding_window : 0,
+                                            .scale = cfg->attn_scale > 0 ? cfg->attn_scale
+                                                                         : 1.0f / sqrtf((float)cfg->head_dim),
+                                            .window = ctrl_model_layer_window(cfg, l),
                                             .q = a->q,
                                             .out = a->att,
                                             .k_cache = ctrl_kv_layer(d->c, 0, l),
@@ -69,7 +70,8 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
                                             .seq_of_token = d->seq_of,
                                             .positions = m->batch.positions,
                                             .max_position = d->max_pos,
-                                            .cache_dtype = d->c->dtype};
+                                            .cache_dtype = d->c->dtype,
+                                            .softcap = cfg->attn_softcap};
     const ctrl_status st = m->paged->paged_forward(&args);
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d paged attention", l);
 }
@@ -79,6 +81,12 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
         !ops->paged_forward)
         return ctrl_error_set(CTRL_ERR_PLUGIN,
                               "decode: the attention plugin has no paged decoding (use `paged`)");
+    if (m->cfg.attn_softcap > 0 && !ctrl_attention_has(ops, CTRL_ATTENTION_SOFTCAP))
+        return ctrl_error_set(
+            CTRL_ERR_PLUGIN,
+            "decode: %s needs attention logit soft-capping, which this paged plugin does not "
+            "declare",
+            m->cfg.model_type);
     m->paged = ops;
     return CTRL_OK;
 }
@@ -98,7 +106,8 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
     const ctrl_model_config *c = &m->cfg;
     const size_t C = c->hidden_size, I = c->intermediate_size, QD = (size_t)c->n_heads * c->head_dim,
                  KD = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t internals = 3 * C + 2 + 3 * QD + 4 * KD + 2 * c->n_heads + c->n_kv_heads + 3 * I;
+    const size_t internals =
+        3 * C + 2 + 3 * QD + 4 * KD + 2 * c->n_heads + c->n_kv_heads + 3 * I + model_arch_act_floats(c);
     free(m->dec_mem), free(m->dec_pos);
     m->dec_mem = malloc(sizeof(float) * (size_t)T * (internals + 3 * C));
     m->dec_pos = malloc(sizeof(int32_t) * (size_t)T);
@@ -114,6 +123,7 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
     w.k_rstd = TAKE(c->n_kv_heads), w.q = TAKE(QD), w.k = TAKE(KD), w.v = TAKE(KD), w.att = TAKE(QD);
     w.lse = TAKE(c->n_heads), w.x_mid = TAKE(C), w.ln2 = TAKE(C), w.rstd2 = TAKE(1), w.g = TAKE(I);
     w.u = TAKE(I), w.h = TAKE(I);
+    model_arch_take_acts(c, &w, &p, T);
     float *x[2];
     x[0] = TAKE(C), x[1] = TAKE(C); /* in order: an initializer list's are unsequenced */
     m->dec_out = TAKE(C);
@@ -146,9 +156,11 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         if (tokens[t] < 0 || tokens[t] >= V)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: token %d is outside the vocabulary (%d)",
                                   tokens[t], V);
-    ctrl_status st = model_ensure_rope(m, max_pos);
+    ctrl_status st = model_check_backend(m, m->be);
+    if (st == CTRL_OK) st = model_ensure_rope(m, max_pos);
     if (st == CTRL_OK) st = model_prepare_weights(m);
     if (st == CTRL_OK) st = decode_scratch(m, T);
+    if (st == CTRL_OK) st = model_moe_ensure(m, T); /* decoding reuses the MoE layers' buffers */
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)
         st = ctrl_kv_seq_reserve(c, seqs[s], seqs[s]->len + n_new[s]);
     if (st != CTRL_OK) return st;
@@ -182,6 +194,8 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks, kv16};
     m->dec_n_new = n_new, m->dec_n_seq = n_seq; /* the adapters' runs (lora_bank.c) */
     st = m->be->embedding_forward(m->acts[0].x_in, tokens, m->dparams + m->off_embed, T, C);
+    if (st == CTRL_OK && cfg->embed_scale > 0)
+        st = m->be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                  paged_attention, &d);
@@ -193,9 +207,12 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
             seqs[s]->len += n_new[s];
         }
         if (all_rows) memcpy(h, m->x_out, sizeof(float) * (size_t)T * C);
-        st = m->be->rmsnorm_forward(h, rstd, h, m->dparams + m->off_norm, rows, C, cfg->rms_norm_eps);
+        st = model_norm_forward(m, h, rstd, h, m->dparams + m->off_norm, rows, C);
         if (st == CTRL_OK)
             st = m->be->linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, rows, C, V);
+        const float cap = cfg->final_softcap; /* host memory: logits are the caller's buffer */
+        for (size_t i = 0; st == CTRL_OK && cap > 0 && i < (size_t)rows * V; i++)
+            logits[i] = cap * tanhf(logits[i] / cap);
     }
     m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
     m->x_out = saved_out;

@@ -18,6 +18,7 @@ ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t byte
 
 void ctrl_model_release_scratch(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
+    model_moe_release(m); /* the mixture-of-experts layers' activations and scratch too */
     void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
                      &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
@@ -50,6 +51,8 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
             "model: QLoRA ([peft] quantization = nf4) runs on the CPU only so far, not on %s", be->name);
+    ctrl_status ok = model_check_backend(m, be); /* a family's ops (Gemma's) it may lack */
+    if (ok != CTRL_OK) return ok;
     model_release_backend(m);
     m->be = be, m->device = device;
     if (be->host_memory) return CTRL_OK;
@@ -135,5 +138,7 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                             .C = c->hidden_size,
                             .V = c->vocab_size,
                             .temperature = m->temperature,
-                            .bf16 = m->linear_bf16};
+                            .bf16 = m->linear_bf16,
+
+                            .softcap = c->final_softcap};
 }

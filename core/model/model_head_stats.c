@@ -54,6 +54,11 @@ ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_s
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
     if (m->off_lm_head < 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a sequence classifier has no LM head statistics");
+    if (mean_logit && m->cfg.final_softcap > 0) /* the mean of capped logits is not linear in h */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: the mean logit of a soft-capped head (final_logit_softcapping, %s) is "
+                              "not implemented",
+                              m->cfg.model_type);
     ctrl_status st = mean_logit ? mean_logits(m, mean_logit) : CTRL_OK;
     return st == CTRL_OK && log_sum_sq_probs ? log_sum_sq(m, log_sum_sq_probs) : st;
 }

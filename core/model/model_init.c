@@ -1,5 +1,6 @@
 /* Random initialisation as transformers' _init_weights does for these models: linear and
- * embedding weights ~ N(0, initializer_range), biases 0, RMSNorm weights 1. Deterministic in the
+ * embedding weights ~ N(0, initializer_range), biases 0, RMSNorm weights 1 (Gemma's, which scale by
+ * 1 + weight, 0). Deterministic in the
  * seed (splitmix64 + Box-Muller), independent of the thread count. */
 #include <math.h>
 #include <string.h>
@@ -35,7 +36,8 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
         int is_bias = len > 5 && !strcmp(name + len - 5, ".bias");
         int is_norm = strstr(name, "norm") != NULL;
         if (is_norm) {
-            for (int64_t k = 0; k < v->numel; k++) x[k] = 1.0f;
+            const float one = ctrl_model_cfg(m)->norm_plus_one ? 0.0f : 1.0f;
+            for (int64_t k = 0; k < v->numel; k++) x[k] = one;
         } else if (is_bias) {
             memset(x, 0, sizeof(float) * (size_t)v->numel);
         } else {

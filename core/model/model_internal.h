@@ -11,6 +11,11 @@
 /* Offsets (in floats) of one layer's tensors inside the flat buffer; -1 when absent. */
 typedef struct layer_offsets {
     long ln1, wq, bq, wk, bk, wv, bv, wo, q_norm, k_norm, ln2, wg, wu, wd;
+    long post_attn,
+        post_ffw; /* Gemma 2's sandwich norms (cfg.sandwich_norm): after o_proj, after down_proj */
+    /* an MoE layer's mlp.gate, and its first expert (expert e's gate, up and down proj at
+     * experts + (3 e + 0, 1, 2) x moe_intermediate_size x hidden_size; model_moe.c) */
+    long router, experts;
 } layer_offsets;
 
 /* One layer's activations, T = tokens of the flat batch, C = hidden size, H / HK = query / kv heads,
@@ -35,6 +40,12 @@ typedef struct layer_offsets {
  *   rstd2   [T]         (b)
  *   g, u    [T, I]      gate_proj(ln2), up_proj(ln2) (b: SwiGLU's backward)
  *   h       [T, I]      silu(g) * u (b: down_proj's backward)
+ * With sandwich norms (Gemma 2) also, else NULL:
+ *   o_raw   [T, C]      o_proj(att), normed by post_attention_layernorm into x_mid - x_in (b)
+ *   rstd_pa [T]         (b)
+ *   d_raw   [T, C]      down_proj(h), normed by post_feedforward_layernorm into output - x_mid (b)
+ *   rstd_pf [T]         (b)
+ * and ln2 is pre_feedforward_layernorm's output.
  * The layer's output, x_mid + down_proj(h), is the next layer's x_in. Above the last layer the
  * model keeps x_out [T, C] (the last output), lnf [T, C] and rstdf [T] (the final norm), and the
  * head's lse [T] and entropy [T]; a fused forward also keeps head_dh [T, C] = dL/dlnf. */
@@ -43,6 +54,7 @@ typedef struct lora_bank_entry lora_bank_entry;
 typedef struct layer_acts {
     float *x_in, *ln1, *rstd1, *q_raw, *k_raw, *q_rstd, *k_rstd, *q, *k, *v, *att, *lse, *x_mid, *ln2, *rstd2,
         *g, *u, *h;
+    float *o_raw, *rstd_pa, *d_raw, *rstd_pf;
     /* with LoRA: s * dropout(x) A^T [T, r] of each adapted projection (b: the adapter's backward);
      * NULL where the layer has no adapter, and in decoding (lora.c uses scratch) */
     float *lora_xa[LORA_N_TARGETS];
@@ -78,6 +90,14 @@ struct ctrl_model {
     /* backend: RoPE tables [rope_len, head_dim/2] */
     float *cos_tab, *sin_tab;
     int rope_len;
+    int rope_long; /* the tables hold longrope's long factors (model_ensure_rope) */
+    /* mixture of experts (model_moe.c): per layer (NULL entries for dense ones), the backend buffers
+     * (moe_dev, moe_rows), the host ones (moe_host), the capacity in tokens, the backward's scratch */
+    struct moe_acts *moe;
+    float *moe_dev, *moe_host, *moe_ws;
+    int32_t *moe_rows, *moe_host_i;
+    int moe_cap_T;
+    size_t moe_ws_bytes;
     /* backend: activations of the last forward (see layer_acts) */
     int T, act_cap_T;
     float *act_mem;
@@ -94,6 +114,8 @@ struct ctrl_model {
      * in dbatch_mem; the same buffer with host memory) */
     ctrl_batch batch, dev_batch;
     int32_t *batch_mem, *dbatch_mem;
+    const int32_t *grad_tokens; /* backend: the tokens with embed_pad as -1, for the embedding's backward */
+    int embed_pad;              /* padding_idx (-1: none) */
     size_t dbatch_bytes;
     /* memory strategy (may be NULL) and which layers it recomputes */
     const ctrl_memory_ops *mem_ops;
@@ -204,14 +226,59 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
 /* The forward up to the final norm (m->lnf), keeping the batch and all backward needs; the heads
  * (the fused LM head in model.c, the score in model_score.c) run on top of it. */
 ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b);
+/* Where layer l's RoPE tables start in cos_tab / sin_tab (in floats): the local ones after the global
+ * ones on a sliding layer of a model with two RoPEs (Gemma 3), else 0. */
+static inline size_t model_rope_offset(const ctrl_model *m, int l) {
+    return m->cfg.local_rope && m->cfg.sliding_layer[l]
+               ? (size_t)m->rope_len * (size_t)(ctrl_model_rope_dim(&m->cfg) / 2)
+               : 0;
+}
 /* RoPE tables covering positions [0, max_pos). */
 ctrl_status model_ensure_rope(ctrl_model *m, int max_pos);
 /* The attention plugin's arguments for layer activations `a` over the kept batch, and the training
  * forward's model_attention_fn (the plugin's forward). */
-ctrl_attention_args model_attention_args(const ctrl_model *m, const layer_acts *a);
+ctrl_attention_args model_attention_args(const ctrl_model *m, int l, const layer_acts *a);
 ctrl_status model_plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ctx);
 /* The fused head's arguments over the kept batch (lnf, the LM head, the targets, temperature). */
 ctrl_head_args model_head_args(const ctrl_model *m);
+/* What the families differ in (model_arch.c): the RMSNorm (Llama's w, or Gemma's 1 + w), the MLP's
+ * gate activation (SwiGLU or GeGLU), and whether the model's backend has the ops they need
+ * (CTRL_ERR_UNSUPPORTED naming the op and the family where not). */
+ctrl_status model_norm_forward(const ctrl_model *m, float *out, float *rstd, const float *x, const float *w,
+                               int T, int C);
+ctrl_status model_norm_backward(const ctrl_model *m, float *dx, float *dw, const float *dout, const float *x,
+                                const float *w, const float *rstd, int T, int C);
+ctrl_status model_act_forward(const ctrl_model *m, float *h, const float *g, const float *u, int64_t n);
+ctrl_status model_act_backward(const ctrl_model *m, float *dg, float *du, const float *dh, const float *g,
+                               const float *u, int64_t n);
+ctrl_status model_check_backend(const ctrl_model *m, const ctrl_backend_ops *be);
+/* RoPE of layer l on x [T, n_head, head_dim] into out (forward = 0: its backward): the layer's tables
+ * (model_rope_offset), over the rotated dimensions only where the model's RoPE is partial. */
+ctrl_status model_rope(const ctrl_model *m, int l, float *out, const float *x, const int32_t *pos, int T,
+                       int n_head, int forward);
+/* Extra floats per token a layer's internals take for the family (the sandwich norms' inputs). */
+size_t model_arch_act_floats(const ctrl_model_config *c);
+/* The sandwich norms' buffers carved from *p (T tokens), or NULL without them. */
+void model_arch_take_acts(const ctrl_model_config *c, layer_acts *a, float **p, int T);
+
+/* Mixture-of-experts layers (model_moe.c). Routing runs on the host over the router logits [T, E]
+ * (softmax, top-k, renormalisation: a few floats a token); the experts on the backend, each one GEMM
+ * over the tokens routed to it, gathered into one block. moe_ensure sizes every MoE layer's buffers for
+ * T tokens (before a forward's layer loop: the buffers are per layer, kept for backward, and a
+ * recompute refills its own); moe_forward writes the layer's MLP output into out (NULL: keep only what
+ * backward needs), moe_backward accumulates the router's and experts' gradients and writes
+ * dL/d(ln2) into dx from dL/d(output) dout; moe_release frees everything. */
+typedef struct moe_acts {
+    float *logits, *xs, *g, *u, *h, *y, *w; /* backend: [T, E], [TK, C], [TK, Im] x 3, [TK, C], [TK] */
+    int32_t *rows;                          /* backend [TK]: the token of each grouped row */
+    float *probs, *weight;                  /* host [T, E] and [T, K] */
+    int32_t *idx, *count;                   /* host [T, K] chosen experts, [E + 1] row offsets per expert */
+} moe_acts;
+ctrl_status model_moe_ensure(ctrl_model *m, int T);
+ctrl_status model_moe_forward(ctrl_model *m, int l, const float *x, float *out);
+ctrl_status model_moe_backward(ctrl_model *m, int l, const float *x, const float *dout, float *dx);
+void model_moe_release(ctrl_model *m);
+
 /* LoRA (lora.c). lora_layout adds each layer's lora_A / lora_B views after *cursor; lora_init fills
  * them as init_lora_weights says. lora_forward adds the adapter of layer l's linear `target` to
  * `out` [T, OUT] from its input x [T, IN] (nothing where there is none), keeping a->lora_xa for

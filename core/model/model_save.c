@@ -31,8 +31,83 @@ ctrl_status model_write_text_atomic(const char *path, const char *text) {
     return CTRL_OK;
 }
 
-static const char *const arch_name[] = {"Llama", "Qwen2", "Qwen3", "Mistral"};
-static const char *const rope_names[] = {"default", "linear", "llama3", "yarn", "dynamic"};
+static const char *const arch_name[CTRL_ARCH_COUNT] = {"Llama",  "Qwen2", "Qwen3",    "Mistral", "Gemma2",
+                                                       "Gemma3", "Phi3",  "Qwen3Moe", "Mixtral"};
+static const char *const rope_names[] = {"default", "linear", "llama3", "yarn", "dynamic", "longrope"};
+
+/* A float-typed field as its shortest decimal, written as a float (30.0, not 30: transformers 5's
+ * config classes check the JSON type). */
+static void add_float(cJSON *o, const char *key, float v) {
+    char text[40];
+    snprintf(text, sizeof text, "%.7g", (double)v);
+    if (!strpbrk(text, ".eEn")) strcat(text, ".0");
+    cJSON_AddRawToObject(o, key, text);
+}
+
+/* Gemma 2's own fields (Gemma2Config's names): soft-capping (null: none), query_pre_attn_scalar, the
+ * window and which layers slide. */
+static void gemma_config_json(cJSON *o, const ctrl_model_config *c) {
+    cJSON_AddNumberToObject(o, "query_pre_attn_scalar",
+                            c->query_pre_attn_scalar); /* an int in Gemma2Config */
+    if (c->attn_softcap > 0)
+        add_float(o, "attn_logit_softcapping", c->attn_softcap);
+    else
+        cJSON_AddNullToObject(o, "attn_logit_softcapping");
+    if (c->final_softcap > 0)
+        add_float(o, "final_logit_softcapping", c->final_softcap);
+    else
+        cJSON_AddNullToObject(o, "final_logit_softcapping");
+    if (c->sliding_window > 0)
+        cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+    else
+        cJSON_AddNullToObject(o, "sliding_window");
+    cJSON *types = cJSON_AddArrayToObject(o, "layer_types");
+    for (int l = 0; l < c->n_layers; l++)
+        cJSON_AddItemToArray(types, cJSON_CreateString(!c->has_layer_types || c->sliding_layer[l]
+                                                           ? "sliding_attention"
+                                                           : "full_attention"));
+    cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
+    /* transformers' default pad_token_id for Gemma is 0: say which one this model has */
+    if (c->num_labels <= 0 && c->pad_token_id >= 0)
+        cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+    else if (c->num_labels <= 0)
+        cJSON_AddNullToObject(o, "pad_token_id");
+}
+
+/* A rope dict: rope_scaling's keys (with_theta: and rope_theta, as rope_parameters has it). */
+/* A list of n floats (longrope's factors) as JSON floats. */
+static void add_floats(cJSON *o, const char *key, const float *v, int n) {
+    cJSON *a = cJSON_AddArrayToObject(o, key);
+    for (int i = 0; i < n; i++) {
+        char text[40];
+        snprintf(text, sizeof text, "%.9g", (double)v[i]);
+        if (!strpbrk(text, ".eEn")) strcat(text, ".0");
+        cJSON_AddItemToArray(a, cJSON_CreateRaw(text));
+    }
+}
+
+static void rope_json(cJSON *r, const ctrl_rope_params *p, int with_theta) {
+    if (with_theta) cJSON_AddNumberToObject(r, "rope_theta", p->theta);
+    cJSON_AddStringToObject(r, "rope_type", rope_names[p->kind]);
+    if (p->kind != CTRL_ROPE_DEFAULT)
+        add_float(r, "factor", (float)p->factor); /* a float, as transformers checks */
+    if (p->kind == CTRL_ROPE_LLAMA3) {
+        cJSON_AddNumberToObject(r, "low_freq_factor", p->low_freq_factor);
+        cJSON_AddNumberToObject(r, "high_freq_factor", p->high_freq_factor);
+    }
+    if (p->kind == CTRL_ROPE_LLAMA3 || p->kind == CTRL_ROPE_YARN || p->kind == CTRL_ROPE_LONGROPE)
+        cJSON_AddNumberToObject(r, "original_max_position_embeddings", p->original_max_position);
+    if (p->kind == CTRL_ROPE_LONGROPE) {
+        add_floats(r, "short_factor", p->short_factor, p->n_factors);
+        add_floats(r, "long_factor", p->long_factor, p->n_factors);
+        if (p->attention_factor > 0) add_float(r, "attention_factor", (float)p->attention_factor);
+    }
+    if (p->kind == CTRL_ROPE_YARN) {
+        cJSON_AddNumberToObject(r, "beta_fast", p->beta_fast);
+        cJSON_AddNumberToObject(r, "beta_slow", p->beta_slow);
+        if (p->attention_factor > 0) cJSON_AddNumberToObject(r, "attention_factor", p->attention_factor);
+    }
+}
 
 static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     cJSON *o = cJSON_CreateObject();
@@ -65,36 +140,62 @@ static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     char eps[32];
     snprintf(eps, sizeof eps, "%.7g", (double)c->rms_norm_eps);
     cJSON_AddNumberToObject(o, "rms_norm_eps", strtod(eps, NULL));
-    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    if (c->mlp_act == CTRL_ACT_GELU_TANH)
+        cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
+    else
+        cJSON_AddStringToObject(o, "hidden_act", "silu");
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-    if (c->arch == CTRL_ARCH_LLAMA || c->arch == CTRL_ARCH_QWEN3)
+    if (c->arch == CTRL_ARCH_LLAMA || c->arch == CTRL_ARCH_QWEN3 || c->arch == CTRL_ARCH_QWEN3_MOE)
         cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
-    if (c->arch == CTRL_ARCH_MISTRAL) {
+    if (c->arch == CTRL_ARCH_MIXTRAL) { /* MixtralConfig's keys */
+        cJSON_AddNumberToObject(o, "num_local_experts", c->n_experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", c->n_experts_per_tok);
+        add_float(o, "router_aux_loss_coef", c->router_aux_loss_coef);
+        cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    } else if (c->n_experts > 0) { /* Qwen3MoeConfig's keys; the dense layers as mlp_only_layers */
+        cJSON_AddNumberToObject(o, "num_experts", c->n_experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", c->n_experts_per_tok);
+        cJSON_AddNumberToObject(o, "moe_intermediate_size", c->moe_intermediate_size);
+        cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+        cJSON_AddNumberToObject(o, "decoder_sparse_step", 1);
+        cJSON *dense = cJSON_AddArrayToObject(o, "mlp_only_layers");
+        for (int l = 0; l < c->n_layers; l++)
+            if (!c->moe_layer[l]) cJSON_AddItemToArray(dense, cJSON_CreateNumber(l));
+        add_float(o, "router_aux_loss_coef", c->router_aux_loss_coef);
+        cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    }
+    if (c->arch == CTRL_ARCH_GEMMA2 || c->arch == CTRL_ARCH_GEMMA3) {
+        gemma_config_json(o, c);
+    } else if (c->arch == CTRL_ARCH_MISTRAL || c->arch == CTRL_ARCH_PHI3 || c->arch == CTRL_ARCH_MIXTRAL) {
         if (c->sliding_window > 0)
             cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
         else
             cJSON_AddNullToObject(o, "sliding_window");
+        /* Phi3Config defaults bos 1, eos and pad 32000: say which ones this model has (null: none) */
+        if (c->arch == CTRL_ARCH_PHI3 && c->num_labels <= 0) {
+            const char *keys[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+            const int ids[3] = {c->bos_token_id, c->eos_token_id, c->pad_token_id};
+            for (int i = 0; i < 3; i++)
+                if (ids[i] < 0) cJSON_AddNullToObject(o, keys[i]);
+            if (c->pad_token_id >= 0) cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+        }
     } else if (c->arch != CTRL_ARCH_LLAMA) {
         cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
         if (c->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
     }
-    cJSON_AddNumberToObject(o, "rope_theta", c->rope.theta);
-    if (c->rope.kind != CTRL_ROPE_DEFAULT) {
-        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
-        cJSON_AddStringToObject(r, "rope_type", rope_names[c->rope.kind]);
-        cJSON_AddNumberToObject(r, "factor", c->rope.factor);
-        if (c->rope.kind == CTRL_ROPE_LLAMA3) {
-            cJSON_AddNumberToObject(r, "low_freq_factor", c->rope.low_freq_factor);
-            cJSON_AddNumberToObject(r, "high_freq_factor", c->rope.high_freq_factor);
-        }
-        if (c->rope.kind == CTRL_ROPE_LLAMA3 || c->rope.kind == CTRL_ROPE_YARN)
-            cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope.original_max_position);
-        if (c->rope.kind == CTRL_ROPE_YARN) {
-            cJSON_AddNumberToObject(r, "beta_fast", c->rope.beta_fast);
-            cJSON_AddNumberToObject(r, "beta_slow", c->rope.beta_slow);
-            if (c->rope.attention_factor > 0)
-                cJSON_AddNumberToObject(r, "attention_factor", c->rope.attention_factor);
-        }
+    if (c->local_rope) { /* Gemma 3: one dict per layer type, as transformers 5 writes it */
+        cJSON *p = cJSON_AddObjectToObject(o, "rope_parameters");
+        rope_json(cJSON_AddObjectToObject(p, "full_attention"), &c->rope, 1);
+        rope_json(cJSON_AddObjectToObject(p, "sliding_attention"), &c->rope_local, 1);
+    } else {
+        cJSON_AddNumberToObject(o, "rope_theta", c->rope.theta);
+        if (c->rope.partial_rotary_factor != 1.0)
+            add_float(o, "partial_rotary_factor", (float)c->rope.partial_rotary_factor);
+        if (c->original_max_position_embeddings > 0)
+            cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                                    c->original_max_position_embeddings);
+        if (c->rope.kind != CTRL_ROPE_DEFAULT)
+            rope_json(cJSON_AddObjectToObject(o, "rope_scaling"), &c->rope, 0);
     }
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);
     if (c->eos_token_id >= 0) cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);

@@ -30,6 +30,11 @@ typedef struct ctrl_attention_args {
     const void *dout;
     void *dq, *dk, *dv; /* written, not accumulated */
     int deterministic;
+    /* Appended (Gemma 2's attn_logit_softcapping): the scaled scores s become softcap * tanh(s / softcap)
+     * before the mask and the softmax; 0 = none. Only for a plugin whose ops set
+     * CTRL_ATTENTION_SOFTCAP in `features` (the model refuses the others). `window` is per layer:
+     * the model passes each layer's own (0 on a full-attention layer of an alternating model). */
+    float softcap;
 } ctrl_attention_args;
 
 /* Decoding over a paged KV cache (the `paged` plugin; vLLM's paged attention): T query tokens of
@@ -57,6 +62,7 @@ typedef struct ctrl_paged_attention_args {
     const int32_t *positions;    /* [T] the query's position: it sees its sequence's keys 0..position */
     int max_position;            /* largest positions[t] (scratch sizing) */
     ctrl_dtype cache_dtype;      /* of k_cache and v_cache (fp32 or bf16 on the CPU) */
+    float softcap;               /* appended: as ctrl_attention_args.softcap */
 } ctrl_paged_attention_args;
 
 typedef struct ctrl_attention_ops {
@@ -70,7 +76,18 @@ typedef struct ctrl_attention_ops {
     /* Optional (check `size` covers it): decoding over a paged KV cache; the plugin allocates
      * its own scratch. */
     ctrl_status (*paged_forward)(const ctrl_paged_attention_args *args);
+    /* Appended: what the plugin honours beyond the first version's arguments (CTRL_ATTENTION_*
+     * bits; check `size` covers it, ctrl_attention_has). */
+    unsigned features;
 } ctrl_attention_ops;
+
+#define CTRL_ATTENTION_SOFTCAP 1u /* ctrl_attention_args.softcap (and the paged args') */
+
+/* Whether the plugin `ops` declares the CTRL_ATTENTION_* bit `feature`. */
+static inline int ctrl_attention_has(const ctrl_attention_ops *ops, unsigned feature) {
+    return ops->size >= offsetof(ctrl_attention_ops, features) + sizeof ops->features &&
+           (ops->features & feature) != 0;
+}
 
 #ifdef __cplusplus
 }

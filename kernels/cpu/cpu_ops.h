@@ -19,6 +19,8 @@ extern "C" {
 
 /* Embedding: out[t] = wte[tokens[t]]. */
 void ctrl_cpu_embedding_forward(float *out, const int32_t *tokens, const float *wte, int T, int C);
+/* Tokens < 0 add nothing: the model passes its padding_idx (config.json's pad_token_id) as -1, whose
+ * row nn.Embedding never gives a gradient. */
 void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
 
 /* RMSNorm (Llama/Qwen): out = x / sqrt(mean(x^2) + eps) * weight; rstd[T] saved for backward. */
@@ -26,6 +28,11 @@ void ctrl_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const flo
                               float eps);
 void ctrl_cpu_rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
                                const float *weight, const float *rstd, int T, int C);
+/* Gemma's RMSNorm: out = (x / sqrt(mean(x^2) + eps)) * (1 + weight); the same backward contract. */
+void ctrl_cpu_rmsnorm_1p_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                                 float eps);
+void ctrl_cpu_rmsnorm_1p_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                  const float *weight, const float *rstd, int T, int C);
 
 /* Linear: out[T,OUT] = x[T,IN] W[OUT,IN]^T + bias[OUT] (bias may be NULL). GEMM through OpenBLAS. */
 void ctrl_cpu_linear_forward(float *out, const float *x, const float *w, const float *bias, int T, int IN,
@@ -72,8 +79,11 @@ typedef enum ctrl_rope_kind {
     CTRL_ROPE_LINEAR,
     CTRL_ROPE_LLAMA3,
     CTRL_ROPE_YARN,
-    CTRL_ROPE_DYNAMIC, /* NTK-aware dynamic: tables depend on the sequence length seen */
+    CTRL_ROPE_DYNAMIC,  /* NTK-aware dynamic: tables depend on the sequence length seen */
+    CTRL_ROPE_LONGROPE, /* Phi-3's longrope ("su"): short_factor, or long_factor past the trained context */
 } ctrl_rope_kind;
+
+#define CTRL_ROPE_MAX_FACTORS 512 /* longrope's per-frequency factors: head_dim / 2 at most */
 
 typedef struct ctrl_rope_params {
     ctrl_rope_kind kind;
@@ -85,9 +95,16 @@ typedef struct ctrl_rope_params {
     double beta_fast, beta_slow;  /* yarn (defaults 32, 1) */
     double attention_factor;      /* yarn mscale; 0 = derived from factor as transformers does */
     double partial_rotary_factor; /* 1.0 = rotate the whole head */
+    /* longrope: the frequencies divided by short_factor[i], or by long_factor[i] when `use_long` (the
+     * sequence seen exceeds original_max_position: transformers' longrope_frequency_update); cos and
+     * sin times attention_factor (0: sqrt(1 + ln(factor) / ln(original_max_position)), factor > 1) */
+    int n_factors;
+    float short_factor[CTRL_ROPE_MAX_FACTORS], long_factor[CTRL_ROPE_MAX_FACTORS];
+    int use_long;
 } ctrl_rope_params;
 
-/* cos/sin tables [max_pos, head_dim/2] (rotate-half convention: pairs (i, i + head_dim/2)). */
+/* cos/sin tables [max_pos, head_dim/2] (rotate-half convention: pairs (i, i + head_dim/2)); for partial
+ * rotary pass the rotated dimensions as head_dim. */
 void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_dim,
                           const ctrl_rope_params *p);
 /* x: [T, n_head, head_dim]; pos[T] gives each token's position (restarting per packed sequence).
@@ -96,11 +113,30 @@ void ctrl_cpu_rope_forward(float *out, const float *x, const int32_t *pos, const
                            const float *sin_tab, int T, int n_head, int head_dim);
 void ctrl_cpu_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
                             const float *sin_tab, int T, int n_head, int head_dim);
+/* Partial rotary (Phi-3/4's partial_rotary_factor): only the first rot_dim (even) dimensions of each head
+ * rotate, pairs (i, i + rot_dim/2), over tables of rot_dim/2 columns; the rest pass through. */
+void ctrl_cpu_rope_partial_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                   const float *sin_tab, int T, int n_head, int head_dim, int rot_dim);
+void ctrl_cpu_rope_partial_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
+                                    const float *sin_tab, int T, int n_head, int head_dim, int rot_dim);
 
 /* SwiGLU: out = silu(gate) * up, elementwise over n values. */
 void ctrl_cpu_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 void ctrl_cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                               int64_t n);
+
+/* GeGLU (Gemma): out = gelu_tanh(gate) * up (torch's approximate="tanh" GELU), elementwise. */
+void ctrl_cpu_geglu_forward(float *out, const float *gate, const float *up, int64_t n);
+void ctrl_cpu_geglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                             int64_t n);
+
+/* Mixture of experts (kernels/cpu/moe.c), n rows of C: out[i] = scale[i] x[rows[i]] (gather);
+ * out[rows[i]] += scale[i] y[i], in the order of i (scatter, accumulating); out[i] = x[rows[i]] . y[i]
+ * (the routing weights' gradient). scale may be NULL (1). */
+void ctrl_cpu_gather_rows(float *out, const float *x, const int32_t *rows, const float *scale, int n, int C);
+void ctrl_cpu_scatter_add_rows(float *out, const float *y, const int32_t *rows, const float *scale, int n,
+                               int C);
+void ctrl_cpu_rows_dot(float *out, const float *x, const int32_t *rows, const float *y, int n, int C);
 
 /* Residual: out = a + b. Backward: da += dout, db += dout (both accumulate: the residual stream). */
 void ctrl_cpu_residual_forward(float *out, const float *a, const float *b, int64_t n);
@@ -124,6 +160,9 @@ typedef struct ctrl_head_args {
     int chunk_vocab;   /* 0 = default */
     int bf16;          /* 1: the products in bf16 as torch.autocast runs lm_head (inputs rounded to bf16,
                         * fp32 accumulation) where the CPU has a fast bf16 GEMM; fp32 otherwise */
+    /* Appended: final-logit soft-capping (Gemma 2): logits = softcap * tanh(h W^T / softcap) before
+     * the temperature; 0 = none. A backend that cannot cap refuses a nonzero one. */
+    float softcap;
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */

@@ -14,5 +14,6 @@ void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *
      * token order, so the result does not depend on the thread count. */
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++)
-        for (int t = 0; t < T; t++) dwte[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];
+        for (int t = 0; t < T; t++) /* a negative id contributes nothing (nn.Embedding's padding_idx) */
+            if (tokens[t] >= 0) dwte[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];
 }

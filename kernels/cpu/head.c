@@ -6,7 +6,9 @@
  *   lse = m + log s,  logp = z_target - lse,  entropy = lse - a / s.
  * Backward recomputes each chunk's z from lse (p = exp(z - lse)) and forms
  *   dz_j = dlogp (1[j = target] - p_j)  -  dentropy p_j (z_j - lse + H),
- * then dlogits = dz / temperature, dhidden = dlogits W and dW += dlogits^T h on chunks (sgemm). */
+ * then dlogits = dz / temperature, dhidden = dlogits W and dW += dlogits^T h on chunks (sgemm).
+ * With final-logit soft-capping (a->softcap = c > 0, Gemma 2) z = c tanh(h W^T / c) / temperature,
+ * and dlogits takes the factor 1 - tanh^2 = 1 - (z temperature / c)^2 as well. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -48,10 +50,19 @@ static void head_gemm(const ctrl_head_args *a, int ta, int tb, int M, int N, int
                 A, lda, B, ldb, beta, C, ldc);
 }
 
-/* logits chunk [tc, vc] = h[t0 : t0+tc] W[v0 : v0+vc]^T / temperature */
+/* Soft-capping of n raw logits in place: c tanh(x / c), then / temperature (as transformers caps
+ * and TRL divides). */
+static void softcap_rows(const ctrl_head_args *a, float *z, size_t n) {
+    const float c = a->softcap, temp = a->temperature;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) z[i] = c * tanhf(z[i] / c) / temp;
+}
+
+/* logits chunk [tc, vc] = h[t0 : t0+tc] W[v0 : v0+vc]^T / temperature (soft-capped first) */
 static void chunk_logits(const ctrl_head_args *a, float *z, int t0, int tc, int v0, int vc) {
-    head_gemm(a, 0, 1, tc, vc, a->C, 1.0f / a->temperature, a->hidden + (size_t)t0 * a->C, a->C,
-              a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+    head_gemm(a, 0, 1, tc, vc, a->C, a->softcap > 0 ? 1.0f : 1.0f / a->temperature,
+              a->hidden + (size_t)t0 * a->C, a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+    if (a->softcap > 0) softcap_rows(a, z, (size_t)tc * vc);
 }
 
 void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse, int32_t *correct,
@@ -126,6 +137,15 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
                 }
                 const float l = lse[t], g = dlogp[t];
                 const float ge = dentropy ? dentropy[t] : 0.0f, H = entropy && dentropy ? entropy[t] : 0.0f;
+                if (a->softcap > 0) { /* the same dz, times the cap's 1 - tanh^2 */
+                    const float u = a->temperature / a->softcap;
+                    for (int j = 0; j < vc; j++) {
+                        const float zj = row[j], p = ctrl_exp_approx(zj - l), th = zj * u;
+                        const float dz = -g * p - ge * p * (zj - l + H) + (j == tg - v0 ? g : 0.0f);
+                        row[j] = dz * inv_temp * (1.0f - th * th);
+                    }
+                    continue;
+                }
                 if (ge != 0.0f) {
 #pragma omp simd
                     for (int j = 0; j < vc; j++) {
@@ -165,8 +185,9 @@ static int fused_chunk_t(const ctrl_head_args *a) {
     return c < a->T ? c : (a->T > 0 ? a->T : 1);
 }
 
+/* The chunk's logits; with soft-capping also each logit's 1 - tanh^2 after them. */
 size_t ctrl_cpu_head_fused_workspace_bytes(const ctrl_head_args *a) {
-    return sizeof(float) * (size_t)fused_chunk_t(a) * (size_t)a->V;
+    return sizeof(float) * (size_t)fused_chunk_t(a) * (size_t)a->V * (a->softcap > 0 ? 2 : 1);
 }
 
 void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp, float *entropy,
@@ -174,10 +195,12 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
                                     void *workspace) {
     const int TC = fused_chunk_t(a), V = a->V, C = a->C;
     const float inv_temp = 1.0f / a->temperature;
-    float *z = workspace;
+    float *z = workspace, *capd = a->softcap > 0 ? z + (size_t)TC * V : NULL;
     for (int t0 = 0; t0 < a->T; t0 += TC) {
         const int tc = t0 + TC <= a->T ? TC : a->T - t0;
-        head_gemm(a, 0, 1, tc, V, C, inv_temp, a->hidden + (size_t)t0 * C, C, a->w, C, 0.0f, z, V);
+        head_gemm(a, 0, 1, tc, V, C, capd ? 1.0f : inv_temp, a->hidden + (size_t)t0 * C, C, a->w, C, 0.0f, z,
+                  V);
+        if (capd) softcap_rows(a, z, (size_t)tc * V);
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < tc; i++) {
             const int t = t0 + i;
@@ -190,6 +213,11 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
             const int32_t tg = a->targets[t];
             const int has_target = tg >= 0 && tg < V;
             const float zt = has_target ? row[tg] : 0.0f;
+            if (capd) { /* 1 - tanh^2 of each capped logit, for the gradient below */
+                float *f = capd + (size_t)i * V;
+                const float u = a->temperature / a->softcap;
+                for (int j = 0; j < V; j++) f[j] = 1.0f - (row[j] * u) * (row[j] * u);
+            }
             double s = 0, acc = 0;
 #pragma omp simd reduction(+ : s, acc)
             for (int j = 0; j < V; j++) { /* row becomes exp(z - m) */
@@ -208,6 +236,11 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
 #pragma omp simd
             for (int j = 0; j < V; j++) row[j] *= k;
             if (has_target) row[tg] += g * inv_temp;
+            if (capd) {
+                const float *f = capd + (size_t)i * V;
+#pragma omp simd
+                for (int j = 0; j < V; j++) row[j] *= f[j];
+            }
         }
         head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dhidden + (size_t)t0 * C, C);
         if (dw) /* NULL: a frozen head (LoRA) */

@@ -17,6 +17,12 @@ static float yarn_attention_factor(const ctrl_rope_params *p) {
     return p->factor <= 1 ? 1.0f : (float)(0.1 * log(p->factor) + 1.0);
 }
 
+/* longrope's cos/sin scale: attention_factor, else sqrt(1 + ln(factor) / ln(original context)). */
+static float longrope_attention_factor(const ctrl_rope_params *p) {
+    if (p->attention_factor > 0) return (float)p->attention_factor;
+    return p->factor <= 1 ? 1.0f : (float)sqrt(1 + log(p->factor) / log((double)p->original_max_position));
+}
+
 static void inv_freqs(float *inv, int dim, int max_pos, const ctrl_rope_params *p) {
     const int half = dim / 2;
     double base = p->theta;
@@ -44,6 +50,10 @@ static void inv_freqs(float *inv, int dim, int max_pos, const ctrl_rope_params *
             }
             inv[i] = v;
         }
+    } else if (p->kind == CTRL_ROPE_LONGROPE) {
+        const float *ext = p->use_long ? p->long_factor : p->short_factor;
+        for (int i = 0; i < half && i < p->n_factors; i++)
+            inv[i] = 1.0f / (ext[i] * powf((float)base, (float)(2 * i) / (float)dim));
     } else if (p->kind == CTRL_ROPE_YARN) {
         const double beta_fast = p->beta_fast > 0 ? p->beta_fast : 32,
                      beta_slow = p->beta_slow > 0 ? p->beta_slow : 1;
@@ -70,7 +80,9 @@ void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_
     const int half = head_dim / 2;
     float inv[1024];
     inv_freqs(inv, head_dim, max_pos, p);
-    const float scale = p->kind == CTRL_ROPE_YARN ? yarn_attention_factor(p) : 1.0f;
+    const float scale = p->kind == CTRL_ROPE_YARN       ? yarn_attention_factor(p)
+                        : p->kind == CTRL_ROPE_LONGROPE ? longrope_attention_factor(p)
+                                                        : 1.0f;
 #pragma omp parallel for schedule(static)
     for (int pos = 0; pos < max_pos; pos++)
         for (int i = 0; i < half; i++) {
@@ -80,10 +92,11 @@ void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_
         }
 }
 
-/* Rotates each (i, i + D/2) pair by sign * angle; backward is the rotation by -angle. */
+/* Rotates each (i, i + R/2) pair of the first R = rot_dim dimensions by sign * angle (the tables have
+ * R/2 columns) and copies the others (partial rotary); backward is the rotation by -angle. */
 static void rotate(float *out, const float *x, const int32_t *pos, const float *cos_tab, const float *sin_tab,
-                   int T, int n_head, int head_dim, float sign) {
-    const int half = head_dim / 2;
+                   int T, int n_head, int head_dim, int rot_dim, float sign) {
+    const int half = rot_dim / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_head; h++) {
@@ -95,15 +108,27 @@ static void rotate(float *out, const float *x, const int32_t *pos, const float *
                 oi[i] = a * c[i] - b * si;
                 oi[i + half] = b * c[i] + a * si;
             }
+            if (oi != xi)
+                for (int i = rot_dim; i < head_dim; i++) oi[i] = xi[i];
         }
 }
 
 void ctrl_cpu_rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
                            const float *sin_tab, int T, int n_head, int head_dim) {
-    rotate(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim, 1.0f);
+    rotate(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim, head_dim, 1.0f);
 }
 
 void ctrl_cpu_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
                             const float *sin_tab, int T, int n_head, int head_dim) {
-    rotate(dx, dout, pos, cos_tab, sin_tab, T, n_head, head_dim, -1.0f);
+    rotate(dx, dout, pos, cos_tab, sin_tab, T, n_head, head_dim, head_dim, -1.0f);
+}
+
+void ctrl_cpu_rope_partial_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
+                                   const float *sin_tab, int T, int n_head, int head_dim, int rot_dim) {
+    rotate(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim, rot_dim, 1.0f);
+}
+
+void ctrl_cpu_rope_partial_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
+                                    const float *sin_tab, int T, int n_head, int head_dim, int rot_dim) {
+    rotate(dx, dout, pos, cos_tab, sin_tab, T, n_head, head_dim, rot_dim, -1.0f);
 }

@@ -21,7 +21,8 @@ __global__ void embedding_fwd(float *out, const int32_t *tokens, const float *wt
 __global__ void embedding_bwd(float *dwte, const float *dout, const int32_t *tokens, int T, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    for (int t = 0; t < T; t++) dwte[(int64_t)tokens[t] * C + c] += dout[(int64_t)t * C + c];
+    for (int t = 0; t < T; t++) // a negative id contributes nothing (nn.Embedding's padding_idx)
+        if (tokens[t] >= 0) dwte[(int64_t)tokens[t] * C + c] += dout[(int64_t)t * C + c];
 }
 
 // sign = +1 rotates by the angle (forward), -1 by its negative (backward, the transpose).

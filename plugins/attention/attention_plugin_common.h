@@ -2,6 +2,8 @@
 #ifndef CTRL_PLUGIN_ATTENTION_COMMON_H
 #define CTRL_PLUGIN_ATTENTION_COMMON_H
 
+#include <math.h>
+
 #include <ctrl/plugin_api.h>
 
 /* What the CPU paths run: fp32 on the CPU, whole GQA groups, host-side cu_seqlens. */
@@ -36,11 +38,24 @@ static inline ctrl_status attention_check_args(const char *name, const ctrl_atte
             "CPU; on CUDA as the plugin's CUDA path allows; n_head %% n_kv_head == 0)",
             name, ctrl_dtype_name(a->dtype), a->device.type == CTRL_DEVICE_CPU ? "cpu" : "cuda", a->n_head,
             a->n_kv_head, a->head_dim);
+    if (!(a->softcap >= 0))
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: softcap = %g must be >= 0", name,
+                              (double)a->softcap);
+    if (a->softcap > 0 && a->device.type != CTRL_DEVICE_CPU)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "attention %s: logit soft-capping (softcap = %g, Gemma 2) runs on the CPU only so far", name,
+            (double)a->softcap);
     if (backward && (!a->lse || !a->dout || !a->dq || !a->dk || !a->dv))
         return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: backward needs lse, dout, dq, dk and dv",
                               name);
     return CTRL_OK;
 }
+
+/* Soft-capping of a scaled score (cap > 0): cap tanh(s / cap); and the factor its backward takes,
+ * d capped / d s = 1 - tanh^2, from the capped value c. */
+static inline float attention_softcap(float s, float cap) { return cap * tanhf(s / cap); }
+static inline float attention_softcap_grad(float c, float cap) { return 1.0f - (c / cap) * (c / cap); }
 
 /* The backward contribution of one (query i, key j) pair with probability p = exp(s_ij - lse_i),
  * where Di = dO_i . O_i:  dv_j += p dO_i;  ds = p (dO_i . v_j - Di) scale;  dq_i += ds k_j;

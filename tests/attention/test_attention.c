@@ -29,6 +29,7 @@ static const ctrl_attention_ops *plugin_ops(int i, const char **name) {
 typedef struct attn_case {
     int B, T, H, HK, D, window;
     float scale;
+    float softcap; /* Gemma 2's attention soft-capping; 0: none */
     int32_t cu[16];
     float *q, *k, *v, *dout, *out, *lse, *dq, *dk, *dv;
 } attn_case;
@@ -55,7 +56,8 @@ static ctrl_attention_args make_args(attn_case *c) {
                              .dout = c->dout,
                              .dq = c->dq,
                              .dk = c->dk,
-                             .dv = c->dv};
+                             .dv = c->dv,
+                             .softcap = c->softcap};
     return a;
 }
 
@@ -85,7 +87,7 @@ static void reference(const attn_case *c, double *out, double *lse, double *dq, 
     memset(dq, 0, sizeof(double) * T * H * D);
     memset(dk, 0, sizeof(double) * T * HK * D);
     memset(dv, 0, sizeof(double) * T * HK * D);
-    double *p = malloc(sizeof(double) * T);
+    double *p = malloc(sizeof(double) * T), *cap = malloc(sizeof(double) * T);
     for (int b = 0; b < c->B; b++) {
         int s0 = c->cu[b], L = c->cu[b + 1] - s0;
         for (int h = 0; h < H; h++) {
@@ -103,6 +105,8 @@ static void reference(const attn_case *c, double *out, double *lse, double *dq, 
                     double s = 0;
                     for (int d = 0; d < D; d++) s += (double)qi[d] * kj[d];
                     p[j] = s * c->scale;
+                    if (c->softcap > 0) p[j] = c->softcap * tanh(p[j] / c->softcap);
+                    cap[j] = c->softcap > 0 ? 1 - (p[j] / c->softcap) * (p[j] / c->softcap) : 1;
                     if (p[j] > m) m = p[j];
                 }
                 double sum = 0;
@@ -124,7 +128,7 @@ static void reference(const attn_case *c, double *out, double *lse, double *dq, 
                         dv[ko + d] += p[j] * doi[d];
                         dp += doi[d] * c->v[ko + d];
                     }
-                    double ds = p[j] * (dp - Di) * c->scale;
+                    double ds = p[j] * (dp - Di) * c->scale * cap[j];
                     for (int d = 0; d < D; d++) {
                         dq[((size_t)(s0 + i) * H + h) * D + d] += ds * c->k[ko + d];
                         dk[ko + d] += ds * qi[d];
@@ -133,7 +137,7 @@ static void reference(const attn_case *c, double *out, double *lse, double *dq, 
             }
         }
     }
-    free(p);
+    free(p), free(cap);
 }
 
 static double rel_f32_f64(const float *a, const double *b, long n) {
@@ -252,11 +256,11 @@ TEST(pytorch_fixtures) {
 
 /* Finite differences of L = sum(out * dout) through the plugin's own forward, in float32 with a
  * step large enough for float32 rounding: checks the backward is the derivative of the forward. */
-TEST(backward_finite_differences) {
+static void finite_differences(float softcap) {
     for (int pi = 0; pi < N_PLUGINS; pi++) {
         const char *pname;
         const ctrl_attention_ops *ops = plugin_ops(pi, &pname);
-        attn_case c = {.B = 2, .H = 4, .HK = 2, .D = 8, .window = 3, .scale = 0.35f};
+        attn_case c = {.B = 2, .H = 4, .HK = 2, .D = 8, .window = 3, .scale = 0.35f, .softcap = softcap};
         c.cu[0] = 0, c.cu[1] = 5, c.cu[2] = 9;
         c.T = 9;
         alloc_case(&c);
@@ -288,10 +292,34 @@ TEST(backward_finite_differences) {
             }
             free(g);
         }
-        CHECK_MSG(worst < 2e-3, "%s: finite-difference mismatch %.3g", pname, worst);
+        CHECK_MSG(worst < 2e-3, "%s (softcap %g): finite-difference mismatch %.3g", pname, softcap, worst);
         free(saved);
         free_case(&c);
     }
+}
+
+TEST(backward_finite_differences) { finite_differences(0); }
+
+/* Gemma 2's attention logit soft-capping (cap 1.5 bends scores of a few units): against float64, and
+ * the backward against finite differences, for every plugin that declares it. */
+TEST(softcap_vs_float64_and_finite_differences) {
+    for (int pi = 0; pi < N_PLUGINS; pi++) {
+        const char *pname;
+        const ctrl_attention_ops *ops = plugin_ops(pi, &pname);
+        CHECK_MSG(ctrl_attention_has(ops, CTRL_ATTENTION_SOFTCAP), "%s does not declare soft-capping", pname);
+        attn_case c = {.B = 3, .H = 4, .HK = 2, .D = 16, .window = 5, .scale = 0.7f, .softcap = 1.5f};
+        c.cu[0] = 0, c.cu[1] = 7, c.cu[2] = 19, c.cu[3] = 90; /* 71 tokens: flash's tiles of 64 split */
+        c.T = 90;
+        alloc_case(&c);
+        size_t nq = (size_t)c.T * c.H * c.D, nk = (size_t)c.T * c.HK * c.D;
+        for (size_t i = 0; i < nq; i++) c.q[i] = 2 * frand(), c.dout[i] = frand();
+        for (size_t i = 0; i < nk; i++) c.k[i] = 2 * frand(), c.v[i] = frand();
+        check_case(ops, pname, &c, "softcap 1.5 window 5");
+        c.window = 0;
+        check_case(ops, pname, &c, "softcap 1.5");
+        free_case(&c);
+    }
+    finite_differences(1.5f);
 }
 
 TEST(rejects_what_it_cannot_run) {

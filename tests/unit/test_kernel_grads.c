@@ -1,6 +1,6 @@
-/* Finite-difference checks of every CPU kernel's backward: L = sum(out * R) for a fixed random R,
- * central differences through the kernel's own forward (float32, step 1e-2, so rounding stays far
- * below the O(h^2) truncation error), against the analytic gradient from the backward. */
+/* Finite-difference checks of every CPU kernel's backward (the model families' too, at the end): L = sum(out
+ * * R) for a fixed random R, central differences through the kernel's own forward (float32, step 1e-2, so
+ * rounding stays far below the O(h^2) truncation error), against the analytic gradient from the backward. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,4 +293,204 @@ TEST(head_chunking_is_invariant) {
         free(ws), free(dh), free(dw);
     }
     free(tg), free(h), free(w), free(dlogp), free(ref_dh), free(ref_dw);
+}
+
+/* ---- The model families' kernels (issue 22): Gemma's (1 + w) RMSNorm and GeGLU (tanh-GELU gate), the
+ * LM head with final-logit soft-capping (its backward and its one-pass forward + backward, at
+ * temperature 1 and 0.7), Phi-3's partial rotary embedding and longrope tables, and the
+ * mixture-of-experts row gather, scatter and dot ---- */
+typedef struct {
+    int T, C;
+    float *x, *w, *out, *rstd, *R;
+} norm_ctx;
+static double norm_loss(void *p) {
+    norm_ctx *c = p;
+    ctrl_cpu_rmsnorm_1p_forward(c->out, c->rstd, c->x, c->w, c->T, c->C, 1e-6f);
+    return dot(c->out, c->R, (size_t)c->T * c->C);
+}
+
+TEST(rmsnorm_1p_backward) {
+    norm_ctx c = {.T = 5, .C = 24};
+    const size_t n = (size_t)c.T * c.C;
+    c.x = rand_buf(n, 1), c.w = rand_buf(c.C, 0.3f), c.out = calloc(n, 4), c.rstd = calloc(c.T, 4);
+    c.R = rand_buf(n, 1);
+    float *dx = calloc(n, 4), *dw = calloc(c.C, 4), *plain = calloc(n, 4), *w1 = malloc(4 * (size_t)c.C);
+    norm_loss(&c);
+    ctrl_cpu_rmsnorm_1p_backward(dx, dw, c.R, c.x, c.w, c.rstd, c.T, c.C);
+    CHECK_MSG(fd_check(norm_loss, &c, c.x, dx, n, 1) < 1e-3, "dx");
+    CHECK_MSG(fd_check(norm_loss, &c, c.w, dw, (size_t)c.C, 1) < 1e-3, "dw");
+    /* the same as Llama's RMSNorm with weight 1 + w */
+    for (int i = 0; i < c.C; i++) w1[i] = 1.0f + c.w[i];
+    ctrl_cpu_rmsnorm_forward(plain, c.rstd, c.x, w1, c.T, c.C, 1e-6f);
+    norm_loss(&c);
+    CHECK(test_rel_error_f32(c.out, plain, (long)n) < 1e-6);
+    free(c.x), free(c.w), free(c.out), free(c.rstd), free(c.R), free(dx), free(dw), free(plain), free(w1);
+}
+
+typedef struct {
+    int64_t n;
+    float *g, *u, *out, *R;
+} geglu_ctx;
+static double geglu_loss(void *p) {
+    geglu_ctx *c = p;
+    ctrl_cpu_geglu_forward(c->out, c->g, c->u, c->n);
+    return dot(c->out, c->R, (size_t)c->n);
+}
+
+TEST(geglu_backward_and_values) {
+    geglu_ctx c = {.n = 257};
+    c.g = rand_buf((size_t)c.n, 4), c.u = rand_buf((size_t)c.n, 2), c.out = calloc((size_t)c.n, 4);
+    c.R = rand_buf((size_t)c.n, 1);
+    float *dg = calloc((size_t)c.n, 4), *du = calloc((size_t)c.n, 4);
+    ctrl_cpu_geglu_backward(dg, du, c.R, c.g, c.u, c.n);
+    CHECK_MSG(fd_check(geglu_loss, &c, c.g, dg, (size_t)c.n, 1) < 1e-3, "dgate");
+    CHECK_MSG(fd_check(geglu_loss, &c, c.u, du, (size_t)c.n, 1) < 1e-3, "dup");
+    /* torch.nn.functional.gelu(x, approximate="tanh") at 1, -2 and 0.5 (times up = 1) */
+    const float g3[3] = {1.0f, -2.0f, 0.5f}, u3[3] = {1, 1, 1},
+                want[3] = {0.8411920f, -0.0454023f, 0.3457140f};
+    float o3[3];
+    ctrl_cpu_geglu_forward(o3, g3, u3, 3);
+    for (int i = 0; i < 3; i++) CHECK_NEAR(o3[i], want[i], 1e-6);
+    free(c.g), free(c.u), free(c.out), free(c.R), free(dg), free(du);
+}
+
+/* The soft-capped head: L = sum_t logp_t R_t. */
+typedef struct {
+    ctrl_head_args a;
+    float *h, *w, *logp, *lse, *R;
+    void *ws;
+} cap_head_ctx;
+static double cap_head_loss(void *p) {
+    cap_head_ctx *c = p;
+    ctrl_cpu_head_forward(&c->a, c->logp, NULL, c->lse, NULL, c->ws);
+    return dot(c->logp, c->R, (size_t)c->a.T);
+}
+
+static void check_head(float temperature) {
+    enum { T = 6, C = 8, V = 19 };
+    int32_t targets[T] = {3, 0, 18, -100, 7, 11};
+    cap_head_ctx c = {0};
+    c.h = rand_buf(T * C, 2), c.w = rand_buf(V * C, 2), c.logp = calloc(T, 4), c.lse = calloc(T, 4);
+    c.R = rand_buf(T, 1);
+    c.a = (ctrl_head_args){.hidden = c.h,
+                           .w = c.w,
+                           .targets = targets,
+                           .T = T,
+                           .C = C,
+                           .V = V,
+                           .temperature = temperature,
+                           .chunk_tokens = 4, /* several chunks of tokens and of vocabulary */
+                           .chunk_vocab = 8,
+                           .softcap = 2.5f};
+    for (int t = 0; t < T; t++) c.R[t] = targets[t] >= 0 ? c.R[t] : 0.0f;
+    c.ws = malloc(ctrl_cpu_head_workspace_bytes(&c.a));
+    float *dh = calloc(T * C, 4), *dw = calloc(V * C, 4);
+    cap_head_loss(&c);
+    ctrl_cpu_head_backward(&c.a, c.lse, c.R, NULL, NULL, dh, dw, c.ws);
+    CHECK_MSG(fd_check(cap_head_loss, &c, c.h, dh, T * C, 1) < 1e-3, "dhidden (temperature %g)", temperature);
+    CHECK_MSG(fd_check(cap_head_loss, &c, c.w, dw, V * C, 1) < 1e-3, "dw (temperature %g)", temperature);
+    cap_head_loss(&c); /* fd_check left the last weight's perturbation's values */
+    /* the capped log-probs: log_softmax(2.5 tanh(z / 2.5) / temperature) computed here in double */
+    for (int t = 0; t < T; t++) {
+        if (targets[t] < 0) continue;
+        double z[V], mx = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) {
+            double raw = 0;
+            for (int k = 0; k < C; k++) raw += (double)c.h[t * C + k] * c.w[v * C + k];
+            z[v] = 2.5 * tanh(raw / 2.5) / temperature, mx = fmax(mx, z[v]);
+        }
+        for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+        CHECK_NEAR(c.logp[t], z[targets[t]] - mx - log(s), 1e-5);
+    }
+    /* the one-pass head gives the same log-probs and gradients */
+    void *fws = malloc(ctrl_cpu_head_fused_workspace_bytes(&c.a));
+    float *logp2 = calloc(T, 4), *lse2 = calloc(T, 4), *dh2 = calloc(T * C, 4), *dw2 = calloc(V * C, 4);
+    memset(dw, 0, sizeof(float) * V * C);
+    ctrl_cpu_head_backward(&c.a, c.lse, c.R, NULL, NULL, dh, dw, c.ws);
+    ctrl_cpu_head_forward_backward(&c.a, c.R, logp2, NULL, lse2, NULL, dh2, dw2, fws);
+    CHECK(test_rel_error_f32(logp2, c.logp, T) < 1e-6);
+    CHECK(test_rel_error_f32(dh2, dh, T * C) < 1e-5);
+    CHECK(test_rel_error_f32(dw2, dw, V * C) < 1e-5);
+    free(c.h), free(c.w), free(c.logp), free(c.lse), free(c.R), free(c.ws), free(dh), free(dw), free(fws),
+        free(logp2), free(lse2), free(dh2), free(dw2);
+}
+
+TEST(softcapped_head_backward) {
+    check_head(1.0f);
+    check_head(0.7f);
+}
+
+typedef struct {
+    int T, H, D, R;
+    float *x, *out, *R_, *cos_tab, *sin_tab;
+    int32_t *pos;
+} prope_ctx;
+static double prope_loss(void *p) {
+    prope_ctx *c = p;
+    ctrl_cpu_rope_partial_forward(c->out, c->x, c->pos, c->cos_tab, c->sin_tab, c->T, c->H, c->D, c->R);
+    return dot(c->out, c->R_, (size_t)c->T * c->H * c->D);
+}
+
+/* The first R of D dimensions rotate (pairs i, i + R/2), the rest pass through; the backward is the
+ * forward's derivative; R = D is the whole-head RoPE. Longrope's tables: 1 / (factor_i base^(2i/R)),
+ * scaled by sqrt(1 + ln(factor) / ln(original)), short or long factors. */
+TEST(partial_rope_and_longrope_tables) {
+    prope_ctx c = {.T = 5, .H = 3, .D = 16, .R = 8};
+    int32_t pos[5] = {0, 1, 2, 0, 9};
+    const size_t n = (size_t)c.T * c.H * c.D;
+    ctrl_rope_params p = {.kind = CTRL_ROPE_LONGROPE,
+                          .theta = 100,
+                          .factor = 8,
+                          .original_max_position = 4,
+                          .partial_rotary_factor = 0.5,
+                          .n_factors = 4,
+                          .short_factor = {1, 1.5f, 2, 3},
+                          .long_factor = {2, 4, 8, 16}};
+    c.pos = pos, c.x = rand_buf(n, 1), c.out = calloc(n, 4), c.R_ = rand_buf(n, 1);
+    c.cos_tab = malloc(sizeof(float) * 16 * 4), c.sin_tab = malloc(sizeof(float) * 16 * 4);
+    ctrl_cpu_rope_tables(c.cos_tab, c.sin_tab, 16, c.R, &p);
+    const double scale = sqrt(1 + log(8.0) / log(4.0)); /* attention_factor */
+    CHECK_NEAR(c.cos_tab[0], scale, 1e-6);
+    CHECK_NEAR(c.sin_tab[9 * 4 + 2], sin(9.0 / (2 * pow(100, 4.0 / 8))) * scale, 1e-5);
+    float *dx = calloc(n, 4);
+    prope_loss(&c);
+    for (int t = 0; t < c.T; t++) /* the pass-through half is the input */
+        for (int d = c.R; d < c.D; d++)
+            CHECK(c.out[(size_t)t * c.H * c.D + d] == c.x[(size_t)t * c.H * c.D + d]);
+    ctrl_cpu_rope_partial_backward(dx, c.R_, c.pos, c.cos_tab, c.sin_tab, c.T, c.H, c.D, c.R);
+    CHECK_MSG(fd_check(prope_loss, &c, c.x, dx, n, 1) < 1e-3, "dx");
+    p.use_long = 1; /* the long factors */
+    ctrl_cpu_rope_tables(c.cos_tab, c.sin_tab, 16, c.R, &p);
+    CHECK_NEAR(c.sin_tab[9 * 4 + 3], sin(9.0 / (16 * pow(100, 6.0 / 8))) * scale, 1e-5);
+    /* R = D: the whole-head kernel */
+    float *full = calloc(n, 4), *ct = malloc(sizeof(float) * 16 * 8), *st = malloc(sizeof(float) * 16 * 8);
+    ctrl_rope_params d = {.kind = CTRL_ROPE_DEFAULT, .theta = 100, .factor = 1, .partial_rotary_factor = 1};
+    ctrl_cpu_rope_tables(ct, st, 16, c.D, &d);
+    ctrl_cpu_rope_forward(full, c.x, pos, ct, st, c.T, c.H, c.D);
+    ctrl_cpu_rope_partial_forward(c.out, c.x, pos, ct, st, c.T, c.H, c.D, c.D);
+    CHECK(memcmp(full, c.out, n * 4) == 0);
+    free(c.x), free(c.out), free(c.R_), free(c.cos_tab), free(c.sin_tab), free(dx), free(full), free(ct),
+        free(st);
+}
+
+/* The mixture-of-experts row ops: gather (optionally scaled), scatter-add (scaled, accumulating in row
+ * order with repeated rows) and the per-row dot product, against plain loops; the scatter is the
+ * gather's transpose (<gather(x), y> = <x, scatter(y)>), which makes each the other's backward. */
+TEST(moe_row_ops) {
+    enum { T = 7, C = 5, N = 11 };
+    const int32_t rows[N] = {3, 0, 6, 3, 1, 3, 2, 5, 0, 4, 6};
+    float *x = rand_buf(T * C, 1), *y = rand_buf(N * C, 1), *s = rand_buf(N, 1), g[N * C], sc[T * C], d[N];
+    ctrl_cpu_gather_rows(g, x, rows, s, N, C);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) CHECK(g[i * C + c] == s[i] * x[rows[i] * C + c]);
+    memset(sc, 0, sizeof sc);
+    ctrl_cpu_scatter_add_rows(sc, y, rows, s, N, C);
+    float want[T * C] = {0};
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) want[rows[i] * C + c] += y[i * C + c] * s[i];
+    CHECK(memcmp(sc, want, sizeof sc) == 0);
+    CHECK_NEAR(dot(g, y, N * C), dot(x, sc, T * C), 1e-5); /* transposes */
+    ctrl_cpu_rows_dot(d, x, rows, y, N, C);
+    for (int i = 0; i < N; i++) CHECK_NEAR(d[i], dot(x + rows[i] * C, y + i * C, C), 1e-6);
+    free(x), free(y), free(s);
 }

@@ -36,6 +36,7 @@ static const ctrl_attention_ops eager_ops = {
     .supports = eager_supports,
     .forward = eager_forward,
     .backward = eager_backward,
+    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU (attention_check_args refuses it elsewhere) */
 };
 
 static const ctrl_plugin eager_plugin = {

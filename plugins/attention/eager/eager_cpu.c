@@ -2,6 +2,7 @@
  * S = scale * Q K^T under the causal (and sliding-window) mask, P = softmax(S), O = P V.
  * Backward recomputes P from the saved log-sum-exp:
  *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q.
+ * With soft-capping (Gemma 2) S = cap tanh(scale Q K^T / cap), and dS takes the factor 1 - tanh^2.
  * Work is split over (sequence, kv head) so that the query heads of a GQA group, which share
  * K and V, accumulate dK and dV without races. */
 #include "eager_cpu.h"
@@ -32,7 +33,8 @@ static void scores(const ctrl_attention_args *a, int start, int L, int h, int kv
             float s = 0;
 #pragma omp simd reduction(+ : s)
             for (int d = 0; d < D; d++) s += qi[d] * kj[d];
-            S[(size_t)i * L + j] = s * a->scale;
+            S[(size_t)i * L + j] =
+                a->softcap > 0 ? attention_softcap(s * a->scale, a->softcap) : s * a->scale;
         }
     }
 }
@@ -133,7 +135,11 @@ ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
                             if (row[j] == -INFINITY) continue;
                             const float p = expf(row[j] - lse);
                             const size_t kj_off = ((size_t)(start + j) * HK + kvh) * D;
-                            attention_backward_pair(p, Di, a->scale, dout + qi_off, q + qi_off, k + kj_off,
+                            /* soft-capping: dS times 1 - tanh^2, folded into the scale */
+                            const float sc = a->softcap > 0
+                                                 ? a->scale * attention_softcap_grad(row[j], a->softcap)
+                                                 : a->scale;
+                            attention_backward_pair(p, Di, sc, dout + qi_off, q + qi_off, k + kj_off,
                                                     v + kj_off, dq + qi_off, dk + kj_off, dv + kj_off, D);
                         }
                     }

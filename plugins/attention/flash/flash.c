@@ -41,6 +41,7 @@ static ctrl_status flash_backward(const ctrl_attention_args *a, void *workspace)
 static const ctrl_attention_ops flash_ops = {
     .size = sizeof(ctrl_attention_ops),
     .supports = flash_supports,
+    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU (attention_check_args refuses it elsewhere) */
     .forward = flash_forward,
     .backward = flash_backward,
 };

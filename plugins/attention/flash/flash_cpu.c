@@ -7,7 +7,9 @@
  * tiles: plain loops)
  * (OpenBLAS runs single-threaded inside our parallel region), so the arithmetic runs at GEMM speed.
  * Work is split over (sequence, kv head) in backward, so dK/dV of a GQA group and dQ of its heads
- * are written by one thread: deterministic, no atomics. */
+ * are written by one thread: deterministic, no atomics.
+ * Soft-capping (Gemma 2, a->softcap > 0): each tile's scores become cap tanh(S / cap) before the mask,
+ * and backward multiplies dS by 1 - tanh^2 (kept per tile element in F). */
 #include "flash_cpu.h"
 
 #include "../attention_plugin_common.h"
@@ -61,6 +63,9 @@ static void tile_scores(const ctrl_attention_args *a, float *S, int s0, int h, i
     const float *q = (const float *)a->q + ((size_t)(s0 + q0) * H + h) * D;
     const float *k = (const float *)a->k + ((size_t)(s0 + k0) * HK + kvh) * D;
     tile_gemm(0, 1, nq, nk, D, a->scale, q, H * D, k, HK * D, 0.0f, S, BK);
+    if (a->softcap > 0)
+        for (int i = 0; i < nq; i++)
+            for (int j = 0; j < nk; j++) S[i * BK + j] = attention_softcap(S[i * BK + j], a->softcap);
     const int fully_visible = visible(a, q0, k0 + nk - 1) && visible(a, q0 + nq - 1, k0);
     if (fully_visible) return;
     for (int i = 0; i < nq; i++)
@@ -168,15 +173,16 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
     int failed = 0;
 #pragma omp parallel
     {
-        float *S = malloc(sizeof(float) * BQ * BK), *dP = malloc(sizeof(float) * BQ * BK);
-        if (!S || !dP) {
+        float *S = malloc(sizeof(float) * BQ * BK), *dP = malloc(sizeof(float) * BQ * BK),
+              *F = a->softcap > 0 ? malloc(sizeof(float) * BQ * BK) : NULL;
+        if (!S || !dP || (a->softcap > 0 && !F)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < a->n_seqs; b++)
             for (int kvh = 0; kvh < HK; kvh++) {
-                if (!S || !dP) continue;
+                if (!S || !dP || (a->softcap > 0 && !F)) continue;
                 const int s0 = a->cu_seqlens_host[b], L = a->cu_seqlens_host[b + 1] - s0;
                 for (int h = kvh * group; h < (kvh + 1) * group; h++)
                     for (int q0 = 0; q0 < L; q0 += BQ) {
@@ -191,6 +197,11 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
                             for (int i = 0; i < nq; i++) { /* S becomes P */
                                 const float lse = a->lse[(size_t)h * T + s0 + q0 + i];
                                 float *row = S + i * BK;
+                                if (F) /* 1 - tanh^2 of each capped score, for dS */
+                                    for (int j = 0; j < nk; j++)
+                                        F[i * BK + j] = row[j] == -INFINITY
+                                                            ? 0.0f
+                                                            : attention_softcap_grad(row[j], a->softcap);
                                 for (int j = 0; j < nk; j++)
                                     row[j] = row[j] == -INFINITY ? 0.0f : ctrl_exp_approx(row[j] - lse);
                             }
@@ -203,6 +214,8 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
                                 const float *p = S + i * BK;
 #pragma omp simd
                                 for (int j = 0; j < nk; j++) ds[j] = p[j] * (ds[j] - Di);
+                                if (F)
+                                    for (int j = 0; j < nk; j++) ds[j] *= F[i * BK + j];
                             }
                             /* dQ += scale dS K;  dK += scale dS^T Q */
                             tile_gemm(0, 0, nq, D, nk, a->scale, dP, BK, k + ko, HK * D, 1.0f, dq + qo,
@@ -214,6 +227,7 @@ ctrl_status flash_cpu_backward(const ctrl_attention_args *a) {
             }
         free(S);
         free(dP);
+        free(F);
     }
     free(Dv);
     if (failed) return ctrl_error_set(CTRL_ERR_NOMEM, "attention flash: no memory for a tile");

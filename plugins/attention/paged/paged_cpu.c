@@ -74,6 +74,11 @@ CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int k
                     for (int r = 0; r < RT; r++) acc[r] += qi * kt[r];
                 }
                 for (int r = 0; r < nr; r++) scores[(size_t)g * n + r0 - lo + r] = acc[r] * a->scale;
+                if (a->softcap > 0) /* Gemma 2: cap tanh(s / cap) */
+                    for (int r = 0; r < nr; r++) {
+                        float *s = &scores[(size_t)g * n + r0 - lo + r];
+                        *s = a->softcap * tanhf(*s / a->softcap);
+                    }
             }
         }
     }
