@@ -122,11 +122,7 @@ def main():
                         "--layers", "6", "--heads", "4", "--kv-heads", "2", "--intermediate", "1024",
                         "--tie-embeddings", "--tokenizer", TOK, "--out", os.path.join(d, "model")], check=True,
                        stdout=subprocess.DEVNULL)
-        if args.experts:  # no load-balancing loss on either side (ctrl has none yet; TRL's off at 0)
-            cfg_path = os.path.join(d, "model", "config.json")
-            cfg = json.load(open(cfg_path))
-            cfg["router_aux_loss_coef"] = 0.0
-            json.dump(cfg, open(cfg_path, "w"), indent=1)
+        
         cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
         print(f"machine: {os.cpu_count()} cores, {cpu}; threads {args.threads}, batch {args.batch}, "
               f"{args.steps} steps, fp32" + (f"; Qwen3-MoE, {args.experts} experts, top {args.experts_per_tok}"

@@ -586,6 +586,7 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
                               c->model_type, (double)c->attn_softcap);
     MODEL_TRY(model_check_backend(m, be));
     m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
+    m->moe_aux_armed = 0; /* an auxiliary loss is armed after the forward it belongs to */
     MODEL_TRY(check_batch(m, b));
     MODEL_TRY(model_prepare_weights(m));
     int max_pos = 0;

@@ -216,6 +216,15 @@ size_t ctrl_model_activation_bytes(const ctrl_model *m);
 /* Zeroes the gradients (on the device too). */
 ctrl_status ctrl_model_zero_grad(ctrl_model *m);
 
+/* Mixture of experts (model_moe.c): the load-balancing auxiliary loss of the last forward, as
+ * transformers' load_balancing_loss_func computes it over every sparse layer's router:
+ * aux = E sum_e (f_e) (P_e), f_e the share of the (token, layer) rows' top-k choices that went to
+ * expert e, P_e the mean probability of e, both over the rows of the tokens `mask` keeps (NULL: all;
+ * [T] of the last batch, as the attention mask of a padded batch). Arms the next backward to add
+ * scale x d aux / d(router logits) to the routers' gradients (a trainer's coef / accumulation
+ * steps). CTRL_ERR_RUNTIME on a dense model or before a forward. */
+ctrl_status ctrl_model_moe_aux_loss(ctrl_model *m, const uint8_t *mask, float scale, double *aux);
+
 /* Sequence classification (model_score.c; a model whose config has num_labels > 0, as transformers'
  * *ForSequenceClassification): the trunk's final hidden states times `score` [num_labels, hidden]
  * (no bias), read at one token per sequence -- transformers' rule, ctrl_model_score_index -- and no

@@ -131,6 +131,7 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         MODEL_TRY(layer_backward(m, l, &g));
         MODEL_TRY(model_layer_hooks(m, l, 1, 0));
     }
+    m->moe_aux_armed = 0;                      /* its gradient is in the routers now */
     float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
     if (!dwte) return CTRL_OK;
     if (c->embed_scale > 0) MODEL_TRY(be->scale(g.dres, c->embed_scale, (int64_t)T * C));

@@ -98,6 +98,11 @@ struct ctrl_model {
     int32_t *moe_rows, *moe_host_i;
     int moe_cap_T;
     size_t moe_ws_bytes;
+    /* the armed auxiliary loss' gradient (ctrl_model_moe_aux_loss): d(scale aux)/d p_e of a kept row
+     * [E], which rows it applies to ([T], moe_aux_mask), for the next backward only */
+    float *moe_aux_grad;
+    uint8_t *moe_aux_mask;
+    int moe_aux_armed;
     /* backend: activations of the last forward (see layer_acts) */
     int T, act_cap_T;
     float *act_mem;

@@ -16,7 +16,8 @@
 
 void model_moe_release(ctrl_model *m) {
     if (m->be) m->be->free(m->moe_dev), m->be->free(m->moe_rows), m->be->free(m->moe_ws);
-    free(m->moe_host), free(m->moe_host_i), free(m->moe);
+    free(m->moe_host), free(m->moe_host_i), free(m->moe), free(m->moe_aux_grad), free(m->moe_aux_mask);
+    m->moe_aux_grad = NULL, m->moe_aux_mask = NULL, m->moe_aux_armed = 0;
     m->moe = NULL, m->moe_dev = m->moe_host = m->moe_ws = NULL, m->moe_rows = m->moe_host_i = NULL;
     m->moe_cap_T = 0, m->moe_ws_bytes = 0;
 }
@@ -101,6 +102,44 @@ static void route(const ctrl_model *m, moe_acts *a, int T, int32_t *rows_h, floa
     free(fill);
 }
 
+ctrl_status ctrl_model_moe_aux_loss(ctrl_model *m, const uint8_t *mask, float scale, double *aux) {
+    const ctrl_model_config *c = &m->cfg;
+    const int T = m->T, E = c->n_experts, K = c->n_experts_per_tok;
+    *aux = 0;
+    if (E <= 0 || !m->moe || T <= 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: an auxiliary loss needs a mixture-of-experts forward first");
+    double *cnt = calloc((size_t)E, sizeof(double)), *psum = calloc((size_t)E, sizeof(double));
+    free(m->moe_aux_grad), free(m->moe_aux_mask);
+    m->moe_aux_grad = malloc(sizeof(float) * (size_t)E), m->moe_aux_mask = malloc((size_t)T);
+    if (!cnt || !psum || !m->moe_aux_grad || !m->moe_aux_mask) {
+        free(cnt), free(psum);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: auxiliary loss");
+    }
+    double rows = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (m->layers[l].router < 0) continue;
+        const moe_acts *a = &m->moe[l];
+        for (int t = 0; t < T; t++) {
+            if (mask && !mask[t]) continue;
+            rows++;
+            for (int k = 0; k < K; k++) cnt[a->idx[(size_t)t * K + k]]++;
+            for (int e = 0; e < E; e++) psum[e] += a->probs[(size_t)t * E + e];
+        }
+    }
+    for (int t = 0; t < T; t++) m->moe_aux_mask[t] = !mask || mask[t];
+    double s = 0;
+    for (int e = 0; e < E; e++) {
+        const double f = rows > 0 ? cnt[e] / rows : 0, p = rows > 0 ? psum[e] / rows : 0;
+        s += f * p;
+        m->moe_aux_grad[e] = rows > 0 ? (float)(scale * E * f / rows) : 0.0f; /* d(scale aux)/dp of a row */
+    }
+    *aux = E * s;
+    m->moe_aux_armed = rows > 0 && scale != 0;
+    free(cnt), free(psum);
+    return CTRL_OK;
+}
+
 ctrl_status model_moe_forward(ctrl_model *m, int l, const float *x, float *out) {
     const ctrl_backend_ops *be = m->be;
     const ctrl_model_config *c = &m->cfg;
@@ -158,6 +197,8 @@ static void route_backward(const ctrl_model *m, const moe_acts *a, int T, const 
         } else {
             for (int k = 0; k < K; k++) dp[idx[k]] = g[k];
         }
+        if (m->moe_aux_armed && m->moe_aux_mask[t]) /* the auxiliary loss: d/dp_e on every kept row */
+            for (int e = 0; e < E; e++) dp[e] += m->moe_aux_grad[e];
         double s = 0; /* softmax: dz = p (dp - sum p dp) */
         for (int e = 0; e < E; e++) s += (double)p[e] * dp[e];
         for (int e = 0; e < E; e++) dp[e] = p[e] * (float)(dp[e] - s);

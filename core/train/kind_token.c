@@ -54,7 +54,29 @@ static void token_describe(const train_kind *k, long total, int bs, int ga, size
 
 /* One micro-batch: forward, the trainer's loss, backward; counts[0..2] = its trained tokens, those
  * predicted right, their entropies' sum (for accuracy and entropy, as TRL's SFTTrainer logs them). */
-static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_items, double *counts,
+/* The mixture-of-experts load-balancing loss TRL's SFTTrainer adds (router_aux_loss_coef of the model's
+ * config): coef aux / ga into the micro-batch's loss and gradient, aux over the tokens a padded
+ * batch's attention mask would keep (its pad segments, which predict nothing, out), as transformers. */
+static ctrl_status aux_loss(train_kind *k, const ctrl_batch *b, int ga, double *loss) {
+    const ctrl_model_config *c = ctrl_model_cfg(k->model);
+    if (c->n_experts <= 0 || !(c->router_aux_loss_coef > 0)) return CTRL_OK;
+    uint8_t *mask = malloc((size_t)b->T);
+    if (!mask) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    for (int s = 0; s < b->B; s++) {
+        int trained = !k->train.padded; /* padding-free rows: every token, as without a mask */
+        for (int t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1] && !trained; t++)
+            trained = b->targets[t] >= 0;
+        for (int t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1]; t++) mask[t] = (uint8_t)trained;
+    }
+    double aux = 0;
+    const float coef = c->router_aux_loss_coef;
+    const ctrl_status st = ctrl_model_moe_aux_loss(k->model, mask, coef / (float)ga, &aux);
+    free(mask);
+    if (st == CTRL_OK) *loss += (double)coef * aux / ga;
+    return st;
+}
+
+static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_items, int ga, double *counts,
                                train_step_stats *out) {
     const int T = b->T;
     float *lp = malloc(sizeof(float) * (size_t)T), *w = malloc(sizeof(float) * (size_t)T);
@@ -82,6 +104,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_it
             if (w[t] > 0) valid++, correct += ok[t] != 0, ent_sum += ent[t];
         counts[0] = (double)valid, counts[1] = (double)correct, counts[2] = ent_sum;
         st = k->ops->loss(k->trainer, &tb, &loss, dlp);
+        if (st == CTRL_OK) st = aux_loss(k, b, ga, &loss);
         if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(k->model, fused ? NULL : dlp);
     }
     free(lp), free(w), free(dlp), free(ent), free(ok);
@@ -109,7 +132,7 @@ static ctrl_status token_accumulate(train_kind *k, const int *order, long *curso
     free(idx);
     /* the loss is over the trained tokens of every rank's share of the batch (data_parallel.h) */
     const double items = st == CTRL_OK ? train_dp_items(num_items) : 0;
-    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], items, counts + 3 * g, out);
+    for (int g = 0; g < ga && st == CTRL_OK; g++) st = micro_batch(k, &mb[g], items, ga, counts + 3 * g, out);
     /* each micro-batch's accuracy and entropy over every rank's share of it, then their mean */
     if (st == CTRL_OK) st = train_dp_sum(counts, (size_t)ga * 3);
     for (int g = 0; g < ga && st == CTRL_OK; g++) {

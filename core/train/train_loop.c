@@ -171,15 +171,15 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         st = spec.needs_score ? ctrl_model_load_classifier(weights_dir ? weights_dir : s->model.path,
                                                            attention, 1, s->run.seed, &r->model)
                               : train_model_load(s, attention, weights_dir, &r->model);
-    if (st == CTRL_OK && ctrl_model_cfg(r->model)->n_experts > 0 &&
+    if (st == CTRL_OK && r->kind_ops != &train_kind_token && ctrl_model_cfg(r->model)->n_experts > 0 &&
         ctrl_model_cfg(r->model)->router_aux_loss_coef > 0)
-        /* TRL adds it by default (SFTTrainer: router_aux_loss_coef from the model's config) */
-        st =
-            ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                           "%s/config.json: router_aux_loss_coef = %g: the mixture-of-experts load-balancing "
-                           "loss TRL adds is not implemented yet; set it to 0 there to train without it (as "
-                           "TRL's router_aux_loss_coef = 0.0)",
-                           s->model.path, (double)ctrl_model_cfg(r->model)->router_aux_loss_coef);
+        /* TRL adds it by default (router_aux_loss_coef from the model's config); SFT here does too */
+        st = ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s/config.json: router_aux_loss_coef = %g: the mixture-of-experts load-balancing "
+            "loss TRL adds is implemented for SFT only so far; set it to 0 there to train %s "
+            "without it (as TRL's router_aux_loss_coef = 0.0)",
+            s->model.path, (double)ctrl_model_cfg(r->model)->router_aux_loss_coef, s->run.trainer);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {

@@ -1,7 +1,7 @@
 /* SFT trains the new families as TRL does (fixtures from tests/reference/make_family_fixtures.py,
  * make_sft_curve): a tiny random Gemma 2 (GQA, head_dim != hidden/heads, window 8 on alternating
  * layers, final-logit soft-capping 3, tied embeddings) and a tiny Qwen3-MoE (8 experts, top 2
- * renormalised), each trained 20 optimizer steps on the arithmetic
+ * renormalised; without and with the load-balancing loss), each trained 20 optimizer steps on the arithmetic
  * rows of tests/fixtures/trl_sft in padded batches of 4 by TRL's SFTTrainer and by ctrl from the same
  * weights and hyper-parameters: per step, loss, grad_norm and entropy within 1e-4 relative for steps
  * 1-5 and 1e-3 through step 20, the learning rate, token accuracy and token count as TRL logs them. */
@@ -65,3 +65,6 @@ static void check_curve(const char *name) {
 
 TEST(gemma2_sft_curve_matches_trl) { check_curve("gemma2_sft"); }
 TEST(qwen3_moe_sft_curve_matches_trl) { check_curve("qwen3_moe_sft"); }
+/* with router_aux_loss_coef = 0.01: TRL adds coef x the load-balancing loss / accumulation steps to each
+ * micro-batch's loss, and its gradient through the routers */
+TEST(qwen3_moe_sft_with_aux_loss_matches_trl) { check_curve("qwen3_moe_sft_aux"); }

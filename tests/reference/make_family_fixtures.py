@@ -190,8 +190,8 @@ def make(name, Cfg, kw, seed):
 def sft_models(tok):
     """name -> (config, randomize): a Gemma 2 (GQA, head_dim 16 != 32/4, window 8 on alternating layers,
     final-logit soft-capping 3, tied) and a Qwen3-MoE (8 experts, top 2 renormalised, q/k norms;
-    router_aux_loss_coef 0: TRL would add the load-balancing loss ctrl does not have yet), both in the
-    committed tiny tokenizer's vocabulary."""
+    router_aux_loss_coef 0, and 0.01: TRL's load-balancing loss on), in the committed tiny tokenizer's
+    vocabulary."""
     common = dict(vocab_size=len(tok), max_position_embeddings=256, bos_token_id=None,
                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return {
@@ -203,6 +203,11 @@ def sft_models(tok):
                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                         head_dim=8, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
                                         router_aux_loss_coef=0.0, tie_word_embeddings=True, **common),
+        # the same with TRL's load-balancing loss on (the config's coefficient, 0.01 here)
+        "qwen3_moe_sft_aux": Qwen3MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=8, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                            router_aux_loss_coef=0.01, tie_word_embeddings=True, **common),
     }
 
 
@@ -258,7 +263,7 @@ def main():
     for i, (name, (Cfg, kw)) in enumerate(FAMILIES.items()):
         if not names or name in names:
             make(name, Cfg, kw, 2200 + i)
-    for name in ("gemma2_sft", "qwen3_moe_sft"):
+    for name in ("gemma2_sft", "qwen3_moe_sft", "qwen3_moe_sft_aux"):
         if not names or name in names:
             make_sft_curve(name)
 
