@@ -3,6 +3,7 @@
  * with the mean row of the LM head (the logits are linear in it), and log sum_v p_v^2 from a second
  * log-sum-exp at half the temperature (log sum p^2 = lse(2z) - 2 lse(z)). Neither builds a
  * [tokens x vocabulary] tensor; both run on any backend through its ops. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "model/model_internal.h"
@@ -30,6 +31,30 @@ static ctrl_status mean_logits(ctrl_model *m, float *out) {
     return st;
 }
 
+/* With final-logit soft-capping the mean is not linear in h: the logits chunk by chunk of the
+ * vocabulary (one GEMM each on the backend), capped and summed on the host. */
+static ctrl_status mean_capped_logits(ctrl_model *m, float *out) {
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size, VC = V < 4096 ? V : 4096;
+    const float cap = m->cfg.final_softcap;
+    float *d = NULL, *z = malloc(sizeof(float) * (size_t)T * VC);
+    double *acc = calloc((size_t)T, sizeof(double));
+    ctrl_status st = z && acc ? be->alloc((void **)&d, sizeof(float) * (size_t)T * VC)
+                              : ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    for (int v0 = 0; st == CTRL_OK && v0 < V; v0 += VC) {
+        const int vc = v0 + VC <= V ? VC : V - v0;
+        st = be->linear_forward(d, m->lnf, m->dparams + m->off_lm_head + (size_t)v0 * C, NULL, T, C, vc);
+        if (st == CTRL_OK) st = be->to_host(z, d, sizeof(float) * (size_t)T * vc);
+        for (int t = 0; st == CTRL_OK && t < T; t++)
+            for (int j = 0; j < vc; j++) acc[t] += cap * tanhf(z[(size_t)t * vc + j] / cap);
+    }
+    for (int t = 0; st == CTRL_OK && t < T; t++)
+        out[t] = m->batch.targets[t] >= 0 ? (float)(acc[t] / V) / m->temperature : 0.0f;
+    if (d) be->free(d);
+    free(z), free(acc);
+    return st;
+}
+
 static ctrl_status log_sum_sq(ctrl_model *m, float *out) {
     const ctrl_backend_ops *be = m->be;
     const int T = m->T;
@@ -54,11 +79,8 @@ ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_s
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
     if (m->off_lm_head < 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a sequence classifier has no LM head statistics");
-    if (mean_logit && m->cfg.final_softcap > 0) /* the mean of capped logits is not linear in h */
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "model: the mean logit of a soft-capped head (final_logit_softcapping, %s) is "
-                              "not implemented",
-                              m->cfg.model_type);
-    ctrl_status st = mean_logit ? mean_logits(m, mean_logit) : CTRL_OK;
+    ctrl_status st = !mean_logit                ? CTRL_OK
+                     : m->cfg.final_softcap > 0 ? mean_capped_logits(m, mean_logit)
+                                                : mean_logits(m, mean_logit);
     return st == CTRL_OK && log_sum_sq_probs ? log_sum_sq(m, log_sum_sq_probs) : st;
 }

@@ -374,3 +374,39 @@ TEST(phi3_config_defaults_and_errors) {
     CHECK_EQ_INT(load_phi3(", \"partial_rotary_factor\": 0.2", &c), CTRL_ERR_FORMAT);
     CHECK_CONTAINS(ctrl_error_message(), "partial_rotary_factor");
 }
+
+/* DPO's and WPO's head statistics on a soft-capped head (Gemma 2): the mean logit and log sum p^2 of
+ * each token's capped distribution, against the capped logits decoding gives for the same tokens. */
+TEST(gemma2_head_stats_with_softcapping) {
+    ctrl_model *m = NULL;
+    CHECK_MSG(ctrl_model_load(FAM "/gemma2_gqa", attention("eager"), &m) == CTRL_OK, "%s",
+              ctrl_error_message());
+    test_attach_paged(m);
+    if (!m) return;
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    int32_t tok[6] = {3, 17, 42, 0, 5, 64}, pos[6] = {0, 1, 2, 3, 4, 5}, tg[6] = {17, 42, 0, 5, 64, -100},
+            cu[2] = {0, 6};
+    const ctrl_batch b = {.T = 6, .B = 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    float lp[6], mean[6], lss[6], *logits = malloc(sizeof(float) * 6 * V);
+    CHECK_EQ_INT(ctrl_model_forward(m, &b, lp, NULL, NULL), CTRL_OK);
+    CHECK_MSG(ctrl_model_head_stats(m, mean, lss) == CTRL_OK, "%s", ctrl_error_message());
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    ctrl_kv_cache *kv = NULL;
+    CHECK_EQ_INT(ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, 4, 1 << 20, CTRL_F32, &kv),
+                 CTRL_OK);
+    ctrl_kv_seq seq = {0};
+    CHECK_MSG(ctrl_model_decode_all(m, kv, &seq, tok, 6, logits) == CTRL_OK, "%s", ctrl_error_message());
+    for (int t = 0; t < 5; t++) { /* the last token has no target: 0 there */
+        const float *z = logits + (size_t)t * V;
+        double s = 0, mx = -INFINITY, se = 0, se2 = 0;
+        for (int v = 0; v < V; v++) s += z[v], mx = z[v] > mx ? z[v] : mx;
+        for (int v = 0; v < V; v++) se += exp(z[v] - mx), se2 += exp(2 * (z[v] - mx));
+        CHECK_NEAR(mean[t], s / V, 1e-5);
+        CHECK_NEAR(lss[t], log(se2) - 2 * log(se), 1e-5);
+    }
+    CHECK(mean[5] == 0 && lss[5] == 0);
+    ctrl_kv_seq_release(kv, &seq);
+    ctrl_kv_cache_free(kv);
+    free(logits);
+    ctrl_model_free(m);
+}
