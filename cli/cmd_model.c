@@ -13,10 +13,10 @@
 #include "tokenizer/tokenizer.h"
 
 static const char *const arch_names[CTRL_ARCH_COUNT] = {"llama",  "qwen2", "qwen3",     "mistral", "gemma2",
-                                                        "gemma3", "phi3",  "qwen3_moe", "mixtral"};
+                                                        "gemma3", "phi3",  "qwen3_moe", "mixtral", "olmoe"};
 /* config.json's model_type of each (Gemma 3's text model is gemma3_text) */
 static const char *const model_types[CTRL_ARCH_COUNT] = {
-    "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"};
+    "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral", "olmoe"};
 
 static int info(int argc, char **argv) {
     if (argc != 2) return cli_usage_error(&cli_cmd_model, "model info needs exactly one DIR");
@@ -134,7 +134,7 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
         if (!strcmp(arch, arch_names[i])) k = i;
     if (k < 0)
         return cli_usage_error(&cli_cmd_model, "model init: --arch must be llama, qwen2, qwen3, mistral, "
-                                               "gemma2, gemma3, phi3, qwen3_moe or mixtral");
+                                               "gemma2, gemma3, phi3, qwen3_moe, mixtral or olmoe");
     if (!out || !tok_dir || c.hidden_size <= 0 || c.n_layers <= 0 || c.n_heads <= 0)
         return cli_usage_error(&cli_cmd_model,
                                "model init needs --arch, --hidden, --layers, --heads, --tokenizer, --out");
@@ -174,12 +174,12 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
         &c); /* Gemma's fields at Gemma2Config's / Gemma3TextConfig's defaults */
     if (c.arch == CTRL_ARCH_GEMMA2 || c.arch == CTRL_ARCH_PHI3) c.rope.theta = 10000.0;
     if (c.arch == CTRL_ARCH_PHI3) c.rms_norm_eps = 1e-5f;
-    const int moe = c.arch == CTRL_ARCH_QWEN3_MOE || c.arch == CTRL_ARCH_MIXTRAL;
+    const int moe = c.arch == CTRL_ARCH_QWEN3_MOE || c.arch == CTRL_ARCH_MIXTRAL || c.arch == CTRL_ARCH_OLMOE;
     if (moe != (experts > 0) || experts > CTRL_MODEL_MAX_EXPERTS ||
         (experts > 0 && (per_tok < 1 || per_tok > experts)) || moe_width < 0)
         return cli_usage_error(
             &cli_cmd_model,
-            "model init: qwen3_moe and mixtral (and only they) take --experts N (at most %d) "
+            "model init: qwen3_moe, mixtral and olmoe (and only they) take --experts N (at most %d) "
             "and --experts-per-tok K (1..N)",
             CTRL_MODEL_MAX_EXPERTS);
     if (experts > 0) { /* Qwen3MoeConfig's defaults otherwise: every layer sparse, no renormalisation */
@@ -187,8 +187,11 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
         c.moe_intermediate_size = moe_width ? moe_width : c.intermediate_size / 4;
         if (c.arch == CTRL_ARCH_MIXTRAL) /* MixtralConfig: experts of intermediate_size, renormalised */
             c.moe_intermediate_size = c.intermediate_size, c.norm_topk_prob = 1, c.rms_norm_eps = 1e-5f;
-        c.router_aux_loss_coef = 0.001f;
-        c.qk_norm = c.arch == CTRL_ARCH_QWEN3_MOE;
+        if (c.arch ==
+            CTRL_ARCH_OLMOE) /* OlmoeConfig: experts of intermediate_size, whole-projection q/k norms */
+            c.moe_intermediate_size = c.intermediate_size, c.rms_norm_eps = 1e-5f;
+        c.router_aux_loss_coef = c.arch == CTRL_ARCH_OLMOE ? 0.01f : 0.001f;
+        c.qk_norm = c.arch == CTRL_ARCH_QWEN3_MOE ? 1 : c.arch == CTRL_ARCH_OLMOE ? 2 : 0;
         memset(c.moe_layer, 1, (size_t)c.n_layers);
     }
     if (gemma) c.pad_token_id = ctrl_tokenizer_pad_id(tok);
@@ -391,28 +394,29 @@ static int run_model(ctrl_cli *cli, int argc, char **argv) {
 const ctrl_command cli_cmd_model = {
     .name = "model",
     .summary = "inspect, create, score with, or merge a LoRA adapter into a Hugging Face model directory",
-    .usage = "usage: ctrl model info DIR\n"
-             "       ctrl model init --arch llama|qwen2|qwen3|mistral|gemma2|gemma3|phi3|qwen3_moe|mixtral\n"
-             "                       --hidden N --layers N --heads N [--kv-heads N] [--head-dim N]\n"
-             "                       [--intermediate N] [--vocab N] [--tie-embeddings] [--seed S]\n"
-             "                       [--experts N --experts-per-tok K [--moe-intermediate N]]\n"
-             "                       --tokenizer DIR --out DIR\n"
-             "       ctrl model logprobs --model DIR [--adapter DIR] --input FILE.jsonl [--attention NAME]\n"
-             "       ctrl model merge --base DIR --adapter DIR --out DIR\n\n"
-             "info: architecture, parameter count, shapes, vocabulary, context.\n"
-             "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
-             "      directory with the tokenizer's files; gemma2 takes Gemma2Config's defaults (tied\n"
-             "      embeddings, soft-capping 50/30, window 4096 on alternating layers, query scalar 256),\n"
-             "      gemma3 Gemma3TextConfig's (q/k norms, five sliding layers in six, RoPE 1e6 / 1e4),\n"
-             "      phi3 Phi3Config's (fused qkv_proj / gate_up_proj, rms_norm_eps 1e-5), qwen3_moe\n"
-             "      Qwen3MoeConfig's (every layer sparse, no top-k renormalisation; expert width\n"
-             "      --intermediate / 4 unless --moe-intermediate says), mixtral MixtralConfig's (experts of\n"
-             "      --intermediate, top-k renormalised).\n"
-             "      info also reports experts and the parameters active per token.\n"
-             "logprobs: each input line {\"text\": ...} or {\"input_ids\": [...]} gives one output line\n"
-             "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout; with\n"
-             "      --adapter, of the model under a PEFT LoRA adapter directory.\n"
-             "merge: the adapter folded into the base weights (W += s B A, PEFT's merge_and_unload),\n"
-             "      saved as a plain HF model directory with the base's tokenizer files.\n",
+    .usage =
+        "usage: ctrl model info DIR\n"
+        "       ctrl model init --arch llama|qwen2|qwen3|mistral|gemma2|gemma3|phi3|qwen3_moe|mixtral|olmoe\n"
+        "                       --hidden N --layers N --heads N [--kv-heads N] [--head-dim N]\n"
+        "                       [--intermediate N] [--vocab N] [--tie-embeddings] [--seed S]\n"
+        "                       [--experts N --experts-per-tok K [--moe-intermediate N]]\n"
+        "                       --tokenizer DIR --out DIR\n"
+        "       ctrl model logprobs --model DIR [--adapter DIR] --input FILE.jsonl [--attention NAME]\n"
+        "       ctrl model merge --base DIR --adapter DIR --out DIR\n\n"
+        "info: architecture, parameter count, shapes, vocabulary, context.\n"
+        "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
+        "      directory with the tokenizer's files; gemma2 takes Gemma2Config's defaults (tied\n"
+        "      embeddings, soft-capping 50/30, window 4096 on alternating layers, query scalar 256),\n"
+        "      gemma3 Gemma3TextConfig's (q/k norms, five sliding layers in six, RoPE 1e6 / 1e4),\n"
+        "      phi3 Phi3Config's (fused qkv_proj / gate_up_proj, rms_norm_eps 1e-5), qwen3_moe\n"
+        "      Qwen3MoeConfig's (every layer sparse, no top-k renormalisation; expert width\n"
+        "      --intermediate / 4 unless --moe-intermediate says), mixtral MixtralConfig's (experts of\n"
+        "      --intermediate, top-k renormalised).\n"
+        "      info also reports experts and the parameters active per token.\n"
+        "logprobs: each input line {\"text\": ...} or {\"input_ids\": [...]} gives one output line\n"
+        "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout; with\n"
+        "      --adapter, of the model under a PEFT LoRA adapter directory.\n"
+        "merge: the adapter folded into the base weights (W += s B A, PEFT's merge_and_unload),\n"
+        "      saved as a plain HF model directory with the base's tokenizer files.\n",
     .run = run_model,
 };

@@ -98,8 +98,9 @@ static ctrl_status layout(ctrl_model *m) {
         }
         W(wo, "self_attn.o_proj.weight", 2, C, H * D, LORA_O);
         if (c->qk_norm) {
-            V(q_norm, "self_attn.q_norm.weight", 1, D, 0, 1);
-            V(k_norm, "self_attn.k_norm.weight", 1, D, 0, 1);
+            V(q_norm, "self_attn.q_norm.weight", 1, c->qk_norm == 2 ? H * D : D, 0,
+              1); /* OLMoE: whole q, k */
+            V(k_norm, "self_attn.k_norm.weight", 1, c->qk_norm == 2 ? HK * D : D, 0, 1);
         }
         o->post_attn = o->post_ffw = -1;
         if (c->sandwich_norm) { /* Gemma 2: post_attention_layernorm is after attention */
@@ -504,9 +505,12 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(model_linear_forward(m, a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D));
     MODEL_TRY(lora_forward(m, l, LORA_V, a, a->v, a->ln1, C, HK * D));
     const float *qin = a->q_raw, *kin = a->k_raw;
-    if (c->qk_norm) { /* per-head RMSNorm, then RoPE (Qwen3) */
-        MODEL_TRY(model_norm_forward(m, a->q, a->q_rstd, a->q_raw, P + o->q_norm, T * H, D));
-        MODEL_TRY(model_norm_forward(m, a->k, a->k_rstd, a->k_raw, P + o->k_norm, T * HK, D));
+    if (c->qk_norm) {                     /* per-head RMSNorm, then RoPE (Qwen3) */
+        const int full = c->qk_norm == 2; /* OLMoE: over the whole projection, rstd [T] */
+        MODEL_TRY(model_norm_forward(m, a->q, a->q_rstd, a->q_raw, P + o->q_norm, full ? T : T * H,
+                                     full ? H * D : D));
+        MODEL_TRY(model_norm_forward(m, a->k, a->k_rstd, a->k_raw, P + o->k_norm, full ? T : T * HK,
+                                     full ? HK * D : D));
         qin = a->q, kin = a->k;
     }
     MODEL_TRY(model_rope(m, l, a->q, qin, positions, T, H, 1));

@@ -66,11 +66,12 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     MODEL_TRY(model_rope(m, l, d2, d2, positions, T, H, 0));
     MODEL_TRY(model_rope(m, l, dk, dk, positions, T, HK, 0));
     if (c->qk_norm) {
+        const int full = c->qk_norm == 2; /* OLMoE: over the whole projection */
         MODEL_TRY(model_norm_backward(m, d3, model_grad(m, o->q_norm), d2, a->q_raw, P + o->q_norm, a->q_rstd,
-                                      T * H, D));
+                                      full ? T : T * H, full ? H * D : D));
         MODEL_TRY(be->copy(d2, d3, sizeof(float) * (size_t)T * H * D));
         MODEL_TRY(model_norm_backward(m, d3, model_grad(m, o->k_norm), dk, a->k_raw, P + o->k_norm, a->k_rstd,
-                                      T * HK, D));
+                                      full ? T : T * HK, full ? HK * D : D));
         MODEL_TRY(be->copy(dk, d3, sizeof(float) * (size_t)T * HK * D));
     }
     MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wq), model_grad(m, o->bq), d2, a->ln1,

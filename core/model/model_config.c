@@ -200,7 +200,10 @@ uint64_t ctrl_model_config_param_count(const ctrl_model_config *c) {
                    QD = (uint64_t)c->n_heads * (uint64_t)c->head_dim,
                    KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, D = (uint64_t)c->head_dim;
     const uint64_t attn = 2 * C + QD * C + 2 * KD * C + C * QD + (c->qkv_bias ? QD + 2 * KD : 0) +
-                          (c->qk_norm ? 2 * D : 0) + (c->sandwich_norm ? 2 * C : 0);
+                          (c->qk_norm == 2 ? QD + KD
+                           : c->qk_norm    ? 2 * D
+                                           : 0) +
+                          (c->sandwich_norm ? 2 * C : 0);
     const uint64_t E = (uint64_t)c->n_experts, Im = (uint64_t)c->moe_intermediate_size;
     uint64_t layers = 0;
     for (int l = 0; l < c->n_layers; l++)
@@ -374,13 +377,17 @@ static ctrl_status read_phi3(reader *rd, const cJSON *root, ctrl_model_config *c
  * is refused: not implemented yet. */
 static ctrl_status read_moe(reader *rd, const cJSON *root, ctrl_model_config *c) {
     /* the hub's checkpoints say num_experts, transformers 5 saves num_local_experts */
-    const int mixtral = c->arch == CTRL_ARCH_MIXTRAL; /* MixtralConfig: 8 experts, top 2 renormalised */
+    const int mixtral = c->arch == CTRL_ARCH_MIXTRAL, /* MixtralConfig: 8 experts, top 2 renormalised */
+        olmoe = c->arch == CTRL_ARCH_OLMOE;           /* OlmoeConfig: 64 experts, top 8, clip_qkv */
+    if (olmoe && field(root, "clip_qkv"))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: clip_qkv (clamping q, k, v) is not implemented",
+                              rd->file);
     const char *experts = field(root, "num_experts") ? "num_experts" : "num_local_experts";
-    c->n_experts = get_int(rd, root, experts, mixtral ? 8 : 128, 1, CTRL_MODEL_MAX_EXPERTS);
+    c->n_experts = get_int(rd, root, experts, mixtral ? 8 : olmoe ? 64 : 128, 1, CTRL_MODEL_MAX_EXPERTS);
     c->n_experts_per_tok = get_int(rd, root, "num_experts_per_tok", mixtral ? 2 : 8, 1, c->n_experts);
     c->moe_intermediate_size =
-        mixtral ? c->intermediate_size
-                : get_int(rd, root, "moe_intermediate_size", 768, 1, CTRL_MODEL_MAX_INTERMEDIATE);
+        mixtral || olmoe ? c->intermediate_size
+                         : get_int(rd, root, "moe_intermediate_size", 768, 1, CTRL_MODEL_MAX_INTERMEDIATE);
     c->norm_topk_prob = mixtral ? 1 : get_bool(root, "norm_topk_prob", 0);
     if (mixtral && get_num(rd, root, "router_jitter_noise", 0, 0, 1) > 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -388,7 +395,8 @@ static ctrl_status read_moe(reader *rd, const cJSON *root, ctrl_model_config *c)
                               rd->file);
     c->router_aux_loss_coef = (float)get_num(rd, root, "router_aux_loss_coef", 0.001, 0, 1);
     c->output_router_logits = get_bool(root, "output_router_logits", 0);
-    const int step = mixtral ? 1 : get_int(rd, root, "decoder_sparse_step", 1, 1, CTRL_MODEL_MAX_LAYERS);
+    const int step =
+        mixtral || olmoe ? 1 : get_int(rd, root, "decoder_sparse_step", 1, 1, CTRL_MODEL_MAX_LAYERS);
     if (rd->st != CTRL_OK) return rd->st;
     if (c->output_router_logits)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -400,7 +408,7 @@ static ctrl_status read_moe(reader *rd, const cJSON *root, ctrl_model_config *c)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\" for %s", rd->file,
                               c->model_type);
     for (int l = 0; l < c->n_layers; l++) c->moe_layer[l] = (l + 1) % step == 0;
-    const cJSON *dense = mixtral ? NULL : field(root, "mlp_only_layers");
+    const cJSON *dense = mixtral || olmoe ? NULL : field(root, "mlp_only_layers");
     if (dense && !cJSON_IsArray(dense))
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: mlp_only_layers must be a list of layer indices",
                               rd->file);
@@ -436,8 +444,9 @@ static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config 
     const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
     snprintf(c.model_type, sizeof c.model_type, "%s", type);
     /* config.json's model_type of each ctrl_arch */
-    static const char *const types[CTRL_ARCH_COUNT] = {
-        "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral"};
+    static const char *const types[CTRL_ARCH_COUNT] = {"llama",   "qwen2",       "qwen3", "mistral",
+                                                       "gemma2",  "gemma3_text", "phi3",  "qwen3_moe",
+                                                       "mixtral", "olmoe"};
     int arch = -1;
     for (int k = 0; k < CTRL_ARCH_COUNT && arch < 0; k++)
         if (!strcmp(type, types[k])) arch = k;
@@ -451,7 +460,7 @@ static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config 
     if (arch < 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "%s: model_type '%s' is not supported (llama, qwen2, qwen3, mistral, gemma2, "
-                              "gemma3_text, phi3, qwen3_moe, mixtral)",
+                              "gemma3_text, phi3, qwen3_moe, mixtral, olmoe)",
                               rd->file, c.model_type);
     c.arch = (ctrl_arch)arch;
     const int gemma = c.arch == CTRL_ARCH_GEMMA2 || c.arch == CTRL_ARCH_GEMMA3,
@@ -483,7 +492,8 @@ static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config 
                                         1, CTRL_MODEL_MAX_POSITIONS);
     /* Phi3Config's and MixtralConfig's default: 1e-5 */
     const double eps =
-        get_num(rd, root, "rms_norm_eps", phi3 || c.arch == CTRL_ARCH_MIXTRAL ? 1e-5 : 1e-6, 0, 0);
+        get_num(rd, root, "rms_norm_eps",
+                phi3 || c.arch == CTRL_ARCH_MIXTRAL || c.arch == CTRL_ARCH_OLMOE ? 1e-5 : 1e-6, 0, 0);
     c.rms_norm_eps = (float)eps;
     if (rd->st == CTRL_OK && !(c.rms_norm_eps > 0 && isfinite(c.rms_norm_eps)))
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: rms_norm_eps = %g is not a positive fp32 number",
@@ -491,7 +501,9 @@ static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config 
     /* transformers' default is untied for the first four (configs of tied models say so), tied for Gemma. */
     c.tie_word_embeddings = get_bool(root, "tie_word_embeddings", gemma);
     c.qkv_bias = c.arch == CTRL_ARCH_QWEN2 ? 1 : get_bool(root, "attention_bias", 0);
-    c.qk_norm = c.arch == CTRL_ARCH_QWEN3 || c.arch == CTRL_ARCH_QWEN3_MOE;
+    c.qk_norm = c.arch == CTRL_ARCH_QWEN3 || c.arch == CTRL_ARCH_QWEN3_MOE ? 1
+                : c.arch == CTRL_ARCH_OLMOE                                ? 2
+                                                                           : 0;
     /* Mistral and Phi-3 slide wherever sliding_window is set; Qwen2/3 when use_sliding_window says so */
     int use_sw = c.arch == CTRL_ARCH_MISTRAL || c.arch == CTRL_ARCH_MIXTRAL || phi3
                      ? 1
@@ -519,12 +531,19 @@ static ctrl_status read_config(reader *rd, const cJSON *root, ctrl_model_config 
             if (!cJSON_GetObjectItemCaseSensitive(root, keys[i]) && defaults[i] < c.vocab_size)
                 *ids[i] = defaults[i];
     }
+    if (c.arch ==
+        CTRL_ARCH_OLMOE) { /* OlmoeConfig's defaults: pad 1, eos 50279 (where the vocabulary has them) */
+        if (!cJSON_GetObjectItemCaseSensitive(root, "pad_token_id") && c.vocab_size > 1) c.pad_token_id = 1;
+        if (!cJSON_GetObjectItemCaseSensitive(root, "eos_token_id") && c.vocab_size > 50279)
+            c.eos_token_id = 50279;
+    }
     c.initializer_range = (float)get_num(rd, root, "initializer_range", 0.02, 0, 1);
     if (rd->st != CTRL_OK) return rd->st;
     ctrl_status st = read_num_labels(rd, root, &c);
     if (st == CTRL_OK && gemma) st = read_gemma(rd, root, &c);
     if (st == CTRL_OK && phi3) st = read_phi3(rd, root, &c);
-    if (st == CTRL_OK && (c.arch == CTRL_ARCH_QWEN3_MOE || c.arch == CTRL_ARCH_MIXTRAL))
+    if (st == CTRL_OK &&
+        (c.arch == CTRL_ARCH_QWEN3_MOE || c.arch == CTRL_ARCH_MIXTRAL || c.arch == CTRL_ARCH_OLMOE))
         st = read_moe(rd, root, &c);
     if (st != CTRL_OK) return st;
     /* partial_rotary_factor at the top (4.x, Phi-4-mini); rope_parameters' own wins */

@@ -34,6 +34,7 @@ typedef enum ctrl_arch {
     CTRL_ARCH_PHI3,   /* Phi-3 and Phi-4 (phi3, Phi3ForCausalLM) */
     CTRL_ARCH_QWEN3_MOE,
     CTRL_ARCH_MIXTRAL,
+    CTRL_ARCH_OLMOE,
     CTRL_ARCH_COUNT
 } ctrl_arch;
 
@@ -47,8 +48,8 @@ typedef struct ctrl_model_config {
     int max_position_embeddings;
     float rms_norm_eps;
     int tie_word_embeddings;
-    int qkv_bias;       /* q/k/v projections have biases (Qwen2; Llama's attention_bias) */
-    int qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    int qkv_bias; /* q/k/v projections have biases (Qwen2; Llama's attention_bias) */
+    int qk_norm; /* RMSNorm of q and k before RoPE: 1 per head (Qwen3), 2 over the whole projection (OLMoE) */
     int sliding_window; /* 0 = none */
     ctrl_rope_params rope;
     int bos_token_id, eos_token_id;

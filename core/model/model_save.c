@@ -32,7 +32,7 @@ ctrl_status model_write_text_atomic(const char *path, const char *text) {
 }
 
 static const char *const arch_name[CTRL_ARCH_COUNT] = {"Llama",  "Qwen2", "Qwen3",    "Mistral", "Gemma2",
-                                                       "Gemma3", "Phi3",  "Qwen3Moe", "Mixtral"};
+                                                       "Gemma3", "Phi3",  "Qwen3Moe", "Mixtral", "Olmoe"};
 static const char *const rope_names[] = {"default", "linear", "llama3", "yarn", "dynamic", "longrope"};
 
 /* A float-typed field as its shortest decimal, written as a float (30.0, not 30: transformers 5's
@@ -145,13 +145,26 @@ static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     else
         cJSON_AddStringToObject(o, "hidden_act", "silu");
     cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_word_embeddings);
-    if (c->arch == CTRL_ARCH_LLAMA || c->arch == CTRL_ARCH_QWEN3 || c->arch == CTRL_ARCH_QWEN3_MOE)
+    if (c->arch == CTRL_ARCH_LLAMA || c->arch == CTRL_ARCH_QWEN3 || c->arch == CTRL_ARCH_QWEN3_MOE ||
+        c->arch == CTRL_ARCH_OLMOE)
         cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
     if (c->arch == CTRL_ARCH_MIXTRAL) { /* MixtralConfig's keys */
         cJSON_AddNumberToObject(o, "num_local_experts", c->n_experts);
         cJSON_AddNumberToObject(o, "num_experts_per_tok", c->n_experts_per_tok);
         add_float(o, "router_aux_loss_coef", c->router_aux_loss_coef);
         cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+    } else if (c->arch == CTRL_ARCH_OLMOE) { /* OlmoeConfig's keys (experts of intermediate_size) */
+        cJSON_AddNumberToObject(o, "num_experts", c->n_experts);
+        cJSON_AddNumberToObject(o, "num_experts_per_tok", c->n_experts_per_tok);
+        cJSON_AddBoolToObject(o, "norm_topk_prob", c->norm_topk_prob);
+        add_float(o, "router_aux_loss_coef", c->router_aux_loss_coef);
+        cJSON_AddBoolToObject(o, "output_router_logits", c->output_router_logits);
+        cJSON_AddNullToObject(o, "clip_qkv");
+        /* OlmoeConfig defaults pad 1, eos 50279: say which ones this model has (null: none) */
+        if (c->num_labels <= 0 && c->pad_token_id >= 0)
+            cJSON_AddNumberToObject(o, "pad_token_id", c->pad_token_id);
+        if (c->num_labels <= 0 && c->pad_token_id < 0) cJSON_AddNullToObject(o, "pad_token_id");
+        if (c->eos_token_id < 0) cJSON_AddNullToObject(o, "eos_token_id");
     } else if (c->n_experts > 0) { /* Qwen3MoeConfig's keys; the dense layers as mlp_only_layers */
         cJSON_AddNumberToObject(o, "num_experts", c->n_experts);
         cJSON_AddNumberToObject(o, "num_experts_per_tok", c->n_experts_per_tok);

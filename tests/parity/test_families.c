@@ -8,7 +8,7 @@
  * longrope on its long factors with partial rotary and GQA; on its short ones, with a sliding window);
  * a Llama 3.2 (llama3 rope scaling, tied embeddings); Qwen3-MoE in two (4 experts, top 2
  * renormalised; 8 experts, top 3 not, a dense layer between sparse ones) and Mixtral (its checkpoint
- * names, always renormalised, a sliding window).
+ * names, always renormalised, a sliding window) and OLMoE (q/k norms over the whole projections).
  *   - a packed batch of three sequences: per-token log-probs, the loss and every parameter's gradient
  *     within 1e-5 relative (fp32) of transformers', with the eager and the flash attention plugins,
  *     with activation checkpointing (the layers recomputed before their backward), and through the
@@ -160,6 +160,7 @@ TEST(llama32_matches_transformers) { check_model("llama32"); }
 TEST(qwen3_moe_a_matches_transformers) { check_model("qwen3_moe_a"); }
 TEST(qwen3_moe_b_matches_transformers) { check_model("qwen3_moe_b"); }
 TEST(mixtral_matches_transformers) { check_model("mixtral"); }
+TEST(olmoe_matches_transformers) { check_model("olmoe"); }
 
 static int argmax(const float *x, int n) {
     int a = 0;
@@ -239,12 +240,13 @@ TEST(qwen3_moe_greedy_generation_matches_transformers) {
     check_generation("qwen3_moe_a");
     check_generation("qwen3_moe_b");
     check_generation("mixtral");
+    check_generation("olmoe");
 }
 
 TEST(gemma_save_and_reload) {
     static const char *const names[] = {"gemma2_gqa", "gemma2_mha",  "gemma3_gqa",  "gemma3_mha", "phi3_gqa",
-                                        "phi3_mha",   "qwen3_moe_a", "qwen3_moe_b", "mixtral"};
-    for (int i = 0; i < 9; i++) {
+                                        "phi3_mha",   "qwen3_moe_a", "qwen3_moe_b", "mixtral",    "olmoe"};
+    for (int i = 0; i < 10; i++) {
         char dir[512], out[] = "/tmp/ctrl-gemma-save-XXXXXX";
         snprintf(dir, sizeof dir, FAM "/%s", names[i]);
         CHECK(mkdtemp(out) != NULL);

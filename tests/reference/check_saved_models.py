@@ -21,7 +21,7 @@ def main():
     saved_root = sys.argv[1]
     ok = True
     archs = [(FIX, a) for a in ("llama", "qwen2", "qwen3", "mistral")]
-    archs += [(FAMILIES, a) for a in ("gemma2_gqa", "gemma2_mha", "gemma3_gqa", "gemma3_mha", "phi3_gqa", "phi3_mha", "qwen3_moe_a", "qwen3_moe_b", "mixtral") if os.path.isdir(os.path.join(saved_root, a))]
+    archs += [(FAMILIES, a) for a in ("gemma2_gqa", "gemma2_mha", "gemma3_gqa", "gemma3_mha", "phi3_gqa", "phi3_mha", "qwen3_moe_a", "qwen3_moe_b", "mixtral", "olmoe") if os.path.isdir(os.path.join(saved_root, a))]
     for fix, arch in archs:
         ref = AutoModelForCausalLM.from_pretrained(os.path.join(fix, arch), dtype=torch.float32,
                                                    attn_implementation="eager")

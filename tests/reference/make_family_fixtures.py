@@ -22,7 +22,8 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from fixture_io import randomize_params
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MixtralConfig, Phi3Config, Qwen3MoeConfig
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MixtralConfig,
+                          OlmoeConfig, Phi3Config, Qwen3MoeConfig)
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "families")
 LENGTHS = [7, 12, 5]
@@ -107,6 +108,11 @@ FAMILIES = {
                                     num_key_value_heads=2, vocab_size=96, max_position_embeddings=64,
                                     num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
                                     tie_word_embeddings=False)),
+    # OLMoE: q_norm / k_norm over the whole projections, 8 experts of intermediate_size, top 3 not renormalised
+    "olmoe": (OlmoeConfig, dict(hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, num_experts=8,
+                                num_experts_per_tok=3, norm_topk_prob=False, pad_token_id=0, eos_token_id=2,
+                                tie_word_embeddings=False)),
 }
 
 
