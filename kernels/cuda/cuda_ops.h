@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <ctrl/status.h>
+#include <ctrl/tensor.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,6 +65,10 @@ ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, cons
  *   A is [M, K] (or [K, M] when transposed) with leading dimension lda, likewise B and C. */
 ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                                int lda, const float *B, int ldb, float beta, float *C, int ldc);
+/* The same GEMM over typed operands: A and B of `ab`, C of `c` (fp32 x fp32 -> fp32, bf16 x bf16
+ * -> fp32 or bf16), fp32 accumulation; any other combination is CTRL_ERR_UNSUPPORTED. */
+ctrl_status ctrl_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+                           const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
 
 /* The kernels of kernels/cpu/cpu_ops.h on device pointers, same arguments and semantics
  * (parameter gradients accumulate, input gradients are written). */

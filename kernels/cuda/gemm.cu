@@ -25,11 +25,22 @@ ctrl_status ensure_handle() {
     return CTRL_OK;
 }
 
+// The largest power of two (at most 256) that divides p's address. cuBLASLt's heuristic assumes
+// 256-byte aligned operands unless told otherwise, and an algorithm it picks on that assumption
+// refuses (CUBLAS_STATUS_NOT_SUPPORTED) a view that starts inside a buffer, such as a row offset
+// of a bf16 matrix with an odd number of columns: every call declares what its pointers have.
+uint32_t alignment_of(const void *p) {
+    const uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a & (al - 1))) al >>= 1;
+    return al;
+}
+
 // Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n; A and B
 // of `type`, C of `c_type` (bf16 operands with an fp32 result: CUDA_R_16BF, CUDA_R_32F).
-ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda, const void *B,
-                      int ldb, float beta, void *C, int ldc, const void *bias, cudaDataType_t type,
-                      cudaDataType_t c_type, cublasComputeType_t compute) {
+ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
+                      const void *B, int ldb, float beta, void *C, int ldc, const void *bias,
+                      cudaDataType_t type, cudaDataType_t c_type, cublasComputeType_t compute) {
     if (m == 0 || n == 0) return CTRL_OK;
     ctrl_status st = ensure_handle();
     if (st != CTRL_OK) return st;
@@ -42,14 +53,14 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
     size_t ws = kWorkspaceBytes;
     cublasLtMatmulHeuristicResult_t heur = {};
     int found = 0;
-#define LT(call)                                                                                            \
-    do {                                                                                                    \
-        cublasStatus_t s_ = (call);                                                                         \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                  \
-            result = ctrl_error_set(CTRL_ERR_DEVICE, "%s:%d: %s: cuBLAS status %d (m=%d n=%d k=%d)",        \
-                                    __FILE__, __LINE__, #call, (int)s_, m, n, k);                           \
-            goto done;                                                                                      \
-        }                                                                                                   \
+#define LT(call)                                                                                             \
+    do {                                                                                                     \
+        cublasStatus_t s_ = (call);                                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                   \
+            result = ctrl_error_set(CTRL_ERR_DEVICE, "%s:%d: %s: cuBLAS status %d (m=%d n=%d k=%d)",         \
+                                    __FILE__, __LINE__, #call, (int)s_, m, n, k);                            \
+            goto done;                                                                                       \
+        }                                                                                                    \
     } while (0)
     LT(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
@@ -62,6 +73,17 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
     LT(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    {
+        const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
+                                                sizeof al_a));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
+                                                sizeof al_b));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                                sizeof al_c));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                                sizeof al_c));
+    }
     LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
     if (!found) {
         result = ctrl_error_set(CTRL_ERR_DEVICE, "cuBLASLt: no algorithm for m=%d n=%d k=%d", m, n, k);
@@ -97,22 +119,23 @@ extern "C" void ctrl_cuda_linear_release(void) {
     lt_workspace = nullptr;
 }
 
-extern "C" ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                                          int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+extern "C" ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                                          const float *A, int lda, const float *B, int ldb, float beta,
+                                          float *C, int ldc) {
     // Row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T: swap the operands.
     return lt_matmul(trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, nullptr, CUDA_R_32F,
                      CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
-extern "C" ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float *w, const float *bias,
-                                                    int T, int IN, int OUT) {
+extern "C" ctrl_status ctrl_cuda_linear_forward_f32(float *out, const float *x, const float *w,
+                                                    const float *bias, int T, int IN, int OUT) {
     // CUBLAS_COMPUTE_32F is true fp32 (TF32 would be CUBLAS_COMPUTE_32F_FAST_TF32).
     return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, bias, CUDA_R_32F,
                      CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
-extern "C" ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w, int T,
-                                                     int IN, int OUT) {
+extern "C" ctrl_status ctrl_cuda_linear_forward_bf16(uint16_t *out, const uint16_t *x, const uint16_t *w,
+                                                     int T, int IN, int OUT) {
     return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, nullptr, CUDA_R_16BF,
                      CUDA_R_16BF, CUBLAS_COMPUTE_32F);
 }
@@ -121,10 +144,12 @@ extern "C" ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float
                                                      const float *x, const float *w, int T, int IN, int OUT) {
     ctrl_status st;
     // dx[T, IN] = dout[T, OUT] W[OUT, IN]
-    if (dx && (st = ctrl_cuda_gemm_f32(0, 0, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK) return st;
+    if (dx && (st = ctrl_cuda_gemm_f32(0, 0, T, IN, OUT, 1.0f, dout, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK)
+        return st;
     // dW[OUT, IN] += dout^T x
     // (none for a frozen weight: dw NULL)
-    if (dw && (st = ctrl_cuda_gemm_f32(1, 0, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK) return st;
+    if (dw && (st = ctrl_cuda_gemm_f32(1, 0, OUT, IN, T, 1.0f, dout, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK)
+        return st;
     if (dbias) {
         column_sums_kernel<<<(OUT + 255) / 256, 256>>>(dbias, dout, T, OUT);
         CTRL_CUDA_CHECK_LAUNCH();
@@ -132,29 +157,46 @@ extern "C" ctrl_status ctrl_cuda_linear_backward_f32(float *dx, float *dw, float
     return CTRL_OK;
 }
 
+extern "C" ctrl_status ctrl_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
+                                      const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                                      int ldc, ctrl_dtype ab, ctrl_dtype c) {
+    if ((ab != CTRL_F32 && ab != CTRL_BF16) || (c != CTRL_F32 && c != CTRL_BF16) ||
+        (ab == CTRL_F32 && c != CTRL_F32))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "cuda gemm: operands %s with a %s result is not supported",
+                              ab == CTRL_BF16 ? "bf16" : "fp32", c == CTRL_BF16 ? "bf16" : "fp32");
+    const cudaDataType_t t = ab == CTRL_BF16 ? CUDA_R_16BF : CUDA_R_32F,
+                         tc = c == CTRL_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    return lt_matmul(trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, nullptr, t, tc,
+                     CUBLAS_COMPUTE_32F);
+}
+
 // Mixed precision as torch.autocast (cuda_ops.h): bf16 operands, fp32 accumulation and results.
 extern "C" ctrl_status ctrl_cuda_gemm_bf16_f32(int trans_a, int trans_b, int M, int N, int K, float alpha,
-                                               const uint16_t *A, int lda, const uint16_t *B, int ldb, float beta,
-                                               float *C, int ldc) {
+                                               const uint16_t *A, int lda, const uint16_t *B, int ldb,
+                                               float beta, float *C, int ldc) {
     return lt_matmul(trans_b, trans_a, N, M, K, alpha, B, ldb, A, lda, beta, C, ldc, nullptr, CUDA_R_16BF,
                      CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
 extern "C" ctrl_status ctrl_cuda_linear_forward_bf16_f32(float *out, const uint16_t *x, const uint16_t *w,
                                                          const float *bias, int T, int IN, int OUT) {
-    return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, bias, CUDA_R_16BF, CUDA_R_32F,
-                     CUBLAS_COMPUTE_32F);
+    return lt_matmul(true, false, OUT, T, IN, 1.0f, w, IN, x, IN, 0.0f, out, OUT, bias, CUDA_R_16BF,
+                     CUDA_R_32F, CUBLAS_COMPUTE_32F);
 }
 
-extern "C" ctrl_status ctrl_cuda_linear_backward_bf16_f32(float *dx, float *dw, float *dbias, const uint16_t *dout16,
-                                                          const float *dout, const uint16_t *x, const uint16_t *w,
-                                                          int T, int IN, int OUT) {
+extern "C" ctrl_status ctrl_cuda_linear_backward_bf16_f32(float *dx, float *dw, float *dbias,
+                                                          const uint16_t *dout16, const float *dout,
+                                                          const uint16_t *x, const uint16_t *w, int T, int IN,
+                                                          int OUT) {
     ctrl_status st;
     // dx[T, IN] = dout[T, OUT] W[OUT, IN]
-    if (dx && (st = ctrl_cuda_gemm_bf16_f32(0, 0, T, IN, OUT, 1.0f, dout16, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK)
+    if (dx &&
+        (st = ctrl_cuda_gemm_bf16_f32(0, 0, T, IN, OUT, 1.0f, dout16, OUT, w, IN, 0.0f, dx, IN)) != CTRL_OK)
         return st;
     // dW[OUT, IN] += dout^T x
-    if (dw && (st = ctrl_cuda_gemm_bf16_f32(1, 0, OUT, IN, T, 1.0f, dout16, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK)
+    if (dw &&
+        (st = ctrl_cuda_gemm_bf16_f32(1, 0, OUT, IN, T, 1.0f, dout16, OUT, x, IN, 1.0f, dw, IN)) != CTRL_OK)
         return st;
     if (dbias) { // the unrounded dout, as the CPU path
         column_sums_kernel<<<(OUT + 255) / 256, 256>>>(dbias, dout, T, OUT);

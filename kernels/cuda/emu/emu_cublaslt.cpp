@@ -22,8 +22,11 @@ struct ctrl_emu_lt_layout {
     uint64_t rows, cols;
     int64_t ld;
 };
+// min_align: the operands' (A, B, C, D) declared alignment in bytes; cuBLASLt assumes 256 when
+// none is declared.
 struct ctrl_emu_lt_pref {
-    size_t workspace;
+    size_t workspace = 0;
+    uint32_t min_align[4] = {256, 256, 256, 256};
 };
 
 namespace {
@@ -110,19 +113,30 @@ cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
                                                     cublasLtMatmulPreferenceAttributes_t attr,
                                                     const void *buf, size_t size) {
-    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || size != sizeof pref->workspace)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    memcpy(&pref->workspace, buf, size);
-    return CUBLAS_STATUS_SUCCESS;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (size != sizeof pref->workspace) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&pref->workspace, buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES &&
+        attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+        if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&pref->min_align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
 }
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
                                               cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t *results, int *found) {
-    (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d, (void)pref;
+    (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d;
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     memset(results, 0, sizeof *results);
+    // As a real GPU's algorithms: vectorised (16-byte) loads and stores wherever the declared
+    // alignment allows them; the algorithm then refuses operands that are less aligned.
+    for (int i = 0; i < 4; i++) results->algo.data[i] = pref->min_align[i] < 16 ? pref->min_align[i] : 16;
     *found = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -134,8 +148,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
                               const cublasLtMatmulAlgo_t *algo, void *workspace, size_t workspace_bytes,
                               cudaStream_t stream) {
-    (void)handle, (void)algo, (void)workspace, (void)workspace_bytes, (void)stream;
+    (void)handle, (void)workspace, (void)workspace_bytes, (void)stream;
     if (C != D || lc->type != ld->type || lc->ld != ld->ld) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const void *operands[4] = {A, B, C, D};
+    for (int i = 0; i < 4; i++)
+        if (algo->data[i] > 1 && (uintptr_t)operands[i] % algo->data[i] != 0)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
     const bool ta = desc->opa == CUBLAS_OP_T, tb = desc->opb == CUBLAS_OP_T;
     const uint64_t m = lc->rows, n = lc->cols, k = ta ? la->rows : la->cols;
     if ((ta ? la->cols : la->rows) != m || (tb ? lb->rows : lb->cols) != n ||

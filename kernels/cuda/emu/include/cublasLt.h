@@ -37,6 +37,10 @@ typedef enum cublasLtMatmulDescAttributes_t {
 } cublasLtMatmulDescAttributes_t;
 typedef enum cublasLtMatmulPreferenceAttributes_t {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
 } cublasLtMatmulPreferenceAttributes_t;
 
 typedef struct ctrl_emu_lt *cublasLtHandle_t;
