@@ -55,8 +55,8 @@ HOST_OPTION_READER(host_option_int, int64_t, ctrl_config_require_int)
 HOST_OPTION_READER(host_option_float, double, ctrl_config_require_float)
 HOST_OPTION_READER(host_option_bool, bool, ctrl_config_require_bool)
 
-/* A device backend's memory and optimizer kernels (ctrl_host.device_kernels): the ops of the CUDA
- * table device selection loaded, for the optimizer plugins; none on the CPU. */
+/* A device backend's memory, optimizer kernels and GEMM (ctrl_host.device_kernels): the ops of the
+ * CUDA table device selection loaded, for the optimizer and attention plugins; none on the CPU. */
 static const ctrl_device_kernels *host_device_kernels(ctrl_device device) {
     static ctrl_device_kernels k;
     const ctrl_backend_ops *be = device.type == CTRL_DEVICE_CPU ? NULL : ctrl_device_backend(device);
@@ -67,7 +67,8 @@ static const ctrl_device_kernels *host_device_kernels(ctrl_device device) {
                               .fill_zero = be->fill_zero,
                               .to_host = be->to_host,
                               .to_device = be->to_device,
-                              .adamw_step = be->adamw_step};
+                              .adamw_step = be->adamw_step,
+                              .gemm = ctrl_backend_has(be, gemm) ? be->gemm : NULL};
     return &k;
 }
 

@@ -8,6 +8,7 @@
 #include <ctrl/attention.h>
 
 #include "bench_common.h"
+#include "device/cuda_backend.h"
 #include "registry/registry.h"
 
 static double time_it(const ctrl_attention_ops *ops, const ctrl_attention_args *a, int backward) {
@@ -27,6 +28,9 @@ int main(int argc, char **argv) {
     const char *plugin_dir = argc > 1 ? argv[1] : "build-gpu/plugins";
     char so[1024];
     snprintf(so, sizeof so, "%s/flash.so", plugin_dir);
+    ctrl_device dev; /* selected as a run selects it: the host lends the plugin the device GEMM */
+    const ctrl_cuda_backend *backend;
+    BENCH_CHECK(ctrl_device_select("cuda", &dev, &backend));
     ctrl_registry *reg;
     BENCH_CHECK(ctrl_registry_create(&reg));
     BENCH_CHECK(ctrl_registry_load_file(reg, so));

@@ -126,6 +126,11 @@ typedef struct ctrl_backend_ops {
     ctrl_status (*scatter_add_rows)(float *out, const float *y, const int32_t *rows, const float *scale,
                                     int n, int C);
     ctrl_status (*rows_dot)(float *out, const float *x, const int32_t *rows, const float *y, int n, int C);
+    /* Appended: row-major C = alpha op(A) op(B) + beta C (op(X) = X^T where trans_x), A and B of
+     * `ab`, C of `c` (fp32 x fp32 -> fp32, bf16 x bf16 -> fp32 or bf16), fp32 accumulation; lent to
+     * attention plugins by ctrl_device_kernels.gemm. */
+    ctrl_status (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

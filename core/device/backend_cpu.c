@@ -177,6 +177,14 @@ static ctrl_status sum_squares(const float *x, int64_t n, double *out) {
     *out = ctrl_cpu_sum_squares(x, n);
     return CTRL_OK;
 }
+static ctrl_status gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c) {
+    const int rc = ctrl_cpu_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ab, c);
+    if (rc == -2) return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "cpu gemm: this operand/result type pair");
+    return rc == 0 ? CTRL_OK
+                   : ctrl_error_set(CTRL_ERR_NOMEM, "cpu gemm: out of memory (M=%d N=%d K=%d)", M, N, K);
+}
+
 static ctrl_status scale(float *x, float s, int64_t n) {
     ctrl_cpu_scale(x, s, n);
     return CTRL_OK;
@@ -228,6 +236,7 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .gather_rows = gather_rows,
         .scatter_add_rows = scatter_add_rows,
         .rows_dot = rows_dot,
+        .gemm = gemm,
     };
     return &ops;
 }

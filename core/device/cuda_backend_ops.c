@@ -82,6 +82,7 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .sum_squares = ctrl_cuda_sum_squares,
         .scale = ctrl_cuda_scale,
         .adamw_step = adamw_step,
+        .gemm = ctrl_cuda_gemm,
     };
     return &ops;
 }

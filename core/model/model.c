@@ -460,7 +460,8 @@ ctrl_attention_args model_attention_args(const ctrl_model *m, int l, const layer
                                 .v = a->v,
                                 .out = a->att,
                                 .lse = a->lse,
-                                .softcap = c->attn_softcap};
+                                .softcap = c->attn_softcap,
+                                .compute_bf16 = m->linear_bf16};
     return args;
 }
 

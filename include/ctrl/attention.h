@@ -35,6 +35,10 @@ typedef struct ctrl_attention_args {
      * CTRL_ATTENTION_SOFTCAP in `features` (the model refuses the others). `window` is per layer:
      * the model passes each layer's own (0 on a full-attention layer of an alternating model). */
     float softcap;
+    /* Appended (check `size`): 1 when the caller computes in bf16 as torch.autocast does -- a plugin
+     * may then round q, k, v and the probabilities to bf16 inside its matrix products (fp32
+     * accumulation); the tensors keep `dtype`. 0: products in `dtype`. */
+    int compute_bf16;
 } ctrl_attention_args;
 
 /* Decoding over a paged KV cache (the `paged` plugin; vLLM's paged attention): T query tokens of

@@ -62,6 +62,11 @@ typedef struct ctrl_device_kernels {
     ctrl_status (*adamw_step)(float *param, const float *grad, float *exp_avg, float *exp_avg_sq, int64_t n,
                               float lr, float beta1, float beta2, float eps, float weight_decay,
                               int64_t step);
+    /* Appended: row-major C = alpha op(A) op(B) + beta C on the device (op(X) = X^T where
+     * trans_x; leading dimensions in elements), A and B of `ab`, C of `c`: fp32 x fp32 -> fp32 or
+     * bf16 x bf16 -> fp32/bf16, fp32 accumulation (the core's cuBLASLt; attention plugins). */
+    ctrl_status (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+                        const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
 } ctrl_device_kernels;
 
 typedef struct ctrl_host {

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <ctrl/tensor.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -54,6 +56,11 @@ void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n);
 int ctrl_cpu_has_avx512bf16(void);
 /* How bf16 linear layers run here, in words; *fast = 0 where that is no faster than fp32. */
 const char *ctrl_cpu_bf16_path(int *fast);
+/* Row-major C = alpha op(A) op(B) + beta C over typed operands (A, B of `ab`; C of `c`: fp32 x fp32
+ * -> fp32, bf16 x bf16 -> fp32 or bf16), fp32 accumulation (gemm_typed.c). 0; -1 out of memory;
+ * -2 an unsupported combination. */
+int ctrl_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
+                  const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                            int accumulate);
 /* The blocked AVX-512 BF16 GEMM (gemm_bf16.c), as cblas_sgemm row-major with alpha 1:

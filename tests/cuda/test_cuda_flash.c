@@ -15,6 +15,8 @@
 
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
+#include "device/cuda_backend.h"
+#include "registry/registry.h"
 #include "test.h"
 #include "test_registry.h"
 
@@ -66,7 +68,8 @@ typedef struct shape {
     int n_seqs, lens[4], H, HK, D, window;
 } shape;
 
-static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt) {
+/* compute_bf16: fp32 tensors whose products the plugin may take in bf16 (the model's autocast). */
+static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt, int compute_bf16) {
     int32_t cu[5] = {0};
     for (int b = 0; b < s->n_seqs; b++) cu[b + 1] = cu[b] + s->lens[b];
     const int T = cu[s->n_seqs], H = s->H, HK = s->HK, D = s->D;
@@ -104,7 +107,8 @@ static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt) {
                              .dq = dgq,
                              .dk = dgk,
                              .dv = dgv,
-                             .deterministic = 1};
+                             .deterministic = 1,
+                             .compute_bf16 = compute_bf16};
     CHECK_EQ_INT(ops->forward(&a, NULL), CTRL_OK);
     CHECK_EQ_INT(ops->backward(&a, NULL), CTRL_OK);
     CHECK_EQ_INT(ctrl_cuda_synchronize(), CTRL_OK);
@@ -116,7 +120,7 @@ static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt) {
     c.q = q, c.k = k, c.v = v, c.out = o, c.lse = lse, c.dout = dout, c.dq = gq, c.dk = gk, c.dv = gv;
     CHECK_EQ_INT(ops->forward(&c, NULL), CTRL_OK);
     CHECK_EQ_INT(ops->backward(&c, NULL), CTRL_OK);
-    const double tol = dt == CTRL_BF16 ? 1e-2 : 1e-5;
+    const double tol = dt == CTRL_BF16 || compute_bf16 ? 1e-2 : 1e-5;
     struct {
         const char *name;
         const void *dev;
@@ -137,8 +141,9 @@ static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt) {
         double worst = 0;
         for (size_t z = 0; z < outs[i].n; z++) worst = fmax(worst, fabs((double)h[z] - outs[i].ref[z]));
         CHECK_MSG(e <= tol || worst <= 1e-6,
-                  "%s %s: T %d (%d seqs) H %d/%d D %d window %d: relative error %.3g (worst abs %.3g)",
-                  ctrl_dtype_name(dt), outs[i].name, T, s->n_seqs, H, HK, D, s->window, e, worst);
+                  "%s%s %s: T %d (%d seqs) H %d/%d D %d window %d: relative error %.3g (worst abs %.3g)",
+                  ctrl_dtype_name(dt), compute_bf16 ? " (bf16 products)" : "", outs[i].name, T, s->n_seqs, H,
+                  HK, D, s->window, e, worst);
         free(h);
     }
     ctrl_cuda_free(dq_in), ctrl_cuda_free(dk_in), ctrl_cuda_free(dv_in), ctrl_cuda_free(ddout),
@@ -151,6 +156,12 @@ static void run(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype dt) {
 TEST(flash_cuda_matches_cpu) {
     if (ctrl_cuda_device_count() <= 0) TEST_SKIP(ctrl_cuda_unavailable_reason());
     atexit(ctrl_cuda_shutdown);
+    /* selected as a run selects it, so that the host lends the plugin the device GEMM */
+    ctrl_device dev;
+    const ctrl_cuda_backend *backend;
+    CHECK_EQ_INT(ctrl_device_select("cuda", &dev, &backend), CTRL_OK);
+    const ctrl_device_kernels *k = ctrl_host_table()->device_kernels(dev);
+    CHECK(k != NULL && k->gemm != NULL);
     ctrl_registry *reg = test_plugin_registry();
     const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
     CHECK(e != NULL);
@@ -162,11 +173,19 @@ TEST(flash_cuda_matches_cpu) {
         {2, {250, 90}, 4, 1, 64, 37},   {4, {33, 2, 511, 5}, 16, 2, 64, 0},
     };
     const int n = getenv("CTRL_TEST_SMALL") ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
-    for (int i = 0; i < n; i++) {
-        run(e->plugin->ops, &shapes[i], CTRL_F32);
-        run(e->plugin->ops, &shapes[i], CTRL_BF16);
+    /* both CUDA paths: the GEMM one (the default when the core lends a GEMM), then the tiled one */
+    for (int tiled = 0; tiled < 2; tiled++) {
+        if (tiled) setenv("CTRL_FLASH_TILED", "1", 1);
+        for (int i = 0; i < n; i++) {
+            run(e->plugin->ops, &shapes[i], CTRL_F32, 0);
+            run(e->plugin->ops, &shapes[i], CTRL_F32, 1);
+            run(e->plugin->ops, &shapes[i], CTRL_BF16, 0);
+        }
+        printf("  %s path: %d shapes x {fp32, fp32 with bf16 products, bf16}: out, lse, dq, dk, dv against "
+               "the CPU path\n",
+               tiled ? "tiled" : "GEMM", n);
     }
-    printf("  %d shapes x {fp32, bf16}: out, lse, dq, dk, dv against the CPU path\n", n);
+    unsetenv("CTRL_FLASH_TILED");
     ctrl_registry_destroy(reg);
 }
 

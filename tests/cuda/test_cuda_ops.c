@@ -355,6 +355,60 @@ TEST(linear_bf16) {
     }
 }
 
+/* The backend's typed GEMM (lent to attention plugins) against the CPU backend's: every operand /
+ * result type pair, both transposes, and operands that start 2 bytes into a buffer (a bf16 row
+ * view at an odd offset: cuBLASLt must be told, gemm.cu's alignment_of). */
+TEST(gemm_typed) {
+    NEED_GPU();
+    const ctrl_backend_ops *be = ctrl_cuda_backend_ops(), *cpu = ctrl_backend_cpu();
+    CHECK(be && ctrl_backend_has(be, gemm) && ctrl_backend_has(cpu, gemm));
+    if (!be || !ctrl_backend_has(be, gemm)) return;
+    static const struct {
+        ctrl_dtype ab, c;
+    } types[] = {{CTRL_F32, CTRL_F32}, {CTRL_BF16, CTRL_F32}, {CTRL_BF16, CTRL_BF16}};
+    const int M = 37, N = 57, K = 64, off = 1; /* off: elements into each buffer */
+    for (int ty = 0; ty < 3; ty++)
+        for (int tr = 0; tr < 4; tr++) {
+            const int ta = tr & 1, tb = tr >> 1, lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 5;
+            const size_t na = (size_t)(ta ? K : M) * lda + off, nb = (size_t)(tb ? N : K) * ldb + off,
+                         nc = (size_t)M * ldc + off, ea = types[ty].ab == CTRL_BF16 ? 2 : 4,
+                         ec = types[ty].c == CTRL_BF16 ? 2 : 4;
+            float *fa = hrand(na, 1), *fb = hrand(nb, 1), *fc = hrand(nc, 1);
+            /* host buffers in the operand types */
+            void *ha = malloc(na * ea), *hb = malloc(nb * ea), *hc = malloc(nc * ec),
+                 *hc_dev = malloc(nc * ec);
+            if (ea == 2)
+                ctrl_cpu_f32_to_bf16(ha, fa, (int64_t)na), ctrl_cpu_f32_to_bf16(hb, fb, (int64_t)nb);
+            else
+                memcpy(ha, fa, na * 4), memcpy(hb, fb, nb * 4);
+            if (ec == 2)
+                ctrl_cpu_f32_to_bf16(hc, fc, (int64_t)nc);
+            else
+                memcpy(hc, fc, nc * 4);
+            void *da = dev_copy(ha, na * ea), *db = dev_copy(hb, nb * ea), *dc = dev_copy(hc, nc * ec);
+            const float alpha = 0.75f, beta = tr == 3 ? 0.5f : 0.0f;
+            CHECK_EQ_INT(be->gemm(ta, tb, M, N, K, alpha, (char *)da + off * ea, lda, (char *)db + off * ea,
+                                  ldb, beta, (char *)dc + off * ec, ldc, types[ty].ab, types[ty].c),
+                         CTRL_OK);
+            CHECK_EQ_INT(cpu->gemm(ta, tb, M, N, K, alpha, (char *)ha + off * ea, lda, (char *)hb + off * ea,
+                                   ldb, beta, (char *)hc + off * ec, ldc, types[ty].ab, types[ty].c),
+                         CTRL_OK);
+            ctrl_cuda_memcpy_d2h(hc_dev, dc, nc * ec);
+            float *got = malloc(nc * 4), *want = malloc(nc * 4);
+            if (ec == 2)
+                ctrl_cpu_bf16_to_f32(got, hc_dev, (int64_t)nc), ctrl_cpu_bf16_to_f32(want, hc, (int64_t)nc);
+            else
+                memcpy(got, hc_dev, nc * 4), memcpy(want, hc, nc * 4);
+            /* fp32 results: the same products in another order (1e-5); a bf16 result may round one
+             * ulp apart where the fp32 sums straddle a rounding boundary */
+            const double e = test_rel_error_f32(got, want, (long)nc);
+            CHECK_MSG(e <= (ec == 2 ? 4e-3 : 1e-5), "gemm %s->%s ta %d tb %d: relative error %.3g",
+                      ctrl_dtype_name(types[ty].ab), ctrl_dtype_name(types[ty].c), ta, tb, e);
+            ctrl_cuda_free(da), ctrl_cuda_free(db), ctrl_cuda_free(dc);
+            free(fa), free(fb), free(fc), free(ha), free(hb), free(hc), free(hc_dev), free(got), free(want);
+        }
+}
+
 #else
 
 TEST(cuda_ops) { TEST_SKIP("built without CUDA"); }

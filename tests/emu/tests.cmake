@@ -32,7 +32,7 @@ if(CTRL_HAVE_CUDA_EMU)
   # are the ordinary builds, copied beside them by the fixture cuda_emu_plugins.
   ctrl_emu_plugin(NAME eager DIR plugins/attention/eager SOURCES eager.c eager_cpu.c CUDA_SOURCES eager_cuda.cu
                   LIBS OpenMP::OpenMP_C m)
-  ctrl_emu_plugin(NAME flash DIR plugins/attention/flash SOURCES flash.c flash_cpu.c CUDA_SOURCES flash_cuda.cu
+  ctrl_emu_plugin(NAME flash DIR plugins/attention/flash SOURCES flash.c flash_cpu.c CUDA_SOURCES flash_cuda.cu flash_cuda_gemm.cu
                   LIBS OpenMP::OpenMP_C ctrl_openblas m)
   ctrl_emu_plugin(NAME paged DIR plugins/attention/paged SOURCES paged.c paged_cpu.c CUDA_SOURCES paged_cuda.cu
                   LIBS OpenMP::OpenMP_C m)
@@ -55,8 +55,9 @@ if(CTRL_HAVE_CUDA_EMU)
     target_link_libraries(${t} PRIVATE ctrl_cuda_emu ctrl ${MATH_LIBRARY} ${CJSON_LIBRARY})
     add_dependencies(${t} eager_emu flash_emu paged_emu)
     add_test(NAME ${t} COMMAND ${t} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-    set_tests_properties(${t} PROPERTIES LABELS cuda-emu TIMEOUT 600 ENVIRONMENT CTRL_TEST_SMALL=1
-                                         FIXTURES_REQUIRED cuda_emu_plugins)
+    # CTRL_CUDA_LIBRARY: a device selection in the test (ctrl_device_select) dlopens the emulator
+    set_tests_properties(${t} PROPERTIES LABELS cuda-emu TIMEOUT 600 FIXTURES_REQUIRED cuda_emu_plugins
+                         ENVIRONMENT "CTRL_TEST_SMALL=1;CTRL_CUDA_LIBRARY=$<TARGET_FILE:ctrl_cuda_emu>")
   endfunction()
 
   # The whole model on the emulated CUDA backend against the CPU backend (eager attention emulated).
@@ -67,6 +68,4 @@ if(CTRL_HAVE_CUDA_EMU)
   # SFT against TRL's curves with `[run] device = cuda`: the real device selection dlopens the
   # emulated libctrl_cuda.so that CTRL_CUDA_LIBRARY names.
   ctrl_emu_cuda_test(test_cuda_train)
-  set_tests_properties(test_cuda_train_emu PROPERTIES ENVIRONMENT
-                       "CTRL_TEST_SMALL=1;CTRL_CUDA_LIBRARY=$<TARGET_FILE:ctrl_cuda_emu>")
 endif()

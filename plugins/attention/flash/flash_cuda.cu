@@ -1,5 +1,6 @@
 // The flash plugin's CUDA path: FlashAttention-2's algorithm on variable-length flat batches,
-// fp32 or bf16 in and out, fp32 accumulation, never materialising T x T. This is the SIMT
+// fp32 or bf16 in and out, fp32 accumulation, never materialising T x T. When the core lends a
+// device GEMM, the GEMM path (flash_cuda_gemm.cu) runs instead; this is the tiled SIMT
 // baseline (one thread per query row in the forward and the dQ pass, one per key row in the
 // dK/dV pass; K/V and Q/dO tiles staged in shared memory); the tensor-core (mma.sync) and
 // Hopper (wgmma/TMA) paths are to be built and tuned on a GPU against it.
@@ -37,7 +38,8 @@ __device__ __forceinline__ bool visible(const ctrl_attention_args &a, int i, int
 }
 
 // The keys any query of [q0, q1) can see: [lo, hi].
-__device__ __forceinline__ void key_range(const ctrl_attention_args &a, int q0, int q1, int L, int *lo, int *hi) {
+__device__ __forceinline__ void key_range(const ctrl_attention_args &a, int q0, int q1, int L, int *lo,
+                                          int *hi) {
     *lo = ctrl_attention_first_key(a.window, q0);
     *hi = ctrl_attention_key_end(a.causal, q1, L) - 1;
 }
@@ -53,15 +55,15 @@ __device__ void stage(float *sh, const T *x, int s0, int r0, int n, int L, int h
 
 // The next K and V tile of kBc rows, between barriers (the previous tile is no longer read).
 template <typename T>
-__device__ void stage_kv(float *ks, float *vs, const T *K, const T *V, int s0, int k0, int L, int HK, int kvh, int D) {
+__device__ void stage_kv(float *ks, float *vs, const T *K, const T *V, int s0, int k0, int L, int HK, int kvh,
+                         int D) {
     __syncthreads();
     stage(ks, K, s0, k0, kBc, L, HK, kvh, D);
     stage(vs, V, s0, k0, kBc, L, HK, kvh, D);
     __syncthreads();
 }
 
-template <typename T>
-__global__ void fwd_kernel(ctrl_attention_args a) {
+template <typename T> __global__ void fwd_kernel(ctrl_attention_args a) {
     __shared__ float ks[kBc * kMaxD], vs[kBc * kMaxD];
     const int seq = blockIdx.z, h = blockIdx.y, D = a.head_dim, H = a.n_head, HK = a.n_kv_head;
     const int kvh = h / (H / HK), s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0;
@@ -70,7 +72,8 @@ __global__ void fwd_kernel(ctrl_attention_args a) {
     const bool row = i < L;
     const T *Q = (const T *)a.q, *K = (const T *)a.k, *V = (const T *)a.v;
     float q[kMaxD], acc[kMaxD];
-    for (int d = 0; d < D; d++) q[d] = row ? load(Q, ((size_t)(s0 + i) * H + h) * D + d) * a.scale : 0.f, acc[d] = 0.f;
+    for (int d = 0; d < D; d++)
+        q[d] = row ? load(Q, ((size_t)(s0 + i) * H + h) * D + d) * a.scale : 0.f, acc[d] = 0.f;
     float m = -INFINITY, l = 0.f;
     int lo, hi;
     key_range(a, q0, min(q0 + kBr, L), L, &lo, &hi);
@@ -106,8 +109,7 @@ __global__ void fwd_kernel(ctrl_attention_args a) {
 }
 
 // dK, dV for kBk keys of kv head `kvh`: every query head of its GQA group, every visible query.
-template <typename T>
-__global__ void bwd_dkdv_kernel(ctrl_attention_args a) {
+template <typename T> __global__ void bwd_dkdv_kernel(ctrl_attention_args a) {
     extern __shared__ float sh[]; // Q tile, dO tile [kBq][D], lse and Di [kBq]
     float *qs = sh, *dos = qs + kBq * a.head_dim, *lses = dos + kBq * a.head_dim, *dis = lses + kBq;
     const int seq = blockIdx.z, kvh = blockIdx.y, D = a.head_dim, H = a.n_head, HK = a.n_kv_head;
@@ -163,8 +165,7 @@ __global__ void bwd_dkdv_kernel(ctrl_attention_args a) {
 }
 
 // dQ for kBr queries of head h: every visible key.
-template <typename T>
-__global__ void bwd_dq_kernel(ctrl_attention_args a) {
+template <typename T> __global__ void bwd_dq_kernel(ctrl_attention_args a) {
     __shared__ float ks[kBc * kMaxD], vs[kBc * kMaxD];
     const int seq = blockIdx.z, h = blockIdx.y, D = a.head_dim, H = a.n_head, HK = a.n_kv_head;
     const int kvh = h / (H / HK), s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0;
@@ -199,16 +200,14 @@ __global__ void bwd_dq_kernel(ctrl_attention_args a) {
     for (int d = 0; d < D; d++) store(dQ, ((size_t)(s0 + i) * H + h) * D + d, dq[d]);
 }
 
-template <typename T>
-ctrl_status forward(const ctrl_attention_args *a) {
+template <typename T> ctrl_status forward(const ctrl_attention_args *a) {
     const int L = attention_max_len(a);
     if (L == 0) return CTRL_OK;
     fwd_kernel<T><<<dim3((L + kBr - 1) / kBr, a->n_head, a->n_seqs), kBr>>>(*a);
     return attention_launch_error("flash", "forward");
 }
 
-template <typename T>
-ctrl_status backward(const ctrl_attention_args *a) {
+template <typename T> ctrl_status backward(const ctrl_attention_args *a) {
     const int L = attention_max_len(a);
     if (L == 0) return CTRL_OK;
     const size_t shmem = sizeof(float) * (2 * (size_t)kBq * a->head_dim + 2 * kBq);
@@ -228,9 +227,11 @@ extern "C" int flash_cuda_supported(const ctrl_attention_args *a) {
 }
 
 extern "C" ctrl_status flash_cuda_forward(const ctrl_attention_args *a) {
+    if (flash_cuda_gemm_available(a)) return flash_cuda_gemm_forward(a);
     return a->dtype == CTRL_BF16 ? forward<__nv_bfloat16>(a) : forward<float>(a);
 }
 
 extern "C" ctrl_status flash_cuda_backward(const ctrl_attention_args *a) {
+    if (flash_cuda_gemm_available(a)) return flash_cuda_gemm_backward(a);
     return a->dtype == CTRL_BF16 ? backward<__nv_bfloat16>(a) : backward<float>(a);
 }
