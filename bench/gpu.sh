@@ -40,6 +40,7 @@ py() { env -u LD_LIBRARY_PATH python3 "$@"; }
 stage "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$LOG/gpu.txt"
 nvcc --version | tail -n 2
+note "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); flags: $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512_bf16|amx_bf16|avx512f|avx2)$' | tr '\n' ' ')"
 note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1); $(nproc) cores; $(nvcc --version | tail -n1)"
 note "tools: compute-sanitizer $(command -v compute-sanitizer >/dev/null && echo yes || echo no), torch $(py -c 'import torch; print(torch.__version__)' 2>/dev/null || echo none)"
 

@@ -3,7 +3,7 @@
 random-init Qwen2-shaped model (made by `ctrl model init`), the same fixed-length text rows
 (every row exactly --seq tokens, so neither side pads), the same batch, steps, learning rate and
 AdamW. ctrl runs `ctrl train` with [run] device = cuda, once per --dtypes entry; the peer runs
-AdamW(fused=True) with bf16 autocast (for bf16) or in fp32 with TF32 off (for fp32), SDPA attention,
+AdamW(fused=True, no weight decay, linear decay: ctrl's defaults) with bf16 autocast (for bf16) or in fp32 with TF32 off (for fp32), SDPA attention,
 loss over every token. Reported: training tokens/s of the steady state (steps after the first two,
 from ctrl's per-step metrics and the peer's CUDA-synchronised step times), peak GPU memory used by
 the process (nvidia-smi, sampled every 50 ms, minus the idle value), final loss, and the ratios.
@@ -127,7 +127,9 @@ def torch_child(args, d, dtype, ids_rows):
     model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32,
                                                  attn_implementation="sdpa").cuda()
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    # ctrl's (and TRL's) defaults: no weight decay, the learning rate decaying linearly to 0
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / args.steps)
     times, loss = [], None
     for step in range(args.steps):
         batch = ids_rows[step * args.batch:(step + 1) * args.batch]
@@ -140,6 +142,7 @@ def torch_child(args, d, dtype, ids_rows):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
