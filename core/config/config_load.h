@@ -63,7 +63,8 @@ typedef struct ctrl_run_settings {
         long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
         int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
         int save_total_limit;
-        int ddp_timeout; /* seconds */
+        int report_png, report_tensorboard; /* report_to */
+        int ddp_timeout;                    /* seconds */
     } train;
     struct {
         int server; /* mode = server */

@@ -106,6 +106,10 @@ static const ctrl_option train_options[] = {
      "so once: no faster than fp32); on CUDA bf16 cuBLASLt GEMMs where libctrl_cuda has them (refused "
      "naming this key where not); fp16: not supported."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
+    {"report_to", CTRL_OPT_LIST, "png", 0, 0, 0, "none|all|jsonl|png|tensorboard",
+     "Where logged metrics go besides output_dir/metrics.jsonl (always written): png (output_dir/"
+     "metrics.png at the end, gnuplot), tensorboard (event files in output_dir/runs/, tags as the HF "
+     "Trainer's: train/loss, eval/loss, ...), all (both), none (neither); jsonl is accepted and always on."},
     {"eval_steps", CTRL_OPT_INT, "0", MIN(0), NULL, "Evaluate every N steps (0 = at the end only)."},
     {"save_steps", CTRL_OPT_INT, "500", MIN(0), NULL,
      "Write output_dir/checkpoint-STEP every N steps and at the end (0 = at the end only)."},

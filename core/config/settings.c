@@ -26,6 +26,17 @@ static double rd_float(reader *r, const char *section, const char *key) {
     if (r->st == CTRL_OK) r->st = ctrl_config_require_float(r->cfg, section, key, &v);
     return v;
 }
+/* 1 when the comma/space-separated list holds `word`. */
+static int list_has(const char *list, const char *word) {
+    const size_t n = strlen(word);
+    for (const char *p = list; p && *p;) {
+        while (*p == ',' || *p == ' ' || *p == '\t') p++;
+        const size_t len = strcspn(p, ", \t");
+        if (len == n && !strncmp(p, word, n)) return 1;
+        p += len;
+    }
+    return 0;
+}
 static int rd_bool(reader *r, const char *section, const char *key) {
     bool v = false;
     if (r->st == CTRL_OK) r->st = ctrl_config_require_bool(r->cfg, section, key, &v);
@@ -39,6 +50,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     const char *only = rd_str(&r, "data", "completion_only_loss");
     const char *kv = rd_str(&r, "generation", "kv_cache_dtype");
     const char *tdtype = rd_str(&r, "teacher", "dtype");
+    const char *report = rd_str(&r, "train", "report_to");
     *s = (ctrl_run_settings){
         .run = {.trainer = rd_str(&r, "run", "trainer"),
                 .output_dir = rd_str(&r, "run", "output_dir"),
@@ -87,6 +99,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                   .per_device_eval_batch_size = (int)rd_int(&r, "train", "per_device_eval_batch_size"),
                   .gradient_accumulation_steps = (int)rd_int(&r, "train", "gradient_accumulation_steps"),
                   .save_total_limit = (int)rd_int(&r, "train", "save_total_limit"),
+                  .report_png = list_has(report, "png") || list_has(report, "all"),
+                  .report_tensorboard = list_has(report, "tensorboard") || list_has(report, "all"),
                   .ddp_timeout = (int)rd_int(&r, "train", "ddp_timeout")},
         .generation = {.server = mode && !strcmp(mode, "server"),
                        .server_url = rd_str(&r, "generation", "server_url"),

@@ -23,6 +23,7 @@
 #include "file_text.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/metrics_log.h"
 #include "train/metrics_plot.h"
 #include "train/health.h"
 #include "train/kind.h"
@@ -69,7 +70,7 @@ typedef struct run_state {
     ctrl_param_group *groups;
     int n_groups;
     int opt_on_device; /* the optimizer steps the model's device buffers (ctrl_model_device_params) */
-    FILE *metrics;
+    train_metrics_log metrics;
     train_compute comp;
     const train_kind_ops *kind_ops; /* what kind of trainer: its rows, micro-batches, evaluation */
     train_kind *kind;
@@ -248,7 +249,7 @@ static void teardown(run_state *r) {
     free(r->groups);
     train_dp_free(&r->dp);
     train_zero_free(&r->zero);
-    if (r->metrics) fclose(r->metrics);
+    train_metrics_close(&r->metrics);
 }
 
 /* One optimizer step: the kind accumulates the gradients of `ga` micro-batches of `bs` rows taken
@@ -305,31 +306,7 @@ static void progress(long step, long total, double rate, double eta, double loss
     }
 }
 
-/* metrics.jsonl: new, or on resume the lines up to the checkpoint's step kept (a killed run may
- * have logged past it) and appended to. */
-static ctrl_status open_metrics(run_state *r, const char *out_dir, long resume_step) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    if (resume_step > 0) { /* rewritten beside and renamed: a kill here loses no line */
-        ctrl_status st;
-        char tmp[4300], *old = ctrl_read_text_file(path, 1u << 30, &st), *save;
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        FILE *f = fopen(tmp, "w");
-        for (char *line = old ? strtok_r(old, "\n", &save) : NULL; f && line;
-             line = strtok_r(NULL, "\n", &save)) {
-            const char *k = strstr(line, "\"step\": ");
-            if (k && atol(k + 8) <= resume_step) fprintf(f, "%s\n", line);
-        }
-        free(old);
-        if (!f || fclose(f) != 0 || rename(tmp, path) != 0)
-            return ctrl_error_set(CTRL_ERR_IO, "%s: cannot rewrite it: %s", path, strerror(errno));
-    }
-    if (!(r->metrics = fopen(path, resume_step > 0 ? "a" : "w")))
-        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
-    return CTRL_OK;
-}
-
-static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr, double rate) {
+static ctrl_status log_window(run_state *r, ctrl_train_state *ts, long total, double lr, double rate) {
     const double n = ts->win;
     train_health_window(&r->health, ts->step, ts->win, ts->win_norm / n, ts->win_loss / n, lr);
     const train_window w = {.step = ts->step,
@@ -340,12 +317,13 @@ static void log_window(run_state *r, ctrl_train_state *ts, long total, double lr
                             .entropy = ts->win_ent / n,
                             .accuracy = ts->win_acc / n,
                             .tokens_per_second = rate};
-    fprintf(r->metrics, "{\"step\": %ld, ", ts->step);
-    r->kind_ops->log_window(r->kind, &w, r->metrics);
-    fprintf(r->metrics, "\"num_tokens\": %ld, \"epoch\": %.4f, \"tokens_per_second\": %.1f}\n",
-            ts->num_tokens, (double)ts->cursor / r->kind_ops->row_count(r->kind), rate);
-    fflush(r->metrics);
+    FILE *f = train_metrics_stage(&r->metrics);
+    fprintf(f, "{\"step\": %ld, ", ts->step);
+    r->kind_ops->log_window(r->kind, &w, f);
+    fprintf(f, "\"num_tokens\": %ld, \"epoch\": %.4f, \"tokens_per_second\": %.1f}\n", ts->num_tokens,
+            (double)ts->cursor / r->kind_ops->row_count(r->kind), rate);
     ts->win_loss = ts->win_acc = ts->win_norm = ts->win_ent = 0, ts->win = 0;
+    return train_metrics_commit(&r->metrics);
 }
 
 static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
@@ -369,7 +347,8 @@ static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl
 static ctrl_status evaluate(run_state *r, int has_eval, long step) {
     const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
     ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;
-    if (st == CTRL_OK && has_eval) st = r->kind_ops->evaluate(r->kind, step, r->metrics);
+    if (st == CTRL_OK && has_eval) st = r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics));
+    if (st == CTRL_OK && has_eval) st = train_metrics_commit(&r->metrics); /* the root's lines to every sink */
     if (any) train_zero_release_all(&r->zero);
     return st;
 }
@@ -478,7 +457,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         const double elapsed = now() - t_start, rate = (ts->num_tokens - start_tokens) / elapsed;
         if (r->root)
             progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
-        if (r->root && (ts->step % log_every == 0 || ts->step == total)) log_window(r, ts, total, lr, rate);
+        if (r->root && (ts->step % log_every == 0 || ts->step == total)) st = log_window(r, ts, total, lr, rate);
         if (st == CTRL_OK && r->zero.stage >= 3 && ts->step == start_step + 1) st = report_resident(r);
         if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
             st = evaluate(r, has_eval, ts->step);
@@ -524,7 +503,8 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
                       ts.n_examples, rows);
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
-    if (st == CTRL_OK && r.root) st = open_metrics(&r, out_dir, ts.step);
+    if (st == CTRL_OK && r.root)
+        st = train_metrics_open(&r.metrics, out_dir, ts.step, s->train.report_tensorboard);
     const long start_step = ts.step;
     if (st == CTRL_OK) st = run_steps(&r, &ts, out_dir, interrupted);
     /* Save on success, and on an interruption once a step was trained (interrupted while loading,
@@ -552,7 +532,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
         }
     }
     teardown(&r);
-    if (progressed && r.root) { /* the plot is a convenience: never fails the run */
+    if (progressed && r.root && s->train.report_png) { /* the plot is a convenience: never fails the run */
         char jsonl[4200], png[4200];
         ctrl_error_saved run;
         ctrl_error_save(&run, st);

@@ -48,6 +48,18 @@ awk -v a="$a" -v b="$b" 'BEGIN { split(a, x, " "); split(b, y, " ");
   d1 = x[1] - y[1]; d2 = x[2] - y[2]; if (d1 < 0) d1 = -d1; if (d2 < 0) d2 = -d2;
   exit !(x[1] > 0 && d1 <= 1e-5 * x[1] && d2 <= 1e-4 * x[2]) }' && ok || bad "GA changes the step: [$a] vs [$b]"
 
+# report_to: TensorBoard event files in output_dir/runs (the records of metrics.jsonl, HF's tags;
+# tests/unit/test_tensorboard.c checks the bytes against the tensorboard package), no plot without png,
+# and an integration ctrl does not have refused naming the key.
+"${C[@]}" train "$TMP/run.ini" --set train.max_steps=2 --set train.logging_steps=1 --set train.report_to=tensorboard \
+  --set run.output_dir="$TMP/tb" >"$TMP/log" 2>&1 && ok || { bad "report_to = tensorboard"; tail -3 "$TMP/log"; }
+ev=$(ls "$TMP"/tb/runs/events.out.tfevents.* 2>/dev/null | head -n 1)
+[ -n "$ev" ] && grep -q "brain.Event:2" "$ev" && grep -q "train/loss" "$ev" && grep -q "eval/exact_match" "$ev" && ok ||
+  bad "no TensorBoard events with train/loss and eval/exact_match in $TMP/tb/runs"
+[ ! -e "$TMP/tb/metrics.png" ] && ok || bad "metrics.png written though report_to has no png"
+"${C[@]}" config check "$TMP/run.ini" --set train.report_to=wandb >"$TMP/log" 2>&1
+[ $? -eq 2 ] && grep -q "report_to" "$TMP/log" && ok || { bad "report_to = wandb not refused"; cat "$TMP/log"; }
+
 # A malformed row names file:line.
 cp "$TMP/data/train.jsonl" "$TMP/broken.jsonl"
 sed -i '5s/.*/{"prompt": 3}/' "$TMP/broken.jsonl"
