@@ -64,6 +64,25 @@ last=$(awk -F'"reward": ' '$0 !~ /eval/ && NF > 1 { v[++n] = $2 } END { for (i =
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b > a) }' && ok || bad "grpo did not learn: reward $first -> $last"
 echo "grpo length reward: first 4 steps $first, last 4 steps $last"
 
+# 1b. The same reward computed by another program through the `command` reward plugin (JSON lines
+# over a pipe; tests/reward/command_helper.c computes TRL's reward_len) trains the same curve.
+HELPER="$(dirname "${C[0]}")/reward_command_helper"
+[ -x "$HELPER" ] && ok || bad "$HELPER missing (built with the tests)"
+if [ -x "$HELPER" ]; then
+  grpo_ini cmd_len grpo 3 >"$TMP/cmd_len.ini"
+  sed -e "s|^plugin = length|plugin = command\ncommand = $HELPER len8|" -e '/^target_length = 8/d' \
+    -e "s|$TMP/cmd_len|$TMP/cmd_cmd|" "$TMP/cmd_len.ini" >"$TMP/cmd_cmd.ini"
+  "${C[@]}" train "$TMP/cmd_len.ini" >/dev/null 2>&1 && "${C[@]}" train "$TMP/cmd_cmd.ini" >"$TMP/cmd.log" 2>&1 && ok ||
+    { bad "command reward run"; tail -3 "$TMP/cmd.log"; }
+  for s in 1 2 3; do
+    for k in loss reward rewards/len/mean grad_norm; do
+      [ -n "$(metric "$TMP/cmd_len/metrics.jsonl" $s $k)" ] &&
+        [ "$(metric "$TMP/cmd_len/metrics.jsonl" $s $k)" = "$(metric "$TMP/cmd_cmd/metrics.jsonl" $s $k)" ] && ok ||
+        bad "command reward: step $s $k differs from the length plugin's"
+    done
+  done
+fi
+
 # 2. Resume from checkpoint-2 reproduces steps 3 and 4 of an uninterrupted 4-step run.
 grpo_ini full grpo 4 >"$TMP/full.ini"
 grpo_ini part grpo 2 >"$TMP/part.ini"
