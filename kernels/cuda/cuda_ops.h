@@ -69,6 +69,9 @@ ctrl_status ctrl_cuda_gemm_f32(int trans_a, int trans_b, int M, int N, int K, fl
  * -> fp32 or bf16), fp32 accumulation; any other combination is CTRL_ERR_UNSUPPORTED. */
 ctrl_status ctrl_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
                            const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
+/* How many times the GEMMs asked cuBLASLt's heuristic for an algorithm: once per problem (shape,
+ * transposes, types, operand alignment), the answer cached after that. */
+long ctrl_cuda_gemm_heuristic_queries(void);
 
 /* The kernels of kernels/cpu/cpu_ops.h on device pointers, same arguments and semantics
  * (parameter gradients accumulate, input gradients are written). */

@@ -4,6 +4,8 @@
 // Linear layers (W is [OUT, IN]): out^T = W^T' x^T, i.e. m = OUT, n = T, k = IN with op(W) = T.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <string.h>
 
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
@@ -34,6 +36,43 @@ uint32_t alignment_of(const void *p) {
     uint32_t al = 256;
     while (al > 1 && (a & (al - 1))) al >>= 1;
     return al;
+}
+
+// cuBLASLt's heuristic answers, by problem: asking costs tens of microseconds a call, and a
+// training step makes the same few hundred GEMMs every step. A direct-mapped table; a slot's
+// problem is replaced by the next one that hashes there.
+struct AlgoKey {
+    int m, n, k, lda, ldb, ldc, ta, tb, bias, type, c_type, compute;
+    uint32_t al_a, al_b, al_c;
+};
+struct AlgoSlot {
+    AlgoKey key;
+    cublasLtMatmulAlgo_t algo;
+    bool valid;
+};
+constexpr int kAlgoSlots = 1024;
+AlgoSlot algo_cache[kAlgoSlots];
+pthread_mutex_t algo_lock = PTHREAD_MUTEX_INITIALIZER;
+long algo_queries; // heuristic queries made (ctrl_cuda_gemm_heuristic_queries)
+
+int algo_slot(const AlgoKey &key) {
+    const unsigned char *p = reinterpret_cast<const unsigned char *>(&key);
+    uint32_t h = 2166136261u; // FNV-1a over the key's bytes (all ints: no padding)
+    for (size_t i = 0; i < sizeof key; i++) h = (h ^ p[i]) * 16777619u;
+    return (int)(h % kAlgoSlots);
+}
+bool algo_lookup(const AlgoKey &key, cublasLtMatmulAlgo_t *algo) {
+    pthread_mutex_lock(&algo_lock);
+    const AlgoSlot &s = algo_cache[algo_slot(key)];
+    const bool hit = s.valid && !memcmp(&s.key, &key, sizeof key);
+    if (hit) *algo = s.algo;
+    pthread_mutex_unlock(&algo_lock);
+    return hit;
+}
+void algo_store(const AlgoKey &key, const cublasLtMatmulAlgo_t &algo) {
+    pthread_mutex_lock(&algo_lock);
+    algo_cache[algo_slot(key)] = AlgoSlot{key, algo, true};
+    pthread_mutex_unlock(&algo_lock);
 }
 
 // Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n; A and B
@@ -71,10 +110,15 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
     LT(cublasLtMatrixLayoutCreate(&la, type, ta ? k : m, ta ? m : k, lda));
     LT(cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb));
     LT(cublasLtMatrixLayoutCreate(&lc, c_type, m, n, ldc));
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     {
         const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
+        const AlgoKey key = {
+            m,    n,    k,   lda, ldb, ldc, ta, tb, bias != nullptr, (int)type, (int)c_type, (int)compute,
+            al_a, al_b, al_c};
+        if (algo_lookup(key, &heur.algo)) goto run;
+        LT(cublasLtMatmulPreferenceCreate(&pref));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                sizeof ws));
         LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a,
                                                 sizeof al_a));
         LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b,
@@ -83,12 +127,15 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
                                                 sizeof al_c));
         LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                                 sizeof al_c));
+        LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+        if (!found) {
+            result = ctrl_error_set(CTRL_ERR_DEVICE, "cuBLASLt: no algorithm for m=%d n=%d k=%d", m, n, k);
+            goto done;
+        }
+        algo_store(key, heur.algo);
+        __atomic_add_fetch(&algo_queries, 1, __ATOMIC_RELAXED);
     }
-    LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
-    if (!found) {
-        result = ctrl_error_set(CTRL_ERR_DEVICE, "cuBLASLt: no algorithm for m=%d n=%d k=%d", m, n, k);
-        goto done;
-    }
+run:
     LT(cublasLtMatmul(lt_handle, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, lt_workspace,
                       kWorkspaceBytes, 0));
 #undef LT
@@ -111,6 +158,10 @@ __global__ void column_sums_kernel(float *db, const float *dout, int T, int OUT)
 }
 
 } // namespace
+
+extern "C" long ctrl_cuda_gemm_heuristic_queries(void) {
+    return __atomic_load_n(&algo_queries, __ATOMIC_RELAXED);
+}
 
 extern "C" void ctrl_cuda_linear_release(void) {
     if (lt_handle) cublasLtDestroy(lt_handle);

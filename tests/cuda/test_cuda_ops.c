@@ -393,6 +393,17 @@ TEST(gemm_typed) {
             CHECK_EQ_INT(cpu->gemm(ta, tb, M, N, K, alpha, (char *)ha + off * ea, lda, (char *)hb + off * ea,
                                    ldb, beta, (char *)hc + off * ec, ldc, types[ty].ab, types[ty].c),
                          CTRL_OK);
+            /* the same problem again: cuBLASLt's heuristic is not asked again (gemm.cu's cache) */
+            const long queries = ctrl_cuda_gemm_heuristic_queries();
+            CHECK_EQ_INT(be->gemm(ta, tb, M, N, K, alpha, (char *)da + off * ea, lda, (char *)db + off * ea,
+                                  ldb, beta, (char *)dc + off * ec, ldc, types[ty].ab, types[ty].c),
+                         CTRL_OK);
+            CHECK_EQ_INT(ctrl_cuda_gemm_heuristic_queries(), queries);
+            if (beta != 0.0f) /* C accumulated twice on the device: once more on the host */
+                CHECK_EQ_INT(cpu->gemm(ta, tb, M, N, K, alpha, (char *)ha + off * ea, lda,
+                                       (char *)hb + off * ea, ldb, beta, (char *)hc + off * ec, ldc,
+                                       types[ty].ab, types[ty].c),
+                             CTRL_OK);
             ctrl_cuda_memcpy_d2h(hc_dev, dc, nc * ec);
             float *got = malloc(nc * 4), *want = malloc(nc * 4);
             if (ec == 2)
