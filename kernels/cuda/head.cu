@@ -1,9 +1,13 @@
 // The fused LM head on the GPU (see kernels/cpu/head.c for the math): per token chunk and vocab
 // chunk, logits come from a cuBLASLt GEMM into a [Tc, Vc] buffer, a warp per row folds them into
 // running (max, sum exp, sum exp*z, argmax, target logit); backward recomputes the chunk, turns
-// it into dlogits in place, and two GEMMs give dhidden and dW. [T, V] never exists.
+// it into dlogits in place, and two GEMMs give dhidden and dW. [T, V] never exists. With
+// ctrl_head_args.bf16 (the model computing in bf16, as autocast runs lm_head) every GEMM reads its
+// operands rounded to bf16 -- the hidden chunk, the weight chunk, the dlogits -- with fp32
+// accumulation and results, as the CPU head does (kernels/cpu/head.c).
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
@@ -33,6 +37,32 @@ struct Stats {
 Stats stats_of(void *workspace, int TC, int VC) {
     float *f = (float *)workspace + (size_t)TC * VC;
     return Stats{f, f + TC, f + 2 * TC, f + 3 * TC, f + 4 * TC, (int *)(f + 5 * TC)};
+}
+
+// The bf16 copies of a chunk's operands (only with a->bf16), after the fp32 part of the workspace:
+// hidden [TC, C], weights [VC, C], dlogits [TC, VC].
+struct Bf16Chunk {
+    uint16_t *h, *w, *z;
+};
+size_t fp32_part(int TC, int VC) {
+    return (sizeof(float) * ((size_t)TC * VC + 6 * (size_t)TC) + 255) / 256 * 256;
+}
+Bf16Chunk bf16_of(void *workspace, int TC, int VC, int C) {
+    uint16_t *b = (uint16_t *)((char *)workspace + fp32_part(TC, VC));
+    return Bf16Chunk{b, b + (size_t)TC * C, b + (size_t)TC * C + (size_t)VC * C};
+}
+
+// z[tc, vc] = h W^T / temperature for the chunk, in fp32 or on bf16 copies (hb holds the hidden
+// chunk already; the weight chunk is rounded here).
+ctrl_status chunk_logits(const ctrl_head_args *a, float *z, const Bf16Chunk &b, int t0, int tc, int v0,
+                         int vc) {
+    const float *h = a->hidden + (size_t)t0 * a->C, *w = a->w + (size_t)v0 * a->C;
+    if (!a->bf16)
+        return ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, 1.0f / a->temperature, h, a->C, w, a->C, 0.0f, z, vc);
+    ctrl_status s = ctrl_cuda_f32_to_bf16(b.w, w, (int64_t)vc * a->C);
+    if (s != CTRL_OK) return s;
+    return ctrl_cuda_gemm(0, 1, tc, vc, a->C, 1.0f / a->temperature, b.h, a->C, b.w, a->C, 0.0f, z, vc,
+                          CTRL_BF16, CTRL_F32);
 }
 
 __global__ void stats_init(Stats st, int tc) {
@@ -76,8 +106,8 @@ __global__ void stats_update(Stats st, const float *z, const int32_t *targets, i
     }
 }
 
-__global__ void stats_finish(Stats st, const int32_t *targets, int tc, int V, float *logp, float *entropy, float *lse,
-                             int32_t *correct) {
+__global__ void stats_finish(Stats st, const int32_t *targets, int tc, int V, float *logp, float *entropy,
+                             float *lse, int32_t *correct) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= tc) return;
     const float l = st.m[i] + logf(st.s[i]);
@@ -115,58 +145,80 @@ __global__ void dlogits_kernel(float *z, const int32_t *targets, const float *ls
 } // namespace
 
 extern "C" size_t ctrl_cuda_head_workspace_bytes(const ctrl_head_args *a) {
-    size_t tc = (size_t)chunk_t(a), vc = (size_t)chunk_v(a);
-    return sizeof(float) * (tc * vc + 6 * tc);
+    const int TC = chunk_t(a), VC = chunk_v(a);
+    const size_t bf16 =
+        a->bf16 ? sizeof(uint16_t) * ((size_t)TC * a->C + (size_t)VC * a->C + (size_t)TC * VC) : 0;
+    return fp32_part(TC, VC) + bf16;
 }
 
-extern "C" ctrl_status ctrl_cuda_head_forward(const ctrl_head_args *a, float *logp, float *entropy, float *lse,
-                                              int32_t *correct, void *workspace) {
+extern "C" ctrl_status ctrl_cuda_head_forward(const ctrl_head_args *a, float *logp, float *entropy,
+                                              float *lse, int32_t *correct, void *workspace) {
     const int TC = chunk_t(a), VC = chunk_v(a);
     float *z = (float *)workspace;
     Stats st = stats_of(workspace, TC, VC);
+    const Bf16Chunk b = bf16_of(workspace, TC, VC, a->C);
     for (int t0 = 0; t0 < a->T; t0 += TC) {
         const int tc = t0 + TC <= a->T ? TC : a->T - t0;
         stats_init<<<(tc + 255) / 256, 256>>>(st, tc);
         CTRL_CUDA_CHECK_LAUNCH();
+        if (a->bf16) {
+            ctrl_status s = ctrl_cuda_f32_to_bf16(b.h, a->hidden + (size_t)t0 * a->C, (int64_t)tc * a->C);
+            if (s != CTRL_OK) return s;
+        }
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
-            ctrl_status s = ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, 1.0f / a->temperature, a->hidden + (size_t)t0 * a->C,
-                                               a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+            ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc);
             if (s != CTRL_OK) return s;
-            stats_update<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(st, z, a->targets + t0, tc,
-                                                                                          vc, v0);
+            stats_update<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
+                st, z, a->targets + t0, tc, vc, v0);
             CTRL_CUDA_CHECK_LAUNCH();
         }
-        stats_finish<<<(tc + 255) / 256, 256>>>(st, a->targets + t0, tc, a->V, logp + t0, entropy ? entropy + t0 : nullptr,
-                                                lse + t0, correct ? correct + t0 : nullptr);
+        stats_finish<<<(tc + 255) / 256, 256>>>(st, a->targets + t0, tc, a->V, logp + t0,
+                                                entropy ? entropy + t0 : nullptr, lse + t0,
+                                                correct ? correct + t0 : nullptr);
         CTRL_CUDA_CHECK_LAUNCH();
     }
     return CTRL_OK;
 }
 
 extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const float *lse, const float *dlogp,
-                                               const float *entropy, const float *dentropy, float *dhidden, float *dw,
-                                               void *workspace) {
+                                               const float *entropy, const float *dentropy, float *dhidden,
+                                               float *dw, void *workspace) {
     const int TC = chunk_t(a), VC = chunk_v(a);
     float *z = (float *)workspace;
+    const Bf16Chunk b = bf16_of(workspace, TC, VC, a->C);
     for (int t0 = 0; t0 < a->T; t0 += TC) {
         const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+        const float *h = a->hidden + (size_t)t0 * a->C;
+        if (a->bf16) {
+            ctrl_status s = ctrl_cuda_f32_to_bf16(b.h, h, (int64_t)tc * a->C);
+            if (s != CTRL_OK) return s;
+        }
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
-            ctrl_status s = ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, 1.0f / a->temperature, a->hidden + (size_t)t0 * a->C,
-                                               a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+            ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc);
             if (s != CTRL_OK) return s;
             dlogits_kernel<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
                 z, a->targets + t0, lse + t0, dlogp + t0, entropy ? entropy + t0 : nullptr,
                 dentropy ? dentropy + t0 : nullptr, tc, vc, v0, a->V, 1.0f / a->temperature);
             CTRL_CUDA_CHECK_LAUNCH();
             // dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h
-            s = ctrl_cuda_gemm_f32(0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C, v0 == 0 ? 0.0f : 1.0f,
-                                   dhidden + (size_t)t0 * a->C, a->C);
-            if (s != CTRL_OK) return s;
-            if (!dw) continue; /* a frozen head (LoRA) */
-            s = ctrl_cuda_gemm_f32(1, 0, vc, a->C, tc, 1.0f, z, vc, a->hidden + (size_t)t0 * a->C, a->C, 1.0f,
-                                   dw + (size_t)v0 * a->C, a->C);
+            const float beta = v0 == 0 ? 0.0f : 1.0f;
+            float *dh = dhidden + (size_t)t0 * a->C, *dwc = dw ? dw + (size_t)v0 * a->C : nullptr;
+            if (a->bf16) { /* b.w holds the weight chunk from chunk_logits */
+                s = ctrl_cuda_f32_to_bf16(b.z, z, (int64_t)tc * vc);
+                if (s == CTRL_OK)
+                    s = ctrl_cuda_gemm(0, 0, tc, a->C, vc, 1.0f, b.z, vc, b.w, a->C, beta, dh, a->C,
+                                       CTRL_BF16, CTRL_F32);
+                if (s == CTRL_OK && dwc) /* none for a frozen head (LoRA) */
+                    s = ctrl_cuda_gemm(1, 0, vc, a->C, tc, 1.0f, b.z, vc, b.h, a->C, 1.0f, dwc, a->C,
+                                       CTRL_BF16, CTRL_F32);
+            } else {
+                s = ctrl_cuda_gemm_f32(0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C, beta,
+                                       dh, a->C);
+                if (s == CTRL_OK && dwc)
+                    s = ctrl_cuda_gemm_f32(1, 0, vc, a->C, tc, 1.0f, z, vc, h, a->C, 1.0f, dwc, a->C);
+            }
             if (s != CTRL_OK) return s;
         }
     }

@@ -212,13 +212,15 @@ TEST(embedding_and_rope) {
         free(rd);
 }
 
-TEST(fused_head) {
-    NEED_GPU();
+/* The fused head on the device against the CPU's, in fp32 and (bf16 = 1) with every product on bf16
+ * operands: the CPU reference for that is its bf16 head, which runs where the CPU has AVX-512 BF16. */
+static void fused_head_case(int bf16) {
     static const int shapes[][5] = {/* T, C, V, chunk_tokens, chunk_vocab */
                                     {37, 130, 1000, 16, 300},
                                     {64, 896, 32003, 0, 0},
                                     {129, 896, 32003, 50, 4096}};
     int n_shapes = small() ? 1 : 3;
+    const double tol = bf16 ? 1e-4 : 1e-5; /* bf16: the same products, summed in another order */
     for (int s = 0; s < n_shapes; s++) {
         int T = shapes[s][0], C = shapes[s][1], V = shapes[s][2];
         ctrl_head_args a = {.T = T,
@@ -226,7 +228,8 @@ TEST(fused_head) {
                             .V = V,
                             .temperature = 0.9f,
                             .chunk_tokens = shapes[s][3],
-                            .chunk_vocab = shapes[s][4]};
+                            .chunk_vocab = shapes[s][4],
+                            .bf16 = bf16};
         float *h = hrand((size_t)T * C, 1), *w = hrand((size_t)V * C, 0.1f), *dl = hrand(T, 1),
               *de = hrand(T, 1);
         float *dw0 = hrand((size_t)V * C, 0.01f);
@@ -256,17 +259,19 @@ TEST(fused_head) {
                   ctrl_error_message());
         CHECK_MSG(ctrl_cuda_head_backward(&d, d_lse, d_dl, d_ent, d_de, d_dh, d_dw, d_ws) == CTRL_OK, "%s",
                   ctrl_error_message());
-        EXPECT_DEV(d_logp, logp, T, 1e-5, "head logp");
-        EXPECT_DEV(d_ent, ent, T, 1e-5, "head entropy");
-        EXPECT_DEV(d_lse, lse, T, 1e-5, "head lse");
-        EXPECT_DEV(d_dh, dh, (size_t)T * C, 1e-5, "head dhidden");
-        EXPECT_DEV(d_dw, dw, (size_t)V * C, 1e-5, "head dw (accumulated)");
+        EXPECT_DEV(d_logp, logp, T, tol, bf16 ? "head bf16 logp" : "head logp");
+        EXPECT_DEV(d_ent, ent, T, tol, bf16 ? "head bf16 entropy" : "head entropy");
+        EXPECT_DEV(d_lse, lse, T, tol, bf16 ? "head bf16 lse" : "head lse");
+        EXPECT_DEV(d_dh, dh, (size_t)T * C, tol, bf16 ? "head bf16 dhidden" : "head dhidden");
+        EXPECT_DEV(d_dw, dw, (size_t)V * C, tol,
+                   bf16 ? "head bf16 dw (accumulated)" : "head dw (accumulated)");
         int32_t *gok = malloc(T * 4);
         ctrl_cuda_memcpy_d2h(gok, d_ok, T * 4);
         int mism = 0;
         for (int t = 0; t < T; t++) mism += gok[t] != ok[t];
-        CHECK_MSG(mism == 0, "head correct flags: %d mismatches", mism);
-        printf("  head T=%d C=%d V=%d: ok\n", T, C, V);
+        CHECK_MSG(mism <= (bf16 ? T / 20 : 0), "head correct flags: %d mismatches",
+                  mism); /* bf16: near ties */
+        printf("  head%s T=%d C=%d V=%d: ok\n", bf16 ? " bf16" : "", T, C, V);
         ctrl_cuda_free((void *)d.hidden), ctrl_cuda_free((void *)d.w), ctrl_cuda_free((void *)d.targets);
         ctrl_cuda_free(d_logp), ctrl_cuda_free(d_ent), ctrl_cuda_free(d_lse), ctrl_cuda_free(d_ok);
         ctrl_cuda_free(d_dl), ctrl_cuda_free(d_de), ctrl_cuda_free(d_dh), ctrl_cuda_free(d_dw),
@@ -274,6 +279,15 @@ TEST(fused_head) {
         free(h), free(w), free(dl), free(de), free(dw0), free(tg), free(logp), free(ent), free(lse), free(dh);
         free(dw), free(okf), free(ok), free(ws), free(gok);
     }
+}
+
+TEST(fused_head) {
+    NEED_GPU();
+    fused_head_case(0);
+    if (ctrl_cpu_has_avx512bf16())
+        fused_head_case(1);
+    else
+        printf("  head bf16: not compared (the CPU reference computes it in bf16 only with AVX-512 BF16)\n");
 }
 
 /* torch.optim.AdamW's formula on the host in float, exactly as the adamw plugin computes it. */
