@@ -96,14 +96,15 @@ if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "gkd
 grep -q "LoRA adapter" "$TMP/lora.log" && ok || bad "gkd lora saved no adapter"
 
 # The teacher and the divergence head on the CUDA backend (the emulator where it is built; lmbda = 0:
-# the engine samples on the CPU only) give the CPU run's losses and gradient norms.
+# the engine samples on the CPU only) give the CPU run's losses and gradient norms (in fp32: in bf16
+# the backends round different products -- attention on CUDA, the head where the CPU has AVX-512 BF16).
 EMU=$(dirname "$CTRL")/cuda-emu/libctrl_cuda.so
 if [ -f "$EMU" ] && [ -f "$(dirname "$CTRL")/plugins-emu/gkd.so" ]; then
   gkd_ini dev_cpu 3 "[gkd]" "lmbda = 0" "beta = 0.3" | sed 's/^logging_steps = 5/logging_steps = 1/' >"$TMP/dev_cpu.ini"
   sed "s|$TMP/dev_cpu|$TMP/dev_cuda|; s/^device = cpu/device = cuda/" "$TMP/dev_cpu.ini" >"$TMP/dev_cuda.ini"
-  "${C[@]}" train "$TMP/dev_cpu.ini" >/dev/null 2>&1 && ok || bad "cpu run"
+  "${C[@]}" train "$TMP/dev_cpu.ini" --set train.dtype=fp32 >/dev/null 2>&1 && ok || bad "cpu run"
   if CTRL_CUDA_LIBRARY=$EMU "$CTRL" --plugin-dir "$(dirname "$CTRL")/plugins-emu" train "$TMP/dev_cuda.ini" \
-    >"$TMP/dev_cuda.log" 2>&1; then ok; else bad "cuda (emulated) run"; tail -3 "$TMP/dev_cuda.log"; fi
+    --set train.dtype=fp32 >"$TMP/dev_cuda.log" 2>&1; then ok; else bad "cuda (emulated) run"; tail -3 "$TMP/dev_cuda.log"; fi
   for s in 1 3; do
     for k in loss grad_norm; do
       a=$(metric "$TMP/dev_cpu/metrics.jsonl" $s $k) b=$(metric "$TMP/dev_cuda/metrics.jsonl" $s $k)
