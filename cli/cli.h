@@ -12,6 +12,7 @@ typedef struct ctrl_cli {
     const char *plugin_dirs[CTRL_CLI_MAX_PLUGIN_DIRS]; /* --plugin-dir, in order */
     int n_plugin_dirs;
     ctrl_registry *reg; /* loaded on first use by cli_plugins() */
+    int log_level_set;  /* --log-level given: it wins over a run config's [run] log_level */
 } ctrl_cli;
 
 typedef struct ctrl_command {

@@ -10,9 +10,9 @@
 
 #include "cli.h"
 
-static const ctrl_command *const commands[] = {
-    &cli_cmd_train,    &cli_cmd_plugins,  &cli_cmd_config,  &cli_cmd_model,
-    &cli_cmd_tokenize, &cli_cmd_generate, &cli_cmd_serve, &cli_cmd_version, NULL};
+static const ctrl_command *const commands[] = {&cli_cmd_train, &cli_cmd_plugins,  &cli_cmd_config,
+                                               &cli_cmd_model, &cli_cmd_tokenize, &cli_cmd_generate,
+                                               &cli_cmd_serve, &cli_cmd_version,  NULL};
 
 static void print_main_help(FILE *out) {
     fprintf(out, "usage: ctrl [--plugin-dir DIR]... [--log-level LEVEL] COMMAND [ARGS]...\n\n"
@@ -76,6 +76,7 @@ int main(int argc, char **argv) {
             if (ctrl_log_level_parse(val, &level) != 0)
                 return main_usage_error("--log-level '%s': expected trace|debug|info|warn|error|off", val);
             ctrl_log_set_level(level);
+            cli.log_level_set = 1;
         }
     }
     if (i >= argc) {

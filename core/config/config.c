@@ -76,6 +76,8 @@ void ctrl_config_free(ctrl_config *cfg) {
         free(cfg->sections[i].name);
         free(cfg->sections[i].where);
     }
+    for (int i = 0; i < cfg->n_asked; i++) free(cfg->asked[i]);
+    free(cfg->asked);
     free(cfg->entries);
     free(cfg->sections);
     free(cfg->path);

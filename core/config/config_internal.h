@@ -32,6 +32,8 @@ struct ctrl_config {
     int n_sections, cap_sections;
     ctrl_run_plugins plugins;   /* resolved by config_validate */
     ctrl_run_settings settings; /* filled by config_settings_fill once valid */
+    char **asked;               /* "section\x1fkey" of every key a reader asked for (config_note_read) */
+    int n_asked, cap_asked;
 };
 
 /* Reads `path` with a line scanner (for line numbers, syntax and duplicate checks) and iniparser
@@ -44,6 +46,10 @@ ctrl_status config_put(ctrl_config *cfg, const char *section, const char *key, c
 /* Records a section header (line 0 for one created by --set); duplicates are the caller's check. */
 ctrl_status config_add_section(ctrl_config *cfg, const char *name, const char *where, int line);
 config_entry *config_find(const ctrl_config *cfg, const char *section, const char *key);
+/* Records that a reader (the typed settings, validation, a plugin's accessor) asked for a key, set
+ * or not; config_was_read answers for the test that no declared key lacks a reader. */
+void config_note_read(const ctrl_config *cfg, const char *section, const char *key);
+int config_was_read(const ctrl_config *cfg, const char *section, const char *key);
 int config_has_section(const ctrl_config *cfg, const char *section);
 
 /* Value parsing shared by validation and the accessors; 0 on success, -1 when the text is not a

@@ -40,6 +40,7 @@ typedef struct ctrl_run_plugins {
 typedef struct ctrl_run_settings {
     struct {
         const char *trainer, *output_dir, *device;
+        const char *log_level; /* trace|debug|info|warn|error (the CLI's --log-level wins) */
         uint64_t seed;
     } run;
     struct {

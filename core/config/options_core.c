@@ -16,15 +16,14 @@ static const ctrl_option run_options[] = {
      "Where checkpoints, metrics and the effective config go (default: runs/<config file name>)."},
     {"seed", CTRL_OPT_INT, "42", MIN(0), NULL, "Random seed for initialisation, shuffling and sampling."},
     {"device", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL, "auto (a GPU when one exists), cpu, cuda, or cuda:N."},
-    {"log_level", CTRL_OPT_CHOICE, "info", 0, 0, 0, "trace|debug|info|warn|error", "Logging verbosity."},
+    {"log_level", CTRL_OPT_CHOICE, "info", 0, 0, 0, "trace|debug|info|warn|error",
+     "Logging verbosity of `ctrl train` (the command line's --log-level, when given, wins)."},
     CTRL_OPTION_END,
 };
 
 static const ctrl_option model_options[] = {
     {"path", CTRL_OPT_PATH, NULL, CTRL_OPT_REQUIRED, 0, 0, NULL,
      "Hugging Face model directory (config.json, safetensors, tokenizer files)."},
-    {"dtype", CTRL_OPT_CHOICE, "float32", 0, 0, 0, "float32|bfloat16|float16",
-     "Dtype the weights are loaded in (master weights stay fp32 when training)."},
     {"attention", CTRL_OPT_STRING, "flash", 0, 0, 0, NULL,
      "Attention plugin (eager, flash, ...); its options go in [attention.NAME]."},
     CTRL_OPTION_END,
@@ -202,7 +201,8 @@ static const ctrl_option peft_options[] = {
     {"quantization", CTRL_OPT_STRING, "none", 0, 0, 0, "none|nf4",
      "QLoRA: nf4 holds the frozen base's projection weights (q/k/v/o/gate/up/down) in 4-bit NormalFloat as "
      "bitsandbytes does (load_in_4bit, bnb_4bit_quant_type nf4, blocks of 64, double-quantized absmax), "
-     "dequantized one layer at a time in forward and backward, multiplied in [train] dtype; on the CPU so far."},
+     "dequantized one layer at a time in forward and backward, multiplied in [train] dtype; on the CPU so "
+     "far."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "
@@ -213,8 +213,10 @@ static const ctrl_option peft_options[] = {
 
 static const ctrl_option teacher_options[] = {
     {"path", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
-     "Distillation (trainer = gkd): the teacher, a Hugging Face causal LM directory of the student's vocabulary "
-     "(and tokenizer, when it has tokenizer files); any size. Held frozen: no gradients, no optimizer state."},
+     "Distillation (trainer = gkd): the teacher, a Hugging Face causal LM directory of the student's "
+     "vocabulary "
+     "(and tokenizer, when it has tokenizer files); any size. Held frozen: no gradients, no optimizer "
+     "state."},
     {"dtype", CTRL_OPT_CHOICE, "fp32", 0, 0, 0, "fp32|bf16",
      "The teacher's compute dtype: bf16 runs its linear projections in bf16 (fp32 accumulation, as "
      "torch.autocast), whatever the student's [train] dtype."},

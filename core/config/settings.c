@@ -55,6 +55,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         .run = {.trainer = rd_str(&r, "run", "trainer"),
                 .output_dir = rd_str(&r, "run", "output_dir"),
                 .device = rd_str(&r, "run", "device"),
+                .log_level = rd_str(&r, "run", "log_level"),
                 .seed = (uint64_t)rd_int(&r, "run", "seed")},
         .model = {.path = rd_str(&r, "model", "path")},
         .data = {.train_file = ctrl_config_get_string(cfg, "data", "train_file"),

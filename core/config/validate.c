@@ -18,6 +18,7 @@ const ctrl_option *config_find_option(const ctrl_option *opts, const char *key) 
 
 const char *config_value_or_default(const ctrl_config *cfg, const char *section, const ctrl_option *opts,
                                     const char *key) {
+    config_note_read(cfg, section, key);
     config_entry *e = config_find(cfg, section, key);
     if (e) return e->value;
     const ctrl_option *o = config_find_option(opts, key);
@@ -140,6 +141,7 @@ static ctrl_status check_device(const ctrl_config *cfg) {
  * naming the key: a run must never silently do something other than what its config says. */
 static ctrl_status check_not_implemented(const ctrl_config *cfg) {
     bool on = false;
+    config_note_read(cfg, "peft", "bias"); /* read here: none is the only value implemented */
     config_entry *e = config_find(cfg, "peft", "bias");
     if (e && strcmp(e->value, "none") != 0)
         return ctrl_error_set(

@@ -36,6 +36,13 @@ done
 printf '{"text": "1+2=3"}\n' >"$TMP/one.jsonl"
 "${C[@]}" model logprobs --model "$TMP/out" --input "$TMP/one.jsonl" >/dev/null 2>&1 && ok || bad "saved model does not load"
 
+# [run] log_level: warn keeps the INFO lines out; the command line's --log-level wins over it.
+"${C[@]}" train "$TMP/run.ini" --set train.max_steps=1 --set run.log_level=warn --set run.output_dir="$TMP/quiet" \
+  >"$TMP/log" 2>&1 && ! grep -q " INFO " "$TMP/log" && ok || bad "[run] log_level = warn still logs INFO"
+"$CTRL" --plugin-dir "$PLUGINS" --log-level info train "$TMP/run.ini" --set train.max_steps=1 \
+  --set run.log_level=warn --set run.output_dir="$TMP/loud" >"$TMP/log" 2>&1 && grep -q " INFO " "$TMP/log" && ok ||
+  bad "--log-level info did not win over [run] log_level = warn"
+
 # Gradient accumulation: the same 4 examples as one batch or four micro-batches.
 run_one() {
   "${C[@]}" train "$TMP/run.ini" --set data.shuffle=false --set train.max_steps=1 --set train.logging_steps=1 \
