@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "file_text.h"
+#include "hub_cache.h"
 #include "generate/engine.h"
 #include "model/peft.h"
 #include "progress.h"
@@ -49,9 +50,10 @@ static int parse(int argc, char **argv, gen_args *a) {
             if (a->n_stop_strings == 8) return cli_usage_error(&cli_cmd_generate, "at most 8 --stop strings");
             if (!v[0]) return cli_usage_error(&cli_cmd_generate, "--stop needs a non-empty string");
             a->stop[a->n_stop_strings++] = v;
-        } else if (!strcmp(k, "--model"))
-            a->model = v;
-        else if (!strcmp(k, "--adapter"))
+        } else if (!strcmp(k, "--model")) {
+            static char resolved[4096]; /* a Hub id: the local cache's snapshot */
+            a->model = ctrl_hub_resolve(v, resolved, sizeof resolved);
+        } else if (!strcmp(k, "--adapter"))
             a->adapter = v;
         else if (!strcmp(k, "--prompts"))
             a->prompts = v;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "hub_cache.h"
 #include "model/model.h"
 #include "model/peft.h"
 #include "train/checkpoint.h"
@@ -18,10 +19,19 @@ static const char *const arch_names[CTRL_ARCH_COUNT] = {"llama",  "qwen2", "qwen
 static const char *const model_types[CTRL_ARCH_COUNT] = {
     "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "qwen3_moe", "mixtral", "olmoe"};
 
+/* A model argument: a directory, or a Hub id found in the local Hugging Face cache (hub_cache.h);
+ * one static buffer per call site is enough for these one-shot commands. */
+static const char *cli_model_dir(const char *arg) {
+    static char resolved[4][4096];
+    static int next;
+    char *buf = resolved[next++ % 4];
+    return ctrl_hub_resolve(arg, buf, sizeof resolved[0]);
+}
+
 static int info(int argc, char **argv) {
     if (argc != 2) return cli_usage_error(&cli_cmd_model, "model info needs exactly one DIR");
     ctrl_model_config c;
-    ctrl_status st = ctrl_model_config_load(argv[1], &c);
+    ctrl_status st = ctrl_model_config_load(cli_model_dir(argv[1]), &c);
     if (st != CTRL_OK) return cli_fail(st);
     /* Counted from the shapes, without loading the weights. */
     const long long total = (long long)ctrl_model_config_param_count(&c);
@@ -249,7 +259,7 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--model"))
-            model_dir = argv[++i];
+            model_dir = cli_model_dir(argv[++i]);
         else if (!strcmp(argv[i], "--adapter"))
             adapter = argv[++i];
         else if (!strcmp(argv[i], "--input"))
@@ -360,7 +370,7 @@ static int merge(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--base"))
-            base = argv[++i];
+            base = cli_model_dir(argv[++i]);
         else if (!strcmp(argv[i], "--adapter"))
             adapter = argv[++i];
         else if (!strcmp(argv[i], "--out"))

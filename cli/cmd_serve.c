@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "hub_cache.h"
 #include "serve/serve.h"
 
 /* A whole number in [lo, hi] from a flag's value; -1 when it is not one. */
@@ -55,7 +56,8 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
             if (f == 1) kv_mb = x;
             if (f == 2) body_kb = x;
         } else if (!strcmp(k, "--model")) {
-            o.model_dir = v;
+            static char resolved[4096]; /* a Hub id: the local cache's snapshot */
+            o.model_dir = ctrl_hub_resolve(v, resolved, sizeof resolved);
         } else if (!strcmp(k, "--host")) {
             o.host = v;
         } else if (!strcmp(k, "--kv-cache-dtype") && (!strcmp(v, "fp32") || !strcmp(v, "bf16"))) {

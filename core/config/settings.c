@@ -2,9 +2,13 @@
  * the defaults are filled, so that the loops never read the config by string. Values are read
  * with ctrl_config_require_*: the option tables are the only place a default lives (a key with
  * neither a value nor a default is the table's bug, reported, not papered over here). */
+#include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/log.h>
+
 #include "config/config_internal.h"
+#include "hub_cache.h"
 
 typedef struct reader {
     const ctrl_config *cfg;
@@ -43,7 +47,29 @@ static int rd_bool(reader *r, const char *section, const char *key) {
     return v;
 }
 
+/* A model named by its Hub id: the local cache's snapshot directory, written back into the config so
+ * that every reader (and the effective config.ini) sees the directory. Not in the cache: left as is,
+ * and the loader's message says where it was looked for. */
+static ctrl_status resolve_hub_id(ctrl_config *cfg, const char *section, const char *key) {
+    config_entry *e = config_find(cfg, section, key);
+    char buf[4096];
+    const char *dir = e ? ctrl_hub_resolve(e->value, buf, sizeof buf) : NULL;
+    if (!e || dir == e->value) return CTRL_OK;
+    char *v = strdup(dir);
+    if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "[%s] %s: out of memory", section, key);
+    CTRL_INFO("[%s] %s = %s: the local Hugging Face cache's %s", section, key, e->value, v);
+    free(e->value);
+    e->value = v;
+    return CTRL_OK;
+}
+
 ctrl_status config_settings_fill(ctrl_config *cfg) {
+    static const char *const model_paths[][2] = {
+        {"model", "path"}, {"teacher", "path"}, {"peft", "adapter_path"}};
+    for (size_t i = 0; i < sizeof model_paths / sizeof model_paths[0]; i++) {
+        ctrl_status st = resolve_hub_id(cfg, model_paths[i][0], model_paths[i][1]);
+        if (st != CTRL_OK) return st;
+    }
     reader r = {.cfg = cfg};
     ctrl_run_settings *s = &cfg->settings;
     const char *mode = rd_str(&r, "generation", "mode");

@@ -5,6 +5,7 @@
 #include "model/model_config.h"
 
 #include "file_text.h"
+#include "hub_cache.h"
 
 #include <ctrl/log.h>
 
@@ -560,6 +561,10 @@ ctrl_status ctrl_model_config_load(const char *path, ctrl_model_config *out) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
         snprintf(file, sizeof file, "%s/config.json", path);
+    else if (stat(path, &sb) != 0 && ctrl_hub_looks_like_id(path)) /* say where the Hub id was looked for */
+        return ctrl_hub_snapshot(path, file, sizeof file) == CTRL_OK
+                   ? ctrl_error_set(CTRL_ERR_IO, "%s: resolve it with ctrl_hub_resolve first", path)
+                   : ctrl_error_wrap(CTRL_ERR_IO, "%s: no such directory", path);
     else
         snprintf(file, sizeof file, "%s", path);
     ctrl_status st;

@@ -43,6 +43,17 @@ printf '{"text": "1+2=3"}\n' >"$TMP/one.jsonl"
   --set run.log_level=warn --set run.output_dir="$TMP/loud" >"$TMP/log" 2>&1 && grep -q " INFO " "$TMP/log" && ok ||
   bad "--log-level info did not win over [run] log_level = warn"
 
+# A model named by its Hub id, found in the local Hugging Face cache (no network); a missing one says
+# where it was looked for.
+mkdir -p "$TMP/hf/hub/models--org--tiny/refs" "$TMP/hf/hub/models--org--tiny/snapshots"
+echo "0123abc" >"$TMP/hf/hub/models--org--tiny/refs/main"
+cp -r "$TMP/model" "$TMP/hf/hub/models--org--tiny/snapshots/0123abc"
+HF_HOME="$TMP/hf" "${C[@]}" train "$TMP/run.ini" --set model.path=org/tiny --set train.max_steps=1 \
+  --set run.output_dir="$TMP/hubid" >"$TMP/log" 2>&1 && grep -q "local Hugging Face cache" "$TMP/log" && ok ||
+  { bad "[model] path = org/tiny from HF_HOME's cache"; tail -3 "$TMP/log"; }
+HF_HOME="$TMP/hf" "${C[@]}" model info org/missing >"$TMP/log" 2>&1
+[ $? -ne 0 ] && grep -q "models--org--missing/refs/main" "$TMP/log" && ok || { bad "a missing Hub id"; cat "$TMP/log"; }
+
 # Gradient accumulation: the same 4 examples as one batch or four micro-batches.
 run_one() {
   "${C[@]}" train "$TMP/run.ini" --set data.shuffle=false --set train.max_steps=1 --set train.logging_steps=1 \
