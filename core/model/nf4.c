@@ -182,10 +182,22 @@ ctrl_status ctrl_nf4_quantize(const float *w, int64_t n, ctrl_nf4 *out) {
     return CTRL_OK;
 }
 
+/* v rounded to float as a separate operation: a compiler may not fuse it into a following add
+ * (clang contracts a * b + c into one FMA by default), so that the sums round as bitsandbytes' do. */
+static inline float rounded(float v) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    __asm__("" : "+x"(v));
+#elif defined(__GNUC__)
+    __asm__("" : "+r"(v));
+#endif
+    return v;
+}
+
 void ctrl_nf4_absmax(const ctrl_nf4 *q, float *absmax) {
     const int64_t nb = blocks(q->n, CTRL_NF4_BLOCK);
-    for (int64_t b = 0; b < nb; b++)
-        absmax[b] = ctrl_nf4_dynamic_code[q->qabsmax[b]] * q->absmax2[b / CTRL_NF4_BLOCK2] + q->offset;
+    for (int64_t b = 0; b < nb; b++) /* torch's two operations, each rounded */
+        absmax[b] =
+            rounded(ctrl_nf4_dynamic_code[q->qabsmax[b]] * q->absmax2[b / CTRL_NF4_BLOCK2]) + q->offset;
 }
 
 void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out) {

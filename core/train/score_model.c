@@ -37,9 +37,9 @@ ctrl_status ctrl_score_model_open(const ctrl_config *cfg, const char *dir, const
         return ctrl_error_set(CTRL_ERR_RUNTIME, "reward model %s: the config has no attention plugin", dir);
     ctrl_score_model *m = calloc(1, sizeof *m);
     if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "reward model: out of memory");
-    char resolved[4096]; /* a Hub id: the local cache's snapshot */
-    snprintf(m->dir, sizeof m->dir, "%s", ctrl_hub_resolve(dir, resolved, sizeof resolved));
-    dir = m->dir;
+    char resolved[4096]; /* a Hub id: the local cache's snapshot (outlives m for the messages) */
+    dir = ctrl_hub_resolve(dir, resolved, sizeof resolved);
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
     ctrl_status st = ctrl_model_load(dir, plugins->attention->ops, &m->model);
     if (st == CTRL_OK && ctrl_model_cfg(m->model)->num_labels < 1)
         st = ctrl_error_set(CTRL_ERR_CONFIG,

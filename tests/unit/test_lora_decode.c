@@ -196,6 +196,7 @@ static void generate_alone(const char *base, const char *adapter, const ctrl_gen
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, &e), CTRL_OK);
     ctrl_gen_request one = *r;
     one.adapter = 0;
+    one.n = 1; /* greedy: the caller copies the one sample for n > 1 (and frees it once) */
     if (e) CHECK_EQ_INT(ctrl_engine_generate(e, &one, 1, o, NULL, NULL), CTRL_OK);
     ctrl_engine_free(e);
     ctrl_model_free(m);
