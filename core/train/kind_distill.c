@@ -136,7 +136,7 @@ static ctrl_status connect_server(train_kind *k, const ctrl_run_settings *s) {
     k->server_url = strdup(url ? url : "http://127.0.0.1:8000"), k->push_path = strdup(push);
     k->bearer = key && key[0] ? strdup(key) : NULL;
     if (!k->server_url || !k->push_path) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
-    ctrl_status st = ctrl_remote_wait_ready(k->server_url, 60);
+    ctrl_status st = ctrl_remote_wait_ready(k->server_url, 240); /* TRL: vllm_server_timeout = 240 s */
     if (st == CTRL_OK) st = distill_after_step(k, 0);
     if (st == CTRL_OK)
         CTRL_INFO("generation: the student samples through ctrl serve at %s (weights pushed after each step)",

@@ -86,7 +86,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     ctrl_engine_config ec;
     ctrl_engine_config_from(cfg, &ec);
     if (st == CTRL_OK && o->server_url) { /* the server generates from the trainer's weights from the start */
-        st = ctrl_remote_wait_ready(o->server_url, 60);
+        st = ctrl_remote_wait_ready(o->server_url, 240); /* TRL: vllm_server_timeout = 240 s */
         if (st == CTRL_OK) st = ctrl_online_after_step(o);
         if (st == CTRL_OK)
             CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server_url);
