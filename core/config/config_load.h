@@ -61,6 +61,7 @@ typedef struct ctrl_run_settings {
         const char *optimizer, *dtype, *lr_scheduler_type, *save_strategy;
         const char *resume_from_checkpoint; /* NULL when unset */
         double learning_rate, min_lr_rate, warmup_ratio, num_train_epochs, max_grad_norm, weight_decay;
+        double router_aux_loss_coef; /* -1 when unset (the model config's) */
         long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
         int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
         int save_total_limit;

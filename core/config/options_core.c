@@ -97,6 +97,13 @@ static const ctrl_option train_options[] = {
     {"gradient_accumulation_steps", CTRL_OPT_INT, "1", MIN(1), NULL, "Micro-batches per optimizer step."},
     {"max_grad_norm", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Clip the global gradient norm (0 = off)."},
     {"weight_decay", CTRL_OPT_FLOAT, "0", MIN(0), NULL, "Decoupled weight decay (not on norms and biases)."},
+    {"router_aux_loss_coef", CTRL_OPT_FLOAT, NULL, MIN(0), NULL,
+     "Mixture-of-experts models: the weight of the router load-balancing loss added to the policy's loss "
+     "(coef x aux / accumulation steps per micro-batch) by sft, dpo, kto and the online trainers (grpo, "
+     "rloo; ppo and online_dpo too, where TRL's do not add it), logged as aux_loss; unset: the model "
+     "config's "
+     "router_aux_loss_coef; 0 turns it off. Refused when > 0 on a dense model (as TRL) and with gkd or a "
+     "reward model, which do not add it."},
     {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
      "Compute dtype (master weights, gradients and optimizer state stay fp32). bf16 on the CPU: the linear "
      "projections in bf16 with fp32 accumulation, as torch.autocast; with AVX-512 BF16 (checked at run time; "

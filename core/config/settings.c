@@ -117,6 +117,9 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                   .num_train_epochs = rd_float(&r, "train", "num_train_epochs"),
                   .max_grad_norm = rd_float(&r, "train", "max_grad_norm"),
                   .weight_decay = rd_float(&r, "train", "weight_decay"),
+                  .router_aux_loss_coef = ctrl_config_has(cfg, "train", "router_aux_loss_coef")
+                                              ? rd_float(&r, "train", "router_aux_loss_coef")
+                                              : -1,
                   .max_steps = (long)rd_int(&r, "train", "max_steps"),
                   .warmup_steps = (long)rd_int(&r, "train", "warmup_steps"),
                   .logging_steps = (long)rd_int(&r, "train", "logging_steps"),

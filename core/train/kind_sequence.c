@@ -13,6 +13,7 @@
 #include "train/data_parallel.h"
 #include "train/kind.h"
 #include "train/kind_sequence.h"
+#include "train/moe_aux.h"
 #include "train/pref_data.h"
 
 #define MAX_METRICS 48
@@ -33,6 +34,7 @@ struct train_kind {
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
     int eval_bs;
+    double aux_coef;                    /* train/moe_aux.h */
     seq_metrics step_m, window, eval_m; /* this step's (every rank's), the logging window's, eval's */
 };
 
@@ -68,6 +70,7 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->ops = env->trainer_ops, k->trainer = env->trainer, k->model = env->model;
     k->eval_bs = env->settings->train.per_device_eval_batch_size;
+    k->aux_coef = train_moe_aux_coef(env->settings, env->model);
     k->spec.size = sizeof k->spec;
     ctrl_status st = k->ops->sequence_spec(k->trainer, &k->spec);
     if (st == CTRL_OK) st = ctrl_pref_sets_load(env->cfg, env->tok, &k->spec, &k->train, &k->eval);
@@ -136,7 +139,8 @@ static ctrl_status micro_view(const ctrl_pref_batch *b, const double *ref_rows, 
                             .label = b->label,
                             .kl = b->kl,
                             .margin = b->margin,
-                            .last = b->last};
+                            .last = b->last,
+                            .seq_len = b->seq_len};
     *ref_sum = NULL;
     if (!ref_rows) return CTRL_OK;
     if (!(*ref_sum = malloc(sizeof(double) * (size_t)b->n_seq)))
@@ -156,7 +160,9 @@ static seq_step step_for(train_kind *k, seq_metrics *m) {
                       .ref = k->ref,
                       .ref_is_base = k->ref_is_base,
                       .report = seq_report,
-                      .report_ctx = m};
+                      .report_ctx = m,
+                      .aux_coef = k->spec.needs_score ? 0 : k->aux_coef,
+                      .grad_accum = 1};
 }
 
 static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cursor, int bs, int ga,
@@ -172,7 +178,8 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
     }
     /* the loss is over the pairs of every rank's share of the batch (data_parallel.h) */
     const double num_items = st == CTRL_OK ? train_dp_items(items) : 0;
-    const seq_step step = step_for(k, &k->step_m);
+    seq_step step = step_for(k, &k->step_m);
+    step.grad_accum = ga;
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         seq_micro_batch v;
         double *ref = NULL, loss = 0;

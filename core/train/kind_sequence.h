@@ -24,6 +24,7 @@ typedef struct seq_micro_batch {
     const float *margin;     /* [n_pairs] or NULL (reward) */
     const double *ref_sum;   /* [n_seq] precomputed reference sums (NULL: from the reference model) */
     const int32_t *last;     /* [n_seq] where a score head reads each sequence (pref_data's `last`) */
+    const int *seq_len;      /* [n_seq] each sequence's real tokens from seq_cu[s] (the rest: padding) */
 } seq_micro_batch;
 
 /* What a step runs with. */
@@ -37,6 +38,8 @@ typedef struct seq_step {
                         disable_adapter), no second copy */
     void (*report)(void *ctx, const char *name, double value);
     void *report_ctx;
+    double aux_coef; /* the mixture-of-experts load-balancing loss' coefficient (train/moe_aux.h; 0: off) */
+    int grad_accum;  /* training: the accumulation steps it is divided by */
     int exact_match; /* paired: also report "exact_match", the chosen completions whose every token
                         is the argmax given the true prefix (greedy decoding would write them) */
 } seq_step;

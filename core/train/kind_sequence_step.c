@@ -8,6 +8,7 @@
 
 #include "collective/collective.h"
 #include "train/kind_sequence.h"
+#include "train/moe_aux.h"
 #include "train/sequence.h"
 
 static ctrl_status sum_over_ranks(double *v, int n) {
@@ -82,6 +83,25 @@ static void report_exact_match(const seq_step *s, const seq_micro_batch *mb, con
     if (n) s->report(s->report_ctx, "exact_match", (double)exact / n);
 }
 
+/* TRL's load-balancing loss on the policy's forward (train/moe_aux.h): over the real tokens of the
+ * batch its attention mask keeps -- every sequence's prompt and completion, not its padding, and not
+ * KTO's KL sequences, which TRL runs through a forward of their own -- coef x aux / accumulation steps
+ * into the loss (coef x aux in evaluation), "aux_loss" reported. */
+static ctrl_status add_aux_loss(const seq_step *s, const seq_micro_batch *mb, int train, double *loss) {
+    if (s->aux_coef == 0) return CTRL_OK;
+    uint8_t *mask = calloc((size_t)mb->batch->T, 1);
+    if (!mask) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    for (int i = 0; i < mb->n_seq; i++)
+        if (!mb->kl || !mb->kl[i])
+            memset(mask + mb->seq_cu[i], 1,
+                   (size_t)(mb->seq_len ? mb->seq_len[i] : mb->seq_cu[i + 1] - mb->seq_cu[i]));
+    double aux = 0;
+    const ctrl_status st = train_moe_aux_add(s->model, s->aux_coef, mask, train ? s->grad_accum : 1, train,
+                                             loss, &aux, s->report, s->report_ctx);
+    free(mask);
+    return st;
+}
+
 ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch *mb, double num_items,
                                        int train, double *loss) {
     const ctrl_sequence_spec *spec = s->spec;
@@ -146,6 +166,7 @@ ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch 
         if (s->exact_match && s->report && mb->n_pairs > 0) report_exact_match(s, mb, b.ok);
         int per_token = 0;
         st = s->ops->sequence_loss(s->trainer, &sb, loss, b.dsum, NULL, b.dtok, &per_token);
+        if (st == CTRL_OK) st = add_aux_loss(s, mb, train, loss);
         if (st == CTRL_OK && train) {
             train_sequence_spread(S, mb->seq_cu, b.sw, b.dsum, b.dlp);
             if (per_token)

@@ -8,6 +8,7 @@
 
 #include "train/data_parallel.h"
 #include "train/kind.h"
+#include "train/moe_aux.h"
 #include "train/train.h"
 
 struct train_kind {
@@ -16,6 +17,9 @@ struct train_kind {
     ctrl_model *model;
     ctrl_dataset train, eval;
     int eval_bs;
+    double aux_coef;      /* the load-balancing loss' (moe_aux.h; 0: off) */
+    double aux_sum[2];    /* this step's aux_loss values' sum and count (every rank's, after_step) */
+    double aux_window[2]; /* the logging window's */
 };
 
 static void token_destroy(train_kind *k) {
@@ -30,6 +34,7 @@ static ctrl_status token_create(const train_kind_env *env, train_kind **out) {
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->ops = env->trainer_ops, k->trainer = env->trainer, k->model = env->model;
     k->eval_bs = env->settings->train.per_device_eval_batch_size;
+    k->aux_coef = train_moe_aux_coef(env->settings, env->model);
     ctrl_status st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
     if (st != CTRL_OK) {
         token_destroy(k);
@@ -54,25 +59,29 @@ static void token_describe(const train_kind *k, long total, int bs, int ga, size
 
 /* One micro-batch: forward, the trainer's loss, backward; counts[0..2] = its trained tokens, those
  * predicted right, their entropies' sum (for accuracy and entropy, as TRL's SFTTrainer logs them). */
-/* The mixture-of-experts load-balancing loss TRL's SFTTrainer adds (router_aux_loss_coef of the model's
- * config): coef aux / ga into the micro-batch's loss and gradient, aux over the tokens a padded
- * batch's attention mask would keep (its pad segments, which predict nothing, out), as transformers. */
-static ctrl_status aux_loss(train_kind *k, const ctrl_batch *b, int ga, double *loss) {
-    const ctrl_model_config *c = ctrl_model_cfg(k->model);
-    if (c->n_experts <= 0 || !(c->router_aux_loss_coef > 0)) return CTRL_OK;
+/* The tokens the attention mask of TRL's padded batch keeps (pad segments, which predict nothing,
+ * out; padding-free rows: every token) into mask[T] (malloc'd; NULL on failure). */
+static uint8_t *token_mask(const train_kind *k, const ctrl_batch *b) {
     uint8_t *mask = malloc((size_t)b->T);
-    if (!mask) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
-    for (int s = 0; s < b->B; s++) {
-        int trained = !k->train.padded; /* padding-free rows: every token, as without a mask */
+    for (int s = 0; mask && s < b->B; s++) {
+        int trained = !k->train.padded;
         for (int t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1] && !trained; t++)
             trained = b->targets[t] >= 0;
         for (int t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1]; t++) mask[t] = (uint8_t)trained;
     }
-    double aux = 0;
-    const float coef = c->router_aux_loss_coef;
-    const ctrl_status st = ctrl_model_moe_aux_loss(k->model, mask, coef / (float)ga, &aux);
+    return mask;
+}
+
+/* The mixture-of-experts load-balancing loss TRL's SFTTrainer adds (moe_aux.h): coef aux / ga into
+ * the micro-batch's loss (div = ga) and gradient, or coef aux into an evaluation batch's (train 0). */
+static ctrl_status aux_loss(train_kind *k, const ctrl_batch *b, int ga, int train, double *loss,
+                            double *aux) {
+    *aux = 0;
+    if (k->aux_coef == 0) return CTRL_OK;
+    uint8_t *mask = token_mask(k, b);
+    if (!mask) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    const ctrl_status st = train_moe_aux_add(k->model, k->aux_coef, mask, ga, train, loss, aux, NULL, NULL);
     free(mask);
-    if (st == CTRL_OK) *loss += (double)coef * aux / ga;
     return st;
 }
 
@@ -104,7 +113,9 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_it
             if (w[t] > 0) valid++, correct += ok[t] != 0, ent_sum += ent[t];
         counts[0] = (double)valid, counts[1] = (double)correct, counts[2] = ent_sum;
         st = k->ops->loss(k->trainer, &tb, &loss, dlp);
-        if (st == CTRL_OK) st = aux_loss(k, b, ga, &loss);
+        double aux = 0;
+        if (st == CTRL_OK) st = aux_loss(k, b, ga, 1, &loss, &aux);
+        if (st == CTRL_OK && k->aux_coef != 0) k->aux_sum[0] += aux, k->aux_sum[1] += 1;
         if (st == CTRL_OK) out->loss += loss, st = ctrl_model_backward(k->model, fused ? NULL : dlp);
     }
     free(lp), free(w), free(dlp), free(ent), free(ok);
@@ -146,12 +157,24 @@ static ctrl_status token_accumulate(train_kind *k, const int *order, long *curso
     return st;
 }
 
+/* The step's aux_loss values into the window, every rank's (TRL gathers them). */
+static ctrl_status token_after_step(train_kind *k, long step) {
+    (void)step;
+    if (k->aux_coef == 0) return CTRL_OK;
+    const ctrl_status st = train_dp_sum(k->aux_sum, 2);
+    k->aux_window[0] += k->aux_sum[0], k->aux_window[1] += k->aux_sum[1];
+    k->aux_sum[0] = k->aux_sum[1] = 0;
+    return st;
+}
+
 static void token_log_window(train_kind *k, const train_window *w, FILE *f) {
-    (void)k;
     fprintf(f,
             "\"loss\": %.6f, \"grad_norm\": %.6f, \"learning_rate\": %.6g, \"entropy\": %.6f, "
             "\"mean_token_accuracy\": %.6f, ",
             w->loss, w->grad_norm, w->learning_rate, w->entropy, w->accuracy);
+    if (k->aux_coef != 0 && k->aux_window[1] > 0)
+        fprintf(f, "\"aux_loss\": %.6g, ", k->aux_window[0] / k->aux_window[1]);
+    k->aux_window[0] = k->aux_window[1] = 0;
     if (!isatty(fileno(stderr)))
         fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  acc %.3f  %.0f tok/s\n", w->step,
                 w->total, w->loss, w->grad_norm, w->learning_rate, w->accuracy, w->tokens_per_second);
@@ -163,8 +186,8 @@ static void token_log_window(train_kind *k, const train_window *w, FILE *f) {
 static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
     const ctrl_dataset *d = &k->eval;
     const int bs = k->eval_bs;
-    double nll = 0;
-    long tokens = 0, correct = 0, exact = 0, sequences = 0;
+    double nll = 0, aux_sum = 0;
+    long tokens = 0, correct = 0, exact = 0, sequences = 0, batches = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
     for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
@@ -179,6 +202,9 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
         int32_t *ok = malloc(sizeof(int32_t) * (size_t)b.T);
         st = lp && ok ? ctrl_model_forward(k->model, &b, lp, NULL, ok)
                       : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
+        double aux = 0, unused = 0;
+        if (st == CTRL_OK) st = aux_loss(k, &b, 1, 0, &unused, &aux);
+        aux_sum += aux, batches++;
         for (int s = 0; st == CTRL_OK && s < b.B; s++) {
             int all = 1, any = 0;
             for (int t = b.cu_seqlens[s]; t < b.cu_seqlens[s + 1]; t++) {
@@ -193,11 +219,16 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
     }
     free(idx);
     if (st != CTRL_OK) return st;
-    const double loss = tokens ? nll / tokens : 0, accuracy = tokens ? (double)correct / tokens : 0,
+    /* with the load-balancing loss, TRL's eval_loss holds coef x each batch's aux too */
+    const double aux = batches ? aux_sum / batches : 0;
+    const double loss = (tokens ? nll / tokens : 0) + k->aux_coef * aux,
+                 accuracy = tokens ? (double)correct / tokens : 0,
                  exact_match = sequences ? (double)exact / sequences : 0;
     fprintf(f, "{\"step\": %ld, ", step);
-    fprintf(f, "\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f}\n", loss,
+    fprintf(f, "\"eval_loss\": %.6f, \"eval_mean_token_accuracy\": %.6f, \"eval_exact_match\": %.6f", loss,
             accuracy, exact_match);
+    if (k->aux_coef != 0) fprintf(f, ", \"eval_aux_loss\": %.6g", aux);
+    fputs("}\n", f);
     fflush(f);
     CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples)", loss, accuracy,
               exact_match, d->n);
@@ -214,6 +245,7 @@ const train_kind_ops train_kind_token = {
     .rows_per_step = token_rows_per_step,
     .describe = token_describe,
     .accumulate = token_accumulate,
+    .after_step = token_after_step,
     .log_window = token_log_window,
     .has_eval = token_has_eval,
     .evaluate = token_evaluate,

@@ -12,6 +12,7 @@
 #include "file_text.h"
 #include "generate/engine.h"
 #include "generate/remote_engine.h"
+#include "train/moe_aux.h"
 #include "train/online_internal.h"
 
 static double now(void) {
@@ -332,6 +333,11 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
     if (valued) st = online_value_batch(o, c0, n, &f, w, &tb);
     double l = 0;
     if (st == CTRL_OK) st = o->ops->loss(o->trainer, &tb, &l, d);
+    double aux =
+        0; /* TRL's load-balancing loss over the batch's tokens (train/moe_aux.h; flat, no padding) */
+    if (st == CTRL_OK)
+        st = train_moe_aux_add(o->model, train_moe_aux_coef(ctrl_config_settings(o->cfg), o->model), NULL, ga,
+                               1, &l, &aux, online_report, o);
     if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d);
     if (valued) {
         const ctrl_status vs = online_value_backward(o, &tb, st == CTRL_OK);

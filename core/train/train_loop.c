@@ -27,6 +27,7 @@
 #include "train/metrics_plot.h"
 #include "train/health.h"
 #include "train/kind.h"
+#include "train/moe_aux.h"
 #include "train/train_lora.h"
 #include "train/train.h"
 #include "train/zero.h"
@@ -172,15 +173,10 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         st = spec.needs_score ? ctrl_model_load_classifier(weights_dir ? weights_dir : s->model.path,
                                                            attention, 1, s->run.seed, &r->model)
                               : train_model_load(s, attention, weights_dir, &r->model);
-    if (st == CTRL_OK && r->kind_ops != &train_kind_token && ctrl_model_cfg(r->model)->n_experts > 0 &&
-        ctrl_model_cfg(r->model)->router_aux_loss_coef > 0)
-        /* TRL adds it by default (router_aux_loss_coef from the model's config); SFT here does too */
-        st = ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s/config.json: router_aux_loss_coef = %g: the mixture-of-experts load-balancing "
-            "loss TRL adds is implemented for SFT only so far; set it to 0 there to train %s "
-            "without it (as TRL's router_aux_loss_coef = 0.0)",
-            s->model.path, (double)ctrl_model_cfg(r->model)->router_aux_loss_coef, s->run.trainer);
+    /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
+    if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
+    if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
+        st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {
@@ -347,8 +343,10 @@ static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl
 static ctrl_status evaluate(run_state *r, int has_eval, long step) {
     const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
     ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;
-    if (st == CTRL_OK && has_eval) st = r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics));
-    if (st == CTRL_OK && has_eval) st = train_metrics_commit(&r->metrics); /* the root's lines to every sink */
+    if (st == CTRL_OK && has_eval)
+        st = r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics));
+    if (st == CTRL_OK && has_eval)
+        st = train_metrics_commit(&r->metrics); /* the root's lines to every sink */
     if (any) train_zero_release_all(&r->zero);
     return st;
 }
@@ -457,7 +455,8 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         const double elapsed = now() - t_start, rate = (ts->num_tokens - start_tokens) / elapsed;
         if (r->root)
             progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
-        if (r->root && (ts->step % log_every == 0 || ts->step == total)) st = log_window(r, ts, total, lr, rate);
+        if (r->root && (ts->step % log_every == 0 || ts->step == total))
+            st = log_window(r, ts, total, lr, rate);
         if (st == CTRL_OK && r->zero.stage >= 3 && ts->step == start_step + 1) st = report_resident(r);
         if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
             st = evaluate(r, has_eval, ts->step);

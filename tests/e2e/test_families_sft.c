@@ -4,7 +4,8 @@
  * renormalised; without and with the load-balancing loss), each trained 20 optimizer steps on the arithmetic
  * rows of tests/fixtures/trl_sft in padded batches of 4 by TRL's SFTTrainer and by ctrl from the same
  * weights and hyper-parameters: per step, loss, grad_norm and entropy within 1e-4 relative for steps
- * 1-5 and 1e-3 through step 20, the learning rate, token accuracy and token count as TRL logs them. */
+ * 1-5 and 1e-3 through step 20 (and TRL's aux_loss metric where it logs one), the learning rate, token
+ * accuracy and token count as TRL logs them. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -51,6 +52,11 @@ static void check_curve(const char *name) {
                 CHECK_MSG(e <= tol, "step %d: %s %.7g vs TRL %.7g", step, keys[k], num(a, keys[k]),
                           num(b, keys[k]));
             }
+            if (cJSON_GetObjectItem(b, "aux_loss")) /* TRL's aux_loss metric: the micro-batches' mean */
+                CHECK_MSG(cJSON_GetObjectItem(a, "aux_loss") &&
+                              rel(num(a, "aux_loss"), num(b, "aux_loss")) <= tol,
+                          "step %d: aux_loss %.7g vs TRL %.7g", step,
+                          cJSON_GetObjectItem(a, "aux_loss") ? num(a, "aux_loss") : NAN, num(b, "aux_loss"));
             CHECK_NEAR(num(a, "learning_rate"), num(b, "learning_rate"), 1e-9);
             CHECK_NEAR(num(a, "mean_token_accuracy"), num(b, "mean_token_accuracy"), 1e-6);
             CHECK_EQ_INT((long)num(a, "num_tokens"), (long)num(b, "num_tokens"));

@@ -241,7 +241,7 @@ def make_sft_curve(name):
         shutil.copy(os.path.join(TOK, f), os.path.join(d, "model", f))
     model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), attn_implementation="eager")
     rows = [json.loads(l) for l in open(os.path.join(FIX, "trl_sft", "prompt_completion.jsonl"))]
-    rec = Record()
+    rec = Record(("loss", "grad_norm", "learning_rate", "entropy", "mean_token_accuracy", "num_tokens", "aux_loss"))
     with tempfile.TemporaryDirectory() as tmp:
         args = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, max_steps=STEPS, logging_steps=1,
                          save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, bf16=False,
@@ -264,6 +264,69 @@ def make_sft_curve(name):
     print(name, " ".join("%.5f" % r["loss"] for r in rec.rows[:6]), "...")
 
 
+# -- TRL's preference trainers on a tiny Qwen3-MoE with the load-balancing loss (tests/e2e/test_families_sft.c) --
+# case: (trainer, data, TRL overrides, ctrl [train] lines, ctrl [TRAINER] lines, eval data)
+PREF_CASES = {
+    # DPO with the config's coefficient (0.01), 2 x 2 accumulated, TRL's evaluate() after the steps
+    "qwen3_moe_dpo_aux": ("dpo", "trl_dpo/pairs.jsonl", dict(per_device_train_batch_size=2,
+                                                             gradient_accumulation_steps=2,
+                                                             per_device_eval_batch_size=8),
+                          {"per_device_train_batch_size": "2", "gradient_accumulation_steps": "2",
+                           "per_device_eval_batch_size": "8"}, {}, "trl_dpo/eval_pairs.jsonl"),
+    # KTO (KL sequences out of the aux's mask) with the coefficient overridden to 0.05 in [train]
+    "qwen3_moe_kto_aux": ("kto", "trl_kto/rows.jsonl", dict(per_device_train_batch_size=4, router_aux_loss_coef=0.05),
+                          {"router_aux_loss_coef": "0.05"}, {}, None),
+}
+PREF_STEPS = 10
+
+
+def make_pref_curve(name):
+    """TRL's DPOTrainer / KTOTrainer for PREF_STEPS steps on qwen3_moe_sft_aux's model (router_aux_loss_coef
+    0.01 in its config) over the committed arithmetic preference rows: <name>/{case.ini, case.trl.jsonl} and,
+    with an eval set, case.trl_eval.json. @DIR@: this folder, @FIX@: tests/fixtures, @OUT@: the output."""
+    import tempfile
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
+    from fixture_io import write_curve_ini
+    from make_trl_dpo_curves import COMMON
+    from make_trl_sft_curves import Record, sequential
+
+    trainer_name, data, overrides, train_opts, trainer_opts, eval_data = PREF_CASES[name]
+    Config, Trainer = (DPOConfig, DPOTrainer) if trainer_name == "dpo" else (KTOConfig, KTOTrainer)
+    fix = os.path.join(OUT, "..")
+    mdir = os.path.join(OUT, "qwen3_moe_sft_aux", "model")
+    tok = AutoTokenizer.from_pretrained(mdir)
+    rows = [json.loads(l) for l in open(os.path.join(fix, data))]
+    evals = [json.loads(l) for l in open(os.path.join(fix, eval_data))] if eval_data else None
+    keys = ("loss", "grad_norm", "learning_rate", "aux_loss", "num_tokens", "rewards/chosen", "rewards/rejected",
+            "rewards/margins", "logps/chosen", "logps/rejected", "kl")
+    rec = Record(keys)
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = AutoModelForCausalLM.from_pretrained(mdir, attn_implementation="eager")
+        ref = AutoModelForCausalLM.from_pretrained(mdir, attn_implementation="eager")
+        args = Config(output_dir=tmp, report_to=[], use_cpu=True, max_steps=PREF_STEPS, logging_steps=1,
+                      save_strategy="no", optim="adamw_torch", dataloader_drop_last=False, bf16=False,
+                      gradient_checkpointing=False, **dict(COMMON, **overrides))
+        trainer = sequential(Trainer)(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                                      eval_dataset=Dataset.from_list(evals) if evals else None,
+                                      processing_class=tok, callbacks=[rec])
+        trainer.train()
+        if evals:
+            with open(os.path.join(d, "case.trl_eval.json"), "w") as f:
+                json.dump({k: v for k, v in trainer.evaluate().items() if k.startswith("eval_")}, f)
+    with open(os.path.join(d, "case.trl.jsonl"), "w") as f:
+        for r in rec.rows:
+            f.write(json.dumps(r) + "\n")
+    write_curve_ini(os.path.join(d, "case.ini"), trainer_name, COMMON, PREF_STEPS, "@FIX@/families/qwen3_moe_sft_aux/model",
+                    "@FIX@/" + data, train_opts, trainer_opts, "@FIX@/" + eval_data if eval_data else None)
+    print(name, " ".join("%.5f/%.5f" % (r["loss"], r.get("aux_loss", float("nan"))) for r in rec.rows[:4]), "...")
+
+
 def main():
     names = sys.argv[1:]  # some of FAMILIES (or gemma2_sft); all without
     for i, (name, (Cfg, kw)) in enumerate(FAMILIES.items()):
@@ -272,6 +335,9 @@ def main():
     for name in ("gemma2_sft", "qwen3_moe_sft", "qwen3_moe_sft_aux"):
         if not names or name in names:
             make_sft_curve(name)
+    for name in PREF_CASES:
+        if not names or name in names:
+            make_pref_curve(name)
 
 
 if __name__ == "__main__":
