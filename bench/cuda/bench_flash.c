@@ -1,8 +1,12 @@
-/* The flash plugin's CUDA path: forward and forward+backward TFLOP/s, causal, bf16, one sequence
- * of 1k / 4k / 16k tokens, 16 query heads (GQA 4:1 and MHA), head_dim 64 and 128, median of 5
- * after 2 warm-up runs. FLOPs as FlashAttention counts them: causal forward 2 * 2 * T^2/2 * H * D,
- * backward 2.5 x forward. Compare with bench/cuda/torch_flash.py (SDPA, flash backend). */
+/* The flash plugin's CUDA paths: forward and forward+backward TFLOP/s, causal, bf16, one sequence
+ * of 1k / 4k / 16k tokens, 16 query heads (GQA 4:1), head_dim 64 and 128, median of 5 after 2
+ * warm-up runs, for each path named on the command line (default: mma and gemm; each is forced
+ * through CTRL_FLASH_PATH: mma = the fused tensor-core kernels, gemm = cuBLASLt products with row
+ * kernels, tiled = the SIMT kernels). FLOPs as FlashAttention counts them: causal forward
+ * 2 * 2 * T^2/2 * H * D, backward 2.5 x forward. Compare with bench/cuda/torch_flash.py (SDPA).
+ * usage: bench_cuda_flash [PLUGIN_DIR [PATH...]] */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <ctrl/attention.h>
@@ -35,63 +39,70 @@ int main(int argc, char **argv) {
     BENCH_CHECK(ctrl_registry_create(&reg));
     BENCH_CHECK(ctrl_registry_load_file(reg, so));
     const ctrl_attention_ops *ops = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops;
-    printf("flash (ctrl, CUDA, bf16, causal): TFLOP/s\n%-8s %-5s %-6s %10s %12s\n", "seq", "D", "heads",
-           "forward", "fwd+bwd");
+    static const char *default_paths[] = {"mma", "gemm"};
+    const char *const *paths = argc > 2 ? (const char *const *)argv + 2 : default_paths;
+    const int n_paths = argc > 2 ? argc - 2 : 2;
+    printf("flash (ctrl, CUDA, bf16, causal): TFLOP/s\n%-6s %-8s %-5s %-6s %10s %12s\n", "path", "seq", "D",
+           "heads", "forward", "fwd+bwd");
     static const int seqs[] = {1024, 4096, 16384}, dims[] = {64, 128};
-    for (int si = 0; si < 3; si++)
-        for (int di = 0; di < 2; di++) {
-            const int T = seqs[si], D = dims[di], H = 16, HK = 4;
-            const size_t nq = (size_t)T * H * D, nk = (size_t)T * HK * D;
-            int32_t cu[2] = {0, T}, *dcu;
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&dcu, sizeof cu));
-            BENCH_CHECK(ctrl_cuda_memcpy_h2d(dcu, cu, sizeof cu));
-            float *fq = bench_dev_random(nq, 2), *fk = bench_dev_random(nk, 2), *fv = bench_dev_random(nk, 2);
-            float *fdo = bench_dev_random(nq, 2);
-            uint16_t *q, *k, *v, *dout, *out, *dq, *dk, *dv;
-            float *lse;
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&q, nq * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&k, nk * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&v, nk * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&dout, nq * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&out, nq * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&dq, nq * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&dk, nk * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&dv, nk * 2));
-            BENCH_CHECK(ctrl_cuda_malloc((void **)&lse, (size_t)H * T * 4));
-            ctrl_cuda_f32_to_bf16(q, fq, (int64_t)nq), ctrl_cuda_f32_to_bf16(k, fk, (int64_t)nk);
-            ctrl_cuda_f32_to_bf16(v, fv, (int64_t)nk), ctrl_cuda_f32_to_bf16(dout, fdo, (int64_t)nq);
-            ctrl_attention_args a = {.size = sizeof a,
-                                     .device = {CTRL_DEVICE_CUDA, 0},
-                                     .dtype = CTRL_BF16,
-                                     .n_seqs = 1,
-                                     .cu_seqlens = dcu,
-                                     .cu_seqlens_host = cu,
-                                     .total_tokens = T,
-                                     .n_head = H,
-                                     .n_kv_head = HK,
-                                     .head_dim = D,
-                                     .scale = 1.0f / sqrtf((float)D),
-                                     .causal = 1,
-                                     .q = q,
-                                     .k = k,
-                                     .v = v,
-                                     .out = out,
-                                     .lse = lse,
-                                     .dout = dout,
-                                     .dq = dq,
-                                     .dk = dk,
-                                     .dv = dv,
-                                     .deterministic = 1};
-            const double flops = 2.0 * 2.0 * (double)T * T / 2 * H * D;
-            const double tf = time_it(ops, &a, 0), tb = time_it(ops, &a, 1);
-            printf("%-8d %-5d %d/%-4d %10.1f %12.1f\n", T, D, H, HK, flops / tf * 1e-12,
-                   3.5 * flops / tb * 1e-12);
-            ctrl_cuda_free(fq), ctrl_cuda_free(fk), ctrl_cuda_free(fv), ctrl_cuda_free(fdo),
-                ctrl_cuda_free(dcu);
-            ctrl_cuda_free(q), ctrl_cuda_free(k), ctrl_cuda_free(v), ctrl_cuda_free(dout),
-                ctrl_cuda_free(out);
-            ctrl_cuda_free(dq), ctrl_cuda_free(dk), ctrl_cuda_free(dv), ctrl_cuda_free(lse);
-        }
+    for (int pi = 0; pi < n_paths; pi++)
+        for (int si = 0; si < 3; si++)
+            for (int di = 0; di < 2; di++) {
+                const int T = seqs[si], D = dims[di], H = 16, HK = 4;
+                const size_t nq = (size_t)T * H * D, nk = (size_t)T * HK * D;
+                int32_t cu[2] = {0, T}, *dcu;
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&dcu, sizeof cu));
+                BENCH_CHECK(ctrl_cuda_memcpy_h2d(dcu, cu, sizeof cu));
+                float *fq = bench_dev_random(nq, 2), *fk = bench_dev_random(nk, 2),
+                      *fv = bench_dev_random(nk, 2);
+                float *fdo = bench_dev_random(nq, 2);
+                uint16_t *q, *k, *v, *dout, *out, *dq, *dk, *dv;
+                float *lse;
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&q, nq * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&k, nk * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&v, nk * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&dout, nq * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&out, nq * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&dq, nq * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&dk, nk * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&dv, nk * 2));
+                BENCH_CHECK(ctrl_cuda_malloc((void **)&lse, (size_t)H * T * 4));
+                ctrl_cuda_f32_to_bf16(q, fq, (int64_t)nq), ctrl_cuda_f32_to_bf16(k, fk, (int64_t)nk);
+                ctrl_cuda_f32_to_bf16(v, fv, (int64_t)nk), ctrl_cuda_f32_to_bf16(dout, fdo, (int64_t)nq);
+                ctrl_attention_args a = {.size = sizeof a,
+                                         .device = {CTRL_DEVICE_CUDA, 0},
+                                         .dtype = CTRL_BF16,
+                                         .n_seqs = 1,
+                                         .cu_seqlens = dcu,
+                                         .cu_seqlens_host = cu,
+                                         .total_tokens = T,
+                                         .n_head = H,
+                                         .n_kv_head = HK,
+                                         .head_dim = D,
+                                         .scale = 1.0f / sqrtf((float)D),
+                                         .causal = 1,
+                                         .q = q,
+                                         .k = k,
+                                         .v = v,
+                                         .out = out,
+                                         .lse = lse,
+                                         .dout = dout,
+                                         .dq = dq,
+                                         .dk = dk,
+                                         .dv = dv,
+                                         .deterministic = 1};
+                const double flops = 2.0 * 2.0 * (double)T * T / 2 * H * D;
+                setenv("CTRL_FLASH_PATH", paths[pi], 1);
+                const double tf = time_it(ops, &a, 0), tb = time_it(ops, &a, 1);
+                printf("%-6s %-8d %-5d %d/%-4d %10.1f %12.1f\n", paths[pi], T, D, H, HK, flops / tf * 1e-12,
+                       3.5 * flops / tb * 1e-12);
+                fflush(stdout);
+                ctrl_cuda_free(fq), ctrl_cuda_free(fk), ctrl_cuda_free(fv), ctrl_cuda_free(fdo),
+                    ctrl_cuda_free(dcu);
+                ctrl_cuda_free(q), ctrl_cuda_free(k), ctrl_cuda_free(v), ctrl_cuda_free(dout),
+                    ctrl_cuda_free(out);
+                ctrl_cuda_free(dq), ctrl_cuda_free(dk), ctrl_cuda_free(dv), ctrl_cuda_free(lse);
+            }
     ctrl_registry_destroy(reg);
     return 0;
 }

@@ -1,5 +1,6 @@
-/* The flash plugin's CUDA path against its CPU path (fp32) on fresh random inputs over a grid of
- * shapes: sequence lengths from 1 to 1000 (non-multiples of every tile), several sequences per
+/* The flash plugin's CUDA paths (the fused tensor-core kernels, the GEMM path, the tiled SIMT
+ * kernels, each forced by CTRL_FLASH_PATH) against its CPU path (fp32) on fresh random inputs over
+ * a grid of shapes: sequence lengths from 1 to 1000 (non-multiples of every tile), several sequences per
  * batch, GQA ratios 1, 4 and 8, head_dim 16, 64 and 128, causal with and without a sliding window.
  * fp32 <= 1e-5 relative; bf16 (inputs rounded to bf16, the CPU reference run on the same rounded
  * values) <= 1e-2; outputs, lse and gradients poisoned with NaN before each run. Forward and the
@@ -172,20 +173,80 @@ TEST(flash_cuda_matches_cpu) {
         {2, {129, 64}, 8, 8, 16, 0},    {1, {1000}, 8, 1, 128, 0},
         {2, {250, 90}, 4, 1, 64, 37},   {4, {33, 2, 511, 5}, 16, 2, 64, 0},
     };
-    const int n = getenv("CTRL_TEST_SMALL") ? 3 : (int)(sizeof shapes / sizeof shapes[0]);
-    /* both CUDA paths: the GEMM one (the default when the core lends a GEMM), then the tiled one */
-    for (int tiled = 0; tiled < 2; tiled++) {
-        if (tiled) setenv("CTRL_FLASH_TILED", "1", 1);
-        for (int i = 0; i < n; i++) {
-            run(e->plugin->ops, &shapes[i], CTRL_F32, 0);
+    const int small = getenv("CTRL_TEST_SMALL") != NULL, n_all = (int)(sizeof shapes / sizeof shapes[0]);
+    /* every CUDA path, forced by CTRL_FLASH_PATH: the fused tensor-core kernels (bf16 products at
+     * head_dim 64 and 128: the default there), the GEMM path (the default elsewhere when the core
+     * lends a GEMM), the tiled SIMT kernels */
+    static const char *paths[] = {"mma", "gemm", "tiled"};
+    for (int pi = 0; pi < 3; pi++) {
+        const int mma = pi == 0;
+        setenv("CTRL_FLASH_PATH", paths[pi], 1);
+        int ran = 0;
+        for (int i = 0; i < n_all; i++) {
+            /* small (the emulator): the first three shapes, and for mma also the windowed GQA one */
+            if (small && i >= 3 && !(mma && shapes[i].window > 0)) continue;
+            if (mma && shapes[i].D != 64 && shapes[i].D != 128) continue;
+            if (!mma) run(e->plugin->ops, &shapes[i], CTRL_F32, 0);
             run(e->plugin->ops, &shapes[i], CTRL_F32, 1);
             run(e->plugin->ops, &shapes[i], CTRL_BF16, 0);
+            ran++;
         }
-        printf("  %s path: %d shapes x {fp32, fp32 with bf16 products, bf16}: out, lse, dq, dk, dv against "
-               "the CPU path\n",
-               tiled ? "tiled" : "GEMM", n);
+        printf(
+            "  %s path: %d shapes x {%sfp32 with bf16 products, bf16}: out, lse, dq, dk, dv against the CPU "
+            "path\n",
+            paths[pi], ran, mma ? "" : "fp32, ");
     }
-    unsetenv("CTRL_FLASH_TILED");
+    unsetenv("CTRL_FLASH_PATH");
+    ctrl_registry_destroy(reg);
+}
+
+/* CTRL_FLASH_PATH=mma where the tensor-core kernels cannot run (fp32 products, head_dim 16) is
+ * refused with an error naming the variable and the reason, not silently run another way; an
+ * unknown value is refused too. */
+TEST(flash_cuda_path_switch_refuses) {
+    if (ctrl_cuda_device_count() <= 0) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    ctrl_device dev;
+    const ctrl_cuda_backend *backend;
+    CHECK_EQ_INT(ctrl_device_select("cuda", &dev, &backend), CTRL_OK);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    CHECK(e != NULL);
+    if (!e) return;
+    const ctrl_attention_ops *ops = e->plugin->ops;
+    int32_t cu[2] = {0, 4}, *dcu = NULL;
+    ctrl_cuda_malloc((void **)&dcu, sizeof cu);
+    ctrl_cuda_memcpy_h2d(dcu, cu, sizeof cu);
+    void *buf = poisoned(4 * 2 * 64 * 4);
+    float *lse = poisoned(2 * 4 * 4);
+    ctrl_attention_args a = {.size = sizeof a,
+                             .device = {CTRL_DEVICE_CUDA, 0},
+                             .dtype = CTRL_F32,
+                             .n_seqs = 1,
+                             .cu_seqlens = dcu,
+                             .cu_seqlens_host = cu,
+                             .total_tokens = 4,
+                             .n_head = 2,
+                             .n_kv_head = 2,
+                             .head_dim = 64,
+                             .scale = 0.125f,
+                             .causal = 1,
+                             .q = buf,
+                             .k = buf,
+                             .v = buf,
+                             .out = buf,
+                             .lse = lse};
+    setenv("CTRL_FLASH_PATH", "mma", 1);
+    CHECK_EQ_INT(ops->forward(&a, NULL), CTRL_ERR_UNSUPPORTED);
+    CHECK(strstr(ctrl_error_message(), "CTRL_FLASH_PATH=mma") != NULL);
+    CHECK(strstr(ctrl_error_message(), "bf16") != NULL);
+    a.dtype = CTRL_BF16, a.head_dim = 16;
+    CHECK_EQ_INT(ops->forward(&a, NULL), CTRL_ERR_UNSUPPORTED);
+    CHECK(strstr(ctrl_error_message(), "head_dim") != NULL);
+    setenv("CTRL_FLASH_PATH", "fastest", 1);
+    CHECK_EQ_INT(ops->forward(&a, NULL), CTRL_ERR_CONFIG);
+    CHECK(strstr(ctrl_error_message(), "CTRL_FLASH_PATH=fastest") != NULL);
+    unsetenv("CTRL_FLASH_PATH");
+    ctrl_cuda_free(dcu), ctrl_cuda_free(buf), ctrl_cuda_free(lse);
     ctrl_registry_destroy(reg);
 }
 

@@ -1,6 +1,7 @@
 // Kernels for the emulator's own test (test_cuda_emu.c): correct ones, and deliberately broken
 // ones that the emulator must expose. Host wrappers take host pointers and return a cudaError_t.
 #include <cuda_runtime.h>
+#include <ctrl_emu_ptx.h>
 
 namespace {
 
@@ -50,6 +51,48 @@ __global__ void divergent_barrier(int *out) {
     else
         __syncwarp();
     out[threadIdx.x] = 1;
+}
+
+// One mma.sync m16n8k16 (bf16 in, fp32 accumulate) of D = A (16x16) B (16x8) + C, every lane
+// building its fragments from global memory by the PTX ISA's layout, written out here on its own
+// (not through the emulator's): groupID g = lane / 4, t = lane % 4. With `swap` the lanes put A's
+// rows g+8 where its columns 2t+8 belong (a[1] and a[2] exchanged): the layout bug to catch.
+// With `half`, only lanes 0..15 execute it (the emulator must report the partial warp).
+__global__ void mma_tile(const uint16_t *A, const uint16_t *B, const float *C, float *D, int swap, int half) {
+    const int l = threadIdx.x, g = l / 4, t = l % 4;
+    if (half && l >= 16) return;
+    auto pair = [](const uint16_t *p, int i, int j) { return (uint32_t)p[i] | (uint32_t)p[j] << 16; };
+    uint32_t a[4] = {pair(A, g * 16 + 2 * t, g * 16 + 2 * t + 1),
+                     pair(A, (g + 8) * 16 + 2 * t, (g + 8) * 16 + 2 * t + 1),
+                     pair(A, g * 16 + 2 * t + 8, g * 16 + 2 * t + 9),
+                     pair(A, (g + 8) * 16 + 2 * t + 8, (g + 8) * 16 + 2 * t + 9)};
+    if (swap) {
+        const uint32_t x = a[1];
+        a[1] = a[2], a[2] = x;
+    }
+    const uint32_t b[2] = {pair(B, 2 * t * 8 + g, (2 * t + 1) * 8 + g),
+                           pair(B, (2 * t + 8) * 8 + g, (2 * t + 9) * 8 + g)};
+    const float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
+                        C[(g + 8) * 8 + 2 * t + 1]};
+    float d[4];
+    ptx_mma_m16n8k16_bf16(d, a, b, c);
+    D[g * 8 + 2 * t] = d[0], D[g * 8 + 2 * t + 1] = d[1], D[(g + 8) * 8 + 2 * t] = d[2],
+                  D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// ldmatrix.x4 and .x4.trans of a 16x16 tile of 16-bit values staged in shared memory, with the row
+// addresses a kernel uses for an A fragment (plain) and for B fragments of a [k][n] tile (trans);
+// each lane writes its 4 + 4 registers. `misalign` offsets every address by one element.
+__global__ void ldmatrix_tile(const uint16_t *M, uint32_t *out, int misalign) {
+    __shared__ uint4 sh[16 * 16 / 8 + 1]; // 16-byte aligned rows
+    uint16_t *sm = reinterpret_cast<uint16_t *>(sh);
+    const int l = threadIdx.x;
+    for (int i = l; i < 256; i += 32) sm[i] = M[i];
+    __syncthreads();
+    uint32_t r[4], rt[4];
+    ptx_ldmatrix_x4(r, sm + (l % 16) * 16 + 8 * (l / 16) + misalign);
+    ptx_ldmatrix_x4_trans(rt, sm + (l % 8 + 8 * (l / 8 % 2)) * 16 + 8 * (l / 16) + misalign);
+    for (int i = 0; i < 4; i++) out[l * 8 + i] = r[i], out[l * 8 + 4 + i] = rt[i];
 }
 
 template <class T> T *upload(const T *h, size_t n) {
@@ -116,5 +159,26 @@ extern "C" int emu_divergent_barrier(void) {
     divergent_barrier<<<1, 32>>>(d);
     int err = cudaGetLastError();
     cudaFree(d);
+    return err;
+}
+
+extern "C" int emu_mma_tile(const uint16_t *A, const uint16_t *B, const float *C, float *D, int swap,
+                            int half) {
+    uint16_t *da = upload(A, 256), *db = upload(B, 128);
+    float *dc = upload(C, 128), *dd = upload<float>(nullptr, 128);
+    mma_tile<<<1, 32>>>(da, db, dc, dd, swap, half);
+    int err = cudaGetLastError();
+    download(D, dd, 128);
+    cudaFree(da), cudaFree(db), cudaFree(dc);
+    return err;
+}
+
+extern "C" int emu_ldmatrix_tile(const uint16_t *M, uint32_t *out, int misalign) {
+    uint16_t *dm = upload(M, 256);
+    uint32_t *dout = upload<uint32_t>(nullptr, 256);
+    ldmatrix_tile<<<1, 32>>>(dm, dout, misalign);
+    int err = cudaGetLastError();
+    download(out, dout, 256);
+    cudaFree(dm);
     return err;
 }

@@ -32,7 +32,7 @@ if(CTRL_HAVE_CUDA_EMU)
   # are the ordinary builds, copied beside them by the fixture cuda_emu_plugins.
   ctrl_emu_plugin(NAME eager DIR plugins/attention/eager SOURCES eager.c eager_cpu.c CUDA_SOURCES eager_cuda.cu
                   LIBS OpenMP::OpenMP_C m)
-  ctrl_emu_plugin(NAME flash DIR plugins/attention/flash SOURCES flash.c flash_cpu.c CUDA_SOURCES flash_cuda.cu flash_cuda_gemm.cu
+  ctrl_emu_plugin(NAME flash DIR plugins/attention/flash SOURCES flash.c flash_cpu.c CUDA_SOURCES flash_cuda.cu flash_cuda_gemm.cu flash_cuda_mma.cu
                   LIBS OpenMP::OpenMP_C ctrl_openblas m)
   ctrl_emu_plugin(NAME paged DIR plugins/attention/paged SOURCES paged.c paged_cpu.c CUDA_SOURCES paged_cuda.cu
                   LIBS OpenMP::OpenMP_C m)

@@ -36,7 +36,7 @@ function(ctrl_emu_target target)
   target_include_directories(${target} BEFORE PRIVATE ${CTRL_EMU_DIR}/include)
   target_compile_definitions(${target} PRIVATE CTRL_HAVE_CUDA=1 CTRL_CUDA_EMU=1)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall> $<$<COMPILE_LANGUAGE:CXX>:-Wextra>
-                                           $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+                                           $<$<COMPILE_LANGUAGE:CXX>:-Werror> $<$<COMPILE_LANGUAGE:CXX>:-Wno-unknown-pragmas>)
   set_target_properties(${target} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
 endfunction()
 

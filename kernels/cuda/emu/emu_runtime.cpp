@@ -70,6 +70,8 @@ struct Fiber {
     unsigned mask;
     int arg, width;
     uint64_t value, result;
+    void *data;                        // kApply: this lane's operands and results
+    void (*apply)(void *const *lanes); // kApply: computes every lane's results at once
 };
 
 constexpr size_t kStackBytes = 64 * 1024;
@@ -144,6 +146,27 @@ void resolve_warp(Block &b, int warp, std::vector<Fiber *> &runnable) {
             continue;
         }
         if (f.kind != first->kind || f.mask != first->mask) fail("lanes of a warp in different collectives");
+    }
+    if (first->kind == ctrl_emu::kApply) { // mma.sync, ldmatrix: the whole warp, one computation
+        void *data[32];
+        bool whole = n == 32;
+        for (int i = 0; i < n && whole; i++) {
+            whole = lanes[i].state == kAtWarpBarrier && lanes[i].kind == ctrl_emu::kApply &&
+                    lanes[i].apply == first->apply;
+            data[i] = lanes[i].data;
+        }
+        if (whole)
+            first->apply(data);
+        else
+            fail("a warp-wide matrix instruction (mma.sync / ldmatrix, .aligned) without all 32 lanes of the "
+                 "warp executing the same one");
+        for (int i = 0; i < n; i++)
+            if (lanes[i].state == kAtWarpBarrier) {
+                lanes[i].state = kRunnable;
+                runnable.push_back(&lanes[i]);
+            }
+        b.warp_waiting[warp] = 0;
+        return;
     }
     uint64_t ballot = 0;
     for (int i = 0; i < n; i++)
@@ -262,6 +285,16 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg
     yield_to_scheduler();
     return f->result;
 }
+
+void warp_apply(void *lane_data, void (*apply)(void *const *lanes)) {
+    Fiber *f = g_block->current;
+    f->state = kAtWarpBarrier;
+    f->kind = kApply, f->mask = 0xffffffffu, f->value = 0, f->arg = 0, f->width = 32;
+    f->data = lane_data, f->apply = apply;
+    yield_to_scheduler();
+}
+
+void emu_fail(const char *what) { fail(what); }
 
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx) {
     const uint64_t threads = (uint64_t)block.x * block.y * block.z;

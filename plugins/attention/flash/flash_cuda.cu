@@ -1,9 +1,10 @@
 // The flash plugin's CUDA path: FlashAttention-2's algorithm on variable-length flat batches,
-// fp32 or bf16 in and out, fp32 accumulation, never materialising T x T. When the core lends a
-// device GEMM, the GEMM path (flash_cuda_gemm.cu) runs instead; this is the tiled SIMT
-// baseline (one thread per query row in the forward and the dQ pass, one per key row in the
-// dK/dV pass; K/V and Q/dO tiles staged in shared memory); the tensor-core (mma.sync) and
-// Hopper (wgmma/TMA) paths are to be built and tuned on a GPU against it.
+// fp32 or bf16 in and out, fp32 accumulation, never materialising T x T. Three implementations,
+// chosen per call (flash_path below): the fused tensor-core kernels (flash_cuda_mma.cu: bf16, or
+// fp32 with bf16 products, head_dim 64/128), the GEMM path (flash_cuda_gemm.cu: cuBLASLt products
+// with row kernels between them, whenever the core lends a device GEMM), and this file's tiled
+// SIMT baseline (one thread per query row in the forward and the dQ pass, one per key row in the
+// dK/dV pass; K/V and Q/dO tiles staged in shared memory), which runs everything else.
 //
 // Grid: (query or key tiles of the longest sequence, heads, sequences); tiles past a sequence's
 // end exit. Forward saves the log-sum-exp of the scaled scores per (head, token). Backward is two
@@ -12,6 +13,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "../attention_cuda_common.cuh"
 
@@ -226,12 +229,62 @@ extern "C" int flash_cuda_supported(const ctrl_attention_args *a) {
            a->cu_seqlens != NULL && a->head_dim > 0 && a->head_dim <= kMaxD;
 }
 
+namespace {
+
+enum Path { kTiled, kGemm, kMma };
+
+// The path for these arguments: CTRL_FLASH_PATH = mma | gemm | tiled forces one (refused, naming
+// the variable, when it cannot run them), unset or auto picks mma where it can run, else gemm where
+// the core lends a GEMM, else tiled. CTRL_FLASH_TILED (set, any value) is the older switch for tiled.
+ctrl_status flash_path(const ctrl_attention_args *a, Path *path) {
+    const char *want = getenv("CTRL_FLASH_PATH");
+    if ((!want || !*want) && getenv("CTRL_FLASH_TILED")) want = "tiled";
+    const char *why_not_mma = flash_cuda_mma_unsupported(a);
+    const bool gemm = flash_cuda_gemm_available(a);
+    if (!want || !*want || !strcmp(want, "auto")) {
+        *path = !why_not_mma ? kMma : gemm ? kGemm : kTiled;
+        return CTRL_OK;
+    }
+    if (!strcmp(want, "tiled")) {
+        *path = kTiled;
+        return CTRL_OK;
+    }
+    if (!strcmp(want, "gemm")) {
+        if (!gemm)
+            return ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "attention flash (cuda): CTRL_FLASH_PATH=gemm but the core lends no device GEMM");
+        *path = kGemm;
+        return CTRL_OK;
+    }
+    if (!strcmp(want, "mma")) {
+        if (why_not_mma)
+            return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "attention flash (cuda): CTRL_FLASH_PATH=mma but %s",
+                                  why_not_mma);
+        *path = kMma;
+        return CTRL_OK;
+    }
+    return ctrl_error_set(CTRL_ERR_CONFIG,
+                          "attention flash (cuda): CTRL_FLASH_PATH=%s is not one of auto, mma, gemm, tiled",
+                          want);
+}
+
+} // namespace
+
 extern "C" ctrl_status flash_cuda_forward(const ctrl_attention_args *a) {
-    if (flash_cuda_gemm_available(a)) return flash_cuda_gemm_forward(a);
+    Path p;
+    ctrl_status st = flash_path(a, &p);
+    if (st != CTRL_OK) return st;
+    if (p == kMma) return flash_cuda_mma_forward(a);
+    if (p == kGemm) return flash_cuda_gemm_forward(a);
     return a->dtype == CTRL_BF16 ? forward<__nv_bfloat16>(a) : forward<float>(a);
 }
 
 extern "C" ctrl_status flash_cuda_backward(const ctrl_attention_args *a) {
-    if (flash_cuda_gemm_available(a)) return flash_cuda_gemm_backward(a);
+    Path p;
+    ctrl_status st = flash_path(a, &p);
+    if (st != CTRL_OK) return st;
+    if (p == kMma) return flash_cuda_mma_backward(a);
+    if (p == kGemm) return flash_cuda_gemm_backward(a);
     return a->dtype == CTRL_BF16 ? backward<__nv_bfloat16>(a) : backward<float>(a);
 }

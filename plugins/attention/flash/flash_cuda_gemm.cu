@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "../attention_cuda_common.cuh"
+#include "flash_cuda_rows.cuh"
 
 extern "C" {
 #include "flash_cuda.h"
@@ -25,13 +26,8 @@ namespace {
 constexpr size_t kMaxChunkElems = (size_t)1 << 25; // scores of one chunk: 128 MiB in fp32
 constexpr int kRowThreads = 256;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f32(float x);
-template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-    return __float2bfloat16(x);
-}
+using flash_rows::from_f32;
+using flash_rows::to_f32;
 
 // dst[b][a][i] = src[a][b][i] for a < A, b < B, i < inner (converting the element type).
 template <typename S, typename D>
@@ -114,19 +110,6 @@ __global__ void softmax_grad_rows_kernel(T *P, T *dS, const float *S, const floa
     }
 }
 
-// Di[h, t] = dO[t, h, :] . O[t, h, :] (fp32), one warp per (token, head), with dO as the products
-// read it (type P: rounded to bf16 for bf16 products), so that Di is the row's sum of P dP.
-template <typename IO, typename P>
-__global__ void dot_rows_kernel(float *Di, const IO *dO, const IO *O, int TH, int H, int D, int total) {
-    const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (w >= TH) return;
-    const size_t o = (size_t)w * D;
-    float v = 0.f;
-    for (int d = lane; d < D; d += 32) v += to_f32(from_f32<P>(to_f32(dO[o + d]))) * to_f32(O[o + d]);
-    for (int k = 16; k > 0; k >>= 1) v += __shfl_xor_sync(0xffffffffu, v, k);
-    if (lane == 0) Di[(size_t)(w % H) * total + w / H] = v;
-}
-
 ctrl_dtype dtype_of(float *) { return CTRL_F32; }
 ctrl_dtype dtype_of(__nv_bfloat16 *) { return CTRL_BF16; }
 
@@ -154,7 +137,6 @@ struct Scratch {
 
 // The core's GEMM (ctrl_device_kernels.gemm) or NULL (an older core: the tiled kernels run instead).
 const ctrl_device_kernels *gemm_kernels(const ctrl_attention_args *a) {
-    if (getenv("CTRL_FLASH_TILED")) return NULL; // the SIMT path, for tests and comparisons
     const ctrl_device_kernels *k =
         ctrl_api && ctrl_api->device_kernels ? ctrl_api->device_kernels(a->device) : NULL;
     if (!k || k->size < offsetof(ctrl_device_kernels, gemm) + sizeof k->gemm || !k->gemm) return NULL;
@@ -253,9 +235,9 @@ ctrl_status backward(const ctrl_attention_args *a, const ctrl_device_kernels *k)
     swap_outer(dOg, (const IO *)a->dout, Tt, HK, g * D);
     swap_outer(Kg, (const IO *)a->k, Tt, HK, D);
     swap_outer(Vg, (const IO *)a->v, Tt, HK, D);
-    const int warps = Tt * H, blocks = (warps * 32 + 255) / 256;
-    const IO *dO = (const IO *)a->dout, *O = (const IO *)a->out;
-    if (warps) dot_rows_kernel<IO, T><<<blocks, 256>>>(Di, dO, O, warps, H, D, Tt);
+    if (Tt > 0 && H > 0)
+        flash_rows::dot_rows_kernel<IO, T><<<flash_rows::dot_rows_grid(Tt, H), flash_rows::kDotRowsThreads>>>(
+            Di, (const IO *)a->dout, (const IO *)a->out, Tt * H, H, D, Tt);
     TRY(attention_launch_error("flash", "backward (layout)"));
     TRY(k->fill_zero(dKa, (size_t)Tt * HK * D * sizeof(float)));
     TRY(k->fill_zero(dVa, (size_t)Tt * HK * D * sizeof(float)));

@@ -25,6 +25,14 @@
 struct uint3 {
     unsigned x, y, z;
 };
+/* CUDA's 16-byte vector types (vector_types.h), for 128-bit loads and stores. */
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -37,13 +45,21 @@ static const int warpSize = 32;
 
 namespace ctrl_emu {
 
-enum Collective { kSyncWarp, kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll };
+enum Collective { kSyncWarp, kShflIdx, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kApply };
 
 /* Block-wide barrier; the calling fiber waits for every thread of the block still running. */
 void sync_block();
 /* One warp-wide exchange: every live lane of the warp contributes `value`; the result is computed
  * when the last one arrives (see emu_runtime.cpp for each kind's rule). */
 uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg, int width);
+
+/* A warp-wide instruction that needs every lane's operands at once (mma.sync, ldmatrix;
+ * ctrl_emu_ptx.h): each of the warp's 32 lanes passes a pointer to its own operands and results;
+ * when the last one arrives, apply(lanes) runs once with the 32 pointers in lane order and the
+ * lanes go on. All 32 lanes must execute the same instruction (.aligned), else the launch fails. */
+void warp_apply(void *lane_data, void (*apply)(void *const *lanes));
+/* Reports an error a GPU would fault on (the launch then fails, as cudaGetLastError says). */
+void emu_fail(const char *what);
 
 /* The launch's dynamic shared memory (`extern __shared__ T name[]`, rewritten at build time into a
  * pointer from here): one buffer per block, poisoned with NaN bytes before each block. */
