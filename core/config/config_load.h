@@ -85,7 +85,7 @@ typedef struct ctrl_run_settings {
         const char *init_lora_weights; /* true, false, gaussian */
         const char *adapter_path;      /* NULL when unset */
         unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down) */
-        int all_linear, save_embed_tokens, save_lm_head;
+        int all_linear, save_embed_tokens, save_lm_head, save_score; /* save_score: PEFT SEQ_CLS */
     } peft;
     struct {
         const char *path; /* NULL when unset */

@@ -197,8 +197,10 @@ static const ctrl_option peft_options[] = {
      "true: A Kaiming-uniform (a = sqrt(5)), B zero (PEFT's default); gaussian: A ~ N(0, 1/r), B zero; "
      "false: "
      "both Kaiming-uniform (the adapter changes the model from the first step; for tests)."},
-    {"modules_to_save", CTRL_OPT_LIST, "", 0, 0, 0, "embed_tokens|lm_head",
-     "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings)."},
+    {"modules_to_save", CTRL_OPT_LIST, "", 0, 0, 0, "embed_tokens|lm_head|score|classifier",
+     "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings). "
+     "score (or classifier): a sequence classifier's head, which the reward trainer trains with LoRA "
+     "anyway (PEFT's task_type SEQ_CLS adds it); refused with a trainer of a causal LM."},
     {"bias", CTRL_OPT_STRING, "none", 0, 0, 0, "none|all|lora_only",
      "Which biases train: none (the only one implemented; the others are refused)."},
     {"use_dora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,

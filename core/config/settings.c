@@ -171,6 +171,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         const char *t = ctrl_config_list_item(cfg, "peft", "modules_to_save", i, item, sizeof item);
         s->peft.save_embed_tokens |= t && !strcmp(t, "embed_tokens");
         s->peft.save_lm_head |= t && !strcmp(t, "lm_head");
+        s->peft.save_score |= t && (!strcmp(t, "score") || !strcmp(t, "classifier"));
     }
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");

@@ -67,12 +67,13 @@ ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, 
         c->save_embed_tokens = 1;
     else if (!strcmp(name, "lm_head"))
         c->save_lm_head = 1;
+    else if (!strcmp(name, "score") || !strcmp(name, "classifier")) /* PEFT's SEQ_CLS head names */
+        c->seq_cls = 1;
     else
-        return ctrl_error_set(
-            CTRL_ERR_CONFIG,
-            "%s: modules_to_save entry '%s': only embed_tokens and lm_head can be trained in "
-            "full beside the adapters",
-            where, name);
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: modules_to_save entry '%s': only embed_tokens, lm_head and a sequence "
+                              "classifier's score (or classifier) can be trained in full beside the adapters",
+                              where, name);
     return CTRL_OK;
 }
 

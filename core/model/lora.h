@@ -41,6 +41,11 @@ typedef struct ctrl_lora_config {
     int save_embed_tokens, save_lm_head; /* modules_to_save */
     int use_dora; /* DoRA (dora.c): a trainable magnitude per output row of every adapted layer */
     int nf4;      /* QLoRA (model_nf4.c): the base's linear weights held in NF4, dequantized per layer */
+    /* PEFT's task_type SEQ_CLS (a sequence classifier, a reward model): the score head is among the
+     * modules_to_save (PEFT adds "classifier" and "score" itself), trained in full and saved in the
+     * adapter as base_model.model.score.weight. Set by modules_to_save "score"/"classifier", by an
+     * adapter_config.json of task_type SEQ_CLS, and by every LoRA model with num_labels > 0. */
+    int seq_cls;
 } ctrl_lora_config;
 
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */
@@ -50,7 +55,8 @@ int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int target);
 /* Adds a target_modules entry; CTRL_ERR_CONFIG naming `where` when it names no linear layer of a
  * decoder (PEFT would refuse it too) or there are too many. */
 ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where);
-/* Adds a modules_to_save entry (embed_tokens or lm_head, by PEFT's suffix rule). */
+/* Adds a modules_to_save entry (embed_tokens or lm_head, by PEFT's suffix rule; score or classifier:
+ * a sequence classifier's head, seq_cls). */
 ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where);
 
 #endif

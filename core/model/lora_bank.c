@@ -98,6 +98,11 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
                             "others (as in PEFT's mixed batches); merge it (ctrl model merge) and serve the "
                             "merged model",
                             dir);
+    if (st == CTRL_OK && e->cfg.seq_cls)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "%s/adapter_config.json: \"task_type\": SEQ_CLS, a sequence classifier's "
+                            "adapter (a reward model): it scores, it does not generate",
+                            dir);
     if (st == CTRL_OK && (e->cfg.save_embed_tokens || e->cfg.save_lm_head))
         st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                             "%s/adapter_config.json: \"modules_to_save\": an adapter that replaces the "

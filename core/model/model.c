@@ -49,11 +49,6 @@ static ctrl_status layout(ctrl_model *m) {
               D = c->head_dim;
     size_t cur = 0;
     char n[96];
-    if (m->lora && c->num_labels > 0) /* PEFT's SEQ_CLS task trains the score too: not here yet */
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "model: LoRA on a sequence classifier (its score would stay frozen, where PEFT's "
-            "SEQ_CLS task trains it) is not supported yet");
     const int save_embed = m->lora && m->lora->save_embed_tokens,
               save_head = m->lora && m->lora->save_lm_head, nf4 = m->lora && m->lora->nf4;
     if (!save_embed)
@@ -147,11 +142,13 @@ static ctrl_status layout(ctrl_model *m) {
     }
     m->off_norm = model_add_view(m, &cur, "model.norm.weight", 1, C, 0, 1);
     m->off_score = m->off_lm_head = -1; /* a sequence classifier has the score, not the LM head */
-    if (c->num_labels > 0)
+    if (c->num_labels > 0 && !m->lora)
         m->off_score = model_add_view(m, &cur, "score.weight", 2, c->num_labels, C, 0);
-    else if (!c->tie_word_embeddings && !save_head)
+    else if (c->num_labels <= 0 && !c->tie_word_embeddings && !save_head)
         m->off_lm_head = model_add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
     if (m->lora) m->train_off = cur;
+    if (c->num_labels > 0 && m->lora) /* PEFT's SEQ_CLS: the score among the modules_to_save */
+        m->off_score = model_add_view(m, &cur, "score.weight", 2, c->num_labels, C, 0);
     if (save_embed)
         m->off_embed = model_add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
     if (c->num_labels <= 0 && c->tie_word_embeddings)
@@ -185,11 +182,16 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
                               "LoRA: adapters on %s's fused qkv_proj / gate_up_proj or experts are not "
                               "implemented yet",
                               cfg->model_type);
-    if (lora && cfg->num_labels > 0)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "LoRA: adapters on a sequence classifier (num_labels = %d) are not implemented yet",
-            cfg->num_labels);
+    if (lora && lora->seq_cls && cfg->num_labels <= 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "LoRA: modules_to_save score / task_type SEQ_CLS on %s, a causal LM: the "
+                              "score head is a sequence classifier's (trainer = reward)",
+                              cfg->model_type);
+    if (lora && lora->save_lm_head && cfg->num_labels > 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "LoRA: modules_to_save lm_head on a sequence classifier (num_labels = %d), "
+                              "which has a score head and no LM head",
+                              cfg->num_labels);
     if (lora && cfg->tie_word_embeddings && (lora->save_embed_tokens || lora->save_lm_head))
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
@@ -227,6 +229,7 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
         m->lora_a = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         m->lora_b = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         if (m->lora) *m->lora = *lora, m->lora_scale = ctrl_lora_scaling(lora);
+        if (m->lora && cfg->num_labels > 0) m->lora->seq_cls = 1; /* PEFT's SEQ_CLS: the score trains */
         if (lora->use_dora) {
             m->lora_mag = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
             m->dora_at = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);

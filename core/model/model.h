@@ -57,6 +57,10 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
                                    const struct ctrl_lora_config *lora, ctrl_model **out);
 ctrl_status ctrl_model_load_lora(const char *dir, const ctrl_attention_ops *attn,
                                  const struct ctrl_lora_config *lora, ctrl_model **out);
+/* ctrl_model_load_as with LoRA adapters (a classifier's trunk under adapters, its score trained). */
+ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cfg,
+                                    const ctrl_attention_ops *attn, const char *optional,
+                                    const struct ctrl_lora_config *lora, ctrl_model **out);
 /* The model's LoRA config (NULL without adapters). */
 const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 /* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
@@ -234,6 +238,12 @@ ctrl_status ctrl_model_moe_aux_loss(ctrl_model *m, const uint8_t *mask, float sc
  * std = initializer_range, from `seed`); num_labels must match a classifier's. */
 ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                        uint64_t seed, ctrl_model **out);
+/* The same under LoRA adapters (lora; NULL: none), PEFT's task_type SEQ_CLS: the base frozen, the
+ * score trained in full beside the adapters (a modules_to_save), its first value DIR's or the new
+ * one's. */
+ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                            uint64_t seed, const struct ctrl_lora_config *lora,
+                                            ctrl_model **out);
 /* The token of a sequence its score is read at: the last one that is not pad_token_id (the
  * rightmost non-pad token; 0 when all are pad), or the last one when the config has no pad token --
  * what transformers does on a padded row holding this sequence. */

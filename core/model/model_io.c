@@ -149,6 +149,12 @@ ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, co
     return load_into(dir, cfg, attn, optional, NULL, out);
 }
 
+ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cfg,
+                                    const ctrl_attention_ops *attn, const char *optional,
+                                    const ctrl_lora_config *lora, ctrl_model **out) {
+    return load_into(dir, cfg, attn, optional, lora, out);
+}
+
 /* A model of shape *cfg (with adapters: lora) and DIR's weights (ctrl_model_load_as). */
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                              const char *optional, const ctrl_lora_config *lora, ctrl_model **out) {

@@ -109,6 +109,11 @@ ctrl_status ctrl_model_score_backward_at(ctrl_model *m, int n, const int32_t *at
 
 ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                        uint64_t seed, ctrl_model **out) {
+    return ctrl_model_load_classifier_lora(dir, attn, num_labels, seed, NULL, out);
+}
+
+ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                            uint64_t seed, const ctrl_lora_config *lora, ctrl_model **out) {
     *out = NULL;
     ctrl_model_config cfg;
     MODEL_TRY(ctrl_model_config_load(dir, &cfg));
@@ -121,7 +126,7 @@ ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops
     const int fresh = cfg.num_labels == 0;
     cfg.num_labels = num_labels;
     ctrl_model *m;
-    MODEL_TRY(ctrl_model_load_as(dir, &cfg, attn, fresh ? "score.weight" : NULL, &m));
+    MODEL_TRY(ctrl_model_load_as_lora(dir, &cfg, attn, fresh ? "score.weight" : NULL, lora, &m));
     if (fresh)
         for (int i = 0; i < ctrl_model_view_count(m); i++)
             if (!strcmp(ctrl_model_view(m, i)->name, "score.weight"))

@@ -2,7 +2,8 @@
  * ways: adapter_config.json (peft_type LORA, r, lora_alpha, target_modules, ...) and
  * adapter_model.safetensors with PEFT's tensor names -- "base_model.model." + the module's name,
  * without the adapter's name: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight, and
- * the modules_to_save in full (base_model.model.lm_head.weight). */
+ * the modules_to_save in full (base_model.model.lm_head.weight; a sequence classifier's score, PEFT's
+ * task_type SEQ_CLS, as base_model.model.score.weight). */
 #ifndef CTRL_CORE_MODEL_PEFT_H
 #define CTRL_CORE_MODEL_PEFT_H
 
@@ -24,7 +25,8 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir);
 ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
 
 /* The base model BASE_DIR under the adapter of ADAPTER_DIR (its config and weights); attn may be
- * NULL for a model that is only merged or saved. */
+ * NULL for a model that is only merged or saved. A SEQ_CLS adapter makes a sequence classifier
+ * (BASE_DIR's num_labels, 1 for a causal LM's trunk) whose score is the adapter's. */
 ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
                            ctrl_model **out);
 /* Folds every adapter into its base weight, W += s B A (PEFT's merge_and_unload), and switches the

@@ -63,8 +63,10 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     if (v && !(cJSON_IsString(v) && !strcmp(v->valuestring, "none")))
         return bad(path, "bias", "only \"none\" is implemented");
     v = cJSON_GetObjectItemCaseSensitive(root, "task_type");
-    if (!trivial(v) && !(cJSON_IsString(v) && !strcmp(v->valuestring, "CAUSAL_LM")))
-        return bad(path, "task_type", "only CAUSAL_LM adapters are implemented");
+    if (!trivial(v) &&
+        !(cJSON_IsString(v) && (!strcmp(v->valuestring, "CAUSAL_LM") || !strcmp(v->valuestring, "SEQ_CLS"))))
+        return bad(path, "task_type", "only CAUSAL_LM and SEQ_CLS adapters are implemented");
+    c->seq_cls = cJSON_IsString(v) && !strcmp(v->valuestring, "SEQ_CLS");
     double r = 0, alpha = 0, dropout = 0; /* set by read_number; initialised for -O3 flow analysis */
     MODEL_TRY(read_number(root, path, "r", 1, &r));
     MODEL_TRY(read_number(root, path, "lora_alpha", 0, &alpha));

@@ -78,7 +78,7 @@ static char *config_json(const ctrl_model *m, const char *base) {
     const ctrl_lora_config *c = m->lora;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "peft_type", "LORA");
-    cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
+    cJSON_AddStringToObject(o, "task_type", c->seq_cls ? "SEQ_CLS" : "CAUSAL_LM");
     if (base && base[0])
         cJSON_AddStringToObject(o, "base_model_name_or_path", base);
     else
@@ -100,8 +100,12 @@ static char *config_json(const ctrl_model *m, const char *base) {
         for (int k = 0; k < LORA_N_TARGETS; k++)
             cJSON_AddItemToArray(t, cJSON_CreateString(strchr(ctrl_lora_target_names[k], '.') + 1));
     for (int k = 0; k < c->n_targets; k++) cJSON_AddItemToArray(t, cJSON_CreateString(c->targets[k]));
-    if (c->save_embed_tokens || c->save_lm_head) {
+    if (c->save_embed_tokens || c->save_lm_head || c->seq_cls) {
         cJSON *s = cJSON_AddArrayToObject(o, "modules_to_save");
+        if (c->seq_cls) { /* PEFT's SEQ_CLS adds both head names (a decoder's is score) */
+            cJSON_AddItemToArray(s, cJSON_CreateString("classifier"));
+            cJSON_AddItemToArray(s, cJSON_CreateString("score"));
+        }
         if (c->save_embed_tokens) cJSON_AddItemToArray(s, cJSON_CreateString("embed_tokens"));
         if (c->save_lm_head) cJSON_AddItemToArray(s, cJSON_CreateString("lm_head"));
     } else

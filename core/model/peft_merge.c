@@ -14,7 +14,13 @@ ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const 
     *out = NULL;
     MODEL_TRY(ctrl_peft_read_config(adapter_dir, &lc, NULL, 0));
     ctrl_model *m;
-    MODEL_TRY(ctrl_model_load_lora(base_dir, attn, &lc, &m));
+    if (lc.seq_cls) { /* a classifier's adapter (SEQ_CLS): the base's trunk, the adapter's score */
+        ctrl_model_config cfg;
+        MODEL_TRY(ctrl_model_config_load(base_dir, &cfg));
+        MODEL_TRY(ctrl_model_load_classifier_lora(base_dir, attn, cfg.num_labels > 0 ? cfg.num_labels : 1, 0,
+                                                  &lc, &m));
+    } else
+        MODEL_TRY(ctrl_model_load_lora(base_dir, attn, &lc, &m));
     ctrl_status st = ctrl_peft_load_weights(m, adapter_dir);
     if (st != CTRL_OK) {
         ctrl_model_free(m);

@@ -164,15 +164,13 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     ctrl_sequence_spec spec = {.size = sizeof spec};
     if (st == CTRL_OK && TRAINER_HAS(r->trainer_ops, sequence_spec))
         st = r->trainer_ops->sequence_spec(r->trainer, &spec);
-    if (st == CTRL_OK && spec.needs_score && s->peft.enabled)
-        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                            "[peft] enabled = true: LoRA on a reward model (a sequence "
-                            "classifier, trainer = %s) is not supported yet",
-                            s->run.trainer);
-    if (st == CTRL_OK)
-        st = spec.needs_score ? ctrl_model_load_classifier(weights_dir ? weights_dir : s->model.path,
-                                                           attention, 1, s->run.seed, &r->model)
-                              : train_model_load(s, attention, weights_dir, &r->model);
+    if (st == CTRL_OK && s->peft.enabled && s->peft.save_score && !spec.needs_score)
+        st = ctrl_error_set(CTRL_ERR_CONFIG,
+                            "%s: [peft] modules_to_save = score: trainer %s trains a causal LM, which has "
+                            "no score head (the reward trainer trains one, as PEFT's task_type SEQ_CLS)",
+                            ctrl_config_where(cfg, "peft", "modules_to_save"), s->run.trainer);
+    if (st == CTRL_OK) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
+        st = train_model_load(s, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
     /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))

@@ -16,6 +16,7 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     lc->r = s->peft.r, lc->lora_alpha = (float)s->peft.lora_alpha, lc->use_rslora = s->peft.use_rslora;
     lc->use_dora = s->peft.use_dora;
     lc->save_embed_tokens = s->peft.save_embed_tokens, lc->save_lm_head = s->peft.save_lm_head;
+    lc->seq_cls = s->peft.save_score;
     const char *init = s->peft.init_lora_weights;
     lc->init = !strcmp(init, "gaussian") ? CTRL_LORA_INIT_GAUSSIAN
                : !strcmp(init, "false")  ? CTRL_LORA_INIT_NONE
@@ -30,14 +31,27 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
 }
 
 ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
-                             ctrl_model **out) {
-    if (!s->peft.enabled) return ctrl_model_load(ckpt ? ckpt : s->model.path, attn, out);
+                             int num_labels, ctrl_model **out) {
+    if (!s->peft.enabled)
+        return num_labels > 0 ? ctrl_model_load_classifier(ckpt ? ckpt : s->model.path, attn, num_labels,
+                                                           s->run.seed, out)
+                              : ctrl_model_load(ckpt ? ckpt : s->model.path, attn, out);
     static ctrl_lora_config lc; /* large (the target list): not on the stack */
     const char *adapter = s->peft.adapter_path;
     ctrl_status st = adapter ? ctrl_peft_read_config(adapter, &lc, NULL, 0) : lora_from_settings(s, &lc);
     if (st != CTRL_OK) return st;
+    if (adapter && lc.seq_cls != (num_labels > 0))
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG, "[peft] adapter_path = %s: a %s adapter, and trainer %s trains %s", adapter,
+            lc.seq_cls ? "sequence classifier's (task_type SEQ_CLS)" : "causal LM's", s->run.trainer,
+            num_labels > 0 ? "a sequence classifier (SEQ_CLS)" : "a causal LM");
     lc.lora_dropout = (float)s->peft.lora_dropout, lc.seed = s->run.seed, lc.nf4 = s->peft.nf4;
-    if ((st = ctrl_model_load_lora(s->model.path, attn, &lc, out)) != CTRL_OK) return st;
+    /* a classifier (PEFT's SEQ_CLS): the trunk frozen under the adapters, the score trained in full,
+     * its first value the base's (a classifier) or a new one's (a causal LM's trunk) */
+    st = num_labels > 0
+             ? ctrl_model_load_classifier_lora(s->model.path, attn, num_labels, s->run.seed, &lc, out)
+             : ctrl_model_load_lora(s->model.path, attn, &lc, out);
+    if (st != CTRL_OK) return st;
     const char *from = ckpt ? ckpt : adapter;
     if (from && (st = ctrl_peft_load_weights(*out, from)) != CTRL_OK) {
         ctrl_model_free(*out);

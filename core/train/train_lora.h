@@ -9,9 +9,10 @@
 
 /* With [peft] enabled: the base ([model] path) frozen under LoRA adapters whose weights are
  * `ckpt`'s adapter when resuming, else [peft] adapter_path's, else initialised; without:
- * `ckpt`'s full weights, else [model] path's. */
+ * `ckpt`'s full weights, else [model] path's. num_labels > 0: a sequence classifier of that many
+ * labels (ctrl_model_load_classifier; with LoRA PEFT's SEQ_CLS, the score in the adapter). */
 ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
-                             ctrl_model **out);
+                             int num_labels, ctrl_model **out);
 /* What a run saves into DIR: with LoRA the adapter in PEFT's format (base_model_name_or_path =
  * `base`), else the full model (config.json, model.safetensors, generation_config.json). */
 ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base);

@@ -167,4 +167,25 @@ printf '[peft]\nenabled = true\nlora_dropout = 0\n' >>"$TMP/dpo.ini"
 "${C[@]}" train "$TMP/dpo.ini" --set train.max_steps=3 >"$TMP/log" 2>&1 || { bad "dpo lora run"; tail -5 "$TMP/log"; }
 [ "$(loss_at "$TMP/dpo" 1)" = 0.693147 ] && [ -s "$TMP/dpo/adapter_model.safetensors" ] && ok ||
   bad "dpo lora: step 1 loss $(loss_at "$TMP/dpo" 1)"
+
+# 7. The reward trainer with LoRA (PEFT's task_type SEQ_CLS) on the causal LM's trunk: a fresh score
+# trains beside the adapters and is saved in the adapter (base_model.model.score.weight), no model;
+# resumed from checkpoint-2 the curve and the adapter are the uninterrupted run's. An SFT run with
+# modules_to_save = score is refused by key.
+R=$SRC/tests/fixtures/trl_reward
+sed "s|@DIR@|$R|g; s|@MODEL@|$TMP/model|g; s|@OUT@|$TMP/rm|g; /^adapter_path/d; s/^save_strategy = no/save_steps = 2/" \
+  "$R/lora_margin.ini" >"$TMP/rm.ini"
+"${C[@]}" train "$TMP/rm.ini" --set train.max_steps=4 --set train.learning_rate=1e-2 --set peft.r=4 \
+  >"$TMP/log" 2>&1 || { bad "reward lora run"; tail -5 "$TMP/log"; }
+grep -q "\"task_type\":[[:space:]]*\"SEQ_CLS\"" "$TMP/rm/adapter_config.json" &&
+  grep -q "base_model.model.score.weight" "$TMP/rm/adapter_model.safetensors" && [ ! -e "$TMP/rm/model.safetensors" ] &&
+  [ -s "$TMP/rm/checkpoint-2/adapter_model.safetensors" ] && ok || bad "reward lora: adapter files"
+mkdir -p "$TMP/rm2" && cp -r "$TMP/rm/checkpoint-2" "$TMP/rm2/"
+grep '"step": [1-2],' "$TMP/rm/metrics.jsonl" >"$TMP/rm2/metrics.jsonl"
+"${C[@]}" train "$TMP/rm.ini" --set train.max_steps=4 --set train.learning_rate=1e-2 --set peft.r=4 \
+  --set run.output_dir="$TMP/rm2" --set train.resume_from_checkpoint=last >"$TMP/log" 2>&1 || { bad "reward lora resume"; tail -5 "$TMP/log"; }
+diff <(curve "$TMP/rm") <(curve "$TMP/rm2") >"$TMP/diff" && cmp -s "$TMP/rm/adapter_model.safetensors" \
+  "$TMP/rm2/adapter_model.safetensors" && ok || { bad "reward lora: resumed run differs"; cat "$TMP/diff"; }
+"${C[@]}" train "$TMP/sft.ini" --set peft.modules_to_save=score >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "modules_to_save = score: trainer sft" "$TMP/log" && ok || { bad "sft with modules_to_save = score not refused"; tail -3 "$TMP/log"; }
 finish

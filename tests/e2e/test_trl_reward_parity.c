@@ -5,7 +5,11 @@
  * path, the reward plugin, the loop, AdamW). Per step: loss and grad_norm within 1e-4 relative,
  * the learning rate, num_tokens, and TRL's min_reward, mean_reward, max_reward, accuracy and margin
  * within 1e-4 (relative, floored at 0.1). Cases: center_rewards_coefficient with batches of 4, and
- * gradient accumulation (2 x 2). */
+ * gradient accumulation (2 x 2); lora_margin: the first under a PEFT LoRA adapter of task_type SEQ_CLS
+ * (tests/reference/make_lora_reward_curve.py: all-linear, r 8, the score trained in full as a
+ * modules_to_save), started from PEFT's initial adapter; the adapter ctrl saves has PEFT's
+ * adapter_config.json (task_type SEQ_CLS, modules_to_save classifier + score) and exactly the tensors
+ * of the adapter PEFT saved after TRL's 20 steps, under the same names, equal within 1e-4. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +19,7 @@
 #include <unistd.h>
 
 #include "file_text.h"
+#include "model/safetensors.h"
 #include "test.h"
 #include "test_registry.h"
 #include "train/train.h"
@@ -40,6 +45,13 @@ static const char *model_dir(void) {
     return dir;
 }
 
+/* Where the runs write: CTRL_LORA_EXPORT_DIR when set (to keep ctrl's adapter for
+ * tests/reference/check_peft_reward_adapter.py), else the test's temporary directory. */
+static const char *out_root(void) {
+    const char *e = getenv("CTRL_LORA_EXPORT_DIR");
+    return e && e[0] ? e : test_tmp_dir();
+}
+
 static const char *const keys[] = {"min_reward", "mean_reward", "max_reward", "accuracy", "margin"};
 
 static double value(const cJSON *o, const char *k) {
@@ -51,7 +63,7 @@ static void run_case(const char *name) {
     if (!test_tmp_dir()) TEST_SKIP("no temporary directory");
     char src[1024], ini[1200], out[1200], path[1300];
     snprintf(src, sizeof src, DIR "/%s.ini", name);
-    snprintf(out, sizeof out, "%s/reward_%s", test_tmp_dir(), name);
+    snprintf(out, sizeof out, "%s/reward_%s", out_root(), name);
     snprintf(ini, sizeof ini, "%s/reward_%s.ini", test_tmp_dir(), name);
     const char *const subs[][2] = {{"@DIR@", DIR}, {"@MODEL@", model_dir()}, {"@OUT@", out}};
     CHECK(test_write_ini_template(src, ini, subs, 3) == 0);
@@ -91,5 +103,63 @@ static void run_case(const char *name) {
     free(ours), free(theirs);
 }
 
+/* ctrl's saved adapter against the one PEFT saved after TRL's run: the same tensor names, shapes and
+ * values (worst absolute difference printed). */
+static void compare_adapters(const char *ours_dir, const char *theirs_dir) {
+    char pa[1300], pb[1300];
+    snprintf(pa, sizeof pa, "%s/adapter_model.safetensors", ours_dir);
+    snprintf(pb, sizeof pb, "%s/adapter_model.safetensors", theirs_dir);
+    ctrl_safetensors *a = NULL, *b = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(pa, &a), CTRL_OK);
+    CHECK_EQ_INT(ctrl_safetensors_open(pb, &b), CTRL_OK);
+    if (!a || !b) goto done;
+    CHECK_EQ_INT(ctrl_safetensors_count(a), ctrl_safetensors_count(b));
+    double worst = 0;
+    int score = 0;
+    for (int i = 0; i < ctrl_safetensors_count(b); i++) {
+        const ctrl_st_tensor *tb = ctrl_safetensors_at(b, i), *ta = ctrl_safetensors_find(a, tb->name);
+        CHECK_MSG(ta != NULL, "ctrl's adapter has no '%s'", tb->name);
+        if (!ta) continue;
+        score += !strcmp(tb->name, "base_model.model.score.weight");
+        CHECK_EQ_INT(ta->ndim, tb->ndim);
+        int64_t n = 1;
+        for (int d = 0; d < tb->ndim; d++) {
+            CHECK_EQ_INT((long)ta->shape[d], (long)tb->shape[d]);
+            n *= tb->shape[d];
+        }
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+        CHECK_EQ_INT(ctrl_safetensors_read_f32(a, tb->name, x, n), CTRL_OK);
+        CHECK_EQ_INT(ctrl_safetensors_read_f32(b, tb->name, y, n), CTRL_OK);
+        double w = 0;
+        for (int64_t k = 0; k < n; k++) w = fmax(w, fabs((double)x[k] - y[k]));
+        CHECK_MSG(w <= 1e-4, "%s: differs from PEFT's by %.3g", tb->name, w);
+        worst = fmax(worst, w);
+        free(x), free(y);
+    }
+    CHECK_EQ_INT(score, 1);
+    printf("  adapter: %d tensors as PEFT names them, worst absolute difference %.2g\n",
+           ctrl_safetensors_count(b), worst);
+    char cfg[1300];
+    snprintf(cfg, sizeof cfg, "%s/adapter_config.json", ours_dir);
+    ctrl_status rst;
+    char *text = ctrl_read_text_file(cfg, 1 << 20, &rst);
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    const cJSON *task = cJSON_GetObjectItem(o, "task_type"), *mts = cJSON_GetObjectItem(o, "modules_to_save");
+    CHECK(cJSON_IsString(task) && !strcmp(task->valuestring, "SEQ_CLS"));
+    CHECK(cJSON_IsArray(mts) && cJSON_GetArraySize(mts) == 2 &&
+          !strcmp(cJSON_GetArrayItem(mts, 1)->valuestring, "score"));
+    cJSON_Delete(o);
+    free(text);
+done:
+    ctrl_safetensors_close(a);
+    ctrl_safetensors_close(b);
+}
+
 TEST(margin_center) { run_case("margin_center"); }
+TEST(lora_margin) {
+    run_case("lora_margin");
+    char out[1200];
+    snprintf(out, sizeof out, "%s/reward_lora_margin", out_root());
+    compare_adapters(out, DIR "/lora_final");
+}
 TEST(grad_accum) { run_case("grad_accum"); }

@@ -405,6 +405,95 @@ TEST(lora_adapter_saved_by_ctrl_loads_back) {
     ctrl_model_free(m);
 }
 
+/* The rows of trl_reward/lora_final_scores.json as one flat batch, and PEFT's scores of them. */
+static int seq_cls_rows(int32_t *tok, int32_t *pos, int32_t *cu, float *want, int *B) {
+    cJSON *root = json_file(CTRL_FIXTURE_DIR "/trl_reward/lora_final_scores.json");
+    if (!root) return -1;
+    int T = 0, b = 0;
+    cu[0] = 0;
+    for (const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "rows")->child; r && b < 8; r = r->next) {
+        int p = 0;
+        for (const cJSON *t = r->child; t && T < 128; t = t->next)
+            tok[T] = (int32_t)t->valuedouble, pos[T++] = p++;
+        cu[++b] = T;
+    }
+    int i = 0;
+    for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "scores")->child; s && i < 8; s = s->next)
+        want[i++] = (float)s->valuedouble;
+    cJSON_Delete(root);
+    *B = b;
+    return T;
+}
+
+/* PEFT's task_type SEQ_CLS (a reward model under LoRA): the adapter TRL's RewardTrainer trained
+ * (make_lora_reward_curve.py) over the tiny classifier scores as PeftModel does (<= 1e-5); the
+ * base is frozen and the score trains beside the adapters (PEFT's modules_to_save); saved by ctrl
+ * it reads back the same, as SEQ_CLS with the score under PEFT's name; a causal LM's trunk takes the
+ * adapter too (a fresh score, replaced by the adapter's); and the score of a causal LM is refused. */
+TEST(seq_cls_adapter_scores_match_peft) {
+    int32_t tok[128], pos[128], cu[9];
+    float want[8], got[8], back_scores[8];
+    int B = 0;
+    const int T = seq_cls_rows(tok, pos, cu, want, &B);
+    CHECK(T > 0 && B == 4);
+    if (T <= 0) return;
+    const ctrl_batch b = {.T = T, .B = B, .tokens = tok, .positions = pos, .cu_seqlens = cu};
+    ctrl_model *m = NULL;
+    ctrl_status st = ctrl_peft_load(CTRL_FIXTURE_DIR "/score/qwen2",
+                                    CTRL_FIXTURE_DIR "/trl_reward/lora_final", eager(), &m);
+    CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    if (st != CTRL_OK) return;
+    CHECK_EQ_INT(ctrl_model_score_forward(m, &b, got), CTRL_OK);
+    CHECK_REL(got, want, B, 1e-5);
+    CHECK(ctrl_model_lora(m)->seq_cls);
+    const size_t off = ctrl_model_trainable_offset(m); /* trains: the adapters and the score, nothing else */
+    for (int i = 0; i < ctrl_model_view_count(m); i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        CHECK_MSG((v->offset >= off) == (v->lora || !strcmp(v->name, "score.weight")), "%s", v->name);
+    }
+    char dir[] = "/tmp/ctrl_lora_cls_XXXXXX", path[1100];
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK_EQ_INT(ctrl_peft_save(m, dir, "score/qwen2"), CTRL_OK);
+    ctrl_model *back = NULL;
+    CHECK_EQ_INT(ctrl_peft_load(CTRL_FIXTURE_DIR "/score/qwen2", dir, eager(), &back), CTRL_OK);
+    if (back) {
+        CHECK_EQ_INT(ctrl_model_score_forward(back, &b, back_scores), CTRL_OK);
+        CHECK_REL(back_scores, got, B, 0.0);
+    }
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    ctrl_status rst;
+    char *text = ctrl_read_text_file(path, 1 << 20, &rst);
+    CHECK(text && strstr(text, "\"SEQ_CLS\"") && strstr(text, "\"score\""));
+    free(text);
+    ctrl_safetensors *f = NULL;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &f), CTRL_OK);
+    CHECK(f && ctrl_safetensors_find(f, "base_model.model.score.weight") != NULL);
+    ctrl_safetensors_close(f);
+    /* a SEQ_CLS config on a causal LM is refused; as a classifier, a causal LM's trunk gets a fresh
+     * score (transformers' init, seeded) that trains beside new adapters */
+    ctrl_lora_config lc;
+    CHECK_EQ_INT(ctrl_peft_read_config(dir, &lc, NULL, 0), CTRL_OK);
+    ctrl_model *lm = NULL;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &lm), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "SEQ_CLS");
+    lc.init = CTRL_LORA_INIT_DEFAULT, lc.seed = 3;
+    CHECK_EQ_INT(ctrl_model_load_classifier_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), 1, 5, &lc, &lm),
+                 CTRL_OK);
+    for (int i = 0; lm && i < ctrl_model_view_count(lm); i++) {
+        const ctrl_param_view *v = ctrl_model_view(lm, i);
+        if (strcmp(v->name, "score.weight")) continue;
+        CHECK(v->offset >= ctrl_model_trainable_offset(lm));
+        CHECK(ctrl_model_params(lm, NULL)[v->offset] != 0.0f);
+    }
+    ctrl_model_free(lm);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir), unlink(path);
+    rmdir(dir);
+    ctrl_model_free(back);
+    ctrl_model_free(m);
+}
+
 /* What would make the adapter compute something else is refused, naming the key. */
 TEST(lora_adapter_config_refuses_what_is_not_implemented) {
     static const char *const cases[][2] = {
@@ -414,7 +503,8 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
         {"\"peft_type\": \"IA3\"", "peft_type"},
         {"\"target_modules\": \".*q_proj\"", "target_modules"},
         {"\"target_modules\": [\"lm_head\"]", "lm_head"},
-        {"\"modules_to_save\": [\"score\"]", "score"},
+        {"\"modules_to_save\": [\"norm\"]", "norm"},
+        {"\"task_type\": \"TOKEN_CLS\"", "task_type"},
         {"\"init_lora_weights\": \"pissa\"", "init_lora_weights"},
     };
     char dir[] = "/tmp/ctrl_lora_cfg_XXXXXX";

@@ -46,3 +46,18 @@ def write_curve_ini(path, trainer, common, steps, model, train_file, train_opts,
             [f"{k} = {v}" for k, v in trainer_opts.items()] + [""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def save_peft_adapter(pm, path, base_name):
+    """PEFT's save_pretrained into `path` without its README, base_model_name_or_path set to
+    `base_name` (a path relative to tests/fixtures, not this machine's)."""
+    import json
+    import os
+    pm.save_pretrained(path)
+    os.remove(os.path.join(path, "README.md"))
+    cpath = os.path.join(path, "adapter_config.json")
+    with open(cpath) as f:
+        ac = json.load(f)
+    ac["base_model_name_or_path"] = base_name
+    with open(cpath, "w") as f:
+        json.dump(ac, f, indent=2, sort_keys=True)

@@ -29,6 +29,7 @@ from trl import SFTConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_trl_sft_curves as base  # noqa: E402  (the padded case's settings, sampler and recorder)
+from fixture_io import save_peft_adapter  # noqa: E402
 
 OUT = base.OUT
 
@@ -43,15 +44,7 @@ def run(case, init_name, use_dora, bf16):
     torch.manual_seed(7)
     pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear",
                                           task_type="CAUSAL_LM", bias="none", use_dora=use_dora))
-    init = os.path.join(OUT, init_name)
-    pm.save_pretrained(init)
-    os.remove(os.path.join(init, "README.md"))
-    cpath = os.path.join(init, "adapter_config.json")
-    with open(cpath) as f:
-        ac = json.load(f)
-    ac["base_model_name_or_path"] = "model"
-    with open(cpath, "w") as f:
-        json.dump(ac, f, indent=2, sort_keys=True)
+    save_peft_adapter(pm, os.path.join(OUT, init_name), "model")
     rows = [json.loads(l) for l in open(os.path.join(OUT, "prompt_completion.jsonl"))]
     rec = base.Record()
     with tempfile.TemporaryDirectory() as tmp:
