@@ -296,13 +296,27 @@ TEST(score_at_given_positions_skips_pad_segments) {
     ctrl_model_free(m);
 }
 
-/* LoRA on a classifier is refused (PEFT's SEQ_CLS task would train the score; ours would stay frozen). */
-TEST(lora_on_a_classifier_is_refused) {
+/* LoRA on a classifier is PEFT's SEQ_CLS task: the score trains beside the adapters (it is laid out
+ * among the trainable tensors); lm_head in modules_to_save is refused (a classifier has none). */
+TEST(lora_on_a_classifier_trains_the_score) {
     ctrl_model_config cfg;
     CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/score/llama", &cfg), CTRL_OK);
     ctrl_lora_config lc = {.r = 2, .lora_alpha = 4, .all_linear = 1};
     ctrl_model *m = NULL;
-    CHECK_EQ_INT(ctrl_model_create_lora(&cfg, eager(), &lc, &m), CTRL_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(ctrl_error_message(), "sequence classifier");
+    CHECK_EQ_INT(ctrl_model_create_lora(&cfg, eager(), &lc, &m), CTRL_OK);
+    int score = 0;
+    for (int i = 0; m && i < ctrl_model_view_count(m); i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        const int trains = v->offset >= ctrl_model_trainable_offset(m);
+        score += !strcmp(v->name, "score.weight") && trains;
+        CHECK_MSG(trains == (v->lora || !strcmp(v->name, "score.weight")), "%s", v->name);
+    }
+    CHECK_EQ_INT(score, 1);
+    CHECK(m && ctrl_model_lora(m)->seq_cls);
+    ctrl_model_free(m);
+    m = NULL;
+    lc.save_lm_head = 1;
+    CHECK_EQ_INT(ctrl_model_create_lora(&cfg, eager(), &lc, &m), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "lm_head");
     CHECK(m == NULL);
 }
