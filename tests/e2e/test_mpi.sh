@@ -129,7 +129,8 @@ for t in grpo rloo; do
   [ "$(grep -c eval_reward "$two/metrics.jsonl")" = 3 ] && diff <(grep eval_reward "$one/metrics.jsonl") \
     <(grep eval_reward "$two/metrics.jsonl") >/dev/null && ok || bad "$t: evaluations differ"
 done
-curve_close "$TMP/r1" "$TMP/r2" kl 1e-4 1e-9
+# kl is ~1e-4 (near zero): summation order between 1 and 2 ranks moves it by ~2e-8 absolute
+curve_close "$TMP/r1" "$TMP/r2" kl 1e-4 1e-7
 # resumed with 2 ranks from checkpoint-3: steps 4..6 as before (wall-clock timings aside)
 mkdir -p "$TMP/g2r" && cp -r "$TMP/g2/checkpoint-3" "$TMP/g2r/"
 grep '"step": [0-3],' "$TMP/g2/metrics.jsonl" >"$TMP/g2r/metrics.jsonl"
