@@ -8,6 +8,10 @@
 # summary.txt and logs.tgz are written there) or build-gpu/out.
 # CTRL_GPU_BUDGET_S=N: start no stage that would not end within N seconds of the script's start
 # (a lease is short; what ran is still reported). 0 or unset: no limit.
+# CTRL_GPU_ONLY=a,b,...: run only these stages after the build (default: all): cuda (the CUDA tests
+# natively), cpu (the CPU suite in the background), sanitize, flash, sft, profile (ncu per kernel of
+# an SFT step: bench/cuda/profile_sft.py), extra (ceilings, head, ops), health (test_train_health 8x).
+# CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all six).
 #
 # Machines without the Debian -dev packages (no network) can carry them: `apt-get download` the
 # packages listed in scripts/install-deps.sh (and pkg-config) into .gpudeps/ on a Debian machine;
@@ -36,6 +40,8 @@ enough() { [ "$(left)" -ge "$1" ] && return 0; note "skipped (budget): $2"; retu
 # Python runs without the carried libraries (the image's own torch and numpy): env -u, since
 # `timeout` runs programs, not shell functions.
 py() { env -u LD_LIBRARY_PATH python3 "$@"; }
+ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,profile,extra,health},"
+want() { [[ $ONLY == *",$1,"* ]]; }
 
 stage "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$LOG/gpu.txt"
@@ -82,9 +88,13 @@ pack
 # The CPU suite (everything but the native CUDA tests) in the background while the GPU is used.
 stage "tests: CPU suite in the background, CUDA tests natively"
 export OMP_WAIT_POLICY=PASSIVE
-OMP_NUM_THREADS=2 timeout "$(cap 420)" ctest --test-dir build-gpu -j 8 -LE '^cuda$' --output-on-failure >"$LOG/ctest-cpu.log" 2>&1 &
-CPU_SUITE=$!
-CUDA_TESTS=(device ops model flash paged train)
+CPU_SUITE=""
+if want cpu; then
+  OMP_NUM_THREADS=2 timeout "$(cap 420)" ctest --test-dir build-gpu -j 8 -LE '^cuda$' --output-on-failure >"$LOG/ctest-cpu.log" 2>&1 &
+  CPU_SUITE=$!
+fi
+read -r -a CUDA_TESTS <<<"${CTRL_GPU_TESTS:-device ops model flash paged train}"
+want cuda || CUDA_TESTS=()
 for t in "${CUDA_TESTS[@]}"; do
   b=build-gpu/test_cuda_$t
   [ -x "$b" ] || { note "test_cuda_$t: not built"; continue; }
@@ -96,14 +106,18 @@ done
 pack
 
 stage "compute-sanitizer memcheck (small shapes)"
-if command -v compute-sanitizer >/dev/null; then
-  for t in device ops model flash paged; do
+if ! want sanitize; then
+  :
+elif command -v compute-sanitizer >/dev/null; then
+  for t in "${CUDA_TESTS[@]}"; do
+    [ "$t" = train ] && continue # below, after the benchmarks
     enough 40 "memcheck test_cuda_$t" || continue
     CTRL_TEST_SMALL=1 timeout "$(cap 90)" compute-sanitizer --tool memcheck --leak-check full \
       "build-gpu/test_cuda_$t" >"$LOG/memcheck-$t.log" 2>&1
     note "memcheck test_cuda_$t: exit $? $(grep -E 'ERROR SUMMARY' "$LOG/memcheck-$t.log" | tail -n1)"
   done
   for t in flash paged; do  # the kernels that share memory among a block's threads
+    [[ " ${CUDA_TESTS[*]} " == *" $t "* ]] || continue
     enough 40 "racecheck test_cuda_$t" || continue
     CTRL_TEST_SMALL=1 timeout "$(cap 90)" compute-sanitizer --tool racecheck "build-gpu/test_cuda_$t" \
       >"$LOG/racecheck-$t.log" 2>&1
@@ -115,9 +129,11 @@ fi
 pack
 
 stage "waiting for the CPU suite"
-wait $CPU_SUITE
-note "ctest (CPU suite): exit $? $(grep -E 'tests passed' "$LOG/ctest-cpu.log" | tail -n1)"
-grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$LOG/ctest-cpu.log" | head -20 | tee -a "$SUMMARY"
+if [ -n "$CPU_SUITE" ]; then
+  wait $CPU_SUITE
+  note "ctest (CPU suite): exit $? $(grep -E 'tests passed' "$LOG/ctest-cpu.log" | tail -n1)"
+  grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)" "$LOG/ctest-cpu.log" | head -20 | tee -a "$SUMMARY"
+fi
 pack
 
 stage "benchmarks"
@@ -129,16 +145,23 @@ run_bench() { # SECONDS_CAP NAME COMMAND...
   note "--- $n (exit $?)"
   tail -n "${TAIL:-12}" "$LOG/$n.log" | tee -a "$SUMMARY"
 }
-TAIL=10 run_bench 90 bench_flash build-gpu/bench_cuda_flash build-gpu/plugins
-TAIL=10 run_bench 90 torch_flash python3 bench/cuda/torch_flash.py
+if want flash; then
+  TAIL=10 run_bench 90 bench_flash build-gpu/bench_cuda_flash build-gpu/plugins
+  TAIL=10 run_bench 90 torch_flash python3 bench/cuda/torch_flash.py
+fi
 pack
 # SFT end to end: a Qwen2.5-0.5B-shaped model at sequence length 2048 (issue 20's MFU target)
 TOKDIR=tests/fixtures/tokenizer/tiny_bpe
 [ -d ../shared/data/tokenizers/qwen3 ] && TOKDIR=../shared/data/tokenizers/qwen3
-TAIL=12 run_bench 200 sft_cuda env -u LD_LIBRARY_PATH CTRL_LIBS="${LD_LIBRARY_PATH:-}" python3 \
-  bench/cuda/bench_sft_cuda.py --build build-gpu --tokenizer "$TOKDIR" --batch 4 --seq 2048 --steps 8 --timeout 90
+want sft && TAIL=12 run_bench 200 sft_cuda env -u LD_LIBRARY_PATH CTRL_LIBS="${LD_LIBRARY_PATH:-}" python3 \
+  bench/cuda/bench_sft_cuda.py --build build-gpu --tokenizer "$TOKDIR" --batch 4 --seq 2048 --steps 8 --timeout 90 \
+  --dtypes "${CTRL_GPU_SFT_DTYPES:-bf16,fp32}"
 pack
-if [ -z "$QUICK" ]; then # --quick: the reference numbers recorded already are not measured again
+# where the SFT step's time goes: ncu's per-kernel GPU time against the step's wall time
+want profile && TAIL=32 run_bench 180 profile_sft env -u LD_LIBRARY_PATH CTRL_LIBS="${LD_LIBRARY_PATH:-}" python3 \
+  bench/cuda/profile_sft.py --build build-gpu --tokenizer "$TOKDIR" --layers 4 --batch 4 --seq 2048 --timeout 150
+pack
+if [ -z "$QUICK" ] && want extra; then # --quick: the reference numbers recorded already are not measured again
   run_bench 60 bench_ceilings build-gpu/bench_cuda_ceilings --quick
   run_bench 60 torch_ceilings python3 bench/cuda/torch_ceilings.py --quick
   run_bench 60 bench_head build-gpu/bench_cuda_head
@@ -146,15 +169,27 @@ if [ -z "$QUICK" ]; then # --quick: the reference numbers recorded already are n
 fi
 pack
 
-if command -v compute-sanitizer >/dev/null && enough 60 "memcheck test_cuda_train"; then
+if want sanitize && [[ " ${CUDA_TESTS[*]} " == *" train "* ]] && command -v compute-sanitizer >/dev/null &&
+  enough 60 "memcheck test_cuda_train"; then
   CTRL_TEST_SMALL=1 timeout "$(cap 120)" compute-sanitizer --tool memcheck "build-gpu/test_cuda_train" \
     >"$LOG/memcheck-train.log" 2>&1
   note "memcheck test_cuda_train: exit $? $(grep -E 'ERROR SUMMARY' "$LOG/memcheck-train.log" | tail -n1)"
 fi
 pack
-if [ -z "$QUICK" ]; then
+if [ -z "$QUICK" ] && want extra; then
   run_bench 60 bench_ops build-gpu/bench_cuda_ops
   TAIL=6 run_bench 60 torch_ops python3 bench/cuda/torch_ops.py
+fi
+pack
+
+# test_train_health on this host's CPU, 8 times (it went non-finite in 4 of 8 runs on an H200 host)
+if want health && enough 60 "test_train_health x8"; then
+  h=0
+  for i in 1 2 3 4 5 6 7 8; do
+    OMP_NUM_THREADS=1 timeout 60 bash tests/e2e/test_train_health.sh build-gpu/ctrl build-gpu/plugins . \
+      >"$LOG/health-$i.log" 2>&1 && h=$((h + 1))
+  done
+  note "test_train_health: $h of 8 runs passed"
 fi
 pack
 
