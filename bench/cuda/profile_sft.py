@@ -6,8 +6,11 @@ kernel's time on the GPU, kernels serialised), summed per kernel name and per st
 Printed: the wall time of a steady step, the GPU time its kernels take, their ratio (how much of
 the step the GPU is busy: the rest is the host launching, synchronising and allocating), and the
 kernels that take the most time with their share.
+--host-samples N: where the host spends the step (no perf or gdb there, but cuda-gdb attaches to a
+running process): N stack samples of a longer `ctrl train`, each function counted once per sample
+it appears in (inclusive), so a function in every sample holds the step's whole wall time.
 usage: bench/cuda/profile_sft.py --build build-gpu --tokenizer DIR [--layers 4 --batch 4 --seq 2048
-       --dtype bf16 --steps 2 --top 25]"""
+       --dtype bf16 --steps 2 --top 25 --host-samples 0]"""
 import argparse
 import collections
 import csv
@@ -16,8 +19,10 @@ import json
 import os
 import shutil
 import subprocess
+import re
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_sft_cuda as sft  # noqa: E402  (the model, data and environment of the SFT bench)
@@ -65,6 +70,50 @@ def kernel_times(log):
     return per
 
 
+def host_samples(a, d, env, n):
+    """Inclusive counts of the functions on the main thread's stack over n cuda-gdb samples of a
+    `ctrl train` in its steady state."""
+    gdb = shutil.which("cuda-gdb")
+    if not gdb:
+        print("host samples: cuda-gdb not found")
+        return
+    ini = os.path.join(d, "host.ini")
+    write_ini(ini, d, os.path.join(d, "host"), a, 1000)
+    proc = subprocess.Popen(ctrl_cmd(a, ini), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    metrics = os.path.join(d, "host", "metrics.jsonl")
+    t0 = time.time()
+    while time.time() - t0 < 60 and proc.poll() is None:  # past the first two steps
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 3:
+            break
+        time.sleep(0.2)
+    counts, got, first = collections.Counter(), 0, None
+    for _ in range(n):
+        if proc.poll() is not None:
+            break
+        r = subprocess.run([gdb, "-q", "-batch", "-p", str(proc.pid), "-ex", "bt 40"], capture_output=True,
+                           text=True, timeout=60)
+        names = []
+        for line in r.stdout.splitlines():
+            m = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?([^\s(]+)", line)
+            if m:
+                names.append(m.group(1))
+        if not names:
+            first = first or (r.stdout + r.stderr)[-1500:]
+            continue
+        got += 1
+        counts.update(set(names))
+        if got == 1:
+            print("host sample 1:\n  " + "\n  ".join(names[:25]))
+    proc.kill()
+    proc.wait()
+    if not got:
+        print(f"host samples: none ({first})")
+        return
+    print(f"host: {got} samples of the main thread; functions by the share of samples they are in")
+    for name, k in counts.most_common(a.top + 15):
+        print(f"  {k / got:6.0%}  {name[:100]}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default=os.path.join(sft.ROOT, "build-gpu"))
@@ -80,9 +129,11 @@ def main():
     p.add_argument("--attention", default="flash")
     p.add_argument("--steps", type=int, default=2, help="steps profiled (after a plain run of steps + 2)")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--host-samples", type=int, default=0)
+    p.add_argument("--no-ncu", action="store_true", help="no per-kernel profile (host samples only)")
     p.add_argument("--timeout", type=int, default=240)
     a = p.parse_args()
-    ncu = shutil.which("ncu")
+    ncu = None if a.no_ncu else shutil.which("ncu")
     env = sft.ctrl_env()
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([os.path.join(a.build, "ctrl"), "--plugin-dir", os.path.join(a.build, "plugins"),
@@ -105,8 +156,10 @@ def main():
         tps = sum(x["tokens_per_second"] for x in steady) / len(steady)
         step_ms = a.batch * (a.seq - 1) / tps * 1e3
         print(f"wall: {step_ms:.1f} ms per steady step ({tps:.0f} tokens/s)")
+        if a.host_samples:
+            host_samples(a, d, env, a.host_samples)
         if not ncu:
-            print("ncu not found: no per-kernel profile")
+            print("no per-kernel profile (ncu not found or --no-ncu)")
             return 0
         ini = os.path.join(d, "prof.ini")
         write_ini(ini, d, os.path.join(d, "prof"), a, a.steps)
