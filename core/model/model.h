@@ -217,7 +217,8 @@ int ctrl_model_adapter_count(const ctrl_model *m);
 void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
-/* Zeroes the gradients (on the device too). */
+/* Zeroes the gradients where they are computed (on a device, the device's: the host copy is left as it
+ * is until ctrl_model_grads_to_host overwrites it). */
 ctrl_status ctrl_model_zero_grad(ctrl_model *m);
 
 /* Mixture of experts (model_moe.c): the load-balancing auxiliary loss of the last forward, as
