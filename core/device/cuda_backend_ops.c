@@ -83,6 +83,17 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .scale = ctrl_cuda_scale,
         .adamw_step = adamw_step,
         .gemm = ctrl_cuda_gemm,
+        /* the model families' ops (issue 22: kernels/cuda/families.cu, rmsnorm.cu, head.cu) */
+        .rmsnorm_1p_forward = ctrl_cuda_rmsnorm_1p_forward,
+        .rmsnorm_1p_backward = ctrl_cuda_rmsnorm_1p_backward,
+        .geglu_forward = ctrl_cuda_geglu_forward,
+        .geglu_backward = ctrl_cuda_geglu_backward,
+        .rope_partial_forward = ctrl_cuda_rope_partial_forward,
+        .rope_partial_backward = ctrl_cuda_rope_partial_backward,
+        .gather_rows = ctrl_cuda_gather_rows,
+        .scatter_add_rows = ctrl_cuda_scatter_add_rows,
+        .rows_dot = ctrl_cuda_rows_dot,
+        .head_softcap = 1,
     };
     return &ops;
 }

@@ -87,6 +87,26 @@ ctrl_status ctrl_cuda_rope_forward(float *out, const float *x, const int32_t *po
                                    const float *sin_tab, int T, int n_head, int head_dim);
 ctrl_status ctrl_cuda_rope_backward(float *dx, const float *dout, const int32_t *pos, const float *cos_tab,
                                     const float *sin_tab, int T, int n_head, int head_dim);
+/* The model families' ops (issue 22; cpu_ops.h's namesakes): Gemma's (1 + w) RMSNorm (rmsnorm.cu), GeGLU,
+ * partial rotary embeddings and the mixture-of-experts row ops (families.cu). */
+ctrl_status ctrl_cuda_rmsnorm_1p_forward(float *out, float *rstd, const float *x, const float *weight, int T,
+                                         int C, float eps);
+ctrl_status ctrl_cuda_rmsnorm_1p_backward(float *dx, float *dweight, const float *dout, const float *x,
+                                          const float *weight, const float *rstd, int T, int C);
+ctrl_status ctrl_cuda_geglu_forward(float *out, const float *gate, const float *up, int64_t n);
+ctrl_status ctrl_cuda_geglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                     const float *up, int64_t n);
+ctrl_status ctrl_cuda_rope_partial_forward(float *out, const float *x, const int32_t *pos,
+                                           const float *cos_tab, const float *sin_tab, int T, int n_head,
+                                           int head_dim, int rot_dim);
+ctrl_status ctrl_cuda_rope_partial_backward(float *dx, const float *dout, const int32_t *pos,
+                                            const float *cos_tab, const float *sin_tab, int T, int n_head,
+                                            int head_dim, int rot_dim);
+ctrl_status ctrl_cuda_gather_rows(float *out, const float *x, const int32_t *rows, const float *scale, int n,
+                                  int C);
+ctrl_status ctrl_cuda_scatter_add_rows(float *out, const float *y, const int32_t *rows, const float *scale,
+                                       int n, int C);
+ctrl_status ctrl_cuda_rows_dot(float *out, const float *x, const int32_t *rows, const float *y, int n, int C);
 ctrl_status ctrl_cuda_swiglu_forward(float *out, const float *gate, const float *up, int64_t n);
 ctrl_status ctrl_cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                       const float *up, int64_t n);

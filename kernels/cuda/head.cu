@@ -4,7 +4,9 @@
 // it into dlogits in place, and two GEMMs give dhidden and dW. [T, V] never exists. With
 // ctrl_head_args.bf16 (the model computing in bf16, as autocast runs lm_head) every GEMM reads its
 // operands rounded to bf16 -- the hidden chunk, the weight chunk, the dlogits -- with fp32
-// accumulation and results, as the CPU head does (kernels/cpu/head.c).
+// accumulation and results, as the CPU head does (kernels/cpu/head.c). Final-logit soft-capping
+// (ctrl_head_args.softcap = c > 0, Gemma 2): z = c tanh(h W^T / c) / temperature, and the backward's
+// dlogits times the cap's 1 - tanh^2, as the CPU head.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -52,17 +54,33 @@ Bf16Chunk bf16_of(void *workspace, int TC, int VC, int C) {
     return Bf16Chunk{b, b + (size_t)TC * C, b + (size_t)TC * C + (size_t)VC * C};
 }
 
-// z[tc, vc] = h W^T / temperature for the chunk, in fp32 or on bf16 copies (hb holds the hidden
-// chunk already; the weight chunk is rounded here).
+__global__ void softcap_kernel(float *z, int64_t n, float cap, float temp) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        z[i] = cap * tanhf(z[i] / cap) / temp;
+}
+
+// z[tc, vc] = h W^T / temperature for the chunk (soft-capped first), in fp32 or on bf16 copies (hb
+// holds the hidden chunk already; the weight chunk is rounded here).
 ctrl_status chunk_logits(const ctrl_head_args *a, float *z, const Bf16Chunk &b, int t0, int tc, int v0,
                          int vc) {
     const float *h = a->hidden + (size_t)t0 * a->C, *w = a->w + (size_t)v0 * a->C;
-    if (!a->bf16)
-        return ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, 1.0f / a->temperature, h, a->C, w, a->C, 0.0f, z, vc);
-    ctrl_status s = ctrl_cuda_f32_to_bf16(b.w, w, (int64_t)vc * a->C);
-    if (s != CTRL_OK) return s;
-    return ctrl_cuda_gemm(0, 1, tc, vc, a->C, 1.0f / a->temperature, b.h, a->C, b.w, a->C, 0.0f, z, vc,
-                          CTRL_BF16, CTRL_F32);
+    const float alpha = a->softcap > 0 ? 1.0f : 1.0f / a->temperature;
+    ctrl_status s = CTRL_OK;
+    if (!a->bf16) {
+        s = ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, alpha, h, a->C, w, a->C, 0.0f, z, vc);
+    } else {
+        s = ctrl_cuda_f32_to_bf16(b.w, w, (int64_t)vc * a->C);
+        if (s == CTRL_OK)
+            s = ctrl_cuda_gemm(0, 1, tc, vc, a->C, alpha, b.h, a->C, b.w, a->C, 0.0f, z, vc, CTRL_BF16,
+                               CTRL_F32);
+    }
+    if (s != CTRL_OK || !(a->softcap > 0)) return s;
+    const int64_t n = (int64_t)tc * vc;
+    softcap_kernel<<<(int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256>>>(z, n, a->softcap,
+                                                                                    a->temperature);
+    CTRL_CUDA_CHECK_LAUNCH();
+    return CTRL_OK;
 }
 
 __global__ void stats_init(Stats st, int tc) {
@@ -122,7 +140,7 @@ __global__ void stats_finish(Stats st, const int32_t *targets, int tc, int V, fl
 // dlogits in place of the recomputed scaled logits.
 __global__ void dlogits_kernel(float *z, const int32_t *targets, const float *lse, const float *dlogp,
                                const float *entropy, const float *dentropy, int tc, int vc, int v0, int V,
-                               float inv_temp) {
+                               float inv_temp, float cap_u) {
     int i = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (i >= tc) return;
     float *row = z + (size_t)i * vc;
@@ -138,7 +156,8 @@ __global__ void dlogits_kernel(float *z, const int32_t *targets, const float *ls
         float dz = -g * p;
         if (ge != 0.0f) dz -= ge * p * (row[j] - l + H);
         if (v0 + j == tg) dz += g;
-        row[j] = dz * inv_temp;
+        const float th = row[j] * cap_u; // soft-capped: tanh of the raw logit (cap_u = temperature / cap)
+        row[j] = cap_u != 0.0f ? dz * inv_temp * (1.0f - th * th) : dz * inv_temp;
     }
 }
 
@@ -200,7 +219,8 @@ extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const fl
             if (s != CTRL_OK) return s;
             dlogits_kernel<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
                 z, a->targets + t0, lse + t0, dlogp + t0, entropy ? entropy + t0 : nullptr,
-                dentropy ? dentropy + t0 : nullptr, tc, vc, v0, a->V, 1.0f / a->temperature);
+                dentropy ? dentropy + t0 : nullptr, tc, vc, v0, a->V, 1.0f / a->temperature,
+                a->softcap > 0 ? a->temperature / a->softcap : 0.0f);
             CTRL_CUDA_CHECK_LAUNCH();
             // dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h
             const float beta = v0 == 0 ? 0.0f : 1.0f;

@@ -25,9 +25,12 @@ static inline int attention_cuda_f32_supported(const ctrl_attention_args *a) {
 }
 
 /* CTRL_OK, or the error saying why `name` cannot run these arguments (`supported` says what it
- * runs; and, for backward, that the saved and gradient buffers are there). */
-static inline ctrl_status attention_check_args(const char *name, const ctrl_attention_args *a, int backward,
-                                               int (*supported)(const ctrl_attention_args *)) {
+ * runs; and, for backward, that the saved and gradient buffers are there). softcap_on_device: the
+ * plugin's device path honours logit soft-capping too (else it runs on the CPU only). */
+static inline ctrl_status attention_check_args_softcap(const char *name, const ctrl_attention_args *a,
+                                                       int backward,
+                                                       int (*supported)(const ctrl_attention_args *),
+                                                       int softcap_on_device) {
     if (a->size < sizeof(ctrl_attention_args))
         return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: argument struct of size %zu is too old", name,
                               a->size);
@@ -41,7 +44,7 @@ static inline ctrl_status attention_check_args(const char *name, const ctrl_atte
     if (!(a->softcap >= 0))
         return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: softcap = %g must be >= 0", name,
                               (double)a->softcap);
-    if (a->softcap > 0 && a->device.type != CTRL_DEVICE_CPU)
+    if (a->softcap > 0 && a->device.type != CTRL_DEVICE_CPU && !softcap_on_device)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
             "attention %s: logit soft-capping (softcap = %g, Gemma 2) runs on the CPU only so far", name,
@@ -50,6 +53,11 @@ static inline ctrl_status attention_check_args(const char *name, const ctrl_atte
         return ctrl_error_set(CTRL_ERR_RUNTIME, "attention %s: backward needs lse, dout, dq, dk and dv",
                               name);
     return CTRL_OK;
+}
+
+static inline ctrl_status attention_check_args(const char *name, const ctrl_attention_args *a, int backward,
+                                               int (*supported)(const ctrl_attention_args *)) {
+    return attention_check_args_softcap(name, a, backward, supported, 0);
 }
 
 /* Soft-capping of a scaled score (cap > 0): cap tanh(s / cap); and the factor its backward takes,

@@ -8,8 +8,10 @@
  * the CPU's bf16 linear: the same bf16 products summed in another order, so an activation a few
  * ulps apart can round to the neighbouring bf16 value): log-probs within 2e-4, gradients within
  * 3e-3 (measured under the emulator: at most 7e-5 and 1.1e-3; fp32 on the device against bf16 on
- * the CPU is 7e-4..1e-3 and 9e-3..1.4e-2, so the check tells them apart). Skips without a GPU. */
+ * the CPU is 7e-4..1e-3 and 9e-3..1.4e-2, so the check tells them apart). The model families' fixtures
+ * (`families` below) run through the same cases. Skips without a GPU. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend_case.h"
 #include "cuda/cuda_ops.h"
@@ -26,11 +28,30 @@ static int need_gpu(void) {
     return state;
 }
 
+/* The model families (issue 22, tests/fixtures/families: transformers-made tiny models): Llama 3.2's
+ * rope scaling; Gemma 3's (1 + w) norms, GeGLU, sandwich norms, per-layer windows and RoPE bases, and
+ * final-logit soft-capping in gemma3_mha and the Gemma 2s (the head's on the device), Gemma 2's
+ * attention logit soft-capping in gemma2_gqa (the eager plugin's CUDA path); Phi-3's fused
+ * projections, partial rotary and longrope; the mixture-of-experts layers of Qwen3-MoE (two shapes),
+ * Mixtral and OLMoE (routing on the host, the row gather / scatter and the experts' GEMMs on the
+ * device). */
+static const char *const families[] = {
+    "../families/llama32",     "../families/gemma3_gqa", "../families/gemma3_mha", "../families/gemma2_mha",
+    "../families/gemma2_gqa",  "../families/phi3_gqa",   "../families/phi3_mha",   "../families/qwen3_moe_a",
+    "../families/qwen3_moe_b", "../families/mixtral",    "../families/olmoe"};
+
 static void compare(int checkpointing, double tol_logp, double tol_grad) {
     static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
     for (int a = 0; a < 4; a++)
         backend_case_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, archs[a], "eager",
                            checkpointing, tol_logp, tol_grad);
+    /* with checkpointing (the emulated runtime kept small): the families whose layers keep activations
+     * of their own (the sandwich norms' and the experts' buffers, refilled by the recompute) */
+    for (size_t a = 0; a < sizeof families / sizeof families[0]; a++)
+        if (!checkpointing || strstr(families[a], "gemma3_gqa") || strstr(families[a], "qwen3_moe_b") ||
+            strstr(families[a], "mixtral"))
+            backend_case_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, families[a],
+                               "eager", checkpointing, tol_logp, tol_grad);
 }
 
 TEST(model_matches_cpu) {

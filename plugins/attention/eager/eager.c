@@ -13,7 +13,7 @@ static int eager_supports(const ctrl_attention_args *a) {
 
 static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args("eager", a, 0, eager_supports);
+    ctrl_status st = attention_check_args_softcap("eager", a, 0, eager_supports, 1);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_forward(a);
@@ -23,7 +23,7 @@ static ctrl_status eager_forward(const ctrl_attention_args *a, void *workspace) 
 
 static ctrl_status eager_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args("eager", a, 1, eager_supports);
+    ctrl_status st = attention_check_args_softcap("eager", a, 1, eager_supports, 1);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return eager_cuda_backward(a);
@@ -36,7 +36,7 @@ static const ctrl_attention_ops eager_ops = {
     .supports = eager_supports,
     .forward = eager_forward,
     .backward = eager_backward,
-    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU (attention_check_args refuses it elsewhere) */
+    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU and on CUDA (eager_cuda.cu) */
 };
 
 static const ctrl_plugin eager_plugin = {

@@ -1,7 +1,8 @@
 // The eager attention plugin's CUDA path (fp32): the reference the faster CUDA kernels are
 // checked against, simple rather than fast. One block per (query token, head): scores of the
 // visible keys in shared memory, softmax, P V. Backward recomputes P from lse; dK and dV gather
-// contributions from many queries through atomicAdd (so not bit-deterministic).
+// contributions from many queries through atomicAdd (so not bit-deterministic). Logit soft-capping
+// (a.softcap > 0, Gemma 2): scores cap tanh(s scale / cap), their gradient times 1 - tanh^2, as the CPU's.
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -69,6 +70,7 @@ __global__ void fwd_kernel(ctrl_attention_args a) {
         float s = 0;
         for (int d = 0; d < D; d++) s += q[d] * kj[d];
         s *= a.scale;
+        if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap);
         sh[j - sp.kmin] = s;
         m = fmaxf(m, s);
     }
@@ -109,9 +111,11 @@ __global__ void bwd_kernel(ctrl_attention_args a) {
         const size_t ko = ((size_t)(sp.s0 + j) * HK + kvh) * D;
         float s = 0, dp = 0;
         for (int d = 0; d < D; d++) s += q[d] * k[ko + d], dp += dout[d] * v[ko + d];
-        float pj = expf(s * a.scale - lse);
+        float c = s * a.scale, cap_grad = 1.0f;
+        if (a.softcap > 0) c = a.softcap * tanhf(c / a.softcap), cap_grad = 1.0f - (c / a.softcap) * (c / a.softcap);
+        float pj = expf(c - lse);
         p[j - sp.kmin] = pj;
-        ds[j - sp.kmin] = pj * (dp - di) * a.scale;
+        ds[j - sp.kmin] = pj * (dp - di) * cap_grad * a.scale;
     }
     __syncthreads();
     for (int d = threadIdx.x; d < D; d += kThreads) {
