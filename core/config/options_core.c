@@ -228,7 +228,8 @@ static const ctrl_option teacher_options[] = {
      "state."},
     {"dtype", CTRL_OPT_CHOICE, "fp32", 0, 0, 0, "fp32|bf16",
      "The teacher's compute dtype: bf16 runs its linear projections in bf16 (fp32 accumulation, as "
-     "torch.autocast), whatever the student's [train] dtype."},
+     "torch.autocast), whatever the student's [train] dtype, and on the CPU holds its weights in bf16 "
+     "(rounded once; the layers' in 2 bytes each, widened to fp32 one layer at a time)."},
     CTRL_OPTION_END,
 };
 

@@ -154,6 +154,11 @@ ctrl_status ctrl_model_hidden_forward(ctrl_model *m, const ctrl_batch *batch);
  * (on the CPU, before ctrl_model_to_device); and a model placed where `like` computes (its backend
  * and device). */
 ctrl_status ctrl_model_freeze(ctrl_model *m);
+/* A frozen model on the CPU held in bf16 (model_bf16_store.c): every parameter rounded to bf16 once,
+ * the layers' weights kept as 2-byte values and widened to fp32 one layer at a time as it runs (the
+ * embeddings, final norm and LM head stay fp32, holding bf16 values). With bf16 compute its
+ * projections are then those of a model loaded in bf16. CTRL_ERR_UNSUPPORTED off the CPU. */
+ctrl_status ctrl_model_hold_bf16(ctrl_model *m);
 ctrl_status ctrl_model_place_like(ctrl_model *m, const ctrl_model *like);
 ctrl_status ctrl_model_jsd_forward(ctrl_model *student, const ctrl_batch *batch, ctrl_model *teacher,
                                    const ctrl_jsd_args *args, float *jsd);

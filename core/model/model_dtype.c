@@ -37,7 +37,8 @@ ctrl_status model_prepare_weights(ctrl_model *m) {
     }
     /* no rounded copy where the backend's bf16 products round w themselves at no cost */
     const int rounds_itself = ctrl_backend_has(m->be, bf16_rounds_weights) && m->be->bf16_rounds_weights();
-    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself) {
+    /* nor for a model held in bf16 (model_bf16_store.c): its parameters are bf16 values */
+    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !m->w16) {
         if (!m->rounded) {
             ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
             if (st != CTRL_OK)
@@ -58,12 +59,13 @@ static const float *as_multiplied(const ctrl_model *m, const float *w) {
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
                                  const float *bias, int T, int IN, int OUT) {
     if (!m->linear_bf16) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
-    return m->be->linear_forward_bf16(out, x, as_multiplied(m, w), bias, T, IN, OUT, m->rounded_valid);
+    return m->be->linear_forward_bf16(out, x, as_multiplied(m, w), bias, T, IN, OUT,
+                                      m->rounded_valid || m->w16 != NULL);
 }
 
 ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
                                   const float *x, const float *w, int T, int IN, int OUT) {
     if (!m->linear_bf16) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
     return m->be->linear_backward_bf16(dx, dw, dbias, dout, x, as_multiplied(m, w), T, IN, OUT,
-                                       m->rounded_valid);
+                                       m->rounded_valid || m->w16 != NULL);
 }

@@ -185,6 +185,12 @@ struct ctrl_model {
      * which holds layer nf4_layer's dequantized weights (-1: none yet). */
     ctrl_nf4 *nf4_w;
     int nf4_layer;
+    /* A frozen model held in bf16 (model_bf16_store.c): the layers' weights as bf16 (w16, layer
+     * after layer), each layer's parameter range [w16_lo[l], w16_lo[n_layers + l]), and the layer
+     * widened into params now (-1: none); NULL when not. */
+    uint16_t *w16;
+    long *w16_lo;
+    int w16_layer;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -310,6 +316,10 @@ int lora_dropout_on(const ctrl_model *m);
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status nf4_layer_weights(ctrl_model *m, int l);
 void nf4_free(ctrl_model *m);
+/* A model held in bf16 (model_bf16_store.c): layer l's weights widened into params before it runs
+ * (the previous layer's pages given back); the store freed. */
+ctrl_status model_bf16_layer_weights(ctrl_model *m, int l);
+void model_bf16_free(ctrl_model *m);
 /* The input and output widths of linear t (LORA_Q ...). */
 void lora_dims(const ctrl_model *m, int t, int *in, int *out);
 /* lora_bank.c: adds the bank's adapters of the decode call under way to out [T, OUT] (see

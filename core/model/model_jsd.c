@@ -8,7 +8,10 @@
  * [chunk x vocabulary] buffers, never one for the batch), the divergence and dL/dlogits are formed
  * row by row, and the student head's backward gives dL/dhidden of the chunk and accumulates the LM
  * head's gradient. dL/dhidden lands in head_dh, as a fused forward leaves it, so that
- * ctrl_model_backward(student, NULL) runs the rest of the backward.
+ * ctrl_model_backward(student, NULL) runs the rest of the backward. Each head multiplies in its
+ * model's compute dtype, as the fused LM head does: with bf16 compute the hidden rows and the head's
+ * weights are rounded to bf16 and the products summed in fp32 (torch.autocast's lm_head), the
+ * divergence itself and its softmaxes stay fp32.
  *
  * With p = softmax(z / tau), a = log p_s, b = log p_t and m = log((1 - beta) e^a + beta e^b):
  *   jsd = beta sum_v p_t (b - m) + (1 - beta) sum_v p_s (a - m),  dL/da_v = (1 - beta) p_s,v (a_v - m_v)
@@ -119,8 +122,9 @@ static ctrl_status jsd_chunk(ctrl_model *s, ctrl_model *t, const int *rows, int 
         MODEL_TRY(be->copy(bf->hs + (size_t)i * Cs, s->lnf + (size_t)rows[i] * Cs, sizeof(float) * Cs));
         MODEL_TRY(be->copy(bf->ht + (size_t)i * Ct, t->lnf + (size_t)rows[i] * Ct, sizeof(float) * Ct));
     }
-    MODEL_TRY(be->linear_forward(bf->zs, bf->hs, s->dparams + s->off_lm_head, NULL, n, Cs, V));
-    MODEL_TRY(be->linear_forward(bf->zt, bf->ht, t->dparams + t->off_lm_head, NULL, n, Ct, V));
+    /* each head in its model's compute dtype, as the fused LM head: bf16 inputs and weights, fp32 sums */
+    MODEL_TRY(model_linear_forward(s, bf->zs, bf->hs, s->dparams + s->off_lm_head, NULL, n, Cs, V));
+    MODEL_TRY(model_linear_forward(t, bf->zt, bf->ht, t->dparams + t->off_lm_head, NULL, n, Ct, V));
     float *zs = bf->zs, *zt = bf->zt;
     const size_t bytes = sizeof(float) * (size_t)n * V;
     if (!be->host_memory) {
@@ -134,8 +138,8 @@ static ctrl_status jsd_chunk(ctrl_model *s, ctrl_model *t, const int *rows, int 
         out[rows[i]] = (float)jsd_row(zs + (size_t)i * V, zt + (size_t)i * V, V, a->beta, inv_t, w);
     }
     if (!be->host_memory) MODEL_TRY(be->to_device(bf->zs, zs, bytes));
-    MODEL_TRY(be->linear_backward(bf->dh, model_grad(s, s->off_lm_head), NULL, bf->zs, bf->hs,
-                                  s->dparams + s->off_lm_head, n, Cs, V));
+    MODEL_TRY(model_linear_backward(s, bf->dh, model_grad(s, s->off_lm_head), NULL, bf->zs, bf->hs,
+                                    s->dparams + s->off_lm_head, n, Cs, V));
     for (int i = 0; i < n; i++)
         MODEL_TRY(be->copy(s->head_dh + (size_t)rows[i] * Cs, bf->dh + (size_t)i * Cs, sizeof(float) * Cs));
     return CTRL_OK;

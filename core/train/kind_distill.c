@@ -253,6 +253,12 @@ static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, i
     return st;
 }
 
+/* The teacher's activations and scratch, freed between its forwards on the CPU (on a device freeing
+ * would synchronize it every micro-batch: kept there). */
+static void release_teacher(train_kind *k) {
+    if (ctrl_model_device(k->teacher).type == CTRL_DEVICE_CPU) ctrl_model_release_scratch(k->teacher);
+}
+
 /* One micro-batch: the teacher's forward, the student's through the divergence head, backward. */
 static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_items, int source,
                                train_step_stats *out) {
@@ -275,6 +281,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_it
     const double t1 = now();
     const ctrl_jsd_args a = {.beta = k->spec.beta, .temperature = k->spec.loss_temperature, .weight = d};
     if (st == CTRL_OK) st = ctrl_model_jsd_forward(k->model, b, k->teacher, &a, jsd);
+    release_teacher(k); /* not held through the student's backward and optimizer step */
     db.jsd = jsd;
     if (st == CTRL_OK) st = k->ops->distill_loss(k->trainer, &db, &loss, d);
     if (st == CTRL_OK) st = ctrl_model_backward(k->model, NULL);
@@ -396,6 +403,7 @@ static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
         ctrl_batch_free(&b);
     }
     free(idx);
+    release_teacher(k);
     if (st != CTRL_OK) return st;
     if (teacher_too) k->teacher_exact = tcounts[1] > 0 ? tcounts[0] / tcounts[1] : 0;
     const double loss = d->n ? loss_sum / d->n : 0, exact = counts[1] > 0 ? counts[0] / counts[1] : 0,

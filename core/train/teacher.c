@@ -57,9 +57,15 @@ ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student
             "the teacher's full next-token distribution: one vocabulary)",
             where, tc->vocab_size, sc->vocab_size);
     if (st == CTRL_OK) st = check_tokenizer(cfg, s->teacher.path, tok);
-    if (st == CTRL_OK) ctrl_model_freeze(t);
+    if (st == CTRL_OK) st = ctrl_model_freeze(t);
+    /* forwards only: each layer's input and one shared set of internals, not every layer's */
+    if (st == CTRL_OK) st = ctrl_model_set_recompute_all(t);
     if (st == CTRL_OK && s->teacher.bf16) st = ctrl_model_set_compute_dtype(t, CTRL_BF16);
     if (st == CTRL_OK) st = ctrl_model_place_like(t, student);
+    /* bf16 on the CPU: the weights held as bf16, one layer widened at a time (on a device the
+     * teacher computes from its device copy) */
+    if (st == CTRL_OK && s->teacher.bf16 && ctrl_model_device(t).type == CTRL_DEVICE_CPU)
+        st = ctrl_model_hold_bf16(t);
     if (st != CTRL_OK) {
         ctrl_model_free(t);
         return st;

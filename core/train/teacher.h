@@ -12,8 +12,10 @@
 
 /* Loads [teacher] path for `student` (tokenized by `tok`): refused naming the key when it is unset,
  * not a causal LM, of another vocabulary size, or when its own tokenizer (if it has tokenizer
- * files) maps any id to another token than the student's. [teacher] dtype = bf16 runs its linear
- * projections in bf16. */
+ * files) maps any id to another token than the student's. The teacher keeps no activations but
+ * each layer's input and one layer's internals (it never runs a backward). [teacher] dtype = bf16
+ * runs its linear projections in bf16 and, on the CPU, holds its weights in bf16
+ * (ctrl_model_hold_bf16: all of them rounded, the layers' stored in 2 bytes). */
 ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
                                const ctrl_attention_ops *attn, ctrl_model **out);
 

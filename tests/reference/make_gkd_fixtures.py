@@ -17,7 +17,16 @@ GKDTrainer.compute_loss -- TRL's code, with the HF Trainer's num_items_in_batch 
 batch's labels[..., 1:] != -100) -- for beta 0.5: each micro-batch's loss, and the gradients of
 three student tensors (lm_head, embed_tokens, layer 0 q_proj) summed over both backwards.
 
-    python tests/reference/make_gkd_fixtures.py   # writes tests/fixtures/gkd/
+In bf16 (--bf16: writes only gkd/jsd_bf16.bin and gkd/jsd05_t1_bf16.grads.safetensors): the student's
+fp32 weights under torch.autocast(bfloat16) -- what TRL's bf16 = True runs -- and the teacher loaded
+in bfloat16 (teacher_model_init_kwargs dtype = bfloat16, as a bf16 GKD run loads it), the same batch
+through generalized_jsd_loss for beta 0.5 at temperature 1: the loss, the per-token divergence and
+every student parameter's gradient, with the bf16 logits upcast to fp32 before the divergence (TRL's
+run computes the divergence of bf16 logits in bf16, 8% below the fp32 divergence of the same logits
+here: recorded as loss_bf16_divergence; ctrl computes every divergence in fp32).
+
+    python tests/reference/make_gkd_fixtures.py          # writes tests/fixtures/gkd/
+    python tests/reference/make_gkd_fixtures.py --bf16   # writes the two bf16 files only
 """
 import os
 import sys
@@ -76,7 +85,42 @@ def make_batch():
     return torch.tensor(ids), torch.tensor(att), torch.tensor(labels)
 
 
+def main_bf16():
+    """generalized_jsd_loss under bf16: autocast student, bf16 teacher."""
+    student = AutoModelForCausalLM.from_pretrained(STUDENT, dtype=torch.float32)
+    teacher = AutoModelForCausalLM.from_pretrained(TEACHER, dtype=torch.bfloat16)
+    student.eval(), teacher.eval()
+    ids, att, labels = make_batch()
+    shifted = labels[:, 1:]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            t_logits = teacher(input_ids=ids, attention_mask=att).logits[:, :-1, :]
+        s_logits = student(input_ids=ids, attention_mask=att).logits[:, :-1, :]
+        with torch.no_grad():  # the divergence of the bf16 logits computed in bf16, as TRL's run does it
+            native = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=shifted, beta=0.5, temperature=1.0)
+    # the same bf16 logits, the divergence in fp32 (as ctrl computes it: its precision is not the
+    # projections'): this is what the C test compares with
+    s_logits, t_logits = s_logits.float(), t_logits.float()
+    loss = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=shifted, beta=0.5, temperature=1.0)
+    with torch.no_grad():
+        terms = GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=shifted, beta=0.5, temperature=1.0,
+                                                reduction="none")
+    per_tok = torch.zeros(shifted.shape)
+    per_tok[shifted != -100] = terms.float().sum(-1)
+    loss.backward()
+    grads = {n: p.grad.detach().float().contiguous() for n, p in student.named_parameters()}
+    save_file(grads, os.path.join(OUT, "jsd05_t1_bf16.grads.safetensors"))
+    arrays = [("shape", [float(ids.shape[0]), float(ids.shape[1])]), ("params", [0.5, 1.0]),
+              ("loss", [loss.item()]), ("loss_bf16_divergence", [native.item()]),
+              ("jsd", per_tok.flatten().tolist())]
+    write_fixture(os.path.join(OUT, "jsd_bf16.bin"), arrays,
+                  f"trl {trl.__version__} GKDTrainer.generalized_jsd_loss, autocast bf16 student, bf16 teacher")
+    print("bf16 jsd05_t1 loss", loss.item(), "(divergence in bf16:", native.item(), ")")
+
+
 def main():
+    if "--bf16" in sys.argv:
+        return main_bf16()
     print("trl", trl.__version__, "torch", torch.__version__)
     make_teacher()
     student = AutoModelForCausalLM.from_pretrained(STUDENT, dtype=torch.float32)
