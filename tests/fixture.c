@@ -1,8 +1,11 @@
 #include "fixture.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "test.h"
 
 #define MAX_ARRAYS 64
 
@@ -59,4 +62,39 @@ void fixture_free(fixture *f) {
     if (!f) return;
     for (int i = 0; i < f->n; i++) free(f->data[i]);
     free(f);
+}
+
+const float *fixture_array(const fixture *f, const char *name, long want) {
+    long n = 0;
+    const float *x = f ? fixture_get(f, name, &n) : NULL;
+    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
+    return x;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int fixture_list(const char *dir, const char *suffix, char **names, int max) {
+    DIR *d = opendir(dir);
+    CHECK_MSG(d != NULL, "cannot open %s", dir);
+    if (!d) return 0;
+    const size_t ls = strlen(suffix);
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d)) && n < max;) {
+        const size_t l = strlen(de->d_name);
+        if (l > ls && !strcmp(de->d_name + l - ls, suffix)) names[n++] = strdup(de->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    return n;
+}
+
+void fixture_metrics_report(void *ctx, const char *name, double value) {
+    fixture_metrics *m = ctx;
+    int i = 0;
+    while (i < m->n && strcmp(m->name[i], name)) i++;
+    if (i == m->n) {
+        if (m->n == FIXTURE_MAX_METRICS) return;
+        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
+    }
+    m->sum[i] += value, m->count[i]++;
 }

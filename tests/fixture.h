@@ -10,5 +10,21 @@ fixture *fixture_load(const char *path);
 /* The named array and its length, or NULL. */
 const float *fixture_get(const fixture *f, const char *name, long *n);
 void fixture_free(fixture *f);
+/* The named array, which must hold `want` values (want < 0: any number): a test failure naming it
+ * and NULL otherwise. */
+const float *fixture_array(const fixture *f, const char *name, long want);
+/* The names of the files in `dir` ending in `suffix`, sorted (strcmp), at most `max`; each strdup'ed
+ * (the caller frees them). Returns how many; a test failure when `dir` cannot be read. */
+int fixture_list(const char *dir, const char *suffix, char **names, int max);
+
+/* What a trainer reports (its report callback with the collector as ctx): each metric's sum and
+ * number of calls, in order of first appearance; names past FIXTURE_MAX_METRICS are dropped. */
+#define FIXTURE_MAX_METRICS 32
+typedef struct fixture_metrics {
+    char name[FIXTURE_MAX_METRICS][64];
+    double sum[FIXTURE_MAX_METRICS];
+    int count[FIXTURE_MAX_METRICS], n;
+} fixture_metrics;
+void fixture_metrics_report(void *ctx, const char *name, double value);
 
 #endif

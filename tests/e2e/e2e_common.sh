@@ -59,6 +59,35 @@ tiny_ini() {
   } >"$f"
 }
 
+# online_ini TRAINER OUT STEPS [LINE...]: prints the INI of an online or distillation run on
+# tiny_setup's model and data, on the CPU: [run] TRAINER, seed 3, output $TMP/OUT; [model] then
+# INI_MODEL's lines (a [teacher] section); [data] the prompt files (INI_DATA=rows: the
+# prompt-completion rows) then INI_DATA_EXTRA; [train] STEPS at lr 3e-3 constant, INI_BATCH (4)
+# prompts x 2 accumulation (INI_TRAIN's lines between the two), a log line every INI_LOG (1)
+# steps, then INI_SAVE (no checkpoints); [generation] an 8 MB KV pool then INI_GEN; the length
+# reward [reward.len] with target INI_TARGET (8; set empty: no reward); then the LINEs (the
+# trainer's section and its options, other sections).
+online_ini() {
+  local trainer=$1 out=$2 steps=$3 train=train_prompts eval=eval_prompts
+  shift 3
+  [ "${INI_DATA:-prompts}" = rows ] && train=train eval=eval
+  printf '[run]\ntrainer = %s\noutput_dir = %s\nseed = 3\ndevice = cpu\n[model]\npath = %s\n' "$trainer" "$TMP/$out" "$TMP/model"
+  ini_lines "${INI_MODEL:-}"
+  printf '[data]\ntrain_file = %s\neval_file = %s\n' "$TMP/data/$train.jsonl" "$TMP/data/$eval.jsonl"
+  ini_lines "${INI_DATA_EXTRA:-}"
+  printf '[train]\nlearning_rate = 3e-3\nlr_scheduler_type = constant\nmax_steps = %s\n' "$steps"
+  printf 'per_device_train_batch_size = %s\n' "${INI_BATCH:-4}"
+  ini_lines "${INI_TRAIN:-}"
+  printf 'gradient_accumulation_steps = 2\nlogging_steps = %s\n' "${INI_LOG:-1}"
+  ini_lines "${INI_SAVE:-save_strategy = no}"
+  printf '[generation]\nkv_cache_bytes = 8000000\n'
+  ini_lines "${INI_GEN:-}"
+  [ -z "${INI_TARGET-8}" ] || printf '[reward.len]\nplugin = length\ntarget_length = %s\n' "${INI_TARGET-8}"
+  [ $# -eq 0 ] || printf '%s\n' "$@"
+}
+# ini_lines TEXT: TEXT and a newline, nothing when TEXT is empty
+ini_lines() { [ -z "$1" ] || printf '%s\n' "$1"; }
+
 # Prints the counts and exits non-zero when anything failed.
 finish() {
   echo "$pass passed, $fail failed"

@@ -10,35 +10,8 @@ tiny_setup 7 2
 grpo_ini() {
   local out=$1 trainer=$2 steps=$3
   shift 3
-  cat <<INI
-[run]
-trainer = $trainer
-output_dir = $TMP/$out
-seed = 3
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train_prompts.jsonl
-eval_file = $TMP/data/eval_prompts.jsonl
-[train]
-learning_rate = 3e-3
-lr_scheduler_type = constant
-max_steps = $steps
-per_device_train_batch_size = 8
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_steps = 2
-[generation]
-kv_cache_bytes = 8000000
-[reward.len]
-plugin = length
-target_length = 8
-[$trainer]
-num_generations = 4
-max_completion_length = 12
-INI
-  printf '%s\n' "$@"
+  INI_BATCH=8 INI_SAVE="save_steps = 2" online_ini "$trainer" "$out" "$steps" "[$trainer]" "num_generations = 4" \
+    "max_completion_length = 12" "$@"
 }
 
 # metric FILE STEP NAME: the value logged at STEP (empty when absent)

@@ -12,34 +12,7 @@ tiny_setup 7 2
 odpo_ini() {
   local out=$1 steps=$2
   shift 2
-  cat <<INI
-[run]
-trainer = online_dpo
-output_dir = $TMP/$out
-seed = 3
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train_prompts.jsonl
-eval_file = $TMP/data/eval_prompts.jsonl
-[train]
-learning_rate = 3e-3
-lr_scheduler_type = constant
-max_steps = $steps
-per_device_train_batch_size = 4
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_strategy = no
-[generation]
-kv_cache_bytes = 8000000
-[reward.len]
-plugin = length
-target_length = 8
-[online_dpo]
-max_new_tokens = 12
-INI
-  printf '%s\n' "$@"
+  online_ini online_dpo "$out" "$steps" "[online_dpo]" "max_new_tokens = 12" "$@"
 }
 
 # 1. Colocated: TRL's metrics, 2 x 4 prompts x 2 completions a step; prompt + completion past

@@ -9,35 +9,7 @@ tiny_setup 11 2
 ppo_ini() {
   local out=$1 steps=$2
   shift 2
-  cat <<INI
-[run]
-trainer = ppo
-output_dir = $TMP/$out
-seed = 3
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train_prompts.jsonl
-eval_file = $TMP/data/eval_prompts.jsonl
-[train]
-learning_rate = 3e-3
-lr_scheduler_type = constant
-max_steps = $steps
-per_device_train_batch_size = 4
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_strategy = no
-[generation]
-kv_cache_bytes = 8000000
-[reward.len]
-plugin = length
-target_length = 6
-[ppo]
-response_length = 10
-num_ppo_epochs = 2
-INI
-  printf '%s\n' "$@"
+  INI_TARGET=6 online_ini ppo "$out" "$steps" "[ppo]" "response_length = 10" "num_ppo_epochs = 2" "$@"
 }
 
 ppo_ini ppo 6 "stop_token = eos" "kl_estimator = k3" "missing_eos_penalty = 0.5" >"$TMP/ppo.ini"

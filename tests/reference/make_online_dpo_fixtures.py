@@ -14,6 +14,14 @@ objective/entropy sum over padded positions too, which ctrl does not (its comple
 padded).
 
     python tests/reference/make_online_dpo_fixtures.py   # writes tests/fixtures/online_dpo/*.bin
+
+A curve over several optimizer steps (--curve: writes only online_dpo/curve_sigmoid.curve): STEPS
+optimizer steps of GA micro-batches, each with new fixed completions and rewards, through TRL's
+training_step on the tiny Qwen2 and the HF Trainer's update after each step -- global-norm
+clipping to max_grad_norm 1 (clip_grad_norm_) and torch's AdamW (lr 5e-3, betas 0.9 / 0.999, eps
+1e-8, no weight decay, constant rate: the Trainer's adamw_torch). Per step: the completions,
+rewards and reference log-probs of each micro-batch, the micro-batch losses, the gradient norm
+before clipping and TRL's metrics.
 """
 import copy
 import os
@@ -63,6 +71,22 @@ def make_data(seed):
     return mbs
 
 
+def fixed_step(tr, state, d):
+    """TRL's training_step on micro-batch d's fixed completions and rewards: its loss, and the TRL
+    rows of ctrl's order. TRL's layout: rows 0..BS-1 are every prompt's first sample, BS..2BS-1 the
+    second ones."""
+    trl_order = [2 * i for i in range(BS)] + [2 * i + 1 for i in range(BS)]
+    comp = torch.tensor([d["comps"][j] for j in trl_order])
+    pids = torch.tensor(d["prompts"]).repeat(2, 1)
+
+    def fake_generate(model_, prompts_, images=None):
+        return pids, torch.ones_like(pids), comp, torch.ones_like(comp), None
+    tr._generate = fake_generate
+    state["rewards"] = [d["rewards"][j] for j in trl_order]
+    loss = tr.training_step(tr.model, {"prompt": ["t2"] * BS})
+    return loss.item(), [trl_order.index(j) for j in range(2 * BS)]
+
+
 def run_case(loss_type, beta, penalty, seed, with_model_grads):
     torch.manual_seed(0)
     args = OnlineDPOConfig(
@@ -100,18 +124,8 @@ def run_case(loss_type, beta, penalty, seed, with_model_grads):
     tr.model.zero_grad()
     arrays, losses = [], []
     for k, d in enumerate(mbs):
-        # TRL's layout: rows 0..BS-1 are every prompt's first sample, BS..2BS-1 the second ones
-        trl_order = [2 * i for i in range(BS)] + [2 * i + 1 for i in range(BS)]
-        comp = torch.tensor([d["comps"][j] for j in trl_order])
-        pids = torch.tensor(d["prompts"]).repeat(2, 1)
-
-        def fake_generate(model_, prompts_, images=None, comp=comp, pids=pids):
-            return pids, torch.ones_like(pids), comp, torch.ones_like(comp), None
-        tr._generate = fake_generate
-        state["rewards"] = [d["rewards"][j] for j in trl_order]
-        loss = tr.training_step(tr.model, {"prompt": ["t2"] * BS})
-        losses.append(loss.item())
-        back = [trl_order.index(j) for j in range(2 * BS)]  # ctrl order from TRL rows
+        loss, back = fixed_step(tr, state, d)
+        losses.append(loss)
         lp, rf, dl = captured["lp"], captured["ref"], captured["lp"].grad
         arrays += [
             (f"mb{k}_prompts", [t for p in d["prompts"] for t in p]),
@@ -132,8 +146,68 @@ def run_case(loss_type, beta, penalty, seed, with_model_grads):
     return arrays, grads
 
 
+CURVE_STEPS, CURVE_LR = 5, 5e-3
+
+
+def run_curve():
+    torch.manual_seed(0)
+    args = OnlineDPOConfig(
+        output_dir="/tmp/ctrl-odpo-fixture", per_device_train_batch_size=BS, gradient_accumulation_steps=GA,
+        max_new_tokens=max(LENS), beta=0.1, loss_type="sigmoid", missing_eos_penalty=1.0, bf16=False,
+        use_cpu=True, report_to=[], logging_steps=1, gradient_checkpointing=False)
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(77)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    state, captured = {}, {}
+    ds = Dataset.from_list([{"prompt": "t2"}] * 8)
+    tr = OnlineDPOTrainer(model=model, ref_model=ref, reward_funcs=[lambda prompts, completions, **kw:
+                                                                    list(state["rewards"])],
+                          args=args, train_dataset=ds, processing_class=tiny_tokenizer())
+    tr.state.epoch = 0
+    orig_forward = tr._forward
+
+    def capture(m, *a, **k):
+        lp = orig_forward(m, *a, **k)
+        if not lp.requires_grad:
+            captured["ref"] = lp
+        return lp
+    tr._forward = capture
+    opt = torch.optim.AdamW(tr.model.parameters(), lr=CURVE_LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    arrays, losses, norms = [], [], []
+    metric_rows = {}
+    for step in range(CURVE_STEPS):
+        tr.model.zero_grad()
+        tr.stats = {k: [] for k in tr.stats}
+        for k, d in enumerate(make_data(100 + step)):
+            loss, back = fixed_step(tr, state, d)
+            losses.append(loss)
+            arrays += [
+                (f"s{step}_mb{k}_prompts", [t for p in d["prompts"] for t in p]),
+                (f"s{step}_mb{k}_completions", [t for c in d["comps"] for t in c]),
+                (f"s{step}_mb{k}_eos", d["eos"]),
+                (f"s{step}_mb{k}_rewards", d["rewards"]),
+                (f"s{step}_mb{k}_ref_logp", captured["ref"].detach()[back].flatten().tolist()),
+            ]
+        norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), 1.0)))
+        opt.step()
+        for key, v in tr.stats.items():
+            if v:
+                metric_rows.setdefault(key, []).append(float(sum(v) / len(v)))
+    arrays += [("loss", losses), ("grad_norm", norms)]
+    for key in ("rewards/margins", "rewards/chosen", "logps/chosen", "objective/kl"):
+        arrays.append(("metric:" + key, metric_rows[key]))
+    arrays.insert(0, ("config", [0.0, 0.1, 1.0, BS, GA, *LENS, PROMPT_LEN, CURVE_STEPS, CURVE_LR]))
+    write_fixture(os.path.join(OUT, "curve_sigmoid.curve"), arrays, f"trl {trl.__version__} online DPO curve")
+    print("curve: loss", [round(x, 5) for x in losses], "grad_norm", [round(x, 4) for x in norms])
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
+    if "--curve" in sys.argv:
+        return run_curve()
     n = 0
     for loss_type in ("sigmoid", "ipo"):
         for beta in (0.1, 0.5):

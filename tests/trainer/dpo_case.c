@@ -14,16 +14,9 @@ static const char *const losses[] = {"sigmoid",  "hinge",    "ipo",       "exo_p
                                      "apo_zero", "apo_down", "discopop",  "sft",      "sigmoid_norm"};
 static const char *const fdivs[] = {"reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"};
 
-const float *dpo_fixture_get(const fixture *f, const char *name, long want) {
-    long n = 0;
-    const float *x = fixture_get(f, name, &n);
-    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
-    return x;
-}
-
 void dpo_flat_build(dpo_flat *x, const fixture *f, int mb) {
     char key[64];
-#define ARR(field, want) (snprintf(key, sizeof key, "mb%d_%s", mb, field), dpo_fixture_get(f, key, want))
+#define ARR(field, want) (snprintf(key, sizeof key, "mb%d_%s", mb, field), fixture_array(f, key, want))
     const float *shape = ARR("shape", 2);
     const int S = (int)shape[0], L = (int)shape[1];
     const float *ids = ARR("ids", S * L), *att = ARR("attention_mask", S * L),
@@ -80,7 +73,7 @@ void dpo_flat_free(dpo_flat *x) {
 }
 
 void dpo_case_ini(const fixture *f, char *buf, size_t cap) {
-    const float *c = dpo_fixture_get(f, "config", DPO_CONFIG_N);
+    const float *c = fixture_array(f, "config", DPO_CONFIG_N);
     int n = snprintf(buf, cap, "[dpo]\nloss_type = %s%s%s\nbeta = %.9g\nlabel_smoothing = %.9g\n",
                      losses[(int)c[0]], c[1] >= 0 ? "," : "", c[1] >= 0 ? losses[(int)c[1]] : "", c[4], c[5]);
     if (c[1] >= 0) n += snprintf(buf + n, cap - n, "loss_weights = %.9g,%.9g\n", c[2], c[3]);
@@ -108,18 +101,7 @@ const ctrl_trainer_ops *dpo_case_trainer(ctrl_registry *reg, const fixture *f, c
     return st == CTRL_OK ? ops : NULL;
 }
 
-void dpo_report(void *ctx, const char *name, double value) {
-    dpo_metrics *m = ctx;
-    int i = 0;
-    while (i < m->n && strcmp(m->name[i], name)) i++;
-    if (i == m->n) {
-        if (m->n == DPO_MAX_METRICS) return;
-        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
-    }
-    m->sum[i] += value, m->count[i]++;
-}
-
-int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *name, double rel) {
+int dpo_compare_metrics(const fixture *f, const fixture_metrics *got, const char *name, double rel) {
     int compared = 0;
     for (int i = 0; i < got->n; i++) {
         char key[96];
@@ -187,7 +169,7 @@ int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *
                          .spec = &c->spec,
                          .model = c->m,
                          .ref = c->spec.precompute_ref_logp ? NULL : c->ref,
-                         .report = dpo_report,
+                         .report = fixture_metrics_report,
                          .report_ctx = &c->got};
     ctrl_model_zero_grad(c->m);
     return 1;
@@ -196,7 +178,7 @@ int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *
 void seq_case_ref_sums(seq_case *c, seq_micro_batch *run, int mb, double *pre, double *worst) {
     if (!c->spec.precompute_ref_logp) return;
     CHECK_EQ_INT(train_sequence_ref_sums(&c->spec, c->ref, run, pre), CTRL_OK);
-    const float *want = dpo_fixture_get(c->f, mb ? "mb1_ref_sum" : "mb0_ref_sum", run->n_seq);
+    const float *want = fixture_array(c->f, mb ? "mb1_ref_sum" : "mb0_ref_sum", run->n_seq);
     for (int s = 0; want && s < run->n_seq; s++) {
         const double e = fabs(pre[s] - want[s]) / fabs(want[s]);
         if (e > *worst) *worst = e;

@@ -31,23 +31,13 @@ typedef struct dpo_flat {
 void dpo_flat_build(dpo_flat *x, const fixture *f, int mb);
 void dpo_flat_free(dpo_flat *x);
 
-/* The fixture's array `name` with `want` values (< 0: any), checked. */
-const float *dpo_fixture_get(const fixture *f, const char *name, long want);
-
 /* The dpo trainer created from the case's config (NULL and a failed check when it cannot be). */
 const ctrl_trainer_ops *dpo_case_trainer(ctrl_registry *reg, const fixture *f, ctrl_trainer **out);
 /* The [dpo] section of the case's config, as INI lines. */
 void dpo_case_ini(const fixture *f, char *buf, size_t cap);
 
-#define DPO_MAX_METRICS 32
-typedef struct dpo_metrics {
-    char name[DPO_MAX_METRICS][64];
-    double sum[DPO_MAX_METRICS];
-    int count[DPO_MAX_METRICS], n;
-} dpo_metrics;
-void dpo_report(void *ctx, const char *name, double value);
 /* Every metric reported is one TRL logged, with its mean over the calls within rel; returns how many. */
-int dpo_compare_metrics(const fixture *f, const dpo_metrics *got, const char *name, double rel);
+int dpo_compare_metrics(const fixture *f, const fixture_metrics *got, const char *name, double rel);
 
 /* The tiny Qwen2 fixture policy and tests/fixtures/dpo/ref_model, both on the flash attention
  * plugin (a failed check when either cannot be loaded). */
@@ -64,7 +54,7 @@ typedef struct seq_case {
     ctrl_trainer *t;
     const ctrl_trainer_ops *ops;
     ctrl_sequence_spec spec;
-    dpo_metrics got;
+    fixture_metrics got;
     seq_step step;
 } seq_case;
 /* 1 when every part could be had (else 0 after a failed check; close it either way); the policy's

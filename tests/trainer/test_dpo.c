@@ -6,7 +6,6 @@
  * the core's reductions (train_sequence_sums, LD-DPO's weights, train_sequence_spread) and the
  * plugin's sequence_loss must give TRL's loss, dL/dlogp of every token and every metric TRL logs,
  * within 1e-5 relative. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,13 +27,13 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
     fixture *f = fixture_load(path);
     CHECK_MSG(f != NULL, "cannot load %s", path);
     if (!f) return;
-    dpo_metrics got = {0};
+    fixture_metrics got = {0};
     ctrl_trainer *t = NULL;
     const ctrl_trainer_ops *ops = dpo_case_trainer(reg, f, &t);
-    const float *cfg = dpo_fixture_get(f, "config", DPO_CONFIG_N);
+    const float *cfg = fixture_array(f, "config", DPO_CONFIG_N);
     const double ld = cfg[9];
     const int pre = cfg[11] != 0;
-    const float *want_loss = dpo_fixture_get(f, "loss", 2);
+    const float *want_loss = fixture_array(f, "loss", 2);
     double worst_d = 0;
     int sft = 0;
     for (int mb = 0; mb < 2 && ops; mb++) {
@@ -57,7 +56,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
         train_sequence_sums(S, x.cu, x.mean_logit, x.weight, ml, NULL);
         for (int s = 0; s < S; s++) ml[s] = n_tok[s] ? ml[s] / n_tok[s] : 0;
         if (pre) {
-            const float *r = dpo_fixture_get(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", S);
+            const float *r = fixture_array(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", S);
             for (int s = 0; s < S; s++) ref[s] = r[s];
         } else {
             train_sequence_sums(S, x.cu, x.ref_logp, sw, ref, NULL);
@@ -74,7 +73,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
                                  .ref_logp_sum = ref,
                                  .mean_logit = ml,
                                  .num_items = 2 * B,
-                                 .report = dpo_report,
+                                 .report = fixture_metrics_report,
                                  .report_ctx = &got,
                                  .entropy = x.entropy,
                                  .correct = x.correct,
@@ -102,22 +101,12 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
     fixture_free(f);
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 TEST(dpo_losses_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/dpo", CTRL_FIXTURE_DIR);
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
     char *files[160];
-    int n = 0;
-    for (struct dirent *de; d && (de = readdir(d)) && n < 160;) {
-        const size_t l = strlen(de->d_name);
-        if (l > 4 && !strcmp(de->d_name + l - 4, ".bin")) files[n++] = strdup(de->d_name);
-    }
-    if (d) closedir(d);
-    qsort(files, (size_t)n, sizeof *files, by_name);
+    const int n = fixture_list(dir, ".bin", files, 160);
     CHECK_MSG(n >= 74, "%d fixture cases (expected 60 loss_type x beta x reference cases + 14 more)", n);
     for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
     ctrl_registry_destroy(reg);
@@ -156,7 +145,7 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
         seq_case_close(&c);
         return;
     }
-    const float *want_loss = dpo_fixture_get(c.f, "loss", 2);
+    const float *want_loss = fixture_array(c.f, "loss", 2);
     double worst_lp = 0, worst_ml = 0, worst_lss = 0, worst_ref = 0;
     for (int mb = 0; mb < 2; mb++) {
         dpo_flat x;

@@ -12,35 +12,9 @@ tiny_setup 5 1
 gkd_ini() {
   local out=$1 steps=$2
   shift 2
-  cat <<INI
-[run]
-trainer = gkd
-output_dir = $TMP/$out
-seed = 3
-device = cpu
-[model]
-path = $TMP/model
-[teacher]
-path = $TMP/teacher
-[data]
-train_file = $TMP/data/train.jsonl
-eval_file = $TMP/data/eval.jsonl
-${DATA_EXTRA:-}
-[train]
-learning_rate = 3e-3
-lr_scheduler_type = constant
-max_steps = $steps
-per_device_train_batch_size = 8
-per_device_eval_batch_size = 64
-gradient_accumulation_steps = 2
-logging_steps = 5
-eval_steps = 1000
-save_strategy = no
-[generation]
-kv_cache_bytes = 8000000
-${GEN_EXTRA:-}
-INI
-  printf '%s\n' "$@"
+  INI_DATA=rows INI_TARGET= INI_BATCH=8 INI_LOG=5 INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" \
+    INI_TRAIN="per_device_eval_batch_size = 64" INI_SAVE=$'eval_steps = 1000\nsave_strategy = no' \
+    online_ini gkd "$out" "$steps" "$@"
 }
 # first / last eval_loss of a metrics file
 eval_loss() { grep -o '"eval_loss": [0-9.e+-]*' "$1" | sed -n "$2" | cut -d' ' -f2; }
@@ -90,7 +64,7 @@ done
 
 # LoRA on the student (its head frozen: the divergence's gradient stops at the hidden states) with
 # activation checkpointing, on-policy, the engine asleep between generations.
-GEN_EXTRA="sleep = 1" gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[peft]" "enabled = true" "[memory]" \
+INI_GEN="sleep = 1" gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[peft]" "enabled = true" "[memory]" \
   "strategies = checkpointing" >"$TMP/lora.ini"
 if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "gkd lora run"; tail -3 "$TMP/lora.log"; fi
 grep -q "LoRA adapter" "$TMP/lora.log" && ok || bad "gkd lora saved no adapter"
@@ -123,7 +97,7 @@ PORT=$((20000 + RANDOM % 20000))
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
-GEN_EXTRA=$(printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$PORT") gkd_ini srv 3 "[gkd]" "lmbda = 1" \
+INI_GEN=$(printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$PORT") gkd_ini srv 3 "[gkd]" "lmbda = 1" \
   "max_new_tokens = 4" >"$TMP/srv.ini"
 if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else
   bad "server-mode run"
@@ -149,8 +123,8 @@ refuse() { # NAME PATTERN INI-LINES... : the run fails with PATTERN in its messa
 }
 refuse unknown_key "lmbd" "[gkd]" "lmbd = 0.5"
 refuse beta_range "beta" "[gkd]" "beta = 1.5"
-GEN_EXTRA="temperature = 0.7" refuse gen_temperature "\[generation\] temperature" "[gkd]" "lmbda = 1"
-DATA_EXTRA="packing = true" refuse packing "\[data\] packing" "[gkd]" "lmbda = 1"
+INI_GEN="temperature = 0.7" refuse gen_temperature "\[generation\] temperature" "[gkd]" "lmbda = 1"
+INI_DATA_EXTRA="packing = true" refuse packing "\[data\] packing" "[gkd]" "lmbda = 1"
 # no teacher; a teacher of another vocabulary; a teacher for a trainer without one; a bad dtype
 gkd_ini r_none 2 | sed '/^\[teacher\]$/,/^path/d' >"$TMP/r_none.ini"
 "${C[@]}" train "$TMP/r_none.ini" >"$TMP/r_none.log" 2>&1 && bad "no teacher accepted" ||

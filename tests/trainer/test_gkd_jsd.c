@@ -26,13 +26,6 @@ typedef struct jsd_case {
     int n_valid;
 } jsd_case;
 
-static const float *get(const fixture *f, const char *name, long want) {
-    long n = 0;
-    const float *x = fixture_get(f, name, &n);
-    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
-    return x;
-}
-
 static int case_open(jsd_case *c) {
     memset(c, 0, sizeof *c);
     char path[2048];
@@ -47,10 +40,10 @@ static int case_open(jsd_case *c) {
     snprintf(path, sizeof path, "%s/gkd/teacher", CTRL_FIXTURE_DIR);
     CHECK_EQ_INT(ctrl_model_load(path, attn, &c->teacher), CTRL_OK);
     if (!c->student || !c->teacher) return 0;
-    const float *shape = get(c->f, "shape", 2);
+    const float *shape = fixture_array(c->f, "shape", 2);
     const int S = (int)shape[0], L = (int)shape[1];
-    const float *ids = get(c->f, "ids", S * L), *att = get(c->f, "attention_mask", S * L),
-                *lab = get(c->f, "labels", S * L);
+    const float *ids = fixture_array(c->f, "ids", S * L), *att = fixture_array(c->f, "attention_mask", S * L),
+                *lab = fixture_array(c->f, "labels", S * L);
     int T = 0;
     for (int i = 0; i < S * L; i++) T += att[i] != 0;
     c->tok = malloc(sizeof(int32_t) * T), c->pos = malloc(sizeof(int32_t) * T),
@@ -101,30 +94,30 @@ static const char *const cases[] = {"fkl_t1", "rkl_t1", "jsd05_t1", "jsd01_t2", 
 TEST(gkd_jsd_matches_trl) {
     jsd_case c;
     if (!case_open(&c)) return case_close(&c);
-    const float *shape = get(c.f, "shape", 2);
+    const float *shape = fixture_array(c.f, "shape", 2);
     const int S = (int)shape[0], L = (int)shape[1], T = c.b.T;
-    const double num_items = get(c.f, "num_items", 1)[0];
+    const double num_items = fixture_array(c.f, "num_items", 1)[0];
     float *jsd = malloc(sizeof(float) * T), *want = calloc(T, sizeof(float));
     char key[96];
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         snprintf(key, sizeof key, "%s_params", cases[k]);
-        const float *p = get(c.f, key, 2);
+        const float *p = fixture_array(c.f, key, 2);
         snprintf(key, sizeof key, "%s_jsd", cases[k]);
-        const float *per = get(c.f, key, (long)S * (L - 1));
+        const float *per = fixture_array(c.f, key, (long)S * (L - 1));
         CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
         const double loss = run(&c, p[0], p[1], 0, jsd);
         double sum = 0;
         for (int t = 0; t < T; t++) want[t] = c.src[t] >= 0 ? per[c.src[t]] : 0.0f, sum += jsd[t];
         CHECK_REL(jsd, want, T, 1e-5);
         snprintf(key, sizeof key, "%s_loss", cases[k]);
-        const double wl = get(c.f, key, 1)[0];
+        const double wl = fixture_array(c.f, key, 1)[0];
         CHECK_MSG(fabs(loss - wl) <= 1e-5 * fabs(wl), "%s: loss %.9g, TRL %.9g", cases[k], loss, wl);
         snprintf(key, sizeof key, "%s_loss_distill", cases[k]); /* DistillationTrainer's chunked loss */
-        const double wd = get(c.f, key, 1)[0];
+        const double wd = fixture_array(c.f, key, 1)[0];
         CHECK_MSG(fabs(loss - wd) <= 1e-5 * fabs(wd), "%s: loss %.9g, TRL's DistillationTrainer %.9g",
                   cases[k], loss, wd);
         snprintf(key, sizeof key, "%s_loss_items", cases[k]);
-        const double wi = get(c.f, key, 1)[0];
+        const double wi = fixture_array(c.f, key, 1)[0];
         CHECK_MSG(fabs(sum / num_items - wi) <= 1e-5 * fabs(wi), "%s: loss/num_items %.9g, TRL %.9g",
                   cases[k], sum / num_items, wi);
         char path[2048];
@@ -259,8 +252,8 @@ TEST(gkd_trainer_step_matches_trl) {
     ctrl_distill_spec spec = {.size = sizeof spec};
     CHECK_EQ_INT(ops->distill->distill_spec(t, &spec), CTRL_OK);
     CHECK(spec.beta == 0.5 && spec.loss_temperature == 1.0);
-    const double num_items = get(c.f, "trainer_num_items", 1)[0];
-    const float *want = get(c.f, "trainer_mb_loss", 2);
+    const double num_items = fixture_array(c.f, "trainer_num_items", 1)[0];
+    const float *want = fixture_array(c.f, "trainer_mb_loss", 2);
     CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
     const int parts[3] = {0, 2, 3}; /* sequences [parts[m], parts[m + 1]) */
     for (int m = 0; m < 2; m++) {
@@ -352,18 +345,18 @@ TEST(gkd_jsd_bf16_matches_trl) {
     fixture *f = fixture_load(path);
     CHECK_MSG(f != NULL, "cannot load %s", path);
     if (!f) return case_close(&c);
-    const float *shape = get(c.f, "shape", 2);
+    const float *shape = fixture_array(c.f, "shape", 2);
     const int S = (int)shape[0], L = (int)shape[1], T = c.b.T;
     CHECK_EQ_INT(ctrl_model_set_compute_dtype(c.student, CTRL_BF16), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_freeze(c.teacher), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_set_compute_dtype(c.teacher, CTRL_BF16), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_hold_bf16(c.teacher), CTRL_OK);
-    const float *p = get(f, "params", 2), *per = get(f, "jsd", (long)S * (L - 1));
+    const float *p = fixture_array(f, "params", 2), *per = fixture_array(f, "jsd", (long)S * (L - 1));
     float *jsd = malloc(sizeof(float) * T), *want = calloc(T, sizeof(float));
     CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
     const double loss = run(&c, p[0], p[1], 0, jsd);
     for (int t = 0; t < T; t++) want[t] = c.src[t] >= 0 ? per[c.src[t]] : 0.0f;
-    const double wl = get(f, "loss", 1)[0], e_jsd = test_rel_error_f32(jsd, want, T);
+    const double wl = fixture_array(f, "loss", 1)[0], e_jsd = test_rel_error_f32(jsd, want, T);
     CHECK_MSG(fabs(loss - wl) <= 1e-3 * fabs(wl), "bf16: loss %.7g, TRL %.7g", loss, wl);
     CHECK_MSG(e_jsd <= 5e-3, "bf16: per-token divergence %.3g from TRL's", e_jsd);
     CHECK_EQ_INT(ctrl_model_backward(c.student, NULL), CTRL_OK);

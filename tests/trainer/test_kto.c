@@ -6,7 +6,6 @@
  * TRL's per-token log-probs; the core's reductions and the plugin's sequence_loss must give TRL's
  * loss, dL/dlogp of every token and every metric TRL logs (and no other), within 1e-5 relative.
  * Then the same step through the tiny Qwen2 policy and reference (the kind's micro-batch). */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +34,7 @@ static ctrl_config *kto_config(ctrl_registry *reg, const char *section, int bs) 
 
 /* The kto trainer as the case's config says. */
 static const ctrl_trainer_ops *case_trainer(ctrl_registry *reg, const fixture *f, ctrl_trainer **out) {
-    const float *c = dpo_fixture_get(f, "config", 5);
+    const float *c = fixture_array(f, "config", 5);
     char sec[512];
     snprintf(sec, sizeof sec,
              "loss_type = %s\nbeta = %.9g\ndesirable_weight = %.9g\nundesirable_weight = %.9g\n"
@@ -58,7 +57,7 @@ static const char *const trl_metrics[] = {
     "logps/chosen", "rewards/rejected", "logps/rejected", "rewards/margins"};
 
 /* Every metric TRL logged was reported with TRL's mean, and every one reported is TRL's. */
-static int compare_metrics(const fixture *f, const dpo_metrics *got, const char *name) {
+static int compare_metrics(const fixture *f, const fixture_metrics *got, const char *name) {
     int n = 0;
     for (size_t i = 0; i < sizeof trl_metrics / sizeof *trl_metrics; i++) {
         char key[96];
@@ -87,7 +86,7 @@ static int case_layout(const fixture *f, int mb, int with_kl, dpo_flat *x, float
     const int B = x->n_seq / 2, S = with_kl ? 2 * B : B;
     char key[32];
     snprintf(key, sizeof key, "mb%d_label", mb);
-    const float *lab = dpo_fixture_get(f, key, B);
+    const float *lab = fixture_array(f, key, B);
     for (int s = 0; s < S; s++) label[s] = s < B ? lab[s] : 0, kl[s] = s >= B;
     x->n_seq = S, x->T = x->cu[S], x->batch.T = x->T, x->batch.B = S;
     return S;
@@ -100,12 +99,12 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
     fixture *f = fixture_load(path);
     CHECK_MSG(f != NULL, "cannot load %s", path);
     if (!f) return;
-    dpo_metrics got = {0};
+    fixture_metrics got = {0};
     ctrl_trainer *t = NULL;
     const ctrl_trainer_ops *ops = case_trainer(reg, f, &t);
-    const float *cfg = dpo_fixture_get(f, "config", 5);
+    const float *cfg = fixture_array(f, "config", 5);
     const int with_kl = cfg[0] == 0, pre = cfg[4] != 0;
-    const float *want_loss = dpo_fixture_get(f, "loss", 2);
+    const float *want_loss = fixture_array(f, "loss", 2);
     double worst_d = 0;
     for (int mb = 0; mb < 2 && ops; mb++) {
         dpo_flat x;
@@ -119,7 +118,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
         train_sequence_sums(S, x.cu, x.mean_logit, x.weight, ml, n_tok);
         for (int s = 0; s < S; s++) ml[s] = n_tok[s] ? ml[s] / n_tok[s] : 0;
         if (pre) {
-            const float *r = dpo_fixture_get(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", 2 * B);
+            const float *r = fixture_array(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", 2 * B);
             for (int s = 0; s < S; s++) ref[s] = r[s];
         } else {
             train_sequence_sums(S, x.cu, x.ref_logp, x.weight, ref, NULL);
@@ -137,7 +136,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
                                        .label = label,
                                        .kl = with_kl ? kl : NULL,
                                        .num_items = 2 * B,
-                                       .report = dpo_report,
+                                       .report = fixture_metrics_report,
                                        .report_ctx = &got,
                                        .entropy = x.entropy,
                                        .correct = x.correct};
@@ -160,22 +159,12 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
     fixture_free(f);
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 TEST(kto_losses_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/kto", CTRL_FIXTURE_DIR);
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
     char *files[64];
-    int n = 0;
-    for (struct dirent *de; d && (de = readdir(d)) && n < 64;) {
-        const size_t l = strlen(de->d_name);
-        if (l > 4 && !strcmp(de->d_name + l - 4, ".bin")) files[n++] = strdup(de->d_name);
-    }
-    if (d) closedir(d);
-    qsort(files, (size_t)n, sizeof *files, by_name);
+    const int n = fixture_list(dir, ".bin", files, 64);
     CHECK_MSG(n >= 10, "%d fixture cases (expected 2 loss types x 2 betas x 2 weightings + 2 precomputed)",
               n);
     for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
@@ -234,7 +223,7 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
         seq_case_close(&c);
         return;
     }
-    const float *want_loss = dpo_fixture_get(c.f, "loss", 2);
+    const float *want_loss = fixture_array(c.f, "loss", 2);
     double worst_ref = 0;
     for (int mb = 0; mb < 2; mb++) {
         dpo_flat x;

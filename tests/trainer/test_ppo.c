@@ -20,31 +20,6 @@
 #include "test.h"
 #include "test_registry.h"
 
-#define MAX_METRICS 32
-typedef struct metrics {
-    char name[MAX_METRICS][64];
-    double sum[MAX_METRICS];
-    int count[MAX_METRICS], n;
-} metrics;
-
-static void report(void *ctx, const char *name, double value) {
-    metrics *m = ctx;
-    int i = 0;
-    while (i < m->n && strcmp(m->name[i], name)) i++;
-    if (i == m->n) {
-        if (m->n == MAX_METRICS) return;
-        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
-    }
-    m->sum[i] += value, m->count[i]++;
-}
-
-static const float *get(const fixture *f, const char *name, long want) {
-    long n = 0;
-    const float *x = fixture_get(f, name, &n);
-    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
-    return x;
-}
-
 /* max |a - b| / max |b| (TRL's padded entries included) */
 static double rel(const float *a, const float *b, long n) {
     double num = 0, den = 0;
@@ -124,7 +99,7 @@ static void run_case(ctrl_registry *reg, const char *name) {
     fixture *f = fixture_load(path);
     CHECK_MSG(f != NULL, "cannot load %s", path);
     if (!f) return;
-    const float *c = get(f, "config", 17), *shape = get(f, "shape", 4);
+    const float *c = fixture_array(f, "config", 17), *shape = fixture_array(f, "shape", 4);
     const int B = (int)shape[0], W = (int)shape[1], P = (int)shape[2], n_micro = (int)shape[3];
     const int bs = (int)c[0], ga = (int)c[1], epochs = (int)c[3];
     const long N = (long)B * W;
@@ -137,47 +112,50 @@ static void run_case(ctrl_registry *reg, const char *name) {
     const ctrl_status cst = ops->create(ctrl_host_table(), cfg, &t);
     CHECK_MSG(cst == CTRL_OK, "%s: %s", name, ctrl_error_message());
     if (!t) return;
-    const float *resp_f = get(f, "responses", N);
+    const float *resp_f = fixture_array(f, "responses", N);
     int32_t *resp = malloc(sizeof(int32_t) * N);
     for (long i = 0; i < N; i++) resp[i] = (int32_t)resp_f[i];
     float *adv = malloc(sizeof(float) * N), *ret = malloc(sizeof(float) * N),
           *val = malloc(sizeof(float) * N);
     float *pm = malloc(sizeof(float) * N), *vm = malloc(sizeof(float) * N);
-    metrics got = {0};
+    fixture_metrics got = {0};
     ctrl_token_rollout ro = {.size = sizeof ro,
                              .n = B,
                              .width = W,
                              .pad_token_id = (int)c[15],
                              .eos_token_id = (int)c[16],
                              .responses = resp,
-                             .logp = get(f, "old_logp_raw", N),
-                             .ref_logp = get(f, "trl:ref_logprobs", N),
-                             .values = get(f, "values_raw", N),
-                             .scores = get(f, "scores_raw", B),
+                             .logp = fixture_array(f, "old_logp_raw", N),
+                             .ref_logp = fixture_array(f, "trl:ref_logprobs", N),
+                             .values = fixture_array(f, "values_raw", N),
+                             .scores = fixture_array(f, "scores_raw", B),
                              .advantages = adv,
                              .returns = ret,
                              .old_values = val,
                              .policy_mask = pm,
                              .value_mask = vm,
-                             .report = report,
+                             .report = fixture_metrics_report,
                              .report_ctx = &got};
     CHECK_EQ_INT(ops->token_rollout(t, &ro), CTRL_OK);
-    const float *pad_m = get(f, "trl:padding_mask", N), *pad_m1 = get(f, "trl:padding_mask_p1", N);
+    const float *pad_m = fixture_array(f, "trl:padding_mask", N),
+                *pad_m1 = fixture_array(f, "trl:padding_mask_p1", N);
     int masks_equal = 1;
     for (long i = 0; i < N; i++) masks_equal &= pm[i] == 1 - pad_m[i] && vm[i] == 1 - pad_m1[i];
     CHECK_MSG(masks_equal, "%s: policy / value masks differ from TRL's padding masks", name);
-    const double e_adv = rel(adv, get(f, "trl:advantages", N), N),
-                 e_ret = rel(ret, get(f, "trl:returns", N), N);
-    const double e_val = rel(val, get(f, "trl:values", N), N);
+    const double e_adv = rel(adv, fixture_array(f, "trl:advantages", N), N),
+                 e_ret = rel(ret, fixture_array(f, "trl:returns", N), N);
+    const double e_val = rel(val, fixture_array(f, "trl:values", N), N);
     CHECK_MSG(e_adv <= 1e-5 && e_ret <= 1e-5 && e_val <= 1e-6,
               "%s: advantages %.3g, returns %.3g, values %.3g", name, e_adv, e_ret, e_val);
 
     /* the first optimizer step's micro-batches, with TRL's new log-probs and values (or the model's) */
-    const float *rows_f = get(f, "mb_rows", (long)n_micro * bs),
-                *lp_f = get(f, "mb_logp", (long)n_micro * bs * W);
-    const float *ent_f = get(f, "mb_entropy", (long)n_micro * bs * W), *dlp_f = get(f, "mb_dlogp", -1);
-    const float *vp_f = get(f, "mb_vpred", (long)n_micro * bs * W), *dvp_f = get(f, "mb_dvpred", -1);
-    const float *old_lp = get(f, "trl:logprobs", N), *q = get(f, "queries", (long)B * P);
+    const float *rows_f = fixture_array(f, "mb_rows", (long)n_micro * bs),
+                *lp_f = fixture_array(f, "mb_logp", (long)n_micro * bs * W);
+    const float *ent_f = fixture_array(f, "mb_entropy", (long)n_micro * bs * W),
+                *dlp_f = fixture_array(f, "mb_dlogp", -1);
+    const float *vp_f = fixture_array(f, "mb_vpred", (long)n_micro * bs * W),
+                *dvp_f = fixture_array(f, "mb_dvpred", -1);
+    const float *old_lp = fixture_array(f, "trl:logprobs", N), *q = fixture_array(f, "queries", (long)B * P);
     ctrl_model *pol = NULL, *vmod = NULL;
     snprintf(path, sizeof path, "%s/ppo/%s.grads.safetensors", CTRL_FIXTURE_DIR, name);
     ctrl_safetensors *gs = NULL;
@@ -251,7 +229,7 @@ static void run_case(ctrl_registry *reg, const char *name) {
                                  .old_logp = o,
                                  .entropy = ent,
                                  .grad_accum = ga,
-                                 .report = report,
+                                 .report = fixture_metrics_report,
                                  .report_ctx = &got,
                                  .token_advantages = a,
                                  .returns = r,

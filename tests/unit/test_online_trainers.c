@@ -4,7 +4,6 @@
  * TRL computed from fixed rewards, then over two micro-batches of one optimizer step the loss,
  * dL/dlogp of every completion token and the metrics. Model cases also run the tiny Qwen2 with
  * temperature 0.7 through ctrl's model and compare every parameter gradient. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,31 +16,6 @@
 #include "model/safetensors.h"
 #include "test.h"
 #include "test_registry.h"
-
-#define MAX_METRICS 32
-typedef struct metrics {
-    char name[MAX_METRICS][64];
-    double sum[MAX_METRICS];
-    int count[MAX_METRICS], n;
-} metrics;
-
-static void report(void *ctx, const char *name, double value) {
-    metrics *m = ctx;
-    int i = 0;
-    while (i < m->n && strcmp(m->name[i], name)) i++;
-    if (i == m->n) {
-        if (m->n == MAX_METRICS) return;
-        snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
-    }
-    m->sum[i] += value, m->count[i]++;
-}
-
-static const float *get(const fixture *f, const char *name, long want) {
-    long n = 0;
-    const float *x = fixture_get(f, name, &n);
-    CHECK_MSG(x && (want < 0 || n == want), "fixture array %s: %ld values, want %ld", name, n, want);
-    return x;
-}
 
 /* The trainer plugin configured as the fixture case says. */
 static ctrl_config *case_config(ctrl_registry *reg, const char *name, const float *c) {
@@ -82,7 +56,7 @@ typedef struct model_batch {
 } model_batch;
 
 static void model_batch_build(model_batch *mb, const fixture *f, int first, int C, const int *len) {
-    const float *shape = get(f, "shape", 4), *ids = get(f, "completion_ids", -1);
+    const float *shape = fixture_array(f, "shape", 4), *ids = fixture_array(f, "completion_ids", -1);
     int T = 0;
     for (int i = 0; i < 4; i++) T += (int)shape[2 + (first + i) / 4] + len[first + i];
     mb->tok = malloc(sizeof(int32_t) * T), mb->pos = malloc(sizeof(int32_t) * T);
@@ -92,7 +66,7 @@ static void model_batch_build(model_batch *mb, const fixture *f, int first, int 
         const int s = first + i, P = (int)shape[2 + s / 4];
         char key[16];
         snprintf(key, sizeof key, "prompt%d", s / 4);
-        const float *prompt = get(f, key, P);
+        const float *prompt = fixture_array(f, key, P);
         mb->cu[i] = t;
         for (int j = 0; j < P + len[s]; j++, t++) {
             mb->tok[t] = (int32_t)(j < P ? prompt[j] : ids[s * C + j - P]);
@@ -138,17 +112,18 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
     fixture *f = fixture_load(path);
     CHECK_MSG(f != NULL, "cannot load %s", path);
     if (!f) return;
-    const float *shape = get(f, "shape", 4);
+    const float *shape = fixture_array(f, "shape", 4);
     const int B = (int)shape[0], C = (int)shape[1], rloo = !strncmp(name, "rloo", 4);
-    ctrl_config *cfg = case_config(reg, name, get(f, "config", 4));
+    ctrl_config *cfg = case_config(reg, name, fixture_array(f, "config", 4));
     const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_TRAINER, rloo ? "rloo" : "grpo");
     CHECK(e != NULL && cfg != NULL);
     if (!e || !cfg) return;
     const ctrl_trainer_ops *ops = e->plugin->ops;
     ctrl_trainer *t = NULL;
     CHECK_EQ_INT(ops->create(ctrl_host_table(), cfg, &t), CTRL_OK);
-    const float *ids = get(f, "completion_ids", B * C), *mask = get(f, "completion_mask", B * C);
-    const float *old = get(f, "old_logp", B * C), *ref = get(f, "ref_logp", B * C);
+    const float *ids = fixture_array(f, "completion_ids", B * C),
+                *mask = fixture_array(f, "completion_mask", B * C);
+    const float *old = fixture_array(f, "old_logp", B * C), *ref = fixture_array(f, "ref_logp", B * C);
     int *len = calloc((size_t)B, sizeof(int)), *ntok = calloc((size_t)B, sizeof(int));
     float *kl = calloc((size_t)B, sizeof(float)), *adv = malloc(sizeof(float) * B);
     for (int i = 0; i < B; i++)
@@ -156,17 +131,17 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
             len[i] += ids[i * C + j] != 0; /* real ids are >= 1; 0 pads */
             if (mask[i * C + j] > 0) kl[i] += old[i * C + j] - ref[i * C + j], ntok[i]++;
         }
-    metrics got = {0};
+    fixture_metrics got = {0};
     ctrl_rollout ro = {.size = sizeof ro,
                        .n = B,
                        .group = 4,
-                       .rewards = get(f, "rewards", B),
+                       .rewards = fixture_array(f, "rewards", B),
                        .kl = kl,
                        .n_tokens = ntok,
-                       .report = report,
+                       .report = fixture_metrics_report,
                        .report_ctx = &got};
     CHECK_EQ_INT(ops->advantages(t, &ro, adv), CTRL_OK);
-    const float *want_adv = get(f, "advantages", B);
+    const float *want_adv = fixture_array(f, "advantages", B);
     CHECK_MSG(test_rel_error_f32(adv, want_adv, B) <= 1e-5, "%s: advantages differ from TRL's (rel %.3g)",
               name, test_rel_error_f32(adv, want_adv, B));
 
@@ -182,16 +157,16 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
                      CTRL_OK);
         if (m) ctrl_model_set_temperature(m, 0.7f), ctrl_model_zero_grad(m);
     }
-    const float *want_loss = get(f, "loss", 2), *want_d = get(f, "dlogp", B * C);
+    const float *want_loss = fixture_array(f, "loss", 2), *want_d = fixture_array(f, "dlogp", B * C);
     double worst_lp = 0;
     float *got_d = malloc(sizeof(float) * B * C), *exp_d = malloc(sizeof(float) * B * C);
     int n_d = 0;                  /* dL/dlogp of every real completion token, compared as one vector */
     for (int k = 0; k < 2; k++) { /* the two micro-batches of the optimizer step */
         char key[32];
         snprintf(key, sizeof key, "mb%d_logp", k);
-        const float *lp_f = get(f, key, 4 * C);
+        const float *lp_f = fixture_array(f, key, 4 * C);
         snprintf(key, sizeof key, "mb%d_entropy", k);
-        const float *ent_f = get(f, key, 4 * C);
+        const float *ent_f = fixture_array(f, key, 4 * C);
         model_batch mb;
         int T = 0, cu[5], *at;
         if (m) {
@@ -229,7 +204,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
                                  .T = T,
                                  .logp = lp,
                                  .weight = w,
-                                 .num_items = get(f, "num_items", 1)[0],
+                                 .num_items = fixture_array(f, "num_items", 1)[0],
                                  .n_seq = 4,
                                  .cu_seqlens = seq,
                                  .advantages = want_adv + 4 * k,
@@ -237,7 +212,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
                                  .ref_logp = r,
                                  .entropy = ent,
                                  .grad_accum = 2,
-                                 .report = report,
+                                 .report = fixture_metrics_report,
                                  .report_ctx = &got};
         double loss = 0;
         CHECK_EQ_INT(ops->loss(t, &tb, &loss, d), CTRL_OK);
@@ -284,22 +259,12 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
     fixture_free(f);
 }
 
-static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 TEST(grpo_and_rloo_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/online", CTRL_FIXTURE_DIR);
-    DIR *d = opendir(dir);
-    CHECK_MSG(d != NULL, "cannot open %s", dir);
     char *files[128];
-    int n = 0;
-    for (struct dirent *de; d && (de = readdir(d)) && n < 128;) {
-        const size_t l = strlen(de->d_name);
-        if (l > 4 && !strcmp(de->d_name + l - 4, ".bin")) files[n++] = strdup(de->d_name);
-    }
-    if (d) closedir(d);
-    qsort(files, (size_t)n, sizeof *files, by_name);
+    const int n = fixture_list(dir, ".bin", files, 128);
     CHECK_MSG(n >= 53, "%d fixture cases (expected 48 GRPO grid cases + extras + 4 RLOO)", n);
     for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
     ctrl_registry_destroy(reg);
