@@ -203,10 +203,11 @@ static double uniform(uint64_t seed, uint64_t i) {
     return (double)(z >> 11) / 9007199254740992.0;
 }
 
-/* Completions of examples idx[0..n) sampled by `e`'s model (NULL: the server's) from their prompts, laid out
+/* Completions of examples idx[0..n) sampled by `e`'s model (NULL: the server's) from their prompts (seeded
+ * by the micro-batch's draw and each one's place i0 + i in the micro-batch over every rank), laid out
  * flat as prompt + completion with the completion tokens trained (every sampled token, the stop token
  * included: TRL's mask keeps the first EOS and drops what follows, which the engine never draws). */
-static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, int n, uint64_t draw,
+static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, int n, uint64_t draw, int i0,
                                 ctrl_batch *b) {
     ctrl_gen_request *req = calloc((size_t)n, sizeof *req);
     ctrl_gen_output *gout = calloc((size_t)n, sizeof *gout);
@@ -218,7 +219,7 @@ static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, i
                                     .n = 1,
                                     .max_tokens = k->spec.max_new_tokens,
                                     .sampling = k->sampling,
-                                    .seed = (k->seed * 1000003u + draw) * 7919u + (uint64_t)i,
+                                    .seed = (k->seed * 1000003u + draw) * 7919u + (uint64_t)(i0 + i),
                                     .stop_ids = k->stops,
                                     .n_stop = k->n_stop};
     }
@@ -310,14 +311,18 @@ static ctrl_status distill_accumulate(train_kind *k, const int *order, long *cur
         num_items += trained; /* the dataset's labels, as the HF Trainer counts them */
     }
     const double items = st == CTRL_OK ? train_dp_items(num_items) : 0;
+    /* over N ranks micro-batch g is the g-th of one process running N x bs rows (data_parallel.c
+     * hands rank r rows [(g N + r) bs, (g N + r + 1) bs) of the step): the same draw and sample seeds */
+    const int N = ctrl_collective_size(), rank = ctrl_collective_rank();
     for (int g = 0; g < ga && st == CTRL_OK; g++) {
         /* TRL: random.random() <= lmbda -> the student's completions; elif seq_kd -> the teacher's */
-        const uint64_t draw = (uint64_t)(first + (long)g * bs);
+        const uint64_t draw = (uint64_t)(first + (long)g * bs * N);
         const int source = uniform(k->seed, draw) <= k->spec.lmbda ? 1 : k->spec.seq_kd ? 2 : 0;
         if (source) {
             const double t0 = now();
             ctrl_batch_free(&mb[g]);
-            st = sample_batch(k, source == 1 ? k->engine : k->teacher_engine, idx + g * bs, bs, draw, &mb[g]);
+            st = sample_batch(k, source == 1 ? k->engine : k->teacher_engine, idx + g * bs, bs, draw,
+                              rank * bs, &mb[g]);
             report(k, "timing/generation_s", now() - t0);
         }
         report(k, "on_policy", source == 1);

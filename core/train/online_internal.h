@@ -98,5 +98,8 @@ int online_slice(const ctrl_online *o, int u); /* the first completion of micro-
 ctrl_status online_gather(ctrl_online *o, int c0, int n, float *scores, float *total);
 /* Each completion's KL sum and token count from the rank that trains on it. */
 ctrl_status online_gather_kl(ctrl_online *o, float *kl, int *ntok);
+/* Per-token rows of every completion (rows[i]: gout[i].len values), each computed by the rank that
+ * trains completion i (NULL elsewhere): given to every rank (PPO's rollout reads the whole batch). */
+ctrl_status online_gather_rows(ctrl_online *o, float **rows);
 
 #endif

@@ -273,7 +273,10 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     }
     if (st == CTRL_OK && o->value) {
         online_generation_metrics(o, scores, total);
-        st = online_value_rollout(o, total, bs);
+        /* the rollout (GAE, whitening) is over the whole generation batch on every rank */
+        st = online_gather_rows(o, o->old);
+        if (st == CTRL_OK) st = online_gather_rows(o, o->ref_lp);
+        if (st == CTRL_OK) st = online_value_rollout(o, total, bs);
     } else if (st == CTRL_OK) {
         online_generation_metrics(o, scores, total);
         ctrl_rollout ro = {.size = sizeof ro,

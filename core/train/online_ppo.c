@@ -59,10 +59,12 @@ void online_value_free(ctrl_online *o) {
 
 ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins) {
     const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
-    if (ctrl_collective_size() > 1)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[run] trainer = %s: a value model with several processes is not supported yet",
-                              s->run.trainer);
+    if (ctrl_collective_size() > 1 && ctrl_model_device(o->model).type != CTRL_DEVICE_CPU)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "[run] device = %s: trainer %s's value model over several processes runs on the "
+            "CPU only so far",
+            s->run.device, s->run.trainer);
     if (s->train.resume_from_checkpoint)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
@@ -284,7 +286,13 @@ ctrl_status online_value_zero_grad(ctrl_online *o) { return ctrl_model_zero_grad
 ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
     online_value *v = o->value;
     double sum_sq = 0;
-    ctrl_status st = ctrl_model_grad_sum_squares(v->model, &sum_sq);
+    ctrl_status st = CTRL_OK;
+    if (ctrl_collective_size() > 1) { /* the ranks' gradients averaged, as the policy's (on the CPU) */
+        size_t n = 0;
+        float *g = ctrl_model_grads(v->model, &n);
+        st = ctrl_collective_allreduce_mean_f32(g, n);
+    }
+    if (st == CTRL_OK) st = ctrl_model_grad_sum_squares(v->model, &sum_sq);
     if (st == CTRL_OK && v->max_grad_norm > 0) { /* clipped on its own, by the run's max_grad_norm */
         const double coef = v->max_grad_norm / (sqrt(sum_sq) + 1e-6);
         if (coef < 1) st = ctrl_model_scale_grads(v->model, (float)coef);

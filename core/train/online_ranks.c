@@ -72,6 +72,27 @@ ctrl_status online_gather_kl(ctrl_online *o, float *kl, int *ntok) {
     return st == CTRL_OK ? gather_f32(kl, gn, 1) : st;
 }
 
+ctrl_status online_gather_rows(ctrl_online *o, float **rows) {
+    if (ctrl_collective_size() == 1) return CTRL_OK;
+    size_t T = 0;
+    for (int i = 0; i < o->gn; i++) T += (size_t)o->gout[i].len;
+    double *d = calloc(T ? T : 1, sizeof(double));
+    if (!d) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for %zu gathered tokens", T);
+    for (int i = 0, t = 0; i < o->gn; t += o->gout[i].len, i++)
+        for (int j = 0; rows[i] && j < o->gout[i].len; j++) d[t + j] = rows[i][j];
+    ctrl_status st = ctrl_collective_allreduce_sum_f64(d, T);
+    for (int i = 0, t = 0; st == CTRL_OK && i < o->gn; t += o->gout[i].len, i++) {
+        if (rows[i]) continue;
+        if (!(rows[i] = malloc(sizeof(float) * (size_t)(o->gout[i].len + 1)))) {
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+            break;
+        }
+        for (int j = 0; j < o->gout[i].len; j++) rows[i][j] = (float)d[t + j];
+    }
+    free(d);
+    return st;
+}
+
 ctrl_status ctrl_online_sync_metrics(ctrl_online *o) {
     if (ctrl_collective_size() == 1) return CTRL_OK;
     const int n = o->n_metrics;

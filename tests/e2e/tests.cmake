@@ -31,11 +31,12 @@ if(TARGET ctrl_cli)
   set_tests_properties(test_online PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
 
-# Online DPO over MPI: 2 ranks x 2 prompts follow 1 x 4 (tests/e2e/test_online_dpo_mpi.sh).
+# The online trainers over MPI: online_dpo, gkd and ppo on 2 ranks x 2 prompts follow 1 x 4
+# (tests/e2e/test_online_mpi.sh).
 if(TARGET ctrl_cli)
-  add_test(NAME test_online_dpo_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_online_dpo_mpi.sh
-                                            $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
-  set_tests_properties(test_online_dpo_mpi PROPERTIES LABELS e2e TIMEOUT 120 SKIP_RETURN_CODE 77)
+  add_test(NAME test_online_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_online_mpi.sh
+                                        $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_online_mpi PROPERTIES LABELS e2e TIMEOUT 240 SKIP_RETURN_CODE 77)
 endif()
 
 # The online_dpo trainer end to end, colocated and server generation (tests/e2e/test_online_dpo.sh).
