@@ -19,6 +19,12 @@ tiny_setup() {
     --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/model" >/dev/null || bad "model init"
 }
 
+# tiny_teacher: a random $TMP/teacher (hidden 48, one layer) of tiny_setup's tokenizer, for gkd
+tiny_teacher() {
+  "${C[@]}" model init --arch qwen2 --hidden 48 --layers 1 --heads 2 --seed 9 \
+    --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/teacher" >/dev/null || bad "teacher init"
+}
+
 # The MPI tests: skips (exit 77) without mpirun or libctrl_mpi.so; MPI=(mpirun -np 2 ...) and one
 # OpenMP thread per rank. OpenMPI refuses root without --allow-run-as-root (CI containers run as
 # root); no binding (2 ranks beside other tests on a small machine); no CMA single copy (blocked

@@ -11,8 +11,7 @@
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
 tiny_setup 7 2
-"${C[@]}" model init --arch qwen2 --hidden 48 --layers 1 --heads 2 --seed 9 \
-  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/teacher" >/dev/null || bad "teacher init"
+tiny_teacher
 
 # pair NAME TRAINER [LINE...]: online_ini's run of TRAINER (STEPS steps, 6 unless set; fp32, no eval
 # set) on 1 rank with 4 prompts per micro-batch, then on 2 ranks with 2 each

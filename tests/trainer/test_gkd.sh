@@ -5,8 +5,7 @@
 # settings are refused naming the key. usage: test_gkd.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/../e2e/e2e_common.sh"
 tiny_setup 5 1
-"${C[@]}" model init --arch qwen2 --hidden 48 --layers 1 --heads 2 --seed 9 \
-  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/teacher" >/dev/null || bad "teacher init"
+tiny_teacher
 
 # gkd_ini OUT STEPS [extra lines...]
 gkd_ini() {
