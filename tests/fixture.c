@@ -1,6 +1,7 @@
 #include "fixture.h"
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,4 +98,18 @@ void fixture_metrics_report(void *ctx, const char *name, double value) {
         snprintf(m->name[m->n++], sizeof m->name[0], "%s", name);
     }
     m->sum[i] += value, m->count[i]++;
+}
+
+void fixture_metrics_check(const fixture *f, const fixture_metrics *got, const char *name, int i, long count,
+                           double rel, double abs, double *worst) {
+    char key[96];
+    snprintf(key, sizeof key, "metric:%s", name);
+    const float *want = fixture_array(f, key, count);
+    int k = 0;
+    while (k < got->n && strcmp(got->name[k], name)) k++;
+    CHECK_MSG(want && k < got->n, "[%d] metric %s missing", i, name);
+    if (!want || k == got->n) return;
+    const double mean = got->sum[k] / got->count[k], err = fabs(mean - want[i]);
+    if (err / fmax(fabs(want[i]), 1e-6) > *worst) *worst = err / fmax(fabs(want[i]), 1e-6);
+    CHECK_MSG(err <= rel * fabs(want[i]) + abs, "[%d] %s = %.8g, TRL %.8g", i, name, mean, want[i]);
 }

@@ -26,5 +26,10 @@ typedef struct fixture_metrics {
     int count[FIXTURE_MAX_METRICS], n;
 } fixture_metrics;
 void fixture_metrics_report(void *ctx, const char *name, double value);
+/* The mean of metric `name` in got against element i of the fixture's `count`-long array
+ * "metric:NAME": a test failure unless within rel relative + abs absolute (either missing fails too);
+ * *worst becomes the larger of it and the relative error. */
+void fixture_metrics_check(const fixture *f, const fixture_metrics *got, const char *name, int i, long count,
+                           double rel, double abs, double *worst);
 
 #endif

@@ -18,6 +18,9 @@ code. The rollout tensors are read from train()'s frame (a line tracer), the per
 numpy, each micro-batch's new log-probs and values (with their gradients: dL/dlogp, dL/dvalue) from
 the wrapped forward, the parameter gradients of the first optimizer step from the optimizer, and
 the metrics from Trainer.log.
+
+--updates writes only tests/fixtures/ppo/two_updates.{updates,safetensors}: two whole updates of
+train(), the models moving in between (run_updates says what is fixed and what is recorded).
 """
 import copy
 import math
@@ -72,6 +75,16 @@ def make_responses(B, W, seed, stop_after_eos):
     return torch.tensor(rows)
 
 
+def value_and_reward():
+    """The value model (the tiny Qwen2's trunk under a random one-label head: its initial weights
+    returned too) and the reward model, from the global generator."""
+    value = AutoModelForSequenceClassification.from_pretrained(MODEL, num_labels=1, dtype=torch.float32)
+    with torch.no_grad():
+        value.score.weight.copy_(0.3 * torch.randn_like(value.score.weight))
+    reward = AutoModelForSequenceClassification.from_pretrained(MODEL, num_labels=1, dtype=torch.float32)
+    return value, value.score.weight.detach().clone(), reward
+
+
 def run_case(name, seed, cfg):
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -84,11 +97,7 @@ def run_case(name, seed, cfg):
     with torch.no_grad():  # a reference that differs from the policy (a KL to measure)
         for p in ref.parameters():
             p.add_(0.02 * torch.randn_like(p))
-    value = AutoModelForSequenceClassification.from_pretrained(MODEL, num_labels=1, dtype=torch.float32)
-    with torch.no_grad():
-        value.score.weight.copy_(0.3 * torch.randn_like(value.score.weight))
-    score_w = value.score.weight.detach().clone()
-    reward = AutoModelForSequenceClassification.from_pretrained(MODEL, num_labels=1, dtype=torch.float32)
+    value, score_w, reward = value_and_reward()
     g = torch.Generator().manual_seed(seed + 1)
     queries = torch.randint(2, 128, (B, P), generator=g)
     responses = make_responses(B, W, seed + 2, cfg.get("stop_token") is None)
@@ -279,8 +288,122 @@ CASES = {
 }
 
 
+def run_updates(name="two_updates", seed=7, updates=2):
+    """UPDATES whole PPO updates of TRL's train() on the tiny Qwen2 -- the policy, the value model and
+    AdamW (lr 1e-3, constant) moving between them -- from fixed full-width responses (no EOS, no
+    stop token: every mask is one) and fixed reward-model scores, the generation and reference being
+    the models' own forwards (no noise; the reference is the initial policy). Recorded per update:
+    the queries in the order the dataloader gave them, the responses, the scores and TRL's logged
+    metrics; the epochs' permutations in order; the value head's initial weights."""
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    bs, ga, epochs, W = 2, 2, 2, 5
+    B = bs * ga
+    cfg = dict(kl_coef=0.05, gamma=1.0, lam=0.95, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
+    tok = tiny_tokenizer()
+    policy = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    ref = copy.deepcopy(policy)
+    value, score_w, reward = value_and_reward()
+    g = torch.Generator().manual_seed(seed + 1)
+    # one batch more than the updates take: on the dataloader's last batch accelerate's accumulate()
+    # syncs (steps the optimizer) on every micro-batch, whatever gradient_accumulation_steps says
+    queries = torch.randint(2, 128, ((updates + 1) * B, P), generator=g)
+    responses = torch.randint(2, 128, ((updates + 1) * B, W), generator=g)
+    scores_raw = torch.randn((updates + 1) * B, generator=g)
+    ds = Dataset.from_list([{"input_ids": q.tolist()} for q in queries])
+    args = PPOConfig(
+        output_dir="/tmp/ctrl-ppo-fixture", per_device_train_batch_size=bs, gradient_accumulation_steps=ga,
+        num_mini_batches=1, num_ppo_epochs=epochs, total_episodes=updates * B, response_length=W,
+        temperature=TEMPERATURE, stop_token=None, missing_eos_penalty=None, kl_estimator="k1",
+        whiten_rewards=False, learning_rate=1e-3, lr_scheduler_type="constant", num_sample_generations=0,
+        report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False, logging_steps=1, save_strategy="no",
+        seed=seed, local_rollout_forward_batch_size=B, **cfg)
+    tr = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
+                    train_dataset=ds, value_model=value, eval_dataset=ds)
+    orders = []
+
+    def fake_batch_generation(model, q, fwd_bs, pad, gc):
+        order = [int(torch.nonzero((queries == row).all(1))[0]) for row in q]
+        orders.append(order)
+        qr = torch.cat((q, responses[order]), 1)
+        with torch.no_grad():
+            out = ppo_mod.forward(model, qr, pad)
+        return qr, out.logits[:, P - 1:-1] / (TEMPERATURE + 1e-7)
+    orig_gen, orig_get_reward, orig_perm = ppo_mod.batch_generation, ppo_mod.get_reward, np.random.permutation
+    ppo_mod.batch_generation = fake_batch_generation
+
+    def fake_get_reward(model, qr, pad, ctx):
+        if model is reward:
+            return None, scores_raw[orders[-1]].clone(), None
+        return orig_get_reward(model, qr, pad, ctx)
+    ppo_mod.get_reward = fake_get_reward
+    perms = []
+
+    def rec_perm(n):
+        p = orig_perm(n)
+        perms.append(p.tolist())
+        return p
+    ppo_mod.np.random.permutation = rec_perm
+    logs, snap = [], {}
+    orig_log = tr.log
+
+    def log_and_snapshot(m, *a, **k):  # after each update's optimizer steps: a few of both models' weights
+        logs.append(dict(m))
+        if len(logs) == 1:
+            for n, p in tr.model.policy.named_parameters():
+                if "layers.0.self_attn.q_proj.weight" in n or "embed_tokens" in n:
+                    snap["policy." + n] = p.detach().clone().contiguous()
+            for n, p in tr.model.value_model.named_parameters():
+                if "score" in n or "layers.0.mlp.down_proj" in n:
+                    snap["value_model." + n] = p.detach().clone().contiguous()
+        return orig_log(m, *a, **k)
+    tr.log = log_and_snapshot
+    rollouts = []
+
+    def tracer(frame, event, arg):  # each update's rollout, read from train()'s frame
+        if frame.f_code.co_name != "train":
+            return None
+
+        def line(fr, ev, a):
+            loc = fr.f_locals
+            if ev == "line" and loc.get("ppo_epoch_idx") == 0 and loc.get("minibatch_idx") == 0 and \
+                    len(rollouts) < loc["update"]:  # (the previous update's loop variables linger before)
+                rollouts.append({k: loc[k].detach().clone() for k in ("logprobs", "ref_logprobs", "values",
+                                                                       "advantages", "returns")})
+            return line
+        return line
+    sys.settrace(tracer)
+    try:
+        tr.train()
+    finally:
+        sys.settrace(None)
+        ppo_mod.batch_generation, ppo_mod.get_reward = orig_gen, orig_get_reward
+        ppo_mod.np.random.permutation = orig_perm
+    keys = ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+            "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
+            "val/clipfrac_avg", "policy/entropy_avg", "val/ratio"]
+    f = lambda t: t.flatten().float().tolist()  # noqa: E731
+    conf = [bs, ga, 1, epochs, -1, float("nan"), 0.0, cfg["kl_coef"], cfg["gamma"], cfg["lam"], 0.0,
+            cfg["cliprange"], cfg["cliprange_value"], cfg["vf_coef"], TEMPERATURE, PAD, EOS]
+    arrays = [("config", conf), ("shape", [B, W, P, updates]), ("lr", [args.learning_rate])]
+    for u in range(updates):
+        o = orders[u]
+        arrays += [(f"u{u}_queries", f(queries[o])), (f"u{u}_responses", f(responses[o])),
+                   (f"u{u}_scores", f(scores_raw[o]))]
+        arrays += [(f"u{u}_trl:{k}", f(v)) for k, v in rollouts[u].items()]
+    arrays.append(("perm", [x for p in perms for x in p]))
+    for k in keys:
+        arrays.append(("metric:" + k, [float(m[k]) for m in logs if k in m]))
+    write_fixture(os.path.join(OUT, name + ".updates"), arrays, f"trl {trl.__version__} ppo {name}")
+    save_file({"value_model.score.init": score_w.contiguous(), **{"u0." + k: v for k, v in snap.items()}},
+              os.path.join(OUT, name + ".safetensors"))
+    print(name, {k: [round(float(m[k]), 5) for m in logs if k in m] for k in keys[:2] + keys[7:9]})
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
+    if "--updates" in sys.argv:
+        return run_updates()
     for i, (name, cfg) in enumerate(CASES.items()):
         run_case(name, i, cfg)
 

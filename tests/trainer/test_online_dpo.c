@@ -311,18 +311,8 @@ TEST(online_dpo_curve_matches_trl) {
             for (size_t i = 0; i < n; i++) grads[i] = (float)(grads[i] * coef);
         CHECK_EQ_INT(oops->step(opt, &group, 1, c[9], step + 1), CTRL_OK);
         ctrl_model_weights_changed(m);
-        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-            snprintf(key, sizeof key, "metric:%s", keys[k]);
-            const float *want = fixture_array(f, key, STEPS);
-            int i = 0;
-            while (i < got.n && strcmp(got.name[i], keys[k])) i++;
-            CHECK_MSG(want && i < got.n, "step %d: metric %s missing", step + 1, keys[k]);
-            if (!want || i == got.n) continue;
-            const double mean = got.sum[i] / got.count[i],
-                         em = fabs(mean - want[step]) / fmax(fabs(want[step]), 1e-6);
-            worst_metric = fmax(worst_metric, em);
-            CHECK_MSG(em <= 1e-4, "step %d: %s %.8g vs TRL %.8g", step + 1, keys[k], mean, want[step]);
-        }
+        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+            fixture_metrics_check(f, &got, keys[k], step, STEPS, 1e-4, 0, &worst_metric);
     }
     printf("  %d steps: worst relative error loss %.1e, grad_norm %.1e, metrics %.1e\n", STEPS, worst_loss,
            worst_norm, worst_metric);
