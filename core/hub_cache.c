@@ -42,7 +42,8 @@ static void cache_dir(char *out, size_t cap) {
         snprintf(out, cap, "%s/.cache/huggingface/hub", (v = getenv("HOME")) && *v ? v : "");
 }
 
-ctrl_status ctrl_hub_snapshot(const char *id, char *out, size_t cap) {
+/* kind: "models" or "datasets", the cache's folder prefix for the repository type. */
+static ctrl_status snapshot_of(const char *kind, const char *id, char *out, size_t cap) {
     if (!ctrl_hub_looks_like_id(id)) return ctrl_error_set(CTRL_ERR_IO, "%s: not a Hugging Face Hub id", id);
     char cache[2048], repo[3072], name[512], rev[256] = "main";
     cache_dir(cache, sizeof cache);
@@ -57,7 +58,7 @@ ctrl_status ctrl_hub_snapshot(const char *id, char *out, size_t cap) {
             name[k++] = id[i];
     }
     name[k] = '\0';
-    snprintf(repo, sizeof repo, "%s/models--%s", cache, name);
+    snprintf(repo, sizeof repo, "%s/%s--%s", cache, kind, name);
     char ref[3400], snap[3600];
     snprintf(ref, sizeof ref, "%s/refs/%s", repo, rev);
     ctrl_status st;
@@ -74,8 +75,16 @@ ctrl_status ctrl_hub_snapshot(const char *id, char *out, size_t cap) {
         CTRL_ERR_IO,
         "%s is not in the local Hugging Face cache (looked for %s, then %s/snapshots/%s; the cache "
         "is HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub); ctrl never downloads: "
-        "`huggingface-cli download %.*s` on a machine with network puts it there",
-        id, ref, repo, rev, (int)n, id);
+        "`huggingface-cli download %s%.*s` on a machine with network puts it there",
+        id, ref, repo, rev, strcmp(kind, "datasets") ? "" : "--repo-type dataset ", (int)n, id);
+}
+
+ctrl_status ctrl_hub_snapshot(const char *id, char *out, size_t cap) {
+    return snapshot_of("models", id, out, cap);
+}
+
+ctrl_status ctrl_hub_dataset_snapshot(const char *id, char *out, size_t cap) {
+    return snapshot_of("datasets", id, out, cap);
 }
 
 const char *ctrl_hub_resolve(const char *path, char *buf, size_t cap) {

@@ -16,6 +16,8 @@ int ctrl_hub_looks_like_id(const char *s);
 /* The snapshot directory of Hub id `id` in the local cache, or CTRL_ERR_IO with a message naming
  * the places looked in. */
 ctrl_status ctrl_hub_snapshot(const char *id, char *out, size_t cap);
+/* The same for a dataset repository: datasets--ORG--NAME in the same cache. */
+ctrl_status ctrl_hub_dataset_snapshot(const char *id, char *out, size_t cap);
 /* `path` itself when it exists or is no Hub id; else the cached snapshot written to buf, or `path`
  * (unchanged) when the cache does not have it either -- the loader then says what was looked for. */
 const char *ctrl_hub_resolve(const char *path, char *buf, size_t cap);

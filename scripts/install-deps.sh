@@ -12,6 +12,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin  # distributed bootstrap
   libpcre2-dev       # tokenizer pre-tokenizer regex
   libcjson-dev       # JSON (config.json, tokenizer.json, safetensors headers, datasets)
+  zlib1g-dev libzstd-dev  # parquet datasets' GZIP and ZSTD pages
   libmicrohttpd-dev  # ctrl serve
   gnuplot-nox        # metric plots
   curl               # the ctrl serve tests talk HTTP with it

@@ -30,9 +30,17 @@ static const ctrl_option model_options[] = {
 };
 
 static const ctrl_option data_options[] = {
-    {"train_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL, "Training data: a .jsonl or .json file."},
+    {"train_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
+     "Training data: a .jsonl, .json or .parquet file, a folder of them (Hub shards, a local copy of a "
+     "dataset repository), or a Hub dataset id ORG/NAME[@REVISION] in the local Hugging Face cache."},
     {"eval_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
-     "Evaluation data; or hold out eval_fraction of train_file."},
+     "Evaluation data (as train_file); or hold out eval_fraction of train_file."},
+    {"split", CTRL_OPT_STRING, "train", 0, 0, 0, NULL,
+     "The split read when train_file is a folder or a Hub dataset id (file names as the Hub names "
+     "them: data/train-00000-of-00001.parquet, train/..., test.jsonl; a folder without split names is "
+     "all train)."},
+    {"eval_split", CTRL_OPT_STRING, "test", 0, 0, 0, NULL,
+     "The split read when eval_file is a folder or a Hub dataset id (TRL's dataset_test_split)."},
     {"eval_fraction", CTRL_OPT_FLOAT, "0", RANGE(0, 0.5), NULL,
      "Fraction of train_file held out for evaluation when eval_file is not set."},
     {"dataset_text_field", CTRL_OPT_STRING, "text", 0, 0, 0, NULL, "Column holding plain text rows."},

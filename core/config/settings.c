@@ -87,6 +87,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         .data = {.train_file = ctrl_config_get_string(cfg, "data", "train_file"),
                  .eval_file = ctrl_config_get_string(cfg, "data", "eval_file"),
                  .chat_template_path = ctrl_config_get_string(cfg, "data", "chat_template_path"),
+                 .split = rd_str(&r, "data", "split"),
+                 .eval_split = rd_str(&r, "data", "eval_split"),
                  .dataset_text_field = rd_str(&r, "data", "dataset_text_field"),
                  .messages_field = rd_str(&r, "data", "messages_field"),
                  .prompt_field = rd_str(&r, "data", "prompt_field"),

@@ -116,7 +116,7 @@ static ctrl_status load_rows(const char *path, const ctrl_tokenizer *tok, const 
     ctrl_status st = check_keys(cfg, task);
     if (st != CTRL_OK) return st;
     ctrl_row_reader *rd;
-    if ((st = ctrl_row_reader_open(path, &rd)) != CTRL_OK) return st;
+    if ((st = ctrl_row_reader_open_data(path, cfg, &rd)) != CTRL_OK) return st;
     pref_format *fmt;
     if ((st = pref_format_create(tok, cfg, task, &fmt)) != CTRL_OK) {
         ctrl_row_reader_close(rd);
@@ -141,14 +141,14 @@ static ctrl_status load_rows(const char *path, const ctrl_tokenizer *tok, const 
         if (o) st = pref_format_row(fmt, o, r, &n, &why, why_buf, sizeof why_buf);
         cJSON_Delete(o);
         if (st != CTRL_OK) {
-            ctrl_error_wrap(st, "%s:%ld", path, line);
+            ctrl_error_wrap(st, "%s:%ld", ctrl_row_reader_file(rd), line);
             break;
         }
         for (int k = 0; k < n && !why; k++) why = empty_sequence(out, &r[k]);
         if (why) {
             for (int k = 0; k < n; k++) pref_row_free(&r[k]);
             if (!set->data.skip_bad_rows) {
-                st = ctrl_error_set(CTRL_ERR_FORMAT, "%s:%ld: %s", path, line, why);
+                st = ctrl_error_set(CTRL_ERR_FORMAT, "%s:%ld: %s", ctrl_row_reader_file(rd), line, why);
                 break;
             }
             out->skipped_bad++;

@@ -91,7 +91,7 @@ ctrl_status ctrl_prompt_set_load(const char *path, const ctrl_tokenizer *tok, co
     const char *field = ctrl_config_settings(cfg)->data.prompt_field;
     if (!field) field = "prompt";
     ctrl_row_reader *rd;
-    ctrl_status st = ctrl_row_reader_open(path, &rd);
+    ctrl_status st = ctrl_row_reader_open_data(path, cfg, &rd);
     if (st != CTRL_OK) return st;
     ctrl_template *tpl = NULL;
     if (ctrl_tokenizer_chat_template(tok)) st = ctrl_chat_template_load(tok, &tpl);
@@ -100,7 +100,7 @@ ctrl_status ctrl_prompt_set_load(const char *path, const ctrl_tokenizer *tok, co
     int more;
     while (st == CTRL_OK && (more = ctrl_row_reader_next(rd, &row, &line)) != 0) {
         char where[4200];
-        snprintf(where, sizeof where, "%s:%ld", path, line);
+        snprintf(where, sizeof where, "%s:%ld", ctrl_row_reader_file(rd), line);
         if (more < 0)
             st = CTRL_ERR_FORMAT;
         else if (!cJSON_IsObject(row))

@@ -1,11 +1,19 @@
-/* Streaming row reader for JSONL files and JSON array files. */
+/* Streaming row reader for JSONL files, JSON array files and parquet files, one file or the
+ * files of a folder or a Hub dataset id (core/dataset/dataset_files.h) in turn. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/config_load.h"
+#include "dataset/dataset_files.h"
+#include "dataset/parquet.h"
 #include "train/row_reader.h"
 
 struct ctrl_row_reader {
+    ctrl_data_files files;
+    int next_file;    /* the index of the file after the open one */
+    ctrl_parquet *pq; /* the open file when it is parquet */
+    long pq_row;
     FILE *f;
     char *path;
     int array; /* a JSON array file, read element by element */
@@ -24,16 +32,27 @@ static void buf_put(ctrl_row_reader *r, size_t at, char c) {
     r->buf[at] = c;
 }
 
-ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out) {
+/* Opens the next file of the list (0: none left). */
+static ctrl_status open_file(ctrl_row_reader *r, int *opened) {
+    *opened = 0;
+    if (r->f) fclose(r->f);
+    ctrl_parquet_close(r->pq);
+    r->f = NULL, r->pq = NULL, r->array = 0, r->done = 0, r->line = 1, r->pq_row = 0;
+    if (r->next_file >= r->files.n) return CTRL_OK;
+    const char *path = r->files.paths[r->next_file++];
+    r->path = (char *)path;
     FILE *f = fopen(path, "r");
     if (!f) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
-    ctrl_row_reader *r = calloc(1, sizeof *r);
-    char *name = strdup(path);
-    if (!r || !name) {
-        free(r), free(name), fclose(f);
-        return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    unsigned char head[4];
+    const size_t got = fread(head, 1, 4, f);
+    if (ctrl_parquet_magic(head, got)) {
+        fclose(f);
+        ctrl_status st = ctrl_parquet_open(path, &r->pq);
+        if (st == CTRL_OK) *opened = 1;
+        return st;
     }
-    r->f = f, r->path = name, r->line = 1;
+    rewind(f);
+    r->f = f;
     /* A file whose first non-blank character is '[' is one JSON array; anything else is JSONL. */
     int c;
     while ((c = getc(f)) != EOF && (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == 0xEF ||
@@ -43,9 +62,36 @@ ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out) {
         r->array = 1;
     else if (c != EOF)
         ungetc(c, f);
+    *opened = 1;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_row_reader_open_split(const char *path, const char *split, ctrl_row_reader **out) {
+    *out = NULL;
+    ctrl_row_reader *r = calloc(1, sizeof *r);
+    if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    ctrl_status st = ctrl_data_files_find(path, split, &r->files);
+    int opened = 0;
+    if (st == CTRL_OK) st = open_file(r, &opened);
+    if (st != CTRL_OK) {
+        ctrl_row_reader_close(r);
+        return st;
+    }
     *out = r;
     return CTRL_OK;
 }
+
+ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out) {
+    return ctrl_row_reader_open_split(path, NULL, out);
+}
+
+ctrl_status ctrl_row_reader_open_data(const char *path, const ctrl_config *cfg, ctrl_row_reader **out) {
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    const int eval = s->data.eval_file && path == s->data.eval_file;
+    return ctrl_row_reader_open_split(path, eval ? s->data.eval_split : s->data.split, out);
+}
+
+const char *ctrl_row_reader_file(const ctrl_row_reader *r) { return r->path ? r->path : ""; }
 
 static int next_line(ctrl_row_reader *r, cJSON **row, long *line) {
     for (;;) {
@@ -114,13 +160,28 @@ static int next_element(ctrl_row_reader *r, cJSON **row, long *line) {
 
 int ctrl_row_reader_next(ctrl_row_reader *r, cJSON **row, long *line) {
     *row = NULL;
-    return r->array ? next_element(r, row, line) : next_line(r, row, line);
+    for (;;) {
+        int got;
+        if (r->pq) {
+            got = ctrl_parquet_next(r->pq, row);
+            *line = ++r->pq_row;
+        } else if (r->f) {
+            got = r->array ? next_element(r, row, line) : next_line(r, row, line);
+        } else {
+            return 0;
+        }
+        if (got != 0) return got;
+        int opened; /* this file is done: on to the next */
+        if (open_file(r, &opened) != CTRL_OK) return -1;
+        if (!opened) return 0;
+    }
 }
 
 void ctrl_row_reader_close(ctrl_row_reader *r) {
     if (!r) return;
-    fclose(r->f);
-    free(r->path);
+    if (r->f) fclose(r->f);
+    ctrl_parquet_close(r->pq);
+    ctrl_data_files_free(&r->files);
     free(r->buf);
     free(r);
 }

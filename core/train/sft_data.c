@@ -64,7 +64,7 @@ static ctrl_status load_sft(const char *path, const ctrl_tokenizer *tok, const c
     const int keep_end = keep_end_mode(cfg);
     const int skip_bad = ctrl_config_settings(cfg)->data.skip_bad_rows;
     ctrl_row_reader *rows;
-    ctrl_status st = ctrl_row_reader_open(path, &rows);
+    ctrl_status st = ctrl_row_reader_open_data(path, cfg, &rows);
     if (st != CTRL_OK) return st;
     ctrl_sft_format *fmt;
     if ((st = ctrl_sft_format_create(tok, cfg, &fmt)) != CTRL_OK) {
@@ -86,12 +86,12 @@ static ctrl_status load_sft(const char *path, const ctrl_tokenizer *tok, const c
         if (o) st = ctrl_sft_format_row(fmt, o, &ids, &trained, &n, &why);
         cJSON_Delete(o);
         if (st != CTRL_OK) { /* name the row that hit it */
-            ctrl_error_wrap(st, "%s:%ld", path, lineno);
+            ctrl_error_wrap(st, "%s:%ld", ctrl_row_reader_file(rows), lineno);
             break;
         }
         if (why) {
             if (!skip_bad) {
-                st = ctrl_error_set(CTRL_ERR_FORMAT, "%s:%ld: %s", path, lineno, why);
+                st = ctrl_error_set(CTRL_ERR_FORMAT, "%s:%ld: %s", ctrl_row_reader_file(rows), lineno, why);
                 break;
             }
             out->skipped_bad++;

@@ -1,0 +1,225 @@
+/* The parquet reader (core/dataset/) against files written by pyarrow and the `datasets` library
+ * (tests/reference/make_parquet_fixtures.py): every row equals the row pyarrow reads back (the
+ * fixture's .jsonl), across snappy / zstd / gzip / uncompressed pages, data pages v1 and v2,
+ * dictionary and plain encodings, nulls, nested lists and structs, several row groups. Then the
+ * dataset paths: folders, the Hub's split file names, Hub dataset ids in a local cache; and damaged
+ * files (truncated, bytes changed), which must fail with a message naming the file, never crash. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dataset/dataset_files.h"
+#include "dataset/parquet.h"
+#include "test.h"
+#include "train/row_reader.h"
+
+#define FX CTRL_FIXTURE_DIR "/parquet/"
+
+static const char *const fixtures[] = {"sft_messages", "prompt_completion", "preference", "types",
+                                       "arithmetic"};
+
+/* Every row of NAME.parquet against NAME.jsonl; returns the row count. */
+static int compare_fixture(const char *name) {
+    char pq_path[512], jl_path[512];
+    snprintf(pq_path, sizeof pq_path, FX "%s.parquet", name);
+    snprintf(jl_path, sizeof jl_path, FX "%s.jsonl", name);
+    ctrl_parquet *p = NULL;
+    CHECK_MSG(ctrl_parquet_open(pq_path, &p) == CTRL_OK, "%s: %s", name, ctrl_error_message());
+    if (!p) return -1;
+    FILE *f = fopen(jl_path, "r");
+    CHECK(f != NULL);
+    char line[8192];
+    int n = 0, r;
+    cJSON *row;
+    while ((r = ctrl_parquet_next(p, &row)) == 1) {
+        CHECK_MSG(f && fgets(line, sizeof line, f), "%s: more rows than the JSONL", name);
+        cJSON *want = cJSON_Parse(line);
+        const int same = want && cJSON_Compare(row, want, 1);
+        if (!same) {
+            char *got = cJSON_PrintUnformatted(row);
+            CHECK_MSG(same, "%s row %d: got %s, pyarrow read %s", name, n, got, line);
+            free(got);
+        }
+        cJSON_Delete(want), cJSON_Delete(row);
+        n++;
+    }
+    CHECK_MSG(r == 0, "%s: %s", name, ctrl_error_message());
+    CHECK_MSG(!f || !fgets(line, sizeof line, f), "%s: fewer rows than the JSONL", name);
+    CHECK_EQ_INT(n, (int)ctrl_parquet_num_rows(p));
+    if (f) fclose(f);
+    ctrl_parquet_close(p);
+    return n;
+}
+
+TEST(rows_equal_pyarrow) {
+    const int want[] = {20, 24, 12, 7, 48};
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(compare_fixture(fixtures[i]), want[i]);
+}
+
+TEST(messages_are_lists_of_objects) {
+    ctrl_parquet *p;
+    CHECK_EQ_INT(ctrl_parquet_open(FX "sft_messages.parquet", &p), CTRL_OK);
+    cJSON *row;
+    CHECK_EQ_INT(ctrl_parquet_next(p, &row), 1);
+    const cJSON *m = cJSON_GetObjectItem(row, "messages");
+    CHECK(cJSON_IsArray(m) && cJSON_GetArraySize(m) == 3);
+    CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "role")->valuestring, "user");
+    CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "content")->valuestring, "What is 1 + 0?");
+    cJSON_Delete(row);
+    ctrl_parquet_close(p);
+}
+
+TEST(split_names) {
+    char b[256];
+    CHECK_STR(ctrl_data_file_split("data/train-00000-of-00003.parquet", b, sizeof b), "train");
+    CHECK_STR(ctrl_data_file_split("data/my_split-00001-of-00002.parquet", b, sizeof b), "my_split");
+    CHECK_STR(ctrl_data_file_split("default/validation/0000.parquet", b, sizeof b), "validation");
+    CHECK_STR(ctrl_data_file_split("train/data-00000-of-00001.arrow", b, sizeof b), "train");
+    CHECK_STR(ctrl_data_file_split("test.jsonl", b, sizeof b), "test");
+    CHECK_STR(ctrl_data_file_split("sets/my_dev.jsonl", b, sizeof b), "validation");
+    CHECK_STR(ctrl_data_file_split("evaluation-2.parquet", b, sizeof b), "test");
+    CHECK(ctrl_data_file_split("foo.parquet", b, sizeof b) == NULL);
+    CHECK(ctrl_data_file_split("retrain.parquet", b, sizeof b) == NULL); /* no separator before */
+    CHECK(ctrl_data_file_split("intervals/x.parquet", b, sizeof b) == NULL);
+}
+
+static int count_rows(const char *path, const char *split) {
+    ctrl_row_reader *r;
+    if (ctrl_row_reader_open_split(path, split, &r) != CTRL_OK) return -1;
+    cJSON *row;
+    long line;
+    int n = 0, got;
+    while ((got = ctrl_row_reader_next(r, &row, &line)) == 1) {
+        n += row != NULL;
+        cJSON_Delete(row);
+    }
+    ctrl_row_reader_close(r);
+    return got < 0 ? -2 : n;
+}
+
+static char root[256];
+
+static void sh(const char *cmd) { CHECK_MSG(system(cmd) == 0, "%s", cmd); }
+
+TEST(folders_and_hub_ids) {
+    snprintf(root, sizeof root, "/tmp/ctrl-parquet-test-XXXXXX");
+    CHECK(mkdtemp(root) != NULL);
+    /* the fixture folder: .parquet files win over the .jsonl beside them; no split names: all train */
+    CHECK_EQ_INT(count_rows(CTRL_FIXTURE_DIR "/parquet", NULL), 20 + 24 + 12 + 7 + 48);
+    CHECK_EQ_INT(count_rows(CTRL_FIXTURE_DIR "/parquet", "test"), -1);
+    CHECK_CONTAINS(ctrl_error_message(), "no data files of split 'test' (splits found: train)");
+    CHECK_EQ_INT(count_rows(FX "preference.jsonl", NULL), 12); /* a file as before */
+    /* a Hub cache as huggingface_hub lays it out: snapshot files linking into blobs/, refs/main */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "set -e; r=%s/hub/datasets--org--chat; mkdir -p $r/refs $r/blobs $r/snapshots/1a2b/data; "
+             "echo 1a2b > $r/refs/main; cp " FX "sft_messages.parquet $r/blobs/b1; cp " FX
+             "arithmetic.parquet "
+             "$r/blobs/b2; cp " FX "prompt_completion.parquet $r/blobs/b3; cd $r/snapshots/1a2b; "
+             "ln -s ../../../blobs/b1 data/train-00000-of-00002.parquet; "
+             "ln -s ../../../blobs/b2 data/train-00001-of-00002.parquet; "
+             "ln -s ../../../blobs/b3 data/test-00000-of-00001.parquet; echo card > README.md; "
+             "touch .gitattributes",
+             root);
+    sh(cmd);
+    char hub[512];
+    snprintf(hub, sizeof hub, "%s/hub", root);
+    setenv("HF_HUB_CACHE", hub, 1);
+    CHECK_EQ_INT(count_rows("org/chat", NULL), 20 + 48);
+    CHECK_EQ_INT(count_rows("org/chat", "train"), 20 + 48);
+    CHECK_EQ_INT(count_rows("org/chat@1a2b", "test"), 24);
+    CHECK_EQ_INT(count_rows("org/chat", "validation"), -1);
+    CHECK_CONTAINS(ctrl_error_message(), "splits found: test, train");
+    CHECK_EQ_INT(count_rows("org/missing", NULL), -1);
+    CHECK_CONTAINS(ctrl_error_message(), "datasets--org--missing");
+    CHECK_CONTAINS(ctrl_error_message(), "--repo-type dataset");
+    /* the row reader names the file each row came from */
+    ctrl_row_reader *r;
+    CHECK_EQ_INT(ctrl_row_reader_open_split("org/chat", "train", &r), CTRL_OK);
+    cJSON *row;
+    long line = 0;
+    for (int i = 0; i < 21; i++) {
+        CHECK_EQ_INT(ctrl_row_reader_next(r, &row, &line), 1);
+        cJSON_Delete(row);
+    }
+    CHECK_CONTAINS(ctrl_row_reader_file(r), "train-00001-of-00002.parquet");
+    CHECK_EQ_INT((int)line, 1);
+    ctrl_row_reader_close(r);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    sh(cmd);
+    unsetenv("HF_HUB_CACHE");
+}
+
+/* Reads every row of `path`; 1 when it read to the end, 0 on a clean error naming the file. */
+static int read_all(const char *path) {
+    ctrl_parquet *p;
+    if (ctrl_parquet_open(path, &p) != CTRL_OK) return strstr(ctrl_error_message(), path) ? 0 : -1;
+    cJSON *row;
+    int r;
+    while ((r = ctrl_parquet_next(p, &row)) == 1) cJSON_Delete(row);
+    ctrl_parquet_close(p);
+    if (r == 0) return 1;
+    return strstr(ctrl_error_message(), path) ? 0 : -1;
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = malloc(*n);
+    if (b && fread(b, 1, *n, f) != *n) free(b), b = NULL;
+    fclose(f);
+    return b;
+}
+
+static void put(const char *path, const unsigned char *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (f) fwrite(b, 1, n, f), fclose(f);
+}
+
+/* Damaged copies: cut at many lengths, and single bytes changed all over the file (the footer's
+ * lengths and offsets, page headers, compressed data, levels). None may crash (the sanitizer build
+ * runs this too); every failure names the file. */
+TEST(damaged_files_fail_cleanly) {
+    char tmp[] = "/tmp/ctrl-parquet-bad-XXXXXX";
+    const int fd = mkstemp(tmp);
+    CHECK(fd >= 0);
+    close(fd);
+    int failed = 0, read = 0;
+    for (int i = 0; i < 4; i++) {
+        char path[512];
+        snprintf(path, sizeof path, FX "%s.parquet", fixtures[i]);
+        size_t n;
+        unsigned char *b = slurp(path, &n), *c = malloc(n);
+        CHECK(b && c);
+        if (!b || !c) return;
+        for (size_t cut = 0; cut < n; cut += 1 + n / 40) {
+            put(tmp, b, cut);
+            const int r = read_all(tmp);
+            CHECK_MSG(r == 0, "%s cut at %zu: %s", fixtures[i], cut, ctrl_error_message());
+        }
+        for (size_t at = 0; at < n; at += 3) {
+            memcpy(c, b, n);
+            c[at] ^= (unsigned char)(0x55 + at);
+            put(tmp, c, n);
+            const int r = read_all(tmp);
+            CHECK_MSG(r >= 0, "%s byte %zu: a failure not naming the file: %s", fixtures[i], at,
+                      ctrl_error_message());
+            failed += r == 0, read += r == 1;
+        }
+        free(b), free(c);
+    }
+    printf("damaged files: %d failed cleanly, %d still read\n", failed, read);
+    CHECK(failed > 100);
+    unlink(tmp);
+}
+
+TEST(not_parquet) {
+    CHECK(ctrl_parquet_open(FX "types.jsonl", &(ctrl_parquet *){NULL}) == CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "no PAR1 magic");
+    CHECK(ctrl_parquet_open(FX "nothing.parquet", &(ctrl_parquet *){NULL}) == CTRL_ERR_IO);
+    CHECK_CONTAINS(ctrl_error_message(), "nothing.parquet");
+}
