@@ -5,12 +5,26 @@
 
 #include "cli.h"
 #include "config/config_load.h"
+#include "train/run_files.h"
 
 static int check(ctrl_cli *cli, int argc, char **argv) {
     const char *path;
     ctrl_config *cfg;
-    int rc = cli_load_run_config(cli, &cli_cmd_config, "config check", argc, argv, &path, &cfg);
+    char *args[256];
+    int n = 0, files = 1;
+    for (int i = 0; i < argc && n < 256; i++) { /* --no-files: the config alone (one for another machine) */
+        if (i > 0 && !strcmp(argv[i], "--no-files"))
+            files = 0;
+        else
+            args[n++] = argv[i];
+    }
+    int rc = cli_load_run_config(cli, &cli_cmd_config, "config check", n, args, &path, &cfg);
     if (rc) return rc;
+    ctrl_status st = files ? ctrl_run_files_check(cfg) : CTRL_OK; /* the files it names exist and read */
+    if (st != CTRL_OK) {
+        ctrl_config_free(cfg);
+        return cli_fail(st);
+    }
     printf("%s: ok (trainer %s, output_dir %s)\n", path, ctrl_config_get_string(cfg, "run", "trainer"),
            ctrl_config_get_string(cfg, "run", "output_dir"));
     ctrl_config_free(cfg);
@@ -49,12 +63,14 @@ static int run_config(ctrl_cli *cli, int argc, char **argv) {
 const ctrl_command cli_cmd_config = {
     .name = "config",
     .summary = "validate a run config, or print the config reference",
-    .usage = "usage: ctrl config check RUN.ini [--set section.key=value]...\n"
+    .usage = "usage: ctrl config check RUN.ini [--set section.key=value]... [--no-files]\n"
              "       ctrl config reference [--out FILE]\n\n"
              "check: full validation of RUN.ini and the overrides (sections, keys, types, ranges,\n"
              "choices, required keys, plugin names, and each selected plugin's checks of its\n"
-             "options) without doing any work; exits 0 when valid, 2 with a message naming\n"
-             "file:line and the key when not.\n"
+             "options) and the files it names (the model's config.json, the data of the chosen\n"
+             "split, the chat template, the adapter, the checkpoint) without training; exits 0\n"
+             "when valid, 2 with a message naming file:line and the key when not. --no-files\n"
+             "checks the config alone (one written for another machine).\n"
              "reference: the Markdown reference of every section and key, core and plugins\n"
              "(docs/config-reference.md is generated with it).\n",
     .run = run_config,

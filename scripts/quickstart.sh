@@ -6,11 +6,11 @@ bash scripts/install-deps.sh
 bash scripts/build.sh
 CTRL=(./build/ctrl --plugin-dir build/plugins)
 "${CTRL[@]}" plugins
-"${CTRL[@]}" config check configs/quickstart.ini
 # Data and model the project makes itself: no downloads.
 bash scripts/make_quickstart_data.sh runs/quickstart-data
 "${CTRL[@]}" model init --arch qwen2 --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
   --tokenizer tests/fixtures/tokenizer/tiny_bpe --out runs/quickstart-model
+"${CTRL[@]}" config check configs/quickstart.ini # the config, and the files it names
 "${CTRL[@]}" train configs/quickstart.ini
 echo "metrics: runs/quickstart/metrics.jsonl (first and last lines below); model: runs/quickstart/"
 head -n 1 runs/quickstart/metrics.jsonl

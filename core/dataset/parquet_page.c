@@ -189,7 +189,7 @@ static const char *rle_hybrid(const uint8_t *p, size_t n, int bw, int64_t count,
 }
 
 static const char *grow_entries(pq_column *col, int64_t add, int has_def, int has_rep) {
-    if (col->n + add <= col->cap) return NULL;
+    if (col->cap > 0 && col->n + add <= col->cap) return NULL; /* (allocated even for none) */
     int64_t cap = col->cap ? col->cap : 1024;
     while (cap < col->n + add) cap *= 2;
     if (has_def) {
@@ -207,7 +207,7 @@ static const char *grow_entries(pq_column *col, int64_t add, int has_def, int ha
 }
 
 static const char *grow_values(pq_column *col, int64_t add) {
-    if (col->nv + add <= col->vcap) return NULL;
+    if (col->vcap > 0 && col->nv + add <= col->vcap) return NULL;
     int64_t cap = col->vcap ? col->vcap : 1024;
     while (cap < col->nv + add) cap *= 2;
     pq_value *v = realloc(col->val, (size_t)cap * sizeof *v);

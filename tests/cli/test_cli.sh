@@ -74,7 +74,7 @@ path = model
 optimizer = adamw
 learning_rate = 1e-4
 INI
-sed -i "s#OUT#$TMP/run#" "$TMP/good.ini"
+sed -i "s#OUT#$TMP/run#; s#^path = model#path = $SRC/tests/fixtures/models/qwen2#" "$TMP/good.ini" # config check reads it
 expect 0 "config check good" -- "${C[@]}" config check "$TMP/good.ini"
 contains "ok" "config check says ok"
 

@@ -5,6 +5,7 @@
  * dataset paths: folders, the Hub's split file names, Hub dataset ids in a local cache; and damaged
  * files (truncated, bytes changed), which must fail with a message naming the file, never crash. */
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -175,20 +176,20 @@ static unsigned char *slurp(const char *path, size_t *n) {
     return b;
 }
 
-static void put(const char *path, const unsigned char *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (f) fwrite(b, 1, n, f), fclose(f);
+/* An in-memory file holding b[0..n): its /proc path in `path` (the caller closes the fd). */
+static int memfile(const unsigned char *b, size_t n, char *path, size_t cap) {
+    const int fd = memfd_create("parquet", 0);
+    if (fd < 0 || (n && write(fd, b, n) != (ssize_t)n)) return fd;
+    snprintf(path, cap, "/proc/self/fd/%d", fd);
+    return fd;
 }
 
 /* Damaged copies: cut at many lengths, and single bytes changed all over the file (the footer's
  * lengths and offsets, page headers, compressed data, levels). None may crash (the sanitizer build
  * runs this too); every failure names the file. */
 TEST(damaged_files_fail_cleanly) {
-    char tmp[] = "/tmp/ctrl-parquet-bad-XXXXXX";
-    const int fd = mkstemp(tmp);
-    CHECK(fd >= 0);
-    close(fd);
     int failed = 0, read = 0;
+    char tmp[64];
     for (int i = 0; i < 4; i++) {
         char path[512];
         snprintf(path, sizeof path, FX "%s.parquet", fixtures[i]);
@@ -197,24 +198,25 @@ TEST(damaged_files_fail_cleanly) {
         CHECK(b && c);
         if (!b || !c) return;
         for (size_t cut = 0; cut < n; cut += 1 + n / 40) {
-            put(tmp, b, cut);
+            const int fd = memfile(b, cut, tmp, sizeof tmp);
             const int r = read_all(tmp);
             CHECK_MSG(r == 0, "%s cut at %zu: %s", fixtures[i], cut, ctrl_error_message());
+            close(fd);
         }
         for (size_t at = 0; at < n; at += 3) {
             memcpy(c, b, n);
             c[at] ^= (unsigned char)(0x55 + at);
-            put(tmp, c, n);
+            const int fd = memfile(c, n, tmp, sizeof tmp);
             const int r = read_all(tmp);
             CHECK_MSG(r >= 0, "%s byte %zu: a failure not naming the file: %s", fixtures[i], at,
                       ctrl_error_message());
             failed += r == 0, read += r == 1;
+            close(fd);
         }
         free(b), free(c);
     }
     printf("damaged files: %d failed cleanly, %d still read\n", failed, read);
     CHECK(failed > 100);
-    unlink(tmp);
 }
 
 TEST(not_parquet) {

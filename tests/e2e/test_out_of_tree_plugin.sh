@@ -53,9 +53,9 @@ grep -q "reward *length" "$TMP/list.txt" || { cat "$TMP/list.txt"; fail "install
 "$CTRL" --plugin-dir "$TMP/plugin" plugins describe reward/keyword >"$TMP/desc.txt" 2>&1 || fail "describe"
 grep -q "max_matches" "$TMP/desc.txt" || fail "describe lacks options"
 
-cat >"$TMP/run.ini" <<'INI'
+cat >"$TMP/run.ini" <<INI
 [model]
-path = m
+path = $SRC/tests/fixtures/models/qwen2
 attention = eager
 [reward.kw]
 plugin = keyword

@@ -8,7 +8,7 @@ src=$1 out=$2
 fx=$src/tests/fixtures
 sep=$'\n=====\n' # FUZZ_SEPARATOR (tests/fuzz/fuzz_common.h)
 rm -rf "$out"
-mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body}
+mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body,parquet}
 
 # safetensors: small files made here (the fixtures' are hundreds of KB): an 8-byte little-endian
 # header length, the JSON header, the data.
@@ -79,5 +79,8 @@ body 01 completions_list '{"prompt": ["a", "b"], "n": 1, "temperature": 0}'
 body 02 chat '{"model": "m", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 8, "stream": false}'
 st_seed "$out/serve_body/weights_f32" '{"model.norm.weight":{"dtype":"F32","shape":[64],"data_offsets":[0,256]}}' 256 03
 st_seed "$out/serve_body/weights_bf16" '{"__metadata__":{"format":"pt"},"model.layers.0.input_layernorm.weight":{"dtype":"BF16","shape":[64],"data_offsets":[0,128]}}' 128 03
+
+# parquet: the reader's fixtures (pyarrow and datasets wrote them; a few KB each).
+cp "$fx"/parquet/*.parquet "$out/parquet/"
 
 echo "fuzz seeds: $(find "$out" -type f | wc -l) files in $out"
