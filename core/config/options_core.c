@@ -31,8 +31,9 @@ static const ctrl_option model_options[] = {
 
 static const ctrl_option data_options[] = {
     {"train_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
-     "Training data: a .jsonl, .json or .parquet file, a folder of them (Hub shards, a local copy of a "
-     "dataset repository), or a Hub dataset id ORG/NAME[@REVISION] in the local Hugging Face cache."},
+     "Training data: a .jsonl, .json, .parquet or .arrow file, a folder of them (Hub shards, a local copy "
+     "of a dataset repository, a `datasets` save_to_disk folder), or a Hub dataset id ORG/NAME[@REVISION] "
+     "in the local Hugging Face cache."},
     {"eval_file", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
      "Evaluation data (as train_file); or hold out eval_fraction of train_file."},
     {"split", CTRL_OPT_STRING, "train", 0, 0, 0, NULL,

@@ -173,7 +173,7 @@ static ctrl_status folder_files(const char *root, const char *shown, const char 
     walk_dir(&w, root, "", 0);
     ctrl_status st = CTRL_OK;
     if (w.why) st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", shown, w.why);
-    int best = 0; /* parquet over JSON lines over Arrow, as one folder holds one format */
+    int best = 0; /* parquet over JSON lines over Arrow (save_to_disk): one folder, one format */
     for (int i = 0; i < w.n; i++) {
         const char *b = strrchr(w.rel[i], '/');
         const int e = data_ext(b ? b + 1 : w.rel[i]);
@@ -181,11 +181,7 @@ static ctrl_status folder_files(const char *root, const char *shown, const char 
     }
     if (st == CTRL_OK && best == 0)
         st = ctrl_error_set(CTRL_ERR_IO,
-                            "%s: no data files in the folder (looked for .parquet, .jsonl, .json)", shown);
-    if (st == CTRL_OK && best == 1)
-        st = ctrl_error_set(CTRL_ERR_FORMAT,
-                            "%s: holds only Arrow (.arrow) files, which ctrl does not read yet; write the "
-                            "dataset with Dataset.to_parquet (or push_to_hub) instead of save_to_disk",
+                            "%s: no data files in the folder (looked for .parquet, .jsonl, .json, .arrow)",
                             shown);
     int rule = 3;
     char buf[256], found[512] = "";

@@ -1,9 +1,9 @@
 /* The data files a dataset path names, as the `datasets` library finds them: a file; a folder (a
  * local copy, a `datasets` save_to_disk folder, a Hub snapshot), searched recursively for
- * .parquet files (else .jsonl / .json) and narrowed to one split by the names the Hub uses
- * (data/train-00000-of-00003.parquet, train/..., test.jsonl, default/validation/0000.parquet...);
- * or a Hub dataset id ORG/NAME[@REVISION] found in the local Hugging Face cache
- * (datasets--ORG--NAME, as core/hub_cache.h finds models). No network. */
+ * .parquet files (else .jsonl / .json, else `datasets`' save_to_disk .arrow files) and narrowed to one split
+ * by the names the Hub uses (data/train-00000-of-00003.parquet, train/..., test.jsonl,
+ * default/validation/0000.parquet...); or a Hub dataset id ORG/NAME[@REVISION] found in the local Hugging
+ * Face cache (datasets--ORG--NAME, as core/hub_cache.h finds models). No network. */
 #ifndef CTRL_DATASET_FILES_H
 #define CTRL_DATASET_FILES_H
 

@@ -4,13 +4,10 @@
  * empty list), and every leaf under it has one entry for that; a repeated node gathers elements
  * while its first leaf's next repetition level equals the node's. LIST-annotated groups become
  * arrays of their elements, other groups objects; an unannotated repeated field is an array. */
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "dataset/mapped_file.h"
 #include "dataset/parquet_internal.h"
 
 typedef struct assembler {
@@ -205,24 +202,8 @@ ctrl_status ctrl_parquet_open(const char *path, ctrl_parquet **out) {
     if (!p || !(p->file = strdup(path)))
         return free(p), ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
     p->g = -1;
-    ctrl_status st = CTRL_OK;
-    const int fd = open(path, O_RDONLY);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot open", path);
-    } else if (sb.st_size < 12) {
-        st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a parquet file (%lld bytes)", path,
-                            (long long)sb.st_size);
-    } else {
-        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot map", path);
-        } else {
-            p->data = m, p->size = (size_t)sb.st_size;
-            st = pq_read_footer(p);
-        }
-    }
-    if (fd >= 0) close(fd);
+    ctrl_status st = ctrl_mapped_file_open(path, 12, "a parquet file", &p->data, &p->size);
+    if (st == CTRL_OK) st = pq_read_footer(p);
     if (st != CTRL_OK) return ctrl_parquet_close(p), st;
     *out = p;
     return CTRL_OK;
@@ -233,7 +214,7 @@ void ctrl_parquet_close(ctrl_parquet *p) {
     pq_free_columns(p);
     free(p->cols);
     pq_free_meta(p);
-    if (p->data) munmap((void *)(uintptr_t)p->data, p->size);
+    ctrl_mapped_file_close(p->data, p->size);
     free(p->file);
     free(p);
 }

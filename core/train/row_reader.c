@@ -5,14 +5,16 @@
 #include <string.h>
 
 #include "config/config_load.h"
+#include "dataset/arrow_ipc.h"
 #include "dataset/dataset_files.h"
 #include "dataset/parquet.h"
 #include "train/row_reader.h"
 
 struct ctrl_row_reader {
     ctrl_data_files files;
-    int next_file;    /* the index of the file after the open one */
-    ctrl_parquet *pq; /* the open file when it is parquet */
+    int next_file;     /* the index of the file after the open one */
+    ctrl_parquet *pq;  /* the open file when it is parquet */
+    ctrl_arrow *arrow; /* ... or an Arrow IPC stream */
     long pq_row;
     FILE *f;
     char *path;
@@ -37,17 +39,19 @@ static ctrl_status open_file(ctrl_row_reader *r, int *opened) {
     *opened = 0;
     if (r->f) fclose(r->f);
     ctrl_parquet_close(r->pq);
-    r->f = NULL, r->pq = NULL, r->array = 0, r->done = 0, r->line = 1, r->pq_row = 0;
+    ctrl_arrow_close(r->arrow);
+    r->f = NULL, r->pq = NULL, r->arrow = NULL, r->array = 0, r->done = 0, r->line = 1, r->pq_row = 0;
     if (r->next_file >= r->files.n) return CTRL_OK;
     const char *path = r->files.paths[r->next_file++];
     r->path = (char *)path;
     FILE *f = fopen(path, "r");
     if (!f) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", path, strerror(errno));
-    unsigned char head[4];
-    const size_t got = fread(head, 1, 4, f);
-    if (ctrl_parquet_magic(head, got)) {
+    unsigned char head[8];
+    const size_t got = fread(head, 1, sizeof head, f);
+    if (ctrl_parquet_magic(head, got) || ctrl_arrow_magic(head, got)) {
         fclose(f);
-        ctrl_status st = ctrl_parquet_open(path, &r->pq);
+        ctrl_status st = ctrl_parquet_magic(head, got) ? ctrl_parquet_open(path, &r->pq)
+                                                       : ctrl_arrow_open(path, &r->arrow);
         if (st == CTRL_OK) *opened = 1;
         return st;
     }
@@ -162,8 +166,8 @@ int ctrl_row_reader_next(ctrl_row_reader *r, cJSON **row, long *line) {
     *row = NULL;
     for (;;) {
         int got;
-        if (r->pq) {
-            got = ctrl_parquet_next(r->pq, row);
+        if (r->pq || r->arrow) {
+            got = r->pq ? ctrl_parquet_next(r->pq, row) : ctrl_arrow_next(r->arrow, row);
             *line = ++r->pq_row;
         } else if (r->f) {
             got = r->array ? next_element(r, row, line) : next_line(r, row, line);
@@ -181,6 +185,7 @@ void ctrl_row_reader_close(ctrl_row_reader *r) {
     if (!r) return;
     if (r->f) fclose(r->f);
     ctrl_parquet_close(r->pq);
+    ctrl_arrow_close(r->arrow);
     ctrl_data_files_free(&r->files);
     free(r->buf);
     free(r);

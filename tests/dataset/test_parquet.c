@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dataset/arrow_ipc.h"
 #include "dataset/dataset_files.h"
 #include "dataset/parquet.h"
 #include "test.h"
@@ -20,35 +21,45 @@
 static const char *const fixtures[] = {"sft_messages", "prompt_completion", "preference", "types",
                                        "arithmetic"};
 
-/* Every row of NAME.parquet against NAME.jsonl; returns the row count. */
-static int compare_fixture(const char *name) {
-    char pq_path[512], jl_path[512];
-    snprintf(pq_path, sizeof pq_path, FX "%s.parquet", name);
-    snprintf(jl_path, sizeof jl_path, FX "%s.jsonl", name);
-    ctrl_parquet *p = NULL;
-    CHECK_MSG(ctrl_parquet_open(pq_path, &p) == CTRL_OK, "%s: %s", name, ctrl_error_message());
-    if (!p) return -1;
-    FILE *f = fopen(jl_path, "r");
+/* Every row of FILE (or folder) read through the row reader against JSONL (pyarrow's read-back);
+ * returns the row count. */
+static int compare_rows(const char *file, const char *jsonl) {
+    ctrl_row_reader *r;
+    CHECK_MSG(ctrl_row_reader_open(file, &r) == CTRL_OK, "%s: %s", file, ctrl_error_message());
+    FILE *f = fopen(jsonl, "r");
     CHECK(f != NULL);
     char line[8192];
-    int n = 0, r;
+    int n = 0, got;
+    long at;
     cJSON *row;
-    while ((r = ctrl_parquet_next(p, &row)) == 1) {
-        CHECK_MSG(f && fgets(line, sizeof line, f), "%s: more rows than the JSONL", name);
+    while ((got = ctrl_row_reader_next(r, &row, &at)) == 1) {
+        CHECK_MSG(f && fgets(line, sizeof line, f), "%s: more rows than %s", file, jsonl);
         cJSON *want = cJSON_Parse(line);
         const int same = want && cJSON_Compare(row, want, 1);
         if (!same) {
-            char *got = cJSON_PrintUnformatted(row);
-            CHECK_MSG(same, "%s row %d: got %s, pyarrow read %s", name, n, got, line);
-            free(got);
+            char *s = cJSON_PrintUnformatted(row);
+            CHECK_MSG(same, "%s row %d: got %s, pyarrow read %s", file, n, s, line);
+            free(s);
         }
         cJSON_Delete(want), cJSON_Delete(row);
         n++;
     }
-    CHECK_MSG(r == 0, "%s: %s", name, ctrl_error_message());
-    CHECK_MSG(!f || !fgets(line, sizeof line, f), "%s: fewer rows than the JSONL", name);
-    CHECK_EQ_INT(n, (int)ctrl_parquet_num_rows(p));
+    CHECK_MSG(got == 0, "%s: %s", file, ctrl_error_message());
+    CHECK_MSG(!f || !fgets(line, sizeof line, f), "%s: fewer rows than %s", file, jsonl);
     if (f) fclose(f);
+    ctrl_row_reader_close(r);
+    return n;
+}
+
+/* Every row of NAME.parquet against NAME.jsonl, and the footer's row count; returns the row count. */
+static int compare_fixture(const char *name) {
+    char pq_path[512], jl_path[512];
+    snprintf(pq_path, sizeof pq_path, FX "%s.parquet", name);
+    snprintf(jl_path, sizeof jl_path, FX "%s.jsonl", name);
+    const int n = compare_rows(pq_path, jl_path);
+    ctrl_parquet *p = NULL;
+    CHECK_MSG(ctrl_parquet_open(pq_path, &p) == CTRL_OK, "%s: %s", name, ctrl_error_message());
+    if (p) CHECK_EQ_INT(n, (int)ctrl_parquet_num_rows(p));
     ctrl_parquet_close(p);
     return n;
 }
@@ -152,14 +163,18 @@ TEST(folders_and_hub_ids) {
     unsetenv("HF_HUB_CACHE");
 }
 
-/* Reads every row of `path`; 1 when it read to the end, 0 on a clean error naming the file. */
-static int read_all(const char *path) {
-    ctrl_parquet *p;
-    if (ctrl_parquet_open(path, &p) != CTRL_OK) return strstr(ctrl_error_message(), path) ? 0 : -1;
+/* Reads every row of `path` (parquet, or an Arrow stream or file); 1 when it read to the end, 0 on
+ * a clean error naming the file, -1 on an error that does not name it. */
+static int read_all(const char *path, int arrow) {
+    ctrl_parquet *p = NULL;
+    ctrl_arrow *a = NULL;
+    if ((arrow ? ctrl_arrow_open(path, &a) : ctrl_parquet_open(path, &p)) != CTRL_OK)
+        return strstr(ctrl_error_message(), path) ? 0 : -1;
     cJSON *row;
     int r;
-    while ((r = ctrl_parquet_next(p, &row)) == 1) cJSON_Delete(row);
+    while ((r = arrow ? ctrl_arrow_next(a, &row) : ctrl_parquet_next(p, &row)) == 1) cJSON_Delete(row);
     ctrl_parquet_close(p);
+    ctrl_arrow_close(a);
     if (r == 0) return 1;
     return strstr(ctrl_error_message(), path) ? 0 : -1;
 }
@@ -184,38 +199,44 @@ static int memfile(const unsigned char *b, size_t n, char *path, size_t cap) {
     return fd;
 }
 
-/* Damaged copies: cut at many lengths, and single bytes changed all over the file (the footer's
- * lengths and offsets, page headers, compressed data, levels). None may crash (the sanitizer build
- * runs this too); every failure names the file. */
-TEST(damaged_files_fail_cleanly) {
-    int failed = 0, read = 0;
+/* Damaged copies of `file`: cut at many lengths (each must fail: a parquet file ends with its footer,
+ * an Arrow stream with its end marker, an Arrow file with its footer), and single bytes changed all
+ * over (the footer's or metadata's lengths and offsets, page headers, buffers, compressed data,
+ * levels), which must read or fail naming the file. None may crash (the sanitizer build runs this
+ * too). Counts the changed copies that failed. */
+static int damage(const char *file, int arrow) {
+    int failed = 0;
     char tmp[64];
+    size_t n = 0;
+    unsigned char *b = slurp(file, &n), *c = malloc(n ? n : 1);
+    CHECK(b && c);
+    for (size_t cut = 0; b && c && cut < n; cut += 1 + n / 40) {
+        const int fd = memfile(b, cut, tmp, sizeof tmp);
+        const int r = read_all(tmp, arrow);
+        CHECK_MSG(r == 0, "%s cut at %zu: %s", file, cut, ctrl_error_message());
+        close(fd);
+    }
+    for (size_t at = 0; b && c && at < n; at += 5) {
+        memcpy(c, b, n);
+        c[at] ^= (unsigned char)(0x55 + at);
+        const int fd = memfile(c, n, tmp, sizeof tmp);
+        const int r = read_all(tmp, arrow);
+        CHECK_MSG(r >= 0, "%s byte %zu: a failure not naming the file: %s", file, at, ctrl_error_message());
+        failed += r == 0;
+        close(fd);
+    }
+    free(b), free(c);
+    return failed;
+}
+
+TEST(damaged_files_fail_cleanly) {
+    int failed = 0;
     for (int i = 0; i < 4; i++) {
         char path[512];
         snprintf(path, sizeof path, FX "%s.parquet", fixtures[i]);
-        size_t n;
-        unsigned char *b = slurp(path, &n), *c = malloc(n);
-        CHECK(b && c);
-        if (!b || !c) return;
-        for (size_t cut = 0; cut < n; cut += 1 + n / 40) {
-            const int fd = memfile(b, cut, tmp, sizeof tmp);
-            const int r = read_all(tmp);
-            CHECK_MSG(r == 0, "%s cut at %zu: %s", fixtures[i], cut, ctrl_error_message());
-            close(fd);
-        }
-        for (size_t at = 0; at < n; at += 3) {
-            memcpy(c, b, n);
-            c[at] ^= (unsigned char)(0x55 + at);
-            const int fd = memfile(c, n, tmp, sizeof tmp);
-            const int r = read_all(tmp);
-            CHECK_MSG(r >= 0, "%s byte %zu: a failure not naming the file: %s", fixtures[i], at,
-                      ctrl_error_message());
-            failed += r == 0, read += r == 1;
-            close(fd);
-        }
-        free(b), free(c);
+        failed += damage(path, 0);
     }
-    printf("damaged files: %d failed cleanly, %d still read\n", failed, read);
+    printf("damaged parquet files: %d of the changed copies failed cleanly\n", failed);
     CHECK(failed > 100);
 }
 
@@ -224,4 +245,23 @@ TEST(not_parquet) {
     CHECK_CONTAINS(ctrl_error_message(), "no PAR1 magic");
     CHECK(ctrl_parquet_open(FX "nothing.parquet", &(ctrl_parquet *){NULL}) == CTRL_ERR_IO);
     CHECK_CONTAINS(ctrl_error_message(), "nothing.parquet");
+}
+
+#define AX CTRL_FIXTURE_DIR "/arrow/"
+
+TEST(arrow_rows_equal_pyarrow) {
+    CHECK_EQ_INT(compare_rows(AX "types_zstd.arrow", AX "types.jsonl"), 7); /* ZSTD, 3 record batches */
+    CHECK_EQ_INT(compare_rows(AX "types_file.arrow", AX "types.jsonl"), 7); /* the file format */
+    /* a save_to_disk DatasetDict: its train/ folder is the train split */
+    CHECK_EQ_INT(compare_rows(AX "chat_dict", AX "chat_dict.train.jsonl"), 20);
+    CHECK_EQ_INT(count_rows(AX "chat_dict", "test"), 5);
+    CHECK_EQ_INT(count_rows(AX "chat_dict", "validation"), -1);
+    CHECK_CONTAINS(ctrl_error_message(), "splits found: test, train");
+}
+
+TEST(damaged_arrow_fails_cleanly) {
+    const int failed = damage(AX "types_zstd.arrow", 1) + damage(AX "types_file.arrow", 1) +
+                       damage(AX "chat_dict/train/data-00000-of-00001.arrow", 1);
+    printf("damaged Arrow files: %d of the changed copies failed cleanly\n", failed);
+    CHECK(failed > 100);
 }

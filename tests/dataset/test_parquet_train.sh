@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Training from parquet end to end on the CPU: SFT on a `datasets`-written parquet file (a
 # conversational `messages` column, several row groups) gives the same loss curve as the same rows
-# in JSONL (tests/reference/make_parquet_fixtures.py wrote both), and so does DPO on a zstd
-# preference file; a Hub dataset id trains from a local Hugging Face cache; `ctrl config check`
+# in JSONL (tests/reference/make_parquet_fixtures.py wrote both), and so do a `datasets`
+# save_to_disk folder (Arrow IPC) and DPO on a zstd preference file; a Hub dataset id trains from a local Hugging Face cache; `ctrl config check`
 # verifies the files a config names, each problem at file:line and the key.
 # usage: test_parquet_train.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/../e2e/e2e_common.sh"
@@ -22,6 +22,11 @@ run sft_jsonl "$FX/arithmetic.jsonl"
 run sft_parquet "$FX/arithmetic.parquet"
 curve_close "$TMP/sft_jsonl" "$TMP/sft_parquet" loss 0 0
 curve_close "$TMP/sft_jsonl" "$TMP/sft_parquet" num_tokens 0 0
+
+# a `datasets` save_to_disk folder (Arrow IPC; its train/ folder): the same rows as sft_messages.jsonl
+run chat_jsonl "$FX/sft_messages.jsonl"
+run chat_arrow "$SRC/tests/fixtures/arrow/chat_dict"
+curve_close "$TMP/chat_jsonl" "$TMP/chat_arrow" loss 0 0
 
 DPO=(--set run.trainer=dpo --set data.max_length=48)
 run dpo_jsonl "$FX/preference.jsonl" "${DPO[@]}"

@@ -80,7 +80,8 @@ body 02 chat '{"model": "m", "messages": [{"role": "system", "content": "be brie
 st_seed "$out/serve_body/weights_f32" '{"model.norm.weight":{"dtype":"F32","shape":[64],"data_offsets":[0,256]}}' 256 03
 st_seed "$out/serve_body/weights_bf16" '{"__metadata__":{"format":"pt"},"model.layers.0.input_layernorm.weight":{"dtype":"BF16","shape":[64],"data_offsets":[0,128]}}' 128 03
 
-# parquet: the reader's fixtures (pyarrow and datasets wrote them; a few KB each).
-cp "$fx"/parquet/*.parquet "$out/parquet/"
+# parquet: the parquet and Arrow readers' fixtures (pyarrow and datasets wrote them; a few KB each).
+cp "$fx"/parquet/*.parquet "$fx"/arrow/*.arrow "$out/parquet/"
+cp "$fx"/arrow/chat_dict/train/data-00000-of-00001.arrow "$out/parquet/save_to_disk.arrow"
 
 echo "fuzz seeds: $(find "$out" -type f | wc -l) files in $out"

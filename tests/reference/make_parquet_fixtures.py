@@ -8,7 +8,9 @@ prompt/completion set (dictionary encoding, data page v2, uncompressed, a null c
 preference set (conversational chosen/rejected, zstd, data page v1, nullable floats and bools), a
 set of other types (nested lists with null elements, structs, empty and null lists, integers of
 every width, gzip, no dictionary), and the arithmetic SFT set of tests/dataset/test_parquet_train.sh
-(also as JSONL, for the loss-curve comparison). Run: /work/venv/bin/python tests/reference/make_parquet_fixtures.py
+(also as JSONL, for the loss-curve comparison). And Arrow IPC in tests/fixtures/arrow/: the chat set
+as a `datasets` save_to_disk DatasetDict (train and test folders), more types as a ZSTD stream of
+several record batches and in the file format, with their rows as JSONL. Run: /work/venv/bin/python tests/reference/make_parquet_fixtures.py
 """
 import json
 import os
@@ -18,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "parquet")
+ARROW = os.path.join(os.path.dirname(__file__), "..", "fixtures", "arrow")
 
 
 def write_jsonl(name, table):
@@ -109,12 +112,53 @@ def arithmetic():
     write_jsonl("arithmetic", readback("arithmetic"))
 
 
+def arrow():
+    """Arrow IPC: a `datasets` save_to_disk DatasetDict (train, test; the streaming format), a
+    stream with ZSTD buffers and several record batches, and the file format."""
+    import shutil
+    import pyarrow.ipc as ipc
+    sd = os.path.join(ARROW, "chat_dict")
+    shutil.rmtree(sd, ignore_errors=True)
+    chat = datasets.Dataset.from_parquet(os.path.join(OUT, "sft_messages.parquet"))
+    datasets.DatasetDict({"train": chat, "test": chat.select(range(5))}).save_to_disk(sd)
+    with open(os.path.join(ARROW, "chat_dict.train.jsonl"), "w") as f:
+        for row in chat.to_list():
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    n = 7
+    table = pa.table({
+        "u8": pa.array([250 + i % 6 for i in range(n)], type=pa.uint8()),
+        "i16": pa.array([None if i == 1 else -300 * i for i in range(n)], type=pa.int16()),
+        "u64": pa.array([2 ** 40 + i for i in range(n)], type=pa.uint64()),
+        "f32": pa.array([0.25 * i for i in range(n)], type=pa.float32()),
+        "ok": pa.array([None if i == 5 else i % 2 == 0 for i in range(n)], type=pa.bool_()),
+        "nothing": pa.nulls(n),
+        "ids": pa.array([[1, 2], [], None, [3], [None, 4], [5], [6, 7, 8]], type=pa.large_list(pa.int64())),
+        "pair": pa.array([[i, -i] if i != 3 else None for i in range(n)], type=pa.list_(pa.int32(), 2)),
+        "point": pa.array([{"x": i, "label": None if i == 2 else f"p{i}"} if i != 4 else None for i in range(n)],
+                          type=pa.struct([("x", pa.int32()), ("label", pa.string())])),
+        "text": pa.array(["", "héllo", None, "tab\there", "quote \" and \\", "line\nbreak", "日本"],
+                         type=pa.large_string()),
+        "words": pa.array([["a", "b"], None, [], ["c", None], ["d"], ["e", "f"], []], type=pa.list_(pa.string())),
+    })
+    with ipc.new_stream(os.path.join(ARROW, "types_zstd.arrow"), table.schema,
+                        options=ipc.IpcWriteOptions(compression="zstd")) as w:
+        w.write_table(table, max_chunksize=3)
+    with ipc.new_file(os.path.join(ARROW, "types_file.arrow"), table.schema) as w:
+        w.write_table(table, max_chunksize=4)
+    with open(os.path.join(ARROW, "types.jsonl"), "w") as f:
+        for row in ipc.open_stream(os.path.join(ARROW, "types_zstd.arrow")).read_all().to_pylist():
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
+    os.makedirs(ARROW, exist_ok=True)
     sft_messages()
     prompt_completion()
     preference()
     types()
     arithmetic()
-    for f in sorted(os.listdir(OUT)):
-        print(f, os.path.getsize(os.path.join(OUT, f)))
+    arrow()
+    for d in (OUT, ARROW):
+        for f in sorted(os.listdir(d)):
+            print(f, os.path.getsize(os.path.join(d, f)))
