@@ -115,7 +115,11 @@ static int read_field(ctrl_arrow *a, ctrl_fb *fb, ctrl_fb_table t, af_field *f, 
         if (f->bits != 8 && f->bits != 16 && f->bits != 32 && f->bits != 64)
             return fail(a, f, "a bad integer width");
         break;
-    case T_FLOAT: f->bits = 16 << (int)ctrl_fb_int(fb, ty, 0, 2, 0); break;
+    case T_FLOAT: { /* precision: HALF, SINGLE, DOUBLE */
+        const int64_t p = ctrl_fb_int(fb, ty, 0, 2, 0);
+        f->bits = p >= 0 && p <= 2 ? 16 << p : 0;
+        break;
+    }
     case T_DATE: f->bits = ctrl_fb_int(fb, ty, 0, 2, 1) == 0 ? 32 : 64; break;
     case T_TIME: f->bits = (int)ctrl_fb_int(fb, ty, 1, 4, 32); break;
     case T_TIMESTAMP:
@@ -135,7 +139,7 @@ static int read_field(ctrl_arrow *a, ctrl_fb *fb, ctrl_fb_table t, af_field *f, 
     default:
         return fail(a, f, "a column type not supported (decimal, interval, union, view or run-end types)");
     }
-    if ((f->type == T_FLOAT && f->bits > 64) || (f->type == T_TIME && f->bits != 32 && f->bits != 64) ||
+    if ((f->type == T_FLOAT && !f->bits) || (f->type == T_TIME && f->bits != 32 && f->bits != 64) ||
         ((f->type == T_FIXED_BINARY || f->type == T_FIXED_LIST) && (f->fixed < 0 || f->fixed > (1 << 20))))
         return fail(a, f, "a bad type parameter");
     uint32_t n;
@@ -231,7 +235,11 @@ static int take_buffer(batch_ctx *c, const af_field *f, const uint8_t **p, int64
     ctrl_fb raw = {*p, 8, 0};
     const int64_t full = ctrl_fb_read(&raw, 0, 8);
     if (full == -1) return *p += 8, *len = n - 8, 1; /* stored uncompressed */
-    if (full < 0 || full > ((int64_t)1 << 32)) return fail(c->a, f, "a bad uncompressed buffer length");
+    if (full < 0 || full > ((int64_t)1 << 30))
+        return fail(c->a, f, "a bad uncompressed buffer length (over 1 GiB?)");
+    const unsigned long long framed = ZSTD_getFrameContentSize(*p + 8, (size_t)(n - 8));
+    if (framed != ZSTD_CONTENTSIZE_UNKNOWN && framed != (unsigned long long)full)
+        return fail(c->a, f, "zstd: the buffer's length is not its frame's");
     uint8_t *out = malloc((size_t)full + 1);
     if (!out) return fail(c->a, f, "out of memory");
     const size_t r = ZSTD_decompress(out, (size_t)full, *p + 8, (size_t)(n - 8));
