@@ -204,9 +204,9 @@ static ctrl_status folder_files(const char *root, const char *shown, const char 
         }
     }
     if (st == CTRL_OK && out->n == 0)
-        st = ctrl_error_set(CTRL_ERR_IO,
-                            "%s: no data files of split '%s' (splits found: %s); set [data] split", shown,
-                            split, *found ? found : "none");
+        st = ctrl_error_set(
+            CTRL_ERR_IO, "%s: no data files of split '%s' (splits found: %s); set [data] split or eval_split",
+            shown, split, *found ? found : "none");
     for (int i = 0; i < w.n; i++) free(w.rel[i]);
     free(w.rel);
     return st;

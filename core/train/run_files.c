@@ -1,6 +1,6 @@
 /* The files a run config names (run_files.h): checked as training will open them, so that a typo
  * in a path is found by `ctrl config check` rather than after the model has loaded. Hub model ids
- * are already resolved to their snapshot directory by the settings. */
+ * of [model] and [teacher] are already resolved to their snapshot directory by the settings. */
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -8,6 +8,7 @@
 #include <ctrl/config.h>
 
 #include "dataset/dataset_files.h"
+#include "hub_cache.h"
 #include "model/model_config.h"
 #include "train/run_files.h"
 
@@ -25,8 +26,10 @@ static void problem(problems *pr, const ctrl_config *cfg, const char *section, c
 }
 
 static void check_model_dir(const ctrl_config *cfg, const char *section, problems *pr) {
-    const char *dir = ctrl_config_get_string(cfg, section, "path");
-    if (!dir) return;
+    const char *v = ctrl_config_get_string(cfg, section, "path");
+    if (!v) return;
+    char buf[4096]; /* a reward model's Hub id is resolved when it loads: as it will be */
+    const char *dir = ctrl_hub_resolve(v, buf, sizeof buf);
     struct stat sb;
     ctrl_model_config mc;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
@@ -64,6 +67,10 @@ ctrl_status ctrl_run_files_check(const ctrl_config *cfg) {
     problems pr = {0};
     check_model_dir(cfg, "model", &pr);
     check_model_dir(cfg, "teacher", &pr);
+    for (int i = 0; i < ctrl_config_section_count(cfg); i++) { /* [reward.NAME] path: a reward model */
+        const char *sec = ctrl_config_section_at(cfg, i);
+        if (sec && !strncmp(sec, "reward.", 7)) check_model_dir(cfg, sec, &pr);
+    }
     check_file(cfg, "peft", "adapter_path", "adapter_config.json", &pr);
     check_data(cfg, "train_file", "split", &pr);
     check_data(cfg, "eval_file", "eval_split", &pr);

@@ -55,6 +55,13 @@ HF_HOME="$TMP/hf" "${C[@]}" config check "$TMP/run.ini" --set data.train_file=or
   >"$TMP/check.log" 2>&1
 [ $? -eq 2 ] && grep -q "no data files of split 'validation' (splits found: test, train)" "$TMP/check.log" && ok ||
   { bad "config check of a missing split"; cat "$TMP/check.log"; }
+# a reward model's path, and a chat template that is not there
+"${C[@]}" config check "$TMP/run.ini" --set run.trainer=grpo --set data.train_file="$TMP/data/train_prompts.jsonl" \
+  --set reward.rm.plugin=reward_model --set reward.rm.path="$TMP/norm" --set data.chat_template_path="$TMP/no.jinja" \
+  >"$TMP/check.log" 2>&1
+[ $? -eq 2 ] && grep -q -- "--set reward.rm.path: \[reward.rm\] path = $TMP/norm: no such model directory" "$TMP/check.log" &&
+  grep -q "chat_template_path = $TMP/no.jinja: $TMP/no.jinja: no such file" "$TMP/check.log" && ok ||
+  { bad "config check of a reward model and a template"; cat "$TMP/check.log"; }
 "${C[@]}" config check "$TMP/run.ini" --set model.path="$TMP/nomodel" --no-files >/dev/null 2>&1 && ok ||
   bad "config check --no-files still looked at the files"
 finish
