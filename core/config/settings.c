@@ -4,6 +4,7 @@
  * neither a value nor a default is the table's bug, reported, not papered over here). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <ctrl/log.h>
 
@@ -63,7 +64,23 @@ static ctrl_status resolve_hub_id(ctrl_config *cfg, const char *section, const c
     return CTRL_OK;
 }
 
+/* A split set explicitly picks files of a folder or Hub dataset id; one file is one split, so the
+ * key would do nothing there: refused rather than ignored. */
+static ctrl_status check_split(const ctrl_config *cfg, const char *path_key, const char *split_key) {
+    const config_entry *s = config_find(cfg, "data", split_key), *p = config_find(cfg, "data", path_key);
+    struct stat sb;
+    if (!s || !p || !strcmp(s->where, "default") || stat(p->value, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return CTRL_OK;
+    return ctrl_error_set(CTRL_ERR_CONFIG,
+                          "%s: [data] %s = %s: [data] %s = %s is one file, all of it one split; a split is "
+                          "chosen from a folder or a Hub dataset id",
+                          s->where, split_key, s->value, path_key, p->value);
+}
+
 ctrl_status config_settings_fill(ctrl_config *cfg) {
+    ctrl_status sst = check_split(cfg, "train_file", "split");
+    if (sst == CTRL_OK) sst = check_split(cfg, "eval_file", "eval_split");
+    if (sst != CTRL_OK) return sst;
     static const char *const model_paths[][2] = {
         {"model", "path"}, {"teacher", "path"}, {"peft", "adapter_path"}};
     for (size_t i = 0; i < sizeof model_paths / sizeof model_paths[0]; i++) {

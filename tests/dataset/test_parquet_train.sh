@@ -62,6 +62,10 @@ HF_HOME="$TMP/hf" "${C[@]}" config check "$TMP/run.ini" --set data.train_file=or
 [ $? -eq 2 ] && grep -q -- "--set reward.rm.path: \[reward.rm\] path = $TMP/norm: no such model directory" "$TMP/check.log" &&
   grep -q "chat_template_path = $TMP/no.jinja: $TMP/no.jinja: no such file" "$TMP/check.log" && ok ||
   { bad "config check of a reward model and a template"; cat "$TMP/check.log"; }
+# a split for one file would do nothing: refused
+"${C[@]}" config check "$TMP/run.ini" --set data.split=test >"$TMP/check.log" 2>&1
+[ $? -eq 2 ] && grep -q -- "--set data.split: \[data\] split = test: \[data\] train_file = .* is one file" "$TMP/check.log" &&
+  ok || { bad "a split for one file"; cat "$TMP/check.log"; }
 "${C[@]}" config check "$TMP/run.ini" --set model.path="$TMP/nomodel" --no-files >/dev/null 2>&1 && ok ||
   bad "config check --no-files still looked at the files"
 finish
