@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cli.h"
 #include "hub_cache.h"
@@ -22,6 +23,8 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     ctrl_serve_options o;
     ctrl_serve_options_default(&o);
     o.api_key = getenv("CTRL_API_KEY");
+    const char *rt = getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"); /* vLLM's switch for the same routes */
+    o.runtime_lora = rt && (!strcmp(rt, "1") || !strcasecmp(rt, "true"));
     long kv_mb = (long)(o.kv_cache_bytes >> 20), body_kb = (long)(o.max_body >> 10);
     static const struct {
         const char *flag;
@@ -43,6 +46,10 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
                         &o.max_per_ip, &o.drain_s};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(k, "--allow-runtime-lora-updating")) { /* a switch: no value */
+            o.runtime_lora = 1;
+            continue;
+        }
         if (!v) return cli_usage_error(&cli_cmd_serve, "%s needs a value", k);
         i++;
         size_t f = 0;
@@ -114,7 +121,7 @@ const ctrl_command cli_cmd_serve = {
         "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
         "                  [--timeout-s 30]"
         " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n"
-        "                  [--lora NAME=DIR ...]\n\n"
+        "                  [--lora NAME=DIR ...] [--allow-runtime-lora-updating]\n\n"
         "GET /health, GET /v1/models, /server_info, /get_world_size; POST /generate {\"prompts\": [...] |\n"
         "\"prompt_token_ids\": [[...]], n, temperature, top_p, top_k, min_p, repetition_penalty,\n"
         "presence_penalty, frequency_penalty, max_tokens, seed} -> {prompt_ids, completion_ids, logprobs};\n"
@@ -138,6 +145,9 @@ const ctrl_command cli_cmd_serve = {
         "server exits 0.\n"
         "--lora NAME=DIR (repeatable; vLLM's --lora-modules): a PEFT LoRA adapter served over the base,\n"
         "chosen by a request's \"model\": NAME (listed in /v1/models); requests for different adapters\n"
-        "and the base are batched in the same engine steps. See docs/serve.md.\n",
+        "and the base are batched in the same engine steps. --allow-runtime-lora-updating (or vLLM's\n"
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True): POST /v1/load_lora_adapter {lora_name, lora_path} and\n"
+        "/v1/unload_lora_adapter {lora_name} add and remove adapters while serving (else 404); requests\n"
+        "running under an unloaded adapter finish under it. See docs/serve.md.\n",
     .run = run_serve,
 };

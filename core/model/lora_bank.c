@@ -3,7 +3,8 @@
  * (host memory, as decoding), and a decode call is told which adapter each sequence runs under
  * (ctrl_model_set_decode_adapters). A projection then adds, for each run of consecutive sequences
  * under the same adapter, s * (x A^T) B^T over those rows only: one batch mixes adapters and the
- * base (PEFT's mixed-batch forward). Only plain LoRA: DoRA and modules_to_save adapters are
+ * base (PEFT's mixed-batch forward). Adapters come and go while serving (ctrl_model_remove_adapter
+ * leaves an empty slot: ids are never reused). Only plain LoRA: DoRA and modules_to_save adapters are
  * refused (PEFT refuses DoRA in mixed batches too). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,6 +129,14 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
 
 int ctrl_model_adapter_count(const ctrl_model *m) { return m->n_bank; }
 
+ctrl_status ctrl_model_remove_adapter(ctrl_model *m, int id) {
+    if (id < 1 || id > m->n_bank || !m->bank[id - 1])
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "LoRA adapter %d: not in the model's bank", id);
+    entry_free(m->bank[id - 1]);
+    m->bank[id - 1] = NULL; /* ids stay: the others keep theirs */
+    return CTRL_OK;
+}
+
 void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq) {
     m->dec_adapters = adapter_of_seq;
 }
@@ -142,7 +151,8 @@ static ctrl_status linear(const ctrl_model *m, float *out, const float *x, const
 ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const float *x, int IN, int OUT) {
     const int *ad = m->dec_adapters, *n_new = m->dec_n_new;
     int max_r = 1;
-    for (int i = 0; i < m->n_bank; i++) max_r = m->bank[i]->cfg.r > max_r ? m->bank[i]->cfg.r : max_r;
+    for (int i = 0; i < m->n_bank; i++)
+        if (m->bank[i] && m->bank[i]->cfg.r > max_r) max_r = m->bank[i]->cfg.r;
     const size_t need = (size_t)m->T * ((size_t)max_r + (size_t)OUT);
     if (need > m->bank_ws_n) {
         free(m->bank_ws);

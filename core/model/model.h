@@ -219,6 +219,10 @@ ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *
  * of its sequences ([n_seq], 0: the base; NULL: every one the base): one call mixes them. */
 ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id);
 int ctrl_model_adapter_count(const ctrl_model *m);
+/* Frees adapter `id`'s weights (ctrl serve's /v1/unload_lora_adapter): the id is not given again,
+ * and a sequence still naming it decodes as the base -- the caller makes sure none does.
+ * CTRL_ERR_RUNTIME for an id never given or already removed. */
+ctrl_status ctrl_model_remove_adapter(ctrl_model *m, int id);
 void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);

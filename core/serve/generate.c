@@ -38,8 +38,8 @@ cJSON *serve_openai_object(ctrl_server *s, const serve_input *in, int kind, int 
                             kind == SERVE_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
                                                : "text_completion");
     cJSON_AddNumberToObject(o, "created", (double)time(NULL));
-    cJSON_AddStringToObject(o, "model",
-                            in->base.adapter ? s->opt->lora_name[in->base.adapter - 1] : s->opt->model_dir);
+    const char *adapter = in->base.adapter ? serve_lora_name(s, in->base.adapter) : NULL;
+    cJSON_AddStringToObject(o, "model", adapter ? adapter : s->opt->model_dir);
     return o;
 }
 

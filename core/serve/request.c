@@ -192,9 +192,9 @@ unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_inpu
                 *stream = cJSON_GetObjectItemCaseSensitive(in, "stream");
     if (model && !cJSON_IsNull(model) && !cJSON_IsString(model))
         return snprintf(msg, cap, "model: a string"), 400;
-    if (cJSON_IsString(model) && s->opt->n_lora > 0) { /* the base, or one of the --lora adapters */
-        for (int i = 0; i < s->opt->n_lora && !out->base.adapter; i++)
-            if (!strcmp(model->valuestring, s->opt->lora_name[i])) out->base.adapter = i + 1;
+    if (cJSON_IsString(model) && serve_lora_checks_model(s)) { /* the base, or one of the adapters */
+        if ((out->base.adapter = serve_lora_acquire(s, model->valuestring)))
+            out->lora_server = s; /* held until serve_input_free: an unload waits for it */
         const char *slash = strrchr(s->opt->model_dir, '/'); /* the directory's name is the model's too */
         if (!out->base.adapter && strcmp(model->valuestring, s->opt->model_dir) &&
             !(slash && slash[1] && !strcmp(model->valuestring, slash + 1)))
@@ -258,6 +258,7 @@ unsigned serve_input_parse(ctrl_server *s, const cJSON *in, int kind, serve_inpu
 }
 
 void serve_input_free(serve_input *in) {
+    if (in->lora_server) serve_lora_release(in->lora_server, in->base.adapter);
     for (int i = 0; i < in->n && in->ids; i++) free(in->ids[i]);
     free(in->ids), free(in->lens), free(in->stop_ids), free(in->bias_ids), free(in->bias);
     serve_stops_free(in->stops);

@@ -1,7 +1,8 @@
 /* ctrl serve's route table: {method, path, auth, handler} looked up once per request (daemon.c),
  * and the endpoints too small for a file of their own: /health (with the batcher's counters; 503
  * while draining), /v1/models, /server_info and /get_world_size (what TRL's VLLMClient asks),
- * /sleep, /wake_up, /reset_prefix_cache, /update_weights (weights.c does the work) and vLLM's
+ * /sleep, /wake_up, /reset_prefix_cache, /update_weights (weights.c does the work), the LoRA
+ * load and unload routes (lora.c) and vLLM's
  * weight-transfer endpoints (NCCL: answered 501 naming /update_weights, see docs/serve.md). */
 #include <math.h>
 #include <stdio.h>
@@ -91,16 +92,7 @@ static enum MHD_Result models(ctrl_server *s, struct MHD_Connection *c, const cJ
     cJSON_AddNumberToObject(m, "max_model_len", s->context);
     cJSON *data = cJSON_AddArrayToObject(o, "data");
     cJSON_AddItemToArray(data, m);
-    for (int i = 0; i < s->opt->n_lora; i++) { /* as vLLM lists its LoRA modules */
-        cJSON *a = cJSON_CreateObject();
-        cJSON_AddStringToObject(a, "id", s->opt->lora_name[i]);
-        cJSON_AddStringToObject(a, "object", "model");
-        cJSON_AddStringToObject(a, "owned_by", "ctrl");
-        cJSON_AddStringToObject(a, "root", s->opt->lora_dir[i]);
-        cJSON_AddStringToObject(a, "parent", s->opt->model_dir);
-        cJSON_AddNumberToObject(a, "max_model_len", s->context);
-        cJSON_AddItemToArray(data, a);
-    }
+    serve_lora_list(s, data);
     return serve_reply(c, 200, o);
 }
 
@@ -197,6 +189,8 @@ static const serve_route routes[] = {
     {"POST", "/sleep", 1, 1, 0, sleep_engine},
     {"POST", "/wake_up", 1, 1, 0, wake_up},
     {"POST", "/reset_prefix_cache", 1, 1, 0, reset_prefix_cache},
+    {"POST", "/v1/load_lora_adapter", 1, 1, 0, serve_lora_load},
+    {"POST", "/v1/unload_lora_adapter", 1, 1, 0, serve_lora_unload},
 };
 
 const serve_route *serve_route_find(const char *method, const char *path, unsigned *status) {

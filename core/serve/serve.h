@@ -9,6 +9,7 @@
  *   generate.c /generate, /v1/completions, /v1/chat/completions (whole responses)
  *   stream.c   Server-Sent Events for the OpenAI endpoints
  *   weights.c  /update_weights: the whole body validated before any weight changes
+ *   lora.c     the LoRA adapters served (--lora, and loaded / unloaded at run time)
  *   reply.c    JSON responses and errors */
 #ifndef CTRL_CORE_SERVE_H
 #define CTRL_CORE_SERVE_H
@@ -38,6 +39,9 @@ typedef struct ctrl_serve_options {
      * "model" naming one runs under it; requests for different adapters share engine steps. */
     int n_lora;
     const char *lora_name[CTRL_SERVE_MAX_LORA], *lora_dir[CTRL_SERVE_MAX_LORA];
+    /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter answer (vLLM's routes under
+     * VLLM_ALLOW_RUNTIME_LORA_UPDATING; --allow-runtime-lora-updating); 0: they answer 404. */
+    int runtime_lora;
 } ctrl_serve_options;
 
 /* The defaults (the CLI's flags start from them). */

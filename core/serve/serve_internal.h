@@ -14,6 +14,14 @@
 
 typedef struct serve_deadline serve_deadline;
 
+/* A LoRA adapter served over the base (lora.c): --lora's, or one /v1/load_lora_adapter loaded. */
+typedef struct serve_adapter {
+    char *name, *dir;
+    int id;      /* the model's bank id (ctrl_model_add_adapter) */
+    int refs;    /* generation requests admitted under it and not yet answered */
+    int retired; /* unloaded: no longer listed nor chosen; its weights go when refs reaches 0 */
+} serve_adapter;
+
 typedef struct ctrl_server {
     const ctrl_serve_options *opt;
     ctrl_model *model;
@@ -34,6 +42,9 @@ typedef struct ctrl_server {
     int shutting_down;    /* the drain's deadline passed: generations are aborted */
     int asleep;           /* after /sleep until /wake_up: generations fail with 503 */
     uint64_t rng;         /* the server's generator: seeds of requests without one, response ids */
+    serve_adapter adapters[CTRL_SERVE_MAX_LORA]; /* under lock; live and retired-but-running */
+    int n_adapters;
+    pthread_mutex_t lora_lock; /* one load or unload at a time */
 } ctrl_server;
 
 /* A route: `json` handlers get the body parsed (an object; otherwise 400 before the handler),
@@ -101,7 +112,8 @@ typedef struct serve_input {
     serve_stops *stops; /* stop strings (NULL: none); heap: the requests point at it */
     int32_t *stop_ids;  /* the ids ending a completion: the model's (unless ignore_eos) + stop_token_ids */
     int n_stop_ids;
-    char id[48]; /* the response's id */
+    char id[48];                     /* the response's id */
+    struct ctrl_server *lora_server; /* set while the request holds a reference to base.adapter */
 } serve_input;
 
 /* The completion's text: decoded (skip_special), cut at the first stop string (after it with
@@ -173,6 +185,24 @@ cJSON *serve_prompt_logprobs(ctrl_server *s, const serve_input *in, const int32_
 void serve_logprobs_prepend_prompt(ctrl_server *s, const serve_input *in, cJSON *lp, const int32_t *ids,
                                    int len, const serve_scored *sc);
 char *serve_decoded(ctrl_server *s, const ctrl_gen_output *g);
+
+/* The LoRA adapters (lora.c): --lora's loaded at start (serve_lora_start) and freed at the end;
+ * serve_lora_acquire gives the id of the live adapter NAME (0: none) and holds it until
+ * serve_lora_release, so that an unload while it runs frees its weights only after it; whether a
+ * request's "model" must name the base or an adapter (some are served, or may be loaded);
+ * /v1/models' adapter entries; the load and unload routes. */
+ctrl_status serve_lora_start(ctrl_server *s);
+void serve_lora_stop(ctrl_server *s);
+int serve_lora_acquire(ctrl_server *s, const char *name);
+void serve_lora_release(ctrl_server *s, int id);
+/* The name of adapter `id`, which the caller holds (its string lives while it is held). */
+const char *serve_lora_name(ctrl_server *s, int id);
+int serve_lora_checks_model(ctrl_server *s);
+void serve_lora_list(ctrl_server *s, cJSON *data);
+enum MHD_Result serve_lora_load(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                                size_t n);
+enum MHD_Result serve_lora_unload(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                                  size_t n);
 
 /* Applies a safetensors body to the model; the number of tensors updated, or -1 with a message in
  * err and no weight changed. */

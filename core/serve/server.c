@@ -81,6 +81,7 @@ static void context_limit(ctrl_server *s) {
 ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg, int (*stop)(void)) {
     ctrl_server s = {.opt = o};
     pthread_mutex_init(&s.lock, NULL);
+    pthread_mutex_init(&s.lora_lock, NULL);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     s.rng = (uint64_t)now.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)now.tv_sec ^ ((uint64_t)getpid() << 32);
@@ -91,11 +92,7 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         fclose(ur);
     }
     ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
-    for (int i = 0; i < o->n_lora && st == CTRL_OK; i++) { /* ids 1, 2, ...: the request's adapter */
-        int id = 0;
-        st = ctrl_model_add_adapter(s.model, o->lora_dir[i], &id);
-        if (st == CTRL_OK) CTRL_INFO("serve: LoRA adapter '%s' from %s", o->lora_name[i], o->lora_dir[i]);
-    }
+    if (st == CTRL_OK) st = serve_lora_start(&s); /* --lora's adapters */
     if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);
     const ctrl_engine_config ec = {.kv_cache_bytes = o->kv_cache_bytes,
@@ -137,6 +134,8 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
     ctrl_template_free(s.chat);
     ctrl_tokenizer_free(s.tok);
     ctrl_model_free(s.model);
+    serve_lora_stop(&s);
+    pthread_mutex_destroy(&s.lora_lock);
     pthread_mutex_destroy(&s.lock);
     return st;
 }

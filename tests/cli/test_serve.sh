@@ -54,6 +54,9 @@ code=$(post /v1/completions -d '{"prompt": "x", "stream": "yes"}')
 [ "$code" = 400 ] && grep -q '"stream: true or false"' "$TMP/out" && ok || bad "stream type: $code $(cat "$TMP/out")"
 code=$(post /v1/completions -d '{"prompt": "x", "model": 3}')
 [ "$code" = 400 ] && grep -q 'model: a string' "$TMP/out" && ok || bad "model type: $code $(cat "$TMP/out")"
+# runtime LoRA updating is off unless asked for (--allow-runtime-lora-updating): 404, as vLLM
+code=$(post /v1/load_lora_adapter -d '{"lora_name": "a", "lora_path": "/tmp"}')
+[ "$code" = 404 ] && grep -q 'allow-runtime-lora-updating' "$TMP/out" && ok || bad "load_lora_adapter while off: $code $(cat "$TMP/out")"
 code=$(post /sleep -d '{"level": 7}')
 [ "$code" = 400 ] && grep -q 'level' "$TMP/out" && ok || bad "sleep level: $code $(cat "$TMP/out")"
 # null is the default; valid edge values pass

@@ -7,7 +7,8 @@
  * check_vllm_client.py drives the real Python clients by hand; tests/cli/test_serve.sh covers the
  * drain and disconnects with curl.) The server also serves two LoRA adapters (--lora NAME=DIR):
  * chosen by the request's "model", listed in /v1/models, generating what `ctrl generate --adapter`
- * does, alone and side by side. */
+ * does, alone and side by side; and adapters loaded and unloaded while it serves (vLLM's
+ * /v1/load_lora_adapter and /v1/unload_lora_adapter), with vLLM's answers and error codes. */
 #include <arpa/inet.h>
 #include <cJSON.h>
 #include <math.h>
@@ -88,6 +89,7 @@ static int server_up(void) {
     reg = test_plugin_registry();
     ctrl_serve_options_default(&opt);
     opt.model_dir = model_dir, opt.port = free_port(), opt.kv_cache_bytes = (size_t)32 << 20;
+    opt.runtime_lora = 1; /* /v1/load_lora_adapter and /v1/unload_lora_adapter answer */
     if (!make_adapters()) {
         test_fail_at(__FILE__, __LINE__, "LoRA adapters for the server: %s", ctrl_error_message());
         return 0;
@@ -485,7 +487,9 @@ static void cli_generate(const char *adapter, const char *prompt, char *ids, siz
 
 typedef struct lora_call {
     const char *model, *prompt;
-    char ids[4096];
+    int max_tokens; /* 0: 8; more: with ignore_eos */
+    int status;
+    char ids[16384];
 } lora_call;
 
 /* POST /v1/completions greedy for call->model; its token ids (JSON) into call->ids. */
@@ -493,14 +497,15 @@ static void *lora_complete(void *arg) {
     lora_call *c = arg;
     char body[600];
     snprintf(body, sizeof body,
-             "{\"model\": \"%s\", \"prompt\": \"%s\", \"max_tokens\": 8, \"temperature\": 0, "
-             "\"return_token_ids\": true}",
-             c->model, c->prompt);
+             "{\"model\": \"%s\", \"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0, "
+             "\"return_token_ids\": true%s}",
+             c->model, c->prompt, c->max_tokens ? c->max_tokens : 8,
+             c->max_tokens > 8 ? ", \"ignore_eos\": true" : "");
     ctrl_http_response r = {0};
-    c->ids[0] = 0;
-    if (ctrl_http_post(base, "/v1/completions", "application/json", body, strlen(body), NULL, 30, &r) ==
+    c->ids[0] = 0, c->status = 0;
+    if (ctrl_http_post(base, "/v1/completions", "application/json", body, strlen(body), NULL, 60, &r) ==
             CTRL_OK &&
-        r.status == 200) {
+        (c->status = r.status) == 200) {
         cJSON *o = cJSON_Parse(r.body),
               *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
         char *t = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(ch, "token_ids"));
@@ -557,4 +562,103 @@ TEST(lora_adapters_chosen_by_model_equal_ctrl_generate_adapter) {
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(e, "error");
     CHECK_STR(cJSON_GetObjectItemCaseSensitive(err, "param")->valuestring, "model");
     cJSON_Delete(e);
+}
+
+/* POST path with body; the status, the raw body into text (vLLM answers a load in plain text). */
+static int post_raw(const char *path, const char *body, char *text, size_t cap) {
+    ctrl_http_response r = {0};
+    const ctrl_status st = ctrl_http_post(base, path, "application/json", body, strlen(body), NULL, 30, &r);
+    CHECK_MSG(st == CTRL_OK, "POST %s: %s", path, ctrl_error_message());
+    snprintf(text, cap, "%s", r.body ? r.body : "");
+    const int status = r.status;
+    ctrl_http_response_free(&r);
+    return status;
+}
+
+/* requests_in_flight of /health. */
+static int in_flight(void) {
+    int status = 0;
+    cJSON *h = call("GET", "/health", NULL, &status);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, "requests_in_flight");
+    const int n = cJSON_IsNumber(v) ? v->valueint : -1;
+    cJSON_Delete(h);
+    return n;
+}
+
+/* vLLM's runtime LoRA updating: an adapter loaded by POST /v1/load_lora_adapter is listed in
+ * /v1/models and serves what the same adapter given with --lora does; a name already loaded, a
+ * missing field, an adapter that does not load are 400s, a path with no adapter a 404; an unload of
+ * an unknown name a 404; an unload while a request runs under the adapter succeeds at once (new
+ * requests naming it get 404) and the running request finishes under the adapter. */
+TEST(lora_adapters_load_and_unload_at_run_time) {
+    if (!server_up()) return;
+    char text[4096], body[2048];
+    snprintf(body, sizeof body, "{\"lora_name\": \"gamma\", \"lora_path\": \"%s\"}", lora_dir[0]);
+    CHECK_EQ_INT(post_raw("/v1/load_lora_adapter", body, text, sizeof text), 200);
+    CHECK_STR(text, "Success: LoRA adapter 'gamma' added successfully.");
+    int status = 0;
+    cJSON *models = call("GET", "/v1/models", NULL, &status);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(models, "data"), *g = cJSON_GetArrayItem(data, 3);
+    CHECK_EQ_INT(cJSON_GetArraySize(data), 4);
+    CHECK(g && !strcmp(cJSON_GetObjectItemCaseSensitive(g, "id")->valuestring, "gamma") &&
+          !strcmp(cJSON_GetObjectItemCaseSensitive(g, "root")->valuestring, lora_dir[0]));
+    cJSON_Delete(models);
+    lora_call a = {.model = "alpha", .prompt = "hello world"},
+              c = {.model = "gamma", .prompt = "hello world"};
+    lora_complete(&a), lora_complete(&c);
+    CHECK_MSG(a.ids[0] && !strcmp(a.ids, c.ids), "gamma (alpha's directory) %s, alpha %s", c.ids, a.ids);
+    /* vLLM's errors */
+    CHECK_EQ_INT(post_raw("/v1/load_lora_adapter", body, text, sizeof text), 400);
+    CHECK_CONTAINS(text, "has already been loaded");
+    CHECK_EQ_INT(post_raw("/v1/load_lora_adapter", "{\"lora_name\": \"delta\"}", text, sizeof text), 400);
+    CHECK_CONTAINS(text, "Both 'lora_name' and 'lora_path' must be provided.");
+    snprintf(body, sizeof body, "{\"lora_name\": \"delta\", \"lora_path\": \"%s/nowhere\"}", test_tmp_dir());
+    CHECK_EQ_INT(post_raw("/v1/load_lora_adapter", body, text, sizeof text), 404);
+    CHECK_CONTAINS(text, "No adapter found");
+    char bad_dir[700], path[800];
+    snprintf(bad_dir, sizeof bad_dir, "%s/lora_bad", test_tmp_dir());
+    CHECK_EQ_INT(system((snprintf(path, sizeof path, "mkdir -p %s", bad_dir), path)), 0);
+    snprintf(path, sizeof path, "%s/adapter_config.json", bad_dir);
+    FILE *f = fopen(path, "w");
+    if (f) fputs("{\"peft_type\": \"IA3\"}", f), fclose(f);
+    snprintf(body, sizeof body, "{\"lora_name\": \"delta\", \"lora_path\": \"%s\"}", bad_dir);
+    CHECK_EQ_INT(post_raw("/v1/load_lora_adapter", body, text, sizeof text), 400);
+    CHECK_CONTAINS(text, "peft_type");
+    CHECK_EQ_INT(post_raw("/v1/unload_lora_adapter", "{\"lora_name\": \"delta\"}", text, sizeof text), 404);
+    CHECK_CONTAINS(text, "The lora adapter 'delta' cannot be found.");
+    CHECK_EQ_INT(post_raw("/v1/unload_lora_adapter", "{}", text, sizeof text), 400);
+    /* unloaded while a request runs under it: the request finishes under the adapter */
+    lora_call ref = {.model = "alpha", .prompt = "the cat", .max_tokens = 1500},
+              run = {.model = "gamma", .prompt = "the cat", .max_tokens = 1500};
+    lora_complete(&ref);
+    CHECK_EQ_INT(ref.status, 200);
+    pthread_t th;
+    pthread_create(&th, NULL, lora_complete, &run);
+    int seen = 0;
+    for (int i = 0; i < 400 && !seen; i++) seen = in_flight() >= 1 || (usleep(5000), 0);
+    usleep(20 * 1000); /* its body read and its "model" resolved */
+    CHECK_EQ_INT(post_raw("/v1/unload_lora_adapter", "{\"lora_name\": \"gamma\"}", text, sizeof text), 200);
+    CHECK_STR(text, "Success: LoRA adapter 'gamma' removed successfully.");
+    const int still = in_flight(); /* the unload came while it ran (1500 tokens: a second or more) */
+    CHECK_MSG(still >= 1, "the long request had finished before the unload: nothing tested");
+    pthread_join(th, NULL);
+    CHECK_EQ_INT(run.status, 200);
+    CHECK_MSG(run.ids[0] && !strcmp(run.ids, ref.ids),
+              "the request running under gamma changed when it was unloaded");
+    printf("  unload while %d request(s) ran: it finished under the adapter (%zu bytes of token ids)\n",
+           still, strlen(run.ids));
+    cJSON *e = call("POST", "/v1/completions", "{\"model\": \"gamma\", \"prompt\": \"hi\"}", &status);
+    CHECK_EQ_INT(status, 404);
+    cJSON_Delete(e);
+    models = call("GET", "/v1/models", NULL, &status);
+    CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(models, "data")), 3);
+    cJSON_Delete(models);
+    /* the name can be loaded again (a new id) */
+    snprintf(body, sizeof body, "{\"lora_name\": \"gamma\", \"lora_path\": \"%s\"}", lora_dir[1]);
+    CHECK_EQ_INT(post_raw("/v1/load_lora_adapter", body, text, sizeof text), 200);
+    lora_call b = {.model = "beta", .prompt = "the cat sat"},
+              c2 = {.model = "gamma", .prompt = "the cat sat"};
+    lora_complete(&b), lora_complete(&c2);
+    CHECK_MSG(b.ids[0] && !strcmp(b.ids, c2.ids), "gamma (beta's directory) %s, beta %s", c2.ids, b.ids);
+    CHECK_EQ_INT(post_raw("/v1/unload_lora_adapter", "{\"lora_name\": \"gamma\"}", text, sizeof text), 200);
 }
