@@ -92,6 +92,9 @@ typedef struct ctrl_run_settings {
         const char *path; /* NULL when unset */
         int bf16;         /* [teacher] dtype = bf16 */
     } teacher;
+    struct {
+        long reduce_bucket_size; /* floats (ZeRO's gradient buckets) */
+    } memory;
 } ctrl_run_settings;
 
 const ctrl_run_plugins *ctrl_config_plugins(const ctrl_config *cfg);

@@ -182,9 +182,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp);
  * recomputes keep only their input through the forward (activation checkpointing).
  * CTRL_ERR_NOMEM (and no strategy) when its per-layer flags cannot be allocated. */
 ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
-/* A second set of layer hooks beside the memory strategy's (NULL: none), for the parameters'
- * sharding (ZeRO-3, core/train/zero_layers.c): before_forward and before_backward run first
- * (before a recompute too), after_forward and after_backward last. */
+/* A second set of layer hooks beside the memory strategy's (NULL: none), for the parameters' and
+ * gradients' sharding (ZeRO-2/3, core/train/zero_layers.c): before_forward and before_backward run
+ * first (before a recompute too), after_forward and after_backward last; after_backward runs once
+ * more at the end of each backward with layer -1, every gradient written (the embeddings' last). */
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
 /* Every layer recomputed, without a strategy plugin: the activations keep each layer's input and
  * one set of layer internals that all layers share -- for a model that only runs forwards (a frozen

@@ -134,7 +134,9 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
     }
     m->moe_aux_armed = 0;                      /* its gradient is in the routers now */
     float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
-    if (!dwte) return CTRL_OK;
-    if (c->embed_scale > 0) MODEL_TRY(be->scale(g.dres, c->embed_scale, (int64_t)T * C));
-    return be->embedding_backward(dwte, g.dres, m->grad_tokens, T, C);
+    if (dwte && c->embed_scale > 0) MODEL_TRY(be->scale(g.dres, c->embed_scale, (int64_t)T * C));
+    if (dwte) MODEL_TRY(be->embedding_backward(dwte, g.dres, m->grad_tokens, T, C));
+    /* every gradient written: the sharding's end of the backward (ZeRO's last reduction) */
+    if (m->shard_ops && m->shard_ops->after_backward) return m->shard_ops->after_backward(m->shard_mem, -1);
+    return CTRL_OK;
 }

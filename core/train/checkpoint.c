@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <ftw.h>
 #include <math.h>
 #include <stddef.h>
@@ -112,6 +113,11 @@ static ctrl_status write_state(const char *path, const ctrl_train_state *s) {
     cJSON_AddNumberToObject(o, "window_steps", s->win);
     cJSON_AddNumberToObject(o, "world_size", s->world_size > 0 ? s->world_size : 1);
     if (s->zero_stage > 0) cJSON_AddNumberToObject(o, "zero_stage", s->zero_stage);
+    if (s->zero_stage > 0 && s->zero_layout) {
+        char hex[24];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)s->zero_layout);
+        cJSON_AddStringToObject(o, "zero_layout", hex);
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     FILE *f = fopen(path, "w");
@@ -288,6 +294,8 @@ static int get_hex(const cJSON *o, const char *key, double *v) {
 ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, const ctrl_optimizer_ops *ops,
                                        ctrl_optimizer *opt, int zero_stage, int rank, ctrl_train_state *s) {
     const int world_size = s->world_size > 0 ? s->world_size : 1; /* this run's: the file's must equal it */
+    const uint64_t layout = s->zero_layout;                       /* this run's ZeRO slices */
+    uint64_t made_layout = 0;
     char path[4400];
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     ctrl_status st;
@@ -324,6 +332,9 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
             (get_long(o, "zero_stage", &stage) || stage < 1 || stage > 3))
             bad = "zero_stage";
         s->zero_stage = (int)stage;
+        const cJSON *zl = cJSON_GetObjectItemCaseSensitive(o, "zero_layout"); /* absent before buckets */
+        if (zl && (!cJSON_IsString(zl) || sscanf(zl->valuestring, "%" SCNx64, &made_layout) != 1))
+            bad = "zero_layout";
         snprintf(s->optimizer, sizeof s->optimizer, "%s", made_with->valuestring);
     }
     cJSON_Delete(o);
@@ -343,7 +354,7 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
     if ((s->zero_stage > 0) != (zero_stage > 0))
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "%s: made %s ZeRO, [memory] strategies %s: resume with a ZeRO strategy as the "
-                              "checkpoint was made (zero1 or zero2: the same slices) or without",
+                              "checkpoint was made or without",
                               dir, s->zero_stage ? "with" : "without", zero_stage ? "has one" : "has none");
     if (s->zero_stage > 0 && zero_stage > 0 && (s->zero_stage >= 3) != (zero_stage >= 3))
         return ctrl_error_set(
@@ -351,6 +362,15 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
             "%s: made with ZeRO-%d, [memory] strategies has zero%d: ZeRO-3 cuts the optimizer "
             "state in other slices than zero1 and zero2; resume with the checkpoint's stage",
             dir, s->zero_stage, zero_stage);
+    if (s->zero_stage > 0 && zero_stage > 0 && made_layout && layout && made_layout != layout)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: made with ZeRO-%d, whose optimizer slices were cut otherwise than this run's "
+            "zero%d cuts them (zero2 on the CPU cuts them per bucket of layers, [memory] "
+            "reduce_bucket_size; zero1 and a CUDA zero2 over the whole buffer): resume with "
+            "the checkpoint's [memory] strategies and reduce_bucket_size",
+            dir, s->zero_stage, zero_stage);
+    s->zero_layout = layout;
     /* optimizer buffers, by name and size (ZeRO: this rank's slice's) */
     if (zero_stage > 0)
         snprintf(path, sizeof path, "%s/optimizer.rank-%d.safetensors", dir, rank);

@@ -30,8 +30,9 @@ typedef struct ctrl_train_state {
     uint64_t seed;
     double win_loss, win_acc, win_norm, win_ent; /* sums over the logging window not yet written */
     int win;
-    int world_size; /* the data-parallel ranks that made it (1 in checkpoints from before) */
-    int zero_stage; /* ZeRO (core/train/zero.h): 0, or 1/2 with the optimizer state in per-rank files */
+    int world_size;       /* the data-parallel ranks that made it (1 in checkpoints from before) */
+    int zero_stage;       /* ZeRO (core/train/zero.h): 0, or 1/2 with the optimizer state in per-rank files */
+    uint64_t zero_layout; /* ZeRO: a hash of how the slices are cut (train_zero_layout; 0: not said) */
 } ctrl_train_state;
 
 /* A run whose optimizer state is sharded over `n` ranks (ZeRO): rank 0, saving, writes its own
@@ -63,7 +64,8 @@ int ctrl_checkpoint_last(const char *out_dir, char *path, size_t cap);
  * A checkpoint made with another optimizer than `optimizer`, or with other buffers, is an error.
  * `zero_stage` is this run's (0: none): with a stage, this rank's optimizer.rank-R.safetensors
  * (R = `rank`) is read; a checkpoint sharded when the run is not, or the reverse, is an error. On
- * entry s->world_size is this run's number of ranks: a checkpoint made by another is an error. */
+ * entry s->world_size is this run's number of ranks: a checkpoint made by another is an error;
+ * s->zero_layout this run's slices: a checkpoint whose slices were cut otherwise is an error. */
 ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, const ctrl_optimizer_ops *ops,
                                        ctrl_optimizer *opt, int zero_stage, int rank, ctrl_train_state *s);
 

@@ -57,6 +57,11 @@ typedef struct train_kind_env {
     const ctrl_tokenizer *tok;
     const ctrl_trainer_ops *trainer_ops;
     ctrl_trainer *trainer;
+    /* ZeRO-3 (zero.h): the whole model gathered on every rank (on = 1, a collective) for what reads
+     * it outside the layer hooks -- a generation phase, DeepSpeed's ds3_gather_for_generation --
+     * and released after (on = 0); nothing without zero3 */
+    ctrl_status (*whole_weights)(void *ctx, int on);
+    void *whole_ctx;
 } train_kind_env;
 
 /* One optimizer step as a kind reports it (the loop adds the gradient norm). */

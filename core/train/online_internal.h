@@ -47,6 +47,9 @@ struct ctrl_online {
     long csynced[MAX_METRICS];
     int sync_warned;
     online_value *value; /* spec.value_model (PPO), else NULL */
+    /* the colocated engine's generation reads the whole model: gathered around it (ZeRO-3) */
+    ctrl_status (*whole_weights)(void *ctx, int on);
+    void *whole_ctx;
 };
 
 /* Completions [c0, c0 + n) of the generation batch as one flat batch: each sequence is its prompt

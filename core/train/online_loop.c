@@ -177,6 +177,10 @@ static void gen_batch_free(ctrl_online *o) {
     o->gout = NULL, o->gprompt = o->trained = NULL, o->adv = NULL, o->old = o->ref_lp = NULL, o->gn = 0;
 }
 
+void ctrl_online_set_whole_weights(ctrl_online *o, ctrl_status (*whole)(void *ctx, int on), void *ctx) {
+    o->whole_weights = whole, o->whole_ctx = ctx;
+}
+
 /* Generates for `ps` prompts order[*cursor ...]: n_prompts requests of `n` samples each, of which
  * this rank samples requests [own0, own0 + n_own) (seeded by their place in the whole batch). */
 static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int *order, long *cursor,
@@ -211,10 +215,13 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
     if (o->server_url) {
         st = ctrl_remote_generate(o->server_url, o->bearer, req + own0, n_own, o->gout + (size_t)own0 * n);
     } else {
-        st = ctrl_engine_wake_up(o->engine);
+        st = o->whole_weights ? o->whole_weights(o->whole_ctx, 1) : CTRL_OK; /* ZeRO-3: gathered */
+        if (st == CTRL_OK) st = ctrl_engine_wake_up(o->engine);
         if (st == CTRL_OK)
             st = ctrl_engine_generate(o->engine, req + own0, n_own, o->gout + (size_t)own0 * n, NULL, NULL);
         if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
+        const ctrl_status rel = o->whole_weights ? o->whole_weights(o->whole_ctx, 0) : CTRL_OK;
+        if (st == CTRL_OK) st = rel;
     }
     free(req);
     return st;

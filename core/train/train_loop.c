@@ -131,6 +131,32 @@ static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plug
     return CTRL_OK;
 }
 
+/* What zero3 runs with so far: the token, sequence and online kinds (generation gathers the whole
+ * model around it), not what reads the whole policy at other times. */
+static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec *spec) {
+    const ctrl_run_settings *s = r->s;
+    const train_kind_ops *k = r->kind_ops;
+    if (k != &train_kind_token && k != &train_kind_sequence && k != &train_kind_online)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] strategies = zero3 with trainer = %s: not supported yet (SFT, the "
+                              "preference trainers and the online ones are; zero1 and zero2 work with every "
+                              "trainer)",
+                              s->run.trainer);
+    if (k == &train_kind_sequence && spec->sync_ref_model)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s: [%s] sync_ref_model = true with [memory] strategies = zero3: not supported "
+            "yet (the sync reads the whole policy after every step)",
+            ctrl_config_where(r->cfg, s->run.trainer, "sync_ref_model"), s->run.trainer);
+    if (k == &train_kind_online && s->generation.server)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s: [generation] mode = server with [memory] strategies = zero3: not supported "
+            "yet (the weights pushed after each step are the whole model's); use colocate",
+            ctrl_config_where(r->cfg, "generation", "mode"));
+    return CTRL_OK;
+}
+
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
 static ctrl_status setup(run_state *r, const char *weights_dir) {
@@ -164,6 +190,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     ctrl_sequence_spec spec = {.size = sizeof spec};
     if (st == CTRL_OK && TRAINER_HAS(r->trainer_ops, sequence_spec))
         st = r->trainer_ops->sequence_spec(r->trainer, &spec);
+    if (st == CTRL_OK && zero_stage >= 3) st = zero3_supported(r, &spec); /* before any loading */
     if (st == CTRL_OK && s->peft.enabled && s->peft.save_score && !spec.needs_score)
         st = ctrl_error_set(CTRL_ERR_CONFIG,
                             "%s: [peft] modules_to_save = score: trainer %s trains a causal LM, which has "
@@ -184,7 +211,9 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                                     .model = r->model,
                                     .tok = r->tok,
                                     .trainer_ops = r->trainer_ops,
-                                    .trainer = r->trainer};
+                                    .trainer = r->trainer,
+                                    .whole_weights = train_zero_whole,
+                                    .whole_ctx = &r->zero};
         st = r->kind_ops->create(&env, &r->kind);
     }
     if (st == CTRL_OK && r->kind_ops->tokenizer_only_at_create) {
@@ -196,12 +225,8 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
-    if (st == CTRL_OK && zero_stage >= 3 && r->kind_ops != &train_kind_token)
-        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                            "[memory] strategies = zero3 with trainer = %s: SFT only so far (generation and "
-                            "reference models read the whole model; zero1 and zero2 work with every trainer)",
-                            s->run.trainer);
-    if (st == CTRL_OK) st = train_zero_init(&r->zero, zero_stage, r->model);
+    if (st == CTRL_OK)
+        st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
@@ -349,19 +374,28 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
     return st;
 }
 
-/* zero3, after the first step: the parameter and gradient memory each rank holds (mincore),
- * logged by rank 0. */
+/* After the first step of a partitioned ZeRO run: the gradient memory each rank held during the
+ * backward (the most resident just before a bucket's reduction) and, zero3, the parameter and
+ * gradient memory between steps (mincore), logged by rank 0. */
 static ctrl_status report_resident(run_state *r) {
     size_t n_params = 0, n_grads = 0;
     const float *p = ctrl_model_params(r->model, &n_params), *g = ctrl_model_grads(r->model, &n_grads);
-    double v[2] = {(double)train_zero_resident(p, n_params * sizeof *p),
-                   (double)train_zero_resident(g, n_grads * sizeof *g)};
-    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
-    if (st == CTRL_OK && r->root)
+    train_zero *z = &r->zero;
+    double v[3] = {(double)train_zero_resident(p, n_params * sizeof *p),
+                   (double)train_zero_resident(g, n_grads * sizeof *g), (double)z->grad_peak};
+    z->measure = 0;
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 3);
+    if (st != CTRL_OK || !r->root) return st;
+    int buckets = 0;
+    for (int l = 0; l < ctrl_model_cfg(r->model)->n_layers; l++) buckets += z->closes[l] != 0;
+    CTRL_INFO(
+        "zero%d: gradients during the backward: at most %.0f of %zu bytes resident per rank (%d buckets "
+        "of layers, reduce_bucket_size = %zu floats); averaged slices kept: %zu bytes",
+        z->stage, v[2], n_grads * sizeof *g, buckets, z->bucket, z->acc_n * sizeof(float));
+    if (z->stage >= 3)
         CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
                   "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes",
-                  v[0], n_params * sizeof *p, train_zero_layer_bytes(&r->zero), r->zero.size, v[1],
-                  n_grads * sizeof *g);
+                  v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g);
     return st;
 }
 
@@ -455,7 +489,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
             progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
         if (r->root && (ts->step % log_every == 0 || ts->step == total))
             st = log_window(r, ts, total, lr, rate);
-        if (st == CTRL_OK && r->zero.stage >= 3 && ts->step == start_step + 1) st = report_resident(r);
+        if (st == CTRL_OK && r->zero.partitioned && ts->step == start_step + 1) st = report_resident(r);
         if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
             st = evaluate(r, has_eval, ts->step);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
@@ -483,12 +517,12 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     if (st == CTRL_OK) st = setup(&r, ckpt[0] ? ckpt : NULL);
     const uint64_t seed = s->run.seed;
     ctrl_train_state ts = {.seed = seed, .world_size = ctrl_collective_size()};
-    ts.zero_stage = r.zero.stage;
+    ts.zero_stage = r.zero.stage, ts.zero_layout = train_zero_layout(&r.zero);
     snprintf(ts.optimizer, sizeof ts.optimizer, "%s", s->train.optimizer);
     if (st == CTRL_OK && ckpt[0]) {
         st = ctrl_checkpoint_load_state(ckpt, s->train.optimizer, r.opt_ops, r.opt, r.zero.stage,
                                         ctrl_collective_rank(), &ts);
-        ts.zero_stage = r.zero.stage; /* zero1 <-> zero2: the same slices */
+        ts.zero_stage = r.zero.stage; /* zero1 <-> a CUDA zero2: the same slices */
         const int rows = st == CTRL_OK ? r.kind_ops->row_count(r.kind) : 0;
         if (st == CTRL_OK && ts.seed != seed)
             CTRL_WARN("resuming with [run] seed = %llu; the checkpoint was made with seed %llu",

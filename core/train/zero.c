@@ -36,34 +36,79 @@ static int view_layer(const ctrl_param_view *v) {
     return sscanf(v->name, "model.layers.%d.%n", &l, &n) == 1 && n > 0 ? l : -1;
 }
 
-/* Stage 3's units: the runs of consecutive views of one layer (or of none). */
+/* The partitioned stages' units (2 and 3 on the CPU): the runs of consecutive views of one layer
+ * (or of none), in trainable floats (the views below ctrl_model_trainable_offset, LoRA's frozen
+ * base, left out). */
 static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
     const int n_views = ctrl_model_view_count(m), n_layers = ctrl_model_cfg(m)->n_layers;
     if (!(z->units = calloc((size_t)n_views + 1, sizeof *z->units)) ||
-        !(z->layer_unit = malloc(sizeof(int) * (size_t)(n_layers > 0 ? n_layers : 1))))
+        !(z->layer_unit = malloc(sizeof(int) * (size_t)(n_layers > 0 ? n_layers : 1))) ||
+        !(z->closes = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     for (int l = 0; l < n_layers; l++) z->layer_unit[l] = -1;
     for (int i = 0; i < n_views; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
-        const int layer = view_layer(v);
+        if ((size_t)v->offset < z->first) continue;
+        const size_t at = (size_t)v->offset - z->first;
+        int layer = view_layer(v);
+        if (layer >= n_layers) layer = -1;
         if (z->n_units && z->units[z->n_units - 1].layer == layer) continue;
-        if (z->n_units) z->units[z->n_units - 1].b = (size_t)v->offset;
-        z->units[z->n_units++] = (train_zero_unit){(size_t)v->offset, z->total, layer};
+        if (z->n_units) z->units[z->n_units - 1].b = at;
+        z->units[z->n_units++] = (train_zero_unit){at, z->total, layer};
         if (layer >= 0 && layer < n_layers) {
             if (z->layer_unit[layer] >= 0)
                 return ctrl_error_set(
                     CTRL_ERR_UNSUPPORTED,
-                    "[memory] strategies = zero3: layer %d's parameters are not consecutive", layer);
+                    "[memory] strategies = zero%d: layer %d's parameters are not consecutive", z->stage,
+                    layer);
             z->layer_unit[layer] = z->n_units - 1;
         }
     }
     return CTRL_OK;
 }
 
-ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
+/* The buckets (reduce_bucket_size): consecutive layers, from the last (the backward's first) down,
+ * at most `bucket` floats together (DeepSpeed reduces its bucket before a gradient that would
+ * overflow it; a layer larger than a bucket is one alone); closes[l] marks the layer whose backward completes
+ * one. Stage 2 merges each bucket's units into one (one reduce-scatter, slices cut over the bucket); stage 3
+ * keeps a unit per layer (what a gather fetches) and reduce-scatters each when the bucket completes. A bucket
+ * never spans a unit outside the layers. */
+static void make_buckets(train_zero *z, int n_layers, size_t bucket) {
+    size_t held = 0;
+    int prev = -1; /* the unit of the last layer taken into the open bucket */
+    for (int l = n_layers - 1; l >= 0; l--) {
+        const int u = z->layer_unit[l];
+        if (u < 0) continue;
+        const size_t len = z->units[u].b - z->units[u].a;
+        if (prev >= 0 && (u != prev - 1 || held + len > bucket)) { /* the open bucket ends above this layer */
+            for (int k = l + 1; k < n_layers; k++)
+                if (z->layer_unit[k] == prev) z->closes[k] = 1;
+            held = 0;
+        }
+        held += len, prev = u;
+    }
+    for (int l = 0; l < n_layers && prev >= 0; l++)
+        if (z->layer_unit[l] == prev) z->closes[l] = 1;
+    if (z->stage != 2) return;
+    /* stage 2: a bucket's units as one, each layer mapped to it */
+    int n = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        const int layer = z->units[u].layer;
+        /* the bucket's lowest layer, which closes it, starts it in the buffer */
+        if (n > 0 && layer >= 0 && z->units[n - 1].layer >= 0 && !z->closes[layer])
+            z->units[n - 1].b = z->units[u].b;
+        else
+            z->units[n++] = z->units[u];
+        if (layer >= 0) z->layer_unit[layer] = n - 1;
+    }
+    z->n_units = n;
+}
+
+ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket) {
     memset(z, 0, sizeof *z);
     if (stage <= 0) return CTRL_OK;
-    z->stage = stage, z->rank = ctrl_collective_rank(), z->size = ctrl_collective_size();
+    z->stage = stage, z->rank = ctrl_collective_rank(), z->size = ctrl_collective_size(), z->model = m;
+    z->bucket = bucket;
     ctrl_model_grads(m, &z->total);
     z->first = ctrl_model_trainable_offset(m);
     if (z->total > (size_t)INT_MAX)
@@ -87,24 +132,32 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                                   "[memory] strategies = zero3 with [train] dtype = bf16: not supported yet "
                                   "(the rounded copy is of the whole model); use dtype = fp32");
+    }
+    /* stage 2 on the CPU, stage 3: the gradients partitioned during the backward (zero_layers.c) */
+    z->partitioned = stage >= 3 || (stage == 2 && ctrl_model_device(m).type == CTRL_DEVICE_CPU);
+    if (!z->partitioned) {
+        if (!(z->units = calloc(1, sizeof *z->units)))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+        z->units[0] = (train_zero_unit){0, z->total, -1}, z->n_units = 1;
+    } else {
         ctrl_status st = layer_units(z, m);
+        if (st != CTRL_OK) return st;
+        make_buckets(z, ctrl_model_cfg(m)->n_layers, bucket);
         size_t n = 0;
-        if (st == CTRL_OK && !(z->acc_off = calloc((size_t)z->n_units, sizeof *z->acc_off)))
-            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-        for (int u = 0; st == CTRL_OK && u < z->n_units; u++) {
+        if (!(z->acc_off = calloc((size_t)z->n_units, sizeof *z->acc_off)))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+        for (int u = 0; u < z->n_units; u++) {
             size_t lo, hi;
             train_zero_slice(z, u, z->rank, &lo, &hi);
-            z->acc_off[u] = n, n += z->units[u].layer >= 0 ? hi - lo : 0;
+            z->acc_off[u] = n, n += hi - lo;
         }
         z->acc_n = n;
-        if (st == CTRL_OK && !(z->acc = calloc(n ? n : 1, sizeof *z->acc)))
-            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory for %zu gradient floats", n);
-        return st;
+        if (!(z->acc = calloc(n ? n : 1, sizeof *z->acc)))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "zero%d: out of memory for %zu gradient floats", stage, n);
     }
-    if (!(z->units = calloc(1, sizeof *z->units)))
-        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    z->units[0] = (train_zero_unit){0, z->total, -1}, z->n_units = 1;
-    if (train_zero_counts(z, 0)[z->size - 1] == 0)
+    double least = 0; /* the fewest floats a rank steps */
+    for (int u = 0; u < z->n_units; u++) least += train_zero_counts(z, u)[z->size - 1];
+    if (least == 0)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "[memory] strategies = zero%d: %zu trainable floats cannot be cut in %d non-empty "
@@ -115,8 +168,9 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m) {
 
 void train_zero_free(train_zero *z) {
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
+    free(z->closes);
     z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL, z->acc = NULL,
-    z->acc_off = NULL;
+    z->acc_off = NULL, z->closes = NULL;
 }
 
 int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n) {
@@ -133,39 +187,48 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
         lo = a > lo ? a : lo, hi = b < hi ? b : hi;
         if (lo >= hi) continue;
         g.param += lo - a, g.grad += lo - a, g.numel = (int64_t)(hi - lo);
-        if (z->acc && z->units[u].layer >= 0) g.grad = z->acc + z->acc_off[u] + (lo - slice_lo); /* zero3 */
+        if (z->partitioned) g.grad = z->acc + z->acc_off[u] + (lo - slice_lo); /* the slices' sums */
         groups[kept++] = g;
     }
     return kept;
 }
 
 ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq) {
+    *sum_sq = 0;
+    if (z->partitioned) { /* reduced bucket by bucket in the backward (zero_layers.c) */
+        *sum_sq = ctrl_cpu_sum_squares(z->acc, (int64_t)z->acc_n);
+        return ctrl_collective_allreduce_sum_f64(sum_sq, 1);
+    }
     ctrl_status st = ctrl_model_grads_to_host(m); /* a CUDA model's: the step is the host's */
     float *g = ctrl_model_grads(m, NULL);
     if (st == CTRL_OK && z->stage == 1) st = ctrl_collective_allreduce_mean_f32(g, z->total);
-    *sum_sq = 0;
-    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
-        size_t lo, hi;
-        train_zero_slice(z, u, z->rank, &lo, &hi);
-        if (z->acc && z->units[u].layer >= 0) { /* zero3: reduced layer by layer in the backward */
-            *sum_sq += ctrl_cpu_sum_squares(z->acc + z->acc_off[u], (int64_t)(hi - lo));
-            continue;
-        }
-        if (z->stage >= 2)
-            st = ctrl_collective_reduce_scatter_mean_f32(g + z->units[u].a, train_zero_counts(z, u));
-        *sum_sq += ctrl_cpu_sum_squares(g + lo, (int64_t)(hi - lo));
-    }
+    size_t lo, hi;
+    train_zero_slice(z, 0, z->rank, &lo, &hi); /* one unit */
+    if (st == CTRL_OK && z->stage >= 2)
+        st = ctrl_collective_reduce_scatter_mean_f32(g, train_zero_counts(z, 0));
+    *sum_sq = ctrl_cpu_sum_squares(g + lo, (int64_t)(hi - lo));
     return st == CTRL_OK ? ctrl_collective_allreduce_sum_f64(sum_sq, 1) : st;
 }
 
 void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef) {
-    float *g = ctrl_model_grads(m, NULL);
-    for (int u = 0; u < z->n_units; u++) {
-        size_t lo, hi;
-        train_zero_slice(z, u, z->rank, &lo, &hi);
-        ctrl_cpu_scale(z->acc && z->units[u].layer >= 0 ? z->acc + z->acc_off[u] : g + lo, coef,
-                       (int64_t)(hi - lo));
+    if (z->partitioned) {
+        ctrl_cpu_scale(z->acc, coef, (int64_t)z->acc_n);
+        return;
     }
+    size_t lo, hi;
+    train_zero_slice(z, 0, z->rank, &lo, &hi);
+    ctrl_cpu_scale(ctrl_model_grads(m, NULL) + lo, coef, (int64_t)(hi - lo));
+}
+
+uint64_t train_zero_layout(const train_zero *z) {
+    if (!z->stage) return 0;
+    uint64_t h = 14695981039346656037ull; /* FNV-1a over the ranks and the units' bounds */
+    const uint64_t v0[2] = {(uint64_t)z->size, (uint64_t)z->n_units};
+    for (int i = 0; i < 2 + 2 * z->n_units; i++) {
+        uint64_t v = i < 2 ? v0[i] : i % 2 ? z->units[(i - 2) / 2].b : z->units[(i - 2) / 2].a;
+        for (int k = 0; k < 8; k++, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+    }
+    return h ? h : 1;
 }
 
 size_t train_zero_layer_bytes(const train_zero *z) {
@@ -175,20 +238,17 @@ size_t train_zero_layer_bytes(const train_zero *z) {
 }
 
 ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m) {
-    if (!z->acc) return ctrl_model_zero_grad(m);
-    float *g = ctrl_model_grads(m, NULL);
-    for (int u = 0; u < z->n_units; u++)
-        if (z->units[u].layer < 0)
-            memset(g + z->units[u].a, 0, sizeof(float) * (z->units[u].b - z->units[u].a));
+    if (!z->partitioned) return ctrl_model_zero_grad(m);
+    /* the model's gradients are zeroed and released after each backward's reduction */
+    memset(z->acc, 0, sizeof(float) * z->acc_n);
     return CTRL_OK;
 }
 
 ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m) {
-    if (z->acc) memset(z->acc, 0, sizeof(float) * z->acc_n); /* stepped: the next step's sums from zero */
     float *p = ctrl_model_params(m, NULL) + z->first;
     ctrl_status st = CTRL_OK;
-    for (int u = 0; u < z->n_units && st == CTRL_OK; u++)
-        if (z->units[u].layer < 0 || z->gathered)
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) /* zero3's layers stay sliced */
+        if (z->stage < 3 || z->units[u].layer < 0 || z->gathered)
             st = ctrl_collective_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
     ctrl_model_weights_changed(m);
     return st;

@@ -28,6 +28,7 @@
 #define CTRL_CORE_TRAIN_ZERO_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <ctrl/memory.h>
 #include <ctrl/optimizer.h>
@@ -47,15 +48,22 @@ typedef struct train_zero {
     train_zero_unit *units; /* in order, covering [0, total) */
     int n_units;
     int *counts;       /* scratch: one unit's slice lengths, per rank */
-    int *layer_unit;   /* stage 3: each layer's unit */
+    int *layer_unit;   /* partitioned: each layer's unit (stage 2: its bucket's), -1 when none */
     int gathered;      /* stage 3: every layer is whole (train_zero_gather_all) */
-    ctrl_model *model; /* stage 3: whose layers the hooks gather */
-    /* stage 3: this rank's slices of the layers' gradients, the ranks' averages of every
-     * micro-batch's added up (the hooks reduce-scatter each layer's right after its backward and
-     * release the rest); acc_off[u]: where unit u's slice starts in it */
+    ctrl_model *model; /* whose gradients the hooks reduce, whose layers stage 3 gathers */
+    /* partitioned (stage 2 on the CPU, stage 3): the gradients are reduce-scattered during the
+     * backward, bucket by bucket (reduce_bucket_size floats, `bucket`), and each rank keeps only its
+     * slices' sums over the step's micro-batches in `acc` (acc_off[u]: where unit u's slice
+     * starts); closes[l]: layer l's backward completes a bucket (its lowest layer) */
+    int partitioned;
+    size_t bucket;
+    char *closes;
     float *acc;
     size_t *acc_off, acc_n;
-    ctrl_memory *hooks; /* stage 3: the instance the model's hooks get */
+    ctrl_memory *hooks; /* partitioned: the instance the model's hooks get */
+    int measure;        /* while set: grad_peak follows the gradient buffer's resident bytes */
+    size_t grad_peak;   /* the most seen just before a bucket's reduction */
+    int lent;           /* stage 3: gathered by train_zero_whole, released by it */
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -64,13 +72,16 @@ void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi)
 const int *train_zero_counts(train_zero *z, int u);
 /* Stage 3: the bytes of the layers' parameters (the units sliced between uses). */
 size_t train_zero_layer_bytes(const train_zero *z);
-/* Lays out the units and slices of the model's trainable floats (stage 0: nothing). Stage 3 needs
- * a CPU model in fp32 without LoRA, else an error naming the key. An error when a slice offset does
- * not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
-ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m);
+/* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
+ * [memory] reduce_bucket_size (floats). Stage 3 needs a CPU model in fp32 without LoRA, else an
+ * error naming the key. An error when a slice offset does not fit MPI's int counts (more than
+ * 2^31 - 1 trainable floats). */
+ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket);
 void train_zero_free(train_zero *z);
-/* Stage 3: hooks the model's layers (gather before forward and backward, release after) and
- * releases the other ranks' slices of every layer. Nothing for stages 1 and 2. */
+/* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
+ * 3: gather before forward and backward, release after), zeroes and releases the model's gradient
+ * buffer, and (stage 3) releases the other ranks' slices of every layer. Nothing for stage 1 and a
+ * CUDA model's stage 2. */
 ctrl_status train_zero_attach(train_zero *z, ctrl_model *m);
 /* The groups (set over the whole model) clipped to this rank's slices, in place, those outside
  * dropped; returns how many are left. */
@@ -78,8 +89,8 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
 /* After the kind accumulated: the gradients averaged (this rank's slices at least, see above) on
  * the host and their global sum of squares. */
 ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq);
-/* Before a step's micro-batches: the gradients zeroed (stage 3: the units outside the layers; the
- * layers' are released after each backward and their slices' sums are the step's to clear). */
+/* Before a step's micro-batches: the gradients zeroed (partitioned: this rank's slices' sums; the
+ * model's are zeroed and released after each backward's reductions). */
 ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m);
 /* Clipping: the slices' gradients times `coef`. */
 void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef);
@@ -91,6 +102,12 @@ ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m);
  * checksum; then released again. */
 ctrl_status train_zero_gather_all(train_zero *z);
 void train_zero_release_all(train_zero *z);
+/* The kinds' whole_weights (kind.h; `ctx` the train_zero): on = 1 gathers every layer unless it is
+ * already (then on = 0 leaves it to whoever gathered), on = 0 releases what on = 1 gathered. */
+ctrl_status train_zero_whole(void *ctx, int on);
+/* A hash of how the slices are cut (the ranks, the units' bounds), which a checkpoint's sharded
+ * optimizer state must share to resume; 0 without ZeRO. */
+uint64_t train_zero_layout(const train_zero *z);
 /* The bytes of [p, p + bytes) resident in memory (mincore), this process's. */
 size_t train_zero_resident(const void *p, size_t bytes);
 /* The optimizer state's bytes (state_get's buffers) on this rank. */

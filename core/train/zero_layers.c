@@ -44,23 +44,19 @@ static ctrl_status gather_unit(train_zero *z, int u) {
 
 static ctrl_status gather_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
-    return z->gathered || z->layer_unit[layer] < 0 ? CTRL_OK : gather_unit(z, z->layer_unit[layer]);
+    return z->stage < 3 || z->gathered || z->layer_unit[layer] < 0 ? CTRL_OK
+                                                                   : gather_unit(z, z->layer_unit[layer]);
 }
 
 static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
-    if (!z->gathered && z->layer_unit[layer] >= 0) release_unit(z, z->layer_unit[layer]);
+    if (z->stage >= 3 && !z->gathered && z->layer_unit[layer] >= 0) release_unit(z, z->layer_unit[layer]);
     return CTRL_OK;
 }
 
-/* After a layer's backward: its parameters released, its gradients averaged over the ranks
- * (reduce-scatter), this rank's slice added to its sums, and the whole layer's gradients zeroed and
- * released (the next micro-batch's backward adds into zeros). */
-static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
-    train_zero *z = m->z;
-    const int u = z->layer_unit[layer];
-    release_layer(m, layer);
-    if (u < 0) return CTRL_OK;
+/* Unit u's gradients averaged over the ranks (reduce-scatter), this rank's slice added to its sums,
+ * and the whole unit's gradients zeroed and released (the next backward adds into zeros). */
+static ctrl_status reduce_unit(train_zero *z, int u) {
     float *g = ctrl_model_grads(z->model, NULL) + z->units[u].a;
     const size_t len = z->units[u].b - z->units[u].a;
     ctrl_status st = ctrl_collective_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
@@ -75,6 +71,38 @@ static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
     return CTRL_OK;
 }
 
+/* While measuring (the first step): the gradient buffer's resident bytes, the most seen. */
+static void measure(train_zero *z) {
+    if (!z->measure) return;
+    size_t n = 0;
+    const float *g = ctrl_model_grads(z->model, &n);
+    const size_t r = train_zero_resident(g, n * sizeof *g);
+    if (r > z->grad_peak) z->grad_peak = r;
+}
+
+/* After a layer's backward: its parameters released (stage 3); when it completes its bucket (the
+ * bucket's lowest layer), the bucket's units reduced. Layer -1: the end of the backward (the
+ * model's call), the units outside the layers reduced (embeddings, final norm, head). */
+static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
+    train_zero *z = m->z;
+    if (layer >= 0) release_layer(m, layer);
+    const int u = layer >= 0 ? z->layer_unit[layer] : -1;
+    if (layer >= 0 && (u < 0 || !z->closes[layer])) return CTRL_OK;
+    measure(z);
+    ctrl_status st = CTRL_OK;
+    if (layer < 0) {
+        for (int k = 0; k < z->n_units && st == CTRL_OK; k++)
+            if (z->units[k].layer < 0) st = reduce_unit(z, k);
+        return st;
+    }
+    /* the bucket: this layer's unit and those above it, up to the next bucket's (stage 3: one a layer) */
+    for (int k = u; k < z->n_units && st == CTRL_OK && z->units[k].layer >= 0; k++) {
+        if (k > u && z->closes[z->units[k].layer]) break;
+        st = reduce_unit(z, k);
+    }
+    return st;
+}
+
 static const ctrl_memory_ops layer_hooks = {
     .size = sizeof(ctrl_memory_ops),
     .before_forward = gather_layer,
@@ -84,12 +112,17 @@ static const ctrl_memory_ops layer_hooks = {
 };
 
 ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
-    if (z->stage < 3) return CTRL_OK;
+    if (!z->partitioned) return CTRL_OK;
     if (!(z->hooks = malloc(sizeof *z->hooks))) return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    z->hooks->z = z, z->model = m;
+    z->hooks->z = z, z->model = m, z->measure = 1;
     ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
-    if (st == CTRL_OK) train_zero_release_all(z);
-    return st;
+    if (st == CTRL_OK) st = ctrl_model_zero_grad(m);
+    if (st != CTRL_OK) return st;
+    size_t n = 0;
+    float *g = ctrl_model_grads(m, &n);
+    release_range(g, g + n); /* zeros: the backward adds into them */
+    train_zero_release_all(z);
+    return CTRL_OK;
 }
 
 ctrl_status train_zero_gather_all(train_zero *z) {
@@ -99,6 +132,19 @@ ctrl_status train_zero_gather_all(train_zero *z) {
         if (z->units[u].layer >= 0) st = gather_unit(z, u);
     z->gathered = st == CTRL_OK;
     return st;
+}
+
+ctrl_status train_zero_whole(void *ctx, int on) {
+    train_zero *z = ctx;
+    if (z->stage < 3) return CTRL_OK;
+    if (on) {
+        if (z->gathered) return CTRL_OK; /* already whole (an evaluation): its owner releases */
+        ctrl_status st = train_zero_gather_all(z);
+        z->lent = st == CTRL_OK;
+        return st;
+    }
+    if (z->lent) z->lent = 0, train_zero_release_all(z);
+    return CTRL_OK;
 }
 
 void train_zero_release_all(train_zero *z) {

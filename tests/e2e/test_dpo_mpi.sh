@@ -8,12 +8,7 @@
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_dpo_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
-LIBDIR=$(dirname "$CTRL")
-if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun not found"; exit 77; fi
-if [ ! -e "$LIBDIR/libctrl_mpi.so" ]; then echo "SKIP: ctrl was built without MPI (no libctrl_mpi.so)"; exit 77; fi
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
-MPI=(mpirun -np 2 --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none)
-[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
+mpi_setup
 FIX="$SRC/tests/fixtures"
 # every training line's KEY
 col() { grep -o "\"$2\": [-0-9.e]*" "$TMP/$1/metrics.jsonl" | awk '{print $2}'; }

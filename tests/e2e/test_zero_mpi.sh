@@ -79,7 +79,7 @@ MPI3=("${MPI[@]}") && MPI3[2]=3
 "${MPI3[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3" --set train.per_device_train_batch_size=1 \
   --set train.save_strategy=no --set memory.strategies=zero2 >"$TMP/z3.log" 2>&1 || { bad "zero2 3 ranks"; tail -20 "$TMP/z3.log"; }
 curve_close "$TMP/dp3" "$TMP/z3" loss 1e-6
-grep -q "zero2: 3 ranks, each steps 32886 of 98656 trainable floats" "$TMP/z3.log" && ok ||
+grep -q "zero2: 3 ranks, each steps 32887 of 98656 trainable floats" "$TMP/z3.log" && ok ||
   bad "3 ranks: $(grep 'zero2:' "$TMP/z3.log")"
 
 # GRPO (a kind that splits the generation batch itself): zero2 samples the same completions and
@@ -117,6 +117,13 @@ INI
   { bad "grpo zero2 2 ranks"; tail -20 "$TMP/gz.log"; }
 curve_close "$TMP/g" "$TMP/gz" reward 1e-6
 curve_close "$TMP/g" "$TMP/gz" grad_norm 1e-5
+# zero3: the layers sliced, gathered whole for each generation phase and released after
+# (ds3_gather_for_generation), the gradients reduced one layer at a time
+"${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gz3" --set memory.strategies=zero3 \
+  --set memory.reduce_bucket_size=1 >"$TMP/gz3.log" 2>&1 || { bad "grpo zero3 2 ranks"; tail -20 "$TMP/gz3.log"; }
+curve_close "$TMP/g" "$TMP/gz3" reward 1e-6
+curve_close "$TMP/g" "$TMP/gz3" grad_norm 1e-5
+grep -q "zero3: gradients during the backward: .* (2 buckets of layers" "$TMP/gz3.log" && ok || bad "grpo zero3: $(grep 'zero3:' "$TMP/gz3.log")"
 
 # 3. Resumed with 2 ranks and zero2 from checkpoint-4: steps 5..8 as before.
 mkdir -p "$TMP/res" && cp -r "$TMP/zero2/checkpoint-4" "$TMP/res/"
@@ -132,6 +139,12 @@ diff <(curve "$TMP/zero2") <(curve "$TMP/res") >"$TMP/diff" && ok || { bad "zero
 rc=$?
 [ $rc = 2 ] && grep -q "made with ZeRO, \[memory\] strategies has none" "$TMP/mix.log" && ok ||
   { bad "unsharded resume of a zero2 checkpoint: exit $rc"; tail -3 "$TMP/mix.log"; }
+# zero2 on the CPU cuts its slices per bucket of layers, zero1 over the whole buffer: not each other's
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/res" --set memory.strategies=zero1 \
+  --set train.resume_from_checkpoint=last >"$TMP/mix1.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "made with ZeRO-2, whose optimizer slices were cut otherwise than this run's zero1" "$TMP/mix1.log" && ok ||
+  { bad "zero1 resume of a zero2 checkpoint: exit $rc"; tail -3 "$TMP/mix1.log"; }
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/two" --set memory.strategies=zero1,zero2 >"$TMP/two.log" 2>&1
 rc=$?
 [ $rc = 2 ] && grep -q "\[memory\] strategies: zero1 and zero2: one ZeRO stage at a time" "$TMP/two.log" && ok ||
@@ -183,9 +196,44 @@ rc=$?
 rc=$?
 [ $rc != 0 ] && grep -q "\[memory\] strategies = zero3 with \[train\] dtype = bf16: not supported yet" "$TMP/zb.log" && ok ||
   { bad "zero3 bf16: exit $rc"; tail -3 "$TMP/zb.log"; }
-# zero3 is SFT's only so far: refused for the others, naming the key
-"${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gz3" --set memory.strategies=zero3 >"$TMP/gz3.log" 2>&1
+# what zero3 cannot run yet is refused, naming the key: server-mode generation (the pushed weights)
+"${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gzs" --set memory.strategies=zero3 --set generation.mode=server \
+  >"$TMP/gzs.log" 2>&1
 rc=$?
-[ $rc != 0 ] && grep -q "\[memory\] strategies = zero3 with trainer = grpo: SFT only so far" "$TMP/gz3.log" && ok ||
-  { bad "zero3 grpo: exit $rc"; tail -3 "$TMP/gz3.log"; }
+[ $rc != 0 ] && grep -q "generation.mode: \[generation\] mode = server with \[memory\] strategies = zero3: not supported" "$TMP/gzs.log" && ok ||
+  { bad "zero3 grpo server: exit $rc"; tail -3 "$TMP/gzs.log"; }
+
+# 6. zero2's gradients partitioned during the backward (DeepSpeed stage 2): buckets of consecutive
+#    layers (reduce_bucket_size floats: here two of the four 65,856-float layers) reduce-scattered
+#    as the backward completes them, then released, the units outside the layers at its end; each
+#    rank keeps its slices' averages. The plain curve; the gradient buffer's resident bytes just
+#    before each reduction (mincore, the first step) at most what lies outside the layers plus one
+#    bucket (+ two pages per unit at the slices' edges); the averaged slices half the buffer.
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z2b" "${z3[@]}" --set memory.strategies=checkpointing,zero2 \
+  --set memory.reduce_bucket_size=140000 >"$TMP/z2b.log" 2>&1 || { bad "zero2 buckets 2 ranks exited $?"; tail -20 "$TMP/z2b.log"; }
+curve_close "$TMP/p4" "$TMP/z2b" loss 1e-6
+curve_close "$TMP/p4" "$TMP/z2b" grad_norm 1e-5
+line=$(grep -o "zero2: gradients during the backward: at most [0-9]* of [0-9]* bytes resident per rank ([0-9]* buckets of layers, reduce_bucket_size = 140000 floats); averaged slices kept: [0-9]* bytes" "$TMP/z2b.log")
+read -r peak gbuf nb kept < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p;6p' | tr '\n' ' ')
+whole=$(grep -o "zero3: gradients during the backward: at most [0-9]* of" "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n 2p)
+echo "zero2 (buckets of 2 layers): gradients resident at most $peak of $gbuf bytes during the backward, $nb buckets, slices kept $kept bytes; one bucket of every layer (zero3's default): $whole"
+[ "$nb" = 2 ] && [ -n "$peak" ] && [ "$peak" -le $((gbuf - lay + lay / 2 + 6 * 2 * 4096)) ] && [ $((kept * 2)) -le $((gbuf + 64)) ] &&
+  [ $((kept * 2)) -ge $((gbuf - 64)) ] && ok || bad "zero2 gradient partitions: '$line' (layers $lay bytes)"
+[ -n "$whole" ] && [ "$whole" -gt "$peak" ] && ok || bad "zero2 buckets hold no less than one bucket of every layer: $peak vs '$whole'"
+
+# 7. DPO (the sequence kind: a live reference model) with zero3 on 2 ranks: plain data parallel's
+#    curve and metrics; TR-DPO's reference sync (it reads the whole policy) is refused.
+FIX="$SRC/tests/fixtures"
+sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/dpo|" -e "s/^max_steps = 20/max_steps = 6/" \
+  -e "s/^per_device_train_batch_size = .*/per_device_train_batch_size = 2/" "$FIX/trl_dpo/sigmoid.ini" >"$TMP/dpo.ini"
+"${MPI[@]}" "${C[@]}" train "$TMP/dpo.ini" >"$TMP/dpo.log" 2>&1 || { bad "dpo 2 ranks"; tail -20 "$TMP/dpo.log"; }
+"${MPI[@]}" "${C[@]}" train "$TMP/dpo.ini" --set run.output_dir="$TMP/dpo3" --set memory.strategies=checkpointing,zero3 \
+  --set memory.reduce_bucket_size=1 >"$TMP/dpo3.log" 2>&1 || { bad "dpo zero3 2 ranks"; tail -20 "$TMP/dpo3.log"; }
+for key in loss rewards/margins logps/chosen logps/rejected; do curve_close "$TMP/dpo" "$TMP/dpo3" "$key" 1e-6 1e-9; done
+curve_close "$TMP/dpo" "$TMP/dpo3" grad_norm 1e-5
+"${C[@]}" train "$TMP/dpo.ini" --set run.output_dir="$TMP/dpos" --set memory.strategies=zero3 --set dpo.sync_ref_model=true \
+  >"$TMP/dpos.log" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "\[dpo\] sync_ref_model = true with \[memory\] strategies = zero3: not supported" "$TMP/dpos.log" && ok ||
+  { bad "zero3 sync_ref_model: exit $rc"; tail -3 "$TMP/dpos.log"; }
 finish

@@ -5,10 +5,13 @@
  *          (1/N of AdamW's exp_avg and exp_avg_sq), steps it with the averaged gradients, and the
  *          updated slices are all-gathered so every rank holds the whole model again;
  *   zero2: the same, and the gradients are reduce-scattered instead of all-reduced: each rank
- *          receives the average of its own slice only (half an allreduce's traffic);
+ *          receives the average of its own slice only (half an allreduce's traffic); on the CPU
+ *          during the backward, in buckets of layers ([memory] reduce_bucket_size), each rank
+ *          keeping only its slices' averages;
  *   zero3: the same per layer, and the parameters too: each rank keeps its slice of every layer,
  *          which is all-gathered just before the layer's forward and backward and released after
- *          (SFT on the CPU so far; embeddings, final norm and head kept whole).
+ *          (on the CPU in fp32 so far; embeddings, final norm and head kept whole; generation
+ *          gathers the whole model around it).
  * The plugin declares the stage; the core's step loop does the partitioning, the collectives and
  * the sharded checkpoints (core/train/zero.c), so that every trainer kind and optimizer plugin
  * gets it. On one rank both are plain training. */
