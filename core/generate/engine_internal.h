@@ -45,7 +45,8 @@ struct ctrl_engine {
     int asleep;
     int prefill_chunk; /* ctrl_engine_set_prefill_chunk; 0: none */
     long steps, preemptions, shared_blocks, generated, joined;
-    gen_seq *seqs; /* in arrival order; finished ones leave at the next step */
+    long longrope_recomputes; /* Phi-3 sequences computed again on longrope's long factors */
+    gen_seq *seqs;            /* in arrival order; finished ones leave at the next step */
     int n, cap;
     int stepped; /* a step ran for the requests present (a request added now joins them) */
     /* one step's scratch, for `scratch` sequences */

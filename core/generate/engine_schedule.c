@@ -306,6 +306,24 @@ static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits,
     return st;
 }
 
+/* Phi-3's longrope (transformers' Phi3ForCausalLM.prepare_inputs_for_generation): when a sequence
+ * outgrows the trained context (original_max_position_embeddings) while its cache holds no more than
+ * that, the cache is dropped and the whole sequence computed again, now on the long factors -- here the
+ * recompute a preemption does (its prompt and completion prefilled again, no prefix cache). */
+static void longrope_recompute(ctrl_engine *e) {
+    const ctrl_model_config *c = ctrl_model_cfg(e->model);
+    const int orig = c->rope.original_max_position;
+    if (c->rope.kind != CTRL_ROPE_LONGROPE || orig <= 0) return;
+    for (int i = 0; i < e->n; i++) {
+        gen_seq *s = &e->seqs[i];
+        if (s->state != RUNNING || s->n_tokens < orig + 1 || s->kv.len > orig || s->kv.len >= s->n_tokens)
+            continue;
+        ctrl_kv_seq_release(e->kv, &s->kv);
+        s->state = WAITING;
+        e->longrope_recomputes++;
+    }
+}
+
 ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
     *active = 0;
     if (e->asleep)
@@ -313,6 +331,7 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
     ctrl_status st = tidy(e);
     if (st != CTRL_OK || e->n == 0) return st;
     const int V = ctrl_model_cfg(e->model)->vocab_size;
+    longrope_recompute(e);
     /* 1. decode running sequences (one token each), 2. prefill chunks of waiting ones, each at most
      * prefill_chunk tokens: a long prompt takes a slice of every step rather than whole steps, so
      * the requests behind it start (and the running ones decode) meanwhile (engine_pick.c) */

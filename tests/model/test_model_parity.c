@@ -176,6 +176,20 @@ static void every_arch_with_each_attention(int bf16) {
 TEST(four_architectures_match_transformers_with_each_attention) { every_arch_with_each_attention(0); }
 TEST(four_architectures_in_bf16_within_bf16_tolerance) { every_arch_with_each_attention(1); }
 
+/* The model families in bf16 (issue 22; tests/fixtures/families, make_family_fixtures.py make_bf16:
+ * transformers under torch.autocast(bfloat16)), with the same tolerances: Gemma 2 (both soft-cappings,
+ * GeGLU, (1 + w) norms), Gemma 3 (local RoPE, q/k norms), Phi-3 (fused projections, partial rotary,
+ * longrope) and Qwen3-MoE (routing on bf16 router logits). */
+TEST(model_families_in_bf16_within_bf16_tolerance) {
+    const ctrl_plugin *plugins[] = {ctrl_plugins_eager()[0], ctrl_plugins_flash()[0]};
+    static const char *const families[] = {"../families/gemma2_gqa", "../families/gemma3_mha",
+                                           "../families/phi3_gqa", "../families/qwen3_moe_a"};
+    for (int p = 0; p < 2; p++) {
+        if (plugins[p]->init) plugins[p]->init(ctrl_host_table());
+        for (int a = 0; a < 4; a++) check_arch(families[a], plugins[p]->ops, plugins[p]->name, 1);
+    }
+}
+
 /* With bf16 compute the projections use a rounded copy of the weights: after a change in place
  * and ctrl_model_weights_changed, a forward equals a fresh model's with the changed weights. */
 TEST(bf16_weights_follow_in_place_changes) {

@@ -14,7 +14,8 @@
  *     with activation checkpointing (the layers recomputed before their backward), and through the
  *     fused forward (dL/dlogp up front, as SFT runs it);
  *   - greedy decoding over the paged KV cache: the logits after each prompt and 12 greedy tokens equal
- *     transformers' generate;
+ *     transformers' generate; and Phi-3 through the engine across its trained context (the cache
+ *     dropped and the sequence computed again on the long factors, as Phi3ForCausalLM);
  *   - save and reload: the same weights and the same family fields in config.json (and transformers
  *     loads the saved directories: tests/reference/check_saved_models.py);
  *   - config.json's family keys checked (errors naming the key). */
@@ -25,6 +26,7 @@
 #include <string.h>
 
 #include "file_text.h"
+#include "generate/engine.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -214,6 +216,60 @@ static void check_generation(const char *name) {
     ctrl_kv_cache_free(kv);
     ctrl_model_free(m);
     cJSON_Delete(cases);
+}
+
+/* Phi-3 generating past original_max_position_embeddings (32 in phi3_mha): transformers' Phi3ForCausalLM
+ * drops its cache when the sequence outgrows the trained context and computes it all again on longrope's
+ * long factors; the engine recomputes the sequence there as after a preemption. Its greedy tokens equal
+ * transformers' generate (make_family_fixtures.py make_long_generation: a prompt of 26 tokens, 14 new);
+ * a decode that keeps the short-factor cache gives transformers' kept-cache tokens instead, which
+ * differ (so the fixture tells the two apart). */
+TEST(phi3_generation_past_the_trained_context_matches_transformers) {
+    const char *dir = FAM "/phi3_mha";
+    cJSON *j = json_at(FAM "/phi3_mha/generation_long.json");
+    ctrl_model *m = NULL;
+    CHECK_MSG(ctrl_model_load(dir, NULL, &m) == CTRL_OK, "%s", ctrl_error_message());
+    if (!m || !j) return cJSON_Delete(j), ctrl_model_free(m);
+    test_attach_paged(m);
+    int n = 0, ng = 0, nk = 0;
+    int32_t *prompt = ints(j, "prompt", &n), *want = ints(j, "generated", &ng),
+            *kept = ints(j, "kept_cache", &nk);
+    CHECK(ng == nk && memcmp(want, kept, sizeof(int32_t) * (size_t)ng) != 0);
+    /* the engine */
+    ctrl_engine *e = NULL;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    const ctrl_gen_request rq = {.prompt = prompt,
+                                 .prompt_len = n,
+                                 .n = 1,
+                                 .max_tokens = ng,
+                                 .sampling = {.temperature = 0, .top_p = 1, .repetition_penalty = 1}};
+    ctrl_gen_output out = {0};
+    CHECK_MSG(e && ctrl_engine_generate(e, &rq, 1, &out, NULL, NULL) == CTRL_OK, "%s", ctrl_error_message());
+    CHECK_MSG(out.len == ng && memcmp(out.ids, want, sizeof(int32_t) * (size_t)ng) == 0,
+              "phi3_mha: the engine's greedy tokens past the trained context differ from transformers'");
+    ctrl_gen_output_free(&out);
+    ctrl_engine_free(e);
+    /* a plain decode keeping the short-factor cache: transformers' kept-cache tokens */
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    ctrl_kv_cache *kv = NULL;
+    CHECK_EQ_INT(ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, 4, 1 << 20, CTRL_F32, &kv),
+                 CTRL_OK);
+    float *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+    ctrl_kv_seq seq = {0}, *seqs[1] = {&seq};
+    int one = 1, same = kv && logits && ctrl_model_decode(m, kv, seqs, prompt, &n, 1, logits) == CTRL_OK;
+    for (int i = 0; same && i < nk; i++) {
+        int32_t next = argmax(logits, c->vocab_size);
+        same = next == kept[i] &&
+               (i + 1 == nk || ctrl_model_decode(m, kv, seqs, &next, &one, 1, logits) == CTRL_OK);
+    }
+    CHECK_MSG(same, "phi3_mha: a decode keeping its cache is not transformers' kept-cache decode");
+    printf("  phi3_mha: %d greedy tokens past original_max_position_embeddings as transformers' generate\n",
+           ng);
+    if (kv) ctrl_kv_seq_release(kv, &seq);
+    ctrl_kv_cache_free(kv);
+    free(logits), free(prompt), free(want), free(kept);
+    ctrl_model_free(m);
+    cJSON_Delete(j);
 }
 
 TEST(gemma2_greedy_generation_matches_transformers) {

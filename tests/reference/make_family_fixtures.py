@@ -11,7 +11,11 @@ tests/fixtures/families/<name>/ with
 Shapes cover GQA, head_dim != hidden / heads, tied and untied embeddings, alternating sliding and
 full layers (windows shorter than the sequences), soft-capping small enough to bend the logits, and
 token 0 (Gemma's pad_token_id: nn.Embedding's padding_idx, whose row gets no embedding gradient) in
-the batch. Also gemma2_sft/ and qwen3_moe_sft/: TRL's SFTTrainer curves on tiny models (make_sft_curve). Run by hand:
+the batch. Also gemma2_sft/ and qwen3_moe_sft/: TRL's SFTTrainer curves on tiny models (make_sft_curve);
+qwen3_moe_{dpo,kto}_aux/: TRL's DPO and KTO with the MoE load-balancing loss (make_pref_curve);
+batch_bf16.json and grads_bf16.safetensors of BF16_FAMILIES: the batch under torch.autocast(bfloat16)
+(make_bf16); phi3_mha/generation_long.json: greedy generate across the trained context (make_long_generation).
+Run by hand:
     /work/venv/bin/python tests/reference/make_family_fixtures.py [NAME...]
 """
 import json
@@ -327,6 +331,77 @@ def make_pref_curve(name):
     print(name, " ".join("%.5f/%.5f" % (r["loss"], r.get("aux_loss", float("nan"))) for r in rec.rows[:4]), "...")
 
 
+# -- bf16: the same batch under torch.autocast(bfloat16), fp32 weights (TRL's bf16 = True) --
+BF16_FAMILIES = ("gemma2_gqa", "gemma3_mha", "phi3_gqa", "qwen3_moe_a")
+
+
+def make_bf16(name):
+    """<name>/batch_bf16.json (per-token log-probs of the next tokens, mean loss) and
+    grads_bf16.safetensors (every parameter's gradient of that loss) of the fixture model run as
+    make_bf16_model_fixtures.py runs the base models: each sequence on its own under autocast."""
+    d = os.path.join(OUT, name)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    batch = json.load(open(os.path.join(d, "batch.json")))
+    cu, tokens = batch["cu_seqlens"], batch["tokens"]
+    total = sum(cu[i + 1] - cu[i] - 1 for i in range(len(cu) - 1))
+    logps, loss_sum = [], 0.0
+    for i in range(len(cu) - 1):
+        seq = torch.tensor(tokens[cu[i]:cu[i + 1]])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=seq[None]).logits[0]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        gathered = lp[:-1].gather(1, seq[1:, None])[:, 0]
+        loss_sum = loss_sum + (-gathered.sum())
+        logps += gathered.tolist() + [0.0]
+    loss = loss_sum / total
+    loss.backward()
+    grads = checkpoint_names({n: p.grad.detach().float().contiguous() for n, p in model.named_parameters()
+                              if p.grad is not None}, mixtral=model.config.model_type == "mixtral")
+    if model.config.tie_word_embeddings:
+        grads.pop("lm_head.weight", None)
+    save_file(grads, os.path.join(d, "grads_bf16.safetensors"))
+    with open(os.path.join(d, "batch_bf16.json"), "w") as f:
+        json.dump({"logp": logps, "loss": loss.item(),
+                   "note": "torch %s, transformers %s, autocast bf16 (make_family_fixtures.py make_bf16)" % (
+                       torch.__version__, transformers.__version__)}, f)
+    print(name, "bf16 loss %.6f (fp32 %.6f)" % (loss.item(), batch["loss"]))
+
+
+# -- Phi-3 generation past original_max_position_embeddings (tests/parity/test_families.c) --
+def make_long_generation(name="phi3_mha", prompt_len=26, new=14):
+    """<name>/generation_long.json: greedy model.generate from a prompt of prompt_len tokens for `new`
+    tokens, crossing the trained context (original_max_position_embeddings 32) on the way, where
+    Phi3ForCausalLM drops its cache and computes the whole sequence again on longrope's long factors;
+    and `kept_cache`: the tokens a decode that keeps the short-factor cache instead gives (they differ:
+    the seed is the first whose two continuations do)."""
+    d = os.path.join(OUT, name)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    orig = model.config.original_max_position_embeddings
+    assert prompt_len <= orig < prompt_len + new
+    for seed in range(100):
+        prompt = torch.randint(1, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)[0, prompt_len:].tolist()
+            # the same greedy decode through the cache, never dropping it
+            res = model(prompt, use_cache=True)
+            past, kept, nxt = res.past_key_values, [], res.logits[0, -1].argmax().item()
+            for i in range(new):
+                kept.append(nxt)
+                if i + 1 == new:
+                    break
+                res = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+                past, nxt = res.past_key_values, res.logits[0, -1].argmax().item()
+        if kept != out:
+            break
+    with open(os.path.join(d, "generation_long.json"), "w") as f:
+        json.dump({"prompt": prompt[0].tolist(), "generated": out, "kept_cache": kept,
+                   "original_max_position_embeddings": orig, "seed": seed}, f)
+    print(name, "long generation (seed %d):" % seed, out, "kept cache:", kept)
+
+
 def main():
     names = sys.argv[1:]  # some of FAMILIES (or gemma2_sft); all without
     for i, (name, (Cfg, kw)) in enumerate(FAMILIES.items()):
@@ -338,6 +413,11 @@ def main():
     for name in PREF_CASES:
         if not names or name in names:
             make_pref_curve(name)
+    for name in BF16_FAMILIES:
+        if not names or name in names or "bf16" in names:
+            make_bf16(name)
+    if not names or "phi3_long" in names:
+        make_long_generation()
 
 
 if __name__ == "__main__":
