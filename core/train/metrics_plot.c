@@ -12,7 +12,15 @@
 
 static const char *const columns[] = {"step",    "loss",  "grad_norm", "learning_rate", "mean_token_accuracy",
                                       "entropy", "reward"};
-enum { N_COLUMNS = 7, COL_ACCURACY = 4, COL_REWARD = 6 };
+enum {
+    N_COLUMNS = 7,
+    COL_LOSS = 1,
+    COL_GRAD_NORM = 2,
+    COL_LR = 3,
+    COL_ACCURACY = 4,
+    COL_ENTROPY = 5,
+    COL_REWARD = 6
+};
 
 /* The table gnuplot reads: one row per logged step; a missing metric is "?" (gnuplot skips it). */
 static ctrl_status write_table(const char *jsonl, const char *table, int *rows, int *have) {
@@ -82,21 +90,29 @@ ctrl_status ctrl_metrics_plot(const char *metrics_jsonl, const char *png) {
         return ctrl_error_set(CTRL_ERR_RUNTIME, "no plot: cannot run gnuplot: %s", strerror(errno));
     }
     /* Three panels sharing the step axis: loss (and entropy), grad_norm, learning rate and accuracy
-     * (SFT) or the mean reward (online trainers). */
+     * (SFT) or the mean reward (online trainers). Only the columns the run logged are plotted: gnuplot
+     * fails the whole plot on a series with no valid point (KTO logs no entropy or accuracy). */
     const int right = have[COL_REWARD] ? COL_REWARD : COL_ACCURACY;
     fprintf(g,
             "set terminal pngcairo size 1000,900 noenhanced\n"
             "set output '%s'\n"
             "set datafile missing '?'\n"
             "set key top right\nset grid\nset xlabel 'step'\n"
-            "set multiplot layout 3,1 title 'ctrl training curves'\n"
-            "plot '%s' using 1:2 with lines lw 2 title 'loss', '' using 1:6 with lines title 'entropy'\n"
-            "plot '%s' using 1:3 with lines lw 2 title 'grad_norm'\n"
-            "set y2tics\nset ytics nomirror\n"
-            "plot '%s' using 1:4 with lines lw 2 title 'learning_rate', '' using 1:%d axes x1y2 with lines "
-            "title '%s'\n"
-            "unset multiplot\n",
-            png, table, table, table, right + 1, columns[right]);
+            "set multiplot layout 3,1 title 'ctrl training curves'\n",
+            png);
+    const int panels[3][2] = {{COL_LOSS, COL_ENTROPY}, {COL_GRAD_NORM, -1}, {COL_LR, right}};
+    for (int p = 0; p < 3; p++) {
+        if (p == 2 && have[right]) fputs("set y2tics\nset ytics nomirror\n", g);
+        int n = 0;
+        for (int i = 0; i < 2; i++) {
+            const int c = panels[p][i];
+            if (c < 0 || !have[c]) continue;
+            fprintf(g, "%s'%s' using 1:%d%s with lines%s title '%s'", n++ ? ", " : "plot ", table, c + 1,
+                    p == 2 && i == 1 ? " axes x1y2" : "", i == 0 ? " lw 2" : "", columns[c]);
+        }
+        fputs(n ? "\n" : "set multiplot next\n", g);
+    }
+    fputs("unset multiplot\n", g);
     int rc = pclose(g);
     remove(table);
     if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0 || access(png, R_OK) != 0)
