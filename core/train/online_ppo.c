@@ -74,7 +74,7 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
     online_value *v = calloc(1, sizeof *v);
     if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     o->value = v;
-    const char *dir = ctrl_config_get_string(o->cfg, s->run.trainer, "value_model");
+    const char *dir = o->spec.value_model_path; /* the trainer's option, read by its create() */
     if (!dir || !dir[0]) dir = s->model.path;
     ctrl_status st = ctrl_model_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model);
     if (st != CTRL_OK)

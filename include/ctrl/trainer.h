@@ -80,6 +80,9 @@ typedef struct ctrl_online_spec {
     int stop_token_id; /* with CTRL_ONLINE_STOP_ID */
     int shuffle;       /* 1: the generation batch is shuffled before each pass over it (TRL's PPO
                           permutes it every epoch) */
+    /* Appended: with value_model, the value model's directory as the trainer's config gives it
+     * ([ppo] value_model; a string of the config); NULL or "": the policy's, under a fresh head. */
+    const char *value_model_path;
 } ctrl_online_spec;
 
 enum {
@@ -260,13 +263,13 @@ typedef struct ctrl_distill_batch {
 
 /* What a distillation trainer asks of the core. */
 typedef struct ctrl_distill_spec {
-    size_t size;               /* sizeof(ctrl_distill_spec) as built */
-    double beta;               /* the divergence: 0 forward KL, 1 reverse KL, between the JSD */
-    double loss_temperature;   /* softmax temperature of both distributions in the divergence */
-    double lmbda;              /* fraction of micro-batches whose completions the student samples */
-    int seq_kd;                /* 1: the other micro-batches' completions are the teacher's samples */
-    int max_new_tokens;        /* tokens sampled per completion at most */
-    double temperature;        /* sampling temperature of the student and teacher completions */
+    size_t size;             /* sizeof(ctrl_distill_spec) as built */
+    double beta;             /* the divergence: 0 forward KL, 1 reverse KL, between the JSD */
+    double loss_temperature; /* softmax temperature of both distributions in the divergence */
+    double lmbda;            /* fraction of micro-batches whose completions the student samples */
+    int seq_kd;              /* 1: the other micro-batches' completions are the teacher's samples */
+    int max_new_tokens;      /* tokens sampled per completion at most */
+    double temperature;      /* sampling temperature of the student and teacher completions */
 } ctrl_distill_spec;
 
 /* The distillation members of the ops table (a trainer with both is run by the core's distill

@@ -48,7 +48,7 @@ static ctrl_status ppo_create(const ctrl_host *host, const ctrl_config *cfg, ctr
     const int stop_eos = ctrl_option_choice(cfg, s, "stop_token", stops, &st) == 1;
     const int stop_id = (int)ctrl_option_int(cfg, s, "stop_token_id", &st);
     const int response_length = (int)ctrl_option_int(cfg, s, "response_length", &st);
-    /* value_model: the core loads it (online_ppo.c) */
+    const char *value_model = ctrl_config_get_string(cfg, s, "value_model"); /* the core loads it */
     const int bs = (int)ctrl_config_get_int(cfg, "train", "per_device_train_batch_size", 8);
     const int ga = (int)ctrl_config_get_int(cfg, "train", "gradient_accumulation_steps", 1);
     if (st == CTRL_OK && stop_eos && stop_id >= 0)
@@ -87,7 +87,8 @@ static ctrl_status ppo_create(const ctrl_host *host, const ctrl_config *cfg, ctr
                                          : stop_id >= 0 ? CTRL_ONLINE_STOP_ID
                                                         : CTRL_ONLINE_STOP_NONE,
                                  .stop_token_id = stop_id,
-                                 .shuffle = 1};
+                                 .shuffle = 1,
+                                 .value_model_path = value_model};
     if (stop_id >= 0) o->stop_token_id = stop_id;
     *out = t;
     return CTRL_OK;
