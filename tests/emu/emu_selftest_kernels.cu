@@ -95,6 +95,21 @@ __global__ void ldmatrix_tile(const uint16_t *M, uint32_t *out, int misalign) {
     for (int i = 0; i < 4; i++) out[l * 8 + i] = r[i], out[l * 8 + 4 + i] = rt[i];
 }
 
+// Each lane copies 16 bytes into shared memory by cp.async, then (after cp.async.wait_group 0 when
+// `wait`, else straight away) the block reads its neighbour lane's copy: without the wait the copy
+// has not landed (the bug to catch).
+__global__ void cp_async_tile(const uint4 *src, uint4 *dst, int wait) {
+    __shared__ uint4 sh[32];
+    const int l = threadIdx.x;
+    sh[l] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    ptx_cp_async_16(&sh[l], &src[l]);
+    ptx_cp_async_commit();
+    if (wait) ptx_cp_async_wait<0>();
+    __syncthreads();
+    dst[l] = sh[(l + 1) % 32];
+}
+
 template <class T> T *upload(const T *h, size_t n) {
     T *d = nullptr;
     if (cudaMalloc((void **)&d, n * sizeof(T)) != cudaSuccess) return nullptr;
@@ -180,5 +195,14 @@ extern "C" int emu_ldmatrix_tile(const uint16_t *M, uint32_t *out, int misalign)
     int err = cudaGetLastError();
     download(out, dout, 256);
     cudaFree(dm);
+    return err;
+}
+
+extern "C" int emu_cp_async_tile(const unsigned *src, unsigned *dst, int wait) {
+    uint4 *ds = upload(reinterpret_cast<const uint4 *>(src), 32), *dd = upload<uint4>(nullptr, 32);
+    cp_async_tile<<<1, 32>>>(ds, dd, wait);
+    int err = cudaGetLastError();
+    download(reinterpret_cast<uint4 *>(dst), dd, 32);
+    cudaFree(ds);
     return err;
 }

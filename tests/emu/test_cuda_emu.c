@@ -17,6 +17,7 @@ int emu_count_atomically(int blocks, int threads, int *count);
 int emu_divergent_barrier(void);
 int emu_mma_tile(const uint16_t *A, const uint16_t *B, const float *C, float *D, int swap, int half);
 int emu_ldmatrix_tile(const uint16_t *M, uint32_t *out, int misalign);
+int emu_cp_async_tile(const unsigned *src, unsigned *dst, int wait);
 void ctrl_emu_set_seed(uint64_t seed);
 
 /* Small integers: every sum is exact in float whatever the order, so "right" means equal. */
@@ -143,4 +144,17 @@ TEST(ldmatrix_follows_the_ptx_fragment_layout) {
     }
 #undef PAIR
     CHECK_MSG(emu_ldmatrix_tile(M, out, 1) != 0, "a misaligned ldmatrix row address was not reported");
+}
+
+TEST(cp_async_lands_at_its_wait) {
+    unsigned src[128], dst[128];
+    for (int i = 0; i < 128; i++) src[i] = 1000u + (unsigned)i;
+    CHECK_EQ_INT(emu_cp_async_tile(src, dst, 1), 0);
+    for (int l = 0; l < 32; l++)
+        for (int w = 0; w < 4; w++) CHECK_EQ_INT((int)dst[l * 4 + w], (int)src[(l + 1) % 32 * 4 + w]);
+    CHECK_EQ_INT(emu_cp_async_tile(src, dst, 0), 0);
+    int stale = 0;
+    for (int i = 0; i < 128; i++) stale += dst[i] == 0;
+    /* a copy lands at its thread's wait or exit: a neighbour that has exited already shows its own */
+    CHECK_MSG(stale > 0, "a read before cp.async.wait_group went unnoticed (every copy had landed)");
 }

@@ -72,7 +72,27 @@ struct Fiber {
     uint64_t value, result;
     void *data;                        // kApply: this lane's operands and results
     void (*apply)(void *const *lanes); // kApply: computes every lane's results at once
+    struct AsyncCopy {
+        void *dst;
+        const void *src;
+        int bytes;
+    };
+    std::vector<AsyncCopy> async; // cp.async copies issued and not yet landed, in order
+    std::vector<size_t> groups;   // the end (in `async`) of each committed group, oldest first
 };
+
+// Lands the thread's oldest cp.async copies: those of every committed group but the newest
+// `keep` (cp.async.wait_group keep), or all of them (keep < 0: at the thread's exit).
+void complete_async(Fiber &f, int keep) {
+    size_t n = f.async.size();
+    if (keep >= 0) n = (int)f.groups.size() > keep ? f.groups[f.groups.size() - keep - 1] : 0;
+    for (size_t i = 0; i < n; i++) memcpy(f.async[i].dst, f.async[i].src, (size_t)f.async[i].bytes);
+    f.async.erase(f.async.begin(), f.async.begin() + (long)n);
+    size_t g = 0;
+    while (g < f.groups.size() && f.groups[g] <= n) g++;
+    f.groups.erase(f.groups.begin(), f.groups.begin() + (long)g);
+    for (size_t &e : f.groups) e -= n;
+}
 
 constexpr size_t kStackBytes = 64 * 1024;
 
@@ -111,6 +131,7 @@ void fail(const char *what) {
 void fiber_entry() {
     Block *b = g_block;
     b->fn(b->fn_ctx);
+    complete_async(*b->current, -1);
     b->current->state = kDone;
     context_switch(b->current->ctx, b->scheduler); // never resumed
     abort();
@@ -230,6 +251,7 @@ void run_block(Block &b) {
     for (int i = 0; i < n; i++) {
         Fiber &f = b.fibers[i];
         f.state = kRunnable;
+        f.async.clear(), f.groups.clear();
         context_make(f.ctx, b.stacks + (size_t)i * kStackBytes, kStackBytes, fiber_entry);
         runnable.push_back(&f);
     }
@@ -295,6 +317,21 @@ void warp_apply(void *lane_data, void (*apply)(void *const *lanes)) {
 }
 
 void emu_fail(const char *what) { fail(what); }
+
+void cp_async(void *dst, const void *src, int bytes) {
+    if (((uintptr_t)dst | (uintptr_t)src) % (uintptr_t)bytes != 0) {
+        fail("cp.async: an address is not aligned to the copy's size (misaligned address on a GPU)");
+        return;
+    }
+    g_block->current->async.push_back({dst, src, bytes});
+}
+
+void cp_async_commit() {
+    Fiber &f = *g_block->current;
+    f.groups.push_back(f.async.size());
+}
+
+void cp_async_wait(int keep) { complete_async(*g_block->current, keep); }
 
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx) {
     const uint64_t threads = (uint64_t)block.x * block.y * block.z;

@@ -43,28 +43,35 @@ template <int D> struct Tile {
     static constexpr int kBwdStream = D == 128 ? 32 : 64; // backward: rows per streamed tile
 };
 
-__device__ __forceinline__ uint4 load8(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint4 *>(p); }
-__device__ __forceinline__ uint4 load8(const float *p) {
-    const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
-    return make_uint4(ptx_pack_bf16x2(a.x, a.y), ptx_pack_bf16x2(a.z, a.w), ptx_pack_bf16x2(b.x, b.y),
-                      ptx_pack_bf16x2(b.z, b.w));
+// 8 elements into shared memory as bf16: bf16 through cp.async (landed by ptx_cp_async_wait),
+// fp32 converted through registers.
+__device__ __forceinline__ void copy8(__nv_bfloat16 *dst, const __nv_bfloat16 *src) {
+    ptx_cp_async_16(dst, src);
+}
+__device__ __forceinline__ void copy8(__nv_bfloat16 *dst, const float *src) {
+    const float4 a = reinterpret_cast<const float4 *>(src)[0], b = reinterpret_cast<const float4 *>(src)[1];
+    *reinterpret_cast<uint4 *>(dst) = make_uint4(ptx_pack_bf16x2(a.x, a.y), ptx_pack_bf16x2(a.z, a.w),
+                                                 ptx_pack_bf16x2(b.x, b.y), ptx_pack_bf16x2(b.z, b.w));
 }
 __device__ __forceinline__ void store2(__nv_bfloat16 *p, float x, float y) {
     *reinterpret_cast<uint32_t *>(p) = ptx_pack_bf16x2(x, y);
 }
 __device__ __forceinline__ void store2(float *p, float x, float y) { p[0] = x, p[1] = y; }
 
-// Rows [0, Rows) of a tile as bf16 in shared memory: token `tok0 + r` of head `hh` of x
-// ([T, heads, D]) for r < valid, zeros after (so that padding rows add nothing, never NaN).
+// Issues the copy of rows [0, Rows) of a tile into shared memory as bf16: token `tok0 + r` of head
+// `hh` of x ([T, heads, D]) for r < valid, zeros after (so that padding rows add nothing, never
+// NaN). The rows are there after the caller's ptx_cp_async_wait (for this group) and a barrier.
 template <int D, int Rows, typename IO>
 __device__ __forceinline__ void stage(__nv_bfloat16 *sh, const IO *x, int tok0, int valid, int heads,
                                       int hh) {
     constexpr int kChunks = D / 8;
     for (int e = threadIdx.x; e < Rows * kChunks; e += kThreads) {
         const int r = e / kChunks, c = e % kChunks * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < valid) v = load8(x + ((size_t)(tok0 + r) * heads + hh) * D + c);
-        *reinterpret_cast<uint4 *>(sh + r * (D + 8) + c) = v;
+        __nv_bfloat16 *dst = sh + r * (D + 8) + c;
+        if (r < valid)
+            copy8(dst, x + ((size_t)(tok0 + r) * heads + hh) * D + c);
+        else
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -129,31 +136,49 @@ __device__ __forceinline__ bool all_visible(const ctrl_attention_args &a, int i0
     return (!a.causal || j1 - 1 <= i0) && (a.window <= 0 || j0 > i1 - 1 - a.window);
 }
 
-template <int D, typename IO> __global__ void __launch_bounds__(kThreads) fwd_kernel(ctrl_attention_args a) {
+template <int D, typename IO>
+__global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_attention_args a) {
     constexpr int S = D + 8, Bc = Tile<D>::kFwdKeys, NT = Bc / 8, KD = D / 16, ND = D / 8;
+    // two K/V buffers [Bc][S] each (K then V); the Q tile passes through the second one first
     extern __shared__ uint4 smem[];
-    __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(smem), *ks = qs + kRows * S, *vs = ks + Bc * S;
+    __nv_bfloat16 *buf = reinterpret_cast<__nv_bfloat16 *>(smem), *qs = buf + 2 * Bc * S;
     const int seq = blockIdx.z, h = blockIdx.y, H = a.n_head, HK = a.n_kv_head, kvh = h / (H / HK);
     const int s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows; // the longest causal rows first
     if (q0 >= L) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int q1 = min(q0 + kRows, L), i0 = q0 + warp * 16 + g; // this lane's rows: i0, i0 + 8
+    const int lo = ctrl_attention_first_key(a.window, q0), hi = ctrl_attention_key_end(a.causal, q1, L);
+    const int first = lo - lo % Bc, tiles = (hi - first + Bc - 1) / Bc;
+    const IO *K = (const IO *)a.k, *V = (const IO *)a.v;
     stage<D, kRows>(qs, (const IO *)a.q, s0 + q0, L - q0, H, h);
+    ptx_cp_async_commit();
+    stage<D, Bc>(buf, K, s0 + first, L - first, HK, kvh);
+    stage<D, Bc>(buf + Bc * S, V, s0 + first, L - first, HK, kvh);
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<1>(); // the Q tile (the first K/V tile may still be in flight)
     __syncthreads();
     uint32_t qf[KD][4];
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) frag_a<S>(qf[kk], qs, warp * 16, kk * 16);
+    __syncthreads(); // every warp has its Q fragments: the second buffer is free
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     const float sl2 = a.scale * kLog2e;
-    const int lo = ctrl_attention_first_key(a.window, q0), hi = ctrl_attention_key_end(a.causal, q1, L);
-    for (int k0 = lo - lo % Bc; k0 < hi; k0 += Bc) {
-        __syncthreads(); // every warp is done with the previous K/V tile
-        stage<D, Bc>(ks, (const IO *)a.k, s0 + k0, L - k0, HK, kvh);
-        stage<D, Bc>(vs, (const IO *)a.v, s0 + k0, L - k0, HK, kvh);
-        __syncthreads();
+    for (int it = 0; it < tiles; it++) {
+        const int k0 = first + it * Bc;
+        if (it + 1 < tiles) { // the next tile into the other buffer, while this one is used
+            __nv_bfloat16 *nb = buf + ((it + 1) & 1) * 2 * Bc * S;
+            stage<D, Bc>(nb, K, s0 + k0 + Bc, L - k0 - Bc, HK, kvh);
+            stage<D, Bc>(nb + Bc * S, V, s0 + k0 + Bc, L - k0 - Bc, HK, kvh);
+            ptx_cp_async_commit();
+            ptx_cp_async_wait<1>();
+        } else {
+            ptx_cp_async_wait<0>();
+        }
+        __syncthreads(); // this tile has landed for every thread
+        const __nv_bfloat16 *ks = buf + (it & 1) * 2 * Bc * S, *vs = ks + Bc * S;
         float s[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -205,6 +230,7 @@ template <int D, typename IO> __global__ void __launch_bounds__(kThreads) fwd_ke
                 mma(o[d], pa, b), mma(o[d + 1], pa, b + 2);
             }
         }
+        __syncthreads(); // every warp is done with this buffer before the next tile but one fills it
     }
     IO *O = (IO *)a.out;
 #pragma unroll
@@ -227,10 +253,10 @@ template <int D, typename IO> __global__ void __launch_bounds__(kThreads) fwd_ke
 template <int D, typename IO>
 __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args a, const float *Di) {
     constexpr int S = D + 8, Bq = Tile<D>::kBwdStream, NQ = Bq / 8, ND = D / 8;
+    // K, V [kRows][S]; then two buffers of Q, dO [Bq][S] each; then two of lse, Di [Bq] each
     extern __shared__ uint4 smem[];
-    __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(smem), *vs = ks + kRows * S, *qs = vs + kRows * S,
-                  *dos = qs + Bq * S;
-    float *lses = reinterpret_cast<float *>(dos + Bq * S), *dis = lses + Bq;
+    __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(smem), *vs = ks + kRows * S, *qbuf = vs + kRows * S;
+    float *stats = reinterpret_cast<float *>(qbuf + 4 * Bq * S);
     const int seq = blockIdx.z, kvh = blockIdx.y, H = a.n_head, HK = a.n_kv_head, group = H / HK;
     const int s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0, Tt = a.total_tokens;
     const int k0 = blockIdx.x * kRows; // the first keys see the most queries: scheduled first
@@ -246,46 +272,61 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
     const float sl2 = a.scale * kLog2e;
     const int qlo = ctrl_attention_first_query(a.causal, k0), qhi = ctrl_attention_query_end(a.window, k1, L);
-    for (int hg = 0; hg < group; hg++) {
-        const int h = kvh * group + hg;
-        for (int q0 = qlo - qlo % Bq; q0 < qhi; q0 += Bq) {
-            __syncthreads(); // every warp is done with the previous Q/dO tile
-            stage<D, Bq>(qs, (const IO *)a.q, s0 + q0, L - q0, H, h);
-            stage<D, Bq>(dos, (const IO *)a.dout, s0 + q0, L - q0, H, h);
-            for (int r = threadIdx.x; r < Bq; r += kThreads) {
-                const int i = q0 + r;
-                lses[r] = i < L ? a.lse[(size_t)h * Tt + s0 + i] * kLog2e : INFINITY; // P = 0 past the end
-                dis[r] = i < L ? Di[(size_t)h * Tt + s0 + i] : 0.f;
+    const int first = qlo - qlo % Bq, per_head = (qhi - first + Bq - 1) / Bq, tiles = group * per_head;
+    // tile `it` of the (GQA head, query tile) pairs into buffer it % 2: Q and dO by cp.async, the
+    // log-sum-exp (base 2; +inf past the end: P = 0 there) and Di by plain stores
+    auto issue = [&](int it) {
+        const int h = kvh * group + it / per_head, q0 = first + it % per_head * Bq;
+        __nv_bfloat16 *qs = qbuf + (it & 1) * 2 * Bq * S;
+        stage<D, Bq>(qs, (const IO *)a.q, s0 + q0, L - q0, H, h);
+        stage<D, Bq>(qs + Bq * S, (const IO *)a.dout, s0 + q0, L - q0, H, h);
+        ptx_cp_async_commit();
+        float *st = stats + (it & 1) * 2 * Bq;
+        for (int r = threadIdx.x; r < Bq; r += kThreads) {
+            const int i = q0 + r;
+            st[r] = i < L ? a.lse[(size_t)h * Tt + s0 + i] * kLog2e : INFINITY;
+            st[Bq + r] = i < L ? Di[(size_t)h * Tt + s0 + i] : 0.f;
+        }
+    };
+    issue(0); // with K and V in its group
+    for (int it = 0; it < tiles; it++) {
+        const int q0 = first + it % per_head * Bq;
+        if (it + 1 < tiles) {
+            issue(it + 1);
+            ptx_cp_async_wait<1>();
+        } else {
+            ptx_cp_async_wait<0>();
+        }
+        __syncthreads(); // this tile has landed for every thread
+        const __nv_bfloat16 *qs = qbuf + (it & 1) * 2 * Bq * S, *dos = qs + Bq * S;
+        const float *lses = stats + (it & 1) * 2 * Bq, *dis = lses + Bq;
+        float s[NQ][4], dp[NQ][4];
+        two_products<D, Bq>(s, dp, ks, vs, qs, dos, warp * 16);
+        const bool full = q0 + Bq <= L && k0 + kRows <= L && all_visible(a, q0, q0 + Bq, k0, k0 + kRows);
+#pragma unroll
+        for (int n = 0; n < NQ; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = n * 8 + 2 * t + e % 2, i = q0 + r, j = j0 + e / 2 * 8;
+                float p = exp2f(s[n][e] * sl2 - lses[r]);
+                if (!full && (i >= L || j >= L || !ctrl_attention_visible(a.causal, a.window, i, j))) p = 0.f;
+                s[n][e] = p, dp[n][e] = p * (dp[n][e] - dis[r]) * a.scale;
             }
-            __syncthreads();
-            float s[NQ][4], dp[NQ][4];
-            two_products<D, Bq>(s, dp, ks, vs, qs, dos, warp * 16);
-            const bool full = q0 + Bq <= L && k0 + kRows <= L && all_visible(a, q0, q0 + Bq, k0, k0 + kRows);
 #pragma unroll
-            for (int n = 0; n < NQ; n++)
+        for (int kk = 0; kk < Bq / 16; kk++) {
+            uint32_t pa[4], da[4];
+            acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+            acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = n * 8 + 2 * t + e % 2, i = q0 + r, j = j0 + e / 2 * 8;
-                    float p = exp2f(s[n][e] * sl2 - lses[r]);
-                    if (!full && (i >= L || j >= L || !ctrl_attention_visible(a.causal, a.window, i, j)))
-                        p = 0.f;
-                    s[n][e] = p, dp[n][e] = p * (dp[n][e] - dis[r]) * a.scale;
-                }
-#pragma unroll
-            for (int kk = 0; kk < Bq / 16; kk++) {
-                uint32_t pa[4], da[4];
-                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-                for (int d = 0; d < ND; d += 2) {
-                    uint32_t b[4];
-                    frag_b_kn<S>(b, dos, kk * 16, d * 8);
-                    mma(dv[d], pa, b), mma(dv[d + 1], pa, b + 2);
-                    frag_b_kn<S>(b, qs, kk * 16, d * 8);
-                    mma(dk[d], da, b), mma(dk[d + 1], da, b + 2);
-                }
+            for (int d = 0; d < ND; d += 2) {
+                uint32_t b[4];
+                frag_b_kn<S>(b, dos, kk * 16, d * 8);
+                mma(dv[d], pa, b), mma(dv[d + 1], pa, b + 2);
+                frag_b_kn<S>(b, qs, kk * 16, d * 8);
+                mma(dk[d], da, b), mma(dk[d + 1], da, b + 2);
             }
         }
+        __syncthreads(); // every warp is done with this buffer before the next tile but one fills it
     }
     IO *dK = (IO *)a.dk, *dV = (IO *)a.dv;
 #pragma unroll
@@ -305,17 +346,29 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
 template <int D, typename IO>
 __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a, const float *Di) {
     constexpr int S = D + 8, Bc = Tile<D>::kBwdStream, NT = Bc / 8, ND = D / 8;
+    // Q, dO [kRows][S]; then two buffers of K, V [Bc][S] each
     extern __shared__ uint4 smem[];
-    __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(smem), *dos = qs + kRows * S, *ks = dos + kRows * S,
-                  *vs = ks + Bc * S;
+    __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(smem), *dos = qs + kRows * S,
+                  *kvbuf = dos + kRows * S;
     const int seq = blockIdx.z, h = blockIdx.y, H = a.n_head, HK = a.n_kv_head, kvh = h / (H / HK);
     const int s0 = a.cu_seqlens[seq], L = a.cu_seqlens[seq + 1] - s0, Tt = a.total_tokens;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kRows;
     if (q0 >= L) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int q1 = min(q0 + kRows, L), i0 = q0 + warp * 16 + g;
+    const int lo = ctrl_attention_first_key(a.window, q0), hi = ctrl_attention_key_end(a.causal, q1, L);
+    const int first = lo - lo % Bc, tiles = (hi - first + Bc - 1) / Bc;
+    const IO *K = (const IO *)a.k, *V = (const IO *)a.v;
+    auto issue = [&](int it) { // key tile `it` into buffer it % 2
+        const int k0 = first + it * Bc;
+        __nv_bfloat16 *kb = kvbuf + (it & 1) * 2 * Bc * S;
+        stage<D, Bc>(kb, K, s0 + k0, L - k0, HK, kvh);
+        stage<D, Bc>(kb + Bc * S, V, s0 + k0, L - k0, HK, kvh);
+        ptx_cp_async_commit();
+    };
     stage<D, kRows>(qs, (const IO *)a.q, s0 + q0, L - q0, H, h);
     stage<D, kRows>(dos, (const IO *)a.dout, s0 + q0, L - q0, H, h);
+    issue(0); // with Q and dO in its group
     float lse2[2], di[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -327,12 +380,16 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
 #pragma unroll
     for (int d = 0; d < ND; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
     const float sl2 = a.scale * kLog2e;
-    const int lo = ctrl_attention_first_key(a.window, q0), hi = ctrl_attention_key_end(a.causal, q1, L);
-    for (int k0 = lo - lo % Bc; k0 < hi; k0 += Bc) {
-        __syncthreads(); // the Q/dO tile is staged; every warp is done with the previous K/V tile
-        stage<D, Bc>(ks, (const IO *)a.k, s0 + k0, L - k0, HK, kvh);
-        stage<D, Bc>(vs, (const IO *)a.v, s0 + k0, L - k0, HK, kvh);
-        __syncthreads();
+    for (int it = 0; it < tiles; it++) {
+        const int k0 = first + it * Bc;
+        if (it + 1 < tiles) {
+            issue(it + 1);
+            ptx_cp_async_wait<1>();
+        } else {
+            ptx_cp_async_wait<0>();
+        }
+        __syncthreads(); // this tile has landed for every thread
+        const __nv_bfloat16 *ks = kvbuf + (it & 1) * 2 * Bc * S, *vs = ks + Bc * S;
         float s[NT][4], dp[NT][4];
         two_products<D, Bc>(s, dp, qs, dos, ks, vs, warp * 16);
         const bool full = k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc);
@@ -356,6 +413,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
                 mma(dq[d], da, b), mma(dq[d + 1], da, b + 2);
             }
         }
+        __syncthreads(); // every warp is done with this buffer before the next tile but one fills it
     }
     IO *dQ = (IO *)a.dq;
 #pragma unroll
@@ -370,10 +428,10 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
 
 constexpr size_t smem_bytes(int rows) { return (size_t)rows * 2; }
 
-template <int D> size_t fwd_smem() { return smem_bytes((kRows + 2 * Tile<D>::kFwdKeys) * (D + 8)); }
-template <int D> size_t bwd_smem() { // dK/dV and dQ: two 64-row tiles and two streamed ones
-    return smem_bytes((2 * kRows + 2 * Tile<D>::kBwdStream) * (D + 8)) +
-           2 * Tile<D>::kBwdStream * sizeof(float);
+template <int D> size_t fwd_smem() { return smem_bytes(4 * Tile<D>::kFwdKeys * (D + 8)); }
+template <int D> size_t bwd_smem() { // dK/dV and dQ: two 64-row tiles and two buffers of two streamed ones
+    return smem_bytes((2 * kRows + 4 * Tile<D>::kBwdStream) * (D + 8)) +
+           4 * Tile<D>::kBwdStream * sizeof(float);
 }
 
 template <int D, typename IO> ctrl_status forward(const ctrl_attention_args *a) {

@@ -1,7 +1,7 @@
-// The warp-level tensor-core instructions of the flash plugin's mma path (flash_cuda_mma.cu), as
-// small device functions over inline PTX (sm_80+). Under the CUDA emulator the same names come
-// from kernels/cuda/emu/include/ctrl_emu_ptx.h, which documents the per-lane fragment layouts
-// (the PTX ISA's) that both follow.
+// The warp-level tensor-core instructions (and the asynchronous copies feeding them) of the flash plugin's
+// mma path (flash_cuda_mma.cu), as small device functions over inline PTX (sm_80+). Under the CUDA emulator
+// the same names come from kernels/cuda/emu/include/ctrl_emu_ptx.h, which documents the per-lane fragment
+// layouts (the PTX ISA's) that both follow.
 #ifndef CTRL_FLASH_CUDA_PTX_CUH
 #define CTRL_FLASH_CUDA_PTX_CUH
 
@@ -37,6 +37,17 @@ __device__ __forceinline__ void ptx_ldmatrix_x4_trans(uint32_t r[4], const void 
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s));
+}
+
+// cp.async.cg.shared.global [smem], [gmem], 16 (both 16-byte aligned), then commit_group and
+// wait_group N (every committed group but the newest N has landed in shared memory).
+__device__ __forceinline__ void ptx_cp_async_16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void ptx_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void ptx_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Two floats as a bf16x2 register, round to nearest even, lo in the low half.

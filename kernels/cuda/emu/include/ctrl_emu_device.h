@@ -58,6 +58,12 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t value, int arg
  * when the last one arrives, apply(lanes) runs once with the 32 pointers in lane order and the
  * lanes go on. All 32 lanes must execute the same instruction (.aligned), else the launch fails. */
 void warp_apply(void *lane_data, void (*apply)(void *const *lanes));
+/* cp.async (ctrl_emu_ptx.h): a copy of `bytes` from global to shared memory issued by the calling
+ * thread; it lands when the thread waits for its group (cp_async_wait: every committed group but
+ * the newest `keep`), so a read before the wait sees the old contents, as a race on a GPU may. */
+void cp_async(void *dst, const void *src, int bytes);
+void cp_async_commit();
+void cp_async_wait(int keep);
 /* Reports an error a GPU would fault on (the launch then fails, as cudaGetLastError says). */
 void emu_fail(const char *what);
 

@@ -16,6 +16,8 @@
  *    8i..8i+7 give the addresses of rows 0..7 of matrix i (16-byte aligned); register i of lane l
  *    receives matrix i's (row l/4, cols 2(l%4), 2(l%4)+1), or with .trans its (rows 2(l%4),
  *    2(l%4)+1; col l/4).
+ *  cp.async.cg.shared.global (16 bytes), commit_group, wait_group N: each thread's copies land in
+ *    shared memory only when that thread waits for their group (ctrl_emu::cp_async).
  *
  * Arithmetic: bf16 products are exact in fp32; the emulated mma adds them to C in fp32 in k order
  * (a tensor core's internal order and rounding differ in the last bits). */
@@ -130,6 +132,13 @@ inline void ptx_ldmatrix_x4_trans(uint32_t r[4], const void *row) {
     ctrl_emu::warp_apply(&x, ctrl_emu::ldmatrix_x4_apply<true>);
     memcpy(r, x.r, sizeof x.r);
 }
+
+/* cp.async.cg.shared.global [smem], [gmem], 16: issued now, landed by the wait below. */
+inline void ptx_cp_async_16(void *smem, const void *gmem) { ctrl_emu::cp_async(smem, gmem, 16); }
+/* cp.async.commit_group: the copies issued since the last commit form a group. */
+inline void ptx_cp_async_commit() { ctrl_emu::cp_async_commit(); }
+/* cp.async.wait_group N: every committed group but the newest N has landed. */
+template <int N> inline void ptx_cp_async_wait() { ctrl_emu::cp_async_wait(N); }
 
 /* Two floats as a bf16x2 register (round to nearest even): lo in the low half (cvt.rn.bf16x2.f32). */
 inline uint32_t ptx_pack_bf16x2(float lo, float hi) {
