@@ -4,6 +4,7 @@
  * through CTRL_FLASH_PATH: mma = the fused tensor-core kernels, gemm = cuBLASLt products with row
  * kernels, tiled = the SIMT kernels). FLOPs as FlashAttention counts them: causal forward
  * 2 * 2 * T^2/2 * H * D, backward 2.5 x forward. Compare with bench/cuda/torch_flash.py (SDPA).
+ * CTRL_BENCH_FLASH_SHAPE=T:D times that one shape only (e.g. 16384:128, for a profiler).
  * usage: bench_cuda_flash [PLUGIN_DIR [PATH...]] */
 #include <math.h>
 #include <stdlib.h>
@@ -45,10 +46,17 @@ int main(int argc, char **argv) {
     printf("flash (ctrl, CUDA, bf16, causal): TFLOP/s\n%-6s %-8s %-5s %-6s %10s %12s\n", "path", "seq", "D",
            "heads", "forward", "fwd+bwd");
     static const int seqs[] = {1024, 4096, 16384}, dims[] = {64, 128};
+    const char *only = getenv("CTRL_BENCH_FLASH_SHAPE");
+    int only_t = 0, only_d = 0;
+    if (only && sscanf(only, "%d:%d", &only_t, &only_d) != 2) {
+        fprintf(stderr, "bench: CTRL_BENCH_FLASH_SHAPE=%s is not T:D (e.g. 16384:128)\n", only);
+        return 1;
+    }
     for (int pi = 0; pi < n_paths; pi++)
         for (int si = 0; si < 3; si++)
             for (int di = 0; di < 2; di++) {
                 const int T = seqs[si], D = dims[di], H = 16, HK = 4;
+                if (only && (only_t != T || only_d != D)) continue;
                 const size_t nq = (size_t)T * H * D, nk = (size_t)T * HK * D;
                 int32_t cu[2] = {0, T}, *dcu;
                 BENCH_CHECK(ctrl_cuda_malloc((void **)&dcu, sizeof cu));

@@ -6,12 +6,14 @@
 //
 // Every kernel: 4 warps; each warp owns 16 rows of the block's tile (queries in the forward and
 // dQ kernels, keys in the dK/dV kernel) and streams the other operand's tiles through shared
-// memory (rows padded by 16 bytes so that ldmatrix's eight row addresses hit distinct banks).
+// memory: two buffers, the next tile copied by cp.async while the current one is used (fp32
+// tensors are converted through registers instead); rows padded by 16 bytes so that ldmatrix's
+// eight row addresses hit distinct banks.
 // Tiles that no row of the block can see are skipped (the mask rule's ranges, attention_mask.h);
 // the per-element mask runs only on tiles that straddle a boundary.
 //  - forward: Q tile (64 rows) in registers as A fragments; per K/V tile of 64 keys S = Q K^T,
-//    online softmax in fp32 (base 2, the scale folded in), P rounded to bf16 as the A fragment of
-//    O += P V straight from the accumulators; the log-sum-exp per (head, token) saved.
+//    online softmax in fp32 (base 2, the scale folded into one FMA before ex2), P rounded to bf16 as the A
+//    fragment of O += P V straight from the accumulators; the log-sum-exp per (head, token) saved.
 //  - backward, deterministic (no atomics): Di = dO . O per row (flash_cuda_rows.cuh); dK/dV per
 //    key tile of 64 (looping over the GQA group's query heads and the visible query tiles,
 //    recomputing S^T and dP^T, then dV += P^T dO and dK += dS^T Q); dQ per query tile of 64
@@ -39,8 +41,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr unsigned kFull = 0xffffffffu;
 
 template <int D> struct Tile {
-    static constexpr int kFwdKeys = 64;                   // forward: keys per streamed tile
-    static constexpr int kBwdStream = D == 128 ? 32 : 64; // backward: rows per streamed tile
+    static constexpr int kFwdKeys = 64;                     // forward: keys per streamed tile
+    static constexpr int kDkdvQueries = D == 128 ? 32 : 64; // dK/dV: queries per streamed tile
+    static constexpr int kDqKeys = D == 128 ? 32 : 64;      // dQ: keys per streamed tile
 };
 
 // 8 elements into shared memory as bf16: bf16 through cp.async (landed by ptx_cp_async_wait),
@@ -136,6 +139,22 @@ __device__ __forceinline__ bool all_visible(const ctrl_attention_args &a, int i0
     return (!a.causal || j1 - 1 <= i0) && (a.window <= 0 || j0 > i1 - 1 - a.window);
 }
 
+// Sets the accumulator elements whose (query, key) is past the sequence's end or not visible to
+// -inf (raw scores; a tile that all_visible clears needs none of this). Element (n, e) is row
+// r0 + 8 (e / 2), column c0 + 8 n + e % 2; rows are queries, or keys when KeysAreRows.
+template <bool KeysAreRows, int N>
+__device__ __forceinline__ void mask_tile(float (&x)[N][4], const ctrl_attention_args &a, int L, int r0,
+                                          int c0) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = r0 + e / 2 * 8, c = c0 + n * 8 + e % 2, i = KeysAreRows ? c : r,
+                      j = KeysAreRows ? r : c;
+            if (i >= L || j >= L || !ctrl_attention_visible(a.causal, a.window, i, j)) x[n][e] = -INFINITY;
+        }
+}
+
 template <int D, typename IO>
 __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_attention_args a) {
     constexpr int S = D + 8, Bc = Tile<D>::kFwdKeys, NT = Bc / 8, KD = D / 16, ND = D / 8;
@@ -190,25 +209,23 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
                 frag_b_nk<S>(b, ks, n * 8, kk * 16);
                 mma(s[n], qf[kk], b), mma(s[n + 1], qf[kk], b + 2);
             }
-        const bool full = k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc);
-        float mx[2] = {m[0], m[1]};
+        if (!(k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc)))
+            mask_tile<false>(s, a, L, i0, k0 + 2 * t);
+        // online softmax in base 2: m is the running maximum of the scaled scores (scale log2 e,
+        // positive, so the raw maximum scales to it)
+        float mx[2] = {-INFINITY, -INFINITY}, base[2];
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = i0 + e / 2 * 8, j = k0 + n * 8 + 2 * t + e % 2;
-                float x = s[n][e] * sl2;
-                if (!full && (j >= L || !ctrl_attention_visible(a.causal, a.window, i, j))) x = -INFINITY;
-                s[n][e] = x, mx[e / 2] = fmaxf(mx[e / 2], x);
-            }
-        float base[2];
+            for (int e = 0; e < 4; e++) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 1));
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFull, mx[r], 2));
-            base[r] = mx[r] == -INFINITY ? 0.f : mx[r]; // a row that sees nothing yet stays at zero
-            const float alpha = exp2f(m[r] - base[r]);
-            m[r] = mx[r], l[r] *= alpha;
+            const float mn = fmaxf(m[r], mx[r] * sl2);
+            base[r] = mn == -INFINITY ? 0.f : mn; // a row that sees nothing yet stays at zero
+            const float alpha = ptx_exp2(m[r] - base[r]);
+            m[r] = mn, l[r] *= alpha;
 #pragma unroll
             for (int d = 0; d < ND; d++) o[d][2 * r] *= alpha, o[d][2 * r + 1] *= alpha;
         }
@@ -216,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
         for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[n][e] - base[e / 2]);
+                const float p = ptx_exp2(fmaf(s[n][e], sl2, -base[e / 2]));
                 s[n][e] = p, l[e / 2] += p;
             }
 #pragma unroll
@@ -252,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
 // that sees one of the keys.
 template <int D, typename IO>
 __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args a, const float *Di) {
-    constexpr int S = D + 8, Bq = Tile<D>::kBwdStream, NQ = Bq / 8, ND = D / 8;
+    constexpr int S = D + 8, Bq = Tile<D>::kDkdvQueries, NQ = Bq / 8, ND = D / 8;
     // K, V [kRows][S]; then two buffers of Q, dO [Bq][S] each; then two of lse, Di [Bq] each
     extern __shared__ uint4 smem[];
     __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(smem), *vs = ks + kRows * S, *qbuf = vs + kRows * S;
@@ -302,14 +319,14 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
         const float *lses = stats + (it & 1) * 2 * Bq, *dis = lses + Bq;
         float s[NQ][4], dp[NQ][4];
         two_products<D, Bq>(s, dp, ks, vs, qs, dos, warp * 16);
-        const bool full = q0 + Bq <= L && k0 + kRows <= L && all_visible(a, q0, q0 + Bq, k0, k0 + kRows);
+        if (!(q0 + Bq <= L && k0 + kRows <= L && all_visible(a, q0, q0 + Bq, k0, k0 + kRows)))
+            mask_tile<true>(s, a, L, j0, q0 + 2 * t);
 #pragma unroll
         for (int n = 0; n < NQ; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = n * 8 + 2 * t + e % 2, i = q0 + r, j = j0 + e / 2 * 8;
-                float p = exp2f(s[n][e] * sl2 - lses[r]);
-                if (!full && (i >= L || j >= L || !ctrl_attention_visible(a.causal, a.window, i, j))) p = 0.f;
+                const int r = n * 8 + 2 * t + e % 2;
+                const float p = ptx_exp2(fmaf(s[n][e], sl2, -lses[r]));
                 s[n][e] = p, dp[n][e] = p * (dp[n][e] - dis[r]) * a.scale;
             }
 #pragma unroll
@@ -345,7 +362,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
 // dQ of 64 queries of head blockIdx.y: every key tile they see.
 template <int D, typename IO>
 __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a, const float *Di) {
-    constexpr int S = D + 8, Bc = Tile<D>::kBwdStream, NT = Bc / 8, ND = D / 8;
+    constexpr int S = D + 8, Bc = Tile<D>::kDqKeys, NT = Bc / 8, ND = D / 8;
     // Q, dO [kRows][S]; then two buffers of K, V [Bc][S] each
     extern __shared__ uint4 smem[];
     __nv_bfloat16 *qs = reinterpret_cast<__nv_bfloat16 *>(smem), *dos = qs + kRows * S,
@@ -392,14 +409,13 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
         const __nv_bfloat16 *ks = kvbuf + (it & 1) * 2 * Bc * S, *vs = ks + Bc * S;
         float s[NT][4], dp[NT][4];
         two_products<D, Bc>(s, dp, qs, dos, ks, vs, warp * 16);
-        const bool full = k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc);
+        if (!(k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc)))
+            mask_tile<false>(s, a, L, i0, k0 + 2 * t);
 #pragma unroll
         for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int i = i0 + e / 2 * 8, j = k0 + n * 8 + 2 * t + e % 2;
-                float p = exp2f(s[n][e] * sl2 - lse2[e / 2]);
-                if (!full && (j >= L || !ctrl_attention_visible(a.causal, a.window, i, j))) p = 0.f;
+                const float p = ptx_exp2(fmaf(s[n][e], sl2, -lse2[e / 2]));
                 dp[n][e] = p * (dp[n][e] - di[e / 2]) * a.scale;
             }
 #pragma unroll
@@ -429,10 +445,11 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
 constexpr size_t smem_bytes(int rows) { return (size_t)rows * 2; }
 
 template <int D> size_t fwd_smem() { return smem_bytes(4 * Tile<D>::kFwdKeys * (D + 8)); }
-template <int D> size_t bwd_smem() { // dK/dV and dQ: two 64-row tiles and two buffers of two streamed ones
-    return smem_bytes((2 * kRows + 4 * Tile<D>::kBwdStream) * (D + 8)) +
-           4 * Tile<D>::kBwdStream * sizeof(float);
+template <int D> size_t dkdv_smem() { // K, V; two buffers of Q, dO; two of lse, Di
+    return smem_bytes((2 * kRows + 4 * Tile<D>::kDkdvQueries) * (D + 8)) +
+           4 * Tile<D>::kDkdvQueries * sizeof(float);
 }
+template <int D> size_t dq_smem() { return smem_bytes((2 * kRows + 4 * Tile<D>::kDqKeys) * (D + 8)); }
 
 template <int D, typename IO> ctrl_status forward(const ctrl_attention_args *a) {
     const int L = attention_max_len(a);
@@ -464,13 +481,13 @@ ctrl_status backward(const ctrl_attention_args *a, const ctrl_device_kernels *k)
     flash_rows::dot_rows_kernel<IO, P><<<flash_rows::dot_rows_grid(T, H), flash_rows::kDotRowsThreads>>>(
         Di, (const IO *)a->dout, (const IO *)a->out, T * H, H, D, T);
     if ((st = attention_launch_error("flash", "backward Di (mma)")) != CTRL_OK) return st;
-    const size_t sh = bwd_smem<D>();
-    cudaFuncSetAttribute(bwd_dkdv_kernel<D, IO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh);
-    cudaFuncSetAttribute(bwd_dq_kernel<D, IO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh);
+    const size_t sh_kv = dkdv_smem<D>(), sh_q = dq_smem<D>();
+    cudaFuncSetAttribute(bwd_dkdv_kernel<D, IO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_kv);
+    cudaFuncSetAttribute(bwd_dq_kernel<D, IO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh_q);
     const dim3 tiles((L + kRows - 1) / kRows);
-    bwd_dkdv_kernel<D, IO><<<dim3(tiles.x, a->n_kv_head, a->n_seqs), kThreads, sh>>>(*a, Di);
+    bwd_dkdv_kernel<D, IO><<<dim3(tiles.x, a->n_kv_head, a->n_seqs), kThreads, sh_kv>>>(*a, Di);
     if ((st = attention_launch_error("flash", "backward dK/dV (mma)")) != CTRL_OK) return st;
-    bwd_dq_kernel<D, IO><<<dim3(tiles.x, a->n_head, a->n_seqs), kThreads, sh>>>(*a, Di);
+    bwd_dq_kernel<D, IO><<<dim3(tiles.x, a->n_head, a->n_seqs), kThreads, sh_q>>>(*a, Di);
     return attention_launch_error("flash", "backward dQ (mma)");
 }
 
@@ -490,6 +507,7 @@ extern "C" const char *flash_cuda_mma_unsupported(const ctrl_attention_args *a) 
     if (a->dtype != CTRL_BF16 && !(a->dtype == CTRL_F32 && bf16_products))
         return "the tensors are neither bf16 nor fp32 with bf16 products (compute_bf16)";
     if (a->head_dim != 64 && a->head_dim != 128) return "head_dim is not 64 or 128";
+    if (!(a->scale > 0.f)) return "scale is not positive";
     if (a->size >= offsetof(ctrl_attention_args, softcap) + sizeof a->softcap && a->softcap != 0.f)
         return "softcap is set";
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->out) ||

@@ -50,6 +50,13 @@ template <int N> __device__ __forceinline__ void ptx_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// 2^x (ex2.approx.ftz.f32: about 2 ulp; -inf gives 0).
+__device__ __forceinline__ float ptx_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Two floats as a bf16x2 register, round to nearest even, lo in the low half.
 __device__ __forceinline__ uint32_t ptx_pack_bf16x2(float lo, float hi) {
     uint32_t r;

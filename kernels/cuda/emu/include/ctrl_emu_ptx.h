@@ -26,6 +26,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -139,6 +140,9 @@ inline void ptx_cp_async_16(void *smem, const void *gmem) { ctrl_emu::cp_async(s
 inline void ptx_cp_async_commit() { ctrl_emu::cp_async_commit(); }
 /* cp.async.wait_group N: every committed group but the newest N has landed. */
 template <int N> inline void ptx_cp_async_wait() { ctrl_emu::cp_async_wait(N); }
+
+/* ex2.approx.ftz.f32: 2^x (the device's is within about 2 ulp of this). */
+inline float ptx_exp2(float x) { return exp2f(x); }
 
 /* Two floats as a bf16x2 register (round to nearest even): lo in the low half (cvt.rn.bf16x2.f32). */
 inline uint32_t ptx_pack_bf16x2(float lo, float hi) {
