@@ -131,6 +131,19 @@ typedef struct ctrl_backend_ops {
      * attention plugins by ctrl_device_kernels.gemm. */
     ctrl_status (*gemm)(int trans_a, int trans_b, int M, int N, int K, float alpha, const void *A, int lda,
                         const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
+    /* Appended for decoding over a paged KV cache (model_decode.c): row t of k and of v ([T, D] fp32)
+     * stored as row slots[t] of k_cache and of v_cache (one layer's pools, rows of D values of
+     * `cache_dtype`: CTRL_F32 as they are, CTRL_BF16 rounded to nearest even); slots on the backend.
+     * NULL where not implemented (the model refuses to decode there). */
+    ctrl_status (*kv_append)(void *k_cache, void *v_cache, const float *k, const float *v,
+                             const int32_t *slots, int T, int D, ctrl_dtype cache_dtype);
+    /* Appended: gives the memory the backend keeps for reuse back to the device (the CUDA caching
+     * allocator's free blocks, as torch.cuda.empty_cache); the engine's sleep calls it after freeing
+     * the KV pool. NULL where nothing is kept (the CPU). */
+    void (*release_cached)(void);
+    /* Appended: the device's free and total memory in bytes (what the generation engine sizes its KV
+     * pool from: [generation] gpu_memory_utilization); NULL on the CPU (the engine reads the host's). */
+    ctrl_status (*memory_info)(size_t *free_bytes, size_t *total_bytes);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -185,6 +185,23 @@ static ctrl_status gemm(int trans_a, int trans_b, int M, int N, int K, float alp
                    : ctrl_error_set(CTRL_ERR_NOMEM, "cpu gemm: out of memory (M=%d N=%d K=%d)", M, N, K);
 }
 
+/* One row per new token into the pools, bf16 rows rounded as ctrl_cpu_f32_to_bf16 rounds. */
+static ctrl_status kv_append(void *k_cache, void *v_cache, const float *k, const float *v,
+                             const int32_t *slots, int T, int D, ctrl_dtype cache_dtype) {
+    const size_t row = (size_t)D;
+    for (int t = 0; t < T; t++) {
+        const size_t at = (size_t)slots[t] * row;
+        if (cache_dtype == CTRL_BF16) {
+            ctrl_cpu_f32_to_bf16((uint16_t *)k_cache + at, k + t * row, D);
+            ctrl_cpu_f32_to_bf16((uint16_t *)v_cache + at, v + t * row, D);
+        } else {
+            memcpy((float *)k_cache + at, k + t * row, sizeof(float) * row);
+            memcpy((float *)v_cache + at, v + t * row, sizeof(float) * row);
+        }
+    }
+    return CTRL_OK;
+}
+
 static ctrl_status scale(float *x, float s, int64_t n) {
     ctrl_cpu_scale(x, s, n);
     return CTRL_OK;
@@ -237,6 +254,7 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .scatter_add_rows = scatter_add_rows,
         .rows_dot = rows_dot,
         .gemm = gemm,
+        .kv_append = kv_append,
     };
     return &ops;
 }

@@ -94,6 +94,9 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .scatter_add_rows = ctrl_cuda_scatter_add_rows,
         .rows_dot = ctrl_cuda_rows_dot,
         .head_softcap = 1,
+        .kv_append = ctrl_cuda_kv_append,
+        .release_cached = ctrl_cuda_empty_cache,
+        .memory_info = ctrl_cuda_memory_info,
     };
     return &ops;
 }

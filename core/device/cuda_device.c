@@ -45,6 +45,22 @@ ctrl_status ctrl_cuda_device_name(int index, char *buf, size_t cap) {
     return CTRL_OK;
 }
 
+ctrl_status ctrl_cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
+#ifdef CTRL_CUDA_EMU /* no driver to ask: the device's size less what the caching allocator holds */
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    CTRL_CUDA_CHECK(cudaGetDevice(&dev));
+    CTRL_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    ctrl_cuda_mem_stats s;
+    ctrl_cuda_mem_stats_get(&s);
+    *total_bytes = prop.totalGlobalMem;
+    *free_bytes = prop.totalGlobalMem > s.reserved ? prop.totalGlobalMem - s.reserved : 0;
+#else
+    CTRL_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+#endif
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_cuda_synchronize(void) {
     CTRL_CUDA_CHECK(cudaDeviceSynchronize());
     return CTRL_OK;
@@ -97,6 +113,10 @@ ctrl_status ctrl_cuda_device_name(int index, char *buf, size_t cap) {
     return NO_CUDA;
 }
 ctrl_status ctrl_cuda_synchronize(void) { return NO_CUDA; }
+ctrl_status ctrl_cuda_memory_info(size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    return NO_CUDA;
+}
 ctrl_status ctrl_cuda_host_alloc(void **ptr, size_t bytes) {
     (void)bytes;
     *ptr = NULL;

@@ -5,14 +5,17 @@
 #include <unistd.h>
 
 #include "config/config_load.h"
+#include "device/backend.h"
 #include "generate/engine_internal.h"
 
+/* The pool on the model's backend: in device memory for a model on a device. */
 static ctrl_status make_pool(ctrl_engine *e) {
     const ctrl_model_config *c = ctrl_model_cfg(e->model);
     const int bf16 = e->cfg.kv_cache_dtype < 0 ? ctrl_model_compute_dtype(e->model) == CTRL_BF16
                                                : e->cfg.kv_cache_dtype == 1;
-    return ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, e->cfg.block_size,
-                                e->cfg.kv_cache_bytes, bf16 ? CTRL_BF16 : CTRL_F32, &e->kv);
+    return ctrl_kv_cache_create_on(ctrl_model_backend(e->model), c->n_layers, c->n_kv_heads, c->head_dim,
+                                   e->cfg.block_size, e->cfg.kv_cache_bytes, bf16 ? CTRL_BF16 : CTRL_F32,
+                                   &e->kv);
 }
 
 ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctrl_engine **out) {
@@ -56,6 +59,26 @@ void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {
                                 .max_num_batched_tokens = s->generation.max_num_batched_tokens};
 }
 
+ctrl_status ctrl_engine_config_for(const ctrl_config *cfg, const ctrl_model *m, ctrl_engine_config *out) {
+    ctrl_engine_config_from(cfg, out);
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    const ctrl_backend_ops *be = ctrl_model_backend(m);
+    if (be->host_memory || s->generation.kv_cache_bytes != 0) return CTRL_OK;
+    size_t free_b = 0, total = 0; /* the device's share, not the host's */
+    ctrl_status st =
+        ctrl_backend_has(be, memory_info)
+            ? be->memory_info(&free_b, &total)
+            : ctrl_error_set(CTRL_ERR_UNSUPPORTED, "the %s backend cannot say its memory", be->name);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(st,
+                               "[generation] gpu_memory_utilization: sizing the KV cache on %s (set "
+                               "[generation] kv_cache_bytes instead)",
+                               be->name);
+    out->kv_cache_bytes = (size_t)(s->generation.gpu_memory_utilization * (double)total);
+    if (out->kv_cache_bytes > free_b / 2) out->kv_cache_bytes = free_b / 2;
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {
     if (level < 1 || level > 2)
         return ctrl_error_set(CTRL_ERR_CONFIG, "generation: sleep level %d (1 or 2)", level);
@@ -70,6 +93,8 @@ ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level) {
         e->scratch = 0, e->draws_cap = 0;
         ctrl_model_release_decode_scratch(e->model);
     }
+    const ctrl_backend_ops *be = ctrl_model_backend(e->model);
+    if (ctrl_backend_has(be, release_cached)) be->release_cached(); /* to the driver, not the cache */
     return CTRL_OK;
 }
 

@@ -89,11 +89,15 @@ ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_plugin *paged
  * (0: gpu_memory_utilization of this machine's memory on the CPU), kv_cache_dtype, block_size,
  * max_num_seqs, max_num_batched_tokens. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);
+/* The same for an engine over `m`: for a model on a device, kv_cache_bytes = 0 takes
+ * gpu_memory_utilization of the device's memory (at most half of what is free there now). */
+ctrl_status ctrl_engine_config_for(const ctrl_config *cfg, const ctrl_model *m, ctrl_engine_config *out);
 /* Co-located use between training phases: level 1 returns the KV pool's memory (cached prompts
  * are lost), level 2 also the inference-only buffers (the engine's step scratch — the logits of
- * every running sequence — and the model's decode scratch); wake_up restores the pool (the rest
- * comes back on first use). The model's weights are never copied: generation after wake_up reads
- * the weights as they are then. Generating while asleep is an error. */
+ * every running sequence — and the model's decode scratch); on a device the memory goes back to
+ * the driver (the caching allocator's free blocks are released), not only to the allocator's
+ * cache; wake_up restores the pool (the rest comes back on first use). The model's weights are never copied:
+ * generation after wake_up reads the weights as they are then. Generating while asleep is an error. */
 ctrl_status ctrl_engine_sleep(ctrl_engine *e, int level);
 ctrl_status ctrl_engine_wake_up(ctrl_engine *e);
 void ctrl_engine_free(ctrl_engine *e);

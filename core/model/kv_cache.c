@@ -2,10 +2,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device/backend.h"
 #include "model/kv_cache.h"
 
 ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int block_size, size_t bytes,
                                  ctrl_dtype dtype, ctrl_kv_cache **out) {
+    return ctrl_kv_cache_create_on(NULL, n_layers, n_kv_heads, head_dim, block_size, bytes, dtype, out);
+}
+
+ctrl_status ctrl_kv_cache_create_on(const ctrl_backend_ops *be, int n_layers, int n_kv_heads, int head_dim,
+                                    int block_size, size_t bytes, ctrl_dtype dtype, ctrl_kv_cache **out) {
+    if (be && be->host_memory) be = NULL;
     if (dtype != CTRL_F32 && dtype != CTRL_BF16)
         return ctrl_error_set(CTRL_ERR_CONFIG, "kv cache: dtype %s (fp32 or bf16)", ctrl_dtype_name(dtype));
     const size_t elt = ctrl_dtype_size(dtype);
@@ -16,19 +23,26 @@ ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int
     ctrl_kv_cache *c = calloc(1, sizeof *c);
     const size_t floats = (size_t)n_layers * n * block_size * n_kv_heads * head_dim;
     if (c) {
-        *c = (ctrl_kv_cache){.n_layers = n_layers,
+        *c = (ctrl_kv_cache){.be = be,
+                             .n_layers = n_layers,
                              .n_kv_heads = n_kv_heads,
                              .head_dim = head_dim,
                              .block_size = block_size,
                              .n_blocks = (int)n,
                              .dtype = dtype,
                              .elt = elt};
-        c->k = malloc(elt * floats), c->v = malloc(elt * floats);
+        if (be) { /* a device's pools; a failure leaves NULL for ctrl_kv_cache_free */
+            if (be->alloc(&c->k, elt * floats) != CTRL_OK) c->k = NULL;
+            if (c->k && be->alloc(&c->v, elt * floats) != CTRL_OK) c->v = NULL;
+        } else {
+            c->k = malloc(elt * floats), c->v = malloc(elt * floats);
+        }
         c->refcount = calloc(n, sizeof(int)), c->free_list = malloc(sizeof(int) * n);
     }
     if (!c || !c->k || !c->v || !c->refcount || !c->free_list) {
         ctrl_kv_cache_free(c);
-        return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: %zu blocks of %d tokens", n, block_size);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "kv cache: %zu blocks of %d tokens (%zu bytes) on %s", n,
+                              block_size, 2 * elt * floats, be ? be->name : "the host");
     }
     for (int b = (int)n - 1; b >= 0; b--) c->free_list[c->n_free++] = b; /* block 0 handed out first */
     *out = c;
@@ -37,7 +51,11 @@ ctrl_status ctrl_kv_cache_create(int n_layers, int n_kv_heads, int head_dim, int
 
 void ctrl_kv_cache_free(ctrl_kv_cache *c) {
     if (!c) return;
-    free(c->k), free(c->v), free(c->refcount), free(c->free_list);
+    if (c->be)
+        c->be->free(c->k), c->be->free(c->v);
+    else
+        free(c->k), free(c->v);
+    free(c->refcount), free(c->free_list);
     free(c);
 }
 
@@ -87,6 +105,10 @@ void *ctrl_kv_at(const ctrl_kv_cache *c, int v, int layer, const ctrl_kv_seq *s,
     return (char *)(v ? c->v : c->k) + off * c->elt;
 }
 
+int ctrl_kv_slot(const ctrl_kv_cache *c, const ctrl_kv_seq *s, int pos) {
+    return s->blocks[pos / c->block_size] * c->block_size + pos % c->block_size;
+}
+
 void *ctrl_kv_layer(const ctrl_kv_cache *c, int v, int layer) {
     const size_t per_layer = (size_t)c->n_blocks * c->block_size * c->n_kv_heads * c->head_dim;
     return (char *)(v ? c->v : c->k) + (size_t)layer * per_layer * c->elt;
@@ -108,7 +130,16 @@ ctrl_status ctrl_kv_seq_fork(ctrl_kv_cache *c, const ctrl_kv_seq *src, ctrl_kv_s
         for (int l = 0; l < c->n_layers; l++)
             for (int kv = 0; kv < 2; kv++) {
                 char *pool = ctrl_kv_layer(c, kv, l);
-                memcpy(pool + (size_t)b * block, pool + (size_t)from * block, block);
+                if (c->be) { /* on the device: a device-to-device copy */
+                    const ctrl_status st =
+                        c->be->copy(pool + (size_t)b * block, pool + (size_t)from * block, block);
+                    if (st != CTRL_OK) {
+                        ctrl_kv_seq_release(c, dst); /* its blocks back to the pool */
+                        return ctrl_error_wrap(st, "kv cache: copying a block on %s", c->be->name);
+                    }
+                } else {
+                    memcpy(pool + (size_t)b * block, pool + (size_t)from * block, block);
+                }
             }
     }
     if (shared) *shared = full;

@@ -91,6 +91,8 @@ ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype);
  * and call ctrl_model_grads_to_host before reading the gradients. */
 ctrl_status ctrl_model_to_device(ctrl_model *m, const struct ctrl_backend_ops *be, ctrl_device device);
 ctrl_device ctrl_model_device(const ctrl_model *m);
+/* The backend the model computes on (what its KV caches are allocated on: ctrl_kv_cache_create_on). */
+const struct ctrl_backend_ops *ctrl_model_backend(const ctrl_model *m);
 /* The gradients accumulated on the device copied into the host buffer (ctrl_model_grads); nothing
  * to do for a model on the CPU, whose gradients are that buffer. */
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
@@ -202,7 +204,8 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
 /* Frees decoding's scratch (allocated again by the next decode); for the engine's sleep level 2. */
 void ctrl_model_release_decode_scratch(ctrl_model *m);
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m);
-/* Incremental decoding (model_decode.c; a model on the CPU so far): n_new[s] tokens of sequence s (flat in
+/* Incremental decoding (model_decode.c; on the model's backend, the cache on the same one):
+ * n_new[s] tokens of sequence s (flat in
  * `tokens`, at positions seqs[s]->len onwards) run through the model; their K/V are appended to the paged
  * cache (blocks reserved as needed) and logits[s * V ...] receive the next-token logits after each sequence's
  * last new token. The paged attention plugin (ctrl_model_set_paged_attention) reads the cache through the

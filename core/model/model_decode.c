@@ -1,29 +1,27 @@
 /* Incremental decoding over a paged KV cache (see model.h): the new tokens of several sequences run
  * through the same layer code as training (model_layer_forward) as one flat batch; only the
- * attention differs — each layer appends the new K/V to the cache and the `paged` attention plugin
- * (ctrl_model_set_paged_attention) attends over it through the sequences' block tables.
- * The head gives the logits of each sequence's last new token. Decoding has scratch of its own (one
- * layer's internals), so a training forward's saved activations survive it. The ops go through
- * the model's backend like training's, but the KV cache, the K/V append and the scratch are host
- * memory: a model on a device does not decode yet (issue 20). */
+ * attention differs — each layer appends the new K/V to the cache (the backend's kv_append) and the
+ * `paged` attention plugin (ctrl_model_set_paged_attention) attends over it through the sequences'
+ * block tables. The head gives the logits of each sequence's last new token. Decoding has scratch
+ * of its own (one layer's internals), so a training forward's saved activations survive it.
+ * Everything runs on the model's backend: on a device the cache, the scratch, the K/V append, the
+ * attention and the head are in device memory, the call's int32 inputs go there in one copy, and
+ * the logits come back in one copy (the caller samples on the host from them). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_ops.h"
 #include "model/kv_cache.h"
 #include "model/model_internal.h"
 
 typedef struct decode_ctx {
     ctrl_kv_cache *c;
-    ctrl_kv_seq *const *seqs;
-    const int *n_new;
     int n_seq, max_pos;
-    const int32_t *seq_of;       /* [T] the sequence of each new token */
-    const int32_t *block_tables; /* [n_seq, max_blocks] */
+    const int32_t *seq_of;       /* [T] the sequence of each new token (on the backend) */
+    const int32_t *slots;        /* [T] each new token's row in a layer's pool (on the backend) */
+    const int32_t *block_tables; /* [n_seq, max_blocks] (on the backend) */
     int max_blocks;
-    uint16_t *kv16; /* a bf16 cache: the new K then V rows, rounded ([2, T, kv dim]) */
 } decode_ctx;
 
 /* model_attention_fn for decoding: append the new tokens' K/V to the cache (a token sees itself),
@@ -31,25 +29,12 @@ typedef struct decode_ctx {
 static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ctx) {
     const decode_ctx *d = ctx;
     const ctrl_model_config *cfg = &m->cfg;
-    const int T = m->T;
-    const size_t KD = (size_t)cfg->n_kv_heads * cfg->head_dim;
-    const float *k = a->k, *v = a->v;
-    if (d->c->dtype == CTRL_BF16) { /* the new rows rounded to bf16 first, in one pass each */
-        ctrl_cpu_f32_to_bf16(d->kv16, a->k, (int64_t)T * KD);
-        ctrl_cpu_f32_to_bf16(d->kv16 + (size_t)T * KD, a->v, (int64_t)T * KD);
-    }
-    const size_t row = KD * d->c->elt;
-    for (int s = 0, t = 0; s < d->n_seq; s++)
-        for (int i = 0; i < d->n_new[s]; i++, t++) {
-            const int p = m->batch.positions[t];
-            const void *kr = d->kv16 ? (const void *)(d->kv16 + t * KD) : (const void *)(k + t * KD);
-            const void *vr =
-                d->kv16 ? (const void *)(d->kv16 + ((size_t)T + t) * KD) : (const void *)(v + t * KD);
-            memcpy(ctrl_kv_at(d->c, 0, l, d->seqs[s], p), kr, row);
-            memcpy(ctrl_kv_at(d->c, 1, l, d->seqs[s], p), vr, row);
-        }
+    const int T = m->T, KD = cfg->n_kv_heads * cfg->head_dim;
+    ctrl_status st = m->be->kv_append(ctrl_kv_layer(d->c, 0, l), ctrl_kv_layer(d->c, 1, l), a->k, a->v,
+                                      d->slots, T, KD, d->c->dtype);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "layer %d: appending to the KV cache", l);
     const ctrl_paged_attention_args args = {.size = sizeof args,
-                                            .device = {CTRL_DEVICE_CPU, 0},
+                                            .device = m->device,
                                             .dtype = CTRL_F32,
                                             .n_tokens = T,
                                             .n_seqs = d->n_seq,
@@ -68,11 +53,11 @@ static ctrl_status paged_attention(ctrl_model *m, int l, layer_acts *a, void *ct
                                             .block_tables = d->block_tables,
                                             .max_blocks_per_seq = d->max_blocks,
                                             .seq_of_token = d->seq_of,
-                                            .positions = m->batch.positions,
+                                            .positions = m->dev_batch.positions,
                                             .max_position = d->max_pos,
                                             .cache_dtype = d->c->dtype,
                                             .softcap = cfg->attn_softcap};
-    const ctrl_status st = m->paged->paged_forward(&args);
+    st = m->paged->paged_forward(&args);
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d paged attention", l);
 }
 
@@ -94,8 +79,11 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m) { return m->paged; }
 
 void ctrl_model_release_decode_scratch(ctrl_model *m) {
-    free(m->dec_mem), free(m->dec_pos), free(m->dec_acts);
-    m->dec_mem = m->dec_out = NULL, m->dec_pos = NULL, m->dec_acts = NULL, m->dec_cap_T = 0;
+    m->be->free(m->dec_mem), m->be->free(m->dec_ints), m->be->free(m->dec_logits);
+    free(m->dec_pos), free(m->dec_acts);
+    m->dec_mem = m->dec_out = m->dec_hin = m->dec_h = m->dec_rstd = m->dec_logits = NULL;
+    m->dec_pos = m->dec_ints = NULL, m->dec_acts = NULL, m->dec_cap_T = 0;
+    m->dec_ints_bytes = m->dec_logits_bytes = 0;
 }
 
 /* Decoding keeps nothing for a backward pass, so one set of layer internals serves every layer
@@ -108,14 +96,16 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
                  KD = (size_t)c->n_kv_heads * c->head_dim;
     const size_t internals =
         3 * C + 2 + 3 * QD + 4 * KD + 2 * c->n_heads + c->n_kv_heads + 3 * I + model_arch_act_floats(c);
-    free(m->dec_mem), free(m->dec_pos);
-    m->dec_mem = malloc(sizeof(float) * (size_t)T * (internals + 3 * C));
+    m->be->free(m->dec_mem), free(m->dec_pos);
+    m->dec_mem = NULL, m->dec_cap_T = 0;
+    const size_t bytes = sizeof(float) * (size_t)T * (internals + 5 * C + 1);
+    ctrl_status st = m->be->alloc((void **)&m->dec_mem, bytes);
+    if (st != CTRL_OK) m->dec_mem = NULL;
     m->dec_pos = malloc(sizeof(int32_t) * (size_t)T);
     if (!m->dec_acts) m->dec_acts = calloc((size_t)c->n_layers, sizeof *m->dec_acts);
-    if (!m->dec_mem || !m->dec_pos || !m->dec_acts) {
-        m->dec_cap_T = 0;
-        return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
-    }
+    if (!m->dec_mem || !m->dec_pos || !m->dec_acts)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens (%zu bytes on %s)", T, bytes,
+                              m->be->name);
     float *p = m->dec_mem;
 #define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
     layer_acts w = {0}; /* no lora_xa: decoding has no backward (lora.c uses scratch) */
@@ -126,7 +116,7 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
     model_arch_take_acts(c, &w, &p, T);
     float *x[2];
     x[0] = TAKE(C), x[1] = TAKE(C); /* in order: an initializer list's are unsequenced */
-    m->dec_out = TAKE(C);
+    m->dec_out = TAKE(C), m->dec_hin = TAKE(C), m->dec_h = TAKE(C), m->dec_rstd = TAKE(1);
 #undef TAKE
     for (int l = 0; l < c->n_layers; l++) m->dec_acts[l] = w, m->dec_acts[l].x_in = x[l % 2];
     m->dec_cap_T = T;
@@ -137,6 +127,7 @@ static ctrl_status decode_scratch(ctrl_model *m, int T) {
 static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs, const int32_t *tokens,
                           const int *n_new, int n_seq, float *logits, int all_rows) {
     const ctrl_model_config *cfg = &m->cfg;
+    const ctrl_backend_ops *be = m->be;
     const int C = cfg->hidden_size, V = cfg->vocab_size;
     if (!m->paged)
         return ctrl_error_set(CTRL_ERR_PLUGIN,
@@ -144,8 +135,16 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     if (m->off_lm_head < 0)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "decode: a sequence classifier has no LM head to decode with");
-    if (!m->be->host_memory) /* the KV cache and the engine's buffers are host memory so far */
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "decode: a model on %s does not decode yet", m->be->name);
+    if (!ctrl_backend_has(be, kv_append))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "decode: the %s backend has no KV cache append",
+                              be->name);
+    if (c->be != (be->host_memory ? NULL : be))
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: the KV cache is on %s, the model on %s",
+                              c->be ? c->be->name : "the host", be->name);
+    if (m->dec_adapters && !be->host_memory) /* lora_bank.c computes in host memory */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "decode: serving several LoRA adapters runs on the CPU only so far, not on %s",
+                              be->name);
     int T = 0, max_pos = 0;
     for (int s = 0; s < n_seq; s++) {
         if (n_new[s] < 1) return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: sequence %d has no new token", s);
@@ -156,7 +155,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         if (tokens[t] < 0 || tokens[t] >= V)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "decode: token %d is outside the vocabulary (%d)",
                                   tokens[t], V);
-    ctrl_status st = model_check_backend(m, m->be);
+    ctrl_status st = model_check_backend(m, be);
     if (st == CTRL_OK) st = model_ensure_rope(m, max_pos);
     if (st == CTRL_OK) st = model_prepare_weights(m);
     if (st == CTRL_OK) st = decode_scratch(m, T);
@@ -167,57 +166,77 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     int max_blocks = 1;
     for (int s = 0; s < n_seq; s++)
         max_blocks = seqs[s]->n_blocks > max_blocks ? seqs[s]->n_blocks : max_blocks;
-    int32_t *seq_of = malloc(sizeof(int32_t) * (size_t)T),
-            *tables = calloc((size_t)n_seq * max_blocks, sizeof(int32_t));
-    uint16_t *kv16 = c->dtype == CTRL_BF16
-                         ? malloc(sizeof(uint16_t) * 2 * (size_t)T * cfg->n_kv_heads * cfg->head_dim)
-                         : NULL;
-    const int rows = all_rows ? T : n_seq;
-    float *h = malloc(sizeof(float) * (size_t)rows * C), *rstd = malloc(sizeof(float) * (size_t)rows);
-    if (!seq_of || !tables || !h || !rstd || (c->dtype == CTRL_BF16 && !kv16)) {
-        free(seq_of), free(tables), free(h), free(rstd), free(kv16);
-        return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
-    }
+    /* the call's int32 inputs in one buffer: tokens, positions, sequence of each token, cache slot
+     * of each token, block tables; on a device copied there at once */
+    const size_t n_ints = 4 * (size_t)T + (size_t)n_seq * max_blocks;
+    int32_t *ints = calloc(n_ints, sizeof(int32_t));
+    if (!ints) return ctrl_error_set(CTRL_ERR_NOMEM, "decode: scratch for %d tokens", T);
+    int32_t *h_tok = ints, *h_pos = ints + T, *h_seq = ints + 2 * (size_t)T, *h_slot = ints + 3 * (size_t)T,
+            *h_tab = ints + 4 * (size_t)T;
+    memcpy(h_tok, tokens, sizeof(int32_t) * (size_t)T);
     for (int s = 0, t = 0; s < n_seq; s++) {
-        for (int i = 0; i < n_new[s]; i++) seq_of[t] = s, m->dec_pos[t++] = seqs[s]->len + i;
-        for (int b = 0; b < seqs[s]->n_blocks; b++) tables[(size_t)s * max_blocks + b] = seqs[s]->blocks[b];
+        for (int i = 0; i < n_new[s]; i++, t++) {
+            const int p = seqs[s]->len + i;
+            h_seq[t] = s, h_pos[t] = m->dec_pos[t] = p, h_slot[t] = ctrl_kv_slot(c, seqs[s], p);
+        }
+        for (int b = 0; b < seqs[s]->n_blocks; b++) h_tab[(size_t)s * max_blocks + b] = seqs[s]->blocks[b];
     }
-    /* the layer code reads m->T, m->batch, m->acts and writes the last layer into m->x_out: point
-     * them at the decode scratch for this call, and give the training state back after */
+    const int32_t *d_ints = ints;
+    if (!be->host_memory) {
+        st = model_grow(m, (void **)&m->dec_ints, &m->dec_ints_bytes, sizeof(int32_t) * n_ints);
+        if (st == CTRL_OK) st = be->to_device(m->dec_ints, ints, sizeof(int32_t) * n_ints);
+        d_ints = m->dec_ints;
+    }
+    const int rows = all_rows ? T : n_seq;
+    float *lg = logits; /* the logits: the caller's buffer, or the device's then copied back */
+    if (st == CTRL_OK && !be->host_memory) {
+        st = model_grow(m, (void **)&m->dec_logits, &m->dec_logits_bytes, sizeof(float) * (size_t)rows * V);
+        lg = m->dec_logits;
+    }
+    if (st != CTRL_OK) {
+        free(ints);
+        return st;
+    }
+    /* the layer code reads m->T, m->batch, m->dev_batch, m->acts and writes the last layer into
+     * m->x_out: point them at the decode scratch for this call, and give the training state back after */
     const int saved_T = m->T;
     const ctrl_batch saved_batch = m->batch, saved_dev_batch = m->dev_batch;
     layer_acts *saved_acts = m->acts;
     float *saved_out = m->x_out;
     m->T = T, m->acts = m->dec_acts, m->x_out = m->dec_out;
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
-    m->dev_batch = m->batch; /* host memory */
-    decode_ctx d = {c, seqs, n_new, n_seq, max_pos - 1, seq_of, tables, max_blocks, kv16};
+    m->dev_batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = d_ints, .positions = d_ints + T};
+    decode_ctx d = {
+        c,         n_seq, max_pos - 1, d_ints + 2 * (size_t)T, d_ints + 3 * (size_t)T, d_ints + 4 * (size_t)T,
+        max_blocks};
     m->dec_n_new = n_new, m->dec_n_seq = n_seq; /* the adapters' runs (lora_bank.c) */
-    st = m->be->embedding_forward(m->acts[0].x_in, tokens, m->dparams + m->off_embed, T, C);
+    st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
-        st = m->be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
+        st = be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
         st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                  paged_attention, &d);
-    if (st == CTRL_OK) { /* each sequence's last new token through the head */
-        for (int s = 0, t = 0; s < n_seq; s++) {
+    if (st == CTRL_OK) { /* each sequence's last new token (or every one) through the head */
+        if (all_rows) st = be->copy(m->dec_hin, m->x_out, sizeof(float) * (size_t)T * C);
+        for (int s = 0, t = 0; s < n_seq && st == CTRL_OK && !all_rows; s++) {
             t += n_new[s];
-            if (!all_rows)
-                memcpy(h + (size_t)s * C, m->x_out + (size_t)(t - 1) * C, sizeof(float) * (size_t)C);
-            seqs[s]->len += n_new[s];
+            st = be->copy(m->dec_hin + (size_t)s * C, m->x_out + (size_t)(t - 1) * C,
+                          sizeof(float) * (size_t)C);
         }
-        if (all_rows) memcpy(h, m->x_out, sizeof(float) * (size_t)T * C);
-        st = model_norm_forward(m, h, rstd, h, m->dparams + m->off_norm, rows, C);
         if (st == CTRL_OK)
-            st = m->be->linear_forward(logits, h, m->dparams + m->off_lm_head, NULL, rows, C, V);
-        const float cap = cfg->final_softcap; /* host memory: logits are the caller's buffer */
+            st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);
+        if (st == CTRL_OK)
+            st = be->linear_forward(lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
+        if (st == CTRL_OK && lg != logits) st = be->to_host(logits, lg, sizeof(float) * (size_t)rows * V);
+        const float cap = cfg->final_softcap; /* on the host: logits are the caller's buffer */
         for (size_t i = 0; st == CTRL_OK && cap > 0 && i < (size_t)rows * V; i++)
             logits[i] = cap * tanhf(logits[i] / cap);
+        for (int s = 0; st == CTRL_OK && s < n_seq; s++) seqs[s]->len += n_new[s];
     }
     m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
     m->x_out = saved_out;
     m->dec_adapters = NULL, m->dec_n_new = NULL, m->dec_n_seq = 0; /* for this call only */
-    free(seq_of), free(tables), free(h), free(rstd), free(kv16);
+    free(ints);
     return st;
 }
 

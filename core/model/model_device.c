@@ -30,6 +30,7 @@ void ctrl_model_release_scratch(ctrl_model *m) {
 void model_release_backend(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
     ctrl_model_release_scratch(m);
+    ctrl_model_release_decode_scratch(m); /* on this backend too */
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
                      (void **)&m->dbatch_mem};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
@@ -74,6 +75,8 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
 }
 
 ctrl_device ctrl_model_device(const ctrl_model *m) { return m->device; }
+
+const ctrl_backend_ops *ctrl_model_backend(const ctrl_model *m) { return m->be; }
 
 float *ctrl_model_device_grads(ctrl_model *m, size_t *n) {
     if (n) *n = m->n_train;

@@ -131,14 +131,19 @@ struct ctrl_model {
     uint8_t *recompute;
     int n_recompute;
     size_t act_bytes;
-    /* decoding's own scratch (model_decode.c; host backends only): one set of layer internals for
-     * every layer, the layer inputs in two buffers taking turns, and the new tokens' positions;
-     * the training activations and batch are left as they were */
+    /* decoding's own scratch (model_decode.c), on the backend: one set of layer internals for
+     * every layer, the layer inputs in two buffers taking turns, the head's input rows (dec_hin,
+     * dec_h, dec_rstd); on the host the new tokens' positions; on a device the call's int32 inputs
+     * (dec_ints: tokens, positions, sequences, cache slots, block tables) and its logits. The
+     * training activations and batch are left as they were. */
     float *dec_mem;
     int dec_cap_T;
     layer_acts *dec_acts;
-    float *dec_out;
+    float *dec_out, *dec_hin, *dec_h, *dec_rstd;
     int32_t *dec_pos;
+    int32_t *dec_ints;
+    float *dec_logits;
+    size_t dec_ints_bytes, dec_logits_bytes;
     /* LoRA (lora.c; has_lora = 0 without): the config, the offsets of each layer's lora_A / lora_B
      * ([n_layers][LORA_N_TARGETS], -1 where none), the first trainable float (train_off: the base
      * before it is frozen and has no gradient; 0 without LoRA, everything trains) and how many

@@ -18,15 +18,16 @@ static void online_destroy(train_kind *k) {
 }
 
 static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
-    if (ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[run] trainer = %s: online trainers run on the CPU so far "
-                              "(set [run] device = cpu)",
-                              env->settings->run.trainer);
     train_kind *k = calloc(1, sizeof *k);
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->spec.size = sizeof k->spec;
     ctrl_status st = env->trainer_ops->online_spec(env->trainer, &k->spec);
+    /* the policy, its reference and the generation engine follow [run] device; a value model not yet */
+    if (st == CTRL_OK && k->spec.value_model && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
+        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                            "[run] trainer = %s: its value model trains on the CPU only so far (set [run] "
+                            "device = cpu; grpo and rloo train on cuda)",
+                            env->settings->run.trainer);
     if (st == CTRL_OK)
         st = ctrl_online_create(env->cfg, env->plugins, env->model, env->tok, env->trainer_ops, env->trainer,
                                 &k->online);

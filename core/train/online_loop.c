@@ -70,7 +70,11 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     if (st == CTRL_OK && o->spec.needs_ref_logp && !ctrl_model_lora(model)) {
         st = ctrl_model_load(path, plugins->attention->ops, &o->ref);
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
+        if (st == CTRL_OK && ctrl_model_device(model).type != CTRL_DEVICE_CPU) /* beside the policy */
+            st = ctrl_model_to_device(o->ref, ctrl_model_backend(model), ctrl_model_device(model));
         if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(o->ref, ctrl_model_compute_dtype(model));
+        if (st == CTRL_OK) st = ctrl_model_set_recompute_all(o->ref); /* forwards only */
+        if (st != CTRL_OK) ctrl_error_wrap(st, "the reference model (%s)", path);
     }
     o->n_stop = ctrl_generation_stop_ids(path, tok, o->stops, 16);
     if (o->spec.stop == CTRL_ONLINE_STOP_EOS) o->stops[0] = ctrl_tokenizer_eos_id(tok), o->n_stop = 1;
@@ -85,7 +89,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     }
     o->sleep_level = s->generation.sleep;
     ctrl_engine_config ec;
-    ctrl_engine_config_from(cfg, &ec);
+    if (st == CTRL_OK && !o->server_url) st = ctrl_engine_config_for(cfg, model, &ec); /* its KV pool */
     if (st == CTRL_OK && o->server_url) { /* the server generates from the trainer's weights from the start */
         st = ctrl_remote_wait_ready(o->server_url, 240); /* TRL: vllm_server_timeout = 240 s */
         if (st == CTRL_OK) st = ctrl_online_after_step(o);

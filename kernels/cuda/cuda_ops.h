@@ -41,6 +41,9 @@ typedef struct ctrl_cuda_mem_stats {
 } ctrl_cuda_mem_stats;
 void ctrl_cuda_mem_stats_get(ctrl_cuda_mem_stats *out);
 void ctrl_cuda_mem_stats_reset_peak(void);
+/* The current device's free and total memory (cudaMemGetInfo; under the emulator its 4 GiB less
+ * what the caching allocator holds). */
+ctrl_status ctrl_cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 
 /* Pinned host memory, for fast and asynchronous copies. */
 ctrl_status ctrl_cuda_host_alloc(void **ptr, size_t bytes);
@@ -149,6 +152,12 @@ ctrl_status ctrl_cuda_linear_forward_bf16_f32(float *out, const uint16_t *x, con
 ctrl_status ctrl_cuda_linear_backward_bf16_f32(float *dx, float *dw, float *dbias, const uint16_t *dout16,
                                                const float *dout, const uint16_t *x, const uint16_t *w, int T,
                                                int IN, int OUT);
+
+/* Decoding's K/V append (kv_append.cu): row t of k and of v ([T, D] fp32) written as row slots[t]
+ * of one layer's k_cache and v_cache pools, fp32 as they are or bf16 (round to nearest even) as
+ * cache_dtype says; slots on the device. */
+ctrl_status ctrl_cuda_kv_append(void *k_cache, void *v_cache, const float *k, const float *v,
+                                const int32_t *slots, int T, int D, ctrl_dtype cache_dtype);
 
 #ifdef __cplusplus
 }

@@ -68,4 +68,7 @@ if(CTRL_HAVE_CUDA_EMU)
   # SFT against TRL's curves with `[run] device = cuda`: the real device selection dlopens the
   # emulated libctrl_cuda.so that CTRL_CUDA_LIBRARY names.
   ctrl_emu_cuda_test(test_cuda_train)
+  # GRPO and RLOO with `[run] device = cuda` (generation from the device's KV cache through the paged
+  # plugin's CUDA decode) against the CPU backend on the same seed.
+  ctrl_emu_cuda_test(test_cuda_online)
 endif()

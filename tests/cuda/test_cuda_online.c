@@ -1,0 +1,350 @@
+/* The online trainers on a GPU (`[run] device = cuda`, colocated generation) against the CPU
+ * backend on the same seed.
+ *
+ * The engine on the device: the KV pool in device memory, the K/V append and the paged plugin's
+ * CUDA decode, the head on the device, the logits copied back and sampled on the host. Greedy
+ * tokens equal transformers' (tests/fixtures/generation, four architectures) and the CPU engine's,
+ * however the scheduler cuts the work (one roomy step, prefill chunks of 4 tokens, a pool so small
+ * that sequences are preempted and recomputed), also over a bf16 cache; n = 3 samples of a prompt
+ * (their shared prompt blocks, the copied partial block) draw the CPU's tokens from the same seeds;
+ * each token's log-probability within 1e-4 of the CPU's. Sleep level 2 gives the pool back to the
+ * driver (the caching allocator's reserved bytes fall by at least the pool's size) and generation
+ * after wake_up is unchanged.
+ *
+ * Training: GRPO (beta 0.04 with a reference model on the device, num_iterations 2: old log-probs)
+ * and RLOO (its KL-penalised reward), 3 steps each with the length reward, on the device and on the
+ * CPU: every completion's text equal (completions.jsonl), every logged metric within 1e-4 relative
+ * + 1e-6 absolute, the saved weights within 5e-5 absolute of the CPU's (each step moves a weight by
+ * up to lr = 1e-3; AdamW's m / sqrt(v) amplifies the backends' rounding where a gradient is near
+ * zero). Measured under the emulator: metrics within 2.4e-5 relative, weights within 1.3e-5 (RLOO;
+ * GRPO 1.2e-5 and 5.8e-6). GRPO again with [generation] sleep = 2 on the device: the CPU's run.
+ * Skips without a GPU; under the CUDA emulator it is test_cuda_online_emu (about 15 s). */
+#include <cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cuda/cuda_ops.h"
+#include "device/cuda_backend.h"
+#include "file_text.h"
+#include "generate/engine.h"
+#include "model/model.h"
+#include "test.h"
+#include "test_registry.h"
+
+static int need_gpu(void) {
+    static int state = -1;
+    if (state < 0) {
+        state = ctrl_cuda_device_count() > 0 && ctrl_cuda_backend_ops() != NULL;
+        if (state) atexit(ctrl_cuda_shutdown);
+    }
+    return state;
+}
+
+/* ---- the engine on the device ---- */
+
+typedef struct gen_case {
+    int32_t prompt[64], want[12];
+    int len;
+} gen_case;
+
+/* The fixture's two prompts and transformers' greedy tokens; the model on the CPU (dev = 0) or the
+ * device, with the paged plugin. */
+static ctrl_model *load(const char *arch, gen_case *cases, int dev) {
+    char path[512];
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/generation/%s.json", arch);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    cJSON *all = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(all != NULL, "%s", path);
+    for (int c = 0; c < 2 && all; c++) {
+        const cJSON *o = cJSON_GetArrayItem(all, c), *p = cJSON_GetObjectItem(o, "prompt");
+        cases[c].len = cJSON_GetArraySize(p);
+        for (int i = 0; i < cases[c].len && i < 64; i++)
+            cases[c].prompt[i] = cJSON_GetArrayItem(p, i)->valueint;
+        for (int i = 0; i < 12; i++)
+            cases[c].want[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "generated"), i)->valueint;
+    }
+    cJSON_Delete(all);
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(path, NULL, &m), CTRL_OK);
+    if (m && dev)
+        CHECK_MSG(ctrl_model_to_device(m, ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}) ==
+                      CTRL_OK,
+                  "%s", ctrl_error_message());
+    if (m) test_attach_paged(m);
+    return m;
+}
+
+/* Both prompts (greedy, one sample each) and the first again with n = 3 sampled at temperature 1,
+ * into out[5]. */
+static ctrl_status generate(ctrl_engine *e, const gen_case *cases, ctrl_gen_output *out) {
+    const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
+                               sampled = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
+    ctrl_gen_request reqs[3];
+    for (int c = 0; c < 3; c++)
+        reqs[c] = (ctrl_gen_request){.prompt = cases[c % 2].prompt,
+                                     .prompt_len = cases[c % 2].len,
+                                     .n = c < 2 ? 1 : 3,
+                                     .max_tokens = 12,
+                                     .sampling = c < 2 ? greedy : sampled,
+                                     .seed = 1234};
+    return ctrl_engine_generate(e, reqs, 3, out, NULL, NULL);
+}
+
+static void compare_outputs(const char *what, const ctrl_gen_output *dev, const ctrl_gen_output *cpu,
+                            const gen_case *cases, int vs_transformers) {
+    for (int i = 0; i < 5; i++) {
+        CHECK_MSG(dev[i].len == cpu[i].len &&
+                      !memcmp(dev[i].ids, cpu[i].ids, sizeof(int32_t) * (size_t)cpu[i].len),
+                  "%s: output %d: the device's tokens are not the CPU's", what, i);
+        double worst = 0;
+        for (int j = 0; j < dev[i].len && j < cpu[i].len; j++)
+            worst = fmax(worst, fabs((double)dev[i].logprobs[j] - cpu[i].logprobs[j]));
+        CHECK_MSG(worst <= 1e-4, "%s: output %d: log-probabilities differ by %.3g", what, i, worst);
+    }
+    for (int c = 0; c < 2 && vs_transformers; c++)
+        CHECK_MSG(dev[c].len == 12 && !memcmp(dev[c].ids, cases[c].want, sizeof cases[c].want),
+                  "%s: prompt %d: not transformers' greedy tokens", what, c);
+}
+
+static void engine_case(const char *arch, ctrl_engine_config cfg, int expect_preemption) {
+    gen_case cases[2];
+    ctrl_model *cpu = load(arch, cases, 0), *dev = load(arch, cases, 1);
+    ctrl_engine *ec = NULL, *ed = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "%s (blocks of %d, %d tokens a step, %s cache)", arch, cfg.block_size,
+             cfg.max_num_batched_tokens, cfg.kv_cache_dtype == 1 ? "bf16" : "fp32");
+    if (cpu && dev) {
+        CHECK_EQ_INT(ctrl_engine_create(cpu, &cfg, &ec), CTRL_OK);
+        CHECK_MSG(ctrl_engine_create(dev, &cfg, &ed) == CTRL_OK, "%s: %s", what, ctrl_error_message());
+    }
+    ctrl_gen_output oc[5] = {0}, od[5] = {0};
+    if (ec && ed) {
+        CHECK_MSG(generate(ec, cases, oc) == CTRL_OK, "%s cpu: %s", what, ctrl_error_message());
+        ctrl_status st = generate(ed, cases, od);
+        CHECK_MSG(st == CTRL_OK, "%s device: %s", what, ctrl_error_message());
+        if (st == CTRL_OK) compare_outputs(what, od, oc, cases, cfg.kv_cache_dtype == 0);
+        long pc = 0, pd = 0;
+        ctrl_engine_stats(ec, NULL, &pc, NULL), ctrl_engine_stats(ed, NULL, &pd, NULL);
+        CHECK_MSG(pc == pd, "%s: %ld preemptions on the device, %ld on the CPU", what, pd, pc);
+        if (expect_preemption) CHECK_MSG(pd > 0, "%s: the small pool did not preempt", what);
+    }
+    for (int i = 0; i < 5; i++) ctrl_gen_output_free(&oc[i]), ctrl_gen_output_free(&od[i]);
+    ctrl_engine_free(ec), ctrl_engine_free(ed);
+    ctrl_model_free(cpu), ctrl_model_free(dev);
+}
+
+/* bytes of `blocks` blocks of 4 tokens of the fixtures' 2-layer, 2-KV-head, head_dim 16 models */
+static size_t pool_bytes(int blocks) { return 2 * sizeof(float) * 2 * 4 * 2 * 16 * (size_t)blocks; }
+
+TEST(greedy_on_device_equals_cpu_and_transformers) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
+    for (int a = 0; a < 4; a++) {
+        engine_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, 0);
+        engine_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 4, 0, 0, 0}, 0); /* prefill chunks */
+    }
+    /* 14 blocks of 4: not every sequence at once (prompts of 23 and 5, 5 completions of 12) */
+    engine_case("qwen2", (ctrl_engine_config){pool_bytes(14), 4, 8, 64, 0, 0, 0}, 1);
+    engine_case("llama", (ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 1}, 0); /* bf16 cache */
+}
+
+TEST(sleep_returns_device_memory) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    gen_case cases[2];
+    ctrl_model *m = load("qwen2", cases, 1);
+    ctrl_engine *e = NULL;
+    const size_t pool = 8u << 20;
+    if (m) CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){pool, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    if (!e) {
+        ctrl_model_free(m);
+        return;
+    }
+    ctrl_gen_output a[5] = {0}, b[5] = {0};
+    CHECK_MSG(generate(e, cases, a) == CTRL_OK, "%s", ctrl_error_message());
+    ctrl_cuda_mem_stats before, asleep, awake;
+    ctrl_cuda_mem_stats_get(&before);
+    CHECK_EQ_INT(ctrl_engine_sleep(e, 2), CTRL_OK);
+    ctrl_cuda_mem_stats_get(&asleep);
+    CHECK_MSG(before.reserved >= asleep.reserved + pool,
+              "sleep 2: %zu bytes reserved before, %zu after (pool %zu)", before.reserved, asleep.reserved,
+              pool);
+    CHECK_EQ_INT(ctrl_engine_wake_up(e), CTRL_OK);
+    ctrl_cuda_mem_stats_get(&awake);
+    CHECK_MSG(awake.reserved >= asleep.reserved + pool, "wake_up: %zu bytes reserved (asleep %zu)",
+              awake.reserved, asleep.reserved);
+    CHECK_MSG(generate(e, cases, b) == CTRL_OK, "after wake_up: %s", ctrl_error_message());
+    for (int i = 0; i < 5; i++) {
+        CHECK_MSG(a[i].len == b[i].len && !memcmp(a[i].ids, b[i].ids, sizeof(int32_t) * (size_t)a[i].len),
+                  "output %d changed across sleep", i);
+        ctrl_gen_output_free(&a[i]), ctrl_gen_output_free(&b[i]);
+    }
+    printf("  sleep 2: %.1f MiB reserved on the device -> %.1f asleep -> %.1f awake\n",
+           before.reserved / 1048576.0, asleep.reserved / 1048576.0, awake.reserved / 1048576.0);
+    ctrl_engine_free(e);
+    ctrl_model_free(m);
+}
+
+/* ---- training ---- */
+
+/* The trainer's section holds `section`. */
+static int write_ini(const char *path, const char *trainer, const char *out, const char *section) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f,
+            "[run]\ntrainer = %s\noutput_dir = %s\nseed = 5\ndevice = cpu\n"
+            "[model]\npath = " CTRL_FIXTURE_DIR "/trl_sft/model\n"
+            "[data]\ntrain_file = " CTRL_FIXTURE_DIR "/trl_sft/prompt_completion.jsonl\n"
+            "[train]\ndtype = fp32\nlearning_rate = 1e-3\nlr_scheduler_type = constant\nmax_steps = 3\n"
+            "per_device_train_batch_size = 4\ngradient_accumulation_steps = 2\nlogging_steps = 1\n"
+            "[generation]\nkv_cache_bytes = 2000000\nblock_size = 4\nlog_completions = true\n"
+            "[reward.len]\nplugin = length\ntarget_length = 6\n"
+            "[%s]\n%s",
+            trainer, out, trainer, section);
+    return fclose(f);
+}
+
+static char *read_file(const char *dir, const char *name) {
+    char path[1400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ctrl_status st;
+    char *t = ctrl_read_text_file(path, 1 << 22, &st);
+    CHECK_MSG(t != NULL, "%s missing", path);
+    return t;
+}
+
+static int skipped_metric(const char *k) {
+    return !strncmp(k, "timing/", 7) || !strcmp(k, "step_time") || !strcmp(k, "tokens_per_second");
+}
+
+/* Every metric of every step of a (the device's run) against b (the CPU's); the worst relative
+ * difference. */
+static double compare_metrics(const char *what, const char *a, const char *b) {
+    double worst = 0;
+    int lines = 0;
+    char *ca = strdup(a), *cb = strdup(b), *sa, *sb;
+    for (char *la = strtok_r(ca, "\n", &sa), *lb = strtok_r(cb, "\n", &sb); la && lb;
+         la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb)) {
+        cJSON *x = cJSON_Parse(la), *y = cJSON_Parse(lb);
+        lines++;
+        for (const cJSON *v = y ? y->child : NULL; v; v = v->next) {
+            if (skipped_metric(v->string)) continue;
+            const cJSON *u = cJSON_GetObjectItem(x, v->string);
+            if (cJSON_IsNull(v)) {
+                CHECK_MSG(cJSON_IsNull(u), "%s: %s is null on the CPU, not on the device", what, v->string);
+                continue;
+            }
+            if (!cJSON_IsNumber(v)) continue;
+            CHECK_MSG(cJSON_IsNumber(u), "%s: %s missing on the device (line %d)", what, v->string, lines);
+            if (!cJSON_IsNumber(u)) continue;
+            const double d = fabs(u->valuedouble - v->valuedouble);
+            CHECK_MSG(d <= 1e-4 * fabs(v->valuedouble) + 1e-6,
+                      "%s line %d: %s %.9g on the device, %.9g on the CPU", what, lines, v->string,
+                      u->valuedouble, v->valuedouble);
+            if (fabs(v->valuedouble) > 1e-3) worst = fmax(worst, d / fabs(v->valuedouble));
+        }
+        cJSON_Delete(x), cJSON_Delete(y);
+    }
+    CHECK_MSG(lines >= 3, "%s: %d metrics lines", what, lines);
+    free(ca), free(cb);
+    return worst;
+}
+
+/* The completions logged by each run: the same texts in the same order. */
+static void compare_completions(const char *what, const char *a, const char *b) {
+    char *ca = strdup(a), *cb = strdup(b), *sa, *sb;
+    int n = 0;
+    for (char *la = strtok_r(ca, "\n", &sa), *lb = strtok_r(cb, "\n", &sb); la || lb;
+         la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb), n++) {
+        cJSON *x = la ? cJSON_Parse(la) : NULL, *y = lb ? cJSON_Parse(lb) : NULL;
+        const char *tx = cJSON_GetStringValue(cJSON_GetObjectItem(x, "completion")),
+                   *ty = cJSON_GetStringValue(cJSON_GetObjectItem(y, "completion"));
+        CHECK_MSG(tx && ty && !strcmp(tx, ty), "%s: completion %d differs (device '%s', CPU '%s')", what, n,
+                  tx ? tx : "(none)", ty ? ty : "(none)");
+        cJSON_Delete(x), cJSON_Delete(y);
+    }
+    CHECK_MSG(n >= 16, "%s: %d completions logged", what, n);
+    free(ca), free(cb);
+}
+
+static double compare_weights(const char *what, const char *dev_dir, const char *cpu_dir) {
+    ctrl_model *a = NULL, *b = NULL;
+    CHECK_EQ_INT(ctrl_model_load(dev_dir, NULL, &a), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(cpu_dir, NULL, &b), CTRL_OK);
+    double worst = 0;
+    size_t na = 0, nb = 0;
+    const float *pa = a ? ctrl_model_params(a, &na) : NULL, *pb = b ? ctrl_model_params(b, &nb) : NULL;
+    CHECK_MSG(pa && pb && na == nb, "%s: saved models differ in size", what);
+    for (size_t i = 0; pa && pb && na == nb && i < na; i++) worst = fmax(worst, fabs((double)pa[i] - pb[i]));
+    CHECK_MSG(worst <= 5e-5, "%s: saved weights differ by up to %.3g", what, worst);
+    ctrl_model_free(a), ctrl_model_free(b);
+    return worst;
+}
+
+/* `trainer` trained 3 steps on the CPU and on the device (plus `dev_set` there) from the same seed. */
+static void train_case(const char *name, const char *trainer, const char *extra, const char *dev_set) {
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
+    ctrl_device dev;
+    const ctrl_cuda_backend *cuda;
+    if (ctrl_device_select("cuda", &dev, &cuda) != CTRL_OK) TEST_SKIP(ctrl_error_message());
+    char ini[1200], cpu_out[1200], dev_out[1200], o1[1300];
+    snprintf(ini, sizeof ini, "%s/%s.ini", tmp, name);
+    snprintf(cpu_out, sizeof cpu_out, "%s/%s-cpu", tmp, name);
+    snprintf(dev_out, sizeof dev_out, "%s/%s-cuda", tmp, name);
+    mkdir(cpu_out, 0755), mkdir(dev_out, 0755);
+    char section[512];
+    snprintf(section, sizeof section, "num_generations = 4\nmax_completion_length = 8\n%s", extra);
+    CHECK_EQ_INT(write_ini(ini, trainer, cpu_out, section), 0);
+    ctrl_status st = test_train_ini(ini, NULL, 0);
+    CHECK_MSG(st == CTRL_OK, "%s on the CPU: %s", name, ctrl_error_message());
+    snprintf(o1, sizeof o1, "run.output_dir=%s", dev_out);
+    const char *sets[] = {"run.device=cuda", o1, dev_set};
+    if (st == CTRL_OK) st = test_train_ini(ini, sets, dev_set ? 3 : 2);
+    CHECK_MSG(st == CTRL_OK, "%s on the device: %s", name, ctrl_error_message());
+    if (st != CTRL_OK) return;
+    char *ma = read_file(dev_out, "metrics.jsonl"), *mb = read_file(cpu_out, "metrics.jsonl");
+    char *ca = read_file(dev_out, "completions.jsonl"), *cb = read_file(cpu_out, "completions.jsonl");
+    double wm = 0, ww = 0;
+    if (ma && mb) wm = compare_metrics(name, ma, mb);
+    if (ca && cb) compare_completions(name, ca, cb);
+    ww = compare_weights(name, dev_out, cpu_out);
+    printf("  %s: device vs CPU over 3 steps: metrics within %.2g relative, weights within %.2g\n", name, wm,
+           ww);
+    free(ma), free(mb), free(ca), free(cb);
+}
+
+TEST(grpo_on_device_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    train_case("grpo", "grpo", "beta = 0.04\nnum_iterations = 2\n", NULL);
+}
+
+TEST(grpo_on_device_with_sleep_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    train_case("grpo_sleep", "grpo", "", "generation.sleep=2");
+}
+
+TEST(rloo_on_device_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    train_case("rloo", "rloo", "beta = 0.05\n", NULL);
+}
+
+/* A value model (PPO) stays on the CPU so far: refused on the device, naming the trainer. */
+TEST(ppo_on_device_is_refused) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
+    char ini[1200], out[1200];
+    snprintf(ini, sizeof ini, "%s/ppo.ini", tmp);
+    snprintf(out, sizeof out, "%s/ppo-cuda", tmp);
+    mkdir(out, 0755);
+    CHECK_EQ_INT(write_ini(ini, "ppo", out, "response_length = 8\n"), 0);
+    const char *sets[] = {"run.device=cuda"};
+    CHECK_EQ_INT(test_train_ini(ini, sets, 1), CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "value model");
+}
