@@ -139,10 +139,10 @@ typedef struct ctrl_backend_ops {
                              const int32_t *slots, int T, int D, ctrl_dtype cache_dtype);
     /* Appended: gives the memory the backend keeps for reuse back to the device (the CUDA caching
      * allocator's free blocks, as torch.cuda.empty_cache); the engine's sleep calls it after freeing
-     * the KV pool. NULL where nothing is kept (the CPU). */
+     * the KV pool. Nothing to do on the CPU (malloc keeps nothing for the backend). */
     void (*release_cached)(void);
-    /* Appended: the device's free and total memory in bytes (what the generation engine sizes its KV
-     * pool from: [generation] gpu_memory_utilization); NULL on the CPU (the engine reads the host's). */
+    /* Appended: the device's free and total memory in bytes (what the generation engine sizes a
+     * device's KV pool from: [generation] gpu_memory_utilization); on the CPU the host's. */
     ctrl_status (*memory_info)(size_t *free_bytes, size_t *total_bytes);
 } ctrl_backend_ops;
 

@@ -4,6 +4,7 @@
  * as they are. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctrl/log.h"
 #include "device/backend.h"
@@ -202,6 +203,16 @@ static ctrl_status kv_append(void *k_cache, void *v_cache, const float *k, const
     return CTRL_OK;
 }
 
+/* Host memory is malloc's: nothing is held back for reuse. */
+static void release_cached(void) {}
+
+static ctrl_status memory_info(size_t *free_bytes, size_t *total_bytes) {
+    const double page = (double)sysconf(_SC_PAGESIZE);
+    *free_bytes = (size_t)((double)sysconf(_SC_AVPHYS_PAGES) * page);
+    *total_bytes = (size_t)((double)sysconf(_SC_PHYS_PAGES) * page);
+    return CTRL_OK;
+}
+
 static ctrl_status scale(float *x, float s, int64_t n) {
     ctrl_cpu_scale(x, s, n);
     return CTRL_OK;
@@ -255,6 +266,8 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .rows_dot = rows_dot,
         .gemm = gemm,
         .kv_append = kv_append,
+        .release_cached = release_cached,
+        .memory_info = memory_info,
     };
     return &ops;
 }

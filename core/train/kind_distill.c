@@ -89,14 +89,6 @@ static ctrl_status check_generation(const train_kind_env *env, train_kind *k) {
             "%s: [generation] temperature: trainer %s samples at its own [%s] temperature (as "
             "TRL's GKDConfig); set it there",
             ctrl_config_where(cfg, "generation", "temperature"), trainer, trainer);
-    const int colocated = k->spec.seq_kd || (k->spec.lmbda > 0 && !env->settings->generation.server);
-    if (colocated && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "[%s] %s: the co-located generation engine runs on the CPU so far (set [run] device "
-            "= cpu; or [generation] mode = server with seq_kd = false; or lmbda = 0 and "
-            "seq_kd = false to train on the dataset's completions)",
-            trainer, key);
     if (k->train.packed_from)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
@@ -115,8 +107,8 @@ static ctrl_status check_generation(const train_kind_env *env, train_kind *k) {
 
 static ctrl_status make_engine(const train_kind_env *env, ctrl_model *m, ctrl_engine **out) {
     ctrl_engine_config ec;
-    ctrl_engine_config_from(env->cfg, &ec);
-    ctrl_status st = ctrl_engine_attach_attention(m, env->plugins->decoder);
+    ctrl_status st = ctrl_engine_config_for(env->cfg, m, &ec); /* a device's pool: its memory */
+    if (st == CTRL_OK) st = ctrl_engine_attach_attention(m, env->plugins->decoder);
     if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, out);
     return st;
 }

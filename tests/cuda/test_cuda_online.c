@@ -18,7 +18,10 @@
  * up to lr = 1e-3; AdamW's m / sqrt(v) amplifies the backends' rounding where a gradient is near
  * zero). Measured under the emulator: metrics within 2.4e-5 relative, weights within 1.3e-5 (RLOO;
  * GRPO 1.2e-5 and 5.8e-6). GRPO again with [generation] sleep = 2 on the device: the CPU's run.
- * Skips without a GPU; under the CUDA emulator it is test_cuda_online_emu (about 15 s). */
+ * The loops that share the engine too: Online DPO, and GKD sampling on the device from the student
+ * (lmbda = 1) and from the teacher (seq_kd) -- metrics and weights within the same bounds (measured
+ * 1e-5 and 1e-5). PPO (a value model) is refused on the device. Skips without a GPU; under the
+ * CUDA emulator it is test_cuda_online_emu (about 18 s). */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -192,8 +195,10 @@ TEST(sleep_returns_device_memory) {
 
 /* ---- training ---- */
 
-/* The trainer's section holds `section`. */
-static int write_ini(const char *path, const char *trainer, const char *out, const char *section) {
+/* The trainer's section holds `section`. An online trainer gets the length reward and logs its
+ * completions; a distillation trainer (gkd) gets `teacher` instead. */
+static int write_ini(const char *path, const char *trainer, const char *out, const char *section,
+                     const char *teacher) {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     fprintf(f,
@@ -202,10 +207,13 @@ static int write_ini(const char *path, const char *trainer, const char *out, con
             "[data]\ntrain_file = " CTRL_FIXTURE_DIR "/trl_sft/prompt_completion.jsonl\n"
             "[train]\ndtype = fp32\nlearning_rate = 1e-3\nlr_scheduler_type = constant\nmax_steps = 3\n"
             "per_device_train_batch_size = 4\ngradient_accumulation_steps = 2\nlogging_steps = 1\n"
-            "[generation]\nkv_cache_bytes = 2000000\nblock_size = 4\nlog_completions = true\n"
-            "[reward.len]\nplugin = length\ntarget_length = 6\n"
-            "[%s]\n%s",
-            trainer, out, trainer, section);
+            "[generation]\nkv_cache_bytes = 2000000\nblock_size = 4\n",
+            trainer, out);
+    if (teacher)
+        fprintf(f, "[teacher]\npath = %s\n", teacher);
+    else
+        fprintf(f, "log_completions = true\n[reward.len]\nplugin = length\ntarget_length = 6\n");
+    fprintf(f, "[%s]\n%s", trainer, section);
     return fclose(f);
 }
 
@@ -286,8 +294,10 @@ static double compare_weights(const char *what, const char *dev_dir, const char 
     return worst;
 }
 
-/* `trainer` trained 3 steps on the CPU and on the device (plus `dev_set` there) from the same seed. */
-static void train_case(const char *name, const char *trainer, const char *extra, const char *dev_set) {
+/* `trainer` trained 3 steps on the CPU and on the device (plus `dev_set` there) from the same seed;
+ * `teacher` (NULL: none) for gkd. */
+static void train_case(const char *name, const char *trainer, const char *section, const char *dev_set,
+                       const char *teacher) {
     const char *tmp = test_tmp_dir();
     if (!tmp) TEST_SKIP("no temporary directory");
     ctrl_device dev;
@@ -298,9 +308,7 @@ static void train_case(const char *name, const char *trainer, const char *extra,
     snprintf(cpu_out, sizeof cpu_out, "%s/%s-cpu", tmp, name);
     snprintf(dev_out, sizeof dev_out, "%s/%s-cuda", tmp, name);
     mkdir(cpu_out, 0755), mkdir(dev_out, 0755);
-    char section[512];
-    snprintf(section, sizeof section, "num_generations = 4\nmax_completion_length = 8\n%s", extra);
-    CHECK_EQ_INT(write_ini(ini, trainer, cpu_out, section), 0);
+    CHECK_EQ_INT(write_ini(ini, trainer, cpu_out, section, teacher), 0);
     ctrl_status st = test_train_ini(ini, NULL, 0);
     CHECK_MSG(st == CTRL_OK, "%s on the CPU: %s", name, ctrl_error_message());
     snprintf(o1, sizeof o1, "run.output_dir=%s", dev_out);
@@ -309,29 +317,62 @@ static void train_case(const char *name, const char *trainer, const char *extra,
     CHECK_MSG(st == CTRL_OK, "%s on the device: %s", name, ctrl_error_message());
     if (st != CTRL_OK) return;
     char *ma = read_file(dev_out, "metrics.jsonl"), *mb = read_file(cpu_out, "metrics.jsonl");
-    char *ca = read_file(dev_out, "completions.jsonl"), *cb = read_file(cpu_out, "completions.jsonl");
     double wm = 0, ww = 0;
     if (ma && mb) wm = compare_metrics(name, ma, mb);
-    if (ca && cb) compare_completions(name, ca, cb);
+    if (!teacher) {
+        char *ca = read_file(dev_out, "completions.jsonl"), *cb = read_file(cpu_out, "completions.jsonl");
+        if (ca && cb) compare_completions(name, ca, cb);
+        free(ca), free(cb);
+    }
     ww = compare_weights(name, dev_out, cpu_out);
     printf("  %s: device vs CPU over 3 steps: metrics within %.2g relative, weights within %.2g\n", name, wm,
            ww);
-    free(ma), free(mb), free(ca), free(cb);
+    free(ma), free(mb);
+}
+
+static void online_case(const char *name, const char *trainer, const char *extra, const char *dev_set) {
+    char section[512];
+    snprintf(section, sizeof section, "num_generations = 4\nmax_completion_length = 8\n%s", extra);
+    train_case(name, trainer, section, dev_set, NULL);
 }
 
 TEST(grpo_on_device_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
-    train_case("grpo", "grpo", "beta = 0.04\nnum_iterations = 2\n", NULL);
+    online_case("grpo", "grpo", "beta = 0.04\nnum_iterations = 2\n", NULL);
 }
 
 TEST(grpo_on_device_with_sleep_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
-    train_case("grpo_sleep", "grpo", "", "generation.sleep=2");
+    online_case("grpo_sleep", "grpo", "", "generation.sleep=2");
 }
 
 TEST(rloo_on_device_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
-    train_case("rloo", "rloo", "beta = 0.05\n", NULL);
+    online_case("rloo", "rloo", "beta = 0.05\n", NULL);
+}
+
+/* Online DPO (the same loop: two completions per prompt, the reward functions as its judge). */
+TEST(online_dpo_on_device_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    train_case("online_dpo", "online_dpo", "max_new_tokens = 8\n", NULL, NULL);
+}
+
+/* GKD with the student sampling on the device (lmbda = 1) and with the teacher sampling (seq_kd),
+ * the teacher a randomly initialised model of the student's shape. */
+TEST(gkd_generation_on_device_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
+    char teacher[1200];
+    snprintf(teacher, sizeof teacher, "%s/teacher", tmp);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/trl_sft/model", NULL, &m), CTRL_OK);
+    if (!m) return;
+    ctrl_model_init_random(m, 9, 0.05f);
+    CHECK_EQ_INT(ctrl_model_save(m, teacher, CTRL_F32), CTRL_OK);
+    ctrl_model_free(m);
+    train_case("gkd_on_policy", "gkd", "lmbda = 1\nbeta = 0.3\nmax_new_tokens = 6\n", NULL, teacher);
+    train_case("gkd_seq_kd", "gkd", "lmbda = 0\nseq_kd = true\nmax_new_tokens = 6\n", NULL, teacher);
 }
 
 /* A value model (PPO) stays on the CPU so far: refused on the device, naming the trainer. */
@@ -343,7 +384,7 @@ TEST(ppo_on_device_is_refused) {
     snprintf(ini, sizeof ini, "%s/ppo.ini", tmp);
     snprintf(out, sizeof out, "%s/ppo-cuda", tmp);
     mkdir(out, 0755);
-    CHECK_EQ_INT(write_ini(ini, "ppo", out, "response_length = 8\n"), 0);
+    CHECK_EQ_INT(write_ini(ini, "ppo", out, "response_length = 8\n", NULL), 0);
     const char *sets[] = {"run.device=cuda"};
     CHECK_EQ_INT(test_train_ini(ini, sets, 1), CTRL_ERR_UNSUPPORTED);
     CHECK_CONTAINS(ctrl_error_message(), "value model");
