@@ -21,7 +21,11 @@ int ctrl_hub_looks_like_id(const char *s) {
         }
     }
     const char *at = strchr(s, '@');
-    return len > 0 && len <= 200 && (!at || (at[1] && !strchr(at + 1, '/') && !strstr(at + 1, "..")));
+    /* a revision may hold '/' (refs/convert/parquet, refs/pr/1), never "..", "//" or an end '/' */
+    const char *rev = at ? at + 1 : NULL;
+    return len > 0 && len <= 200 &&
+           (!rev || (rev[0] && rev[0] != '/' && rev[strlen(rev) - 1] != '/' && !strstr(rev, "..") &&
+                     !strstr(rev, "//") && !strchr(rev, '\\')));
 }
 
 static int is_dir(const char *p) {

@@ -49,6 +49,7 @@ typedef struct ctrl_run_settings {
     struct {
         const char *train_file, *eval_file, *chat_template_path; /* NULL when unset */
         const char *split, *eval_split; /* of a folder or Hub dataset id */
+        const char *subset;             /* NULL when unset */
         const char *dataset_text_field, *messages_field, *prompt_field, *completion_field;
         const char *truncation_mode, *packing_strategy;
         int completion_only_loss; /* -1 auto, 0, 1 */

@@ -40,6 +40,10 @@ static const ctrl_option data_options[] = {
      "The split read when train_file is a folder or a Hub dataset id (file names as the Hub names "
      "them: data/train-00000-of-00001.parquet, train/..., test.jsonl; a folder without split names is "
      "all train)."},
+    {"subset", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "A Hub dataset's configuration (TRL's dataset_config, datasets' name) when train_file / eval_file is a "
+     "folder or a Hub dataset id: only the files under its folder SUBSET/ (as push_to_hub(config_name=...) "
+     "and the Hub's parquet conversion lay them out; default is also data/)."},
     {"eval_split", CTRL_OPT_STRING, "test", 0, 0, 0, NULL,
      "The split read when eval_file is a folder or a Hub dataset id (TRL's dataset_test_split)."},
     {"eval_fraction", CTRL_OPT_FLOAT, "0", RANGE(0, 0.5), NULL,

@@ -64,22 +64,27 @@ static ctrl_status resolve_hub_id(ctrl_config *cfg, const char *section, const c
     return CTRL_OK;
 }
 
-/* A split set explicitly picks files of a folder or Hub dataset id; one file is one split, so the
- * key would do nothing there: refused rather than ignored. */
+/* A split (or subset) set explicitly picks files of a folder or Hub dataset id; for one file the key
+ * would do nothing: refused rather than ignored. */
 static ctrl_status check_split(const ctrl_config *cfg, const char *path_key, const char *split_key) {
     const config_entry *s = config_find(cfg, "data", split_key), *p = config_find(cfg, "data", path_key);
     struct stat sb;
     if (!s || !p || !strcmp(s->where, "default") || stat(p->value, &sb) != 0 || !S_ISREG(sb.st_mode))
         return CTRL_OK;
-    return ctrl_error_set(CTRL_ERR_CONFIG,
-                          "%s: [data] %s = %s: [data] %s = %s is one file, all of it one split; a split is "
-                          "chosen from a folder or a Hub dataset id",
-                          s->where, split_key, s->value, path_key, p->value);
+    return ctrl_error_set(
+        CTRL_ERR_CONFIG,
+        "%s: [data] %s = %s: [data] %s = %s is one file; the key picks among the files of a "
+        "folder or a Hub dataset id",
+        s->where, split_key, s->value, path_key, p->value);
 }
 
 ctrl_status config_settings_fill(ctrl_config *cfg) {
     ctrl_status sst = check_split(cfg, "train_file", "split");
     if (sst == CTRL_OK) sst = check_split(cfg, "eval_file", "eval_split");
+    const config_entry *ev = config_find(cfg, "data", "eval_file");
+    struct stat esb; /* the subset serves both: refused when neither is a folder or an id */
+    if (sst == CTRL_OK && (!ev || (stat(ev->value, &esb) == 0 && S_ISREG(esb.st_mode))))
+        sst = check_split(cfg, "train_file", "subset");
     if (sst != CTRL_OK) return sst;
     static const char *const model_paths[][2] = {
         {"model", "path"}, {"teacher", "path"}, {"peft", "adapter_path"}};
@@ -106,6 +111,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .chat_template_path = ctrl_config_get_string(cfg, "data", "chat_template_path"),
                  .split = rd_str(&r, "data", "split"),
                  .eval_split = rd_str(&r, "data", "eval_split"),
+                 .subset = ctrl_config_get_string(cfg, "data", "subset"),
                  .dataset_text_field = rd_str(&r, "data", "dataset_text_field"),
                  .messages_field = rd_str(&r, "data", "messages_field"),
                  .prompt_field = rd_str(&r, "data", "prompt_field"),

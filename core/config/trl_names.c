@@ -31,6 +31,7 @@ static const struct {
     {"attn_implementation", "[model] attention = eager | flash"},
     {"dataset_name", "[data] train_file (a file, a folder or a Hub dataset id in the local cache)"},
     {"dataset_train_split", "[data] split"},
+    {"dataset_config", "[data] subset"},
     {"dataset_test_split", "[data] eval_split"},
     {"eval_dataset", "[data] eval_file"},
     {"train_dataset", "[data] train_file"},

@@ -167,12 +167,45 @@ static const char *canonical(const char *split) {
     return split;
 }
 
-static ctrl_status folder_files(const char *root, const char *shown, const char *split,
+/* 1 when rel lies in the subset's folder (the `default` subset's is also `data/`, where push_to_hub
+ * puts it). */
+static int in_subset(const char *rel, const char *subset) {
+    const size_t n = strlen(subset);
+    if (!strncmp(rel, subset, n) && rel[n] == '/') return 1;
+    return !strcmp(subset, "default") && !strncmp(rel, "data/", 5);
+}
+
+/* Keeps only the files of the subset; an error lists the top-level folders when none is. */
+static ctrl_status keep_subset(walk *w, const char *subset, const char *shown) {
+    int kept = 0;
+    char folders[512] = "";
+    for (int i = 0; i < w->n; i++) {
+        if (in_subset(w->rel[i], subset)) {
+            w->rel[kept++] = w->rel[i];
+            continue;
+        }
+        const char *slash = strchr(w->rel[i], '/');
+        char top[128];
+        snprintf(top, sizeof top, "%.*s", slash ? (int)(slash - w->rel[i]) : 0, w->rel[i]);
+        if (slash && !strstr(folders, top) && strlen(folders) + strlen(top) + 3 < sizeof folders)
+            strcat(strcat(folders, *folders ? ", " : ""), top);
+        free(w->rel[i]);
+    }
+    w->n = kept;
+    if (kept) return CTRL_OK;
+    return ctrl_error_set(CTRL_ERR_IO,
+                          "%s: no data files in the folder of subset '%s' (folders: %s); set [data] subset",
+                          shown, subset, *folders ? folders : "none");
+}
+
+static ctrl_status folder_files(const char *root, const char *shown, const char *subset, const char *split,
                                 ctrl_data_files *out) {
     walk w = {0};
     walk_dir(&w, root, "", 0);
     ctrl_status st = CTRL_OK;
     if (w.why) st = ctrl_error_set(CTRL_ERR_IO, "%s: %s", shown, w.why);
+    if (st == CTRL_OK && w.n > 1) qsort(w.rel, (size_t)w.n, sizeof *w.rel, cmp_str);
+    if (st == CTRL_OK && subset && *subset) st = keep_subset(&w, subset, shown);
     int best = 0; /* parquet over JSON lines over Arrow (save_to_disk): one folder, one format */
     for (int i = 0; i < w.n; i++) {
         const char *b = strrchr(w.rel[i], '/');
@@ -190,7 +223,6 @@ static ctrl_status folder_files(const char *root, const char *shown, const char 
             const char *b = strrchr(w.rel[i], '/');
             if (data_ext(b ? b + 1 : w.rel[i]) == best && split_by(r, w.rel[i], buf, sizeof buf)) rule = r;
         }
-    if (st == CTRL_OK) qsort(w.rel, (size_t)w.n, sizeof *w.rel, cmp_str);
     for (int i = 0; st == CTRL_OK && i < w.n; i++) {
         const char *b = strrchr(w.rel[i], '/');
         if (data_ext(b ? b + 1 : w.rel[i]) != best) continue;
@@ -213,18 +245,23 @@ static ctrl_status folder_files(const char *root, const char *shown, const char 
 }
 
 ctrl_status ctrl_data_files_find(const char *path, const char *split, ctrl_data_files *out) {
+    return ctrl_data_files_find_in(path, NULL, split, out);
+}
+
+ctrl_status ctrl_data_files_find_in(const char *path, const char *subset, const char *split,
+                                    ctrl_data_files *out) {
     out->paths = NULL, out->n = 0;
     if (!split || !*split) split = "train";
     struct stat sb;
     ctrl_status st;
     if (stat(path, &sb) == 0) {
-        st = S_ISDIR(sb.st_mode) ? folder_files(path, path, split, out) : add_path(out, "", path);
+        st = S_ISDIR(sb.st_mode) ? folder_files(path, path, subset, split, out) : add_path(out, "", path);
     } else if (ctrl_hub_looks_like_id(path)) {
         char snap[4096], shown[4400];
         if ((st = ctrl_hub_dataset_snapshot(path, snap, sizeof snap)) != CTRL_OK)
             return ctrl_error_wrap(st, "%s: no such file or folder, and as a Hub dataset id", path);
         snprintf(shown, sizeof shown, "%s (the Hub dataset, cached at %s)", path, snap);
-        st = folder_files(snap, shown, split, out);
+        st = folder_files(snap, shown, subset, split, out);
     } else {
         return ctrl_error_set(CTRL_ERR_IO, "%s: no such file or folder", path);
     }

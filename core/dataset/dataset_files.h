@@ -17,6 +17,11 @@ typedef struct ctrl_data_files {
 /* The files of `split` (NULL: "train") under `path`. A folder whose file names carry no split is
  * all "train". Errors name the path, what was looked for and the splits found. */
 ctrl_status ctrl_data_files_find(const char *path, const char *split, ctrl_data_files *out);
+/* The same within a subset (a Hub dataset's configuration: the files under the folder SUBSET/, as
+ * push_to_hub(config_name=SUBSET) and the Hub's parquet conversion lay them out; `default` is also
+ * data/); NULL or "" for all. */
+ctrl_status ctrl_data_files_find_in(const char *path, const char *subset, const char *split,
+                                    ctrl_data_files *out);
 void ctrl_data_files_free(ctrl_data_files *f);
 
 /* Which split a file belongs to, by its path relative to the dataset's folder ("data/train-00000-

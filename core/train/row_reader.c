@@ -70,11 +70,12 @@ static ctrl_status open_file(ctrl_row_reader *r, int *opened) {
     return CTRL_OK;
 }
 
-ctrl_status ctrl_row_reader_open_split(const char *path, const char *split, ctrl_row_reader **out) {
+static ctrl_status open_files(const char *path, const char *subset, const char *split,
+                              ctrl_row_reader **out) {
     *out = NULL;
     ctrl_row_reader *r = calloc(1, sizeof *r);
     if (!r) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
-    ctrl_status st = ctrl_data_files_find(path, split, &r->files);
+    ctrl_status st = ctrl_data_files_find_in(path, subset, split, &r->files);
     int opened = 0;
     if (st == CTRL_OK) st = open_file(r, &opened);
     if (st != CTRL_OK) {
@@ -85,6 +86,10 @@ ctrl_status ctrl_row_reader_open_split(const char *path, const char *split, ctrl
     return CTRL_OK;
 }
 
+ctrl_status ctrl_row_reader_open_split(const char *path, const char *split, ctrl_row_reader **out) {
+    return open_files(path, NULL, split, out);
+}
+
 ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out) {
     return ctrl_row_reader_open_split(path, NULL, out);
 }
@@ -92,7 +97,7 @@ ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out) {
 ctrl_status ctrl_row_reader_open_data(const char *path, const ctrl_config *cfg, ctrl_row_reader **out) {
     const ctrl_run_settings *s = ctrl_config_settings(cfg);
     const int eval = s->data.eval_file && path == s->data.eval_file;
-    return ctrl_row_reader_open_split(path, eval ? s->data.eval_split : s->data.split, out);
+    return open_files(path, s->data.subset, eval ? s->data.eval_split : s->data.split, out);
 }
 
 const char *ctrl_row_reader_file(const ctrl_row_reader *r) { return r->path ? r->path : ""; }

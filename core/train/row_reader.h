@@ -17,7 +17,7 @@ typedef struct ctrl_row_reader ctrl_row_reader;
 ctrl_status ctrl_row_reader_open(const char *path, ctrl_row_reader **out); /* the train split */
 ctrl_status ctrl_row_reader_open_split(const char *path, const char *split, ctrl_row_reader **out);
 /* `path` as a run's data: the split is [data] eval_split when `path` is the settings' eval_file
- * (the same pointer), else [data] split. */
+ * (the same pointer), else [data] split; within [data] subset when set. */
 ctrl_status ctrl_row_reader_open_data(const char *path, const ctrl_config *cfg, ctrl_row_reader **out);
 /* The file the last row came from (a folder's rows come from several); for a parquet or Arrow
  * file the row's "line" is its 1-based row number. */

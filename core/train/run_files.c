@@ -56,7 +56,8 @@ static void check_data(const ctrl_config *cfg, const char *key, const char *spli
     const char *v = ctrl_config_get_string(cfg, "data", key);
     if (!v) return;
     ctrl_data_files files;
-    if (ctrl_data_files_find(v, ctrl_config_get_string(cfg, "data", split_key), &files) != CTRL_OK) {
+    if (ctrl_data_files_find_in(v, ctrl_config_get_string(cfg, "data", "subset"),
+                                ctrl_config_get_string(cfg, "data", split_key), &files) != CTRL_OK) {
         problem(pr, cfg, "data", key, ctrl_error_message());
         return;
     }

@@ -146,6 +146,37 @@ TEST(folders_and_hub_ids) {
     CHECK_EQ_INT(count_rows("org/missing", NULL), -1);
     CHECK_CONTAINS(ctrl_error_message(), "datasets--org--missing");
     CHECK_CONTAINS(ctrl_error_message(), "--repo-type dataset");
+    /* the Hub's parquet conversion, revision refs/convert/parquet: CONFIG/SPLIT/NNNN.parquet, a subset per
+     * configuration */
+    snprintf(
+        cmd, sizeof cmd,
+        "set -e; r=%s/hub/datasets--org--chat; mkdir -p $r/refs/refs/convert $r/snapshots/9c9c/default/train "
+        "$r/snapshots/9c9c/default/test $r/snapshots/9c9c/other/train; echo 9c9c > "
+        "$r/refs/refs/convert/parquet; "
+        "cd $r/snapshots/9c9c; cp ../../blobs/b1 default/train/0000.parquet; cp ../../blobs/b3 "
+        "default/test/0000.parquet; cp ../../blobs/b2 other/train/0000.parquet",
+        root);
+    sh(cmd);
+    ctrl_data_files f;
+    CHECK_EQ_INT(ctrl_data_files_find_in("org/chat@refs/convert/parquet", "default", "train", &f), CTRL_OK);
+    CHECK(f.n == 1 && strstr(f.paths[0], "snapshots/9c9c/default/train/0000.parquet"));
+    ctrl_data_files_free(&f);
+    CHECK_EQ_INT(ctrl_data_files_find_in("org/chat@refs/convert/parquet", "other", NULL, &f), CTRL_OK);
+    CHECK(f.n == 1 && strstr(f.paths[0], "other/train/0000.parquet"));
+    ctrl_data_files_free(&f);
+    CHECK_EQ_INT(ctrl_data_files_find_in("org/chat@refs/convert/parquet", NULL, "test", &f), CTRL_OK);
+    CHECK_EQ_INT(f.n, 1);
+    ctrl_data_files_free(&f);
+    CHECK_EQ_INT(ctrl_data_files_find_in("org/chat@refs/convert/parquet", NULL, "train", &f), CTRL_OK);
+    CHECK_EQ_INT(f.n, 2); /* both configurations without a subset */
+    ctrl_data_files_free(&f);
+    CHECK(ctrl_data_files_find_in("org/chat@refs/convert/parquet", "nope", NULL, &f) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(),
+                   "no data files in the folder of subset 'nope' (folders: default, other)");
+    /* push_to_hub's default configuration lives in data/ */
+    CHECK_EQ_INT(ctrl_data_files_find_in("org/chat", "default", "train", &f), CTRL_OK);
+    CHECK_EQ_INT(f.n, 2);
+    ctrl_data_files_free(&f);
     /* the row reader names the file each row came from */
     ctrl_row_reader *r;
     CHECK_EQ_INT(ctrl_row_reader_open_split("org/chat", "train", &r), CTRL_OK);

@@ -44,6 +44,9 @@ curve_close "$TMP/sft_jsonl" "$TMP/sft_hub" loss 0 0
 HF_HOME="$TMP/hf" run sft_hub_eval org/arith --set data.eval_file=org/arith --set train.eval_steps=3 --set train.max_steps=3
 grep -q '"eval_loss"' "$TMP/sft_hub_eval/metrics.jsonl" 2>/dev/null && ok || bad "no eval on the Hub id's test split"
 
+HF_HOME="$TMP/hf" run sft_hub_subset org/arith --set data.subset=default # push_to_hub's default config: data/
+curve_close "$TMP/sft_jsonl" "$TMP/sft_hub_subset" loss 0 0
+
 # config check: the files a config names.
 "${C[@]}" config check "$TMP/run.ini" >"$TMP/check.log" 2>&1 && ok || { bad "config check of a good config"; cat "$TMP/check.log"; }
 sed "s#^train_file = .*#train_file = $TMP/none.parquet#" "$TMP/run.ini" >"$TMP/bad.ini"
@@ -62,6 +65,10 @@ HF_HOME="$TMP/hf" "${C[@]}" config check "$TMP/run.ini" --set data.train_file=or
 [ $? -eq 2 ] && grep -q -- "--set reward.rm.path: \[reward.rm\] path = $TMP/norm: no such model directory" "$TMP/check.log" &&
   grep -q "chat_template_path = $TMP/no.jinja: $TMP/no.jinja: no such file" "$TMP/check.log" && ok ||
   { bad "config check of a reward model and a template"; cat "$TMP/check.log"; }
+HF_HOME="$TMP/hf" "${C[@]}" config check "$TMP/run.ini" --set data.train_file=org/arith --set data.subset=nope \
+  >"$TMP/check.log" 2>&1
+[ $? -eq 2 ] && grep -q "no data files in the folder of subset 'nope' (folders: data)" "$TMP/check.log" && ok ||
+  { bad "config check of a missing subset"; cat "$TMP/check.log"; }
 # a split for one file would do nothing: refused
 "${C[@]}" config check "$TMP/run.ini" --set data.split=test >"$TMP/check.log" 2>&1
 [ $? -eq 2 ] && grep -q -- "--set data.split: \[data\] split = test: \[data\] train_file = .* is one file" "$TMP/check.log" &&
