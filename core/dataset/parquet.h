@@ -1,10 +1,11 @@
 /* Parquet files read row by row as JSON objects (what the dataset loaders take from JSONL), written
  * from the Apache Parquet format specification with no Arrow dependency: the thrift-compact footer,
- * row groups read one at a time, data pages v1 and v2, PLAIN and dictionary encodings (RLE /
- * bit-packed hybrid levels and indices), nullable columns (definition levels), lists and nested
- * structs (repetition levels: a chat `messages` column, list<struct<role, content>>, arrives as an
- * array of objects), UNCOMPRESSED, SNAPPY, GZIP and ZSTD pages. The file is untrusted: every offset
- * and length is checked, and an error names the file, the row group and the column. */
+ * row groups read one at a time, data pages v1 and v2, PLAIN, dictionary (RLE / bit-packed hybrid
+ * levels and indices), DELTA_* and BYTE_STREAM_SPLIT encodings, nullable columns (definition
+ * levels), lists, maps and nested structs (repetition levels: a chat `messages` column,
+ * list<struct<role, content>>, arrives as an array of objects), UNCOMPRESSED, SNAPPY, GZIP and ZSTD
+ * pages. The file is untrusted: every offset and length is checked, and an error names the file,
+ * the row group and the column. */
 #ifndef CTRL_DATASET_PARQUET_H
 #define CTRL_DATASET_PARQUET_H
 

@@ -96,6 +96,13 @@ struct ctrl_parquet {
 /* parquet_meta.c: the footer into nodes/leaves/groups; the message names the file. */
 ctrl_status pq_read_footer(ctrl_parquet *p);
 void pq_free_meta(ctrl_parquet *p);
+/* parquet_page.c: `count` PLAIN values of the leaf's type from p[0..n) into dst. */
+const char *pq_plain_values(const pq_node *leaf, const uint8_t *p, size_t n, int64_t count, pq_value *dst);
+/* parquet_delta.c: values of DELTA_BINARY_PACKED (5), DELTA_LENGTH_BYTE_ARRAY (6), DELTA_BYTE_ARRAY
+ * (7) or BYTE_STREAM_SPLIT (9); *owned (or NULL) is a buffer the values point into, for the column
+ * to keep. */
+const char *pq_other_values(const pq_node *leaf, int enc, const uint8_t *p, size_t n, int64_t count,
+                            pq_value *dst, uint8_t **owned);
 /* parquet_page.c: decodes row group g's column chunks into p->cols. */
 ctrl_status pq_load_group(ctrl_parquet *p, int g);
 void pq_free_columns(ctrl_parquet *p);

@@ -233,7 +233,7 @@ static uint64_t le(const uint8_t *p, int n) {
 }
 
 /* `count` PLAIN values of the leaf's type from p[0..n) into dst. */
-static const char *plain(const pq_node *leaf, const uint8_t *p, size_t n, int64_t count, pq_value *dst) {
+const char *pq_plain_values(const pq_node *leaf, const uint8_t *p, size_t n, int64_t count, pq_value *dst) {
     const uint8_t *end = p + n;
     const int width = leaf->type == PQ_INT32 || leaf->type == PQ_FLOAT    ? 4
                       : leaf->type == PQ_INT64 || leaf->type == PQ_DOUBLE ? 8
@@ -291,7 +291,7 @@ static const char *dictionary_page(chunk_ctx *c, const page_header *h, const uin
     col->dict = malloc(((size_t)h->num_values + 1) * sizeof *col->dict);
     if (!col->dict) return "out of memory";
     col->ndict = h->num_values;
-    return plain(c->leaf, body, (size_t)h->usize, h->num_values, col->dict);
+    return pq_plain_values(c->leaf, body, (size_t)h->usize, h->num_values, col->dict);
 }
 
 static const char *values(chunk_ctx *c, int enc, const uint8_t *p, size_t n, int64_t count) {
@@ -300,7 +300,7 @@ static const char *values(chunk_ctx *c, int enc, const uint8_t *p, size_t n, int
     if (why) return why;
     pq_value *dst = col->val + col->nv;
     if (enc == ENC_PLAIN) {
-        why = plain(c->leaf, p, n, count, dst);
+        why = pq_plain_values(c->leaf, p, n, count, dst);
     } else if (enc == ENC_PLAIN_DICT || enc == ENC_RLE_DICT) {
         if (!col->dict) return "dictionary-encoded values without a dictionary page";
         if (count > 0 && n < 1) return "dictionary indices end early";
@@ -323,10 +323,10 @@ static const char *values(chunk_ctx *c, int enc, const uint8_t *p, size_t n, int
         why = rle_hybrid(p + 4, (size_t)le(p, 4), 1, count, b);
         for (int64_t i = 0; !why && i < count; i++) dst[i] = (pq_value){.i = b[i]};
         free(b);
-    } else {
-        return enc == 5 || enc == 6 || enc == 7 || enc == 9
-                   ? "a DELTA / BYTE_STREAM_SPLIT value encoding (not supported: PLAIN and dictionary are)"
-                   : "an unknown value encoding";
+    } else { /* the DELTA encodings and BYTE_STREAM_SPLIT (parquet_delta.c) */
+        uint8_t *owned;
+        why = pq_other_values(c->leaf, enc, p, n, count, dst, &owned);
+        if (!why && owned) why = keep_buffer(col, owned);
     }
     if (!why) col->nv += count;
     return why;

@@ -77,6 +77,9 @@ static cJSON *leaf_value(assembler *a, const pq_node *n) {
 static cJSON *value(assembler *a, const pq_node *n);
 
 static int is_list(const pq_node *n) { return n->logical == PQ_LT_LIST || n->converted == PQ_CT_LIST; }
+static int is_map(const pq_node *n) {
+    return n->logical == PQ_LT_MAP || n->converted == PQ_CT_MAP || n->converted == PQ_CT_MAP_KEY_VALUE;
+}
 
 /* The repeated node r as an array. `unwrap`: r is a LIST's middle level, whose single child is the
  * element (the legacy two-level form, r itself the element, when it has several children). */
@@ -127,7 +130,10 @@ static cJSON *value(assembler *a, const pq_node *n) {
         if (def < n->def) return skip_entries(a, n) ? cJSON_CreateNull() : NULL;
     }
     if (n->type >= 0) return leaf_value(a, n);
-    if (is_list(n) && n->n_kids == 1 && a->p->nodes[a->p->kids[n->kid0]].repetition == PQ_REPEATED) {
+    const int one_repeated = n->n_kids == 1 && a->p->nodes[a->p->kids[n->kid0]].repetition == PQ_REPEATED;
+    if (is_map(n) && one_repeated) /* MAP: the repeated key_value group's entries, {key, value} objects */
+        return repeated(a, &a->p->nodes[a->p->kids[n->kid0]], 0);
+    if (is_list(n) && one_repeated) {
         const pq_node *mid = &a->p->nodes[a->p->kids[n->kid0]];
         /* three-level LIST: the middle group holds one element field; legacy names mark the
          * two-level form where the repeated group is the element */

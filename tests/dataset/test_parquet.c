@@ -67,6 +67,7 @@ static int compare_fixture(const char *name) {
 TEST(rows_equal_pyarrow) {
     const int want[] = {20, 24, 12, 7, 48};
     for (int i = 0; i < 5; i++) CHECK_EQ_INT(compare_fixture(fixtures[i]), want[i]);
+    CHECK_EQ_INT(compare_fixture("encodings"), 300); /* DELTA_* and BYTE_STREAM_SPLIT, 2 row groups */
 }
 
 TEST(messages_are_lists_of_objects) {
@@ -79,6 +80,28 @@ TEST(messages_are_lists_of_objects) {
     CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "role")->valuestring, "user");
     CHECK_STR(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "content")->valuestring, "What is 1 + 0?");
     cJSON_Delete(row);
+    ctrl_parquet_close(p);
+}
+
+/* A MAP column, as the Arrow reader gives one too: a list of {key, value} objects (pyarrow's own
+ * read-back is a list of pairs, not JSON). */
+TEST(maps_are_lists_of_key_value_objects) {
+    ctrl_parquet *p;
+    CHECK_EQ_INT(ctrl_parquet_open(FX "map.parquet", &p), CTRL_OK);
+    cJSON *row,
+        *want = cJSON_Parse("{\"m\": [{\"key\": \"a\", \"value\": 1}, {\"key\": \"b\", \"value\": null}]}");
+    CHECK_EQ_INT(ctrl_parquet_next(p, &row), 1);
+    CHECK(cJSON_Compare(row, want, 1));
+    cJSON_Delete(row), cJSON_Delete(want);
+    want = cJSON_Parse("{\"m\": null}");
+    CHECK_EQ_INT(ctrl_parquet_next(p, &row), 1);
+    CHECK(cJSON_Compare(row, want, 1));
+    cJSON_Delete(row), cJSON_Delete(want);
+    want = cJSON_Parse("{\"m\": []}");
+    CHECK_EQ_INT(ctrl_parquet_next(p, &row), 1);
+    CHECK(cJSON_Compare(row, want, 1));
+    cJSON_Delete(row), cJSON_Delete(want);
+    CHECK_EQ_INT(ctrl_parquet_next(p, &row), 0);
     ctrl_parquet_close(p);
 }
 
@@ -118,7 +141,7 @@ TEST(folders_and_hub_ids) {
     snprintf(root, sizeof root, "/tmp/ctrl-parquet-test-XXXXXX");
     CHECK(mkdtemp(root) != NULL);
     /* the fixture folder: .parquet files win over the .jsonl beside them; no split names: all train */
-    CHECK_EQ_INT(count_rows(CTRL_FIXTURE_DIR "/parquet", NULL), 20 + 24 + 12 + 7 + 48);
+    CHECK_EQ_INT(count_rows(CTRL_FIXTURE_DIR "/parquet", NULL), 20 + 24 + 12 + 7 + 48 + 3 + 300);
     CHECK_EQ_INT(count_rows(CTRL_FIXTURE_DIR "/parquet", "test"), -1);
     CHECK_CONTAINS(ctrl_error_message(), "no data files of split 'test' (splits found: train)");
     CHECK_EQ_INT(count_rows(FX "preference.jsonl", NULL), 12); /* a file as before */
@@ -267,6 +290,7 @@ TEST(damaged_files_fail_cleanly) {
         snprintf(path, sizeof path, FX "%s.parquet", fixtures[i]);
         failed += damage(path, 0);
     }
+    failed += damage(FX "encodings.parquet", 0);
     printf("damaged parquet files: %d of the changed copies failed cleanly\n", failed);
     CHECK(failed > 100);
 }

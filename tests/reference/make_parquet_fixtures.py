@@ -8,7 +8,7 @@ prompt/completion set (dictionary encoding, data page v2, uncompressed, a null c
 preference set (conversational chosen/rejected, zstd, data page v1, nullable floats and bools), a
 set of other types (nested lists with null elements, structs, empty and null lists, integers of
 every width, gzip, no dictionary), and the arithmetic SFT set of tests/dataset/test_parquet_train.sh
-(also as JSONL, for the loss-curve comparison). And Arrow IPC in tests/fixtures/arrow/: the chat set
+(also as JSONL, for the loss-curve comparison); the DELTA encodings and BYTE_STREAM_SPLIT; a map. And Arrow IPC in tests/fixtures/arrow/: the chat set
 as a `datasets` save_to_disk DatasetDict (train and test folders), more types as a ZSTD stream of
 several record batches and in the file format, with their rows as JSONL. Run: /work/venv/bin/python tests/reference/make_parquet_fixtures.py
 """
@@ -102,6 +102,36 @@ def types():
     write_jsonl("types", readback("types"))
 
 
+def encodings():
+    """The DELTA encodings and BYTE_STREAM_SPLIT (what pyarrow writes when asked; other writers'
+    parquet 2 defaults): 300 rows, several delta blocks, nulls, wide and negative deltas."""
+    n = 300
+    words = ["prefix_shared_%04d" % (i * 7 % 1000) for i in range(n)]
+    words.sort()
+    table = pa.table({
+        "i32": pa.array([None if i % 11 == 5 else (i * 37) % 1000 - 500 for i in range(n)], type=pa.int32()),
+        "i64": pa.array([(-1) ** i * (i ** 5) for i in range(n)], type=pa.int64()),
+        "text": pa.array([None if i % 13 == 0 else f"line {i}: " + "x" * (i % 17) for i in range(n)]),
+        "sorted": pa.array(words),
+        "f32": pa.array([None if i % 7 == 3 else i / 3.0 for i in range(n)], type=pa.float32()),
+        "f64": pa.array([i * 1e-3 - 0.1 for i in range(n)], type=pa.float64()),
+    })
+    pq.write_table(table, os.path.join(OUT, "encodings.parquet"), use_dictionary=False, compression="snappy",
+                   data_page_version="2.0", row_group_size=200,
+                   column_encoding={"i32": "DELTA_BINARY_PACKED", "i64": "DELTA_BINARY_PACKED",
+                                    "text": "DELTA_LENGTH_BYTE_ARRAY", "sorted": "DELTA_BYTE_ARRAY",
+                                    "f32": "BYTE_STREAM_SPLIT", "f64": "BYTE_STREAM_SPLIT"})
+    write_jsonl("encodings", readback("encodings"))
+
+
+def map_column():
+    """A MAP column (read as a list of {key, value} objects; pyarrow reads pairs, so no JSONL)."""
+    table = pa.table({"m": pa.array([[("a", 1), ("b", None)], None, []], type=pa.map_(pa.string(), pa.int32()))})
+    pq.write_table(table, os.path.join(OUT, "map.parquet"))
+    assert pq.read_table(os.path.join(OUT, "map.parquet")).to_pylist() == [
+        {"m": [("a", 1), ("b", None)]}, {"m": None}, {"m": []}]
+
+
 def arithmetic():
     rows = []
     for i in range(48):
@@ -157,6 +187,8 @@ if __name__ == "__main__":
     prompt_completion()
     preference()
     types()
+    encodings()
+    map_column()
     arithmetic()
     arrow()
     for d in (OUT, ARROW):
