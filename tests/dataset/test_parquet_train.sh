@@ -2,7 +2,7 @@
 # Training from parquet end to end on the CPU: SFT on a `datasets`-written parquet file (a
 # conversational `messages` column, several row groups) gives the same loss curve as the same rows
 # in JSONL (tests/reference/make_parquet_fixtures.py wrote both), and so do a `datasets`
-# save_to_disk folder (Arrow IPC) and DPO on a zstd preference file; a Hub dataset id trains from a local Hugging Face cache; `ctrl config check`
+# save_to_disk folder (Arrow IPC), DPO on a zstd preference file and GRPO on a prompt file; a Hub dataset id trains from a local Hugging Face cache; `ctrl config check`
 # verifies the files a config names, each problem at file:line and the key.
 # usage: test_parquet_train.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/../e2e/e2e_common.sh"
@@ -32,6 +32,15 @@ DPO=(--set run.trainer=dpo --set data.max_length=48)
 run dpo_jsonl "$FX/preference.jsonl" "${DPO[@]}"
 run dpo_parquet "$FX/preference.parquet" "${DPO[@]}"
 curve_close "$TMP/dpo_jsonl" "$TMP/dpo_parquet" loss 0 0
+
+# GRPO's prompts (and their other columns, for the rewards) from parquet: the JSONL run's curves
+INI_BATCH=8 online_ini grpo grpo 6 "[grpo]" "num_generations = 4" "max_completion_length = 12" >"$TMP/grpo.ini"
+for f in jsonl parquet; do
+  "${C[@]}" train "$TMP/grpo.ini" --set data.train_file="$FX/prompt_completion.$f" --set run.output_dir="$TMP/grpo_$f" \
+    >"$TMP/grpo_$f.log" 2>&1 || { bad "grpo from $f"; tail -3 "$TMP/grpo_$f.log"; }
+done
+curve_close "$TMP/grpo_jsonl" "$TMP/grpo_parquet" loss 0 0
+curve_close "$TMP/grpo_jsonl" "$TMP/grpo_parquet" reward 0 0
 
 # A Hub dataset id: datasets--org--arith in HF_HOME/hub, the train split's shard under data/.
 snap=$TMP/hf/hub/datasets--org--arith/snapshots/5e6f
