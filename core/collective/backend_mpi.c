@@ -115,6 +115,39 @@ static ctrl_status mpi_allgather_f32(float *buf, const int *counts) {
     return st;
 }
 
+/* A started allgather: MPI reads the counts and displacements until it completes (the caller's
+ * counts are scratch, so copied). */
+typedef struct pending_gather {
+    MPI_Request req;
+    int *displs, *counts;
+} pending_gather;
+
+static ctrl_status mpi_allgather_start_f32(float *buf, const int *counts, void **handle) {
+    int n;
+    pending_gather *g = calloc(1, sizeof *g);
+    if (!g || !(g->displs = displacements(counts, &n)) || !(g->counts = malloc(sizeof(int) * (size_t)n))) {
+        if (g) free(g->displs);
+        free(g);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "MPI_Iallgatherv: out of memory");
+    }
+    memcpy(g->counts, counts, sizeof(int) * (size_t)n);
+    int rc = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, g->counts, g->displs, MPI_FLOAT,
+                             MPI_COMM_WORLD, &g->req);
+    if (rc != MPI_SUCCESS) {
+        free(g->displs), free(g->counts), free(g);
+        return mpi_fail(rc, "MPI_Iallgatherv");
+    }
+    *handle = g;
+    return CTRL_OK;
+}
+
+static ctrl_status mpi_allgather_wait(void *handle) {
+    pending_gather *g = handle;
+    ctrl_status st = wait_for(&g->req, "MPI_Allgatherv");
+    free(g->displs), free(g->counts), free(g);
+    return st;
+}
+
 /* In place: MPI leaves the rank's piece of the sums at the start of the buffer; moved to its own
  * place after. */
 static ctrl_status mpi_reduce_scatter_sum_f32(float *buf, const int *counts) {
@@ -196,6 +229,8 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .reduce_scatter_sum_f32 = mpi_reduce_scatter_sum_f32,
         .send = mpi_send,
         .recv = mpi_recv,
+        .allgather_start_f32 = mpi_allgather_start_f32,
+        .allgather_wait = mpi_allgather_wait,
     };
     return &table;
 }

@@ -144,6 +144,20 @@ ctrl_status ctrl_collective_allgather_f32(float *buf, const int *counts) {
     return has_zero_ops() ? backend->allgather_f32(buf, counts) : no_zero_ops();
 }
 
+ctrl_status ctrl_collective_allgather_start_f32(float *buf, const int *counts, void **handle) {
+    *handle = NULL;
+    if (!backend) return CTRL_OK;
+    if (!has_zero_ops()) return no_zero_ops();
+    if (backend->size < offsetof(ctrl_collective_backend, allgather_wait) + sizeof backend->allgather_wait ||
+        !backend->allgather_start_f32)
+        return backend->allgather_f32(buf, counts); /* an older backend: done at once */
+    return backend->allgather_start_f32(buf, counts, handle);
+}
+
+ctrl_status ctrl_collective_allgather_wait(void *handle) {
+    return handle ? backend->allgather_wait(handle) : CTRL_OK;
+}
+
 ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *counts) {
     if (!backend) return CTRL_OK;
     ctrl_status st = has_zero_ops() ? backend->reduce_scatter_sum_f32(buf, counts) : no_zero_ops();

@@ -71,6 +71,11 @@ void ctrl_collective_set_timeout(double seconds);
  * (the other pieces undefined). On one rank both are no-ops. */
 ctrl_status ctrl_collective_allgather_f32(float *buf, const int *counts);
 ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *counts);
+/* The allgather started, to be completed by ctrl_collective_allgather_wait(*handle) before buf is
+ * read (ZeRO-3's prefetch; other collectives may run between, in the same order on every rank);
+ * *handle NULL when done already (one rank). */
+ctrl_status ctrl_collective_allgather_start_f32(float *buf, const int *counts, void **handle);
+ctrl_status ctrl_collective_allgather_wait(void *handle);
 /* `bytes` from this rank to rank `to`, received there by the matching recv (in order). */
 ctrl_status ctrl_collective_send(const void *buf, size_t bytes, int to);
 ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from);

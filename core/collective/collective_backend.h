@@ -37,6 +37,10 @@ typedef struct ctrl_collective_backend {
     /* Point to point (a sharded checkpoint's pieces go to rank 0). */
     ctrl_status (*send)(const void *buf, size_t bytes, int to);
     ctrl_status (*recv)(void *buf, size_t bytes, int from);
+    /* ZeRO-3's prefetch: allgather_f32 started (*handle: the request, owned by the backend until
+     * allgather_wait completes it, timeout as ever). */
+    ctrl_status (*allgather_start_f32)(float *buf, const int *counts, void **handle);
+    ctrl_status (*allgather_wait)(void *handle);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

@@ -94,7 +94,8 @@ typedef struct ctrl_run_settings {
         int bf16;         /* [teacher] dtype = bf16 */
     } teacher;
     struct {
-        long reduce_bucket_size; /* floats (ZeRO's gradient buckets) */
+        long reduce_bucket_size;   /* floats (ZeRO's gradient buckets) */
+        long prefetch_bucket_size; /* floats (zero3's gathers started ahead) */
     } memory;
 } ctrl_run_settings;
 

@@ -151,14 +151,19 @@ static const ctrl_option memory_options[] = {
      "TRL's default gradient_checkpointing; empty: keep every activation), and at most one ZeRO stage for "
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
-     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; fp32 on the CPU); offload_optimizer: "
-     "on a CUDA run the optimizer state and step in "
-     "host memory (e.g. checkpointing, zero2; docs/distributed.md)."},
+     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on the CPU); offload_optimizer: "
+     "on a CUDA run the optimizer state and step in host memory; offload_activations: on a CUDA run the "
+     "checkpointed layers' inputs in host memory between forward and backward (e.g. checkpointing, "
+     "zero2; docs/distributed.md)."},
     {"reduce_bucket_size", CTRL_OPT_INT, "500000000", MIN(1), NULL,
      "zero2 (CPU) and zero3: gradient floats reduce-scattered together as the backward makes them -- "
      "consecutive layers, at most this many floats (a larger layer alone), each rank keeping only its "
      "slices' averages, as DeepSpeed's reduce_bucket_size (its default, 5e8). Smaller: less gradient "
      "memory during the backward, more collectives."},
+    {"prefetch_bucket_size", CTRL_OPT_INT, "50000000", MIN(0), NULL,
+     "zero3: before each layer's forward or backward, the gathers of the layers the pass takes next are "
+     "started while their floats fit in this many (DeepSpeed's stage3_prefetch_bucket_size, its default "
+     "5e7), and completed when the layer is reached; 0: each layer gathered when reached."},
     CTRL_OPTION_END,
 };
 

@@ -189,6 +189,14 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
  * first (before a recompute too), after_forward and after_backward last; after_backward runs once
  * more at the end of each backward with layer -1, every gradient written (the embeddings' last). */
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+/* ZeRO-3's sliced parameters and the bf16 copy (host models): the ranges [a, b) (n pairs,
+ * ascending; NULL: none) that rounding the whole copy leaves out, their gathers rounding them with
+ * ctrl_model_params_range_changed (parameters [off, off + n) changed: their part of the copy
+ * re-rounded, when the model keeps a current one); ctrl_model_bf16_copy is the copy (the
+ * parameters' layout; NULL when none), whose pages the sharding may release with the layer's. */
+ctrl_status ctrl_model_set_round_skip(ctrl_model *m, const size_t *ranges, int n);
+ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n);
+float *ctrl_model_bf16_copy(const ctrl_model *m);
 /* Every layer recomputed, without a strategy plugin: the activations keep each layer's input and
  * one set of layer internals that all layers share -- for a model that only runs forwards (a frozen
  * reference), whose forward needs no more; a backward would still be right (it recomputes). */
@@ -230,6 +238,15 @@ ctrl_status ctrl_model_remove_adapter(ctrl_model *m, int id);
 void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
+/* Activation offloading (TRL's activation_offloading; the offload_activations memory strategy):
+ * on a device backend the inputs of the layers the memory strategy recomputes leave the device
+ * after each layer's forward (into host memory) and come back just before its backward, the
+ * device keeping two slots for them instead of one per layer; the gradients are the same bit for
+ * bit. CTRL_ERR_UNSUPPORTED on a backend whose memory is host memory (the CPU) or when no layer is
+ * recomputed. Set after the memory strategy; ctrl_model_offloaded_bytes: the host bytes holding
+ * them (after a forward; 0 when none), *per_layer one layer's input. */
+ctrl_status ctrl_model_set_offload_activations(ctrl_model *m, int on);
+size_t ctrl_model_offloaded_bytes(const ctrl_model *m, size_t *per_layer);
 /* Zeroes the gradients where they are computed (on a device, the device's: the host copy is left as it
  * is until ctrl_model_grads_to_host overwrites it). */
 ctrl_status ctrl_model_zero_grad(ctrl_model *m);

@@ -123,6 +123,7 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
                                   m->x_out, P + m->off_norm, m->rstdf, T, C));
     for (int l = c->n_layers - 1; l >= 0; l--) {
         MODEL_TRY(model_layer_hooks(m, l, 1, 1));
+        MODEL_TRY(model_offload_input(m, l, 0)); /* an offloaded input back from host memory */
         if (model_recomputed(m, l)) {
             MODEL_TRY(model_layer_forward(m, l, NULL, model_plugin_attention, NULL));
             if (c->sandwich_norm) /* the recompute stops before post_feedforward_layernorm: its rstd */

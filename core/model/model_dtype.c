@@ -28,6 +28,18 @@ void ctrl_model_weights_changed(ctrl_model *m) {
     m->host_stale = 0;
 }
 
+ctrl_status ctrl_model_set_round_skip(ctrl_model *m, const size_t *ranges, int n) {
+    m->round_skip = n > 0 ? ranges : NULL, m->n_round_skip = n > 0 ? n : 0;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n) {
+    if (!m->rounded || !m->rounded_valid || !n) return CTRL_OK;
+    return m->be->round_to_bf16(m->rounded + off, m->dparams + off, (int64_t)n);
+}
+
+float *ctrl_model_bf16_copy(const ctrl_model *m) { return m->rounded; }
+
 ctrl_status model_prepare_weights(ctrl_model *m) {
     const size_t bytes = sizeof(float) * m->n_params;
     if (!m->dparams_valid) {
@@ -44,7 +56,12 @@ ctrl_status model_prepare_weights(ctrl_model *m) {
             if (st != CTRL_OK)
                 return ctrl_error_wrap(st, "model: the bf16 copy of %zu parameters", m->n_params);
         }
-        ctrl_status st = m->be->round_to_bf16(m->rounded, m->dparams, (int64_t)m->n_params);
+        ctrl_status st = CTRL_OK;
+        for (int i = 0; i <= m->n_round_skip && st == CTRL_OK; i++) { /* the gaps between */
+            const size_t a = i ? m->round_skip[2 * i - 1] : 0;
+            const size_t b = i < m->n_round_skip ? m->round_skip[2 * i] : m->n_params;
+            if (b > a) st = m->be->round_to_bf16(m->rounded + a, m->dparams + a, (int64_t)(b - a));
+        }
         m->rounded_valid = st == CTRL_OK;
         if (st != CTRL_OK) return st;
     }

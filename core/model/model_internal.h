@@ -73,6 +73,15 @@ struct ctrl_model {
     float *rounded;    /* backend; with linear_bf16: the parameters rounded to bf16 values (what the
                           linear projections multiply with), rebuilt after ctrl_model_weights_changed */
     int rounded_valid;
+    /* ranges [a, b) (pairs, ascending) the rounding of the whole copy leaves out: ZeRO-3's sliced
+     * layers, rounded by ctrl_model_params_range_changed when gathered */
+    const size_t *round_skip;
+    int n_round_skip;
+    /* activation offloading (ctrl_model_set_offload_activations): the recomputed layers' inputs
+     * share two device slots (layer l's: l % 2) and are kept in host memory between their forward
+     * and their backward, offload_host[l * T * C ...] */
+    int offload_acts;
+    float *offload_host;
     /* Host: the parameters and gradients loaded, saved and stepped by the optimizer. On a backend
      * with host memory dparams/dgrads are the same buffers; on a device they are its copies:
      * dparams refreshed from params after ctrl_model_weights_changed (dparams_valid), gradients
@@ -350,6 +359,9 @@ static inline int model_recomputed(const ctrl_model *m, int l) { return m->recom
 /* Layer l's hooks: the memory strategy's and the sharding's (ctrl_model_set_sharding), of the
  * forward or the backward, before or after the layer. */
 ctrl_status model_layer_hooks(ctrl_model *m, int l, int backward, int before);
+/* Offloaded activations: layer l's input to host memory (out = 1, after its forward) or back into
+ * its device slot (before its backward); nothing for a layer kept on the device. */
+ctrl_status model_offload_input(ctrl_model *m, int l, int out);
 
 /* The per-token inputs and outputs of the head where the backend's ops can use them: the caller's
  * host buffers with host memory, else m->stage ([3, T] floats: logp, dL/dlogp, correct), with

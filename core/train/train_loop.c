@@ -96,7 +96,8 @@ static void set_groups(run_state *r, float *params, float *grads) {
 }
 
 /* [memory] strategies: at most one that hooks the layers (checkpointing), given to the model, at
- * most one ZeRO stage (zero1, zero2, zero3), and offload_optimizer, which the loop carries out. */
+ * most one ZeRO stage (zero1, zero2, zero3), and offload_optimizer and offload_activations, which
+ * the loop carries out (offload: bit 0 the optimizer, bit 1 the activations). */
 static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plugins *p,
                                      const ctrl_memory_ops **layers, int *zero_stage, int *offload) {
     const char *layer_name = NULL, *zero_name = NULL;
@@ -106,7 +107,12 @@ static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plug
         const char *name = p->memory[i]->name;
         if (ops->size >= offsetof(ctrl_memory_ops, offload_optimizer) + sizeof ops->offload_optimizer &&
             ops->offload_optimizer) {
-            *offload = 1; /* a property of the run, no instance needed beyond the flag */
+            *offload |= 1; /* a property of the run, no instance needed beyond the flag */
+            continue;
+        }
+        if (ops->size >= offsetof(ctrl_memory_ops, offload_activations) + sizeof ops->offload_activations &&
+            ops->offload_activations) {
+            *offload |= 2;
             continue;
         }
         if (ops->size >= offsetof(ctrl_memory_ops, zero_stage) + sizeof ops->zero_stage && ops->zero_stage) {
@@ -171,7 +177,13 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     r->opt_ops = p->optimizer->ops;
     ctrl_status st = memory_strategies(cfg, p, &layer_strategy, &zero_stage, &offload);
     if (st == CTRL_OK) st = train_compute_select(s->run.device, &r->comp);
-    if (st == CTRL_OK && offload && r->comp.device.type == CTRL_DEVICE_CPU)
+    if (st == CTRL_OK && (offload & 2) && r->comp.device.type == CTRL_DEVICE_CPU)
+        st = ctrl_error_set(CTRL_ERR_CONFIG,
+                            "[memory] strategies = offload_activations with [run] device = %s: the "
+                            "activations are in host memory already, there is nothing to offload (drop "
+                            "offload_activations, or train on cuda)",
+                            s->run.device);
+    if (st == CTRL_OK && (offload & 1) && r->comp.device.type == CTRL_DEVICE_CPU)
         st = ctrl_error_set(
             CTRL_ERR_CONFIG,
             "[memory] strategies = offload_optimizer with [run] device = %s: the model and the "
@@ -203,6 +215,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
         st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
+    if (st == CTRL_OK && (offload & 2) && ctrl_model_set_offload_activations(r->model, 1) != CTRL_OK) {
+        char why[512]; /* the model's reason, copied before the message is set anew */
+        snprintf(why, sizeof why, "%s", ctrl_error_message());
+        st = ctrl_error_set(CTRL_ERR_CONFIG, "[memory] strategies = offload_activations: %s", why);
+    }
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {
         const train_kind_env env = {.cfg = cfg,
@@ -226,7 +243,8 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
     if (st == CTRL_OK)
-        st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size);
+        st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size,
+                             (size_t)s->memory.prefetch_bucket_size);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
@@ -236,11 +254,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     r->groups = calloc((size_t)ctrl_model_view_count(r->model), sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     const ctrl_device dev = ctrl_model_device(r->model);
-    if (dev.type != CTRL_DEVICE_CPU && offload)
+    if (dev.type != CTRL_DEVICE_CPU && (offload & 1))
         CTRL_INFO("optimizer %s: steps on the host, its state in host memory ([memory] strategies = "
                   "offload_optimizer)",
                   s->train.optimizer);
-    if (dev.type != CTRL_DEVICE_CPU && !r->zero.stage && !offload) {
+    if (dev.type != CTRL_DEVICE_CPU && !r->zero.stage && !(offload & 1)) {
         set_groups(r, ctrl_model_device_params(r->model), ctrl_model_device_grads(r->model, NULL));
         st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, dev, &r->opt);
         if (st == CTRL_OK) {
@@ -374,6 +392,19 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
     return st;
 }
 
+/* This process's resident memory now and at its peak (/proc/self/status VmRSS, VmHWM; kB), 0 where
+ * unknown. */
+static void process_memory(double *now_kb, double *peak_kb) {
+    *now_kb = *peak_kb = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "VmRSS:", 6)) *now_kb = atof(line + 6);
+        if (!strncmp(line, "VmHWM:", 6)) *peak_kb = atof(line + 6);
+    }
+    if (f) fclose(f);
+}
+
 /* After the first step of a partitioned ZeRO run: the gradient memory each rank held during the
  * backward (the most resident just before a bucket's reduction) and, zero3, the parameter and
  * gradient memory between steps (mincore), logged by rank 0. */
@@ -381,10 +412,11 @@ static ctrl_status report_resident(run_state *r) {
     size_t n_params = 0, n_grads = 0;
     const float *p = ctrl_model_params(r->model, &n_params), *g = ctrl_model_grads(r->model, &n_grads);
     train_zero *z = &r->zero;
-    double v[3] = {(double)train_zero_resident(p, n_params * sizeof *p),
-                   (double)train_zero_resident(g, n_grads * sizeof *g), (double)z->grad_peak};
+    double v[5] = {(double)train_zero_resident(p, n_params * sizeof *p),
+                   (double)train_zero_resident(g, n_grads * sizeof *g), (double)z->grad_peak, 0, 0};
+    process_memory(&v[3], &v[4]);
     z->measure = 0;
-    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 3);
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 5);
     if (st != CTRL_OK || !r->root) return st;
     int buckets = 0;
     for (int l = 0; l < ctrl_model_cfg(r->model)->n_layers; l++) buckets += z->closes[l] != 0;
@@ -394,9 +426,26 @@ static ctrl_status report_resident(run_state *r) {
         z->stage, v[2], n_grads * sizeof *g, buckets, z->bucket, z->acc_n * sizeof(float));
     if (z->stage >= 3)
         CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
-                  "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes",
-                  v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g);
+                  "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes; %ld layer "
+                  "gathers prefetched in the step (prefetch_bucket_size = %zu floats)",
+                  v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g,
+                  z->prefetched, z->prefetch);
+    if (z->stage >= 3) /* the model is loaded whole before it is sliced: the start-up peak */
+        CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM; "
+                  "the model was loaded whole before slicing)",
+                  v[3], v[4]);
     return st;
+}
+
+/* offload_activations, after the first step (its last forward's layout): the bytes of layer inputs
+ * in host memory and of activations on the device. */
+static void report_offload(const run_state *r) {
+    size_t one = 0;
+    const size_t host = ctrl_model_offloaded_bytes(r->model, &one),
+                 dev = ctrl_model_activation_bytes(r->model);
+    CTRL_INFO("offload_activations: %zu bytes of layer inputs in host memory; activations on the device: %zu "
+              "bytes (%zu with every input there)",
+              host, dev, dev + host - 2 * one);
 }
 
 /* Interrupted after step ts->step (or during the next one, whose partial work is dropped): a
@@ -490,6 +539,8 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         if (r->root && (ts->step % log_every == 0 || ts->step == total))
             st = log_window(r, ts, total, lr, rate);
         if (st == CTRL_OK && r->zero.partitioned && ts->step == start_step + 1) st = report_resident(r);
+        if (r->root && ts->step == start_step + 1 && ctrl_model_offloaded_bytes(r->model, NULL))
+            report_offload(r);
         if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
             st = evaluate(r, has_eval, ts->step);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */

@@ -9,26 +9,32 @@
 
 #include "collective/collective.h"
 #include "cpu/cpu_ops.h"
+#include "model/lora.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/zero.h"
 
-void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi) {
-    const size_t a = z->units[u].a, len = z->units[u].b - a,
-                 piece = (len + (size_t)z->size - 1) / (size_t)z->size;
+void train_zero_cut(const train_zero *z, train_zero_unit u, int r, size_t *lo, size_t *hi) {
+    const size_t len = u.b - u.a, piece = (len + (size_t)z->size - 1) / (size_t)z->size;
     const size_t at = piece * (size_t)r;
-    *lo = a + (at < len ? at : len);
-    *hi = a + (at + piece < len ? at + piece : len);
+    *lo = u.a + (at < len ? at : len);
+    *hi = u.a + (at + piece < len ? at + piece : len);
 }
 
-const int *train_zero_counts(train_zero *z, int u) {
+void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi) {
+    train_zero_cut(z, z->units[u], r, lo, hi);
+}
+
+const int *train_zero_cut_counts(train_zero *z, train_zero_unit u) {
     for (int r = 0; r < z->size; r++) {
         size_t lo, hi;
-        train_zero_slice(z, u, r, &lo, &hi);
+        train_zero_cut(z, u, r, &lo, &hi);
         z->counts[r] = (int)(hi - lo);
     }
     return z->counts;
 }
+
+const int *train_zero_counts(train_zero *z, int u) { return train_zero_cut_counts(z, z->units[u]); }
 
 /* The layer a view belongs to ("model.layers.L.*"), else -1. */
 static int view_layer(const ctrl_param_view *v) {
@@ -43,12 +49,22 @@ static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
     const int n_views = ctrl_model_view_count(m), n_layers = ctrl_model_cfg(m)->n_layers;
     if (!(z->units = calloc((size_t)n_views + 1, sizeof *z->units)) ||
         !(z->layer_unit = malloc(sizeof(int) * (size_t)(n_layers > 0 ? n_layers : 1))) ||
-        !(z->closes = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1)))
+        !(z->closes = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1)) ||
+        !(z->frozen = calloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof *z->frozen)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    for (int l = 0; l < n_layers; l++) z->layer_unit[l] = -1;
+    for (int l = 0; l < n_layers; l++) z->layer_unit[l] = -1, z->frozen[l] = (train_zero_unit){0, 0, -1};
     for (int i = 0; i < n_views; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
-        if ((size_t)v->offset < z->first) continue;
+        if ((size_t)v->offset < z->first) { /* LoRA's frozen base: stage 3 slices each layer's too */
+            const int l = view_layer(v);
+            if (z->stage < 3 || l < 0 || l >= n_layers) continue;
+            train_zero_unit *f = &z->frozen[l];
+            const size_t end = (size_t)v->offset + (size_t)v->numel;
+            if (f->layer < 0) *f = (train_zero_unit){(size_t)v->offset, end, l};
+            if (end > f->b) f->b = end;
+            if ((size_t)v->offset < f->a) f->a = (size_t)v->offset;
+            continue;
+        }
         const size_t at = (size_t)v->offset - z->first;
         int layer = view_layer(v);
         if (layer >= n_layers) layer = -1;
@@ -104,11 +120,11 @@ static void make_buckets(train_zero *z, int n_layers, size_t bucket) {
     z->n_units = n;
 }
 
-ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket) {
+ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch) {
     memset(z, 0, sizeof *z);
     if (stage <= 0) return CTRL_OK;
     z->stage = stage, z->rank = ctrl_collective_rank(), z->size = ctrl_collective_size(), z->model = m;
-    z->bucket = bucket;
+    z->bucket = bucket, z->prefetch = prefetch;
     ctrl_model_grads(m, &z->total);
     z->first = ctrl_model_trainable_offset(m);
     if (z->total > (size_t)INT_MAX)
@@ -120,18 +136,17 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
     if (!(z->counts = calloc((size_t)z->size, sizeof *z->counts)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (stage >= 3) {
-        if (ctrl_model_lora(m))
+        const struct ctrl_lora_config *lora = ctrl_model_lora(m);
+        if (lora && (lora->nf4 || lora->use_dora))
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                  "[memory] strategies = zero3 with [peft] enabled = true: not supported "
-                                  "(zero1 or zero2 shard the adapters' optimizer state)");
+                                  "[memory] strategies = zero3 with [peft] %s: not supported yet (the base "
+                                  "is read whole: %s); plain LoRA is",
+                                  lora->nf4 ? "quantization = nf4" : "use_dora = true",
+                                  lora->nf4 ? "dequantized per layer from NF4" : "DoRA's weight norms");
         if (ctrl_model_device(m).type != CTRL_DEVICE_CPU)
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                                   "[memory] strategies = zero3 with [run] device = cuda: not supported yet "
                                   "(zero1 and zero2 are)");
-        if (ctrl_model_compute_dtype(m) != CTRL_F32)
-            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                  "[memory] strategies = zero3 with [train] dtype = bf16: not supported yet "
-                                  "(the rounded copy is of the whole model); use dtype = fp32");
     }
     /* stage 2 on the CPU, stage 3: the gradients partitioned during the backward (zero_layers.c) */
     z->partitioned = stage >= 3 || (stage == 2 && ctrl_model_device(m).type == CTRL_DEVICE_CPU);
@@ -168,7 +183,8 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
 
 void train_zero_free(train_zero *z) {
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
-    free(z->closes);
+    free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending);
+    z->frozen = NULL, z->skip = NULL, z->state = NULL, z->pending = NULL;
     z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL, z->acc = NULL,
     z->acc_off = NULL, z->closes = NULL;
 }
@@ -234,6 +250,8 @@ uint64_t train_zero_layout(const train_zero *z) {
 size_t train_zero_layer_bytes(const train_zero *z) {
     size_t n = 0;
     for (int u = 0; u < z->n_units; u++) n += z->units[u].layer >= 0 ? z->units[u].b - z->units[u].a : 0;
+    for (int l = 0; z->frozen && l < ctrl_model_cfg(z->model)->n_layers; l++)
+        n += z->frozen[l].b - z->frozen[l].a;
     return n * sizeof(float);
 }
 

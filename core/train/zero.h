@@ -64,19 +64,35 @@ typedef struct train_zero {
     int measure;        /* while set: grad_peak follows the gradient buffer's resident bytes */
     size_t grad_peak;   /* the most seen just before a bucket's reduction */
     int lent;           /* stage 3: gathered by train_zero_whole, released by it */
+    /* stage 3 with LoRA: each layer's frozen base parameters ([a, b) in parameters, not trainable
+     * floats; layer -1: none), sliced and gathered with the layer, never reduced or stepped */
+    train_zero_unit *frozen;
+    /* stage 3: the sliced parameter ranges (pairs, in parameters) the model's bf16 copy leaves to
+     * the gathers (ctrl_model_set_round_skip) */
+    size_t *skip;
+    int n_skip;
+    /* stage 3's prefetch: prefetch_bucket_size floats of the next layers' gathers started ahead;
+     * state[l]: 0 sliced, 1 gathers in flight (pending[2l], pending[2l + 1]), 2 whole */
+    size_t prefetch;
+    char *state;
+    void **pending;
+    long prefetched; /* layers prefetched so far */
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
  * u (in z->counts, returned). */
 void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi);
 const int *train_zero_counts(train_zero *z, int u);
+/* The same for any range cut in N (u.a, u.b in its own indexing). */
+void train_zero_cut(const train_zero *z, train_zero_unit u, int r, size_t *lo, size_t *hi);
+const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
 /* Stage 3: the bytes of the layers' parameters (the units sliced between uses). */
 size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
- * [memory] reduce_bucket_size (floats). Stage 3 needs a CPU model in fp32 without LoRA, else an
- * error naming the key. An error when a slice offset does not fit MPI's int counts (more than
- * 2^31 - 1 trainable floats). */
-ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket);
+ * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats). Stage 3 needs a CPU model (with
+ * LoRA: neither NF4 nor DoRA), else an error naming the key. An error when a slice offset does not fit MPI's
+ * int counts (more than 2^31 - 1 trainable floats). */
+ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch);
 void train_zero_free(train_zero *z);
 /* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
  * 3: gather before forward and backward, release after), zeroes and releases the model's gradient

@@ -18,8 +18,9 @@ struct ctrl_memory {
     train_zero *z;
 };
 
-static float *unit_params(const train_zero *z, int u) {
-    return ctrl_model_params(z->model, NULL) + z->first + z->units[u].a;
+/* Unit u's range in the parameters (the units are in trainable floats). */
+static train_zero_unit in_params(const train_zero *z, int u) {
+    return (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer};
 }
 
 /* [from, to) of the parameters back to the system, the whole pages inside it. */
@@ -29,28 +30,96 @@ static void release_range(float *from, float *to) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* Unit u's other slices released: before this rank's and after it. */
-static void release_unit(const train_zero *z, int u) {
-    float *p = unit_params(z, u) - z->units[u].a; /* indexed by trainable float */
+/* A sliced range of the parameters (`u` in parameters): the other ranks' slices released, before
+ * this rank's and after it, and the whole range of the bf16 copy (re-rounded at the next gather). */
+static void release_params(const train_zero *z, train_zero_unit u) {
+    float *p = ctrl_model_params(z->model, NULL), *rounded = ctrl_model_bf16_copy(z->model);
     size_t lo, hi;
-    train_zero_slice(z, u, z->rank, &lo, &hi);
-    release_range(p + z->units[u].a, p + lo);
-    release_range(p + hi, p + z->units[u].b);
+    train_zero_cut(z, u, z->rank, &lo, &hi);
+    release_range(p + u.a, p + lo);
+    release_range(p + hi, p + u.b);
+    if (rounded) release_range(rounded + u.a, rounded + u.b);
 }
 
-static ctrl_status gather_unit(train_zero *z, int u) {
-    return ctrl_collective_allgather_f32(unit_params(z, u), train_zero_counts(z, u));
+/* Every rank's slices of the range into every rank's parameters, and its bf16 copy re-rounded. */
+static ctrl_status gather_params(train_zero *z, train_zero_unit u) {
+    ctrl_status st =
+        ctrl_collective_allgather_f32(ctrl_model_params(z->model, NULL) + u.a, train_zero_cut_counts(z, u));
+    return st == CTRL_OK ? ctrl_model_params_range_changed(z->model, u.a, u.b - u.a) : st;
 }
 
-static ctrl_status gather_layer(ctrl_memory *m, int layer) {
-    train_zero *z = m->z;
-    return z->stage < 3 || z->gathered || z->layer_unit[layer] < 0 ? CTRL_OK
-                                                                   : gather_unit(z, z->layer_unit[layer]);
+/* Layer l's sliced ranges: its trainable unit's and (LoRA) its frozen base's. */
+static int layer_ranges(const train_zero *z, int l, train_zero_unit out[2]) {
+    int n = 0;
+    if (z->layer_unit[l] >= 0) out[n++] = in_params(z, z->layer_unit[l]);
+    if (z->frozen && z->frozen[l].layer >= 0) out[n++] = z->frozen[l];
+    return n;
 }
+
+/* The floats of layer l's sliced ranges. */
+static size_t layer_floats(const train_zero *z, int l) {
+    train_zero_unit r[2];
+    size_t n = 0;
+    for (int i = 0, k = layer_ranges(z, l, r); i < k; i++) n += r[i].b - r[i].a;
+    return n;
+}
+
+/* Layer l's gathers started (prefetch): completed by need_layer. */
+static ctrl_status start_layer(train_zero *z, int l) {
+    train_zero_unit r[2];
+    ctrl_status st = CTRL_OK;
+    z->state[l] = 1;
+    for (int i = 0, n = layer_ranges(z, l, r); i < n && st == CTRL_OK; i++)
+        st = ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + r[i].a,
+                                                 train_zero_cut_counts(z, r[i]), &z->pending[2 * l + i]);
+    return st;
+}
+
+/* Layer l whole: its prefetch completed, or gathered now. */
+static ctrl_status need_layer(train_zero *z, int l) {
+    train_zero_unit r[2];
+    ctrl_status st = CTRL_OK;
+    const int n = layer_ranges(z, l, r);
+    for (int i = 0; i < n && st == CTRL_OK; i++) {
+        if (z->state[l] == 2) break;
+        if (z->state[l] == 1) {
+            st = ctrl_collective_allgather_wait(z->pending[2 * l + i]);
+            z->pending[2 * l + i] = NULL;
+            if (st == CTRL_OK) st = ctrl_model_params_range_changed(z->model, r[i].a, r[i].b - r[i].a);
+        } else {
+            st = gather_params(z, r[i]);
+        }
+    }
+    z->state[l] = 2;
+    return st;
+}
+
+/* Before layer l's forward (dir +1) or backward (-1): l gathered, and the gathers of the layers the
+ * pass takes next started while their floats fit in prefetch_bucket_size (DeepSpeed's
+ * stage3_prefetch_bucket_size), so they can move while l computes. */
+static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
+    if (z->stage < 3 || z->gathered) return CTRL_OK;
+    ctrl_status st = need_layer(z, layer);
+    size_t held = 0;
+    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
+    for (int l = layer + dir; st == CTRL_OK && l >= 0 && l < n_layers; l += dir) {
+        const size_t n = layer_floats(z, l);
+        if (held + n > z->prefetch) break;
+        held += n;
+        if (z->state[l] == 0) st = start_layer(z, l), z->prefetched++;
+    }
+    return st;
+}
+
+static ctrl_status gather_forward(ctrl_memory *m, int layer) { return gather_layer_dir(m->z, layer, 1); }
+static ctrl_status gather_backward(ctrl_memory *m, int layer) { return gather_layer_dir(m->z, layer, -1); }
 
 static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
-    if (z->stage >= 3 && !z->gathered && z->layer_unit[layer] >= 0) release_unit(z, z->layer_unit[layer]);
+    if (z->stage < 3 || z->gathered || z->state[layer] != 2) return CTRL_OK;
+    train_zero_unit r[2];
+    for (int i = 0, n = layer_ranges(z, layer, r); i < n; i++) release_params(z, r[i]);
+    z->state[layer] = 0;
     return CTRL_OK;
 }
 
@@ -105,9 +174,9 @@ static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
 
 static const ctrl_memory_ops layer_hooks = {
     .size = sizeof(ctrl_memory_ops),
-    .before_forward = gather_layer,
+    .before_forward = gather_forward,
     .after_forward = release_layer,
-    .before_backward = gather_layer,
+    .before_backward = gather_backward,
     .after_backward = reduce_layer,
 };
 
@@ -115,6 +184,18 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     if (!z->partitioned) return CTRL_OK;
     if (!(z->hooks = malloc(sizeof *z->hooks))) return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     z->hooks->z = z, z->model = m, z->measure = 1;
+    const int n_layers = ctrl_model_cfg(m)->n_layers;
+    const size_t nl = (size_t)(n_layers > 0 ? n_layers : 1);
+    if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 4 * nl)) || !(z->state = calloc(nl, 1)) ||
+                          !(z->pending = calloc(2 * nl, sizeof *z->pending))))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+    for (int k = 0; k < 2 && z->stage >= 3; k++) /* in the parameters' order: LoRA's base first */
+        for (int l = 0; l < n_layers; l++) {
+            train_zero_unit r[2];
+            for (int i = 0, n = layer_ranges(z, l, r); i < n; i++)
+                if ((r[i].a < z->first) == (k == 0))
+                    z->skip[2 * z->n_skip] = r[i].a, z->skip[2 * z->n_skip++ + 1] = r[i].b;
+        }
     ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
     if (st == CTRL_OK) st = ctrl_model_zero_grad(m);
     if (st != CTRL_OK) return st;
@@ -127,9 +208,8 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
 
 ctrl_status train_zero_gather_all(train_zero *z) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
-    ctrl_status st = CTRL_OK;
-    for (int u = 0; u < z->n_units && st == CTRL_OK; u++)
-        if (z->units[u].layer >= 0) st = gather_unit(z, u);
+    ctrl_status st = ctrl_model_set_round_skip(z->model, NULL, 0); /* whole: the bf16 copy rounds all */
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) st = need_layer(z, l);
     z->gathered = st == CTRL_OK;
     return st;
 }
@@ -150,8 +230,12 @@ ctrl_status train_zero_whole(void *ctx, int on) {
 void train_zero_release_all(train_zero *z) {
     if (z->stage < 3) return;
     z->gathered = 0;
-    for (int u = 0; u < z->n_units; u++)
-        if (z->units[u].layer >= 0) release_unit(z, u);
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
+        train_zero_unit r[2];
+        for (int i = 0, n = layer_ranges(z, l, r); i < n; i++) release_params(z, r[i]);
+        z->state[l] = 0;
+    }
+    ctrl_model_set_round_skip(z->model, z->skip, z->n_skip); /* the gathers round the layers */
 }
 
 size_t train_zero_resident(const void *p, size_t bytes) {

@@ -36,6 +36,11 @@ typedef struct ctrl_memory_ops {
      * memory on a device run (offload_optimizer): the core steps the host copies there. Listed
      * beside the other strategies. */
     int (*offload_optimizer)(const ctrl_memory *m);
+    /* Appended, optional (check `size`; NULL: no). 1: the inputs of the layers the layer strategy
+     * recomputes are kept in host memory between their forward and their backward on a device run
+     * (offload_activations, TRL's activation_offloading): the core's model does the copies. Listed
+     * beside a layer strategy that recomputes (checkpointing). */
+    int (*offload_activations)(const ctrl_memory *m);
 } ctrl_memory_ops;
 
 #ifdef __cplusplus

@@ -2,7 +2,9 @@
 # offload_optimizer on a CUDA run, under the CUDA emulator (issue 19; plugins/memory/offload/): the
 # optimizer state and step on the host follow the device optimizer's loss curve (<= 1e-6 relative)
 # with the same first gradient norm (the gradients are the device's, bit for bit), and zero1 on one
-# rank (its sharded step is the host's) too; offload_optimizer on the CPU is refused naming the key.
+# rank (its sharded step is the host's) too; offload_optimizer on the CPU is refused naming the key;
+# offload_activations (the checkpointed layers' inputs in host memory) gives the same curve bit for
+# bit with less device activation memory, and is refused on the CPU and without checkpointing.
 # usage: test_offload_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA
 source "$(dirname "$0")/e2e_common.sh"
 export CTRL_CUDA_LIBRARY=$4 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
@@ -38,6 +40,33 @@ curve_close "$TMP/dev" "$TMP/off" grad_norm 1e-5
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z1" --set memory.strategies=zero1 >"$TMP/z1.log" 2>&1 ||
   { bad "zero1 on cuda"; tail -5 "$TMP/z1.log"; }
 curve_close "$TMP/dev" "$TMP/z1" loss 1e-6
+# offload_activations: the checkpointed layers' inputs in host memory between forward and backward
+# (a 4-layer model: two device slots instead of four inputs); the gradients bit for bit the same,
+# so the printed curve is identical
+"${C[@]}" model init --arch qwen2 --hidden 32 --layers 4 --heads 2 --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" \
+  --out "$TMP/model4" >/dev/null || bad "model init"
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/ck" --set model.path="$TMP/model4" \
+  --set memory.strategies=checkpointing >"$TMP/ck.log" 2>&1 || { bad "checkpointing on cuda"; tail -5 "$TMP/ck.log"; }
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/oa" --set model.path="$TMP/model4" \
+  --set memory.strategies=checkpointing,offload_activations >"$TMP/oa.log" 2>&1 || { bad "offload_activations"; tail -5 "$TMP/oa.log"; }
+for key in loss grad_norm mean_token_accuracy; do
+  [ "$(curve_col "$TMP/ck" $key)" = "$(curve_col "$TMP/oa" $key)" ] && [ -n "$(curve_col "$TMP/ck" $key)" ] && ok ||
+    bad "offload_activations: $key differs"
+done
+line=$(grep -o "offload_activations: [0-9]* bytes of layer inputs in host memory; activations on the device: [0-9]* bytes ([0-9]* with every input there)" "$TMP/oa.log")
+read -r host dev whole < <(echo "$line" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
+echo "offload_activations: $host bytes in host memory, device activations $dev bytes ($whole without)"
+[ -n "$host" ] && [ "$host" -gt 0 ] && [ $((whole - dev)) = $((host / 2)) ] && ok || bad "offload_activations: '$line'"
+# refused: without a layer strategy that recomputes, and on the CPU (naming the key)
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/oa0" --set memory.strategies=offload_activations >"$TMP/oa0.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\[memory\] strategies = offload_activations: no layer is recomputed" "$TMP/oa0.log" && ok ||
+  { bad "offload_activations alone: exit $rc"; tail -3 "$TMP/oa0.log"; }
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/oac" --set run.device=cpu --set memory.strategies=checkpointing,offload_activations \
+  >"$TMP/oac.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\[memory\] strategies = offload_activations with \[run\] device = cpu: .*nothing to offload" "$TMP/oac.log" && ok ||
+  { bad "offload_activations on the cpu: exit $rc"; tail -3 "$TMP/oac.log"; }
 # nothing to offload on the CPU: refused, naming the key
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/cpu" --set run.device=cpu --set memory.strategies=offload_optimizer \
   >"$TMP/cpu.log" 2>&1

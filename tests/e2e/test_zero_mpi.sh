@@ -120,7 +120,7 @@ curve_close "$TMP/g" "$TMP/gz" grad_norm 1e-5
 # zero3: the layers sliced, gathered whole for each generation phase and released after
 # (ds3_gather_for_generation), the gradients reduced one layer at a time
 "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gz3" --set memory.strategies=zero3 \
-  --set memory.reduce_bucket_size=1 >"$TMP/gz3.log" 2>&1 || { bad "grpo zero3 2 ranks"; tail -20 "$TMP/gz3.log"; }
+  --set memory.reduce_bucket_size=1 --set memory.prefetch_bucket_size=0 >"$TMP/gz3.log" 2>&1 || { bad "grpo zero3 2 ranks"; tail -20 "$TMP/gz3.log"; }
 curve_close "$TMP/g" "$TMP/gz3" reward 1e-6
 curve_close "$TMP/g" "$TMP/gz3" grad_norm 1e-5
 grep -q "zero3: gradients during the backward: .* (2 buckets of layers" "$TMP/gz3.log" && ok || bad "grpo zero3: $(grep 'zero3:' "$TMP/gz3.log")"
@@ -191,11 +191,51 @@ diff <(curve "$TMP/z3") <(curve "$TMP/z3r") >"$TMP/diff" && ok || { bad "zero3 r
 rc=$?
 [ $rc = 2 ] && grep -q "made with ZeRO-3, \[memory\] strategies has zero2" "$TMP/z3x.log" && ok ||
   { bad "zero2 resume of a zero3 checkpoint: exit $rc"; tail -3 "$TMP/z3x.log"; }
-"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zb" --set memory.strategies=zero3 --set train.dtype=bf16 \
-  >"$TMP/zb.log" 2>&1
+# the next layers' gathers started ahead (prefetch_bucket_size: two 65,856-float layers): the same
+# curve; 0 prefetches nothing
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zp" "${z3[@]}" --set memory.strategies=checkpointing,zero3 \
+  --set memory.prefetch_bucket_size=140000 --set train.save_strategy=no >"$TMP/zp.log" 2>&1 || { bad "zero3 prefetch"; tail -20 "$TMP/zp.log"; }
+curve_close "$TMP/p4" "$TMP/zp" loss 1e-6
+curve_close "$TMP/p4" "$TMP/zp" grad_norm 1e-5
+pf=$(grep -o "[0-9]* layer gathers prefetched in the step (prefetch_bucket_size = 140000 floats)" "$TMP/zp.log" | grep -o '^[0-9]*')
+echo "zero3 prefetch: $pf layer gathers prefetched in the first step"
+# 2 micro-batches x (forward: layers 1-3 ahead, backward: 2-0) = 12
+[ "$pf" = 12 ] && ok || bad "zero3 prefetch: '$pf' gathers prefetched"
+# bf16 compute: the layers' bf16 products read the gathered weights; where the CPU has no bf16
+# instructions (forced: CTRL_NO_AVX512BF16) the model multiplies by a rounded copy, whose layers the
+# gathers round (the rest rounded after each step): both follow plain data parallel in bf16.
+# (one micro-batch a step, no clipping: the gradients are then plain data parallel's bit for bit --
+# a micro-batch's average is the same sum over the ranks -- where rounding the weights to bf16 would
+# otherwise turn zero3's reordered sums, 1e-7 apart, into bf16 steps apart)
+zb=(--set train.save_strategy=no --set train.dtype=bf16 --set memory.reduce_bucket_size=1
+  --set train.gradient_accumulation_steps=1 --set train.max_grad_norm=0)
+for nb in 0 1; do
+  env=() && [ $nb = 1 ] && env=(-x CTRL_NO_AVX512BF16=1)
+  "${MPI[@]}" "${env[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/pb$nb" "${z3[@]}" "${zb[@]}" \
+    >"$TMP/pb$nb.log" 2>&1 || { bad "bf16 plain ($nb)"; tail -20 "$TMP/pb$nb.log"; }
+  "${MPI[@]}" "${env[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zb$nb" "${z3[@]}" "${zb[@]}" \
+    --set memory.strategies=checkpointing,zero3 >"$TMP/zb$nb.log" 2>&1 || { bad "bf16 zero3 ($nb)"; tail -20 "$TMP/zb$nb.log"; }
+  curve_close "$TMP/pb$nb" "$TMP/zb$nb" loss 1e-6
+  curve_close "$TMP/pb$nb" "$TMP/zb$nb" grad_norm 1e-5
+done
+# LoRA: the frozen base's layers sliced too (gathered with the adapters, never reduced or stepped);
+# the adapters' curve as plain data parallel's, the base's parameters resident about halved
+zl=(--set peft.enabled=true --set peft.target_modules=all-linear --set train.save_strategy=no)
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/pl" "${z3[@]}" "${zl[@]}" >"$TMP/pl.log" 2>&1 ||
+  { bad "lora plain 4 layers"; tail -20 "$TMP/pl.log"; }
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zl" "${z3[@]}" "${zl[@]}" --set memory.strategies=checkpointing,zero3 \
+  --set memory.reduce_bucket_size=1 >"$TMP/zl.log" 2>&1 || { bad "lora zero3"; tail -20 "$TMP/zl.log"; }
+curve_close "$TMP/pl" "$TMP/zl" loss 1e-6
+curve_close "$TMP/pl" "$TMP/zl" grad_norm 1e-5
+line=$(grep -o "zero3: parameters resident between steps: at most [0-9]* of the model's [0-9]* bytes per rank (layers [0-9]* bytes, sliced over 2 ranks)" "$TMP/zl.log")
+read -r res buf lay < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zq" "${zl[@]}" --set peft.quantization=nf4 --set memory.strategies=zero3 \
+  >"$TMP/zq.log" 2>&1
 rc=$?
-[ $rc != 0 ] && grep -q "\[memory\] strategies = zero3 with \[train\] dtype = bf16: not supported yet" "$TMP/zb.log" && ok ||
-  { bad "zero3 bf16: exit $rc"; tail -3 "$TMP/zb.log"; }
+[ $rc != 0 ] && grep -q "\[memory\] strategies = zero3 with \[peft\] quantization = nf4: not supported yet" "$TMP/zq.log" && ok ||
+  { bad "zero3 nf4: exit $rc"; tail -3 "$TMP/zq.log"; }
+echo "zero3 LoRA: resident $res of $buf bytes per rank, layers (base + adapters) $lay bytes"
+[ -n "$lay" ] && [ "$lay" -ge 1053696 ] && [ "$res" -le $((buf - lay / 2 + 8 * 2 * 4096)) ] && ok || bad "zero3 LoRA resident: '$line'"
 # what zero3 cannot run yet is refused, naming the key: server-mode generation (the pushed weights)
 "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gzs" --set memory.strategies=zero3 --set generation.mode=server \
   >"$TMP/gzs.log" 2>&1

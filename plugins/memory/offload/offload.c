@@ -5,7 +5,12 @@
  * device before the next forward -- so the device holds no exp_avg / exp_avg_sq (8 bytes a
  * parameter with AdamW). The core's step loop does it (core/train/train_loop.c); the plugin says
  * so. On the CPU there is nothing to offload: the run is refused, naming the key. Not yet: the
- * host step overlapped with the next step's compute (DeepSpeed's ZeRO-Offload overlaps them). */
+ * host step overlapped with the next step's compute (DeepSpeed's ZeRO-Offload overlaps them).
+ *
+ * `offload_activations` (TRL's activation_offloading): with activation checkpointing, what a layer
+ * keeps through the forward is its input; on a device run those inputs go to host memory right
+ * after each layer's forward and come back just before its backward (the model does the copies,
+ * ctrl_model_set_offload_activations), the device holding two of them instead of one per layer. */
 #include <stdlib.h>
 
 #include <ctrl/plugin_api.h>
@@ -20,7 +25,7 @@ static ctrl_status offload_create(const ctrl_host *host, const ctrl_config *cfg,
                                   ctrl_memory **out) {
     (void)host, (void)cfg, (void)n_layers;
     *out = calloc(1, sizeof **out);
-    return *out ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "memory offload_optimizer: out of memory");
+    return *out ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "memory offload: out of memory");
 }
 
 static int offload_optimizer(const ctrl_memory *m) {
@@ -37,6 +42,29 @@ static const ctrl_memory_ops offload_ops = {
     .offload_optimizer = offload_optimizer,
 };
 
+static int offload_activations(const ctrl_memory *m) {
+    (void)m;
+    return 1;
+}
+
+static const ctrl_memory_ops activations_ops = {
+    .size = sizeof(ctrl_memory_ops),
+    .create = offload_create,
+    .destroy = offload_destroy,
+    .offload_activations = offload_activations,
+};
+
+static const ctrl_plugin activations_plugin = {
+    CTRL_PLUGIN_HEADER,
+    .kind = CTRL_KIND_MEMORY,
+    .name = "offload_activations",
+    .version = "0.1.0",
+    .summary = "checkpointed layer inputs in host memory between forward and backward on a device run "
+               "(TRL's activation_offloading)",
+    .init = ctrl_plugin_api_init,
+    .ops = &activations_ops,
+};
+
 static const ctrl_plugin offload_plugin = {
     CTRL_PLUGIN_HEADER,
     .kind = CTRL_KIND_MEMORY,
@@ -47,4 +75,4 @@ static const ctrl_plugin offload_plugin = {
     .ops = &offload_ops,
 };
 
-CTRL_PLUGIN_DEFINE(&offload_plugin)
+CTRL_PLUGIN_DEFINE(&offload_plugin, &activations_plugin)
