@@ -165,6 +165,44 @@ static ctrl_status mpi_reduce_scatter_sum_f32(float *buf, const int *counts) {
     return st;
 }
 
+/* A started reduce-scatter: its counts copied (MPI reads them until it completes), and where this
+ * rank's piece goes once it does. */
+typedef struct pending_reduce {
+    MPI_Request req;
+    int *counts;
+    float *buf;
+    int at, n;
+} pending_reduce;
+
+static ctrl_status mpi_reduce_scatter_start_f32(float *buf, const int *counts, void **handle) {
+    int size, rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    pending_reduce *p = calloc(1, sizeof *p);
+    if (!p || !(p->counts = malloc(sizeof(int) * (size_t)size))) {
+        free(p);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "MPI_Ireduce_scatter: out of memory");
+    }
+    memcpy(p->counts, counts, sizeof(int) * (size_t)size);
+    for (int r = 0; r < rank; r++) p->at += counts[r];
+    p->buf = buf, p->n = counts[rank];
+    int rc = MPI_Ireduce_scatter(MPI_IN_PLACE, buf, p->counts, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &p->req);
+    if (rc != MPI_SUCCESS) {
+        free(p->counts), free(p);
+        return mpi_fail(rc, "MPI_Ireduce_scatter");
+    }
+    *handle = p;
+    return CTRL_OK;
+}
+
+static ctrl_status mpi_reduce_scatter_wait(void *handle) {
+    pending_reduce *p = handle;
+    ctrl_status st = wait_for(&p->req, "MPI_Reduce_scatter");
+    if (st == CTRL_OK && p->at > 0) memmove(p->buf + p->at, p->buf, sizeof(float) * (size_t)p->n);
+    free(p->counts), free(p);
+    return st;
+}
+
 #define P2P_TAG 19
 
 static ctrl_status mpi_send(const void *buf, size_t bytes, int to) {
@@ -231,6 +269,8 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .recv = mpi_recv,
         .allgather_start_f32 = mpi_allgather_start_f32,
         .allgather_wait = mpi_allgather_wait,
+        .reduce_scatter_start_f32 = mpi_reduce_scatter_start_f32,
+        .reduce_scatter_wait = mpi_reduce_scatter_wait,
     };
     return &table;
 }

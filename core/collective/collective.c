@@ -158,6 +158,26 @@ ctrl_status ctrl_collective_allgather_wait(void *handle) {
     return handle ? backend->allgather_wait(handle) : CTRL_OK;
 }
 
+ctrl_status ctrl_collective_reduce_scatter_start_f32(float *buf, const int *counts, void **handle) {
+    *handle = NULL;
+    if (!backend) return CTRL_OK;
+    if (!has_zero_ops()) return no_zero_ops();
+    if (backend->size <
+            offsetof(ctrl_collective_backend, reduce_scatter_wait) + sizeof backend->reduce_scatter_wait ||
+        !backend->reduce_scatter_start_f32)
+        return backend->reduce_scatter_sum_f32(buf, counts); /* an older backend: done at once */
+    return backend->reduce_scatter_start_f32(buf, counts, handle);
+}
+
+ctrl_status ctrl_collective_reduce_scatter_wait_mean(void *handle, float *buf, const int *counts) {
+    ctrl_status st = handle ? backend->reduce_scatter_wait(handle) : CTRL_OK;
+    if (!backend) return st;
+    size_t at = 0;
+    for (int r = 0; r < info.rank; r++) at += (size_t)counts[r];
+    for (size_t i = 0; st == CTRL_OK && i < (size_t)counts[info.rank]; i++) buf[at + i] /= (float)info.size;
+    return st;
+}
+
 ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *counts) {
     if (!backend) return CTRL_OK;
     ctrl_status st = has_zero_ops() ? backend->reduce_scatter_sum_f32(buf, counts) : no_zero_ops();

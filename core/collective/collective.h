@@ -76,6 +76,10 @@ ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *count
  * *handle NULL when done already (one rank). */
 ctrl_status ctrl_collective_allgather_start_f32(float *buf, const int *counts, void **handle);
 ctrl_status ctrl_collective_allgather_wait(void *handle);
+/* reduce_scatter_mean started (overlap_comm), and completed -- the sum divided by the ranks -- by
+ * ctrl_collective_reduce_scatter_wait_mean(handle, buf, counts) with the same buf and counts. */
+ctrl_status ctrl_collective_reduce_scatter_start_f32(float *buf, const int *counts, void **handle);
+ctrl_status ctrl_collective_reduce_scatter_wait_mean(void *handle, float *buf, const int *counts);
 /* `bytes` from this rank to rank `to`, received there by the matching recv (in order). */
 ctrl_status ctrl_collective_send(const void *buf, size_t bytes, int to);
 ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from);

@@ -41,6 +41,10 @@ typedef struct ctrl_collective_backend {
      * allgather_wait completes it, timeout as ever). */
     ctrl_status (*allgather_start_f32)(float *buf, const int *counts, void **handle);
     ctrl_status (*allgather_wait)(void *handle);
+    /* overlap_comm: reduce_scatter_sum_f32 started, completed (this rank's piece moved to its
+     * place) by reduce_scatter_wait. */
+    ctrl_status (*reduce_scatter_start_f32)(float *buf, const int *counts, void **handle);
+    ctrl_status (*reduce_scatter_wait)(void *handle);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

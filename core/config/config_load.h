@@ -96,6 +96,7 @@ typedef struct ctrl_run_settings {
     struct {
         long reduce_bucket_size;   /* floats (ZeRO's gradient buckets) */
         long prefetch_bucket_size; /* floats (zero3's gathers started ahead) */
+        int overlap_comm;          /* zero2/zero3: reductions left in flight during the backward */
     } memory;
 } ctrl_run_settings;
 

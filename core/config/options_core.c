@@ -164,6 +164,10 @@ static const ctrl_option memory_options[] = {
      "zero3: before each layer's forward or backward, the gathers of the layers the pass takes next are "
      "started while their floats fit in this many (DeepSpeed's stage3_prefetch_bucket_size, its default "
      "5e7), and completed when the layer is reached; 0: each layer gathered when reached."},
+    {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "zero2 (CPU) and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
+     "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "
+     "one more bucket of gradients held)."},
     CTRL_OPTION_END,
 };
 

@@ -184,7 +184,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         .teacher = {.path = ctrl_config_get_string(cfg, "teacher", "path"),
                     .bf16 = tdtype && !strcmp(tdtype, "bf16")},
         .memory = {.reduce_bucket_size = (long)rd_int(&r, "memory", "reduce_bucket_size"),
-                   .prefetch_bucket_size = (long)rd_int(&r, "memory", "prefetch_bucket_size")}};
+                   .prefetch_bucket_size = (long)rd_int(&r, "memory", "prefetch_bucket_size"),
+                   .overlap_comm = rd_bool(&r, "memory", "overlap_comm")}};
     /* the lists as the seven projections' bits (the option table allows only their names) */
     static const char *const proj[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                        "gate_proj", "up_proj", "down_proj"};

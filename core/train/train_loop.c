@@ -244,7 +244,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
     if (st == CTRL_OK)
         st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size,
-                             (size_t)s->memory.prefetch_bucket_size);
+                             (size_t)s->memory.prefetch_bucket_size, s->memory.overlap_comm);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF

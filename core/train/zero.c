@@ -120,11 +120,12 @@ static void make_buckets(train_zero *z, int n_layers, size_t bucket) {
     z->n_units = n;
 }
 
-ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch) {
+ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
+                            int overlap) {
     memset(z, 0, sizeof *z);
     if (stage <= 0) return CTRL_OK;
     z->stage = stage, z->rank = ctrl_collective_rank(), z->size = ctrl_collective_size(), z->model = m;
-    z->bucket = bucket, z->prefetch = prefetch;
+    z->bucket = bucket, z->prefetch = prefetch, z->overlap = overlap;
     ctrl_model_grads(m, &z->total);
     z->first = ctrl_model_trainable_offset(m);
     if (z->total > (size_t)INT_MAX)
@@ -184,7 +185,9 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
 void train_zero_free(train_zero *z) {
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
     free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending);
-    z->frozen = NULL, z->skip = NULL, z->state = NULL, z->pending = NULL;
+    free(z->flight_u), free(z->flight_h);
+    z->frozen = NULL, z->skip = NULL, z->state = NULL, z->pending = NULL, z->flight_u = NULL,
+    z->flight_h = NULL;
     z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL, z->acc = NULL,
     z->acc_off = NULL, z->closes = NULL;
 }

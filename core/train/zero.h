@@ -77,6 +77,11 @@ typedef struct train_zero {
     char *state;
     void **pending;
     long prefetched; /* layers prefetched so far */
+    /* overlap_comm: a bucket's reduce-scatters started and left in flight while the backward goes
+     * on, finished when the next bucket closes or the backward ends (n_flight of them: units, handles) */
+    int overlap;
+    int *flight_u, n_flight;
+    void **flight_h;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -89,10 +94,11 @@ const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
 /* Stage 3: the bytes of the layers' parameters (the units sliced between uses). */
 size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
- * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats). Stage 3 needs a CPU model (with
- * LoRA: neither NF4 nor DoRA), else an error naming the key. An error when a slice offset does not fit MPI's
- * int counts (more than 2^31 - 1 trainable floats). */
-ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch);
+ * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm. Stage 3
+ * needs a CPU model (with LoRA: neither NF4 nor DoRA), else an error naming the key. An error when a slice
+ * offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
+ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
+                            int overlap);
 void train_zero_free(train_zero *z);
 /* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
  * 3: gather before forward and backward, release after), zeroes and releases the model's gradient

@@ -123,12 +123,14 @@ static ctrl_status release_layer(ctrl_memory *m, int layer) {
     return CTRL_OK;
 }
 
-/* Unit u's gradients averaged over the ranks (reduce-scatter), this rank's slice added to its sums,
- * and the whole unit's gradients zeroed and released (the next backward adds into zeros). */
-static ctrl_status reduce_unit(train_zero *z, int u) {
+/* Unit u's reduce-scatter done (`handle`: started by reduce_unit with overlap_comm, else NULL and
+ * done here): this rank's slice of the average added to its sums, and the whole unit's gradients
+ * zeroed and released (the next backward adds into zeros). */
+static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
     float *g = ctrl_model_grads(z->model, NULL) + z->units[u].a;
     const size_t len = z->units[u].b - z->units[u].a;
-    ctrl_status st = ctrl_collective_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
+    ctrl_status st = handle ? ctrl_collective_reduce_scatter_wait_mean(handle, g, train_zero_counts(z, u))
+                            : ctrl_collective_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
     if (st != CTRL_OK) return st;
     size_t lo, hi;
     train_zero_slice(z, u, z->rank, &lo, &hi);
@@ -138,6 +140,28 @@ static ctrl_status reduce_unit(train_zero *z, int u) {
     memset(g, 0, sizeof(float) * len);
     release_range(g, g + len);
     return CTRL_OK;
+}
+
+/* Unit u's gradients averaged over the ranks: at once, or (overlap_comm) started, to be finished
+ * when the next bucket is reduced or the backward ends, while the backward goes on. */
+static ctrl_status reduce_unit(train_zero *z, int u) {
+    if (!z->overlap) return finish_unit(z, u, NULL);
+    void *h = NULL;
+    ctrl_status st = ctrl_collective_reduce_scatter_start_f32(
+        ctrl_model_grads(z->model, NULL) + z->units[u].a, train_zero_counts(z, u), &h);
+    if (st == CTRL_OK) z->flight_u[z->n_flight] = u, z->flight_h[z->n_flight++] = h;
+    return st;
+}
+
+/* overlap_comm: the reductions in flight finished, in the order they started. */
+static ctrl_status finish_flight(train_zero *z) {
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < z->n_flight; i++) {
+        const ctrl_status s = finish_unit(z, z->flight_u[i], z->flight_h[i]);
+        if (st == CTRL_OK) st = s;
+    }
+    z->n_flight = 0;
+    return st;
 }
 
 /* While measuring (the first step): the gradient buffer's resident bytes, the most seen. */
@@ -158,10 +182,10 @@ static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
     const int u = layer >= 0 ? z->layer_unit[layer] : -1;
     if (layer >= 0 && (u < 0 || !z->closes[layer])) return CTRL_OK;
     measure(z);
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = finish_flight(z); /* overlap_comm: the previous bucket's */
     if (layer < 0) {
         for (int k = 0; k < z->n_units && st == CTRL_OK; k++)
-            if (z->units[k].layer < 0) st = reduce_unit(z, k);
+            if (z->units[k].layer < 0) st = finish_unit(z, k, NULL);
         return st;
     }
     /* the bucket: this layer's unit and those above it, up to the next bucket's (stage 3: one a layer) */
@@ -186,6 +210,9 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     z->hooks->z = z, z->model = m, z->measure = 1;
     const int n_layers = ctrl_model_cfg(m)->n_layers;
     const size_t nl = (size_t)(n_layers > 0 ? n_layers : 1);
+    if (!(z->flight_u = malloc(sizeof(int) * (size_t)z->n_units)) ||
+        !(z->flight_h = malloc(sizeof(void *) * (size_t)z->n_units)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 4 * nl)) || !(z->state = calloc(nl, 1)) ||
                           !(z->pending = calloc(2 * nl, sizeof *z->pending))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");

@@ -261,6 +261,16 @@ echo "zero2 (buckets of 2 layers): gradients resident at most $peak of $gbuf byt
   [ $((kept * 2)) -ge $((gbuf - 64)) ] && ok || bad "zero2 gradient partitions: '$line' (layers $lay bytes)"
 [ -n "$whole" ] && [ "$whole" -gt "$peak" ] && ok || bad "zero2 buckets hold no less than one bucket of every layer: $peak vs '$whole'"
 
+# overlap_comm: each bucket's reduce-scatters left in flight while the backward goes on (finished
+# when the next bucket closes or the backward ends): the same curve, zero2 and zero3 (with prefetch)
+for z in zero2 zero3; do
+  "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/ov$z" "${z3[@]}" --set memory.strategies=checkpointing,$z \
+    --set memory.reduce_bucket_size=1 --set memory.overlap_comm=true --set train.save_strategy=no >"$TMP/ov$z.log" 2>&1 ||
+    { bad "$z overlap_comm"; tail -20 "$TMP/ov$z.log"; }
+  curve_close "$TMP/p4" "$TMP/ov$z" loss 1e-6
+  curve_close "$TMP/p4" "$TMP/ov$z" grad_norm 1e-5
+done
+
 # 7. DPO (the sequence kind: a live reference model) with zero3 on 2 ranks: plain data parallel's
 #    curve and metrics; TR-DPO's reference sync (it reads the whole policy) is refused.
 FIX="$SRC/tests/fixtures"
