@@ -250,6 +250,84 @@ TEST(flash_cuda_path_switch_refuses) {
     ctrl_registry_destroy(reg);
 }
 
+/* The forward's output under CTRL_FLASH_PATH=path (NULL: unset, the automatic choice), as raw
+ * bytes (out then lse), for a bf16 or fp32 batch at head_dim D. */
+static unsigned char *forward_bytes(const ctrl_attention_ops *ops, const char *path, ctrl_dtype dt, int D,
+                                    size_t *bytes) {
+    int32_t cu[3] = {0, 70, 103}, *dcu = NULL;
+    const int T = 103, H = 4, HK = 2;
+    const size_t nq = (size_t)T * H * D, nk = (size_t)T * HK * D, esz = dt == CTRL_BF16 ? 2 : 4;
+    const uint64_t saved = rng; /* the same inputs for every path; the seeded sequence goes on after */
+    rng = 0x1234567u;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = frand();
+    for (size_t i = 0; i < nk; i++) k[i] = frand(), v[i] = frand();
+    void *dq = upload(q, nq, dt), *dk = upload(k, nk, dt), *dv = upload(v, nk, dt),
+         *dout = poisoned(nq * esz);
+    float *dlse = poisoned((size_t)H * T * 4);
+    ctrl_cuda_malloc((void **)&dcu, sizeof cu);
+    ctrl_cuda_memcpy_h2d(dcu, cu, sizeof cu);
+    ctrl_attention_args a = {.size = sizeof a,
+                             .device = {CTRL_DEVICE_CUDA, 0},
+                             .dtype = dt,
+                             .n_seqs = 2,
+                             .cu_seqlens = dcu,
+                             .cu_seqlens_host = cu,
+                             .total_tokens = T,
+                             .n_head = H,
+                             .n_kv_head = HK,
+                             .head_dim = D,
+                             .scale = 1.0f / sqrtf((float)D),
+                             .causal = 1,
+                             .q = dq,
+                             .k = dk,
+                             .v = dv,
+                             .out = dout,
+                             .lse = dlse};
+    if (path)
+        setenv("CTRL_FLASH_PATH", path, 1);
+    else
+        unsetenv("CTRL_FLASH_PATH");
+    CHECK_EQ_INT(ops->forward(&a, NULL), CTRL_OK);
+    unsetenv("CTRL_FLASH_PATH");
+    *bytes = nq * esz + (size_t)H * T * 4;
+    unsigned char *h = malloc(*bytes);
+    ctrl_cuda_memcpy_d2h(h, dout, nq * esz);
+    ctrl_cuda_memcpy_d2h(h + nq * esz, dlse, (size_t)H * T * 4);
+    ctrl_cuda_free(dq), ctrl_cuda_free(dk), ctrl_cuda_free(dv), ctrl_cuda_free(dout), ctrl_cuda_free(dlse),
+        ctrl_cuda_free(dcu);
+    free(q), free(k), free(v);
+    rng = saved;
+    return h;
+}
+
+/* With CTRL_FLASH_PATH unset, bf16 at head_dim 64 runs the tensor-core kernels (bit for bit what
+ * CTRL_FLASH_PATH=mma gives, and not what the GEMM path gives), and head_dim 16, which they cannot
+ * run, the GEMM path. */
+TEST(flash_cuda_default_path) {
+    if (ctrl_cuda_device_count() <= 0) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    ctrl_device dev;
+    const ctrl_cuda_backend *backend;
+    CHECK_EQ_INT(ctrl_device_select("cuda", &dev, &backend), CTRL_OK);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    CHECK(e != NULL);
+    if (!e) return;
+    const ctrl_attention_ops *ops = e->plugin->ops;
+    size_t n1, n2, n3;
+    unsigned char *dflt = forward_bytes(ops, NULL, CTRL_BF16, 64, &n1),
+                  *mma = forward_bytes(ops, "mma", CTRL_BF16, 64, &n2),
+                  *gemm = forward_bytes(ops, "gemm", CTRL_BF16, 64, &n3);
+    CHECK(n1 == n2 && memcmp(dflt, mma, n1) == 0);
+    CHECK_MSG(memcmp(dflt, gemm, n1) != 0, "bf16 at head_dim 64 ran the GEMM path by default");
+    free(dflt), free(mma), free(gemm);
+    dflt = forward_bytes(ops, NULL, CTRL_BF16, 16, &n1),
+    gemm = forward_bytes(ops, "gemm", CTRL_BF16, 16, &n2);
+    CHECK(n1 == n2 && memcmp(dflt, gemm, n1) == 0);
+    free(dflt), free(gemm);
+    ctrl_registry_destroy(reg);
+}
+
 __attribute__((constructor)) static void seed(void) {
     rng = (uint64_t)time(NULL) * 6364136223846793005ull | 1;
     printf("  seed %llu\n", (unsigned long long)rng);
