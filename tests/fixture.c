@@ -89,6 +89,31 @@ int fixture_list(const char *dir, const char *suffix, char **names, int max) {
     return n;
 }
 
+int fixture_each_case(const char *sub, int max, fixture_case_fn run, void *ctx) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, sub);
+    char **files = calloc((size_t)max, sizeof *files);
+    const int n = files ? fixture_list(dir, ".bin", files, max) : 0;
+    for (int i = 0; i < n; i++) run(ctx, dir, files[i]), free(files[i]);
+    free(files);
+    return n;
+}
+
+fixture *fixture_open_case(const char *dir, const char *file, char *name, size_t cap) {
+    char path[2400];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    const size_t len = strlen(file);
+    snprintf(name, cap, "%.*s", (int)(len > 4 ? len - 4 : len), file);
+    fixture *f = fixture_load(path);
+    CHECK_MSG(f != NULL, "cannot load %s", path);
+    return f;
+}
+
+void fixture_check_loss(const char *name, int mb, double loss, double want) {
+    CHECK_MSG(fabs(loss - want) <= 1e-5 * fabs(want) + 1e-7, "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss,
+              want);
+}
+
 void fixture_metrics_report(void *ctx, const char *name, double value) {
     fixture_metrics *m = ctx;
     int i = 0;

@@ -3,6 +3,8 @@
 #ifndef CTRL_TEST_FIXTURE_H
 #define CTRL_TEST_FIXTURE_H
 
+#include <stddef.h>
+
 typedef struct fixture fixture;
 
 /* NULL (with a message on stderr) when the file is missing or malformed. */
@@ -16,6 +18,15 @@ const float *fixture_array(const fixture *f, const char *name, long want);
 /* The names of the files in `dir` ending in `suffix`, sorted (strcmp), at most `max`; each strdup'ed
  * (the caller frees them). Returns how many; a test failure when `dir` cannot be read. */
 int fixture_list(const char *dir, const char *suffix, char **names, int max);
+/* Each case of CTRL_FIXTURE_DIR/sub (its *.bin files, sorted, at most max) through run(ctx, dir,
+ * file), dir being the folder's path. Returns how many there were. */
+typedef void (*fixture_case_fn)(void *ctx, const char *dir, const char *file);
+int fixture_each_case(const char *sub, int max, fixture_case_fn run, void *ctx);
+/* dir/file loaded, its name (the file's less its ".bin") in name[cap]: NULL after a test failure
+ * when it cannot be. */
+fixture *fixture_open_case(const char *dir, const char *file, char *name, size_t cap);
+/* A test failure unless loss is TRL's want within 1e-5 relative + 1e-7 (case name, micro-batch mb). */
+void fixture_check_loss(const char *name, int mb, double loss, double want);
 
 /* What a trainer reports (its report callback with the collector as ctx): each metric's sum and
  * number of calls, in order of first appearance; names past FIXTURE_MAX_METRICS are dropped. */

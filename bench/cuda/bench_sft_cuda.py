@@ -19,7 +19,10 @@ import tempfile
 import threading
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
+
+ROOT = bu.ROOT
 
 
 class GpuMemory:
@@ -112,7 +115,7 @@ save_strategy = no
     if r.returncode != 0:
         print(f"ctrl {dtype}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
         return None
-    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"step"' in l and '"loss"' in l]
+    rows = [r for r in bu.metrics(out) if "step" in r]
     steady = rows[2:] if len(rows) > 3 else rows
     tps = sum(r["tokens_per_second"] for r in steady) / len(steady)
     return {"tokens_per_second": tps, "gpu_mib": mem.mib, "loss": rows[-1]["loss"]}
@@ -155,9 +158,8 @@ def torch_child(args, d, dtype, ids_rows):
 
 
 def run_torch(args, d, dtype):
-    cmd = [sys.executable, __file__, "--torch-child", d, "--dtype", dtype]
-    for k in ("build", "tokenizer", "batch", "seq", "steps"):
-        cmd += [f"--{k}", str(getattr(args, k))]
+    cmd = bu.child_cmd(__file__, "--torch-child", d, args, ("build", "tokenizer", "batch", "seq", "steps"), "--dtype",
+                       dtype)
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     with GpuMemory() as mem:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
@@ -206,12 +208,9 @@ def main():
         return torch_child(args, args.torch_child, args.dtype, rows)
     with tempfile.TemporaryDirectory() as d:
         args.model_dir = os.path.join(d, "model")
-        subprocess.run([os.path.join(args.build, "ctrl"), "--plugin-dir", os.path.join(args.build, "plugins"),
-                        "model", "init", "--arch", "qwen2", "--hidden", str(args.hidden), "--layers",
-                        str(args.layers), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
-                        "--intermediate", str(args.intermediate), "--tie-embeddings", "--tokenizer",
-                        args.tokenizer, "--out", os.path.join(d, "model")], check=True, stdout=subprocess.DEVNULL,
-                       env=ctrl_env())
+        bu.model_init(os.path.join(args.build, "ctrl"), os.path.join(args.build, "plugins"), args.model_dir,
+                      bu.model_shape(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, tie=True),
+                      args.tokenizer, env=ctrl_env())
         ids_rows = make_data(os.path.join(d, "train.jsonl"), os.path.join(d, "model"),
                              args.batch * args.steps, args.seq)
         with open(os.path.join(d, "ids.jsonl"), "w") as f:

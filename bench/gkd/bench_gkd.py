@@ -13,95 +13,56 @@ import argparse
 import json
 import os
 import random
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TINY = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiny_bpe")
-BUILD = os.environ.get("CTRL_BUILD", os.path.join(ROOT, "build"))  # the build folder to bench
-CTRL = os.path.join(BUILD, "ctrl")
-PLUGINS = os.path.join(BUILD, "plugins")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
+
+CTRL, PLUGINS = bu.build_paths("CTRL_BUILD")  # the build folder to bench
 LR, BETA, TEMPERATURE = 1e-4, 0.5, 0.9
-STUDENT = ["--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--intermediate", "512"]
-TEACHER = ["--hidden", "256", "--layers", "6", "--heads", "4", "--kv-heads", "2", "--intermediate", "1024"]
+STUDENT = bu.model_shape(128, 2, 4, 2, 512)
+TEACHER = bu.model_shape(256, 6, 4, 2, 1024)
 
 
 def make_rows(path, n=400, seed=0):
     rng = random.Random(seed)
-    words = "alpha beta gamma delta tensor kernel gradient batch token model layer cache vector matrix".split()
     with open(path, "w") as f:
         for _ in range(n):
             a, b = rng.randrange(1000), rng.randrange(1000)
-            prompt = f"Question: what is {a} + {b}? " + " ".join(rng.choices(words, k=16)) + "\nAnswer:"
-            f.write(json.dumps({"prompt": prompt, "completion": f" {a + b}. " + " ".join(rng.choices(words, k=6))})
-                    + "\n")
+            prompt = bu.arith_prompt(rng, a, b, 16)
+            f.write(json.dumps({"prompt": prompt, "completion": f" {a + b}. " + bu.filler(rng, 6)}) + "\n")
 
 
 def run_ctrl(d, args):
     ini = os.path.join(d, "ctrl.ini")
-    with open(ini, "w") as f:
-        f.write(f"""[run]
-trainer = gkd
-output_dir = {d}/ctrl_out
-device = cpu
-[model]
-path = {d}/student
-attention = flash
-[teacher]
-path = {d}/teacher
-[data]
-train_file = {d}/rows.jsonl
-shuffle = false
-[train]
-dtype = fp32
-learning_rate = {LR}
-max_steps = {args.steps}
-per_device_train_batch_size = {args.batch}
-logging_steps = {args.steps}
-save_strategy = no
-[gkd]
-lmbda = 1.0
-beta = {BETA}
-temperature = {TEMPERATURE}
-max_new_tokens = {args.new_tokens}
-""")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS="1")
-    t0 = time.perf_counter()
-    out = subprocess.run(["/usr/bin/time", "-f", "%M", CTRL, "--plugin-dir", PLUGINS, "train", ini], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        sys.exit(f"ctrl train failed:\n{out.stderr}")
-    rss = int(out.stderr.strip().splitlines()[-1]) / 1024
-    last = [json.loads(l) for l in open(f"{d}/ctrl_out/metrics.jsonl") if '"loss"' in l][-1]
+    bu.write_ini(ini, {"run": bu.cpu_run(f"{d}/ctrl_out", trainer="gkd"),
+                       "model": {"path": f"{d}/student", "attention": "flash"}, "teacher": {"path": f"{d}/teacher"},
+                       "data": {"train_file": f"{d}/rows.jsonl", "shuffle": "false"},
+                       "train": bu.train_section(LR, args.steps, args.batch, args.steps),
+                       "gkd": {"lmbda": 1.0, "beta": BETA, "temperature": TEMPERATURE, "max_new_tokens": args.new_tokens}})
+    run = bu.ctrl_train(CTRL, PLUGINS, ini, bu.thread_env(args.threads, OPENBLAS_NUM_THREADS="1"))
+    last = bu.metrics(f"{d}/ctrl_out")[-1]
     gen, teacher, train = last["timing/generation_s"], last["timing/teacher_s"], last["timing/train_s"]
     # the loop's optimizer step (clipping, AdamW) is not inside the kind's timings: the step time is
     # the steps' share of the training time, from tokens / tokens_per_second
     step = last["num_tokens"] / last["tokens_per_second"] / args.steps
-    return {"generation": gen, "teacher": teacher, "train": step - gen - teacher, "step": step, "rss_mib": rss,
-            "loss": last["loss"], "wall": wall}
+    return {"generation": gen, "teacher": teacher, "train": step - gen - teacher, "step": step,
+            "rss_mib": run.rss_mib, "loss": last["loss"], "wall": run.wall_s}
 
 
 def trl_child(d, args):
     import torch
     from datasets import Dataset
-    from torch.utils.data import SequentialSampler
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
     torch.set_num_threads(args.threads)
-    tok = AutoTokenizer.from_pretrained(TINY)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = bu.tokenizer_with_pad(bu.TINY_TOKENIZER)
     timing = {"generation": 0.0, "teacher": 0.0, "step": 0.0}
 
-    class Timed(GKDTrainer):
-        def _get_train_sampler(self, *a, **k):
-            return SequentialSampler(self.train_dataset)
-
+    class Timed(bu.sequential(GKDTrainer)):
         def training_step(self, *a, **k):
             t0 = time.perf_counter()
             out = super().training_step(*a, **k)
@@ -144,31 +105,24 @@ def trl_child(d, args):
 
     teacher.register_forward_pre_hook(pre)
     teacher.register_forward_hook(post)
-    rows = [json.loads(l) for l in open(os.path.join(d, "rows.jsonl"))]
+    rows = bu.read_jsonl(os.path.join(d, "rows.jsonl"))
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = GKDConfig(output_dir=tmp, report_to=[], use_cpu=True, bf16=False, max_steps=args.steps,
-                        per_device_train_batch_size=args.batch, learning_rate=LR, logging_steps=args.steps,
-                        save_strategy="no", lmbda=1.0, beta=BETA, temperature=TEMPERATURE,
-                        max_new_tokens=args.new_tokens, dataloader_num_workers=0)
+        cfg = GKDConfig(**bu.trl_args(output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch,
+                                      learning_rate=LR, logging_steps=args.steps, lmbda=1.0, beta=BETA,
+                                      temperature=TEMPERATURE, max_new_tokens=args.new_tokens))
         trainer = Timed(model=student, teacher_model=teacher, args=cfg, train_dataset=Dataset.from_list(rows),
                         processing_class=tok, data_collator=collate)
         trainer.train()
-        loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        loss = bu.last_logged(trainer, "loss")
     n = args.steps
     print(json.dumps({"generation": timing["generation"] / n, "teacher": timing["teacher"] / n,
                       "train": (timing["step"] - timing["generation"] - timing["teacher"]) / n,
-                      "step": timing["step"] / n, "rss_mib": rss, "loss": loss,
-                      "versions": f"torch {torch.__version__}"}))
+                      "step": timing["step"] / n, "rss_mib": bu.peak_rss_self(), "loss": loss,
+                      "versions": bu.torch_version()}))
 
 
 def run_trl(d, args):
-    out = subprocess.run([sys.executable, __file__, "--trl-child", d, "--threads", str(args.threads), "--steps",
-                          str(args.steps), "--batch", str(args.batch), "--new-tokens", str(args.new_tokens)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"TRL failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args, ("threads", "steps", "batch", "new_tokens")))[0]
 
 
 def main():
@@ -181,15 +135,12 @@ def main():
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
-    cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
-    print(f"machine: {os.cpu_count()} cores, {cpu}; threads {args.threads}, batch {args.batch}, {args.steps} "
+    print(f"machine: {bu.machine()}; threads {args.threads}, batch {args.batch}, {args.steps} "
           f"steps, lmbda 1, {args.new_tokens} new tokens, fp32", flush=True)
     with tempfile.TemporaryDirectory() as d:
         make_rows(os.path.join(d, "rows.jsonl"))
-        for name, shape in (("student", STUDENT), ("teacher", TEACHER)):
-            subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init", "--arch", "qwen2", *shape, "--seed",
-                            "1" if name == "student" else "2", "--tokenizer", TINY, "--out", os.path.join(d, name)],
-                           check=True, stdout=subprocess.DEVNULL)
+        for name, shape, seed in (("student", STUDENT, 1), ("teacher", TEACHER, 2)):
+            bu.model_init(CTRL, PLUGINS, os.path.join(d, name), shape, bu.TINY_TOKENIZER, seed=seed)
         c = run_ctrl(d, args)
         t = run_trl(d, args)
         print("per step (s):  generation  teacher   train    step   peak RSS  final loss")

@@ -13,51 +13,20 @@ max_completion_length 48 (--max-completion-length), temperature 1.0, fp32, 2 thr
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
 
 
 def ctrl_run(args, work, model, data):
     ini = os.path.join(work, "grpo.ini")
     out = os.path.join(work, "ctrl-out")
-    with open(ini, "w") as f:
-        f.write(f"""[run]
-trainer = grpo
-output_dir = {out}
-seed = 42
-device = cpu
-[model]
-path = {model}
-[data]
-train_file = {data}/train_prompts.jsonl
-[train]
-dtype = fp32
-learning_rate = 1e-3
-lr_scheduler_type = constant
-max_steps = {args.steps}
-per_device_train_batch_size = 16
-logging_steps = 1
-save_strategy = no
-[generation]
-kv_cache_bytes = 256000000
-temperature = 1.0
-[grpo]
-num_generations = 8
-max_completion_length = {args.max_completion_length}
-[reward.len]
-plugin = length
-target_length = 20
-""")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    subprocess.run([args.ctrl, "--plugin-dir", args.plugins, "train", ini], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l][1:]  # warm
-    n = len(rows)
-    mean = lambda k: sum(r.get(k) or 0 for r in rows) / n
+    bu.quickstart_online_ini(ini, "grpo", out, model, data, args.steps, 16,
+                             {"num_generations": 8, "max_completion_length": args.max_completion_length})
+    bu.ctrl_train(args.ctrl, args.plugins, ini, bu.thread_env(args.threads))
+    rows = bu.metrics(out)[1:]  # after a warm-up step
+    mean = bu.mean_of(rows)
     # per step: one generation batch; forward_backward is reported per micro-batch (one per step here)
     return {"step_s": mean("step_time"), "generation_s": mean("timing/generation_s"), "reward_s": mean("timing/reward_s"),
             "fwd_bwd_s": mean("timing/forward_backward_s"), "reward": rows[-1]["reward"],
@@ -67,49 +36,24 @@ target_length = 20
 def trl_run(args, work, model, data):
     import torch
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(args.threads)
-    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe"))
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = bu.tokenizer_with_pad(bu.TINY_TOKENIZER)
     ds = load_dataset("json", data_files=os.path.join(data, "train_prompts.jsonl"), split="train")
-
-    def reward_len(completions, **kw):
-        return [-abs(20 - len(c)) for c in completions]
-
-    cfg = GRPOConfig(output_dir=os.path.join(work, "trl-out"), per_device_train_batch_size=16, num_generations=8,
-                     max_completion_length=args.max_completion_length, temperature=1.0, learning_rate=1e-3, lr_scheduler_type="constant",
-                     max_steps=args.steps, logging_steps=1, bf16=False, use_cpu=True, report_to=[],
-                     save_strategy="no", seed=42, dataloader_num_workers=0)
+    cfg = GRPOConfig(**bu.trl_args(output_dir=os.path.join(work, "trl-out"), per_device_train_batch_size=16,
+                                   num_generations=8, max_completion_length=args.max_completion_length,
+                                   temperature=1.0, learning_rate=1e-3, lr_scheduler_type="constant",
+                                   max_steps=args.steps, logging_steps=1, seed=42))
     m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    tr = GRPOTrainer(model=m, reward_funcs=[reward_len], args=cfg, train_dataset=ds, processing_class=tok)
+    tr = GRPOTrainer(model=m, reward_funcs=[bu.reward_len], args=cfg, train_dataset=ds, processing_class=tok)
     times = {"generation_s": 0.0, "reward_s": 0.0, "fwd_s": 0.0}
-
-    def timed(obj, name, key):
-        f = getattr(obj, name)
-
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            r = f(*a, **k)
-            times[key] += time.perf_counter() - t
-            return r
-        setattr(obj, name, wrapper)
-    timed(tr, "_generate", "generation_s")
-    timed(tr, "_calculate_rewards", "reward_s")
-    timed(tr, "compute_loss", "fwd_s")
+    bu.timed(tr, "_generate", times, "generation_s")
+    bu.timed(tr, "_calculate_rewards", times, "reward_s")
+    bu.timed(tr, "compute_loss", times, "fwd_s")
     steps = []
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, a, s, c, **k):
-            steps.append(time.perf_counter())
-            if len(steps) == 2:
-                times.update({k: 0.0 for k in times})  # the first step is a warm-up
-
-        def on_step_end(self, a, s, c, **k):
-            steps[-1] = time.perf_counter() - steps[-1]
-    tr.add_callback(Clock())
+    tr.add_callback(bu.step_clock(times, steps))  # the first step is a warm-up
     tr.train()
     logs = [h for h in tr.state.log_history if "reward" in h][1:]  # after a warm-up step, as for ctrl
     steps = steps[1:]
@@ -124,25 +68,16 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-completion-length", type=int, default=48)
-    ap.add_argument("--ctrl", default=os.path.join(ROOT, "build/ctrl"))
-    ap.add_argument("--plugins", default=os.path.join(ROOT, "build/plugins"))
+    ap.add_argument("--ctrl", default=os.path.join(bu.ROOT, "build/ctrl"))
+    ap.add_argument("--plugins", default=os.path.join(bu.ROOT, "build/plugins"))
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="ctrl-bench-grpo-")
-    data = os.path.join(work, "data")
-    model = os.path.join(work, "model")
-    subprocess.run(["bash", os.path.join(ROOT, "scripts/make_quickstart_data.sh"), data], check=True,
-                   stdout=subprocess.DEVNULL)
-    subprocess.run([args.ctrl, "--plugin-dir", args.plugins, "model", "init", "--arch", "qwen2", "--hidden", "128",
-                    "--layers", "2", "--heads", "4", "--kv-heads", "2", "--tokenizer",
-                    os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe"), "--out", model], check=True,
-                   stdout=subprocess.DEVNULL)
+    work, model, data = bu.quickstart_model(args, "ctrl-bench-grpo-")
     c = ctrl_run(args, work, model, data)
     t = trl_run(args, work, model, data)
     print(f"GRPO step, {args.steps} steps, 16 completions x <= {args.max_completion_length} tokens, "
           f"{args.threads} threads")
-    print(f"{'':22}{'ctrl':>10}{'TRL':>10}{'ratio':>8}")
-    for k, label in [("step_s", "step (s)"), ("generation_s", "generation (s)"), ("reward_s", "reward (s)")]:
-        print(f"{label:22}{c[k]:10.4f}{t[k]:10.4f}{t[k] / max(c[k], 1e-9):8.1f}x")
+    bu.print_ratio_table(c, t, [("step_s", "step (s)"), ("generation_s", "generation (s)"), ("reward_s", "reward (s)")],
+                         22)
     print(f"{'fwd+bwd (ctrl) / fwd (TRL)':22}{c['fwd_bwd_s']:10.4f}{t['fwd_s']:10.4f}")
     print(f"{'mean completion length':22}{c['mean_length']:10.1f}{t['mean_length']:10.1f}")
     print(json.dumps({"ctrl": c, "trl": t, "speedup": t["step_s"] / c["step_s"]}))

@@ -10,7 +10,7 @@ num_mini_batches 1, gradient_accumulation_steps 1): each step generates one comp
 model, reads the reference and value models and trains the policy and the value model.
 Reported per step (mean over the steps after the first, a warm-up): the generation, the reward
 model's scores, the rest (reference and value forwards, GAE, the policy and value passes and the
-optimizer), and the peak RSS of each trainer's process (ctrl's by /usr/bin/time; TRL's its own
+optimizer), and the peak RSS of each trainer's process (ctrl's own, by wait4; TRL's its own
 Python process, which holds nothing else).
 
 usage: /work/venv-ppo/bin/python bench/ppo/bench_ppo.py [--tokenizer tiny|qwen3] [--steps N]
@@ -21,33 +21,27 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TOKENIZERS = {"tiny": os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiny_bpe"),
-              "qwen3": os.path.abspath(os.path.join(ROOT, "..", "shared", "data", "tokenizers", "qwen3"))}
-if not os.path.isdir(TOKENIZERS["qwen3"]):
-    TOKENIZERS["qwen3"] = "/work/shared/data/tokenizers/qwen3"
-BUILD = os.environ.get("CTRL_BUILD", os.path.join(ROOT, "build"))  # the build folder to bench
-CTRL = os.path.join(BUILD, "ctrl")
-PLUGINS = os.path.join(BUILD, "plugins")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
+
+TOKENIZERS = {"tiny": bu.TINY_TOKENIZER, "qwen3": bu.qwen3_tokenizer()}
+CTRL, PLUGINS = bu.build_paths("CTRL_BUILD")  # the build folder to bench
 LR, KL_COEF, VF_COEF = 1e-4, 0.05, 0.1
-POLICY = ["--hidden", "128", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--intermediate", "512"]
+POLICY = bu.model_shape(128, 2, 4, 2, 512)
 
 
 def make_prompts(path, n=256, seed=0):
     rng = random.Random(seed)
-    words = "alpha beta gamma delta tensor kernel gradient batch token model layer cache vector matrix".split()
     with open(path, "w") as f:
         for _ in range(n):
             a, b = rng.randrange(1000), rng.randrange(1000)
-            f.write(json.dumps({"prompt": f"Question: what is {a} + {b}? " + " ".join(rng.choices(words, k=12)) +
-                                "\nAnswer:"}) + "\n")
+            f.write(json.dumps({"prompt": bu.arith_prompt(rng, a, b, 12)}) + "\n")
 
 
 def make_reward_model(d):
@@ -70,57 +64,21 @@ def make_reward_model(d):
 
 def run_ctrl(d, args):
     ini = os.path.join(d, "ctrl.ini")
-    with open(ini, "w") as f:
-        f.write(f"""[run]
-trainer = ppo
-output_dir = {d}/ctrl_out
-seed = 42
-device = cpu
-[model]
-path = {d}/policy
-attention = flash
-[data]
-train_file = {d}/prompts.jsonl
-shuffle = false
-[train]
-dtype = fp32
-learning_rate = {LR}
-lr_scheduler_type = constant
-max_steps = {args.steps}
-per_device_train_batch_size = {args.batch}
-gradient_accumulation_steps = 1
-max_grad_norm = 0
-logging_steps = 1
-save_strategy = no
-[generation]
-kv_cache_bytes = 64000000
-temperature = 1.0
-[ppo]
-response_length = {args.response_length}
-stop_token = eos
-num_ppo_epochs = 1
-num_mini_batches = 1
-kl_coef = {KL_COEF}
-vf_coef = {VF_COEF}
-value_model = {d}/rm
-[reward.rm]
-plugin = reward_model
-path = {d}/rm
-""")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
-    t0 = time.perf_counter()
-    out = subprocess.run(["/usr/bin/time", "-f", "%M", CTRL, "--plugin-dir", PLUGINS, "train", ini], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        sys.exit(f"ctrl train failed:\n{out.stderr[-3000:]}")
-    rss = int(out.stderr.strip().splitlines()[-1]) / 1024
-    rows = [json.loads(l) for l in open(f"{d}/ctrl_out/metrics.jsonl") if '"loss"' in l][1:]  # warm-up
-    n = len(rows)
-    mean = lambda k: sum(r.get(k) or 0 for r in rows) / n  # noqa: E731
+    bu.write_ini(ini, {"run": bu.cpu_run(f"{d}/ctrl_out", trainer="ppo", seed=42),
+                       "model": {"path": f"{d}/policy", "attention": "flash"},
+                       "data": {"train_file": f"{d}/prompts.jsonl", "shuffle": "false"},
+                       "train": bu.train_section(LR, args.steps, args.batch, 1, lr_scheduler_type="constant",
+                                                 gradient_accumulation_steps=1, max_grad_norm=0),
+                       "generation": {"kv_cache_bytes": 64000000, "temperature": 1.0},
+                       "ppo": {"response_length": args.response_length, "stop_token": "eos", "num_ppo_epochs": 1,
+                               "num_mini_batches": 1, "kl_coef": KL_COEF, "vf_coef": VF_COEF, "value_model": f"{d}/rm"},
+                       "reward.rm": {"plugin": "reward_model", "path": f"{d}/rm"}})
+    run = bu.ctrl_train(CTRL, PLUGINS, ini, bu.thread_env(args.threads, OMP_WAIT_POLICY="PASSIVE"))
+    rows = bu.metrics(f"{d}/ctrl_out")[1:]  # warm-up
+    mean = bu.mean_of(rows)
     step, gen, rew = mean("step_time"), mean("timing/generation_s"), mean("timing/reward_s")
-    return {"generation": gen, "reward": rew, "rest": step - gen - rew, "step": step, "rss_mib": rss,
-            "scores": rows[-1]["objective/scores"], "wall": wall}
+    return {"generation": gen, "reward": rew, "rest": step - gen - rew, "step": step, "rss_mib": run.rss_mib,
+            "scores": rows[-1]["objective/scores"], "wall": run.wall_s}
 
 
 def trl_child(d, args):
@@ -129,14 +87,11 @@ def trl_child(d, args):
     import trl
     import trl.trainer.ppo_trainer as ppo_mod
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                              TrainerCallback)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
     from trl import PPOConfig, PPOTrainer
 
     torch.set_num_threads(args.threads)
-    tok = AutoTokenizer.from_pretrained(os.path.join(d, "policy"), padding_side="left")
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = bu.tokenizer_with_pad(os.path.join(d, "policy"), padding_side="left")
     prompts = [json.loads(l)["prompt"] for l in open(os.path.join(d, "prompts.jsonl"))]
     ds = Dataset.from_list([{"input_ids": tok(p)["input_ids"]} for p in prompts])
     policy = AutoModelForCausalLM.from_pretrained(os.path.join(d, "policy"), dtype=torch.float32)
@@ -178,14 +133,14 @@ def trl_child(d, args):
                         num_mini_batches=1, num_ppo_epochs=1, total_episodes=args.steps * args.batch,
                         local_rollout_forward_batch_size=args.batch, response_length=args.response_length,
                         temperature=1.0, stop_token="eos", kl_coef=KL_COEF, vf_coef=VF_COEF, learning_rate=LR,
-                        lr_scheduler_type="constant", num_sample_generations=0, report_to=[], use_cpu=True,
-                        bf16=False, logging_steps=1, save_strategy="no", seed=42, dataloader_num_workers=0)
+                        lr_scheduler_type="constant", num_sample_generations=0, logging_steps=1, seed=42,
+                        **bu.trl_args())
         tr = PPOTrainer(args=cfg, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                         train_dataset=ds, value_model=value, eval_dataset=ds.select(range(8)))
         tr.add_callback(Clock())
         tr.train()
         logs = [h for h in tr.state.log_history if "objective/scores" in h]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = bu.peak_rss_self()
     n = len(steps) - 2
     step = (steps[-1] - steps[1]) / n
     gen, rew = timing["generation"] / n, timing["reward"] / n
@@ -195,13 +150,9 @@ def trl_child(d, args):
 
 
 def run_trl(d, args):
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")  # as ctrl's run
-    out = subprocess.run([sys.executable, __file__, "--trl-child", d, "--threads", str(args.threads), "--steps",
-                          str(args.steps), "--batch", str(args.batch), "--response-length",
-                          str(args.response_length)], capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        sys.exit(f"TRL failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    env = bu.thread_env(args.threads, OMP_WAIT_POLICY="PASSIVE")  # as ctrl's run
+    return bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args, ("threads", "steps", "batch",
+                                                                         "response_length")), env=env)[0]
 
 
 def main():
@@ -215,15 +166,12 @@ def main():
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
-    cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
-    print(f"machine: {os.cpu_count()} cores, {cpu}; load average {os.getloadavg()}; threads {args.threads}, "
+    print(f"machine: {bu.machine()}; load average {os.getloadavg()}; threads {args.threads}, "
           f"tokenizer {args.tokenizer}, {args.batch} prompts x 1 completion of <= {args.response_length} tokens, "
           f"{args.steps} updates (the first not counted), fp32", flush=True)
     with tempfile.TemporaryDirectory() as d:
         make_prompts(os.path.join(d, "prompts.jsonl"))
-        subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init", "--arch", "qwen2", *POLICY, "--seed", "1",
-                        "--tokenizer", TOKENIZERS[args.tokenizer], "--out", os.path.join(d, "policy")], check=True,
-                       stdout=subprocess.DEVNULL)
+        bu.model_init(CTRL, PLUGINS, os.path.join(d, "policy"), POLICY, TOKENIZERS[args.tokenizer], seed=1)
         rm = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
                              f"import bench_ppo; bench_ppo.make_reward_model({d!r})"], capture_output=True, text=True)
         if rm.returncode != 0:

@@ -17,10 +17,13 @@ import ctypes
 import ctypes.util
 import os
 import statistics
+import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
+
+BUILD = os.environ.get("BUILD", os.path.join(bu.ROOT, "build"))
 
 
 def main():
@@ -55,10 +58,9 @@ def main():
     for name, IN, OUT in proj:
         shapes += [(f"{name} forward", T, OUT, IN, 0, 1), (f"{name} dX", T, IN, OUT, 0, 0),
                    (f"{name} dW", OUT, IN, T, 1, 0)]
-    cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
-    print(f"machine: {cpu}, {os.cpu_count()} cores; {args.threads} thread(s); AVX-512 BF16 path: "
+    print(f"machine: {bu.cpu_model()}, {os.cpu_count()} cores; {args.threads} thread(s); AVX-512 BF16 path: "
           f"{'on' if ctrl.ctrl_cpu_has_avx512bf16() else 'off'}; torch {torch.__version__}; "
-          f"load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
+          f"load average {bu.load_average()}")
     print(f"{'shape':18s} {'M':>5s} {'N':>5s} {'K':>5s} {'ctrl bf16':>10s} {'torch bf16':>11s} {'sgemm':>8s} "
           f"{'ctrl/torch':>10s}   GFLOP/s, median of {args.rounds}, {args.clock} clock")
     ratios = []
@@ -100,7 +102,7 @@ def main():
         print(f"{name:18s} {M:5d} {N:5d} {K:5d} {rate[0]:10.1f} {rate[1]:11.1f} {rate[2]:8.1f} {rate[0] / rate[1]:9.2f}x",
               flush=True)
     print(f"ctrl / torch bf16: min {min(ratios):.2f}x, geometric mean "
-          f"{statistics.geometric_mean(ratios):.2f}x; load average {' '.join(open('/proc/loadavg').read().split()[:3])}")
+          f"{statistics.geometric_mean(ratios):.2f}x; load average {bu.load_average()}")
 
 
 if __name__ == "__main__":

@@ -26,13 +26,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TOK = os.path.abspath(os.path.join(ROOT, "..", "..", "shared", "data", "tokenizers", "qwen3"))
-if not os.path.isdir(TOK):
-    TOK = "/work/shared/data/tokenizers/qwen3"
-BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
-CTRL = os.path.join(BUILD, "ctrl")
-PLUGINS = os.path.join(BUILD, "plugins")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
+
+TOK = bu.qwen3_tokenizer()
+CTRL, PLUGINS = bu.build_paths("BUILD")
 WORDS = ("the model learns a gradient from each token of the batch while the optimizer moves every "
          "weight by its own step size and the loss falls over time as training goes on").split()
 
@@ -42,19 +40,6 @@ def make_data(path, rows, words_per_row, seed=0):
     with open(path, "w") as f:
         for _ in range(rows):
             f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=words_per_row))}) + "\n")
-
-
-def wait_child(cmd, env=None, stdout=subprocess.DEVNULL):
-    """Runs cmd, returns (its own peak RSS in MiB, user CPU seconds, its stdout or None)."""
-    p = subprocess.Popen(cmd, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
-    out = p.stdout.read() if stdout == subprocess.PIPE else None
-    err = p.stderr.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        sys.stderr.write(err)
-        raise SystemExit(f"{cmd[0]} failed ({p.returncode})")
-    return ru.ru_maxrss / 1024, ru.ru_utime, out, err
 
 
 def run_ctrl(d, args, dtype, profile=False):
@@ -71,84 +56,54 @@ def run_ctrl(d, args, dtype, profile=False):
 def ctrl_once(d, args, dtype, steps, profile):
     out = os.path.join(d, f"ctrl_{dtype}_{steps}")
     ini = os.path.join(d, f"ctrl_{dtype}_{steps}.ini")
-    with open(ini, "w") as f:
-        f.write(f"""[run]
-output_dir = {out}
-device = cpu
-[model]
-path = {d}/model
-attention = flash
-[data]
-train_file = {d}/train.jsonl
-max_length = {args.seq}
-shuffle = false
-[train]
-dtype = {dtype.replace("nofast", "")}
-learning_rate = 1e-5
-max_steps = {steps}
-per_device_train_batch_size = {args.batch}
-logging_steps = 1
-save_strategy = no
-""")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS="1")
+    bu.write_ini(ini, {"run": bu.cpu_run(out), "model": {"path": f"{d}/model", "attention": "flash"},
+                       "data": {"train_file": f"{d}/train.jsonl", "max_length": args.seq, "shuffle": "false"},
+                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype.replace("nofast", ""))})
+    env = bu.thread_env(args.threads, OPENBLAS_NUM_THREADS="1")
     if dtype.endswith("nofast"):
         env["CTRL_NO_AVX512BF16"] = "1"
-    cmd = [CTRL, "--plugin-dir", PLUGINS, "train", ini]
-    if profile:
-        cmd = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] + cmd
-    rss, utime, _, err = wait_child(cmd, env=env)
-    steps = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"step"' in l]
-    notes = [l for l in err.splitlines() if "cpu: bf16" in l]
-    return {"tokens_per_second": steps[-1]["tokens_per_second"], "rss_mib": rss, "loss": steps[-1]["loss"],
-            "user_s": utime, "notes": notes}
+    perf = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] if profile else []
+    run = bu.ctrl_train(CTRL, PLUGINS, ini, env, prefix=perf)
+    steps = bu.metrics(out, '"step"')
+    notes = [l for l in run.stderr.splitlines() if "cpu: bf16" in l]
+    return {"tokens_per_second": steps[-1]["tokens_per_second"], "rss_mib": run.rss_mib, "loss": steps[-1]["loss"],
+            "user_s": run.user_s, "notes": notes}
 
 
 def run_trl(d, args, dtype):
-    cmd = [sys.executable, os.path.abspath(__file__), "--trl-child", d, "--dtype", dtype]
-    for k in ("threads", "steps", "batch", "seq"):
-        cmd += [f"--{k}", str(getattr(args, k))]
-    rss, utime, out, _ = wait_child(cmd, stdout=subprocess.PIPE)
-    r = json.loads(out.strip().splitlines()[-1])
-    r.update(rss_mib=rss, user_s=utime, notes=[])
+    r, run = bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args, ("threads", "steps", "batch", "seq"),
+                                        "--dtype", dtype))
+    r.update(rss_mib=run.rss_mib, user_s=run.user_s, notes=[])
     return r
 
 
 def trl_child(d, args):
     import torch
     from datasets import Dataset
-    from torch.utils.data import SequentialSampler
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
-
-    class Sequential(SFTTrainer):
-        def _get_train_sampler(self, *a, **k):
-            return SequentialSampler(self.train_dataset)
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(os.path.join(d, "model"))
     model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32,
                                                  attn_implementation="sdpa")
-    rows = [json.loads(l) for l in open(os.path.join(d, "train.jsonl"))]
+    rows = bu.read_jsonl(os.path.join(d, "train.jsonl"))
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, bf16=args.dtype == "bf16",
-                        max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=1e-5,
-                        logging_steps=1, save_strategy="no", max_length=args.seq, dataloader_num_workers=0)
-        trainer = Sequential(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
-        t0, c0 = time.perf_counter(), time.process_time()
-        trainer.train()
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h][-1]
-        loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
+        cfg = SFTConfig(**bu.trl_args(output_dir=tmp, bf16=args.dtype == "bf16", max_steps=args.steps,
+                                      per_device_train_batch_size=args.batch, learning_rate=1e-5, logging_steps=1,
+                                      max_length=args.seq))
+        trainer = bu.sequential(SFTTrainer)(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
+                                            processing_class=tok)
+        seconds, cpu = bu.train_timed(trainer)
+        tokens, loss = bu.last_logged(trainer, "num_tokens"), bu.last_logged(trainer, "loss")
     print(json.dumps({"tokens_per_second": tokens / seconds, "loss": loss, "cpu_per_step": cpu / args.steps,
                       "versions": f"torch {torch.__version__}, trl {__import__('trl').__version__}"}))
 
 
 def cpu_line():
-    info = open("/proc/cpuinfo").read()
-    model = info.split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
-    flags = info.split("\nflags")[1].split("\n")[0].split(":", 1)[1].split()
+    flags = open("/proc/cpuinfo").read().split("\nflags")[1].split("\n")[0].split(":", 1)[1].split()
     simd = [f for f in flags if f.startswith(("avx", "amx"))]
-    return f"{model}, {os.cpu_count()} cores; {' '.join(simd)}"
+    return f"{bu.cpu_model()}, {os.cpu_count()} cores; {' '.join(simd)}"
 
 
 def profile_report(d):
@@ -181,13 +136,10 @@ def main():
         raise SystemExit(f"bench_scale: no tokenizer at {TOK}")
     with tempfile.TemporaryDirectory() as d:
         make_data(os.path.join(d, "train.jsonl"), rows=args.batch * args.steps + 8, words_per_row=args.seq * 2)
-        subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init", "--arch", "qwen2", "--hidden", "896",
-                        "--layers", str(args.layers), "--heads", "14", "--kv-heads", "2", "--intermediate", "4864",
-                        "--tie-embeddings", "--tokenizer", TOK, "--out", os.path.join(d, "model")], check=True,
-                       stdout=subprocess.DEVNULL)
-        load = open("/proc/loadavg").read().split()[:3]
+        bu.model_init(CTRL, PLUGINS, os.path.join(d, "model"), bu.model_shape(896, args.layers, 14, 2, 4864, tie=True),
+                      TOK)
         print(f"machine: {cpu_line()}")
-        print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {' '.join(load)} at start; "
+        print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {bu.load_average()} at start; "
               f"Qwen2.5-0.5B shape with {args.layers} of 24 layers, vocab 151,669, batch {args.batch} x "
               f"{args.seq} tokens, {args.steps} steps, {args.threads} thread(s)")
         tokens = args.batch * args.seq
@@ -211,7 +163,7 @@ def main():
                            if rc.get("cpu_per_step") and rt.get("cpu_per_step") else "")
                     print(f"{c} / {t}: {rc['tokens_per_second'] / rt['tokens_per_second']:.2f}x tokens/s{cpu}, "
                           f"at {rc['rss_mib'] / rt['rss_mib']:.2f}x peak RSS")
-        print(f"load average {' '.join(open('/proc/loadavg').read().split()[:3])} at end")
+        print(f"load average {bu.load_average()} at end")
         if args.profile and "ctrl-bf16" in results:
             profile_report(d)
 

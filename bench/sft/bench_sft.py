@@ -12,95 +12,64 @@ import argparse
 import json
 import os
 import random
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TOK = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiny_bpe")
-CTRL = os.path.join(ROOT, "build", "ctrl")
-PLUGINS = os.path.join(ROOT, "build", "plugins")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import bench_util as bu  # noqa: E402
+
+TOK = bu.TINY_TOKENIZER
+CTRL = os.path.join(bu.ROOT, "build", "ctrl")
+PLUGINS = os.path.join(bu.ROOT, "build", "plugins")
 
 
 def make_data(path, n=400, seed=0):
     rng = random.Random(seed)
-    words = "alpha beta gamma delta tensor kernel gradient batch token model layer cache vector matrix".split()
     with open(path, "w") as f:
         for _ in range(n):
             msgs = [{"role": "system", "content": "You answer briefly."}]
             for _ in range(rng.randint(2, 4)):
                 a, b = rng.randrange(1000), rng.randrange(1000)
-                msgs.append({"role": "user", "content": f"What is {a} + {b}? " + " ".join(rng.choices(words, k=12))})
-                msgs.append({"role": "assistant", "content": f"{a} + {b} = {a + b}. " + " ".join(rng.choices(words, k=16))})
+                msgs.append({"role": "user", "content": f"What is {a} + {b}? " + bu.filler(rng, 12)})
+                msgs.append({"role": "assistant", "content": f"{a} + {b} = {a + b}. " + bu.filler(rng, 16)})
             f.write(json.dumps({"messages": msgs}) + "\n")
 
 
 def run_ctrl(d, args):
     ini = os.path.join(d, "ctrl.ini")
-    with open(ini, "w") as f:
-        f.write(f"""[run]
-output_dir = {d}/ctrl_out
-device = cpu
-[model]
-path = {d}/model
-attention = flash
-[data]
-train_file = {d}/train.jsonl
-max_length = 1024
-shuffle = false
-[train]
-dtype = fp32
-learning_rate = 1e-4
-max_steps = {args.steps}
-per_device_train_batch_size = {args.batch}
-logging_steps = {args.steps}
-""")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS="1")
-    subprocess.run([CTRL, "--plugin-dir", PLUGINS, "train", ini], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    last = [json.loads(l) for l in open(f"{d}/ctrl_out/metrics.jsonl") if '"step"' in l][-1]
-    return last["tokens_per_second"], rss, last["loss"]
+    bu.write_ini(ini, {"run": bu.cpu_run(f"{d}/ctrl_out"), "model": {"path": f"{d}/model", "attention": "flash"},
+                       "data": {"train_file": f"{d}/train.jsonl", "max_length": 1024, "shuffle": "false"},
+                       "train": bu.train_section("1e-4", args.steps, args.batch, args.steps,
+                                                 save_strategy=None)})
+    run = bu.ctrl_train(CTRL, PLUGINS, ini, bu.thread_env(args.threads, OPENBLAS_NUM_THREADS="1"))
+    last = bu.metrics(f"{d}/ctrl_out", '"step"')[-1]
+    return last["tokens_per_second"], run.rss_mib, last["loss"]
 
 
 def run_trl(d, args):
-    out = subprocess.run([sys.executable, __file__, "--trl-child", d, "--threads", str(args.threads), "--steps",
-                          str(args.steps), "--batch", str(args.batch)], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args, ("threads", "steps", "batch")))[0]
 
 
 def trl_child(d, args):
     import torch
     from datasets import Dataset
-    from torch.utils.data import SequentialSampler
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
-
-    class Sequential(SFTTrainer):
-        def _get_train_sampler(self, *a, **k):
-            return SequentialSampler(self.train_dataset)
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(TOK)  # the tokenizer's own folder: see make_trl_sft_curves.py
     model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32,
                                                  attn_implementation="sdpa")
-    rows = [json.loads(l) for l in open(os.path.join(d, "train.jsonl"))]
+    rows = bu.read_jsonl(os.path.join(d, "train.jsonl"))
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = SFTConfig(output_dir=tmp, report_to=[], use_cpu=True, bf16=False, max_steps=args.steps,
-                        per_device_train_batch_size=args.batch, learning_rate=1e-4, logging_steps=args.steps,
-                        save_strategy="no", max_length=1024, dataloader_num_workers=0)
-        trainer = Sequential(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
-        t0 = time.perf_counter()
-        trainer.train()
-        seconds = time.perf_counter() - t0
-        logs = [h for h in trainer.state.log_history if "num_tokens" in h]
-        tokens = logs[-1]["num_tokens"]
-        loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"tokens_per_second": tokens / seconds, "rss_mib": rss, "loss": loss,
-                      "versions": f"torch {torch.__version__}"}))
+        cfg = SFTConfig(**bu.trl_args(output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch,
+                                      learning_rate=1e-4, logging_steps=args.steps, max_length=1024))
+        trainer = bu.sequential(SFTTrainer)(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
+                                            processing_class=tok)
+        seconds, _ = bu.train_timed(trainer)
+        tokens, loss = bu.last_logged(trainer, "num_tokens"), bu.last_logged(trainer, "loss")
+    print(json.dumps({"tokens_per_second": tokens / seconds, "rss_mib": bu.peak_rss_self(), "loss": loss,
+                      "versions": bu.torch_version()}))
 
 
 def main():
@@ -118,13 +87,9 @@ def main():
         make_data(os.path.join(d, "train.jsonl"))
         moe = ["--arch", "qwen3_moe", "--experts", str(args.experts), "--experts-per-tok",
                str(args.experts_per_tok)] if args.experts else ["--arch", "qwen2"]
-        subprocess.run([CTRL, "--plugin-dir", PLUGINS, "model", "init"] + moe + ["--hidden", "256",
-                        "--layers", "6", "--heads", "4", "--kv-heads", "2", "--intermediate", "1024",
-                        "--tie-embeddings", "--tokenizer", TOK, "--out", os.path.join(d, "model")], check=True,
-                       stdout=subprocess.DEVNULL)
-        
-        cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
-        print(f"machine: {os.cpu_count()} cores, {cpu}; threads {args.threads}, batch {args.batch}, "
+        bu.model_init(CTRL, PLUGINS, os.path.join(d, "model"), bu.model_shape(256, 6, 4, 2, 1024, tie=True), TOK,
+                      arch=moe)
+        print(f"machine: {bu.machine()}; threads {args.threads}, batch {args.batch}, "
               f"{args.steps} steps, fp32" + (f"; Qwen3-MoE, {args.experts} experts, top {args.experts_per_tok}"
                                              if args.experts else ""))
         tps, rss, loss = run_ctrl(d, args)

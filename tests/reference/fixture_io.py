@@ -17,6 +17,53 @@ def write_fixture(path, arrays, comment=""):
             f.write(struct.pack("<%df" % len(values), *values))
 
 
+def packed_logps(model, torch, cu, tokens, autocast=False):
+    """Each sequence of a packed batch (cu_seqlens cu, tokens) through model on its own, under
+    torch.autocast("cpu", bfloat16) with autocast: (the log-prob of each next token as a list, 0.0 at
+    each sequence's last token; the mean loss over the predicted tokens, a tensor to backward())."""
+    total = sum(cu[i + 1] - cu[i] - 1 for i in range(len(cu) - 1))
+    logps, loss_sum = [], 0.0
+    for i in range(len(cu) - 1):
+        seq = torch.tensor(tokens[cu[i]:cu[i + 1]])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=seq[None]).logits[0]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        gathered = lp[:-1].gather(1, seq[1:, None])[:, 0]
+        loss_sum = loss_sum + (-gathered.sum())
+        logps += gathered.tolist() + [0.0]
+    return logps, loss_sum / total
+
+
+def write_bf16_batch(d, note, rename=None):
+    """The fixture model in d (its batch.json) run as TRL's bf16 = True runs it: fp32 weights, each
+    sequence under autocast (packed_logps). Writes d/batch_bf16.json (the next tokens' log-probs, the
+    mean loss, note) and d/grads_bf16.safetensors (every parameter's gradient of that loss, the tied
+    LM head's left out; rename(grads, model) may rename them). Returns (the loss, batch.json's)."""
+    import json
+    import os
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    batch = json.load(open(os.path.join(d, "batch.json")))
+    logps, loss = packed_logps(model, torch, batch["cu_seqlens"], batch["tokens"], autocast=True)
+    loss.backward()
+    grads = {n: p.grad.detach().float().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+    if rename:
+        grads = rename(grads, model)
+    if model.config.tie_word_embeddings:
+        grads.pop("lm_head.weight", None)
+    save_file(grads, os.path.join(d, "grads_bf16.safetensors"))
+    with open(os.path.join(d, "batch_bf16.json"), "w") as f:
+        json.dump({"logp": logps, "loss": loss.item(), "note": "torch %s, transformers %s, autocast bf16 (%s)" % (
+            torch.__version__, transformers.__version__, note)}, f)
+    return loss.item(), batch["loss"]
+
+
 def randomize_params(model, torch):
     """Random weights, not the init's near-zero values, so that every path carries signal: norms
     1 + 0.1 N(0, 1), everything else 0.08 N(0, 1) (torch's global generator)."""
@@ -54,7 +101,8 @@ def save_peft_adapter(pm, path, base_name):
     import json
     import os
     pm.save_pretrained(path)
-    os.remove(os.path.join(path, "README.md"))
+    if os.path.exists(os.path.join(path, "README.md")):  # PEFT's model card: not a fixture
+        os.remove(os.path.join(path, "README.md"))
     cpath = os.path.join(path, "adapter_config.json")
     with open(cpath) as f:
         ac = json.load(f)

@@ -25,7 +25,7 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from fixture_io import randomize_params
+from fixture_io import randomize_params, write_bf16_batch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MixtralConfig,
                           OlmoeConfig, Phi3Config, Qwen3MoeConfig)
 
@@ -336,39 +336,13 @@ BF16_FAMILIES = ("gemma2_gqa", "gemma3_mha", "phi3_gqa", "qwen3_moe_a")
 
 
 def make_bf16(name):
-    """<name>/batch_bf16.json (per-token log-probs of the next tokens, mean loss) and
-    grads_bf16.safetensors (every parameter's gradient of that loss) of the fixture model run as
-    make_bf16_model_fixtures.py runs the base models: each sequence on its own under autocast."""
-    d = os.path.join(OUT, name)
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    batch = json.load(open(os.path.join(d, "batch.json")))
-    cu, tokens = batch["cu_seqlens"], batch["tokens"]
-    total = sum(cu[i + 1] - cu[i] - 1 for i in range(len(cu) - 1))
-    logps, loss_sum = [], 0.0
-    for i in range(len(cu) - 1):
-        seq = torch.tensor(tokens[cu[i]:cu[i + 1]])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=seq[None]).logits[0]
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        gathered = lp[:-1].gather(1, seq[1:, None])[:, 0]
-        loss_sum = loss_sum + (-gathered.sum())
-        logps += gathered.tolist() + [0.0]
-    loss = loss_sum / total
-    loss.backward()
-    grads = checkpoint_names({n: p.grad.detach().float().contiguous() for n, p in model.named_parameters()
-                              if p.grad is not None}, mixtral=model.config.model_type == "mixtral")
-    if model.config.tie_word_embeddings:
-        grads.pop("lm_head.weight", None)
-    save_file(grads, os.path.join(d, "grads_bf16.safetensors"))
-    with open(os.path.join(d, "batch_bf16.json"), "w") as f:
-        json.dump({"logp": logps, "loss": loss.item(),
-                   "note": "torch %s, transformers %s, autocast bf16 (make_family_fixtures.py make_bf16)" % (
-                       torch.__version__, transformers.__version__)}, f)
-    print(name, "bf16 loss %.6f (fp32 %.6f)" % (loss.item(), batch["loss"]))
+    """<name>/batch_bf16.json and grads_bf16.safetensors of the fixture model, as
+    make_bf16_model_fixtures.py makes the base models' (fixture_io.write_bf16_batch)."""
+    loss, fp32 = write_bf16_batch(os.path.join(OUT, name), "make_family_fixtures.py make_bf16",
+                                  lambda g, m: checkpoint_names(g, mixtral=m.config.model_type == "mixtral"))
+    print(name, "bf16 loss %.6f (fp32 %.6f)" % (loss, fp32))
 
 
-# -- Phi-3 generation past original_max_position_embeddings (tests/parity/test_families.c) --
 def make_long_generation(name="phi3_mha", prompt_len=26, new=14):
     """<name>/generation_long.json: greedy model.generate from a prompt of prompt_len tokens for `new`
     tokens, crossing the trained context (original_max_position_embeddings 32) on the way, where

@@ -28,6 +28,8 @@ from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+from fixture_io import packed_logps, save_peft_adapter
+
 HERE = os.path.dirname(__file__)
 MODELS = os.path.join(HERE, "..", "fixtures", "models")
 OUT = os.path.join(HERE, "..", "fixtures", "lora")
@@ -111,29 +113,11 @@ def main():
                         p.mul_(0.8 + 0.4 * torch.rand(p.shape))
         d = os.path.join(OUT, case)
         os.makedirs(d, exist_ok=True)
-        pm.save_pretrained(d)
-        if os.path.exists(os.path.join(d, "README.md")):  # PEFT's model card: not a fixture
-            os.remove(os.path.join(d, "README.md"))
         # the base model's path as the C test finds it, relative to the fixtures folder
-        cpath = os.path.join(d, "adapter_config.json")
-        with open(cpath) as f:
-            ac = json.load(f)
-        ac["base_model_name_or_path"] = "models/" + arch
-        with open(cpath, "w") as f:
-            json.dump(ac, f, indent=2, sort_keys=True)
+        save_peft_adapter(pm, d, "models/" + arch)
         with open(os.path.join(base_dir, "batch.json")) as f:
             batch = json.load(f)
-        cu, toks = batch["cu_seqlens"], batch["tokens"]
-        total = sum(cu[i + 1] - cu[i] - 1 for i in range(len(cu) - 1))
-        loss_sum, logps = 0.0, []
-        for i in range(len(cu) - 1):
-            seq = torch.tensor(toks[cu[i]:cu[i + 1]])
-            logits = pm(input_ids=seq[None]).logits[0]
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            gathered = lp[:-1].gather(1, seq[1:, None])[:, 0]
-            loss_sum = loss_sum + (-gathered.sum())
-            logps += gathered.tolist() + [0.0]
-        loss = loss_sum / total
+        logps, loss = packed_logps(pm, torch, batch["cu_seqlens"], batch["tokens"])
         loss.backward()
         grads = {file_name(n): p.grad.detach().contiguous() for n, p in pm.named_parameters() if p.requires_grad}
         saved = get_peft_model_state_dict(pm)

@@ -8,6 +8,7 @@
 #include "model/safetensors.h"
 #include "test.h"
 #include "test_registry.h"
+#include "train/sequence.h"
 
 static const char *const losses[] = {"sigmoid",  "hinge",    "ipo",       "exo_pair", "nca_pair",
                                      "robust",   "bco_pair", "sppo_hard", "aot",      "aot_unpaired",
@@ -70,6 +71,19 @@ void dpo_flat_free(dpo_flat *x) {
     free(x->cu), free(x->tokens), free(x->positions), free(x->targets), free(x->correct), free(x->weight);
     free(x->logp), free(x->dlogp), free(x->ref_logp), free(x->entropy), free(x->mean_logit),
         free(x->log_sum_sq);
+}
+
+void dpo_flat_sums(const dpo_flat *x, const fixture *f, int mb, int S, const float *w, int pre, long n_ref,
+                   double *sum, double *ml, int *n_tok, double *ref) {
+    train_sequence_sums(S, x->cu, x->logp, w, sum, NULL);
+    train_sequence_sums(S, x->cu, x->mean_logit, x->weight, ml, n_tok);
+    for (int s = 0; s < S; s++) ml[s] = n_tok[s] ? ml[s] / n_tok[s] : 0;
+    if (!pre) {
+        train_sequence_sums(S, x->cu, x->ref_logp, w, ref, NULL);
+        return;
+    }
+    const float *r = fixture_array(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", n_ref);
+    for (int s = 0; s < S; s++) ref[s] = r ? r[s] : NAN;
 }
 
 void dpo_case_ini(const fixture *f, char *buf, size_t cap) {

@@ -30,6 +30,12 @@ typedef struct dpo_flat {
 
 void dpo_flat_build(dpo_flat *x, const fixture *f, int mb);
 void dpo_flat_free(dpo_flat *x);
+/* What the sequence kind reduces of x's first S sequences: the log-prob sums weighted by w into
+ * sum[S], the mean logits over each one's completion tokens into ml[S] (their counts in n_tok[S]),
+ * and the reference sums weighted by w into ref[S], or with pre (a precomputed reference) the
+ * fixture's mbN_ref_sum of micro-batch mb (n_ref values). */
+void dpo_flat_sums(const dpo_flat *x, const fixture *f, int mb, int S, const float *w, int pre, long n_ref,
+                   double *sum, double *ml, int *n_tok, double *ref);
 
 /* The dpo trainer created from the case's config (NULL and a failed check when it cannot be). */
 const ctrl_trainer_ops *dpo_case_trainer(ctrl_registry *reg, const fixture *f, ctrl_trainer **out);

@@ -20,12 +20,9 @@
 #include "train/kind_sequence.h"
 #include "train/sequence.h"
 
-static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
-    char path[2400], name[256];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - 4), file);
-    fixture *f = fixture_load(path);
-    CHECK_MSG(f != NULL, "cannot load %s", path);
+static void run_case(void *reg, const char *dir, const char *file) {
+    char name[256];
+    fixture *f = fixture_open_case(dir, file, name, sizeof name);
     if (!f) return;
     fixture_metrics got = {0};
     ctrl_trainer *t = NULL;
@@ -51,16 +48,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
             train_sequence_ld_weights(B, x.cu, x.weight, ld, sw);
         else
             memcpy(sw, x.weight, sizeof(float) * x.T);
-        train_sequence_sums(S, x.cu, x.logp, sw, sum, NULL);
-        train_sequence_sums(S, x.cu, x.weight, x.weight, ml, n_tok); /* n_tok */
-        train_sequence_sums(S, x.cu, x.mean_logit, x.weight, ml, NULL);
-        for (int s = 0; s < S; s++) ml[s] = n_tok[s] ? ml[s] / n_tok[s] : 0;
-        if (pre) {
-            const float *r = fixture_array(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", S);
-            for (int s = 0; s < S; s++) ref[s] = r[s];
-        } else {
-            train_sequence_sums(S, x.cu, x.ref_logp, sw, ref, NULL);
-        }
+        dpo_flat_sums(&x, f, mb, S, sw, pre, S, sum, ml, n_tok, ref);
         ctrl_sequence_batch b = {.size = sizeof b,
                                  .T = x.T,
                                  .n_seq = S,
@@ -82,8 +70,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
         int per_token = -1;
         memset(dt, 0xff, sizeof(float) * x.T); /* poisoned: the plugin writes it whole when it says so */
         CHECK_EQ_INT(ops->sequence_loss(t, &b, &loss, dsum, NULL, dt, &per_token), CTRL_OK);
-        CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
-                  "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
+        fixture_check_loss(name, mb, loss, want_loss[mb]);
         train_sequence_spread(S, x.cu, sw, dsum, d);
         if (per_token == 1)
             for (int i = 0; i < x.T; i++) d[i] += dt[i];
@@ -103,12 +90,8 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
 
 TEST(dpo_losses_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/dpo", CTRL_FIXTURE_DIR);
-    char *files[160];
-    const int n = fixture_list(dir, ".bin", files, 160);
+    const int n = fixture_each_case("dpo", 160, run_case, reg);
     CHECK_MSG(n >= 74, "%d fixture cases (expected 60 loss_type x beta x reference cases + 14 more)", n);
-    for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
     ctrl_registry_destroy(reg);
 }
 
@@ -171,8 +154,7 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
         free(lp), free(ml), free(lss);
         double loss = NAN;
         CHECK_EQ_INT(train_sequence_micro_batch(&c.step, &run, 6, 1, &loss), CTRL_OK);
-        CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
-                  "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
+        fixture_check_loss(name, mb, loss, want_loss[mb]);
         free(pre);
         dpo_flat_free(&x);
     }

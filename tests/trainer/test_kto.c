@@ -92,12 +92,9 @@ static int case_layout(const fixture *f, int mb, int with_kl, dpo_flat *x, float
     return S;
 }
 
-static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
-    char path[2400], name[256];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - 4), file);
-    fixture *f = fixture_load(path);
-    CHECK_MSG(f != NULL, "cannot load %s", path);
+static void run_case(void *reg, const char *dir, const char *file) {
+    char name[256];
+    fixture *f = fixture_open_case(dir, file, name, sizeof name);
     if (!f) return;
     fixture_metrics got = {0};
     ctrl_trainer *t = NULL;
@@ -114,15 +111,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
         double sum[64], ref[64], ml[64], dsum[64];
         int n_tok[64];
         float *d = malloc(sizeof(float) * x.T);
-        train_sequence_sums(S, x.cu, x.logp, x.weight, sum, NULL);
-        train_sequence_sums(S, x.cu, x.mean_logit, x.weight, ml, n_tok);
-        for (int s = 0; s < S; s++) ml[s] = n_tok[s] ? ml[s] / n_tok[s] : 0;
-        if (pre) {
-            const float *r = fixture_array(f, mb ? "mb1_ref_sum" : "mb0_ref_sum", 2 * B);
-            for (int s = 0; s < S; s++) ref[s] = r[s];
-        } else {
-            train_sequence_sums(S, x.cu, x.ref_logp, x.weight, ref, NULL);
-        }
+        dpo_flat_sums(&x, f, mb, S, x.weight, pre, 2 * B, sum, ml, n_tok, ref);
         const ctrl_sequence_batch b = {.size = sizeof b,
                                        .T = x.T,
                                        .n_seq = S,
@@ -144,8 +133,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
         int per_token = -1;
         CHECK_EQ_INT(ops->sequence_loss(t, &b, &loss, dsum, NULL, NULL, &per_token), CTRL_OK);
         CHECK_EQ_INT(per_token, 0);
-        CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
-                  "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
+        fixture_check_loss(name, mb, loss, want_loss[mb]);
         train_sequence_spread(S, x.cu, x.weight, dsum, d);
         const double e = test_rel_error_f32(d, x.dlogp, x.T);
         if (e > worst_d) worst_d = e;
@@ -161,13 +149,9 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
 
 TEST(kto_losses_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/kto", CTRL_FIXTURE_DIR);
-    char *files[64];
-    const int n = fixture_list(dir, ".bin", files, 64);
+    const int n = fixture_each_case("kto", 64, run_case, reg);
     CHECK_MSG(n >= 10, "%d fixture cases (expected 2 loss types x 2 betas x 2 weightings + 2 precomputed)",
               n);
-    for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
     ctrl_registry_destroy(reg);
 }
 
@@ -240,8 +224,7 @@ static void run_model_case(ctrl_registry *reg, const char *name) {
         seq_case_ref_sums(&c, &run, mb, pre, &worst_ref);
         double loss = NAN;
         CHECK_EQ_INT(train_sequence_micro_batch(&c.step, &run, 8, 1, &loss), CTRL_OK);
-        CHECK_MSG(fabs(loss - want_loss[mb]) <= 1e-5 * fabs(want_loss[mb]) + 1e-7,
-                  "%s mb%d: loss %.8g vs TRL %.8g", name, mb, loss, want_loss[mb]);
+        fixture_check_loss(name, mb, loss, want_loss[mb]);
         dpo_flat_free(&x);
     }
     CHECK_MSG(worst_ref <= 1e-5, "%s: precomputed reference sums relative error %.3g", name, worst_ref);

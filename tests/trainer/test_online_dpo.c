@@ -103,12 +103,9 @@ static void odpo_score(const ctrl_trainer_ops *ops, ctrl_trainer *t, const fixtu
     CHECK_EQ_INT(ops->advantages(t, &ro, adv), CTRL_OK);
 }
 
-static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
+static void run_case(void *reg, const char *dir, const char *file) {
     char path[2400], name[256], opts[512];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - 4), file);
-    fixture *f = fixture_load(path);
-    CHECK_MSG(f != NULL, "cannot load %s", path);
+    fixture *f = fixture_open_case(dir, file, name, sizeof name);
     if (!f) return;
     const float *c = fixture_array(f, "config", 8);
     const int BS = (int)c[3], GA = (int)c[4], P = (int)c[7], S = 2 * BS;
@@ -179,8 +176,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
         ctrl_trainer_batch tb = odpo_mb_trainer(&x, lp, S, adv + k * S, GA, &got);
         double loss = 0;
         CHECK_EQ_INT(ops->loss(t, &tb, &loss, d), CTRL_OK);
-        CHECK_MSG(fabs(loss - want_loss[k]) <= 1e-5 * fabs(want_loss[k]) + 1e-7,
-                  "%s mb%d: loss %.8g vs TRL %.8g", name, k, loss, want_loss[k]);
+        fixture_check_loss(name, k, loss, want_loss[k]);
         float got_d[256], exp_d[256];
         int n = 0;
         for (int s = 0; s < S; s++)
@@ -216,13 +212,9 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
 
 TEST(online_dpo_matches_trl) {
     ctrl_registry *reg = test_plugin_registry();
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/online_dpo", CTRL_FIXTURE_DIR);
-    char *files[32];
-    const int n = fixture_list(dir, ".bin", files, 32);
+    const int n = fixture_each_case("online_dpo", 32, run_case, reg);
     CHECK_MSG(n == 8, "%d fixture cases (expected sigmoid|ipo x 2 betas x with|without missing_eos_penalty)",
               n);
-    for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
     ctrl_registry_destroy(reg);
 }
 

@@ -47,31 +47,47 @@ static double dot(const float *a, const float *b, size_t n) {
     return s;
 }
 
-/* ---- RMSNorm ---- */
+/* ---- RMSNorm (Llama's weight w, and Gemma's 1 + w at the end) ---- */
+typedef void (*norm_fwd)(float *out, float *rstd, const float *x, const float *weight, int T, int C,
+                         float eps);
+typedef void (*norm_bwd)(float *dx, float *dweight, const float *dout, const float *x, const float *weight,
+                         const float *rstd, int T, int C);
 typedef struct {
     int T, C;
-    float *x, *w, *out, *rstd, *R;
+    float *x, *w, *out, *rstd, *R, *dx, *dw;
+    norm_fwd fwd;
 } rms_ctx;
 static double rms_loss(void *p) {
     rms_ctx *c = p;
-    ctrl_cpu_rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->T, c->C, 1e-6f);
+    c->fwd(c->out, c->rstd, c->x, c->w, c->T, c->C, 1e-6f);
     return dot(c->out, c->R, (size_t)c->T * c->C);
 }
-TEST(rmsnorm_backward) {
-    rms_ctx c = {.T = 5, .C = 37};
-    size_t n = (size_t)c.T * c.C;
-    c.x = rand_buf(n, 1), c.w = rand_buf(c.C, 1), c.out = zeros(n), c.rstd = zeros(c.T), c.R = rand_buf(n, 1);
-    float *dx = zeros(n), *dw = zeros(c.C);
+/* x [T, C] and R random, the weight random of scale w_scale; bwd's dx and dw against finite
+ * differences of fwd. The context keeps them (rms_free). */
+static rms_ctx rms_check(norm_fwd fwd, norm_bwd bwd, int T, int C, float w_scale) {
+    rms_ctx c = {.T = T, .C = C, .fwd = fwd};
+    const size_t n = (size_t)T * C;
+    c.x = rand_buf(n, 1), c.w = rand_buf(C, w_scale), c.out = zeros(n), c.rstd = zeros(T),
+    c.R = rand_buf(n, 1);
+    c.dx = zeros(n), c.dw = zeros(C);
     rms_loss(&c);
-    ctrl_cpu_rmsnorm_backward(dx, dw, c.R, c.x, c.w, c.rstd, c.T, c.C);
-    CHECK_MSG(fd_check(rms_loss, &c, c.x, dx, n, 1) < 1e-3, "dx");
-    CHECK_MSG(fd_check(rms_loss, &c, c.w, dw, c.C, 1) < 1e-3, "dw");
+    bwd(c.dx, c.dw, c.R, c.x, c.w, c.rstd, T, C);
+    CHECK_MSG(fd_check(rms_loss, &c, c.x, c.dx, n, 1) < 1e-3, "dx");
+    CHECK_MSG(fd_check(rms_loss, &c, c.w, c.dw, (size_t)C, 1) < 1e-3, "dw");
+    return c;
+}
+static void rms_free(rms_ctx *c) {
+    free(c->x), free(c->w), free(c->out), free(c->rstd), free(c->R), free(c->dx), free(c->dw);
+}
+TEST(rmsnorm_backward) {
+    rms_ctx c = rms_check(ctrl_cpu_rmsnorm_forward, ctrl_cpu_rmsnorm_backward, 5, 37, 1);
+    float *dx = c.dx, *dw = c.dw;
     /* dw accumulates */
     ctrl_cpu_rmsnorm_backward(dx, dw, c.R, c.x, c.w, c.rstd, c.T, c.C);
     float *dw1 = zeros(c.C);
     ctrl_cpu_rmsnorm_backward(dx, dw1, c.R, c.x, c.w, c.rstd, c.T, c.C);
     for (int i = 0; i < c.C; i++) CHECK_NEAR(dw[i], 2 * dw1[i], 1e-4 * (1 + fabsf(dw1[i])));
-    free(c.x), free(c.w), free(c.out), free(c.rstd), free(c.R), free(dx), free(dw), free(dw1);
+    rms_free(&c), free(dw1);
 }
 
 /* ---- Linear ---- */
@@ -104,25 +120,31 @@ TEST(linear_backward) {
     }
 }
 
-/* ---- SwiGLU ---- */
+/* ---- gated activations: out = act(gate) * up (SwiGLU here, GeGLU at the end) ---- */
+typedef void (*gated_fwd)(float *out, const float *gate, const float *up, int64_t n);
+typedef void (*gated_bwd)(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                          int64_t n);
 typedef struct {
     int64_t n;
     float *g, *u, *out, *R;
-} swi_ctx;
-static double swi_loss(void *p) {
-    swi_ctx *c = p;
-    ctrl_cpu_swiglu_forward(c->out, c->g, c->u, c->n);
+    gated_fwd fwd;
+} gated_ctx;
+static double gated_loss(void *p) {
+    gated_ctx *c = p;
+    c->fwd(c->out, c->g, c->u, c->n);
     return dot(c->out, c->R, (size_t)c->n);
 }
-TEST(swiglu_backward) {
-    swi_ctx c = {.n = 301};
-    c.g = rand_buf(c.n, 4), c.u = rand_buf(c.n, 2), c.out = zeros(c.n), c.R = rand_buf(c.n, 1);
-    float *dg = zeros(c.n), *du = zeros(c.n);
-    ctrl_cpu_swiglu_backward(dg, du, c.R, c.g, c.u, c.n);
-    CHECK_MSG(fd_check(swi_loss, &c, c.g, dg, c.n, 1) < 1e-3, "dgate");
-    CHECK_MSG(fd_check(swi_loss, &c, c.u, du, c.n, 1) < 1e-3, "dup");
+/* n random gates (scale 4) and ups (scale 2): bwd's gradients against finite differences of fwd. */
+static void check_gated(gated_fwd fwd, gated_bwd bwd, int64_t n) {
+    gated_ctx c = {.n = n, .fwd = fwd};
+    c.g = rand_buf(n, 4), c.u = rand_buf(n, 2), c.out = zeros(n), c.R = rand_buf(n, 1);
+    float *dg = zeros(n), *du = zeros(n);
+    bwd(dg, du, c.R, c.g, c.u, n);
+    CHECK_MSG(fd_check(gated_loss, &c, c.g, dg, n, 1) < 1e-3, "dgate");
+    CHECK_MSG(fd_check(gated_loss, &c, c.u, du, n, 1) < 1e-3, "dup");
     free(c.g), free(c.u), free(c.out), free(c.R), free(dg), free(du);
 }
+TEST(swiglu_backward) { check_gated(ctrl_cpu_swiglu_forward, ctrl_cpu_swiglu_backward, 301); }
 
 /* ---- RoPE ---- */
 typedef struct {
@@ -224,6 +246,28 @@ TEST(head_backward_with_entropy_and_temperature) {
         free(dw);
 }
 
+/* One chunking's head outputs (T = 37 tokens). */
+typedef struct {
+    float logp[37], ent[37], lse[37], *dh, *dw;
+    int32_t ok[37];
+} head_out;
+/* The head of head_chunking_is_invariant at temperature 1.3 with the given chunking. */
+static ctrl_head_args chunked_head(const float *h, const float *w, const int32_t *tg, int T, int C, int V,
+                                   int chunk_tokens, int chunk_vocab) {
+    ctrl_head_args a = {.hidden = h, .w = w, .targets = tg, .T = T, .C = C, .V = V, .temperature = 1.3f};
+    a.chunk_tokens = chunk_tokens, a.chunk_vocab = chunk_vocab;
+    return a;
+}
+/* o against ref: log-probs, entropies, LSEs and dhidden within 1e-6, dW within dw_rel, the same flags. */
+static void check_same_head(const head_out *o, const head_out *ref, int T, int C, int V, double dw_rel) {
+    CHECK_REL(o->logp, ref->logp, T, 1e-6);
+    CHECK_REL(o->ent, ref->ent, T, 1e-6);
+    CHECK_REL(o->lse, ref->lse, T, 1e-6);
+    CHECK_REL(o->dh, ref->dh, (long)T * C, 1e-6);
+    CHECK_REL(o->dw, ref->dw, (long)V * C, dw_rel);
+    CHECK(memcmp(o->ok, ref->ok, sizeof o->ok) == 0);
+}
+
 /* Chunk sizes change the order of sums only: every chunking agrees with one big chunk, and so does
  * the fused forward + backward. */
 TEST(head_chunking_is_invariant) {
@@ -231,127 +275,62 @@ TEST(head_chunking_is_invariant) {
     int32_t *tg = malloc(T * 4);
     for (int t = 0; t < T; t++) tg[t] = t % 5 == 4 ? -100 : (t * 37) % V;
     float *h = rand_buf((size_t)T * C, 2), *w = rand_buf((size_t)V * C, 1), *dlogp = rand_buf(T, 1);
-    float ref_logp[37], ref_ent[37], ref_lse[37], *ref_dh = zeros((size_t)T * C),
-                                                  *ref_dw = zeros((size_t)V * C);
-    int32_t ref_ok[37];
+    head_out ref = {0};
     static const int chunks[][2] = {{T, V}, {1, 1}, {5, 17}, {64, 100}, {8, 300}};
     for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-        ctrl_head_args a = {.hidden = h,
-                            .w = w,
-                            .targets = tg,
-                            .T = T,
-                            .C = C,
-                            .V = V,
-                            .temperature = 1.3f,
-                            .chunk_tokens = chunks[k][0],
-                            .chunk_vocab = chunks[k][1]};
+        const ctrl_head_args a = chunked_head(h, w, tg, T, C, V, chunks[k][0], chunks[k][1]);
         void *ws = malloc(ctrl_cpu_head_workspace_bytes(&a));
-        float logp[37], ent[37], lse[37], *dh = zeros((size_t)T * C), *dw = zeros((size_t)V * C);
-        int32_t ok[37];
-        ctrl_cpu_head_forward(&a, logp, ent, lse, ok, ws);
-        ctrl_cpu_head_backward(&a, lse, dlogp, NULL, NULL, dh, dw, ws);
+        head_out o = {.dh = zeros((size_t)T * C), .dw = zeros((size_t)V * C)};
+        ctrl_cpu_head_forward(&a, o.logp, o.ent, o.lse, o.ok, ws);
+        ctrl_cpu_head_backward(&a, o.lse, dlogp, NULL, NULL, o.dh, o.dw, ws);
+        free(ws);
         if (k == 0) {
-            memcpy(ref_logp, logp, sizeof logp), memcpy(ref_ent, ent, sizeof ent),
-                memcpy(ref_lse, lse, sizeof lse);
-            memcpy(ref_ok, ok, sizeof ok), memcpy(ref_dh, dh, (size_t)T * C * 4),
-                memcpy(ref_dw, dw, (size_t)V * C * 4);
-        } else {
-            CHECK_REL(logp, ref_logp, T, 1e-6);
-            CHECK_REL(ent, ref_ent, T, 1e-6);
-            CHECK_REL(lse, ref_lse, T, 1e-6);
-            CHECK_REL(dh, ref_dh, (long)T * C, 1e-6);
-            CHECK_REL(dw, ref_dw, (long)V * C, 1e-6);
-            CHECK(memcmp(ok, ref_ok, sizeof ok) == 0);
+            ref = o; /* keeps its dh and dw */
+            continue;
         }
-        free(ws), free(dh), free(dw);
+        check_same_head(&o, &ref, T, C, V, 1e-6);
+        free(o.dh), free(o.dw);
     }
     /* The fused forward + backward (dlogp known up front) gives the same, with each token chunking
      * and the default one; dw accumulates onto what is there. */
     static const int fused_chunks[] = {0, 1, 5, 36, 64};
     for (size_t k = 0; k < sizeof fused_chunks / sizeof fused_chunks[0]; k++) {
-        ctrl_head_args a = {.hidden = h,
-                            .w = w,
-                            .targets = tg,
-                            .T = T,
-                            .C = C,
-                            .V = V,
-                            .temperature = 1.3f,
-                            .chunk_tokens = fused_chunks[k]};
+        const ctrl_head_args a = chunked_head(h, w, tg, T, C, V, fused_chunks[k], 0);
         void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
-        float logp[37], ent[37], lse[37], *dh = rand_buf((size_t)T * C, 1) /* overwritten */,
-                                          *dw = zeros((size_t)V * C);
-        for (int i = 0; i < V * C; i++) dw[i] = ref_dw[i];
-        int32_t ok[37];
-        ctrl_cpu_head_forward_backward(&a, dlogp, logp, ent, lse, ok, dh, dw, ws);
-        for (int i = 0; i < V * C; i++) dw[i] -= ref_dw[i];
-        CHECK_REL(logp, ref_logp, T, 1e-6);
-        CHECK_REL(ent, ref_ent, T, 1e-6);
-        CHECK_REL(lse, ref_lse, T, 1e-6);
-        CHECK_REL(dh, ref_dh, (long)T * C, 1e-6);
-        CHECK_REL(dw, ref_dw, (long)V * C, 1e-5);
-        CHECK(memcmp(ok, ref_ok, sizeof ok) == 0);
-        free(ws), free(dh), free(dw);
+        head_out o = {.dh = rand_buf((size_t)T * C, 1) /* overwritten */, .dw = zeros((size_t)V * C)};
+        for (int i = 0; i < V * C; i++) o.dw[i] = ref.dw[i];
+        ctrl_cpu_head_forward_backward(&a, dlogp, o.logp, o.ent, o.lse, o.ok, o.dh, o.dw, ws);
+        for (int i = 0; i < V * C; i++) o.dw[i] -= ref.dw[i];
+        check_same_head(&o, &ref, T, C, V, 1e-5);
+        free(ws), free(o.dh), free(o.dw);
     }
-    free(tg), free(h), free(w), free(dlogp), free(ref_dh), free(ref_dw);
+    free(tg), free(h), free(w), free(dlogp), free(ref.dh), free(ref.dw);
 }
 
 /* ---- The model families' kernels (issue 22): Gemma's (1 + w) RMSNorm and GeGLU (tanh-GELU gate), the
  * LM head with final-logit soft-capping (its backward and its one-pass forward + backward, at
  * temperature 1 and 0.7), Phi-3's partial rotary embedding and longrope tables, and the
  * mixture-of-experts row gather, scatter and dot ---- */
-typedef struct {
-    int T, C;
-    float *x, *w, *out, *rstd, *R;
-} norm_ctx;
-static double norm_loss(void *p) {
-    norm_ctx *c = p;
-    ctrl_cpu_rmsnorm_1p_forward(c->out, c->rstd, c->x, c->w, c->T, c->C, 1e-6f);
-    return dot(c->out, c->R, (size_t)c->T * c->C);
-}
-
 TEST(rmsnorm_1p_backward) {
-    norm_ctx c = {.T = 5, .C = 24};
+    rms_ctx c = rms_check(ctrl_cpu_rmsnorm_1p_forward, ctrl_cpu_rmsnorm_1p_backward, 5, 24, 0.3f);
     const size_t n = (size_t)c.T * c.C;
-    c.x = rand_buf(n, 1), c.w = rand_buf(c.C, 0.3f), c.out = calloc(n, 4), c.rstd = calloc(c.T, 4);
-    c.R = rand_buf(n, 1);
-    float *dx = calloc(n, 4), *dw = calloc(c.C, 4), *plain = calloc(n, 4), *w1 = malloc(4 * (size_t)c.C);
-    norm_loss(&c);
-    ctrl_cpu_rmsnorm_1p_backward(dx, dw, c.R, c.x, c.w, c.rstd, c.T, c.C);
-    CHECK_MSG(fd_check(norm_loss, &c, c.x, dx, n, 1) < 1e-3, "dx");
-    CHECK_MSG(fd_check(norm_loss, &c, c.w, dw, (size_t)c.C, 1) < 1e-3, "dw");
+    float *plain = calloc(n, 4), *w1 = malloc(4 * (size_t)c.C);
     /* the same as Llama's RMSNorm with weight 1 + w */
     for (int i = 0; i < c.C; i++) w1[i] = 1.0f + c.w[i];
     ctrl_cpu_rmsnorm_forward(plain, c.rstd, c.x, w1, c.T, c.C, 1e-6f);
-    norm_loss(&c);
+    rms_loss(&c);
     CHECK(test_rel_error_f32(c.out, plain, (long)n) < 1e-6);
-    free(c.x), free(c.w), free(c.out), free(c.rstd), free(c.R), free(dx), free(dw), free(plain), free(w1);
-}
-
-typedef struct {
-    int64_t n;
-    float *g, *u, *out, *R;
-} geglu_ctx;
-static double geglu_loss(void *p) {
-    geglu_ctx *c = p;
-    ctrl_cpu_geglu_forward(c->out, c->g, c->u, c->n);
-    return dot(c->out, c->R, (size_t)c->n);
+    rms_free(&c), free(plain), free(w1);
 }
 
 TEST(geglu_backward_and_values) {
-    geglu_ctx c = {.n = 257};
-    c.g = rand_buf((size_t)c.n, 4), c.u = rand_buf((size_t)c.n, 2), c.out = calloc((size_t)c.n, 4);
-    c.R = rand_buf((size_t)c.n, 1);
-    float *dg = calloc((size_t)c.n, 4), *du = calloc((size_t)c.n, 4);
-    ctrl_cpu_geglu_backward(dg, du, c.R, c.g, c.u, c.n);
-    CHECK_MSG(fd_check(geglu_loss, &c, c.g, dg, (size_t)c.n, 1) < 1e-3, "dgate");
-    CHECK_MSG(fd_check(geglu_loss, &c, c.u, du, (size_t)c.n, 1) < 1e-3, "dup");
+    check_gated(ctrl_cpu_geglu_forward, ctrl_cpu_geglu_backward, 257);
     /* torch.nn.functional.gelu(x, approximate="tanh") at 1, -2 and 0.5 (times up = 1) */
     const float g3[3] = {1.0f, -2.0f, 0.5f}, u3[3] = {1, 1, 1},
                 want[3] = {0.8411920f, -0.0454023f, 0.3457140f};
     float o3[3];
     ctrl_cpu_geglu_forward(o3, g3, u3, 3);
     for (int i = 0; i < 3; i++) CHECK_NEAR(o3[i], want[i], 1e-6);
-    free(c.g), free(c.u), free(c.out), free(c.R), free(dg), free(du);
 }
 
 /* The soft-capped head: L = sum_t logp_t R_t. */

@@ -105,12 +105,9 @@ static void compare_grads(ctrl_model *m, const char *path) {
     ctrl_safetensors_close(gs);
 }
 
-static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
+static void run_case(void *reg, const char *dir, const char *file) {
     char path[2400], name[256];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
-    snprintf(name, sizeof name, "%.*s", (int)(strlen(file) - 4), file);
-    fixture *f = fixture_load(path);
-    CHECK_MSG(f != NULL, "cannot load %s", path);
+    fixture *f = fixture_open_case(dir, file, name, sizeof name);
     if (!f) return;
     const float *shape = fixture_array(f, "shape", 4);
     const int B = (int)shape[0], C = (int)shape[1], rloo = !strncmp(name, "rloo", 4);
@@ -216,8 +213,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
                                  .report_ctx = &got};
         double loss = 0;
         CHECK_EQ_INT(ops->loss(t, &tb, &loss, d), CTRL_OK);
-        CHECK_MSG(fabs(loss - want_loss[k]) <= 1e-5 * fabs(want_loss[k]) + 1e-7,
-                  "%s mb%d: loss %.8g vs TRL %.8g", name, k, loss, want_loss[k]);
+        fixture_check_loss(name, k, loss, want_loss[k]);
         for (int q = 0; q < 4 * C; q++) {
             if (at[q] < 0) continue;
             got_d[n_d] = d[at[q]], exp_d[n_d++] = want_d[4 * k * C + q];
@@ -261,11 +257,7 @@ static void run_case(ctrl_registry *reg, const char *dir, const char *file) {
 
 TEST(grpo_and_rloo_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/online", CTRL_FIXTURE_DIR);
-    char *files[128];
-    const int n = fixture_list(dir, ".bin", files, 128);
+    const int n = fixture_each_case("online", 128, run_case, reg);
     CHECK_MSG(n >= 53, "%d fixture cases (expected 48 GRPO grid cases + extras + 4 RLOO)", n);
-    for (int i = 0; i < n; i++) run_case(reg, dir, files[i]), free(files[i]);
     ctrl_registry_destroy(reg);
 }
