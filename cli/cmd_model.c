@@ -77,21 +77,6 @@ static int info(int argc, char **argv) {
     return 0;
 }
 
-static ctrl_status copy_file(const char *from, const char *to) {
-    FILE *in = fopen(from, "rb");
-    if (!in) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", from, strerror(errno));
-    FILE *out = fopen(to, "wb");
-    if (!out) {
-        fclose(in);
-        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", to, strerror(errno));
-    }
-    char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
-    fclose(in);
-    return fclose(out) == 0 ? CTRL_OK : ctrl_error_set(CTRL_ERR_IO, "%s: write failed", to);
-}
-
 static int init(ctrl_cli *cli, int argc, char **argv) {
     (void)cli;
     ctrl_model_config c;
@@ -216,7 +201,7 @@ static int init(ctrl_cli *cli, int argc, char **argv) {
         snprintf(from, sizeof from, "%s/%s", tok_dir, files[i]);
         snprintf(to, sizeof to, "%s/%s", out, files[i]);
         struct stat sb;
-        if (stat(from, &sb) == 0) st = copy_file(from, to);
+        if (stat(from, &sb) == 0) st = ctrl_copy_file(from, to, NULL);
     }
     size_t n;
     ctrl_model_params(m, &n);
@@ -363,11 +348,47 @@ static int logprobs(ctrl_cli *cli, int argc, char **argv) {
     return st == CTRL_OK ? 0 : cli_fail(st);
 }
 
+/* --dtype and --max-shard-size of merge and convert: auto is `source`'s dtype. 0 when the option was
+ * one of them (*i advanced past its value), 1 when it is not, -1 on a bad value (reported). */
+static int save_option(int argc, char **argv, int *i, const char *cmd, const char **dtype, int64_t *shard) {
+    if (strcmp(argv[*i], "--dtype") != 0 && strcmp(argv[*i], "--max-shard-size") != 0) return 1;
+    if (*i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[*i]), -1;
+    const char *v = argv[++*i];
+    if (!strcmp(argv[*i - 1], "--dtype")) {
+        if (strcmp(v, "auto") && strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16"))
+            return cli_usage_error(&cli_cmd_model, "model %s: --dtype %s: expected auto, fp32, bf16 or fp16",
+                                   cmd, v),
+                   -1;
+        *dtype = v;
+        return 0;
+    }
+    if (ctrl_parse_shard_size(v, shard) != CTRL_OK)
+        return cli_usage_error(&cli_cmd_model, "model %s: --max-shard-size %s", cmd, ctrl_error_message()),
+               -1;
+    return 0;
+}
+
+/* Saves m into out as --dtype (auto: source's) and --max-shard-size say, with source's tokenizer files. */
+static ctrl_status save_with(ctrl_model *m, const char *out, const char *source, const char *dtype_name,
+                             int64_t shard) {
+    ctrl_dtype dtype = !strcmp(dtype_name, "bf16")   ? CTRL_BF16
+                       : !strcmp(dtype_name, "fp16") ? CTRL_F16
+                                                     : CTRL_F32;
+    ctrl_status st = !strcmp(dtype_name, "auto") ? ctrl_model_dir_dtype(source, &dtype) : CTRL_OK;
+    if (st == CTRL_OK) st = ctrl_model_save_sharded(m, out, dtype, shard);
+    if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(source, out);
+    return st;
+}
+
 /* ctrl model merge --base DIR --adapter DIR --out DIR: PEFT's merge_and_unload, saved as a plain HF
- * model directory (with the base's tokenizer files). */
+ * model directory (with the base's tokenizer files), in the base's dtype unless --dtype says. */
 static int merge(int argc, char **argv) {
-    const char *base = NULL, *adapter = NULL, *out = NULL;
+    const char *base = NULL, *adapter = NULL, *out = NULL, *dtype = "auto";
+    int64_t shard = CTRL_DEFAULT_MAX_SHARD;
     for (int i = 1; i < argc; i++) {
+        const int o = save_option(argc, argv, &i, "merge", &dtype, &shard);
+        if (o < 0) return 2;
+        if (o == 0) continue;
         if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
         if (!strcmp(argv[i], "--base"))
             base = cli_model_dir(argv[++i]);
@@ -384,26 +405,56 @@ static int merge(int argc, char **argv) {
     ctrl_status st = ctrl_peft_load(base, adapter, NULL, &m);
     if (st != CTRL_OK) return cli_fail(st);
     st = ctrl_peft_merge(m);
-    if (st == CTRL_OK) st = ctrl_model_save(m, out, CTRL_F32);
-    if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(base, out);
+    if (st == CTRL_OK) st = save_with(m, out, base, dtype, shard);
     ctrl_model_free(m);
     if (st != CTRL_OK) return cli_fail(st);
     printf("%s: %s merged into %s\n", out, adapter, base);
     return 0;
 }
 
+/* ctrl model convert --model DIR --out DIR [--dtype ...] [--max-shard-size ...]: DIR saved again as
+ * ctrl saves a trained model (config.json carried over, the dtype and shards asked for). */
+static int convert(int argc, char **argv) {
+    const char *model = NULL, *out = NULL, *dtype = "auto";
+    int64_t shard = CTRL_DEFAULT_MAX_SHARD;
+    for (int i = 1; i < argc; i++) {
+        const int o = save_option(argc, argv, &i, "convert", &dtype, &shard);
+        if (o < 0) return 2;
+        if (o == 0) continue;
+        if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--model"))
+            model = cli_model_dir(argv[++i]);
+        else if (!strcmp(argv[i], "--out"))
+            out = argv[++i];
+        else
+            return cli_usage_error(&cli_cmd_model, "model convert: unknown option '%s'", argv[i]);
+    }
+    if (!model || !out) return cli_usage_error(&cli_cmd_model, "model convert needs --model DIR --out DIR");
+    ctrl_model *m;
+    ctrl_status st = ctrl_model_load(model, NULL, &m);
+    if (st != CTRL_OK) return cli_fail(st);
+    st = save_with(m, out, model, dtype, shard);
+    ctrl_model_free(m);
+    if (st != CTRL_OK) return cli_fail(st);
+    printf("%s: %s saved\n", out, model);
+    return 0;
+}
+
 static int run_model(ctrl_cli *cli, int argc, char **argv) {
-    if (argc < 2) return cli_usage_error(&cli_cmd_model, "expected info, init, logprobs or merge");
+    if (argc < 2) return cli_usage_error(&cli_cmd_model, "expected info, init, logprobs, merge or convert");
     if (!strcmp(argv[1], "info")) return info(argc - 1, argv + 1);
     if (!strcmp(argv[1], "init")) return init(cli, argc - 1, argv + 1);
     if (!strcmp(argv[1], "logprobs")) return logprobs(cli, argc - 1, argv + 1);
     if (!strcmp(argv[1], "merge")) return merge(argc - 1, argv + 1);
-    return cli_usage_error(&cli_cmd_model, "unknown subcommand '%s' (info, init, logprobs, merge)", argv[1]);
+    if (!strcmp(argv[1], "convert")) return convert(argc - 1, argv + 1);
+    return cli_usage_error(&cli_cmd_model, "unknown subcommand '%s' (info, init, logprobs, merge, convert)",
+                           argv[1]);
 }
 
 const ctrl_command cli_cmd_model = {
     .name = "model",
-    .summary = "inspect, create, score with, or merge a LoRA adapter into a Hugging Face model directory",
+    .summary =
+        "inspect, create, score with, convert, or merge a LoRA adapter into a Hugging Face model directory",
     .usage =
         "usage: ctrl model info DIR\n"
         "       ctrl model init --arch llama|qwen2|qwen3|mistral|gemma2|gemma3|phi3|qwen3_moe|mixtral|olmoe\n"
@@ -412,7 +463,9 @@ const ctrl_command cli_cmd_model = {
         "                       [--experts N --experts-per-tok K [--moe-intermediate N]]\n"
         "                       --tokenizer DIR --out DIR\n"
         "       ctrl model logprobs --model DIR [--adapter DIR] --input FILE.jsonl [--attention NAME]\n"
-        "       ctrl model merge --base DIR --adapter DIR --out DIR\n\n"
+        "       ctrl model merge --base DIR --adapter DIR --out DIR [SAVE]\n"
+        "       ctrl model convert --model DIR --out DIR [SAVE]\n"
+        "       SAVE: [--dtype auto|fp32|bf16|fp16] [--max-shard-size SIZE]\n\n"
         "info: architecture, parameter count, shapes, vocabulary, context.\n"
         "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
         "      directory with the tokenizer's files; gemma2 takes Gemma2Config's defaults (tied\n"
@@ -427,6 +480,10 @@ const ctrl_command cli_cmd_model = {
         "      {\"input_ids\", \"logprobs\" (null for the first token), \"loss\"} on stdout; with\n"
         "      --adapter, of the model under a PEFT LoRA adapter directory.\n"
         "merge: the adapter folded into the base weights (W += s B A, PEFT's merge_and_unload),\n"
-        "      saved as a plain HF model directory with the base's tokenizer files.\n",
+        "      saved as a plain HF model directory with the base's tokenizer files.\n"
+        "convert: the model saved again as ctrl saves a trained one.\n"
+        "SAVE: as save_pretrained: config.json carried over (dtype updated), --dtype auto keeps the\n"
+        "      source's, weights above --max-shard-size (default 50GB; 5GB, 500MB, 200KB or bytes)\n"
+        "      in model-0000K-of-0000N.safetensors shards with model.safetensors.index.json.\n",
     .run = run_model,
 };

@@ -67,6 +67,8 @@ typedef struct ctrl_run_settings {
         long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
         int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
         int save_total_limit;
+        const char *save_dtype;       /* auto|fp32|bf16|fp16 */
+        int64_t save_max_shard_bytes; /* save_max_shard_size, parsed */
         int report_png, report_tensorboard; /* report_to */
         int ddp_timeout;                    /* seconds */
     } train;

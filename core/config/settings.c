@@ -10,6 +10,7 @@
 
 #include "config/config_internal.h"
 #include "hub_cache.h"
+#include "model/model.h"
 
 typedef struct reader {
     const ctrl_config *cfg;
@@ -154,6 +155,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                   .per_device_eval_batch_size = (int)rd_int(&r, "train", "per_device_eval_batch_size"),
                   .gradient_accumulation_steps = (int)rd_int(&r, "train", "gradient_accumulation_steps"),
                   .save_total_limit = (int)rd_int(&r, "train", "save_total_limit"),
+                  .save_dtype = rd_str(&r, "train", "save_dtype"),
                   .report_png = list_has(report, "png") || list_has(report, "all"),
                   .report_tensorboard = list_has(report, "tensorboard") || list_has(report, "all"),
                   .ddp_timeout = (int)rd_int(&r, "train", "ddp_timeout")},
@@ -203,6 +205,12 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     }
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
+    const char *shard = rd_str(&r, "train", "save_max_shard_size");
+    if (r.st == CTRL_OK && ctrl_parse_shard_size(shard, &s->train.save_max_shard_bytes) != CTRL_OK) {
+        const config_entry *e = config_find(cfg, "train", "save_max_shard_size");
+        return ctrl_error_wrap(CTRL_ERR_CONFIG, "%s: [train] save_max_shard_size",
+                               e ? e->where : cfg->file_name);
+    }
     return r.st;
 }
 

@@ -274,6 +274,7 @@ void ctrl_model_free(ctrl_model *m) {
     model_bf16_free(m);
     free(m->batch_mem);
     free(m->dec_mem), free(m->dec_acts), free(m->dec_pos);
+    free(m->source_config), free(m->source_generation);
     free(m);
 }
 

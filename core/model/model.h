@@ -80,8 +80,22 @@ ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype 
 void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std);
 /* View i (ctrl_model_view) alone ~ N(0, std), from the same stream ctrl_model_init_random gives it. */
 void ctrl_model_init_view(ctrl_model *m, int i, uint64_t seed, float std);
-/* Writes DIR/config.json, model.safetensors (CTRL_F32 or CTRL_BF16) and generation_config.json. */
+/* Writes DIR as transformers' save_pretrained does: config.json (a loaded model's source config.json
+ * carried over with only the changed fields rewritten: the dtype, the class when the head changed;
+ * generated for a model made from a config), generation_config.json (the source's; none for a
+ * classifier) and the weights in `dtype` (CTRL_F32, CTRL_BF16 or CTRL_F16), in one
+ * model.safetensors or, above max_shard_bytes, model-0000K-of-0000N.safetensors shards with
+ * model.safetensors.index.json, cut as huggingface_hub cuts them; an earlier save's weight files
+ * there are removed. ctrl_model_save: max_shard_size's default, 50GB (save_pretrained's). */
+#define CTRL_DEFAULT_MAX_SHARD ((int64_t)50000000000)
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype);
+ctrl_status ctrl_model_save_sharded(ctrl_model *m, const char *dir, ctrl_dtype dtype, int64_t max_shard_bytes);
+/* transformers' max_shard_size: "5GB", "500MB", "200KB", "1TB" (powers of 1000, any case, a
+ * decimal number before the unit) or a plain number of bytes. */
+ctrl_status ctrl_parse_shard_size(const char *text, int64_t *bytes);
+/* The dtype a model directory holds: config.json's dtype (or torch_dtype) -- float32, bfloat16,
+ * float16 --, else the stored dtype of its first floating-point weight; CTRL_F32 when neither says. */
+ctrl_status ctrl_model_dir_dtype(const char *dir, ctrl_dtype *out);
 
 /* Places the model on a backend (device/backend.h: ctrl_backend_cpu(), or the CUDA backend's table
  * from ctrl_device_select) and device: its parameters are copied there, and forward, backward and

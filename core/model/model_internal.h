@@ -62,6 +62,9 @@ typedef struct layer_acts {
 
 struct ctrl_model {
     ctrl_model_config cfg;
+    /* the directory it was loaded from: its config.json and generation_config.json (NULL: none, or
+     * a model made from a config), carried over when it is saved (model_save.c) */
+    char *source_config, *source_generation;
     /* Where the model computes (ctrl_model_to_device; the CPU backend from creation on): every op
      * and every buffer below marked "backend" goes through it. */
     const ctrl_backend_ops *be;
@@ -221,6 +224,12 @@ static inline float *model_grad(const ctrl_model *m, long off) {
 
 /* Writes `text` to `path` atomically (temp file, fsync, rename): model_save.c. */
 ctrl_status model_write_text_atomic(const char *path, const char *text);
+/* The weights in `dtype`, sharded as save_pretrained shards them (model_shards.c). */
+ctrl_status model_save_shards(ctrl_model *m, const char *dir, ctrl_dtype dtype, int64_t max_shard);
+/* The source's config.json text with the fields the model changed rewritten (config_carry.c);
+ * NULL when it is not a JSON object the scanner follows (then the config is generated). */
+char *model_config_carried(const char *source, const ctrl_model_config *cfg, const char *arch_class,
+                           const char *dtype_name);
 /* Adds a view of d0 x d1 floats at *cursor (model.c's layout). */
 long model_add_view(ctrl_model *m, size_t *cursor, const char *name, int ndim, int64_t d0, int64_t d1,
                     int no_decay);

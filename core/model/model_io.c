@@ -1,7 +1,7 @@
-/* Loading and saving Hugging Face model directories: config.json plus model.safetensors or the
- * shards listed in model.safetensors.index.json; any float storage (f32/bf16/f16) is converted to
- * the fp32 master weights. Saving writes config.json, model.safetensors and
- * generation_config.json, each atomically. */
+/* Loading Hugging Face model directories: config.json plus model.safetensors or the shards listed
+ * in model.safetensors.index.json; any float storage (f32/bf16/f16) is converted to the fp32
+ * master weights. config.json and generation_config.json are kept with the model, to be carried
+ * over when it is saved (model_save.c). */
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -132,6 +132,70 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                              const char *optional, const ctrl_lora_config *lora, ctrl_model **out);
 
+/* DIR's config.json and generation_config.json, kept to be carried over when the model is saved
+ * (a checkpoint resumed from may be gone by then). */
+static ctrl_status keep_source_files(ctrl_model *m, const char *dir) {
+    static const char *const names[2] = {"config.json", "generation_config.json"};
+    char **slots[2] = {&m->source_config, &m->source_generation};
+    for (int i = 0; i < 2; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        struct stat sb;
+        if (stat(path, &sb) != 0) continue; /* none: generated at save time */
+        ctrl_status st;
+        if (!(*slots[i] = ctrl_read_text_file(path, 16u << 20, &st))) return st;
+    }
+    return CTRL_OK;
+}
+
+/* A dtype name of config.json ("float32", "bfloat16", "float16"; torch's spelling "torch.bfloat16"
+ * too); 0 when it is none of them. */
+static int dtype_from_name(const char *name, ctrl_dtype *out) {
+    if (!strncmp(name, "torch.", 6)) name += 6;
+    if (!strcmp(name, "float32"))
+        *out = CTRL_F32;
+    else if (!strcmp(name, "bfloat16"))
+        *out = CTRL_BF16;
+    else if (!strcmp(name, "float16"))
+        *out = CTRL_F16;
+    else
+        return 0;
+    return 1;
+}
+
+ctrl_status ctrl_model_dir_dtype(const char *dir, ctrl_dtype *out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 16u << 20, &st);
+    if (!text) return st;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    int found = 0;
+    static const char *const keys[2] = {"dtype", "torch_dtype"};
+    for (int k = 0; k < 2 && !found; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, keys[k]);
+        found = cJSON_IsString(v) && dtype_from_name(v->valuestring, out);
+    }
+    cJSON_Delete(root);
+    if (found) return CTRL_OK;
+    *out = CTRL_F32; /* config.json does not say ("auto", or nothing): what the weights are stored in */
+    shard_set shards = {0};
+    if (shards_open(dir, &shards) != CTRL_OK) {
+        ctrl_error_clear();
+        return CTRL_OK;
+    }
+    for (int i = 0; i < shards.n_refs; i++) {
+        const ctrl_dtype d = shards.refs[i].t->dtype;
+        if (d == CTRL_F32 || d == CTRL_BF16 || d == CTRL_F16) {
+            *out = d;
+            break;
+        }
+    }
+    shards_close(&shards);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
     return ctrl_model_load_lora(dir, attn, NULL, out);
 }
@@ -202,6 +266,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     }
     shards_close(&shards);
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */
+    if (st == CTRL_OK) st = keep_source_files(m, dir);
     if (st != CTRL_OK) {
         ctrl_model_free(m);
         return st;

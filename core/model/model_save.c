@@ -1,7 +1,9 @@
-/* Saving a model as a Hugging Face directory that transformers (and vLLM) load unchanged:
- * config.json generated from the model's config, model.safetensors (f32 or bf16) under the HF
- * parameter names, and generation_config.json. Every file is written to a temporary name,
- * fsynced and renamed. */
+/* Saving a model as a Hugging Face directory that transformers (and vLLM) load unchanged, as
+ * save_pretrained writes it: config.json -- the source model's carried over with only what changed
+ * rewritten (config_carry.c), or, for a model made here, generated from its config --, the weights
+ * under the HF parameter names in f32, bf16 or f16, sharded above max_shard_size
+ * (model_shards.c), and generation_config.json (the source's, else bos/eos). Every file is written
+ * to a temporary name, fsynced and renamed. */
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -109,12 +111,21 @@ static void rope_json(cJSON *r, const ctrl_rope_params *p, int with_theta) {
     }
 }
 
+static const char *dtype_name(ctrl_dtype dtype) {
+    return dtype == CTRL_BF16 ? "bfloat16" : dtype == CTRL_F16 ? "float16" : "float32";
+}
+
+/* The transformers class of the model: ARCHFor{CausalLM,SequenceClassification}. */
+static void class_name(const ctrl_model_config *c, char *cls, size_t cap) {
+    snprintf(cls, cap, "%sFor%s", arch_name[c->arch],
+             c->num_labels > 0 ? "SequenceClassification" : "CausalLM");
+}
+
 static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     cJSON *o = cJSON_CreateObject();
     cJSON *archs = cJSON_AddArrayToObject(o, "architectures");
     char cls[64];
-    snprintf(cls, sizeof cls, "%sFor%s", arch_name[c->arch],
-             c->num_labels > 0 ? "SequenceClassification" : "CausalLM");
+    class_name(c, cls, sizeof cls);
     cJSON_AddItemToArray(archs, cJSON_CreateString(cls));
     if (c->num_labels > 0) { /* transformers derives num_labels from id2label */
         cJSON *id2label = cJSON_AddObjectToObject(o, "id2label"),
@@ -212,7 +223,7 @@ static char *config_json(const ctrl_model_config *c, ctrl_dtype dtype) {
     }
     if (c->bos_token_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", c->bos_token_id);
     if (c->eos_token_id >= 0) cJSON_AddNumberToObject(o, "eos_token_id", c->eos_token_id);
-    cJSON_AddStringToObject(o, "torch_dtype", dtype == CTRL_BF16 ? "bfloat16" : "float32");
+    cJSON_AddStringToObject(o, "torch_dtype", dtype_name(dtype));
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     return text;
@@ -244,24 +255,48 @@ ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype 
 }
 
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype) {
+    return ctrl_model_save_sharded(m, dir, dtype, CTRL_DEFAULT_MAX_SHARD);
+}
+
+ctrl_status ctrl_model_save_sharded(ctrl_model *m, const char *dir, ctrl_dtype dtype,
+                                    int64_t max_shard_bytes) {
+    if (dtype != CTRL_F32 && dtype != CTRL_BF16 && dtype != CTRL_F16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: a model is saved in fp32, bf16 or fp16, not %s", dir,
+                              ctrl_dtype_name(dtype));
+    char path[4200], cls[64];
+    snprintf(path, sizeof path, "%s", dir); /* with its parents, as os.makedirs */
+    for (char *p = path + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(path, 0777);
+            *p = '/';
+        }
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return ctrl_error_set(CTRL_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
     const ctrl_model_config *c = ctrl_model_cfg(m);
-    char path[4200];
-    char *text = config_json(c, dtype);
+    class_name(c, cls, sizeof cls);
+    char *text = m->source_config ? model_config_carried(m->source_config, c, cls, dtype_name(dtype)) : NULL;
+    if (!text) text = config_json(c, dtype);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    ctrl_status st = model_write_text_atomic(path, text);
-    cJSON_free(text);
+    ctrl_status st = text ? model_write_text_atomic(path, text)
+                          : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for config.json", dir);
+    free(text);
     if (st != CTRL_OK) return st;
-    cJSON *g = cJSON_CreateObject();
-    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(g, "bos_token_id", c->bos_token_id);
-    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(g, "eos_token_id", c->eos_token_id);
-    text = cJSON_Print(g);
-    cJSON_Delete(g);
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    st = model_write_text_atomic(path, text);
-    cJSON_free(text);
-    if (st != CTRL_OK) return st;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    return ctrl_model_save_weights(m, path, dtype);
+    if (c->num_labels <= 0) { /* transformers writes none for a classifier (it cannot generate) */
+        snprintf(path, sizeof path, "%s/generation_config.json", dir);
+        if (m->source_generation) {
+            st = model_write_text_atomic(path, m->source_generation);
+        } else {
+            cJSON *g = cJSON_CreateObject();
+            if (c->bos_token_id >= 0) cJSON_AddNumberToObject(g, "bos_token_id", c->bos_token_id);
+            if (c->eos_token_id >= 0) cJSON_AddNumberToObject(g, "eos_token_id", c->eos_token_id);
+            text = cJSON_Print(g);
+            cJSON_Delete(g);
+            st = text ? model_write_text_atomic(path, text)
+                      : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+            cJSON_free(text);
+        }
+        if (st != CTRL_OK) return st;
+    }
+    return model_save_shards(m, dir, dtype, max_shard_bytes);
 }

@@ -333,9 +333,32 @@ static uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* IEEE half, rounded to nearest even as torch's .to(torch.float16): overflow to infinity,
+ * subnormals below 2^-14, NaN kept quiet. */
+static uint16_t f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    const uint32_t a = u & 0x7fffffff;
+    if (a > 0x7f800000) return sign | 0x7e00;  /* NaN */
+    if (a >= 0x477ff000) return sign | 0x7c00; /* rounds to 65536 or more (or is infinite) */
+    if (a < 0x38800000) {                      /* below 2^-14: a subnormal half, m * 2^-24 */
+        if (a < 0x33000000) return sign;       /* at most 2^-25: rounds to zero (the tie to even) */
+        const uint32_t mant = (a & 0x7fffff) | 0x800000, shift = 126 - (a >> 23); /* 14..24 */
+        uint32_t h = mant >> shift;
+        const uint32_t rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (h & 1))) h++;
+        return sign | (uint16_t)h;
+    }
+    uint32_t h = ((a >> 23) - 112) << 10 | ((a >> 13) & 0x3ff); /* exponent rebiased 127 -> 15 */
+    const uint32_t rest = a & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; /* a carry into the exponent is right */
+    return sign | (uint16_t)h;
+}
+
 ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensors, int n, ctrl_dtype dtype) {
-    if (dtype != CTRL_F32 && dtype != CTRL_BF16)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: safetensors are written as F32 or BF16", path);
+    if (dtype != CTRL_F32 && dtype != CTRL_BF16 && dtype != CTRL_F16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: safetensors are written as F32, BF16 or F16", path);
     ctrl_st_write *sorted = malloc(sizeof *sorted * (size_t)(n ? n : 1));
     if (!sorted) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
     memcpy(sorted, tensors, sizeof *sorted * (size_t)n);
@@ -343,7 +366,9 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
     const size_t esz = ctrl_dtype_size(dtype);
     /* the header is built whole or not at all: a tensor missing from it would be a corrupt file */
     cJSON *root = cJSON_CreateObject();
-    int built = root != NULL;
+    /* __metadata__ first, then the tensors by name: the Python library's header, byte for byte */
+    cJSON *meta = root ? cJSON_AddObjectToObject(root, "__metadata__") : NULL;
+    int built = meta && cJSON_AddStringToObject(meta, "format", "pt");
     size_t off = 0;
     for (int i = 0; i < n && built; i++) {
         cJSON *t = cJSON_CreateObject();
@@ -352,7 +377,10 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
             built = 0;
             break;
         }
-        built = cJSON_AddStringToObject(t, "dtype", dtype == CTRL_F32 ? "F32" : "BF16") != NULL;
+        built = cJSON_AddStringToObject(t, "dtype",
+                                        dtype == CTRL_F32    ? "F32"
+                                        : dtype == CTRL_BF16 ? "BF16"
+                                                             : "F16") != NULL;
         cJSON *shape = built ? cJSON_AddArrayToObject(t, "shape") : NULL;
         built = shape != NULL;
         size_t numel = 1;
@@ -365,8 +393,6 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
         off += numel * esz;
         built = built && cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
     }
-    cJSON *meta = built ? cJSON_AddObjectToObject(root, "__metadata__") : NULL;
-    built = meta && cJSON_AddStringToObject(meta, "format", "pt");
     char *json = built ? cJSON_PrintUnformatted(root) : NULL;
     cJSON_Delete(root);
     if (!json) {
@@ -393,7 +419,8 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
                 fwrite(sorted[i].data, 4, numel, f);
             } else {
                 for (size_t k = 0; k < numel; k++) {
-                    uint16_t h = f32_to_bf16(sorted[i].data[k]);
+                    uint16_t h =
+                        dtype == CTRL_BF16 ? f32_to_bf16(sorted[i].data[k]) : f32_to_f16(sorted[i].data[k]);
                     unsigned char b2[2] = {(unsigned char)h, (unsigned char)(h >> 8)};
                     fwrite(b2, 1, 2, f);
                 }

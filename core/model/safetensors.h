@@ -41,7 +41,8 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
  * tensor is not a float type. For checks before anything is written (weights never hold these). */
 int64_t ctrl_safetensors_find_non_finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *value);
 
-/* One tensor to write: f32 data, stored as `dtype` (CTRL_F32 or CTRL_BF16). */
+/* One tensor to write: f32 data, stored as `dtype` (CTRL_F32, CTRL_BF16 or CTRL_F16, rounded to
+ * nearest even as torch's .to() rounds). */
 typedef struct ctrl_st_write {
     const char *name;
     const float *data;
@@ -49,7 +50,9 @@ typedef struct ctrl_st_write {
     int64_t shape[CTRL_MAX_DIMS];
 } ctrl_st_write;
 
-/* Writes a safetensors file (tensors sorted by name, as the Python library does), atomically. */
+/* Writes a safetensors file atomically, laid out as the Python library lays it out for tensors of one
+ * dtype: the header's __metadata__ ({"format": "pt"}) first, then the tensors sorted by name, the
+ * header padded with spaces to a multiple of 8 bytes. */
 ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensors, int n, ctrl_dtype dtype);
 
 #endif

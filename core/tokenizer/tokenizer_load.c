@@ -299,11 +299,26 @@ static ctrl_status config_token(const ctrl_tokenizer *t, const char *path, const
     return CTRL_OK;
 }
 
+/* chat_template.jinja (the file transformers 5 writes and newer models ship): when present it is the
+ * chat template, ahead of tokenizer_config.json's, as transformers reads them. */
+static ctrl_status load_template_file(ctrl_tokenizer *t, const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return CTRL_OK;
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, MAX_FILE, &st);
+    if (!text) return st;
+    free(t->chat_template);
+    t->chat_template = text;
+    return CTRL_OK;
+}
+
 static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     struct stat sb;
-    if (stat(path, &sb) != 0) return CTRL_OK;
+    if (stat(path, &sb) != 0) return load_template_file(t, dir);
     ctrl_status st;
     char *text = ctrl_read_text_file(path, MAX_FILE, &st);
     if (!text) return st;
@@ -332,7 +347,7 @@ static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
         if (name && body && !strcmp(name, "default")) t->chat_template = strdup(body);
     }
     cJSON_Delete(cfg);
-    return CTRL_OK;
+    return load_template_file(t, dir);
 }
 
 ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {

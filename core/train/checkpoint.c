@@ -27,29 +27,48 @@ static ctrl_status fsync_path(const char *path) {
     return bad ? ctrl_error_set(CTRL_ERR_IO, "%s: fsync failed", path) : CTRL_OK;
 }
 
+ctrl_status ctrl_copy_file(const char *a, const char *b, int *missing) {
+    FILE *in = fopen(a, "rb");
+    if (missing) *missing = !in;
+    if (!in) return missing ? CTRL_OK : ctrl_error_set(CTRL_ERR_IO, "%s: %s", a, strerror(errno));
+    FILE *out = fopen(b, "wb");
+    if (!out) {
+        fclose(in);
+        return ctrl_error_set(CTRL_ERR_IO, "%s: %s", b, strerror(errno));
+    }
+    char buf[1 << 16];
+    size_t n;
+    int bad = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) bad |= fwrite(buf, 1, n, out) != n;
+    bad |= ferror(in) != 0;
+    fclose(in);
+    bad |= fflush(out) != 0 || fsync(fileno(out)) != 0;
+    if (fclose(out) != 0 || bad) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", b);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to) {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                        "chat_template.jinja"};
-    for (int i = 0; i < 4; i++) {
+    /* what a tokenizer's save_pretrained writes, with the slow tokenizers' vocabulary files */
+    static const char *const files[] = {
+        "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+        "chat_template.jinja", "added_tokens.json",     "vocab.json",
+        "merges.txt",          "tokenizer.model"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char a[4200], b[4200];
         snprintf(a, sizeof a, "%s/%s", from, files[i]);
         snprintf(b, sizeof b, "%s/%s", to, files[i]);
-        FILE *in = fopen(a, "rb");
-        if (!in) continue;
-        FILE *out = fopen(b, "wb");
-        if (!out) {
-            fclose(in);
-            return ctrl_error_set(CTRL_ERR_IO, "%s: %s", b, strerror(errno));
-        }
-        char buf[1 << 16];
-        size_t n;
-        int bad = 0;
-        while ((n = fread(buf, 1, sizeof buf, in)) > 0) bad |= fwrite(buf, 1, n, out) != n;
-        fclose(in);
-        bad |= fflush(out) != 0 || fsync(fileno(out)) != 0;
-        if (fclose(out) != 0 || bad) return ctrl_error_set(CTRL_ERR_IO, "%s: write failed", b);
+        int missing;
+        ctrl_status st = ctrl_copy_file(a, b, &missing);
+        if (st != CTRL_OK) return st;
     }
     return CTRL_OK;
+}
+
+ctrl_status ctrl_save_chat_template(const char *template_path, const char *to) {
+    char b[4200];
+    snprintf(b, sizeof b, "%s/chat_template.jinja", to);
+    ctrl_status st = ctrl_copy_file(template_path, b, NULL);
+    return st == CTRL_OK ? st : ctrl_error_wrap(st, "[data] chat_template_path");
 }
 
 /* A test hook (CTRL_TEST_SAVE_DELAY_MS): a pause between the files of a checkpoint, so that the

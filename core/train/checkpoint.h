@@ -47,8 +47,17 @@ typedef struct ctrl_checkpoint_shards {
 /* The name of optimizer state buffer i in the optimizer files ("000003.exp_avg_sq"). */
 void ctrl_checkpoint_state_key(char *key, size_t cap, int i, const char *name);
 
-/* Copies tokenizer.json, tokenizer_config.json and special_tokens_map.json (those present). */
+/* Copies file a to b (fsynced); with `missing`, a file a that does not exist is no error: 1 in
+ * *missing, nothing done (without, it is one). */
+ctrl_status ctrl_copy_file(const char *a, const char *b, int *missing);
+/* Copies the tokenizer files present in FROM: tokenizer.json, tokenizer_config.json,
+ * special_tokens_map.json, chat_template.jinja, added_tokens.json, vocab.json, merges.txt,
+ * tokenizer.model. */
 ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to);
+/* [data] chat_template_path's template written as TO/chat_template.jinja: the saved model's chat
+ * template (ahead of tokenizer_config.json's, for transformers and ctrl), as TRL saves the
+ * tokenizer it set the template on. */
+ctrl_status ctrl_save_chat_template(const char *template_path, const char *to);
 
 /* Writes output_dir/checkpoint-<step> atomically, then removes the oldest checkpoints beyond
  * `keep` (0 keeps all). *written (may be NULL) receives the directory. */

@@ -603,8 +603,10 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     if (progressed && r.root) {
         ctrl_error_saved run; /* an interruption's message, kept across the save */
         ctrl_error_save(&run, st);
-        ctrl_status s2 = train_model_save(r.model, out_dir, s->model.path);
+        ctrl_status s2 = train_model_export(r.model, out_dir, s);
         if (s2 == CTRL_OK) s2 = ctrl_copy_tokenizer_files(s->model.path, out_dir);
+        if (s2 == CTRL_OK && s->data.chat_template_path)
+            s2 = ctrl_save_chat_template(s->data.chat_template_path, out_dir);
         if (s2 != CTRL_OK)
             st = s2;
         else {

@@ -71,3 +71,14 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
 ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base) {
     return ctrl_model_lora(m) ? ctrl_peft_save(m, dir, base) : ctrl_model_save(m, dir, CTRL_F32);
 }
+
+ctrl_status train_model_export(ctrl_model *m, const char *dir, const ctrl_run_settings *s) {
+    if (ctrl_model_lora(m)) return ctrl_peft_save(m, dir, s->model.path);
+    const char *want = s->train.save_dtype;
+    ctrl_dtype dtype = !strcmp(want, "bf16") ? CTRL_BF16 : !strcmp(want, "fp16") ? CTRL_F16 : CTRL_F32;
+    if (!strcmp(want, "auto")) { /* the source's: a bf16 model stays bf16 */
+        ctrl_status st = ctrl_model_dir_dtype(s->model.path, &dtype);
+        if (st != CTRL_OK) return st;
+    }
+    return ctrl_model_save_sharded(m, dir, dtype, s->train.save_max_shard_bytes);
+}

@@ -16,5 +16,8 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
 /* What a run saves into DIR: with LoRA the adapter in PEFT's format (base_model_name_or_path =
  * `base`), else the full model (config.json, model.safetensors, generation_config.json). */
 ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base);
+/* The trained model at the end of a run: the adapter with LoRA, else the model as [train] save_dtype
+ * (auto: [model] path's dtype) and save_max_shard_size say. */
+ctrl_status train_model_export(ctrl_model *m, const char *dir, const ctrl_run_settings *s);
 
 #endif

@@ -30,3 +30,9 @@ target_compile_definitions(test_lora PRIVATE CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DI
 target_link_libraries(test_lora PRIVATE ctrl ${CJSON_LIBRARY} OpenMP::OpenMP_C ctrl_openblas m)
 add_test(NAME test_lora COMMAND test_lora)
 set_tests_properties(test_lora PROPERTIES LABELS parity TIMEOUT 120)
+# Saving as save_pretrained saves, against its own directories (tests/reference/make_save_fixtures.py).
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/model/test_save.c parity)
+target_sources(test_save PRIVATE $<TARGET_OBJECTS:test_attention_eager>)
+target_link_libraries(test_save PRIVATE OpenMP::OpenMP_C ctrl_openblas)
+add_dependencies(test_save sft adamw flash eager checkpointing)
+set_tests_properties(test_save PROPERTIES TIMEOUT 120)
