@@ -41,21 +41,29 @@ static inline char *reward_json_batch(const ctrl_reward_batch *b) {
     return text;
 }
 
-/* Parses the reply: a JSON list of n numbers or nulls (NaN: the reward does not apply). */
+/* Parses the reply: a JSON list of n finite numbers or nulls (null -> NaN: the reward does not
+ * apply). NaN and infinities are refused: not JSON (Python's json.dumps writes them as NaN and
+ * Infinity unless told not to), or too large for a float. */
 static inline ctrl_status reward_json_scores(const char *name, const char *reply, int n, float *out) {
     cJSON *a = cJSON_Parse(reply);
-    int ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) == n;
+    int ok = cJSON_IsArray(a) && cJSON_GetArraySize(a) == n, bad_number = -1;
     for (int i = 0; ok && i < n; i++) {
         const cJSON *v = cJSON_GetArrayItem(a, i);
-        if (cJSON_IsNumber(v))
+        if (cJSON_IsNumber(v) && isfinite((float)v->valuedouble))
             out[i] = (float)v->valuedouble;
         else if (cJSON_IsNull(v))
             out[i] = NAN;
         else
-            ok = 0;
+            ok = 0, bad_number = cJSON_IsNumber(v) ? i : -1;
     }
     cJSON_Delete(a);
     if (ok) return CTRL_OK;
+    if (bad_number >= 0 || strstr(reply, "NaN") || strstr(reply, "Infinity"))
+        return ctrl_error_set(
+            CTRL_ERR_RUNTIME,
+            "reward %s: the reply holds NaN or an infinite score (send null where the reward "
+            "does not apply): %.200s",
+            name, reply);
     return ctrl_error_set(
         CTRL_ERR_RUNTIME,
         "reward %s: the reply is not a JSON list of %d numbers or nulls (one per completion): "

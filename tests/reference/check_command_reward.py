@@ -45,15 +45,20 @@ max_completion_length = 32
     return [{k: v for k, v in r.items() if not k.startswith("timing/") and k not in ("tokens_per_second", "step_time")} for r in rows]
 
 
+def prepare(ctrl, d):
+    """The prompts and the tiny model the runs train, in d."""
+    subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_quickstart_data.sh"), f"{d}/data", "3"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(ctrl + ["model", "init", "--arch", "qwen2", "--hidden", "32", "--layers", "1", "--heads", "2",
+                           "--tokenizer", os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe"), "--out",
+                           f"{d}/model"], check=True, stdout=subprocess.DEVNULL)
+
+
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
     ctrl = [os.path.join(build, "ctrl"), "--plugin-dir", os.path.join(build, "plugins")]
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_quickstart_data.sh"), f"{d}/data", "3"],
-                       check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(ctrl + ["model", "init", "--arch", "qwen2", "--hidden", "32", "--layers", "1", "--heads", "2",
-                               "--tokenizer", os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe"), "--out",
-                               f"{d}/model"], check=True, stdout=subprocess.DEVNULL)
+        prepare(ctrl, d)
         builtin = run(ctrl, d, "builtin", "plugin = length\ntarget_length = 20")
         python = run(ctrl, d, "python", f"plugin = command\ncommand = {sys.executable} "
                      "examples/rewards/trl_reward_command.py examples/rewards/reward_len.py:reward_len")

@@ -24,7 +24,8 @@ int main(int argc, char **argv) {
         const int n = cJSON_GetArraySize(c);
         for (int i = 0; i < n; i++) {
             if (!strncmp(argv[1], "len", 3)) {
-                const long len = code_points(cJSON_GetArrayItem(c, i)->valuestring), target = atol(argv[1] + 3);
+                const long len = code_points(cJSON_GetArrayItem(c, i)->valuestring),
+                           target = atol(argv[1] + 3);
                 cJSON_AddItemToArray(out, cJSON_CreateNumber(-labs((target ? target : 20) - len)));
             } else if (!strcmp(argv[1], "column") && argc > 2) {
                 const cJSON *v = cJSON_GetArrayItem(cJSON_GetObjectItem(b, argv[2]), i);

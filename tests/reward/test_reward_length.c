@@ -44,9 +44,10 @@ TEST(matches_trl_reward_len) {
     CHECK(e != NULL);
     if (!e) return;
     const ctrl_reward_ops *ops = e->plugin->ops;
-    ctrl_config *cfg = load(reg, "[model]\npath = m\n[memory]\nstrategies =\n[reward.len20]\nplugin = length\n"
-                                 "[reward.len5]\nplugin = length\ntarget_length = 5\n"
-                                 "[reward.tok]\nplugin = length\nunit = tokens\ntarget_length = 3\n");
+    ctrl_config *cfg =
+        load(reg, "[model]\npath = m\n[memory]\nstrategies =\n[reward.len20]\nplugin = length\n"
+                  "[reward.len5]\nplugin = length\ntarget_length = 5\n"
+                  "[reward.tok]\nplugin = length\nunit = tokens\ntarget_length = 3\n");
     CHECK(cfg != NULL);
     if (!cfg) return;
 
