@@ -353,3 +353,68 @@ TEST(chat_template_jinja_read_and_copied) {
     CHECK_EQ_INT(ctrl_save_chat_template("/nonexistent/x.jinja", dst), CTRL_ERR_IO);
     rm_rf(src), rm_rf(dst);
 }
+
+/* A run from a bf16 model: output_dir gets the model in bf16 (save_dtype = auto), sharded at
+ * save_max_shard_size, config.json byte for byte the source's, the tokenizer files, and the run's
+ * chat template as chat_template.jinja; its checkpoint keeps fp32 weights. */
+TEST(training_run_saves_in_the_source_dtype_sharded) {
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
+    char src[1024], model[1100], out[1100], ini[1100], tmpl[1100], path[1300];
+    snprintf(src, sizeof src, "%s/trl_sft/model", CTRL_FIXTURE_DIR);
+    snprintf(model, sizeof model, "%s/bf16_model", tmp);
+    snprintf(out, sizeof out, "%s/bf16_run", tmp);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(src, NULL, &m), CTRL_OK);
+    if (!m) return;
+    CHECK_EQ_INT(ctrl_model_save(m, model, CTRL_BF16), CTRL_OK); /* the source: a bf16 model */
+    CHECK_EQ_INT(ctrl_copy_tokenizer_files(src, model), CTRL_OK);
+    ctrl_model_free(m);
+    snprintf(tmpl, sizeof tmpl, "%s/custom.jinja", tmp);
+    FILE *f = fopen(tmpl, "w");
+    fputs("{% for m in messages %}{{ m.content }}{% endfor %}", f);
+    fclose(f);
+    snprintf(ini, sizeof ini, "%s/bf16_run.ini", tmp);
+    f = fopen(ini, "w");
+    fprintf(f,
+            "[run]\noutput_dir = %s\ndevice = cpu\n[model]\npath = %s\nattention = eager\n[data]\ntrain_file = "
+            "%s/trl_sft/prompt_completion.jsonl\nmax_length = 32\nchat_template_path = %s\n[train]\ndtype = fp32\n"
+            "max_steps = 2\nsave_steps = 2\nper_device_train_batch_size = 2\nreport_to = none\n"
+            "save_max_shard_size = 100KB\n",
+            out, model, CTRL_FIXTURE_DIR, tmpl);
+    fclose(f);
+    mkdir(out, 0755);
+    const ctrl_status st = test_train_ini(ini, NULL, 0);
+    CHECK_MSG(st == CTRL_OK, "%s", ctrl_error_message());
+    if (st != CTRL_OK) return;
+    CHECK(exists(out, "model.safetensors.index.json") && !exists(out, "model.safetensors"));
+    int shards = 0;
+    DIR *d = opendir(out);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (!strncmp(e->d_name, "model-", 6)) {
+            char p[1400];
+            snprintf(p, sizeof p, "%s/%s", out, e->d_name);
+            ctrl_safetensors *s = NULL;
+            CHECK_EQ_INT(ctrl_safetensors_open(p, &s), CTRL_OK);
+            for (int i = 0; s && i < ctrl_safetensors_count(s); i++)
+                CHECK_MSG(ctrl_safetensors_at(s, i)->dtype == CTRL_BF16, "%s: not bf16", p);
+            ctrl_safetensors_close(s);
+            shards++;
+        }
+    if (d) closedir(d);
+    CHECK_MSG(shards > 1, "%d shards", shards);
+    char a[1300], b[1300];
+    snprintf(a, sizeof a, "%s/config.json", out), snprintf(b, sizeof b, "%s/config.json", model);
+    CHECK(same_file(a, b));
+    snprintf(a, sizeof a, "%s/tokenizer.json", out), snprintf(b, sizeof b, "%s/tokenizer.json", model);
+    CHECK(same_file(a, b));
+    snprintf(a, sizeof a, "%s/chat_template.jinja", out);
+    CHECK(same_file(a, tmpl));
+    snprintf(path, sizeof path, "%s/checkpoint-2", out);
+    ctrl_dtype dt = CTRL_BF16;
+    CHECK_EQ_INT(ctrl_model_dir_dtype(path, &dt), CTRL_OK);
+    CHECK_MSG(dt == CTRL_F32, "the checkpoint's weights are %s", ctrl_dtype_name(dt));
+    ctrl_model *back = NULL; /* and the saved model loads */
+    CHECK_MSG(ctrl_model_load(out, NULL, &back) == CTRL_OK, "%s", ctrl_error_message());
+    ctrl_model_free(back);
+}
