@@ -139,12 +139,13 @@ static const ctrl_option train_options[] = {
     {"save_dtype", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|fp32|bf16|fp16",
      "The dtype of the model saved to output_dir at the end: auto = [model] path's (config.json's dtype or "
      "torch_dtype, else its weights'): a bf16 model stays bf16, as save_pretrained keeps a model's dtype; "
-     "config.json's dtype says which. Checkpoints keep the fp32 master weights (an exact resume)."},
+     "config.json's dtype says which. Checkpoints keep the fp32 master weights (an exact resume). Not with "
+     "[peft] enabled (the adapter is saved as PEFT saves it)."},
     {"save_max_shard_size", CTRL_OPT_STRING, "50GB", 0, 0, 0, NULL,
-     "transformers' max_shard_size: above it the saved weights are split into "
-     "model-0000K-of-0000N.safetensors with model.safetensors.index.json, as save_pretrained splits "
-     "them (5GB, 500MB, 200KB: powers of 1000; or a number of bytes; a tensor larger than it gets a "
-     "shard of its own)."},
+     "transformers' max_shard_size for the model saved to output_dir at the end: above it the weights are "
+     "split into model-0000K-of-0000N.safetensors with model.safetensors.index.json, as save_pretrained "
+     "splits them (5GB, 500MB, 200KB: powers of 1000; or a number of bytes; a tensor larger than it gets a "
+     "shard of its own). Checkpoints use save_pretrained's default, 50GB, as the HF Trainer's do."},
     {"resume_from_checkpoint", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A checkpoint directory, or 'last' for the newest in output_dir."},
     {"ddp_timeout", CTRL_OPT_INT, "1800", MIN(1), NULL,

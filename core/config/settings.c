@@ -211,6 +211,18 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         return ctrl_error_wrap(CTRL_ERR_CONFIG, "%s: [train] save_max_shard_size",
                                e ? e->where : cfg->file_name);
     }
+    /* with LoRA the run saves the adapter alone (one adapter_model.safetensors, in the adapters'
+     * dtype, as PEFT saves it): a model's dtype or shard size set for it would do nothing */
+    static const char *const model_only[] = {"save_dtype", "save_max_shard_size"};
+    for (int i = 0; r.st == CTRL_OK && s->peft.enabled && i < 2; i++) {
+        const config_entry *e = config_find(cfg, "train", model_only[i]);
+        if (e && strcmp(e->where, "default") != 0)
+            return ctrl_error_set(CTRL_ERR_CONFIG,
+                                  "%s: [train] %s = %s with [peft] enabled: the run saves the LoRA adapter "
+                                  "(adapter_model.safetensors, as PEFT saves it), not a model; `ctrl model "
+                                  "merge --dtype ... --max-shard-size ...` saves the merged model so",
+                                  e->where, model_only[i], e->value);
+    }
     return r.st;
 }
 

@@ -305,6 +305,11 @@ TEST(train_save_keys) {
     snprintf(ini, sizeof ini, "[model]\npath = %s/save/llama_fp32\n[train]\nsave_dtype = fp8\n",
              CTRL_FIXTURE_DIR);
     test_config_refused(reg, "save_bad.ini", ini, "save_bad.ini:4: [train] save_dtype");
+    snprintf(ini, sizeof ini,
+             "[model]\npath = %s/save/llama_fp32\n[train]\nsave_dtype = bf16\n[peft]\nenabled = true\n",
+             CTRL_FIXTURE_DIR);
+    test_config_refused(reg, "save_bad.ini", ini,
+                        "save_bad.ini:4: [train] save_dtype = bf16 with [peft] enabled");
     ctrl_registry_destroy(reg);
 }
 
@@ -376,12 +381,14 @@ TEST(training_run_saves_in_the_source_dtype_sharded) {
     fclose(f);
     snprintf(ini, sizeof ini, "%s/bf16_run.ini", tmp);
     f = fopen(ini, "w");
-    fprintf(f,
-            "[run]\noutput_dir = %s\ndevice = cpu\n[model]\npath = %s\nattention = eager\n[data]\ntrain_file = "
-            "%s/trl_sft/prompt_completion.jsonl\nmax_length = 32\nchat_template_path = %s\n[train]\ndtype = fp32\n"
-            "max_steps = 2\nsave_steps = 2\nper_device_train_batch_size = 2\nreport_to = none\n"
-            "save_max_shard_size = 100KB\n",
-            out, model, CTRL_FIXTURE_DIR, tmpl);
+    fprintf(
+        f,
+        "[run]\noutput_dir = %s\ndevice = cpu\n[model]\npath = %s\nattention = eager\n[data]\ntrain_file = "
+        "%s/trl_sft/prompt_completion.jsonl\nmax_length = 32\nchat_template_path = %s\n[train]\ndtype = "
+        "fp32\n"
+        "max_steps = 2\nsave_steps = 2\nper_device_train_batch_size = 2\nreport_to = none\n"
+        "save_max_shard_size = 100KB\n",
+        out, model, CTRL_FIXTURE_DIR, tmpl);
     fclose(f);
     mkdir(out, 0755);
     const ctrl_status st = test_train_ini(ini, NULL, 0);
