@@ -191,7 +191,8 @@ static const ctrl_option generation_options[] = {
     {"kv_cache_bytes", CTRL_OPT_INT, "0", MIN(0), NULL,
      "KV-cache pool size in bytes (0 = from gpu_memory_utilization)."},
     {"gpu_memory_utilization", CTRL_OPT_FLOAT, "0.3", RANGE(0.01, 1), NULL,
-     "Fraction of device memory for the KV cache when kv_cache_bytes = 0."},
+     "Fraction of memory for the KV cache when kv_cache_bytes = 0: of the GPU's for a model on cuda (at most "
+     "half of what is free there), of the host's on the CPU."},
     {"block_size", CTRL_OPT_INT, "16", RANGE(1, 1024), NULL, "Tokens per KV-cache block."},
     {"attention", CTRL_OPT_STRING, "paged", 0, 0, 0, NULL,
      "Attention plugin that decodes over the paged KV cache (colocate mode)."},
@@ -206,7 +207,8 @@ static const ctrl_option generation_options[] = {
      "the "
      "logits)."},
     {"sleep", CTRL_OPT_INT, "0", RANGE(0, 2), NULL,
-     "colocate: 1 releases the KV pool between generation phases, 2 also inference-only buffers."},
+     "colocate: 1 releases the KV pool between generation phases, 2 also inference-only buffers (on a GPU "
+     "the memory goes back to the driver)."},
     {"log_completions", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Online trainers: append every generated completion with its rewards and advantage to "
      "output_dir/completions.jsonl."},

@@ -206,9 +206,13 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     m->T = T, m->acts = m->dec_acts, m->x_out = m->dec_out;
     m->batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = tokens, .positions = m->dec_pos};
     m->dev_batch = (ctrl_batch){.T = T, .B = n_seq, .tokens = d_ints, .positions = d_ints + T};
-    decode_ctx d = {
-        c,         n_seq, max_pos - 1, d_ints + 2 * (size_t)T, d_ints + 3 * (size_t)T, d_ints + 4 * (size_t)T,
-        max_blocks};
+    decode_ctx d = {.c = c,
+                    .n_seq = n_seq,
+                    .max_pos = max_pos - 1,
+                    .seq_of = d_ints + 2 * (size_t)T,
+                    .slots = d_ints + 3 * (size_t)T,
+                    .block_tables = d_ints + 4 * (size_t)T,
+                    .max_blocks = max_blocks};
     m->dec_n_new = n_new, m->dec_n_seq = n_seq; /* the adapters' runs (lora_bank.c) */
     st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
@@ -218,10 +222,14 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
                                  paged_attention, &d);
     if (st == CTRL_OK) { /* each sequence's last new token (or every one) through the head */
         if (all_rows) st = be->copy(m->dec_hin, m->x_out, sizeof(float) * (size_t)T * C);
-        for (int s = 0, t = 0; s < n_seq && st == CTRL_OK && !all_rows; s++) {
+        /* each sequence's last new token's row: consecutive rows in one copy (a decoding step, one
+         * new token per sequence, is a single copy) */
+        for (int s = 0, t = 0; s < n_seq && st == CTRL_OK && !all_rows;) {
             t += n_new[s];
-            st = be->copy(m->dec_hin + (size_t)s * C, m->x_out + (size_t)(t - 1) * C,
-                          sizeof(float) * (size_t)C);
+            const int first = t - 1, s0 = s++;
+            while (s < n_seq && n_new[s] == 1) t++, s++; /* their rows follow: first + 1, ... */
+            st = be->copy(m->dec_hin + (size_t)s0 * C, m->x_out + (size_t)first * C,
+                          sizeof(float) * (size_t)(s - s0) * C);
         }
         if (st == CTRL_OK)
             st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);

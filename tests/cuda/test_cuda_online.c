@@ -9,7 +9,7 @@
  * (their shared prompt blocks, the copied partial block) draw the CPU's tokens from the same seeds;
  * each token's log-probability within 1e-4 of the CPU's. Sleep level 2 gives the pool back to the
  * driver (the caching allocator's reserved bytes fall by at least the pool's size) and generation
- * after wake_up is unchanged.
+ * after wake_up is unchanged. kv_cache_bytes = 0 sizes the pool from the GPU's memory.
  *
  * Training: GRPO (beta 0.04 with a reference model on the device, num_iterations 2: old log-probs)
  * and RLOO (its KL-penalised reward), 3 steps each with the length reward, on the device and on the
@@ -21,7 +21,7 @@
  * The loops that share the engine too: Online DPO, and GKD sampling on the device from the student
  * (lmbda = 1) and from the teacher (seq_kd) -- metrics and weights within the same bounds (measured
  * 1e-5 and 1e-5). PPO (a value model) is refused on the device. Skips without a GPU; under the
- * CUDA emulator it is test_cuda_online_emu (about 18 s). */
+ * CUDA emulator it is test_cuda_online_emu (about 20 s). */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -191,6 +191,39 @@ TEST(sleep_returns_device_memory) {
            before.reserved / 1048576.0, asleep.reserved / 1048576.0, awake.reserved / 1048576.0);
     ctrl_engine_free(e);
     ctrl_model_free(m);
+}
+
+/* kv_cache_bytes = 0: the pool is gpu_memory_utilization of the GPU's memory (at most half of what
+ * is free), not of the host's as for a model on the CPU. */
+TEST(pool_sized_from_device_memory) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_config *cfg = test_config_from_text(reg, "pool.ini",
+                                             "[run]\ntrainer = grpo\n[model]\npath = " CTRL_FIXTURE_DIR
+                                             "/trl_sft/model\n[reward.len]\nplugin = length\n"
+                                             "[generation]\ngpu_memory_utilization = 0.01\n");
+    gen_case cases[2];
+    ctrl_model *cpu = load("qwen2", cases, 0), *dev = load("qwen2", cases, 1);
+    ctrl_engine_config host, on_dev;
+    if (cfg && cpu && dev) {
+        ctrl_engine_config_from(cfg, &host);
+        CHECK_EQ_INT(ctrl_engine_config_for(cfg, cpu, &on_dev), CTRL_OK);
+        CHECK_MSG(on_dev.kv_cache_bytes == host.kv_cache_bytes,
+                  "a CPU model's pool: %zu, want the host's %zu", on_dev.kv_cache_bytes, host.kv_cache_bytes);
+        size_t free_b = 0, total = 0;
+        CHECK_EQ_INT(ctrl_cuda_memory_info(&free_b, &total), CTRL_OK);
+        CHECK_MSG(ctrl_engine_config_for(cfg, dev, &on_dev) == CTRL_OK, "%s", ctrl_error_message());
+        size_t want = (size_t)(0.01 * (double)total);
+        if (want > free_b / 2) want = free_b / 2;
+        CHECK_MSG(on_dev.kv_cache_bytes == want && want > 0, "the device model's pool: %zu bytes, want %zu",
+                  on_dev.kv_cache_bytes, want);
+        ctrl_engine *e = NULL;
+        CHECK_MSG(ctrl_engine_create(dev, &on_dev, &e) == CTRL_OK, "%s", ctrl_error_message());
+        ctrl_engine_free(e);
+    }
+    ctrl_model_free(cpu), ctrl_model_free(dev);
+    ctrl_config_free(cfg);
+    ctrl_registry_destroy(reg);
 }
 
 /* ---- training ---- */
