@@ -179,8 +179,9 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
  * untied; a forward and backward, the adapters nudged, a fused forward and backward; log-probs and
  * every trainable tensor's gradient within `tol` (0: bit-identical). The base has no gradients
  * (the backend's kernels skip NULL parameter gradients). */
-static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol,
-                       int dora) {
+static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol, int dora,
+                       int nf4) {
+    const char *kind = nf4 ? "QLoRA" : dora ? "DoRA" : "LoRA";
     char dir[512];
     snprintf(dir, sizeof dir, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
     ctrl_registry *reg = test_plugin_registry();
@@ -189,7 +190,7 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
     static ctrl_lora_config lc;
     memset(&lc, 0, sizeof lc);
     lc.r = 4, lc.lora_alpha = 8, lc.lora_dropout = 0.2f, lc.init = CTRL_LORA_INIT_NONE, lc.seed = 5;
-    lc.use_dora = dora;
+    lc.use_dora = dora, lc.nf4 = nf4;
     CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
     ctrl_batch b;
     make_batch(&b, 100);
@@ -216,8 +217,7 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
         ctrl_model_weights_changed(m);
         ok = ok && ctrl_model_forward_fused(m, &b, dlogp, logp[side][1], NULL, NULL) == CTRL_OK &&
              ctrl_model_backward(m, NULL) == CTRL_OK && ctrl_model_grads_to_host(m) == CTRL_OK;
-        CHECK_MSG(ok, "%s %s on %s: %s", arch, dora ? "DoRA" : "LoRA", side ? be->name : "cpu",
-                  ctrl_error_message());
+        CHECK_MSG(ok, "%s %s on %s: %s", arch, kind, side ? be->name : "cpu", ctrl_error_message());
         const float *g = ok ? ctrl_model_grads(m, &n) : NULL;
         if (g && (grads[side] = malloc(sizeof(float) * n))) memcpy(grads[side], g, sizeof(float) * n);
         ctrl_model_free(m);
@@ -227,13 +227,13 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
                      eg = test_rel_error_f32(grads[1], grads[0], (long)n);
         if (tol == 0)
             CHECK_MSG(same(logp[1], logp[0], sizeof logp[0]) && same(grads[1], grads[0], sizeof(float) * n),
-                      "%s %s on %s: differs from the cpu", arch, dora ? "DoRA" : "LoRA", be->name);
+                      "%s %s on %s: differs from the cpu", arch, kind, be->name);
         else
             CHECK_MSG(el <= tol && eg <= tol, "%s %s on %s: log-probs rel %.3g, gradients rel %.3g", arch,
-                      dora ? "DoRA" : "LoRA", be->name, el, eg);
+                      kind, be->name, el, eg);
         CHECK(!same(logp[0][0], logp[0][1], sizeof logp[0][0])); /* the nudge changed something */
         printf("  %-8s %s (dropout 0.2) on %s vs cpu: log-probs rel %.1e, %zu trainable gradients rel %.1e\n",
-               arch, dora ? "DoRA" : "LoRA", be->name, el, n, eg);
+               arch, kind, be->name, el, n, eg);
     }
     free(grads[0]), free(grads[1]);
     ctrl_registry_destroy(reg);
@@ -241,6 +241,10 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
 
 /* LoRA, then DoRA (its per-row scalings staged through the host on a device). */
 void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
-    lora_check(be, device, arch, tol, 0);
-    lora_check(be, device, arch, tol, 1);
+    lora_check(be, device, arch, tol, 0, 0);
+    lora_check(be, device, arch, tol, 1, 0);
+}
+
+void backend_qlora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
+    lora_check(be, device, arch, tol, 0, 1);
 }

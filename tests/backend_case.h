@@ -27,5 +27,7 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
 /* LoRA adapters (dropout on, modules_to_save lm_head where untied) on tests/fixtures/models/ARCH: on
  * `be` against the CPU, log-probs and trainable gradients within `tol` (0: bit-identical). */
 void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
+/* The same with the base in NF4 (QLoRA, [peft] quantization = nf4), plain LoRA adapters. */
+void backend_qlora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
 
 #endif

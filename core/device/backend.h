@@ -144,6 +144,14 @@ typedef struct ctrl_backend_ops {
     /* Appended: the device's free and total memory in bytes (what the generation engine sizes a
      * device's KV pool from: [generation] gpu_memory_utilization); on the CPU the host's. */
     ctrl_status (*memory_info)(size_t *free_bytes, size_t *total_bytes);
+    /* Appended for QLoRA on a device ([peft] quantization = nf4; core/model/nf4.h): n values of a
+     * weight held in NF4 into out (backend memory): absmax_b = dynamic[qabsmax[b]] * absmax2[b / 256]
+     * + offset, out_i = code[nibble_i] * absmax_(i / 64), each operation rounded on its own (the CPU's
+     * ctrl_nf4_absmax + ctrl_nf4_dequantize bit for bit; code [16] and dynamic [256] are the code books
+     * in backend memory). NULL where not implemented: QLoRA is refused there. */
+    ctrl_status (*nf4_dequantize)(float *out, const uint8_t *packed, const uint8_t *qabsmax,
+                                  const float *absmax2, float offset, const float *code, const float *dynamic,
+                                  int64_t n);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

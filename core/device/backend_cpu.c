@@ -8,6 +8,7 @@
 
 #include "ctrl/log.h"
 #include "device/backend.h"
+#include "model/nf4.h"
 
 static ctrl_status cpu_alloc(void **ptr, size_t bytes) {
     *ptr = malloc(bytes ? bytes : 1);
@@ -268,6 +269,7 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .kv_append = kv_append,
         .release_cached = release_cached,
         .memory_info = memory_info,
+        .nf4_dequantize = ctrl_nf4_dequantize_raw, /* QLoRA (model/nf4.c) */
     };
     return &ops;
 }

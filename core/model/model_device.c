@@ -31,6 +31,7 @@ void ctrl_model_release_scratch(ctrl_model *m) {
 
 void model_release_backend(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
+    nf4_release_device(m); /* QLoRA's device copy of the NF4 store */
     ctrl_model_release_scratch(m);
     ctrl_model_release_decode_scratch(m); /* on this backend too */
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
@@ -50,10 +51,9 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
         (!ctrl_backend_has(be, linear_forward_bf16) || !ctrl_backend_has(be, round_to_bf16)))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
                               be->name);
-    if (m->nf4_w && !be->host_memory)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "model: QLoRA ([peft] quantization = nf4) runs on the CPU only so far, not on %s", be->name);
+    if (m->nf4_w && !be->host_memory && !ctrl_backend_has(be, nf4_dequantize))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: QLoRA ([peft] quantization = nf4) is not implemented on %s", be->name);
     ctrl_status ok = model_check_backend(m, be); /* a family's ops (Gemma's) it may lack */
     if (ok != CTRL_OK) return ok;
     model_release_backend(m);
@@ -73,6 +73,12 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
         return ctrl_error_wrap(st, "model: %zu parameters onto %s", m->n_params, be->name);
     }
     m->dparams_valid = 1;
+    st = nf4_to_device(m); /* QLoRA: the NF4 store in the device's memory */
+    if (st != CTRL_OK) {
+        model_release_backend(m);
+        m->be = ctrl_backend_cpu(), m->device = (ctrl_device){CTRL_DEVICE_CPU, 0};
+        return ctrl_error_wrap(st, "model: QLoRA's NF4 weights onto %s", be->name);
+    }
     return CTRL_OK;
 }
 

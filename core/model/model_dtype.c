@@ -46,6 +46,7 @@ ctrl_status model_prepare_weights(ctrl_model *m) {
         ctrl_status st = m->be->to_device(m->dparams, m->params, bytes);
         if (st != CTRL_OK) return ctrl_error_wrap(st, "model: parameters onto %s", m->be->name);
         m->dparams_valid = 1;
+        m->nf4_layer = -1; /* QLoRA: the device's slot now holds the host's, not a layer's */
     }
     /* no rounded copy where the backend's bf16 products round w themselves at no cost */
     const int rounds_itself = ctrl_backend_has(m->be, bf16_rounds_weights) && m->be->bf16_rounds_weights();

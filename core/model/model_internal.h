@@ -202,6 +202,11 @@ struct ctrl_model {
      * which holds layer nf4_layer's dequantized weights (-1: none yet). */
     ctrl_nf4 *nf4_w;
     int nf4_layer;
+    /* On a device backend (nf4_to_device): each weight's packed values, absmax bytes and absmax
+     * scales in the backend's memory ([n_layers * LORA_N_TARGETS][3]), and the code books (16 + 256
+     * floats); NULL on the CPU. */
+    void **nf4_dev;
+    float *nf4_codes;
     /* A frozen model held in bf16 (model_bf16_store.c): the layers' weights as bf16 (w16, layer
      * after layer), each layer's parameter range [w16_lo[l], w16_lo[n_layers + l]), and the layer
      * widened into params now (-1: none); NULL when not. */
@@ -339,6 +344,10 @@ int lora_dropout_on(const ctrl_model *m);
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status nf4_layer_weights(ctrl_model *m, int l);
 void nf4_free(ctrl_model *m);
+/* The NF4 store copied into a device backend's memory (m->be, after the switch), and freed from it
+ * (before the model leaves the backend); the host copy stays. */
+ctrl_status nf4_to_device(ctrl_model *m);
+void nf4_release_device(ctrl_model *m);
 /* A model held in bf16 (model_bf16_store.c): layer l's weights widened into params before it runs
  * (the previous layer's pages given back); the store freed. */
 ctrl_status model_bf16_layer_weights(ctrl_model *m, int l);

@@ -213,6 +213,20 @@ void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out) {
     }
 }
 
+ctrl_status ctrl_nf4_dequantize_raw(float *out, const uint8_t *packed, const uint8_t *qabsmax,
+                                    const float *absmax2, float offset, const float *code,
+                                    const float *dynamic, int64_t n) {
+    const int64_t nb = blocks(n, CTRL_NF4_BLOCK);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nb; b++) { /* ctrl_nf4_absmax's then ctrl_nf4_dequantize's operations */
+        const float s = rounded(dynamic[qabsmax[b]] * absmax2[b / CTRL_NF4_BLOCK2]) + offset;
+        const int64_t i1 = (b + 1) * CTRL_NF4_BLOCK < n ? (b + 1) * CTRL_NF4_BLOCK : n;
+        for (int64_t i = b * CTRL_NF4_BLOCK; i < i1; i++)
+            out[i] = code[i % 2 ? packed[i / 2] & 0xF : packed[i / 2] >> 4] * s;
+    }
+    return CTRL_OK;
+}
+
 void ctrl_nf4_free(ctrl_nf4 *q) {
     free(q->packed), free(q->qabsmax), free(q->absmax2);
     q->packed = q->qabsmax = NULL, q->absmax2 = NULL;

@@ -47,6 +47,11 @@ ctrl_status ctrl_nf4_quantize(const float *w, int64_t n, ctrl_nf4 *out);
 void ctrl_nf4_absmax(const ctrl_nf4 *q, float *absmax);
 void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out);
 void ctrl_nf4_free(ctrl_nf4 *q);
+/* The same dequantization from the parts, with the code books given (the CPU backend's
+ * nf4_dequantize op; device/backend.h). */
+ctrl_status ctrl_nf4_dequantize_raw(float *out, const uint8_t *packed, const uint8_t *qabsmax,
+                                    const float *absmax2, float offset, const float *code,
+                                    const float *dynamic, int64_t n);
 /* Bytes q holds. */
 size_t ctrl_nf4_bytes(int64_t n);
 

@@ -158,6 +158,10 @@ ctrl_status ctrl_cuda_linear_backward_bf16_f32(float *dx, float *dw, float *dbia
  * cache_dtype says; slots on the device. */
 ctrl_status ctrl_cuda_kv_append(void *k_cache, void *v_cache, const float *k, const float *v,
                                 const int32_t *slots, int T, int D, ctrl_dtype cache_dtype);
+/* QLoRA: n values held in NF4 into out (device pointers; see backend.h's nf4_dequantize). */
+ctrl_status ctrl_cuda_nf4_dequantize(float *out, const uint8_t *packed, const uint8_t *qabsmax,
+                                     const float *absmax2, float offset, const float *code,
+                                     const float *dynamic, int64_t n);
 
 #ifdef __cplusplus
 }

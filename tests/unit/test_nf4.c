@@ -132,3 +132,22 @@ TEST(nf4_quantize_and_dequantize_equal_bitsandbytes) {
     CHECK_EQ_INT(cases, 3);
     cJSON_Delete(fx);
 }
+
+/* The backends' op form (ctrl_nf4_dequantize_raw: the parts and the code books given, as a device
+ * holds them) computes ctrl_nf4_absmax + ctrl_nf4_dequantize's values bit for bit. */
+TEST(nf4_dequantize_raw_equals_the_two_step_dequantization) {
+    const int64_t n = (int64_t)64 * 256 + 64 * 3 + 21; /* two absmax2 blocks, a partial block */
+    float *w = malloc(sizeof(float) * (size_t)n), *a = malloc(sizeof(float) * (size_t)n),
+          *b = malloc(sizeof(float) * (size_t)n), *absmax = malloc(sizeof(float) * (size_t)(n / 64 + 1));
+    for (int64_t i = 0; i < n; i++) w[i] = (float)sin((double)i * 0.37) * (float)(1 + (i / 64) % 5);
+    ctrl_nf4 q;
+    CHECK_EQ_INT(ctrl_nf4_quantize(w, n, &q), CTRL_OK);
+    ctrl_nf4_absmax(&q, absmax);
+    ctrl_nf4_dequantize(&q, absmax, a);
+    CHECK_EQ_INT(ctrl_nf4_dequantize_raw(b, q.packed, q.qabsmax, q.absmax2, q.offset, ctrl_nf4_code,
+                                         ctrl_nf4_dynamic_code, n),
+                 CTRL_OK);
+    CHECK(!memcmp(a, b, sizeof(float) * (size_t)n));
+    ctrl_nf4_free(&q);
+    free(w), free(a), free(b), free(absmax);
+}
