@@ -4,23 +4,44 @@
 # `quantization = nf4` (QLoRA), 3 steps of 8 rows, fp32,
 # AdamW. Per run: peak RSS (/usr/bin/time -v, loading included), the largest RSS sampled while the
 # steps run (/proc/PID/status every 0.05 s once the first step is logged), wall time, the last loss.
-# With `--trl`, the same two runs with TRL's SFTTrainer (+ PEFT's LoraConfig) in /work/venv.
-# usage: bench/peft/memory.sh BUILD_DIR [HIDDEN LAYERS HEADS KV_HEADS] [--trl]
+# With `--trl`, the same two runs with TRL's SFTTrainer (+ PEFT's LoraConfig) in /work/venv. Each
+# run's tokens/s: its num_tokens (the same count in both: every attended token) over the training
+# time, all steps (ctrl's last tokens_per_second; TRL's num_tokens / train_runtime).
+# INTERMEDIATE (default 4 x HIDDEN), --tokenizer DIR (default the 1024-token tiny_bpe; a real
+# vocabulary, e.g. /work/shared/data/tokenizers/qwen3), --vocab N and --tie-embeddings (ctrl model
+# init's), --steps N (default 3), --no-full (skip the full fine-tunes, ctrl's and TRL's: at 0.5B
+# they need 8+ GiB). Qwen2.5-0.5B's shape:
+#   bench/peft/memory.sh build 896 24 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
+#     --vocab 151936 --tie-embeddings --trl --no-full
+# usage: bench/peft/memory.sh BUILD_DIR [HIDDEN LAYERS HEADS KV_HEADS [INTERMEDIATE]] [--tokenizer DIR]
+#        [--vocab N] [--tie-embeddings] [--steps N] [--no-full] [--trl]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
 shift
-TRL=0
-ARGS=()
-for a in "$@"; do [ "$a" = --trl ] && TRL=1 || ARGS+=("$a"); done
+TRL=0 FULL=1 STEPS=3 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
+ARGS=() INIT=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --trl) TRL=1 ;;
+    --no-full) FULL=0 ;;
+    --tokenizer) TOK=$2; shift ;;
+    --steps) STEPS=$2; shift ;;
+    --vocab) INIT+=(--vocab "$2"); shift ;;
+    --tie-embeddings) INIT+=(--tie-embeddings) ;;
+    *) ARGS+=("$1") ;;
+  esac
+  shift
+done
 HIDDEN=${ARGS[0]:-1024} LAYERS=${ARGS[1]:-12} HEADS=${ARGS[2]:-16} KV=${ARGS[3]:-4}
+INTER=${ARGS[4]:-$((4 * HIDDEN))}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 C=("$BUILD/ctrl" --plugin-dir "$BUILD/plugins")
 export OMP_WAIT_POLICY=PASSIVE
 bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 1 >/dev/null
 "${C[@]}" model init --arch qwen2 --hidden "$HIDDEN" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV" \
-  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/model" >/dev/null
+  --intermediate "$INTER" "${INIT[@]}" --tokenizer "$TOK" --out "$TMP/model" >/dev/null
 cat >"$TMP/run.ini" <<INI
 [run]
 device = cpu
@@ -31,7 +52,7 @@ path = $TMP/model
 train_file = $TMP/data/train.jsonl
 [train]
 learning_rate = 1e-4
-max_steps = 3
+max_steps = $STEPS
 per_device_train_batch_size = 8
 logging_steps = 1
 save_strategy = no
@@ -42,9 +63,12 @@ r = 16
 lora_alpha = 32
 lora_dropout = 0
 INI
-echo "model: $("${C[@]}" model info "$TMP/model" | grep parameters | awk '{print $2}') parameters (hidden $HIDDEN, $LAYERS layers)"
-printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | last loss |\n|---|---|---|---|---|\n'
-for peft in false true nf4; do
+echo "model: $("${C[@]}" model info "$TMP/model" | grep parameters | awk '{print $2}') parameters (hidden $HIDDEN, $LAYERS layers, intermediate $INTER, vocabulary $("${C[@]}" model info "$TMP/model" | awk '/vocab/ {print $2; exit}'))"
+echo "load: $(uptime | sed 's/.*load/load/')"
+printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | tokens/s | last loss |\n|---|---|---|---|---|---|\n'
+RUNS="false true nf4"
+[ $FULL = 0 ] && RUNS="true nf4"
+for peft in $RUNS; do
   out=$TMP/out-$peft
   /usr/bin/time -v -o "$TMP/time-$peft" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
     $([ $peft = nf4 ] && echo "--set peft.enabled=true --set peft.quantization=nf4" || echo "--set peft.enabled=$peft") \
@@ -62,12 +86,15 @@ for peft in false true nf4; do
   wait $tpid
   peak=$(awk -F': ' '/Maximum resident/ {print $2}' "$TMP/time-$peft")
   wall=$(awk -F': ' '/Elapsed/ {print $2}' "$TMP/time-$peft")
-  loss=$(tail -1 "$out/metrics.jsonl" | sed 's/.*"loss": \([0-9.]*\).*/\1/')
+  loss=$(grep '"step"' "$out/metrics.jsonl" | tail -1 | sed 's/.*"loss": \([0-9.]*\).*/\1/')
+  tps=$(grep '"step"' "$out/metrics.jsonl" | tail -1 | sed 's/.*"tokens_per_second": \([0-9.]*\).*/\1/')
   name=$(case $peft in true) echo "ctrl LoRA" ;; nf4) echo "ctrl QLoRA (nf4)" ;; *) echo "ctrl full fine-tune" ;; esac)
-  printf '| %s | %d | %d | %s | %s |\n' "$name" $((peak / 1024)) $((max / 1024)) "$wall" "$loss"
+  printf '| %s | %d | %d | %s | %.0f | %s |\n' "$name" $((peak / 1024)) $((max / 1024)) "$wall" "$tps" "$loss"
 done
 if [ $TRL = 1 ]; then
-  for peft in 0 1; do
-    /work/venv/bin/python "$SRC/bench/peft/trl_sft.py" "$TMP/model" "$TMP/data/train.jsonl" $peft 2>/dev/null | grep '^| TRL' 
+  for peft in $([ $FULL = 1 ] && echo 0) 1; do
+    /work/venv/bin/python "$SRC/bench/peft/trl_sft.py" "$TMP/model" "$TMP/data/train.jsonl" $peft "$STEPS" 2>/dev/null |
+      grep '^| TRL'
   done
 fi
+echo "load after: $(uptime | sed 's/.*load/load/')"
