@@ -79,37 +79,9 @@ rc=$?
 #    curve as one process with 8 (the loss within 1e-5 or 1e-7 absolute: it is ~1e-9 at times),
 #    and the same evaluations.
 head -40 "$TMP/data/eval_prompts.jsonl" >"$TMP/data/eval40_prompts.jsonl"
-cat >"$TMP/grpo.ini" <<INI
-[run]
-trainer = grpo
-output_dir = $TMP/g1
-seed = 3
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train_prompts.jsonl
-eval_file = $TMP/data/eval40_prompts.jsonl
-[train]
-learning_rate = 3e-3
-lr_scheduler_type = constant
-max_steps = 6
-per_device_train_batch_size = 8
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_steps = 3
-eval_steps = 3
-dtype = fp32
-[generation]
-kv_cache_bytes = 8000000
-log_completions = true
-[reward.len]
-plugin = length
-target_length = 8
-[grpo]
-num_generations = 4
-max_completion_length = 12
-INI
+INI_BATCH=8 INI_TRAIN="dtype = fp32" INI_SAVE=$'save_steps = 3\neval_steps = 3' INI_GEN="log_completions = true" \
+  online_ini grpo g1 6 "[grpo]" "num_generations = 4" "max_completion_length = 12" |
+  sed "s|/eval_prompts.jsonl|/eval40_prompts.jsonl|" >"$TMP/grpo.ini"
 sed -e 's/trainer = grpo/trainer = rloo/' -e 's/^\[grpo\]/[rloo]\nbeta = 0.05/' -e "s|$TMP/g1|$TMP/r1|" "$TMP/grpo.ini" >"$TMP/rloo.ini"
 printf '[reward.acc]\nplugin = accuracy\nweight = 2\n' >>"$TMP/rloo.ini"
 for t in grpo rloo; do

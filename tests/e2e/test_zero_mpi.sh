@@ -84,34 +84,7 @@ grep -q "zero2: 3 ranks, each steps 32887 of 98656 trainable floats" "$TMP/z3.lo
 
 # GRPO (a kind that splits the generation batch itself): zero2 samples the same completions and
 # follows the same curve.
-cat >"$TMP/grpo.ini" <<INI
-[run]
-trainer = grpo
-output_dir = $TMP/g
-seed = 3
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train_prompts.jsonl
-[train]
-learning_rate = 3e-3
-lr_scheduler_type = constant
-max_steps = 8
-per_device_train_batch_size = 4
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_strategy = no
-dtype = fp32
-[generation]
-kv_cache_bytes = 8000000
-[reward.len]
-plugin = length
-target_length = 8
-[grpo]
-num_generations = 4
-max_completion_length = 12
-INI
+INI_TRAIN="dtype = fp32" online_ini grpo g 8 "[grpo]" "num_generations = 4" "max_completion_length = 12" >"$TMP/grpo.ini"
 "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" >"$TMP/g.log" 2>&1 || { bad "grpo 2 ranks"; tail -20 "$TMP/g.log"; }
 "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gz" --set memory.strategies=zero2 >"$TMP/gz.log" 2>&1 ||
   { bad "grpo zero2 2 ranks"; tail -20 "$TMP/gz.log"; }
