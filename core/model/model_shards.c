@@ -1,8 +1,8 @@
-/* The weights of a saved model as transformers' save_pretrained writes them: the tensors in the
- * order of the model's state_dict, cut into shards of at most max_shard_size bytes the way
- * huggingface_hub's split_state_dict_into_shards cuts them (in that order, a new shard when the
- * next tensor would overflow the current one, a tensor larger than the limit alone in its own),
- * written as model.safetensors when one shard holds everything, else as
+/* The weights of a saved model as transformers' save_pretrained writes them for a model
+ * from_pretrained loaded (what a trainer saves): the tensors in the order of its state_dict, cut into shards
+ * of at most max_shard_size bytes the way huggingface_hub's split_state_dict_into_shards cuts them (in that
+ * order, a new shard when the next tensor would overflow the current one, a tensor larger than the limit
+ * alone in its own), written as model.safetensors when one shard holds everything, else as
  * model-0000K-of-0000N.safetensors with model.safetensors.index.json ({"metadata": {"total_parameters",
  * "total_size"}, "weight_map"}, two-space indented, keys sorted, as transformers writes it). Weight
  * files of an earlier save in the directory that this one does not replace are removed (as
@@ -53,43 +53,87 @@ ctrl_status ctrl_parse_shard_size(const char *text, int64_t *bytes) {
                           text ? text : "");
 }
 
-/* Where a tensor comes in the state_dict of transformers' model: the embeddings, each layer (its
- * attention, then its MLP or MoE block, then its norms in the order the decoder layer declares
- * them), the final norm, the head. Within a rank ctrl's order is kept (it is the modules' own). */
-static long hf_rank(const char *name, int o_proj_first) {
-    if (!strncmp(name, "model.embed_tokens.", 19)) return 0;
-    if (!strncmp(name, "model.norm.", 11)) return 3L << 40;
-    if (strncmp(name, "model.layers.", 13) != 0) return 4L << 40; /* lm_head, score */
-    char *rest;
-    const long layer = strtol(name + 13, &rest, 10);
-    if (*rest == '.') rest++;
-    static const char *const order[] = {"self_attn.",
-                                        "mlp.",
-                                        "block_sparse_moe.",
-                                        "input_layernorm.",
-                                        "post_attention_layernorm.",
-                                        "pre_feedforward_layernorm.",
-                                        "post_feedforward_layernorm."};
-    long part = 7;
-    for (int k = 0; k < 7; k++)
-        if (!strncmp(rest, order[k], strlen(order[k]))) part = k == 2 ? 1 : k;
-    long sub = 0; /* Phi-3's attention declares o_proj before qkv_proj */
-    if (part == 0 && o_proj_first) sub = strstr(rest, "o_proj") ? 0 : 1;
-    /* MoE blocks declare the experts before the router (gate) */
-    if (part == 1 && (!strncmp(rest, "mlp.gate.", 9) || !strncmp(rest, "block_sparse_moe.gate.", 22)))
-        sub = 1;
-    return (1L << 40) + layer * 64 + part * 4 + sub;
+/* One dot-separated part of a tensor name as transformers' dot_natural_key reads it: all digits,
+ * a number (before any word); else a word, with its trailing digits as a number after it. */
+typedef struct name_part {
+    int word;               /* 0: a number */
+    const char *text;       /* the word without its trailing digits */
+    size_t len;             /* of text */
+    unsigned long long num; /* the number, or the word's trailing digits */
+    int has_num;            /* a word with trailing digits */
+} name_part;
+
+static const char *next_part(const char *s, name_part *p) {
+    const size_t n = strcspn(s, ".");
+    size_t digits = 0;
+    while (digits < n && s[n - 1 - digits] >= '0' && s[n - 1 - digits] <= '9') digits++;
+    p->word = digits<n, p->text = s, p->len = n - digits, p->has_num = digits> 0;
+    p->num = digits ? strtoull(s + n - digits, NULL, 10) : 0;
+    return s[n] ? s + n + 1 : NULL;
 }
 
+/* The order of transformers' state_dict when it saves a model from_pretrained loaded (the model a
+ * trainer saves): revert_weight_conversion sorts the names by dot_natural_key -- the parts compared
+ * in turn, numbers numerically and before words, words as strings then by their trailing digits
+ * (a word without them first), a name that is a prefix of another first. */
+static int cmp_natural(const char *a, const char *b) {
+    while (a && b) {
+        name_part x, y;
+        a = next_part(a, &x), b = next_part(b, &y);
+        if (x.word != y.word) return x.word - y.word;
+        if (!x.word) {
+            if (x.num != y.num) return x.num < y.num ? -1 : 1;
+            continue;
+        }
+        const size_t m = x.len < y.len ? x.len : y.len;
+        const int c = memcmp(x.text, y.text, m);
+        if (c) return c;
+        if (x.len != y.len) return x.len < y.len ? -1 : 1;
+        if (x.has_num != y.has_num) return x.has_num - y.has_num;
+        if (x.num != y.num) return x.num < y.num ? -1 : 1;
+    }
+    return a ? 1 : b ? -1 : 0;
+}
+
+/* A tensor's place: its name as transformers 5 holds it while the model is loaded (the key sorted),
+ * then, for an expert's tensor, its projection (gate, up) and expert. transformers 5 keeps each MoE
+ * layer's experts fused under mlp.experts.{gate_up_proj, down_proj} and the router as mlp.gate
+ * (Mixtral's block_sparse_moe too), and splits the experts back per expert when it saves: all the
+ * experts' down_proj (w2), then their gate_proj (w1), then their up_proj (w3), then the router. */
 typedef struct ordered {
-    long rank;
-    int index; /* ctrl's view order: the tie-break, so that the sort is stable */
+    char key[96];
+    int part, expert;
+    int index; /* the view */
 } ordered;
+
+static void order_key(ordered *o, const char *name) {
+    static const char *const projs[][2] = {{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}};
+    int layer, expert, used = 0;
+    char block[32], proj[32];
+    o->part = o->expert = 0;
+    if (sscanf(name, "model.layers.%d.%31[a-z_].experts.%d.%31[a-z0-9_].weight%n", &layer, block, &expert,
+               proj, &used) == 4 &&
+        !name[used])
+        for (int p = 0; p < 3; p++)
+            if (!strcmp(proj, projs[p][0]) || !strcmp(proj, projs[p][1])) {
+                snprintf(o->key, sizeof o->key, "model.layers.%d.mlp.experts.%s", layer,
+                         p == 2 ? "down_proj" : "gate_up_proj");
+                o->part = p == 1, o->expert = expert;
+                return;
+            }
+    const char *moe = strstr(name, ".block_sparse_moe.");
+    if (moe)
+        snprintf(o->key, sizeof o->key, "%.*s.mlp.%s", (int)(moe - name), name, moe + 18);
+    else
+        snprintf(o->key, sizeof o->key, "%s", name);
+}
 
 static int cmp_ordered(const void *a, const void *b) {
     const ordered *x = a, *y = b;
-    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
-    return x->index - y->index;
+    const int c = cmp_natural(x->key, y->key);
+    if (c) return c;
+    if (x->part != y->part) return x->part - y->part;
+    return x->expert - y->expert;
 }
 
 /* Removes DIR's weight files of an earlier save that this one (its files in `keep`) does not
@@ -174,20 +218,31 @@ ctrl_status model_save_shards(ctrl_model *m, const char *dir, ctrl_dtype dtype, 
     for (int i = 0; i < n; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
         if (v->lora) continue; /* the adapters are the adapter's (peft_save.c) */
-        ord[k++] = (ordered){hf_rank(v->name, m->cfg.fused_qkv), i};
+        order_key(&ord[k], v->name);
+        ord[k++].index = i;
     }
     qsort(ord, (size_t)k, sizeof *ord, cmp_ordered);
-    /* huggingface_hub's split, in state_dict order: a tensor over the limit becomes a shard of its
+    /* huggingface_hub's split, in state_dict order: a block over the limit becomes a shard of its
      * own at once; the others fill the open shard, which is closed (numbered) when the next would
-     * overflow it, and at the end */
+     * overflow it, and at the end. A block is a tensor, or one MoE layer's experts of one projection:
+     * transformers saves those as views of one fused tensor, and the split keeps tensors that share
+     * storage together, counting the storage once, where the first of them falls. */
     int n_shards = 0, first_open = 0, open = 0;
     int64_t cur = 0, total_bytes = 0, total_params = 0;
-    for (int i = 0; i < k; i++) {
-        const ctrl_param_view *v = ctrl_model_view(m, ord[i].index);
-        const int64_t bytes = v->numel * esz;
-        total_bytes += bytes, total_params += v->numel;
+    for (int i = 0; i < k;) {
+        int end = i + 1;
+        while (end < k && ord[end].expert > ord[i].expert && ord[end].part == ord[i].part &&
+               !strcmp(ord[end].key, ord[i].key))
+            end++;
+        int64_t bytes = 0;
+        for (int j = i; j < end; j++) {
+            const ctrl_param_view *v = ctrl_model_view(m, ord[j].index);
+            bytes += v->numel * esz, total_params += v->numel;
+        }
+        total_bytes += bytes;
         if (bytes > max_shard) {
-            shard_of[i] = n_shards++;
+            for (int j = i; j < end; j++) shard_of[j] = n_shards;
+            n_shards++, i = end;
             continue;
         }
         if (open && cur + bytes > max_shard) {
@@ -196,7 +251,8 @@ ctrl_status model_save_shards(ctrl_model *m, const char *dir, ctrl_dtype dtype, 
             n_shards++, cur = 0, open = 0;
         }
         if (!open) first_open = i, open = 1;
-        shard_of[i] = -1, cur += bytes;
+        for (int j = i; j < end; j++) shard_of[j] = -1;
+        cur += bytes, i = end;
     }
     if (open) {
         for (int j = first_open; j < k; j++)

@@ -3,9 +3,11 @@
  * f32 and bf16, tied embeddings and biases) and saved again with the same max_shard_size gives the
  * same files byte for byte -- model.safetensors.index.json, every shard (layout, header, data),
  * config.json (carried over: keys ctrl does not read, an eos_token_id list, number spellings) and
- * generation_config.json. Nothing may legitimately differ for these dense models; what could: a
- * config key a model changed (dtype, the class and labels of a classifier, checked below) and the
- * order of MoE tensors over shards (transformers 5 fuses the experts and splits them back). Also:
+ * generation_config.json. The fixtures are models from_pretrained loaded, as a trainer holds them
+ * (their state_dict sorted by name; a Qwen3-MoE's experts kept together as transformers 5 keeps
+ * their fused storage). Nothing differs; what may legitimately: config keys a model changed (dtype,
+ * the class and labels of a classifier, checked below), and the shards of a model built in Python
+ * and never loaded (transformers keeps its modules' order there; ctrl always saves a loaded model). Also:
  * f32 -> bf16 / f16 rounding as torch's .to(), the log-probs of the sharded weights against
  * transformers', stale weight files of an earlier save removed, max_shard_size parsing and the
  * [train] keys, chat_template.jinja read ahead of tokenizer_config.json's template, and the
@@ -184,8 +186,8 @@ TEST(sharded_weights_give_transformers_logp) {
     }
     const ctrl_plugin *eager = ctrl_plugins_eager()[0];
     if (eager->init) eager->init(ctrl_host_table());
-    static const char *const names[] = {"llama_fp32", "llama_bf16", "qwen2_tied"};
-    for (int k = 0; k < 3; k++) {
+    static const char *const names[] = {"llama_fp32", "llama_bf16", "qwen2_tied", "qwen3_moe"};
+    for (int k = 0; k < 4; k++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/save/%s", CTRL_FIXTURE_DIR, names[k]);
         ctrl_model *m = NULL;

@@ -23,6 +23,8 @@ CASES = [  # (fixture, --dtype, the dtype the saved model must have)
     ("llama_bf16", "auto", torch.bfloat16),
     ("llama_bf16", "fp32", torch.float32),
     ("qwen2_tied", "auto", torch.bfloat16),
+    ("qwen3_moe", "auto", torch.bfloat16),
+    ("qwen3_moe", "fp32", torch.float32),
 ]
 
 

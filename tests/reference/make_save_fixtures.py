@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/save/: small random models saved by transformers' own save_pretrained with a
-max_shard_size small enough to shard them, for tests/model/test_save.c, which loads each with ctrl,
+max_shard_size small enough to shard them -- each loaded with from_pretrained first, as a trainer
+(TRL) holds the model it saves --, for tests/model/test_save.c, which loads each with ctrl,
 saves it with ctrl and compares the directory with transformers' (index, shard layout, tensor
 bytes, config.json, generation_config.json), and checks ctrl's log-probs on the sharded weights.
 
@@ -10,6 +11,9 @@ bytes, config.json, generation_config.json), and checks ctrl's log-probs on the 
   llama_bf16/   the same weights .to(torch.bfloat16), max_shard_size="5KB" (3 shards)
   qwen2_tied/   Qwen2ForCausalLM (q/k/v biases, tied embeddings), bfloat16, max_shard_size="3KB"
                 (7 shards: the 4096-byte embedding, larger than the limit, in a shard of its own)
+  qwen3_moe/    Qwen3MoeForCausalLM (4 experts), bfloat16, max_shard_size="2KB": transformers 5 holds each
+                layer's experts fused and saves them as views of one tensor, which the split keeps in
+                one shard (all experts' down_proj, then gate_proj, then up_proj, then the router)
   logp.json     the tokens and, per model, transformers' log-probs of each next token (float32
                 forward; the bf16 models' weights upcast, as ctrl holds them)
   f16.safetensors  x (float32 values around every rounding case of half precision) and h = x.half()
@@ -19,10 +23,12 @@ Run from the repository root: /work/venv/bin/python tests/reference/make_save_fi
 import json
 import os
 import shutil
+import tempfile
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "save")
 
@@ -48,6 +54,22 @@ def qwen2():
     return Qwen2ForCausalLM(cfg).eval()
 
 
+def qwen3_moe():
+    cfg = Qwen3MoeConfig(hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=64, num_experts=4,
+                         num_experts_per_tok=2, max_position_embeddings=128, tie_word_embeddings=False,
+                         bos_token_id=1, eos_token_id=2, initializer_range=0.5)
+    torch.manual_seed(3)
+    return Qwen3MoeForCausalLM(cfg).eval()
+
+
+def trained(directory, dtype):
+    """The model as a trainer holds it: loaded with from_pretrained. Its save_pretrained orders the
+    state_dict by dot_natural_key (revert_weight_conversion), where a model built in Python keeps
+    its modules' order: a trained model's shards are the former's."""
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+
+
 def logp(directory, ids):
     """The saved directory loaded in float32 (bf16 weights upcast, RoPE tables computed in float32:
     a model .to(bfloat16) rounds its inv_freq buffer too), as ctrl loads it."""
@@ -63,10 +85,19 @@ def main():
     os.makedirs(OUT)
     ids = [1, 17, 42, 5, 63, 8, 30, 2, 11, 54]
     out = {"tokens": ids}
-    llama().save_pretrained(os.path.join(OUT, "llama_fp32"), max_shard_size="5KB")
-    llama().to(torch.bfloat16).save_pretrained(os.path.join(OUT, "llama_bf16"), max_shard_size="5KB")
-    qwen2().to(torch.bfloat16).save_pretrained(os.path.join(OUT, "qwen2_tied"), max_shard_size="3KB")
-    for name in ("llama_fp32", "llama_bf16", "qwen2_tied"):
+    with tempfile.TemporaryDirectory() as tmp:
+        llama().save_pretrained(os.path.join(tmp, "llama"))
+        qwen2().save_pretrained(os.path.join(tmp, "qwen2"))
+        qwen3_moe().save_pretrained(os.path.join(tmp, "qwen3_moe"))
+        trained(os.path.join(tmp, "llama"), torch.float32).save_pretrained(os.path.join(OUT, "llama_fp32"),
+                                                                           max_shard_size="5KB")
+        trained(os.path.join(tmp, "llama"), torch.bfloat16).save_pretrained(os.path.join(OUT, "llama_bf16"),
+                                                                            max_shard_size="5KB")
+        trained(os.path.join(tmp, "qwen2"), torch.bfloat16).save_pretrained(os.path.join(OUT, "qwen2_tied"),
+                                                                            max_shard_size="3KB")
+        trained(os.path.join(tmp, "qwen3_moe"), torch.bfloat16).save_pretrained(os.path.join(OUT, "qwen3_moe"),
+                                                                                max_shard_size="2KB")
+    for name in ("llama_fp32", "llama_bf16", "qwen2_tied", "qwen3_moe"):
         out[name] = logp(os.path.join(OUT, name), ids)
     with open(os.path.join(OUT, "logp.json"), "w") as f:
         json.dump(out, f)
