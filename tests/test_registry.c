@@ -99,3 +99,19 @@ int test_read_curves(const char *out_dir, const char *trl_path, char **ours, cha
     *ours = *theirs = NULL;
     return 0;
 }
+
+ctrl_model *test_tiny_qwen2(const ctrl_registry *reg) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash");
+    CHECK_MSG(e != NULL, "no flash attention plugin in %s", CTRL_PLUGIN_DIR);
+    ctrl_model *m = NULL;
+    if (e) CHECK_EQ_INT(ctrl_model_load(dir, e->plugin->ops, &m), CTRL_OK);
+    return m;
+}
+
+int test_file_exists(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}

@@ -15,6 +15,11 @@ ctrl_config *test_config_from_text(const ctrl_registry *reg, const char *name, c
  * "name.ini:7: [dpo] loss_type"); a failed CHECK naming the case otherwise. */
 void test_config_refused(const ctrl_registry *reg, const char *name, const char *ini, const char *want);
 
+/* The fixtures' tiny Qwen2 (CTRL_FIXTURE_DIR/models/qwen2) on reg's `flash` attention plugin; NULL
+ * after a failed CHECK when it cannot be loaded. */
+ctrl_model *test_tiny_qwen2(const ctrl_registry *reg);
+/* 1 when `path` can be opened for reading. */
+int test_file_exists(const char *path);
 /* Gives `m` the built `paged` attention plugin to decode with (the registry lives until exit). */
 void test_attach_paged(ctrl_model *m);
 /* Copies the INI at src_path to dst_path with each subs[i][0] (e.g. "@DIR@") replaced by

@@ -175,6 +175,20 @@ static tpl_node *primary(parser *P) {
     return NULL;
 }
 
+/* The call node of callee, its arguments parsed after the '(' just read; NULL on an error. */
+static tpl_node *call(parser *P, tpl_node *callee) {
+    tpl_node *m = node(P, E_CALL);
+    m->a = callee;
+    return call_args(P, m) ? NULL : m;
+}
+
+/* A filter's or test's name (the current token, a name) into m, and room for keyword names. */
+static void named(parser *P, tpl_node *m) {
+    m->name = name_str(P, cur(P)), m->name_len = cur(P)->len;
+    P->i++;
+    m->kw_names = tpl_alloc(P->a, sizeof(char *));
+}
+
 static tpl_node *postfix(parser *P, tpl_node *n) {
     for (;;) {
         if (skip_op(P, ".")) {
@@ -217,10 +231,7 @@ static tpl_node *postfix(parser *P, tpl_node *n) {
             }
             n = m;
         } else if (skip_op(P, "(")) {
-            tpl_node *m = node(P, E_CALL);
-            m->a = n;
-            if (call_args(P, m)) return NULL;
-            n = m;
+            if (!(n = call(P, n))) return NULL;
         } else {
             return n;
         }
@@ -232,18 +243,15 @@ static tpl_node *filters_and_tests(parser *P, tpl_node *n) {
         if (skip_op(P, "|")) {
             if (cur(P)->kind != T_NAME) return fail(P, "expected a filter name after '|'"), NULL;
             tpl_node *m = node(P, E_FILTER);
-            m->a = n, m->name = name_str(P, cur(P)), m->name_len = cur(P)->len;
-            P->i++;
-            m->kw_names = tpl_alloc(P->a, sizeof(char *));
+            m->a = n;
+            named(P, m);
             if (skip_op(P, "(") && call_args(P, m)) return NULL;
             n = m;
         } else if (skip_name(P, "is")) {
             tpl_node *m = node(P, E_TEST);
             m->a = n, m->op = skip_name(P, "not");
             if (cur(P)->kind != T_NAME) return fail(P, "expected a test name after 'is'"), NULL;
-            m->name = name_str(P, cur(P)), m->name_len = cur(P)->len;
-            P->i++;
-            m->kw_names = tpl_alloc(P->a, sizeof(char *));
+            named(P, m);
             const tpl_token *t = cur(P);
             if (skip_op(P, "(")) {
                 if (call_args(P, m)) return NULL;
@@ -257,10 +265,7 @@ static tpl_node *filters_and_tests(parser *P, tpl_node *n) {
             }
             n = m;
         } else if (skip_op(P, "(")) {
-            tpl_node *m = node(P, E_CALL);
-            m->a = n;
-            if (call_args(P, m)) return NULL;
-            n = m;
+            if (!(n = call(P, n))) return NULL;
         } else {
             return n;
         }

@@ -83,12 +83,9 @@ static void run_case_resume(const char *name, int resume) {
     }
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
     if (st != CTRL_OK) return;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    char *ours = ctrl_read_text_file(path, 1 << 20, &st);
     snprintf(path, sizeof path, DIR "/%s.trl.jsonl", name);
-    char *theirs = ctrl_read_text_file(path, 1 << 20, &st);
-    CHECK(ours && theirs);
-    if (!ours || !theirs) return free(ours), free(theirs);
+    char *ours, *theirs;
+    if (!test_read_curves(out, path, &ours, &theirs)) return;
     char *save_a, *save_b;
     char *la = strtok_r(ours, "\n", &save_a), *lb = strtok_r(theirs, "\n", &save_b);
     int steps = 0;

@@ -40,12 +40,9 @@ static void run_case(const char *name) {
     ctrl_registry_destroy(reg);
     CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
     if (st != CTRL_OK) return;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
-    char *ours = ctrl_read_text_file(path, 1 << 20, &st);
     snprintf(path, sizeof path, DIR "/%s.trl.jsonl", name);
-    char *theirs = ctrl_read_text_file(path, 1 << 20, &st);
-    CHECK(ours && theirs);
-    if (!ours || !theirs) return free(ours), free(theirs);
+    char *ours, *theirs;
+    if (!test_read_curves(out, path, &ours, &theirs)) return;
     char *sa, *sb;
     int steps = 0, compared = 0;
     double worst_loss = 0, worst_metric = 0;

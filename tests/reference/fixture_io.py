@@ -3,6 +3,7 @@
 Layout: a text header of lines "name count" ending with a line "end", then the arrays as
 little-endian float32 in header order. Integers are stored as floats (exact below 2^24).
 """
+import os
 import struct
 
 
@@ -15,6 +16,18 @@ def write_fixture(path, arrays, comment=""):
         f.write(b"end\n")
         for _, values in arrays:
             f.write(struct.pack("<%df" % len(values), *values))
+
+
+def write_trl_case(out, name, arrays, grads=None):
+    """A TRL parity case: out/name.bin (write_fixture, commented with TRL's version and the name) and,
+    with grads, out/name.grads.safetensors."""
+    import trl
+
+    write_fixture(os.path.join(out, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
+    if grads:
+        from safetensors.torch import save_file
+
+        save_file(grads, os.path.join(out, name + ".grads.safetensors"))
 
 
 def packed_logps(model, torch, cu, tokens, autocast=False):

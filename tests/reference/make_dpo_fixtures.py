@@ -21,14 +21,12 @@ import sys
 
 import torch
 from datasets import Dataset
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture_io import write_fixture  # noqa: E402
+from fixture_io import write_trl_case  # noqa: E402
 
-import trl  # noqa: E402
 from trl import DPOConfig, DPOTrainer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -203,9 +201,7 @@ def main():
     for name, cfg, pre in cases():
         arrays, grads = run_case(name, cfg, pre)
         arrays.insert(0, ("config", config_array(cfg, pre)))
-        write_fixture(os.path.join(OUT, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
-        if grads:
-            save_file(grads, os.path.join(OUT, name + ".grads.safetensors"))
+        write_trl_case(OUT, name, arrays, grads)
         n += 1
     print("wrote", n, "cases to", OUT)
 

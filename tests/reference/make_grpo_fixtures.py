@@ -17,14 +17,12 @@ import sys
 
 import torch
 from datasets import Dataset
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 from tokenizers import Tokenizer, models
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture_io import write_fixture  # noqa: E402
+from fixture_io import write_trl_case  # noqa: E402
 
-import trl  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -171,9 +169,7 @@ def main():
         arrays, grads = run_case(GRPOTrainer, GRPOConfig, extra, seed=n, with_model_grads=with_grads)
         arrays.insert(0, ("config", [["grpo", "bnpo", "dr_grpo", "dapo"].index(loss_type), level == "sequence",
                                      ["group", "batch", "none"].index(scale), beta]))
-        write_fixture(os.path.join(OUT, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
-        if grads:
-            save_file(grads, os.path.join(OUT, name + ".grads.safetensors"))
+        write_trl_case(OUT, name, arrays, grads)
         n += 1
     extra_cases = {
         "grpo_dapo_token_group_00_delta_entropy": dict(loss_type="dapo", delta=1.25, top_entropy_quantile=0.5,
@@ -182,16 +178,14 @@ def main():
     for name, extra in extra_cases.items():
         arrays, _ = run_case(GRPOTrainer, GRPOConfig, extra, seed=n, with_model_grads=False)
         arrays.insert(0, ("config", [3, 0, 0, 0.0]))
-        write_fixture(os.path.join(OUT, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
+        write_trl_case(OUT, name, arrays)
         n += 1
     for beta, norm, clip in [(0.0, False, None), (0.05, False, None), (0.05, True, None), (0.0, True, (-0.5, 0.5))]:
         name = f"rloo_{int(beta * 100):02d}_{'norm' if norm else 'raw'}{'_clip' if clip else ''}"
         extra = dict(beta=beta, normalize_advantages=norm, reward_clip_range=clip, epsilon=0.2)
         arrays, grads = run_case(RLOOTrainer, RLOOConfig, extra, seed=n, with_model_grads=name == "rloo_05_raw")
         arrays.insert(0, ("config", [beta, float(norm), clip[0] if clip else 0.0, clip[1] if clip else 0.0]))
-        write_fixture(os.path.join(OUT, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
-        if grads:
-            save_file(grads, os.path.join(OUT, name + ".grads.safetensors"))
+        write_trl_case(OUT, name, arrays, grads)
         n += 1
     print("wrote", n, "cases to", OUT)
 

@@ -25,9 +25,8 @@ from tokenizers import Tokenizer, models
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture_io import write_fixture  # noqa: E402
+from fixture_io import write_trl_case  # noqa: E402
 
-import trl  # noqa: E402
 from trl import KTOConfig, KTOTrainer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -190,7 +189,7 @@ def main():
         arrays.insert(0, ("config", [LOSS_TYPES.index(cfg["loss_type"]), cfg["beta"],
                                      cfg.get("desirable_weight", 1.0), cfg.get("undesirable_weight", 1.0),
                                      float(pre)]))
-        write_fixture(os.path.join(OUT, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
+        write_trl_case(OUT, name, arrays)
         n += 1
     print("wrote", n, "cases to", OUT)
 

@@ -29,11 +29,10 @@ import sys
 
 import torch
 from datasets import Dataset
-from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, os.path.dirname(__file__))
-from fixture_io import write_fixture  # noqa: E402
+from fixture_io import write_fixture, write_trl_case  # noqa: E402
 from make_grpo_fixtures import tiny_tokenizer  # noqa: E402
 
 import trl  # noqa: E402
@@ -217,9 +216,7 @@ def main():
                 arrays, grads = run_case(loss_type, beta, penalty, seed=n, with_model_grads=with_grads)
                 arrays.insert(0, ("config", [float(loss_type == "ipo"), beta, penalty or 0.0, BS, GA, *LENS,
                                              PROMPT_LEN]))
-                write_fixture(os.path.join(OUT, name + ".bin"), arrays, f"trl {trl.__version__} {name}")
-                if grads:
-                    save_file(grads, os.path.join(OUT, name + ".grads.safetensors"))
+                write_trl_case(OUT, name, arrays, grads)
                 n += 1
     print("wrote", n, "cases to", OUT)
 

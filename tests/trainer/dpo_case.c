@@ -136,9 +136,8 @@ int dpo_compare_metrics(const fixture *f, const fixture_metrics *got, const char
 void dpo_case_models(ctrl_registry *reg, ctrl_model **policy, ctrl_model **ref) {
     char path[2048];
     const ctrl_attention_ops *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops;
-    *policy = *ref = NULL;
-    snprintf(path, sizeof path, "%s/models/qwen2", CTRL_FIXTURE_DIR);
-    CHECK_EQ_INT(ctrl_model_load(path, attn, policy), CTRL_OK);
+    *ref = NULL;
+    *policy = test_tiny_qwen2(reg);
     snprintf(path, sizeof path, "%s/dpo/ref_model", CTRL_FIXTURE_DIR);
     CHECK_EQ_INT(ctrl_model_load(path, attn, ref), CTRL_OK);
 }

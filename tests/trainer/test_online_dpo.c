@@ -129,17 +129,8 @@ static void run_case(void *reg, const char *dir, const char *file) {
     odpo_score(ops, t, f, "", GA, S, &got, adv);
 
     snprintf(path, sizeof path, "%s/%s.grads.safetensors", dir, name);
-    FILE *gf = fopen(path, "rb");
-    ctrl_model *m = NULL;
-    if (gf) {
-        fclose(gf);
-        char model_dir[1024];
-        snprintf(model_dir, sizeof model_dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
-        CHECK_EQ_INT(ctrl_model_load(model_dir,
-                                     ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops, &m),
-                     CTRL_OK);
-        if (m) ctrl_model_zero_grad(m); /* log-probs at temperature 1, as TRL's online DPO */
-    }
+    ctrl_model *m = test_file_exists(path) ? test_tiny_qwen2(reg) : NULL;
+    if (m) ctrl_model_zero_grad(m); /* log-probs at temperature 1, as TRL's online DPO */
     const float *want_loss = fixture_array(f, "loss", GA);
     double worst_d = 0, worst_lp = 0;
     for (int k = 0; k < GA; k++) {
@@ -239,10 +230,7 @@ TEST(online_dpo_curve_matches_trl) {
     ctrl_model *m = NULL;
     if (c && cfg && e && oe) {
         CHECK_EQ_INT(((const ctrl_trainer_ops *)e->plugin->ops)->create(ctrl_host_table(), cfg, &t), CTRL_OK);
-        snprintf(path, sizeof path, "%s/models/qwen2", CTRL_FIXTURE_DIR);
-        CHECK_EQ_INT(
-            ctrl_model_load(path, ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops, &m),
-            CTRL_OK);
+        m = test_tiny_qwen2(reg);
     }
     if (!t || !m) {
         CHECK(0);

@@ -207,13 +207,29 @@ TEST(effective_config_round_trip) {
     ctrl_registry_destroy(reg);
 }
 
-TEST(reference_and_describe) {
-    ctrl_registry *reg = test_registry();
+/* The config reference of reg as text (free it); its length in *len. */
+static char *reference_text(ctrl_registry *reg, size_t *len) {
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    CHECK_EQ_INT(ctrl_config_reference_write(reg, f), CTRL_OK);
+    fclose(f);
+    return buf;
+}
+
+/* What `ctrl plugins describe` prints of an option table, as text (free it). */
+static char *option_table_text(const ctrl_option *options) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    CHECK_EQ_INT(ctrl_config_reference_write(reg, f), CTRL_OK);
+    ctrl_option_table_print(f, options);
     fclose(f);
+    return buf;
+}
+
+TEST(reference_and_describe) {
+    ctrl_registry *reg = test_registry();
+    size_t len = 0;
+    char *buf = reference_text(reg, &len);
     for (const ctrl_config_section *s = ctrl_config_core_sections(); s->name; s++) {
         char h[64];
         snprintf(h, sizeof h, "### [%s]", s->name);
@@ -224,10 +240,7 @@ TEST(reference_and_describe) {
     CHECK_CONTAINS(buf, "### attention/flash — section `[attention.flash]`");
     CHECK_CONTAINS(buf, "### reward/length — in `[reward.NAME]` with `plugin = length`");
     free(buf);
-    buf = NULL;
-    f = open_memstream(&buf, &len);
-    ctrl_option_table_print(f, t_length_options);
-    fclose(f);
+    buf = option_table_text(t_length_options);
     CHECK_CONTAINS(buf, "target_length");
     CHECK_CONTAINS(buf, "chars|tokens");
     free(buf);
@@ -452,14 +465,8 @@ TEST(effective_config_round_trip_every_key) {
 /* The reference is deterministic and lists plugins sorted by kind, then name. */
 TEST(reference_deterministic_and_sorted) {
     ctrl_registry *reg = test_registry();
-    char *one = NULL, *two = NULL;
     size_t n1 = 0, n2 = 0;
-    FILE *f = open_memstream(&one, &n1);
-    CHECK_EQ_INT(ctrl_config_reference_write(reg, f), CTRL_OK);
-    fclose(f);
-    f = open_memstream(&two, &n2);
-    CHECK_EQ_INT(ctrl_config_reference_write(reg, f), CTRL_OK);
-    fclose(f);
+    char *one = reference_text(reg, &n1), *two = reference_text(reg, &n2);
     CHECK(n1 == n2 && !memcmp(one, two, n1));
     const char *adamw = strstr(one, "### optimizer/adamw"), *sgd = strstr(one, "### optimizer/sgd");
     const char *eager = strstr(one, "### attention/eager"), *flash = strstr(one, "### attention/flash");
@@ -491,11 +498,7 @@ static const ctrl_option t_wide_options[] = {
 };
 
 TEST(option_table_print_aligned) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    ctrl_option_table_print(f, t_wide_options);
-    fclose(f);
+    char *buf = option_table_text(t_wide_options);
     CHECK_CONTAINS(buf, "KEY");
     CHECK_CONTAINS(buf, "DEFAULT");
     int lines = 0, doc_col = -1, aligned = 1;
@@ -511,10 +514,7 @@ TEST(option_table_print_aligned) {
     CHECK_EQ_INT(lines, 3);
     CHECK(aligned);
     free(buf);
-    buf = NULL;
-    f = open_memstream(&buf, &len);
-    ctrl_option_table_print(f, NULL); /* a plugin without options: header only, no crash */
-    fclose(f);
+    buf = option_table_text(NULL); /* a plugin without options: header only, no crash */
     CHECK_CONTAINS(buf, "KEY");
     free(buf);
 }

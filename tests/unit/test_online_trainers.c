@@ -143,17 +143,8 @@ static void run_case(void *reg, const char *dir, const char *file) {
               name, test_rel_error_f32(adv, want_adv, B));
 
     snprintf(path, sizeof path, "%s/%s.grads.safetensors", dir, name);
-    FILE *gf = fopen(path, "rb");
-    ctrl_model *m = NULL;
-    if (gf) {
-        fclose(gf);
-        char model_dir[1024];
-        snprintf(model_dir, sizeof model_dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
-        CHECK_EQ_INT(ctrl_model_load(model_dir,
-                                     ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "flash")->plugin->ops, &m),
-                     CTRL_OK);
-        if (m) ctrl_model_set_temperature(m, 0.7f), ctrl_model_zero_grad(m);
-    }
+    ctrl_model *m = test_file_exists(path) ? test_tiny_qwen2(reg) : NULL;
+    if (m) ctrl_model_set_temperature(m, 0.7f), ctrl_model_zero_grad(m);
     const float *want_loss = fixture_array(f, "loss", 2), *want_d = fixture_array(f, "dlogp", B * C);
     double worst_lp = 0;
     float *got_d = malloc(sizeof(float) * B * C), *exp_d = malloc(sizeof(float) * B * C);

@@ -48,6 +48,23 @@ static int max_len(const ctrl_attention_args *a) {
     return m;
 }
 
+/* The calling thread's Lmax x Lmax score matrix, or NULL with *failed set (inside a parallel region). */
+static float *thread_scores(int Lmax, int *failed) {
+    float *S = malloc(sizeof(float) * (size_t)Lmax * (size_t)(Lmax ? Lmax : 1));
+    if (!S) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+    return S;
+}
+
+static ctrl_status scores_status(int failed, int Lmax) {
+    if (failed)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix", Lmax,
+                              Lmax);
+    return CTRL_OK;
+}
+
 ctrl_status eager_cpu_forward(const ctrl_attention_args *a) {
     const int D = a->head_dim, H = a->n_head, HK = a->n_kv_head, group = H / HK;
     const int Lmax = max_len(a);
@@ -56,11 +73,7 @@ ctrl_status eager_cpu_forward(const ctrl_attention_args *a) {
     int failed = 0;
 #pragma omp parallel
     {
-        float *S = malloc(sizeof(float) * (size_t)Lmax * (size_t)(Lmax ? Lmax : 1));
-        if (!S) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *S = thread_scores(Lmax, &failed);
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < a->n_seqs; b++)
             for (int h = 0; h < H; h++) {
@@ -95,10 +108,7 @@ ctrl_status eager_cpu_forward(const ctrl_attention_args *a) {
             }
         free(S);
     }
-    if (failed)
-        return ctrl_error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix", Lmax,
-                              Lmax);
-    return CTRL_OK;
+    return scores_status(failed, Lmax);
 }
 
 ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
@@ -112,11 +122,7 @@ ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
     int failed = 0;
 #pragma omp parallel
     {
-        float *S = malloc(sizeof(float) * (size_t)Lmax * (size_t)(Lmax ? Lmax : 1));
-        if (!S) {
-#pragma omp atomic write
-            failed = 1;
-        }
+        float *S = thread_scores(Lmax, &failed);
 #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < a->n_seqs; b++)
             for (int kvh = 0; kvh < HK; kvh++) {
@@ -147,8 +153,5 @@ ctrl_status eager_cpu_backward(const ctrl_attention_args *a) {
             }
         free(S);
     }
-    if (failed)
-        return ctrl_error_set(CTRL_ERR_NOMEM, "attention eager: no memory for a %d x %d score matrix", Lmax,
-                              Lmax);
-    return CTRL_OK;
+    return scores_status(failed, Lmax);
 }
