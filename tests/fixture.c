@@ -125,6 +125,20 @@ void fixture_metrics_report(void *ctx, const char *name, double value) {
     m->sum[i] += value, m->count[i]++;
 }
 
+int fixture_metric_is_trls(const fixture *f, const fixture_metrics *got, int i, const char *case_name,
+                           double rel, int nan_ok) {
+    char key[96];
+    snprintf(key, sizeof key, "metric:%s", got->name[i]);
+    long n = 0;
+    const float *want = fixture_get(f, key, &n);
+    CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", case_name, got->name[i]);
+    if (!want) return 0;
+    const double mean = got->sum[i] / got->count[i];
+    CHECK_MSG(fabs(mean - want[0]) <= rel * fabs(want[0]) + 1e-6 || (nan_ok && isnan(mean) && isnan(want[0])),
+              "%s: %s = %.7g, TRL %.7g", case_name, got->name[i], mean, want[0]);
+    return 1;
+}
+
 void fixture_metrics_check(const fixture *f, const fixture_metrics *got, const char *name, int i, long count,
                            double rel, double abs, double *worst) {
     char key[96];

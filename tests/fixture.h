@@ -42,5 +42,10 @@ void fixture_metrics_report(void *ctx, const char *name, double value);
  * *worst becomes the larger of it and the relative error. */
 void fixture_metrics_check(const fixture *f, const fixture_metrics *got, const char *name, int i, long count,
                            double rel, double abs, double *worst);
+/* Metric i of got (in case case_name) is one TRL logged (the fixture's "metric:NAME"; a test failure
+ * otherwise) with its mean within rel relative + 1e-6 absolute, or NaN as TRL's when nan_ok. 1 when
+ * compared. */
+int fixture_metric_is_trls(const fixture *f, const fixture_metrics *got, int i, const char *case_name,
+                           double rel, int nan_ok);
 
 #endif

@@ -117,18 +117,7 @@ const ctrl_trainer_ops *dpo_case_trainer(ctrl_registry *reg, const fixture *f, c
 
 int dpo_compare_metrics(const fixture *f, const fixture_metrics *got, const char *name, double rel) {
     int compared = 0;
-    for (int i = 0; i < got->n; i++) {
-        char key[96];
-        snprintf(key, sizeof key, "metric:%s", got->name[i]);
-        long n = 0;
-        const float *want = fixture_get(f, key, &n);
-        CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", name, got->name[i]);
-        if (!want) continue;
-        const double mean = got->sum[i] / got->count[i];
-        CHECK_MSG(fabs(mean - want[0]) <= rel * fabs(want[0]) + 1e-6, "%s: %s = %.7g, TRL %.7g", name,
-                  got->name[i], mean, want[0]);
-        compared++;
-    }
+    for (int i = 0; i < got->n; i++) compared += fixture_metric_is_trls(f, got, i, name, rel, 0);
     CHECK_MSG(compared >= 10, "%s: %d metrics compared (TRL logs 10 for DPO)", name, compared);
     return compared;
 }

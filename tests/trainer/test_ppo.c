@@ -294,16 +294,7 @@ static void run_case(ctrl_registry *reg, const char *name) {
         /* TRL averages the entropy over the padded width too, at pad positions whose logits come
          * from a masked pad token; the model layout has no pads (the math cases feed TRL's) */
         if (with_model && !strcmp(got.name[i], "policy/entropy_avg")) continue;
-        char key[96];
-        snprintf(key, sizeof key, "metric:%s", got.name[i]);
-        long n = 0;
-        const float *want = fixture_get(f, key, &n);
-        CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", name, got.name[i]);
-        if (!want) continue;
-        const double mean = got.sum[i] / got.count[i];
-        CHECK_MSG(fabs(mean - want[0]) <= 1e-5 * fabs(want[0]) + 1e-6, "%s: %s = %.7g, TRL %.7g", name,
-                  got.name[i], mean, want[0]);
-        compared++;
+        compared += fixture_metric_is_trls(f, &got, i, name, 1e-5, 0);
     }
     CHECK_MSG(compared >= (epochs > 1 ? 6 : with_model ? 13 : 14), "%s: %d metrics compared", name, compared);
     printf("  %-20s advantages %.1e, returns %.1e, dL/dlogp %.1e, dL/dvalue %.1e, %d metrics\n", name, e_adv,

@@ -222,18 +222,7 @@ static void run_case(void *reg, const char *dir, const char *file) {
     free(got_d), free(exp_d);
     if (m) CHECK_MSG(worst_lp <= 1e-4, "%s: model log-probs relative error %.3g", name, worst_lp);
     int compared = 0;
-    for (int i = 0; i < got.n; i++) {
-        char key[96];
-        snprintf(key, sizeof key, "metric:%s", got.name[i]);
-        long n = 0;
-        const float *want = fixture_get(f, key, &n);
-        CHECK_MSG(want != NULL, "%s: metric %s is not one TRL logs", name, got.name[i]);
-        if (!want) continue;
-        const double mean = got.sum[i] / got.count[i];
-        CHECK_MSG(fabs(mean - want[0]) <= 1e-5 * fabs(want[0]) + 1e-6 || (isnan(mean) && isnan(want[0])),
-                  "%s: %s = %.7g, TRL %.7g", name, got.name[i], mean, want[0]);
-        compared++;
-    }
+    for (int i = 0; i < got.n; i++) compared += fixture_metric_is_trls(f, &got, i, name, 1e-5, 1);
     printf("  %-40s advantages, loss, dL/dlogp (rel %.1e), %d metrics match TRL\n", name, worst_d, compared);
     if (m) {
         snprintf(path, sizeof path, "%s/%s.grads.safetensors", dir, name);
