@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 
+from fixture_io import tiny_quickstart
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -47,11 +49,7 @@ max_completion_length = 32
 
 def prepare(ctrl, d):
     """The prompts and the tiny model the runs train, in d."""
-    subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_quickstart_data.sh"), f"{d}/data", "3"],
-                   check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(ctrl + ["model", "init", "--arch", "qwen2", "--hidden", "32", "--layers", "1", "--heads", "2",
-                           "--tokenizer", os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe"), "--out",
-                           f"{d}/model"], check=True, stdout=subprocess.DEVNULL)
+    tiny_quickstart(ctrl, ROOT, d)
 
 
 def main():

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from fixture_io import tiny_quickstart
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -23,11 +25,7 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
     ctrl = [os.path.join(build, "ctrl"), "--plugin-dir", os.path.join(build, "plugins")]
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_quickstart_data.sh"), f"{d}/data", "3"],
-                       check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(ctrl + ["model", "init", "--arch", "qwen2", "--hidden", "32", "--layers", "1", "--heads", "2",
-                               "--tokenizer", os.path.join(ROOT, "tests/fixtures/tokenizer/tiny_bpe"), "--out",
-                               f"{d}/model"], check=True, stdout=subprocess.DEVNULL)
+        tiny_quickstart(ctrl, ROOT, d)
         with open(f"{d}/run.ini", "w") as f:
             f.write(f"[run]\noutput_dir = {d}/out\ndevice = cpu\n[model]\npath = {d}/model\n[data]\n"
                     f"train_file = {d}/data/train.jsonl\neval_file = {d}/data/eval.jsonl\n[train]\nmax_steps = 6\n"

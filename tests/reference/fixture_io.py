@@ -77,6 +77,19 @@ def write_bf16_batch(d, note, rename=None):
     return loss.item(), batch["loss"]
 
 
+def tiny_quickstart(ctrl, root, d):
+    """The quickstart's data (3 rows of each kind: scripts/make_quickstart_data.sh) in d/data and a tiny
+    random Qwen2 (hidden 32, 1 layer, 2 heads, the tiny tokenizer) in d/model; ctrl: the command line
+    that runs ctrl with its plugins, root: the checkout."""
+    import subprocess
+
+    subprocess.run(["bash", os.path.join(root, "scripts", "make_quickstart_data.sh"), f"{d}/data", "3"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(ctrl + ["model", "init", "--arch", "qwen2", "--hidden", "32", "--layers", "1", "--heads", "2",
+                           "--tokenizer", os.path.join(root, "tests/fixtures/tokenizer/tiny_bpe"), "--out",
+                           f"{d}/model"], check=True, stdout=subprocess.DEVNULL)
+
+
 def randomize_params(model, torch):
     """Random weights, not the init's near-zero values, so that every path carries signal: norms
     1 + 0.1 N(0, 1), everything else 0.08 N(0, 1) (torch's global generator)."""
