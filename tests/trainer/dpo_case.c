@@ -160,10 +160,12 @@ int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *
     snprintf(path, sizeof path, "%s/%s/%s.bin", CTRL_FIXTURE_DIR, dir, name);
     c->f = fixture_load(path);
     CHECK_MSG(c->f != NULL, "cannot load %s", path);
-    if (!c->f) return 0;
-    dpo_case_models(reg, &c->m, &c->ref);
-    c->ops = make(reg, c->f, &c->t);
-    if (!c->m || !c->ref || !c->ops) return 0;
+    if (c->f) dpo_case_models(reg, &c->m, &c->ref);
+    if (c->f) c->ops = make(reg, c->f, &c->t);
+    if (!c->m || !c->ref || !c->ops) {
+        seq_case_close(c);
+        return 0;
+    }
     c->spec.size = sizeof c->spec;
     CHECK_EQ_INT(c->ops->sequence_spec(c->t, &c->spec), CTRL_OK);
     c->step = (seq_step){.ops = c->ops,
@@ -175,6 +177,13 @@ int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *
                          .report_ctx = &c->got};
     ctrl_model_zero_grad(c->m);
     return 1;
+}
+
+void seq_case_train(seq_case *c, const seq_micro_batch *run, double num_items, const char *name, int mb,
+                    double want) {
+    double loss = NAN;
+    CHECK_EQ_INT(train_sequence_micro_batch(&c->step, run, num_items, 1, &loss), CTRL_OK);
+    fixture_check_loss(name, mb, loss, want);
 }
 
 void seq_case_ref_sums(seq_case *c, seq_micro_batch *run, int mb, double *pre, double *worst) {

@@ -63,10 +63,14 @@ typedef struct seq_case {
     fixture_metrics got;
     seq_step step;
 } seq_case;
-/* 1 when every part could be had (else 0 after a failed check; close it either way); the policy's
- * gradients are zeroed. */
+/* 1 when every part could be had (close it after), the policy's gradients zeroed; else 0 after a
+ * failed check, the case closed. */
 int seq_case_open(seq_case *c, ctrl_registry *reg, const char *dir, const char *name,
                   seq_case_trainer_fn make);
+/* One training micro-batch of the case through the kind (num_items: the step's loss denominator);
+ * its loss must be TRL's want (a failed check naming the case and micro-batch mb otherwise). */
+void seq_case_train(seq_case *c, const seq_micro_batch *run, double num_items, const char *name, int mb,
+                    double want);
 /* With a precomputed reference: micro-batch mb's reference sums by the precompute pass's function
  * into pre[run->n_seq], their worst relative error against the fixture's mbN_ref_sum folded into
  * *worst, and run->ref_sum = pre. Nothing without one. */
