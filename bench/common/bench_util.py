@@ -8,6 +8,7 @@ A bench finds it with
     import bench_util as bu
 Only the standard library is imported at module level; torch / transformers / trl are imported by
 the helpers that need them (inside the TRL child), so the ctrl side runs on any Python 3.9+."""
+import argparse
 import json
 import os
 import resource
@@ -170,6 +171,19 @@ def metrics(out_dir, key='"loss"'):
 def mean_of(rows):
     """A function of a metric's name: its mean over rows (a missing or null value counts as 0)."""
     return lambda k: sum(r.get(k) or 0 for r in rows) / len(rows)
+
+
+def parse_bench_args(steps, batch, add=None):
+    """The command line of a bench that runs TRL in a child of itself: --threads (default: every core),
+    --steps, --batch, the bench's own options (add(parser)), and --trl-child FOLDER (the child's)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch", type=int, default=batch)
+    if add:
+        add(p)
+    p.add_argument("--trl-child")
+    return p.parse_args()
 
 
 def child_cmd(script, flag, folder, args, names, *extra):

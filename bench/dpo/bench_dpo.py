@@ -10,7 +10,6 @@ process, and the ratios. Runs once per tokenizer: by default the committed tiny 
 and Qwen3's (151k tokens, /work/shared/data/tokenizers/qwen3 or --tokenizer DIR).
 usage: bench/dpo/bench_dpo.py [--threads N] [--steps N] [--batch N] [--tokenizer DIR ...]
 (after scripts/build.sh; needs torch, transformers, trl, datasets)"""
-import argparse
 import json
 import os
 import random
@@ -93,14 +92,11 @@ def bench(tok, args):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--tokenizer", action="append", help="a tokenizer folder (repeatable)")
-    p.add_argument("--trl-child")
-    p.add_argument("--tok")
-    args = p.parse_args()
+    def options(p):
+        p.add_argument("--tokenizer", action="append", help="a tokenizer folder (repeatable)")
+        p.add_argument("--tok")  # the TRL child's tokenizer
+
+    args = bu.parse_bench_args(20, 8, options)
     if args.trl_child:
         return trl_child(args.trl_child, args)
     print(f"machine: {bu.machine()}; threads {args.threads}, batch {args.batch} pairs, "

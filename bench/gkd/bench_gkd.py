@@ -9,7 +9,6 @@ first included): the time sampling the completions, the teacher's forward, the r
 forward, the divergence, backward and the optimizer), and the peak RSS of the process.
 usage: bench/gkd/bench_gkd.py [--threads N] [--steps N] [--batch N] [--new-tokens N]
 (after scripts/build.sh; needs torch, transformers, trl)"""
-import argparse
 import json
 import os
 import random
@@ -126,13 +125,7 @@ def run_trl(d, args):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--trl-child")
-    args = p.parse_args()
+    args = bu.parse_bench_args(10, 8, lambda p: p.add_argument("--new-tokens", type=int, default=32))
     if args.trl_child:
         return trl_child(args.trl_child, args)
     print(f"machine: {bu.machine()}; threads {args.threads}, batch {args.batch}, {args.steps} "

@@ -17,7 +17,6 @@ usage: /work/venv-ppo/bin/python bench/ppo/bench_ppo.py [--tokenizer tiny|qwen3]
        [--batch N] [--response-length N] [--threads N]
 (after scripts/build.sh; the Python needs trl==0.25.1, transformers 4.57, torch: see
 tests/reference/make_ppo_fixtures.py for the environment)"""
-import argparse
 import json
 import os
 import random
@@ -156,14 +155,11 @@ def run_trl(d, args):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--tokenizer", choices=sorted(TOKENIZERS), default="tiny")
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--response-length", type=int, default=32)
-    p.add_argument("--trl-child")
-    args = p.parse_args()
+    def options(p):
+        p.add_argument("--tokenizer", choices=sorted(TOKENIZERS), default="tiny")
+        p.add_argument("--response-length", type=int, default=32)
+
+    args = bu.parse_bench_args(6, 8, options)
     if args.trl_child:
         return trl_child(args.trl_child, args)
     print(f"machine: {bu.machine()}; load average {os.getloadavg()}; threads {args.threads}, "

@@ -8,7 +8,6 @@ usage: bench/sft/bench_sft.py [--threads N] [--steps N] [--batch N] [--experts N
 (after scripts/build.sh; needs torch, transformers, trl, datasets). With --experts the model is a
 Qwen3-MoE of the same shape (every layer sparse: N experts of width intermediate / 4, top K, as
 `ctrl model init --arch qwen3_moe` makes it)."""
-import argparse
 import json
 import os
 import random
@@ -73,14 +72,11 @@ def trl_child(d, args):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--experts", type=int, default=0, help="a Qwen3-MoE with this many experts")
-    p.add_argument("--experts-per-tok", type=int, default=2)
-    p.add_argument("--trl-child")
-    args = p.parse_args()
+    def options(p):
+        p.add_argument("--experts", type=int, default=0, help="a Qwen3-MoE with this many experts")
+        p.add_argument("--experts-per-tok", type=int, default=2)
+
+    args = bu.parse_bench_args(20, 8, options)
     if args.trl_child:
         return trl_child(args.trl_child, args)
     with tempfile.TemporaryDirectory() as d:

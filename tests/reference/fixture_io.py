@@ -88,6 +88,39 @@ def tiny_quickstart(ctrl, root, d):
     subprocess.run(ctrl + ["model", "init", "--arch", "qwen2", "--hidden", "32", "--layers", "1", "--heads", "2",
                            "--tokenizer", os.path.join(root, "tests/fixtures/tokenizer/tiny_bpe"), "--out",
                            f"{d}/model"], check=True, stdout=subprocess.DEVNULL)
+def write_jsonl(path, rows):
+    """rows (dicts) as JSON lines."""
+    import json
+
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def run_curve_cases(names, out, cases, setup, run_case, write_ini, seed=0):
+    """The curve scripts' main (make_trl_{sft,dpo,kto}_curves.py): with no names, out emptied and setup()
+    run; then each case of cases (or only the named ones: they reuse what setup made) seeded with
+    torch.manual_seed(seed) (None: not seeded), run_case(name, case) -> TRL's logged rows,
+    write_ini(name, case), and a line of the first six losses."""
+    import shutil
+
+    import torch
+
+    if not names:
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.makedirs(out)
+        setup()
+    for name, case in cases.items():
+        if names and name not in names:
+            continue
+        if seed is not None:
+            torch.manual_seed(seed)
+        rows = run_case(name, case)
+        write_ini(name, case)
+        print(name, " ".join("%.5f" % r["loss"] for r in rows[:6]), "...")
+
+
 
 
 def randomize_params(model, torch):

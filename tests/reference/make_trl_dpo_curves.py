@@ -13,17 +13,15 @@ Run by hand: python3 tests/reference/make_trl_dpo_curves.py [CASE...]
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 
-import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, Qwen2ForCausalLM, TrainerCallback
 from trl import DPOConfig, DPOTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fixture_io import write_curve_ini  # noqa: E402
+from fixture_io import run_curve_cases, write_curve_ini, write_jsonl  # noqa: E402
 from make_trl_sft_curves import Record, sequential  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -118,9 +116,7 @@ def run_case(name, overrides):
         for r in rec.rows:  # goes on from the checkpoint, as the uninterrupted run's: not compared there
             if r["step"] > 10:
                 r.pop("num_tokens", None)
-    with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
-        for r in rec.rows:
-            f.write(json.dumps(r) + "\n")
+    write_jsonl(os.path.join(OUT, name + ".trl.jsonl"), rec.rows)
     return rec.rows
 
 
@@ -130,18 +126,8 @@ def write_ini(name, train_opts, dpo_opts):
 
 
 def main(names):
-    if not names:
-        if os.path.isdir(OUT):
-            shutil.rmtree(OUT)
-        os.makedirs(OUT)
-        make_data()
-    for name, (overrides, train_opts, dpo_opts) in CASES.items():
-        if names and name not in names:
-            continue
-        torch.manual_seed(0)
-        rows = run_case(name, overrides)
-        write_ini(name, train_opts, dpo_opts)
-        print(name, " ".join("%.5f" % r["loss"] for r in rows[:6]), "...")
+    run_curve_cases(names, OUT, CASES, make_data, lambda name, case: run_case(name, case[0]),
+                    lambda name, case: write_ini(name, *case[1:]))
 
 
 if __name__ == "__main__":

@@ -13,18 +13,16 @@ Run by hand: python3 tests/reference/make_trl_kto_curves.py [CASE...]
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 
-import torch
 from datasets import Dataset
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 from trl import KTOConfig, KTOTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_trl_dpo_curves import COMMON, FIX, SFT, STEPS, TOK  # noqa: E402
-from fixture_io import write_curve_ini  # noqa: E402
+from fixture_io import run_curve_cases, write_curve_ini, write_jsonl  # noqa: E402
 from make_trl_sft_curves import Record, sequential  # noqa: E402
 
 OUT = os.path.join(FIX, "trl_kto")
@@ -73,9 +71,7 @@ def run_case(name, overrides):
         trainer = Sequential(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
                              processing_class=tok, callbacks=[rec])
         trainer.train()
-    with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
-        for r in rec.rows:
-            f.write(json.dumps(r) + "\n")
+    write_jsonl(os.path.join(OUT, name + ".trl.jsonl"), rec.rows)
     return rec.rows
 
 
@@ -85,18 +81,8 @@ def write_ini(name, train_opts, kto_opts):
 
 
 def main(names):
-    if not names:
-        if os.path.isdir(OUT):
-            shutil.rmtree(OUT)
-        os.makedirs(OUT)
-        make_data()
-    for name, (overrides, train_opts, kto_opts) in CASES.items():
-        if names and name not in names:
-            continue
-        torch.manual_seed(0)
-        rows = run_case(name, overrides)
-        write_ini(name, train_opts, kto_opts)
-        print(name, " ".join("%.5f" % r["loss"] for r in rows[:6]), "...")
+    run_curve_cases(names, OUT, CASES, make_data, lambda name, case: run_case(name, case[0]),
+                    lambda name, case: write_ini(name, *case[1:]))
 
 
 if __name__ == "__main__":

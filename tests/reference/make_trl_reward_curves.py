@@ -21,7 +21,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from trl import RewardConfig, RewardTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fixture_io import write_curve_ini  # noqa: E402
+from fixture_io import write_curve_ini, write_jsonl  # noqa: E402
 from make_trl_sft_curves import Record, sequential  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,9 +66,7 @@ def run_case(name, overrides):
         trainer = sequential(RewardTrainer)(model=model, args=args, train_dataset=Dataset.from_list(rows),
                                             processing_class=tok, callbacks=[rec])
         trainer.train()
-    with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
-        for r in rec.rows:
-            f.write(json.dumps(r) + "\n")
+    write_jsonl(os.path.join(OUT, name + ".trl.jsonl"), rec.rows)
     return rec.rows
 
 

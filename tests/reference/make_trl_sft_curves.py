@@ -22,6 +22,9 @@ from torch.utils.data import SequentialSampler
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixture_io import run_curve_cases, write_jsonl  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "..", "fixtures")
 OUT = os.path.join(FIX, "trl_sft")
@@ -142,9 +145,7 @@ def run_case(name, data_file, overrides):
         trainer = Sequential(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                              callbacks=[rec])
         trainer.train()
-    with open(os.path.join(OUT, name + ".trl.jsonl"), "w") as f:
-        for r in rec.rows:
-            f.write(json.dumps(r) + "\n")
+    write_jsonl(os.path.join(OUT, name + ".trl.jsonl"), rec.rows)
     return rec.rows
 
 
@@ -164,20 +165,15 @@ def write_ini(name, data_file, ctrl_opts):
         f.write("\n".join(lines))
 
 
-def main(names):
-    if not names:  # everything from scratch; named cases reuse the model and data already there
-        if os.path.isdir(OUT):
-            shutil.rmtree(OUT)
-        os.makedirs(OUT)
-        shutil.copy(TRAINING_TEMPLATE, OUT)
-        make_data()
-        make_model()
-    for name, (data_file, overrides, ctrl_opts) in CASES.items():
-        if names and name not in names:
-            continue
-        rows = run_case(name, data_file, overrides)
-        write_ini(name, data_file, ctrl_opts)
-        print(name, " ".join("%.5f" % r["loss"] for r in rows[:6]), "...")
+def setup():
+    shutil.copy(TRAINING_TEMPLATE, OUT)
+    make_data()
+    make_model()
+
+
+def main(names):  # no names: everything from scratch; named cases reuse the model and data already there
+    run_curve_cases(names, OUT, CASES, setup, lambda name, case: run_case(name, *case[:2]),
+                    lambda name, case: write_ini(name, case[0], case[2]), seed=None)
 
 
 if __name__ == "__main__":
