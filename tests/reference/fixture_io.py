@@ -2,6 +2,11 @@
 
 Layout: a text header of lines "name count" ending with a line "end", then the arrays as
 little-endian float32 in header order. Integers are stored as floats (exact below 2^24).
+
+Also what the reference scripts share (one place each): a TRL case's files (write_trl_case), a packed
+batch's next-token log-probs and the bf16 model fixtures (packed_logps, write_bf16_batch), the
+quickstart data with a tiny model (tiny_quickstart), the curve scripts' main and configs
+(run_curve_cases, write_jsonl, write_curve_ini), random weights and PEFT adapters.
 """
 import os
 import struct
