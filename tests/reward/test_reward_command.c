@@ -3,6 +3,8 @@
  * (tests/reference/make_reward_fixtures.py); the row's columns and completion ids reach the
  * program; a program that exits, stalls or answers garbage is an error naming the reward. */
 #include <math.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "reward_case.h"
 
@@ -65,4 +67,36 @@ TEST(misbehaving_programs_are_clear_errors) {
     expect_error("command = \"echo hello; cat >/dev/null\"\n", "not a JSON list of 2");
     expect_error("command = \"echo '[1]'; cat >/dev/null\"\n", "not a JSON list of 2");
     expect_error("command = kill -9 $$\n", "signal 9");
+}
+
+/* Stopping the reward stops what its shell started too: `sh -c` does not exec a command it must wait
+ * for, and a wrapper's children would otherwise outlive the run (here a `sleep` that wrote its pid). */
+TEST(stopping_it_stops_what_the_shell_started) {
+    setup();
+    if (!ops) return;
+    char pidfile[256];
+    snprintf(pidfile, sizeof pidfile, "%s/sleeper.pid", test_tmp_dir());
+    char options[512];
+    snprintf(options, sizeof options, "command = \"sleep 30 & echo $! >%s; wait\"\n", pidfile);
+    ctrl_config *cfg;
+    ctrl_reward *r = make(options, &cfg);
+    CHECK(r != NULL);
+    long pid = 0;
+    for (int i = 0; i < 100 && pid <= 0; i++) { /* the shell writes the sleeper's pid */
+        FILE *f = fopen(pidfile, "r");
+        if (f && fscanf(f, "%ld", &pid) != 1) pid = 0;
+        if (f) fclose(f);
+        if (pid <= 0) usleep(20000);
+    }
+    CHECK_MSG(pid > 0, "the command never wrote %s", pidfile);
+    if (r) ops->destroy(r);
+    ctrl_config_free(cfg);
+    if (pid > 0) {
+        int gone = 0;
+        for (int i = 0; i < 100 && !gone; i++) { /* killed; reaped by init once it is an orphan */
+            gone = kill((pid_t)pid, 0) != 0;
+            if (!gone) usleep(20000);
+        }
+        CHECK_MSG(gone, "the shell's child %ld outlived the reward", pid);
+    }
 }

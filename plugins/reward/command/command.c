@@ -4,7 +4,9 @@
  * columns) and one JSON line comes back on its stdout: a list of one number or null per
  * completion. Its stderr is ctrl's. A reply later than `timeout` seconds, a malformed one or the
  * program's exit stops the run with an error naming the reward; at the end the program's stdin is
- * closed, then it is asked to stop (SIGTERM) and, failing that, killed. */
+ * closed, then it is asked to stop (SIGTERM) and, failing that, killed -- with everything it started:
+ * it runs in a process group of its own (so a terminal's Ctrl-C reaches ctrl, which saves and then
+ * stops it). */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -30,6 +32,7 @@ struct ctrl_reward {
     char name[160]; /* "reward.NAME (command `...`)" for messages */
     double timeout; /* seconds per batch */
     pid_t pid;      /* 0 once reaped */
+    pid_t group;    /* its process group (the shell's pid), what it started included; 0 when none */
     int to_child;   /* its stdin */
     int from_child; /* its stdout */
     char *buf;      /* what it wrote and was not consumed yet */
@@ -59,11 +62,10 @@ static const char *exit_note(ctrl_reward *r, char *note, size_t cap) {
 static void stop_child(ctrl_reward *r) {
     if (r->to_child >= 0) close(r->to_child), r->to_child = -1;
     if (r->from_child >= 0) close(r->from_child), r->from_child = -1;
-    if (r->pid <= 0) return;
-    /* it sees EOF on stdin and should leave; then SIGTERM, then SIGKILL */
+    /* it sees EOF on stdin and should leave; then SIGTERM, then SIGKILL, to its whole group */
     const int sig[] = {0, SIGTERM, SIGKILL};
     for (int k = 0; k < 3 && r->pid > 0; k++) {
-        if (sig[k]) kill(r->pid, sig[k]);
+        if (sig[k]) kill(-r->group, sig[k]);
         for (int i = 0; i < 40; i++) {
             int status;
             if (waitpid(r->pid, &status, WNOHANG) == r->pid) {
@@ -74,6 +76,8 @@ static void stop_child(ctrl_reward *r) {
             nanosleep(&ms50, NULL);
         }
     }
+    if (r->group > 0) kill(-r->group, SIGKILL); /* whatever it left behind (ESRCH when nothing) */
+    r->group = 0;
 }
 
 /* Writes the whole text before the deadline; SIGPIPE (a program that is gone) is held back for
@@ -170,7 +174,15 @@ static ctrl_status command_create(const ctrl_host *host, const ctrl_config *cfg,
         posix_spawn_file_actions_adddup2(&fa, in[0], 0);
         posix_spawn_file_actions_adddup2(&fa, outp[1], 1);
         char *const argv[] = {"sh", "-c", (char *)command, NULL};
-        const int e = posix_spawn(&r->pid, "/bin/sh", &fa, NULL, argv, environ);
+        /* in a process group of its own, so that stopping it reaches what the shell started too
+         * (sh -c does not always exec: `sleep 30` or a wrapper script would outlive it) */
+        posix_spawnattr_t attr;
+        posix_spawnattr_init(&attr);
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+        posix_spawnattr_setpgroup(&attr, 0);
+        const int e = posix_spawn(&r->pid, "/bin/sh", &fa, &attr, argv, environ);
+        posix_spawnattr_destroy(&attr);
+        if (e == 0) r->group = r->pid;
         if (e != 0) st = ctrl_error_set(CTRL_ERR_RUNTIME, "%s: cannot start it: %s", r->name, strerror(e));
     }
     posix_spawn_file_actions_destroy(&fa);
