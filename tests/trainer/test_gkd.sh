@@ -68,8 +68,8 @@ INI_GEN="sleep = 1" gkd_ini lora 3 "[gkd]" "max_new_tokens = 4" "lmbda = 1" "[pe
 if "${C[@]}" train "$TMP/lora.ini" >"$TMP/lora.log" 2>&1; then ok; else bad "gkd lora run"; tail -3 "$TMP/lora.log"; fi
 grep -q "LoRA adapter" "$TMP/lora.log" && ok || bad "gkd lora saved no adapter"
 
-# The teacher and the divergence head on the CUDA backend (the emulator where it is built; lmbda = 0:
-# the engine samples on the CPU only) give the CPU run's losses and gradient norms (in fp32: in bf16
+# The teacher and the divergence head on the CUDA backend (the emulator where it is built; lmbda = 0 here:
+# sampling on the device is test_cuda_online's) give the CPU run's losses and gradient norms (in fp32: in bf16
 # the backends round different products -- attention on CUDA, the head where the CPU has AVX-512 BF16).
 EMU=$(dirname "$CTRL")/cuda-emu/libctrl_cuda.so
 if [ -f "$EMU" ] && [ -f "$(dirname "$CTRL")/plugins-emu/gkd.so" ]; then
