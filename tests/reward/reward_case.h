@@ -40,11 +40,9 @@ static void reward_case_setup(const char *name) {
     ops = e ? e->plugin->ops : NULL;
 }
 
-/* The config of "[reward.x]\nplugin = NAME\n" + options, written to a file and loaded. */
-static ctrl_config *reward_case_config(const char *name, const char *options) {
-    char path[] = "/tmp/ctrl-reward-test-XXXXXX", ini[4096];
-    snprintf(ini, sizeof ini, "[model]\npath = m\n[memory]\nstrategies =\n[reward.x]\nplugin = %s\n%s", name,
-             options);
+/* The INI text `ini`, written to a file and loaded against the registry (NULL, printed, when refused). */
+static ctrl_config *reward_case_load(const char *ini) {
+    char path[] = "/tmp/ctrl-reward-test-XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) return NULL;
     FILE *f = fdopen(fd, "w");
@@ -54,6 +52,14 @@ static ctrl_config *reward_case_config(const char *name, const char *options) {
     if (ctrl_config_load(path, NULL, 0, reg, &cfg) != CTRL_OK) printf("  config: %s\n", ctrl_error_message());
     remove(path);
     return cfg;
+}
+
+/* The config of "[reward.x]\nplugin = NAME\n" + options. */
+static ctrl_config *reward_case_config(const char *name, const char *options) {
+    char ini[4096];
+    snprintf(ini, sizeof ini, "[model]\npath = m\n[memory]\nstrategies =\n[reward.x]\nplugin = %s\n%s", name,
+             options);
+    return reward_case_load(ini);
 }
 
 /* An instance of reward.x (NULL, its error printed, when create fails). */

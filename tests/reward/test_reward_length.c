@@ -1,53 +1,15 @@
 /* The `length` reward plugin, loaded from its .so through the registry and configured from a real
  * INI file, against TRL's reward_len example (tests/reference/make_reward_fixtures.py). */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <ctrl/ctrl.h>
-
-#include "config/config_load.h"
-#include "registry/registry.h"
-#include "test.h"
-
-static ctrl_config *load(ctrl_registry *reg, const char *ini) {
-    char path[] = "/tmp/ctrl-reward-test-XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0) return NULL;
-    FILE *f = fdopen(fd, "w");
-    fputs(ini, f);
-    fclose(f);
-    ctrl_config *cfg = NULL;
-    if (ctrl_config_load(path, NULL, 0, reg, &cfg) != CTRL_OK) printf("  config: %s\n", ctrl_error_message());
-    remove(path);
-    return cfg;
-}
+#include "reward_case.h"
 
 TEST(matches_trl_reward_len) {
-    ctrl_registry *reg;
-    CHECK_EQ_INT(ctrl_registry_create(&reg), CTRL_OK);
-    char so[1024];
-    snprintf(so, sizeof so, "%s/length.so", CTRL_PLUGIN_DIR);
-    CHECK_EQ_INT(ctrl_registry_load_file(reg, so), CTRL_OK);
-    /* Stand-ins for the plugins a config always selects, so that the config validates. */
-    static const ctrl_trainer_ops tops = {.size = sizeof tops};
-    static const ctrl_optimizer_ops oops = {.size = sizeof oops};
-    static const ctrl_attention_ops aops = {.size = sizeof aops};
-    static const ctrl_plugin t = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_TRAINER, .name = "sft", .ops = &tops};
-    static const ctrl_plugin o = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_OPTIMIZER, .name = "adamw",
-                                  .ops = &oops};
-    static const ctrl_plugin a = {CTRL_PLUGIN_HEADER, .kind = CTRL_KIND_ATTENTION, .name = "flash",
-                                  .ops = &aops};
-    static const ctrl_plugin *const list[] = {&t, &o, &a, NULL};
-    CHECK_EQ_INT(ctrl_registry_add_list(reg, list, "<test>"), CTRL_OK);
-    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_REWARD, "length");
-    CHECK(e != NULL);
-    if (!e) return;
-    const ctrl_reward_ops *ops = e->plugin->ops;
+    reward_case_setup("length");
+    CHECK(ops != NULL);
+    if (!ops) return;
     ctrl_config *cfg =
-        load(reg, "[model]\npath = m\n[memory]\nstrategies =\n[reward.len20]\nplugin = length\n"
-                  "[reward.len5]\nplugin = length\ntarget_length = 5\n"
-                  "[reward.tok]\nplugin = length\nunit = tokens\ntarget_length = 3\n");
+        reward_case_load("[model]\npath = m\n[memory]\nstrategies =\n[reward.len20]\nplugin = length\n"
+                         "[reward.len5]\nplugin = length\ntarget_length = 5\n"
+                         "[reward.tok]\nplugin = length\nunit = tokens\ntarget_length = 3\n");
     CHECK(cfg != NULL);
     if (!cfg) return;
 
@@ -93,5 +55,4 @@ TEST(matches_trl_reward_len) {
     CHECK(out[0] == -2.0f && out[1] == -2.0f);
     ops->destroy(r);
     ctrl_config_free(cfg);
-    ctrl_registry_destroy(reg);
 }

@@ -1,6 +1,6 @@
 # The built-in reward plugins, loaded as .so files through the registry with a real config.
 add_executable(test_reward_length ${CMAKE_SOURCE_DIR}/tests/reward/test_reward_length.c ${CMAKE_SOURCE_DIR}/tests/test_main.c)
-target_include_directories(test_reward_length PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/core)
+target_include_directories(test_reward_length PRIVATE ${CMAKE_SOURCE_DIR}/tests ${CMAKE_SOURCE_DIR}/tests/reward ${CMAKE_SOURCE_DIR}/core)
 target_compile_definitions(test_reward_length PRIVATE CTRL_PLUGIN_DIR="${CTRL_PLUGIN_OUTPUT_DIR}"
                            CTRL_FIXTURE_DIR="${CMAKE_SOURCE_DIR}/tests/fixtures")
 target_link_libraries(test_reward_length PRIVATE ctrl)
