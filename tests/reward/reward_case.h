@@ -20,7 +20,7 @@ static ctrl_registry *reg;
 static const ctrl_reward_ops *ops;
 
 /* Loads CTRL_PLUGIN_DIR/NAME.so once; ops is NULL when it is not there. */
-static void reward_case_setup(const char *name) {
+static inline void reward_case_setup(const char *name) {
     if (reg) return;
     ctrl_registry_create(&reg);
     char so[1024];
@@ -41,7 +41,7 @@ static void reward_case_setup(const char *name) {
 }
 
 /* The INI text `ini`, written to a file and loaded against the registry (NULL, printed, when refused). */
-static ctrl_config *reward_case_load(const char *ini) {
+static inline ctrl_config *reward_case_load(const char *ini) {
     char path[] = "/tmp/ctrl-reward-test-XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) return NULL;
@@ -55,7 +55,7 @@ static ctrl_config *reward_case_load(const char *ini) {
 }
 
 /* The config of "[reward.x]\nplugin = NAME\n" + options. */
-static ctrl_config *reward_case_config(const char *name, const char *options) {
+static inline ctrl_config *reward_case_config(const char *name, const char *options) {
     char ini[4096];
     snprintf(ini, sizeof ini, "[model]\npath = m\n[memory]\nstrategies =\n[reward.x]\nplugin = %s\n%s", name,
              options);
@@ -63,7 +63,7 @@ static ctrl_config *reward_case_config(const char *name, const char *options) {
 }
 
 /* An instance of reward.x (NULL, its error printed, when create fails). */
-static ctrl_reward *reward_case_make(const char *name, const char *options, ctrl_config **cfg) {
+static inline ctrl_reward *reward_case_make(const char *name, const char *options, ctrl_config **cfg) {
     *cfg = reward_case_config(name, options);
     ctrl_reward *r = NULL;
     if (*cfg && ops->create(ctrl_host_table(), *cfg, "reward.x", &r) != CTRL_OK)
@@ -72,7 +72,7 @@ static ctrl_reward *reward_case_make(const char *name, const char *options, ctrl
 }
 
 /* The fixture's completions with target 20 (at most 32) and TRL's scores of them. */
-static int reward_case_len_fixture(char store[][256], const char **texts, float *want) {
+static inline int reward_case_len_fixture(char store[][256], const char **texts, float *want) {
     char path[1024], line[1024];
     snprintf(path, sizeof path, "%s/reward/length.tsv", CTRL_FIXTURE_DIR);
     FILE *f = fopen(path, "r");
@@ -90,7 +90,7 @@ static int reward_case_len_fixture(char store[][256], const char **texts, float 
 }
 
 /* TRL's reward_len scores from r, batch after batch (the same program or server serves them all). */
-static void reward_case_check_len(ctrl_reward *r, int rounds) {
+static inline void reward_case_check_len(ctrl_reward *r, int rounds) {
     static char store[32][256];
     const char *texts[32];
     float want[32], got[32];
@@ -113,7 +113,7 @@ static void reward_case_check_len(ctrl_reward *r, int rounds) {
 }
 
 /* Scores the batch {"x", "y"} (no ids, no columns). */
-static ctrl_status reward_case_score_pair(ctrl_reward *r, float got[2]) {
+static inline ctrl_status reward_case_score_pair(ctrl_reward *r, float got[2]) {
     const char *texts[2] = {"x", "y"};
     static const int32_t none[1] = {0};
     const int32_t *ids[2] = {none, none};
@@ -129,7 +129,7 @@ static ctrl_status reward_case_score_pair(ctrl_reward *r, float got[2]) {
 
 /* Scores the batch {"a", "b", "c"} with completion ids {7, 9}, {1500}, {} and an "answer" column
  * of 42, a missing value and "text". */
-static ctrl_status reward_case_score_columns(ctrl_reward *r, float got[3]) {
+static inline ctrl_status reward_case_score_columns(ctrl_reward *r, float got[3]) {
     const char *texts[3] = {"a", "b", "c"};
     static const int32_t i0[2] = {7, 9}, i1[1] = {1500};
     const int32_t *ids[3] = {i0, i1, i0};
