@@ -88,7 +88,7 @@ typedef struct ctrl_run_settings {
         double lora_alpha, lora_dropout;
         const char *init_lora_weights; /* true, false, gaussian */
         const char *adapter_path;      /* NULL when unset */
-        unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down) */
+        unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down, qkv, gate_up) */
         int all_linear, save_embed_tokens, save_lm_head, save_score; /* save_score: PEFT SEQ_CLS */
     } peft;
     struct {

@@ -229,8 +229,10 @@ static const ctrl_option peft_options[] = {
      "and the step (a resumed run draws the same masks). On CUDA the masks are applied on the host (a copy "
      "each way per adapter: slower; 0 avoids it)."},
     {"target_modules", CTRL_OPT_LIST, "q_proj,k_proj,v_proj,o_proj", 0, 0, 0,
-     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|all-linear",
-     "Linear layers that get adapters; all-linear: every linear layer but the output head (as PEFT)."},
+     "q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|qkv_proj|gate_up_proj|all-linear",
+     "Linear layers that get adapters; all-linear: every linear layer but the output head (as PEFT). "
+     "Phi-3's fused qkv_proj and gate_up_proj get one adapter each over their whole output, as PEFT puts it "
+     "(q_proj etc. name nothing there); a list that names no layer of the model is refused."},
     {"use_rslora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Rank-stabilised LoRA: scale = lora_alpha / sqrt(r)."},
     {"init_lora_weights", CTRL_OPT_STRING, "true", 0, 0, 0, "true|false|gaussian",

@@ -188,13 +188,14 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         .memory = {.reduce_bucket_size = (long)rd_int(&r, "memory", "reduce_bucket_size"),
                    .prefetch_bucket_size = (long)rd_int(&r, "memory", "prefetch_bucket_size"),
                    .overlap_comm = rd_bool(&r, "memory", "overlap_comm")}};
-    /* the lists as the seven projections' bits (the option table allows only their names) */
-    static const char *const proj[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                       "gate_proj", "up_proj", "down_proj"};
+    /* the lists as the projections' bits (the option table allows only their names): the seven, then
+     * Phi-3's fused qkv_proj and gate_up_proj (ctrl_lora_module_names' order) */
+    static const char *const proj[] = {"q_proj",  "k_proj",    "v_proj",   "o_proj",      "gate_proj",
+                                       "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
     char item[64];
     for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "target_modules"); i++) {
         const char *t = ctrl_config_list_item(cfg, "peft", "target_modules", i, item, sizeof item);
-        for (int k = 0; t && k < 7; k++) s->peft.target_bits |= !strcmp(t, proj[k]) ? 1u << k : 0;
+        for (int k = 0; t && k < 9; k++) s->peft.target_bits |= !strcmp(t, proj[k]) ? 1u << k : 0;
         s->peft.all_linear |= t && !strcmp(t, "all-linear");
     }
     for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "modules_to_save"); i++) {

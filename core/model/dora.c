@@ -24,13 +24,18 @@ static long *at_off(const ctrl_model *m, int l, int t) { return &m->dora_at[l * 
 static long a_of(const ctrl_model *m, int l, int t) { return m->lora_a[l * LORA_N_TARGETS + t]; }
 static long b_of(const ctrl_model *m, int l, int t) { return m->lora_b[l * LORA_N_TARGETS + t]; }
 
-void dora_layout(ctrl_model *m, size_t *cursor, int l, int t, int OUT) {
+void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT) {
     char n[160];
-    snprintf(n, sizeof n, "model.layers.%d.%s.lora_magnitude_vector", l, ctrl_lora_target_names[t]);
+    snprintf(n, sizeof n, "model.layers.%d.%s.lora_magnitude_vector", l, ctrl_lora_module_names[module]);
     const int at = m->n_views;
-    *mag_off(m, l, t) = model_add_view(m, cursor, n, 1, OUT, 0, 0); /* decayed, as transformers does */
+    const long mo = model_add_view(m, cursor, n, 1, OUT, 0, 0); /* decayed, as transformers does */
     if (at < m->cap_views) m->views[at].lora = 1;
-    *at_off(m, l, t) = (long)m->dora_norm_n;
+    for (int t = 0; t < LORA_N_TARGETS; t++) { /* a fused module's linears: their rows of it */
+        int row0, mod_out;
+        if (lora_module(m, t, &row0, &mod_out) != module) continue;
+        *mag_off(m, l, t) = mo + row0;
+        *at_off(m, l, t) = (long)m->dora_norm_n + row0;
+    }
     m->dora_norm_n += (size_t)OUT;
 }
 
@@ -104,12 +109,8 @@ static ctrl_status all_norms(ctrl_model *m, int set) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             const long mo = *mag_off(m, l, t);
             if (mo < 0) continue;
-            int IN = 0, OUT = 0;
-            for (int i = 0; i < m->n_views; i++) /* A [r, IN], the magnitude [OUT] */
-                if (m->views[i].offset == (size_t)a_of(m, l, t))
-                    IN = (int)m->views[i].shape[1];
-                else if (m->views[i].offset == (size_t)mo)
-                    OUT = (int)m->views[i].shape[0];
+            int IN, OUT; /* linear t's (a fused module's row block of it) */
+            lora_dims(m, t, &IN, &OUT);
             if (!m->dora_hold_norms || set) MODEL_TRY(weight_norms(m, l, t, IN, OUT));
             const float *norm = m->dora_norm + *at_off(m, l, t);
             float *g = m->dora_g + *at_off(m, l, t), *mag;

@@ -16,6 +16,9 @@
 const char *const ctrl_lora_target_names[LORA_N_TARGETS] = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+const char *const ctrl_lora_module_names[LORA_N_MODULES] = {
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",   "self_attn.o_proj", "mlp.gate_proj",
+    "mlp.up_proj",      "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
 
 float ctrl_lora_scaling(const ctrl_lora_config *c) {
     return c->use_rslora ? c->lora_alpha / sqrtf((float)c->r) : c->lora_alpha / (float)c->r;
@@ -28,10 +31,10 @@ static int name_matches(const char *full, const char *entry) {
     return nf > ne && full[nf - ne - 1] == '.' && !strcmp(full + nf - ne, entry);
 }
 
-int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int target) {
+int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module) {
     if (c->all_linear) return 1;
     char full[128];
-    snprintf(full, sizeof full, "model.layers.%d.%s", layer, ctrl_lora_target_names[target]);
+    snprintf(full, sizeof full, "model.layers.%d.%s", layer, ctrl_lora_module_names[module]);
     for (int i = 0; i < c->n_targets; i++)
         if (name_matches(full, c->targets[i])) return 1;
     return 0;
@@ -42,9 +45,9 @@ ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const ch
         c->all_linear = 1;
         return CTRL_OK;
     }
-    int known = 0; /* the entry must name one of the seven projections (of some layer) */
-    for (int t = 0; t < LORA_N_TARGETS && !known; t++) {
-        const char *full = ctrl_lora_target_names[t], *dot = strchr(full, '.');
+    int known = 0; /* the entry must name one of the projections (of some layer) */
+    for (int t = 0; t < LORA_N_MODULES && !known; t++) {
+        const char *full = ctrl_lora_module_names[t], *dot = strchr(full, '.');
         known =
             name_matches(full, name) || !strcmp(name, dot + 1) ||
             (strlen(name) > strlen(full) && name_matches(name, full) && !strncmp(name, "model.layers.", 13));
@@ -53,8 +56,8 @@ ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const ch
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "%s: target_modules entry '%s' names no linear layer LoRA can adapt here (q_proj, "
-            "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, a full name such as "
-            "model.layers.0.self_attn.q_proj, or all-linear)",
+            "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, Phi-3's fused qkv_proj and "
+            "gate_up_proj, a full name such as model.layers.0.self_attn.q_proj, or all-linear)",
             where, name);
     if (c->n_targets == CTRL_LORA_MAX_TARGETS || strlen(name) >= sizeof c->targets[0])
         return ctrl_error_set(CTRL_ERR_CONFIG, "%s: too many or too long target_modules entries", where);
@@ -89,26 +92,61 @@ void lora_dims(const ctrl_model *m, int t, int *in, int *out) {
     *out = t == LORA_Q ? QD : kv[t] ? KD : t == LORA_O || t == LORA_DOWN ? C : I;
 }
 
+int lora_module(const ctrl_model *m, int t, int *row0, int *module_out) {
+    const ctrl_model_config *c = &m->cfg;
+    const int QD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim, I = c->intermediate_size;
+    int in;
+    lora_dims(m, t, &in, module_out);
+    *row0 = 0;
+    if (c->fused_qkv && t <= LORA_V) { /* q's rows, then k's, then v's (Phi3Attention's split) */
+        *row0 = t == LORA_Q ? 0 : t == LORA_K ? QD : QD + KD, *module_out = QD + 2 * KD;
+        return LORA_QKV;
+    }
+    if (c->fused_gate_up && (t == LORA_GATE || t == LORA_UP)) { /* Phi3MLP's chunk(2): gate, then up */
+        *row0 = t == LORA_GATE ? 0 : I, *module_out = 2 * I;
+        return LORA_GATE_UP;
+    }
+    return t;
+}
+
 ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
     char n[160];
     const int r = m->lora->r;
-    for (int l = 0; l < m->cfg.n_layers; l++)
+    int adapted = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             *a_off(m, l, t) = *b_off(m, l, t) = -1;
             if (m->lora_mag) m->lora_mag[l * LORA_N_TARGETS + t] = -1;
-            if (!ctrl_lora_targets(m->lora, l, t)) continue;
-            int in, out;
-            lora_dims(m, t, &in, &out);
+        }
+        for (int t = 0; t < LORA_N_TARGETS; t++) { /* each module once, at its first linear */
+            int row0, out, in, dummy;
+            const int mod = lora_module(m, t, &row0, &out);
+            if (row0 != 0 || !ctrl_lora_targets(m->lora, l, mod)) continue;
+            lora_dims(m, t, &in, &dummy);
+            long ab_off[2];
             for (int ab = 0; ab < 2; ab++) {
-                snprintf(n, sizeof n, "model.layers.%d.%s.lora_%c.weight", l, ctrl_lora_target_names[t],
+                snprintf(n, sizeof n, "model.layers.%d.%s.lora_%c.weight", l, ctrl_lora_module_names[mod],
                          ab ? 'B' : 'A');
                 const int at = m->n_views;
-                const long off = model_add_view(m, cursor, n, 2, ab ? out : r, ab ? r : in, 0);
-                *(ab ? b_off(m, l, t) : a_off(m, l, t)) = off;
+                ab_off[ab] = model_add_view(m, cursor, n, 2, ab ? out : r, ab ? r : in, 0);
                 if (at < m->cap_views) m->views[at].lora = 1;
             }
-            if (m->lora->use_dora) dora_layout(m, cursor, l, t, out);
+            for (int k = t; k < LORA_N_TARGETS; k++) { /* the module's linears: A, and their rows of B */
+                int k0, kout;
+                if (lora_module(m, k, &k0, &kout) != mod) continue;
+                *a_off(m, l, k) = ab_off[0], *b_off(m, l, k) = ab_off[1] + (long)k0 * r;
+            }
+            if (m->lora->use_dora) dora_layout(m, cursor, l, mod, out);
+            adapted++;
         }
+    }
+    if (!adapted && (m->lora->n_targets > 0 || m->lora->all_linear)) /* PEFT: "not found in the base model" */
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "LoRA: target_modules: no entry names a linear layer of this %s model%s",
+                              m->cfg.model_type,
+                              m->cfg.fused_qkv ? " (its projections are the fused qkv_proj and gate_up_proj, "
+                                                 "o_proj and down_proj)"
+                                               : "");
     return CTRL_OK;
 }
 
@@ -134,9 +172,10 @@ void lora_init(ctrl_model *m) {
     const int r = m->lora->r;
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
-            if (*a_off(m, l, t) < 0) continue;
-            int in, out;
-            lora_dims(m, t, &in, &out);
+            int in, out, row0, slot_out;
+            lora_module(m, t, &row0, &out); /* a fused module's A and whole B, at its first linear */
+            if (*a_off(m, l, t) < 0 || row0 != 0) continue;
+            lora_dims(m, t, &in, &slot_out);
             float *A = m->params + *a_off(m, l, t), *B = m->params + *b_off(m, l, t);
             uint64_t s =
                 mix64(m->lora->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(l * LORA_N_TARGETS + t + 1)));
@@ -177,9 +216,13 @@ void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias) {
     *bias = t == LORA_Q ? o->bq : t == LORA_K ? o->bk : t == LORA_V ? o->bv : -1;
 }
 
-/* out = x * mask / (1 - p) (host memory), the mask a function of (seed, step, layer, target). */
+/* out = x * mask / (1 - p) (host memory), the mask a function of (seed, step, layer, target); the
+ * linears of a fused module share its first one's (PEFT drops the module's input once). */
 static void dropout(const ctrl_model *m, int l, int t, float *out, const float *x, int64_t n) {
     const float p = m->lora->lora_dropout, keep = 1.0f / (1.0f - p);
+    int row0, mod_out;
+    const int mod = lora_module(m, t, &row0, &mod_out);
+    t = mod == LORA_QKV ? LORA_Q : mod == LORA_GATE_UP ? LORA_GATE : t;
     const uint64_t key = mix64(m->lora->seed ^ mix64(m->lora_step * 0x100000001B3ull + (uint64_t)l * 7 + t));
     for (int64_t i = 0; i < n; i++) {
         const double u =

@@ -16,6 +16,12 @@
 /* The seven linear layers of a decoder layer, in PEFT's module names. */
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_TARGETS };
 extern const char *const ctrl_lora_target_names[LORA_N_TARGETS]; /* "self_attn.q_proj", ... */
+/* The modules an adapter can sit on: the seven above, then the fused ones of Phi-3 (fused_qkv,
+ * fused_gate_up): self_attn.qkv_proj (q, k, v's rows) and mlp.gate_up_proj (gate's rows, then up's).
+ * On a fused module PEFT puts ONE lora_A / lora_B pair over the whole output: the model then runs
+ * each of its slots (LORA_Q, LORA_K, LORA_V) with the shared A and that slot's row block of B. */
+enum { LORA_QKV = LORA_N_TARGETS, LORA_GATE_UP, LORA_N_MODULES };
+extern const char *const ctrl_lora_module_names[LORA_N_MODULES]; /* ..., "self_attn.qkv_proj", ... */
 
 typedef enum {
     CTRL_LORA_INIT_DEFAULT,  /* init_lora_weights = true: A Kaiming-uniform (a = sqrt(5)), B zero */
@@ -50,8 +56,8 @@ typedef struct ctrl_lora_config {
 
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */
 float ctrl_lora_scaling(const ctrl_lora_config *c);
-/* Whether PEFT would put an adapter on layer `layer`'s linear `target` (LORA_Q ...). */
-int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int target);
+/* Whether PEFT would put an adapter on layer `layer`'s module `module` (LORA_Q ... LORA_GATE_UP). */
+int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module);
 /* Adds a target_modules entry; CTRL_ERR_CONFIG naming `where` when it names no linear layer of a
  * decoder (PEFT would refuse it too) or there are too many. */
 ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where);

@@ -40,13 +40,21 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
     const int L = m->cfg.n_layers, r = e->cfg.r;
     size_t n = 0;
     for (int l = 0; l < L; l++)
-        for (int t = 0; t < LORA_N_TARGETS; t++) {
+        for (int t = 0; t < LORA_N_TARGETS; t++) { /* a fused module's linears share its A, rows of its B */
+            int in, out, row0, mod_out;
+            const int mod = lora_module(m, t, &row0, &mod_out), first = mod == LORA_QKV       ? LORA_Q
+                                                                        : mod == LORA_GATE_UP ? LORA_GATE
+                                                                                              : t;
             e->a[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + t] = -1;
-            if (!ctrl_lora_targets(&e->cfg, l, t)) continue;
-            int in, out;
+            if (!ctrl_lora_targets(&e->cfg, l, mod)) continue;
+            if (row0) {
+                e->a[l * LORA_N_TARGETS + t] = e->a[l * LORA_N_TARGETS + first];
+                e->b[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + first] + (long)row0 * r;
+                continue;
+            }
             lora_dims(m, t, &in, &out);
             e->a[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)r * in;
-            e->b[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)out * r;
+            e->b[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)mod_out * r;
         }
     if (!(e->w = malloc(sizeof(float) * (n ? n : 1))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "%s: %zu adapter weights", dir, n);
@@ -55,13 +63,15 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
     ctrl_status st = CTRL_OK;
     int used = 0;
     for (int l = 0; l < L && st == CTRL_OK; l++)
-        for (int t = 0; t < LORA_N_TARGETS && st == CTRL_OK; t++)
+        for (int t = 0; t < LORA_N_TARGETS && st == CTRL_OK; t++) {
+            int in, out, row0, slot_out;
+            const int mod = lora_module(m, t, &row0, &out);
+            if (row0) continue; /* each module once, at its first linear */
+            lora_dims(m, t, &in, &slot_out);
             for (int ab = 0; ab < 2 && st == CTRL_OK && e->a[l * LORA_N_TARGETS + t] >= 0; ab++) {
-                int in, out;
-                lora_dims(m, t, &in, &out);
                 const int64_t d0 = ab ? out : r, d1 = ab ? r : in;
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l,
-                         ctrl_lora_target_names[t], ab ? 'B' : 'A');
+                         ctrl_lora_module_names[mod], ab ? 'B' : 'A');
                 const ctrl_st_tensor *x = ctrl_safetensors_find(f, name);
                 if (!x || x->ndim != 2 || x->shape[0] != d0 || x->shape[1] != d1) {
                     st = ctrl_error_set(
@@ -77,6 +87,7 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
                                    f, name, e->w + (ab ? e->b : e->a)[l * LORA_N_TARGETS + t], d0 * d1);
                 used++;
             }
+        }
     if (st == CTRL_OK && used != ctrl_safetensors_count(f))
         st = ctrl_error_set(CTRL_ERR_FORMAT,
                             "%s: %d tensors, of which adapter_config.json explains %d (modules_to_save or "

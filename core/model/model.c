@@ -70,7 +70,7 @@ static ctrl_status layout(ctrl_model *m) {
     if (nf4 && m->n_views <= m->cap_views) m->views[m->n_views - 1].nf4 = 1 + l * LORA_N_TARGETS + (target)
         V(ln1, "input_layernorm.weight", 1, C, 0, 1);
         o->bq = o->bk = o->bv = o->q_norm = o->k_norm = -1;
-        if (c->fused_qkv) { /* Phi-3: q, k, v are the row blocks of qkv_proj (LoRA refused there) */
+        if (c->fused_qkv) { /* Phi-3: q, k, v are the row blocks of qkv_proj (one adapter: lora.c) */
             V(wq, "self_attn.qkv_proj.weight", 2, (H + 2 * HK) * D, C, 0);
             o->wk = o->wq + (long)H * D * C, o->wv = o->wk + (long)HK * D * C;
         } else {
@@ -177,9 +177,12 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     if (lora && lora->nf4 && lora->use_dora) /* DoRA's norms read the whole base weight */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "LoRA: use_dora with quantization = nf4 (QDoRA) is not implemented yet");
-    if (lora && (cfg->fused_qkv || cfg->fused_gate_up || cfg->n_experts > 0))
+    if (lora && cfg->n_experts > 0)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "LoRA: adapters on %s (experts) are not implemented yet",
+                              cfg->model_type);
+    if (lora && lora->nf4 && (cfg->fused_qkv || cfg->fused_gate_up)) /* the NF4 store holds 7 projections */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "LoRA: adapters on %s's fused qkv_proj / gate_up_proj or experts are not "
+                              "LoRA: quantization = nf4 on %s's fused qkv_proj / gate_up_proj is not "
                               "implemented yet",
                               cfg->model_type);
     if (lora && lora->seq_cls && cfg->num_labels <= 0)

@@ -354,6 +354,9 @@ ctrl_status model_bf16_layer_weights(ctrl_model *m, int l);
 void model_bf16_free(ctrl_model *m);
 /* The input and output widths of linear t (LORA_Q ...). */
 void lora_dims(const ctrl_model *m, int t, int *in, int *out);
+/* The adapter module linear t is part of (t itself, or Phi-3's LORA_QKV / LORA_GATE_UP), the first
+ * row of t's block in that module's output and the module's output width. */
+int lora_module(const ctrl_model *m, int t, int *row0, int *module_out);
 /* lora_bank.c: adds the bank's adapters of the decode call under way to out [T, OUT] (see
  * ctrl_model_set_decode_adapters); lora_bank_free releases the bank. */
 ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const float *x, int IN, int OUT);
@@ -367,7 +370,7 @@ void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias);
  * [T, OUT], which holds x W^T + b, into DoRA's output given the adapter's yl = s (x A^T) B^T and, with
  * dropout, yb = dropout(x) W^T (else NULL: out - b is used); dora_backward is lora_backward for a
  * DoRA layer. */
-void dora_layout(ctrl_model *m, size_t *cursor, int l, int t, int OUT);
+void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT);
 ctrl_status dora_init_magnitudes(ctrl_model *m);
 ctrl_status dora_prepare(ctrl_model *m);
 ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *yl, const float *yb, int OUT);

@@ -96,9 +96,12 @@ static char *config_json(const ctrl_model *m, const char *base) {
     else
         cJSON_AddBoolToObject(o, "init_lora_weights", c->init == CTRL_LORA_INIT_DEFAULT);
     cJSON *t = cJSON_AddArrayToObject(o, "target_modules");
-    if (c->all_linear) /* PEFT saves the names all-linear resolved to: on a decoder, these seven */
-        for (int k = 0; k < LORA_N_TARGETS; k++)
-            cJSON_AddItemToArray(t, cJSON_CreateString(strchr(ctrl_lora_target_names[k], '.') + 1));
+    for (int k = 0; c->all_linear && k < LORA_N_TARGETS; k++) { /* PEFT saves what all-linear became */
+        int row0,
+            out; /* a decoder's seven projections, or Phi-3's qkv_proj, o_proj, gate_up_proj, down_proj */
+        const int mod = lora_module(m, k, &row0, &out);
+        if (!row0) cJSON_AddItemToArray(t, cJSON_CreateString(strchr(ctrl_lora_module_names[mod], '.') + 1));
+    }
     for (int k = 0; k < c->n_targets; k++) cJSON_AddItemToArray(t, cJSON_CreateString(c->targets[k]));
     if (c->save_embed_tokens || c->save_lm_head || c->seq_cls) {
         cJSON *s = cJSON_AddArrayToObject(o, "modules_to_save");

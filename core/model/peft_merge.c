@@ -41,12 +41,8 @@ ctrl_status ctrl_peft_merge(ctrl_model *m) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             const long ao = m->lora_a[l * LORA_N_TARGETS + t], bo = m->lora_b[l * LORA_N_TARGETS + t];
             if (ao < 0) continue;
-            const ctrl_param_view *a = NULL, *b = NULL; /* A [r, IN], B [OUT, r] */
-            for (int i = 0; i < m->n_views && (!a || !b); i++) {
-                if (m->views[i].offset == (size_t)ao) a = &m->views[i];
-                if (m->views[i].offset == (size_t)bo) b = &m->views[i];
-            }
-            const int IN = (int)a->shape[1], OUT = (int)b->shape[0];
+            int IN, OUT; /* A [r, IN], B [OUT, r]: a fused module's linear has its row block of B */
+            lora_dims(m, t, &IN, &OUT);
             const layer_offsets *o = &m->layers[l];
             const long w[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
             /* W [OUT, IN] += s * B [OUT, r] A [r, IN] */

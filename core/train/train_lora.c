@@ -23,10 +23,10 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
                                          : CTRL_LORA_INIT_DEFAULT;
     if (s->peft.all_linear) return ctrl_lora_add_target(lc, "all-linear", "[peft] target_modules");
     ctrl_status st = CTRL_OK;
-    for (int k = 0; k < LORA_N_TARGETS && st == CTRL_OK; k++)
+    for (int k = 0; k < LORA_N_MODULES && st == CTRL_OK; k++)
         if (s->peft.target_bits & (1u << k))
             st =
-                ctrl_lora_add_target(lc, strchr(ctrl_lora_target_names[k], '.') + 1, "[peft] target_modules");
+                ctrl_lora_add_target(lc, strchr(ctrl_lora_module_names[k], '.') + 1, "[peft] target_modules");
     return st;
 }
 

@@ -48,9 +48,11 @@ typedef struct fixture_batch {
     ctrl_batch b;
 } fixture_batch;
 
+/* arch: a model of models/ ("qwen2"), or a folder under the fixtures ("families/phi3_gqa"). */
 static void batch_load(fixture_batch *f, const char *arch) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/models/%s/batch.json", CTRL_FIXTURE_DIR, arch);
+    snprintf(path, sizeof path, "%s/%s%s/batch.json", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/",
+             arch);
     cJSON *root = json_file(path);
     int n;
     f->tokens = ints(root, "tokens", &f->T), f->pos = ints(root, "positions", &n);
@@ -110,9 +112,9 @@ static void check_case(const char *name) {
         cJSON_Delete(want);
         return;
     }
-    const char *arch = strrchr(cJSON_GetObjectItemCaseSensitive(want, "base")->valuestring, '/') + 1;
-    fixture_batch f;
-    batch_load(&f, arch);
+    const char *base = cJSON_GetObjectItemCaseSensitive(want, "base")->valuestring;
+    fixture_batch f; /* models/qwen2: the batch of qwen2; families/phi3_gqa: that folder's */
+    batch_load(&f, strncmp(base, "models/", 7) ? base : base + 7);
     CHECK_NEAR(ctrl_lora_scaling(ctrl_model_lora(m)),
                cJSON_GetObjectItemCaseSensitive(want, "scaling")->valuedouble, 1e-6);
     float *logp = malloc(sizeof(float) * f.T), *dlogp = malloc(sizeof(float) * f.T),
@@ -184,6 +186,42 @@ TEST(lora_forward_and_adapter_gradients_match_peft) {
 TEST(dora_forward_and_adapter_gradients_match_peft) {
     static const char *const cases[] = {"llama_dora_qv", "qwen2_dora_all_rslora", "qwen3_dora_default_init"};
     for (int i = 0; i < 3; i++) check_case(cases[i]);
+}
+
+/* Phi-3's fused projections (PEFT wraps qkv_proj and gate_up_proj with one lora_A / lora_B pair
+ * over the whole fused output): q/k/v of different widths (GQA), and all-linear with DoRA (one
+ * magnitude over the fused rows), rsLoRA and the LM head trained in full. */
+TEST(phi3_fused_lora_and_dora_match_peft) {
+    check_case("phi3_qkv_gate_up");
+    check_case("phi3_all_dora");
+}
+
+/* target_modules that name no module of a Phi-3 (q_proj: its attention is the fused qkv_proj) are
+ * refused as PEFT refuses them ("not found in the base model"); what is not implemented on fused
+ * projections (QLoRA's NF4 store) is refused by name. */
+TEST(fused_lora_refuses_what_names_nothing_or_is_not_implemented) {
+    static ctrl_lora_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.r = 2, lc.lora_alpha = 4;
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "q_proj", "test"), CTRL_OK);
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "up_proj", "test"), CTRL_OK);
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/families/phi3_gqa", eager(), &lc, &m),
+                 CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "target_modules");
+    CHECK_CONTAINS(ctrl_error_message(), "qkv_proj");
+    CHECK(m == NULL);
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "self_attn.qkv_proj", "test"), CTRL_OK);
+    lc.nf4 = 1;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/families/phi3_gqa", eager(), &lc, &m),
+                 CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "nf4");
+    lc.nf4 = 0;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/families/phi3_gqa", eager(), &lc, &m), CTRL_OK);
+    int n_lora = 0; /* qkv_proj's pair in each of the 2 layers, nothing for up_proj */
+    for (int v = 0; m && v < ctrl_model_view_count(m); v++) n_lora += ctrl_model_view(m, v)->lora;
+    CHECK_EQ_INT(n_lora, 4);
+    ctrl_model_free(m);
 }
 
 /* A new DoRA adapter's magnitudes are the weight norms PEFT initialises them to: with the default
@@ -289,10 +327,10 @@ TEST(lora_base_is_frozen) {
 /* dL/dθ of the adapters by central differences of L = sum_t w_t logp_t, in double from fp32
  * forwards (h = 1e-2 on weights of magnitude ~0.1-0.5), against the backward; with dropout on,
  * the forward counter is held so that each forward draws the same masks. */
-static void finite_difference(float dropout, int dora, int nf4) {
-    ctrl_model_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/models/qwen2", &cfg), CTRL_OK);
+static void finite_difference_on(const char *arch, float dropout, int dora, int nf4) {
+    char model_dir[1024];
+    snprintf(model_dir, sizeof model_dir, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/",
+             arch);
     ctrl_lora_config lc = {.r = 3,
                            .lora_alpha = 6,
                            .lora_dropout = dropout,
@@ -302,7 +340,7 @@ static void finite_difference(float dropout, int dora, int nf4) {
                            .nf4 = nf4};
     CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
     ctrl_model *m = NULL;
-    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load_lora(model_dir, eager(), &lc, &m), CTRL_OK);
     if (!m) return;
     if (dora) { /* magnitudes away from the norms, so that every term of DoRA's output counts */
         float *p = ctrl_model_params(m, NULL);
@@ -315,7 +353,7 @@ static void finite_difference(float dropout, int dora, int nf4) {
     }
     ctrl_model_set_training(m, 1, 3);
     fixture_batch f;
-    batch_load(&f, "qwen2");
+    batch_load(&f, arch);
     float *logp = malloc(sizeof(float) * f.T), *w = malloc(sizeof(float) * f.T);
     for (int t = 0; t < f.T; t++) w[t] = f.tg[t] >= 0 ? (float)(0.3 + 0.1 * (t % 5)) : 0.0f;
     CHECK_EQ_INT(ctrl_model_forward(m, &f.b, logp, NULL, NULL), CTRL_OK);
@@ -331,11 +369,14 @@ static void finite_difference(float dropout, int dora, int nf4) {
     for (int v = 0; v < ctrl_model_view_count(m); v++) {
         const ctrl_param_view *pv = ctrl_model_view(m, v);
         if (!pv->lora) continue;
-        for (int64_t k = 0; k < pv->numel; k += pv->numel / 3 + 1) { /* three elements of each tensor */
+        /* three elements of each tensor; five of a fused module's, to reach each linear's rows of B */
+        const int64_t stride =
+            pv->numel / (strstr(pv->name, "qkv_proj") || strstr(pv->name, "gate_up") ? 5 : 3) + 1;
+        for (int64_t k = 0; k < pv->numel; k += stride) {
             float *p = params + pv->offset + k;
             /* DoRA's per-row rescaling, and QLoRA's coarser base, curve the loss more: a smaller
              * step (DoRA's truncation error at 1e-2 was 0.008 on a gradient of 0.013; 0.0008 at 3e-3) */
-            const float keep = *p, h = dora || nf4 ? 3e-3f : 1e-2f;
+            const float keep = *p, h = dora || nf4 || strchr(arch, '/') ? 3e-3f : 1e-2f;
             double L[2];
             for (int s = 0; s < 2; s++) {
                 *p = keep + (s ? -h : h);
@@ -355,15 +396,25 @@ static void finite_difference(float dropout, int dora, int nf4) {
         }
     }
     ctrl_model_weights_changed(m);
-    printf("  %s%sdropout %.2f: %d adapter weights, worst relative difference %.2e\n", dora ? "DoRA, " : "",
-           nf4 ? "QLoRA, " : "", (double)dropout, n, worst);
-    CHECK(n >= 6 * (2 + dora) * 7);
+    printf("  %s: %s%sdropout %.2f: %d adapter weights, worst relative difference %.2e\n", arch,
+           dora ? "DoRA, " : "", nf4 ? "QLoRA, " : "", (double)dropout, n, worst);
+    CHECK(n >= 6 * (2 + dora) * (strchr(arch, '/') ? 4 : 7)); /* Phi-3: 4 modules a layer */
     free(logp), free(w);
     batch_free(&f);
     ctrl_model_free(m);
 }
 
+static void finite_difference(float dropout, int dora, int nf4) {
+    finite_difference_on("qwen2", dropout, dora, nf4);
+}
+
 TEST(lora_backward_matches_finite_differences) { finite_difference(0.0f, 0, 0); }
+/* Phi-3's fused qkv_proj / gate_up_proj: the shared lora_A's gradient sums its linears' (one dropout
+ * mask for the module, as PEFT drops its input once), DoRA's magnitude over the fused rows */
+TEST(fused_lora_backward_with_dropout_matches_finite_differences) {
+    finite_difference_on("families/phi3_gqa", 0.25f, 0, 0);
+    finite_difference_on("families/phi3_mha", 0.25f, 1, 0);
+}
 TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 0); }
 TEST(dora_backward_matches_finite_differences) { finite_difference(0.0f, 1, 0); }
 TEST(dora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 1, 0); }
@@ -529,15 +580,17 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
  * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json) and
  * merged (merged/), for PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
 TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
-    static const char *const cases[] = {"llama_qv", "llama_all_rslora", "qwen2_attn_mlp",
-                                        "qwen3_default_init"};
+    static const char *const cases[] = {"llama_qv",           "llama_all_rslora", "qwen2_attn_mlp",
+                                        "qwen3_default_init", "phi3_qkv_gate_up", "phi3_all_dora"};
+    static const char *const archs[] = {
+        "llama", "llama", "qwen2", "qwen3", "families/phi3_gqa", "families/phi3_mha"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 6; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         ctrl_model *m = load_adapter(dir);
         if (!m) continue;
-        const char *arch = c < 2 ? "llama" : c == 2 ? "qwen2" : "qwen3";
+        const char *arch = archs[c];
         fixture_batch f;
         batch_load(&f, arch);
         float *logp = malloc(sizeof(float) * f.T), *dlogp = malloc(sizeof(float) * f.T);
@@ -562,7 +615,8 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
             snprintf(out, sizeof out, "%s/%s", export, cases[c]);
             CHECK_EQ_INT(ctrl_peft_save(m, out, arch), CTRL_OK);
             ctrl_model *merged = NULL; /* and merged (ctrl_peft_merge), for PEFT's merge_and_unload */
-            snprintf(path, sizeof path, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+            snprintf(path, sizeof path, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/",
+                     arch);
             CHECK_EQ_INT(ctrl_peft_load(path, out, NULL, &merged), CTRL_OK);
             if (merged && ctrl_peft_merge(merged) == CTRL_OK) {
                 snprintf(path, sizeof path, "%s/merged", out);
@@ -585,13 +639,16 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
 /* ctrl_peft_merge (PEFT's merge_and_unload): the merged model computes what the adapters did, and
  * saved, it loads back as a plain model with the same log-probs. */
 TEST(lora_merged_model_equals_the_adapters) {
-    static const char *const cases[] = {"llama_qv", "llama_all_rslora", "qwen2_attn_mlp", "llama_dora_qv",
-                                        "qwen2_dora_all_rslora"};
-    static const char *const archs[] = {"llama", "llama", "qwen2", "llama", "qwen2"};
-    for (int c = 0; c < 5; c++) {
+    static const char *const cases[] = {"llama_qv",      "llama_all_rslora",      "qwen2_attn_mlp",
+                                        "llama_dora_qv", "qwen2_dora_all_rslora", "phi3_qkv_gate_up",
+                                        "phi3_all_dora"};
+    static const char *const archs[] = {
+        "llama", "llama", "qwen2", "llama", "qwen2", "families/phi3_gqa", "families/phi3_mha"};
+    for (int c = 0; c < 7; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
-        snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, archs[c]);
+        snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",
+                 archs[c]);
         ctrl_model *m = NULL, *plain = NULL;
         CHECK_EQ_INT(ctrl_peft_load(base, dir, eager(), &m), CTRL_OK);
         if (!m) continue;

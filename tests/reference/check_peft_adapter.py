@@ -25,11 +25,13 @@ def main():
     for case in sorted(os.listdir(root)):
         with open(os.path.join(root, case, "logp.json")) as f:
             want = json.load(f)
-        base = AutoModelForCausalLM.from_pretrained(os.path.join(FIX, want["base"]), dtype=torch.float32,
+        base_dir = os.path.join(FIX, want["base"]) if "/" not in want["base"] else \
+            os.path.join(FIX, "..", want["base"])  # models/<arch>, or a folder under tests/fixtures (Phi-3)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
                                                     attn_implementation="eager")
         pm = PeftModel.from_pretrained(base, os.path.join(root, case))
         pm.eval()
-        with open(os.path.join(FIX, want["base"], "batch.json")) as f:
+        with open(os.path.join(base_dir, "batch.json")) as f:
             batch = json.load(f)
         cu, toks, got = batch["cu_seqlens"], batch["tokens"], []
         with torch.no_grad():

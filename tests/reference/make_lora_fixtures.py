@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """LoRA parity fixtures written by PEFT itself: the tiny fixture models of make_model_fixtures.py
-(tests/fixtures/models/<arch>) wrapped with peft.get_peft_model under several LoraConfigs, each
+(tests/fixtures/models/<arch>; Phi-3's, with fused qkv_proj / gate_up_proj, from families/) wrapped with peft.get_peft_model under several LoraConfigs, each
 adapter saved with PEFT's own save_pretrained (adapter_config.json + adapter_model.safetensors)
 under tests/fixtures/lora/<case>/, with what PEFT computes on the model fixture's packed batch
 (each sequence on its own, in eval mode: dropout off): per-token log-probs of the next tokens, the
@@ -59,7 +59,22 @@ CASES = {
                                       lora_dropout=0.0), "nf4"),
     "llama_qlora_qv": ("llama", dict(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
                                      init_lora_weights=False, lora_dropout=0.0), "nf4"),
+    # Phi-3's fused projections (families/phi3_*: make_family_fixtures.py): PEFT wraps the nn.Linear
+    # qkv_proj / gate_up_proj with one lora_A / lora_B pair over the whole fused output; GQA (q, k, v
+    # blocks of different widths), tied embeddings, longrope
+    "phi3_qkv_gate_up": ("families/phi3_gqa", dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj"],
+                                                   init_lora_weights=False, lora_dropout=0.0)),
+    # all-linear on Phi-3 (qkv_proj, o_proj, gate_up_proj, down_proj) with DoRA (a magnitude over the
+    # fused output) and rsLoRA, untied with the LM head trained in full
+    "phi3_all_dora": ("families/phi3_mha", dict(r=2, lora_alpha=6, target_modules="all-linear", use_rslora=True,
+                                                init_lora_weights=False, lora_dropout=0.05, use_dora=True,
+                                                modules_to_save=["lm_head"]), "perturb"),
 }
+
+
+def base_path(arch):
+    """The base model's folder relative to tests/fixtures: models/<arch>, or the path given."""
+    return arch if "/" in arch else "models/" + arch
 
 
 def reference_dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
@@ -89,7 +104,7 @@ def main():
         if sys.argv[1:] and case not in sys.argv[1:]:
             continue
         torch.manual_seed(2000 + len(case))
-        base_dir = os.path.join(MODELS, arch)
+        base_dir = os.path.join(MODELS, "..", base_path(arch))
         quant = None
         if how == ["nf4"]:  # Linear4bit's product: the dequantized weight (reference kernels), in fp32
             import bitsandbytes
@@ -114,7 +129,7 @@ def main():
         d = os.path.join(OUT, case)
         os.makedirs(d, exist_ok=True)
         # the base model's path as the C test finds it, relative to the fixtures folder
-        save_peft_adapter(pm, d, "models/" + arch)
+        save_peft_adapter(pm, d, base_path(arch))
         with open(os.path.join(base_dir, "batch.json")) as f:
             batch = json.load(f)
         logps, loss = packed_logps(pm, torch, batch["cu_seqlens"], batch["tokens"])
@@ -126,7 +141,7 @@ def main():
         save_file(grads, os.path.join(d, "grads.safetensors"))
         scale = kw["lora_alpha"] / (math.sqrt(kw["r"]) if kw.get("use_rslora") else kw["r"])
         with open(os.path.join(d, "batch.json"), "w") as f:
-            json.dump({"logp": logps, "loss": loss.item(), "scaling": scale, "base": "models/" + arch,
+            json.dump({"logp": logps, "loss": loss.item(), "scaling": scale, "base": base_path(arch),
                        "nf4": how == ["nf4"],
                        "note": "torch %s, transformers %s, peft %s (make_lora_fixtures.py)" % (
                            torch.__version__, transformers.__version__, peft.__version__)}, f)

@@ -50,7 +50,7 @@ static void forward_logp(ctrl_model *m, const int32_t *tokens, int n, float *out
 static void check(const char *adapter, const char *arch) {
     char a[512], base[512];
     snprintf(a, sizeof a, "%s/lora/%s", CTRL_FIXTURE_DIR, adapter);
-    snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+    snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/", arch);
     ctrl_registry *reg = test_plugin_registry();
     const ctrl_plugin *eager = NULL;
     CHECK_EQ_INT(ctrl_registry_require(reg, CTRL_KIND_ATTENTION, "eager", &eager), CTRL_OK);
@@ -58,8 +58,10 @@ static void check(const char *adapter, const char *arch) {
     CHECK_EQ_INT(ctrl_peft_load(base, a, eager ? eager->ops : NULL, &m), CTRL_OK);
     test_attach_paged(m);
     if (m) {
-        static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2};
-        const int n = (int)(sizeof tokens / sizeof *tokens);
+        static const int32_t some[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2};
+        const int n = (int)(sizeof some / sizeof *some);
+        int32_t tokens[16]; /* within the vocabulary (Phi-3's fixture has 80 tokens) */
+        for (int i = 0; i < n; i++) tokens[i] = some[i] % ctrl_model_cfg(m)->vocab_size;
         float want[16], got[16], base_want[16], base_got[16];
         forward_logp(m, tokens, n, want);
         ctrl_model_set_training(m, 1, 2); /* dropout (where the adapter has it) is the trainer's only */
@@ -81,8 +83,9 @@ static void check(const char *adapter, const char *arch) {
 
 TEST(lora_decoding_applies_the_adapters_live) {
     check("qwen2_attn_mlp", "qwen2");
-    check("llama_all_rslora", "llama");      /* lora_dropout 0.1, modules_to_save lm_head */
-    check("qwen2_dora_all_rslora", "qwen2"); /* DoRA, biases, lora_dropout 0.05 */
+    check("llama_all_rslora", "llama");          /* lora_dropout 0.1, modules_to_save lm_head */
+    check("qwen2_dora_all_rslora", "qwen2");     /* DoRA, biases, lora_dropout 0.05 */
+    check("phi3_all_dora", "families/phi3_mha"); /* Phi-3's fused qkv_proj / gate_up_proj, DoRA */
 }
 
 /* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
@@ -126,6 +129,28 @@ static void remove_adapter(const char *dir) {
     rmdir(dir);
 }
 
+/* Each of n sequences decoded alone from base under its adapter (dirs[id - 1]; 0: the base) against
+ * its row of `mixed` [n, V] (one decode call mixing them): the worst relative error (<= 1e-6). */
+static double each_alone(const char *base, const char *const *dirs, const int32_t *tokens, const int *lens,
+                         int n, const int *adapters, const float *mixed, int V) {
+    float *alone = malloc(sizeof(float) * V);
+    double worst = 0;
+    for (int s = 0, at = 0; s < n; at += lens[s++]) {
+        ctrl_model *one = NULL;
+        CHECK_EQ_INT(adapters[s] ? ctrl_peft_load(base, dirs[adapters[s] - 1], NULL, &one)
+                                 : ctrl_model_load(base, NULL, &one),
+                     CTRL_OK);
+        test_attach_paged(one);
+        if (one) decode_batch(one, tokens + at, &lens[s], 1, NULL, alone);
+        const double e = test_rel_error_f32(mixed + (size_t)s * V, alone, V);
+        CHECK_MSG(e <= 1e-6, "sequence %d (adapter %d): logits relative error %.3g", s, adapters[s], e);
+        worst = fmax(worst, e);
+        ctrl_model_free(one);
+    }
+    free(alone);
+    return worst;
+}
+
 /* ctrl serve --lora's model side: adapters added to a plain base (ctrl_model_add_adapter) and one
  * decode call mixing them per sequence (base, A, B, A) gives each sequence the logits its own
  * adapter gives alone (ctrl_peft_load, as ctrl generate --adapter); what cannot be served side by
@@ -153,21 +178,10 @@ TEST(lora_bank_mixes_adapters_in_one_decode_call) {
     static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2, 9};
     static const int lens[4] = {3, 5, 4, 2}, adapters[4] = {1, 0, 2, 1};
     const int V = m ? ctrl_model_cfg(m)->vocab_size : 1;
-    float *mixed = malloc(sizeof(float) * 4 * V), *alone = malloc(sizeof(float) * V);
+    float *mixed = malloc(sizeof(float) * 4 * V);
     if (m) decode_batch(m, tokens, lens, 4, adapters, mixed);
-    double worst = 0;
-    for (int s = 0, at = 0; m && s < 4; at += lens[s++]) {
-        ctrl_model *one = NULL;
-        const char *dir = adapters[s] == 1 ? a1 : a2;
-        CHECK_EQ_INT(adapters[s] ? ctrl_peft_load(base, dir, NULL, &one) : ctrl_model_load(base, NULL, &one),
-                     CTRL_OK);
-        test_attach_paged(one);
-        if (one) decode_batch(one, tokens + at, &lens[s], 1, NULL, alone);
-        const double e = test_rel_error_f32(mixed + (size_t)s * V, alone, V);
-        CHECK_MSG(e <= 1e-6, "sequence %d (adapter %d): logits relative error %.3g", s, adapters[s], e);
-        worst = fmax(worst, e);
-        ctrl_model_free(one);
-    }
+    const char *const dirs[2] = {a1, a2};
+    const double worst = m ? each_alone(base, dirs, tokens, lens, 4, adapters, mixed, V) : 0;
     if (m) { /* and the adapters do differ */
         float *plain = malloc(sizeof(float) * 4 * V);
         decode_batch(m, tokens, lens, 4, NULL, plain);
@@ -178,9 +192,34 @@ TEST(lora_bank_mixes_adapters_in_one_decode_call) {
     }
     printf("  base + 2 adapters in one decode call: each sequence vs its adapter alone: logits rel %.1e\n",
            worst);
-    free(mixed), free(alone);
+    free(mixed);
     ctrl_model_free(m);
     remove_adapter(a2);
+}
+
+/* A Phi-3 adapter in the bank (one lora_A / lora_B over each fused qkv_proj / gate_up_proj): a
+ * decode call mixing it with the base gives each sequence what it gets alone. */
+TEST(lora_bank_serves_fused_phi3_adapters) {
+    static const char base[] = CTRL_FIXTURE_DIR "/families/phi3_gqa",
+                      a1[] = CTRL_FIXTURE_DIR "/lora/phi3_qkv_gate_up";
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
+    if (!m) return;
+    test_attach_paged(m);
+    int id = 0;
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id), CTRL_OK);
+    static const int32_t tokens[] = {3, 17, 42, 9, 5, 64, 11};
+    static const int lens[2] = {4, 3}, adapters[2] = {1, 0};
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    float *mixed = malloc(sizeof(float) * 2 * V);
+    decode_batch(m, tokens, lens, 2, adapters, mixed);
+    const char *const dirs[1] = {a1};
+    each_alone(base, dirs, tokens, lens, 2, adapters, mixed, V);
+    float *plain = malloc(sizeof(float) * 2 * V);
+    decode_batch(m, tokens, lens, 2, NULL, plain);
+    CHECK(test_rel_error_f32(mixed, plain, V) > 1e-4); /* the adapter changes the first sequence's */
+    free(mixed), free(plain);
+    ctrl_model_free(m);
 }
 
 /* The engine with a bank: requests under adapter 1, the base, adapter 2 and adapter 1 again (n = 2)
