@@ -65,7 +65,7 @@ static void bf16_path_note(void) {
     int fast;
     const char *path = ctrl_cpu_bf16_path(&fast);
     if (fast)
-        CTRL_DEBUG("cpu: bf16 linear layers on %s", path);
+        CTRL_INFO("cpu: bf16 linear layers on %s", path);
     else
         CTRL_WARN("cpu: bf16 compute has no fast path here: linear layers run as %s, no faster than fp32",
                   path);

@@ -1,17 +1,25 @@
 /* bf16 on the CPU: conversions (round to nearest even, as torch's .to(torch.bfloat16)), the CPU
- * feature check, and the linear layer as torch.autocast runs it (inputs rounded to bf16, products
- * accumulated in fp32). Where the CPU has AVX-512 BF16 (checked at run time; CTRL_NO_AVX512BF16
- * turns it off) the products go through the blocked GEMM of gemm_bf16.c, which rounds its inputs as
- * it packs them; elsewhere SGEMM multiplies fp32 copies rounded to bf16 values (bf16 x bf16 is exact
- * in fp32, so the products are the same, at SGEMM's speed). */
+ * feature checks and the choice of path, and the linear layer as torch.autocast runs it (inputs
+ * rounded to bf16, products accumulated in fp32). Where the CPU has AMX or AVX-512 BF16 (checked at
+ * run time; CTRL_NO_AMX, CTRL_NO_AVX512BF16 turn them off) the products go through the blocked GEMM
+ * of gemm_bf16.c, which rounds its inputs as it packs them; elsewhere SGEMM multiplies fp32 copies
+ * rounded to bf16 values (bf16 x bf16 is exact in fp32, so the products are the same, at SGEMM's
+ * speed). */
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/gemm_bf16_kernel.h"
 
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -77,6 +85,71 @@ int ctrl_cpu_has_avx512bf16(void) {
     return cpu && !getenv("CTRL_NO_AVX512BF16");
 }
 
+/* AMX with bf16, asked of the CPU (cpuid leaf 7: AMX-TILE, AMX-BF16; leaf 0x1D palette 1 with 8
+ * tiles of 16 rows of 64 bytes; leaf 0x1E: the multiplier takes 16 x 64 bytes), of the OS (XCR0:
+ * XTILECFG and XTILEDATA state enabled) and of Linux, which hands the 8 KiB tile state to a
+ * process only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; without it the first
+ * tile instruction faults). *why says what was missing. */
+static int cpu_has_amx(const char **why) {
+#if defined(__x86_64__) && defined(__linux__)
+    static char refused[96];
+    unsigned a, b, c, d;
+    *why = "this CPU has no AMX";
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return 0;
+    if (__get_cpuid_max(0, NULL) < 0x1E) return 0;
+    *why = "the OS has not enabled the AMX tile state (XCR0)";
+    if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0x60000u) != 0x60000u) return 0; /* XTILECFG (bit 17), XTILEDATA (bit 18) */
+    *why = "this CPU's AMX palette is not 8 tiles of 16 x 64 bytes";
+    __get_cpuid_count(0x1D, 0, &a, &b, &c, &d);
+    if (a < 1) return 0; /* highest palette */
+    __get_cpuid_count(0x1D, 1, &a, &b, &c, &d);
+    if ((b & 0xFFFFu) < 64 || (b >> 16) < 8 || (c & 0xFFFFu) < 16) return 0; /* bytes a row, names, rows */
+    __get_cpuid_count(0x1E, 0, &a, &b, &c, &d);
+    if ((b & 0xFFu) < 16 || ((b >> 8) & 0xFFFFu) < 64) return 0; /* tmul_maxk, tmul_maxn */
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) != 0) {
+        snprintf(refused, sizeof refused, "Linux refused the AMX tile state (arch_prctl: errno %d)", errno);
+        *why = refused;
+        return 0;
+    }
+    *why = NULL;
+    return 1;
+#else
+    *why = "AMX is detected on x86-64 Linux only";
+    return 0;
+#endif
+}
+
+static const char *amx_missing; /* why not, once asked */
+
+/* Asked once (the answer is stored atomically: the first callers may be several threads; asking
+ * twice is harmless, arch_prctl grants the same permission again). */
+int ctrl_cpu_has_amx(void) {
+    static int cpu = -1;
+    int v = __atomic_load_n(&cpu, __ATOMIC_ACQUIRE);
+    if (v < 0) {
+        const char *why = "this build has no AMX kernel (its compiler lacks the AMX intrinsics)";
+        v = ctrl_bf16_amx_kernel.tile != NULL && ctrl_cpu_gemm_bf16_compiled() && cpu_has_amx(&why);
+        __atomic_store_n(&amx_missing, why, __ATOMIC_RELAXED);
+        __atomic_store_n(&cpu, v, __ATOMIC_RELEASE);
+    }
+    return v;
+}
+
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+ctrl_cpu_bf16_kind ctrl_cpu_bf16_kind_now(void) {
+    if (!ctrl_cpu_has_avx512bf16()) return CTRL_CPU_BF16_FP32;
+    if (getenv("CTRL_NO_AMX")) return CTRL_CPU_BF16_AVX512;
+    if (env_on("CTRL_AMX_EMULATE")) return CTRL_CPU_BF16_AMX_EMULATED;
+    return ctrl_cpu_has_amx() ? CTRL_CPU_BF16_AMX : CTRL_CPU_BF16_AVX512;
+}
+
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                            int accumulate) {
     if (ctrl_cpu_gemm_bf16_nt_avx512(C, A, B, M, N, K, accumulate) == 0) return;
@@ -129,10 +202,24 @@ static void bias_grad(float *dbias, const float *dout, int T, int OUT) {
 }
 
 const char *ctrl_cpu_bf16_path(int *fast) {
-    *fast = ctrl_cpu_has_avx512bf16();
-    if (*fast) return "AVX-512 BF16 (vdpbf16ps, blocked GEMM)";
+    static char avx[160];
+    const ctrl_cpu_bf16_kind kind = ctrl_cpu_bf16_kind_now();
+    *fast = kind != CTRL_CPU_BF16_FP32;
+    switch (kind) {
+    case CTRL_CPU_BF16_AMX: return "AMX tiles (tdpbf16ps, blocked GEMM)";
+    case CTRL_CPU_BF16_AMX_EMULATED:
+        return "AMX tiles emulated in software (CTRL_AMX_EMULATE: for tests, slow; tdpbf16ps as the "
+               "Intel SDM defines it)";
+    case CTRL_CPU_BF16_AVX512:
+        if (ctrl_cpu_has_amx()) /* then CTRL_NO_AMX chose this */
+            return "AVX-512 BF16 (vdpbf16ps, blocked GEMM; AMX turned off by CTRL_NO_AMX)";
+        snprintf(avx, sizeof avx, "AVX-512 BF16 (vdpbf16ps, blocked GEMM; no AMX: %s)",
+                 __atomic_load_n(&amx_missing, __ATOMIC_RELAXED));
+        return avx;
+    default: break;
+    }
     if (getenv("CTRL_NO_AVX512BF16") && ctrl_cpu_gemm_bf16_compiled() && cpu_has_avx512bf16())
-        return "fp32 SGEMM on bf16-rounded inputs (AVX-512 BF16 turned off by CTRL_NO_AVX512BF16)";
+        return "fp32 SGEMM on bf16-rounded inputs (AVX-512 BF16 and AMX turned off by CTRL_NO_AVX512BF16)";
     return ctrl_cpu_gemm_bf16_compiled()
                ? "fp32 SGEMM on bf16-rounded inputs (this CPU has no AVX-512 BF16)"
                : "fp32 SGEMM on bf16-rounded inputs (built without AVX-512 BF16 code)";

@@ -54,6 +54,21 @@ void ctrl_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 /* dst = src rounded to the nearest bf16 value, kept in fp32 (dst may be src). */
 void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n);
 int ctrl_cpu_has_avx512bf16(void);
+/* The bf16 GEMM's path, picked at run time (environment switches read at each call, so tests flip
+ * them): AMX tiles where cpuid reports amx_tile and amx_bf16, XCR0 has the tile state enabled and
+ * Linux grants it to the process (arch_prctl ARCH_REQ_XCOMP_PERM), unless CTRL_NO_AMX is set; else
+ * AVX-512 BF16 (ctrl_cpu_has_avx512bf16); else fp32. CTRL_NO_AVX512BF16 turns off both (AMX's
+ * packing is AVX-512 code). CTRL_AMX_EMULATE=1 (tests only; slow) runs the AMX kernel on the
+ * software emulation of its instructions (kernels/cpu/amx_emu.h) where AVX-512 BF16 is on and
+ * CTRL_NO_AMX is not set. ctrl_cpu_has_amx: the CPU, the OS and Linux allow AMX (no switch read). */
+typedef enum ctrl_cpu_bf16_kind {
+    CTRL_CPU_BF16_FP32 = 0,     /* no bf16 instructions: SGEMM on bf16-rounded inputs */
+    CTRL_CPU_BF16_AVX512,       /* vdpbf16ps register tiles */
+    CTRL_CPU_BF16_AMX,          /* tdpbf16ps on AMX tiles */
+    CTRL_CPU_BF16_AMX_EMULATED, /* the AMX kernel on emulated instructions */
+} ctrl_cpu_bf16_kind;
+ctrl_cpu_bf16_kind ctrl_cpu_bf16_kind_now(void);
+int ctrl_cpu_has_amx(void);
 /* How bf16 linear layers run here, in words; *fast = 0 where that is no faster than fp32. */
 const char *ctrl_cpu_bf16_path(int *fast);
 /* Row-major C = alpha op(A) op(B) + beta C over typed operands (A, B of `ab`; C of `c`: fp32 x fp32
@@ -63,12 +78,13 @@ int ctrl_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, co
                   const void *B, int ldb, float beta, void *C, int ldc, ctrl_dtype ab, ctrl_dtype c);
 void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                            int accumulate);
-/* The blocked AVX-512 BF16 GEMM (gemm_bf16.c), as cblas_sgemm row-major with alpha 1:
+/* The blocked bf16 GEMM (gemm_bf16.c; AMX tiles or AVX-512 BF16, ctrl_cpu_bf16_kind_now), as
+ * cblas_sgemm row-major with alpha 1:
  * C[M,N] = (accumulate ? C : 0) + op(A) op(B), op(A)[M,K] = trans_a ? A^T (A stored [K,M]) : A,
  * op(B)[K,N] = trans_b ? B^T (B stored [N,K]) : B; fp32 inputs are rounded to bf16 as they are packed,
- * products accumulate in fp32. Returns 0, or -1 (C untouched) without AVX-512 BF16 or scratch memory.
- * A few rows (M <= 4) times B^T (x W^T while decoding) read B once, rounding it in registers.
- * ctrl_cpu_gemm_bf16_nt_avx512: the same on bf16 inputs, C[M,N] (+)= A[M,K] B[N,K]^T.
+ * products accumulate in fp32. Returns 0, or -1 (C untouched) on the fp32 path or without scratch memory.
+ * A few rows (M <= 4) times B^T (x W^T while decoding) read B once, rounding it in registers (AVX-512).
+ * ctrl_cpu_gemm_bf16_nt_avx512: the same on bf16 inputs, C[M,N] (+)= A[M,K] B[N,K]^T (on AMX too).
  * ctrl_cpu_gemm_bf16_compiled: 1 when this build has the AVX-512 BF16 code at all. */
 int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
                        int ldb, float *C, int ldc, int accumulate);

@@ -1,23 +1,27 @@
-/* The blocked bf16 GEMM on AVX-512 BF16 (vdpbf16ps): C[M,N] (+)= op(A)[M,K] op(B)[K,N] with the
- * inputs rounded to bf16 as they are packed (fp32 sources, or bf16 ones) and fp32 accumulation.
+/* The blocked bf16 GEMM: C[M,N] (+)= op(A)[M,K] op(B)[K,N] with the inputs rounded to bf16 as they
+ * are packed (fp32 sources, or bf16 ones) and fp32 accumulation, on the best micro-kernel the CPU
+ * has (picked at run time, bf16.c: ctrl_cpu_bf16_kind): AMX tiles (gemm_amx.c), or the AVX-512
+ * BF16 register tile below.
  *
- * Blocking in the usual way for a packed-panel GEMM: for each block of NC columns and KC = 384 of
- * the depth, B[KC, NC] is rounded and packed into panels of NR = 48 columns, each a run of (k, k+1)
- * pairs (one 512-bit load holds 16 columns' pairs); then each block of MC = 192 rows of A is packed
- * into panels of MR = 8 rows the same way, and an 8 x 48 register tile (24 accumulators) walks the
- * depth: per pair of k, 3 loads of B, 8 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (36 KiB)
- * stays in L1 while the A block (144 KiB) streams from L2; the tile's rows of C are prefetched as it
- * starts. Packing goes 16 rows at a time: rows along K are rounded, narrowed and transposed 16 x 16
- * in registers; rows along M or N (the transposed operands) are read two source rows at a time.
- * K odd or not a multiple of KC: the last pair is padded with zero; edges of M and N: the tile is
- * computed whole on zero padding and stored under masks. op(X) is X or X^T as stored row-major, so
- * the three products a linear layer needs (x W^T, dout W, dout^T x) run without transposed copies.
- * AMX (TDPBF16PS) is not here: the CPUs this was written on have none to test it. */
+ * Blocking in the usual way for a packed-panel GEMM: for each block of nc columns and kc of the
+ * depth, B[kc, nc] is rounded and packed into panels of nr columns, each a run of (k, k+1) pairs
+ * (gemm_bf16_kernel.h has the layouts); then each block of mc rows of A is packed, and the
+ * kernel's tile walks the depth against one B panel after another. AVX-512 BF16: kc = 384, mc =
+ * 192, panels of 48 columns; an 8 x 48 register tile (24 accumulators) takes per pair of k 3 loads
+ * of B, 8 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (36 KiB) stays in L1 while the A block
+ * (144 KiB) streams from L2; the tile's rows of C are prefetched as it starts. Packing goes 16 rows
+ * at a time: rows along K are rounded, narrowed and transposed 16 x 16 in registers; rows along M
+ * or N (the transposed operands) are read two source rows at a time; AMX's A tiles (rows of pairs)
+ * are the same 16 x 16 blocks untransposed. K odd or not a multiple of kc: the last pair is padded
+ * with zero; edges of M and N: the tile is computed whole on padding and stored under masks. op(X)
+ * is X or X^T as stored row-major, so the three products a linear layer needs (x W^T, dout W,
+ * dout^T x) run without transposed copies. */
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/gemm_bf16_kernel.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -25,11 +29,8 @@
 
 #if defined(__x86_64__) &&                                                                                   \
     ((defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 11))
-#define MR 8
+#define MR 8 /* the AVX-512 register tile */
 #define NR 48
-#define KC 384     /* depth per block (even) */
-#define MC 192     /* rows of A per block (a multiple of MR and of 16) */
-#define NC 8160    /* columns of B per block (a multiple of NR and of 16) */
 #define FEW_ROWS 4 /* up to this many rows of A, x W^T runs without packing (gemm_few) */
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
@@ -93,19 +94,19 @@ TARGET static void transpose16(__m512i r[16]) {
     }
 }
 
-/* The packed layout of a block of rows (MR or NR = W rows per panel, panels kc2 x W apart): pair k2
- * of block row r at dst[(r / W) * kc2 * W + k2 * W + r % W]. A group of 16 rows is two halves of 8
- * (W is a multiple of 8), each within one panel: where each half's pair 0 goes, NULL past the last
- * panel (alloc rows). */
+/* The packed layout of a block of rows (W rows per panel, panels kp x W apart): pair k2 of block
+ * row r at dst[(r / W) * kp * W + k2 * W + r % W]. A group of 16 rows is two halves of 8 (W is a
+ * multiple of 8), each within one panel: where each half's pair 0 goes, NULL past the last panel
+ * (alloc rows). */
 typedef struct halves {
     uint32_t *d[2];
     int W;
 } halves;
 
-static halves halves_of(uint32_t *dst, int W, int kc2, int r, int alloc) {
+static halves halves_of(uint32_t *dst, int W, int kp, int r, int alloc) {
     halves h = {{NULL, NULL}, W};
     for (int i = 0; i < 2; i++, r += 8)
-        if (r < alloc) h.d[i] = dst + (size_t)(r / W) * kc2 * W + r % W;
+        if (r < alloc) h.d[i] = dst + (size_t)(r / W) * kp * W + r % W;
     return h;
 }
 
@@ -116,13 +117,36 @@ TARGET static inline void store16(const halves *h, int k2, __m512i v) {
         _mm256_storeu_si256((__m256i *)(h->d[1] + (size_t)k2 * h->W), _mm512_extracti64x4_epi64(v, 1));
 }
 
+/* Values [k, k + 32) (those < kend; 0 past it) of 16 rows of a fp32 operand whose rows are
+ * contiguous (k_contig), the rows from `row` on (n of them; 0 after), rounded: v[i] = row i's 16
+ * pairs. */
+TARGET static void rows16(__m512i v[16], const operand *o, int row, int n, int k, int kend) {
+    const int left = kend - k;
+    const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
+    const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1u) : 0;
+    for (int i = 0; i < 16; i++) {
+        if (i >= n) {
+            v[i] = _mm512_setzero_si512();
+            continue;
+        }
+        const float *src = (const float *)o->p + (size_t)(row + i) * o->ld + k;
+        /* 16 rows far apart: the hardware prefetcher does not keep up; fetch two chunks ahead */
+        _mm_prefetch((const char *)(src + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(src + 80), _MM_HINT_T0);
+        const __m256i a = _mm512_cvtepi32_epi16(round16(_mm512_maskz_loadu_ps(m0, src)));
+        const __m256i b = _mm512_cvtepi32_epi16(round16(_mm512_maskz_loadu_ps(m1, src + 16)));
+        v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    }
+}
+
 /* Packs block rows [r, r + 16) (n of them valid, zeros after) of depth [k0, k0 + kc) into the layout
- * above; the block's row 0 is operand row r0. */
+ * above, panels kp pairs deep (pairs past the depth: 0); the block's row 0 is operand row r0. */
 TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int r0, int r, int n, int k0,
-                          int kc) {
+                          int kc, int kp) {
     const int kc2 = (kc + 1) / 2;
     const __mmask16 rows = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
-    const halves h = halves_of(dst, W, kc2, r, alloc);
+    const halves h = halves_of(dst, W, kp, r, alloc);
+    for (int k2 = kc2; k2 < kp; k2++) store16(&h, k2, _mm512_setzero_si512());
     if (o->bf16) {
         for (int k2 = 0; k2 < kc2; k2++) {
             uint32_t v[16];
@@ -150,44 +174,32 @@ TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int
     }
     /* each row's values are contiguous: 32 of them make 16 pairs; 16 rows of those, transposed */
     for (int k = 0; k < kc; k += 32) {
-        const int left = kc - k;
-        const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u);
-        const __mmask16 m1 = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1u) : 0;
         __m512i v[16];
-        for (int i = 0; i < 16; i++) {
-            if (i >= n) {
-                v[i] = _mm512_setzero_si512();
-                continue;
-            }
-            const float *src = p + (size_t)(r0 + r + i) * o->ld + k0 + k;
-            /* 16 rows far apart: the hardware prefetcher does not keep up; fetch two chunks ahead */
-            _mm_prefetch((const char *)(src + 64), _MM_HINT_T0);
-            _mm_prefetch((const char *)(src + 80), _MM_HINT_T0);
-            const __m256i a = _mm512_cvtepi32_epi16(round16(_mm512_maskz_loadu_ps(m0, src)));
-            const __m256i b = _mm512_cvtepi32_epi16(round16(_mm512_maskz_loadu_ps(m1, src + 16)));
-            v[i] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-        }
+        rows16(v, o, r0 + r, n, k0 + k, k0 + kc);
         transpose16(v);
-        const int np = left >= 32 ? 16 : (left + 1) / 2;
+        const int left = kc - k, np = left >= 32 ? 16 : (left + 1) / 2;
         for (int q = 0; q < np; q++) store16(&h, k / 2 + q, v[q]);
     }
 }
 
-/* Block rows [0, n) packed into panels of W (alloc = n rounded up to W), the groups of 16 rows in
- * [g0, g1). Where the rows lie side by side in the source (k_contig = 0), the source rows are read
- * whole, all groups at once, pair by pair. */
-TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int g0,
-                              int g1) {
+/* Block rows [0, n) packed into panels of W (alloc = n rounded up to W) kp pairs deep, the groups of
+ * 16 rows in [g0, g1). Where the rows lie side by side in the source (k_contig = 0), the source
+ * rows are read whole, all groups at once, pair by pair. */
+TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
+                              int g0, int g1) {
     const int alloc = (n + W - 1) / W * W, kc2 = (kc + 1) / 2;
-    if (o->k_contig || o->bf16 || g1 - g0 > NC / 16) {
+    if (o->k_contig || o->bf16 || g1 - g0 > CTRL_BF16_NC_MAX / 16) {
         for (int g = g0; g < g1; g++) {
             const int r = 16 * g;
-            pack16(dst, W, alloc, o, r0, r, n - r < 16 ? n - r : 16, k0, kc);
+            pack16(dst, W, alloc, o, r0, r, n - r < 16 ? n - r : 16, k0, kc, kp);
         }
         return;
     }
-    halves hs[NC / 16];
-    for (int g = g0; g < g1; g++) hs[g - g0] = halves_of(dst, W, kc2, 16 * g, alloc);
+    halves hs[CTRL_BF16_NC_MAX / 16];
+    for (int g = g0; g < g1; g++) {
+        hs[g - g0] = halves_of(dst, W, kp, 16 * g, alloc);
+        for (int k2 = kc2; k2 < kp; k2++) store16(&hs[g - g0], k2, _mm512_setzero_si512());
+    }
     const float *p = o->p;
     for (int k2 = 0; k2 < kc2; k2++) {
         const float *lo = p + (size_t)(k0 + 2 * k2) * o->ld + r0, *hi = 2 * k2 + 1 < kc ? lo + o->ld : NULL;
@@ -201,6 +213,36 @@ TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, in
                 _mm_prefetch((const char *)(lo + 2 * o->ld + r), _MM_HINT_T0);
                 _mm_prefetch((const char *)(lo + 3 * o->ld + r), _MM_HINT_T0);
             }
+        }
+    }
+}
+
+/* Block rows [0, n) as AMX's A tiles (a_rows in gemm_bf16_kernel.h): groups of 16 rows, each kp / 16
+ * tiles of 16 rows x 16 pairs, up to n rounded up to 32 rows (the groups past n: zeros). A fp32
+ * operand with contiguous rows is rounded straight into rows of pairs; the others are packed as
+ * pairs of rows (pack16) and each 16 x 16 tile transposed in place. */
+TARGET static void pack_rows(uint32_t *dst, const operand *o, int r0, int n, int k0, int kc, int kp) {
+    const int groups = (n + 31) / 32 * 2;
+    for (int g = 0; g < groups; g++) {
+        const int r = 16 * g, valid = n - r < 16 ? n - r : 16;
+        uint32_t *d = dst + (size_t)r * kp;
+        if (valid <= 0) {
+            memset(d, 0, sizeof(uint32_t) * 16 * (size_t)kp);
+            continue;
+        }
+        __m512i v[16];
+        if (!o->bf16 && o->k_contig) {
+            for (int s = 0; s < kp / 16; s++) {
+                rows16(v, o, r0 + r, valid, k0 + 32 * s, k0 + kc);
+                for (int i = 0; i < 16; i++) _mm512_storeu_si512(d + 256 * s + 16 * i, v[i]);
+            }
+            continue;
+        }
+        pack16(dst, 16, (n + 15) / 16 * 16, o, r0, r, valid, k0, kc, kp);
+        for (int s = 0; s < kp / 16; s++) {
+            for (int j = 0; j < 16; j++) v[j] = _mm512_loadu_si512(d + 256 * s + 16 * j);
+            transpose16(v);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(d + 256 * s + 16 * i, v[i]);
         }
     }
 }
@@ -248,15 +290,20 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
     }
 }
 
-static int gemm_blocked(int M, int N, int K, const operand *A, const operand *B, float *C, size_t ldc,
-                        int accumulate) {
-    const int ncmax = N < NC ? (N + NR - 1) / NR * NR : NC;
-    uint32_t *bp = aligned_alloc(64, sizeof(uint32_t) * (size_t)(KC / 2) * ncmax);
+static const ctrl_bf16_kernel avx512_kernel = {
+    .mr = MR, .nr = NR, .kc = 384, .mc = 192, .nc = 8160, .kpad = 1, .a_rows = 0, .tile = tile};
+
+static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const operand *A, const operand *B,
+                        float *C, size_t ldc, int accumulate) {
+    const int kr = kk->mr, kn = kk->nr, KC = kk->kc, MC = kk->mc, NC = kk->nc;
+    const int kpmax = (KC / 2 + kk->kpad - 1) / kk->kpad * kk->kpad;
+    const int ncmax = N < NC ? (N + kn - 1) / kn * kn : NC;
+    uint32_t *bp = aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
     if (!bp) return -1;
     int failed = 0;
 #pragma omp parallel
     {
-        uint32_t *ap = aligned_alloc(64, sizeof(uint32_t) * (size_t)(KC / 2) * MC);
+        uint32_t *ap = aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * MC);
         if (!ap) {
 #pragma omp atomic write
             failed = 1;
@@ -266,14 +313,16 @@ static int gemm_blocked(int M, int N, int K, const operand *A, const operand *B,
 #else
         const int nth = 1;
 #endif
+        if (kk->begin) kk->begin();
         for (int jc = 0; jc < N; jc += NC) {
-            const int nc = N - jc < NC ? N - jc : NC, npanels = (nc + NR - 1) / NR;
+            const int nc = N - jc < NC ? N - jc : NC, npanels = (nc + kn - 1) / kn;
             for (int pc = 0; pc < K; pc += KC) {
-                const int kc = K - pc < KC ? K - pc : KC, kc2 = (kc + 1) / 2;
+                const int kc = K - pc < KC ? K - pc : KC;
+                const int kp = ((kc + 1) / 2 + kk->kpad - 1) / kk->kpad * kk->kpad;
                 const int ngroups = (nc + 15) / 16;
 #pragma omp for schedule(static)
                 for (int t = 0; t < nth; t++)
-                    pack_block(bp, NR, B, jc, nc, pc, kc, ngroups * t / nth, ngroups * (t + 1) / nth);
+                    pack_block(bp, kn, B, jc, nc, pc, kc, kp, ngroups * t / nth, ngroups * (t + 1) / nth);
                 /* work items: blocks of MC rows, each split across the columns when there are
                  * fewer blocks than threads (few tokens: decoding) */
                 const int mblocks = (M + MC - 1) / MC;
@@ -283,22 +332,37 @@ static int gemm_blocked(int M, int N, int K, const operand *A, const operand *B,
                     if (!ap) continue;
                     const int ic = (w / nsplit) * MC, s = w % nsplit, mc = M - ic < MC ? M - ic : MC;
                     const int p0 = npanels * s / nsplit, p1 = npanels * (s + 1) / nsplit;
-                    pack_block(ap, MR, A, ic, mc, pc, kc, 0, (mc + 15) / 16);
+                    if (kk->a_rows)
+                        pack_rows(ap, A, ic, mc, pc, kc, kp);
+                    else
+                        pack_block(ap, kr, A, ic, mc, pc, kc, kp, 0, (mc + 15) / 16);
                     for (int p = p0; p < p1; p++) {
-                        const int n = nc - p * NR < NR ? nc - p * NR : NR;
-                        for (int i = 0; i < mc; i += MR)
-                            tile(kc2, ap + (size_t)i * kc2, bp + (size_t)p * kc2 * NR,
-                                 C + (size_t)(ic + i) * ldc + jc + p * NR, ldc, mc - i < MR ? mc - i : MR, n,
-                                 accumulate || pc > 0);
+                        const int n = nc - p * kn < kn ? nc - p * kn : kn;
+                        for (int i = 0; i < mc; i += kr)
+                            kk->tile(kp, ap + (size_t)i * kp, bp + (size_t)p * kp * kn,
+                                     C + (size_t)(ic + i) * ldc + jc + p * kn, ldc, mc - i < kr ? mc - i : kr,
+                                     n, accumulate || pc > 0);
                     }
                 }
             }
         }
+        if (kk->end) kk->end();
         free(ap);
     }
     free(bp);
     return failed ? -1 : 0;
 }
+
+/* The micro-kernel ctrl_cpu_gemm_bf16 runs now (NULL: none, the caller falls back to fp32). */
+static const ctrl_bf16_kernel *kernel_now(void) {
+    switch (ctrl_cpu_bf16_kind_now()) {
+    case CTRL_CPU_BF16_AMX: return &ctrl_bf16_amx_kernel;
+    case CTRL_CPU_BF16_AMX_EMULATED: return &ctrl_bf16_amx_emu_kernel;
+    case CTRL_CPU_BF16_AVX512: return &avx512_kernel;
+    default: return NULL;
+    }
+}
+
 /* Few rows of A against B stored [N, K] (decoding: a handful of tokens through a linear layer):
  * C[M, N] (+)= A B^T with B read once, 4 of its rows at a time, rounded in registers (vcvtne2ps2bf16
  * rounds to nearest even, as round_bf16) instead of packed: packing would cost more than the
@@ -365,7 +429,8 @@ static int gemm_few(int M, int N, int K, const float *A, size_t lda, const float
 int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
                        int ldb, float *C, int ldc, int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    if (!ctrl_cpu_has_avx512bf16()) return -1;
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!kk) return -1;
     if (M <= 0 || N <= 0) return 0;
     const operand a = {A, 0, !trans_a, (size_t)lda}, b = {B, 0, trans_b, (size_t)ldb};
     if (K <= 0) { /* an empty sum */
@@ -375,7 +440,7 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
     }
     if (M <= FEW_ROWS && !trans_a && trans_b)
         return gemm_few(M, N, K, A, (size_t)lda, B, (size_t)ldb, C, (size_t)ldc, accumulate);
-    return gemm_blocked(M, N, K, &a, &b, C, (size_t)ldc, accumulate);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate);
 #else
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
     (void)ldc, (void)accumulate;
@@ -386,10 +451,11 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
 int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                                  int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    if (!ctrl_cpu_has_avx512bf16()) return -1;
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!kk) return -1;
     if (M <= 0 || N <= 0 || K <= 0) return -1;
     const operand a = {A, 1, 1, (size_t)K}, b = {B, 1, 1, (size_t)K};
-    return gemm_blocked(M, N, K, &a, &b, C, (size_t)N, accumulate);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate);
 #else
     (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)accumulate;
     return -1;

@@ -1,11 +1,14 @@
 /* The blocked bf16 GEMM (kernels/cpu/gemm_bf16.c) and the bf16 linear layer on it, against an fp64
  * reference computed from the bf16-rounded inputs: all four orientations (the model uses three:
- * x W^T, dout W, dout^T x), odd shapes (edges of the 6 x 64 tile, K odd, K past the 256 depth block,
- * M past the 192-row block, N past the 4096-column block), leading dimensions wider than the rows,
- * accumulate on and off; the rounding done while packing equals ctrl_cpu_round_to_bf16 bit for bit
- * (ties, overflow to infinity) in both packing directions. ctest runs this file twice: as is (the
- * AVX-512 BF16 path where the CPU has it) and with CTRL_NO_AVX512BF16=1 (test_gemm_bf16_portable),
- * where ctrl_cpu_gemm_bf16 must refuse (-1, C untouched) and the linear layer must still agree. */
+ * x W^T, dout W, dout^T x), odd shapes (edges of the 8 x 48 and the 32 x 32 tiles, K odd, K past
+ * the 384 and 512 depth blocks, M past the 192- and 256-row blocks, N past the 8160- and
+ * 8192-column blocks), leading dimensions wider than the rows, accumulate on and off; the rounding
+ * done while packing equals ctrl_cpu_round_to_bf16 bit for bit (ties, overflow to infinity) in
+ * both packing directions; the dispatch follows its switches. ctest runs this file four times: as
+ * is (AMX where the CPU has it, else AVX-512 BF16), with CTRL_AMX_EMULATE=1 (test_gemm_bf16_amx:
+ * the AMX kernel on the emulated instructions, where AVX-512 BF16 runs), with CTRL_NO_AMX=1
+ * (test_gemm_bf16_no_amx) and with CTRL_NO_AVX512BF16=1 (test_gemm_bf16_portable), where
+ * ctrl_cpu_gemm_bf16 must refuse (-1, C untouched) and the linear layer must still agree. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,10 +45,12 @@ static void reference(double *R, double *S, int ta, int tb, int M, int N, int K,
 }
 
 TEST(all_orientations_odd_shapes_against_fp64) {
-    static const int shapes[][3] = {{1, 1, 1},      {7, 65, 33},  {6, 64, 2},   {13, 130, 257},
-                                    {200, 70, 515}, {5, 129, 31}, {3, 4100, 5}, {37, 17, 1}};
-    const int fast = ctrl_cpu_has_avx512bf16();
-    printf("  AVX-512 BF16 path: %s\n", fast ? "on" : "off (ctrl_cpu_gemm_bf16 must refuse)");
+    static const int shapes[][3] = {{1, 1, 1},      {7, 65, 33},  {6, 64, 2},    {13, 130, 257},
+                                    {200, 70, 515}, {5, 129, 31}, {3, 4100, 5},  {37, 17, 1},
+                                    {300, 33, 40},  {5, 8200, 3}, {33, 31, 1030}};
+    int fast;
+    const char *path = ctrl_cpu_bf16_path(&fast);
+    printf("  path: %s%s\n", path, fast ? "" : " (ctrl_cpu_gemm_bf16 must refuse)");
     unsigned seed = 3;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int o = 0; o < 4; o++) {
@@ -248,4 +253,70 @@ TEST(few_rows_match_blocked) {
         for (int i = 0; i < M * N; i++) e = fmax(e, fabs(C2[i] - 1.0f - C1[i]));
         CHECK_MSG(e < 1e-5, "M %d: %.3g from the blocked path", M, e);
     }
+}
+
+/* The path follows CTRL_NO_AVX512BF16, CTRL_NO_AMX and CTRL_AMX_EMULATE, read at each call; each
+ * kernel that runs here gives the product within the fp32 bound, and the emulated AMX kernel is a
+ * different kernel from AVX-512's (another summation order: not bit for bit the same sums). */
+static void set_env(const char *k, const char *v) {
+    if (v)
+        setenv(k, v, 1);
+    else
+        unsetenv(k);
+}
+
+TEST(dispatch_follows_the_switches) {
+    static const char *names[3] = {"CTRL_NO_AVX512BF16", "CTRL_NO_AMX", "CTRL_AMX_EMULATE"};
+    char *saved[3];
+    for (int i = 0; i < 3; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    for (int i = 0; i < 3; i++) unsetenv(names[i]);
+    const ctrl_cpu_bf16_kind base = ctrl_cpu_bf16_kind_now();
+    const int avx = base != CTRL_CPU_BF16_FP32, amx = ctrl_cpu_has_amx();
+    int fast;
+    printf("  this CPU: %s\n", ctrl_cpu_bf16_path(&fast));
+    CHECK_EQ_INT(base, (amx ? CTRL_CPU_BF16_AMX : avx ? CTRL_CPU_BF16_AVX512 : CTRL_CPU_BF16_FP32));
+    CHECK_EQ_INT(fast, avx);
+    if (avx && !amx) CHECK_CONTAINS(ctrl_cpu_bf16_path(&fast), "no AMX: ");
+
+    enum { M = 32, N = 32, K = 512 };
+    unsigned seed = 21;
+    float *A = malloc(sizeof(float) * M * K), *B = malloc(sizeof(float) * N * K);
+    float C[3][M * N];
+    double R[M * N], S[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = frand(&seed);
+    for (int i = 0; i < N * K; i++) B[i] = frand(&seed);
+    reference(R, S, 0, 1, M, N, K, A, K, B, K);
+    static const struct {
+        const char *no_avx, *no_amx, *emulate;
+        int kind; /* when the CPU has AVX-512 BF16 (else: fp32) */
+    } cases[] = {{NULL, NULL, "1", CTRL_CPU_BF16_AMX_EMULATED},
+                 {NULL, NULL, "0", -1}, /* "0": not emulated, the CPU's own path */
+                 {NULL, "1", "1", CTRL_CPU_BF16_AVX512},
+                 {"1", NULL, "1", CTRL_CPU_BF16_FP32}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        set_env(names[0], cases[c].no_avx), set_env(names[1], cases[c].no_amx),
+            set_env(names[2], cases[c].emulate);
+        const int want = !avx ? CTRL_CPU_BF16_FP32 : cases[c].kind < 0 ? (int)base : cases[c].kind;
+        const int kind = ctrl_cpu_bf16_kind_now();
+        const char *path = ctrl_cpu_bf16_path(&fast);
+        CHECK_MSG(kind == want, "case %zu: path %d, want %d (%s)", c, kind, want, path);
+        CHECK_EQ_INT(fast, (want != CTRL_CPU_BF16_FP32));
+        if (want == CTRL_CPU_BF16_AMX_EMULATED) CHECK_CONTAINS(path, "emulated");
+        if (want == CTRL_CPU_BF16_AVX512 && amx) CHECK_CONTAINS(path, "CTRL_NO_AMX");
+        if (want == CTRL_CPU_BF16_FP32 && avx) CHECK_CONTAINS(path, "CTRL_NO_AVX512BF16");
+        const int slot = want == CTRL_CPU_BF16_AMX_EMULATED ? 0 : want == CTRL_CPU_BF16_AVX512 ? 1 : 2;
+        const int rc = ctrl_cpu_gemm_bf16(0, 1, M, N, K, A, K, B, K, C[slot], N, 0);
+        CHECK_EQ_INT(rc, want == CTRL_CPU_BF16_FP32 ? -1 : 0);
+        if (rc == 0) {
+            double worst = 0;
+            for (int i = 0; i < M * N; i++)
+                worst = fmax(worst, fabs(C[slot][i] - R[i]) / (1e-7 * (K + 2) * (S[i] + 1)));
+            CHECK_MSG(worst <= 1, "case %zu: error %.3g of the bound", c, worst);
+        }
+    }
+    if (avx)
+        CHECK_MSG(memcmp(C[0], C[1], sizeof C[0]) != 0,
+                  "the emulated AMX kernel gave AVX-512's sums bit for bit");
+    for (int i = 0; i < 3; i++) set_env(names[i], saved[i]), free(saved[i]);
+    free(A), free(B);
 }

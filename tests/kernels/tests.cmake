@@ -5,3 +5,13 @@ set_tests_properties(test_bf16_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_
 ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_gemm_bf16.c unit)
 add_test(NAME test_gemm_bf16_portable COMMAND test_gemm_bf16)
 set_tests_properties(test_gemm_bf16_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
+# The AMX kernel: its instructions' emulation on its own, then the GEMM tests run on the emulated AMX
+# kernel (the same source as the hardware path) and with AMX forced off.
+ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_gemm_bf16_amx_emu.c unit)
+add_test(NAME test_gemm_bf16_amx COMMAND test_gemm_bf16)
+set_tests_properties(test_gemm_bf16_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
+add_test(NAME test_gemm_bf16_no_amx COMMAND test_gemm_bf16)
+set_tests_properties(test_gemm_bf16_no_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AMX=1 TIMEOUT 120)
+# The model's bf16 parity with transformers (autocast) on the emulated AMX kernel.
+add_test(NAME test_model_parity_amx COMMAND test_model_parity)
+set_tests_properties(test_model_parity_amx PROPERTIES LABELS parity ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 300)
