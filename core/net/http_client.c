@@ -1,9 +1,12 @@
 /* See http_client.h. */
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -20,6 +23,58 @@ static ctrl_status parse_url(const char *url, char *host, size_t hcap, char *por
     memcpy(host, h, hl), host[hl] = '\0';
     snprintf(port, pcap, "%.*s", colon ? (int)(end - colon - 1) : 2, colon ? colon + 1 : "80");
     return CTRL_OK;
+}
+
+/* The value of header `name` among the response's header lines [head, end) (the status line
+ * first); NULL when absent. *vlen is its length, surrounding blanks removed. */
+static const char *header_value(const char *head, const char *end, const char *name, size_t *vlen) {
+    const size_t nl = strlen(name);
+    for (const char *line = head; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (!eol) eol = end;
+        if ((size_t)(eol - line) > nl && !strncasecmp(line, name, nl) && line[nl] == ':') {
+            const char *v = line + nl + 1, *ve = eol;
+            while (v < ve && (*v == ' ' || *v == '\t')) v++;
+            while (ve > v && isspace((unsigned char)ve[-1])) ve--;
+            *vlen = (size_t)(ve - v);
+            return v;
+        }
+        line = eol + 1;
+    }
+    return NULL;
+}
+
+int ctrl_http_dechunk(char *buf, size_t n, size_t *out_len) {
+    size_t r = 0, w = 0;
+    for (;;) {
+        /* the size line: hex digits, optional ";extensions", CRLF (a bare LF tolerated) */
+        size_t size = 0, digits = 0;
+        while (r < n && isxdigit((unsigned char)buf[r])) {
+            const int c = tolower((unsigned char)buf[r++]);
+            if (size > (SIZE_MAX >> 4)) return -1; /* overflow */
+            size = size * 16 + (size_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+            digits++;
+        }
+        if (!digits) return -1;
+        while (r < n && (buf[r] == ' ' || buf[r] == '\t')) r++;
+        if (r < n && buf[r] == ';') { /* chunk extensions: ignored */
+            const char *lf = memchr(buf + r, '\n', n - r);
+            r = lf ? (size_t)(lf - buf) : n;
+        }
+        if (r < n && buf[r] == '\r') r++;
+        if (r >= n || buf[r] != '\n') return -1; /* the size line must end here */
+        r++;                                     /* past LF */
+        if (size == 0) break;                    /* the last chunk: trailers (ignored) follow */
+        if (size > n - r) return -1;
+        memmove(buf + w, buf + r, size);
+        w += size, r += size;
+        if (r < n && buf[r] == '\r') r++;
+        if (r >= n || buf[r] != '\n') return -1; /* each chunk's data ends with CRLF */
+        r++;
+    }
+    *out_len = w;
+    buf[w] = '\0';
+    return 0;
 }
 
 static ctrl_status send_all(int fd, const char *p, size_t n, const char *url) {
@@ -97,8 +152,30 @@ static ctrl_status request(const char *base, const char *path, const char *metho
         free(buf);
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: malformed HTTP response", url);
     }
-    out->len = n - (size_t)(sep + 4 - buf);
-    memmove(buf, sep + 4, out->len + 1);
+    size_t tlen = 0, clen = 0, body_len = n - (size_t)(sep + 4 - buf);
+    const char *te = header_value(buf, sep + 2, "Transfer-Encoding", &tlen);
+    const char *cl = header_value(buf, sep + 2, "Content-Length", &clen);
+    memmove(buf, sep + 4, body_len + 1);
+    if (te && tlen >= 7 && !strncasecmp(te + tlen - 7, "chunked", 7)) { /* chunked is always last */
+        if (ctrl_http_dechunk(buf, body_len, &body_len) != 0) {
+            free(buf);
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: malformed chunked response body", url);
+        }
+    } else if (te && tlen && strncasecmp(te, "identity", tlen)) {
+        free(buf);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: unsupported Transfer-Encoding '%.*s'", url, (int)tlen,
+                              te);
+    } else if (cl) {
+        char *end = NULL;
+        const unsigned long long want = strtoull(cl, &end, 10);
+        if (end == cl || end != cl + clen || want > body_len) {
+            free(buf);
+            return ctrl_error_set(CTRL_ERR_FORMAT, "%s: response body of %zu bytes, Content-Length says %.*s",
+                                  url, body_len, (int)clen, cl);
+        }
+        body_len = (size_t)want, buf[body_len] = '\0';
+    }
+    out->len = body_len;
     out->body = buf;
     return CTRL_OK;
 }
