@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <cJSON.h>
+
 #include "cli.h"
 #include "hub_cache.h"
 #include "serve/serve.h"
@@ -26,6 +28,7 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
     const char *rt = getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"); /* vLLM's switch for the same routes */
     o.runtime_lora = rt && (!strcmp(rt, "1") || !strcasecmp(rt, "true"));
     long kv_mb = (long)(o.kv_cache_bytes >> 20), body_kb = (long)(o.max_body >> 10);
+    int wtc = 0; /* --weight-transfer-config given */
     static const struct {
         const char *flag;
         long lo, hi;
@@ -38,12 +41,19 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
                 {"--timeout-s", 1, 86400},
                 {"--max-connections", 1, 65536},
                 {"--max-connections-per-ip", 0, 65536},
-                {"--drain-s", 0, 86400}};
-    int *const dst[] = {&o.port,       NULL,
-                        NULL,          &o.max_seqs,
-                        &o.max_queued, &o.prefill_chunk,
-                        &o.timeout_s,  &o.max_connections,
-                        &o.max_per_ip, &o.drain_s};
+                {"--drain-s", 0, 86400},
+                {"--weight-transfer-timeout-s", 1, 86400}};
+    int *const dst[] = {&o.port,
+                        NULL,
+                        NULL,
+                        &o.max_seqs,
+                        &o.max_queued,
+                        &o.prefill_chunk,
+                        &o.timeout_s,
+                        &o.max_connections,
+                        &o.max_per_ip,
+                        &o.drain_s,
+                        &o.weight_transfer_timeout_s};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--allow-runtime-lora-updating")) { /* a switch: no value */
@@ -86,16 +96,30 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
             o.lora_name[o.n_lora] = name, o.lora_dir[o.n_lora++] = eq + 1;
         } else if (!strcmp(k, "--api-key")) {
             o.api_key = v;
+        } else if (!strcmp(k, "--device")) {
+            o.device = v; /* checked when the server starts (ctrl_device_select names what is wrong) */
         } else if (!strcmp(k, "--weight-transfer-config")) { /* vLLM's flag, which TRL's errors name */
-            return cli_usage_error(&cli_cmd_serve,
-                                   "--weight-transfer-config: ctrl serve has no NCCL weight-transfer engine; "
-                                   "send new weights with POST /update_weights (a safetensors body), see "
-                                   "docs/serve.md");
+            /* the NCCL engine is always there on a CUDA device: only its own configuration is accepted */
+            cJSON *j = cJSON_Parse(v);
+            const cJSON *be = cJSON_GetObjectItemCaseSensitive(j, "backend");
+            const int ok = cJSON_IsObject(j) && cJSON_GetArraySize(j) == 1 && cJSON_IsString(be) &&
+                           !strcmp(be->valuestring, "nccl");
+            cJSON_Delete(j);
+            wtc = 1;
+            if (!ok)
+                return cli_usage_error(
+                    &cli_cmd_serve,
+                    "--weight-transfer-config %s: ctrl serve's engine is NCCL's: '{\"backend\": "
+                    "\"nccl\"}' (it needs --device cuda), see docs/serve.md",
+                    v);
         } else {
             return cli_usage_error(&cli_cmd_serve, "unexpected argument '%s'", k);
         }
     }
     if (!o.model_dir) return cli_usage_error(&cli_cmd_serve, "needs --model DIR");
+    if (wtc && !strcmp(o.device, "cpu"))
+        return cli_usage_error(&cli_cmd_serve,
+                               "--weight-transfer-config: the NCCL engine needs --device cuda");
     for (int j = 0; j < o.n_lora; j++)
         if (!strcmp(o.lora_name[j], o.model_dir))
             return cli_usage_error(&cli_cmd_serve, "--lora %s: the name is the served model's own",
@@ -114,14 +138,18 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
 
 const ctrl_command cli_cmd_serve = {
     .name = "serve",
-    .summary = "serve generation over HTTP (TRL vllm-serve /generate, OpenAI completions and chat, weights)",
+    .summary =
+        "serve generation over HTTP (OpenAI completions and chat as vLLM serves them, TRL's VLLMClient "
+        "with vLLM's NCCL weight sync on a GPU, ctrl's /generate and /update_weights)",
     .usage =
         "usage: ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb 256]\n"
         "                  [--kv-cache-dtype fp32|bf16] [--api-key KEY] [--max-body-kb 1024]\n"
         "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
         "                  [--timeout-s 30]"
         " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n"
-        "                  [--lora NAME=DIR ...] [--allow-runtime-lora-updating]\n\n"
+        "                  [--lora NAME=DIR ...] [--allow-runtime-lora-updating]\n"
+        "                  [--device cpu|cuda|auto] [--weight-transfer-config '{\"backend\": \"nccl\"}']\n"
+        "                  [--weight-transfer-timeout-s 300]\n\n"
         "GET /health, GET /v1/models, /server_info, /get_world_size; POST /generate {\"prompts\": [...] |\n"
         "\"prompt_token_ids\": [[...]], n, temperature, top_p, top_k, min_p, repetition_penalty,\n"
         "presence_penalty, frequency_penalty, max_tokens, seed} -> {prompt_ids, completion_ids, logprobs};\n"
@@ -148,6 +176,15 @@ const ctrl_command cli_cmd_serve = {
         "and the base are batched in the same engine steps. --allow-runtime-lora-updating (or vLLM's\n"
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True): POST /v1/load_lora_adapter {lora_name, lora_path} and\n"
         "/v1/unload_lora_adapter {lora_name} add and remove adapters while serving (else 404); requests\n"
-        "running under an unloaded adapter finish under it. See docs/serve.md.\n",
+        "running under an unloaded adapter finish under it.\n"
+        "--device cuda runs the model and its KV cache on the GPU (device 0: CUDA_VISIBLE_DEVICES picks "
+        "it).\n"
+        "There, vLLM's NCCL weight-transfer engine answers as TRL's VLLMClient drives it "
+        "(init_communicator,\n"
+        "update_named_param, update_model_params): POST /init_weight_transfer_engine {init_info} joins the\n"
+        "trainer's group (its TCPStore rendezvous, NCCL loaded from libnccl.so.2 or CTRL_NCCL_LIBRARY),\n"
+        "/start_weight_update, /update_weights {update_info: names, dtype_names, shapes[, packed]} receives\n"
+        "the broadcast tensors, /finish_weight_update flushes the prefix cache; an update that makes no\n"
+        "progress for --weight-transfer-timeout-s seconds is aborted. See docs/serve.md.\n",
     .run = run_serve,
 };

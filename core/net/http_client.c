@@ -153,8 +153,14 @@ static ctrl_status request(const char *base, const char *path, const char *metho
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: malformed HTTP response", url);
     }
     size_t tlen = 0, clen = 0, body_len = n - (size_t)(sep + 4 - buf);
-    const char *te = header_value(buf, sep + 2, "Transfer-Encoding", &tlen);
-    const char *cl = header_value(buf, sep + 2, "Content-Length", &clen);
+    const char *tv = header_value(buf, sep + 2, "Transfer-Encoding", &tlen);
+    const char *cv = header_value(buf, sep + 2, "Content-Length", &clen);
+    char te_buf[64] = "", cl_buf[32] = ""; /* copied out: the body moves over the headers */
+    const char *te = tv ? te_buf : NULL, *cl = cv ? cl_buf : NULL;
+    if (tv)
+        tlen = tlen < sizeof te_buf ? tlen : sizeof te_buf - 1, memcpy(te_buf, tv, tlen), te_buf[tlen] = '\0';
+    if (cv)
+        clen = clen < sizeof cl_buf ? clen : sizeof cl_buf - 1, memcpy(cl_buf, cv, clen), cl_buf[clen] = '\0';
     memmove(buf, sep + 4, body_len + 1);
     if (te && tlen >= 7 && !strncasecmp(te + tlen - 7, "chunked", 7)) { /* chunked is always last */
         if (ctrl_http_dechunk(buf, body_len, &body_len) != 0) {

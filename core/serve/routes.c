@@ -3,7 +3,7 @@
  * while draining), /v1/models, /server_info and /get_world_size (what TRL's VLLMClient asks),
  * /sleep, /wake_up, /reset_prefix_cache, /update_weights (weights.c does the work), the LoRA
  * load and unload routes (lora.c) and vLLM's
- * weight-transfer endpoints (NCCL: answered 501 naming /update_weights, see docs/serve.md). */
+ * NCCL weight-transfer endpoints (weight_transfer.c, on a CUDA device; see docs/serve.md). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -32,9 +32,9 @@ static enum MHD_Result health(ctrl_server *s, struct MHD_Connection *c, const cJ
     "ctrl serve takes new weights over HTTP: POST /update_weights with a safetensors body (the "             \
     "parameters under their Hugging Face names, f32/bf16/f16; see docs/serve.md)"
 
-/* What TRL's VLLMClient reads of vLLM's /server_info: the config tree, weight_transfer_config null
- * (ctrl serve has no NCCL weight-transfer engine: init_communicator says so before it starts a
- * rendezvous), and how weights are taken instead. */
+/* What TRL's VLLMClient reads of vLLM's /server_info: the config tree, weight_transfer_config
+ * ({"backend": "nccl"} on a CUDA device; null on the CPU, where init_communicator says so before it
+ * starts a rendezvous), and how weights are taken over HTTP. */
 static enum MHD_Result server_info(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
                                    size_t n) {
     (void)in, (void)b, (void)n;
@@ -47,7 +47,7 @@ static enum MHD_Result server_info(ctrl_server *s, struct MHD_Connection *c, con
     cJSON_AddNumberToObject(pc, "tensor_parallel_size", 1);
     cJSON_AddNumberToObject(pc, "data_parallel_size", 1);
     cJSON_AddNumberToObject(pc, "world_size", 1);
-    cJSON_AddNullToObject(v, "weight_transfer_config");
+    cJSON_AddItemToObject(v, "weight_transfer_config", serve_wt_config(s));
     cJSON_AddStringToObject(o, "server", "ctrl serve");
     cJSON_AddStringToObject(o, "weight_update", WEIGHTS_HOW);
     return serve_reply(c, 200, o);
@@ -61,24 +61,22 @@ static enum MHD_Result world_size(ctrl_server *s, struct MHD_Connection *c, cons
     return serve_reply(c, 200, o);
 }
 
-/* vLLM's NCCL weight transfer (/init_weight_transfer_engine, and /update_weights with a JSON
- * update_info): not implemented; the answer names what is. */
-static enum MHD_Result no_nccl(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+static enum MHD_Result wt_init(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
                                size_t n) {
-    (void)s, (void)in, (void)b, (void)n;
-    return serve_error(c, 501, "NCCL weight transfer is not implemented: " WEIGHTS_HOW);
+    (void)b, (void)n;
+    return serve_wt_init(s, c, in);
 }
 
-/* /start_weight_update and /finish_weight_update: every /update_weights body is applied whole
- * between generations, so there is no update to open or close; answered ok so that clients that
- * bracket their updates with them work. */
-static enum MHD_Result weight_update_bracket(ctrl_server *s, struct MHD_Connection *c, const cJSON *in,
-                                             const char *b, size_t n) {
-    (void)s, (void)in, (void)b, (void)n;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", "ok");
-    cJSON_AddStringToObject(o, "note", "each /update_weights body is applied whole between generations");
-    return serve_reply(c, 200, o);
+static enum MHD_Result wt_start(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                                size_t n) {
+    (void)b, (void)n;
+    return serve_wt_start(s, c, in);
+}
+
+static enum MHD_Result wt_finish(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
+                                 size_t n) {
+    (void)b, (void)n;
+    return serve_wt_finish(s, c, in);
 }
 
 static enum MHD_Result models(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
@@ -161,7 +159,7 @@ static enum MHD_Result update_weights(ctrl_server *s, struct MHD_Connection *c, 
     (void)in;
     const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
     if (type && !strncmp(type, "application/json", 16)) /* vLLM's {"update_info": ...} over NCCL */
-        return no_nccl(s, c, in, b, len);
+        return serve_wt_update(s, c, b, len);
     char err[512];
     ctrl_batcher_lock_engine(s->batch); /* between generations, never during one */
     const int n = serve_update_weights(s->model, b ? b : "", len, err, sizeof err);
@@ -179,9 +177,9 @@ static const serve_route routes[] = {
     {"GET", "/v1/models", 1, 0, 0, models},
     {"GET", "/server_info", 1, 0, 0, server_info},
     {"GET", "/get_world_size", 1, 0, 0, world_size},
-    {"POST", "/init_weight_transfer_engine", 1, 0, 0, no_nccl},
-    {"POST", "/start_weight_update", 1, 0, 0, weight_update_bracket},
-    {"POST", "/finish_weight_update", 1, 0, 0, weight_update_bracket},
+    {"POST", "/init_weight_transfer_engine", 1, 1, 0, wt_init},
+    {"POST", "/start_weight_update", 1, 1, 0, wt_start},
+    {"POST", "/finish_weight_update", 1, 1, 0, wt_finish},
     {"POST", "/generate", 1, 1, 0, generate_trl},
     {"POST", "/v1/completions", 1, 1, 0, completions},
     {"POST", "/v1/chat/completions", 1, 1, 0, chat},

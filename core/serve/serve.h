@@ -9,6 +9,7 @@
  *   generate.c /generate, /v1/completions, /v1/chat/completions (whole responses)
  *   stream.c   Server-Sent Events for the OpenAI endpoints
  *   weights.c  /update_weights: the whole body validated before any weight changes
+ *   weight_transfer*.c  vLLM's NCCL weight-transfer engine (weight_transfer.h)
  *   lora.c     the LoRA adapters served (--lora, and loaded / unloaded at run time)
  *   reply.c    JSON responses and errors */
 #ifndef CTRL_CORE_SERVE_H
@@ -42,6 +43,11 @@ typedef struct ctrl_serve_options {
     /* POST /v1/load_lora_adapter and /v1/unload_lora_adapter answer (vLLM's routes under
      * VLLM_ALLOW_RUNTIME_LORA_UPDATING; --allow-runtime-lora-updating); 0: they answer 404. */
     int runtime_lora;
+    /* Where the model runs: "cpu" (the default), "cuda" (device 0; CUDA_VISIBLE_DEVICES picks the
+     * GPU) or "auto" (--device). vLLM's NCCL weight-transfer engine needs "cuda". */
+    const char *device;
+    int weight_transfer_timeout_s; /* joining the trainer's group, and the most an NCCL update waits
+                                      without data (--weight-transfer-timeout-s) */
 } ctrl_serve_options;
 
 /* The defaults (the CLI's flags start from them). */

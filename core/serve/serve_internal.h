@@ -13,6 +13,8 @@
 #include "tokenizer/tokenizer.h"
 
 typedef struct serve_deadline serve_deadline;
+typedef struct serve_wt serve_wt;
+struct ctrl_cuda_backend;
 
 /* A LoRA adapter served over the base (lora.c): --lora's, or one /v1/load_lora_adapter loaded. */
 typedef struct serve_adapter {
@@ -44,7 +46,9 @@ typedef struct ctrl_server {
     uint64_t rng;         /* the server's generator: seeds of requests without one, response ids */
     serve_adapter adapters[CTRL_SERVE_MAX_LORA]; /* under lock; live and retired-but-running */
     int n_adapters;
-    pthread_mutex_t lora_lock; /* one load or unload at a time */
+    pthread_mutex_t lora_lock;            /* one load or unload at a time */
+    const struct ctrl_cuda_backend *cuda; /* --device cuda: the CUDA backend (NULL on the CPU) */
+    serve_wt *wt; /* the NCCL weight-transfer engine (weight_transfer.c), made on first use */
 } ctrl_server;
 
 /* A route: `json` handlers get the body parsed (an object; otherwise 400 before the handler),
@@ -203,6 +207,18 @@ enum MHD_Result serve_lora_load(ctrl_server *s, struct MHD_Connection *c, const 
                                 size_t n);
 enum MHD_Result serve_lora_unload(ctrl_server *s, struct MHD_Connection *c, const cJSON *in, const char *b,
                                   size_t n);
+
+/* vLLM's NCCL weight-transfer engine (weight_transfer.c; serve/weight_transfer.h): the routes
+ * /init_weight_transfer_engine, /start_weight_update, /finish_weight_update (parsed bodies), and
+ * /update_weights with a JSON {"update_info": ...} body (the raw bytes); server_info's
+ * weight_transfer_config ({"backend": "nccl"} on a CUDA device, null on the CPU); the engine freed
+ * at the end (its group closed). */
+enum MHD_Result serve_wt_init(ctrl_server *s, struct MHD_Connection *c, const cJSON *in);
+enum MHD_Result serve_wt_start(ctrl_server *s, struct MHD_Connection *c, const cJSON *in);
+enum MHD_Result serve_wt_finish(ctrl_server *s, struct MHD_Connection *c, const cJSON *in);
+enum MHD_Result serve_wt_update(ctrl_server *s, struct MHD_Connection *c, const char *body, size_t len);
+cJSON *serve_wt_config(ctrl_server *s);
+void serve_wt_free(ctrl_server *s);
 
 /* Applies a safetensors body to the model; the number of tensors updated, or -1 with a message in
  * err and no weight changed. */

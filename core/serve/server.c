@@ -10,6 +10,7 @@
 
 #include <ctrl/log.h>
 
+#include "device/cuda_backend.h"
 #include "interrupt.h"
 #include "serve/serve_internal.h"
 
@@ -24,7 +25,9 @@ void ctrl_serve_options_default(ctrl_serve_options *o) {
                               .timeout_s = 30,
                               .max_connections = 512,
                               .max_per_ip = 256,
-                              .drain_s = 60};
+                              .drain_s = 60,
+                              .device = "cpu",
+                              .weight_transfer_timeout_s = 300};
 }
 
 static int in_flight(ctrl_server *s) {
@@ -78,6 +81,20 @@ static void context_limit(ctrl_server *s) {
     if (s->context_from_kv) s->context = (int)pool;
 }
 
+/* --device: the model (and so the engine's KV pool) on the CUDA device, or left on the CPU. */
+static ctrl_status place(ctrl_server *s) {
+    ctrl_device dev;
+    ctrl_status st = ctrl_device_select(s->opt->device, &dev, &s->cuda);
+    if (st != CTRL_OK || dev.type == CTRL_DEVICE_CPU) return st;
+    if (dev.index != 0)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "--device %s: ctrl serve runs on device 0 (choose the GPU with CUDA_VISIBLE_DEVICES)",
+            s->opt->device);
+    CTRL_INFO("serve: the model on %s", s->opt->device);
+    return ctrl_model_to_device(s->model, s->cuda->ops, dev);
+}
+
 ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg, int (*stop)(void)) {
     ctrl_server s = {.opt = o};
     pthread_mutex_init(&s.lock, NULL);
@@ -92,6 +109,7 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         fclose(ur);
     }
     ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
+    if (st == CTRL_OK) st = place(&s);
     if (st == CTRL_OK) st = serve_lora_start(&s); /* --lora's adapters */
     if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);
@@ -129,6 +147,7 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         CTRL_INFO("serve: stopped");
     }
     serve_deadline_stop(s.deadline);
+    serve_wt_free(&s); /* the NCCL group, if any */
     ctrl_batcher_stop(s.batch);
     ctrl_engine_free(s.eng);
     ctrl_template_free(s.chat);

@@ -113,6 +113,19 @@ TEST(malformed_chunked_response_is_an_error) {
 
 TEST(content_length_honoured) {
     ctrl_http_response r = {0};
+    /* a body longer than the headers it replaces in the buffer (the framing is read before) */
+    CHECK_EQ_INT(get("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 65\r\n\r\n"
+                     "{\"status\":\"ok\",\"a_field_name_long_enough\":\"to cover the headers\"}",
+                     &r),
+                 CTRL_OK);
+    CHECK_EQ_INT(r.len, 65);
+    ctrl_http_response_free(&r);
+    CHECK_EQ_INT(get("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n0\r\n\r\n",
+                     &r),
+                 CTRL_OK);
+    CHECK_EQ_INT(r.len, 64);
+    ctrl_http_response_free(&r);
     CHECK_EQ_INT(get("HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\nabcdef", &r), CTRL_OK);
     CHECK_EQ_INT(r.status, 404);
     CHECK_STR(r.body, "abc");

@@ -59,6 +59,13 @@ if(CTRL_HAVE_CUDA_EMU)
   target_include_directories(ctrl_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR}/core ${CMAKE_SOURCE_DIR}/kernels
                                                    ${CJSON_INCLUDE_DIR})
   target_link_libraries(ctrl_cuda_emu PUBLIC ctrl ctrl_cuda_emu_rt)
+  # The emulated NCCL (emu_nccl.c: communicators over TCP between the processes or threads of a
+  # test), build/cuda-emu/libctrl_nccl_emu.so: what CTRL_NCCL_LIBRARY names where ctrl serve's
+  # weight-transfer engine would dlopen libnccl.so.2 (tests/serve/test_serve_weight_transfer.c).
+  add_library(ctrl_nccl_emu SHARED ${CTRL_EMU_DIR}/emu_nccl.c)
+  target_include_directories(ctrl_nccl_emu PRIVATE ${CTRL_EMU_DIR}/include)
+  set_target_properties(ctrl_nccl_emu PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-emu)
+  target_link_libraries(ctrl_nccl_emu PRIVATE Threads::Threads)
 endif()
 
 # ctrl_emu_plugin(NAME <plugin> DIR <plugins/kind/name> SOURCES <.c files> CUDA_SOURCES <.cu files>
