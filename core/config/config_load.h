@@ -89,6 +89,7 @@ typedef struct ctrl_run_settings {
         const char *init_lora_weights; /* true, false, gaussian */
         const char *adapter_path;      /* NULL when unset */
         unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down, qkv, gate_up) */
+        unsigned param_bits;           /* target_parameters: bit 0 experts.gate_up_proj, 1 experts.down_proj */
         int all_linear, save_embed_tokens, save_lm_head, save_score; /* save_score: PEFT SEQ_CLS */
     } peft;
     struct {

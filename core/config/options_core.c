@@ -233,6 +233,12 @@ static const ctrl_option peft_options[] = {
      "Linear layers that get adapters; all-linear: every linear layer but the output head (as PEFT). "
      "Phi-3's fused qkv_proj and gate_up_proj get one adapter each over their whole output, as PEFT puts it "
      "(q_proj etc. name nothing there); a list that names no layer of the model is refused."},
+    {"target_parameters", CTRL_OPT_LIST, "", 0, 0, 0, "experts.gate_up_proj|experts.down_proj",
+     "LoRA on a mixture-of-experts model's experts (PEFT's target_parameters: Qwen3-MoE, Mixtral, OLMoE): "
+     "each expert's weight W_e + s B_e A_e, saved as PEFT's ParamWrapper saves it (mlp.experts[.base_layer]"
+     ".lora_A / lora_B). Needs lora_dropout = 0 and no use_dora (as PEFT); target_modules then names "
+     "attention projections only (all-linear or gate/up/down_proj on an MoE model, which PEFT 0.21 "
+     "converts with a doubled rank and the router, are refused)."},
     {"use_rslora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Rank-stabilised LoRA: scale = lora_alpha / sqrt(r)."},
     {"init_lora_weights", CTRL_OPT_STRING, "true", 0, 0, 0, "true|false|gaussian",

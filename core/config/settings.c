@@ -198,6 +198,10 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         for (int k = 0; t && k < 9; k++) s->peft.target_bits |= !strcmp(t, proj[k]) ? 1u << k : 0;
         s->peft.all_linear |= t && !strcmp(t, "all-linear");
     }
+    for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "target_parameters"); i++) {
+        const char *t = ctrl_config_list_item(cfg, "peft", "target_parameters", i, item, sizeof item);
+        s->peft.param_bits |= t && !strcmp(t, "experts.gate_up_proj") ? 1u : t ? 2u : 0u;
+    }
     for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "modules_to_save"); i++) {
         const char *t = ctrl_config_list_item(cfg, "peft", "modules_to_save", i, item, sizeof item);
         s->peft.save_embed_tokens |= t && !strcmp(t, "embed_tokens");

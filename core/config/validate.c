@@ -166,7 +166,7 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
             e->where, e->value);
     static const char *const adapter_keys[] = {"r",          "lora_alpha",      "target_modules",
                                                "use_rslora", "modules_to_save", "init_lora_weights",
-                                               "use_dora"};
+                                               "use_dora",   "target_parameters"};
     if (config_find(cfg, "peft", "adapter_path"))
         for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {
             config_entry *k = config_find(cfg, "peft", adapter_keys[i]);

@@ -31,13 +31,24 @@ static int name_matches(const char *full, const char *entry) {
     return nf > ne && full[nf - ne - 1] == '.' && !strcmp(full + nf - ne, entry);
 }
 
-int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module) {
-    if (c->all_linear) return 1;
+/* Whether one of the n entries of `list` matches model.layers.<layer>.<suffix>. */
+static int listed(const char (*list)[96], int n, int layer, const char *suffix) {
     char full[128];
-    snprintf(full, sizeof full, "model.layers.%d.%s", layer, ctrl_lora_module_names[module]);
-    for (int i = 0; i < c->n_targets; i++)
-        if (name_matches(full, c->targets[i])) return 1;
+    snprintf(full, sizeof full, "model.layers.%d.%s", layer, suffix);
+    for (int i = 0; i < n; i++)
+        if (name_matches(full, list[i])) return 1;
     return 0;
+}
+
+/* Whether entry `name` can name `full` ("self_attn.q_proj") in some layer: as a suffix of
+ * model.layers.N.<full>, or as a full name model.layers.N.<full>. */
+static int can_name(const char *name, const char *full) {
+    return name_matches(full, name) ||
+           (strlen(name) > strlen(full) && name_matches(name, full) && !strncmp(name, "model.layers.", 13));
+}
+
+int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module) {
+    return c->all_linear || listed(c->targets, c->n_targets, layer, ctrl_lora_module_names[module]);
 }
 
 ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where) {
@@ -47,10 +58,8 @@ ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const ch
     }
     int known = 0; /* the entry must name one of the projections (of some layer) */
     for (int t = 0; t < LORA_N_MODULES && !known; t++) {
-        const char *full = ctrl_lora_module_names[t], *dot = strchr(full, '.');
-        known =
-            name_matches(full, name) || !strcmp(name, dot + 1) ||
-            (strlen(name) > strlen(full) && name_matches(name, full) && !strncmp(name, "model.layers.", 13));
+        const char *full = ctrl_lora_module_names[t];
+        known = can_name(name, full) || !strcmp(name, strchr(full, '.') + 1);
     }
     if (!known)
         return ctrl_error_set(
@@ -62,6 +71,28 @@ ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const ch
     if (c->n_targets == CTRL_LORA_MAX_TARGETS || strlen(name) >= sizeof c->targets[0])
         return ctrl_error_set(CTRL_ERR_CONFIG, "%s: too many or too long target_modules entries", where);
     snprintf(c->targets[c->n_targets++], sizeof c->targets[0], "%s", name);
+    return CTRL_OK;
+}
+
+static const char *const moe_param_names[LORA_MOE_N] = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+
+int ctrl_lora_targets_param(const ctrl_lora_config *c, int layer, int which) {
+    return listed(c->params, c->n_params, layer, moe_param_names[which]);
+}
+
+ctrl_status ctrl_lora_add_parameter(ctrl_lora_config *c, const char *name, const char *where) {
+    int known = 0;
+    for (int w = 0; w < LORA_MOE_N && !known; w++) known = can_name(name, moe_param_names[w]);
+    if (!known)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: target_parameters entry '%s': only the experts' gate_up_proj and down_proj "
+            "(experts.gate_up_proj, experts.down_proj) are implemented (not the router's "
+            "gate.weight)",
+            where, name);
+    if (c->n_params == (int)(sizeof c->params / sizeof c->params[0]) || strlen(name) >= sizeof c->params[0])
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: too many or too long target_parameters entries", where);
+    snprintf(c->params[c->n_params++], sizeof c->params[0], "%s", name);
     return CTRL_OK;
 }
 
@@ -109,19 +140,49 @@ int lora_module(const ctrl_model *m, int t, int *row0, int *module_out) {
     return t;
 }
 
+/* What PEFT 0.21 computes differently on a mixture-of-experts model, or refuses, refused by key:
+ * gate_proj / up_proj / down_proj or all-linear in target_modules (PEFT converts them on the MoE
+ * families into target_parameters with the router's gate.weight and a doubled rank on gate_up_proj,
+ * leaving a dense layer's MLP without adapters), lora_dropout and DoRA with target_parameters (PEFT's
+ * ParamWrapper refuses both). */
+static ctrl_status lora_check_moe(const ctrl_model *m) {
+    const ctrl_lora_config *c = m->lora;
+    if (c->n_params > 0 && c->lora_dropout > 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "LoRA: lora_dropout = %g with target_parameters: PEFT's "
+                              "ParamWrapper (LoRA on expert weights) needs lora_dropout = 0",
+                              (double)c->lora_dropout);
+    if (c->n_params > 0 && c->use_dora)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "LoRA: use_dora with target_parameters: PEFT's ParamWrapper has no DoRA");
+    for (int l = 0; m->cfg.n_experts > 0 && l < m->cfg.n_layers; l++)
+        for (int t = LORA_GATE; t <= LORA_DOWN; t++)
+            if (ctrl_lora_targets(c, l, t))
+                return ctrl_error_set(
+                    CTRL_ERR_UNSUPPORTED,
+                    "LoRA: target_modules %s on %s, a mixture-of-experts model: PEFT 0.21 turns these into "
+                    "target_parameters with the router's gate.weight and rank 2 r on gate_up_proj "
+                    "(rank_pattern), which is not implemented; name the attention projections in "
+                    "target_modules and experts.gate_up_proj / experts.down_proj in target_parameters",
+                    c->all_linear ? "all-linear" : ctrl_lora_target_names[t], m->cfg.model_type);
+    return CTRL_OK;
+}
+
 ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
     char n[160];
     const int r = m->lora->r;
-    int adapted = 0;
+    int adapted = 0, wrapped = 0;
+    MODEL_TRY(lora_check_moe(m));
     for (int l = 0; l < m->cfg.n_layers; l++) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             *a_off(m, l, t) = *b_off(m, l, t) = -1;
             if (m->lora_mag) m->lora_mag[l * LORA_N_TARGETS + t] = -1;
         }
+        const int moe = m->layers[l].router >= 0;  /* an MoE layer has no gate/up/down_proj linears */
         for (int t = 0; t < LORA_N_TARGETS; t++) { /* each module once, at its first linear */
             int row0, out, in, dummy;
             const int mod = lora_module(m, t, &row0, &out);
-            if (row0 != 0 || !ctrl_lora_targets(m->lora, l, mod)) continue;
+            if (row0 != 0 || !ctrl_lora_targets(m->lora, l, mod) || (moe && t >= LORA_GATE)) continue;
             lora_dims(m, t, &in, &dummy);
             long ab_off[2];
             for (int ab = 0; ab < 2; ab++) {
@@ -139,8 +200,15 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
             if (m->lora->use_dora) dora_layout(m, cursor, l, mod, out);
             adapted++;
         }
+        if (m->moe_lora) wrapped += lora_moe_layout(m, cursor, l);
     }
-    if (!adapted && (m->lora->n_targets > 0 || m->lora->all_linear)) /* PEFT: "not found in the base model" */
+    if (m->lora->n_params > 0 && !wrapped) /* PEFT: "target_parameters ... no parameter was matched" */
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "LoRA: target_parameters: no entry names an expert parameter of this %s model "
+                              "(only mixture-of-experts layers' experts.gate_up_proj / experts.down_proj)",
+                              m->cfg.model_type);
+    if (!adapted && !wrapped &&
+        (m->lora->n_targets > 0 || m->lora->all_linear)) /* PEFT: "not found in the base model" */
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "LoRA: target_modules: no entry names a linear layer of this %s model%s",
                               m->cfg.model_type,
@@ -168,6 +236,20 @@ static void kaiming(float *w, int64_t n, int fan_in, uint64_t *s) {
     for (int64_t i = 0; i < n; i++) w[i] = (float)((2 * next_uniform(s) - 1) * bound);
 }
 
+/* lora_A [n floats, fan_in in]: N(0, 1/r) (Box-Muller) with init gaussian, else Kaiming-uniform. */
+static void init_a(const ctrl_model *m, float *A, int64_t n, int in, uint64_t *s) {
+    const int r = m->lora->r;
+    if (m->lora->init != CTRL_LORA_INIT_GAUSSIAN) {
+        kaiming(A, n, in, s);
+        return;
+    }
+    for (int64_t i = 0; i < n; i += 2) {
+        const double u1 = next_uniform(s), u2 = next_uniform(s), k = sqrt(-2.0 * log(u1)) / r;
+        A[i] = (float)(k * cos(2 * M_PI * u2));
+        if (i + 1 < n) A[i + 1] = (float)(k * sin(2 * M_PI * u2));
+    }
+}
+
 void lora_init(ctrl_model *m) {
     const int r = m->lora->r;
     for (int l = 0; l < m->cfg.n_layers; l++)
@@ -179,19 +261,24 @@ void lora_init(ctrl_model *m) {
             float *A = m->params + *a_off(m, l, t), *B = m->params + *b_off(m, l, t);
             uint64_t s =
                 mix64(m->lora->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(l * LORA_N_TARGETS + t + 1)));
-            if (m->lora->init == CTRL_LORA_INIT_GAUSSIAN)
-                for (int64_t i = 0; i < (int64_t)r * in; i += 2) { /* N(0, 1/r), Box-Muller */
-                    const double u1 = next_uniform(&s), u2 = next_uniform(&s), k = sqrt(-2.0 * log(u1)) / r;
-                    A[i] = (float)(k * cos(2 * M_PI * u2));
-                    if (i + 1 < (int64_t)r * in) A[i + 1] = (float)(k * sin(2 * M_PI * u2));
-                }
-            else
-                kaiming(A, (int64_t)r * in, in, &s);
+            init_a(m, A, (int64_t)r * in, in, &s);
             if (m->lora->init == CTRL_LORA_INIT_NONE)
                 kaiming(B, (int64_t)out * r, r, &s);
             else
                 memset(B, 0, sizeof(float) * (size_t)out * r);
         }
+    for (int i = 0; m->moe_lora && i < m->cfg.n_layers * 4; i += 2) { /* the experts': lora_A, lora_B */
+        if (m->moe_lora[i] < 0) continue;
+        const ctrl_param_view *va = NULL, *vb = NULL;
+        for (int v = 0; v < m->n_views && !vb; v++)
+            if (m->views[v].offset == (size_t)m->moe_lora[i]) va = &m->views[v], vb = va + 1;
+        uint64_t s = mix64(m->lora->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1)));
+        init_a(m, m->params + va->offset, va->numel, (int)va->shape[1], &s); /* nn.Linear(in, E r) */
+        if (m->lora->init == CTRL_LORA_INIT_NONE)
+            kaiming(m->params + vb->offset, vb->numel, (int)vb->shape[1], &s); /* nn.Linear(E r, out) */
+        else
+            memset(m->params + vb->offset, 0, sizeof(float) * (size_t)vb->numel);
+    }
     ctrl_model_weights_changed(m);
 }
 

@@ -52,6 +52,13 @@ typedef struct ctrl_lora_config {
      * adapter as base_model.model.score.weight. Set by modules_to_save "score"/"classifier", by an
      * adapter_config.json of task_type SEQ_CLS, and by every LoRA model with num_labels > 0. */
     int seq_cls;
+    /* target_parameters (PEFT's lora.ParamWrapper): LoRA on a mixture-of-experts layer's expert weights,
+     * the 3-D parameters transformers 5 holds (mlp.experts.gate_up_proj [E, 2 Im, C], down_proj
+     * [E, C, Im]), entries matched as target_modules' against model.layers.N.mlp.experts.<name>. Per
+     * expert e: W_e + s B_e A_e, A = lora_A [E r, in] (rows e r ...), B = lora_B [out, E r] (columns
+     * k E + e); lora_model_moe.c. */
+    int n_params;
+    char params[16][96];
 } ctrl_lora_config;
 
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */
@@ -61,6 +68,13 @@ int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module);
 /* Adds a target_modules entry; CTRL_ERR_CONFIG naming `where` when it names no linear layer of a
  * decoder (PEFT would refuse it too) or there are too many. */
 ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where);
+/* The expert parameters target_parameters can name (LORA_MOE_GATE_UP: mlp.experts.gate_up_proj). */
+enum { LORA_MOE_GATE_UP, LORA_MOE_DOWN, LORA_MOE_N };
+/* Whether PEFT would wrap layer `layer`'s expert parameter `which` (LORA_MOE_GATE_UP ...). */
+int ctrl_lora_targets_param(const ctrl_lora_config *c, int layer, int which);
+/* Adds a target_parameters entry; CTRL_ERR_CONFIG naming `where` unless it names the experts'
+ * gate_up_proj or down_proj (the router's gate.weight is not implemented). */
+ctrl_status ctrl_lora_add_parameter(ctrl_lora_config *c, const char *name, const char *where);
 /* Adds a modules_to_save entry (embed_tokens or lm_head, by PEFT's suffix rule; score or classifier:
  * a sequence classifier's head, seq_cls). */
 ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where);

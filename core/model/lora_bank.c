@@ -115,6 +115,12 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
                             "%s/adapter_config.json: \"task_type\": SEQ_CLS, a sequence classifier's "
                             "adapter (a reward model): it scores, it does not generate",
                             dir);
+    if (st == CTRL_OK && e->cfg.n_params > 0)
+        st = ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s/adapter_config.json: \"target_parameters\": an adapter on the experts cannot be "
+            "served beside others (PEFT's ParamWrapper has no mixed batches either); merge it",
+            dir);
     if (st == CTRL_OK && (e->cfg.save_embed_tokens || e->cfg.save_lm_head))
         st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                             "%s/adapter_config.json: \"modules_to_save\": an adapter that replaces the "

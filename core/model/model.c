@@ -177,14 +177,10 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     if (lora && lora->nf4 && lora->use_dora) /* DoRA's norms read the whole base weight */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "LoRA: use_dora with quantization = nf4 (QDoRA) is not implemented yet");
-    if (lora && cfg->n_experts > 0)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "LoRA: adapters on %s (experts) are not implemented yet",
-                              cfg->model_type);
-    if (lora && lora->nf4 && (cfg->fused_qkv || cfg->fused_gate_up)) /* the NF4 store holds 7 projections */
+    if (lora && lora->nf4 && (cfg->fused_qkv || cfg->fused_gate_up || cfg->n_experts > 0)) /* 7 projections */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "LoRA: quantization = nf4 on %s's fused qkv_proj / gate_up_proj is not "
-                              "implemented yet",
-                              cfg->model_type);
+                              "LoRA: quantization = nf4 on %s's %s is not implemented yet", cfg->model_type,
+                              cfg->n_experts > 0 ? "experts" : "fused qkv_proj / gate_up_proj");
     if (lora && lora->seq_cls && cfg->num_labels <= 0)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "LoRA: modules_to_save score / task_type SEQ_CLS on %s, a causal LM: the "
@@ -224,13 +220,14 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
     /* every view a layer can have (and its adapters): layout never grows it */
-    m->cap_views =
-        3 + (17 + 3 * cfg->n_experts + (lora ? (2 + !!lora->use_dora) * LORA_N_TARGETS : 0)) * cfg->n_layers;
+    m->cap_views = 3 + (17 + 3 * cfg->n_experts + (lora ? (2 + !!lora->use_dora) * LORA_N_TARGETS + 4 : 0)) *
+                           cfg->n_layers;
     m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
     if (lora) {
         m->has_lora = 1, m->lora = malloc(sizeof *m->lora);
         m->lora_a = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         m->lora_b = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
+        if (cfg->n_experts > 0) m->moe_lora = malloc(sizeof(long) * 4 * (size_t)cfg->n_layers);
         if (m->lora) *m->lora = *lora, m->lora_scale = ctrl_lora_scaling(lora);
         if (m->lora && cfg->num_labels > 0) m->lora->seq_cls = 1; /* PEFT's SEQ_CLS: the score trains */
         if (lora->use_dora) {
@@ -239,6 +236,7 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
         }
     }
     if (!m->layers || !m->acts || !m->views || (lora && (!m->lora || !m->lora_a || !m->lora_b)) ||
+        (lora && cfg->n_experts > 0 && !m->moe_lora) ||
         (lora && lora->use_dora && (!m->lora_mag || !m->dora_at))) {
         ctrl_model_free(m);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: cannot allocate the layout of %d layers",
@@ -270,7 +268,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (m->be) model_release_backend(m);
     free(m->recompute), free(m->offload_host);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
-    free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host);
+    free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_mag), free(m->dora_at), free(m->dora_norm), free(m->dora_g), free(m->dora_host);
     lora_bank_free(m);
     nf4_free(m);

@@ -213,6 +213,14 @@ struct ctrl_model {
     uint16_t *w16;
     long *w16_lo;
     int w16_layer;
+    /* LoRA on the experts (lora_moe.c; lora->n_params, PEFT's target_parameters): per layer the offsets
+     * of gate_up_proj's lora_A [E r, C], lora_B and down_proj's lora_A [E r, Im], lora_B
+     * ([n_layers][4], -1 where none). A is PEFT's layout (expert e's rows e r ...); B is held expert
+     * after expert ([E][out, r], out = 2 Im: gate's rows then up's; C) and permuted to and from PEFT's
+     * [out, E r] (column k E + e) by ctrl_peft_file_layout. moe_lora_ws: backend scratch. */
+    long *moe_lora;
+    float *moe_lora_ws;
+    size_t moe_lora_ws_bytes;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -352,6 +360,19 @@ void nf4_release_device(ctrl_model *m);
  * (the previous layer's pages given back); the store freed. */
 ctrl_status model_bf16_layer_weights(ctrl_model *m, int l);
 void model_bf16_free(ctrl_model *m);
+/* LoRA on the experts (lora_moe.c): lora_moe_layout adds layer l's expert adapters (PEFT's names,
+ * gate_up_proj's under base_layer. when down_proj has one too) and returns how many parameters it
+ * wrapped (lora_init fills them); the forward adds expert e's adapter over its n
+ * rows to g, u [n, Im] (from xs [n, C]) and to y [n, C] (from h [n, Im]); the backward accumulates
+ * the adapters' gradients and adds their share to dxs [n, C] and dh [n, Im]. */
+int lora_moe_layout(ctrl_model *m, size_t *cursor, int l);
+ctrl_status lora_moe_gate_up(ctrl_model *m, int l, int e, const float *xs, int n, float *g, float *u);
+ctrl_status lora_moe_down(ctrl_model *m, int l, int e, const float *h, int n, float *y);
+ctrl_status lora_moe_down_backward(ctrl_model *m, int l, int e, const float *h, const float *dy, int n, float *dh);
+ctrl_status lora_moe_gate_up_backward(ctrl_model *m, int l, int e, const float *xs, const float *dg,
+                                      const float *du, int n, float *dxs);
+/* W_e += s B_e A_e of every expert adapter (ctrl_peft_merge), on the host parameters. */
+void lora_moe_merge(ctrl_model *m);
 /* The input and output widths of linear t (LORA_Q ...). */
 void lora_dims(const ctrl_model *m, int t, int *in, int *out);
 /* The adapter module linear t is part of (t itself, or Phi-3's LORA_QKV / LORA_GATE_UP), the first

@@ -7,7 +7,8 @@
  *   transformers' index_add order).
  * Backward from dout: dw[i] = dout[rows[i]] . y[i] (rows_dot); dy = w dout[rows] (gather); the experts'
  * GEMM backwards per expert; dx = scatter of dxs plus the router's: the routing weights' gradient
- * through the renormalisation and the softmax (host) into dlogits, then dx += dlogits Wr. */
+ * through the renormalisation and the softmax (host) into dlogits, then dx += dlogits Wr. LoRA on the
+ * experts (target_parameters) adds its share after each expert's GEMMs (lora_moe.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,8 @@
 #include "model/model_internal.h"
 
 void model_moe_release(ctrl_model *m) {
-    if (m->be) m->be->free(m->moe_dev), m->be->free(m->moe_rows), m->be->free(m->moe_ws);
+    if (m->be) m->be->free(m->moe_dev), m->be->free(m->moe_rows), m->be->free(m->moe_ws), m->be->free(m->moe_lora_ws);
+    m->moe_lora_ws = NULL, m->moe_lora_ws_bytes = 0;
     free(m->moe_host), free(m->moe_host_i), free(m->moe), free(m->moe_aux_grad), free(m->moe_aux_mask);
     m->moe_aux_grad = NULL, m->moe_aux_mask = NULL, m->moe_aux_armed = 0;
     m->moe = NULL, m->moe_dev = m->moe_host = m->moe_ws = NULL, m->moe_rows = m->moe_host_i = NULL;
@@ -169,13 +171,15 @@ ctrl_status model_moe_forward(ctrl_model *m, int l, const float *x, float *out) 
             model_linear_forward(m, a->g + (size_t)r0 * Im, xs, P + expert_at(m, l, e, 0), NULL, n, C, Im));
         MODEL_TRY(
             model_linear_forward(m, a->u + (size_t)r0 * Im, xs, P + expert_at(m, l, e, 1), NULL, n, C, Im));
+        MODEL_TRY(lora_moe_gate_up(m, l, e, xs, n, a->g + (size_t)r0 * Im, a->u + (size_t)r0 * Im));
     }
     MODEL_TRY(be->swiglu_forward(a->h, a->g, a->u, (int64_t)T * K * Im));
     for (int e = 0; e < E; e++) {
         const int r0 = a->count[e], n = a->count[e + 1] - r0;
-        if (n > 0)
-            MODEL_TRY(model_linear_forward(m, a->y + (size_t)r0 * C, a->h + (size_t)r0 * Im,
-                                           P + expert_at(m, l, e, 2), NULL, n, Im, C));
+        if (n == 0) continue;
+        MODEL_TRY(model_linear_forward(m, a->y + (size_t)r0 * C, a->h + (size_t)r0 * Im, P + expert_at(m, l, e, 2),
+                                       NULL, n, Im, C));
+        MODEL_TRY(lora_moe_down(m, l, e, a->h + (size_t)r0 * Im, n, a->y + (size_t)r0 * C)); /* target_parameters */
     }
     if (!out) return CTRL_OK;
     MODEL_TRY(be->fill_zero(out, sizeof(float) * (size_t)T * C));
@@ -222,10 +226,12 @@ ctrl_status model_moe_backward(ctrl_model *m, int l, const float *x, const float
     MODEL_TRY(be->gather_rows(dy, dout, a->rows, a->w, TK, C));
     for (int e = 0; e < E; e++) {
         const int r0 = a->count[e], n = a->count[e + 1] - r0;
-        if (n > 0)
-            MODEL_TRY(model_linear_backward(
-                m, dh + (size_t)r0 * Im, model_grad(m, (long)expert_at(m, l, e, 2)), NULL,
-                dy + (size_t)r0 * C, a->h + (size_t)r0 * Im, P + expert_at(m, l, e, 2), n, Im, C));
+        if (n == 0) continue;
+        MODEL_TRY(model_linear_backward(m, dh + (size_t)r0 * Im, model_grad(m, (long)expert_at(m, l, e, 2)), NULL,
+                                        dy + (size_t)r0 * C, a->h + (size_t)r0 * Im, P + expert_at(m, l, e, 2), n,
+                                        Im, C));
+        MODEL_TRY(lora_moe_down_backward(m, l, e, a->h + (size_t)r0 * Im, dy + (size_t)r0 * C, n,
+                                         dh + (size_t)r0 * Im));
     }
     MODEL_TRY(be->swiglu_backward(dg, du, dh, a->g, a->u, (int64_t)TK * Im));
     for (int e = 0; e < E; e++) {
@@ -236,6 +242,8 @@ ctrl_status model_moe_backward(ctrl_model *m, int l, const float *x, const float
                                         NULL, dg + (size_t)r0 * Im, xs, P + expert_at(m, l, e, 0), n, C, Im));
         MODEL_TRY(model_linear_backward(m, tmp + (size_t)r0 * C, model_grad(m, (long)expert_at(m, l, e, 1)),
                                         NULL, du + (size_t)r0 * Im, xs, P + expert_at(m, l, e, 1), n, C, Im));
+        MODEL_TRY(lora_moe_gate_up_backward(m, l, e, xs, dg + (size_t)r0 * Im, du + (size_t)r0 * Im, n,
+                                            dxs + (size_t)r0 * C));
     }
     MODEL_TRY(be->residual_forward(dxs, dxs, tmp, (int64_t)TK * C));
     /* the router: the routing weights' gradient through top-k and softmax, on the host */

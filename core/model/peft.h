@@ -24,6 +24,12 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir);
  * save_pretrained would for this model's adapters; `base` is base_model_name_or_path. */
 ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
 
+/* A trainable view's values (or gradients) `src` as PEFT's file holds them, into dst (view v's numel
+ * floats): the same except an expert adapter's lora_B (target_parameters), which ctrl holds expert
+ * after expert ([E][out, r]) and PEFT as [out, E r] with expert e's rank k in column k E + e. With
+ * `to_file` 0, the other way. */
+void ctrl_peft_file_layout(const ctrl_model *m, const ctrl_param_view *v, const float *src, float *dst, int to_file);
+
 /* The base model BASE_DIR under the adapter of ADAPTER_DIR (its config and weights); attn may be
  * NULL for a model that is only merged or saved. A SEQ_CLS adapter makes a sequence classifier
  * (BASE_DIR's num_labels, 1 for a causal LM's trunk) whose score is the adapter's. */

@@ -12,25 +12,15 @@
 
 /* Keys that change what the adapter computes and are not implemented: they must be absent, null,
  * false, {} or []. */
-static const char *const unsupported[] = {"use_qalora",
-                                          "use_bdlora",
-                                          "fan_in_fan_out",
-                                          "lora_bias",
-                                          "layers_to_transform",
-                                          "rank_pattern",
-                                          "alpha_pattern",
-                                          "exclude_modules",
-                                          "layer_replication",
-                                          "trainable_token_indices",
-                                          "target_parameters",
-                                          "megatron_config",
-                                          "alora_invocation_tokens",
-                                          "eva_config",
-                                          "corda_config",
-                                          "arrow_config",
-                                          "kasa_config",
-                                          "lora_ga_config",
-                                          "monteclora_config",
+static const char *const unsupported[] = {"use_qalora",          "use_bdlora",
+                                          "fan_in_fan_out",      "lora_bias",
+                                          "layers_to_transform", "rank_pattern",
+                                          "alpha_pattern",       "exclude_modules",
+                                          "layer_replication",   "trainable_token_indices",
+                                          "megatron_config",     "alora_invocation_tokens",
+                                          "eva_config",          "corda_config",
+                                          "arrow_config",        "kasa_config",
+                                          "lora_ga_config",      "monteclora_config",
                                           "loftq_config"};
 
 static int trivial(const cJSON *v) {
@@ -82,9 +72,18 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
         return bad(path, "init_lora_weights", "only true, false and \"gaussian\" are implemented");
     c->init = CTRL_LORA_INIT_NONE; /* the weights are the file's */
     char where[4300];
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "target_parameters");
+    if (!trivial(tp) && !cJSON_IsArray(tp)) return bad(path, "target_parameters", "must be a list or null");
+    snprintf(where, sizeof where, "%s: \"target_parameters\"", path);
+    for (const cJSON *e = cJSON_IsArray(tp) ? tp->child : NULL; e; e = e->next) {
+        if (!cJSON_IsString(e)) return bad(path, "target_parameters", "entries must be strings");
+        MODEL_TRY(ctrl_lora_add_parameter(c, e->valuestring, where));
+    }
     snprintf(where, sizeof where, "%s: \"target_modules\"", path);
     v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
-    if (cJSON_IsString(v)) {
+    if (c->n_params > 0 && trivial(v)) {
+        /* only expert parameters (PEFT allows target_modules [] or null with target_parameters) */
+    } else if (cJSON_IsString(v)) {
         if (strcmp(v->valuestring, "all-linear") != 0)
             return bad(path, "target_modules",
                        "a regular expression; only a list of names or all-linear is implemented");

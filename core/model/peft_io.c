@@ -16,6 +16,45 @@
 /* The views an adapter holds: the LoRA tensors and the modules_to_save (all the trainable ones). */
 static int in_adapter(const ctrl_model *m, const ctrl_param_view *v) { return v->offset >= m->train_off; }
 
+/* The number of experts of an expert adapter's lora_B view (0: any other view). */
+static int expert_b(const ctrl_model *m, const ctrl_param_view *v) {
+    const size_t n = strlen(v->name);
+    return m->cfg.n_experts > 0 && strstr(v->name, ".mlp.experts.") && n > 14 &&
+                   !strcmp(v->name + n - 14, ".lora_B.weight")
+               ? m->cfg.n_experts
+               : 0;
+}
+
+void ctrl_peft_file_layout(const ctrl_model *m, const ctrl_param_view *v, const float *src, float *dst,
+                           int to_file) {
+    const int E = expert_b(m, v);
+    if (!E) {
+        memcpy(dst, src, sizeof(float) * (size_t)v->numel);
+        return;
+    }
+    const int64_t out = v->shape[0], r = v->shape[1] / E;
+    for (int64_t e = 0; e < E; e++) /* ctrl [e][o][k] <-> PEFT [o][k E + e] */
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t k = 0; k < r; k++) {
+                const size_t ours = (size_t)((e * out + o) * r + k), peft = (size_t)(o * E * r + k * E + e);
+                if (to_file)
+                    dst[peft] = src[ours];
+                else
+                    dst[ours] = src[peft];
+            }
+}
+
+/* An expert adapter's lora_B read in PEFT's layout, into ctrl's (in place, through a copy). */
+static ctrl_status from_file_layout(ctrl_model *m, const ctrl_param_view *v) {
+    if (!expert_b(m, v)) return CTRL_OK;
+    float *tmp = malloc(sizeof(float) * (size_t)v->numel);
+    if (!tmp) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", v->name);
+    memcpy(tmp, m->params + v->offset, sizeof(float) * (size_t)v->numel);
+    ctrl_peft_file_layout(m, v, tmp, m->params + v->offset, 0);
+    free(tmp);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir) {
     if (!m->has_lora)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: the model has no LoRA adapters to load", dir);
@@ -49,6 +88,7 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir) {
                                 (double)badv, (long long)at);
         else
             st = ctrl_safetensors_read_f32(f, name, m->params + v->offset, v->numel);
+        if (st == CTRL_OK) st = from_file_layout(m, v);
         used++;
     }
     if (st == CTRL_OK && used != ctrl_safetensors_count(f)) /* a tensor the config does not explain */
@@ -103,6 +143,11 @@ static char *config_json(const ctrl_model *m, const char *base) {
         if (!row0) cJSON_AddItemToArray(t, cJSON_CreateString(strchr(ctrl_lora_module_names[mod], '.') + 1));
     }
     for (int k = 0; k < c->n_targets; k++) cJSON_AddItemToArray(t, cJSON_CreateString(c->targets[k]));
+    if (c->n_params > 0) { /* LoRA on the experts (PEFT's ParamWrapper) */
+        cJSON *p = cJSON_AddArrayToObject(o, "target_parameters");
+        for (int k = 0; k < c->n_params; k++) cJSON_AddItemToArray(p, cJSON_CreateString(c->params[k]));
+    } else
+        cJSON_AddNullToObject(o, "target_parameters");
     if (c->save_embed_tokens || c->save_lm_head || c->seq_cls) {
         cJSON *s = cJSON_AddArrayToObject(o, "modules_to_save");
         if (c->seq_cls) { /* PEFT's SEQ_CLS adds both head names (a decoder's is score) */
@@ -131,8 +176,9 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
     char path[4200];
     ctrl_st_write *w = calloc((size_t)m->n_views, sizeof *w);
     char(*names)[CTRL_ST_MAX_NAME] = calloc((size_t)m->n_views, sizeof *names);
-    if (!w || !names) {
-        free(w), free(names);
+    float *moved = malloc(sizeof(float) * (m->n_train ? m->n_train : 1)); /* the adapter in PEFT's layout */
+    if (!w || !names || !moved) {
+        free(w), free(names), free(moved);
         return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
     }
     int n = 0;
@@ -140,15 +186,15 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
         const ctrl_param_view *v = &m->views[i];
         if (!in_adapter(m, v)) continue;
         snprintf(names[n], sizeof names[n], PEFT_PREFIX "%s", v->name);
-        w[n] = (ctrl_st_write){.name = names[n],
-                               .data = m->params + v->offset,
-                               .ndim = v->ndim,
-                               .shape = {v->shape[0], v->shape[1]}};
+        float *data = moved + (v->offset - m->train_off);
+        ctrl_peft_file_layout(m, v, m->params + v->offset, data, 1);
+        w[n] = (ctrl_st_write){
+            .name = names[n], .data = data, .ndim = v->ndim, .shape = {v->shape[0], v->shape[1]}};
         n++;
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     ctrl_status st = ctrl_safetensors_write(path, w, n, CTRL_F32);
-    free(w), free(names);
+    free(w), free(names), free(moved);
     if (st != CTRL_OK) return st;
     char *text = config_json(m, base);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);

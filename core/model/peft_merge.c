@@ -58,7 +58,8 @@ ctrl_status ctrl_peft_merge(ctrl_model *m) {
                 for (int i = 0; i < IN; i++) row[i] *= f;
             }
         }
-    m->lora_off = 1; /* the adapters are in the weights now */
+    lora_moe_merge(m); /* the experts' (target_parameters) */
+    m->lora_off = 1;   /* the adapters are in the weights now */
     ctrl_model_weights_changed(m);
     return CTRL_OK;
 }

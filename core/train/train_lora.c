@@ -21,8 +21,13 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     lc->init = !strcmp(init, "gaussian") ? CTRL_LORA_INIT_GAUSSIAN
                : !strcmp(init, "false")  ? CTRL_LORA_INIT_NONE
                                          : CTRL_LORA_INIT_DEFAULT;
-    if (s->peft.all_linear) return ctrl_lora_add_target(lc, "all-linear", "[peft] target_modules");
     ctrl_status st = CTRL_OK;
+    static const char *const params[] = {"experts.gate_up_proj", "experts.down_proj"};
+    for (int k = 0; k < 2 && st == CTRL_OK; k++)
+        if (s->peft.param_bits & (1u << k))
+            st = ctrl_lora_add_parameter(lc, params[k], "[peft] target_parameters");
+    if (st != CTRL_OK) return st;
+    if (s->peft.all_linear) return ctrl_lora_add_target(lc, "all-linear", "[peft] target_modules");
     for (int k = 0; k < LORA_N_MODULES && st == CTRL_OK; k++)
         if (s->peft.target_bits & (1u << k))
             st =

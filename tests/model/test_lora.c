@@ -145,9 +145,10 @@ static void check_case(const char *name) {
         if (pv->offset < off) continue;
         char tn[300];
         snprintf(tn, sizeof tn, "base_model.model.%s", pv->name);
-        float *w = malloc(sizeof(float) * (size_t)pv->numel);
+        float *w = malloc(sizeof(float) * (size_t)pv->numel),
+              *got = malloc(sizeof(float) * (size_t)pv->numel);
         CHECK_MSG(ctrl_safetensors_read_f32(gs, tn, w, pv->numel) == CTRL_OK, "%s", ctrl_error_message());
-        const float *got = g + (pv->offset - off);
+        ctrl_peft_file_layout(m, pv, g + (pv->offset - off), got, 1); /* an expert lora_B: PEFT's columns */
         double dn = 0, nn = 0;
         for (int64_t k = 0; k < pv->numel; k++)
             dn += ((double)got[k] - w[k]) * ((double)got[k] - w[k]), nn += (double)w[k] * w[k];
@@ -156,7 +157,7 @@ static void check_case(const char *name) {
         if (getenv("CTRL_TEST_VERBOSE")) printf("    %-48s %.2e\n", pv->name, e);
         if (e > worst) worst = e, worst_name = pv->name;
         num += dn, den += nn, checked++;
-        free(w);
+        free(w), free(got);
     }
     CHECK_EQ_INT(checked, gs ? ctrl_safetensors_count(gs) : -1);
     const double all = sqrt(num / den);
@@ -194,6 +195,60 @@ TEST(dora_forward_and_adapter_gradients_match_peft) {
 TEST(phi3_fused_lora_and_dora_match_peft) {
     check_case("phi3_qkv_gate_up");
     check_case("phi3_all_dora");
+}
+
+/* LoRA on MoE experts (PEFT's target_parameters: lora.ParamWrapper over transformers 5's stacked
+ * experts.gate_up_proj / down_proj): both nested (gate_up_proj's under base_layer.) with attention
+ * adapters (Qwen3-MoE, top 2 renormalised), down_proj alone with rsLoRA and no target_modules
+ * (Mixtral), the list in the other order (OLMoE, 8 experts top 3), gate_up_proj alone beside a dense
+ * layer (Qwen3-MoE with mlp_only_layers, tied). */
+TEST(moe_expert_lora_matches_peft) {
+    static const char *const cases[] = {"qwen3_moe_experts", "mixtral_experts_down", "olmoe_experts_qkv",
+                                        "qwen3_moe_gate_up"};
+    for (int i = 0; i < 4; i++) check_case(cases[i]);
+}
+
+/* What PEFT computes differently on an MoE model or refuses is refused by key: all-linear or the MLP
+ * projections in target_modules (PEFT 0.21 converts them, router and doubled rank included),
+ * lora_dropout or DoRA with target_parameters (PEFT's ParamWrapper refuses them), the router's
+ * gate.weight, target_parameters on a dense model; PEFT's converted config (rank_pattern) too. */
+TEST(moe_expert_lora_refuses_what_is_not_peft_or_not_implemented) {
+    static ctrl_lora_config lc;
+    static const char moe[] = CTRL_FIXTURE_DIR "/families/qwen3_moe_a";
+    ctrl_model *m = NULL;
+    memset(&lc, 0, sizeof lc), lc.r = 2, lc.lora_alpha = 4;
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load_lora(moe, eager(), &lc, &m), CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "all-linear");
+    memset(&lc, 0, sizeof lc), lc.r = 2, lc.lora_alpha = 4;
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "down_proj", "test"), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load_lora(moe, eager(), &lc, &m), CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "target_parameters");
+    memset(&lc, 0, sizeof lc), lc.r = 2, lc.lora_alpha = 4, lc.lora_dropout = 0.05f;
+    CHECK_EQ_INT(ctrl_lora_add_parameter(&lc, "experts.down_proj", "test"), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load_lora(moe, eager(), &lc, &m), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "lora_dropout");
+    lc.lora_dropout = 0, lc.use_dora = 1;
+    CHECK_EQ_INT(ctrl_model_load_lora(moe, eager(), &lc, &m), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "use_dora");
+    lc.use_dora = 0;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "target_parameters");
+    CHECK_EQ_INT(ctrl_lora_add_parameter(&lc, "gate.weight", "test"), CTRL_ERR_CONFIG);
+    CHECK_CONTAINS(ctrl_error_message(), "gate.weight");
+    CHECK(m == NULL);
+    /* PEFT's own conversion of all-linear on Qwen3-MoE: rank_pattern for gate_up_proj, the router */
+    char dir[] = "/tmp/ctrl_lora_moe_XXXXXX", path[1100];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": [\"q_proj\"], "
+          "\"target_parameters\": [\"gate_up_proj\"], \"rank_pattern\": {\"gate_up_proj\": 4}}",
+          f);
+    fclose(f);
+    CHECK(ctrl_peft_read_config(dir, &lc, NULL, 0) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "rank_pattern");
+    unlink(path), rmdir(dir);
 }
 
 /* target_modules that name no module of a Phi-3 (q_proj: its attention is the fused qkv_proj) are
@@ -338,7 +393,12 @@ static void finite_difference_on(const char *arch, float dropout, int dora, int 
                            .seed = 7,
                            .use_dora = dora,
                            .nf4 = nf4};
-    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
+    const int experts = strstr(arch, "moe") != NULL; /* an MoE: attention + target_parameters */
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, experts ? "self_attn.q_proj" : "all-linear", "test"), CTRL_OK);
+    if (experts) {
+        CHECK_EQ_INT(ctrl_lora_add_parameter(&lc, "experts.gate_up_proj", "test"), CTRL_OK);
+        CHECK_EQ_INT(ctrl_lora_add_parameter(&lc, "experts.down_proj", "test"), CTRL_OK);
+    }
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load_lora(model_dir, eager(), &lc, &m), CTRL_OK);
     if (!m) return;
@@ -370,8 +430,11 @@ static void finite_difference_on(const char *arch, float dropout, int dora, int 
         const ctrl_param_view *pv = ctrl_model_view(m, v);
         if (!pv->lora) continue;
         /* three elements of each tensor; five of a fused module's, to reach each linear's rows of B */
-        const int64_t stride =
-            pv->numel / (strstr(pv->name, "qkv_proj") || strstr(pv->name, "gate_up") ? 5 : 3) + 1;
+        const int64_t stride = pv->numel / (strstr(pv->name, "qkv_proj") || strstr(pv->name, "gate_up") ||
+                                                    strstr(pv->name, "experts")
+                                                ? 5
+                                                : 3) +
+                               1;
         for (int64_t k = 0; k < pv->numel; k += stride) {
             float *p = params + pv->offset + k;
             /* DoRA's per-row rescaling, and QLoRA's coarser base, curve the loss more: a smaller
@@ -398,7 +461,7 @@ static void finite_difference_on(const char *arch, float dropout, int dora, int 
     ctrl_model_weights_changed(m);
     printf("  %s: %s%sdropout %.2f: %d adapter weights, worst relative difference %.2e\n", arch,
            dora ? "DoRA, " : "", nf4 ? "QLoRA, " : "", (double)dropout, n, worst);
-    CHECK(n >= 6 * (2 + dora) * (strchr(arch, '/') ? 4 : 7)); /* Phi-3: 4 modules a layer */
+    CHECK(n >= 6 * (2 + dora) * (experts ? 3 : strchr(arch, '/') ? 4 : 7)); /* Phi-3: 4 modules a layer */
     free(logp), free(w);
     batch_free(&f);
     ctrl_model_free(m);
@@ -414,6 +477,12 @@ TEST(lora_backward_matches_finite_differences) { finite_difference(0.0f, 0, 0); 
 TEST(fused_lora_backward_with_dropout_matches_finite_differences) {
     finite_difference_on("families/phi3_gqa", 0.25f, 0, 0);
     finite_difference_on("families/phi3_mha", 0.25f, 1, 0);
+}
+
+/* LoRA on the experts (target_parameters): every expert's A and B (five elements of each stacked
+ * tensor, across experts) through the routed rows, gate_up_proj's shared A over gate's and up's rows */
+TEST(moe_expert_lora_backward_matches_finite_differences) {
+    finite_difference_on("families/qwen3_moe_a", 0, 0, 0);
 }
 TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 0); }
 TEST(dora_backward_matches_finite_differences) { finite_difference(0.0f, 1, 0); }
@@ -580,12 +649,19 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
  * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json) and
  * merged (merged/), for PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
 TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
-    static const char *const cases[] = {"llama_qv",           "llama_all_rslora", "qwen2_attn_mlp",
-                                        "qwen3_default_init", "phi3_qkv_gate_up", "phi3_all_dora"};
-    static const char *const archs[] = {
-        "llama", "llama", "qwen2", "qwen3", "families/phi3_gqa", "families/phi3_mha"};
+    static const char *const cases[] = {"llama_qv",           "llama_all_rslora",    "qwen2_attn_mlp",
+                                        "qwen3_default_init", "phi3_qkv_gate_up",    "phi3_all_dora",
+                                        "qwen3_moe_experts",  "mixtral_experts_down"};
+    static const char *const archs[] = {"llama",
+                                        "llama",
+                                        "qwen2",
+                                        "qwen3",
+                                        "families/phi3_gqa",
+                                        "families/phi3_mha",
+                                        "families/qwen3_moe_a",
+                                        "families/mixtral"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 6; c++) {
+    for (int c = 0; c < 8; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         ctrl_model *m = load_adapter(dir);
@@ -641,10 +717,17 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
 TEST(lora_merged_model_equals_the_adapters) {
     static const char *const cases[] = {"llama_qv",      "llama_all_rslora",      "qwen2_attn_mlp",
                                         "llama_dora_qv", "qwen2_dora_all_rslora", "phi3_qkv_gate_up",
-                                        "phi3_all_dora"};
-    static const char *const archs[] = {
-        "llama", "llama", "qwen2", "llama", "qwen2", "families/phi3_gqa", "families/phi3_mha"};
-    for (int c = 0; c < 7; c++) {
+                                        "phi3_all_dora", "olmoe_experts_qkv",     "qwen3_moe_gate_up"};
+    static const char *const archs[] = {"llama",
+                                        "llama",
+                                        "qwen2",
+                                        "llama",
+                                        "qwen2",
+                                        "families/phi3_gqa",
+                                        "families/phi3_mha",
+                                        "families/olmoe",
+                                        "families/qwen3_moe_b"};
+    for (int c = 0; c < 9; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",

@@ -69,6 +69,27 @@ CASES = {
     "phi3_all_dora": ("families/phi3_mha", dict(r=2, lora_alpha=6, target_modules="all-linear", use_rslora=True,
                                                 init_lora_weights=False, lora_dropout=0.05, use_dora=True,
                                                 modules_to_save=["lm_head"]), "perturb"),
+    # LoRA on MoE experts (PEFT's target_parameters, lora.ParamWrapper over transformers 5's 3-D expert
+    # parameters [E, out, in]): lora_A [E r, in], lora_B [out, E r] (expert e's B is every E-th column
+    # from e); with both parameters targeted the wrappers nest (gate_up_proj's under base_layer.)
+    "qwen3_moe_experts": ("families/qwen3_moe_a", dict(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"],
+                                                       target_parameters=["experts.gate_up_proj", "experts.down_proj"],
+                                                       init_lora_weights=False, lora_dropout=0.0)),
+    # one parameter (no nesting), rsLoRA, no target_modules at all
+    "mixtral_experts_down": ("families/mixtral", dict(r=3, lora_alpha=5, target_modules=[], use_rslora=True,
+                                                      target_parameters=["experts.down_proj"],
+                                                      init_lora_weights=False, lora_dropout=0.0)),
+    # the list in the other order (PEFT nests by the module's parameter order, not the list's), 8 experts
+    # top 3, q_norm / k_norm over the whole projections. (all-linear, or gate_proj / up_proj / down_proj
+    # in target_modules, PEFT 0.21 converts on these families into target_parameters with the router's
+    # gate.weight and a doubled rank on gate_up_proj (rank_pattern): ctrl refuses those by key.)
+    "olmoe_experts_qkv": ("families/olmoe", dict(r=2, lora_alpha=6, target_modules=["q_proj", "k_proj", "v_proj"],
+                                                 target_parameters=["mlp.experts.down_proj", "experts.gate_up_proj"],
+                                                 init_lora_weights=False, lora_dropout=0.0)),
+    # gate_up_proj alone (no nesting), a dense middle layer (mlp_only_layers) left as it is, tied
+    "qwen3_moe_gate_up": ("families/qwen3_moe_b", dict(r=2, lora_alpha=3, target_modules=["o_proj"],
+                                                       target_parameters=["experts.gate_up_proj"],
+                                                       init_lora_weights=False, lora_dropout=0.0)),
 }
 
 
