@@ -24,6 +24,7 @@
 #include <ctrl/tensor.h>
 
 #include "cpu/cpu_ops.h" /* ctrl_head_args */
+#include "device/sample_batch.h"
 
 typedef struct ctrl_backend_ops {
     size_t size; /* sizeof(ctrl_backend_ops) as the backend was built */
@@ -152,6 +153,12 @@ typedef struct ctrl_backend_ops {
     ctrl_status (*nf4_dequantize)(float *out, const uint8_t *packed, const uint8_t *qabsmax,
                                   const float *absmax2, float offset, const float *code, const float *dynamic,
                                   int64_t n);
+    /* Appended for sampling on the device (device/sample_batch.h; the generation engine's draws
+     * when the model is on a device): every row of b processed and drawn from as
+     * core/generate/sampling.c does, from logits that stay in the backend's memory; b in host
+     * memory, its pointers in the backend's. NULL where not implemented (the engine copies the
+     * logits to the host and samples there). */
+    ctrl_status (*sample)(const struct ctrl_sample_batch *b);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -98,6 +98,7 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .release_cached = ctrl_cuda_empty_cache,
         .memory_info = ctrl_cuda_memory_info,
         .nf4_dequantize = ctrl_cuda_nf4_dequantize, /* QLoRA (kernels/cuda/nf4.cu) */
+        .sample = ctrl_cuda_sample, /* the engine's draws (kernels/cuda/sampling.cu) */
     };
     return &ops;
 }

@@ -133,6 +133,9 @@ void ctrl_engine_set_prefill_chunk(ctrl_engine *e, int tokens);
 long ctrl_engine_capacity_tokens(const ctrl_engine *e);
 /* Requests added while others were running, so far. */
 long ctrl_engine_joined(const ctrl_engine *e);
+/* Tokens drawn on the model's device so far (sampling on the device: only ids and log-probabilities
+ * left it); 0 on the CPU. */
+long ctrl_engine_device_draws(const ctrl_engine *e);
 /* With cfg.prefix_cache: drops every cached prompt block (after a weight update the cached K/V are
  * stale); the blocks reused from the cache so far. */
 void ctrl_engine_reset_prefix_cache(ctrl_engine *e);

@@ -30,7 +30,8 @@ typedef struct gen_seq {
 /* A token to draw after a decode step: from `logits`, for `s` (filled in parallel, recorded in order). */
 typedef struct gen_draw {
     gen_seq *s;
-    const float *logits;
+    const float *logits; /* host sampling: its row of the step's logits */
+    int row;             /* that row's index (sampling on the device reads the device's copy) */
     int32_t tok;
     float logprob;
     int32_t *top_ids; /* the request's top_logprobs entries, in the step's scratch */
@@ -46,6 +47,7 @@ struct ctrl_engine {
     int prefill_chunk; /* ctrl_engine_set_prefill_chunk; 0: none */
     long steps, preemptions, shared_blocks, generated, joined;
     long longrope_recomputes; /* Phi-3 sequences computed again on longrope's long factors */
+    long device_draws;        /* tokens drawn on the device (engine_draw_device.c) */
     gen_seq *seqs;            /* in arrival order; finished ones leave at the next step */
     int n, cap;
     int stepped; /* a step ran for the requests present (a request added now joins them) */
@@ -62,5 +64,10 @@ struct ctrl_engine {
 
 /* Fills batch / n_new with the step's sequences (engine_pick.c); how many. */
 int engine_pick(ctrl_engine *e);
+/* Whether the step's draws run on the model's device (its backend has a `sample` op): the logits
+ * then stay there (engine_draw_device.c). */
+int engine_draws_on_device(const ctrl_engine *e);
+/* The draws[n] on the device: each draw's tok, logprob and top entries (engine_draw_device.c). */
+ctrl_status engine_draw_device(ctrl_engine *e, gen_draw *draws, int n);
 
 #endif

@@ -174,6 +174,12 @@ static ctrl_status draw_all(ctrl_engine *e, int n) {
     }
     for (size_t i = 0, at = 0; i < (size_t)n; at += (size_t)e->draws[i++].s->rq->r.top_logprobs)
         e->draws[i].top_ids = tops ? top_ids + at : NULL, e->draws[i].top_lps = tops ? top_lps + at : NULL;
+    if (engine_draws_on_device(e)) { /* the logits never left the device */
+        ctrl_status st = engine_draw_device(e, e->draws, n);
+        for (int i = 0; i < n && st == CTRL_OK; i++) st = record_token(e, e->draws[i].s, &e->draws[i]);
+        free(top_ids), free(top_lps);
+        return st;
+    }
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -239,13 +245,14 @@ static ctrl_status tidy(ctrl_engine *e) {
     }
     const int want = n < e->cfg.max_num_seqs ? n : e->cfg.max_num_seqs;
     if (want <= e->scratch) return CTRL_OK;
-    const int V = ctrl_model_cfg(e->model)->vocab_size;
+    const int V = ctrl_model_cfg(e->model)->vocab_size, on_device = engine_draws_on_device(e);
     free(e->batch), free(e->n_new), free(e->kvs), free(e->logits);
     e->batch = malloc(sizeof(gen_seq *) * (size_t)want), e->n_new = malloc(sizeof(int) * (size_t)want);
-    e->kvs = malloc(sizeof(ctrl_kv_seq *) * (size_t)want),
-    e->logits = malloc(sizeof(float) * (size_t)want * V);
+    e->kvs = malloc(sizeof(ctrl_kv_seq *) * (size_t)want);
+    /* the logits on the host only when the draws are there */
+    e->logits = on_device ? NULL : malloc(sizeof(float) * (size_t)want * V);
     if (!e->tokens) e->tokens = malloc(sizeof(int32_t) * (size_t)e->cfg.max_num_batched_tokens);
-    e->scratch = e->batch && e->n_new && e->kvs && e->logits && e->tokens ? want : 0;
+    e->scratch = e->batch && e->n_new && e->kvs && (e->logits || on_device) && e->tokens ? want : 0;
     return e->scratch ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
 }
 
@@ -282,7 +289,7 @@ static ctrl_status reserve(ctrl_engine *e, int *nb_io) {
 
 /* The first time a prompt is cached (its first sample's prefill is done) the other samples fork
  * from it and will draw their first token from the same logits. */
-static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits, int *n_draws) {
+static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits, int row, int *n_draws) {
     s->forked = 1;
     if (e->prefix && !s->rq->r.adapter)
         ctrl_prefix_cache_insert(e->prefix, e->kv, s->rq->r.prompt, s->rq->r.prompt_len, &s->kv);
@@ -295,7 +302,7 @@ static ctrl_status fork_samples(ctrl_engine *e, gen_seq *s, const float *logits,
         if (st != CTRL_OK) break; /* no block to fork into: it prefills on its own */
         e->shared_blocks += shared;
         o->forked = 1, o->state = RUNNING;
-        e->draws[(*n_draws)++] = (gen_draw){.s = o, .logits = logits};
+        e->draws[(*n_draws)++] = (gen_draw){.s = o, .logits = logits, .row = row};
     }
     if (st == CTRL_ERR_NOMEM) { /* leave the others to prefill themselves */
         st = CTRL_OK;
@@ -358,8 +365,9 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
         gen_seq *s = e->batch[b];
         if (s->kv.len < s->n_tokens) continue; /* prefill not done yet */
         s->state = RUNNING;
-        if (!s->forked) st = fork_samples(e, s, e->logits + (size_t)b * V, &n_draws);
-        e->draws[n_draws++] = (gen_draw){.s = s, .logits = e->logits + (size_t)b * V};
+        const float *row = e->logits ? e->logits + (size_t)b * V : NULL; /* NULL: on the device */
+        if (!s->forked) st = fork_samples(e, s, row, b, &n_draws);
+        e->draws[n_draws++] = (gen_draw){.s = s, .logits = row, .row = b};
     }
     if (st == CTRL_OK && n_draws > 0) st = draw_all(e, n_draws);
     for (int i = 0; i < e->n && st == CTRL_OK; i++) *active |= e->seqs[i].state != FINISHED;

@@ -231,9 +231,12 @@ const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m);
  * `tokens`, at positions seqs[s]->len onwards) run through the model; their K/V are appended to the paged
  * cache (blocks reserved as needed) and logits[s * V ...] receive the next-token logits after each sequence's
  * last new token. The paged attention plugin (ctrl_model_set_paged_attention) reads the cache through the
- * block tables. */
+ * block tables. On a device backend logits may be NULL: the logits then stay in device memory,
+ * [n_seq, V] at ctrl_model_decode_logits() until the next decode, without the final soft-capping
+ * (the caller applies final_softcap: the device sampler does). */
 ctrl_status ctrl_model_decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *seqs,
                               const int32_t *tokens, const int *n_new, int n_seq, float *logits);
+const float *ctrl_model_decode_logits(const ctrl_model *m);
 /* The same for one sequence, with the logits after every one of its n new tokens: logits[n * V]
  * (scoring a prompt: the OpenAI prompt_logprobs). */
 ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *seq, const int32_t *tokens,

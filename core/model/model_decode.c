@@ -6,7 +6,7 @@
  * of its own (one layer's internals), so a training forward's saved activations survive it.
  * Everything runs on the model's backend: on a device the cache, the scratch, the K/V append, the
  * attention and the head are in device memory, the call's int32 inputs go there in one copy, and
- * the logits come back in one copy (the caller samples on the host from them). */
+ * the logits come back in one copy, or stay there for sampling on the device (logits == NULL). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -189,6 +189,8 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     }
     const int rows = all_rows ? T : n_seq;
     float *lg = logits; /* the logits: the caller's buffer, or the device's then copied back */
+    if (!logits && (be->host_memory || all_rows)) /* only a device's decode keeps them there */
+        st = ctrl_error_set(CTRL_ERR_RUNTIME, "decode: no buffer for the logits");
     if (st == CTRL_OK && !be->host_memory) {
         st = model_grow(m, (void **)&m->dec_logits, &m->dec_logits_bytes, sizeof(float) * (size_t)rows * V);
         lg = m->dec_logits;
@@ -235,9 +237,11 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
             st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);
         if (st == CTRL_OK)
             st = be->linear_forward(lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
-        if (st == CTRL_OK && lg != logits) st = be->to_host(logits, lg, sizeof(float) * (size_t)rows * V);
+        /* logits == NULL: they stay on the device (ctrl_model_decode_logits), not yet soft-capped */
+        if (st == CTRL_OK && logits && lg != logits)
+            st = be->to_host(logits, lg, sizeof(float) * (size_t)rows * V);
         const float cap = cfg->final_softcap; /* on the host: logits are the caller's buffer */
-        for (size_t i = 0; st == CTRL_OK && cap > 0 && i < (size_t)rows * V; i++)
+        for (size_t i = 0; st == CTRL_OK && logits && cap > 0 && i < (size_t)rows * V; i++)
             logits[i] = cap * tanhf(logits[i] / cap);
         for (int s = 0; st == CTRL_OK && s < n_seq; s++) seqs[s]->len += n_new[s];
     }
@@ -262,3 +266,5 @@ ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *
     m->dec_adapters = NULL;
     return st;
 }
+
+const float *ctrl_model_decode_logits(const ctrl_model *m) { return m->dec_logits; }

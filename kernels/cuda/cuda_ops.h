@@ -162,6 +162,11 @@ ctrl_status ctrl_cuda_kv_append(void *k_cache, void *v_cache, const float *k, co
 ctrl_status ctrl_cuda_nf4_dequantize(float *out, const uint8_t *packed, const uint8_t *qabsmax,
                                      const float *absmax2, float offset, const float *code,
                                      const float *dynamic, int64_t n);
+/* Sampling on the device (sampling.cu): each row of b (core/device/sample_batch.h: host memory,
+ * its pointers on the device) processed and drawn from as core/generate/sampling.c does, the
+ * results in b->out (device memory). */
+struct ctrl_sample_batch;
+ctrl_status ctrl_cuda_sample(const struct ctrl_sample_batch *b);
 
 #ifdef __cplusplus
 }

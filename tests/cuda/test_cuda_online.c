@@ -2,11 +2,13 @@
  * backend on the same seed.
  *
  * The engine on the device: the KV pool in device memory, the K/V append and the paged plugin's
- * CUDA decode, the head on the device, the logits copied back and sampled on the host. Greedy
+ * CUDA decode, the head on the device, the tokens drawn there (kernels/cuda/sampling.cu: only ids and
+ * log-probabilities come back; ctrl_engine_device_draws counts them). Greedy
  * tokens equal transformers' (tests/fixtures/generation, four architectures) and the CPU engine's,
  * however the scheduler cuts the work (one roomy step, prefill chunks of 4 tokens, a pool so small
  * that sequences are preempted and recomputed), also over a bf16 cache; n = 3 samples of a prompt
- * (their shared prompt blocks, the copied partial block) draw the CPU's tokens from the same seeds;
+ * (their shared prompt blocks, the copied partial block; temperature, top-k, top-p, min-p, the
+ * repetition and frequency penalties) draw the CPU's tokens from the same seeds;
  * each token's log-probability within 1e-4 of the CPU's. Sleep level 2 gives the pool back to the
  * driver (the caching allocator's reserved bytes fall by at least the pool's size) and generation
  * after wake_up is unchanged. kv_cache_bytes = 0 sizes the pool from the GPU's memory.
@@ -87,7 +89,12 @@ static ctrl_model *load(const char *arch, gen_case *cases, int dev) {
  * into out[5]. */
 static ctrl_status generate(ctrl_engine *e, const gen_case *cases, ctrl_gen_output *out) {
     const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
-                               sampled = {.temperature = 1, .top_p = 1, .repetition_penalty = 1};
+                               sampled = {.temperature = 0.9f,
+                                          .top_k = 20,
+                                          .top_p = 0.95f,
+                                          .min_p = 0.01f,
+                                          .repetition_penalty = 1.1f,
+                                          .frequency_penalty = 0.2f};
     ctrl_gen_request reqs[3];
     for (int c = 0; c < 3; c++)
         reqs[c] = (ctrl_gen_request){.prompt = cases[c % 2].prompt,
@@ -132,6 +139,8 @@ static void engine_case(const char *arch, ctrl_engine_config cfg, int expect_pre
         ctrl_status st = generate(ed, cases, od);
         CHECK_MSG(st == CTRL_OK, "%s device: %s", what, ctrl_error_message());
         if (st == CTRL_OK) compare_outputs(what, od, oc, cases, cfg.kv_cache_dtype == 0);
+        CHECK_MSG(ctrl_engine_device_draws(ed) > 0 && ctrl_engine_device_draws(ec) == 0,
+                  "%s: %ld tokens drawn on the device", what, ctrl_engine_device_draws(ed));
         long pc = 0, pd = 0;
         ctrl_engine_stats(ec, NULL, &pc, NULL), ctrl_engine_stats(ed, NULL, &pd, NULL);
         CHECK_MSG(pc == pd, "%s: %ld preemptions on the device, %ld on the CPU", what, pd, pc);

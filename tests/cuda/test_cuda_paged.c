@@ -1,7 +1,8 @@
 /* The paged plugin's CUDA path against its CPU path: the same pools (fp32 and bf16), shuffled block
  * tables (tests/paged_case.c), queries at every position and at the last one of sequences of 1 to 1500
  * tokens, GQA groups of 1, 4 and 8, head_dim 64 and 128, with and without a sliding window; outputs poisoned
- * with NaN before the run; max abs difference <= 1e-4. Skips, saying why, without a GPU or a CUDA
+ * with NaN before the run; max abs difference <= 1e-4; two of the shapes again with Gemma 2's logit
+ * soft-capping. Skips, saying why, without a GPU or a CUDA
  * build. */
 #include <math.h>
 #include <stdint.h>
@@ -26,7 +27,7 @@ static void *to_device(const void *h, size_t bytes) {
     return d;
 }
 
-static void check_shape(const ctrl_attention_ops *paged, paged_shape sh) {
+static void check_shape(const ctrl_attention_ops *paged, paged_shape sh, float softcap) {
     /* CTRL_TEST_SMALL (compute-sanitizer, the emulator): shorter sequences, still several blocks */
     static const int full[4] = {1, 37, 500, 1500}, small[4] = {1, 37, 70, 130};
     const int *lens = getenv("CTRL_TEST_SMALL") ? small : full;
@@ -35,7 +36,7 @@ static void check_shape(const ctrl_attention_ops *paged, paged_shape sh) {
     const int H = sh.H, D = sh.D, n = c.n;
     const size_t out_bytes = sizeof(float) * n * H * D;
     float *want = malloc(out_bytes), *got = malloc(out_bytes);
-    c.args.out = want;
+    c.args.out = want, c.args.softcap = softcap; /* Gemma 2's attn_logit_softcapping when > 0 */
     CHECK_MSG(paged->paged_forward(&c.args) == CTRL_OK, "cpu: %s", ctrl_error_message());
     ctrl_paged_attention_args d = c.args;
     d.device = (ctrl_device){CTRL_DEVICE_CUDA, 0};
@@ -54,10 +55,11 @@ static void check_shape(const ctrl_attention_ops *paged, paged_shape sh) {
     double worst = 0;
     for (int i = 0; i < n * H * D; i++)
         worst = isfinite(got[i]) ? fmax(worst, fabs((double)got[i] - want[i])) : INFINITY;
-    CHECK_MSG(worst <= 1e-4, "H %d HK %d D %d window %d block %d last_only %d bf16 %d: max error %.3g", H,
-              sh.HK, D, sh.window, sh.block, sh.last_only, sh.bf16, worst);
-    printf("  H %2d/%d D %3d window %3d block %2d %s %s cache: %d queries, max error %.2g\n", H, sh.HK, D,
-           sh.window, sh.block, sh.last_only ? "decode " : "prefill", sh.bf16 ? "bf16" : "fp32", n, worst);
+    CHECK_MSG(worst <= 1e-4, "H %d HK %d D %d window %d block %d last_only %d bf16 %d softcap %g: max error %.3g",
+              H, sh.HK, D, sh.window, sh.block, sh.last_only, sh.bf16, (double)softcap, worst);
+    printf("  H %2d/%d D %3d window %3d block %2d %s %s cache%s: %d queries, max error %.2g\n", H, sh.HK, D,
+           sh.window, sh.block, sh.last_only ? "decode " : "prefill", sh.bf16 ? "bf16" : "fp32",
+           softcap > 0 ? ", soft-capped" : "", n, worst);
     ctrl_cuda_free((void *)d.q), ctrl_cuda_free((void *)d.k_cache), ctrl_cuda_free((void *)d.v_cache),
         ctrl_cuda_free((void *)d.block_tables), ctrl_cuda_free((void *)d.seq_of_token),
         ctrl_cuda_free((void *)d.positions), ctrl_cuda_free(out);
@@ -76,7 +78,10 @@ TEST(paged_cuda_matches_cpu) {
         {8, 8, 64, 0, 16, 1, 0},    {8, 2, 64, 0, 16, 0, 0}, {32, 4, 128, 0, 16, 1, 0},
         {16, 2, 128, 100, 8, 0, 0}, {8, 2, 64, 0, 16, 1, 1}, {32, 4, 128, 64, 16, 0, 1},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(e->plugin->ops, shapes[i]);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) check_shape(e->plugin->ops, shapes[i], 0);
+    /* Gemma 2's soft-capping (a small cap, so that it bends the scores), prefill and decode */
+    check_shape(e->plugin->ops, shapes[1], 0.5f);
+    check_shape(e->plugin->ops, shapes[4], 0.5f);
     ctrl_registry_destroy(reg);
 }
 

@@ -72,4 +72,6 @@ if(CTRL_HAVE_CUDA_EMU)
   # GRPO and RLOO with `[run] device = cuda` (generation from the device's KV cache through the paged
   # plugin's CUDA decode) against the CPU backend on the same seed.
   ctrl_emu_cuda_test(test_cuda_online)
+  # Sampling on the device (kernels/cuda/sampling.cu) against the host sampler.
+  ctrl_emu_cuda_test(test_cuda_sampling)
 endif()

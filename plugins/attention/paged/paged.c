@@ -59,11 +59,6 @@ static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
         return BAD("a buffer is missing");
     if (!(a->softcap >= 0)) return BAD("softcap = %g must be >= 0", (double)a->softcap);
 #ifdef CTRL_HAVE_CUDA
-    if (cuda && a->softcap > 0)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "attention paged: logit soft-capping (softcap = %g) is not implemented on CUDA yet",
-            (double)a->softcap);
     if (cuda) return paged_cuda_forward(a); /* the tables are on the device: the core's, trusted */
 #endif
     ctrl_status st = check_tables(a);
@@ -74,7 +69,7 @@ static ctrl_status paged_forward(const ctrl_paged_attention_args *a) {
 static const ctrl_attention_ops paged_ops = {
     .size = sizeof(ctrl_attention_ops),
     .paged_forward = paged_forward,
-    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU; CUDA refuses it */
+    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU and on CUDA */
 };
 
 static const ctrl_plugin paged_plugin = {

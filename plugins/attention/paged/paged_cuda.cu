@@ -2,7 +2,8 @@
 // (the same arguments as the CPU path). SIMT baseline, correctness first: one block per (query
 // token, kv head), one warp per query head of the GQA group; a warp walks the visible keys one at
 // a time, its lanes splitting head_dim (dot products by warp shuffles), with an online softmax, so
-// no score buffer and no limit on the context length. The split-K (vLLM v2) and tensor-core
+// no score buffer and no limit on the context length. Soft-capping (Gemma 2, a.softcap > 0): each
+// scaled score becomes cap tanh(s / cap) before the softmax. The split-K (vLLM v2) and tensor-core
 // versions are to be built and tuned on a GPU against it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -52,6 +53,7 @@ template <typename C> __global__ void decode_kernel(ctrl_paged_attention_args a)
             if (d < D) s += qr[i] * load(kc, row + d);
         }
         s = warp_sum(s);
+        if (a.softcap > 0) s = a.softcap * tanhf(s / a.softcap); // Gemma 2: cap tanh(s / cap), as the CPU's
         const float mn = fmaxf(m, s), corr = __expf(m - mn), p = __expf(s - mn);
         l = l * corr + p;
         for (int i = 0; i < kPerLane; i++) {
