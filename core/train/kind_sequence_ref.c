@@ -22,15 +22,11 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
     const ctrl_run_settings *s = env->settings;
     ctrl_model *ref = NULL;
     ctrl_status st = ctrl_model_load(s->model.path, env->plugins->attention->ops, &ref);
-    if (st == CTRL_OK && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU) {
-        train_compute c;
-        st = train_compute_select(s->run.device, &c);
-        if (st == CTRL_OK && !c.cuda)
-            st = ctrl_error_set(CTRL_ERR_DEVICE, "[run] device: no backend for the reference");
-        if (st == CTRL_OK) st = ctrl_model_to_device(ref, c.cuda->ops, c.device);
-    } else if (st == CTRL_OK) {
-        st = ctrl_model_set_compute_dtype(ref, ctrl_model_compute_dtype(env->model));
-    }
+    /* beside the policy, on its backend and in its compute dtype ([train] dtype: TRL's reference
+     * runs under the same autocast); the dtype after the move, which resets the model's backend */
+    if (st == CTRL_OK && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
+        st = ctrl_model_to_device(ref, ctrl_model_backend(env->model), ctrl_model_device(env->model));
+    if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(ref, ctrl_model_compute_dtype(env->model));
     /* no backward through the reference: one set of layer internals for all its layers (with a
      * 151k vocabulary and 8 pairs, 6 layers kept ~110 MiB of activations it never reads again) */
     if (st == CTRL_OK) st = ctrl_model_set_recompute_all(ref);

@@ -22,8 +22,9 @@
  * GRPO 1.2e-5 and 5.8e-6). GRPO again with [generation] sleep = 2 on the device: the CPU's run.
  * The loops that share the engine too: Online DPO, and GKD sampling on the device from the student
  * (lmbda = 1) and from the teacher (seq_kd) -- metrics and weights within the same bounds (measured
- * 1e-5 and 1e-5). PPO (a value model) is refused on the device. Skips without a GPU; under the
- * CUDA emulator it is test_cuda_online_emu (about 20 s). */
+ * 1e-5 and 1e-5). PPO (a value model) is refused on the device. DPO in bf16 with a live reference
+ * model on the device: the reference computes in bf16 too (step 1's rewards exactly 0). Skips without a GPU;
+ * under the CUDA emulator it is test_cuda_online_emu (about 20 s). */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -415,6 +416,79 @@ TEST(gkd_generation_on_device_matches_cpu) {
     ctrl_model_free(m);
     train_case("gkd_on_policy", "gkd", "lmbda = 1\nbeta = 0.3\nmax_new_tokens = 6\n", NULL, teacher);
     train_case("gkd_seq_kd", "gkd", "lmbda = 0\nseq_kd = true\nmax_new_tokens = 6\n", NULL, teacher);
+}
+
+/* DPO with a live reference model in bf16 ([train] dtype = bf16): the reference is placed beside the
+ * policy on the device and computes in the policy's dtype, as TRL's reference runs under the same
+ * autocast. At step 1 policy and reference are the same weights in the same dtype on the same
+ * backend, so every reward is exactly 0 (the reference left in fp32, as before, gave 2.4e-5 and
+ * -3.9e-5 here); the 3 steps' loss, margins and log-probs within 1e-4 relative + 5e-4 of the CPU's
+ * bf16 run (the two backends' bf16 GEMMs round differently; a margin is a difference of sums). */
+TEST(dpo_reference_on_device_in_bf16) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
+    char ini[1200], cpu_out[1200], dev_out[1200], o1[1300];
+    snprintf(ini, sizeof ini, "%s/dpo_bf16.ini", tmp);
+    snprintf(cpu_out, sizeof cpu_out, "%s/dpo_bf16-cpu", tmp);
+    snprintf(dev_out, sizeof dev_out, "%s/dpo_bf16-cuda", tmp);
+    mkdir(cpu_out, 0755), mkdir(dev_out, 0755);
+    FILE *f = fopen(ini, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fprintf(f,
+            "[run]\ntrainer = dpo\noutput_dir = %s\nseed = 5\ndevice = cpu\n"
+            "[model]\npath = " CTRL_FIXTURE_DIR "/trl_sft/model\n"
+            "[data]\ntrain_file = " CTRL_FIXTURE_DIR "/trl_dpo/pairs.jsonl\nshuffle = false\n"
+            "[train]\ndtype = bf16\nlearning_rate = 1e-3\nlr_scheduler_type = constant\nmax_steps = 3\n"
+            "per_device_train_batch_size = 4\nlogging_steps = 1\nsave_strategy = no\n"
+            "[dpo]\nbeta = 0.1\n",
+            cpu_out);
+    fclose(f);
+    ctrl_status st = test_train_ini(ini, NULL, 0);
+    CHECK_MSG(st == CTRL_OK, "dpo bf16 on the CPU: %s", ctrl_error_message());
+    snprintf(o1, sizeof o1, "run.output_dir=%s", dev_out);
+    const char *sets[] = {"run.device=cuda", o1};
+    if (st == CTRL_OK) st = test_train_ini(ini, sets, 2);
+    CHECK_MSG(st == CTRL_OK, "dpo bf16 on the device: %s", ctrl_error_message());
+    if (st != CTRL_OK) return;
+    char *ma = read_file(dev_out, "metrics.jsonl"), *mb = read_file(cpu_out, "metrics.jsonl");
+    char *sa = NULL, *sb = NULL;
+    int lines = 0;
+    double worst = 0;
+    for (char *la = ma ? strtok_r(ma, "\n", &sa) : NULL, *lb = mb ? strtok_r(mb, "\n", &sb) : NULL; la && lb;
+         la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb)) {
+        cJSON *x = cJSON_Parse(la), *y = cJSON_Parse(lb);
+        const cJSON *step = cJSON_GetObjectItem(x, "step");
+        if (!cJSON_IsNumber(cJSON_GetObjectItem(x, "loss"))) { /* not a training step's line */
+            cJSON_Delete(x), cJSON_Delete(y);
+            continue;
+        }
+        lines++;
+        if (cJSON_IsNumber(step) && step->valueint == 1)
+            for (int r = 0; r < 2; r++) {
+                const char *k = r ? "rewards/rejected" : "rewards/chosen";
+                const cJSON *v = cJSON_GetObjectItem(x, k);
+                CHECK_MSG(cJSON_IsNumber(v) && v->valuedouble == 0, "step 1: %s = %.9g on the device (not 0)",
+                          k, cJSON_IsNumber(v) ? v->valuedouble : NAN);
+            }
+        static const char *const keys[] = {"loss", "rewards/margins", "logps/chosen", "logps/rejected"};
+        for (int i = 0; i < 4; i++) {
+            const cJSON *u = cJSON_GetObjectItem(x, keys[i]), *v = cJSON_GetObjectItem(y, keys[i]);
+            CHECK_MSG(cJSON_IsNumber(u) && cJSON_IsNumber(v), "%s missing", keys[i]);
+            if (!cJSON_IsNumber(u) || !cJSON_IsNumber(v)) continue;
+            const double d = fabs(u->valuedouble - v->valuedouble);
+            CHECK_MSG(d <= 1e-4 * fabs(v->valuedouble) + 5e-4,
+                      "line %d: %s %.9g on the device, %.9g on the CPU", lines, keys[i], u->valuedouble,
+                      v->valuedouble);
+            worst = fmax(worst, d);
+        }
+        cJSON_Delete(x), cJSON_Delete(y);
+    }
+    CHECK_MSG(lines >= 3, "%d metrics lines", lines);
+    printf("  dpo bf16: step 1 rewards 0 on the device; loss, margins, logps within %.2g of the CPU's\n",
+           worst);
+    free(ma), free(mb);
 }
 
 /* A value model (PPO) stays on the CPU so far: refused on the device, naming the trainer. */
