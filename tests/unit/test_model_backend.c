@@ -126,11 +126,13 @@ TEST(cpu_backend_table_is_complete) {
     CHECK_EQ_INT(be->size, sizeof(ctrl_backend_ops));
     CHECK(be->host_memory && be->device_type == CTRL_DEVICE_CPU);
     /* every field after the header is a function pointer, and the CPU backend has them all but the
-     * optimizer kernels (on the CPU the optimizer plugins step host memory themselves) */
+     * optimizer kernels (on the CPU the optimizer plugins step host memory themselves) and the
+     * device sampler (the engine samples host logits with core/generate/sampling.c itself) */
     const size_t first = offsetof(ctrl_backend_ops, alloc);
-    CHECK(be->adamw_step == NULL);
+    CHECK(be->adamw_step == NULL && be->sample == NULL);
     for (size_t off = first; off < sizeof *be; off += sizeof(void (*)(void))) {
-        if (off == offsetof(ctrl_backend_ops, adamw_step)) continue;
+        if (off == offsetof(ctrl_backend_ops, adamw_step) || off == offsetof(ctrl_backend_ops, sample))
+            continue;
         void (*fn)(void);
         memcpy(&fn, (const char *)be + off, sizeof fn);
         CHECK_MSG(fn != NULL, "the CPU backend lacks the op at offset %zu", off);
