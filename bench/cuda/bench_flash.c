@@ -14,6 +14,7 @@
 
 #include "bench_common.h"
 #include "device/cuda_backend.h"
+#include "flash_args.h" /* tests/cuda: the arguments as the test builds them */
 #include "registry/registry.h"
 
 static double time_it(const ctrl_attention_ops *ops, const ctrl_attention_args *a, int backward) {
@@ -58,58 +59,23 @@ int main(int argc, char **argv) {
                 const int T = seqs[si], D = dims[di], H = 16, HK = 4;
                 if (only && (only_t != T || only_d != D)) continue;
                 const size_t nq = (size_t)T * H * D, nk = (size_t)T * HK * D;
-                int32_t cu[2] = {0, T}, *dcu;
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&dcu, sizeof cu));
-                BENCH_CHECK(ctrl_cuda_memcpy_h2d(dcu, cu, sizeof cu));
+                const int32_t cu[2] = {0, T};
                 float *fq = bench_dev_random(nq, 2), *fk = bench_dev_random(nk, 2),
                       *fv = bench_dev_random(nk, 2);
                 float *fdo = bench_dev_random(nq, 2);
-                uint16_t *q, *k, *v, *dout, *out, *dq, *dk, *dv;
-                float *lse;
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&q, nq * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&k, nk * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&v, nk * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&dout, nq * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&out, nq * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&dq, nq * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&dk, nk * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&dv, nk * 2));
-                BENCH_CHECK(ctrl_cuda_malloc((void **)&lse, (size_t)H * T * 4));
-                ctrl_cuda_f32_to_bf16(q, fq, (int64_t)nq), ctrl_cuda_f32_to_bf16(k, fk, (int64_t)nk);
-                ctrl_cuda_f32_to_bf16(v, fv, (int64_t)nk), ctrl_cuda_f32_to_bf16(dout, fdo, (int64_t)nq);
-                ctrl_attention_args a = {.size = sizeof a,
-                                         .device = {CTRL_DEVICE_CUDA, 0},
-                                         .dtype = CTRL_BF16,
-                                         .n_seqs = 1,
-                                         .cu_seqlens = dcu,
-                                         .cu_seqlens_host = cu,
-                                         .total_tokens = T,
-                                         .n_head = H,
-                                         .n_kv_head = HK,
-                                         .head_dim = D,
-                                         .scale = 1.0f / sqrtf((float)D),
-                                         .causal = 1,
-                                         .q = q,
-                                         .k = k,
-                                         .v = v,
-                                         .out = out,
-                                         .lse = lse,
-                                         .dout = dout,
-                                         .dq = dq,
-                                         .dk = dk,
-                                         .dv = dv,
-                                         .deterministic = 1};
+                flash_bufs b;
+                BENCH_CHECK(flash_bufs_alloc(&b, cu, 1, H, HK, D, CTRL_BF16));
+                ctrl_cuda_f32_to_bf16(b.q, fq, (int64_t)nq), ctrl_cuda_f32_to_bf16(b.k, fk, (int64_t)nk);
+                ctrl_cuda_f32_to_bf16(b.v, fv, (int64_t)nk), ctrl_cuda_f32_to_bf16(b.dout, fdo, (int64_t)nq);
+                const ctrl_attention_args a = flash_args(&b, cu, 1, H, HK, D, CTRL_BF16, 0);
                 const double flops = 2.0 * 2.0 * (double)T * T / 2 * H * D;
                 setenv("CTRL_FLASH_PATH", paths[pi], 1);
                 const double tf = time_it(ops, &a, 0), tb = time_it(ops, &a, 1);
                 printf("%-6s %-8d %-5d %d/%-4d %10.1f %12.1f\n", paths[pi], T, D, H, HK, flops / tf * 1e-12,
                        3.5 * flops / tb * 1e-12);
                 fflush(stdout);
-                ctrl_cuda_free(fq), ctrl_cuda_free(fk), ctrl_cuda_free(fv), ctrl_cuda_free(fdo),
-                    ctrl_cuda_free(dcu);
-                ctrl_cuda_free(q), ctrl_cuda_free(k), ctrl_cuda_free(v), ctrl_cuda_free(dout),
-                    ctrl_cuda_free(out);
-                ctrl_cuda_free(dq), ctrl_cuda_free(dk), ctrl_cuda_free(dv), ctrl_cuda_free(lse);
+                ctrl_cuda_free(fq), ctrl_cuda_free(fk), ctrl_cuda_free(fv), ctrl_cuda_free(fdo);
+                flash_bufs_free(&b);
             }
     ctrl_registry_destroy(reg);
     return 0;

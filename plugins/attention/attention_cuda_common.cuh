@@ -13,6 +13,18 @@ static inline int attention_max_len(const ctrl_attention_args *a) {
     return m;
 }
 
+// Gemma 2's logit soft-capping of a scaled score s (cap > 0: cap tanh(s / cap); else s itself);
+// *grad gets d capped / d s = 1 - tanh^2 (1 without a cap), what the backward multiplies dS by.
+__device__ __forceinline__ float attention_softcap(float s, float cap, float *grad) {
+    if (!(cap > 0.f)) {
+        *grad = 1.f;
+        return s;
+    }
+    const float t = tanhf(s / cap);
+    *grad = 1.f - t * t;
+    return cap * t;
+}
+
 // CTRL_OK, or the last launch's error as "attention NAME (cuda) WHAT: ...".
 static inline ctrl_status attention_launch_error(const char *name, const char *what) {
     cudaError_t err = cudaGetLastError();

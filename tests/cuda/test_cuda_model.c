@@ -64,6 +64,16 @@ TEST(model_with_checkpointing_matches_cpu) {
     compare(1, 1e-5, 1e-4);
 }
 
+/* Gemma 2 through the flash plugin (its attention logit soft-capping on the CUDA paths, forward and
+ * backward) against the CPU's flash, as the eager cases above. */
+TEST(gemma2_flash_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    backend_case_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "../families/gemma2_gqa",
+                       "flash", 0, 1e-5, 1e-4);
+    backend_case_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "../families/gemma2_mha",
+                       "flash", 1, 1e-5, 1e-4);
+}
+
 /* The sequence-classification head (reward models) through the same ops table. */
 TEST(lora_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());

@@ -167,6 +167,55 @@ TEST(greedy_on_device_equals_cpu_and_transformers) {
     engine_case("llama", (ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 1}, 0); /* bf16 cache */
 }
 
+/* Gemma 2 (attn_logit_softcapping 2 and final_logit_softcapping 3 in the fixture, so both bend its
+ * scores; a sliding window on alternate layers) generating on the device: the paged plugin's CUDA
+ * decode caps the attention scores and the device sampler the logits. Greedy tokens equal
+ * transformers' generate (tests/fixtures/families/gemma2_gqa/generation.json) and the CPU engine's;
+ * n = 3 samples with top-k / top-p the CPU's tokens. */
+TEST(gemma2_generation_on_device_matches_transformers) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    const char *dir = CTRL_FIXTURE_DIR "/families/gemma2_gqa";
+    ctrl_status st;
+    char *text = ctrl_read_text_file(CTRL_FIXTURE_DIR "/families/gemma2_gqa/generation.json", 1 << 20, &st);
+    cJSON *all = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK(all != NULL);
+    gen_case cases[2] = {0};
+    for (int c = 0; c < 2 && all; c++) {
+        const cJSON *o = cJSON_GetArrayItem(all, c), *p = cJSON_GetObjectItem(o, "prompt"),
+                    *g = cJSON_GetObjectItem(o, "generated");
+        cases[c].len = cJSON_GetArraySize(p);
+        for (int i = 0; i < cases[c].len && i < 64; i++)
+            cases[c].prompt[i] = cJSON_GetArrayItem(p, i)->valueint;
+        for (int i = 0; i < 12 && i < cJSON_GetArraySize(g); i++)
+            cases[c].want[i] = cJSON_GetArrayItem(g, i)->valueint;
+    }
+    cJSON_Delete(all);
+    ctrl_model *cpu = NULL, *dev = NULL;
+    CHECK_EQ_INT(ctrl_model_load(dir, NULL, &cpu), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(dir, NULL, &dev), CTRL_OK);
+    if (!cpu || !dev) return;
+    CHECK_MSG(ctrl_model_to_device(dev, ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}) ==
+                  CTRL_OK,
+              "%s", ctrl_error_message());
+    test_attach_paged(cpu), test_attach_paged(dev);
+    const ctrl_engine_config cfg = {1 << 20, 4, 8, 64, 0, 0, 0};
+    ctrl_engine *ec = NULL, *ed = NULL;
+    CHECK_EQ_INT(ctrl_engine_create(cpu, &cfg, &ec), CTRL_OK);
+    CHECK_MSG(ctrl_engine_create(dev, &cfg, &ed) == CTRL_OK, "%s", ctrl_error_message());
+    ctrl_gen_output oc[5] = {0}, od[5] = {0};
+    if (ec && ed) {
+        CHECK_MSG(generate(ec, cases, oc) == CTRL_OK, "gemma2 cpu: %s", ctrl_error_message());
+        st = generate(ed, cases, od);
+        CHECK_MSG(st == CTRL_OK, "gemma2 device: %s", ctrl_error_message());
+        if (st == CTRL_OK) compare_outputs("gemma2", od, oc, cases, 1);
+        CHECK(ctrl_engine_device_draws(ed) > 0);
+    }
+    for (int i = 0; i < 5; i++) ctrl_gen_output_free(&oc[i]), ctrl_gen_output_free(&od[i]);
+    ctrl_engine_free(ec), ctrl_engine_free(ed);
+    ctrl_model_free(cpu), ctrl_model_free(dev);
+}
+
 TEST(sleep_returns_device_memory) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
     gen_case cases[2];

@@ -20,7 +20,7 @@ static int flash_supports(const ctrl_attention_args *a) {
 
 static ctrl_status flash_forward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args("flash", a, 0, flash_supports);
+    ctrl_status st = attention_check_args_softcap("flash", a, 0, flash_supports, 1);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return flash_cuda_forward(a);
@@ -30,7 +30,7 @@ static ctrl_status flash_forward(const ctrl_attention_args *a, void *workspace) 
 
 static ctrl_status flash_backward(const ctrl_attention_args *a, void *workspace) {
     (void)workspace;
-    ctrl_status st = attention_check_args("flash", a, 1, flash_supports);
+    ctrl_status st = attention_check_args_softcap("flash", a, 1, flash_supports, 1);
     if (st != CTRL_OK) return st;
 #ifdef CTRL_HAVE_CUDA
     if (a->device.type == CTRL_DEVICE_CUDA) return flash_cuda_backward(a);
@@ -41,7 +41,7 @@ static ctrl_status flash_backward(const ctrl_attention_args *a, void *workspace)
 static const ctrl_attention_ops flash_ops = {
     .size = sizeof(ctrl_attention_ops),
     .supports = flash_supports,
-    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU (attention_check_args refuses it elsewhere) */
+    .features = CTRL_ATTENTION_SOFTCAP, /* on the CPU and every CUDA path */
     .forward = flash_forward,
     .backward = flash_backward,
 };

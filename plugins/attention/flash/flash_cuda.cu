@@ -6,6 +6,10 @@
 // SIMT baseline (one thread per query row in the forward and the dQ pass, one per key row in the
 // dK/dV pass; K/V and Q/dO tiles staged in shared memory), which runs everything else.
 //
+// Gemma 2's logit soft-capping (a.softcap > 0) on every path: each scaled score becomes
+// cap tanh(s / cap) before the mask and the softmax (the log-sum-exp is of the capped scores), and
+// the backward multiplies dS by 1 - tanh^2, as the CPU's eager and flash attention do.
+//
 // Grid: (query or key tiles of the longest sequence, heads, sequences); tiles past a sequence's
 // end exit. Forward saves the log-sum-exp of the scaled scores per (head, token). Backward is two
 // kernels with no atomics, so it is deterministic: dK/dV per key tile (looping over the GQA
@@ -88,8 +92,9 @@ template <typename T> __global__ void fwd_kernel(ctrl_attention_args a) {
             const int j = k0 + jj;
             s[jj] = -INFINITY;
             if (j >= L || !visible(a, i, j)) continue;
-            float dot = 0.f;
+            float dot = 0.f, unused;
             for (int d = 0; d < D; d++) dot += q[d] * ks[jj * D + d];
+            dot = attention_softcap(dot, a.softcap, &unused);
             s[jj] = dot, mt = fmaxf(mt, dot);
         }
         if (mt == -INFINITY) continue;
@@ -154,7 +159,9 @@ template <typename T> __global__ void bwd_dkdv_kernel(ctrl_attention_args a) {
                 const float *qi = qs + r * D, *doi = dos + r * D;
                 float s = 0.f, dp = 0.f;
                 for (int d = 0; d < D; d++) s += qi[d] * k[d], dp += doi[d] * v[d];
-                const float p = expf(s * a.scale - lses[r]), ds = p * (dp - dis[r]) * a.scale;
+                float cap_grad;
+                const float c = attention_softcap(s * a.scale, a.softcap, &cap_grad);
+                const float p = expf(c - lses[r]), ds = p * (dp - dis[r]) * cap_grad * a.scale;
                 for (int d = 0; d < D; d++) dv[d] += p * doi[d], dk[d] += ds * qi[d];
             }
         }
@@ -194,7 +201,9 @@ template <typename T> __global__ void bwd_dq_kernel(ctrl_attention_args a) {
             if (j >= L || !visible(a, i, j)) continue;
             float s = 0.f, dp = 0.f;
             for (int d = 0; d < D; d++) s += q[d] * ks[jj * D + d], dp += g[d] * vs[jj * D + d];
-            const float ds = expf(s * a.scale - lse) * (dp - di) * a.scale;
+            float cap_grad;
+            const float c = attention_softcap(s * a.scale, a.softcap, &cap_grad);
+            const float ds = expf(c - lse) * (dp - di) * cap_grad * a.scale;
             for (int d = 0; d < D; d++) dq[d] += ds * ks[jj * D + d];
         }
     }

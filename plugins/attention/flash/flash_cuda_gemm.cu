@@ -65,6 +65,7 @@ template <bool Max> __device__ float block_reduce(float v, float *sh) {
 // klo .. klo + nk - 1, positions within the sequence starting at s0 of the flat batch.
 struct Chunk {
     int s0, t0, klo, nk, g, kvh, total, causal, window;
+    float softcap; // Gemma 2: scores cap tanh(s / cap); 0: none
 };
 
 __device__ __forceinline__ bool chunk_visible(const Chunk &c, int r, int jj) {
@@ -74,29 +75,32 @@ __device__ __forceinline__ size_t chunk_stat(const Chunk &c, int r) { // index i
     return (size_t)(c.kvh * c.g + r % c.g) * c.total + c.s0 + c.t0 + r / c.g;
 }
 
-// Forward: P = softmax of the row's visible scaled scores S (fp32), written as T; lse saved.
+// Forward: P = softmax of the row's visible scaled scores S (fp32; soft-capped first when
+// c.softcap > 0), written as T; lse saved.
 template <typename T> __global__ void softmax_rows_kernel(T *P, const float *S, float *lse, Chunk c) {
     __shared__ float sh[kRowThreads / 32];
     const int r = blockIdx.x;
     const float *s = S + (size_t)r * c.nk;
     T *p = P + (size_t)r * c.nk;
-    float m = -INFINITY;
+    float m = -INFINITY, unused;
     for (int j = threadIdx.x; j < c.nk; j += kRowThreads)
-        if (chunk_visible(c, r, j)) m = fmaxf(m, s[j]);
+        if (chunk_visible(c, r, j)) m = fmaxf(m, attention_softcap(s[j], c.softcap, &unused));
     m = block_reduce<true>(m, sh);
     float l = 0.f;
     if (m != -INFINITY)
         for (int j = threadIdx.x; j < c.nk; j += kRowThreads)
-            if (chunk_visible(c, r, j)) l += expf(s[j] - m);
+            if (chunk_visible(c, r, j)) l += expf(attention_softcap(s[j], c.softcap, &unused) - m);
     l = block_reduce<false>(l, sh);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int j = threadIdx.x; j < c.nk; j += kRowThreads)
-        p[j] = from_f32<T>(chunk_visible(c, r, j) && l > 0.f ? expf(s[j] - m) * inv : 0.f);
+        p[j] = from_f32<T>(chunk_visible(c, r, j) && l > 0.f
+                               ? expf(attention_softcap(s[j], c.softcap, &unused) - m) * inv
+                               : 0.f);
     if (threadIdx.x == 0) lse[chunk_stat(c, r)] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
-// Backward: P = exp(S - lse), dS = P (dP - Di) scale; both written as T (in place over S and dP
-// when T is float).
+// Backward: P = exp(S - lse), dS = P (dP - Di) scale (S soft-capped first, dS times 1 - tanh^2,
+// when c.softcap > 0); both written as T (in place over S and dP when T is float).
 template <typename T>
 __global__ void softmax_grad_rows_kernel(T *P, T *dS, const float *S, const float *dP, const float *lse,
                                          const float *Di, float scale, Chunk c) {
@@ -104,8 +108,10 @@ __global__ void softmax_grad_rows_kernel(T *P, T *dS, const float *S, const floa
     const size_t row = (size_t)r * c.nk, st = chunk_stat(c, r);
     const float l = lse[st], di = Di[st];
     for (int j = threadIdx.x; j < c.nk; j += kRowThreads) {
-        const float p = chunk_visible(c, r, j) && l != -INFINITY ? expf(S[row + j] - l) : 0.f;
-        const float ds = p * (dP[row + j] - di) * scale;
+        float cap_grad;
+        const float sc = attention_softcap(S[row + j], c.softcap, &cap_grad);
+        const float p = chunk_visible(c, r, j) && l != -INFINITY ? expf(sc - l) : 0.f;
+        const float ds = p * (dP[row + j] - di) * cap_grad * scale;
         P[row + j] = from_f32<T>(p), dS[row + j] = from_f32<T>(ds);
     }
 }
@@ -153,7 +159,7 @@ int chunk_tokens(int L, int g) {
 Chunk chunk_of(const ctrl_attention_args *a, int s0, int L, int t0, int t1, int kvh) {
     Chunk c;
     c.s0 = s0, c.t0 = t0, c.g = a->n_head / a->n_kv_head, c.kvh = kvh, c.total = a->total_tokens;
-    c.causal = a->causal, c.window = a->window;
+    c.causal = a->causal, c.window = a->window, c.softcap = a->softcap;
     c.klo = ctrl_attention_first_key(a->window, t0);
     c.nk = ctrl_attention_key_end(a->causal, t1, L) - c.klo;
     return c;

@@ -2,7 +2,8 @@
 // kernels on mma.sync.m16n8k16 (bf16 products, fp32 accumulation; flash_cuda_ptx.cuh), for bf16
 // tensors, or fp32 tensors whose caller computes in bf16 (ctrl_attention_args.compute_bf16), at
 // head_dim 64 or 128; causal and sliding-window masks, GQA, variable-length flat batches
-// (cu_seqlens). Never materialises T x T.
+// (cu_seqlens), Gemma 2's logit soft-capping (each tile's raw scores through tanh before the mask;
+// dS times 1 - tanh^2). Never materialises T x T.
 //
 // Every kernel: 4 warps; each warp owns 16 rows of the block's tile (queries in the forward and
 // dQ kernels, keys in the dK/dV kernel) and streams the other operand's tiles through shared
@@ -78,6 +79,28 @@ __device__ __forceinline__ void stage(__nv_bfloat16 *sh, const IO *x, int tok0, 
     }
 }
 
+// A K/V tile of Rows keys from token tok0 (kv head kvh) into buf ([Rows][D + 8] K, then V), issued
+// as one cp.async group (committed) -- the forward's and the dQ kernel's streamed operand.
+template <int D, int Rows, typename IO>
+__device__ __forceinline__ void stage_kv(__nv_bfloat16 *buf, const IO *K, const IO *V, int tok0, int valid,
+                                         int HK, int kvh) {
+    stage<D, Rows>(buf, K, tok0, valid, HK, kvh);
+    stage<D, Rows>(buf + Rows * (D + 8), V, tok0, valid, HK, kvh);
+    ptx_cp_async_commit();
+}
+
+// Tile `it` of `tiles` landed for every thread: the next one issued first (issue(it + 1), into the
+// other buffer) so that its copy overlaps this tile's work.
+template <typename F> __device__ __forceinline__ void land_tile(int it, int tiles, F issue) {
+    if (it + 1 < tiles) {
+        issue(it + 1);
+        ptx_cp_async_wait<1>();
+    } else {
+        ptx_cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // The A fragment of rows r0..r0+15, columns c0..c0+15 of a row-major shared tile.
 template <int S>
 __device__ __forceinline__ void frag_a(uint32_t a[4], const __nv_bfloat16 *sh, int r0, int c0) {
@@ -104,6 +127,25 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
 }
 __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     ptx_mma_m16n8k16_bf16(c, a, b, c);
+}
+
+// acc += X B for this warp's 16 rows: X the accumulator tiles x[N / 8][4] (rounded to bf16 as A
+// fragments), B the shared tile b_sh stored [N][D + 8] (O += P V, dQ += dS K, dV += P^T dO,
+// dK += dS^T Q).
+template <int D, int N>
+__device__ __forceinline__ void acc_times(float (&acc)[D / 8][4], const float (&x)[N / 8][4],
+                                          const __nv_bfloat16 *b_sh) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        uint32_t xa[4];
+        acc_to_a(xa, x[2 * kk], x[2 * kk + 1]);
+#pragma unroll
+        for (int d = 0; d < D / 8; d += 2) {
+            uint32_t b[4];
+            frag_b_kn<D + 8>(b, b_sh, kk * 16, d * 8);
+            mma(acc[d], xa, b), mma(acc[d + 1], xa, b + 2);
+        }
+    }
 }
 
 // The backward's two recomputed products for this warp's 16 rows r0.. of the A tiles over the
@@ -139,6 +181,18 @@ __device__ __forceinline__ bool all_visible(const ctrl_attention_args &a, int i0
     return (!a.causal || j1 - 1 <= i0) && (a.window <= 0 || j0 > i1 - 1 - a.window);
 }
 
+// Soft-capping's tanh over a tile of raw scores (before the mask): x becomes tanh(x tsc).
+// dS's factor: scale, times 1 - tanh^2 when capped (0 where masked: t = -inf, P = 0 there)
+__device__ __forceinline__ float cap_scale(bool cap, float t, float scale) {
+    return cap ? fmaxf(1.f - t * t, 0.f) * scale : scale;
+}
+template <int N> __device__ __forceinline__ void soft_cap(float (&x)[N][4], float tsc) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) x[n][e] = tanhf(x[n][e] * tsc);
+}
+
 // Sets the accumulator elements whose (query, key) is past the sequence's end or not visible to
 // -inf (raw scores; a tile that all_visible clears needs none of this). Element (n, e) is row
 // r0 + 8 (e / 2), column c0 + 8 n + e % 2; rows are queries, or keys when KeysAreRows.
@@ -172,9 +226,11 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
     const IO *K = (const IO *)a.k, *V = (const IO *)a.v;
     stage<D, kRows>(qs, (const IO *)a.q, s0 + q0, L - q0, H, h);
     ptx_cp_async_commit();
-    stage<D, Bc>(buf, K, s0 + first, L - first, HK, kvh);
-    stage<D, Bc>(buf + Bc * S, V, s0 + first, L - first, HK, kvh);
-    ptx_cp_async_commit();
+    auto issue = [&](int it) { // key tile `it` into buffer it % 2
+        const int k0 = first + it * Bc;
+        stage_kv<D, Bc>(buf + (it & 1) * 2 * Bc * S, K, V, s0 + k0, L - k0, HK, kvh);
+    };
+    issue(0);
     ptx_cp_async_wait<1>(); // the Q tile (the first K/V tile may still be in flight)
     __syncthreads();
     uint32_t qf[KD][4];
@@ -184,19 +240,13 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    const float sl2 = a.scale * kLog2e;
+    // soft-capping (Gemma 2): each raw score x becomes t = tanh(x scale / cap), and the capped score
+    // cap t enters the base-2 softmax as t (cap log2 e) -- the same code as the plain x (scale log2 e)
+    const bool cap = a.softcap > 0.f;
+    const float sl2 = (cap ? a.softcap : a.scale) * kLog2e, tsc = cap ? a.scale / a.softcap : 0.f;
     for (int it = 0; it < tiles; it++) {
         const int k0 = first + it * Bc;
-        if (it + 1 < tiles) { // the next tile into the other buffer, while this one is used
-            __nv_bfloat16 *nb = buf + ((it + 1) & 1) * 2 * Bc * S;
-            stage<D, Bc>(nb, K, s0 + k0 + Bc, L - k0 - Bc, HK, kvh);
-            stage<D, Bc>(nb + Bc * S, V, s0 + k0 + Bc, L - k0 - Bc, HK, kvh);
-            ptx_cp_async_commit();
-            ptx_cp_async_wait<1>();
-        } else {
-            ptx_cp_async_wait<0>();
-        }
-        __syncthreads(); // this tile has landed for every thread
+        land_tile(it, tiles, issue);
         const __nv_bfloat16 *ks = buf + (it & 1) * 2 * Bc * S, *vs = ks + Bc * S;
         float s[NT][4];
 #pragma unroll
@@ -209,6 +259,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
                 frag_b_nk<S>(b, ks, n * 8, kk * 16);
                 mma(s[n], qf[kk], b), mma(s[n + 1], qf[kk], b + 2);
             }
+        if (cap) soft_cap(s, tsc);
         if (!(k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc)))
             mask_tile<false>(s, a, L, i0, k0 + 2 * t);
         // online softmax in base 2: m is the running maximum of the scaled scores (scale log2 e,
@@ -236,17 +287,7 @@ __global__ void __launch_bounds__(kThreads, D == 128 ? 2 : 3) fwd_kernel(ctrl_at
                 const float p = ptx_exp2(fmaf(s[n][e], sl2, -base[e / 2]));
                 s[n][e] = p, l[e / 2] += p;
             }
-#pragma unroll
-        for (int kk = 0; kk < Bc / 16; kk++) {
-            uint32_t pa[4];
-            acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int d = 0; d < ND; d += 2) {
-                uint32_t b[4];
-                frag_b_kn<S>(b, vs, kk * 16, d * 8);
-                mma(o[d], pa, b), mma(o[d + 1], pa, b + 2);
-            }
-        }
+        acc_times<D, Bc>(o, s, vs);
         __syncthreads(); // every warp is done with this buffer before the next tile but one fills it
     }
     IO *O = (IO *)a.out;
@@ -287,7 +328,8 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
     for (int d = 0; d < ND; d++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.f;
-    const float sl2 = a.scale * kLog2e;
+    const bool cap = a.softcap > 0.f; // as in the forward; dS also takes 1 - tanh^2
+    const float sl2 = (cap ? a.softcap : a.scale) * kLog2e, tsc = cap ? a.scale / a.softcap : 0.f;
     const int qlo = ctrl_attention_first_query(a.causal, k0), qhi = ctrl_attention_query_end(a.window, k1, L);
     const int first = qlo - qlo % Bq, per_head = (qhi - first + Bq - 1) / Bq, tiles = group * per_head;
     // tile `it` of the (GQA head, query tile) pairs into buffer it % 2: Q and dO by cp.async, the
@@ -308,17 +350,12 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
     issue(0); // with K and V in its group
     for (int it = 0; it < tiles; it++) {
         const int q0 = first + it % per_head * Bq;
-        if (it + 1 < tiles) {
-            issue(it + 1);
-            ptx_cp_async_wait<1>();
-        } else {
-            ptx_cp_async_wait<0>();
-        }
-        __syncthreads(); // this tile has landed for every thread
+        land_tile(it, tiles, issue);
         const __nv_bfloat16 *qs = qbuf + (it & 1) * 2 * Bq * S, *dos = qs + Bq * S;
         const float *lses = stats + (it & 1) * 2 * Bq, *dis = lses + Bq;
         float s[NQ][4], dp[NQ][4];
         two_products<D, Bq>(s, dp, ks, vs, qs, dos, warp * 16);
+        if (cap) soft_cap(s, tsc);
         if (!(q0 + Bq <= L && k0 + kRows <= L && all_visible(a, q0, q0 + Bq, k0, k0 + kRows)))
             mask_tile<true>(s, a, L, j0, q0 + 2 * t);
 #pragma unroll
@@ -327,22 +364,10 @@ __global__ void __launch_bounds__(kThreads) bwd_dkdv_kernel(ctrl_attention_args 
             for (int e = 0; e < 4; e++) {
                 const int r = n * 8 + 2 * t + e % 2;
                 const float p = ptx_exp2(fmaf(s[n][e], sl2, -lses[r]));
-                s[n][e] = p, dp[n][e] = p * (dp[n][e] - dis[r]) * a.scale;
+                dp[n][e] = p * (dp[n][e] - dis[r]) * cap_scale(cap, s[n][e], a.scale), s[n][e] = p;
             }
-#pragma unroll
-        for (int kk = 0; kk < Bq / 16; kk++) {
-            uint32_t pa[4], da[4];
-            acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-            acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int d = 0; d < ND; d += 2) {
-                uint32_t b[4];
-                frag_b_kn<S>(b, dos, kk * 16, d * 8);
-                mma(dv[d], pa, b), mma(dv[d + 1], pa, b + 2);
-                frag_b_kn<S>(b, qs, kk * 16, d * 8);
-                mma(dk[d], da, b), mma(dk[d + 1], da, b + 2);
-            }
-        }
+        acc_times<D, Bq>(dv, s, dos);
+        acc_times<D, Bq>(dk, dp, qs);
         __syncthreads(); // every warp is done with this buffer before the next tile but one fills it
     }
     IO *dK = (IO *)a.dk, *dV = (IO *)a.dv;
@@ -378,10 +403,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
     const IO *K = (const IO *)a.k, *V = (const IO *)a.v;
     auto issue = [&](int it) { // key tile `it` into buffer it % 2
         const int k0 = first + it * Bc;
-        __nv_bfloat16 *kb = kvbuf + (it & 1) * 2 * Bc * S;
-        stage<D, Bc>(kb, K, s0 + k0, L - k0, HK, kvh);
-        stage<D, Bc>(kb + Bc * S, V, s0 + k0, L - k0, HK, kvh);
-        ptx_cp_async_commit();
+        stage_kv<D, Bc>(kvbuf + (it & 1) * 2 * Bc * S, K, V, s0 + k0, L - k0, HK, kvh);
     };
     stage<D, kRows>(qs, (const IO *)a.q, s0 + q0, L - q0, H, h);
     stage<D, kRows>(dos, (const IO *)a.dout, s0 + q0, L - q0, H, h);
@@ -396,19 +418,15 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
     float dq[ND][4];
 #pragma unroll
     for (int d = 0; d < ND; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.f;
-    const float sl2 = a.scale * kLog2e;
+    const bool cap = a.softcap > 0.f; // as in the forward; dS also takes 1 - tanh^2
+    const float sl2 = (cap ? a.softcap : a.scale) * kLog2e, tsc = cap ? a.scale / a.softcap : 0.f;
     for (int it = 0; it < tiles; it++) {
         const int k0 = first + it * Bc;
-        if (it + 1 < tiles) {
-            issue(it + 1);
-            ptx_cp_async_wait<1>();
-        } else {
-            ptx_cp_async_wait<0>();
-        }
-        __syncthreads(); // this tile has landed for every thread
+        land_tile(it, tiles, issue);
         const __nv_bfloat16 *ks = kvbuf + (it & 1) * 2 * Bc * S, *vs = ks + Bc * S;
         float s[NT][4], dp[NT][4];
         two_products<D, Bc>(s, dp, qs, dos, ks, vs, warp * 16);
+        if (cap) soft_cap(s, tsc);
         if (!(k0 + Bc <= L && all_visible(a, q0, q0 + kRows, k0, k0 + Bc)))
             mask_tile<false>(s, a, L, i0, k0 + 2 * t);
 #pragma unroll
@@ -416,19 +434,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_kernel(ctrl_attention_args a,
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float p = ptx_exp2(fmaf(s[n][e], sl2, -lse2[e / 2]));
-                dp[n][e] = p * (dp[n][e] - di[e / 2]) * a.scale;
+                dp[n][e] = p * (dp[n][e] - di[e / 2]) * cap_scale(cap, s[n][e], a.scale);
             }
-#pragma unroll
-        for (int kk = 0; kk < Bc / 16; kk++) {
-            uint32_t da[4];
-            acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int d = 0; d < ND; d += 2) {
-                uint32_t b[4];
-                frag_b_kn<S>(b, ks, kk * 16, d * 8);
-                mma(dq[d], da, b), mma(dq[d + 1], da, b + 2);
-            }
-        }
+        acc_times<D, Bc>(dq, dp, ks);
         __syncthreads(); // every warp is done with this buffer before the next tile but one fills it
     }
     IO *dQ = (IO *)a.dq;
@@ -508,8 +516,6 @@ extern "C" const char *flash_cuda_mma_unsupported(const ctrl_attention_args *a) 
         return "the tensors are neither bf16 nor fp32 with bf16 products (compute_bf16)";
     if (a->head_dim != 64 && a->head_dim != 128) return "head_dim is not 64 or 128";
     if (!(a->scale > 0.f)) return "scale is not positive";
-    if (a->size >= offsetof(ctrl_attention_args, softcap) + sizeof a->softcap && a->softcap != 0.f)
-        return "softcap is set";
     if (!aligned16(a->q) || !aligned16(a->k) || !aligned16(a->v) || !aligned16(a->out) ||
         (a->dout && !aligned16(a->dout)) || (a->dq && !aligned16(a->dq)) || (a->dk && !aligned16(a->dk)) ||
         (a->dv && !aligned16(a->dv)))
