@@ -141,15 +141,18 @@ void ctrl_amx_emu_dpbf16ps(int c, int a, int b) {
     if (st.rows[c] != st.rows[a] && fault("tdpbf16ps: dest rows %d != src1 rows %d", st.rows[c], st.rows[a]))
         return;
     const int npairs = st.colsb[a] / 4, ncols = st.colsb[c] / 4;
+    double bv[CTRL_AMX_MAX_ROWS][CTRL_AMX_MAX_COLSB / 2]; /* b's values, widened once */
+    for (int k = 0; k < npairs; k++)
+        for (int j = 0; j < 2 * ncols; j++)
+            bv[k][j] = bf16_daz(((const uint16_t *)(const void *)st.data[b][k])[j]);
     for (int m = 0; m < st.rows[c]; m++) {
         float even[CTRL_AMX_MAX_COLSB / 4] = {0}, odd[CTRL_AMX_MAX_COLSB / 4] = {0};
         const uint16_t *ar = (const uint16_t *)(const void *)st.data[a][m];
         for (int k = 0; k < npairs; k++) {
-            const uint16_t *br = (const uint16_t *)(const void *)st.data[b][k];
             const double a0 = bf16_daz(ar[2 * k]), a1 = bf16_daz(ar[2 * k + 1]);
             for (int n = 0; n < ncols; n++) {
-                even[n] = round_ftz((double)even[n] + a0 * bf16_daz(br[2 * n]));
-                odd[n] = round_ftz((double)odd[n] + a1 * bf16_daz(br[2 * n + 1]));
+                even[n] = round_ftz((double)even[n] + a0 * bv[k][2 * n]);
+                odd[n] = round_ftz((double)odd[n] + a1 * bv[k][2 * n + 1]);
             }
         }
         float *cr = (float *)(void *)st.data[c][m];

@@ -204,7 +204,7 @@ static void bias_grad(float *dbias, const float *dout, int T, int OUT) {
 const char *ctrl_cpu_bf16_path(int *fast) {
     static char avx[160];
     const ctrl_cpu_bf16_kind kind = ctrl_cpu_bf16_kind_now();
-    *fast = kind != CTRL_CPU_BF16_FP32;
+    *fast = kind == CTRL_CPU_BF16_AMX || kind == CTRL_CPU_BF16_AVX512; /* the emulation is slower than fp32 */
     switch (kind) {
     case CTRL_CPU_BF16_AMX: return "AMX tiles (tdpbf16ps, blocked GEMM)";
     case CTRL_CPU_BF16_AMX_EMULATED:

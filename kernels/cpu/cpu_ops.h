@@ -91,6 +91,21 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
 int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                                  int accumulate);
 int ctrl_cpu_gemm_bf16_compiled(void);
+/* op(B)[K,N] (trans_b as ctrl_cpu_gemm_bf16) rounded and packed once, in the layout of the kernel
+ * that runs now, for products against it without packing it again (weights between optimizer
+ * steps; decoding): ctrl_cpu_gemm_bf16_pack (NULL on the fp32 path or without memory; about 2
+ * bytes a value), _repack (B's new values, same shape; repacks for the kernel running now; 0 or
+ * -1), _packed: C[M,N] (+)= op(A)[M,K] B as ctrl_cpu_gemm_bf16 computes it, bit for bit where it
+ * would take the blocked path (-1, C untouched, on the fp32 path, when the kernel's layout changed
+ * since packing — CTRL_NO_AMX flipped — or without memory). The packed copy is a snapshot: repack
+ * after B changes. */
+typedef struct ctrl_cpu_bf16_packed ctrl_cpu_bf16_packed;
+ctrl_cpu_bf16_packed *ctrl_cpu_gemm_bf16_pack(int trans_b, int N, int K, const float *B, int ldb);
+int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb);
+int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
+                              float *C, int ldc, int accumulate);
+size_t ctrl_cpu_gemm_bf16_packed_bytes(const ctrl_cpu_bf16_packed *p);
+void ctrl_cpu_gemm_bf16_packed_free(ctrl_cpu_bf16_packed *p);
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
                                  int OUT, int w_rounded);
 int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,

@@ -293,13 +293,23 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
 static const ctrl_bf16_kernel avx512_kernel = {
     .mr = MR, .nr = NR, .kc = 384, .mc = 192, .nc = 8160, .kpad = 1, .a_rows = 0, .tile = tile};
 
+/* A depth block's panel depth in pairs, and the words of a packed block of B (nc columns, kc deep). */
+static int kp_of(const ctrl_bf16_kernel *kk, int kc) {
+    return ((kc + 1) / 2 + kk->kpad - 1) / kk->kpad * kk->kpad;
+}
+static size_t block_words(const ctrl_bf16_kernel *kk, int nc, int kc) {
+    return (size_t)kp_of(kk, kc) * (size_t)((nc + kk->nr - 1) / kk->nr * kk->nr);
+}
+
+/* bpre: B packed beforehand (ctrl_cpu_gemm_bf16_pack: the blocks in this loop's order, jc outer, pc
+ * inner, each block_words long), or NULL: B is packed here, block by block. */
 static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const operand *A, const operand *B,
-                        float *C, size_t ldc, int accumulate) {
+                        float *C, size_t ldc, int accumulate, const uint32_t *bpre) {
     const int kr = kk->mr, kn = kk->nr, KC = kk->kc, MC = kk->mc, NC = kk->nc;
-    const int kpmax = (KC / 2 + kk->kpad - 1) / kk->kpad * kk->kpad;
+    const int kpmax = kp_of(kk, KC);
     const int ncmax = N < NC ? (N + kn - 1) / kn * kn : NC;
-    uint32_t *bp = aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
-    if (!bp) return -1;
+    uint32_t *bp = bpre ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
+    if (!bpre && !bp) return -1;
     int failed = 0;
 #pragma omp parallel
     {
@@ -314,15 +324,19 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
         const int nth = 1;
 #endif
         if (kk->begin) kk->begin();
+        size_t boff = 0; /* where block (jc, pc) starts in bpre */
         for (int jc = 0; jc < N; jc += NC) {
             const int nc = N - jc < NC ? N - jc : NC, npanels = (nc + kn - 1) / kn;
             for (int pc = 0; pc < K; pc += KC) {
-                const int kc = K - pc < KC ? K - pc : KC;
-                const int kp = ((kc + 1) / 2 + kk->kpad - 1) / kk->kpad * kk->kpad;
+                const int kc = K - pc < KC ? K - pc : KC, kp = kp_of(kk, kc);
                 const int ngroups = (nc + 15) / 16;
+                const uint32_t *bb = bpre ? bpre + boff : bp;
+                boff += block_words(kk, nc, kc);
+                if (!bpre) {
 #pragma omp for schedule(static)
-                for (int t = 0; t < nth; t++)
-                    pack_block(bp, kn, B, jc, nc, pc, kc, kp, ngroups * t / nth, ngroups * (t + 1) / nth);
+                    for (int t = 0; t < nth; t++)
+                        pack_block(bp, kn, B, jc, nc, pc, kc, kp, ngroups * t / nth, ngroups * (t + 1) / nth);
+                }
                 /* work items: blocks of MC rows, each split across the columns when there are
                  * fewer blocks than threads (few tokens: decoding) */
                 const int mblocks = (M + MC - 1) / MC;
@@ -339,7 +353,7 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                     for (int p = p0; p < p1; p++) {
                         const int n = nc - p * kn < kn ? nc - p * kn : kn;
                         for (int i = 0; i < mc; i += kr)
-                            kk->tile(kp, ap + (size_t)i * kp, bp + (size_t)p * kp * kn,
+                            kk->tile(kp, ap + (size_t)i * kp, bb + (size_t)p * kp * kn,
                                      C + (size_t)(ic + i) * ldc + jc + p * kn, ldc, mc - i < kr ? mc - i : kr,
                                      n, accumulate || pc > 0);
                     }
@@ -440,7 +454,7 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
     }
     if (M <= FEW_ROWS && !trans_a && trans_b)
         return gemm_few(M, N, K, A, (size_t)lda, B, (size_t)ldb, C, (size_t)ldc, accumulate);
-    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, NULL);
 #else
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
     (void)ldc, (void)accumulate;
@@ -455,11 +469,112 @@ int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B,
     if (!kk) return -1;
     if (M <= 0 || N <= 0 || K <= 0) return -1;
     const operand a = {A, 1, 1, (size_t)K}, b = {B, 1, 1, (size_t)K};
-    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate, NULL);
 #else
     (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)accumulate;
     return -1;
 #endif
+}
+
+struct ctrl_cpu_bf16_packed {
+    int trans_b, N, K;
+    int nr, kc, nc, kpad; /* the layout: the kernel's that packed it */
+    size_t words;
+    uint32_t *w;
+};
+
+#ifdef CTRL_HAVE_BLOCKED
+static int same_layout(const ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk) {
+    return p->nr == kk->nr && p->kc == kk->kc && p->nc == kk->nc && p->kpad == kk->kpad;
+}
+
+/* B's blocks packed for kk (reallocated where the layout changed); 0 or -1 (out of memory). */
+static int pack_all(ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk, const float *B, int ldb) {
+    if (!p->w || !same_layout(p, kk)) {
+        size_t words = 0;
+        for (int jc = 0; jc < p->N; jc += kk->nc)
+            for (int pc = 0; pc < p->K; pc += kk->kc)
+                words += block_words(kk, p->N - jc < kk->nc ? p->N - jc : kk->nc,
+                                     p->K - pc < kk->kc ? p->K - pc : kk->kc);
+        uint32_t *w = aligned_alloc(64, sizeof(uint32_t) * words);
+        if (!w) return -1;
+        free(p->w);
+        p->w = w, p->words = words;
+        p->nr = kk->nr, p->kc = kk->kc, p->nc = kk->nc, p->kpad = kk->kpad;
+    }
+    const operand b = {B, 0, p->trans_b, (size_t)ldb};
+    size_t off = 0;
+    for (int jc = 0; jc < p->N; jc += kk->nc) {
+        const int nc = p->N - jc < kk->nc ? p->N - jc : kk->nc, ngroups = (nc + 15) / 16;
+        for (int pc = 0; pc < p->K; pc += kk->kc) {
+            const int kc = p->K - pc < kk->kc ? p->K - pc : kk->kc;
+            uint32_t *dst = p->w + off;
+#pragma omp parallel
+            {
+#ifdef _OPENMP
+                const int nth = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+                const int nth = 1, t = 0;
+#endif
+                pack_block(dst, kk->nr, &b, jc, nc, pc, kc, kp_of(kk, kc), ngroups * t / nth,
+                           ngroups * (t + 1) / nth);
+            }
+            off += block_words(kk, nc, kc);
+        }
+    }
+    return 0;
+}
+#endif
+
+ctrl_cpu_bf16_packed *ctrl_cpu_gemm_bf16_pack(int trans_b, int N, int K, const float *B, int ldb) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!kk || N <= 0 || K <= 0) return NULL;
+    ctrl_cpu_bf16_packed *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->trans_b = trans_b, p->N = N, p->K = K;
+    if (pack_all(p, kk, B, ldb) != 0) {
+        free(p);
+        return NULL;
+    }
+    return p;
+#else
+    (void)trans_b, (void)N, (void)K, (void)B, (void)ldb;
+    return NULL;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_now();
+    return p && kk ? pack_all(p, kk, B, ldb) : -1;
+#else
+    (void)p, (void)B, (void)ldb;
+    return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
+                              float *C, int ldc, int accumulate) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!p || !kk || !same_layout(p, kk)) return -1;
+    if (M <= 0) return 0;
+    const operand a = {A, 0, !trans_a, (size_t)lda};
+    return gemm_blocked(kk, M, p->N, p->K, &a, NULL, C, (size_t)ldc, accumulate, p->w);
+#else
+    (void)trans_a, (void)M, (void)A, (void)lda, (void)p, (void)C, (void)ldc, (void)accumulate;
+    return -1;
+#endif
+}
+
+size_t ctrl_cpu_gemm_bf16_packed_bytes(const ctrl_cpu_bf16_packed *p) {
+    return p ? sizeof *p + sizeof(uint32_t) * p->words : 0;
+}
+
+void ctrl_cpu_gemm_bf16_packed_free(ctrl_cpu_bf16_packed *p) {
+    if (p) free(p->w);
+    free(p);
 }
 
 int ctrl_cpu_gemm_bf16_compiled(void) {

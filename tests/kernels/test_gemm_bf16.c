@@ -50,6 +50,7 @@ TEST(all_orientations_odd_shapes_against_fp64) {
                                     {300, 33, 40},  {5, 8200, 3}, {33, 31, 1030}};
     int fast;
     const char *path = ctrl_cpu_bf16_path(&fast);
+    fast = ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32; /* a bf16 kernel runs (the emulated one too) */
     printf("  path: %s%s\n", path, fast ? "" : " (ctrl_cpu_gemm_bf16 must refuse)");
     unsigned seed = 3;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
@@ -300,7 +301,7 @@ TEST(dispatch_follows_the_switches) {
         const int kind = ctrl_cpu_bf16_kind_now();
         const char *path = ctrl_cpu_bf16_path(&fast);
         CHECK_MSG(kind == want, "case %zu: path %d, want %d (%s)", c, kind, want, path);
-        CHECK_EQ_INT(fast, (want != CTRL_CPU_BF16_FP32));
+        CHECK_EQ_INT(fast, (want == CTRL_CPU_BF16_AMX || want == CTRL_CPU_BF16_AVX512)); /* emulated: slow */
         if (want == CTRL_CPU_BF16_AMX_EMULATED) CHECK_CONTAINS(path, "emulated");
         if (want == CTRL_CPU_BF16_AVX512 && amx) CHECK_CONTAINS(path, "CTRL_NO_AMX");
         if (want == CTRL_CPU_BF16_FP32 && avx) CHECK_CONTAINS(path, "CTRL_NO_AVX512BF16");
@@ -319,4 +320,72 @@ TEST(dispatch_follows_the_switches) {
                   "the emulated AMX kernel gave AVX-512's sums bit for bit");
     for (int i = 0; i < 3; i++) set_env(names[i], saved[i]), free(saved[i]);
     free(A), free(B);
+}
+
+/* B packed once (ctrl_cpu_gemm_bf16_pack) gives ctrl_cpu_gemm_bf16's sums bit for bit, both
+ * orientations of B, A or A^T, N past a column block, K past depth blocks; a repack takes B's new
+ * values; a change of kernel (AMX emulated <-> AVX-512) since packing is refused until repacked. */
+TEST(prepacked_b_gives_the_same_sums) {
+    static const int shapes[][3] = {{37, 70, 515}, {70, 33, 1030}, {9, 8200, 2}};
+    unsigned seed = 31;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int o = 0; o < 4; o++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ta = o >> 1, tb = o & 1;
+            if (N > 8192 && ta) continue; /* the wide one (the emulated AMX kernel is slow): A as stored */
+            const int lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 3;
+            float *A = malloc(sizeof(float) * (size_t)(ta ? K : M) * lda);
+            float *B = malloc(sizeof(float) * (size_t)(tb ? N : K) * ldb);
+            float *C1 = malloc(sizeof(float) * (size_t)M * N), *C2 = malloc(sizeof(float) * (size_t)M * N);
+            for (size_t i = 0; i < (size_t)(ta ? K : M) * lda; i++) A[i] = frand(&seed);
+            for (size_t i = 0; i < (size_t)(tb ? N : K) * ldb; i++) B[i] = frand(&seed);
+            ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(tb, N, K, B, ldb);
+            if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32) {
+                CHECK(p == NULL);
+                CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(ta, M, A, lda, p, C2, N, 0), -1);
+            } else {
+                CHECK(p != NULL && ctrl_cpu_gemm_bf16_packed_bytes(p) >= sizeof(uint16_t) * (size_t)N * K);
+                for (int acc = 0; acc < 2; acc++) {
+                    for (int i = 0; i < M * N; i++) C1[i] = C2[i] = 0.25f;
+                    CHECK_EQ_INT(ctrl_cpu_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, C1, N, acc), 0);
+                    CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(ta, M, A, lda, p, C2, N, acc), 0);
+                    CHECK_MSG(memcmp(C1, C2, sizeof(float) * (size_t)M * N) == 0,
+                              "%dx%dx%d ta %d tb %d acc %d: packed B gave other sums", M, N, K, ta, tb, acc);
+                }
+                /* B doubled (exact in bf16): after a repack the sums double exactly */
+                CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(ta, M, A, lda, p, C1, N, 0), 0);
+                for (size_t i = 0; i < (size_t)(tb ? N : K) * ldb; i++) B[i] *= 2;
+                CHECK_EQ_INT(ctrl_cpu_gemm_bf16_repack(p, B, ldb), 0);
+                CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(ta, M, A, lda, p, C2, N, 0), 0);
+                int bad = 0;
+                for (int i = 0; i < M * N; i++) bad += C2[i] != 2 * C1[i];
+                CHECK_MSG(bad == 0, "%dx%dx%d ta %d tb %d: %d sums not doubled after the repack", M, N, K, ta,
+                          tb, bad);
+            }
+            ctrl_cpu_gemm_bf16_packed_free(p);
+            free(A), free(B), free(C1), free(C2);
+        }
+    if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32) return;
+    /* another kernel since packing: refused, then repacked for it */
+    enum { M = 20, N = 50, K = 70 };
+    float A[M * K], B[N * K], C1[M * N], C2[M * N];
+    for (int i = 0; i < M * K; i++) A[i] = frand(&seed);
+    for (int i = 0; i < N * K; i++) B[i] = frand(&seed);
+    ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(1, N, K, B, K);
+    char *saved = getenv("CTRL_AMX_EMULATE") ? strdup(getenv("CTRL_AMX_EMULATE")) : NULL;
+    const int base = ctrl_cpu_bf16_kind_now();
+    set_env("CTRL_AMX_EMULATE", base == CTRL_CPU_BF16_AMX_EMULATED ? "0" : "1");
+    const int other = ctrl_cpu_bf16_kind_now(); /* the AVX-512 and AMX layouts differ */
+    if ((base == CTRL_CPU_BF16_AVX512 && other == CTRL_CPU_BF16_AMX_EMULATED) ||
+        (base == CTRL_CPU_BF16_AMX_EMULATED && other == CTRL_CPU_BF16_AVX512)) {
+        for (int i = 0; i < M * N; i++) C2[i] = 0.5f;
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(0, M, A, K, p, C2, N, 0), -1);
+        CHECK(C2[0] == 0.5f && C2[M * N - 1] == 0.5f);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_repack(p, B, K), 0);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(0, M, A, K, p, C2, N, 0), 0);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16(0, 1, M, N, K, A, K, B, K, C1, N, 0), 0);
+        CHECK(memcmp(C1, C2, sizeof C1) == 0);
+    }
+    set_env("CTRL_AMX_EMULATE", saved);
+    free(saved);
+    ctrl_cpu_gemm_bf16_packed_free(p);
 }

@@ -12,6 +12,9 @@ add_test(NAME test_gemm_bf16_amx COMMAND test_gemm_bf16)
 set_tests_properties(test_gemm_bf16_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
 add_test(NAME test_gemm_bf16_no_amx COMMAND test_gemm_bf16)
 set_tests_properties(test_gemm_bf16_no_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AMX=1 TIMEOUT 120)
+# The bf16 unit tests (ctrl_cpu_gemm_bf16_nt on bf16 operands, the linear layer) on the emulated AMX kernel.
+add_test(NAME test_bf16_amx COMMAND test_bf16)
+set_tests_properties(test_bf16_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
 # The model's bf16 parity with transformers (autocast) on the emulated AMX kernel.
 add_test(NAME test_model_parity_amx COMMAND test_model_parity)
 set_tests_properties(test_model_parity_amx PROPERTIES LABELS parity ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 300)
