@@ -6,20 +6,24 @@
 # steps run (/proc/PID/status every 0.05 s once the first step is logged), wall time, the last loss.
 # With `--trl`, the same two runs with TRL's SFTTrainer (+ PEFT's LoraConfig) in /work/venv. Each
 # run's tokens/s: its num_tokens (the same count in both: every attended token) over the training
-# time, all steps (ctrl's last tokens_per_second; TRL's num_tokens / train_runtime).
+# time, all steps (ctrl's last tokens_per_second; TRL's num_tokens / train_runtime); CPU s/step: the
+# process's CPU time (user + system) per step after the first (ctrl: /proc/PID/stat sampled when
+# step 1 and step N are logged; TRL: time.process_time() at each step's end), the steadier measure
+# on a shared machine. --dtype bf16: ctrl's [train] dtype = bf16 (QLoRA: bnb_4bit_compute_dtype
+# bfloat16's arithmetic), TRL's bf16=True (autocast).
 # INTERMEDIATE (default 4 x HIDDEN), --tokenizer DIR (default the 1024-token tiny_bpe; a real
 # vocabulary, e.g. /work/shared/data/tokenizers/qwen3), --vocab N and --tie-embeddings (ctrl model
-# init's), --steps N (default 3), --no-full (skip the full fine-tunes, ctrl's and TRL's: at 0.5B
+# init's), --steps N (default 3), --dtype fp32|bf16 (default fp32), --no-full (skip the full fine-tunes, ctrl's and TRL's: at 0.5B
 # they need 8+ GiB). Qwen2.5-0.5B's shape:
 #   bench/peft/memory.sh build 896 24 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
 #     --vocab 151936 --tie-embeddings --trl --no-full
 # usage: bench/peft/memory.sh BUILD_DIR [HIDDEN LAYERS HEADS KV_HEADS [INTERMEDIATE]] [--tokenizer DIR]
-#        [--vocab N] [--tie-embeddings] [--steps N] [--no-full] [--trl]
+#        [--vocab N] [--tie-embeddings] [--steps N] [--dtype fp32|bf16] [--no-full] [--trl]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
 shift
-TRL=0 FULL=1 STEPS=3 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
+TRL=0 FULL=1 STEPS=3 DTYPE=fp32 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
 ARGS=() INIT=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -27,6 +31,7 @@ while [ $# -gt 0 ]; do
     --no-full) FULL=0 ;;
     --tokenizer) TOK=$2; shift ;;
     --steps) STEPS=$2; shift ;;
+    --dtype) DTYPE=$2; shift ;;
     --vocab) INIT+=(--vocab "$2"); shift ;;
     --tie-embeddings) INIT+=(--tie-embeddings) ;;
     *) ARGS+=("$1") ;;
@@ -56,7 +61,7 @@ max_steps = $STEPS
 per_device_train_batch_size = 8
 logging_steps = 1
 save_strategy = no
-dtype = fp32
+dtype = $DTYPE
 [peft]
 target_modules = all-linear
 r = 16
@@ -65,7 +70,9 @@ lora_dropout = 0
 INI
 echo "model: $("${C[@]}" model info "$TMP/model" | grep parameters | awk '{print $2}') parameters (hidden $HIDDEN, $LAYERS layers, intermediate $INTER, vocabulary $("${C[@]}" model info "$TMP/model" | awk '/vocab/ {print $2; exit}'))"
 echo "load: $(uptime | sed 's/.*load/load/')"
-printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | tokens/s | last loss |\n|---|---|---|---|---|---|\n'
+echo "dtype: $DTYPE"
+printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | tokens/s | CPU s/step | last loss |\n|---|---|---|---|---|---|---|\n'
+TICK=$(getconf CLK_TCK)
 RUNS="false true nf4"
 [ $FULL = 0 ] && RUNS="true nf4"
 for peft in $RUNS; do
@@ -74,12 +81,16 @@ for peft in $RUNS; do
     $([ $peft = nf4 ] && echo "--set peft.enabled=true --set peft.quantization=nf4" || echo "--set peft.enabled=$peft") \
     >"$TMP/log-$peft" 2>&1 &
   tpid=$!
-  max=0
+  max=0 cpu1='' cpun=''
   while kill -0 $tpid 2>/dev/null; do
     pid=$(pgrep -P $tpid | head -1 || true)
     if [ -n "$pid" ] && [ -s "$out/metrics.jsonl" ]; then
       r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status 2>/dev/null || echo 0)
       [ "${r:-0}" -gt "$max" ] && max=$r
+      logged=$(grep -c '"step"' "$out/metrics.jsonl" || true)
+      ticks=$(awk '{print $14 + $15}' /proc/$pid/stat 2>/dev/null || true)
+      [ -z "$cpu1" ] && [ "$logged" -ge 1 ] && cpu1=$ticks
+      [ -z "$cpun" ] && [ "$logged" -ge "$STEPS" ] && cpun=$ticks
     fi
     sleep 0.05
   done
@@ -89,11 +100,12 @@ for peft in $RUNS; do
   loss=$(grep '"step"' "$out/metrics.jsonl" | tail -1 | sed 's/.*"loss": \([0-9.]*\).*/\1/')
   tps=$(grep '"step"' "$out/metrics.jsonl" | tail -1 | sed 's/.*"tokens_per_second": \([0-9.]*\).*/\1/')
   name=$(case $peft in true) echo "ctrl LoRA" ;; nf4) echo "ctrl QLoRA (nf4)" ;; *) echo "ctrl full fine-tune" ;; esac)
-  printf '| %s | %d | %d | %s | %.0f | %s |\n' "$name" $((peak / 1024)) $((max / 1024)) "$wall" "$tps" "$loss"
+  cps=$(awk -v a="${cpu1:-0}" -v b="${cpun:-0}" -v t="$TICK" -v n="$STEPS" 'BEGIN {print (n > 1 && b > a) ? sprintf("%.2f", (b - a) / t / (n - 1)) : "-"}')
+  printf '| %s | %d | %d | %s | %.1f | %s | %s |\n' "$name" $((peak / 1024)) $((max / 1024)) "$wall" "$tps" "$cps" "$loss"
 done
 if [ $TRL = 1 ]; then
   for peft in $([ $FULL = 1 ] && echo 0) 1; do
-    /work/venv/bin/python "$SRC/bench/peft/trl_sft.py" "$TMP/model" "$TMP/data/train.jsonl" $peft "$STEPS" 2>/dev/null |
+    /work/venv/bin/python "$SRC/bench/peft/trl_sft.py" "$TMP/model" "$TMP/data/train.jsonl" $peft "$STEPS" "$DTYPE" 2>/dev/null |
       grep '^| TRL'
   done
 fi

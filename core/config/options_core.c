@@ -258,8 +258,8 @@ static const ctrl_option peft_options[] = {
     {"quantization", CTRL_OPT_STRING, "none", 0, 0, 0, "none|nf4",
      "QLoRA: nf4 holds the frozen base's projection weights (q/k/v/o/gate/up/down) in 4-bit NormalFloat as "
      "bitsandbytes does (load_in_4bit, bnb_4bit_quant_type nf4, blocks of 64, double-quantized absmax), "
-     "dequantized one layer at a time in forward and backward, multiplied in [train] dtype; on the CPU and "
-     "on CUDA."},
+     "dequantized a tile at a time inside the GEMMs of forward and backward (never a whole weight), "
+     "multiplied in [train] dtype; on the CPU and on CUDA."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "

@@ -159,6 +159,14 @@ typedef struct ctrl_backend_ops {
      * memory, its pointers in the backend's. NULL where not implemented (the engine copies the
      * logits to the host and samples there). */
     ctrl_status (*sample)(const struct ctrl_sample_batch *b);
+    /* Appended for QLoRA's products (cpu_ops.h's ctrl_cpu_nf4_linear_*; the ref's pointers in backend
+     * memory): out = x W^T + bias and dx = dout W with W [OUT, IN] held in NF4, dequantized a tile at
+     * a time inside the GEMM (never the whole weight); bf16: as linear_forward_bf16 (inputs and W's
+     * values rounded to bf16). NULL where not implemented: QLoRA is refused there. */
+    ctrl_status (*nf4_linear_forward)(float *out, const float *x, const ctrl_nf4_ref *w, const float *bias,
+                                      int T, int IN, int OUT, int bf16);
+    ctrl_status (*nf4_linear_backward)(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN,
+                                       int OUT, int bf16);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -83,6 +83,21 @@ static ctrl_status linear_backward_bf16(float *dx, float *dw, float *dbias, cons
                ? CTRL_OK
                : bf16_scratch_error(T, IN, OUT);
 }
+static ctrl_status nf4_status(int rc, int T, int IN, int OUT) {
+    return rc == 0    ? CTRL_OK
+           : rc == -2 ? ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: an NF4 weight is not %d x %d", OUT, IN)
+                      : ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: scratch of an NF4 product (%d x %d x %d)", T,
+                                       IN, OUT);
+}
+static ctrl_status nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *w, const float *bias,
+                                      int T, int IN, int OUT, int bf16) {
+    if (bf16) bf16_path_note();
+    return nf4_status(ctrl_cpu_nf4_linear_forward(out, x, w, bias, T, IN, OUT, bf16), T, IN, OUT);
+}
+static ctrl_status nf4_linear_backward(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN,
+                                       int OUT, int bf16) {
+    return nf4_status(ctrl_cpu_nf4_linear_backward(dx, dout, w, T, IN, OUT, bf16), T, IN, OUT);
+}
 static ctrl_status round_to_bf16(float *dst, const float *src, int64_t n) {
     ctrl_cpu_round_to_bf16(dst, src, n);
     return CTRL_OK;
@@ -270,6 +285,8 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .release_cached = release_cached,
         .memory_info = memory_info,
         .nf4_dequantize = ctrl_nf4_dequantize_raw, /* QLoRA (model/nf4.c) */
+        .nf4_linear_forward = nf4_linear_forward,  /* QLoRA's products (kernels/cpu/gemm_nf4.c) */
+        .nf4_linear_backward = nf4_linear_backward,
     };
     return &ops;
 }

@@ -31,6 +31,18 @@ static ctrl_status linear_forward_bf16(float *out, const float *x, const float *
     return st;
 }
 
+/* QLoRA's products: kernels/cuda/nf4.cu's tile-dequantizing GEMM */
+static ctrl_status nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *w, const float *bias,
+                                      int T, int IN, int OUT, int bf16) {
+    return ctrl_cuda_nf4_linear(out, x, w->packed, w->qabsmax, w->absmax2, w->offset, w->code, w->dynamic,
+                                bias, T, IN, OUT, 0, bf16);
+}
+static ctrl_status nf4_linear_backward(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN,
+                                       int OUT, int bf16) {
+    return ctrl_cuda_nf4_linear(dx, dout, w->packed, w->qabsmax, w->absmax2, w->offset, w->code, w->dynamic,
+                                NULL, T, IN, OUT, 1, bf16);
+}
+
 static ctrl_status linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,
                                         const float *w, int T, int IN, int OUT, int w_rounded) {
     (void)w_rounded;
@@ -99,6 +111,8 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .memory_info = ctrl_cuda_memory_info,
         .nf4_dequantize = ctrl_cuda_nf4_dequantize, /* QLoRA (kernels/cuda/nf4.cu) */
         .sample = ctrl_cuda_sample, /* the engine's draws (kernels/cuda/sampling.cu) */
+        .nf4_linear_forward = nf4_linear_forward,
+        .nf4_linear_backward = nf4_linear_backward,
     };
     return &ops;
 }

@@ -543,7 +543,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
-    if (m->nf4_w) MODEL_TRY(nf4_layer_weights(m, l));      /* QLoRA: this layer's weights, dequantized */
+    if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l));          /* QLoRA: this layer's NF4 weights */
     if (m->w16) MODEL_TRY(model_bf16_layer_weights(m, l)); /* held in bf16: this layer's, widened */
     const int sandwich = c->sandwich_norm;
     MODEL_TRY(model_norm_forward(m, a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C));

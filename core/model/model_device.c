@@ -51,7 +51,9 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
         (!ctrl_backend_has(be, linear_forward_bf16) || !ctrl_backend_has(be, round_to_bf16)))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
                               be->name);
-    if (m->nf4_w && !be->host_memory && !ctrl_backend_has(be, nf4_dequantize))
+    if (m->nf4_w &&
+        (!ctrl_backend_has(be, nf4_linear_forward) || !ctrl_backend_has(be, nf4_linear_backward) ||
+         (!be->host_memory && !ctrl_backend_has(be, nf4_dequantize))))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "model: QLoRA ([peft] quantization = nf4) is not implemented on %s", be->name);
     ctrl_status ok = model_check_backend(m, be); /* a family's ops (Gemma's) it may lack */

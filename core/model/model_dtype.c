@@ -76,6 +76,7 @@ static const float *as_multiplied(const ctrl_model *m, const float *w) {
 
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
                                  const float *bias, int T, int IN, int OUT) {
+    if (nf4_holds(m, w)) return nf4_linear_forward(m, out, x, w, bias, T, IN, OUT); /* QLoRA's base */
     if (!m->linear_bf16) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
     return m->be->linear_forward_bf16(out, x, as_multiplied(m, w), bias, T, IN, OUT,
                                       m->rounded_valid || m->w16 != NULL);
@@ -83,6 +84,7 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
 
 ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
                                   const float *x, const float *w, int T, int IN, int OUT) {
+    if (nf4_holds(m, w)) return nf4_linear_backward(m, dx, dw, dbias, dout, w, T, IN, OUT);
     if (!m->linear_bf16) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
     return m->be->linear_backward_bf16(dx, dw, dbias, dout, x, as_multiplied(m, w), T, IN, OUT,
                                        m->rounded_valid || m->w16 != NULL);

@@ -352,6 +352,15 @@ int lora_dropout_on(const ctrl_model *m);
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status nf4_layer_weights(ctrl_model *m, int l);
 void nf4_free(ctrl_model *m);
+/* nf4_use_layer: the products that follow are layer l's (its forward or backward); nf4_holds: w is
+ * one of the NF4 weights' (shared) views; nf4_linear_*: the product with that weight of the layer in
+ * use, dequantized tile by tile in the backend's GEMM (the base is frozen: dw, dbias must be NULL). */
+ctrl_status nf4_use_layer(ctrl_model *m, int l);
+int nf4_holds(const ctrl_model *m, const float *w);
+ctrl_status nf4_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
+                               const float *bias, int T, int IN, int OUT);
+ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
+                                const float *w, int T, int IN, int OUT);
 /* The NF4 store copied into a device backend's memory (m->be, after the switch), and freed from it
  * (before the model leaves the backend); the host copy stays. */
 ctrl_status nf4_to_device(ctrl_model *m);

@@ -1,17 +1,40 @@
 /* QLoRA in the model ([peft] quantization = nf4; lora->nf4): the base's projection weights (q, k,
  * v, o, gate, up, down of every layer) are quantized to NF4 as they load (nf4.c: bitsandbytes'
- * code book, blocks of 64, double-quantized absmax) and never kept in fp32: every layer's views of
- * them share the fp32 slot of layer 0's, into which a layer's seven weights are dequantized before
- * its forward or backward (a layer at a time, as bitsandbytes' Linear4bit dequantizes per
- * projection; with bf16 compute the slot's rounded copy follows, as bnb_4bit_compute_dtype =
- * bfloat16 multiplies the dequantized weight in bf16). The slot is frozen (no gradient), the
- * adapters train as with LoRA. On a device backend the NF4 store is copied into its memory and a
- * kernel (the backend's nf4_dequantize) fills the device's slot, the same values bit for bit.
- * Memory: 4.5 bits
- * per quantized weight (+ 1 byte of absmax per 64, a float per 16,384) instead of 32. */
+ * code book, blocks of 64, double-quantized absmax) and never kept in fp32. Every layer's views of
+ * them share the fp32 slot of layer 0's, which only stages a weight while it loads; after loading its
+ * pages are given back (nf4_release_slot). A layer's forward and backward name the layer
+ * (nf4_use_layer), and each product with one of its weights is the backend's NF4 product
+ * (nf4_linear_forward / nf4_linear_backward: kernels/cpu/gemm_nf4.c, kernels/cuda/nf4.cu), which
+ * dequantizes W a tile at a time inside the GEMM, never the whole weight (with bf16 compute the
+ * tile's values rounded to bf16, as bnb_4bit_compute_dtype = bfloat16 multiplies the dequantized
+ * weight in bf16). The base is frozen (no gradient), the adapters train as with LoRA. On a device
+ * backend the NF4 store is copied into its memory and the device's kernels read it there.
+ * nf4_layer_weights still dequantizes a whole layer into the slot, for tests that compare with a
+ * full-precision model. Memory: 4.5 bits per quantized weight (+ 1 byte of absmax per 64, a float per
+ * 16,384) instead of 32. */
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "model/model_internal.h"
+
+/* Gives the pages wholly inside each of layer 0's NF4 weights (the slot every layer's views share)
+ * back to the system once every weight is stored: the slot only stages a weight as it loads, and the
+ * products read the NF4 store (reading the slot afterwards reads zeros). Only the weights' own pages:
+ * the layer's norms and biases lie between them. */
+static void release_slot(ctrl_model *m) {
+    const int n = m->cfg.n_layers * LORA_N_TARGETS;
+    for (int i = 0; i < n; i++)
+        if (!m->nf4_w[i].packed) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < m->n_views && page > 1; i++) {
+        const ctrl_param_view *v = &m->views[i];
+        if (v->nf4 < 1 || v->nf4 > LORA_N_TARGETS) continue; /* layer 0's */
+        const uintptr_t a = ((uintptr_t)(m->params + v->offset) + page - 1) & ~(page - 1),
+                        b = (uintptr_t)(m->params + v->offset + (size_t)v->numel) & ~(page - 1);
+        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    }
+}
 
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v) {
     const int n = m->cfg.n_layers * LORA_N_TARGETS;
@@ -24,6 +47,7 @@ ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v) {
     ctrl_nf4_free(q);
     m->nf4_layer = -1; /* the slot now holds this weight as loaded, not dequantized */
     MODEL_TRY(ctrl_nf4_quantize(m->params + v->offset, v->numel, q));
+    release_slot(m);
     return CTRL_OK;
 }
 
@@ -67,7 +91,6 @@ void nf4_release_device(ctrl_model *m) {
 }
 
 ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
-    if (m->nf4_layer == l) return CTRL_OK;
     const layer_offsets *o = &m->layers[l];
     const long w[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
     for (int t = 0; t < LORA_N_TARGETS; t++) {
@@ -98,4 +121,65 @@ void nf4_free(ctrl_model *m) {
     for (int i = 0; m->nf4_w && i < m->cfg.n_layers * LORA_N_TARGETS; i++) ctrl_nf4_free(&m->nf4_w[i]);
     free(m->nf4_w);
     m->nf4_w = NULL;
+}
+
+ctrl_status nf4_use_layer(ctrl_model *m, int l) {
+    for (int t = 0; t < LORA_N_TARGETS; t++)
+        if (!m->nf4_w[l * LORA_N_TARGETS + t].packed)
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d was never loaded", l, t);
+    m->nf4_layer = l;
+    return CTRL_OK;
+}
+
+/* Which of the seven weights w (a pointer into dparams) is: every layer's views are layer 0's. */
+static int target_of(const ctrl_model *m, const float *w) {
+    const layer_offsets *o = &m->layers[0];
+    const long at = (long)(w - m->dparams),
+               off[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
+    for (int t = 0; t < LORA_N_TARGETS; t++)
+        if (off[t] == at) return t;
+    return -1;
+}
+
+int nf4_holds(const ctrl_model *m, const float *w) {
+    return m->nf4_w && w >= m->dparams && w < m->dparams + m->n_params && target_of(m, w) >= 0;
+}
+
+/* The backend's view of the weight w of the layer in use. */
+static ctrl_status ref_of(const ctrl_model *m, const float *w, ctrl_nf4_ref *r) {
+    const int t = target_of(m, w), l = m->nf4_layer;
+    if (t < 0 || l < 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: a product with no layer's NF4 weight");
+    const int i = l * LORA_N_TARGETS + t;
+    const ctrl_nf4 *q = &m->nf4_w[i];
+    if (m->nf4_dev)
+        *r = (ctrl_nf4_ref){m->nf4_dev[3 * i],
+                            m->nf4_dev[3 * i + 1],
+                            m->nf4_dev[3 * i + 2],
+                            q->offset,
+                            m->nf4_codes,
+                            m->nf4_codes + 16,
+                            q->n};
+    else
+        *r = (ctrl_nf4_ref){
+            q->packed, q->qabsmax, q->absmax2, q->offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, q->n};
+    return CTRL_OK;
+}
+
+ctrl_status nf4_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
+                               const float *bias, int T, int IN, int OUT) {
+    ctrl_nf4_ref r;
+    MODEL_TRY(ref_of(m, w, &r));
+    return m->be->nf4_linear_forward(out, x, &r, bias, T, IN, OUT, m->linear_bf16);
+}
+
+ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
+                                const float *w, int T, int IN, int OUT) {
+    if (dw || dbias)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "QLoRA: a gradient for a base weight held in NF4 (it is frozen)");
+    if (!dx) return CTRL_OK;
+    ctrl_nf4_ref r;
+    MODEL_TRY(ref_of(m, w, &r));
+    return m->be->nf4_linear_backward(dx, dout, &r, T, IN, OUT, m->linear_bf16);
 }

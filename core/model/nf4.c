@@ -1,6 +1,8 @@
 /* NF4 quantization and dequantization (see nf4.h), on the host. */
 #include "model/nf4.h"
 
+#include "cpu/cpu_ops.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,39 +80,34 @@ const float ctrl_nf4_dynamic_code[256] = {
     0.96484375f,      0.978906274f,     0.992968738f,     1.0f,
 };
 
-/* The index of the code (sorted, n values) x is nearest to: the first midpoint >= x decides, as
- * torch.bucketize over the midpoints does. */
-static int nearest(const float *code, int n, float x) {
-    int lo = 0, hi = n - 1; /* the answer is in [lo, hi] */
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        const float bound = (code[mid] + code[mid + 1]) / 2.0f;
-        if (x <= bound)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return lo;
-}
-
 static int64_t blocks(int64_t n, int b) { return (n + b - 1) / b; }
 
 void ctrl_nf4_quantize_blocks(const float *w, int64_t n, uint8_t *packed, float *absmax) {
+    /* the midpoints between neighbouring codes; a value's code is the count of midpoints below it
+     * (one on a midpoint takes the lower code, as torch.bucketize over the midpoints does) */
+    float mid[15];
+    for (int j = 0; j < 15; j++) mid[j] = (ctrl_nf4_code[j] + ctrl_nf4_code[j + 1]) / 2.0f;
     memset(packed, 0, (size_t)(n + 1) / 2); /* an odd last value pairs with a zero index */
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks(n, CTRL_NF4_BLOCK); b++) { /* blocks of 64 share no byte */
-        const int64_t b0 = b * CTRL_NF4_BLOCK, b1 = b0 + CTRL_NF4_BLOCK < n ? b0 + CTRL_NF4_BLOCK : n;
-        float m = 0.0f;
-        for (int64_t i = b0; i < b1; i++) m = fmaxf(m, fabsf(w[i]));
-        absmax[b] =
-            b1 - b0 < CTRL_NF4_BLOCK ? fmaxf(m, 1e-38f) : m; /* bitsandbytes clamps a partial block's */
-        const float inv = 1.0f / fmaxf(m, 1e-38f);
-        for (int64_t i = b0; i < b1; i++) {
-            float x = w[i] * inv;
-            x = x < -1.0f ? -1.0f : x > 1.0f ? 1.0f : x;
-            const int q = nearest(ctrl_nf4_code, 16, x);
-            packed[i / 2] |= (uint8_t)(i % 2 ? q : q << 4); /* the first value in the high nibble */
+        const int64_t b0 = b * CTRL_NF4_BLOCK, len = b0 + CTRL_NF4_BLOCK < n ? CTRL_NF4_BLOCK : n - b0;
+        float m = 0.0f, x[CTRL_NF4_BLOCK];
+        uint8_t q[CTRL_NF4_BLOCK];
+        for (int64_t i = 0; i < len; i++) { /* the weights are finite (checked as they load) */
+            const float a = fabsf(w[b0 + i]);
+            m = a > m ? a : m;
         }
+        absmax[b] = len < CTRL_NF4_BLOCK ? fmaxf(m, 1e-38f) : m; /* bitsandbytes clamps a partial block's */
+        const float inv = 1.0f / fmaxf(m, 1e-38f);
+        for (int64_t i = 0; i < len; i++) {
+            const float v = w[b0 + i] * inv;
+            x[i] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+            q[i] = 0;
+        }
+        for (int j = 0; j < 15; j++) /* branch-free, so vectorised */
+            for (int64_t i = 0; i < len; i++) q[i] += x[i] > mid[j];
+        for (int64_t i = 0; i < len; i++) /* the first value in the high nibble */
+            packed[(b0 + i) / 2] |= (uint8_t)((b0 + i) % 2 ? q[i] : q[i] << 4);
     }
 }
 
@@ -182,22 +179,11 @@ ctrl_status ctrl_nf4_quantize(const float *w, int64_t n, ctrl_nf4 *out) {
     return CTRL_OK;
 }
 
-/* v rounded to float as a separate operation: a compiler may not fuse it into a following add
- * (clang contracts a * b + c into one FMA by default), so that the sums round as bitsandbytes' do. */
-static inline float rounded(float v) {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-    __asm__("" : "+x"(v));
-#elif defined(__GNUC__)
-    __asm__("" : "+r"(v));
-#endif
-    return v;
-}
-
 void ctrl_nf4_absmax(const ctrl_nf4 *q, float *absmax) {
+    const ctrl_nf4_ref w = {
+        q->packed, q->qabsmax, q->absmax2, q->offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, q->n};
     const int64_t nb = blocks(q->n, CTRL_NF4_BLOCK);
-    for (int64_t b = 0; b < nb; b++) /* torch's two operations, each rounded */
-        absmax[b] =
-            rounded(ctrl_nf4_dynamic_code[q->qabsmax[b]] * q->absmax2[b / CTRL_NF4_BLOCK2]) + q->offset;
+    for (int64_t b = 0; b < nb; b++) absmax[b] = ctrl_cpu_nf4_block_scale(&w, b); /* torch's two operations */
 }
 
 void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out) {
@@ -216,14 +202,10 @@ void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out) {
 ctrl_status ctrl_nf4_dequantize_raw(float *out, const uint8_t *packed, const uint8_t *qabsmax,
                                     const float *absmax2, float offset, const float *code,
                                     const float *dynamic, int64_t n) {
-    const int64_t nb = blocks(n, CTRL_NF4_BLOCK);
+    const ctrl_nf4_ref w = {packed, qabsmax, absmax2, offset, code, dynamic, n};
+    const int64_t seg = 64 * 64; /* whole blocks of 64 per call */
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < nb; b++) { /* ctrl_nf4_absmax's then ctrl_nf4_dequantize's operations */
-        const float s = rounded(dynamic[qabsmax[b]] * absmax2[b / CTRL_NF4_BLOCK2]) + offset;
-        const int64_t i1 = (b + 1) * CTRL_NF4_BLOCK < n ? (b + 1) * CTRL_NF4_BLOCK : n;
-        for (int64_t i = b * CTRL_NF4_BLOCK; i < i1; i++)
-            out[i] = code[i % 2 ? packed[i / 2] & 0xF : packed[i / 2] >> 4] * s;
-    }
+    for (int64_t i = 0; i < n; i += seg) ctrl_cpu_nf4_values(&w, i, n - i < seg ? n - i : seg, out + i);
     return CTRL_OK;
 }
 

@@ -236,6 +236,16 @@ static float half_to_f32(uint16_t h) {
     return f;
 }
 
+/* Elements per chunk of a tensor read or scanned before its mapped pages are let go. */
+#define RELEASE_CHUNK ((int64_t)1 << 22)
+
+/* Lets go of the pages wholly inside [p, p + n) of the mapped file (the page cache keeps them). */
+static void release_pages(const void *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)p + page - 1) & ~(page - 1),
+                    hi = ((uintptr_t)p + n) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *name, float *dst,
                                       int64_t numel) {
     const ctrl_st_tensor *t = ctrl_safetensors_find(st, name);
@@ -244,29 +254,30 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
     if ((int64_t)(t->nbytes / esz) != numel)
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' has %zu elements, expected %lld", st->path,
                               name, t->nbytes / esz, (long long)numel);
-    const unsigned char *src = st->map + t->offset;
-    switch (t->dtype) {
-    case CTRL_F32: memcpy(dst, src, (size_t)numel * 4); break;
-    case CTRL_BF16:
-        for (int64_t i = 0; i < numel; i++) {
-            uint32_t u = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
-            memcpy(&dst[i], &u, 4);
-        }
-        break;
-    case CTRL_F16:
-        for (int64_t i = 0; i < numel; i++)
-            dst[i] = half_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
-        break;
-    default:
+    if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16)
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' is %s, not a float type", st->path, name,
                               ctrl_dtype_name(t->dtype));
+    /* A chunk at a time, each chunk's mapped pages let go once copied (read again from the file if
+     * ever touched): loading a model peaks at its fp32 weights plus a chunk, not the weights plus
+     * the mapped file (a LoRA run's peak: 1434 -> 797 MiB with a 704 MiB file; a whole 519 MiB
+     * embedding mapped beside its copy was QLoRA's peak at 0.5B: docs/performance.md). */
+    const unsigned char *src = st->map + t->offset;
+    for (int64_t c0 = 0; c0 < numel; c0 += RELEASE_CHUNK) {
+        const int64_t c1 = c0 + RELEASE_CHUNK < numel ? c0 + RELEASE_CHUNK : numel;
+        switch (t->dtype) {
+        case CTRL_F32: memcpy(dst + c0, src + 4 * c0, (size_t)(c1 - c0) * 4); break;
+        case CTRL_BF16:
+            for (int64_t i = c0; i < c1; i++) {
+                uint32_t u = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
+                memcpy(&dst[i], &u, 4);
+            }
+            break;
+        default:
+            for (int64_t i = c0; i < c1; i++)
+                dst[i] = half_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+        }
+        release_pages(src + esz * (size_t)c0, esz * (size_t)(c1 - c0));
     }
-    /* The copied pages are let go (read again from the file if ever touched): loading a model peaks
-     * at its fp32 weights, not the weights plus the mapped file (a LoRA run's peak: 1434 -> 797 MiB
-     * with a 704 MiB file, docs/performance.md). */
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)src & ~(page - 1),
-                    hi = ((uintptr_t)src + t->nbytes) & ~(page - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
     return CTRL_OK;
 }
 
@@ -302,8 +313,11 @@ int64_t ctrl_safetensors_find_non_finite(const ctrl_safetensors *st, const ctrl_
     if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16) return -1;
     const unsigned char *src = st->map + t->offset;
     const int64_t n = (int64_t)(t->nbytes / ctrl_dtype_size(t->dtype));
+    const size_t esz = ctrl_dtype_size(t->dtype);
     for (int64_t b = 0; b < n; b += 4096) { /* a branch-free pass per block, vectorised */
         const int64_t e = b + 4096 < n ? b + 4096 : n;
+        if (b % RELEASE_CHUNK == 0 && b > 0) /* the scanned chunk's pages let go, as the read does */
+            release_pages(src + esz * (size_t)(b - RELEASE_CHUNK), esz * (size_t)RELEASE_CHUNK);
         if (!block_non_finite(src, t->dtype, b, e)) continue;
         for (int64_t i = b; i < e; i++)
             if (raw_non_finite(src, t->dtype, i)) {

@@ -106,6 +106,39 @@ int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const
                               float *C, int ldc, int accumulate);
 size_t ctrl_cpu_gemm_bf16_packed_bytes(const ctrl_cpu_bf16_packed *p);
 void ctrl_cpu_gemm_bf16_packed_free(ctrl_cpu_bf16_packed *p);
+/* ctrl_cpu_gemm_bf16 with B made on the fly instead of read from memory (QLoRA's NF4 weights,
+ * gemm_nf4.c): src(ctx, i, n, dst) writes the n values at row-major indices [i, i + n) of B as
+ * stored (ldb apart, [K,N] or [N,K] as trans_b says) into dst as fp32, a run of a row (at most a
+ * depth block, or a few groups of 16 columns) at a time, and the packing rounds them to bf16 as it
+ * rounds an fp32 B; called from several threads at once. */
+typedef void (*ctrl_cpu_gemm_source)(const void *ctx, size_t i, int n, float *dst);
+int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                              ctrl_cpu_gemm_source b_src, const void *b_ctx, int ldb, float *C, int ldc,
+                              int accumulate);
+/* A weight held in NF4 (QLoRA; core/model/nf4.h): n values, the packed nibbles, one absmax byte per
+ * block of 64, one fp32 scale per 256 blocks and the offset, and the code books (the 16 NF4 values,
+ * the 256 of the dynamic code); pointers in the backend's memory. */
+typedef struct ctrl_nf4_ref {
+    const uint8_t *packed, *qabsmax;
+    const float *absmax2;
+    float offset;
+    const float *code, *dynamic;
+    int64_t n;
+} ctrl_nf4_ref;
+/* QLoRA's products (gemm_nf4.c), W [OUT, IN] in NF4 dequantized a tile at a time inside the
+ * product, never whole: out[T, OUT] = x W^T + bias, and dx[T, IN] = dout W (the base is frozen: no
+ * dW). bf16 = 1: as ctrl_cpu_linear_forward_bf16 (inputs and W's values rounded to bf16, fp32
+ * accumulation). 0; -1 out of memory; -2 when OUT * IN is not w->n. ctrl_cpu_nf4_values: W's values
+ * [i, i + n) as fp32 (ctrl_nf4_dequantize's bit for bit). ctrl_cpu_nf4_scratch_bytes: the most
+ * memory a product takes besides the GEMM's own packing (a band of W, the rounded input). */
+void ctrl_cpu_nf4_values(const ctrl_nf4_ref *w, int64_t i, int64_t n, float *dst);
+/* The scale of block b of 64: dynamic[qabsmax[b]] * absmax2[b / 256] + offset, each operation rounded. */
+float ctrl_cpu_nf4_block_scale(const ctrl_nf4_ref *w, int64_t b);
+int ctrl_cpu_nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *w, const float *bias, int T,
+                                int IN, int OUT, int bf16);
+int ctrl_cpu_nf4_linear_backward(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN, int OUT,
+                                 int bf16);
+size_t ctrl_cpu_nf4_scratch_bytes(int T, int IN, int OUT, int bf16);
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,
                                  int OUT, int w_rounded);
 int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,

@@ -40,6 +40,8 @@ typedef struct operand {
     int bf16;      /* 1: p holds bf16 */
     int k_contig;  /* 1: element (r, k) at p[r * ld + k]; 0: at p[k * ld + r] */
     size_t ld;
+    ctrl_cpu_gemm_source src; /* non-NULL: fp32 values made by src(src_ctx, ...), p unused (pack_source) */
+    const void *src_ctx;
 } operand;
 
 static inline uint16_t round_bf16(float f) {
@@ -182,11 +184,18 @@ TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int
     }
 }
 
+TARGET static void pack_source(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
+                               int g0, int g1);
+
 /* Block rows [0, n) packed into panels of W (alloc = n rounded up to W) kp pairs deep, the groups of
  * 16 rows in [g0, g1). Where the rows lie side by side in the source (k_contig = 0), the source
  * rows are read whole, all groups at once, pair by pair. */
 TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
                               int g0, int g1) {
+    if (o->src) {
+        pack_source(dst, W, o, r0, n, k0, kc, kp, g0, g1);
+        return;
+    }
     const int alloc = (n + W - 1) / W * W, kc2 = (kc + 1) / 2;
     if (o->k_contig || o->bf16 || g1 - g0 > CTRL_BF16_NC_MAX / 16) {
         for (int g = g0; g < g1; g++) {
@@ -215,6 +224,31 @@ TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, in
             }
         }
     }
+}
+
+/* A source operand (QLoRA's NF4 weights, gemm_nf4.c): a few groups of 16 block rows at a time, their
+ * fp32 values over the depth block made into a small scratch (at most SOURCE_FLOATS, in L2) by the
+ * source, one call per source row run, then packed from it as from memory. */
+#define SOURCE_FLOATS 65536
+TARGET static void pack_source(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
+                               int g0, int g1) {
+    const int per = SOURCE_FLOATS / (16 * kc) > 0 ? SOURCE_FLOATS / (16 * kc) : 1; /* groups per batch */
+    float *buf = malloc(sizeof(float) * (size_t)per * 16 * (size_t)kc);
+    if (!buf) return; /* cannot happen in practice (256 KiB); the product is then wrong, not a crash */
+    for (int ga = g0; ga < g1; ga += per) {
+        const int gb = ga + per < g1 ? ga + per : g1, lo = 16 * ga, hi = 16 * gb < n ? 16 * gb : n;
+        /* the batch's element (r, k) at buf[(r - lo) * kc + k] (k_contig) or buf[k * (hi - lo) + r - lo] */
+        const operand m = {buf, 0, o->k_contig, (size_t)(o->k_contig ? kc : hi - lo), NULL, NULL};
+        if (o->k_contig)
+            for (int r = lo; r < hi; r++)
+                o->src(o->src_ctx, (size_t)(r0 + r) * o->ld + (size_t)k0, kc, buf + (size_t)(r - lo) * kc);
+        else
+            for (int k = 0; k < kc; k++)
+                o->src(o->src_ctx, (size_t)(k0 + k) * o->ld + (size_t)(r0 + lo), hi - lo,
+                       buf + (size_t)k * (size_t)(hi - lo));
+        pack_block(dst, W, &m, -lo, n, 0, kc, kp, ga, gb);
+    }
+    free(buf);
 }
 
 /* Block rows [0, n) as AMX's A tiles (a_rows in gemm_bf16_kernel.h): groups of 16 rows, each kp / 16
@@ -446,7 +480,7 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
     const ctrl_bf16_kernel *kk = kernel_now();
     if (!kk) return -1;
     if (M <= 0 || N <= 0) return 0;
-    const operand a = {A, 0, !trans_a, (size_t)lda}, b = {B, 0, trans_b, (size_t)ldb};
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL}, b = {B, 0, trans_b, (size_t)ldb, NULL, NULL};
     if (K <= 0) { /* an empty sum */
         for (int i = 0; i < M; i++)
             if (!accumulate) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
@@ -462,13 +496,31 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
 #endif
 }
 
+int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                              ctrl_cpu_gemm_source b_src, const void *b_ctx, int ldb, float *C, int ldc,
+                              int accumulate) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!kk) return -1;
+    if (M <= 0 || N <= 0) return 0;
+    if (K <= 0) return ctrl_cpu_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, NULL, ldb, C, ldc, accumulate);
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL},
+                  b = {NULL, 0, trans_b, (size_t)ldb, b_src, b_ctx};
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, NULL);
+#else
+    (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)b_src, (void)b_ctx;
+    (void)ldb, (void)C, (void)ldc, (void)accumulate;
+    return -1;
+#endif
+}
+
 int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                                  int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
     const ctrl_bf16_kernel *kk = kernel_now();
     if (!kk) return -1;
     if (M <= 0 || N <= 0 || K <= 0) return -1;
-    const operand a = {A, 1, 1, (size_t)K}, b = {B, 1, 1, (size_t)K};
+    const operand a = {A, 1, 1, (size_t)K, NULL, NULL}, b = {B, 1, 1, (size_t)K, NULL, NULL};
     return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate, NULL);
 #else
     (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)accumulate;
@@ -502,7 +554,7 @@ static int pack_all(ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk, const f
         p->w = w, p->words = words;
         p->nr = kk->nr, p->kc = kk->kc, p->nc = kk->nc, p->kpad = kk->kpad;
     }
-    const operand b = {B, 0, p->trans_b, (size_t)ldb};
+    const operand b = {B, 0, p->trans_b, (size_t)ldb, NULL, NULL};
     size_t off = 0;
     for (int jc = 0; jc < p->N; jc += kk->nc) {
         const int nc = p->N - jc < kk->nc ? p->N - jc : kk->nc, ngroups = (nc + 15) / 16;
@@ -560,7 +612,7 @@ int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const
     const ctrl_bf16_kernel *kk = kernel_now();
     if (!p || !kk || !same_layout(p, kk)) return -1;
     if (M <= 0) return 0;
-    const operand a = {A, 0, !trans_a, (size_t)lda};
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL};
     return gemm_blocked(kk, M, p->N, p->K, &a, NULL, C, (size_t)ldc, accumulate, p->w);
 #else
     (void)trans_a, (void)M, (void)A, (void)lda, (void)p, (void)C, (void)ldc, (void)accumulate;

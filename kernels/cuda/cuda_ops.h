@@ -167,6 +167,13 @@ ctrl_status ctrl_cuda_nf4_dequantize(float *out, const uint8_t *packed, const ui
  * results in b->out (device memory). */
 struct ctrl_sample_batch;
 ctrl_status ctrl_cuda_sample(const struct ctrl_sample_batch *b);
+/* QLoRA's products with W [OUT, IN] in NF4 (the same parts, device pointers), W dequantized a tile at
+ * a time in shared memory inside the GEMM: backward = 0: out[T, OUT] = in W^T + bias (bias may be
+ * NULL); 1: out = dX [T, IN] = in[T, OUT] W. bf16: in and W's values rounded to bf16 (fp32
+ * accumulation), as linear_forward_bf16. */
+ctrl_status ctrl_cuda_nf4_linear(float *out, const float *in, const uint8_t *packed, const uint8_t *qabsmax,
+                                 const float *absmax2, float offset, const float *code, const float *dynamic,
+                                 const float *bias, int T, int IN, int OUT, int backward, int bf16);
 
 #ifdef __cplusplus
 }

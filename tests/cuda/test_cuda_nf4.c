@@ -1,8 +1,9 @@
 /* QLoRA on the CUDA backend (issue 18: [peft] quantization = nf4 on a device) against the CPU:
  * the backend's nf4_dequantize (kernels/cuda/nf4.cu) gives bitsandbytes' values exactly as the
  * CPU's ctrl_nf4_absmax + ctrl_nf4_dequantize do, bit for bit (a partial last block, several
- * blocks of 256 absmax values); and a QLoRA model (the base's projections held in NF4, dequantized
- * a layer at a time into the device's slot) placed on the device computes the CPU's log-probs
+ * blocks of 256 absmax values); its NF4 products (W dequantized a tile at a time inside the GEMM)
+ * equal the CPU's dequantize-then-multiply within 1e-6; and a QLoRA model (the base's projections
+ * held in NF4 on the device) placed on the device computes the CPU's log-probs
  * and adapter gradients within 1e-5 (backend_case.c, dropout 0.2, a weight change, the fused
  * step); and SFT with QLoRA on the device (`[run] device = cuda`, [peft] quantization = nf4, from
  * PEFT's initial adapter of tests/fixtures/trl_sft) follows the CPU run's losses and gradient norms
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "backend_case.h"
+#include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "device/backend.h"
 #include "device/cuda_backend.h"
@@ -76,6 +78,79 @@ TEST(nf4_dequantize_matches_cpu_bit_for_bit) {
     be->free(dp), be->free(dq), be->free(da), be->free(dc), be->free(dd), be->free(dout);
     ctrl_nf4_free(&q);
     free(w), free(want), free(got), free(absmax);
+}
+
+/* The device's NF4 products (kernels/cuda/nf4.cu's nf4_gemm: W dequantized a tile at a time into
+ * shared memory) against the CPU's dequantize-then-multiply, x W^T + bias and dout W, fp32 and bf16,
+ * on shapes whose tiles end inside NF4 blocks (K = 70 and 200, not multiples of 64 or of the tile's
+ * 16; 282 blocks: two double-quantization scales; edges of the 64 x 64 output tile): within 1e-6
+ * relative (the same values, the sums in another order). */
+static void nf4_product_case(const ctrl_backend_ops *be, int T, int IN, int OUT) {
+    const int64_t n = (int64_t)IN * OUT, nb = (n + 63) / 64, nb2 = (nb + 255) / 256;
+    float *w = malloc(sizeof(float) * (size_t)n), *deq = malloc(sizeof(float) * (size_t)n),
+          *absmax = malloc(sizeof(float) * (size_t)nb), *x = malloc(sizeof(float) * (size_t)T * IN),
+          *dy = malloc(sizeof(float) * (size_t)T * OUT), *bias = malloc(sizeof(float) * (size_t)OUT),
+          *want = malloc(sizeof(float) * (size_t)T * (IN + OUT)),
+          *got = malloc(sizeof(float) * (size_t)T * (IN + OUT));
+    uint64_t s = 777 + (uint64_t)n;
+    for (int64_t i = 0; i < n + (int64_t)T * (IN + OUT) + OUT; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const float u = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
+        if (i < n)
+            w[i] = u * 0.2f;
+        else if (i < n + (int64_t)T * IN)
+            x[i - n] = u;
+        else if (i < n + (int64_t)T * (IN + OUT))
+            dy[i - n - (int64_t)T * IN] = u;
+        else
+            bias[i - n - (int64_t)T * (IN + OUT)] = u;
+    }
+    ctrl_nf4 q;
+    CHECK_EQ_INT(ctrl_nf4_quantize(w, n, &q), CTRL_OK);
+    ctrl_nf4_absmax(&q, absmax);
+    ctrl_nf4_dequantize(&q, absmax, deq);
+    const ctrl_nf4_ref r = {upload(be, q.packed, (size_t)(n + 1) / 2),
+                            upload(be, q.qabsmax, (size_t)nb),
+                            upload(be, q.absmax2, sizeof(float) * (size_t)nb2),
+                            q.offset,
+                            upload(be, ctrl_nf4_code, sizeof(float) * 16),
+                            upload(be, ctrl_nf4_dynamic_code, sizeof(float) * 256),
+                            n};
+    float *dx = upload(be, x, sizeof(float) * (size_t)T * IN),
+          *ddy = upload(be, dy, sizeof(float) * (size_t)T * OUT),
+          *db = upload(be, bias, sizeof(float) * (size_t)OUT), *dout = NULL;
+    CHECK_EQ_INT(be->alloc((void **)&dout, sizeof(float) * (size_t)T * (IN + OUT)), CTRL_OK);
+    CHECK(r.packed && r.qabsmax && r.absmax2 && r.code && r.dynamic && dx && ddy && db && dout);
+    for (int bf16 = 0; bf16 < 2 && dout; bf16++) {
+        CHECK_EQ_INT(be->nf4_linear_forward(dout, dx, &r, db, T, IN, OUT, bf16), CTRL_OK);
+        CHECK_EQ_INT(be->nf4_linear_backward(dout + (size_t)T * OUT, ddy, &r, T, IN, OUT, bf16), CTRL_OK);
+        CHECK_EQ_INT(be->to_host(got, dout, sizeof(float) * (size_t)T * (IN + OUT)), CTRL_OK);
+        if (bf16) {
+            CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(want, x, deq, bias, T, IN, OUT, 0), 0);
+            CHECK_EQ_INT(
+                ctrl_cpu_linear_backward_bf16(want + (size_t)T * OUT, NULL, NULL, dy, x, deq, T, IN, OUT, 0),
+                0);
+        } else {
+            ctrl_cpu_linear_forward(want, x, deq, bias, T, IN, OUT);
+            ctrl_cpu_linear_backward(want + (size_t)T * OUT, NULL, NULL, dy, x, deq, T, IN, OUT);
+        }
+        CHECK_REL(got, want, (long)T * OUT, 1e-6);
+        CHECK_REL(got + (size_t)T * OUT, want + (size_t)T * OUT, (long)T * IN, 1e-6);
+    }
+    be->free((void *)r.packed), be->free((void *)r.qabsmax), be->free((void *)r.absmax2);
+    be->free((void *)r.code), be->free((void *)r.dynamic);
+    be->free(dx), be->free(ddy), be->free(db), be->free(dout);
+    ctrl_nf4_free(&q);
+    free(w), free(deq), free(absmax), free(x), free(dy), free(bias), free(want), free(got);
+}
+
+TEST(nf4_products_match_cpu_dequantize_then_gemm) {
+    const ctrl_backend_ops *be = cuda_ops();
+    if (!be) TEST_SKIP(ctrl_error_message());
+    CHECK(ctrl_backend_has(be, nf4_linear_forward) && ctrl_backend_has(be, nf4_linear_backward));
+    nf4_product_case(be, 5, 70, 37);
+    nf4_product_case(be, 67, 200, 90);
+    nf4_product_case(be, 3, 71, 37);
 }
 
 TEST(qlora_model_matches_cpu) {

@@ -1,0 +1,171 @@
+/* QLoRA's products with NF4 weights (kernels/cpu/gemm_nf4.c), W dequantized a tile at a time inside
+ * the GEMM, against dequantize-the-whole-weight-then-multiply (what the model did before, and what
+ * transformers' bitsandbytes Linear4bit does): odd shapes (K not a multiple of 64, partial NF4 blocks
+ * at the edges, an odd count of values, more than 256 blocks so the double quantization's second
+ * scale is used, weights wider than one band of the fp32 path). The values are bit for bit; the bf16
+ * products (the same blocked GEMM, B's panels packed from the nibbles) are bit for bit too where
+ * that GEMM runs both (AVX-512 BF16, T > 4); the fp32 products (cblas_sgemm a band of rows at a
+ * time) and the rest within 1e-6 relative (the order of the sums). And the products' memory: a
+ * product with Qwen2.5-0.5B's widest weight (4864 x 896) raises the peak RSS by far less than that
+ * weight dequantized (17 MiB). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+#include "model/nf4.h"
+#include "test.h"
+
+static float *randn(int64_t n, uint64_t seed, float scale) {
+    float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = ((float)(s >> 40) / 16777216.0f - 0.5f) * scale * (i % 53 == 0 ? 6.0f : 1.0f);
+    }
+    return v;
+}
+
+typedef struct case_w {
+    ctrl_nf4 q;
+    ctrl_nf4_ref ref;
+    float *deq; /* the whole weight dequantized, for the reference products */
+} case_w;
+
+static void make(case_w *c, int IN, int OUT, uint64_t seed) {
+    const int64_t n = (int64_t)IN * OUT;
+    float *w = randn(n, seed, 0.2f);
+    CHECK_EQ_INT(ctrl_nf4_quantize(w, n, &c->q), CTRL_OK);
+    float *absmax = malloc(sizeof(float) * (size_t)((n + 63) / 64));
+    c->deq = malloc(sizeof(float) * (size_t)n);
+    ctrl_nf4_absmax(&c->q, absmax);
+    ctrl_nf4_dequantize(&c->q, absmax, c->deq);
+    c->ref = (ctrl_nf4_ref){
+        c->q.packed, c->q.qabsmax, c->q.absmax2, c->q.offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, n};
+    free(absmax), free(w);
+}
+
+static void drop(case_w *c) {
+    ctrl_nf4_free(&c->q);
+    free(c->deq);
+}
+
+/* Any run of values, from any start (odd ones, across blocks of 64 and of 256 blocks). */
+TEST(nf4_values_equal_the_whole_dequantization_bit_for_bit) {
+    case_w c;
+    make(&c, 151, 129, 7); /* 19,479 values: 305 blocks, an odd count */
+    const int64_t n = c.ref.n;
+    float got[200];
+    int bad = 0;
+    for (int64_t i = 0; i < n; i += 37)
+        for (int len = 1; len <= 200 && i + len <= n; len += 41) {
+            ctrl_cpu_nf4_values(&c.ref, i, len, got);
+            bad += memcmp(got, c.deq + i, sizeof(float) * (size_t)len) != 0;
+        }
+    ctrl_cpu_nf4_values(&c.ref, n - 3, 3, got); /* the last, half-filled byte */
+    bad += memcmp(got, c.deq + n - 3, sizeof(float) * 3) != 0;
+    float *all = malloc(sizeof(float) * (size_t)n); /* the backend op's form */
+    CHECK_EQ_INT(ctrl_nf4_dequantize_raw(all, c.q.packed, c.q.qabsmax, c.q.absmax2, c.q.offset, ctrl_nf4_code,
+                                         ctrl_nf4_dynamic_code, n),
+                 CTRL_OK);
+    bad += memcmp(all, c.deq, sizeof(float) * (size_t)n) != 0;
+    CHECK_EQ_INT(bad, 0);
+    free(all);
+    drop(&c);
+}
+
+static int exact_bf16(int T) { return ctrl_cpu_has_avx512bf16() && T > 4; }
+
+static void check_shape(int T, int IN, int OUT, uint64_t seed) {
+    case_w c;
+    make(&c, IN, OUT, seed);
+    float *x = randn((int64_t)T * IN, seed + 1, 2.0f), *dout = randn((int64_t)T * OUT, seed + 2, 1.0f),
+          *bias = randn(OUT, seed + 3, 1.0f);
+    float *got = malloc(sizeof(float) * (size_t)T * (IN > OUT ? IN : OUT)),
+          *want = malloc(sizeof(float) * (size_t)T * (IN > OUT ? IN : OUT));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        const int exact = bf16 && exact_bf16(T);
+        /* forward: x W^T + bias */
+        CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(got, x, &c.ref, bias, T, IN, OUT, bf16), 0);
+        if (bf16)
+            CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(want, x, c.deq, bias, T, IN, OUT, 0), 0);
+        else
+            ctrl_cpu_linear_forward(want, x, c.deq, bias, T, IN, OUT);
+        if (exact)
+            CHECK_MSG(!memcmp(got, want, sizeof(float) * (size_t)T * OUT), "bf16 forward %dx%dx%d", T, IN,
+                      OUT);
+        CHECK_REL(got, want, (long)T * OUT, 1e-6);
+        /* backward: dout W */
+        CHECK_EQ_INT(ctrl_cpu_nf4_linear_backward(got, dout, &c.ref, T, IN, OUT, bf16), 0);
+        if (bf16)
+            CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(want, NULL, NULL, dout, x, c.deq, T, IN, OUT, 0), 0);
+        else
+            ctrl_cpu_linear_backward(want, NULL, NULL, dout, x, c.deq, T, IN, OUT);
+        if (exact)
+            CHECK_MSG(!memcmp(got, want, sizeof(float) * (size_t)T * IN), "bf16 backward %dx%dx%d", T, IN,
+                      OUT);
+        CHECK_REL(got, want, (long)T * IN, 1e-6);
+    }
+    CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(got, x, &c.ref, NULL, T, IN + 1, OUT, 0),
+                 -2); /* not w's shape */
+    free(x), free(dout), free(bias), free(got), free(want);
+    drop(&c);
+}
+
+TEST(nf4_products_equal_dequantize_then_gemm_on_odd_shapes) {
+    check_shape(5, 70, 37, 11);    /* K = 70: blocks of 64 straddle rows; a partial last block */
+    check_shape(3, 71, 37, 12);    /* an odd count of values (the last byte half used); T <= 4 */
+    check_shape(17, 200, 90, 13);  /* 282 blocks: two double-quantization scales */
+    check_shape(33, 130, 300, 14); /* wider than one 48-column panel, several groups of 16 */
+    check_shape(9, 700, 500, 15);  /* 350,000 values: more than one 1 MiB band of the fp32 path */
+    check_shape(64, 896, 128, 16); /* Qwen2.5-0.5B's k/v projection, 64 tokens: the vector decoder */
+}
+
+/* The peak resident memory a process has had, in KiB (VmHWM), or -1. */
+static long peak_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) v = atol(line + 6);
+    if (f) fclose(f);
+    return v;
+}
+
+/* Resets VmHWM to the current RSS (Linux's clear_refs 5); 0 where it cannot. */
+static int reset_peak(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return 0;
+    const int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+TEST(nf4_product_never_holds_the_dequantized_weight) {
+#if defined(__SANITIZE_ADDRESS__)
+    TEST_SKIP("AddressSanitizer's quarantine and shadow memory blur the resident size");
+#endif
+    const int T = 8, IN = 896, OUT = 4864; /* gate_proj: 17 MiB dequantized */
+    case_w c;
+    make(&c, IN, OUT, 21);
+    free(c.deq), c.deq = NULL;
+    float *x = randn((int64_t)T * IN, 22, 1.0f), *out = malloc(sizeof(float) * (size_t)T * OUT),
+          *dout = randn((int64_t)T * OUT, 23, 1.0f), *dx = malloc(sizeof(float) * (size_t)T * IN);
+    for (int bf16 = 0; bf16 < 2; bf16++) { /* once to warm the GEMMs' own buffers (OpenBLAS's) */
+        CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(out, x, &c.ref, NULL, T, IN, OUT, bf16), 0);
+        CHECK_EQ_INT(ctrl_cpu_nf4_linear_backward(dx, dout, &c.ref, T, IN, OUT, bf16), 0);
+    }
+    const long weight_kib = (long)(sizeof(float) * (size_t)IN * OUT / 1024);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (!reset_peak()) TEST_SKIP("no /proc/self/clear_refs to reset the peak RSS");
+        const long before = peak_kib();
+        CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(out, x, &c.ref, NULL, T, IN, OUT, bf16), 0);
+        CHECK_EQ_INT(ctrl_cpu_nf4_linear_backward(dx, dout, &c.ref, T, IN, OUT, bf16), 0);
+        const long rise = peak_kib() - before;
+        CHECK_MSG(rise < weight_kib / 3, "%s: the peak RSS rose %ld KiB (the weight dequantized: %ld KiB)",
+                  bf16 ? "bf16" : "fp32", rise, weight_kib);
+    }
+    CHECK(ctrl_cpu_nf4_scratch_bytes(T, IN, OUT, 0) <= ((size_t)1 << 20) + 4 * (size_t)IN);
+    free(x), free(out), free(dout), free(dx);
+    drop(&c);
+}
