@@ -13,17 +13,19 @@
 # bfloat16's arithmetic), TRL's bf16=True (autocast).
 # INTERMEDIATE (default 4 x HIDDEN), --tokenizer DIR (default the 1024-token tiny_bpe; a real
 # vocabulary, e.g. /work/shared/data/tokenizers/qwen3), --vocab N and --tie-embeddings (ctrl model
-# init's), --steps N (default 3), --dtype fp32|bf16 (default fp32), --no-full (skip the full fine-tunes, ctrl's and TRL's: at 0.5B
-# they need 8+ GiB). Qwen2.5-0.5B's shape:
+# init's), --steps N (default 3), --dtype fp32|bf16 (default fp32), --repeat R (each row's prompt
+# is its own "a+b=c, " R - 1 times before "a+b=": R times the tokens per step, both frameworks),
+# --no-full (skip the full fine-tunes, ctrl's and TRL's: at 0.5B they need 8+ GiB). Qwen2.5-0.5B's
+# shape:
 #   bench/peft/memory.sh build 896 24 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
 #     --vocab 151936 --tie-embeddings --trl --no-full
 # usage: bench/peft/memory.sh BUILD_DIR [HIDDEN LAYERS HEADS KV_HEADS [INTERMEDIATE]] [--tokenizer DIR]
-#        [--vocab N] [--tie-embeddings] [--steps N] [--dtype fp32|bf16] [--no-full] [--trl]
+#        [--vocab N] [--tie-embeddings] [--steps N] [--dtype fp32|bf16] [--repeat R] [--no-full] [--trl]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
 shift
-TRL=0 FULL=1 STEPS=3 DTYPE=fp32 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
+TRL=0 FULL=1 STEPS=3 DTYPE=fp32 REPEAT=1 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
 ARGS=() INIT=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --tokenizer) TOK=$2; shift ;;
     --steps) STEPS=$2; shift ;;
     --dtype) DTYPE=$2; shift ;;
+    --repeat) REPEAT=$2; shift ;;
     --vocab) INIT+=(--vocab "$2"); shift ;;
     --tie-embeddings) INIT+=(--tie-embeddings) ;;
     *) ARGS+=("$1") ;;
@@ -45,6 +48,11 @@ trap 'rm -rf "$TMP"' EXIT
 C=("$BUILD/ctrl" --plugin-dir "$BUILD/plugins")
 export OMP_WAIT_POLICY=PASSIVE
 bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 1 >/dev/null
+if [ "$REPEAT" -gt 1 ]; then # longer rows: {"prompt": "P", "completion": "C"} -> prompt (P C, ) x (R - 1) P
+  awk -v r="$REPEAT" -F'"' '{ s = ""; for (i = 1; i < r; i++) s = s $4 $8 ", "
+    printf "{\"prompt\": \"%s%s\", \"completion\": \"%s\"}\n", s, $4, $8 }' "$TMP/data/train.jsonl" >"$TMP/data/long.jsonl"
+  mv "$TMP/data/long.jsonl" "$TMP/data/train.jsonl"
+fi
 "${C[@]}" model init --arch qwen2 --hidden "$HIDDEN" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV" \
   --intermediate "$INTER" "${INIT[@]}" --tokenizer "$TOK" --out "$TMP/model" >/dev/null
 cat >"$TMP/run.ini" <<INI
@@ -70,7 +78,7 @@ lora_dropout = 0
 INI
 echo "model: $("${C[@]}" model info "$TMP/model" | grep parameters | awk '{print $2}') parameters (hidden $HIDDEN, $LAYERS layers, intermediate $INTER, vocabulary $("${C[@]}" model info "$TMP/model" | awk '/vocab/ {print $2; exit}'))"
 echo "load: $(uptime | sed 's/.*load/load/')"
-echo "dtype: $DTYPE"
+echo "dtype: $DTYPE, rows repeated $REPEAT x"
 printf '| run | peak RSS (MiB) | RSS while training (MiB) | wall (s) | tokens/s | CPU s/step | last loss |\n|---|---|---|---|---|---|---|\n'
 TICK=$(getconf CLK_TCK)
 RUNS="false true nf4"

@@ -141,8 +141,16 @@ static int reset_peak(void) {
     return fclose(f) == 0 && ok;
 }
 
+#if defined(__SANITIZE_ADDRESS__) /* GCC's -fsanitize=address */
+#define UNDER_ASAN 1
+#elif defined(__has_feature) /* clang's */
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
 TEST(nf4_product_never_holds_the_dequantized_weight) {
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef UNDER_ASAN
     TEST_SKIP("AddressSanitizer's quarantine and shadow memory blur the resident size");
 #endif
     const int T = 8, IN = 896, OUT = 4864; /* gate_proj: 17 MiB dequantized */

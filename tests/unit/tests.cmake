@@ -5,3 +5,9 @@ if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang")
                                                  -fno-sanitize-recover=all)
   target_link_options(test_exp_approx PRIVATE -fsanitize=float-cast-overflow,shift,signed-integer-overflow)
 endif()
+# QLoRA's NF4 products (kernels/cpu/gemm_nf4.c) on the emulated AMX kernel (its B panels packed from
+# the NF4 source as the AVX-512 kernel's are) and with the AVX-512 BF16 path off (the banded fallback).
+add_test(NAME test_nf4_gemm_amx COMMAND test_nf4_gemm)
+set_tests_properties(test_nf4_gemm_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
+add_test(NAME test_nf4_gemm_portable COMMAND test_nf4_gemm)
+set_tests_properties(test_nf4_gemm_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
