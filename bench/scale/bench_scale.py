@@ -13,10 +13,15 @@ CPU seconds per step (on a shared machine the steadier measure: TRL's process CP
 trainer.train(); ctrl's user CPU of the run less that of a one-step run), peak RSS, the final loss,
 and the ratios. ctrl-bf16nofast is ctrl's bf16 with CTRL_NO_AVX512BF16=1 (what a CPU without AVX-512
 BF16 runs). --profile adds `perf record` of ctrl's bf16 run and prints
-where its step goes (symbols, self time).
+where its step goes (symbols, self time). ctrl's log line on where its memory goes after the first step
+(parameters, gradients, optimizer state, activations, scratch, the rest) is printed under its run.
+--dir keeps the model, data and outputs in that folder (reused by a later run with the same --layers), so
+that the runs can be made one at a time.
 usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
-       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32] [--profile]   (after scripts/build.sh)"""
+       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32] [--profile] [--dir DIR]
+       (after scripts/build.sh)"""
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -65,7 +70,7 @@ def ctrl_once(d, args, dtype, steps, profile):
     perf = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] if profile else []
     run = bu.ctrl_train(CTRL, PLUGINS, ini, env, prefix=perf)
     steps = bu.metrics(out, '"step"')
-    notes = [l for l in run.stderr.splitlines() if "cpu: bf16" in l]
+    notes = [l for l in run.stderr.splitlines() if "cpu: bf16" in l or "memory after the first step" in l]
     return {"tokens_per_second": steps[-1]["tokens_per_second"], "rss_mib": run.rss_mib, "loss": steps[-1]["loss"],
             "user_s": run.user_s, "notes": notes}
 
@@ -127,6 +132,7 @@ def main():
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--only", default="ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--dir", help="work in this folder (kept; its model and data are reused) instead of a temporary one")
     p.add_argument("--trl-child")
     p.add_argument("--dtype", default="fp32")
     args = p.parse_args()
@@ -134,10 +140,15 @@ def main():
         return trl_child(args.trl_child, args)
     if not os.path.isdir(TOK):
         raise SystemExit(f"bench_scale: no tokenizer at {TOK}")
-    with tempfile.TemporaryDirectory() as d:
+    with (contextlib.nullcontext(args.dir) if args.dir else tempfile.TemporaryDirectory()) as d:
+        os.makedirs(d, exist_ok=True)
         make_data(os.path.join(d, "train.jsonl"), rows=args.batch * args.steps + 8, words_per_row=args.seq * 2)
-        bu.model_init(CTRL, PLUGINS, os.path.join(d, "model"), bu.model_shape(896, args.layers, 14, 2, 4864, tie=True),
-                      TOK)
+        config = os.path.join(d, "model", "config.json")
+        if not os.path.isfile(config):
+            bu.model_init(CTRL, PLUGINS, os.path.join(d, "model"),
+                          bu.model_shape(896, args.layers, 14, 2, 4864, tie=True), TOK)
+        elif json.load(open(config))["num_hidden_layers"] != args.layers:
+            raise SystemExit(f"bench_scale: {config} is not a {args.layers}-layer model: use another --dir")
         print(f"machine: {cpu_line()}")
         print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {bu.load_average()} at start; "
               f"Qwen2.5-0.5B shape with {args.layers} of 24 layers, vocab 151,669, batch {args.batch} x "

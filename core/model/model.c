@@ -643,7 +643,7 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
     m->moe_aux_armed = 0; /* an auxiliary loss is armed after the forward it belongs to */
     MODEL_TRY(check_batch(m, b));
-    MODEL_TRY(model_prepare_weights(m));
+    MODEL_TRY(model_prepare_weights(m, b->T));
     int max_pos = 0;
     for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
     MODEL_TRY(model_ensure_rope(m, max_pos + 1));

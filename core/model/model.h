@@ -255,6 +255,11 @@ ctrl_status ctrl_model_remove_adapter(ctrl_model *m, int id);
 void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq);
 /* Bytes of activations the model holds for the last forward's length. */
 size_t ctrl_model_activation_bytes(const ctrl_model *m);
+/* Bytes of the scratch kept between steps (the head's workspace and dL/d(head input), the backward's
+ * buffers, the staging, the adapters' and experts' workspaces), and of the bf16-rounded copy of the
+ * weights (0 when the model keeps none: model_dtype.c). For the run's memory report. */
+size_t ctrl_model_scratch_bytes(const ctrl_model *m);
+size_t ctrl_model_bf16_copy_bytes(const ctrl_model *m);
 /* Activation offloading (TRL's activation_offloading; the offload_activations memory strategy):
  * on a device backend the inputs of the layers the memory strategy recomputes leave the device
  * after each layer's forward (into host memory) and come back just before its backward, the

@@ -157,7 +157,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
                                   tokens[t], V);
     ctrl_status st = model_check_backend(m, be);
     if (st == CTRL_OK) st = model_ensure_rope(m, max_pos);
-    if (st == CTRL_OK) st = model_prepare_weights(m);
+    if (st == CTRL_OK) st = model_prepare_weights(m, T);
     if (st == CTRL_OK) st = decode_scratch(m, T);
     if (st == CTRL_OK) st = model_moe_ensure(m, T); /* decoding reuses the MoE layers' buffers */
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)

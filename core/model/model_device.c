@@ -29,6 +29,15 @@ void ctrl_model_release_scratch(ctrl_model *m) {
         m->dora_ws_bytes = 0;
 }
 
+size_t ctrl_model_scratch_bytes(const ctrl_model *m) {
+    return m->head_ws_bytes + m->head_dh_bytes + m->bwd_bytes + m->stage_bytes + m->lora_ws_bytes +
+           m->dora_ws_bytes + m->moe_ws_bytes;
+}
+
+size_t ctrl_model_bf16_copy_bytes(const ctrl_model *m) {
+    return m->rounded ? sizeof(float) * m->n_params : 0;
+}
+
 void model_release_backend(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
     nf4_release_device(m); /* QLoRA's device copy of the NF4 store */

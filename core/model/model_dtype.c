@@ -1,9 +1,16 @@
 /* The model's compute dtype (see model.h): fp32, or bf16 as torch.autocast runs it — the linear
- * projections multiply bf16-rounded inputs by bf16-rounded weights with fp32 accumulation. The
- * rounded weights are a copy kept beside the fp32 master weights and rebuilt only after they
+ * projections multiply bf16-rounded inputs by bf16-rounded weights with fp32 accumulation. Where
+ * the products do not round the weights themselves at no cost (a CPU without AVX-512 BF16, CUDA),
+ * the rounded weights are a copy kept beside the fp32 master weights and rebuilt only after they
  * change (ctrl_model_weights_changed), not in every projection: decoding runs the projections on a
- * handful of tokens per step, where rounding the weights each time would cost more than the GEMM. */
+ * handful of tokens per step, where rounding the weights each time would cost more than the GEMM.
+ * On the CPU a forward of many tokens rounds them per projection instead (no copy: 4 bytes a
+ * parameter less; the rounding is ~1/T of each product's work). */
 #include "model/model_internal.h"
+
+/* Forwards of at least this many tokens on the CPU round each projection's weights as they run
+ * instead of keeping the rounded copy (model_prepare_weights). */
+#define MODEL_BF16_COPY_MAX_T 64
 
 ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
     if (dtype != CTRL_F32 && dtype != CTRL_BF16)
@@ -40,7 +47,7 @@ ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n)
 
 float *ctrl_model_bf16_copy(const ctrl_model *m) { return m->rounded; }
 
-ctrl_status model_prepare_weights(ctrl_model *m) {
+ctrl_status model_prepare_weights(ctrl_model *m, int T) {
     const size_t bytes = sizeof(float) * m->n_params;
     if (!m->dparams_valid) {
         ctrl_status st = m->be->to_device(m->dparams, m->params, bytes);
@@ -50,8 +57,14 @@ ctrl_status model_prepare_weights(ctrl_model *m) {
     }
     /* no rounded copy where the backend's bf16 products round w themselves at no cost */
     const int rounds_itself = ctrl_backend_has(m->be, bf16_rounds_weights) && m->be->bf16_rounds_weights();
+    /* nor on the CPU for a forward of many tokens (training, scoring, a prefill): each product
+     * rounds its weights into a scratch the size of one projection as it runs (kernels/cpu/bf16.c),
+     * a cost of about 1/T of the product's, instead of a copy of 4 bytes a parameter; decoding's
+     * few-token forwards keep the copy, where rounding in every call would cost as much as the
+     * product (a copy made for them is used by any forward while the weights stay as they are) */
+    const int per_call = m->be->host_memory && T >= MODEL_BF16_COPY_MAX_T;
     /* nor for a model held in bf16 (model_bf16_store.c): its parameters are bf16 values */
-    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !m->w16) {
+    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !per_call && !m->w16) {
         if (!m->rounded) {
             ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
             if (st != CTRL_OK)

@@ -253,8 +253,9 @@ ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t byte
  * parameters and gradients stay. */
 void model_release_backend(ctrl_model *m);
 /* The device's parameters brought up to date from the host after ctrl_model_weights_changed (a
- * no-op with host memory), then with bf16 compute the rounded copy (before a forward or decode). */
-ctrl_status model_prepare_weights(ctrl_model *m);
+ * no-op with host memory), then with bf16 compute the rounded copy where one is kept (before a
+ * forward or decode of T tokens; model_dtype.c says where). */
+ctrl_status model_prepare_weights(ctrl_model *m, int T);
 /* A linear projection in the model's compute dtype (the backend's linear_forward or its bf16 twin,
  * multiplying with the rounded copy of w). */
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,

@@ -23,6 +23,7 @@
 #include "file_text.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/memory_report.h"
 #include "train/metrics_log.h"
 #include "train/metrics_plot.h"
 #include "train/health.h"
@@ -79,6 +80,7 @@ typedef struct run_state {
     train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
     int root;
     train_zero zero; /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
+    train_memory mem; /* the process's memory at the edges of the first step (memory_report.h) */
 } run_state;
 
 static void set_groups(run_state *r, float *params, float *grads) {
@@ -298,6 +300,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     const long start = *cursor;
     long mine = start;
     const int on_device = ctrl_model_device(r->model).type != CTRL_DEVICE_CPU;
+    train_memory_mark(&r->mem); /* the first step only: before it, after the backward, at its end */
     ctrl_status st = train_zero_zero_grad(&r->zero, r->model); /* zero3: the units outside the layers */
     ctrl_model_set_training(r->model, 1, (uint64_t)step); /* LoRA dropout: masks a function of the step */
     if (st == CTRL_OK)
@@ -305,6 +308,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     ctrl_model_set_training(r->model, 0, 0);
     st = train_dp_reduce_step(&r->dp, st, out);
     *cursor = train_dp_advance(&r->dp, start, mine);
+    if (r->mem.marks == 1) train_memory_mark(&r->mem);
     double sum_sq = 0;
     if (r->zero.stage) { /* this rank's slice, on the host */
         if (st == CTRL_OK) st = train_zero_reduce_grads(&r->zero, r->model, &sum_sq);
@@ -331,6 +335,11 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     else
         ctrl_model_weights_changed(r->model);
     if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind, step + 1);
+    if (st == CTRL_OK && r->mem.marks == 2) {
+        train_memory_mark(&r->mem);
+        if (r->root && ctrl_model_device(r->model).type == CTRL_DEVICE_CPU) /* host memory is the model's */
+            train_memory_log(&r->mem, r->model, r->s->train.optimizer);
+    }
     return st;
 }
 
@@ -392,19 +401,6 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
     return st;
 }
 
-/* This process's resident memory now and at its peak (/proc/self/status VmRSS, VmHWM; kB), 0 where
- * unknown. */
-static void process_memory(double *now_kb, double *peak_kb) {
-    *now_kb = *peak_kb = 0;
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    while (f && fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "VmRSS:", 6)) *now_kb = atof(line + 6);
-        if (!strncmp(line, "VmHWM:", 6)) *peak_kb = atof(line + 6);
-    }
-    if (f) fclose(f);
-}
-
 /* After the first step of a partitioned ZeRO run: the gradient memory each rank held during the
  * backward (the most resident just before a bucket's reduction) and, zero3, the parameter and
  * gradient memory between steps (mincore), logged by rank 0. */
@@ -414,7 +410,7 @@ static ctrl_status report_resident(run_state *r) {
     train_zero *z = &r->zero;
     double v[5] = {(double)train_zero_resident(p, n_params * sizeof *p),
                    (double)train_zero_resident(g, n_grads * sizeof *g), (double)z->grad_peak, 0, 0};
-    process_memory(&v[3], &v[4]);
+    train_memory_read(&v[3], &v[4]);
     z->measure = 0;
     ctrl_status st = ctrl_collective_allreduce_max_f64(v, 5);
     if (st != CTRL_OK || !r->root) return st;

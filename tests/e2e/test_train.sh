@@ -21,6 +21,11 @@ per_device_train_batch_size = 8
 logging_steps = 20
 INI
 if "${C[@]}" train "$TMP/run.ini" >"$TMP/log" 2>&1; then ok; else bad "train exited $?"; cat "$TMP/log"; fi
+# Where the memory went after the first step (core/train/memory_report.c): logged once, the parts
+# accounted for no more than what was resident (the rest, libraries and heap, is positive).
+n=$(grep -c "memory after the first step: peak" "$TMP/log")
+rest=$(sed -n 's/.*memory after the first step: .*heap) \([0-9-]*\) MiB.*/\1/p' "$TMP/log")
+[ "$n" = 1 ] && [ -n "$rest" ] && [ "$rest" -gt 0 ] && ok || { bad "memory report: $n lines, rest '$rest'"; grep memory "$TMP/log"; }
 [ -f "$TMP/out/metrics.jsonl" ] && [ -f "$TMP/out/model.safetensors" ] && [ -f "$TMP/out/tokenizer.json" ] && ok || bad "outputs missing"
 if command -v gnuplot >/dev/null; then # the curves as a PNG (the magic bytes \x89PNG)
   [ "$(head -c 4 "$TMP/out/metrics.png" 2>/dev/null | od -An -c | tr -d ' ')" = "211PNG" ] && ok || bad "metrics.png missing or not a PNG"

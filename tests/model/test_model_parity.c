@@ -217,6 +217,51 @@ TEST(bf16_weights_follow_in_place_changes) {
     ctrl_model_free(m), ctrl_model_free(fresh);
 }
 
+/* Without a fast bf16 GEMM (CTRL_NO_AVX512BF16 here) a forward of many tokens keeps no rounded copy
+ * of the weights (4 bytes a parameter): each projection rounds its weights as it runs. Its log-probs
+ * and gradients are those of the same forward and backward through a copy (made by a few-token
+ * forward first, as decoding makes it), bit for bit. */
+TEST(bf16_long_forward_keeps_no_weight_copy) {
+    const ctrl_plugin *flash = ctrl_plugins_flash()[0];
+    if (flash->init) flash->init(ctrl_host_table());
+    const char *was = getenv("CTRL_NO_AVX512BF16");
+    char saved[64] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    setenv("CTRL_NO_AVX512BF16", "1", 1);
+    ctrl_model *m = NULL, *ref = NULL;
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen3", flash->ops, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen3", flash->ops, &ref), CTRL_OK);
+    enum { T = 80 };
+    int32_t tok[T], pos[T], tg[T], cu[2] = {0, T};
+    float logp[T], want[T], dlogp[T], few[6];
+    for (int t = 0; t < T; t++) tok[t] = (t * 37 + 5) % 128, pos[t] = t, dlogp[t] = -1.0f / T;
+    for (int t = 0; t < T; t++) tg[t] = t + 1 < T ? tok[t + 1] : -100;
+    const ctrl_batch b = {.T = T, .B = 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    const int32_t cu6[2] = {0, 6};
+    const ctrl_batch b6 = {.T = 6, .B = 1, .tokens = tok, .positions = pos, .cu_seqlens = cu6, .targets = tg};
+    if (m && ref) {
+        size_t n = 0, ng = 0;
+        ctrl_model_params(m, &n);
+        CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_set_compute_dtype(ref, CTRL_BF16), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL, NULL), CTRL_OK);
+        CHECK(ctrl_model_bf16_copy(m) == NULL && ctrl_model_bf16_copy_bytes(m) == 0);
+        CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward(ref, &b6, few, NULL, NULL), CTRL_OK); /* decoding-sized: a copy */
+        CHECK(ctrl_model_bf16_copy(ref) != NULL && ctrl_model_bf16_copy_bytes(ref) == sizeof(float) * n);
+        CHECK_EQ_INT(ctrl_model_forward(ref, &b, want, NULL, NULL), CTRL_OK); /* through the copy */
+        CHECK_EQ_INT(ctrl_model_backward(ref, dlogp), CTRL_OK);
+        CHECK(memcmp(logp, want, sizeof logp) == 0);
+        const float *g = ctrl_model_grads(m, &ng), *gr = ctrl_model_grads(ref, NULL);
+        CHECK(ng > 0 && memcmp(g, gr, sizeof(float) * ng) == 0);
+    }
+    ctrl_model_free(m), ctrl_model_free(ref);
+    if (was)
+        setenv("CTRL_NO_AVX512BF16", saved, 1);
+    else
+        unsetenv("CTRL_NO_AVX512BF16");
+}
+
 /* Save (f32 and bf16) and load back: f32 is bit-exact, bf16 is the rounded weights. */
 TEST(save_and_reload) {
     const ctrl_plugin *eager = ctrl_plugins_eager()[0];
