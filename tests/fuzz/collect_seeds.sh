@@ -8,7 +8,7 @@ src=$1 out=$2
 fx=$src/tests/fixtures
 sep=$'\n=====\n' # FUZZ_SEPARATOR (tests/fuzz/fuzz_common.h)
 rm -rf "$out"
-mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body,parquet}
+mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body,parquet,serve_wire}
 
 # safetensors: small files made here (the fixtures' are hundreds of KB): an 8-byte little-endian
 # header length, the JSON header, the data.
@@ -83,5 +83,9 @@ st_seed "$out/serve_body/weights_bf16" '{"__metadata__":{"format":"pt"},"model.l
 # parquet: the parquet and Arrow readers' fixtures (pyarrow and datasets wrote them; a few KB each).
 cp "$fx"/parquet/*.parquet "$fx"/arrow/*.arrow "$out/parquet/"
 cp "$fx"/arrow/chat_dict/train/data-00000-of-00001.arrow "$out/parquet/save_to_disk.arrow"
+
+# serve_wire: a chunked HTTP body (first byte even) and the pickled NCCL unique id (odd).
+printf '\x00%s' $'5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\n' >"$out/serve_wire/chunked"
+{ printf '\x01'; cat "$fx/serve/nccl_unique_id.pickle"; } >"$out/serve_wire/nccl_unique_id"
 
 echo "fuzz seeds: $(find "$out" -type f | wc -l) files in $out"

@@ -545,6 +545,60 @@ TEST(no_data_times_out) {
     weights_free(w);
 }
 
+/* ctrl's own update on the device: A's safetensors bring `before` back, B16's give `after`. */
+TEST(safetensors_updates_on_the_device_agree) {
+    if (!server_up() || !have_after) TEST_SKIP("the update case did not run");
+    const char *dirs[2] = {dir_a, dir_b16};
+    const outputs *want[2] = {&before, &after};
+    for (int i = 0; i < 2; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/model.safetensors", dirs[i]);
+        FILE *f = fopen(path, "rb");
+        CHECK_MSG(f != NULL, "%s", path);
+        if (!f) return;
+        fseek(f, 0, SEEK_END);
+        const long n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *body = malloc((size_t)n);
+        const size_t got = fread(body, 1, (size_t)n, f);
+        fclose(f);
+        ctrl_http_response r = {0};
+        const ctrl_status st =
+            ctrl_http_post(base, "/update_weights", "application/octet-stream", body, got, NULL, 60, &r);
+        CHECK_MSG(st == CTRL_OK && r.status == 200, "safetensors /update_weights: HTTP %d %s", r.status,
+                  r.body ? r.body : "");
+        ctrl_http_response_free(&r);
+        free(body);
+        const outputs now = generate();
+        CHECK_MSG(differ(want[i], &now) == 0, "after %s's safetensors: differs by %g", dirs[i],
+                  differ(want[i], &now));
+    }
+}
+
+/* The CLI's flags: vLLM's --weight-transfer-config is NCCL's only, and needs --device cuda. */
+TEST(serve_flags_are_checked) {
+    static const struct {
+        const char *flags, *want;
+    } cases[] = {
+        {"--weight-transfer-config '{\"backend\": \"nccl\"}'", "needs --device cuda"},
+        {"--device cuda --weight-transfer-config '{\"backend\": \"ipc\"}'", "engine is NCCL's"},
+        {"--device cuda --weight-transfer-config nccl", "engine is NCCL's"},
+        {"--weight-transfer-timeout-s 0", "--weight-transfer-timeout-s 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[1024], out[700];
+        snprintf(out, sizeof out, "%s/flags.txt", test_tmp_dir());
+        snprintf(cmd, sizeof cmd, "%s/ctrl serve --model /nonexistent %s >%s 2>&1", CTRL_BINARY_DIR,
+                 cases[i].flags, out);
+        const int rc = system(cmd);
+        CHECK_MSG(rc != 0, "%s: accepted", cases[i].flags);
+        FILE *f = fopen(out, "rb");
+        char text[2048] = "";
+        if (f) text[fread(text, 1, sizeof text - 1, f)] = '\0', fclose(f);
+        CHECK_CONTAINS(text, cases[i].want);
+    }
+}
+
 /* Last: the updated server's outputs against a server started from the new weights. */
 TEST(same_outputs_as_a_server_started_from_the_new_weights) {
     if (!have_after) TEST_SKIP("the update case did not run");

@@ -344,20 +344,25 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), 
     const int n = (int)threads, warps = (n + 31) / 32;
     b.fibers.resize(n);
     // The fiber stacks stay allocated for the next launch (1024 threads: 64 MiB of address space,
-    // touched only as deep as the kernels go).
-    static thread_local char *stacks = nullptr;
-    static thread_local int stacks_for = 0;
-    if (stacks_for < n) {
-        free(stacks);
-        stacks = static_cast<char *>(malloc((size_t)n * kStackBytes));
-        if (!stacks) {
-            stacks_for = 0;
+    // touched only as deep as the kernels go), and are freed when the launching thread ends (a
+    // server's batcher threads come and go).
+    struct StackCache {
+        char *stacks = nullptr;
+        int stacks_for = 0;
+        ~StackCache() { free(stacks); }
+    };
+    static thread_local StackCache cache;
+    if (cache.stacks_for < n) {
+        free(cache.stacks);
+        cache.stacks = static_cast<char *>(malloc((size_t)n * kStackBytes));
+        if (!cache.stacks) {
+            cache.stacks_for = 0;
             if (g_last_error == cudaSuccess) g_last_error = cudaErrorMemoryAllocation;
             return;
         }
-        stacks_for = n;
+        cache.stacks_for = n;
     }
-    b.stacks = stacks;
+    b.stacks = cache.stacks;
     b.warp_waiting.assign(warps, 0);
     b.warp_done.assign(warps, 0);
     b.fn = fn, b.fn_ctx = ctx;
