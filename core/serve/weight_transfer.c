@@ -513,8 +513,11 @@ static ctrl_status receive(wt_recv *r, const wt_tensor *t, int a, int b, size_t 
 static ctrl_status receive_all(wt_recv *r, const wt_tensor *t, int n, int packed) {
     ctrl_status st = CTRL_OK;
     if (!packed) {
+        /* elements of the NCCL datatype it travels as (uint8 for the types NCCL has not: bytes) */
+        static const size_t nccl_size[10] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
         for (int i = 0; i < n && st == CTRL_OK; i++)
-            st = receive(r, t, i, i + 1, t[i].bytes, dtypes[t[i].dt].nccl, (size_t)t[i].numel);
+            st = receive(r, t, i, i + 1, t[i].bytes, dtypes[t[i].dt].nccl,
+                         t[i].bytes / nccl_size[dtypes[t[i].dt].nccl]);
         return st;
     }
     for (int a = 0; a < n && st == CTRL_OK;) {
