@@ -34,6 +34,10 @@ mpi_setup() {
   if ! command -v mpirun >/dev/null; then echo "SKIP: mpirun not found (scripts/install-deps.sh installs OpenMPI)"; exit 77; fi
   if [ ! -e "$LIBDIR/libctrl_mpi.so" ]; then echo "SKIP: ctrl was built without MPI (no libctrl_mpi.so)"; exit 77; fi
   export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+  # OpenMPI's session directories in this test's own $TMP, not one /tmp/ompi.* tree shared by the
+  # MPI tests ctest runs at the same time (a clean-clone CI run once failed test_mpi's stalled-rank
+  # case with "orte_session_dir failed" while test_zero_mpi started).
+  export TMPDIR="$TMP"
   MPI=(mpirun -np 2 --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none)
   if [ "$(id -u)" = 0 ]; then MPI+=(--allow-run-as-root); fi
 }
