@@ -170,7 +170,7 @@ expect 2 "generate bad kv dtype" -- "${C[@]}" generate --model "$TMP/m" --prompt
 contains "fp32 or bf16" "bad kv dtype says what it takes"
 
 # serve: health, TRL-style /generate, OpenAI /v1/completions, errors as HTTP codes, SIGINT stops it.
-PORT=$((20000 + $$ % 20000))
+PORT=$(free_port)
 "${C[@]}" serve --model "$TMP/m" --port "$PORT" --max-body-kb 1 >"$TMP/serve.log" 2>&1 &
 spid=$!
 for i in $(seq 50); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done

@@ -10,7 +10,7 @@ source "$(dirname "$0")/../e2e/e2e_common.sh"
 
 "${C[@]}" model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 \
   --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/m" >/dev/null || bad "model init"
-PORT=$((40000 + $$ % 20000))
+PORT=$(free_port)
 start() { # FLAGS...: a server on $PORT, waited for
   "${C[@]}" serve --model "$TMP/m" --port "$PORT" "$@" >"$TMP/serve.log" 2>&1 &
   spid=$!

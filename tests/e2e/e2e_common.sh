@@ -25,6 +25,18 @@ tiny_teacher() {
     --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/teacher" >/dev/null || bad "teacher init"
 }
 
+# free_port: a TCP port for a test's server, below Linux's ephemeral range (32768-60999, where any
+# concurrent test's outgoing connection may take a port first: a server then failed to bind and its
+# client waited out its timeout) and with nothing listening on it now.
+free_port() {
+  local p
+  for _ in $(seq 50); do
+    p=$((20000 + RANDOM % 12000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+  done
+  echo "$p"
+}
+
 # The MPI tests: skips (exit 77) without mpirun or libctrl_mpi.so; MPI=(mpirun -np 2 ...) and one
 # OpenMP thread per rank. OpenMPI refuses root without --allow-run-as-root (CI containers run as
 # root); no binding (2 ranks beside other tests on a small machine); no CMA single copy (blocked

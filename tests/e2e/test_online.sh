@@ -84,7 +84,7 @@ grep -q '"kl": ' "$TMP/ref/metrics.jsonl" && ok || bad "grpo with beta logs no k
 
 # 4. Server mode: generation through ctrl serve, the new weights pushed after every step; the
 #    server then generates exactly what the saved model does. /update_weights refuses bad bodies.
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(free_port)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT

@@ -41,7 +41,7 @@ step1() { grep '"step": 1,' "$1" | grep -o "\"$2\": [-0-9.e]*"; }
 
 # 2. Server mode: ctrl serve generates; the first step (same seed, same initial weights) is the
 #    colocated one's, and the pushed weights keep the runs together.
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(free_port)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT

@@ -29,7 +29,7 @@ grep -q "value model: .*fresh value head" "$TMP/ppo.log" && ok || bad "the log d
 ppo_ini vm 2 "value_model = $TMP/model" "whiten_rewards = true" >"$TMP/vm.ini"
 if "${C[@]}" train "$TMP/vm.ini" >"$TMP/vm.log" 2>&1; then ok; else bad "ppo with value_model"; tail -5 "$TMP/vm.log"; fi
 
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(free_port)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT

@@ -92,7 +92,7 @@ fi
 
 # 3. Server mode: the student samples through ctrl serve, which gets the weights after every step
 #    and then generates what the saved student does.
-PORT=$((20000 + RANDOM % 20000))
+PORT=$(free_port)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
