@@ -73,8 +73,8 @@ __global__ void nf4_gemm(float *C, const float *A, const uint8_t *packed, const 
             const int m = e / TK, k = e % TK;
             as[k][m] = m0 + m < M && k0 + k < K ? as_bf16(A[(int64_t)(m0 + m) * K + k0 + k], bf16) : 0.0f;
         }
-        for (int e = threadIdx.x; e < TK * TN; e += 256) { // B's tile, dequantized
-            const int k = e / TN, n = e % TN;
+        for (int e = threadIdx.x; e < TK * TN; e += 256) { // B's tile, dequantized; neighbouring threads
+            const int k = sk == 1 ? e % TK : e / TN, n = sk == 1 ? e / TK : e % TN; // read neighbouring bytes
             bs[k][n] = n0 + n < N && k0 + k < K
                            ? as_bf16(nf4_value(packed, qabsmax, absmax2, offset, code, dynamic,
                                                (int64_t)(n0 + n) * sn + (int64_t)(k0 + k) * sk),
