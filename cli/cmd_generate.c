@@ -1,6 +1,6 @@
 /* ctrl generate --model DIR --prompts FILE.jsonl [--chat] [--n N] [--max-tokens N] [--temperature T]
  *               [--top-p P] [--top-k K] [--min-p P] [--repetition-penalty R] [--seed S]
- *               [--kv-cache-mb N] [--kv-cache-dtype fp32|bf16] --out FILE.jsonl */
+ *               [--kv-cache-mb N] [--kv-cache-dtype fp32|bf16] [--dtype fp32|bf16] --out FILE.jsonl */
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -25,7 +25,8 @@ typedef struct gen_args {
     int chat, n, max_tokens, top_k;
     float temperature, top_p, min_p, repetition_penalty;
     long seed, kv_mb;
-    int kv_bf16;
+    int kv_bf16; /* -1: as the compute dtype */
+    int bf16;    /* --dtype bf16: the linear layers compute in bf16 */
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a) {
@@ -34,7 +35,8 @@ static int parse(int argc, char **argv, gen_args *a) {
                     .temperature = 1.0f,
                     .top_p = 1.0f,
                     .repetition_penalty = 1.0f,
-                    .kv_mb = 256};
+                    .kv_mb = 256,
+                    .kv_bf16 = -1};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(k, "--chat")) {
@@ -63,6 +65,10 @@ static int parse(int argc, char **argv, gen_args *a) {
             a->kv_bf16 = !strcmp(v, "bf16");
         else if (!strcmp(k, "--kv-cache-dtype"))
             return cli_usage_error(&cli_cmd_generate, "--kv-cache-dtype %s: fp32 or bf16", v);
+        else if (!strcmp(k, "--dtype") && (!strcmp(v, "fp32") || !strcmp(v, "bf16")))
+            a->bf16 = !strcmp(v, "bf16");
+        else if (!strcmp(k, "--dtype"))
+            return cli_usage_error(&cli_cmd_generate, "--dtype %s: fp32 or bf16", v);
         else if (!is_num)
             return cli_usage_error(&cli_cmd_generate, "%s %s: not a number (or an unknown option)", k, v);
         else if (!strcmp(k, "--n"))
@@ -163,6 +169,13 @@ static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tp
     return ctrl_tokenizer_encode(tok, p->valuestring, strlen(p->valuestring), 1, ids, n);
 }
 
+/* The process's CPU time (every thread), user and system. */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     gen_args a;
     int rc = parse(argc, argv, &a);
@@ -174,6 +187,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     /* with --adapter the base under a PEFT LoRA adapter, applied live in every step (no merge) */
     ctrl_status st =
         a.adapter ? ctrl_peft_load(a.model, a.adapter, NULL, &m) : ctrl_model_load(a.model, NULL, &m);
+    if (st == CTRL_OK && a.bf16) st = ctrl_model_set_compute_dtype(m, CTRL_BF16);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(a.model, &tok);
     if (st == CTRL_OK && a.chat) st = ctrl_chat_template_load(tok, &tpl);
     /* read and tokenize every prompt */
@@ -240,7 +254,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, &eng);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    const double t0 = ts.tv_sec + ts.tv_nsec * 1e-9, cpu0 = cpu_seconds();
     progress_ctx prog = {.max_tokens = (long)n_req * a.n * a.max_tokens};
     ctrl_progress_start(&prog.bar, "tokens", 5.0);
     if (st == CTRL_OK) st = ctrl_engine_generate(eng, reqs, n_req, outs, show_progress, &prog);
@@ -275,15 +289,15 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     }
     if (f && fclose(f) != 0 && st == CTRL_OK) st = ctrl_error_set(CTRL_ERR_IO, "%s: write failed", a.out);
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0;
+    const double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0, cpu = cpu_seconds() - cpu0;
     if (st == CTRL_OK) {
         long steps, pre, shared;
         ctrl_engine_stats(eng, &steps, &pre, &shared);
         if (isatty(fileno(stderr))) fputc('\n', stderr);
         CTRL_INFO(
-            "%d prompts x %d: %ld tokens in %.2f s (%.0f tokens/s), %ld steps, %ld preemptions, %ld shared "
-            "prompt blocks; written to %s",
-            n_req, a.n, total, dt, total / (dt > 0 ? dt : 1), steps, pre, shared, a.out);
+            "%d prompts x %d: %ld tokens in %.2f s (%.0f tokens/s, %.2f CPU s), %ld steps, %ld preemptions, "
+            "%ld shared prompt blocks; written to %s",
+            n_req, a.n, total, dt, total / (dt > 0 ? dt : 1), cpu, steps, pre, shared, a.out);
     }
     for (int r = 0; r < n_req; r++) {
         cJSON_Delete(lines[r]);
@@ -306,13 +320,15 @@ const ctrl_command cli_cmd_generate = {
         "[--n N]\n"
         "                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
         "                     [--repetition-penalty R] [--seed S] [--kv-cache-mb N]\n"
-        "                     [--kv-cache-dtype fp32|bf16]\n\n"
+        "                     [--kv-cache-dtype fp32|bf16] [--dtype fp32|bf16]\n\n"
         "Each line {\"prompt\": \"...\"} (or {\"messages\": [...]} with --chat, formatted by the chat\n"
         "template with the generation prompt) gets its n completions, written as the same line with\n"
         "\"completions\": [{\"text\", \"token_ids\", \"logprobs\", \"finish_reason\"}]. Generation stops at\n"
         "generation_config.json's eos_token_id or max-tokens. temperature 0 is greedy; each line\n"
         "samples with seed + its line number, so a prompt's completions do not depend on the others.\n"
-        "A bf16 KV cache holds twice the tokens in --kv-cache-mb (the model still computes in fp32).\n"
+        "--dtype bf16: the linear layers and the LM head compute in bf16 (fp32 accumulation, as\n"
+        "torch.autocast), on weights packed to bf16 once; the KV cache is then bf16 unless\n"
+        "--kv-cache-dtype says fp32. A bf16 KV cache holds twice the tokens in --kv-cache-mb.\n"
         "--adapter DIR: a PEFT LoRA adapter directory over the --model base, applied in every step.\n",
     .run = run_generate,
 };

@@ -24,7 +24,8 @@ typedef struct gen_seq {
     int n_tokens, cap;
     ctrl_rng rng;
     ctrl_gen_output *out;
-    long mark; /* the step that last picked it (engine_pick.c) */
+    int out_cap; /* tokens out's arrays hold (grown by doubling, not per token) */
+    long mark;   /* the step that last picked it (engine_pick.c) */
 } gen_seq;
 
 /* A token to draw after a decode step: from `logits`, for `s` (filled in parallel, recorded in order). */

@@ -129,21 +129,26 @@ static ctrl_status record_token(ctrl_engine *e, gen_seq *s, const gen_draw *d) {
         return t == -2 ? ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory while sampling")
                        : ctrl_error_set(CTRL_ERR_CONFIG, "generation: invalid sampling parameters");
     ctrl_gen_output *o = s->out;
-    int32_t *ids = realloc(o->ids, sizeof(int32_t) * (size_t)(o->len + 1));
-    if (ids) o->ids = ids;
-    float *lps = realloc(o->logprobs, sizeof(float) * (size_t)(o->len + 1));
-    if (lps) o->logprobs = lps;
-    if (!ids || !lps || push_token(s, t) != 0)
-        return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
     const int k = r->top_logprobs;
-    if (k > 0) {
-        int32_t *ti = realloc(o->top_ids, sizeof(int32_t) * (size_t)k * (size_t)(o->len + 1));
+    if (o->len >= s->out_cap || !o->ids) { /* the arrays grow by doubling: no allocation per token */
+        const int cap = o->len >= s->out_cap ? 2 * o->len + 16 : s->out_cap;
+        int32_t *ids = realloc(o->ids, sizeof(int32_t) * (size_t)cap);
+        if (ids) o->ids = ids;
+        float *lps = realloc(o->logprobs, sizeof(float) * (size_t)cap);
+        if (lps) o->logprobs = lps;
+        int32_t *ti =
+            k > 0 && ids && lps ? realloc(o->top_ids, sizeof(int32_t) * (size_t)k * (size_t)cap) : NULL;
         if (ti) o->top_ids = ti;
-        float *tl = realloc(o->top_logprobs, sizeof(float) * (size_t)k * (size_t)(o->len + 1));
+        float *tl = ti ? realloc(o->top_logprobs, sizeof(float) * (size_t)k * (size_t)cap) : NULL;
         if (tl) o->top_logprobs = tl;
-        if (!ti || !tl) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
-        memcpy(ti + (size_t)o->len * k, d->top_ids, sizeof(int32_t) * (size_t)k);
-        memcpy(tl + (size_t)o->len * k, d->top_lps, sizeof(float) * (size_t)k);
+        if (!ids || !lps || (k > 0 && (!ti || !tl)))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+        s->out_cap = cap;
+    }
+    if (push_token(s, t) != 0) return ctrl_error_set(CTRL_ERR_NOMEM, "generation: out of memory");
+    if (k > 0) {
+        memcpy(o->top_ids + (size_t)o->len * k, d->top_ids, sizeof(int32_t) * (size_t)k);
+        memcpy(o->top_logprobs + (size_t)o->len * k, d->top_lps, sizeof(float) * (size_t)k);
         o->top_k = k;
     }
     o->ids[o->len] = t, o->logprobs[o->len] = lp, o->len++;
@@ -157,6 +162,18 @@ static ctrl_status record_token(ctrl_engine *e, gen_seq *s, const gen_draw *d) {
         if (--s->rq->left == 0 && r->on_finish) r->on_finish(r->finish_ctx);
     }
     return CTRL_OK;
+}
+
+/* Whether drawing changes nothing in the logits row (no bias, no stop ids masked, the processing of
+ * ctrl_sampling_process_seq all off): the row is then read where it is, not copied first (several
+ * samples may share a row). */
+static int draws_in_place(const gen_draw *d, int V) {
+    const ctrl_gen_request *r = &d->s->rq->r;
+    const ctrl_sampling_params *p = &r->sampling;
+    return r->n_bias == 0 && (r->n_stop == 0 || d->s->n_tokens - r->prompt_len >= r->min_tokens) &&
+           p->repetition_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           (p->temperature == 0 || p->temperature == 1.0f) && (p->top_k <= 0 || p->top_k >= V) &&
+           p->top_p >= 1.0f && p->min_p <= 0;
 }
 
 /* The step's draws: every sequence samples from its own logits row with its own generator, so they
@@ -190,17 +207,22 @@ static ctrl_status draw_all(ctrl_engine *e, int n) {
             gen_draw *d = &e->draws[i];
             d->tok = -1;
             if (!l) continue;
-            memcpy(l, d->logits, sizeof(float) * (size_t)V);
             const ctrl_gen_request *r = &d->s->rq->r;
-            for (int b = 0; b < r->n_bias; b++)
-                if (r->bias_ids[b] >= 0 && r->bias_ids[b] < V) l[r->bias_ids[b]] += r->bias[b];
-            if (d->s->n_tokens - r->prompt_len < r->min_tokens) /* too early to stop */
-                for (int j = 0; j < r->n_stop; j++)
-                    if (r->stop_ids[j] >= 0 && r->stop_ids[j] < V) l[r->stop_ids[j]] = -INFINITY;
-            d->tok = ctrl_sample_seq(&r->sampling, l, V, d->s->tokens, d->s->n_tokens, r->prompt_len,
+            float *row = l;
+            if (draws_in_place(d, V)) { /* nothing written: the shared row itself (600 KB at 151k) */
+                row = (float *)d->logits;
+            } else {
+                memcpy(l, d->logits, sizeof(float) * (size_t)V);
+                for (int b = 0; b < r->n_bias; b++)
+                    if (r->bias_ids[b] >= 0 && r->bias_ids[b] < V) l[r->bias_ids[b]] += r->bias[b];
+                if (d->s->n_tokens - r->prompt_len < r->min_tokens) /* too early to stop */
+                    for (int j = 0; j < r->n_stop; j++)
+                        if (r->stop_ids[j] >= 0 && r->stop_ids[j] < V) l[r->stop_ids[j]] = -INFINITY;
+            }
+            d->tok = ctrl_sample_seq(&r->sampling, row, V, d->s->tokens, d->s->n_tokens, r->prompt_len,
                                      &d->s->rng, &d->logprob);
             if (d->tok >= 0 && r->top_logprobs > 0) {
-                const int got = ctrl_sampling_top(l, V, r->top_logprobs, d->top_ids, d->top_lps);
+                const int got = ctrl_sampling_top(row, V, r->top_logprobs, d->top_ids, d->top_lps);
                 for (int j = got; j < r->top_logprobs; j++) d->top_ids[j] = -1, d->top_lps[j] = -INFINITY;
             }
         }

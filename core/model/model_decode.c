@@ -79,6 +79,7 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m) { return m->paged; }
 
 void ctrl_model_release_decode_scratch(ctrl_model *m) {
+    model_pack_free(m);
     m->be->free(m->dec_mem), m->be->free(m->dec_ints), m->be->free(m->dec_logits);
     free(m->dec_pos), free(m->dec_acts);
     m->dec_mem = m->dec_out = m->dec_hin = m->dec_h = m->dec_rstd = m->dec_logits = NULL;
@@ -160,6 +161,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     if (st == CTRL_OK) st = model_prepare_weights(m, T);
     if (st == CTRL_OK) st = decode_scratch(m, T);
     if (st == CTRL_OK) st = model_moe_ensure(m, T); /* decoding reuses the MoE layers' buffers */
+    const int packed = model_pack_usable(m);        /* bf16 on the CPU: the weights packed once */
     for (int s = 0; s < n_seq && st == CTRL_OK; s++)
         st = ctrl_kv_seq_reserve(c, seqs[s], seqs[s]->len + n_new[s]);
     if (st != CTRL_OK) return st;
@@ -216,7 +218,9 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
                     .block_tables = d_ints + 4 * (size_t)T,
                     .max_blocks = max_blocks};
     m->dec_n_new = n_new, m->dec_n_seq = n_seq; /* the adapters' runs (lora_bank.c) */
-    st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
+    if (packed) st = model_pack_begin(m);
+    if (st == CTRL_OK)
+        st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
         st = be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
@@ -235,7 +239,9 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         }
         if (st == CTRL_OK)
             st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);
-        if (st == CTRL_OK)
+        if (st == CTRL_OK && packed) /* the head in bf16 too, on its packed panels */
+            st = model_linear_forward(m, lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
+        else if (st == CTRL_OK)
             st = be->linear_forward(lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
         /* logits == NULL: they stay on the device (ctrl_model_decode_logits), not yet soft-capped */
         if (st == CTRL_OK && logits && lg != logits)
@@ -248,6 +254,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     m->T = saved_T, m->batch = saved_batch, m->dev_batch = saved_dev_batch, m->acts = saved_acts,
     m->x_out = saved_out;
     m->dec_adapters = NULL, m->dec_n_new = NULL, m->dec_n_seq = 0; /* for this call only */
+    m->dec_pack_on = 0;
     free(ints);
     return st;
 }

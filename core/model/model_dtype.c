@@ -30,6 +30,7 @@ ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m) { return m->linear_bf16
 
 void ctrl_model_weights_changed(ctrl_model *m) {
     m->rounded_valid = 0;
+    m->dec_pack_gen++; /* decoding's packed bf16 weights (model_decode_pack.c) are stale */
     m->dora_valid = 0;
     m->dparams_valid = m->dparams == m->params;
     m->host_stale = 0;
@@ -41,6 +42,7 @@ ctrl_status ctrl_model_set_round_skip(ctrl_model *m, const size_t *ranges, int n
 }
 
 ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n) {
+    if (n) m->dec_pack_gen++;
     if (!m->rounded || !m->rounded_valid || !n) return CTRL_OK;
     return m->be->round_to_bf16(m->rounded + off, m->dparams + off, (int64_t)n);
 }
@@ -91,6 +93,11 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
                                  const float *bias, int T, int IN, int OUT) {
     if (nf4_holds(m, w)) return nf4_linear_forward(m, out, x, w, bias, T, IN, OUT); /* QLoRA's base */
     if (!m->linear_bf16) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
+    if (m->dec_pack_on) { /* decoding: the weights packed once (model_decode_pack.c) */
+        int used = 0;
+        ctrl_status st = model_pack_linear(m, out, x, w, bias, T, IN, OUT, &used);
+        if (st != CTRL_OK || used) return st;
+    }
     return m->be->linear_forward_bf16(out, x, as_multiplied(m, w), bias, T, IN, OUT,
                                       m->rounded_valid || m->w16 != NULL);
 }

@@ -221,6 +221,12 @@ struct ctrl_model {
     long *moe_lora;
     float *moe_lora_ws;
     size_t moe_lora_ws_bytes;
+    /* Decoding's weights packed to bf16 once (model_decode_pack.c): the table (NULL: none yet), on
+     * while a decode call runs with it (dec_pack_on), and the weights' generation, bumped by
+     * ctrl_model_weights_changed (a weight packed under another generation is packed again). */
+    struct model_pack *dec_pack;
+    int dec_pack_on;
+    unsigned dec_pack_gen;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -425,5 +431,17 @@ typedef struct model_stage {
 } model_stage;
 ctrl_status model_stage_in(ctrl_model *m, model_stage *st, const float *dlogp, float *logp, int32_t *correct);
 ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, int32_t *correct);
+
+/* Decoding's packed bf16 weights (model_decode_pack.c). usable: a bf16 model on the CPU with
+ * AVX-512 BF16 whose weights only change through ctrl_model_weights_changed (and no
+ * CTRL_NO_PACKED_DECODE=1); begin: the table made and dec_pack_on set (decode clears it after the
+ * call); linear: out = x w^T (+ bias) on w's panels, packed first where new or stale (*used = 0:
+ * w is not a parameter, nothing done); bytes: what the panels hold; free: all of it. */
+int model_pack_usable(const ctrl_model *m);
+ctrl_status model_pack_begin(ctrl_model *m);
+ctrl_status model_pack_linear(const ctrl_model *m, float *out, const float *x, const float *w,
+                              const float *bias, int T, int IN, int OUT, int *used);
+size_t model_pack_bytes(const ctrl_model *m);
+void model_pack_free(ctrl_model *m);
 
 #endif

@@ -168,6 +168,12 @@ expect 0 "generate bf16 KV cache" -- "${C[@]}" generate --model "$TMP/m" --promp
 expect 2 "generate bad kv dtype" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/x.jsonl" \
   --kv-cache-dtype fp8
 contains "fp32 or bf16" "bad kv dtype says what it takes"
+expect 0 "generate --dtype bf16" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" \
+  --out "$TMP/genb.jsonl" --n 2 --max-tokens 4 --seed 3 --dtype bf16
+[ "$(grep -c '"completions":\[{"text"' "$TMP/genb.jsonl")" = 2 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL generate --dtype bf16 output"; }
+expect 2 "generate bad dtype" -- "${C[@]}" generate --model "$TMP/m" --prompts "$TMP/prompts.jsonl" --out "$TMP/x.jsonl" \
+  --dtype fp16
+contains "--dtype fp16: fp32 or bf16" "bad dtype says what it takes"
 
 # serve: health, TRL-style /generate, OpenAI /v1/completions, errors as HTTP codes, SIGINT stops it.
 PORT=$(free_port)
