@@ -239,7 +239,7 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
     ctrl_registry_destroy(reg);
 }
 
-/* LoRA, then DoRA (its per-row scalings staged through the host on a device). */
+/* LoRA, then DoRA (its per-row norms and scalings by the backend's dora ops: on a device, on it). */
 void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
     lora_check(be, device, arch, tol, 0, 0);
     lora_check(be, device, arch, tol, 1, 0);

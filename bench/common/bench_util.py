@@ -142,7 +142,7 @@ def read_jsonl(path):
 def run_child(cmd, env=None, what=None):
     """Runs cmd to its end as this process's child (its output kept in files, so that no pipe fills)
     and waits for it with wait4. Returns .rss_mib (the child's own peak RSS), .user_s (its user CPU
-    seconds), .wall_s, .stdout and .stderr. A child that fails ends the bench with its stderr's tail."""
+    seconds), .sys_s (its system CPU seconds), .wall_s, .stdout and .stderr. A child that fails ends the bench with its stderr's tail."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
@@ -151,8 +151,8 @@ def run_child(cmd, env=None, what=None):
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        r = types.SimpleNamespace(rss_mib=ru.ru_maxrss / 1024, user_s=ru.ru_utime, wall_s=wall, stdout=out.read(),
-                                  stderr=err.read())
+        r = types.SimpleNamespace(rss_mib=ru.ru_maxrss / 1024, user_s=ru.ru_utime, sys_s=ru.ru_stime, wall_s=wall,
+                                  stdout=out.read(), stderr=err.read())
     if p.returncode != 0:
         sys.exit(f"{what or cmd[0]} failed (exit {p.returncode}):\n{r.stderr[-3000:]}")
     return r

@@ -167,6 +167,16 @@ typedef struct ctrl_backend_ops {
                                       int T, int IN, int OUT, int bf16);
     ctrl_status (*nf4_linear_backward)(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN,
                                        int OUT, int bf16);
+    /* Appended for DoRA on a device (core/model/dora.c; cpu_ops.h's ctrl_cpu_dora_norm, dora_combine,
+     * dora_backward): the per-output-row norms and magnitude scalings, on the backend's memory, so
+     * that a DoRA layer's [T, OUT] operands never leave the device. NULL where not implemented (DoRA
+     * is refused there). */
+    ctrl_status (*dora_norm)(float *norm, float *g, const float *W, const float *B, const float *WA,
+                             const float *BG, const float *mag, float s, int OUT, int IN, int r);
+    ctrl_status (*dora_combine)(float *out, const float *yl, const float *yb, const float *bias, const float *g,
+                                int T, int OUT);
+    ctrl_status (*dora_backward)(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
+                                 const float *g, int T, int OUT);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

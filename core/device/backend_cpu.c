@@ -161,6 +161,21 @@ static ctrl_status scatter_add_rows(float *out, const float *y, const int32_t *r
     ctrl_cpu_scatter_add_rows(out, y, rows, scale, n, C);
     return CTRL_OK;
 }
+static ctrl_status dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA,
+                             const float *BG, const float *mag, float s, int OUT, int IN, int r) {
+    ctrl_cpu_dora_norm(norm, g, W, B, WA, BG, mag, s, OUT, IN, r);
+    return CTRL_OK;
+}
+static ctrl_status dora_combine(float *out, const float *yl, const float *yb, const float *bias,
+                                const float *g, int T, int OUT) {
+    ctrl_cpu_dora_combine(out, yl, yb, bias, g, T, OUT);
+    return CTRL_OK;
+}
+static ctrl_status dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
+                                 const float *g, int T, int OUT) {
+    ctrl_cpu_dora_backward(dmag, yl, yb, dout, norm, g, T, OUT);
+    return CTRL_OK;
+}
 static ctrl_status rows_dot(float *out, const float *x, const int32_t *rows, const float *y, int n, int C) {
     ctrl_cpu_rows_dot(out, x, rows, y, n, C);
     return CTRL_OK;
@@ -287,6 +302,9 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .nf4_dequantize = ctrl_nf4_dequantize_raw, /* QLoRA (model/nf4.c) */
         .nf4_linear_forward = nf4_linear_forward,  /* QLoRA's products (kernels/cpu/gemm_nf4.c) */
         .nf4_linear_backward = nf4_linear_backward,
+        .dora_norm = dora_norm,                    /* DoRA (kernels/cpu/dora.c) */
+        .dora_combine = dora_combine,
+        .dora_backward = dora_backward,
     };
     return &ops;
 }

@@ -113,6 +113,9 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .sample = ctrl_cuda_sample, /* the engine's draws (kernels/cuda/sampling.cu) */
         .nf4_linear_forward = nf4_linear_forward,
         .nf4_linear_backward = nf4_linear_backward,
+        .dora_norm = ctrl_cuda_dora_norm,           /* DoRA (kernels/cuda/dora.cu) */
+        .dora_combine = ctrl_cuda_dora_combine,
+        .dora_backward = ctrl_cuda_dora_backward,
     };
     return &ops;
 }

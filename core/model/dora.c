@@ -8,10 +8,11 @@
  * starts as n (PEFT's initialisation), so that a new DoRA adapter computes what LoRA would.
  * Backward, with z = x' W^T + s (x' A^T) B^T recomputed (nothing more is kept than LoRA keeps):
  *     dm += sum_t dout * z / n;   LoRA's backward on g * dout;   dx' += ((g - 1) * dout) W.
- * The norms come from W A^T, A A^T and B (A A^T) on the backend, ||W_j||^2 on the host:
+ * The norms come from W A^T, A A^T and B (A A^T):
  *     n_j^2 = ||W_j||^2 + sum_k B_jk (2 s (W A^T)_jk + s^2 (B A A^T)_jk),
- * recomputed when the weights change. The per-row scalings run on the host; on a device their
- * [T, OUT] operands make a round trip through host memory (exact, slow, as LoRA's dropout masks). */
+ * recomputed when the weights change. Everything runs on the backend (its dora_norm, dora_combine
+ * and dora_backward ops: kernels/cpu/dora.c, kernels/cuda/dora.cu): the norms and scalings live in
+ * its memory, and on a device nothing goes through the host. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,33 +40,9 @@ void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT) {
     m->dora_norm_n += (size_t)OUT;
 }
 
-/* A host copy of n floats of backend memory: the memory itself with host memory, else a copy in
- * slot `slot` of m->dora_host (slots of `slot_n` floats). */
-static ctrl_status host_view(ctrl_model *m, int slot, size_t slot_n, const float *src, size_t n,
-                             float **out) {
-    if (m->be->host_memory) {
-        *out = (float *)src;
-        return CTRL_OK;
-    }
-    if (4 * slot_n > m->dora_host_n) {
-        free(m->dora_host);
-        if (!(m->dora_host = malloc(sizeof(float) * 4 * slot_n))) {
-            m->dora_host_n = 0;
-            return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %zu floats of host staging", 4 * slot_n);
-        }
-        m->dora_host_n = 4 * slot_n;
-    }
-    *out = m->dora_host + (size_t)slot * slot_n;
-    return src ? m->be->to_host(*out, src, sizeof(float) * n) : CTRL_OK;
-}
-
-/* dst (backend) = host (a host_view of it): nothing to do with host memory. */
-static ctrl_status host_back(const ctrl_model *m, float *dst, const float *host, size_t n) {
-    return m->be->host_memory ? CTRL_OK : m->be->to_device(dst, host, sizeof(float) * n);
-}
-
-/* The norms ||W + s B A|| of layer l's target t into m->dora_norm (see the file's comment). */
-static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT) {
+/* The norms ||W + s B A|| of layer l's target t into m->dora_norm (see the file's comment), and with
+ * mag (its magnitude, backend) g = mag / norm into m->dora_g. */
+static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT, const float *mag) {
     const ctrl_backend_ops *be = m->be;
     const int r = m->lora->r;
     const double s = m->lora_scale;
@@ -79,47 +56,32 @@ static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT) {
     MODEL_TRY(be->linear_forward(WA, P + w, A, NULL, OUT, IN, r)); /* W A^T [OUT, r] */
     MODEL_TRY(be->linear_forward(G, A, A, NULL, r, IN, r));        /* A A^T [r, r] */
     MODEL_TRY(be->linear_forward(BG, B, G, NULL, OUT, r, r));      /* B (A A^T) [OUT, r] */
-    float *hWA, *hBG, *hB;
-    MODEL_TRY(host_view(m, 0, n_pq, WA, n_pq, &hWA));
-    MODEL_TRY(host_view(m, 1, n_pq, BG, n_pq, &hBG));
-    MODEL_TRY(host_view(m, 2, n_pq, B, n_pq, &hB));
-    const float *W = m->params + w; /* the base is frozen: the host's copy is current */
-    float *norm = m->dora_norm + *at_off(m, l, t);
-    for (int j = 0; j < OUT; j++) {
-        double n2 = 0;
-        for (int i = 0; i < IN; i++) n2 += (double)W[(size_t)j * IN + i] * W[(size_t)j * IN + i];
-        for (int k = 0; k < r; k++) {
-            const size_t jk = (size_t)j * r + k;
-            n2 += (double)hB[jk] * (2 * s * hWA[jk] + s * s * hBG[jk]);
-        }
-        norm[j] = (float)sqrt(n2 > 0 ? n2 : 0);
-    }
-    return CTRL_OK;
+    /* the norms (m->dora_norm, backend), and with mag the scalings magnitude / norm */
+    return be->dora_norm(m->dora_norm + *at_off(m, l, t), mag ? m->dora_g + *at_off(m, l, t) : NULL, P + w, B,
+                         WA, BG, mag, (float)s, OUT, IN, r);
 }
 
 /* Every adapted layer's norms, and with `set` its magnitude := norm (else g := magnitude / norm). */
 static ctrl_status all_norms(ctrl_model *m, int set) {
-    const size_t total = m->dora_norm_n;
-    if (!m->dora_norm) {
-        m->dora_norm = malloc(sizeof(float) * (total ? total : 1));
-        m->dora_g = malloc(sizeof(float) * (total ? total : 1));
-        if (!m->dora_norm || !m->dora_g) return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %zu norms", total);
+    const size_t total = m->dora_norm_n ? m->dora_norm_n : 1;
+    if (!m->dora_norm) { /* backend memory, released with the backend's scratch */
+        MODEL_TRY(m->be->alloc((void **)&m->dora_norm, sizeof(float) * total));
+        MODEL_TRY(m->be->alloc((void **)&m->dora_g, sizeof(float) * total));
     }
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
-            const long mo = *mag_off(m, l, t);
+            const long mo = *mag_off(m, l, t), at = *at_off(m, l, t);
             if (mo < 0) continue;
             int IN, OUT; /* linear t's (a fused module's row block of it) */
             lora_dims(m, t, &IN, &OUT);
-            if (!m->dora_hold_norms || set) MODEL_TRY(weight_norms(m, l, t, IN, OUT));
-            const float *norm = m->dora_norm + *at_off(m, l, t);
-            float *g = m->dora_g + *at_off(m, l, t), *mag;
-            if (set) {
-                memcpy(m->params + mo, norm, sizeof(float) * (size_t)OUT);
-                continue;
-            }
-            MODEL_TRY(host_view(m, 0, (size_t)OUT, m->dparams + mo, (size_t)OUT, &mag));
-            for (int j = 0; j < OUT; j++) g[j] = mag[j] / norm[j];
+            const float *mag = set ? NULL : m->dparams + mo;
+            if (!m->dora_hold_norms || set)
+                MODEL_TRY(weight_norms(m, l, t, IN, OUT, mag));
+            else /* the norms as they are: the scalings only */
+                MODEL_TRY(m->be->dora_norm(m->dora_norm + at, m->dora_g + at, NULL, NULL, NULL, NULL, mag,
+                                           0.0f, OUT, IN, m->lora->r));
+            if (set) /* host memory: dora_init_magnitudes runs before the model moves */
+                memcpy(m->params + mo, m->dora_norm + at, sizeof(float) * (size_t)OUT);
         }
     return CTRL_OK;
 }
@@ -135,30 +97,20 @@ ctrl_status dora_init_magnitudes(ctrl_model *m) {
 
 ctrl_status dora_prepare(ctrl_model *m) {
     if (!m->has_lora || !m->lora->use_dora || m->dora_valid || m->lora_off) return CTRL_OK;
+    if (!ctrl_backend_has(m->be, dora_norm) || !ctrl_backend_has(m->be, dora_backward))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[peft] use_dora: the %s backend has no DoRA ops (a library built before them)",
+                              m->be->name);
     MODEL_TRY(all_norms(m, 0));
     m->dora_valid = 1;
     return CTRL_OK;
 }
 
 ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *yl, const float *yb, int OUT) {
-    const size_t n = (size_t)m->T * OUT;
-    const float *g = m->dora_g + *at_off(m, l, t);
     long w, bias;
     lora_base_weight(m, l, t, &w, &bias);
-    const float *b = bias >= 0 ? m->params + bias : NULL; /* frozen: the host's copy is current */
-    float *ho, *hl, *hb = NULL;
-    MODEL_TRY(host_view(m, 0, n, out, n, &ho));
-    MODEL_TRY(host_view(m, 1, n, yl, n, &hl));
-    if (yb) MODEL_TRY(host_view(m, 2, n, yb, n, &hb));
-    for (int tok = 0; tok < m->T; tok++) {
-        float *o = ho + (size_t)tok * OUT;
-        const float *L = hl + (size_t)tok * OUT, *Y = hb ? hb + (size_t)tok * OUT : NULL;
-        for (int j = 0; j < OUT; j++) {
-            const float base = Y ? Y[j] : b ? o[j] - b[j] : o[j];
-            o[j] = o[j] + ((g[j] - 1.0f) * base + g[j] * L[j]);
-        }
-    }
-    return host_back(m, out, ho, n);
+    return m->be->dora_combine(out, yl, yb, bias >= 0 ? m->dparams + bias : NULL,
+                               m->dora_g + *at_off(m, l, t), m->T, OUT);
 }
 
 ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
@@ -179,30 +131,9 @@ ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, floa
     }
     MODEL_TRY(model_linear_forward(m, w2, xa, P + bo, NULL, T, r, OUT)); /* s (x' A^T) B^T */
     MODEL_TRY(model_linear_forward(m, w3, xp, P + w, NULL, T, IN, OUT)); /* x' W^T */
-    { /* dm, and dout scaled by g (into w2) and by g - 1 (into w3) */
-        const size_t n = (size_t)T * OUT;
-        const float *g = m->dora_g + *at_off(m, l, t), *norm = m->dora_norm + *at_off(m, l, t);
-        float *hd, *hl, *hb, *hm;
-        MODEL_TRY(host_view(m, 0, n, dout, n, &hd));
-        MODEL_TRY(host_view(m, 1, n, w2, n, &hl));
-        MODEL_TRY(host_view(m, 2, n, w3, n, &hb));
-        MODEL_TRY(host_view(m, 3, n, model_grad(m, mo), (size_t)OUT, &hm));
-        for (int j = 0; j < OUT; j++) {
-            double acc = 0;
-            for (int tok = 0; tok < T; tok++) {
-                const size_t k = (size_t)tok * OUT + j;
-                acc += (double)hd[k] * ((double)hb[k] + hl[k]);
-            }
-            hm[j] += (float)(acc / norm[j]);
-        }
-        for (size_t k = 0; k < n; k++) {
-            const float gj = g[k % (size_t)OUT];
-            hl[k] = gj * hd[k], hb[k] = (gj - 1.0f) * hd[k];
-        }
-        MODEL_TRY(host_back(m, model_grad(m, mo), hm, (size_t)OUT));
-        MODEL_TRY(host_back(m, w2, hl, n));
-        MODEL_TRY(host_back(m, w3, hb, n));
-    }
+    /* dm, and dout scaled by g (into w2) and by g - 1 (into w3) */
+    MODEL_TRY(be->dora_backward(model_grad(m, mo), w2, w3, dout, m->dora_norm + *at_off(m, l, t),
+                                m->dora_g + *at_off(m, l, t), T, OUT));
     MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, w2, xa, P + bo, T, r, OUT));
     MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
     MODEL_TRY(model_linear_backward(m, w2, model_grad(m, ao), NULL, dxa, xp, P + ao, T, IN, r)); /* dxa A */

@@ -269,7 +269,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->recompute), free(m->offload_host);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
-    free(m->lora_mag), free(m->dora_at), free(m->dora_norm), free(m->dora_g), free(m->dora_host);
+    free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
     lora_bank_free(m);
     nf4_free(m);
     model_bf16_free(m);

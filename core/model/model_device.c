@@ -20,7 +20,8 @@ void ctrl_model_release_scratch(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
     model_moe_release(m); /* the mixture-of-experts layers' activations and scratch too */
     void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
-                     &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws};
+                     &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws,
+                     (void **)&m->dora_norm, (void **)&m->dora_g};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
     free(m->offload_host);
     m->offload_host = NULL;

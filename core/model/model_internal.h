@@ -173,10 +173,10 @@ struct ctrl_model {
     float *lora_host; /* host staging of dropout on a device, lora_host_n floats */
     size_t lora_host_n;
     /* DoRA (dora.c; lora->use_dora): each adapted layer's lora_magnitude_vector offset (lora_mag,
-     * -1 where none); per adapted layer at dora_at[l][t] on the host: the weight norm
+     * -1 where none); per adapted layer at dora_at[l][t] in the backend's memory: the weight norm
      * ||W + s B A|| of each output row (dora_norm) and magnitude / norm (dora_g), recomputed before
-     * a forward when the weights changed (dora_valid 0); dora_ws: backend scratch of that; dora_host:
-     * host staging of DoRA's per-row scaling on a device (dora_host_n floats). */
+     * a forward when the weights changed (dora_valid 0; released with the backend's scratch);
+     * dora_ws: backend scratch of that. */
     long *lora_mag, *dora_at;
     size_t dora_norm_n; /* floats of dora_norm (and dora_g) */
     float *dora_norm, *dora_g;
@@ -185,8 +185,6 @@ struct ctrl_model {
                           * weights change, for finite differences of what backward differentiates */
     float *dora_ws;
     size_t dora_ws_bytes;
-    float *dora_host;
-    size_t dora_host_n;
     /* Adapters served side by side over the base (lora_bank.c, ctrl_model_add_adapter): the bank,
      * its decode scratch (bank_ws, bank_ws_n floats), and for the decode call under way each
      * sequence's adapter (dec_adapters, 0 the base; NULL: all the base) with the sequences' new

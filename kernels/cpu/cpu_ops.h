@@ -259,6 +259,21 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
 double ctrl_cpu_sum_squares(const float *x, int64_t n);
 void ctrl_cpu_scale(float *x, float s, int64_t n);
 
+/* DoRA's per-row ops (core/model/dora.c), on an adapted linear y = x W^T with adapter A [r, IN],
+ * B [OUT, r], scaling s and magnitude mag [OUT]:
+ * dora_norm: with W (else norm is kept as it is) norm_j = ||W_j + s (B A)_j|| from WA = W A^T
+ *   [OUT, r] and BG = B (A A^T) [OUT, r] (sums in double); with g, g_j = mag_j / norm_j.
+ * dora_combine: out [T, OUT] (holding x W^T + bias) += (g - 1) base + g yl, base = yb (the dropped-out
+ *   input's x' W^T) or else out - bias (bias may be NULL).
+ * dora_backward: dmag_j += sum_t dout (yb + yl) / norm_j (in double), then in place yl = g dout,
+ *   yb = (g - 1) dout. */
+void ctrl_cpu_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA, const float *BG,
+                        const float *mag, float s, int OUT, int IN, int r);
+void ctrl_cpu_dora_combine(float *out, const float *yl, const float *yb, const float *bias, const float *g, int T,
+                           int OUT);
+void ctrl_cpu_dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm, const float *g,
+                            int T, int OUT);
+
 #ifdef __cplusplus
 }
 #endif

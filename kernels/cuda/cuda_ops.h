@@ -175,6 +175,14 @@ ctrl_status ctrl_cuda_nf4_linear(float *out, const float *in, const uint8_t *pac
                                  const float *absmax2, float offset, const float *code, const float *dynamic,
                                  const float *bias, int T, int IN, int OUT, int backward, int bf16);
 
+/* DoRA's per-row ops (device pointers; cpu_ops.h's ctrl_cpu_dora_norm, dora_combine, dora_backward). */
+ctrl_status ctrl_cuda_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA,
+                                const float *BG, const float *mag, float s, int OUT, int IN, int r);
+ctrl_status ctrl_cuda_dora_combine(float *out, const float *yl, const float *yb, const float *bias, const float *g,
+                                   int T, int OUT);
+ctrl_status ctrl_cuda_dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
+                                    const float *g, int T, int OUT);
+
 #ifdef __cplusplus
 }
 #endif

@@ -159,6 +159,58 @@ TEST(swiglu_residual_scale_sum_squares) {
     free(g), free(u), free(dy), free(a0), free(b0), free(out), free(dg), free(du), free(ra), free(rb);
 }
 
+/* DoRA's per-row ops (kernels/cuda/dora.cu): the norms of W + s B A and the scalings magnitude / norm,
+ * the output's combination with and without a dropped-out base and a bias, and the magnitude's
+ * gradient with the in-place scaled upstream gradients; OUT not a multiple of the 8 rows a block. */
+TEST(dora_rows) {
+    NEED_GPU();
+    const int T = small() ? 7 : 300, OUT = small() ? 37 : 1003, IN = small() ? 45 : 777, r = 5;
+    const size_t n = (size_t)T * OUT;
+    float *W = hrand((size_t)OUT * IN, 0.3f), *B = hrand((size_t)OUT * r, 0.5f),
+          *A = hrand((size_t)r * IN, 0.3f), *mag = hrand(OUT, 1), *bias = hrand(OUT, 1);
+    float *WA = calloc((size_t)OUT * r, 4), *AA = calloc((size_t)r * r, 4), *BG = calloc((size_t)OUT * r, 4);
+    ctrl_cpu_linear_forward(WA, W, A, NULL, OUT, IN, r); /* W A^T, A A^T, B (A A^T): what dora.c passes */
+    ctrl_cpu_linear_forward(AA, A, A, NULL, r, IN, r);
+    ctrl_cpu_linear_forward(BG, B, AA, NULL, OUT, r, r);
+    float *norm = malloc(OUT * 4), *g = malloc(OUT * 4);
+    ctrl_cpu_dora_norm(norm, g, W, B, WA, BG, mag, 1.7f, OUT, IN, r);
+    float *d_W = dev_copy(W, (size_t)OUT * IN * 4), *d_B = dev_copy(B, (size_t)OUT * r * 4),
+          *d_WA = dev_copy(WA, (size_t)OUT * r * 4), *d_BG = dev_copy(BG, (size_t)OUT * r * 4),
+          *d_mag = dev_copy(mag, OUT * 4), *d_bias = dev_copy(bias, OUT * 4);
+    float *d_norm = dev_poisoned(OUT * 4), *d_g = dev_poisoned(OUT * 4);
+    CHECK_EQ_INT(ctrl_cuda_dora_norm(d_norm, d_g, d_W, d_B, d_WA, d_BG, d_mag, 1.7f, OUT, IN, r), CTRL_OK);
+    EXPECT_DEV(d_norm, norm, OUT, 1e-6, "dora norm");
+    EXPECT_DEV(d_g, g, OUT, 1e-6, "dora magnitude / norm");
+    for (int j = 0; j < OUT; j++) mag[j] *= 2, g[j] = mag[j] / norm[j]; /* the norms kept, scalings only */
+    ctrl_cuda_memcpy_h2d(d_mag, mag, OUT * 4);
+    CHECK_EQ_INT(ctrl_cuda_dora_norm(d_norm, d_g, NULL, NULL, NULL, NULL, d_mag, 0, OUT, IN, r), CTRL_OK);
+    EXPECT_DEV(d_g, g, OUT, 1e-6, "dora scalings over held norms");
+    float *out = hrand(n, 1), *yl = hrand(n, 1), *yb = hrand(n, 1), *dout = hrand(n, 1),
+          *dmag = hrand(OUT, 1);
+    float *d_yl = dev_copy(yl, n * 4), *d_yb = dev_copy(yb, n * 4), *d_dout = dev_copy(dout, n * 4);
+    for (int with = 0; with < 3; with++) { /* dropped-out base; out - bias; out */
+        float *o = malloc(n * 4);
+        memcpy(o, out, n * 4);
+        float *d_out = dev_copy(out, n * 4);
+        ctrl_cpu_dora_combine(o, yl, with == 0 ? yb : NULL, with == 1 ? bias : NULL, g, T, OUT);
+        CHECK_EQ_INT(ctrl_cuda_dora_combine(d_out, d_yl, with == 0 ? d_yb : NULL, with == 1 ? d_bias : NULL,
+                                            d_g, T, OUT),
+                     CTRL_OK);
+        EXPECT_DEV(d_out, o, n, 1e-6, "dora combine");
+        ctrl_cuda_free(d_out), free(o);
+    }
+    float *d_dmag = dev_copy(dmag, OUT * 4);
+    ctrl_cpu_dora_backward(dmag, yl, yb, dout, norm, g, T, OUT);
+    CHECK_EQ_INT(ctrl_cuda_dora_backward(d_dmag, d_yl, d_yb, d_dout, d_norm, d_g, T, OUT), CTRL_OK);
+    EXPECT_DEV(d_dmag, dmag, OUT, 1e-6, "dora magnitude gradient");
+    EXPECT_DEV(d_yl, yl, n, 1e-6, "dora g dout");
+    EXPECT_DEV(d_yb, yb, n, 1e-6, "dora (g - 1) dout");
+    float *fs[] = {d_W, d_B, d_WA, d_BG, d_mag, d_bias, d_norm, d_g, d_yl, d_yb, d_dout, d_dmag};
+    for (size_t i = 0; i < sizeof fs / sizeof *fs; i++) ctrl_cuda_free(fs[i]);
+    free(W), free(B), free(A), free(AA), free(WA), free(BG), free(mag), free(bias), free(norm), free(g),
+        free(out), free(yl), free(yb), free(dout), free(dmag);
+}
+
 TEST(embedding_and_rope) {
     NEED_GPU();
     const int T = 37, C = 130, V = 50, H = 3, D = 64, max_pos = 4096;
