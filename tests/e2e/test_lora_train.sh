@@ -188,4 +188,27 @@ diff <(curve "$TMP/rm") <(curve "$TMP/rm2") >"$TMP/diff" && cmp -s "$TMP/rm/adap
   "$TMP/rm2/adapter_model.safetensors" && ok || { bad "reward lora: resumed run differs"; cat "$TMP/diff"; }
 "${C[@]}" train "$TMP/sft.ini" --set peft.modules_to_save=score >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "modules_to_save = score: trainer sft" "$TMP/log" && ok || { bad "sft with modules_to_save = score not refused"; tail -3 "$TMP/log"; }
+
+# 8. LoRA on an MoE model's experts (PEFT's target_parameters): SFT trains them, the adapter holds PEFT's
+# names (gate_up_proj's wrapper under base_layer.), a run resumed from checkpoint-2 (the adapter read
+# back from PEFT's layout, its optimizer state ctrl's) follows the uninterrupted one; all-linear on an
+# MoE model (PEFT converts it) and lora_dropout with target_parameters are refused by key.
+"${C[@]}" model init --arch qwen3_moe --hidden 32 --layers 2 --heads 2 --experts 4 --experts-per-tok 2 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/moe" >/dev/null || bad "moe model init"
+moe=(--set model.path="$TMP/moe" --set train.max_steps=4 --set train.save_steps=2 --set peft.lora_dropout=0
+  --set peft.target_modules=q_proj --set peft.target_parameters=experts.gate_up_proj,experts.down_proj)
+"${C[@]}" train "$TMP/sft.ini" "${moe[@]}" --set run.output_dir="$TMP/moel" >"$TMP/log" 2>&1 || { bad "moe lora run"; tail -5 "$TMP/log"; }
+grep -q '"target_parameters"' "$TMP/moel/adapter_config.json" &&
+  grep -q "model.layers.1.mlp.experts.base_layer.lora_A.weight" "$TMP/moel/adapter_model.safetensors" &&
+  grep -q "model.layers.1.mlp.experts.lora_B.weight" "$TMP/moel/adapter_model.safetensors" && ok || bad "moe lora: adapter files"
+mkdir -p "$TMP/moel2" && cp -r "$TMP/moel/checkpoint-2" "$TMP/moel2/"
+grep '"step": [1-2],' "$TMP/moel/metrics.jsonl" >"$TMP/moel2/metrics.jsonl"
+"${C[@]}" train "$TMP/sft.ini" "${moe[@]}" --set run.output_dir="$TMP/moel2" --set train.resume_from_checkpoint=last \
+  >"$TMP/log" 2>&1 || { bad "moe lora resume"; tail -5 "$TMP/log"; }
+diff <(curve "$TMP/moel") <(curve "$TMP/moel2") >"$TMP/diff" && cmp -s "$TMP/moel/adapter_model.safetensors" \
+  "$TMP/moel2/adapter_model.safetensors" && ok || { bad "moe lora: resumed run differs"; cat "$TMP/diff"; }
+"${C[@]}" train "$TMP/sft.ini" --set model.path="$TMP/moe" >"$TMP/log" 2>&1
+[ $? != 0 ] && grep -q "all-linear" "$TMP/log" && ok || { bad "all-linear on an MoE model not refused"; tail -3 "$TMP/log"; }
+"${C[@]}" train "$TMP/sft.ini" "${moe[@]}" --set peft.lora_dropout=0.1 >"$TMP/log" 2>&1
+[ $? != 0 ] && grep -q "lora_dropout" "$TMP/log" && ok || { bad "lora_dropout with target_parameters not refused"; tail -3 "$TMP/log"; }
 finish
