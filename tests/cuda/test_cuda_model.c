@@ -79,6 +79,11 @@ TEST(lora_matches_cpu) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
     backend_lora_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "llama", 1e-5);
     backend_lora_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);
+    /* Phi-3's fused qkv_proj / gate_up_proj (all-linear), and the experts of an MoE (target_parameters) */
+    backend_lora_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "families/phi3_mha",
+                       1e-5);
+    backend_lora_check(ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}, "families/qwen3_moe_a",
+                       1e-5);
 }
 
 TEST(score_head_matches_cpu) {

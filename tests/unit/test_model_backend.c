@@ -162,6 +162,8 @@ TEST(staged_backend_matches_cpu_with_lora) {
     stray = 0;
     backend_lora_check(staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}, "llama", 0);
     backend_lora_check(staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}, "qwen2", 0);
+    backend_lora_check(staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}, "families/phi3_mha", 0);
+    backend_lora_check(staged(), (ctrl_device){CTRL_DEVICE_CPU, 0}, "families/qwen3_moe_a", 0);
     CHECK_MSG(stray == 0, "LoRA: %d pointers handed to the backend's ops were not its memory", stray);
 }
 TEST(staged_backend_matches_cpu_qwen3_checkpointing) { compare_on_staged("qwen3", "flash", 1); }
