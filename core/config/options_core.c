@@ -119,13 +119,17 @@ static const ctrl_option train_options[] = {
      "reward model, which do not add it."},
     {"dtype", CTRL_OPT_CHOICE, "bf16", 0, 0, 0, "bf16|fp16|fp32",
      "Compute dtype (master weights, gradients and optimizer state stay fp32). bf16 on the CPU: the linear "
-     "projections in bf16 with fp32 accumulation, as torch.autocast; with AMX or AVX-512 BF16 (checked at run "
-     "time; CTRL_NO_AMX=1 turns AMX off, CTRL_NO_AVX512BF16=1 both) a blocked GEMM on AMX tiles (tdpbf16ps) or "
+     "projections in bf16 with fp32 accumulation, as torch.autocast; with AMX or AVX-512 BF16 (checked at "
+     "run "
+     "time; CTRL_NO_AMX=1 turns AMX off, CTRL_NO_AVX512BF16=1 both) a blocked GEMM on AMX tiles (tdpbf16ps) "
+     "or "
      "vdpbf16ps that rounds as it packs, the LM head in bf16 too and no rounded copy of the weights; without "
      "them SGEMM on bf16-rounded inputs (the log says once which path runs: no faster than fp32 there), each "
      "projection rounding its weights as it runs (a rounded copy only for few-token forwards, decoding); on "
      "CUDA bf16 cuBLASLt GEMMs where libctrl_cuda has them (refused "
-     "naming this key where not); fp16: not supported."},
+     "naming this key where not); fp16: not supported. With [peft] LoRA, bf16 on the CPU also holds the "
+     "frozen base's layer weights in bf16 (2 bytes each, widened to fp32 one layer at a time: the same "
+     "numbers); not with DoRA, QLoRA or experts."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"report_to", CTRL_OPT_LIST, "png", 0, 0, 0, "none|all|jsonl|png|tensorboard",
      "Where logged metrics go besides output_dir/metrics.jsonl (always written): png (output_dir/"

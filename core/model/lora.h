@@ -59,6 +59,10 @@ typedef struct ctrl_lora_config {
      * k E + e); lora_model_moe.c. */
     int n_params;
     char params[16][96];
+    /* The frozen base held in bf16 as it loads (model_bf16_store.c; the caller computes in bf16 on the
+     * CPU): each layer's projection weights narrowed to 2 bytes once the layer is read, so the fp32
+     * base never is resident whole. */
+    int bf16_base;
 } ctrl_lora_config;
 
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */

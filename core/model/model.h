@@ -89,7 +89,8 @@ void ctrl_model_init_view(ctrl_model *m, int i, uint64_t seed, float std);
  * there are removed. ctrl_model_save: max_shard_size's default, 50GB (save_pretrained's). */
 #define CTRL_DEFAULT_MAX_SHARD ((int64_t)50000000000)
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype);
-ctrl_status ctrl_model_save_sharded(ctrl_model *m, const char *dir, ctrl_dtype dtype, int64_t max_shard_bytes);
+ctrl_status ctrl_model_save_sharded(ctrl_model *m, const char *dir, ctrl_dtype dtype,
+                                    int64_t max_shard_bytes);
 /* transformers' max_shard_size: "5GB", "500MB", "200KB", "1TB" (powers of 1000, any case, a
  * decimal number before the unit) or a plain number of bytes. */
 ctrl_status ctrl_parse_shard_size(const char *text, int64_t *bytes);
@@ -175,6 +176,16 @@ ctrl_status ctrl_model_freeze(ctrl_model *m);
  * embeddings, final norm and LM head stay fp32, holding bf16 values). With bf16 compute its
  * projections are then those of a model loaded in bf16. CTRL_ERR_UNSUPPORTED off the CPU. */
 ctrl_status ctrl_model_hold_bf16(ctrl_model *m);
+/* The frozen base of a LoRA model computing in bf16 held in bf16 (model_bf16_store.c): the layers'
+ * projection weights rounded to bf16 once (bf16 compute multiplies them as bf16 values anyway: the
+ * numbers do not change), kept as 2-byte values and widened to fp32 one layer at a time, forward and
+ * backward; the layers' norms and biases, embeddings, LM head, modules_to_save and adapters stay
+ * fp32. CTRL_ERR_UNSUPPORTED (the model unchanged) off the CPU, with fp32 compute, QLoRA, DoRA or
+ * a mixture of experts. ctrl_model_param_bytes: the bytes the parameters occupy now. */
+ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m);
+/* Whether the base is held in bf16 (here, or as it loaded: ctrl_lora_config.bf16_base). */
+int ctrl_model_base_held_bf16(const ctrl_model *m);
+size_t ctrl_model_param_bytes(const ctrl_model *m);
 ctrl_status ctrl_model_place_like(ctrl_model *m, const ctrl_model *like);
 ctrl_status ctrl_model_jsd_forward(ctrl_model *student, const ctrl_batch *batch, ctrl_model *teacher,
                                    const ctrl_jsd_args *args, float *jsd);

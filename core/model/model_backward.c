@@ -24,7 +24,8 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     const int32_t *positions = m->dev_batch.positions;
     const layer_offsets *o = &m->layers[l];
     layer_acts *a = &m->acts[l];
-    if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l)); /* QLoRA: this layer's NF4 weights */
+    if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l));          /* QLoRA: this layer's NF4 weights */
+    if (m->w16) MODEL_TRY(model_bf16_layer_weights(m, l)); /* held in bf16: widened again for dX */
     const int sandwich = c->sandwich_norm;
     /* MLP: dres is the gradient of the layer output = x_mid + down(swiglu(gate, up)) (Gemma 2: of
      * x_mid + post_ffw_norm(down(geglu(gate, up))), whose norm's backward comes first, into dtmp). */

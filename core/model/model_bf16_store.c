@@ -6,7 +6,14 @@
  * widened layer's pages are given back: one layer in fp32 at a time. The embeddings, the final norm
  * and the LM head stay fp32 (rounded to bf16 values). The layout does not change: the views,
  * offsets and kernels see the same fp32 parameters, which the linear projections take as bf16
- * values (no rounded copy is made). */
+ * values (no rounded copy is made).
+ *
+ * Under LoRA with bf16 compute (ctrl_model_hold_base_bf16: the frozen base of an adapter run) only
+ * the layers' projection weights are rounded: bf16 compute multiplies them as bf16 values anyway, so
+ * the numbers do not change. The layers' norms and biases (1-D views) keep their fp32 values in a
+ * small side copy (w16_keep) put back after each widening; the embeddings, final norm, LM head, the
+ * modules_to_save and the adapters (all outside the layers' ranges) are untouched. The backward
+ * widens each layer again, in reverse order (model_backward.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,10 +31,52 @@ static void release_range(ctrl_model *m, long lo, long hi) {
     if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advisory: kept resident if refused */
 }
 
-ctrl_status ctrl_model_hold_bf16(ctrl_model *m) {
-    if (m->n_train != 0 || m->has_lora || m->nf4_w)
-        return ctrl_error_set(CTRL_ERR_RUNTIME,
-                              "model: only a frozen model without adapters is held in bf16");
+/* Whether view pv lies in a layer's range (lo: [L] starts, then [L] ends). */
+static int in_layers(const long *lo, int L, const ctrl_param_view *pv) {
+    for (int l = 0; l < L; l++)
+        if ((long)pv->offset >= lo[l] && (long)pv->offset < lo[L + l]) return 1;
+    return 0;
+}
+
+/* A layer's 1-D view (a norm or a bias): kept exact under LoRA. */
+static int kept_fp32(const ctrl_param_view *pv) { return pv->ndim == 1; }
+
+/* Copies layer l's norms and biases between params and the side copy (to_keep: into it). */
+static void keep_layer(ctrl_model *m, int l, int to_keep) {
+    const long *lo = m->w16_lo;
+    const int L = m->cfg.n_layers;
+    long k = 0;
+    for (int v = 0; v < m->n_views; v++) {
+        const ctrl_param_view *pv = &m->views[v];
+        if (!in_layers(lo, L, pv) || !kept_fp32(pv)) continue;
+        if ((long)pv->offset >= lo[l] && (long)pv->offset < lo[L + l]) {
+            float *p = m->params + pv->offset, *kp = m->w16_keep + k;
+            memcpy(to_keep ? kp : p, to_keep ? p : kp, sizeof(float) * (size_t)pv->numel);
+        }
+        k += pv->numel;
+    }
+}
+
+/* Where layer l's weights start in w16. */
+static long w16_at(const ctrl_model *m, int l) {
+    long at = 0;
+    for (int k = 0; k < l; k++) at += m->w16_lo[m->cfg.n_layers + k] - m->w16_lo[k];
+    return at;
+}
+
+/* Layer l into its bf16 store: its norms and biases aside (under LoRA), its weights rounded in
+ * place, narrowed into w16 and their fp32 pages given back. */
+static void pack_layer(ctrl_model *m, int l) {
+    const long lo = m->w16_lo[l], hi = m->w16_lo[m->cfg.n_layers + l];
+    if (m->w16_keep) keep_layer(m, l, 1);
+    ctrl_cpu_round_to_bf16(m->params + lo, m->params + lo, hi - lo);
+    ctrl_cpu_f32_to_bf16(m->w16 + w16_at(m, l), m->params + lo, hi - lo); /* exact: already bf16 values */
+    release_range(m, lo, hi);
+}
+
+/* The bf16 store's layout and buffers (nothing packed yet). base_only: the frozen base under LoRA
+ * (the projections rounded, the norms and biases kept); otherwise a frozen model. */
+static ctrl_status begin(ctrl_model *m, int base_only) {
     if (!m->be->host_memory || m->params != m->dparams)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "model: bf16 storage is for a model computing on the CPU");
@@ -36,15 +85,17 @@ ctrl_status ctrl_model_hold_bf16(ctrl_model *m) {
     if (!lo) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     long *hi = lo + L;
     for (int l = 0; l < L; l++) lo[l] = -1, hi[l] = -1;
-    long total = 0;
+    long total = 0, kept = 0;
     for (int v = 0; v < m->n_views; v++) {
         const ctrl_param_view *pv = &m->views[v];
         int l = -1, n = 0;
         if (sscanf(pv->name, "model.layers.%d.%n", &l, &n) != 1 || n == 0 || l < 0 || l >= L) continue;
+        if (base_only && pv->offset >= m->train_off) continue; /* an adapter: trained, fp32 */
         const long off = (long)pv->offset, end = off + (long)pv->numel;
         if (lo[l] < 0 || off < lo[l]) lo[l] = off;
         if (end > hi[l]) hi[l] = end;
         total += pv->numel;
+        if (base_only && kept_fp32(pv)) kept += pv->numel;
     }
     long sum = 0; /* every layer one contiguous range of its own views (model.c's layout) */
     for (int l = 0; l < L; l++) sum += hi[l] - lo[l];
@@ -53,35 +104,111 @@ ctrl_status ctrl_model_hold_bf16(ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "model: the layers' weights are not contiguous; kept in fp32");
     }
-    ctrl_cpu_round_to_bf16(m->params, m->params, (int64_t)m->n_params);
-    uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
-    if (!w16) {
+    if (base_only && hi[L - 1] > (long)m->train_off) { /* the adapters come after the base */
         free(lo);
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: trainable weights inside the layers; kept in fp32");
+    }
+    uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
+    float *keep = base_only ? malloc(sizeof(float) * (size_t)(kept > 0 ? kept : 1)) : NULL;
+    long *loaded = base_only ? calloc((size_t)L, sizeof(long)) : NULL;
+    if (!w16 || (base_only && (!keep || !loaded))) {
+        free(lo), free(w16), free(keep), free(loaded);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: the bf16 copy of %ld weights", total);
     }
-    long at = 0;
-    for (int l = 0; l < L; l++) {
-        ctrl_cpu_f32_to_bf16(w16 + at, m->params + lo[l], hi[l] - lo[l]); /* exact: already bf16 values */
-        at += hi[l] - lo[l];
-        release_range(m, lo[l], hi[l]);
-    }
-    m->w16 = w16, m->w16_lo = lo, m->w16_layer = -1;
+    m->w16 = w16, m->w16_lo = lo, m->w16_layer = -1, m->w16_keep = keep, m->w16_n = total;
+    m->w16_loaded = loaded;
     m->rounded_valid = 0;
     return CTRL_OK;
+}
+
+static ctrl_status hold(ctrl_model *m, int base_only) {
+    MODEL_TRY(begin(m, base_only));
+    if (!base_only) ctrl_cpu_round_to_bf16(m->params, m->params, (int64_t)m->n_params);
+    for (int l = 0; l < m->cfg.n_layers; l++) pack_layer(m, l);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_model_hold_bf16(ctrl_model *m) {
+    if (m->n_train != 0 || m->has_lora || m->nf4_w)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: only a frozen model without adapters is held in bf16");
+    return hold(m, 0);
+}
+
+/* Why the frozen base of LoRA model m cannot be held in bf16 (CTRL_OK: it can). */
+static ctrl_status base_holdable(const ctrl_model *m) {
+    if (!m->has_lora || !m->lora || m->w16)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: the base is held in bf16 once, under LoRA");
+    if (m->lora->nf4)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: the base is in NF4 (QLoRA); kept as it is");
+    if (m->lora->use_dora) /* DoRA's weight norms read the fp32 base weights */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: DoRA's weight norms need the fp32 base");
+    if (m->cfg.n_experts > 0) /* the experts' GEMMs and the router are not model_linear_* products */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a mixture of experts' base is kept in fp32");
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m) {
+    if (!m->linear_bf16) /* fp32 compute multiplies the fp32 weights: rounding them would change it */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: the base is held in bf16 only with bf16 compute");
+    MODEL_TRY(base_holdable(m));
+    return hold(m, 1);
+}
+
+ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
+    if (!m->w16) {
+        if (base_holdable(m) != CTRL_OK || begin(m, 1) != CTRL_OK) { /* kept in fp32: the caller logs why */
+            ctrl_error_clear();
+            m->w16_at_load = 0;
+            return CTRL_OK;
+        }
+    }
+    const int L = m->cfg.n_layers;
+    for (int l = 0; l < L && m->w16_loaded; l++)
+        if ((long)v->offset >= m->w16_lo[l] && (long)v->offset < m->w16_lo[L + l]) {
+            m->w16_loaded[l] += v->numel;
+            if (m->w16_loaded[l] == m->w16_lo[L + l] - m->w16_lo[l])
+                pack_layer(m, l); /* the whole layer read */
+            break;
+        }
+    return CTRL_OK;
+}
+
+int ctrl_model_base_held_bf16(const ctrl_model *m) { return m->w16 != NULL && m->w16_keep != NULL; }
+
+size_t ctrl_model_param_bytes(const ctrl_model *m) {
+    size_t bytes = sizeof(float) * m->n_params;
+    if (!m->w16) return bytes;
+    const long *lo = m->w16_lo, *hi = m->w16_lo + m->cfg.n_layers;
+    bytes -= sizeof(float) * (size_t)m->w16_n - sizeof(uint16_t) * (size_t)m->w16_n; /* held in 2 bytes */
+    if (m->w16_layer >= 0) bytes += sizeof(float) * (size_t)(hi[m->w16_layer] - lo[m->w16_layer]);
+    if (m->w16_keep) /* the layers' norms and biases: fp32 beside */
+        for (int v = 0; v < m->n_views; v++)
+            if (in_layers(lo, m->cfg.n_layers, &m->views[v]) && kept_fp32(&m->views[v]))
+                bytes += sizeof(float) * (size_t)m->views[v].numel;
+    return bytes;
 }
 
 ctrl_status model_bf16_layer_weights(ctrl_model *m, int l) {
     if (m->w16_layer == l) return CTRL_OK;
     const long *lo = m->w16_lo, *hi = m->w16_lo + m->cfg.n_layers;
     if (m->w16_layer >= 0) release_range(m, lo[m->w16_layer], hi[m->w16_layer]);
-    long at = 0;
-    for (int k = 0; k < l; k++) at += hi[k] - lo[k];
-    ctrl_cpu_bf16_to_f32(m->params + lo[l], m->w16 + at, hi[l] - lo[l]);
+    ctrl_cpu_bf16_to_f32(m->params + lo[l], m->w16 + w16_at(m, l), hi[l] - lo[l]);
+    if (m->w16_keep) keep_layer(m, l, 0); /* under LoRA: the layer's norms and biases, exact */
     m->w16_layer = l;
     return CTRL_OK;
 }
 
+int model_bf16_holds(const ctrl_model *m, const float *w) {
+    if (!m->w16) return 0;
+    if (!m->w16_keep) return 1; /* a frozen model: every parameter holds bf16 values */
+    const long off = (long)(w - m->dparams);
+    return off >= m->w16_lo[0] && off < m->w16_lo[2 * m->cfg.n_layers - 1];
+}
+
 void model_bf16_free(ctrl_model *m) {
-    free(m->w16), free(m->w16_lo);
-    m->w16 = NULL, m->w16_lo = NULL;
+    free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded);
+    m->w16_loaded = NULL;
+    m->w16 = NULL, m->w16_lo = NULL, m->w16_keep = NULL;
 }

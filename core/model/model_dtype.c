@@ -99,7 +99,7 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
         if (st != CTRL_OK || used) return st;
     }
     return m->be->linear_forward_bf16(out, x, as_multiplied(m, w), bias, T, IN, OUT,
-                                      m->rounded_valid || m->w16 != NULL);
+                                      m->rounded_valid || model_bf16_holds(m, w));
 }
 
 ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
@@ -107,5 +107,5 @@ ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, flo
     if (nf4_holds(m, w)) return nf4_linear_backward(m, dx, dw, dbias, dout, w, T, IN, OUT);
     if (!m->linear_bf16) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
     return m->be->linear_backward_bf16(dx, dw, dbias, dout, x, as_multiplied(m, w), T, IN, OUT,
-                                       m->rounded_valid || m->w16 != NULL);
+                                       m->rounded_valid || model_bf16_holds(m, w));
 }

@@ -211,6 +211,15 @@ struct ctrl_model {
     uint16_t *w16;
     long *w16_lo;
     int w16_layer;
+    /* The frozen base held in bf16 under LoRA (model_bf16_store.c, ctrl_model_hold_base_bf16): the
+     * layers' norms and biases in fp32 (w16_keep, view after view; NULL for a frozen model held
+     * whole), and the number of weights in w16. */
+    float *w16_keep;
+    long w16_n;
+    /* Held as it loads (lora->bf16_base): set by load_into; each layer's floats read so far
+     * (w16_loaded, [n_layers]), the layer packed when all are. */
+    int w16_at_load;
+    long *w16_loaded;
     /* LoRA on the experts (lora_moe.c; lora->n_params, PEFT's target_parameters): per layer the offsets
      * of gate_up_proj's lora_A [E r, C], lora_B and down_proj's lora_A [E r, Im], lora_B
      * ([n_layers][4], -1 where none). A is PEFT's layout (expert e's rows e r ...); B is held expert
@@ -374,6 +383,11 @@ void nf4_release_device(ctrl_model *m);
  * (the previous layer's pages given back); the store freed. */
 ctrl_status model_bf16_layer_weights(ctrl_model *m, int l);
 void model_bf16_free(ctrl_model *m);
+/* Whether w (inside the parameters) holds bf16 values because the model is held in bf16. */
+int model_bf16_holds(const ctrl_model *m, const float *w);
+/* The loader read view v (lora->bf16_base): a layer whose views are all read is packed into bf16; a
+ * model whose base cannot be held stays fp32 (w16_at_load cleared). */
+ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v);
 /* LoRA on the experts (lora_moe.c): lora_moe_layout adds layer l's expert adapters (PEFT's names,
  * gate_up_proj's under base_layer. when down_proj has one too) and returns how many parameters it
  * wrapped (lora_init fills them); the forward adds expert e's adapter over its n
@@ -382,7 +396,8 @@ void model_bf16_free(ctrl_model *m);
 int lora_moe_layout(ctrl_model *m, size_t *cursor, int l);
 ctrl_status lora_moe_gate_up(ctrl_model *m, int l, int e, const float *xs, int n, float *g, float *u);
 ctrl_status lora_moe_down(ctrl_model *m, int l, int e, const float *h, int n, float *y);
-ctrl_status lora_moe_down_backward(ctrl_model *m, int l, int e, const float *h, const float *dy, int n, float *dh);
+ctrl_status lora_moe_down_backward(ctrl_model *m, int l, int e, const float *h, const float *dy, int n,
+                                   float *dh);
 ctrl_status lora_moe_gate_up_backward(ctrl_model *m, int l, int e, const float *xs, const float *dg,
                                       const float *du, int n, float *dxs);
 /* W_e += s B_e A_e of every expert adapter (ctrl_peft_merge), on the host parameters. */

@@ -225,6 +225,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     ctrl_model *m;
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
+    m->w16_at_load = lora && lora->bf16_base && !lora->nf4;
     shard_set shards = {0};
     if ((st = shards_open(dir, &shards)) != CTRL_OK) {
         ctrl_model_free(m);
@@ -263,6 +264,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
         if (st == CTRL_OK && v->nf4) st = nf4_store(m, v); /* QLoRA: into NF4 before the next layer's */
+        if (st == CTRL_OK && m->w16_at_load) st = model_bf16_view_loaded(m, v); /* LoRA: bf16 base */
     }
     shards_close(&shards);
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */

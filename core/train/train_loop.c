@@ -79,7 +79,7 @@ typedef struct run_state {
     train_health health;
     train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
     int root;
-    train_zero zero; /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
+    train_zero zero;  /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
     train_memory mem; /* the process's memory at the edges of the first step (memory_report.h) */
 } run_state;
 
@@ -199,6 +199,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                             "trainer, gkd, has)",
                             ctrl_config_where(cfg, "teacher", "path"), s->run.trainer);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
+    train_model_on_cpu(st == CTRL_OK && !r->comp.cuda && zero_stage < 3); /* LoRA: a bf16 base as it loads */
     /* a trainer with a score head (reward) trains a sequence classifier: a causal LM's trunk under a
      * fresh score (seeded), or a classifier's own */
     ctrl_sequence_spec spec = {.size = sizeof spec};
@@ -217,6 +218,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
         st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
+    if (st == CTRL_OK && zero_stage < 3) st = train_model_hold_base(r->model, s); /* LoRA + bf16 */
     if (st == CTRL_OK && (offload & 2) && ctrl_model_set_offload_activations(r->model, 1) != CTRL_OK) {
         char why[512]; /* the model's reason, copied before the message is set anew */
         snprintf(why, sizeof why, "%s", ctrl_error_message());

@@ -35,6 +35,10 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     return st;
 }
 
+static int load_on_cpu; /* train_model_on_cpu: the run's compute device is the CPU */
+
+void train_model_on_cpu(int on_cpu) { load_on_cpu = on_cpu; }
+
 ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
                              int num_labels, ctrl_model **out) {
     if (!s->peft.enabled)
@@ -51,6 +55,8 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
             lc.seq_cls ? "sequence classifier's (task_type SEQ_CLS)" : "causal LM's", s->run.trainer,
             num_labels > 0 ? "a sequence classifier (SEQ_CLS)" : "a causal LM");
     lc.lora_dropout = (float)s->peft.lora_dropout, lc.seed = s->run.seed, lc.nf4 = s->peft.nf4;
+    /* bf16 compute on the CPU: the frozen base held in bf16 as it loads (the same numbers) */
+    lc.bf16_base = load_on_cpu && !strcmp(s->train.dtype, "bf16");
     /* a classifier (PEFT's SEQ_CLS): the trunk frozen under the adapters, the score trained in full,
      * its first value the base's (a classifier) or a new one's (a causal LM's trunk) */
     st = num_labels > 0
@@ -70,6 +76,24 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
               (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
               lc.nf4 ? " in NF4 (QLoRA: fp32 parameters counted are one layer's projections)" : "",
               from ? "; adapter from " : "", from ? from : "");
+    return CTRL_OK;
+}
+
+ctrl_status train_model_hold_base(ctrl_model *m, const ctrl_run_settings *s) {
+    if (!ctrl_model_lora(m) || strcmp(s->train.dtype, "bf16") != 0) return CTRL_OK;
+    size_t np = 0;
+    ctrl_model_params(m, &np);
+    const size_t before = sizeof(float) * np;
+    if (ctrl_model_base_held_bf16(m)) {               /* as it loaded */
+        if (ctrl_model_compute_dtype(m) != CTRL_BF16) /* a bug: the numbers would change */
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "LoRA: the base held in bf16 under fp32 compute");
+    } else if (ctrl_model_hold_base_bf16(m) != CTRL_OK) { /* the model is unchanged: fp32, as before */
+        CTRL_INFO("LoRA: the frozen base stays in fp32 (%s)", ctrl_error_message());
+        ctrl_error_clear();
+        return CTRL_OK;
+    }
+    CTRL_INFO("LoRA: the frozen base held in bf16 ([train] dtype = bf16): parameters %.1f MiB, were %.1f MiB",
+              (double)ctrl_model_param_bytes(m) / 1048576.0, (double)before / 1048576.0);
     return CTRL_OK;
 }
 

@@ -13,6 +13,13 @@
  * labels (ctrl_model_load_classifier; with LoRA PEFT's SEQ_CLS, the score in the adapter). */
 ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
                              int num_labels, ctrl_model **out);
+/* Says whether the run computes on the CPU (with bf16 its LoRA base is then held in bf16 as it
+ * loads); set before train_model_load, 0 until then. */
+void train_model_on_cpu(int on_cpu);
+/* With LoRA and [train] dtype = bf16 on the CPU: the frozen base held in bf16
+ * (ctrl_model_hold_base_bf16; the numbers do not change); where it cannot be (a device, QLoRA, DoRA,
+ * experts) it stays fp32 and the log says why. Nothing otherwise. */
+ctrl_status train_model_hold_base(ctrl_model *m, const ctrl_run_settings *s);
 /* What a run saves into DIR: with LoRA the adapter in PEFT's format (base_model_name_or_path =
  * `base`), else the full model (config.json, model.safetensors, generation_config.json). */
 ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base);

@@ -38,6 +38,7 @@ grep -q "\"peft_type\":[[:space:]]*\"LORA\"" "$TMP/lora/adapter_config.json" &&
   grep -q "\"task_type\":[[:space:]]*\"CAUSAL_LM\"" "$TMP/lora/adapter_config.json" &&
   grep -q "\"lora_dropout\":[[:space:]]*0.1," "$TMP/lora/adapter_config.json" && ok || bad "adapter_config.json"
 grep -q "LoRA: r 4, scale 2, .* trainable parameters" "$TMP/log" && ok || bad "no LoRA line in the log"
+grep -q "LoRA: the frozen base held in bf16" "$TMP/log" && ok || bad "bf16 LoRA: the base not held in bf16"
 # (the frozen random base's head keeps this small model near uniform: a modest but clear drop)
 first=$(loss_at "$TMP/lora" 1) last=$(for s in 5 6 7 8; do loss_at "$TMP/lora" $s; done | awk '{ t += $1 } END { print t / NR }')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "loss did not fall: $first -> $last (mean of 5-8)"

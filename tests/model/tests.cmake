@@ -36,3 +36,11 @@ target_sources(test_save PRIVATE $<TARGET_OBJECTS:test_attention_eager>)
 target_link_libraries(test_save PRIVATE OpenMP::OpenMP_C ctrl_openblas)
 add_dependencies(test_save sft adamw flash eager checkpointing)
 set_tests_properties(test_save PROPERTIES TIMEOUT 120)
+# The frozen base of a LoRA model held in bf16 changes no number (test_lora_bf16_base.c), on the
+# AVX-512 BF16 path and the portable one.
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/model/test_lora_bf16_base.c parity)
+target_sources(test_lora_bf16_base PRIVATE $<TARGET_OBJECTS:test_attention_eager>)
+target_link_libraries(test_lora_bf16_base PRIVATE OpenMP::OpenMP_C ctrl_openblas)
+set_tests_properties(test_lora_bf16_base PROPERTIES TIMEOUT 60)
+add_test(NAME test_lora_bf16_base_portable COMMAND test_lora_bf16_base)
+set_tests_properties(test_lora_bf16_base_portable PROPERTIES LABELS parity ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 60)

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""TRL + PEFT's side of bench/peft/lora_sft_long.sh: SFTTrainer with PEFT's LoraConfig(all-linear,
+r 16, alpha 32, dropout 0) on the same model and text rows, AdamW, lr 1e-4, bf16=True, one thread
+(OMP_NUM_THREADS). MODE autocast: the base loaded in fp32 under torch.autocast(bfloat16), as ctrl's
+[train] dtype = bf16 computes; MODE bf16: the base loaded with dtype=torch.bfloat16 (the common
+practice; PEFT keeps the adapters in fp32). Prints one markdown row: peak RSS (ru_maxrss), wall time of
+the whole process, CPU seconds of trainer.train() (process time), tokens/s by wall (TRL's num_tokens
+over train_runtime) and by CPU time, last loss.
+usage: trl_lora_long.py MODEL_DIR TRAIN_JSONL autocast|bf16 STEPS BATCH"""
+import resource
+import sys
+import tempfile
+import time
+
+import torch
+from datasets import load_dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig, SFTTrainer
+
+
+def main():
+    model_dir, data, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    steps, batch = int(sys.argv[4]), int(sys.argv[5])
+    t0 = time.time()
+    torch.manual_seed(1)
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ds = load_dataset("json", data_files=data, split="train")
+    with tempfile.TemporaryDirectory() as out:
+        args = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=1e-4,
+                         logging_steps=1, save_strategy="no", report_to=[], bf16=True, use_cpu=True,
+                         dataloader_num_workers=0, max_length=1024)
+        peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
+        trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
+                             peft_config=peft_config)
+        c0 = time.process_time()
+        result = trainer.train()
+        cpu = time.process_time() - c0
+        loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]
+        tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h][-1]
+        tps = tokens / result.metrics["train_runtime"]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    name = "TRL + PEFT, fp32 base, autocast bf16" if mode == "autocast" else "TRL + PEFT, base loaded in bf16"
+    print("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %.6f |" % (name, peak, time.time() - t0, cpu, tps,
+                                                                 tokens / cpu, tokens, loss))
+
+
+if __name__ == "__main__":
+    main()

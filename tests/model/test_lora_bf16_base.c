@@ -1,0 +1,153 @@
+/* The frozen base of a LoRA model computing in bf16 held in bf16 (ctrl_model_hold_base_bf16,
+ * model_bf16_store.c): bf16 compute multiplies the base's projection weights as bf16 values
+ * anyway, so the log-probabilities and every adapter / modules_to_save gradient are bit for bit
+ * those of the same model keeping its base in fp32 -- two steps, dropout on, the adapters changed
+ * between them (each layer widened again from its 2-byte store, forward then backward in reverse
+ * order), over Qwen2 (q/k/v biases: the layers' norms and biases stay exact) and Llama with
+ * rsLoRA. The parameters then occupy 2 bytes per base projection weight plus one layer widened in
+ * fp32 (ctrl_model_param_bytes). Refused, the model unchanged, where it would change the numbers:
+ * fp32 compute, DoRA (its norms read the fp32 base). Run on the AVX-512 BF16 path and the portable
+ * one (CTRL_NO_AVX512BF16: the adapters rounded per call, the held base taken as already rounded). */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/attention.h>
+#include <ctrl/memory.h>
+
+#include "json_file.h"
+#include "model/model.h"
+#include "model/peft.h"
+#include "registry/registry.h"
+#include "test.h"
+
+const ctrl_plugin *const *ctrl_plugins_eager(void);
+
+static const ctrl_attention_ops *eager(void) {
+    const ctrl_plugin *p = ctrl_plugins_eager()[0];
+    if (p->init) p->init(ctrl_host_table());
+    return p->ops;
+}
+
+/* at_load: the base held in bf16 as it loads (ctrl_lora_config.bf16_base) */
+static ctrl_model *load(const char *name, int at_load) {
+    char adapter[1024], base[512], dir[1600];
+    snprintf(adapter, sizeof adapter, "%s/lora/%s", CTRL_FIXTURE_DIR, name);
+    ctrl_lora_config lc;
+    ctrl_model *m = NULL;
+    ctrl_status st = ctrl_peft_read_config(adapter, &lc, base, sizeof base);
+    if (st == CTRL_OK) snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, base);
+    lc.bf16_base = at_load;
+    if (st == CTRL_OK) st = ctrl_model_load_lora(dir, eager(), &lc, &m);
+    if (st == CTRL_OK) st = ctrl_peft_load_weights(m, adapter);
+    CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
+    return st == CTRL_OK ? m : (ctrl_model_free(m), NULL);
+}
+
+static int32_t *ints(const cJSON *root, const char *key, int *n) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
+    *n = cJSON_GetArraySize(a);
+    int32_t *out = calloc((size_t)(*n ? *n : 1), sizeof(int32_t));
+    int i = 0;
+    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
+    return out;
+}
+
+static void same_steps(const char *name, const char *arch) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/%s/batch.json", CTRL_FIXTURE_DIR, arch);
+    cJSON *root = json_file(path);
+    int T = 0, n, n_cu = 0;
+    int32_t *tok = ints(root, "tokens", &T), *pos = ints(root, "positions", &n),
+            *tg = ints(root, "targets", &n), *cu = ints(root, "cu_seqlens", &n_cu);
+    cJSON_Delete(root);
+    const ctrl_batch b = {
+        .T = T, .B = n_cu - 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    /* fp32 base; held after loading; held as it loads */
+    ctrl_model *m[3] = {load(name, 0), load(name, 0), load(name, 1)};
+    float *lp[3] = {calloc((size_t)T, 4), calloc((size_t)T, 4), calloc((size_t)T, 4)},
+          *dlogp = calloc((size_t)T, 4);
+    for (int t = 0; t < T; t++) dlogp[t] = tg[t] >= 0 ? -0.05f : 0.0f;
+    size_t in2d = 0, in1d = 0, layer0 = 0, np = 0;
+    for (int v = 0; m[2] && v < ctrl_model_view_count(m[2]); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m[2], v);
+        if (strncmp(pv->name, "model.layers.", 13) != 0 || pv->offset >= ctrl_model_trainable_offset(m[2]))
+            continue;
+        *(pv->ndim == 1 ? &in1d : &in2d) += (size_t)pv->numel;
+        if (!strncmp(pv->name, "model.layers.0.", 15)) layer0 += (size_t)pv->numel;
+    }
+    if (m[2]) { /* as loaded: 2 bytes per base layer weight, the layers' norms and biases also in fp32 */
+        ctrl_model_params(m[2], &np);
+        CHECK(ctrl_model_base_held_bf16(m[2]) && !ctrl_model_base_held_bf16(m[0]));
+        CHECK_MSG(ctrl_model_param_bytes(m[2]) == 4 * (np - in2d - in1d) + 2 * (in2d + in1d) + 4 * in1d,
+                  "%s: as loaded, parameters in %zu bytes", name, ctrl_model_param_bytes(m[2]));
+    }
+    if (m[0] && m[1] && m[2]) {
+        for (int k = 0; k < 3; k++) CHECK_EQ_INT(ctrl_model_set_compute_dtype(m[k], CTRL_BF16), CTRL_OK);
+        const size_t fp32_bytes = ctrl_model_param_bytes(m[1]);
+        CHECK_MSG(ctrl_model_hold_base_bf16(m[1]) == CTRL_OK, "%s: %s", name, ctrl_error_message());
+        CHECK_EQ_INT(ctrl_model_hold_base_bf16(m[1]), CTRL_ERR_RUNTIME); /* once */
+        for (int step = 0; step < 2; step++) {
+            size_t ng = 0;
+            float *g[3] = {NULL, NULL, NULL};
+            for (int k = 0; k < 3; k++) {
+                ctrl_model_set_training(m[k], 1, (uint64_t)step + 3);
+                CHECK_EQ_INT(ctrl_model_zero_grad(m[k]), CTRL_OK);
+                CHECK_EQ_INT(ctrl_model_forward_fused(m[k], &b, dlogp, lp[k], NULL, NULL), CTRL_OK);
+                CHECK_EQ_INT(ctrl_model_backward(m[k], NULL), CTRL_OK);
+                g[k] = (float *)ctrl_model_grads(m[k], &ng);
+            }
+            for (int k = 1; k < 3; k++)
+                CHECK_MSG(!memcmp(lp[0], lp[k], sizeof(float) * (size_t)T),
+                          "%s step %d: log-probs differ (%d)", name, step, k);
+            for (int k = 1; k < 3; k++)
+                CHECK_MSG(ng > 0 && !memcmp(g[0], g[k], sizeof(float) * ng),
+                          "%s step %d: gradients differ (%d: rel %.3g)", name, step, k,
+                          test_rel_error_f32(g[k], g[0], (long)ng));
+            for (int k = 0; k < 3; k++) { /* an optimizer's step on the trainable tensors, the same on both */
+                size_t n = 0;
+                float *p = ctrl_model_params(m[k], &n);
+                const size_t off = ctrl_model_trainable_offset(m[k]);
+                for (size_t i = off; i < n; i++) p[i] -= 0.5f * g[k][i - off];
+                ctrl_model_weights_changed(m[k]);
+            }
+        }
+        /* and after the steps layer 0 (the backward's last) widened in fp32 too */
+        const size_t want = 4 * (np - in2d - in1d) + 2 * (in2d + in1d) + 4 * in1d + 4 * layer0;
+        for (int k = 1; k < 3; k++)
+            CHECK_MSG(ctrl_model_param_bytes(m[k]) == want, "%s: parameters in %zu bytes, want %zu (%d)",
+                      name, ctrl_model_param_bytes(m[k]), want, k);
+        CHECK(ctrl_model_param_bytes(m[0]) == 4 * np && fp32_bytes == 4 * np); /* (two layers: one widened
+                                                                                * in fp32 eats the saving) */
+        printf("  %-18s 2 steps bit for bit; parameters %zu bytes held, %zu in fp32\n", name,
+               ctrl_model_param_bytes(m[1]), fp32_bytes);
+    }
+    ctrl_model_free(m[0]), ctrl_model_free(m[1]), ctrl_model_free(m[2]);
+    free(lp[0]), free(lp[1]), free(lp[2]), free(dlogp), free(tok), free(pos), free(tg), free(cu);
+}
+
+TEST(lora_base_held_in_bf16_changes_no_number) {
+    same_steps("qwen2_attn_mlp", "qwen2");
+    same_steps("llama_all_rslora", "llama");
+}
+
+TEST(lora_base_held_in_bf16_only_where_the_numbers_stay) {
+    ctrl_model *m = load("llama_qv", 0);
+    if (m) { /* fp32 compute multiplies the fp32 base */
+        CHECK_EQ_INT(ctrl_model_hold_base_bf16(m), CTRL_ERR_UNSUPPORTED);
+        size_t np = 0;
+        ctrl_model_params(m, &np);
+        CHECK(ctrl_model_param_bytes(m) == 4 * np);
+    }
+    ctrl_model_free(m);
+    m = load("llama_dora_qv", 1); /* asked to hold it as it loads: stays fp32 */
+    if (m) {
+        CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_hold_base_bf16(m), CTRL_ERR_UNSUPPORTED);
+        size_t np = 0;
+        ctrl_model_params(m, &np);
+        CHECK(ctrl_model_param_bytes(m) == 4 * np && !ctrl_model_base_held_bf16(m));
+    }
+    ctrl_model_free(m);
+}
