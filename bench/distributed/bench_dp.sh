@@ -1,42 +1,27 @@
 #!/usr/bin/env bash
-# Data-parallel scaling on the CPU (issue 19): SFT on the same global batch as 1 rank x 1 thread
-# (batch B) and 2 ranks x 1 thread (batch B/2 each, mpirun), the training loop's tokens/s (model
-# loading and MPI start-up excluded), the final losses (equal), and the ratio.
-# usage: bench/distributed/bench_dp.sh BUILD_DIR [HIDDEN LAYERS STEPS BATCH]
+# Data-parallel scaling on the CPU (issue 19): SFT on a Qwen2.5-0.5B-shaped model (LAYERS of its
+# layers, common.sh) with the same global batch as 1 rank x 1 thread (batch B) and 2 ranks x 1
+# thread (batch B/2 each, mpirun): the training loop's tokens/s (model loading and MPI start-up
+# excluded), each process's CPU time (user + system, loading included) per step, the final losses
+# (equal), the wall-clock speed-up, and the CPU-time one (one rank's CPU time per step over the
+# busier rank's: what the speed-up would be with a core per rank and nothing else running). On a
+# machine shared with other work the wall-clock ratio measures the load, not the scaling: the load
+# average is printed before and after.
+# usage: bench/distributed/bench_dp.sh BUILD_DIR [LAYERS STEPS BATCH]
 set -euo pipefail
-BUILD=$1 HIDDEN=${2:-256} LAYERS=${3:-4} STEPS=${4:-30} BATCH=${5:-32}
-SRC=$(cd "$(dirname "$0")/../.." && pwd)
-C=("$BUILD/ctrl" --plugin-dir "$BUILD/plugins")
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
-MPI=(mpirun -np 2 --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none)
-[ "$(id -u)" = 0 ] && MPI+=(--allow-run-as-root)
-bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 3 >/dev/null
-"${C[@]}" model init --arch qwen2 --hidden "$HIDDEN" --layers "$LAYERS" --heads 4 \
-  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/model" >/dev/null
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/one
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
-learning_rate = 1e-3
-max_steps = $STEPS
-per_device_train_batch_size = $BATCH
-logging_steps = $STEPS
-save_strategy = no
-INI
-last() { tail -1 "$1/metrics.jsonl" | sed "s/.*\"$2\": \([-0-9.e]*\).*/\1/"; }
-"${C[@]}" train "$TMP/run.ini" >/dev/null 2>&1
-"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/two" \
-  --set train.per_device_train_batch_size=$((BATCH / 2)) >/dev/null 2>&1
+BUILD=$1 LAYERS=${2:-2} STEPS=${3:-6} BATCH=${4:-16}
+source "$(dirname "$0")/common.sh"
+qwen_model "$TMP/model" "$LAYERS"
+sft_ini "$TMP/run.ini" "$TMP/model" "$STEPS" "$BATCH"
+before=$(load)
+timed "$TMP/one.log" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/one"
+timed "$TMP/two.log" "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/two" \
+  --set train.per_device_train_batch_size=$((BATCH / 2))
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
 one=$(last "$TMP/one" tokens_per_second) two=$(last "$TMP/two" tokens_per_second)
-echo "model: hidden $HIDDEN, $LAYERS layers, $params parameters; $STEPS steps of global batch $BATCH"
-echo "1 rank  x 1 thread: $one tok/s, final loss $(last "$TMP/one" loss)"
-echo "2 ranks x 1 thread: $two tok/s, final loss $(last "$TMP/two" loss)"
-awk -v a="$one" -v b="$two" 'BEGIN { printf "speed-up: %.2fx\n", b / a }'
+c1=$(cpu_times "$TMP/one.log") c2=$(cpu_times "$TMP/two.log" | tr '\n' ' ')
+echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, $params parameters; $STEPS steps of global batch $BATCH; load average $before before, $(load) after"
+echo "1 rank  x 1 thread: $one tok/s, CPU $(awk -v c="$c1" -v s="$STEPS" 'BEGIN { printf "%.2f", c / s }') s/step, final loss $(last "$TMP/one" loss)"
+echo "2 ranks x 1 thread: $two tok/s, CPU $(echo "$c2" | awk -v s="$STEPS" '{ printf "%.2f and %.2f", $1 / s, $2 / s }') s/step per rank, final loss $(last "$TMP/two" loss)"
+awk -v a="$one" -v b="$two" 'BEGIN { printf "wall-clock speed-up: %.2fx\n", b / a }'
+echo "$c2" | awk -v c="$c1" '{ m = $1 > $2 ? $1 : $2; printf "CPU-time speed-up (one rank over the busier of two): %.2fx\n", c / m }'

@@ -100,6 +100,7 @@ typedef struct ctrl_run_settings {
         long reduce_bucket_size;   /* floats (ZeRO's gradient buckets) */
         long prefetch_bucket_size; /* floats (zero3's gathers started ahead) */
         int overlap_comm;          /* zero2/zero3: reductions left in flight during the backward */
+        const char *offload_dir;   /* offload_activations on the CPU: the file's directory (NULL: unset) */
     } memory;
 } ctrl_run_settings;
 

@@ -187,7 +187,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                     .bf16 = tdtype && !strcmp(tdtype, "bf16")},
         .memory = {.reduce_bucket_size = (long)rd_int(&r, "memory", "reduce_bucket_size"),
                    .prefetch_bucket_size = (long)rd_int(&r, "memory", "prefetch_bucket_size"),
-                   .overlap_comm = rd_bool(&r, "memory", "overlap_comm")}};
+                   .overlap_comm = rd_bool(&r, "memory", "overlap_comm"),
+                   .offload_dir = ctrl_config_get_string(cfg, "memory", "offload_dir")}};
     /* the lists as the projections' bits (the option table allows only their names): the seven, then
      * Phi-3's fused qkv_proj and gate_up_proj (ctrl_lora_module_names' order) */
     static const char *const proj[] = {"q_proj",  "k_proj",    "v_proj",   "o_proj",      "gate_proj",

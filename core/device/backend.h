@@ -177,6 +177,18 @@ typedef struct ctrl_backend_ops {
                                 int T, int OUT);
     ctrl_status (*dora_backward)(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
                                  const float *g, int T, int OUT);
+    /* Appended for activation offloading on a device (core/model/model_offload.c); NULL where not
+     * implemented (the model then copies with to_host / to_device, pageable and synchronous).
+     * host_alloc / host_free: page-locked host memory (what a device copies to and from
+     * asynchronously). side_copy: queues a copy of `bytes` (host to device when to_device, else back)
+     * on a side stream, after the work queued so far on the compute stream, and records event `ev`
+     * (0 to 3) after it; the caller must not touch dst, nor overwrite src, until it waited for the
+     * event. side_wait: the compute stream's next work waits for event ev (the host does not wait);
+     * ev < 0: the host waits until every side copy is done. */
+    ctrl_status (*host_alloc)(void **ptr, size_t bytes);
+    void (*host_free)(void *ptr);
+    ctrl_status (*side_copy)(void *dst, const void *src, size_t bytes, int to_device, int ev);
+    ctrl_status (*side_wait)(int ev);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -7,6 +7,7 @@
  * fp32, as on the CPU backend). */
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
+#include "device/cuda_side_stream.h"
 
 #ifdef CTRL_HAVE_CUDA
 
@@ -116,6 +117,11 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .dora_norm = ctrl_cuda_dora_norm,           /* DoRA (kernels/cuda/dora.cu) */
         .dora_combine = ctrl_cuda_dora_combine,
         .dora_backward = ctrl_cuda_dora_backward,
+        /* activation offloading: pinned host memory, copies on a side stream (cuda_side_stream.c) */
+        .host_alloc = ctrl_cuda_host_alloc,
+        .host_free = ctrl_cuda_host_free,
+        .side_copy = ctrl_cuda_side_copy,
+        .side_wait = ctrl_cuda_side_wait,
     };
     return &ops;
 }

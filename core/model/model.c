@@ -266,7 +266,8 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
 void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
     if (m->be) model_release_backend(m);
-    free(m->recompute), free(m->offload_host);
+    free(m->recompute);
+    model_offload_close(m);
     free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
@@ -398,37 +399,6 @@ ctrl_status ctrl_model_set_recompute_all(ctrl_model *m) {
 
 size_t ctrl_model_activation_bytes(const ctrl_model *m) { return m->act_bytes; }
 
-ctrl_status ctrl_model_set_offload_activations(ctrl_model *m, int on) {
-    if (on && m->be->host_memory)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "model: offloading activations to host memory on the %s backend, whose "
-                              "memory is host memory already",
-                              m->be->name);
-    if (on && m->n_recompute == 0)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "no layer is recomputed, so no layer keeps only its input through the "
-                              "forward: list checkpointing beside it");
-    m->offload_acts = on != 0;
-    m->act_cap_T = 0; /* the activation layout changes */
-    return CTRL_OK;
-}
-
-size_t ctrl_model_offloaded_bytes(const ctrl_model *m, size_t *per_layer) {
-    const size_t one =
-        m->offload_host ? sizeof(float) * (size_t)m->act_cap_T * (size_t)m->cfg.hidden_size : 0;
-    if (per_layer) *per_layer = one;
-    return one * (size_t)m->n_recompute;
-}
-
-/* Layer l's input to host memory after its forward (out = 1), or back before its backward. */
-ctrl_status model_offload_input(ctrl_model *m, int l, int out) {
-    if (!m->offload_host || !model_recomputed(m, l)) return CTRL_OK;
-    const size_t n = (size_t)m->T * (size_t)m->cfg.hidden_size;
-    float *host = m->offload_host + (size_t)l * n;
-    return out ? m->be->to_host(host, m->acts[l].x_in, sizeof(float) * n)
-               : m->be->to_device(m->acts[l].x_in, host, sizeof(float) * n);
-}
-
 /* Activation memory for T tokens, carved into the per-layer views: every layer's input, and the
  * internals of each layer that is not recomputed, plus one shared set for those that are. */
 ctrl_status model_ensure_acts(ctrl_model *m, int T) {
@@ -440,20 +410,18 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     const size_t top = 2 * C + 3;
     if (T <= m->act_cap_T) return CTRL_OK;
     const int kept = c->n_layers - m->n_recompute, shared = m->n_recompute > 0;
-    const int offload = m->offload_acts && !m->be->host_memory && m->n_recompute > 0;
-    /* offloaded: the recomputed layers' inputs in two device slots, the rest of each in host memory */
+    const int offload = m->offload_acts && m->n_recompute > 0;
+    /* offloaded: the recomputed layers' inputs in two slots, the rest of each in host memory or a file */
     const size_t inputs = offload ? (size_t)(c->n_layers - m->n_recompute + 2) : (size_t)c->n_layers;
     size_t lora = shared ? lora_act_floats(m, -1) : 0; /* the adapters' s * x A^T: see layer_acts */
     for (int l = 0; l < c->n_layers; l++) lora += model_recomputed(m, l) ? 0 : lora_act_floats(m, l);
     const size_t floats = (size_t)T * (C * inputs + internals * (kept + shared) + top + lora);
+    model_offload_release(m); /* the copies in flight first */
     m->be->free(m->act_mem);
-    free(m->offload_host);
-    m->act_mem = NULL, m->offload_host = NULL, m->act_cap_T = 0, m->act_bytes = 0;
+    m->act_mem = NULL, m->act_cap_T = 0, m->act_bytes = 0;
     ctrl_status st = m->be->alloc((void **)&m->act_mem, sizeof(float) * floats);
     if (st != CTRL_OK) return ctrl_error_wrap(st, "model: activations for %d tokens", T);
-    if (offload && !(m->offload_host = malloc(sizeof(float) * (size_t)T * C * (size_t)c->n_layers)))
-        return ctrl_error_set(CTRL_ERR_NOMEM, "model: host memory for %d layers' inputs of %d tokens",
-                              c->n_layers, T);
+    if (offload) MODEL_TRY(model_offload_store(m, T));
     m->act_bytes = sizeof(float) * floats;
     float *p = m->act_mem;
 #define TAKE(n) (p += (size_t)T * (n), p - (size_t)T * (n))
@@ -654,13 +622,14 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     m->lora_step += m->training; /* a fresh dropout mask per training forward (a recompute reuses it) */
     const int T = b->T, C = c->hidden_size;
     const float *P = m->dparams;
+    MODEL_TRY(model_offload_begin(m)); /* before the slots are written */
     MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
     if (c->embed_scale > 0) MODEL_TRY(be->scale(m->acts[0].x_in, c->embed_scale, (int64_t)T * C));
     for (int l = 0; l < c->n_layers; l++) {
         MODEL_TRY(model_layer_hooks(m, l, 0, 1));
+        MODEL_TRY(model_offload_input(m, l, 1)); /* out while the layer reads it */
         MODEL_TRY(model_layer_forward(m, l, l + 1 < c->n_layers ? m->acts[l + 1].x_in : m->x_out,
                                       model_plugin_attention, NULL));
-        MODEL_TRY(model_offload_input(m, l, 1)); /* before the next layer writes its slot */
         MODEL_TRY(model_layer_hooks(m, l, 0, 0));
     }
     return model_norm_forward(m, m->lnf, m->rstdf, m->x_out, P + m->off_norm, T, C);

@@ -61,6 +61,14 @@ ctrl_status ctrl_model_load_lora(const char *dir, const ctrl_attention_ops *attn
 ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cfg,
                                     const ctrl_attention_ops *attn, const char *optional,
                                     const struct ctrl_lora_config *lora, ctrl_model **out);
+/* ctrl_model_load reading only some of DIR's weights (ZeRO-3's slices): `parts` is called on the
+ * model once it is laid out (its parameters all zero, none of their pages touched) and gives the
+ * ranges of parameters to read, *ranges (malloc'd, freed by the caller) holding n pairs [a, b),
+ * ascending and apart; only those elements are checked, read and written (the mapped file is read
+ * there only), the rest of the parameters stays zero and untouched. */
+typedef ctrl_status (*ctrl_model_parts_fn)(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
+ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
+                                 void *ctx, ctrl_model **out);
 /* The model's LoRA config (NULL without adapters). */
 const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 /* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
@@ -272,13 +280,19 @@ size_t ctrl_model_activation_bytes(const ctrl_model *m);
 size_t ctrl_model_scratch_bytes(const ctrl_model *m);
 size_t ctrl_model_bf16_copy_bytes(const ctrl_model *m);
 /* Activation offloading (TRL's activation_offloading; the offload_activations memory strategy):
- * on a device backend the inputs of the layers the memory strategy recomputes leave the device
- * after each layer's forward (into host memory) and come back just before its backward, the
- * device keeping two slots for them instead of one per layer; the gradients are the same bit for
- * bit. CTRL_ERR_UNSUPPORTED on a backend whose memory is host memory (the CPU) or when no layer is
- * recomputed. Set after the memory strategy; ctrl_model_offloaded_bytes: the host bytes holding
- * them (after a forward; 0 when none), *per_layer one layer's input. */
+ * the inputs of the layers the memory strategy recomputes leave the compute memory after each
+ * layer's forward and come back just before its backward, the model keeping two slots for them
+ * instead of one per layer; the gradients are the same bit for bit. On a device backend they go to
+ * host memory; on a backend whose memory is host memory (the CPU) to a file (NVMe offload), made in
+ * the directory ctrl_model_set_offload_dir names (NULL: $TMPDIR, else /tmp) and unlinked as soon
+ * as it is made, so that nothing is left behind on exit or on a crash. CTRL_ERR_UNSUPPORTED when no
+ * layer is recomputed. Set after the memory strategy; ctrl_model_offloaded_bytes: the bytes holding
+ * them in host memory or the file (after a forward; 0 when none), *per_layer one layer's input. */
 ctrl_status ctrl_model_set_offload_activations(ctrl_model *m, int on);
+ctrl_status ctrl_model_set_offload_dir(ctrl_model *m, const char *dir);
+/* 1 when the offloaded inputs are in page-locked host memory, copied on a side stream beside the
+ * compute (a CUDA device; after a forward). */
+int ctrl_model_offload_overlapped(const ctrl_model *m);
 size_t ctrl_model_offloaded_bytes(const ctrl_model *m, size_t *per_layer);
 /* Zeroes the gradients where they are computed (on a device, the device's: the host copy is left as it
  * is until ctrl_model_grads_to_host overwrites it). */

@@ -18,13 +18,12 @@ ctrl_status model_grow(const ctrl_model *m, void **buf, size_t *cap, size_t byte
 
 void ctrl_model_release_scratch(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
-    model_moe_release(m); /* the mixture-of-experts layers' activations and scratch too */
+    model_offload_release(m); /* the offloading copies in flight first */
+    model_moe_release(m);     /* the mixture-of-experts layers' activations and scratch too */
     void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
                      &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws,
                      (void **)&m->dora_norm, (void **)&m->dora_g};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
-    free(m->offload_host);
-    m->offload_host = NULL;
     m->act_cap_T = 0, m->act_bytes = 0, m->head_dh_ready = 0, m->T = 0, m->dora_valid = 0;
     m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->lora_ws_bytes =
         m->dora_ws_bytes = 0;

@@ -82,9 +82,17 @@ struct ctrl_model {
     int n_round_skip;
     /* activation offloading (ctrl_model_set_offload_activations): the recomputed layers' inputs
      * share two device slots (layer l's: l % 2) and are kept in host memory between their forward
-     * and their backward, offload_host[l * T * C ...] */
+     * and their backward, offload_host[l * T * C ...]; on a backend whose memory is host memory
+     * (the CPU) they are kept in a file instead (model_offload.c): offload_fd, open while
+     * offload_file, unlinked as soon as it is made, in offload_dir (NULL: $TMPDIR, else /tmp) */
     int offload_acts;
     float *offload_host;
+    int offload_file, offload_fd;
+    char *offload_dir;
+    /* on a device with side copies (backend.h's side_copy): offload_host is page-locked and the
+     * copies run on the side stream (offload_async); offload_prefetched: 1 + the layer whose input
+     * is on its way back (0: none) */
+    int offload_async, offload_prefetched;
     /* Host: the parameters and gradients loaded, saved and stepped by the optimizer. On a backend
      * with host memory dparams/dgrads are the same buffers; on a device they are its copies:
      * dparams refreshed from params after ctrl_model_weights_changed (dparams_valid), gradients
@@ -430,9 +438,18 @@ static inline int model_recomputed(const ctrl_model *m, int l) { return m->recom
 /* Layer l's hooks: the memory strategy's and the sharding's (ctrl_model_set_sharding), of the
  * forward or the backward, before or after the layer. */
 ctrl_status model_layer_hooks(ctrl_model *m, int l, int backward, int before);
-/* Offloaded activations: layer l's input to host memory (out = 1, after its forward) or back into
- * its device slot (before its backward); nothing for a layer kept on the device. */
+/* Offloaded activations: layer l's input to host memory or the file (out = 1, just before its
+ * forward) or back into its slot (before its backward); nothing for a layer kept whole. */
 ctrl_status model_offload_input(ctrl_model *m, int l, int out);
+/* The store of the offloaded inputs for T tokens (model_ensure_acts): host memory on a device, a
+ * file on the CPU; model_offload_release waits for the copies in flight and frees the host memory
+ * (the file stays open for the next layout; call it before freeing the activations),
+ * model_offload_close closes the file too (ctrl_model_free). model_offload_begin: at the start of a
+ * forward, the compute waits for the copies still in flight (their slots are written again). */
+ctrl_status model_offload_store(ctrl_model *m, int T);
+ctrl_status model_offload_begin(ctrl_model *m);
+void model_offload_release(ctrl_model *m);
+void model_offload_close(ctrl_model *m);
 
 /* The per-token inputs and outputs of the head where the backend's ops can use them: the caller's
  * host buffers with host memory, else m->stage ([3, T] floats: logp, dL/dlogp, correct), with

@@ -129,8 +129,14 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
     return st;
 }
 
+/* What load_into reads: the whole model (parts NULL), or the ranges of parameters parts gives. */
+typedef struct load_parts {
+    ctrl_model_parts_fn fn;
+    void *ctx;
+} load_parts;
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
-                             const char *optional, const ctrl_lora_config *lora, ctrl_model **out);
+                             const char *optional, const ctrl_lora_config *lora, const load_parts *parts,
+                             ctrl_model **out);
 
 /* DIR's config.json and generation_config.json, kept to be carried over when the model is saved
  * (a checkpoint resumed from may be gone by then). */
@@ -205,29 +211,70 @@ ctrl_status ctrl_model_load_lora(const char *dir, const ctrl_attention_ops *attn
     ctrl_model_config cfg;
     ctrl_status st = ctrl_model_config_load(dir, &cfg);
     if (st != CTRL_OK) return st;
-    return load_into(dir, &cfg, attn, NULL, lora, out);
+    return load_into(dir, &cfg, attn, NULL, lora, NULL, out);
 }
 
 ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                                const char *optional, ctrl_model **out) {
-    return load_into(dir, cfg, attn, optional, NULL, out);
+    return load_into(dir, cfg, attn, optional, NULL, NULL, out);
 }
 
 ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cfg,
                                     const ctrl_attention_ops *attn, const char *optional,
                                     const ctrl_lora_config *lora, ctrl_model **out) {
-    return load_into(dir, cfg, attn, optional, lora, out);
+    return load_into(dir, cfg, attn, optional, lora, NULL, out);
+}
+
+ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
+                                 void *ctx, ctrl_model **out) {
+    ctrl_model_config cfg;
+    ctrl_status st = ctrl_model_config_load(dir, &cfg);
+    if (st != CTRL_OK) return st;
+    const load_parts p = {parts, ctx};
+    return load_into(dir, &cfg, attn, NULL, NULL, &p, out);
+}
+
+/* The elements of view v that lie in the ranges (pairs [a, b) of parameters, ascending; *next: the
+ * first that may still meet a view), each checked finite and read; the rest of v is not touched. */
+static ctrl_status read_parts(const char *dir, const ctrl_safetensors *file, const ctrl_st_tensor *t,
+                              const ctrl_param_view *v, float *params, const size_t *ranges, int n_ranges,
+                              int *next) {
+    const size_t lo = (size_t)v->offset, hi = lo + (size_t)v->numel;
+    while (*next < n_ranges && ranges[2 * *next + 1] <= lo) ++*next;
+    for (int k = *next; k < n_ranges && ranges[2 * k] < hi; k++) {
+        const size_t a = ranges[2 * k] > lo ? ranges[2 * k] : lo,
+                     b = ranges[2 * k + 1] < hi ? ranges[2 * k + 1] : hi;
+        float bad;
+        const int64_t at =
+            ctrl_safetensors_find_non_finite_part(file, t, (int64_t)(a - lo), (int64_t)(b - a), &bad);
+        if (at >= 0)
+            return ctrl_error_set(CTRL_ERR_FORMAT,
+                                  "%s: tensor '%s' holds %g at element %lld (weights must be finite)", dir,
+                                  v->name, (double)bad, (long long)at);
+        ctrl_status st =
+            ctrl_safetensors_read_f32_part(file, t, params + a, (int64_t)(a - lo), (int64_t)(b - a));
+        if (st != CTRL_OK) return st;
+    }
+    return CTRL_OK;
 }
 
 /* A model of shape *cfg (with adapters: lora) and DIR's weights (ctrl_model_load_as). */
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
-                             const char *optional, const ctrl_lora_config *lora, ctrl_model **out) {
+                             const char *optional, const ctrl_lora_config *lora, const load_parts *parts,
+                             ctrl_model **out) {
     ctrl_model *m;
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
     m->w16_at_load = lora && lora->bf16_base && !lora->nf4;
     shard_set shards = {0};
+    size_t *ranges = NULL;
+    int n_ranges = 0, next = 0;
+    if (parts && (st = parts->fn(m, parts->ctx, &ranges, &n_ranges)) != CTRL_OK) {
+        ctrl_model_free(m);
+        return st;
+    }
     if ((st = shards_open(dir, &shards)) != CTRL_OK) {
+        free(ranges);
         ctrl_model_free(m);
         return st;
     }
@@ -254,6 +301,10 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
                 (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0], (long long)v->shape[1]);
             break;
         }
+        if (parts) { /* only the parts of it in the ranges (ascending, as the views) */
+            st = read_parts(dir, file, t, v, params, ranges, n_ranges, &next);
+            continue;
+        }
         float bad;
         const int64_t at = ctrl_safetensors_find_non_finite(file, t, &bad);
         if (at >= 0) {
@@ -267,6 +318,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         if (st == CTRL_OK && m->w16_at_load) st = model_bf16_view_loaded(m, v); /* LoRA: bf16 base */
     }
     shards_close(&shards);
+    free(ranges);
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */
     if (st == CTRL_OK) st = keep_source_files(m, dir);
     if (st != CTRL_OK) {

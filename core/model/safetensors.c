@@ -254,16 +254,26 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
     if ((int64_t)(t->nbytes / esz) != numel)
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' has %zu elements, expected %lld", st->path,
                               name, t->nbytes / esz, (long long)numel);
+    return ctrl_safetensors_read_f32_part(st, t, dst, 0, numel);
+}
+
+ctrl_status ctrl_safetensors_read_f32_part(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *dst,
+                                           int64_t start, int64_t count) {
     if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16)
-        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' is %s, not a float type", st->path, name,
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: tensor '%s' is %s, not a float type", st->path, t->name,
                               ctrl_dtype_name(t->dtype));
+    const size_t esz = ctrl_dtype_size(t->dtype);
+    if (start < 0 || count < 0 || (uint64_t)(start + count) > t->nbytes / esz)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: elements [%lld, %lld) of tensor '%s', which has %zu",
+                              st->path, (long long)start, (long long)(start + count), t->name,
+                              t->nbytes / esz);
     /* A chunk at a time, each chunk's mapped pages let go once copied (read again from the file if
      * ever touched): loading a model peaks at its fp32 weights plus a chunk, not the weights plus
      * the mapped file (a LoRA run's peak: 1434 -> 797 MiB with a 704 MiB file; a whole 519 MiB
      * embedding mapped beside its copy was QLoRA's peak at 0.5B: docs/performance.md). */
-    const unsigned char *src = st->map + t->offset;
-    for (int64_t c0 = 0; c0 < numel; c0 += RELEASE_CHUNK) {
-        const int64_t c1 = c0 + RELEASE_CHUNK < numel ? c0 + RELEASE_CHUNK : numel;
+    const unsigned char *src = st->map + t->offset + esz * (size_t)start;
+    for (int64_t c0 = 0; c0 < count; c0 += RELEASE_CHUNK) {
+        const int64_t c1 = c0 + RELEASE_CHUNK < count ? c0 + RELEASE_CHUNK : count;
         switch (t->dtype) {
         case CTRL_F32: memcpy(dst + c0, src + 4 * c0, (size_t)(c1 - c0) * 4); break;
         case CTRL_BF16:
@@ -311,12 +321,22 @@ static int block_non_finite(const unsigned char *src, ctrl_dtype dtype, int64_t 
 
 int64_t ctrl_safetensors_find_non_finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *value) {
     if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16) return -1;
+    return ctrl_safetensors_find_non_finite_part(st, t, 0, (int64_t)(t->nbytes / ctrl_dtype_size(t->dtype)),
+                                                 value);
+}
+
+int64_t ctrl_safetensors_find_non_finite_part(const ctrl_safetensors *st, const ctrl_st_tensor *t,
+                                              int64_t start, int64_t count, float *value) {
+    if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16) return -1;
     const unsigned char *src = st->map + t->offset;
-    const int64_t n = (int64_t)(t->nbytes / ctrl_dtype_size(t->dtype));
+    const int64_t all = (int64_t)(t->nbytes / ctrl_dtype_size(t->dtype));
+    const int64_t n = start + count < all ? start + count : all;
     const size_t esz = ctrl_dtype_size(t->dtype);
-    for (int64_t b = 0; b < n; b += 4096) { /* a branch-free pass per block, vectorised */
+    if (start < 0) start = 0;
+    for (int64_t b = start; b < n; b += 4096) { /* a branch-free pass per block, vectorised */
         const int64_t e = b + 4096 < n ? b + 4096 : n;
-        if (b % RELEASE_CHUNK == 0 && b > 0) /* the scanned chunk's pages let go, as the read does */
+        if ((b - start) % RELEASE_CHUNK == 0 &&
+            b > start) /* the scanned chunk's pages let go, as the read does */
             release_pages(src + esz * (size_t)(b - RELEASE_CHUNK), esz * (size_t)RELEASE_CHUNK);
         if (!block_non_finite(src, t->dtype, b, e)) continue;
         for (int64_t i = b; i < e; i++)

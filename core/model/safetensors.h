@@ -40,6 +40,13 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
  * nothing converted), its value in *value (may be NULL); -1 when every value is finite or the
  * tensor is not a float type. For checks before anything is written (weights never hold these). */
 int64_t ctrl_safetensors_find_non_finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *value);
+/* The same over elements [start, start + count) of t only (the index returned is the tensor's), and
+ * those elements read as f32 into dst (the mapped pages read let go), for loading a part of a
+ * tensor (ZeRO-3's slices) without touching the rest of the file. */
+int64_t ctrl_safetensors_find_non_finite_part(const ctrl_safetensors *st, const ctrl_st_tensor *t,
+                                              int64_t start, int64_t count, float *value);
+ctrl_status ctrl_safetensors_read_f32_part(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *dst,
+                                           int64_t start, int64_t count);
 
 /* One tensor to write: f32 data, stored as `dtype` (CTRL_F32, CTRL_BF16 or CTRL_F16, rounded to
  * nearest even as torch's .to() rounds). */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
@@ -165,6 +166,24 @@ static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec 
     return CTRL_OK;
 }
 
+/* [memory] offload_dir: only where the CPU's activation store is a file, and an existing directory. */
+static ctrl_status offload_dir_check(const run_state *r, int offload) {
+    const char *dir = r->s->memory.offload_dir;
+    struct stat sb;
+    if (!dir) return CTRL_OK;
+    if (!(offload & 2) || r->comp.device.type != CTRL_DEVICE_CPU)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [memory] offload_dir is where offload_activations keeps the layer inputs "
+                              "on the CPU; this run %s: drop it",
+                              ctrl_config_where(r->cfg, "memory", "offload_dir"),
+                              !(offload & 2) ? "does not list offload_activations"
+                                             : "is on a device (host memory)");
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [memory] offload_dir = %s: not a directory",
+                              ctrl_config_where(r->cfg, "memory", "offload_dir"), dir);
+    return CTRL_OK;
+}
+
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
 static ctrl_status setup(run_state *r, const char *weights_dir) {
@@ -179,12 +198,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     r->opt_ops = p->optimizer->ops;
     ctrl_status st = memory_strategies(cfg, p, &layer_strategy, &zero_stage, &offload);
     if (st == CTRL_OK) st = train_compute_select(s->run.device, &r->comp);
-    if (st == CTRL_OK && (offload & 2) && r->comp.device.type == CTRL_DEVICE_CPU)
-        st = ctrl_error_set(CTRL_ERR_CONFIG,
-                            "[memory] strategies = offload_activations with [run] device = %s: the "
-                            "activations are in host memory already, there is nothing to offload (drop "
-                            "offload_activations, or train on cuda)",
-                            s->run.device);
+    if (st == CTRL_OK) st = offload_dir_check(r, offload);
     if (st == CTRL_OK && (offload & 1) && r->comp.device.type == CTRL_DEVICE_CPU)
         st = ctrl_error_set(
             CTRL_ERR_CONFIG,
@@ -211,7 +225,11 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                             "%s: [peft] modules_to_save = score: trainer %s trains a causal LM, which has "
                             "no score head (the reward trainer trains one, as PEFT's task_type SEQ_CLS)",
                             ctrl_config_where(cfg, "peft", "modules_to_save"), s->run.trainer);
-    if (st == CTRL_OK) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
+    /* zero3 on several ranks: each reads its slices only (a LoRA or classifier run reads the whole) */
+    const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled && !spec.needs_score;
+    if (st == CTRL_OK && sliced)
+        st = train_zero_load(weights_dir ? weights_dir : s->model.path, attention, &r->model);
+    if (st == CTRL_OK && !sliced) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
         st = train_model_load(s, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
     /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
@@ -224,6 +242,9 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
         snprintf(why, sizeof why, "%s", ctrl_error_message());
         st = ctrl_error_set(CTRL_ERR_CONFIG, "[memory] strategies = offload_activations: %s", why);
     }
+    if (st == CTRL_OK && (offload & 2) && r->comp.device.type == CTRL_DEVICE_CPU) /* the file's place */
+        st = ctrl_model_set_offload_dir(r->model,
+                                        s->memory.offload_dir ? s->memory.offload_dir : s->run.output_dir);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
     if (st == CTRL_OK) {
         const train_kind_env env = {.cfg = cfg,
@@ -245,7 +266,8 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK)
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
-    if (st == CTRL_OK) st = train_dp_broadcast_weights(&r->dp, r->model);
+    if (st == CTRL_OK && !sliced)
+        st = train_dp_broadcast_weights(&r->dp, r->model); /* sliced: the same files */
     if (st == CTRL_OK)
         st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size,
                              (size_t)s->memory.prefetch_bucket_size, s->memory.overlap_comm);
@@ -441,9 +463,15 @@ static void report_offload(const run_state *r) {
     size_t one = 0;
     const size_t host = ctrl_model_offloaded_bytes(r->model, &one),
                  dev = ctrl_model_activation_bytes(r->model);
-    CTRL_INFO("offload_activations: %zu bytes of layer inputs in host memory; activations on the device: %zu "
-              "bytes (%zu with every input there)",
-              host, dev, dev + host - 2 * one);
+    const int cpu = ctrl_model_device(r->model).type == CTRL_DEVICE_CPU;
+    const char *where = cpu ? "a file"
+                        : ctrl_model_offload_overlapped(r->model)
+                            ? "page-locked host memory, copied on a side stream"
+                            : "host memory";
+    CTRL_INFO(
+        "offload_activations: %zu bytes of layer inputs in %s; activations in %s memory: %zu bytes (%zu "
+        "with every input there)",
+        host, where, cpu ? "host" : "device", dev, dev + host - 2 * one);
 }
 
 /* Interrupted after step ts->step (or during the next one, whose partial work is dropped): a

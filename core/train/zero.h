@@ -100,6 +100,10 @@ size_t train_zero_layer_bytes(const train_zero *z);
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
                             int overlap);
 void train_zero_free(train_zero *z);
+/* Stage 3 on several ranks (zero_load.c): the model of DIR (config.json, its safetensors files, no
+ * adapters nor score head) with only this rank's slices of the layers read (the rest of the layers
+ * zero, untouched), what lies outside the layers whole; the same on every rank, no broadcast needed. */
+ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
 /* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
  * 3: gather before forward and backward, release after), zeroes and releases the model's gradient
  * buffer, and (stage 3) releases the other ranks' slices of every layer. Nothing for stage 1 and a

@@ -128,7 +128,8 @@ rc=$?
 #    rank 0's evaluations and the saves gather the whole model. The plain curve, evaluations and
 #    final weights; the resident parameter memory between steps (mincore) at most the model less
 #    half its layers plus two pages per layer; a checkpoint resumes the same curve; zero2 cannot
-#    resume it (other slices).
+#    resume it (other slices). Each rank reads only its slices of the layers from the files (and
+#    no broadcast follows): a slice not read would be zeros and change the curve.
 "${C[@]}" model init --arch qwen2 --hidden 64 --layers 4 --heads 2 --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" \
   --out "$TMP/model4" >/dev/null || bad "model init"
 z3=(--set model.path="$TMP/model4" --set data.eval_file="$TMP/data/eval.jsonl" --set train.eval_steps=4)
@@ -136,6 +137,8 @@ z3=(--set model.path="$TMP/model4" --set data.eval_file="$TMP/data/eval.jsonl" -
   { bad "plain 4 layers"; tail -20 "$TMP/p4.log"; }
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3" "${z3[@]}" --set memory.strategies=checkpointing,zero3 \
   >"$TMP/z3.log" 2>&1 || { bad "zero3 2 ranks exited $?"; tail -20 "$TMP/z3.log"; }
+grep -q "zero3: each rank read its slices of the layers' parameters from $TMP/model4" "$TMP/z3.log" && ok ||
+  bad "zero3: not loaded sliced"
 curve_close "$TMP/p4" "$TMP/z3" loss 1e-6
 curve_close "$TMP/p4" "$TMP/z3" grad_norm 1e-5
 # the evaluations (at step 4 and the end) within 1e-6: zero3 averages each micro-batch's gradients

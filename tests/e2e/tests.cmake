@@ -75,6 +75,14 @@ if(TARGET ctrl_cli)
   set_tests_properties(test_zero_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
 
+# offload_activations on the CPU: the layer inputs in a file, the same weights bit for bit
+# (tests/e2e/test_offload_cpu.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_offload_cpu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_offload_cpu.sh $<TARGET_FILE:ctrl_cli>
+                                         ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_offload_cpu PROPERTIES LABELS e2e TIMEOUT 300)
+endif()
+
 # offload_optimizer (and zero1's host step) on a CUDA run under the emulator
 # (tests/e2e/test_offload_emu.sh).
 if(TARGET ctrl_cli AND TARGET ctrl_cuda_emu)

@@ -2,8 +2,10 @@
 // collectives and barriers, and the runtime API over host memory (every call synchronous).
 #include <cuda_runtime.h>
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -390,13 +392,44 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), 
 } // namespace ctrl_emu
 
 // ---- the runtime API: host memory, synchronous ----
+//
+// Except the copies queued on a created stream (cudaMemcpyAsync with a stream other than 0): they
+// wait in the stream's queue and run as late as CUDA allows -- when something waits for them (an
+// event recorded after them waited for by cudaStreamWaitEvent or cudaEventSynchronize, or
+// cudaStreamSynchronize / cudaDeviceSynchronize / cudaStreamDestroy). A copy reads its source and
+// writes its destination then, so code that overwrites a copy's source, or reads its destination,
+// without waiting for its event gets other bytes than it expects, as it may on a GPU (a side stream
+// copying behind the compute stream's back: activation offloading).
 
+struct emu_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+};
 struct CUstream_st {
-    int unused;
+    std::vector<emu_copy> queue; // not yet run
+    size_t done;                 // how many of every copy queued so far have run
 };
 struct CUevent_st {
     struct timespec at;
+    cudaStream_t stream; // recorded on a created stream: the copies before it
+    size_t upto;
 };
+
+static std::vector<cudaStream_t> g_streams;
+
+// Runs the stream's queued copies up to the upto-th copy ever queued on it (all: SIZE_MAX); nothing
+// for a stream destroyed since (its copies ran then).
+static void emu_stream_run(cudaStream_t s, size_t upto) {
+    if (std::find(g_streams.begin(), g_streams.end(), s) == g_streams.end()) return;
+    size_t k = 0;
+    while (k < s->queue.size() && s->done < upto) {
+        const emu_copy &c = s->queue[k++];
+        if (c.bytes) memmove(c.dst, c.src, c.bytes);
+        s->done++;
+    }
+    s->queue.erase(s->queue.begin(), s->queue.begin() + (long)k);
+}
 
 extern "C" {
 
@@ -436,7 +469,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
     prop->sharedMemPerBlock = 48 * 1024, prop->maxThreadsPerBlock = 1024;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return g_last_error; }
+cudaError_t cudaDeviceSynchronize(void) {
+    for (cudaStream_t s : g_streams) emu_stream_run(s, SIZE_MAX);
+    return g_last_error;
+}
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     *ptr = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
     return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -453,8 +489,9 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-    (void)s;
-    return cudaMemcpy(dst, src, bytes, kind);
+    if (!s) return cudaMemcpy(dst, src, bytes, kind);
+    s->queue.push_back(emu_copy{dst, src, bytes});
+    return cudaSuccess;
 }
 cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
     if (bytes) memset(dst, value, bytes);
@@ -465,32 +502,49 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t s) 
     return cudaMemset(dst, value, bytes);
 }
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
-    *s = new CUstream_st{0};
+    *s = new CUstream_st{};
+    g_streams.push_back(*s);
     return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+    (void)flags; // the default stream runs everything at once: nothing to synchronise with
+    return cudaStreamCreate(s);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return cudaSuccess;
+    emu_stream_run(s, SIZE_MAX);
+    g_streams.erase(std::find(g_streams.begin(), g_streams.end(), s));
     delete s;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
+    if (s) emu_stream_run(s, SIZE_MAX);
     return g_last_error;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    (void)s, (void)flags; // every stream waiting runs the event's copies now (the default one at once)
+    if (e->stream) emu_stream_run(e->stream, e->upto);
+    return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
     *e = new CUevent_st{};
     return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+    (void)flags;
+    return cudaEventCreate(e);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete e;
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    (void)s;
     clock_gettime(CLOCK_MONOTONIC, &e->at);
+    e->stream = s, e->upto = s ? s->done + s->queue.size() : 0;
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    (void)e;
+    if (e->stream) emu_stream_run(e->stream, e->upto);
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {

@@ -8,9 +8,10 @@
  * host step overlapped with the next step's compute (DeepSpeed's ZeRO-Offload overlaps them).
  *
  * `offload_activations` (TRL's activation_offloading): with activation checkpointing, what a layer
- * keeps through the forward is its input; on a device run those inputs go to host memory right
- * after each layer's forward and come back just before its backward (the model does the copies,
- * ctrl_model_set_offload_activations), the device holding two of them instead of one per layer. */
+ * keeps through the forward is its input; those inputs leave the compute memory right after each
+ * layer's forward and come back just before its backward (the model does it,
+ * ctrl_model_set_offload_activations), two of them kept instead of one per layer: on a device run
+ * they go to host memory, on the CPU to a file in [memory] offload_dir (NVMe offload). */
 #include <stdlib.h>
 
 #include <ctrl/plugin_api.h>
@@ -59,8 +60,8 @@ static const ctrl_plugin activations_plugin = {
     .kind = CTRL_KIND_MEMORY,
     .name = "offload_activations",
     .version = "0.1.0",
-    .summary = "checkpointed layer inputs in host memory between forward and backward on a device run "
-               "(TRL's activation_offloading)",
+    .summary = "checkpointed layer inputs out of the compute memory between forward and backward: host "
+               "memory on a device run, a file on the CPU (TRL's activation_offloading)",
     .init = ctrl_plugin_api_init,
     .ops = &activations_ops,
 };
