@@ -3,7 +3,9 @@
 # Qwen2.5-0.5B-shaped model (LAYERS of its 24 layers, common.sh) with no ZeRO, zero1, zero2 and
 # zero3: each rank's peak resident memory and CPU time (/usr/bin/time: maximum RSS, user + system,
 # loading included), the optimizer state each rank holds and zero3's resident parameters between
-# steps (the run's own lines), and the final loss (the same for all four).
+# steps (the run's own lines: each rank's memory right after loading -- zero3 reads its slices only --
+# and after the first step), and the final loss (the same for all four). The peak RSS includes the
+# final save, which gathers the whole model on every rank.
 # usage: bench/distributed/bench_zero.sh BUILD_DIR [LAYERS STEPS]
 set -euo pipefail
 BUILD=$1 LAYERS=${2:-4} STEPS=${3:-3}
@@ -23,6 +25,6 @@ for z in none zero1 zero2 zero3; do
   state=$(grep -o "at most [0-9]* bytes of state per rank\|adamw: [0-9]* bytes of state per rank" "$TMP/$z.log" |
     grep -o "[0-9][0-9]*" | awk '{printf "%.0f MiB", $1 / 1048576}')
   echo "| $z | $rss | $cpu | $state | $(last "$TMP/$z" loss) |"
-  grep -o "zero3: parameters resident.*\|zero3: process memory.*" "$TMP/$z.log" || true
+  grep -o "after loading the model.*\|zero3: parameters resident.*\|zero3: process memory.*" "$TMP/$z.log" || true
 done
 echo "load average after: $(load)"

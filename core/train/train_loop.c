@@ -184,6 +184,22 @@ static ctrl_status offload_dir_check(const run_state *r, int offload) {
     return CTRL_OK;
 }
 
+static void process_memory(double *now_kb, double *peak_kb);
+
+/* Several ranks: each rank's resident memory right after loading the model (its peak so far is the
+ * loading's), the most over the ranks logged by rank 0 -- what zero3's sliced loading lowers. */
+static ctrl_status report_load_memory(const run_state *r, int sliced) {
+    if (ctrl_collective_size() < 2) return CTRL_OK;
+    double v[2];
+    process_memory(&v[0], &v[1]);
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
+    if (st == CTRL_OK && r->root)
+        CTRL_INFO("after loading the model%s: process memory per rank at most %.0f kB, %.0f kB at its peak "
+                  "(VmRSS, VmHWM)",
+                  sliced ? " (zero3: each rank's slices)" : " (whole on every rank)", v[0], v[1]);
+    return st;
+}
+
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
 static ctrl_status setup(run_state *r, const char *weights_dir) {
@@ -268,6 +284,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK && !sliced)
         st = train_dp_broadcast_weights(&r->dp, r->model); /* sliced: the same files */
+    if (st == CTRL_OK) st = report_load_memory(r, sliced);
     if (st == CTRL_OK)
         st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size,
                              (size_t)s->memory.prefetch_bucket_size, s->memory.overlap_comm);
@@ -450,9 +467,8 @@ static ctrl_status report_resident(run_state *r) {
                   "gathers prefetched in the step (prefetch_bucket_size = %zu floats)",
                   v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g,
                   z->prefetched, z->prefetch);
-    if (z->stage >= 3) /* the model is loaded whole before it is sliced: the start-up peak */
-        CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM; "
-                  "the model was loaded whole before slicing)",
+    if (z->stage >= 3)
+        CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM)",
                   v[3], v[4]);
     return st;
 }

@@ -2,7 +2,7 @@
 # offload_optimizer on a CUDA run, under the CUDA emulator (issue 19; plugins/memory/offload/): the
 # optimizer state and step on the host follow the device optimizer's loss curve (<= 1e-6 relative)
 # with the same first gradient norm (the gradients are the device's, bit for bit), and zero1 on one
-# rank (its sharded step is the host's) too; offload_optimizer on the CPU is refused naming the key;
+# rank (its sharded step is the host's) and zero2 too; offload_optimizer on the CPU is refused naming the key;
 # offload_activations (the checkpointed layers' inputs in page-locked host memory, copied on a side
 # stream) gives the same curve and weights bit for bit with less device activation memory, and is refused without checkpointing.
 # usage: test_offload_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA
@@ -40,6 +40,11 @@ curve_close "$TMP/dev" "$TMP/off" grad_norm 1e-5
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z1" --set memory.strategies=zero1 >"$TMP/z1.log" 2>&1 ||
   { bad "zero1 on cuda"; tail -5 "$TMP/z1.log"; }
 curve_close "$TMP/dev" "$TMP/z1" loss 1e-6
+# zero2 on a CUDA model is not refused: the device's gradients brought back, reduce-scattered and
+# stepped on the host (one rank here: the emulator has one device)
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z2" --set memory.strategies=zero2 >"$TMP/z2.log" 2>&1 ||
+  { bad "zero2 on cuda"; tail -5 "$TMP/z2.log"; }
+curve_close "$TMP/dev" "$TMP/z2" loss 1e-6
 # offload_activations: the checkpointed layers' inputs in host memory between forward and backward
 # (a 4-layer model: two device slots instead of four inputs); the gradients bit for bit the same,
 # so the printed curve is identical

@@ -157,6 +157,11 @@ echo "zero3: resident $res of $buf bytes per rank, layers $lay bytes; gradients 
 zl=$(grep -o "zero3: 2 ranks, each steps [0-9]* of [0-9]* trainable floats; optimizer adamw: at most [0-9]* bytes of state per rank, [0-9]* over the ranks" "$TMP/z3.log")
 full=$(grep -o "optimizer adamw: [0-9]* bytes of state per rank" "$TMP/p4.log" | grep -o '[0-9]*' | head -1)
 [ -n "$zl" ] && [ "$(echo "$zl" | sed 's/.*rank, \([0-9]*\) over.*/\1/')" = "$full" ] && ok || bad "zero3 state: '$zl' vs $full"
+# zero3 with offload_activations (the layer inputs in a file on each rank): the same curve, bit for bit
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3o" "${z3[@]}" \
+  --set memory.strategies=checkpointing,zero3,offload_activations >"$TMP/z3o.log" 2>&1 || { bad "zero3 offload"; tail -20 "$TMP/z3o.log"; }
+[ -n "$(curve_col "$TMP/z3" loss)" ] && [ "$(curve_col "$TMP/z3" loss)" = "$(curve_col "$TMP/z3o" loss)" ] &&
+  [ "$(curve_col "$TMP/z3" grad_norm)" = "$(curve_col "$TMP/z3o" grad_norm)" ] && ok || bad "zero3 with offload_activations: the curve differs"
 mkdir -p "$TMP/z3r" && cp -r "$TMP/z3/checkpoint-4" "$TMP/z3r/"
 grep '"step": [1-4],' "$TMP/z3/metrics.jsonl" >"$TMP/z3r/metrics.jsonl"
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3r" "${z3[@]}" --set memory.strategies=checkpointing,zero3 \
