@@ -127,12 +127,18 @@ TEST(cpu_backend_table_is_complete) {
     CHECK(be->host_memory && be->device_type == CTRL_DEVICE_CPU);
     /* every field after the header is a function pointer, and the CPU backend has them all but the
      * optimizer kernels (on the CPU the optimizer plugins step host memory themselves) and the
-     * device sampler (the engine samples host logits with core/generate/sampling.c itself) */
+     * device sampler (the engine samples host logits with core/generate/sampling.c itself) and the
+     * device's side-stream copies for activation offloading (on the CPU the store is a file) */
     const size_t first = offsetof(ctrl_backend_ops, alloc);
-    CHECK(be->adamw_step == NULL && be->sample == NULL);
+    const size_t device_only[] = {
+        offsetof(ctrl_backend_ops, adamw_step), offsetof(ctrl_backend_ops, sample),
+        offsetof(ctrl_backend_ops, host_alloc), offsetof(ctrl_backend_ops, host_free),
+        offsetof(ctrl_backend_ops, side_copy),  offsetof(ctrl_backend_ops, side_wait)};
+    CHECK(be->adamw_step == NULL && be->sample == NULL && be->host_alloc == NULL && be->side_copy == NULL);
     for (size_t off = first; off < sizeof *be; off += sizeof(void (*)(void))) {
-        if (off == offsetof(ctrl_backend_ops, adamw_step) || off == offsetof(ctrl_backend_ops, sample))
-            continue;
+        int skip = 0;
+        for (size_t k = 0; k < sizeof device_only / sizeof *device_only; k++) skip |= off == device_only[k];
+        if (skip) continue;
         void (*fn)(void);
         memcpy(&fn, (const char *)be + off, sizeof fn);
         CHECK_MSG(fn != NULL, "the CPU backend lacks the op at offset %zu", off);
