@@ -184,14 +184,12 @@ static ctrl_status offload_dir_check(const run_state *r, int offload) {
     return CTRL_OK;
 }
 
-static void process_memory(double *now_kb, double *peak_kb);
-
 /* Several ranks: each rank's resident memory right after loading the model (its peak so far is the
  * loading's), the most over the ranks logged by rank 0 -- what zero3's sliced loading lowers. */
 static ctrl_status report_load_memory(const run_state *r, int sliced) {
     if (ctrl_collective_size() < 2) return CTRL_OK;
     double v[2];
-    process_memory(&v[0], &v[1]);
+    train_memory_read(&v[0], &v[1]);
     ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
     if (st == CTRL_OK && r->root)
         CTRL_INFO("after loading the model%s: process memory per rank at most %.0f kB, %.0f kB at its peak "
