@@ -22,6 +22,7 @@
 #include "model/lora.h"
 #include "model/peft.h"
 #include "net/http_client.h"
+#include "free_port.h"
 #include "serve/serve.h"
 #include "test.h"
 #include "test_registry.h"
@@ -59,18 +60,6 @@ static void *serve_main(void *arg) {
     (void)arg;
     ctrl_serve_run(&opt, reg, should_stop);
     return NULL;
-}
-
-static int free_port(void) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = 0;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
 }
 
 /* The server (once per process): a tiny random qwen3 model with the tiny_bpe tokenizer (ChatML). */
