@@ -3,7 +3,7 @@
  * tests/fixtures/serve/trl_vllm_client.json) are replayed against a server running in this process,
  * and every response field that client reads must be there with its type; then the OpenAI
  * semantics those clients rely on: log-probabilities consistent between generation, top entries
- * and prompt scoring, stop strings, seeds, errors in OpenAI's shape. (tests/reference/
+ * and prompt scoring, stop strings, seeds, errors in OpenAI's shape. (tests/interop/
  * check_vllm_client.py drives the real Python clients by hand; tests/cli/test_serve.sh covers the
  * drain and disconnects with curl.) The server also serves two LoRA adapters (--lora NAME=DIR):
  * chosen by the request's "model", listed in /v1/models, generating what `ctrl generate --adapter`

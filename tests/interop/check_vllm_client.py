@@ -14,10 +14,12 @@ usage: check_vllm_client.py [BUILD_DIR]   (default: build; uses torch, trl, open
 
 TRL's client refuses to start without vLLM installed (it imports vLLM only for the NCCL weight
 sync); this script tells it vLLM is there (trl.generation.vllm_client.is_vllm_available) so that
-every HTTP call can be checked on a machine without vLLM. Weight sync: ctrl serve has no NCCL
-weight-transfer engine (its /server_info says weight_transfer_config null, so init_communicator
-refuses with TRL's own message); the check pushes weights through ctrl's POST /update_weights
-(safetensors) instead.
+every HTTP call can be checked on a machine without vLLM. Weight sync: the server here runs on the
+CPU, where ctrl serve has no NCCL weight-transfer engine (its /server_info says
+weight_transfer_config null, so init_communicator refuses with TRL's own message); the check pushes
+weights through ctrl's POST /update_weights (safetensors) instead. The NCCL engine (`ctrl serve
+--device cuda --weight-transfer-config '{"backend": "nccl"}'`) is driven by TRL's GRPOTrainer in
+tests/e2e/gpu_trl_grpo_nccl.py where a GPU exists.
 """
 import io
 import os
