@@ -11,9 +11,9 @@ import subprocess
 import sys
 import tempfile
 
-from fixture_io import tiny_quickstart
-
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))  # fixture_io, shared with the fixture writers
+from fixture_io import tiny_quickstart  # noqa: E402
 
 
 def main():
