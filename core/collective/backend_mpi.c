@@ -247,6 +247,8 @@ static void mpi_finalize(void) {
 #ifdef CTRL_HAVE_NCCL
 ctrl_status ctrl_collective_nccl_init(void);
 ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
+ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts);
+ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
 #endif
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
@@ -271,6 +273,10 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .allgather_wait = mpi_allgather_wait,
         .reduce_scatter_start_f32 = mpi_reduce_scatter_start_f32,
         .reduce_scatter_wait = mpi_reduce_scatter_wait,
+#ifdef CTRL_HAVE_NCCL
+        .device_reduce_scatter_mean_f32 = ctrl_collective_nccl_reduce_scatter_mean_f32,
+        .device_allgather_f32 = ctrl_collective_nccl_allgather_f32,
+#endif
     };
     return &table;
 }

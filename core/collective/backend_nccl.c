@@ -1,6 +1,8 @@
 /* The NCCL side of libctrl_mpi.so (built when CUDA and NCCL are found): one communicator over the
  * MPI job's ranks, on the device each rank selected, its unique id made by rank 0 and broadcast
- * over MPI; the mean of a device buffer with ncclAvg. */
+ * over MPI; the mean of a device buffer with ncclAvg; ZeRO's reduce-scatter and all-gather of pieces
+ * of any lengths (collective_backend.h) as one group of ncclReduce / ncclBroadcast calls, one a rank's
+ * piece (ncclReduceScatter and ncclAllGather need equal pieces). */
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -8,9 +10,12 @@
 #include "collective/collective_backend.h"
 
 static ncclComm_t comm;
+static int comm_size;
 
 ctrl_status ctrl_collective_nccl_init(void);
 ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
+ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts);
+ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
 void ctrl_collective_nccl_finalize(void);
 
 void ctrl_collective_nccl_finalize(void) {
@@ -28,6 +33,7 @@ ctrl_status ctrl_collective_nccl_init(void) {
         return ctrl_error_set(CTRL_ERR_DEVICE, "ncclGetUniqueId: %s", ncclGetErrorString(r));
     int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (rc != MPI_SUCCESS) return ctrl_error_set(CTRL_ERR_DEVICE, "MPI_Bcast of the NCCL unique id failed");
+    comm_size = size;
     if ((r = ncclCommInitRank(&comm, size, id, rank)) != ncclSuccess)
         return ctrl_error_set(CTRL_ERR_DEVICE, "ncclCommInitRank (rank %d of %d): %s", rank, size,
                               ncclGetErrorString(r));
@@ -43,4 +49,37 @@ ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n)
     e = cudaStreamSynchronize(0);
     if (e != cudaSuccess) return ctrl_error_set(CTRL_ERR_DEVICE, "ncclAllReduce: %s", cudaGetErrorString(e));
     return CTRL_OK;
+}
+
+/* `what` enqueued by `r` (a group's end), then the stream drained. */
+static ctrl_status nccl_done(const char *what, ncclResult_t r) {
+    if (r != ncclSuccess) return ctrl_error_set(CTRL_ERR_DEVICE, "%s: %s", what, ncclGetErrorString(r));
+    cudaError_t e = cudaStreamSynchronize(0);
+    if (e != cudaSuccess) return ctrl_error_set(CTRL_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+    return CTRL_OK;
+}
+
+static ctrl_status nccl_pieces(float *device_buf, const int *counts, int reduce) {
+    const char *what = reduce ? "ncclReduce (ZeRO's reduce-scatter)" : "ncclBroadcast (ZeRO's all-gather)";
+    cudaError_t e = cudaDeviceSynchronize(); /* what wrote the buffer, on whatever stream, is done */
+    if (e != cudaSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "before %s: %s", what, cudaGetErrorString(e));
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return nccl_done(what, r);
+    size_t at = 0;
+    for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k], k++)
+        r = reduce
+                ? ncclReduce(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, ncclAvg, k,
+                             comm, 0)
+                : ncclBroadcast(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, k, comm, 0);
+    const ncclResult_t end = ncclGroupEnd(); /* closed even after a failed call */
+    return nccl_done(what, r != ncclSuccess ? r : end);
+}
+
+ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts) {
+    return nccl_pieces(device_buf, counts, 1);
+}
+
+ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts) {
+    return nccl_pieces(device_buf, counts, 0);
 }

@@ -71,8 +71,8 @@ ctrl_status ctrl_collective_init(void) {
     }
     char why[1024];
     /* RTLD_GLOBAL: OpenMPI dlopens its own components, which expect libmpi's symbols global */
-    const ctrl_collective_backend *b =
-        ctrl_sibling_library_table("libctrl_mpi.so", NULL, "ctrl_collective_mpi_backend", 1, why, sizeof why);
+    const ctrl_collective_backend *b = ctrl_sibling_library_table(
+        "libctrl_mpi.so", "CTRL_MPI_LIBRARY", "ctrl_collective_mpi_backend", 1, why, sizeof why);
     if (!b)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "started as rank %d of %d (%s's environment): %s (ctrl built without MPI?)",
@@ -220,4 +220,27 @@ ctrl_status ctrl_collective_device_allreduce_mean_f32(float *device_buf, size_t 
         return ctrl_error_set(CTRL_ERR_DEVICE,
                               "collective: no NCCL communicator (ctrl_collective_device_init)");
     return backend->device_allreduce_mean_f32(device_buf, n);
+}
+
+/* The device collectives of ZeRO (a libctrl_mpi.so without NCCL, or older, lacks them). */
+static ctrl_status device_zero_ready(void) {
+    if (!device_ready) return ctrl_error_set(CTRL_ERR_DEVICE, "collective: no NCCL communicator");
+    if (backend->size <
+            offsetof(ctrl_collective_backend, device_allgather_f32) + sizeof backend->device_allgather_f32 ||
+        !backend->device_reduce_scatter_mean_f32 || !backend->device_allgather_f32)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "libctrl_mpi.so has no NCCL reduce-scatter/all-gather "
+                                                    "(built without NCCL, or an old build)");
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_collective_device_reduce_scatter_mean_f32(float *device_buf, const int *counts) {
+    if (!backend) return CTRL_OK;
+    ctrl_status st = device_zero_ready();
+    return st == CTRL_OK ? backend->device_reduce_scatter_mean_f32(device_buf, counts) : st;
+}
+
+ctrl_status ctrl_collective_device_allgather_f32(float *device_buf, const int *counts) {
+    if (!backend) return CTRL_OK;
+    ctrl_status st = device_zero_ready();
+    return st == CTRL_OK ? backend->device_allgather_f32(device_buf, counts) : st;
 }

@@ -89,5 +89,9 @@ ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from);
  * float buffer in device memory, on the default stream (synchronised before returning). */
 ctrl_status ctrl_collective_device_init(void);
 ctrl_status ctrl_collective_device_allreduce_mean_f32(float *device_buf, size_t n);
+/* ZeRO on a CUDA model (after ctrl_collective_device_init): ctrl_collective_reduce_scatter_mean_f32
+ * and ctrl_collective_allgather_f32 on a device buffer, over NCCL. No-ops on one rank. */
+ctrl_status ctrl_collective_device_reduce_scatter_mean_f32(float *device_buf, const int *counts);
+ctrl_status ctrl_collective_device_allgather_f32(float *device_buf, const int *counts);
 
 #endif

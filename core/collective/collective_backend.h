@@ -45,6 +45,10 @@ typedef struct ctrl_collective_backend {
      * place) by reduce_scatter_wait. */
     ctrl_status (*reduce_scatter_start_f32)(float *buf, const int *counts, void **handle);
     ctrl_status (*reduce_scatter_wait)(void *handle);
+    /* ZeRO on a CUDA model (NULL without NCCL): reduce_scatter's and allgather_f32's meaning on a
+     * device buffer, the reduction the mean over the ranks (ncclAvg); done when they return. */
+    ctrl_status (*device_reduce_scatter_mean_f32)(float *device_buf, const int *counts);
+    ctrl_status (*device_allgather_f32)(float *device_buf, const int *counts);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

@@ -172,9 +172,9 @@ static const ctrl_option memory_options[] = {
      "layers' inputs kept out of the compute memory between forward and backward -- on a CUDA run in "
      "host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; docs/distributed.md)."},
     {"reduce_bucket_size", CTRL_OPT_INT, "500000000", MIN(1), NULL,
-     "zero2 (CPU) and zero3: gradient floats reduce-scattered together as the backward makes them -- "
-     "consecutive layers, at most this many floats (a larger layer alone), each rank keeping only its "
-     "slices' averages, as DeepSpeed's reduce_bucket_size (its default, 5e8). Smaller: less gradient "
+     "zero2 (CPU and CUDA) and zero3: gradient floats reduce-scattered together as the backward makes "
+     "them -- consecutive layers, at most this many floats (a larger layer alone), each rank keeping only "
+     "its slices' averages, as DeepSpeed's reduce_bucket_size (its default, 5e8). Smaller: less gradient "
      "memory during the backward, more collectives."},
     {"prefetch_bucket_size", CTRL_OPT_INT, "50000000", MIN(0), NULL,
      "zero3: before each layer's forward or backward, the gathers of the layers the pass takes next are "
@@ -183,7 +183,8 @@ static const ctrl_option memory_options[] = {
     {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "zero2 (CPU) and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
      "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "
-     "one more bucket of gradients held)."},
+     "one more bucket of gradients held). Refused with zero2 on [run] device = cuda (reduced over NCCL "
+     "as each bucket completes)."},
     {"offload_dir", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
      "offload_activations on the CPU: the directory of the file that holds the checkpointed layers' inputs "
      "between forward and backward (DeepSpeed's nvme_path; unset: [run] output_dir). The file is unlinked as "

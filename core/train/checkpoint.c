@@ -386,8 +386,8 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
             CTRL_ERR_CONFIG,
             "%s: made with ZeRO-%d, whose optimizer slices were cut otherwise than this run's "
             "zero%d cuts them (zero2 on the CPU cuts them per bucket of layers, [memory] "
-            "reduce_bucket_size; zero1 and a CUDA zero2 over the whole buffer): resume with "
-            "the checkpoint's [memory] strategies and reduce_bucket_size",
+            "reduce_bucket_size; zero1, and a CUDA zero2 with offload_optimizer, over the whole "
+            "buffer): resume with the checkpoint's [memory] strategies and reduce_bucket_size",
             dir, s->zero_stage, zero_stage);
     s->zero_layout = layout;
     /* optimizer buffers, by name and size (ZeRO: this rank's slice's) */

@@ -285,7 +285,7 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK) st = report_load_memory(r, sliced);
     if (st == CTRL_OK)
         st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size,
-                             (size_t)s->memory.prefetch_bucket_size, s->memory.overlap_comm);
+                             (size_t)s->memory.prefetch_bucket_size, s->memory.overlap_comm, offload & 1);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
@@ -312,7 +312,22 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     }
     set_groups(r, ctrl_model_params(r->model, NULL), ctrl_model_grads(r->model, NULL));
     if (r->zero.stage) r->n_groups = train_zero_shard_groups(&r->zero, r->model, r->groups, r->n_groups);
-    st = r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+    /* zero2 on a CUDA model: the slices (parameters and gradient sums) are the device's */
+    st = r->opt_ops->create(host, cfg, r->groups, r->n_groups,
+                            r->zero.dev ? dev : (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+    if (r->zero.dev && st == CTRL_ERR_UNSUPPORTED)
+        return ctrl_error_wrap(
+            st,
+            "[memory] strategies = zero2 with [run] device = cuda: optimizer %s cannot step "
+            "on the device (add offload_optimizer to step on the host)",
+            s->train.optimizer);
+    if (st == CTRL_OK && r->zero.dev) {
+        r->opt_on_device = 1;
+        CTRL_INFO(
+            "optimizer %s: steps this rank's slices on the device (zero2: the gradients reduce-scattered "
+            "over NCCL during the backward)",
+            s->train.optimizer);
+    }
     if (st == CTRL_OK) st = train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt);
     return st == CTRL_OK ? train_zero_attach(&r->zero, r->model) : st; /* zero3: the layers sliced */
 }
@@ -362,7 +377,7 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     const double max_norm = r->s->train.max_grad_norm;
     if (max_norm > 0) {
         double coef = max_norm / (*grad_norm + 1e-6);
-        if (coef < 1 && r->zero.stage) train_zero_scale_grads(&r->zero, r->model, (float)coef);
+        if (coef < 1 && r->zero.stage) st = train_zero_scale_grads(&r->zero, r->model, (float)coef);
         if (coef < 1 && !r->zero.stage) st = ctrl_model_scale_grads(r->model, (float)coef);
     }
     if (st == CTRL_OK && !r->opt_on_device && !r->zero.stage) st = ctrl_model_grads_to_host(r->model);
@@ -445,6 +460,19 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
  * gradient memory between steps (mincore), logged by rank 0. */
 static ctrl_status report_resident(run_state *r) {
     size_t n_params = 0, n_grads = 0;
+    if (r->zero.dev) { /* zero2 on a CUDA model: what each rank holds in device memory */
+        ctrl_model_params(r->model, &n_params), ctrl_model_grads(r->model, &n_grads);
+        double v[2] = {(double)(r->zero.acc_n * sizeof(float)),
+                       (double)train_zero_state_bytes(r->opt_ops, r->opt)};
+        ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
+        if (st == CTRL_OK && r->root)
+            CTRL_INFO(
+                "zero2 on the device: per rank at most %.0f bytes of gradient slices' sums (of %zu) and %.0f "
+                "of optimizer state; parameters %zu bytes and the backward's gradient buffer %zu bytes, "
+                "whole",
+                v[0], n_grads * sizeof(float), v[1], n_params * sizeof(float), n_grads * sizeof(float));
+        return st;
+    }
     const float *p = ctrl_model_params(r->model, &n_params), *g = ctrl_model_grads(r->model, &n_grads);
     train_zero *z = &r->zero;
     double v[5] = {(double)train_zero_resident(p, n_params * sizeof *p),

@@ -1,5 +1,6 @@
 /* ZeRO stages 1 to 3 in the step loop (see zero.h); stage 3's layer hooks are zero_layers.c. */
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "collective/collective.h"
 #include "cpu/cpu_ops.h"
+#include "device/backend.h"
 #include "model/lora.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
@@ -121,7 +123,7 @@ static void make_buckets(train_zero *z, int n_layers, size_t bucket) {
 }
 
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
-                            int overlap) {
+                            int overlap, int host_step) {
     memset(z, 0, sizeof *z);
     if (stage <= 0) return CTRL_OK;
     z->stage = stage, z->rank = ctrl_collective_rank(), z->size = ctrl_collective_size(), z->model = m;
@@ -149,8 +151,10 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
                                   "[memory] strategies = zero3 with [run] device = cuda: not supported yet "
                                   "(zero1 and zero2 are)");
     }
-    /* stage 2 on the CPU, stage 3: the gradients partitioned during the backward (zero_layers.c) */
-    z->partitioned = stage >= 3 || (stage == 2 && ctrl_model_device(m).type == CTRL_DEVICE_CPU);
+    /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned
+     * during the backward (zero_layers.c) */
+    const int on_device = train_zero_wants_device(stage, m, host_step);
+    z->partitioned = stage >= 3 || (stage == 2 && ctrl_model_device(m).type == CTRL_DEVICE_CPU) || on_device;
     if (!z->partitioned) {
         if (!(z->units = calloc(1, sizeof *z->units)))
             return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
@@ -168,7 +172,10 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
             z->acc_off[u] = n, n += hi - lo;
         }
         z->acc_n = n;
-        if (!(z->acc = calloc(n ? n : 1, sizeof *z->acc)))
+        if (on_device) {
+            ctrl_status sd = train_zero_device_init(z, m);
+            if (sd != CTRL_OK) return sd;
+        } else if (!(z->acc = calloc(n ? n : 1, sizeof *z->acc)))
             return ctrl_error_set(CTRL_ERR_NOMEM, "zero%d: out of memory for %zu gradient floats", stage, n);
     }
     double least = 0; /* the fewest floats a rank steps */
@@ -183,6 +190,7 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
 }
 
 void train_zero_free(train_zero *z) {
+    train_zero_device_free(z); /* a device's acc */
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
     free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending);
     free(z->flight_u), free(z->flight_h);
@@ -209,11 +217,13 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
         if (z->partitioned) g.grad = z->acc + z->acc_off[u] + (lo - slice_lo); /* the slices' sums */
         groups[kept++] = g;
     }
+    if (z->dev) train_zero_device_groups(z, m, groups, kept);
     return kept;
 }
 
 ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq) {
     *sum_sq = 0;
+    if (z->dev) return train_zero_device_sum_squares(z, sum_sq); /* on the device, reduced likewise */
     if (z->partitioned) { /* reduced bucket by bucket in the backward (zero_layers.c) */
         *sum_sq = ctrl_cpu_sum_squares(z->acc, (int64_t)z->acc_n);
         return ctrl_collective_allreduce_sum_f64(sum_sq, 1);
@@ -229,14 +239,16 @@ ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq
     return st == CTRL_OK ? ctrl_collective_allreduce_sum_f64(sum_sq, 1) : st;
 }
 
-void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef) {
+ctrl_status train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef) {
+    if (z->dev) return z->dev->scale(z->acc, coef, (int64_t)z->acc_n);
     if (z->partitioned) {
         ctrl_cpu_scale(z->acc, coef, (int64_t)z->acc_n);
-        return;
+        return CTRL_OK;
     }
     size_t lo, hi;
     train_zero_slice(z, 0, z->rank, &lo, &hi);
     ctrl_cpu_scale(ctrl_model_grads(m, NULL) + lo, coef, (int64_t)(hi - lo));
+    return CTRL_OK;
 }
 
 uint64_t train_zero_layout(const train_zero *z) {
@@ -261,11 +273,13 @@ size_t train_zero_layer_bytes(const train_zero *z) {
 ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m) {
     if (!z->partitioned) return ctrl_model_zero_grad(m);
     /* the model's gradients are zeroed and released after each backward's reduction */
+    if (z->dev) return z->dev->fill_zero(z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
     memset(z->acc, 0, sizeof(float) * z->acc_n);
     return CTRL_OK;
 }
 
 ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m) {
+    if (z->dev) return train_zero_device_gather(z, m);
     float *p = ctrl_model_params(m, NULL) + z->first;
     ctrl_status st = CTRL_OK;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) /* zero3's layers stay sliced */
@@ -314,7 +328,11 @@ typedef struct shard_header {
 ctrl_status train_zero_send_state(const train_zero *z, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt) {
     (void)z;
     const int64_t n = ops->state_count ? ops->state_count(opt) : 0;
-    ctrl_status st = ctrl_collective_send(&n, sizeof n, 0);
+    ctrl_status st = CTRL_OK;
+    /* zero2 on a CUDA model: the device's state to the host copies state_get returns */
+    if (ops->size >= offsetof(ctrl_optimizer_ops, state_sync) + sizeof ops->state_sync && ops->state_sync)
+        st = ops->state_sync(opt, 0);
+    if (st == CTRL_OK) st = ctrl_collective_send(&n, sizeof n, 0);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         const char *name;
         float *data;

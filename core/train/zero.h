@@ -22,8 +22,11 @@
  * slices in memory at a time); a resume reads each rank's own file and needs the same number of
  * ranks and stage 3 or not as the checkpoint (the slices differ), zero1 and zero2 resuming each other.
  *
- * On a CUDA model stages 1 and 2 step on the host (the gradients brought back first, the state in
- * host memory, the weights copied back to the device after the gather); stage 3 is the CPU's. */
+ * On a CUDA model stage 2 partitions the gradients on the device as on the CPU (zero_device.c: NCCL
+ * reduce-scatters per bucket during the backward, the slices' sums and the optimizer state in device
+ * memory, the slices all-gathered over NCCL after the step); stage 1, and stage 2 with
+ * offload_optimizer, step on the host (the gradients brought back first, the state in host memory,
+ * the weights copied back to the device after the gather); stage 3 is the CPU's. */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
 #define CTRL_CORE_TRAIN_ZERO_H
 
@@ -82,6 +85,9 @@ typedef struct train_zero {
     int overlap;
     int *flight_u, n_flight;
     void **flight_h;
+    /* stage 2 on a CUDA model (zero_device.c): the model's backend, `acc` in its memory, the
+     * reductions and gathers over NCCL on its buffers; NULL on the host */
+    const struct ctrl_backend_ops *dev;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -94,11 +100,12 @@ const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
 /* Stage 3: the bytes of the layers' parameters (the units sliced between uses). */
 size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
- * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm. Stage 3
+ * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
+ * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned). Stage 3
  * needs a CPU model (with LoRA: neither NF4 nor DoRA), else an error naming the key. An error when a slice
  * offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
-                            int overlap);
+                            int overlap, int host_step);
 void train_zero_free(train_zero *z);
 /* Stage 3 on several ranks (zero_load.c): the model of DIR (config.json, its safetensors files, no
  * adapters nor score head) with only this rank's slices of the layers read (the rest of the layers
@@ -119,7 +126,7 @@ ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq
  * model's are zeroed and released after each backward's reductions). */
 ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m);
 /* Clipping: the slices' gradients times `coef`. */
-void train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef);
+ctrl_status train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef);
 /* After the optimizer stepped the slices: every rank's slices into every rank's model (stage 3:
  * those of the units outside the layers). */
 ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m);
@@ -141,6 +148,18 @@ size_t train_zero_state_bytes(const ctrl_optimizer_ops *ops, ctrl_optimizer *opt
 /* Logs (rank 0) the optimizer state per rank, the largest and the sum over the ranks. */
 ctrl_status train_zero_report(const train_zero *z, const char *optimizer, const ctrl_optimizer_ops *ops,
                               ctrl_optimizer *opt);
+/* Stage 2 on a CUDA model (zero_device.c): whether a run partitions on the device; its init (after
+ * the units: `acc` in device memory, the NCCL communicator), free; a unit's reduce-scatter into the
+ * sums (the unit's gradients zeroed); the sums' global sum of squares; the slices all-gathered into
+ * every rank's device parameters; the groups' parameters moved to the device's (after
+ * train_zero_shard_groups, whose gradients are `acc`'s already). */
+int train_zero_wants_device(int stage, ctrl_model *m, int host_step);
+ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m);
+void train_zero_device_free(train_zero *z);
+ctrl_status train_zero_device_finish_unit(train_zero *z, int u);
+ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq);
+ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m);
+void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);
 /* A checkpoint save: ranks other than 0 send their optimizer state to rank 0 (call while rank 0 is
  * in ctrl_checkpoint_save, which receives it with train_zero_write_shard). */
 ctrl_status train_zero_send_state(const train_zero *z, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt);

@@ -127,6 +127,7 @@ static ctrl_status release_layer(ctrl_memory *m, int layer) {
  * done here): this rank's slice of the average added to its sums, and the whole unit's gradients
  * zeroed and released (the next backward adds into zeros). */
 static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
+    if (z->dev) return train_zero_device_finish_unit(z, u); /* a CUDA model's, over NCCL */
     float *g = ctrl_model_grads(z->model, NULL) + z->units[u].a;
     const size_t len = z->units[u].b - z->units[u].a;
     ctrl_status st = handle ? ctrl_collective_reduce_scatter_wait_mean(handle, g, train_zero_counts(z, u))
@@ -166,7 +167,7 @@ static ctrl_status finish_flight(train_zero *z) {
 
 /* While measuring (the first step): the gradient buffer's resident bytes, the most seen. */
 static void measure(train_zero *z) {
-    if (!z->measure) return;
+    if (!z->measure || z->dev) return; /* a device's buffer is allocated whole */
     size_t n = 0;
     const float *g = ctrl_model_grads(z->model, &n);
     const size_t r = train_zero_resident(g, n * sizeof *g);
@@ -225,7 +226,7 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
         }
     ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
     if (st == CTRL_OK) st = ctrl_model_zero_grad(m);
-    if (st != CTRL_OK) return st;
+    if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
     size_t n = 0;
     float *g = ctrl_model_grads(m, &n);
     release_range(g, g + n); /* zeros: the backward adds into them */

@@ -18,7 +18,7 @@
 static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
     (void)ctx;
     train_zero z;
-    ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0);
+    ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0, 0);
     size_t all = 0;
     ctrl_model_params((ctrl_model *)m, &all);
     size_t *r = st == CTRL_OK ? malloc(sizeof *r * 2 * ((size_t)z.n_units + 2)) : NULL;

@@ -66,6 +66,19 @@ if(CTRL_HAVE_CUDA_EMU)
   target_include_directories(ctrl_nccl_emu PRIVATE ${CTRL_EMU_DIR}/include)
   set_target_properties(ctrl_nccl_emu PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-emu)
   target_link_libraries(ctrl_nccl_emu PRIVATE Threads::Threads)
+  # The collectives' MPI backend with its NCCL side on the emulated runtime and NCCL,
+  # build/cuda-emu/libctrl_mpi.so: what CTRL_MPI_LIBRARY names for `mpirun -np 2 ctrl train` with
+  # [run] device = cuda under the emulator (data parallel and ZeRO over NCCL, tests/e2e/test_zero_cuda_emu.sh).
+  if(CTRL_HAVE_MPI)
+    find_package(MPI COMPONENTS C) # its imported target is core/'s, not visible here
+    add_library(ctrl_mpi_emu SHARED ${CMAKE_SOURCE_DIR}/core/collective/backend_mpi.c
+                                    ${CMAKE_SOURCE_DIR}/core/collective/backend_nccl.c)
+    set_target_properties(ctrl_mpi_emu PROPERTIES OUTPUT_NAME ctrl_mpi LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-emu)
+    ctrl_emu_target(ctrl_mpi_emu)
+    target_compile_definitions(ctrl_mpi_emu PRIVATE CTRL_HAVE_NCCL=1)
+    target_include_directories(ctrl_mpi_emu PRIVATE ${CMAKE_SOURCE_DIR}/core)
+    target_link_libraries(ctrl_mpi_emu PRIVATE ctrl MPI::MPI_C ctrl_cuda_emu_rt ctrl_nccl_emu)
+  endif()
 endif()
 
 # ctrl_emu_plugin(NAME <plugin> DIR <plugins/kind/name> SOURCES <.c files> CUDA_SOURCES <.cu files>

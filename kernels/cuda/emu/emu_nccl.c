@@ -327,7 +327,9 @@ typedef struct {
     uint64_t bytes;
 } frame;
 
-static const char *op_name(uint32_t op) { return op == 1 ? "ncclBroadcast" : "ncclAllReduce"; }
+static const char *op_name(uint32_t op) {
+    return op == 1 ? "ncclBroadcast" : op == 2 ? "ncclAllReduce" : "ncclReduce";
+}
 
 /* Sends a frame and its data to rank `to`'s connection. */
 static ncclResult_t put(ncclComm_t c, int fd, int to, const frame *f, const void *data) {
@@ -429,6 +431,46 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
     } else {
         r = put(c, c->fd[0], 0, &f, recvbuff);
         if (r == ncclSuccess) r = get(c, c->fd[0], 0, &f, recvbuff);
+    }
+    leave(c);
+    return r;
+}
+
+/* The ranks' sendbuffs reduced at rank 0 in rank order (as ncclAllReduce), the result sent to the
+ * root's recvbuff (in place when it is the root's sendbuff); recvbuff is not read elsewhere. */
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt, ncclRedOp_t op,
+                        int root, ncclComm_t c, cudaStream_t stream) {
+    (void)stream;
+    if (!c) return fail(NULL, ncclInvalidArgument, "ncclReduce: comm is NULL");
+    const size_t es = dtype_size(dt);
+    if (!es || !sendbuff || root < 0 || root >= c->nranks || (c->rank == root && !recvbuff) ||
+        (op == ncclAvg && dt != ncclFloat32 && dt != ncclFloat64))
+        return fail(c, ncclInvalidArgument, "ncclReduce: invalid datatype, operation, root or buffer");
+    if (!enter(c)) return fail(c, ncclInvalidUsage, "ncclReduce: the communicator was aborted");
+    const frame f = {3, (uint32_t)dt, root, (int32_t)op, (uint64_t)(count * es)};
+    ncclResult_t r = ncclSuccess;
+    if (c->rank == 0) {
+        void *acc = malloc(f.bytes ? f.bytes : 1), *tmp = malloc(f.bytes ? f.bytes : 1);
+        if (!acc || !tmp) r = fail(c, ncclSystemError, "ncclReduce: out of memory");
+        if (r == ncclSuccess) memcpy(acc, sendbuff, f.bytes);
+        for (int k = 1; k < c->nranks && r == ncclSuccess; k++) {
+            r = get(c, c->fd[k], k, &f, tmp);
+            if (r == ncclSuccess && !reduce(acc, tmp, count, dt, op))
+                r = fail(c, ncclInvalidArgument, "ncclReduce: datatype %d not emulated", (int)dt);
+        }
+        if (r == ncclSuccess && op == ncclAvg)
+            for (size_t i = 0; i < count; i++) {
+                if (dt == ncclFloat32)
+                    ((float *)acc)[i] /= (float)c->nranks;
+                else
+                    ((double *)acc)[i] /= c->nranks;
+            }
+        if (r == ncclSuccess && root == 0) memcpy(recvbuff, acc, f.bytes);
+        if (r == ncclSuccess && root != 0) r = put(c, c->fd[root], root, &f, acc);
+        free(acc), free(tmp);
+    } else {
+        r = put(c, c->fd[0], 0, &f, sendbuff);
+        if (r == ncclSuccess && c->rank == root) r = get(c, c->fd[0], 0, &f, recvbuff);
     }
     leave(c);
     return r;

@@ -451,17 +451,29 @@ cudaError_t cudaGetLastError(void) {
     return e;
 }
 cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+/* The emulated devices: 1, or CTRL_EMU_DEVICES (up to 8) where a test runs several ranks on one
+ * machine, each process taking its local rank's (one memory, the process's, whichever it is). */
+static int emu_devices(void) {
+    const char *s = getenv("CTRL_EMU_DEVICES");
+    const int n = s ? atoi(s) : 1;
+    return n >= 1 && n <= 8 ? n : 1;
+}
+static int g_device;
 cudaError_t cudaGetDeviceCount(int *count) {
-    *count = 1;
+    *count = emu_devices();
     return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= emu_devices()) return cudaErrorInvalidDevice;
+    g_device = device;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int *device) {
-    *device = 0;
+    *device = g_device;
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
-    if (device != 0) return cudaErrorInvalidDevice;
+    if (device < 0 || device >= emu_devices()) return cudaErrorInvalidDevice;
     memset(prop, 0, sizeof *prop);
     snprintf(prop->name, sizeof prop->name, "ctrl CUDA emulator");
     prop->totalGlobalMem = (size_t)4 << 30;
