@@ -270,7 +270,9 @@ static const ctrl_option peft_options[] = {
      "QLoRA: nf4 holds the frozen base's projection weights (q/k/v/o/gate/up/down) in 4-bit NormalFloat as "
      "bitsandbytes does (load_in_4bit, bnb_4bit_quant_type nf4, blocks of 64, double-quantized absmax), "
      "dequantized a tile at a time inside the GEMMs of forward and backward (never a whole weight), "
-     "multiplied in [train] dtype; on the CPU and on CUDA."},
+     "multiplied in [train] dtype; on the CPU and on CUDA. As transformers quantizes every nn.Linear: "
+     "Phi-3's fused qkv_proj / gate_up_proj each one NF4 tensor; a mixture of experts' experts and router "
+     "stay fp32 (bitsandbytes leaves them: not nn.Linear)."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "

@@ -36,12 +36,12 @@ static ctrl_status linear_forward_bf16(float *out, const float *x, const float *
 static ctrl_status nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *w, const float *bias,
                                       int T, int IN, int OUT, int bf16) {
     return ctrl_cuda_nf4_linear(out, x, w->packed, w->qabsmax, w->absmax2, w->offset, w->code, w->dynamic,
-                                bias, T, IN, OUT, 0, bf16);
+                                w->first, bias, T, IN, OUT, 0, bf16);
 }
 static ctrl_status nf4_linear_backward(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN,
                                        int OUT, int bf16) {
     return ctrl_cuda_nf4_linear(dx, dout, w->packed, w->qabsmax, w->absmax2, w->offset, w->code, w->dynamic,
-                                NULL, T, IN, OUT, 1, bf16);
+                                w->first, NULL, T, IN, OUT, 1, bf16);
 }
 
 static ctrl_status linear_backward_bf16(float *dx, float *dw, float *dbias, const float *dout, const float *x,

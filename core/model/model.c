@@ -49,6 +49,7 @@ static ctrl_status layout(ctrl_model *m) {
               D = c->head_dim;
     size_t cur = 0;
     char n[96];
+    for (int t = 0; t < LORA_N_TARGETS; t++) m->nf4_slot[t] = -1;
     const int save_embed = m->lora && m->lora->save_embed_tokens,
               save_head = m->lora && m->lora->save_lm_head, nf4 = m->lora && m->lora->nf4;
     if (!save_embed)
@@ -58,20 +59,21 @@ static ctrl_status layout(ctrl_model *m) {
 #define V(field, suffix, nd, a, b, nodecay)                                                                  \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                                  \
     o->field = model_add_view(m, &cur, n, nd, a, b, nodecay)
-/* a projection weight: in QLoRA every layer's view of it is layer 0's slot (model_nf4.c) */
+/* a projection weight: in QLoRA every layer's view of it is the first layer's slot (model_nf4.c) */
 #define W(field, suffix, nd, a, b, target)                                                                   \
-    if (nf4 && l > 0) {                                                                                      \
-        size_t at_ = (size_t)m->layers[0].field;                                                             \
+    if (nf4 && m->nf4_slot[target] >= 0) {                                                                   \
+        size_t at_ = (size_t)m->nf4_slot[target];                                                            \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                              \
         o->field = model_add_view(m, &at_, n, nd, a, b, 0);                                                  \
     } else {                                                                                                 \
         V(field, suffix, nd, a, b, 0);                                                                       \
+        if (nf4) m->nf4_slot[target] = o->field;                                                             \
     }                                                                                                        \
     if (nf4 && m->n_views <= m->cap_views) m->views[m->n_views - 1].nf4 = 1 + l * LORA_N_TARGETS + (target)
         V(ln1, "input_layernorm.weight", 1, C, 0, 1);
         o->bq = o->bk = o->bv = o->q_norm = o->k_norm = -1;
         if (c->fused_qkv) { /* Phi-3: q, k, v are the row blocks of qkv_proj (one adapter: lora.c) */
-            V(wq, "self_attn.qkv_proj.weight", 2, (H + 2 * HK) * D, C, 0);
+            W(wq, "self_attn.qkv_proj.weight", 2, (H + 2 * HK) * D, C, LORA_Q); /* QLoRA: one NF4 tensor */
             o->wk = o->wq + (long)H * D * C, o->wv = o->wk + (long)HK * D * C;
         } else {
             W(wq, "self_attn.q_proj.weight", 2, H * D, C, LORA_Q);
@@ -130,7 +132,7 @@ static ctrl_status layout(ctrl_model *m) {
             continue;
         }
         if (c->fused_gate_up) { /* Phi-3: gate then up, the row blocks of gate_up_proj */
-            V(wg, "mlp.gate_up_proj.weight", 2, 2 * I, C, 0);
+            W(wg, "mlp.gate_up_proj.weight", 2, 2 * I, C, LORA_GATE);
             o->wu = o->wg + (long)I * C;
         } else {
             W(wg, "mlp.gate_proj.weight", 2, I, C, LORA_GATE);
@@ -177,10 +179,6 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     if (lora && lora->nf4 && lora->use_dora) /* DoRA's norms read the whole base weight */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "LoRA: use_dora with quantization = nf4 (QDoRA) is not implemented yet");
-    if (lora && lora->nf4 && (cfg->fused_qkv || cfg->fused_gate_up || cfg->n_experts > 0)) /* 7 projections */
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "LoRA: quantization = nf4 on %s's %s is not implemented yet", cfg->model_type,
-                              cfg->n_experts > 0 ? "experts" : "fused qkv_proj / gate_up_proj");
     if (lora && lora->seq_cls && cfg->num_labels <= 0)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "LoRA: modules_to_save score / task_type SEQ_CLS on %s, a causal LM: the "

@@ -205,9 +205,14 @@ struct ctrl_model {
     int dec_n_seq;
     /* QLoRA (model_nf4.c; lora->nf4): each layer's seven projection weights in NF4
      * ([n_layers][LORA_N_TARGETS]); every layer's views of them share one slot of fp32 parameters,
-     * which holds layer nf4_layer's dequantized weights (-1: none yet). */
+     * which holds layer nf4_layer's dequantized weights (-1: none yet). A fused module (Phi-3's
+     * qkv_proj, gate_up_proj) is one NF4 tensor, at its first linear's index (LORA_Q, LORA_GATE), as
+     * bitsandbytes quantizes it whole; an MoE layer has no gate/up/down (its experts stay fp32, as
+     * transformers + bitsandbytes leave them). nf4_slot[t]: the offset of projection t's shared slot
+     * (the first layer that has it; -1: none). */
     ctrl_nf4 *nf4_w;
     int nf4_layer;
+    long nf4_slot[LORA_N_TARGETS];
     /* On a device backend (nf4_to_device): each weight's packed values, absmax bytes and absmax
      * scales in the backend's memory ([n_layers * LORA_N_TARGETS][3]), and the code books (16 + 256
      * floats); NULL on the CPU. */

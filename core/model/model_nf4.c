@@ -11,25 +11,50 @@
  * backend the NF4 store is copied into its memory and the device's kernels read it there.
  * nf4_layer_weights still dequantizes a whole layer into the slot, for tests that compare with a
  * full-precision model. Memory: 4.5 bits per quantized weight (+ 1 byte of absmax per 64, a float per
- * 16,384) instead of 32. */
+ * 16,384) instead of 32.
+ *
+ * What transformers 5 + bitsandbytes quantize (replace_with_bnb_linear: every nn.Linear but the head)
+ * is what is held in NF4 here: a fused module of Phi-3 (qkv_proj, gate_up_proj) is one nn.Linear, so
+ * one NF4 tensor whose blocks of 64 run over its whole flat index (a row block may start inside a
+ * block; the products then read from `first` into it: cpu_ops.h's ctrl_nf4_ref); a mixture-of-experts
+ * layer's experts are 3-D parameters and its router no nn.Linear, so bitsandbytes leaves them in the
+ * load dtype, and so do we (fp32 parameters, with their adapters, lora_moe.c); a dense layer of an MoE
+ * model (mlp_only_layers) has its gate/up/down in NF4. */
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "model/model_internal.h"
 
-/* Gives the pages wholly inside each of layer 0's NF4 weights (the slot every layer's views share)
- * back to the system once every weight is stored: the slot only stages a weight as it loads, and the
- * products read the NF4 store (reading the slot afterwards reads zeros). Only the weights' own pages:
- * the layer's norms and biases lie between them. */
+/* The NF4 tensor projection t's values are in, and where in it they start: a fused module's linears
+ * are row blocks of its first one's tensor (q, k, v of qkv_proj at LORA_Q; gate, up of gate_up_proj
+ * at LORA_GATE); every other projection is its own. */
+static int owner_of(const ctrl_model *m, int t, int64_t *first) {
+    int row0, out;
+    const int mod = lora_module(m, t, &row0, &out);
+    *first = (int64_t)row0 * m->cfg.hidden_size; /* fused modules read the hidden states */
+    return mod == LORA_QKV ? LORA_Q : mod == LORA_GATE_UP ? LORA_GATE : t;
+}
+
+/* Whether layer l's projection t is an NF4 tensor of its own (not a row block of a fused one, and not
+ * the missing MLP of a mixture-of-experts layer). */
+static int stored(const ctrl_model *m, int l, int t) {
+    int64_t first;
+    return owner_of(m, t, &first) == t && (t < LORA_GATE || m->layers[l].router < 0);
+}
+
+/* Gives the pages wholly inside each projection's shared slot (the first layer's views, which every
+ * layer's share) back to the system once every weight is stored: the slot only stages a weight as it
+ * loads, and the products read the NF4 store (reading the slot afterwards reads zeros). Only the
+ * weights' own pages: the layer's norms and biases lie between them. */
 static void release_slot(ctrl_model *m) {
-    const int n = m->cfg.n_layers * LORA_N_TARGETS;
-    for (int i = 0; i < n; i++)
-        if (!m->nf4_w[i].packed) return;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++)
+            if (stored(m, l, t) && !m->nf4_w[l * LORA_N_TARGETS + t].packed) return;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < m->n_views && page > 1; i++) {
         const ctrl_param_view *v = &m->views[i];
-        if (v->nf4 < 1 || v->nf4 > LORA_N_TARGETS) continue; /* layer 0's */
+        if (v->nf4 < 1 || (long)v->offset != m->nf4_slot[(v->nf4 - 1) % LORA_N_TARGETS]) continue;
         const uintptr_t a = ((uintptr_t)(m->params + v->offset) + page - 1) & ~(page - 1),
                         b = (uintptr_t)(m->params + v->offset + (size_t)v->numel) & ~(page - 1);
         if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
@@ -93,7 +118,8 @@ void nf4_release_device(ctrl_model *m) {
 ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
     const layer_offsets *o = &m->layers[l];
     const long w[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
-    for (int t = 0; t < LORA_N_TARGETS; t++) {
+    for (int t = 0; t < LORA_N_TARGETS; t++) { /* a fused tensor whole, into its first linear's slot */
+        if (!stored(m, l, t)) continue;
         const ctrl_nf4 *q = &m->nf4_w[l * LORA_N_TARGETS + t];
         if (!q->packed)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d was never loaded", l, t);
@@ -125,19 +151,21 @@ void nf4_free(ctrl_model *m) {
 
 ctrl_status nf4_use_layer(ctrl_model *m, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++)
-        if (!m->nf4_w[l * LORA_N_TARGETS + t].packed)
+        if (stored(m, l, t) && !m->nf4_w[l * LORA_N_TARGETS + t].packed)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d was never loaded", l, t);
     m->nf4_layer = l;
     return CTRL_OK;
 }
 
-/* Which of the seven weights w (a pointer into dparams) is: every layer's views are layer 0's. */
+/* Which of the seven projections w (a pointer into dparams) is: every layer's views are the slots
+ * (a fused module's linears: their row blocks of its slot); -1: none. */
 static int target_of(const ctrl_model *m, const float *w) {
-    const layer_offsets *o = &m->layers[0];
-    const long at = (long)(w - m->dparams),
-               off[LORA_N_TARGETS] = {o->wq, o->wk, o->wv, o->wo, o->wg, o->wu, o->wd};
-    for (int t = 0; t < LORA_N_TARGETS; t++)
-        if (off[t] == at) return t;
+    const long at = (long)(w - m->dparams);
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        int64_t first;
+        const long slot = m->nf4_slot[owner_of(m, t, &first)];
+        if (slot >= 0 && slot + (long)first == at) return t;
+    }
     return -1;
 }
 
@@ -150,19 +178,20 @@ static ctrl_status ref_of(const ctrl_model *m, const float *w, ctrl_nf4_ref *r) 
     const int t = target_of(m, w), l = m->nf4_layer;
     if (t < 0 || l < 0)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: a product with no layer's NF4 weight");
-    const int i = l * LORA_N_TARGETS + t;
+    int64_t first;
+    const int i = l * LORA_N_TARGETS + owner_of(m, t, &first);
     const ctrl_nf4 *q = &m->nf4_w[i];
+    int in, out;
+    lora_dims(m, t, &in, &out); /* projection t's own [out, in] (a row block of a fused tensor) */
+    if (!q->packed || first + (int64_t)in * out > q->n)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d is not held in NF4", l, t);
     if (m->nf4_dev)
-        *r = (ctrl_nf4_ref){m->nf4_dev[3 * i],
-                            m->nf4_dev[3 * i + 1],
-                            m->nf4_dev[3 * i + 2],
-                            q->offset,
-                            m->nf4_codes,
-                            m->nf4_codes + 16,
-                            q->n};
+        *r = (ctrl_nf4_ref){m->nf4_dev[3 * i], m->nf4_dev[3 * i + 1], m->nf4_dev[3 * i + 2], q->offset,
+                            m->nf4_codes,      m->nf4_codes + 16,     (int64_t)in * out,     first};
     else
-        *r = (ctrl_nf4_ref){
-            q->packed, q->qabsmax, q->absmax2, q->offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, q->n};
+        *r = (ctrl_nf4_ref){q->packed,         q->qabsmax,    q->absmax2,
+                            q->offset,         ctrl_nf4_code, ctrl_nf4_dynamic_code,
+                            (int64_t)in * out, first};
     return CTRL_OK;
 }
 

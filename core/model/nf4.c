@@ -181,7 +181,7 @@ ctrl_status ctrl_nf4_quantize(const float *w, int64_t n, ctrl_nf4 *out) {
 
 void ctrl_nf4_absmax(const ctrl_nf4 *q, float *absmax) {
     const ctrl_nf4_ref w = {
-        q->packed, q->qabsmax, q->absmax2, q->offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, q->n};
+        q->packed, q->qabsmax, q->absmax2, q->offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, q->n, 0};
     const int64_t nb = blocks(q->n, CTRL_NF4_BLOCK);
     for (int64_t b = 0; b < nb; b++) absmax[b] = ctrl_cpu_nf4_block_scale(&w, b); /* torch's two operations */
 }
@@ -202,7 +202,7 @@ void ctrl_nf4_dequantize(const ctrl_nf4 *q, const float *absmax, float *out) {
 ctrl_status ctrl_nf4_dequantize_raw(float *out, const uint8_t *packed, const uint8_t *qabsmax,
                                     const float *absmax2, float offset, const float *code,
                                     const float *dynamic, int64_t n) {
-    const ctrl_nf4_ref w = {packed, qabsmax, absmax2, offset, code, dynamic, n};
+    const ctrl_nf4_ref w = {packed, qabsmax, absmax2, offset, code, dynamic, n, 0};
     const int64_t seg = 64 * 64; /* whole blocks of 64 per call */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i += seg) ctrl_cpu_nf4_values(&w, i, n - i < seg ? n - i : seg, out + i);

@@ -117,13 +117,17 @@ int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, con
                               int accumulate);
 /* A weight held in NF4 (QLoRA; core/model/nf4.h): n values, the packed nibbles, one absmax byte per
  * block of 64, one fp32 scale per 256 blocks and the offset, and the code books (the 16 NF4 values,
- * the 256 of the dynamic code); pointers in the backend's memory. */
+ * the 256 of the dynamic code); pointers in the backend's memory. first: where the weight's value 0
+ * is in the quantized tensor (0, or a row block of a fused tensor quantized whole, as bitsandbytes
+ * quantizes Phi-3's qkv_proj: its blocks of 64 run over the flat index of the whole tensor, so a
+ * row block may start inside one); the weight's values are [first, first + n) of it. */
 typedef struct ctrl_nf4_ref {
     const uint8_t *packed, *qabsmax;
     const float *absmax2;
     float offset;
     const float *code, *dynamic;
     int64_t n;
+    int64_t first;
 } ctrl_nf4_ref;
 /* QLoRA's products (gemm_nf4.c), W [OUT, IN] in NF4 dequantized a tile at a time inside the
  * product, never whole: out[T, OUT] = x W^T + bias, and dx[T, IN] = dout W (the base is frozen: no

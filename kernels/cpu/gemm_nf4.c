@@ -90,6 +90,7 @@ static int vector_ok(void) {
 }
 
 void ctrl_cpu_nf4_values(const ctrl_nf4_ref *w, int64_t i, int64_t n, float *dst) {
+    i += w->first; /* the weight's index into the quantized tensor's */
 #if VECTOR
     if (vector_ok()) {
         values_vec(w, i, n, dst);

@@ -167,13 +167,15 @@ ctrl_status ctrl_cuda_nf4_dequantize(float *out, const uint8_t *packed, const ui
  * results in b->out (device memory). */
 struct ctrl_sample_batch;
 ctrl_status ctrl_cuda_sample(const struct ctrl_sample_batch *b);
-/* QLoRA's products with W [OUT, IN] in NF4 (the same parts, device pointers), W dequantized a tile at
+/* QLoRA's products with W [OUT, IN] in NF4 (the same parts, device pointers; W's values are those at
+ * [first, first + OUT IN) of the quantized tensor: ctrl_nf4_ref's first), W dequantized a tile at
  * a time in shared memory inside the GEMM: backward = 0: out[T, OUT] = in W^T + bias (bias may be
  * NULL); 1: out = dX [T, IN] = in[T, OUT] W. bf16: in and W's values rounded to bf16 (fp32
  * accumulation), as linear_forward_bf16. */
 ctrl_status ctrl_cuda_nf4_linear(float *out, const float *in, const uint8_t *packed, const uint8_t *qabsmax,
                                  const float *absmax2, float offset, const float *code, const float *dynamic,
-                                 const float *bias, int T, int IN, int OUT, int backward, int bf16);
+                                 int64_t first, const float *bias, int T, int IN, int OUT, int backward,
+                                 int bf16);
 
 /* DoRA's per-row ops (device pointers; cpu_ops.h's ctrl_cpu_dora_norm, dora_combine, dora_backward). */
 ctrl_status ctrl_cuda_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA,

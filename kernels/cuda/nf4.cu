@@ -58,12 +58,14 @@ __device__ inline float as_bf16(float v, int bf16) {
 constexpr int TM = 64, TN = 64,
               TK = 16; // a block's tile of C and the depth of a step; 16 x 16 threads, 4 x 4 each
 
-// C[M, N] = A[M, K] B (+ bias[N]), B's element (k, n) = W at flat index n * sn + k * sk (the forward:
+// C[M, N] = A[M, K] B (+ bias[N]), B's element (k, n) = W at flat index f0 + n * sn + k * sk (f0: where W
+// starts in the quantized tensor, a row block of a fused one; the forward:
 // B = W^T, sn = IN, sk = 1; the backward's dX: B = W, sn = 1, sk = IN). Each step dequantizes a TK x TN
 // tile of B into shared memory beside A's TM x TK tile (both rounded to bf16 where bf16 says).
 __global__ void nf4_gemm(float *C, const float *A, const uint8_t *packed, const uint8_t *qabsmax,
                          const float *absmax2, float offset, const float *code, const float *dynamic,
-                         const float *bias, int M, int N, int K, int64_t sn, int64_t sk, int bf16) {
+                         const float *bias, int M, int N, int K, int64_t f0, int64_t sn, int64_t sk,
+                         int bf16) {
     __shared__ float as[TK][TM + 1], bs[TK][TN + 1];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const int m0 = blockIdx.y * TM, n0 = blockIdx.x * TN;
@@ -77,7 +79,7 @@ __global__ void nf4_gemm(float *C, const float *A, const uint8_t *packed, const 
             const int k = sk == 1 ? e % TK : e / TN, n = sk == 1 ? e / TK : e % TN; // read neighbouring bytes
             bs[k][n] = n0 + n < N && k0 + k < K
                            ? as_bf16(nf4_value(packed, qabsmax, absmax2, offset, code, dynamic,
-                                               (int64_t)(n0 + n) * sn + (int64_t)(k0 + k) * sk),
+                                               f0 + (int64_t)(n0 + n) * sn + (int64_t)(k0 + k) * sk),
                                      bf16)
                            : 0.0f;
         }
@@ -99,13 +101,14 @@ __global__ void nf4_gemm(float *C, const float *A, const uint8_t *packed, const 
 
 extern "C" ctrl_status ctrl_cuda_nf4_linear(float *out, const float *in, const uint8_t *packed,
                                             const uint8_t *qabsmax, const float *absmax2, float offset,
-                                            const float *code, const float *dynamic, const float *bias, int T,
-                                            int IN, int OUT, int backward, int bf16) {
+                                            const float *code, const float *dynamic, int64_t first,
+                                            const float *bias, int T, int IN, int OUT, int backward,
+                                            int bf16) {
     if (T <= 0 || IN <= 0 || OUT <= 0) return CTRL_OK;
     const int N = backward ? IN : OUT, K = backward ? OUT : IN;
     const dim3 grid((unsigned)((N + TN - 1) / TN), (unsigned)((T + TM - 1) / TM));
     nf4_gemm<<<grid, 256>>>(out, in, packed, qabsmax, absmax2, offset, code, dynamic, backward ? NULL : bias,
-                            T, N, K, backward ? 1 : IN, backward ? IN : 1, bf16);
+                            T, N, K, first, backward ? 1 : IN, backward ? IN : 1, bf16);
     CTRL_CUDA_CHECK_LAUNCH();
     return CTRL_OK;
 }

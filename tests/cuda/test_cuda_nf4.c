@@ -84,9 +84,11 @@ TEST(nf4_dequantize_matches_cpu_bit_for_bit) {
  * shared memory) against the CPU's dequantize-then-multiply, x W^T + bias and dout W, fp32 and bf16,
  * on shapes whose tiles end inside NF4 blocks (K = 70 and 200, not multiples of 64 or of the tile's
  * 16; 282 blocks: two double-quantization scales; edges of the 64 x 64 output tile): within 1e-6
- * relative (the same values, the sums in another order). */
-static void nf4_product_case(const ctrl_backend_ops *be, int T, int IN, int OUT) {
-    const int64_t n = (int64_t)IN * OUT, nb = (n + 63) / 64, nb2 = (nb + 255) / 256;
+ * relative (the same values, the sums in another order). With r0 > 0 or OUT < ROWS the product is
+ * with rows [r0, r0 + OUT) of a [ROWS, IN] tensor quantized whole (a row block of a fused weight,
+ * QLoRA on Phi-3's qkv_proj: the kernel reads from `first` = r0 IN, inside an NF4 block). */
+static void nf4_product_case(const ctrl_backend_ops *be, int T, int IN, int ROWS, int r0, int OUT) {
+    const int64_t n = (int64_t)IN * ROWS, nb = (n + 63) / 64, nb2 = (nb + 255) / 256;
     float *w = malloc(sizeof(float) * (size_t)n), *deq = malloc(sizeof(float) * (size_t)n),
           *absmax = malloc(sizeof(float) * (size_t)nb), *x = malloc(sizeof(float) * (size_t)T * IN),
           *dy = malloc(sizeof(float) * (size_t)T * OUT), *bias = malloc(sizeof(float) * (size_t)OUT),
@@ -115,7 +117,9 @@ static void nf4_product_case(const ctrl_backend_ops *be, int T, int IN, int OUT)
                             q.offset,
                             upload(be, ctrl_nf4_code, sizeof(float) * 16),
                             upload(be, ctrl_nf4_dynamic_code, sizeof(float) * 256),
-                            n};
+                            (int64_t)OUT * IN,
+                            (int64_t)r0 * IN};
+    const float *rows = deq + (size_t)r0 * IN;
     float *dx = upload(be, x, sizeof(float) * (size_t)T * IN),
           *ddy = upload(be, dy, sizeof(float) * (size_t)T * OUT),
           *db = upload(be, bias, sizeof(float) * (size_t)OUT), *dout = NULL;
@@ -126,13 +130,13 @@ static void nf4_product_case(const ctrl_backend_ops *be, int T, int IN, int OUT)
         CHECK_EQ_INT(be->nf4_linear_backward(dout + (size_t)T * OUT, ddy, &r, T, IN, OUT, bf16), CTRL_OK);
         CHECK_EQ_INT(be->to_host(got, dout, sizeof(float) * (size_t)T * (IN + OUT)), CTRL_OK);
         if (bf16) {
-            CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(want, x, deq, bias, T, IN, OUT, 0), 0);
+            CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(want, x, rows, bias, T, IN, OUT, 0), 0);
             CHECK_EQ_INT(
-                ctrl_cpu_linear_backward_bf16(want + (size_t)T * OUT, NULL, NULL, dy, x, deq, T, IN, OUT, 0),
+                ctrl_cpu_linear_backward_bf16(want + (size_t)T * OUT, NULL, NULL, dy, x, rows, T, IN, OUT, 0),
                 0);
         } else {
-            ctrl_cpu_linear_forward(want, x, deq, bias, T, IN, OUT);
-            ctrl_cpu_linear_backward(want + (size_t)T * OUT, NULL, NULL, dy, x, deq, T, IN, OUT);
+            ctrl_cpu_linear_forward(want, x, rows, bias, T, IN, OUT);
+            ctrl_cpu_linear_backward(want + (size_t)T * OUT, NULL, NULL, dy, x, rows, T, IN, OUT);
         }
         CHECK_REL(got, want, (long)T * OUT, 1e-6);
         CHECK_REL(got + (size_t)T * OUT, want + (size_t)T * OUT, (long)T * IN, 1e-6);
@@ -148,9 +152,11 @@ TEST(nf4_products_match_cpu_dequantize_then_gemm) {
     const ctrl_backend_ops *be = cuda_ops();
     if (!be) TEST_SKIP(ctrl_error_message());
     CHECK(ctrl_backend_has(be, nf4_linear_forward) && ctrl_backend_has(be, nf4_linear_backward));
-    nf4_product_case(be, 5, 70, 37);
-    nf4_product_case(be, 67, 200, 90);
-    nf4_product_case(be, 3, 71, 37);
+    nf4_product_case(be, 5, 70, 37, 0, 37);
+    nf4_product_case(be, 67, 200, 90, 0, 90);
+    nf4_product_case(be, 3, 71, 37, 0, 37);
+    nf4_product_case(be, 9, 70, 100, 40, 24); /* k's rows of a fused qkv: first = 2800, inside a block */
+    nf4_product_case(be, 9, 70, 100, 77, 23); /* the last rows, from an odd first */
 }
 
 TEST(qlora_model_matches_cpu) {
@@ -158,6 +164,10 @@ TEST(qlora_model_matches_cpu) {
     if (!be) TEST_SKIP(ctrl_error_message());
     backend_qlora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);
     backend_qlora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "llama", 1e-5);
+    backend_qlora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "families/phi3_mha",
+                        1e-5); /* fused, NF4 whole */
+    backend_qlora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "families/qwen3_moe_b",
+                        1e-5); /* fp32 experts */
 }
 
 /* SFT with QLoRA for 4 steps on `device` into OUT (tests/fixtures/trl_sft's lora_padded case). */

@@ -252,9 +252,8 @@ TEST(moe_expert_lora_refuses_what_is_not_peft_or_not_implemented) {
 }
 
 /* target_modules that name no module of a Phi-3 (q_proj: its attention is the fused qkv_proj) are
- * refused as PEFT refuses them ("not found in the base model"); what is not implemented on fused
- * projections (QLoRA's NF4 store) is refused by name. */
-TEST(fused_lora_refuses_what_names_nothing_or_is_not_implemented) {
+ * refused as PEFT refuses them ("not found in the base model"). */
+TEST(fused_lora_refuses_what_names_nothing) {
     static ctrl_lora_config lc;
     memset(&lc, 0, sizeof lc);
     lc.r = 2, lc.lora_alpha = 4;
@@ -267,11 +266,6 @@ TEST(fused_lora_refuses_what_names_nothing_or_is_not_implemented) {
     CHECK_CONTAINS(ctrl_error_message(), "qkv_proj");
     CHECK(m == NULL);
     CHECK_EQ_INT(ctrl_lora_add_target(&lc, "self_attn.qkv_proj", "test"), CTRL_OK);
-    lc.nf4 = 1;
-    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/families/phi3_gqa", eager(), &lc, &m),
-                 CTRL_ERR_UNSUPPORTED);
-    CHECK_CONTAINS(ctrl_error_message(), "nf4");
-    lc.nf4 = 0;
     CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/families/phi3_gqa", eager(), &lc, &m), CTRL_OK);
     int n_lora = 0; /* qkv_proj's pair in each of the 2 layers, nothing for up_proj */
     for (int v = 0; m && v < ctrl_model_view_count(m); v++) n_lora += ctrl_model_view(m, v)->lora;
@@ -279,50 +273,46 @@ TEST(fused_lora_refuses_what_names_nothing_or_is_not_implemented) {
     ctrl_model_free(m);
 }
 
-/* A new DoRA adapter's magnitudes are the weight norms PEFT initialises them to: with the default
- * init (B = 0) ||W|| of each row, which the PEFT fixture saved untouched. */
-/* QLoRA (quantization = nf4) against PEFT over transformers' 4-bit load (bitsandbytes NF4, double
- * quantization, fp32 compute): the same log-probs and adapter gradients, so the dequantized base is
- * bitsandbytes' (tests/unit/test_nf4.c checks its bytes); the base's fp32 parameters are one layer's
- * projections, not every layer's. */
-TEST(qlora_forward_and_adapter_gradients_match_peft_over_bitsandbytes) {
-    static const char *const cases[] = {"qwen2_qlora_all", "llama_qlora_qv"};
-    for (int i = 0; i < 2; i++) check_case(cases[i]);
-    ctrl_model *q = load_adapter_as(CTRL_FIXTURE_DIR "/lora/qwen2_qlora_all", 1),
-               *f = load_adapter_as(CTRL_FIXTURE_DIR "/lora/qwen2_qlora_all", 0);
+/* The QLoRA model of fixture `name` (its base `arch`) against the full-precision model given the NF4
+ * model's dequantized weights: the same log-probs bit for bit, in fp32 and in bf16 (the slot's
+ * rounded copy follows each layer's dequantization); its fp32 parameters are fewer by every layer
+ * but the first's NF4 projections (`saved` floats). */
+static void qlora_equals_dequantized(const char *name, const char *arch, long saved) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, name);
+    ctrl_model *q = load_adapter_as(dir, 1), *f = load_adapter_as(dir, 0);
     size_t nq = 0, nf = 0;
     if (q && f) ctrl_model_params(q, &nq), ctrl_model_params(f, &nf);
     const ctrl_model_config *c = f ? ctrl_model_cfg(f) : NULL;
-    if (c) { /* (layers - 1) x the seven projections fewer fp32 parameters */
-        const long C = c->hidden_size, I = c->intermediate_size, QD = (long)c->n_heads * c->head_dim,
-                   KD = (long)c->n_kv_heads * c->head_dim;
-        CHECK_EQ_INT((long)(nf - nq), (long)(c->n_layers - 1) * (2 * C * QD + 2 * C * KD + 3 * C * I));
-    }
+    if (c)
+        CHECK_MSG((long)(nf - nq) == saved, "%s: %ld fp32 parameters fewer, want %ld", name, (long)(nf - nq),
+                  saved);
     if (q) { /* what would read the quantized base whole is refused */
         CHECK(ctrl_peft_merge(q) != CTRL_OK);
         CHECK_CONTAINS(ctrl_error_message(), "NF4");
     }
-    if (q && f) { /* = the full model with bitsandbytes' dequantized weights, in fp32 and in bf16 (the
-                   * slot's rounded copy follows each layer's dequantization) */
+    if (q && f) {
         for (int l = 0; l < c->n_layers; l++) {
             CHECK_EQ_INT(nf4_layer_weights(q, l), CTRL_OK);
             const layer_offsets *oq = &q->layers[l], *of = &f->layers[l];
             const long wq[7] = {oq->wq, oq->wk, oq->wv, oq->wo, oq->wg, oq->wu, oq->wd},
                        wf[7] = {of->wq, of->wk, of->wv, of->wo, of->wg, of->wu, of->wd};
-            for (int t = 0; t < 7; t++)
-                memcpy(f->params + wf[t], q->params + wq[t], sizeof(float) * (size_t)q->nf4_w[l * 7 + t].n);
+            for (int t = 0; t < 7; t++) /* a fused tensor whole at its first linear; none on an MoE layer */
+                if (q->nf4_w[l * 7 + t].n > 0)
+                    memcpy(f->params + wf[t], q->params + wq[t],
+                           sizeof(float) * (size_t)q->nf4_w[l * 7 + t].n);
         }
         ctrl_model_weights_changed(f);
         fixture_batch fb;
-        batch_load(&fb, "qwen2");
+        batch_load(&fb, arch);
         float *a = malloc(sizeof(float) * fb.T), *b = malloc(sizeof(float) * fb.T);
         for (int bf16 = 0; bf16 < 2; bf16++) {
             CHECK_EQ_INT(ctrl_model_set_compute_dtype(q, bf16 ? CTRL_BF16 : CTRL_F32), CTRL_OK);
             CHECK_EQ_INT(ctrl_model_set_compute_dtype(f, bf16 ? CTRL_BF16 : CTRL_F32), CTRL_OK);
             CHECK_EQ_INT(ctrl_model_forward(q, &fb.b, a, NULL, NULL), CTRL_OK);
             CHECK_EQ_INT(ctrl_model_forward(f, &fb.b, b, NULL, NULL), CTRL_OK);
-            CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)fb.T), "%s: NF4 model vs dequantized full model",
-                      bf16 ? "bf16" : "fp32");
+            CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)fb.T),
+                      "%s, %s: NF4 model vs dequantized full model", name, bf16 ? "bf16" : "fp32");
         }
         free(a), free(b);
         batch_free(&fb);
@@ -330,6 +320,45 @@ TEST(qlora_forward_and_adapter_gradients_match_peft_over_bitsandbytes) {
     ctrl_model_free(q), ctrl_model_free(f);
 }
 
+/* A decoder layer's attention projections' floats (q, k, v, o) and its dense MLP's (gate, up, down). */
+static long attn_floats(const ctrl_model_config *c) {
+    const long C = c->hidden_size, QD = (long)c->n_heads * c->head_dim,
+               KD = (long)c->n_kv_heads * c->head_dim;
+    return 2 * C * QD + 2 * C * KD;
+}
+
+/* QLoRA (quantization = nf4) against PEFT over transformers' 4-bit load (bitsandbytes NF4, double
+ * quantization, fp32 compute): the same log-probs and adapter gradients, so the dequantized base is
+ * bitsandbytes' (tests/unit/test_nf4.c checks its bytes); the base's fp32 parameters are one layer's
+ * projections, not every layer's. */
+TEST(qlora_forward_and_adapter_gradients_match_peft_over_bitsandbytes) {
+    static const char *const cases[] = {"qwen2_qlora_all", "llama_qlora_qv"};
+    for (int i = 0; i < 2; i++) check_case(cases[i]);
+    ctrl_model_config c;
+    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/models/qwen2", &c), CTRL_OK);
+    qlora_equals_dequantized("qwen2_qlora_all", "qwen2",
+                             (c.n_layers - 1) * (attn_floats(&c) + 3L * c.hidden_size * c.intermediate_size));
+}
+
+/* QLoRA on Phi-3's fused projections: bitsandbytes quantizes qkv_proj and gate_up_proj whole (one
+ * nn.Linear each: blocks of 64 over the fused flat weight, one double-quantization offset), PEFT's
+ * adapter sits over the fused module, hidden 24 (blocks straddle rows). And on a mixture of experts
+ * (Qwen3-MoE with a dense middle layer): bitsandbytes quantizes the attention and the dense layer's
+ * MLP, and leaves the experts and the router in fp32 (no nn.Linear), where the expert adapters
+ * (target_parameters) sit. */
+TEST(qlora_on_fused_and_moe_projections_matches_peft_over_bitsandbytes) {
+    check_case("phi3_qlora_fused");
+    check_case("qwen3_moe_qlora");
+    ctrl_model_config c;
+    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/families/phi3_mha", &c), CTRL_OK);
+    qlora_equals_dequantized("phi3_qlora_fused", "families/phi3_mha",
+                             (c.n_layers - 1) * (attn_floats(&c) + 3L * c.hidden_size * c.intermediate_size));
+    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/families/qwen3_moe_b", &c), CTRL_OK);
+    qlora_equals_dequantized("qwen3_moe_qlora", "families/qwen3_moe_b", (c.n_layers - 1) * attn_floats(&c));
+}
+
+/* A new DoRA adapter's magnitudes are the weight norms PEFT initialises them to: with the default
+ * init (B = 0) ||W|| of each row, which the PEFT fixture saved untouched. */
 TEST(dora_new_adapter_magnitudes_equal_peft_init) {
     ctrl_lora_config lc = {.r = 4, .lora_alpha = 4, .init = CTRL_LORA_INIT_DEFAULT, .seed = 1, .use_dora = 1};
     CHECK_EQ_INT(ctrl_lora_add_target(&lc, "q_proj", "test"), CTRL_OK);
@@ -487,7 +516,10 @@ TEST(moe_expert_lora_backward_matches_finite_differences) {
 TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 0); }
 TEST(dora_backward_matches_finite_differences) { finite_difference(0.0f, 1, 0); }
 TEST(dora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 1, 0); }
-TEST(qlora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 1); }
+TEST(qlora_backward_with_dropout_matches_finite_differences) {
+    finite_difference(0.25f, 0, 1);
+    finite_difference_on("families/phi3_mha", 0.25f, 0, 1); /* fused qkv_proj / gate_up_proj in NF4 */
+}
 
 /* An adapter ctrl writes loads back (by ctrl and, by hand, by PEFT: check_peft_adapter.py) with the
  * same log-probs; with the adapters disabled the model is its base. */

@@ -59,6 +59,17 @@ CASES = {
                                       lora_dropout=0.0), "nf4"),
     "llama_qlora_qv": ("llama", dict(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
                                      init_lora_weights=False, lora_dropout=0.0), "nf4"),
+    # QLoRA on Phi-3's fused projections: transformers' bitsandbytes integration makes the fused
+    # nn.Linear qkv_proj / gate_up_proj a Linear4bit like any other (one NF4 tensor, its blocks of 64
+    # over the whole flat weight, one double-quantization offset), PEFT puts one adapter over each
+    "phi3_qlora_fused": ("families/phi3_mha", dict(r=4, lora_alpha=8, target_modules="all-linear",
+                                                   init_lora_weights=False, lora_dropout=0.0), "nf4"),
+    # QLoRA on a mixture-of-experts model: bitsandbytes quantizes the attention projections and the
+    # dense middle layer's MLP (nn.Linear) and leaves the experts' 3-D parameters and the router in
+    # fp32 (not nn.Linear); the expert adapters (target_parameters) sit over the fp32 experts
+    "qwen3_moe_qlora": ("families/qwen3_moe_b", dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj"],
+                                                     target_parameters=["experts.gate_up_proj", "experts.down_proj"],
+                                                     init_lora_weights=False, lora_dropout=0.0), "nf4"),
     # Phi-3's fused projections (families/phi3_*: make_family_fixtures.py): PEFT wraps the nn.Linear
     # qkv_proj / gate_up_proj with one lora_A / lora_B pair over the whole fused output; GQA (q, k, v
     # blocks of different widths), tied embeddings, longrope

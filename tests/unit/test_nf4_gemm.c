@@ -42,7 +42,7 @@ static void make(case_w *c, int IN, int OUT, uint64_t seed) {
     ctrl_nf4_absmax(&c->q, absmax);
     ctrl_nf4_dequantize(&c->q, absmax, c->deq);
     c->ref = (ctrl_nf4_ref){
-        c->q.packed, c->q.qabsmax, c->q.absmax2, c->q.offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, n};
+        c->q.packed, c->q.qabsmax, c->q.absmax2, c->q.offset, ctrl_nf4_code, ctrl_nf4_dynamic_code, n, 0};
     free(absmax), free(w);
 }
 
@@ -120,6 +120,44 @@ TEST(nf4_products_equal_dequantize_then_gemm_on_odd_shapes) {
     check_shape(33, 130, 300, 14); /* wider than one 48-column panel, several groups of 16 */
     check_shape(9, 700, 500, 15);  /* 350,000 values: more than one 1 MiB band of the fp32 path */
     check_shape(64, 896, 128, 16); /* Qwen2.5-0.5B's k/v projection, 64 tokens: the vector decoder */
+}
+
+/* A row block of a fused weight quantized whole (QLoRA on Phi-3's qkv_proj / gate_up_proj, as
+ * bitsandbytes quantizes the one nn.Linear): the products with rows [r0, r0 + rows) read the values
+ * from first = r0 IN on, blocks of 64 straddling the block's first and last rows (IN = 70, odd
+ * starts), against dequantize-the-whole-tensor-then-multiply-the-rows. */
+TEST(nf4_products_of_a_fused_row_block_equal_its_dequantized_rows) {
+    static const int blocks[][2] = {{0, 40}, {40, 24}, {64, 13}, {77, 23}}; /* q, k, v, ...: rows 100 */
+    const int IN = 70, T = 9;
+    case_w c;
+    make(&c, IN, 100, 21);
+    float *x = randn((int64_t)T * IN, 22, 2.0f), *dout = randn((int64_t)T * 40, 23, 1.0f),
+          *got = malloc(sizeof(float) * T * IN), *want = malloc(sizeof(float) * T * IN);
+    for (int b = 0; b < 4; b++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const int r0 = blocks[b][0], OUT = blocks[b][1];
+            ctrl_nf4_ref r = c.ref;
+            r.first = (int64_t)r0 * IN, r.n = (int64_t)OUT * IN;
+            const float *rows = c.deq + (size_t)r0 * IN;
+            CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(got, x, &r, NULL, T, IN, OUT, bf16), 0);
+            if (bf16)
+                CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(want, x, rows, NULL, T, IN, OUT, 0), 0);
+            else
+                ctrl_cpu_linear_forward(want, x, rows, NULL, T, IN, OUT);
+            CHECK_REL(got, want, (long)T * OUT, 1e-6);
+            CHECK_EQ_INT(ctrl_cpu_nf4_linear_backward(got, dout, &r, T, IN, OUT, bf16), 0);
+            if (bf16)
+                CHECK_EQ_INT(ctrl_cpu_linear_backward_bf16(want, NULL, NULL, dout, x, rows, T, IN, OUT, 0),
+                             0);
+            else
+                ctrl_cpu_linear_backward(want, NULL, NULL, dout, x, rows, T, IN, OUT);
+            CHECK_REL(got, want, (long)T * IN, 1e-6);
+            float v[70];
+            ctrl_cpu_nf4_values(&r, (int64_t)(OUT - 1) * IN, IN, v); /* the block's last row, bit for bit */
+            CHECK(!memcmp(v, rows + (size_t)(OUT - 1) * IN, sizeof v));
+        }
+    free(x), free(dout), free(got), free(want);
+    drop(&c);
 }
 
 /* The peak resident memory a process has had, in KiB (VmHWM), or -1. */
