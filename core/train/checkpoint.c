@@ -88,7 +88,8 @@ void ctrl_checkpoint_state_key(char *key, size_t cap, int i, const char *name) {
     snprintf(key, cap, "%06d.%s", i, name);
 }
 
-static ctrl_status save_optimizer(const char *path, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt) {
+ctrl_status ctrl_checkpoint_save_optimizer(const char *path, const ctrl_optimizer_ops *ops,
+                                           ctrl_optimizer *opt) {
     const int n = ops->state_count ? ops->state_count(opt) : 0;
     ctrl_st_write *t = calloc((size_t)(n ? n : 1), sizeof *t);
     char(*names)[80] = calloc((size_t)(n ? n : 1), sizeof *names);
@@ -221,8 +222,8 @@ static void remove_stale_tmp(const char *out_dir) {
 
 ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char *tokenizer_dir,
                                  const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
-                                 const ctrl_train_state *s, const ctrl_checkpoint_shards *shards, int keep,
-                                 char *written, size_t cap) {
+                                 const ctrl_train_state *s, const ctrl_checkpoint_shards *shards,
+                                 const ctrl_checkpoint_extra *extra, int keep, char *written, size_t cap) {
     char final[4200], tmp[4300], path[4400];
     snprintf(final, sizeof final, "%s/checkpoint-%ld", out_dir, s->step);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", final, (int)getpid());
@@ -233,12 +234,13 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
     if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(tokenizer_dir, tmp);
     if (!shards) {
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-        if (st == CTRL_OK) st = save_optimizer(path, ops, opt);
+        if (st == CTRL_OK) st = ctrl_checkpoint_save_optimizer(path, ops, opt);
     }
     for (int r = 0; shards && r < shards->n && st == CTRL_OK; r++) { /* ZeRO: each rank's slice */
         snprintf(path, sizeof path, "%s/optimizer.rank-%d.safetensors", tmp, r);
-        st = r == 0 ? save_optimizer(path, ops, opt) : shards->write(shards->user, r, path);
+        st = r == 0 ? ctrl_checkpoint_save_optimizer(path, ops, opt) : shards->write(shards->user, r, path);
     }
+    if (st == CTRL_OK && extra && extra->save) st = extra->save(extra->user, tmp);
     test_pause();
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp); /* last: it marks the checkpoint complete */
     if (st == CTRL_OK) st = write_state(path, s);
@@ -395,11 +397,19 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
         snprintf(path, sizeof path, "%s/optimizer.rank-%d.safetensors", dir, rank);
     else
         snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((st = ctrl_checkpoint_load_optimizer(path, ops, opt)) != CTRL_OK)
+        return ctrl_error_wrap(st, "%s: the optimizer state does not fit this optimizer", dir);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_checkpoint_load_optimizer(const char *path, const ctrl_optimizer_ops *ops,
+                                           ctrl_optimizer *opt) {
     ctrl_safetensors *sf;
-    if ((st = ctrl_safetensors_open(path, &sf)) != CTRL_OK) return st;
+    ctrl_status st = ctrl_safetensors_open(path, &sf);
+    if (st != CTRL_OK) return st;
     const int n = ops->state_count ? ops->state_count(opt) : 0;
     if (ctrl_safetensors_count(sf) != n)
-        st = ctrl_error_set(CTRL_ERR_FORMAT, "it holds %d buffers, the optimizer has %d",
+        st = ctrl_error_set(CTRL_ERR_FORMAT, "%s holds %d buffers, the optimizer has %d", path,
                             ctrl_safetensors_count(sf), n);
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         const char *name;
@@ -412,6 +422,5 @@ ctrl_status ctrl_checkpoint_load_state(const char *dir, const char *optimizer, c
     }
     if (st == CTRL_OK && has_state_sync(ops)) st = ops->state_sync(opt, 1); /* and onto its device */
     ctrl_safetensors_close(sf);
-    if (st != CTRL_OK) return ctrl_error_wrap(st, "%s: the optimizer state does not fit this optimizer", dir);
-    return CTRL_OK;
+    return st;
 }

@@ -44,6 +44,14 @@ typedef struct ctrl_checkpoint_shards {
     void *user;
 } ctrl_checkpoint_shards;
 
+/* What the run trains besides the model (a value model, core/train/online_ppo.c): save(user, dir)
+ * writes its files into the checkpoint directory being made, before trainer_state.json marks it
+ * complete. */
+typedef struct ctrl_checkpoint_extra {
+    ctrl_status (*save)(void *user, const char *dir);
+    void *user;
+} ctrl_checkpoint_extra;
+
 /* The name of optimizer state buffer i in the optimizer files ("000003.exp_avg_sq"). */
 void ctrl_checkpoint_state_key(char *key, size_t cap, int i, const char *name);
 
@@ -60,11 +68,19 @@ ctrl_status ctrl_copy_tokenizer_files(const char *from, const char *to);
 ctrl_status ctrl_save_chat_template(const char *template_path, const char *to);
 
 /* Writes output_dir/checkpoint-<step> atomically, then removes the oldest checkpoints beyond
- * `keep` (0 keeps all). *written (may be NULL) receives the directory. */
+ * `keep` (0 keeps all). `extra` (may be NULL) adds its files. *written (may be NULL) receives the
+ * directory. */
 ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char *tokenizer_dir,
                                  const ctrl_optimizer_ops *ops, ctrl_optimizer *opt,
-                                 const ctrl_train_state *s, const ctrl_checkpoint_shards *shards, int keep,
-                                 char *written, size_t cap);
+                                 const ctrl_train_state *s, const ctrl_checkpoint_shards *shards,
+                                 const ctrl_checkpoint_extra *extra, int keep, char *written, size_t cap);
+/* An optimizer's state buffers (state_get, brought from its device by state_sync) into one
+ * safetensors file at PATH, by ctrl_checkpoint_state_key; and back from one, onto its device. A
+ * file with other buffers is an error. */
+ctrl_status ctrl_checkpoint_save_optimizer(const char *path, const ctrl_optimizer_ops *ops,
+                                           ctrl_optimizer *opt);
+ctrl_status ctrl_checkpoint_load_optimizer(const char *path, const ctrl_optimizer_ops *ops,
+                                           ctrl_optimizer *opt);
 /* `spec` is a checkpoint directory or "last" (the newest complete checkpoint in out_dir). */
 ctrl_status ctrl_checkpoint_resolve(const char *out_dir, const char *spec, char *path, size_t cap);
 /* The newest complete checkpoint in out_dir into path, or 0 when there is none. */

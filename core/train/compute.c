@@ -53,3 +53,18 @@ void train_compute_free(train_compute *c) {
     if (c->mem) c->mem_ops->destroy(c->mem);
     c->mem = NULL;
 }
+
+int train_param_groups(ctrl_model *model, float *params, float *grads, float weight_decay,
+                       ctrl_param_group *groups) {
+    const size_t first = ctrl_model_trainable_offset(model); /* grads start there */
+    int n = 0;
+    for (int i = 0; i < ctrl_model_view_count(model); i++) {
+        const ctrl_param_view *v = ctrl_model_view(model, i);
+        if (v->offset < first) continue;
+        groups[n++] = (ctrl_param_group){.param = params + v->offset,
+                                         .grad = grads + (v->offset - first),
+                                         .numel = v->numel,
+                                         .weight_decay = v->no_decay ? 0.0f : weight_decay};
+    }
+    return n;
+}

@@ -9,6 +9,7 @@
 #define CTRL_CORE_TRAIN_COMPUTE_H
 
 #include <ctrl/memory.h>
+#include <ctrl/optimizer.h>
 
 #include "device/cuda_backend.h"
 #include "model/model.h"
@@ -29,5 +30,11 @@ ctrl_status train_compute_select(const char *device, train_compute *c);
 ctrl_status train_compute_attach(train_compute *c, ctrl_model *model, const char *dtype,
                                  const ctrl_memory_ops *mem_ops, const ctrl_config *cfg);
 void train_compute_free(train_compute *c);
+/* The optimizer's parameter groups of `model` over `params` / `grads` (the host's buffers or the
+ * device's: ctrl_model_device_params / _grads): one per trainable tensor (with LoRA the adapters and
+ * modules_to_save only), no weight decay on norms and biases (as the HF Trainer), `weight_decay`
+ * on the rest. `groups` holds ctrl_model_view_count entries; returns how many were set. */
+int train_param_groups(ctrl_model *model, float *params, float *grads, float weight_decay,
+                       ctrl_param_group *groups);
 
 #endif

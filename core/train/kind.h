@@ -120,6 +120,11 @@ typedef struct train_kind_ops {
      * loop frees it right after, before the optimizer state and activations exist (a 151k
      * vocabulary's tokenizer holds ~90 MiB). */
     int tokenizer_only_at_create;
+    /* Checkpoints (may be NULL): what the kind trains besides the model (a value model) written into
+     * a checkpoint directory being made (rank 0 only), and read back from one by every rank when
+     * the run resumes there, after `step` optimizer steps. */
+    ctrl_status (*save_state)(train_kind *k, const char *dir);
+    ctrl_status (*load_state)(train_kind *k, const char *dir, long step);
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

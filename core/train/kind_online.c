@@ -22,12 +22,7 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
     if (!k) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     k->spec.size = sizeof k->spec;
     ctrl_status st = env->trainer_ops->online_spec(env->trainer, &k->spec);
-    /* the policy, its reference and the generation engine follow [run] device; a value model not yet */
-    if (st == CTRL_OK && k->spec.value_model && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
-        st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                            "[run] trainer = %s: its value model trains on the CPU only so far (set [run] "
-                            "device = cpu; grpo and rloo train on cuda)",
-                            env->settings->run.trainer);
+    /* the policy, its reference, a value model (PPO) and the generation engine follow [run] device */
     if (st == CTRL_OK)
         st = ctrl_online_create(env->cfg, env->plugins, env->model, env->tok, env->trainer_ops, env->trainer,
                                 &k->online);
@@ -94,6 +89,14 @@ static ctrl_status online_evaluate(train_kind *k, long step, FILE *f) {
     return ctrl_online_evaluate(k->online, step, f);
 }
 
+/* A value model in checkpoints (online_ppo.c). */
+static ctrl_status online_save_state(train_kind *k, const char *dir) {
+    return ctrl_online_save_state(k->online, dir);
+}
+static ctrl_status online_load_state(train_kind *k, const char *dir, long step) {
+    return ctrl_online_load_state(k->online, dir, step);
+}
+
 const train_kind_ops train_kind_online = {
     .name = "online",
     .create = online_create,
@@ -110,4 +113,6 @@ const train_kind_ops train_kind_online = {
     .eval_at_start = 1,
     .splits_ranks = 1,
     .optimizer_step = online_optimizer_step,
+    .save_state = online_save_state,
+    .load_state = online_load_state,
 };

@@ -75,6 +75,13 @@ ctrl_status ctrl_online_after_step(ctrl_online *o);
 /* Right after the policy's optimizer step at learning rate lr (step counts from 1): a value
  * model's own step (PPO); nothing otherwise. */
 ctrl_status ctrl_online_optimizer_step(ctrl_online *o, double lr, long step);
+/* Checkpoints: what the online loop trains besides the policy (a value model: its weights and
+ * optimizer state) into DIR, a checkpoint being written; and back from one when a run resumes
+ * after `step` optimizer steps (a warning when that step falls inside a generation batch: the
+ * resumed run samples a new one where the uninterrupted run trained on). Nothing to do for GRPO
+ * and RLOO beyond that warning. */
+ctrl_status ctrl_online_save_state(ctrl_online *o, const char *dir);
+ctrl_status ctrl_online_load_state(ctrl_online *o, const char *dir, long step);
 /* Adds a value to the window's metric `name` (logged as the window's mean). */
 void ctrl_online_report(ctrl_online *o, const char *name, double value);
 /* Data parallel: the metrics reported on every rank since the last call summed into each (call

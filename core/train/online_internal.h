@@ -77,6 +77,10 @@ ctrl_status online_value_backward(ctrl_online *o, ctrl_trainer_batch *tb, int ru
 void online_value_shuffle(ctrl_online *o);
 ctrl_status online_value_zero_grad(ctrl_online *o);
 ctrl_status online_value_step(ctrl_online *o, double lr, long step);
+/* Checkpoints: its weights and optimizer state into DIR; back from DIR when resuming after `step`
+ * optimizer steps (the shuffle stream where it was). */
+ctrl_status online_value_save(ctrl_online *o, const char *dir);
+ctrl_status online_value_load(ctrl_online *o, const char *dir, long step);
 void online_value_free(ctrl_online *o);
 
 /* The trainer plugins' metrics callback (ctx: the ctrl_online). */

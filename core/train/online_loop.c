@@ -413,6 +413,29 @@ ctrl_status ctrl_online_optimizer_step(ctrl_online *o, double lr, long step) {
     return o->value ? online_value_step(o, lr, step) : CTRL_OK;
 }
 
+ctrl_status ctrl_online_save_state(ctrl_online *o, const char *dir) {
+    return o->value ? online_value_save(o, dir) : CTRL_OK;
+}
+
+ctrl_status ctrl_online_load_state(ctrl_online *o, const char *dir, long step) {
+    const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
+    const long ga = s->train.gradient_accumulation_steps;
+    const long spg = o->spec.steps_per_generation > 0 ? o->spec.steps_per_generation : ga;
+    const long per_batch = spg * o->spec.num_iterations; /* micro-batches a generation batch feeds */
+    long every = per_batch, b = ga; /* the steps between batch boundaries: per_batch / gcd(per_batch, ga) */
+    for (long a = per_batch; b;) {
+        const long t = a % b;
+        a = b, b = t, every = per_batch / a;
+    }
+    if ((step * ga) % per_batch != 0 && ctrl_collective_is_root())
+        CTRL_WARN("resuming after step %ld, inside a generation batch of %ld micro-batches (%ld of them "
+                  "trained): the resumed run samples a new batch where the uninterrupted one trained on "
+                  "the rest of its batch, so its curve differs from there (checkpoints at multiples of "
+                  "%ld steps resume on the same curve)",
+                  step, per_batch, (step * ga) % per_batch, every);
+    return o->value ? online_value_load(o, dir, step) : CTRL_OK;
+}
+
 ctrl_status ctrl_online_after_step(ctrl_online *o) {
     if (!o->server_url) return CTRL_OK; /* colocated: the engine reads the live weights */
     /* rank 0 pushes the weights every rank holds; the others wait for it before generating */

@@ -3,22 +3,33 @@
  * How it is held and run: a second ctrl_model, a sequence classifier of one label -- `[ppo]
  * value_model` (a *ForSequenceClassification directory, or a causal LM whose trunk gets a fresh
  * `score` head seeded from [run] seed), by default the policy's own weights under a fresh head, as
- * TRL's examples build it. Its per-token values are the score head read at every position
+ * TRL's examples build it. It lives where the policy does: on the policy's backend and device, in
+ * the policy's compute dtype. Its per-token values are the score head read at every position
  * (ctrl_model_score_forward_at), the policy's tokens laid out exactly as for the policy's forward.
  * After generation it scores each completion once without gradients (the rollout's old values);
  * in each micro-batch it runs forward beside the policy, the trainer's loss gives dL/dvalues, and
- * ctrl_model_score_backward_at accumulates its own gradients. It has its own optimizer (the run's
+ * ctrl_model_score_backward_at accumulates its own gradients. On a device only those per-token
+ * values (one float a token) come to the host and dL/dvalues go back; GAE and whitening are the
+ * plugin's arithmetic on them, on the host, as on the CPU. It has its own optimizer (the run's
  * optimizer plugin and settings: TRL's single optimizer over PolicyAndValueWrapper steps both with
- * the same learning rate and schedule), stepped right after the policy's. The value model is not
- * saved (TRL saves only the policy) and not part of checkpoints yet. */
+ * the same learning rate and schedule), stepped right after the policy's -- on the device when the
+ * policy's model is there and the plugin can step there (as the loop decides for the policy:
+ * [memory] offload_optimizer keeps it on the host), its gradient norm and clipping on the model's
+ * backend. The value model is not saved with the policy (TRL saves only the policy); checkpoints
+ * hold it (online_value_save / online_value_load). */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/memory.h>
 #include <ctrl/optimizer.h>
 
 #include "collective/collective.h"
+#include "model/safetensors.h"
 #include "registry/registry.h"
+#include "train/checkpoint.h"
+#include "train/compute.h"
 #include "train/online_internal.h"
 
 struct online_value {
@@ -27,6 +38,7 @@ struct online_value {
     ctrl_optimizer *opt;
     ctrl_param_group *groups;
     int n_groups;
+    int opt_on_device; /* the optimizer steps the device's buffers */
     double max_grad_norm;
     int W; /* the generation batch's response width */
     /* per completion of the generation batch, [W] each */
@@ -57,6 +69,17 @@ void online_value_free(ctrl_online *o) {
     o->value = NULL;
 }
 
+/* [memory] strategies lists offload_optimizer (the optimizer steps on the host, its state there). */
+static int offload_optimizer(const ctrl_run_plugins *p) {
+    for (int i = 0; i < p->n_memory; i++) {
+        const ctrl_memory_ops *ops = p->memory[i]->ops;
+        if (ops->size >= offsetof(ctrl_memory_ops, offload_optimizer) + sizeof ops->offload_optimizer &&
+            ops->offload_optimizer)
+            return 1;
+    }
+    return 0;
+}
+
 ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins) {
     const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
     if (ctrl_collective_size() > 1 && ctrl_model_device(o->model).type != CTRL_DEVICE_CPU)
@@ -65,12 +88,6 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
             "[run] device = %s: trainer %s's value model over several processes runs on the "
             "CPU only so far",
             s->run.device, s->run.trainer);
-    if (s->train.resume_from_checkpoint)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "[train] resume_from_checkpoint: trainer %s's value model is not in checkpoints yet "
-            "(a resumed run would start it afresh)",
-            s->run.trainer);
     online_value *v = calloc(1, sizeof *v);
     if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     o->value = v;
@@ -80,30 +97,37 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
     if (st != CTRL_OK)
         return ctrl_error_wrap(st, "[%s] value_model = %s: cannot load it as a value model", s->run.trainer,
                                dir);
-    st = ctrl_model_set_compute_dtype(v->model, ctrl_model_compute_dtype(o->model));
-    /* one parameter group per tensor, no weight decay on norms and biases, as the policy's */
+    const ctrl_device dev = ctrl_model_device(o->model);
+    if (st == CTRL_OK && dev.type != CTRL_DEVICE_CPU) /* beside the policy */
+        st = ctrl_model_to_device(v->model, ctrl_model_backend(o->model), dev);
+    if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(v->model, ctrl_model_compute_dtype(o->model));
     v->groups = calloc((size_t)ctrl_model_view_count(v->model), sizeof *v->groups);
     if (st == CTRL_OK && !v->groups) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
-    float *params = ctrl_model_params(v->model, NULL), *grads = ctrl_model_grads(v->model, NULL);
-    const size_t first = ctrl_model_trainable_offset(v->model);
-    for (int i = 0; st == CTRL_OK && i < ctrl_model_view_count(v->model); i++) {
-        const ctrl_param_view *pv = ctrl_model_view(v->model, i);
-        if (pv->offset < first) continue;
-        v->groups[v->n_groups++] =
-            (ctrl_param_group){.param = params + pv->offset,
-                               .grad = grads + (pv->offset - first),
-                               .numel = pv->numel,
-                               .weight_decay = pv->no_decay ? 0.0f : (float)s->train.weight_decay};
-    }
     v->opt_ops = plugins->optimizer->ops;
     v->max_grad_norm = s->train.max_grad_norm;
-    if (st == CTRL_OK)
+    /* on a device the optimizer is offered the device's buffers first, as the policy's (train_loop.c);
+     * one that cannot step there (CTRL_ERR_UNSUPPORTED), or [memory] offload_optimizer, steps the host
+     * copies */
+    const char *where = dev.type == CTRL_DEVICE_CPU ? "the CPU" : "the host";
+    if (st == CTRL_OK && dev.type != CTRL_DEVICE_CPU && !offload_optimizer(plugins)) {
+        v->n_groups = train_param_groups(v->model, ctrl_model_device_params(v->model),
+                                         ctrl_model_device_grads(v->model, NULL),
+                                         (float)s->train.weight_decay, v->groups);
+        st = v->opt_ops->create(ctrl_host_table(), o->cfg, v->groups, v->n_groups, dev, &v->opt);
+        if (st == CTRL_OK) v->opt_on_device = 1, where = "the device";
+        if (st == CTRL_ERR_UNSUPPORTED) st = CTRL_OK;
+    }
+    if (st == CTRL_OK && !v->opt) {
+        v->n_groups =
+            train_param_groups(v->model, ctrl_model_params(v->model, NULL), ctrl_model_grads(v->model, NULL),
+                               (float)s->train.weight_decay, v->groups);
         st = v->opt_ops->create(ctrl_host_table(), o->cfg, v->groups, v->n_groups,
                                 (ctrl_device){CTRL_DEVICE_CPU, 0}, &v->opt);
+    }
     if (st == CTRL_OK)
-        CTRL_INFO("value model: %s (%s), its own %s optimizer", dir,
+        CTRL_INFO("value model: %s (%s), its own %s optimizer stepping on %s", dir,
                   strcmp(dir, s->model.path) ? "as given" : "the policy's weights under a fresh value head",
-                  s->train.optimizer);
+                  s->train.optimizer, where);
     return st;
 }
 
@@ -297,9 +321,59 @@ ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
         const double coef = v->max_grad_norm / (sqrt(sum_sq) + 1e-6);
         if (coef < 1) st = ctrl_model_scale_grads(v->model, (float)coef);
     }
-    if (st == CTRL_OK) st = ctrl_model_grads_to_host(v->model);
+    if (st == CTRL_OK && !v->opt_on_device) st = ctrl_model_grads_to_host(v->model);
     if (st == CTRL_OK) st = v->opt_ops->step(v->opt, v->groups, v->n_groups, lr, step);
-    ctrl_model_weights_changed(v->model);
+    if (v->opt_on_device)
+        ctrl_model_device_weights_changed(v->model);
+    else
+        ctrl_model_weights_changed(v->model);
     if (st == CTRL_OK) ctrl_online_report(o, "value_model/grad_norm", sqrt(sum_sq)); /* ctrl's own */
     return st;
+}
+
+/* In a checkpoint directory: the value model's weights (fp32, under their HF names, the score head's
+ * `score.weight` among them) and its optimizer's state buffers. */
+#define VALUE_WEIGHTS "value_model.safetensors"
+#define VALUE_OPTIMIZER "value_optimizer.safetensors"
+
+ctrl_status online_value_save(ctrl_online *o, const char *dir) {
+    online_value *v = o->value;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/" VALUE_WEIGHTS, dir);
+    ctrl_status st = ctrl_model_save_weights(v->model, path, CTRL_F32); /* from the device first */
+    snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER, dir);
+    if (st == CTRL_OK) st = ctrl_checkpoint_save_optimizer(path, v->opt_ops, v->opt);
+    return st;
+}
+
+ctrl_status online_value_load(ctrl_online *o, const char *dir, long step) {
+    online_value *v = o->value;
+    const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/" VALUE_WEIGHTS, dir);
+    ctrl_safetensors *sf;
+    ctrl_status st = ctrl_safetensors_open(path, &sf);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(st,
+                               "[train] resume_from_checkpoint = %s: trainer %s's value model is not there",
+                               dir, s->run.trainer);
+    float *params = ctrl_model_params(v->model, NULL); /* the device's copy is replaced below */
+    const int n = ctrl_model_view_count(v->model);
+    if (ctrl_safetensors_count(sf) != n)
+        st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: %d tensors, the value model has %d", path,
+                            ctrl_safetensors_count(sf), n);
+    for (int i = 0; st == CTRL_OK && i < n; i++) {
+        const ctrl_param_view *pv = ctrl_model_view(v->model, i);
+        st = ctrl_safetensors_read_f32(sf, pv->name, params + pv->offset, (int64_t)pv->numel);
+    }
+    ctrl_safetensors_close(sf);
+    ctrl_model_weights_changed(v->model); /* onto the device before the next forward */
+    snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER, dir);
+    if (st == CTRL_OK) st = ctrl_checkpoint_load_optimizer(path, v->opt_ops, v->opt);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(
+            st, "[train] resume_from_checkpoint = %s: trainer %s's value model does not fit it", dir,
+            s->run.trainer);
+    v->shuffles = (uint64_t)step; /* one permutation per optimizer step so far (online_value_shuffle) */
+    return CTRL_OK;
 }

@@ -85,17 +85,7 @@ typedef struct run_state {
 } run_state;
 
 static void set_groups(run_state *r, float *params, float *grads) {
-    const size_t first = ctrl_model_trainable_offset(r->model); /* grads start there */
-    r->n_groups = 0;
-    for (int i = 0; i < ctrl_model_view_count(r->model); i++) {
-        const ctrl_param_view *v = ctrl_model_view(r->model, i);
-        if (v->offset < first) continue;
-        r->groups[r->n_groups++] =
-            (ctrl_param_group){.param = params + v->offset,
-                               .grad = grads + (v->offset - first),
-                               .numel = v->numel,
-                               .weight_decay = v->no_decay ? 0.0f : (float)r->s->train.weight_decay};
-    }
+    r->n_groups = train_param_groups(r->model, params, grads, (float)r->s->train.weight_decay, r->groups);
 }
 
 /* [memory] strategies: at most one that hooks the layers (checkpointing), given to the model, at
@@ -426,6 +416,11 @@ static ctrl_status log_window(run_state *r, ctrl_train_state *ts, long total, do
     return train_metrics_commit(&r->metrics);
 }
 
+static ctrl_status kind_save_state(void *user, const char *dir) {
+    run_state *r = user;
+    return r->kind_ops->save_state(r->kind, dir);
+}
+
 static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
     char dir[4200];
     const int keep = r->s->train.save_total_limit;
@@ -434,9 +429,11 @@ static ctrl_status save_checkpoint(run_state *r, const char *out_dir, const ctrl
     if (st == CTRL_OK && !r->root && r->zero.stage) /* ZeRO: its slice of the state to rank 0 */
         st = train_zero_send_state(&r->zero, r->opt_ops, r->opt);
     const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero};
-    if (st == CTRL_OK && r->root) /* rank 0 writes */
+    const ctrl_checkpoint_extra extra = {kind_save_state, r}; /* a value model */
+    if (st == CTRL_OK && r->root)                             /* rank 0 writes */
         st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts,
-                                  r->zero.stage ? &shards : NULL, keep, dir, sizeof dir);
+                                  r->zero.stage ? &shards : NULL, r->kind_ops->save_state ? &extra : NULL,
+                                  keep, dir, sizeof dir);
     if (st == CTRL_OK && r->root) CTRL_INFO("checkpoint saved to %s", dir);
     train_zero_release_all(&r->zero);
     return st;
@@ -651,6 +648,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
             CTRL_WARN("the checkpoint was made on %ld training examples, this run has %d: the data order "
                       "differs from the interrupted run's",
                       ts.n_examples, rows);
+        if (st == CTRL_OK && r.kind_ops->load_state) st = r.kind_ops->load_state(r.kind, ckpt, ts.step);
         if (st == CTRL_OK) CTRL_INFO("resuming from %s at step %ld", ckpt, ts.step);
     }
     if (st == CTRL_OK && r.root)

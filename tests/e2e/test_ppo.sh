@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The ppo trainer end to end (arguments: CTRL_BINARY PLUGIN_DIR SOURCE_DIR): a tiny model trained
 # with a value model beside it, generation co-located and from `ctrl serve` (the same first step),
-# sleep mode, LoRA, TRL's metric names in metrics.jsonl, a value_model directory, and bad [ppo]
-# options refused naming the key.
+# sleep mode, LoRA, TRL's metric names in metrics.jsonl, a value_model directory, bad [ppo]
+# options refused naming the key, and checkpoints that hold the value model (resume on the same curve).
 source "$(dirname "$0")/e2e_common.sh"
 tiny_setup 11 2
 
@@ -70,8 +70,37 @@ expect_error whiten "\[ppo\] whiten_rewards" "whiten_rewards = true" "num_mini_b
 expect_error est "kl_estimator" "kl_estimator = k2"
 expect_error unknown "total_episodes" "total_episodes = 10"
 expect_error vmdir "value_model" "value_model = $TMP/no-such-dir"
-ppo_ini resume 1 >"$TMP/resume.ini"
-out=$("${C[@]}" train "$TMP/resume.ini" --set train.resume_from_checkpoint=last 2>&1) && bad "resume accepted" ||
-  { echo "$out" | grep -q "resume_from_checkpoint" && ok || bad "resume: unclear error: $out"; }
+
+# Checkpoints hold the value model (its weights and AdamW state): a run resumed from checkpoint-2
+# (a generation batch boundary: 2 epochs of one batch per 2 steps) logs exactly the uninterrupted
+# run's steps 3 and 4, the value loss and the value model's gradient norm among them
+metric() {
+  awk -v s="$2" -v k="\"$3\": " 'index($0, "{\"step\": " s ",") == 1 && index($0, k) {
+    v = substr($0, index($0, k) + length(k)); sub(/[,}].*/, "", v); print v; exit }' "$1"
+}
+INI_SAVE="save_steps = 1" ppo_ini full 4 "stop_token = eos" >"$TMP/full.ini"
+"${C[@]}" train "$TMP/full.ini" >"$TMP/full.log" 2>&1 && ok || { bad "ppo run with checkpoints"; tail -3 "$TMP/full.log"; }
+for f in value_model.safetensors value_optimizer.safetensors; do
+  [ -f "$TMP/full/checkpoint-2/$f" ] && ok || bad "checkpoint-2 has no $f"
+done
+mkdir -p "$TMP/resumed" && cp -r "$TMP/full/checkpoint-2" "$TMP/resumed/"
+"${C[@]}" train "$TMP/full.ini" --set run.output_dir="$TMP/resumed" --set train.resume_from_checkpoint=last \
+  >"$TMP/resumed.log" 2>&1 && ok || { bad "ppo resume"; tail -3 "$TMP/resumed.log"; }
+for sk in 3:loss 3:grad_norm 3:value_model/grad_norm 3:objective/scores 4:loss 4:grad_norm \
+  4:value_model/grad_norm 4:loss/value_avg 4:loss/policy_avg; do # the update's metrics at its last step
+  s=${sk%%:*} k=${sk#*:}
+  a=$(metric "$TMP/full/metrics.jsonl" $s $k) b=$(metric "$TMP/resumed/metrics.jsonl" $s $k)
+  [ -n "$a" ] && [ "$a" != null ] && [ "$a" = "$b" ] && ok || bad "step $s $k after resume: '$b', uninterrupted '$a'"
+done
+# inside a generation batch (after step 1 of its 2): resumed with a warning saying the curve differs
+mkdir -p "$TMP/mid" && cp -r "$TMP/full/checkpoint-1" "$TMP/mid/"
+"${C[@]}" train "$TMP/full.ini" --set run.output_dir="$TMP/mid" --set train.resume_from_checkpoint=last \
+  >"$TMP/mid.log" 2>&1 && ok || { bad "ppo resume mid-batch"; tail -3 "$TMP/mid.log"; }
+grep -q "inside a generation batch .*multiples of 2 steps" "$TMP/mid.log" && ok || bad "no mid-batch warning"
+# a checkpoint without the value model (one from before, or another trainer's) is refused
+mkdir -p "$TMP/novm" && cp -r "$TMP/full/checkpoint-2" "$TMP/novm/" && rm "$TMP/novm/checkpoint-2/value_model.safetensors"
+out=$("${C[@]}" train "$TMP/full.ini" --set run.output_dir="$TMP/novm" --set train.resume_from_checkpoint=last 2>&1) &&
+  bad "resume without a value model accepted" ||
+  { echo "$out" | grep -q "resume_from_checkpoint = .*value model is not there" && ok || bad "resume: unclear error: $out"; }
 finish
 
