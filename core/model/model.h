@@ -191,8 +191,15 @@ ctrl_status ctrl_model_hold_bf16(ctrl_model *m);
  * fp32. CTRL_ERR_UNSUPPORTED (the model unchanged) off the CPU, with fp32 compute, QLoRA, DoRA or
  * a mixture of experts. ctrl_model_param_bytes: the bytes the parameters occupy now. */
 ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m);
-/* Whether the base is held in bf16 (here, or as it loaded: ctrl_lora_config.bf16_base). */
+/* Whether the base is held in bf16 (here, or as it loaded: ctrl_lora_config.bf16_base). Where a bf16
+ * GEMM kernel runs (AVX-512 BF16, AMX) it is held as the GEMM's packed panels instead of 2-byte
+ * values (ctrl_model_base_in_panels): packed once, never widened, multiplied by the forward, the
+ * backward's dX and decoding (model_decode_pack.c); CTRL_NO_BASE_PANELS=1 keeps the 2-byte store. */
 int ctrl_model_base_held_bf16(const ctrl_model *m);
+int ctrl_model_base_in_panels(const ctrl_model *m);
+/* The bytes of the bf16 panels decoding packed (the weights packed once for decoding and reused by
+ * the training products of the same weights; a held base's are in ctrl_model_param_bytes). */
+size_t ctrl_model_decode_panel_bytes(const ctrl_model *m);
 size_t ctrl_model_param_bytes(const ctrl_model *m);
 ctrl_status ctrl_model_place_like(ctrl_model *m, const ctrl_model *like);
 ctrl_status ctrl_model_jsd_forward(ctrl_model *student, const ctrl_batch *batch, ctrl_model *teacher,

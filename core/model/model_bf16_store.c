@@ -13,7 +13,16 @@
  * the numbers do not change. The layers' norms and biases (1-D views) keep their fp32 values in a
  * small side copy (w16_keep) put back after each widening; the embeddings, final norm, LM head, the
  * modules_to_save and the adapters (all outside the layers' ranges) are untouched. The backward
- * widens each layer again, in reverse order (model_backward.c). */
+ * widens each layer again, in reverse order (model_backward.c).
+ *
+ * Where a bf16 GEMM kernel runs (AVX-512 BF16, AMX) the LoRA base is held as the GEMM's panels
+ * instead (base_panels): each projection weight of a layer is packed once, as the layer finishes
+ * loading, into a held entry of the model's panel table (model_decode_pack.c), the layer's fp32
+ * pages are given back and its norms and biases written back into place, where they stay. Nothing
+ * is widened: the forward (x W^T), the backward's dX (dY W, the same panels read transposed) and
+ * decoding multiply by the panels, which are the weights' only copy (about 2 bytes a weight: the
+ * panels pad each weight's rows to the kernel's panel width). The products are bit for bit those
+ * of the 2-byte store (the same bf16 values, the same blocked GEMM). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +31,11 @@
 
 #include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
+
+static int getenv_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
 
 /* Gives back the whole pages inside params[lo, hi) (their contents become zeros). */
 static void release_range(ctrl_model *m, long lo, long hi) {
@@ -65,13 +79,59 @@ static long w16_at(const ctrl_model *m, int l) {
 }
 
 /* Layer l into its bf16 store: its norms and biases aside (under LoRA), its weights rounded in
- * place, narrowed into w16 and their fp32 pages given back. */
-static void pack_layer(ctrl_model *m, int l) {
+ * place, narrowed into w16 and their fp32 pages given back; or (base_panels) its projections packed
+ * into held panels, the pages given back and the norms and biases put back for good. */
+static ctrl_status pack_layer(ctrl_model *m, int l) {
     const long lo = m->w16_lo[l], hi = m->w16_lo[m->cfg.n_layers + l];
     if (m->w16_keep) keep_layer(m, l, 1);
+    if (m->base_panels) {
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            long w, bias;
+            int in, out;
+            lora_base_weight(m, l, t, &w, &bias);
+            lora_dims(m, t, &in, &out);
+            if (w >= 0) MODEL_TRY(model_pack_hold(m, (size_t)w, in, out));
+        }
+        release_range(m, lo, hi);
+        keep_layer(m, l, 0);
+        return CTRL_OK;
+    }
     ctrl_cpu_round_to_bf16(m->params + lo, m->params + lo, hi - lo);
     ctrl_cpu_f32_to_bf16(m->w16 + w16_at(m, l), m->params + lo, hi - lo); /* exact: already bf16 values */
     release_range(m, lo, hi);
+    return CTRL_OK;
+}
+
+/* Whether the base can be held as panels: a bf16 GEMM kernel runs now and every 2-D weight of the
+ * layers is covered by the projections the layer code multiplies by (lora_base_weight: q, k, v, o,
+ * gate, up, down, each inside one weight -- Phi-3's fused ones hold two or three); *n: their values. */
+static int panels_fit(const ctrl_model *m, long *n) {
+    *n = 0;
+    if (ctrl_cpu_gemm_bf16_pack_bytes(16, 16) == 0) return 0;
+    const int L = m->cfg.n_layers;
+    long in2d = 0;
+    for (int v = 0; v < m->n_views; v++) {
+        const ctrl_param_view *pv = &m->views[v];
+        if (pv->ndim == 2 && pv->offset < m->train_off && in_layers(m->w16_lo, L, pv)) in2d += pv->numel;
+    }
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            long w, bias;
+            int in, out;
+            lora_base_weight(m, l, t, &w, &bias);
+            lora_dims(m, t, &in, &out);
+            if (w < 0) continue;
+            int inside = 0; /* within one 2-D view of layer l */
+            for (int v = 0; v < m->n_views && !inside; v++) {
+                const ctrl_param_view *pv = &m->views[v];
+                inside = pv->ndim == 2 && w >= (long)pv->offset &&
+                         w + (long)in * out <= (long)(pv->offset + (size_t)pv->numel) && w >= m->w16_lo[l] &&
+                         w < m->w16_lo[L + l];
+            }
+            if (!inside) return 0;
+            *n += (long)in * out;
+        }
+    return *n == in2d;
 }
 
 /* The bf16 store's layout and buffers (nothing packed yet). base_only: the frozen base under LoRA
@@ -109,15 +169,20 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "model: trainable weights inside the layers; kept in fp32");
     }
-    uint16_t *w16 = malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
+    m->w16_lo = lo; /* (panels_fit reads the layers' ranges) */
+    long in_panels = 0;
+    const int panels = base_only && !getenv_flag("CTRL_NO_BASE_PANELS") && panels_fit(m, &in_panels);
+    uint16_t *w16 = panels ? NULL : malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
     float *keep = base_only ? malloc(sizeof(float) * (size_t)(kept > 0 ? kept : 1)) : NULL;
     long *loaded = base_only ? calloc((size_t)L, sizeof(long)) : NULL;
-    if (!w16 || (base_only && (!keep || !loaded))) {
+    if ((!panels && !w16) || (base_only && (!keep || !loaded))) {
         free(lo), free(w16), free(keep), free(loaded);
+        m->w16_lo = NULL;
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: the bf16 copy of %ld weights", total);
     }
-    m->w16 = w16, m->w16_lo = lo, m->w16_layer = -1, m->w16_keep = keep, m->w16_n = total;
-    m->w16_loaded = loaded;
+    m->w16 = w16, m->w16_lo = lo, m->w16_layer = -1, m->w16_keep = keep,
+    m->w16_n = panels ? in_panels : total;
+    m->w16_loaded = loaded, m->base_panels = panels;
     m->rounded_valid = 0;
     return CTRL_OK;
 }
@@ -125,7 +190,7 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
 static ctrl_status hold(ctrl_model *m, int base_only) {
     MODEL_TRY(begin(m, base_only));
     if (!base_only) ctrl_cpu_round_to_bf16(m->params, m->params, (int64_t)m->n_params);
-    for (int l = 0; l < m->cfg.n_layers; l++) pack_layer(m, l);
+    for (int l = 0; l < m->cfg.n_layers; l++) MODEL_TRY(pack_layer(m, l));
     return CTRL_OK;
 }
 
@@ -138,7 +203,7 @@ ctrl_status ctrl_model_hold_bf16(ctrl_model *m) {
 
 /* Why the frozen base of LoRA model m cannot be held in bf16 (CTRL_OK: it can). */
 static ctrl_status base_holdable(const ctrl_model *m) {
-    if (!m->has_lora || !m->lora || m->w16)
+    if (!m->has_lora || !m->lora || m->w16 || m->base_panels)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: the base is held in bf16 once, under LoRA");
     if (m->lora->nf4)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: the base is in NF4 (QLoRA); kept as it is");
@@ -157,7 +222,7 @@ ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m) {
 }
 
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
-    if (!m->w16) {
+    if (!m->w16_lo) {
         if (base_holdable(m) != CTRL_OK || begin(m, 1) != CTRL_OK) { /* kept in fp32: the caller logs why */
             ctrl_error_clear();
             m->w16_at_load = 0;
@@ -169,16 +234,22 @@ ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
         if ((long)v->offset >= m->w16_lo[l] && (long)v->offset < m->w16_lo[L + l]) {
             m->w16_loaded[l] += v->numel;
             if (m->w16_loaded[l] == m->w16_lo[L + l] - m->w16_lo[l])
-                pack_layer(m, l); /* the whole layer read */
+                return pack_layer(m, l); /* the whole layer read */
             break;
         }
     return CTRL_OK;
 }
 
-int ctrl_model_base_held_bf16(const ctrl_model *m) { return m->w16 != NULL && m->w16_keep != NULL; }
+int ctrl_model_base_held_bf16(const ctrl_model *m) {
+    return (m->w16 != NULL && m->w16_keep != NULL) || m->base_panels;
+}
+
+int ctrl_model_base_in_panels(const ctrl_model *m) { return m->base_panels; }
 
 size_t ctrl_model_param_bytes(const ctrl_model *m) {
     size_t bytes = sizeof(float) * m->n_params;
+    if (m->base_panels) /* the projections as panels; the norms and biases in place */
+        return bytes - sizeof(float) * (size_t)m->w16_n + model_pack_held_bytes(m);
     if (!m->w16) return bytes;
     const long *lo = m->w16_lo, *hi = m->w16_lo + m->cfg.n_layers;
     bytes -= sizeof(float) * (size_t)m->w16_n - sizeof(uint16_t) * (size_t)m->w16_n; /* held in 2 bytes */
@@ -208,6 +279,8 @@ int model_bf16_holds(const ctrl_model *m, const float *w) {
 }
 
 void model_bf16_free(ctrl_model *m) {
+    model_pack_free(m, 1); /* decoding's panels and a held base's */
+    m->base_panels = 0;
     free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded);
     m->w16_loaded = NULL;
     m->w16 = NULL, m->w16_lo = NULL, m->w16_keep = NULL;

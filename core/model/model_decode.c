@@ -79,7 +79,7 @@ ctrl_status ctrl_model_set_paged_attention(ctrl_model *m, const ctrl_attention_o
 const ctrl_attention_ops *ctrl_model_paged_attention(const ctrl_model *m) { return m->paged; }
 
 void ctrl_model_release_decode_scratch(ctrl_model *m) {
-    model_pack_free(m);
+    model_pack_free(m, 0); /* decoding's panels; a held LoRA base's stay (they are its weights) */
     m->be->free(m->dec_mem), m->be->free(m->dec_ints), m->be->free(m->dec_logits);
     free(m->dec_pos), free(m->dec_acts);
     m->dec_mem = m->dec_out = m->dec_hin = m->dec_h = m->dec_rstd = m->dec_logits = NULL;

@@ -65,8 +65,8 @@ ctrl_status model_prepare_weights(ctrl_model *m, int T) {
      * few-token forwards keep the copy, where rounding in every call would cost as much as the
      * product (a copy made for them is used by any forward while the weights stay as they are) */
     const int per_call = m->be->host_memory && T >= MODEL_BF16_COPY_MAX_T;
-    /* nor for a model held in bf16 (model_bf16_store.c): its parameters are bf16 values */
-    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !per_call && !m->w16) {
+    /* nor for a model held in bf16 (model_bf16_store.c): its parameters are bf16 values, or panels */
+    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !per_call && !m->w16 && !m->base_panels) {
         if (!m->rounded) {
             ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
             if (st != CTRL_OK)
@@ -93,7 +93,7 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
                                  const float *bias, int T, int IN, int OUT) {
     if (nf4_holds(m, w)) return nf4_linear_forward(m, out, x, w, bias, T, IN, OUT); /* QLoRA's base */
     if (!m->linear_bf16) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
-    if (m->dec_pack_on) { /* decoding: the weights packed once (model_decode_pack.c) */
+    if (m->dec_pack) { /* panels (model_decode_pack.c): decoding's, current ones, a held base */
         int used = 0;
         ctrl_status st = model_pack_linear(m, out, x, w, bias, T, IN, OUT, &used);
         if (st != CTRL_OK || used) return st;
@@ -106,6 +106,11 @@ ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, flo
                                   const float *x, const float *w, int T, int IN, int OUT) {
     if (nf4_holds(m, w)) return nf4_linear_backward(m, dx, dw, dbias, dout, w, T, IN, OUT);
     if (!m->linear_bf16) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
+    if (m->dec_pack) { /* dx on the forward's panels, read transposed (model_decode_pack.c) */
+        int used = 0;
+        ctrl_status st = model_pack_linear_backward(m, dx, dw, dbias, dout, x, w, T, IN, OUT, &used);
+        if (st != CTRL_OK || used) return st;
+    }
     return m->be->linear_backward_bf16(dx, dw, dbias, dout, x, as_multiplied(m, w), T, IN, OUT,
                                        m->rounded_valid || model_bf16_holds(m, w));
 }

@@ -247,6 +247,9 @@ struct ctrl_model {
     struct model_pack *dec_pack;
     int dec_pack_on;
     unsigned dec_pack_gen;
+    /* A LoRA run's frozen base held as bf16 panels (model_bf16_store.c): the layers' projection
+     * weights live only as held entries of dec_pack (w16 stays NULL; w16_n counts them) */
+    int base_panels;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -467,16 +470,29 @@ typedef struct model_stage {
 ctrl_status model_stage_in(ctrl_model *m, model_stage *st, const float *dlogp, float *logp, int32_t *correct);
 ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, int32_t *correct);
 
-/* Decoding's packed bf16 weights (model_decode_pack.c). usable: a bf16 model on the CPU with
+/* The weights as bf16 panels (model_decode_pack.c). usable: a bf16 model on the CPU with
  * AVX-512 BF16 whose weights only change through ctrl_model_weights_changed (and no
  * CTRL_NO_PACKED_DECODE=1); begin: the table made and dec_pack_on set (decode clears it after the
- * call); linear: out = x w^T (+ bias) on w's panels, packed first where new or stale (*used = 0:
- * w is not a parameter, nothing done); bytes: what the panels hold; free: all of it. */
+ * call); hold: the weight at params + off ([out, in]) packed as a held entry, its only copy from then
+ * on (the caller gives its fp32 pages back); valid: w's panels usable now (held, or decoding's of the
+ * current generation with CTRL_NO_PACKED_TRAIN unset), NULL otherwise; linear: out = x w^T (+ bias)
+ * on w's panels -- decoding packs w first where new or stale, other forwards only use valid ones;
+ * linear_backward: dx = dout w on valid panels read transposed, then dw, dbias as the backend
+ * computes them (*used = 0 for either: nothing done, the caller's product runs); bytes: decoding's
+ * panels, held_bytes: the held ones; free: decoding's (held_too: all of it). */
 int model_pack_usable(const ctrl_model *m);
 ctrl_status model_pack_begin(ctrl_model *m);
+ctrl_status model_pack_hold(ctrl_model *m, size_t off, int in, int out);
+const struct ctrl_cpu_bf16_packed *model_pack_valid(const ctrl_model *m, const float *w, int IN, int OUT);
 ctrl_status model_pack_linear(const ctrl_model *m, float *out, const float *x, const float *w,
                               const float *bias, int T, int IN, int OUT, int *used);
+ctrl_status model_pack_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias,
+                                       const float *dout, const float *x, const float *w, int T, int IN,
+                                       int OUT, int *used);
 size_t model_pack_bytes(const ctrl_model *m);
-void model_pack_free(ctrl_model *m);
+size_t model_pack_held_bytes(const ctrl_model *m);
+void model_pack_free(ctrl_model *m, int held_too);
+/* How many training products (forward or dX) ran on decoding's panels so far (tests). */
+size_t model_pack_reused(const ctrl_model *m);
 
 #endif

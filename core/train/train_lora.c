@@ -92,8 +92,10 @@ ctrl_status train_model_hold_base(ctrl_model *m, const ctrl_run_settings *s) {
         ctrl_error_clear();
         return CTRL_OK;
     }
-    CTRL_INFO("LoRA: the frozen base held in bf16 ([train] dtype = bf16): parameters %.1f MiB, were %.1f MiB",
-              (double)ctrl_model_param_bytes(m) / 1048576.0, (double)before / 1048576.0);
+    CTRL_INFO(
+        "LoRA: the frozen base held in bf16 ([train] dtype = bf16)%s: parameters %.1f MiB, were %.1f MiB",
+        ctrl_model_base_in_panels(m) ? " as the bf16 GEMM's packed panels" : ", widened a layer at a time",
+        (double)ctrl_model_param_bytes(m) / 1048576.0, (double)before / 1048576.0);
     return CTRL_OK;
 }
 

@@ -93,17 +93,26 @@ int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B,
 int ctrl_cpu_gemm_bf16_compiled(void);
 /* op(B)[K,N] (trans_b as ctrl_cpu_gemm_bf16) rounded and packed once, in the layout of the kernel
  * that runs now, for products against it without packing it again (weights between optimizer
- * steps; decoding): ctrl_cpu_gemm_bf16_pack (NULL on the fp32 path or without memory; about 2
- * bytes a value), _repack (B's new values, same shape; repacks for the kernel running now; 0 or
- * -1), _packed: C[M,N] (+)= op(A)[M,K] B as ctrl_cpu_gemm_bf16 computes it, bit for bit where it
- * would take the blocked path (-1, C untouched, on the fp32 path, when the kernel's layout changed
- * since packing — CTRL_NO_AMX flipped — or without memory). The packed copy is a snapshot: repack
- * after B changes. */
+ * steps; decoding; a LoRA run's frozen base, held as panels and nothing else): ctrl_cpu_gemm_bf16_pack
+ * (NULL on the fp32 path or without memory; about 2 bytes a value: _pack_bytes says how many for
+ * N x K under the kernel running now, 0 on the fp32 path), _repack (B's new values, same shape;
+ * repacks for the kernel running now; 0 or -1), _packed: C[M,N] (+)= op(A)[M,K] B as
+ * ctrl_cpu_gemm_bf16 computes it, bit for bit where it would take the blocked path (a kernel of
+ * another layout than the panels' -- CTRL_NO_AMX flipped -- reads them into its own as it goes);
+ * _packed_t: C[M,K] (+)= op(A)[M,N] op(B)^T on the same panels (a linear layer's dX = dY W on the
+ * panels of its forward's x W^T: they are re-paired 16 x 16 as they are read, 2 bytes a value, no
+ * second copy), bit for bit ctrl_cpu_gemm_bf16 on op(B)^T; both -1, C untouched, on the fp32 path
+ * or without memory. _unpack writes the bf16 values back as fp32, B stored as packed (trans_b: [N,K],
+ * else [K,N]; -1 where no panels can exist). The packed copy is a snapshot: repack after B changes. */
 typedef struct ctrl_cpu_bf16_packed ctrl_cpu_bf16_packed;
 ctrl_cpu_bf16_packed *ctrl_cpu_gemm_bf16_pack(int trans_b, int N, int K, const float *B, int ldb);
 int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb);
 int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
                               float *C, int ldc, int accumulate);
+int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
+                                float *C, int ldc, int accumulate);
+int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, int ldb);
+size_t ctrl_cpu_gemm_bf16_pack_bytes(int N, int K);
 size_t ctrl_cpu_gemm_bf16_packed_bytes(const ctrl_cpu_bf16_packed *p);
 void ctrl_cpu_gemm_bf16_packed_free(ctrl_cpu_bf16_packed *p);
 /* ctrl_cpu_gemm_bf16 with B made on the fly instead of read from memory (QLoRA's NF4 weights,
@@ -271,12 +280,12 @@ void ctrl_cpu_scale(float *x, float s, int64_t n);
  *   input's x' W^T) or else out - bias (bias may be NULL).
  * dora_backward: dmag_j += sum_t dout (yb + yl) / norm_j (in double), then in place yl = g dout,
  *   yb = (g - 1) dout. */
-void ctrl_cpu_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA, const float *BG,
-                        const float *mag, float s, int OUT, int IN, int r);
-void ctrl_cpu_dora_combine(float *out, const float *yl, const float *yb, const float *bias, const float *g, int T,
-                           int OUT);
-void ctrl_cpu_dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm, const float *g,
-                            int T, int OUT);
+void ctrl_cpu_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA,
+                        const float *BG, const float *mag, float s, int OUT, int IN, int r);
+void ctrl_cpu_dora_combine(float *out, const float *yl, const float *yb, const float *bias, const float *g,
+                           int T, int OUT);
+void ctrl_cpu_dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
+                            const float *g, int T, int OUT);
 
 #ifdef __cplusplus
 }

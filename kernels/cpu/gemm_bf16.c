@@ -42,7 +42,18 @@ typedef struct operand {
     size_t ld;
     ctrl_cpu_gemm_source src; /* non-NULL: fp32 values made by src(src_ctx, ...), p unused (pack_source) */
     const void *src_ctx;
+    /* non-NULL: B read from another product's packed panels (pack_panels), p unused; panels_t: as
+     * the transpose of the op(B) they hold */
+    const struct ctrl_cpu_bf16_packed *panels;
+    int panels_t;
 } operand;
+
+struct ctrl_cpu_bf16_packed {
+    int trans_b, N, K;
+    int nr, kc, nc, kpad; /* the layout: the kernel's that packed it */
+    size_t words;
+    uint32_t *w;
+};
 
 static inline uint16_t round_bf16(float f) {
     uint32_t u;
@@ -186,6 +197,8 @@ TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int
 
 TARGET static void pack_source(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
                                int g0, int g1);
+TARGET static void pack_panels(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
+                               int g0, int g1);
 
 /* Block rows [0, n) packed into panels of W (alloc = n rounded up to W) kp pairs deep, the groups of
  * 16 rows in [g0, g1). Where the rows lie side by side in the source (k_contig = 0), the source
@@ -194,6 +207,10 @@ TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, in
                               int g0, int g1) {
     if (o->src) {
         pack_source(dst, W, o, r0, n, k0, kc, kp, g0, g1);
+        return;
+    }
+    if (o->panels) {
+        pack_panels(dst, W, o, r0, n, k0, kc, kp, g0, g1);
         return;
     }
     const int alloc = (n + W - 1) / W * W, kc2 = (kc + 1) / 2;
@@ -238,7 +255,7 @@ TARGET static void pack_source(uint32_t *dst, int W, const operand *o, int r0, i
     for (int ga = g0; ga < g1; ga += per) {
         const int gb = ga + per < g1 ? ga + per : g1, lo = 16 * ga, hi = 16 * gb < n ? 16 * gb : n;
         /* the batch's element (r, k) at buf[(r - lo) * kc + k] (k_contig) or buf[k * (hi - lo) + r - lo] */
-        const operand m = {buf, 0, o->k_contig, (size_t)(o->k_contig ? kc : hi - lo), NULL, NULL};
+        const operand m = {buf, 0, o->k_contig, (size_t)(o->k_contig ? kc : hi - lo), NULL, NULL, NULL, 0};
         if (o->k_contig)
             for (int r = lo; r < hi; r++)
                 o->src(o->src_ctx, (size_t)(r0 + r) * o->ld + (size_t)k0, kc, buf + (size_t)(r - lo) * kc);
@@ -249,6 +266,98 @@ TARGET static void pack_source(uint32_t *dst, int W, const operand *o, int r0, i
         pack_block(dst, W, &m, -lo, n, 0, kc, kp, ga, gb);
     }
     free(buf);
+}
+
+/* A depth block of kc values as pairs, padded to a multiple of kpad. */
+static inline int pairs_padded(int kc, int kpad) { return ((kc + 1) / 2 + kpad - 1) / kpad * kpad; }
+
+/* Where p holds the pair (k, k + 1) of op(B)'s column n (k even, n a multiple of 16: the start of 16
+ * columns' pairs side by side, the pair k + 2 r of the same columns at + r * p->nr while k + 2 r stays
+ * in k's depth block; the layouts need nr, kc and nc multiples of 16, as every kernel's are). */
+static const uint32_t *panel_at(const ctrl_cpu_bf16_packed *p, int n, int k) {
+    const int jc = n / p->nc * p->nc, pc = k / p->kc * p->kc, nr = p->nr;
+    const int ncj = p->N - jc < p->nc ? p->N - jc : p->nc, ncpad = (ncj + nr - 1) / nr * nr;
+    const int full_nc = (p->nc + nr - 1) / nr * nr, kfull = pairs_padded(p->kc, p->kpad);
+    const int klast = p->K % p->kc ? pairs_padded(p->K % p->kc, p->kpad) : 0;
+    const size_t per_jc =
+        (size_t)full_nc * ((size_t)(p->K / p->kc) * kfull + klast); /* a full column block */
+    const int kpb = p->K - pc < p->kc ? pairs_padded(p->K - pc, p->kpad) : kfull;
+    return p->w + (size_t)(jc / p->nc) * per_jc + (size_t)(pc / p->kc) * kfull * ncpad +
+           (size_t)((n - jc) / nr) * kpb * nr + (size_t)((k - pc) / 2) * nr + (size_t)((n - jc) % nr);
+}
+
+/* 8 rows of p's words, 16 columns each (src, the rows nr apart; those from `rows` on read as zeros),
+ * re-paired into 8 pairs of the other index for the 16 columns: each row's adjacent words have
+ * their halves swapped (vpshufb: words (c, k), (c, k+1) | (c+1, k), (c+1, k+1) become (c, k),
+ * (c+1, k) | (c, k+1), (c+1, k+1)), then the 64-bit lanes are transposed 8 x 8 in registers; pair q
+ * is stored at k2 = q0 + q of the halves (nq of them). */
+TARGET static inline void repair8(const uint32_t *src, size_t nr, int rows, const halves *h, int q0, int nq) {
+    const __m512i swap = _mm512_set4_epi32(0x0F0E0B0A, 0x0D0C0908, 0x07060302, 0x05040100);
+    __m512i t[8];
+    if (rows == 8) {
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+            t[r] = _mm512_shuffle_epi8(_mm512_loadu_si512(src + (size_t)r * nr), swap);
+    } else
+        for (int r = 0; r < 8; r++)
+            t[r] = r < rows ? _mm512_shuffle_epi8(_mm512_loadu_si512(src + (size_t)r * nr), swap)
+                            : _mm512_setzero_si512();
+    /* 128-bit lane L of x[r]: (t[r] q 2L, t[r + 1] q 2L) for r even, (t[r - 1] q 2L+1, t[r] q 2L+1) odd */
+    const __m512i x0 = _mm512_unpacklo_epi64(t[0], t[1]), x1 = _mm512_unpackhi_epi64(t[0], t[1]);
+    const __m512i x2 = _mm512_unpacklo_epi64(t[2], t[3]), x3 = _mm512_unpackhi_epi64(t[2], t[3]);
+    const __m512i x4 = _mm512_unpacklo_epi64(t[4], t[5]), x5 = _mm512_unpackhi_epi64(t[4], t[5]);
+    const __m512i x6 = _mm512_unpacklo_epi64(t[6], t[7]), x7 = _mm512_unpackhi_epi64(t[6], t[7]);
+    const __m512i y0 = _mm512_shuffle_i64x2(x0, x2, 0x88), y2 = _mm512_shuffle_i64x2(x0, x2, 0xDD);
+    const __m512i y1 = _mm512_shuffle_i64x2(x1, x3, 0x88), y3 = _mm512_shuffle_i64x2(x1, x3, 0xDD);
+    const __m512i y4 = _mm512_shuffle_i64x2(x4, x6, 0x88), y6 = _mm512_shuffle_i64x2(x4, x6, 0xDD);
+    const __m512i y5 = _mm512_shuffle_i64x2(x5, x7, 0x88), y7 = _mm512_shuffle_i64x2(x5, x7, 0xDD);
+    const __m512i z[8] = {_mm512_shuffle_i64x2(y0, y4, 0x88), _mm512_shuffle_i64x2(y1, y5, 0x88),
+                          _mm512_shuffle_i64x2(y2, y6, 0x88), _mm512_shuffle_i64x2(y3, y7, 0x88),
+                          _mm512_shuffle_i64x2(y0, y4, 0xDD), _mm512_shuffle_i64x2(y1, y5, 0xDD),
+                          _mm512_shuffle_i64x2(y2, y6, 0xDD), _mm512_shuffle_i64x2(y3, y7, 0xDD)};
+    if (nq == 8) {
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; q++) store16(h, q0 + q, z[q]);
+    } else
+        for (int q = 0; q < nq; q++) store16(h, q0 + q, z[q]);
+}
+
+/* B read from panels p packed for another product (ctrl_cpu_gemm_bf16_pack): block rows [0, n) from
+ * r0 on and depth [k0, k0 + kc) (k0 and r0 multiples of 16, as every kernel's blocks are), groups
+ * [g0, g1) of 16 rows, into this kernel's layout. Untransposed (p's op(B); a kernel of another
+ * layout than p's): a pair of 16 columns is 16 words side by side in p, copied. Transposed (B = p's
+ * op(B)^T: dX = dY W on the forward's x W^T panels): p pairs the other index, so 16 x 16 blocks are
+ * re-paired (repair8), 8 pairs of this depth (16 of p's columns) at a time. 2 bytes read a value,
+ * nothing rounded: the values are those the panels hold. */
+TARGET static void pack_panels(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
+                               int g0, int g1) {
+    const ctrl_cpu_bf16_packed *p = o->panels;
+    const int alloc = (n + W - 1) / W * W, kc2 = (kc + 1) / 2;
+    for (int g = g0; g < g1; g++) {
+        const halves h = halves_of(dst, W, kp, 16 * g, alloc);
+        for (int k2 = kc2; k2 < kp; k2++) store16(&h, k2, _mm512_setzero_si512());
+        if (!o->panels_t)
+            for (int k2 = 0; k2 < kc2; k2++)
+                store16(&h, k2, _mm512_loadu_si512(panel_at(p, r0 + 16 * g, k0 + 2 * k2)));
+    }
+    if (!o->panels_t) return;
+    /* a panel of p's at a time (nr / 2 pairs of this depth) for each group in turn, so that p is read
+     * in order, whole rows after whole rows; where a group's rows start in p is found once per panel
+     * and stepped from there (8 pairs on: 16 words on; a group on: 8 rows on) */
+    const int span = p->nr / 2;
+    for (int qa = 0; qa < kc2; qa += span) {
+        const int whole = (k0 + 2 * qa) % p->nr == 0; /* qa starts a panel of p (same layouts: always) */
+        const uint32_t *base = NULL;
+        for (int g = g0; g < g1; g++) {
+            const int c0 = r0 + 16 * g;                                         /* p's depth */
+            const int rows = (p->K - c0 + 1) / 2 < 8 ? (p->K - c0 + 1) / 2 : 8; /* its pairs with values */
+            base = base && c0 % p->kc ? base + 8 * (size_t)p->nr : panel_at(p, k0 + 2 * qa, c0);
+            const halves h = halves_of(dst, W, kp, 16 * g, alloc);
+            for (int q0 = qa; q0 < qa + span && q0 < kc2; q0 += 8)
+                repair8(whole ? base + 2 * (q0 - qa) : panel_at(p, k0 + 2 * q0, c0), (size_t)p->nr, rows, &h,
+                        q0, kc2 - q0 < 8 ? kc2 - q0 : 8);
+        }
+    }
 }
 
 /* Block rows [0, n) as AMX's A tiles (a_rows in gemm_bf16_kernel.h): groups of 16 rows, each kp / 16
@@ -480,7 +589,8 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
     const ctrl_bf16_kernel *kk = kernel_now();
     if (!kk) return -1;
     if (M <= 0 || N <= 0) return 0;
-    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL}, b = {B, 0, trans_b, (size_t)ldb, NULL, NULL};
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
+                  b = {B, 0, trans_b, (size_t)ldb, NULL, NULL, NULL, 0};
     if (K <= 0) { /* an empty sum */
         for (int i = 0; i < M; i++)
             if (!accumulate) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
@@ -504,8 +614,8 @@ int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, con
     if (!kk) return -1;
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0) return ctrl_cpu_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, NULL, ldb, C, ldc, accumulate);
-    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL},
-                  b = {NULL, 0, trans_b, (size_t)ldb, b_src, b_ctx};
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
+                  b = {NULL, 0, trans_b, (size_t)ldb, b_src, b_ctx, NULL, 0};
     return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, NULL);
 #else
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)b_src, (void)b_ctx;
@@ -520,20 +630,14 @@ int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B,
     const ctrl_bf16_kernel *kk = kernel_now();
     if (!kk) return -1;
     if (M <= 0 || N <= 0 || K <= 0) return -1;
-    const operand a = {A, 1, 1, (size_t)K, NULL, NULL}, b = {B, 1, 1, (size_t)K, NULL, NULL};
+    const operand a = {A, 1, 1, (size_t)K, NULL, NULL, NULL, 0},
+                  b = {B, 1, 1, (size_t)K, NULL, NULL, NULL, 0};
     return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate, NULL);
 #else
     (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)accumulate;
     return -1;
 #endif
 }
-
-struct ctrl_cpu_bf16_packed {
-    int trans_b, N, K;
-    int nr, kc, nc, kpad; /* the layout: the kernel's that packed it */
-    size_t words;
-    uint32_t *w;
-};
 
 #ifdef CTRL_HAVE_BLOCKED
 static int same_layout(const ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk) {
@@ -554,7 +658,7 @@ static int pack_all(ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk, const f
         p->w = w, p->words = words;
         p->nr = kk->nr, p->kc = kk->kc, p->nc = kk->nc, p->kpad = kk->kpad;
     }
-    const operand b = {B, 0, p->trans_b, (size_t)ldb, NULL, NULL};
+    const operand b = {B, 0, p->trans_b, (size_t)ldb, NULL, NULL, NULL, 0};
     size_t off = 0;
     for (int jc = 0; jc < p->N; jc += kk->nc) {
         const int nc = p->N - jc < kk->nc ? p->N - jc : kk->nc, ngroups = (nc + 15) / 16;
@@ -610,13 +714,67 @@ int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const
                               float *C, int ldc, int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
     const ctrl_bf16_kernel *kk = kernel_now();
-    if (!p || !kk || !same_layout(p, kk)) return -1;
+    if (!p || !kk) return -1;
     if (M <= 0) return 0;
-    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL};
-    return gemm_blocked(kk, M, p->N, p->K, &a, NULL, C, (size_t)ldc, accumulate, p->w);
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0};
+    if (same_layout(p, kk))
+        return gemm_blocked(kk, M, p->N, p->K, &a, NULL, C, (size_t)ldc, accumulate, p->w);
+    const operand b = {NULL, 0, 0, 0, NULL, NULL, p, 0}; /* another kernel's layout (CTRL_NO_AMX flipped) */
+    return gemm_blocked(kk, M, p->N, p->K, &a, &b, C, (size_t)ldc, accumulate, NULL);
 #else
     (void)trans_a, (void)M, (void)A, (void)lda, (void)p, (void)C, (void)ldc, (void)accumulate;
     return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
+                                float *C, int ldc, int accumulate) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!p || !kk) return -1;
+    if (M <= 0) return 0;
+    const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
+                  b = {NULL, 0, 0, 0, NULL, NULL, p, 1};
+    return gemm_blocked(kk, M, p->K, p->N, &a, &b, C, (size_t)ldc, accumulate, NULL);
+#else
+    (void)trans_a, (void)M, (void)A, (void)lda, (void)p, (void)C, (void)ldc, (void)accumulate;
+    return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, int ldb) {
+#ifdef CTRL_HAVE_BLOCKED
+    if (!p) return -1;
+    for (int n0 = 0; n0 < p->N; n0 += 16)
+        for (int k = 0; k < p->K; k += 2) {
+            const uint32_t *w = panel_at(p, n0, k);
+            for (int j = 0; j < 16 && n0 + j < p->N; j++)
+                for (int h = 0; h < 2 && k + h < p->K; h++) {
+                    const uint32_t u = (w[j] >> (16 * h) & 0xFFFFu) << 16;
+                    float f;
+                    memcpy(&f, &u, 4);
+                    B[p->trans_b ? (size_t)(n0 + j) * ldb + k + h : (size_t)(k + h) * ldb + n0 + j] = f;
+                }
+        }
+    return 0;
+#else
+    (void)p, (void)B, (void)ldb;
+    return -1;
+#endif
+}
+
+size_t ctrl_cpu_gemm_bf16_pack_bytes(int N, int K) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_now();
+    if (!kk || N <= 0 || K <= 0) return 0;
+    size_t words = 0;
+    for (int jc = 0; jc < N; jc += kk->nc)
+        for (int pc = 0; pc < K; pc += kk->kc)
+            words += block_words(kk, N - jc < kk->nc ? N - jc : kk->nc, K - pc < kk->kc ? K - pc : kk->kc);
+    return sizeof(ctrl_cpu_bf16_packed) + sizeof(uint32_t) * words;
+#else
+    (void)N, (void)K;
+    return 0;
 #endif
 }
 

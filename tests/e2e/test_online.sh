@@ -69,6 +69,17 @@ for s in 3 4; do
   [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "step $s loss after resume: $b, uninterrupted $a"
 done
 
+# 2b. The training forward and dX multiply by the bf16 panels decoding packed in the same step (the
+#     weights unchanged until the optimizer step): the same curve, bit for bit, with that reuse off.
+sed "s|$TMP/full|$TMP/nopanels|" "$TMP/full.ini" >"$TMP/nopanels.ini"
+CTRL_NO_PACKED_TRAIN=1 "${C[@]}" train "$TMP/nopanels.ini" >/dev/null 2>&1 && ok || bad "run without panel reuse"
+for s in 1 2 3 4; do
+  for k in loss grad_norm; do
+    a=$(metric "$TMP/full/metrics.jsonl" $s $k) b=$(metric "$TMP/nopanels/metrics.jsonl" $s $k)
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "step $s $k without panel reuse: $b, with it $a"
+  done
+done
+
 # 3. RLOO with its KL penalty; GRPO with a reference model, two iterations per generation batch
 #    (old log-probs), sequence-level ratios and sleep mode.
 grpo_ini rloo rloo 3 "beta = 0.05" "[reward.acc]" "plugin = accuracy" "weight = 2" >"$TMP/rloo.ini"

@@ -18,3 +18,10 @@ set_tests_properties(test_bf16_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_E
 # The model's bf16 parity with transformers (autocast) on the emulated AMX kernel.
 add_test(NAME test_model_parity_amx COMMAND test_model_parity)
 set_tests_properties(test_model_parity_amx PROPERTIES LABELS parity ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 300)
+# The products on pre-packed panels (forward and transposed) against the unpacked GEMM: as is, on the
+# emulated AMX kernel, and with AVX-512 BF16 off (no panels: the products refuse).
+ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_gemm_bf16_panels.c unit)
+add_test(NAME test_gemm_bf16_panels_amx COMMAND test_gemm_bf16_panels)
+set_tests_properties(test_gemm_bf16_panels_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
+add_test(NAME test_gemm_bf16_panels_portable COMMAND test_gemm_bf16_panels)
+set_tests_properties(test_gemm_bf16_panels_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)

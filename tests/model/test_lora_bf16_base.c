@@ -5,9 +5,11 @@
  * between them (each layer widened again from its 2-byte store, forward then backward in reverse
  * order), over Qwen2 (q/k/v biases: the layers' norms and biases stay exact) and Llama with
  * rsLoRA. The parameters then occupy 2 bytes per base projection weight plus one layer widened in
- * fp32 (ctrl_model_param_bytes). Refused, the model unchanged, where it would change the numbers:
- * fp32 compute, DoRA (its norms read the fp32 base). Run on the AVX-512 BF16 path and the portable
- * one (CTRL_NO_AVX512BF16: the adapters rounded per call, the held base taken as already rounded). */
+ * fp32 (ctrl_model_param_bytes) -- or, where a bf16 GEMM kernel runs, the GEMM's panels of each
+ * projection (packed once, never widened: the forward, dX and decoding multiply by them). Refused, the model
+ * unchanged, where it would change the numbers: fp32 compute, DoRA (its norms read the fp32 base). Run on the
+ * AVX-512 BF16 path and the portable one (CTRL_NO_AVX512BF16: the adapters rounded per call, the held base
+ * taken as already rounded). */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include <ctrl/attention.h>
 #include <ctrl/memory.h>
 
+#include "cpu/cpu_ops.h"
 #include "json_file.h"
 #include "model/model.h"
 #include "model/peft.h"
@@ -69,19 +72,26 @@ static void same_steps(const char *name, const char *arch) {
     float *lp[3] = {calloc((size_t)T, 4), calloc((size_t)T, 4), calloc((size_t)T, 4)},
           *dlogp = calloc((size_t)T, 4);
     for (int t = 0; t < T; t++) dlogp[t] = tg[t] >= 0 ? -0.05f : 0.0f;
-    size_t in2d = 0, in1d = 0, layer0 = 0, np = 0;
+    size_t in2d = 0, in1d = 0, layer0 = 0, np = 0, panels = 0;
     for (int v = 0; m[2] && v < ctrl_model_view_count(m[2]); v++) {
         const ctrl_param_view *pv = ctrl_model_view(m[2], v);
         if (strncmp(pv->name, "model.layers.", 13) != 0 || pv->offset >= ctrl_model_trainable_offset(m[2]))
             continue;
         *(pv->ndim == 1 ? &in1d : &in2d) += (size_t)pv->numel;
+        if (pv->ndim == 2) panels += ctrl_cpu_gemm_bf16_pack_bytes((int)pv->shape[0], (int)pv->shape[1]);
         if (!strncmp(pv->name, "model.layers.0.", 15)) layer0 += (size_t)pv->numel;
     }
+    /* where a bf16 GEMM kernel runs the base is held as its panels (one weight per projection here),
+     * else as 2-byte values widened a layer at a time */
+    const int in_panels = ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32;
     if (m[2]) { /* as loaded: 2 bytes per base layer weight, the layers' norms and biases also in fp32 */
         ctrl_model_params(m[2], &np);
         CHECK(ctrl_model_base_held_bf16(m[2]) && !ctrl_model_base_held_bf16(m[0]));
-        CHECK_MSG(ctrl_model_param_bytes(m[2]) == 4 * (np - in2d - in1d) + 2 * (in2d + in1d) + 4 * in1d,
-                  "%s: as loaded, parameters in %zu bytes", name, ctrl_model_param_bytes(m[2]));
+        CHECK_EQ_INT(ctrl_model_base_in_panels(m[2]), in_panels);
+        const size_t want =
+            in_panels ? 4 * (np - in2d) + panels : 4 * (np - in2d - in1d) + 2 * (in2d + in1d) + 4 * in1d;
+        CHECK_MSG(ctrl_model_param_bytes(m[2]) == want, "%s: as loaded, parameters in %zu bytes, want %zu",
+                  name, ctrl_model_param_bytes(m[2]), want);
     }
     if (m[0] && m[1] && m[2]) {
         for (int k = 0; k < 3; k++) CHECK_EQ_INT(ctrl_model_set_compute_dtype(m[k], CTRL_BF16), CTRL_OK);
@@ -113,8 +123,9 @@ static void same_steps(const char *name, const char *arch) {
                 ctrl_model_weights_changed(m[k]);
             }
         }
-        /* and after the steps layer 0 (the backward's last) widened in fp32 too */
-        const size_t want = 4 * (np - in2d - in1d) + 2 * (in2d + in1d) + 4 * in1d + 4 * layer0;
+        /* and after the steps layer 0 (the backward's last) widened in fp32 too; panels: as loaded */
+        const size_t want = in_panels ? 4 * (np - in2d) + panels
+                                      : 4 * (np - in2d - in1d) + 2 * (in2d + in1d) + 4 * in1d + 4 * layer0;
         for (int k = 1; k < 3; k++)
             CHECK_MSG(ctrl_model_param_bytes(m[k]) == want, "%s: parameters in %zu bytes, want %zu (%d)",
                       name, ctrl_model_param_bytes(m[k]), want, k);

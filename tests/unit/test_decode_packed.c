@@ -14,6 +14,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "file_text.h"
+#include "model/json_file.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/model_internal.h"
@@ -150,4 +151,124 @@ TEST(packed_weights_follow_weight_changes) {
     free(a), free(b);
     ctrl_model_free(m), ctrl_model_free(fresh);
     cJSON_Delete(cases);
+}
+
+/* The tiny Qwen2 in bf16 that trains (flash attention) and decodes (paged). */
+static ctrl_model *load_train(const ctrl_registry *reg) {
+    ctrl_model *m = test_tiny_qwen2(reg);
+    if (!m) return NULL;
+    test_attach_paged(m);
+    CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
+    return m;
+}
+
+/* The fixture's training batch: log-probs and gradients of one forward + backward. */
+typedef struct fixture_batch {
+    int T, n_cu;
+    int32_t *tok, *pos, *tg, *cu;
+    float *dlogp;
+} fixture_batch;
+
+static int32_t *ints_of(const cJSON *root, const char *key, int *n) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
+    *n = cJSON_GetArraySize(a);
+    int32_t *out = calloc((size_t)(*n ? *n : 1), sizeof(int32_t));
+    int i = 0;
+    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
+    return out;
+}
+
+static fixture_batch batch_of(const char *arch) {
+    char path[512];
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s/batch.json", arch);
+    cJSON *root = json_file(path);
+    fixture_batch b = {0};
+    int n;
+    b.tok = ints_of(root, "tokens", &b.T), b.pos = ints_of(root, "positions", &n);
+    b.tg = ints_of(root, "targets", &n), b.cu = ints_of(root, "cu_seqlens", &b.n_cu);
+    b.dlogp = calloc((size_t)b.T, sizeof(float));
+    for (int t = 0; t < b.T; t++) b.dlogp[t] = b.tg[t] >= 0 ? -0.05f : 0.0f;
+    cJSON_Delete(root);
+    return b;
+}
+
+/* One forward + backward of the batch: log-probs into lp, gradients copied into g. */
+static void train_pass(ctrl_model *m, const fixture_batch *fb, float *lp, float *g) {
+    const ctrl_batch b = {.T = fb->T,
+                          .B = fb->n_cu - 1,
+                          .tokens = fb->tok,
+                          .positions = fb->pos,
+                          .cu_seqlens = fb->cu,
+                          .targets = fb->tg};
+    size_t ng = 0;
+    ctrl_model_set_training(m, 1, 1);
+    CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_forward_fused(m, &b, fb->dlogp, lp, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_backward(m, NULL), CTRL_OK);
+    const float *grads = ctrl_model_grads(m, &ng);
+    memcpy(g, grads, sizeof(float) * ng);
+}
+
+static void change_weights(ctrl_model *m) {
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = m->params[i] * 0.75f + 0.001f * (float)(i % 7);
+    ctrl_model_weights_changed(m);
+}
+
+static void reuse_rounds(ctrl_model *m, ctrl_model *ref, const cJSON *cases, const fixture_batch *fb);
+
+/* An online trainer's step: decode (every projection packed), then train on the same weights: the
+ * training forward and the backward's dX multiply by decoding's panels, and the log-probs and
+ * gradients are bit for bit those of a model that never decoded (every product packing W itself).
+ * After an optimizer-like change of every weight the stale panels are never used (the products equal
+ * the other model's, which has the changed weights, and nothing more was reused); after decoding
+ * again they are used again; CTRL_NO_PACKED_TRAIN=1 turns the reuse off. */
+TEST(training_reuses_decoding_panels_until_the_weights_change) {
+    if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32)
+        TEST_SKIP("no bf16 GEMM kernel here: nothing is packed");
+    cJSON *cases = cases_of("qwen2");
+    ctrl_registry *reg = test_plugin_registry();
+    ctrl_model *m = load_train(reg), *ref = load_train(reg);
+    fixture_batch fb = batch_of("qwen2");
+    CHECK(fb.T > 4); /* (1-4 rows sum in another order on the unpacked path) */
+    if (m && ref && cases && fb.T > 4) reuse_rounds(m, ref, cases, &fb);
+    free(fb.tok), free(fb.pos), free(fb.tg), free(fb.cu), free(fb.dlogp);
+    ctrl_model_free(m), ctrl_model_free(ref);
+    ctrl_registry_destroy(reg);
+    cJSON_Delete(cases);
+}
+
+static void reuse_rounds(ctrl_model *m, ctrl_model *ref, const cJSON *cases, const fixture_batch *pfb) {
+    const fixture_batch fb = *pfb;
+    const int V = ctrl_model_cfg(m)->vocab_size, L = ctrl_model_cfg(m)->n_layers;
+    size_t ng = 0;
+    ctrl_model_grads(m, &ng);
+    float *lg = malloc(sizeof(float) * 3 * 2 * V),
+          *lp[2] = {malloc(sizeof(float) * fb.T), malloc(sizeof(float) * fb.T)};
+    float *g[2] = {malloc(sizeof(float) * ng), malloc(sizeof(float) * ng)};
+    int32_t gen[2][12];
+    for (int round = 0; round < 3; round++) {
+        if (round != 1)
+            run(m, cases, 3, lg, gen); /* round 1: the weights changed and nothing decoded since */
+        const size_t before = model_pack_reused(m);
+        train_pass(m, &fb, lp[0], g[0]);
+        train_pass(ref, &fb, lp[1], g[1]);
+        const size_t used = model_pack_reused(m) - before;
+        /* 7 projections a layer, forward and dX (the forward twice where checkpointing recomputes) */
+        if (round == 1)
+            CHECK_MSG(used == 0, "round %d: %zu products on panels of changed weights", round, used);
+        else
+            CHECK_MSG(used >= (size_t)(2 * 7 * L), "round %d: %zu products on decoding's panels, want >= %d",
+                      round, used, 2 * 7 * L);
+        CHECK_MSG(!memcmp(lp[0], lp[1], sizeof(float) * fb.T), "round %d: log-probs differ", round);
+        CHECK_MSG(!memcmp(g[0], g[1], sizeof(float) * ng), "round %d: gradients differ (rel %.3g)", round,
+                  test_rel_error_f32(g[0], g[1], (long)ng));
+        if (round == 0) change_weights(m), change_weights(ref);
+    }
+    setenv("CTRL_NO_PACKED_TRAIN", "1", 1); /* decoding's panels current, the reuse off */
+    const size_t before = model_pack_reused(m);
+    train_pass(m, &fb, lp[0], g[0]);
+    CHECK_EQ_INT(model_pack_reused(m) - before, 0);
+    CHECK(!memcmp(g[0], g[1], sizeof(float) * ng));
+    unsetenv("CTRL_NO_PACKED_TRAIN");
+    free(lg), free(lp[0]), free(lp[1]), free(g[0]), free(g[1]);
 }

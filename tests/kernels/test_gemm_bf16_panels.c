@@ -1,0 +1,121 @@
+/* The bf16 GEMM on pre-packed panels (kernels/cpu/gemm_bf16.c, ctrl_cpu_gemm_bf16_pack and the
+ * products on its panels), against the unpacked GEMM, ctrl_cpu_gemm_bf16, bit for bit: the forward
+ * x W^T (_packed) and the backward's dX = dY W read from the forward's panels transposed
+ * (_packed_t; where ctrl_cpu_gemm_bf16 takes its 1-4 row path, x W^T with W [N,K], its sums run
+ * in another order: within 1e-5), for B packed from [N,K] and [K,N] storage, on shapes past every block edge
+ * (K odd, K past the 384 / 512 depth blocks, N and K past the 8160 / 8192 column blocks, M past the 192 / 256
+ * row blocks, N and K off the 16-value groups and the 48 / 32-column panels); panels packed under one kernel
+ * multiplied under the other (the AMX kernel emulated, CTRL_AMX_EMULATE, against AVX-512 BF16: another panel
+ * width, depth block and padding); _unpack gives back the rounded values. ctest runs it as is, on the
+ * emulated AMX kernel and with CTRL_NO_AVX512BF16=1, where no panels can be made and the products refuse. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+#include "test.h"
+
+static float frand(unsigned *s) {
+    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
+}
+
+static float *rnd(size_t n, unsigned *seed) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = frand(seed);
+    return x;
+}
+
+/* a and b equal bit for bit, or (few: ctrl_cpu_gemm_bf16 took its 1-4 row path, whose sums run in
+ * another order) within 1e-5 */
+static int same(const float *a, const float *b, size_t n, int few) {
+    return few ? test_rel_error_f32(a, b, (long)n) <= 1e-5 : !memcmp(a, b, sizeof(float) * n);
+}
+
+/* p packed from B (trans_b: stored [N,K], else [K,N]); forward C[M,N] = A[M,K] op(B) and transposed
+ * C[M,K] = A'[M,N] op(B)^T against ctrl_cpu_gemm_bf16 on the same B, accumulate off and on. */
+static int check(int M, int N, int K, int trans_b, const ctrl_cpu_bf16_packed *p, const float *B,
+                 unsigned *seed, const char *what) {
+    const int ldb = trans_b ? K : N;
+    float *A = rnd((size_t)M * K, seed), *At = rnd((size_t)M * N, seed);
+    float *c1 = rnd((size_t)M * N, seed), *c2 = malloc(sizeof(float) * (size_t)M * N);
+    float *d1 = rnd((size_t)M * K, seed), *d2 = malloc(sizeof(float) * (size_t)M * K);
+    for (int acc = 0; acc < 2; acc++) {
+        memcpy(c2, c1, sizeof(float) * (size_t)M * N), memcpy(d2, d1, sizeof(float) * (size_t)M * K);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(0, M, A, K, p, c1, N, acc), 0);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16(0, trans_b, M, N, K, A, K, B, ldb, c2, N, acc), 0);
+        CHECK_MSG(same(c1, c2, (size_t)M * N, M <= 4 && trans_b), "%s %dx%dx%d tb %d acc %d: forward differs",
+                  what, M, N, K, trans_b, acc);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_t(0, M, At, N, p, d1, K, acc), 0);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16(0, !trans_b, M, K, N, At, N, B, ldb, d2, K, acc), 0);
+        CHECK_MSG(same(d1, d2, (size_t)M * K, M <= 4 && !trans_b),
+                  "%s %dx%dx%d tb %d acc %d: transposed differs (rel %.3g)", what, M, N, K, trans_b, acc,
+                  test_rel_error_f32(d1, d2, (long)M * K));
+    }
+    free(A), free(At), free(c1), free(c2), free(d1), free(d2);
+    return !test_current_failed;
+}
+
+static int amx_emulate(int on) {
+    if (on) return setenv("CTRL_AMX_EMULATE", "1", 1);
+    return unsetenv("CTRL_AMX_EMULATE");
+}
+
+TEST(panels_forward_and_transposed_match_the_unpacked_gemm) {
+    const int fast = ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32;
+    static const int shapes[][3] = {{7, 65, 33},   {13, 130, 257}, {200, 70, 515},  {37, 17, 1},
+                                    {5, 50, 2},    {9, 160, 401},  {300, 33, 1030}, {3, 8200, 40},
+                                    {6, 24, 8230}, {260, 96, 64}};
+    unsigned seed = 11;
+    int n_ok = 0, n = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int tb = 0; tb < 2; tb++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            float *B = rnd((size_t)N * K, &seed);
+            ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(tb, N, K, B, tb ? K : N);
+            if (!fast) { /* the fp32 path: nothing to pack, products refused, C untouched */
+                CHECK(p == NULL && ctrl_cpu_gemm_bf16_pack_bytes(N, K) == 0);
+                float c = 7;
+                CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_t(0, 1, B, N, NULL, &c, 1, 0), -1);
+                CHECK(c == 7);
+                free(B);
+                continue;
+            }
+            CHECK(p != NULL && ctrl_cpu_gemm_bf16_packed_bytes(p) == ctrl_cpu_gemm_bf16_pack_bytes(N, K));
+            n++, n_ok += p && check(M, N, K, tb, p, B, &seed, "same kernel");
+            /* the values back: B rounded, in B's storage */
+            float *u = calloc((size_t)N * K, sizeof(float)), *r = malloc(sizeof(float) * (size_t)N * K);
+            ctrl_cpu_round_to_bf16(r, B, (int64_t)N * K);
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_unpack(p, u, tb ? K : N), 0);
+            CHECK_MSG(!memcmp(u, r, sizeof(float) * (size_t)N * K), "%dx%d tb %d: unpacked values differ", N,
+                      K, tb);
+            free(u), free(r);
+            ctrl_cpu_gemm_bf16_packed_free(p);
+            free(B);
+        }
+    if (fast) printf("  %d of %d products bit for bit (%s)\n", n_ok, n, ctrl_cpu_bf16_path(&(int){0}));
+}
+
+/* Panels packed under AVX-512 BF16 read by the emulated AMX kernel and the other way round: the
+ * products equal the reading kernel's own unpacked GEMM bit for bit. */
+TEST(panels_of_another_kernel_layout) {
+    if (getenv("CTRL_AMX_EMULATE") || getenv("CTRL_NO_AVX512BF16") ||
+        ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_AVX512) {
+        printf("  not run here: needs AVX-512 BF16 (the emulated AMX kernel runs on it) and no switch set\n");
+        return;
+    }
+    static const int shapes[][3] = {{7, 65, 33}, {40, 100, 530}, {33, 8200, 20}, {5, 30, 8250}};
+    unsigned seed = 5;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int way = 0; way < 2; way++) {
+            const int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            float *B = rnd((size_t)N * K, &seed);
+            amx_emulate(way == 0); /* packed under one kernel ... */
+            ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(1, N, K, B, K);
+            amx_emulate(way == 1); /* ... read by the other */
+            CHECK(p != NULL);
+            if (p) check(M, N, K, 1, p, B, &seed, way ? "avx512 panels on amx" : "amx panels on avx512");
+            amx_emulate(0);
+            ctrl_cpu_gemm_bf16_packed_free(p);
+            free(B);
+        }
+}
