@@ -14,7 +14,8 @@
 #     --vocab 151936 --tie-embeddings
 # usage: bench/peft/lora_sft_long.sh BUILD_DIR HIDDEN LAYERS HEADS KV_HEADS INTERMEDIATE [--tokenizer DIR]
 #        [--vocab N] [--tie-embeddings] [--steps N (3)] [--batch N (4)] [--row N (256)] [--no-trl]
-#        [--ctrl "bf16 fp32" (ctrl's dtypes to run; "" none)] [--trl-modes "autocast bf16"]
+#        [--ctrl "bf16 fp32" (ctrl's runs; "" none; bf16-store: bf16 with the base in the 2-byte store
+#        widened per layer, CTRL_NO_BASE_PANELS=1, as before the panels)] [--trl-modes "autocast bf16"]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
@@ -87,8 +88,10 @@ printf '| run | peak RSS (MiB) | wall (s) | CPU (s) | tokens/s (wall) | tokens/s
 printf '|---|---|---|---|---|---|---|---|\n'
 for dtype in $DTYPES; do
   out=$TMP/out-$dtype
-  /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
-    --set train.dtype=$dtype >"$TMP/log-$dtype" 2>&1 || { tail -5 "$TMP/log-$dtype"; exit 1; }
+  env=() real=$dtype
+  [ "$dtype" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
+  env "${env[@]}" /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
+    --set train.dtype=$real >"$TMP/log-$dtype" 2>&1 || { tail -5 "$TMP/log-$dtype"; exit 1; }
   peak=$(awk -F': ' '/Maximum resident/ {print $2}' "$TMP/time-$dtype")
   wall=$(awk -F': ' '/Elapsed/ {print $2}' "$TMP/time-$dtype")
   cpu=$(awk -F': ' '/User time|System time/ {t += $2} END {print t}' "$TMP/time-$dtype")
@@ -100,6 +103,7 @@ for dtype in $DTYPES; do
     "$tps" "$([ -n "$tokens" ] && awk -v n="$tokens" -v c="$cpu" 'BEGIN {printf "%.1f", n / c}' || echo -)" \
     "${tokens:--}" "$loss"
   grep -h "frozen base" "$TMP/log-$dtype" | sed 's/^.*LoRA: /  (ctrl log: /; s/$/)/' || true
+  grep -h "memory after the first step" "$TMP/log-$dtype" | sed 's/^.*memory after/  (ctrl log: memory after/; s/$/)/' || true
 done
 if [ $TRL = 1 ]; then
   for mode in $MODES; do

@@ -128,8 +128,11 @@ static const ctrl_option train_options[] = {
      "projection rounding its weights as it runs (a rounded copy only for few-token forwards, decoding); on "
      "CUDA bf16 cuBLASLt GEMMs where libctrl_cuda has them (refused "
      "naming this key where not); fp16: not supported. With [peft] LoRA, bf16 on the CPU also holds the "
-     "frozen base's layer weights in bf16 (2 bytes each, widened to fp32 one layer at a time: the same "
-     "numbers); not with DoRA, QLoRA or experts."},
+     "frozen base's layer weights in bf16 (with AMX or AVX-512 BF16 as the GEMM's packed panels, multiplied "
+     "by the forward, the backward's dX and decoding; else 2 bytes each, widened to fp32 one layer at a "
+     "time: the same numbers either way); not with DoRA, QLoRA or experts. Online trainers in bf16 also "
+     "train on the panels decoding packed in the same step (the weights unchanged until the optimizer "
+     "step; CTRL_NO_PACKED_TRAIN=1 turns that off: the same numbers)."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"report_to", CTRL_OPT_LIST, "png", 0, 0, 0, "none|all|jsonl|png|tensorboard",
      "Where logged metrics go besides output_dir/metrics.jsonl (always written): png (output_dir/"
