@@ -364,14 +364,24 @@ static ctrl_status train_step(run_state *r, const int *order, long *cursor, int 
     *grad_norm = sqrt(sum_sq);
     if ((st = train_health_step(step, out->loss, *grad_norm)) != CTRL_OK) return st;
     /* torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1. */
+    /* On the CPU an optimizer that can scales the gradients as it reads them (step_scaled): one
+     * pass less over them, the same values. */
+    const ctrl_optimizer_ops *oo = r->opt_ops;
+    const int fuse = !on_device && !r->zero.stage &&
+                     oo->size >= offsetof(ctrl_optimizer_ops, step_scaled) + sizeof oo->step_scaled &&
+                     oo->step_scaled;
+    float scale = 1.0f;
     const double max_norm = r->s->train.max_grad_norm;
     if (max_norm > 0) {
         double coef = max_norm / (*grad_norm + 1e-6);
         if (coef < 1 && r->zero.stage) st = train_zero_scale_grads(&r->zero, r->model, (float)coef);
-        if (coef < 1 && !r->zero.stage) st = ctrl_model_scale_grads(r->model, (float)coef);
+        if (coef < 1 && fuse) scale = (float)coef;
+        if (coef < 1 && !r->zero.stage && !fuse) st = ctrl_model_scale_grads(r->model, (float)coef);
     }
     if (st == CTRL_OK && !r->opt_on_device && !r->zero.stage) st = ctrl_model_grads_to_host(r->model);
-    if (st == CTRL_OK) st = r->opt_ops->step(r->opt, r->groups, r->n_groups, lr, step + 1);
+    if (st == CTRL_OK)
+        st = fuse ? oo->step_scaled(r->opt, r->groups, r->n_groups, lr, step + 1, scale)
+                  : oo->step(r->opt, r->groups, r->n_groups, lr, step + 1);
     if (st == CTRL_OK && r->zero.stage) st = train_zero_gather_params(&r->zero, r->model);
     if (st == CTRL_OK && r->kind_ops->optimizer_step) st = r->kind_ops->optimizer_step(r->kind, lr, step + 1);
     if (r->opt_on_device)

@@ -37,6 +37,12 @@ typedef struct ctrl_optimizer_ops {
      * buffers state_get returns as host copies, and this moves them: to_device = 0 before the
      * core reads them (a checkpoint save), 1 after it wrote them (a resume). */
     ctrl_status (*state_sync)(ctrl_optimizer *opt, int to_device);
+    /* Appended, optional (check `size`): `step` with every gradient multiplied by grad_scale first,
+     * as if the core had stored grad * grad_scale (global-norm clipping's factor, fused into the
+     * update: the core then makes no pass of its own over the gradients, which stay unscaled). The
+     * core asks it only of an optimizer stepping host memory; 1.0 is a plain step. */
+    ctrl_status (*step_scaled)(ctrl_optimizer *opt, const ctrl_param_group *groups, int n_groups, double lr,
+                               int64_t step, float grad_scale);
 } ctrl_optimizer_ops;
 
 #ifdef __cplusplus

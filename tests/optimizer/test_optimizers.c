@@ -1,7 +1,10 @@
 /* The adamw and sgd plugins against torch.optim trajectories (tests/reference/make_optimizer_fixtures.py):
  * two parameter groups (with and without weight decay), a learning rate changing every step,
  * six steps; parameters must match torch to fp32 rounding. */
+#include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +165,96 @@ TEST(torch_trajectories) {
     }
     fclose(f);
     CHECK_EQ_INT(cases, 5);
+}
+
+/* The torch.optim.AdamW formula as the plugin's scalar loop computed it, one operation a statement
+ * (no compiler may fuse a multiply and an add), for the groups' elements in turn. */
+static void adamw_scalar(float *p, float *m, float *v, const float *g, int64_t n, double lr, double wd,
+                         int64_t t, float scale) {
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float step_size = (float)(lr / (1.0 - pow(0.9, (double)t)));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(0.999, (double)t));
+    const float decay = (float)(1.0 - lr * wd);
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = g[i] * scale;
+        p[i] *= decay;
+        float a = b1 * m[i], b = (1.0f - b1) * gi;
+        m[i] = a + b;
+        a = b2 * v[i], b = (1.0f - b2) * gi, b = b * gi;
+        v[i] = a + b;
+        float denom = sqrtf(v[i]) / bc2_sqrt;
+        denom = denom + eps;
+        const float upd = step_size * m[i];
+        p[i] -= upd / denom;
+    }
+}
+
+/* The plugin's vectorised update (threads over blocks of 16384 across every group) equals that scalar
+ * loop bit for bit on groups past the block edge, an empty one and one shorter than a vector
+ * included; step_scaled(s) equals a step on gradients multiplied by s, and leaves them unscaled. */
+TEST(adamw_vector_update_is_the_scalar_loop_bit_for_bit) {
+    const ctrl_plugin *plugin = find_plugin("adamw");
+    if (!plugin) return;
+    hp_table hp = {0};
+    hp_fill_defaults(&hp, plugin);
+    const ctrl_optimizer_ops *ops = plugin->ops;
+    CHECK(ops->size >= offsetof(ctrl_optimizer_ops, step_scaled) + sizeof ops->step_scaled &&
+          ops->step_scaled);
+    enum { G = 4 };
+    const int64_t numel[G] = {7, 0, 16384 * 2 + 5, 50001};
+    const float wd[G] = {0.0f, 0.1f, 0.01f, 0.1f};
+    ctrl_param_group groups[G];
+    float *ref_p[G], *ref_m[G], *ref_v[G], *grad[G], *grad_copy[G];
+    uint32_t x = 12345;
+    for (int g = 0; g < G; g++) {
+        const size_t n = (size_t)numel[g] + 1;
+        groups[g] =
+            (ctrl_param_group){.param = malloc(n * sizeof(float)), .numel = numel[g], .weight_decay = wd[g]};
+        ref_p[g] = malloc(n * sizeof(float)), ref_m[g] = calloc(n, sizeof(float));
+        ref_v[g] = calloc(n, sizeof(float)), grad[g] = malloc(n * sizeof(float));
+        grad_copy[g] = malloc(n * sizeof(float));
+        for (int64_t i = 0; i < numel[g]; i++) {
+            x = x * 1664525u + 1013904223u;
+            groups[g].param[i] = ref_p[g][i] = (float)((x >> 8) * (1.0 / 16777216.0) - 0.5);
+        }
+        groups[g].grad = grad[g];
+    }
+    ctrl_optimizer *opt = NULL;
+    CHECK_EQ_INT(
+        ops->create(&test_host, (const ctrl_config *)&hp, groups, G, (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+        CTRL_OK);
+    if (!opt) return;
+    const float scales[4] = {1.0f, 0.37f, 1.0f, 0.0123f};
+    for (int t = 1; t <= 4; t++) {
+        const double lr = 1e-3 * t;
+        for (int g = 0; g < G; g++)
+            for (int64_t i = 0; i < numel[g]; i++) {
+                x = x * 1664525u + 1013904223u;
+                grad[g][i] = (float)(((x >> 8) * (1.0 / 16777216.0) - 0.5) * (t == 2 ? 1e3 : 1.0));
+                grad_copy[g][i] = grad[g][i];
+            }
+        for (int g = 0; g < G; g++)
+            adamw_scalar(ref_p[g], ref_m[g], ref_v[g], grad[g], numel[g], lr, wd[g], t, scales[t - 1]);
+        CHECK_EQ_INT(t % 2 ? ops->step(opt, groups, G, lr, t)
+                           : ops->step_scaled(opt, groups, G, lr, t, scales[t - 1]),
+                     CTRL_OK);
+        for (int g = 0; g < G; g++) {
+            const size_t bytes = (size_t)numel[g] * sizeof(float);
+            CHECK_MSG(!memcmp(groups[g].param, ref_p[g], bytes), "step %d group %d: parameters differ", t, g);
+            CHECK_MSG(!memcmp(grad[g], grad_copy[g], bytes), "step %d group %d: the gradients changed", t, g);
+            const char *name;
+            float *m, *v;
+            int64_t n;
+            CHECK_EQ_INT(ops->state_get(opt, 2 * g, &name, &m, &n), CTRL_OK);
+            CHECK_EQ_INT(ops->state_get(opt, 2 * g + 1, &name, &v, &n), CTRL_OK);
+            CHECK_MSG(!memcmp(m, ref_m[g], bytes) && !memcmp(v, ref_v[g], bytes),
+                      "step %d group %d: state differs", t, g);
+        }
+    }
+    ops->destroy(opt);
+    for (int g = 0; g < G; g++)
+        free(groups[g].param), free(ref_p[g]), free(ref_m[g]), free(ref_v[g]), free(grad[g]),
+            free(grad_copy[g]);
 }
 
 TEST(nesterov_needs_momentum) {

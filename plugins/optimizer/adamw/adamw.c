@@ -106,40 +106,85 @@ oom:
     return ctrl_error_set(CTRL_ERR_NOMEM, "optimizer adamw: out of memory for the state");
 }
 
-static ctrl_status adamw_step(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
-                              int64_t step) {
+/* One group's update over [0, n): the formula above, each gradient multiplied by `scale` first
+ * (global-norm clipping, fused: exactly what the core's own pass x[i] *= scale would have stored).
+ * The operations and their order are the scalar loop's; `omp simd` with restrict pointers lets the
+ * compiler run it 16 lanes wide (the plugin is built with -fno-math-errno so that sqrtf is the
+ * vector instruction, correctly rounded as the scalar one: the results are bit for bit the same).
+ * Scalar, the two divisions and the square root made the update compute-bound at 494M parameters
+ * (1.3 CPU s a step); vectorised it runs at memory speed. */
+static void adamw_span(float *restrict p, float *restrict m, float *restrict v, const float *restrict grad,
+                       int64_t n, float scale, float decay, float b1, float b2, float eps, float step_size,
+                       float bc2_sqrt) {
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = grad[i] * scale;
+        const float pi = p[i] * decay;
+        const float mi = b1 * m[i] + c1 * gi;
+        const float vi = b2 * v[i] + c2 * gi * gi;
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        m[i] = mi, v[i] = vi;
+        p[i] = pi - step_size * mi / denom;
+    }
+}
+
+/* Blocks of this many parameters are the threads' unit of work (whole cache lines, 64 KiB of each
+ * of p, m, v and the gradient). */
+#define ADAMW_BLOCK 16384
+
+static ctrl_status adamw_update(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
+                                int64_t step, float scale) {
     if (n_groups != o->n_groups || step < 1)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: step %lld with %d groups (created with %d)",
                               (long long)step, n_groups, o->n_groups);
+    if (o->dev && scale != 1.0f) /* the core scales device gradients itself (it never asks this) */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "optimizer adamw: a fused gradient scale on a device");
     const float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
     const double bc1 = 1.0 - pow(o->beta1, (double)step);
     const float step_size = (float)(lr / bc1);
     const float bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, (double)step));
-    for (int g = 0; g < n_groups; g++) {
+    for (int g = 0; g < n_groups; g++)
         if (groups[g].numel != o->numel[g])
             return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: group %d changed size", g);
-        if (o->dev) { /* the fused kernel: the same formula, on the device */
+    if (o->dev) {
+        for (int g = 0; g < n_groups; g++) { /* the fused kernel: the same formula, on the device */
             ctrl_status st =
                 o->dev->adamw_step(groups[g].param, groups[g].grad, o->m[g], o->v[g], groups[g].numel,
                                    (float)lr, b1, b2, eps, groups[g].weight_decay, step);
             if (st != CTRL_OK) return st;
-            continue;
         }
-        float *p = groups[g].param, *m = o->m[g], *v = o->v[g];
-        const float *grad = groups[g].grad;
-        const float decay = (float)(1.0 - lr * groups[g].weight_decay);
-        const int64_t n = groups[g].numel;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float gi = grad[i];
-            p[i] *= decay;
-            m[i] = b1 * m[i] + (1.0f - b1) * gi;
-            v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-            float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-            p[i] -= step_size * m[i] / denom;
+        return CTRL_OK;
+    }
+    /* every group's blocks in one parallel loop (a model has hundreds of groups, many small: one
+     * fork per group would leave threads idle on the norms and biases) */
+    int64_t nb = 0;
+    for (int g = 0; g < n_groups; g++) nb += (groups[g].numel + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+#pragma omp parallel
+    {
+        int g = 0;
+        int64_t before = 0; /* blocks of the groups before g */
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nb; b++) {
+            while (b >= before + (groups[g].numel + ADAMW_BLOCK - 1) / ADAMW_BLOCK)
+                before += (groups[g].numel + ADAMW_BLOCK - 1) / ADAMW_BLOCK, g++;
+            const int64_t i0 = (b - before) * ADAMW_BLOCK, n = groups[g].numel - i0;
+            const float decay = (float)(1.0 - lr * groups[g].weight_decay);
+            adamw_span(groups[g].param + i0, o->m[g] + i0, o->v[g] + i0, groups[g].grad + i0,
+                       n < ADAMW_BLOCK ? n : ADAMW_BLOCK, scale, decay, b1, b2, eps, step_size, bc2_sqrt);
         }
     }
     return CTRL_OK;
+}
+
+static ctrl_status adamw_step(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
+                              int64_t step) {
+    return adamw_update(o, groups, n_groups, lr, step, 1.0f);
+}
+
+static ctrl_status adamw_step_scaled(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups,
+                                     double lr, int64_t step, float grad_scale) {
+    return adamw_update(o, groups, n_groups, lr, step, grad_scale);
 }
 
 static int adamw_state_count(const ctrl_optimizer *o) { return 2 * o->n_groups; }
@@ -190,6 +235,7 @@ static const ctrl_optimizer_ops adamw_ops = {
     .state_get = adamw_state_get,
     .destroy = adamw_destroy,
     .state_sync = adamw_state_sync,
+    .step_scaled = adamw_step_scaled,
 };
 
 static const ctrl_option adamw_options[] = {
