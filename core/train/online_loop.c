@@ -2,6 +2,7 @@
  * engine on the live weights, rewards, advantages, old and reference log-probs, and micro-batches
  * of prompt + completion sequences whose completion tokens are trained. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -309,6 +310,28 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     return st;
 }
 
+/* 1 when this micro-batch's dL/dlogp can be had before its forward (the trainer's spec says so for
+ * batches without old or reference log-probs and values; ctrl_online_spec.dlogp_before_forward):
+ * the LM head's backward is then fused into the forward, as SFT's (CTRL_NO_FUSED_ONLINE_HEAD=1: not). */
+static int fused_loss_first(const ctrl_online *o) {
+    const ctrl_online_spec *sp = &o->spec;
+    const char *off = getenv("CTRL_NO_FUSED_ONLINE_HEAD");
+    return sp->size >= offsetof(ctrl_online_spec, dlogp_before_forward) + sizeof sp->dlogp_before_forward &&
+           sp->dlogp_before_forward && !o->old && !o->ref_lp && !o->value && !(off && off[0] == '1');
+}
+
+/* The trainer's dL/dlogp on zero log-probs, no entropies and no metrics (into d, [T]). */
+static ctrl_status loss_before_forward(ctrl_online *o, const ctrl_trainer_batch *tb, float *d) {
+    ctrl_trainer_batch pre = *tb;
+    float *zero = calloc((size_t)(tb->T > 0 ? tb->T : 1), sizeof(float));
+    if (!zero) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    pre.logp = zero, pre.entropy = NULL, pre.report = NULL, pre.report_ctx = NULL;
+    double l = 0;
+    const ctrl_status st = o->ops->loss(o->trainer, &pre, &l, d);
+    free(zero);
+    return st;
+}
+
 /* One micro-batch: completions [c0, c0 + n) forward, the trainer's loss, backward. */
 static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, double *loss) {
     const double t0 = now();
@@ -321,7 +344,6 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
     float *d = malloc(sizeof(float) * T);
     if (!lp || !ent || !w || !d || (o->old && !old) || (o->ref_lp && !ref))
         st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for a micro-batch of %zu tokens", T);
-    if (st == CTRL_OK) st = ctrl_model_forward(o->model, &f.b, lp, ent, NULL);
     for (int i = 0; st == CTRL_OK && i < n; i++)
         for (int j = 0; j < o->gout[c0 + i].len; j++) {
             const int t = f.at[i] + j;
@@ -343,22 +365,33 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
                              .grad_accum = ga,
                              .report = online_report,
                              .report_ctx = o};
+    /* dL/dlogp before the forward where it does not depend on it (see fused_loss_first) */
+    float *d0 = st == CTRL_OK && fused_loss_first(o) ? malloc(sizeof(float) * T) : NULL;
+    if (d0) st = loss_before_forward(o, &tb, d0);
+    if (st == CTRL_OK)
+        st = d0 ? ctrl_model_forward_fused(o->model, &f.b, d0, lp, ent, NULL)
+                : ctrl_model_forward(o->model, &f.b, lp, ent, NULL);
     const int valued = st == CTRL_OK && o->value;
     if (valued) st = online_value_batch(o, c0, n, &f, w, &tb);
     double l = 0;
     if (st == CTRL_OK) st = o->ops->loss(o->trainer, &tb, &l, d);
+    if (st == CTRL_OK && d0 && memcmp(d, d0, sizeof(float) * T) != 0)
+        st = ctrl_error_set(CTRL_ERR_PLUGIN,
+                            "trainer %s: dL/dlogp after the forward differs from the one before it (its "
+                            "online spec says dlogp_before_forward)",
+                            ctrl_config_settings(o->cfg)->run.trainer);
     double aux =
         0; /* TRL's load-balancing loss over the batch's tokens (train/moe_aux.h; flat, no padding) */
     if (st == CTRL_OK)
         st = train_moe_aux_add(o->model, train_moe_aux_coef(ctrl_config_settings(o->cfg), o->model), NULL, ga,
                                1, &l, &aux, online_report, o);
-    if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d);
+    if (st == CTRL_OK) *loss += l, st = ctrl_model_backward(o->model, d0 ? NULL : d);
     if (valued) {
         const ctrl_status vs = online_value_backward(o, &tb, st == CTRL_OK);
         if (st == CTRL_OK) st = vs;
     }
     ctrl_online_report(o, "timing/forward_backward_s", now() - t0);
-    free(lp), free(ent), free(w), free(old), free(ref), free(d);
+    free(lp), free(ent), free(w), free(old), free(ref), free(d), free(d0);
     online_flat_free(&f);
     return st;
 }

@@ -83,6 +83,13 @@ typedef struct ctrl_online_spec {
     /* Appended: with value_model, the value model's directory as the trainer's config gives it
      * ([ppo] value_model; a string of the config); NULL or "": the policy's, under a fresh head. */
     const char *value_model_path;
+    /* Appended (issue 21): 1 when, for a micro-batch without old_logp, ref_logp and values, `loss`'s
+     * dL/dlogp depends on neither logp nor entropy (GRPO with beta = 0 and no entropy mask: the
+     * ratio to the generating policy is exactly 1). The core may then call `loss` before the
+     * forward on zero log-probs (entropy and report NULL) for dL/dlogp, fuse the LM head's backward
+     * into the forward (the logits computed once, not again in the backward), and call `loss` again
+     * on the real log-probs for the loss and the metrics; the two dL/dlogp must be the same. */
+    int dlogp_before_forward;
 } ctrl_online_spec;
 
 enum {

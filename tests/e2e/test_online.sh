@@ -134,6 +134,26 @@ grep -q '"prompt":"<|im_start|>user\\n[0-9]*+[0-9]*=<|im_end|>\\n<|im_start|>ass
   { bad "chat prompts not rendered with the generation prompt"; head -c 300 "$TMP/chat/completions.jsonl"; }
 grep -q '"rewards":{"len":[-0-9.e]*,"acc":[01]' "$TMP/chat/completions.jsonl" && ok || bad "accuracy did not see the solution column"
 
+# 5b. GRPO with beta = 0 and no old log-probs knows dL/dlogp before the forward and fuses the LM
+# head's backward into it (logits computed once); CTRL_NO_FUSED_ONLINE_HEAD=1 runs the forward and
+# the head's backward apart. Step 1 (the same completions): the same loss and reward, the gradient
+# norm and entropy within fp32 rounding of the vocabulary sums' order.
+grpo_ini fused grpo 1 >"$TMP/fused.ini"
+sed "s|$TMP/fused|$TMP/apart|" "$TMP/fused.ini" >"$TMP/apart.ini"
+"${C[@]}" train "$TMP/fused.ini" --set train.save_strategy=no >"$TMP/fused.log" 2>&1 &&
+  CTRL_NO_FUSED_ONLINE_HEAD=1 "${C[@]}" train "$TMP/apart.ini" --set train.save_strategy=no >>"$TMP/fused.log" 2>&1 &&
+  ok || { bad "fused / apart head runs"; tail -3 "$TMP/fused.log"; }
+for k in loss reward; do
+  [ -n "$(metric "$TMP/fused/metrics.jsonl" 1 $k)" ] &&
+    [ "$(metric "$TMP/fused/metrics.jsonl" 1 $k)" = "$(metric "$TMP/apart/metrics.jsonl" 1 $k)" ] && ok ||
+    bad "fused head: step 1 $k differs from the unfused run's"
+done
+for k in grad_norm entropy; do
+  awk -v a="$(metric "$TMP/fused/metrics.jsonl" 1 $k)" -v b="$(metric "$TMP/apart/metrics.jsonl" 1 $k)" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b > 0 && d <= 1e-4 * b) }' && ok ||
+    bad "fused head: step 1 $k $(metric "$TMP/fused/metrics.jsonl" 1 $k) vs $(metric "$TMP/apart/metrics.jsonl" 1 $k) unfused"
+done
+
 # 6. Bad settings: clear errors naming what is wrong.
 grpo_ini bad1 grpo 1 | sed 's/^num_generations = 4$/num_generations = 3/' >"$TMP/bad1.ini"
 out=$("${C[@]}" train "$TMP/bad1.ini" 2>&1) && bad "indivisible generation batch accepted" ||

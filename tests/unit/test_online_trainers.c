@@ -235,6 +235,65 @@ static void run_case(void *reg, const char *dir, const char *file) {
     fixture_free(f);
 }
 
+/* GRPO says dL/dlogp is known before the forward (ctrl_online_spec.dlogp_before_forward) exactly when
+ * beta = 0 and no entropy mask; then, without old log-probs, its dL/dlogp on zero log-probs with no
+ * entropies equals the one on real ones, for every loss type and importance-sampling level. */
+TEST(grpo_dlogp_before_forward_only_where_it_holds) {
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *e = ctrl_registry_find(reg, CTRL_KIND_TRAINER, "grpo");
+    CHECK(e != NULL);
+    if (!e) return;
+    const ctrl_trainer_ops *ops = e->plugin->ops;
+    static const char *const extra[] = {"", "beta = 0.04\n", "top_entropy_quantile = 0.5\n"};
+    static const char *const losses[] = {"grpo", "bnpo", "dr_grpo", "dapo"};
+    for (int x = 0; x < 3; x++)
+        for (int lt = 0; lt < 4; lt++)
+            for (int lvl = 0; lvl < 2; lvl++) {
+                char ini[1024];
+                snprintf(ini, sizeof ini,
+                         "[model]\npath = %s/models/qwen2\n[memory]\nstrategies =\n[run]\ntrainer = "
+                         "grpo\n[grpo]\nnum_generations = "
+                         "4\nloss_type = %s\nimportance_sampling_level = %s\ndelta = 1.25\n%s",
+                         CTRL_FIXTURE_DIR, losses[lt], lvl ? "sequence" : "token", extra[x]);
+                ctrl_config *cfg = test_config_from_text(reg, "grpo.ini", ini);
+                ctrl_trainer *t = NULL;
+                CHECK(cfg != NULL);
+                if (!cfg) continue;
+                CHECK_EQ_INT(ops->create(ctrl_host_table(), cfg, &t), CTRL_OK);
+                ctrl_online_spec spec = {.size = sizeof spec};
+                CHECK_EQ_INT(ops->online_spec(t, &spec), CTRL_OK);
+                CHECK_EQ_INT(spec.dlogp_before_forward, x == 0);
+                if (x == 0) { /* two sequences of 5 tokens, the first of each untrained */
+                    enum { T = 10 };
+                    float lp[T], ent[T], zero[T] = {0}, w[T], d_real[T], d_zero[T];
+                    const int32_t cu[3] = {0, 5, 10};
+                    const float adv[2] = {0.7f, -1.3f};
+                    for (int i = 0; i < T; i++)
+                        lp[i] = -0.3f * (float)(i + 1), ent[i] = 0.1f * (float)i, w[i] = i % 5 ? 1.0f : 0.0f;
+                    ctrl_trainer_batch b = {.size = sizeof b,
+                                            .T = T,
+                                            .logp = lp,
+                                            .weight = w,
+                                            .num_items = 8,
+                                            .n_seq = 2,
+                                            .cu_seqlens = cu,
+                                            .advantages = adv,
+                                            .entropy = ent,
+                                            .grad_accum = 2};
+                    double l_real = 0, l_zero = 0;
+                    CHECK_EQ_INT(ops->loss(t, &b, &l_real, d_real), CTRL_OK);
+                    b.logp = zero, b.entropy = NULL;
+                    CHECK_EQ_INT(ops->loss(t, &b, &l_zero, d_zero), CTRL_OK);
+                    CHECK_MSG(!memcmp(d_real, d_zero, sizeof d_real) && l_real == l_zero,
+                              "%s/%s: dL/dlogp depends on the log-probs", losses[lt],
+                              lvl ? "sequence" : "token");
+                }
+                ops->destroy(t);
+                ctrl_config_free(cfg);
+            }
+    ctrl_registry_destroy(reg);
+}
+
 TEST(grpo_and_rloo_match_trl) {
     ctrl_registry *reg = test_plugin_registry();
     const int n = fixture_each_case("online", 128, run_case, reg);

@@ -44,6 +44,9 @@ static ctrl_status grpo_create(const ctrl_host *host, const ctrl_config *cfg, ct
         free(t);
         return st;
     }
+    /* without old log-probs the ratio is exp(0) = 1 and, with no KL term and no entropy mask,
+     * dL/dlogp is a function of the advantages and the mask alone (grpo_loss) */
+    t->spec.dlogp_before_forward = t->beta == 0 && t->top_entropy_quantile >= 1.0;
     *out = t;
     return CTRL_OK;
 }
