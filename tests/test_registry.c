@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "test.h"
 #include "test_registry.h"
@@ -114,4 +116,22 @@ int test_file_exists(const char *path) {
     FILE *f = fopen(path, "rb");
     if (f) fclose(f);
     return f != NULL;
+}
+
+const char *test_reward_model_dir(void) {
+    static char dir[1024];
+    if (dir[0]) return dir;
+    snprintf(dir, sizeof dir, "%s/reward_model", test_tmp_dir());
+    mkdir(dir, 0755);
+    static const char *const files[][2] = {{"score/qwen2", "config.json"},
+                                           {"score/qwen2", "model.safetensors"},
+                                           {"tokenizer/tiny_bpe", "tokenizer.json"},
+                                           {"tokenizer/tiny_bpe", "tokenizer_config.json"}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char from[1200], to[1200];
+        snprintf(from, sizeof from, "%s/%s/%s", CTRL_FIXTURE_DIR, files[i][0], files[i][1]);
+        snprintf(to, sizeof to, "%s/%s", dir, files[i][1]);
+        CHECK_MSG(symlink(from, to) == 0, "symlink %s", to);
+    }
+    return dir;
 }

@@ -18,6 +18,10 @@ void test_config_refused(const ctrl_registry *reg, const char *name, const char 
 /* The fixtures' tiny Qwen2 (CTRL_FIXTURE_DIR/models/qwen2) on reg's `flash` attention plugin; NULL
  * after a failed CHECK when it cannot be loaded. */
 ctrl_model *test_tiny_qwen2(const ctrl_registry *reg);
+/* The reward fixtures' tiny Qwen2ForSequenceClassification (tests/fixtures/score/qwen2) beside the
+ * tiny_bpe tokenizer (ctrl reads the tokenizer from the model's directory), symlinked into the
+ * test's scratch directory once. */
+const char *test_reward_model_dir(void);
 /* 1 when `path` can be opened for reading. */
 int test_file_exists(const char *path);
 /* Gives `m` the built `paged` attention plugin to decode with (the registry lives until exit). */

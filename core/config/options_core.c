@@ -15,7 +15,9 @@ static const ctrl_option run_options[] = {
     {"output_dir", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
      "Where checkpoints, metrics and the effective config go (default: runs/<config file name>)."},
     {"seed", CTRL_OPT_INT, "42", MIN(0), NULL, "Random seed for initialisation, shuffling and sampling."},
-    {"device", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL, "auto (a GPU when one exists), cpu, cuda, or cuda:N."},
+    {"device", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL,
+     "auto (a GPU when one exists), cpu, cuda, or cuda:N. Every trainer (sft, dpo, kto, reward, gkd, grpo, rloo, "
+     "online_dpo, ppo) runs on cuda."},
     {"log_level", CTRL_OPT_CHOICE, "info", 0, 0, 0, "trace|debug|info|warn|error",
      "Logging verbosity of `ctrl train` (the command line's --log-level, when given, wins)."},
     CTRL_OPTION_END,

@@ -8,26 +8,46 @@
 
 #include "model/model_internal.h"
 
-static ctrl_status mean_logits(ctrl_model *m, float *out) {
+/* The LM head's mean row, wbar = (1/V) sum_v W[v], into d [C] (backend memory): on the host from the
+ * parameters, summed in double; on a device from its copy of them (after a forward it is current, and
+ * an optimizer that steps there leaves the host's stale), as the GEMM (1/V ... 1/V) W of the
+ * backend's linear backward. */
+static ctrl_status mean_head_row(ctrl_model *m, float *d) {
     const ctrl_backend_ops *be = m->be;
-    const int T = m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    if (!be->host_memory) {
+        float *u = malloc(sizeof(float) * (size_t)V), *du = NULL;
+        ctrl_status st = u ? be->alloc((void **)&du, sizeof(float) * (size_t)V)
+                           : ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+        for (int v = 0; u && v < V; v++) u[v] = 1.0f / (float)V;
+        if (st == CTRL_OK) st = be->to_device(du, u, sizeof(float) * (size_t)V);
+        if (st == CTRL_OK)
+            st = be->linear_backward(d, NULL, NULL, du, NULL, m->dparams + m->off_lm_head, 1, C, V);
+        if (du) be->free(du);
+        free(u);
+        return st;
+    }
     const float *w = m->params + m->off_lm_head;
     double *acc = calloc((size_t)C, sizeof(double));
-    float *wbar = malloc(sizeof(float) * (size_t)C), *d = NULL;
-    ctrl_status st = acc && wbar ? be->alloc((void **)&d, sizeof(float) * ((size_t)C + (size_t)T))
-                                 : ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
-    if (st == CTRL_OK) {
-        for (int v = 0; v < V; v++)
-            for (int c = 0; c < C; c++) acc[c] += w[(size_t)v * C + c];
-        for (int c = 0; c < C; c++) wbar[c] = (float)(acc[c] / V);
-        st = be->to_device(d, wbar, sizeof(float) * (size_t)C);
-    }
+    if (!acc) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++) acc[c] += w[(size_t)v * C + c];
+    for (int c = 0; c < C; c++) d[c] = (float)(acc[c] / V);
+    free(acc);
+    return CTRL_OK;
+}
+
+static ctrl_status mean_logits(ctrl_model *m, float *out) {
+    const ctrl_backend_ops *be = m->be;
+    const int T = m->T, C = m->cfg.hidden_size;
+    float *d = NULL;
+    ctrl_status st = be->alloc((void **)&d, sizeof(float) * ((size_t)C + (size_t)T));
+    if (st == CTRL_OK) st = mean_head_row(m, d);
     if (st == CTRL_OK) st = be->linear_forward(d + C, m->lnf, d, NULL, T, C, 1);
     if (st == CTRL_OK) st = be->to_host(out, d + C, sizeof(float) * (size_t)T);
     for (int t = 0; st == CTRL_OK && t < T; t++)
         out[t] = m->batch.targets[t] >= 0 ? out[t] / m->temperature : 0.0f;
     if (d) be->free(d);
-    free(acc), free(wbar);
     return st;
 }
 

@@ -182,12 +182,13 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
         return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
     }
     int n = 0;
+    const float *params = ctrl_model_params(m, NULL); /* the device's, when an optimizer stepped them there */
     for (int i = 0; i < m->n_views; i++) {
         const ctrl_param_view *v = &m->views[i];
         if (!in_adapter(m, v)) continue;
         snprintf(names[n], sizeof names[n], PEFT_PREFIX "%s", v->name);
         float *data = moved + (v->offset - m->train_off);
-        ctrl_peft_file_layout(m, v, m->params + v->offset, data, 1);
+        ctrl_peft_file_layout(m, v, params + v->offset, data, 1);
         w[n] = (ctrl_st_write){
             .name = names[n], .data = data, .ndim = v->ndim, .shape = {v->shape[0], v->shape[1]}};
         n++;

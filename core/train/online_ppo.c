@@ -82,12 +82,6 @@ static int offload_optimizer(const ctrl_run_plugins *p) {
 
 ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins) {
     const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
-    if (ctrl_collective_size() > 1 && ctrl_model_device(o->model).type != CTRL_DEVICE_CPU)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "[run] device = %s: trainer %s's value model over several processes runs on the "
-            "CPU only so far",
-            s->run.device, s->run.trainer);
     online_value *v = calloc(1, sizeof *v);
     if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     o->value = v;
@@ -311,10 +305,17 @@ ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
     online_value *v = o->value;
     double sum_sq = 0;
     ctrl_status st = CTRL_OK;
-    if (ctrl_collective_size() > 1) { /* the ranks' gradients averaged, as the policy's (on the CPU) */
+    if (ctrl_collective_size() >
+        1) { /* the ranks' gradients averaged, as the policy's (train_dp_average_grads) */
         size_t n = 0;
-        float *g = ctrl_model_grads(v->model, &n);
-        st = ctrl_collective_allreduce_mean_f32(g, n);
+        if (ctrl_model_device(v->model).type != CTRL_DEVICE_CPU) { /* where they are: over NCCL */
+            float *d = ctrl_model_device_grads(v->model, &n);
+            st = ctrl_collective_device_init();
+            if (st == CTRL_OK) st = ctrl_collective_device_allreduce_mean_f32(d, n);
+        } else {
+            float *g = ctrl_model_grads(v->model, &n);
+            st = ctrl_collective_allreduce_mean_f32(g, n);
+        }
     }
     if (st == CTRL_OK) st = ctrl_model_grad_sum_squares(v->model, &sum_sq);
     if (st == CTRL_OK && v->max_grad_norm > 0) { /* clipped on its own, by the run's max_grad_norm */

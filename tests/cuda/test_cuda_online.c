@@ -40,17 +40,9 @@
 #include "file_text.h"
 #include "generate/engine.h"
 #include "model/model.h"
+#include "device_vs_cpu.h"
 #include "test.h"
 #include "test_registry.h"
-
-static int need_gpu(void) {
-    static int state = -1;
-    if (state < 0) {
-        state = ctrl_cuda_device_count() > 0 && ctrl_cuda_backend_ops() != NULL;
-        if (state) atexit(ctrl_cuda_shutdown);
-    }
-    return state;
-}
 
 /* ---- the engine on the device ---- */
 
@@ -312,52 +304,6 @@ static int write_ini(const char *path, const char *trainer, const char *out, con
     return fclose(f);
 }
 
-static char *read_file(const char *dir, const char *name) {
-    char path[1400];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ctrl_status st;
-    char *t = ctrl_read_text_file(path, 1 << 22, &st);
-    CHECK_MSG(t != NULL, "%s missing", path);
-    return t;
-}
-
-static int skipped_metric(const char *k) {
-    return !strncmp(k, "timing/", 7) || !strcmp(k, "step_time") || !strcmp(k, "tokens_per_second");
-}
-
-/* Every metric of every step of a (the device's run) against b (the CPU's); the worst relative
- * difference. */
-static double compare_metrics(const char *what, const char *a, const char *b) {
-    double worst = 0;
-    int lines = 0;
-    char *ca = strdup(a), *cb = strdup(b), *sa, *sb;
-    for (char *la = strtok_r(ca, "\n", &sa), *lb = strtok_r(cb, "\n", &sb); la && lb;
-         la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb)) {
-        cJSON *x = cJSON_Parse(la), *y = cJSON_Parse(lb);
-        lines++;
-        for (const cJSON *v = y ? y->child : NULL; v; v = v->next) {
-            if (skipped_metric(v->string)) continue;
-            const cJSON *u = cJSON_GetObjectItem(x, v->string);
-            if (cJSON_IsNull(v)) {
-                CHECK_MSG(cJSON_IsNull(u), "%s: %s is null on the CPU, not on the device", what, v->string);
-                continue;
-            }
-            if (!cJSON_IsNumber(v)) continue;
-            CHECK_MSG(cJSON_IsNumber(u), "%s: %s missing on the device (line %d)", what, v->string, lines);
-            if (!cJSON_IsNumber(u)) continue;
-            const double d = fabs(u->valuedouble - v->valuedouble);
-            CHECK_MSG(d <= 1e-4 * fabs(v->valuedouble) + 1e-6,
-                      "%s line %d: %s %.9g on the device, %.9g on the CPU", what, lines, v->string,
-                      u->valuedouble, v->valuedouble);
-            if (fabs(v->valuedouble) > 1e-3) worst = fmax(worst, d / fabs(v->valuedouble));
-        }
-        cJSON_Delete(x), cJSON_Delete(y);
-    }
-    CHECK_MSG(lines >= 3, "%s: %d metrics lines", what, lines);
-    free(ca), free(cb);
-    return worst;
-}
-
 /* The completions logged by each run: the same texts in the same order. */
 static void compare_completions(const char *what, const char *a, const char *b) {
     char *ca = strdup(a), *cb = strdup(b), *sa, *sb;
@@ -373,20 +319,6 @@ static void compare_completions(const char *what, const char *a, const char *b) 
     }
     CHECK_MSG(n >= 16, "%s: %d completions logged", what, n);
     free(ca), free(cb);
-}
-
-static double compare_weights(const char *what, const char *dev_dir, const char *cpu_dir) {
-    ctrl_model *a = NULL, *b = NULL;
-    CHECK_EQ_INT(ctrl_model_load(dev_dir, NULL, &a), CTRL_OK);
-    CHECK_EQ_INT(ctrl_model_load(cpu_dir, NULL, &b), CTRL_OK);
-    double worst = 0;
-    size_t na = 0, nb = 0;
-    const float *pa = a ? ctrl_model_params(a, &na) : NULL, *pb = b ? ctrl_model_params(b, &nb) : NULL;
-    CHECK_MSG(pa && pb && na == nb, "%s: saved models differ in size", what);
-    for (size_t i = 0; pa && pb && na == nb && i < na; i++) worst = fmax(worst, fabs((double)pa[i] - pb[i]));
-    CHECK_MSG(worst <= 5e-5, "%s: saved weights differ by up to %.3g", what, worst);
-    ctrl_model_free(a), ctrl_model_free(b);
-    return worst;
 }
 
 /* `trainer` trained 3 steps on the CPU and on the device (plus `dev_set` there) from the same seed;
@@ -548,25 +480,6 @@ TEST(dpo_reference_on_device_in_bf16) {
  * into 0.2 lr; 1e-6 keeps it at 0.003 lr, so that the bound measures the backends, not the noise. */
 #define PPO_EPS "[adamw]\nadam_epsilon = 1e-6\n"
 
-/* stderr into `path` while a run prints its log there (restore: fd from the first call). */
-static int stderr_to(const char *path, int restore) {
-    fflush(stderr);
-    if (restore >= 0) {
-        dup2(restore, 2);
-        close(restore);
-        return -1;
-    }
-    const int keep = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (keep < 0 || fd < 0) {
-        if (keep >= 0) close(keep);
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    dup2(fd, 2);
-    close(fd);
-    return keep;
-}
-
 /* PPO: the value model beside the policy on the device (its forward / backward there, its AdamW
  * step on the device as the policy's, only the per-token values and their gradients crossing), 3
  * steps of 2 epochs over generation batches of 8, on the device and on the CPU from the same seed:
@@ -580,9 +493,9 @@ TEST(ppo_on_device_matches_cpu) {
     if (!tmp) TEST_SKIP("no temporary directory");
     char log[1200];
     snprintf(log, sizeof log, "%s/ppo-device.log", tmp);
-    const int keep = stderr_to(log, -1);
+    const int keep = stderr_to(log);
     train_case("ppo", "ppo", "response_length = 8\nnum_ppo_epochs = 2\nvf_coef = 0.5\n" PPO_EPS, NULL, NULL);
-    stderr_to(NULL, keep);
+    stderr_restore(keep);
     char *text = read_file(tmp, "ppo-device.log");
     CHECK_MSG(text && strstr(text, "optimizer adamw: steps on the device") &&
                   strstr(text, "own adamw optimizer stepping on the device"),

@@ -26,25 +26,6 @@
 
 #define DIR CTRL_FIXTURE_DIR "/trl_reward"
 
-/* The classifier beside its tokenizer (ctrl reads the tokenizer from the model directory). */
-static const char *model_dir(void) {
-    static char dir[1024];
-    if (dir[0]) return dir;
-    snprintf(dir, sizeof dir, "%s/reward_model", test_tmp_dir());
-    mkdir(dir, 0755);
-    static const char *const files[][2] = {{"score/qwen2", "config.json"},
-                                           {"score/qwen2", "model.safetensors"},
-                                           {"tokenizer/tiny_bpe", "tokenizer.json"},
-                                           {"tokenizer/tiny_bpe", "tokenizer_config.json"}};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char from[1200], to[1200];
-        snprintf(from, sizeof from, "%s/%s/%s", CTRL_FIXTURE_DIR, files[i][0], files[i][1]);
-        snprintf(to, sizeof to, "%s/%s", dir, files[i][1]);
-        CHECK_MSG(symlink(from, to) == 0, "symlink %s", to);
-    }
-    return dir;
-}
-
 /* Where the runs write: CTRL_LORA_EXPORT_DIR when set (to keep ctrl's adapter for
  * tests/reference/check_peft_reward_adapter.py), else the test's temporary directory. */
 static const char *out_root(void) {
@@ -65,7 +46,7 @@ static void run_case(const char *name) {
     snprintf(src, sizeof src, DIR "/%s.ini", name);
     snprintf(out, sizeof out, "%s/reward_%s", out_root(), name);
     snprintf(ini, sizeof ini, "%s/reward_%s.ini", test_tmp_dir(), name);
-    const char *const subs[][2] = {{"@DIR@", DIR}, {"@MODEL@", model_dir()}, {"@OUT@", out}};
+    const char *const subs[][2] = {{"@DIR@", DIR}, {"@MODEL@", test_reward_model_dir()}, {"@OUT@", out}};
     CHECK(test_write_ini_template(src, ini, subs, 3) == 0);
     mkdir(out, 0755);
     ctrl_status st = test_train_ini(ini, NULL, 0);

@@ -101,6 +101,16 @@ if(TARGET ctrl_cli AND TARGET ctrl_mpi_emu)
                                                      FIXTURES_REQUIRED cuda_emu_plugins)
 endif()
 
+# GRPO and PPO over 2 ranks on CUDA (the value model's gradients over NCCL) against 2 ranks on the CPU,
+# under the emulated runtime, NCCL and libctrl_mpi.so (tests/e2e/test_online_cuda_emu.sh).
+if(TARGET ctrl_cli AND TARGET ctrl_mpi_emu)
+  add_test(NAME test_online_cuda_emu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_online_cuda_emu.sh $<TARGET_FILE:ctrl_cli>
+                                             ${CMAKE_BINARY_DIR}/plugins-emu ${CMAKE_SOURCE_DIR} $<TARGET_FILE:ctrl_cuda_emu>
+                                             $<TARGET_FILE:ctrl_mpi_emu>)
+  set_tests_properties(test_online_cuda_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 SKIP_RETURN_CODE 77
+                                                       FIXTURES_REQUIRED cuda_emu_plugins)
+endif()
+
 # LoRA training end to end: SFT, resume, adapter_path, GRPO's reference = adapters off, RLOO
 # (tests/e2e/test_lora_train.sh).
 if(TARGET ctrl_cli)

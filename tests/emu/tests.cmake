@@ -74,4 +74,6 @@ if(CTRL_HAVE_CUDA_EMU)
   ctrl_emu_cuda_test(test_cuda_online)
   # Sampling on the device (kernels/cuda/sampling.cu) against the host sampler.
   ctrl_emu_cuda_test(test_cuda_sampling)
+  # DPO, KTO and reward models with `[run] device = cuda` against the CPU backend on the same seed.
+  ctrl_emu_cuda_test(test_cuda_trainers)
 endif()
