@@ -503,6 +503,26 @@ TEST(ppo_on_device_matches_cpu) {
     free(text);
 }
 
+/* [memory] strategies = offload_optimizer on the device: both optimizers step the host copies (the
+ * value model's gradients brought to the host, its stepped weights sent back before its next
+ * forward), on the CPU's curve within the same bounds; the log says where each steps. */
+TEST(ppo_offload_optimizer_on_device_matches_cpu) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    const char *tmp = test_tmp_dir();
+    if (!tmp) TEST_SKIP("no temporary directory");
+    char log[1200];
+    snprintf(log, sizeof log, "%s/ppo-offload.log", tmp);
+    const int keep = stderr_to(log);
+    train_case("ppo_offload", "ppo", "response_length = 8\nnum_ppo_epochs = 2\nvf_coef = 0.5\n" PPO_EPS,
+               "memory.strategies=offload_optimizer", NULL);
+    stderr_restore(keep);
+    char *text = read_file(tmp, "ppo-offload.log");
+    CHECK_MSG(text && strstr(text, "optimizer adamw: steps on the host, its state in host memory") &&
+                  strstr(text, "own adamw optimizer stepping on the host"),
+              "the log does not say that both optimizers step on the host:\n%s", text ? text : "");
+    free(text);
+}
+
 /* The value model in a checkpoint made on the device (its weights brought back from the device, its
  * AdamW moments from the device's optimizer): a run resumed on the device from checkpoint-2 (a
  * generation batch boundary) logs the uninterrupted run's steps 3 and 4 -- the loss, the gradient
