@@ -35,6 +35,14 @@ static int parse_dtype(const char *s, ctrl_dtype *out) {
     return -1;
 }
 
+/* The header's name of a dtype (the table above, the other way). */
+static const char *dtype_tag(ctrl_dtype d) {
+    static const char *const tags[CTRL_DTYPE_COUNT] = {
+        [CTRL_F32] = "F32", [CTRL_BF16] = "BF16", [CTRL_F16] = "F16",
+        [CTRL_I32] = "I32", [CTRL_I64] = "I64",   [CTRL_U8] = "U8"};
+    return (unsigned)d < CTRL_DTYPE_COUNT && tags[d] ? tags[d] : "F32";
+}
+
 static int cmp_offset(const void *a, const void *b) {
     const ctrl_st_tensor *x = a, *y = b;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
@@ -257,6 +265,20 @@ ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *na
     return ctrl_safetensors_read_f32_part(st, t, dst, 0, numel);
 }
 
+ctrl_status ctrl_safetensors_read_raw(const ctrl_safetensors *st, const char *name, ctrl_dtype dtype,
+                                      void *dst, int64_t numel) {
+    const ctrl_st_tensor *t = ctrl_safetensors_find(st, name);
+    if (!t) return ctrl_error_set(CTRL_ERR_FORMAT, "%s: no tensor '%s'", st->path, name);
+    const size_t esz = ctrl_dtype_size(dtype);
+    if (t->dtype != dtype || (int64_t)(t->nbytes / esz) != numel)
+        return ctrl_error_set(CTRL_ERR_FORMAT,
+                              "%s: tensor '%s' is %s with %zu elements, expected %s with %lld", st->path,
+                              name, ctrl_dtype_name(t->dtype), t->nbytes / ctrl_dtype_size(t->dtype),
+                              ctrl_dtype_name(dtype), (long long)numel);
+    memcpy(dst, st->map + t->offset, t->nbytes);
+    return CTRL_OK;
+}
+
 ctrl_status ctrl_safetensors_read_f32_part(const ctrl_safetensors *st, const ctrl_st_tensor *t, float *dst,
                                            int64_t start, int64_t count) {
     if (t->dtype != CTRL_F32 && t->dtype != CTRL_BF16 && t->dtype != CTRL_F16)
@@ -411,10 +433,8 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
             built = 0;
             break;
         }
-        built = cJSON_AddStringToObject(t, "dtype",
-                                        dtype == CTRL_F32    ? "F32"
-                                        : dtype == CTRL_BF16 ? "BF16"
-                                                             : "F16") != NULL;
+        const ctrl_dtype dt = sorted[i].raw ? sorted[i].raw_dtype : dtype;
+        built = cJSON_AddStringToObject(t, "dtype", dtype_tag(dt)) != NULL;
         cJSON *shape = built ? cJSON_AddArrayToObject(t, "shape") : NULL;
         built = shape != NULL;
         size_t numel = 1;
@@ -424,7 +444,7 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
         }
         cJSON *offs = built ? cJSON_AddArrayToObject(t, "data_offsets") : NULL;
         built = offs && cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += numel * esz;
+        off += numel * (sorted[i].raw ? ctrl_dtype_size(sorted[i].raw_dtype) : esz);
         built = built && cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
     }
     char *json = built ? cJSON_PrintUnformatted(root) : NULL;
@@ -449,7 +469,9 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
         for (int i = 0; i < n; i++) {
             size_t numel = 1;
             for (int d = 0; d < sorted[i].ndim; d++) numel *= (size_t)sorted[i].shape[d];
-            if (dtype == CTRL_F32) {
+            if (sorted[i].raw) {
+                fwrite(sorted[i].raw, ctrl_dtype_size(sorted[i].raw_dtype), numel, f);
+            } else if (dtype == CTRL_F32) {
                 fwrite(sorted[i].data, 4, numel, f);
             } else {
                 for (size_t k = 0; k < numel; k++) {

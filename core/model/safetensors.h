@@ -36,6 +36,11 @@ const ctrl_st_tensor *ctrl_safetensors_find(const ctrl_safetensors *st, const ch
 ctrl_status ctrl_safetensors_read_f32(const ctrl_safetensors *st, const char *name, float *dst,
                                       int64_t numel);
 
+/* Copies a tensor stored as `dtype` into dst byte for byte (no conversion); its dtype and numel must
+ * match (an optimizer's 8-bit state). */
+ctrl_status ctrl_safetensors_read_raw(const ctrl_safetensors *st, const char *name, ctrl_dtype dtype,
+                                      void *dst, int64_t numel);
+
 /* The index of the first NaN or infinity in a float tensor (f32/bf16/f16, read from its stored bits,
  * nothing converted), its value in *value (may be NULL); -1 when every value is finite or the
  * tensor is not a float type. For checks before anything is written (weights never hold these). */
@@ -49,12 +54,15 @@ ctrl_status ctrl_safetensors_read_f32_part(const ctrl_safetensors *st, const ctr
                                            int64_t start, int64_t count);
 
 /* One tensor to write: f32 data, stored as `dtype` (CTRL_F32, CTRL_BF16 or CTRL_F16, rounded to
- * nearest even as torch's .to() rounds). */
+ * nearest even as torch's .to() rounds); or, with `raw` set, raw_dtype elements stored as they are
+ * (an optimizer's 8-bit state: CTRL_U8), whatever the file's dtype. */
 typedef struct ctrl_st_write {
     const char *name;
     const float *data;
     int ndim;
     int64_t shape[CTRL_MAX_DIMS];
+    const void *raw;
+    ctrl_dtype raw_dtype;
 } ctrl_st_write;
 
 /* Writes a safetensors file atomically, laid out as the Python library lays it out for tensors of one

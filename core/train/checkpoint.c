@@ -102,6 +102,8 @@ ctrl_status ctrl_checkpoint_save_optimizer(const char *path, const ctrl_optimize
         st = ops->state_get(opt, i, &name, &data, &numel);
         ctrl_checkpoint_state_key(names[i], sizeof names[i], i, st == CTRL_OK ? name : "");
         t[i] = (ctrl_st_write){.name = names[i], .data = data, .ndim = 1, .shape = {numel}};
+        const ctrl_dtype dt = ctrl_optimizer_state_dtype(ops, opt, i); /* adamw_8bit's u8 state: as is */
+        if (dt != CTRL_F32) t[i].raw = data, t[i].raw_dtype = dt;
     }
     if (st == CTRL_OK) st = ctrl_safetensors_write(path, t, n, CTRL_F32);
     free(t), free(names);
@@ -418,7 +420,10 @@ ctrl_status ctrl_checkpoint_load_optimizer(const char *path, const ctrl_optimize
         char key[80];
         st = ops->state_get(opt, i, &name, &data, &numel);
         ctrl_checkpoint_state_key(key, sizeof key, i, st == CTRL_OK ? name : "");
-        if (st == CTRL_OK) st = ctrl_safetensors_read_f32(sf, key, data, numel);
+        const ctrl_dtype dt = st == CTRL_OK ? ctrl_optimizer_state_dtype(ops, opt, i) : CTRL_F32;
+        if (st == CTRL_OK)
+            st = dt == CTRL_F32 ? ctrl_safetensors_read_f32(sf, key, data, numel)
+                                : ctrl_safetensors_read_raw(sf, key, dt, data, numel);
     }
     if (st == CTRL_OK && has_state_sync(ops)) st = ops->state_sync(opt, 1); /* and onto its device */
     ctrl_safetensors_close(sf);

@@ -296,7 +296,8 @@ size_t train_zero_state_bytes(const ctrl_optimizer_ops *ops, ctrl_optimizer *opt
         const char *name;
         float *data;
         int64_t numel;
-        if (ops->state_get(opt, i, &name, &data, &numel) == CTRL_OK) bytes += (size_t)numel * sizeof(float);
+        if (ops->state_get(opt, i, &name, &data, &numel) == CTRL_OK)
+            bytes += (size_t)numel * ctrl_dtype_size(ctrl_optimizer_state_dtype(ops, opt, i));
     }
     return bytes;
 }

@@ -43,7 +43,33 @@ typedef struct ctrl_optimizer_ops {
      * core asks it only of an optimizer stepping host memory; 1.0 is a plain step. */
     ctrl_status (*step_scaled)(ctrl_optimizer *opt, const ctrl_param_group *groups, int n_groups, double lr,
                                int64_t step, float grad_scale);
+    /* Appended, optional (check `size`): the element type of state buffer i, for an optimizer that
+     * keeps some state in other than fp32 (adamw_8bit's 8-bit moments: CTRL_U8). Where it is absent
+     * every buffer is CTRL_F32; otherwise state_get's `data` points at `numel` elements of this type
+     * (cast to float *), saved and restored byte for byte. */
+    ctrl_dtype (*state_dtype)(const ctrl_optimizer *opt, int i);
 } ctrl_optimizer_ops;
+
+/* The element type of optimizer state buffer i (CTRL_F32 unless the plugin says otherwise). */
+static inline ctrl_dtype ctrl_optimizer_state_dtype(const ctrl_optimizer_ops *ops, const ctrl_optimizer *opt,
+                                                    int i) {
+    return ops->size >= offsetof(ctrl_optimizer_ops, state_dtype) + sizeof ops->state_dtype &&
+                   ops->state_dtype
+               ? ops->state_dtype(opt, i)
+               : CTRL_F32;
+}
+
+/* Appended: the options every Adam-family optimizer declares (adamw, adamw_8bit), as the HF Trainer
+ * names them; each plugin reads them from its own section. */
+/* clang-format off */
+#define CTRL_ADAM_OPTIONS                                                                           \
+    {"adam_beta1", CTRL_OPT_FLOAT, "0.9", CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX | CTRL_OPT_MAX_OPEN, \
+     0, 1, NULL, "Decay rate of the first-moment estimate."},                                      \
+    {"adam_beta2", CTRL_OPT_FLOAT, "0.999", CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX | CTRL_OPT_MAX_OPEN, \
+     0, 1, NULL, "Decay rate of the second-moment estimate."},                                     \
+    {"adam_epsilon", CTRL_OPT_FLOAT, "1e-8", CTRL_OPT_HAS_MIN | CTRL_OPT_MIN_OPEN, 0, 0, NULL,     \
+     "Added to the denominator for numerical stability."}
+/* clang-format on */
 
 #ifdef __cplusplus
 }

@@ -132,3 +132,10 @@ if(TARGET ctrl_cli)
                                       ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_ppo_e2e PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# adamw_8bit end to end: the 8-bit state saved and resumed exactly, ZeRO refused (tests/e2e/test_adamw8bit.sh).
+if(TARGET ctrl_cli)
+  add_test(NAME test_adamw8bit_e2e COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_adamw8bit.sh $<TARGET_FILE:ctrl_cli>
+                                           ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_adamw8bit_e2e PROPERTIES LABELS e2e TIMEOUT 300)
+endif()

@@ -72,6 +72,32 @@ TEST(write_read_round_trip) {
     ctrl_safetensors_close(st);
 }
 
+/* A tensor written raw (an optimizer's 8-bit state) keeps its dtype and bytes beside converted ones;
+ * reading it raw checks dtype and size, reading it as floats is refused. */
+TEST(raw_u8_round_trip) {
+    float a[3] = {1, 2, 3};
+    const unsigned char q[5] = {0, 7, 128, 254, 255};
+    ctrl_st_write t[2] = {{.name = "m", .data = a, .ndim = 1, .shape = {3}},
+                          {.name = "q", .ndim = 1, .shape = {5}, .raw = q, .raw_dtype = CTRL_U8}};
+    const char *path = tmp_path("raw.safetensors");
+    CHECK_EQ_INT(ctrl_safetensors_write(path, t, 2, CTRL_BF16), CTRL_OK);
+    ctrl_safetensors *st = NULL;
+    CHECK_EQ_INT(ctrl_safetensors_open(path, &st), CTRL_OK);
+    if (!st) return;
+    const ctrl_st_tensor *w = ctrl_safetensors_find(st, "q");
+    CHECK(w && w->dtype == CTRL_U8 && w->nbytes == 5);
+    CHECK(ctrl_safetensors_find(st, "m") && ctrl_safetensors_find(st, "m")->dtype == CTRL_BF16);
+    unsigned char back[5] = {0};
+    CHECK_EQ_INT(ctrl_safetensors_read_raw(st, "q", CTRL_U8, back, 5), CTRL_OK);
+    CHECK(memcmp(back, q, 5) == 0);
+    CHECK_EQ_INT(ctrl_safetensors_read_raw(st, "q", CTRL_U8, back, 4), CTRL_ERR_FORMAT);
+    CHECK_EQ_INT(ctrl_safetensors_read_raw(st, "m", CTRL_U8, back, 3), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "bf16");
+    float f[5];
+    CHECK_EQ_INT(ctrl_safetensors_read_f32(st, "q", f, 5), CTRL_ERR_FORMAT);
+    ctrl_safetensors_close(st);
+}
+
 TEST(f16_conversion) {
     /* IEEE half bit patterns: 1.0, -2.0, 65504 (largest), 2^-24 (smallest subnormal), 2^-14. */
     const char *hdr = "{\"h\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]}}";

@@ -239,26 +239,7 @@ static const ctrl_optimizer_ops adamw_ops = {
 };
 
 static const ctrl_option adamw_options[] = {
-    {.key = "adam_beta1",
-     .type = CTRL_OPT_FLOAT,
-     .default_value = "0.9",
-     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX | CTRL_OPT_MAX_OPEN,
-     .min = 0,
-     .max = 1,
-     .doc = "Decay rate of the first-moment estimate."},
-    {.key = "adam_beta2",
-     .type = CTRL_OPT_FLOAT,
-     .default_value = "0.999",
-     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_HAS_MAX | CTRL_OPT_MAX_OPEN,
-     .min = 0,
-     .max = 1,
-     .doc = "Decay rate of the second-moment estimate."},
-    {.key = "adam_epsilon",
-     .type = CTRL_OPT_FLOAT,
-     .default_value = "1e-8",
-     .flags = CTRL_OPT_HAS_MIN | CTRL_OPT_MIN_OPEN,
-     .min = 0,
-     .doc = "Added to the denominator for numerical stability."},
+    CTRL_ADAM_OPTIONS,
     CTRL_OPTION_END,
 };
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# [train] optimizer = adamw_8bit end to end: an SFT run trains with the 8-bit moments (its state
+# reported in bytes, the checkpoint's optimizer.safetensors holding U8 moments beside fp32 absmax),
+# a run resumed from checkpoint-4 logs exactly the uninterrupted run's metrics for steps 5..8 (the
+# 8-bit state restored byte for byte), resuming it with adamw is a clear error, and the combination
+# with a ZeRO stage is refused naming both keys. The plugin's numerics against bitsandbytes:
+# tests/optimizer/test_adamw8bit.c.
+# usage: test_adamw8bit.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+export OMP_NUM_THREADS=1
+tiny_setup 3 2
+cat >"$TMP/run.ini" <<INI
+[run]
+output_dir = $TMP/full
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train.jsonl
+[train]
+optimizer = adamw_8bit
+learning_rate = 3e-3
+weight_decay = 0.01
+max_steps = 8
+per_device_train_batch_size = 4
+logging_steps = 1
+save_steps = 4
+[adamw_8bit]
+min_8bit_size = 256
+INI
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl" | grep '"step"'; }
+
+# 1. The uninterrupted run: its state in bytes (2 a trainable parameter in 8 bits, 8 below 256).
+"${C[@]}" train "$TMP/run.ini" >"$TMP/log" 2>&1 || { bad "full run"; tail -5 "$TMP/log"; }
+grep -q "optimizer adamw_8bit: [0-9]* bytes of state" "$TMP/log" && ok || bad "no state bytes: $(grep optimizer "$TMP/log")"
+# 8-bit moments in the checkpoint: the safetensors header names U8 tensors
+head -c 4096 "$TMP/full/checkpoint-4/optimizer.safetensors" | grep -aq '"dtype":"U8"' && ok || bad "no U8 state in the checkpoint"
+[ "$(wc -l <"$TMP/full/metrics.jsonl")" -ge 8 ] && ok || bad "metrics: $(cat "$TMP/full/metrics.jsonl")"
+
+# 2. Resume from checkpoint-4: steps 5..8 exactly as in the full run.
+mkdir -p "$TMP/resumed" && cp -r "$TMP/full/checkpoint-4" "$TMP/resumed/"
+grep '"step": [1-4],' "$TMP/full/metrics.jsonl" >"$TMP/resumed/metrics.jsonl"
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/resumed" --set train.resume_from_checkpoint=last \
+  >"$TMP/log" 2>&1 || { bad "resume"; tail -5 "$TMP/log"; }
+if diff <(curve "$TMP/full") <(curve "$TMP/resumed") >"$TMP/diff"; then ok; else bad "resumed curve differs"; cat "$TMP/diff"; fi
+
+# 3. The same checkpoint with adamw: refused, naming the optimizer.
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/resumed" --set train.resume_from_checkpoint=last \
+  --set train.optimizer=adamw >"$TMP/log" 2>&1 && bad "adamw resumed adamw_8bit's state" ||
+  { grep -q "adamw_8bit" "$TMP/log" && ok || bad "no clear error: $(tail -2 "$TMP/log")"; }
+
+# 4. With a ZeRO stage: refused naming [train] optimizer and [memory] strategies.
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z" --set memory.strategies=zero1 >"$TMP/log" 2>&1 &&
+  bad "zero1 accepted" || { grep -q "optimizer = adamw_8bit with \[memory\] strategies = zero1" "$TMP/log" && ok ||
+    bad "zero1: $(tail -2 "$TMP/log")"; }
+finish
