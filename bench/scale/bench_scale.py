@@ -17,9 +17,13 @@ where its step goes (symbols, self time). ctrl's log line on where its memory go
 (parameters, gradients, optimizer state, activations, scratch, the rest) is printed under its run.
 --dir keeps the model, data and outputs in that folder (reused by a later run with the same --layers), so
 that the runs can be made one at a time.
+The optimizer: AdamW on both sides unless said. --optim NAME gives ctrl's runs that optimizer plugin
+(adamw_8bit: bitsandbytes' 8-bit AdamW); a run name may end in one too, e.g. ctrl-bf16-adamw_8bit, and a
+TRL run's in a transformers optim name, e.g. trl-bf16-adamw_bnb_8bit (bitsandbytes' own AdamW8bit,
+`pip install bitsandbytes`); its ratios are printed against every TRL run.
 usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
-       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32] [--profile] [--dir DIR]
-       (after scripts/build.sh)"""
+       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32[-OPTIM]] [--optim adamw|adamw_8bit]
+       [--profile] [--dir DIR] (after scripts/build.sh)"""
 import argparse
 import contextlib
 import json
@@ -47,37 +51,39 @@ def make_data(path, rows, words_per_row, seed=0):
             f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=words_per_row))}) + "\n")
 
 
-def run_ctrl(d, args, dtype, profile=False):
+def run_ctrl(d, args, dtype, optim, profile=False):
     """dtype: bf16, fp32, or bf16nofast (bf16 with CTRL_NO_AVX512BF16=1: the path of a CPU without a
     fast bf16 GEMM). CPU seconds per step: the user CPU of this run less that of a one-step run, over
     the steps between (loading, saving and the first step's setup cancel out)."""
-    r = ctrl_once(d, args, dtype, args.steps, profile)
+    r = ctrl_once(d, args, dtype, optim, args.steps, profile)
     if args.steps > 1:
-        one = ctrl_once(d, args, dtype, 1, False)
+        one = ctrl_once(d, args, dtype, optim, 1, False)
         r["cpu_per_step"] = (r["user_s"] - one["user_s"]) / (args.steps - 1)
     return r
 
 
-def ctrl_once(d, args, dtype, steps, profile):
-    out = os.path.join(d, f"ctrl_{dtype}_{steps}")
-    ini = os.path.join(d, f"ctrl_{dtype}_{steps}.ini")
+def ctrl_once(d, args, dtype, optim, steps, profile):
+    out = os.path.join(d, f"ctrl_{dtype}_{optim}_{steps}")
+    ini = os.path.join(d, f"ctrl_{dtype}_{optim}_{steps}.ini")
     bu.write_ini(ini, {"run": bu.cpu_run(out), "model": {"path": f"{d}/model", "attention": "flash"},
                        "data": {"train_file": f"{d}/train.jsonl", "max_length": args.seq, "shuffle": "false"},
-                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype.replace("nofast", ""))})
+                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype.replace("nofast", ""),
+                                                 optimizer=optim)})
     env = bu.thread_env(args.threads, OPENBLAS_NUM_THREADS="1")
     if dtype.endswith("nofast"):
         env["CTRL_NO_AVX512BF16"] = "1"
     perf = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] if profile else []
     run = bu.ctrl_train(CTRL, PLUGINS, ini, env, prefix=perf)
     steps = bu.metrics(out, '"step"')
-    notes = [l for l in run.stderr.splitlines() if "cpu: bf16" in l or "memory after the first step" in l]
+    notes = [l for l in run.stderr.splitlines()
+             if "cpu: bf16" in l or "memory after the first step" in l or "bytes of state" in l]
     return {"tokens_per_second": steps[-1]["tokens_per_second"], "rss_mib": run.rss_mib, "loss": steps[-1]["loss"],
             "user_s": run.user_s, "notes": notes}
 
 
-def run_trl(d, args, dtype):
+def run_trl(d, args, dtype, optim):
     r, run = bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args, ("threads", "steps", "batch", "seq"),
-                                        "--dtype", dtype))
+                                        "--dtype", dtype, "--trl-optim", optim))
     r.update(rss_mib=run.rss_mib, user_s=run.user_s, notes=[])
     return r
 
@@ -96,7 +102,7 @@ def trl_child(d, args):
     with tempfile.TemporaryDirectory() as tmp:
         cfg = SFTConfig(**bu.trl_args(output_dir=tmp, bf16=args.dtype == "bf16", max_steps=args.steps,
                                       per_device_train_batch_size=args.batch, learning_rate=1e-5, logging_steps=1,
-                                      max_length=args.seq))
+                                      max_length=args.seq, optim=args.trl_optim))
         trainer = bu.sequential(SFTTrainer)(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
                                             processing_class=tok)
         seconds, cpu = bu.train_timed(trainer)
@@ -135,6 +141,8 @@ def main():
     p.add_argument("--dir", help="work in this folder (kept; its model and data are reused) instead of a temporary one")
     p.add_argument("--trl-child")
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--optim", default="adamw", help="ctrl's optimizer plugin for runs whose name gives none")
+    p.add_argument("--trl-optim", default="adamw_torch")
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
@@ -156,8 +164,11 @@ def main():
         tokens = args.batch * args.seq
         results = {}
         for name in args.only.split(","):
-            side, dtype = name.split("-")
-            r = run_ctrl(d, args, dtype, args.profile and name == "ctrl-bf16") if side == "ctrl" else run_trl(d, args, dtype)
+            side, dtype, *opt = name.split("-", 2)
+            if side == "ctrl":
+                r = run_ctrl(d, args, dtype, opt[0] if opt else args.optim, args.profile and name == "ctrl-bf16")
+            else:
+                r = run_trl(d, args, dtype, opt[0] if opt else "adamw_torch")
             results[name] = r
             cps = r.get("cpu_per_step")
             print(f"{name:15s} {r['tokens_per_second']:8.1f} tokens/s  {tokens / r['tokens_per_second']:7.2f} s/step  "
@@ -166,14 +177,13 @@ def main():
                   + (f"  ({r['versions']})" if "versions" in r else ""), flush=True)
             for n in r["notes"]:
                 print(f"           log: {n}")
-        for c in ("ctrl-bf16", "ctrl-fp32", "ctrl-bf16nofast"):
-            for t in ("trl-bf16", "trl-fp32"):
-                if c in results and t in results:
-                    rc, rt = results[c], results[t]
-                    cpu = (f", {rt['cpu_per_step'] / rc['cpu_per_step']:.2f}x by CPU time per step"
-                           if rc.get("cpu_per_step") and rt.get("cpu_per_step") else "")
-                    print(f"{c} / {t}: {rc['tokens_per_second'] / rt['tokens_per_second']:.2f}x tokens/s{cpu}, "
-                          f"at {rc['rss_mib'] / rt['rss_mib']:.2f}x peak RSS")
+        for c in [n for n in results if n.startswith("ctrl-")]:
+            for t in [n for n in results if n.startswith("trl-")]:
+                rc, rt = results[c], results[t]
+                cpu = (f", {rt['cpu_per_step'] / rc['cpu_per_step']:.2f}x by CPU time per step"
+                       if rc.get("cpu_per_step") and rt.get("cpu_per_step") else "")
+                print(f"{c} / {t}: {rc['tokens_per_second'] / rt['tokens_per_second']:.2f}x tokens/s{cpu}, "
+                      f"at {rc['rss_mib'] / rt['rss_mib']:.2f}x peak RSS")
         print(f"load average {bu.load_average()} at end")
         if args.profile and "ctrl-bf16" in results:
             profile_report(d)

@@ -94,7 +94,8 @@ static const ctrl_option data_options[] = {
 
 static const ctrl_option train_options[] = {
     {"optimizer", CTRL_OPT_STRING, "adamw", 0, 0, 0, NULL,
-     "Optimizer plugin (adamw, sgd, ...); its options go in a section named after it."},
+     "Optimizer plugin (adamw; adamw_8bit, bitsandbytes' 8-bit AdamW; sgd); its options go in a "
+     "section named after it."},
     {"learning_rate", CTRL_OPT_FLOAT, "2e-5", POSITIVE, NULL, "Peak learning rate."},
     {"lr_scheduler_type", CTRL_OPT_CHOICE, "linear", 0, 0, 0,
      "constant|constant_with_warmup|linear|cosine|cosine_with_min_lr", "Learning-rate schedule."},

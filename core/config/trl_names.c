@@ -35,7 +35,9 @@ static const struct {
     {"dataset_test_split", "[data] eval_split"},
     {"eval_dataset", "[data] eval_file"},
     {"train_dataset", "[data] train_file"},
-    {"optim", "[train] optimizer = adamw | sgd (its options in [adamw] / [sgd])"},
+    {"optim",
+     "[train] optimizer = adamw | adamw_8bit (optim=\"adamw_bnb_8bit\") | sgd (its options in [adamw] / "
+     "[adamw_8bit] / [sgd])"},
     {"adam_beta1", "[adamw] adam_beta1"},
     {"adam_beta2", "[adamw] adam_beta2"},
     {"adam_epsilon", "[adamw] adam_epsilon"},

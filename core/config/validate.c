@@ -46,7 +46,14 @@ ctrl_status config_check_plugin_name(const ctrl_config *cfg, const ctrl_registry
     }
     char loaded[1024];
     ctrl_registry_names(reg, kind, loaded, sizeof loaded);
+    /* transformers' TrainingArguments.optim names of the optimizers ctrl has */
+    static const char *const hf_optim[][2] = {{"adamw_bnb_8bit", "adamw_8bit"},
+                                              {"adamw_torch", "adamw"},
+                                              {"adamw_torch_fused", "adamw"},
+                                              {"adamw_hf", "adamw"}};
     const char *s = config_suggest(name, names, n);
+    for (size_t i = 0; kind == CTRL_KIND_OPTIMIZER && i < sizeof hf_optim / sizeof hf_optim[0]; i++)
+        if (!strcmp(name, hf_optim[i][0])) s = hf_optim[i][1];
     char hint[160] = "";
     if (s) snprintf(hint, sizeof hint, "did you mean '%s'? ", s);
     config_entry *e = config_find(cfg, section, key);

@@ -139,3 +139,11 @@ if(TARGET ctrl_cli)
                                            ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
   set_tests_properties(test_adamw8bit_e2e PROPERTIES LABELS e2e TIMEOUT 300)
 endif()
+
+# adamw_8bit on a CUDA run under the emulator: stepped on the host, the CPU's curve, resume
+# (tests/e2e/test_adamw8bit_emu.sh).
+if(TARGET ctrl_cli AND TARGET ctrl_cuda_emu)
+  add_test(NAME test_adamw8bit_emu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_adamw8bit_emu.sh $<TARGET_FILE:ctrl_cli>
+                                           ${CMAKE_BINARY_DIR}/plugins-emu ${CMAKE_SOURCE_DIR} $<TARGET_FILE:ctrl_cuda_emu>)
+  set_tests_properties(test_adamw8bit_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 FIXTURES_REQUIRED cuda_emu_plugins)
+endif()

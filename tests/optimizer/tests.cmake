@@ -24,7 +24,7 @@ add_executable(test_adamw8bit ${CMAKE_SOURCE_DIR}/tests/optimizer/test_adamw8bit
 add_library(test_optimizer_adamw_8bit OBJECT ${CMAKE_SOURCE_DIR}/plugins/optimizer/adamw_8bit/adamw_8bit.c
             ${CMAKE_SOURCE_DIR}/plugins/optimizer/adamw_8bit/blockwise8.c)
 target_compile_definitions(test_optimizer_adamw_8bit PRIVATE CTRL_PLUGIN_STATIC_NAME=adamw_8bit)
-target_compile_options(test_optimizer_adamw_8bit PRIVATE -ffp-contract=off)
+target_compile_options(test_optimizer_adamw_8bit PRIVATE -ffp-contract=off -fno-math-errno)
 target_include_directories(test_optimizer_adamw_8bit PRIVATE ${CMAKE_SOURCE_DIR}/include)
 target_link_libraries(test_optimizer_adamw_8bit PRIVATE OpenMP::OpenMP_C)
 target_sources(test_adamw8bit PRIVATE $<TARGET_OBJECTS:test_optimizer_adamw_8bit>)

@@ -102,7 +102,8 @@ typedef struct step_consts {
     int decays;
 } step_consts;
 
-/* One block of an 8-bit group: dequantize, update (parameters too), requantize. */
+/* One block of an 8-bit group: dequantize, update (parameters too), requantize. The update is one
+ * vectorised loop (each element's arithmetic exactly as written: no contraction, no reassociation). */
 static void step_block(const ctrl_optimizer *o, const step_consts *c, group_state *s, float *p,
                        const float *grad, int64_t b) {
     const int64_t lo = b * BW8_BLOCK;
@@ -110,14 +111,18 @@ static void step_block(const ctrl_optimizer *o, const step_consts *c, group_stat
     float m[BW8_BLOCK], v[BW8_BLOCK];
     uint8_t *q1 = s->q1 + lo, *q2 = s->q2 + lo;
     const float a1 = s->absmax1[b], a2 = s->absmax2[b];
+    for (int i = 0; i < n; i++) m[i] = o->map1[q1[i]] * a1, v[i] = o->map2[q2[i]] * a2;
+    const float b1 = c->b1, c1 = c->a1, b2 = c->b2, c2 = c->a2, eps = c->eps, corr2 = c->corr2,
+                step_size = c->step_size, decay = c->decays ? c->decay : 1.0f;
+    float *pp = p + lo;
+    const float *gg = grad + lo;
+#pragma omp simd
     for (int i = 0; i < n; i++) {
-        const float g = grad[lo + i];
-        m[i] = fmaf(c->a1, g, o->map1[q1[i]] * a1 * c->b1);
-        v[i] = fmaf(c->a2 * g, g, o->map2[q2[i]] * a2 * c->b2);
-        float pi = p[lo + i];
-        if (c->decays) pi *= c->decay;
-        const float denom = sqrtf(v[i]) / c->corr2 + c->eps;
-        p[lo + i] = pi + c->step_size * (m[i] / denom);
+        const float g = gg[i];
+        m[i] = fmaf(c1, g, m[i] * b1);
+        v[i] = fmaf(c2 * g, g, v[i] * b2);
+        const float pi = pp[i] * decay; /* 1.0f without weight decay: the same value */
+        pp[i] = pi + step_size * (m[i] / (sqrtf(v[i]) / corr2 + eps));
     }
     bw8_quantize_block(o->lut1, m, n, q1, &s->absmax1[b]);
     bw8_quantize_block(o->lut2, v, n, q2, &s->absmax2[b]);

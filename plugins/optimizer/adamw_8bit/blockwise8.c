@@ -49,15 +49,20 @@ void bw8_build_lut(const float map[256], uint8_t lut[BW8_LUT]) {
 
 void bw8_quantize_block(const uint8_t lut[BW8_LUT], const float *x, int n, uint8_t *q, float *absmax) {
     float a = 0.0f;
-    for (int i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
+#pragma omp simd reduction(max : a)
+    for (int i = 0; i < n; i++) a = a < fabsf(x[i]) ? fabsf(x[i]) : a; /* std::max's order */
     *absmax = a;
     if (a == 0.0f) {
         memset(q, 0, (size_t)n);
         return;
     }
     const float inv = 1.0f / a;
+    int idx[BW8_BLOCK];
+#pragma omp simd
     for (int i = 0; i < n; i++) {
-        const float v = fminf(fmaxf(x[i] * inv, -1.0f), 1.0f);
-        q[i] = lut[(int)((v + 1.0f) * 0.5f * (float)(BW8_LUT - 1) + 0.5f)];
+        float v = x[i] * inv; /* std::clamp(v, -1, 1) */
+        v = v < -1.0f ? -1.0f : 1.0f < v ? 1.0f : v;
+        idx[i] = (int)((v + 1.0f) * 0.5f * (float)(BW8_LUT - 1) + 0.5f);
     }
+    for (int i = 0; i < n; i++) q[i] = lut[idx[i]];
 }
