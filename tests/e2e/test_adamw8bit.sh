@@ -3,7 +3,7 @@
 # reported in bytes, the checkpoint's optimizer.safetensors holding U8 moments beside fp32 absmax),
 # a run resumed from checkpoint-4 logs exactly the uninterrupted run's metrics for steps 5..8 (the
 # 8-bit state restored byte for byte), resuming it with adamw is a clear error, and the combination
-# with a ZeRO stage is refused naming both keys. The plugin's numerics against bitsandbytes:
+# with a ZeRO stage is refused naming both keys; transformers' optim name for it gets ctrl's. The plugin's numerics against bitsandbytes:
 # tests/optimizer/test_adamw8bit.c.
 # usage: test_adamw8bit.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -53,4 +53,8 @@ if diff <(curve "$TMP/full") <(curve "$TMP/resumed") >"$TMP/diff"; then ok; else
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z" --set memory.strategies=zero1 >"$TMP/log" 2>&1 &&
   bad "zero1 accepted" || { grep -q "optimizer = adamw_8bit with \[memory\] strategies = zero1" "$TMP/log" && ok ||
     bad "zero1: $(tail -2 "$TMP/log")"; }
+
+# 5. transformers' name for it (optim="adamw_bnb_8bit") points at ctrl's.
+"${C[@]}" config check "$TMP/run.ini" --set train.optimizer=adamw_bnb_8bit >"$TMP/log" 2>&1 && bad "adamw_bnb_8bit accepted" ||
+  { grep -q "did you mean 'adamw_8bit'" "$TMP/log" && ok || bad "adamw_bnb_8bit: $(tail -1 "$TMP/log")"; }
 finish
