@@ -313,7 +313,12 @@ TEST(device_declined_and_oom_is_an_error) {
     CHECK_CONTAINS(ctrl_error_message(), "out of memory");
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature) /* clang's spelling of __SANITIZE_ADDRESS__ */
+#if __has_feature(address_sanitizer)
+#define TEST_UNDER_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(TEST_UNDER_ASAN)
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 #endif
