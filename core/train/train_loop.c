@@ -318,14 +318,6 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
             "over NCCL during the backward)",
             s->train.optimizer);
     }
-    for (int i = 0; st == CTRL_OK && r->zero.stage && i < r->opt_ops->state_count(r->opt); i++)
-        if (ctrl_optimizer_state_dtype(r->opt_ops, r->opt, i) != CTRL_F32) /* the shards carry fp32 */
-            st = ctrl_error_set(
-                CTRL_ERR_UNSUPPORTED,
-                "%s: [train] optimizer = %s with [memory] strategies = zero%d: not supported yet "
-                "(its 8-bit state does not go into ZeRO's per-rank checkpoint files); use "
-                "adamw, or no ZeRO stage",
-                ctrl_config_where(cfg, "train", "optimizer"), s->train.optimizer, r->zero.stage);
     if (st == CTRL_OK) st = train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt);
     return st == CTRL_OK ? train_zero_attach(&r->zero, r->model) : st; /* zero3: the layers sliced */
 }

@@ -324,6 +324,7 @@ ctrl_status train_zero_report(const train_zero *z, const char *optimizer, const 
 typedef struct shard_header {
     char name[64];
     int64_t numel;
+    int64_t dtype; /* ctrl_dtype of the elements (adamw_8bit's moments: CTRL_U8) */
 } shard_header;
 
 ctrl_status train_zero_send_state(const train_zero *z, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt) {
@@ -337,11 +338,12 @@ ctrl_status train_zero_send_state(const train_zero *z, const ctrl_optimizer_ops 
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         const char *name;
         float *data;
-        shard_header h = {{0}, 0};
+        shard_header h = {{0}, 0, CTRL_F32};
         if ((st = ops->state_get(opt, i, &name, &data, &h.numel)) != CTRL_OK) break;
         snprintf(h.name, sizeof h.name, "%s", name);
+        h.dtype = ctrl_optimizer_state_dtype(ops, opt, i);
         st = ctrl_collective_send(&h, sizeof h, 0);
-        if (st == CTRL_OK) st = ctrl_collective_send(data, (size_t)h.numel * sizeof(float), 0);
+        if (st == CTRL_OK) st = ctrl_collective_send(data, (size_t)h.numel * ctrl_dtype_size(h.dtype), 0);
     }
     return st;
 }
@@ -362,15 +364,22 @@ ctrl_status train_zero_write_shard(void *user, int rank, const char *path) {
         shard_header h;
         if ((st = ctrl_collective_recv(&h, sizeof h, rank)) != CTRL_OK) break;
         h.name[sizeof h.name - 1] = '\0';
+        if (h.dtype != CTRL_F32 && h.dtype != CTRL_U8) {
+            st = ctrl_error_set(CTRL_ERR_RUNTIME, "zero: rank %d's optimizer buffer %d has dtype %lld", rank, i,
+                                (long long)h.dtype);
+            break;
+        }
+        const size_t esz = ctrl_dtype_size((ctrl_dtype)h.dtype);
         if (h.numel < 0 || h.numel > (int64_t)1 << 40 ||
-            !(data[i] = malloc((size_t)(h.numel ? h.numel : 1) * sizeof(float)))) {
-            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero: rank %d's optimizer buffer %d (%lld floats)", rank, i,
+            !(data[i] = malloc((size_t)(h.numel ? h.numel : 1) * esz))) {
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero: rank %d's optimizer buffer %d (%lld elements)", rank, i,
                                 (long long)h.numel);
             break;
         }
-        st = ctrl_collective_recv(data[i], (size_t)h.numel * sizeof(float), rank);
+        st = ctrl_collective_recv(data[i], (size_t)h.numel * esz, rank);
         ctrl_checkpoint_state_key(names[i], sizeof names[i], i, h.name);
         t[i] = (ctrl_st_write){.name = names[i], .data = data[i], .ndim = 1, .shape = {h.numel}};
+        if (h.dtype != CTRL_F32) t[i].raw = data[i], t[i].raw_dtype = (ctrl_dtype)h.dtype; /* as it is */
     }
     if (st == CTRL_OK) st = ctrl_safetensors_write(path, t, (int)n, CTRL_F32);
     for (int i = 0; data && i < n; i++) free(data[i]);

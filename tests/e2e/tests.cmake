@@ -147,3 +147,11 @@ if(TARGET ctrl_cli AND TARGET ctrl_cuda_emu)
                                            ${CMAKE_BINARY_DIR}/plugins-emu ${CMAKE_SOURCE_DIR} $<TARGET_FILE:ctrl_cuda_emu>)
   set_tests_properties(test_adamw8bit_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 FIXTURES_REQUIRED cuda_emu_plugins)
 endif()
+
+# adamw_8bit with zero1/zero2 over 2 MPI ranks: the slices' 8-bit state, per-rank files, resume
+# (tests/e2e/test_adamw8bit_mpi.sh; skips without mpirun).
+if(TARGET ctrl_cli)
+  add_test(NAME test_adamw8bit_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_adamw8bit_mpi.sh $<TARGET_FILE:ctrl_cli>
+                                           ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
+  set_tests_properties(test_adamw8bit_mpi PROPERTIES LABELS e2e SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
