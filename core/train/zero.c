@@ -365,15 +365,15 @@ ctrl_status train_zero_write_shard(void *user, int rank, const char *path) {
         if ((st = ctrl_collective_recv(&h, sizeof h, rank)) != CTRL_OK) break;
         h.name[sizeof h.name - 1] = '\0';
         if (h.dtype != CTRL_F32 && h.dtype != CTRL_U8) {
-            st = ctrl_error_set(CTRL_ERR_RUNTIME, "zero: rank %d's optimizer buffer %d has dtype %lld", rank, i,
-                                (long long)h.dtype);
+            st = ctrl_error_set(CTRL_ERR_RUNTIME, "zero: rank %d's optimizer buffer %d has dtype %lld", rank,
+                                i, (long long)h.dtype);
             break;
         }
         const size_t esz = ctrl_dtype_size((ctrl_dtype)h.dtype);
         if (h.numel < 0 || h.numel > (int64_t)1 << 40 ||
             !(data[i] = malloc((size_t)(h.numel ? h.numel : 1) * esz))) {
-            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero: rank %d's optimizer buffer %d (%lld elements)", rank, i,
-                                (long long)h.numel);
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "zero: rank %d's optimizer buffer %d (%lld elements)", rank,
+                                i, (long long)h.numel);
             break;
         }
         st = ctrl_collective_recv(data[i], (size_t)h.numel * esz, rank);

@@ -30,7 +30,7 @@ dtype = fp32
 min_8bit_size = 256
 INI
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" >"$TMP/dp.log" 2>&1 || { bad "plain 2 ranks"; tail -20 "$TMP/dp.log"; }
-full=$(grep -o "optimizer adamw_8bit: [0-9]* bytes of state per rank" "$TMP/dp.log" | grep -o '[0-9]*' | head -1)
+full=$(grep -o "optimizer adamw_8bit: [0-9]* bytes of state per rank" "$TMP/dp.log" | head -1 | sed 's/.*: \([0-9]*\) bytes.*/\1/')
 for z in zero1 zero2; do
   "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$z" --set "memory.strategies=$z" \
     >"$TMP/$z.log" 2>&1 || { bad "$z 2 ranks exited $?"; tail -20 "$TMP/$z.log"; }
