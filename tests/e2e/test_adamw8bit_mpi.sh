@@ -4,7 +4,7 @@
 # slice boundary is quantized in other blocks than unsharded: the curve follows plain data
 # parallel's closely, not bit for bit), about half the state's bytes per rank, one optimizer file
 # per rank with the U8 moments, and a 2-rank resume from checkpoint-4 continues the same curve
-# exactly, for zero1 and zero2. Skipped (77) only when mpirun or libctrl_mpi.so is absent.
+# exactly, for zero1, zero2 and zero3. Skipped (77) only when mpirun or libctrl_mpi.so is absent.
 # usage: test_adamw8bit_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
@@ -31,7 +31,7 @@ min_8bit_size = 256
 INI
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" >"$TMP/dp.log" 2>&1 || { bad "plain 2 ranks"; tail -20 "$TMP/dp.log"; }
 full=$(grep -o "optimizer adamw_8bit: [0-9]* bytes of state per rank" "$TMP/dp.log" | head -1 | sed 's/.*: \([0-9]*\) bytes.*/\1/')
-for z in zero1 zero2; do
+for z in zero1 zero2 zero3; do
   "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$z" --set "memory.strategies=$z" \
     >"$TMP/$z.log" 2>&1 || { bad "$z 2 ranks exited $?"; tail -20 "$TMP/$z.log"; }
   curve_close "$TMP/dp" "$TMP/$z" loss 2e-3

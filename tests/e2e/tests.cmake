@@ -148,7 +148,7 @@ if(TARGET ctrl_cli AND TARGET ctrl_cuda_emu)
   set_tests_properties(test_adamw8bit_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 FIXTURES_REQUIRED cuda_emu_plugins)
 endif()
 
-# adamw_8bit with zero1/zero2 over 2 MPI ranks: the slices' 8-bit state, per-rank files, resume
+# adamw_8bit with zero1/2/3 over 2 MPI ranks: the slices' 8-bit state, per-rank files, resume
 # (tests/e2e/test_adamw8bit_mpi.sh; skips without mpirun).
 if(TARGET ctrl_cli)
   add_test(NAME test_adamw8bit_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_adamw8bit_mpi.sh $<TARGET_FILE:ctrl_cli>
