@@ -80,6 +80,7 @@ static ctrl_status begin(ctrl_model *m, int l, int w, int e, const float *x, int
 }
 
 ctrl_status lora_moe_gate_up(ctrl_model *m, int l, int e, const float *xs, int n, float *g, float *u) {
+    if (m->dec_adapters) return lora_bank_moe(m, l, LORA_MOE_GATE_UP, e, xs, n, g, u); /* serving */
     const int C = m->cfg.hidden_size, Im = m->cfg.moe_intermediate_size;
     float *ws[4];
     int on;
@@ -90,6 +91,7 @@ ctrl_status lora_moe_gate_up(ctrl_model *m, int l, int e, const float *xs, int n
 }
 
 ctrl_status lora_moe_down(ctrl_model *m, int l, int e, const float *h, int n, float *y) {
+    if (m->dec_adapters) return lora_bank_moe(m, l, LORA_MOE_DOWN, e, h, n, y, NULL); /* serving */
     const int C = m->cfg.hidden_size, Im = m->cfg.moe_intermediate_size;
     float *ws[4];
     int on;

@@ -426,6 +426,10 @@ int lora_module(const ctrl_model *m, int t, int *row0, int *module_out);
 /* lora_bank.c: adds the bank's adapters of the decode call under way to out [T, OUT] (see
  * ctrl_model_set_decode_adapters); lora_bank_free releases the bank. */
 ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const float *x, int IN, int OUT);
+/* The same for layer l's experts (model_moe.c, through lora_moe.c): expert ex's n routed rows xs
+ * [n, in] under adapter k (LORA_MOE_GATE_UP: o1 = gate's [n, Im], o2 = up's; LORA_MOE_DOWN: o1 [n, C]),
+ * each run of rows under one adapter given that adapter's expert ex. */
+ctrl_status lora_bank_moe(ctrl_model *m, int l, int k, int ex, const float *xs, int n, float *o1, float *o2);
 void lora_bank_free(ctrl_model *m);
 /* Layer l's base weight [OUT, IN] and bias (-1: none) of linear t, as offsets into the parameters. */
 void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias);

@@ -29,6 +29,9 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
  * after expert ([E][out, r]) and PEFT as [out, E r] with expert e's rank k in column k E + e. With
  * `to_file` 0, the other way. */
 void ctrl_peft_file_layout(const ctrl_model *m, const ctrl_param_view *v, const float *src, float *dst, int to_file);
+/* The same for an expert lora_B of E experts, [out, E r] in PEFT's file (expert e's rank k in column
+ * k E + e) <-> ctrl's [E][out, r]. */
+void ctrl_peft_expert_b_layout(int64_t E, int64_t out, int64_t r, const float *src, float *dst, int to_file);
 
 /* The base model BASE_DIR under the adapter of ADAPTER_DIR (its config and weights); attn may be
  * NULL for a model that is only merged or saved. A SEQ_CLS adapter makes a sequence classifier

@@ -32,7 +32,10 @@ void ctrl_peft_file_layout(const ctrl_model *m, const ctrl_param_view *v, const 
         memcpy(dst, src, sizeof(float) * (size_t)v->numel);
         return;
     }
-    const int64_t out = v->shape[0], r = v->shape[1] / E;
+    ctrl_peft_expert_b_layout(E, v->shape[0], v->shape[1] / E, src, dst, to_file);
+}
+
+void ctrl_peft_expert_b_layout(int64_t E, int64_t out, int64_t r, const float *src, float *dst, int to_file) {
     for (int64_t e = 0; e < E; e++) /* ctrl [e][o][k] <-> PEFT [o][k E + e] */
         for (int64_t o = 0; o < out; o++)
             for (int64_t k = 0; k < r; k++) {

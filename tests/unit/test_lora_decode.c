@@ -2,7 +2,10 @@
  * token at a time, gives the log-probs the training forward gives under the same adapter (PEFT's
  * fixture adapters, tests/fixtures/lora), with dropout never applied while decoding (a model left
  * in training mode decodes as in evaluation), and with the adapters switched off the base's. Several
- * adapters over one base (ctrl serve --lora): one decode call, and the engine's steps, mix them. */
+ * adapters over one base (ctrl serve --lora): one decode call, and the engine's steps, mix them;
+ * MoE expert adapters (PEFT's target_parameters) too, whose greedy generation in a mixed batch is
+ * PEFT's own (tests/reference/make_lora_generation.py) and the merged model's. */
+#include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/peft.h"
+#include "model/json_file.h"
 #include "test.h"
 #include "test_registry.h"
 
@@ -83,9 +87,10 @@ static void check(const char *adapter, const char *arch) {
 
 TEST(lora_decoding_applies_the_adapters_live) {
     check("qwen2_attn_mlp", "qwen2");
-    check("llama_all_rslora", "llama");          /* lora_dropout 0.1, modules_to_save lm_head */
-    check("qwen2_dora_all_rslora", "qwen2");     /* DoRA, biases, lora_dropout 0.05 */
-    check("phi3_all_dora", "families/phi3_mha"); /* Phi-3's fused qkv_proj / gate_up_proj, DoRA */
+    check("llama_all_rslora", "llama");                 /* lora_dropout 0.1, modules_to_save lm_head */
+    check("qwen2_dora_all_rslora", "qwen2");            /* DoRA, biases, lora_dropout 0.05 */
+    check("phi3_all_dora", "families/phi3_mha");        /* Phi-3's fused qkv_proj / gate_up_proj, DoRA */
+    check("qwen3_moe_experts", "families/qwen3_moe_a"); /* MoE experts (target_parameters), nested */
 }
 
 /* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
@@ -222,6 +227,152 @@ TEST(lora_bank_serves_fused_phi3_adapters) {
     ctrl_model_free(m);
 }
 
+/* The plain base with adapters a1 (id 1) and a2 (id 2) in its bank, and its paged attention. */
+static ctrl_model *bank_of(const char *base, const char *a1, const char *a2) {
+    ctrl_model *m = NULL;
+    int id = 0;
+    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
+    test_attach_paged(m);
+    if (m) CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id), CTRL_OK);
+    if (m) CHECK_EQ_INT(ctrl_model_add_adapter(m, a2, &id), CTRL_OK);
+    CHECK_EQ_INT(id, 2);
+    return m;
+}
+
+/* MoE expert adapters in the bank (target_parameters: the experts' gate_up_proj and down_proj, with
+ * attention adapters; PEFT's fixture and a second adapter, its B scaled by -2): one decode call
+ * mixing them with the base (base, A, B, A) gives each sequence what its adapter gives alone
+ * (ctrl_peft_load, as ctrl generate --adapter), though the experts' routed rows interleave the
+ * sequences; an expert adapter on a dense model is refused, as PEFT refuses it. */
+TEST(lora_bank_serves_moe_expert_adapters) {
+    static const char base[] = CTRL_FIXTURE_DIR "/families/qwen3_moe_a",
+                      a1[] = CTRL_FIXTURE_DIR "/lora/qwen3_moe_experts";
+    char a2[] = "/tmp/ctrl_lora_moe_bank_XXXXXX";
+    if (!scaled_adapter(base, a1, -2.0f, a2)) return;
+    ctrl_model *m = bank_of(base, a1, a2);
+    int id = 0;
+    ctrl_model *d = NULL; /* target_parameters over a dense model: nothing to wrap */
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &d), CTRL_OK);
+    if (d) CHECK(ctrl_model_add_adapter(d, CTRL_FIXTURE_DIR "/lora/mixtral_experts_down", &id) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "target_parameters");
+    ctrl_model_free(d);
+    static const int32_t tokens[] = {3, 17, 42, 90, 5, 64, 11, 23, 88, 7, 60, 45, 2, 9, 31, 8}; /* < 96 */
+    static const int lens[4] = {3, 5, 4, 4}, adapters[4] = {0, 1, 2, 1};
+    const int V = m ? ctrl_model_cfg(m)->vocab_size : 1;
+    float *mixed = malloc(sizeof(float) * 4 * V), *plain = malloc(sizeof(float) * 4 * V);
+    if (m) {
+        decode_batch(m, tokens, lens, 4, adapters, mixed);
+        const char *const dirs[2] = {a1, a2};
+        const double worst = each_alone(base, dirs, tokens, lens, 4, adapters, mixed, V);
+        decode_batch(m, tokens, lens, 4, NULL, plain);
+        /* the base's sequence (not bit for bit: its experts' GEMMs run over other rows beside it) */
+        CHECK_REL(mixed, plain, V, 1e-6);
+        for (int s = 1; s < 4; s++)
+            CHECK(test_rel_error_f32(mixed + (size_t)s * V, plain + (size_t)s * V, V) > 1e-4);
+        printf(
+            "  MoE base + 2 expert adapters in one decode call: each vs its adapter alone: logits rel %.1e\n",
+            worst);
+    }
+    free(mixed), free(plain);
+    ctrl_model_free(m);
+    remove_adapter(a2);
+}
+
+/* An engine over `m` generating reqs [n] together (greedy), into out. */
+static void engine_run(ctrl_model *m, const ctrl_gen_request *reqs, int n, ctrl_gen_output *out) {
+    ctrl_engine *e = NULL;
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    if (e) CHECK_EQ_INT(ctrl_engine_generate(e, reqs, n, out, NULL, NULL), CTRL_OK);
+    ctrl_engine_free(e);
+}
+
+/* ctrl serve --lora with an MoE expert adapter (PEFT's fixture adapters over Qwen3-MoE, nested
+ * gate_up/down, and over Mixtral, down_proj alone, rsLoRA): PEFT's greedy generation from its two
+ * prompts (PeftModel.generate, make_lora_generation.py), generated in one engine batch with a base
+ * request beside each, gives PEFT's tokens and their log-probs (within 1e-4: fp32 over 12 steps), and
+ * the same as the adapter merged into the experts (ctrl_peft_merge, what ctrl model merge writes). */
+static void moe_adapter_generates_as_peft(const char *adapter) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, adapter);
+    snprintf(path, sizeof path, "%s/batch.json", dir);
+    cJSON *bj = json_file(path);
+    snprintf(path, sizeof path, "%s/generation.json", dir);
+    cJSON *gj = json_file(path);
+    const cJSON *bn = cJSON_GetObjectItemCaseSensitive(bj, "base"),
+                *cases = cJSON_GetObjectItemCaseSensitive(gj, "cases");
+    CHECK(cJSON_IsString(bn) && cJSON_GetArraySize(cases) == 2);
+    if (!cJSON_IsString(bn) || cJSON_GetArraySize(cases) != 2) {
+        cJSON_Delete(bj), cJSON_Delete(gj);
+        return;
+    }
+    char base[600];
+    snprintf(base, sizeof base, "%s/%s", CTRL_FIXTURE_DIR, bn->valuestring);
+    const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .top_k = -1, .repetition_penalty = 1};
+    int32_t prompts[2][16], want[2][16];
+    float want_lp[2][16];
+    ctrl_gen_request reqs[4];
+    for (int c = 0; c < 2; c++) {
+        const cJSON *o = cJSON_GetArrayItem(cases, c), *p = cJSON_GetObjectItemCaseSensitive(o, "prompt"),
+                    *g = cJSON_GetObjectItemCaseSensitive(o, "generated"),
+                    *lp = cJSON_GetObjectItemCaseSensitive(o, "logprobs");
+        int n = 0;
+        for (const cJSON *x = p->child; x && n < 16; x = x->next) prompts[c][n++] = (int32_t)x->valuedouble;
+        int k = 0;
+        for (const cJSON *x = g->child, *y = lp->child; x && y && k < 16; x = x->next, y = y->next)
+            want[c][k] = (int32_t)x->valuedouble, want_lp[c][k++] = (float)y->valuedouble;
+        CHECK_EQ_INT(k, 12);
+        /* the adapter's request, and the same prompt under the base beside it (a mixed batch) */
+        reqs[2 * c] = (ctrl_gen_request){.prompt = prompts[c],
+                                         .prompt_len = n,
+                                         .n = 1,
+                                         .max_tokens = 12,
+                                         .sampling = greedy,
+                                         .adapter = 1};
+        reqs[2 * c + 1] = reqs[2 * c], reqs[2 * c + 1].adapter = 0;
+    }
+    ctrl_model *m = NULL, *merged = NULL;
+    int id = 0;
+    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
+    test_attach_paged(m);
+    if (m) CHECK_EQ_INT(ctrl_model_add_adapter(m, dir, &id), CTRL_OK);
+    CHECK_EQ_INT(ctrl_peft_load(base, dir, NULL, &merged), CTRL_OK);
+    test_attach_paged(merged);
+    if (merged) CHECK_EQ_INT(ctrl_peft_merge(merged), CTRL_OK);
+    ctrl_gen_output out[4] = {{0}}, mout[4] = {{0}};
+    if (m && merged) {
+        engine_run(m, reqs, 4, out);
+        ctrl_gen_request solo[2] = {reqs[0], reqs[2]};
+        solo[0].adapter = solo[1].adapter = 0;
+        engine_run(merged, solo, 2, mout);
+    }
+    double worst = 0, worst_merged = 0;
+    for (int c = 0; m && merged && c < 2; c++) {
+        const ctrl_gen_output *o = &out[2 * c], *mo = &mout[c];
+        CHECK_MSG(o->len == 12 && !memcmp(o->ids, want[c], sizeof(int32_t) * 12),
+                  "%s prompt %d: the served adapter's greedy tokens differ from PEFT's", adapter, c);
+        CHECK_MSG(mo->len == 12 && !memcmp(mo->ids, want[c], sizeof(int32_t) * 12),
+                  "%s prompt %d: the merged model's greedy tokens differ from PEFT's", adapter, c);
+        for (int k = 0; k < 12 && o->len == 12 && mo->len == 12; k++) {
+            worst = fmax(worst, fabs((double)o->logprobs[k] - want_lp[c][k]));
+            worst_merged = fmax(worst_merged, fabs((double)o->logprobs[k] - mo->logprobs[k]));
+        }
+        CHECK(out[2 * c + 1].len == 12 && memcmp(out[2 * c + 1].ids, want[c], sizeof(int32_t) * 12) != 0);
+    }
+    CHECK_MSG(worst <= 1e-4, "%s: log-probs %.3g from PEFT's", adapter, worst);
+    CHECK_MSG(worst_merged <= 1e-4, "%s: log-probs %.3g from the merged model's", adapter, worst_merged);
+    printf("  %-20s served in a mixed batch: PEFT's greedy tokens, log-probs within %.1e of PEFT's, %.1e of "
+           "the merged model's\n",
+           adapter, worst, worst_merged);
+    for (int i = 0; i < 4; i++) ctrl_gen_output_free(&out[i]), ctrl_gen_output_free(&mout[i]);
+    ctrl_model_free(m), ctrl_model_free(merged);
+    cJSON_Delete(bj), cJSON_Delete(gj);
+}
+
+TEST(lora_bank_moe_adapter_generates_as_peft_and_as_merged) {
+    moe_adapter_generates_as_peft("qwen3_moe_experts");
+    moe_adapter_generates_as_peft("mixtral_experts_down");
+}
+
 /* The engine with a bank: requests under adapter 1, the base, adapter 2 and adapter 1 again (n = 2)
  * generated together (so they share every step: a mixed batch) give each request the tokens it gets
  * alone from the base under its adapter (ctrl_peft_load, as ctrl generate --adapter). */
@@ -245,12 +396,7 @@ TEST(lora_bank_engine_batches_requests_for_different_adapters) {
     static const char base[] = CTRL_FIXTURE_DIR "/models/llama", a1[] = CTRL_FIXTURE_DIR "/lora/llama_qv";
     char b2[] = "/tmp/ctrl_lora_eng_XXXXXX"; /* a second llama adapter: llama_qv with B tripled */
     if (!scaled_adapter(base, a1, 3.0f, b2)) return;
-    ctrl_model *m = NULL;
-    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
-    test_attach_paged(m);
-    int id = 0;
-    CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id), CTRL_OK);
-    CHECK_EQ_INT(ctrl_model_add_adapter(m, b2, &id), CTRL_OK);
+    ctrl_model *m = bank_of(base, a1, b2);
     ctrl_engine *e = NULL;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 1, 0}, &e), CTRL_OK);
     static const int32_t p0[] = {3, 17, 42, 99, 5}, p1[] = {64, 11, 23}, p2[] = {88, 7, 120, 45, 2, 9};
