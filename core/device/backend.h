@@ -189,6 +189,12 @@ typedef struct ctrl_backend_ops {
     void (*host_free)(void *ptr);
     ctrl_status (*side_copy)(void *dst, const void *src, size_t bytes, int to_device, int ev);
     ctrl_status (*side_wait)(int ev);
+    /* Appended for LoRA's dropout on a device (core/model/lora.c): dst[i] = 0 where u_i < p, else
+     * src[i] * keep (dst may be src), u_i = ((mix64(key + i * 0x9E3779B97F4A7C15) >> 11) + 0.5) / 2^53
+     * with splitmix64's finalizer mix64: the host's draw (lora_dropout_host) bit for bit, so a
+     * device's masks are the CPU's and never make a host round trip. NULL where not implemented (the
+     * model then draws the mask on the host, through a copy). */
+    ctrl_status (*lora_dropout)(float *dst, const float *src, int64_t n, uint64_t key, float p, float keep);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

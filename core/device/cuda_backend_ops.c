@@ -117,6 +117,7 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .dora_norm = ctrl_cuda_dora_norm,           /* DoRA (kernels/cuda/dora.cu) */
         .dora_combine = ctrl_cuda_dora_combine,
         .dora_backward = ctrl_cuda_dora_backward,
+        .lora_dropout = ctrl_cuda_lora_dropout, /* LoRA's dropout masks (kernels/cuda/lora.cu) */
         /* activation offloading: pinned host memory, copies on a side stream (cuda_side_stream.c) */
         .host_alloc = ctrl_cuda_host_alloc,
         .host_free = ctrl_cuda_host_free,

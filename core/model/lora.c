@@ -5,7 +5,9 @@
  *   backward  dB += dout^T xa;  dxa = s * (dout B);  dA += dxa^T dropout(x);  dx += dropout'(dxa A)
  * Dropout (training mode only) draws its mask from a hash of (seed, forward counter, layer,
  * target, element), so that a layer a memory strategy recomputes gets the same mask again and the
- * backward needs no stored mask. */
+ * backward needs no stored mask; the hash is counter-based (splitmix64's finalizer of key + i * the
+ * golden ratio), so a device draws the host's mask element by element where the values are
+ * (kernels/cuda/lora.cu, the backend's lora_dropout op): no host round trip. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -303,19 +305,21 @@ void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias) {
     *bias = t == LORA_Q ? o->bq : t == LORA_K ? o->bk : t == LORA_V ? o->bv : -1;
 }
 
-/* out = x * mask / (1 - p) (host memory), the mask a function of (seed, step, layer, target); the
- * linears of a fused module share its first one's (PEFT drops the module's input once). */
-static void dropout(const ctrl_model *m, int l, int t, float *out, const float *x, int64_t n) {
-    const float p = m->lora->lora_dropout, keep = 1.0f / (1.0f - p);
-    int row0, mod_out;
-    const int mod = lora_module(m, t, &row0, &mod_out);
-    t = mod == LORA_QKV ? LORA_Q : mod == LORA_GATE_UP ? LORA_GATE : t;
-    const uint64_t key = mix64(m->lora->seed ^ mix64(m->lora_step * 0x100000001B3ull + (uint64_t)l * 7 + t));
+void lora_dropout_host(float *out, const float *x, int64_t n, uint64_t key, float p, float keep) {
     for (int64_t i = 0; i < n; i++) {
         const double u =
             ((mix64(key + (uint64_t)i * 0x9E3779B97F4A7C15ull) >> 11) + 0.5) / 9007199254740992.0;
         out[i] = u < p ? 0.0f : x[i] * keep;
     }
+}
+
+/* The mask's key: a function of (seed, step, layer, target); the linears of a fused module share
+ * its first one's (PEFT drops the module's input once). */
+static uint64_t dropout_key(const ctrl_model *m, int l, int t) {
+    int row0, mod_out;
+    const int mod = lora_module(m, t, &row0, &mod_out);
+    t = mod == LORA_QKV ? LORA_Q : mod == LORA_GATE_UP ? LORA_GATE : t;
+    return mix64(m->lora->seed ^ mix64(m->lora_step * 0x100000001B3ull + (uint64_t)l * 7 + t));
 }
 
 /* Scratch: xa [T, r] (decoding, which keeps none), the dropped-out input or dA's dx [T, max width],
@@ -333,13 +337,17 @@ ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, floa
     return CTRL_OK;
 }
 
-/* dst = dropout(src) [n] on the backend: in place on host memory; a device's values make a round trip
- * through m->lora_host (the masks are drawn on the host; slow, but exact and the same masks). */
+/* dst = dropout(src) [n] on the backend: on host memory here; on a device by its lora_dropout op (the
+ * same mask drawn there); a device without the op (an older backend library) makes a round trip
+ * through m->lora_host. */
 ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n) {
+    const float p = m->lora->lora_dropout, keep = 1.0f / (1.0f - p);
+    const uint64_t key = dropout_key(m, l, t);
     if (m->be->host_memory) {
-        dropout(m, l, t, dst, src, n);
+        lora_dropout_host(dst, src, n, key, p, keep);
         return CTRL_OK;
     }
+    if (ctrl_backend_has(m->be, lora_dropout)) return m->be->lora_dropout(dst, src, n, key, p, keep);
     if ((size_t)n > m->lora_host_n) {
         free(m->lora_host);
         if (!(m->lora_host = malloc(sizeof(float) * (size_t)n))) {
@@ -349,7 +357,7 @@ ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const fl
         m->lora_host_n = (size_t)n;
     }
     MODEL_TRY(m->be->to_host(m->lora_host, src, sizeof(float) * (size_t)n));
-    dropout(m, l, t, m->lora_host, m->lora_host, n);
+    lora_dropout_host(m->lora_host, m->lora_host, n, key, p, keep);
     return m->be->to_device(dst, m->lora_host, sizeof(float) * (size_t)n);
 }
 

@@ -177,6 +177,9 @@ ctrl_status ctrl_cuda_nf4_linear(float *out, const float *in, const uint8_t *pac
                                  int64_t first, const float *bias, int T, int IN, int OUT, int backward,
                                  int bf16);
 
+/* LoRA's dropout drawn on the device (device pointers; backend.h's lora_dropout: the host's mask). */
+ctrl_status ctrl_cuda_lora_dropout(float *dst, const float *src, int64_t n, uint64_t key, float p, float keep);
+
 /* DoRA's per-row ops (device pointers; cpu_ops.h's ctrl_cpu_dora_norm, dora_combine, dora_backward). */
 ctrl_status ctrl_cuda_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA,
                                 const float *BG, const float *mag, float s, int OUT, int IN, int r);

@@ -64,6 +64,7 @@ if(CTRL_HAVE_CUDA_EMU)
   ctrl_emu_cuda_test(test_cuda_model ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
   ctrl_emu_cuda_test(test_cuda_device)
   ctrl_emu_cuda_test(test_cuda_nf4 ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
+  ctrl_emu_cuda_test(test_cuda_lora ${CMAKE_SOURCE_DIR}/tests/backend_case.c)
   ctrl_emu_cuda_test(test_cuda_flash)
   ctrl_emu_cuda_test(test_cuda_paged ${CMAKE_SOURCE_DIR}/tests/paged_case.c)
   # SFT against TRL's curves with `[run] device = cuda`: the real device selection dlopens the
