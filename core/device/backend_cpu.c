@@ -8,6 +8,7 @@
 
 #include "ctrl/log.h"
 #include "device/backend.h"
+#include "model/lora.h"
 #include "model/nf4.h"
 
 static ctrl_status cpu_alloc(void **ptr, size_t bytes) {
@@ -171,6 +172,10 @@ static ctrl_status dora_combine(float *out, const float *yl, const float *yb, co
     ctrl_cpu_dora_combine(out, yl, yb, bias, g, T, OUT);
     return CTRL_OK;
 }
+static ctrl_status lora_dropout(float *dst, const float *src, int64_t n, uint64_t key, float p, float keep) {
+    lora_dropout_host(dst, src, n, key, p, keep);
+    return CTRL_OK;
+}
 static ctrl_status dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
                                  const float *g, int T, int OUT) {
     ctrl_cpu_dora_backward(dmag, yl, yb, dout, norm, g, T, OUT);
@@ -305,6 +310,7 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .dora_norm = dora_norm,                    /* DoRA (kernels/cpu/dora.c) */
         .dora_combine = dora_combine,
         .dora_backward = dora_backward,
+        .lora_dropout = lora_dropout, /* LoRA's dropout masks (model/lora.c) */
     };
     return &ops;
 }

@@ -337,16 +337,12 @@ ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, floa
     return CTRL_OK;
 }
 
-/* dst = dropout(src) [n] on the backend: on host memory here; on a device by its lora_dropout op (the
- * same mask drawn there); a device without the op (an older backend library) makes a round trip
+/* dst = dropout(src) [n] by the backend's lora_dropout op (the CPU's, or a device's drawing the same
+ * mask where the values are); a device without the op (an older backend library) makes a round trip
  * through m->lora_host. */
 ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n) {
     const float p = m->lora->lora_dropout, keep = 1.0f / (1.0f - p);
     const uint64_t key = dropout_key(m, l, t);
-    if (m->be->host_memory) {
-        lora_dropout_host(dst, src, n, key, p, keep);
-        return CTRL_OK;
-    }
     if (ctrl_backend_has(m->be, lora_dropout)) return m->be->lora_dropout(dst, src, n, key, p, keep);
     if ((size_t)n > m->lora_host_n) {
         free(m->lora_host);

@@ -65,6 +65,10 @@ typedef struct ctrl_lora_config {
     int bf16_base;
 } ctrl_lora_config;
 
+/* LoRA's dropout draw on host memory (lora.c; the CPU backend's lora_dropout op, what a device's
+ * computes where its values are): out[i] = 0 where u_i < p, else x[i] * keep, u_i = ((mix64(key + i *
+ * 0x9E3779B97F4A7C15) >> 11) + 0.5) / 2^53, mix64 splitmix64's finalizer (out may be x). */
+void lora_dropout_host(float *out, const float *x, int64_t n, uint64_t key, float p, float keep);
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */
 float ctrl_lora_scaling(const ctrl_lora_config *c);
 /* Whether PEFT would put an adapter on layer `layer`'s module `module` (LORA_Q ... LORA_GATE_UP). */

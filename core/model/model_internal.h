@@ -375,10 +375,6 @@ ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, floa
 /* dst = dropout(src) [n] with layer l's target t's mask of this forward (lora.c); lora_dropout_on: the
  * model trains with lora_dropout > 0. */
 ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n);
-/* The draw itself on host memory (lora.c; what the backend's lora_dropout op computes on a device):
- * out[i] = 0 where u_i < p, else x[i] * keep, u_i = ((mix64(key + i * 0x9E3779B97F4A7C15) >> 11) +
- * 0.5) / 2^53, mix64 splitmix64's finalizer. */
-void lora_dropout_host(float *out, const float *x, int64_t n, uint64_t key, float p, float keep);
 int lora_dropout_on(const ctrl_model *m);
 /* QLoRA (model_nf4.c): nf4_store quantizes view `v`'s weight (just read into its slot) into its
  * NF4 store; nf4_layer_weights dequantizes layer l's seven weights into the shared slot (nothing

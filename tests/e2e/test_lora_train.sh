@@ -210,6 +210,23 @@ diff <(curve "$TMP/moel") <(curve "$TMP/moel2") >"$TMP/diff" && cmp -s "$TMP/moe
   "$TMP/moel2/adapter_model.safetensors" && ok || { bad "moe lora: resumed run differs"; cat "$TMP/diff"; }
 "${C[@]}" train "$TMP/sft.ini" --set model.path="$TMP/moe" >"$TMP/log" 2>&1
 [ $? != 0 ] && grep -q "all-linear" "$TMP/log" && ok || { bad "all-linear on an MoE model not refused"; tail -3 "$TMP/log"; }
+
+# 8b. QLoRA on fused and MoE projections, as transformers + bitsandbytes load them: a Phi-3 (qkv_proj and
+# gate_up_proj each ONE NF4 tensor, the adapters over the fused modules) and the MoE model above (its
+# attention in NF4, the experts fp32 with their adapters): SFT runs, the log says NF4, the adapter is
+# saved and the loss falls.
+"${C[@]}" model init --arch phi3 --hidden 32 --layers 2 --heads 2 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/phi3" >/dev/null || bad "phi3 model init"
+for q in phi3 moe; do
+  extra=(--set model.path="$TMP/$q" --set peft.quantization=nf4 --set train.save_strategy=no)
+  [ $q = moe ] && extra=("${moe[@]}" "${extra[@]}" --set train.max_steps=8)
+  "${C[@]}" train "$TMP/sft.ini" "${extra[@]}" --set run.output_dir="$TMP/q$q" >"$TMP/log" 2>&1 ||
+    { bad "$q qlora run"; tail -5 "$TMP/log"; }
+  first=$(loss_at "$TMP/q$q" 1) last=$(for s in 6 7 8; do loss_at "$TMP/q$q" $s; done | awk '{ t += $1 } END { print t / NR }')
+  grep -q "in NF4 (QLoRA" "$TMP/log" && [ -s "$TMP/q$q/adapter_model.safetensors" ] &&
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.02) }' && ok ||
+    { bad "$q QLoRA: log, adapter or loss ($first -> $last)"; tail -3 "$TMP/log"; }
+done
 "${C[@]}" train "$TMP/sft.ini" "${moe[@]}" --set peft.lora_dropout=0.1 >"$TMP/log" 2>&1
 [ $? != 0 ] && grep -q "lora_dropout" "$TMP/log" && ok || { bad "lora_dropout with target_parameters not refused"; tail -3 "$TMP/log"; }
 finish
