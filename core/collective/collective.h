@@ -59,9 +59,10 @@ ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n);
 /* `bytes` of `buf` from `root` to every rank. */
 ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root);
 ctrl_status ctrl_collective_barrier(void);
-/* A host collective that has waited this long for the other ranks fails (an error naming the
- * call and the timeout; the job then ends); MPI_Init too when set before ctrl_collective_init.
- * [train] ddp_timeout; 1800 s until set. */
+/* A host collective that has waited this long for the other ranks ends the process (a watchdog
+ * thread prints an error naming the call, the rank and the timeout, and exits with 1; the launcher
+ * then ends the job); MPI_Init too when set before ctrl_collective_init. [train] ddp_timeout; 1800 s
+ * until set. */
 void ctrl_collective_set_timeout(double seconds);
 
 /* ZeRO's collectives (host buffers, core/train/zero.c): a float buffer cut in consecutive pieces,

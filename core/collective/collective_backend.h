@@ -25,7 +25,8 @@ typedef struct ctrl_collective_backend {
     /* NULL when built without NCCL. */
     ctrl_status (*device_init)(void);
     ctrl_status (*device_allreduce_mean_f32)(float *device_buf, size_t n);
-    /* How long a host collective may wait for the other ranks (seconds; the default 1800). */
+    /* How long a host collective may wait for the other ranks (seconds; the default 1800) before
+     * the backend's watchdog ends the process. */
     void (*set_timeout)(double seconds);
     /* ZeRO (core/train/zero.c): float buffers split in consecutive pieces, rank r's of counts[r]
      * elements at the sum of the counts before it. allgather fills every rank's buf with every

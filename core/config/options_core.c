@@ -182,10 +182,13 @@ static const ctrl_option memory_options[] = {
      "them -- consecutive layers, at most this many floats (a larger layer alone), each rank keeping only "
      "its slices' averages, as DeepSpeed's reduce_bucket_size (its default, 5e8). Smaller: less gradient "
      "memory during the backward, more collectives."},
-    {"prefetch_bucket_size", CTRL_OPT_INT, "50000000", MIN(0), NULL,
+    {"prefetch_bucket_size", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL,
      "zero3: before each layer's forward or backward, the gathers of the layers the pass takes next are "
-     "started while their floats fit in this many (DeepSpeed's stage3_prefetch_bucket_size, its default "
-     "5e7), and completed when the layer is reached; 0: each layer gathered when reached."},
+     "started while fewer than this many floats are in flight (DeepSpeed's stage3_prefetch_bucket_size, in "
+     "elements: at least the next layer when above 0), and completed when the layer is reached. auto: 0.9 x "
+     "hidden_size^2, what the HF Trainer fills in for DeepSpeed's auto (one layer ahead for any model whose "
+     "layers are larger); a number of floats (5e7, DeepSpeed's own default, is accepted); 0: each layer "
+     "gathered when reached."},
     {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "zero2 (CPU) and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
      "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "

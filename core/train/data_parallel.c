@@ -2,6 +2,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ctrl/log.h>
 
@@ -66,16 +67,37 @@ ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_
     return CTRL_OK;
 }
 
-ctrl_status train_dp_average_grads(const train_dp *dp, ctrl_model *m, int on_device) {
+static double seconds(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device) {
     if (dp->size == 1) return CTRL_OK;
     size_t n = 0;
+    const double t0 = seconds(CLOCK_MONOTONIC), c0 = seconds(CLOCK_PROCESS_CPUTIME_ID);
+    ctrl_status st;
     if (on_device) {
         float *d = ctrl_model_device_grads(m, &n);
-        ctrl_status st = ctrl_collective_device_init();
-        return st == CTRL_OK ? ctrl_collective_device_allreduce_mean_f32(d, n) : st;
+        st = ctrl_collective_device_init();
+        if (st == CTRL_OK) st = ctrl_collective_device_allreduce_mean_f32(d, n);
+    } else {
+        float *g = ctrl_model_grads(m, &n);
+        st = ctrl_collective_allreduce_mean_f32(g, n);
     }
-    float *g = ctrl_model_grads(m, &n);
-    return ctrl_collective_allreduce_mean_f32(g, n);
+    dp->sync_s += seconds(CLOCK_MONOTONIC) - t0, dp->sync_cpu_s += seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    dp->syncs++, dp->sync_floats = n;
+    return st;
+}
+
+void train_dp_report(const train_dp *dp) {
+    if (dp->size == 1 || dp->rank != 0 || !dp->syncs) return;
+    CTRL_INFO(
+        "data parallel: gradient allreduce of %zu floats (%.1f MB): %.1f ms wall clock, %.1f ms CPU per "
+        "step on average over %ld steps (rank 0)",
+        dp->sync_floats, (double)dp->sync_floats * 4 / 1e6, dp->sync_s * 1e3 / (double)dp->syncs,
+        dp->sync_cpu_s * 1e3 / (double)dp->syncs, dp->syncs);
 }
 
 ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m) {

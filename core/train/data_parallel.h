@@ -23,6 +23,10 @@ typedef struct train_dp {
     long chunk;         /* rows of one micro-batch */
     int *view;          /* n_rows entries: the rank's share where its kind reads it */
     int n_rows;
+    /* train_dp_average_grads's collective: wall-clock and CPU seconds in it, calls, floats each */
+    double sync_s, sync_cpu_s;
+    long syncs;
+    size_t sync_floats;
 } train_dp;
 
 /* Checks that the share can be laid out (a rank's rows per step must fit in one epoch's order)
@@ -40,7 +44,12 @@ long train_dp_advance(const train_dp *dp, long start, long mine);
 ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_stats *s);
 /* The model's gradients averaged over the ranks: NCCL on a CUDA model's device buffer, else MPI
  * on the host's (call before, respectively after, ctrl_model_grads_to_host: `on_device`). */
-ctrl_status train_dp_average_grads(const train_dp *dp, ctrl_model *m, int on_device);
+ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device);
+/* Rank 0, at the end of a run of several ranks: the gradient allreduce's average wall-clock and
+ * CPU time per step, the transfer alone (the ranks met in train_dp_reduce_step just before it), as
+ * an info line for the benches (bench/distributed/bench_dp.sh). On free cores the two agree; on a
+ * loaded machine the wall clock measures the load. */
+void train_dp_report(const train_dp *dp);
 /* Rank 0's weights to every rank (after loading; adapters initialised at random included). */
 ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m);
 /* Checks that every rank holds the same weights (a checksum compared): an error naming the step

@@ -273,9 +273,13 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && !sliced)
         st = train_dp_broadcast_weights(&r->dp, r->model); /* sliced: the same files */
     if (st == CTRL_OK) st = report_load_memory(r, sliced);
+    /* prefetch_bucket_size = auto: 0.9 x hidden^2 floats, as the HF Trainer fills DeepSpeed's auto */
+    const double hidden = r->model ? (double)ctrl_model_cfg(r->model)->hidden_size : 0;
+    const size_t prefetch = s->memory.prefetch_bucket_size >= 0 ? (size_t)s->memory.prefetch_bucket_size
+                                                                : (size_t)(0.9 * hidden * hidden);
     if (st == CTRL_OK)
-        st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size,
-                             (size_t)s->memory.prefetch_bucket_size, s->memory.overlap_comm, offload & 1);
+        st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size, prefetch,
+                             s->memory.overlap_comm, offload & 1);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
@@ -330,6 +334,7 @@ static void teardown(run_state *r) {
     ctrl_tokenizer_free(r->tok);
     ctrl_model_free(r->model);
     free(r->groups);
+    train_dp_report(&r->dp);
     train_dp_free(&r->dp);
     train_zero_free(&r->zero);
     train_metrics_close(&r->metrics);
@@ -497,9 +502,10 @@ static ctrl_status report_resident(run_state *r) {
     if (z->stage >= 3)
         CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
                   "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes; %ld layer "
-                  "gathers prefetched in the step (prefetch_bucket_size = %zu floats)",
+                  "gathers prefetched in the step (prefetch_bucket_size = %zu floats%s)",
                   v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g,
-                  z->prefetched, z->prefetch);
+                  z->prefetched, z->prefetch,
+                  r->s->memory.prefetch_bucket_size < 0 ? ": auto, 0.9 x hidden^2" : "");
     if (z->stage >= 3)
         CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM)",
                   v[3], v[4]);

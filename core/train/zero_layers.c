@@ -95,17 +95,17 @@ static ctrl_status need_layer(train_zero *z, int l) {
 }
 
 /* Before layer l's forward (dir +1) or backward (-1): l gathered, and the gathers of the layers the
- * pass takes next started while their floats fit in prefetch_bucket_size (DeepSpeed's
- * stage3_prefetch_bucket_size), so they can move while l computes. */
+ * pass takes next started while fewer than prefetch_bucket_size floats are in flight (DeepSpeed's
+ * stage3_prefetch_bucket_size, counted as it does: checked before each start, so a bucket above 0
+ * always takes the next layer), so they can move while l computes. */
 static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
     ctrl_status st = need_layer(z, layer);
     size_t held = 0;
     const int n_layers = ctrl_model_cfg(z->model)->n_layers;
     for (int l = layer + dir; st == CTRL_OK && l >= 0 && l < n_layers; l += dir) {
-        const size_t n = layer_floats(z, l);
-        if (held + n > z->prefetch) break;
-        held += n;
+        if (held >= z->prefetch) break;
+        held += layer_floats(z, l);
         if (z->state[l] == 0) st = start_layer(z, l), z->prefetched++;
     }
     return st;

@@ -154,6 +154,10 @@ echo "zero3: resident $res of $buf bytes per rank, layers $lay bytes; gradients 
 [ -n "$gres" ] && [ "$gres" -le $((gbuf - lay + 4 * 2 * 4096)) ] && ok || bad "zero3 resident gradients: '$line'"
 [ -n "$lay" ] && [ "$res" -le $((buf - lay / 2 + 4 * 2 * 4096)) ] && [ "$res" -ge $((buf - lay / 2 - 4 * 2 * 4096)) ] && ok ||
   bad "zero3 resident parameters: '$line'"
+# prefetch_bucket_size = auto: 0.9 x 64^2 = 3686 floats, below one 65,856-float layer: the next layer
+# only, as DeepSpeed counts (checked before each start); 2 micro-batches x (3 forward + 3 backward)
+pf=$(grep -o "[0-9]* layer gathers prefetched in the step (prefetch_bucket_size = 3686 floats: auto, 0.9 x hidden^2)" "$TMP/z3.log" | grep -o '^[0-9]*')
+[ "$pf" = 12 ] && ok || bad "zero3 prefetch auto: '$pf' gathers prefetched: $(grep -o "[0-9]* layer gathers prefetched.*" "$TMP/z3.log")"
 zl=$(grep -o "zero3: 2 ranks, each steps [0-9]* of [0-9]* trainable floats; optimizer adamw: at most [0-9]* bytes of state per rank, [0-9]* over the ranks" "$TMP/z3.log")
 full=$(grep -o "optimizer adamw: [0-9]* bytes of state per rank" "$TMP/p4.log" | grep -o '[0-9]*' | head -1)
 [ -n "$zl" ] && [ "$(echo "$zl" | sed 's/.*rank, \([0-9]*\) over.*/\1/')" = "$full" ] && ok || bad "zero3 state: '$zl' vs $full"
@@ -172,8 +176,8 @@ diff <(curve "$TMP/z3") <(curve "$TMP/z3r") >"$TMP/diff" && ok || { bad "zero3 r
 rc=$?
 [ $rc = 2 ] && grep -q "made with ZeRO-3, \[memory\] strategies has zero2" "$TMP/z3x.log" && ok ||
   { bad "zero2 resume of a zero3 checkpoint: exit $rc"; tail -3 "$TMP/z3x.log"; }
-# the next layers' gathers started ahead (prefetch_bucket_size: two 65,856-float layers): the same
-# curve; 0 prefetches nothing
+# the next layers' gathers started ahead while fewer than prefetch_bucket_size floats are in flight
+# (140000: three 65,856-float layers): the same curve
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zp" "${z3[@]}" --set memory.strategies=checkpointing,zero3 \
   --set memory.prefetch_bucket_size=140000 --set train.save_strategy=no >"$TMP/zp.log" 2>&1 || { bad "zero3 prefetch"; tail -20 "$TMP/zp.log"; }
 curve_close "$TMP/p4" "$TMP/zp" loss 1e-6

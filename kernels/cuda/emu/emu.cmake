@@ -72,6 +72,7 @@ if(CTRL_HAVE_CUDA_EMU)
   if(CTRL_HAVE_MPI)
     find_package(MPI COMPONENTS C) # its imported target is core/'s, not visible here
     add_library(ctrl_mpi_emu SHARED ${CMAKE_SOURCE_DIR}/core/collective/backend_mpi.c
+                                    ${CMAKE_SOURCE_DIR}/core/collective/backend_mpi_watch.c
                                     ${CMAKE_SOURCE_DIR}/core/collective/backend_nccl.c)
     set_target_properties(ctrl_mpi_emu PROPERTIES OUTPUT_NAME ctrl_mpi LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-emu)
     ctrl_emu_target(ctrl_mpi_emu)
