@@ -111,6 +111,20 @@ static ctrl_status mpi_allgather_f32(float *buf, const int *counts) {
     return rc == MPI_SUCCESS ? CTRL_OK : mpi_fail(rc, "MPI_Allgatherv");
 }
 
+static ctrl_status mpi_gather_f32(float *buf, const int *counts, int root) {
+    int n, rank;
+    int *displs = displacements(counts, &n);
+    if (!displs) return ctrl_error_set(CTRL_ERR_NOMEM, "MPI_Gatherv: out of memory");
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int rc = rank == root
+                       ? WATCHED("MPI_Gatherv", MPI_Gatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts,
+                                                            displs, MPI_FLOAT, root, MPI_COMM_WORLD))
+                       : WATCHED("MPI_Gatherv", MPI_Gatherv(buf + displs[rank], counts[rank], MPI_FLOAT, NULL,
+                                                            NULL, NULL, MPI_FLOAT, root, MPI_COMM_WORLD));
+    free(displs);
+    return rc == MPI_SUCCESS ? CTRL_OK : mpi_fail(rc, "MPI_Gatherv");
+}
+
 /* A started allgather: MPI reads the counts and displacements until it completes (the caller's
  * counts are scratch, so copied). */
 typedef struct pending_gather {
@@ -271,6 +285,7 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .device_reduce_scatter_mean_f32 = ctrl_collective_nccl_reduce_scatter_mean_f32,
         .device_allgather_f32 = ctrl_collective_nccl_allgather_f32,
 #endif
+        .gather_f32 = mpi_gather_f32,
     };
     return &table;
 }

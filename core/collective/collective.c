@@ -118,10 +118,26 @@ ctrl_status ctrl_collective_allreduce_max_f64(double *buf, size_t n) {
     return backend ? backend->allreduce(buf, n, CTRL_COLL_F64, CTRL_COLL_MAX) : CTRL_OK;
 }
 
+/* buf[0..n) divided by the number of ranks: a product where that is a power of two (the reciprocal
+ * exact: the same bits as the quotient), else the quotient; vectorised and over the OpenMP threads
+ * (a scalar division was ~20-40 ms of a 126 MB gradient's allreduce). */
+static void divide_by_ranks(float *buf, size_t n) {
+    const float d = (float)info.size;
+    const long count = (long)n;
+    if ((info.size & (info.size - 1)) == 0) {
+        const float inv = 1.0f / d;
+#pragma omp parallel for simd schedule(static)
+        for (long i = 0; i < count; i++) buf[i] *= inv;
+    } else {
+#pragma omp parallel for simd schedule(static)
+        for (long i = 0; i < count; i++) buf[i] /= d;
+    }
+}
+
 ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n) {
     if (!backend) return CTRL_OK;
     ctrl_status st = backend->allreduce(buf, n, CTRL_COLL_F32, CTRL_COLL_SUM);
-    for (size_t i = 0; st == CTRL_OK && i < n; i++) buf[i] /= (float)info.size;
+    if (st == CTRL_OK) divide_by_ranks(buf, n);
     return st;
 }
 
@@ -174,7 +190,7 @@ ctrl_status ctrl_collective_reduce_scatter_wait_mean(void *handle, float *buf, c
     if (!backend) return st;
     size_t at = 0;
     for (int r = 0; r < info.rank; r++) at += (size_t)counts[r];
-    for (size_t i = 0; st == CTRL_OK && i < (size_t)counts[info.rank]; i++) buf[at + i] /= (float)info.size;
+    if (st == CTRL_OK) divide_by_ranks(buf + at, (size_t)counts[info.rank]);
     return st;
 }
 
@@ -183,8 +199,16 @@ ctrl_status ctrl_collective_reduce_scatter_mean_f32(float *buf, const int *count
     ctrl_status st = has_zero_ops() ? backend->reduce_scatter_sum_f32(buf, counts) : no_zero_ops();
     size_t at = 0;
     for (int r = 0; r < info.rank; r++) at += (size_t)counts[r];
-    for (size_t i = 0; st == CTRL_OK && i < (size_t)counts[info.rank]; i++) buf[at + i] /= (float)info.size;
+    if (st == CTRL_OK) divide_by_ranks(buf + at, (size_t)counts[info.rank]);
     return st;
+}
+
+ctrl_status ctrl_collective_gather_f32(float *buf, const int *counts, int root) {
+    if (!backend) return CTRL_OK;
+    if (backend->size < offsetof(ctrl_collective_backend, gather_f32) + sizeof backend->gather_f32 ||
+        !backend->gather_f32)
+        return has_zero_ops() ? backend->allgather_f32(buf, counts) : no_zero_ops(); /* an older backend */
+    return backend->gather_f32(buf, counts, root);
 }
 
 ctrl_status ctrl_collective_send(const void *buf, size_t bytes, int to) {

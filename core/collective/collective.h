@@ -81,6 +81,9 @@ ctrl_status ctrl_collective_allgather_wait(void *handle);
  * ctrl_collective_reduce_scatter_wait_mean(handle, buf, counts) with the same buf and counts. */
 ctrl_status ctrl_collective_reduce_scatter_start_f32(float *buf, const int *counts, void **handle);
 ctrl_status ctrl_collective_reduce_scatter_wait_mean(void *handle, float *buf, const int *counts);
+/* allgather to `root` only (ZeRO-3's save): root's buf gets every piece, each other rank sends its
+ * own piece from its place in buf (buf unchanged there). A no-op on one rank. */
+ctrl_status ctrl_collective_gather_f32(float *buf, const int *counts, int root);
 /* `bytes` from this rank to rank `to`, received there by the matching recv (in order). */
 ctrl_status ctrl_collective_send(const void *buf, size_t bytes, int to);
 ctrl_status ctrl_collective_recv(void *buf, size_t bytes, int from);

@@ -50,6 +50,9 @@ typedef struct ctrl_collective_backend {
      * device buffer, the reduction the mean over the ranks (ncclAvg); done when they return. */
     ctrl_status (*device_reduce_scatter_mean_f32)(float *device_buf, const int *counts);
     ctrl_status (*device_allgather_f32)(float *device_buf, const int *counts);
+    /* allgather_f32 to `root` alone (ZeRO-3's save): root's buf gets every piece (its own in
+     * place), the others send theirs from its place in their buf and keep buf as it was. */
+    ctrl_status (*gather_f32)(float *buf, const int *counts, int root);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

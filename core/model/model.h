@@ -99,6 +99,13 @@ void ctrl_model_init_view(ctrl_model *m, int i, uint64_t seed, float std);
 ctrl_status ctrl_model_save(ctrl_model *m, const char *dir, ctrl_dtype dtype);
 ctrl_status ctrl_model_save_sharded(ctrl_model *m, const char *dir, ctrl_dtype dtype,
                                     int64_t max_shard_bytes);
+/* The saves above call fetch(user, data, numel) just before they read each weight's numel floats
+ * at data (inside ctrl_model_params), in the order they write them: ZeRO-3 gathers a layer there
+ * only when its first weight is written (core/train/zero_save.c). An error from it fails the
+ * save. NULL: none (the default). */
+void ctrl_model_set_save_fetch(ctrl_model *m,
+                               ctrl_status (*fetch)(void *user, const float *data, int64_t numel),
+                               void *user);
 /* transformers' max_shard_size: "5GB", "500MB", "200KB", "1TB" (powers of 1000, any case, a
  * decimal number before the unit) or a plain number of bytes. */
 ctrl_status ctrl_parse_shard_size(const char *text, int64_t *bytes);

@@ -250,6 +250,9 @@ struct ctrl_model {
     /* A LoRA run's frozen base held as bf16 panels (model_bf16_store.c): the layers' projection
      * weights live only as held entries of dec_pack (w16 stays NULL; w16_n counts them) */
     int base_panels;
+    /* ctrl_model_set_save_fetch: called before each weight's data is written (NULL: none) */
+    ctrl_status (*save_fetch)(void *user, const float *data, int64_t numel);
+    void *save_fetch_user;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */

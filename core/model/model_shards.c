@@ -199,6 +199,20 @@ static char *index_json(ctrl_model *m, const ordered *ord, const int *shard_of, 
     return text;
 }
 
+void ctrl_model_set_save_fetch(ctrl_model *m,
+                               ctrl_status (*fetch)(void *user, const float *data, int64_t numel),
+                               void *user) {
+    m->save_fetch = fetch, m->save_fetch_user = user;
+}
+
+/* The writer's fetch: the model's (ctrl_model_set_save_fetch). */
+static ctrl_status save_fetch(void *user, const ctrl_st_write *t) {
+    const ctrl_model *m = user;
+    int64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
+    return m->save_fetch(m->save_fetch_user, t->data, numel);
+}
+
 ctrl_status model_save_shards(ctrl_model *m, const char *dir, ctrl_dtype dtype, int64_t max_shard) {
     if (m->nf4_w)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -279,7 +293,7 @@ ctrl_status model_save_shards(ctrl_model *m, const char *dir, ctrl_dtype dtype, 
                                      .shape = {v->shape[0], v->shape[1]}};
         }
         snprintf(path, sizeof path, "%s/%s", dir, files[s]);
-        st = ctrl_safetensors_write(path, w, c, dtype);
+        st = ctrl_safetensors_write_fetched(path, w, c, dtype, m->save_fetch ? save_fetch : NULL, m);
     }
     /* an earlier save's files go before the index is written: the loader takes model.safetensors
      * first, and must never find one beside a newer index */

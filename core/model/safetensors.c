@@ -413,6 +413,11 @@ static uint16_t f32_to_f16(float f) {
 }
 
 ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensors, int n, ctrl_dtype dtype) {
+    return ctrl_safetensors_write_fetched(path, tensors, n, dtype, NULL, NULL);
+}
+
+ctrl_status ctrl_safetensors_write_fetched(const char *path, const ctrl_st_write *tensors, int n,
+                                           ctrl_dtype dtype, ctrl_st_fetch fetch, void *user) {
     if (dtype != CTRL_F32 && dtype != CTRL_BF16 && dtype != CTRL_F16)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: safetensors are written as F32, BF16 or F16", path);
     ctrl_st_write *sorted = malloc(sizeof *sorted * (size_t)(n ? n : 1));
@@ -466,9 +471,10 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
         fwrite(len8, 1, 8, f);
         fwrite(json, 1, hlen, f);
         for (size_t i = hlen; i < padded; i++) fputc(' ', f);
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < n && status == CTRL_OK; i++) {
             size_t numel = 1;
             for (int d = 0; d < sorted[i].ndim; d++) numel *= (size_t)sorted[i].shape[d];
+            if (fetch && (status = fetch(user, &sorted[i])) != CTRL_OK) break;
             if (sorted[i].raw) {
                 fwrite(sorted[i].raw, ctrl_dtype_size(sorted[i].raw_dtype), numel, f);
             } else if (dtype == CTRL_F32) {
@@ -481,6 +487,13 @@ ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensor
                     fwrite(b2, 1, 2, f);
                 }
             }
+        }
+        if (status != CTRL_OK) { /* the fetch failed: its message stands, no file */
+            fclose(f);
+            unlink(tmp);
+            free(json);
+            free(sorted);
+            return status;
         }
         int bad = ferror(f) != 0;
         bad |= fflush(f) != 0;

@@ -69,5 +69,11 @@ typedef struct ctrl_st_write {
  * dtype: the header's __metadata__ ({"format": "pt"}) first, then the tensors sorted by name, the
  * header padded with spaces to a multiple of 8 bytes. */
 ctrl_status ctrl_safetensors_write(const char *path, const ctrl_st_write *tensors, int n, ctrl_dtype dtype);
+/* The same, with fetch(user, t) called just before tensor t's data is read, in the file's order (a
+ * caller that makes each tensor's data ready only when it is written: ZeRO-3's save, whose layers
+ * are gathered one at a time); an error from it ends the write (no file). NULL: none. */
+typedef ctrl_status (*ctrl_st_fetch)(void *user, const ctrl_st_write *t);
+ctrl_status ctrl_safetensors_write_fetched(const char *path, const ctrl_st_write *tensors, int n,
+                                           ctrl_dtype dtype, ctrl_st_fetch fetch, void *user);
 
 #endif

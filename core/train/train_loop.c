@@ -674,18 +674,32 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     /* Save on success, and on an interruption once a step was trained (interrupted while loading,
      * or during the first step, the model is what it was: output_dir keeps what it holds); never
      * after a failed step. */
-    if (st == CTRL_OK || st == CTRL_ERR_INTERRUPTED) { /* zero3: the whole model for the save */
+    const int saving = st == CTRL_OK || st == CTRL_ERR_INTERRUPTED;
+    /* zero3: each layer gathered to rank 0 alone when the save reaches it (zero_save.c); else (and
+     * with LoRA) the whole model on every rank first */
+    const int streamed = saving && train_zero_save_streams(&r.zero);
+    if (saving && !streamed) {
         ctrl_status g = train_zero_gather_all(&r.zero);
         st = g != CTRL_OK ? g : st;
     }
-    if (st == CTRL_OK) st = train_dp_check_weights(&r.dp, r.model, ts.step); /* never a diverged model */
+    /* never a diverged model (zero3's slices have one owner each: nothing to compare) */
+    if (st == CTRL_OK && !streamed) st = train_dp_check_weights(&r.dp, r.model, ts.step);
     const int progressed = st == CTRL_OK || (st == CTRL_ERR_INTERRUPTED && ts.step > start_step);
     if (st == CTRL_ERR_INTERRUPTED && !progressed)
         ctrl_error_append(st, "interrupted before a step was trained: nothing saved");
+    if (progressed && streamed) train_zero_save_begin(&r.zero);
+    if (progressed && streamed && !r.root) { /* rank 0 saves: this rank sends its slices */
+        ctrl_status e = train_zero_save_serve(&r.zero);
+        st = e != CTRL_OK ? e : st;
+    }
     if (progressed && r.root) {
         ctrl_error_saved run; /* an interruption's message, kept across the save */
         ctrl_error_save(&run, st);
         ctrl_status s2 = train_model_export(r.model, out_dir, s);
+        if (streamed) { /* the other ranks stop serving, however the save went */
+            const ctrl_status e = train_zero_save_end(&r.zero);
+            s2 = s2 != CTRL_OK ? s2 : e;
+        }
         if (s2 == CTRL_OK) s2 = ctrl_copy_tokenizer_files(s->model.path, out_dir);
         if (s2 == CTRL_OK && s->data.chat_template_path)
             s2 = ctrl_save_chat_template(s->data.chat_template_path, out_dir);
@@ -697,6 +711,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
             ctrl_error_restore(&run);
         }
     }
+    if (progressed && streamed) train_zero_save_report(&r.zero);
     teardown(&r);
     if (progressed && r.root && s->train.report_png) { /* the plot is a convenience: never fails the run */
         char jsonl[4200], png[4200];

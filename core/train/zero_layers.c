@@ -234,6 +234,15 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     return CTRL_OK;
 }
 
+int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]) {
+    return layer_ranges(z, l, out);
+}
+
+void train_zero_release_layer(train_zero *z, int l) {
+    train_zero_unit r[2];
+    for (int i = 0, n = layer_ranges(z, l, r); i < n; i++) release_params(z, r[i]);
+}
+
 ctrl_status train_zero_gather_all(train_zero *z) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
     ctrl_status st = ctrl_model_set_round_skip(z->model, NULL, 0); /* whole: the bf16 copy rounds all */

@@ -154,6 +154,13 @@ echo "zero3: resident $res of $buf bytes per rank, layers $lay bytes; gradients 
 [ -n "$gres" ] && [ "$gres" -le $((gbuf - lay + 4 * 2 * 4096)) ] && ok || bad "zero3 resident gradients: '$line'"
 [ -n "$lay" ] && [ "$res" -le $((buf - lay / 2 + 4 * 2 * 4096)) ] && [ "$res" -ge $((buf - lay / 2 - 4 * 2 * 4096)) ] && ok ||
   bad "zero3 resident parameters: '$line'"
+# the final save streamed to rank 0 (each layer gathered to it alone as the writer reaches it): the
+# same bytes as the checkpoint of the same step, saved from the whole model gathered on every rank
+for f in model.safetensors config.json generation_config.json; do
+  cmp -s "$TMP/z3/$f" "$TMP/z3/checkpoint-8/$f" && ok || bad "zero3: the streamed save's $f differs from checkpoint-8's"
+done
+grep -q "zero3: the model saved by rank 0 alone, 4 layers gathered to it one at a time (no rank held the whole model); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/z3.log" && ok ||
+  bad "zero3: no streamed-save line: $(grep -o "zero3: the model saved.*" "$TMP/z3.log")"
 # prefetch_bucket_size = auto: 0.9 x 64^2 = 3686 floats, below one 65,856-float layer: the next layer
 # only, as DeepSpeed counts (checked before each start); 2 micro-batches x (3 forward + 3 backward)
 pf=$(grep -o "[0-9]* layer gathers prefetched in the step (prefetch_bucket_size = 3686 floats: auto, 0.9 x hidden^2)" "$TMP/z3.log" | grep -o '^[0-9]*')

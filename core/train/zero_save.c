@@ -1,0 +1,107 @@
+/* ZeRO-3's final save streamed to rank 0 (see zero.h): rank 0 writes the ordinary HF directory
+ * with the model's save hooked (ctrl_model_set_save_fetch) so that a layer is gathered to rank 0
+ * alone -- MPI_Gatherv into its own parameter buffer -- when the writer reaches its first weight,
+ * and released when the writer moves on; the weights outside the layers are whole on every rank
+ * already. Before each gather rank 0 broadcasts the layer's index, and the other ranks, serving,
+ * send their slices of it from where they lie (no buffer of their own); -1 ends the save. So no
+ * rank holds more than its slices plus, on rank 0, one layer (DeepSpeed gathers the whole model
+ * for stage3_gather_16bit_weights_on_model_save; its zero_to_fp32 script rebuilds it offline). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <ctrl/log.h>
+
+#include "collective/collective.h"
+#include "train/memory_report.h"
+#include "train/zero.h"
+
+/* The layer whose sliced ranges hold [a, a + n) of the parameters, else -1. */
+static int layer_of(const train_zero *z, size_t a, size_t n) {
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
+        train_zero_unit r[2];
+        for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k; i++)
+            if (a >= r[i].a && a + n <= r[i].b) return l;
+    }
+    return -1;
+}
+
+/* Layer l (or -1: the end) announced to the serving ranks, then gathered to rank 0. */
+static ctrl_status gather_to_root(train_zero *z, int32_t l) {
+    ctrl_status st = ctrl_collective_broadcast(&l, sizeof l, 0);
+    train_zero_unit r[2];
+    float *p = ctrl_model_params(z->model, NULL);
+    for (int i = 0, k = l >= 0 ? train_zero_layer_ranges(z, l, r) : 0; i < k && st == CTRL_OK; i++)
+        st = ctrl_collective_gather_f32(p + r[i].a, train_zero_cut_counts(z, r[i]), 0);
+    return st;
+}
+
+/* Rank 0's fetch: the layer of the weight about to be written whole, the one before released. */
+static ctrl_status fetch(void *user, const float *data, int64_t numel) {
+    train_zero *z = user;
+    const int l = layer_of(z, (size_t)(data - ctrl_model_params(z->model, NULL)), (size_t)numel);
+    if (l == z->save_held) return CTRL_OK;
+    if (z->save_held >= 0) train_zero_release_layer(z, z->save_held);
+    z->save_held = -1;
+    if (l < 0) return CTRL_OK;
+    ctrl_status st = gather_to_root(z, l);
+    if (st == CTRL_OK) z->save_held = l, z->save_gathers++;
+    return st;
+}
+
+int train_zero_save_streams(const train_zero *z) {
+    if (z->stage < 3 || z->size < 2 || z->gathered || !z->state) return 0;
+    if (ctrl_model_device(z->model).type != CTRL_DEVICE_CPU || ctrl_model_lora(z->model)) return 0;
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++)
+        if (z->state[l] != 0) return 0; /* a layer whole or in flight: the whole gather handles it */
+    return 1;
+}
+
+void train_zero_save_begin(train_zero *z) {
+    z->save_held = -1, z->save_gathers = 0;
+    if (z->rank == 0) ctrl_model_set_save_fetch(z->model, fetch, z);
+}
+
+ctrl_status train_zero_save_end(train_zero *z) {
+    if (z->rank != 0) return CTRL_OK;
+    ctrl_model_set_save_fetch(z->model, NULL, NULL);
+    if (z->save_held >= 0) train_zero_release_layer(z, z->save_held);
+    z->save_held = -1;
+    return gather_to_root(z, -1); /* however the save went: the others stop serving */
+}
+
+ctrl_status train_zero_save_serve(train_zero *z) {
+    if (z->rank == 0) return CTRL_OK;
+    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
+    for (;;) {
+        int32_t l = -1;
+        ctrl_status st = ctrl_collective_broadcast(&l, sizeof l, 0);
+        if (st != CTRL_OK || l < 0) return st;
+        if (l >= n_layers)
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3 save: rank 0 asked for layer %d of %d", (int)l,
+                                  n_layers);
+        train_zero_unit r[2];
+        float *p = ctrl_model_params(z->model, NULL);
+        for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++)
+            st = ctrl_collective_gather_f32(p + r[i].a, train_zero_cut_counts(z, r[i]), 0);
+        if (st != CTRL_OK) return st;
+        z->save_gathers++;
+    }
+}
+
+void train_zero_save_report(train_zero *z) {
+    double *v = calloc((size_t)z->size, sizeof *v), rss = 0, peak = 0;
+    if (!v) return;
+    train_memory_read(&rss, &peak);
+    v[z->rank] = peak;
+    if (ctrl_collective_allreduce_sum_f64(v, (size_t)z->size) == CTRL_OK && z->rank == 0) {
+        char list[256];
+        size_t at = 0;
+        for (int r = 0; r < z->size && at < sizeof list; r++)
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s%.0f", r ? " / " : "", v[r] / 1024);
+        CTRL_INFO("zero3: the model saved by rank 0 alone, %ld layers gathered to it one at a time (no rank "
+                  "held the whole model); peak resident memory per rank so far (VmHWM): %s MiB",
+                  z->save_gathers, list);
+    }
+    free(v);
+}
