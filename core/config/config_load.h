@@ -97,7 +97,7 @@ typedef struct ctrl_run_settings {
         int bf16;         /* [teacher] dtype = bf16 */
     } teacher;
     struct {
-        long reduce_bucket_size;   /* floats (ZeRO's gradient buckets) */
+        long reduce_bucket_size;   /* floats (ZeRO's gradient buckets); -1: auto (hidden^2) */
         long prefetch_bucket_size; /* floats (zero3's gathers started ahead); -1: auto (0.9 x hidden^2) */
         int overlap_comm;          /* zero2/zero3: reductions left in flight during the backward */
         const char *offload_dir;   /* offload_activations on the CPU: the file's directory (NULL: unset) */

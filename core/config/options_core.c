@@ -177,11 +177,14 @@ static const ctrl_option memory_options[] = {
      "on a CUDA run the optimizer state and step in host memory; offload_activations: the checkpointed "
      "layers' inputs kept out of the compute memory between forward and backward -- on a CUDA run in "
      "host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; docs/distributed.md)."},
-    {"reduce_bucket_size", CTRL_OPT_INT, "500000000", MIN(1), NULL,
+    {"reduce_bucket_size", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL,
      "zero2 (CPU and CUDA) and zero3: gradient floats reduce-scattered together as the backward makes "
      "them -- consecutive layers, at most this many floats (a larger layer alone), each rank keeping only "
-     "its slices' averages, as DeepSpeed's reduce_bucket_size (its default, 5e8). Smaller: less gradient "
-     "memory during the backward, more collectives."},
+     "its slices' averages, as DeepSpeed's reduce_bucket_size. auto: hidden_size^2, what the HF Trainer "
+     "fills in for DeepSpeed's auto (each decoder layer a bucket of its own for any model whose layers are "
+     "larger); a number of floats >= 1 (5e8, DeepSpeed's own default, is accepted: at Qwen2.5-0.5B's size "
+     "one bucket of every layer, the whole gradient buffer resident until the backward ends). Smaller: less "
+     "gradient memory during the backward, more collectives."},
     {"prefetch_bucket_size", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL,
      "zero3: before each layer's forward or backward, the gathers of the layers the pass takes next are "
      "started while fewer than this many floats are in flight (DeepSpeed's stage3_prefetch_bucket_size, in "

@@ -43,21 +43,20 @@ static int list_has(const char *list, const char *word) {
     }
     return 0;
 }
-/* A count of floats or "auto" (-1): an integer >= 0, also written as DeepSpeed's configs write
- * them (5e7); anything else refused naming the key and where it was set. */
-static long rd_floats_or_auto(reader *r, const char *section, const char *key) {
+/* A count of floats or "auto" (-1): an integer >= `least`, also written as DeepSpeed's configs
+ * write them (5e7); anything else refused naming the key and where it was set. */
+static long rd_floats_or_auto(reader *r, const char *section, const char *key, long least) {
     const char *v = rd_str(r, section, key);
     if (!v || !strcmp(v, "auto")) return -1;
     char *end;
     const double x = strtod(v, &end);
-    if (end != v && !*end && x >= 0 && x <= 9e15 && x == (double)(long long)x) return (long)x;
+    if (end != v && !*end && x >= (double)least && x <= 9e15 && x == (double)(long long)x) return (long)x;
     const config_entry *e = config_find(r->cfg, section, key);
     if (r->st == CTRL_OK)
-        r->st =
-            ctrl_error_set(CTRL_ERR_CONFIG,
-                           "%s: [%s] %s = %s: expected auto or a whole number of floats >= 0 (e.g. 50000000 "
-                           "or 5e7)",
-                           e ? e->where : "default", section, key, v);
+        r->st = ctrl_error_set(CTRL_ERR_CONFIG,
+                               "%s: [%s] %s = %s: expected auto or a whole number of floats >= %ld (e.g. "
+                               "50000000 or 5e7)",
+                               e ? e->where : "default", section, key, v, least);
     return 0;
 }
 static int rd_bool(reader *r, const char *section, const char *key) {
@@ -202,8 +201,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")},
         .teacher = {.path = ctrl_config_get_string(cfg, "teacher", "path"),
                     .bf16 = tdtype && !strcmp(tdtype, "bf16")},
-        .memory = {.reduce_bucket_size = (long)rd_int(&r, "memory", "reduce_bucket_size"),
-                   .prefetch_bucket_size = rd_floats_or_auto(&r, "memory", "prefetch_bucket_size"),
+        .memory = {.reduce_bucket_size = rd_floats_or_auto(&r, "memory", "reduce_bucket_size", 1),
+                   .prefetch_bucket_size = rd_floats_or_auto(&r, "memory", "prefetch_bucket_size", 0),
                    .overlap_comm = rd_bool(&r, "memory", "overlap_comm"),
                    .offload_dir = ctrl_config_get_string(cfg, "memory", "offload_dir")}};
     /* the lists as the projections' bits (the option table allows only their names): the seven, then

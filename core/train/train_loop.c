@@ -273,13 +273,16 @@ static ctrl_status setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && !sliced)
         st = train_dp_broadcast_weights(&r->dp, r->model); /* sliced: the same files */
     if (st == CTRL_OK) st = report_load_memory(r, sliced);
-    /* prefetch_bucket_size = auto: 0.9 x hidden^2 floats, as the HF Trainer fills DeepSpeed's auto */
+    /* the buckets' auto: hidden^2 and 0.9 x hidden^2 floats, as the HF Trainer fills DeepSpeed's */
     const double hidden = r->model ? (double)ctrl_model_cfg(r->model)->hidden_size : 0;
     const size_t prefetch = s->memory.prefetch_bucket_size >= 0 ? (size_t)s->memory.prefetch_bucket_size
                                                                 : (size_t)(0.9 * hidden * hidden);
+    const size_t bucket = s->memory.reduce_bucket_size >= 0
+                              ? (size_t)s->memory.reduce_bucket_size
+                              : (size_t)(hidden * hidden > 1 ? hidden * hidden : 1);
     if (st == CTRL_OK)
-        st = train_zero_init(&r->zero, zero_stage, r->model, (size_t)s->memory.reduce_bucket_size, prefetch,
-                             s->memory.overlap_comm, offload & 1);
+        st = train_zero_init(&r->zero, zero_stage, r->model, bucket, prefetch, s->memory.overlap_comm,
+                             offload & 1);
     if (st != CTRL_OK) return st;
     /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
      * the frozen base gets no optimizer state); norms and biases get no weight decay (as the HF
@@ -497,8 +500,9 @@ static ctrl_status report_resident(run_state *r) {
     for (int l = 0; l < ctrl_model_cfg(r->model)->n_layers; l++) buckets += z->closes[l] != 0;
     CTRL_INFO(
         "zero%d: gradients during the backward: at most %.0f of %zu bytes resident per rank (%d buckets "
-        "of layers, reduce_bucket_size = %zu floats); averaged slices kept: %zu bytes",
-        z->stage, v[2], n_grads * sizeof *g, buckets, z->bucket, z->acc_n * sizeof(float));
+        "of layers, reduce_bucket_size = %zu floats%s); averaged slices kept: %zu bytes",
+        z->stage, v[2], n_grads * sizeof *g, buckets, z->bucket,
+        r->s->memory.reduce_bucket_size < 0 ? ": auto, hidden^2" : "", z->acc_n * sizeof(float));
     if (z->stage >= 3)
         CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
                   "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes; %ld layer "

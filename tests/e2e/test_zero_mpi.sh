@@ -248,10 +248,12 @@ curve_close "$TMP/p4" "$TMP/z2b" grad_norm 1e-5
 line=$(grep -o "zero2: gradients during the backward: at most [0-9]* of [0-9]* bytes resident per rank ([0-9]* buckets of layers, reduce_bucket_size = 140000 floats); averaged slices kept: [0-9]* bytes" "$TMP/z2b.log")
 read -r peak gbuf nb kept < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p;6p' | tr '\n' ' ')
 whole=$(grep -o "zero3: gradients during the backward: at most [0-9]* of" "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n 2p)
-echo "zero2 (buckets of 2 layers): gradients resident at most $peak of $gbuf bytes during the backward, $nb buckets, slices kept $kept bytes; one bucket of every layer (zero3's default): $whole"
+echo "zero2 (buckets of 2 layers): gradients resident at most $peak of $gbuf bytes during the backward, $nb buckets, slices kept $kept bytes; a bucket a layer (zero3's default, auto: hidden^2 = 4096 floats): $whole"
 [ "$nb" = 2 ] && [ -n "$peak" ] && [ "$peak" -le $((gbuf - lay + lay / 2 + 6 * 2 * 4096)) ] && [ $((kept * 2)) -le $((gbuf + 64)) ] &&
   [ $((kept * 2)) -ge $((gbuf - 64)) ] && ok || bad "zero2 gradient partitions: '$line' (layers $lay bytes)"
-[ -n "$whole" ] && [ "$whole" -gt "$peak" ] && ok || bad "zero2 buckets hold no less than one bucket of every layer: $peak vs '$whole'"
+[ -n "$whole" ] && [ "$whole" -lt "$peak" ] && ok || bad "zero2's buckets of 2 layers hold no more than auto's bucket a layer: $peak vs '$whole'"
+grep -q "zero3: gradients during the backward: .* (4 buckets of layers, reduce_bucket_size = 4096 floats: auto, hidden^2)" "$TMP/z3.log" && ok ||
+  bad "zero3: reduce_bucket_size auto: $(grep -o 'zero3: gradients during the backward.*' "$TMP/z3.log")"
 
 # overlap_comm: each bucket's reduce-scatters left in flight while the backward goes on (finished
 # when the next bucket closes or the backward ends): the same curve, zero2 and zero3 (with prefetch)
