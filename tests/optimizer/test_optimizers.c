@@ -276,7 +276,12 @@ TEST(nesterov_needs_momentum) {
     CHECK_CONTAINS(ctrl_error_message(), "nesterov");
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_UNDER_ASAN 1 /* clang 14 does not define __SANITIZE_ADDRESS__ */
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(TEST_UNDER_ASAN)
 /* Under AddressSanitizer, an impossible allocation returns NULL (as libc's does) instead of
  * aborting, so the case below runs there too. */
 const char *__asan_default_options(void);
