@@ -257,6 +257,8 @@ ctrl_status ctrl_collective_nccl_init(void);
 ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
 ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts);
 ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
+ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
+ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
 #endif
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
@@ -284,6 +286,8 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
 #ifdef CTRL_HAVE_NCCL
         .device_reduce_scatter_mean_f32 = ctrl_collective_nccl_reduce_scatter_mean_f32,
         .device_allgather_f32 = ctrl_collective_nccl_allgather_f32,
+        .device_allgather_start_f32 = ctrl_collective_nccl_allgather_start_f32,
+        .device_allgather_wait = ctrl_collective_nccl_allgather_wait,
 #endif
         .gather_f32 = mpi_gather_f32,
     };

@@ -3,6 +3,8 @@
  * over MPI; the mean of a device buffer with ncclAvg; ZeRO's reduce-scatter and all-gather of pieces
  * of any lengths (collective_backend.h) as one group of ncclReduce / ncclBroadcast calls, one a rank's
  * piece (ncclReduceScatter and ncclAllGather need equal pieces). */
+#include <stdint.h>
+
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -16,6 +18,8 @@ ctrl_status ctrl_collective_nccl_init(void);
 ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
 ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts);
 ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
+ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
+ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
 void ctrl_collective_nccl_finalize(void);
 
 void ctrl_collective_nccl_finalize(void) {
@@ -82,4 +86,50 @@ ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, cons
 
 ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts) {
     return nccl_pieces(device_buf, counts, 0);
+}
+
+/* ZeRO-3's prefetch on a side stream: the gather queued there (after what the compute stream queued
+ * so far), an event recorded after it; the wait makes the compute stream wait for that event (the
+ * host does not wait). Events are reused round robin: at most SIDE_EVENTS gathers in flight. */
+#define SIDE_EVENTS 64
+static cudaStream_t side;
+static cudaEvent_t side_ready, side_done[SIDE_EVENTS];
+static int side_next;
+
+ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle) {
+    *handle = NULL;
+    cudaError_t e = cudaSuccess;
+    if (!side) {
+        e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&side_ready, cudaEventDisableTiming);
+        for (int i = 0; i < SIDE_EVENTS && e == cudaSuccess; i++)
+            e = cudaEventCreateWithFlags(&side_done[i], cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(side_ready, 0);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(side, side_ready, 0);
+    if (e != cudaSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch's side stream: %s", cudaGetErrorString(e));
+    ncclResult_t r = ncclGroupStart();
+    size_t at = 0;
+    for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k], k++)
+        r = ncclBroadcast(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, k, comm, side);
+    const ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess) r = end;
+    if (r != ncclSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "ncclBroadcast (ZeRO-3's prefetch): %s",
+                              ncclGetErrorString(r));
+    const int k = side_next++ % SIDE_EVENTS;
+    if ((e = cudaEventRecord(side_done[k], side)) != cudaSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch: %s", cudaGetErrorString(e));
+    *handle = (void *)(intptr_t)(k + 1);
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_collective_nccl_allgather_wait(void *handle) {
+    const int k = (int)(intptr_t)handle - 1;
+    if (k < 0 || k >= SIDE_EVENTS) return CTRL_OK;
+    cudaError_t e = cudaStreamWaitEvent(0, side_done[k], 0);
+    if (e != cudaSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch: %s", cudaGetErrorString(e));
+    return CTRL_OK;
 }

@@ -268,3 +268,19 @@ ctrl_status ctrl_collective_device_allgather_f32(float *device_buf, const int *c
     ctrl_status st = device_zero_ready();
     return st == CTRL_OK ? backend->device_allgather_f32(device_buf, counts) : st;
 }
+
+ctrl_status ctrl_collective_device_allgather_start_f32(float *device_buf, const int *counts, void **handle) {
+    *handle = NULL;
+    if (!backend) return CTRL_OK;
+    ctrl_status st = device_zero_ready();
+    if (st != CTRL_OK) return st;
+    if (backend->size < offsetof(ctrl_collective_backend, device_allgather_wait) +
+                            sizeof backend->device_allgather_wait ||
+        !backend->device_allgather_start_f32)
+        return backend->device_allgather_f32(device_buf, counts); /* an older backend: done at once */
+    return backend->device_allgather_start_f32(device_buf, counts, handle);
+}
+
+ctrl_status ctrl_collective_device_allgather_wait(void *handle) {
+    return handle ? backend->device_allgather_wait(handle) : CTRL_OK;
+}

@@ -97,5 +97,10 @@ ctrl_status ctrl_collective_device_allreduce_mean_f32(float *device_buf, size_t 
  * and ctrl_collective_allgather_f32 on a device buffer, over NCCL. No-ops on one rank. */
 ctrl_status ctrl_collective_device_reduce_scatter_mean_f32(float *device_buf, const int *counts);
 ctrl_status ctrl_collective_device_allgather_f32(float *device_buf, const int *counts);
+/* ZeRO-3's prefetch: ctrl_collective_device_allgather_f32 started on a side stream, and the compute
+ * stream's next work made to wait for it (ctrl_collective_device_allgather_wait; *handle NULL: done
+ * at once). */
+ctrl_status ctrl_collective_device_allgather_start_f32(float *device_buf, const int *counts, void **handle);
+ctrl_status ctrl_collective_device_allgather_wait(void *handle);
 
 #endif

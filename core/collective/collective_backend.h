@@ -53,6 +53,10 @@ typedef struct ctrl_collective_backend {
     /* allgather_f32 to `root` alone (ZeRO-3's save): root's buf gets every piece (its own in
      * place), the others send theirs from its place in their buf and keep buf as it was. */
     ctrl_status (*gather_f32)(float *buf, const int *counts, int root);
+    /* ZeRO-3's prefetch on a CUDA model: device_allgather_f32 queued on a side stream (*handle: an
+     * event after it), and the compute stream made to wait for it (the host does not wait). */
+    ctrl_status (*device_allgather_start_f32)(float *device_buf, const int *counts, void **handle);
+    ctrl_status (*device_allgather_wait)(void *handle);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

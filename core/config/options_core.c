@@ -173,10 +173,11 @@ static const ctrl_option memory_options[] = {
      "TRL's default gradient_checkpointing; empty: keep every activation), and at most one ZeRO stage for "
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
-     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on the CPU); offload_optimizer: "
-     "on a CUDA run the optimizer state and step in host memory; offload_activations: the checkpointed "
-     "layers' inputs kept out of the compute memory between forward and backward -- on a CUDA run in "
-     "host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; docs/distributed.md)."},
+     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on cuda SFT in fp32); "
+     "offload_optimizer: on a CUDA run the optimizer state and step in host memory; offload_activations: the "
+     "checkpointed layers' inputs kept out of the compute memory between forward and backward -- on a CUDA "
+     "run in host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; "
+     "docs/distributed.md)."},
     {"reduce_bucket_size", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL,
      "zero2 (CPU and CUDA) and zero3: gradient floats reduce-scattered together as the backward makes "
      "them -- consecutive layers, at most this many floats (a larger layer alone), each rank keeping only "
@@ -195,8 +196,8 @@ static const ctrl_option memory_options[] = {
     {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "zero2 (CPU) and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
      "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "
-     "one more bucket of gradients held). Refused with zero2 on [run] device = cuda (reduced over NCCL "
-     "as each bucket completes)."},
+     "one more bucket of gradients held). Refused with zero2 and zero3 on [run] device = cuda (reduced over "
+     "NCCL as each bucket completes)."},
     {"offload_dir", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
      "offload_activations on the CPU: the directory of the file that holds the checkpointed layers' inputs "
      "between forward and backward (DeepSpeed's nvme_path; unset: [run] output_dir). The file is unlinked as "

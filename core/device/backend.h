@@ -173,8 +173,8 @@ typedef struct ctrl_backend_ops {
      * is refused there). */
     ctrl_status (*dora_norm)(float *norm, float *g, const float *W, const float *B, const float *WA,
                              const float *BG, const float *mag, float s, int OUT, int IN, int r);
-    ctrl_status (*dora_combine)(float *out, const float *yl, const float *yb, const float *bias, const float *g,
-                                int T, int OUT);
+    ctrl_status (*dora_combine)(float *out, const float *yl, const float *yb, const float *bias,
+                                const float *g, int T, int OUT);
     ctrl_status (*dora_backward)(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
                                  const float *g, int T, int OUT);
     /* Appended for activation offloading on a device (core/model/model_offload.c); NULL where not
@@ -195,6 +195,16 @@ typedef struct ctrl_backend_ops {
      * device's masks are the CPU's and never make a host round trip. NULL where not implemented (the
      * model then draws the mask on the host, through a copy). */
     ctrl_status (*lora_dropout)(float *dst, const float *src, int64_t n, uint64_t key, float p, float keep);
+    /* Appended for ZeRO-3 on a device (core/train/zero_device.c): device memory mapped piece by piece
+     * behind one range of addresses (CUDA's virtual memory management; NULL where not implemented).
+     * vm_reserve: a range of at least `bytes` with no memory behind it, *granularity the piece;
+     * vm_map: fresh memory (not zeroed) behind [ptr, ptr + bytes), whole pieces of a reserved range
+     * not mapped; vm_unmap: that memory handed back (the caller first waits for the work that uses
+     * it; pieces not mapped are skipped); vm_unreserve: the range freed, what is mapped in it too. */
+    ctrl_status (*vm_reserve)(void **ptr, size_t bytes, size_t *granularity);
+    ctrl_status (*vm_map)(void *ptr, size_t bytes);
+    ctrl_status (*vm_unmap)(void *ptr, size_t bytes);
+    void (*vm_unreserve)(void *ptr, size_t bytes);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -8,6 +8,7 @@
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
 #include "device/cuda_side_stream.h"
+#include "device/cuda_vm.h"
 
 #ifdef CTRL_HAVE_CUDA
 
@@ -111,10 +112,10 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .release_cached = ctrl_cuda_empty_cache,
         .memory_info = ctrl_cuda_memory_info,
         .nf4_dequantize = ctrl_cuda_nf4_dequantize, /* QLoRA (kernels/cuda/nf4.cu) */
-        .sample = ctrl_cuda_sample, /* the engine's draws (kernels/cuda/sampling.cu) */
+        .sample = ctrl_cuda_sample,                 /* the engine's draws (kernels/cuda/sampling.cu) */
         .nf4_linear_forward = nf4_linear_forward,
         .nf4_linear_backward = nf4_linear_backward,
-        .dora_norm = ctrl_cuda_dora_norm,           /* DoRA (kernels/cuda/dora.cu) */
+        .dora_norm = ctrl_cuda_dora_norm, /* DoRA (kernels/cuda/dora.cu) */
         .dora_combine = ctrl_cuda_dora_combine,
         .dora_backward = ctrl_cuda_dora_backward,
         .lora_dropout = ctrl_cuda_lora_dropout, /* LoRA's dropout masks (kernels/cuda/lora.cu) */
@@ -123,6 +124,11 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .host_free = ctrl_cuda_host_free,
         .side_copy = ctrl_cuda_side_copy,
         .side_wait = ctrl_cuda_side_wait,
+        /* ZeRO-3's sliced parameters and gradients: virtual memory management (cuda_vm.c) */
+        .vm_reserve = ctrl_cuda_vm_reserve,
+        .vm_map = ctrl_cuda_vm_map,
+        .vm_unmap = ctrl_cuda_vm_unmap,
+        .vm_unreserve = ctrl_cuda_vm_unreserve,
     };
     return &ops;
 }

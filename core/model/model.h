@@ -126,6 +126,13 @@ const struct ctrl_backend_ops *ctrl_model_backend(const ctrl_model *m);
 /* The gradients accumulated on the device copied into the host buffer (ctrl_model_grads); nothing
  * to do for a model on the CPU, whose gradients are that buffer. */
 ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
+/* ZeRO-3 on a device (core/train/zero_device.c): the model computes on `params` and `grads` (device
+ * buffers of the same sizes, the caller's: not freed by the model, valid until it is freed) instead
+ * of its own, which are freed; and while `sliced`, the device's parameters are not whole, so
+ * ctrl_model_params does not refresh the host's copy from them (it is refreshed once they are whole
+ * again and the flag cleared). */
+ctrl_status ctrl_model_adopt_device_buffers(ctrl_model *m, float *params, float *grads);
+void ctrl_model_set_device_sliced(ctrl_model *m, int sliced);
 /* The gradients where the backend keeps them (the host's on the CPU), as many floats as
  * ctrl_model_grads (the trainable ones): for a collective on device memory before
  * ctrl_model_grads_to_host. */

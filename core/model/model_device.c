@@ -21,8 +21,8 @@ void ctrl_model_release_scratch(ctrl_model *m) {
     model_offload_release(m); /* the offloading copies in flight first */
     model_moe_release(m);     /* the mixture-of-experts layers' activations and scratch too */
     void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
-                     &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws,
-                     (void **)&m->dora_norm, (void **)&m->dora_g};
+                     &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws, (void **)&m->dora_norm,
+                     (void **)&m->dora_g};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
     m->act_cap_T = 0, m->act_bytes = 0, m->head_dh_ready = 0, m->T = 0, m->dora_valid = 0;
     m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->lora_ws_bytes =
@@ -46,9 +46,10 @@ void model_release_backend(ctrl_model *m) {
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
                      (void **)&m->dbatch_mem};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
-    if (m->dparams != m->params) be->free(m->dparams);
-    if (m->dgrads != m->grads) be->free(m->dgrads);
+    if (m->dparams != m->params && !m->dbufs_external) be->free(m->dparams);
+    if (m->dgrads != m->grads && !m->dbufs_external) be->free(m->dgrads);
     m->dparams = m->params, m->dgrads = m->grads, m->dparams_valid = 1;
+    m->dbufs_external = m->dparams_sliced = 0;
     m->rope_len = 0, m->rounded_valid = 0, m->dbatch_bytes = 0;
 }
 
@@ -119,8 +120,18 @@ void ctrl_model_device_weights_changed(ctrl_model *m) {
     m->host_stale = m->dparams != m->params;
 }
 
+ctrl_status ctrl_model_adopt_device_buffers(ctrl_model *m, float *params, float *grads) {
+    if (m->be->host_memory || m->dbufs_external)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: device buffers adopted on %s", m->be->name);
+    m->be->free(m->dparams), m->be->free(m->dgrads);
+    m->dparams = params, m->dgrads = grads, m->dbufs_external = 1;
+    return CTRL_OK;
+}
+
+void ctrl_model_set_device_sliced(ctrl_model *m, int sliced) { m->dparams_sliced = sliced; }
+
 ctrl_status ctrl_model_params_to_host(ctrl_model *m) {
-    if (!m->host_stale) return CTRL_OK;
+    if (!m->host_stale || m->dparams_sliced) return CTRL_OK; /* sliced: copied once whole again */
     ctrl_status st = m->be->to_host(m->params, m->dparams, m->n_params * sizeof(float));
     if (st != CTRL_OK) return ctrl_error_wrap(st, "model: %zu parameters from %s", m->n_params, m->be->name);
     m->host_stale = 0;

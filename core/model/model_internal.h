@@ -253,6 +253,10 @@ struct ctrl_model {
     /* ctrl_model_set_save_fetch: called before each weight's data is written (NULL: none) */
     ctrl_status (*save_fetch)(void *user, const float *data, int64_t numel);
     void *save_fetch_user;
+    /* ZeRO-3 on a device (ctrl_model_adopt_device_buffers): dparams and dgrads are the caller's
+     * (sparse ranges it maps piece by piece), not freed here; while dparams_sliced the device's
+     * parameters are not whole, and ctrl_model_params_to_host leaves the host's copy as it is. */
+    int dbufs_external, dparams_sliced;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */

@@ -141,6 +141,24 @@ static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec 
                               "preference trainers and the online ones are; zero1 and zero2 work with every "
                               "trainer)",
                               s->run.trainer);
+    /* on a CUDA model (zero_device.c): the token-level trainers (SFT), fp32, every parameter trained */
+    if (r->comp.cuda && k != &train_kind_token)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] strategies = zero3 with [run] device = cuda and trainer = %s: not "
+                              "supported yet (SFT is; zero1 and zero2 on cuda work with every trainer)",
+                              s->run.trainer);
+    if (r->comp.cuda && strcmp(s->train.dtype, "fp32") != 0)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s: [train] dtype = %s with [memory] strategies = zero3 on [run] device = cuda: "
+            "not supported yet (fp32 is)",
+            ctrl_config_where(r->cfg, "train", "dtype"), s->train.dtype);
+    if (r->comp.cuda && s->peft.enabled)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s: [peft] enabled = true with [memory] strategies = zero3 on [run] device = cuda: "
+            "not supported yet (full fine-tuning is)",
+            ctrl_config_where(r->cfg, "peft", "enabled"));
     if (k == &train_kind_sequence && spec->sync_ref_model)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
@@ -475,6 +493,25 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
  * gradient memory between steps (mincore), logged by rank 0. */
 static ctrl_status report_resident(run_state *r) {
     size_t n_params = 0, n_grads = 0;
+    if (r->zero.vm_params) { /* zero3 on a CUDA model: what each rank holds mapped in device memory */
+        ctrl_model_params(r->model, &n_params), ctrl_model_grads(r->model, &n_grads);
+        double v[8] = {0};
+        const size_t piece = train_zero_device_mapped(&r->zero, v);
+        v[4] = (double)(r->zero.acc_n * sizeof(float)),
+        v[5] = (double)train_zero_state_bytes(r->opt_ops, r->opt);
+        ctrl_status st = ctrl_collective_allreduce_max_f64(v, 6);
+        if (st == CTRL_OK && r->root)
+            CTRL_INFO(
+                "zero3 on the device: per rank between steps at most %.0f of the model's %zu bytes of "
+                "parameters (layers %zu bytes, sliced over %d ranks), %.0f of %zu bytes of gradients, %.0f "
+                "bytes of gradient slices' sums and %.0f of optimizer state; the most mapped in the first "
+                "step: "
+                "parameters %.0f, gradients %.0f bytes (pieces of %zu bytes); %ld layer gathers prefetched "
+                "(prefetch_bucket_size = %zu floats)",
+                v[0], n_params * sizeof(float), train_zero_layer_bytes(&r->zero), r->zero.size, v[2],
+                n_grads * sizeof(float), v[4], v[5], v[1], v[3], piece, r->zero.prefetched, r->zero.prefetch);
+        return st;
+    }
     if (r->zero.dev) { /* zero2 on a CUDA model: what each rank holds in device memory */
         ctrl_model_params(r->model, &n_params), ctrl_model_grads(r->model, &n_grads);
         double v[2] = {(double)(r->zero.acc_n * sizeof(float)),

@@ -146,10 +146,12 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
                                   "is read whole: %s); plain LoRA is",
                                   lora->nf4 ? "quantization = nf4" : "use_dora = true",
                                   lora->nf4 ? "dequantized per layer from NF4" : "DoRA's weight norms");
-        if (ctrl_model_device(m).type != CTRL_DEVICE_CPU)
-            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                  "[memory] strategies = zero3 with [run] device = cuda: not supported yet "
-                                  "(zero1 and zero2 are)");
+        if (ctrl_model_device(m).type != CTRL_DEVICE_CPU && (lora || host_step))
+            return ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "[memory] strategies = zero3 with [run] device = cuda and %s: not supported yet "
+                "(zero3 on cuda trains every parameter on the device)",
+                lora ? "[peft] enabled = true" : "offload_optimizer");
     }
     /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned
      * during the backward (zero_layers.c) */
@@ -173,7 +175,7 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
         }
         z->acc_n = n;
         if (on_device) {
-            ctrl_status sd = train_zero_device_init(z, m);
+            ctrl_status sd = stage >= 3 ? train_zero_device3_init(z, m) : train_zero_device_init(z, m);
             if (sd != CTRL_OK) return sd;
         } else if (!(z->acc = calloc(n ? n : 1, sizeof *z->acc)))
             return ctrl_error_set(CTRL_ERR_NOMEM, "zero%d: out of memory for %zu gradient floats", stage, n);
@@ -191,6 +193,7 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
 
 void train_zero_free(train_zero *z) {
     train_zero_device_free(z); /* a device's acc */
+    train_zero_device3_free(z);
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
     free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending);
     free(z->flight_u), free(z->flight_h);

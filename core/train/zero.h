@@ -27,7 +27,9 @@
  * reduce-scatters per bucket during the backward, the slices' sums and the optimizer state in device
  * memory, the slices all-gathered over NCCL after the step); stage 1, and stage 2 with
  * offload_optimizer, step on the host (the gradients brought back first, the state in host memory,
- * the weights copied back to the device after the gather); stage 3 is the CPU's. */
+ * the weights copied back to the device after the gather). Stage 3 keeps each rank's slices on the
+ * device and gathers a layer over NCCL into device memory mapped for its use, unmapped after
+ * (zero_device.c; SFT in fp32 without LoRA). */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
 #define CTRL_CORE_TRAIN_ZERO_H
 
@@ -91,6 +93,9 @@ typedef struct train_zero {
     /* stage 2 on a CUDA model (zero_device.c): the model's backend, `acc` in its memory, the
      * reductions and gathers over NCCL on its buffers; NULL on the host */
     const struct ctrl_backend_ops *dev;
+    /* stage 3 on a CUDA model: the device's parameters and gradients in ranges mapped piece by piece
+     * (zero_device.c), what is not this rank's nor in use unmapped */
+    struct zero_vm *vm_params, *vm_grads;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -180,6 +185,19 @@ ctrl_status train_zero_device_finish_unit(train_zero *z, int u);
 ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq);
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m);
 void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);
+/* Stage 3 on a CUDA model (zero_device.c): init (after the units: the device's parameters and
+ * gradients moved into ranges mapped piece by piece, this rank's slices and what lies outside the
+ * layers pinned, the rest unmapped) and free; a range of the parameters (in parameters) mapped and
+ * all-gathered -- on the side stream when `handle` is given, completed by
+ * ctrl_collective_device_allgather_wait --, released (unmapped once nothing else in its pieces is
+ * in use); unit u's gradients mapped (zeroed) for its backward; the bytes mapped now and at most
+ * since the last call (parameters, gradients: out[0..3] = now, peak, now, peak), the piece. */
+ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m);
+void train_zero_device3_free(train_zero *z);
+ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle);
+ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u);
+ctrl_status train_zero_device_grads_in(train_zero *z, int u);
+size_t train_zero_device_mapped(train_zero *z, double out[4]);
 /* A checkpoint save: ranks other than 0 send their optimizer state to rank 0 (call while rank 0 is
  * in ctrl_checkpoint_save, which receives it with train_zero_write_shard). */
 ctrl_status train_zero_send_state(const train_zero *z, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt);

@@ -5,20 +5,27 @@
  * the next backward; the step's norm, clipping and the optimizer (on the device) then read the sums,
  * and the updated slices are all-gathered over NCCL into every rank's device parameters. Nothing
  * crosses to the host but the norm's one double. */
+#include <stdlib.h>
+
 #include "collective/collective.h"
 #include "device/backend.h"
 #include "train/zero.h"
 
+typedef struct zero_vm zero_vm;
+static ctrl_status vm_drop(zero_vm *v, size_t a, size_t b);
+
 int train_zero_wants_device(int stage, ctrl_model *m, int host_step) {
-    return stage == 2 && !host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU;
+    return stage >= 2 && !host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU;
 }
 
 ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m) {
     const ctrl_backend_ops *be = ctrl_model_backend(m);
     if (z->overlap)
-        return ctrl_error_set(CTRL_ERR_CONFIG,
-                              "[memory] overlap_comm = true with zero2 on [run] device = cuda: not supported "
-                              "yet (each bucket is reduced over NCCL when it completes)");
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "[memory] overlap_comm = true with zero%d on [run] device = cuda: not supported "
+            "yet (each bucket is reduced over NCCL when it completes)",
+            z->stage);
     ctrl_status st = ctrl_collective_device_init(); /* the NCCL communicator (a no-op on one rank) */
     if (st == CTRL_OK) st = be->alloc((void **)&z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
     if (st == CTRL_OK) z->dev = be;
@@ -41,7 +48,12 @@ ctrl_status train_zero_device_finish_unit(train_zero *z, int u) {
     float *acc = z->acc + z->acc_off[u];
     if (st == CTRL_OK && hi > lo) /* the slice's average added to its sums */
         st = z->dev->residual_forward(acc, acc, g + (lo - z->units[u].a), (int64_t)(hi - lo));
-    return st == CTRL_OK ? z->dev->fill_zero(g, len * sizeof(float)) : st;
+    if (st == CTRL_OK) st = z->dev->fill_zero(g, len * sizeof(float)); /* the next backward adds into zeros */
+    if (st == CTRL_OK && z->vm_grads && z->units[u].layer >= 0)        /* zero3: a layer's, unmapped */
+        st = z->dev->synchronize();
+    if (st == CTRL_OK && z->vm_grads && z->units[u].layer >= 0)
+        st = vm_drop(z->vm_grads, z->units[u].a * sizeof(float), z->units[u].b * sizeof(float));
+    return st;
 }
 
 ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq) {
@@ -52,8 +64,9 @@ ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq) {
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
     float *p = ctrl_model_device_params(m) + z->first;
     ctrl_status st = CTRL_OK;
-    for (int u = 0; u < z->n_units && st == CTRL_OK; u++)
-        st = ctrl_collective_device_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) /* zero3's layers stay sliced */
+        if (z->stage < 3 || z->units[u].layer < 0 || z->gathered)
+            st = ctrl_collective_device_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
     ctrl_model_device_weights_changed(m);
     return st;
 }
@@ -63,4 +76,161 @@ void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_gro
     const float *host = ctrl_model_params(m, NULL);
     float *dev = ctrl_model_device_params(m);
     for (int i = 0; i < n; i++) groups[i].param = dev + (groups[i].param - host); /* grads: acc's already */
+}
+
+/* ZeRO-3 on a CUDA model: the parameters and the gradients each in one range of device addresses
+ * (backend.h's vm_*), whose granularity-sized pieces are mapped while something in them is needed: a
+ * piece holding this rank's slice of a layer or anything outside the layers is pinned (mapped for the
+ * run), the others are mapped while a layer they hold is gathered (users: how many), and unmapped --
+ * their memory handed back to the device -- when the last is released. A freshly mapped gradient piece
+ * is zeroed (the backward adds into it); a parameter piece is written by the layer's gather. */
+struct zero_vm {
+    const ctrl_backend_ops *be;
+    char *base;
+    size_t bytes, gran, n; /* the range's bytes (those in use), the piece, the pieces */
+    unsigned short *users;
+    unsigned char *pinned;
+    size_t mapped, peak; /* pieces mapped now, the most since train_zero_device_peak_reset */
+    int zero_fresh;      /* gradients: a piece mapped anew is zeroed */
+};
+
+static ctrl_status vm_new(const ctrl_backend_ops *be, size_t bytes, int zero_fresh, zero_vm **out) {
+    zero_vm *v = calloc(1, sizeof *v);
+    if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    *out = v;
+    v->be = be, v->bytes = bytes, v->zero_fresh = zero_fresh;
+    ctrl_status st = be->vm_reserve((void **)&v->base, bytes ? bytes : 1, &v->gran);
+    if (st != CTRL_OK) return st;
+    v->n = (bytes + v->gran - 1) / v->gran;
+    if (!(v->users = calloc(v->n ? v->n : 1, sizeof *v->users)) || !(v->pinned = calloc(v->n ? v->n : 1, 1)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    return CTRL_OK;
+}
+
+static void vm_free(zero_vm *v) {
+    if (!v) return;
+    if (v->base) v->be->vm_unreserve(v->base, v->bytes ? v->bytes : 1);
+    free(v->users), free(v->pinned), free(v);
+}
+
+static ctrl_status vm_map_piece(zero_vm *v, size_t i) {
+    ctrl_status st = v->be->vm_map(v->base + i * v->gran, v->gran);
+    if (st == CTRL_OK && v->zero_fresh) st = v->be->fill_zero(v->base + i * v->gran, v->gran);
+    if (st == CTRL_OK && ++v->mapped > v->peak) v->peak = v->mapped;
+    return st;
+}
+
+/* The pieces that hold bytes [a, b) of the range. */
+static void vm_pieces(const zero_vm *v, size_t a, size_t b, size_t *lo, size_t *hi) {
+    *lo = a / v->gran, *hi = b > a ? (b + v->gran - 1) / v->gran : *lo;
+}
+
+static ctrl_status vm_pin(zero_vm *v, size_t a, size_t b) {
+    size_t lo, hi;
+    vm_pieces(v, a, b, &lo, &hi);
+    ctrl_status st = CTRL_OK;
+    for (size_t i = lo; i < hi && st == CTRL_OK; i++) {
+        if (!v->pinned[i] && !v->users[i]) st = vm_map_piece(v, i);
+        v->pinned[i] = 1;
+    }
+    return st;
+}
+
+static ctrl_status vm_use(zero_vm *v, size_t a, size_t b) {
+    size_t lo, hi;
+    vm_pieces(v, a, b, &lo, &hi);
+    ctrl_status st = CTRL_OK;
+    for (size_t i = lo; i < hi && st == CTRL_OK; i++)
+        if (v->users[i]++ == 0 && !v->pinned[i]) st = vm_map_piece(v, i);
+    return st;
+}
+
+/* The caller waited for the work that reads or writes [a, b). */
+static ctrl_status vm_drop(zero_vm *v, size_t a, size_t b) {
+    size_t lo, hi;
+    vm_pieces(v, a, b, &lo, &hi);
+    ctrl_status st = CTRL_OK;
+    for (size_t i = lo; i < hi; i++) {
+        if (!v->users[i]) continue; /* not in use (released already) */
+        if (--v->users[i] == 0 && !v->pinned[i]) {
+            const ctrl_status s = v->be->vm_unmap(v->base + i * v->gran, v->gran);
+            if (st == CTRL_OK) st = s;
+            v->mapped--;
+        }
+    }
+    return st;
+}
+
+/* A sliced unit's range in the parameters, in bytes. */
+static size_t param_byte(const train_zero *z, size_t trainable) {
+    return (z->first + trainable) * sizeof(float);
+}
+
+ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
+    const ctrl_backend_ops *be = ctrl_model_backend(m);
+    if (!ctrl_backend_has(be, vm_reserve) || !ctrl_backend_has(be, vm_map) ||
+        !ctrl_backend_has(be, vm_unmap) || !ctrl_backend_has(be, vm_unreserve))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] strategies = zero3 on %s: the backend cannot map device memory piece "
+                              "by piece (an older libctrl_cuda.so?)",
+                              be->name);
+    ctrl_status st = train_zero_device_init(z, m); /* the slices' sums, NCCL */
+    size_t n_params = 0;
+    ctrl_model_params(m, &n_params);
+    const char *old = (const char *)ctrl_model_device_params(m);
+    if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(float), 0, &z->vm_params);
+    if (st == CTRL_OK) st = vm_new(be, (z->total ? z->total : 1) * sizeof(float), 1, &z->vm_grads);
+    /* pinned: what lies outside the sliced layers, whole, and this rank's slice of each layer */
+    if (st == CTRL_OK) st = vm_pin(z->vm_params, 0, param_byte(z, 0));
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
+        const train_zero_unit un = z->units[u];
+        size_t lo = un.a, hi = un.b;
+        if (un.layer >= 0) train_zero_slice(z, u, z->rank, &lo, &hi);
+        st = vm_pin(z->vm_params, param_byte(z, lo), param_byte(z, hi));
+        if (st == CTRL_OK && un.layer < 0)
+            st = vm_pin(z->vm_grads, un.a * sizeof(float), un.b * sizeof(float));
+    }
+    if (st == CTRL_OK) st = vm_pin(z->vm_params, param_byte(z, z->total), n_params * sizeof(float));
+    /* the pinned pieces' parameters from the model's whole buffer, which the model then frees */
+    const zero_vm *v = z->vm_params;
+    for (size_t i = 0; v && i < v->n && st == CTRL_OK; i++) {
+        const size_t a = i * v->gran, b = a + v->gran < v->bytes ? a + v->gran : v->bytes;
+        if (v->pinned[i]) st = be->copy(v->base + a, old + a, b - a);
+    }
+    if (st == CTRL_OK) st = ctrl_model_adopt_device_buffers(m, (float *)v->base, (float *)z->vm_grads->base);
+    if (st == CTRL_OK) ctrl_model_set_device_sliced(m, 1);
+    return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "zero3 on %s", be->name);
+}
+
+void train_zero_device3_free(train_zero *z) {
+    vm_free(z->vm_params), vm_free(z->vm_grads);
+    z->vm_params = z->vm_grads = NULL;
+}
+
+ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle) {
+    ctrl_status st = vm_use(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
+    float *p = ctrl_model_device_params(z->model) + u.a;
+    const int *counts = train_zero_cut_counts(z, u);
+    if (st != CTRL_OK) return st;
+    return handle ? ctrl_collective_device_allgather_start_f32(p, counts, handle)
+                  : ctrl_collective_device_allgather_f32(p, counts);
+}
+
+ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
+    ctrl_status st = z->dev->synchronize(); /* the kernels that read the layer are done */
+    return st == CTRL_OK ? vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float)) : st;
+}
+
+ctrl_status train_zero_device_grads_in(train_zero *z, int u) {
+    return vm_use(z->vm_grads, z->units[u].a * sizeof(float), z->units[u].b * sizeof(float));
+}
+
+size_t train_zero_device_mapped(train_zero *z, double out[4]) {
+    zero_vm *v[2] = {z->vm_params, z->vm_grads};
+    for (int k = 0; k < 2; k++) {
+        out[2 * k] = v[k] ? (double)(v[k]->mapped * v[k]->gran) : 0;
+        out[2 * k + 1] = v[k] ? (double)(v[k]->peak * v[k]->gran) : 0;
+        if (v[k]) v[k]->peak = v[k]->mapped;
+    }
+    return z->vm_params ? z->vm_params->gran : 0;
 }

@@ -11,6 +11,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <ctrl/log.h>
+
 #include "collective/collective.h"
 #include "train/zero.h"
 
@@ -32,17 +34,20 @@ static void release_range(float *from, float *to) {
 
 /* A sliced range of the parameters (`u` in parameters): the other ranks' slices released, before
  * this rank's and after it, and the whole range of the bf16 copy (re-rounded at the next gather). */
-static void release_params(const train_zero *z, train_zero_unit u) {
+static ctrl_status release_params(train_zero *z, train_zero_unit u) {
+    if (z->dev) return train_zero_device_release_range(z, u); /* a CUDA model's: unmapped */
     float *p = ctrl_model_params(z->model, NULL), *rounded = ctrl_model_bf16_copy(z->model);
     size_t lo, hi;
     train_zero_cut(z, u, z->rank, &lo, &hi);
     release_range(p + u.a, p + lo);
     release_range(p + hi, p + u.b);
     if (rounded) release_range(rounded + u.a, rounded + u.b);
+    return CTRL_OK;
 }
 
 /* Every rank's slices of the range into every rank's parameters, and its bf16 copy re-rounded. */
 static ctrl_status gather_params(train_zero *z, train_zero_unit u) {
+    if (z->dev) return train_zero_device_gather_range(z, u, NULL); /* mapped, over NCCL */
     ctrl_status st =
         ctrl_collective_allgather_f32(ctrl_model_params(z->model, NULL) + u.a, train_zero_cut_counts(z, u));
     return st == CTRL_OK ? ctrl_model_params_range_changed(z->model, u.a, u.b - u.a) : st;
@@ -70,8 +75,10 @@ static ctrl_status start_layer(train_zero *z, int l) {
     ctrl_status st = CTRL_OK;
     z->state[l] = 1;
     for (int i = 0, n = layer_ranges(z, l, r); i < n && st == CTRL_OK; i++)
-        st = ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + r[i].a,
-                                                 train_zero_cut_counts(z, r[i]), &z->pending[2 * l + i]);
+        st = z->dev ? train_zero_device_gather_range(z, r[i], &z->pending[2 * l + i]) /* a side stream */
+                    : ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + r[i].a,
+                                                          train_zero_cut_counts(z, r[i]),
+                                                          &z->pending[2 * l + i]);
     return st;
 }
 
@@ -83,9 +90,11 @@ static ctrl_status need_layer(train_zero *z, int l) {
     for (int i = 0; i < n && st == CTRL_OK; i++) {
         if (z->state[l] == 2) break;
         if (z->state[l] == 1) {
-            st = ctrl_collective_allgather_wait(z->pending[2 * l + i]);
+            st = z->dev ? ctrl_collective_device_allgather_wait(z->pending[2 * l + i])
+                        : ctrl_collective_allgather_wait(z->pending[2 * l + i]);
             z->pending[2 * l + i] = NULL;
-            if (st == CTRL_OK) st = ctrl_model_params_range_changed(z->model, r[i].a, r[i].b - r[i].a);
+            if (st == CTRL_OK && !z->dev)
+                st = ctrl_model_params_range_changed(z->model, r[i].a, r[i].b - r[i].a);
         } else {
             st = gather_params(z, r[i]);
         }
@@ -112,15 +121,22 @@ static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
 }
 
 static ctrl_status gather_forward(ctrl_memory *m, int layer) { return gather_layer_dir(m->z, layer, 1); }
-static ctrl_status gather_backward(ctrl_memory *m, int layer) { return gather_layer_dir(m->z, layer, -1); }
+static ctrl_status gather_backward(ctrl_memory *m, int layer) {
+    train_zero *z = m->z; /* a CUDA model's zero3: the layer's gradients mapped for its backward */
+    ctrl_status st = z->vm_grads && z->layer_unit[layer] >= 0
+                         ? train_zero_device_grads_in(z, z->layer_unit[layer])
+                         : CTRL_OK;
+    return st == CTRL_OK ? gather_layer_dir(z, layer, -1) : st;
+}
 
 static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
     if (z->stage < 3 || z->gathered || z->state[layer] != 2) return CTRL_OK;
     train_zero_unit r[2];
-    for (int i = 0, n = layer_ranges(z, layer, r); i < n; i++) release_params(z, r[i]);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0, n = layer_ranges(z, layer, r); i < n && st == CTRL_OK; i++) st = release_params(z, r[i]);
     z->state[layer] = 0;
-    return CTRL_OK;
+    return st;
 }
 
 /* Unit u's reduce-scatter done (`handle`: started by reduce_unit with overlap_comm, else NULL and
@@ -179,7 +195,8 @@ static void measure(train_zero *z) {
  * model's call), the units outside the layers reduced (embeddings, final norm, head). */
 static ctrl_status reduce_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
-    if (layer >= 0) release_layer(m, layer);
+    ctrl_status sr = layer >= 0 ? release_layer(m, layer) : CTRL_OK;
+    if (sr != CTRL_OK) return sr;
     const int u = layer >= 0 ? z->layer_unit[layer] : -1;
     if (layer >= 0 && (u < 0 || !z->closes[layer])) return CTRL_OK;
     measure(z);
@@ -225,7 +242,7 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
                     z->skip[2 * z->n_skip] = r[i].a, z->skip[2 * z->n_skip++ + 1] = r[i].b;
         }
     ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
-    if (st == CTRL_OK) st = ctrl_model_zero_grad(m);
+    if (st == CTRL_OK && !z->vm_grads) st = ctrl_model_zero_grad(m); /* zero3 on cuda: zeroed as mapped */
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
     size_t n = 0;
     float *g = ctrl_model_grads(m, &n);
@@ -248,6 +265,10 @@ ctrl_status train_zero_gather_all(train_zero *z) {
     ctrl_status st = ctrl_model_set_round_skip(z->model, NULL, 0); /* whole: the bf16 copy rounds all */
     for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) st = need_layer(z, l);
     z->gathered = st == CTRL_OK;
+    if (z->gathered && z->dev) { /* whole on the device: the host's copy refreshed at its next read */
+        ctrl_model_set_device_sliced(z->model, 0);
+        ctrl_model_device_weights_changed(z->model);
+    }
     return st;
 }
 
@@ -267,9 +288,11 @@ ctrl_status train_zero_whole(void *ctx, int on) {
 void train_zero_release_all(train_zero *z) {
     if (z->stage < 3) return;
     z->gathered = 0;
+    if (z->dev) ctrl_model_set_device_sliced(z->model, 1);
     for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
         train_zero_unit r[2];
-        for (int i = 0, n = layer_ranges(z, l, r); i < n; i++) release_params(z, r[i]);
+        for (int i = 0, n = layer_ranges(z, l, r); i < n && (!z->dev || z->state[l]); i++)
+            if (release_params(z, r[i]) != CTRL_OK) CTRL_ERROR("zero3: %s", ctrl_error_message());
         z->state[l] = 0;
     }
     ctrl_model_set_round_skip(z->model, z->skip, z->n_skip); /* the gathers round the layers */

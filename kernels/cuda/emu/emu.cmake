@@ -46,7 +46,8 @@ if(CTRL_HAVE_CUDA_EMU)
   file(GLOB CTRL_EMU_HOST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/core/device/cuda_*.c)
   # The runtime is one shared library, so that the emulated plugins and the emulated
   # libctrl_cuda share one device state (errors, the shuffle generator).
-  add_library(ctrl_cuda_emu_rt SHARED ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_cublaslt.cpp)
+  add_library(ctrl_cuda_emu_rt SHARED ${CTRL_EMU_DIR}/emu_runtime.cpp ${CTRL_EMU_DIR}/emu_cublaslt.cpp
+                                     ${CTRL_EMU_DIR}/emu_vm.cpp)
   ctrl_emu_target(ctrl_cuda_emu_rt)
   target_link_libraries(ctrl_cuda_emu_rt PRIVATE ctrl_openblas)
   # The emulated libctrl_cuda.so, in build/cuda-emu/ (not beside libctrl, where the real one is):
