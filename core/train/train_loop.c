@@ -494,7 +494,8 @@ static ctrl_status evaluate(run_state *r, int has_eval, long step) {
 static ctrl_status report_resident(run_state *r) {
     size_t n_params = 0, n_grads = 0;
     if (r->zero.vm_params) { /* zero3 on a CUDA model: what each rank holds mapped in device memory */
-        ctrl_model_params(r->model, &n_params), ctrl_model_grads(r->model, &n_grads);
+        n_params = ctrl_model_param_bytes(r->model) / sizeof(float); /* not ctrl_model_params: no copy */
+        ctrl_model_grads(r->model, &n_grads);
         double v[8] = {0};
         const size_t piece = train_zero_device_mapped(&r->zero, v);
         v[4] = (double)(r->zero.acc_n * sizeof(float)),
@@ -513,7 +514,8 @@ static ctrl_status report_resident(run_state *r) {
         return st;
     }
     if (r->zero.dev) { /* zero2 on a CUDA model: what each rank holds in device memory */
-        ctrl_model_params(r->model, &n_params), ctrl_model_grads(r->model, &n_grads);
+        n_params = ctrl_model_param_bytes(r->model) / sizeof(float); /* not ctrl_model_params: no copy */
+        ctrl_model_grads(r->model, &n_grads);
         double v[2] = {(double)(r->zero.acc_n * sizeof(float)),
                        (double)train_zero_state_bytes(r->opt_ops, r->opt)};
         ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);

@@ -35,7 +35,8 @@ ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m) {
 }
 
 void train_zero_device_free(train_zero *z) {
-    if (z->dev) z->dev->free(z->acc);
+    if (!z->dev) return; /* the host's acc: train_zero_free's */
+    z->dev->free(z->acc);
     z->dev = NULL, z->acc = NULL;
 }
 
@@ -175,8 +176,7 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
                               "by piece (an older libctrl_cuda.so?)",
                               be->name);
     ctrl_status st = train_zero_device_init(z, m); /* the slices' sums, NCCL */
-    size_t n_params = 0;
-    ctrl_model_params(m, &n_params);
+    const size_t n_params = ctrl_model_param_bytes(m) / sizeof(float); /* fp32 on a device */
     const char *old = (const char *)ctrl_model_device_params(m);
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(float), 0, &z->vm_params);
     if (st == CTRL_OK) st = vm_new(be, (z->total ? z->total : 1) * sizeof(float), 1, &z->vm_grads);

@@ -9,7 +9,10 @@
 # and AdamW's state in device memory, the slices all-gathered with ncclBroadcast after the step)
 # follows plain data parallel on CUDA (1e-6) with half of the optimizer state and of the gradient
 # sums per rank (the run's log line, checked), and a 2-rank resume of its checkpoint repeats the
-# curve. overlap_comm with zero2 on CUDA is refused naming the key.
+# curve; zero3 on the device (each rank's slices of the layers in device memory, the rest of a layer
+# mapped, gathered over NCCL and unmapped around each use: section below) follows it too, with the
+# per-rank device bytes the run logs checked. overlap_comm on CUDA and bf16 zero3 are refused naming
+# the key.
 # usage: test_zero_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
@@ -52,6 +55,7 @@ grep -q "optimizer adamw: steps this rank's slices on the device (zero2" "$TMP/z
 curve_close "$TMP/dp" "$TMP/z2" loss 1e-6
 curve_close "$TMP/dp" "$TMP/z2" mean_token_accuracy 1e-6
 curve_close "$TMP/dp" "$TMP/z2" grad_norm 1e-5
+curve_close "$TMP/cpu" "$TMP/z2" loss 1e-5
 # what each rank holds on the device: half of AdamW's state and of the gradient sums
 zl=$(grep -o "zero2: 2 ranks, each steps [0-9]* of [0-9]* trainable floats; optimizer adamw: at most [0-9]* bytes of state per rank, [0-9]* over the ranks" "$TMP/z2.log")
 full=$(echo "$zl" | sed 's/.*rank, \([0-9]*\) over.*/\1/')
@@ -80,6 +84,7 @@ diff <(curve "$TMP/z2") <(curve "$TMP/res") >"$TMP/diff" && ok || { bad "zero2 o
 run z3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 "${ev[@]}"
 curve_close "$TMP/dp" "$TMP/z3" loss 1e-6
 curve_close "$TMP/dp" "$TMP/z3" grad_norm 1e-5
+curve_close "$TMP/cpu" "$TMP/z3" loss 1e-5 # and the CPU's 2-rank run, as data parallel on CUDA
 n=$(paste <(curve_col "$TMP/dp" eval_loss) <(curve_col "$TMP/z3" eval_loss) |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
 [ "$n" = "2 0" ] && ok || bad "zero3 evaluations ($n)"
