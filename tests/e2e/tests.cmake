@@ -97,7 +97,7 @@ if(TARGET ctrl_cli AND TARGET ctrl_mpi_emu)
   add_test(NAME test_zero_cuda_emu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_zero_cuda_emu.sh $<TARGET_FILE:ctrl_cli>
                                            ${CMAKE_BINARY_DIR}/plugins-emu ${CMAKE_SOURCE_DIR} $<TARGET_FILE:ctrl_cuda_emu>
                                            $<TARGET_FILE:ctrl_mpi_emu>)
-  set_tests_properties(test_zero_cuda_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 SKIP_RETURN_CODE 77
+  set_tests_properties(test_zero_cuda_emu PROPERTIES LABELS cuda-emu TIMEOUT 600 SKIP_RETURN_CODE 77
                                                      FIXTURES_REQUIRED cuda_emu_plugins)
 endif()
 
