@@ -128,13 +128,17 @@ TEST(cpu_backend_table_is_complete) {
     /* every field after the header is a function pointer, and the CPU backend has them all but the
      * optimizer kernels (on the CPU the optimizer plugins step host memory themselves) and the
      * device sampler (the engine samples host logits with core/generate/sampling.c itself) and the
-     * device's side-stream copies for activation offloading (on the CPU the store is a file) */
+     * device's side-stream copies for activation offloading (on the CPU the store is a file) and the
+     * device memory mapped piece by piece for ZeRO-3 (on the CPU zero3 hands pages back with madvise) */
     const size_t first = offsetof(ctrl_backend_ops, alloc);
     const size_t device_only[] = {
         offsetof(ctrl_backend_ops, adamw_step), offsetof(ctrl_backend_ops, sample),
         offsetof(ctrl_backend_ops, host_alloc), offsetof(ctrl_backend_ops, host_free),
-        offsetof(ctrl_backend_ops, side_copy),  offsetof(ctrl_backend_ops, side_wait)};
-    CHECK(be->adamw_step == NULL && be->sample == NULL && be->host_alloc == NULL && be->side_copy == NULL);
+        offsetof(ctrl_backend_ops, side_copy),  offsetof(ctrl_backend_ops, side_wait),
+        offsetof(ctrl_backend_ops, vm_reserve), offsetof(ctrl_backend_ops, vm_map),
+        offsetof(ctrl_backend_ops, vm_unmap),   offsetof(ctrl_backend_ops, vm_unreserve)};
+    CHECK(be->adamw_step == NULL && be->sample == NULL && be->host_alloc == NULL && be->side_copy == NULL &&
+          be->vm_reserve == NULL);
     for (size_t off = first; off < sizeof *be; off += sizeof(void (*)(void))) {
         int skip = 0;
         for (size_t k = 0; k < sizeof device_only / sizeof *device_only; k++) skip |= off == device_only[k];
