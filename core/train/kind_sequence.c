@@ -257,11 +257,13 @@ static void sequence_log_window(train_kind *k, const train_window *w, FILE *f) {
         if (!strcmp(m->name[i], "rewards/margins") || !strcmp(m->name[i], "margin")) margin = v;
         m->sum[i] = 0, m->count[i] = 0;
     }
-    if (!isatty(fileno(stderr)))
-        fprintf(
-            stderr,
-            "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g  reward acc %.3f  margin %.3f  %.0f tok/s\n",
-            w->step, w->total, w->loss, w->grad_norm, w->learning_rate, acc, margin, w->tokens_per_second);
+    if (isatty(fileno(stderr))) return;
+    char extra[64] = ""; /* a trainer without the metric (KTO logs no reward accuracy) shows none */
+    if (!isnan(acc)) snprintf(extra, sizeof extra, "  reward acc %.3f", acc);
+    if (!isnan(margin))
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), "  margin %.3f", margin);
+    fprintf(stderr, "step %ld/%ld  loss %.4f  grad_norm %.3f  lr %.3g%s  %.0f tok/s\n", w->step, w->total,
+            w->loss, w->grad_norm, w->learning_rate, extra, w->tokens_per_second);
 }
 
 static int sequence_has_eval(const train_kind *k) { return k->eval.n > 0; }
