@@ -9,25 +9,8 @@
 source "$(dirname "$0")/e2e_common.sh"
 export OMP_NUM_THREADS=1
 tiny_setup 3 2
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/full
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
-optimizer = adamw_8bit
-learning_rate = 3e-3
-weight_decay = 0.01
-max_steps = 8
-per_device_train_batch_size = 4
-logging_steps = 1
-save_steps = 4
-[adamw_8bit]
-min_8bit_size = 256
-INI
+source "$(dirname "$0")/adamw8bit_ini.sh"
+adamw8bit_ini "$TMP/full" cpu 4 0.01
 curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl" | grep '"step"'; }
 
 # 1. The uninterrupted run: its state in bytes (2 a trainable parameter in 8 bits, 8 below 256).

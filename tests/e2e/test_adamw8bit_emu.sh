@@ -7,26 +7,8 @@
 source "$(dirname "$0")/e2e_common.sh"
 export CTRL_CUDA_LIBRARY=$4 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 tiny_setup 5 2
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/dev
-device = cuda
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
-optimizer = adamw_8bit
-learning_rate = 3e-3
-max_steps = 8
-per_device_train_batch_size = 2
-logging_steps = 1
-save_steps = 4
-weight_decay = 0.1
-dtype = fp32
-[adamw_8bit]
-min_8bit_size = 256
-INI
+source "$(dirname "$0")/adamw8bit_ini.sh"
+adamw8bit_ini "$TMP/dev" cuda 2 0.1 "dtype = fp32"
 "${C[@]}" train "$TMP/run.ini" >"$TMP/dev.log" 2>&1 || { bad "device run"; tail -5 "$TMP/dev.log"; }
 grep -q "optimizer adamw_8bit: steps on the host" "$TMP/dev.log" && ok || bad "not on the host: $(grep optimizer "$TMP/dev.log")"
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/cpu" --set run.device=cpu >"$TMP/cpu.log" 2>&1 ||

@@ -9,26 +9,8 @@
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
 tiny_setup 5 2
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/dp
-device = cpu
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
-optimizer = adamw_8bit
-learning_rate = 3e-3
-max_steps = 8
-per_device_train_batch_size = 2
-logging_steps = 1
-save_steps = 4
-weight_decay = 0.1
-dtype = fp32
-[adamw_8bit]
-min_8bit_size = 256
-INI
+source "$(dirname "$0")/adamw8bit_ini.sh"
+adamw8bit_ini "$TMP/dp" cpu 2 0.1 "dtype = fp32"
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" >"$TMP/dp.log" 2>&1 || { bad "plain 2 ranks"; tail -20 "$TMP/dp.log"; }
 full=$(grep -o "optimizer adamw_8bit: [0-9]* bytes of state per rank" "$TMP/dp.log" | head -1 | sed 's/.*: \([0-9]*\) bytes.*/\1/')
 for z in zero1 zero2 zero3; do
