@@ -12,21 +12,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cuda_test.h"
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
 #include "file_text.h"
 #include "model/safetensors.h"
 #include "test.h"
-
-/* 1 when a GPU (or the CUDA emulator) can be used; the CUDA runtime shut down at exit. */
-static inline int need_gpu(void) {
-    static int state = -1;
-    if (state < 0) {
-        state = ctrl_cuda_device_count() > 0 && ctrl_cuda_backend_ops() != NULL;
-        if (state) atexit(ctrl_cuda_shutdown);
-    }
-    return state;
-}
 
 /* DIR/NAME read whole (NULL after a failed CHECK when missing). */
 static inline char *read_file(const char *dir, const char *name) {

@@ -14,6 +14,7 @@
 #include <ctrl/attention.h>
 
 #include "backend_case.h"
+#include "cuda_test.h"
 #include "device/backend.h"
 #include "device/cuda_backend.h"
 #include "model/model_internal.h"
@@ -21,16 +22,8 @@
 #include "test.h"
 #include "test_registry.h"
 
-/* The CUDA backend's ops, as a run selects them (`[run] device = cuda`); NULL, with the reason in
- * ctrl_error_message(), where no device can be used. */
-static const ctrl_backend_ops *cuda_ops(void) {
-    ctrl_device dev;
-    const ctrl_cuda_backend *cuda = NULL;
-    return ctrl_device_select("cuda", &dev, &cuda) == CTRL_OK && cuda ? cuda->ops : NULL;
-}
-
 TEST(lora_dropout_mask_on_the_device_is_the_hosts) {
-    const ctrl_backend_ops *be = cuda_ops();
+    const ctrl_backend_ops *be = cuda_test_ops();
     if (!be) TEST_SKIP(ctrl_error_message());
     CHECK(ctrl_backend_has(be, lora_dropout));
     if (!ctrl_backend_has(be, lora_dropout)) return;
@@ -75,7 +68,7 @@ TEST(lora_dropout_mask_on_the_device_is_the_hosts) {
 /* A LoRA model (all-linear, dropout 0.3) training on the device: the CPU's log-probs and gradients,
  * and no host staging for the masks (m->lora_host never allocated). */
 TEST(lora_dropout_trains_on_the_device_without_a_host_round_trip) {
-    const ctrl_backend_ops *be = cuda_ops();
+    const ctrl_backend_ops *be = cuda_test_ops();
     if (!be) TEST_SKIP(ctrl_error_message());
     backend_lora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5); /* dropout 0.2 inside */
     backend_lora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "families/phi3_gqa",

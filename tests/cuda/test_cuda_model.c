@@ -14,19 +14,11 @@
 #include <string.h>
 
 #include "backend_case.h"
+#include "cuda_test.h"
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
 #include "cpu/cpu_ops.h"
 #include "test.h"
-
-static int need_gpu(void) {
-    static int state = -1;
-    if (state < 0) {
-        state = ctrl_cuda_device_count() > 0 && ctrl_cuda_backend_ops() != NULL;
-        if (state) atexit(ctrl_cuda_shutdown);
-    }
-    return state;
-}
 
 /* The model families (issue 22, tests/fixtures/families: transformers-made tiny models): Llama 3.2's
  * rope scaling; Gemma 3's (1 + w) norms, GeGLU, sandwich norms, per-layer windows and RoPE bases, and

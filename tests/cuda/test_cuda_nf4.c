@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "backend_case.h"
+#include "cuda_test.h"
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
 #include "device/backend.h"
@@ -25,14 +26,6 @@
 #include "test.h"
 #include "test_registry.h"
 #include "train/train.h"
-
-/* The CUDA backend's ops, as a run selects them (`[run] device = cuda`); NULL, with the reason in
- * ctrl_error_message(), where no device can be used. */
-static const ctrl_backend_ops *cuda_ops(void) {
-    ctrl_device dev;
-    const ctrl_cuda_backend *cuda = NULL;
-    return ctrl_device_select("cuda", &dev, &cuda) == CTRL_OK && cuda ? cuda->ops : NULL;
-}
 
 /* n bytes of host memory onto the device (NULL on failure). */
 static void *upload(const ctrl_backend_ops *be, const void *src, size_t n) {
@@ -46,7 +39,7 @@ static void *upload(const ctrl_backend_ops *be, const void *src, size_t n) {
 }
 
 TEST(nf4_dequantize_matches_cpu_bit_for_bit) {
-    const ctrl_backend_ops *be = cuda_ops();
+    const ctrl_backend_ops *be = cuda_test_ops();
     if (!be) TEST_SKIP(ctrl_error_message());
     CHECK(ctrl_backend_has(be, nf4_dequantize));
     const int64_t n = (int64_t)64 * 256 * 2 + 64 * 5 + 37; /* 3 absmax2 blocks, a partial block of 37 */
@@ -149,7 +142,7 @@ static void nf4_product_case(const ctrl_backend_ops *be, int T, int IN, int ROWS
 }
 
 TEST(nf4_products_match_cpu_dequantize_then_gemm) {
-    const ctrl_backend_ops *be = cuda_ops();
+    const ctrl_backend_ops *be = cuda_test_ops();
     if (!be) TEST_SKIP(ctrl_error_message());
     CHECK(ctrl_backend_has(be, nf4_linear_forward) && ctrl_backend_has(be, nf4_linear_backward));
     nf4_product_case(be, 5, 70, 37, 0, 37);
@@ -160,7 +153,7 @@ TEST(nf4_products_match_cpu_dequantize_then_gemm) {
 }
 
 TEST(qlora_model_matches_cpu) {
-    const ctrl_backend_ops *be = cuda_ops();
+    const ctrl_backend_ops *be = cuda_test_ops();
     if (!be) TEST_SKIP(ctrl_error_message());
     backend_qlora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);
     backend_qlora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "llama", 1e-5);
@@ -202,7 +195,7 @@ static int curve(const char *dir, const char *key, double *v) {
 
 TEST(qlora_sft_on_device_matches_cpu) {
     if (!test_tmp_dir()) TEST_SKIP("no temporary directory");
-    if (!cuda_ops()) TEST_SKIP(ctrl_error_message());
+    if (!cuda_test_ops()) TEST_SKIP(ctrl_error_message());
     char a[1200], b[1200];
     snprintf(a, sizeof a, "%s/qlora_cpu", test_tmp_dir()),
         snprintf(b, sizeof b, "%s/qlora_cuda", test_tmp_dir());

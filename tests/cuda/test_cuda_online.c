@@ -461,8 +461,11 @@ TEST(dpo_reference_on_device_in_bf16) {
             const cJSON *u = cJSON_GetObjectItem(x, keys[i]), *v = cJSON_GetObjectItem(y, keys[i]);
             CHECK_MSG(cJSON_IsNumber(u) && cJSON_IsNumber(v), "%s missing", keys[i]);
             if (!cJSON_IsNumber(u) || !cJSON_IsNumber(v)) continue;
+            /* bf16 products: under the emulator the device's GEMM is the CPU's (same bits), on a GPU
+             * cuBLASLt's (another summation order; on an H200, 3 steps apart by 1.3e-4 relative in
+             * logps, 5.4e-4 in margins) -- the check is that the runs agree to bf16's precision */
             const double d = fabs(u->valuedouble - v->valuedouble);
-            CHECK_MSG(d <= 1e-4 * fabs(v->valuedouble) + 5e-4,
+            CHECK_MSG(d <= 1e-3 * fabs(v->valuedouble) + 2e-3,
                       "line %d: %s %.9g on the device, %.9g on the CPU", lines, keys[i], u->valuedouble,
                       v->valuedouble);
             worst = fmax(worst, d);

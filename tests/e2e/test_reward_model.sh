@@ -63,12 +63,12 @@ path = $TMP/model
 train_file = $TMP/data/$data.jsonl
 eval_file = $TMP/data/eval_rm_pairs.jsonl
 [train]
-learning_rate = 3e-3
+learning_rate = 1e-3
 lr_scheduler_type = constant
-max_steps = 30
-per_device_train_batch_size = 16
+max_steps = 60
+per_device_train_batch_size = 64
 logging_steps = 5
-eval_steps = 30
+eval_steps = 60
 save_strategy = no
 [reward]
 center_rewards_coefficient = 0.01
@@ -80,7 +80,9 @@ INI
     grep -q "\"$k\": -\?[0-9]" "$M" && ok || bad "reward ($data): metric $k missing from $M"
   done
   grep -q '"Qwen2ForSequenceClassification"' "$TMP/rm_$data/config.json" && ok || bad "reward ($data): not saved as a classifier"
-  # the held-out loss (evaluated before the first step and after the last) falls
+  # the held-out loss (evaluated before the first step and after the last) falls. At lr 3e-3, batch
+  # 16, 30 steps it rose for 3 of 16 seeds here (and for the fixed seed on an H200 host's CPU); at
+  # lr 1e-3, batch 64, 60 steps it fell for all 16, by 0.014 or more.
   first=$(grep -o '"eval_loss": [0-9.]*' "$M" | head -n 1 | cut -d' ' -f2)
   last=$(grep -o '"eval_loss": [0-9.]*' "$M" | tail -n 1 | cut -d' ' -f2)
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(a != "" && b < a) }' && ok || bad "reward ($data): eval_loss $first -> $last did not fall"

@@ -133,7 +133,10 @@ static void check_training(const char *name, const char *attn_name, int checkpoi
     CHECK_MSG(ctrl_model_backward(m, fused ? NULL : dlogp) == CTRL_OK, "%s", ctrl_error_message());
     const char *worst_name = "";
     const double worst = worst_grad_error(m, dir, &worst_name);
-    CHECK_MSG(worst <= 1e-5, "%s/%s: gradient of %s: relative error %.3g", name, attn_name, worst_name,
+    /* 2e-5: a norm weight's gradient sums many products of both signs, and its last bits follow the
+     * BLAS's summation order (gemma3_mha's q_norm: 1.06e-5 with OpenBLAS's kernels on an H200 host's
+     * Xeon, 3.4e-6 on the development machine's EPYC) */
+    CHECK_MSG(worst <= 2e-5, "%s/%s: gradient of %s: relative error %.3g", name, attn_name, worst_name,
               worst);
     printf(
         "  %-10s %-5s%s%s: loss %.7f (transformers %.7f), log-probs rel %.1e, worst gradient rel %.1e (%s)\n",
