@@ -10,8 +10,12 @@
 # (a lease is short; what ran is still reported). 0 or unset: no limit.
 # CTRL_GPU_ONLY=a,b,...: run only these stages after the build (default: all): cuda (the CUDA tests
 # natively), cpu (the CPU suite in the background), sanitize, flash, sft, profile (ncu per kernel of
-# an SFT step: bench/cuda/profile_sft.py), extra (ceilings, head, ops), health (test_train_health 8x).
-# CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all six).
+# an SFT step: bench/cuda/profile_sft.py), grpo (a GRPO step against TRL: bench/scale/
+# bench_grpo_scale.py --device cuda), amx (the host CPU's bf16 GEMM paths: bench/scale/
+# bench_gemm.py, AMX where the host has it), extra (ceilings, head, ops), health (test_train_health 8x).
+# CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all).
+# CTRL_GPU_SANITIZE_TESTS="online ...": which of them compute-sanitizer runs (default: the same),
+# CTRL_GPU_TEST_CAP_S / CTRL_GPU_SANITIZE_CAP_S: seconds for each test / memcheck run (240 / 90).
 #
 # Machines without the Debian -dev packages (no network) can carry them: `apt-get download` the
 # packages listed in scripts/install-deps.sh (and pkg-config) into .gpudeps/ on a Debian machine;
@@ -40,7 +44,7 @@ enough() { [ "$(left)" -ge "$1" ] && return 0; note "skipped (budget): $2"; retu
 # Python runs without the carried libraries (the image's own torch and numpy): env -u, since
 # `timeout` runs programs, not shell functions.
 py() { env -u LD_LIBRARY_PATH python3 "$@"; }
-ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,profile,extra,health},"
+ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,extra,health},"
 want() { [[ $ONLY == *",$1,"* ]]; }
 
 stage "machine"
@@ -70,6 +74,12 @@ if [ -d .gpudeps ] && ls .gpudeps/*.deb >/dev/null 2>&1; then
   CONFIG_ENV=(env PKG_CONFIG_SYSROOT_DIR=$D)
 fi
 
+if ls .whl/*.whl >/dev/null 2>&1; then # Python packages the image lacks (TRL for the GRPO bench)
+  stage "installing carried wheels"
+  py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/ctrl-site .whl/*.whl &&
+    export PYTHONPATH=/tmp/ctrl-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
 stage "configure and build"
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
@@ -93,13 +103,13 @@ if want cpu; then
   OMP_NUM_THREADS=2 timeout "$(cap 420)" ctest --test-dir build-gpu -j 8 -LE '^cuda$' --output-on-failure >"$LOG/ctest-cpu.log" 2>&1 &
   CPU_SUITE=$!
 fi
-read -r -a CUDA_TESTS <<<"${CTRL_GPU_TESTS:-device ops model flash paged train}"
+read -r -a CUDA_TESTS <<<"${CTRL_GPU_TESTS:-device ops model train online sampling trainers nf4 lora flash paged}"
 want cuda || CUDA_TESTS=()
 for t in "${CUDA_TESTS[@]}"; do
   b=build-gpu/test_cuda_$t
   [ -x "$b" ] || { note "test_cuda_$t: not built"; continue; }
   enough 20 "test_cuda_$t" || continue
-  OMP_NUM_THREADS=8 timeout "$(cap 240)" "$b" >"$LOG/test_cuda_$t.log" 2>&1
+  OMP_NUM_THREADS=8 timeout "$(cap "${CTRL_GPU_TEST_CAP_S:-240}")" "$b" >"$LOG/test_cuda_$t.log" 2>&1
   note "test_cuda_$t: exit $? ($(grep -cE '^ok|PASS' "$LOG/test_cuda_$t.log") ok lines) $(tail -n 1 "$LOG/test_cuda_$t.log")"
   grep -E "FAIL|error|mismatch" "$LOG/test_cuda_$t.log" | head -n 8 | tee -a "$SUMMARY"
 done
@@ -109,15 +119,16 @@ stage "compute-sanitizer memcheck (small shapes)"
 if ! want sanitize; then
   :
 elif command -v compute-sanitizer >/dev/null; then
-  for t in "${CUDA_TESTS[@]}"; do
+  read -r -a SAN_TESTS <<<"${CTRL_GPU_SANITIZE_TESTS:-${CUDA_TESTS[*]}}"
+  for t in "${SAN_TESTS[@]}"; do
     [ "$t" = train ] && continue # below, after the benchmarks
     enough 40 "memcheck test_cuda_$t" || continue
-    CTRL_TEST_SMALL=1 timeout "$(cap 90)" compute-sanitizer --tool memcheck --leak-check full \
+    CTRL_TEST_SMALL=1 timeout "$(cap "${CTRL_GPU_SANITIZE_CAP_S:-90}")" compute-sanitizer --tool memcheck --leak-check full \
       "build-gpu/test_cuda_$t" >"$LOG/memcheck-$t.log" 2>&1
     note "memcheck test_cuda_$t: exit $? $(grep -E 'ERROR SUMMARY' "$LOG/memcheck-$t.log" | tail -n1)"
   done
   for t in flash paged; do  # the kernels that share memory among a block's threads
-    [[ " ${CUDA_TESTS[*]} " == *" $t "* ]] || continue
+    [[ " ${SAN_TESTS[*]} " == *" $t "* ]] || continue
     enough 40 "racecheck test_cuda_$t" || continue
     CTRL_TEST_SMALL=1 timeout "$(cap 90)" compute-sanitizer --tool racecheck "build-gpu/test_cuda_$t" \
       >"$LOG/racecheck-$t.log" 2>&1
@@ -157,9 +168,19 @@ want sft && TAIL=12 run_bench 200 sft_cuda env -u LD_LIBRARY_PATH CTRL_LIBS="${L
   bench/cuda/bench_sft_cuda.py --build build-gpu --tokenizer "$TOKDIR" --batch 4 --seq 2048 --steps 8 --timeout 90 \
   --dtypes "${CTRL_GPU_SFT_DTYPES:-bf16,fp32}"
 pack
+# a GRPO step on the GPU (issue 20): ctrl against TRL's GRPOTrainer with transformers' generate (no vLLM
+# on these machines); TRL and its datasets come from carried wheels (.whl, see docs/performance.md)
+want grpo && TAIL=8 run_bench 170 grpo_cuda env BUILD=build-gpu python3 bench/scale/bench_grpo_scale.py \
+  --device cuda --layers 24 --steps 3 --batch 32 --generations 8 --max-completion-length 64 --threads 8 \
+  --only ctrl-bf16,trl-bf16
+pack
 # where the SFT step's time goes: ncu's per-kernel GPU time against the step's wall time
 want profile && TAIL=32 run_bench 180 profile_sft env -u LD_LIBRARY_PATH CTRL_LIBS="${LD_LIBRARY_PATH:-}" python3 \
   bench/cuda/profile_sft.py --build build-gpu --tokenizer "$TOKDIR" --layers 4 --batch 4 --seq 2048 --timeout 150
+pack
+# the host CPU's bf16 GEMM (issue 21): AMX tiles against AVX-512 BF16 and torch (oneDNN), one thread
+want amx && TAIL=20 run_bench 90 bench_gemm env BUILD=build-gpu python3 bench/scale/bench_gemm.py --tokens 1024 \
+  --rounds 3 --threads 1
 pack
 if [ -z "$QUICK" ] && want extra; then # --quick: the reference numbers recorded already are not measured again
   run_bench 60 bench_ceilings build-gpu/bench_cuda_ceilings --quick
@@ -169,7 +190,7 @@ if [ -z "$QUICK" ] && want extra; then # --quick: the reference numbers recorded
 fi
 pack
 
-if want sanitize && [[ " ${CUDA_TESTS[*]} " == *" train "* ]] && command -v compute-sanitizer >/dev/null &&
+if want sanitize && [[ " ${CTRL_GPU_SANITIZE_TESTS:-${CUDA_TESTS[*]}} " == *" train "* ]] && command -v compute-sanitizer >/dev/null &&
   enough 60 "memcheck test_cuda_train"; then
   CTRL_TEST_SMALL=1 timeout "$(cap 120)" compute-sanitizer --tool memcheck "build-gpu/test_cuda_train" \
     >"$LOG/memcheck-train.log" 2>&1

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""One GRPO step at a real model's size on the CPU: ctrl against TRL's GRPOTrainer, in one run.
+"""One GRPO step at a real model's size on the CPU (or a GPU, --device cuda): ctrl against TRL's
+GRPOTrainer, in one run.
 
 The model is a random-init Qwen2.5-0.5B-shaped Qwen2 (hidden 896, 14 heads, 2 KV heads, intermediate
 4864, tied embeddings; 24 layers unless --layers says fewer) made by `ctrl model init` with the real
@@ -16,8 +17,12 @@ Reported per step, the first step a warm-up and not counted: wall seconds (ctrl'
 step time from a callback) with the generation's share, and CPU seconds (the steadier measure on a
 shared machine: ctrl's user CPU of the run less that of a one-step run, over the steps between;
 TRL's user CPU time over the counted steps), peak RSS, mean completion length.
+--device cuda: ctrl with `[run] device = cuda` (generation from the device's KV cache), TRL's trainer
+on the GPU with transformers' generate (use_vllm = False: TRL's recommended vLLM colocation needs vLLM,
+which this bench does not install); CPU seconds then count only the host's share.
 usage: bench/scale/bench_grpo_scale.py [--layers N] [--steps N] [--batch N] [--generations N]
-       [--max-completion-length N] [--threads N] [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32]"""
+       [--max-completion-length N] [--threads N] [--device cpu|cuda]
+       [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32]"""
 import argparse
 import json
 import os
@@ -36,10 +41,10 @@ CTRL, PLUGINS = bu.build_paths("BUILD")
 def ctrl_once(d, args, dtype, steps):
     out = os.path.join(d, f"ctrl_{dtype}_{steps}")
     ini = bu.write_ini(os.path.join(d, f"ctrl_{dtype}_{steps}.ini"), {
-        "run": bu.cpu_run(out, trainer="grpo", seed=42), "model": {"path": f"{d}/model"},
+        "run": dict(bu.cpu_run(out, trainer="grpo", seed=42), device=args.device), "model": {"path": f"{d}/model"},
         "data": {"train_file": f"{d}/data/train_prompts.jsonl"},
         "train": bu.train_section("1e-6", steps, args.batch, 1, dtype=dtype, lr_scheduler_type="constant"),
-        "generation": {"kv_cache_bytes": 512000000, "temperature": 1.0},
+        "generation": {"kv_cache_bytes": 4000000000 if args.device == "cuda" else 512000000, "temperature": 1.0},
         "grpo": {"num_generations": args.generations, "max_completion_length": args.max_completion_length},
         "reward.len": {"plugin": "length", "target_length": 20}})
     run = bu.ctrl_train(CTRL, PLUGINS, ini, bu.thread_env(args.threads, OPENBLAS_NUM_THREADS=str(args.threads)))
@@ -58,7 +63,8 @@ def run_ctrl(d, args, dtype):
 
 def run_trl(d, args, dtype):
     r, run = bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args,
-                                        ("threads", "steps", "batch", "generations", "max_completion_length"),
+                                        ("threads", "steps", "batch", "generations", "max_completion_length",
+                                         "device"),
                                         "--dtype", dtype))
     r["rss_mib"] = run.rss_mib
     return r
@@ -83,7 +89,8 @@ def trl_child(d, args):
     cfg = GRPOConfig(**bu.trl_args(output_dir=os.path.join(d, "trl-out"), per_device_train_batch_size=args.batch,
                                    num_generations=args.generations, max_completion_length=args.max_completion_length,
                                    temperature=1.0, learning_rate=1e-6, lr_scheduler_type="constant",
-                                   max_steps=args.steps, logging_steps=1, seed=42, bf16=args.dtype == "bf16"))
+                                   max_steps=args.steps, logging_steps=1, seed=42, bf16=args.dtype == "bf16",
+                                   use_cpu=args.device == "cpu"))
     m = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32)
     tr = GRPOTrainer(model=m, reward_funcs=[bu.reward_len], args=cfg, train_dataset=ds, processing_class=tok)
     times = {"generation_s": 0.0}
@@ -122,6 +129,7 @@ def main():
     p.add_argument("--model", help="an existing model folder to use instead of making one")
     p.add_argument("--trl-child")
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
@@ -140,7 +148,7 @@ def main():
               f"Qwen2.5-0.5B shape with {args.layers} of 24 layers, vocab 151,669; GRPO, {args.batch} completions "
               f"per step ({args.batch // args.generations} prompts x {args.generations}), <= "
               f"{args.max_completion_length} new tokens, {args.steps} steps (the first a warm-up), "
-              f"{args.threads} thread(s)")
+              f"{args.threads} thread(s), device {args.device}")
         print(f"{'run':10s}{'step s':>9s}{'gen s':>8s}{'CPU s/step':>12s}{'RSS MiB':>9s}{'mean len':>10s}  load")
         table = {}
         for name in args.only.split(","):
