@@ -12,7 +12,8 @@
 # natively), cpu (the CPU suite in the background), sanitize, flash, sft, profile (ncu per kernel of
 # an SFT step: bench/cuda/profile_sft.py), grpo (a GRPO step against TRL: bench/scale/
 # bench_grpo_scale.py --device cuda), amx (the host CPU's bf16 GEMM paths: bench/scale/
-# bench_gemm.py, AMX where the host has it), extra (ceilings, head, ops), health (test_train_health 8x).
+# bench_gemm.py, AMX where the host has it), sftcpu (bench/scale/bench_scale.py: SFT on the host CPU
+# against TRL, 4 layers), extra (ceilings, head, ops), health (test_train_health 8x).
 # CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all).
 # CTRL_GPU_SANITIZE_TESTS="online ...": which of them compute-sanitizer runs (default: the same),
 # CTRL_GPU_TEST_CAP_S / CTRL_GPU_SANITIZE_CAP_S: seconds for each test / memcheck run (240 / 90).
@@ -44,7 +45,7 @@ enough() { [ "$(left)" -ge "$1" ] && return 0; note "skipped (budget): $2"; retu
 # Python runs without the carried libraries (the image's own torch and numpy): env -u, since
 # `timeout` runs programs, not shell functions.
 py() { env -u LD_LIBRARY_PATH python3 "$@"; }
-ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,extra,health},"
+ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,extra,health},"
 want() { [[ $ONLY == *",$1,"* ]]; }
 
 stage "machine"
@@ -181,6 +182,10 @@ pack
 # the host CPU's bf16 GEMM (issue 21): AMX tiles against AVX-512 BF16 and torch (oneDNN), one thread
 want amx && TAIL=20 run_bench 90 bench_gemm env BUILD=build-gpu python3 bench/scale/bench_gemm.py --tokens 1024 \
   --rounds 3 --threads 1
+# SFT on the host CPU against TRL (issue 21's AMX target), cut to 4 layers to fit a lease; one thread
+# each as the issue measures
+want sftcpu && TAIL=8 run_bench 150 sft_cpu env BUILD=build-gpu python3 bench/scale/bench_scale.py --layers 4 \
+  --steps 3 --threads 1 --only ctrl-bf16,trl-bf16
 pack
 if [ -z "$QUICK" ] && want extra; then # --quick: the reference numbers recorded already are not measured again
   run_bench 60 bench_ceilings build-gpu/bench_cuda_ceilings --quick
