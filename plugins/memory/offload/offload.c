@@ -3,9 +3,10 @@
  * memory and its step runs on the host -- the gradients come back to the host after the backward,
  * the host AdamW updates the fp32 master weights there, and the updated weights go back to the
  * device before the next forward -- so the device holds no exp_avg / exp_avg_sq (8 bytes a
- * parameter with AdamW). The core's step loop does it (core/train/train_loop.c); the plugin says
- * so. On the CPU there is nothing to offload: the run is refused, naming the key. Not yet: the
- * host step overlapped with the next step's compute (DeepSpeed's ZeRO-Offload overlaps them).
+ * parameter with AdamW). The core's step loop does it (core/train/train_optimizer.c places the
+ * optimizer, train_step.c steps it); the plugin says so. On the CPU there is nothing to offload:
+ * the run is refused, naming the key. Not yet: the host step overlapped with the next step's
+ * compute (DeepSpeed's ZeRO-Offload overlaps them).
  *
  * `offload_activations` (TRL's activation_offloading): with activation checkpointing, what a layer
  * keeps through the forward is its input; those inputs leave the compute memory right after each

@@ -1,0 +1,83 @@
+/* What a training run writes as it goes: the logging window (metrics.jsonl), evaluations,
+ * checkpoints (rank 0 writes, ZeRO slices sent to it), and the checkpoint of an interrupted run. */
+#include <stdio.h>
+#include <string.h>
+
+#include "train/train_run.h"
+
+ctrl_status train_run_log_window(run_state *r, ctrl_train_state *ts, long total, double lr, double rate) {
+    const double n = ts->win;
+    train_health_window(&r->health, ts->step, ts->win, ts->win_norm / n, ts->win_loss / n, lr);
+    const train_window w = {.step = ts->step,
+                            .total = total,
+                            .loss = ts->win_loss / n,
+                            .grad_norm = ts->win_norm / n,
+                            .learning_rate = lr,
+                            .entropy = ts->win_ent / n,
+                            .accuracy = ts->win_acc / n,
+                            .tokens_per_second = rate};
+    FILE *f = train_metrics_stage(&r->metrics);
+    fprintf(f, "{\"step\": %ld, ", ts->step);
+    r->kind_ops->log_window(r->kind, &w, f);
+    fprintf(f, "\"num_tokens\": %ld, \"epoch\": %.4f, \"tokens_per_second\": %.1f}\n", ts->num_tokens,
+            (double)ts->cursor / r->kind_ops->row_count(r->kind), rate);
+    ts->win_loss = ts->win_acc = ts->win_norm = ts->win_ent = 0, ts->win = 0;
+    return train_metrics_commit(&r->metrics);
+}
+
+static ctrl_status kind_save_state(void *user, const char *dir) {
+    run_state *r = user;
+    return r->kind_ops->save_state(r->kind, dir);
+}
+
+ctrl_status train_run_save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
+    char dir[4200];
+    const int keep = r->s->train.save_total_limit;
+    ctrl_status st = train_zero_gather_all(&r->zero); /* zero3: the whole model for the save */
+    if (st == CTRL_OK) st = train_dp_check_weights(&r->dp, r->model, ts->step);
+    if (st == CTRL_OK && !r->root && r->zero.stage) /* ZeRO: its slice of the state to rank 0 */
+        st = train_zero_send_state(&r->zero, r->opt_ops, r->opt);
+    const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero};
+    const ctrl_checkpoint_extra extra = {kind_save_state, r}; /* a value model */
+    if (st == CTRL_OK && r->root)                             /* rank 0 writes */
+        st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts,
+                                  r->zero.stage ? &shards : NULL, r->kind_ops->save_state ? &extra : NULL,
+                                  keep, dir, sizeof dir);
+    if (st == CTRL_OK && r->root) CTRL_INFO("checkpoint saved to %s", dir);
+    train_zero_release_all(&r->zero);
+    return st;
+}
+
+/* An evaluation at `step` by the ranks that evaluate (has_eval); with zero3 every rank first gathers
+ * the layers (a collective), and releases them after. */
+ctrl_status train_run_evaluate(run_state *r, int has_eval, long step) {
+    const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
+    ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;
+    if (st == CTRL_OK && has_eval)
+        st = r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics));
+    if (st == CTRL_OK && has_eval)
+        st = train_metrics_commit(&r->metrics); /* the root's lines to every sink */
+    if (any) train_zero_release_all(&r->zero);
+    return st;
+}
+
+/* Interrupted after step ts->step (or during the next one, whose partial work is dropped): a
+ * checkpoint of that step; the model is saved by the caller. */
+ctrl_status train_run_save_interrupted(run_state *r, const char *out_dir, const ctrl_train_state *ts,
+                                       const char *when) {
+    ctrl_status st = train_run_save_checkpoint(r, out_dir, ts);
+    if (st != CTRL_OK) return st;
+    return ctrl_error_set(CTRL_ERR_INTERRUPTED,
+                          "interrupted %s step %ld: checkpoint and model saved; continue with [train] "
+                          "resume_from_checkpoint = last",
+                          when, !strcmp(when, "after") ? ts->step : ts->step + 1);
+}
+
+/* Why the run stopped at a failed step: what is left to resume from. */
+void train_run_name_last_checkpoint(ctrl_status st, const char *out_dir) {
+    char last[4200];
+    if (ctrl_checkpoint_last(out_dir, last, sizeof last))
+        ctrl_error_append(st, "the last good checkpoint, %s, is intact", last);
+    else
+        ctrl_error_append(st, "no checkpoint was saved before it");
+}

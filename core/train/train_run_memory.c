@@ -1,0 +1,102 @@
+/* What each rank of a training run holds in memory, logged by rank 0: after loading the model, after
+ * the first step of a partitioned ZeRO run (host or device), and offload_activations' layout. */
+#include "collective/collective.h"
+#include "train/train_run.h"
+
+/* Several ranks: each rank's resident memory right after loading the model (its peak so far is the
+ * loading's), the most over the ranks logged by rank 0 -- what zero3's sliced loading lowers. */
+ctrl_status train_run_report_load_memory(const run_state *r, int sliced) {
+    if (ctrl_collective_size() < 2) return CTRL_OK;
+    double v[2];
+    train_memory_read(&v[0], &v[1]);
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
+    if (st == CTRL_OK && r->root)
+        CTRL_INFO("after loading the model%s: process memory per rank at most %.0f kB, %.0f kB at its peak "
+                  "(VmRSS, VmHWM)",
+                  sliced ? " (zero3: each rank's slices)" : " (whole on every rank)", v[0], v[1]);
+    return st;
+}
+
+/* After the first step of a partitioned ZeRO run: the gradient memory each rank held during the
+ * backward (the most resident just before a bucket's reduction) and, zero3, the parameter and
+ * gradient memory between steps (mincore), logged by rank 0. */
+ctrl_status train_run_report_resident(run_state *r) {
+    size_t n_params = 0, n_grads = 0;
+    if (r->zero.vm_params) { /* zero3 on a CUDA model: what each rank holds mapped in device memory */
+        n_params = ctrl_model_param_bytes(r->model) / sizeof(float); /* not ctrl_model_params: no copy */
+        ctrl_model_grads(r->model, &n_grads);
+        double v[8] = {0};
+        const size_t piece = train_zero_device_mapped(&r->zero, v);
+        v[4] = (double)(r->zero.acc_n * sizeof(float)),
+        v[5] = (double)train_zero_state_bytes(r->opt_ops, r->opt);
+        ctrl_status st = ctrl_collective_allreduce_max_f64(v, 6);
+        if (st == CTRL_OK && r->root)
+            CTRL_INFO(
+                "zero3 on the device: per rank between steps at most %.0f of the model's %zu bytes of "
+                "parameters (layers %zu bytes, sliced over %d ranks), %.0f of %zu bytes of gradients, %.0f "
+                "bytes of gradient slices' sums and %.0f of optimizer state; the most mapped in the first "
+                "step: "
+                "parameters %.0f, gradients %.0f bytes (pieces of %zu bytes); %ld layer gathers prefetched "
+                "(prefetch_bucket_size = %zu floats)",
+                v[0], n_params * sizeof(float), train_zero_layer_bytes(&r->zero), r->zero.size, v[2],
+                n_grads * sizeof(float), v[4], v[5], v[1], v[3], piece, r->zero.prefetched, r->zero.prefetch);
+        return st;
+    }
+    if (r->zero.dev) { /* zero2 on a CUDA model: what each rank holds in device memory */
+        n_params = ctrl_model_param_bytes(r->model) / sizeof(float); /* not ctrl_model_params: no copy */
+        ctrl_model_grads(r->model, &n_grads);
+        double v[2] = {(double)(r->zero.acc_n * sizeof(float)),
+                       (double)train_zero_state_bytes(r->opt_ops, r->opt)};
+        ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
+        if (st == CTRL_OK && r->root)
+            CTRL_INFO(
+                "zero2 on the device: per rank at most %.0f bytes of gradient slices' sums (of %zu) and %.0f "
+                "of optimizer state; parameters %zu bytes and the backward's gradient buffer %zu bytes, "
+                "whole",
+                v[0], n_grads * sizeof(float), v[1], n_params * sizeof(float), n_grads * sizeof(float));
+        return st;
+    }
+    const float *p = ctrl_model_params(r->model, &n_params), *g = ctrl_model_grads(r->model, &n_grads);
+    train_zero *z = &r->zero;
+    double v[5] = {(double)train_zero_resident(p, n_params * sizeof *p),
+                   (double)train_zero_resident(g, n_grads * sizeof *g), (double)z->grad_peak, 0, 0};
+    train_memory_read(&v[3], &v[4]);
+    z->measure = 0;
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 5);
+    if (st != CTRL_OK || !r->root) return st;
+    int buckets = 0;
+    for (int l = 0; l < ctrl_model_cfg(r->model)->n_layers; l++) buckets += z->closes[l] != 0;
+    CTRL_INFO(
+        "zero%d: gradients during the backward: at most %.0f of %zu bytes resident per rank (%d buckets "
+        "of layers, reduce_bucket_size = %zu floats%s); averaged slices kept: %zu bytes",
+        z->stage, v[2], n_grads * sizeof *g, buckets, z->bucket,
+        r->s->memory.reduce_bucket_size < 0 ? ": auto, hidden^2" : "", z->acc_n * sizeof(float));
+    if (z->stage >= 3)
+        CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
+                  "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes; %ld layer "
+                  "gathers prefetched in the step (prefetch_bucket_size = %zu floats%s)",
+                  v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g,
+                  z->prefetched, z->prefetch,
+                  r->s->memory.prefetch_bucket_size < 0 ? ": auto, 0.9 x hidden^2" : "");
+    if (z->stage >= 3)
+        CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM)",
+                  v[3], v[4]);
+    return st;
+}
+
+/* offload_activations, after the first step (its last forward's layout): the bytes of layer inputs
+ * in host memory and of activations on the device. */
+void train_run_report_offload(const run_state *r) {
+    size_t one = 0;
+    const size_t host = ctrl_model_offloaded_bytes(r->model, &one),
+                 dev = ctrl_model_activation_bytes(r->model);
+    const int cpu = ctrl_model_device(r->model).type == CTRL_DEVICE_CPU;
+    const char *where = cpu ? "a file"
+                        : ctrl_model_offload_overlapped(r->model)
+                            ? "page-locked host memory, copied on a side stream"
+                            : "host memory";
+    CTRL_INFO(
+        "offload_activations: %zu bytes of layer inputs in %s; activations in %s memory: %zu bytes (%zu "
+        "with every input there)",
+        host, where, cpu ? "host" : "device", dev, dev + host - 2 * one);
+}
