@@ -181,7 +181,7 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
  * (the backend's kernels skip NULL parameter gradients). */
 static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol, int dora,
                        int nf4) {
-    const char *kind = nf4 ? "QLoRA" : dora ? "DoRA" : "LoRA";
+    const char *kind = nf4 ? (dora ? "QDoRA" : "QLoRA") : dora ? "DoRA" : "LoRA";
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/", arch);
     ctrl_registry *reg = test_plugin_registry();
@@ -257,4 +257,8 @@ void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const ch
 
 void backend_qlora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
     lora_check(be, device, arch, tol, 0, 1);
+}
+
+void backend_qdora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol) {
+    lora_check(be, device, arch, tol, 1, 1);
 }

@@ -29,5 +29,7 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
 void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
 /* The same with the base in NF4 (QLoRA, [peft] quantization = nf4), plain LoRA adapters. */
 void backend_qlora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
+/* And QDoRA: DoRA adapters (magnitudes, weight norms) over the NF4 base. */
+void backend_qdora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
 
 #endif

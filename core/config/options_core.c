@@ -16,7 +16,8 @@ static const ctrl_option run_options[] = {
      "Where checkpoints, metrics and the effective config go (default: runs/<config file name>)."},
     {"seed", CTRL_OPT_INT, "42", MIN(0), NULL, "Random seed for initialisation, shuffling and sampling."},
     {"device", CTRL_OPT_STRING, "auto", 0, 0, 0, NULL,
-     "auto (a GPU when one exists), cpu, cuda, or cuda:N. Every trainer (sft, dpo, kto, reward, gkd, grpo, rloo, "
+     "auto (a GPU when one exists), cpu, cuda, or cuda:N. Every trainer (sft, dpo, kto, reward, gkd, grpo, "
+     "rloo, "
      "online_dpo, ppo) runs on cuda."},
     {"log_level", CTRL_OPT_CHOICE, "info", 0, 0, 0, "trace|debug|info|warn|error",
      "Logging verbosity of `ctrl train` (the command line's --log-level, when given, wins)."},
@@ -278,14 +279,17 @@ static const ctrl_option peft_options[] = {
     {"use_dora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "DoRA (PEFT's use_dora): each adapted layer's weight split into a trainable magnitude per output row "
      "(lora_magnitude_vector, starting at the row norms of W + s B A) and a direction W + s B A; the "
-     "norm is a constant in backward, as PEFT computes it."},
+     "norm is a constant in backward, as PEFT computes it. With quantization = nf4 (QDoRA, as PEFT runs DoRA "
+     "over bitsandbytes' Linear4bit): W is the dequantized NF4 weight, W A^T its tile-by-tile NF4 product "
+     "and ||W|| of each row computed once from the NF4 store, never a whole weight dequantized."},
     {"quantization", CTRL_OPT_STRING, "none", 0, 0, 0, "none|nf4",
      "QLoRA: nf4 holds the frozen base's projection weights (q/k/v/o/gate/up/down) in 4-bit NormalFloat as "
      "bitsandbytes does (load_in_4bit, bnb_4bit_quant_type nf4, blocks of 64, double-quantized absmax), "
      "dequantized a tile at a time inside the GEMMs of forward and backward (never a whole weight), "
      "multiplied in [train] dtype; on the CPU and on CUDA. As transformers quantizes every nn.Linear: "
      "Phi-3's fused qkv_proj / gate_up_proj each one NF4 tensor; a mixture of experts' experts and router "
-     "stay fp32 (bitsandbytes leaves them: not nn.Linear)."},
+     "stay fp32 (bitsandbytes leaves them: not nn.Linear); the start-up log says which are which. With "
+     "use_dora: QDoRA."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "

@@ -10,9 +10,12 @@
  *     dm += sum_t dout * z / n;   LoRA's backward on g * dout;   dx' += ((g - 1) * dout) W.
  * The norms come from W A^T, A A^T and B (A A^T):
  *     n_j^2 = ||W_j||^2 + sum_k B_jk (2 s (W A^T)_jk + s^2 (B A A^T)_jk),
- * recomputed when the weights change. Everything runs on the backend (its dora_norm, dora_combine
- * and dora_backward ops: kernels/cpu/dora.c, kernels/cuda/dora.cu): the norms and scalings live in
- * its memory, and on a device nothing goes through the host. */
+ * recomputed when the weights change. QDoRA (use_dora over [peft] quantization = nf4, as PEFT runs
+ * DoRA over bitsandbytes' Linear4bit): W is the NF4 base's dequantized weight; W A^T comes from the
+ * backend's NF4 product (tile by tile, never a whole weight) and ||W_j|| is computed once from the
+ * NF4 store a row at a time (the base is frozen), so nothing dequantizes a whole weight. Everything runs on
+ * the backend (its dora_norm, dora_combine and dora_backward ops: kernels/cpu/dora.c, kernels/cuda/dora.cu):
+ * the norms and scalings live in its memory, and on a device nothing goes through the host. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +44,9 @@ void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT) {
 }
 
 /* The norms ||W + s B A|| of layer l's target t into m->dora_norm (see the file's comment), and with
- * mag (its magnitude, backend) g = mag / norm into m->dora_g. */
+ * mag (its magnitude, backend) g = mag / norm into m->dora_g. Over an NF4 base (QDoRA) W A^T is the
+ * backend's NF4 product (A W^T, tile by tile, turned by a GEMM with the identity) and ||W_j|| the
+ * norms held in m->dora_wn (given to dora_norm as a one-column W). */
 static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT, const float *mag) {
     const ctrl_backend_ops *be = m->be;
     const int r = m->lora->r;
@@ -49,16 +54,49 @@ static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT, co
     long w, bias;
     lora_base_weight(m, l, t, &w, &bias);
     const float *P = m->dparams, *A = P + a_of(m, l, t), *B = P + b_of(m, l, t);
+    const int nf4 = nf4_holds(m, P + w);
     const size_t n_pq = (size_t)OUT * r;
-    MODEL_TRY(
-        model_grow(m, (void **)&m->dora_ws, &m->dora_ws_bytes, sizeof(float) * (2 * n_pq + (size_t)r * r)));
-    float *WA = m->dora_ws, *BG = WA + n_pq, *G = BG + n_pq;
-    MODEL_TRY(be->linear_forward(WA, P + w, A, NULL, OUT, IN, r)); /* W A^T [OUT, r] */
-    MODEL_TRY(be->linear_forward(G, A, A, NULL, r, IN, r));        /* A A^T [r, r] */
-    MODEL_TRY(be->linear_forward(BG, B, G, NULL, OUT, r, r));      /* B (A A^T) [OUT, r] */
+    MODEL_TRY(model_grow(m, (void **)&m->dora_ws, &m->dora_ws_bytes,
+                         sizeof(float) * (2 * n_pq + 2 * (size_t)r * r)));
+    float *WA = m->dora_ws, *BG = WA + n_pq, *G = BG + n_pq, *I = G + (size_t)r * r;
+    if (nf4) { /* A W^T [r, OUT] staged in BG's place, WA = (A W^T)^T I */
+        float *one = calloc((size_t)r * r, sizeof(float));
+        if (!one) return ctrl_error_set(CTRL_ERR_NOMEM, "QDoRA: an identity of %d", r);
+        for (int k = 0; k < r; k++) one[(size_t)k * r + k] = 1.0f;
+        const ctrl_status st = be->to_device(I, one, sizeof(float) * (size_t)r * r);
+        free(one);
+        MODEL_TRY(st);
+        MODEL_TRY(nf4_product(m, l, t, BG, A, r));
+        MODEL_TRY(be->gemm(1, 0, OUT, r, r, 1.0f, BG, OUT, I, r, 0.0f, WA, r, CTRL_F32, CTRL_F32));
+    } else
+        MODEL_TRY(be->linear_forward(WA, P + w, A, NULL, OUT, IN, r)); /* W A^T [OUT, r] */
+    MODEL_TRY(be->linear_forward(G, A, A, NULL, r, IN, r));            /* A A^T [r, r] */
+    MODEL_TRY(be->linear_forward(BG, B, G, NULL, OUT, r, r));          /* B (A A^T) [OUT, r] */
     /* the norms (m->dora_norm, backend), and with mag the scalings magnitude / norm */
-    return be->dora_norm(m->dora_norm + *at_off(m, l, t), mag ? m->dora_g + *at_off(m, l, t) : NULL, P + w, B,
-                         WA, BG, mag, (float)s, OUT, IN, r);
+    const long at = *at_off(m, l, t);
+    return be->dora_norm(m->dora_norm + at, mag ? m->dora_g + at : NULL, nf4 ? m->dora_wn + at : P + w, B, WA,
+                         BG, mag, (float)s, OUT, nf4 ? 1 : IN, r);
+}
+
+/* QDoRA: ||W_j|| of every adapted row of an NF4 base into m->dora_wn (backend memory), once: the base
+ * is frozen (nf4_store drops them when a weight loads again). A row at a time from the host's store. */
+static ctrl_status nf4_norms(ctrl_model *m) {
+    if (m->dora_wn || !m->nf4_w) return CTRL_OK;
+    const size_t total = m->dora_norm_n ? m->dora_norm_n : 1;
+    float *host = calloc(total, sizeof(float));
+    if (!host) return ctrl_error_set(CTRL_ERR_NOMEM, "QDoRA: %zu weight norms", total);
+    ctrl_status st = CTRL_OK;
+    for (int l = 0; l < m->cfg.n_layers && st == CTRL_OK; l++)
+        for (int t = 0; t < LORA_N_TARGETS && st == CTRL_OK; t++) {
+            long w, bias;
+            if (*mag_off(m, l, t) < 0) continue;
+            lora_base_weight(m, l, t, &w, &bias);
+            if (nf4_holds(m, m->dparams + w)) st = nf4_row_norms(m, l, t, host + *at_off(m, l, t));
+        }
+    if (st == CTRL_OK) st = m->be->alloc((void **)&m->dora_wn, sizeof(float) * total);
+    if (st == CTRL_OK) st = m->be->to_device(m->dora_wn, host, sizeof(float) * total);
+    free(host);
+    return st;
 }
 
 /* Every adapted layer's norms, and with `set` its magnitude := norm (else g := magnitude / norm). */
@@ -68,7 +106,9 @@ static ctrl_status all_norms(ctrl_model *m, int set) {
         MODEL_TRY(m->be->alloc((void **)&m->dora_norm, sizeof(float) * total));
         MODEL_TRY(m->be->alloc((void **)&m->dora_g, sizeof(float) * total));
     }
-    for (int l = 0; l < m->cfg.n_layers; l++)
+    MODEL_TRY(nf4_norms(m));
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l)); /* QDoRA: the products below are layer l's */
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             const long mo = *mag_off(m, l, t), at = *at_off(m, l, t);
             if (mo < 0) continue;
@@ -83,6 +123,7 @@ static ctrl_status all_norms(ctrl_model *m, int set) {
             if (set) /* host memory: dora_init_magnitudes runs before the model moves */
                 memcpy(m->params + mo, m->dora_norm + at, sizeof(float) * (size_t)OUT);
         }
+    }
     return CTRL_OK;
 }
 
@@ -97,7 +138,8 @@ ctrl_status dora_init_magnitudes(ctrl_model *m) {
 
 ctrl_status dora_prepare(ctrl_model *m) {
     if (!m->has_lora || !m->lora->use_dora || m->dora_valid || m->lora_off) return CTRL_OK;
-    if (!ctrl_backend_has(m->be, dora_norm) || !ctrl_backend_has(m->be, dora_backward))
+    if (!ctrl_backend_has(m->be, dora_norm) || !ctrl_backend_has(m->be, dora_backward) ||
+        (m->nf4_w && !ctrl_backend_has(m->be, gemm)))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[peft] use_dora: the %s backend has no DoRA ops (a library built before them)",
                               m->be->name);

@@ -176,9 +176,6 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
                                    const ctrl_lora_config *lora, ctrl_model **out) {
     *out = NULL;
     if (lora && lora->r < 1) return ctrl_error_set(CTRL_ERR_CONFIG, "LoRA: r = %d, must be >= 1", lora->r);
-    if (lora && lora->nf4 && lora->use_dora) /* DoRA's norms read the whole base weight */
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "LoRA: use_dora with quantization = nf4 (QDoRA) is not implemented yet");
     if (lora && lora->seq_cls && cfg->num_labels <= 0)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "LoRA: modules_to_save score / task_type SEQ_CLS on %s, a causal LM: the "

@@ -71,6 +71,9 @@ ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn
                                  void *ctx, ctrl_model **out);
 /* The model's LoRA config (NULL without adapters). */
 const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
+/* QLoRA ([peft] quantization = nf4): what the base holds in NF4 and what stays fp32, in words for the
+ * start-up log (buf: "" without an NF4 base). */
+void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap);
 /* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
  * ctrl_model_grads holds their gradients from there (grads[i] is that of params[offset + i]). */
 size_t ctrl_model_trainable_offset(const ctrl_model *m);

@@ -22,7 +22,7 @@ void ctrl_model_release_scratch(ctrl_model *m) {
     model_moe_release(m);     /* the mixture-of-experts layers' activations and scratch too */
     void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
                      &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws, (void **)&m->dora_norm,
-                     (void **)&m->dora_g};
+                     (void **)&m->dora_g,  (void **)&m->dora_wn};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
     m->act_cap_T = 0, m->act_bytes = 0, m->head_dh_ready = 0, m->T = 0, m->dora_valid = 0;
     m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->lora_ws_bytes =

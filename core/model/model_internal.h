@@ -193,6 +193,9 @@ struct ctrl_model {
                           * weights change, for finite differences of what backward differentiates */
     float *dora_ws;
     size_t dora_ws_bytes;
+    /* QDoRA (an NF4 base): ||W_j|| of every adapted row, at dora_at like dora_norm (backend memory,
+     * computed once from the NF4 store: the base is frozen; NULL until then) */
+    float *dora_wn;
     /* Adapters served side by side over the base (lora_bank.c, ctrl_model_add_adapter): the bank,
      * its decode scratch (bank_ws, bank_ws_n floats), and for the decode call under way each
      * sequence's adapter (dec_adapters, 0 the base; NULL: all the base) with the sequences' new
@@ -400,6 +403,12 @@ ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float
                                 const float *w, int T, int IN, int OUT);
 /* The NF4 store copied into a device backend's memory (m->be, after the switch), and freed from it
  * (before the model leaves the backend); the host copy stays. */
+/* QDoRA (dora.c over an NF4 base): nf4_product: out [T, OUT] = x [T, IN] W^T with layer l's
+ * projection t, in fp32 whatever the compute dtype (tile by tile, the backend's NF4 product);
+ * nf4_row_norms: ||W_j|| of each of its OUT rows into norms (host memory), dequantized from the
+ * host's store a row at a time as the products dequantize it, summed in double. */
+ctrl_status nf4_product(const ctrl_model *m, int l, int t, float *out, const float *x, int T);
+ctrl_status nf4_row_norms(const ctrl_model *m, int l, int t, float *norms);
 ctrl_status nf4_to_device(ctrl_model *m);
 void nf4_release_device(ctrl_model *m);
 /* A model held in bf16 (model_bf16_store.c): layer l's weights widened into params before it runs

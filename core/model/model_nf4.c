@@ -20,6 +20,8 @@
  * layer's experts are 3-D parameters and its router no nn.Linear, so bitsandbytes leaves them in the
  * load dtype, and so do we (fp32 parameters, with their adapters, lora_moe.c); a dense layer of an MoE
  * model (mlp_only_layers) has its gate/up/down in NF4. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -72,6 +74,7 @@ ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v) {
     ctrl_nf4_free(q);
     m->nf4_layer = -1; /* the slot now holds this weight as loaded, not dequantized */
     MODEL_TRY(ctrl_nf4_quantize(m->params + v->offset, v->numel, q));
+    if (m->dora_wn) m->be->free(m->dora_wn), m->dora_wn = NULL; /* QDoRA's row norms: of the old weight */
     release_slot(m);
     return CTRL_OK;
 }
@@ -173,11 +176,8 @@ int nf4_holds(const ctrl_model *m, const float *w) {
     return m->nf4_w && w >= m->dparams && w < m->dparams + m->n_params && target_of(m, w) >= 0;
 }
 
-/* The backend's view of the weight w of the layer in use. */
-static ctrl_status ref_of(const ctrl_model *m, const float *w, ctrl_nf4_ref *r) {
-    const int t = target_of(m, w), l = m->nf4_layer;
-    if (t < 0 || l < 0)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: a product with no layer's NF4 weight");
+/* The backend's view of layer l's projection t (host: the host's store, wherever the model is). */
+static ctrl_status ref_at(const ctrl_model *m, int l, int t, int host, ctrl_nf4_ref *r) {
     int64_t first;
     const int i = l * LORA_N_TARGETS + owner_of(m, t, &first);
     const ctrl_nf4 *q = &m->nf4_w[i];
@@ -185,13 +185,46 @@ static ctrl_status ref_of(const ctrl_model *m, const float *w, ctrl_nf4_ref *r) 
     lora_dims(m, t, &in, &out); /* projection t's own [out, in] (a row block of a fused tensor) */
     if (!q->packed || first + (int64_t)in * out > q->n)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d is not held in NF4", l, t);
-    if (m->nf4_dev)
+    if (m->nf4_dev && !host)
         *r = (ctrl_nf4_ref){m->nf4_dev[3 * i], m->nf4_dev[3 * i + 1], m->nf4_dev[3 * i + 2], q->offset,
                             m->nf4_codes,      m->nf4_codes + 16,     (int64_t)in * out,     first};
     else
         *r = (ctrl_nf4_ref){q->packed,         q->qabsmax,    q->absmax2,
                             q->offset,         ctrl_nf4_code, ctrl_nf4_dynamic_code,
                             (int64_t)in * out, first};
+    return CTRL_OK;
+}
+
+/* The backend's view of the weight w of the layer in use. */
+static ctrl_status ref_of(const ctrl_model *m, const float *w, ctrl_nf4_ref *r) {
+    const int t = target_of(m, w), l = m->nf4_layer;
+    if (t < 0 || l < 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: a product with no layer's NF4 weight");
+    return ref_at(m, l, t, 0, r);
+}
+
+ctrl_status nf4_product(const ctrl_model *m, int l, int t, float *out, const float *x, int T) {
+    ctrl_nf4_ref r;
+    MODEL_TRY(ref_at(m, l, t, 0, &r));
+    int in, out_n;
+    lora_dims(m, t, &in, &out_n);
+    return m->be->nf4_linear_forward(out, x, &r, NULL, T, in, out_n, 0);
+}
+
+ctrl_status nf4_row_norms(const ctrl_model *m, int l, int t, float *norms) {
+    ctrl_nf4_ref r;
+    MODEL_TRY(ref_at(m, l, t, 1, &r));
+    int in, out;
+    lora_dims(m, t, &in, &out);
+    float *row = malloc(sizeof(float) * (size_t)in);
+    if (!row) return ctrl_error_set(CTRL_ERR_NOMEM, "QDoRA: a row of %d weights", in);
+    for (int j = 0; j < out; j++) { /* a row of W at a time, as the products dequantize it */
+        ctrl_cpu_nf4_values(&r, (int64_t)j * in, in, row);
+        double n2 = 0;
+        for (int i = 0; i < in; i++) n2 += (double)row[i] * row[i];
+        norms[j] = (float)sqrt(n2);
+    }
+    free(row);
     return CTRL_OK;
 }
 
@@ -211,4 +244,33 @@ ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float
     ctrl_nf4_ref r;
     MODEL_TRY(ref_of(m, w, &r));
     return m->be->nf4_linear_backward(dx, dout, &r, T, IN, OUT, m->linear_bf16);
+}
+
+void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap) {
+    if (cap) buf[0] = 0;
+    if (!m->nf4_w || !cap) return;
+    const ctrl_model_config *c = &m->cfg;
+    long long nf4 = 0, experts = 0;
+    for (int i = 0; i < c->n_layers * LORA_N_TARGETS; i++) nf4 += m->nf4_w[i].packed ? m->nf4_w[i].n : 0;
+    int moe = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (m->layers[l].router >= 0) /* the router [E, C] and each expert's gate, up and down */
+            moe++, experts += (long long)c->n_experts * c->hidden_size * (1 + 3LL * c->moe_intermediate_size);
+    char dense[96] = "";
+    if (moe && moe < c->n_layers)
+        snprintf(dense, sizeof dense, " and the MLP projections (gate/up/down) of %d dense layer%s",
+                 c->n_layers - moe, c->n_layers - moe > 1 ? "s" : "");
+    if (!moe)
+        snprintf(buf, cap,
+                 "in NF4 (QLoRA): every layer's attention and MLP projections (q/k/v/o, gate/up/down), %lld "
+                 "weights; fp32: the embeddings, norms and LM head (the fp32 count above includes one "
+                 "layer's projections: the slot each weight is quantized from as it loads)",
+                 nf4);
+    else
+        snprintf(buf, cap,
+                 "in NF4 (QLoRA): every layer's attention projections (q/k/v/o)%s, %lld weights; fp32, as "
+                 "bitsandbytes leaves them (not nn.Linear): the experts and routers of %d MoE layer%s (%lld "
+                 "parameters), the embeddings, norms and LM head (the fp32 count above includes one layer's "
+                 "projections: the slot each weight is quantized from as it loads)",
+                 dense, nf4, moe, moe > 1 ? "s" : "", experts);
 }

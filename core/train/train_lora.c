@@ -72,10 +72,12 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
     size_t all, train;
     ctrl_model_params(*out, &all);
     ctrl_model_grads(*out, &train);
-    CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%), the base frozen%s%s%s", lc.r,
-              (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
-              lc.nf4 ? " in NF4 (QLoRA: fp32 parameters counted are one layer's projections)" : "",
-              from ? "; adapter from " : "", from ? from : "");
+    char nf4[512];
+    ctrl_model_nf4_summary(*out, nf4, sizeof nf4);
+    CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%)%s, the base frozen%s%s%s%s",
+              lc.r, (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
+              lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",
+              nf4[0] ? " " : "", nf4, from ? "; adapter from " : "", from ? from : "");
     return CTRL_OK;
 }
 

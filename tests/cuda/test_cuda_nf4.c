@@ -163,6 +163,15 @@ TEST(qlora_model_matches_cpu) {
                         1e-5); /* fp32 experts */
 }
 
+/* QDoRA on the device: the weight norms' W A^T by the device's NF4 product, ||W_j|| computed once
+ * from the host's NF4 store and held on the device, the magnitudes' ops on it; dropout on. */
+TEST(qdora_model_matches_cpu) {
+    const ctrl_backend_ops *be = cuda_test_ops();
+    if (!be) TEST_SKIP(ctrl_error_message());
+    backend_qdora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2", 1e-5);
+    backend_qdora_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "families/phi3_mha", 1e-5); /* fused */
+}
+
 /* SFT with QLoRA for 4 steps on `device` into OUT (tests/fixtures/trl_sft's lora_padded case). */
 static ctrl_status qlora_sft(const char *device, const char *out) {
     char ini[1200], dev[64], o[1300];

@@ -92,6 +92,26 @@ awk -v a="$qfirst" -v b="$qlast" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "
 "${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set peft.enabled=false >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "quantization = nf4 without" "$TMP/log" && ok || bad "quantization without [peft] enabled not refused"
 
+# 1f. QDoRA (use_dora with quantization = nf4, as PEFT runs DoRA over bitsandbytes' Linear4bit): the
+# magnitudes over the NF4 base train with the adapters, the adapter says use_dora and holds them, the
+# loss falls; a run resumed from checkpoint-4 follows the uninterrupted one.
+qd=(--set peft.use_dora=true --set peft.quantization=nf4)
+"${C[@]}" train "$TMP/sft.ini" "${qd[@]}" --set run.output_dir="$TMP/qdora" >"$TMP/log" 2>&1 ||
+  { bad "qdora sft run"; tail -5 "$TMP/log"; }
+grep -q "DoRA magnitudes (QDoRA), the base frozen in NF4 (QLoRA): every layer's attention and MLP" "$TMP/log" &&
+  grep -q "\"use_dora\":[[:space:]]*true" "$TMP/qdora/adapter_config.json" &&
+  grep -q "base_model.model.model.layers.1.self_attn.k_proj.lora_magnitude_vector" "$TMP/qdora/adapter_model.safetensors" &&
+  ok || { bad "QDoRA run: log or adapter"; grep "LoRA: r" "$TMP/log"; }
+qfirst=$(loss_at "$TMP/qdora" 1) qlast=$(for s in 5 6 7 8; do loss_at "$TMP/qdora" $s; done | awk '{ t += $1 } END { print t / NR }')
+awk -v a="$qfirst" -v b="$qlast" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "QDoRA loss did not fall: $qfirst -> $qlast"
+mkdir -p "$TMP/qdora_r" && cp -r "$TMP/qdora/checkpoint-4" "$TMP/qdora_r/"
+grep '"step": [1-4],' "$TMP/qdora/metrics.jsonl" >"$TMP/qdora_r/metrics.jsonl"
+"${C[@]}" train "$TMP/sft.ini" "${qd[@]}" --set run.output_dir="$TMP/qdora_r" --set train.resume_from_checkpoint=last \
+  >"$TMP/log" 2>&1 || { bad "qdora resume"; tail -5 "$TMP/log"; }
+diff <(curve "$TMP/qdora") <(curve "$TMP/qdora_r") >"$TMP/diff" &&
+  cmp -s "$TMP/qdora/adapter_model.safetensors" "$TMP/qdora_r/adapter_model.safetensors" && ok ||
+  { bad "QDoRA: the resumed run differs"; cat "$TMP/diff"; }
+
 # 2. The optimizer state is the adapters' only: against a full fine-tune's.
 "${C[@]}" train "$TMP/sft.ini" --set peft.enabled=false --set run.output_dir="$TMP/full" --set train.max_steps=4 \
   >"$TMP/log" 2>&1 || { bad "full run"; tail -5 "$TMP/log"; }
@@ -157,6 +177,13 @@ awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "gr
 qkl1=$(grep '"step": 1,' "$TMP/qgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 [ "$qkl1" = 0 ] || [ "$qkl1" = 0.000000 ] && [ -s "$TMP/qgrpo/adapter_model.safetensors" ] && ok ||
   bad "grpo qlora: kl at step 1 $qkl1, or no adapter"
+# and QDoRA GRPO: decoding applies the magnitudes over the NF4 base (at the start they are the norms:
+# KL 0), the adapter holds them
+"${C[@]}" train "$TMP/grpo.ini" "${qd[@]}" --set train.max_steps=2 --set run.output_dir="$TMP/qdgrpo" \
+  >"$TMP/log" 2>&1 || { bad "grpo qdora run"; tail -5 "$TMP/log"; }
+qkl1=$(grep '"step": 1,' "$TMP/qdgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
+{ [ "$qkl1" = 0 ] || [ "$qkl1" = 0.000000 ]; } && grep -q "lora_magnitude_vector" "$TMP/qdgrpo/adapter_model.safetensors" &&
+  ok || bad "grpo qdora: kl at step 1 $qkl1, or no magnitudes in the adapter"
 sed 's/trainer = grpo/trainer = rloo/; s/^\[grpo\]/[rloo]/; s/beta = 0.05/beta = 0.05/' "$TMP/grpo.ini" >"$TMP/rloo.ini"
 "${C[@]}" train "$TMP/rloo.ini" --set run.output_dir="$TMP/rloo" >"$TMP/log" 2>&1 || { bad "rloo lora run"; tail -5 "$TMP/log"; }
 [ -s "$TMP/rloo/adapter_model.safetensors" ] && ok || bad "rloo: no adapter saved"
@@ -211,10 +238,40 @@ diff <(curve "$TMP/moel") <(curve "$TMP/moel2") >"$TMP/diff" && cmp -s "$TMP/moe
 "${C[@]}" train "$TMP/sft.ini" --set model.path="$TMP/moe" >"$TMP/log" 2>&1
 [ $? != 0 ] && grep -q "all-linear" "$TMP/log" && ok || { bad "all-linear on an MoE model not refused"; tail -3 "$TMP/log"; }
 
+# 8a. `ctrl serve --lora` with an MoE expert adapter (target_parameters), over HTTP: a completion that
+# names the adapter in "model" is what `ctrl generate --adapter` gives (greedy), one naming the base
+# is the base's (`ctrl generate` without it), and the two differ. The adapter: A and B both random
+# (init_lora_weights = false), one step, so that it moves the greedy tokens.
+"${C[@]}" train "$TMP/sft.ini" "${moe[@]}" --set peft.init_lora_weights=false --set train.max_steps=1 \
+  --set train.save_strategy=no --set run.output_dir="$TMP/moes" >"$TMP/log" 2>&1 || { bad "moe adapter for serve"; tail -3 "$TMP/log"; }
+printf '{"prompt": "12+7="}\n' >"$TMP/p1.jsonl"
+for a in adapter base; do
+  extra=() && [ $a = adapter ] && extra=(--adapter "$TMP/moes")
+  "${C[@]}" generate --model "$TMP/moe" "${extra[@]}" --prompts "$TMP/p1.jsonl" --out "$TMP/gen_$a.jsonl" \
+    --temperature 0 --max-tokens 12 >/dev/null 2>&1 || bad "generate on the moe model ($a)"
+done
+PORT=$(free_port)
+"${C[@]}" serve --model "$TMP/moe" --port "$PORT" --lora experts="$TMP/moes" >"$TMP/serve.log" 2>&1 &
+spid=$!
+for _ in $(seq 100); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+text() { sed 's/.*"text":"\([^"]*\)".*/\1/' "$1" | head -1; }
+for a in adapter base; do
+  name=experts && [ $a = base ] && name=moe
+  curl -s -X POST "localhost:$PORT/v1/completions" -d "{\"model\": \"$name\", \"prompt\": \"12+7=\", \"max_tokens\": 12, \"temperature\": 0}" >"$TMP/http_$a.json"
+  got=$(text "$TMP/http_$a.json") want=$(text "$TMP/gen_$a.jsonl")
+  [ -n "${CTRL_TEST_VERBOSE:-}" ] && echo "  serve, model $name: $got"
+  [ -n "$want" ] && grep -q '"choices"' "$TMP/http_$a.json" && [ "$got" = "$want" ] && ok ||
+    { bad "serve, model $name: '$got', ctrl generate: '$want'"; head -c 300 "$TMP/http_$a.json"; }
+done
+[ "$(text "$TMP/http_adapter.json")" != "$(text "$TMP/http_base.json")" ] && ok ||
+  bad "serve: the expert adapter's completion equals the base's ($(text "$TMP/http_base.json"))"
+curl -s "localhost:$PORT/v1/models" | grep -q '"id":"experts"' && ok || bad "serve: /v1/models does not list the adapter"
+kill -INT "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+
 # 8b. QLoRA on fused and MoE projections, as transformers + bitsandbytes load them: a Phi-3 (qkv_proj and
 # gate_up_proj each ONE NF4 tensor, the adapters over the fused modules) and the MoE model above (its
-# attention in NF4, the experts fp32 with their adapters): SFT runs, the log says NF4, the adapter is
-# saved and the loss falls.
+# attention in NF4, the experts fp32 with their adapters): SFT runs, the log says which projections are
+# NF4 and which stay fp32, the adapter is saved and the loss falls.
 "${C[@]}" model init --arch phi3 --hidden 32 --layers 2 --heads 2 \
   --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/phi3" >/dev/null || bad "phi3 model init"
 for q in phi3 moe; do
@@ -223,7 +280,9 @@ for q in phi3 moe; do
   "${C[@]}" train "$TMP/sft.ini" "${extra[@]}" --set run.output_dir="$TMP/q$q" >"$TMP/log" 2>&1 ||
     { bad "$q qlora run"; tail -5 "$TMP/log"; }
   first=$(loss_at "$TMP/q$q" 1) last=$(for s in 6 7 8; do loss_at "$TMP/q$q" $s; done | awk '{ t += $1 } END { print t / NR }')
-  grep -q "in NF4 (QLoRA" "$TMP/log" && [ -s "$TMP/q$q/adapter_model.safetensors" ] &&
+  words="every layer's attention and MLP projections (q/k/v/o, gate/up/down), [0-9]* weights; fp32: the embeddings"
+  [ $q = moe ] && words="every layer's attention projections (q/k/v/o).*; fp32, as bitsandbytes leaves them (not nn.Linear): the experts and routers of [0-9]* MoE layer"
+  grep -q "in NF4 (QLoRA): $words" "$TMP/log" && [ -s "$TMP/q$q/adapter_model.safetensors" ] &&
     awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.02) }' && ok ||
     { bad "$q QLoRA: log, adapter or loss ($first -> $last)"; tail -3 "$TMP/log"; }
 done

@@ -357,6 +357,67 @@ TEST(qlora_on_fused_and_moe_projections_matches_peft_over_bitsandbytes) {
     qlora_equals_dequantized("qwen3_moe_qlora", "families/qwen3_moe_b", (c.n_layers - 1) * attn_floats(&c));
 }
 
+/* QDoRA (use_dora with quantization = nf4) against PEFT's DoRA over bitsandbytes' Linear4bit, whose
+ * magnitudes and weight norms come from the dequantized NF4 weight: Qwen2 all-linear with biases and
+ * rsLoRA (down_proj's rows straddle the blocks of 64), Phi-3's fused projections (one NF4 tensor and
+ * one magnitude each), magnitudes away from the norms. */
+TEST(qdora_forward_and_adapter_gradients_match_peft_over_bitsandbytes) {
+    check_case("qwen2_qdora_all");
+    check_case("phi3_qdora_fused");
+}
+
+/* An adapter directory ctrl_peft_save wrote, removed. */
+static void remove_adapter_dir(const char *dir) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir), unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir), unlink(path);
+    rmdir(dir);
+}
+
+/* A QDoRA adapter ctrl trained and saved loads back (NF4 base) with the same log-probs, bit for bit;
+ * with the adapters disabled the model is the plain QLoRA base. */
+TEST(qdora_adapter_saved_by_ctrl_loads_back) {
+    ctrl_model *m = load_adapter_as(CTRL_FIXTURE_DIR "/lora/qwen2_qdora_all", 1), *back = NULL;
+    if (!m) return;
+    fixture_batch f;
+    batch_load(&f, "qwen2");
+    float *a = malloc(sizeof(float) * f.T), *b = malloc(sizeof(float) * f.T),
+          *dl = malloc(sizeof(float) * f.T);
+    float *p = ctrl_model_params(m, NULL);
+    const size_t off = ctrl_model_trainable_offset(m);
+    for (int step = 0; step < 2; step++) { /* the magnitudes and adapters move away from PEFT's */
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+        mean_loss(&f, a, dl);
+        CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_backward(m, dl), CTRL_OK);
+        size_t n;
+        const float *g = ctrl_model_grads(m, &n);
+        for (size_t i = 0; i < n; i++) p[off + i] -= 0.1f * g[i];
+        ctrl_model_weights_changed(m);
+    }
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+    char dir[] = "/tmp/ctrl_qdora_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK_EQ_INT(ctrl_peft_save(m, dir, "models/qwen2"), CTRL_OK);
+    ctrl_lora_config lc;
+    CHECK_EQ_INT(ctrl_peft_read_config(dir, &lc, NULL, 0), CTRL_OK);
+    CHECK(lc.use_dora && lc.use_rslora);
+    if ((back = load_adapter_as(dir, 1))) {
+        CHECK_EQ_INT(ctrl_model_forward(back, &f.b, b, NULL, NULL), CTRL_OK);
+        CHECK_REL(b, a, f.T, 0.0);
+        ctrl_model_set_adapters_enabled(back, 0);
+        CHECK_EQ_INT(ctrl_model_forward(back, &f.b, b, NULL, NULL), CTRL_OK);
+        CHECK(test_rel_error_f32(a, b, f.T) > 1e-3); /* the adapter does change the output */
+        ctrl_model_set_adapters_enabled(m, 0);
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+        CHECK_REL(b, a, f.T, 0.0); /* disabled: the NF4 base alone */
+    }
+    remove_adapter_dir(dir);
+    free(a), free(b), free(dl);
+    batch_free(&f);
+    ctrl_model_free(back), ctrl_model_free(m);
+}
+
 /* A new DoRA adapter's magnitudes are the weight norms PEFT initialises them to: with the default
  * init (B = 0) ||W|| of each row, which the PEFT fixture saved untouched. */
 TEST(dora_new_adapter_magnitudes_equal_peft_init) {
@@ -516,6 +577,8 @@ TEST(moe_expert_lora_backward_matches_finite_differences) {
 TEST(lora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 0, 0); }
 TEST(dora_backward_matches_finite_differences) { finite_difference(0.0f, 1, 0); }
 TEST(dora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 1, 0); }
+/* QDoRA: DoRA's magnitudes and adapters over the NF4 base, dropout on */
+TEST(qdora_backward_with_dropout_matches_finite_differences) { finite_difference(0.25f, 1, 1); }
 TEST(qlora_backward_with_dropout_matches_finite_differences) {
     finite_difference(0.25f, 0, 1);
     finite_difference_on("families/phi3_mha", 0.25f, 0, 1); /* fused qkv_proj / gate_up_proj in NF4 */
@@ -547,10 +610,7 @@ TEST(lora_adapter_saved_by_ctrl_loads_back) {
         CHECK(test_rel_error_f32(a, b, f.T) > 1e-3); /* the adapter does change the output */
         ctrl_model_free(plain);
     }
-    char path[1100];
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir), unlink(path);
-    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir), unlink(path);
-    rmdir(dir);
+    remove_adapter_dir(dir);
     free(a), free(b), free(base);
     batch_free(&f);
     ctrl_model_free(back);
@@ -681,9 +741,9 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
  * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json) and
  * merged (merged/), for PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
 TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
-    static const char *const cases[] = {"llama_qv",           "llama_all_rslora",    "qwen2_attn_mlp",
-                                        "qwen3_default_init", "phi3_qkv_gate_up",    "phi3_all_dora",
-                                        "qwen3_moe_experts",  "mixtral_experts_down"};
+    static const char *const cases[] = {"llama_qv",           "llama_all_rslora",     "qwen2_attn_mlp",
+                                        "qwen3_default_init", "phi3_qkv_gate_up",     "phi3_all_dora",
+                                        "qwen3_moe_experts",  "mixtral_experts_down", "qwen2_qdora_all"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -691,12 +751,14 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "families/phi3_gqa",
                                         "families/phi3_mha",
                                         "families/qwen3_moe_a",
-                                        "families/mixtral"};
+                                        "families/mixtral",
+                                        "qwen2"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 8; c++) {
+    for (int c = 0; c < 9; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
-        ctrl_model *m = load_adapter(dir);
+        const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
+        ctrl_model *m = load_adapter_as(dir, nf4);
         if (!m) continue;
         const char *arch = archs[c];
         fixture_batch f;
@@ -725,7 +787,8 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
             ctrl_model *merged = NULL; /* and merged (ctrl_peft_merge), for PEFT's merge_and_unload */
             snprintf(path, sizeof path, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/",
                      arch);
-            CHECK_EQ_INT(ctrl_peft_load(path, out, NULL, &merged), CTRL_OK);
+            /* (not over an NF4 base: PEFT's merge_and_unload of a 4-bit model re-quantizes) */
+            if (!nf4) CHECK_EQ_INT(ctrl_peft_load(path, out, NULL, &merged), CTRL_OK);
             if (merged && ctrl_peft_merge(merged) == CTRL_OK) {
                 snprintf(path, sizeof path, "%s/merged", out);
                 CHECK_EQ_INT(ctrl_model_save(merged, path, CTRL_F32), CTRL_OK);
@@ -733,7 +796,7 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
             ctrl_model_free(merged);
             snprintf(path, sizeof path, "%s/logp.json", out);
             FILE *fp = fopen(path, "w");
-            fprintf(fp, "{\"base\": \"%s\", \"logp\": [", arch);
+            fprintf(fp, "{\"base\": \"%s\", \"nf4\": %s, \"logp\": [", arch, nf4 ? "true" : "false");
             for (int t = 0; t < f.T; t++) fprintf(fp, "%s%.9g", t ? ", " : "", (double)logp[t]);
             fprintf(fp, "]}\n");
             fclose(fp);

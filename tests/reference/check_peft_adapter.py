@@ -2,6 +2,7 @@
 """Checks that PEFT loads the adapters ctrl saves: for each case exported by test_lora (ctrl's own
 SGD steps on the PEFT fixture adapters, saved with ctrl_peft_save), PeftModel.from_pretrained over
 the fixture base model gives ctrl's log-probs of the fixture batch (relative L2 <= 1e-5); and
+(QDoRA: over the base in 4-bit NF4, as make_lora_fixtures.py loads it); and
 ctrl's merged model (ctrl_peft_merge, `ctrl model merge`), loaded by transformers, gives the logits
 of PEFT's merge_and_unload (relative L2 <= 1e-6, or twice PEFT's own merged-vs-unmerged distance
 where fp32 merging moves the logits more: large adapters). Run by hand:
@@ -16,6 +17,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from make_lora_fixtures import nf4_quantization
+
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "models")
 
 
@@ -27,10 +30,12 @@ def main():
             want = json.load(f)
         base_dir = os.path.join(FIX, want["base"]) if "/" not in want["base"] else \
             os.path.join(FIX, "..", want["base"])  # models/<arch>, or a folder under tests/fixtures (Phi-3)
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
-                                                    attn_implementation="eager")
+        # QLoRA / QDoRA: the base in 4-bit NF4 as make_lora_fixtures.py loads it
+        quant = nf4_quantization() if want.get("nf4") else None
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager",
+                                                    quantization_config=quant, device_map="cpu" if quant else None)
         pm = PeftModel.from_pretrained(base, os.path.join(root, case))
-        pm.eval()
+        pm.train(bool(quant))  # (4-bit in eval mode: bitsandbytes' bf16 CPU inference kernel; no dropout here)
         with open(os.path.join(base_dir, "batch.json")) as f:
             batch = json.load(f)
         cu, toks, got = batch["cu_seqlens"], batch["tokens"], []

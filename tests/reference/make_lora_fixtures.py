@@ -9,7 +9,7 @@ lora_B and modules_to_save tensor -- under the names the adapter file uses (grad
 The DoRA cases (use_dora=True) also hold each lora_magnitude_vector and its gradient; where the case
 says "perturb", the magnitudes PEFT initialised (the weight norms, which make DoRA's output equal
 LoRA's) are scaled by random factors in [0.8, 1.2] before saving, so that they change the output.
-The QLoRA cases ("nf4") load the base as transformers does with BitsAndBytesConfig(load_in_4bit=True,
+The QLoRA cases ("nf4"; with use_dora, QDoRA) load the base as transformers does with BitsAndBytesConfig(load_in_4bit=True,
 bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=float32)
 (bitsandbytes on the CPU; batch.json says "nf4": true) and put the adapters over it.
 Run by hand (all cases, or the ones named; the QLoRA cases need bitsandbytes):
@@ -70,6 +70,15 @@ CASES = {
     "qwen3_moe_qlora": ("families/qwen3_moe_b", dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "o_proj"],
                                                      target_parameters=["experts.gate_up_proj", "experts.down_proj"],
                                                      init_lora_weights=False, lora_dropout=0.0), "nf4"),
+    # QDoRA: DoRA over the same 4-bit base (PEFT's Linear4bit with use_dora: the magnitudes and the
+    # weight norms from the dequantized NF4 weight, dequantize_module_weight), magnitudes perturbed;
+    # Qwen2's biases, all-linear (down_proj's rows of 96 straddle the blocks of 64), rsLoRA
+    "qwen2_qdora_all": ("qwen2", dict(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True,
+                                      init_lora_weights=False, lora_dropout=0.0, use_dora=True), "nf4", "perturb"),
+    # on Phi-3's fused qkv_proj / gate_up_proj (one NF4 tensor each, one magnitude over its rows)
+    "phi3_qdora_fused": ("families/phi3_mha", dict(r=2, lora_alpha=6, target_modules="all-linear",
+                                                   init_lora_weights=False, lora_dropout=0.0, use_dora=True),
+                         "nf4", "perturb"),
     # Phi-3's fused projections (families/phi3_*: make_family_fixtures.py): PEFT wraps the nn.Linear
     # qkv_proj / gate_up_proj with one lora_A / lora_B pair over the whole fused output; GQA (q, k, v
     # blocks of different widths), tied embeddings, longrope
@@ -124,6 +133,18 @@ def reference_dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocks
                                          qs.dtype)
 
 
+def nf4_quantization():
+    """transformers' 4-bit NF4 load (double quantization, fp32 compute) with Linear4bit's product and
+    PEFT's dequantize_module_weight (DoRA's weight) through bitsandbytes' reference kernels."""
+    import bitsandbytes
+
+    bitsandbytes.functional.dequantize_4bit = reference_dequantize_4bit
+    bitsandbytes.matmul_4bit = lambda A, B, quant_state, out=None, bias=None: torch.nn.functional.linear(
+        A, reference_dequantize_4bit(B, quant_state).to(A.dtype), bias)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.float32)
+
+
 def file_name(param_name):
     """The adapter file's name of a trainable parameter (PEFT drops the adapter name)."""
     n = param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
@@ -137,14 +158,7 @@ def main():
             continue
         torch.manual_seed(2000 + len(case))
         base_dir = os.path.join(MODELS, "..", base_path(arch))
-        quant = None
-        if how == ["nf4"]:  # Linear4bit's product: the dequantized weight (reference kernels), in fp32
-            import bitsandbytes
-
-            bitsandbytes.matmul_4bit = lambda A, B, quant_state, out=None, bias=None: torch.nn.functional.linear(
-                A, reference_dequantize_4bit(B, quant_state).to(A.dtype), bias)
-            quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                       bnb_4bit_compute_dtype=torch.float32)
+        quant = nf4_quantization() if "nf4" in how else None
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager",
                                                      quantization_config=quant, device_map="cpu" if quant else None)
         cfg = LoraConfig(task_type="CAUSAL_LM", bias="none", **kw)
@@ -152,8 +166,8 @@ def main():
         # eval mode (dropout off); the QLoRA cases stay in train mode with lora_dropout 0 (nothing
         # random): in eval bitsandbytes repacks 4-bit weights for its CPU inference kernel, which
         # multiplies in bf16, where its training path multiplies the dequantized fp32 weight (as on a GPU)
-        pm.train(how == ["nf4"])
-        if how == ["perturb"]:
+        pm.train("nf4" in how)
+        if "perturb" in how:
             with torch.no_grad():
                 for n, p in pm.named_parameters():
                     if "lora_magnitude_vector" in n:
@@ -174,7 +188,7 @@ def main():
         scale = kw["lora_alpha"] / (math.sqrt(kw["r"]) if kw.get("use_rslora") else kw["r"])
         with open(os.path.join(d, "batch.json"), "w") as f:
             json.dump({"logp": logps, "loss": loss.item(), "scaling": scale, "base": base_path(arch),
-                       "nf4": how == ["nf4"],
+                       "nf4": "nf4" in how,
                        "note": "torch %s, transformers %s, peft %s (make_lora_fixtures.py)" % (
                            torch.__version__, transformers.__version__, peft.__version__)}, f)
         print(case, "loss %.6f" % loss.item(), "trainable", sum(p.numel() for p in grads.values()),
