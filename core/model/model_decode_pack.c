@@ -11,7 +11,8 @@
  *   recompute too) and the backward's dX = dY W multiply by panels decoding packed under the
  *   current generation -- an online trainer's step decodes, then trains on the weights it decoded
  *   with until its optimizer step bumps the generation -- instead of packing W in every call. dX
- *   reads the forward's panels transposed (ctrl_cpu_gemm_bf16_packed_t: no second copy). Panels of
+ *   reads the forward's panels transposed (ctrl_cpu_gemm_bf16_packed_t: no second copy); the one-pass
+ *   LM head's logits multiply by the head's panels (model_head_args: ctrl_head_args.w_packed). Panels of
  *   an older generation are never used (model_pack_valid); CTRL_NO_PACKED_TRAIN=1 turns this reuse
  *   off (for comparisons; the numbers are the same bit for bit).
  *   Held: a LoRA run's frozen base (model_bf16_store.c) is packed once as it loads and its fp32

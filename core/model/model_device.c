@@ -162,10 +162,15 @@ ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, i
     return s == CTRL_OK && correct ? m->be->to_host(correct, st->correct, T * sizeof(int32_t)) : s;
 }
 
+/* The head's arguments for the last forward's batch. Every caller reads log-probs, entropies and
+ * LSEs only where a target is (the trained tokens: a GRPO batch's completions, not its prompts), so
+ * the head skips the other rows (targets_only); with bf16 on the CPU, the head's logits multiply by
+ * decoding's panels of W while they are current (an online trainer's step decodes first). */
 ctrl_head_args model_head_args(const ctrl_model *m) {
     const ctrl_model_config *c = &m->cfg;
+    const float *w = m->dparams + m->off_lm_head;
     return (ctrl_head_args){.hidden = m->lnf,
-                            .w = m->dparams + m->off_lm_head,
+                            .w = w,
                             .targets = m->dev_batch.targets,
                             .T = m->T,
                             .C = c->hidden_size,
@@ -173,5 +178,9 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                             .temperature = m->temperature,
                             .bf16 = m->linear_bf16,
 
-                            .softcap = c->final_softcap};
+                            .softcap = c->final_softcap,
+                            .targets_only = 1,
+                            .w_packed = m->be->host_memory && m->off_lm_head >= 0
+                                            ? model_pack_valid(m, w, c->hidden_size, c->vocab_size)
+                                            : NULL};
 }

@@ -247,6 +247,14 @@ typedef struct ctrl_head_args {
     /* Appended: final-logit soft-capping (Gemma 2): logits = softcap * tanh(h W^T / softcap) before
      * the temperature; 0 = none. A backend that cannot cap refuses a nonzero one. */
     float softcap;
+    /* Appended: 1: the rows without a target are skipped (no logits: TRL's logits_to_keep, done by
+     * row), their logp, entropy, correct, lse and dhidden rows 0; the rest exactly as with 0. A
+     * backend may ignore it (compute every row; lse is then defined there too). */
+    int targets_only;
+    /* Appended: W's bf16 panels as ctrl_cpu_gemm_bf16_pack(1, V, C, w, C) made them from w as it is
+     * now (decoding's, core/model/model_decode_pack.c), or NULL: with bf16, the one-pass head's
+     * logits multiply by them instead of packing W anew (the same sums). Host memory only. */
+    const struct ctrl_cpu_bf16_packed *w_packed;
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */

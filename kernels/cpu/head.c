@@ -8,7 +8,9 @@
  *   dz_j = dlogp (1[j = target] - p_j)  -  dentropy p_j (z_j - lse + H),
  * then dlogits = dz / temperature, dhidden = dlogits W and dW += dlogits^T h on chunks (sgemm).
  * With final-logit soft-capping (a->softcap = c > 0, Gemma 2) z = c tanh(h W^T / c) / temperature,
- * and dlogits takes the factor 1 - tanh^2 = 1 - (z temperature / c)^2 as well. */
+ * and dlogits takes the factor 1 - tanh^2 = 1 - (z temperature / c)^2 as well.
+ * With a->targets_only the chunks are of the rows that have a target (gathered where they are not
+ * contiguous, dhidden scattered back): prompt positions cost no logits (TRL's logits_to_keep). */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -24,15 +26,76 @@ static int chunk_t(const ctrl_head_args *a) {
     return c < a->T ? c : (a->T > 0 ? a->T : 1);
 }
 
+static int targeted(const ctrl_head_args *a, int t) { return a->targets[t] >= 0 && a->targets[t] < a->V; }
+
+/* The rows the head computes, in order, into rows[T]: every row, or with targets_only those with a
+ * target; the others get zero outputs (and zero dhidden rows where dhidden is given). Returns how
+ * many. */
+static int head_rows(const ctrl_head_args *a, int32_t *rows, float *logp, float *entropy, float *lse,
+                     int32_t *correct, float *dhidden) {
+    int n = 0;
+    for (int t = 0; t < a->T; t++) {
+        if (!a->targets_only || targeted(a, t)) {
+            rows[n++] = t;
+            continue;
+        }
+        if (logp) logp[t] = 0.0f;
+        if (entropy) entropy[t] = 0.0f;
+        if (lse) lse[t] = 0.0f;
+        if (correct) correct[t] = 0;
+        if (dhidden) memset(dhidden + (size_t)t * a->C, 0, sizeof(float) * (size_t)a->C);
+    }
+    return n;
+}
+
+/* Rows [r0, r0 + tc) of the list are contiguous in the batch (then read and written in place). */
+static int contiguous(const int32_t *rows, int r0, int tc) { return rows[r0 + tc - 1] - rows[r0] == tc - 1; }
+
+/* The chunk's hidden rows: in place, or gathered into buf. */
+static const float *chunk_hidden(const ctrl_head_args *a, const int32_t *rows, int r0, int tc, float *buf) {
+    if (contiguous(rows, r0, tc)) return a->hidden + (size_t)rows[r0] * a->C;
+    ctrl_cpu_gather_rows(buf, a->hidden, rows + r0, NULL, tc, a->C);
+    return buf;
+}
+
+/* Where the chunk's dhidden rows are formed: in place, or in buf (then chunk_dhidden_out). */
+static float *chunk_dhidden(const ctrl_head_args *a, const int32_t *rows, int r0, int tc, float *dhidden,
+                            float *buf) {
+    return contiguous(rows, r0, tc) ? dhidden + (size_t)rows[r0] * a->C : buf;
+}
+
+static void chunk_dhidden_out(const ctrl_head_args *a, const int32_t *rows, int r0, int tc, float *dhidden,
+                              const float *buf) {
+    if (contiguous(rows, r0, tc)) return;
+    for (int i = 0; i < tc; i++)
+        memcpy(dhidden + (size_t)rows[r0 + i] * a->C, buf + (size_t)i * a->C, sizeof(float) * (size_t)a->C);
+}
+
+/* After a workspace's own part of `bytes`: the rows list, and with targets_only two chunks of tc
+ * rows of C (hidden gathered, dhidden formed). */
+static size_t rows_bytes(const ctrl_head_args *a, int tc) {
+    return sizeof(int32_t) * (size_t)(a->T > 0 ? a->T : 1) +
+           (a->targets_only ? 2 * sizeof(float) * (size_t)tc * (size_t)a->C : 0);
+}
+static int32_t *rows_at(void *workspace, size_t bytes) { return (int32_t *)((char *)workspace + bytes); }
+static float *gather_at(const ctrl_head_args *a, void *workspace, size_t bytes, int tc, int which) {
+    return (float *)((char *)workspace + bytes + sizeof(int32_t) * (size_t)(a->T > 0 ? a->T : 1)) +
+           (size_t)which * tc * a->C;
+}
+
 static int chunk_v(const ctrl_head_args *a) {
     int c = a->chunk_vocab > 0 ? a->chunk_vocab : DEFAULT_CHUNK_VOCAB;
     return c < a->V ? c : a->V;
 }
 
-/* Layout: logits [Tc, Vc], then per-token m, s, a, z_target, best value, best index. */
-size_t ctrl_cpu_head_workspace_bytes(const ctrl_head_args *a) {
+/* Layout: logits [Tc, Vc], then per-token m, s, a, z_target, best value, best index; the rows. */
+static size_t own_bytes(const ctrl_head_args *a) {
     size_t tc = (size_t)chunk_t(a), vc = (size_t)chunk_v(a);
     return sizeof(float) * (tc * vc + 6 * tc);
+}
+
+size_t ctrl_cpu_head_workspace_bytes(const ctrl_head_args *a) {
+    return own_bytes(a) + rows_bytes(a, chunk_t(a));
 }
 
 /* C = alpha op(A) op(B) + beta C (beta 0 or 1; alpha other than 1 only with beta 0), as cblas_sgemm
@@ -58,10 +121,10 @@ static void softcap_rows(const ctrl_head_args *a, float *z, size_t n) {
     for (size_t i = 0; i < n; i++) z[i] = c * tanhf(z[i] / c) / temp;
 }
 
-/* logits chunk [tc, vc] = h[t0 : t0+tc] W[v0 : v0+vc]^T / temperature (soft-capped first) */
-static void chunk_logits(const ctrl_head_args *a, float *z, int t0, int tc, int v0, int vc) {
-    head_gemm(a, 0, 1, tc, vc, a->C, a->softcap > 0 ? 1.0f : 1.0f / a->temperature,
-              a->hidden + (size_t)t0 * a->C, a->C, a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+/* logits chunk [tc, vc] = h[tc rows] W[v0 : v0+vc]^T / temperature (soft-capped first) */
+static void chunk_logits(const ctrl_head_args *a, float *z, const float *h, int tc, int v0, int vc) {
+    head_gemm(a, 0, 1, tc, vc, a->C, a->softcap > 0 ? 1.0f : 1.0f / a->temperature, h, a->C,
+              a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
     if (a->softcap > 0) softcap_rows(a, z, (size_t)tc * vc);
 }
 
@@ -70,14 +133,16 @@ void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy,
     const int TC = chunk_t(a), VC = chunk_v(a);
     float *z = workspace, *m = z + (size_t)TC * VC, *s = m + TC, *acc = s + TC, *zt = acc + TC,
           *best = zt + TC;
-    int32_t *arg = (int32_t *)(best + TC);
-    for (int t0 = 0; t0 < a->T; t0 += TC) {
-        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+    int32_t *arg = (int32_t *)(best + TC), *rows = rows_at(workspace, own_bytes(a));
+    const int n = head_rows(a, rows, logp, entropy, lse, correct, NULL);
+    for (int r0 = 0; r0 < n; r0 += TC) {
+        const int tc = r0 + TC <= n ? TC : n - r0;
+        const float *h = chunk_hidden(a, rows, r0, tc, gather_at(a, workspace, own_bytes(a), TC, 0));
         for (int i = 0; i < tc; i++)
             m[i] = -INFINITY, s[i] = 0, acc[i] = 0, zt[i] = 0, best[i] = -INFINITY, arg[i] = -1;
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
-            chunk_logits(a, z, t0, tc, v0, vc);
+            chunk_logits(a, z, h, tc, v0, vc);
 #pragma omp parallel for schedule(static)
             for (int i = 0; i < tc; i++) {
                 const float *row = z + (size_t)i * vc;
@@ -99,12 +164,12 @@ void ctrl_cpu_head_forward(const ctrl_head_args *a, float *logp, float *entropy,
                 s[i] = (float)(s[i] * rescale + cs);
                 acc[i] = (float)(acc[i] * rescale + ca);
                 m[i] = nm;
-                const int32_t tg = a->targets[t0 + i];
+                const int32_t tg = a->targets[rows[r0 + i]];
                 if (tg >= v0 && tg < v0 + vc) zt[i] = row[tg - v0];
             }
         }
         for (int i = 0; i < tc; i++) {
-            const int t = t0 + i;
+            const int t = rows[r0 + i];
             const float l = m[i] + logf(s[i]);
             lse[t] = l;
             const int has_target = a->targets[t] >= 0 && a->targets[t] < a->V;
@@ -121,14 +186,18 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
     const int TC = chunk_t(a), VC = chunk_v(a);
     float *z = workspace;
     const float inv_temp = 1.0f / a->temperature;
-    for (int t0 = 0; t0 < a->T; t0 += TC) {
-        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
+    int32_t *rows = rows_at(workspace, own_bytes(a));
+    const int n = head_rows(a, rows, NULL, NULL, NULL, NULL, dhidden);
+    for (int r0 = 0; r0 < n; r0 += TC) {
+        const int tc = r0 + TC <= n ? TC : n - r0;
+        const float *h = chunk_hidden(a, rows, r0, tc, gather_at(a, workspace, own_bytes(a), TC, 0));
+        float *dh = chunk_dhidden(a, rows, r0, tc, dhidden, gather_at(a, workspace, own_bytes(a), TC, 1));
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
-            chunk_logits(a, z, t0, tc, v0, vc);
+            chunk_logits(a, z, h, tc, v0, vc);
 #pragma omp parallel for schedule(static)
             for (int i = 0; i < tc; i++) {
-                const int t = t0 + i;
+                const int t = rows[r0 + i];
                 float *row = z + (size_t)i * vc;
                 const int32_t tg = a->targets[t];
                 if (tg < 0 || tg >= a->V) {
@@ -160,11 +229,11 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
             }
             /* dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h */
             head_gemm(a, 0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C,
-                      v0 == 0 ? 0.0f : 1.0f, dhidden + (size_t)t0 * a->C, a->C);
+                      v0 == 0 ? 0.0f : 1.0f, dh, a->C);
             if (dw) /* NULL: a frozen head (LoRA) */
-                head_gemm(a, 1, 0, vc, a->C, tc, 1.0f, z, vc, a->hidden + (size_t)t0 * a->C, a->C, 1.0f,
-                          dw + (size_t)v0 * a->C, a->C);
+                head_gemm(a, 1, 0, vc, a->C, tc, 1.0f, z, vc, h, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
         }
+        chunk_dhidden_out(a, rows, r0, tc, dhidden, dh);
     }
 }
 
@@ -185,9 +254,27 @@ static int fused_chunk_t(const ctrl_head_args *a) {
     return c < a->T ? c : (a->T > 0 ? a->T : 1);
 }
 
-/* The chunk's logits; with soft-capping also each logit's 1 - tanh^2 after them. */
-size_t ctrl_cpu_head_fused_workspace_bytes(const ctrl_head_args *a) {
+/* The chunk's logits; with soft-capping also each logit's 1 - tanh^2 after them; the rows. */
+static size_t fused_own_bytes(const ctrl_head_args *a) {
     return sizeof(float) * (size_t)fused_chunk_t(a) * (size_t)a->V * (a->softcap > 0 ? 2 : 1);
+}
+
+size_t ctrl_cpu_head_fused_workspace_bytes(const ctrl_head_args *a) {
+    return fused_own_bytes(a) + rows_bytes(a, fused_chunk_t(a));
+}
+
+/* z [tc, V] = h W^T * alpha: on W's panels where the caller has them (not for 4 rows or fewer,
+ * which ctrl_cpu_gemm_bf16 multiplies unpacked, summing in another order), else as head_gemm. */
+static void fused_logits(const ctrl_head_args *a, float *z, const float *h, int tc, float alpha) {
+    if (a->bf16 && a->w_packed && tc > 4 &&
+        ctrl_cpu_gemm_bf16_packed(0, tc, h, a->C, a->w_packed, z, a->V, 0) == 0) {
+        if (alpha != 1.0f)
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < tc; i++)
+                for (int j = 0; j < a->V; j++) z[(size_t)i * a->V + j] *= alpha;
+        return;
+    }
+    head_gemm(a, 0, 1, tc, a->V, a->C, alpha, h, a->C, a->w, a->C, 0.0f, z, a->V);
 }
 
 void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp, float *entropy,
@@ -196,14 +283,18 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
     const int TC = fused_chunk_t(a), V = a->V, C = a->C;
     const float inv_temp = 1.0f / a->temperature;
     float *z = workspace, *capd = a->softcap > 0 ? z + (size_t)TC * V : NULL;
-    for (int t0 = 0; t0 < a->T; t0 += TC) {
-        const int tc = t0 + TC <= a->T ? TC : a->T - t0;
-        head_gemm(a, 0, 1, tc, V, C, capd ? 1.0f : inv_temp, a->hidden + (size_t)t0 * C, C, a->w, C, 0.0f, z,
-                  V);
+    int32_t *rows = rows_at(workspace, fused_own_bytes(a));
+    const int n = head_rows(a, rows, logp, entropy, lse, correct, dhidden);
+    for (int r0 = 0; r0 < n; r0 += TC) {
+        const int tc = r0 + TC <= n ? TC : n - r0;
+        const float *h = chunk_hidden(a, rows, r0, tc, gather_at(a, workspace, fused_own_bytes(a), TC, 0));
+        float *dh =
+            chunk_dhidden(a, rows, r0, tc, dhidden, gather_at(a, workspace, fused_own_bytes(a), TC, 1));
+        fused_logits(a, z, h, tc, capd ? 1.0f : inv_temp);
         if (capd) softcap_rows(a, z, (size_t)tc * V);
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < tc; i++) {
-            const int t = t0 + i;
+            const int t = rows[r0 + i];
             float *row = z + (size_t)i * V;
             float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -242,8 +333,9 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
                 for (int j = 0; j < V; j++) row[j] *= f[j];
             }
         }
-        head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dhidden + (size_t)t0 * C, C);
+        head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dh, C);
         if (dw) /* NULL: a frozen head (LoRA) */
-            head_gemm(a, 1, 0, V, C, tc, 1.0f, z, V, a->hidden + (size_t)t0 * C, C, 1.0f, dw, C);
+            head_gemm(a, 1, 0, V, C, tc, 1.0f, z, V, h, C, 1.0f, dw, C);
+        chunk_dhidden_out(a, rows, r0, tc, dhidden, dh);
     }
 }

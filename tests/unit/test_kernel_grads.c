@@ -307,6 +307,83 @@ TEST(head_chunking_is_invariant) {
     free(tg), free(h), free(w), free(dlogp), free(ref.dh), free(ref.dw);
 }
 
+/* targets_only (the model's setting): the rows without a target get no logits -- zero logp, entropy,
+ * lse, flags and dhidden rows -- and every other output is the full head's (dW within the rounding of
+ * summing its tokens in other groups), in the two-pass head and the one-pass one, for chunks that are
+ * contiguous in the batch and chunks gathered across its gaps; softcapping too. */
+TEST(head_targets_only_skips_the_rows_without_a_target) {
+    const int T = 37, C = 16, V = 301;
+    int32_t *tg = malloc(T * 4);
+    for (int t = 0; t < T; t++) tg[t] = t < 5 || t % 6 == 0 || t == T - 1 ? -100 : (t * 37) % V;
+    float *h = rand_buf((size_t)T * C, 2), *w = rand_buf((size_t)V * C, 1), *dlogp = rand_buf(T, 1);
+    for (int capped = 0; capped < 2; capped++)
+        for (int fused = 0; fused < 2; fused++)
+            for (int ct = 0; ct < 8; ct += 3) { /* chunks of the default, 3 and 6 tokens */
+                head_out o[2];
+                for (int only = 0; only < 2; only++) {
+                    ctrl_head_args a = chunked_head(h, w, tg, T, C, V, ct, fused ? 0 : 100);
+                    a.targets_only = only, a.softcap = capped ? 2.0f : 0.0f;
+                    void *ws = malloc(fused ? ctrl_cpu_head_fused_workspace_bytes(&a)
+                                            : ctrl_cpu_head_workspace_bytes(&a));
+                    o[only] = (head_out){.dh = rand_buf((size_t)T * C, 1) /* overwritten */,
+                                         .dw = zeros((size_t)V * C)};
+                    if (fused)
+                        ctrl_cpu_head_forward_backward(&a, dlogp, o[only].logp, o[only].ent, o[only].lse,
+                                                       o[only].ok, o[only].dh, o[only].dw, ws);
+                    else {
+                        ctrl_cpu_head_forward(&a, o[only].logp, o[only].ent, o[only].lse, o[only].ok, ws);
+                        ctrl_cpu_head_backward(&a, o[only].lse, dlogp, NULL, NULL, o[only].dh, o[only].dw,
+                                               ws);
+                    }
+                    free(ws);
+                }
+                for (int t = 0; t < T; t++) {
+                    if (tg[t] >= 0) continue;
+                    CHECK(o[1].logp[t] == 0.0f && o[1].ent[t] == 0.0f && o[1].lse[t] == 0.0f &&
+                          o[1].ok[t] == 0);
+                    for (int c = 0; c < C; c++) CHECK(o[1].dh[(size_t)t * C + c] == 0.0f);
+                    o[0].lse[t] = 0.0f; /* the full head's LSE there: not part of the contract */
+                }
+                check_same_head(&o[1], &o[0], T, C, V, 1e-5);
+                for (int only = 0; only < 2; only++) free(o[only].dh), free(o[only].dw);
+            }
+    free(tg), free(h), free(w), free(dlogp);
+}
+
+/* W's panels (ctrl_head_args.w_packed) in the one-pass bf16 head: the same sums as packing W in the
+ * call, bit for bit, for chunks of more than 4 rows and of 4 or fewer (which do not use them). */
+TEST(head_on_w_panels_is_bit_for_bit) {
+    const int T = 37, C = 40, V = 1000;
+    int32_t *tg = malloc(T * 4);
+    for (int t = 0; t < T; t++) tg[t] = t % 9 < 2 ? -100 : (t * 31) % V;
+    float *h = rand_buf((size_t)T * C, 2), *w = rand_buf((size_t)V * C, 1), *dlogp = rand_buf(T, 1);
+    ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(1, V, C, w, C);
+    if (!p) {
+        free(tg), free(h), free(w), free(dlogp);
+        TEST_SKIP("no bf16 GEMM on this CPU");
+    }
+    static const int chunks[] = {0, 3, 16};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        head_out o[2];
+        for (int packed = 0; packed < 2; packed++) {
+            ctrl_head_args a = chunked_head(h, w, tg, T, C, V, chunks[k], 0);
+            a.bf16 = 1, a.targets_only = 1, a.w_packed = packed ? p : NULL;
+            void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
+            o[packed] = (head_out){.dh = zeros((size_t)T * C), .dw = zeros((size_t)V * C)};
+            ctrl_cpu_head_forward_backward(&a, dlogp, o[packed].logp, o[packed].ent, o[packed].lse,
+                                           o[packed].ok, o[packed].dh, o[packed].dw, ws);
+            free(ws);
+        }
+        CHECK(memcmp(o[0].logp, o[1].logp, sizeof o[0].logp) == 0);
+        CHECK(memcmp(o[0].ent, o[1].ent, sizeof o[0].ent) == 0);
+        CHECK(memcmp(o[0].dh, o[1].dh, sizeof(float) * (size_t)T * C) == 0);
+        CHECK(memcmp(o[0].dw, o[1].dw, sizeof(float) * (size_t)V * C) == 0);
+        for (int i = 0; i < 2; i++) free(o[i].dh), free(o[i].dw);
+    }
+    ctrl_cpu_gemm_bf16_packed_free(p);
+    free(tg), free(h), free(w), free(dlogp);
+}
+
 /* ---- The model families' kernels (issue 22): Gemma's (1 + w) RMSNorm and GeGLU (tanh-GELU gate), the
  * LM head with final-logit soft-capping (its backward and its one-pass forward + backward, at
  * temperature 1 and 0.7), Phi-3's partial rotary embedding and longrope tables, and the
