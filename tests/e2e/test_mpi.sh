@@ -89,7 +89,9 @@ for t in grpo rloo; do
   "${C[@]}" train "$TMP/$t.ini" >"$TMP/$t.log1" 2>&1 || { bad "$t 1 rank"; tail -5 "$TMP/$t.log1"; }
   "${MPI[@]}" "${C[@]}" train "$TMP/$t.ini" --set run.output_dir="$two" --set train.per_device_train_batch_size=4 \
     >"$TMP/$t.log2" 2>&1 || { bad "$t 2 ranks exited $?"; tail -20 "$TMP/$t.log2"; }
-  curve_close "$one" "$two" loss 1e-5 1e-7
+  # the losses are sums of O(1) terms (ratios ~1 times advantages summing to ~0) cancelling to ~1e-7:
+  # 1 and 2 ranks sum them in other orders, so their absolute noise is fp32's ulp at 1 (1.19e-7)
+  curve_close "$one" "$two" loss 1e-5 2.5e-7
   curve_close "$one" "$two" grad_norm 1e-5
   curve_close "$one" "$two" reward 1e-6
   curve_close "$one" "$two" completions/mean_length 1e-6
