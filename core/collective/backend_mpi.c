@@ -259,6 +259,7 @@ ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, cons
 ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
 ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
 ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
+ctrl_status ctrl_collective_nccl_allgather_b16(void *device_buf, const int *counts, void **handle);
 #endif
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
@@ -290,6 +291,9 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
         .device_allgather_wait = ctrl_collective_nccl_allgather_wait,
 #endif
         .gather_f32 = mpi_gather_f32,
+#ifdef CTRL_HAVE_NCCL
+        .device_allgather_b16 = ctrl_collective_nccl_allgather_b16,
+#endif
     };
     return &table;
 }

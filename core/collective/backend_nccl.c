@@ -20,6 +20,7 @@ ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, cons
 ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
 ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
 ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
+ctrl_status ctrl_collective_nccl_allgather_b16(void *device_buf, const int *counts, void **handle);
 void ctrl_collective_nccl_finalize(void);
 
 void ctrl_collective_nccl_finalize(void) {
@@ -63,19 +64,30 @@ static ctrl_status nccl_done(const char *what, ncclResult_t r) {
     return CTRL_OK;
 }
 
+/* Every rank's piece of device_buf (counts[k] elements of `dt` each, in rank order) broadcast from
+ * its owner, as one group on `stream`. */
+static ncclResult_t broadcast_pieces(void *device_buf, const int *counts, ncclDataType_t dt, size_t elem,
+                                     cudaStream_t stream) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    char *at = device_buf;
+    for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k] * elem, k++)
+        r = ncclBroadcast(at, at, (size_t)counts[k], dt, k, comm, stream);
+    const ncclResult_t end = ncclGroupEnd(); /* closed even after a failed call */
+    return r != ncclSuccess ? r : end;
+}
+
 static ctrl_status nccl_pieces(float *device_buf, const int *counts, int reduce) {
     const char *what = reduce ? "ncclReduce (ZeRO's reduce-scatter)" : "ncclBroadcast (ZeRO's all-gather)";
     cudaError_t e = cudaDeviceSynchronize(); /* what wrote the buffer, on whatever stream, is done */
     if (e != cudaSuccess)
         return ctrl_error_set(CTRL_ERR_DEVICE, "before %s: %s", what, cudaGetErrorString(e));
+    if (!reduce) return nccl_done(what, broadcast_pieces(device_buf, counts, ncclFloat32, sizeof(float), 0));
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return nccl_done(what, r);
     size_t at = 0;
     for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k], k++)
-        r = reduce
-                ? ncclReduce(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, ncclAvg, k,
-                             comm, 0)
-                : ncclBroadcast(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, k, comm, 0);
+        r = ncclReduce(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, ncclAvg, k, comm, 0);
     const ncclResult_t end = ncclGroupEnd(); /* closed even after a failed call */
     return nccl_done(what, r != ncclSuccess ? r : end);
 }
@@ -96,8 +108,9 @@ static cudaStream_t side;
 static cudaEvent_t side_ready, side_done[SIDE_EVENTS];
 static int side_next;
 
-ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle) {
-    *handle = NULL;
+/* The side stream and its events (made at the first prefetch), the side stream made to wait for
+ * what the compute stream queued so far. */
+static ctrl_status side_ready_now(void) {
     cudaError_t e = cudaSuccess;
     if (!side) {
         e = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
@@ -109,20 +122,41 @@ ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const in
     if (e == cudaSuccess) e = cudaStreamWaitEvent(side, side_ready, 0);
     if (e != cudaSuccess)
         return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch's side stream: %s", cudaGetErrorString(e));
-    ncclResult_t r = ncclGroupStart();
-    size_t at = 0;
-    for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k], k++)
-        r = ncclBroadcast(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, k, comm, side);
-    const ncclResult_t end = ncclGroupEnd();
-    if (r == ncclSuccess) r = end;
+    return CTRL_OK;
+}
+
+/* The pieces broadcast on the side stream, an event recorded after them: *handle. */
+static ctrl_status side_gather(void *device_buf, const int *counts, ncclDataType_t dt, size_t elem,
+                               void **handle) {
+    *handle = NULL;
+    ctrl_status st = side_ready_now();
+    if (st != CTRL_OK) return st;
+    const ncclResult_t r = broadcast_pieces(device_buf, counts, dt, elem, side);
     if (r != ncclSuccess)
         return ctrl_error_set(CTRL_ERR_DEVICE, "ncclBroadcast (ZeRO-3's prefetch): %s",
                               ncclGetErrorString(r));
     const int k = side_next++ % SIDE_EVENTS;
-    if ((e = cudaEventRecord(side_done[k], side)) != cudaSuccess)
+    const cudaError_t e = cudaEventRecord(side_done[k], side);
+    if (e != cudaSuccess)
         return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch: %s", cudaGetErrorString(e));
     *handle = (void *)(intptr_t)(k + 1);
     return CTRL_OK;
+}
+
+ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle) {
+    return side_gather(device_buf, counts, ncclFloat32, sizeof(float), handle);
+}
+
+/* ZeRO-3 in bf16: pieces of 2-byte values (ncclBfloat16, copied as they are), on the side stream when
+ * `handle` is given (completed by ctrl_collective_nccl_allgather_wait), else on the compute stream and
+ * done when it returns. */
+ctrl_status ctrl_collective_nccl_allgather_b16(void *device_buf, const int *counts, void **handle) {
+    if (handle) return side_gather(device_buf, counts, ncclBfloat16, 2, handle);
+    const char *what = "ncclBroadcast (ZeRO-3's bf16 all-gather)";
+    cudaError_t e = cudaDeviceSynchronize(); /* what wrote the buffer, on whatever stream, is done */
+    if (e != cudaSuccess)
+        return ctrl_error_set(CTRL_ERR_DEVICE, "before %s: %s", what, cudaGetErrorString(e));
+    return nccl_done(what, broadcast_pieces(device_buf, counts, ncclBfloat16, 2, 0));
 }
 
 ctrl_status ctrl_collective_nccl_allgather_wait(void *handle) {

@@ -281,6 +281,19 @@ ctrl_status ctrl_collective_device_allgather_start_f32(float *device_buf, const 
     return backend->device_allgather_start_f32(device_buf, counts, handle);
 }
 
+ctrl_status ctrl_collective_device_allgather_b16(void *device_buf, const int *counts, void **handle) {
+    if (handle) *handle = NULL;
+    if (!backend) return CTRL_OK;
+    ctrl_status st = device_zero_ready();
+    if (st != CTRL_OK) return st;
+    if (backend->size <
+            offsetof(ctrl_collective_backend, device_allgather_b16) + sizeof backend->device_allgather_b16 ||
+        !backend->device_allgather_b16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "libctrl_mpi.so has no NCCL all-gather of bf16 values (an older build)");
+    return backend->device_allgather_b16(device_buf, counts, handle);
+}
+
 ctrl_status ctrl_collective_device_allgather_wait(void *handle) {
     return handle ? backend->device_allgather_wait(handle) : CTRL_OK;
 }

@@ -102,5 +102,9 @@ ctrl_status ctrl_collective_device_allgather_f32(float *device_buf, const int *c
  * at once). */
 ctrl_status ctrl_collective_device_allgather_start_f32(float *device_buf, const int *counts, void **handle);
 ctrl_status ctrl_collective_device_allgather_wait(void *handle);
+/* ZeRO-3 in bf16 on a CUDA model: ctrl_collective_device_allgather_f32 (handle NULL) or _start_f32
+ * (handle given; completed by ctrl_collective_device_allgather_wait) over counts[r] 2-byte values a
+ * rank, copied as they are. No-op on one rank. */
+ctrl_status ctrl_collective_device_allgather_b16(void *device_buf, const int *counts, void **handle);
 
 #endif

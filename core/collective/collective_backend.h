@@ -57,6 +57,9 @@ typedef struct ctrl_collective_backend {
      * event after it), and the compute stream made to wait for it (the host does not wait). */
     ctrl_status (*device_allgather_start_f32)(float *device_buf, const int *counts, void **handle);
     ctrl_status (*device_allgather_wait)(void *handle);
+    /* Appended for ZeRO-3 in bf16 on a CUDA model: device_allgather_f32 (handle NULL: done when it
+     * returns) or device_allgather_start_f32 (handle given) over pieces of 2-byte values. */
+    ctrl_status (*device_allgather_b16)(void *device_buf, const int *counts, void **handle);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

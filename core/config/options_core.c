@@ -174,7 +174,7 @@ static const ctrl_option memory_options[] = {
      "TRL's default gradient_checkpointing; empty: keep every activation), and at most one ZeRO stage for "
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
-     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on cuda SFT in fp32); "
+     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on cuda SFT in fp32 or bf16); "
      "offload_optimizer: on a CUDA run the optimizer state and step in host memory; offload_activations: the "
      "checkpointed layers' inputs kept out of the compute memory between forward and backward -- on a CUDA "
      "run in host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; "

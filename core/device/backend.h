@@ -205,6 +205,11 @@ typedef struct ctrl_backend_ops {
     ctrl_status (*vm_map)(void *ptr, size_t bytes);
     ctrl_status (*vm_unmap)(void *ptr, size_t bytes);
     void (*vm_unreserve)(void *ptr, size_t bytes);
+    /* Appended: dst = src rounded to bf16 (nearest even) as 2-byte values, and dst = the bf16 values
+     * of src widened to fp32 (exact); ZeRO-3 in bf16 (core/train/zero_device.c: the slices sent and
+     * the layers gathered as bf16). NULL where not implemented. */
+    ctrl_status (*to_bf16)(uint16_t *dst, const float *src, int64_t n);
+    ctrl_status (*from_bf16)(float *dst, const uint16_t *src, int64_t n);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

@@ -135,6 +135,7 @@ ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
  * ctrl_model_params does not refresh the host's copy from them (it is refreshed once they are whole
  * again and the flag cleared). */
 ctrl_status ctrl_model_adopt_device_buffers(ctrl_model *m, float *params, float *grads);
+/* (Such a model keeps no bf16 copy of its parameters in bf16 compute: the products round w.) */
 void ctrl_model_set_device_sliced(ctrl_model *m, int sliced);
 /* The gradients where the backend keeps them (the host's on the CPU), as many floats as
  * ctrl_model_grads (the trainable ones): for a collective on device memory before

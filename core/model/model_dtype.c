@@ -65,8 +65,11 @@ ctrl_status model_prepare_weights(ctrl_model *m, int T) {
      * few-token forwards keep the copy, where rounding in every call would cost as much as the
      * product (a copy made for them is used by any forward while the weights stay as they are) */
     const int per_call = m->be->host_memory && T >= MODEL_BF16_COPY_MAX_T;
-    /* nor for a model held in bf16 (model_bf16_store.c): its parameters are bf16 values, or panels */
-    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !per_call && !m->w16 && !m->base_panels) {
+    /* nor for a model held in bf16 (model_bf16_store.c): its parameters are bf16 values, or panels;
+     * nor for ZeRO-3's sliced device parameters (dbufs_external): a copy would be the whole model's,
+     * and the layers gathered in bf16 hold bf16 values already (the products round the rest) */
+    if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !per_call && !m->w16 && !m->base_panels &&
+        !m->dbufs_external) {
         if (!m->rounded) {
             ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
             if (st != CTRL_OK)

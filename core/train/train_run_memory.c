@@ -1,5 +1,7 @@
 /* What each rank of a training run holds in memory, logged by rank 0: after loading the model, after
  * the first step of a partitioned ZeRO run (host or device), and offload_activations' layout. */
+#include <stdint.h>
+
 #include "collective/collective.h"
 #include "train/train_run.h"
 
@@ -40,6 +42,19 @@ ctrl_status train_run_report_resident(run_state *r) {
                 "(prefetch_bucket_size = %zu floats)",
                 v[0], n_params * sizeof(float), train_zero_layer_bytes(&r->zero), r->zero.size, v[2],
                 n_grads * sizeof(float), v[4], v[5], v[1], v[3], piece, r->zero.prefetched, r->zero.prefetch);
+        if (st != CTRL_OK || !r->zero.b16) return st;
+        double b[3] = {0}; /* bf16: the masters apart, the bf16 copy's slices */
+        train_zero_device_b16_mapped(&r->zero, b);
+        b[2] = (double)(r->zero.master_n * sizeof(float));
+        st = ctrl_collective_allreduce_max_f64(b, 3);
+        if (st == CTRL_OK && r->root)
+            CTRL_INFO(
+                "zero3 on the device in bf16: per rank between steps %.0f bytes of the layers' fp32 master "
+                "slices and %.0f of the bf16 copy's %zu bytes (its slices); the most of it mapped in the "
+                "first "
+                "step %.0f bytes; the layers gathered as bf16 (2 bytes a parameter over NCCL), gradients "
+                "reduce-scattered in fp32",
+                b[2], b[0], n_params * sizeof(uint16_t), b[1]);
         return st;
     }
     if (r->zero.dev) { /* zero2 on a CUDA model: what each rank holds in device memory */

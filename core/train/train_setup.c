@@ -76,18 +76,13 @@ static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec 
                               "preference trainers and the online ones are; zero1 and zero2 work with every "
                               "trainer)",
                               s->run.trainer);
-    /* on a CUDA model (zero_device.c): the token-level trainers (SFT), fp32, every parameter trained */
+    /* on a CUDA model (zero_device.c): the token-level trainers (SFT), fp32 or bf16, every parameter
+     * trained */
     if (r->comp.cuda && k != &train_kind_token)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[memory] strategies = zero3 with [run] device = cuda and trainer = %s: not "
                               "supported yet (SFT is; zero1 and zero2 on cuda work with every trainer)",
                               s->run.trainer);
-    if (r->comp.cuda && strcmp(s->train.dtype, "fp32") != 0)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: [train] dtype = %s with [memory] strategies = zero3 on [run] device = cuda: "
-            "not supported yet (fp32 is)",
-            ctrl_config_where(r->cfg, "train", "dtype"), s->train.dtype);
     if (r->comp.cuda && s->peft.enabled)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,

@@ -29,7 +29,8 @@
  * offload_optimizer, step on the host (the gradients brought back first, the state in host memory,
  * the weights copied back to the device after the gather). Stage 3 keeps each rank's slices on the
  * device and gathers a layer over NCCL into device memory mapped for its use, unmapped after
- * (zero_device.c; SFT in fp32 without LoRA). */
+ * (zero_device.c; SFT in fp32, or bf16 with the layers gathered as bf16 and fp32 master slices, without
+ * LoRA). */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
 #define CTRL_CORE_TRAIN_ZERO_H
 
@@ -96,6 +97,18 @@ typedef struct train_zero {
     /* stage 3 on a CUDA model: the device's parameters and gradients in ranges mapped piece by piece
      * (zero_device.c), what is not this rank's nor in use unmapped */
     struct zero_vm *vm_params, *vm_grads;
+    /* stage 3 on a CUDA model in bf16 ([train] dtype = bf16, DeepSpeed's bf16 + ZeRO-3): the layers'
+     * fp32 master slices kept apart (`master`: the layer units' slices, acc's layout from acc_off
+     * master_lo on, master_n floats), stepped by the optimizer; their bf16 values in vm_b16 (2 bytes a
+     * parameter, this rank's slices mapped for the run, refreshed after each step), all-gathered as
+     * bf16 for a layer's forward and backward and widened into the parameters (which then hold bf16
+     * values); fp32_gather: the gathers of train_zero_gather_all (a save, an evaluation, generation)
+     * send the fp32 masters instead; held16[l]: layer l's gather holds vm_b16 pieces */
+    int b16, fp32_gather;
+    float *master;
+    size_t master_lo, master_n;
+    struct zero_vm *vm_b16;
+    char *held16;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -198,6 +211,11 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, voi
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u);
 ctrl_status train_zero_device_grads_in(train_zero *z, int u);
 size_t train_zero_device_mapped(train_zero *z, double out[4]);
+/* zero3 in bf16 on a CUDA model: a prefetched range's gather completed (the compute stream waited):
+ * its bf16 values widened into the parameters (queued on the compute stream); no-op otherwise. And
+ * the bf16 range's bytes mapped now and at most since the last call (out[0], out[1]). */
+ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u);
+void train_zero_device_b16_mapped(train_zero *z, double out[2]);
 /* A checkpoint save: ranks other than 0 send their optimizer state to rank 0 (call while rank 0 is
  * in ctrl_checkpoint_save, which receives it with train_zero_write_shard). */
 ctrl_status train_zero_send_state(const train_zero *z, const ctrl_optimizer_ops *ops, ctrl_optimizer *opt);

@@ -5,6 +5,7 @@
  * the next backward; the step's norm, clipping and the optimizer (on the device) then read the sums,
  * and the updated slices are all-gathered over NCCL into every rank's device parameters. Nothing
  * crosses to the host but the norm's one double. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "collective/collective.h"
@@ -13,6 +14,7 @@
 
 typedef struct zero_vm zero_vm;
 static ctrl_status vm_drop(zero_vm *v, size_t a, size_t b);
+static uint16_t *b16_base(const train_zero *z);
 
 int train_zero_wants_device(int stage, ctrl_model *m, int host_step) {
     return stage >= 2 && !host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU;
@@ -62,21 +64,46 @@ ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq) {
     return st == CTRL_OK ? ctrl_collective_allreduce_sum_f64(sum_sq, 1) : st;
 }
 
+/* zero3 in bf16: unit u's fp32 master slice (NULL for a unit outside the layers, whose master is
+ * the parameters' own), its bounds in trainable floats. */
+static float *master_of(const train_zero *z, int u, size_t *lo, size_t *hi) {
+    train_zero_slice(z, u, z->rank, lo, hi);
+    return z->b16 && z->units[u].layer >= 0 ? z->master + (z->acc_off[u] - z->master_lo) : NULL;
+}
+
+/* zero3 in bf16: unit u's bf16 slice (vm_b16, mapped for the run) from its fp32 master. */
+static ctrl_status refresh_b16(train_zero *z, int u) {
+    size_t lo, hi;
+    const float *master = master_of(z, u, &lo, &hi);
+    uint16_t *b16 = b16_base(z) + z->first + lo;
+    return hi > lo ? z->dev->to_bf16(b16, master, (int64_t)(hi - lo)) : CTRL_OK;
+}
+
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
     float *p = ctrl_model_device_params(m) + z->first;
     ctrl_status st = CTRL_OK;
-    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) /* zero3's layers stay sliced */
-        if (z->stage < 3 || z->units[u].layer < 0 || z->gathered)
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) { /* zero3's layers stay sliced */
+        size_t lo, hi;
+        const float *master = master_of(z, u, &lo, &hi);
+        if (master) st = refresh_b16(z, u);                    /* bf16: the slice the next gathers send */
+        if (st == CTRL_OK && master && z->gathered && hi > lo) /* whole now: the fp32 masters gathered */
+            st = z->dev->copy(p + lo, master, (hi - lo) * sizeof(float));
+        if (st == CTRL_OK && (z->stage < 3 || z->units[u].layer < 0 || z->gathered))
             st = ctrl_collective_device_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
+    }
     ctrl_model_device_weights_changed(m);
     return st;
 }
 
 void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n) {
-    (void)z;
     const float *host = ctrl_model_params(m, NULL);
     float *dev = ctrl_model_device_params(m);
-    for (int i = 0; i < n; i++) groups[i].param = dev + (groups[i].param - host); /* grads: acc's already */
+    for (int i = 0; i < n; i++) { /* grads: acc's already; zero3 in bf16: a layer's, its master slice */
+        const size_t at = (size_t)(groups[i].grad - z->acc);
+        groups[i].param = z->b16 && at >= z->master_lo && at < z->master_lo + z->master_n
+                              ? z->master + (at - z->master_lo)
+                              : dev + (groups[i].param - host);
+    }
 }
 
 /* ZeRO-3 on a CUDA model: the parameters and the gradients each in one range of device addresses
@@ -167,6 +194,48 @@ static size_t param_byte(const train_zero *z, size_t trainable) {
     return (z->first + trainable) * sizeof(float);
 }
 
+static uint16_t *b16_base(const train_zero *z) { return (uint16_t *)(void *)z->vm_b16->base; }
+
+/* zero3 in bf16: the layers' fp32 master slices (from the model's parameters, before it frees
+ * them) and their bf16 values in vm_b16 (this rank's slices mapped for the run, indexed as the
+ * parameters). */
+static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
+    const ctrl_backend_ops *be = z->dev;
+    if (!ctrl_backend_has(be, to_bf16) || !ctrl_backend_has(be, from_bf16))
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "[train] dtype = bf16 with [memory] strategies = zero3 on %s: the backend has no "
+            "bf16 conversions (an older libctrl_cuda.so?)",
+            be->name);
+    size_t hi_all = 0;
+    z->master_lo = z->acc_n;
+    for (int u = 0; u < z->n_units; u++) { /* the layer units' slices: consecutive in acc's layout */
+        size_t lo, hi;
+        train_zero_slice(z, u, z->rank, &lo, &hi);
+        if (z->units[u].layer < 0) continue;
+        if (z->acc_off[u] < z->master_lo) z->master_lo = z->acc_off[u];
+        if (z->acc_off[u] + (hi - lo) > hi_all) hi_all = z->acc_off[u] + (hi - lo);
+    }
+    z->master_n = hi_all > z->master_lo ? hi_all - z->master_lo : 0;
+    if (!z->master_n) z->master_lo = 0;
+    const int n_layers = ctrl_model_cfg(m)->n_layers;
+    if (!(z->held16 = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    ctrl_status st = be->alloc((void **)&z->master, (z->master_n ? z->master_n : 1) * sizeof(float));
+    if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(uint16_t), 0, &z->vm_b16);
+    z->b16 = st == CTRL_OK;
+    const float *old = ctrl_model_device_params(m) + z->first;
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
+        size_t lo, hi;
+        float *master = master_of(z, u, &lo, &hi);
+        if (!master || hi <= lo) continue;
+        st = vm_pin(z->vm_b16, (z->first + lo) * sizeof(uint16_t), (z->first + hi) * sizeof(uint16_t));
+        if (st == CTRL_OK) st = be->copy(master, old + lo, (hi - lo) * sizeof(float));
+        if (st == CTRL_OK) st = refresh_b16(z, u);
+    }
+    return st;
+}
+
 ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     const ctrl_backend_ops *be = ctrl_model_backend(m);
     if (!ctrl_backend_has(be, vm_reserve) || !ctrl_backend_has(be, vm_map) ||
@@ -175,18 +244,20 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
                               "[memory] strategies = zero3 on %s: the backend cannot map device memory piece "
                               "by piece (an older libctrl_cuda.so?)",
                               be->name);
-    ctrl_status st = train_zero_device_init(z, m); /* the slices' sums, NCCL */
+    ctrl_status st = train_zero_device_init(z, m);                     /* the slices' sums, NCCL */
     const size_t n_params = ctrl_model_param_bytes(m) / sizeof(float); /* fp32 on a device */
     const char *old = (const char *)ctrl_model_device_params(m);
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(float), 0, &z->vm_params);
     if (st == CTRL_OK) st = vm_new(be, (z->total ? z->total : 1) * sizeof(float), 1, &z->vm_grads);
-    /* pinned: what lies outside the sliced layers, whole, and this rank's slice of each layer */
+    if (st == CTRL_OK && ctrl_model_compute_dtype(m) == CTRL_BF16) st = b16_init(z, m, n_params);
+    /* pinned: what lies outside the sliced layers, whole, and this rank's slice of each layer (in
+     * bf16: its master is apart, and vm_b16 holds its bf16 values) */
     if (st == CTRL_OK) st = vm_pin(z->vm_params, 0, param_byte(z, 0));
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
         const train_zero_unit un = z->units[u];
         size_t lo = un.a, hi = un.b;
         if (un.layer >= 0) train_zero_slice(z, u, z->rank, &lo, &hi);
-        st = vm_pin(z->vm_params, param_byte(z, lo), param_byte(z, hi));
+        if (un.layer < 0 || !z->b16) st = vm_pin(z->vm_params, param_byte(z, lo), param_byte(z, hi));
         if (st == CTRL_OK && un.layer < 0)
             st = vm_pin(z->vm_grads, un.a * sizeof(float), un.b * sizeof(float));
     }
@@ -203,8 +274,21 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
 }
 
 void train_zero_device3_free(train_zero *z) {
-    vm_free(z->vm_params), vm_free(z->vm_grads);
-    z->vm_params = z->vm_grads = NULL;
+    vm_free(z->vm_params), vm_free(z->vm_grads), vm_free(z->vm_b16);
+    if (z->master && z->dev) z->dev->free(z->master);
+    free(z->held16);
+    z->vm_params = z->vm_grads = z->vm_b16 = NULL, z->master = NULL, z->held16 = NULL, z->b16 = 0;
+}
+
+/* zero3 in bf16, a gather of train_zero_gather_all: this rank's fp32 master slice of range u (a
+ * layer's) into its place in the parameters, which are then all-gathered in fp32. */
+static ctrl_status master_in(train_zero *z, train_zero_unit u) {
+    const int k = u.layer >= 0 ? z->layer_unit[u.layer] : -1;
+    size_t lo, hi;
+    const float *master = k >= 0 ? master_of(z, k, &lo, &hi) : NULL;
+    if (!master || hi <= lo) return CTRL_OK;
+    return z->dev->copy(ctrl_model_device_params(z->model) + z->first + lo, master,
+                        (hi - lo) * sizeof(float));
 }
 
 ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle) {
@@ -212,17 +296,43 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, voi
     float *p = ctrl_model_device_params(z->model) + u.a;
     const int *counts = train_zero_cut_counts(z, u);
     if (st != CTRL_OK) return st;
+    if (z->b16 && !z->fp32_gather && u.layer >= 0) { /* bf16: 2 bytes a parameter, widened after */
+        st = vm_use(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
+        if (st != CTRL_OK) return st;
+        z->held16[u.layer] = 1;
+        st = ctrl_collective_device_allgather_b16(b16_base(z) + u.a, counts, handle);
+        return st == CTRL_OK && !handle ? train_zero_device_gathered(z, u) : st;
+    }
+    if (z->b16 && u.layer >= 0) st = master_in(z, u); /* fp32: the masters, for a save */
+    if (st != CTRL_OK) return st;
     return handle ? ctrl_collective_device_allgather_start_f32(p, counts, handle)
                   : ctrl_collective_device_allgather_f32(p, counts);
 }
 
+ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u) {
+    if (!z->b16 || u.layer < 0 || !z->held16[u.layer]) return CTRL_OK;
+    return z->dev->from_bf16(ctrl_model_device_params(z->model) + u.a, b16_base(z) + u.a,
+                             (int64_t)(u.b - u.a));
+}
+
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
     ctrl_status st = z->dev->synchronize(); /* the kernels that read the layer are done */
-    return st == CTRL_OK ? vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float)) : st;
+    if (st == CTRL_OK) st = vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
+    if (st == CTRL_OK && z->b16 && u.layer >= 0 && z->held16[u.layer]) {
+        z->held16[u.layer] = 0;
+        st = vm_drop(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
+    }
+    return st;
 }
 
 ctrl_status train_zero_device_grads_in(train_zero *z, int u) {
     return vm_use(z->vm_grads, z->units[u].a * sizeof(float), z->units[u].b * sizeof(float));
+}
+
+void train_zero_device_b16_mapped(train_zero *z, double out[2]) {
+    zero_vm *v = z->vm_b16;
+    out[0] = v ? (double)(v->mapped * v->gran) : 0, out[1] = v ? (double)(v->peak * v->gran) : 0;
+    if (v) v->peak = v->mapped;
 }
 
 size_t train_zero_device_mapped(train_zero *z, double out[4]) {

@@ -93,6 +93,7 @@ static ctrl_status need_layer(train_zero *z, int l) {
             st = z->dev ? ctrl_collective_device_allgather_wait(z->pending[2 * l + i])
                         : ctrl_collective_allgather_wait(z->pending[2 * l + i]);
             z->pending[2 * l + i] = NULL;
+            if (st == CTRL_OK && z->dev) st = train_zero_device_gathered(z, r[i]); /* bf16: widened */
             if (st == CTRL_OK && !z->dev)
                 st = ctrl_model_params_range_changed(z->model, r[i].a, r[i].b - r[i].a);
         } else {
@@ -263,7 +264,9 @@ void train_zero_release_layer(train_zero *z, int l) {
 ctrl_status train_zero_gather_all(train_zero *z) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
     ctrl_status st = ctrl_model_set_round_skip(z->model, NULL, 0); /* whole: the bf16 copy rounds all */
+    z->fp32_gather = 1; /* a CUDA model's zero3 in bf16: the fp32 masters, not the bf16 slices */
     for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) st = need_layer(z, l);
+    z->fp32_gather = 0;
     z->gathered = st == CTRL_OK;
     if (z->gathered && z->dev) { /* whole on the device: the host's copy refreshed at its next read */
         ctrl_model_set_device_sliced(z->model, 0);

@@ -54,6 +54,20 @@ mpi_setup() {
   if [ "$(id -u)" = 0 ]; then MPI+=(--allow-run-as-root); fi
 }
 
+# The MPI tests on CUDA under the emulator (usage: ... EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI as $4 $5):
+# mpi_setup, each rank its own emulated device, the emulated runtime and libctrl_mpi.so passed on;
+# mpi_train NAME ARGS...: a 2-rank `ctrl train $TMP/run.ini` into $TMP/NAME (log $TMP/NAME.log).
+cuda_emu_mpi_setup() {
+  mpi_setup
+  export CTRL_CUDA_LIBRARY=$1 CTRL_MPI_LIBRARY=$2 CTRL_EMU_DEVICES=2
+  MPI+=(-x CTRL_CUDA_LIBRARY -x CTRL_MPI_LIBRARY -x CTRL_EMU_DEVICES -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+}
+mpi_train() {
+  local name=$1 && shift
+  "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 ||
+    { bad "$name: exited $?"; tail -20 "$TMP/$name.log"; }
+}
+
 # Training curves: column KEY of every metrics.jsonl line of DIR (curve_col DIR KEY), and two runs'
 # columns equal line by line within TOLERANCE relative (+ ABSOLUTE, 1e-12 unless given) over at
 # least 6 lines (curve_close DIR_A DIR_B KEY TOLERANCE [ABSOLUTE]; ok or bad, both printed on bad).

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# ZeRO-3 on CUDA in bf16 ([train] dtype = bf16, DeepSpeed's bf16 + ZeRO-3), 2 ranks under the CUDA
+# emulator (issue 19; core/train/zero_device.c): each rank keeps the fp32 master slices of the layers
+# apart and their bf16 values (2 bytes a parameter), all-gathers a layer's bf16 values over NCCL
+# before its forward and its backward (widened into device memory mapped for the use, unmapped
+# after: the emulator faults on a touch of unmapped memory), reduce-scatters the fp32 gradients into
+# its slices' sums, steps AdamW on its fp32 slices and refreshes its bf16 slices. Its curve is plain
+# data parallel's on CUDA in bf16 within bf16's tolerance (the layers' norm weights and biases enter
+# the forward as bf16 values, as DeepSpeed's bf16 module holds them, where data parallel keeps them
+# fp32 as torch.autocast does), the final model and its checkpoint hold the fp32 masters, a 2-rank
+# resume repeats the curve exactly, and what each rank holds on its device is logged and checked.
+# usage: test_zero3_bf16_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
+source "$(dirname "$0")/e2e_common.sh"
+cuda_emu_mpi_setup "$4" "$5"
+tiny_setup 7 3
+cat >"$TMP/run.ini" <<INI
+[run]
+output_dir = $TMP/dp
+device = cuda
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/data/train.jsonl
+[train]
+learning_rate = 3e-3
+max_steps = 6
+per_device_train_batch_size = 2
+gradient_accumulation_steps = 1
+logging_steps = 1
+save_steps = 3
+weight_decay = 0.1
+max_grad_norm = 0.5
+dtype = bf16
+INI
+run() { mpi_train "$@"; }
+run dp --set train.save_strategy=no
+run z3 --set memory.strategies=zero3 --set memory.reduce_bucket_size=1
+# the same curve as data parallel in bf16, within bf16's precision (norm weights and biases as bf16)
+curve_close "$TMP/dp" "$TMP/z3" loss 1e-3
+curve_close "$TMP/dp" "$TMP/z3" grad_norm 1e-2
+# not the fp32 curve: the run computed in bf16
+run f32 --set train.save_strategy=no --set train.dtype=fp32 --set train.max_steps=1
+[ "$(curve_col "$TMP/f32" loss)" != "$(curve_col "$TMP/z3" loss | head -1)" ] && ok || bad "zero3 bf16: the fp32 loss"
+grep -q "zero3 on the device in bf16" "$TMP/z3.log" && ok || bad "zero3 bf16: no bf16 line: $(grep zero3 "$TMP/z3.log")"
+# what a rank holds on its device between steps: the parameters outside the layers, none of the layers'
+# fp32 pieces but those they share with the ends; half of the layers' fp32 masters and a quarter of their
+# bytes as bf16 (half the layers, 2 bytes a parameter), give or take a piece a slice
+d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers [0-9]* bytes" "$1"; }
+b3() { grep -o "zero3 on the device in bf16: per rank between steps [0-9]* bytes of the layers' fp32 master slices and [0-9]* of the bf16 copy's [0-9]* bytes (its slices); the most of it mapped in the first step [0-9]*" "$1"; }
+read -r pm p lay < <(d3 "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')
+read -r master b16 b16all b16peak < <(b3 "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n '3p;5p;7p;8p' | tr '\n' ' ')
+piece=$(grep -o "pieces of [0-9]* bytes" "$TMP/z3.log" | grep -o '[0-9][0-9]*')
+echo "zero3 bf16 on CUDA, per rank between steps: parameters $pm of $p bytes (layers $lay), fp32 masters $master, bf16 slices $b16 of $b16all (at most $b16peak in the step); pieces of $piece bytes"
+[ -n "$piece" ] && [ -n "$b16peak" ] && [ $((2 * master)) -le $((lay + 64)) ] && [ $((2 * master)) -ge $((lay - 64)) ] &&
+  [ $((pm - (p - lay))) -le $((2 * piece)) ] && [ $((4 * b16)) -le $((lay + 4 * 4 * piece)) ] && [ "$b16peak" -gt "$b16" ] && ok ||
+  bad "zero3 bf16 device bytes: '$(d3 "$TMP/z3.log")' '$(b3 "$TMP/z3.log")'"
+# the final model holds the fp32 masters, not their bf16 values (whose low 16 bits are zero)
+low=$(tail -c 4096 "$TMP/z3/model.safetensors" | od -A n -v -t u2 | tr -s ' ' '\n' | grep . | awk 'NR % 2 && $1 != 0 { n++ } END { print n + 0 }')
+[ "${low:-0}" -gt 100 ] && ok || bad "zero3 bf16: the saved model holds bf16 values ($low of 1024 floats with low bits)"
+# its checkpoint resumes the same curve on 2 ranks
+mkdir -p "$TMP/r3" && cp -r "$TMP/z3/checkpoint-3" "$TMP/r3/"
+grep '"step": [1-3],' "$TMP/z3/metrics.jsonl" >"$TMP/r3/metrics.jsonl"
+run r3 --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 --set train.resume_from_checkpoint=last
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
+diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 bf16 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
+cmp -s "$TMP/z3/model.safetensors" "$TMP/r3/model.safetensors" && ok || bad "zero3 bf16: the resumed model differs"
+finish
