@@ -103,6 +103,14 @@ static ctrl_status round_to_bf16(float *dst, const float *src, int64_t n) {
     ctrl_cpu_round_to_bf16(dst, src, n);
     return CTRL_OK;
 }
+static ctrl_status to_bf16(uint16_t *dst, const float *src, int64_t n) {
+    ctrl_cpu_f32_to_bf16(dst, src, n);
+    return CTRL_OK;
+}
+static ctrl_status from_bf16(float *dst, const uint16_t *src, int64_t n) {
+    ctrl_cpu_bf16_to_f32(dst, src, n);
+    return CTRL_OK;
+}
 static ctrl_status rope_forward(float *out, const float *x, const int32_t *pos, const float *cos_tab,
                                 const float *sin_tab, int T, int n_head, int head_dim) {
     ctrl_cpu_rope_forward(out, x, pos, cos_tab, sin_tab, T, n_head, head_dim);
@@ -307,10 +315,12 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .nf4_dequantize = ctrl_nf4_dequantize_raw, /* QLoRA (model/nf4.c) */
         .nf4_linear_forward = nf4_linear_forward,  /* QLoRA's products (kernels/cpu/gemm_nf4.c) */
         .nf4_linear_backward = nf4_linear_backward,
-        .dora_norm = dora_norm,                    /* DoRA (kernels/cpu/dora.c) */
+        .dora_norm = dora_norm, /* DoRA (kernels/cpu/dora.c) */
         .dora_combine = dora_combine,
         .dora_backward = dora_backward,
         .lora_dropout = lora_dropout, /* LoRA's dropout masks (model/lora.c) */
+        .to_bf16 = to_bf16,
+        .from_bf16 = from_bf16,
     };
     return &ops;
 }
