@@ -5,7 +5,6 @@
  * to bitsandbytes', the parameters after every step within fp32 rounding; and a resume through
  * state_get continuing the same trajectory bit for bit. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,51 +15,26 @@
 
 #include "../../plugins/optimizer/adamw_8bit/blockwise8.h"
 #include "fixture.h"
+#include "optimizer/optimizer_host.h"
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_adamw_8bit(void);
 
-/* Options as a validated config would hold them (cfg is this table). */
-typedef struct {
-    double b1, b2, eps, min8;
-} hp_table;
-
-static double hp_get(const ctrl_config *cfg, const char *key) {
-    const hp_table *t = (const hp_table *)cfg;
-    return !strcmp(key, "adam_beta1")     ? t->b1
-           : !strcmp(key, "adam_beta2")   ? t->b2
-           : !strcmp(key, "adam_epsilon") ? t->eps
-                                          : t->min8;
+/* The options as a validated config would hold them. */
+static test_hp_table hparams_of(double b1, double b2, double eps, double min8) {
+    test_hp_table hp = {0};
+    test_hp_set(&hp, "adam_beta1", b1);
+    test_hp_set(&hp, "adam_beta2", b2);
+    test_hp_set(&hp, "adam_epsilon", eps);
+    test_hp_set(&hp, "min_8bit_size", min8);
+    return hp;
 }
-static double host_option_float(const ctrl_config *cfg, const char *s, const char *k, ctrl_status *st) {
-    (void)s, (void)st;
-    return hp_get(cfg, k);
-}
-static int64_t host_option_int(const ctrl_config *cfg, const char *s, const char *k, ctrl_status *st) {
-    (void)s, (void)st;
-    return (int64_t)hp_get(cfg, k);
-}
-static ctrl_status host_error_set(ctrl_status st, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char buf[512];
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return ctrl_error_set(st, "%s", buf);
-}
-static const ctrl_host test_host = {
-    .size = sizeof(ctrl_host),
-    .abi = CTRL_PLUGIN_ABI,
-    .error_set = host_error_set,
-    .option_float = host_option_float,
-    .option_int = host_option_int,
-};
 
 static const ctrl_optimizer_ops *plugin_ops(void) {
     const ctrl_plugin *const *list = ctrl_plugins_adamw_8bit();
     CHECK(list && list[0] && list[0]->kind == CTRL_KIND_OPTIMIZER && !strcmp(list[0]->name, "adamw_8bit"));
     if (!list || !list[0]) return NULL;
-    CHECK_EQ_INT(list[0]->init(&test_host), CTRL_OK);
+    CHECK_EQ_INT(list[0]->init(&test_optimizer_host), CTRL_OK);
     return list[0]->ops;
 }
 
@@ -188,16 +162,17 @@ static void check_case(const char *file) {
         return;
     }
     /* the script's decimal hyper-parameters (stored as fp32): their shortest decimal, as Python had them */
-    const hp_table hp = {decimal(hparams[0]), decimal(hparams[1]), decimal(hparams[2]), hparams[3]};
+    const test_hp_table hp =
+        hparams_of(decimal(hparams[0]), decimal(hparams[1]), decimal(hparams[2]), hparams[3]);
     const int steps = (int)hparams[4];
     run r, resumed;
     run_init(&r, sizes, hparams);
     run_init(&resumed, sizes, hparams);
     ctrl_optimizer *opt = NULL, *opt2 = NULL;
-    CHECK_EQ_INT(ops->create(&test_host, (const ctrl_config *)&hp, r.groups, 2,
+    CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), r.groups, 2,
                              (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
                  CTRL_OK);
-    CHECK_EQ_INT(ops->create(&test_host, (const ctrl_config *)&hp, resumed.groups, 2,
+    CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), resumed.groups, 2,
                              (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt2),
                  CTRL_OK);
     if (!opt || !opt2) goto done;
@@ -223,7 +198,7 @@ static void check_case(const char *file) {
             for (int j = 0; j < 2; j++)
                 memcpy(resumed.groups[j].param, r.groups[j].param, (size_t)r.groups[j].numel * sizeof(float));
             opt2 = NULL;
-            CHECK_EQ_INT(ops->create(&test_host, (const ctrl_config *)&hp, resumed.groups, 2,
+            CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), resumed.groups, 2,
                                      (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt2),
                          CTRL_OK);
             if (!opt2) break;
@@ -246,7 +221,7 @@ static void check_case(const char *file) {
     /* the final states: bitsandbytes' bytes and absmax, or its fp32 moments below min_8bit_size */
     int buf = 0;
     for (int j = 0; j < 2; j++) {
-        const int is8 = r.groups[j].numel >= (int64_t)hp.min8;
+        const int is8 = r.groups[j].numel >= (int64_t)hparams[3];
         static const char *const n8[4] = {"state1", "state2", "absmax1", "absmax2"};
         static const char *const n32[2] = {"exp_avg", "exp_avg_sq"};
         for (int k = 0; k < (is8 ? 4 : 2); k++, buf++) {
@@ -299,26 +274,16 @@ TEST(custom_case_is_bitsandbytes) { check_case("adamw8bit_custom.bin"); }
 TEST(device_declined_and_oom_is_an_error) {
     const ctrl_optimizer_ops *ops = plugin_ops();
     if (!ops) return;
-    const hp_table hp = {0.9, 0.999, 1e-8, 4096};
+    const test_hp_table hp = hparams_of(0.9, 0.999, 1e-8, 4096);
     float x = 0;
     ctrl_param_group g = {.param = &x, .grad = &x, .numel = 1};
     ctrl_optimizer *opt = NULL;
-    CHECK_EQ_INT(
-        ops->create(&test_host, (const ctrl_config *)&hp, &g, 1, (ctrl_device){CTRL_DEVICE_CUDA, 0}, &opt),
-        CTRL_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), &g, 1,
+                             (ctrl_device){CTRL_DEVICE_CUDA, 0}, &opt),
+                 CTRL_ERR_UNSUPPORTED);
     g.numel = (int64_t)1 << 61;
-    CHECK_EQ_INT(
-        ops->create(&test_host, (const ctrl_config *)&hp, &g, 1, (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
-        CTRL_ERR_NOMEM);
+    CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), &g, 1,
+                             (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                 CTRL_ERR_NOMEM);
     CHECK_CONTAINS(ctrl_error_message(), "out of memory");
 }
-
-#if defined(__has_feature) /* clang's spelling of __SANITIZE_ADDRESS__ */
-#if __has_feature(address_sanitizer)
-#define TEST_UNDER_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(TEST_UNDER_ASAN)
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
-#endif

@@ -2,7 +2,6 @@
  * two parameter groups (with and without weight decay), a learning rate changing every step,
  * six steps; parameters must match torch to fp32 rounding. */
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -13,65 +12,17 @@
 #include <ctrl/optimizer.h>
 #include <ctrl/status.h>
 
+#include "optimizer/optimizer_host.h"
 #include "test.h"
 
 const ctrl_plugin *const *ctrl_plugins_adamw(void);
 const ctrl_plugin *const *ctrl_plugins_sgd(void);
 
-/* A host whose option readers read the fixture's hyper-parameters (cfg is this table), standing in
- * for a validated config: keys the fixture leaves out hold the plugin's declared default. */
-typedef struct {
-    char key[8][32];
-    double val[8];
-    int n;
-} hp_table;
-
-static double hp_get(const ctrl_config *cfg, const char *section, const char *key, ctrl_status *st) {
-    const hp_table *t = (const hp_table *)cfg;
-    for (int i = 0; *st == CTRL_OK && t && i < t->n; i++)
-        if (!strcmp(t->key[i], key)) return t->val[i];
-    if (*st == CTRL_OK) *st = ctrl_error_set(CTRL_ERR_CONFIG, "[%s] %s: has no value", section, key);
-    return 0;
-}
-static double host_option_float(const ctrl_config *cfg, const char *s, const char *k, ctrl_status *st) {
-    return hp_get(cfg, s, k, st);
-}
-static bool host_option_bool(const ctrl_config *cfg, const char *s, const char *k, ctrl_status *st) {
-    return hp_get(cfg, s, k, st) != 0;
-}
-static ctrl_status host_error_set(ctrl_status st, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char buf[512];
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return ctrl_error_set(st, "%s", buf);
-}
-static const ctrl_host test_host = {
-    .size = sizeof(ctrl_host),
-    .abi = CTRL_PLUGIN_ABI,
-    .error_set = host_error_set,
-    .option_float = host_option_float,
-    .option_bool = host_option_bool,
-};
-
 static const ctrl_plugin *find_plugin(const char *kind) {
     const ctrl_plugin *const *list = !strcmp(kind, "adamw") ? ctrl_plugins_adamw() : ctrl_plugins_sgd();
     CHECK(list && list[0] && list[0]->kind == CTRL_KIND_OPTIMIZER && !strcmp(list[0]->name, kind));
-    if (list && list[0] && list[0]->init) CHECK_EQ_INT(list[0]->init(&test_host), CTRL_OK);
+    if (list && list[0] && list[0]->init) CHECK_EQ_INT(list[0]->init(&test_optimizer_host), CTRL_OK);
     return list ? list[0] : NULL;
-}
-
-/* What validation does: every declared key the fixture leaves out gets the option's default. */
-static void hp_fill_defaults(hp_table *hp, const ctrl_plugin *p) {
-    for (const ctrl_option *o = p->options; o && o->key; o++) {
-        int have = 0;
-        for (int i = 0; i < hp->n; i++) have |= !strcmp(hp->key[i], o->key);
-        if (have || !o->default_value || hp->n == 8) continue;
-        snprintf(hp->key[hp->n], sizeof hp->key[0], "%s", o->key);
-        hp->val[hp->n++] =
-            o->type == CTRL_OPT_BOOL ? !strcmp(o->default_value, "true") : atof(o->default_value);
-    }
 }
 
 static float *read_floats(FILE *f, const char *tag, int n) {
@@ -99,15 +50,14 @@ TEST(torch_trajectories) {
     int steps;
     while (fscanf(f, "%31s", word) == 1 && !strcmp(word, "case")) {
         CHECK(fscanf(f, "%63s %15s %d", name, kind, &steps) == 3);
-        hp_table hp = {0};
+        test_hp_table hp = {0};
         CHECK(fscanf(f, "%31s", word) == 1 && !strcmp(word, "hparams"));
         if (!fgets(line, sizeof line, f)) break;
         for (char *tok = strtok(line, " \n"); tok && hp.n < 8; tok = strtok(NULL, " \n")) {
             char *eq = strchr(tok, '=');
             if (!eq) continue;
             *eq = 0;
-            snprintf(hp.key[hp.n], sizeof hp.key[0], "%s", tok);
-            hp.val[hp.n++] = atof(eq + 1);
+            test_hp_set(&hp, tok, atof(eq + 1));
         }
         ctrl_param_group groups[2];
         for (int g = 0; g < 2; g++) {
@@ -122,10 +72,10 @@ TEST(torch_trajectories) {
         }
         const ctrl_plugin *plugin = find_plugin(kind);
         if (!plugin) break;
-        hp_fill_defaults(&hp, plugin);
+        test_hp_fill_defaults(&hp, plugin);
         const ctrl_optimizer_ops *ops = plugin->ops;
         ctrl_optimizer *opt = NULL;
-        CHECK_EQ_INT(ops->create(&test_host, (const ctrl_config *)&hp, groups, 2,
+        CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), groups, 2,
                                  (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
                      CTRL_OK);
         double worst = 0;
@@ -195,8 +145,8 @@ static void adamw_scalar(float *p, float *m, float *v, const float *g, int64_t n
 TEST(adamw_vector_update_is_the_scalar_loop_bit_for_bit) {
     const ctrl_plugin *plugin = find_plugin("adamw");
     if (!plugin) return;
-    hp_table hp = {0};
-    hp_fill_defaults(&hp, plugin);
+    test_hp_table hp = {0};
+    test_hp_fill_defaults(&hp, plugin);
     const ctrl_optimizer_ops *ops = plugin->ops;
     CHECK(ops->size >= offsetof(ctrl_optimizer_ops, step_scaled) + sizeof ops->step_scaled &&
           ops->step_scaled);
@@ -220,9 +170,9 @@ TEST(adamw_vector_update_is_the_scalar_loop_bit_for_bit) {
         groups[g].grad = grad[g];
     }
     ctrl_optimizer *opt = NULL;
-    CHECK_EQ_INT(
-        ops->create(&test_host, (const ctrl_config *)&hp, groups, G, (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
-        CTRL_OK);
+    CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), groups, G,
+                             (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                 CTRL_OK);
     if (!opt) return;
     const float scales[4] = {1.0f, 0.37f, 1.0f, 0.0123f};
     for (int t = 1; t <= 4; t++) {
@@ -258,35 +208,21 @@ TEST(adamw_vector_update_is_the_scalar_loop_bit_for_bit) {
 }
 
 TEST(nesterov_needs_momentum) {
-    hp_table hp = {.n = 2};
-    strcpy(hp.key[0], "nesterov");
-    hp.val[0] = 1;
-    strcpy(hp.key[1], "momentum");
-    hp.val[1] = 0;
+    test_hp_table hp = {0};
+    test_hp_set(&hp, "nesterov", 1);
+    test_hp_set(&hp, "momentum", 0);
     float p[3] = {0}, g[3] = {0};
     ctrl_param_group grp = {.param = p, .grad = g, .numel = 3};
     ctrl_optimizer *opt = NULL;
     const ctrl_plugin *sgd = find_plugin("sgd");
     if (!sgd) return;
-    hp_fill_defaults(&hp, sgd);
-    CHECK_EQ_INT(
-        ((const ctrl_optimizer_ops *)sgd->ops)
-            ->create(&test_host, (const ctrl_config *)&hp, &grp, 1, (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
-        CTRL_ERR_CONFIG);
+    test_hp_fill_defaults(&hp, sgd);
+    CHECK_EQ_INT(((const ctrl_optimizer_ops *)sgd->ops)
+                     ->create(&test_optimizer_host, test_hp_config(&hp), &grp, 1,
+                              (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                 CTRL_ERR_CONFIG);
     CHECK_CONTAINS(ctrl_error_message(), "nesterov");
 }
-
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TEST_UNDER_ASAN 1 /* clang 14 does not define __SANITIZE_ADDRESS__ */
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(TEST_UNDER_ASAN)
-/* Under AddressSanitizer, an impossible allocation returns NULL (as libc's does) instead of
- * aborting, so the case below runs there too. */
-const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
-#endif
 
 /* State that cannot be allocated (a group larger than the address space) is CTRL_ERR_NOMEM with a
  * message, and create frees what it had built (the half-built optimizer goes through destroy). */
@@ -295,16 +231,15 @@ TEST(state_that_cannot_be_allocated_is_an_error) {
     for (int k = 0; k < 2; k++) {
         const ctrl_plugin *p = find_plugin(kinds[k]);
         if (!p) return;
-        hp_table hp = {.n = 1};
-        strcpy(hp.key[0], "momentum"); /* sgd keeps state only with momentum */
-        hp.val[0] = 0.9;
-        hp_fill_defaults(&hp, p);
+        test_hp_table hp = {0};
+        test_hp_set(&hp, "momentum", 0.9); /* sgd keeps state only with momentum */
+        test_hp_fill_defaults(&hp, p);
         float x = 0;
         ctrl_param_group groups[2] = {{.param = &x, .grad = &x, .numel = 1},
                                       {.param = &x, .grad = &x, .numel = (int64_t)1 << 61}};
         ctrl_optimizer *opt = NULL;
         CHECK_EQ_INT(((const ctrl_optimizer_ops *)p->ops)
-                         ->create(&test_host, (const ctrl_config *)&hp, groups, 2,
+                         ->create(&test_optimizer_host, test_hp_config(&hp), groups, 2,
                                   (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
                      CTRL_ERR_NOMEM);
         CHECK_CONTAINS(ctrl_error_message(), "out of memory");

@@ -1,6 +1,8 @@
 # The optimizer plugins linked statically into one test (CTRL_PLUGIN_STATIC_NAME renames each
 # plugin's entry function), replaying torch.optim trajectories from tests/fixtures/optimizer/.
+# Both tests hand the plugins one host (optimizer_host.c: option readers over a table).
 add_executable(test_optimizers ${CMAKE_SOURCE_DIR}/tests/optimizer/test_optimizers.c
+               ${CMAKE_SOURCE_DIR}/tests/optimizer/optimizer_host.c
                ${CMAKE_SOURCE_DIR}/tests/test_main.c)
 add_library(test_optimizer_adamw OBJECT ${CMAKE_SOURCE_DIR}/plugins/optimizer/adamw/adamw.c)
 target_compile_definitions(test_optimizer_adamw PRIVATE CTRL_PLUGIN_STATIC_NAME=adamw)
@@ -19,7 +21,8 @@ target_link_libraries(test_optimizers PRIVATE ctrl OpenMP::OpenMP_C m)
 add_test(NAME test_optimizers COMMAND test_optimizers)
 set_tests_properties(test_optimizers PROPERTIES LABELS parity SKIP_RETURN_CODE 77 TIMEOUT 120)
 # adamw_8bit against bitsandbytes' own 8-bit AdamW steps (tests/reference/make_adamw8bit_fixtures.py).
-add_executable(test_adamw8bit ${CMAKE_SOURCE_DIR}/tests/optimizer/test_adamw8bit.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
+add_executable(test_adamw8bit ${CMAKE_SOURCE_DIR}/tests/optimizer/test_adamw8bit.c
+               ${CMAKE_SOURCE_DIR}/tests/optimizer/optimizer_host.c ${CMAKE_SOURCE_DIR}/tests/test_main.c
                ${CMAKE_SOURCE_DIR}/tests/fixture.c)
 add_library(test_optimizer_adamw_8bit OBJECT ${CMAKE_SOURCE_DIR}/plugins/optimizer/adamw_8bit/adamw_8bit.c
             ${CMAKE_SOURCE_DIR}/plugins/optimizer/adamw_8bit/blockwise8.c)
