@@ -15,62 +15,36 @@ clock is the thread's CPU time (time.thread_time: all three run on the calling t
 spent waiting for a shared machine's cores is not counted; --clock wall counts it.
 usage: bench/scale/bench_gemm.py [--tokens 1024] [--rounds 5] [--threads 1] [--clock cpu|wall]
        [--only SUBSTRING]   (after scripts/build.sh)"""
-import argparse
 import ctypes
-import ctypes.util
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import bench_util as bu  # noqa: E402
-
-BUILD = os.environ.get("BUILD", os.path.join(bu.ROOT, "build"))
+import gemm_bench as gb  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    p.add_argument("--only", default="")
-    args = p.parse_args()
-    if args.threads > 1:
-        args.clock = "wall"
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[k] = str(args.threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    args = gb.parse_args(lambda p: p.add_argument("--only", default=""))
     import torch  # after the thread variables
 
     torch.set_num_threads(args.threads)
-    ctrl = ctypes.CDLL(os.path.join(BUILD, "libctrl.so"))
-    ctrl.ctrl_cpu_has_avx512bf16.restype = ctypes.c_int
-    ctrl.ctrl_cpu_has_amx.restype = ctypes.c_int
-    ctrl.ctrl_cpu_bf16_path.restype = ctypes.c_char_p
-    ctrl.ctrl_cpu_bf16_path.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    fast = ctypes.c_int(0)
-    path = ctrl.ctrl_cpu_bf16_path(ctypes.byref(fast)).decode()
+    ctrl, path = gb.load_ctrl()
     if os.environ.get("CTRL_AMX_EMULATE", "0") not in ("", "0"):
         print("warning: CTRL_AMX_EMULATE is set: this measures the software emulation of AMX, not a CPU")
     both = bool(ctrl.ctrl_cpu_has_amx()) and "CTRL_NO_AMX" not in os.environ
     blas = ctypes.CDLL("libopenblas.so.0")
-    fp = ctypes.POINTER(ctypes.c_float)
-    ctrl.ctrl_cpu_gemm_bf16.argtypes = [ctypes.c_int] * 5 + [fp, ctypes.c_int, fp, ctypes.c_int, fp, ctypes.c_int,
-                                                             ctypes.c_int]
+    fp = gb.FP
     blas.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, fp, ctypes.c_int, fp, ctypes.c_int,
                                                       ctypes.c_float, fp, ctypes.c_int]
     ptr = lambda t: ctypes.cast(t.data_ptr(), fp)
     T = args.tokens
-    proj = [("q/o", 896, 896), ("k/v", 896, 128), ("gate/up", 896, 4864), ("down", 4864, 896)]
     shapes = []  # (name, M, N, K, trans_a, trans_b)
-    for name, IN, OUT in proj:
+    for name, IN, OUT in gb.PROJECTIONS:
         shapes += [(f"{name} forward", T, OUT, IN, 0, 1), (f"{name} dX", T, IN, OUT, 0, 0),
                    (f"{name} dW", OUT, IN, T, 1, 0)]
-    print(f"machine: {bu.cpu_model()}, {os.cpu_count()} cores; {args.threads} thread(s); ctrl's bf16 path: "
-          f"{path}; torch {torch.__version__}; load average {bu.load_average()}")
+    print(gb.machine_line(args, path, f"torch {torch.__version__}; "))
     print(f"{'shape':18s} {'M':>5s} {'N':>5s} {'K':>5s} {'ctrl bf16':>10s} "
           + (f"{'ctrl avx512':>12s} " if both else "")
           + f"{'torch bf16':>11s} {'sgemm':>8s} {'ctrl/torch':>10s}   GFLOP/s, median of {args.rounds}, "
@@ -108,15 +82,8 @@ def main():
                              0.0, ptr(C), N)
 
         fns = [run_ctrl] + ([run_avx512] if both else []) + [run_torch, run_sgemm]
-        for f in fns:
-            f()  # warm up: first-touch, oneDNN's kernel generation
-        times = [[] for _ in fns]
-        for _ in range(args.rounds):
-            for i, f in enumerate(fns):
-                t = clock()
-                f()
-                times[i].append(clock() - t)
-        rate = [2.0 * M * N * K / statistics.median(t) / 1e9 for t in times]
+        # the first call of each warms up: first-touch, oneDNN's kernel generation
+        rate = [2.0 * M * N * K / t / 1e9 for t in gb.median_times(fns, args.rounds, args.timer)]
         avx = f"{rate[1]:12.1f} " if both else ""
         torch_rate, sgemm_rate = rate[-2], rate[-1]
         ratios.append(rate[0] / torch_rate)

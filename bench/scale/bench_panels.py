@@ -12,58 +12,28 @@ interleaved so that a shared machine's load falls on all alike:
 Reported: the median of --rounds rounds per shape in ms of the calling thread's CPU time (one thread;
 --clock wall with more), and the bytes each layout holds. usage: bench/scale/bench_panels.py
 [--tokens 1024] [--rounds 5] [--threads 1] [--clock cpu|wall]   (after scripts/build.sh)"""
-import argparse
-import ctypes
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import bench_util as bu  # noqa: E402
-
-BUILD = os.environ.get("BUILD", os.path.join(bu.ROOT, "build"))
+import gemm_bench as gb  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    args = p.parse_args()
-    if args.threads > 1:
-        args.clock = "wall"
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[k] = str(args.threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import numpy as np
+    args = gb.parse_args()
+    import numpy as np  # after the thread variables
 
-    ctrl = ctypes.CDLL(os.path.join(BUILD, "libctrl.so"))
-    fp, vp = ctypes.POINTER(ctypes.c_float), ctypes.c_void_p
-    ctrl.ctrl_cpu_bf16_path.restype = ctypes.c_char_p
-    ctrl.ctrl_cpu_bf16_path.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    ctrl.ctrl_cpu_gemm_bf16.argtypes = [ctypes.c_int] * 5 + [fp, ctypes.c_int, fp, ctypes.c_int, fp, ctypes.c_int,
-                                                             ctypes.c_int]
-    ctrl.ctrl_cpu_gemm_bf16_pack.restype = vp
-    ctrl.ctrl_cpu_gemm_bf16_pack.argtypes = [ctypes.c_int] * 3 + [fp, ctypes.c_int]
-    for f in (ctrl.ctrl_cpu_gemm_bf16_packed, ctrl.ctrl_cpu_gemm_bf16_packed_t):
-        f.argtypes = [ctypes.c_int, ctypes.c_int, fp, ctypes.c_int, vp, fp, ctypes.c_int, ctypes.c_int]
-    ctrl.ctrl_cpu_gemm_bf16_packed_bytes.restype = ctypes.c_size_t
-    ctrl.ctrl_cpu_gemm_bf16_packed_bytes.argtypes = [vp]
-    ctrl.ctrl_cpu_gemm_bf16_packed_free.argtypes = [vp]
-    ptr = lambda a: a.ctypes.data_as(fp)
-    path = ctrl.ctrl_cpu_bf16_path(ctypes.byref(ctypes.c_int(0))).decode()
+    ctrl, path = gb.load_ctrl()
+    ptr = lambda a: a.ctypes.data_as(gb.FP)
     T = args.tokens
-    print(f"machine: {bu.cpu_model()}, {os.cpu_count()} cores; {args.threads} thread(s); ctrl's bf16 path: {path}; "
-          f"load average {bu.load_average()}")
+    print(gb.machine_line(args, path))
     print(f"{'projection':9s} {'IN':>5s} {'OUT':>5s} | {'fwd/call':>8s} {'fwd pan':>8s} | {'dX/call':>8s} "
           f"{'dX t':>8s} {'dX 2nd':>8s} | {'W bf16 MiB':>10s} {'panels':>7s} {'+2nd':>7s}   ms, median of "
           f"{args.rounds}, {args.clock} clock")
     rng = np.random.default_rng(0)
     tot = [0.0] * 5
-    for name, IN, OUT in [("q/o", 896, 896), ("k/v", 896, 128), ("gate/up", 896, 4864), ("down", 4864, 896)]:
+    for name, IN, OUT in gb.PROJECTIONS:
         W = rng.standard_normal((OUT, IN), dtype=np.float32)
         x = rng.standard_normal((T, IN), dtype=np.float32)
         dy = rng.standard_normal((T, OUT), dtype=np.float32)
@@ -78,15 +48,7 @@ def main():
                lambda: ctrl.ctrl_cpu_gemm_bf16(0, 0, T, IN, OUT, ptr(dy), OUT, ptr(W), IN, ptr(dx), IN, 0),
                lambda: ctrl.ctrl_cpu_gemm_bf16_packed_t(0, T, ptr(dy), OUT, fwd, ptr(dx), IN, 0),
                lambda: ctrl.ctrl_cpu_gemm_bf16_packed(0, T, ptr(dy), OUT, bwd, ptr(dx), IN, 0)]
-        for f in fns:
-            f()
-        times = [[] for _ in fns]
-        for _ in range(args.rounds):
-            for i, f in enumerate(fns):
-                t = clock()
-                f()
-                times[i].append(clock() - t)
-        ms = [1e3 * statistics.median(t) for t in times]
+        ms = [1e3 * t for t in gb.median_times(fns, args.rounds, args.timer)]
         tot = [a + b for a, b in zip(tot, ms)]
         mib = lambda b: b / 1048576.0
         print(f"{name:9s} {IN:5d} {OUT:5d} | {ms[0]:8.2f} {ms[1]:8.2f} | {ms[2]:8.2f} {ms[3]:8.2f} {ms[4]:8.2f} | "
