@@ -32,15 +32,6 @@ static const ctrl_attention_ops *eager(void) {
     return p->ops;
 }
 
-static int32_t *ints(const cJSON *root, const char *key, int *n) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
-    *n = cJSON_GetArraySize(a);
-    int32_t *out = malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
-    int i = 0;
-    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
-    return out;
-}
-
 /* The model fixture's packed batch (models/<arch>/batch.json). */
 typedef struct fixture_batch {
     int T, n_cu;
@@ -55,8 +46,8 @@ static void batch_load(fixture_batch *f, const char *arch) {
              arch);
     cJSON *root = json_file(path);
     int n;
-    f->tokens = ints(root, "tokens", &f->T), f->pos = ints(root, "positions", &n);
-    f->tg = ints(root, "targets", &n), f->cu = ints(root, "cu_seqlens", &f->n_cu);
+    f->tokens = json_ints(root, "tokens", &f->T), f->pos = json_ints(root, "positions", &n);
+    f->tg = json_ints(root, "targets", &n), f->cu = json_ints(root, "cu_seqlens", &f->n_cu);
     f->b = (ctrl_batch){.T = f->T,
                         .B = f->n_cu - 1,
                         .tokens = f->tokens,

@@ -48,22 +48,13 @@ static ctrl_model *load(const char *name, int at_load) {
     return st == CTRL_OK ? m : (ctrl_model_free(m), NULL);
 }
 
-static int32_t *ints(const cJSON *root, const char *key, int *n) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
-    *n = cJSON_GetArraySize(a);
-    int32_t *out = calloc((size_t)(*n ? *n : 1), sizeof(int32_t));
-    int i = 0;
-    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
-    return out;
-}
-
 static void same_steps(const char *name, const char *arch) {
     char path[1024];
     snprintf(path, sizeof path, "%s/models/%s/batch.json", CTRL_FIXTURE_DIR, arch);
     cJSON *root = json_file(path);
     int T = 0, n, n_cu = 0;
-    int32_t *tok = ints(root, "tokens", &T), *pos = ints(root, "positions", &n),
-            *tg = ints(root, "targets", &n), *cu = ints(root, "cu_seqlens", &n_cu);
+    int32_t *tok = json_ints(root, "tokens", &T), *pos = json_ints(root, "positions", &n),
+            *tg = json_ints(root, "targets", &n), *cu = json_ints(root, "cu_seqlens", &n_cu);
     cJSON_Delete(root);
     const ctrl_batch b = {
         .T = T, .B = n_cu - 1, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};

@@ -21,15 +21,6 @@
 const ctrl_plugin *const *ctrl_plugins_eager(void);
 const ctrl_plugin *const *ctrl_plugins_flash(void);
 
-static int32_t *int_array(const cJSON *root, const char *key, int *n) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
-    *n = cJSON_GetArraySize(a);
-    int32_t *out = malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
-    int i = 0;
-    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
-    return out;
-}
-
 static float *float_array(const cJSON *root, const char *key, int n) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
     float *out = calloc((size_t)n, sizeof(float));
@@ -102,8 +93,8 @@ static void check_arch(const char *arch, const ctrl_attention_ops *attn, const c
     }
     if (!root || (bf16 && !auto16)) return;
     int T, n_cu, n_pos, n_tg;
-    int32_t *tokens = int_array(root, "tokens", &T), *pos = int_array(root, "positions", &n_pos);
-    int32_t *tg = int_array(root, "targets", &n_tg), *cu = int_array(root, "cu_seqlens", &n_cu);
+    int32_t *tokens = json_ints(root, "tokens", &T), *pos = json_ints(root, "positions", &n_pos);
+    int32_t *tg = json_ints(root, "targets", &n_tg), *cu = json_ints(root, "cu_seqlens", &n_cu);
     float *want_logp = float_array(root, "logp", T), *logp = malloc(sizeof(float) * T),
           *dlogp = malloc(sizeof(float) * T);
     double want_loss = cJSON_GetObjectItemCaseSensitive(root, "loss")->valuedouble;

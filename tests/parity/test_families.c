@@ -30,6 +30,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/json_file.h"
 #include "test.h"
 #include "test_registry.h"
 
@@ -42,24 +43,6 @@ static const ctrl_attention_ops *attention(const char *name) {
     CHECK_MSG(reg && ctrl_registry_require(reg, CTRL_KIND_ATTENTION, name, &p) == CTRL_OK, "%s",
               ctrl_error_message());
     return p ? p->ops : NULL;
-}
-
-static cJSON *json_at(const char *path) {
-    ctrl_status st;
-    char *text = ctrl_read_text_file(path, 1 << 20, &st);
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK_MSG(j != NULL, "%s: cannot read", path);
-    return j;
-}
-
-static int32_t *ints(const cJSON *root, const char *key, int *n) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
-    *n = cJSON_GetArraySize(a);
-    int32_t *out = malloc(sizeof(int32_t) * (size_t)(*n ? *n : 1));
-    int i = 0;
-    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
-    return out;
 }
 
 /* The relative L2 error of every gradient tensor against grads.safetensors; the worst one's. */
@@ -103,13 +86,13 @@ static void check_training(const char *name, const char *attn_name, int checkpoi
     ctrl_model *m = NULL;
     CHECK_MSG(ctrl_model_load(dir, attn, &m) == CTRL_OK, "%s: %s", name, ctrl_error_message());
     snprintf(path, sizeof path, "%s/batch.json", dir);
-    cJSON *root = json_at(path);
+    cJSON *root = json_file(path);
     if (!m || !root) return;
     static const ctrl_memory_ops every_layer = {.size = sizeof(ctrl_memory_ops), .recompute = recompute_all};
     if (checkpointing) CHECK_EQ_INT(ctrl_model_set_memory(m, &every_layer, NULL), CTRL_OK);
     int T, nb, np, nt;
-    int32_t *tok = ints(root, "tokens", &T), *pos = ints(root, "positions", &np),
-            *tg = ints(root, "targets", &nt), *cu = ints(root, "cu_seqlens", &nb);
+    int32_t *tok = json_ints(root, "tokens", &T), *pos = json_ints(root, "positions", &np),
+            *tg = json_ints(root, "targets", &nt), *cu = json_ints(root, "cu_seqlens", &nb);
     float *logp = malloc(sizeof(float) * T), *want = malloc(sizeof(float) * T),
           *dlogp = malloc(sizeof(float) * T);
     const cJSON *wl = cJSON_GetObjectItemCaseSensitive(root, "logp");
@@ -178,7 +161,7 @@ static void check_generation(const char *name) {
     char dir[512], path[600];
     snprintf(dir, sizeof dir, FAM "/%s", name);
     snprintf(path, sizeof path, "%s/generation.json", dir);
-    cJSON *cases = json_at(path);
+    cJSON *cases = json_file(path);
     ctrl_model *m = NULL;
     CHECK_MSG(ctrl_model_load(dir, NULL, &m) == CTRL_OK, "%s", ctrl_error_message());
     test_attach_paged(m);
@@ -192,7 +175,7 @@ static void check_generation(const char *name) {
     for (int s = 0; kv && s < cJSON_GetArraySize(cases); s++) {
         const cJSON *cs = cJSON_GetArrayItem(cases, s);
         int n = 0, ng = 0;
-        int32_t *prompt = ints(cs, "prompt", &n), *want = ints(cs, "generated", &ng);
+        int32_t *prompt = json_ints(cs, "prompt", &n), *want = json_ints(cs, "generated", &ng);
         ctrl_kv_seq seq = {0}, *seqs[1] = {&seq};
         CHECK_MSG(ctrl_model_decode(m, kv, seqs, prompt, &n, 1, logits) == CTRL_OK, "%s",
                   ctrl_error_message());
@@ -229,14 +212,14 @@ static void check_generation(const char *name) {
  * differ (so the fixture tells the two apart). */
 TEST(phi3_generation_past_the_trained_context_matches_transformers) {
     const char *dir = FAM "/phi3_mha";
-    cJSON *j = json_at(FAM "/phi3_mha/generation_long.json");
+    cJSON *j = json_file(FAM "/phi3_mha/generation_long.json");
     ctrl_model *m = NULL;
     CHECK_MSG(ctrl_model_load(dir, NULL, &m) == CTRL_OK, "%s", ctrl_error_message());
     if (!m || !j) return cJSON_Delete(j), ctrl_model_free(m);
     test_attach_paged(m);
     int n = 0, ng = 0, nk = 0;
-    int32_t *prompt = ints(j, "prompt", &n), *want = ints(j, "generated", &ng),
-            *kept = ints(j, "kept_cache", &nk);
+    int32_t *prompt = json_ints(j, "prompt", &n), *want = json_ints(j, "generated", &ng),
+            *kept = json_ints(j, "kept_cache", &nk);
     CHECK(ng == nk && memcmp(want, kept, sizeof(int32_t) * (size_t)ng) != 0);
     /* the engine */
     ctrl_engine *e = NULL;

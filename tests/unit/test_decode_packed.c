@@ -169,23 +169,14 @@ typedef struct fixture_batch {
     float *dlogp;
 } fixture_batch;
 
-static int32_t *ints_of(const cJSON *root, const char *key, int *n) {
-    const cJSON *a = cJSON_GetObjectItemCaseSensitive(root, key);
-    *n = cJSON_GetArraySize(a);
-    int32_t *out = calloc((size_t)(*n ? *n : 1), sizeof(int32_t));
-    int i = 0;
-    for (const cJSON *e = a ? a->child : NULL; e; e = e->next) out[i++] = (int32_t)e->valuedouble;
-    return out;
-}
-
 static fixture_batch batch_of(const char *arch) {
     char path[512];
     snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s/batch.json", arch);
     cJSON *root = json_file(path);
     fixture_batch b = {0};
     int n;
-    b.tok = ints_of(root, "tokens", &b.T), b.pos = ints_of(root, "positions", &n);
-    b.tg = ints_of(root, "targets", &n), b.cu = ints_of(root, "cu_seqlens", &b.n_cu);
+    b.tok = json_ints(root, "tokens", &b.T), b.pos = json_ints(root, "positions", &n);
+    b.tg = json_ints(root, "targets", &n), b.cu = json_ints(root, "cu_seqlens", &b.n_cu);
     b.dlogp = calloc((size_t)b.T, sizeof(float));
     for (int t = 0; t < b.T; t++) b.dlogp[t] = b.tg[t] >= 0 ? -0.05f : 0.0f;
     cJSON_Delete(root);
