@@ -38,6 +38,7 @@
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
 #include "file_text.h"
+#include "gen_case.h"
 #include "generate/engine.h"
 #include "model/model.h"
 #include "device_vs_cpu.h"
@@ -46,30 +47,11 @@
 
 /* ---- the engine on the device ---- */
 
-typedef struct gen_case {
-    int32_t prompt[64], want[12];
-    int len;
-} gen_case;
-
 /* The fixture's two prompts and transformers' greedy tokens; the model on the CPU (dev = 0) or the
  * device, with the paged plugin. */
 static ctrl_model *load(const char *arch, gen_case *cases, int dev) {
+    gen_cases_read(arch, cases);
     char path[512];
-    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/generation/%s.json", arch);
-    ctrl_status st;
-    char *text = ctrl_read_text_file(path, 1 << 20, &st);
-    cJSON *all = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    CHECK_MSG(all != NULL, "%s", path);
-    for (int c = 0; c < 2 && all; c++) {
-        const cJSON *o = cJSON_GetArrayItem(all, c), *p = cJSON_GetObjectItem(o, "prompt");
-        cases[c].len = cJSON_GetArraySize(p);
-        for (int i = 0; i < cases[c].len && i < 64; i++)
-            cases[c].prompt[i] = cJSON_GetArrayItem(p, i)->valueint;
-        for (int i = 0; i < 12; i++)
-            cases[c].want[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "generated"), i)->valueint;
-    }
-    cJSON_Delete(all);
     snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load(path, NULL, &m), CTRL_OK);

@@ -11,30 +11,14 @@
 #include <unistd.h>
 
 #include "file_text.h"
+#include "gen_case.h"
 #include "generate/engine.h"
 #include "test_registry.h"
 #include "test.h"
 
-typedef struct fixture_case {
-    int32_t prompt[64], want[12];
-    int len;
-} fixture_case;
-
-static ctrl_model *load(const char *arch, fixture_case *cases) {
+static ctrl_model *load(const char *arch, gen_case *cases) {
+    gen_cases_read(arch, cases);
     char path[512];
-    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/generation/%s.json", arch);
-    ctrl_status st;
-    char *text = ctrl_read_text_file(path, 1 << 20, &st);
-    cJSON *all = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    for (int c = 0; c < 2; c++) {
-        const cJSON *o = cJSON_GetArrayItem(all, c), *p = cJSON_GetObjectItem(o, "prompt");
-        cases[c].len = cJSON_GetArraySize(p);
-        for (int i = 0; i < cases[c].len; i++) cases[c].prompt[i] = cJSON_GetArrayItem(p, i)->valueint;
-        for (int i = 0; i < 12; i++)
-            cases[c].want[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "generated"), i)->valueint;
-    }
-    cJSON_Delete(all);
     snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
     ctrl_model *m = NULL;
     CHECK_EQ_INT(ctrl_model_load(path, NULL, &m), CTRL_OK);
@@ -45,7 +29,7 @@ static ctrl_model *load(const char *arch, fixture_case *cases) {
 static const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repetition_penalty = 1};
 
 static void greedy_case(const char *arch, ctrl_engine_config cfg, int expect_preemption) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load(arch, cases);
     if (!m) return;
     ctrl_engine *e;
@@ -75,7 +59,7 @@ static void greedy_case(const char *arch, ctrl_engine_config cfg, int expect_pre
 
 /* bytes for `blocks` blocks of 4 tokens of a 2-layer, 2-KV-head, head_dim 16 model */
 static size_t pool(const char *arch, int blocks) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load(arch, cases);
     const ctrl_model_config *c = ctrl_model_cfg(m);
     const size_t per = 2 * sizeof(float) * (size_t)c->n_layers * 4 * c->n_kv_heads * c->head_dim;
@@ -94,7 +78,7 @@ TEST(greedy_equals_transformers_however_scheduled) {
 }
 
 TEST(same_request_same_tokens_alone_or_batched) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
@@ -146,7 +130,7 @@ static void note_finish(void *ctx) {
 /* A request added while another runs joins its generation: it finishes first when it is short, and
  * both get the tokens they get alone. */
 TEST(a_request_joins_a_running_generation) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
@@ -205,7 +189,7 @@ static int stop_at_three(void *ctx, const int32_t *ids, int len) {
 }
 
 TEST(stop_ids_end_a_completion) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("llama", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
@@ -241,7 +225,7 @@ TEST(stop_ids_end_a_completion) {
 /* Co-located generation reads the live weights: after a gradient step on the model, the very next
  * generation (same engine) scores with the updated weights — equal to a new engine's, unlike before. */
 TEST(next_generation_after_an_update_uses_the_new_weights) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("qwen3", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
@@ -287,7 +271,7 @@ TEST(next_generation_after_an_update_uses_the_new_weights) {
 }
 
 TEST(sleep_releases_the_pool_and_wake_up_restores_it) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("llama", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
@@ -342,7 +326,7 @@ TEST(engine_config_from_the_generation_section) {
 /* Unusable sampling parameters are refused by add, naming the field, for that request alone: the
  * one already added generates what it generates by itself. */
 TEST(a_request_with_bad_sampling_is_refused_alone) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
@@ -396,7 +380,7 @@ static void count_finish(void *ctx) { ++*(int *)ctx; }
  * and left the engine (the cancel found the request through that sample alone, so the others ran on
  * into outputs their caller had freed: ctrl serve crashed when a streaming client left). */
 TEST(cancel_stops_every_sample_after_the_first_has_left) {
-    fixture_case cases[2];
+    gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
     CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
