@@ -210,6 +210,18 @@ typedef struct ctrl_backend_ops {
      * the layers gathered as bf16). NULL where not implemented. */
     ctrl_status (*to_bf16)(uint16_t *dst, const float *src, int64_t n);
     ctrl_status (*from_bf16)(float *dst, const uint16_t *src, int64_t n);
+    /* Appended for bf16 compute without a conversion in every product (core/model/model_dtype.c):
+     * operands held as 2-byte bf16 values (to_bf16's) in the backend's memory. linear_forward_b16:
+     * out = x w^T (+ bias), x [T, IN] and w [OUT, IN] bf16, fp32 accumulation and out.
+     * linear_backward_b16: dx = dout16 w (dx NULL: none), dw += dout16^T x (dw NULL: none; x may then
+     * be NULL), dbias += the column sums of the fp32 dout; dout16 is dout rounded to bf16. The same
+     * products as linear_*_bf16 on the same values. NULL where not implemented (the model then
+     * converts in linear_*_bf16: the CPU, whose bf16 GEMM rounds as it packs). */
+    ctrl_status (*linear_forward_b16)(float *out, const uint16_t *x, const uint16_t *w, const float *bias,
+                                      int T, int IN, int OUT);
+    ctrl_status (*linear_backward_b16)(float *dx, float *dw, float *dbias, const uint16_t *dout16,
+                                       const float *dout, const uint16_t *x, const uint16_t *w, int T, int IN,
+                                       int OUT);
 } ctrl_backend_ops;
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */

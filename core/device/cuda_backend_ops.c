@@ -129,9 +129,12 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .vm_map = ctrl_cuda_vm_map,
         .vm_unmap = ctrl_cuda_vm_unmap,
         .vm_unreserve = ctrl_cuda_vm_unreserve,
-        /* fp32 <-> bf16 (kernels/cuda/convert.cu): ZeRO-3's bf16 slices and gathers */
+        /* fp32 <-> bf16 (kernels/cuda/convert.cu): ZeRO-3's bf16 slices and gathers, the model's bf16
+         * operands (model_dtype.c: converted once, not in every product) */
         .to_bf16 = ctrl_cuda_f32_to_bf16,
         .from_bf16 = ctrl_cuda_bf16_to_f32,
+        .linear_forward_b16 = ctrl_cuda_linear_forward_bf16_f32,
+        .linear_backward_b16 = ctrl_cuda_linear_backward_bf16_f32,
     };
     return &ops;
 }

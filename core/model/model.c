@@ -509,7 +509,9 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l));          /* QLoRA: this layer's NF4 weights */
     if (m->w16) MODEL_TRY(model_bf16_layer_weights(m, l)); /* held in bf16: this layer's, widened */
     const int sandwich = c->sandwich_norm;
+    model_act16_clear(m); /* the buffers the bf16 copies were made from are written again below */
     MODEL_TRY(model_norm_forward(m, a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C));
+    MODEL_TRY(model_act16_keep(m, MODEL_ACT16_LN1, a->ln1, (int64_t)T * C)); /* q, k, v and their dW */
     MODEL_TRY(
         model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D));
     MODEL_TRY(lora_forward(m, l, LORA_Q, a, a->q_raw, a->ln1, C, H * D));
@@ -530,12 +532,14 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(model_rope(m, l, a->q, qin, positions, T, H, 1));
     MODEL_TRY(model_rope(m, l, a->k, kin, positions, T, HK, 1));
     MODEL_TRY(attend(m, l, a, ctx));
+    MODEL_TRY(model_act16_keep(m, MODEL_ACT16_ATT, a->att, (int64_t)T * H * D));
     float *attn_out = sandwich ? a->o_raw : a->x_mid; /* Gemma 2 norms it into x_mid */
     MODEL_TRY(model_linear_forward(m, attn_out, a->att, P + o->wo, NULL, T, H * D, C));
     MODEL_TRY(lora_forward(m, l, LORA_O, a, attn_out, a->att, H * D, C));
     if (sandwich) MODEL_TRY(model_norm_forward(m, a->x_mid, a->rstd_pa, a->o_raw, P + o->post_attn, T, C));
     MODEL_TRY(be->residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C));
     MODEL_TRY(model_norm_forward(m, a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C));
+    MODEL_TRY(model_act16_keep(m, MODEL_ACT16_LN2, a->ln2, (int64_t)T * C)); /* gate, up and their dW */
     if (o->router >= 0) { /* a mixture-of-experts layer (no recompute shortcut: it keeps its own) */
         MODEL_TRY(model_moe_forward(m, l, a->ln2, next));
         return next ? be->residual_forward(next, next, a->x_mid, (int64_t)T * C) : CTRL_OK;
@@ -545,6 +549,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
     MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
     MODEL_TRY(model_act_forward(m, a->h, a->g, a->u, (int64_t)T * I));
+    MODEL_TRY(model_act16_keep(m, MODEL_ACT16_H, a->h, (int64_t)T * I)); /* down and its dW */
     /* a recompute (next NULL) stops here, keeping the down adapter's input; with sandwich norms it
      * also needs down_proj's output, which post_feedforward_layernorm's backward reads */
     if (!next && !sandwich) return lora_forward(m, l, LORA_DOWN, a, NULL, a->h, I, C);

@@ -87,6 +87,7 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     MODEL_TRY(lora_backward(m, l, LORA_V, a, d1, dv, a->ln1, C, HK * D));
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
     MODEL_TRY(model_norm_backward(m, d1, model_grad(m, o->ln1), dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
+    model_act16_clear(m); /* the layer's bf16 activations (model_act16_keep) are spent */
     return be->residual_forward(dres, dres, d1, (int64_t)T * C); /* now the gradient of x_in */
 }
 

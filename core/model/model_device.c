@@ -24,6 +24,7 @@ void ctrl_model_release_scratch(ctrl_model *m) {
                      &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws, (void **)&m->dora_norm,
                      (void **)&m->dora_g,  (void **)&m->dora_wn};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
+    model_act16_release(m); /* the activations' bf16 copies */
     m->act_cap_T = 0, m->act_bytes = 0, m->head_dh_ready = 0, m->T = 0, m->dora_valid = 0;
     m->head_ws_bytes = m->head_dh_bytes = m->bwd_bytes = m->stage_bytes = m->lora_ws_bytes =
         m->dora_ws_bytes = 0;
@@ -35,7 +36,7 @@ size_t ctrl_model_scratch_bytes(const ctrl_model *m) {
 }
 
 size_t ctrl_model_bf16_copy_bytes(const ctrl_model *m) {
-    return m->rounded ? sizeof(float) * m->n_params : 0;
+    return m->rounded ? sizeof(float) * m->n_params : m->wb16 ? sizeof(uint16_t) * m->n_params : 0;
 }
 
 void model_release_backend(ctrl_model *m) {
@@ -44,7 +45,7 @@ void model_release_backend(ctrl_model *m) {
     ctrl_model_release_scratch(m);
     ctrl_model_release_decode_scratch(m); /* on this backend too */
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
-                     (void **)&m->dbatch_mem};
+                     (void **)&m->dbatch_mem, (void **)&m->wb16};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
     if (m->dparams != m->params && !m->dbufs_external) be->free(m->dparams);
     if (m->dgrads != m->grads && !m->dbufs_external) be->free(m->dgrads);
@@ -182,5 +183,6 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                             .targets_only = 1,
                             .w_packed = m->be->host_memory && m->off_lm_head >= 0
                                             ? model_pack_valid(m, w, c->hidden_size, c->vocab_size)
-                                            : NULL};
+                                            : NULL,
+                            .w16 = model_head_w16(m)};
 }

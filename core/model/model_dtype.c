@@ -5,7 +5,16 @@
  * change (ctrl_model_weights_changed), not in every projection: decoding runs the projections on a
  * handful of tokens per step, where rounding the weights each time would cost more than the GEMM.
  * On the CPU a forward of many tokens rounds them per projection instead (no copy: 4 bytes a
- * parameter less; the rounding is ~1/T of each product's work). */
+ * parameter less; the rounding is ~1/T of each product's work).
+ * On a backend with 2-byte bf16 operands (backend.h's to_bf16 and linear_*_b16: CUDA) the copy is
+ * held as bf16 values (wb16: 2 bytes a parameter, no conversion of w in any product, the LM head's
+ * chunks included), and the activations that several products read -- ln1 by q, k and v, ln2 by
+ * gate and up, and ln1, att, ln2 and h again by the weight gradients after a checkpointed layer's
+ * recompute -- are converted once, as the forward writes them (model_act16_keep); a product's other
+ * inputs and every dL/dout are converted once, in the product. CTRL_NO_BF16_OPERANDS=1 in the
+ * environment turns this off (the products convert their operands, as before: for comparisons). */
+#include <stdlib.h>
+
 #include "model/model_internal.h"
 
 /* Forwards of at least this many tokens on the CPU round each projection's weights as they run
@@ -43,8 +52,19 @@ ctrl_status ctrl_model_set_round_skip(ctrl_model *m, const size_t *ranges, int n
 
 ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n) {
     if (n) m->dec_pack_gen++;
-    if (!m->rounded || !m->rounded_valid || !n) return CTRL_OK;
-    return m->be->round_to_bf16(m->rounded + off, m->dparams + off, (int64_t)n);
+    if (!m->rounded_valid || !n) return CTRL_OK;
+    if (m->wb16) return m->be->to_bf16(m->wb16 + off, m->dparams + off, (int64_t)n);
+    return m->rounded ? m->be->round_to_bf16(m->rounded + off, m->dparams + off, (int64_t)n) : CTRL_OK;
+}
+
+/* Whether the products take 2-byte bf16 operands (backend.h's to_bf16 and linear_*_b16) for the
+ * model's own weights: bf16 compute on such a backend, weights that are plain parameters (not NF4
+ * slots, not a model held in bf16 or as panels). */
+static int b16_products(const ctrl_model *m) {
+    if (getenv("CTRL_NO_BF16_OPERANDS")) return 0; /* the per-product conversions instead (A/B) */
+    return m->linear_bf16 && !m->be->host_memory && ctrl_backend_has(m->be, to_bf16) &&
+           ctrl_backend_has(m->be, linear_forward_b16) && ctrl_backend_has(m->be, linear_backward_b16) &&
+           !m->nf4_w && !m->w16 && !m->base_panels;
 }
 
 float *ctrl_model_bf16_copy(const ctrl_model *m) { return m->rounded; }
@@ -70,16 +90,22 @@ ctrl_status model_prepare_weights(ctrl_model *m, int T) {
      * and the layers gathered in bf16 hold bf16 values already (the products round the rest) */
     if (m->linear_bf16 && !m->rounded_valid && !rounds_itself && !per_call && !m->w16 && !m->base_panels &&
         !m->dbufs_external) {
-        if (!m->rounded) {
-            ctrl_status st = m->be->alloc((void **)&m->rounded, bytes);
+        const int b16 = b16_products(m); /* the copy as 2-byte values (wb16), else fp32 (rounded) */
+        if (b16 ? !m->wb16 : !m->rounded) {
+            ctrl_status st = b16 ? m->be->alloc((void **)&m->wb16, sizeof(uint16_t) * m->n_params)
+                                 : m->be->alloc((void **)&m->rounded, bytes);
             if (st != CTRL_OK)
                 return ctrl_error_wrap(st, "model: the bf16 copy of %zu parameters", m->n_params);
         }
+        if (!b16) m->be->free(m->wb16), m->wb16 = NULL;
+        if (b16) m->be->free(m->rounded), m->rounded = NULL;
         ctrl_status st = CTRL_OK;
         for (int i = 0; i <= m->n_round_skip && st == CTRL_OK; i++) { /* the gaps between */
             const size_t a = i ? m->round_skip[2 * i - 1] : 0;
             const size_t b = i < m->n_round_skip ? m->round_skip[2 * i] : m->n_params;
-            if (b > a) st = m->be->round_to_bf16(m->rounded + a, m->dparams + a, (int64_t)(b - a));
+            if (b > a)
+                st = b16 ? m->be->to_bf16(m->wb16 + a, m->dparams + a, (int64_t)(b - a))
+                         : m->be->round_to_bf16(m->rounded + a, m->dparams + a, (int64_t)(b - a));
         }
         m->rounded_valid = st == CTRL_OK;
         if (st != CTRL_OK) return st;
@@ -89,7 +115,52 @@ ctrl_status model_prepare_weights(ctrl_model *m, int T) {
 
 /* w (inside the parameters) as the projection multiplies it. */
 static const float *as_multiplied(const ctrl_model *m, const float *w) {
-    return m->rounded_valid ? m->rounded + (w - m->dparams) : w;
+    return m->rounded_valid && m->rounded ? m->rounded + (w - m->dparams) : w;
+}
+
+/* w's bf16 values in wb16 where the model holds them (w inside the parameters), else NULL. */
+static const uint16_t *held_b16(const ctrl_model *m, const float *w, int64_t n) {
+    if (!m->wb16 || !m->rounded_valid || w < m->dparams || w + n > m->dparams + m->n_params) return NULL;
+    return m->wb16 + (w - m->dparams);
+}
+
+const uint16_t *model_head_w16(const ctrl_model *m) {
+    const int64_t n = (int64_t)m->cfg.vocab_size * m->cfg.hidden_size;
+    return m->linear_bf16 && m->off_lm_head >= 0 ? held_b16(m, m->dparams + m->off_lm_head, n) : NULL;
+}
+
+ctrl_status model_act16_keep(ctrl_model *m, int slot, const float *x, int64_t n) {
+    struct model_act16 *s = &m->act16[slot];
+    s->src = NULL;
+    if (!m->wb16 || !m->rounded_valid || !b16_products(m)) return CTRL_OK;
+    MODEL_TRY(model_grow(m, (void **)&s->buf, &s->cap, sizeof(uint16_t) * (size_t)n));
+    MODEL_TRY(m->be->to_bf16(s->buf, x, n));
+    s->src = x, s->n = n;
+    return CTRL_OK;
+}
+
+void model_act16_clear(ctrl_model *m) {
+    for (int i = 0; i < 4; i++) m->act16[i].src = NULL;
+}
+
+void model_act16_release(ctrl_model *m) {
+    for (int i = 0; i < 4; i++) {
+        m->be->free(m->act16[i].buf);
+        m->act16[i] = (struct model_act16){0};
+    }
+}
+
+/* x [n] in bf16: a kept copy (model_act16_keep), else converted into *tmp (backend memory the caller
+ * frees). NULL x: none. */
+static ctrl_status act_b16(const ctrl_model *m, const float *x, int64_t n, const uint16_t **out,
+                           uint16_t **tmp) {
+    *out = NULL, *tmp = NULL;
+    if (!x) return CTRL_OK;
+    for (int i = 0; i < 4; i++)
+        if (m->act16[i].src == x && m->act16[i].n == n) return *out = m->act16[i].buf, CTRL_OK;
+    MODEL_TRY(m->be->alloc((void **)tmp, sizeof(uint16_t) * (size_t)(n > 0 ? n : 1)));
+    *out = *tmp;
+    return m->be->to_bf16(*tmp, x, n);
 }
 
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
@@ -100,6 +171,15 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
         int used = 0;
         ctrl_status st = model_pack_linear(m, out, x, w, bias, T, IN, OUT, &used);
         if (st != CTRL_OK || used) return st;
+    }
+    const uint16_t *w16 = held_b16(m, w, (int64_t)OUT * IN);
+    if (w16) { /* 2-byte operands: w held, x kept or converted once here */
+        const uint16_t *x16;
+        uint16_t *tmp;
+        ctrl_status st = act_b16(m, x, (int64_t)T * IN, &x16, &tmp);
+        if (st == CTRL_OK) st = m->be->linear_forward_b16(out, x16, w16, bias, T, IN, OUT);
+        m->be->free(tmp);
+        return st;
     }
     return m->be->linear_forward_bf16(out, x, as_multiplied(m, w), bias, T, IN, OUT,
                                       m->rounded_valid || model_bf16_holds(m, w));
@@ -113,6 +193,16 @@ ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, flo
         int used = 0;
         ctrl_status st = model_pack_linear_backward(m, dx, dw, dbias, dout, x, w, T, IN, OUT, &used);
         if (st != CTRL_OK || used) return st;
+    }
+    const uint16_t *w16 = held_b16(m, w, (int64_t)OUT * IN);
+    if (w16) { /* dL/dout converted once for dx and dw; x kept or converted */
+        const uint16_t *d16, *x16 = NULL;
+        uint16_t *dtmp, *xtmp = NULL;
+        ctrl_status st = act_b16(m, dout, (int64_t)T * OUT, &d16, &dtmp);
+        if (st == CTRL_OK && dw) st = act_b16(m, x, (int64_t)T * IN, &x16, &xtmp);
+        if (st == CTRL_OK) st = m->be->linear_backward_b16(dx, dw, dbias, d16, dout, x16, w16, T, IN, OUT);
+        m->be->free(dtmp), m->be->free(xtmp);
+        return st;
     }
     return m->be->linear_backward_bf16(dx, dw, dbias, dout, x, as_multiplied(m, w), T, IN, OUT,
                                        m->rounded_valid || model_bf16_holds(m, w));

@@ -260,6 +260,19 @@ struct ctrl_model {
      * (sparse ranges it maps piece by piece), not freed here; while dparams_sliced the device's
      * parameters are not whole, and ctrl_model_params_to_host leaves the host's copy as it is. */
     int dbufs_external, dparams_sliced;
+    /* bf16 compute on a backend with 2-byte bf16 operands (backend.h's to_bf16, linear_*_b16;
+     * model_dtype.c): wb16, the parameters as bf16 values [n_params] (in place of `rounded`, valid
+     * with rounded_valid), and act16, the bf16 copies of the activations the products read more than
+     * once or again in backward (MODEL_ACT16_*: ln1 for q/k/v, att, ln2 for gate/up, h), each made
+     * once right after the forward writes its source; a product whose input is a kept source (the
+     * same pointer and size) reads the copy instead of converting. */
+    uint16_t *wb16;
+    struct model_act16 {
+        const float *src;
+        int64_t n;
+        uint16_t *buf;
+        size_t cap;
+    } act16[4];
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */
@@ -514,5 +527,16 @@ size_t model_pack_held_bytes(const ctrl_model *m);
 void model_pack_free(ctrl_model *m, int held_too);
 /* How many training products (forward or dX) ran on decoding's panels so far (tests). */
 size_t model_pack_reused(const ctrl_model *m);
+
+/* The activations kept in bf16 (ctrl_model.act16): model_act16_keep converts x [n] into slot `slot`
+ * when the model multiplies bf16 operands on a backend with to_bf16 (else does nothing);
+ * model_act16_clear forgets every slot (a layer's forward starts: the buffers are about to be
+ * written again; a layer's backward is done). model_act16_release frees the copies. */
+enum { MODEL_ACT16_LN1, MODEL_ACT16_ATT, MODEL_ACT16_LN2, MODEL_ACT16_H };
+ctrl_status model_act16_keep(ctrl_model *m, int slot, const float *x, int64_t n);
+void model_act16_clear(ctrl_model *m);
+void model_act16_release(ctrl_model *m);
+/* The LM head's weight as bf16 values where the model holds them (ctrl_head_args.w16), else NULL. */
+const uint16_t *model_head_w16(const ctrl_model *m);
 
 #endif

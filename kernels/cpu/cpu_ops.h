@@ -255,6 +255,10 @@ typedef struct ctrl_head_args {
      * now (decoding's, core/model/model_decode_pack.c), or NULL: with bf16, the one-pass head's
      * logits multiply by them instead of packing W anew (the same sums). Host memory only. */
     const struct ctrl_cpu_bf16_packed *w_packed;
+    /* Appended: with bf16, w already rounded to bf16 and held as 2-byte values [V, C] (the model's bf16
+     * copy of its weights on a device): the products read it as it is instead of rounding w's chunks
+     * in every call. NULL: none. Used by the CUDA head; the CPU head reads w. */
+    const uint16_t *w16;
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */

@@ -6,7 +6,8 @@
 // operands rounded to bf16 -- the hidden chunk, the weight chunk, the dlogits -- with fp32
 // accumulation and results, as the CPU head does (kernels/cpu/head.c). Final-logit soft-capping
 // (ctrl_head_args.softcap = c > 0, Gemma 2): z = c tanh(h W^T / c) / temperature, and the backward's
-// dlogits times the cap's 1 - tanh^2, as the CPU head.
+// dlogits times the cap's 1 - tanh^2, as the CPU head. ctrl_head_args.w16 (the model's bf16 copy of its
+// weights): the weight chunks are read from it, never rounded here.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -61,18 +62,20 @@ __global__ void softcap_kernel(float *z, int64_t n, float cap, float temp) {
 }
 
 // z[tc, vc] = h W^T / temperature for the chunk (soft-capped first), in fp32 or on bf16 copies (hb
-// holds the hidden chunk already; the weight chunk is rounded here).
+// holds the hidden chunk already; the weight chunk is a->w16's rows where the model holds its weights
+// in bf16, else rounded here into b.w). *wb: the bf16 weight chunk multiplied (bf16 only).
 ctrl_status chunk_logits(const ctrl_head_args *a, float *z, const Bf16Chunk &b, int t0, int tc, int v0,
-                         int vc) {
+                         int vc, const uint16_t **wb) {
     const float *h = a->hidden + (size_t)t0 * a->C, *w = a->w + (size_t)v0 * a->C;
     const float alpha = a->softcap > 0 ? 1.0f : 1.0f / a->temperature;
     ctrl_status s = CTRL_OK;
     if (!a->bf16) {
         s = ctrl_cuda_gemm_f32(0, 1, tc, vc, a->C, alpha, h, a->C, w, a->C, 0.0f, z, vc);
     } else {
-        s = ctrl_cuda_f32_to_bf16(b.w, w, (int64_t)vc * a->C);
+        *wb = a->w16 ? a->w16 + (size_t)v0 * a->C : b.w;
+        if (!a->w16) s = ctrl_cuda_f32_to_bf16(b.w, w, (int64_t)vc * a->C);
         if (s == CTRL_OK)
-            s = ctrl_cuda_gemm(0, 1, tc, vc, a->C, alpha, b.h, a->C, b.w, a->C, 0.0f, z, vc, CTRL_BF16,
+            s = ctrl_cuda_gemm(0, 1, tc, vc, a->C, alpha, b.h, a->C, *wb, a->C, 0.0f, z, vc, CTRL_BF16,
                                CTRL_F32);
     }
     if (s != CTRL_OK || !(a->softcap > 0)) return s;
@@ -186,7 +189,8 @@ extern "C" ctrl_status ctrl_cuda_head_forward(const ctrl_head_args *a, float *lo
         }
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
-            ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc);
+            const uint16_t *wb = nullptr;
+            ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc, &wb);
             if (s != CTRL_OK) return s;
             stats_update<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
                 st, z, a->targets + t0, tc, vc, v0);
@@ -215,7 +219,8 @@ extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const fl
         }
         for (int v0 = 0; v0 < a->V; v0 += VC) {
             const int vc = v0 + VC <= a->V ? VC : a->V - v0;
-            ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc);
+            const uint16_t *wb = nullptr;
+            ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc, &wb);
             if (s != CTRL_OK) return s;
             dlogits_kernel<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
                 z, a->targets + t0, lse + t0, dlogp + t0, entropy ? entropy + t0 : nullptr,
@@ -225,11 +230,11 @@ extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const fl
             // dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h
             const float beta = v0 == 0 ? 0.0f : 1.0f;
             float *dh = dhidden + (size_t)t0 * a->C, *dwc = dw ? dw + (size_t)v0 * a->C : nullptr;
-            if (a->bf16) { /* b.w holds the weight chunk from chunk_logits */
+            if (a->bf16) { /* wb: the weight chunk chunk_logits multiplied */
                 s = ctrl_cuda_f32_to_bf16(b.z, z, (int64_t)tc * vc);
                 if (s == CTRL_OK)
-                    s = ctrl_cuda_gemm(0, 0, tc, a->C, vc, 1.0f, b.z, vc, b.w, a->C, beta, dh, a->C,
-                                       CTRL_BF16, CTRL_F32);
+                    s = ctrl_cuda_gemm(0, 0, tc, a->C, vc, 1.0f, b.z, vc, wb, a->C, beta, dh, a->C, CTRL_BF16,
+                                       CTRL_F32);
                 if (s == CTRL_OK && dwc) /* none for a frozen head (LoRA) */
                     s = ctrl_cuda_gemm(1, 0, vc, a->C, tc, 1.0f, b.z, vc, b.h, a->C, 1.0f, dwc, a->C,
                                        CTRL_BF16, CTRL_F32);

@@ -94,3 +94,104 @@ TEST(model_bf16_matches_cpu_bf16) {
     compare(0, 2e-4, 3e-3);
     backend_case_bf16 = 0;
 }
+
+#ifdef CTRL_CUDA_EMU
+#include <cuda_runtime.h> /* the emulator's counters (ctrl_emu_launches, ctrl_emu_matmuls) */
+
+#include "config/config_load.h"
+#include "model/model.h"
+#include "random_batch.h"
+#include "test_registry.h"
+
+enum { B16_T = 57 };
+
+/* A checkpointed bf16 training step of the qwen2 fixture on the device (the weights changed before
+ * it, as after an optimizer step): its log-probs and gradients, and what the device was asked to do
+ * -- the fp32 -> bf16 conversion launches (f32_to_bf16 and round_bf16 kernels), all launches, and the
+ * GEMMs on bf16 and on fp32 operands. */
+typedef struct b16_step {
+    float logp[B16_T];
+    float *grads;
+    size_t n;
+    long convs, launches, mm_bf16, mm_f32;
+} b16_step;
+
+static int bf16_step(int per_product, b16_step *o) {
+    if (per_product) setenv("CTRL_NO_BF16_OPERANDS", "1", 1);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
+    ctrl_memory *mem = NULL;
+    ctrl_model *m = NULL;
+    int ok = attn && ckpt;
+    CHECK(ok);
+    if (ok) {
+        char ini[1200];
+        snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = 1\n", dir);
+        ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
+        const ctrl_memory_ops *mops = ckpt->plugin->ops;
+        ok =
+            cfg && mops->create(ctrl_host_table(), cfg, 2, &mem) == CTRL_OK &&
+            ctrl_model_load(dir, attn->plugin->ops, &m) == CTRL_OK &&
+            ctrl_model_set_memory(m, mops, mem) == CTRL_OK &&
+            ctrl_model_to_device(m, ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}) == CTRL_OK &&
+            ctrl_model_set_compute_dtype(m, CTRL_BF16) == CTRL_OK;
+        ctrl_config_free(cfg);
+        CHECK_MSG(ok, "%s", ctrl_error_message());
+    }
+    ctrl_batch b;
+    static int32_t tok[B16_T], pos[B16_T], tg[B16_T], cu[4] = {0, 20, 37, B16_T};
+    float dlogp[B16_T];
+    if (ok) {
+        random_batch(&b, tok, pos, tg, cu, 3, 777, ctrl_model_cfg(m)->vocab_size);
+        for (int t = 0; t < B16_T; t++) dlogp[t] = b.targets[t] >= 0 ? -1.0f / 50 : 0.0f;
+        /* a first step makes the buffers; the second is counted */
+        ok = ctrl_model_zero_grad(m) == CTRL_OK &&
+             ctrl_model_forward(m, &b, o->logp, NULL, NULL) == CTRL_OK &&
+             ctrl_model_backward(m, dlogp) == CTRL_OK && ctrl_model_zero_grad(m) == CTRL_OK;
+        ctrl_model_weights_changed(m);
+        ctrl_emu_reset_counters();
+        ok = ok && ctrl_model_forward(m, &b, o->logp, NULL, NULL) == CTRL_OK &&
+             ctrl_model_backward(m, dlogp) == CTRL_OK;
+        o->convs = ctrl_emu_launches("f32_to_bf16") + ctrl_emu_launches("round_bf16");
+        o->launches = ctrl_emu_launches(NULL), o->mm_bf16 = ctrl_emu_matmuls(0),
+        o->mm_f32 = ctrl_emu_matmuls(1);
+        ok = ok && ctrl_model_grads_to_host(m) == CTRL_OK;
+        CHECK_MSG(ok, "%s", ctrl_error_message());
+    }
+    float *g = ok ? ctrl_model_grads(m, &o->n) : NULL;
+    if (g && (o->grads = malloc(sizeof(float) * o->n))) memcpy(o->grads, g, sizeof(float) * o->n);
+    ctrl_model_free(m);
+    if (mem) ((const ctrl_memory_ops *)ckpt->plugin->ops)->destroy(mem);
+    ctrl_registry_destroy(reg);
+    unsetenv("CTRL_NO_BF16_OPERANDS");
+    return ok && o->grads;
+}
+
+/* bf16 compute on the device converts each GEMM input to bf16 once (issue 20's MFU work): the weights
+ * held as bf16 (the LM head's chunks read from that copy too), ln1 converted once for q, k and v, and
+ * ln1, att, ln2 and h made by the checkpointed layer's recompute reused by the weight gradients. The
+ * same bf16 operands as the per-product conversions (CTRL_NO_BF16_OPERANDS=1), so on the emulator the
+ * same bits; every GEMM of the step on bf16 operands. */
+TEST(bf16_step_converts_each_operand_once) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    b16_step once = {0}, per = {0};
+    if (!bf16_step(0, &once) || !bf16_step(1, &per)) {
+        free(once.grads), free(per.grads);
+        return;
+    }
+    printf("  qwen2 (2 layers) bf16 step, checkpointed: conversions %ld -> %ld, launches %ld -> %ld, "
+           "GEMMs bf16 %ld -> %ld, fp32 %ld -> %ld\n",
+           per.convs, once.convs, per.launches, once.launches, per.mm_bf16, once.mm_bf16, per.mm_f32,
+           once.mm_f32);
+    CHECK(!memcmp(once.logp, per.logp, sizeof once.logp));
+    CHECK(once.n == per.n && !memcmp(once.grads, per.grads, sizeof(float) * once.n));
+    CHECK_EQ_INT(once.mm_f32, 0);
+    CHECK_EQ_INT(per.mm_f32, 0);
+    CHECK_EQ_INT(once.mm_bf16, per.mm_bf16);
+    CHECK(once.convs < per.convs);
+    free(once.grads), free(per.grads);
+}
+#endif

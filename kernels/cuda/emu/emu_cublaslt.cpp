@@ -141,6 +141,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// ctrl_emu_matmuls: the matmuls run, [0] on bf16 operands, [1] on fp32 ones.
+static long g_matmuls[2];
+long ctrl_emu_matmuls(int fp32) { return __atomic_load_n(&g_matmuls[fp32 ? 1 : 0], __ATOMIC_RELAXED); }
+void ctrl_emu_reset_matmuls(void) {
+    __atomic_store_n(&g_matmuls[0], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_matmuls[1], 0, __ATOMIC_RELAXED);
+}
+
 // D = alpha op(A) op(B) + beta C (+ bias[row]), column-major; D must be C (the project's only use).
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t la, const void *B,
@@ -154,6 +162,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     for (int i = 0; i < 4; i++)
         if (algo->data[i] > 1 && (uintptr_t)operands[i] % algo->data[i] != 0)
             return CUBLAS_STATUS_NOT_SUPPORTED;
+    __atomic_add_fetch(&g_matmuls[la->type == CUDA_R_32F], 1, __ATOMIC_RELAXED);
     const bool ta = desc->opa == CUBLAS_OP_T, tb = desc->opb == CUBLAS_OP_T;
     const uint64_t m = lc->rows, n = lc->cols, k = ta ? la->rows : la->cols;
     if ((ta ? la->cols : la->rows) != m || (tb ? lb->rows : lb->cols) != n ||

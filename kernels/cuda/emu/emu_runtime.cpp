@@ -2,6 +2,7 @@
 // collectives and barriers, and the runtime API over host memory (every call synchronous).
 #include <cuda_runtime.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <vector>
+
+extern "C" void ctrl_emu_reset_matmuls(void); // emu_cublaslt.cpp
 
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
@@ -335,6 +338,26 @@ void cp_async_commit() {
 
 void cp_async_wait(int keep) { complete_async(*g_block->current, keep); }
 
+// The launch counters (ctrl_emu_launches): launches by kernel name, as written at the launch.
+struct LaunchCount {
+    const char *name;
+    long n;
+};
+std::vector<LaunchCount> g_launches;
+pthread_mutex_t g_count_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void count_launch(const char *name) {
+    pthread_mutex_lock(&g_count_lock);
+    bool found = false;
+    for (LaunchCount &c : g_launches)
+        if (c.name == name || !strcmp(c.name, name)) {
+            c.n++, found = true;
+            break;
+        }
+    if (!found) g_launches.push_back(LaunchCount{name, 1});
+    pthread_mutex_unlock(&g_count_lock);
+}
+
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx) {
     const uint64_t threads = (uint64_t)block.x * block.y * block.z;
     if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
@@ -565,5 +588,21 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 void ctrl_emu_set_seed(uint64_t seed) { g_rng = seed ? seed : 1; }
+
+long ctrl_emu_launches(const char *name_part) {
+    long n = 0;
+    pthread_mutex_lock(&ctrl_emu::g_count_lock);
+    for (const ctrl_emu::LaunchCount &c : ctrl_emu::g_launches)
+        if (!name_part || strstr(c.name, name_part)) n += c.n;
+    pthread_mutex_unlock(&ctrl_emu::g_count_lock);
+    return n;
+}
+
+void ctrl_emu_reset_counters(void) {
+    pthread_mutex_lock(&ctrl_emu::g_count_lock);
+    ctrl_emu::g_launches.clear();
+    pthread_mutex_unlock(&ctrl_emu::g_count_lock);
+    ctrl_emu_reset_matmuls();
+}
 
 } // extern "C"

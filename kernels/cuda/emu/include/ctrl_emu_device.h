@@ -71,6 +71,9 @@ void emu_fail(const char *what);
  * pointer from here): one buffer per block, poisoned with NaN bytes before each block. */
 void *dynamic_shared();
 
+/* Counts a launch of the kernel named `name` (ctrl_emu_launches). */
+void count_launch(const char *name);
+
 /* Runs fn(ctx) once per thread of a grid of blocks. */
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), void *ctx);
 
@@ -90,7 +93,9 @@ template <class... P> struct Launch {
     void (*kernel)(P...);
     dim3 grid, block;
     size_t shared;
+    const char *name;
     template <class... A> void operator()(A &&...args) const {
+        count_launch(name);
         std::tuple<P...> bound(std::forward<A>(args)...);
         struct Ctx {
             void (*k)(P...);
@@ -106,11 +111,13 @@ template <class... P> struct Launch {
     }
 };
 
-/* What `k<<<grid, block[, shared[, stream]]>>>(args)` is rewritten into: launch(k, grid, block...)(args). */
+/* What `k<<<grid, block[, shared[, stream]]>>>(args)` is rewritten into: launch("k", k, grid,
+ * block...)(args). */
 template <class... P>
-Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared = 0, void *stream = nullptr) {
+Launch<P...> launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared = 0,
+                    void *stream = nullptr) {
     (void)stream;
-    return Launch<P...>{kernel, grid, block, shared};
+    return Launch<P...>{kernel, grid, block, shared, name};
 }
 
 } // namespace ctrl_emu

@@ -91,6 +91,13 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 /* Emulator controls: the seed of the thread-order shuffle (CTRL_EMU_SEED in the environment sets
  * the initial one). */
 void ctrl_emu_set_seed(uint64_t seed);
+/* Emulator counters of the work a program hands the device (what a profiler's launch count says on a
+ * GPU): kernel launches whose kernel name (as written at the launch, `k` or `k<T>`) contains
+ * `name_part` (NULL: every launch), and cublasLtMatmul calls with fp32 operands (fp32 = 1) or bf16
+ * operands (fp32 = 0). ctrl_emu_reset_counters sets them all to zero. */
+long ctrl_emu_launches(const char *name_part);
+long ctrl_emu_matmuls(int fp32);
+void ctrl_emu_reset_counters(void);
 
 #ifdef __cplusplus
 }
