@@ -10,7 +10,9 @@ kernels that take the most time with their share.
 running process): N stack samples of a longer `ctrl train`, each function counted once per sample
 it appears in (inclusive), so a function in every sample holds the step's whole wall time.
 usage: bench/cuda/profile_sft.py --build build-gpu --tokenizer DIR [--layers 4 --batch 4 --seq 2048
-       --dtype bf16 --steps 2 --top 25 --host-samples 0]"""
+       --dtype bf16 --steps 2 --top 25 --host-samples 0 --names demangled]
+CTRL_CUDA_GEMM_LOG=1 in the environment makes ctrl print each distinct cuBLASLt problem of the run
+once, with the algorithm the heuristic chose (kernels/cuda/gemm.cu)."""
 import argparse
 import collections
 import csv
@@ -131,6 +133,10 @@ def main():
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--host-samples", type=int, default=0)
     p.add_argument("--no-ncu", action="store_true", help="no per-kernel profile (host samples only)")
+    p.add_argument("--names", default="demangled", choices=["function", "demangled"],
+                   help="kernel names as ncu prints them: demangled keeps the template arguments (which "
+                        "cuBLAS kernel a `Kernel2` is: its tile, layout and alignment); function the bare name")
+    p.add_argument("--name-width", type=int, default=160)
     p.add_argument("--timeout", type=int, default=240)
     a = p.parse_args()
     ncu = None if a.no_ncu else shutil.which("ncu")
@@ -165,7 +171,7 @@ def main():
         write_ini(ini, d, os.path.join(d, "prof"), a, a.steps)
         log = os.path.join(d, "ncu.csv")
         cmd = [ncu, "--clock-control", "none", "--cache-control", "none", "--metrics", "gpu__time_duration.sum",
-               "--csv", "--print-units", "base", "--print-kernel-base", "function", "--log-file", log] + ctrl_cmd(a, ini)
+               "--csv", "--print-units", "base", "--print-kernel-base", a.names, "--log-file", log] + ctrl_cmd(a, ini)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
         per = kernel_times(log) if os.path.exists(log) else None
         if r.returncode != 0 or not per:
@@ -180,7 +186,10 @@ def main():
               f"{gpu_ms / step_ms:.0%} of the wall step (the profiled steps include the first)")
         print(f"{'ms/step':>9} {'share':>6} {'launches':>8}  kernel")
         for name, (n, ns) in sorted(per.items(), key=lambda kv: -kv[1][1])[:a.top]:
-            print(f"{ns / a.steps / 1e6:9.2f} {ns / total:6.1%} {n // a.steps:8d}  {name[:110]}")
+            print(f"{ns / a.steps / 1e6:9.2f} {ns / total:6.1%} {n // a.steps:8d}  {name[:a.name_width]}")
+        conv = [(n, ns) for name, (n, ns) in per.items() if "f32_to_bf16" in name or "round_bf16" in name]
+        print(f"fp32 -> bf16 conversions: {sum(ns for _, ns in conv) / a.steps / 1e6:.2f} ms, "
+              f"{sum(n for n, _ in conv) // a.steps} launches per step")
     return 0
 
 

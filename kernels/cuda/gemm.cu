@@ -5,6 +5,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
@@ -75,6 +77,34 @@ void algo_store(const AlgoKey &key, const cublasLtMatmulAlgo_t &algo) {
     pthread_mutex_unlock(&algo_lock);
 }
 
+// CTRL_CUDA_GEMM_LOG=1: each problem on stderr when the heuristic is first asked for it (once per
+// distinct problem), with the algorithm it chose -- what maps a profiler's cuBLAS kernel (an
+// sm80-style `Kernel2` among sm90 nvjet kernels) to the product that launches it.
+const char *type_name(int t) { return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_32F ? "fp32" : "other"; }
+void log_problem(const AlgoKey &k, const cublasLtMatmulAlgo_t &algo) {
+    int id = -1, tile = -1, stages = -1, splitk = -1, reduction = -1, swizzle = -1;
+#ifndef CTRL_CUDA_EMU
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages,
+                                         nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk,
+                                         nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                         sizeof reduction, nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle,
+                                         nullptr);
+#else
+    (void)algo;
+#endif
+    fprintf(
+        stderr,
+        "cuda gemm: column-major m=%d n=%d k=%d op(A)=%c op(B)=%c lda=%d ldb=%d ldc=%d A,B %s C %s bias %d "
+        "align %u/%u/%u -> algo %d tile %d stages %d split-k %d reduction %d swizzle %d\n",
+        k.m, k.n, k.k, k.ta ? 'T' : 'N', k.tb ? 'T' : 'N', k.lda, k.ldb, k.ldc, type_name(k.type),
+        type_name(k.c_type), k.bias, k.al_a, k.al_b, k.al_c, id, tile, stages, splitk, reduction, swizzle);
+}
+
 // Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n; A and B
 // of `type`, C of `c_type` (bf16 operands with an fp32 result: CUDA_R_16BF, CUDA_R_32F).
 ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
@@ -134,6 +164,7 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
         }
         algo_store(key, heur.algo);
         __atomic_add_fetch(&algo_queries, 1, __ATOMIC_RELAXED);
+        if (getenv("CTRL_CUDA_GEMM_LOG")) log_problem(key, heur.algo);
     }
 run:
     LT(cublasLtMatmul(lt_handle, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, lt_workspace,

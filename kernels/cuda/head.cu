@@ -8,6 +8,7 @@
 // (ctrl_head_args.softcap = c > 0, Gemma 2): z = c tanh(h W^T / c) / temperature, and the backward's
 // dlogits times the cap's 1 - tanh^2, as the CPU head. ctrl_head_args.w16 (the model's bf16 copy of its
 // weights): the weight chunks are read from it, never rounded here.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -140,16 +141,22 @@ __global__ void stats_finish(Stats st, const int32_t *targets, int tc, int V, fl
     if (correct) correct[i] = has && st.arg[i] == tg;
 }
 
-// dlogits in place of the recomputed scaled logits.
-__global__ void dlogits_kernel(float *z, const int32_t *targets, const float *lse, const float *dlogp,
-                               const float *entropy, const float *dentropy, int tc, int vc, int v0, int V,
-                               float inv_temp, float cap_u) {
+// dlogits in place of the recomputed scaled logits; with z16 (bf16 products) rounded to bf16 into
+// z16 instead (what the two GEMMs read: no fp32 dlogits written, no conversion pass).
+__global__ void dlogits_kernel(float *z, __nv_bfloat16 *z16, const int32_t *targets, const float *lse,
+                               const float *dlogp, const float *entropy, const float *dentropy, int tc,
+                               int vc, int v0, int V, float inv_temp, float cap_u) {
     int i = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (i >= tc) return;
     float *row = z + (size_t)i * vc;
+    __nv_bfloat16 *row16 = z16 ? z16 + (size_t)i * vc : nullptr;
     const int32_t tg = targets[i];
     if (tg < 0 || tg >= V) {
-        for (int j = lane; j < vc; j += 32) row[j] = 0.0f;
+        for (int j = lane; j < vc; j += 32)
+            if (row16)
+                row16[j] = __float2bfloat16_rn(0.0f);
+            else
+                row[j] = 0.0f;
         return;
     }
     const float l = lse[i], g = dlogp[i];
@@ -160,7 +167,11 @@ __global__ void dlogits_kernel(float *z, const int32_t *targets, const float *ls
         if (ge != 0.0f) dz -= ge * p * (row[j] - l + H);
         if (v0 + j == tg) dz += g;
         const float th = row[j] * cap_u; // soft-capped: tanh of the raw logit (cap_u = temperature / cap)
-        row[j] = cap_u != 0.0f ? dz * inv_temp * (1.0f - th * th) : dz * inv_temp;
+        const float d = cap_u != 0.0f ? dz * inv_temp * (1.0f - th * th) : dz * inv_temp;
+        if (row16)
+            row16[j] = __float2bfloat16_rn(d);
+        else
+            row[j] = d;
     }
 }
 
@@ -223,18 +234,16 @@ extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const fl
             ctrl_status s = chunk_logits(a, z, b, t0, tc, v0, vc, &wb);
             if (s != CTRL_OK) return s;
             dlogits_kernel<<<(tc + kRowsPerBlock - 1) / kRowsPerBlock, 32 * kRowsPerBlock>>>(
-                z, a->targets + t0, lse + t0, dlogp + t0, entropy ? entropy + t0 : nullptr,
-                dentropy ? dentropy + t0 : nullptr, tc, vc, v0, a->V, 1.0f / a->temperature,
-                a->softcap > 0 ? a->temperature / a->softcap : 0.0f);
+                z, a->bf16 ? reinterpret_cast<__nv_bfloat16 *>(b.z) : nullptr, a->targets + t0, lse + t0,
+                dlogp + t0, entropy ? entropy + t0 : nullptr, dentropy ? dentropy + t0 : nullptr, tc, vc, v0,
+                a->V, 1.0f / a->temperature, a->softcap > 0 ? a->temperature / a->softcap : 0.0f);
             CTRL_CUDA_CHECK_LAUNCH();
             // dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h
             const float beta = v0 == 0 ? 0.0f : 1.0f;
             float *dh = dhidden + (size_t)t0 * a->C, *dwc = dw ? dw + (size_t)v0 * a->C : nullptr;
-            if (a->bf16) { /* wb: the weight chunk chunk_logits multiplied */
-                s = ctrl_cuda_f32_to_bf16(b.z, z, (int64_t)tc * vc);
-                if (s == CTRL_OK)
-                    s = ctrl_cuda_gemm(0, 0, tc, a->C, vc, 1.0f, b.z, vc, wb, a->C, beta, dh, a->C, CTRL_BF16,
-                                       CTRL_F32);
+            if (a->bf16) { /* wb: the weight chunk chunk_logits multiplied; b.z: the bf16 dlogits */
+                s = ctrl_cuda_gemm(0, 0, tc, a->C, vc, 1.0f, b.z, vc, wb, a->C, beta, dh, a->C, CTRL_BF16,
+                                   CTRL_F32);
                 if (s == CTRL_OK && dwc) /* none for a frozen head (LoRA) */
                     s = ctrl_cuda_gemm(1, 0, vc, a->C, tc, 1.0f, b.z, vc, b.h, a->C, 1.0f, dwc, a->C,
                                        CTRL_BF16, CTRL_F32);
