@@ -8,7 +8,8 @@ loss over every token. Reported: training tokens/s of the steady state (steps af
 from ctrl's per-step metrics and the peer's CUDA-synchronised step times), peak GPU memory used by
 the process (nvidia-smi, sampled every 50 ms, minus the idle value), final loss, and the ratios.
 usage: bench/cuda/bench_sft_cuda.py --build build-gpu [--tokenizer DIR] [--hidden 896 --layers 24
-       --heads 14 --kv-heads 2 --intermediate 4864] [--batch 8 --seq 512 --steps 12]"""
+       --heads 14 --kv-heads 2 --intermediate 4864] [--batch 8 --seq 512 --steps 12]
+       [--ctrl-env ';CTRL_NO_BF16_OPERANDS=1;CTRL_CUDA_GEMM_TUNE=1' (ctrl once per variant)]"""
 import argparse
 import json
 import os
@@ -86,9 +87,11 @@ def ctrl_env():
     return env
 
 
-def run_ctrl(args, d, dtype):
-    out = os.path.join(d, f"ctrl_{dtype}")
-    ini = os.path.join(d, f"ctrl_{dtype}.ini")
+def run_ctrl(args, d, dtype, variant=""):
+    """variant: extra environment for ctrl, KEY=VAL[,KEY=VAL...] ("": none)."""
+    tag = f"{dtype}_{abs(hash(variant)) % 10**8}" if variant else dtype
+    out = os.path.join(d, f"ctrl_{tag}")
+    ini = os.path.join(d, f"ctrl_{tag}.ini")
     with open(ini, "w") as f:
         f.write(f"""[run]
 output_dir = {out}
@@ -109,9 +112,11 @@ logging_steps = 1
 save_strategy = no
 """)
     ctrl = os.path.join(args.build, "ctrl")
+    env = ctrl_env()
+    env.update(kv.split("=", 1) for kv in variant.split(",") if "=" in kv)
     with GpuMemory() as mem:
         r = subprocess.run([ctrl, "--plugin-dir", os.path.join(args.build, "plugins"), "train", ini],
-                           capture_output=True, text=True, timeout=args.timeout, env=ctrl_env())
+                           capture_output=True, text=True, timeout=args.timeout, env=env)
     if r.returncode != 0:
         print(f"ctrl {dtype}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
         return None
@@ -199,6 +204,10 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--attention", default="flash")
     p.add_argument("--dtypes", default="bf16,fp32")
+    p.add_argument("--ctrl-env", default="",
+                   help="ctrl run once per variant, variants separated by ';', each KEY=VAL[,KEY=VAL] added to "
+                        "ctrl's environment ('' = as it is), e.g. ';CTRL_NO_BF16_OPERANDS=1;CTRL_CUDA_GEMM_TUNE=1'; "
+                        "each compared with the one PyTorch run")
     p.add_argument("--timeout", type=int, default=240)
     p.add_argument("--torch-child")
     p.add_argument("--dtype")
@@ -225,19 +234,22 @@ def main():
               f"intermediate {args.intermediate}, tokenizer {os.path.basename(args.tokenizer.rstrip('/'))}; "
               f"batch {args.batch} x {args.seq} tokens, {args.steps} steps (steady state: steps 3+)")
         for dtype in args.dtypes.split(","):
-            c = run_ctrl(args, d, dtype)
+            variants = args.ctrl_env.split(";")
+            cs_all = [(v, run_ctrl(args, d, dtype, v)) for v in variants]
             t = run_torch(args, d, dtype)
-            cs = f"{c['tokens_per_second']:9.0f} tok/s {c['gpu_mib']:7.0f} MiB loss {c['loss']:.4f}" if c else "failed"
             ts = (f"{t['tokens_per_second']:9.0f} tok/s {t['gpu_mib']:7.0f} MiB loss {t['loss']:.4f} "
                   f"({t['versions']}, allocator peak {t['torch_peak_mib']:.0f} MiB)") if t else "failed"
-            print(f"  {dtype}: ctrl {cs} | torch {ts}")
-            for name, r in (("ctrl", c), ("torch", t)):
-                if r:
-                    print(f"  {dtype}: {name} {r['tokens_per_second'] * flops_per_token(args) / 1e12:.1f} model TFLOP/s "
-                          f"(6N + 6·L·h·s per token, N = {n_params(args) / 1e6:.0f} M with the head)")
-            if c and t:
-                print(f"  {dtype}: ratio {c['tokens_per_second'] / t['tokens_per_second']:.2f}x torch's tokens/s "
-                      f"at {c['gpu_mib'] / max(t['gpu_mib'], 1):.2f}x its GPU memory")
+            for v, c in cs_all:
+                label = f"ctrl[{v}]" if v else "ctrl"
+                cs = f"{c['tokens_per_second']:9.0f} tok/s {c['gpu_mib']:7.0f} MiB loss {c['loss']:.4f}" if c else "failed"
+                print(f"  {dtype}: {label} {cs} | torch {ts}")
+                for name, r in ((label, c), ("torch", t)):
+                    if r and (name != "torch" or v == variants[-1]):
+                        print(f"  {dtype}: {name} {r['tokens_per_second'] * flops_per_token(args) / 1e12:.1f} model "
+                              f"TFLOP/s (6N + 6·L·h·s per token, N = {n_params(args) / 1e6:.0f} M with the head)")
+                if c and t:
+                    print(f"  {dtype}: {label} ratio {c['tokens_per_second'] / t['tokens_per_second']:.2f}x torch's "
+                          f"tokens/s at {c['gpu_mib'] / max(t['gpu_mib'], 1):.2f}x its GPU memory")
             sys.stdout.flush()
 
 

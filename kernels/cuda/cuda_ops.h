@@ -75,6 +75,9 @@ ctrl_status ctrl_cuda_gemm(int trans_a, int trans_b, int M, int N, int K, float 
 /* How many times the GEMMs asked cuBLASLt's heuristic for an algorithm: once per problem (shape,
  * transposes, types, operand alignment), the answer cached after that. */
 long ctrl_cuda_gemm_heuristic_queries(void);
+/* Forgets every cached GEMM algorithm (the next call of each problem asks the heuristic again, and
+ * tunes where CTRL_CUDA_GEMM_TUNE=1); the library handle stays. */
+void ctrl_cuda_gemm_forget_algorithms(void);
 
 /* The kernels of kernels/cpu/cpu_ops.h on device pointers, same arguments and semantics
  * (parameter gradients accumulate, input gradients are written). */
@@ -178,13 +181,14 @@ ctrl_status ctrl_cuda_nf4_linear(float *out, const float *in, const uint8_t *pac
                                  int bf16);
 
 /* LoRA's dropout drawn on the device (device pointers; backend.h's lora_dropout: the host's mask). */
-ctrl_status ctrl_cuda_lora_dropout(float *dst, const float *src, int64_t n, uint64_t key, float p, float keep);
+ctrl_status ctrl_cuda_lora_dropout(float *dst, const float *src, int64_t n, uint64_t key, float p,
+                                   float keep);
 
 /* DoRA's per-row ops (device pointers; cpu_ops.h's ctrl_cpu_dora_norm, dora_combine, dora_backward). */
 ctrl_status ctrl_cuda_dora_norm(float *norm, float *g, const float *W, const float *B, const float *WA,
                                 const float *BG, const float *mag, float s, int OUT, int IN, int r);
-ctrl_status ctrl_cuda_dora_combine(float *out, const float *yl, const float *yb, const float *bias, const float *g,
-                                   int T, int OUT);
+ctrl_status ctrl_cuda_dora_combine(float *out, const float *yl, const float *yb, const float *bias,
+                                   const float *g, int T, int OUT);
 ctrl_status ctrl_cuda_dora_backward(float *dmag, float *yl, float *yb, const float *dout, const float *norm,
                                     const float *g, int T, int OUT);
 

@@ -105,6 +105,44 @@ void log_problem(const AlgoKey &k, const cublasLtMatmulAlgo_t &algo) {
         type_name(k.c_type), k.bias, k.al_a, k.al_b, k.al_c, id, tile, stages, splitk, reduction, swizzle);
 }
 
+// CTRL_CUDA_GEMM_TUNE=1: the heuristic's first kTuneCandidates answers for a new problem are timed
+// on it (a warm-up, then 3 runs between two events, into scratch: C is not touched) and the fastest
+// is cached instead of the heuristic's first; the first step pays for it (a few ms a problem). Off by
+// default: a different algorithm sums in a different order, so two runs could differ in the last bits.
+constexpr int kTuneCandidates = 8;
+int tune_pick(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+              cublasLtMatrixLayout_t lc, const cublasLtMatmulHeuristicResult_t *cand, int found,
+              const void *A, const void *B, float beta, size_t c_bytes, float *best_ms) {
+    void *scratch = nullptr;
+    if (ctrl_cuda_malloc(&scratch, c_bytes) != CTRL_OK) return 0;
+    cudaMemset(scratch, 0, c_bytes);
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    const float one = 1.0f;
+    int best = 0;
+    *best_ms = -1;
+    for (int i = 0; i < found; i++) {
+        auto run = [&] {
+            return cublasLtMatmul(lt_handle, desc, &one, A, la, B, lb, &beta, scratch, lc, scratch, lc,
+                                  &cand[i].algo, lt_workspace, kWorkspaceBytes, 0);
+        };
+        if (run() != CUBLAS_STATUS_SUCCESS) continue;
+        cudaEventRecord(e0, 0);
+        bool ok = true;
+        for (int r = 0; r < 3 && ok; r++) ok = run() == CUBLAS_STATUS_SUCCESS;
+        cudaEventRecord(e1, 0);
+        float ms = 0;
+        if (!ok || cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            continue;
+        if (*best_ms < 0 || ms / 3 < *best_ms) best = i, *best_ms = ms / 3;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaGetLastError(); // a candidate's failure is not the caller's
+    ctrl_cuda_free(scratch);
+    return best;
+}
+
 // Column-major D = alpha op(A) op(B) + beta C (C = D in place), op(A) m x k, op(B) k x n; A and B
 // of `type`, C of `c_type` (bf16 operands with an fp32 result: CUDA_R_16BF, CUDA_R_32F).
 ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const void *A, int lda,
@@ -157,14 +195,26 @@ ctrl_status lt_matmul(bool ta, bool tb, int m, int n, int k, float alpha, const 
                                                 sizeof al_c));
         LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
                                                 sizeof al_c));
-        LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, 1, &heur, &found));
+        const bool tune = getenv("CTRL_CUDA_GEMM_TUNE") != nullptr;
+        cublasLtMatmulHeuristicResult_t cand[kTuneCandidates] = {};
+        LT(cublasLtMatmulAlgoGetHeuristic(lt_handle, desc, la, lb, lc, lc, pref, tune ? kTuneCandidates : 1,
+                                          cand, &found));
         if (!found) {
             result = ctrl_error_set(CTRL_ERR_DEVICE, "cuBLASLt: no algorithm for m=%d n=%d k=%d", m, n, k);
             goto done;
         }
+        float ms = -1;
+        const int pick = tune && found > 1 ? tune_pick(desc, la, lb, lc, cand, found, A, B, beta,
+                                                       (size_t)ldc * n * (c_type == CUDA_R_16BF ? 2 : 4), &ms)
+                                           : 0;
+        heur = cand[pick];
         algo_store(key, heur.algo);
         __atomic_add_fetch(&algo_queries, 1, __ATOMIC_RELAXED);
-        if (getenv("CTRL_CUDA_GEMM_LOG")) log_problem(key, heur.algo);
+        if (getenv("CTRL_CUDA_GEMM_LOG")) {
+            log_problem(key, heur.algo);
+            if (tune)
+                fprintf(stderr, "cuda gemm:   tuned: candidate %d of %d, %.3f ms a run\n", pick, found, ms);
+        }
     }
 run:
     LT(cublasLtMatmul(lt_handle, desc, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &heur.algo, lt_workspace,
@@ -192,6 +242,12 @@ __global__ void column_sums_kernel(float *db, const float *dout, int T, int OUT)
 
 extern "C" long ctrl_cuda_gemm_heuristic_queries(void) {
     return __atomic_load_n(&algo_queries, __ATOMIC_RELAXED);
+}
+
+extern "C" void ctrl_cuda_gemm_forget_algorithms(void) {
+    pthread_mutex_lock(&algo_lock);
+    for (AlgoSlot &s : algo_cache) s.valid = false;
+    pthread_mutex_unlock(&algo_lock);
 }
 
 extern "C" void ctrl_cuda_linear_release(void) {

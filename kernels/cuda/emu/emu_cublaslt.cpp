@@ -133,11 +133,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
                                               cublasLtMatmulHeuristicResult_t *results, int *found) {
     (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d;
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
-    memset(results, 0, sizeof *results);
+    // Two answers where two or more are asked for (the same algorithm: one arithmetic here), so that a
+    // caller choosing among candidates (gemm.cu's CTRL_CUDA_GEMM_TUNE) runs its choice.
+    *found = requested < 2 ? 1 : 2;
+    memset(results, 0, sizeof *results * (size_t)*found);
     // As a real GPU's algorithms: vectorised (16-byte) loads and stores wherever the declared
     // alignment allows them; the algorithm then refuses operands that are less aligned.
-    for (int i = 0; i < 4; i++) results->algo.data[i] = pref->min_align[i] < 16 ? pref->min_align[i] : 16;
-    *found = 1;
+    for (int r = 0; r < *found; r++)
+        for (int i = 0; i < 4; i++)
+            results[r].algo.data[i] = pref->min_align[i] < 16 ? pref->min_align[i] : 16;
     return CUBLAS_STATUS_SUCCESS;
 }
 
