@@ -129,14 +129,23 @@ TEST(cpu_backend_table_is_complete) {
      * optimizer kernels (on the CPU the optimizer plugins step host memory themselves) and the
      * device sampler (the engine samples host logits with core/generate/sampling.c itself) and the
      * device's side-stream copies for activation offloading (on the CPU the store is a file) and the
-     * device memory mapped piece by piece for ZeRO-3 (on the CPU zero3 hands pages back with madvise) */
+     * device memory mapped piece by piece for ZeRO-3 (on the CPU zero3 hands pages back with madvise)
+     * and the products on 2-byte bf16 operands (the CPU's bf16 GEMM rounds as it packs: its
+     * linear_*_bf16 convert nothing up front) */
     const size_t first = offsetof(ctrl_backend_ops, alloc);
-    const size_t device_only[] = {
-        offsetof(ctrl_backend_ops, adamw_step), offsetof(ctrl_backend_ops, sample),
-        offsetof(ctrl_backend_ops, host_alloc), offsetof(ctrl_backend_ops, host_free),
-        offsetof(ctrl_backend_ops, side_copy),  offsetof(ctrl_backend_ops, side_wait),
-        offsetof(ctrl_backend_ops, vm_reserve), offsetof(ctrl_backend_ops, vm_map),
-        offsetof(ctrl_backend_ops, vm_unmap),   offsetof(ctrl_backend_ops, vm_unreserve)};
+    const size_t device_only[] = {offsetof(ctrl_backend_ops, adamw_step),
+                                  offsetof(ctrl_backend_ops, sample),
+                                  offsetof(ctrl_backend_ops, host_alloc),
+                                  offsetof(ctrl_backend_ops, host_free),
+                                  offsetof(ctrl_backend_ops, side_copy),
+                                  offsetof(ctrl_backend_ops, side_wait),
+                                  offsetof(ctrl_backend_ops, vm_reserve),
+                                  offsetof(ctrl_backend_ops, vm_map),
+                                  offsetof(ctrl_backend_ops, vm_unmap),
+                                  offsetof(ctrl_backend_ops, vm_unreserve),
+                                  offsetof(ctrl_backend_ops, to_bf16),
+                                  offsetof(ctrl_backend_ops, linear_forward_b16),
+                                  offsetof(ctrl_backend_ops, linear_backward_b16)};
     CHECK(be->adamw_step == NULL && be->sample == NULL && be->host_alloc == NULL && be->side_copy == NULL &&
           be->vm_reserve == NULL);
     for (size_t off = first; off < sizeof *be; off += sizeof(void (*)(void))) {
