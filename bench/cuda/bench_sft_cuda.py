@@ -88,7 +88,8 @@ def ctrl_env():
 
 
 def run_ctrl(args, d, dtype, variant=""):
-    """variant: extra environment for ctrl, KEY=VAL[,KEY=VAL...] ("": none)."""
+    """variant: comma-separated KEY=VAL added to ctrl's environment and --set=section.key=value passed
+    to `ctrl train` ("": none)."""
     tag = f"{dtype}_{abs(hash(variant)) % 10**8}" if variant else dtype
     out = os.path.join(d, f"ctrl_{tag}")
     ini = os.path.join(d, f"ctrl_{tag}.ini")
@@ -113,9 +114,11 @@ save_strategy = no
 """)
     ctrl = os.path.join(args.build, "ctrl")
     env = ctrl_env()
-    env.update(kv.split("=", 1) for kv in variant.split(",") if "=" in kv)
+    items = [kv for kv in variant.split(",") if "=" in kv]
+    env.update(kv.split("=", 1) for kv in items if not kv.startswith("--set="))
+    sets = [kv for kv in items if kv.startswith("--set=")]
     with GpuMemory() as mem:
-        r = subprocess.run([ctrl, "--plugin-dir", os.path.join(args.build, "plugins"), "train", ini],
+        r = subprocess.run([ctrl, "--plugin-dir", os.path.join(args.build, "plugins"), "train", ini] + sets,
                            capture_output=True, text=True, timeout=args.timeout, env=env)
     if r.returncode != 0:
         print(f"ctrl {dtype}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
@@ -205,9 +208,10 @@ def main():
     p.add_argument("--attention", default="flash")
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--ctrl-env", default="",
-                   help="ctrl run once per variant, variants separated by ';', each KEY=VAL[,KEY=VAL] added to "
-                        "ctrl's environment ('' = as it is), e.g. ';CTRL_NO_BF16_OPERANDS=1;CTRL_CUDA_GEMM_TUNE=1'; "
-                        "each compared with the one PyTorch run")
+                   help="ctrl run once per variant, variants separated by ';', each a comma-separated list of "
+                        "KEY=VAL added to ctrl's environment and --set=section.key=value passed to ctrl train ('' = "
+                        "as it is), e.g. ';CTRL_NO_BF16_OPERANDS=1;CTRL_CUDA_GEMM_TUNE=1;--set=memory.strategies=' "
+                        "(the last: no checkpointing, every activation kept); each compared with the one PyTorch run")
     p.add_argument("--timeout", type=int, default=240)
     p.add_argument("--torch-child")
     p.add_argument("--dtype")
