@@ -174,7 +174,8 @@ static const ctrl_option memory_options[] = {
      "TRL's default gradient_checkpointing; empty: keep every activation), and at most one ZeRO stage for "
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
-     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on cuda SFT in fp32 or bf16); "
+     "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on cuda SFT and the online trainers, "
+     "fp32 or bf16); "
      "offload_optimizer: on a CUDA run the optimizer state and step in host memory; offload_activations: the "
      "checkpointed layers' inputs kept out of the compute memory between forward and backward -- on a CUDA "
      "run in host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; "
@@ -237,6 +238,10 @@ static const ctrl_option generation_options[] = {
     {"log_completions", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Online trainers: append every generated completion with its rewards and advantage to "
      "output_dir/completions.jsonl."},
+    {"ds3_gather_for_generation", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
+     "zero3, colocate: the whole model gathered on every rank for each generation phase and released "
+     "after it (TRL's ds3_gather_for_generation, DeepSpeed ZeRO-3); false (generating with one layer "
+     "gathered at a time) is refused (not implemented)."},
     CTRL_OPTION_END,
 };
 

@@ -227,6 +227,14 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     }
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
+    if (r.st == CTRL_OK && !rd_bool(&r, "generation", "ds3_gather_for_generation")) {
+        const config_entry *e = config_find(cfg, "generation", "ds3_gather_for_generation");
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [generation] ds3_gather_for_generation = false: not supported (generating "
+                              "with one ZeRO-3 layer gathered at a time); true gathers the whole model for "
+                              "each generation phase and releases it after",
+                              e ? e->where : cfg->file_name);
+    }
     const char *shard = rd_str(&r, "train", "save_max_shard_size");
     if (r.st == CTRL_OK && ctrl_parse_shard_size(shard, &s->train.save_max_shard_bytes) != CTRL_OK) {
         const config_entry *e = config_find(cfg, "train", "save_max_shard_size");

@@ -24,6 +24,7 @@ static const struct {
     {"logging_dir", "[train] report_to = tensorboard (event files in output_dir/runs)"},
     {"report_to", "[train] report_to"},
     {"output_dir", "[run] output_dir"},
+    {"ds3_gather_for_generation", "[generation] ds3_gather_for_generation"},
     {"seed", "[run] seed"},
     {"data_seed", "[run] seed"},
     {"model_name_or_path", "[model] path"},

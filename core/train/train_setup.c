@@ -76,12 +76,13 @@ static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec 
                               "preference trainers and the online ones are; zero1 and zero2 work with every "
                               "trainer)",
                               s->run.trainer);
-    /* on a CUDA model (zero_device.c): the token-level trainers (SFT), fp32 or bf16, every parameter
-     * trained */
-    if (r->comp.cuda && k != &train_kind_token)
+    /* on a CUDA model (zero_device.c): the token-level trainers (SFT) and the online ones (the whole
+     * model gathered for each generation phase), fp32 or bf16, every parameter trained */
+    if (r->comp.cuda && k != &train_kind_token && k != &train_kind_online)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[memory] strategies = zero3 with [run] device = cuda and trainer = %s: not "
-                              "supported yet (SFT is; zero1 and zero2 on cuda work with every trainer)",
+                              "supported yet (SFT and the online trainers are; zero1 and zero2 on cuda work "
+                              "with every trainer)",
                               s->run.trainer);
     if (r->comp.cuda && s->peft.enabled)
         return ctrl_error_set(

@@ -124,7 +124,7 @@ run r3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_b
   --set train.resume_from_checkpoint=last
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
 # what zero3 on CUDA does not do yet is refused naming the key (exit 2 for a config error, 1 otherwise)
-# (bf16 is: test_zero3_bf16_cuda_emu.sh)
+# (bf16 is: test_zero3_cuda_emu.sh)
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/b3" --set run.device=cuda --set memory.strategies=zero3 \
   --set peft.enabled=true >"$TMP/b3.log" 2>&1
 grep -q "\[peft\] enabled = true with \[memory\] strategies = zero3 on \[run\] device = cuda: not supported yet" "$TMP/b3.log" && ok ||

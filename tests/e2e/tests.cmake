@@ -157,11 +157,11 @@ if(TARGET ctrl_cli)
 endif()
 
 # ZeRO-3 on CUDA in bf16 (the layers gathered as bf16, fp32 master slices): 2 ranks on the emulated
-# runtime, NCCL and libctrl_mpi.so against plain data parallel in bf16 (tests/e2e/test_zero3_bf16_cuda_emu.sh).
+# runtime, NCCL and libctrl_mpi.so against plain data parallel in bf16 (tests/e2e/test_zero3_cuda_emu.sh).
 if(TARGET ctrl_cli AND TARGET ctrl_mpi_emu)
-  add_test(NAME test_zero3_bf16_cuda_emu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_zero3_bf16_cuda_emu.sh
+  add_test(NAME test_zero3_cuda_emu COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_zero3_cuda_emu.sh
                                                  $<TARGET_FILE:ctrl_cli> ${CMAKE_BINARY_DIR}/plugins-emu ${CMAKE_SOURCE_DIR}
                                                  $<TARGET_FILE:ctrl_cuda_emu> $<TARGET_FILE:ctrl_mpi_emu>)
-  set_tests_properties(test_zero3_bf16_cuda_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 SKIP_RETURN_CODE 77
+  set_tests_properties(test_zero3_cuda_emu PROPERTIES LABELS cuda-emu TIMEOUT 300 SKIP_RETURN_CODE 77
                                                            FIXTURES_REQUIRED cuda_emu_plugins)
 endif()

@@ -9,7 +9,10 @@
 # the forward as bf16 values, as DeepSpeed's bf16 module holds them, where data parallel keeps them
 # fp32 as torch.autocast does), the final model and its checkpoint hold the fp32 masters, a 2-rank
 # resume repeats the curve exactly, and what each rank holds on its device is logged and checked.
-# usage: test_zero3_bf16_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
+# GRPO with zero3 on CUDA (the whole model gathered on every rank for each generation phase and
+# released after, TRL's ds3_gather_for_generation = true; false refused naming the key) samples the
+# completions of plain data parallel on CUDA and follows its rewards and gradient norms; so does PPO.
+# usage: test_zero3_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
 tiny_setup 7 3
@@ -64,4 +67,44 @@ run r3 --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 --set tra
 curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 bf16 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
 cmp -s "$TMP/z3/model.safetensors" "$TMP/r3/model.safetensors" && ok || bad "zero3 bf16: the resumed model differs"
+# GRPO (its own share of the generation batch per rank, sampled on the device): zero3 on CUDA gathers the
+# whole model for the generation phase (in bf16 too: the fp32 masters), scores and trains layer by layer
+for dt in fp32 bf16; do
+  INI_BATCH=2 INI_TRAIN="dtype = $dt" online_ini grpo g 2 "[grpo]" "num_generations = 4" "max_completion_length = 8" |
+    sed 's/^device = cpu/device = cuda/; /^eval_file/d' >"$TMP/grpo.ini" # no evaluation: slow here
+  for name in g$dt gz$dt; do
+    z=() && [ $name = gz$dt ] && z=(--set memory.strategies=zero3)
+    "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/$name" "${z[@]}" >"$TMP/$name.log" 2>&1 ||
+      { bad "grpo $name: exited $?"; tail -20 "$TMP/$name.log"; }
+  done
+done
+grep -q "zero3 on the device in bf16" "$TMP/gzbf16.log" && ok || bad "grpo zero3 bf16: $(grep zero3 "$TMP/gzbf16.log")"
+# fp32: the same completions' rewards and the same gradient norms (the slices' sums of squares added)
+[ -n "$(curve_col "$TMP/gfp32" reward)" ] && [ "$(curve_col "$TMP/gfp32" reward)" = "$(curve_col "$TMP/gzfp32" reward)" ] && ok ||
+  bad "grpo zero3 on cuda: reward $(curve_col "$TMP/gzfp32" reward | tr '\n' ' ') vs $(curve_col "$TMP/gfp32" reward | tr '\n' ' ')"
+n=$(paste <(curve_col "$TMP/gfp32" grad_norm) <(curve_col "$TMP/gzfp32" grad_norm) |
+  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
+[ "$n" = "2 0" ] && ok || bad "grpo zero3 on cuda: grad_norm ($n)"
+# bf16: the first generation phase samples data parallel's completions (the same bf16 products)
+[ -n "$(curve_col "$TMP/gbf16" reward)" ] && [ "$(curve_col "$TMP/gbf16" reward | head -1)" = "$(curve_col "$TMP/gzbf16" reward | head -1)" ] && ok ||
+  bad "grpo zero3 bf16 on cuda: reward $(curve_col "$TMP/gzbf16" reward | tr '\n' ' ') vs $(curve_col "$TMP/gbf16" reward | tr '\n' ' ')"
+# PPO (the value model whole on each rank's device beside the sliced policy): the same scores and norms
+INI_BATCH=2 INI_TARGET=6 INI_TRAIN="dtype = fp32" online_ini ppo p 2 "[ppo]" "response_length = 8" "num_ppo_epochs = 1" |
+  sed 's/^device = cpu/device = cuda/; /^eval_file/d' >"$TMP/ppo.ini"
+for name in p pz; do
+  z=() && [ $name = pz ] && z=(--set memory.strategies=zero3)
+  "${MPI[@]}" "${C[@]}" train "$TMP/ppo.ini" --set run.output_dir="$TMP/$name" "${z[@]}" >"$TMP/$name.log" 2>&1 ||
+    { bad "ppo $name: exited $?"; tail -20 "$TMP/$name.log"; }
+done
+[ -n "$(curve_col "$TMP/p" objective/scores)" ] && [ "$(curve_col "$TMP/p" objective/scores)" = "$(curve_col "$TMP/pz" objective/scores)" ] && ok ||
+  bad "ppo zero3 on cuda: scores $(curve_col "$TMP/pz" objective/scores | tr '\n' ' ') vs $(curve_col "$TMP/p" objective/scores | tr '\n' ' ')"
+n=$(paste <(curve_col "$TMP/p" grad_norm) <(curve_col "$TMP/pz" grad_norm) |
+  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
+[ "$n" = "2 0" ] && ok || bad "ppo zero3 on cuda: grad_norm ($n)"
+# ds3_gather_for_generation = false (generating with one layer gathered at a time) is refused naming the key
+"${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/nog" --set memory.strategies=zero3 \
+  --set generation.ds3_gather_for_generation=false >"$TMP/nog.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\[generation\] ds3_gather_for_generation = false: not supported" "$TMP/nog.log" && ok ||
+  { bad "ds3_gather_for_generation = false: exit $rc"; tail -2 "$TMP/nog.log"; }
 finish
