@@ -274,8 +274,8 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
 }
 
 void train_zero_device3_free(train_zero *z) {
+    if (z->master && z->vm_params) z->vm_params->be->free(z->master); /* (z->dev is cleared first) */
     vm_free(z->vm_params), vm_free(z->vm_grads), vm_free(z->vm_b16);
-    if (z->master && z->dev) z->dev->free(z->master);
     free(z->held16);
     z->vm_params = z->vm_grads = z->vm_b16 = NULL, z->master = NULL, z->held16 = NULL, z->b16 = 0;
 }
