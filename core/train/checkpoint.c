@@ -232,6 +232,10 @@ ctrl_status ctrl_checkpoint_save(const char *out_dir, ctrl_model *m, const char 
     remove_stale_tmp(out_dir);
     if (mkdir(tmp, 0777) != 0) return ctrl_error_set(CTRL_ERR_IO, "%s: %s", tmp, strerror(errno));
     ctrl_status st = train_model_save(m, tmp, tokenizer_dir); /* with LoRA: the adapter only */
+    if (shards && shards->model_written) {
+        const ctrl_status e = shards->model_written(shards->user);
+        st = st != CTRL_OK ? st : e;
+    }
     test_pause();
     if (st == CTRL_OK) st = ctrl_copy_tokenizer_files(tokenizer_dir, tmp);
     if (!shards) {

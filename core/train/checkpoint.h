@@ -37,11 +37,14 @@ typedef struct ctrl_train_state {
 
 /* A run whose optimizer state is sharded over `n` ranks (ZeRO): rank 0, saving, writes its own
  * state to optimizer.rank-0.safetensors and calls write(user, r, path) for each other rank's
- * optimizer.rank-R.safetensors. */
+ * optimizer.rank-R.safetensors. model_written (NULL: none), if set, is called once right after the
+ * model's files, whatever their save returned (zero3's streamed save: the other ranks stop
+ * serving layers before they send their optimizer slices); its error is kept if the save's was OK. */
 typedef struct ctrl_checkpoint_shards {
     int n;
     ctrl_status (*write)(void *user, int rank, const char *path);
     void *user;
+    ctrl_status (*model_written)(void *user);
 } ctrl_checkpoint_shards;
 
 /* What the run trains besides the model (a value model, core/train/online_ppo.c): save(user, dir)

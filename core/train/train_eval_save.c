@@ -33,17 +33,37 @@ static ctrl_status kind_save_state(void *user, const char *dir) {
 ctrl_status train_run_save_checkpoint(run_state *r, const char *out_dir, const ctrl_train_state *ts) {
     char dir[4200];
     const int keep = r->s->train.save_total_limit;
-    ctrl_status st = train_zero_gather_all(&r->zero); /* zero3: the whole model for the save */
-    if (st == CTRL_OK) st = train_dp_check_weights(&r->dp, r->model, ts->step);
+    /* zero3: the model's layers streamed to rank 0 one at a time as its writer reaches them
+     * (zero_save.c), with LoRA the adapters alone all-gathered (the frozen base never); else the
+     * whole model on every rank first */
+    const int streamed = train_zero_save_streams(&r->zero), adapters = train_zero_save_adapter_only(&r->zero);
+    ctrl_status st = streamed   ? CTRL_OK
+                     : adapters ? train_zero_gather_adapters(&r->zero)
+                                : train_zero_gather_all(&r->zero);
+    /* zero3's slices have one owner each: nothing to compare */
+    if (st == CTRL_OK && !streamed && !adapters) st = train_dp_check_weights(&r->dp, r->model, ts->step);
+    if (st == CTRL_OK && streamed) train_zero_save_begin(&r->zero);
+    if (st == CTRL_OK && streamed && !r->root) /* rank 0 writes the model: this rank sends its slices */
+        st = train_zero_save_serve(&r->zero);
     if (st == CTRL_OK && !r->root && r->zero.stage) /* ZeRO: its slice of the state to rank 0 */
         st = train_zero_send_state(&r->zero, r->opt_ops, r->opt);
-    const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero};
+    const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero,
+                                           streamed ? train_zero_save_model_written : NULL};
     const ctrl_checkpoint_extra extra = {kind_save_state, r}; /* a value model */
     if (st == CTRL_OK && r->root)                             /* rank 0 writes */
         st = ctrl_checkpoint_save(out_dir, r->model, r->s->model.path, r->opt_ops, r->opt, ts,
                                   r->zero.stage ? &shards : NULL, r->kind_ops->save_state ? &extra : NULL,
                                   keep, dir, sizeof dir);
+    if (streamed && r->root) { /* the others stop serving, however the save went (once) */
+        const ctrl_status e = train_zero_save_end(&r->zero);
+        st = st != CTRL_OK ? st : e;
+    }
     if (st == CTRL_OK && r->root) CTRL_INFO("checkpoint saved to %s", dir);
+    if (streamed || adapters) {
+        char what[64];
+        snprintf(what, sizeof what, "checkpoint-%ld's %s", ts->step, adapters ? "adapter" : "model");
+        train_zero_save_report(&r->zero, what);
+    }
     train_zero_release_all(&r->zero);
     return st;
 }

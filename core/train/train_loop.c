@@ -173,15 +173,16 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
      * or during the first step, the model is what it was: output_dir keeps what it holds); never
      * after a failed step. */
     const int saving = st == CTRL_OK || st == CTRL_ERR_INTERRUPTED;
-    /* zero3: each layer gathered to rank 0 alone when the save reaches it (zero_save.c); else (and
-     * with LoRA) the whole model on every rank first */
+    /* zero3: each layer gathered to rank 0 alone when the save reaches it (zero_save.c), with LoRA
+     * the adapters alone all-gathered (the frozen base never); else the whole model on every rank */
     const int streamed = saving && train_zero_save_streams(&r.zero);
+    const int adapters = saving && train_zero_save_adapter_only(&r.zero); /* LoRA: no base gathered */
     if (saving && !streamed) {
-        ctrl_status g = train_zero_gather_all(&r.zero);
+        ctrl_status g = adapters ? train_zero_gather_adapters(&r.zero) : train_zero_gather_all(&r.zero);
         st = g != CTRL_OK ? g : st;
     }
     /* never a diverged model (zero3's slices have one owner each: nothing to compare) */
-    if (st == CTRL_OK && !streamed) st = train_dp_check_weights(&r.dp, r.model, ts.step);
+    if (st == CTRL_OK && !streamed && !adapters) st = train_dp_check_weights(&r.dp, r.model, ts.step);
     const int progressed = st == CTRL_OK || (st == CTRL_ERR_INTERRUPTED && ts.step > start_step);
     if (st == CTRL_ERR_INTERRUPTED && !progressed)
         ctrl_error_append(st, "interrupted before a step was trained: nothing saved");
@@ -209,7 +210,8 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
             ctrl_error_restore(&run);
         }
     }
-    if (progressed && streamed) train_zero_save_report(&r.zero);
+    if (progressed && (streamed || adapters))
+        train_zero_save_report(&r.zero, adapters ? "the adapter" : "the model");
     train_run_teardown(&r);
     if (progressed && r.root && s->train.report_png) { /* the plot is a convenience: never fails the run */
         char jsonl[4200], png[4200];

@@ -16,8 +16,8 @@
  * again before its backward (train_zero_attach: the model's layer hooks), the other ranks' slices
  * released (madvise) after each. The loss curve is plain data parallel's.
  *
- * Checkpoints: the model is gathered whole (stage 3: for the save; the final save streams each
- * layer to rank 0 alone instead, zero_save.c), rank 0 writes it as ever; the
+ * Checkpoints: the model is gathered whole (stage 3 on the CPU: the saves stream each layer to
+ * rank 0 alone instead, and with LoRA gather the adapters alone, zero_save.c), rank 0 writes it; the
  * optimizer state stays sharded, one file per rank (optimizer.rank-R.safetensors, as DeepSpeed's
  * per-rank zero_pp_rank_R files), which rank 0 writes from what each rank sends it (one rank's
  * slices in memory at a time); a resume reads each rank's own file and needs the same number of
@@ -86,6 +86,7 @@ typedef struct train_zero {
     long prefetched;   /* layers prefetched so far */
     int save_held;     /* the streamed save: the layer whole on rank 0 now, or -1 */
     long save_gathers; /* the streamed save: layers gathered to rank 0 */
+    int save_open;     /* the streamed save: rank 0 has not yet told the others it ended */
     /* overlap_comm: a bucket's reduce-scatters started and left in flight while the backward goes
      * on, finished when the next bucket closes or the backward ends (n_flight of them: units, handles) */
     int overlap;
@@ -160,19 +161,27 @@ void train_zero_release_all(train_zero *z);
  * and layer l released (the other ranks' slices handed back to the system). (zero_layers.c) */
 int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]);
 void train_zero_release_layer(train_zero *z, int l);
-/* Stage 3's final save streamed to rank 0 (zero_save.c): 1 when it applies -- several ranks, a CPU
- * model without LoRA, every layer sliced; else the save gathers the whole model on every rank
- * first (train_zero_gather_all). Then, on every rank: train_zero_save_begin; rank 0 saves the
- * model (ctrl_model_save_sharded: each layer gathered to it alone when the writer reaches it) and
- * calls train_zero_save_end (whatever the save returned), while the others call
- * train_zero_save_serve, which sends their slices until rank 0's end. */
+/* Stage 3's saves (the final one and checkpoint-N's model) streamed to rank 0 (zero_save.c): 1 when
+ * it applies -- several ranks, a CPU model without LoRA, every layer sliced; else the save gathers
+ * the whole model on every rank first (train_zero_gather_all). Then, on every rank:
+ * train_zero_save_begin; rank 0 saves the model (ctrl_model_save_sharded: each layer gathered to it
+ * alone when the writer reaches it) and calls train_zero_save_end (whatever the save returned; a
+ * second call does nothing), while the others call train_zero_save_serve, which sends their slices
+ * until rank 0's end. */
 int train_zero_save_streams(const train_zero *z);
+/* A LoRA run's save under stage 3 on the CPU (the same conditions, with LoRA): 1 when the save needs
+ * the adapters only -- train_zero_gather_adapters all-gathers each layer's trainable range (the
+ * adapters: a few floats a layer), never the frozen base's slices; train_zero_release_all after. */
+int train_zero_save_adapter_only(const train_zero *z);
+ctrl_status train_zero_gather_adapters(train_zero *z);
 void train_zero_save_begin(train_zero *z);
 ctrl_status train_zero_save_end(train_zero *z);
 ctrl_status train_zero_save_serve(train_zero *z);
-/* After it, on every rank (a collective): rank 0 logs the layers gathered to it and each rank's
- * peak resident memory (VmHWM) so far. */
-void train_zero_save_report(train_zero *z);
+/* After it, on every rank (a collective): rank 0 logs the layers gathered to it for `what` (the
+ * model, checkpoint-N's model) and each rank's peak resident memory (VmHWM) so far. */
+void train_zero_save_report(train_zero *z, const char *what);
+/* The checkpoint's hook (ctrl_checkpoint_shards.model_written, user the train_zero): the save's end. */
+ctrl_status train_zero_save_model_written(void *user);
 /* The kinds' whole_weights (kind.h; `ctx` the train_zero): on = 1 gathers every layer unless it is
  * already (then on = 0 leaves it to whoever gathered), on = 0 releases what on = 1 gathered. */
 ctrl_status train_zero_whole(void *ctx, int on);

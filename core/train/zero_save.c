@@ -1,6 +1,6 @@
-/* ZeRO-3's final save streamed to rank 0 (see zero.h): rank 0 writes the ordinary HF directory
- * with the model's save hooked (ctrl_model_set_save_fetch) so that a layer is gathered to rank 0
- * alone -- MPI_Gatherv into its own parameter buffer -- when the writer reaches its first weight,
+/* ZeRO-3's saves (the final one, checkpoint-N's model) streamed to rank 0 (see zero.h): rank 0 writes the
+ * ordinary HF directory with the model's save hooked (ctrl_model_set_save_fetch) so that a layer is gathered
+ * to rank 0 alone -- MPI_Gatherv into its own parameter buffer -- when the writer reaches its first weight,
  * and released when the writer moves on; the weights outside the layers are whole on every rank
  * already. Before each gather rank 0 broadcasts the layer's index, and the other ranks, serving,
  * send their slices of it from where they lie (no buffer of their own); -1 ends the save. So no
@@ -49,26 +49,54 @@ static ctrl_status fetch(void *user, const float *data, int64_t numel) {
     return st;
 }
 
-int train_zero_save_streams(const train_zero *z) {
-    if (z->stage < 3 || z->size < 2 || z->gathered || !z->state) return 0;
-    if (ctrl_model_device(z->model).type != CTRL_DEVICE_CPU || ctrl_model_lora(z->model)) return 0;
+/* Several ranks, stage 3 on the CPU, every layer sliced (a layer whole or in flight: the whole
+ * gather handles it), and the test's switch to the old way off. */
+static int sliced_on_cpu(const train_zero *z) {
+    if (z->stage < 3 || z->size < 2 || z->gathered || !z->state || z->dev) return 0;
+    if (ctrl_model_device(z->model).type != CTRL_DEVICE_CPU) return 0;
+    if (getenv("CTRL_TEST_ZERO_SAVE_WHOLE")) return 0; /* tests: the old way, to compare its bytes */
     for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++)
-        if (z->state[l] != 0) return 0; /* a layer whole or in flight: the whole gather handles it */
+        if (z->state[l] != 0) return 0;
     return 1;
 }
 
+int train_zero_save_streams(const train_zero *z) { return sliced_on_cpu(z) && !ctrl_model_lora(z->model); }
+
+int train_zero_save_adapter_only(const train_zero *z) {
+    return sliced_on_cpu(z) && ctrl_model_lora(z->model);
+}
+
+ctrl_status train_zero_gather_adapters(train_zero *z) {
+    ctrl_status st = CTRL_OK;
+    float *p = ctrl_model_params(z->model, NULL);
+    z->save_gathers = 0;
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) {
+        train_zero_unit r[2];
+        for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++) {
+            if (z->frozen && z->frozen[l].layer >= 0 && r[i].a == z->frozen[l].a) continue; /* the base */
+            st = ctrl_collective_allgather_f32(p + r[i].a, train_zero_cut_counts(z, r[i]));
+            if (st == CTRL_OK) st = ctrl_model_params_range_changed(z->model, r[i].a, r[i].b - r[i].a);
+            if (st == CTRL_OK) z->save_gathers++;
+        }
+    }
+    return st;
+}
+
 void train_zero_save_begin(train_zero *z) {
-    z->save_held = -1, z->save_gathers = 0;
+    z->save_held = -1, z->save_gathers = 0, z->save_open = z->rank == 0;
     if (z->rank == 0) ctrl_model_set_save_fetch(z->model, fetch, z);
 }
 
 ctrl_status train_zero_save_end(train_zero *z) {
-    if (z->rank != 0) return CTRL_OK;
+    if (z->rank != 0 || !z->save_open) return CTRL_OK;
+    z->save_open = 0;
     ctrl_model_set_save_fetch(z->model, NULL, NULL);
     if (z->save_held >= 0) train_zero_release_layer(z, z->save_held);
     z->save_held = -1;
     return gather_to_root(z, -1); /* however the save went: the others stop serving */
 }
+
+ctrl_status train_zero_save_model_written(void *user) { return train_zero_save_end(user); }
 
 ctrl_status train_zero_save_serve(train_zero *z) {
     if (z->rank == 0) return CTRL_OK;
@@ -89,7 +117,7 @@ ctrl_status train_zero_save_serve(train_zero *z) {
     }
 }
 
-void train_zero_save_report(train_zero *z) {
+void train_zero_save_report(train_zero *z, const char *what) {
     double *v = calloc((size_t)z->size, sizeof *v), rss = 0, peak = 0;
     if (!v) return;
     train_memory_read(&rss, &peak);
@@ -99,9 +127,14 @@ void train_zero_save_report(train_zero *z) {
         size_t at = 0;
         for (int r = 0; r < z->size && at < sizeof list; r++)
             at += (size_t)snprintf(list + at, sizeof list - at, "%s%.0f", r ? " / " : "", v[r] / 1024);
-        CTRL_INFO("zero3: the model saved by rank 0 alone, %ld layers gathered to it one at a time (no rank "
-                  "held the whole model); peak resident memory per rank so far (VmHWM): %s MiB",
-                  z->save_gathers, list);
+        if (ctrl_model_lora(z->model))
+            CTRL_INFO("zero3: %s saved from the adapters alone, %ld layers' adapter slices all-gathered (the "
+                      "frozen base never gathered); peak resident memory per rank so far (VmHWM): %s MiB",
+                      what, z->save_gathers, list);
+        else
+            CTRL_INFO("zero3: %s saved by rank 0 alone, %ld layers gathered to it one at a time (no rank "
+                      "held the whole model); peak resident memory per rank so far (VmHWM): %s MiB",
+                      what, z->save_gathers, list);
     }
     free(v);
 }

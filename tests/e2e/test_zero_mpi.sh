@@ -154,13 +154,16 @@ echo "zero3: resident $res of $buf bytes per rank, layers $lay bytes; gradients 
 [ -n "$gres" ] && [ "$gres" -le $((gbuf - lay + 4 * 2 * 4096)) ] && ok || bad "zero3 resident gradients: '$line'"
 [ -n "$lay" ] && [ "$res" -le $((buf - lay / 2 + 4 * 2 * 4096)) ] && [ "$res" -ge $((buf - lay / 2 - 4 * 2 * 4096)) ] && ok ||
   bad "zero3 resident parameters: '$line'"
-# the final save streamed to rank 0 (each layer gathered to it alone as the writer reaches it): the
-# same bytes as the checkpoint of the same step, saved from the whole model gathered on every rank
+# the final save and checkpoint-N's model streamed to rank 0 (each layer gathered to it alone as the
+# writer reaches it; its bytes against the old way's below, at the resume): the final save the same
+# bytes as the checkpoint of the same step
 for f in model.safetensors config.json generation_config.json; do
   cmp -s "$TMP/z3/$f" "$TMP/z3/checkpoint-8/$f" && ok || bad "zero3: the streamed save's $f differs from checkpoint-8's"
 done
-grep -q "zero3: the model saved by rank 0 alone, 4 layers gathered to it one at a time (no rank held the whole model); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/z3.log" && ok ||
-  bad "zero3: no streamed-save line: $(grep -o "zero3: the model saved.*" "$TMP/z3.log")"
+for what in "the model" "checkpoint-4's model" "checkpoint-8's model"; do
+  grep -q "zero3: $what saved by rank 0 alone, 4 layers gathered to it one at a time (no rank held the whole model); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/z3.log" && ok ||
+    bad "zero3: no streamed-save line for $what: $(grep -o "zero3: .* saved by rank 0.*" "$TMP/z3.log")"
+done
 # prefetch_bucket_size = auto: 0.9 x 64^2 = 3686 floats, below one 65,856-float layer: the next layer
 # only, as DeepSpeed counts (checked before each start); 2 micro-batches x (3 forward + 3 backward)
 pf=$(grep -o "[0-9]* layer gathers prefetched in the step (prefetch_bucket_size = 3686 floats: auto, 0.9 x hidden^2)" "$TMP/z3.log" | grep -o '^[0-9]*')
@@ -178,6 +181,18 @@ grep '"step": [1-4],' "$TMP/z3/metrics.jsonl" >"$TMP/z3r/metrics.jsonl"
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3r" "${z3[@]}" --set memory.strategies=checkpointing,zero3 \
   --set train.resume_from_checkpoint=last >"$TMP/z3r.log" 2>&1 || { bad "zero3 resume"; tail -20 "$TMP/z3r.log"; }
 diff <(curve "$TMP/z3") <(curve "$TMP/z3r") >"$TMP/diff" && ok || { bad "zero3 resumed curve differs"; cat "$TMP/diff"; }
+# the same resume saving the old way (CTRL_TEST_ZERO_SAVE_WHOLE: the whole model gathered on every
+# rank, then written): its checkpoint-8 and final model byte for byte the streamed run's, and its
+# optimizer slices too (the resume from the streamed checkpoint-4 is exact)
+mkdir -p "$TMP/z3w" && cp -r "$TMP/z3/checkpoint-4" "$TMP/z3w/"
+CTRL_TEST_ZERO_SAVE_WHOLE=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3w" "${z3[@]}" \
+  --set memory.strategies=checkpointing,zero3 --set train.resume_from_checkpoint=last >"$TMP/z3w.log" 2>&1 ||
+  { bad "zero3 resume saving the old way"; tail -20 "$TMP/z3w.log"; }
+! grep -q "saved by rank 0 alone" "$TMP/z3w.log" && ok || bad "zero3: CTRL_TEST_ZERO_SAVE_WHOLE still streamed"
+for f in model.safetensors checkpoint-8/model.safetensors checkpoint-8/optimizer.rank-0.safetensors \
+  checkpoint-8/optimizer.rank-1.safetensors checkpoint-8/config.json; do
+  cmp -s "$TMP/z3/$f" "$TMP/z3w/$f" && ok || bad "zero3: the streamed $f differs from the old way's"
+done
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z3r" "${z3[@]}" --set memory.strategies=zero2 \
   --set train.resume_from_checkpoint=last >"$TMP/z3x.log" 2>&1
 rc=$?
@@ -216,9 +231,31 @@ zl=(--set peft.enabled=true --set peft.target_modules=all-linear --set train.sav
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/pl" "${z3[@]}" "${zl[@]}" >"$TMP/pl.log" 2>&1 ||
   { bad "lora plain 4 layers"; tail -20 "$TMP/pl.log"; }
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zl" "${z3[@]}" "${zl[@]}" --set memory.strategies=checkpointing,zero3 \
-  --set memory.reduce_bucket_size=1 >"$TMP/zl.log" 2>&1 || { bad "lora zero3"; tail -20 "$TMP/zl.log"; }
+  --set memory.reduce_bucket_size=1 --set train.save_strategy=steps >"$TMP/zl.log" 2>&1 || { bad "lora zero3"; tail -20 "$TMP/zl.log"; }
 curve_close "$TMP/pl" "$TMP/zl" loss 1e-6
 curve_close "$TMP/pl" "$TMP/zl" grad_norm 1e-5
+# its saves (checkpoint-4, checkpoint-8, the final adapter) all-gather the adapters alone, never the
+# frozen base: the same bytes as the old way's (the whole model gathered on every rank first,
+# CTRL_TEST_ZERO_SAVE_WHOLE), and a resume from the streamed checkpoint-4 follows the same curve
+CTRL_TEST_ZERO_SAVE_WHOLE=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zlw" "${z3[@]}" "${zl[@]}" \
+  --set memory.strategies=checkpointing,zero3 --set memory.reduce_bucket_size=1 --set train.save_strategy=steps >"$TMP/zlw.log" 2>&1 ||
+  { bad "lora zero3 saving the old way"; tail -20 "$TMP/zlw.log"; }
+for f in adapter_model.safetensors adapter_config.json checkpoint-4/adapter_model.safetensors \
+  checkpoint-8/adapter_model.safetensors checkpoint-8/optimizer.rank-0.safetensors checkpoint-8/optimizer.rank-1.safetensors; do
+  [ -f "$TMP/zl/$f" ] && cmp -s "$TMP/zl/$f" "$TMP/zlw/$f" && ok || bad "zero3 LoRA: $f differs from the old way's save (or is missing)"
+done
+[ ! -e "$TMP/zl/model.safetensors" ] && [ ! -e "$TMP/zl/checkpoint-4/model.safetensors" ] && ok || bad "zero3 LoRA: the base was written"
+for what in "the adapter" "checkpoint-4's adapter" "checkpoint-8's adapter"; do
+  grep -q "zero3: $what saved from the adapters alone, 4 layers' adapter slices all-gathered (the frozen base never gathered); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/zl.log" && ok ||
+    bad "zero3 LoRA: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/zl.log")"
+done
+mkdir -p "$TMP/zlr" && cp -r "$TMP/zl/checkpoint-4" "$TMP/zlr/"
+grep '"step": [1-4],' "$TMP/zl/metrics.jsonl" >"$TMP/zlr/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zlr" "${z3[@]}" "${zl[@]}" --set memory.strategies=checkpointing,zero3 \
+  --set memory.reduce_bucket_size=1 --set train.save_strategy=steps --set train.resume_from_checkpoint=last >"$TMP/zlr.log" 2>&1 ||
+  { bad "lora zero3 resume"; tail -20 "$TMP/zlr.log"; }
+diff <(curve "$TMP/zl") <(curve "$TMP/zlr") >"$TMP/diff" && cmp -s "$TMP/zl/adapter_model.safetensors" "$TMP/zlr/adapter_model.safetensors" &&
+  ok || { bad "zero3 LoRA resumed curve or adapter differs"; cat "$TMP/diff"; }
 line=$(grep -o "zero3: parameters resident between steps: at most [0-9]* of the model's [0-9]* bytes per rank (layers [0-9]* bytes, sliced over 2 ranks)" "$TMP/zl.log")
 read -r res buf lay < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zq" "${zl[@]}" --set peft.quantization=nf4 --set memory.strategies=zero3 \
