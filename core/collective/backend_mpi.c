@@ -236,6 +236,77 @@ static ctrl_status mpi_recv(void *buf, size_t bytes, int from) {
     return CTRL_OK;
 }
 
+/* The shared gradient buffer: its window (locked for passive access from the start, so that
+ * MPI_Win_sync orders the loads and stores), every rank's base address. */
+static MPI_Win shared_win = MPI_WIN_NULL;
+static float **shared_peers;
+
+static ctrl_status mpi_shared_alloc_f32(size_t n, float **mine, float *const **peers) {
+    int size, node_size, rank;
+    MPI_Comm node;
+    if (shared_win != MPI_WIN_NULL)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "MPI: one shared buffer only");
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_split_type");
+    MPI_Comm_size(node, &node_size);
+    /* every rank must take the same branch: the node sizes agree iff all ranks share one node */
+    int all_here = node_size == size, agreed = 0;
+    rc = WATCHED("MPI_Allreduce", MPI_Allreduce(&all_here, &agreed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (rc != MPI_SUCCESS || !agreed) {
+        MPI_Comm_free(&node);
+        return rc != MPI_SUCCESS
+                   ? mpi_fail(rc, "MPI_Allreduce")
+                   : ctrl_error_set(CTRL_ERR_UNSUPPORTED, "MPI: the ranks are on several nodes");
+    }
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true"); /* each rank's pages near it */
+    void *base = NULL;
+    rc = WATCHED("MPI_Win_allocate_shared",
+                 MPI_Win_allocate_shared((MPI_Aint)((n ? n : 1) * sizeof(float)), sizeof(float), info, node,
+                                         &base, &shared_win));
+    MPI_Info_free(&info);
+    MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS) {
+        shared_win = MPI_WIN_NULL;
+        return mpi_fail(rc, "MPI_Win_allocate_shared");
+    }
+    if (!(shared_peers = calloc((size_t)size, sizeof *shared_peers))) {
+        MPI_Win_free(&shared_win);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "MPI: out of memory");
+    }
+    for (int p = 0; p < size && rc == MPI_SUCCESS; p++) {
+        MPI_Aint bytes;
+        int unit;
+        rc = MPI_Win_shared_query(shared_win, p, &bytes, &unit, &shared_peers[p]);
+    }
+    if (rc == MPI_SUCCESS) rc = MPI_Win_lock_all(MPI_MODE_NOCHECK, shared_win);
+    if (rc != MPI_SUCCESS) {
+        free(shared_peers), shared_peers = NULL;
+        MPI_Win_free(&shared_win);
+        return mpi_fail(rc, "MPI_Win_shared_query");
+    }
+    memset(base, 0, n * sizeof(float));
+    *mine = base, *peers = shared_peers;
+    return CTRL_OK;
+}
+
+static ctrl_status mpi_shared_fence(void) {
+    int rc = MPI_Win_sync(shared_win);
+    if (rc == MPI_SUCCESS) rc = WATCHED("MPI_Barrier", MPI_Barrier(MPI_COMM_WORLD));
+    if (rc == MPI_SUCCESS) rc = MPI_Win_sync(shared_win);
+    return rc == MPI_SUCCESS ? CTRL_OK : mpi_fail(rc, "MPI_Barrier");
+}
+
+static void shared_free(void) {
+    if (shared_win == MPI_WIN_NULL) return;
+    MPI_Win_unlock_all(shared_win);
+    (void)WATCHED("MPI_Win_free", MPI_Win_free(&shared_win)); /* collective */
+    free(shared_peers), shared_peers = NULL;
+}
+
 static void mpi_abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
 
 #ifdef CTRL_HAVE_NCCL
@@ -248,6 +319,7 @@ static void mpi_finalize(void) {
 #endif
     int done = 0;
     MPI_Finalized(&done);
+    if (!done) shared_free();
     if (!done) (void)WATCHED("MPI_Finalize", MPI_Finalize()); /* waits for the other ranks */
     mpi_watch_stop();
 }
@@ -294,6 +366,8 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
 #ifdef CTRL_HAVE_NCCL
         .device_allgather_b16 = ctrl_collective_nccl_allgather_b16,
 #endif
+        .shared_alloc_f32 = mpi_shared_alloc_f32,
+        .shared_fence = mpi_shared_fence,
     };
     return &table;
 }

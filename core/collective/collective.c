@@ -141,6 +141,68 @@ ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n) {
     return st;
 }
 
+static float *shared_buf;
+static size_t shared_n;
+static float *const *shared_peers; /* every rank's buffer, mapped here */
+
+ctrl_status ctrl_collective_shared_f32(size_t n, float **buf) {
+    *buf = NULL;
+    if (!backend) return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "collective: one rank");
+    if (backend->size < offsetof(ctrl_collective_backend, shared_fence) + sizeof backend->shared_fence ||
+        !backend->shared_alloc_f32 || !backend->shared_fence)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "libctrl_mpi.so has no shared buffers (an old build)");
+    ctrl_status st = backend->shared_alloc_f32(n, &shared_buf, &shared_peers);
+    if (st == CTRL_OK) *buf = shared_buf, shared_n = n;
+    return st;
+}
+
+/* Slice r of n floats over `size` ranks: [*lo, *hi), the bounds multiples of 16 floats (64 bytes:
+ * no two ranks write one cache line). */
+static void slice(size_t n, int r, int size, size_t *lo, size_t *hi) {
+    const size_t lines = (n + 15) / 16, per = lines / (size_t)size, extra = lines % (size_t)size;
+    const size_t a = (size_t)r * per + ((size_t)r < extra ? (size_t)r : extra);
+    const size_t b = a + per + ((size_t)r < extra ? 1 : 0);
+    *lo = a * 16 < n ? a * 16 : n, *hi = b * 16 < n ? b * 16 : n;
+}
+
+/* out[i] = (sum over the ranks p in order of peers[p][lo + i]) / size, i < count. */
+static void sum_slice(float *out, float *const *peers, int size, size_t lo, size_t count) {
+    const long c = (long)count;
+    const float d = (float)size, inv = 1.0f / d;
+    const int pow2 = (size & (size - 1)) == 0;
+    const float *a = peers[0] + lo, *b = peers[1] + lo;
+    if (size == 2) { /* the common case in one pass */
+#pragma omp parallel for simd schedule(static)
+        for (long i = 0; i < c; i++) out[i] = (a[i] + b[i]) * inv;
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < c; i++) {
+        float s = a[i] + b[i];
+        for (int p = 2; p < size; p++) s += peers[p][lo + (size_t)i];
+        out[i] = pow2 ? s * inv : s / d;
+    }
+}
+
+ctrl_status ctrl_collective_allreduce_mean_shared_f32(float *buf, size_t n) {
+    if (!backend) return CTRL_OK;
+    if (!shared_buf || buf != shared_buf || n != shared_n)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "collective: not the shared buffer");
+    const int size = info.size, me = info.rank;
+    size_t lo, hi;
+    ctrl_status st = backend->shared_fence(); /* every rank's gradients written */
+    if (st != CTRL_OK) return st;
+    slice(n, me, size, &lo, &hi);
+    sum_slice(buf + lo, shared_peers, size, lo, hi - lo);
+    if ((st = backend->shared_fence()) != CTRL_OK) return st; /* every slice summed */
+    for (int p = 0; p < size; p++) {
+        if (p == me) continue;
+        slice(n, p, size, &lo, &hi);
+        memcpy(buf + lo, shared_peers[p] + lo, (hi - lo) * sizeof(float));
+    }
+    return backend->shared_fence(); /* copied: the next backward may write this rank's slice */
+}
+
 ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root) {
     return backend ? backend->broadcast(buf, bytes, root) : CTRL_OK;
 }

@@ -56,6 +56,18 @@ ctrl_status ctrl_collective_allreduce_sum_f64(double *buf, size_t n);
 ctrl_status ctrl_collective_allreduce_max_f64(double *buf, size_t n);
 /* Gradients: summed over the ranks, then divided by their number. */
 ctrl_status ctrl_collective_allreduce_mean_f32(float *buf, size_t n);
+/* Plain data parallel's gradient buffer in memory every rank of the job maps (all on one node):
+ * n zeroed floats, this rank's (the backend's until the job ends: never freed by the caller).
+ * CTRL_ERR_UNSUPPORTED on one rank, with ranks on several nodes, or with a backend without it;
+ * collective (every rank calls it, with the same n). */
+ctrl_status ctrl_collective_shared_f32(size_t n, float **buf);
+/* allreduce_mean_f32 of that buffer (buf and n as it was made), without copies through MPI: rank r
+ * sums slice r of every rank's buffer in rank order into its own (the mean: the product by the
+ * exact reciprocal where the number of ranks is a power of two, else the quotient, as
+ * allreduce_mean_f32), then every rank copies the other slices from their owners; barriers
+ * between the phases (under the watchdog). The same sums on every rank, bit-equal to MPI's
+ * allreduce with two ranks. */
+ctrl_status ctrl_collective_allreduce_mean_shared_f32(float *buf, size_t n);
 /* `bytes` of `buf` from `root` to every rank. */
 ctrl_status ctrl_collective_broadcast(void *buf, size_t bytes, int root);
 ctrl_status ctrl_collective_barrier(void);

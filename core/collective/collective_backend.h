@@ -60,6 +60,13 @@ typedef struct ctrl_collective_backend {
     /* Appended for ZeRO-3 in bf16 on a CUDA model: device_allgather_f32 (handle NULL: done when it
      * returns) or device_allgather_start_f32 (handle given) over pieces of 2-byte values. */
     ctrl_status (*device_allgather_b16)(void *device_buf, const int *counts, void **handle);
+    /* Plain data parallel's gradients in memory every rank maps (all ranks on one node; MPI-3's
+     * MPI_Win_allocate_shared): n floats per rank, zeroed; *mine is this rank's, peers[p] rank p's
+     * (the backend owns both until finalize). One such buffer per process: a second call, or ranks
+     * on several nodes, is CTRL_ERR_UNSUPPORTED (the caller keeps allreduce). shared_fence: every
+     * rank's writes to the buffers made visible to the others, then a barrier (under the watchdog). */
+    ctrl_status (*shared_alloc_f32)(size_t n, float **mine, float *const **peers);
+    ctrl_status (*shared_fence)(void);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

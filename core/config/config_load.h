@@ -71,6 +71,7 @@ typedef struct ctrl_run_settings {
         int64_t save_max_shard_bytes; /* save_max_shard_size, parsed */
         int report_png, report_tensorboard; /* report_to */
         int ddp_timeout;                    /* seconds */
+        int ddp_shared_memory;              /* plain DP's gradients in shared memory (CPU, one node) */
     } train;
     struct {
         int server; /* mode = server */

@@ -263,7 +263,8 @@ void ctrl_model_free(ctrl_model *m) {
     if (m->be) model_release_backend(m);
     free(m->recompute);
     model_offload_close(m);
-    free(m->params), free(m->grads), free(m->views), free(m->layers), free(m->acts);
+    if (!m->grads_external) free(m->grads);
+    free(m->params), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
     lora_bank_free(m);

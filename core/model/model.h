@@ -136,6 +136,10 @@ ctrl_status ctrl_model_grads_to_host(ctrl_model *m);
  * again and the flag cleared). */
 ctrl_status ctrl_model_adopt_device_buffers(ctrl_model *m, float *params, float *grads);
 /* (Such a model keeps no bf16 copy of its parameters in bf16 compute: the products round w.) */
+/* On the CPU, before the optimizer's groups are made: `grads` (the model's gradient count, zeroed;
+ * the caller's memory, never freed by the model: plain data parallel's buffer shared between the
+ * ranks) becomes the model's gradient buffer; its own is freed. */
+ctrl_status ctrl_model_adopt_host_grads(ctrl_model *m, float *grads);
 void ctrl_model_set_device_sliced(ctrl_model *m, int sliced);
 /* The gradients where the backend keeps them (the host's on the CPU), as many floats as
  * ctrl_model_grads (the trainable ones): for a collective on device memory before

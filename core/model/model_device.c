@@ -129,6 +129,14 @@ ctrl_status ctrl_model_adopt_device_buffers(ctrl_model *m, float *params, float 
     return CTRL_OK;
 }
 
+ctrl_status ctrl_model_adopt_host_grads(ctrl_model *m, float *grads) {
+    if (m->dgrads != m->grads || !m->be->host_memory)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: host gradients adopted off the CPU");
+    if (!m->grads_external) free(m->grads);
+    m->grads = m->dgrads = grads, m->grads_external = 1;
+    return CTRL_OK;
+}
+
 void ctrl_model_set_device_sliced(ctrl_model *m, int sliced) { m->dparams_sliced = sliced; }
 
 ctrl_status ctrl_model_params_to_host(ctrl_model *m) {

@@ -273,6 +273,8 @@ struct ctrl_model {
         uint16_t *buf;
         size_t cap;
     } act16[4];
+    /* ctrl_model_adopt_host_grads: grads (and dgrads, on the CPU) are the caller's, not freed here */
+    int grads_external;
 };
 
 /* The gradient of the parameter at offset `off` (NULL when it has none: absent, or frozen). */

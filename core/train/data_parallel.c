@@ -1,5 +1,6 @@
 /* Data parallel in the step loop (see data_parallel.h). */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -73,6 +74,34 @@ static double seconds(clockid_t clock) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+ctrl_status train_dp_share_grads(train_dp *dp, ctrl_model *m, int enabled) {
+    if (dp->size == 1 || !enabled || ctrl_model_device(m).type != CTRL_DEVICE_CPU) return CTRL_OK;
+    size_t n = 0;
+    (void)ctrl_model_grads(m, &n);
+    float *buf = NULL;
+    ctrl_status st = ctrl_collective_shared_f32(n, &buf);
+    if (st != CTRL_OK && st != CTRL_ERR_UNSUPPORTED) return st;
+    double failed = st != CTRL_OK; /* one rank without it: none uses it */
+    const char *why = st != CTRL_OK ? ctrl_error_message() : "";
+    char reason[256];
+    snprintf(reason, sizeof reason, "%s", why);
+    ctrl_status cs = ctrl_collective_allreduce_max_f64(&failed, 1);
+    if (cs != CTRL_OK) return cs;
+    if (failed) {
+        if (dp->rank == 0)
+            CTRL_INFO("data parallel: gradients averaged with MPI_Allreduce (%s)",
+                      reason[0] ? reason : "another rank could not map the shared buffer");
+        return CTRL_OK;
+    }
+    if ((st = ctrl_model_adopt_host_grads(m, buf)) != CTRL_OK) return st;
+    dp->shared = 1;
+    if (dp->rank == 0)
+        CTRL_INFO("data parallel: %zu gradients in memory shared by the %d ranks, averaged in place "
+                  "([train] ddp_shared_memory)",
+                  n, dp->size);
+    return CTRL_OK;
+}
+
 ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device) {
     if (dp->size == 1) return CTRL_OK;
     size_t n = 0;
@@ -84,7 +113,8 @@ ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device) {
         if (st == CTRL_OK) st = ctrl_collective_device_allreduce_mean_f32(d, n);
     } else {
         float *g = ctrl_model_grads(m, &n);
-        st = ctrl_collective_allreduce_mean_f32(g, n);
+        st = dp->shared ? ctrl_collective_allreduce_mean_shared_f32(g, n)
+                        : ctrl_collective_allreduce_mean_f32(g, n);
     }
     dp->sync_s += seconds(CLOCK_MONOTONIC) - t0, dp->sync_cpu_s += seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
     dp->syncs++, dp->sync_floats = n;

@@ -27,6 +27,7 @@ typedef struct train_dp {
     double sync_s, sync_cpu_s;
     long syncs;
     size_t sync_floats;
+    int shared; /* the gradients in memory every rank maps (train_dp_share_grads) */
 } train_dp;
 
 /* Checks that the share can be laid out (a rank's rows per step must fit in one epoch's order)
@@ -42,6 +43,12 @@ long train_dp_advance(const train_dp *dp, long start, long mine);
  * failure or interruption stops every rank, the others with a message naming it) and sums the
  * step's statistics over the ranks (loss, accuracy and entropy averaged). */
 ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_stats *s);
+/* Plain data parallel on the CPU ([train] ddp_shared_memory, no ZeRO; call before the optimizer's
+ * groups are made): the model's gradient buffer replaced by one in memory every rank maps, when
+ * the ranks are on one node, so that train_dp_average_grads sums it in place
+ * (ctrl_collective_allreduce_mean_shared_f32) instead of MPI_Allreduce's copies. Every rank agrees
+ * on the outcome; where it cannot be done, an info line and MPI_Allreduce as before. */
+ctrl_status train_dp_share_grads(train_dp *dp, ctrl_model *m, int enabled);
 /* The model's gradients averaged over the ranks: NCCL on a CUDA model's device buffer, else MPI
  * on the host's (call before, respectively after, ctrl_model_grads_to_host: `on_device`). */
 ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device);

@@ -207,6 +207,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                            s->train.gradient_accumulation_steps);
     if (st == CTRL_OK && !sliced)
         st = train_dp_broadcast_weights(&r->dp, r->model); /* sliced: the same files */
+    if (st == CTRL_OK && !zero_stage && !offload)
+        st = train_dp_share_grads(&r->dp, r->model, s->train.ddp_shared_memory);
     if (st == CTRL_OK) st = train_run_report_load_memory(r, sliced);
     /* the buckets' auto: hidden^2 and 0.9 x hidden^2 floats, as the HF Trainer fills DeepSpeed's */
     const double hidden = r->model ? (double)ctrl_model_cfg(r->model)->hidden_size : 0;

@@ -37,6 +37,16 @@ curve_close "$TMP/one" "$TMP/two" entropy 1e-5
 curve_close "$TMP/one" "$TMP/two" grad_norm 1e-4
 [ "$(curve_col "$TMP/one" num_tokens)" = "$(curve_col "$TMP/two" num_tokens)" ] && ok || bad "num_tokens differ"
 grep -q "data parallel: 2 ranks x 2 x 2 (effective batch 8)" "$TMP/log2" && ok || bad "no data-parallel line"
+# The gradients were averaged in memory both ranks map ([train] ddp_shared_memory, the default);
+# with MPI_Allreduce instead, the same curve bit for bit (two ranks: a + b then x 0.5 either way).
+grep -q "data parallel: [0-9]* gradients in memory shared by the 2 ranks" "$TMP/log2" && ok || bad "no shared-memory line"
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/allreduce" --set train.per_device_train_batch_size=2 \
+  --set train.ddp_shared_memory=false --set train.save_steps=0 --set train.max_steps=4 >"$TMP/log_ar" 2>&1 ||
+  { bad "2 ranks with MPI_Allreduce"; tail -5 "$TMP/log_ar"; }
+grep -q "gradients in memory shared" "$TMP/log_ar" && bad "ddp_shared_memory = false ignored" || ok
+losses() { grep -o '"loss": [-0-9.e]*\|"grad_norm": [-0-9.e]*' "$1/metrics.jsonl" | head -"$2"; }
+[ "$(losses "$TMP/two" 8 | wc -l)" = 8 ] && [ "$(losses "$TMP/two" 8)" = "$(losses "$TMP/allreduce" 8)" ] && ok ||
+  bad "shared memory vs MPI_Allreduce: $(losses "$TMP/two" 8 | tr '\n' ' ') vs $(losses "$TMP/allreduce" 8 | tr '\n' ' ')"
 # rank 0 alone logs (others: warnings only) and writes: one line per step, the checkpoints, the model
 [ "$(grep -c '"step"' "$TMP/two/metrics.jsonl")" = 10 ] && ok || bad "metrics.jsonl: $(wc -l <"$TMP/two/metrics.jsonl") lines"
 grep -q "\[rank 1\]" "$TMP/log2" && bad "rank 1 logged: $(grep '\[rank 1\]' "$TMP/log2" | head -3)" || ok
