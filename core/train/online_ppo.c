@@ -99,7 +99,7 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
     if (st == CTRL_OK && !v->groups) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     v->opt_ops = plugins->optimizer->ops;
     v->max_grad_norm = s->train.max_grad_norm;
-    /* on a device the optimizer is offered the device's buffers first, as the policy's (train_loop.c);
+    /* on a device the optimizer is offered the device's buffers first, as the policy's (train_optimizer.c);
      * one that cannot step there (CTRL_ERR_UNSUPPORTED), or [memory] offload_optimizer, steps the host
      * copies */
     const char *where = dev.type == CTRL_DEVICE_CPU ? "the CPU" : "the host";
