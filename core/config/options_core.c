@@ -168,8 +168,9 @@ static const ctrl_option train_options[] = {
     {"ddp_shared_memory", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
      "Data parallel on the CPU with every rank on one node (no [memory] strategy): the gradients live in "
      "memory all ranks map, and their mean is summed slice by slice there (each rank its slice, then "
-     "copies the others') instead of MPI_Allreduce's copies through MPI's buffers: the same values, "
-     "about a third of the memory traffic. false: MPI_Allreduce. Ranks on several nodes, CUDA models "
+     "copies the others') instead of MPI_Allreduce's copies through MPI's buffers: the same values (bit "
+     "for bit with two ranks), about a third of the memory traffic. false: MPI_Allreduce. Ranks on several "
+     "nodes, CUDA models "
      "and ZeRO use their collectives either way (logged)."},
     CTRL_OPTION_END,
 };
