@@ -13,7 +13,7 @@
 # an SFT step: bench/cuda/profile_sft.py), grpo (a GRPO step against TRL: bench/scale/
 # bench_grpo_scale.py --device cuda), amx (the host CPU's bf16 GEMM paths: bench/scale/
 # bench_gemm.py, AMX where the host has it), sftcpu (bench/scale/bench_scale.py: SFT on the host CPU
-# against TRL, 4 layers), extra (ceilings, head, ops), health (test_train_health 8x).
+# against TRL, 24 layers, the two rows side by side), extra (ceilings, head, ops), health (test_train_health 8x).
 # CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all).
 # CTRL_GPU_SANITIZE_TESTS="online ...": which of them compute-sanitizer runs (default: the same),
 # CTRL_GPU_TEST_CAP_S / CTRL_GPU_SANITIZE_CAP_S: seconds for each test / memcheck run (240 / 90).
@@ -182,10 +182,27 @@ pack
 # the host CPU's bf16 GEMM (issue 21): AMX tiles against AVX-512 BF16 and torch (oneDNN), one thread
 want amx && TAIL=20 run_bench 90 bench_gemm env BUILD=build-gpu python3 bench/scale/bench_gemm.py --tokens 1024 \
   --rounds 3 --threads 1
-# SFT on the host CPU against TRL (issue 21's AMX target), cut to 4 layers to fit a lease; one thread
-# each as the issue measures
-want sftcpu && TAIL=8 run_bench 150 sft_cpu env BUILD=build-gpu python3 bench/scale/bench_scale.py --layers 4 \
-  --steps 3 --threads 1 --only ctrl-bf16,trl-bf16
+# SFT on the host CPU against TRL (issue 21's AMX target), one thread each as the issue measures:
+# the model made once, then ctrl's and TRL's rows side by side, each pinned to a core of its own (the
+# host has 16), so that the 24-layer comparison fits a lease. CTRL_GPU_SFTCPU_LAYERS (24) and
+# CTRL_GPU_SFTCPU_CAP_S (300) size it.
+if want sftcpu && enough 60 "sftcpu"; then
+  SL=${CTRL_GPU_SFTCPU_LAYERS:-24}
+  SD=build-gpu/sftcpu-L$SL
+  SC=$(cap "${CTRL_GPU_SFTCPU_CAP_S:-300}")
+  env BUILD=build-gpu timeout "$SC" python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" --only none \
+    >"$LOG/sft_cpu_init.log" 2>&1
+  SC=$(cap "$SC")
+  env BUILD=build-gpu timeout "$SC" taskset -c 1 python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" \
+    --steps 3 --threads 1 --only ctrl-bf16 >"$LOG/sft_cpu_ctrl.log" 2>&1 &
+  env BUILD=build-gpu timeout "$SC" taskset -c 3 python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" \
+    --steps 3 --threads 1 --only trl-bf16 >"$LOG/sft_cpu_trl.log" 2>&1 &
+  wait
+  for f in init ctrl trl; do
+    note "--- sft_cpu_$f"
+    tail -n 6 "$LOG/sft_cpu_$f.log" | tee -a "$SUMMARY"
+  done
+fi
 pack
 if [ -z "$QUICK" ] && want extra; then # --quick: the reference numbers recorded already are not measured again
   run_bench 60 bench_ceilings build-gpu/bench_cuda_ceilings --quick

@@ -23,7 +23,7 @@ TRL run's in a transformers optim name, e.g. trl-bf16-adamw_bnb_8bit (bitsandbyt
 `pip install bitsandbytes`); its ratios are printed against every TRL run.
 usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
        [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32[-OPTIM]] [--optim adamw|adamw_8bit]
-       [--profile] [--dir DIR] (after scripts/build.sh)"""
+       [--profile] [--dir DIR] (after scripts/build.sh); --only none makes the model and data only"""
 import argparse
 import contextlib
 import json
@@ -46,9 +46,10 @@ WORDS = ("the model learns a gradient from each token of the batch while the opt
 
 def make_data(path, rows, words_per_row, seed=0):
     rng = random.Random(seed)
-    with open(path, "w") as f:
+    with open(path + f".{os.getpid()}", "w") as f:
         for _ in range(rows):
             f.write(json.dumps({"text": " ".join(rng.choices(WORDS, k=words_per_row))}) + "\n")
+    os.replace(path + f".{os.getpid()}", path)  # atomic: rows run side by side on one --dir (bench/gpu.sh)
 
 
 def run_ctrl(d, args, dtype, optim, profile=False):
@@ -163,7 +164,7 @@ def main():
               f"{args.seq} tokens, {args.steps} steps, {args.threads} thread(s)")
         tokens = args.batch * args.seq
         results = {}
-        for name in args.only.split(","):
+        for name in [n for n in args.only.split(",") if n not in ("", "none")]:  # none: make the model only
             side, dtype, *opt = name.split("-", 2)
             if side == "ctrl":
                 r = run_ctrl(d, args, dtype, opt[0] if opt else args.optim, args.profile and name == "ctrl-bf16")
