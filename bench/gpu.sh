@@ -183,9 +183,10 @@ pack
 want amx && TAIL=20 run_bench 90 bench_gemm env BUILD=build-gpu python3 bench/scale/bench_gemm.py --tokens 1024 \
   --rounds 3 --threads 1
 # SFT on the host CPU against TRL (issue 21's AMX target), one thread each as the issue measures:
-# the model made once, then ctrl's and TRL's rows side by side, each pinned to a core of its own (the
-# host has 16), so that the 24-layer comparison fits a lease. CTRL_GPU_SFTCPU_LAYERS (24) and
-# CTRL_GPU_SFTCPU_CAP_S (300) size it.
+# the model made once, then every row side by side, each pinned to a core of its own (the host has
+# 16), so that the 24-layer comparison fits a lease. CTRL_GPU_SFTCPU_LAYERS (24), CTRL_GPU_SFTCPU_CAP_S
+# (300) and CTRL_GPU_SFTCPU_ROWS (bench_scale.py run names; NAME:avx2 runs that row held to AVX2, the
+# stand-in for an AVX2-only CPU: MKL, oneDNN, ATen and OpenBLAS limited by their own switches) size it.
 if want sftcpu && enough 60 "sftcpu"; then
   SL=${CTRL_GPU_SFTCPU_LAYERS:-24}
   SD=build-gpu/sftcpu-L$SL
@@ -193,14 +194,20 @@ if want sftcpu && enough 60 "sftcpu"; then
   env BUILD=build-gpu timeout "$SC" python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" --only none \
     >"$LOG/sft_cpu_init.log" 2>&1
   SC=$(cap "$SC")
-  env BUILD=build-gpu timeout "$SC" taskset -c 1 python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" \
-    --steps 3 --threads 1 --only ctrl-bf16 >"$LOG/sft_cpu_ctrl.log" 2>&1 &
-  env BUILD=build-gpu timeout "$SC" taskset -c 3 python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" \
-    --steps 3 --threads 1 --only trl-bf16 >"$LOG/sft_cpu_trl.log" 2>&1 &
+  core=1
+  for row in ${CTRL_GPU_SFTCPU_ROWS:-ctrl-bf16 trl-bf16}; do
+    name=${row%:*}
+    limit=(env)
+    [[ $row == *:avx2 ]] && limit=(env MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+      OPENBLAS_CORETYPE=Haswell CTRL_NO_AVX512BF16=1)
+    "${limit[@]}" BUILD=build-gpu timeout "$SC" taskset -c $core python3 bench/scale/bench_scale.py --layers "$SL" \
+      --dir "$SD" --steps 3 --threads 1 --only "$name" >"$LOG/sft_cpu_${row/:/_}.log" 2>&1 &
+    core=$((core + 2))
+  done
   wait
-  for f in init ctrl trl; do
+  for f in init ${CTRL_GPU_SFTCPU_ROWS:-ctrl-bf16 trl-bf16}; do
     note "--- sft_cpu_$f"
-    tail -n 6 "$LOG/sft_cpu_$f.log" | tee -a "$SUMMARY"
+    tail -n 6 "$LOG/sft_cpu_${f/:/_}.log" | tee -a "$SUMMARY"
   done
 fi
 pack
