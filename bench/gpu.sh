@@ -13,7 +13,8 @@
 # an SFT step: bench/cuda/profile_sft.py), grpo (a GRPO step against TRL: bench/scale/
 # bench_grpo_scale.py --device cuda), amx (the host CPU's bf16 GEMM paths: bench/scale/
 # bench_gemm.py, AMX where the host has it), sftcpu (bench/scale/bench_scale.py: SFT on the host CPU
-# against TRL, 24 layers, the two rows side by side), extra (ceilings, head, ops), health (test_train_health 8x).
+# against TRL, 24 layers, the two rows side by side), cpuprof (where ctrl's CPU step goes on the host,
+# sampled by bench/common/pc_sample.c), extra (ceilings, head, ops), health (test_train_health 8x).
 # CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all).
 # CTRL_GPU_SANITIZE_TESTS="online ...": which of them compute-sanitizer runs (default: the same),
 # CTRL_GPU_TEST_CAP_S / CTRL_GPU_SANITIZE_CAP_S: seconds for each test / memcheck run (240 / 90).
@@ -45,7 +46,7 @@ enough() { [ "$(left)" -ge "$1" ] && return 0; note "skipped (budget): $2"; retu
 # Python runs without the carried libraries (the image's own torch and numpy): env -u, since
 # `timeout` runs programs, not shell functions.
 py() { env -u LD_LIBRARY_PATH python3 "$@"; }
-ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,extra,health},"
+ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,cpuprof,extra,health},"
 want() { [[ $ONLY == *",$1,"* ]]; }
 
 stage "machine"
@@ -208,6 +209,33 @@ if want sftcpu && enough 60 "sftcpu"; then
   for f in init ${CTRL_GPU_SFTCPU_ROWS:-ctrl-bf16 trl-bf16}; do
     note "--- sft_cpu_$f"
     tail -n 6 "$LOG/sft_cpu_${f/:/_}.log" | tee -a "$SUMMARY"
+  done
+fi
+# where ctrl's CPU step goes on the host (no perf there): bench/common/pc_sample.c preloaded into each
+# row of bench_scale.py (NAME or NAME:ENV=VALUE,ENV=VALUE), each in its own folder on a core of its
+# own; CTRL_GPU_CPUPROF_ROWS, CTRL_GPU_CPUPROF_LAYERS (24), CTRL_GPU_CPUPROF_CAP_S (170)
+if want cpuprof && enough 60 "cpuprof"; then
+  cc -O2 -shared -fPIC -o build-gpu/libpc_sample.so bench/common/pc_sample.c
+  note "openblas: $(OPENBLAS_VERBOSE=2 build-gpu/ctrl --version 2>&1 | grep -i core | head -n 2 | tr '\n' ' ')"
+  PL=${CTRL_GPU_CPUPROF_LAYERS:-24}
+  PC=$(cap "${CTRL_GPU_CPUPROF_CAP_S:-170}")
+  core=1
+  for row in ${CTRL_GPU_CPUPROF_ROWS:-ctrl-bf16 ctrl-bf16:CTRL_NO_AMX=1}; do
+    tag=${row//[:=,]/_}
+    vars=()
+    [[ $row == *:* ]] && IFS=, read -ra vars <<<"${row#*:}"
+    env "${vars[@]}" BUILD=build-gpu LD_PRELOAD="$PWD/build-gpu/libpc_sample.so" PC_SAMPLE_OUT="$LOG/pcs-$tag" \
+      timeout "$PC" taskset -c $core python3 bench/scale/bench_scale.py --layers "$PL" --dir "build-gpu/prof-$tag" \
+      --steps 2 --threads 1 --only "${row%%:*}" >"$LOG/cpuprof-$tag.log" 2>&1 &
+    core=$((core + 2))
+  done
+  wait
+  for row in ${CTRL_GPU_CPUPROF_ROWS:-ctrl-bf16 ctrl-bf16:CTRL_NO_AMX=1}; do
+    tag=${row//[:=,]/_}
+    note "--- cpuprof $row"
+    grep -E 'tokens/s|cpu: ' "$LOG/cpuprof-$tag.log" | tee -a "$SUMMARY"
+    ls "$LOG"/pcs-"$tag".* >/dev/null 2>&1 &&
+      python3 bench/common/pc_report.py "$LOG"/pcs-"$tag".* --match _2.ini --top 30 2>&1 | tee -a "$SUMMARY"
   done
 fi
 pack
