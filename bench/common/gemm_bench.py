@@ -59,6 +59,7 @@ def load_ctrl():
     ctrl.ctrl_cpu_gemm_bf16_packed_bytes.restype = ctypes.c_size_t
     ctrl.ctrl_cpu_gemm_bf16_packed_bytes.argtypes = [vp]
     ctrl.ctrl_cpu_gemm_bf16_packed_free.argtypes = [vp]
+    ctrl.ctrl_cpu_gemm_bf16_repack.argtypes = [vp, FP, i]
     return ctrl, ctrl.ctrl_cpu_bf16_path(ctypes.byref(i(0))).decode()
 
 
@@ -67,6 +68,16 @@ def machine_line(args, path, more=""):
     '; '), the load average."""
     return (f"machine: {bu.cpu_model()}, {os.cpu_count()} cores; {args.threads} thread(s); ctrl's bf16 path: "
             f"{path}; {more}load average {bu.load_average()}")
+
+
+def warm_up(fns, seconds):
+    """fns called in turn until `seconds` of wall clock have passed (at least once each): True."""
+    end = time.perf_counter() + seconds
+    while True:
+        for f in fns:
+            f()
+        if time.perf_counter() >= end:
+            return True
 
 
 def median_times(fns, rounds, timer):

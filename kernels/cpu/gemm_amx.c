@@ -19,8 +19,10 @@
 
 #ifdef CTRL_AMX_EMULATED
 #define KERNEL ctrl_bf16_amx_emu_kernel
+#define TILES ctrl_bf16_amx_emu_tiles
 #else
 #define KERNEL ctrl_bf16_amx_kernel
+#define TILES ctrl_bf16_amx_tiles
 #endif
 
 #if AMX_COMPILED
@@ -41,8 +43,15 @@ AMX_TARGET static void amx_begin(void) { AMX_LOADCONFIG(&config); }
 
 AMX_TARGET static void amx_end(void) { AMX_RELEASE(); }
 
-AMX_TARGET static void amx_tile(int kp, const uint32_t *a, const uint32_t *b, float *c, size_t ldc, int mr,
-                                int nr, int accumulate) {
+/* One 32 x 32 block of C over the depth (kp pairs), as the variant asks (flags, constants in each
+ * instance below, so that the compiler drops what is not asked): CTRL_AMX_TILE_INTERLEAVE issues the
+ * loads between the products (A0 B0 C00, B1 C01, A1 C10 C11: a tile register is reloaded as soon as
+ * its last reader has issued, since the tile registers are not renamed) instead of four loads then
+ * four products; CTRL_AMX_TILE_PREFETCH_C prefetches, for writing, the next block's rows of C
+ * (32 rows down: the driver's next call on the same panel) while this block's products run, so that
+ * its load or store does not wait on memory (prefetches never fault, past C's end included). */
+AMX_TARGET static inline void amx_tile_with(int kp, const uint32_t *a, const uint32_t *b, float *c,
+                                            size_t ldc, int mr, int nr, int accumulate, const int flags) {
     float edge[32 * 32];
     const int whole = mr == 32 && nr == 32;
     float *t = whole ? c : edge;
@@ -63,15 +72,31 @@ AMX_TARGET static void amx_tile(int kp, const uint32_t *a, const uint32_t *b, fl
         AMX_ZERO(TC11);
     }
     const uint32_t *a1 = a + (size_t)16 * kp; /* rows 16-31 */
-    for (int s = 0; s < kp / 16; s++, a += 256, a1 += 256, b += 16 * 32) {
-        AMX_LOADD(TA0, a, 64);
-        AMX_LOADD(TA1, a1, 64);
-        AMX_LOADD(TB0, b, 128);
-        AMX_LOADD(TB1, b + 16, 128);
-        AMX_DPBF16PS(TC00, TA0, TB0);
-        AMX_DPBF16PS(TC01, TA0, TB1);
-        AMX_DPBF16PS(TC10, TA1, TB0);
-        AMX_DPBF16PS(TC11, TA1, TB1);
+    const char *next = (const char *)(c + 32 * ldc);
+    const int steps = kp / 16;
+    for (int s = 0; s < steps; s++, a += 256, a1 += 256, b += 16 * 32) {
+        if (flags & CTRL_AMX_TILE_PREFETCH_C) /* 64 lines over the steps: a few each */
+            for (int l = 64 * s / steps; l < 64 * (s + 1) / steps; l++)
+                __builtin_prefetch(next + (size_t)(l >> 1) * ldc * sizeof(float) + 64 * (l & 1), 1, 3);
+        if (flags & CTRL_AMX_TILE_INTERLEAVE) {
+            AMX_LOADD(TA0, a, 64);
+            AMX_LOADD(TB0, b, 128);
+            AMX_DPBF16PS(TC00, TA0, TB0);
+            AMX_LOADD(TB1, b + 16, 128);
+            AMX_DPBF16PS(TC01, TA0, TB1);
+            AMX_LOADD(TA1, a1, 64);
+            AMX_DPBF16PS(TC10, TA1, TB0);
+            AMX_DPBF16PS(TC11, TA1, TB1);
+        } else {
+            AMX_LOADD(TA0, a, 64);
+            AMX_LOADD(TA1, a1, 64);
+            AMX_LOADD(TB0, b, 128);
+            AMX_LOADD(TB1, b + 16, 128);
+            AMX_DPBF16PS(TC00, TA0, TB0);
+            AMX_DPBF16PS(TC01, TA0, TB1);
+            AMX_DPBF16PS(TC10, TA1, TB0);
+            AMX_DPBF16PS(TC11, TA1, TB1);
+        }
     }
     AMX_STORED(TC00, t, stride);
     AMX_STORED(TC01, t + 16, stride);
@@ -80,6 +105,18 @@ AMX_TARGET static void amx_tile(int kp, const uint32_t *a, const uint32_t *b, fl
     if (!whole)
         for (int i = 0; i < mr; i++) memcpy(c + (size_t)i * ldc, edge + 32 * i, sizeof(float) * (size_t)nr);
 }
+
+#define TILE_VARIANT(name, flags)                                                                            \
+    AMX_TARGET static void name(int kp, const uint32_t *a, const uint32_t *b, float *c, size_t ldc, int mr,  \
+                                int nr, int accumulate) {                                                    \
+        amx_tile_with(kp, a, b, c, ldc, mr, nr, accumulate, flags);                                          \
+    }
+TILE_VARIANT(amx_tile, 0)
+TILE_VARIANT(amx_tile_i, CTRL_AMX_TILE_INTERLEAVE)
+TILE_VARIANT(amx_tile_p, CTRL_AMX_TILE_PREFETCH_C)
+TILE_VARIANT(amx_tile_ip, CTRL_AMX_TILE_INTERLEAVE | CTRL_AMX_TILE_PREFETCH_C)
+
+const ctrl_bf16_tile_fn TILES[CTRL_AMX_TILE_VARIANTS] = {amx_tile, amx_tile_i, amx_tile_p, amx_tile_ip};
 
 const ctrl_bf16_kernel KERNEL = {.mr = 32,
                                  .nr = 32,
@@ -93,4 +130,5 @@ const ctrl_bf16_kernel KERNEL = {.mr = 32,
                                  .tile = amx_tile};
 #else
 const ctrl_bf16_kernel KERNEL = {.tile = NULL};
+const ctrl_bf16_tile_fn TILES[CTRL_AMX_TILE_VARIANTS] = {NULL};
 #endif

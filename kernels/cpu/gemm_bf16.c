@@ -17,6 +17,8 @@
  * is X or X^T as stored row-major, so the three products a linear layer needs (x W^T, dout W,
  * dout^T x) run without transposed copies. */
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -510,11 +512,50 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
     return failed ? -1 : 0;
 }
 
+/* The AMX kernels as run: their blocking and tile variant, the kernel's own unless the tuning
+ * switches (read once, for sweeps: bench/scale/amx_sweep.sh) ask otherwise:
+ *   CTRL_AMX_BLOCKS="kc,mc,nc"  depth, rows of A, columns of B per block (multiples of 32; nc at
+ *                               most CTRL_BF16_NC_MAX)
+ *   CTRL_AMX_TILE=v             the tile's variant, 0-3 (gemm_bf16_kernel.h: 1 interleaved loads,
+ *                               2 C prefetched, 3 both)
+ * A value out of range is refused on stderr, naming the variable, and the defaults run. */
+static ctrl_bf16_kernel amx_tuned[2]; /* [0] the hardware's, [1] the emulated */
+static pthread_once_t amx_tuned_once = PTHREAD_ONCE_INIT;
+
+static void amx_tune(void) {
+    amx_tuned[0] = ctrl_bf16_amx_kernel, amx_tuned[1] = ctrl_bf16_amx_emu_kernel;
+    const char *blocks = getenv("CTRL_AMX_BLOCKS"), *tile = getenv("CTRL_AMX_TILE");
+    if (blocks && *blocks) {
+        int kc = 0, mc = 0, nc = 0, end = 0;
+        if (sscanf(blocks, "%d,%d,%d%n", &kc, &mc, &nc, &end) == 3 && blocks[end] == 0 && kc >= 32 &&
+            kc <= 4096 && kc % 32 == 0 && mc >= 32 && mc <= 4096 && mc % 32 == 0 && nc >= 32 &&
+            nc <= CTRL_BF16_NC_MAX && nc % 32 == 0)
+            for (int i = 0; i < 2; i++) amx_tuned[i].kc = kc, amx_tuned[i].mc = mc, amx_tuned[i].nc = nc;
+        else
+            fprintf(
+                stderr,
+                "ctrl: CTRL_AMX_BLOCKS=\"%s\" refused (want \"kc,mc,nc\", each a multiple of 32, kc and mc "
+                "at most 4096, nc at most %d); the AMX kernel's own blocking runs\n",
+                blocks, CTRL_BF16_NC_MAX);
+    }
+    if (tile && *tile) {
+        char *end = NULL;
+        const long v = strtol(tile, &end, 10);
+        if (*end == 0 && v >= 0 && v < CTRL_AMX_TILE_VARIANTS && ctrl_bf16_amx_emu_tiles[v]) {
+            amx_tuned[1].tile = ctrl_bf16_amx_emu_tiles[v];
+            if (ctrl_bf16_amx_tiles[v]) amx_tuned[0].tile = ctrl_bf16_amx_tiles[v];
+        } else
+            fprintf(stderr,
+                    "ctrl: CTRL_AMX_TILE=\"%s\" refused (want 0 to %d); the AMX kernel's own tile runs\n",
+                    tile, CTRL_AMX_TILE_VARIANTS - 1);
+    }
+}
+
 /* The micro-kernel ctrl_cpu_gemm_bf16 runs now (NULL: none, the caller falls back to fp32). */
 static const ctrl_bf16_kernel *kernel_now(void) {
     switch (ctrl_cpu_bf16_kind_now()) {
-    case CTRL_CPU_BF16_AMX: return &ctrl_bf16_amx_kernel;
-    case CTRL_CPU_BF16_AMX_EMULATED: return &ctrl_bf16_amx_emu_kernel;
+    case CTRL_CPU_BF16_AMX: return pthread_once(&amx_tuned_once, amx_tune), &amx_tuned[0];
+    case CTRL_CPU_BF16_AMX_EMULATED: return pthread_once(&amx_tuned_once, amx_tune), &amx_tuned[1];
     case CTRL_CPU_BF16_AVX512: return &avx512_kernel;
     default: return NULL;
     }

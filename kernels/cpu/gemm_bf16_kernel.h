@@ -18,6 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+typedef void (*ctrl_bf16_tile_fn)(int kp, const uint32_t *a, const uint32_t *b, float *c, size_t ldc, int mr,
+                                  int nr, int accumulate);
+
 typedef struct ctrl_bf16_kernel {
     int mr, nr;          /* rows and columns per tile call (multiples of 8 and 16; a_rows: of 16) */
     int kc, mc, nc;      /* depth, rows of A, columns of B per block (kc even; mc a multiple of mr and
@@ -34,5 +37,12 @@ typedef struct ctrl_bf16_kernel {
 
 extern const ctrl_bf16_kernel ctrl_bf16_amx_kernel;     /* gemm_amx.c: AMX tiles */
 extern const ctrl_bf16_kernel ctrl_bf16_amx_emu_kernel; /* gemm_amx_emu.c: the same, emulated */
+
+/* The AMX tile's variants (gemm_amx.c; a tuning switch, CTRL_AMX_TILE in gemm_bf16.c): index = flags */
+#define CTRL_AMX_TILE_INTERLEAVE 1 /* loads interleaved with the products */
+#define CTRL_AMX_TILE_PREFETCH_C 2 /* the next block's rows of C prefetched for writing */
+#define CTRL_AMX_TILE_VARIANTS 4
+extern const ctrl_bf16_tile_fn ctrl_bf16_amx_tiles[CTRL_AMX_TILE_VARIANTS];     /* [0]: the kernel's own */
+extern const ctrl_bf16_tile_fn ctrl_bf16_amx_emu_tiles[CTRL_AMX_TILE_VARIANTS]; /* the same, emulated */
 
 #endif

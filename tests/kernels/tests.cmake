@@ -10,6 +10,10 @@ set_tests_properties(test_gemm_bf16_portable PROPERTIES LABELS unit ENVIRONMENT 
 ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_gemm_bf16_amx_emu.c unit)
 add_test(NAME test_gemm_bf16_amx COMMAND test_gemm_bf16)
 set_tests_properties(test_gemm_bf16_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
+# ... and on the tuning switches' other tile variant and small blocks (many depth, row and column blocks)
+add_test(NAME test_gemm_bf16_amx_tuned COMMAND test_gemm_bf16)
+set_tests_properties(test_gemm_bf16_amx_tuned PROPERTIES LABELS unit TIMEOUT 120
+                     ENVIRONMENT "CTRL_AMX_EMULATE=1;CTRL_AMX_TILE=3;CTRL_AMX_BLOCKS=64,64,96")
 add_test(NAME test_gemm_bf16_no_amx COMMAND test_gemm_bf16)
 set_tests_properties(test_gemm_bf16_no_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AMX=1 TIMEOUT 120)
 # The bf16 unit tests (ctrl_cpu_gemm_bf16_nt on bf16 operands, the linear layer) on the emulated AMX kernel.
