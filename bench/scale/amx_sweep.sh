@@ -4,12 +4,15 @@
 # the twelve projections of the 0.5B shape, ctrl's AMX path against torch's bf16 matmul (oneDNN),
 # interleaved, median of ROUNDS, one thread (bench/scale/bench_gemm.py --check --no-sgemm
 # --no-avx512), each shape's product also checked against fp64 on the bf16-rounded inputs (a wrong
-# kernel prints FAIL and the configuration is marked FAIL). Then, on the default configuration, the
-# products as the model runs them (--model). Last, a summary: per configuration the worst and the
-# geometric mean of ctrl / torch, and per shape the best configuration.
+# kernel prints FAIL and the configuration is marked FAIL). First the eight tile variants on the
+# default blocking, then a dozen blockings on the best variant (by the geometric mean of ctrl / torch);
+# the products as the model runs them (--model) on the default configuration first, and on the best
+# one at the end.
+# Last, a summary: per configuration the worst and the geometric mean of ctrl / torch, and per shape
+# the best configuration.
 # Run after bench/gpu.sh has built $BUILD (default build-gpu), from anywhere:
 #   bash bench/scale/amx_sweep.sh
-# CONFIGS="tile:kc,mc,nc ..." replaces the list below; ROUNDS (3), TOKENS (1024), BUDGET_S (150: no
+# CONFIGS="tile:kc,mc,nc ..." replaces the two lists below; ROUNDS (3), TOKENS (1024), BUDGET_S (150: no
 # configuration starts past it), PYTHON (python3), SWEEP_LOG (where the raw lines go).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,28 +27,57 @@ LOG=${SWEEP_LOG:-$BUILD/amx_sweep.log}
 A=/opt/ctrl-deps/usr/lib/x86_64-linux-gnu
 [ -d $A ] && export LD_LIBRARY_PATH=$A:$A/openblas-openmp:${LD_LIBRARY_PATH:-}
 export OMP_WAIT_POLICY=PASSIVE
-DEFAULT="0:512,256,8192"
-CONFIGS=${CONFIGS:-"$DEFAULT 1:512,256,8192 2:512,256,8192 3:512,256,8192
- 1:1024,256,8192 3:1024,256,8192 1:1024,128,8192 3:1024,128,8192 1:256,256,8192 3:256,256,8192
- 1:512,512,8192 3:512,512,8192 1:512,1024,8192 1:1024,1024,8192 1:512,256,1024 3:512,256,1024
- 1:1024,256,1024 3:1024,256,1024 1:1024,128,512 3:1024,512,1024"}
-echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); flags: $(grep -m1 flags /proc/cpuinfo |
-  tr ' ' '\n' | grep -E '^(avx512_bf16|amx_bf16|amx_tile)$' | tr '\n' ' '); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
-: >"$LOG"
-for c in $CONFIGS; do
-  if [ "$SECONDS" -ge "$BUDGET" ]; then echo "skipped (budget ${BUDGET}s): $c"; continue; fi
-  t=${c%%:*} b=${c#*:}
+# one configuration: its twelve rows, printed and kept in $LOG (each line prefixed with it)
+config() {
+  local c=$1 t=${1%%:*} b=${1#*:}
+  if [ "$SECONDS" -ge "$BUDGET" ]; then echo "skipped (budget ${BUDGET}s): $c"; return 1; fi
   echo "=== config $c (tile $t, blocks $b; ${SECONDS}s)"
   CTRL_AMX_TILE=$t CTRL_AMX_BLOCKS=$b timeout 60 "$PY" bench/scale/bench_gemm.py --tokens "$TOKENS" \
     --rounds "$ROUNDS" --threads 1 --no-sgemm --no-avx512 --check 2>&1 | sed "s|^|$c |" | tee -a "$LOG" |
     cut -d' ' -f2-
-  [ "${PIPESTATUS[0]}" -eq 0 ] || echo "$c FAILED (exit ${PIPESTATUS[0]})" | tee -a "$LOG"
-done
-if [ "$SECONDS" -lt "$BUDGET" ]; then
-  echo "=== as the model runs them (default configuration; ${SECONDS}s)"
-  timeout 60 "$PY" bench/scale/bench_gemm.py --tokens "$TOKENS" --rounds "$ROUNDS" --threads 1 --no-sgemm \
-    --no-avx512 --model
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || echo "$c FAILED (exit $rc)" | tee -a "$LOG"
+}
+# the configuration with the best geometric mean of ctrl / torch so far among those whose check passed
+best() {
+  "$PY" - "$LOG" <<'PYEOF'
+import collections, math, re, sys
+rows, bad = collections.defaultdict(list), set()
+for line in open(sys.argv[1]):
+    cfg, _, rest = line.partition(" ")
+    m = re.match(r"\S+ \S+\s+\d+\s+\d+\s+\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)x", rest)
+    if m:
+        rows[cfg].append(float(m.group(1)))
+    if "FAIL" in rest:
+        bad.add(cfg)
+ok = [(math.exp(sum(map(math.log, v)) / len(v)), c) for c, v in rows.items() if c not in bad and len(v) == 12]
+print(max(ok)[1] if ok else "0:512,256,8192")
+PYEOF
+}
+# the products as the model runs them (bench_gemm.py --model) on one configuration
+model() {
+  echo "=== as the model runs them ($1; ${SECONDS}s)"
+  CTRL_AMX_TILE=${1%%:*} CTRL_AMX_BLOCKS=${1#*:} timeout 60 "$PY" bench/scale/bench_gemm.py --tokens "$TOKENS" \
+    --rounds "$ROUNDS" --threads 1 --no-sgemm --no-avx512 --model
+}
+DEFAULT="0:512,256,8192"
+: >"$LOG"
+[ -n "${CONFIGS:-}" ] || model "$DEFAULT"
+if [ -n "${CONFIGS:-}" ]; then
+  for c in $CONFIGS; do config "$c"; done
+else
+  # 1. the tile variants on the default blocking; 2. the blocking on the best variant
+  for t in 0 1 2 3 4 5 6 7; do config "$t:512,256,8192"; done
+  T=$(best)
+  T=${T%%:*}
+  echo "=== best tile variant so far: $T"
+  for b in 1024,256,8192 1024,128,8192 256,256,8192 512,128,8192 512,512,8192 1024,512,8192 1024,1024,8192 \
+    512,256,1024 1024,256,1024 1024,128,512 2432,128,8192 256,64,2048; do
+    config "$T:$b"
+  done
 fi
+B=$(best)
+if [ "$B" != "$DEFAULT" ] && [ "$SECONDS" -lt "$BUDGET" ]; then model "$B"; fi
 echo "=== summary (${SECONDS}s): ctrl / torch per configuration, then the best configuration per shape"
 "$PY" - "$LOG" <<'PYEOF'
 import collections, math, re, sys

@@ -49,7 +49,9 @@ AMX_TARGET static void amx_end(void) { AMX_RELEASE(); }
  * its last reader has issued, since the tile registers are not renamed) instead of four loads then
  * four products; CTRL_AMX_TILE_PREFETCH_C prefetches, for writing, the next block's rows of C
  * (32 rows down: the driver's next call on the same panel) while this block's products run, so that
- * its load or store does not wait on memory (prefetches never fault, past C's end included). */
+ * its load or store does not wait on memory (prefetches never fault, past C's end included);
+ * CTRL_AMX_TILE_PREFETCH_A prefetches into L1 the A tiles two steps ahead (the A block streams from
+ * L2 while the B panel stays in L1). */
 AMX_TARGET static inline void amx_tile_with(int kp, const uint32_t *a, const uint32_t *b, float *c,
                                             size_t ldc, int mr, int nr, int accumulate, const int flags) {
     float edge[32 * 32];
@@ -72,12 +74,19 @@ AMX_TARGET static inline void amx_tile_with(int kp, const uint32_t *a, const uin
         AMX_ZERO(TC11);
     }
     const uint32_t *a1 = a + (size_t)16 * kp; /* rows 16-31 */
-    const char *next = (const char *)(c + 32 * ldc);
+    /* addresses only prefetched, possibly past the buffers' ends: computed as integers */
+    const uintptr_t next = (uintptr_t)c + 32 * ldc * sizeof(float);
     const int steps = kp / 16;
     for (int s = 0; s < steps; s++, a += 256, a1 += 256, b += 16 * 32) {
         if (flags & CTRL_AMX_TILE_PREFETCH_C) /* 64 lines over the steps: a few each */
             for (int l = 64 * s / steps; l < 64 * (s + 1) / steps; l++)
-                __builtin_prefetch(next + (size_t)(l >> 1) * ldc * sizeof(float) + 64 * (l & 1), 1, 3);
+                __builtin_prefetch(
+                    (const void *)(next + (size_t)(l >> 1) * ldc * sizeof(float) + 64 * (l & 1)), 1, 3);
+        if (flags & CTRL_AMX_TILE_PREFETCH_A)
+            for (int l = 0; l < 16; l++) {
+                __builtin_prefetch((const void *)((uintptr_t)a + 2048 + 64 * l), 0, 3);
+                __builtin_prefetch((const void *)((uintptr_t)a1 + 2048 + 64 * l), 0, 3);
+            }
         if (flags & CTRL_AMX_TILE_INTERLEAVE) {
             AMX_LOADD(TA0, a, 64);
             AMX_LOADD(TB0, b, 128);
@@ -115,8 +124,13 @@ TILE_VARIANT(amx_tile, 0)
 TILE_VARIANT(amx_tile_i, CTRL_AMX_TILE_INTERLEAVE)
 TILE_VARIANT(amx_tile_p, CTRL_AMX_TILE_PREFETCH_C)
 TILE_VARIANT(amx_tile_ip, CTRL_AMX_TILE_INTERLEAVE | CTRL_AMX_TILE_PREFETCH_C)
+TILE_VARIANT(amx_tile_a, CTRL_AMX_TILE_PREFETCH_A)
+TILE_VARIANT(amx_tile_ia, CTRL_AMX_TILE_INTERLEAVE | CTRL_AMX_TILE_PREFETCH_A)
+TILE_VARIANT(amx_tile_pa, CTRL_AMX_TILE_PREFETCH_C | CTRL_AMX_TILE_PREFETCH_A)
+TILE_VARIANT(amx_tile_ipa, CTRL_AMX_TILE_INTERLEAVE | CTRL_AMX_TILE_PREFETCH_C | CTRL_AMX_TILE_PREFETCH_A)
 
-const ctrl_bf16_tile_fn TILES[CTRL_AMX_TILE_VARIANTS] = {amx_tile, amx_tile_i, amx_tile_p, amx_tile_ip};
+const ctrl_bf16_tile_fn TILES[CTRL_AMX_TILE_VARIANTS] = {amx_tile,   amx_tile_i,  amx_tile_p,  amx_tile_ip,
+                                                         amx_tile_a, amx_tile_ia, amx_tile_pa, amx_tile_ipa};
 
 const ctrl_bf16_kernel KERNEL = {.mr = 32,
                                  .nr = 32,

@@ -17,6 +17,7 @@
  * is X or X^T as stored row-major, so the three products a linear layer needs (x W^T, dout W,
  * dout^T x) run without transposed copies. */
 #include <immintrin.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -512,50 +513,87 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
     return failed ? -1 : 0;
 }
 
-/* The AMX kernels as run: their blocking and tile variant, the kernel's own unless the tuning
- * switches (read once, for sweeps: bench/scale/amx_sweep.sh) ask otherwise:
- *   CTRL_AMX_BLOCKS="kc,mc,nc"  depth, rows of A, columns of B per block (multiples of 32; nc at
- *                               most CTRL_BF16_NC_MAX)
- *   CTRL_AMX_TILE=v             the tile's variant, 0-3 (gemm_bf16_kernel.h: 1 interleaved loads,
- *                               2 C prefetched, 3 both)
- * A value out of range is refused on stderr, naming the variable, and the defaults run. */
-static ctrl_bf16_kernel amx_tuned[2]; /* [0] the hardware's, [1] the emulated */
+/* The AMX kernel's blocking and tile variant by the product's shape (N columns, depth K; not M, so
+ * that B's panels packed for a shape are in the layout its products use): the first rule whose
+ * ranges hold N and K (inclusive; the last holds every shape). Chosen from the AMX host's sweeps
+ * (docs/performance.md, issue 21's AMX subsection; bench/scale/amx_sweep.sh). */
+typedef struct amx_rule {
+    int nlo, nhi, klo, khi;
+    int kc, mc, nc, tile; /* tile: the variant's index in ctrl_bf16_amx_tiles */
+} amx_rule;
+static const amx_rule amx_rules[] = {
+    {0, INT_MAX, 0, INT_MAX, 512, 256, 8192, 0},
+};
+#define AMX_RULES ((int)(sizeof amx_rules / sizeof amx_rules[0]))
+
+/* The AMX kernels as run, per rule: the hardware's [0][r] and the emulated [1][r]. The tuning switches
+ * (read once, for sweeps: bench/scale/amx_sweep.sh) replace every rule's values:
+ *   CTRL_AMX_BLOCKS="kc,mc,nc"  depth, rows of A, columns of B per block (multiples of 32; kc and mc
+ *                               at most 4096, nc at most CTRL_BF16_NC_MAX)
+ *   CTRL_AMX_TILE=v             the tile's variant (gemm_bf16_kernel.h: 0 the kernel's own, +1
+ *                               interleaved loads, +2 C prefetched, +4 A prefetched)
+ * A value out of range is refused on stderr, naming the variable, and the rules run. */
+static ctrl_bf16_kernel amx_tuned[2][AMX_RULES];
 static pthread_once_t amx_tuned_once = PTHREAD_ONCE_INIT;
 
+static void amx_set(int r, int kc, int mc, int nc, int tile) {
+    amx_tuned[0][r] = ctrl_bf16_amx_kernel, amx_tuned[1][r] = ctrl_bf16_amx_emu_kernel;
+    for (int i = 0; i < 2; i++) amx_tuned[i][r].kc = kc, amx_tuned[i][r].mc = mc, amx_tuned[i][r].nc = nc;
+    if (ctrl_bf16_amx_tiles[tile]) amx_tuned[0][r].tile = ctrl_bf16_amx_tiles[tile];
+    if (ctrl_bf16_amx_emu_tiles[tile]) amx_tuned[1][r].tile = ctrl_bf16_amx_emu_tiles[tile];
+}
+
 static void amx_tune(void) {
-    amx_tuned[0] = ctrl_bf16_amx_kernel, amx_tuned[1] = ctrl_bf16_amx_emu_kernel;
+    for (int r = 0; r < AMX_RULES; r++) {
+        const amx_rule *u = &amx_rules[r];
+        amx_set(r, u->kc, u->mc, u->nc, u->tile);
+    }
     const char *blocks = getenv("CTRL_AMX_BLOCKS"), *tile = getenv("CTRL_AMX_TILE");
+    int kc = -1, mc = 0, nc = 0, v = -1;
     if (blocks && *blocks) {
-        int kc = 0, mc = 0, nc = 0, end = 0;
-        if (sscanf(blocks, "%d,%d,%d%n", &kc, &mc, &nc, &end) == 3 && blocks[end] == 0 && kc >= 32 &&
-            kc <= 4096 && kc % 32 == 0 && mc >= 32 && mc <= 4096 && mc % 32 == 0 && nc >= 32 &&
-            nc <= CTRL_BF16_NC_MAX && nc % 32 == 0)
-            for (int i = 0; i < 2; i++) amx_tuned[i].kc = kc, amx_tuned[i].mc = mc, amx_tuned[i].nc = nc;
-        else
+        int end = 0;
+        if (!(sscanf(blocks, "%d,%d,%d%n", &kc, &mc, &nc, &end) == 3 && blocks[end] == 0 && kc >= 32 &&
+              kc <= 4096 && kc % 32 == 0 && mc >= 32 && mc <= 4096 && mc % 32 == 0 && nc >= 32 &&
+              nc <= CTRL_BF16_NC_MAX && nc % 32 == 0)) {
             fprintf(
                 stderr,
                 "ctrl: CTRL_AMX_BLOCKS=\"%s\" refused (want \"kc,mc,nc\", each a multiple of 32, kc and mc "
                 "at most 4096, nc at most %d); the AMX kernel's own blocking runs\n",
                 blocks, CTRL_BF16_NC_MAX);
+            kc = -1;
+        }
     }
     if (tile && *tile) {
         char *end = NULL;
-        const long v = strtol(tile, &end, 10);
-        if (*end == 0 && v >= 0 && v < CTRL_AMX_TILE_VARIANTS && ctrl_bf16_amx_emu_tiles[v]) {
-            amx_tuned[1].tile = ctrl_bf16_amx_emu_tiles[v];
-            if (ctrl_bf16_amx_tiles[v]) amx_tuned[0].tile = ctrl_bf16_amx_tiles[v];
-        } else
+        const long t = strtol(tile, &end, 10);
+        if (*end == 0 && t >= 0 && t < CTRL_AMX_TILE_VARIANTS)
+            v = (int)t;
+        else
             fprintf(stderr,
                     "ctrl: CTRL_AMX_TILE=\"%s\" refused (want 0 to %d); the AMX kernel's own tile runs\n",
                     tile, CTRL_AMX_TILE_VARIANTS - 1);
     }
+    for (int r = 0; r < AMX_RULES; r++) {
+        const amx_rule *u = &amx_rules[r];
+        if (kc > 0 || v >= 0)
+            amx_set(r, kc > 0 ? kc : u->kc, kc > 0 ? mc : u->mc, kc > 0 ? nc : u->nc, v >= 0 ? v : u->tile);
+    }
 }
 
-/* The micro-kernel ctrl_cpu_gemm_bf16 runs now (NULL: none, the caller falls back to fp32). */
-static const ctrl_bf16_kernel *kernel_now(void) {
+static int amx_rule_of(int N, int K) {
+    for (int r = 0; r < AMX_RULES - 1; r++)
+        if (N >= amx_rules[r].nlo && N <= amx_rules[r].nhi && K >= amx_rules[r].klo && K <= amx_rules[r].khi)
+            return r;
+    return AMX_RULES - 1;
+}
+
+/* The micro-kernel ctrl_cpu_gemm_bf16 runs now for a product of N columns and depth K (NULL: none,
+ * the caller falls back to fp32). */
+static const ctrl_bf16_kernel *kernel_for(int N, int K) {
     switch (ctrl_cpu_bf16_kind_now()) {
-    case CTRL_CPU_BF16_AMX: return pthread_once(&amx_tuned_once, amx_tune), &amx_tuned[0];
-    case CTRL_CPU_BF16_AMX_EMULATED: return pthread_once(&amx_tuned_once, amx_tune), &amx_tuned[1];
+    case CTRL_CPU_BF16_AMX: return pthread_once(&amx_tuned_once, amx_tune), &amx_tuned[0][amx_rule_of(N, K)];
+    case CTRL_CPU_BF16_AMX_EMULATED:
+        return pthread_once(&amx_tuned_once, amx_tune), &amx_tuned[1][amx_rule_of(N, K)];
     case CTRL_CPU_BF16_AVX512: return &avx512_kernel;
     default: return NULL;
     }
@@ -627,7 +665,7 @@ static int gemm_few(int M, int N, int K, const float *A, size_t lda, const float
 int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda, const float *B,
                        int ldb, float *C, int ldc, int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(N, K);
     if (!kk) return -1;
     if (M <= 0 || N <= 0) return 0;
     const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
@@ -651,7 +689,7 @@ int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, con
                               ctrl_cpu_gemm_source b_src, const void *b_ctx, int ldb, float *C, int ldc,
                               int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(N, K);
     if (!kk) return -1;
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0) return ctrl_cpu_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, NULL, ldb, C, ldc, accumulate);
@@ -668,7 +706,7 @@ int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, con
 int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B, int M, int N, int K,
                                  int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(N, K);
     if (!kk) return -1;
     if (M <= 0 || N <= 0 || K <= 0) return -1;
     const operand a = {A, 1, 1, (size_t)K, NULL, NULL, NULL, 0},
@@ -725,7 +763,7 @@ static int pack_all(ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk, const f
 
 ctrl_cpu_bf16_packed *ctrl_cpu_gemm_bf16_pack(int trans_b, int N, int K, const float *B, int ldb) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(N, K);
     if (!kk || N <= 0 || K <= 0) return NULL;
     ctrl_cpu_bf16_packed *p = calloc(1, sizeof *p);
     if (!p) return NULL;
@@ -743,7 +781,7 @@ ctrl_cpu_bf16_packed *ctrl_cpu_gemm_bf16_pack(int trans_b, int N, int K, const f
 
 int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(p ? p->N : 0, p ? p->K : 0);
     return p && kk ? pack_all(p, kk, B, ldb) : -1;
 #else
     (void)p, (void)B, (void)ldb;
@@ -754,7 +792,7 @@ int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb) 
 int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
                               float *C, int ldc, int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(p ? p->N : 0, p ? p->K : 0);
     if (!p || !kk) return -1;
     if (M <= 0) return 0;
     const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0};
@@ -771,7 +809,7 @@ int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const
 int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
                                 float *C, int ldc, int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(p ? p->K : 0, p ? p->N : 0);
     if (!p || !kk) return -1;
     if (M <= 0) return 0;
     const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
@@ -806,7 +844,7 @@ int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, in
 
 size_t ctrl_cpu_gemm_bf16_pack_bytes(int N, int K) {
 #ifdef CTRL_HAVE_BLOCKED
-    const ctrl_bf16_kernel *kk = kernel_now();
+    const ctrl_bf16_kernel *kk = kernel_for(N, K);
     if (!kk || N <= 0 || K <= 0) return 0;
     size_t words = 0;
     for (int jc = 0; jc < N; jc += kk->nc)

@@ -41,7 +41,8 @@ extern const ctrl_bf16_kernel ctrl_bf16_amx_emu_kernel; /* gemm_amx_emu.c: the s
 /* The AMX tile's variants (gemm_amx.c; a tuning switch, CTRL_AMX_TILE in gemm_bf16.c): index = flags */
 #define CTRL_AMX_TILE_INTERLEAVE 1 /* loads interleaved with the products */
 #define CTRL_AMX_TILE_PREFETCH_C 2 /* the next block's rows of C prefetched for writing */
-#define CTRL_AMX_TILE_VARIANTS 4
+#define CTRL_AMX_TILE_PREFETCH_A 4 /* the A tiles two steps ahead prefetched into L1 */
+#define CTRL_AMX_TILE_VARIANTS 8
 extern const ctrl_bf16_tile_fn ctrl_bf16_amx_tiles[CTRL_AMX_TILE_VARIANTS];     /* [0]: the kernel's own */
 extern const ctrl_bf16_tile_fn ctrl_bf16_amx_emu_tiles[CTRL_AMX_TILE_VARIANTS]; /* the same, emulated */
 
