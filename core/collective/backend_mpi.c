@@ -16,6 +16,7 @@
 #include <ctrl/log.h>
 
 #include "collective/backend_mpi_watch.h"
+#include "collective/backend_nccl.h"
 #include "collective/collective_backend.h"
 
 #define CHUNK (1 << 28) /* elements per call, below INT_MAX for any element size */
@@ -309,10 +310,6 @@ static void shared_free(void) {
 
 static void mpi_abort_job(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
 
-#ifdef CTRL_HAVE_NCCL
-void ctrl_collective_nccl_finalize(void);
-#endif
-
 static void mpi_finalize(void) {
 #ifdef CTRL_HAVE_NCCL
     ctrl_collective_nccl_finalize(); /* before MPI goes */
@@ -323,16 +320,6 @@ static void mpi_finalize(void) {
     if (!done) (void)WATCHED("MPI_Finalize", MPI_Finalize()); /* waits for the other ranks */
     mpi_watch_stop();
 }
-
-#ifdef CTRL_HAVE_NCCL
-ctrl_status ctrl_collective_nccl_init(void);
-ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
-ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts);
-ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
-ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
-ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
-ctrl_status ctrl_collective_nccl_allgather_b16(void *device_buf, const int *counts, void **handle);
-#endif
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
     static const ctrl_collective_backend table = {

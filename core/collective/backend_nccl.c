@@ -9,19 +9,11 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include "collective/backend_nccl.h"
 #include "collective/collective_backend.h"
 
 static ncclComm_t comm;
 static int comm_size;
-
-ctrl_status ctrl_collective_nccl_init(void);
-ctrl_status ctrl_collective_nccl_allreduce_mean_f32(float *device_buf, size_t n);
-ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts);
-ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *counts);
-ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
-ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
-ctrl_status ctrl_collective_nccl_allgather_b16(void *device_buf, const int *counts, void **handle);
-void ctrl_collective_nccl_finalize(void);
 
 void ctrl_collective_nccl_finalize(void) {
     if (comm) ncclCommDestroy(comm);
