@@ -212,29 +212,13 @@ ctrl_status ctrl_pref_set_load(const char *path, const ctrl_tokenizer *tok, cons
 
 /* Moves the seeded eval_fraction of train's rows to eval (both keep file order). */
 static ctrl_status hold_out(ctrl_pref_set *train, ctrl_pref_set *eval, double fraction, uint64_t seed) {
-    uint8_t *to_eval = malloc((size_t)train->n + 1);
-    if (!to_eval) return ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
-    int n_eval;
-    ctrl_status st = ctrl_hold_out_pick(train->n, fraction, seed, to_eval, &n_eval);
-    *eval = *train;
-    eval->rows = st == CTRL_OK ? malloc(sizeof(ctrl_pref_row) * (size_t)n_eval) : NULL;
-    eval->n = 0, eval->skipped_bad = eval->dropped = eval->truncated = 0;
-    if (st == CTRL_OK && !eval->rows)
-        st = ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
-    if (st != CTRL_OK) {
-        free(to_eval);
-        eval->rows = NULL;
-        return st;
-    }
-    int kept = 0;
-    for (int i = 0; i < train->n; i++) {
-        if (to_eval[i])
-            eval->rows[eval->n++] = train->rows[i];
-        else
-            train->rows[kept++] = train->rows[i];
-    }
-    train->n = kept;
-    free(to_eval);
+    void *held;
+    int n_held;
+    ctrl_status st =
+        ctrl_hold_out_split(train->rows, sizeof *train->rows, &train->n, fraction, seed, &held, &n_held);
+    if (st != CTRL_OK) return st;
+    *eval = *train; /* the layout's settings */
+    eval->rows = held, eval->n = n_held, eval->skipped_bad = eval->dropped = eval->truncated = 0;
     return CTRL_OK;
 }
 

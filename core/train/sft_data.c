@@ -137,7 +137,9 @@ void ctrl_dataset_free(ctrl_dataset *d) {
     memset(d, 0, sizeof *d);
 }
 
-ctrl_status ctrl_hold_out_pick(int n, double fraction, uint64_t seed, uint8_t *to_eval, int *n_eval_out) {
+/* The seeded hold-out of [data] eval_fraction over n rows: to_eval[i] = 1 for the round(n * fraction)
+ * (at least 1) rows held out, *n_eval their count; CTRL_ERR_CONFIG when none would be left to train. */
+static ctrl_status hold_out_pick(int n, double fraction, uint64_t seed, uint8_t *to_eval, int *n_eval_out) {
     int n_eval = (int)(n * fraction + 0.5);
     if (n_eval < 1) n_eval = 1;
     if (n_eval >= n)
@@ -160,29 +162,38 @@ ctrl_status ctrl_hold_out_pick(int n, double fraction, uint64_t seed, uint8_t *t
     return CTRL_OK;
 }
 
-/* Moves a seeded random `fraction` of `train`'s examples to `eval` (both keep file order). */
-static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double fraction, uint64_t seed) {
-    uint8_t *to_eval = malloc((size_t)train->n + 1);
+ctrl_status ctrl_hold_out_split(void *rows, size_t size, int *n, double fraction, uint64_t seed, void **held,
+                                int *n_held) {
+    *held = NULL, *n_held = 0;
+    uint8_t *to_eval = malloc((size_t)*n + 1);
     if (!to_eval) return ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
-    int n_eval;
-    ctrl_status st = ctrl_hold_out_pick(train->n, fraction, seed, to_eval, &n_eval);
-    ctrl_example *held = st == CTRL_OK ? malloc(sizeof(ctrl_example) * (size_t)n_eval) : NULL;
-    if (st == CTRL_OK && !held) st = ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
+    int n_eval = 0;
+    ctrl_status st = hold_out_pick(*n, fraction, seed, to_eval, &n_eval);
+    char *out = st == CTRL_OK ? malloc(size * (size_t)n_eval) : NULL;
+    if (st == CTRL_OK && !out) st = ctrl_error_set(CTRL_ERR_NOMEM, "[data] eval_fraction: out of memory");
     if (st != CTRL_OK) {
         free(to_eval);
         return st;
     }
-    memset(eval, 0, sizeof *eval);
-    eval->ex = held;
-    int kept = 0;
-    for (int i = 0; i < train->n; i++) {
-        if (to_eval[i])
-            eval->ex[eval->n++] = train->ex[i];
-        else
-            train->ex[kept++] = train->ex[i];
-    }
-    train->n = kept;
+    char *r = rows;
+    int kept = 0, k = 0;
+    for (int i = 0; i < *n; i++)
+        memmove(to_eval[i] ? out + size * (size_t)k++ : r + size * (size_t)kept++, r + size * (size_t)i,
+                size);
     free(to_eval);
+    *n = kept, *held = out, *n_held = k;
+    return CTRL_OK;
+}
+
+/* Moves a seeded random `fraction` of `train`'s examples to `eval` (both keep file order). */
+static ctrl_status hold_out(ctrl_dataset *train, ctrl_dataset *eval, double fraction, uint64_t seed) {
+    void *held;
+    int n_held;
+    ctrl_status st =
+        ctrl_hold_out_split(train->ex, sizeof *train->ex, &train->n, fraction, seed, &held, &n_held);
+    if (st != CTRL_OK) return st;
+    memset(eval, 0, sizeof *eval);
+    eval->ex = held, eval->n = n_held;
     return CTRL_OK;
 }
 

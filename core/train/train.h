@@ -49,9 +49,12 @@ ctrl_status ctrl_datasets_load(const ctrl_config *cfg, const ctrl_tokenizer *tok
                                ctrl_dataset *eval);
 void ctrl_dataset_free(ctrl_dataset *d);
 
-/* The seeded hold-out of [data] eval_fraction over n rows: to_eval[i] = 1 for the round(n * fraction)
- * (at least 1) rows held out, *n_eval their count; CTRL_ERR_CONFIG when none would be left to train. */
-ctrl_status ctrl_hold_out_pick(int n, double fraction, uint64_t seed, uint8_t *to_eval, int *n_eval);
+/* The seeded hold-out of [data] eval_fraction over the *n rows of `size` bytes at `rows` (SFT's
+ * examples, preference rows): the round(n * fraction) rows (at least 1) the seed picks move, in file
+ * order, to *held (malloc'd, *n_held rows); the others close up in order at `rows` (*n their count).
+ * CTRL_ERR_CONFIG when no row would be left to train, rows untouched. */
+ctrl_status ctrl_hold_out_split(void *rows, size_t size, int *n, double fraction, uint64_t seed, void **held,
+                                int *n_held);
 
 /* Packs the examples with TRL's strategies (train/packing.c): "bfd", "bfd_split" or "wrapped". */
 ctrl_status ctrl_dataset_pack(ctrl_dataset *d, int seq_length, const char *strategy);

@@ -206,6 +206,31 @@ TEST(eval_fraction_holds_out_rows) {
     ctrl_tokenizer_free(tok);
 }
 
+/* The hold-out SFT and the preference trainers share: rows of any size, the seed's picks (rows 0, 3, 4 of
+ * 10 at 0.3 and seed 42, the xorshift shuffle worked by hand) moved in order, the rest closed up in
+ * order; no row left to train is refused with the rows untouched. */
+TEST(hold_out_split_moves_the_seeded_rows_in_order) {
+    typedef struct {
+        int id;
+        char pad[9];
+    } row;
+    row rows[10];
+    for (int i = 0; i < 10; i++) memset(&rows[i], 'a' + i, sizeof rows[i]), rows[i].id = i;
+    int n = 10, n_held = -1;
+    void *held = NULL;
+    CHECK_EQ_INT(ctrl_hold_out_split(rows, sizeof *rows, &n, 0.3, 42, &held, &n_held), CTRL_OK);
+    CHECK_EQ_INT(n_held, 3);
+    CHECK_EQ_INT(n, 7);
+    static const int want_held[3] = {0, 3, 4}, want_kept[7] = {1, 2, 5, 6, 7, 8, 9};
+    const row *h = held;
+    for (int i = 0; i < 3; i++) CHECK(h[i].id == want_held[i] && h[i].pad[8] == 'a' + want_held[i]);
+    for (int i = 0; i < 7; i++) CHECK(rows[i].id == want_kept[i] && rows[i].pad[8] == 'a' + want_kept[i]);
+    free(held);
+    n = 2;
+    CHECK_EQ_INT(ctrl_hold_out_split(rows, sizeof *rows, &n, 0.9, 42, &held, &n_held), CTRL_ERR_CONFIG);
+    CHECK(held == NULL && n == 2 && rows[0].id == 1 && rows[1].id == 2);
+}
+
 /* padding_free = false pads rows (wrapped packing, or none); bfd packing keeps the batch padding-free
  * whatever padding_free says, as TRL forces it. */
 TEST(packing_and_padding_options_reach_the_dataset) {
