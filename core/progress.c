@@ -1,24 +1,19 @@
 /* See progress.h. */
 #include <stdio.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "progress.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 void ctrl_progress_start(ctrl_progress *p, const char *unit, double every_s) {
-    *p = (ctrl_progress){.unit = unit, .start = now(), .every_s = every_s, .tty = isatty(fileno(stderr))};
+    *p =
+        (ctrl_progress){.unit = unit, .start = ctrl_now(), .every_s = every_s, .tty = isatty(fileno(stderr))};
     p->last_line = p->start;
 }
 
 void ctrl_progress_update(ctrl_progress *p, long done, long total, double rate_count, const char *rate_unit,
                           const char *extra) {
-    const double t = now(), dt = t - p->start > 1e-9 ? t - p->start : 1e-9;
+    const double t = ctrl_now(), dt = t - p->start > 1e-9 ? t - p->start : 1e-9;
     const double rate = rate_count / dt,
                  eta = done > 0 && total > done ? dt / done * (double)(total - done) : 0;
     if (p->tty) {

@@ -30,6 +30,7 @@
 
 #include <ctrl/log.h>
 
+#include "clock.h"
 #include "device/backend.h"
 #include "device/cuda_backend.h"
 #include "serve/serve_internal.h"
@@ -93,12 +94,6 @@ static enum MHD_Result no_group(serve_wt *w, struct MHD_Connection *c) {
     snprintf(msg, sizeof msg, "no NCCL weight-transfer group: %s%s; POST /init_weight_transfer_engine first",
              w->closed[0] ? "the last one was closed: " : "none was initialised", w->closed);
     return serve_error(c, 409, msg);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* An integer field of o in [lo, hi]: 0, -1 absent, -2 present but not one (msg says so). */
@@ -332,7 +327,7 @@ static void *watchdog(void *arg) {
     const double timeout = g->s->opt->weight_transfer_timeout_s;
     pthread_mutex_lock(&g->lock);
     while (!g->done) {
-        const double due = g->last + timeout, now = now_s();
+        const double due = g->last + timeout, now = ctrl_now();
         if (now >= due) { /* no progress: abort the group, which unblocks the receive */
             g->timed_out = 1;
             g->w->nccl->comm_abort(g->w->comm);
@@ -483,7 +478,7 @@ static ctrl_status receive(wt_recv *r, const wt_tensor *t, int a, int b, size_t 
                        : be->synchronize();
     pthread_mutex_lock(&r->g->lock);
     const int timed_out = r->g->timed_out;
-    if (!timed_out) r->g->last = now_s();
+    if (!timed_out) r->g->last = ctrl_now();
     pthread_mutex_unlock(&r->g->lock);
     if (timed_out) /* the watchdog aborted the group: w->comm is gone */
         return ctrl_error_set(CTRL_ERR_DEVICE,
@@ -566,7 +561,7 @@ static enum MHD_Result update(ctrl_server *s, serve_wt *w, struct MHD_Connection
     size_t total = 0;
     for (int i = 0; i < n; i++) total += t[i].v ? (size_t)t[i].numel : 0;
     wt_recv r = {.s = s, .w = w, .problem = problem, .pcap = sizeof problem};
-    wt_watch g = {.s = s, .w = w, .last = now_s()};
+    wt_watch g = {.s = s, .w = w, .last = ctrl_now()};
     ctrl_status st = be->alloc(&r.dev, most ? most : 1);
     if (st == CTRL_OK && !(r.host = malloc(most ? most : 1)))
         st = ctrl_error_set(CTRL_ERR_NOMEM, "no host memory for a %zu-byte chunk", most);

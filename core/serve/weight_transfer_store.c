@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "serve/weight_transfer.h"
 
 enum { Q_VALIDATE = 0, Q_GET = 3, Q_ADD = 4, Q_WAIT = 6, Q_CANCEL_WAIT = 12, Q_PING = 13 };
@@ -30,12 +30,6 @@ struct serve_store {
     int fd;
     char where[300]; /* host:port, for messages */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static ctrl_status io_error(serve_store *s, const char *what) {
     return ctrl_error_set(CTRL_ERR_IO, "the trainer's TCPStore at %s: %s: %s", s->where, what,
@@ -57,7 +51,7 @@ static int send_all(int fd, const void *p, size_t n) {
 static int recv_by(int fd, void *p, size_t n, double deadline) {
     char *c = p;
     while (n) {
-        const double left = deadline - now_s();
+        const double left = deadline - ctrl_now();
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         if (left <= 0) return -2;
         const int pr = poll(&pf, 1, (int)(left * 1000) + 1);
@@ -103,7 +97,7 @@ ctrl_status serve_store_connect(const char *host, int port, double timeout_s, se
     snprintf(s->where, sizeof s->where, "%s:%d", host, port);
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    const double deadline = now_s() + timeout_s;
+    const double deadline = ctrl_now() + timeout_s;
     ctrl_status st = CTRL_OK;
     for (;;) { /* the trainer may open its store just after our request arrives: retry until the deadline */
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
@@ -122,7 +116,7 @@ ctrl_status serve_store_connect(const char *host, int port, double timeout_s, se
             if (st == CTRL_OK) break;
             close(s->fd), s->fd = -1;
         }
-        if (now_s() > deadline) {
+        if (ctrl_now() > deadline) {
             st = ctrl_error_set(
                 CTRL_ERR_IO,
                 "the trainer's TCPStore at %s did not answer within %.0f s (is the trainer joining "
@@ -154,7 +148,8 @@ ctrl_status serve_store_add(serve_store *s, const char *key, int64_t delta, int6
         return ctrl_error_set(CTRL_ERR_RUNTIME, "TCPStore key too long: %s", key);
     memcpy(req + at, &delta, 8);
     at += 8;
-    if (send_all(s->fd, req, at) || recv_by(s->fd, value, 8, now_s() + timeout_s)) return io_error(s, "add");
+    if (send_all(s->fd, req, at) || recv_by(s->fd, value, 8, ctrl_now() + timeout_s))
+        return io_error(s, "add");
     return CTRL_OK;
 }
 
@@ -167,7 +162,7 @@ ctrl_status serve_store_get(serve_store *s, const char *key, double timeout_s, u
     at += 8;
     if (put_string(req, &at, sizeof req, key))
         return ctrl_error_set(CTRL_ERR_RUNTIME, "TCPStore key too long: %s", key);
-    const double deadline = now_s() + timeout_s;
+    const double deadline = ctrl_now() + timeout_s;
     if (send_all(s->fd, req, at)) return io_error(s, "wait");
     uint8_t resp = 0;
     int r = recv_by(s->fd, &resp, 1, deadline);

@@ -7,6 +7,7 @@
 
 #include <ctrl/log.h>
 
+#include "clock.h"
 #include "collective/collective.h"
 #include "train/data_parallel.h"
 
@@ -68,12 +69,6 @@ ctrl_status train_dp_reduce_step(const train_dp *dp, ctrl_status st, train_step_
     return CTRL_OK;
 }
 
-static double seconds(clockid_t clock) {
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 ctrl_status train_dp_share_grads(train_dp *dp, ctrl_model *m, int enabled) {
     if (dp->size == 1 || !enabled || ctrl_model_device(m).type != CTRL_DEVICE_CPU) return CTRL_OK;
     size_t n = 0;
@@ -105,7 +100,7 @@ ctrl_status train_dp_share_grads(train_dp *dp, ctrl_model *m, int enabled) {
 ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device) {
     if (dp->size == 1) return CTRL_OK;
     size_t n = 0;
-    const double t0 = seconds(CLOCK_MONOTONIC), c0 = seconds(CLOCK_PROCESS_CPUTIME_ID);
+    const double t0 = ctrl_clock_seconds(CLOCK_MONOTONIC), c0 = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
     ctrl_status st;
     if (on_device) {
         float *d = ctrl_model_device_grads(m, &n);
@@ -116,7 +111,8 @@ ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device) {
         st = dp->shared ? ctrl_collective_allreduce_mean_shared_f32(g, n)
                         : ctrl_collective_allreduce_mean_f32(g, n);
     }
-    dp->sync_s += seconds(CLOCK_MONOTONIC) - t0, dp->sync_cpu_s += seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    dp->sync_s += ctrl_clock_seconds(CLOCK_MONOTONIC) - t0,
+        dp->sync_cpu_s += ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0;
     dp->syncs++, dp->sync_floats = n;
     return st;
 }

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "collective/collective.h"
 #include "generate/engine.h"
 #include "generate/remote_engine.h"
@@ -42,12 +42,6 @@ struct train_kind {
     long mcount[DISTILL_METRICS];
     int n_metrics;
 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The plugin's and the kind's metrics, as window means (names must be string literals). */
 static void report(void *ctx, const char *name, double value) {
@@ -269,9 +263,9 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_it
                              .report_ctx = k};
     double loss = 0;
     if (st == CTRL_OK) st = k->ops->distill_loss(k->trainer, &db, &loss, d); /* dL/djsd, up front */
-    const double t0 = now();
+    const double t0 = ctrl_now();
     if (st == CTRL_OK) st = ctrl_model_hidden_forward(k->teacher, b);
-    const double t1 = now();
+    const double t1 = ctrl_now();
     const ctrl_jsd_args a = {.beta = k->spec.beta, .temperature = k->spec.loss_temperature, .weight = d};
     if (st == CTRL_OK) st = ctrl_model_jsd_forward(k->model, b, k->teacher, &a, jsd);
     release_teacher(k); /* not held through the student's backward and optimizer step */
@@ -279,7 +273,7 @@ static ctrl_status micro_batch(train_kind *k, const ctrl_batch *b, double num_it
     if (st == CTRL_OK) st = k->ops->distill_loss(k->trainer, &db, &loss, d);
     if (st == CTRL_OK) st = ctrl_model_backward(k->model, NULL);
     report(k, "timing/teacher_s", t1 - t0);
-    report(k, "timing/train_s", now() - t1);
+    report(k, "timing/train_s", ctrl_now() - t1);
     out->loss += loss;
     free(w), free(d), free(jsd);
     return st;
@@ -311,11 +305,11 @@ static ctrl_status distill_accumulate(train_kind *k, const int *order, long *cur
         const uint64_t draw = (uint64_t)(first + (long)g * bs * N);
         const int source = uniform(k->seed, draw) <= k->spec.lmbda ? 1 : k->spec.seq_kd ? 2 : 0;
         if (source) {
-            const double t0 = now();
+            const double t0 = ctrl_now();
             ctrl_batch_free(&mb[g]);
             st = sample_batch(k, source == 1 ? k->engine : k->teacher_engine, idx + g * bs, bs, draw,
                               rank * bs, &mb[g]);
-            report(k, "timing/generation_s", now() - t0);
+            report(k, "timing/generation_s", ctrl_now() - t0);
         }
         report(k, "on_policy", source == 1);
         if (st == CTRL_OK) {

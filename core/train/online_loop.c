@@ -5,22 +5,16 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cJSON.h>
 
+#include "clock.h"
 #include "collective/collective.h"
 #include "file_text.h"
 #include "generate/engine.h"
 #include "generate/remote_engine.h"
 #include "train/moe_aux.h"
 #include "train/online_internal.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
@@ -241,17 +235,17 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     /* N ranks: the batch of N x bs x spg completions one process would make, each rank sampling
      * and scoring a block of its prompts, then gathered (online_ranks.c) */
     const int P = bs * spg / G * N, own0 = P / N * rank, n_own = P / N;
-    double t0 = now();
+    double t0 = ctrl_now();
     const double epoch = (double)*cursor / (o->train.n > 0 ? o->train.n : 1);
     ctrl_status st = generate(o, &o->train, order, cursor, P, G, own0, n_own, &o->sampling);
     float *scores = NULL, *total = NULL, *kl = NULL;
     int *ntok = NULL, *stopped = calloc((size_t)(o->gn > 0 ? o->gn : 1), sizeof(int));
     if (st == CTRL_OK && !stopped) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
-    double t1 = now();
+    double t1 = ctrl_now();
     ctrl_online_report(o, "timing/generation_s", t1 - t0);
     if (st == CTRL_OK) st = online_score(o, &o->train, own0 * G, n_own * G, &scores, &total);
     if (st == CTRL_OK) st = online_gather(o, own0 * G, n_own * G, scores, total);
-    t0 = now();
+    t0 = ctrl_now();
     ctrl_online_report(o, "timing/reward_s", t0 - t1);
     o->gen_items = 0;
     for (int i = 0; st == CTRL_OK && i < o->gn; i++) {
@@ -274,7 +268,8 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
                        : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
         if (!o->ref) ctrl_model_set_adapters_enabled(o->model, 1);
     }
-    if (need_old || o->spec.needs_ref_logp) ctrl_online_report(o, "timing/old_ref_logprob_s", now() - t0);
+    if (need_old || o->spec.needs_ref_logp)
+        ctrl_online_report(o, "timing/old_ref_logprob_s", ctrl_now() - t0);
     if (st == CTRL_OK && o->old && o->ref_lp) { /* the KL summed over each completion (RLOO's reward) */
         kl = calloc((size_t)o->gn, sizeof(float)), ntok = calloc((size_t)o->gn, sizeof(int));
         if (!kl || !ntok) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
@@ -334,7 +329,7 @@ static ctrl_status loss_before_forward(ctrl_online *o, const ctrl_trainer_batch 
 
 /* One micro-batch: completions [c0, c0 + n) forward, the trainer's loss, backward. */
 static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, double *loss) {
-    const double t0 = now();
+    const double t0 = ctrl_now();
     online_flat f;
     ctrl_status st = online_flat_build(o, &o->train, c0, n, &f);
     if (st != CTRL_OK) return st;
@@ -390,7 +385,7 @@ static ctrl_status micro_batch(ctrl_online *o, int c0, int n, int ga, int spg, d
         const ctrl_status vs = online_value_backward(o, &tb, st == CTRL_OK);
         if (st == CTRL_OK) st = vs;
     }
-    ctrl_online_report(o, "timing/forward_backward_s", now() - t0);
+    ctrl_online_report(o, "timing/forward_backward_s", ctrl_now() - t0);
     free(lp), free(ent), free(w), free(old), free(ref), free(d), free(d0);
     online_flat_free(&f);
     return st;

@@ -13,6 +13,7 @@
 
 #include <ctrl/status.h>
 
+#include "clock.h"
 #include "train/tensorboard.h"
 
 struct ctrl_tb_writer {
@@ -132,19 +133,13 @@ ctrl_status ctrl_tb_open_file(const char *path, double wall_time, ctrl_tb_writer
     return CTRL_OK;
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 ctrl_status ctrl_tb_open(const char *logdir, ctrl_tb_writer **out) {
     if (mkdir(logdir, 0755) != 0 && errno != EEXIST)
         return ctrl_error_set(CTRL_ERR_IO, "%s: cannot create the TensorBoard directory: %s", logdir,
                               strerror(errno));
     char host[256] = "localhost", path[4352];
     gethostname(host, sizeof host - 1);
-    const double t = now();
+    const double t = ctrl_clock_seconds(CLOCK_REALTIME);
     snprintf(path, sizeof path, "%s/events.out.tfevents.%010ld.%s.%ld.0", logdir, (long)t, host,
              (long)getpid());
     return ctrl_tb_open_file(path, t, out);

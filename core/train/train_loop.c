@@ -10,20 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "collective/collective.h"
 #include "file_text.h"
 #include "train/metrics_plot.h"
 #include "train/train_lora.h"
 #include "train/train_run.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* A permutation of 0..n-1, shuffled with a seeded generator (Fisher-Yates). */
 static void shuffled(int *order, int n, uint64_t seed, int shuffle) {
@@ -82,7 +76,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     if (!order) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     long epoch_seen = -1;
     const long start_step = ts->step, start_tokens = ts->num_tokens;
-    const double t_start = now();
+    const double t_start = ctrl_now();
     ctrl_status st = CTRL_OK;
     if (r->kind_ops->eval_at_start && ts->step == 0) st = train_run_evaluate(r, has_eval, 0);
     while (ts->step < total && st == CTRL_OK) {
@@ -94,10 +88,10 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         const double lr = ctrl_lr_at(sched ? sched : "linear", lr0, step, total, warmup, min_lr);
         train_step_stats s;
         double grad_norm = 0;
-        const double t_step = now();
+        const double t_step = ctrl_now();
         const long cursor0 = ts->cursor;
         st = train_run_step(r, order, &ts->cursor, bs, ga, lr, step, &s, &grad_norm);
-        if (r->kind_ops->step_time) r->kind_ops->step_time(r->kind, now() - t_step);
+        if (r->kind_ops->step_time) r->kind_ops->step_time(r->kind, ctrl_now() - t_step);
         if (st == CTRL_ERR_INTERRUPTED) { /* long work inside the step (tokenizing a long row) */
             ts->cursor = cursor0;         /* the step did not happen: the state is the last step's */
             if (ts->step > start_step) st = train_run_save_interrupted(r, out_dir, ts, "during");
@@ -111,7 +105,7 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         ts->win_loss += s.loss, ts->win_acc += s.accuracy, ts->win_norm += grad_norm,
             ts->win_ent += s.entropy;
         ts->win++;
-        const double elapsed = now() - t_start, rate = (ts->num_tokens - start_tokens) / elapsed;
+        const double elapsed = ctrl_now() - t_start, rate = (ts->num_tokens - start_tokens) / elapsed;
         if (r->root)
             progress(ts->step, total, rate, elapsed / (ts->step - start_step) * (total - ts->step), s.loss);
         if (r->root && (ts->step % log_every == 0 || ts->step == total))
