@@ -129,3 +129,25 @@ ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_m
     ctrl_http_response_free(&r);
     return st;
 }
+
+ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, const char *output_dir) {
+    const char *key = getenv("CTRL_API_KEY");
+    char push[4200];
+    snprintf(push, sizeof push, "%s/.weights-push.safetensors", output_dir);
+    r->url = strdup(url ? url : "http://127.0.0.1:8000"), r->push_path = strdup(push);
+    r->bearer = key && key[0] ? strdup(key) : NULL;
+    if (!r->url || !r->push_path || (key && key[0] && !r->bearer)) {
+        ctrl_remote_server_free(r);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "[generation] server_url: out of memory");
+    }
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_remote_server_push(const ctrl_remote_server *r, ctrl_model *m) {
+    return ctrl_remote_push_weights(r->url, r->bearer, m, r->push_path);
+}
+
+void ctrl_remote_server_free(ctrl_remote_server *r) {
+    free(r->url), free(r->bearer), free(r->push_path);
+    *r = (ctrl_remote_server){0};
+}

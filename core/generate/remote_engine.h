@@ -16,4 +16,17 @@ ctrl_status ctrl_remote_generate(const char *url, const char *bearer, const ctrl
 ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_model *m,
                                      const char *scratch_path);
 
+/* A trainer's `ctrl serve` (the online and distillation kinds' [generation] mode = server): its
+ * URL, the bearer token ($CTRL_API_KEY when set and not empty, else none) and where the pushed
+ * weights are staged (output_dir/.weights-push.safetensors). All NULL: no server. */
+typedef struct ctrl_remote_server {
+    char *url, *bearer, *push_path;
+} ctrl_remote_server;
+
+/* Fills *r for `url` (NULL: http://127.0.0.1:8000) and the run's output_dir; nothing is sent. */
+ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, const char *output_dir);
+/* ctrl_remote_push_weights to r's server. */
+ctrl_status ctrl_remote_server_push(const ctrl_remote_server *r, ctrl_model *m);
+void ctrl_remote_server_free(ctrl_remote_server *r);
+
 #endif

@@ -30,8 +30,8 @@ struct train_kind {
     ctrl_model *model, *teacher;
     ctrl_dataset train, eval;
     int eval_bs, sleep_level;
-    ctrl_engine *engine, *teacher_engine;  /* made when lmbda > 0 (colocate) / seq_kd */
-    char *server_url, *bearer, *push_path; /* [generation] mode = server with lmbda > 0 */
+    ctrl_engine *engine, *teacher_engine; /* made when lmbda > 0 (colocate) / seq_kd */
+    ctrl_remote_server server;            /* [generation] mode = server with lmbda > 0 (url NULL: colocate) */
     ctrl_sampling_params sampling;
     int32_t stops[16];
     int n_stop;
@@ -58,7 +58,7 @@ static void report(void *ctx, const char *name, double value) {
 static void distill_destroy(train_kind *k) {
     if (!k) return;
     if (k->engine) ctrl_engine_free(k->engine);
-    free(k->server_url), free(k->bearer), free(k->push_path);
+    ctrl_remote_server_free(&k->server);
     if (k->teacher_engine) ctrl_engine_free(k->teacher_engine);
     ctrl_model_free(k->teacher);
     ctrl_dataset_free(&k->train);
@@ -109,24 +109,18 @@ static ctrl_status make_engine(const train_kind_env *env, ctrl_model *m, ctrl_en
 
 static ctrl_status distill_after_step(train_kind *k, long step) {
     (void)step;
-    return k->server_url ? ctrl_remote_push_weights(k->server_url, k->bearer, k->model, k->push_path)
-                         : CTRL_OK;
+    return k->server.url ? ctrl_remote_server_push(&k->server, k->model) : CTRL_OK;
 }
 
 /* Server mode: the student's samples come from a running `ctrl serve`, which gets the student's
  * weights now and after every optimizer step (distill_after_step), as the online kind's. */
 static ctrl_status connect_server(train_kind *k, const ctrl_run_settings *s) {
-    const char *url = s->generation.server_url, *key = getenv("CTRL_API_KEY");
-    char push[4200];
-    snprintf(push, sizeof push, "%s/.weights-push.safetensors", s->run.output_dir);
-    k->server_url = strdup(url ? url : "http://127.0.0.1:8000"), k->push_path = strdup(push);
-    k->bearer = key && key[0] ? strdup(key) : NULL;
-    if (!k->server_url || !k->push_path) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
-    ctrl_status st = ctrl_remote_wait_ready(k->server_url, 240); /* TRL: vllm_server_timeout = 240 s */
+    ctrl_status st = ctrl_remote_server_init(&k->server, s->generation.server_url, s->run.output_dir);
+    if (st == CTRL_OK) st = ctrl_remote_wait_ready(k->server.url, 240); /* TRL: vllm_server_timeout = 240 s */
     if (st == CTRL_OK) st = distill_after_step(k, 0);
     if (st == CTRL_OK)
         CTRL_INFO("generation: the student samples through ctrl serve at %s (weights pushed after each step)",
-                  k->server_url);
+                  k->server.url);
     return st;
 }
 
@@ -210,7 +204,7 @@ static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, i
                                     .n_stop = k->n_stop};
     }
     if (st == CTRL_OK && !e) { /* the student, through the server */
-        st = ctrl_remote_generate(k->server_url, k->bearer, req, n, gout);
+        st = ctrl_remote_generate(k->server.url, k->server.bearer, req, n, gout);
     } else if (st == CTRL_OK) {
         st = ctrl_engine_wake_up(e);
         if (st == CTRL_OK) st = ctrl_engine_generate(e, req, n, gout, NULL, NULL);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "generate/engine.h"
+#include "generate/remote_engine.h"
 #include "train/online.h"
 
 #define MAX_METRICS 64
@@ -23,9 +24,9 @@ struct ctrl_online {
     ctrl_reward_set *rewards;
     ctrl_engine *engine; /* colocate */
     int sleep_level;
-    char *server_url, *bearer, *push_path; /* mode = server */
-    FILE *completions;                     /* log_completions */
-    long batches;                          /* generation batches so far (for the log) */
+    ctrl_remote_server server; /* mode = server (url NULL: colocate) */
+    FILE *completions;         /* log_completions */
+    long batches;              /* generation batches so far (for the log) */
     ctrl_sampling_params sampling;
     int32_t stops[16];
     int n_stop;

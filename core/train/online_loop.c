@@ -25,13 +25,8 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     *o = (ctrl_online){.cfg = cfg, .model = model, .tok = tok, .ops = ops, .trainer = trainer};
     o->spec.size = sizeof o->spec;
     ctrl_status st = ops->online_spec(trainer, &o->spec);
-    if (s->generation.server) {
-        const char *url = s->generation.server_url, *key = getenv("CTRL_API_KEY");
-        char push[4200];
-        snprintf(push, sizeof push, "%s/.weights-push.safetensors", s->run.output_dir);
-        o->server_url = strdup(url ? url : "http://127.0.0.1:8000"), o->push_path = strdup(push);
-        o->bearer = key && key[0] ? strdup(key) : NULL;
-    }
+    if (st == CTRL_OK && s->generation.server)
+        st = ctrl_remote_server_init(&o->server, s->generation.server_url, s->run.output_dir);
     const int ga = s->train.gradient_accumulation_steps;
     const int bs = ctrl_online_micro_batch(&o->spec, s->train.per_device_train_batch_size);
     o->bs = bs;
@@ -84,12 +79,12 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     }
     o->sleep_level = s->generation.sleep;
     ctrl_engine_config ec;
-    if (st == CTRL_OK && !o->server_url) st = ctrl_engine_config_for(cfg, model, &ec); /* its KV pool */
-    if (st == CTRL_OK && o->server_url) { /* the server generates from the trainer's weights from the start */
-        st = ctrl_remote_wait_ready(o->server_url, 240); /* TRL: vllm_server_timeout = 240 s */
+    if (st == CTRL_OK && !o->server.url) st = ctrl_engine_config_for(cfg, model, &ec); /* its KV pool */
+    if (st == CTRL_OK && o->server.url) { /* the server generates from the trainer's weights from the start */
+        st = ctrl_remote_wait_ready(o->server.url, 240); /* TRL: vllm_server_timeout = 240 s */
         if (st == CTRL_OK) st = ctrl_online_after_step(o);
         if (st == CTRL_OK)
-            CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server_url);
+            CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server.url);
     } else if (st == CTRL_OK) {
         st = ctrl_engine_attach_attention(model, plugins->decoder);
         if (st == CTRL_OK) st = ctrl_engine_create(model, &ec, &o->engine);
@@ -211,8 +206,9 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
                                     .n_stop = o->n_stop};
     }
     ctrl_status st;
-    if (o->server_url) {
-        st = ctrl_remote_generate(o->server_url, o->bearer, req + own0, n_own, o->gout + (size_t)own0 * n);
+    if (o->server.url) {
+        st = ctrl_remote_generate(o->server.url, o->server.bearer, req + own0, n_own,
+                                  o->gout + (size_t)own0 * n);
     } else {
         st = o->whole_weights ? o->whole_weights(o->whole_ctx, 1) : CTRL_OK; /* ZeRO-3: gathered */
         if (st == CTRL_OK) st = ctrl_engine_wake_up(o->engine);
@@ -465,18 +461,16 @@ ctrl_status ctrl_online_load_state(ctrl_online *o, const char *dir, long step) {
 }
 
 ctrl_status ctrl_online_after_step(ctrl_online *o) {
-    if (!o->server_url) return CTRL_OK; /* colocated: the engine reads the live weights */
+    if (!o->server.url) return CTRL_OK; /* colocated: the engine reads the live weights */
     /* rank 0 pushes the weights every rank holds; the others wait for it before generating */
-    ctrl_status st = ctrl_collective_is_root()
-                         ? ctrl_remote_push_weights(o->server_url, o->bearer, o->model, o->push_path)
-                         : CTRL_OK;
+    ctrl_status st = ctrl_collective_is_root() ? ctrl_remote_server_push(&o->server, o->model) : CTRL_OK;
     ctrl_status b = ctrl_collective_barrier();
     return st != CTRL_OK ? st : b;
 }
 
 void ctrl_online_free(ctrl_online *o) {
     if (!o) return;
-    free(o->server_url), free(o->bearer), free(o->push_path);
+    ctrl_remote_server_free(&o->server);
     if (o->completions) fclose(o->completions);
     gen_batch_free(o);
     ctrl_prompt_set_free(&o->train), ctrl_prompt_set_free(&o->eval);
