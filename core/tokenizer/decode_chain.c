@@ -13,11 +13,6 @@
 
 #include "tokenizer/tokenizer_internal.h"
 
-static const char *json_str(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* One UTF-8 character (what Rust's `char` fields hold). */
 static int one_char(const char *s) {
     if (!s || !s[0]) return 0;
@@ -36,7 +31,7 @@ static ctrl_status add_op(ctrl_tokenizer *t, struct tok_dec_op op) {
 }
 
 ctrl_status tok_load_decoder_chain(ctrl_tokenizer *t, const cJSON *d) {
-    const char *type = json_str(d, "type");
+    const char *type = tok_json_str(d, "type");
     t->decoder_chain = 1;
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
@@ -49,8 +44,8 @@ ctrl_status tok_load_decoder_chain(ctrl_tokenizer *t, const cJSON *d) {
         return CTRL_OK;
     }
     if (type && !strcmp(type, "Replace")) {
-        const char *from = json_str(cJSON_GetObjectItemCaseSensitive(d, "pattern"), "String");
-        const char *to = json_str(d, "content");
+        const char *from = tok_json_str(cJSON_GetObjectItemCaseSensitive(d, "pattern"), "String");
+        const char *to = tok_json_str(d, "content");
         if (!from || !from[0] || !to)
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                                   "%s: decoder Replace: only a literal String pattern is supported", t->path);
@@ -60,7 +55,7 @@ ctrl_status tok_load_decoder_chain(ctrl_tokenizer *t, const cJSON *d) {
         return add_op(t, (struct tok_dec_op){TOK_DEC_BYTE_FALLBACK, NULL, NULL, 0, 0});
     if (type && !strcmp(type, "Fuse")) return add_op(t, (struct tok_dec_op){TOK_DEC_FUSE, NULL, NULL, 0, 0});
     if (type && !strcmp(type, "Strip")) {
-        const char *content = json_str(d, "content");
+        const char *content = tok_json_str(d, "content");
         const cJSON *start = cJSON_GetObjectItemCaseSensitive(d, "start"),
                     *stop = cJSON_GetObjectItemCaseSensitive(d, "stop");
         if (!one_char(content) || !cJSON_IsNumber(start) || !cJSON_IsNumber(stop) || start->valuedouble < 0 ||

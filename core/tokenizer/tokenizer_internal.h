@@ -137,6 +137,8 @@ ctrl_status tok_encode_sp(const ctrl_tokenizer *t, const char *s, size_t n, int 
  * id_to_token for it and n_added added tokens), added_tokens, a TemplateProcessing token's id. */
 struct cJSON;
 enum { TOK_MAX_IDS = 1 << 24 }; /* vocabulary ids are below this (the largest vocabularies: ~256k) */
+/* o[key] as a string (NULL when absent or not a string), as a bool (fallback when not one). */
+const char *tok_json_str(const struct cJSON *o, const char *key);
 int tok_json_bool(const struct cJSON *o, const char *key, int fallback);
 ctrl_status tok_load_vocab(ctrl_tokenizer *t, const struct cJSON *vocab, int n_added);
 ctrl_status tok_load_added(ctrl_tokenizer *t, const struct cJSON *list);

@@ -23,7 +23,7 @@ static void byte_alphabet(ctrl_tokenizer *t) {
     }
 }
 
-static const char *json_str(const cJSON *o, const char *key) {
+const char *tok_json_str(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
@@ -33,14 +33,14 @@ int tok_json_bool(const cJSON *o, const char *key, int fallback) {
 }
 
 static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model, int n_added) {
-    const char *type = json_str(model, "type");
+    const char *type = tok_json_str(model, "type");
     if (!type || strcmp(type, "BPE") != 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE only)",
                               t->path, type ? type : "(none)");
     t->byte_fallback = tok_json_bool(model, "byte_fallback", 0);
     t->fuse_unk = tok_json_bool(model, "fuse_unk", 0);
-    const char *prefix = json_str(model, "continuing_subword_prefix"),
-               *suffix = json_str(model, "end_of_word_suffix");
+    const char *prefix = tok_json_str(model, "continuing_subword_prefix"),
+               *suffix = tok_json_str(model, "end_of_word_suffix");
     if ((prefix && prefix[0]) || (suffix && suffix[0]))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: BPE subword prefixes/suffixes are not supported",
                               t->path);
@@ -99,18 +99,18 @@ static ctrl_status load_model(ctrl_tokenizer *t, const cJSON *model, int n_added
 
 static ctrl_status load_normalizer(ctrl_tokenizer *t, const cJSON *n) {
     if (!n || cJSON_IsNull(n)) return CTRL_OK;
-    const char *type = json_str(n, "type");
+    const char *type = tok_json_str(n, "type");
     int kind = !type                      ? 0
                : !strcmp(type, "NFC")     ? TOK_NORM_NFC
                : !strcmp(type, "Prepend") ? TOK_NORM_PREPEND
                : !strcmp(type, "Replace") ? TOK_NORM_REPLACE
                                           : 0;
     if (kind) {
-        const char *a = kind == TOK_NORM_PREPEND ? json_str(n, "prepend")
+        const char *a = kind == TOK_NORM_PREPEND ? tok_json_str(n, "prepend")
                         : kind == TOK_NORM_REPLACE
-                            ? json_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String")
+                            ? tok_json_str(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String")
                             : "";
-        const char *b = kind == TOK_NORM_REPLACE ? json_str(n, "content") : "";
+        const char *b = kind == TOK_NORM_REPLACE ? tok_json_str(n, "content") : "";
         if (!a || !b || (kind == TOK_NORM_REPLACE && !a[0]))
             return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                                   "%s: normalizer %s: only a literal String pattern is supported", t->path,
@@ -157,7 +157,7 @@ static ctrl_status compile_split(ctrl_tokenizer *t, const char *pattern) {
 
 static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
     if (!p || cJSON_IsNull(p)) return CTRL_OK;
-    const char *type = json_str(p, "type");
+    const char *type = tok_json_str(p, "type");
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
         for (const cJSON *e = list ? list->child : NULL; e; e = e->next) {
@@ -168,7 +168,7 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
     }
     if (type && !strcmp(type, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
-        const char *re = json_str(pat, "Regex"), *behavior = json_str(p, "behavior");
+        const char *re = tok_json_str(pat, "Regex"), *behavior = tok_json_str(p, "behavior");
         if (!re || !behavior || strcmp(behavior, "Isolated") != 0 || tok_json_bool(p, "invert", 0))
             return ctrl_error_set(
                 CTRL_ERR_UNSUPPORTED,
@@ -192,7 +192,7 @@ static ctrl_status load_pre_tokenizer(ctrl_tokenizer *t, const cJSON *p) {
 }
 
 ctrl_status tok_load_meta(const ctrl_tokenizer *t, const cJSON *p, int *scheme, int *split, char meta[5]) {
-    const char *rep = json_str(p, "replacement"), *ps = json_str(p, "prepend_scheme");
+    const char *rep = tok_json_str(p, "replacement"), *ps = tok_json_str(p, "prepend_scheme");
     size_t i = 0;
     if (rep && rep[0]) tok_utf8_decode(rep, strlen(rep), &i);
     if (!rep || !rep[0] || rep[i] || i > 4)
@@ -217,7 +217,7 @@ ctrl_status tok_load_meta(const ctrl_tokenizer *t, const cJSON *p, int *scheme, 
 
 static ctrl_status load_decoder(ctrl_tokenizer *t, const cJSON *d) {
     if (!d || cJSON_IsNull(d)) return CTRL_OK;
-    const char *type = json_str(d, "type");
+    const char *type = tok_json_str(d, "type");
     if (type && !strcmp(type, "ByteLevel")) return CTRL_OK;
     return tok_load_decoder_chain(t, d);
 }
@@ -226,7 +226,7 @@ static ctrl_status load_decoder(ctrl_tokenizer *t, const cJSON *d) {
  * special token (BOS) is supported; ByteLevel and RobertaProcessing-free configs add nothing. */
 static ctrl_status load_post_processor(ctrl_tokenizer *t, const cJSON *p) {
     if (!p || cJSON_IsNull(p)) return CTRL_OK;
-    const char *type = json_str(p, "type");
+    const char *type = tok_json_str(p, "type");
     if (type && !strcmp(type, "ByteLevel")) return CTRL_OK;
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "processors");
@@ -245,7 +245,7 @@ static ctrl_status load_post_processor(ctrl_tokenizer *t, const cJSON *p) {
                 seen_seq = 1;
             } else if (sp && !seen_seq) {
                 int32_t v;
-                ctrl_status st = tok_template_token(t, p, json_str(sp, "id"), &v);
+                ctrl_status st = tok_template_token(t, p, tok_json_str(sp, "id"), &v);
                 if (st != CTRL_OK) return st;
                 t->add_bos = 1, t->bos_id = v;
             } else {
@@ -289,7 +289,7 @@ static ctrl_status config_token(const ctrl_tokenizer *t, const char *path, const
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
     *id = -1;
     if (!v || cJSON_IsNull(v)) return CTRL_OK;
-    const char *s = cJSON_IsString(v) ? v->valuestring : json_str(v, "content");
+    const char *s = cJSON_IsString(v) ? v->valuestring : tok_json_str(v, "content");
     if (!s)
         return ctrl_error_set(CTRL_ERR_FORMAT,
                               "%s: %s is neither a string nor an object with a string content", path, key);
@@ -343,7 +343,7 @@ static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
     }
     if (cJSON_IsString(tmpl)) t->chat_template = strdup(tmpl->valuestring);
     for (const cJSON *e = cJSON_IsArray(tmpl) ? tmpl->child : NULL; e && !t->chat_template; e = e->next) {
-        const char *name = json_str(e, "name"), *body = json_str(e, "template");
+        const char *name = tok_json_str(e, "name"), *body = tok_json_str(e, "template");
         if (name && body && !strcmp(name, "default")) t->chat_template = strdup(body);
     }
     cJSON_Delete(cfg);
@@ -387,7 +387,7 @@ ctrl_status ctrl_tokenizer_load(const char *path, ctrl_tokenizer **out) {
         const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
         st = model ? load_model(t, model, cJSON_IsArray(added) ? cJSON_GetArraySize(added) : 0)
                    : ctrl_error_set(CTRL_ERR_FORMAT, "%s: no model", file);
-        const char *unk = st == CTRL_OK ? json_str(model, "unk_token") : NULL;
+        const char *unk = st == CTRL_OK ? tok_json_str(model, "unk_token") : NULL;
         if (unk) t->unk_id = tok_map_get(&t->vocab, unk, strlen(unk)), t->unk_missing = t->unk_id < 0;
         if (st == CTRL_OK) st = tok_load_added(t, added);
         if (st == CTRL_OK) st = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"));
