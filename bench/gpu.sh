@@ -186,29 +186,32 @@ want amx && TAIL=20 run_bench 90 bench_gemm env BUILD=build-gpu python3 bench/sc
 # SFT on the host CPU against TRL (issue 21's AMX target), one thread each as the issue measures:
 # the model made once, then every row side by side, each pinned to a core of its own (the host has
 # 16), so that the 24-layer comparison fits a lease. CTRL_GPU_SFTCPU_LAYERS (24), CTRL_GPU_SFTCPU_CAP_S
-# (300) and CTRL_GPU_SFTCPU_ROWS (bench_scale.py run names; NAME:avx2 runs that row held to AVX2, the
-# stand-in for an AVX2-only CPU: MKL, oneDNN, ATen and OpenBLAS limited by their own switches) size it.
+# (300) and CTRL_GPU_SFTCPU_ROWS (bench_scale.py run names; those ending in avx2, e.g. ctrl-bf16avx2
+# trl-fp32avx2, are its stand-in for an AVX2-only CPU: ctrl from build-gpu-avx2, built here first with
+# -DCTRL_CPU_ARCH=haswell, and each side held to AVX2 by its own switches) size it.
 if want sftcpu && enough 60 "sftcpu"; then
   SL=${CTRL_GPU_SFTCPU_LAYERS:-24}
   SD=build-gpu/sftcpu-L$SL
   SC=$(cap "${CTRL_GPU_SFTCPU_CAP_S:-300}")
   env BUILD=build-gpu timeout "$SC" python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" --only none \
     >"$LOG/sft_cpu_init.log" 2>&1
+  if [[ " ${CTRL_GPU_SFTCPU_ROWS:-} " == *" ctrl-"*avx2* ]]; then # ctrl's AVX2-only build, CPU parts only
+    "${CONFIG_ENV[@]}" cmake -S . -B build-gpu-avx2 "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCTRL_CUDA=OFF \
+      -DCTRL_CUDA_EMU=OFF -DCTRL_BUILD_TESTS=OFF -DCTRL_CPU_ARCH=haswell "${EXTRA[@]}" >"$LOG/sft_cpu_avx2_build.log" 2>&1 &&
+      timeout "$(cap 200)" cmake --build build-gpu-avx2 -j "$(nproc)" >>"$LOG/sft_cpu_avx2_build.log" 2>&1 ||
+      note "sftcpu: the AVX2 build failed: $(tail -n 3 "$LOG/sft_cpu_avx2_build.log")"
+  fi
   SC=$(cap "$SC")
   core=1
   for row in ${CTRL_GPU_SFTCPU_ROWS:-ctrl-bf16 trl-bf16}; do
-    name=${row%:*}
-    limit=(env)
-    [[ $row == *:avx2 ]] && limit=(env MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
-      OPENBLAS_CORETYPE=Haswell CTRL_NO_AVX512BF16=1)
-    "${limit[@]}" BUILD=build-gpu timeout "$SC" taskset -c $core python3 bench/scale/bench_scale.py --layers "$SL" \
-      --dir "$SD" --steps 3 --threads 1 --only "$name" >"$LOG/sft_cpu_${row/:/_}.log" 2>&1 &
+    BUILD=build-gpu BUILD_AVX2=build-gpu-avx2 timeout "$SC" taskset -c $core python3 bench/scale/bench_scale.py \
+      --layers "$SL" --dir "$SD" --steps 3 --threads 1 --only "$row" >"$LOG/sft_cpu_$row.log" 2>&1 &
     core=$((core + 2))
   done
   wait
   for f in init ${CTRL_GPU_SFTCPU_ROWS:-ctrl-bf16 trl-bf16}; do
     note "--- sft_cpu_$f"
-    tail -n 6 "$LOG/sft_cpu_${f/:/_}.log" | tee -a "$SUMMARY"
+    tail -n 6 "$LOG/sft_cpu_$f.log" | tee -a "$SUMMARY"
   done
 fi
 # where ctrl's CPU step goes on the host (no perf there): bench/common/pc_sample.c preloaded into each

@@ -10,10 +10,15 @@ long enough that every row is truncated to exactly --seq tokens, so both trainer
   TRL   bf16 = True (autocast)    TRL   fp32
 Reported: training tokens/s (tokens / training-loop time, first step included), seconds per step,
 CPU seconds per step (on a shared machine the steadier measure: TRL's process CPU time over
-trainer.train(); ctrl's user CPU of the run less that of a one-step run), peak RSS, the final loss,
+trainer.train(); ctrl's user + system CPU of the run less that of a one-step run), peak RSS, the final loss,
 and the ratios. ctrl-bf16nofast is ctrl's bf16 with CTRL_NO_AVX512BF16=1 (what a CPU without AVX-512
-BF16 runs). --profile adds `perf record` of ctrl's bf16 run and prints
-where its step goes (symbols, self time). ctrl's log line on where its memory goes after the first step
+BF16 runs). A dtype ending in avx2 (ctrl-bf16avx2, ctrl-fp32avx2, trl-fp32avx2, trl-bf16avx2) is the stand-in
+for an AVX2-only CPU, each side held to AVX2 by its own switches: ctrl runs the binary of an AVX2 build
+($BUILD_AVX2, default build-avx2, configured with -DCTRL_CPU_ARCH=haswell; the bench refuses a build without
+it) with CTRL_NO_AVX512BF16=1 and OPENBLAS_CORETYPE=Haswell; TRL runs with MKL_ENABLE_INSTRUCTIONS=AVX2,
+ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2 (the child refuses to run unless torch then reports
+the AVX2 capability). --profile adds `perf record` of ctrl's runs and prints
+where each one's step goes (symbols, self time). ctrl's log line on where its memory goes after the first step
 (parameters, gradients, optimizer state, activations, scratch, the rest) is printed under its run.
 --dir keeps the model, data and outputs in that folder (reused by a later run with the same --layers), so
 that the runs can be made one at a time.
@@ -22,7 +27,8 @@ The optimizer: AdamW on both sides unless said. --optim NAME gives ctrl's runs t
 TRL run's in a transformers optim name, e.g. trl-bf16-adamw_bnb_8bit (bitsandbytes' own AdamW8bit,
 `pip install bitsandbytes`); its ratios are printed against every TRL run.
 usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
-       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,trl-bf16,trl-fp32[-OPTIM]] [--optim adamw|adamw_8bit]
+       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,ctrl-bf16avx2,ctrl-fp32avx2,trl-bf16,trl-fp32,trl-fp32avx2,
+       trl-bf16avx2[-OPTIM]] [--optim adamw|adamw_8bit]
        [--profile] [--dir DIR] (after scripts/build.sh); --only none makes the model and data only"""
 import argparse
 import contextlib
@@ -40,6 +46,12 @@ import bench_util as bu  # noqa: E402
 
 TOK = bu.qwen3_tokenizer()
 CTRL, PLUGINS = bu.build_paths("BUILD")
+# The AVX2-only stand-in's switches (see the docstring): each side's own, so that each takes its AVX2 path.
+RUNS = [("ctrl", d) for d in ("bf16", "fp32", "bf16nofast", "bf16avx2", "fp32avx2")] + \
+    [("trl", d) for d in ("bf16", "fp32", "bf16avx2", "fp32avx2")]
+AVX2_CTRL_ENV = {"CTRL_NO_AVX512BF16": "1", "OPENBLAS_CORETYPE": "Haswell"}
+AVX2_TORCH_ENV = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+                  "OPENBLAS_CORETYPE": "Haswell"}
 WORDS = ("the model learns a gradient from each token of the batch while the optimizer moves every "
          "weight by its own step size and the loss falls over time as training goes on").split()
 
@@ -52,14 +64,31 @@ def make_data(path, rows, words_per_row, seed=0):
     os.replace(path + f".{os.getpid()}", path)  # atomic: rows run side by side on one --dir (bench/gpu.sh)
 
 
+def avx2_build():
+    """(ctrl binary, plugin folder) of the AVX2 build ($BUILD_AVX2, else ROOT/build-avx2), after checking
+    that its CMakeCache names an AVX2-level -march (CTRL_CPU_ARCH), not this machine's."""
+    build = os.environ.get("BUILD_AVX2", os.path.join(bu.ROOT, "build-avx2"))
+    how = (f"configure one: cmake -S . -B {build} -DCTRL_CPU_ARCH=haswell -DCTRL_CUDA=OFF -DCTRL_BUILD_TESTS=OFF "
+           f"&& cmake --build {build} (or set BUILD_AVX2)")
+    cache = os.path.join(build, "CMakeCache.txt")
+    if not os.path.isfile(cache):
+        raise SystemExit(f"bench_scale: no AVX2 build at {build}: {how}")
+    arch = [l.split("=", 1)[1].strip() for l in open(cache) if l.startswith("CTRL_CPU_ARCH:")]
+    if not arch or arch[0] not in ("haswell", "broadwell", "x86-64-v3", "znver1", "znver2"):
+        raise SystemExit(f"bench_scale: {cache}: CTRL_CPU_ARCH is {arch[0] if arch else 'unset'!r}, not an "
+                         f"AVX2-only target such as haswell: {how}")
+    return os.path.join(build, "ctrl"), os.path.join(build, "plugins"), arch[0]
+
+
 def run_ctrl(d, args, dtype, optim, profile=False):
-    """dtype: bf16, fp32, or bf16nofast (bf16 with CTRL_NO_AVX512BF16=1: the path of a CPU without a
-    fast bf16 GEMM). CPU seconds per step: the user CPU of this run less that of a one-step run, over
-    the steps between (loading, saving and the first step's setup cancel out)."""
+    """dtype: bf16, fp32, bf16nofast (bf16 with CTRL_NO_AVX512BF16=1: the path of a CPU without a
+    fast bf16 GEMM), or bf16avx2 / fp32avx2 (the AVX2 build with the AVX2 switches, avx2_build). CPU
+    seconds per step: the user + system CPU of this run (TRL's process time counts both) less that of a
+    one-step run, over the steps between (loading, saving and the first step's setup cancel out)."""
     r = ctrl_once(d, args, dtype, optim, args.steps, profile)
     if args.steps > 1:
         one = ctrl_once(d, args, dtype, optim, 1, False)
-        r["cpu_per_step"] = (r["user_s"] - one["user_s"]) / (args.steps - 1)
+        r["cpu_per_step"] = (r["cpu_s"] - one["cpu_s"]) / (args.steps - 1)
     return r
 
 
@@ -68,24 +97,29 @@ def ctrl_once(d, args, dtype, optim, steps, profile):
     ini = os.path.join(d, f"ctrl_{dtype}_{optim}_{steps}.ini")
     bu.write_ini(ini, {"run": bu.cpu_run(out), "model": {"path": f"{d}/model", "attention": "flash"},
                        "data": {"train_file": f"{d}/train.jsonl", "max_length": args.seq, "shuffle": "false"},
-                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype.replace("nofast", ""),
-                                                 optimizer=optim)})
+                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype[:4], optimizer=optim)})
     env = bu.thread_env(args.threads, OPENBLAS_NUM_THREADS="1")
+    ctrl, plugins, held = CTRL, PLUGINS, []
     if dtype.endswith("nofast"):
         env["CTRL_NO_AVX512BF16"] = "1"
-    perf = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, "perf.data"), "--"] if profile else []
-    run = bu.ctrl_train(CTRL, PLUGINS, ini, env, prefix=perf)
+    elif dtype.endswith("avx2"):
+        ctrl, plugins, arch = avx2_build()
+        env.update(AVX2_CTRL_ENV)
+        held = [f"{ctrl} (built with -march={arch}), " + " ".join(f"{k}={v}" for k, v in AVX2_CTRL_ENV.items())]
+    perf = ["perf", "record", "-q", "-F", "199", "-o", os.path.join(d, f"perf-{dtype}.data"), "--"] if profile else []
+    run = bu.ctrl_train(ctrl, plugins, ini, env, prefix=perf)
     steps = bu.metrics(out, '"step"')
     notes = [l for l in run.stderr.splitlines()
              if "cpu: bf16" in l or "memory after the first step" in l or "bytes of state" in l]
     return {"tokens_per_second": steps[-1]["tokens_per_second"], "rss_mib": run.rss_mib, "loss": steps[-1]["loss"],
-            "user_s": run.user_s, "notes": notes}
+            "cpu_s": run.user_s + run.sys_s, "notes": held + notes}
 
 
 def run_trl(d, args, dtype, optim):
     r, run = bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args, ("threads", "steps", "batch", "seq"),
-                                        "--dtype", dtype, "--trl-optim", optim))
-    r.update(rss_mib=run.rss_mib, user_s=run.user_s, notes=[])
+                                        "--dtype", dtype, "--trl-optim", optim),
+                            env=dict(os.environ, **AVX2_TORCH_ENV) if dtype.endswith("avx2") else None)
+    r.update(rss_mib=run.rss_mib, notes=[])
     return r
 
 
@@ -96,12 +130,15 @@ def trl_child(d, args):
     from trl import SFTConfig, SFTTrainer
 
     torch.set_num_threads(args.threads)
+    isa = torch.backends.cpu.get_cpu_capability()
+    if args.dtype.endswith("avx2") and isa != "AVX2":
+        raise SystemExit(f"bench_scale: ATEN_CPU_CAPABILITY=avx2 did not take: torch reports {isa}")
     tok = AutoTokenizer.from_pretrained(os.path.join(d, "model"))
     model = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32,
                                                  attn_implementation="sdpa")
     rows = bu.read_jsonl(os.path.join(d, "train.jsonl"))
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = SFTConfig(**bu.trl_args(output_dir=tmp, bf16=args.dtype == "bf16", max_steps=args.steps,
+        cfg = SFTConfig(**bu.trl_args(output_dir=tmp, bf16=args.dtype.startswith("bf16"), max_steps=args.steps,
                                       per_device_train_batch_size=args.batch, learning_rate=1e-5, logging_steps=1,
                                       max_length=args.seq, optim=args.trl_optim))
         trainer = bu.sequential(SFTTrainer)(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
@@ -109,7 +146,7 @@ def trl_child(d, args):
         seconds, cpu = bu.train_timed(trainer)
         tokens, loss = bu.last_logged(trainer, "num_tokens"), bu.last_logged(trainer, "loss")
     print(json.dumps({"tokens_per_second": tokens / seconds, "loss": loss, "cpu_per_step": cpu / args.steps,
-                      "versions": f"torch {torch.__version__}, trl {__import__('trl').__version__}"}))
+                      "versions": f"torch {torch.__version__} ({isa}), trl {__import__('trl').__version__}"}))
 
 
 def cpu_line():
@@ -118,13 +155,13 @@ def cpu_line():
     return f"{bu.cpu_model()}, {os.cpu_count()} cores; {' '.join(simd)}"
 
 
-def profile_report(d):
+def profile_report(d, name):
     if not shutil.which("perf"):
         print("profile: perf is not installed")
         return
-    r = subprocess.run(["perf", "report", "-i", os.path.join(d, "perf.data"), "--no-children", "--sort",
-                        "symbol", "--stdio", "-q", "--percent-limit", "1.5"], capture_output=True, text=True)
-    print("profile of ctrl's bf16 run (perf, self time by symbol, >= 1.5%):")
+    r = subprocess.run(["perf", "report", "-i", os.path.join(d, f"perf-{name.split('-')[1]}.data"), "--no-children",
+                        "--sort", "symbol", "--stdio", "-q", "--percent-limit", "1.5"], capture_output=True, text=True)
+    print(f"profile of {name} (perf, self time by symbol, >= 1.5%):")
     for line in r.stdout.splitlines():
         if line.strip():
             print("  " + line.strip())
@@ -147,6 +184,15 @@ def main():
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
+    rows = []  # (name, side, dtype, [optim]), all checked before the first run
+    for name in [n for n in args.only.split(",") if n not in ("", "none")]:  # none: make the model only
+        side, dtype, *opt = name.split("-", 2) + [""]
+        if (side, dtype) not in RUNS:
+            raise SystemExit(f"bench_scale: --only {name}: not a run name (side-dtype[-optim], side-dtype one of "
+                             + ", ".join("-".join(r) for r in RUNS) + ")")
+        if side == "ctrl" and dtype.endswith("avx2"):
+            avx2_build()
+        rows.append((name, side, dtype, [o for o in opt if o]))
     if not os.path.isdir(TOK):
         raise SystemExit(f"bench_scale: no tokenizer at {TOK}")
     with (contextlib.nullcontext(args.dir) if args.dir else tempfile.TemporaryDirectory()) as d:
@@ -164,10 +210,9 @@ def main():
               f"{args.seq} tokens, {args.steps} steps, {args.threads} thread(s)")
         tokens = args.batch * args.seq
         results = {}
-        for name in [n for n in args.only.split(",") if n not in ("", "none")]:  # none: make the model only
-            side, dtype, *opt = name.split("-", 2)
+        for name, side, dtype, opt in rows:
             if side == "ctrl":
-                r = run_ctrl(d, args, dtype, opt[0] if opt else args.optim, args.profile and name == "ctrl-bf16")
+                r = run_ctrl(d, args, dtype, opt[0] if opt else args.optim, args.profile)
             else:
                 r = run_trl(d, args, dtype, opt[0] if opt else "adamw_torch")
             results[name] = r
@@ -186,8 +231,9 @@ def main():
                 print(f"{c} / {t}: {rc['tokens_per_second'] / rt['tokens_per_second']:.2f}x tokens/s{cpu}, "
                       f"at {rc['rss_mib'] / rt['rss_mib']:.2f}x peak RSS")
         print(f"load average {bu.load_average()} at end")
-        if args.profile and "ctrl-bf16" in results:
-            profile_report(d)
+        if args.profile:
+            for name in [n for n in results if n.startswith("ctrl-")]:
+                profile_report(d, name)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,19 @@
 #include "cpu/cpu_ops.h"
 #include "cpu/gemm_bf16_kernel.h"
 
-static inline uint16_t to_bf16(float f) {
+/* The bits of f rounded to bf16 (to nearest, ties to even; a NaN stays NaN, made quiet) in the high half,
+ * the low half zero. Branch-free, so that the loops below vectorise (AVX2: 8 values an instruction;
+ * the branch on NaN kept them scalar, ~6x slower, where the bf16 fallback rounds every projection's
+ * inputs). */
+static inline uint32_t round_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu))
-        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7FFFu + ((u >> 16) & 1u);         /* round to nearest, ties to even */
-    return (uint16_t)(u >> 16);
+    const uint32_t nearest = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    const uint32_t quiet = (u | 0x00400000u) & 0xFFFF0000u;
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? quiet : nearest;
 }
+
+static inline uint16_t to_bf16(float f) { return (uint16_t)(round_bits(f) >> 16); }
 
 static inline float from_bf16(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -38,13 +43,13 @@ static inline float from_bf16(uint16_t h) {
 }
 
 void ctrl_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n) {
-#pragma omp parallel for schedule(                                                                           \
-    static) if (n >= 16384) /* a parallel region costs more than a few thousand conversions */
+/* a parallel region costs more than a few thousand conversions; simd: -O2 does not vectorise it alone */
+#pragma omp parallel for simd schedule(static) if (n >= 16384)
     for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(src[i]);
 }
 
 void ctrl_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= 16384)
+#pragma omp parallel for simd schedule(static) if (n >= 16384)
     for (int64_t i = 0; i < n; i++) dst[i] = from_bf16(src[i]);
 }
 
@@ -157,8 +162,11 @@ void ctrl_cpu_gemm_bf16_nt(float *C, const uint16_t *A, const uint16_t *B, int M
 }
 
 void ctrl_cpu_round_to_bf16(float *dst, const float *src, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= 16384)
-    for (int64_t i = 0; i < n; i++) dst[i] = from_bf16(to_bf16(src[i]));
+#pragma omp parallel for simd schedule(static) if (n >= 16384)
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t u = round_bits(src[i]);
+        memcpy(&dst[i], &u, 4);
+    }
 }
 
 /* fp32 copy of src[n] rounded to bf16 values: where the CPU has no bf16 dot products, bf16
