@@ -78,6 +78,7 @@ typedef struct ctrl_run_settings {
         const char *server_url;
         double temperature, top_p, min_p, repetition_penalty;
         int top_k, sleep, log_completions;
+        int ds3_gather_for_generation; /* zero3: 1 the whole model per phase, 0 a layer at a time */
         /* the engine's pool and step budget (ctrl_engine_config_from) */
         long kv_cache_bytes; /* 0: gpu_memory_utilization of the memory */
         double gpu_memory_utilization;

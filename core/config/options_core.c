@@ -247,8 +247,9 @@ static const ctrl_option generation_options[] = {
      "output_dir/completions.jsonl."},
     {"ds3_gather_for_generation", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
      "zero3, colocate: the whole model gathered on every rank for each generation phase and released "
-     "after it (TRL's ds3_gather_for_generation, DeepSpeed ZeRO-3); false (generating with one layer "
-     "gathered at a time) is refused (not implemented)."},
+     "after it (TRL's ds3_gather_for_generation, DeepSpeed ZeRO-3); false: each forward pass of the "
+     "generation (prefill chunk, decoding step) gathers one layer at a time and releases it after, the "
+     "ranks stepping in lockstep -- slower, far less memory (refused without zero3)."},
     CTRL_OPTION_END,
 };
 

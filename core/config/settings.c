@@ -185,6 +185,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                        .top_k = (int)rd_int(&r, "generation", "top_k"),
                        .sleep = (int)rd_int(&r, "generation", "sleep"),
                        .log_completions = rd_bool(&r, "generation", "log_completions"),
+                       .ds3_gather_for_generation = rd_bool(&r, "generation", "ds3_gather_for_generation"),
                        .kv_cache_bytes = (long)rd_int(&r, "generation", "kv_cache_bytes"),
                        .gpu_memory_utilization = rd_float(&r, "generation", "gpu_memory_utilization"),
                        .block_size = (int)rd_int(&r, "generation", "block_size"),
@@ -228,14 +229,6 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     }
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
-    if (r.st == CTRL_OK && !rd_bool(&r, "generation", "ds3_gather_for_generation")) {
-        const config_entry *e = config_find(cfg, "generation", "ds3_gather_for_generation");
-        return ctrl_error_set(CTRL_ERR_CONFIG,
-                              "%s: [generation] ds3_gather_for_generation = false: not supported (generating "
-                              "with one ZeRO-3 layer gathered at a time); true gathers the whole model for "
-                              "each generation phase and releases it after",
-                              e ? e->where : cfg->file_name);
-    }
     const char *shard = rd_str(&r, "train", "save_max_shard_size");
     if (r.st == CTRL_OK && ctrl_parse_shard_size(shard, &s->train.save_max_shard_bytes) != CTRL_OK) {
         const config_entry *e = config_find(cfg, "train", "save_max_shard_size");

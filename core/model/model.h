@@ -251,6 +251,11 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
  * first (before a recompute too), after_forward and after_backward last; after_backward runs once
  * more at the end of each backward with layer -1, every gradient written (the embeddings' last). */
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+/* A hook around each layer of every decoding pass (ctrl_model_decode, ctrl_model_decode_all; NULL:
+ * none): fn(ctx, l, 0) before layer l's forward, fn(ctx, l, 1) after it -- ZeRO-3's generation with
+ * one layer gathered at a time (core/train/zero_generate.c). An error stops the pass. */
+typedef ctrl_status (*ctrl_model_layer_hook)(void *ctx, int layer, int after);
+void ctrl_model_set_decode_hook(ctrl_model *m, ctrl_model_layer_hook fn, void *ctx);
 /* ZeRO-3's sliced parameters and the bf16 copy (host models): the ranges [a, b) (n pairs,
  * ascending; NULL: none) that rounding the whole copy leaves out, their gathers rounding them with
  * ctrl_model_params_range_changed (parameters [off, off + n) changed: their part of the copy

@@ -223,9 +223,13 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
         st = be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
-    for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++)
-        st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
-                                 paged_attention, &d);
+    for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++) {
+        if (m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, l, 0); /* ZeRO-3: the layer gathered */
+        if (st == CTRL_OK)
+            st = model_layer_forward(m, l, l + 1 < cfg->n_layers ? m->acts[l + 1].x_in : m->x_out,
+                                     paged_attention, &d);
+        if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, l, 1); /* and released */
+    }
     if (st == CTRL_OK) { /* each sequence's last new token (or every one) through the head */
         if (all_rows) st = be->copy(m->dec_hin, m->x_out, sizeof(float) * (size_t)T * C);
         /* each sequence's last new token's row: consecutive rows in one copy (a decoding step, one
@@ -275,3 +279,7 @@ ctrl_status ctrl_model_decode_all(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *
 }
 
 const float *ctrl_model_decode_logits(const ctrl_model *m) { return m->dec_logits; }
+
+void ctrl_model_set_decode_hook(ctrl_model *m, ctrl_model_layer_hook fn, void *ctx) {
+    m->dec_hook = fn, m->dec_hook_ctx = ctx;
+}

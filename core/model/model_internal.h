@@ -148,6 +148,9 @@ struct ctrl_model {
     /* the sharding's layer hooks (ZeRO-3: gather before, release after; may be NULL) */
     const ctrl_memory_ops *shard_ops;
     ctrl_memory *shard_mem;
+    /* decoding's layer hook (ctrl_model_set_decode_hook; NULL: none) */
+    ctrl_model_layer_hook dec_hook;
+    void *dec_hook_ctx;
     uint8_t *recompute;
     int n_recompute;
     size_t act_bytes;

@@ -16,6 +16,7 @@
 #include "train/kind.h"
 #include "train/train.h"
 #include "train/zero.h"
+#include "train/zero_generate.h"
 
 typedef struct run_state {
     const ctrl_config *cfg; /* for the plugins' create() and the kind's data */
@@ -37,6 +38,7 @@ typedef struct run_state {
     train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
     int root;
     train_zero zero;  /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
+    train_zero_gen zgen; /* zero3's generation phases (zero_generate.h) */
     train_memory mem; /* the process's memory at the edges of the first step (memory_report.h) */
 } run_state;
 

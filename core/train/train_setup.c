@@ -159,6 +159,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && TRAINER_HAS(r->trainer_ops, sequence_spec))
         st = r->trainer_ops->sequence_spec(r->trainer, &spec);
     if (st == CTRL_OK && zero_stage >= 3) st = zero3_supported(r, &spec); /* before any loading */
+    if (st == CTRL_OK) st = train_zero_gen_check(cfg, zero_stage, r->kind_ops == &train_kind_online);
     if (st == CTRL_OK && s->peft.enabled && s->peft.save_score && !spec.needs_score)
         st = ctrl_error_set(CTRL_ERR_CONFIG,
                             "%s: [peft] modules_to_save = score: trainer %s trains a causal LM, which has "
@@ -193,8 +194,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .tok = r->tok,
                                     .trainer_ops = r->trainer_ops,
                                     .trainer = r->trainer,
-                                    .whole_weights = train_zero_whole,
-                                    .whole_ctx = &r->zero};
+                                    .whole_weights = train_zero_generation,
+                                    .whole_ctx = &r->zgen};
+        train_zero_gen_init(&r->zgen, &r->zero, !s->generation.ds3_gather_for_generation);
         st = r->kind_ops->create(&env, &r->kind);
     }
     if (st == CTRL_OK && r->kind_ops->tokenizer_only_at_create) {

@@ -160,6 +160,10 @@ void train_zero_release_all(train_zero *z);
 /* Stage 3: layer l's sliced ranges in the parameters (its trainable unit's, LoRA's frozen base's),
  * and layer l released (the other ranks' slices handed back to the system). (zero_layers.c) */
 int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]);
+/* Stage 3, a forward outside the model's layer hooks (a decoding pass, zero_generate.c): before
+ * layer l (after = 0) l gathered and the next layers' gathers started as the training forward's
+ * hooks do (prefetch_bucket_size); after it (after = 1) l released. */
+ctrl_status train_zero_forward_layer(train_zero *z, int l, int after);
 void train_zero_release_layer(train_zero *z, int l);
 /* Stage 3's saves (the final one and checkpoint-N's model) streamed to rank 0 (zero_save.c): 1 when
  * it applies -- several ranks, a CPU model without LoRA, every layer sliced; else the save gathers

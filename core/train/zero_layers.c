@@ -252,6 +252,10 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     return CTRL_OK;
 }
 
+ctrl_status train_zero_forward_layer(train_zero *z, int l, int after) {
+    return after ? release_layer(z->hooks, l) : gather_layer_dir(z, l, 1);
+}
+
 int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]) {
     return layer_ranges(z, l, out);
 }

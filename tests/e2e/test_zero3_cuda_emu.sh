@@ -10,8 +10,9 @@
 # fp32 as torch.autocast does), the final model and its checkpoint hold the fp32 masters, a 2-rank
 # resume repeats the curve exactly, and what each rank holds on its device is logged and checked.
 # GRPO with zero3 on CUDA (the whole model gathered on every rank for each generation phase and
-# released after, TRL's ds3_gather_for_generation = true; false refused naming the key) samples the
-# completions of plain data parallel on CUDA and follows its rewards and gradient norms; so does PPO.
+# released after, TRL's ds3_gather_for_generation = true) samples the completions of plain data
+# parallel on CUDA and follows its rewards and gradient norms; so does PPO; and with false (one layer
+# gathered at a time for each decoding pass) those of the whole gather's run.
 # usage: test_zero3_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
@@ -101,10 +102,23 @@ done
 n=$(paste <(curve_col "$TMP/p" grad_norm) <(curve_col "$TMP/pz" grad_norm) |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
 [ "$n" = "2 0" ] && ok || bad "ppo zero3 on cuda: grad_norm ($n)"
-# ds3_gather_for_generation = false (generating with one layer gathered at a time) is refused naming the key
-"${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/nog" --set memory.strategies=zero3 \
-  --set generation.ds3_gather_for_generation=false >"$TMP/nog.log" 2>&1
-rc=$?
-[ $rc = 2 ] && grep -q "\[generation\] ds3_gather_for_generation = false: not supported" "$TMP/nog.log" && ok ||
-  { bad "ds3_gather_for_generation = false: exit $rc"; tail -2 "$TMP/nog.log"; }
+# ds3_gather_for_generation = false (core/train/zero_generate.c): each decoding pass gathers one layer
+# at a time into device memory mapped for it (the fp32 masters, in bf16 too, as the whole gather sends)
+# and unmaps it after, the ranks in lockstep: the completions, rewards and gradient norms of the whole
+# gather's run bit for bit (the same products on the same weights), with less device memory mapped for
+# the parameters during generation than the whole model
+for dt in fp32 bf16; do
+  INI_BATCH=2 INI_TRAIN="dtype = $dt" online_ini grpo g 2 "[grpo]" "num_generations = 4" "max_completion_length = 8" |
+    sed 's/^device = cpu/device = cuda/; /^eval_file/d' >"$TMP/grpo.ini"
+  "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gl$dt" --set memory.strategies=zero3 \
+    --set generation.ds3_gather_for_generation=false >"$TMP/gl$dt.log" 2>&1 || { bad "grpo gl$dt: exited $?"; tail -20 "$TMP/gl$dt.log"; }
+  for k in reward grad_norm loss; do
+    [ -n "$(curve_col "$TMP/gz$dt" $k)" ] && [ "$(curve_col "$TMP/gz$dt" $k)" = "$(curve_col "$TMP/gl$dt" $k)" ] && ok ||
+      bad "grpo zero3 $dt layer by layer on cuda: $k $(curve_col "$TMP/gl$dt" $k | tr '\n' ' ') vs $(curve_col "$TMP/gz$dt" $k | tr '\n' ' ')"
+  done
+  line=$(grep -o "zero3 generation one layer at a time (ds3_gather_for_generation = false): parameters device memory mapped at most [0-9]* of the model's [0-9]* bytes" "$TMP/gl$dt.log")
+  read -r res model < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p' | tr '\n' ' ')
+  echo "grpo zero3 $dt on cuda, layer by layer: device memory mapped for the parameters during generation at most $res of $model bytes"
+  [ -n "$res" ] && [ "$res" -lt "$model" ] && ok || bad "grpo zero3 $dt layer by layer: '$line'"
+done
 finish
