@@ -77,11 +77,11 @@ ctrl_e2e_test(test_mpi test_mpi.sh SKIP)
 ctrl_e2e_test(test_zero_mpi test_zero_mpi.sh SKIP)
 
 # ZeRO-3's generation one layer at a time (ds3_gather_for_generation = false) over 2 MPI ranks: the
-# whole gather's completions and curves, lockstep, the parameters resident (tests/e2e/test_zero3_generate.sh).
+# whole gather's completions and curves, lockstep, the parameters resident (tests/e2e/test_zero3_generate_mpi.sh).
 if(TARGET ctrl_cli)
-  add_test(NAME test_zero3_generate COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_zero3_generate.sh
+  add_test(NAME test_zero3_generate_mpi COMMAND bash ${CMAKE_SOURCE_DIR}/tests/e2e/test_zero3_generate_mpi.sh
                                             $<TARGET_FILE:ctrl_cli> ${CTRL_PLUGIN_OUTPUT_DIR} ${CMAKE_SOURCE_DIR})
-  set_tests_properties(test_zero3_generate PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
+  set_tests_properties(test_zero3_generate_mpi PROPERTIES LABELS e2e TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
 
 # offload_activations on the CPU: the layer inputs in a file, the same weights bit for bit

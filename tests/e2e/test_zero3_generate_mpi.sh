@@ -11,7 +11,7 @@
 # most its slices of the layers, what lies outside them, and one layer more (plus the pages a slice
 # shares); the setting is refused without zero3 and for a trainer that does not generate; a rank
 # stopped during generation ends the job after [train] ddp_timeout.
-# usage: test_zero3_generate.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+# usage: test_zero3_generate_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
 tiny_setup 7 6
