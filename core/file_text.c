@@ -1,5 +1,6 @@
 #include "file_text.h"
 
+#include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,4 +30,17 @@ char *ctrl_read_text_file(const char *path, size_t max, ctrl_status *st) {
     buf[got] = '\0';
     *st = CTRL_OK;
     return buf;
+}
+
+cJSON *ctrl_read_json_object(const char *path, size_t max, ctrl_status *st) {
+    char *text = ctrl_read_text_file(path, max, st);
+    if (!text) return NULL;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        *st = ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", path);
+        return NULL;
+    }
+    return root;
 }

@@ -568,14 +568,8 @@ ctrl_status ctrl_model_config_load(const char *path, ctrl_model_config *out) {
     else
         snprintf(file, sizeof file, "%s", path);
     ctrl_status st;
-    char *text = ctrl_read_text_file(file, 1u << 20, &st);
-    if (!text) return st;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", file);
-    }
+    cJSON *root = ctrl_read_json_object(file, 1u << 20, &st);
+    if (!root) return st;
     reader rd = {file, CTRL_OK};
     st = read_config(&rd, root, out);
     cJSON_Delete(root);

@@ -112,14 +112,8 @@ ctrl_status ctrl_peft_read_config(const char *dir, ctrl_lora_config *out, char *
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     memset(out, 0, sizeof *out);
     ctrl_status st;
-    char *text = ctrl_read_text_file(path, 16u << 20, &st);
-    if (!text) return st;
-    cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", path);
-    }
+    cJSON *root = ctrl_read_json_object(path, 16u << 20, &st);
+    if (!root) return st;
     st = read_fields(root, path, out, base, base_len);
     cJSON_Delete(root);
     return st;

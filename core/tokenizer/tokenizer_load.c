@@ -320,14 +320,8 @@ static ctrl_status load_config(ctrl_tokenizer *t, const char *dir) {
     struct stat sb;
     if (stat(path, &sb) != 0) return load_template_file(t, dir);
     ctrl_status st;
-    char *text = ctrl_read_text_file(path, MAX_FILE, &st);
-    if (!text) return st;
-    cJSON *cfg = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(cfg)) {
-        cJSON_Delete(cfg);
-        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: not a JSON object", path);
-    }
+    cJSON *cfg = ctrl_read_json_object(path, MAX_FILE, &st);
+    if (!cfg) return st;
     int32_t bos;
     st = config_token(t, path, cfg, "bos_token", &bos);
     if (st == CTRL_OK) st = config_token(t, path, cfg, "eos_token", &t->eos_id);
