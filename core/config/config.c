@@ -85,13 +85,6 @@ void ctrl_config_free(ctrl_config *cfg) {
     free(cfg);
 }
 
-static char *trim_in_place(char *s) {
-    while (isspace((unsigned char)*s)) s++;
-    char *e = s + strlen(s);
-    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
-    return s;
-}
-
 /* Section and key names follow the file's rules: letters, digits, '_', '-', '.'; lower-cased as
  * iniparser lower-cases the file's names. 0 when the name is empty or has another character. */
 static int name_ok_lower(char *name) {
@@ -116,7 +109,7 @@ static ctrl_status apply_override(ctrl_config *cfg, const char *spec) {
         return ctrl_error_set(CTRL_ERR_CONFIG, "--set %.60s...: the name is too long", spec);
     memcpy(buf, spec, lhs_len);
     buf[lhs_len] = '\0';
-    char *lhs = trim_in_place(buf);
+    char *lhs = config_trim(buf);
     char *dot = strrchr(lhs, '.');
     if (!*lhs || !dot || dot == lhs || !dot[1])
         return ctrl_error_set(CTRL_ERR_CONFIG,
@@ -141,7 +134,7 @@ static ctrl_status apply_override(ctrl_config *cfg, const char *spec) {
     ctrl_status st = CTRL_OK;
     /* An override may create a section the file does not have; it is reported as that --set. */
     if (!config_has_section(cfg, section)) st = config_add_section(cfg, section, where, 0);
-    if (st == CTRL_OK) st = config_put(cfg, section, key, trim_in_place(value), where, 0);
+    if (st == CTRL_OK) st = config_put(cfg, section, key, config_trim(value), where, 0);
     free(value);
     return st;
 }

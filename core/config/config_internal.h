@@ -39,6 +39,8 @@ struct ctrl_config {
 /* Reads `path` with a line scanner (for line numbers, syntax and duplicate checks) and iniparser
  * (for the values); fills cfg->entries and cfg->sections. */
 ctrl_status config_read_file(ctrl_config *cfg, const char *path);
+/* s without its leading and trailing white space (cut in place). */
+char *config_trim(char *s);
 
 /* Adds or replaces an entry; copies the strings. */
 ctrl_status config_put(ctrl_config *cfg, const char *section, const char *key, const char *value,

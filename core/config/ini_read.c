@@ -23,7 +23,7 @@
 #define INI_MAX_LINE 1000 /* iniparser 4.1 reads lines into a 1024-byte buffer */
 #define INI_MAX_BYTES (16 << 20)
 
-static char *trim(char *s) {
+char *config_trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
     char *e = s + strlen(s);
     while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
@@ -88,7 +88,7 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: line longer than %d characters", cfg->file_name,
                                   line, INI_MAX_LINE);
         s[len] = '\0';
-        s = trim(s);
+        s = config_trim(s);
         if (*s && s[strlen(s) - 1] == '\\')
             return ctrl_error_set(CTRL_ERR_CONFIG,
                                   "%s:%d: line ends with '\\', which would join the next line to it; "
@@ -101,7 +101,7 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
             if (!end)
                 return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: section header without closing ']'",
                                       cfg->file_name, line);
-            char *rest = trim(end + 1);
+            char *rest = config_trim(end + 1);
             if (*rest == ';' || *rest == '#')
                 return ctrl_error_set(CTRL_ERR_CONFIG,
                                       "%s:%d: comment after a section header; put it on a line of its own",
@@ -110,7 +110,7 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
                 return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: unexpected text after section header: '%s'",
                                       cfg->file_name, line, rest);
             *end = '\0';
-            char *name = trim(s + 1);
+            char *name = config_trim(s + 1);
             if (!*name)
                 return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: empty section name", cfg->file_name, line);
             if (strlen(name) >= sizeof section)
@@ -132,7 +132,7 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: expected 'key = value' or '[section]', got '%s'",
                                   cfg->file_name, line, s);
         *eq = '\0';
-        char *key = trim(s);
+        char *key = config_trim(s);
         if (!*key) return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: '=' without a key", cfg->file_name, line);
         for (char *c = key; *c; c++)
             if (!(isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == '-'))
@@ -143,7 +143,7 @@ static ctrl_status scan(ctrl_config *cfg, char *text, size_t size) {
         if (!section[0])
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s:%d: %s: key outside any [section]", cfg->file_name,
                                   line, key);
-        ctrl_status qst = check_quotes(cfg, line, section, key, trim(eq + 1));
+        ctrl_status qst = check_quotes(cfg, line, section, key, config_trim(eq + 1));
         if (qst != CTRL_OK) return qst;
         config_entry *dup = config_find(cfg, section, key);
         if (dup)
