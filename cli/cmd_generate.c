@@ -6,10 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "file_text.h"
 #include "hub_cache.h"
 #include "generate/engine.h"
@@ -170,12 +170,6 @@ static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tp
 }
 
 /* The process's CPU time (every thread), user and system. */
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     gen_args a;
     int rc = parse(argc, argv, &a);
@@ -252,9 +246,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     if (st == CTRL_OK) st = ctrl_registry_require(reg, CTRL_KIND_ATTENTION, "paged", &paged);
     if (st == CTRL_OK) st = ctrl_engine_attach_attention(m, paged);
     if (st == CTRL_OK) st = ctrl_engine_create(m, &ec, &eng);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double t0 = ts.tv_sec + ts.tv_nsec * 1e-9, cpu0 = cpu_seconds();
+    const double t0 = ctrl_now(), cpu0 = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
     progress_ctx prog = {.max_tokens = (long)n_req * a.n * a.max_tokens};
     ctrl_progress_start(&prog.bar, "tokens", 5.0);
     if (st == CTRL_OK) st = ctrl_engine_generate(eng, reqs, n_req, outs, show_progress, &prog);
@@ -288,8 +280,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
         cJSON_free(s);
     }
     if (f && fclose(f) != 0 && st == CTRL_OK) st = ctrl_error_set(CTRL_ERR_IO, "%s: write failed", a.out);
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0, cpu = cpu_seconds() - cpu0;
+    const double dt = ctrl_now() - t0, cpu = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
     if (st == CTRL_OK) {
         long steps, pre, shared;
         ctrl_engine_stats(eng, &steps, &pre, &shared);
