@@ -52,6 +52,11 @@ int cli_load_run_config(ctrl_cli *cli, const ctrl_command *cmd, const char *what
 /* Set by SIGINT/SIGTERM; long work polls it, finishes its step, saves, and exits 130. */
 int cli_interrupted(void);
 void cli_install_signal_handlers(void);
+/* OpenBLAS's kernels older than the CPU (cli/blas_restart.c): cli_blas_restart, first in main,
+ * executes ctrl again with OPENBLAS_CORETYPE set; cli_blas_restart_note logs what it did, once the
+ * log level is known. */
+void cli_blas_restart(char **argv);
+void cli_blas_restart_note(void);
 
 extern const ctrl_command cli_cmd_train, cli_cmd_plugins, cli_cmd_config, cli_cmd_version, cli_cmd_model,
     cli_cmd_tokenize, cli_cmd_generate, cli_cmd_serve;

@@ -41,6 +41,7 @@ static int main_usage_error(const char *fmt, ...) {
 }
 
 int main(int argc, char **argv) {
+    cli_blas_restart(argv);
     ctrl_cli cli = {0};
     int i = 1;
     for (; i < argc; i++) {
@@ -91,6 +92,7 @@ int main(int argc, char **argv) {
         fputs(cmd->usage, stdout);
         return 0;
     }
+    cli_blas_restart_note();
     cli_install_signal_handlers();
     int rc = cmd->run(&cli, argc - i, argv + i);
     if (cli.reg) ctrl_registry_destroy(cli.reg);

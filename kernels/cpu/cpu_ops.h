@@ -69,6 +69,13 @@ typedef enum ctrl_cpu_bf16_kind {
 } ctrl_cpu_bf16_kind;
 ctrl_cpu_bf16_kind ctrl_cpu_bf16_kind_now(void);
 int ctrl_cpu_has_amx(void);
+/* OpenBLAS's kernels against the CPU (kernels/cpu/blas_core.c). ctrl_cpu_blas_better_core: the
+ * OPENBLAS_CORETYPE to use instead of the kernels named current (OpenBLAS's core name) where they
+ * predate AVX2 and the CPU has AVX2 + FMA ("SkylakeX" with AVX-512, else "Haswell"); NULL where
+ * current is fine. ctrl_cpu_blas_core_advice: the same for the loaded OpenBLAS and this CPU, *current
+ * set to OpenBLAS's choice (CTRL_TEST_BLAS_CORENAME, where set, stands in for it: tests). */
+const char *ctrl_cpu_blas_better_core(const char *current, int avx2_fma, int avx512);
+const char *ctrl_cpu_blas_core_advice(const char **current);
 /* How bf16 linear layers run here, in words; *fast = 0 where that is no faster than fp32. */
 const char *ctrl_cpu_bf16_path(int *fast);
 /* Row-major C = alpha op(A) op(B) + beta C over typed operands (A, B of `ab`; C of `c`: fp32 x fp32

@@ -320,6 +320,19 @@ wait $cpid
 wait $spid && [ "$(cat "$TMP/long.code")" = 200 ] && grep -q completion_ids "$TMP/long.json" && pass=$((pass + 1)) ||
   { fail=$((fail + 1)); echo "FAIL SIGTERM drain: HTTP $(cat "$TMP/long.code")"; cat "$TMP/serve2.log"; }
 
+# OpenBLAS kernels older than the CPU (kernels/cpu/blas_core.c): ctrl restarts itself with
+# OPENBLAS_CORETYPE set and says so; a user's own OPENBLAS_CORETYPE is left alone.
+# CTRL_TEST_BLAS_CORENAME pretends OpenBLAS chose Prescott (as on a lent Xeon VM).
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  expect 0 "OpenBLAS on Prescott kernels" -- env -u OPENBLAS_CORETYPE CTRL_TEST_BLAS_CORENAME=Prescott OPENBLAS_VERBOSE=2 "${C[@]}" plugins
+  contains "ctrl restarted itself with OPENBLAS_CORETYPE=" "restart with better OpenBLAS kernels said"
+  if grep -qE "Core: (SkylakeX|Haswell)" "$TMP/out"; then pass=$((pass + 1)); else
+    fail=$((fail + 1)); echo "FAIL the restarted OpenBLAS did not load the kernels named"; sed 's/^/    /' "$TMP/out"; fi
+  expect 0 "a user's OPENBLAS_CORETYPE" -- env CTRL_TEST_BLAS_CORENAME=Prescott OPENBLAS_CORETYPE=Haswell "${C[@]}" plugins
+  if grep -q "restarted itself" "$TMP/out"; then fail=$((fail + 1)); echo "FAIL restarted despite OPENBLAS_CORETYPE"; else
+    pass=$((pass + 1)); fi
+fi
+
 # config reference is generated from the option tables and the committed copy is current.
 expect 0 "config reference" -- "${C[@]}" config reference --out "$TMP/ref.md"
 if [ -f "$SRC/docs/config-reference.md" ] && cmp -s "$TMP/ref.md" "$SRC/docs/config-reference.md"; then
