@@ -580,6 +580,19 @@ static void amx_tune(void) {
     }
 }
 
+int ctrl_cpu_gemm_bf16_amx_tune(int kc, int mc, int nc, int tile) {
+    pthread_once(&amx_tuned_once, amx_tune);
+    if ((kc > 0 && !(kc <= 4096 && kc % 32 == 0 && mc >= 32 && mc <= 4096 && mc % 32 == 0 && nc >= 32 &&
+                     nc <= CTRL_BF16_NC_MAX && nc % 32 == 0)) ||
+        tile >= CTRL_AMX_TILE_VARIANTS)
+        return -1;
+    for (int r = 0; r < AMX_RULES; r++) {
+        const amx_rule *u = &amx_rules[r];
+        amx_set(r, kc > 0 ? kc : u->kc, kc > 0 ? mc : u->mc, kc > 0 ? nc : u->nc, tile >= 0 ? tile : u->tile);
+    }
+    return 0;
+}
+
 static int amx_rule_of(int N, int K) {
     for (int r = 0; r < AMX_RULES - 1; r++)
         if (N >= amx_rules[r].nlo && N <= amx_rules[r].nhi && K >= amx_rules[r].klo && K <= amx_rules[r].khi)

@@ -46,4 +46,10 @@ extern const ctrl_bf16_kernel ctrl_bf16_amx_emu_kernel; /* gemm_amx_emu.c: the s
 extern const ctrl_bf16_tile_fn ctrl_bf16_amx_tiles[CTRL_AMX_TILE_VARIANTS];     /* [0]: the kernel's own */
 extern const ctrl_bf16_tile_fn ctrl_bf16_amx_emu_tiles[CTRL_AMX_TILE_VARIANTS]; /* the same, emulated */
 
+/* For sweeps in one process (bench/scale/amx_sweep.py, through ctypes; not for the library's users):
+ * every rule's blocking replaced by kc, mc, nc (kc <= 0: the rules' own) and its tile variant by tile
+ * (< 0: the rules' own), as CTRL_AMX_BLOCKS and CTRL_AMX_TILE do (gemm_bf16.c); only while no bf16
+ * GEMM runs. 0, or -1 (out of range: nothing changed). */
+int ctrl_cpu_gemm_bf16_amx_tune(int kc, int mc, int nc, int tile);
+
 #endif
