@@ -70,6 +70,25 @@ def machine_line(args, path, more=""):
             f"{path}; {more}load average {bu.load_average()}")
 
 
+def shapes(T):
+    """The products of T tokens through each projection: (name, M, N, K, trans_a, trans_b); forward
+    out = x W^T [T, OUT, IN], dX = dout W [T, IN, OUT], dW = dout^T x [OUT, IN, T]."""
+    out = []
+    for name, IN, OUT in PROJECTIONS:
+        out += [(f"{name} forward", T, OUT, IN, 0, 1), (f"{name} dX", T, IN, OUT, 0, 0), (f"{name} dW", OUT, IN, T, 1, 0)]
+    return out
+
+
+def operands(torch, g, M, N, K, ta, tb):
+    """Random operands of a product as stored (A, B fp32; C [M, N]; their bf16 copies) and op() of
+    each as a function of a tensor (x or x.t())."""
+    A = torch.randn(*((K, M) if ta else (M, K)), generator=g)
+    B = torch.randn(*((N, K) if tb else (K, N)), generator=g)
+    opA = (lambda x: x.t()) if ta else (lambda x: x)
+    opB = (lambda x: x.t()) if tb else (lambda x: x)
+    return A, B, torch.empty(M, N), A.bfloat16(), B.bfloat16(), opA, opB
+
+
 def warm_up(fns, seconds):
     """fns called in turn until `seconds` of wall clock have passed (at least once each): True."""
     end = time.perf_counter() + seconds

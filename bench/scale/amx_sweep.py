@@ -61,10 +61,7 @@ def main():
         print("warning: ctrl's path is not AMX: the configurations change nothing measured here")
     ptr = lambda t: ctypes.cast(t.data_ptr(), gb.FP)
     T = args.tokens
-    shapes = []
-    for name, IN, OUT in gb.PROJECTIONS:
-        shapes += [(f"{name} forward", T, OUT, IN, 0, 1), (f"{name} dX", T, IN, OUT, 0, 0),
-                   (f"{name} dW", OUT, IN, T, 1, 0)]
+    shapes = gb.shapes(T)
     secs = {c: {} for c in configs}  # config -> shape -> median seconds
     torch_s, errs, start, warmed = {}, {c: {} for c in configs}, time.perf_counter(), False
     g = torch.Generator().manual_seed(0)
@@ -72,12 +69,7 @@ def main():
         if time.perf_counter() - start > args.budget_s:
             print(f"budget ({args.budget_s:.0f} s) spent: {name} and the shapes after it not measured")
             break
-        A = torch.randn(*((K, M) if ta else (M, K)), generator=g)
-        B = torch.randn(*((N, K) if tb else (K, N)), generator=g)
-        C = torch.empty(M, N)
-        A16, B16 = A.bfloat16(), B.bfloat16()
-        opA = (lambda x: x.t()) if ta else (lambda x: x)
-        opB = (lambda x: x.t()) if tb else (lambda x: x)
+        A, B, C, A16, B16, opA, opB = gb.operands(torch, g, M, N, K, ta, tb)
         lda, ldb = A.shape[1], B.shape[1]
 
         def run_ctrl_with(c):
@@ -145,12 +137,7 @@ def main():
     for name, M, N, K, ta, tb in shapes:
         if name not in torch_s or time.perf_counter() - start > args.budget_s + 20:
             continue
-        A = torch.randn(*((K, M) if ta else (M, K)), generator=g)
-        B = torch.randn(*((N, K) if tb else (K, N)), generator=g)
-        C = torch.empty(M, N)
-        A16, B16 = A.bfloat16(), B.bfloat16()
-        opA = (lambda x: x.t()) if ta else (lambda x: x)
-        opB = (lambda x: x.t()) if tb else (lambda x: x)
+        A, B, C, A16, B16, opA, opB = gb.operands(torch, g, M, N, K, ta, tb)
         model = bench_gemm.model_product(ctrl, name, M, N, K, A, B, C, ptr)
 
         def plain():

@@ -61,10 +61,7 @@ def main():
                                                           ctypes.c_float, fp, ctypes.c_int]
     ptr = lambda t: ctypes.cast(t.data_ptr(), fp)
     T = args.tokens
-    shapes = []  # (name, M, N, K, trans_a, trans_b)
-    for name, IN, OUT in gb.PROJECTIONS:
-        shapes += [(f"{name} forward", T, OUT, IN, 0, 1), (f"{name} dX", T, IN, OUT, 0, 0),
-                   (f"{name} dW", OUT, IN, T, 1, 0)]
+    shapes = gb.shapes(T)  # (name, M, N, K, trans_a, trans_b)
     print(gb.machine_line(args, path, f"torch {torch.__version__}; "))
     print(f"{'shape':18s} {'M':>5s} {'N':>5s} {'K':>5s} {'ctrl bf16':>10s} "
           + (f"{'ctrl avx512':>12s} " if both else "")
@@ -76,12 +73,7 @@ def main():
     for name, M, N, K, ta, tb in shapes:
         if args.only not in name:
             continue
-        A = torch.randn(*((K, M) if ta else (M, K)), generator=g)
-        B = torch.randn(*((N, K) if tb else (K, N)), generator=g)
-        C = torch.empty(M, N)
-        A16, B16 = A.bfloat16(), B.bfloat16()
-        opA = (lambda x: x.t()) if ta else (lambda x: x)
-        opB = (lambda x: x.t()) if tb else (lambda x: x)
+        A, B, C, A16, B16, opA, opB = gb.operands(torch, g, M, N, K, ta, tb)
         lda, ldb = A.shape[1], B.shape[1]
 
         def run_ctrl():
