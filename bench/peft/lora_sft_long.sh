@@ -15,9 +15,12 @@
 # usage: bench/peft/lora_sft_long.sh BUILD_DIR HIDDEN LAYERS HEADS KV_HEADS INTERMEDIATE [--tokenizer DIR]
 #        [--vocab N] [--tie-embeddings] [--steps N (3)] [--batch N (4)] [--row N (256)] [--no-trl]
 #        [--ctrl "bf16 fp32" (ctrl's runs; "" none; bf16-store: bf16 with the base in the 2-byte store
-#        widened per layer, CTRL_NO_BASE_PANELS=1, as before the panels)] [--trl-modes "autocast bf16"]
+#        widened per layer, CTRL_NO_BASE_PANELS=1, as before the panels; a suffix +keep: no activation
+#        checkpointing, [memory] strategies = (empty), every activation kept; +mlp: selective
+#        checkpointing, [checkpointing] keep_mlp = true)] [--trl-modes "autocast bf16"]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+. "$SRC/bench/peft/watch_run.sh"
 BUILD=$(cd "$1" && pwd)
 shift
 STEPS=3 BATCH=4 ROW=256 TRL=1 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe DTYPES="bf16 fp32" MODES="autocast bf16"
@@ -84,14 +87,21 @@ lora_dropout = 0
 INI
 echo "rows: $((STEPS * BATCH)) of ~$ROW tokens; $STEPS steps of $BATCH; one thread each"
 echo "load: $(uptime | sed 's/.*load/load/')"
-printf '| run | peak RSS (MiB) | wall (s) | CPU (s) | tokens/s (wall) | tokens/s (CPU) | tokens | last loss |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '| run | peak RSS (MiB) | wall (s) | CPU (s) | CPU s/step | tokens/s (wall) | tokens/s (CPU) | tokens | last loss |\n'
+printf '|---|---|---|---|---|---|---|---|---|\n'
 for dtype in $DTYPES; do
   out=$TMP/out-$dtype
-  env=() real=$dtype
-  [ "$dtype" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
+  env=() real=${dtype%+*} sets=()
+  case $dtype in
+    *+keep) sets=(--set memory.strategies=) ;;
+    *+mlp) sets=(--set checkpointing.keep_mlp=true) ;;
+  esac
+  [ "$real" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
   env "${env[@]}" /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
-    --set train.dtype=$real >"$TMP/log-$dtype" 2>&1 || { tail -5 "$TMP/log-$dtype"; exit 1; }
+    --set train.dtype=$real "${sets[@]}" >"$TMP/log-$dtype" 2>&1 &
+  watch_run $! "$out/metrics.jsonl" "$STEPS" || { tail -5 "$TMP/log-$dtype"; exit 1; }
+  cps=$(awk -v a="${cpu1:-0}" -v b="${cpun:-0}" -v t="$(getconf CLK_TCK)" -v n="$STEPS" \
+    'BEGIN {print (n > 1 && b > a) ? sprintf("%.2f", (b - a) / t / (n - 1)) : "-"}')
   peak=$(awk -F': ' '/Maximum resident/ {print $2}' "$TMP/time-$dtype")
   wall=$(awk -F': ' '/Elapsed/ {print $2}' "$TMP/time-$dtype")
   cpu=$(awk -F': ' '/User time|System time/ {t += $2} END {print t}' "$TMP/time-$dtype")
@@ -99,7 +109,7 @@ for dtype in $DTYPES; do
   loss=$(echo "$last" | sed 's/.*"loss": \([0-9.]*\).*/\1/')
   tps=$(echo "$last" | sed 's/.*"tokens_per_second": \([0-9.]*\).*/\1/')
   tokens=$(echo "$last" | sed -n 's/.*"num_tokens": \([0-9.]*\).*/\1/p')
-  printf '| ctrl LoRA, dtype = %s | %d | %s | %.1f | %.1f | %s | %s | %s |\n' $dtype $((peak / 1024)) "$wall" "$cpu" \
+  printf '| ctrl LoRA, dtype = %s | %d | %s | %.1f | %s | %.1f | %s | %s | %s |\n' $dtype $((peak / 1024)) "$wall" "$cpu" "$cps" \
     "$tps" "$([ -n "$tokens" ] && awk -v n="$tokens" -v c="$cpu" 'BEGIN {printf "%.1f", n / c}' || echo -)" \
     "${tokens:--}" "$loss"
   grep -h "frozen base" "$TMP/log-$dtype" | sed 's/^.*LoRA: /  (ctrl log: /; s/$/)/' || true

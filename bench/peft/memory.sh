@@ -23,6 +23,7 @@
 #        [--vocab N] [--tie-embeddings] [--steps N] [--dtype fp32|bf16] [--repeat R] [--no-full] [--trl]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
+. "$SRC/bench/peft/watch_run.sh"
 BUILD=$(cd "$1" && pwd)
 shift
 TRL=0 FULL=1 STEPS=3 DTYPE=fp32 REPEAT=1 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
@@ -88,21 +89,7 @@ for peft in $RUNS; do
   /usr/bin/time -v -o "$TMP/time-$peft" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
     $([ $peft = nf4 ] && echo "--set peft.enabled=true --set peft.quantization=nf4" || echo "--set peft.enabled=$peft") \
     >"$TMP/log-$peft" 2>&1 &
-  tpid=$!
-  max=0 cpu1='' cpun=''
-  while kill -0 $tpid 2>/dev/null; do
-    pid=$(pgrep -P $tpid | head -1 || true)
-    if [ -n "$pid" ] && [ -s "$out/metrics.jsonl" ]; then
-      r=$(awk '/VmRSS/ {print $2}' /proc/$pid/status 2>/dev/null || echo 0)
-      [ "${r:-0}" -gt "$max" ] && max=$r
-      logged=$(grep -c '"step"' "$out/metrics.jsonl" || true)
-      ticks=$(awk '{print $14 + $15}' /proc/$pid/stat 2>/dev/null || true)
-      [ -z "$cpu1" ] && [ "$logged" -ge 1 ] && cpu1=$ticks
-      [ -z "$cpun" ] && [ "$logged" -ge "$STEPS" ] && cpun=$ticks
-    fi
-    sleep 0.05
-  done
-  wait $tpid
+  watch_run $! "$out/metrics.jsonl" "$STEPS"
   peak=$(awk -F': ' '/Maximum resident/ {print $2}' "$TMP/time-$peft")
   wall=$(awk -F': ' '/Elapsed/ {print $2}' "$TMP/time-$peft")
   loss=$(grep '"step"' "$out/metrics.jsonl" | tail -1 | sed 's/.*"loss": \([0-9.]*\).*/\1/')

@@ -4,10 +4,14 @@
  * model_internal.h lists them with their shapes), unless a memory strategy asks for the layer to
  * be recomputed (activation checkpointing): then the layer runs on one shared set of internal
  * buffers, and backward runs the layer's forward again from its saved input before its backward.
- * The kernels are deterministic, so the recomputed activations, and the gradients, are identical. */
+ * Selective checkpointing (the strategy's keep_mlp): such a layer also keeps its gate_proj and
+ * up_proj outputs (and their adapters' x A^T) in buffers of its own, and its recompute skips those
+ * products. The kernels are deterministic, so the recomputed activations, and the gradients, are
+ * identical. */
 #include "model/model.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,8 +362,12 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
     if (!(m->recompute = calloc((size_t)m->cfg.n_layers, 1)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: memory strategy flags for %d layers", m->cfg.n_layers);
     m->mem_ops = ops, m->mem = mem;
-    for (int l = 0; ops->recompute && l < m->cfg.n_layers; l++)
-        m->n_recompute += m->recompute[l] = ops->recompute(mem, l) != 0;
+    const int keep = ops->size >= offsetof(ctrl_memory_ops, keep_mlp) + sizeof ops->keep_mlp && ops->keep_mlp;
+    for (int l = 0; ops->recompute && l < m->cfg.n_layers; l++) {
+        m->recompute[l] = ops->recompute(mem, l) != 0;
+        if (m->recompute[l] && keep && ops->keep_mlp(mem, l)) m->recompute[l] |= 2;
+        m->n_recompute += m->recompute[l] != 0;
+    }
     return CTRL_OK;
 }
 
@@ -411,7 +419,12 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     const size_t inputs = offload ? (size_t)(c->n_layers - m->n_recompute + 2) : (size_t)c->n_layers;
     size_t lora = shared ? lora_act_floats(m, -1) : 0; /* the adapters' s * x A^T: see layer_acts */
     for (int l = 0; l < c->n_layers; l++) lora += model_recomputed(m, l) ? 0 : lora_act_floats(m, l);
-    const size_t floats = (size_t)T * (C * inputs + internals * (kept + shared) + top + lora);
+    size_t mlp = 0; /* selective checkpointing: the recomputed layers' gate/up outputs and their xa */
+    for (int l = 0; l < c->n_layers; l++)
+        if (model_keeps_mlp(m, l))
+            for (int t = LORA_GATE; t <= LORA_UP; t++)
+                mlp += I + (m->has_lora && m->lora_a[l * LORA_N_TARGETS + t] >= 0 ? (size_t)m->lora->r : 0);
+    const size_t floats = (size_t)T * (C * inputs + internals * (kept + shared) + top + lora + mlp);
     model_offload_release(m); /* the copies in flight first */
     m->be->free(m->act_mem);
     m->act_mem = NULL, m->act_cap_T = 0, m->act_bytes = 0;
@@ -430,6 +443,13 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
             if (l >= 0) { /* internals in the shared set */
                 float *x_in = m->acts[l].x_in;
                 m->acts[l] = work, m->acts[l].x_in = x_in;
+            }
+            if (l >= 0 && model_keeps_mlp(m, l)) { /* but gate/up's outputs (and xa) its own */
+                layer_acts *a = &m->acts[l];
+                a->g = TAKE(I), a->u = TAKE(I);
+                for (int t = LORA_GATE; t <= LORA_UP; t++)
+                    if (m->has_lora && m->lora_a[l * LORA_N_TARGETS + t] >= 0)
+                        a->lora_xa[t] = TAKE(m->lora->r);
             }
             continue;
         }
@@ -545,10 +565,12 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
         MODEL_TRY(model_moe_forward(m, l, a->ln2, next));
         return next ? be->residual_forward(next, next, a->x_mid, (int64_t)T * C) : CTRL_OK;
     }
-    MODEL_TRY(model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I));
-    MODEL_TRY(lora_forward(m, l, LORA_GATE, a, a->g, a->ln2, C, I));
-    MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
-    MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
+    if (next || !model_keeps_mlp(m, l)) { /* a recompute keeping them skips gate/up (selective) */
+        MODEL_TRY(model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I));
+        MODEL_TRY(lora_forward(m, l, LORA_GATE, a, a->g, a->ln2, C, I));
+        MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
+        MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
+    }
     MODEL_TRY(model_act_forward(m, a->h, a->g, a->u, (int64_t)T * I));
     MODEL_TRY(model_act16_keep(m, MODEL_ACT16_H, a->h, (int64_t)T * I)); /* down and its dW */
     /* a recompute (next NULL) stops here, keeping the down adapter's input; with sandwich norms it

@@ -151,7 +151,7 @@ struct ctrl_model {
     /* decoding's layer hook (ctrl_model_set_decode_hook; NULL: none) */
     ctrl_model_layer_hook dec_hook;
     void *dec_hook_ctx;
-    uint8_t *recompute;
+    uint8_t *recompute; /* per layer: 1 recomputed, | 2 keeping its gate/up outputs (model_keeps_mlp) */
     int n_recompute;
     size_t act_bytes;
     /* decoding's own scratch (model_decode.c), on the backend: one set of layer internals for
@@ -481,6 +481,11 @@ ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *y
 ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
                           const float *x, int IN, int OUT);
 static inline int model_recomputed(const ctrl_model *m, int l) { return m->recompute && m->recompute[l]; }
+/* Whether recomputed layer l keeps its gate/up outputs (ctrl_memory_ops.keep_mlp): a dense layer's
+ * recompute then skips those products. */
+static inline int model_keeps_mlp(const ctrl_model *m, int l) {
+    return m->recompute && (m->recompute[l] & 2) && m->layers[l].router < 0;
+}
 /* Layer l's hooks: the memory strategy's and the sharding's (ctrl_model_set_sharding), of the
  * forward or the backward, before or after the layer. */
 ctrl_status model_layer_hooks(ctrl_model *m, int l, int backward, int before);

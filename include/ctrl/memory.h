@@ -41,6 +41,12 @@ typedef struct ctrl_memory_ops {
      * (offload_activations, TRL's activation_offloading): the core's model does the copies. Listed
      * beside a layer strategy that recomputes (checkpointing). */
     int (*offload_activations)(const ctrl_memory *m);
+    /* Appended, optional (check `size`; NULL: no). 1: a layer this strategy recomputes also keeps
+     * the outputs of its MLP's gate_proj and up_proj (and their LoRA adapters' s x A^T) through the
+     * forward, so that its recompute skips those two products, the largest of the layer (selective
+     * checkpointing: 2 x intermediate_size floats a token more per layer, for about two thirds of the
+     * recompute's multiplications at a Qwen2-like shape); a mixture-of-experts layer keeps its own. */
+    int (*keep_mlp)(const ctrl_memory *m, int layer);
 } ctrl_memory_ops;
 
 #ifdef __cplusplus

@@ -854,7 +854,9 @@ TEST(lora_merged_model_equals_the_adapters) {
 
 /* Activation checkpointing (every layer recomputed, as the default [memory] strategy) gives the
  * adapters' gradients bit for bit, dropout on and through the fused head (SFT's step): the
- * recompute keeps each adapter's input, the down projection's included, and draws the same masks. */
+ * recompute keeps each adapter's input, the down projection's included, and draws the same masks;
+ * so does selective checkpointing (keep_mlp: gate/up's outputs and their adapters' xa kept, their
+ * products skipped in the recompute). */
 static int every_layer(const ctrl_memory *mem, int layer) {
     (void)mem, (void)layer;
     return 1;
@@ -862,14 +864,17 @@ static int every_layer(const ctrl_memory *mem, int layer) {
 
 TEST(lora_with_recompute_equals_without) {
     static const ctrl_memory_ops recompute_all = {.size = sizeof(ctrl_memory_ops), .recompute = every_layer};
-    float *g[2] = {NULL, NULL}, lp[2][64];
+    static const ctrl_memory_ops keep_mlp = {
+        .size = sizeof(ctrl_memory_ops), .recompute = every_layer, .keep_mlp = every_layer};
+    float *g[3] = {NULL, NULL, NULL}, lp[3][64];
     size_t n = 0;
     fixture_batch f;
     batch_load(&f, "llama");
-    for (int side = 0; side < 2 && f.T <= 64; side++) {
+    for (int side = 0; side < 3 && f.T <= 64; side++) {
         ctrl_model *m = load_adapter(CTRL_FIXTURE_DIR "/lora/llama_all_rslora"); /* lora_dropout 0.1 */
         if (!m) break;
-        if (side) CHECK_EQ_INT(ctrl_model_set_memory(m, &recompute_all, NULL), CTRL_OK);
+        if (side)
+            CHECK_EQ_INT(ctrl_model_set_memory(m, side == 1 ? &recompute_all : &keep_mlp, NULL), CTRL_OK);
         ctrl_model_set_training(m, 1, 4);
         float dlogp[64];
         for (int t = 0; t < f.T; t++) dlogp[t] = f.tg[t] >= 0 ? -0.05f : 0.0f;
@@ -880,12 +885,13 @@ TEST(lora_with_recompute_equals_without) {
         if ((g[side] = malloc(sizeof(float) * n))) memcpy(g[side], src, sizeof(float) * n);
         ctrl_model_free(m);
     }
-    CHECK(g[0] && g[1]);
-    if (g[0] && g[1]) {
-        CHECK_MSG(!memcmp(lp[0], lp[1], sizeof(float) * (size_t)f.T), "log-probs differ with recompute");
-        CHECK_MSG(!memcmp(g[0], g[1], sizeof(float) * n), "gradients differ with recompute: rel %.3g",
-                  test_rel_error_f32(g[1], g[0], (long)n));
+    CHECK(g[0] && g[1] && g[2]);
+    for (int side = 1; side < 3 && g[0] && g[1] && g[2]; side++) {
+        CHECK_MSG(!memcmp(lp[0], lp[side], sizeof(float) * (size_t)f.T), "log-probs differ with recompute %d",
+                  side);
+        CHECK_MSG(!memcmp(g[0], g[side], sizeof(float) * n), "gradients differ with recompute %d: rel %.3g",
+                  side, test_rel_error_f32(g[side], g[0], (long)n));
     }
-    free(g[0]), free(g[1]);
+    free(g[0]), free(g[1]), free(g[2]);
     batch_free(&f);
 }

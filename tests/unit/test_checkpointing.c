@@ -1,8 +1,9 @@
 /* Activation checkpointing (the `checkpointing` memory plugin): on a packed batch, for the
  * TRL-parity model and the Llama, Mistral (sliding window), Qwen2 (q/k/v bias) and Qwen3 (q/k
  * norms) fixture models, log-probabilities and every gradient are bit-identical with and without
- * it, for both attention plugins and for recomputing every layer or every other one; the
- * activations the model holds are fewer with it. */
+ * it, for both attention plugins and for recomputing every layer or every other one, and with
+ * keep_mlp (selective: the recompute skips gate/up, kept from the forward); the activations the
+ * model holds are fewer with it (with keep_mlp more than without, fewer than keeping all). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,15 @@ static void forward_backward(const char *model, const ctrl_plugin_entry *attn, c
     ctrl_model_free(m);
 }
 
-static void compare(const char *model, const char *attention, long every) {
+/* The checkpointing plugin made from "[checkpointing] every = EVERY, keep_mlp = KEEP" (NULL: failed). */
+static ctrl_config *plugin_config(ctrl_registry *reg, const char *dir, long every, int keep_mlp) {
+    char ini[1200];
+    snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = %ld\nkeep_mlp = %s\n", dir, every,
+             keep_mlp ? "true" : "false");
+    return test_config_from_text(reg, "checkpointing.ini", ini);
+}
+
+static void compare_keep(const char *model, const char *attention, long every, int keep_mlp) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", CTRL_FIXTURE_DIR, model);
     ctrl_registry *reg = test_plugin_registry();
@@ -52,11 +61,9 @@ static void compare(const char *model, const char *attention, long every) {
     const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
     CHECK(attn && ckpt);
     if (!attn || !ckpt) return;
-    /* the plugin reads [checkpointing] every from a config */
+    /* the plugin reads [checkpointing] every and keep_mlp from a config */
     ctrl_memory *mem;
-    char ini[1200];
-    snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = %ld\n", dir, every);
-    ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
+    ctrl_config *cfg = plugin_config(reg, dir, every, keep_mlp);
     if (!cfg) return;
     const ctrl_memory_ops *mops = ckpt->plugin->ops;
     CHECK_EQ_INT(mops->create(ctrl_host_table(), cfg, 2, &mem), CTRL_OK);
@@ -68,18 +75,47 @@ static void compare(const char *model, const char *attention, long every) {
               model, attention, every);
     CHECK_MSG(plain.grads && recomputed.grads &&
                   memcmp(plain.grads, recomputed.grads, sizeof(float) * plain.n) == 0,
-              "%s/%s every %ld: gradients differ with checkpointing", model, attention, every);
+              "%s/%s every %ld keep_mlp %d: gradients differ with checkpointing", model, attention, every,
+              keep_mlp);
     /* all layers recomputed: one set of internals instead of one per layer (every 2 on this 2-layer
-     * model keeps one layer's and the shared set: no saving, but no loss either) */
-    CHECK_MSG(every == 1 ? recomputed.act_bytes < plain.act_bytes : recomputed.act_bytes <= plain.act_bytes,
+     * model keeps one layer's and the shared set: no saving, but no loss either; with keep_mlp there
+     * the recomputed layer's gate/up besides: checked below) */
+    CHECK_MSG(every == 1 ? recomputed.act_bytes < plain.act_bytes
+              : keep_mlp ? 1
+                         : recomputed.act_bytes <= plain.act_bytes,
               "%s/%s: activations %zu with, %zu without", model, attention, recomputed.act_bytes,
               plain.act_bytes);
-    printf("  %s, %s, every %ld layer(s): activations %zu -> %zu bytes for 121 tokens\n", model, attention,
-           every, plain.act_bytes, recomputed.act_bytes);
+    printf("  %s, %s, every %ld layer(s)%s: activations %zu -> %zu bytes for 121 tokens\n", model, attention,
+           every, keep_mlp ? ", keep_mlp" : "", plain.act_bytes, recomputed.act_bytes);
+    if (keep_mlp) { /* exactly gate's and up's outputs more per recomputed layer than without keep_mlp */
+        ctrl_config *cfg2 = plugin_config(reg, dir, every, 0);
+        ctrl_memory *mem2 = NULL;
+        run bare = {0};
+        if (cfg2 && mops->create(ctrl_host_table(), cfg2, 2, &mem2) == CTRL_OK) {
+            forward_backward(dir, attn, mops, mem2, &bare);
+            ctrl_model *m = NULL;
+            CHECK_EQ_INT(ctrl_model_load(dir, attn->plugin->ops, &m), CTRL_OK);
+            const ctrl_model_config *mc = m ? ctrl_model_cfg(m) : NULL;
+            const size_t layers = mc ? (size_t)(mc->n_layers + every - 1) / (size_t)every : 0;
+            const size_t extra = mc ? sizeof(float) * 121 * 2 * (size_t)mc->intermediate_size * layers : 0;
+            CHECK_MSG(mc && recomputed.act_bytes == bare.act_bytes + extra,
+                      "%s: activations %zu with keep_mlp, %zu without (+%zu expected)", model,
+                      recomputed.act_bytes, bare.act_bytes, extra);
+            ctrl_model_free(m);
+            free(bare.grads);
+            mops->destroy(mem2);
+        }
+        CHECK(cfg2 && mem2);
+        ctrl_config_free(cfg2);
+    }
     free(plain.grads), free(recomputed.grads);
     mops->destroy(mem);
     ctrl_config_free(cfg);
     ctrl_registry_destroy(reg);
+}
+
+static void compare(const char *model, const char *attention, long every) {
+    compare_keep(model, attention, every, 0);
 }
 
 static const char *const models[] = {"trl_sft/model", "models/llama", "models/mistral", "models/qwen2",
@@ -94,6 +130,14 @@ TEST(identical_with_eager) {
 TEST(identical_every_other_layer) {
     compare("trl_sft/model", "flash", 2);
     compare("models/qwen3", "eager", 2);
+}
+
+/* Selective checkpointing ([checkpointing] keep_mlp): the recompute skips gate/up, the numbers
+ * stay bit for bit, the activations grow by exactly gate's and up's outputs per recomputed layer. */
+TEST(identical_keeping_the_mlp) {
+    compare_keep("models/qwen2", "flash", 1, 1);
+    compare_keep("models/llama", "eager", 1, 1);
+    compare_keep("trl_sft/model", "flash", 2, 1);
 }
 
 /* A frozen reference (the sequence kind's): every layer recomputed without a plugin

@@ -1,7 +1,9 @@
 /* The `checkpointing` memory strategy (activation / gradient checkpointing, TRL's default
  * gradient_checkpointing = true): the chosen layers keep only their input through the forward and
  * are recomputed from it in backward, trading one extra layer forward for their activations.
- * Option: every (recompute every Nth layer, counting from the first; 1 = all). */
+ * Options: every (recompute every Nth layer, counting from the first; 1 = all); keep_mlp (selective
+ * checkpointing: the recomputed layers also keep their MLP's gate_proj/up_proj outputs, so the
+ * recompute skips those products; ctrl_memory_ops.keep_mlp). */
 #include <stdlib.h>
 
 #include <ctrl/plugin_api.h>
@@ -10,6 +12,7 @@ CTRL_PLUGIN_API_DEFINE;
 
 struct ctrl_memory {
     long every;
+    int keep_mlp;
 };
 
 static ctrl_status checkpointing_create(const ctrl_host *host, const ctrl_config *cfg, int n_layers,
@@ -19,6 +22,7 @@ static ctrl_status checkpointing_create(const ctrl_host *host, const ctrl_config
     if (!m) return ctrl_error_set(CTRL_ERR_NOMEM, "memory checkpointing: out of memory");
     ctrl_status st = CTRL_OK;
     m->every = (long)ctrl_option_int(cfg, "checkpointing", "every", &st);
+    if (st == CTRL_OK) m->keep_mlp = ctrl_option_bool(cfg, "checkpointing", "keep_mlp", &st);
     if (st != CTRL_OK) {
         free(m);
         return st;
@@ -29,6 +33,10 @@ static ctrl_status checkpointing_create(const ctrl_host *host, const ctrl_config
 
 static int checkpointing_recompute(const ctrl_memory *m, int layer) { return layer % m->every == 0; }
 
+static int checkpointing_keep_mlp(const ctrl_memory *m, int layer) {
+    return m->keep_mlp && checkpointing_recompute(m, layer);
+}
+
 static void checkpointing_destroy(ctrl_memory *m) { free(m); }
 
 static const ctrl_memory_ops checkpointing_ops = {
@@ -36,6 +44,7 @@ static const ctrl_memory_ops checkpointing_ops = {
     .create = checkpointing_create,
     .recompute = checkpointing_recompute,
     .destroy = checkpointing_destroy,
+    .keep_mlp = checkpointing_keep_mlp,
 };
 
 static const ctrl_option checkpointing_options[] = {
@@ -45,6 +54,15 @@ static const ctrl_option checkpointing_options[] = {
      .flags = CTRL_OPT_HAS_MIN,
      .min = 1,
      .doc = "Recompute every Nth layer (1 = every layer, the most memory saved)."},
+    {.key = "keep_mlp",
+     .type = CTRL_OPT_BOOL,
+     .default_value = "false",
+     .doc = "Selective checkpointing: each recomputed layer also keeps the outputs of its MLP's gate_proj "
+            "and up_proj (and their LoRA adapters' x A^T) through the forward, so its recompute in backward "
+            "skips those two products -- the largest of the layer, about two thirds of the recompute's "
+            "multiplications at a Qwen2-like shape -- for 2 x intermediate_size floats a token per layer "
+            "more (at Qwen2.5-0.5B's shape 0.93 MiB a token over 24 layers). The gradients are the same bit "
+            "for bit. A mixture-of-experts layer keeps its own activations either way."},
     CTRL_OPTION_END,
 };
 
