@@ -182,7 +182,7 @@ static const ctrl_option memory_options[] = {
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
      "and backward (SFT, the preference trainers, colocated GRPO/RLOO; on cuda SFT and the online trainers, "
-     "fp32 or bf16); "
+     "fp32 or bf16, LoRA too); "
      "offload_optimizer: on a CUDA run the optimizer state and step in host memory; offload_activations: the "
      "checkpointed layers' inputs kept out of the compute memory between forward and backward -- on a CUDA "
      "run in host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; "

@@ -77,19 +77,13 @@ static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec 
                               "trainer)",
                               s->run.trainer);
     /* on a CUDA model (zero_device.c): the token-level trainers (SFT) and the online ones (the whole
-     * model gathered for each generation phase), fp32 or bf16, every parameter trained */
+     * model gathered for each generation phase), fp32 or bf16, full or LoRA */
     if (r->comp.cuda && k != &train_kind_token && k != &train_kind_online)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[memory] strategies = zero3 with [run] device = cuda and trainer = %s: not "
                               "supported yet (SFT and the online trainers are; zero1 and zero2 on cuda work "
                               "with every trainer)",
                               s->run.trainer);
-    if (r->comp.cuda && s->peft.enabled)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: [peft] enabled = true with [memory] strategies = zero3 on [run] device = cuda: "
-            "not supported yet (full fine-tuning is)",
-            ctrl_config_where(r->cfg, "peft", "enabled"));
     if (k == &train_kind_sequence && spec->sync_ref_model)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,

@@ -146,12 +146,11 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
                                   "is read whole: %s); plain LoRA is",
                                   lora->nf4 ? "quantization = nf4" : "use_dora = true",
                                   lora->nf4 ? "dequantized per layer from NF4" : "DoRA's weight norms");
-        if (ctrl_model_device(m).type != CTRL_DEVICE_CPU && (lora || host_step))
+        if (ctrl_model_device(m).type != CTRL_DEVICE_CPU && host_step)
             return ctrl_error_set(
                 CTRL_ERR_UNSUPPORTED,
-                "[memory] strategies = zero3 with [run] device = cuda and %s: not supported yet "
-                "(zero3 on cuda trains every parameter on the device)",
-                lora ? "[peft] enabled = true" : "offload_optimizer");
+                "[memory] strategies = zero3 with [run] device = cuda and offload_optimizer: "
+                "not supported yet (zero3 on cuda steps its slices on the device)");
     }
     /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned
      * during the backward (zero_layers.c) */

@@ -29,8 +29,8 @@
  * offload_optimizer, step on the host (the gradients brought back first, the state in host memory,
  * the weights copied back to the device after the gather). Stage 3 keeps each rank's slices on the
  * device and gathers a layer over NCCL into device memory mapped for its use, unmapped after
- * (zero_device.c; SFT in fp32, or bf16 with the layers gathered as bf16 and fp32 master slices, without
- * LoRA). */
+ * (zero_device.c; SFT in fp32, or bf16 with the layers gathered as bf16 and fp32 master slices; with
+ * LoRA each layer's frozen base sliced and gathered with its adapters, in bf16 held as bf16 only). */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
 #define CTRL_CORE_TRAIN_ZERO_H
 
@@ -124,7 +124,7 @@ size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
  * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned). Stage 3
- * needs a CPU model (with LoRA: neither NF4 nor DoRA), else an error naming the key. An error when a slice
+ * with LoRA takes neither NF4 nor DoRA, else an error naming the key. An error when a slice
  * offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
                             int overlap, int host_step);

@@ -196,6 +196,11 @@ static size_t param_byte(const train_zero *z, size_t trainable) {
 
 static uint16_t *b16_base(const train_zero *z) { return (uint16_t *)(void *)z->vm_b16->base; }
 
+/* held16's entry of a layer's range: its trainable unit's, or LoRA's frozen base's. */
+static size_t held_at(const train_zero *z, train_zero_unit u) {
+    return 2 * (size_t)u.layer + (u.a < z->first);
+}
+
 /* zero3 in bf16: the layers' fp32 master slices (from the model's parameters, before it frees
  * them) and their bf16 values in vm_b16 (this rank's slices mapped for the run, indexed as the
  * parameters). */
@@ -219,7 +224,7 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
     z->master_n = hi_all > z->master_lo ? hi_all - z->master_lo : 0;
     if (!z->master_n) z->master_lo = 0;
     const int n_layers = ctrl_model_cfg(m)->n_layers;
-    if (!(z->held16 = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1)))
+    if (!(z->held16 = calloc(2 * (size_t)(n_layers > 0 ? n_layers : 1), 1)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
     ctrl_status st = be->alloc((void **)&z->master, (z->master_n ? z->master_n : 1) * sizeof(float));
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(uint16_t), 0, &z->vm_b16);
@@ -232,6 +237,39 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
         st = vm_pin(z->vm_b16, (z->first + lo) * sizeof(uint16_t), (z->first + hi) * sizeof(uint16_t));
         if (st == CTRL_OK) st = be->copy(master, old + lo, (hi - lo) * sizeof(float));
         if (st == CTRL_OK) st = refresh_b16(z, u);
+    }
+    /* LoRA's frozen base: no master (never stepped); this rank's slice of each layer's as bf16 */
+    for (int l = 0; z->frozen && l < n_layers && st == CTRL_OK; l++) {
+        const train_zero_unit f = z->frozen[l];
+        size_t lo, hi;
+        if (f.layer < 0) continue;
+        train_zero_cut(z, f, z->rank, &lo, &hi);
+        if (hi <= lo) continue;
+        st = vm_pin(z->vm_b16, lo * sizeof(uint16_t), hi * sizeof(uint16_t));
+        if (st == CTRL_OK)
+            st = be->to_bf16(b16_base(z) + lo, ctrl_model_device_params(m) + lo, (int64_t)(hi - lo));
+    }
+    return st;
+}
+
+/* Pins [a, b) of the parameters (in parameters) but LoRA's frozen layer ranges, of which this rank's
+ * slices only (in bf16: none, their bf16 values are in vm_b16). */
+static ctrl_status pin_base(train_zero *z, size_t a, size_t b) {
+    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
+    size_t at = a;
+    ctrl_status st = CTRL_OK;
+    while (at < b && st == CTRL_OK) {
+        const train_zero_unit *next = NULL; /* the lowest frozen range from `at` on */
+        for (int l = 0; z->frozen && l < n_layers; l++)
+            if (z->frozen[l].layer >= 0 && z->frozen[l].b > at && (!next || z->frozen[l].a < next->a))
+                next = &z->frozen[l];
+        const size_t end = next && next->a < b ? (next->a > at ? next->a : at) : b;
+        if (end > at) st = vm_pin(z->vm_params, at * sizeof(float), end * sizeof(float));
+        if (!next || next->a >= b || st != CTRL_OK) break;
+        size_t lo, hi;
+        train_zero_cut(z, *next, z->rank, &lo, &hi);
+        if (!z->b16 && hi > lo) st = vm_pin(z->vm_params, lo * sizeof(float), hi * sizeof(float));
+        at = next->b;
     }
     return st;
 }
@@ -247,12 +285,16 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     ctrl_status st = train_zero_device_init(z, m);                     /* the slices' sums, NCCL */
     const size_t n_params = ctrl_model_param_bytes(m) / sizeof(float); /* fp32 on a device */
     const char *old = (const char *)ctrl_model_device_params(m);
+    /* the device's copy current first: the host's may be newer (weights broadcast from rank 0, as a
+     * LoRA run's are, reach the device at the next forward) */
+    if (st == CTRL_OK) st = ctrl_model_params_to_host(m);
+    if (st == CTRL_OK) st = be->to_device((void *)old, ctrl_model_params(m, NULL), n_params * sizeof(float));
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(float), 0, &z->vm_params);
     if (st == CTRL_OK) st = vm_new(be, (z->total ? z->total : 1) * sizeof(float), 1, &z->vm_grads);
     if (st == CTRL_OK && ctrl_model_compute_dtype(m) == CTRL_BF16) st = b16_init(z, m, n_params);
     /* pinned: what lies outside the sliced layers, whole, and this rank's slice of each layer (in
      * bf16: its master is apart, and vm_b16 holds its bf16 values) */
-    if (st == CTRL_OK) st = vm_pin(z->vm_params, 0, param_byte(z, 0));
+    if (st == CTRL_OK) st = pin_base(z, 0, z->first);
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
         const train_zero_unit un = z->units[u];
         size_t lo = un.a, hi = un.b;
@@ -270,6 +312,7 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     }
     if (st == CTRL_OK) st = ctrl_model_adopt_device_buffers(m, (float *)v->base, (float *)z->vm_grads->base);
     if (st == CTRL_OK) ctrl_model_set_device_sliced(m, 1);
+    if (st == CTRL_OK) ctrl_model_device_weights_changed(m); /* the device's are current (sliced) */
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "zero3 on %s", be->name);
 }
 
@@ -283,7 +326,7 @@ void train_zero_device3_free(train_zero *z) {
 /* zero3 in bf16, a gather of train_zero_gather_all: this rank's fp32 master slice of range u (a
  * layer's) into its place in the parameters, which are then all-gathered in fp32. */
 static ctrl_status master_in(train_zero *z, train_zero_unit u) {
-    const int k = u.layer >= 0 ? z->layer_unit[u.layer] : -1;
+    const int k = u.layer >= 0 && u.a >= z->first ? z->layer_unit[u.layer] : -1; /* not LoRA's base */
     size_t lo, hi;
     const float *master = k >= 0 ? master_of(z, k, &lo, &hi) : NULL;
     if (!master || hi <= lo) return CTRL_OK;
@@ -296,10 +339,11 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, voi
     float *p = ctrl_model_device_params(z->model) + u.a;
     const int *counts = train_zero_cut_counts(z, u);
     if (st != CTRL_OK) return st;
-    if (z->b16 && !z->fp32_gather && u.layer >= 0) { /* bf16: 2 bytes a parameter, widened after */
+    /* bf16: 2 bytes a parameter, widened after (LoRA's frozen base: always, it has no fp32 master) */
+    if (z->b16 && u.layer >= 0 && (!z->fp32_gather || u.a < z->first)) {
         st = vm_use(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
         if (st != CTRL_OK) return st;
-        z->held16[u.layer] = 1;
+        z->held16[held_at(z, u)] = 1;
         st = ctrl_collective_device_allgather_b16(b16_base(z) + u.a, counts, handle);
         return st == CTRL_OK && !handle ? train_zero_device_gathered(z, u) : st;
     }
@@ -310,7 +354,7 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, voi
 }
 
 ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u) {
-    if (!z->b16 || u.layer < 0 || !z->held16[u.layer]) return CTRL_OK;
+    if (!z->b16 || u.layer < 0 || !z->held16[held_at(z, u)]) return CTRL_OK;
     return z->dev->from_bf16(ctrl_model_device_params(z->model) + u.a, b16_base(z) + u.a,
                              (int64_t)(u.b - u.a));
 }
@@ -318,8 +362,8 @@ ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u) {
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
     ctrl_status st = z->dev->synchronize(); /* the kernels that read the layer are done */
     if (st == CTRL_OK) st = vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
-    if (st == CTRL_OK && z->b16 && u.layer >= 0 && z->held16[u.layer]) {
-        z->held16[u.layer] = 0;
+    if (st == CTRL_OK && z->b16 && u.layer >= 0 && z->held16[held_at(z, u)]) {
+        z->held16[held_at(z, u)] = 0;
         st = vm_drop(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
     }
     return st;

@@ -13,6 +13,7 @@
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "device/backend.h"
 #include "train/memory_report.h"
 #include "train/zero.h"
 
@@ -51,25 +52,51 @@ static ctrl_status fetch(void *user, const float *data, int64_t numel) {
 
 /* Several ranks, stage 3 on the CPU, every layer sliced (a layer whole or in flight: the whole
  * gather handles it), and the test's switch to the old way off. */
-static int sliced_on_cpu(const train_zero *z) {
-    if (z->stage < 3 || z->size < 2 || z->gathered || !z->state || z->dev) return 0;
-    if (ctrl_model_device(z->model).type != CTRL_DEVICE_CPU) return 0;
+static int sliced(const train_zero *z) {
+    if (z->stage < 3 || z->size < 2 || z->gathered || !z->state) return 0;
     if (getenv("CTRL_TEST_ZERO_SAVE_WHOLE")) return 0; /* tests: the old way, to compare its bytes */
     for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++)
         if (z->state[l] != 0) return 0;
     return 1;
 }
 
+static int sliced_on_cpu(const train_zero *z) {
+    return sliced(z) && !z->dev && ctrl_model_device(z->model).type == CTRL_DEVICE_CPU;
+}
+
 int train_zero_save_streams(const train_zero *z) { return sliced_on_cpu(z) && !ctrl_model_lora(z->model); }
 
-int train_zero_save_adapter_only(const train_zero *z) {
-    return sliced_on_cpu(z) && ctrl_model_lora(z->model);
+/* (on a CUDA model too: the adapters gathered over NCCL, then copied to the host) */
+int train_zero_save_adapter_only(const train_zero *z) { return sliced(z) && ctrl_model_lora(z->model); }
+
+/* A CUDA model's adapters: each layer's trainable range mapped and all-gathered on the device (in
+ * bf16: its fp32 masters), released by train_zero_release_all; then every trainable float (the units
+ * outside the layers are whole on the device already) copied into the host's parameters, which the
+ * adapter's writer reads. */
+static ctrl_status gather_adapters_device(train_zero *z) {
+    ctrl_status st = CTRL_OK;
+    z->fp32_gather = 1;
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) {
+        const int u = z->layer_unit[l];
+        if (u < 0) continue;
+        const train_zero_unit r = {z->first + z->units[u].a, z->first + z->units[u].b, l};
+        z->state[l] = 2; /* released with the layer by train_zero_release_all */
+        st = train_zero_device_gather_range(z, r, NULL);
+        if (st == CTRL_OK) z->save_gathers++;
+    }
+    z->fp32_gather = 0;
+    if (st == CTRL_OK) st = z->dev->synchronize();
+    if (st == CTRL_OK)
+        st = z->dev->to_host(ctrl_model_params(z->model, NULL) + z->first,
+                             ctrl_model_device_params(z->model) + z->first, z->total * sizeof(float));
+    return st;
 }
 
 ctrl_status train_zero_gather_adapters(train_zero *z) {
     ctrl_status st = CTRL_OK;
     float *p = ctrl_model_params(z->model, NULL);
     z->save_gathers = 0;
+    if (z->dev) return gather_adapters_device(z);
     for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) {
         train_zero_unit r[2];
         for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++) {

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# ZeRO-3 on CUDA with LoRA, 2 ranks under the CUDA emulator (issue 19; core/train/zero_device.c): the
+# frozen base of each layer is sliced as the trainable layers are (each rank keeps its half on its
+# device, the rest of a layer mapped, gathered over NCCL and unmapped around each use: the emulator
+# faults on a touch of unmapped memory), gathered with the layer's adapters, never reduced nor stepped;
+# the adapters are reduce-scattered and stepped on each rank's slices. The curve is plain data
+# parallel's with LoRA on CUDA (fp32: 1e-6; bf16, the base gathered as bf16 values: bf16's
+# tolerance), the saves write the adapter alone (its layers' adapter slices all-gathered, the base
+# never), a 2-rank resume of checkpoint-3 repeats the curve and the adapter exactly, and the per-rank
+# device bytes the run logs hold about half the layers (base and adapters).
+# usage: test_zero3_lora_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
+source "$(dirname "$0")/e2e_common.sh"
+cuda_emu_mpi_setup "$4" "$5"
+tiny_setup 7 3
+tiny_ini "$TMP/run.ini" "$TMP/dp" <<INI
+learning_rate = 3e-3
+max_steps = 6
+per_device_train_batch_size = 2
+logging_steps = 1
+save_steps = 3
+weight_decay = 0.1
+max_grad_norm = 0.5
+dtype = fp32
+[peft]
+enabled = true
+target_modules = all-linear
+INI
+sed -i 's/^device = cpu$/device = cuda/' "$TMP/run.ini"
+run() { mpi_train "$@"; }
+z3=(--set memory.strategies=zero3 --set memory.reduce_bucket_size=1)
+run dp --set train.save_strategy=no
+run z3 "${z3[@]}"
+curve_close "$TMP/dp" "$TMP/z3" loss 1e-6
+curve_close "$TMP/dp" "$TMP/z3" grad_norm 1e-5
+# the saves: the adapter alone, its layers' adapter slices all-gathered, the frozen base never
+for f in adapter_model.safetensors adapter_config.json checkpoint-3/adapter_model.safetensors \
+  checkpoint-3/optimizer.rank-0.safetensors checkpoint-3/optimizer.rank-1.safetensors; do
+  [ -f "$TMP/z3/$f" ] && ok || bad "zero3 LoRA on cuda: no $f"
+done
+[ ! -e "$TMP/z3/model.safetensors" ] && [ ! -e "$TMP/z3/checkpoint-3/model.safetensors" ] && ok || bad "zero3 LoRA on cuda: the base was written"
+for what in "the adapter" "checkpoint-3's adapter"; do
+  grep -q "zero3: $what saved from the adapters alone, 3 layers' adapter slices all-gathered (the frozen base never gathered)" "$TMP/z3.log" && ok ||
+    bad "zero3 LoRA on cuda: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/z3.log")"
+done
+# the adapter saved holds data parallel's weights (its final save)
+floats() { tail -c +$((9 + $(head -c 8 "$1" | od -A n -t u8))) "$1" | od -A n -v -t f4 -w4; } # past the header
+maxdiff() { # the largest difference between two safetensors files' floats (the same header)
+  paste <(floats "$1") <(floats "$2") | awk 'NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%g\n", m + 0 }'
+}
+[ -f "$TMP/dp/adapter_model.safetensors" ] && [ "$(stat -c %s "$TMP/dp/adapter_model.safetensors")" = "$(stat -c %s "$TMP/z3/adapter_model.safetensors")" ] &&
+  awk -v m="$(maxdiff "$TMP/dp/adapter_model.safetensors" "$TMP/z3/adapter_model.safetensors")" 'BEGIN { exit !(m < 1e-4) }' && ok ||
+  bad "zero3 LoRA on cuda: the adapter differs from data parallel's ($(maxdiff "$TMP/dp/adapter_model.safetensors" "$TMP/z3/adapter_model.safetensors"))"
+# its checkpoint resumes the same curve and adapter on 2 ranks
+mkdir -p "$TMP/r3" && cp -r "$TMP/z3/checkpoint-3" "$TMP/r3/"
+grep '"step": [1-3],' "$TMP/z3/metrics.jsonl" >"$TMP/r3/metrics.jsonl"
+run r3 "${z3[@]}" --set train.resume_from_checkpoint=last
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
+diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && cmp -s "$TMP/z3/adapter_model.safetensors" "$TMP/r3/adapter_model.safetensors" &&
+  ok || { bad "zero3 LoRA on cuda: resumed curve or adapter differs"; cat "$TMP/diff"; }
+# what a rank holds on its device between steps: what lies outside the layers whole, about half of the
+# layers' bytes (the frozen base's and the adapters'), give or take the pieces the slices share
+d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers [0-9]* bytes, sliced over 2 ranks)" "$1"; }
+read -r pm p lay < <(d3 "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')
+piece=$(grep -o "pieces of [0-9]* bytes" "$TMP/z3.log" | grep -o '[0-9][0-9]*')
+echo "zero3 LoRA on CUDA, per rank between steps: parameters $pm of $p bytes (layers, base and adapters, $lay); pieces of $piece bytes"
+slop=$((12 * ${piece:-0}))
+[ -n "$piece" ] && [ "$lay" -gt $((p / 2)) ] && [ $((2 * (pm - (p - lay)) - lay)) -le $((2 * slop)) ] &&
+  [ $((2 * (pm - (p - lay)) - lay)) -ge $((-2 * slop)) ] && ok || bad "zero3 LoRA device bytes: '$(d3 "$TMP/z3.log")'"
+# bf16: the base's slices held as bf16 values (2 bytes a parameter) and gathered as such, the
+# adapters' fp32 master slices apart; data parallel's bf16 curve within bf16's precision
+run dpb --set train.save_strategy=no --set train.dtype=bf16
+run z3b "${z3[@]}" --set train.save_strategy=no --set train.dtype=bf16
+curve_close "$TMP/dpb" "$TMP/z3b" loss 1e-3
+curve_close "$TMP/dpb" "$TMP/z3b" grad_norm 1e-2
+# in bf16 no fp32 piece of the layers stays mapped between steps (the base's slices are bf16 values, the
+# adapters' masters apart), and the bf16 slices are about a quarter of the layers' fp32 bytes
+b3() { grep -o "zero3 on the device in bf16: per rank between steps [0-9]* bytes of the layers' fp32 master slices and [0-9]* of the bf16 copy's" "$1"; }
+read -r pmb < <(d3 "$TMP/z3b.log" | grep -o '[0-9][0-9]*' | sed -n '2p')
+read -r master b16 < <(b3 "$TMP/z3b.log" | grep -o '[0-9][0-9]*' | sed -n '3p;5p' | tr '\n' ' ')
+echo "zero3 LoRA bf16 on CUDA, per rank between steps: parameters $pmb, adapters' fp32 masters $master, bf16 slices $b16"
+[ -n "$b16" ] && [ $((pmb - (p - lay))) -le $((2 * piece)) ] && [ $((4 * b16 - lay)) -le $((4 * 2 * 4 * piece)) ] &&
+  [ $((4 * b16 - lay)) -ge $((-4 * 2 * 4 * piece)) ] && ok || bad "zero3 LoRA bf16 device bytes: '$(d3 "$TMP/z3b.log")' '$(b3 "$TMP/z3b.log")'"
+finish
