@@ -40,15 +40,23 @@ ctrl_status train_run_optimizer_create(run_state *r, int offload) {
     set_groups(r, ctrl_model_params(r->model, NULL), ctrl_model_grads(r->model, NULL));
     if (r->zero.stage) r->n_groups = train_zero_shard_groups(&r->zero, r->model, r->groups, r->n_groups);
     /* zero2 on a CUDA model: the slices (parameters and gradient sums) are the device's */
+    /* (zero3 with offload_optimizer: on the host, the slices of the host's parameters) */
+    const int on_dev = r->zero.dev && !r->zero.host_step;
     st = r->opt_ops->create(host, cfg, r->groups, r->n_groups,
-                            r->zero.dev ? dev : (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
-    if (r->zero.dev && st == CTRL_ERR_UNSUPPORTED)
+                            on_dev ? dev : (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+    if (on_dev && st == CTRL_ERR_UNSUPPORTED)
         return ctrl_error_wrap(
             st,
             "[memory] strategies = zero2 with [run] device = cuda: optimizer %s cannot step "
             "on the device (add offload_optimizer to step on the host)",
             s->train.optimizer);
-    if (st == CTRL_OK && r->zero.dev) {
+    if (st == CTRL_OK && r->zero.host_step)
+        CTRL_INFO(
+            "optimizer %s: steps this rank's slices on the host (zero3 with offload_optimizer: its fp32 "
+            "masters and state in host memory, the gradient sums reduce-scattered on the device and "
+            "brought back, the updated slices copied to the device)",
+            s->train.optimizer);
+    if (st == CTRL_OK && on_dev) {
         r->opt_on_device = 1;
         CTRL_INFO(
             "optimizer %s: steps this rank's slices on the device (zero2: the gradients reduce-scattered "

@@ -29,8 +29,8 @@ ctrl_status train_run_report_resident(run_state *r) {
         ctrl_model_grads(r->model, &n_grads);
         double v[8] = {0};
         const size_t piece = train_zero_device_mapped(&r->zero, v);
-        v[4] = (double)(r->zero.acc_n * sizeof(float)),
-        v[5] = (double)train_zero_state_bytes(r->opt_ops, r->opt);
+        v[4] = (double)(r->zero.acc_n * sizeof(float)), /* offload_optimizer: the state is the host's */
+            v[5] = r->zero.host_step ? 0 : (double)train_zero_state_bytes(r->opt_ops, r->opt);
         ctrl_status st = ctrl_collective_allreduce_max_f64(v, 6);
         if (st == CTRL_OK && r->root)
             CTRL_INFO(
@@ -45,7 +45,7 @@ ctrl_status train_run_report_resident(run_state *r) {
         if (st != CTRL_OK || !r->zero.b16) return st;
         double b[3] = {0}; /* bf16: the masters apart, the bf16 copy's slices */
         train_zero_device_b16_mapped(&r->zero, b);
-        b[2] = (double)(r->zero.master_n * sizeof(float));
+        b[2] = r->zero.master ? (double)(r->zero.master_n * sizeof(float)) : 0; /* offload: the host's */
         st = ctrl_collective_allreduce_max_f64(b, 3);
         if (st == CTRL_OK && r->root)
             CTRL_INFO(

@@ -65,8 +65,8 @@ static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plug
     return CTRL_OK;
 }
 
-/* What zero3 runs with so far: the token, sequence and online kinds (generation gathers the whole
- * model around it), not what reads the whole policy at other times. */
+/* What zero3 runs with so far, on the CPU and CUDA alike: the token, sequence and online kinds
+ * (generation gathers the whole model around it), not what reads the whole policy at other times. */
 static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec *spec) {
     const ctrl_run_settings *s = r->s;
     const train_kind_ops *k = r->kind_ops;
@@ -75,14 +75,6 @@ static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec 
                               "[memory] strategies = zero3 with trainer = %s: not supported yet (SFT, the "
                               "preference trainers and the online ones are; zero1 and zero2 work with every "
                               "trainer)",
-                              s->run.trainer);
-    /* on a CUDA model (zero_device.c): the token-level trainers (SFT) and the online ones (the whole
-     * model gathered for each generation phase), fp32 or bf16, full or LoRA */
-    if (r->comp.cuda && k != &train_kind_token && k != &train_kind_online)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[memory] strategies = zero3 with [run] device = cuda and trainer = %s: not "
-                              "supported yet (SFT and the online trainers are; zero1 and zero2 on cuda work "
-                              "with every trainer)",
                               s->run.trainer);
     if (k == &train_kind_sequence && spec->sync_ref_model)
         return ctrl_error_set(

@@ -146,11 +146,7 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
                                   "is read whole: %s); plain LoRA is",
                                   lora->nf4 ? "quantization = nf4" : "use_dora = true",
                                   lora->nf4 ? "dequantized per layer from NF4" : "DoRA's weight norms");
-        if (ctrl_model_device(m).type != CTRL_DEVICE_CPU && host_step)
-            return ctrl_error_set(
-                CTRL_ERR_UNSUPPORTED,
-                "[memory] strategies = zero3 with [run] device = cuda and offload_optimizer: "
-                "not supported yet (zero3 on cuda steps its slices on the device)");
+        z->host_step = host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU; /* the step on the host */
     }
     /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned
      * during the backward (zero_layers.c) */
@@ -194,7 +190,8 @@ void train_zero_free(train_zero *z) {
     train_zero_device_free(z); /* a device's acc */
     train_zero_device3_free(z);
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
-    free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending);
+    free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending), free(z->hacc);
+    z->hacc = NULL;
     free(z->flight_u), free(z->flight_h);
     z->frozen = NULL, z->skip = NULL, z->state = NULL, z->pending = NULL, z->flight_u = NULL,
     z->flight_h = NULL;
@@ -225,7 +222,8 @@ int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group
 
 ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq) {
     *sum_sq = 0;
-    if (z->dev) return train_zero_device_sum_squares(z, sum_sq); /* on the device, reduced likewise */
+    /* on the device, reduced likewise (offload_optimizer: the sums then brought to the host) */
+    if (z->dev) return train_zero_device_sum_squares(z, sum_sq);
     if (z->partitioned) { /* reduced bucket by bucket in the backward (zero_layers.c) */
         *sum_sq = ctrl_cpu_sum_squares(z->acc, (int64_t)z->acc_n);
         return ctrl_collective_allreduce_sum_f64(sum_sq, 1);
@@ -242,6 +240,10 @@ ctrl_status train_zero_reduce_grads(train_zero *z, ctrl_model *m, double *sum_sq
 }
 
 ctrl_status train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coef) {
+    if (z->host_step) { /* zero3 on a CUDA model, offload_optimizer: the sums on the host */
+        ctrl_cpu_scale(z->hacc, coef, (int64_t)z->acc_n);
+        return CTRL_OK;
+    }
     if (z->dev) return z->dev->scale(z->acc, coef, (int64_t)z->acc_n);
     if (z->partitioned) {
         ctrl_cpu_scale(z->acc, coef, (int64_t)z->acc_n);

@@ -28,7 +28,8 @@
  * memory, the slices all-gathered over NCCL after the step); stage 1, and stage 2 with
  * offload_optimizer, step on the host (the gradients brought back first, the state in host memory,
  * the weights copied back to the device after the gather). Stage 3 keeps each rank's slices on the
- * device and gathers a layer over NCCL into device memory mapped for its use, unmapped after
+ * device (with offload_optimizer their fp32 masters and the optimizer's state on the host, the step
+ * there) and gathers a layer over NCCL into device memory mapped for its use, unmapped after
  * (zero_device.c; SFT in fp32, or bf16 with the layers gathered as bf16 and fp32 master slices; with
  * LoRA each layer's frozen base sliced and gathered with its adapters, in bf16 held as bf16 only). */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
@@ -106,6 +107,12 @@ typedef struct train_zero {
      * values); fp32_gather: the gathers of train_zero_gather_all (a save, an evaluation, generation)
      * send the fp32 masters instead; held16[l]: layer l's gather holds vm_b16 pieces */
     int b16, fp32_gather;
+    /* stage 3 on a CUDA model with offload_optimizer: the optimizer steps this rank's fp32 slices in
+     * host memory (the host's parameters: the masters, its state there too) on `hacc`, the slices'
+     * sums brought back from `acc` after the backward; the updated slices are copied to the device
+     * after the step (in bf16 through `acc`, then rounded into vm_b16; `master` unused) */
+    int host_step;
+    float *hacc;
     float *master;
     size_t master_lo, master_n;
     struct zero_vm *vm_b16;
@@ -123,7 +130,8 @@ const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
 size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
- * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned). Stage 3
+ * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned; its zero3
+ * partitions on the device and steps the slices on the host). Stage 3
  * with LoRA takes neither NF4 nor DoRA, else an error naming the key. An error when a slice
  * offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,

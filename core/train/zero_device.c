@@ -17,7 +17,8 @@ static ctrl_status vm_drop(zero_vm *v, size_t a, size_t b);
 static uint16_t *b16_base(const train_zero *z);
 
 int train_zero_wants_device(int stage, ctrl_model *m, int host_step) {
-    return stage >= 2 && !host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU;
+    /* zero3 partitions on the device with offload_optimizer too (the step alone on the host) */
+    return (stage >= 3 || (stage == 2 && !host_step)) && ctrl_model_device(m).type != CTRL_DEVICE_CPU;
 }
 
 ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m) {
@@ -32,6 +33,8 @@ ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m) {
     if (st == CTRL_OK) st = be->alloc((void **)&z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
     if (st == CTRL_OK) z->dev = be;
     if (st == CTRL_OK) st = be->fill_zero(z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
+    if (st == CTRL_OK && z->host_step && !(z->hacc = malloc((z->acc_n ? z->acc_n : 1) * sizeof(float))))
+        st = ctrl_error_set(CTRL_ERR_NOMEM, "out of memory for the host's copy of the gradient sums");
     return st == CTRL_OK ? CTRL_OK
                          : ctrl_error_wrap(st, "zero2 on %s: %zu gradient floats", be->name, z->acc_n);
 }
@@ -61,14 +64,32 @@ ctrl_status train_zero_device_finish_unit(train_zero *z, int u) {
 
 ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq) {
     ctrl_status st = z->acc_n ? z->dev->sum_squares(z->acc, (int64_t)z->acc_n, sum_sq) : CTRL_OK;
+    if (st == CTRL_OK && z->host_step && z->acc_n) /* offload_optimizer: the step reads them there */
+        st = z->dev->to_host(z->hacc, z->acc, z->acc_n * sizeof(float));
     return st == CTRL_OK ? ctrl_collective_allreduce_sum_f64(sum_sq, 1) : st;
 }
 
-/* zero3 in bf16: unit u's fp32 master slice (NULL for a unit outside the layers, whose master is
- * the parameters' own), its bounds in trainable floats. */
+/* zero3 in bf16: unit u's fp32 master slice on the device (NULL for a unit outside the layers, whose
+ * master is the parameters' own; with offload_optimizer its copy in acc, current right after the
+ * step's upload), its bounds in trainable floats. */
 static float *master_of(const train_zero *z, int u, size_t *lo, size_t *hi) {
     train_zero_slice(z, u, z->rank, lo, hi);
-    return z->b16 && z->units[u].layer >= 0 ? z->master + (z->acc_off[u] - z->master_lo) : NULL;
+    if (!z->b16 || z->units[u].layer < 0) return NULL;
+    return z->host_step ? z->acc + z->acc_off[u] : z->master + (z->acc_off[u] - z->master_lo);
+}
+
+/* offload_optimizer: the slices the host stepped onto the device -- into the device's parameters,
+ * or (a layer's in bf16) into acc, whence refresh_b16 rounds them. */
+static ctrl_status upload_slices(train_zero *z, ctrl_model *m) {
+    const float *host = ctrl_model_params(m, NULL) + z->first;
+    float *p = ctrl_model_device_params(m) + z->first;
+    ctrl_status st = CTRL_OK;
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
+        size_t lo, hi;
+        float *master = master_of(z, u, &lo, &hi);
+        if (hi > lo) st = z->dev->to_device(master ? master : p + lo, host + lo, (hi - lo) * sizeof(float));
+    }
+    return st;
 }
 
 /* zero3 in bf16: unit u's bf16 slice (vm_b16, mapped for the run) from its fp32 master. */
@@ -81,7 +102,7 @@ static ctrl_status refresh_b16(train_zero *z, int u) {
 
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
     float *p = ctrl_model_device_params(m) + z->first;
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = z->host_step ? upload_slices(z, m) : CTRL_OK;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) { /* zero3's layers stay sliced */
         size_t lo, hi;
         const float *master = master_of(z, u, &lo, &hi);
@@ -100,6 +121,10 @@ void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_gro
     float *dev = ctrl_model_device_params(m);
     for (int i = 0; i < n; i++) { /* grads: acc's already; zero3 in bf16: a layer's, its master slice */
         const size_t at = (size_t)(groups[i].grad - z->acc);
+        if (z->host_step) { /* offload_optimizer: the host's parameters, the sums' host copy */
+            groups[i].grad = z->hacc + at;
+            continue;
+        }
         groups[i].param = z->b16 && at >= z->master_lo && at < z->master_lo + z->master_n
                               ? z->master + (at - z->master_lo)
                               : dev + (groups[i].param - host);
@@ -226,7 +251,10 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
     const int n_layers = ctrl_model_cfg(m)->n_layers;
     if (!(z->held16 = calloc(2 * (size_t)(n_layers > 0 ? n_layers : 1), 1)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
-    ctrl_status st = be->alloc((void **)&z->master, (z->master_n ? z->master_n : 1) * sizeof(float));
+    /* offload_optimizer: the masters are the host's parameters (staged through acc, master_of) */
+    ctrl_status st = z->host_step
+                         ? CTRL_OK
+                         : be->alloc((void **)&z->master, (z->master_n ? z->master_n : 1) * sizeof(float));
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(uint16_t), 0, &z->vm_b16);
     z->b16 = st == CTRL_OK;
     const float *old = ctrl_model_device_params(m) + z->first;
@@ -238,6 +266,8 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
         if (st == CTRL_OK) st = be->copy(master, old + lo, (hi - lo) * sizeof(float));
         if (st == CTRL_OK) st = refresh_b16(z, u);
     }
+    if (st == CTRL_OK && z->host_step) /* acc staged the masters: the sums start from zeros */
+        st = be->fill_zero(z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
     /* LoRA's frozen base: no master (never stepped); this rank's slice of each layer's as bf16 */
     for (int l = 0; z->frozen && l < n_layers && st == CTRL_OK; l++) {
         const train_zero_unit f = z->frozen[l];
@@ -330,8 +360,11 @@ static ctrl_status master_in(train_zero *z, train_zero_unit u) {
     size_t lo, hi;
     const float *master = k >= 0 ? master_of(z, k, &lo, &hi) : NULL;
     if (!master || hi <= lo) return CTRL_OK;
-    return z->dev->copy(ctrl_model_device_params(z->model) + z->first + lo, master,
-                        (hi - lo) * sizeof(float));
+    float *at = ctrl_model_device_params(z->model) + z->first + lo;
+    if (z->host_step) /* offload_optimizer: the host's */
+        return z->dev->to_device(at, ctrl_model_params(z->model, NULL) + z->first + lo,
+                                 (hi - lo) * sizeof(float));
+    return z->dev->copy(at, master, (hi - lo) * sizeof(float));
 }
 
 ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle) {

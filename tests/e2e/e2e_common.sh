@@ -95,6 +95,18 @@ tiny_ini() {
   } >"$f"
 }
 
+# cuda_run_ini FILE [LINE...]: tiny_ini's run on CUDA (output $TMP/dp): 6 steps of 2 rows at lr 3e-3
+# (weight decay 0.1, clipping at 0.5), fp32, a log line every step and a checkpoint every 3, then the
+# LINEs (other sections).
+cuda_run_ini() {
+  local f=$1
+  shift
+  printf 'learning_rate = 3e-3\nmax_steps = 6\nper_device_train_batch_size = 2\nlogging_steps = 1\nsave_steps = 3\nweight_decay = 0.1\nmax_grad_norm = 0.5\ndtype = fp32\n' |
+    tiny_ini "$f" "$TMP/dp"
+  [ $# -gt 0 ] && printf '%s\n' "$@" >>"$f"
+  sed -i 's/^device = cpu$/device = cuda/' "$f"
+}
+
 # online_ini TRAINER OUT STEPS [LINE...]: prints the INI of an online or distillation run on
 # tiny_setup's model and data, on the CPU: [run] TRAINER, seed 3, output $TMP/OUT; [model] then
 # INI_MODEL's lines (a [teacher] section); [data] the prompt files (INI_DATA=rows: the

@@ -12,20 +12,7 @@
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
 tiny_setup 7 3
-tiny_ini "$TMP/run.ini" "$TMP/dp" <<INI
-learning_rate = 3e-3
-max_steps = 6
-per_device_train_batch_size = 2
-logging_steps = 1
-save_steps = 3
-weight_decay = 0.1
-max_grad_norm = 0.5
-dtype = fp32
-[peft]
-enabled = true
-target_modules = all-linear
-INI
-sed -i 's/^device = cpu$/device = cuda/' "$TMP/run.ini"
+cuda_run_ini "$TMP/run.ini" "[peft]" "enabled = true" "target_modules = all-linear"
 run() { mpi_train "$@"; }
 z3=(--set memory.strategies=zero3 --set memory.reduce_bucket_size=1)
 run dp --set train.save_strategy=no

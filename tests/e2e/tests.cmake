@@ -125,5 +125,8 @@ ctrl_e2e_test(test_adamw8bit_mpi test_adamw8bit_mpi.sh SKIP)
 # runtime, NCCL and libctrl_mpi.so against plain data parallel in bf16 (tests/e2e/test_zero3_cuda_emu.sh).
 ctrl_e2e_test(test_zero3_cuda_emu test_zero3_cuda_emu.sh EMU_MPI SKIP)
 # ZeRO-3 on CUDA with LoRA (the frozen base sliced and gathered with each layer, the adapter saved
-# alone): 2 ranks on the emulated runtime against plain data parallel (tests/e2e/test_zero3_lora_cuda_emu.sh).
-ctrl_e2e_test(test_zero3_lora_cuda_emu test_zero3_lora_cuda_emu.sh EMU_MPI SKIP)
+# alone), with offload_optimizer (the slices stepped on the host), with DPO / KTO / reward: 2 ranks on
+# the emulated runtime against plain data parallel (tests/e2e/test_zero3_{lora,offload,pref}_cuda_emu.sh).
+foreach(what lora offload pref)
+  ctrl_e2e_test(test_zero3_${what}_cuda_emu test_zero3_${what}_cuda_emu.sh EMU_MPI SKIP)
+endforeach()

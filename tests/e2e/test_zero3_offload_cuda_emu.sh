@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# ZeRO-3 on CUDA with offload_optimizer, 2 ranks under the CUDA emulator (issue 19; core/train/
+# zero_device.c): the layers sliced and gathered on the device as zero3's, the gradients
+# reduce-scattered over NCCL into each rank's slices' sums on the device, brought to the host, where
+# AdamW steps the rank's fp32 slices (the host's parameters: the masters) with its state in host
+# memory; the updated slices are copied to the device (in bf16 rounded there into the bf16 slices)
+# and those outside the layers all-gathered. The curve is zero3's on the device (fp32: 1e-6; bf16:
+# bf16's tolerance against data parallel in bf16), no optimizer state nor fp32 master in device
+# memory (the run's log line), and a 2-rank resume of checkpoint-3 repeats the curve and the model.
+# usage: test_zero3_offload_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
+source "$(dirname "$0")/e2e_common.sh"
+cuda_emu_mpi_setup "$4" "$5"
+tiny_setup 7 3
+cuda_run_ini "$TMP/run.ini"
+run() { mpi_train "$@"; }
+z3=(--set memory.reduce_bucket_size=1)
+run z3 "${z3[@]}" --set memory.strategies=zero3 --set train.save_strategy=no
+run z3o "${z3[@]}" --set memory.strategies=zero3,offload_optimizer
+curve_close "$TMP/z3" "$TMP/z3o" loss 1e-6
+curve_close "$TMP/z3" "$TMP/z3o" grad_norm 1e-5
+grep -q "optimizer adamw: steps this rank's slices on the host (zero3 with offload_optimizer" "$TMP/z3o.log" && ok ||
+  bad "zero3 offload: $(grep optimizer "$TMP/z3o.log")"
+# the device holds the slices' sums but no optimizer state; the host steps half of the trainable floats
+d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers [0-9]* bytes, sliced over 2 ranks), [0-9]* of [0-9]* bytes of gradients, [0-9]* bytes of gradient slices' sums and [0-9]* of optimizer state" "$1"; }
+read -r g sums state < <(d3 "$TMP/z3o.log" | grep -o '[0-9][0-9]*' | sed -n '7p;8p;9p' | tr '\n' ' ')
+zl=$(grep -o "zero3: 2 ranks, each steps [0-9]* of [0-9]* trainable floats; optimizer adamw: at most [0-9]* bytes of state per rank" "$TMP/z3o.log")
+read -r mine all host < <(echo "$zl" | grep -o '[0-9][0-9]*' | sed -n '3p;4p;5p' | tr '\n' ' ')
+echo "zero3 offload on CUDA: device optimizer state $state bytes, gradient sums $sums of $g; host: AdamW state $host bytes, $mine of $all floats stepped"
+[ "$state" = 0 ] && [ $((2 * sums)) -le $((g + 64)) ] && [ -n "$host" ] && [ "$host" = $((8 * mine)) ] && [ $((2 * mine)) -le $((all + 8)) ] && ok ||
+  bad "zero3 offload bytes: '$(d3 "$TMP/z3o.log")' '$zl'"
+# its checkpoint (the per-rank optimizer files, written from the host's state) resumes the same curve
+mkdir -p "$TMP/r3" && cp -r "$TMP/z3o/checkpoint-3" "$TMP/r3/"
+grep '"step": [1-3],' "$TMP/z3o/metrics.jsonl" >"$TMP/r3/metrics.jsonl"
+run r3 "${z3[@]}" --set memory.strategies=zero3,offload_optimizer --set train.resume_from_checkpoint=last
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
+diff <(curve "$TMP/z3o") <(curve "$TMP/r3") >"$TMP/diff" && cmp -s "$TMP/z3o/model.safetensors" "$TMP/r3/model.safetensors" && ok ||
+  { bad "zero3 offload on cuda: resumed curve or model differs"; cat "$TMP/diff"; }
+# bf16: the fp32 masters on the host, the bf16 slices refreshed on the device after each step
+run dpb --set train.save_strategy=no --set train.dtype=bf16
+run z3ob "${z3[@]}" --set memory.strategies=zero3,offload_optimizer --set train.save_strategy=no --set train.dtype=bf16
+curve_close "$TMP/dpb" "$TMP/z3ob" loss 1e-3
+curve_close "$TMP/dpb" "$TMP/z3ob" grad_norm 1e-2
+grep -q "zero3 on the device in bf16: per rank between steps 0 bytes of the layers' fp32 master slices and [1-9][0-9]* of the bf16 copy's" "$TMP/z3ob.log" && ok ||
+  bad "zero3 offload bf16: $(grep -o "zero3 on the device in bf16.*" "$TMP/z3ob.log")"
+finish
