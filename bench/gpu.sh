@@ -14,7 +14,8 @@
 # bench_grpo_scale.py --device cuda), amx (the host CPU's bf16 GEMM paths: bench/scale/
 # bench_gemm.py, AMX where the host has it), sftcpu (bench/scale/bench_scale.py: SFT on the host CPU
 # against TRL, 24 layers, the two rows side by side), cpuprof (where ctrl's CPU step goes on the host,
-# sampled by bench/common/pc_sample.c), extra (ceilings, head, ops), health (test_train_health 8x).
+# sampled by bench/common/pc_sample.c), amxsft (the AMX sweep and the SFT rows with its best
+# configuration, against TRL), extra (ceilings, head, ops), health (test_train_health 8x).
 # CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all).
 # CTRL_GPU_SANITIZE_TESTS="online ...": which of them compute-sanitizer runs (default: the same),
 # CTRL_GPU_TEST_CAP_S / CTRL_GPU_SANITIZE_CAP_S: seconds for each test / memcheck run (240 / 90).
@@ -46,7 +47,7 @@ enough() { [ "$(left)" -ge "$1" ] && return 0; note "skipped (budget): $2"; retu
 # Python runs without the carried libraries (the image's own torch and numpy): env -u, since
 # `timeout` runs programs, not shell functions.
 py() { env -u LD_LIBRARY_PATH python3 "$@"; }
-ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,cpuprof,extra,health},"
+ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,amxsft,cpuprof,extra,health},"
 want() { [[ $ONLY == *",$1,"* ]]; }
 
 stage "machine"
@@ -213,6 +214,38 @@ if want sftcpu && enough 60 "sftcpu"; then
     note "--- sft_cpu_$f"
     tail -n 6 "$LOG/sft_cpu_$f.log" | tee -a "$SUMMARY"
   done
+fi
+# issue 21 on an AMX host in one go (amxsft): the AMX GEMM sweep (bench/scale/amx_sweep.sh, at most
+# CTRL_GPU_AMXSWEEP_S = 90 s) on one core while TRL's bf16 SFT row and ctrl's with its default AMX
+# configuration run on two others; then ctrl's row again with the configuration the sweep found best
+# (build-gpu/amx_best.env). 24 layers (CTRL_GPU_SFTCPU_LAYERS), 2 steps, one thread each.
+if want amxsft && enough 120 "amxsft"; then
+  SL=${CTRL_GPU_SFTCPU_LAYERS:-24}
+  for d in default best; do
+    env BUILD=build-gpu timeout "$(cap 120)" python3 bench/scale/bench_scale.py --layers "$SL" \
+      --dir "build-gpu/amxsft-$d" --only none >"$LOG/amxsft_init_$d.log" 2>&1 &
+  done
+  wait
+  sftrow() { # CORE DIR RUN NAME [VAR=VALUE...]
+    local core=$1 dir=$2 run=$3 name=$4
+    shift 4
+    env "$@" BUILD=build-gpu timeout "$(cap 240)" taskset -c "$core" python3 bench/scale/bench_scale.py \
+      --layers "$SL" --dir "build-gpu/amxsft-$dir" --steps 2 --threads 1 --only "$run" >"$LOG/amxsft_$name.log" 2>&1
+  }
+  sftrow 3 default trl-bf16 trl &
+  sftrow 5 default ctrl-bf16 ctrl_default &
+  BUILD=build-gpu BUDGET_S=${CTRL_GPU_AMXSWEEP_S:-90} timeout "$(cap 150)" taskset -c 1 bash bench/scale/amx_sweep.sh \
+    >"$LOG/amx_sweep.log" 2>&1
+  AMX_BEST=$(cat build-gpu/amx_best.env 2>/dev/null)
+  note "amx sweep's best configuration: ${AMX_BEST:-none}"
+  # shellcheck disable=SC2086 # the file holds VAR=VALUE words
+  sftrow 1 best ctrl-bf16 ctrl_best $AMX_BEST
+  wait
+  for f in trl ctrl_default ctrl_best; do
+    note "--- amxsft $f"
+    grep -E 'tokens/s|cpu: |OpenBLAS' "$LOG/amxsft_$f.log" | tee -a "$SUMMARY"
+  done
+  tail -n 40 "$LOG/amx_sweep.log" | tee -a "$SUMMARY"
 fi
 # where ctrl's CPU step goes on the host (no perf there): bench/common/pc_sample.c preloaded into each
 # row of bench_scale.py (NAME or NAME:ENV=VALUE,ENV=VALUE), each in its own folder on a core of its
