@@ -60,11 +60,13 @@ static void compare_keep(const char *model, const char *attention, long every, i
     const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, attention);
     const ctrl_plugin_entry *ckpt = ctrl_registry_find(reg, CTRL_KIND_MEMORY, "checkpointing");
     CHECK(attn && ckpt);
-    if (!attn || !ckpt) return;
     /* the plugin reads [checkpointing] every and keep_mlp from a config */
     ctrl_memory *mem;
-    ctrl_config *cfg = plugin_config(reg, dir, every, keep_mlp);
-    if (!cfg) return;
+    ctrl_config *cfg = attn && ckpt ? plugin_config(reg, dir, every, keep_mlp) : NULL;
+    if (!cfg) {
+        ctrl_registry_destroy(reg);
+        return;
+    }
     const ctrl_memory_ops *mops = ckpt->plugin->ops;
     CHECK_EQ_INT(mops->create(ctrl_host_table(), cfg, 2, &mem), CTRL_OK);
     run plain = {0}, recomputed = {0};
