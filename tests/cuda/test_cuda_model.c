@@ -116,7 +116,7 @@ typedef struct b16_step {
     long convs, launches, mm_bf16, mm_f32;
 } b16_step;
 
-static int bf16_step(int per_product, int tune, b16_step *o) {
+static int bf16_step_keep(int per_product, int tune, int keep_mlp, b16_step *o) {
     if (per_product) setenv("CTRL_NO_BF16_OPERANDS", "1", 1);
     if (tune) setenv("CTRL_CUDA_GEMM_TUNE", "1", 1);
     ctrl_cuda_gemm_forget_algorithms(); /* the GEMM problems chosen afresh (tune) */
@@ -131,7 +131,8 @@ static int bf16_step(int per_product, int tune, b16_step *o) {
     CHECK(ok);
     if (ok) {
         char ini[1200];
-        snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = 1\n", dir);
+        snprintf(ini, sizeof ini, "[model]\npath = %s\n[checkpointing]\nevery = 1\nkeep_mlp = %s\n", dir,
+                 keep_mlp ? "true" : "false");
         ctrl_config *cfg = test_config_from_text(reg, "checkpointing.ini", ini);
         const ctrl_memory_ops *mops = ckpt->plugin->ops;
         ok =
@@ -171,6 +172,28 @@ static int bf16_step(int per_product, int tune, b16_step *o) {
     unsetenv("CTRL_NO_BF16_OPERANDS"), unsetenv("CTRL_CUDA_GEMM_TUNE");
     ctrl_cuda_gemm_forget_algorithms();
     return ok && o->grads;
+}
+
+static int bf16_step(int per_product, int tune, b16_step *o) {
+    return bf16_step_keep(per_product, tune, 0, o);
+}
+
+/* Selective checkpointing on the device ([checkpointing] keep_mlp): the recompute skips each layer's
+ * gate_proj and up_proj products (2 GEMMs a layer fewer in the step), the log-probs and gradients
+ * the same bits as recomputing them. */
+TEST(checkpointing_keep_mlp_skips_gate_up_on_device) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    b16_step all = {0}, keep = {0};
+    if (!bf16_step_keep(0, 0, 0, &all) || !bf16_step_keep(0, 0, 1, &keep)) {
+        free(all.grads), free(keep.grads);
+        return;
+    }
+    printf("  qwen2 (2 layers) bf16 step, checkpointed: GEMMs %ld, with keep_mlp %ld\n", all.mm_bf16,
+           keep.mm_bf16);
+    CHECK(!memcmp(all.logp, keep.logp, sizeof all.logp));
+    CHECK(all.n == keep.n && !memcmp(all.grads, keep.grads, sizeof(float) * all.n));
+    CHECK_EQ_INT(all.mm_bf16 - keep.mm_bf16, 2 * 2); /* gate and up, in each of the 2 layers */
+    free(all.grads), free(keep.grads);
 }
 
 /* bf16 compute on the device converts each GEMM input to bf16 once (issue 20's MFU work): the weights
