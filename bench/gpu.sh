@@ -186,8 +186,8 @@ want amx && TAIL=20 run_bench 90 bench_gemm env BUILD=build-gpu python3 bench/sc
   --rounds 3 --threads 1
 # SFT on the host CPU against TRL (issue 21's AMX target), one thread each as the issue measures:
 # the model made once, then every row side by side, each pinned to a core of its own (the host has
-# 16), so that the 24-layer comparison fits a lease. CTRL_GPU_SFTCPU_LAYERS (24), CTRL_GPU_SFTCPU_CAP_S
-# (300) and CTRL_GPU_SFTCPU_ROWS (bench_scale.py run names; those ending in avx2, e.g. ctrl-bf16avx2
+# 16), so that the 24-layer comparison fits a lease. CTRL_GPU_SFTCPU_LAYERS (24), CTRL_GPU_SFTCPU_STEPS
+# (3), CTRL_GPU_SFTCPU_CAP_S (300) and CTRL_GPU_SFTCPU_ROWS (bench_scale.py run names; those ending in avx2, e.g. ctrl-bf16avx2
 # trl-fp32avx2, are its stand-in for an AVX2-only CPU: ctrl from build-gpu-avx2, built here first with
 # -DCTRL_CPU_ARCH=haswell, and each side held to AVX2 by its own switches) size it.
 if want sftcpu && enough 60 "sftcpu"; then
@@ -196,7 +196,9 @@ if want sftcpu && enough 60 "sftcpu"; then
   SC=$(cap "${CTRL_GPU_SFTCPU_CAP_S:-300}")
   env BUILD=build-gpu timeout "$SC" python3 bench/scale/bench_scale.py --layers "$SL" --dir "$SD" --only none \
     >"$LOG/sft_cpu_init.log" 2>&1
-  if [[ " ${CTRL_GPU_SFTCPU_ROWS:-} " == *" ctrl-"*avx2* ]]; then # ctrl's AVX2-only build, CPU parts only
+  avx2=""
+  for row in ${CTRL_GPU_SFTCPU_ROWS:-}; do [[ $row == ctrl-*avx2* ]] && avx2=1; done
+  if [ -n "$avx2" ]; then # ctrl's AVX2-only build (bench_scale's ctrl-*avx2 rows), CPU parts only
     "${CONFIG_ENV[@]}" cmake -S . -B build-gpu-avx2 "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCTRL_CUDA=OFF \
       -DCTRL_CUDA_EMU=OFF -DCTRL_BUILD_TESTS=OFF -DCTRL_CPU_ARCH=haswell "${EXTRA[@]}" >"$LOG/sft_cpu_avx2_build.log" 2>&1 &&
       timeout "$(cap 200)" cmake --build build-gpu-avx2 -j "$(nproc)" >>"$LOG/sft_cpu_avx2_build.log" 2>&1 ||
@@ -206,7 +208,8 @@ if want sftcpu && enough 60 "sftcpu"; then
   core=1
   for row in ${CTRL_GPU_SFTCPU_ROWS:-ctrl-bf16 trl-bf16}; do
     BUILD=build-gpu BUILD_AVX2=build-gpu-avx2 timeout "$SC" taskset -c $core python3 bench/scale/bench_scale.py \
-      --layers "$SL" --dir "$SD" --steps 3 --threads 1 --only "$row" >"$LOG/sft_cpu_$row.log" 2>&1 &
+      --layers "$SL" --dir "$SD" --steps "${CTRL_GPU_SFTCPU_STEPS:-3}" --threads 1 --only "$row" \
+      >"$LOG/sft_cpu_$row.log" 2>&1 &
     core=$((core + 2))
   done
   wait
