@@ -26,13 +26,19 @@ static double resident(train_zero *z) {
     return (double)train_zero_resident(p, n * sizeof *p);
 }
 
+/* The parameters' resident bytes and the process's (VmRSS) now, the most seen kept. */
+static void measure(train_zero_gen *g) {
+    double rss = 0, hwm = 0;
+    const double r = resident(g->z);
+    train_memory_read(&rss, &hwm);
+    g->peak = r > g->peak ? r : g->peak;
+    g->rss = rss > g->rss ? rss : g->rss;
+}
+
 /* Layer l's gather (after = 0) or release (1) in a pass, measured before the release while the
  * phase's first passes last. */
 static ctrl_status layer_step(train_zero_gen *g, int l, int after) {
-    if (after && g->measure > 0) {
-        const double r = resident(g->z);
-        if (r > g->peak) g->peak = r;
-    }
+    if (after && g->measure > 0) measure(g);
     ctrl_status st = train_zero_forward_layer(g->z, l, after);
     const int last = ctrl_model_cfg(g->z->model)->n_layers - 1;
     if (after && l == last) g->in_pass = 0, g->measure--;
@@ -84,24 +90,25 @@ static size_t largest_layer(const train_zero *z) {
 /* The first phase's numbers, over the ranks (a collective), logged on rank 0. */
 static ctrl_status report(train_zero_gen *g) {
     train_zero *z = g->z;
-    double v[4] = {g->peak, (double)g->idle, 0, 0};
-    train_memory_read(&v[2], &v[3]);
+    double v[4] = {g->peak, (double)g->idle, g->rss, 0}, rss = 0;
+    train_memory_read(&rss, &v[3]);
     ctrl_status st = ctrl_collective_allreduce_max_f64(v, 4);
     if (st != CTRL_OK || !ctrl_collective_is_root()) return st;
     const size_t model = ctrl_model_param_bytes(z->model), layers = train_zero_layer_bytes(z);
     const char *where = z->dev ? "device memory mapped" : "resident";
     if (!g->layerwise) {
         CTRL_INFO("zero3 generation with the whole model gathered (ds3_gather_for_generation = true): "
-                  "parameters %s at most %.0f of the model's %zu bytes per rank; process memory at most "
-                  "%.0f kB at its peak (VmHWM)",
-                  where, v[0], model, v[3]);
+                  "parameters %s at most %.0f of the model's %zu bytes per rank; process memory in the "
+                  "phase at most %.0f kB (VmRSS), %.0f kB at its peak so far (VmHWM)",
+                  where, v[0], model, v[2], v[3]);
         return st;
     }
     CTRL_INFO("zero3 generation one layer at a time (ds3_gather_for_generation = false): parameters %s at "
               "most %.0f of the model's %zu bytes per rank (layers %zu bytes, sliced over %d ranks, the "
               "largest %zu bytes); %ld forward passes on every rank, up to %.0f of them idle on a rank "
-              "whose requests were done; process memory at most %.0f kB at its peak (VmHWM)",
-              where, v[0], model, layers, z->size, largest_layer(z), g->passes, v[1], v[3]);
+              "whose requests were done; process memory in the phase at most %.0f kB (VmRSS), %.0f kB at "
+              "its peak so far (VmHWM)",
+              where, v[0], model, layers, z->size, largest_layer(z), g->passes, v[1], v[2], v[3]);
     return st;
 }
 
@@ -120,8 +127,9 @@ ctrl_status train_zero_generation(void *ctx, int on) {
         return CTRL_OK;
     }
     if (!g->layerwise) {
+        if (!on && g->phases == 1 && !g->reported) measure(g); /* whole, the KV cache still held */
         ctrl_status st = train_zero_whole(z, on);
-        if (on && st == CTRL_OK && ++g->phases == 1) g->peak = resident(z);
+        if (on && st == CTRL_OK && ++g->phases == 1) measure(g);
         if (!on && st == CTRL_OK && g->phases == 1 && !g->reported) g->reported = 1, st = report(g);
         return st;
     }
@@ -136,6 +144,7 @@ ctrl_status train_zero_generation(void *ctx, int on) {
     if (!g->open) return CTRL_OK;
     /* a pass left between its layers (its forward failed): the ranks' gathers no longer match, so no
      * idle passes -- the error ends the job (ctrl_collective_finalize aborts it) */
+    if (!g->reported) measure(g); /* the KV cache still held */
     ctrl_status st = g->in_pass ? CTRL_OK : idle_passes(g);
     ctrl_model_set_decode_hook(z->model, NULL, NULL);
     g->open = 0, z->fp32_gather = 0;

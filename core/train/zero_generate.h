@@ -16,9 +16,9 @@
  *                       layer gathered and released -- until none is left. The KV cache stays each
  *                       rank's own.
  *
- * Either way the phase measures (the first passes of each phase) the parameter bytes resident per
- * rank -- the host's pages (mincore), or a CUDA model's mapped device memory -- and the first phase's
- * numbers are logged on rank 0. */
+ * Either way the phase measures (the first passes of each phase, and its ends) the parameter bytes
+ * resident per rank -- the host's pages (mincore), or a CUDA model's mapped device memory -- and the
+ * process's resident memory (VmRSS), and the first phase's numbers are logged on rank 0. */
 #ifndef CTRL_CORE_TRAIN_ZERO_GENERATE_H
 #define CTRL_CORE_TRAIN_ZERO_GENERATE_H
 
@@ -35,6 +35,7 @@ typedef struct train_zero_gen {
     long passes, idle; /* this phase's forward passes, and of them those without tokens */
     int measure;       /* passes of this phase still measured */
     double peak;       /* the most parameter bytes resident seen in a phase (this rank) */
+    double rss;        /* the most VmRSS (kB) seen then */
     long prefetched;   /* z->prefetched before the phase: the step's report counts training's */
 } train_zero_gen;
 

@@ -117,8 +117,9 @@ for dt in fp32 bf16; do
       bad "grpo zero3 $dt layer by layer on cuda: $k $(curve_col "$TMP/gl$dt" $k | tr '\n' ' ') vs $(curve_col "$TMP/gz$dt" $k | tr '\n' ' ')"
   done
   line=$(grep -o "zero3 generation one layer at a time (ds3_gather_for_generation = false): parameters device memory mapped at most [0-9]* of the model's [0-9]* bytes" "$TMP/gl$dt.log")
-  read -r res model < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '2p;3p' | tr '\n' ' ')
-  echo "grpo zero3 $dt on cuda, layer by layer: device memory mapped for the parameters during generation at most $res of $model bytes"
-  [ -n "$res" ] && [ "$res" -lt "$model" ] && ok || bad "grpo zero3 $dt layer by layer: '$line'"
+  read -r res model < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '3p;4p' | tr '\n' ' ')
+  whole=$(grep -o "ds3_gather_for_generation = true): parameters device memory mapped at most [0-9]*" "$TMP/gz$dt.log" | grep -o '[0-9]*$')
+  echo "grpo zero3 $dt on cuda, device memory mapped for the parameters during generation: layer by layer at most $res, whole $whole of $model bytes"
+  [ -n "$res" ] && [ -n "$whole" ] && [ "$res" -gt 0 ] && [ "$res" -lt "$whole" ] && ok || bad "grpo zero3 $dt layer by layer: '$line', whole '$whole'"
 done
 finish
