@@ -99,31 +99,39 @@ static ctrl_status nf4_norms(ctrl_model *m) {
     return st;
 }
 
-/* Every adapted layer's norms, and with `set` its magnitude := norm (else g := magnitude / norm). */
-static ctrl_status all_norms(ctrl_model *m, int set) {
+/* The norms' and scalings' backend memory (released with the backend's scratch). */
+static ctrl_status norms_alloc(ctrl_model *m) {
     const size_t total = m->dora_norm_n ? m->dora_norm_n : 1;
-    if (!m->dora_norm) { /* backend memory, released with the backend's scratch */
-        MODEL_TRY(m->be->alloc((void **)&m->dora_norm, sizeof(float) * total));
-        MODEL_TRY(m->be->alloc((void **)&m->dora_g, sizeof(float) * total));
+    if (m->dora_norm) return CTRL_OK;
+    MODEL_TRY(m->be->alloc((void **)&m->dora_norm, sizeof(float) * total));
+    return m->be->alloc((void **)&m->dora_g, sizeof(float) * total);
+}
+
+/* Layer l's norms, and with `set` its magnitude := norm (else g := magnitude / norm). */
+static ctrl_status layer_norms(ctrl_model *m, int l, int set) {
+    if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l)); /* QDoRA: the products below are layer l's */
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        const long mo = *mag_off(m, l, t), at = *at_off(m, l, t);
+        if (mo < 0) continue;
+        int IN, OUT; /* linear t's (a fused module's row block of it) */
+        lora_dims(m, t, &IN, &OUT);
+        const float *mag = set ? NULL : m->dparams + mo;
+        if (!m->dora_hold_norms || set)
+            MODEL_TRY(weight_norms(m, l, t, IN, OUT, mag));
+        else /* the norms as they are: the scalings only */
+            MODEL_TRY(m->be->dora_norm(m->dora_norm + at, m->dora_g + at, NULL, NULL, NULL, NULL, mag, 0.0f,
+                                       OUT, IN, m->lora->r));
+        if (set) /* host memory: dora_init_magnitudes runs before the model moves */
+            memcpy(m->params + mo, m->dora_norm + at, sizeof(float) * (size_t)OUT);
     }
+    return CTRL_OK;
+}
+
+/* Every adapted layer's norms (see layer_norms). */
+static ctrl_status all_norms(ctrl_model *m, int set) {
+    MODEL_TRY(norms_alloc(m));
     MODEL_TRY(nf4_norms(m));
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        if (m->nf4_w) MODEL_TRY(nf4_use_layer(m, l)); /* QDoRA: the products below are layer l's */
-        for (int t = 0; t < LORA_N_TARGETS; t++) {
-            const long mo = *mag_off(m, l, t), at = *at_off(m, l, t);
-            if (mo < 0) continue;
-            int IN, OUT; /* linear t's (a fused module's row block of it) */
-            lora_dims(m, t, &IN, &OUT);
-            const float *mag = set ? NULL : m->dparams + mo;
-            if (!m->dora_hold_norms || set)
-                MODEL_TRY(weight_norms(m, l, t, IN, OUT, mag));
-            else /* the norms as they are: the scalings only */
-                MODEL_TRY(m->be->dora_norm(m->dora_norm + at, m->dora_g + at, NULL, NULL, NULL, NULL, mag,
-                                           0.0f, OUT, IN, m->lora->r));
-            if (set) /* host memory: dora_init_magnitudes runs before the model moves */
-                memcpy(m->params + mo, m->dora_norm + at, sizeof(float) * (size_t)OUT);
-        }
-    }
+    for (int l = 0; l < m->cfg.n_layers; l++) MODEL_TRY(layer_norms(m, l, set));
     return CTRL_OK;
 }
 
@@ -143,8 +151,25 @@ ctrl_status dora_prepare(ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[peft] use_dora: the %s backend has no DoRA ops (a library built before them)",
                               m->be->name);
-    MODEL_TRY(all_norms(m, 0));
+    if (m->n_round_skip > 0 || m->dparams_sliced) { /* ZeRO-3: each layer's once it is gathered */
+        const size_t n = (size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1);
+        if (!m->dora_pending && !(m->dora_pending = malloc(n)))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %zu layer flags", n);
+        MODEL_TRY(norms_alloc(m));
+        memset(m->dora_pending, 1, n);
+    } else {
+        MODEL_TRY(all_norms(m, 0));
+        if (m->dora_pending) memset(m->dora_pending, 0, (size_t)(m->cfg.n_layers > 0 ? m->cfg.n_layers : 1));
+    }
     m->dora_valid = 1;
+    return CTRL_OK;
+}
+
+ctrl_status dora_layer_ready(ctrl_model *m, int l) {
+    if (!m->dora_pending || !m->dora_valid || l < 0 || l >= m->cfg.n_layers || !m->dora_pending[l])
+        return CTRL_OK;
+    MODEL_TRY(layer_norms(m, l, 0));
+    m->dora_pending[l] = 0;
     return CTRL_OK;
 }
 

@@ -271,6 +271,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->params), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
+    free(m->dora_pending);
     lora_bank_free(m);
     nf4_free(m);
     model_bf16_free(m);
@@ -388,7 +389,7 @@ ctrl_status model_layer_hooks(ctrl_model *m, int layer, int backward, int before
                               : (backward ? ops[i]->after_backward : ops[i]->after_forward);
         if (h) MODEL_TRY(h(mem[i], layer));
     }
-    return CTRL_OK;
+    return before ? dora_layer_ready(m, layer) : CTRL_OK; /* ZeRO-3: DoRA's norms of the layer now whole */
 }
 
 ctrl_status ctrl_model_set_recompute_all(ctrl_model *m) {

@@ -192,6 +192,10 @@ struct ctrl_model {
     size_t dora_norm_n; /* floats of dora_norm (and dora_g) */
     float *dora_norm, *dora_g;
     int dora_valid;
+    /* ZeRO-3 (the layers sliced between uses: a round skip set, or the device's parameters sliced):
+     * dora_prepare leaves each layer's norms to dora_layer_ready, after the layer's gather; pending[l]:
+     * layer l's not computed since the weights changed */
+    char *dora_pending;
     int dora_hold_norms; /* tests: the norms kept as they are (PEFT's detached constant) while the
                           * weights change, for finite differences of what backward differentiates */
     float *dora_ws;
@@ -477,6 +481,9 @@ void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias);
 void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT);
 ctrl_status dora_init_magnitudes(ctrl_model *m);
 ctrl_status dora_prepare(ctrl_model *m);
+/* Before layer l's forward or backward, after the sharding's gather (model_layer_hooks): its norms
+ * and scalings, where dora_prepare left them to the layer (ZeRO-3); nothing otherwise. */
+ctrl_status dora_layer_ready(ctrl_model *m, int l);
 ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *yl, const float *yb, int OUT);
 ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
                           const float *x, int IN, int OUT);

@@ -140,12 +140,12 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (stage >= 3) {
         const struct ctrl_lora_config *lora = ctrl_model_lora(m);
-        if (lora && (lora->nf4 || lora->use_dora))
-            return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                  "[memory] strategies = zero3 with [peft] %s: not supported yet (the base "
-                                  "is read whole: %s); plain LoRA is",
-                                  lora->nf4 ? "quantization = nf4" : "use_dora = true",
-                                  lora->nf4 ? "dequantized per layer from NF4" : "DoRA's weight norms");
+        if (lora && lora->nf4) /* (DoRA's weight norms: each layer's after its gather, dora.c) */
+            return ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "[memory] strategies = zero3 with [peft] quantization = nf4: not supported yet "
+                "(the base is dequantized per layer from its NF4 store, which is not sliced); "
+                "plain LoRA and DoRA are");
         z->host_step = host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU; /* the step on the host */
     }
     /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned

@@ -7,7 +7,8 @@
 # parallel's with LoRA on CUDA (fp32: 1e-6; bf16, the base gathered as bf16 values: bf16's
 # tolerance), the saves write the adapter alone (its layers' adapter slices all-gathered, the base
 # never), a 2-rank resume of checkpoint-3 repeats the curve and the adapter exactly, and the per-rank
-# device bytes the run logs hold about half the layers (base and adapters).
+# device bytes the run logs hold about half the layers (base and adapters). DoRA (each layer's weight
+# norms computed after its gather) follows data parallel's DoRA curve on CUDA and on the CPU.
 # usage: test_zero3_lora_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
@@ -67,4 +68,14 @@ read -r master b16 < <(b3 "$TMP/z3b.log" | grep -o '[0-9][0-9]*' | sed -n '3p;5p
 echo "zero3 LoRA bf16 on CUDA, per rank between steps: parameters $pmb, adapters' fp32 masters $master, bf16 slices $b16"
 [ -n "$b16" ] && [ $((pmb - (p - lay))) -le $((2 * piece)) ] && [ $((4 * b16 - lay)) -le $((4 * 2 * 4 * piece)) ] &&
   [ $((4 * b16 - lay)) -ge $((-4 * 2 * 4 * piece)) ] && ok || bad "zero3 LoRA bf16 device bytes: '$(d3 "$TMP/z3b.log")' '$(b3 "$TMP/z3b.log")'"
+# DoRA: each layer's weight norms ||W + s B A|| computed once the layer is gathered (its base whole),
+# recomputed after each step; data parallel's DoRA curve on CUDA and on the CPU
+for dev in cuda cpu; do
+  run dd$dev --set run.device=$dev --set peft.use_dora=true --set train.save_strategy=no
+  run zd$dev "${z3[@]}" --set run.device=$dev --set peft.use_dora=true --set train.save_strategy=no
+  curve_close "$TMP/dd$dev" "$TMP/zd$dev" loss 1e-6
+  curve_close "$TMP/dd$dev" "$TMP/zd$dev" grad_norm 1e-5
+done
+# not the plain LoRA curve: the magnitudes trained (from the second step on)
+[ "$(curve_col "$TMP/ddcuda" loss | tail -1)" != "$(curve_col "$TMP/dp" loss | tail -1)" ] && ok || bad "zero3 DoRA: LoRA's curve"
 finish

@@ -11,7 +11,7 @@
 # sums per rank (the run's log line, checked), and a 2-rank resume of its checkpoint repeats the
 # curve; zero3 on the device (each rank's slices of the layers in device memory, the rest of a layer
 # mapped, gathered over NCCL and unmapped around each use: section below) follows it too, with the
-# per-rank device bytes the run logs checked. overlap_comm on CUDA and zero3 with DoRA are refused
+# per-rank device bytes the run logs checked. overlap_comm on CUDA and zero3 with NF4 are refused
 # naming the key.
 # usage: test_zero_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
@@ -124,11 +124,11 @@ run r3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_b
   --set train.resume_from_checkpoint=last
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
 # what zero3 on CUDA does not do yet is refused naming the key (exit 2 for a config error, 1 otherwise)
-# (bf16 and LoRA are: test_zero3_cuda_emu.sh, test_zero3_lora_cuda_emu.sh)
+# (bf16, LoRA and DoRA are: test_zero3_cuda_emu.sh, test_zero3_lora_cuda_emu.sh)
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/b3" --set run.device=cuda --set memory.strategies=zero3 \
-  --set peft.enabled=true --set peft.use_dora=true >"$TMP/b3.log" 2>&1
-grep -q "\[memory\] strategies = zero3 with \[peft\] use_dora = true: not supported yet" "$TMP/b3.log" && ok ||
-  { bad "zero3 dora on cuda: $(tail -2 "$TMP/b3.log")"; }
+  --set peft.enabled=true --set peft.quantization=nf4 >"$TMP/b3.log" 2>&1
+grep -q "\[memory\] strategies = zero3 with \[peft\] quantization = nf4: not supported yet" "$TMP/b3.log" && ok ||
+  { bad "zero3 nf4 on cuda: $(tail -2 "$TMP/b3.log")"; }
 # overlap_comm: not on the device yet, refused naming the key (exit 2)
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/ov" --set run.device=cuda --set memory.strategies=zero2 \
   --set memory.overlap_comm=true >"$TMP/ov.log" 2>&1
