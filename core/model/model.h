@@ -262,6 +262,13 @@ void ctrl_model_set_decode_hook(ctrl_model *m, ctrl_model_layer_hook fn, void *c
  * re-rounded, when the model keeps a current one); ctrl_model_bf16_copy is the copy (the
  * parameters' layout; NULL when none), whose pages the sharding may release with the layer's. */
 ctrl_status ctrl_model_set_round_skip(ctrl_model *m, const size_t *ranges, int n);
+/* ZeRO-3 in bf16 on a device: the bf16 values of weight matrices held outside the model (`b16`,
+ * indexed as the parameters, backend memory), valid within `ranges` (n pairs [a, b) in parameters,
+ * ascending, each one matrix): the products read their 2-byte operands there and never the
+ * parameters' fp32 values of those ranges. Returns 1 when the model's products take them (bf16
+ * compute on a backend with 2-byte products, neither DoRA nor experts), else 0 with nothing set.
+ * NULL / 0 unsets. The caller keeps b16 and ranges alive while set. */
+int ctrl_model_set_device_b16(ctrl_model *m, const uint16_t *b16, const size_t *ranges, int n);
 ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n);
 float *ctrl_model_bf16_copy(const ctrl_model *m);
 /* Every layer recomputed, without a strategy plugin: the activations keep each layer's input and

@@ -51,6 +51,7 @@ void model_release_backend(ctrl_model *m) {
     if (m->dgrads != m->grads && !m->dbufs_external) be->free(m->dgrads);
     m->dparams = m->params, m->dgrads = m->grads, m->dparams_valid = 1;
     m->dbufs_external = m->dparams_sliced = 0;
+    m->ext_b16 = NULL, m->ext_ranges = NULL, m->n_ext = 0; /* ZeRO-3's bf16 matrices: the caller's */
     m->rope_len = 0, m->rounded_valid = 0, m->dbatch_bytes = 0;
 }
 

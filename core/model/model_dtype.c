@@ -118,8 +118,24 @@ static const float *as_multiplied(const ctrl_model *m, const float *w) {
     return m->rounded_valid && m->rounded ? m->rounded + (w - m->dparams) : w;
 }
 
-/* w's bf16 values in wb16 where the model holds them (w inside the parameters), else NULL. */
+int ctrl_model_set_device_b16(ctrl_model *m, const uint16_t *b16, const size_t *ranges, int n) {
+    m->ext_b16 = NULL, m->ext_ranges = NULL, m->n_ext = 0;
+    const int dora = m->has_lora && m->lora && m->lora->use_dora; /* its norms read the fp32 base */
+    if (!b16 || n <= 0 || !b16_products(m) || dora || m->cfg.n_experts > 0) return 0;
+    m->ext_b16 = b16, m->ext_ranges = ranges, m->n_ext = n;
+    return 1;
+}
+
+/* w's bf16 values where the model holds them (w inside the parameters): in wb16, or within a range
+ * held outside (ctrl_model_set_device_b16); else NULL. */
 static const uint16_t *held_b16(const ctrl_model *m, const float *w, int64_t n) {
+    if (m->ext_b16) {
+        if (w < m->dparams || w + n > m->dparams + m->n_params) return NULL;
+        const size_t a = (size_t)(w - m->dparams);
+        for (int i = 0; i < m->n_ext; i++)
+            if (a >= m->ext_ranges[2 * i] && a + (size_t)n <= m->ext_ranges[2 * i + 1]) return m->ext_b16 + a;
+        return NULL;
+    }
     if (!m->wb16 || !m->rounded_valid || w < m->dparams || w + n > m->dparams + m->n_params) return NULL;
     return m->wb16 + (w - m->dparams);
 }

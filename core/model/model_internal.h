@@ -80,6 +80,11 @@ struct ctrl_model {
      * layers, rounded by ctrl_model_params_range_changed when gathered */
     const size_t *round_skip;
     int n_round_skip;
+    /* ZeRO-3 in bf16 on a device (ctrl_model_set_device_b16): matrices' bf16 values held outside,
+     * within ext_ranges (n_ext pairs, in parameters) */
+    const uint16_t *ext_b16;
+    const size_t *ext_ranges;
+    int n_ext;
     /* activation offloading (ctrl_model_set_offload_activations): the recomputed layers' inputs
      * share two device slots (layer l's: l % 2) and are kept in host memory between their forward
      * and their backward, offload_host[l * T * C ...]; on a backend whose memory is host memory

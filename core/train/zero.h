@@ -117,6 +117,13 @@ typedef struct train_zero {
     size_t master_lo, master_n;
     struct zero_vm *vm_b16;
     char *held16;
+    /* b16_direct: the products read the gathered layers' weight matrices (`mat`, n_mat pairs [a, b)
+     * in parameters, ascending) as bf16 straight from vm_b16 (ctrl_model_set_device_b16), so a
+     * layer's gather for its forward or backward maps and widens into fp32 only the rest of its range
+     * (norm weights, biases): 2 bytes a matrix parameter in use instead of 2 + 4 */
+    int b16_direct;
+    size_t *mat;
+    int n_mat;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit

@@ -7,6 +7,9 @@
  * crosses to the host but the norm's one double. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/log.h>
 
 #include "collective/collective.h"
 #include "device/backend.h"
@@ -111,6 +114,9 @@ ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
             st = z->dev->copy(p + lo, master, (hi - lo) * sizeof(float));
         if (st == CTRL_OK && (z->stage < 3 || z->units[u].layer < 0 || z->gathered))
             st = ctrl_collective_device_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
+        if (st == CTRL_OK && master && z->gathered && z->b16_direct) /* the bf16 values the products read */
+            st = ctrl_collective_device_allgather_b16(b16_base(z) + z->first + z->units[u].a,
+                                                      train_zero_counts(z, u), NULL);
     }
     ctrl_model_device_weights_changed(m);
     return st;
@@ -304,6 +310,46 @@ static ctrl_status pin_base(train_zero *z, size_t a, size_t b) {
     return st;
 }
 
+/* Whether view v is a weight matrix inside layer l's sliced ranges (what the products multiply). */
+static int layer_matrix(const train_zero *z, const ctrl_param_view *v) {
+    if (v->ndim != 2 || !strstr(v->name, "_proj.")) return 0;
+    const size_t a = v->offset, b = a + (size_t)v->numel;
+    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
+        train_zero_unit r[2];
+        for (int i = 0, n = train_zero_layer_ranges(z, l, r); i < n; i++)
+            if (a >= r[i].a && b <= r[i].b) return 1;
+    }
+    return 0;
+}
+
+static int by_start(const void *x, const void *y) {
+    const size_t a = *(const size_t *)x, b = *(const size_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* zero3 in bf16: the layers' weight matrices handed to the model as bf16 values in vm_b16
+ * (b16_direct), where its products take 2-byte operands; else every gather widens the whole range. */
+static ctrl_status b16_direct_init(train_zero *z, ctrl_model *m) {
+    const int n_views = ctrl_model_view_count(m);
+    if (getenv("CTRL_TEST_ZERO3_WIDEN")) return CTRL_OK; /* tests: the widened fp32 layers, to compare */
+    if (!(z->mat = malloc(2 * sizeof(size_t) * (size_t)(n_views > 0 ? n_views : 1))))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    for (int i = 0; i < n_views; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        if (!layer_matrix(z, v)) continue;
+        z->mat[2 * z->n_mat] = v->offset, z->mat[2 * z->n_mat + 1] = v->offset + (size_t)v->numel;
+        z->n_mat++;
+    }
+    qsort(z->mat, (size_t)z->n_mat, 2 * sizeof(size_t), by_start);
+    z->b16_direct = ctrl_model_set_device_b16(m, b16_base(z), z->mat, z->n_mat);
+    if (z->b16_direct && z->rank == 0)
+        CTRL_INFO(
+            "zero3 in bf16: the products read the %d weight matrices of the gathered layers as bf16 where "
+            "the gather puts them (2 bytes a parameter in use; the rest of a layer widened to fp32)",
+            z->n_mat);
+    return CTRL_OK;
+}
+
 ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     const ctrl_backend_ops *be = ctrl_model_backend(m);
     if (!ctrl_backend_has(be, vm_reserve) || !ctrl_backend_has(be, vm_map) ||
@@ -343,13 +389,15 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     if (st == CTRL_OK) st = ctrl_model_adopt_device_buffers(m, (float *)v->base, (float *)z->vm_grads->base);
     if (st == CTRL_OK) ctrl_model_set_device_sliced(m, 1);
     if (st == CTRL_OK) ctrl_model_device_weights_changed(m); /* the device's are current (sliced) */
+    if (st == CTRL_OK && z->b16) st = b16_direct_init(z, m);
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "zero3 on %s", be->name);
 }
 
 void train_zero_device3_free(train_zero *z) {
     if (z->master && z->vm_params) z->vm_params->be->free(z->master); /* (z->dev is cleared first) */
     vm_free(z->vm_params), vm_free(z->vm_grads), vm_free(z->vm_b16);
-    free(z->held16);
+    free(z->held16), free(z->mat);
+    z->mat = NULL, z->n_mat = 0, z->b16_direct = 0;
     z->vm_params = z->vm_grads = z->vm_b16 = NULL, z->master = NULL, z->held16 = NULL, z->b16 = 0;
 }
 
@@ -367,36 +415,78 @@ static ctrl_status master_in(train_zero *z, train_zero_unit u) {
     return z->dev->copy(at, master, (hi - lo) * sizeof(float));
 }
 
+/* b16_direct: range u's parts outside the matrices the products read as bf16, each [a, b) (in
+ * parameters) passed to fn. */
+static ctrl_status each_rest(train_zero *z, train_zero_unit u,
+                             ctrl_status (*fn)(train_zero *, size_t, size_t)) {
+    size_t at = u.a;
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < z->n_mat && at < u.b && st == CTRL_OK; i++) {
+        const size_t a = z->mat[2 * i], b = z->mat[2 * i + 1];
+        if (b <= at) continue;
+        if (a >= u.b) break;
+        if (a > at) st = fn(z, at, a);
+        at = b;
+    }
+    return st == CTRL_OK && at < u.b ? fn(z, at, u.b) : st;
+}
+
+static ctrl_status use_rest(train_zero *z, size_t a, size_t b) {
+    return vm_use(z->vm_params, a * sizeof(float), b * sizeof(float));
+}
+
+static ctrl_status drop_rest(train_zero *z, size_t a, size_t b) {
+    return vm_drop(z->vm_params, a * sizeof(float), b * sizeof(float));
+}
+
+static ctrl_status widen_rest(train_zero *z, size_t a, size_t b) {
+    return z->dev->from_bf16(ctrl_model_device_params(z->model) + a, b16_base(z) + a, (int64_t)(b - a));
+}
+
+/* held16's values: how a layer's range was gathered in bf16 */
+enum { HELD_NONE, HELD_WIDENED, HELD_REST, HELD_BESIDE };
+
 ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle) {
-    ctrl_status st = vm_use(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
     float *p = ctrl_model_device_params(z->model) + u.a;
     const int *counts = train_zero_cut_counts(z, u);
-    if (st != CTRL_OK) return st;
-    /* bf16: 2 bytes a parameter, widened after (LoRA's frozen base: always, it has no fp32 master) */
-    if (z->b16 && u.layer >= 0 && (!z->fp32_gather || u.a < z->first)) {
+    const int b16 = z->b16 && u.layer >= 0, frozen = u.a < z->first;
+    /* bf16: 2 bytes a parameter over NCCL, widened after (LoRA's frozen base: always, it has no fp32
+     * master); a save's gather (fp32_gather) sends the fp32 masters, and with b16_direct the bf16
+     * values beside them (the products read those) */
+    const int from16 = b16 && (!z->fp32_gather || frozen), keep16 = b16 && (from16 || z->b16_direct);
+    const int rest = from16 && !z->fp32_gather && z->b16_direct; /* the matrices stay bf16 only */
+    ctrl_status st =
+        rest ? each_rest(z, u, use_rest) : vm_use(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
+    if (st == CTRL_OK && keep16) {
         st = vm_use(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
         if (st != CTRL_OK) return st;
-        z->held16[held_at(z, u)] = 1;
-        st = ctrl_collective_device_allgather_b16(b16_base(z) + u.a, counts, handle);
-        return st == CTRL_OK && !handle ? train_zero_device_gathered(z, u) : st;
+        z->held16[held_at(z, u)] = !from16 ? HELD_BESIDE : rest ? HELD_REST : HELD_WIDENED;
+        st = ctrl_collective_device_allgather_b16(b16_base(z) + u.a, counts, from16 ? handle : NULL);
+        if (from16) return st == CTRL_OK && !handle ? train_zero_device_gathered(z, u) : st;
     }
-    if (z->b16 && u.layer >= 0) st = master_in(z, u); /* fp32: the masters, for a save */
+    if (st == CTRL_OK && b16) st = master_in(z, u); /* fp32: the masters, for a save */
     if (st != CTRL_OK) return st;
     return handle ? ctrl_collective_device_allgather_start_f32(p, counts, handle)
                   : ctrl_collective_device_allgather_f32(p, counts);
 }
 
 ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u) {
-    if (!z->b16 || u.layer < 0 || !z->held16[held_at(z, u)]) return CTRL_OK;
+    if (!z->b16 || u.layer < 0) return CTRL_OK;
+    const int held = z->held16[held_at(z, u)];
+    if (held == HELD_REST) return each_rest(z, u, widen_rest);
+    if (held != HELD_WIDENED) return CTRL_OK;
     return z->dev->from_bf16(ctrl_model_device_params(z->model) + u.a, b16_base(z) + u.a,
                              (int64_t)(u.b - u.a));
 }
 
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
+    const int held = z->b16 && u.layer >= 0 ? z->held16[held_at(z, u)] : HELD_NONE;
     ctrl_status st = z->dev->synchronize(); /* the kernels that read the layer are done */
-    if (st == CTRL_OK) st = vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
-    if (st == CTRL_OK && z->b16 && u.layer >= 0 && z->held16[held_at(z, u)]) {
-        z->held16[held_at(z, u)] = 0;
+    if (st == CTRL_OK)
+        st = held == HELD_REST ? each_rest(z, u, drop_rest)
+                               : vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
+    if (st == CTRL_OK && held != HELD_NONE) {
+        z->held16[held_at(z, u)] = HELD_NONE;
         st = vm_drop(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
     }
     return st;

@@ -58,6 +58,18 @@ echo "zero3 bf16 on CUDA, per rank between steps: parameters $pm of $p bytes (la
 [ -n "$piece" ] && [ -n "$b16peak" ] && [ $((2 * master)) -le $((lay + 64)) ] && [ $((2 * master)) -ge $((lay - 64)) ] &&
   [ $((pm - (p - lay))) -le $((2 * piece)) ] && [ $((4 * b16)) -le $((lay + 4 * 4 * piece)) ] && [ "$b16peak" -gt "$b16" ] && ok ||
   bad "zero3 bf16 device bytes: '$(d3 "$TMP/z3.log")' '$(b3 "$TMP/z3.log")'"
+# the products read the gathered layers' weight matrices as bf16 where the gather puts them (2 bytes a
+# parameter in use, only the norm weights and biases widened to fp32): the same curve as with every
+# layer widened whole to fp32 (CTRL_TEST_ZERO3_WIDEN), with fewer fp32 pieces mapped in the step
+grep -q "zero3 in bf16: the products read the 21 weight matrices of the gathered layers as bf16" "$TMP/z3.log" && ok ||
+  bad "zero3 bf16: the matrices not read as bf16: $(grep -o "zero3 in bf16: .*" "$TMP/z3.log")"
+mpi0=("${MPI[@]}") && export CTRL_TEST_ZERO3_WIDEN=1 && MPI+=(-x CTRL_TEST_ZERO3_WIDEN)
+run z3w --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 --set train.save_strategy=no --set train.max_steps=2
+MPI=("${mpi0[@]}") && unset CTRL_TEST_ZERO3_WIDEN
+peak() { grep -o "the most mapped in the first step: parameters [0-9]*" "$1" | grep -o '[0-9]*$'; }
+echo "zero3 bf16 on CUDA: fp32 parameters mapped at most in the step $(peak "$TMP/z3.log") bytes, $(peak "$TMP/z3w.log") with the layers widened whole"
+[ "$(curve_col "$TMP/z3w" loss)" = "$(curve_col "$TMP/z3" loss | head -2)" ] && [ -n "$(peak "$TMP/z3.log")" ] &&
+  [ "$(peak "$TMP/z3.log")" -lt "$(peak "$TMP/z3w.log")" ] && ok || bad "zero3 bf16 matrices as bf16: '$(peak "$TMP/z3.log")' vs '$(peak "$TMP/z3w.log")'"
 # the final model holds the fp32 masters, not their bf16 values (whose low 16 bits are zero)
 low=$(tail -c 4096 "$TMP/z3/model.safetensors" | od -A n -v -t u2 | tr -s ' ' '\n' | grep . | awk 'NR % 2 && $1 != 0 { n++ } END { print n + 0 }')
 [ "${low:-0}" -gt 100 ] && ok || bad "zero3 bf16: the saved model holds bf16 values ($low of 1024 floats with low bits)"
