@@ -70,18 +70,19 @@ int train_zero_save_streams(const train_zero *z) { return sliced_on_cpu(z) && !c
 int train_zero_save_adapter_only(const train_zero *z) { return sliced(z) && ctrl_model_lora(z->model); }
 
 /* A CUDA model's adapters: each layer's trainable range mapped and all-gathered on the device (in
- * bf16: its fp32 masters), released by train_zero_release_all; then every trainable float (the units
- * outside the layers are whole on the device already) copied into the host's parameters, which the
- * adapter's writer reads. */
+ * bf16: its fp32 masters), every trainable float (the units outside the layers are whole on the
+ * device already) copied into the host's parameters, which the adapter's writer reads, and the
+ * ranges released again. */
 static ctrl_status gather_adapters_device(train_zero *z) {
     ctrl_status st = CTRL_OK;
+    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
+    int l = 0;
     z->fp32_gather = 1;
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) {
+    for (; l < n_layers && st == CTRL_OK; l++) {
         const int u = z->layer_unit[l];
         if (u < 0) continue;
-        const train_zero_unit r = {z->first + z->units[u].a, z->first + z->units[u].b, l};
-        z->state[l] = 2; /* released with the layer by train_zero_release_all */
-        st = train_zero_device_gather_range(z, r, NULL);
+        st = train_zero_device_gather_range(
+            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, l}, NULL);
         if (st == CTRL_OK) z->save_gathers++;
     }
     z->fp32_gather = 0;
@@ -89,6 +90,13 @@ static ctrl_status gather_adapters_device(train_zero *z) {
     if (st == CTRL_OK)
         st = z->dev->to_host(ctrl_model_params(z->model, NULL) + z->first,
                              ctrl_model_device_params(z->model) + z->first, z->total * sizeof(float));
+    for (int k = 0; k < l; k++) { /* those gathered (the last one too, were it to fail) */
+        const int u = z->layer_unit[k];
+        if (u < 0) continue;
+        const ctrl_status r = train_zero_device_release_range(
+            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, k});
+        if (st == CTRL_OK) st = r;
+    }
     return st;
 }
 
