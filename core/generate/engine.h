@@ -156,5 +156,10 @@ ctrl_status ctrl_engine_score_adapter(ctrl_engine *e, int adapter, const int32_t
 /* The ids that end a completion: generation_config.json's eos_token_id (a number or a list) in
  * model_dir, else the tokenizer's EOS. Returns how many were written (at most cap). */
 int ctrl_generation_stop_ids(const char *model_dir, const ctrl_tokenizer *tok, int32_t *ids, int cap);
+/* A trainer's sampling parameters: [generation] top_k, top_p, min_p and repetition_penalty of the
+ * run's settings (config/config_load.h) at `temperature` (the online kinds' [generation]
+ * temperature, GKD's own). */
+struct ctrl_run_settings;
+ctrl_sampling_params ctrl_generation_sampling(const struct ctrl_run_settings *s, double temperature);
 
 #endif

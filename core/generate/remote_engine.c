@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collective/collective.h"
 #include "generate/remote_engine.h"
 #include "net/http_client.h"
 
@@ -144,7 +145,11 @@ ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, cons
 }
 
 ctrl_status ctrl_remote_server_push(const ctrl_remote_server *r, ctrl_model *m) {
-    return ctrl_remote_push_weights(r->url, r->bearer, m, r->push_path);
+    if (!r->url) return CTRL_OK;
+    ctrl_status st =
+        ctrl_collective_is_root() ? ctrl_remote_push_weights(r->url, r->bearer, m, r->push_path) : CTRL_OK;
+    ctrl_status b = ctrl_collective_barrier();
+    return st != CTRL_OK ? st : b;
 }
 
 void ctrl_remote_server_free(ctrl_remote_server *r) {

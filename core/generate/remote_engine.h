@@ -25,7 +25,9 @@ typedef struct ctrl_remote_server {
 
 /* Fills *r for `url` (NULL: http://127.0.0.1:8000) and the run's output_dir; nothing is sent. */
 ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, const char *output_dir);
-/* ctrl_remote_push_weights to r's server. */
+/* The weights every rank holds to r's server, called by every rank after each optimizer step:
+ * rank 0 pushes them (ctrl_remote_push_weights) and every rank waits at a barrier, so no rank
+ * generates from the old weights and the server gets one push a step. r->url NULL: nothing. */
 ctrl_status ctrl_remote_server_push(const ctrl_remote_server *r, ctrl_model *m);
 void ctrl_remote_server_free(ctrl_remote_server *r);
 

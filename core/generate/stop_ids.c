@@ -1,8 +1,10 @@
-/* The ids that end a completion (see engine.h). */
+/* What a trainer's generation takes from its model and settings (see engine.h): the ids that end a
+ * completion, the sampling parameters. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "config/config_load.h"
 #include "file_text.h"
 #include "generate/engine.h"
 
@@ -21,4 +23,12 @@ int ctrl_generation_stop_ids(const char *model_dir, const ctrl_tokenizer *tok, i
     cJSON_Delete(root);
     if (n == 0 && cap > 0 && ctrl_tokenizer_eos_id(tok) >= 0) ids[n++] = ctrl_tokenizer_eos_id(tok);
     return n;
+}
+
+ctrl_sampling_params ctrl_generation_sampling(const ctrl_run_settings *s, double temperature) {
+    return (ctrl_sampling_params){.temperature = (float)temperature,
+                                  .top_k = s->generation.top_k,
+                                  .top_p = (float)s->generation.top_p,
+                                  .min_p = (float)s->generation.min_p,
+                                  .repetition_penalty = (float)s->generation.repetition_penalty};
 }

@@ -24,6 +24,7 @@ static enum MHD_Result health(ctrl_server *s, struct MHD_Connection *c, const cJ
     cJSON_AddNumberToObject(o, "joined_requests", (double)bs.joined);
     pthread_mutex_lock(&s->lock);
     cJSON_AddNumberToObject(o, "requests_in_flight", s->in_flight);
+    cJSON_AddNumberToObject(o, "weight_updates", (double)s->weight_updates);
     pthread_mutex_unlock(&s->lock);
     return serve_reply(c, draining ? 503 : 200, o);
 }
@@ -166,6 +167,9 @@ static enum MHD_Result update_weights(ctrl_server *s, struct MHD_Connection *c, 
     if (n > 0) ctrl_engine_reset_prefix_cache(s->eng); /* cached K/V were computed with the old weights */
     ctrl_batcher_unlock_engine(s->batch);
     if (n < 0) return serve_error(c, 400, err);
+    pthread_mutex_lock(&s->lock);
+    s->weight_updates++;
+    pthread_mutex_unlock(&s->lock);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "updated", n);
     return serve_reply(c, 200, o);

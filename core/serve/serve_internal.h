@@ -37,8 +37,9 @@ typedef struct ctrl_server {
     int context;          /* the most tokens one sequence may hold (prompt + completion) */
     int context_from_kv;  /* 1: the KV pool bounds it, 0: the model's max_position_embeddings */
     size_t weights_body;  /* the largest /update_weights body */
-    pthread_mutex_t lock; /* in_flight, draining, shutting_down, asleep, rng */
+    pthread_mutex_t lock; /* in_flight, draining, shutting_down, asleep, rng, weight_updates */
     int in_flight;        /* POST requests being answered (what the drain waits for) */
+    long weight_updates;  /* safetensors bodies POST /update_weights applied (/health says) */
     long seqs;            /* sequences of the generation requests admitted and not answered */
     int draining;         /* a stop signal came: /health answers 503, new generations are refused */
     int shutting_down;    /* the drain's deadline passed: generations are aborted */

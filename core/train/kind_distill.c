@@ -108,8 +108,8 @@ static ctrl_status make_engine(const train_kind_env *env, ctrl_model *m, ctrl_en
 }
 
 static ctrl_status distill_after_step(train_kind *k, long step) {
-    (void)step;
-    return k->server.url ? ctrl_remote_server_push(&k->server, k->model) : CTRL_OK;
+    (void)step; /* server mode: rank 0 pushes, every rank waits (colocated: nothing to do) */
+    return ctrl_remote_server_push(&k->server, k->model);
 }
 
 /* Server mode: the student's samples come from a running `ctrl serve`, which gets the student's
@@ -138,11 +138,7 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
     const int generates = k->spec.lmbda > 0 || k->spec.seq_kd;
     if (st == CTRL_OK && generates) st = check_generation(env, k);
     if (st == CTRL_OK && generates) {
-        k->sampling = (ctrl_sampling_params){.temperature = (float)k->spec.temperature,
-                                             .top_k = s->generation.top_k,
-                                             .top_p = (float)s->generation.top_p,
-                                             .min_p = (float)s->generation.min_p,
-                                             .repetition_penalty = (float)s->generation.repetition_penalty};
+        k->sampling = ctrl_generation_sampling(s, k->spec.temperature);
         k->n_stop = ctrl_generation_stop_ids(s->model.path, env->tok, k->stops, 16);
         k->sleep_level = s->generation.sleep;
     }

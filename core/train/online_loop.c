@@ -46,11 +46,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     if (st == CTRL_OK && eval_file) st = ctrl_prompt_set_load(eval_file, tok, cfg, &o->eval);
     if (st == CTRL_OK) st = ctrl_reward_set_create(cfg, plugins, &o->rewards);
     const char *path = s->model.path;
-    o->sampling = (ctrl_sampling_params){.temperature = (float)s->generation.temperature,
-                                         .top_k = s->generation.top_k,
-                                         .top_p = (float)s->generation.top_p,
-                                         .min_p = (float)s->generation.min_p,
-                                         .repetition_penalty = (float)s->generation.repetition_penalty};
+    o->sampling = ctrl_generation_sampling(s, s->generation.temperature);
     /* the trained log-probs are those of the sampling distribution's temperature, as TRL's */
     const float temp =
         o->sampling.temperature > 0 && !o->spec.logp_at_unit_temperature ? o->sampling.temperature : 1.0f;
@@ -461,11 +457,8 @@ ctrl_status ctrl_online_load_state(ctrl_online *o, const char *dir, long step) {
 }
 
 ctrl_status ctrl_online_after_step(ctrl_online *o) {
-    if (!o->server.url) return CTRL_OK; /* colocated: the engine reads the live weights */
-    /* rank 0 pushes the weights every rank holds; the others wait for it before generating */
-    ctrl_status st = ctrl_collective_is_root() ? ctrl_remote_server_push(&o->server, o->model) : CTRL_OK;
-    ctrl_status b = ctrl_collective_barrier();
-    return st != CTRL_OK ? st : b;
+    /* colocated (no url): the engine reads the live weights */
+    return ctrl_remote_server_push(&o->server, o->model);
 }
 
 void ctrl_online_free(ctrl_online *o) {

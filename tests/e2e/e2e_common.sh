@@ -37,6 +37,21 @@ free_port() {
   echo "$p"
 }
 
+# server_greedy_same PORT MODEL N WHAT: the `ctrl serve` on PORT completes "12+7=" greedily (N tokens)
+# as `ctrl generate` does with the saved MODEL (the server has the trained weights); WHAT names the run.
+server_greedy_same() {
+  local port=$1 model=$2 n=$3 what=$4 local_ids server_ids
+  echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
+  "${C[@]}" generate --model "$model" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens "$n" \
+    --out "$TMP/local.jsonl" >/dev/null 2>&1
+  local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
+  server_ids=$(curl -s -X POST "localhost:$port/generate" \
+    -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": '"$n"'}' |
+    sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')
+  [ -n "$local_ids" ] && [ "$local_ids" = "$server_ids" ] && ok ||
+    bad "$what: the server generates '$server_ids', the saved model '$local_ids'"
+}
+
 # The MPI tests: skips (exit 77) without mpirun or libctrl_mpi.so; MPI=(mpirun -np 2 ...) and one
 # OpenMP thread per rank. OpenMPI refuses root without --allow-run-as-root (CI containers run as
 # root); no binding (2 ranks beside other tests on a small machine); no CMA single copy (blocked

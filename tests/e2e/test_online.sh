@@ -106,12 +106,9 @@ printf 'mode = server\nserver_url = http://127.0.0.1:%s\n' "$PORT" >"$TMP/gen.tx
 sed -i "/^\[generation\]$/r $TMP/gen.txt" "$TMP/srv.ini"
 if "${C[@]}" train "$TMP/srv.ini" --set train.save_strategy=no >"$TMP/srv.log" 2>&1; then ok; else bad "server-mode run"; tail -5 "$TMP/srv.log"; fi
 grep -q "ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it generates"
-echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
-"${C[@]}" generate --model "$TMP/srv" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 12 --out "$TMP/local.jsonl" >/dev/null 2>&1
-local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
-server_ids=$(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 12}' |
-  sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')
-[ -n "$local_ids" ] && [ "$local_ids" = "$server_ids" ] && ok || bad "server generates '$server_ids', the trained model '$local_ids'"
+server_greedy_same "$PORT" "$TMP/srv" 12 "grpo server mode"
+n=$(curl -s "localhost:$PORT/health" | sed -n 's/.*"weight_updates":\([0-9]*\).*/\1/p')
+[ "$n" = 3 ] && ok || bad "grpo server mode: /health weight_updates '$n', want 3 (the start + 2 steps)"
 code=$(curl -s -o "$TMP/uw.json" -w '%{http_code}' -X POST "localhost:$PORT/update_weights" --data-binary 'not safetensors')
 [ "$code" = 400 ] && grep -q '"error"' "$TMP/uw.json" && ok || bad "bad weights body: HTTP $code"
 h='{"no.such.weight":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'

@@ -5,6 +5,8 @@
 #   online_dpo: each rank samples and scores half of the prompts, every pair stays on one rank.
 #   gkd (lmbda 0.5: on-policy and dataset micro-batches): rank r's micro-batch g is its part of one
 #     process's micro-batch g, with the same draw and the same sampling seeds.
+#   gkd in server mode: `ctrl serve` gets one weight push at the start and one a step (from rank 0;
+#     /health's weight_updates), and then generates what the saved student does.
 #   ppo: every rank holds the whole generation batch's log-probs, values and rollout (GAE and
 #     whitening over the batch); the value model's gradients are averaged as the policy's.
 # usage: test_online_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
@@ -41,6 +43,23 @@ INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" \
 same gkd 1e-5 1e-7 loss grad_norm
 same gkd 1e-4 1e-6 on_policy
 grep -q '"on_policy": 0.5' "$TMP/gkd1/metrics.jsonl" && ok || bad "gkd: no step mixes on-policy and dataset micro-batches"
+
+# gkd in server mode on 2 ranks: the server gets the weights once at the start and once a step (rank
+# 0 pushes, the other rank waits), not once per rank; after training it generates what the saved
+# student does.
+PORT=$(free_port)
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" \
+  INI_GEN=$(printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$PORT") \
+  online_ini gkd gsrv 3 "[gkd]" "lmbda = 1" "max_new_tokens = 4" | sed '/^eval_file = /d' >"$TMP/gsrv.ini"
+"${MPI[@]}" "${C[@]}" train "$TMP/gsrv.ini" --set train.per_device_train_batch_size=2 >"$TMP/gsrv.log" 2>&1 && ok ||
+  { bad "gkd server mode: 2 ranks"; tail -20 "$TMP/gsrv.log"; }
+n=$(curl -s "localhost:$PORT/health" | sed -n 's/.*"weight_updates":\([0-9]*\).*/\1/p')
+[ "$n" = 4 ] && ok || bad "gkd server mode: the server got '$n' weight pushes from 2 ranks x 3 steps, want 4 (start + 3 steps)"
+server_greedy_same "$PORT" "$TMP/gsrv" 8 "gkd server mode, 2 ranks"
+kill $SERVER 2>/dev/null
 
 # 12 steps: 6 generation batches of 2 epochs (the rollout's and the updates' metrics are logged once
 # a generation batch)

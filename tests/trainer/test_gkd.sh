@@ -103,13 +103,7 @@ if "${C[@]}" train "$TMP/srv.ini" >"$TMP/srv.log" 2>&1; then ok; else
   tail -5 "$TMP/srv.log"
 fi
 grep -q "samples through ctrl serve at" "$TMP/srv.log" && ok || bad "server mode did not say where it samples"
-echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
-"${C[@]}" generate --model "$TMP/srv" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 8 --out "$TMP/local.jsonl" \
-  >/dev/null 2>&1
-local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
-server_ids=$(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 8}' |
-  sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')
-[ -n "$local_ids" ] && [ "$local_ids" = "$server_ids" ] && ok || bad "server generates '$server_ids', the student '$local_ids'"
+server_greedy_same "$PORT" "$TMP/srv" 8 "gkd server mode"
 
 # 4. Refusals naming the key.
 refuse() { # NAME PATTERN INI-LINES... : the run fails with PATTERN in its message
