@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hex_digit.h"
 #include "template/tpl_internal.h"
 
 typedef struct lexer {
@@ -49,13 +50,6 @@ static int is_space(char c) {
 
 static void count_lines(lexer *L, size_t from, size_t to) {
     for (size_t k = from; k < to; k++) L->line += L->s[k] == '\n';
-}
-
-static int hexval(char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
 }
 
 static size_t put_utf8(char *o, uint32_t cp) {
@@ -101,7 +95,7 @@ static int lex_string(lexer *L) {
             if (digits) {
                 uint32_t cp = 0;
                 for (int d = 0; d < digits; d++) {
-                    int h = k + 1 < end ? hexval(L->s[k + 1]) : -1;
+                    int h = k + 1 < end ? ctrl_hex_digit(L->s[k + 1]) : -1;
                     if (h < 0) return lex_fail(L, "truncated \\%c escape in a string literal", e);
                     cp = cp * 16 + (uint32_t)h, k++;
                 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hex_digit.h"
 #include "tokenizer/tokenizer_internal.h"
 
 /* One UTF-8 character (what Rust's `char` fields hold). */
@@ -116,19 +117,12 @@ static void tl_end_token(tok_list *l) { /* the token is what was written since t
 
 static void tl_token(tok_list *l, const char *s, size_t n) { tl_bytes(l, s, n), tl_end_token(l); }
 
-static int hex_digit(char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 /* `<0xXX>` as ByteFallback reads it (u8::from_str_radix on the two characters: hex, or "+" and a
  * hex digit); -1 otherwise. */
 static int byte_token(const char *s, size_t n) {
     if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
-    if (s[3] == '+') return hex_digit(s[4]);
-    int hi = hex_digit(s[3]), lo = hex_digit(s[4]);
+    if (s[3] == '+') return ctrl_hex_digit(s[4]);
+    int hi = ctrl_hex_digit(s[3]), lo = ctrl_hex_digit(s[4]);
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 

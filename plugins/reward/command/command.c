@@ -22,6 +22,7 @@
 
 #include <ctrl/plugin_api.h>
 
+#include "../reward_clock.h"
 #include "../reward_json.h"
 
 CTRL_PLUGIN_API_DEFINE;
@@ -38,12 +39,6 @@ struct ctrl_reward {
     char *buf;      /* what it wrote and was not consumed yet */
     size_t len, cap;
 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* "exited with status N" / "was killed by signal N" once the program is gone (reaping it), else "". */
 static const char *exit_note(ctrl_reward *r, char *note, size_t cap) {
@@ -91,7 +86,7 @@ static ctrl_status send_all(ctrl_reward *r, const char *text, size_t n, double d
     char note[96];
     for (size_t done = 0; done < n && st == CTRL_OK;) {
         struct pollfd p = {.fd = r->to_child, .events = POLLOUT};
-        const double left = deadline - now();
+        const double left = deadline - reward_now();
         const int ready = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
         if (ready < 0 && errno == EINTR) continue;
         if (ready <= 0) {
@@ -135,7 +130,7 @@ static ctrl_status recv_line(ctrl_reward *r, double deadline, char **line) {
             r->buf = b, r->cap = r->cap ? r->cap * 2 : 65536;
         }
         struct pollfd p = {.fd = r->from_child, .events = POLLIN};
-        const double left = deadline - now();
+        const double left = deadline - reward_now();
         const int ready = left > 0 ? poll(&p, 1, (int)(left * 1000) + 1) : 0;
         if (ready < 0 && errno == EINTR) continue;
         if (ready <= 0)
@@ -204,7 +199,7 @@ static ctrl_status command_score(ctrl_reward *r, const ctrl_reward_batch *b, flo
     char *text = reward_json_batch(b);
     if (!text) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for the batch", r->name);
     const size_t n = strlen(text);
-    const double deadline = now() + r->timeout;
+    const double deadline = reward_now() + r->timeout;
     ctrl_status st = send_all(r, text, n, deadline);
     if (st == CTRL_OK) st = send_all(r, "\n", 1, deadline);
     free(text);

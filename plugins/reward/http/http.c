@@ -23,6 +23,7 @@
 
 #include <ctrl/plugin_api.h>
 
+#include "../reward_clock.h"
 #include "../reward_json.h"
 
 CTRL_PLUGIN_API_DEFINE;
@@ -36,12 +37,6 @@ struct ctrl_reward {
     double timeout;
     int retries;
 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* http://HOST[:PORT][/PATH[?QUERY]], HOST a name, an IPv4 address or [IPv6]. */
 static ctrl_status parse_url(ctrl_reward *r, const char *section, const char *url) {
@@ -88,7 +83,7 @@ static ctrl_status parse_url(ctrl_reward *r, const char *section, const char *ur
 /* Waits for `events` on fd until the deadline: 1 ready, 0 timed out. */
 static int wait_fd(int fd, short events, double deadline) {
     for (;;) {
-        const double left = deadline - now();
+        const double left = deadline - reward_now();
         if (left <= 0) return 0;
         struct pollfd p = {.fd = fd, .events = events};
         const int k = poll(&p, 1, (int)(left * 1000) + 1);
@@ -177,7 +172,7 @@ static int dechunk(char *body, size_t len, size_t *out_len) {
 /* One POST of `body`: the status in *status and the reply body (malloc'd) in *reply. */
 static int attempt(ctrl_reward *r, const char *body, size_t len, int *status, char **reply, char *why,
                    size_t cap) {
-    const double deadline = now() + r->timeout;
+    const double deadline = reward_now() + r->timeout;
     int fd = -1;
     int res = connect_to(r, deadline, &fd, why, cap);
     if (res != ATTEMPT_DONE) return res;

@@ -11,16 +11,16 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "../trainer_sigmoid.h"
 #include "dpo_loss.h"
 
-static double sigm(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
 static double logsig(double x) { return x >= 0 ? -log1p(exp(-x)) : x - log1p(exp(x)); }
 
 /* f'(t) at x = log t and its derivative with respect to x. */
 static double score(const dpo_params *p, double x, double *ds) {
     switch (p->fdiv) {
     case DPO_FORWARD_KL: *ds = exp(-x); return 1 - exp(-x);
-    case DPO_JS_DIVERGENCE: *ds = sigm(-x); return log(2.0) + logsig(x);
+    case DPO_JS_DIVERGENCE: *ds = trainer_sigmoid(-x); return log(2.0) + logsig(x);
     case DPO_ALPHA_DIVERGENCE:
         if (fabs(p->alpha_coef - 1.0) >= 1e-6) {
             const double a1 = p->alpha_coef - 1.0, t = a1 * x;
@@ -51,7 +51,7 @@ static void sort_by(int *idx, const double *key, int n) {
 /* -log sigmoid(beta d) (1 - eps) - log sigmoid(-beta d) eps and its derivative in d (aot's). */
 static double smoothed(double beta, double eps, double d, double *dd) {
     const double u = beta * d;
-    *dd = beta * (-(1 - eps) * sigm(-u) + eps * sigm(u));
+    *dd = beta * (-(1 - eps) * trainer_sigmoid(-u) + eps * trainer_sigmoid(u));
     return -logsig(u) * (1 - eps) - logsig(-u) * eps;
 }
 
@@ -67,7 +67,7 @@ static double pair_loss(const dpo_params *p, int lt, const pair_terms *q, double
     double dd = 0, L = 0; /* dL/ddelta for the losses of delta */
     *gc = *gr = 0;
     switch (lt) {
-    case DPO_SIGMOID: L = -logsig(u), dd = -beta * sigm(-u); break;
+    case DPO_SIGMOID: L = -logsig(u), dd = -beta * trainer_sigmoid(-u); break;
     case DPO_HINGE:
         L = 1 - u > 0 ? 1 - u : 0;
         dd = 1 - u > 0 ? -beta : 0;
@@ -81,13 +81,13 @@ static double pair_loss(const dpo_params *p, int lt, const pair_terms *q, double
             const double e = d - 1 / (2 * beta);
             L = e * e, g = 2 * e;
         } else {
-            L = -logsig(beta * d), g = -beta * sigm(-beta * d);
+            L = -logsig(beta * d), g = -beta * trainer_sigmoid(-beta * d);
         }
         *gc = g / nc * q->dsc, *gr = -g / nr * q->dsr;
         return L;
     }
     case DPO_EXO_PAIR: {
-        const double qw = sigm(u), ql = sigm(-u), lqw = logsig(u), lql = logsig(-u);
+        const double qw = trainer_sigmoid(u), ql = trainer_sigmoid(-u), lqw = logsig(u), lql = logsig(-u);
         const double lpw = log1p(-eps), lpl = log(eps);
         L = qw * (lqw - lpw) + ql * (lql - lpl);
         dd = beta * qw * ql * ((lqw - lpw) - (lql - lpl));
@@ -96,17 +96,18 @@ static double pair_loss(const dpo_params *p, int lt, const pair_terms *q, double
     case DPO_NCA_PAIR: {
         const double cr = beta * q->lc, rr = beta * q->lr;
         L = -logsig(cr) - 0.5 * logsig(-cr) - 0.5 * logsig(-rr);
-        *gc = beta * (-sigm(-cr) + 0.5 * sigm(cr)), *gr = beta * 0.5 * sigm(rr);
+        *gc = beta * (-trainer_sigmoid(-cr) + 0.5 * trainer_sigmoid(cr)),
+        *gr = beta * 0.5 * trainer_sigmoid(rr);
         return L;
     }
     case DPO_ROBUST:
         L = (-(1 - eps) * logsig(u) + eps * logsig(-u)) / (1 - 2 * eps);
-        dd = beta * (-(1 - eps) * sigm(-u) - eps * sigm(u)) / (1 - 2 * eps);
+        dd = beta * (-(1 - eps) * trainer_sigmoid(-u) - eps * trainer_sigmoid(u)) / (1 - 2 * eps);
         break;
     case DPO_BCO_PAIR: {
         const double cr = beta * q->lc, rr = beta * q->lr;
         L = -logsig(cr) - logsig(-rr);
-        *gc = -beta * sigm(-cr), *gr = beta * sigm(rr);
+        *gc = -beta * trainer_sigmoid(-cr), *gr = beta * trainer_sigmoid(rr);
         return L;
     }
     case DPO_SPPO_HARD: {
@@ -115,19 +116,19 @@ static double pair_loss(const dpo_params *p, int lt, const pair_terms *q, double
         return a * a + b * b;
     }
     case DPO_APO_ZERO: {
-        const double sc = sigm(beta * q->lc), sr = sigm(beta * q->lr);
+        const double sc = trainer_sigmoid(beta * q->lc), sr = trainer_sigmoid(beta * q->lr);
         *gc = -beta * sc * (1 - sc), *gr = beta * sr * (1 - sr);
         return 1 - sc + sr;
     }
     case DPO_APO_DOWN: {
-        const double sc = sigm(beta * q->lc), sd = sigm(beta * (q->lc - q->lr));
+        const double sc = trainer_sigmoid(beta * q->lc), sd = trainer_sigmoid(beta * (q->lc - q->lr));
         *gc = beta * sc * (1 - sc) - beta * sd * (1 - sd), *gr = beta * sd * (1 - sd);
         return sc + 1 - sd;
     }
     case DPO_DISCOPOP: {
-        const double tau = p->discopop_tau, m = sigm(u / tau), dm = m * (1 - m) / tau, e = exp(-u);
+        const double tau = p->discopop_tau, m = trainer_sigmoid(u / tau), dm = m * (1 - m) / tau, e = exp(-u);
         L = -logsig(u) * (1 - m) + e * m;
-        dd = beta * (-sigm(-u) * (1 - m) + logsig(u) * dm - e * m + e * dm);
+        dd = beta * (-trainer_sigmoid(-u) * (1 - m) + logsig(u) * dm - e * m + e * dm);
         break;
     }
     default: break;

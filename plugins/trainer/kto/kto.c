@@ -20,6 +20,8 @@
 
 #include <ctrl/plugin_api.h>
 
+#include "../trainer_sigmoid.h"
+
 CTRL_PLUGIN_API_DEFINE;
 
 enum { KTO_KTO, KTO_APO_ZERO_UNPAIRED };
@@ -30,8 +32,6 @@ struct ctrl_trainer {
     int loss_type;
     double beta, desirable_weight, undesirable_weight;
 };
-
-static double sigm(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
 
 /* The options into t, checked (create, and check_options when the config is validated). */
 static ctrl_status read_options(const ctrl_config *cfg, ctrl_trainer *t) {
@@ -167,10 +167,10 @@ static ctrl_status kto_sequence_loss(ctrl_trainer *t, const ctrl_sequence_batch 
         const double w = (desirable ? t->desirable_weight : t->undesirable_weight) * inv;
         double l, g; /* the row's loss and its derivative in r */
         if (t->loss_type == KTO_KTO) {
-            const double p = sigm(beta * (desirable ? r - kl : kl - r));
+            const double p = trainer_sigmoid(beta * (desirable ? r - kl : kl - r));
             l = 1 - p, g = (desirable ? -beta : beta) * p * (1 - p);
         } else {
-            const double p = sigm(beta * r);
+            const double p = trainer_sigmoid(beta * r);
             l = desirable ? 1 - p : p, g = (desirable ? -beta : beta) * p * (1 - p);
         }
         L += w * l, dlogp_sum[s] = w * g;
