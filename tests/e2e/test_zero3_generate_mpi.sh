@@ -6,7 +6,7 @@
 # whole model gathered for each generation phase (true, the default): GRPO (with rank 0's
 # evaluations, on the model it gathers whole itself), RLOO, Online DPO and PPO sample the same
 # completions and log the same losses, rewards and gradient norms bit for bit (the same products on
-# the same weights; GRPO in bf16 too, without packed decoding panels); the ranks' pass counts differ (one request decoded at a time, prompts prefilled
+# the same weights; GRPO in bf16 too, without packed decoding panels, and with LoRA); the ranks' pass counts differ (one request decoded at a time, prompts prefilled
 # 8 tokens a pass) and do not hang; the parameter bytes resident on a rank during generation are at
 # most its slices of the layers, what lies outside them, and one layer more (plus the pages a slice
 # shares); the setting is refused without zero3 and for a trainer that does not generate; a rank
@@ -60,6 +60,11 @@ run2 bw "$TMP/grpo.ini" --set train.dtype=bf16 && run2 bl "$TMP/grpo.ini" --set 
 unset CTRL_NO_PACKED_DECODE
 same bw bl "grpo bf16"
 cmp -s "$TMP/bw/completions.jsonl" "$TMP/bl/completions.jsonl" && ok || bad "grpo bf16: the completions differ"
+
+# LoRA (the frozen base's layer slices gathered with the adapters): the same
+run2 aw "$TMP/grpo.ini" --set peft.enabled=true --set peft.target_modules=all-linear --set train.max_steps=2 &&
+  run2 al "$TMP/grpo.ini" --set peft.enabled=true --set peft.target_modules=all-linear --set train.max_steps=2 "${LAYERWISE[@]}"
+same aw al "grpo lora"
 
 # 2. RLOO, Online DPO, PPO: the same metrics both ways
 INI_TRAIN="dtype = fp32" online_ini rloo r 2 "[rloo]" "num_generations = 4" "max_completion_length = 10" |
