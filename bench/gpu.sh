@@ -15,7 +15,9 @@
 # bench_gemm.py, AMX where the host has it), sftcpu (bench/scale/bench_scale.py: SFT on the host CPU
 # against TRL, 24 layers, the two rows side by side), cpuprof (where ctrl's CPU step goes on the host,
 # sampled by bench/common/pc_sample.c), amxsft (the AMX sweep and the SFT rows with its best
-# configuration, against TRL), extra (ceilings, head, ops), health (test_train_health 8x).
+# configuration, against TRL), extra (ceilings, head, ops), health (test_train_health 8x), offload
+# (bench/cuda/offload_overlap.sh: offload_optimizer's host step overlapped with the next forward
+# against the whole-model host step and the device optimizer: the same weights, the step times).
 # CTRL_GPU_TESTS="device ops ...": which test_cuda_* binaries the cuda stage runs (default: all).
 # CTRL_GPU_SANITIZE_TESTS="online ...": which of them compute-sanitizer runs (default: the same),
 # CTRL_GPU_TEST_CAP_S / CTRL_GPU_SANITIZE_CAP_S: seconds for each test / memcheck run (240 / 90).
@@ -47,7 +49,7 @@ enough() { [ "$(left)" -ge "$1" ] && return 0; note "skipped (budget): $2"; retu
 # Python runs without the carried libraries (the image's own torch and numpy): env -u, since
 # `timeout` runs programs, not shell functions.
 py() { env -u LD_LIBRARY_PATH python3 "$@"; }
-ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,amxsft,cpuprof,extra,health},"
+ONLY=",${CTRL_GPU_ONLY:-cuda,cpu,sanitize,flash,sft,grpo,profile,amx,sftcpu,amxsft,cpuprof,extra,health,offload},"
 want() { [[ $ONLY == *",$1,"* ]]; }
 
 stage "machine"
@@ -170,6 +172,10 @@ TOKDIR=tests/fixtures/tokenizer/tiny_bpe
 want sft && TAIL=12 run_bench 200 sft_cuda env -u LD_LIBRARY_PATH CTRL_LIBS="${LD_LIBRARY_PATH:-}" python3 \
   bench/cuda/bench_sft_cuda.py --build build-gpu --tokenizer "$TOKDIR" --batch 4 --seq 2048 --steps 8 --timeout 90 \
   --dtypes "${CTRL_GPU_SFT_DTYPES:-bf16,fp32}"
+pack
+# offload_optimizer (issue 19): the host step overlapped layer by layer with the next forward, its
+# weights bit for bit the whole-model host step's, and the step times of device / whole / overlap
+want offload && TAIL=6 run_bench 150 offload_overlap bash bench/cuda/offload_overlap.sh build-gpu 12 1024 8
 pack
 # a GRPO step on the GPU (issue 20): ctrl against TRL's GRPOTrainer with transformers' generate (no vLLM
 # on these machines); TRL and its datasets come from carried wheels (.whl, see docs/performance.md)

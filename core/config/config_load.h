@@ -103,6 +103,7 @@ typedef struct ctrl_run_settings {
         long prefetch_bucket_size; /* floats (zero3's gathers started ahead); -1: auto (0.9 x hidden^2) */
         int overlap_comm;          /* zero2/zero3: reductions left in flight during the backward */
         const char *offload_dir;   /* offload_activations on the CPU: the file's directory (NULL: unset) */
+        int offload_overlap;       /* offload_optimizer: the host step overlapped with the next forward */
     } memory;
 } ctrl_run_settings;
 

@@ -222,7 +222,19 @@ typedef struct ctrl_backend_ops {
     ctrl_status (*linear_backward_b16)(float *dx, float *dw, float *dbias, const uint16_t *dout16,
                                        const float *dout, const uint16_t *x, const uint16_t *w, int T, int IN,
                                        int OUT);
+    /* Appended for offload_optimizer's overlapped host step (core/train/offload_overlap.c): host to
+     * device copies on an upload stream of their own that, unlike side_copy, does NOT wait for the
+     * compute stream's queued work (the caller knows none of it reads dst: a layer's parameters that
+     * the host stepped while the device ran other layers). upload_copy queues the copy and records
+     * event `ev` (0 .. CTRL_UPLOAD_EVENTS - 1) after it; the caller must not read dst nor overwrite
+     * src until it waited for the event. upload_wait: the compute stream's next work waits for
+     * event ev (the host does not wait); ev < 0: the host waits until every upload is done. NULL
+     * where not implemented (no overlap: the core steps and copies the whole model at once). */
+    ctrl_status (*upload_copy)(void *dst, const void *src, size_t bytes, int ev);
+    ctrl_status (*upload_wait)(int ev);
 } ctrl_backend_ops;
+
+#define CTRL_UPLOAD_EVENTS 1024
 
 /* Whether `be` was built with the field at `offset` (offsetof(ctrl_backend_ops, f)) and has it set. */
 #define ctrl_backend_has(be, field)                                                                          \

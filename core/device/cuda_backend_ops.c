@@ -8,6 +8,7 @@
 #include "cuda/cuda_ops.h"
 #include "device/cuda_backend.h"
 #include "device/cuda_side_stream.h"
+#include "device/cuda_upload_stream.h"
 #include "device/cuda_vm.h"
 
 #ifdef CTRL_HAVE_CUDA
@@ -135,6 +136,9 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         .from_bf16 = ctrl_cuda_bf16_to_f32,
         .linear_forward_b16 = ctrl_cuda_linear_forward_bf16_f32,
         .linear_backward_b16 = ctrl_cuda_linear_backward_bf16_f32,
+        /* offload_optimizer's overlapped host step: uploads on a stream of their own */
+        .upload_copy = ctrl_cuda_upload_copy,
+        .upload_wait = ctrl_cuda_upload_wait,
     };
     return &ops;
 }

@@ -16,6 +16,7 @@
 #include "collective/collective.h"
 #include "file_text.h"
 #include "train/metrics_plot.h"
+#include "train/offload_overlap.h"
 #include "train/train_lora.h"
 #include "train/train_run.h"
 
@@ -94,7 +95,10 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         if (r->kind_ops->step_time) r->kind_ops->step_time(r->kind, ctrl_now() - t_step);
         if (st == CTRL_ERR_INTERRUPTED) { /* long work inside the step (tokenizing a long row) */
             ts->cursor = cursor0;         /* the step did not happen: the state is the last step's */
-            if (ts->step > start_step) st = train_run_save_interrupted(r, out_dir, ts, "during");
+            if (ts->step > start_step) {
+                st = train_offload_drain(r->ov); /* offload_optimizer: the last step's host step */
+                if (st == CTRL_OK) st = train_run_save_interrupted(r, out_dir, ts, "during");
+            }
             break;
         }
         if (st != CTRL_OK) {
@@ -114,18 +118,27 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
             st = train_run_report_resident(r);
         if (r->root && ts->step == start_step + 1 && ctrl_model_offloaded_bytes(r->model, NULL))
             train_run_report_offload(r);
+        /* offload_optimizer's overlapped host step finished before anything but the next step's
+         * forward reads the weights or the optimizer state (an evaluation, a save, the end) */
+        if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
+            st = train_offload_drain(r->ov);
         if (st == CTRL_OK && eval_every > 0 && ts->step % eval_every == 0 && ts->step < total)
             st = train_run_evaluate(r, has_eval, ts->step);
         /* a checkpoint every save_steps, at the end (as the HF Trainer), and when interrupted */
         const int stop = train_dp_any(&r->dp, ts->step < total && interrupted && interrupted());
         if (st == CTRL_OK && stop) {
-            st = train_run_save_interrupted(r, out_dir, ts, "after");
+            st = train_offload_drain(r->ov);
+            if (st == CTRL_OK) st = train_run_save_interrupted(r, out_dir, ts, "after");
             break;
         }
+        if (st == CTRL_OK && saving && (ts->step == total || (save_every > 0 && ts->step % save_every == 0)))
+            st = train_offload_drain(r->ov);
         if (st == CTRL_OK && saving && (ts->step == total || (save_every > 0 && ts->step % save_every == 0)))
             st = train_run_save_checkpoint(r, out_dir, ts);
     }
     free(order);
+    const ctrl_status drained = train_offload_drain(r->ov);
+    if (st == CTRL_OK) st = drained;
     if (st == CTRL_OK) st = train_run_evaluate(r, has_eval, ts->step);
     return st;
 }

@@ -2,11 +2,34 @@
  * buffers, on the host (an optimizer that cannot step on the device, or [memory] strategies =
  * offload_optimizer), or, with ZeRO, on this rank's slices. */
 #include <stdlib.h>
+#include <string.h>
 
+#include "train/offload_overlap.h"
 #include "train/train_run.h"
 
 static void set_groups(run_state *r, float *params, float *grads) {
     r->n_groups = train_param_groups(r->model, params, grads, (float)r->s->train.weight_decay, r->groups);
+}
+
+/* offload_optimizer (no ZeRO): the host step overlapped with the next step's compute
+ * (offload_overlap.c) unless [memory] offload_overlap = false or it cannot be; said either way. */
+static ctrl_status overlap_create(run_state *r) {
+    const char *why = r->s->memory.offload_overlap ? NULL : "[memory] offload_overlap = false";
+    if (!why && (r->kind_ops->optimizer_step || r->kind_ops == &train_kind_online ||
+                 r->kind_ops == &train_kind_distill))
+        why = "this trainer reads the weights between steps (generation, a second model's step)";
+    ctrl_status st = CTRL_OK;
+    if (!why) st = train_offload_create(&r->ov, &why, r->model, r->opt_ops, r->opt, r->groups, r->n_groups);
+    if (st == CTRL_OK && r->ov)
+        CTRL_INFO(
+            "offload_optimizer: the host step overlapped with the next step's compute, layer by layer "
+            "([memory] offload_overlap = true: each layer stepped on a host thread in forward order and "
+            "uploaded as soon as stepped; the next forward waits for each layer's upload alone)");
+    else if (st == CTRL_OK)
+        CTRL_INFO("offload_optimizer: the host step not overlapped (%s): the whole model stepped, then "
+                  "copied to the device before the next forward",
+                  why);
+    return st;
 }
 
 /* One parameter group per trainable tensor (with LoRA the adapters and modules_to_save only:
@@ -22,6 +45,15 @@ ctrl_status train_run_optimizer_create(run_state *r, int offload) {
     r->groups = calloc((size_t)ctrl_model_view_count(r->model), sizeof *r->groups);
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     const ctrl_device dev = ctrl_model_device(r->model);
+    if (strcmp(ctrl_config_where(cfg, "memory", "offload_overlap"), "default") != 0 &&
+        (dev.type == CTRL_DEVICE_CPU || r->zero.stage || !(offload & 1)))
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [memory] offload_overlap applies to offload_optimizer on a device run "
+                              "without ZeRO only (here: %s)",
+                              ctrl_config_where(cfg, "memory", "offload_overlap"),
+                              !(offload & 1)  ? "no offload_optimizer"
+                              : r->zero.stage ? "a ZeRO stage"
+                                              : "the CPU");
     if (dev.type != CTRL_DEVICE_CPU && (offload & 1))
         CTRL_INFO("optimizer %s: steps on the host, its state in host memory ([memory] strategies = "
                   "offload_optimizer)",
@@ -38,6 +70,11 @@ ctrl_status train_run_optimizer_create(run_state *r, int offload) {
         CTRL_INFO("optimizer %s: steps on the host (%s)", s->train.optimizer, ctrl_error_message());
     }
     set_groups(r, ctrl_model_params(r->model, NULL), ctrl_model_grads(r->model, NULL));
+    if (dev.type != CTRL_DEVICE_CPU && !r->zero.stage && (offload & 1)) {
+        st =
+            r->opt_ops->create(host, cfg, r->groups, r->n_groups, (ctrl_device){CTRL_DEVICE_CPU, 0}, &r->opt);
+        return st == CTRL_OK ? overlap_create(r) : st;
+    }
     if (r->zero.stage) r->n_groups = train_zero_shard_groups(&r->zero, r->model, r->groups, r->n_groups);
     /* zero2 on a CUDA model: the slices (parameters and gradient sums) are the device's */
     /* (zero3 with offload_optimizer: on the host, the slices of the host's parameters) */

@@ -13,6 +13,7 @@
 #include "collective/collective.h"
 #include "train/moe_aux.h"
 #include "train/train_lora.h"
+#include "train/offload_overlap.h"
 #include "train/train_run.h"
 
 /* Gives the heap's free pages back to the system (glibc keeps the small blocks a freed structure
@@ -213,6 +214,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
 }
 
 void train_run_teardown(run_state *r) {
+    train_offload_report(r->ov);
+    train_offload_destroy(r->ov); /* the host step joined before the optimizer goes */
     if (r->kind) r->kind_ops->destroy(r->kind);
     if (r->opt) r->opt_ops->destroy(r->opt);
     if (r->trainer) r->trainer_ops->destroy(r->trainer);

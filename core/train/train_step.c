@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "train/offload_overlap.h"
 #include "train/train_run.h"
 
 /* One optimizer step: the kind accumulates the gradients of `ga` micro-batches of `bs` rows taken
@@ -49,15 +50,18 @@ ctrl_status train_run_step(run_state *r, const int *order, long *cursor, int bs,
         if (coef < 1 && fuse) scale = (float)coef;
         if (coef < 1 && !r->zero.stage && !fuse) st = ctrl_model_scale_grads(r->model, (float)coef);
     }
+    if (st == CTRL_OK) st = train_offload_drain(r->ov); /* the last step's host step (done by now) */
     if (st == CTRL_OK && !r->opt_on_device && !r->zero.stage) st = ctrl_model_grads_to_host(r->model);
-    if (st == CTRL_OK)
+    if (st == CTRL_OK && r->ov) /* offload_optimizer: stepped layer by layer beside the next forward */
+        st = train_offload_launch(r->ov, lr, step + 1);
+    else if (st == CTRL_OK)
         st = fuse ? oo->step_scaled(r->opt, r->groups, r->n_groups, lr, step + 1, scale)
                   : oo->step(r->opt, r->groups, r->n_groups, lr, step + 1);
     if (st == CTRL_OK && r->zero.stage) st = train_zero_gather_params(&r->zero, r->model);
     if (st == CTRL_OK && r->kind_ops->optimizer_step) st = r->kind_ops->optimizer_step(r->kind, lr, step + 1);
     if (r->opt_on_device || r->zero.host_step) /* zero3 offload: the slices copied to the device */
         ctrl_model_device_weights_changed(r->model);
-    else
+    else if (!r->ov) /* overlapped: each layer's upload is waited for where it is read */
         ctrl_model_weights_changed(r->model);
     if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind, step + 1);
     if (st == CTRL_OK && r->mem.marks == 2) {

@@ -48,6 +48,13 @@ typedef struct ctrl_optimizer_ops {
      * every buffer is CTRL_F32; otherwise state_get's `data` points at `numel` elements of this type
      * (cast to float *), saved and restored byte for byte. */
     ctrl_dtype (*state_dtype)(const ctrl_optimizer *opt, int i);
+    /* Appended, optional (check `size`): `step` of groups [g0, g1) of the n_groups only -- the same
+     * values for those groups as a whole `step` gives them, the others untouched -- so that the core
+     * can step one layer at a time and hand each to the device as soon as it is done
+     * (offload_optimizer's overlap, core/train/offload_overlap.c). Every group is stepped exactly
+     * once per `step` value, in any order, from one thread at a time. */
+    ctrl_status (*step_groups)(ctrl_optimizer *opt, const ctrl_param_group *groups, int n_groups, double lr,
+                               int64_t step, int g0, int g1);
 } ctrl_optimizer_ops;
 
 /* The element type of optimizer state buffer i (CTRL_F32 unless the plugin says otherwise). */

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # offload_optimizer on a CUDA run, under the CUDA emulator (issue 19; plugins/memory/offload/): the
 # optimizer state and step on the host follow the device optimizer's loss curve (<= 1e-6 relative)
-# with the same first gradient norm (the gradients are the device's, bit for bit), and zero1 on one
+# with the same first gradient norm (the gradients are the device's, bit for bit); its host step
+# overlapped layer by layer with the next forward (offload_overlap, the default) gives the same curve
+# and weights bit for bit as the whole-model host step, with and without clipping, with accumulation,
+# in bf16, resumed, and steps every layer but the embeddings during the next forward (a test hook
+# holds the host thread until that forward begins; the per-unit waits counted); and zero1 on one
 # rank (its sharded step is the host's) and zero2 too; offload_optimizer on the CPU is refused naming the key;
 # offload_activations (the checkpointed layers' inputs in page-locked host memory, copied on a side
 # stream) gives the same curve and weights bit for bit with less device activation memory, and is refused without checkpointing.
@@ -36,6 +40,59 @@ grep -q "optimizer adamw: steps on the host, its state in host memory (\[memory\
 [ "$(curve_col "$TMP/dev" grad_norm | head -1)" = "$(curve_col "$TMP/off" grad_norm | head -1)" ] && ok || bad "first gradient norms differ"
 curve_close "$TMP/dev" "$TMP/off" loss 1e-6
 curve_close "$TMP/dev" "$TMP/off" grad_norm 1e-5
+# the overlap (offload_overlap.c): the host step layer by layer on a host thread beside the next
+# forward, each layer's upload waited for just before its forward; exact -- the same curve and
+# weights bit for bit as the whole-model host step ([memory] offload_overlap = false), with
+# clipping (run.ini: max_grad_norm = 1.0), without, with accumulation, in bf16, and resumed. The
+# emulator runs an upload only when the compute stream waits for its event, so a wait missing or
+# late would read the previous step's weights there.
+grep -q "offload_optimizer: the host step overlapped with the next step's compute, layer by layer" "$TMP/off.log" && ok ||
+  bad "overlap not on by default: $(grep offload_optimizer "$TMP/off.log")"
+same_run() { # same_run A B WHAT: identical curves and weights
+  local key
+  for key in loss grad_norm mean_token_accuracy; do
+    [ -n "$(curve_col "$1" $key)" ] && [ "$(curve_col "$1" $key)" = "$(curve_col "$2" $key)" ] && ok || bad "$3: $key differs"
+  done
+  cmp -s "$1/model.safetensors" "$2/model.safetensors" && ok || bad "$3: the weights differ"
+}
+offload=(--set memory.strategies=offload_optimizer)
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/nov" "${offload[@]}" --set memory.offload_overlap=false \
+  >"$TMP/nov.log" 2>&1 || { bad "offload_overlap = false"; tail -5 "$TMP/nov.log"; }
+grep -q "offload_optimizer: the host step not overlapped (\[memory\] offload_overlap = false)" "$TMP/nov.log" && ok ||
+  bad "offload_overlap = false: $(grep offload_optimizer "$TMP/nov.log")"
+# the structure: with CTRL_TEST_OFFLOAD_HOLD the host thread, its first unit (the embeddings) stepped,
+# waits until the next forward has begun: every other unit (2 layers, the head) is then stepped while
+# that forward runs, and each forward waits for each unit's upload on its own (4 a step)
+CTRL_TEST_OFFLOAD_HOLD=1 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/ov" "${offload[@]}" \
+  >"$TMP/ov.log" 2>&1 || { bad "overlapped (held)"; tail -5 "$TMP/ov.log"; }
+same_run "$TMP/nov" "$TMP/ov" "overlap with clipping"
+line=$(grep -o "overlapped with the next step's compute in [0-9]* steps of [0-9]* units (the embeddings, [0-9]* layers, the final norm and head), each uploaded on its own stream as soon as stepped; the device waited for [0-9]* uploads, each only where its unit is read; [0-9]* unit steps ran on the host after the next forward had begun" "$TMP/ov.log")
+read -r steps units layers waits late < <(echo "$line" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
+echo "offload overlap: $steps steps, $units units, $waits per-unit waits, $late unit steps during the next forward"
+[ "$steps" = 6 ] && [ "$units" = 4 ] && [ "$waits" = 24 ] && [ "$late" = 15 ] && ok || bad "overlap structure: '$line'"
+# no clipping; gradient accumulation (2 micro-batches: the first one's forward waits)
+for v in "noclip train.max_grad_norm=0" "accum train.gradient_accumulation_steps=2" "bf16 train.dtype=bf16"; do
+  read -r name set <<<"$v"
+  "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$name-n" "${offload[@]}" --set memory.offload_overlap=false \
+    --set "$set" >"$TMP/$name-n.log" 2>&1 || { bad "$name, not overlapped"; tail -5 "$TMP/$name-n.log"; }
+  "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$name-o" "${offload[@]}" --set "$set" \
+    >"$TMP/$name-o.log" 2>&1 || { bad "$name, overlapped"; tail -5 "$TMP/$name-o.log"; }
+  same_run "$TMP/$name-n" "$TMP/$name-o" "overlap ($name)"
+done
+# resume: checkpoint-3 of an overlapped run (drained before the save) continues to the same weights
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/ck3" "${offload[@]}" --set train.save_strategy=steps \
+  --set train.save_steps=3 >"$TMP/ck3.log" 2>&1 || { bad "overlap with checkpoints"; tail -5 "$TMP/ck3.log"; }
+mkdir -p "$TMP/rs" && cp -r "$TMP/ck3/checkpoint-3" "$TMP/rs/"
+grep '"step": [1-3],' "$TMP/ck3/metrics.jsonl" >"$TMP/rs/metrics.jsonl"
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/rs" "${offload[@]}" --set train.save_strategy=steps \
+  --set train.save_steps=3 --set train.resume_from_checkpoint=last >"$TMP/rs.log" 2>&1 || { bad "overlap resumed"; tail -5 "$TMP/rs.log"; }
+same_run "$TMP/nov" "$TMP/ck3" "overlap saving checkpoints"
+same_run "$TMP/ck3" "$TMP/rs" "overlap resumed from checkpoint-3"
+# offload_overlap where there is nothing to overlap: refused, naming the key
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/ovbad" --set memory.offload_overlap=true >"$TMP/ovbad.log" 2>&1
+rc=$?
+[ $rc = 2 ] && grep -q "\-\-set memory.offload_overlap: \[memory\] offload_overlap applies to offload_optimizer on a device run without ZeRO only (here: no offload_optimizer)" "$TMP/ovbad.log" && ok ||
+  { bad "offload_overlap without offload_optimizer: exit $rc"; tail -3 "$TMP/ovbad.log"; }
 # zero1 on one rank: the host's sharded step on a CUDA model
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/z1" --set memory.strategies=zero1 >"$TMP/z1.log" 2>&1 ||
   { bad "zero1 on cuda"; tail -5 "$TMP/z1.log"; }

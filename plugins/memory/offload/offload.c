@@ -5,8 +5,9 @@
  * device before the next forward -- so the device holds no exp_avg / exp_avg_sq (8 bytes a
  * parameter with AdamW). The core's step loop does it (core/train/train_optimizer.c places the
  * optimizer, train_step.c steps it); the plugin says so. On the CPU there is nothing to offload:
- * the run is refused, naming the key. Not yet: the host step overlapped with the next step's
- * compute (DeepSpeed's ZeRO-Offload overlaps them).
+ * the run is refused, naming the key. The host step runs layer by layer beside the next step's
+ * forward, each layer uploaded as soon as stepped and waited for just before its forward
+ * (core/train/offload_overlap.c; [memory] offload_overlap = false: the whole model at once).
  *
  * `offload_activations` (TRL's activation_offloading): with activation checkpointing, what a layer
  * keeps through the forward is its input; those inputs leave the compute memory right after each

@@ -133,22 +133,24 @@ static void adamw_span(float *restrict p, float *restrict m, float *restrict v, 
  * of p, m, v and the gradient). */
 #define ADAMW_BLOCK 16384
 
+/* The update of groups [g0, g1) of the n_groups (every group: 0, n_groups). */
 static ctrl_status adamw_update(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
-                                int64_t step, float scale) {
-    if (n_groups != o->n_groups || step < 1)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: step %lld with %d groups (created with %d)",
-                              (long long)step, n_groups, o->n_groups);
+                                int64_t step, float scale, int g0, int g1) {
+    if (n_groups != o->n_groups || step < 1 || g0 < 0 || g1 > n_groups || g0 > g1)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "optimizer adamw: step %lld of groups [%d, %d) of %d (created with %d)",
+                              (long long)step, g0, g1, n_groups, o->n_groups);
     if (o->dev && scale != 1.0f) /* the core scales device gradients itself (it never asks this) */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "optimizer adamw: a fused gradient scale on a device");
     const float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
     const double bc1 = 1.0 - pow(o->beta1, (double)step);
     const float step_size = (float)(lr / bc1);
     const float bc2_sqrt = (float)sqrt(1.0 - pow(o->beta2, (double)step));
-    for (int g = 0; g < n_groups; g++)
+    for (int g = g0; g < g1; g++)
         if (groups[g].numel != o->numel[g])
             return ctrl_error_set(CTRL_ERR_RUNTIME, "optimizer adamw: group %d changed size", g);
     if (o->dev) {
-        for (int g = 0; g < n_groups; g++) { /* the fused kernel: the same formula, on the device */
+        for (int g = g0; g < g1; g++) { /* the fused kernel: the same formula, on the device */
             ctrl_status st =
                 o->dev->adamw_step(groups[g].param, groups[g].grad, o->m[g], o->v[g], groups[g].numel,
                                    (float)lr, b1, b2, eps, groups[g].weight_decay, step);
@@ -159,10 +161,10 @@ static ctrl_status adamw_update(ctrl_optimizer *o, const ctrl_param_group *group
     /* every group's blocks in one parallel loop (a model has hundreds of groups, many small: one
      * fork per group would leave threads idle on the norms and biases) */
     int64_t nb = 0;
-    for (int g = 0; g < n_groups; g++) nb += (groups[g].numel + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+    for (int g = g0; g < g1; g++) nb += (groups[g].numel + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
 #pragma omp parallel
     {
-        int g = 0;
+        int g = g0;
         int64_t before = 0; /* blocks of the groups before g */
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < nb; b++) {
@@ -179,12 +181,17 @@ static ctrl_status adamw_update(ctrl_optimizer *o, const ctrl_param_group *group
 
 static ctrl_status adamw_step(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups, double lr,
                               int64_t step) {
-    return adamw_update(o, groups, n_groups, lr, step, 1.0f);
+    return adamw_update(o, groups, n_groups, lr, step, 1.0f, 0, n_groups);
 }
 
 static ctrl_status adamw_step_scaled(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups,
                                      double lr, int64_t step, float grad_scale) {
-    return adamw_update(o, groups, n_groups, lr, step, grad_scale);
+    return adamw_update(o, groups, n_groups, lr, step, grad_scale, 0, n_groups);
+}
+
+static ctrl_status adamw_step_groups(ctrl_optimizer *o, const ctrl_param_group *groups, int n_groups,
+                                     double lr, int64_t step, int g0, int g1) {
+    return adamw_update(o, groups, n_groups, lr, step, 1.0f, g0, g1);
 }
 
 static int adamw_state_count(const ctrl_optimizer *o) { return 2 * o->n_groups; }
@@ -236,6 +243,7 @@ static const ctrl_optimizer_ops adamw_ops = {
     .destroy = adamw_destroy,
     .state_sync = adamw_state_sync,
     .step_scaled = adamw_step_scaled,
+    .step_groups = adamw_step_groups,
 };
 
 static const ctrl_option adamw_options[] = {
