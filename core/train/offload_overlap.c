@@ -277,6 +277,10 @@ void train_offload_report(const train_offload *o) {
         o->steps, o->n_units, o->n_layers, o->waits, o->late);
 }
 
+void train_offload_counts(const train_offload *o, long *steps, long *waits, long *late) {
+    *steps = o->steps, *waits = o->waits, *late = o->late;
+}
+
 void train_offload_destroy(train_offload *o) {
     if (!o) return;
     ctrl_status st = train_offload_drain(o);

@@ -27,6 +27,9 @@ ctrl_status train_offload_drain(train_offload *o);
 /* What the overlap did, for the log: steps, units per step, the per-unit waits of the forwards, how
  * many units the host stepped after the next forward had begun. */
 void train_offload_report(const train_offload *o);
+/* The same counts: steps launched, per-unit waits of the compute stream, unit steps (after the
+ * first unit) the host began once the next forward had begun. */
+void train_offload_counts(const train_offload *o, long *steps, long *waits, long *late);
 void train_offload_destroy(train_offload *o);
 
 #endif

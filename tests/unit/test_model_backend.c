@@ -131,7 +131,8 @@ TEST(cpu_backend_table_is_complete) {
      * device's side-stream copies for activation offloading (on the CPU the store is a file) and the
      * device memory mapped piece by piece for ZeRO-3 (on the CPU zero3 hands pages back with madvise)
      * and the products on 2-byte bf16 operands (the CPU's bf16 GEMM rounds as it packs: its
-     * linear_*_bf16 convert nothing up front) */
+     * linear_*_bf16 convert nothing up front) and the upload stream of offload_optimizer's overlap
+     * (nothing to offload on the CPU) */
     const size_t first = offsetof(ctrl_backend_ops, alloc);
     const size_t device_only[] = {
         offsetof(ctrl_backend_ops, adamw_step),         offsetof(ctrl_backend_ops, sample),
@@ -139,9 +140,10 @@ TEST(cpu_backend_table_is_complete) {
         offsetof(ctrl_backend_ops, side_copy),          offsetof(ctrl_backend_ops, side_wait),
         offsetof(ctrl_backend_ops, vm_reserve),         offsetof(ctrl_backend_ops, vm_map),
         offsetof(ctrl_backend_ops, vm_unmap),           offsetof(ctrl_backend_ops, vm_unreserve),
-        offsetof(ctrl_backend_ops, linear_forward_b16), offsetof(ctrl_backend_ops, linear_backward_b16)};
+        offsetof(ctrl_backend_ops, linear_forward_b16), offsetof(ctrl_backend_ops, linear_backward_b16),
+        offsetof(ctrl_backend_ops, upload_copy),        offsetof(ctrl_backend_ops, upload_wait)};
     CHECK(be->adamw_step == NULL && be->sample == NULL && be->host_alloc == NULL && be->side_copy == NULL &&
-          be->vm_reserve == NULL && be->linear_forward_b16 == NULL);
+          be->vm_reserve == NULL && be->linear_forward_b16 == NULL && be->upload_copy == NULL);
     for (size_t off = first; off < sizeof *be; off += sizeof(void (*)(void))) {
         int skip = 0;
         for (size_t k = 0; k < sizeof device_only / sizeof *device_only; k++) skip |= off == device_only[k];
