@@ -135,7 +135,7 @@ static void check_overlap(int hold) {
     ctrl_registry *reg = test_plugin_registry();
     if (!reg) return;
     if (hold) setenv("CTRL_TEST_OFFLOAD_HOLD", "1", 1);
-    side whole, ov;
+    side whole = {0}, ov = {0};
     const int ok =
         side_open(&whole, reg, 0) && side_open(&ov, reg, 1) && side_train(&whole) && side_train(&ov);
     unsetenv("CTRL_TEST_OFFLOAD_HOLD");
@@ -156,6 +156,7 @@ static void check_overlap(int hold) {
     }
     side_close(&whole);
     side_close(&ov);
+    ctrl_registry_destroy(reg);
 }
 
 TEST(overlap_is_the_whole_step_bit_for_bit) { check_overlap(0); }
