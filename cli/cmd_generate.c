@@ -1,6 +1,7 @@
 /* ctrl generate --model DIR --prompts FILE.jsonl [--chat] [--n N] [--max-tokens N] [--temperature T]
  *               [--top-p P] [--top-k K] [--min-p P] [--repetition-penalty R] [--seed S]
- *               [--kv-cache-mb N] [--kv-cache-dtype fp32|bf16] [--dtype fp32|bf16] --out FILE.jsonl */
+ *               [--kv-cache-mb N] [--kv-cache-dtype fp32|bf16] [--dtype fp32|bf16] [--decode-threads N]
+ *               --out FILE.jsonl */
 #include <cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -25,8 +26,9 @@ typedef struct gen_args {
     int chat, n, max_tokens, top_k;
     float temperature, top_p, min_p, repetition_penalty;
     long seed, kv_mb;
-    int kv_bf16; /* -1: as the compute dtype */
-    int bf16;    /* --dtype bf16: the linear layers compute in bf16 */
+    int kv_bf16;        /* -1: as the compute dtype */
+    int bf16;           /* --dtype bf16: the linear layers compute in bf16 */
+    int decode_threads; /* 0: auto ([generation] decode_threads) */
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a) {
@@ -89,6 +91,10 @@ static int parse(int argc, char **argv, gen_args *a) {
             a->seed = (long)num;
         else if (!strcmp(k, "--kv-cache-mb"))
             a->kv_mb = (long)num;
+        else if (!strcmp(k, "--decode-threads") && num >= 0 && num <= 4096 && num == (int)num)
+            a->decode_threads = (int)num;
+        else if (!strcmp(k, "--decode-threads"))
+            return cli_usage_error(&cli_cmd_generate, "--decode-threads %s: 0 (auto) or a thread count", v);
         else
             return cli_usage_error(&cli_cmd_generate, "unexpected argument '%s'", k);
     }
@@ -239,7 +245,8 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
                                    .block_size = 16,
                                    .max_num_seqs = 256,
                                    .max_num_batched_tokens = 2048,
-                                   .kv_cache_dtype = a.kv_bf16};
+                                   .kv_cache_dtype = a.kv_bf16,
+                                   .decode_threads = a.decode_threads};
     ctrl_registry *reg = NULL;
     if (st == CTRL_OK) st = cli_plugins(cli, &reg);
     const ctrl_plugin *paged = NULL;
@@ -311,7 +318,7 @@ const ctrl_command cli_cmd_generate = {
         "[--n N]\n"
         "                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]\n"
         "                     [--repetition-penalty R] [--seed S] [--kv-cache-mb N]\n"
-        "                     [--kv-cache-dtype fp32|bf16] [--dtype fp32|bf16]\n\n"
+        "                     [--kv-cache-dtype fp32|bf16] [--dtype fp32|bf16] [--decode-threads N]\n\n"
         "Each line {\"prompt\": \"...\"} (or {\"messages\": [...]} with --chat, formatted by the chat\n"
         "template with the generation prompt) gets its n completions, written as the same line with\n"
         "\"completions\": [{\"text\", \"token_ids\", \"logprobs\", \"finish_reason\"}]. Generation stops at\n"
@@ -320,6 +327,8 @@ const ctrl_command cli_cmd_generate = {
         "--dtype bf16: the linear layers and the LM head compute in bf16 (fp32 accumulation, as\n"
         "torch.autocast), on weights packed to bf16 once; the KV cache is then bf16 unless\n"
         "--kv-cache-dtype says fp32. A bf16 KV cache holds twice the tokens in --kv-cache-mb.\n"
-        "--adapter DIR: a PEFT LoRA adapter directory over the --model base, applied in every step.\n",
+        "--adapter DIR: a PEFT LoRA adapter directory over the --model base, applied in every step.\n"
+        "--decode-threads N: the OpenMP threads of a step (as [generation] decode_threads); 0, the\n"
+        "default, is auto: steps of at most 16 tokens on one thread, larger ones on all.\n",
     .run = run_generate,
 };

@@ -15,14 +15,16 @@ default), a constant learning rate of 1e-6. Runs, each in its own process:
   trl-fp32    fp32
 Reported per step, the first step a warm-up and not counted: wall seconds (ctrl's step_time; TRL's
 step time from a callback) with the generation's share, and CPU seconds (the steadier measure on a
-shared machine: ctrl's user CPU of the run less that of a one-step run, over the steps between;
-TRL's user CPU time over the counted steps), peak RSS, mean completion length.
+shared machine), counted the same way on both sides: user + system time of every thread (system
+time holds the futex waits of OMP_WAIT_POLICY=PASSIVE's sleeping threads and page clearing), and
+the user part alone; ctrl's is the run's less that of a one-step run, over the steps between, TRL's
+is measured around its counted steps by a callback. Also peak RSS and mean completion length.
 --device cuda: ctrl with `[run] device = cuda` (generation from the device's KV cache), TRL's trainer
 on the GPU with transformers' generate (use_vllm = False: TRL's recommended vLLM colocation needs vLLM,
 which this bench does not install); CPU seconds then count only the host's share.
 usage: bench/scale/bench_grpo_scale.py [--layers N] [--steps N] [--batch N] [--generations N]
        [--max-completion-length N] [--threads N] [--device cpu|cuda]
-       [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32]"""
+       [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32] [--ctrl-set SECTION.KEY=VALUE ...]"""
 import argparse
 import json
 import os
@@ -40,13 +42,18 @@ CTRL, PLUGINS = bu.build_paths("BUILD")
 
 def ctrl_once(d, args, dtype, steps):
     out = os.path.join(d, f"ctrl_{dtype}_{steps}")
-    ini = bu.write_ini(os.path.join(d, f"ctrl_{dtype}_{steps}.ini"), {
+    sections = {
         "run": dict(bu.cpu_run(out, trainer="grpo", seed=42), device=args.device), "model": {"path": f"{d}/model"},
         "data": {"train_file": f"{d}/data/train_prompts.jsonl"},
         "train": bu.train_section("1e-6", steps, args.batch, 1, dtype=dtype, lr_scheduler_type="constant"),
         "generation": {"kv_cache_bytes": 4000000000 if args.device == "cuda" else 512000000, "temperature": 1.0},
         "grpo": {"num_generations": args.generations, "max_completion_length": args.max_completion_length},
-        "reward.len": {"plugin": "length", "target_length": 20}})
+        "reward.len": {"plugin": "length", "target_length": 20}}
+    for kv in args.ctrl_set:  # --ctrl-set SECTION.KEY=VALUE: ctrl's config only (e.g. an A/B of a setting)
+        key, value = kv.split("=", 1)
+        section, name = key.rsplit(".", 1)
+        sections.setdefault(section, {})[name] = value
+    ini = bu.write_ini(os.path.join(d, f"ctrl_{dtype}_{steps}.ini"), sections)
     run = bu.ctrl_train(CTRL, PLUGINS, ini, bu.thread_env(args.threads, OPENBLAS_NUM_THREADS=str(args.threads)))
     return run, bu.metrics(out)
 
@@ -57,7 +64,8 @@ def run_ctrl(d, args, dtype):
     rows = rows[1:]  # after a warm-up step
     mean = bu.mean_of(rows)
     return {"step_s": mean("step_time"), "generation_s": mean("timing/generation_s"),
-            "cpu_step_s": (run.user_s - one.user_s) / (args.steps - 1), "rss_mib": run.rss_mib,
+            "cpu_step_s": (run.user_s + run.sys_s - one.user_s - one.sys_s) / (args.steps - 1),
+            "user_step_s": (run.user_s - one.user_s) / (args.steps - 1), "rss_mib": run.rss_mib,
             "mean_length": mean("completions/mean_length")}
 
 
@@ -70,11 +78,13 @@ def run_trl(d, args, dtype):
     return r
 
 
-def user_cpu():
-    """This process's user CPU seconds, every thread (what ctrl's side counts: its child's ru_utime)."""
+def cpu_times():
+    """This process's (user + system, user) CPU seconds, every thread (what ctrl's side counts: its
+    child's ru_utime + ru_stime, and ru_utime)."""
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime, ru.ru_utime
 
 
 def trl_child(d, args):
@@ -95,24 +105,26 @@ def trl_child(d, args):
     tr = GRPOTrainer(model=m, reward_funcs=[bu.reward_len], args=cfg, train_dataset=ds, processing_class=tok)
     times = {"generation_s": 0.0}
     bu.timed(tr, "_generate", times, "generation_s")
-    clock = {"wall": [], "cpu": []}
+    clock = {"wall": [], "cpu": [], "user": []}
 
     class Clock(TrainerCallback):  # wall and CPU seconds of each step; the first is a warm-up
         def on_step_begin(self, a, s, c, **k):
-            clock["wall"].append(time.perf_counter()), clock["cpu"].append(user_cpu())
+            cpu, user = cpu_times()
+            clock["wall"].append(time.perf_counter()), clock["cpu"].append(cpu), clock["user"].append(user)
             if len(clock["wall"]) == 2:
                 times["generation_s"] = 0.0
 
         def on_step_end(self, a, s, c, **k):
             clock["wall"][-1] = time.perf_counter() - clock["wall"][-1]
-            clock["cpu"][-1] = user_cpu() - clock["cpu"][-1]
+            cpu, user = cpu_times()
+            clock["cpu"][-1], clock["user"][-1] = cpu - clock["cpu"][-1], user - clock["user"][-1]
 
     tr.add_callback(Clock())
     tr.train()
     logs = [h for h in tr.state.log_history if "reward" in h][1:]
     n = len(clock["wall"]) - 1
     print(json.dumps({"step_s": sum(clock["wall"][1:]) / n, "generation_s": times["generation_s"] / n,
-                      "cpu_step_s": sum(clock["cpu"][1:]) / n,
+                      "cpu_step_s": sum(clock["cpu"][1:]) / n, "user_step_s": sum(clock["user"][1:]) / n,
                       "mean_length": sum(h["completions/mean_length"] for h in logs) / len(logs),
                       "versions": f"torch {torch.__version__}, trl {__import__('trl').__version__}"}))
 
@@ -130,6 +142,8 @@ def main():
     p.add_argument("--trl-child")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--ctrl-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a setting of ctrl's runs (repeatable), e.g. generation.decode_threads=2")
     args = p.parse_args()
     if args.trl_child:
         return trl_child(args.trl_child, args)
@@ -149,13 +163,15 @@ def main():
               f"per step ({args.batch // args.generations} prompts x {args.generations}), <= "
               f"{args.max_completion_length} new tokens, {args.steps} steps (the first a warm-up), "
               f"{args.threads} thread(s), device {args.device}")
-        print(f"{'run':10s}{'step s':>9s}{'gen s':>8s}{'CPU s/step':>12s}{'RSS MiB':>9s}{'mean len':>10s}  load")
+        print(f"{'run':10s}{'step s':>9s}{'gen s':>8s}{'CPU s/step':>12s}{'user s':>8s}{'RSS MiB':>9s}"
+              f"{'mean len':>10s}  load   (CPU: user + system)")
         table = {}
         for name in args.only.split(","):
             side, dtype = name.split("-")
             r = run_ctrl(d, args, dtype) if side == "ctrl" else run_trl(d, args, dtype)
             table[name] = r
-            print(f"{name:10s}{r['step_s']:9.2f}{r['generation_s']:8.2f}{r['cpu_step_s']:12.2f}{r['rss_mib']:9.0f}"
+            print(f"{name:10s}{r['step_s']:9.2f}{r['generation_s']:8.2f}{r['cpu_step_s']:12.2f}{r['user_step_s']:8.2f}"
+                  f"{r['rss_mib']:9.0f}"
                   f"{r['mean_length']:10.1f}  {bu.load_average()}" + (f"  ({r['versions']})" if "versions" in r else ""),
                   flush=True)
         for c in ("ctrl-bf16", "ctrl-fp32"):
@@ -163,7 +179,8 @@ def main():
                 if c in table and t in table:
                     rc, rt = table[c], table[t]
                     print(f"{c} / {t}: {rt['step_s'] / rc['step_s']:.2f}x by wall clock per step, "
-                          f"{rt['cpu_step_s'] / rc['cpu_step_s']:.2f}x by CPU time per step (generation "
+                          f"{rt['cpu_step_s'] / rc['cpu_step_s']:.2f}x by CPU time (user + system) per step, "
+                          f"{rt['user_step_s'] / rc['user_step_s']:.2f}x by user CPU time (generation "
                           f"{rt['generation_s'] / max(rc['generation_s'], 1e-9):.2f}x by wall clock), "
                           f"{rc['rss_mib'] / rt['rss_mib']:.2f}x peak RSS")
         print(f"load average {bu.load_average()} at end")

@@ -23,6 +23,9 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "generation: block_size, max_num_seqs and max_num_batched_tokens must "
                               "be positive");
+    if (cfg->decode_threads < 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "generation: decode_threads %d (0 = auto, or a thread count)",
+                              cfg->decode_threads);
     if (!ctrl_model_paged_attention(m))
         return ctrl_error_set(CTRL_ERR_PLUGIN,
                               "generation: the model has no paged attention plugin to decode with");
@@ -56,7 +59,8 @@ void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out) {
                                 .kv_cache_dtype = s->generation.kv_cache_dtype,
                                 .block_size = s->generation.block_size,
                                 .max_num_seqs = s->generation.max_num_seqs,
-                                .max_num_batched_tokens = s->generation.max_num_batched_tokens};
+                                .max_num_batched_tokens = s->generation.max_num_batched_tokens,
+                                .decode_threads = s->generation.decode_threads};
 }
 
 ctrl_status ctrl_engine_config_for(const ctrl_config *cfg, const ctrl_model *m, ctrl_engine_config *out) {

@@ -75,6 +75,7 @@ typedef struct ctrl_engine_config {
     int prefix_cache;           /* 1: keep finished prompts' full blocks for later requests */
     int kv_cache_dtype;         /* 0: fp32 (zero-initialised configs), 1: bf16, -1: the model's
                                    compute dtype ([generation] kv_cache_dtype = auto) */
+    int decode_threads;         /* OpenMP threads of a step: 0 auto (generate/decode_threads.h) */
 } ctrl_engine_config;
 
 typedef struct ctrl_engine ctrl_engine;
@@ -87,7 +88,7 @@ ctrl_status ctrl_engine_create(ctrl_model *m, const ctrl_engine_config *cfg, ctr
 ctrl_status ctrl_engine_attach_attention(ctrl_model *m, const ctrl_plugin *paged);
 /* The [generation] section, from the config's typed settings (ctrl_config_settings): kv_cache_bytes
  * (0: gpu_memory_utilization of this machine's memory on the CPU), kv_cache_dtype, block_size,
- * max_num_seqs, max_num_batched_tokens. */
+ * max_num_seqs, max_num_batched_tokens, decode_threads. */
 void ctrl_engine_config_from(const ctrl_config *cfg, ctrl_engine_config *out);
 /* The same for an engine over `m`: for a model on a device, kv_cache_bytes = 0 takes
  * gpu_memory_utilization of the device's memory (at most half of what is free there now). */

@@ -3,6 +3,7 @@
 #ifndef CTRL_CORE_ENGINE_INTERNAL_H
 #define CTRL_CORE_ENGINE_INTERNAL_H
 
+#include "generate/decode_threads.h"
 #include "generate/engine.h"
 #include "generate/prefix_cache.h"
 
@@ -47,9 +48,10 @@ struct ctrl_engine {
     int asleep;
     int prefill_chunk; /* ctrl_engine_set_prefill_chunk; 0: none */
     long steps, preemptions, shared_blocks, generated, joined;
-    long longrope_recomputes; /* Phi-3 sequences computed again on longrope's long factors */
-    long device_draws;        /* tokens drawn on the device (engine_draw_device.c) */
-    gen_seq *seqs;            /* in arrival order; finished ones leave at the next step */
+    long longrope_recomputes;  /* Phi-3 sequences computed again on longrope's long factors */
+    long device_draws;         /* tokens drawn on the device (engine_draw_device.c) */
+    ctrl_decode_tuner threads; /* [generation] decode_threads = auto's measurements */
+    gen_seq *seqs;             /* in arrival order; finished ones leave at the next step */
     int n, cap;
     int stepped; /* a step ran for the requests present (a request added now joins them) */
     /* one step's scratch, for `scratch` sequences */

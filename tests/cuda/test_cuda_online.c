@@ -136,12 +136,12 @@ TEST(greedy_on_device_equals_cpu_and_transformers) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
     static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
     for (int a = 0; a < 4; a++) {
-        engine_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, 0);
-        engine_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 4, 0, 0, 0}, 0); /* prefill chunks */
+        engine_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0, 0}, 0);
+        engine_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 4, 0, 0, 0, 0}, 0); /* prefill chunks */
     }
     /* 14 blocks of 4: not every sequence at once (prompts of 23 and 5, 5 completions of 12) */
-    engine_case("qwen2", (ctrl_engine_config){pool_bytes(14), 4, 8, 64, 0, 0, 0}, 1);
-    engine_case("llama", (ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 1}, 0); /* bf16 cache */
+    engine_case("qwen2", (ctrl_engine_config){pool_bytes(14), 4, 8, 64, 0, 0, 0, 0}, 1);
+    engine_case("llama", (ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 1, 0}, 0); /* bf16 cache */
 }
 
 /* Gemma 2 (attn_logit_softcapping 2 and final_logit_softcapping 3 in the fixture, so both bend its
@@ -176,7 +176,7 @@ TEST(gemma2_generation_on_device_matches_transformers) {
                   CTRL_OK,
               "%s", ctrl_error_message());
     test_attach_paged(cpu), test_attach_paged(dev);
-    const ctrl_engine_config cfg = {1 << 20, 4, 8, 64, 0, 0, 0};
+    const ctrl_engine_config cfg = {1 << 20, 4, 8, 64, 0, 0, 0, 0};
     ctrl_engine *ec = NULL, *ed = NULL;
     CHECK_EQ_INT(ctrl_engine_create(cpu, &cfg, &ec), CTRL_OK);
     CHECK_MSG(ctrl_engine_create(dev, &cfg, &ed) == CTRL_OK, "%s", ctrl_error_message());
@@ -199,7 +199,7 @@ TEST(sleep_returns_device_memory) {
     ctrl_model *m = load("qwen2", cases, 1);
     ctrl_engine *e = NULL;
     const size_t pool = 8u << 20;
-    if (m) CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){pool, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    if (m) CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){pool, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     if (!e) {
         ctrl_model_free(m);
         return;

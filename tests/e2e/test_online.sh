@@ -82,6 +82,33 @@ for s in 1 2 3 4; do
   done
 done
 
+# 2c. [generation] decode_threads: the same completions (ids, text and log-probs in
+#     completions.jsonl) and the same curve decoding on 1 and on 2 threads and under auto (which
+#     measures both on these 16-sequence steps and says in the log what it chose).
+for t in 1 2 0; do
+  sed "s|$TMP/full|$TMP/dt$t|" "$TMP/full.ini" >"$TMP/dt$t.ini"
+  OMP_NUM_THREADS=2 "${C[@]}" train "$TMP/dt$t.ini" --set train.max_steps=2 --set train.save_strategy=no \
+    --set generation.log_completions=true --set generation.decode_threads=$t >"$TMP/dt$t.log" 2>&1 && ok ||
+    { bad "decode_threads = $t run"; tail -3 "$TMP/dt$t.log"; }
+done
+grep -q "decoding steps of <= 16 tokens on [12] of 2 threads (\[generation\] decode_threads = auto: " "$TMP/dt0.log" &&
+  ok || bad "decode_threads = auto: the log does not say what it chose"
+grep -q "decoding on 2 of 2 threads (\[generation\] decode_threads = 2)" "$TMP/dt2.log" && ok ||
+  bad "decode_threads = 2: the log does not say so"
+for t in 2 0; do
+  [ -s "$TMP/dt1/completions.jsonl" ] && cmp -s "$TMP/dt1/completions.jsonl" "$TMP/dt$t/completions.jsonl" && ok ||
+    bad "completions differ between decode_threads = 1 and $t"
+  for s in 1 2; do
+    for k in loss grad_norm reward; do
+      a=$(metric "$TMP/dt1/metrics.jsonl" $s $k) b=$(metric "$TMP/dt$t/metrics.jsonl" $s $k)
+      [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "step $s $k: $a with decode_threads = 1, $b with $t"
+    done
+  done
+done
+"${C[@]}" train "$TMP/dt1.ini" --set generation.decode_threads=-1 >"$TMP/dtbad.log" 2>&1
+[ $? -ne 0 ] && grep -q "generation.decode_threads\|\[generation\] decode_threads" "$TMP/dtbad.log" && ok ||
+  bad "decode_threads = -1 not refused naming the key: $(tail -1 "$TMP/dtbad.log")"
+
 # 3. RLOO with its KL penalty; GRPO with a reference model, two iterations per generation batch
 #    (old log-probs), sequence-level ratios and sleep mode.
 grpo_ini rloo rloo 3 "beta = 0.05" "[reward.acc]" "plugin = accuracy" "weight = 2" >"$TMP/rloo.ini"

@@ -223,7 +223,7 @@ TEST(phi3_generation_past_the_trained_context_matches_transformers) {
     CHECK(ng == nk && memcmp(want, kept, sizeof(int32_t) * (size_t)ng) != 0);
     /* the engine */
     ctrl_engine *e = NULL;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     const ctrl_gen_request rq = {.prompt = prompt,
                                  .prompt_len = n,
                                  .n = 1,

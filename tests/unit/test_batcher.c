@@ -25,7 +25,7 @@ static rig make_rig(int with_batcher) {
     rig r = {0};
     CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &r.m), CTRL_OK);
     if (r.m) test_attach_paged(r.m);
-    CHECK_EQ_INT(ctrl_engine_create(r.m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &r.e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(r.m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &r.e), CTRL_OK);
     if (with_batcher) CHECK_EQ_INT(ctrl_batcher_start(r.e, &r.b), CTRL_OK);
     return r;
 }

@@ -70,10 +70,10 @@ static size_t pool(const char *arch, int blocks) {
 TEST(greedy_equals_transformers_however_scheduled) {
     static const char *const archs[] = {"llama", "qwen2", "qwen3", "mistral"};
     for (int a = 0; a < 4; a++) {
-        greedy_case(archs[a], (ctrl_engine_config){1 << 20, 16, 8, 256, 0, 0, 0}, 0);
-        greedy_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 4, 0, 0, 0}, 0); /* chunked prefill */
+        greedy_case(archs[a], (ctrl_engine_config){1 << 20, 16, 8, 256, 0, 0, 0, 0}, 0);
+        greedy_case(archs[a], (ctrl_engine_config){1 << 20, 4, 8, 4, 0, 0, 0, 0}, 0); /* chunked prefill */
         /* 12 blocks of 4 hold one sequence (prompt 23 + 12) but not both at once (+ 5 + 12) */
-        greedy_case(archs[a], (ctrl_engine_config){pool(archs[a], 12), 4, 8, 64, 0, 0, 0}, 1);
+        greedy_case(archs[a], (ctrl_engine_config){pool(archs[a], 12), 4, 8, 64, 0, 0, 0, 0}, 1);
     }
 }
 
@@ -81,7 +81,7 @@ TEST(same_request_same_tokens_alone_or_batched) {
     gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     const ctrl_sampling_params warm = {
         .temperature = 1.0f, .top_k = 50, .top_p = 0.95f, .repetition_penalty = 1.1f};
     ctrl_gen_request a = {.prompt = cases[0].prompt,
@@ -133,7 +133,7 @@ TEST(a_request_joins_a_running_generation) {
     gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     const ctrl_sampling_params warm = {.temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
     ctrl_gen_request longer = {.prompt = cases[0].prompt,
                                .prompt_len = cases[0].len,
@@ -192,7 +192,7 @@ TEST(stop_ids_end_a_completion) {
     gen_case cases[2];
     ctrl_model *m = load("llama", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     const int32_t stop = cases[0].want[4]; /* the greedy path reaches it at the 5th token (or earlier) */
     int first = 0;
     while (cases[0].want[first] != stop) first++;
@@ -228,7 +228,7 @@ TEST(next_generation_after_an_update_uses_the_new_weights) {
     gen_case cases[2];
     ctrl_model *m = load("qwen3", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     ctrl_gen_request r = {
         .prompt = cases[1].prompt, .prompt_len = cases[1].len, .n = 1, .max_tokens = 4, .sampling = greedy};
     ctrl_gen_output before, after, fresh;
@@ -259,7 +259,7 @@ TEST(next_generation_after_an_update_uses_the_new_weights) {
     for (size_t i = 0; i < n; i++) p[i] -= 0.5f * g[i]; /* the step lands in the model the engine serves */
     CHECK_EQ_INT(ctrl_engine_generate(e, &r, 1, &after, NULL, NULL), CTRL_OK);
     ctrl_engine *e2;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e2), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e2), CTRL_OK);
     CHECK_EQ_INT(ctrl_engine_generate(e2, &r, 1, &fresh, NULL, NULL), CTRL_OK);
     CHECK(after.logprobs[0] != before.logprobs[0]);
     CHECK(memcmp(after.ids, fresh.ids, sizeof(int32_t) * 4) == 0);
@@ -274,7 +274,7 @@ TEST(sleep_releases_the_pool_and_wake_up_restores_it) {
     gen_case cases[2];
     ctrl_model *m = load("llama", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     ctrl_gen_request r = {
         .prompt = cases[0].prompt, .prompt_len = cases[0].len, .n = 1, .max_tokens = 12, .sampling = greedy};
     ctrl_gen_output o;
@@ -329,7 +329,7 @@ TEST(a_request_with_bad_sampling_is_refused_alone) {
     gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     const ctrl_sampling_params warm = {.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1.1f};
     const ctrl_gen_request good = {.prompt = cases[0].prompt,
                                    .prompt_len = cases[0].len,
@@ -383,7 +383,7 @@ TEST(cancel_stops_every_sample_after_the_first_has_left) {
     gen_case cases[2];
     ctrl_model *m = load("qwen2", cases);
     ctrl_engine *e;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     enum { N = 8 };
     ctrl_gen_request r = {.prompt = cases[0].prompt,
                           .prompt_len = cases[0].len,

@@ -18,7 +18,7 @@ static const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .repet
 static void run(ctrl_model *m, int chunk, int *short_len, int *long_len, ctrl_gen_output out[2]) {
     ctrl_engine *e = NULL;
     /* 4-token blocks, a 64-token step budget */
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 22, 4, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 22, 4, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     if (!e) return;
     ctrl_engine_set_prefill_chunk(e, chunk);
     static int32_t long_prompt[200];
@@ -66,7 +66,7 @@ TEST(a_short_request_does_not_wait_for_a_long_prefill) {
  * next step when it is of another group, and waits when it is of the same one. */
 static void run_groups(ctrl_model *m, uint64_t second_group, int *second_len, ctrl_gen_output out[17]) {
     ctrl_engine *e = NULL;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 22, 4, 4, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 22, 4, 4, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     if (!e) return;
     static const int32_t pa[] = {9, 8, 7, 6, 5}, pb[] = {4, 8, 15, 16, 23};
     const ctrl_gen_request a = {

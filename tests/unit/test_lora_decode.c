@@ -281,7 +281,7 @@ TEST(lora_bank_serves_moe_expert_adapters) {
 /* An engine over `m` generating reqs [n] together (greedy), into out. */
 static void engine_run(ctrl_model *m, const ctrl_gen_request *reqs, int n, ctrl_gen_output *out) {
     ctrl_engine *e = NULL;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     if (e) CHECK_EQ_INT(ctrl_engine_generate(e, reqs, n, out, NULL, NULL), CTRL_OK);
     ctrl_engine_free(e);
 }
@@ -383,7 +383,7 @@ static void generate_alone(const char *base, const char *adapter, const ctrl_gen
                  CTRL_OK);
     test_attach_paged(m);
     ctrl_engine *e = NULL;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     ctrl_gen_request one = *r;
     one.adapter = 0;
     one.n = 1; /* greedy: the caller copies the one sample for n > 1 (and frees it once) */
@@ -398,7 +398,7 @@ TEST(lora_bank_engine_batches_requests_for_different_adapters) {
     if (!scaled_adapter(base, a1, 3.0f, b2)) return;
     ctrl_model *m = bank_of(base, a1, b2);
     ctrl_engine *e = NULL;
-    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 1, 0}, &e), CTRL_OK);
+    CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){1 << 20, 4, 8, 64, 0, 1, 0, 0}, &e), CTRL_OK);
     static const int32_t p0[] = {3, 17, 42, 99, 5}, p1[] = {64, 11, 23}, p2[] = {88, 7, 120, 45, 2, 9};
     const ctrl_sampling_params greedy = {.temperature = 0, .top_p = 1, .top_k = -1, .repetition_penalty = 1};
     ctrl_gen_request reqs[4] = {
