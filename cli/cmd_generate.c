@@ -28,7 +28,7 @@ typedef struct gen_args {
     long seed, kv_mb;
     int kv_bf16;        /* -1: as the compute dtype */
     int bf16;           /* --dtype bf16: the linear layers compute in bf16 */
-    int decode_threads; /* 0: auto ([generation] decode_threads) */
+    int decode_threads; /* 0: every thread ([generation] decode_threads) */
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a) {
@@ -94,7 +94,8 @@ static int parse(int argc, char **argv, gen_args *a) {
         else if (!strcmp(k, "--decode-threads") && num >= 0 && num <= 4096 && num == (int)num)
             a->decode_threads = (int)num;
         else if (!strcmp(k, "--decode-threads"))
-            return cli_usage_error(&cli_cmd_generate, "--decode-threads %s: 0 (auto) or a thread count", v);
+            return cli_usage_error(&cli_cmd_generate,
+                                   "--decode-threads %s: 0 (every thread) or a thread count", v);
         else
             return cli_usage_error(&cli_cmd_generate, "unexpected argument '%s'", k);
     }
@@ -329,6 +330,6 @@ const ctrl_command cli_cmd_generate = {
         "--kv-cache-dtype says fp32. A bf16 KV cache holds twice the tokens in --kv-cache-mb.\n"
         "--adapter DIR: a PEFT LoRA adapter directory over the --model base, applied in every step.\n"
         "--decode-threads N: the OpenMP threads of a step (as [generation] decode_threads); 0, the\n"
-        "default, is auto: steps of at most 16 tokens on one thread, larger ones on all.\n",
+        "default, is every thread.\n",
     .run = run_generate,
 };

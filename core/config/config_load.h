@@ -84,7 +84,7 @@ typedef struct ctrl_run_settings {
         double gpu_memory_utilization;
         int block_size, max_num_seqs, max_num_batched_tokens;
         int kv_cache_dtype; /* -1 auto (the model's compute dtype), 0 fp32, 1 bf16 */
-        int decode_threads; /* 0 auto (generate/decode_threads.h), else OpenMP threads of a step */
+        int decode_threads; /* 0 every thread (generate/decode_threads.h), else OpenMP threads of a step */
     } generation;
     struct {
         int enabled, r, use_rslora, use_dora, nf4; /* nf4: quantization = nf4 */

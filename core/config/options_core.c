@@ -240,12 +240,11 @@ static const ctrl_option generation_options[] = {
     {"kv_cache_dtype", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|fp32|bf16",
      "KV-cache values: auto = the model's compute dtype ([train] dtype); bf16 holds twice the tokens."},
     {"decode_threads", CTRL_OPT_INT, "0", RANGE(0, 4096), NULL,
-     "OpenMP threads of an engine step on the CPU. 0 = auto: steps of at most 16 tokens (decoding <= 16 "
-     "sequences) run alternately on one thread and on all for 8 steps, then the faster by wall clock per "
-     "token for the next 64, then it measures again (on busy cores the threads of a step wait for each "
-     "other: one thread is as fast there and spends less CPU time; on idle cores all are faster); larger "
-     "steps on all threads; the log says what it chose. N: every step on N threads (at most "
-     "OMP_NUM_THREADS). The tokens are the same at any count."},
+     "OpenMP threads of a generation engine step (decoding and drawing): 0 = every thread (OMP_NUM_THREADS); "
+     "N: N of them. On a machine whose cores are busy with other work, 1 spends less CPU time on a "
+     "decoding step of a few sequences (no barrier waits between its many short parallel regions) for the "
+     "same user time, at the cost of wall clock when cores are free (docs/performance.md). The tokens are "
+     "the same at any count."},
     {"temperature", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Sampling temperature (0 = greedy)."},
     {"top_p", CTRL_OPT_FLOAT, "1.0", RANGE(0, 1), NULL, "Nucleus sampling mass."},
     {"top_k", CTRL_OPT_INT, "0", MIN(0), NULL, "Sample among the k most likely tokens (0 = off)."},

@@ -75,7 +75,7 @@ typedef struct ctrl_engine_config {
     int prefix_cache;           /* 1: keep finished prompts' full blocks for later requests */
     int kv_cache_dtype;         /* 0: fp32 (zero-initialised configs), 1: bf16, -1: the model's
                                    compute dtype ([generation] kv_cache_dtype = auto) */
-    int decode_threads;         /* OpenMP threads of a step: 0 auto (generate/decode_threads.h) */
+    int decode_threads;         /* OpenMP threads of a step: 0 all (generate/decode_threads.h) */
 } ctrl_engine_config;
 
 typedef struct ctrl_engine ctrl_engine;

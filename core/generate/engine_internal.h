@@ -48,10 +48,10 @@ struct ctrl_engine {
     int asleep;
     int prefill_chunk; /* ctrl_engine_set_prefill_chunk; 0: none */
     long steps, preemptions, shared_blocks, generated, joined;
-    long longrope_recomputes;  /* Phi-3 sequences computed again on longrope's long factors */
-    long device_draws;         /* tokens drawn on the device (engine_draw_device.c) */
-    ctrl_decode_tuner threads; /* [generation] decode_threads = auto's measurements */
-    gen_seq *seqs;             /* in arrival order; finished ones leave at the next step */
+    long longrope_recomputes; /* Phi-3 sequences computed again on longrope's long factors */
+    long device_draws;        /* tokens drawn on the device (engine_draw_device.c) */
+    int threads_logged;       /* [generation] decode_threads said in the log */
+    gen_seq *seqs;            /* in arrival order; finished ones leave at the next step */
     int n, cap;
     int stepped; /* a step ran for the requests present (a request added now joins them) */
     /* one step's scratch, for `scratch` sequences */

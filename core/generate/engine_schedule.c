@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device/backend.h"
 #include "generate/engine_internal.h"
 
 static int push_token(gen_seq *s, int32_t t) {
@@ -381,8 +380,7 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
     ctrl_model_set_decode_adapters(e->model, adapters);
     /* the step (decoding and drawing) on the threads [generation] decode_threads chooses */
     ctrl_decode_threads threads;
-    const int on_host = ctrl_model_backend(e->model)->host_memory;
-    ctrl_decode_threads_enter(&threads, &e->threads, e->cfg.decode_threads, t, on_host);
+    ctrl_decode_threads_enter(&threads, e->cfg.decode_threads, &e->threads_logged);
     if (nb > 0) st = ctrl_model_decode(e->model, e->kv, e->kvs, e->tokens, e->n_new, nb, e->logits);
     ctrl_model_set_decode_adapters(e->model, NULL);
     free(adapters);
@@ -397,7 +395,7 @@ ctrl_status ctrl_engine_step(ctrl_engine *e, int *active) {
         e->draws[n_draws++] = (gen_draw){.s = s, .logits = row, .row = b};
     }
     if (st == CTRL_OK && n_draws > 0) st = draw_all(e, n_draws);
-    ctrl_decode_threads_leave(&threads, &e->threads, e->cfg.decode_threads, nb > 0 ? t : 0, on_host);
+    ctrl_decode_threads_leave(&threads);
     for (int i = 0; i < e->n && st == CTRL_OK; i++) *active |= e->seqs[i].state != FINISHED;
     if (st == CTRL_OK && !*active) tidy(e); /* idle: nothing left behind */
     return st;

@@ -7,10 +7,11 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/par_min.h"
 
 static inline void rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
                                    float eps, float offset) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)T * C >= CTRL_CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * C;
         float *ot = out + (size_t)t * C;
@@ -27,7 +28,7 @@ static inline void rmsnorm_forward(float *out, float *rstd, const float *x, cons
 
 static inline void rmsnorm_backward(float *dx, float *dweight, const float *dout, const float *x,
                                     const float *weight, const float *rstd, int T, int C, float offset) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)T * C >= CTRL_CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * C, *dy = dout + (size_t)t * C;
         float *dxt = dx + (size_t)t * C;
@@ -39,7 +40,7 @@ static inline void rmsnorm_backward(float *dx, float *dweight, const float *dout
     }
     /* dw over channels, so that the sum over tokens has a fixed order; none for a frozen weight */
     if (!dweight) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)T * C >= CTRL_CPU_PAR_MIN)
     for (int c = 0; c < C; c++) {
         double s = 0;
         for (int t = 0; t < T; t++) s += (double)dout[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];

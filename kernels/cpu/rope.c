@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/par_min.h"
 
 /* inv_freq[i] = 1 / base^(2i/dim), in float32 like torch. */
 static float inv_freq_at(double base, int i, int dim) {
@@ -97,7 +98,7 @@ void ctrl_cpu_rope_tables(float *cos_tab, float *sin_tab, int max_pos, int head_
 static void rotate(float *out, const float *x, const int32_t *pos, const float *cos_tab, const float *sin_tab,
                    int T, int n_head, int head_dim, int rot_dim, float sign) {
     const int half = rot_dim / 2;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)T * n_head * head_dim >= CTRL_CPU_PAR_MIN)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < n_head; h++) {
             const float *c = cos_tab + (size_t)pos[t] * half, *s = sin_tab + (size_t)pos[t] * half;

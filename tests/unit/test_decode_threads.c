@@ -1,9 +1,7 @@
-/* [generation] decode_threads (core/generate/decode_threads.c): the decision (a number capped at
- * OpenMP's count; auto: steps of more than 16 tokens and a device's on all threads, smaller ones
- * measured on one thread and on all, alternately, then the faster for a while), the thread count
- * restored after a step, the setting read from the config and refused out of range naming the key,
- * and an engine's sampled tokens and log-probabilities the same bit for bit at 1 and 2 threads and
- * under auto, fp32 and bf16. */
+/* [generation] decode_threads (core/generate/decode_threads.c): the choice (0 every thread, a number
+ * capped at OpenMP's count), the thread count restored after a step, the setting read from the
+ * config and refused out of range naming the key, and an engine's sampled tokens and
+ * log-probabilities the same bit for bit at 1 and 2 threads and by default, fp32 and bf16. */
 #include <omp.h>
 #include <string.h>
 
@@ -13,62 +11,22 @@
 #include "test_registry.h"
 #include "test.h"
 
-TEST(decode_threads_numbers_and_large_steps) {
-    const ctrl_decode_tuner fresh = {0};
-    /* a number: that many, at most OpenMP's count, whatever the step */
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 2, 4, 1, 1), 2);
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 3, 2, 1, 1), 2);
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 1, 8, 4096, 0), 1);
-    /* auto: steps of more than 16 tokens, and a device's, on every thread */
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 0, 2, 17, 1), 2);
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 0, 8, 64, 1), 8);
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 0, 4, 1, 0), 4);
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 0, 1, 8, 1), 1);
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&fresh, 0, 0, 100, 1), 1); /* never fewer than one */
-}
-
-/* auto's round on small steps: one thread and all alternately, then the faster by wall clock per
- * token for CTRL_DECODE_RUN_STEPS steps, then another round; large steps are not measured */
-static int run_round(ctrl_decode_tuner *t, double one_s, double all_s) {
-    for (int i = 0; i < CTRL_DECODE_PROBE_STEPS; i++) {
-        const int n = ctrl_decode_threads_choose(t, 0, 2, 8, 1);
-        CHECK_EQ_INT(n, i % 2 == 0 ? 1 : 2);
-        ctrl_decode_tuner_record(t, 0, 64, 2, 64, 1, 5.0); /* a prefill step between: not counted */
-        ctrl_decode_tuner_record(t, 0, n, 2, 8, 1, n == 1 ? one_s : all_s);
-    }
-    return ctrl_decode_threads_choose(t, 0, 2, 8, 1);
-}
-
-TEST(decode_threads_auto_measures_and_takes_the_faster) {
-    ctrl_decode_tuner t = {0};
-    CHECK_EQ_INT(run_round(&t, 0.045, 0.060), 1); /* busy cores: one thread was faster */
-    for (int i = 0; i < CTRL_DECODE_RUN_STEPS; i++) {
-        CHECK_EQ_INT(ctrl_decode_threads_choose(&t, 0, 2, 8, 1), 1);
-        CHECK_EQ_INT(ctrl_decode_threads_choose(&t, 0, 2, 40, 1), 2); /* large steps: all threads */
-        ctrl_decode_tuner_record(&t, 0, 1, 2, 8, 1, 0.045);
-    }
-    CHECK_EQ_INT(run_round(&t, 0.045, 0.025), 2); /* then idle cores: both threads were faster */
-    CHECK_EQ_INT(t.run_left, CTRL_DECODE_RUN_STEPS);
-    /* per token: a round of 2-token steps on one thread against 8-token steps on two */
-    ctrl_decode_tuner u = {0};
-    for (int i = 0; i < CTRL_DECODE_PROBE_STEPS; i++) {
-        const int n = ctrl_decode_threads_choose(&u, 0, 2, 8, 1);
-        ctrl_decode_tuner_record(&u, 0, n, 2, n == 1 ? 2 : 8, 1, n == 1 ? 0.010 : 0.030);
-    }
-    CHECK_EQ_INT(ctrl_decode_threads_choose(&u, 0, 2, 8, 1), 2); /* 3.75 ms a token against 5 */
-    /* a number or a device: nothing measured */
-    ctrl_decode_tuner v = {0};
-    ctrl_decode_tuner_record(&v, 2, 2, 2, 8, 1, 0.1);
-    ctrl_decode_tuner_record(&v, 0, 2, 2, 8, 0, 0.1);
-    CHECK_EQ_INT(v.probing, 0);
+TEST(decode_threads_choice) {
+    CHECK_EQ_INT(ctrl_decode_threads_choose(0, 2), 2); /* default: every thread */
+    CHECK_EQ_INT(ctrl_decode_threads_choose(0, 8), 8);
+    CHECK_EQ_INT(ctrl_decode_threads_choose(1, 2), 1);
+    CHECK_EQ_INT(ctrl_decode_threads_choose(2, 4), 2);
+    CHECK_EQ_INT(ctrl_decode_threads_choose(3, 2), 2); /* at most OpenMP's count */
+    CHECK_EQ_INT(ctrl_decode_threads_choose(0, 0), 1); /* never fewer than one */
 }
 
 TEST(decode_threads_are_restored_after_a_step) {
     const int before = omp_get_max_threads();
     omp_set_num_threads(2);
-    ctrl_decode_tuner t = {0};
     ctrl_decode_threads d;
-    CHECK_EQ_INT(ctrl_decode_threads_enter(&d, &t, 1, 8, 1), 1);
+    int logged = 0;
+    CHECK_EQ_INT(ctrl_decode_threads_enter(&d, 1, &logged), 1);
+    CHECK_EQ_INT(logged, 1);
     CHECK_EQ_INT(omp_get_max_threads(), 1);
     int inside = 0;
 #pragma omp parallel
@@ -77,10 +35,10 @@ TEST(decode_threads_are_restored_after_a_step) {
         inside = omp_get_num_threads();
     }
     CHECK_EQ_INT(inside, 1);
-    ctrl_decode_threads_leave(&d, &t, 1, 8, 1);
+    ctrl_decode_threads_leave(&d);
     CHECK_EQ_INT(omp_get_max_threads(), 2);
-    CHECK_EQ_INT(ctrl_decode_threads_enter(&d, &t, 0, 64, 1), 2);
-    ctrl_decode_threads_leave(&d, &t, 0, 64, 1);
+    CHECK_EQ_INT(ctrl_decode_threads_enter(&d, 0, &logged), 2);
+    ctrl_decode_threads_leave(&d);
     CHECK_EQ_INT(omp_get_max_threads(), 2);
     omp_set_num_threads(before);
 }
@@ -98,7 +56,7 @@ TEST(decode_threads_from_the_generation_section) {
     cfg = test_config_from_text(reg, "dt.ini", "[model]\npath = m\n");
     if (cfg) {
         ctrl_engine_config_from(cfg, &ec);
-        CHECK_EQ_INT(ec.decode_threads, 0); /* auto */
+        CHECK_EQ_INT(ec.decode_threads, 0); /* every thread */
         ctrl_config_free(cfg);
     }
     test_config_refused(reg, "dt.ini", "[model]\npath = m\n[generation]\ndecode_threads = -1\n",
@@ -146,7 +104,7 @@ TEST(decode_threads_change_no_token_or_logprob) {
         ctrl_gen_output one[8], other[8];
         memset(one, 0, sizeof one);
         sample_at(m, cases, 1, one);
-        for (int threads = 2; threads >= 0; threads -= 2) { /* 2, then auto */
+        for (int threads = 2; threads >= 0; threads -= 2) { /* 2, then the default */
             memset(other, 0, sizeof other);
             sample_at(m, cases, threads, other);
             for (int k = 0; k < 8; k++) {

@@ -109,10 +109,17 @@ CLONES static void attend_group(const ctrl_paged_attention_args *a, int t, int k
     }
 }
 
+/* Below this many query-head x position x dimension products (a decoding step of a few short
+ * sequences: tens of microseconds) one thread attends: the others' wake-up and barrier (futex calls
+ * under OMP_WAIT_POLICY=PASSIVE) cost more than they would share. Each (token, kv head) is computed
+ * alike on any thread. */
+#define PAGED_PAR_MIN (1L << 20)
+
 ctrl_status paged_cpu_forward(const ctrl_paged_attention_args *a) {
     const int HK = a->n_kv_head, G = a->n_head / a->n_kv_head;
+    const long work = (long)a->n_tokens * a->n_head * (a->max_position + 1L) * a->head_dim;
     int failed = 0;
-#pragma omp parallel reduction(| : failed)
+#pragma omp parallel reduction(| : failed) if (work >= PAGED_PAR_MIN)
     {
         float *scores = malloc(sizeof(float) *
                                ((size_t)G * (size_t)(a->max_position + 1) + (size_t)(RT + 1) * a->head_dim));
