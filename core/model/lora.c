@@ -357,6 +357,11 @@ ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const fl
     return m->be->to_device(dst, m->lora_host, sizeof(float) * (size_t)n);
 }
 
+int lora_reads(const ctrl_model *m, int l, int t, int x) {
+    return m->has_lora && !m->lora_off && !m->dec_adapters && *a_off(m, l, t) >= 0 && !m->lora->use_dora &&
+           !(x && lora_dropout_on(m));
+}
+
 ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out, const float *x, int IN,
                          int OUT) {
     if (m->dec_adapters && out) return lora_bank_forward(m, l, t, out, x, IN, OUT); /* serving */

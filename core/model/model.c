@@ -265,6 +265,7 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
 void ctrl_model_free(ctrl_model *m) {
     if (!m) return;
     if (m->be) model_release_backend(m);
+    model_share_release(m); /* this thread's shared operands' memory (model_share.c) */
     free(m->recompute);
     model_offload_close(m);
     if (!m->grads_external) free(m->grads);
@@ -519,7 +520,7 @@ ctrl_status model_plugin_attention(ctrl_model *m, int l, layer_acts *a, void *ct
     return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "layer %d attention", l);
 }
 
-ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx) {
+static ctrl_status layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx) {
     const ctrl_backend_ops *be = m->be;
     const ctrl_model_config *c = &m->cfg;
     const int T = m->T, C = c->hidden_size, I = c->intermediate_size, H = c->n_heads, HK = c->n_kv_heads,
@@ -534,6 +535,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     model_act16_clear(m); /* the buffers the bf16 copies were made from are written again below */
     MODEL_TRY(model_norm_forward(m, a->ln1, a->rstd1, a->x_in, P + o->ln1, T, C));
     MODEL_TRY(model_act16_keep(m, MODEL_ACT16_LN1, a->ln1, (int64_t)T * C)); /* q, k, v and their dW */
+    model_share(m, 0, 0, a->ln1, T, C, 3); /* packed once for q, k, v and their adapters' x A^T */
     MODEL_TRY(
         model_linear_forward(m, a->q_raw, a->ln1, P + o->wq, o->bq >= 0 ? P + o->bq : NULL, T, C, H * D));
     MODEL_TRY(lora_forward(m, l, LORA_Q, a, a->q_raw, a->ln1, C, H * D));
@@ -542,6 +544,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(lora_forward(m, l, LORA_K, a, a->k_raw, a->ln1, C, HK * D));
     MODEL_TRY(model_linear_forward(m, a->v, a->ln1, P + o->wv, o->bv >= 0 ? P + o->bv : NULL, T, C, HK * D));
     MODEL_TRY(lora_forward(m, l, LORA_V, a, a->v, a->ln1, C, HK * D));
+    model_share_end(m);
     const float *qin = a->q_raw, *kin = a->k_raw;
     if (c->qk_norm) {                     /* per-head RMSNorm, then RoPE (Qwen3) */
         const int full = c->qk_norm == 2; /* OLMoE: over the whole projection, rstd [T] */
@@ -556,8 +559,10 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
     MODEL_TRY(attend(m, l, a, ctx));
     MODEL_TRY(model_act16_keep(m, MODEL_ACT16_ATT, a->att, (int64_t)T * H * D));
     float *attn_out = sandwich ? a->o_raw : a->x_mid; /* Gemma 2 norms it into x_mid */
+    model_share(m, 0, 0, a->att, T, H * D, 1 + lora_reads(m, l, LORA_O, 1));
     MODEL_TRY(model_linear_forward(m, attn_out, a->att, P + o->wo, NULL, T, H * D, C));
     MODEL_TRY(lora_forward(m, l, LORA_O, a, attn_out, a->att, H * D, C));
+    model_share_end(m);
     if (sandwich) MODEL_TRY(model_norm_forward(m, a->x_mid, a->rstd_pa, a->o_raw, P + o->post_attn, T, C));
     MODEL_TRY(be->residual_forward(a->x_mid, a->x_mid, a->x_in, (int64_t)T * C));
     MODEL_TRY(model_norm_forward(m, a->ln2, a->rstd2, a->x_mid, P + o->ln2, T, C));
@@ -566,11 +571,13 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
         MODEL_TRY(model_moe_forward(m, l, a->ln2, next));
         return next ? be->residual_forward(next, next, a->x_mid, (int64_t)T * C) : CTRL_OK;
     }
-    if (next || !model_keeps_mlp(m, l)) { /* a recompute keeping them skips gate/up (selective) */
+    if (next || !model_keeps_mlp(m, l)) {      /* a recompute keeping them skips gate/up (selective) */
+        model_share(m, 0, 0, a->ln2, T, C, 2); /* gate, up and their adapters */
         MODEL_TRY(model_linear_forward(m, a->g, a->ln2, P + o->wg, NULL, T, C, I));
         MODEL_TRY(lora_forward(m, l, LORA_GATE, a, a->g, a->ln2, C, I));
         MODEL_TRY(model_linear_forward(m, a->u, a->ln2, P + o->wu, NULL, T, C, I));
         MODEL_TRY(lora_forward(m, l, LORA_UP, a, a->u, a->ln2, C, I));
+        model_share_end(m);
     }
     MODEL_TRY(model_act_forward(m, a->h, a->g, a->u, (int64_t)T * I));
     MODEL_TRY(model_act16_keep(m, MODEL_ACT16_H, a->h, (int64_t)T * I)); /* down and its dW */
@@ -578,11 +585,19 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
      * also needs down_proj's output, which post_feedforward_layernorm's backward reads */
     if (!next && !sandwich) return lora_forward(m, l, LORA_DOWN, a, NULL, a->h, I, C);
     float *mlp_out = sandwich ? a->d_raw : next;
+    model_share(m, 0, 0, a->h, T, I, 1 + lora_reads(m, l, LORA_DOWN, 1));
     MODEL_TRY(model_linear_forward(m, mlp_out, a->h, P + o->wd, NULL, T, I, C));
     MODEL_TRY(lora_forward(m, l, LORA_DOWN, a, mlp_out, a->h, I, C));
+    model_share_end(m);
     if (!next) return CTRL_OK;
     if (sandwich) MODEL_TRY(model_norm_forward(m, next, a->rstd_pf, a->d_raw, P + o->post_ffw, T, C));
     return be->residual_forward(next, next, a->x_mid, (int64_t)T * C);
+}
+
+ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attention_fn attend, void *ctx) {
+    ctrl_status st = layer_forward(m, l, next, attend, ctx);
+    model_share_end(m); /* on every return: no operand stays shared past the layer */
+    return st;
 }
 
 /* Keeps the batch (backward needs it after the caller's buffers may have changed) on the host and

@@ -13,6 +13,12 @@ typedef struct layer_grads {
     float *dk, *dv;      /* [T, HK*D] */
 } layer_grads;
 
+/* How many products read layer l's input x of weight w as the B of a weight gradient: dW = dY^T x
+ * when w trains, dA = dXA^T x when the adapter on target t does (model_share). */
+static int dw_readers(const ctrl_model *m, int l, long w, int t) {
+    return (model_grad(m, w) != NULL) + lora_reads(m, l, t, 1);
+}
+
 /* MLP then attention of layer l, from dres = dL/d(layer output) to dres = dL/d(layer input). */
 static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     const ctrl_backend_ops *be = m->be;
@@ -38,13 +44,22 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
     if (o->router >= 0) { /* a mixture-of-experts layer: dL/d(ln2) into dtmp */
         MODEL_TRY(model_moe_backward(m, l, a->ln2, dmlp, dtmp));
     } else {
+        /* dL/dout packed once for the base's dX and the adapter's dY B (model_share) */
+        model_share(m, 0, 0, dmlp, T, C, 1 + lora_reads(m, l, LORA_DOWN, 0));
         MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wd), NULL, dmlp, a->h, P + o->wd, T, I, C));
         MODEL_TRY(lora_backward(m, l, LORA_DOWN, a, d1, dmlp, a->h, I, C));
+        model_share_end(m);
         MODEL_TRY(model_act_backward(m, d2, d3, d1, a->g, a->u, (int64_t)T * I));
+        /* ln2 packed once as the B of gate's and up's dW = dY^T ln2 (or their adapters' dA) */
+        model_share(m, 1, 1, a->ln2, T, C,
+                    dw_readers(m, l, o->wg, LORA_GATE) + dw_readers(m, l, o->wu, LORA_UP));
+        model_share(m, 0, 0, d2, T, I, 1 + lora_reads(m, l, LORA_GATE, 0));
         MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wg), NULL, d2, a->ln2, P + o->wg, T, C, I));
         MODEL_TRY(lora_backward(m, l, LORA_GATE, a, dtmp, d2, a->ln2, C, I));
+        model_share(m, 0, 0, d3, T, I, 1 + lora_reads(m, l, LORA_UP, 0));
         MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wu), NULL, d3, a->ln2, P + o->wu, T, C, I));
         MODEL_TRY(lora_backward(m, l, LORA_UP, a, d1, d3, a->ln2, C, I));
+        model_share_end(m);
         MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
     }
     MODEL_TRY(model_norm_backward(m, d1, model_grad(m, o->ln2), dtmp, a->x_mid, P + o->ln2, a->rstd2, T, C));
@@ -56,9 +71,11 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
                                       a->rstd_pa, T, C));
         dattn = dtmp;
     }
+    model_share(m, 0, 0, dattn, T, C, 1 + lora_reads(m, l, LORA_O, 0));
     MODEL_TRY(
         model_linear_backward(m, d1, model_grad(m, o->wo), NULL, dattn, a->att, P + o->wo, T, H * D, C));
     MODEL_TRY(lora_backward(m, l, LORA_O, a, d1, dattn, a->att, H * D, C));
+    model_share_end(m);
     ctrl_attention_args args = model_attention_args(m, l, a);
     args.dout = d1, args.dq = d2, args.dk = dk, args.dv = dv;
     ctrl_status st = m->attn->backward(&args, NULL);
@@ -75,16 +92,24 @@ static ctrl_status layer_backward(ctrl_model *m, int l, const layer_grads *g) {
                                       full ? T : T * HK, full ? HK * D : D));
         MODEL_TRY(be->copy(dk, d3, sizeof(float) * (size_t)T * HK * D));
     }
+    /* ln1 packed once as the B of q's, k's and v's dW = dY^T ln1 (or their adapters' dA) */
+    model_share(m, 1, 1, a->ln1, T, C,
+                dw_readers(m, l, o->wq, LORA_Q) + dw_readers(m, l, o->wk, LORA_K) +
+                    dw_readers(m, l, o->wv, LORA_V));
+    model_share(m, 0, 0, d2, T, H * D, 1 + lora_reads(m, l, LORA_Q, 0));
     MODEL_TRY(model_linear_backward(m, dtmp, model_grad(m, o->wq), model_grad(m, o->bq), d2, a->ln1,
                                     P + o->wq, T, C, H * D));
     MODEL_TRY(lora_backward(m, l, LORA_Q, a, dtmp, d2, a->ln1, C, H * D));
+    model_share(m, 0, 0, dk, T, HK * D, 1 + lora_reads(m, l, LORA_K, 0));
     MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wk), model_grad(m, o->bk), dk, a->ln1, P + o->wk,
                                     T, C, HK * D));
     MODEL_TRY(lora_backward(m, l, LORA_K, a, d1, dk, a->ln1, C, HK * D));
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
+    model_share(m, 0, 0, dv, T, HK * D, 1 + lora_reads(m, l, LORA_V, 0));
     MODEL_TRY(model_linear_backward(m, d1, model_grad(m, o->wv), model_grad(m, o->bv), dv, a->ln1, P + o->wv,
                                     T, C, HK * D));
     MODEL_TRY(lora_backward(m, l, LORA_V, a, d1, dv, a->ln1, C, HK * D));
+    model_share_end(m);
     MODEL_TRY(be->residual_forward(dtmp, dtmp, d1, (int64_t)T * C));
     MODEL_TRY(model_norm_backward(m, d1, model_grad(m, o->ln1), dtmp, a->x_in, P + o->ln1, a->rstd1, T, C));
     model_act16_clear(m); /* the layer's bf16 activations (model_act16_keep) are spent */
@@ -132,9 +157,12 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
                 MODEL_TRY(model_norm_forward(m, g.dtmp, m->acts[l].rstd_pf, m->acts[l].d_raw,
                                              P + m->layers[l].post_ffw, T, C));
         }
-        MODEL_TRY(layer_backward(m, l, &g));
+        st = layer_backward(m, l, &g);
+        model_share_end(m); /* on every return: no operand stays shared past the layer */
+        MODEL_TRY(st);
         MODEL_TRY(model_layer_hooks(m, l, 1, 0));
     }
+    model_share_release(m);                    /* the shared operands' memory (model_share) */
     m->moe_aux_armed = 0;                      /* its gradient is in the routers now */
     float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
     if (dwte && c->embed_scale > 0) MODEL_TRY(be->scale(g.dres, c->embed_scale, (int64_t)T * C));

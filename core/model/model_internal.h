@@ -409,6 +409,16 @@ ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a,
 /* Scratch of an adapter's forward and backward on the backend: xa [T, r], and three buffers of
  * [T, widest linear width] (lora.c). */
 ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, float **w3);
+/* Operands several of a layer's products read, packed once (model_share.c): model_share puts x [T, IN]
+ * in slot 0 or 1 as the products' A (as_b 0: x W^T, dY W) or as the B of weight gradients (as_b 1:
+ * dY^T x) where `readers` >= 2 products will read it (else, or x NULL, the slot is emptied); x must
+ * not change until model_share_end empties both slots. model_share_release frees their memory (the
+ * end of a backward). lora_reads: 1 when layer l's adapter on target t multiplies by the projection's
+ * dL/dout (dY B), and (x 1) by its input too (no dropout: x A^T, dA = dXA^T x). */
+void model_share(const ctrl_model *m, int slot, int as_b, const float *x, int T, int IN, int readers);
+void model_share_end(const ctrl_model *m);
+void model_share_release(const ctrl_model *m);
+int lora_reads(const ctrl_model *m, int l, int t, int x);
 /* dst = dropout(src) [n] with layer l's target t's mask of this forward (lora.c); lora_dropout_on: the
  * model trains with lora_dropout > 0. */
 ctrl_status lora_apply_dropout(ctrl_model *m, int l, int t, float *dst, const float *src, int64_t n);

@@ -122,6 +122,20 @@ int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, in
 size_t ctrl_cpu_gemm_bf16_pack_bytes(int N, int K);
 size_t ctrl_cpu_gemm_bf16_packed_bytes(const ctrl_cpu_bf16_packed *p);
 void ctrl_cpu_gemm_bf16_packed_free(ctrl_cpu_bf16_packed *p);
+/* An operand several products read (x by q, k and v and their LoRA adapters' A; dL/dout by dX and the
+ * adapter's B^T; x as the B of several weight gradients), packed once instead of in each product:
+ * ctrl_cpu_gemm_bf16_share puts X in slot (0 or 1) of the calling thread as op(A)[rows, K] (as_b 0,
+ * trans = trans_a, ld = lda) or op(B)[K, rows] (as_b 1, trans = trans_b, ld = ldb); the first product
+ * of this thread (ctrl_cpu_gemm_bf16, _source, _packed, _packed_t) whose operand is exactly that --
+ * the same pointer, transposition, shape and leading dimension -- packs it whole, and the later ones
+ * whose kernel has the same layout read it as packed. The products are bit for bit those packing per
+ * call. X must not change while it is in the slot; X NULL empties the slot (its memory kept for the
+ * next operand); _share_release frees the thread's slots' memory; _share_stats: how many operands
+ * were packed into slots and how many products read one, on this thread, so far. 0, or -1 (slot out
+ * of range, or no blocked GEMM in this build). */
+int ctrl_cpu_gemm_bf16_share(int slot, int as_b, int trans, int rows, int K, const float *X, int ld);
+void ctrl_cpu_gemm_bf16_share_release(void);
+void ctrl_cpu_gemm_bf16_share_stats(size_t *packed, size_t *read);
 /* ctrl_cpu_gemm_bf16 with B made on the fly instead of read from memory (QLoRA's NF4 weights,
  * gemm_nf4.c): src(ctx, i, n, dst) writes the n values at row-major indices [i, i + n) of B as
  * stored (ldb apart, [K,N] or [N,K] as trans_b says) into dst as fp32, a run of a row (at most a

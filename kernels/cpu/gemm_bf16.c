@@ -456,7 +456,7 @@ static size_t block_words(const ctrl_bf16_kernel *kk, int nc, int kc) {
 /* bpre: B packed beforehand (ctrl_cpu_gemm_bf16_pack: the blocks in this loop's order, jc outer, pc
  * inner, each block_words long), or NULL: B is packed here, block by block. */
 static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const operand *A, const operand *B,
-                        float *C, size_t ldc, int accumulate, const uint32_t *bpre) {
+                        float *C, size_t ldc, int accumulate, const uint32_t *bpre, const uint32_t *apre) {
     const int kr = kk->mr, kn = kk->nr, KC = kk->kc, MC = kk->mc, NC = kk->nc;
     const int kpmax = kp_of(kk, KC);
     const int ncmax = N < NC ? (N + kn - 1) / kn * kn : NC;
@@ -465,8 +465,8 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
     int failed = 0;
 #pragma omp parallel
     {
-        uint32_t *ap = aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * MC);
-        if (!ap) {
+        uint32_t *ap = apre ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * MC);
+        if (!ap && !apre) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -495,17 +495,20 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                 const int nsplit = mblocks >= nth ? 1 : (npanels < nth ? npanels : nth);
 #pragma omp for schedule(dynamic, 1)
                 for (int w = 0; w < mblocks * nsplit; w++) {
-                    if (!ap) continue;
+                    if (!ap && !apre) continue;
                     const int ic = (w / nsplit) * MC, s = w % nsplit, mc = M - ic < MC ? M - ic : MC;
                     const int p0 = npanels * s / nsplit, p1 = npanels * (s + 1) / nsplit;
-                    if (kk->a_rows)
+                    const uint32_t *ab = ap;
+                    if (apre) /* packed beforehand (apack_all): block (ic, pc) */
+                        ab = apre + ((size_t)(pc / KC) * mblocks + (size_t)(ic / MC)) * kpmax * MC;
+                    else if (kk->a_rows)
                         pack_rows(ap, A, ic, mc, pc, kc, kp);
                     else
                         pack_block(ap, kr, A, ic, mc, pc, kc, kp, 0, (mc + 15) / 16);
                     for (int p = p0; p < p1; p++) {
                         const int n = nc - p * kn < kn ? nc - p * kn : kn;
                         for (int i = 0; i < mc; i += kr)
-                            kk->tile(kp, ap + (size_t)i * kp, bb + (size_t)p * kp * kn,
+                            kk->tile(kp, ab + (size_t)i * kp, bb + (size_t)p * kp * kn,
                                      C + (size_t)(ic + i) * ldc + jc + p * kn, ldc, mc - i < kr ? mc - i : kr,
                                      n, accumulate || pc > 0);
                     }
@@ -678,6 +681,92 @@ static int gemm_few(int M, int N, int K, const float *A, size_t lda, const float
     free(a);
     return 0;
 }
+
+/* Operands shared by several products (ctrl_cpu_gemm_bf16_share, cpu_ops.h), per calling thread:
+ * each packed whole by the first product that reads it, in the layout of that product's kernel (A:
+ * its row blocks as gemm_blocked packs them, every depth block; B: panels as ctrl_cpu_gemm_bf16_pack
+ * makes them), and read as packed by the later products whose kernel has the same layout. The same
+ * packing functions on the same values: the products are bit for bit those packing per call. */
+#define SHARE_SLOTS 2
+typedef struct shared_op {
+    const float *p; /* NULL: the slot is free */
+    int as_b, trans, rows, K, ld;
+    int packed;
+    ctrl_bf16_kernel lay;   /* A: the kernel whose layout w holds */
+    uint32_t *w;            /* A's row blocks, block (ic, pc) at ((pc / kc) * mblocks + ic / mc) * kp * mc */
+    size_t cap;             /* words at w */
+    ctrl_cpu_bf16_packed b; /* B's panels */
+} shared_op;
+static _Thread_local shared_op shares[SHARE_SLOTS];
+static _Thread_local size_t share_packs, share_reads;
+
+static size_t apack_words(const ctrl_bf16_kernel *kk, int M, int K) {
+    const size_t w = (size_t)((K + kk->kc - 1) / kk->kc) * (size_t)((M + kk->mc - 1) / kk->mc) *
+                     (size_t)kp_of(kk, kk->kc) * (size_t)kk->mc;
+    return (w + 15) / 16 * 16;
+}
+
+/* Every (row block, depth block) of A packed as gemm_blocked would pack it. */
+static void apack_all(uint32_t *dst, const ctrl_bf16_kernel *kk, const operand *A, int M, int K) {
+    const int MC = kk->mc, KC = kk->kc, kpmax = kp_of(kk, KC), mblocks = (M + MC - 1) / MC;
+    const int items = mblocks * ((K + KC - 1) / KC);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int w = 0; w < items; w++) {
+        const int pc = w / mblocks * KC, ic = w % mblocks * MC;
+        const int kc = K - pc < KC ? K - pc : KC, mc = M - ic < MC ? M - ic : MC, kp = kp_of(kk, kc);
+        uint32_t *ap = dst + (size_t)w * kpmax * MC;
+        if (kk->a_rows)
+            pack_rows(ap, A, ic, mc, pc, kc, kp);
+        else
+            pack_block(ap, kk->mr, A, ic, mc, pc, kc, kp, 0, (mc + 15) / 16);
+    }
+}
+
+static int same_a_layout(const ctrl_bf16_kernel *a, const ctrl_bf16_kernel *b) {
+    return a->mr == b->mr && a->mc == b->mc && a->kc == b->kc && a->kpad == b->kpad && a->a_rows == b->a_rows;
+}
+
+/* The shared A of op(A)[M,K] (A stored as the product reads it) packed for kk, or NULL: not shared. */
+static const uint32_t *share_a(const ctrl_bf16_kernel *kk, const float *A, int trans_a, int M, int K,
+                               int lda) {
+    for (int i = 0; i < SHARE_SLOTS; i++) {
+        shared_op *s = &shares[i];
+        if (!s->p || s->p != A || s->as_b || s->trans != trans_a || s->rows != M || s->K != K || s->ld != lda)
+            continue;
+        if (s->packed) return same_a_layout(&s->lay, kk) ? (share_reads++, s->w) : NULL;
+        const size_t words = apack_words(kk, M, K);
+        if (words > s->cap) {
+            uint32_t *w = aligned_alloc(64, sizeof(uint32_t) * words);
+            if (!w) return NULL; /* packed per call */
+            free(s->w);
+            s->w = w, s->cap = words;
+        }
+        const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0};
+        apack_all(s->w, kk, &a, M, K);
+        s->packed = 1, s->lay = *kk, share_packs++;
+        return s->w;
+    }
+    return NULL;
+}
+
+static int pack_all(ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk, const float *B, int ldb);
+static int same_layout(const ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk);
+
+/* The shared B of op(B)[K,N] packed for kk (ctrl_cpu_gemm_bf16_pack's layout), or NULL. */
+static const uint32_t *share_b(const ctrl_bf16_kernel *kk, const float *B, int trans_b, int N, int K,
+                               int ldb) {
+    for (int i = 0; i < SHARE_SLOTS; i++) {
+        shared_op *s = &shares[i];
+        if (!s->p || s->p != B || !s->as_b || s->trans != trans_b || s->rows != N || s->K != K ||
+            s->ld != ldb)
+            continue;
+        if (s->packed) return same_layout(&s->b, kk) ? (share_reads++, s->b.w) : NULL;
+        if (pack_all(&s->b, kk, B, ldb) != 0) return NULL;
+        s->packed = 1, share_packs++;
+        return s->b.w;
+    }
+    return NULL;
+}
 #define CTRL_HAVE_BLOCKED 1
 #endif
 
@@ -696,7 +785,8 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
     }
     if (M <= FEW_ROWS && !trans_a && trans_b)
         return gemm_few(M, N, K, A, (size_t)lda, B, (size_t)ldb, C, (size_t)ldc, accumulate);
-    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, NULL);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, share_b(kk, B, trans_b, N, K, ldb),
+                        share_a(kk, A, trans_a, M, K, lda));
 #else
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
     (void)ldc, (void)accumulate;
@@ -714,7 +804,8 @@ int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, con
     if (K <= 0) return ctrl_cpu_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, NULL, ldb, C, ldc, accumulate);
     const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
                   b = {NULL, 0, trans_b, (size_t)ldb, b_src, b_ctx, NULL, 0};
-    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, NULL);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)ldc, accumulate, NULL,
+                        share_a(kk, A, trans_a, M, K, lda));
 #else
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)b_src, (void)b_ctx;
     (void)ldb, (void)C, (void)ldc, (void)accumulate;
@@ -730,7 +821,7 @@ int ctrl_cpu_gemm_bf16_nt_avx512(float *C, const uint16_t *A, const uint16_t *B,
     if (M <= 0 || N <= 0 || K <= 0) return -1;
     const operand a = {A, 1, 1, (size_t)K, NULL, NULL, NULL, 0},
                   b = {B, 1, 1, (size_t)K, NULL, NULL, NULL, 0};
-    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate, NULL);
+    return gemm_blocked(kk, M, N, K, &a, &b, C, (size_t)N, accumulate, NULL, NULL);
 #else
     (void)C, (void)A, (void)B, (void)M, (void)N, (void)K, (void)accumulate;
     return -1;
@@ -816,9 +907,11 @@ int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const
     if (M <= 0) return 0;
     const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0};
     if (same_layout(p, kk))
-        return gemm_blocked(kk, M, p->N, p->K, &a, NULL, C, (size_t)ldc, accumulate, p->w);
+        return gemm_blocked(kk, M, p->N, p->K, &a, NULL, C, (size_t)ldc, accumulate, p->w,
+                            share_a(kk, A, trans_a, M, p->K, lda));
     const operand b = {NULL, 0, 0, 0, NULL, NULL, p, 0}; /* another kernel's layout (CTRL_NO_AMX flipped) */
-    return gemm_blocked(kk, M, p->N, p->K, &a, &b, C, (size_t)ldc, accumulate, NULL);
+    return gemm_blocked(kk, M, p->N, p->K, &a, &b, C, (size_t)ldc, accumulate, NULL,
+                        share_a(kk, A, trans_a, M, p->K, lda));
 #else
     (void)trans_a, (void)M, (void)A, (void)lda, (void)p, (void)C, (void)ldc, (void)accumulate;
     return -1;
@@ -833,7 +926,8 @@ int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, con
     if (M <= 0) return 0;
     const operand a = {A, 0, !trans_a, (size_t)lda, NULL, NULL, NULL, 0},
                   b = {NULL, 0, 0, 0, NULL, NULL, p, 1};
-    return gemm_blocked(kk, M, p->K, p->N, &a, &b, C, (size_t)ldc, accumulate, NULL);
+    return gemm_blocked(kk, M, p->K, p->N, &a, &b, C, (size_t)ldc, accumulate, NULL,
+                        share_a(kk, A, trans_a, M, p->N, lda));
 #else
     (void)trans_a, (void)M, (void)A, (void)lda, (void)p, (void)C, (void)ldc, (void)accumulate;
     return -1;
@@ -890,5 +984,39 @@ int ctrl_cpu_gemm_bf16_compiled(void) {
     return 1;
 #else
     return 0;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_share(int slot, int as_b, int trans, int rows, int K, const float *X, int ld) {
+#ifdef CTRL_HAVE_BLOCKED
+    if (slot < 0 || slot >= SHARE_SLOTS) return -1;
+    shared_op *s = &shares[slot];
+    s->p = NULL, s->packed = 0;
+    if (!X || rows <= 0 || K <= 0) return 0;
+    if (s->b.w && (s->b.N != rows || s->b.K != K)) /* its panels are sized for their shape */
+        free(s->b.w), s->b.w = NULL, s->b.words = 0;
+    s->p = X, s->as_b = as_b, s->trans = trans, s->rows = rows, s->K = K, s->ld = ld;
+    s->b.trans_b = trans, s->b.N = rows, s->b.K = K;
+    return 0;
+#else
+    (void)slot, (void)as_b, (void)trans, (void)rows, (void)K, (void)X, (void)ld;
+    return -1;
+#endif
+}
+
+void ctrl_cpu_gemm_bf16_share_release(void) {
+#ifdef CTRL_HAVE_BLOCKED
+    for (int i = 0; i < SHARE_SLOTS; i++) {
+        free(shares[i].w), free(shares[i].b.w);
+        memset(&shares[i], 0, sizeof shares[i]);
+    }
+#endif
+}
+
+void ctrl_cpu_gemm_bf16_share_stats(size_t *packed, size_t *read) {
+#ifdef CTRL_HAVE_BLOCKED
+    *packed = share_packs, *read = share_reads;
+#else
+    *packed = 0, *read = 0;
 #endif
 }

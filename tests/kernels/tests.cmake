@@ -29,3 +29,13 @@ add_test(NAME test_gemm_bf16_panels_amx COMMAND test_gemm_bf16_panels)
 set_tests_properties(test_gemm_bf16_panels_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
 add_test(NAME test_gemm_bf16_panels_portable COMMAND test_gemm_bf16_panels)
 set_tests_properties(test_gemm_bf16_panels_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
+# Operands shared by several products (packed once) against the same products packing per call: as
+# is, on the emulated AMX kernel, on it with small blocks, and with AVX-512 BF16 off (the products refuse).
+ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_gemm_bf16_shared.c unit)
+add_test(NAME test_gemm_bf16_shared_amx COMMAND test_gemm_bf16_shared)
+set_tests_properties(test_gemm_bf16_shared_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
+add_test(NAME test_gemm_bf16_shared_amx_tuned COMMAND test_gemm_bf16_shared)
+set_tests_properties(test_gemm_bf16_shared_amx_tuned PROPERTIES LABELS unit TIMEOUT 120
+                     ENVIRONMENT "CTRL_AMX_EMULATE=1;CTRL_AMX_BLOCKS=64,64,96")
+add_test(NAME test_gemm_bf16_shared_portable COMMAND test_gemm_bf16_shared)
+set_tests_properties(test_gemm_bf16_shared_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
