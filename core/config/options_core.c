@@ -136,7 +136,9 @@ static const ctrl_option train_options[] = {
      "by the forward, the backward's dX and decoding; else 2 bytes each, widened to fp32 one layer at a "
      "time: the same numbers either way); not with DoRA, QLoRA or experts. Online trainers in bf16 also "
      "train on the panels decoding packed in the same step (the weights unchanged until the optimizer "
-     "step; CTRL_NO_PACKED_TRAIN=1 turns that off: the same numbers)."},
+     "step; CTRL_NO_PACKED_TRAIN=1 turns that off: the same numbers). An input several projections read "
+     "(q/k/v's, gate/up's, a LoRA adapter's with its base's) is packed once for all of them "
+     "(CTRL_NO_SHARED_OPERANDS=1: per product, the same numbers)."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"report_to", CTRL_OPT_LIST, "png", 0, 0, 0, "none|all|jsonl|png|tensorboard",
      "Where logged metrics go besides output_dir/metrics.jsonl (always written): png (output_dir/"

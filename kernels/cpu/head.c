@@ -13,6 +13,7 @@
  * contiguous, dhidden scattered back): prompt positions cost no logits (TRL's logits_to_keep). */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
@@ -263,11 +264,11 @@ size_t ctrl_cpu_head_fused_workspace_bytes(const ctrl_head_args *a) {
     return fused_own_bytes(a) + rows_bytes(a, fused_chunk_t(a));
 }
 
-/* z [tc, V] = h W^T * alpha: on W's panels where the caller has them (not for 4 rows or fewer,
- * which ctrl_cpu_gemm_bf16 multiplies unpacked, summing in another order), else as head_gemm. */
-static void fused_logits(const ctrl_head_args *a, float *z, const float *h, int tc, float alpha) {
-    if (a->bf16 && a->w_packed && tc > 4 &&
-        ctrl_cpu_gemm_bf16_packed(0, tc, h, a->C, a->w_packed, z, a->V, 0) == 0) {
+/* z [tc, V] = h W^T * alpha: on W's panels wp where there are (not for 4 rows or fewer, which
+ * ctrl_cpu_gemm_bf16 multiplies unpacked, summing in another order), else as head_gemm. */
+static void fused_logits(const ctrl_head_args *a, const ctrl_cpu_bf16_packed *wp, float *z, const float *h,
+                         int tc, float alpha) {
+    if (a->bf16 && wp && tc > 4 && ctrl_cpu_gemm_bf16_packed(0, tc, h, a->C, wp, z, a->V, 0) == 0) {
         if (alpha != 1.0f)
 #pragma omp parallel for schedule(static)
             for (int i = 0; i < tc; i++)
@@ -275,6 +276,20 @@ static void fused_logits(const ctrl_head_args *a, float *z, const float *h, int 
         return;
     }
     head_gemm(a, 0, 1, tc, a->V, a->C, alpha, h, a->C, a->w, a->C, 0.0f, z, a->V);
+}
+
+/* W's bf16 panels for every chunk of a fused call: the caller's (a->w_packed), else packed here once
+ * (*own, freed by the caller) where there is more than one chunk -- instead of W packed anew for each
+ * chunk's logits and again for its dhidden = dz W (2 x 151,936 x 896 values a chunk at Qwen's
+ * vocabulary; the panels take 2 bytes a value while the call runs). NULL: per chunk (fp32 head, no
+ * bf16 kernel, W held as bf16 values, one chunk, or CTRL_HEAD_PACK_PER_CHUNK=1 for comparisons). */
+static const ctrl_cpu_bf16_packed *fused_panels(const ctrl_head_args *a, int n, int TC,
+                                                ctrl_cpu_bf16_packed **own) {
+    *own = NULL;
+    if (!a->bf16 || a->w_packed || !a->w || n <= TC || n <= 4) return a->w_packed;
+    const char *off = getenv("CTRL_HEAD_PACK_PER_CHUNK");
+    if (off && *off && strcmp(off, "0") != 0) return NULL;
+    return *own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C); /* NULL: per chunk */
 }
 
 void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp, float *entropy,
@@ -285,12 +300,14 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
     float *z = workspace, *capd = a->softcap > 0 ? z + (size_t)TC * V : NULL;
     int32_t *rows = rows_at(workspace, fused_own_bytes(a));
     const int n = head_rows(a, rows, logp, entropy, lse, correct, dhidden);
+    ctrl_cpu_bf16_packed *own;
+    const ctrl_cpu_bf16_packed *wp = fused_panels(a, n, TC, &own);
     for (int r0 = 0; r0 < n; r0 += TC) {
         const int tc = r0 + TC <= n ? TC : n - r0;
         const float *h = chunk_hidden(a, rows, r0, tc, gather_at(a, workspace, fused_own_bytes(a), TC, 0));
         float *dh =
             chunk_dhidden(a, rows, r0, tc, dhidden, gather_at(a, workspace, fused_own_bytes(a), TC, 1));
-        fused_logits(a, z, h, tc, capd ? 1.0f : inv_temp);
+        fused_logits(a, wp, z, h, tc, capd ? 1.0f : inv_temp);
         if (capd) softcap_rows(a, z, (size_t)tc * V);
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < tc; i++) {
@@ -333,9 +350,12 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
                 for (int j = 0; j < V; j++) row[j] *= f[j];
             }
         }
-        head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dh, C);
+        /* dhidden = dz W: on the same panels read transposed (bit for bit the product packing W) */
+        if (!(a->bf16 && wp && ctrl_cpu_gemm_bf16_packed_t(0, tc, z, V, wp, dh, C, 0) == 0))
+            head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dh, C);
         if (dw) /* NULL: a frozen head (LoRA) */
             head_gemm(a, 1, 0, V, C, tc, 1.0f, z, V, h, C, 1.0f, dw, C);
         chunk_dhidden_out(a, rows, r0, tc, dhidden, dh);
     }
+    ctrl_cpu_gemm_bf16_packed_free(own);
 }
