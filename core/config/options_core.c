@@ -138,7 +138,8 @@ static const ctrl_option train_options[] = {
      "train on the panels decoding packed in the same step (the weights unchanged until the optimizer "
      "step; CTRL_NO_PACKED_TRAIN=1 turns that off: the same numbers). An input several projections read "
      "(q/k/v's, gate/up's, a LoRA adapter's with its base's) is packed once for all of them "
-     "(CTRL_NO_SHARED_OPERANDS=1: per product, the same numbers)."},
+     "(CTRL_NO_SHARED_OPERANDS=1: per product, the same numbers), and a head that trains packs its "
+     "weights once a step, not per chunk of tokens (CTRL_HEAD_PACK_PER_CHUNK=1: per chunk)."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"report_to", CTRL_OPT_LIST, "png", 0, 0, 0, "none|all|jsonl|png|tensorboard",
      "Where logged metrics go besides output_dir/metrics.jsonl (always written): png (output_dir/"

@@ -281,15 +281,19 @@ static void fused_logits(const ctrl_head_args *a, const ctrl_cpu_bf16_packed *wp
 /* W's bf16 panels for every chunk of a fused call: the caller's (a->w_packed), else packed here once
  * (*own, freed by the caller) where there is more than one chunk -- instead of W packed anew for each
  * chunk's logits and again for its dhidden = dz W (2 x 151,936 x 896 values a chunk at Qwen's
- * vocabulary; the panels take 2 bytes a value while the call runs). NULL: per chunk (fp32 head, no
- * bf16 kernel, W held as bf16 values, one chunk, or CTRL_HEAD_PACK_PER_CHUNK=1 for comparisons). */
-static const ctrl_cpu_bf16_packed *fused_panels(const ctrl_head_args *a, int n, int TC,
+ * vocabulary). The panels take 2 bytes a value while the call runs (272 MB there): done where the head
+ * trains (dw: a full fine-tune, whose peak is the optimizer's state, +3% of it at 0.5B), not for a
+ * frozen head (LoRA, whose peak is this call: +13% for 5% of the step; docs/performance.md, issue 18).
+ * CTRL_HEAD_PACK_PER_CHUNK=1 packs per chunk always, =0 once a call always (for comparisons). NULL:
+ * per chunk (fp32 head, no bf16 kernel, W held as bf16 values, one chunk). */
+static const ctrl_cpu_bf16_packed *fused_panels(const ctrl_head_args *a, int n, int TC, const float *dw,
                                                 ctrl_cpu_bf16_packed **own) {
     *own = NULL;
     if (!a->bf16 || a->w_packed || !a->w || n <= TC || n <= 4) return a->w_packed;
-    const char *off = getenv("CTRL_HEAD_PACK_PER_CHUNK");
-    if (off && *off && strcmp(off, "0") != 0) return NULL;
-    return *own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C); /* NULL: per chunk */
+    const char *v = getenv("CTRL_HEAD_PACK_PER_CHUNK");
+    const int per_chunk = v && *v ? strcmp(v, "0") != 0 : !dw;
+    return per_chunk ? NULL
+                     : (*own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C)); /* NULL: per chunk */
 }
 
 void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp, float *entropy,
@@ -301,7 +305,7 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
     int32_t *rows = rows_at(workspace, fused_own_bytes(a));
     const int n = head_rows(a, rows, logp, entropy, lse, correct, dhidden);
     ctrl_cpu_bf16_packed *own;
-    const ctrl_cpu_bf16_packed *wp = fused_panels(a, n, TC, &own);
+    const ctrl_cpu_bf16_packed *wp = fused_panels(a, n, TC, dw, &own);
     for (int r0 = 0; r0 < n; r0 += TC) {
         const int tc = r0 + TC <= n ? TC : n - r0;
         const float *h = chunk_hidden(a, rows, r0, tc, gather_at(a, workspace, fused_own_bytes(a), TC, 0));

@@ -353,7 +353,8 @@ TEST(head_targets_only_skips_the_rows_without_a_target) {
 /* W's panels in the one-pass bf16 head -- the caller's (ctrl_head_args.w_packed), or packed once by
  * the call for all its chunks (the logits and dhidden = dz W read transposed) -- the same sums as
  * packing W in each chunk's products (CTRL_HEAD_PACK_PER_CHUNK=1), bit for bit, for chunks of more
- * than 4 rows and of 4 or fewer (whose logits do not use them), one chunk and several. */
+ * than 4 rows and of 4 or fewer (whose logits do not use them), one chunk and several; a frozen head
+ * (no dW) packed once too where forced (CTRL_HEAD_PACK_PER_CHUNK=0). */
 TEST(head_on_w_panels_is_bit_for_bit) {
     const int T = 37, C = 40, V = 1000;
     int32_t *tg = malloc(T * 4);
@@ -366,27 +367,29 @@ TEST(head_on_w_panels_is_bit_for_bit) {
     }
     static const int chunks[] = {0, 3, 16};
     for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
-        head_out o[3];
-        for (int packed = 0; packed < 3; packed++) { /* per chunk, packed by the call, the caller's */
+        head_out o[4];
+        for (int packed = 0; packed < 4; packed++) { /* per chunk, packed by the call (the head trains;
+                                                      * frozen, forced), the caller's */
             ctrl_head_args a = chunked_head(h, w, tg, T, C, V, chunks[k], 0);
             a.bf16 = 1, a.targets_only = 1, a.w_packed = packed == 2 ? p : NULL;
             if (packed == 0) setenv("CTRL_HEAD_PACK_PER_CHUNK", "1", 1);
+            if (packed == 3) setenv("CTRL_HEAD_PACK_PER_CHUNK", "0", 1);
             void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
             o[packed] = (head_out){.dh = zeros((size_t)T * C), .dw = zeros((size_t)V * C)};
             ctrl_cpu_head_forward_backward(&a, dlogp, o[packed].logp, o[packed].ent, o[packed].lse,
-                                           o[packed].ok, o[packed].dh, o[packed].dw, ws);
+                                           o[packed].ok, o[packed].dh, packed == 3 ? NULL : o[packed].dw, ws);
             unsetenv("CTRL_HEAD_PACK_PER_CHUNK");
             free(ws);
         }
-        for (int v = 1; v < 3; v++) {
+        for (int v = 1; v < 4; v++) {
             CHECK_MSG(memcmp(o[0].logp, o[v].logp, sizeof o[0].logp) == 0, "chunk %d, panels %d: logp",
                       chunks[k], v);
             CHECK(memcmp(o[0].ent, o[v].ent, sizeof o[0].ent) == 0);
             CHECK_MSG(memcmp(o[0].dh, o[v].dh, sizeof(float) * (size_t)T * C) == 0, "chunk %d, panels %d: dh",
                       chunks[k], v);
-            CHECK(memcmp(o[0].dw, o[v].dw, sizeof(float) * (size_t)V * C) == 0);
+            if (v < 3) CHECK(memcmp(o[0].dw, o[v].dw, sizeof(float) * (size_t)V * C) == 0);
         }
-        for (int i = 0; i < 3; i++) free(o[i].dh), free(o[i].dw);
+        for (int i = 0; i < 4; i++) free(o[i].dh), free(o[i].dw);
     }
     ctrl_cpu_gemm_bf16_packed_free(p);
     free(tg), free(h), free(w), free(dlogp);
