@@ -393,6 +393,18 @@ ctrl_status model_layer_hooks(ctrl_model *m, int layer, int backward, int before
     return before ? dora_layer_ready(m, layer) : CTRL_OK; /* ZeRO-3: DoRA's norms of the layer now whole */
 }
 
+int model_outer_slot(const ctrl_model *m, int head) {
+    return m->cfg.n_layers + (head && m->off_lm_head != m->off_embed);
+}
+
+ctrl_status model_outer_hooks(ctrl_model *m, int head, int backward, int before) {
+    typedef ctrl_status (*hook)(ctrl_memory *, int);
+    const ctrl_memory_ops *o = m->shard_ops;
+    if (!o) return CTRL_OK;
+    const hook h = before ? (backward ? o->before_backward : o->before_forward) : o->after_forward;
+    return h ? h(m->shard_mem, model_outer_slot(m, head)) : CTRL_OK;
+}
+
 ctrl_status ctrl_model_set_recompute_all(ctrl_model *m) {
     ctrl_status st = ctrl_model_set_memory(m, NULL, NULL);
     if (st == CTRL_OK && !(m->recompute = malloc((size_t)m->cfg.n_layers)))
@@ -661,9 +673,11 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     m->lora_step += m->training; /* a fresh dropout mask per training forward (a recompute reuses it) */
     const int T = b->T, C = c->hidden_size;
     const float *P = m->dparams;
-    MODEL_TRY(model_offload_begin(m)); /* before the slots are written */
+    MODEL_TRY(model_offload_begin(m));        /* before the slots are written */
+    MODEL_TRY(model_outer_hooks(m, 0, 0, 1)); /* ZeRO-3: the embeddings gathered for the lookup */
     MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
     if (c->embed_scale > 0) MODEL_TRY(be->scale(m->acts[0].x_in, c->embed_scale, (int64_t)T * C));
+    MODEL_TRY(model_outer_hooks(m, 0, 0, 0)); /* and released */
     for (int l = 0; l < c->n_layers; l++) {
         MODEL_TRY(model_layer_hooks(m, l, 0, 1));
         MODEL_TRY(model_offload_input(m, l, 1)); /* out while the layer reads it */
@@ -692,6 +706,9 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
         MODEL_TRY(model_grow(m, (void **)&m->head_dh, &m->head_dh_bytes, sizeof(float) * (size_t)T * C));
     model_stage st;
     MODEL_TRY(model_stage_in(m, &st, dlogp, logp, correct));
+    /* ZeRO-3: the head gathered (with dlogp, one gather for its forward and backward), released after */
+    MODEL_TRY(model_outer_hooks(m, 1, dlogp != NULL, 1));
+    ha = model_head_args(m); /* (its weights' bf16 values are known once gathered) */
     if (fused)
         MODEL_TRY(be->head_forward_backward(&ha, st.dlogp, st.logp, m->head_ent, m->head_lse, st.correct,
                                             m->head_dh, model_grad(m, m->off_lm_head), m->head_ws));
@@ -701,6 +718,7 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
             MODEL_TRY(be->head_backward(&ha, m->head_lse, st.dlogp, NULL, NULL, m->head_dh,
                                         model_grad(m, m->off_lm_head), m->head_ws));
     }
+    MODEL_TRY(model_outer_hooks(m, 1, 0, 0));
     MODEL_TRY(model_stage_out(m, &st, logp, correct));
     m->head_dh_ready = dlogp != NULL;
     return entropy ? be->to_host(entropy, m->head_ent, sizeof(float) * (size_t)T) : CTRL_OK;

@@ -249,11 +249,17 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
 /* A second set of layer hooks beside the memory strategy's (NULL: none), for the parameters' and
  * gradients' sharding (ZeRO-2/3, core/train/zero_layers.c): before_forward and before_backward run
  * first (before a recompute too), after_forward and after_backward last; after_backward runs once
- * more at the end of each backward with layer -1, every gradient written (the embeddings' last). */
+ * more at the end of each backward with layer -1, every gradient written (the embeddings' last).
+ * ZeRO-3's sliced embeddings and head: before_forward / before_backward and after_forward run around
+ * each of their uses too, with layer n_layers (the embeddings, and a tied head) or n_layers + 1 (an
+ * untied head) -- the lookup, the head's forward (with its backward when fused), its backward, its
+ * statistics; after_backward never with those. */
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
 /* A hook around each layer of every decoding pass (ctrl_model_decode, ctrl_model_decode_all; NULL:
  * none): fn(ctx, l, 0) before layer l's forward, fn(ctx, l, 1) after it -- ZeRO-3's generation with
- * one layer gathered at a time (core/train/zero_generate.c). An error stops the pass. */
+ * one layer gathered at a time (core/train/zero_generate.c). An error stops the pass. Around the
+ * embedding lookup and the LM head it runs too, with layer n_layers (the embeddings; a tied head) and
+ * n_layers + 1 (an untied head): a pass is embeddings, layers 0..n-1, head. */
 typedef ctrl_status (*ctrl_model_layer_hook)(void *ctx, int layer, int after);
 void ctrl_model_set_decode_hook(ctrl_model *m, ctrl_model_layer_hook fn, void *ctx);
 /* ZeRO-3's sliced parameters and the bf16 copy (host models): the ranges [a, b) (n pairs,

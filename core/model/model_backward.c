@@ -143,8 +143,11 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         model_stage s;
         MODEL_TRY(model_grow(m, &m->head_ws, &m->head_ws_bytes, be->head_workspace_bytes(&ha)));
         MODEL_TRY(model_stage_in(m, &s, dlogp, NULL, NULL));
+        MODEL_TRY(model_outer_hooks(m, 1, 1, 1)); /* ZeRO-3: the head gathered for its backward */
+        ha = model_head_args(m);
         MODEL_TRY(be->head_backward(&ha, m->head_lse, s.dlogp, NULL, NULL, g.dtmp,
                                     model_grad(m, m->off_lm_head), m->head_ws));
+        MODEL_TRY(model_outer_hooks(m, 1, 1, 0)); /* and released */
     }
     MODEL_TRY(model_norm_backward(m, g.dres, model_grad(m, m->off_norm), dlogp ? g.dtmp : m->head_dh,
                                   m->x_out, P + m->off_norm, m->rstdf, T, C));

@@ -219,10 +219,14 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
                     .max_blocks = max_blocks};
     m->dec_n_new = n_new, m->dec_n_seq = n_seq; /* the adapters' runs (lora_bank.c) */
     if (packed) st = model_pack_begin(m);
+    /* ZeRO-3: the hook gathers the embeddings (layer n_layers) and the head (n_layers + 1, or
+     * n_layers tied) around their use as it does the layers */
+    if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 0), 0);
     if (st == CTRL_OK)
         st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
         st = be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
+    if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 0), 1);
     for (int l = 0; l < cfg->n_layers && st == CTRL_OK; l++) {
         if (m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, l, 0); /* ZeRO-3: the layer gathered */
         if (st == CTRL_OK)
@@ -243,10 +247,12 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         }
         if (st == CTRL_OK)
             st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);
+        if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 1), 0);
         if (st == CTRL_OK && packed) /* the head in bf16 too, on its packed panels */
             st = model_linear_forward(m, lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
         else if (st == CTRL_OK)
             st = be->linear_forward(lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
+        if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 1), 1);
         /* logits == NULL: they stay on the device (ctrl_model_decode_logits), not yet soft-capped */
         if (st == CTRL_OK && logits && lg != logits)
             st = be->to_host(logits, lg, sizeof(float) * (size_t)rows * V);

@@ -99,8 +99,12 @@ ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_s
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
     if (m->off_lm_head < 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a sequence classifier has no LM head statistics");
-    ctrl_status st = !mean_logit                ? CTRL_OK
-                     : m->cfg.final_softcap > 0 ? mean_capped_logits(m, mean_logit)
-                                                : mean_logits(m, mean_logit);
-    return st == CTRL_OK && log_sum_sq_probs ? log_sum_sq(m, log_sum_sq_probs) : st;
+    ctrl_status st = model_outer_hooks(m, 1, 0, 1); /* ZeRO-3: the head gathered for these */
+    if (st == CTRL_OK)
+        st = !mean_logit                ? CTRL_OK
+             : m->cfg.final_softcap > 0 ? mean_capped_logits(m, mean_logit)
+                                        : mean_logits(m, mean_logit);
+    if (st == CTRL_OK && log_sum_sq_probs) st = log_sum_sq(m, log_sum_sq_probs);
+    const ctrl_status sr = model_outer_hooks(m, 1, 0, 0); /* and released */
+    return st == CTRL_OK ? sr : st;
 }

@@ -511,6 +511,13 @@ static inline int model_keeps_mlp(const ctrl_model *m, int l) {
 /* Layer l's hooks: the memory strategy's and the sharding's (ctrl_model_set_sharding), of the
  * forward or the backward, before or after the layer. */
 ctrl_status model_layer_hooks(ctrl_model *m, int l, int backward, int before);
+/* ZeRO-3's sliced tensors outside the layers: the sharding's hook index of the embeddings (head = 0:
+ * n_layers) or of the LM head (head = 1: n_layers + 1, or n_layers when tied to the embeddings), and
+ * its hooks around a use of it -- before = 1: before_forward (backward = 0) or before_backward (the
+ * head's backward: the gather then maps its gradients on a device), before = 0: after_forward (the
+ * release). Never the memory strategy's hooks (its layers only). */
+int model_outer_slot(const ctrl_model *m, int head);
+ctrl_status model_outer_hooks(ctrl_model *m, int head, int backward, int before);
 /* Offloaded activations: layer l's input to host memory or the file (out = 1, just before its
  * forward) or back into its slot (before its backward); nothing for a layer kept whole. */
 ctrl_status model_offload_input(ctrl_model *m, int l, int out);

@@ -35,7 +35,8 @@ ctrl_status train_run_report_resident(run_state *r) {
         if (st == CTRL_OK && r->root)
             CTRL_INFO(
                 "zero3 on the device: per rank between steps at most %.0f of the model's %zu bytes of "
-                "parameters (layers %zu bytes, sliced over %d ranks), %.0f of %zu bytes of gradients, %.0f "
+                "parameters (layers, embeddings and head %zu bytes, sliced over %d ranks), %.0f of %zu bytes "
+                "of gradients, %.0f "
                 "bytes of gradient slices' sums and %.0f of optimizer state; the most mapped in the first "
                 "step: "
                 "parameters %.0f, gradients %.0f bytes (pieces of %zu bytes); %ld layer gathers prefetched "
@@ -73,11 +74,19 @@ ctrl_status train_run_report_resident(run_state *r) {
     }
     const float *p = ctrl_model_params(r->model, &n_params), *g = ctrl_model_grads(r->model, &n_grads);
     train_zero *z = &r->zero;
-    double v[5] = {(double)train_zero_resident(p, n_params * sizeof *p),
-                   (double)train_zero_resident(g, n_grads * sizeof *g), (double)z->grad_peak, 0, 0};
+    const double state = (double)train_zero_state_bytes(r->opt_ops, r->opt);
+    double v[6] = {(double)train_zero_resident(p, n_params * sizeof *p),
+                   (double)train_zero_resident(g, n_grads * sizeof *g),
+                   (double)z->grad_peak,
+                   0,
+                   0,
+                   0};
     train_memory_read(&v[3], &v[4]);
+    v[5] = v[0] + v[1] + (double)(z->acc_n * sizeof(float)) + state; /* this rank's, between steps */
     z->measure = 0;
-    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 5);
+    double states = state;
+    ctrl_status st = ctrl_collective_allreduce_max_f64(v, 6);
+    if (st == CTRL_OK) st = ctrl_collective_allreduce_sum_f64(&states, 1);
     if (st != CTRL_OK || !r->root) return st;
     int buckets = 0;
     for (int l = 0; l < ctrl_model_cfg(r->model)->n_layers; l++) buckets += z->closes[l] != 0;
@@ -88,11 +97,19 @@ ctrl_status train_run_report_resident(run_state *r) {
         r->s->memory.reduce_bucket_size < 0 ? ": auto, hidden^2" : "", z->acc_n * sizeof(float));
     if (z->stage >= 3)
         CTRL_INFO("zero3: parameters resident between steps: at most %.0f of the model's %zu bytes per rank "
-                  "(layers %zu bytes, sliced over %d ranks); gradients: at most %.0f of %zu bytes; %ld layer "
+                  "(layers, embeddings and head %zu bytes, sliced over %d ranks); gradients: at most %.0f of "
+                  "%zu bytes; %ld layer "
                   "gathers prefetched in the step (prefetch_bucket_size = %zu floats%s)",
                   v[0], n_params * sizeof *p, train_zero_layer_bytes(z), z->size, v[1], n_grads * sizeof *g,
                   z->prefetched, z->prefetch,
                   r->s->memory.prefetch_bucket_size < 0 ? ": auto, 0.9 x hidden^2" : "");
+    if (z->stage >= 3) { /* the model, its gradients and the optimizer state, against one process's */
+        const double whole = (double)(n_params * sizeof *p + n_grads * sizeof *g) + states;
+        CTRL_INFO("zero3: per rank between steps at most %.0f bytes of parameters, gradients and optimizer "
+                  "state (resident parameters and gradients, the gradient slices' sums, the state) against "
+                  "%.0f unsharded: %.3f of it over %d ranks",
+                  v[5], whole, whole > 0 ? v[5] / whole : 0, z->size);
+    }
     if (z->stage >= 3)
         CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM)",
                   v[3], v[4]);

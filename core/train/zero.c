@@ -44,22 +44,39 @@ static int view_layer(const ctrl_param_view *v) {
     return sscanf(v->name, "model.layers.%d.%n", &l, &n) == 1 && n > 0 ? l : -1;
 }
 
+/* Stage 3: the slot of a view outside the layers that is sliced -- the embeddings n_layers, an
+ * untied LM head n_layers + 1 (DeepSpeed partitions them as any parameter above
+ * stage3_param_persistence_threshold: at any real vocabulary they are the largest tensors) --, else
+ * -1 (the final norm, a score head: kept whole, small). */
+static int outer_slot(const train_zero *z, const ctrl_param_view *v, int n_layers) {
+    /* tests and benchmarks: kept whole as before (CTRL_TEST_ZERO3_WHOLE_EMBED), to compare */
+    if (z->stage < 3 || getenv("CTRL_TEST_ZERO3_WHOLE_EMBED")) return -1;
+    if (!strcmp(v->name, "model.embed_tokens.weight")) return n_layers;
+    if (!strcmp(v->name, "lm_head.weight")) return n_layers + 1;
+    return -1;
+}
+
 /* The partitioned stages' units (2 and 3 on the CPU): the runs of consecutive views of one layer
  * (or of none), in trainable floats (the views below ctrl_model_trainable_offset, LoRA's frozen
  * base, left out). */
 static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
     const int n_views = ctrl_model_view_count(m), n_layers = ctrl_model_cfg(m)->n_layers;
+    z->n_slots = n_layers + (z->stage >= 3 ? 2 : 0);
+    const size_t ns = (size_t)(z->n_slots > 0 ? z->n_slots : 1);
     if (!(z->units = calloc((size_t)n_views + 1, sizeof *z->units)) ||
-        !(z->layer_unit = malloc(sizeof(int) * (size_t)(n_layers > 0 ? n_layers : 1))) ||
-        !(z->closes = calloc((size_t)(n_layers > 0 ? n_layers : 1), 1)) ||
-        !(z->frozen = calloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof *z->frozen)))
+        !(z->layer_unit = malloc(sizeof(int) * ns)) || !(z->closes = calloc(ns, 1)) ||
+        !(z->frozen = calloc(ns, sizeof *z->frozen)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    for (int l = 0; l < n_layers; l++) z->layer_unit[l] = -1, z->frozen[l] = (train_zero_unit){0, 0, -1};
+    for (int l = 0; l < z->n_slots; l++) z->layer_unit[l] = -1, z->frozen[l] = (train_zero_unit){0, 0, -1};
     for (int i = 0; i < n_views; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
+        const int slot = outer_slot(z, v, n_layers);
         if ((size_t)v->offset < z->first) { /* LoRA's frozen base: stage 3 slices each layer's too */
-            const int l = view_layer(v);
-            if (z->stage < 3 || l < 0 || l >= n_layers) continue;
+            int l = view_layer(v);
+            if (l >= n_layers) l = -1;
+            /* and the frozen embeddings, an untied head (on the CPU; a CUDA model keeps them whole) */
+            if (l < 0 && ctrl_model_device(m).type == CTRL_DEVICE_CPU) l = slot;
+            if (z->stage < 3 || l < 0) continue;
             train_zero_unit *f = &z->frozen[l];
             const size_t end = (size_t)v->offset + (size_t)v->numel;
             if (f->layer < 0) *f = (train_zero_unit){(size_t)v->offset, end, l};
@@ -70,9 +87,11 @@ static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
         const size_t at = (size_t)v->offset - z->first;
         int layer = view_layer(v);
         if (layer >= n_layers) layer = -1;
-        if (z->n_units && z->units[z->n_units - 1].layer == layer) continue;
+        if (layer < 0 && slot >= 0) layer = TRAIN_ZERO_OUTER; /* a unit of its own, in its slot */
+        if (z->n_units && z->units[z->n_units - 1].layer == layer && layer != TRAIN_ZERO_OUTER) continue;
         if (z->n_units) z->units[z->n_units - 1].b = at;
         z->units[z->n_units++] = (train_zero_unit){at, z->total, layer};
+        if (slot >= 0) z->layer_unit[slot] = z->n_units - 1;
         if (layer >= 0 && layer < n_layers) {
             if (z->layer_unit[layer] >= 0)
                 return ctrl_error_set(
@@ -268,9 +287,8 @@ uint64_t train_zero_layout(const train_zero *z) {
 
 size_t train_zero_layer_bytes(const train_zero *z) {
     size_t n = 0;
-    for (int u = 0; u < z->n_units; u++) n += z->units[u].layer >= 0 ? z->units[u].b - z->units[u].a : 0;
-    for (int l = 0; z->frozen && l < ctrl_model_cfg(z->model)->n_layers; l++)
-        n += z->frozen[l].b - z->frozen[l].a;
+    for (int u = 0; u < z->n_units; u++) n += z->units[u].layer != -1 ? z->units[u].b - z->units[u].a : 0;
+    for (int l = 0; z->frozen && l < z->n_slots; l++) n += z->frozen[l].b - z->frozen[l].a;
     return n * sizeof(float);
 }
 
@@ -287,7 +305,7 @@ ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m) {
     float *p = ctrl_model_params(m, NULL) + z->first;
     ctrl_status st = CTRL_OK;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) /* zero3's layers stay sliced */
-        if (z->stage < 3 || z->units[u].layer < 0 || z->gathered)
+        if (z->stage < 3 || z->units[u].layer == -1 || z->gathered)
             st = ctrl_collective_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
     ctrl_model_weights_changed(m);
     return st;

@@ -45,8 +45,13 @@
 
 typedef struct train_zero_unit {
     size_t a, b; /* in trainable floats */
-    int layer;   /* stage 3: the layer whose parameters these are (gathered per use), else -1 */
+    /* stage 3: the layer whose parameters these are (gathered per use); -2: the embeddings' or an
+     * untied LM head's (sliced too, gathered around each use: slots n_layers, n_layers + 1); else -1
+     * (kept whole: the final norm, a score head) */
+    int layer;
 } train_zero_unit;
+
+#define TRAIN_ZERO_OUTER (-2) /* train_zero_unit.layer of the sliced units outside the layers */
 
 typedef struct train_zero {
     int stage; /* 0: off (everything below unused); 1, 2 or 3 */
@@ -55,8 +60,12 @@ typedef struct train_zero {
     size_t first;           /* ctrl_model_trainable_offset: where they start in the parameters */
     train_zero_unit *units; /* in order, covering [0, total) */
     int n_units;
-    int *counts;       /* scratch: one unit's slice lengths, per rank */
-    int *layer_unit;   /* partitioned: each layer's unit (stage 2: its bucket's), -1 when none */
+    int *counts; /* scratch: one unit's slice lengths, per rank */
+    /* partitioned: each layer's unit (stage 2: its bucket's), -1 when none; stage 3 indexes it (and
+     * frozen, state, pending) by slot: the layers, then n_layers the embeddings (and a tied head),
+     * n_layers + 1 an untied LM head -- the model's hook indices (ctrl_model_set_sharding) */
+    int *layer_unit;
+    int n_slots;       /* stage 3: n_layers + 2, else n_layers */
     int gathered;      /* stage 3: every layer is whole (train_zero_gather_all) */
     ctrl_model *model; /* whose gradients the hooks reduce, whose layers stage 3 gathers */
     /* partitioned (stage 2 on the CPU, stage 3): the gradients are reduce-scattered during the
@@ -133,7 +142,8 @@ const int *train_zero_counts(train_zero *z, int u);
 /* The same for any range cut in N (u.a, u.b in its own indexing). */
 void train_zero_cut(const train_zero *z, train_zero_unit u, int r, size_t *lo, size_t *hi);
 const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
-/* Stage 3: the bytes of the layers' parameters (the units sliced between uses). */
+/* Stage 3: the bytes of the sliced parameters (the layers', the embeddings' and an untied head's:
+ * the units sliced between uses). */
 size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
@@ -145,8 +155,9 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
                             int overlap, int host_step);
 void train_zero_free(train_zero *z);
 /* Stage 3 on several ranks (zero_load.c): the model of DIR (config.json, its safetensors files, no
- * adapters nor score head) with only this rank's slices of the layers read (the rest of the layers
- * zero, untouched), what lies outside the layers whole; the same on every rank, no broadcast needed. */
+ * adapters nor score head) with only this rank's slices of the layers, the embeddings and an untied
+ * head read (the rest of them zero, untouched), the final norm whole; the same on every rank, no
+ * broadcast needed. */
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
 /* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
  * 3: gather before forward and backward, release after), zeroes and releases the model's gradient

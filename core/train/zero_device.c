@@ -112,7 +112,7 @@ ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
         if (master) st = refresh_b16(z, u);                    /* bf16: the slice the next gathers send */
         if (st == CTRL_OK && master && z->gathered && hi > lo) /* whole now: the fp32 masters gathered */
             st = z->dev->copy(p + lo, master, (hi - lo) * sizeof(float));
-        if (st == CTRL_OK && (z->stage < 3 || z->units[u].layer < 0 || z->gathered))
+        if (st == CTRL_OK && (z->stage < 3 || z->units[u].layer == -1 || z->gathered))
             st = ctrl_collective_device_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
         if (st == CTRL_OK && master && z->gathered && z->b16_direct) /* the bf16 values the products read */
             st = ctrl_collective_device_allgather_b16(b16_base(z) + z->first + z->units[u].a,
@@ -368,13 +368,14 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(float), 0, &z->vm_params);
     if (st == CTRL_OK) st = vm_new(be, (z->total ? z->total : 1) * sizeof(float), 1, &z->vm_grads);
     if (st == CTRL_OK && ctrl_model_compute_dtype(m) == CTRL_BF16) st = b16_init(z, m, n_params);
-    /* pinned: what lies outside the sliced layers, whole, and this rank's slice of each layer (in
-     * bf16: its master is apart, and vm_b16 holds its bf16 values) */
+    /* pinned: what lies outside the sliced units, whole, and this rank's slice of each layer (in
+     * bf16: its master is apart, and vm_b16 holds its bf16 values), of the embeddings and an untied
+     * head (fp32: stepped there); the gradients of the units outside the layers whole */
     if (st == CTRL_OK) st = pin_base(z, 0, z->first);
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
         const train_zero_unit un = z->units[u];
         size_t lo = un.a, hi = un.b;
-        if (un.layer >= 0) train_zero_slice(z, u, z->rank, &lo, &hi);
+        if (un.layer != -1) train_zero_slice(z, u, z->rank, &lo, &hi);
         if (un.layer < 0 || !z->b16) st = vm_pin(z->vm_params, param_byte(z, lo), param_byte(z, hi));
         if (st == CTRL_OK && un.layer < 0)
             st = vm_pin(z->vm_grads, un.a * sizeof(float), un.b * sizeof(float));

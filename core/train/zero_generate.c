@@ -36,20 +36,32 @@ static void measure(train_zero_gen *g) {
 }
 
 /* Layer l's gather (after = 0) or release (1) in a pass, measured before the release while the
- * phase's first passes last. */
+ * phase's first passes last. A pass is the embeddings (slot n_layers), the layers, the head (slot
+ * n_layers + 1, or n_layers tied): in_pass is 1 from its start, 2 once past the layers, and the
+ * head's release ends it. */
 static ctrl_status layer_step(train_zero_gen *g, int l, int after) {
     if (after && g->measure > 0) measure(g);
     ctrl_status st = train_zero_forward_layer(g->z, l, after);
-    const int last = ctrl_model_cfg(g->z->model)->n_layers - 1;
-    if (after && l == last) g->in_pass = 0, g->measure--;
+    const int n_layers = ctrl_model_cfg(g->z->model)->n_layers;
+    if (after && l == n_layers - 1)
+        g->in_pass = 2;
+    else if (after && l >= n_layers && g->in_pass == 2)
+        g->in_pass = 0, g->measure--;
     return st;
 }
 
-/* The decoding pass's hook: before its first layer the ranks say they are generating (the idle
- * ones answer in idle_passes), then each layer gathered and released. */
+/* The slot of the head: its own when sliced apart from the embeddings, else theirs (tied, or not
+ * sliced: no collective either way). */
+static int head_slot(const train_zero *z) {
+    const int n = ctrl_model_cfg(z->model)->n_layers;
+    return z->layer_unit[n + 1] >= 0 || z->frozen[n + 1].layer >= 0 ? n + 1 : n;
+}
+
+/* The decoding pass's hook: before its first gather (the embeddings') the ranks say they are
+ * generating (the idle ones answer in idle_passes), then each unit gathered and released. */
 static ctrl_status decode_hook(void *ctx, int l, int after) {
     train_zero_gen *g = ctx;
-    if (!after && l == 0) {
+    if (!after && !g->in_pass) {
         double v = 1;
         ctrl_status st = ctrl_collective_allreduce_sum_f64(&v, 1);
         if (st != CTRL_OK) return st;
@@ -67,7 +79,8 @@ static ctrl_status idle_passes(train_zero_gen *g) {
         ctrl_status st = ctrl_collective_allreduce_sum_f64(&v, 1);
         if (st != CTRL_OK || v == 0) return st;
         g->in_pass = 1, g->passes++, g->idle++;
-        for (int l = 0; l < n_layers && st == CTRL_OK; l++) {
+        for (int k = -1; k <= n_layers && st == CTRL_OK; k++) { /* embeddings, layers, head */
+            const int l = k < 0 ? n_layers : k < n_layers ? k : head_slot(g->z);
             st = layer_step(g, l, 0);
             if (st == CTRL_OK) st = layer_step(g, l, 1);
         }
@@ -104,7 +117,8 @@ static ctrl_status report(train_zero_gen *g) {
         return st;
     }
     CTRL_INFO("zero3 generation one layer at a time (ds3_gather_for_generation = false): parameters %s at "
-              "most %.0f of the model's %zu bytes per rank (layers %zu bytes, sliced over %d ranks, the "
+              "most %.0f of the model's %zu bytes per rank (layers, embeddings and head %zu bytes, sliced "
+              "over %d ranks, the "
               "largest %zu bytes); %ld forward passes on every rank, up to %.0f of them idle on a rank "
               "whose requests were done; process memory in the phase at most %.0f kB (VmRSS), %.0f kB at "
               "its peak so far (VmHWM)",

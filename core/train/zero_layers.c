@@ -3,8 +3,10 @@
  * (with activation checkpointing, before the recompute) and release the other ranks' slices after
  * each: the pages are handed back to the system (madvise MADV_DONTNEED: they read as zeros until
  * the next gather writes them), so a rank's resident parameters are its slices plus the units kept
- * whole (embeddings, final norm, head: DeepSpeed's persistent parameters) plus one layer at a
- * time. */
+ * whole (the final norm, a score head: DeepSpeed's persistent parameters) plus one layer at a time.
+ * The embeddings and an untied LM head are sliced the same way (slots n_layers and n_layers + 1 of
+ * layer_unit, frozen, state): the model's hooks gather them around each use -- the lookup, the head's
+ * forward (with its backward when fused), its backward -- and release them after; no prefetch. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,12 +109,16 @@ static ctrl_status need_layer(train_zero *z, int l) {
 /* Before layer l's forward (dir +1) or backward (-1): l gathered, and the gathers of the layers the
  * pass takes next started while fewer than prefetch_bucket_size floats are in flight (DeepSpeed's
  * stage3_prefetch_bucket_size, counted as it does: checked before each start, so a bucket above 0
- * always takes the next layer), so they can move while l computes. */
+ * always takes the next layer), so they can move while l computes. A slot outside the layers (the
+ * embeddings, the head): gathered alone. */
 static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
+    if (layer < 0 || layer >= z->n_slots)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3: gather of unit %d of %d", layer, z->n_slots);
     ctrl_status st = need_layer(z, layer);
     size_t held = 0;
     const int n_layers = ctrl_model_cfg(z->model)->n_layers;
+    if (layer >= n_layers) return st;
     for (int l = layer + dir; st == CTRL_OK && l >= 0 && l < n_layers; l += dir) {
         if (held >= z->prefetch) break;
         held += layer_floats(z, l);
@@ -124,7 +130,8 @@ static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
 static ctrl_status gather_forward(ctrl_memory *m, int layer) { return gather_layer_dir(m->z, layer, 1); }
 static ctrl_status gather_backward(ctrl_memory *m, int layer) {
     train_zero *z = m->z; /* a CUDA model's zero3: the layer's gradients mapped for its backward */
-    ctrl_status st = z->vm_grads && z->layer_unit[layer] >= 0
+    /* (the gradients outside the layers are mapped whole for the run) */
+    ctrl_status st = z->vm_grads && layer < ctrl_model_cfg(z->model)->n_layers && z->layer_unit[layer] >= 0
                          ? train_zero_device_grads_in(z, z->layer_unit[layer])
                          : CTRL_OK;
     return st == CTRL_OK ? gather_layer_dir(z, layer, -1) : st;
@@ -132,7 +139,8 @@ static ctrl_status gather_backward(ctrl_memory *m, int layer) {
 
 static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
-    if (z->stage < 3 || z->gathered || z->state[layer] != 2) return CTRL_OK;
+    if (z->stage < 3 || z->gathered || layer < 0 || layer >= z->n_slots || z->state[layer] != 2)
+        return CTRL_OK;
     train_zero_unit r[2];
     ctrl_status st = CTRL_OK;
     for (int i = 0, n = layer_ranges(z, layer, r); i < n && st == CTRL_OK; i++) st = release_params(z, r[i]);
@@ -227,21 +235,22 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     if (!z->partitioned) return CTRL_OK;
     if (!(z->hooks = malloc(sizeof *z->hooks))) return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     z->hooks->z = z, z->model = m, z->measure = 1;
-    const int n_layers = ctrl_model_cfg(m)->n_layers;
-    const size_t nl = (size_t)(n_layers > 0 ? n_layers : 1);
+    const size_t nl = (size_t)(z->n_slots > 0 ? z->n_slots : 1);
     if (!(z->flight_u = malloc(sizeof(int) * (size_t)z->n_units)) ||
         !(z->flight_h = malloc(sizeof(void *) * (size_t)z->n_units)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 4 * nl)) || !(z->state = calloc(nl, 1)) ||
                           !(z->pending = calloc(2 * nl, sizeof *z->pending))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    for (int k = 0; k < 2 && z->stage >= 3; k++) /* in the parameters' order: LoRA's base first */
-        for (int l = 0; l < n_layers; l++) {
-            train_zero_unit r[2];
-            for (int i = 0, n = layer_ranges(z, l, r); i < n; i++)
-                if ((r[i].a < z->first) == (k == 0))
-                    z->skip[2 * z->n_skip] = r[i].a, z->skip[2 * z->n_skip++ + 1] = r[i].b;
+    for (int l = 0; z->stage >= 3 && l < z->n_slots; l++) {
+        train_zero_unit r[2];
+        for (int i = 0, n = layer_ranges(z, l, r); i < n; i++) { /* kept in the parameters' order */
+            int at = z->n_skip++;
+            for (; at > 0 && z->skip[2 * at - 2] > r[i].a; at--)
+                z->skip[2 * at] = z->skip[2 * at - 2], z->skip[2 * at + 1] = z->skip[2 * at - 1];
+            z->skip[2 * at] = r[i].a, z->skip[2 * at + 1] = r[i].b;
         }
+    }
     ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
     if (st == CTRL_OK && !z->vm_grads) st = ctrl_model_zero_grad(m); /* zero3 on cuda: zeroed as mapped */
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
@@ -269,7 +278,7 @@ ctrl_status train_zero_gather_all(train_zero *z) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
     ctrl_status st = ctrl_model_set_round_skip(z->model, NULL, 0); /* whole: the bf16 copy rounds all */
     z->fp32_gather = 1; /* a CUDA model's zero3 in bf16: the fp32 masters, not the bf16 slices */
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) st = need_layer(z, l);
+    for (int l = 0; l < z->n_slots && st == CTRL_OK; l++) st = need_layer(z, l);
     z->fp32_gather = 0;
     z->gathered = st == CTRL_OK;
     if (z->gathered && z->dev) { /* whole on the device: the host's copy refreshed at its next read */
@@ -296,7 +305,7 @@ void train_zero_release_all(train_zero *z) {
     if (z->stage < 3) return;
     z->gathered = 0;
     if (z->dev) ctrl_model_set_device_sliced(z->model, 1);
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
+    for (int l = 0; l < z->n_slots; l++) {
         train_zero_unit r[2];
         for (int i = 0, n = layer_ranges(z, l, r); i < n && (!z->dev || z->state[l]); i++)
             if (release_params(z, r[i]) != CTRL_OK) CTRL_ERROR("zero3: %s", ctrl_error_message());

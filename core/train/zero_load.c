@@ -1,8 +1,8 @@
 /* ZeRO-3 loading each rank's slices only (zero.h's train_zero_load): as DeepSpeed's zero.Init, no
  * rank ever holds the whole model. The model is laid out with its parameters zero and untouched
  * (calloc: their pages are not resident), the units and slices train_zero_init would cut are laid
- * over it, and only this rank's slice of each layer, and whatever lies outside the layers (the
- * embeddings, the final norm, the head: kept whole on every rank), are read from the safetensors
+ * over it, and only this rank's slice of each layer, of the embeddings and of an untied head, and
+ * the rest (the final norm: kept whole on every rank), are read from the safetensors
  * files (checked finite there only; core/model/model_io.c's ctrl_model_load_part). The pages of the
  * mapped files are let go as they are read. So a rank's peak at start-up is its slices plus what
  * lies outside the layers, not the whole model; every rank reads the same files, so no broadcast
@@ -14,7 +14,8 @@
 #include "train/zero.h"
 
 /* The ranges of parameters this rank keeps after train_zero_attach: its slice of each layer's
- * unit, every other unit whole, and anything outside the trainable floats whole. */
+ * unit and of the embeddings' and head's, every other unit whole, and anything outside the trainable floats
+ * whole. */
 static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
     (void)ctx;
     train_zero z;
@@ -36,7 +37,8 @@ static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, i
         ADD((size_t)0, z.first);
         for (int u = 0; u < z.n_units; u++) {
             size_t lo = z.units[u].a, hi = z.units[u].b;
-            if (z.units[u].layer >= 0) train_zero_slice(&z, u, z.rank, &lo, &hi);
+            if (z.units[u].layer != -1)                    /* the layers, the embeddings, an untied head */
+                train_zero_slice(&z, u, z.rank, &lo, &hi); /* layers, embeddings, head */
             ADD(z.first + lo, z.first + hi);
         }
         ADD(z.first + z.total, all);
@@ -54,8 +56,8 @@ static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, i
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
     ctrl_status st = ctrl_model_load_part(dir, attn, rank_parts, NULL, out);
     if (st == CTRL_OK)
-        CTRL_INFO("zero3: each rank read its slices of the layers' parameters from %s (and what lies outside "
-                  "the layers whole), not the whole model",
+        CTRL_INFO("zero3: each rank read its slices of the layers' parameters from %s (and of the embeddings "
+                  "and the head; the final norm whole), not the whole model",
                   dir);
     return st;
 }

@@ -1,11 +1,11 @@
 /* ZeRO-3's saves (the final one, checkpoint-N's model) streamed to rank 0 (see zero.h): rank 0 writes the
  * ordinary HF directory with the model's save hooked (ctrl_model_set_save_fetch) so that a layer is gathered
  * to rank 0 alone -- MPI_Gatherv into its own parameter buffer -- when the writer reaches its first weight,
- * and released when the writer moves on; the weights outside the layers are whole on every rank
- * already. Before each gather rank 0 broadcasts the layer's index, and the other ranks, serving,
- * send their slices of it from where they lie (no buffer of their own); -1 ends the save. So no
- * rank holds more than its slices plus, on rank 0, one layer (DeepSpeed gathers the whole model
- * for stage3_gather_16bit_weights_on_model_save; its zero_to_fp32 script rebuilds it offline). */
+ * and released when the writer moves on (the embeddings and an untied head likewise: units of their
+ * own); the final norm is whole on every rank already. Before each gather rank 0 broadcasts the layer's
+ * index, and the other ranks, serving, send their slices of it from where they lie (no buffer of their own);
+ * -1 ends the save. So no rank holds more than its slices plus, on rank 0, one layer (DeepSpeed gathers the
+ * whole model for stage3_gather_16bit_weights_on_model_save; its zero_to_fp32 script rebuilds it offline). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +17,10 @@
 #include "train/memory_report.h"
 #include "train/zero.h"
 
-/* The layer whose sliced ranges hold [a, a + n) of the parameters, else -1. */
+/* The layer (or slot: the embeddings, an untied head) whose sliced ranges hold [a, a + n) of the
+ * parameters, else -1. */
 static int layer_of(const train_zero *z, size_t a, size_t n) {
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
+    for (int l = 0; l < z->n_slots; l++) {
         train_zero_unit r[2];
         for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k; i++)
             if (a >= r[i].a && a + n <= r[i].b) return l;
@@ -55,7 +56,7 @@ static ctrl_status fetch(void *user, const float *data, int64_t numel) {
 static int sliced(const train_zero *z) {
     if (z->stage < 3 || z->size < 2 || z->gathered || !z->state) return 0;
     if (getenv("CTRL_TEST_ZERO_SAVE_WHOLE")) return 0; /* tests: the old way, to compare its bytes */
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++)
+    for (int l = 0; l < z->n_slots; l++)
         if (z->state[l] != 0) return 0;
     return 1;
 }
@@ -70,19 +71,19 @@ int train_zero_save_streams(const train_zero *z) { return sliced_on_cpu(z) && !c
 int train_zero_save_adapter_only(const train_zero *z) { return sliced(z) && ctrl_model_lora(z->model); }
 
 /* A CUDA model's adapters: each layer's trainable range mapped and all-gathered on the device (in
- * bf16: its fp32 masters), every trainable float (the units outside the layers are whole on the
- * device already) copied into the host's parameters, which the adapter's writer reads, and the
- * ranges released again. */
+ * bf16: its fp32 masters; the embeddings and head too when among the modules_to_save), every
+ * trainable float (the final norm's whole on the device already) copied into the host's parameters, which the
+ * adapter's writer reads, and the ranges released again. */
 static ctrl_status gather_adapters_device(train_zero *z) {
     ctrl_status st = CTRL_OK;
-    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
     int l = 0;
     z->fp32_gather = 1;
-    for (; l < n_layers && st == CTRL_OK; l++) {
+    for (; l < z->n_slots && st == CTRL_OK; l++) { /* (modules_to_save: the embeddings, head) */
         const int u = z->layer_unit[l];
         if (u < 0) continue;
         st = train_zero_device_gather_range(
-            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, l}, NULL);
+            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer},
+            NULL);
         if (st == CTRL_OK) z->save_gathers++;
     }
     z->fp32_gather = 0;
@@ -94,7 +95,7 @@ static ctrl_status gather_adapters_device(train_zero *z) {
         const int u = z->layer_unit[k];
         if (u < 0) continue;
         const ctrl_status r = train_zero_device_release_range(
-            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, k});
+            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer});
         if (st == CTRL_OK) st = r;
     }
     return st;
@@ -105,7 +106,7 @@ ctrl_status train_zero_gather_adapters(train_zero *z) {
     float *p = ctrl_model_params(z->model, NULL);
     z->save_gathers = 0;
     if (z->dev) return gather_adapters_device(z);
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers && st == CTRL_OK; l++) {
+    for (int l = 0; l < z->n_slots && st == CTRL_OK; l++) { /* (modules_to_save: the embeddings, head) */
         train_zero_unit r[2];
         for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++) {
             if (z->frozen && z->frozen[l].layer >= 0 && r[i].a == z->frozen[l].a) continue; /* the base */
@@ -135,14 +136,13 @@ ctrl_status train_zero_save_model_written(void *user) { return train_zero_save_e
 
 ctrl_status train_zero_save_serve(train_zero *z) {
     if (z->rank == 0) return CTRL_OK;
-    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
     for (;;) {
         int32_t l = -1;
         ctrl_status st = ctrl_collective_broadcast(&l, sizeof l, 0);
         if (st != CTRL_OK || l < 0) return st;
-        if (l >= n_layers)
-            return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3 save: rank 0 asked for layer %d of %d", (int)l,
-                                  n_layers);
+        if (l >= z->n_slots)
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3 save: rank 0 asked for unit %d of %d", (int)l,
+                                  z->n_slots);
         train_zero_unit r[2];
         float *p = ctrl_model_params(z->model, NULL);
         for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++)
@@ -167,8 +167,9 @@ void train_zero_save_report(train_zero *z, const char *what) {
                       "frozen base never gathered); peak resident memory per rank so far (VmHWM): %s MiB",
                       what, z->save_gathers, list);
         else
-            CTRL_INFO("zero3: %s saved by rank 0 alone, %ld layers gathered to it one at a time (no rank "
-                      "held the whole model); peak resident memory per rank so far (VmHWM): %s MiB",
+            CTRL_INFO("zero3: %s saved by rank 0 alone, %ld units (layers, embeddings, head) gathered to it "
+                      "one at a time (no rank held the whole model); peak resident memory per rank so far "
+                      "(VmHWM): %s MiB",
                       what, z->save_gathers, list);
     }
     free(v);

@@ -49,7 +49,7 @@ grep -q "zero3 on the device in bf16" "$TMP/z3.log" && ok || bad "zero3 bf16: no
 # what a rank holds on its device between steps: the parameters outside the layers, none of the layers'
 # fp32 pieces but those they share with the ends; half of the layers' fp32 masters and a quarter of their
 # bytes as bf16 (half the layers, 2 bytes a parameter), give or take a piece a slice
-d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers [0-9]* bytes" "$1"; }
+d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers, embeddings and head [0-9]* bytes" "$1"; }
 b3() { grep -o "zero3 on the device in bf16: per rank between steps [0-9]* bytes of the layers' fp32 master slices and [0-9]* of the bf16 copy's [0-9]* bytes (its slices); the most of it mapped in the first step [0-9]*" "$1"; }
 read -r pm p lay < <(d3 "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')
 read -r master b16 b16all b16peak < <(b3 "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n '3p;5p;7p;8p' | tr '\n' ' ')

@@ -40,7 +40,7 @@ same gw gl "grpo"
 grep -q '"eval_reward"' "$TMP/gl/metrics.jsonl" && ok || bad "grpo: no evaluation"
 [ -s "$TMP/gl/completions.jsonl" ] && cmp -s "$TMP/gw/completions.jsonl" "$TMP/gl/completions.jsonl" && ok ||
   bad "grpo: the completions differ"
-line=$(grep -o "zero3 generation one layer at a time (ds3_gather_for_generation = false): parameters resident at most [0-9]* of the model's [0-9]* bytes per rank (layers [0-9]* bytes, sliced over 2 ranks, the largest [0-9]* bytes); [0-9]* forward passes on every rank, up to [0-9]* of them idle" "$TMP/gl.log")
+line=$(grep -o "zero3 generation one layer at a time (ds3_gather_for_generation = false): parameters resident at most [0-9]* of the model's [0-9]* bytes per rank (layers, embeddings and head [0-9]* bytes, sliced over 2 ranks, the largest [0-9]* bytes); [0-9]* forward passes on every rank, up to [0-9]* of them idle" "$TMP/gl.log")
 read -r res model layers largest passes idle < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '3p;4p;5p;7p;8p;9p' | tr '\n' ' ')
 whole=$(grep -o "ds3_gather_for_generation = true): parameters resident at most [0-9]*" "$TMP/gw.log" | grep -o '[0-9]*$')
 echo "grpo zero3, parameters resident per rank during generation: layer by layer $res, whole $whole of the model's $model bytes (layers $layers, the largest $largest); $passes passes, up to $idle idle"

@@ -47,7 +47,7 @@ diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && cmp -s "$TMP/z3/adapt
   ok || { bad "zero3 LoRA on cuda: resumed curve or adapter differs"; cat "$TMP/diff"; }
 # what a rank holds on its device between steps: what lies outside the layers whole, about half of the
 # layers' bytes (the frozen base's and the adapters'), give or take the pieces the slices share
-d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers [0-9]* bytes, sliced over 2 ranks)" "$1"; }
+d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers, embeddings and head [0-9]* bytes, sliced over 2 ranks)" "$1"; }
 read -r pm p lay < <(d3 "$TMP/z3.log" | grep -o '[0-9][0-9]*' | sed -n '2p;3p;4p' | tr '\n' ' ')
 piece=$(grep -o "pieces of [0-9]* bytes" "$TMP/z3.log" | grep -o '[0-9][0-9]*')
 echo "zero3 LoRA on CUDA, per rank between steps: parameters $pm of $p bytes (layers, base and adapters, $lay); pieces of $piece bytes"

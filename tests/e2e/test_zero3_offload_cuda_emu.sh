@@ -21,7 +21,7 @@ curve_close "$TMP/z3" "$TMP/z3o" grad_norm 1e-5
 grep -q "optimizer adamw: steps this rank's slices on the host (zero3 with offload_optimizer" "$TMP/z3o.log" && ok ||
   bad "zero3 offload: $(grep optimizer "$TMP/z3o.log")"
 # the device holds the slices' sums but no optimizer state; the host steps half of the trainable floats
-d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers [0-9]* bytes, sliced over 2 ranks), [0-9]* of [0-9]* bytes of gradients, [0-9]* bytes of gradient slices' sums and [0-9]* of optimizer state" "$1"; }
+d3() { grep -o "zero3 on the device: per rank between steps at most [0-9]* of the model's [0-9]* bytes of parameters (layers, embeddings and head [0-9]* bytes, sliced over 2 ranks), [0-9]* of [0-9]* bytes of gradients, [0-9]* bytes of gradient slices' sums and [0-9]* of optimizer state" "$1"; }
 read -r g sums state < <(d3 "$TMP/z3o.log" | grep -o '[0-9][0-9]*' | sed -n '7p;8p;9p' | tr '\n' ' ')
 zl=$(grep -o "zero3: 2 ranks, each steps [0-9]* of [0-9]* trainable floats; optimizer adamw: at most [0-9]* bytes of state per rank" "$TMP/z3o.log")
 read -r mine all host < <(echo "$zl" | grep -o '[0-9][0-9]*' | sed -n '3p;4p;5p' | tr '\n' ' ')

@@ -75,6 +75,9 @@ ctrl_e2e_test(test_mpi test_mpi.sh SKIP)
 # ZeRO stages 1 and 2 over MPI: the plain data-parallel curve, half the optimizer state per rank,
 # sharded checkpoints and resume (tests/e2e/test_zero_mpi.sh).
 ctrl_e2e_test(test_zero_mpi test_zero_mpi.sh SKIP)
+# zero3 slices the embeddings and the LM head (tied and untied): plain data parallel's curve, the
+# per-rank bytes about half, resume, saves, LoRA (tests/e2e/test_zero3_embed_mpi.sh).
+ctrl_e2e_test(test_zero3_embed_mpi test_zero3_embed_mpi.sh SKIP)
 
 # ZeRO-3's generation one layer at a time (ds3_gather_for_generation = false) over 2 MPI ranks: the
 # whole gather's completions and curves, lockstep, the parameters resident (tests/e2e/test_zero3_generate_mpi.sh).
