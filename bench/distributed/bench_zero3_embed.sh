@@ -21,10 +21,11 @@ echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, vocabulary 151936 tied, $param
 echo "| zero3 embeddings | peak RSS per rank | CPU s per step per rank | parameters + gradients + optimizer state per rank between steps | final loss |"
 echo "|---|---|---|---|---|"
 for way in whole sliced; do
-  env=()
-  [ $way = whole ] && env=(-x CTRL_TEST_ZERO3_WHOLE_EMBED=1)
+  env=(-x OMP_NUM_THREADS) # (and a copied build's LD_LIBRARY_PATH)
+  [ -n "${LD_LIBRARY_PATH:-}" ] && env+=(-x LD_LIBRARY_PATH)
+  [ $way = whole ] && env+=(-x CTRL_TEST_ZERO3_WHOLE_EMBED=1)
   timed "$TMP/$way.log" "${MPI[@]}" "${env[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" \
-    --set memory.strategies=zero3
+    --set memory.strategies=zero3 || { tail -20 "$TMP/$way.log"; exit 1; }
   rss=$(peak_rss "$TMP/$way.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')
   cpu=$(cpu_times "$TMP/$way.log" | awk -v s="$STEPS" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }')
   acct=$(grep -o "per rank between steps at most [0-9]* bytes of parameters, gradients and optimizer state .* against [0-9]* unsharded: [0-9.]* of it" "$TMP/$way.log" |

@@ -108,6 +108,10 @@ typedef struct train_zero {
     /* stage 3 on a CUDA model: the device's parameters and gradients in ranges mapped piece by piece
      * (zero_device.c), what is not this rank's nor in use unmapped */
     struct zero_vm *vm_params, *vm_grads;
+    /* its sliced units outside the layers (the embeddings, an untied head): whether unit u's
+     * gradients are mapped now -- from the first use in a backward (the head's, before layer 0's for
+     * the lookup's) to the unit's reduce-scatter at the backward's end */
+    char *grads_in;
     /* stage 3 on a CUDA model in bf16 ([train] dtype = bf16, DeepSpeed's bf16 + ZeRO-3): the layers'
      * fp32 master slices kept apart (`master`: the layer units' slices, acc's layout from acc_off
      * master_lo on, master_n floats), stepped by the optimizer; their bf16 values in vm_b16 (2 bytes a
@@ -238,11 +242,12 @@ ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq);
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m);
 void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);
 /* Stage 3 on a CUDA model (zero_device.c): init (after the units: the device's parameters and
- * gradients moved into ranges mapped piece by piece, this rank's slices and what lies outside the
- * layers pinned, the rest unmapped) and free; a range of the parameters (in parameters) mapped and
+ * gradients moved into ranges mapped piece by piece, this rank's slices and the final norm pinned,
+ * the rest unmapped) and free; a range of the parameters (in parameters) mapped and
  * all-gathered -- on the side stream when `handle` is given, completed by
  * ctrl_collective_device_allgather_wait --, released (unmapped once nothing else in its pieces is
- * in use); unit u's gradients mapped (zeroed) for its backward; the bytes mapped now and at most
+ * in use); unit u's gradients mapped (zeroed) for its backward (a unit outside the layers: once
+ * until its reduce-scatter, grads_in); the bytes mapped now and at most
  * since the last call (parameters, gradients: out[0..3] = now, peak, now, peak), the piece. */
 ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m);
 void train_zero_device3_free(train_zero *z);

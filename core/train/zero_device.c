@@ -51,17 +51,20 @@ void train_zero_device_free(train_zero *z) {
 ctrl_status train_zero_device_finish_unit(train_zero *z, int u) {
     float *g = ctrl_model_device_grads(z->model, NULL) + z->units[u].a;
     const size_t len = z->units[u].b - z->units[u].a;
-    ctrl_status st = ctrl_collective_device_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
+    const int outer = z->vm_grads && z->units[u].layer == TRAIN_ZERO_OUTER; /* the embeddings', head's */
+    ctrl_status st = outer ? train_zero_device_grads_in(z, u) : CTRL_OK;    /* (mapped by their uses) */
+    if (st == CTRL_OK) st = ctrl_collective_device_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
     size_t lo, hi;
     train_zero_slice(z, u, z->rank, &lo, &hi);
     float *acc = z->acc + z->acc_off[u];
     if (st == CTRL_OK && hi > lo) /* the slice's average added to its sums */
         st = z->dev->residual_forward(acc, acc, g + (lo - z->units[u].a), (int64_t)(hi - lo));
     if (st == CTRL_OK) st = z->dev->fill_zero(g, len * sizeof(float)); /* the next backward adds into zeros */
-    if (st == CTRL_OK && z->vm_grads && z->units[u].layer >= 0)        /* zero3: a layer's, unmapped */
-        st = z->dev->synchronize();
-    if (st == CTRL_OK && z->vm_grads && z->units[u].layer >= 0)
+    const int drop = z->vm_grads && (z->units[u].layer >= 0 || outer); /* zero3: unmapped */
+    if (st == CTRL_OK && drop) st = z->dev->synchronize();
+    if (st == CTRL_OK && drop)
         st = vm_drop(z->vm_grads, z->units[u].a * sizeof(float), z->units[u].b * sizeof(float));
+    if (st == CTRL_OK && outer) z->grads_in[u] = 0;
     return st;
 }
 
@@ -370,14 +373,17 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     if (st == CTRL_OK && ctrl_model_compute_dtype(m) == CTRL_BF16) st = b16_init(z, m, n_params);
     /* pinned: what lies outside the sliced units, whole, and this rank's slice of each layer (in
      * bf16: its master is apart, and vm_b16 holds its bf16 values), of the embeddings and an untied
-     * head (fp32: stepped there); the gradients of the units outside the layers whole */
+     * head (fp32: stepped there); the final norm's gradients (the embeddings' and head's are mapped
+     * from their first use in a backward to their reduce-scatter, as a layer's) */
+    if (st == CTRL_OK && !(z->grads_in = calloc((size_t)(z->n_units > 0 ? z->n_units : 1), 1)))
+        st = ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
     if (st == CTRL_OK) st = pin_base(z, 0, z->first);
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
         const train_zero_unit un = z->units[u];
         size_t lo = un.a, hi = un.b;
         if (un.layer != -1) train_zero_slice(z, u, z->rank, &lo, &hi);
         if (un.layer < 0 || !z->b16) st = vm_pin(z->vm_params, param_byte(z, lo), param_byte(z, hi));
-        if (st == CTRL_OK && un.layer < 0)
+        if (st == CTRL_OK && un.layer == -1)
             st = vm_pin(z->vm_grads, un.a * sizeof(float), un.b * sizeof(float));
     }
     if (st == CTRL_OK) st = vm_pin(z->vm_params, param_byte(z, z->total), n_params * sizeof(float));
@@ -397,8 +403,8 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
 void train_zero_device3_free(train_zero *z) {
     if (z->master && z->vm_params) z->vm_params->be->free(z->master); /* (z->dev is cleared first) */
     vm_free(z->vm_params), vm_free(z->vm_grads), vm_free(z->vm_b16);
-    free(z->held16), free(z->mat);
-    z->mat = NULL, z->n_mat = 0, z->b16_direct = 0;
+    free(z->held16), free(z->mat), free(z->grads_in);
+    z->mat = NULL, z->n_mat = 0, z->b16_direct = 0, z->grads_in = NULL;
     z->vm_params = z->vm_grads = z->vm_b16 = NULL, z->master = NULL, z->held16 = NULL, z->b16 = 0;
 }
 
@@ -494,6 +500,8 @@ ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
 }
 
 ctrl_status train_zero_device_grads_in(train_zero *z, int u) {
+    if (z->units[u].layer < 0 && z->grads_in[u]) return CTRL_OK; /* mapped already in this backward */
+    if (z->units[u].layer < 0) z->grads_in[u] = 1;
     return vm_use(z->vm_grads, z->units[u].a * sizeof(float), z->units[u].b * sizeof(float));
 }
 

@@ -88,10 +88,10 @@ static ctrl_status idle_passes(train_zero_gen *g) {
     }
 }
 
-/* The largest layer's sliced bytes. */
+/* The largest unit's sliced bytes (a layer's, the embeddings', the head's). */
 static size_t largest_layer(const train_zero *z) {
     size_t most = 0;
-    for (int l = 0; l < ctrl_model_cfg(z->model)->n_layers; l++) {
+    for (int l = 0; l < z->n_slots; l++) {
         train_zero_unit r[2];
         size_t n = 0;
         for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k; i++) n += r[i].b - r[i].a;

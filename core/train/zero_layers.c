@@ -129,11 +129,13 @@ static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
 
 static ctrl_status gather_forward(ctrl_memory *m, int layer) { return gather_layer_dir(m->z, layer, 1); }
 static ctrl_status gather_backward(ctrl_memory *m, int layer) {
-    train_zero *z = m->z; /* a CUDA model's zero3: the layer's gradients mapped for its backward */
-    /* (the gradients outside the layers are mapped whole for the run) */
-    ctrl_status st = z->vm_grads && layer < ctrl_model_cfg(z->model)->n_layers && z->layer_unit[layer] >= 0
+    train_zero *z = m->z; /* a CUDA model's zero3: the layer's (the head's) gradients mapped for its
+                           * backward; before layer 0's, the embeddings' for the lookup's backward */
+    ctrl_status st = z->vm_grads && layer >= 0 && layer < z->n_slots && z->layer_unit[layer] >= 0
                          ? train_zero_device_grads_in(z, z->layer_unit[layer])
                          : CTRL_OK;
+    for (int u = 0; z->vm_grads && layer == 0 && u < z->n_units && st == CTRL_OK; u++)
+        if (z->units[u].layer == TRAIN_ZERO_OUTER) st = train_zero_device_grads_in(z, u);
     return st == CTRL_OK ? gather_layer_dir(z, layer, -1) : st;
 }
 
