@@ -374,9 +374,11 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
 }
 
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem) {
-    m->shard_ops = ops, m->shard_mem = mem;
+    m->shard_ops = ops, m->shard_mem = mem, m->shard_outer = 0;
     return CTRL_OK;
 }
+
+void ctrl_model_set_sharding_outer(ctrl_model *m, int on) { m->shard_outer = on != 0; }
 
 /* The layer hooks, the sharding's around the memory strategy's: `before` says which side. */
 ctrl_status model_layer_hooks(ctrl_model *m, int layer, int backward, int before) {
@@ -400,7 +402,7 @@ int model_outer_slot(const ctrl_model *m, int head) {
 ctrl_status model_outer_hooks(ctrl_model *m, int head, int backward, int before) {
     typedef ctrl_status (*hook)(ctrl_memory *, int);
     const ctrl_memory_ops *o = m->shard_ops;
-    if (!o) return CTRL_OK;
+    if (!o || !m->shard_outer) return CTRL_OK;
     const hook h = before ? (backward ? o->before_backward : o->before_forward) : o->after_forward;
     return h ? h(m->shard_mem, model_outer_slot(m, head)) : CTRL_OK;
 }

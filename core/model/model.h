@@ -250,11 +250,14 @@ ctrl_status ctrl_model_set_memory(ctrl_model *m, const ctrl_memory_ops *ops, ctr
  * gradients' sharding (ZeRO-2/3, core/train/zero_layers.c): before_forward and before_backward run
  * first (before a recompute too), after_forward and after_backward last; after_backward runs once
  * more at the end of each backward with layer -1, every gradient written (the embeddings' last).
- * ZeRO-3's sliced embeddings and head: before_forward / before_backward and after_forward run around
- * each of their uses too, with layer n_layers (the embeddings, and a tied head) or n_layers + 1 (an
- * untied head) -- the lookup, the head's forward (with its backward when fused), its backward, its
- * statistics; after_backward never with those. */
+ * With ctrl_model_set_sharding_outer(m, 1) (after it; ZeRO-3's sliced embeddings and head):
+ * before_forward / before_backward and after_forward run around each of their uses too, with layer
+ * n_layers (the embeddings, and a tied head) or n_layers + 1 (an untied head) -- the lookup, the
+ * head's forward (with its backward when fused), its backward, its statistics; after_backward never
+ * with those. Without it (the default, reset by each ctrl_model_set_sharding) the hooks see the
+ * layers only. */
 ctrl_status ctrl_model_set_sharding(ctrl_model *m, const ctrl_memory_ops *ops, ctrl_memory *mem);
+void ctrl_model_set_sharding_outer(ctrl_model *m, int on);
 /* A hook around each layer of every decoding pass (ctrl_model_decode, ctrl_model_decode_all; NULL:
  * none): fn(ctx, l, 0) before layer l's forward, fn(ctx, l, 1) after it -- ZeRO-3's generation with
  * one layer gathered at a time (core/train/zero_generate.c). An error stops the pass. Around the

@@ -153,6 +153,7 @@ struct ctrl_model {
     /* the sharding's layer hooks (ZeRO-3: gather before, release after; may be NULL) */
     const ctrl_memory_ops *shard_ops;
     ctrl_memory *shard_mem;
+    int shard_outer; /* its hooks take the embeddings' and head's indices too (ZeRO-3's) */
     /* decoding's layer hook (ctrl_model_set_decode_hook; NULL: none) */
     ctrl_model_layer_hook dec_hook;
     void *dec_hook_ctx;

@@ -254,6 +254,7 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
         }
     }
     ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
+    ctrl_model_set_sharding_outer(m, z->stage >= 3); /* the embeddings' and head's hooks too */
     if (st == CTRL_OK && !z->vm_grads) st = ctrl_model_zero_grad(m); /* zero3 on cuda: zeroed as mapped */
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
     size_t n = 0;
