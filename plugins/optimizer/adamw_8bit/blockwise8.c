@@ -8,10 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
+#include <ctrl/float_order.h>
 
 void bw8_dynamic_map(int is_signed, float map[256]) {
     int n = 0;
@@ -33,7 +30,7 @@ void bw8_dynamic_map(int is_signed, float map[256]) {
     }
     map[n++] = 0.0f;
     map[n++] = 1.0f;
-    qsort(map, (size_t)n, sizeof *map, cmp_float);
+    qsort(map, (size_t)n, sizeof *map, ctrl_float_ascending);
 }
 
 void bw8_build_lut(const float map[256], uint8_t lut[BW8_LUT]) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/float_order.h>
 #include <ctrl/plugin_api.h>
 
 #include "../online_stats.h"
@@ -80,12 +81,8 @@ static ctrl_status grpo_advantages(ctrl_trainer *t, const ctrl_rollout *r, float
 }
 
 /* torch.quantile(values, q) with linear interpolation; sorts `v` in place. */
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
 static double quantile(float *v, int n, double q) {
-    qsort(v, (size_t)n, sizeof *v, cmp_float);
+    qsort(v, (size_t)n, sizeof *v, ctrl_float_ascending);
     const double pos = q * (n - 1);
     const int lo = (int)floor(pos);
     const int hi = lo + 1 < n ? lo + 1 : lo;
