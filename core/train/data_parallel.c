@@ -131,6 +131,8 @@ ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m) {
     size_t n = 0;
     float *p = ctrl_model_params(m, &n);
     ctrl_status st = ctrl_collective_broadcast(p, n * sizeof *p, 0);
+    const char *diverge = getenv("CTRL_TEST_DIVERGE_RANK"); /* tests: one rank's weights set apart */
+    if (st == CTRL_OK && diverge && atoi(diverge) == dp->rank && n) p[n - 1] += 1.0f;
     ctrl_model_weights_changed(m);
     return st;
 }
@@ -146,7 +148,8 @@ static uint64_t checksum(const float *p, size_t n) {
 ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step) {
     if (dp->size == 1) return CTRL_OK;
     size_t n = 0;
-    const uint64_t h = checksum(ctrl_model_params(m, &n), n);
+    const float *p = ctrl_model_params(m, &n); /* before n is read: arguments have no fixed order */
+    const uint64_t h = checksum(p, n);
     /* the two 32-bit halves exactly as doubles: max and -min equal on every rank iff all agree */
     double v[4] = {(double)(h >> 32), (double)(h & 0xffffffffu), -(double)(h >> 32),
                    -(double)(h & 0xffffffffu)};

@@ -5,7 +5,7 @@
 # checkpoints and the model, a 2-rank run resumed from its checkpoint continues the same curve, a
 # single process refuses a 2-rank checkpoint, a launcher MPI cannot talk to is an error; GRPO and
 # RLOO over 2 ranks sample the same completions and follow the same curve as one process, and
-# resume; a single process never links MPI.
+# resume; ranks whose weights went apart end the job at the save; a single process never links MPI.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent; scripts/install-deps.sh
 # installs OpenMPI, so CI runs it.
 # usage: test_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
@@ -168,6 +168,14 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && grep -q "\[run\] device = cuda:0 with 2 ranks: every rank would take that one GPU" "$TMP/gpu0.log" && ok ||
   { bad "device = cuda:0 on 2 ranks: exit $rc"; tail -3 "$TMP/gpu0.log"; }
+
+# 11. Ranks whose weights went apart (a test switch adds 1 to one weight of rank 1 after the start's
+#     broadcast) end the job at the save, naming the step, with no model written.
+"${MPI[@]}" -x CTRL_TEST_DIVERGE_RANK=1 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/apart" \
+  --set train.per_device_train_batch_size=2 --set train.max_steps=2 --set train.save_steps=0 >"$TMP/apart.log" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "step 2: the ranks' weights differ" "$TMP/apart.log" && [ ! -e "$TMP/apart/model.safetensors" ] && ok ||
+  { bad "weights apart: exit $rc"; tail -3 "$TMP/apart.log"; }
 
 # 7. A single process does not link or load MPI (the backend is dlopen'ed for launched runs only).
 ldd "$LIBDIR/libctrl.so" "$CTRL" | grep -q libmpi && bad "libctrl or ctrl links libmpi" || ok
