@@ -232,6 +232,11 @@ typedef struct ctrl_backend_ops {
      * where not implemented (no overlap: the core steps and copies the whole model at once). */
     ctrl_status (*upload_copy)(void *dst, const void *src, size_t bytes, int ev);
     ctrl_status (*upload_wait)(int ev);
+    /* host_register: page-locks host memory the caller allocated (so that copies from and to it run
+     * asynchronously, beside the kernels, at full speed); host_unregister undoes it before the
+     * caller frees it. NULL where not implemented. */
+    ctrl_status (*host_register)(void *ptr, size_t bytes);
+    void (*host_unregister)(void *ptr);
 } ctrl_backend_ops;
 
 #define CTRL_UPLOAD_EVENTS 1024

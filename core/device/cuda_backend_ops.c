@@ -139,6 +139,8 @@ const ctrl_backend_ops *ctrl_cuda_backend_ops(void) {
         /* offload_optimizer's overlapped host step: uploads on a stream of their own */
         .upload_copy = ctrl_cuda_upload_copy,
         .upload_wait = ctrl_cuda_upload_wait,
+        .host_register = ctrl_cuda_host_register,
+        .host_unregister = ctrl_cuda_host_unregister,
     };
     return &ops;
 }

@@ -45,6 +45,15 @@ ctrl_status ctrl_cuda_upload_wait(int ev) {
     return CTRL_OK;
 }
 
+ctrl_status ctrl_cuda_host_register(void *ptr, size_t bytes) {
+    CTRL_CUDA_CHECK(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault));
+    return CTRL_OK;
+}
+
+void ctrl_cuda_host_unregister(void *ptr) {
+    if (ptr) cudaHostUnregister(ptr);
+}
+
 #else /* built without CUDA */
 
 ctrl_status ctrl_cuda_upload_copy(void *dst, const void *src, size_t bytes, int ev) {
@@ -55,5 +64,10 @@ ctrl_status ctrl_cuda_upload_wait(int ev) {
     (void)ev;
     return CTRL_OK;
 }
+ctrl_status ctrl_cuda_host_register(void *ptr, size_t bytes) {
+    (void)ptr, (void)bytes;
+    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "this ctrl was built without CUDA");
+}
+void ctrl_cuda_host_unregister(void *ptr) { (void)ptr; }
 
 #endif

@@ -10,5 +10,7 @@
 
 ctrl_status ctrl_cuda_upload_copy(void *dst, const void *src, size_t bytes, int ev);
 ctrl_status ctrl_cuda_upload_wait(int ev);
+ctrl_status ctrl_cuda_host_register(void *ptr, size_t bytes);
+void ctrl_cuda_host_unregister(void *ptr);
 
 #endif

@@ -63,6 +63,8 @@ struct train_offload {
     int active, queued;
     unsigned char *waited;
     long steps, waits, late;
+    /* the host's parameters and gradients page-locked (host_register) for the copies: 1 each */
+    int pinned_params, pinned_grads;
 };
 
 /* unit of view `name`: 1 + its layer, n_units - 1 the final norm and head, else 0 */
@@ -191,6 +193,25 @@ static const ctrl_memory_ops hook_ops = {
     .after_forward = after_forward,
 };
 
+/* The host's parameters (the uploads' sources) and gradients (the copy back's destination)
+ * page-locked where the backend can: the uploads then run beside the kernels without the driver
+ * staging them through a buffer of its own on the thread that queues them, the gradients come back
+ * at full speed. Pageable where it cannot (said once). */
+static void pin(train_offload *o) {
+    if (!ctrl_backend_has(o->be, host_register) || !ctrl_backend_has(o->be, host_unregister)) return;
+    size_t np = 0, ng = 0;
+    ctrl_model_params(o->m, &np);
+    float *g = ctrl_model_grads(o->m, &ng);
+    o->pinned_params = np && o->be->host_register(o->host, np * sizeof(float)) == CTRL_OK;
+    if (!o->pinned_params)
+        CTRL_WARN("offload_optimizer: host parameters not page-locked: %s", ctrl_error_message());
+    o->pinned_grads = ng && o->be->host_register(g, ng * sizeof(float)) == CTRL_OK;
+    if (!o->pinned_grads)
+        CTRL_WARN("offload_optimizer: host gradients not page-locked: %s", ctrl_error_message());
+}
+
+int train_offload_pinned(const train_offload *o) { return o->pinned_params && o->pinned_grads; }
+
 ctrl_status train_offload_create(train_offload **out, const char **why, ctrl_model *m,
                                  const ctrl_optimizer_ops *oo, ctrl_optimizer *opt,
                                  const ctrl_param_group *groups, int n_groups) {
@@ -229,6 +250,7 @@ ctrl_status train_offload_create(train_offload **out, const char **why, ctrl_mod
     }
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
+    pin(o);
     ctrl_status st = ctrl_model_set_sharding(m, &hook_ops, &o->hooks);
     if (st != CTRL_OK) {
         train_offload_destroy(o);
@@ -286,6 +308,8 @@ void train_offload_destroy(train_offload *o) {
     ctrl_status st = train_offload_drain(o);
     (void)st; /* at teardown: an error was reported where it happened */
     ctrl_model_set_sharding(o->m, NULL, NULL);
+    if (o->pinned_params) o->be->host_unregister(o->host);
+    if (o->pinned_grads) o->be->host_unregister(ctrl_model_grads(o->m, NULL));
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->cv);
     free(o->unit), free(o->waited), free(o);

@@ -30,6 +30,8 @@ void train_offload_report(const train_offload *o);
 /* The same counts: steps launched, per-unit waits of the compute stream, unit steps (after the
  * first unit) the host began once the next forward had begun. */
 void train_offload_counts(const train_offload *o, long *steps, long *waits, long *late);
+/* 1: the host's parameters and gradients are page-locked (the backend's host_register). */
+int train_offload_pinned(const train_offload *o);
 void train_offload_destroy(train_offload *o);
 
 #endif

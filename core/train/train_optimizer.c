@@ -24,7 +24,9 @@ static ctrl_status overlap_create(run_state *r) {
         CTRL_INFO(
             "offload_optimizer: the host step overlapped with the next step's compute, layer by layer "
             "([memory] offload_overlap = true: each layer stepped on a host thread in forward order and "
-            "uploaded as soon as stepped; the next forward waits for each layer's upload alone)");
+            "uploaded as soon as stepped; the next forward waits for each layer's upload alone); the "
+            "host's parameters and gradients %s",
+            train_offload_pinned(r->ov) ? "page-locked" : "pageable (copies staged by the driver)");
     else if (st == CTRL_OK)
         CTRL_INFO("offload_optimizer: the host step not overlapped (%s): the whole model stepped, then "
                   "copied to the device before the next forward",

@@ -46,7 +46,7 @@ curve_close "$TMP/dev" "$TMP/off" grad_norm 1e-5
 # clipping (run.ini: max_grad_norm = 1.0), without, with accumulation, in bf16, and resumed. The
 # emulator runs an upload only when the compute stream waits for its event, so a wait missing or
 # late would read the previous step's weights there.
-grep -q "offload_optimizer: the host step overlapped with the next step's compute, layer by layer" "$TMP/off.log" && ok ||
+grep -q "offload_optimizer: the host step overlapped with the next step's compute, layer by layer .*the host's parameters and gradients page-locked" "$TMP/off.log" && ok ||
   bad "overlap not on by default: $(grep offload_optimizer "$TMP/off.log")"
 same_run() { # same_run A B WHAT: identical curves and weights
   local key

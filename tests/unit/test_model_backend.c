@@ -141,7 +141,8 @@ TEST(cpu_backend_table_is_complete) {
         offsetof(ctrl_backend_ops, vm_reserve),         offsetof(ctrl_backend_ops, vm_map),
         offsetof(ctrl_backend_ops, vm_unmap),           offsetof(ctrl_backend_ops, vm_unreserve),
         offsetof(ctrl_backend_ops, linear_forward_b16), offsetof(ctrl_backend_ops, linear_backward_b16),
-        offsetof(ctrl_backend_ops, upload_copy),        offsetof(ctrl_backend_ops, upload_wait)};
+        offsetof(ctrl_backend_ops, upload_copy),        offsetof(ctrl_backend_ops, upload_wait),
+        offsetof(ctrl_backend_ops, host_register),      offsetof(ctrl_backend_ops, host_unregister)};
     CHECK(be->adamw_step == NULL && be->sample == NULL && be->host_alloc == NULL && be->side_copy == NULL &&
           be->vm_reserve == NULL && be->linear_forward_b16 == NULL && be->upload_copy == NULL);
     for (size_t off = first; off < sizeof *be; off += sizeof(void (*)(void))) {

@@ -518,6 +518,12 @@ cudaError_t cudaFree(void *ptr) {
 }
 cudaError_t cudaMallocHost(void **ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
 cudaError_t cudaFreeHost(void *ptr) { return cudaFree(ptr); }
+// Page-locking memory the caller allocated: nothing to do where "device" memory is the host's.
+cudaError_t cudaHostRegister(void *ptr, size_t bytes, unsigned int flags) {
+    (void)flags;
+    return ptr && bytes ? cudaSuccess : cudaErrorInvalidValue;
+}
+cudaError_t cudaHostUnregister(void *ptr) { return ptr ? cudaSuccess : cudaErrorInvalidValue; }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     (void)kind;
     if (bytes) memmove(dst, src, bytes);

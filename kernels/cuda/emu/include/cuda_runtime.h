@@ -62,6 +62,9 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocHost(void **ptr, size_t bytes);
 cudaError_t cudaFreeHost(void *ptr);
+#define cudaHostRegisterDefault 0u
+cudaError_t cudaHostRegister(void *ptr, size_t bytes, unsigned int flags);
+cudaError_t cudaHostUnregister(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemset(void *dst, int value, size_t bytes);
