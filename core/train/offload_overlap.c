@@ -154,6 +154,7 @@ static ctrl_status pump(train_offload *o) {
 
 /* The compute stream's next work waits for unit u's upload (the host first for its step). */
 static ctrl_status need(train_offload *o, int u) {
+    if (u < 0 || u >= o->n_units) return ctrl_error_set(CTRL_ERR_RUNTIME, "offload_optimizer: no unit %d", u);
     if (!o->active || o->waited[u]) return CTRL_OK;
     pthread_mutex_lock(&o->mu);
     while (o->stepped <= u && o->wst == CTRL_OK) pthread_cond_wait(&o->cv, &o->mu);
@@ -168,9 +169,13 @@ static ctrl_status need(train_offload *o, int u) {
     return st;
 }
 
+/* The hooks get the layers' indices 0 .. n_layers - 1; any other (a model that also calls the
+ * sharding hooks around its embeddings and head with slots n_layers, n_layers + 1) needs nothing
+ * more: the embeddings were waited for when the step returned, the final norm and head after the
+ * last layer's forward. */
 static ctrl_status before_forward(ctrl_memory *h, int layer) {
     train_offload *o = h->o;
-    if (!o->active) return CTRL_OK;
+    if (!o->active || layer < 0 || layer >= o->n_layers) return CTRL_OK;
     if (layer == 0) {
         pthread_mutex_lock(&o->mu);
         o->began = 1;
@@ -183,7 +188,7 @@ static ctrl_status before_forward(ctrl_memory *h, int layer) {
 
 static ctrl_status after_forward(ctrl_memory *h, int layer) {
     train_offload *o = h->o;
-    if (!o->active || layer != o->n_layers - 1) return o->active ? pump(o) : CTRL_OK;
+    if (!o->active || layer != o->n_layers - 1) return o->active ? pump(o) : CTRL_OK; /* others too */
     return need(o, o->n_units - 1); /* the final norm and the head come next */
 }
 
