@@ -17,7 +17,8 @@
 #        [--ctrl "bf16 fp32" (ctrl's runs; "" none; bf16-store: bf16 with the base in the 2-byte store
 #        widened per layer, CTRL_NO_BASE_PANELS=1, as before the panels; a suffix +keep: no activation
 #        checkpointing, [memory] strategies = (empty), every activation kept; +mlp: selective
-#        checkpointing, [checkpointing] keep_mlp = true)] [--trl-modes "autocast bf16"]
+#        checkpointing, [checkpointing] keep_mlp = true; +emb16: the frozen embedding held in bf16,
+#        [peft] embedding_dtype = bf16)] [--trl-modes "autocast bf16"]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 . "$SRC/bench/peft/watch_run.sh"
@@ -95,6 +96,7 @@ for dtype in $DTYPES; do
   case $dtype in
     *+keep) sets=(--set memory.strategies=) ;;
     *+mlp) sets=(--set checkpointing.keep_mlp=true) ;;
+    *+emb16) sets=(--set peft.embedding_dtype=bf16) ;;
   esac
   [ "$real" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
   env "${env[@]}" /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
@@ -112,7 +114,7 @@ for dtype in $DTYPES; do
   printf '| ctrl LoRA, dtype = %s | %d | %s | %.1f | %s | %.1f | %s | %s | %s |\n' $dtype $((peak / 1024)) "$wall" "$cpu" "$cps" \
     "$tps" "$([ -n "$tokens" ] && awk -v n="$tokens" -v c="$cpu" 'BEGIN {printf "%.1f", n / c}' || echo -)" \
     "${tokens:--}" "$loss"
-  grep -h "frozen base" "$TMP/log-$dtype" | sed 's/^.*LoRA: /  (ctrl log: /; s/$/)/' || true
+  grep -h "frozen base\|frozen embedding" "$TMP/log-$dtype" | sed 's/^.*LoRA: /  (ctrl log: /; s/$/)/' || true
   grep -h "memory after the first step" "$TMP/log-$dtype" | sed 's/^.*memory after/  (ctrl log: memory after/; s/$/)/' || true
 done
 if [ $TRL = 1 ]; then

@@ -163,6 +163,47 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                               "%s: [peft] quantization = nf4 without [peft] enabled = true: QLoRA trains "
                               "adapters over the quantized base",
                               q->where);
+    config_entry *ed = config_find(cfg, "peft", "embedding_dtype");
+    if (ed && !strcmp(ed->value, "bf16")) { /* the frozen embedding held in bf16 (model_embed16.c) */
+        if (!peft_on)
+            return ctrl_error_set(CTRL_ERR_CONFIG,
+                                  "%s: [peft] embedding_dtype = bf16 without [peft] enabled = true: only a "
+                                  "LoRA run's frozen embedding is held in bf16",
+                                  ed->where);
+        const char *dt = config_value_or_default(cfg, "train", config_core_table("train"), "dtype");
+        if (!dt || strcmp(dt, "bf16") != 0)
+            return ctrl_error_set(
+                CTRL_ERR_CONFIG,
+                "%s: [peft] embedding_dtype = bf16 needs [train] dtype = bf16 (it is %s: the "
+                "fp32 products would read the rounded table)",
+                ed->where, dt ? dt : "unset");
+        const char *dev = config_value_or_default(cfg, "run", config_core_table("run"), "device");
+        if (dev && !strncmp(dev, "cuda", 4))
+            return ctrl_error_set(
+                CTRL_ERR_CONFIG,
+                "%s: [peft] embedding_dtype = bf16 with [run] device = %s: the embedding is "
+                "held in bf16 on the CPU only",
+                ed->where, dev);
+        const char *strat = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
+        char w[128];
+        for (const char *pos = strat ? strat : ""; config_list_next(&pos, w, sizeof w) > 0;)
+            if (!strcmp(w, "zero3")) /* its slices of the frozen base are gathered from the fp32 values */
+                return ctrl_error_set(
+                    CTRL_ERR_CONFIG,
+                    "%s: [peft] embedding_dtype = bf16 with [memory] strategies = zero3: the "
+                    "sliced embedding is gathered in fp32 (not implemented)",
+                    ed->where);
+        char item[64];
+        for (int i = 0; i < ctrl_config_list_count(cfg, "peft", "modules_to_save"); i++) {
+            const char *t = ctrl_config_list_item(cfg, "peft", "modules_to_save", i, item, sizeof item);
+            if (t && !strcmp(t, "embed_tokens"))
+                return ctrl_error_set(
+                    CTRL_ERR_CONFIG,
+                    "%s: [peft] embedding_dtype = bf16 with modules_to_save = embed_tokens: "
+                    "a trained embedding stays fp32 (only a frozen one is held in bf16)",
+                    ed->where);
+        }
+    }
     if (!peft_on) return CTRL_OK;
     const char *mode = config_value_or_default(cfg, "generation", config_core_table("generation"), "mode");
     if (mode && !strcmp(mode, "server"))
@@ -171,8 +212,8 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
             "%s: [peft] enabled = %s with [generation] mode = server: the server is sent the "
             "base weights only, not the adapters (not implemented yet); use mode = colocate",
             e->where, e->value);
-    static const char *const adapter_keys[] = {"r",          "lora_alpha",      "target_modules",
-                                               "use_rslora", "modules_to_save", "init_lora_weights",
+    static const char *const adapter_keys[] = {"r",          "lora_alpha",       "target_modules",
+                                               "use_rslora", "modules_to_save",  "init_lora_weights",
                                                "use_dora",   "target_parameters"};
     if (config_find(cfg, "peft", "adapter_path"))
         for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {

@@ -63,6 +63,9 @@ typedef struct ctrl_lora_config {
      * CPU): each layer's projection weights narrowed to 2 bytes once the layer is read, so the fp32
      * base never is resident whole. */
     int bf16_base;
+    /* [peft] embedding_dtype = bf16: the frozen input embedding (and the LM head tied to it) held as
+     * bf16 values alone as it loads (model_embed16.c); refused where it is trained or off the CPU. */
+    int bf16_embed;
 } ctrl_lora_config;
 
 /* LoRA's dropout draw on host memory (lora.c; the CPU backend's lora_dropout op, what a device's

@@ -677,7 +677,7 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     const float *P = m->dparams;
     MODEL_TRY(model_offload_begin(m));        /* before the slots are written */
     MODEL_TRY(model_outer_hooks(m, 0, 0, 1)); /* ZeRO-3: the embeddings gathered for the lookup */
-    MODEL_TRY(be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, P + m->off_embed, T, C));
+    MODEL_TRY(model_embed_lookup(m, m->acts[0].x_in, m->dev_batch.tokens, T, C)); /* fp32, or bf16 rows */
     if (c->embed_scale > 0) MODEL_TRY(be->scale(m->acts[0].x_in, c->embed_scale, (int64_t)T * C));
     MODEL_TRY(model_outer_hooks(m, 0, 0, 0)); /* and released */
     for (int l = 0; l < c->n_layers; l++) {

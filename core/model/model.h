@@ -219,6 +219,9 @@ ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m);
  * backward's dX and decoding (model_decode_pack.c); CTRL_NO_BASE_PANELS=1 keeps the 2-byte store. */
 int ctrl_model_base_held_bf16(const ctrl_model *m);
 int ctrl_model_base_in_panels(const ctrl_model *m);
+/* Whether the frozen input embedding is held as bf16 values alone (ctrl_lora_config.bf16_embed, [peft]
+ * embedding_dtype = bf16; model_embed16.c): 2 bytes a value, counted by ctrl_model_param_bytes. */
+int ctrl_model_embedding_held_bf16(const ctrl_model *m);
 /* The bytes of the bf16 panels decoding packed (the weights packed once for decoding and reused by
  * the training products of the same weights; a held base's are in ctrl_model_param_bytes). */
 size_t ctrl_model_decode_panel_bytes(const ctrl_model *m);

@@ -37,8 +37,7 @@ static int getenv_flag(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-/* Gives back the whole pages inside params[lo, hi) (their contents become zeros). */
-static void release_range(ctrl_model *m, long lo, long hi) {
+void model_release_range(ctrl_model *m, long lo, long hi) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)(m->params + lo), b = (uintptr_t)(m->params + hi);
     a = (a + page - 1) & ~(page - 1), b &= ~(page - 1);
@@ -92,13 +91,13 @@ static ctrl_status pack_layer(ctrl_model *m, int l) {
             lora_dims(m, t, &in, &out);
             if (w >= 0) MODEL_TRY(model_pack_hold(m, (size_t)w, in, out));
         }
-        release_range(m, lo, hi);
+        model_release_range(m, lo, hi);
         keep_layer(m, l, 0);
         return CTRL_OK;
     }
     ctrl_cpu_round_to_bf16(m->params + lo, m->params + lo, hi - lo);
     ctrl_cpu_f32_to_bf16(m->w16 + w16_at(m, l), m->params + lo, hi - lo); /* exact: already bf16 values */
-    release_range(m, lo, hi);
+    model_release_range(m, lo, hi);
     return CTRL_OK;
 }
 
@@ -248,6 +247,8 @@ int ctrl_model_base_in_panels(const ctrl_model *m) { return m->base_panels; }
 
 size_t ctrl_model_param_bytes(const ctrl_model *m) {
     size_t bytes = sizeof(float) * m->n_params;
+    if (m->emb16) /* the frozen embedding in 2 bytes a value, its fp32 pages given back */
+        bytes -= (sizeof(float) - sizeof(uint16_t)) * (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size;
     if (m->base_panels) /* the projections as panels; the norms and biases in place */
         return bytes - sizeof(float) * (size_t)m->w16_n + model_pack_held_bytes(m);
     if (!m->w16) return bytes;
@@ -264,7 +265,7 @@ size_t ctrl_model_param_bytes(const ctrl_model *m) {
 ctrl_status model_bf16_layer_weights(ctrl_model *m, int l) {
     if (m->w16_layer == l) return CTRL_OK;
     const long *lo = m->w16_lo, *hi = m->w16_lo + m->cfg.n_layers;
-    if (m->w16_layer >= 0) release_range(m, lo[m->w16_layer], hi[m->w16_layer]);
+    if (m->w16_layer >= 0) model_release_range(m, lo[m->w16_layer], hi[m->w16_layer]);
     ctrl_cpu_bf16_to_f32(m->params + lo[l], m->w16 + w16_at(m, l), hi[l] - lo[l]);
     if (m->w16_keep) keep_layer(m, l, 0); /* under LoRA: the layer's norms and biases, exact */
     m->w16_layer = l;
@@ -281,7 +282,8 @@ int model_bf16_holds(const ctrl_model *m, const float *w) {
 void model_bf16_free(ctrl_model *m) {
     model_pack_free(m, 1); /* decoding's panels and a held base's */
     m->base_panels = 0;
-    free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded);
+    free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded), free(m->emb16);
+    m->emb16 = NULL;
     m->w16_loaded = NULL;
     m->w16 = NULL, m->w16_lo = NULL, m->w16_keep = NULL;
 }

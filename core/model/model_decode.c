@@ -223,7 +223,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
      * n_layers tied) around their use as it does the layers */
     if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 0), 0);
     if (st == CTRL_OK)
-        st = be->embedding_forward(m->acts[0].x_in, m->dev_batch.tokens, m->dparams + m->off_embed, T, C);
+        st = model_embed_lookup(m, m->acts[0].x_in, m->dev_batch.tokens, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
         st = be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
     if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 0), 1);
@@ -248,7 +248,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         if (st == CTRL_OK)
             st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);
         if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 1), 0);
-        if (st == CTRL_OK && packed) /* the head in bf16 too, on its packed panels */
+        if (st == CTRL_OK && (packed || m->emb16)) /* the head in bf16 too: its panels, or a bf16 table */
             st = model_linear_forward(m, lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
         else if (st == CTRL_OK)
             st = be->linear_forward(lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);

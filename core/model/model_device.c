@@ -179,8 +179,9 @@ ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, i
 ctrl_head_args model_head_args(const ctrl_model *m) {
     const ctrl_model_config *c = &m->cfg;
     const float *w = m->dparams + m->off_lm_head;
+    const int w16_only = m->off_lm_head >= 0 && model_embed16_holds(m, w); /* a bf16 table, tied */
     return (ctrl_head_args){.hidden = m->lnf,
-                            .w = w,
+                            .w = w16_only ? NULL : w,
                             .targets = m->dev_batch.targets,
                             .T = m->T,
                             .C = c->hidden_size,
@@ -190,8 +191,8 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
 
                             .softcap = c->final_softcap,
                             .targets_only = 1,
-                            .w_packed = m->be->host_memory && m->off_lm_head >= 0
+                            .w_packed = m->be->host_memory && m->off_lm_head >= 0 && !w16_only
                                             ? model_pack_valid(m, w, c->hidden_size, c->vocab_size)
                                             : NULL,
-                            .w16 = model_head_w16(m)};
+                            .w16 = w16_only ? m->emb16 : model_head_w16(m)};
 }

@@ -15,6 +15,7 @@
  * environment turns this off (the products convert their operands, as before: for comparisons). */
 #include <stdlib.h>
 
+#include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
 
 /* Forwards of at least this many tokens on the CPU round each projection's weights as they run
@@ -30,6 +31,10 @@ ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
         (!ctrl_backend_has(m->be, linear_forward_bf16) || !ctrl_backend_has(m->be, round_to_bf16)))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
                               m->be->name);
+    if (dtype != CTRL_BF16 && m->emb16) /* fp32 lookups would need the fp32 table given back */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: [peft] embedding_dtype = bf16 holds the embedding in bf16: fp32 "
+                              "compute is refused");
     m->linear_bf16 = dtype == CTRL_BF16;
     m->rounded_valid = 0;
     return CTRL_OK;
@@ -179,8 +184,31 @@ static ctrl_status act_b16(const ctrl_model *m, const float *x, int64_t n, const
     return m->be->to_bf16(*tmp, x, n);
 }
 
+/* The LM head tied to an embedding held as bf16 values alone (model_embed16.c): x W^T and dX = dY W on
+ * them, as the bf16 products multiply W's rounded values (the table is frozen: no dW). */
+static ctrl_status embed16_forward(const ctrl_model *m, float *out, const float *x, const float *bias, int T,
+                                   int IN, int OUT) {
+    if (ctrl_cpu_gemm_w16(0, 1, T, OUT, IN, 1.0f, x, IN, m->emb16, IN, out, OUT, 0, m->linear_bf16) != 0)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the LM head's product");
+    for (int t = 0; bias && t < T; t++)
+        for (int j = 0; j < OUT; j++) out[(size_t)t * OUT + j] += bias[j];
+    return CTRL_OK;
+}
+
+static ctrl_status embed16_backward(const ctrl_model *m, float *dx, float *dw, float *dbias,
+                                    const float *dout, int T, int IN, int OUT) {
+    if (dw || dbias)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: a gradient for the embedding held in bf16 (it is frozen)");
+    if (dx &&
+        ctrl_cpu_gemm_w16(0, 0, T, IN, OUT, 1.0f, dout, OUT, m->emb16, IN, dx, IN, 0, m->linear_bf16) != 0)
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the LM head's product");
+    return CTRL_OK;
+}
+
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
                                  const float *bias, int T, int IN, int OUT) {
+    if (model_embed16_holds(m, w)) return embed16_forward(m, out, x, bias, T, IN, OUT);
     if (nf4_holds(m, w)) return nf4_linear_forward(m, out, x, w, bias, T, IN, OUT); /* QLoRA's base */
     if (!m->linear_bf16) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
     if (m->dec_pack) { /* panels (model_decode_pack.c): decoding's, current ones, a held base */
@@ -203,6 +231,7 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
 
 ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
                                   const float *x, const float *w, int T, int IN, int OUT) {
+    if (model_embed16_holds(m, w)) return embed16_backward(m, dx, dw, dbias, dout, T, IN, OUT);
     if (nf4_holds(m, w)) return nf4_linear_backward(m, dx, dw, dbias, dout, w, T, IN, OUT);
     if (!m->linear_bf16) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
     if (m->dec_pack) { /* dx on the forward's panels, read transposed (model_decode_pack.c) */

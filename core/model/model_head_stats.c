@@ -99,6 +99,7 @@ ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_s
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
     if (m->off_lm_head < 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a sequence classifier has no LM head statistics");
+    if (m->off_lm_head == m->off_embed) MODEL_TRY(model_embed16_refuse(m, "the LM head's statistics"));
     ctrl_status st = model_outer_hooks(m, 1, 0, 1); /* ZeRO-3: the head gathered for these */
     if (st == CTRL_OK)
         st = !mean_logit                ? CTRL_OK

@@ -249,6 +249,11 @@ struct ctrl_model {
      * (w16_loaded, [n_layers]), the layer packed when all are. */
     int w16_at_load;
     long *w16_loaded;
+    /* The frozen input embedding held as bf16 values alone (model_embed16.c, [peft] embedding_dtype =
+     * bf16): emb16 [V, C], its fp32 pages given back (they read as zeros); the lookups widen its rows,
+     * the LM head tied to it multiplies by them. emb16_at_load: held as the loader reads it. */
+    uint16_t *emb16;
+    int emb16_at_load;
     /* LoRA on the experts (lora_moe.c; lora->n_params, PEFT's target_parameters): per layer the offsets
      * of gate_up_proj's lora_A [E r, C], lora_B and down_proj's lora_A [E r, Im], lora_B
      * ([n_layers][4], -1 where none). A is PEFT's layout (expert e's rows e r ...); B is held expert
@@ -458,6 +463,16 @@ int model_bf16_holds(const ctrl_model *m, const float *w);
 /* The loader read view v (lora->bf16_base): a layer whose views are all read is packed into bf16; a
  * model whose base cannot be held stays fp32 (w16_at_load cleared). */
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v);
+/* Gives back the whole pages inside params[lo, hi) (model_bf16_store.c; their contents become zeros). */
+void model_release_range(ctrl_model *m, long lo, long hi);
+/* The frozen embedding in bf16 (model_embed16.c): the loader read view v (emb16_at_load), the
+ * embedding's is narrowed into emb16 and its fp32 pages given back; the lookup out[t] = the row of
+ * tokens[t] (from emb16 where held, else the backend's embedding_forward); whether w is the held
+ * table (the tied LM head); an error naming what cannot read it (CTRL_OK where nothing is held). */
+ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v);
+ctrl_status model_embed_lookup(ctrl_model *m, float *out, const int32_t *tokens, int T, int C);
+int model_embed16_holds(const ctrl_model *m, const float *w);
+ctrl_status model_embed16_refuse(const ctrl_model *m, const char *what);
 /* LoRA on the experts (lora_moe.c): lora_moe_layout adds layer l's expert adapters (PEFT's names,
  * gate_up_proj's under base_layer. when down_proj has one too) and returns how many parameters it
  * wrapped (lora_init fills them); the forward adds expert e's adapter over its n

@@ -57,6 +57,14 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
     lc.lora_dropout = (float)s->peft.lora_dropout, lc.seed = s->run.seed, lc.nf4 = s->peft.nf4;
     /* bf16 compute on the CPU: the frozen base held in bf16 as it loads (the same numbers) */
     lc.bf16_base = load_on_cpu && !strcmp(s->train.dtype, "bf16");
+    /* [peft] embedding_dtype = bf16: the frozen embedding held as bf16 values as it loads (the
+     * settings refused it with fp32 compute, a named CUDA device or embed_tokens trained) */
+    lc.bf16_embed = s->peft.embed_bf16;
+    if (lc.bf16_embed && !load_on_cpu)
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "[peft] embedding_dtype = bf16: the run computes on a device; the embedding is "
+            "held in bf16 on the CPU only (set [run] device = cpu, or embedding_dtype = fp32)");
     /* a classifier (PEFT's SEQ_CLS): the trunk frozen under the adapters, the score trained in full,
      * its first value the base's (a classifier) or a new one's (a causal LM's trunk) */
     st = num_labels > 0
@@ -74,6 +82,9 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
     ctrl_model_grads(*out, &train);
     char nf4[512];
     ctrl_model_nf4_summary(*out, nf4, sizeof nf4);
+    if (ctrl_model_embedding_held_bf16(*out))
+        CTRL_INFO("LoRA: the frozen embedding held in bf16 ([peft] embedding_dtype = bf16): the lookups "
+                  "return its rows rounded to bf16");
     CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%)%s, the base frozen%s%s%s%s",
               lc.r, (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
               lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",

@@ -24,6 +24,16 @@ void ctrl_cpu_embedding_forward(float *out, const int32_t *tokens, const float *
 /* Tokens < 0 add nothing: the model passes its padding_idx (config.json's pad_token_id) as -1, whose
  * row nn.Embedding never gives a gradient. */
 void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *tokens, int T, int C);
+/* A frozen table held as bf16 values (wte16 [V, C], 2 bytes a value): out[t] = wte16[tokens[t]] widened
+ * to fp32 (exact). */
+void ctrl_cpu_embedding_forward_bf16(float *out, const int32_t *tokens, const uint16_t *wte16, int T, int C);
+/* C[M,N] (+)= alpha op(A)[M,K] op(B)[K,N] with B held as bf16 values (ldb apart; trans_b: B stored
+ * [N,K], else [K,N]; alpha other than 1 only without accumulate): with bf16 as ctrl_cpu_gemm_bf16
+ * computes it on B's fp32 values (bit for bit: the blocked GEMM widening B as it packs, or a few
+ * rows' x B^T block by block) where a bf16 kernel runs; otherwise, and with bf16 = 0, SGEMM on blocks
+ * of B widened to fp32 (16 MiB of scratch). 0; -1 out of memory. */
+int ctrl_cpu_gemm_w16(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                      const uint16_t *B, int ldb, float *C, int ldc, int accumulate, int bf16);
 
 /* RMSNorm (Llama/Qwen): out = x / sqrt(mean(x^2) + eps) * weight; rstd[T] saved for backward. */
 void ctrl_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *weight, int T, int C,
@@ -278,7 +288,9 @@ typedef struct ctrl_head_args {
     const struct ctrl_cpu_bf16_packed *w_packed;
     /* Appended: with bf16, w already rounded to bf16 and held as 2-byte values [V, C] (the model's bf16
      * copy of its weights on a device): the products read it as it is instead of rounding w's chunks
-     * in every call. NULL: none. Used by the CUDA head; the CPU head reads w. */
+     * in every call. NULL: none. Used by the CUDA head; the CPU head reads w, and w16 only where w is
+     * NULL (a frozen embedding tied to the head held as bf16 values alone: [peft] embedding_dtype =
+     * bf16; dw must then be NULL): the same products on the same bf16 values (ctrl_cpu_gemm_w16). */
     const uint16_t *w16;
 } ctrl_head_args;
 

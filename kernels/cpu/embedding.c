@@ -1,4 +1,8 @@
-/* Token embedding: a row gather forward, a scatter-add backward. */
+/* Token embedding: a row gather forward, a scatter-add backward; and a frozen table held as bf16
+ * values (2 bytes a value: LoRA's [peft] embedding_dtype = bf16), its rows widened as they are
+ * gathered, and products with it as the B operand. */
+#include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
@@ -16,4 +20,71 @@ void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *
     for (int c = 0; c < C; c++)
         for (int t = 0; t < T; t++) /* a negative id contributes nothing (nn.Embedding's padding_idx) */
             if (tokens[t] >= 0) dwte[(size_t)tokens[t] * C + c] += dout[(size_t)t * C + c];
+}
+
+void ctrl_cpu_embedding_forward_bf16(float *out, const int32_t *tokens, const uint16_t *wte16, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) ctrl_cpu_bf16_to_f32(out + (size_t)t * C, wte16 + (size_t)tokens[t] * C, C);
+}
+
+/* The source of ctrl_cpu_gemm_bf16_source: bf16 values widened (exactly) to fp32. */
+static void widen_source(const void *ctx, size_t i, int n, float *dst) {
+    ctrl_cpu_bf16_to_f32(dst, (const uint16_t *)ctx + i, n);
+}
+
+/* C[M, N] (ldc apart) *= s. */
+static void scale_rows(float *C, float s, int M, int N, int ldc) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= s;
+}
+
+/* Rows of B as stored widened a block at a time (this many values: 16 MiB of fp32 scratch). */
+#define W16_BLOCK (4 << 20)
+
+int ctrl_cpu_gemm_w16(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+                      const uint16_t *B, int ldb, float *C, int ldc, int accumulate, int bf16) {
+    if (alpha != 1.0f && accumulate) return -1; /* not a product the callers form */
+    if (M <= 0 || N <= 0) return 0;
+    /* the blocked GEMM, B widened as it packs: what ctrl_cpu_gemm_bf16 computes on the fp32 values
+     * (not for few rows of x W^T, which it multiplies unpacked: those below, block by block) */
+    const int few = M <= 4 && !trans_a && trans_b;
+    if (bf16 && !few && K > 0 &&
+        ctrl_cpu_gemm_bf16_source(trans_a, trans_b, M, N, K, A, lda, widen_source, B, ldb, C, ldc,
+                                  accumulate) == 0) {
+        if (alpha != 1.0f) scale_rows(C, alpha, M, N, ldc);
+        return 0;
+    }
+    /* B's stored rows (trans_b: the N rows of [N, K]; else the K rows of [K, N]) a block at a time */
+    const int rows = trans_b ? N : K, len = trans_b ? K : N;
+    if (rows <= 0 || len <= 0) { /* an empty sum */
+        for (int i = 0; i < M && !accumulate; i++) memset(C + (size_t)i * ldc, 0, sizeof(float) * (size_t)N);
+        return 0;
+    }
+    int rb = W16_BLOCK / len;
+    rb = rb < 1 ? 1 : rb > rows ? rows : rb;
+    float *w = malloc(sizeof(float) * (size_t)rb * (size_t)len);
+    if (!w) return -1;
+    for (int r0 = 0; r0 < rows; r0 += rb) {
+        const int n = r0 + rb <= rows ? rb : rows - r0;
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < n; r++)
+            ctrl_cpu_bf16_to_f32(w + (size_t)r * len, B + (size_t)(r0 + r) * ldb, len);
+        if (trans_b) { /* C[:, r0 : r0 + n] = op(A) W^T: columns of their own */
+            float *c = C + r0;
+            if (!(bf16 && ctrl_cpu_gemm_bf16(trans_a, 1, M, n, K, A, lda, w, len, c, ldc, accumulate) == 0)) {
+                cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasTrans, M, n, K, alpha, A,
+                            lda, w, len, accumulate ? 1.0f : 0.0f, c, ldc);
+                continue;
+            }
+            if (alpha != 1.0f) scale_rows(c, alpha, M, n, ldc);
+        } else { /* C (+)= op(A)[:, r0 : r0 + n] W: a part of the sum */
+            const float *a = trans_a ? A + (size_t)r0 * lda : A + r0;
+            const float beta = accumulate || r0 > 0 ? 1.0f : 0.0f;
+            cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, CblasNoTrans, M, N, n, alpha, a,
+                        lda, w, len, beta, C, ldc);
+        }
+    }
+    free(w);
+    return 0;
 }

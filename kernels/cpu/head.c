@@ -114,6 +114,21 @@ static void head_gemm(const ctrl_head_args *a, int ta, int tb, int M, int N, int
                 A, lda, B, ldb, beta, C, ldc);
 }
 
+/* head_gemm with B = W from row w_row on: a->w, or where W is held only as bf16 values (w NULL: a
+ * frozen embedding tied to the head, [peft] embedding_dtype = bf16) a->w16, as the same products
+ * (ctrl_cpu_gemm_w16); without the memory for them C reads NaN (a non-finite loss, not a silent one). */
+static void w_gemm(const ctrl_head_args *a, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   size_t w_row, float beta, float *C, int ldc) {
+    if (a->w || !a->w16) {
+        head_gemm(a, 0, tb, M, N, K, alpha, A, lda, a->w + w_row * (size_t)a->C, a->C, beta, C, ldc);
+        return;
+    }
+    if (ctrl_cpu_gemm_w16(0, tb, M, N, K, alpha, A, lda, a->w16 + w_row * (size_t)a->C, a->C, C, ldc,
+                          beta != 0.0f, a->bf16) != 0)
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = NAN;
+}
+
 /* Soft-capping of n raw logits in place: c tanh(x / c), then / temperature (as transformers caps
  * and TRL divides). */
 static void softcap_rows(const ctrl_head_args *a, float *z, size_t n) {
@@ -124,8 +139,8 @@ static void softcap_rows(const ctrl_head_args *a, float *z, size_t n) {
 
 /* logits chunk [tc, vc] = h[tc rows] W[v0 : v0+vc]^T / temperature (soft-capped first) */
 static void chunk_logits(const ctrl_head_args *a, float *z, const float *h, int tc, int v0, int vc) {
-    head_gemm(a, 0, 1, tc, vc, a->C, a->softcap > 0 ? 1.0f : 1.0f / a->temperature, h, a->C,
-              a->w + (size_t)v0 * a->C, a->C, 0.0f, z, vc);
+    w_gemm(a, 1, tc, vc, a->C, a->softcap > 0 ? 1.0f : 1.0f / a->temperature, h, a->C, (size_t)v0, 0.0f, z,
+           vc);
     if (a->softcap > 0) softcap_rows(a, z, (size_t)tc * vc);
 }
 
@@ -229,8 +244,7 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
                 if (tg >= v0 && tg < v0 + vc) row[tg - v0] += g * inv_temp;
             }
             /* dhidden[t0 : t0+tc] (+)= dlogits W[v0 : v0+vc];  dW[v0 : v0+vc] += dlogits^T h */
-            head_gemm(a, 0, 0, tc, a->C, vc, 1.0f, z, vc, a->w + (size_t)v0 * a->C, a->C,
-                      v0 == 0 ? 0.0f : 1.0f, dh, a->C);
+            w_gemm(a, 0, tc, a->C, vc, 1.0f, z, vc, (size_t)v0, v0 == 0 ? 0.0f : 1.0f, dh, a->C);
             if (dw) /* NULL: a frozen head (LoRA) */
                 head_gemm(a, 1, 0, vc, a->C, tc, 1.0f, z, vc, h, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
         }
@@ -275,7 +289,7 @@ static void fused_logits(const ctrl_head_args *a, const ctrl_cpu_bf16_packed *wp
                 for (int j = 0; j < a->V; j++) z[(size_t)i * a->V + j] *= alpha;
         return;
     }
-    head_gemm(a, 0, 1, tc, a->V, a->C, alpha, h, a->C, a->w, a->C, 0.0f, z, a->V);
+    w_gemm(a, 1, tc, a->V, a->C, alpha, h, a->C, 0, 0.0f, z, a->V);
 }
 
 /* W's bf16 panels for every chunk of a fused call: the caller's (a->w_packed), else packed here once
@@ -356,7 +370,7 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
         }
         /* dhidden = dz W: on the same panels read transposed (bit for bit the product packing W) */
         if (!(a->bf16 && wp && ctrl_cpu_gemm_bf16_packed_t(0, tc, z, V, wp, dh, C, 0) == 0))
-            head_gemm(a, 0, 0, tc, C, V, 1.0f, z, V, a->w, C, 0.0f, dh, C);
+            w_gemm(a, 0, tc, C, V, 1.0f, z, V, 0, 0.0f, dh, C);
         if (dw) /* NULL: a frozen head (LoRA) */
             head_gemm(a, 1, 0, V, C, tc, 1.0f, z, V, h, C, 1.0f, dw, C);
         chunk_dhidden_out(a, rows, r0, tc, dhidden, dh);

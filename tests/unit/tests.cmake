@@ -11,3 +11,7 @@ add_test(NAME test_nf4_gemm_amx COMMAND test_nf4_gemm)
 set_tests_properties(test_nf4_gemm_amx PROPERTIES LABELS unit ENVIRONMENT CTRL_AMX_EMULATE=1 TIMEOUT 120)
 add_test(NAME test_nf4_gemm_portable COMMAND test_nf4_gemm)
 set_tests_properties(test_nf4_gemm_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
+# LoRA's frozen embedding in bf16 ([peft] embedding_dtype = bf16) on the portable bf16 path as well
+# (the tied head's SGEMM on widened blocks of the table).
+add_test(NAME test_lora_embed16_portable COMMAND test_lora_embed16)
+set_tests_properties(test_lora_embed16_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
