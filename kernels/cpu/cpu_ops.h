@@ -28,10 +28,11 @@ void ctrl_cpu_embedding_backward(float *dwte, const float *dout, const int32_t *
  * to fp32 (exact). */
 void ctrl_cpu_embedding_forward_bf16(float *out, const int32_t *tokens, const uint16_t *wte16, int T, int C);
 /* C[M,N] (+)= alpha op(A)[M,K] op(B)[K,N] with B held as bf16 values (ldb apart; trans_b: B stored
- * [N,K], else [K,N]; alpha other than 1 only without accumulate): with bf16 as ctrl_cpu_gemm_bf16
- * computes it on B's fp32 values (bit for bit: the blocked GEMM widening B as it packs, or a few
- * rows' x B^T block by block) where a bf16 kernel runs; otherwise, and with bf16 = 0, SGEMM on blocks
- * of B widened to fp32 (16 MiB of scratch). 0; -1 out of memory. */
+ * [N,K], else [K,N]; alpha other than 1 only with trans_b and without accumulate): B's rows widened
+ * to fp32 a block at a time (about 4 MiB of scratch) and multiplied there, with bf16 by
+ * ctrl_cpu_gemm_bf16 -- bit for bit its product on B's fp32 values where a bf16 kernel runs (the
+ * blocks split N, or K at whole depth blocks) -- otherwise, and with bf16 = 0, by SGEMM. 0; -1 out
+ * of memory or a product it does not form. */
 int ctrl_cpu_gemm_w16(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                       const uint16_t *B, int ldb, float *C, int ldc, int accumulate, int bf16);
 

@@ -109,7 +109,8 @@ TEST(gemm_w16_is_the_bf16_gemm_on_the_widened_values) {
     gemm_case(3, 300, 64, 1, 0, 0.5f);   /* a few rows: unpacked, in blocks */
     gemm_case(37, 64, 300, 0, 0, 1.0f);  /* dX = dZ W */
     gemm_case(21, 64, 300, 0, 1, 1.0f);  /* accumulating */
-    gemm_case(5, 4700, 900, 1, 0, 1.0f); /* more rows of B than one widened block */
+    gemm_case(5, 4700, 900, 1, 0, 1.0f); /* more rows of B than one widened block: N split */
+    gemm_case(9, 896, 4000, 0, 1, 1.0f); /* K split at whole depth blocks */
 }
 
 /* qwen2's tied model with PEFT's fixture adapter (or fresh adapters: B = 0), the base in bf16 as a
