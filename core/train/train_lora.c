@@ -117,6 +117,9 @@ ctrl_status train_model_save(ctrl_model *m, const char *dir, const char *base) {
 }
 
 ctrl_status train_model_export(ctrl_model *m, const char *dir, const ctrl_run_settings *s) {
+    /* the training is over: its activations and scratch are given back before the save's buffers
+     * (the adapter in PEFT's layout, a model's tensors converted) are made, not held beside them */
+    ctrl_model_release_scratch(m);
     if (ctrl_model_lora(m)) return ctrl_peft_save(m, dir, s->model.path);
     const char *want = s->train.save_dtype;
     ctrl_dtype dtype = !strcmp(want, "bf16") ? CTRL_BF16 : !strcmp(want, "fp16") ? CTRL_F16 : CTRL_F32;
