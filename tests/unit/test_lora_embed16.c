@@ -35,9 +35,12 @@
 #include "test.h"
 #include "test_registry.h"
 
+static ctrl_registry *reg; /* the plugins' registry: kept (the models use its plugins' ops) */
+
 static const ctrl_attention_ops *eager(void) {
     const ctrl_plugin *p = NULL;
-    CHECK_EQ_INT(ctrl_registry_require(test_plugin_registry(), CTRL_KIND_ATTENTION, "eager", &p), CTRL_OK);
+    if (!reg) reg = test_plugin_registry();
+    CHECK_EQ_INT(ctrl_registry_require(reg, CTRL_KIND_ATTENTION, "eager", &p), CTRL_OK);
     return p ? p->ops : NULL;
 }
 
