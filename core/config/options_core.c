@@ -325,8 +325,9 @@ static const ctrl_option peft_options[] = {
      "fp32 model under autocast; bf16: as bf16 values alone (2 bytes a value: 260 instead of 519 MiB at "
      "Qwen2.5-0.5B's 151,936 x 896), as a model loaded with torch_dtype = bfloat16 holds it. The lookups "
      "then return the rows rounded to bf16 (the one change in the numbers); a tied head's logits do not "
-     "change (its bf16 products round W anyway). Needs [train] dtype = bf16 on the CPU, the embedding "
-     "frozen (not in modules_to_save) and no full-weight head statistics; refused otherwise."},
+     "change (its bf16 products round W anyway), in training and decoding. Needs [peft] enabled, [train] "
+     "dtype = bf16 on the CPU and the embedding frozen (not in modules_to_save); refused otherwise, and "
+     "with [memory] strategies = zero3."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "

@@ -8,8 +8,8 @@
  * values: its products round W to bf16 as they pack it under bf16 compute anyway, so its logits are
  * those of the fp32 table (ctrl_cpu_gemm_w16; the head's args carry w16 with w NULL). Only for a
  * frozen table on the CPU under bf16 compute (the settings refuse the key otherwise; here a trained
- * table -- modules_to_save -- or a device is refused again). What reads the table's fp32 values and
- * has no bf16 path (the head's statistics, the distillation JSD) refuses it by name. */
+ * table -- modules_to_save -- or a device is refused again). The head's statistics (the sequence
+ * trainers' mean logits, model_head_stats.c) read the same bf16 values. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,12 +46,6 @@ ctrl_status model_embed_lookup(ctrl_model *m, float *out, const int32_t *tokens,
 
 int model_embed16_holds(const ctrl_model *m, const float *w) {
     return m->emb16 && w == m->dparams + m->off_embed;
-}
-
-ctrl_status model_embed16_refuse(const ctrl_model *m, const char *what) {
-    if (!m->emb16) return CTRL_OK;
-    return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: %s reads the embedding's fp32 values (not implemented)",
-                          key, what);
 }
 
 int ctrl_model_embedding_held_bf16(const ctrl_model *m) { return m->emb16 != NULL; }

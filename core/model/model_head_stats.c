@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
 
 /* The LM head's mean row, wbar = (1/V) sum_v W[v], into d [C] (backend memory): on the host from the
@@ -29,9 +30,19 @@ static ctrl_status mean_head_row(ctrl_model *m, float *d) {
     }
     const float *w = m->params + m->off_lm_head;
     double *acc = calloc((size_t)C, sizeof(double));
-    if (!acc) return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
-    for (int v = 0; v < V; v++)
-        for (int c = 0; c < C; c++) acc[c] += w[(size_t)v * C + c];
+    float *row = malloc(sizeof(float) * (size_t)C);
+    if (!acc || !row) {
+        free(acc), free(row);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
+    }
+    /* a tied head held as bf16 values alone ([peft] embedding_dtype = bf16): its rows widened */
+    const int w16 = model_embed16_holds(m, m->dparams + m->off_lm_head);
+    for (int32_t v = 0; v < V; v++) {
+        if (w16) ctrl_cpu_embedding_forward_bf16(row, &v, m->emb16, 1, C);
+        const float *r = w16 ? row : w + (size_t)v * C;
+        for (int c = 0; c < C; c++) acc[c] += r[c];
+    }
+    free(row);
     for (int c = 0; c < C; c++) d[c] = (float)(acc[c] / V);
     free(acc);
     return CTRL_OK;
@@ -63,7 +74,12 @@ static ctrl_status mean_capped_logits(ctrl_model *m, float *out) {
                               : ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     for (int v0 = 0; st == CTRL_OK && v0 < V; v0 += VC) {
         const int vc = v0 + VC <= V ? VC : V - v0;
-        st = be->linear_forward(d, m->lnf, m->dparams + m->off_lm_head + (size_t)v0 * C, NULL, T, C, vc);
+        if (model_embed16_holds(m, m->dparams + m->off_lm_head)) /* the tied table in bf16: its values */
+            st = ctrl_cpu_gemm_w16(0, 1, T, vc, C, 1.0f, m->lnf, C, m->emb16 + (size_t)v0 * C, C, d, vc, 0, 0)
+                     ? ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory")
+                     : CTRL_OK;
+        else
+            st = be->linear_forward(d, m->lnf, m->dparams + m->off_lm_head + (size_t)v0 * C, NULL, T, C, vc);
         if (st == CTRL_OK) st = be->to_host(z, d, sizeof(float) * (size_t)T * vc);
         for (int t = 0; st == CTRL_OK && t < T; t++)
             for (int j = 0; j < vc; j++) acc[t] += cap * tanhf(z[(size_t)t * vc + j] / cap);
@@ -99,7 +115,6 @@ ctrl_status ctrl_model_head_stats(ctrl_model *m, float *mean_logit, float *log_s
         return ctrl_error_set(CTRL_ERR_RUNTIME, "model: head statistics need a forward first");
     if (m->off_lm_head < 0)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a sequence classifier has no LM head statistics");
-    if (m->off_lm_head == m->off_embed) MODEL_TRY(model_embed16_refuse(m, "the LM head's statistics"));
     ctrl_status st = model_outer_hooks(m, 1, 0, 1); /* ZeRO-3: the head gathered for these */
     if (st == CTRL_OK)
         st = !mean_logit                ? CTRL_OK

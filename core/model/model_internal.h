@@ -468,11 +468,10 @@ void model_release_range(ctrl_model *m, long lo, long hi);
 /* The frozen embedding in bf16 (model_embed16.c): the loader read view v (emb16_at_load), the
  * embedding's is narrowed into emb16 and its fp32 pages given back; the lookup out[t] = the row of
  * tokens[t] (from emb16 where held, else the backend's embedding_forward); whether w is the held
- * table (the tied LM head); an error naming what cannot read it (CTRL_OK where nothing is held). */
+ * table (the tied LM head). */
 ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status model_embed_lookup(ctrl_model *m, float *out, const int32_t *tokens, int T, int C);
 int model_embed16_holds(const ctrl_model *m, const float *w);
-ctrl_status model_embed16_refuse(const ctrl_model *m, const char *what);
 /* LoRA on the experts (lora_moe.c): lora_moe_layout adds layer l's expert adapters (PEFT's names,
  * gate_up_proj's under base_layer. when down_proj has one too) and returns how many parameters it
  * wrapped (lora_init fills them); the forward adds expert e's adapter over its n

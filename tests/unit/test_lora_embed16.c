@@ -17,8 +17,10 @@
  *   - decoding (the lookup and the tied head's logits from the bf16 table) gives the training
  *     forward's log-probs, and the rounded-fp32 model's decoded ones;
  *   - ctrl_model_param_bytes counts the table in 2 bytes a value;
- *   - refused: a trained table (modules_to_save embed_tokens), fp32 compute afterwards, the head's
- *     statistics (they read the fp32 table). The config refusals are test_config_errors.c's.
+ *   - the head's statistics (the sequence trainers' mean logits, log sum p^2) equal the rounded
+ *     table's;
+ *   - refused: a trained table (modules_to_save embed_tokens), fp32 compute afterwards. The config
+ *     refusals are test_config_errors.c's.
  * The kernels: ctrl_cpu_embedding_forward_bf16 equals rounding the gathered rows; ctrl_cpu_gemm_w16
  * equals ctrl_cpu_gemm_bf16 on the widened values (bit for bit where a bf16 kernel runs). */
 #include <cJSON.h>
@@ -265,10 +267,16 @@ TEST(lora_embedding_in_bf16_changes_only_the_lookups) {
     CHECK_MSG(e_dec <= 1e-2 && e_r <= 1e-5, "decoding: vs the forward %.3g, vs the rounded fp32 table %.3g",
               e_dec, e_r);
     printf("  decoding: vs the forward logp %.1e, vs the rounded fp32 table %.1e\n", e_dec, e_r);
-    /* refused where the fp32 table would be read */
-    float ml[16];
-    CHECK_EQ_INT(ctrl_model_head_stats(m[0], ml, NULL), CTRL_ERR_UNSUPPORTED);
-    CHECK(strstr(ctrl_error_message(), "embedding_dtype = bf16") != NULL);
+    /* the head's statistics (DPO/KTO's mean logits, WPO's log sum p^2) read the same bf16 values */
+    float ml[2][16], ls[2][16];
+    for (int k = 0; k < 2; k++) {
+        CHECK_EQ_INT(ctrl_model_forward(m[k], &b, fwd, NULL, NULL), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_head_stats(m[k], ml[k], ls[k]), CTRL_OK);
+    }
+    const double e_ml = test_rel_error_f32(ml[0], ml[1], n), e_ls = test_rel_error_f32(ls[0], ls[1], n);
+    CHECK_MSG(e_ml <= exact_tol && e_ls <= exact_tol, "head statistics: mean logits %.3g, log sum p^2 %.3g",
+              e_ml, e_ls);
+    /* refused: fp32 compute would need the fp32 table given back */
     CHECK_EQ_INT(ctrl_model_set_compute_dtype(m[0], CTRL_F32), CTRL_ERR_UNSUPPORTED);
     free(logits), free(dlogp);
     for (int k = 0; k < 4; k++) free(lp[k]);
