@@ -92,6 +92,15 @@ awk -v a="$qfirst" -v b="$qlast" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "
 "${C[@]}" train "$TMP/sft.ini" --set peft.quantization=nf4 --set peft.enabled=false >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "quantization = nf4 without" "$TMP/log" && ok || bad "quantization without [peft] enabled not refused"
 
+# 1g. [peft] embedding_dtype = bf16: the frozen embedding held in bf16 (the log says so), the
+# adapters train and are saved; with fp32 compute the key is refused by name.
+"${C[@]}" train "$TMP/sft.ini" --set peft.embedding_dtype=bf16 --set train.max_steps=2 \
+  --set run.output_dir="$TMP/emb16" >"$TMP/log" 2>&1 && grep -q "frozen embedding held in bf16" "$TMP/log" &&
+  [ -s "$TMP/emb16/adapter_model.safetensors" ] && ok || { bad "embedding_dtype = bf16 run"; tail -5 "$TMP/log"; }
+"${C[@]}" train "$TMP/sft.ini" --set peft.embedding_dtype=bf16 --set train.dtype=fp32 >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "embedding_dtype = bf16 needs \[train\] dtype = bf16" "$TMP/log" && ok ||
+  bad "embedding_dtype = bf16 with fp32 compute not refused"
+
 # 1f. QDoRA (use_dora with quantization = nf4, as PEFT runs DoRA over bitsandbytes' Linear4bit): the
 # magnitudes over the NF4 base train with the adapters, the adapter says use_dora and holds them, the
 # loss falls; a run resumed from checkpoint-4 follows the uninterrupted one.
@@ -177,6 +186,13 @@ awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "gr
 qkl1=$(grep '"step": 1,' "$TMP/qgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 [ "$qkl1" = 0 ] || [ "$qkl1" = 0.000000 ] && [ -s "$TMP/qgrpo/adapter_model.safetensors" ] && ok ||
   bad "grpo qlora: kl at step 1 $qkl1, or no adapter"
+# GRPO with the embedding in bf16: decoding's lookups and the tied head read the bf16 table; KL 0
+# at the first step as above (the reference is the same model, adapters off)
+"${C[@]}" train "$TMP/grpo.ini" --set peft.embedding_dtype=bf16 --set train.max_steps=2 \
+  --set run.output_dir="$TMP/egrpo" >"$TMP/log" 2>&1 || { bad "grpo embedding_dtype = bf16 run"; tail -5 "$TMP/log"; }
+ekl1=$(grep '"step": 1,' "$TMP/egrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
+[ "$ekl1" = 0 ] || [ "$ekl1" = 0.000000 ] && [ -s "$TMP/egrpo/adapter_model.safetensors" ] && ok ||
+  bad "grpo embedding_dtype = bf16: kl at step 1 $ekl1, or no adapter"
 # and QDoRA GRPO: decoding applies the magnitudes over the NF4 base (at the start they are the norms:
 # KL 0), the adapter holds them
 "${C[@]}" train "$TMP/grpo.ini" "${qd[@]}" --set train.max_steps=2 --set run.output_dir="$TMP/qdgrpo" \
