@@ -18,7 +18,9 @@ step time from a callback) with the generation's share, and CPU seconds (the ste
 shared machine), counted the same way on both sides: user + system time of every thread (system
 time holds the futex waits of OMP_WAIT_POLICY=PASSIVE's sleeping threads and page clearing), and
 the user part alone; ctrl's is the run's less that of a one-step run, over the steps between, TRL's
-is measured around its counted steps by a callback. Also peak RSS and mean completion length.
+is measured around its counted steps by a callback; the generation's CPU seconds (user + system:
+ctrl's timing/generation_cpu_s, TRL's measured around its _generate). Also peak RSS and mean
+completion length.
 --device cuda: ctrl with `[run] device = cuda` (generation from the device's KV cache), TRL's trainer
 on the GPU with transformers' generate (use_vllm = False: TRL's recommended vLLM colocation needs vLLM,
 which this bench does not install); CPU seconds then count only the host's share.
@@ -64,6 +66,7 @@ def run_ctrl(d, args, dtype):
     rows = rows[1:]  # after a warm-up step
     mean = bu.mean_of(rows)
     return {"step_s": mean("step_time"), "generation_s": mean("timing/generation_s"),
+            "generation_cpu_s": mean("timing/generation_cpu_s"),
             "cpu_step_s": (run.user_s + run.sys_s - one.user_s - one.sys_s) / (args.steps - 1),
             "user_step_s": (run.user_s - one.user_s) / (args.steps - 1), "rss_mib": run.rss_mib,
             "mean_length": mean("completions/mean_length")}
@@ -103,8 +106,18 @@ def trl_child(d, args):
                                    use_cpu=args.device == "cpu"))
     m = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32)
     tr = GRPOTrainer(model=m, reward_funcs=[bu.reward_len], args=cfg, train_dataset=ds, processing_class=tok)
-    times = {"generation_s": 0.0}
+    times = {"generation_s": 0.0, "generation_cpu_s": 0.0}
     bu.timed(tr, "_generate", times, "generation_s")
+    generate = tr._generate
+
+    def generate_cpu(*a, **k):  # the generation's CPU seconds (user + system), as ctrl's timing/generation_cpu_s
+        c0 = cpu_times()[0]
+        try:
+            return generate(*a, **k)
+        finally:
+            times["generation_cpu_s"] += cpu_times()[0] - c0
+
+    tr._generate = generate_cpu
     clock = {"wall": [], "cpu": [], "user": []}
 
     class Clock(TrainerCallback):  # wall and CPU seconds of each step; the first is a warm-up
@@ -112,7 +125,7 @@ def trl_child(d, args):
             cpu, user = cpu_times()
             clock["wall"].append(time.perf_counter()), clock["cpu"].append(cpu), clock["user"].append(user)
             if len(clock["wall"]) == 2:
-                times["generation_s"] = 0.0
+                times["generation_s"] = times["generation_cpu_s"] = 0.0
 
         def on_step_end(self, a, s, c, **k):
             clock["wall"][-1] = time.perf_counter() - clock["wall"][-1]
@@ -124,6 +137,7 @@ def trl_child(d, args):
     logs = [h for h in tr.state.log_history if "reward" in h][1:]
     n = len(clock["wall"]) - 1
     print(json.dumps({"step_s": sum(clock["wall"][1:]) / n, "generation_s": times["generation_s"] / n,
+                      "generation_cpu_s": times["generation_cpu_s"] / n,
                       "cpu_step_s": sum(clock["cpu"][1:]) / n, "user_step_s": sum(clock["user"][1:]) / n,
                       "mean_length": sum(h["completions/mean_length"] for h in logs) / len(logs),
                       "versions": f"torch {torch.__version__}, trl {__import__('trl').__version__}"}))
@@ -163,7 +177,7 @@ def main():
               f"per step ({args.batch // args.generations} prompts x {args.generations}), <= "
               f"{args.max_completion_length} new tokens, {args.steps} steps (the first a warm-up), "
               f"{args.threads} thread(s), device {args.device}")
-        print(f"{'run':10s}{'step s':>9s}{'gen s':>8s}{'CPU s/step':>12s}{'user s':>8s}{'RSS MiB':>9s}"
+        print(f"{'run':10s}{'step s':>9s}{'gen s':>8s}{'CPU s/step':>12s}{'user s':>8s}{'gen CPU':>8s}{'RSS MiB':>9s}"
               f"{'mean len':>10s}  load   (CPU: user + system)")
         table = {}
         for name in args.only.split(","):
@@ -171,6 +185,7 @@ def main():
             r = run_ctrl(d, args, dtype) if side == "ctrl" else run_trl(d, args, dtype)
             table[name] = r
             print(f"{name:10s}{r['step_s']:9.2f}{r['generation_s']:8.2f}{r['cpu_step_s']:12.2f}{r['user_step_s']:8.2f}"
+                  f"{r['generation_cpu_s']:8.2f}"
                   f"{r['rss_mib']:9.0f}"
                   f"{r['mean_length']:10.1f}  {bu.load_average()}" + (f"  ({r['versions']})" if "versions" in r else ""),
                   flush=True)

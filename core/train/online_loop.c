@@ -228,13 +228,16 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
      * and scoring a block of its prompts, then gathered (online_ranks.c) */
     const int P = bs * spg / G * N, own0 = P / N * rank, n_own = P / N;
     double t0 = ctrl_now();
+    const double cpu0 = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID); /* user + system, every thread */
     const double epoch = (double)*cursor / (o->train.n > 0 ? o->train.n : 1);
     ctrl_status st = generate(o, &o->train, order, cursor, P, G, own0, n_own, &o->sampling);
+    const double gen_cpu = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
     float *scores = NULL, *total = NULL, *kl = NULL;
     int *ntok = NULL, *stopped = calloc((size_t)(o->gn > 0 ? o->gn : 1), sizeof(int));
     if (st == CTRL_OK && !stopped) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     double t1 = ctrl_now();
     ctrl_online_report(o, "timing/generation_s", t1 - t0);
+    ctrl_online_report(o, "timing/generation_cpu_s", gen_cpu);
     if (st == CTRL_OK) st = online_score(o, &o->train, own0 * G, n_own * G, &scores, &total);
     if (st == CTRL_OK) st = online_gather(o, own0 * G, n_own * G, scores, total);
     t0 = ctrl_now();

@@ -30,7 +30,7 @@ M=$TMP/grpo/metrics.jsonl
 for k in loss grad_norm learning_rate reward reward_std rewards/len/mean rewards/len/std frac_reward_zero_std \
   completions/mean_length completions/min_length completions/max_length completions/clipped_ratio \
   completions/mean_terminated_length entropy clip_ratio/low_mean clip_ratio/high_mean clip_ratio/region_mean \
-  num_tokens; do
+  num_tokens timing/generation_s timing/generation_cpu_s; do
   grep -q "\"$k\": " "$M" && ok || bad "metric $k missing from $M"
 done
 grep -q '"eval_reward": ' "$M" && ok || bad "no eval_reward line"
