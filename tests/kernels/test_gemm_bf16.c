@@ -15,11 +15,8 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "random_floats.h"
 #include "test.h"
-
-static float frand(unsigned *s) {
-    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
-}
 
 /* element (i, k) of op(X) stored row-major with leading dimension ld, X^T when trans */
 static float at(const float *x, int trans, int ld, int i, int k) {

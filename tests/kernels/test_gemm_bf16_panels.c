@@ -13,17 +13,8 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "random_floats.h"
 #include "test.h"
-
-static float frand(unsigned *s) {
-    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
-}
-
-static float *rnd(size_t n, unsigned *seed) {
-    float *x = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) x[i] = frand(seed);
-    return x;
-}
 
 /* a and b equal bit for bit, or (few: ctrl_cpu_gemm_bf16 took its 1-4 row path, whose sums run in
  * another order) within 1e-5 */

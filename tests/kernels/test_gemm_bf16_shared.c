@@ -13,17 +13,8 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "random_floats.h"
 #include "test.h"
-
-static float frand(unsigned *s) {
-    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
-}
-
-static float *rnd(size_t n, unsigned *seed) {
-    float *x = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) x[i] = frand(seed);
-    return x;
-}
 
 /* The products reading A [M,K] (row-major, lda = K): C1 = A B1^T (B1 [N1,K]), C2 = A B2 (B2 [K,N2]),
  * C3 = A P^T on panels P of [N3,K], C4 = A' op(P)^T with A' = the first N3 columns... of another

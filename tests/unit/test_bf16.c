@@ -9,6 +9,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "file_text.h"
+#include "random_floats.h"
 #include "test.h"
 
 TEST(rounding_matches_torch) {
@@ -77,10 +78,6 @@ TEST(vectorised_rounding_equals_scalar_on_every_high_half) {
         CHECK(bad_r == 0);
     }
     free(in), free(back), free(h);
-}
-
-static float frand(unsigned *s) {
-    return (float)((*s = *s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 32768.0f - 1;
 }
 
 /* C = A B^T in double from the bf16-rounded inputs (a, b: the bf16 copies). */
