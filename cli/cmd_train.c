@@ -75,6 +75,7 @@ static int run_train(ctrl_cli *cli, int argc, char **argv) {
     ctrl_log_level level; /* [run] log_level, unless --log-level said otherwise; ranks but 0 warn at most */
     if (!cli->log_level_set && ctrl_log_level_parse(ctrl_config_settings(cfg)->run.log_level, &level) == 0)
         ctrl_log_set_level(ctrl_collective_is_root() || level >= CTRL_LOG_WARN ? level : CTRL_LOG_WARN);
+    cli_blas_restart_note();
     const char *out_dir = ctrl_config_get_string(cfg, "run", "output_dir");
     ctrl_status st = make_dirs(out_dir);
     ctrl_collective_set_timeout(ctrl_config_settings(cfg)->train.ddp_timeout);

@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
         fputs(cmd->usage, stdout);
         return 0;
     }
-    cli_blas_restart_note();
+    if (cmd != &cli_cmd_train) cli_blas_restart_note(); /* train: once its [run] log_level is set */
     cli_install_signal_handlers();
     int rc = cmd->run(&cli, argc - i, argv + i);
     if (cli.reg) ctrl_registry_destroy(cli.reg);

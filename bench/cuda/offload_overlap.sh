@@ -49,7 +49,7 @@ run() { # NAME ARGS...: the process's wall and CPU seconds, the run's mean token
     >"$W/$n.log" 2>&1 || { echo "FAIL $n: $(tail -n 3 "$W/$n.log")"; return; }
   local wall user sys
   read -r wall user sys <"$W/$n.time"
-  echo "$n: ${wall}s wall, $(echo "$user + $sys" | bc)s CPU for the process ($S steps, load $(cut -d' ' -f1 /proc/loadavg)); $(grep -o '"tokens_per_second": [0-9.]*' "$W/$n/metrics.jsonl" | tail -n1) (mean over the run)"
+  echo "$n: ${wall}s wall, $(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }')s CPU for the process ($S steps, load $(cut -d' ' -f1 /proc/loadavg)); $(grep -o '"tokens_per_second": [0-9.]*' "$W/$n/metrics.jsonl" | tail -n1) (mean over the run)"
 }
 run device
 run whole --set memory.strategies=checkpointing,offload_optimizer --set memory.offload_overlap=false

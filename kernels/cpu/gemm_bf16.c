@@ -531,7 +531,7 @@ typedef struct amx_rule {
     int kc, mc, nc, tile; /* tile: the variant's index in ctrl_bf16_amx_tiles */
 } amx_rule;
 static const amx_rule amx_rules[] = {
-    {0, INT_MAX, 0, INT_MAX, 512, 256, 8192, 0},
+    {0, INT_MAX, 0, INT_MAX, 1024, 256, 1024, 7},
 };
 #define AMX_RULES ((int)(sizeof amx_rules / sizeof amx_rules[0]))
 

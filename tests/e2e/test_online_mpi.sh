@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The online trainers over MPI (fp32): 2 ranks x 2 prompts per micro-batch follow 1 process x 4 step
-# for step, loss and grad_norm within 1e-5 relative (online DPO 1e-6), the trainers' metrics within 1e-4
+# for step, loss and grad_norm within 1e-5 relative (metrics.jsonl's six digits are 1.4e-6 apart at
+# 0.7: tighter fails on rounding alone, as online DPO's 1e-6 did on an AMX host), the trainers' metrics within 1e-4
 # relative or 1e-6 absolute (objective/kl is a small difference of log-probs).
 #   online_dpo: each rank samples and scores half of the prompts, every pair stays on one rank.
 #   gkd (lmbda 0.5: on-policy and dataset micro-batches): rank r's micro-batch g is its part of one
@@ -34,7 +35,7 @@ same() {
 }
 
 pair odpo online_dpo "[online_dpo]" "max_new_tokens = 12" "missing_eos_penalty = 0.5"
-same odpo 1e-6 1e-7 loss grad_norm
+same odpo 1e-5 1e-7 loss grad_norm
 same odpo 1e-4 1e-6 objective/scores objective/scores_margin val/contain_eos_token objective/kl objective/entropy \
   rewards/chosen rewards/rejected rewards/margins rewards/accuracies logps/chosen
 
