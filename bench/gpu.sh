@@ -260,7 +260,7 @@ fi
 # row of bench_scale.py (NAME or NAME:ENV=VALUE,ENV=VALUE), each in its own folder on a core of its
 # own; CTRL_GPU_CPUPROF_ROWS, CTRL_GPU_CPUPROF_LAYERS (24), CTRL_GPU_CPUPROF_CAP_S (170)
 if want cpuprof && enough 60 "cpuprof"; then
-  cc -O2 -shared -fPIC -o build-gpu/libpc_sample.so bench/common/pc_sample.c
+  cc -O2 -shared -fPIC -o build-gpu/libpc_sample.so bench/common/pc_sample.c -ldl
   note "openblas: $(OPENBLAS_VERBOSE=2 build-gpu/ctrl --version 2>&1 | grep -i core | head -n 2 | tr '\n' ' ')"
   PL=${CTRL_GPU_CPUPROF_LAYERS:-24}
   PC=$(cap "${CTRL_GPU_CPUPROF_CAP_S:-170}")

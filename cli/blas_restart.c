@@ -1,6 +1,6 @@
 /* ctrl restarts itself with OPENBLAS_CORETYPE set where OpenBLAS chose kernels older than the CPU
  * (kernels/cpu/blas_core.c says when and why): first thing in main, the process executes itself
- * again -- the same pid and arguments, so mpirun and srun see nothing change -- with the variable
+ * again -- the same pid, name and arguments, so mpirun and srun see nothing change -- with the variable
  * set, which OpenBLAS reads only when it loads. A user's own OPENBLAS_CORETYPE is left alone. */
 #include <stdlib.h>
 #include <unistd.h>
@@ -18,8 +18,14 @@ void cli_blas_restart(char **argv) {
     if (getenv("OPENBLAS_CORETYPE")) return;
     const char *current, *better = ctrl_cpu_blas_core_advice(&current);
     if (!better) return;
-    if (setenv("OPENBLAS_CORETYPE", better, 1) == 0 && setenv(RESTARTED, current, 1) == 0)
-        execv("/proc/self/exe", argv); /* returns only where it failed */
+    if (setenv("OPENBLAS_CORETYPE", better, 1) == 0 && setenv(RESTARTED, current, 1) == 0) {
+        /* the binary's own path, so that the process keeps its name (ps, pgrep, killall: "exe"
+         * through /proc/self/exe); that link where the path is gone. execv returns only on failure. */
+        char self[4096];
+        const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0) self[n] = 0, execv(self, argv);
+        execv("/proc/self/exe", argv);
+    }
     unsetenv("OPENBLAS_CORETYPE"), unsetenv(RESTARTED);
     failed_core = current, failed_better = better;
 }

@@ -4,8 +4,9 @@
  * (ITIMER_PROF, all threads) and writes one line per sample at exit to $PC_SAMPLE_OUT.<pid>:
  * the module's path and the address's offset in that file (from /proc/self/maps), for
  * bench/common/pc_report.py to resolve with
- * nm. Build: cc -O2 -shared -fPIC -o libpc_sample.so bench/common/pc_sample.c */
+ * nm. Build: cc -O2 -shared -fPIC -o libpc_sample.so bench/common/pc_sample.c -ldl */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,17 @@ __attribute__((constructor)) static void start(void) {
     sigaction(SIGPROF, &sa, NULL);
     struct itimerval every = {{0, 1000}, {0, 1000}};
     setitimer(ITIMER_PROF, &every, NULL);
+}
+
+/* ITIMER_PROF survives execve, and a program that executes itself again (ctrl's OpenBLAS restart)
+ * would take the next tick before this library's constructor set the handler: SIGPROF's default
+ * action ends it. The timer is stopped first; the new image samples itself from its constructor. */
+int execv(const char *path, char *const argv[]) {
+    static const struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_PROF, &off, NULL);
+    int (*real)(const char *, char *const[]) =
+        (int (*)(const char *, char *const[]))dlsym(RTLD_NEXT, "execv");
+    return real ? real(path, argv) : -1;
 }
 
 /* Plugins unloaded before the report would leave their samples unresolved: while sampling, dlclose
