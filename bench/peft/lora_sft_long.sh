@@ -18,7 +18,8 @@
 #        widened per layer, CTRL_NO_BASE_PANELS=1, as before the panels; a suffix +keep: no activation
 #        checkpointing, [memory] strategies = (empty), every activation kept; +mlp: selective
 #        checkpointing, [checkpointing] keep_mlp = true; +emb16: the frozen embedding held in bf16,
-#        [peft] embedding_dtype = bf16)] [--trl-modes "autocast bf16"]
+#        [peft] embedding_dtype = bf16 (what the default, auto, does under bf16 on the CPU); +emb32: the
+#        fp32 table autocast keeps, embedding_dtype = fp32)] [--trl-modes "autocast bf16"]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 . "$SRC/bench/peft/watch_run.sh"
@@ -97,6 +98,7 @@ for dtype in $DTYPES; do
     *+keep) sets=(--set memory.strategies=) ;;
     *+mlp) sets=(--set checkpointing.keep_mlp=true) ;;
     *+emb16) sets=(--set peft.embedding_dtype=bf16) ;;
+    *+emb32) sets=(--set peft.embedding_dtype=fp32) ;;
   esac
   [ "$real" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
   env "${env[@]}" /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \

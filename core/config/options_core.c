@@ -320,14 +320,19 @@ static const ctrl_option peft_options[] = {
      "Phi-3's fused qkv_proj / gate_up_proj each one NF4 tensor; a mixture of experts' experts and router "
      "stay fp32 (bitsandbytes leaves them: not nn.Linear); the start-up log says which are which. With "
      "use_dora: QDoRA."},
-    {"embedding_dtype", CTRL_OPT_CHOICE, "fp32", 0, 0, 0, "fp32|bf16",
-     "How the frozen input embedding (and the LM head tied to it) is held: fp32, as transformers holds an "
-     "fp32 model under autocast; bf16: as bf16 values alone (2 bytes a value: 260 instead of 519 MiB at "
-     "Qwen2.5-0.5B's 151,936 x 896), as a model loaded with torch_dtype = bfloat16 holds it. The lookups "
-     "then return the rows rounded to bf16 (the one change in the numbers); a tied head's logits do not "
-     "change (its bf16 products round W anyway), in training and decoding. Needs [peft] enabled, [train] "
-     "dtype = bf16 on the CPU and the embedding frozen (not in modules_to_save); refused otherwise, and "
-     "with [memory] strategies = zero3."},
+    {"embedding_dtype", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|fp32|bf16",
+     "How a LoRA run's frozen input embedding (and the LM head tied to it) is held. bf16: as bf16 values "
+     "alone (2 bytes a value: 260 instead of 519 MiB at Qwen2.5-0.5B's 151,936 x 896), as a model loaded "
+     "with torch_dtype = bfloat16 holds it; the lookups return the rows rounded to bf16 (the one change in "
+     "the numbers: the same curve as TRL + PEFT under autocast with the table's values rounded to bf16); "
+     "a tied head's logits do not change (its bf16 products round W anyway), in training and decoding. "
+     "Needs [peft] enabled, [train] dtype = bf16 on the CPU and the embedding frozen (not in "
+     "modules_to_save); refused otherwise, and with [memory] strategies = zero3. fp32: as transformers "
+     "holds an fp32 model under autocast (torch.autocast's exact numbers). auto (the default): bf16 "
+     "wherever bf16 would be accepted, fp32 elsewhere (fp32 compute, CUDA, zero3, a trained embedding), "
+     "never an error; the start-up log says when the table is held in bf16. Why bf16 by default: it "
+     "moves TRL + PEFT's own 20-step bf16 curve by 1.3e-4 relative, less than loading the base in bf16 "
+     "does (1.5e-4), and takes 15% off the peak RSS at Qwen2.5-0.5B's shape (docs/performance.md)."},
     {"adapter_path", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "A PEFT adapter directory (adapter_config.json + adapter_model.safetensors, e.g. from PEFT's "
      "save_pretrained) "

@@ -200,7 +200,9 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .use_rslora = rd_bool(&r, "peft", "use_rslora"),
                  .use_dora = rd_bool(&r, "peft", "use_dora"),
                  .nf4 = !strcmp(rd_str(&r, "peft", "quantization"), "nf4"),
-                 .embed_bf16 = !strcmp(rd_str(&r, "peft", "embedding_dtype"), "bf16"),
+                 .embed_bf16 = !strcmp(rd_str(&r, "peft", "embedding_dtype"), "bf16")   ? 1
+                               : !strcmp(rd_str(&r, "peft", "embedding_dtype"), "auto") ? 2
+                                                                                        : 0,
                  .init_lora_weights = rd_str(&r, "peft", "init_lora_weights"),
                  .adapter_path = ctrl_config_get_string(cfg, "peft", "adapter_path")},
         .teacher = {.path = ctrl_config_get_string(cfg, "teacher", "path"),

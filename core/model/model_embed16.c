@@ -8,7 +8,8 @@
  * values: its products round W to bf16 as they pack it under bf16 compute anyway, so its logits are
  * those of the fp32 table (ctrl_cpu_gemm_w16; the head's args carry w16 with w NULL). Only for a
  * frozen table on the CPU under bf16 compute (the settings refuse the key otherwise; here a trained
- * table -- modules_to_save -- or a device is refused again). The head's statistics (the sequence
+ * table -- modules_to_save -- or a device is refused again; under embedding_dtype = auto, the
+ * default, such a table simply stays fp32). The head's statistics (the sequence
  * trainers' mean logits, model_head_stats.c) read the same bf16 values. */
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ static const char *const key = "[peft] embedding_dtype = bf16";
 
 ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if ((long)v->offset != m->off_embed || m->emb16) return CTRL_OK;
+    const int frozen_on_host = m->be->host_memory && m->params == m->dparams && v->offset < m->train_off;
+    if (m->emb16_at_load == 2 && !frozen_on_host) return CTRL_OK; /* auto: fp32 where bf16 cannot be */
     if (!m->be->host_memory || m->params != m->dparams)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: the embedding is held in bf16 on the CPU only", key);
     if (v->offset >= m->train_off) /* modules_to_save = embed_tokens (or lm_head tied to it) */

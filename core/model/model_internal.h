@@ -253,7 +253,7 @@ struct ctrl_model {
      * bf16): emb16 [V, C], its fp32 pages given back (they read as zeros); the lookups widen its rows,
      * the LM head tied to it multiplies by them. emb16_at_load: held as the loader reads it. */
     uint16_t *emb16;
-    int emb16_at_load;
+    int emb16_at_load; /* 1 held in bf16 (asked), 2 where it can (embedding_dtype = auto) */
     /* LoRA on the experts (lora_moe.c; lora->n_params, PEFT's target_parameters): per layer the offsets
      * of gate_up_proj's lora_A [E r, C], lora_B and down_proj's lora_A [E r, Im], lora_B
      * ([n_layers][4], -1 where none). A is PEFT's layout (expert e's rows e r ...); B is held expert

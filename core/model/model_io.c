@@ -266,7 +266,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
     m->w16_at_load = lora && lora->bf16_base && !lora->nf4;
-    m->emb16_at_load = lora && lora->bf16_embed;
+    m->emb16_at_load = lora ? lora->bf16_embed : 0; /* 2: where it can (the default) */
     shard_set shards = {0};
     size_t *ranges = NULL;
     int n_ranges = 0, next = 0;
@@ -316,7 +316,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
         if (st == CTRL_OK && v->nf4) st = nf4_store(m, v); /* QLoRA: into NF4 before the next layer's */
-        if (st == CTRL_OK && m->w16_at_load) st = model_bf16_view_loaded(m, v); /* LoRA: bf16 base */
+        if (st == CTRL_OK && m->w16_at_load) st = model_bf16_view_loaded(m, v);      /* LoRA: bf16 base */
         if (st == CTRL_OK && m->emb16_at_load) st = model_embed16_view_loaded(m, v); /* and embedding */
     }
     shards_close(&shards);

@@ -39,6 +39,8 @@ grep -q "\"peft_type\":[[:space:]]*\"LORA\"" "$TMP/lora/adapter_config.json" &&
   grep -q "\"lora_dropout\":[[:space:]]*0.1," "$TMP/lora/adapter_config.json" && ok || bad "adapter_config.json"
 grep -q "LoRA: r 4, scale 2, .* trainable parameters" "$TMP/log" && ok || bad "no LoRA line in the log"
 grep -q "LoRA: the frozen base held in bf16" "$TMP/log" && ok || bad "bf16 LoRA: the base not held in bf16"
+grep -q "frozen embedding held in bf16 (\[peft\] embedding_dtype = auto, the default)" "$TMP/log" && ok ||
+  bad "bf16 LoRA on the CPU: the embedding not held in bf16 by default"
 # (the frozen random base's head keeps this small model near uniform: a modest but clear drop)
 first=$(loss_at "$TMP/lora" 1) last=$(for s in 5 6 7 8; do loss_at "$TMP/lora" $s; done | awk '{ t += $1 } END { print t / NR }')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "loss did not fall: $first -> $last (mean of 5-8)"
@@ -100,6 +102,13 @@ awk -v a="$qfirst" -v b="$qlast" 'BEGIN { exit !(b < a - 0.05) }' && ok || bad "
 "${C[@]}" train "$TMP/sft.ini" --set peft.embedding_dtype=bf16 --set train.dtype=fp32 >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "embedding_dtype = bf16 needs \[train\] dtype = bf16" "$TMP/log" && ok ||
   bad "embedding_dtype = bf16 with fp32 compute not refused"
+# the default (auto) holds it in fp32 wherever bf16 cannot be -- fp32 compute, a trained embedding --
+# without an error, and embedding_dtype = fp32 keeps it fp32 under bf16 compute
+for set in "peft.embedding_dtype=fp32" "train.dtype=fp32" "peft.modules_to_save=embed_tokens"; do
+  "${C[@]}" train "$TMP/sft.ini" --set "$set" --set train.max_steps=2 --set run.output_dir="$TMP/emb32" \
+    >"$TMP/log" 2>&1 && ! grep -q "frozen embedding held in bf16" "$TMP/log" &&
+    [ -s "$TMP/emb32/adapter_model.safetensors" ] && ok || { bad "embedding fp32 with $set"; tail -5 "$TMP/log"; }
+done
 
 # 1f. QDoRA (use_dora with quantization = nf4, as PEFT runs DoRA over bitsandbytes' Linear4bit): the
 # magnitudes over the NF4 base train with the adapters, the adapter says use_dora and holds them, the
