@@ -62,6 +62,11 @@ typedef struct train_kind_env {
      * and released after (on = 0); nothing without zero3 */
     ctrl_status (*whole_weights)(void *ctx, int on);
     void *whole_ctx;
+    /* ZeRO-3 on several ranks with the policy's layers sliced (train_zero_load): a frozen model the
+     * kind keeps beside it (the sequence kind's reference) is sliced too (zero_ref.h), its gathers
+     * prefetched by zero3_prefetch floats (prefetch_bucket_size); 0 otherwise */
+    int zero3_sliced;
+    size_t zero3_prefetch;
 } train_kind_env;
 
 /* One optimizer step as a kind reports it (the loop adds the gradient norm). */
@@ -125,6 +130,9 @@ typedef struct train_kind_ops {
      * the run resumes there, after `step` optimizer steps. */
     ctrl_status (*save_state)(train_kind *k, const char *dir);
     ctrl_status (*load_state)(train_kind *k, const char *dir, long step);
+    /* ZeRO-3 (may be NULL): around an evaluation, on every rank (a collective), the kind's own sliced
+     * models (the sequence kind's reference) gathered whole (on = 1) and released after (on = 0). */
+    ctrl_status (*eval_whole)(train_kind *k, int on);
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

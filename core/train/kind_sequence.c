@@ -15,6 +15,7 @@
 #include "train/kind_sequence.h"
 #include "train/moe_aux.h"
 #include "train/pref_data.h"
+#include "train/zero_ref.h"
 
 #define MAX_METRICS 48
 
@@ -33,6 +34,7 @@ struct train_kind {
     ctrl_pref_set train, eval;
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
+    train_zero *ref_zero;         /* zero3 on several ranks: the reference sliced (zero_ref.h) */
     int eval_bs;
     double aux_coef;                    /* train/moe_aux.h */
     seq_metrics step_m, window, eval_m; /* this step's (every rank's), the logging window's, eval's */
@@ -59,7 +61,7 @@ static void sequence_destroy(train_kind *k) {
     if (!k) return;
     ctrl_pref_set_free(&k->train);
     ctrl_pref_set_free(&k->eval);
-    ctrl_model_free(k->ref);
+    train_zero_ref_free(k->ref_zero, k->ref);
     free(k->ref_train), free(k->ref_eval);
     metrics_free(&k->step_m), metrics_free(&k->window), metrics_free(&k->eval_m);
     free(k);
@@ -82,7 +84,7 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
         if (k->spec.precompute_ref_logp)
             st = train_sequence_precompute(env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
         else if (!ctrl_model_lora(k->model))
-            st = train_sequence_load_reference(env, &k->ref);
+            st = train_sequence_load_reference(env, &k->ref, &k->ref_zero);
         else if (k->spec.sync_ref_model)
             st = ctrl_error_set(CTRL_ERR_CONFIG,
                                 "[%s] sync_ref_model: not with [peft] (the reference is the base "
@@ -115,6 +117,7 @@ static void sequence_describe(const train_kind *k, long total, int bs, int ga, s
         : k->spec.precompute_ref_logp ? "precomputed"
         : k->spec.sync_ref_model      ? "live (TR-DPO sync)"
         : k->ref_is_base              ? "the base model (LoRA adapters off)"
+        : k->ref_zero                 ? "live (zero3: sliced over the ranks)"
                                       : "live");
 }
 
@@ -191,6 +194,7 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
     }
     for (int g = 0; mb && g < ga; g++) ctrl_pref_batch_free(&mb[g]);
     free(mb), free(idx);
+    if (st == CTRL_OK) st = train_zero_ref_report(k->ref_zero); /* the first step's, once */
     return st;
 }
 
@@ -267,6 +271,9 @@ static void sequence_log_window(train_kind *k, const train_window *w, FILE *f) {
 }
 
 static int sequence_has_eval(const train_kind *k) { return k->eval.n > 0; }
+static ctrl_status sequence_eval_whole(train_kind *k, int on) {
+    return train_zero_ref_whole(k->ref_zero, on);
+}
 
 /* TRL's evaluation: the loss of each batch of per_device_eval_batch_size pairs (its mean),
  * eval_loss their mean weighted by the batch's pairs, the metrics the mean over batches. */
@@ -329,6 +336,7 @@ const train_kind_ops train_kind_sequence = {
     .log_window = sequence_log_window,
     .has_eval = sequence_has_eval,
     .evaluate = sequence_evaluate,
+    .eval_whole = sequence_eval_whole,
     .eval_at_start = 1, /* the "before" of a preference run (TRL's eval_on_start) */
     .tokenizer_only_at_create = 1,
 };

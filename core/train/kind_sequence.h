@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "train/kind.h"
 #include "train/pref_data.h"
+#include "train/zero.h"
 
 /* One micro-batch as the step sees it (the preference batch builder's layout: pref_data.h). */
 typedef struct seq_micro_batch {
@@ -64,8 +65,10 @@ ctrl_status train_sequence_micro_batch(const seq_step *s, const seq_micro_batch 
 /* kind_sequence_ref.c: which of a row's two precomputed sums sequence s of a batch is (0: chosen,
  * or an unpaired completion; 1: rejected, or a KTO KL sequence). */
 int train_sequence_role(const ctrl_pref_batch *b, int s);
-/* The frozen reference: the initial weights ([model] path) placed where the policy is. */
-ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model **out);
+/* The frozen reference: the initial weights ([model] path) placed where the policy is; with zero3 on
+ * several ranks on the host and `zout` given, sliced as the policy (zero_ref.h: *zout its layout,
+ * else NULL). A collective then. */
+ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model **out, train_zero **zout);
 /* precompute_ref_log_probs: the reference sums of every row of both sets ([row][2], malloc'd), read
  * from output_dir/ref_logps.bin when it was made from the same rows and weights, else computed in
  * one pass (batches of spec->precompute_ref_batch_size rows, or the train / eval batch size) by the

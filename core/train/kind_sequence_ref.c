@@ -13,13 +13,16 @@
 #include "train/kind.h"
 #include "train/kind_sequence.h"
 #include "train/pref_data.h"
+#include "train/zero_ref.h"
 
 int train_sequence_role(const ctrl_pref_batch *b, int s) {
     return b->n_pairs > 0 ? s >= b->n_pairs : (b->kl && b->kl[s]);
 }
 
-ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model **out) {
+ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model **out, train_zero **zout) {
     const ctrl_run_settings *s = env->settings;
+    if (zout) *zout = NULL;
+    if (zout && train_zero_ref_applies(env)) return train_zero_ref_load(env, out, zout);
     ctrl_model *ref = NULL;
     ctrl_status st = ctrl_model_load(s->model.path, env->plugins->attention->ops, &ref);
     /* beside the policy, on its backend and in its compute dtype ([train] dtype: TRL's reference
@@ -34,6 +37,10 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
         ctrl_model_free(ref);
         return ctrl_error_wrap(st, "the reference model (%s)", s->model.path);
     }
+    if (zout && env->zero3_sliced && ctrl_collective_is_root()) /* a CUDA model's: not sliced yet */
+        CTRL_INFO("zero3 on %s: the reference model is whole on every rank (%zu bytes of parameters; its "
+                  "slicing on the device is not done yet), the policy sliced",
+                  s->run.device, ctrl_model_param_bytes(ref));
     *out = ref;
     return CTRL_OK;
 }
@@ -147,7 +154,7 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
          * only when resuming (the policy has moved) */
         ctrl_model *ref = env->model, *loaded = NULL;
         if (s->train.resume_from_checkpoint) {
-            st = train_sequence_load_reference(env, &loaded);
+            st = train_sequence_load_reference(env, &loaded, NULL);
             ref = loaded;
         }
         const int bt = spec->precompute_ref_batch_size > 0 ? spec->precompute_ref_batch_size

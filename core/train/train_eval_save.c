@@ -73,11 +73,16 @@ ctrl_status train_run_save_checkpoint(run_state *r, const char *out_dir, const c
 ctrl_status train_run_evaluate(run_state *r, int has_eval, long step) {
     const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
     ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;
+    if (st == CTRL_OK && any && r->kind_ops->eval_whole) st = r->kind_ops->eval_whole(r->kind, 1);
     if (st == CTRL_OK && has_eval)
         st = r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics));
     if (st == CTRL_OK && has_eval)
         st = train_metrics_commit(&r->metrics); /* the root's lines to every sink */
     if (any) train_zero_release_all(&r->zero);
+    if (any && r->kind_ops->eval_whole) {
+        const ctrl_status sr = r->kind_ops->eval_whole(r->kind, 0);
+        if (st == CTRL_OK) st = sr;
+    }
     return st;
 }
 

@@ -173,6 +173,10 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
         st = ctrl_model_set_offload_dir(r->model,
                                         s->memory.offload_dir ? s->memory.offload_dir : s->run.output_dir);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(s->model.path, &r->tok);
+    /* the buckets' auto: hidden^2 and 0.9 x hidden^2 floats, as the HF Trainer fills DeepSpeed's */
+    const double hidden = r->model ? (double)ctrl_model_cfg(r->model)->hidden_size : 0;
+    const size_t prefetch = s->memory.prefetch_bucket_size >= 0 ? (size_t)s->memory.prefetch_bucket_size
+                                                                : (size_t)(0.9 * hidden * hidden);
     if (st == CTRL_OK) {
         const train_kind_env env = {.cfg = cfg,
                                     .settings = s,
@@ -182,7 +186,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .trainer_ops = r->trainer_ops,
                                     .trainer = r->trainer,
                                     .whole_weights = train_zero_generation,
-                                    .whole_ctx = &r->zgen};
+                                    .whole_ctx = &r->zgen,
+                                    .zero3_sliced = sliced,
+                                    .zero3_prefetch = prefetch};
         train_zero_gen_init(&r->zgen, &r->zero, !s->generation.ds3_gather_for_generation);
         st = r->kind_ops->create(&env, &r->kind);
     }
@@ -199,10 +205,6 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && !zero_stage && !offload)
         st = train_dp_share_grads(&r->dp, r->model, s->train.ddp_shared_memory);
     if (st == CTRL_OK) st = train_run_report_load_memory(r, sliced);
-    /* the buckets' auto: hidden^2 and 0.9 x hidden^2 floats, as the HF Trainer fills DeepSpeed's */
-    const double hidden = r->model ? (double)ctrl_model_cfg(r->model)->hidden_size : 0;
-    const size_t prefetch = s->memory.prefetch_bucket_size >= 0 ? (size_t)s->memory.prefetch_bucket_size
-                                                                : (size_t)(0.9 * hidden * hidden);
     const size_t bucket = s->memory.reduce_bucket_size >= 0
                               ? (size_t)s->memory.reduce_bucket_size
                               : (size_t)(hidden * hidden > 1 ? hidden * hidden : 1);

@@ -168,6 +168,12 @@ ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctr
  * buffer, and (stage 3) releases the other ranks' slices of every layer. Nothing for stage 1 and a
  * CUDA model's stage 2. */
 ctrl_status train_zero_attach(train_zero *z, ctrl_model *m);
+/* Stage 3 on the host: a second, frozen model laid out by its own train_zero_init (DPO's and KTO's
+ * reference, zero_ref.c) hooked forward-only -- each layer, the embeddings and an untied head
+ * gathered around each use and released after, as the policy's forward; never a backward, no
+ * reduction, no gradients -- and its other ranks' slices released. While z->measure is set, each
+ * use's end records the parameters' resident bytes, the most seen, in z->grad_peak. */
+ctrl_status train_zero_attach_frozen(train_zero *z, ctrl_model *m);
 /* The groups (set over the whole model) clipped to this rank's slices, in place, those outside
  * dropped; returns how many are left. */
 int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);

@@ -233,14 +233,12 @@ static const ctrl_memory_ops layer_hooks = {
     .after_backward = reduce_layer,
 };
 
-ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
-    if (!z->partitioned) return CTRL_OK;
+/* The hooks' instance and stage 3's per-slot state: the gathers' states, the prefetches' handles,
+ * the sliced ranges the bf16 copy leaves to the gathers (skip). */
+static ctrl_status attach_slots(train_zero *z, ctrl_model *m) {
     if (!(z->hooks = malloc(sizeof *z->hooks))) return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     z->hooks->z = z, z->model = m, z->measure = 1;
     const size_t nl = (size_t)(z->n_slots > 0 ? z->n_slots : 1);
-    if (!(z->flight_u = malloc(sizeof(int) * (size_t)z->n_units)) ||
-        !(z->flight_h = malloc(sizeof(void *) * (size_t)z->n_units)))
-        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 4 * nl)) || !(z->state = calloc(nl, 1)) ||
                           !(z->pending = calloc(2 * nl, sizeof *z->pending))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
@@ -253,7 +251,17 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
             z->skip[2 * at] = r[i].a, z->skip[2 * at + 1] = r[i].b;
         }
     }
-    ctrl_status st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
+    return CTRL_OK;
+}
+
+ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
+    if (!z->partitioned) return CTRL_OK;
+    ctrl_status st = attach_slots(z, m);
+    if (st != CTRL_OK) return st;
+    if (!(z->flight_u = malloc(sizeof(int) * (size_t)z->n_units)) ||
+        !(z->flight_h = malloc(sizeof(void *) * (size_t)z->n_units)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+    st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
     ctrl_model_set_sharding_outer(m, z->stage >= 3); /* the embeddings' and head's hooks too */
     if (st == CTRL_OK && !z->vm_grads) st = ctrl_model_zero_grad(m); /* zero3 on cuda: zeroed as mapped */
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
@@ -262,6 +270,42 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     release_range(g, g + n); /* zeros: the backward adds into them */
     train_zero_release_all(z);
     return CTRL_OK;
+}
+
+/* A frozen model's hooks (train_zero_attach_frozen): after a use, while measuring, the parameters'
+ * resident bytes (the slices, what is whole, the unit in use) into grad_peak; then released. */
+static ctrl_status release_frozen(ctrl_memory *m, int layer) {
+    train_zero *z = m->z;
+    if (z->measure && !z->gathered) { /* not while whole (an evaluation) */
+        size_t n = 0;
+        const float *p = ctrl_model_params(z->model, &n);
+        const size_t r = train_zero_resident(p, n * sizeof *p);
+        if (r > z->grad_peak) z->grad_peak = r;
+    }
+    return release_layer(m, layer);
+}
+
+static ctrl_status no_backward(ctrl_memory *m, int layer) {
+    (void)m;
+    return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3: a backward through a frozen sliced model (unit %d)",
+                          layer);
+}
+
+static const ctrl_memory_ops frozen_hooks = {
+    .size = sizeof(ctrl_memory_ops),
+    .before_forward = gather_forward,
+    .after_forward = release_frozen,
+    .before_backward = no_backward,
+};
+
+ctrl_status train_zero_attach_frozen(train_zero *z, ctrl_model *m) {
+    if (z->stage < 3 || z->dev)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "zero3: a frozen model on the host only");
+    ctrl_status st = attach_slots(z, m);
+    if (st == CTRL_OK) st = ctrl_model_set_sharding(m, &frozen_hooks, z->hooks);
+    ctrl_model_set_sharding_outer(m, 1);
+    if (st == CTRL_OK) train_zero_release_all(z);
+    return st;
 }
 
 ctrl_status train_zero_forward_layer(train_zero *z, int l, int after) {

@@ -109,6 +109,9 @@ ctrl_e2e_test(test_lora_train test_lora_train.sh)
 
 # DPO over MPI: 2 ranks x 2 pairs follow 1 x 4, metrics gathered over the ranks (tests/e2e/test_dpo_mpi.sh).
 ctrl_e2e_test(test_dpo_mpi test_dpo_mpi.sh SKIP TIMEOUT 120)
+# DPO's and KTO's reference sliced under zero3 on 2 ranks: plain data parallel's curves, its bytes per
+# rank, resume (tests/e2e/test_zero3_ref_mpi.sh).
+ctrl_e2e_test(test_zero3_ref_mpi test_zero3_ref_mpi.sh SKIP TIMEOUT 120)
 
 # The ppo trainer end to end: value model, colocated and server generation, bad options (tests/e2e/test_ppo.sh).
 ctrl_e2e_test(test_ppo_e2e test_ppo.sh)

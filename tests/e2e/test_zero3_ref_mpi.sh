@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# DPO's and KTO's live reference under ZeRO-3 (issue 19; core/train/zero_ref.c): with
+# `[memory] strategies = zero3` on 2 ranks the reference is sliced as the policy (each rank reads
+# its slices; each layer gathered around its forward use, released after), as TRL prepares the
+# reference with the policy's DeepSpeed ZeRO-3 config. On TRL's fixtures' rows (tests/fixtures/
+# trl_dpo, trl_kto), 2 ranks x 2 rows, 6 steps: zero3 follows plain data parallel (loss, rewards/*,
+# logps/*, KTO's kl; DPO's evaluation before and after training, the reference gathered whole for
+# it) within test_dpo_mpi's 1e-5 relative (+ 1e-7); the log shows the reference's resident
+# parameters per rank at most ~1/2 of its bytes between uses and below the whole during its
+# forwards; a zero3 DPO run resumed from checkpoint-3 ends on the same curve.
+# Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
+# usage: test_zero3_ref_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+mpi_setup
+FIX="$SRC/tests/fixtures"
+# ini NAME FIXTURE_DIR INI: 6 steps of 2 rows a rank
+ini() {
+  sed -e "s|@DIR@/|$FIX/$2/|; s|@DIR@|$FIX/$2|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/$1|" \
+    -e "s/^max_steps = 20/max_steps = 6/" -e "s/^per_device_train_batch_size = .*/per_device_train_batch_size = 2/" \
+    "$FIX/$2/$3" >"$TMP/$1.ini"
+}
+# two NAME [--set ...]: plain data parallel (NAME-dp) and zero3 (NAME-z3) on 2 ranks
+two() {
+  local name=$1 && shift
+  "${MPI[@]}" "${C[@]}" train "$TMP/$name.ini" --set run.output_dir="$TMP/$name-dp" "$@" >"$TMP/$name-dp.log" 2>&1 &&
+    ok || { bad "$name: data parallel"; tail -5 "$TMP/$name-dp.log"; }
+  "${MPI[@]}" "${C[@]}" train "$TMP/$name.ini" --set run.output_dir="$TMP/$name-z3" --set memory.strategies=zero3 "$@" \
+    >"$TMP/$name-z3.log" 2>&1 && ok || { bad "$name: zero3"; tail -5 "$TMP/$name-z3.log"; }
+}
+# close NAME KEY...: zero3's training lines against plain data parallel's
+close() {
+  local name=$1 && shift
+  for key in "$@"; do curve_close "$TMP/$name-dp" "$TMP/$name-z3" "$key" 1e-5 1e-7; done
+}
+# sliced NAME: the reference's log lines -- resident between uses at most 0.55 of its bytes (1/2
+# plus the final norm and the slices' partial pages), during its forwards above that and below the
+# whole (one layer gathered at a time) -- and the data parallel run's reference whole (no such line)
+sliced() {
+  local line peak
+  line=$(grep -o "the reference model sliced as the policy: parameters resident at most [0-9]* of its [0-9]* bytes" "$TMP/$1-z3.log")
+  peak=$(grep -o "the reference model's parameters resident per rank: at most [0-9]* bytes during its forwards of the first step, [0-9]* after them, of its [0-9]*" "$TMP/$1-z3.log")
+  echo "$line" | awk '{ r = $(NF - 4); w = $(NF - 1); exit !(w > 0 && r <= 0.55 * w) }' && ok ||
+    bad "$1: the reference's resident bytes: '$line'"
+  echo "$peak" | awk '{ p = $10; a = $19; w = $NF; exit !(w > 0 && a <= 0.55 * w && p > a && p < w) }' && ok ||
+    bad "$1: the reference's bytes in its forwards: '$peak'"
+  grep -q "reference live (zero3: sliced over the ranks)" "$TMP/$1-z3.log" && ok || bad "$1: not described as sliced"
+  ! grep -q "the reference model sliced" "$TMP/$1-dp.log" && ok || bad "$1: data parallel's reference sliced"
+}
+
+# 1. DPO (sigmoid) with an evaluation before and after, checkpoints at 3 and 6.
+ini dpo trl_dpo sigmoid_eval.ini
+two dpo --set train.save_strategy=steps --set train.save_steps=3
+close dpo loss rewards/chosen rewards/rejected rewards/margins rewards/accuracies logps/chosen logps/rejected
+# the evaluations (before and after training: 2 lines)
+for key in eval_loss eval_rewards/margins eval_logps/chosen eval_logps/rejected; do
+  paste <(curve_col "$TMP/dpo-dp" "$key") <(curve_col "$TMP/dpo-z3" "$key") | awk '
+    { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-5 * a + 1e-7) bad = 1 }
+    END { exit (bad || n != 2) }' && ok || bad "dpo zero3: $key differs from data parallel's"
+done
+curve_close "$TMP/dpo-dp" "$TMP/dpo-z3" grad_norm 1e-4 1e-7
+sliced dpo
+
+# 2. Resumed from checkpoint-3 with zero3 on 2 ranks: steps 4..6 and the last evaluation as before.
+mkdir -p "$TMP/res" && cp -r "$TMP/dpo-z3/checkpoint-3" "$TMP/res/"
+grep -E '"step": [0-3],' "$TMP/dpo-z3/metrics.jsonl" >"$TMP/res/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/dpo.ini" --set run.output_dir="$TMP/res" --set memory.strategies=zero3 \
+  --set train.save_strategy=steps --set train.save_steps=3 --set train.resume_from_checkpoint=last >"$TMP/res.log" 2>&1 &&
+  ok || { bad "dpo zero3 resume"; tail -5 "$TMP/res.log"; }
+curve() { sed 's/, "tokens_per_second": [0-9.]*//; s/, "train_runtime": [0-9.]*//' "$1/metrics.jsonl" | grep -v runtime; }
+diff <(curve "$TMP/dpo-z3") <(curve "$TMP/res") >"$TMP/diff" && ok || { bad "dpo zero3 resumed curve differs"; head "$TMP/diff"; }
+
+# 3. KTO with its live reference (KL estimate from mismatched pairs).
+ini kto trl_kto kto.ini
+two kto
+close kto loss kl rewards/chosen rewards/rejected logps/chosen logps/rejected
+sliced kto
+finish
