@@ -15,7 +15,9 @@
 #include "train/zero_ref.h"
 
 int train_zero_ref_applies(const train_kind_env *env) {
-    return env->zero3_sliced && ctrl_model_device(env->model).type == CTRL_DEVICE_CPU;
+    /* benchmarks: the reference whole as before (CTRL_TEST_ZERO3_WHOLE_REF), to compare */
+    return env->zero3_sliced && ctrl_model_device(env->model).type == CTRL_DEVICE_CPU &&
+           !getenv("CTRL_TEST_ZERO3_WHOLE_REF");
 }
 
 ctrl_status train_zero_ref_load(const train_kind_env *env, ctrl_model **ref, train_zero **out) {

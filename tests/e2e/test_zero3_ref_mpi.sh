@@ -7,7 +7,8 @@
 # logps/*, KTO's kl; DPO's evaluation before and after training, the reference gathered whole for
 # it) within test_dpo_mpi's 1e-5 relative (+ 1e-7); the log shows the reference's resident
 # parameters per rank at most ~1/2 of its bytes between uses and below the whole during its
-# forwards; a zero3 DPO run resumed from checkpoint-3 ends on the same curve.
+# forwards; a zero3 DPO run resumed from checkpoint-3 ends on the same curve; DPO in bf16 (the
+# rounded weight copy) as data parallel in bf16.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_zero3_ref_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -69,7 +70,15 @@ grep -E '"step": [0-3],' "$TMP/dpo-z3/metrics.jsonl" >"$TMP/res/metrics.jsonl"
 curve() { sed 's/, "tokens_per_second": [0-9.]*//; s/, "train_runtime": [0-9.]*//' "$1/metrics.jsonl" | grep -v runtime; }
 diff <(curve "$TMP/dpo-z3") <(curve "$TMP/res") >"$TMP/diff" && ok || { bad "dpo zero3 resumed curve differs"; head "$TMP/diff"; }
 
-# 3. KTO with its live reference (KL estimate from mismatched pairs).
+# 3. In bf16 through the rounded weight copy (CTRL_NO_AVX512BF16: each gathered layer's part of the
+#    reference's copy rounded after its gather): the same as data parallel in bf16.
+ini dpob trl_dpo sigmoid.ini
+MPI+=(-x CTRL_NO_AVX512BF16=1)
+two dpob --set train.dtype=bf16
+close dpob loss rewards/chosen rewards/rejected logps/chosen logps/rejected
+MPI=("${MPI[@]:0:$((${#MPI[@]} - 2))}")
+
+# 4. KTO with its live reference (KL estimate from mismatched pairs).
 ini kto trl_kto kto.ini
 two kto
 close kto loss kl rewards/chosen rewards/rejected logps/chosen logps/rejected
