@@ -13,7 +13,7 @@ source "$(dirname "$0")/common.sh"
 qwen_model "$TMP/model" "$LAYERS"
 sft_ini "$TMP/run.ini" "$TMP/model" "$STEPS" 1
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
-echo "machine: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(getconf _NPROCESSORS_ONLN) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB; $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine
 echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, $params parameters ($((params * 4 / 1048576)) MiB fp32); 2 ranks x 1 thread, $STEPS steps; load average $(load)"
 echo "| strategy | peak RSS per rank | CPU s per step per rank | optimizer state per rank | final loss |"
 echo "|---|---|---|---|---|"

@@ -12,19 +12,16 @@ set -euo pipefail
 BUILD=$1 LAYERS=${2:-2} STEPS=${3:-3} TOK=${4:-/work/shared/data/tokenizers/qwen3}
 source "$(dirname "$0")/common.sh"
 [ -f "$TOK/tokenizer.json" ] || { echo "SKIP: no tokenizer in $TOK"; exit 0; }
-"${C[@]}" model init --arch qwen2 --hidden 896 --layers "$LAYERS" --heads 14 --kv-heads 2 --intermediate 4864 \
-  --vocab 151936 --tie-embeddings --tokenizer "$TOK" --out "$TMP/model" >/dev/null
+qwen_vocab_model "$TMP/model" "$LAYERS" "$TOK"
 sft_ini "$TMP/run.ini" "$TMP/model" "$STEPS" 1
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
-echo "machine: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(getconf _NPROCESSORS_ONLN) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB; $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine
 echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, vocabulary 151936 tied, $params parameters ($((params * 4 / 1048576)) MiB fp32); 2 ranks x 1 thread, $STEPS steps; load average $(load)"
 echo "| zero3 embeddings | peak RSS per rank | CPU s per step per rank | parameters + gradients + optimizer state per rank between steps | final loss |"
 echo "|---|---|---|---|---|"
 for way in whole sliced; do
-  env=(-x OMP_NUM_THREADS) # (and a copied build's LD_LIBRARY_PATH)
-  [ -n "${LD_LIBRARY_PATH:-}" ] && env+=(-x LD_LIBRARY_PATH)
-  [ $way = whole ] && env+=(-x CTRL_TEST_ZERO3_WHOLE_EMBED=1)
-  timed "$TMP/$way.log" "${MPI[@]}" "${env[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" \
+  if [ $way = whole ]; then rank_env CTRL_TEST_ZERO3_WHOLE_EMBED=1; else rank_env; fi
+  timed "$TMP/$way.log" "${MPI[@]}" "${ENV[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" \
     --set memory.strategies=zero3 || { tail -20 "$TMP/$way.log"; exit 1; }
   rss=$(peak_rss "$TMP/$way.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')
   cpu=$(cpu_times "$TMP/$way.log" | awk -v s="$STEPS" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }')

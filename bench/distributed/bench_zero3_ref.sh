@@ -11,8 +11,7 @@ set -euo pipefail
 BUILD=$1 LAYERS=${2:-2} STEPS=${3:-2} TOK=${4:-/work/shared/data/tokenizers/qwen3}
 source "$(dirname "$0")/common.sh"
 [ -f "$TOK/tokenizer.json" ] || { echo "SKIP: no tokenizer in $TOK"; exit 0; }
-"${C[@]}" model init --arch qwen2 --hidden 896 --layers "$LAYERS" --heads 14 --kv-heads 2 --intermediate 4864 \
-  --vocab 151936 --tie-embeddings --tokenizer "$TOK" --out "$TMP/model" >/dev/null
+qwen_vocab_model "$TMP/model" "$LAYERS" "$TOK"
 cat >"$TMP/run.ini" <<INI
 [run]
 trainer = dpo
@@ -32,16 +31,14 @@ dtype = fp32
 strategies = zero3
 INI
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
-echo "machine: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(getconf _NPROCESSORS_ONLN) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB; $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine
 echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, vocabulary 151936 tied, $params parameters ($((params * 4 / 1048576)) MiB fp32); DPO, 2 ranks x 1 thread x 2 pairs, $STEPS steps, zero3; load average $(load)"
 echo "| reference | peak RSS per rank | CPU s per step per rank | wall s | final loss |"
 echo "|---|---|---|---|---|"
 for way in whole sliced; do
-  env=(-x OMP_NUM_THREADS) # (and a copied build's LD_LIBRARY_PATH)
-  [ -n "${LD_LIBRARY_PATH:-}" ] && env+=(-x LD_LIBRARY_PATH)
-  [ $way = whole ] && env+=(-x CTRL_TEST_ZERO3_WHOLE_REF=1)
+  if [ $way = whole ]; then rank_env CTRL_TEST_ZERO3_WHOLE_REF=1; else rank_env; fi
   t0=$(date +%s.%N)
-  timed "$TMP/$way.log" "${MPI[@]}" "${env[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" ||
+  timed "$TMP/$way.log" "${MPI[@]}" "${ENV[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" ||
     { tail -20 "$TMP/$way.log"; exit 1; }
   wall=$(echo "$(date +%s.%N) - $t0" | bc)
   rss=$(peak_rss "$TMP/$way.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')

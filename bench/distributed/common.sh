@@ -4,6 +4,11 @@
 #   qwen_model OUT LAYERS: a random Qwen2.5-0.5B-shaped model (hidden 896, 14 heads, 2 KV heads,
 #     intermediate 4864; LAYERS of its 24, the tiny test tokenizer's vocabulary, so that it fits
 #     beside other work) in OUT;
+#   qwen_vocab_model OUT LAYERS TOKENIZER: the same shape with the tokenizer's real vocabulary
+#     (151,936 rows for Qwen's, tied to the LM head as Qwen2.5-0.5B's);
+#   machine: the "machine: ..." line (CPU, cores, memory, the time);
+#   rank_env VAR[=VALUE]...: ENV, mpirun's -x list for each rank (OMP_NUM_THREADS, a copied build's
+#     LD_LIBRARY_PATH, and the VARs);
 #   sft_ini FILE MODEL STEPS BATCH [LINE...]: a CPU SFT run of STEPS steps at BATCH per device, the
 #     output in $TMP/run, the LINEs added to [data] (e.g. "packing = true");
 #   timed OUT_LOG COMMAND...: runs it under /usr/bin/time, each process appending a line
@@ -22,6 +27,19 @@ bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 3 >/dev/null
 qwen_model() {
   "${C[@]}" model init --arch qwen2 --hidden 896 --layers "$2" --heads 14 --kv-heads 2 --intermediate 4864 \
     --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$1" >/dev/null
+}
+qwen_vocab_model() {
+  "${C[@]}" model init --arch qwen2 --hidden 896 --layers "$2" --heads 14 --kv-heads 2 --intermediate 4864 \
+    --vocab 151936 --tie-embeddings --tokenizer "$3" --out "$1" >/dev/null
+}
+machine() {
+  echo "machine: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(getconf _NPROCESSORS_ONLN) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB; $(date -u '+%Y-%m-%d %H:%M UTC')"
+}
+rank_env() {
+  ENV=(-x OMP_NUM_THREADS)
+  [ -n "${LD_LIBRARY_PATH:-}" ] && ENV+=(-x LD_LIBRARY_PATH)
+  local v
+  for v in "$@"; do ENV+=(-x "$v"); done
 }
 sft_ini() {
   local f=$1 model=$2 steps=$3 batch=$4
