@@ -355,6 +355,9 @@ const ctrl_collective_backend *ctrl_collective_mpi_backend(void) {
 #endif
         .shared_alloc_f32 = mpi_shared_alloc_f32,
         .shared_fence = mpi_shared_fence,
+#ifdef CTRL_HAVE_NCCL
+        .device_reduce_scatter_start_mean_f32 = ctrl_collective_nccl_reduce_scatter_start_mean_f32,
+#endif
     };
     return &table;
 }

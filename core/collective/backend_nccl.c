@@ -2,7 +2,8 @@
  * MPI job's ranks, on the device each rank selected, its unique id made by rank 0 and broadcast
  * over MPI; the mean of a device buffer with ncclAvg; ZeRO's reduce-scatter and all-gather of pieces
  * of any lengths (collective_backend.h) as one group of ncclReduce / ncclBroadcast calls, one a rank's
- * piece (ncclReduceScatter and ncclAllGather need equal pieces). */
+ * piece (ncclReduceScatter and ncclAllGather need equal pieces), on the compute stream (done when
+ * they return) or queued on a communication stream (ZeRO-3's prefetch, overlap_comm). */
 #include <stdint.h>
 
 #include <cuda_runtime.h>
@@ -69,19 +70,26 @@ static ncclResult_t broadcast_pieces(void *device_buf, const int *counts, ncclDa
     return r != ncclSuccess ? r : end;
 }
 
+/* Every rank's piece of device_buf (counts[k] floats each, in rank order) averaged over the ranks
+ * into its owner's piece (ncclAvg, in place), as one group on `stream`. */
+static ncclResult_t reduce_pieces(float *device_buf, const int *counts, cudaStream_t stream) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    size_t at = 0;
+    for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k], k++)
+        r = ncclReduce(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, ncclAvg, k, comm,
+                       stream);
+    const ncclResult_t end = ncclGroupEnd(); /* closed even after a failed call */
+    return r != ncclSuccess ? r : end;
+}
+
 static ctrl_status nccl_pieces(float *device_buf, const int *counts, int reduce) {
     const char *what = reduce ? "ncclReduce (ZeRO's reduce-scatter)" : "ncclBroadcast (ZeRO's all-gather)";
     cudaError_t e = cudaDeviceSynchronize(); /* what wrote the buffer, on whatever stream, is done */
     if (e != cudaSuccess)
         return ctrl_error_set(CTRL_ERR_DEVICE, "before %s: %s", what, cudaGetErrorString(e));
     if (!reduce) return nccl_done(what, broadcast_pieces(device_buf, counts, ncclFloat32, sizeof(float), 0));
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return nccl_done(what, r);
-    size_t at = 0;
-    for (int k = 0; k < comm_size && r == ncclSuccess; at += (size_t)counts[k], k++)
-        r = ncclReduce(device_buf + at, device_buf + at, (size_t)counts[k], ncclFloat32, ncclAvg, k, comm, 0);
-    const ncclResult_t end = ncclGroupEnd(); /* closed even after a failed call */
-    return nccl_done(what, r != ncclSuccess ? r : end);
+    return nccl_done(what, reduce_pieces(device_buf, counts, 0));
 }
 
 ctrl_status ctrl_collective_nccl_reduce_scatter_mean_f32(float *device_buf, const int *counts) {
@@ -92,9 +100,11 @@ ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *cou
     return nccl_pieces(device_buf, counts, 0);
 }
 
-/* ZeRO-3's prefetch on a side stream: the gather queued there (after what the compute stream queued
- * so far), an event recorded after it; the wait makes the compute stream wait for that event (the
- * host does not wait). Events are reused round robin: at most SIDE_EVENTS gathers in flight. */
+/* The communication stream: ZeRO-3's prefetch gathers and overlap_comm's reduce-scatters are queued
+ * there (after what the compute stream queued so far), an event recorded after each; the wait makes
+ * the compute stream wait for that event (the host does not wait). Events are reused round robin:
+ * a handle whose event was recorded again since names a later point of the same stream, so waiting
+ * for it waits for at least what it stood for. */
 #define SIDE_EVENTS 64
 static cudaStream_t side;
 static cudaEvent_t side_ready, side_done[SIDE_EVENTS];
@@ -113,7 +123,17 @@ static ctrl_status side_ready_now(void) {
     if (e == cudaSuccess) e = cudaEventRecord(side_ready, 0);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(side, side_ready, 0);
     if (e != cudaSuccess)
-        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch's side stream: %s", cudaGetErrorString(e));
+        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO's communication stream: %s", cudaGetErrorString(e));
+    return CTRL_OK;
+}
+
+/* r (a group queued on the side stream by `what`), then an event recorded after it: *handle. */
+static ctrl_status side_done_now(const char *what, ncclResult_t r, void **handle) {
+    if (r != ncclSuccess) return ctrl_error_set(CTRL_ERR_DEVICE, "%s: %s", what, ncclGetErrorString(r));
+    const int k = side_next++ % SIDE_EVENTS;
+    const cudaError_t e = cudaEventRecord(side_done[k], side);
+    if (e != cudaSuccess) return ctrl_error_set(CTRL_ERR_DEVICE, "%s: %s", what, cudaGetErrorString(e));
+    *handle = (void *)(intptr_t)(k + 1);
     return CTRL_OK;
 }
 
@@ -123,16 +143,19 @@ static ctrl_status side_gather(void *device_buf, const int *counts, ncclDataType
     *handle = NULL;
     ctrl_status st = side_ready_now();
     if (st != CTRL_OK) return st;
-    const ncclResult_t r = broadcast_pieces(device_buf, counts, dt, elem, side);
-    if (r != ncclSuccess)
-        return ctrl_error_set(CTRL_ERR_DEVICE, "ncclBroadcast (ZeRO-3's prefetch): %s",
-                              ncclGetErrorString(r));
-    const int k = side_next++ % SIDE_EVENTS;
-    const cudaError_t e = cudaEventRecord(side_done[k], side);
-    if (e != cudaSuccess)
-        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch: %s", cudaGetErrorString(e));
-    *handle = (void *)(intptr_t)(k + 1);
-    return CTRL_OK;
+    return side_done_now("ncclBroadcast (ZeRO-3's prefetch)",
+                         broadcast_pieces(device_buf, counts, dt, elem, side), handle);
+}
+
+/* overlap_comm: the reduce-scatter queued on the side stream after the kernels that wrote the pieces
+ * (the compute stream's work so far), an event after it; the compute stream goes on at once. */
+ctrl_status ctrl_collective_nccl_reduce_scatter_start_mean_f32(float *device_buf, const int *counts,
+                                                               void **handle) {
+    *handle = NULL;
+    ctrl_status st = side_ready_now();
+    if (st != CTRL_OK) return st;
+    return side_done_now("ncclReduce (overlap_comm's reduce-scatter)",
+                         reduce_pieces(device_buf, counts, side), handle);
 }
 
 ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle) {
@@ -156,6 +179,7 @@ ctrl_status ctrl_collective_nccl_allgather_wait(void *handle) {
     if (k < 0 || k >= SIDE_EVENTS) return CTRL_OK;
     cudaError_t e = cudaStreamWaitEvent(0, side_done[k], 0);
     if (e != cudaSuccess)
-        return ctrl_error_set(CTRL_ERR_DEVICE, "ZeRO-3 prefetch: %s", cudaGetErrorString(e));
+        return ctrl_error_set(CTRL_ERR_DEVICE, "waiting for ZeRO's communication stream: %s",
+                              cudaGetErrorString(e));
     return CTRL_OK;
 }

@@ -18,6 +18,9 @@ ctrl_status ctrl_collective_nccl_allgather_f32(float *device_buf, const int *cou
 ctrl_status ctrl_collective_nccl_allgather_start_f32(float *device_buf, const int *counts, void **handle);
 ctrl_status ctrl_collective_nccl_allgather_wait(void *handle);
 ctrl_status ctrl_collective_nccl_allgather_b16(void *device_buf, const int *counts, void **handle);
+/* device_reduce_scatter_start_mean_f32 (overlap_comm), completed by ctrl_collective_nccl_allgather_wait. */
+ctrl_status ctrl_collective_nccl_reduce_scatter_start_mean_f32(float *device_buf, const int *counts,
+                                                               void **handle);
 /* Destroys the communicator (the backend's finalize, before MPI_Finalize); nothing when none. */
 void ctrl_collective_nccl_finalize(void);
 

@@ -359,3 +359,23 @@ ctrl_status ctrl_collective_device_allgather_b16(void *device_buf, const int *co
 ctrl_status ctrl_collective_device_allgather_wait(void *handle) {
     return handle ? backend->device_allgather_wait(handle) : CTRL_OK;
 }
+
+ctrl_status ctrl_collective_device_reduce_scatter_start_mean_f32(float *device_buf, const int *counts,
+                                                                 void **handle) {
+    *handle = NULL;
+    if (!backend) return CTRL_OK;
+    ctrl_status st = device_zero_ready();
+    if (st != CTRL_OK) return st;
+    if (backend->size < offsetof(ctrl_collective_backend, device_reduce_scatter_start_mean_f32) +
+                            sizeof backend->device_reduce_scatter_start_mean_f32 ||
+        !backend->device_reduce_scatter_start_mean_f32)
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "[memory] overlap_comm = true on a CUDA model: libctrl_mpi.so cannot start an NCCL "
+            "reduce-scatter on its communication stream (an older build)");
+    return backend->device_reduce_scatter_start_mean_f32(device_buf, counts, handle);
+}
+
+ctrl_status ctrl_collective_device_reduce_scatter_wait(void *handle) {
+    return handle ? backend->device_allgather_wait(handle) : CTRL_OK; /* the same event wait */
+}

@@ -118,5 +118,13 @@ ctrl_status ctrl_collective_device_allgather_wait(void *handle);
  * (handle given; completed by ctrl_collective_device_allgather_wait) over counts[r] 2-byte values a
  * rank, copied as they are. No-op on one rank. */
 ctrl_status ctrl_collective_device_allgather_b16(void *device_buf, const int *counts, void **handle);
+/* overlap_comm on a CUDA model: ctrl_collective_device_reduce_scatter_mean_f32 queued on the
+ * communication stream after the compute stream's work so far, the host and the compute stream going
+ * on at once; ctrl_collective_device_reduce_scatter_wait(handle) makes the compute stream's next work
+ * wait for it (the host does not wait: synchronize the device before the host reads the buffer or
+ * unmaps it). *handle NULL: nothing to do (one rank); an older libctrl_mpi.so without it: an error. */
+ctrl_status ctrl_collective_device_reduce_scatter_start_mean_f32(float *device_buf, const int *counts,
+                                                                 void **handle);
+ctrl_status ctrl_collective_device_reduce_scatter_wait(void *handle);
 
 #endif

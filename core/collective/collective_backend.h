@@ -67,6 +67,10 @@ typedef struct ctrl_collective_backend {
      * rank's writes to the buffers made visible to the others, then a barrier (under the watchdog). */
     ctrl_status (*shared_alloc_f32)(size_t n, float **mine, float *const **peers);
     ctrl_status (*shared_fence)(void);
+    /* overlap_comm on a CUDA model (NULL without NCCL): device_reduce_scatter_mean_f32 queued on the
+     * communication stream after the compute stream's work so far (*handle: an event after it), the
+     * compute stream made to wait for it by device_allgather_wait (the host does not wait). */
+    ctrl_status (*device_reduce_scatter_start_mean_f32)(float *device_buf, const int *counts, void **handle);
 } ctrl_collective_backend;
 
 const ctrl_collective_backend *ctrl_collective_mpi_backend(void);

@@ -206,10 +206,13 @@ static const ctrl_option memory_options[] = {
      "layers are larger); a number of floats (5e7, DeepSpeed's own default, is accepted); 0: each layer "
      "gathered when reached."},
     {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
-     "zero2 (CPU) and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
+     "zero2 and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
      "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "
-     "one more bucket of gradients held). Refused with zero2 and zero3 on [run] device = cuda (reduced over "
-     "NCCL as each bucket completes)."},
+     "one more bucket of gradients held). On [run] device = cuda they are queued on the NCCL "
+     "communication stream after the kernels that wrote the bucket, and the compute stream waits for "
+     "each (an event) before its slice is read: there the results are bit for bit those of false. Refused "
+     "without ZeRO, with zero1, and with zero2 + offload_optimizer on a device (nothing reduced during the "
+     "backward)."},
     {"offload_overlap", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
      "offload_optimizer on a CUDA run (without ZeRO): the host's optimizer step (adamw; one that cannot "
      "step a layer at a time is stepped whole, as the log says) runs on a host thread one "

@@ -211,6 +211,16 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK)
         st = train_zero_init(&r->zero, zero_stage, r->model, bucket, prefetch, s->memory.overlap_comm,
                              offload & 1);
+    if (st == CTRL_OK && s->memory.overlap_comm && !r->zero.partitioned) /* nothing in the backward */
+        st =
+            ctrl_error_set(CTRL_ERR_CONFIG,
+                           "%s: [memory] overlap_comm = true applies to zero2 and zero3, whose gradients are "
+                           "reduce-scattered during the backward (here: %s)",
+                           ctrl_config_where(r->cfg, "memory", "overlap_comm"),
+                           !zero_stage ? "no ZeRO stage; plain data parallel all-reduces after the backward"
+                           : zero_stage == 1 ? "zero1 all-reduces the gradients after the backward"
+                                             : "zero2 with offload_optimizer on a device reduces on the host "
+                                               "after the backward");
     if (st != CTRL_OK) return st;
     return train_run_optimizer_create(r, offload);
 }

@@ -102,6 +102,9 @@ typedef struct train_zero {
     int overlap;
     int *flight_u, n_flight;
     void **flight_h;
+    /* overlap_comm's log: reductions started, and the sum over the layers' backwards of how many were
+     * still in flight (started, not finished) when the layer's backward began */
+    long flight_started, flight_behind;
     /* stage 2 on a CUDA model (zero_device.c): the model's backend, `acc` in its memory, the
      * reductions and gathers over NCCL on its buffers; NULL on the host */
     const struct ctrl_backend_ops *dev;
@@ -237,13 +240,18 @@ ctrl_status train_zero_report(const train_zero *z, const char *optimizer, const 
                               ctrl_optimizer *opt);
 /* Stage 2 on a CUDA model (zero_device.c): whether a run partitions on the device; its init (after
  * the units: `acc` in device memory, the NCCL communicator), free; a unit's reduce-scatter into the
- * sums (the unit's gradients zeroed); the sums' global sum of squares; the slices all-gathered into
+ * sums (the unit's gradients zeroed; `handle`: the one train_zero_device_start_unit queued, waited
+ * for; NULL: reduced now); the sums' global sum of squares; the slices all-gathered into
  * every rank's device parameters; the groups' parameters moved to the device's (after
  * train_zero_shard_groups, whose gradients are `acc`'s already). */
 int train_zero_wants_device(int stage, ctrl_model *m, int host_step);
 ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m);
 void train_zero_device_free(train_zero *z);
-ctrl_status train_zero_device_finish_unit(train_zero *z, int u);
+ctrl_status train_zero_device_finish_unit(train_zero *z, int u, void *handle);
+/* overlap_comm: unit u's reduce-scatter queued on the communication stream (*handle), finished by
+ * train_zero_device_finish_unit(z, u, *handle) -- which makes the compute stream wait for it --
+ * after later layers' backwards were queued. */
+ctrl_status train_zero_device_start_unit(train_zero *z, int u, void **handle);
 ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq);
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m);
 void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);

@@ -26,12 +26,6 @@ int train_zero_wants_device(int stage, ctrl_model *m, int host_step) {
 
 ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m) {
     const ctrl_backend_ops *be = ctrl_model_backend(m);
-    if (z->overlap)
-        return ctrl_error_set(
-            CTRL_ERR_CONFIG,
-            "[memory] overlap_comm = true with zero%d on [run] device = cuda: not supported "
-            "yet (each bucket is reduced over NCCL when it completes)",
-            z->stage);
     ctrl_status st = ctrl_collective_device_init(); /* the NCCL communicator (a no-op on one rank) */
     if (st == CTRL_OK) st = be->alloc((void **)&z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
     if (st == CTRL_OK) z->dev = be;
@@ -44,16 +38,37 @@ ctrl_status train_zero_device_init(train_zero *z, ctrl_model *m) {
 
 void train_zero_device_free(train_zero *z) {
     if (!z->dev) return; /* the host's acc: train_zero_free's */
+    if (z->overlap && z->rank == 0 && z->size > 1)
+        CTRL_INFO("overlap_comm on %s: %ld reduce-scatters queued on the communication stream during the "
+                  "backwards, %ld of them still in flight when a later layer's backward began (the compute "
+                  "stream waited for each before reading its slice)",
+                  z->dev->name, z->flight_started, z->flight_behind);
     z->dev->free(z->acc);
     z->dev = NULL, z->acc = NULL;
 }
 
-ctrl_status train_zero_device_finish_unit(train_zero *z, int u) {
+/* overlap_comm: unit u's reduce-scatter queued on the communication stream after the kernels that
+ * wrote its gradients; the backward goes on, finish_unit waits for it (*handle). */
+ctrl_status train_zero_device_start_unit(train_zero *z, int u, void **handle) {
+    float *g = ctrl_model_device_grads(z->model, NULL) + z->units[u].a;
+    const int outer = z->vm_grads && z->units[u].layer == TRAIN_ZERO_OUTER;
+    ctrl_status st = outer ? train_zero_device_grads_in(z, u) : CTRL_OK;
+    if (st == CTRL_OK)
+        st = ctrl_collective_device_reduce_scatter_start_mean_f32(g, train_zero_counts(z, u), handle);
+    if (st == CTRL_OK) z->flight_started++;
+    return st;
+}
+
+ctrl_status train_zero_device_finish_unit(train_zero *z, int u, void *handle) {
     float *g = ctrl_model_device_grads(z->model, NULL) + z->units[u].a;
     const size_t len = z->units[u].b - z->units[u].a;
     const int outer = z->vm_grads && z->units[u].layer == TRAIN_ZERO_OUTER; /* the embeddings', head's */
-    ctrl_status st = outer ? train_zero_device_grads_in(z, u) : CTRL_OK;    /* (mapped by their uses) */
-    if (st == CTRL_OK) st = ctrl_collective_device_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
+    ctrl_status st = outer && !handle ? train_zero_device_grads_in(z, u) : CTRL_OK; /* (mapped by uses) */
+    /* started (overlap_comm): the compute stream waits for it before the sums read the slice and the
+     * zeroing overwrites the unit; else reduced now */
+    if (st == CTRL_OK)
+        st = handle ? ctrl_collective_device_reduce_scatter_wait(handle)
+                    : ctrl_collective_device_reduce_scatter_mean_f32(g, train_zero_counts(z, u));
     size_t lo, hi;
     train_zero_slice(z, u, z->rank, &lo, &hi);
     float *acc = z->acc + z->acc_off[u];

@@ -131,6 +131,7 @@ static ctrl_status gather_forward(ctrl_memory *m, int layer) { return gather_lay
 static ctrl_status gather_backward(ctrl_memory *m, int layer) {
     train_zero *z = m->z; /* a CUDA model's zero3: the layer's (the head's) gradients mapped for its
                            * backward; before layer 0's, the embeddings' for the lookup's backward */
+    z->flight_behind += z->n_flight; /* overlap_comm: reductions still in flight as this one begins */
     ctrl_status st = z->vm_grads && layer >= 0 && layer < z->n_slots && z->layer_unit[layer] >= 0
                          ? train_zero_device_grads_in(z, z->layer_unit[layer])
                          : CTRL_OK;
@@ -154,7 +155,7 @@ static ctrl_status release_layer(ctrl_memory *m, int layer) {
  * done here): this rank's slice of the average added to its sums, and the whole unit's gradients
  * zeroed and released (the next backward adds into zeros). */
 static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
-    if (z->dev) return train_zero_device_finish_unit(z, u); /* a CUDA model's, over NCCL */
+    if (z->dev) return train_zero_device_finish_unit(z, u, handle); /* a CUDA model's, over NCCL */
     float *g = ctrl_model_grads(z->model, NULL) + z->units[u].a;
     const size_t len = z->units[u].b - z->units[u].a;
     ctrl_status st = handle ? ctrl_collective_reduce_scatter_wait_mean(handle, g, train_zero_counts(z, u))
@@ -174,9 +175,11 @@ static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
  * when the next bucket is reduced or the backward ends, while the backward goes on. */
 static ctrl_status reduce_unit(train_zero *z, int u) {
     if (!z->overlap) return finish_unit(z, u, NULL);
-    void *h = NULL;
-    ctrl_status st = ctrl_collective_reduce_scatter_start_f32(
-        ctrl_model_grads(z->model, NULL) + z->units[u].a, train_zero_counts(z, u), &h);
+    void *h = NULL; /* a CUDA model's: on the communication stream (zero_device.c) */
+    ctrl_status st =
+        z->dev ? train_zero_device_start_unit(z, u, &h)
+               : ctrl_collective_reduce_scatter_start_f32(ctrl_model_grads(z->model, NULL) + z->units[u].a,
+                                                          train_zero_counts(z, u), &h);
     if (st == CTRL_OK) z->flight_u[z->n_flight] = u, z->flight_h[z->n_flight++] = h;
     return st;
 }

@@ -130,6 +130,9 @@ ctrl_e2e_test(test_adamw8bit_mpi test_adamw8bit_mpi.sh SKIP)
 # ZeRO-3 on CUDA in bf16 (the layers gathered as bf16, fp32 master slices): 2 ranks on the emulated
 # runtime, NCCL and libctrl_mpi.so against plain data parallel in bf16 (tests/e2e/test_zero3_cuda_emu.sh).
 ctrl_e2e_test(test_zero3_cuda_emu test_zero3_cuda_emu.sh EMU_MPI SKIP)
+# overlap_comm on CUDA: zero2 and zero3's reduce-scatters on the communication stream, bit for bit
+# overlap_comm = false's (tests/e2e/test_zero_overlap_cuda_emu.sh).
+ctrl_e2e_test(test_zero_overlap_cuda_emu test_zero_overlap_cuda_emu.sh EMU_MPI SKIP)
 # ZeRO-3 on CUDA with LoRA (the frozen base sliced and gathered with each layer, the adapter saved
 # alone), with offload_optimizer (the slices stepped on the host), with DPO / KTO / reward: 2 ranks on
 # the emulated runtime against plain data parallel (tests/e2e/test_zero3_{lora,offload,pref}_cuda_emu.sh).

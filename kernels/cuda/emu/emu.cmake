@@ -66,7 +66,7 @@ if(CTRL_HAVE_CUDA_EMU)
   add_library(ctrl_nccl_emu SHARED ${CTRL_EMU_DIR}/emu_nccl.c)
   target_include_directories(ctrl_nccl_emu PRIVATE ${CTRL_EMU_DIR}/include)
   set_target_properties(ctrl_nccl_emu PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/cuda-emu)
-  target_link_libraries(ctrl_nccl_emu PRIVATE Threads::Threads)
+  target_link_libraries(ctrl_nccl_emu PRIVATE ctrl_cuda_emu_rt Threads::Threads) # (its streams: ctrl_emu_stream_defer)
   # The collectives' MPI backend with its NCCL side on the emulated runtime and NCCL,
   # build/cuda-emu/libctrl_mpi.so: what CTRL_MPI_LIBRARY names for `mpirun -np 2 ctrl train` with
   # [run] device = cuda under the emulator (data parallel and ZeRO over NCCL, tests/e2e/test_zero_cuda_emu.sh).

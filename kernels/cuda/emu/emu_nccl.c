@@ -5,8 +5,12 @@
  * the process that made the id, as the emulation's one restriction) accepts the other ranks,
  * which connect and say their rank. Every collective sends a header (operation, datatype, bytes,
  * root) before its data, so ranks that disagree get ncclInvalidUsage naming both sides instead of
- * the hang or corruption a real NCCL would give. Calls are synchronous (as every stream is under
- * the emulator). A peer that closes its connection (its process died, or it aborted) makes the
+ * the hang or corruption a real NCCL would give. A call on stream 0 is synchronous (as the compute
+ * stream is under the emulator); one on a created stream is queued there (ctrl_emu_stream_defer) and
+ * runs when something waits for that stream -- an event recorded after it, a synchronize --, so a
+ * reader that skips the wait sees the buffer as it was before the collective. As NCCL, a
+ * communicator's collectives run in the order they were issued: a call on another stream first runs
+ * the ones still queued. A peer that closes its connection (its process died, or it aborted) makes the
  * collective fail with ncclRemoteError; ncclCommAbort from another thread unblocks a collective
  * in flight (it fails with ncclRemoteError) and frees the communicator once that call returned.
  * Joining waits at most CTRL_NCCL_EMU_TIMEOUT_S seconds (default 60). */
@@ -34,6 +38,8 @@ struct ncclComm {
     pthread_mutex_t lock; /* guards inflight and aborted */
     pthread_cond_t idle;
     int inflight, aborted;
+    long queued; /* collectives queued on stream `queued_on`, not yet run */
+    cudaStream_t queued_on;
     ncclResult_t async_error;
     char last_error[512];
 };
@@ -284,6 +290,12 @@ static void leave(ncclComm_t c) {
 
 ncclResult_t ncclCommAbort(ncclComm_t c) {
     if (!c) return ncclSuccess;
+    if (c->queued) { /* the queued collectives fail now rather than touch a freed communicator */
+        pthread_mutex_lock(&c->lock);
+        c->aborted = 1;
+        pthread_mutex_unlock(&c->lock);
+        ctrl_emu_stream_flush(c->queued_on);
+    }
     pthread_mutex_lock(&c->lock);
     c->aborted = 1;
     for (int r = 0; r < c->nranks; r++) /* a collective blocked on these returns now */
@@ -294,7 +306,10 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommDestroy(ncclComm_t c) { return ncclCommAbort(c); }
+ncclResult_t ncclCommDestroy(ncclComm_t c) {
+    if (c && c->queued) ctrl_emu_stream_flush(c->queued_on); /* what was queued runs first */
+    return ncclCommAbort(c);
+}
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
     if (!c || !err) return fail(NULL, ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
@@ -355,9 +370,8 @@ static ncclResult_t get(ncclComm_t c, int fd, int from, const frame *want, void 
     return ncclSuccess;
 }
 
-ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt, int root,
-                           ncclComm_t c, cudaStream_t stream) {
-    (void)stream;
+static ncclResult_t broadcast_now(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt,
+                                  int root, ncclComm_t c) {
     if (!c) return fail(NULL, ncclInvalidArgument, "ncclBroadcast: comm is NULL");
     const size_t es = dtype_size(dt);
     if (!es || root < 0 || root >= c->nranks || (c->rank == root && !sendbuff) || !recvbuff)
@@ -400,9 +414,8 @@ static int reduce(void *acc, const void *x, size_t n, ncclDataType_t dt, ncclRed
 #undef REDUCE
 }
 
-ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt,
-                           ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
-    (void)stream;
+static ncclResult_t allreduce_now(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt,
+                                  ncclRedOp_t op, ncclComm_t c) {
     if (!c) return fail(NULL, ncclInvalidArgument, "ncclAllReduce: comm is NULL");
     const size_t es = dtype_size(dt);
     if (!es || !sendbuff || !recvbuff || (op == ncclAvg && dt != ncclFloat32 && dt != ncclFloat64))
@@ -438,9 +451,8 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 
 /* The ranks' sendbuffs reduced at rank 0 in rank order (as ncclAllReduce), the result sent to the
  * root's recvbuff (in place when it is the root's sendbuff); recvbuff is not read elsewhere. */
-ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt, ncclRedOp_t op,
-                        int root, ncclComm_t c, cudaStream_t stream) {
-    (void)stream;
+static ncclResult_t reduce_now(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt,
+                               ncclRedOp_t op, int root, ncclComm_t c) {
     if (!c) return fail(NULL, ncclInvalidArgument, "ncclReduce: comm is NULL");
     const size_t es = dtype_size(dt);
     if (!es || !sendbuff || root < 0 || root >= c->nranks || (c->rank == root && !recvbuff) ||
@@ -474,4 +486,68 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, nccl
     }
     leave(c);
     return r;
+}
+
+/* A collective's arguments, run now or when its stream's queue reaches it. */
+typedef struct {
+    int what; /* 1 broadcast, 2 all-reduce, 3 reduce (frame.op) */
+    const void *sendbuff;
+    void *recvbuff;
+    size_t count;
+    ncclDataType_t dt;
+    ncclRedOp_t op;
+    int root;
+    ncclComm_t comm;
+} collective;
+
+static ncclResult_t run(const collective *k) {
+    if (k->what == 1) return broadcast_now(k->sendbuff, k->recvbuff, k->count, k->dt, k->root, k->comm);
+    if (k->what == 2) return allreduce_now(k->sendbuff, k->recvbuff, k->count, k->dt, k->op, k->comm);
+    return reduce_now(k->sendbuff, k->recvbuff, k->count, k->dt, k->op, k->root, k->comm);
+}
+
+/* The runtime's callback for a queued collective: run, its failure reported on stderr (the stream's
+ * waiter sees cudaErrorLaunchFailure; ncclCommGetAsyncError says ncclRemoteError for a lost peer). */
+static int run_queued(void *arg) {
+    collective *k = arg;
+    const ncclResult_t r = run(k);
+    k->comm->queued--;
+    if (r != ncclSuccess) {
+        if (k->comm->async_error == ncclSuccess) k->comm->async_error = r;
+        fprintf(stderr, "emulated NCCL: %s queued on a stream failed: %s\n", op_name((uint32_t)k->what),
+                k->comm->last_error);
+    }
+    free(k);
+    return r != ncclSuccess;
+}
+
+/* The communicator's collectives still queued run first (NCCL runs them in issue order); then k runs
+ * now (stream 0) or is queued on its stream. */
+static ncclResult_t submit(collective k, cudaStream_t stream) {
+    ncclComm_t c = k.comm;
+    if (!c) return fail(NULL, ncclInvalidArgument, "%s: comm is NULL", op_name((uint32_t)k.what));
+    if (c->queued && c->queued_on != stream) ctrl_emu_stream_flush(c->queued_on);
+    collective *q = stream ? malloc(sizeof *q) : NULL;
+    if (q) *q = k;
+    if (q && ctrl_emu_stream_defer(stream, run_queued, q) == 0) {
+        c->queued++, c->queued_on = stream;
+        return ncclSuccess;
+    }
+    free(q); /* stream 0 (or one the runtime does not know): now */
+    return run(&k);
+}
+
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt, int root,
+                           ncclComm_t c, cudaStream_t stream) {
+    return submit((collective){1, sendbuff, recvbuff, count, dt, ncclSum, root, c}, stream);
+}
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt,
+                           ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
+    return submit((collective){2, sendbuff, recvbuff, count, dt, op, 0, c}, stream);
+}
+
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t dt, ncclRedOp_t op,
+                        int root, ncclComm_t c, cudaStream_t stream) {
+    return submit((collective){3, sendbuff, recvbuff, count, dt, op, root, c}, stream);
 }

@@ -423,11 +423,17 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_shared, void (*fn)(void *), 
 // writes its destination then, so code that overwrites a copy's source, or reads its destination,
 // without waiting for its event gets other bytes than it expects, as it may on a GPU (a side stream
 // copying behind the compute stream's back: activation offloading).
+// The emulated NCCL's collectives on such a stream wait in its queue the same way
+// (ctrl_emu_stream_defer): a reduce-scatter or an all-gather on a communication stream runs when the
+// compute stream waits for an event recorded after it, so code that reads the result without that
+// wait reads the bytes from before the collective.
 
 struct emu_copy {
     void *dst;
     const void *src;
     size_t bytes;
+    int (*fn)(void *); // instead of a copy: work queued by ctrl_emu_stream_defer
+    void *arg;
 };
 struct CUstream_st {
     std::vector<emu_copy> queue; // not yet run
@@ -447,8 +453,9 @@ static void emu_stream_run(cudaStream_t s, size_t upto) {
     if (std::find(g_streams.begin(), g_streams.end(), s) == g_streams.end()) return;
     size_t k = 0;
     while (k < s->queue.size() && s->done < upto) {
-        const emu_copy &c = s->queue[k++];
-        if (c.bytes) memmove(c.dst, c.src, c.bytes);
+        const emu_copy c = s->queue[k++]; // (a copy: fn may queue more on another stream)
+        if (c.fn && c.fn(c.arg) && g_last_error == cudaSuccess) g_last_error = cudaErrorLaunchFailure;
+        if (!c.fn && c.bytes) memmove(c.dst, c.src, c.bytes);
         s->done++;
     }
     s->queue.erase(s->queue.begin(), s->queue.begin() + (long)k);
@@ -531,7 +538,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
     if (!s) return cudaMemcpy(dst, src, bytes, kind);
-    s->queue.push_back(emu_copy{dst, src, bytes});
+    s->queue.push_back(emu_copy{dst, src, bytes, nullptr, nullptr});
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *dst, int value, size_t bytes) {
@@ -565,7 +572,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
     (void)s, (void)flags; // every stream waiting runs the event's copies now (the default one at once)
     if (e->stream) emu_stream_run(e->stream, e->upto);
-    return cudaSuccess;
+    return g_last_error; // (a collective queued before the event failed)
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
     *e = new CUevent_st{};
@@ -586,11 +593,21 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (e->stream) emu_stream_run(e->stream, e->upto);
-    return cudaSuccess;
+    return g_last_error;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     *ms = (float)((end->at.tv_sec - start->at.tv_sec) * 1e3 + (end->at.tv_nsec - start->at.tv_nsec) * 1e-6);
     return cudaSuccess;
+}
+
+int ctrl_emu_stream_defer(cudaStream_t s, int (*fn)(void *arg), void *arg) {
+    if (!s || std::find(g_streams.begin(), g_streams.end(), s) == g_streams.end()) return -1;
+    s->queue.push_back(emu_copy{nullptr, nullptr, 0, fn, arg});
+    return 0;
+}
+
+void ctrl_emu_stream_flush(cudaStream_t s) {
+    if (s) emu_stream_run(s, SIZE_MAX);
 }
 
 void ctrl_emu_set_seed(uint64_t seed) { g_rng = seed ? seed : 1; }

@@ -101,6 +101,13 @@ void ctrl_emu_set_seed(uint64_t seed);
 long ctrl_emu_launches(const char *name_part);
 long ctrl_emu_matmuls(int fp32);
 void ctrl_emu_reset_counters(void);
+/* Work other than a copy queued on a created stream (the emulated NCCL's collectives on a stream
+ * other than 0): fn(arg) runs when the stream's queue reaches it -- when something waits for it, as a
+ * queued copy does -- and a non-zero return makes the runtime's last error cudaErrorLaunchFailure.
+ * Returns 0 when queued; -1 for stream 0 or one not created (the caller runs the work now).
+ * ctrl_emu_stream_flush runs everything queued on s now (cudaStreamSynchronize without its error). */
+int ctrl_emu_stream_defer(cudaStream_t s, int (*fn)(void *arg), void *arg);
+void ctrl_emu_stream_flush(cudaStream_t s);
 
 #ifdef __cplusplus
 }
