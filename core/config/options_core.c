@@ -332,7 +332,10 @@ static const ctrl_option peft_options[] = {
      "Needs [peft] enabled, [train] dtype = bf16 on the CPU and the embedding frozen (not in "
      "modules_to_save); refused otherwise, and with [memory] strategies = zero3. fp32: as transformers "
      "holds an fp32 model under autocast (torch.autocast's exact numbers). auto (the default): bf16 "
-     "wherever bf16 would be accepted, fp32 elsewhere (fp32 compute, CUDA, zero3, a trained embedding), "
+     "wherever bf16 would be accepted and the trainer's loop does not decode (SFT, DPO, KTO, reward, ...), "
+     "fp32 elsewhere (fp32 compute, CUDA, zero3, a trained embedding, and the trainers that generate -- "
+     "GRPO, RLOO, PPO, online DPO, GKD -- whose decoding multiplies the tied head by panels packed once "
+     "from the fp32 table: from the bf16 one it repacks the table every step, +55% generation CPU), "
      "never an error; the start-up log says when the table is held in bf16. Why bf16 by default: it "
      "moves TRL + PEFT's own 20-step bf16 curve by 1.3e-4 relative, less than loading the base in bf16 "
      "does (1.5e-4), and takes 15% off the peak RSS at Qwen2.5-0.5B's shape (docs/performance.md)."},

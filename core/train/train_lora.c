@@ -39,6 +39,10 @@ static int load_on_cpu; /* train_model_on_cpu: the run's compute device is the C
 
 void train_model_on_cpu(int on_cpu) { load_on_cpu = on_cpu; }
 
+static int loop_decodes; /* train_model_decodes */
+
+void train_model_decodes(int decodes) { loop_decodes = decodes; }
+
 ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
                              int num_labels, ctrl_model **out) {
     if (!s->peft.enabled)
@@ -60,9 +64,12 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
     /* [peft] embedding_dtype = bf16: the frozen embedding held as bf16 values as it loads (the
      * settings refused it with fp32 compute, a named CUDA device or embed_tokens trained); auto (the
      * default): so wherever bf16 would be accepted -- bf16 compute on the CPU, no zero3 (load_on_cpu
-     * is 0 there), the table frozen (the loader keeps a trained one fp32) -- and fp32 elsewhere */
-    lc.bf16_embed = s->peft.embed_bf16 == 2 ? (load_on_cpu && !strcmp(s->train.dtype, "bf16") ? 2 : 0)
-                                            : s->peft.embed_bf16;
+     * is 0 there), the table frozen (the loader keeps a trained one fp32) -- in a loop that does not
+     * decode (decoding from the bf16 table: +55% generation CPU measured, docs/performance.md), and
+     * fp32 elsewhere */
+    lc.bf16_embed = s->peft.embed_bf16 == 2
+                        ? (load_on_cpu && !loop_decodes && !strcmp(s->train.dtype, "bf16") ? 2 : 0)
+                        : s->peft.embed_bf16;
     if (lc.bf16_embed == 1 && !load_on_cpu)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,

@@ -16,6 +16,11 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
 /* Says whether the run computes on the CPU (with bf16 its LoRA base is then held in bf16 as it
  * loads); set before train_model_load, 0 until then. */
 void train_model_on_cpu(int on_cpu);
+/* Says whether the run's loop decodes (online and distillation trainers): [peft] embedding_dtype =
+ * auto then keeps the fp32 table (decoding multiplies the tied head by its panels, packed once from
+ * fp32; from the bf16 table it would widen and pack the whole table in every decoding step). Set
+ * before train_model_load, 0 until then. */
+void train_model_decodes(int decodes);
 /* With LoRA and [train] dtype = bf16 on the CPU: the frozen base held in bf16
  * (ctrl_model_hold_base_bf16; the numbers do not change); where it cannot be (a device, QLoRA, DoRA,
  * experts) it stays fp32 and the log says why. Nothing otherwise. */

@@ -140,6 +140,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                             ctrl_config_where(cfg, "teacher", "path"), s->run.trainer);
     if (st == CTRL_OK) st = r->trainer_ops->create(host, cfg, &r->trainer);
     train_model_on_cpu(st == CTRL_OK && !r->comp.cuda && zero_stage < 3); /* LoRA: a bf16 base as it loads */
+    train_model_decodes(r->kind_ops == &train_kind_online || r->kind_ops == &train_kind_distill);
     /* a trainer with a score head (reward) trains a sequence classifier: a causal LM's trunk under a
      * fresh score (seeded), or a classifier's own */
     ctrl_sequence_spec spec = {.size = sizeof spec};

@@ -185,6 +185,8 @@ enabled = true
 lora_dropout = 0
 INI
 "${C[@]}" train "$TMP/grpo.ini" >"$TMP/log" 2>&1 || { bad "grpo lora run"; tail -5 "$TMP/log"; }
+# (a loop that decodes keeps the fp32 table under the default embedding_dtype = auto)
+grep -q "frozen embedding held in bf16" "$TMP/log" && bad "grpo: the default held the embedding in bf16" || ok
 kl1=$(grep '"step": 1,' "$TMP/grpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 kl3=$(grep '"step": 3,' "$TMP/grpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "grpo kl: step 1 $kl1, step 3 $kl3"

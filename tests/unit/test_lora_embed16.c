@@ -116,6 +116,8 @@ TEST(gemm_w16_is_the_bf16_gemm_on_the_widened_values) {
     gemm_case(21, 64, 300, 0, 1, 1.0f);  /* accumulating */
     gemm_case(5, 4700, 900, 1, 0, 1.0f); /* more rows of B than one widened block: N split */
     gemm_case(9, 896, 4000, 0, 1, 1.0f); /* K split at whole depth blocks */
+    gemm_case(37, 300, 63, 1, 0, 0.5f);  /* an odd depth: the last pair's high half 0 */
+    gemm_case(37, 45, 301, 0, 0, 1.0f);  /* an odd depth of [K, N] rows, N not a multiple of 16 */
 }
 
 /* qwen2's tied model with PEFT's fixture adapter (or fresh adapters: B = 0), the base in bf16 as a
