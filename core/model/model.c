@@ -711,6 +711,8 @@ static ctrl_status forward(ctrl_model *m, const ctrl_batch *b, const float *dlog
     /* ZeRO-3: the head gathered (with dlogp, one gather for its forward and backward), released after */
     MODEL_TRY(model_outer_hooks(m, 1, dlogp != NULL, 1));
     ha = model_head_args(m); /* (its weights' bf16 values are known once gathered) */
+    /* a trained head's bf16 panels: their pages kept from step to step */
+    if (be->host_memory) ha.w_keep = &m->head_keep;
     if (fused)
         MODEL_TRY(be->head_forward_backward(&ha, st.dlogp, st.logp, m->head_ent, m->head_lse, st.correct,
                                             m->head_dh, model_grad(m, m->off_lm_head), m->head_ws));

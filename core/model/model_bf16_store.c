@@ -280,7 +280,9 @@ int model_bf16_holds(const ctrl_model *m, const float *w) {
 }
 
 void model_bf16_free(ctrl_model *m) {
-    model_pack_free(m, 1); /* decoding's panels and a held base's */
+    model_pack_free(m, 1);                        /* decoding's panels and a held base's */
+    ctrl_cpu_gemm_bf16_packed_free(m->head_keep); /* the trained head's panels (model.c's forward) */
+    m->head_keep = NULL;
     m->base_panels = 0;
     free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded), free(m->emb16);
     m->emb16 = NULL;

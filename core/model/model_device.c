@@ -32,7 +32,7 @@ void ctrl_model_release_scratch(ctrl_model *m) {
 
 size_t ctrl_model_scratch_bytes(const ctrl_model *m) {
     return m->head_ws_bytes + m->head_dh_bytes + m->bwd_bytes + m->stage_bytes + m->lora_ws_bytes +
-           m->dora_ws_bytes + m->moe_ws_bytes;
+           m->dora_ws_bytes + m->moe_ws_bytes + ctrl_cpu_gemm_bf16_packed_bytes(m->head_keep);
 }
 
 size_t ctrl_model_bf16_copy_bytes(const ctrl_model *m) {

@@ -133,8 +133,9 @@ struct ctrl_model {
     float *act_mem;
     layer_acts *acts;
     float *x_out, *lnf, *rstdf, *head_lse, *head_ent;
-    float *head_dh;    /* a fused forward's dL/d(final norm output) [T, C], for the backward */
-    int head_dh_ready; /* the last forward was fused */
+    float *head_dh; /* a fused forward's dL/d(final norm output) [T, C], for the backward */
+    struct ctrl_cpu_bf16_packed *head_keep; /* the one-pass bf16 head's panels of W, kept between steps */
+    int head_dh_ready;                      /* the last forward was fused */
     /* backend scratch kept between steps (grown as needed): the head's, dL/d(head input), the
      * backward's, and (off the host) the staging of per-token inputs and outputs [4, T] */
     void *head_ws;

@@ -125,6 +125,8 @@ int ctrl_cpu_gemm_bf16_compiled(void);
 typedef struct ctrl_cpu_bf16_packed ctrl_cpu_bf16_packed;
 ctrl_cpu_bf16_packed *ctrl_cpu_gemm_bf16_pack(int trans_b, int N, int K, const float *B, int ldb);
 int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb);
+/* Whether p holds panels of B [N, K] (trans_b 1) or [K, N] (trans_b 0): a repack of such a B fits it. */
+int ctrl_cpu_gemm_bf16_packed_is(const ctrl_cpu_bf16_packed *p, int trans_b, int N, int K);
 int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
                               float *C, int ldc, int accumulate);
 int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
@@ -293,6 +295,12 @@ typedef struct ctrl_head_args {
      * NULL (a frozen embedding tied to the head held as bf16 values alone: [peft] embedding_dtype =
      * bf16; dw must then be NULL): the same products on the same bf16 values (ctrl_cpu_gemm_w16). */
     const uint16_t *w16;
+    /* Appended: where the one-pass bf16 head keeps the panels it packs W into for a trained head
+     * (dw given, no w_packed) from one call to the next: the caller's slot, NULL at first; each call
+     * packs W anew into the kept buffer (ctrl_cpu_gemm_bf16_repack: the same values as a fresh pack)
+     * instead of allocating, faulting in and unmapping it every step (272 MB at Qwen's vocabulary).
+     * The caller frees *w_keep (ctrl_cpu_gemm_bf16_packed_free). NULL: packed and freed in each call. */
+    struct ctrl_cpu_bf16_packed **w_keep;
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */

@@ -899,6 +899,10 @@ int ctrl_cpu_gemm_bf16_repack(ctrl_cpu_bf16_packed *p, const float *B, int ldb) 
 #endif
 }
 
+int ctrl_cpu_gemm_bf16_packed_is(const ctrl_cpu_bf16_packed *p, int trans_b, int N, int K) {
+    return p && p->trans_b == trans_b && p->N == N && p->K == K;
+}
+
 int ctrl_cpu_gemm_bf16_packed(int trans_a, int M, const float *A, int lda, const ctrl_cpu_bf16_packed *p,
                               float *C, int ldc, int accumulate) {
 #ifdef CTRL_HAVE_BLOCKED

@@ -306,8 +306,14 @@ static const ctrl_cpu_bf16_packed *fused_panels(const ctrl_head_args *a, int n, 
     if (!a->bf16 || a->w_packed || !a->w || n <= TC || n <= 4) return a->w_packed;
     const char *v = getenv("CTRL_HEAD_PACK_PER_CHUNK");
     const int per_chunk = v && *v ? strcmp(v, "0") != 0 : !dw;
-    return per_chunk ? NULL
-                     : (*own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C)); /* NULL: per chunk */
+    if (per_chunk) return NULL;
+    if (!a->w_keep) return *own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C); /* NULL: per chunk */
+    ctrl_cpu_bf16_packed **keep = a->w_keep; /* the caller's: packed again in place, not reallocated */
+    if (ctrl_cpu_gemm_bf16_packed_is(*keep, 1, a->V, a->C) &&
+        ctrl_cpu_gemm_bf16_repack(*keep, a->w, a->C) == 0)
+        return *keep;
+    ctrl_cpu_gemm_bf16_packed_free(*keep);
+    return *keep = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C);
 }
 
 void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp, float *logp, float *entropy,

@@ -207,6 +207,80 @@ TEST(adamw_vector_update_is_the_scalar_loop_bit_for_bit) {
             free(grad_copy[g]);
 }
 
+/* The first step on the moments as created (zeros) and on moments written through state_get before
+ * it (a resumed run's): bit for bit the scalar loop, the first step taken in two pieces (step_groups,
+ * the overlapped offload's), the second whole; gradients with -0.0 among them. */
+TEST(adamw_first_step_on_fresh_and_loaded_state) {
+    const ctrl_plugin *plugin = find_plugin("adamw");
+    if (!plugin) return;
+    test_hp_table hp = {0};
+    test_hp_fill_defaults(&hp, plugin);
+    const ctrl_optimizer_ops *ops = plugin->ops;
+    enum { G = 3 };
+    const int64_t numel[G] = {16384 + 3, 9, 40000};
+    for (int loaded = 0; loaded < 2; loaded++) {
+        ctrl_param_group groups[G];
+        float *ref_p[G], *ref_m[G], *ref_v[G], *grad[G] = {0};
+        uint32_t x = 777u + (uint32_t)loaded;
+        for (int g = 0; g < G; g++) {
+            const size_t n = (size_t)numel[g];
+            grad[g] = malloc(n * 4);
+            groups[g] = (ctrl_param_group){
+                .param = malloc(n * 4), .grad = grad[g], .numel = numel[g], .weight_decay = 0.01f * (float)g};
+            ref_p[g] = malloc(n * 4), ref_m[g] = calloc(n, 4), ref_v[g] = calloc(n, 4);
+            for (size_t i = 0; i < n; i++) {
+                x = x * 1664525u + 1013904223u;
+                groups[g].param[i] = ref_p[g][i] = (float)((x >> 8) * (1.0 / 16777216.0) - 0.5);
+            }
+        }
+        ctrl_optimizer *opt = NULL;
+        CHECK_EQ_INT(ops->create(&test_optimizer_host, test_hp_config(&hp), groups, G,
+                                 (ctrl_device){CTRL_DEVICE_CPU, 0}, &opt),
+                     CTRL_OK);
+        if (!opt) return;
+        if (loaded) /* a resumed run's state, written where state_get points */
+            for (int i = 0; i < 2 * G; i++) {
+                const char *name;
+                float *d;
+                int64_t n;
+                CHECK_EQ_INT(ops->state_get(opt, i, &name, &d, &n), CTRL_OK);
+                for (int64_t k = 0; k < n; k++)
+                    d[k] = (i % 2 ? ref_v : ref_m)[i / 2][k] =
+                        0.001f * (float)(k % 13) * (i % 2 ? 0.01f : 1.0f);
+            }
+        for (int t = 1; t <= 2; t++) {
+            for (int g = 0; g < G; g++)
+                for (int64_t i = 0; i < numel[g]; i++) {
+                    x = x * 1664525u + 1013904223u;
+                    grad[g][i] = i % 17 == 3 ? -0.0f : (float)((x >> 8) * (1.0 / 16777216.0) - 0.5);
+                }
+            for (int g = 0; g < G; g++)
+                adamw_scalar(ref_p[g], ref_m[g], ref_v[g], groups[g].grad, numel[g], 1e-3,
+                             groups[g].weight_decay, t, 1.0f);
+            if (t == 1) { /* in two pieces, the later groups first */
+                CHECK_EQ_INT(ops->step_groups(opt, groups, G, 1e-3, t, 1, G), CTRL_OK);
+                CHECK_EQ_INT(ops->step_groups(opt, groups, G, 1e-3, t, 0, 1), CTRL_OK);
+            } else
+                CHECK_EQ_INT(ops->step(opt, groups, G, 1e-3, t), CTRL_OK);
+            for (int g = 0; g < G; g++) {
+                const size_t bytes = (size_t)numel[g] * 4;
+                const char *name;
+                float *m, *v;
+                int64_t n;
+                CHECK_MSG(!memcmp(groups[g].param, ref_p[g], bytes), "loaded %d step %d group %d: parameters",
+                          loaded, t, g);
+                CHECK_EQ_INT(ops->state_get(opt, 2 * g, &name, &m, &n), CTRL_OK);
+                CHECK_EQ_INT(ops->state_get(opt, 2 * g + 1, &name, &v, &n), CTRL_OK);
+                CHECK_MSG(!memcmp(m, ref_m[g], bytes) && !memcmp(v, ref_v[g], bytes),
+                          "loaded %d step %d group %d: state", loaded, t, g);
+            }
+        }
+        ops->destroy(opt);
+        for (int g = 0; g < G; g++)
+            free(groups[g].param), free(grad[g]), free(ref_p[g]), free(ref_m[g]), free(ref_v[g]);
+    }
+}
+
 TEST(nesterov_needs_momentum) {
     test_hp_table hp = {0};
     test_hp_set(&hp, "nesterov", 1);

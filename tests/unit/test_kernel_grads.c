@@ -395,6 +395,57 @@ TEST(head_on_w_panels_is_bit_for_bit) {
     free(tg), free(h), free(w), free(dlogp);
 }
 
+/* A trained head's panels kept by the caller between calls (ctrl_head_args.w_keep, the model's from
+ * step to step): the first call packs them into the slot, a later one packs the changed W into the
+ * same buffer; each call's outputs bit for bit those of a call packing its own (w_keep NULL). */
+TEST(head_keeps_w_panels_between_calls) {
+    const int T = 37, C = 40, V = 1000;
+    int32_t *tg = malloc(T * 4);
+    for (int t = 0; t < T; t++) tg[t] = t % 9 < 2 ? -100 : (t * 31) % V;
+    float *h = rand_buf((size_t)T * C, 2), *w = rand_buf((size_t)V * C, 1), *dlogp = rand_buf(T, 1);
+    if (ctrl_cpu_gemm_bf16_pack_bytes(V, C) == 0) {
+        free(tg), free(h), free(w), free(dlogp);
+        TEST_SKIP("no bf16 GEMM on this CPU");
+    }
+    ctrl_cpu_bf16_packed *keep = NULL, *first = NULL;
+    for (int call = 0; call < 3; call++) {
+        if (call > 0) /* the weights change between steps */
+            for (int i = 0; i < V * C; i++) w[i] = w[i] * 0.75f + 0.01f * (float)(i % 7);
+        head_out o[2];
+        for (int kept = 0; kept < 2; kept++) {
+            ctrl_head_args a = chunked_head(h, w, tg, T, C, V, 16, 0);
+            a.bf16 = 1, a.targets_only = 1, a.w_keep = kept ? &keep : NULL;
+            void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
+            o[kept] = (head_out){.dh = zeros((size_t)T * C), .dw = zeros((size_t)V * C)};
+            ctrl_cpu_head_forward_backward(&a, dlogp, o[kept].logp, o[kept].ent, o[kept].lse, o[kept].ok,
+                                           o[kept].dh, o[kept].dw, ws);
+            free(ws);
+        }
+        CHECK_MSG(keep != NULL, "call %d: no panels kept", call);
+        if (call == 0) first = keep;
+        CHECK_MSG(keep == first, "call %d: the kept panels were reallocated", call);
+        CHECK(ctrl_cpu_gemm_bf16_packed_is(keep, 1, V, C) && !ctrl_cpu_gemm_bf16_packed_is(keep, 0, V, C));
+        CHECK_MSG(memcmp(o[0].logp, o[1].logp, sizeof o[0].logp) == 0, "call %d: logp", call);
+        CHECK(memcmp(o[0].ent, o[1].ent, sizeof o[0].ent) == 0);
+        CHECK(memcmp(o[0].lse, o[1].lse, sizeof o[0].lse) == 0);
+        CHECK_MSG(memcmp(o[0].dh, o[1].dh, sizeof(float) * (size_t)T * C) == 0, "call %d: dh", call);
+        CHECK_MSG(memcmp(o[0].dw, o[1].dw, sizeof(float) * (size_t)V * C) == 0, "call %d: dw", call);
+        for (int i = 0; i < 2; i++) free(o[i].dh), free(o[i].dw);
+    }
+    /* a slot holding another shape's panels is replaced, not repacked out of bounds */
+    ctrl_cpu_gemm_bf16_packed_free(keep);
+    keep = ctrl_cpu_gemm_bf16_pack(1, 64, C, w, C);
+    ctrl_head_args a = chunked_head(h, w, tg, T, C, V, 16, 0);
+    a.bf16 = 1, a.targets_only = 1, a.w_keep = &keep;
+    void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
+    head_out o = {.dh = zeros((size_t)T * C), .dw = zeros((size_t)V * C)};
+    ctrl_cpu_head_forward_backward(&a, dlogp, o.logp, o.ent, o.lse, o.ok, o.dh, o.dw, ws);
+    CHECK(ctrl_cpu_gemm_bf16_packed_is(keep, 1, V, C));
+    free(ws), free(o.dh), free(o.dw);
+    ctrl_cpu_gemm_bf16_packed_free(keep);
+    free(tg), free(h), free(w), free(dlogp);
+}
+
 /* ---- The model families' kernels (issue 22): Gemma's (1 + w) RMSNorm and GeGLU (tanh-GELU gate), the
  * LM head with final-logit soft-capping (its backward and its one-pass forward + backward, at
  * temperature 1 and 0.7), Phi-3's partial rotary embedding and longrope tables, and the
