@@ -307,7 +307,8 @@ static const ctrl_cpu_bf16_packed *fused_panels(const ctrl_head_args *a, int n, 
     const char *v = getenv("CTRL_HEAD_PACK_PER_CHUNK");
     const int per_chunk = v && *v ? strcmp(v, "0") != 0 : !dw;
     if (per_chunk) return NULL;
-    if (!a->w_keep) return *own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C); /* NULL: per chunk */
+    if (!a->w_keep || !dw)
+        return *own = ctrl_cpu_gemm_bf16_pack(1, a->V, a->C, a->w, a->C); /* NULL: per chunk */
     ctrl_cpu_bf16_packed **keep = a->w_keep; /* the caller's: packed again in place, not reallocated */
     if (ctrl_cpu_gemm_bf16_packed_is(*keep, 1, a->V, a->C) &&
         ctrl_cpu_gemm_bf16_repack(*keep, a->w, a->C) == 0)

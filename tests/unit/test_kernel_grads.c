@@ -441,6 +441,12 @@ TEST(head_keeps_w_panels_between_calls) {
     head_out o = {.dh = zeros((size_t)T * C), .dw = zeros((size_t)V * C)};
     ctrl_cpu_head_forward_backward(&a, dlogp, o.logp, o.ent, o.lse, o.ok, o.dh, o.dw, ws);
     CHECK(ctrl_cpu_gemm_bf16_packed_is(keep, 1, V, C));
+    ctrl_cpu_bf16_packed *frozen = NULL; /* a frozen head's (no dW) are never kept, even packed once */
+    a.w_keep = &frozen;
+    setenv("CTRL_HEAD_PACK_PER_CHUNK", "0", 1);
+    ctrl_cpu_head_forward_backward(&a, dlogp, o.logp, o.ent, o.lse, o.ok, o.dh, NULL, ws);
+    unsetenv("CTRL_HEAD_PACK_PER_CHUNK");
+    CHECK(frozen == NULL);
     free(ws), free(o.dh), free(o.dw);
     ctrl_cpu_gemm_bf16_packed_free(keep);
     free(tg), free(h), free(w), free(dlogp);
