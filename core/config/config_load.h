@@ -48,8 +48,8 @@ typedef struct ctrl_run_settings {
     } model;
     struct {
         const char *train_file, *eval_file, *chat_template_path; /* NULL when unset */
-        const char *split, *eval_split; /* of a folder or Hub dataset id */
-        const char *subset;             /* NULL when unset */
+        const char *split, *eval_split;                          /* of a folder or Hub dataset id */
+        const char *subset;                                      /* NULL when unset */
         const char *dataset_text_field, *messages_field, *prompt_field, *completion_field;
         const char *truncation_mode, *packing_strategy;
         int completion_only_loss; /* -1 auto, 0, 1 */
@@ -67,8 +67,8 @@ typedef struct ctrl_run_settings {
         long max_steps, warmup_steps, logging_steps, eval_steps, save_steps;
         int per_device_train_batch_size, per_device_eval_batch_size, gradient_accumulation_steps;
         int save_total_limit;
-        const char *save_dtype;       /* auto|fp32|bf16|fp16 */
-        int64_t save_max_shard_bytes; /* save_max_shard_size, parsed */
+        const char *save_dtype;             /* auto|fp32|bf16|fp16 */
+        int64_t save_max_shard_bytes;       /* save_max_shard_size, parsed */
         int report_png, report_tensorboard; /* report_to */
         int ddp_timeout;                    /* seconds */
         int ddp_shared_memory;              /* plain DP's gradients in shared memory (CPU, one node) */
@@ -93,7 +93,7 @@ typedef struct ctrl_run_settings {
         const char *init_lora_weights; /* true, false, gaussian */
         const char *adapter_path;      /* NULL when unset */
         unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down, qkv, gate_up) */
-        unsigned param_bits;           /* target_parameters: bit 0 experts.gate_up_proj, 1 experts.down_proj */
+        unsigned param_bits; /* target_parameters: bit 0 experts.gate_up_proj, 1 experts.down_proj */
         int all_linear, save_embed_tokens, save_lm_head, save_score; /* save_score: PEFT SEQ_CLS */
     } peft;
     struct {
@@ -106,6 +106,8 @@ typedef struct ctrl_run_settings {
         int overlap_comm;          /* zero2/zero3: reductions left in flight during the backward */
         const char *offload_dir;   /* offload_activations on the CPU: the file's directory (NULL: unset) */
         int offload_overlap;       /* offload_optimizer: the host step overlapped with the next forward */
+        long
+            param_persistence_threshold; /* zero3: elements; views below kept whole; -1: auto (10 x hidden) */
     } memory;
 } ctrl_run_settings;
 

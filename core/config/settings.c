@@ -211,7 +211,9 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                    .prefetch_bucket_size = rd_floats_or_auto(&r, "memory", "prefetch_bucket_size", 0),
                    .overlap_comm = rd_bool(&r, "memory", "overlap_comm"),
                    .offload_dir = ctrl_config_get_string(cfg, "memory", "offload_dir"),
-                   .offload_overlap = rd_bool(&r, "memory", "offload_overlap")}};
+                   .offload_overlap = rd_bool(&r, "memory", "offload_overlap"),
+                   .param_persistence_threshold =
+                       rd_floats_or_auto(&r, "memory", "stage3_param_persistence_threshold", 0)}};
     /* the lists as the projections' bits (the option table allows only their names): the seven, then
      * Phi-3's fused qkv_proj and gate_up_proj (ctrl_lora_module_names' order) */
     static const char *const proj[] = {"q_proj",  "k_proj",    "v_proj",   "o_proj",      "gate_proj",

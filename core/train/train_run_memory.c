@@ -113,6 +113,15 @@ ctrl_status train_run_report_resident(run_state *r) {
     if (z->stage >= 3)
         CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM)",
                   v[3], v[4]);
+    if (z->stage >= 3) { /* what the step all-gathered: the layers' uses, then the units kept whole */
+        long gathers = 0, views = 0;
+        double floats = 0;
+        train_zero_gather_counts(z, &gathers, &views, &floats);
+        CTRL_INFO("zero3: the step all-gathered %.0f parameter floats in %ld collectives, %ld tensors around "
+                  "their uses and persistent (stage3_param_persistence_threshold = %zu elements: %d tensors, "
+                  "%zu bytes, whole on every rank)",
+                  floats, gathers, views, z->persist, z->n_persist, z->persist_bytes);
+    }
     return st;
 }
 

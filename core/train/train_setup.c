@@ -110,6 +110,27 @@ static ctrl_status offload_dir_check(const run_state *r, int offload) {
     return CTRL_OK;
 }
 
+/* [memory] stage3_param_persistence_threshold: zero3's views kept whole (auto: 10 x hidden_size, as the
+ * HF Trainer fills DeepSpeed's auto); refused without zero3, and above 0 on a CUDA model (zero_device.c
+ * gathers whole ranges). */
+static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
+    const long t = r->s->memory.param_persistence_threshold;
+    const char *where = ctrl_config_where(r->cfg, "memory", "stage3_param_persistence_threshold");
+    if (zero_stage < 3 && strcmp(where, "default") != 0)
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [memory] stage3_param_persistence_threshold: only zero3 slices parameters "
+                              "(add zero3 to [memory] strategies, or drop the key)",
+                              where);
+    if (zero_stage < 3 || t == 0) return CTRL_OK;
+    if (r->comp.device.type != CTRL_DEVICE_CPU)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "%s: [memory] stage3_param_persistence_threshold = %s with [run] device = %s: "
+                              "not supported yet (zero3 on a device gathers each layer whole); set 0",
+                              where, t < 0 ? "auto" : "a number above 0", r->s->run.device);
+    train_zero_set_persistence(&r->zero, t < 0 ? (size_t)(10 * hidden) : (size_t)t);
+    return CTRL_OK;
+}
+
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
 ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
@@ -222,6 +243,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                            : zero_stage == 1 ? "zero1 all-reduces the gradients after the backward"
                                              : "zero2 with offload_optimizer on a device reduces on the host "
                                                "after the backward");
+    if (st == CTRL_OK) st = persistence(r, zero_stage, hidden);
     if (st != CTRL_OK) return st;
     return train_run_optimizer_create(r, offload);
 }

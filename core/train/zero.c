@@ -36,6 +36,22 @@ const int *train_zero_cut_counts(train_zero *z, train_zero_unit u) {
     return z->counts;
 }
 
+void train_zero_run_cut(const train_zero *z, const train_zero_run *run, int r, size_t *lo, size_t *hi) {
+    train_zero_cut(z, run->of, r, lo, hi);
+    const size_t a = run->u.a, b = run->u.b;
+    *lo = *lo < a ? a : *lo > b ? b : *lo;
+    *hi = *hi < *lo ? *lo : *hi > b ? b : *hi;
+}
+
+const int *train_zero_run_counts(train_zero *z, const train_zero_run *run) {
+    for (int r = 0; r < z->size; r++) {
+        size_t lo, hi;
+        train_zero_run_cut(z, run, r, &lo, &hi);
+        z->counts[r] = (int)(hi - lo);
+    }
+    return z->counts;
+}
+
 const int *train_zero_counts(train_zero *z, int u) { return train_zero_cut_counts(z, z->units[u]); }
 
 /* The layer a view belongs to ("model.layers.L.*"), else -1. */
@@ -212,6 +228,9 @@ void train_zero_free(train_zero *z) {
     free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending), free(z->hacc);
     z->hacc = NULL;
     free(z->flight_u), free(z->flight_h);
+    free(z->runs), free(z->run_at), free(z->run_views), free(z->kept), free(z->kept_counts),
+        free(z->kept_buf);
+    z->runs = z->kept = NULL, z->run_at = z->run_views = z->kept_counts = NULL, z->kept_buf = NULL;
     z->frozen = NULL, z->skip = NULL, z->state = NULL, z->pending = NULL, z->flight_u = NULL,
     z->flight_h = NULL;
     z->counts = NULL, z->units = NULL, z->layer_unit = NULL, z->hooks = NULL, z->acc = NULL,
@@ -289,10 +308,11 @@ size_t train_zero_layer_bytes(const train_zero *z) {
     size_t n = 0;
     for (int u = 0; u < z->n_units; u++) n += z->units[u].layer != -1 ? z->units[u].b - z->units[u].a : 0;
     for (int l = 0; z->frozen && l < z->n_slots; l++) n += z->frozen[l].b - z->frozen[l].a;
-    return n * sizeof(float);
+    return n * sizeof(float) - z->persist_bytes;
 }
 
 ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m) {
+    z->gathers = z->gather_views = 0, z->gather_floats = 0; /* a step's gathers counted from here */
     if (!z->partitioned) return ctrl_model_zero_grad(m);
     /* the model's gradients are zeroed and released after each backward's reduction */
     if (z->dev) return z->dev->fill_zero(z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
@@ -305,8 +325,12 @@ ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m) {
     float *p = ctrl_model_params(m, NULL) + z->first;
     ctrl_status st = CTRL_OK;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) /* zero3's layers stay sliced */
-        if (z->stage < 3 || z->units[u].layer == -1 || z->gathered)
+        if (z->stage < 3 || z->units[u].layer == -1 || z->gathered) {
             st = ctrl_collective_allgather_f32(p + z->units[u].a, train_zero_counts(z, u));
+            z->gathers++, z->gather_floats += (double)(z->units[u].b - z->units[u].a);
+        }
+    /* zero3: the persistent views' slices (whole already when every layer is) */
+    if (st == CTRL_OK && z->stage >= 3 && !z->gathered) st = train_zero_gather_kept(z, 0);
     ctrl_model_weights_changed(m);
     return st;
 }

@@ -51,6 +51,12 @@ typedef struct train_zero_unit {
     int layer;
 } train_zero_unit;
 
+/* A run of a sliced range (stage3_param_persistence_threshold, zero_persist.c): `u` in parameters,
+ * cut as the range `of` is, each rank's slice clipped to u (some ranks' empty). */
+typedef struct train_zero_run {
+    train_zero_unit u, of;
+} train_zero_run;
+
 #define TRAIN_ZERO_OUTER (-2) /* train_zero_unit.layer of the sliced units outside the layers */
 
 typedef struct train_zero {
@@ -140,17 +146,42 @@ typedef struct train_zero {
     int b16_direct;
     size_t *mat;
     int n_mat;
+    /* stage 3 on the CPU, [memory] stage3_param_persistence_threshold (`persist` elements, 0: none):
+     * the views of fewer elements inside the sliced ranges stay whole on every rank (DeepSpeed's
+     * persistent parameters: never released nor re-gathered around a use; their gradients reduced
+     * and their optimizer state sliced as the others'). runs[run_at[l] .. run_at[l + 1]): slot l's
+     * ranges gathered and released around each use (train_zero_run: cut as their sliced range), the
+     * sliced ranges less the persistent views (threshold 0: the ranges themselves); kept[0 .. n_kept):
+     * the persistent views (in parameters, cut as their sliced range), the trainable ones all-gathered
+     * together once after each step (kept_buf: kept_n floats, rank r's pieces at block r, kept_counts
+     * its length); the frozen ones (LoRA's base) once at attach. n_persist views, persist_bytes. */
+    size_t persist;
+    train_zero_run *runs;
+    int *run_at, n_runs;
+    int *run_views; /* views in slot l's runs (what a gather of it fetches) */
+    train_zero_run *kept;
+    int n_kept, n_persist;
+    size_t kept_n, persist_bytes;
+    int *kept_counts;
+    float *kept_buf;
+    /* the parameter all-gathers since train_zero_gather_counts last read them: collectives, the views
+     * and the floats they fetched (the layers' uses, the units outside them, the persistent views') */
+    long gathers, gather_views;
+    double gather_floats;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
  * u (in z->counts, returned). */
 void train_zero_slice(const train_zero *z, int u, int r, size_t *lo, size_t *hi);
 const int *train_zero_counts(train_zero *z, int u);
+/* A run's slice for rank r (its range's slice clipped to it), and every rank's (in z->counts). */
+void train_zero_run_cut(const train_zero *z, const train_zero_run *run, int r, size_t *lo, size_t *hi);
+const int *train_zero_run_counts(train_zero *z, const train_zero_run *run);
 /* The same for any range cut in N (u.a, u.b in its own indexing). */
 void train_zero_cut(const train_zero *z, train_zero_unit u, int r, size_t *lo, size_t *hi);
 const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
 /* Stage 3: the bytes of the sliced parameters (the layers', the embeddings' and an untied head's:
- * the units sliced between uses). */
+ * the units sliced between uses), less the persistent views' (persist_bytes, whole on every rank). */
 size_t train_zero_layer_bytes(const train_zero *z);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
@@ -166,6 +197,17 @@ void train_zero_free(train_zero *z);
  * head read (the rest of them zero, untouched), the final norm whole; the same on every rank, no
  * broadcast needed. */
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
+/* Stage 3 on the CPU: the views of fewer than `threshold` elements inside the sliced ranges kept whole
+ * on every rank ([memory] stage3_param_persistence_threshold; call after train_zero_init, before
+ * train_zero_attach; 0, the default, none). */
+void train_zero_set_persistence(train_zero *z, size_t threshold);
+/* Stage 3, from train_zero_attach (zero_persist.c): the runs and the persistent pieces laid out; after
+ * each step (train_zero_gather_params; all = 1: at attach, the frozen base's too) the ranks' slices of
+ * the persistent views all-gathered in one collective. */
+ctrl_status train_zero_make_runs(train_zero *z, ctrl_model *m);
+ctrl_status train_zero_gather_kept(train_zero *z, int all);
+/* The parameter all-gathers counted since the last call (collectives, views, floats), then zeroed. */
+void train_zero_gather_counts(train_zero *z, long *gathers, long *views, double *floats);
 /* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
  * 3: gather before forward and backward, release after), zeroes and releases the model's gradient
  * buffer, and (stage 3) releases the other ranks' slices of every layer. Nothing for stage 1 and a

@@ -34,24 +34,26 @@ static void release_range(float *from, float *to) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-/* A sliced range of the parameters (`u` in parameters): the other ranks' slices released, before
- * this rank's and after it, and the whole range of the bf16 copy (re-rounded at the next gather). */
-static ctrl_status release_params(train_zero *z, train_zero_unit u) {
+/* A run of a sliced range (in parameters): the other ranks' slices released, before this rank's and
+ * after it, and the whole run of the bf16 copy (re-rounded at the next gather). */
+static ctrl_status release_params(train_zero *z, const train_zero_run *run) {
+    const train_zero_unit u = run->u;
     if (z->dev) return train_zero_device_release_range(z, u); /* a CUDA model's: unmapped */
     float *p = ctrl_model_params(z->model, NULL), *rounded = ctrl_model_bf16_copy(z->model);
     size_t lo, hi;
-    train_zero_cut(z, u, z->rank, &lo, &hi);
+    train_zero_run_cut(z, run, z->rank, &lo, &hi);
     release_range(p + u.a, p + lo);
     release_range(p + hi, p + u.b);
     if (rounded) release_range(rounded + u.a, rounded + u.b);
     return CTRL_OK;
 }
 
-/* Every rank's slices of the range into every rank's parameters, and its bf16 copy re-rounded. */
-static ctrl_status gather_params(train_zero *z, train_zero_unit u) {
+/* Every rank's slices of the run into every rank's parameters, and its bf16 copy re-rounded. */
+static ctrl_status gather_params(train_zero *z, const train_zero_run *run) {
+    const train_zero_unit u = run->u;
     if (z->dev) return train_zero_device_gather_range(z, u, NULL); /* mapped, over NCCL */
     ctrl_status st =
-        ctrl_collective_allgather_f32(ctrl_model_params(z->model, NULL) + u.a, train_zero_cut_counts(z, u));
+        ctrl_collective_allgather_f32(ctrl_model_params(z->model, NULL) + u.a, train_zero_run_counts(z, run));
     return st == CTRL_OK ? ctrl_model_params_range_changed(z->model, u.a, u.b - u.a) : st;
 }
 
@@ -63,43 +65,55 @@ static int layer_ranges(const train_zero *z, int l, train_zero_unit out[2]) {
     return n;
 }
 
-/* The floats of layer l's sliced ranges. */
+/* Slot l's runs: what its gathers fetch and its releases hand back (the sliced ranges less the
+ * persistent views), runs[*first .. return). */
+static int slot_runs(const train_zero *z, int l, int *first) {
+    *first = z->run_at[l];
+    return z->run_at[l + 1];
+}
+
+/* The floats of layer l's runs. */
 static size_t layer_floats(const train_zero *z, int l) {
-    train_zero_unit r[2];
     size_t n = 0;
-    for (int i = 0, k = layer_ranges(z, l, r); i < k; i++) n += r[i].b - r[i].a;
+    for (int i, e = slot_runs(z, l, &i); i < e; i++) n += z->runs[i].u.b - z->runs[i].u.a;
     return n;
+}
+
+/* A use's gather of slot l counted (train_zero_gather_counts). */
+static void count_use(train_zero *z, int l) {
+    int i;
+    const int e = slot_runs(z, l, &i);
+    z->gathers += e - i, z->gather_views += z->run_views[l], z->gather_floats += (double)layer_floats(z, l);
 }
 
 /* Layer l's gathers started (prefetch): completed by need_layer. */
 static ctrl_status start_layer(train_zero *z, int l) {
-    train_zero_unit r[2];
     ctrl_status st = CTRL_OK;
     z->state[l] = 1;
-    for (int i = 0, n = layer_ranges(z, l, r); i < n && st == CTRL_OK; i++)
-        st = z->dev ? train_zero_device_gather_range(z, r[i], &z->pending[2 * l + i]) /* a side stream */
-                    : ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + r[i].a,
-                                                          train_zero_cut_counts(z, r[i]),
-                                                          &z->pending[2 * l + i]);
+    count_use(z, l);
+    for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
+        st = z->dev
+                 ? train_zero_device_gather_range(z, z->runs[i].u, &z->pending[i]) /* a side stream */
+                 : ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + z->runs[i].u.a,
+                                                       train_zero_run_counts(z, &z->runs[i]), &z->pending[i]);
     return st;
 }
 
 /* Layer l whole: its prefetch completed, or gathered now. */
 static ctrl_status need_layer(train_zero *z, int l) {
-    train_zero_unit r[2];
     ctrl_status st = CTRL_OK;
-    const int n = layer_ranges(z, l, r);
-    for (int i = 0; i < n && st == CTRL_OK; i++) {
+    if (z->state[l] == 0) count_use(z, l);
+    for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++) {
+        const train_zero_unit r = z->runs[i].u;
         if (z->state[l] == 2) break;
         if (z->state[l] == 1) {
-            st = z->dev ? ctrl_collective_device_allgather_wait(z->pending[2 * l + i])
-                        : ctrl_collective_allgather_wait(z->pending[2 * l + i]);
-            z->pending[2 * l + i] = NULL;
-            if (st == CTRL_OK && z->dev) st = train_zero_device_gathered(z, r[i]); /* bf16: widened */
-            if (st == CTRL_OK && !z->dev)
-                st = ctrl_model_params_range_changed(z->model, r[i].a, r[i].b - r[i].a);
+            st = z->dev ? ctrl_collective_device_allgather_wait(z->pending[i])
+                        : ctrl_collective_allgather_wait(z->pending[i]);
+            z->pending[i] = NULL;
+            if (st == CTRL_OK && z->dev) st = train_zero_device_gathered(z, r); /* bf16: widened */
+            if (st == CTRL_OK && !z->dev) st = ctrl_model_params_range_changed(z->model, r.a, r.b - r.a);
         } else {
-            st = gather_params(z, r[i]);
+            st = gather_params(z, &z->runs[i]);
         }
     }
     z->state[l] = 2;
@@ -144,9 +158,8 @@ static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
     if (z->stage < 3 || z->gathered || layer < 0 || layer >= z->n_slots || z->state[layer] != 2)
         return CTRL_OK;
-    train_zero_unit r[2];
     ctrl_status st = CTRL_OK;
-    for (int i = 0, n = layer_ranges(z, layer, r); i < n && st == CTRL_OK; i++) st = release_params(z, r[i]);
+    for (int i, e = slot_runs(z, layer, &i); i < e && st == CTRL_OK; i++) st = release_params(z, &z->runs[i]);
     z->state[layer] = 0;
     return st;
 }
@@ -242,17 +255,18 @@ static ctrl_status attach_slots(train_zero *z, ctrl_model *m) {
     if (!(z->hooks = malloc(sizeof *z->hooks))) return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     z->hooks->z = z, z->model = m, z->measure = 1;
     const size_t nl = (size_t)(z->n_slots > 0 ? z->n_slots : 1);
-    if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 4 * nl)) || !(z->state = calloc(nl, 1)) ||
-                          !(z->pending = calloc(2 * nl, sizeof *z->pending))))
+    ctrl_status sr = z->stage >= 3 ? train_zero_make_runs(z, m) : CTRL_OK;
+    if (sr != CTRL_OK) return sr;
+    const size_t nr = (size_t)(z->n_runs > 0 ? z->n_runs : 1);
+    if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 2 * nr)) || !(z->state = calloc(nl, 1)) ||
+                          !(z->pending = calloc(nr, sizeof *z->pending))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
-    for (int l = 0; z->stage >= 3 && l < z->n_slots; l++) {
-        train_zero_unit r[2];
-        for (int i = 0, n = layer_ranges(z, l, r); i < n; i++) { /* kept in the parameters' order */
-            int at = z->n_skip++;
-            for (; at > 0 && z->skip[2 * at - 2] > r[i].a; at--)
-                z->skip[2 * at] = z->skip[2 * at - 2], z->skip[2 * at + 1] = z->skip[2 * at - 1];
-            z->skip[2 * at] = r[i].a, z->skip[2 * at + 1] = r[i].b;
-        }
+    for (int k = 0; z->stage >= 3 && k < z->n_runs; k++) { /* kept in the parameters' order */
+        const train_zero_unit r = z->runs[k].u;
+        int at = z->n_skip++;
+        for (; at > 0 && z->skip[2 * at - 2] > r.a; at--)
+            z->skip[2 * at] = z->skip[2 * at - 2], z->skip[2 * at + 1] = z->skip[2 * at - 1];
+        z->skip[2 * at] = r.a, z->skip[2 * at + 1] = r.b;
     }
     return CTRL_OK;
 }
@@ -272,7 +286,11 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     float *g = ctrl_model_grads(m, &n);
     release_range(g, g + n); /* zeros: the backward adds into them */
     train_zero_release_all(z);
-    return CTRL_OK;
+    /* the persistent views whole (a sliced load read this rank's slices of them only), their bf16 copy */
+    st = z->n_kept ? train_zero_gather_kept(z, 1) : CTRL_OK;
+    if (z->n_kept) ctrl_model_weights_changed(m);
+    z->gathers = z->gather_views = 0, z->gather_floats = 0;
+    return st;
 }
 
 /* A frozen model's hooks (train_zero_attach_frozen): after a use, while measuring, the parameters'
@@ -320,8 +338,7 @@ int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]) 
 }
 
 void train_zero_release_layer(train_zero *z, int l) {
-    train_zero_unit r[2];
-    for (int i = 0, n = layer_ranges(z, l, r); i < n; i++) release_params(z, r[i]);
+    for (int i, e = slot_runs(z, l, &i); i < e; i++) release_params(z, &z->runs[i]);
 }
 
 ctrl_status train_zero_gather_all(train_zero *z) {
@@ -356,9 +373,8 @@ void train_zero_release_all(train_zero *z) {
     z->gathered = 0;
     if (z->dev) ctrl_model_set_device_sliced(z->model, 1);
     for (int l = 0; l < z->n_slots; l++) {
-        train_zero_unit r[2];
-        for (int i = 0, n = layer_ranges(z, l, r); i < n && (!z->dev || z->state[l]); i++)
-            if (release_params(z, r[i]) != CTRL_OK) CTRL_ERROR("zero3: %s", ctrl_error_message());
+        for (int i, e = slot_runs(z, l, &i); i < e && (!z->dev || z->state[l]); i++)
+            if (release_params(z, &z->runs[i]) != CTRL_OK) CTRL_ERROR("zero3: %s", ctrl_error_message());
         z->state[l] = 0;
     }
     ctrl_model_set_round_skip(z->model, z->skip, z->n_skip); /* the gathers round the layers */

@@ -1,0 +1,110 @@
+/* ZeRO-3's persistent parameters ([memory] stage3_param_persistence_threshold, see zero.h): the views
+ * of fewer elements than the threshold inside the sliced ranges (a layer's norm weights and biases,
+ * and at a large threshold whole layers, the embeddings of a small vocabulary) stay whole on every rank,
+ * as DeepSpeed keeps its persistent parameters (ds_persist): never released after a use nor gathered
+ * before one -- a slot's gathers fetch the runs of its other views only (zero_layers.c). Their gradients
+ * are reduce-scattered with their unit's and their optimizer state is sliced as before (the units and
+ * their cut do not change, so a checkpoint resumes with any threshold); after each step the ranks'
+ * updated slices of every persistent view are all-gathered in one collective (train_zero_gather_kept). */
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/log.h>
+
+#include "collective/collective.h"
+#include "train/zero.h"
+
+void train_zero_set_persistence(train_zero *z, size_t threshold) {
+    z->persist = z->stage >= 3 ? threshold : 0;
+}
+
+void train_zero_gather_counts(train_zero *z, long *gathers, long *views, double *floats) {
+    *gathers = z->gathers, *views = z->gather_views, *floats = z->gather_floats;
+    z->gathers = z->gather_views = 0, z->gather_floats = 0;
+}
+
+/* A run [a, b) of the sliced range r appended to slot l's (a < b). */
+static void add_run(train_zero *z, size_t a, size_t b, train_zero_unit r, int l) {
+    if (a < b) z->runs[z->n_runs++] = (train_zero_run){{a, b, l}, r};
+}
+
+ctrl_status train_zero_make_runs(train_zero *z, ctrl_model *m) {
+    const int n_views = ctrl_model_view_count(m);
+    const size_t cap = (size_t)n_views + 2 * (size_t)z->n_slots + 1;
+    if (!(z->runs = calloc(cap, sizeof *z->runs)) ||
+        !(z->run_at = calloc((size_t)z->n_slots + 1, sizeof *z->run_at)) ||
+        !(z->run_views = calloc((size_t)z->n_slots + 1, sizeof *z->run_views)) ||
+        !(z->kept = calloc((size_t)n_views + 1, sizeof *z->kept)) ||
+        !(z->kept_counts = calloc((size_t)z->size, sizeof *z->kept_counts)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    for (int l = 0; l < z->n_slots; l++) {
+        z->run_at[l] = z->n_runs;
+        train_zero_unit r[2];
+        for (int k = 0, n = train_zero_layer_ranges(z, l, r); k < n; k++) {
+            size_t at = r[k].a; /* the start of the open run */
+            for (int i = 0; i < n_views; i++) {
+                const ctrl_param_view *v = ctrl_model_view(m, i);
+                const size_t a = (size_t)v->offset, b = a + (size_t)v->numel;
+                if (a < r[k].a || b > r[k].b) continue;
+                if (a < at)
+                    return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                          "[memory] stage3_param_persistence_threshold: %s is not after the "
+                                          "views before it in the parameters",
+                                          v->name);
+                if ((size_t)v->numel >= z->persist) {
+                    z->run_views[l]++;
+                    continue;
+                }
+                add_run(z, at, a, r[k], l); /* the run before it ends */
+                at = b;
+                z->n_persist++, z->persist_bytes += (b - a) * sizeof(float);
+                z->kept[z->n_kept++] = (train_zero_run){{a, b, l}, r[k]};
+                z->kept_n += b - a;
+            }
+            add_run(z, at, r[k].b, r[k], l);
+        }
+    }
+    z->run_at[z->n_slots] = z->n_runs;
+    if (z->kept_n && !(z->kept_buf = malloc(z->kept_n * sizeof *z->kept_buf)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory for %zu persistent floats", z->kept_n);
+    return CTRL_OK;
+}
+
+/* The persistent pieces gathered: those of the trainable units, or (all) the frozen base's too. */
+static int wanted(const train_zero *z, const train_zero_run *k, int all) {
+    return all || k->of.a >= z->first;
+}
+
+ctrl_status train_zero_gather_kept(train_zero *z, int all) {
+    if (!z->n_kept || z->dev) return CTRL_OK;
+    float *p = ctrl_model_params(z->model, NULL);
+    size_t total = 0, mine = 0;
+    long views = 0;
+    for (int r = 0; r < z->size; r++) { /* rank r's block: its slices of the pieces, in their order */
+        size_t n = 0, lo, hi;
+        for (int i = 0; i < z->n_kept; i++)
+            if (wanted(z, &z->kept[i], all)) train_zero_run_cut(z, &z->kept[i], r, &lo, &hi), n += hi - lo;
+        if (r == z->rank) mine = total;
+        z->kept_counts[r] = (int)n, total += n;
+    }
+    for (int i = 0; i < z->n_kept; i++) {
+        size_t lo, hi;
+        if (!wanted(z, &z->kept[i], all)) continue;
+        views++;
+        train_zero_run_cut(z, &z->kept[i], z->rank, &lo, &hi);
+        memcpy(z->kept_buf + mine, p + lo, (hi - lo) * sizeof(float)), mine += hi - lo;
+    }
+    if (!total) return CTRL_OK;
+    ctrl_status st = ctrl_collective_allgather_f32(z->kept_buf, z->kept_counts);
+    if (st != CTRL_OK) return st;
+    size_t at = 0;
+    for (int r = 0; r < z->size; r++)
+        for (int i = 0; i < z->n_kept; i++) {
+            size_t lo, hi;
+            if (!wanted(z, &z->kept[i], all)) continue;
+            train_zero_run_cut(z, &z->kept[i], r, &lo, &hi);
+            memcpy(p + lo, z->kept_buf + at, (hi - lo) * sizeof(float)), at += hi - lo;
+        }
+    z->gathers++, z->gather_views += views, z->gather_floats += (double)total;
+    return CTRL_OK;
+}
