@@ -23,9 +23,10 @@ void train_zero_gather_counts(train_zero *z, long *gathers, long *views, double 
     z->gathers = z->gather_views = 0, z->gather_floats = 0;
 }
 
-/* A run [a, b) of the sliced range r appended to slot l's (a < b). */
-static void add_run(train_zero *z, size_t a, size_t b, train_zero_unit r, int l) {
-    if (a < b) z->runs[z->n_runs++] = (train_zero_run){{a, b, l}, r};
+/* A run [a, b) of the sliced range r appended (a < b; its layer: the range's, -2 outside the layers). */
+static void add_run(train_zero *z, size_t a, size_t b, train_zero_unit r) {
+    if (a < b)
+        z->runs[z->n_runs++] = (train_zero_run){{a, b, r.layer}, r}; /* (the range's layer: -2 outside) */
 }
 
 ctrl_status train_zero_make_runs(train_zero *z, ctrl_model *m) {
@@ -55,13 +56,13 @@ ctrl_status train_zero_make_runs(train_zero *z, ctrl_model *m) {
                     z->run_views[l]++;
                     continue;
                 }
-                add_run(z, at, a, r[k], l); /* the run before it ends */
+                add_run(z, at, a, r[k]); /* the run before it ends */
                 at = b;
                 z->n_persist++, z->persist_bytes += (b - a) * sizeof(float);
-                z->kept[z->n_kept++] = (train_zero_run){{a, b, l}, r[k]};
+                z->kept[z->n_kept++] = (train_zero_run){{a, b, r[k].layer}, r[k]};
                 z->kept_n += b - a;
             }
-            add_run(z, at, r[k].b, r[k], l);
+            add_run(z, at, r[k].b, r[k]);
         }
     }
     z->run_at[z->n_slots] = z->n_runs;
