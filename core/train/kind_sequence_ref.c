@@ -150,14 +150,19 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
         return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for the reference log-probs");
     }
     ctrl_status st = CTRL_OK;
-    if (read_cache(path, h, train, eval, rt, re)) {
+    /* with zero3's sliced reference the pass is a collective: every rank computes unless all read */
+    double missing = !read_cache(path, h, train, eval, rt, re);
+    if (env->zero3_sliced) st = ctrl_collective_allreduce_max_f64(&missing, 1);
+    if (st == CTRL_OK && !missing) {
         CTRL_INFO("reference log-probs read from %s", path);
-    } else {
+    } else if (st == CTRL_OK) {
         /* the reference is the initial weights: the policy itself before training, loaded again
-         * only when resuming (the policy has moved) */
+         * when resuming (the policy has moved) and under zero3 on several ranks (the policy holds
+         * only its slices, its gathers not hooked yet: the reference is loaded sliced and hooked) */
         ctrl_model *ref = env->model, *loaded = NULL;
-        if (s->train.resume_from_checkpoint) {
-            st = train_sequence_load_reference(env, &loaded, NULL);
+        train_zero *lz = NULL;
+        if (s->train.resume_from_checkpoint || env->zero3_sliced) {
+            st = train_sequence_load_reference(env, &loaded, &lz);
             ref = loaded;
         }
         const int bt = spec->precompute_ref_batch_size > 0 ? spec->precompute_ref_batch_size
@@ -169,7 +174,7 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
         if (st == CTRL_OK) st = pass(spec, ref, train, bt > 0 ? bt : 1, rt);
         if (st == CTRL_OK && eval->n) st = pass(spec, ref, eval, be > 0 ? be : 1, re);
         if (!loaded) ctrl_model_set_adapters_enabled(ref, 1);
-        ctrl_model_free(loaded);
+        train_zero_ref_free(lz, loaded);
         if (st == CTRL_OK && ctrl_collective_is_root()) write_cache(path, h, train->n, eval->n, rt, re);
     }
     if (st != CTRL_OK) {

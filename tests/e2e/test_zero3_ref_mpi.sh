@@ -8,7 +8,8 @@
 # it) within test_dpo_mpi's 1e-5 relative (+ 1e-7); the log shows the reference's resident
 # parameters per rank at most ~1/2 of its bytes between uses and below the whole during its
 # forwards; a zero3 DPO run resumed from checkpoint-3 ends on the same curve; DPO in bf16 (the
-# rounded weight copy) as data parallel in bf16.
+# rounded weight copy) as data parallel in bf16; with precompute_ref_log_probs the pass before
+# training uses the reference sliced (the policy is only slices then) and follows data parallel too.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_zero3_ref_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -78,7 +79,25 @@ two dpob --set train.dtype=bf16
 close dpob loss rewards/chosen rewards/rejected logps/chosen logps/rejected
 MPI=("${MPI[@]:0:$((${#MPI[@]} - 2))}")
 
-# 4. KTO with its live reference (KL estimate from mismatched pairs).
+# 4. precompute_ref_log_probs: the pass before training runs the reference sliced and hooked (the
+#    policy holds only its slices then, its gathers not yet hooked): the first steps' rewards are 0
+#    as data parallel's, the curve the same; resumed from checkpoint-3 in a fresh output_dir (no
+#    stored log-probs: computed again from the reference loaded sliced) it repeats the curve.
+ini dpop trl_dpo sigmoid_sft_precompute_ga.ini
+two dpop --set train.save_strategy=steps --set train.save_steps=3
+close dpop loss logps/chosen logps/rejected
+# (data parallel's pass runs the policy model itself, zero3's a separate reference model: their sums
+# agree to fp32 rounding, ~2e-6 at log-probs of -23, so beta 0.5 x that absolute on the rewards)
+for key in rewards/chosen rewards/rejected rewards/margins; do curve_close "$TMP/dpop-dp" "$TMP/dpop-z3" "$key" 1e-5 2e-6; done
+mkdir -p "$TMP/resp" && cp -r "$TMP/dpop-z3/checkpoint-3" "$TMP/resp/"
+grep -E '"step": [0-3],' "$TMP/dpop-z3/metrics.jsonl" >"$TMP/resp/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/dpop.ini" --set run.output_dir="$TMP/resp" --set memory.strategies=zero3 \
+  --set train.save_strategy=steps --set train.save_steps=3 --set train.resume_from_checkpoint=last >"$TMP/resp.log" 2>&1 &&
+  ok || { bad "dpo precompute zero3 resume"; tail -5 "$TMP/resp.log"; }
+grep -q "reference model sliced as the policy" "$TMP/resp.log" && ok || bad "dpo precompute resume: reference not sliced"
+diff <(curve "$TMP/dpop-z3") <(curve "$TMP/resp") >"$TMP/diff" && ok || { bad "dpo precompute zero3 resumed curve differs"; head "$TMP/diff"; }
+
+# 5. KTO with its live reference (KL estimate from mismatched pairs).
 ini kto trl_kto kto.ini
 two kto
 close kto loss kl rewards/chosen rewards/rejected logps/chosen logps/rejected
