@@ -39,6 +39,10 @@ ini dpo sigmoid.ini dpo
 pair dpo rewards/margins logps/chosen logps/rejected
 ini kto kto.ini kto
 pair kto logps/chosen
+# precompute_ref_log_probs: the pass before training runs a reference loaded whole on the device (the
+# policy holds only its slices then, unhooked): the rewards start at 0 as data parallel's
+ini dpo sigmoid_sft_precompute_ga.ini dpop
+pair dpop rewards/chosen rewards/margins logps/chosen
 ini reward grad_accum.ini rm
 pair rm accuracy
 # DPO with LoRA: the reference is the policy with its adapters disabled (no second model)
