@@ -7,7 +7,7 @@
 # stream only when something waits for it (kernels/cuda/emu/README.md): a missing wait reads the
 # gradients from before the reduction. The same reductions in the same order on the same buffers as
 # overlap_comm = false, so the same curve and weights bit for bit -- zero2 and zero3, fp32 and bf16,
-# with gradient accumulation and clipping --, a resume from an overlapped run's checkpoint repeats it
+# with gradient accumulation and clipping; zero3 with offload_optimizer --, a resume from an overlapped run's checkpoint repeats it
 # exactly, and the run's log line counts the reductions still in flight when a later layer's backward
 # began. Where nothing is reduced during the backward (zero1, zero2 + offload_optimizer, no ZeRO) the
 # key is refused.
@@ -54,6 +54,13 @@ for z in zero2 zero3; do
     [ "$started" = 24 ] && [ "$behind" = 16 ] && ok || bad "$z $dt overlap_comm: '$(flight "$TMP/$z${dt}o.log")'"
   done
 done
+# zero3 with offload_optimizer (the slices' sums brought to the host after the backward's last wait,
+# stepped there): the same bit for bit too
+s=(--set memory.strategies=zero3,offload_optimizer --set memory.reduce_bucket_size=1)
+run z3off "${s[@]}"
+run z3offo "${s[@]}" --set memory.overlap_comm=true
+same z3off z3offo "zero3 offload_optimizer overlap_comm"
+[ -n "$(flight "$TMP/z3offo.log")" ] && ok || bad "zero3 offload_optimizer overlap_comm: no overlap line"
 # clipping was active (max_grad_norm 0.05 under every step's norm)
 [ -z "$(curve_col "$TMP/zero2fp32o" grad_norm | awk '$1 <= 0.05')" ] && ok || bad "clipping not active: $(curve_col "$TMP/zero2fp32o" grad_norm | tr '\n' ' ')"
 # a resume from an overlapped run's checkpoint-2 repeats steps 3-4 exactly (zero2 fp32, zero3 bf16)
