@@ -96,14 +96,14 @@ curve_close() {
   [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(curve_col "$1" "$3") <(curve_col "$2" "$3"); }
 }
 
-# tiny_ini FILE OUTPUT_DIR [RUN_LINE...] <<INI ... INI: a run on tiny_setup's model and data, on the CPU:
-# [run] (output_dir, device, then RUN_LINEs such as "seed = 11"), [model], [data] and the [train]
-# header; standard input follows it ([train]'s keys, then any other section).
+# [INI_DEVICE=cuda] tiny_ini FILE OUTPUT_DIR [RUN_LINE...] <<INI ... INI: a run on tiny_setup's model and
+# data, on the CPU (or INI_DEVICE): [run] (output_dir, device, then RUN_LINEs such as "seed = 11"),
+# [model], [data] and the [train] header; standard input follows it ([train]'s keys, then any other section).
 tiny_ini() {
   local f=$1 out=$2
   shift 2
   {
-    printf '[run]\noutput_dir = %s\ndevice = cpu\n' "$out"
+    printf '[run]\noutput_dir = %s\ndevice = %s\n' "$out" "${INI_DEVICE:-cpu}"
     [ $# -gt 0 ] && printf '%s\n' "$@"
     printf '[model]\npath = %s\n[data]\ntrain_file = %s\n[train]\n' "$TMP/model" "$TMP/data/train.jsonl"
     cat
@@ -117,9 +117,8 @@ cuda_run_ini() {
   local f=$1
   shift
   printf 'learning_rate = 3e-3\nmax_steps = 6\nper_device_train_batch_size = 2\nlogging_steps = 1\nsave_steps = 3\nweight_decay = 0.1\nmax_grad_norm = 0.5\ndtype = fp32\n' |
-    tiny_ini "$f" "$TMP/dp"
-  [ $# -gt 0 ] && printf '%s\n' "$@" >>"$f"
-  sed -i 's/^device = cpu$/device = cuda/' "$f"
+    INI_DEVICE=cuda tiny_ini "$f" "$TMP/dp"
+  if [ $# -gt 0 ]; then printf '%s\n' "$@" >>"$f"; fi
 }
 
 # online_ini TRAINER OUT STEPS [LINE...]: prints the INI of an online or distillation run on

@@ -15,15 +15,7 @@
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
 tiny_setup 7 3
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/x
-device = cuda
-[model]
-path = $TMP/model
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
+INI_DEVICE=cuda tiny_ini "$TMP/run.ini" "$TMP/x" <<INI
 learning_rate = 3e-3
 max_steps = 4
 per_device_train_batch_size = 2
