@@ -121,6 +121,17 @@ cuda_run_ini() {
   if [ $# -gt 0 ]; then printf '%s\n' "$@" >>"$f"; fi
 }
 
+# zero3_ini FILE MODEL: the ZeRO-3 MPI tests' run of MODEL on make_quickstart_data.sh's rows in
+# $TMP/data, on the CPU (output $TMP/dp): 6 steps of 2 rows x 2 accumulation at lr 3e-3 (2 warm-up
+# steps, weight decay 0.1, clipping at 0.5), fp32, a log line every step and a checkpoint every 3.
+zero3_ini() {
+  printf '[run]\noutput_dir = %s\ndevice = cpu\n[model]\npath = %s\n[data]\ntrain_file = %s\n[train]\n' \
+    "$TMP/dp" "$2" "$TMP/data/train.jsonl" >"$1"
+  printf 'learning_rate = 3e-3\nwarmup_steps = 2\nmax_steps = 6\nper_device_train_batch_size = 2\n' >>"$1"
+  printf 'gradient_accumulation_steps = 2\nlogging_steps = 1\nsave_steps = 3\nweight_decay = 0.1\n' >>"$1"
+  printf 'max_grad_norm = 0.5\ndtype = fp32\n' >>"$1"
+}
+
 # online_ini TRAINER OUT STEPS [LINE...]: prints the INI of an online or distillation run on
 # tiny_setup's model and data, on the CPU: [run] TRAINER, seed 3, output $TMP/OUT; [model] then
 # INI_MODEL's lines (a [teacher] section); [data] the prompt files (INI_DATA=rows: the

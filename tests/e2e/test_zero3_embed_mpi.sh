@@ -19,26 +19,7 @@ for tie in tied untied; do
   "${C[@]}" model init --arch qwen2 --hidden 64 --layers 2 --heads 2 "${flag[@]}" \
     --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/m_$tie" >/dev/null || bad "model init $tie"
 done
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/dp
-device = cpu
-[model]
-path = $TMP/m_tied
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
-learning_rate = 3e-3
-warmup_steps = 2
-max_steps = 6
-per_device_train_batch_size = 2
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_steps = 3
-weight_decay = 0.1
-max_grad_norm = 0.5
-dtype = fp32
-INI
+zero3_ini "$TMP/run.ini" "$TMP/m_tied"
 curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 num() { grep -o "$2" "$1" | head -1 | grep -o '[0-9][0-9]*' | sed -n "${3}p"; }
 acct='zero3: per rank between steps at most [0-9]* bytes of parameters, gradients and optimizer state ([^)]*) against [0-9]* unsharded'

@@ -14,26 +14,7 @@ mpi_setup
 bash "$SRC/scripts/make_quickstart_data.sh" "$TMP/data" 5 >/dev/null
 "${C[@]}" model init --arch qwen2 --hidden 64 --layers 2 --heads 2 --tie-embeddings \
   --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/m" >/dev/null || bad "model init"
-cat >"$TMP/run.ini" <<INI
-[run]
-output_dir = $TMP/dp
-device = cpu
-[model]
-path = $TMP/m
-[data]
-train_file = $TMP/data/train.jsonl
-[train]
-learning_rate = 3e-3
-warmup_steps = 2
-max_steps = 6
-per_device_train_batch_size = 2
-gradient_accumulation_steps = 2
-logging_steps = 1
-save_steps = 3
-weight_decay = 0.1
-max_grad_norm = 0.5
-dtype = fp32
-INI
+zero3_ini "$TMP/run.ini" "$TMP/m"
 curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 mpi_train p
 for t in 0 auto 1e9; do mpi_train "z$t" --set memory.strategies=zero3 --set memory.stage3_param_persistence_threshold=$t; done
