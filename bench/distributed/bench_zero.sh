@@ -21,8 +21,8 @@ for z in none zero1 zero2 zero3; do
   mem=checkpointing
   [ "$z" != none ] && mem="checkpointing,$z"
   timed "$TMP/$z.log" "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$z" --set "memory.strategies=$mem"
-  rss=$(peak_rss "$TMP/$z.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')
-  cpu=$(cpu_times "$TMP/$z.log" | awk -v s="$STEPS" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }')
+  rss=$(ranks_rss "$TMP/$z.log")
+  cpu=$(ranks_cpu "$TMP/$z.log" "$STEPS")
   state=$(grep -o "at most [0-9]* bytes of state per rank\|adamw: [0-9]* bytes of state per rank" "$TMP/$z.log" |
     grep -o "[0-9][0-9]*" | awk '{printf "%.0f MiB", $1 / 1048576}')
   echo "| $z | $rss | $cpu | $state | $(last "$TMP/$z" loss) |"

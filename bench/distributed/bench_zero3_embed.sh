@@ -23,8 +23,8 @@ for way in whole sliced; do
   if [ $way = whole ]; then rank_env CTRL_TEST_ZERO3_WHOLE_EMBED=1; else rank_env; fi
   timed "$TMP/$way.log" "${MPI[@]}" "${ENV[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" \
     --set memory.strategies=zero3 || { tail -20 "$TMP/$way.log"; exit 1; }
-  rss=$(peak_rss "$TMP/$way.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')
-  cpu=$(cpu_times "$TMP/$way.log" | awk -v s="$STEPS" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }')
+  rss=$(ranks_rss "$TMP/$way.log")
+  cpu=$(ranks_cpu "$TMP/$way.log" "$STEPS")
   acct=$(grep -o "per rank between steps at most [0-9]* bytes of parameters, gradients and optimizer state .* against [0-9]* unsharded: [0-9.]* of it" "$TMP/$way.log" |
     sed 's/.*at most \([0-9]*\) bytes.* against \([0-9]*\) unsharded: \([0-9.]*\) of it/\1 of \2 B (\3)/')
   echo "| $way | $rss | $cpu | $acct | $(last "$TMP/$way" loss) |"

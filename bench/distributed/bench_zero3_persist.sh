@@ -14,19 +14,18 @@ source "$(dirname "$0")/common.sh"
 [ -f "$TOK/tokenizer.json" ] || { echo "SKIP: no tokenizer in $TOK"; exit 0; }
 qwen_vocab_model "$TMP/model" "$LAYERS" "$TOK"
 sft_ini "$TMP/run.ini" "$TMP/model" "$STEPS" 1
-echo "machine: $(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1), $(getconf _NPROCESSORS_ONLN) cores; $(date -u '+%Y-%m-%d %H:%M UTC')"
+machine
 echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, vocabulary 151936 tied; 2 ranks x 1 thread, $STEPS steps; load average $(load)"
 echo "| threshold | kept whole | peak RSS per rank | CPU s per step per rank | wall s | per rank between steps (of unsharded) | the step's all-gathers | final loss |"
 echo "|---|---|---|---|---|---|---|---|"
 for t in 0 auto 1e5; do
-  env=(-x OMP_NUM_THREADS)
-  [ -n "${LD_LIBRARY_PATH:-}" ] && env+=(-x LD_LIBRARY_PATH)
+  rank_env
   t0=$(date +%s.%N)
-  timed "$TMP/$t.log" "${MPI[@]}" "${env[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$t" \
+  timed "$TMP/$t.log" "${MPI[@]}" "${ENV[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$t" \
     --set memory.strategies=zero3 --set memory.stage3_param_persistence_threshold=$t || { tail -20 "$TMP/$t.log"; exit 1; }
-  wall=$(echo "$(date +%s.%N) - $t0" | bc)
-  rss=$(peak_rss "$TMP/$t.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')
-  cpu=$(cpu_times "$TMP/$t.log" | awk -v s="$STEPS" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }')
+  wall=$(seconds_since "$t0")
+  rss=$(ranks_rss "$TMP/$t.log")
+  cpu=$(ranks_cpu "$TMP/$t.log" "$STEPS")
   acct=$(grep -o "per rank between steps at most [0-9]* bytes of parameters, gradients and optimizer state .* against [0-9]* unsharded: [0-9.]* of it" "$TMP/$t.log" |
     sed 's/.*at most \([0-9]*\) bytes.* against \([0-9]*\) unsharded: \([0-9.]*\) of it/\1 of \2 B (\3)/')
   kept=$(grep -o "elements: [0-9]* tensors, [0-9]* bytes" "$TMP/$t.log" | sed 's/elements: //')

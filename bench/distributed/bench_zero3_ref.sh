@@ -40,9 +40,9 @@ for way in whole sliced; do
   t0=$(date +%s.%N)
   timed "$TMP/$way.log" "${MPI[@]}" "${ENV[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" ||
     { tail -20 "$TMP/$way.log"; exit 1; }
-  wall=$(echo "$(date +%s.%N) - $t0" | bc)
-  rss=$(peak_rss "$TMP/$way.log" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }')
-  cpu=$(cpu_times "$TMP/$way.log" | awk -v s="$STEPS" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }')
+  wall=$(seconds_since "$t0")
+  rss=$(ranks_rss "$TMP/$way.log")
+  cpu=$(ranks_cpu "$TMP/$way.log" "$STEPS")
   printf '| %s | %s | %s | %.1f | %s |\n' "$way" "$rss" "$cpu" "$wall" "$(last "$TMP/$way" loss)"
   grep -o "the reference model.*\|zero3: process memory.*\|after loading the model.*" "$TMP/$way.log" || true
   rm -f "$TMP/$way"/model*.safetensors

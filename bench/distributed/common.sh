@@ -14,6 +14,8 @@
 #   timed OUT_LOG COMMAND...: runs it under /usr/bin/time, each process appending a line
 #     "rank-time CPU_SECONDS PEAK_RSS_KB" (user + system) to OUT_LOG with its own output;
 #   cpu_times LOG / peak_rss LOG: those columns, one line per process;
+#   ranks_rss LOG / ranks_cpu LOG STEPS: the same on one line, "a / b MiB" and CPU seconds a step;
+#   seconds_since T0: wall seconds since T0 (from `date +%s.%N`);
 #   last DIR KEY: KEY of DIR's last metrics.jsonl line;
 #   load: the load average now (1, 5, 15 minutes).
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -66,3 +68,6 @@ cpu_times() { awk '/^rank-time/ { printf "%.1f\n", $2 + $3 }' "$1"; }
 peak_rss() { awk '/^rank-time/ { printf "%.0f\n", $4 / 1024 }' "$1"; }
 last() { tail -1 "$1/metrics.jsonl" | sed "s/.*\"$2\": \([-0-9.e]*\).*/\1/"; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
+ranks_rss() { peak_rss "$1" | awk '{ printf "%s%s MiB", (NR > 1 ? " / " : ""), $1 }'; }
+ranks_cpu() { cpu_times "$1" | awk -v s="$2" '{ printf "%s%.1f", (NR > 1 ? " / " : ""), $1 / s }'; }
+seconds_since() { awk -v t0="$1" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.1f", t1 - t0 }'; }
