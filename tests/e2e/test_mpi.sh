@@ -49,7 +49,8 @@ losses() { grep -o '"loss": [-0-9.e]*\|"grad_norm": [-0-9.e]*' "$1/metrics.jsonl
   bad "shared memory vs MPI_Allreduce: $(losses "$TMP/two" 8 | tr '\n' ' ') vs $(losses "$TMP/allreduce" 8 | tr '\n' ' ')"
 # rank 0 alone logs (others: warnings only) and writes: one line per step, the checkpoints, the model
 [ "$(grep -c '"step"' "$TMP/two/metrics.jsonl")" = 10 ] && ok || bad "metrics.jsonl: $(wc -l <"$TMP/two/metrics.jsonl") lines"
-grep -q "\[rank 1\]" "$TMP/log2" && bad "rank 1 logged: $(grep '\[rank 1\]' "$TMP/log2" | head -3)" || ok
+# (a warning about the rank's own machine, e.g. no fast bf16 path on an AVX2-only CPU, is each rank's)
+grep "\[rank 1\]" "$TMP/log2" | grep -qv " WARN  \| ERROR " && bad "rank 1 logged: $(grep '\[rank 1\]' "$TMP/log2" | grep -v ' WARN  \| ERROR ' | head -3)" || ok
 [ -f "$TMP/two/model.safetensors" ] && [ -d "$TMP/two/checkpoint-5" ] && [ -d "$TMP/two/checkpoint-10" ] && ok ||
   bad "outputs missing: $(ls "$TMP/two")"
 grep -q '"world_size":.*2' "$TMP/two/checkpoint-5/trainer_state.json" && ok || bad "world_size not in trainer_state.json"
