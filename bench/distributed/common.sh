@@ -12,7 +12,7 @@
 #   sft_ini FILE MODEL STEPS BATCH [LINE...]: a CPU SFT run of STEPS steps at BATCH per device, the
 #     output in $TMP/run, the LINEs added to [data] (e.g. "packing = true");
 #   timed OUT_LOG COMMAND...: runs it under /usr/bin/time, each process appending a line
-#     "rank-time CPU_SECONDS PEAK_RSS_KB" (user + system) to OUT_LOG with its own output;
+#     "rank-time USER_S SYSTEM_S PEAK_RSS_KB MINOR_FAULTS" to OUT_LOG with its own output;
 #   cpu_times LOG / peak_rss LOG: those columns, one line per process;
 #   ranks_rss LOG / ranks_cpu LOG STEPS: the same on one line, "a / b MiB" and CPU seconds a step;
 #   seconds_since T0: wall seconds since T0 (from `date +%s.%N`);
@@ -59,7 +59,7 @@ timed() {
   shift
   local cmd=() a
   for a in "$@"; do
-    [ "$a" = "${C[0]}" ] && cmd+=(/usr/bin/time -a -o "$log" -f "rank-time %U %S %M")
+    [ "$a" = "${C[0]}" ] && cmd+=(/usr/bin/time -a -o "$log" -f "rank-time %U %S %M %R")
     cmd+=("$a")
   done
   "${cmd[@]}" >>"$log" 2>&1

@@ -122,6 +122,7 @@ ctrl_status train_run_report_resident(run_state *r) {
                   "%zu bytes, whole on every rank)",
                   floats, gathers, views, z->persist, z->n_persist, z->persist_bytes);
     }
+    train_zero_pool_report(z); /* zero3: the gathers' and gradients' reused pages */
     return st;
 }
 

@@ -224,6 +224,7 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
 void train_zero_free(train_zero *z) {
     train_zero_device_free(z); /* a device's acc */
     train_zero_device3_free(z);
+    train_zero_pool_free(z); /* the reused pages (what is lent stays where it is) */
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
     free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending), free(z->hacc);
     z->hacc = NULL;

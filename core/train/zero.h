@@ -168,6 +168,10 @@ typedef struct train_zero {
      * and the floats they fetched (the layers' uses, the units outside them, the persistent views') */
     long gathers, gather_views;
     double gather_floats;
+    /* stage 3 on the CPU: the pages reused by the gathers (zero_layers.c): `pool` lends its pages to the
+     * released ranges of the layers in use, `gpool` to the layers' gradients during their backward;
+     * NULL when off (CTRL_TEST_ZERO3_REFAULT=1, a device) */
+    struct zero_pool *pool, *gpool;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -219,6 +223,9 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m);
  * reduction, no gradients -- and its other ranks' slices released. While z->measure is set, each
  * use's end records the parameters' resident bytes, the most seen, in z->grad_peak. */
 ctrl_status train_zero_attach_frozen(train_zero *z, ctrl_model *m);
+/* Stage 3 on the CPU: the reused pages' counts since attach logged (rank 0; after the first step). */
+void train_zero_pool_report(const train_zero *z);
+void train_zero_pool_free(train_zero *z);
 /* The groups (set over the whole model) clipped to this rank's slices, in place, those outside
  * dropped; returns how many are left. */
 int train_zero_shard_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);

@@ -88,13 +88,13 @@ static ctrl_status idle_passes(train_zero_gen *g) {
     }
 }
 
-/* The largest unit's sliced bytes (a layer's, the embeddings', the head's). */
+/* The most bytes one unit's gather fetches (a layer's, the embeddings', the head's): its runs, the
+ * sliced ranges less the views stage3_param_persistence_threshold keeps whole (never gathered). */
 static size_t largest_layer(const train_zero *z) {
     size_t most = 0;
     for (int l = 0; l < z->n_slots; l++) {
-        train_zero_unit r[2];
         size_t n = 0;
-        for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k; i++) n += r[i].b - r[i].a;
+        for (int i = z->run_at[l]; i < z->run_at[l + 1]; i++) n += z->runs[i].u.b - z->runs[i].u.a;
         most = n > most ? n : most;
     }
     return most * sizeof(float);

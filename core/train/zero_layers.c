@@ -6,7 +6,13 @@
  * whole (the final norm, a score head: DeepSpeed's persistent parameters) plus one layer at a time.
  * The embeddings and an untied LM head are sliced the same way (slots n_layers and n_layers + 1 of
  * layer_unit, frozen, state): the model's hooks gather them around each use -- the lookup, the head's
- * forward (with its backward when fused), its backward -- and release them after; no prefetch. */
+ * forward (with its backward when fused), its backward -- and release them after; no prefetch.
+ *
+ * The released ranges' pages are reused (the pool below): a gather into released pages would fault and
+ * zero each page again, at every use of every layer (about 5x the cost of writing resident memory on
+ * this project's CPUs), so the layers in use borrow the pages of a small pool instead, moved onto
+ * their released ranges (mremap) before the gather and moved back at the release. */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,25 +33,155 @@ static train_zero_unit in_params(const train_zero *z, int u) {
     return (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer};
 }
 
-/* [from, to) of the parameters back to the system, the whole pages inside it. */
-static void release_range(float *from, float *to) {
+/* The whole pages inside [from, to). */
+typedef struct pool_piece {
+    char *at;
+    size_t len;
+} pool_piece;
+
+static pool_piece page_span(const float *from, const float *to) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)from + page - 1) / page * page, hi = (uintptr_t)to / page * page;
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    return (pool_piece){(char *)lo, hi > lo ? hi - lo : 0};
+}
+
+/* [from, to) of the parameters back to the system, the whole pages inside it. */
+static void release_range(float *from, float *to) {
+    const pool_piece r = page_span(from, to);
+    if (r.len) madvise(r.at, r.len, MADV_DONTNEED);
+}
+
+/* The reused pages: `frames` frames of `frame` bytes of anonymous memory, written once when made (so
+ * the whole pool is one mapping with its pages present: any piece of a frame moves as one). A use
+ * (a slot's gather, a layer's gradients in its backward) borrows a free frame: its pieces, the whole
+ * pages of the use's released ranges, get the frame's pages moved onto them in order (mremap with
+ * MREMAP_FIXED: the page tables move; no fault, no copy), and at the release the pages move back to
+ * where they came from (MREMAP_DONTUNMAP: the range stays mapped, empty, reading zeros as after
+ * madvise(MADV_DONTNEED)). A use with more than a frame's bytes, or while every frame is lent, takes
+ * the old way (its pages faulted by the writes and handed back after); so does every use once an
+ * mremap has failed. The frames' pages stay resident between steps. */
+struct zero_pool {
+    char *base;
+    size_t frame;
+    int frames, cap; /* cap: pieces a frame lends at most */
+    int *key_of;     /* per frame: the slot (unit) it is lent to, -1 free */
+    int *n;          /* per frame: its pieces lent, piece[f * cap ..] */
+    pool_piece *piece;
+    int *frame_of, n_keys; /* per slot (unit): its frame, -1 none */
+    long lent, missed;     /* uses on a frame; uses the old way (too large, or no frame free) */
+    int broken;            /* an mremap failed: the old way from then on */
+};
+
+/* A pool of `frames` x `frame` bytes lending `cap` pieces a use, for keys 0 .. n_keys - 1; NULL (the
+ * old way) when there is nothing to lend, without memory for it, or with CTRL_TEST_ZERO3_REFAULT set
+ * (tests and benchmarks compare with it). */
+static struct zero_pool *pool_new(int frames, size_t frame, int cap, int n_keys) {
+    if (getenv("CTRL_TEST_ZERO3_REFAULT") || !frame || cap <= 0 || n_keys <= 0) return NULL;
+    struct zero_pool *pl = calloc(1, sizeof *pl);
+    if (!pl) return NULL;
+    pl->frame = frame, pl->frames = frames, pl->cap = cap, pl->n_keys = n_keys;
+    pl->key_of = malloc(sizeof(int) * (size_t)frames), pl->n = calloc((size_t)frames, sizeof(int));
+    pl->piece = malloc(sizeof(pool_piece) * (size_t)frames * (size_t)cap);
+    pl->frame_of = malloc(sizeof(int) * (size_t)n_keys);
+    void *base =
+        mmap(NULL, frame * (size_t)frames, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    pl->base = base == MAP_FAILED ? NULL : base;
+    if (!pl->key_of || !pl->n || !pl->piece || !pl->frame_of || !pl->base) {
+        if (pl->base) munmap(pl->base, frame * (size_t)frames);
+        free(pl->key_of), free(pl->n), free(pl->piece), free(pl->frame_of), free(pl);
+        return NULL;
+    }
+    memset(pl->base, 0, frame * (size_t)frames); /* present, one mapping (and zeros: the gradients') */
+    for (int f = 0; f < frames; f++) pl->key_of[f] = -1;
+    for (int k = 0; k < n_keys; k++) pl->frame_of[k] = -1;
+    return pl;
+}
+
+static void pool_free(struct zero_pool *pl) {
+    if (!pl) return;
+    munmap(pl->base, pl->frame * (size_t)pl->frames); /* what is lent stays where it is, as memory */
+    free(pl->key_of), free(pl->n), free(pl->piece), free(pl->frame_of), free(pl);
+}
+
+static void pool_broken(struct zero_pool *pl, const char *what) {
+    if (!pl->broken)
+        CTRL_WARN("zero3: reusing the released pages failed (%s: %s); they are faulted "
+                  "again at each use from here on",
+                  what, strerror(errno));
+    pl->broken = 1;
+}
+
+/* Use `key`'s n pieces backed by a free frame's pages, when one is free and large enough. */
+static void pool_lend(struct zero_pool *pl, int key, const pool_piece *pc, int n) {
+    if (!pl || pl->broken || pl->frame_of[key] >= 0) return;
+    size_t need = 0;
+    int k = 0, f = 0;
+    for (int i = 0; i < n; i++) need += pc[i].len, k += pc[i].len > 0;
+    if (!k) return;
+    while (f < pl->frames && pl->key_of[f] >= 0) f++;
+    if (need > pl->frame || k > pl->cap || f == pl->frames) {
+        pl->missed++;
+        return;
+    }
+    char *from = pl->base + (size_t)f * pl->frame;
+    pool_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (!pc[i].len) continue;
+        if (mremap(from, pc[i].len, pc[i].len, MREMAP_MAYMOVE | MREMAP_FIXED, pc[i].at) == MAP_FAILED) {
+            pool_broken(pl, "mremap"); /* the range mapped again, empty: the old way */
+            if (mmap(pc[i].at, pc[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+                     0) == MAP_FAILED)
+                CTRL_ERROR("zero3: a released range could not be mapped again: %s", strerror(errno));
+            pl->missed++; /* the use not lent: its release hands every range back, these pages with them */
+            return;
+        }
+        mine[m++] = pc[i], from += pc[i].len;
+    }
+    pl->n[f] = m, pl->key_of[f] = key, pl->frame_of[key] = f, pl->lent++;
+}
+
+/* `key`'s frame, when it has one, back: its pages moved home, the pieces left empty (zeros). Returns
+ * whether it had one (else the caller releases its ranges the old way). */
+static int pool_give_back(struct zero_pool *pl, int key) {
+    const int f = pl && key >= 0 && key < pl->n_keys ? pl->frame_of[key] : -1;
+    if (f < 0) return 0;
+    char *home = pl->base + (size_t)f * pl->frame;
+    const pool_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
+    for (int i = 0; i < pl->n[f]; i++) {
+        if (pl->broken || mremap(mine[i].at, mine[i].len, mine[i].len,
+                                 MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, home) == MAP_FAILED) {
+            if (!pl->broken) pool_broken(pl, "mremap back");
+            madvise(mine[i].at, mine[i].len, MADV_DONTNEED);
+        }
+        home += mine[i].len;
+    }
+    pl->n[f] = 0, pl->key_of[f] = -1, pl->frame_of[key] = -1;
+    return 1;
 }
 
 /* A run of a sliced range (in parameters): the other ranks' slices released, before this rank's and
- * after it, and the whole run of the bf16 copy (re-rounded at the next gather). */
-static ctrl_status release_params(train_zero *z, const train_zero_run *run) {
+ * after it (unless `lent`: their pages went back to the pool), and the whole run of the bf16 copy
+ * (re-rounded at the next gather; never lent: a gather re-rounds it only while the copy is current). */
+static ctrl_status release_params(train_zero *z, const train_zero_run *run, int lent) {
     const train_zero_unit u = run->u;
     if (z->dev) return train_zero_device_release_range(z, u); /* a CUDA model's: unmapped */
     float *p = ctrl_model_params(z->model, NULL), *rounded = ctrl_model_bf16_copy(z->model);
     size_t lo, hi;
     train_zero_run_cut(z, run, z->rank, &lo, &hi);
-    release_range(p + u.a, p + lo);
-    release_range(p + hi, p + u.b);
+    if (!lent) release_range(p + u.a, p + lo), release_range(p + hi, p + u.b);
     if (rounded) release_range(rounded + u.a, rounded + u.b);
     return CTRL_OK;
+}
+
+/* The whole pages a run's release hands back (the other ranks' slices, before and after this rank's),
+ * into out[0..2); returns 2. */
+static int run_pieces(train_zero *z, const train_zero_run *run, pool_piece out[2]) {
+    const float *p = ctrl_model_params(z->model, NULL);
+    size_t lo, hi;
+    train_zero_run_cut(z, run, z->rank, &lo, &hi);
+    out[0] = page_span(p + run->u.a, p + lo), out[1] = page_span(p + hi, p + run->u.b);
+    return 2;
 }
 
 /* Every rank's slices of the run into every rank's parameters, and its bf16 copy re-rounded. */
@@ -86,11 +222,34 @@ static void count_use(train_zero *z, int l) {
     z->gathers += e - i, z->gather_views += z->run_views[l], z->gather_floats += (double)layer_floats(z, l);
 }
 
+/* Slot l's released pages backed by a frame of the pool before its gathers write them (the host's;
+ * kept, at most two runs' pieces on the stack at a time, up to the pool's cap). */
+static void lend_slot(train_zero *z, int l) {
+    if (!z->pool || z->dev) return;
+    int i;
+    const int e = slot_runs(z, l, &i);
+    pool_piece pc[64];
+    int n = 0;
+    for (; i < e && n + 2 <= (int)(sizeof pc / sizeof pc[0]); i++) n += run_pieces(z, &z->runs[i], pc + n);
+    if (i < e) n = (int)(sizeof pc / sizeof pc[0]) + 1; /* more than it takes: the old way */
+    pool_lend(z->pool, l, pc, n);
+}
+
+/* Slot l's runs released: the pool's pages back, or the ranges handed to the system. */
+static ctrl_status release_slot(train_zero *z, int l) {
+    const int lent = pool_give_back(z->pool, l);
+    ctrl_status st = CTRL_OK;
+    for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
+        st = release_params(z, &z->runs[i], lent);
+    return st;
+}
+
 /* Layer l's gathers started (prefetch): completed by need_layer. */
 static ctrl_status start_layer(train_zero *z, int l) {
     ctrl_status st = CTRL_OK;
     z->state[l] = 1;
     count_use(z, l);
+    lend_slot(z, l);
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
         st = z->dev
                  ? train_zero_device_gather_range(z, z->runs[i].u, &z->pending[i]) /* a side stream */
@@ -102,7 +261,7 @@ static ctrl_status start_layer(train_zero *z, int l) {
 /* Layer l whole: its prefetch completed, or gathered now. */
 static ctrl_status need_layer(train_zero *z, int l) {
     ctrl_status st = CTRL_OK;
-    if (z->state[l] == 0) count_use(z, l);
+    if (z->state[l] == 0) count_use(z, l), lend_slot(z, l);
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++) {
         const train_zero_unit r = z->runs[i].u;
         if (z->state[l] == 2) break;
@@ -149,6 +308,12 @@ static ctrl_status gather_backward(ctrl_memory *m, int layer) {
     ctrl_status st = z->vm_grads && layer >= 0 && layer < z->n_slots && z->layer_unit[layer] >= 0
                          ? train_zero_device_grads_in(z, z->layer_unit[layer])
                          : CTRL_OK;
+    if (z->gpool && layer >= 0 && layer < ctrl_model_cfg(z->model)->n_layers && z->layer_unit[layer] >= 0) {
+        const int u = z->layer_unit[layer]; /* the host's: the layer's gradients on zeroed pool pages */
+        const float *g = ctrl_model_grads(z->model, NULL);
+        const pool_piece pc = page_span(g + z->units[u].a, g + z->units[u].b);
+        pool_lend(z->gpool, u, &pc, 1);
+    }
     for (int u = 0; z->vm_grads && layer == 0 && u < z->n_units && st == CTRL_OK; u++)
         if (z->units[u].layer == TRAIN_ZERO_OUTER) st = train_zero_device_grads_in(z, u);
     return st == CTRL_OK ? gather_layer_dir(z, layer, -1) : st;
@@ -158,8 +323,7 @@ static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
     if (z->stage < 3 || z->gathered || layer < 0 || layer >= z->n_slots || z->state[layer] != 2)
         return CTRL_OK;
-    ctrl_status st = CTRL_OK;
-    for (int i, e = slot_runs(z, layer, &i); i < e && st == CTRL_OK; i++) st = release_params(z, &z->runs[i]);
+    const ctrl_status st = release_slot(z, layer);
     z->state[layer] = 0;
     return st;
 }
@@ -179,8 +343,8 @@ static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
     float *acc = z->acc + z->acc_off[u];
     const float *mine = g + (lo - z->units[u].a);
     for (size_t i = 0; i < hi - lo; i++) acc[i] += mine[i];
-    memset(g, 0, sizeof(float) * len);
-    release_range(g, g + len);
+    memset(g, 0, sizeof(float) * len); /* (the pool's pages go back zeroed, as it lends them) */
+    if (!pool_give_back(z->gpool, u)) release_range(g, g + len);
     return CTRL_OK;
 }
 
@@ -249,6 +413,60 @@ static const ctrl_memory_ops layer_hooks = {
     .after_backward = reduce_layer,
 };
 
+/* The frames the pools lend (the layer in use and the next one, prefetched or reduced in flight). */
+#define POOL_FRAMES 2
+
+/* Stage 3's parameter pool: frames of the largest layer's released pages (the embeddings and a head
+ * borrow one when they fit; at a real vocabulary they are larger and take the old way). */
+static void make_pool(train_zero *z) {
+    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
+    size_t frame = 0;
+    int cap = 0;
+    for (int l = 0; l < z->n_slots; l++) {
+        size_t bytes = 0;
+        int n = 0;
+        for (int i, e = slot_runs(z, l, &i); i < e; i++) {
+            pool_piece pc[2];
+            run_pieces(z, &z->runs[i], pc);
+            bytes += pc[0].len + pc[1].len, n += (pc[0].len > 0) + (pc[1].len > 0);
+        }
+        if (l < n_layers && bytes > frame) frame = bytes;
+        cap = n > cap ? n : cap;
+    }
+    z->pool = pool_new(POOL_FRAMES, frame, cap, z->n_slots);
+}
+
+/* Stage 3's gradient pool: frames of the largest layer unit's pages (a unit a layer at any bucket). */
+static void make_gpool(train_zero *z) {
+    const float *g = ctrl_model_grads(z->model, NULL);
+    size_t frame = 0;
+    for (int u = 0; u < z->n_units; u++) {
+        const pool_piece pc = page_span(g + z->units[u].a, g + z->units[u].b);
+        if (z->units[u].layer >= 0 && pc.len > frame) frame = pc.len;
+    }
+    z->gpool = pool_new(POOL_FRAMES, frame, 1, z->n_units);
+}
+
+void train_zero_pool_free(train_zero *z) {
+    pool_free(z->pool), pool_free(z->gpool);
+    z->pool = z->gpool = NULL;
+}
+
+void train_zero_pool_report(const train_zero *z) {
+    if (z->rank != 0 || z->stage < 3 || z->dev) return;
+    const struct zero_pool *p = z->pool, *g = z->gpool;
+    if (getenv("CTRL_TEST_ZERO3_REFAULT")) /* (else no pool: nothing released to back) */
+        CTRL_INFO("zero3: the released pages are faulted again at each use (CTRL_TEST_ZERO3_REFAULT)");
+    if (p)
+        CTRL_INFO("zero3: gathers into reused pages: %ld uses on %d frames of %zu bytes, %ld the old way "
+                  "(larger than a frame, or none free)%s",
+                  p->lent, p->frames, p->frame, p->missed, p->broken ? "; failed, off" : "");
+    if (g)
+        CTRL_INFO("zero3: gradients on reused pages: %ld backwards of a layer on %d frames of %zu bytes, "
+                  "%ld the old way%s",
+                  g->lent, g->frames, g->frame, g->missed, g->broken ? "; failed, off" : "");
+}
+
 /* The hooks' instance and stage 3's per-slot state: the gathers' states, the prefetches' handles,
  * the sliced ranges the bf16 copy leaves to the gathers (skip). */
 static ctrl_status attach_slots(train_zero *z, ctrl_model *m) {
@@ -261,6 +479,7 @@ static ctrl_status attach_slots(train_zero *z, ctrl_model *m) {
     if (z->stage >= 3 && (!(z->skip = malloc(sizeof(size_t) * 2 * nr)) || !(z->state = calloc(nl, 1)) ||
                           !(z->pending = calloc(nr, sizeof *z->pending))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
+    if (z->stage >= 3 && !z->dev) make_pool(z);
     for (int k = 0; z->stage >= 3 && k < z->n_runs; k++) { /* kept in the parameters' order */
         const train_zero_unit r = z->runs[k].u;
         int at = z->n_skip++;
@@ -284,7 +503,8 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
     size_t n = 0;
     float *g = ctrl_model_grads(m, &n);
-    release_range(g, g + n); /* zeros: the backward adds into them */
+    release_range(g, g + n);          /* zeros: the backward adds into them */
+    if (z->stage >= 3) make_gpool(z); /* (zero2's units are buckets: a frame of one could be them all) */
     train_zero_release_all(z);
     /* the persistent views whole (a sliced load read this rank's slices of them only), their bf16 copy */
     st = z->n_kept ? train_zero_gather_kept(z, 1) : CTRL_OK;
@@ -337,9 +557,7 @@ int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]) 
     return layer_ranges(z, l, out);
 }
 
-void train_zero_release_layer(train_zero *z, int l) {
-    for (int i, e = slot_runs(z, l, &i); i < e; i++) release_params(z, &z->runs[i]);
-}
+void train_zero_release_layer(train_zero *z, int l) { release_slot(z, l); }
 
 ctrl_status train_zero_gather_all(train_zero *z) {
     if (z->stage < 3 || z->gathered) return CTRL_OK;
@@ -373,8 +591,8 @@ void train_zero_release_all(train_zero *z) {
     z->gathered = 0;
     if (z->dev) ctrl_model_set_device_sliced(z->model, 1);
     for (int l = 0; l < z->n_slots; l++) {
-        for (int i, e = slot_runs(z, l, &i); i < e && (!z->dev || z->state[l]); i++)
-            if (release_params(z, &z->runs[i]) != CTRL_OK) CTRL_ERROR("zero3: %s", ctrl_error_message());
+        if ((!z->dev || z->state[l]) && release_slot(z, l) != CTRL_OK)
+            CTRL_ERROR("zero3: %s", ctrl_error_message());
         z->state[l] = 0;
     }
     ctrl_model_set_round_skip(z->model, z->skip, z->n_skip); /* the gathers round the layers */

@@ -6,7 +6,8 @@
 # gather around any use) follows plain data parallel's curve (loss 1e-6, gradient norm 1e-5) and saves
 # the same model bytes as threshold 0; the run's own count of the step's all-gathered tensors and
 # floats drops; a checkpoint resumes the same curve (with auto, and with 0: the optimizer slices do not
-# depend on the threshold); the key is refused without zero3 and below 0, naming it.
+# depend on the threshold); the released pages' reuse changes no bit (against CTRL_TEST_ZERO3_REFAULT=1);
+# the key is refused without zero3 and below 0, naming it.
 # Skipped (77) when mpirun or libctrl_mpi.so is absent.
 # usage: test_zero3_persist_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -46,6 +47,20 @@ for t in auto 0; do
     --set memory.stage3_param_persistence_threshold=$t --set train.resume_from_checkpoint=last
   diff <(curve "$TMP/zauto") <(curve "$TMP/r$t") >"$TMP/diff" && ok || { bad "resumed with $t: the curve differs"; cat "$TMP/diff"; }
   cmp -s "$TMP/zauto/model.safetensors" "$TMP/r$t/model.safetensors" && ok || bad "resumed with $t: the model differs"
+done
+# the released pages reused (zero_layers.c's pool: the gathers and the layers' gradients on its pages)
+# against faulted again at each use (CTRL_TEST_ZERO3_REFAULT=1, the way before): the same curve and
+# model bytes, bit for bit; the run counts the uses on the pool's frames
+CTRL_TEST_ZERO3_REFAULT=1 mpi_train zr --set memory.strategies=zero3
+diff <(curve "$TMP/z0") <(curve "$TMP/zr") >"$TMP/diff" && cmp -s "$TMP/z0/model.safetensors" "$TMP/zr/model.safetensors" &&
+  grep -q "zero3: the released pages are faulted again at each use (CTRL_TEST_ZERO3_REFAULT)" "$TMP/zr.log" && ok ||
+  { bad "the pool changed the curve or the model"; head -4 "$TMP/diff"; }
+for t in 0 auto; do
+  pool=$(grep -o "zero3: gathers into reused pages: [0-9]* uses on 2 frames of [0-9]* bytes, [0-9]* the old way" "$TMP/z$t.log" | head -1)
+  grads=$(grep -o "zero3: gradients on reused pages: [0-9]* backwards of a layer on 2 frames of [0-9]* bytes, 0 the old way" "$TMP/z$t.log" | head -1)
+  echo "threshold $t: $pool; $grads"
+  [ "$(echo "$pool" | grep -ow '[0-9][0-9]*' | sed -n 1p)" -gt 0 ] 2>/dev/null && [ -n "$grads" ] && ok ||
+    bad "threshold $t: the pool's line: '$pool' '$grads'"
 done
 # refusals, naming the key
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/e1" --set memory.strategies=zero2 \
