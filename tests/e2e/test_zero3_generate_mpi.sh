@@ -9,7 +9,8 @@
 # the same weights; GRPO in bf16 too, without packed decoding panels, and with LoRA); the ranks' pass counts differ (one request decoded at a time, prompts prefilled
 # 8 tokens a pass) and do not hang; the parameter bytes resident on a rank during generation are at
 # most its slices of the layers, what lies outside them, and one layer more (plus the pages a slice
-# shares); the setting is refused without zero3 and for a trainer that does not generate; a rank
+# shares), and the largest gather it reports is what a gather fetches (0 with every tensor kept whole);
+# the setting is refused without zero3 and for a trainer that does not generate; a rank
 # stopped during generation ends the job after [train] ddp_timeout.
 # usage: test_zero3_generate_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -71,6 +72,11 @@ INI_TRAIN="dtype = fp32" online_ini rloo r 2 "[rloo]" "num_generations = 4" "max
   sed '/^eval_file/d' >"$TMP/rloo.ini"
 run2 rw "$TMP/rloo.ini" && run2 rl "$TMP/rloo.ini" "${LAYERWISE[@]}"
 same rw rl "rloo"
+# with every tensor kept whole (stage3_param_persistence_threshold above the largest) a pass gathers
+# nothing: the report's largest gather is 0 bytes (it counted the sliced ranges whole before)
+run2 rk "$TMP/rloo.ini" "${LAYERWISE[@]}" --set memory.stage3_param_persistence_threshold=1e9 --set train.max_steps=1
+grep -q "over 2 ranks, the largest 0 bytes)" "$TMP/rk.log" && ok ||
+  bad "rloo, every tensor whole: $(grep -o 'the largest [0-9]* bytes' "$TMP/rk.log")"
 INI_TRAIN="dtype = fp32" online_ini online_dpo o 2 "[online_dpo]" "max_new_tokens = 10" | sed '/^eval_file/d' >"$TMP/odpo.ini"
 run2 ow "$TMP/odpo.ini" && run2 ol "$TMP/odpo.ini" "${LAYERWISE[@]}"
 same ow ol "online_dpo"
