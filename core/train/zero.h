@@ -14,7 +14,9 @@
  * rank's model -- with stage 3 only the units outside the layers: a layer's parameters stay sliced,
  * each rank's memory holding its own slice, and are all-gathered just before the layer's forward and
  * again before its backward (train_zero_attach: the model's layer hooks), the other ranks' slices
- * released (madvise) after each. The loss curve is plain data parallel's.
+ * released (madvise) after each -- on the CPU the pages of a small pool moved onto them for each use
+ * and back after (zero_layers.c), so that no gather faults them again. The loss curve is plain data
+ * parallel's.
  *
  * Checkpoints: the model is gathered whole (stage 3 on the CPU: the saves stream each layer to
  * rank 0 alone instead, and with LoRA gather the adapters alone, zero_save.c), rank 0 writes it; the

@@ -9,9 +9,9 @@
  * forward (with its backward when fused), its backward -- and release them after; no prefetch.
  *
  * The released ranges' pages are reused (the pool below): a gather into released pages would fault and
- * zero each page again, at every use of every layer (about 5x the cost of writing resident memory on
- * this project's CPUs), so the layers in use borrow the pages of a small pool instead, moved onto
- * their released ranges (mremap) before the gather and moved back at the release. */
+ * zero each page again, at every use of every layer (5-20x the cost of writing resident memory on the
+ * CPUs measured, docs/performance.md), so the layers in use borrow the pages of a small pool instead, moved
+ * onto their released ranges (mremap) before the gather and moved back at the release. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -51,8 +51,9 @@ static void release_range(float *from, float *to) {
     if (r.len) madvise(r.at, r.len, MADV_DONTNEED);
 }
 
-/* The reused pages: `frames` frames of `frame` bytes of anonymous memory, written once when made (so
- * the whole pool is one mapping with its pages present: any piece of a frame moves as one). A use
+/* The reused pages: `frames` frames of `frame` bytes of anonymous memory, each written once before its
+ * first loan (so that its pages are present and the whole pool keeps one anon_vma: the pieces moved
+ * home merge back into one mapping, and any piece of a free frame moves as one). A use
  * (a slot's gather, a layer's gradients in its backward) borrows a free frame: its pieces, the whole
  * pages of the use's released ranges, get the frame's pages moved onto them in order (mremap with
  * MREMAP_FIXED: the page tables move; no fault, no copy), and at the release the pages move back to
@@ -66,6 +67,7 @@ struct zero_pool {
     int frames, cap; /* cap: pieces a frame lends at most */
     int *key_of;     /* per frame: the slot (unit) it is lent to, -1 free */
     int *n;          /* per frame: its pieces lent, piece[f * cap ..] */
+    char *ready;     /* per frame: written once (its pages present) */
     pool_piece *piece;
     int *frame_of, n_keys; /* per slot (unit): its frame, -1 none */
     long lent, missed;     /* uses on a frame; uses the old way (too large, or no frame free) */
@@ -81,17 +83,17 @@ static struct zero_pool *pool_new(int frames, size_t frame, int cap, int n_keys)
     if (!pl) return NULL;
     pl->frame = frame, pl->frames = frames, pl->cap = cap, pl->n_keys = n_keys;
     pl->key_of = malloc(sizeof(int) * (size_t)frames), pl->n = calloc((size_t)frames, sizeof(int));
+    pl->ready = calloc((size_t)frames, 1);
     pl->piece = malloc(sizeof(pool_piece) * (size_t)frames * (size_t)cap);
     pl->frame_of = malloc(sizeof(int) * (size_t)n_keys);
     void *base =
         mmap(NULL, frame * (size_t)frames, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     pl->base = base == MAP_FAILED ? NULL : base;
-    if (!pl->key_of || !pl->n || !pl->piece || !pl->frame_of || !pl->base) {
+    if (!pl->key_of || !pl->n || !pl->ready || !pl->piece || !pl->frame_of || !pl->base) {
         if (pl->base) munmap(pl->base, frame * (size_t)frames);
-        free(pl->key_of), free(pl->n), free(pl->piece), free(pl->frame_of), free(pl);
+        free(pl->key_of), free(pl->n), free(pl->ready), free(pl->piece), free(pl->frame_of), free(pl);
         return NULL;
     }
-    memset(pl->base, 0, frame * (size_t)frames); /* present, one mapping (and zeros: the gradients') */
     for (int f = 0; f < frames; f++) pl->key_of[f] = -1;
     for (int k = 0; k < n_keys; k++) pl->frame_of[k] = -1;
     return pl;
@@ -100,7 +102,7 @@ static struct zero_pool *pool_new(int frames, size_t frame, int cap, int n_keys)
 static void pool_free(struct zero_pool *pl) {
     if (!pl) return;
     munmap(pl->base, pl->frame * (size_t)pl->frames); /* what is lent stays where it is, as memory */
-    free(pl->key_of), free(pl->n), free(pl->piece), free(pl->frame_of), free(pl);
+    free(pl->key_of), free(pl->n), free(pl->ready), free(pl->piece), free(pl->frame_of), free(pl);
 }
 
 static void pool_broken(struct zero_pool *pl, const char *what) {
@@ -124,6 +126,7 @@ static void pool_lend(struct zero_pool *pl, int key, const pool_piece *pc, int n
         return;
     }
     char *from = pl->base + (size_t)f * pl->frame;
+    if (!pl->ready[f]) memset(from, 0, pl->frame), pl->ready[f] = 1; /* present (zeros: the gradients') */
     pool_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
     int m = 0;
     for (int i = 0; i < n; i++) {
@@ -452,19 +455,26 @@ void train_zero_pool_free(train_zero *z) {
     z->pool = z->gpool = NULL;
 }
 
+/* The frames lent so far (their pages resident from then on). */
+static int frames_used(const struct zero_pool *pl) {
+    int n = 0;
+    for (int f = 0; f < pl->frames; f++) n += pl->ready[f];
+    return n;
+}
+
 void train_zero_pool_report(const train_zero *z) {
     if (z->rank != 0 || z->stage < 3 || z->dev) return;
     const struct zero_pool *p = z->pool, *g = z->gpool;
     if (getenv("CTRL_TEST_ZERO3_REFAULT")) /* (else no pool: nothing released to back) */
         CTRL_INFO("zero3: the released pages are faulted again at each use (CTRL_TEST_ZERO3_REFAULT)");
     if (p)
-        CTRL_INFO("zero3: gathers into reused pages: %ld uses on %d frames of %zu bytes, %ld the old way "
-                  "(larger than a frame, or none free)%s",
-                  p->lent, p->frames, p->frame, p->missed, p->broken ? "; failed, off" : "");
+        CTRL_INFO("zero3: gathers into reused pages: %ld uses on %d of %d frames of %zu bytes, %ld the old "
+                  "way (larger than a frame, or none free)%s",
+                  p->lent, frames_used(p), p->frames, p->frame, p->missed, p->broken ? "; failed, off" : "");
     if (g)
-        CTRL_INFO("zero3: gradients on reused pages: %ld backwards of a layer on %d frames of %zu bytes, "
-                  "%ld the old way%s",
-                  g->lent, g->frames, g->frame, g->missed, g->broken ? "; failed, off" : "");
+        CTRL_INFO("zero3: gradients on reused pages: %ld backwards of a layer on %d of %d frames of %zu "
+                  "bytes, %ld the old way%s",
+                  g->lent, frames_used(g), g->frames, g->frame, g->missed, g->broken ? "; failed, off" : "");
 }
 
 /* The hooks' instance and stage 3's per-slot state: the gathers' states, the prefetches' handles,
