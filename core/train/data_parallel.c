@@ -130,7 +130,11 @@ ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m) {
     if (dp->size == 1) return CTRL_OK;
     size_t n = 0;
     float *p = ctrl_model_params(m, &n);
-    ctrl_status st = ctrl_collective_broadcast(p, n * sizeof *p, 0);
+    /* Only what trains: a LoRA run's frozen base (the floats before the trainable offset) came from the
+     * same files on every rank, and where it is held elsewhere (bf16, panels, NF4) its fp32 pages were
+     * given back: writing them again would make every other rank hold the whole fp32 base. */
+    const size_t first = ctrl_model_trainable_offset(m);
+    ctrl_status st = ctrl_collective_broadcast(p + first, (n - first) * sizeof *p, 0);
     const char *diverge = getenv("CTRL_TEST_DIVERGE_RANK"); /* tests: one rank's weights set apart */
     if (st == CTRL_OK && diverge && atoi(diverge) == dp->rank && n) p[n - 1] += 1.0f;
     ctrl_model_weights_changed(m);

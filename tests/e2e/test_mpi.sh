@@ -5,7 +5,8 @@
 # checkpoints and the model, a 2-rank run resumed from its checkpoint continues the same curve, a
 # single process refuses a 2-rank checkpoint, a launcher MPI cannot talk to is an error; GRPO and
 # RLOO over 2 ranks sample the same completions and follow the same curve as one process, and
-# resume; ranks whose weights went apart end the job at the save; a single process never links MPI.
+# resume; ranks whose weights went apart end the job at the save; a LoRA run does not broadcast its
+# frozen base (the memory a bf16 base gave back stays given back); a single process never links MPI.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent; scripts/install-deps.sh
 # installs OpenMPI, so CI runs it.
 # usage: test_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
@@ -177,6 +178,24 @@ rc=$?
 rc=$?
 [ $rc != 0 ] && grep -q "step 2: the ranks' weights differ" "$TMP/apart.log" && [ ! -e "$TMP/apart/model.safetensors" ] && ok ||
   { bad "weights apart: exit $rc"; tail -3 "$TMP/apart.log"; }
+
+# 12. A LoRA run's frozen base is not broadcast (every rank reads it from the same files): rank 1 once
+#     wrote rank 0's whole fp32 base over its own after loading, so the memory a bf16 base gave back
+#     came back. An 8-layer hidden-256 model (8.4M base weights, 33.5 MB in fp32), VmRSS a rank after
+#     loading: the full fine-tune 93 MB, LoRA in bf16 83 MB before the fix, 47 MB now (outside this
+#     test's environment: 235 MB before). The LoRA run must hold at least 25 MB less than the full one.
+"${C[@]}" model init --arch qwen2 --hidden 256 --layers 8 --heads 4 --intermediate 1024 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/wide" >/dev/null || bad "wide model init"
+load_kb() { grep -o "after loading the model (whole on every rank): process memory per rank at most [0-9]*" "$1" | grep -o "[0-9]*$"; }
+wide=(--set model.path="$TMP/wide" --set train.max_steps=1 --set train.save_steps=0 --set train.per_device_train_batch_size=1)
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/wfull" "${wide[@]}" >"$TMP/wfull.log" 2>&1 ||
+  { bad "wide full fine-tune 2 ranks"; tail -3 "$TMP/wfull.log"; }
+"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/wlora" "${wide[@]}" --set train.dtype=bf16 \
+  --set peft.enabled=true --set peft.target_modules=all-linear >"$TMP/wlora.log" 2>&1 ||
+  { bad "wide LoRA 2 ranks"; tail -3 "$TMP/wlora.log"; }
+full_kb=$(load_kb "$TMP/wfull.log") lora_kb=$(load_kb "$TMP/wlora.log")
+[ -n "$full_kb" ] && [ -n "$lora_kb" ] && [ "$lora_kb" -lt $((full_kb - 25000)) ] && ok ||
+  bad "LoRA's ranks after loading ${lora_kb:-?} kB, the full fine-tune's ${full_kb:-?} kB (the base broadcast?)"
 
 # 7. A single process does not link or load MPI (the backend is dlopen'ed for launched runs only).
 ldd "$LIBDIR/libctrl.so" "$CTRL" | grep -q libmpi && bad "libctrl or ctrl links libmpi" || ok
