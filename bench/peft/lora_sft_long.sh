@@ -19,7 +19,8 @@
 #        checkpointing, [memory] strategies = (empty), every activation kept; +mlp: selective
 #        checkpointing, [checkpointing] keep_mlp = true; +emb16: the frozen embedding held in bf16,
 #        [peft] embedding_dtype = bf16 (what the default, auto, does under bf16 on the CPU); +emb32: the
-#        fp32 table autocast keeps, embedding_dtype = fp32)] [--trl-modes "autocast bf16"]
+#        fp32 table autocast keeps, embedding_dtype = fp32)] [--trl-modes "autocast bf16" (also fp32: no
+#        autocast, bf16=False)]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 . "$SRC/bench/peft/watch_run.sh"

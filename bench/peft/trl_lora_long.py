@@ -3,12 +3,13 @@
 r 16, alpha 32, dropout 0) on the same model and text rows, AdamW, lr 1e-4, bf16=True, one thread
 (OMP_NUM_THREADS). MODE autocast: the base loaded in fp32 under torch.autocast(bfloat16), as ctrl's
 [train] dtype = bf16 computes; MODE bf16: the base loaded with dtype=torch.bfloat16 (the common
-practice; PEFT keeps the adapters in fp32); a suffix +keep (autocast+keep, bf16+keep): SFTConfig's
+practice; PEFT keeps the adapters in fp32); MODE fp32: the base in fp32 and bf16=False (what a CPU
+without AVX-512 gets at a usable speed: torch's bf16 matmul there is ATen's slow fallback); a suffix +keep (autocast+keep, bf16+keep): SFTConfig's
 gradient_checkpointing = False (its default True recomputes each layer in backward). Prints one
 markdown row: peak RSS (ru_maxrss), wall time of the whole process, CPU seconds of trainer.train()
 (process time), CPU seconds per step after the first (process time at each step's end), tokens/s by
 wall (TRL's num_tokens over train_runtime) and by CPU time, last loss.
-usage: trl_lora_long.py MODEL_DIR TRAIN_JSONL autocast|bf16[+keep] STEPS BATCH"""
+usage: trl_lora_long.py MODEL_DIR TRAIN_JSONL autocast|bf16|fp32[+keep] STEPS BATCH"""
 import resource
 import sys
 import tempfile
@@ -36,6 +37,8 @@ def main():
     model_dir, data, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     keep = mode.endswith("+keep")
     mode = mode[: -len("+keep")] if keep else mode
+    if mode not in ("autocast", "bf16", "fp32"):
+        raise SystemExit(f"trl_lora_long.py: mode {mode!r}: one of autocast, bf16, fp32 (each may end in +keep)")
     steps, batch = int(sys.argv[4]), int(sys.argv[5])
     t0 = time.time()
     torch.manual_seed(1)
@@ -45,7 +48,7 @@ def main():
     ds = load_dataset("json", data_files=data, split="train")
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(output_dir=out, max_steps=steps, per_device_train_batch_size=batch, learning_rate=1e-4,
-                         logging_steps=1, save_strategy="no", report_to=[], bf16=True, use_cpu=True,
+                         logging_steps=1, save_strategy="no", report_to=[], bf16=mode != "fp32", use_cpu=True,
                          dataloader_num_workers=0, max_length=1024,
                          gradient_checkpointing=not keep)
         peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
@@ -60,7 +63,8 @@ def main():
         tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h][-1]
         tps = tokens / result.metrics["train_runtime"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-    name = "TRL + PEFT, fp32 base, autocast bf16" if mode == "autocast" else "TRL + PEFT, base loaded in bf16"
+    name = {"autocast": "TRL + PEFT, fp32 base, autocast bf16", "bf16": "TRL + PEFT, base loaded in bf16",
+            "fp32": "TRL + PEFT, fp32 (no autocast)"}[mode]
     name += ", no gradient checkpointing" if keep else ""
     at = step_cpu.at
     cps = "%.2f" % ((at[-1] - at[0]) / (len(at) - 1)) if len(at) > 1 else "-"
