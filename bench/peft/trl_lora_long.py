@@ -4,8 +4,9 @@ r 16, alpha 32, dropout 0) on the same model and text rows, AdamW, lr 1e-4, bf16
 (OMP_NUM_THREADS). MODE autocast: the base loaded in fp32 under torch.autocast(bfloat16), as ctrl's
 [train] dtype = bf16 computes; MODE bf16: the base loaded with dtype=torch.bfloat16 (the common
 practice; PEFT keeps the adapters in fp32); MODE fp32: the base in fp32 and bf16=False (what a CPU
-without AVX-512 gets at a usable speed: torch's bf16 matmul there is ATen's slow fallback); a suffix +keep (autocast+keep, bf16+keep): SFTConfig's
-gradient_checkpointing = False (its default True recomputes each layer in backward). Prints one
+without AVX-512 gets at a usable speed: torch's bf16 matmul there is ATen's slow fallback); a suffix
++keep (autocast+keep, bf16+keep, fp32+keep): SFTConfig's gradient_checkpointing = False (its default
+True recomputes each layer in backward). Prints one
 markdown row: peak RSS (ru_maxrss), wall time of the whole process, CPU seconds of trainer.train()
 (process time), CPU seconds per step after the first (process time at each step's end), tokens/s by
 wall (TRL's num_tokens over train_runtime) and by CPU time, last loss.

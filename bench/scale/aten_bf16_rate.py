@@ -57,7 +57,8 @@ def main():
     f, b = rate(a.tokens, 896, a.head_cols)
     flop = 2.0 * n * 896 * 151669
     head_s = flop / (f * 1e9) + 2 * flop / (b * 1e9)
-    print(f"  head  [{a.tokens} x 896] x [896 x {a.head_cols}] (of 151,669): forward {f:6.2f} GFLOP/s, backward {b:6.2f}")
+    print(f"  head  [{a.tokens} x 896] x [896 x {a.head_cols}] (of 151,669): forward {f:6.2f} GFLOP/s, "
+          f"backward {b:6.2f}")
     print(f"estimate for {n} tokens: {layer_s:.0f} s a layer's projections, {head_s:.0f} s the head: "
           f"{a.layers * layer_s + head_s:.0f} s a step's matmuls at {a.layers} layers (a lower bound for TRL's step)")
 
