@@ -80,7 +80,7 @@ const float ctrl_nf4_dynamic_code[256] = {
     0.96484375f,      0.978906274f,     0.992968738f,     1.0f,
 };
 
-static int64_t blocks(int64_t n, int b) { return (n + b - 1) / b; }
+static int64_t blocks(int64_t n, int64_t b) { return (n + b - 1) / b; }
 
 void ctrl_nf4_quantize_blocks(const float *w, int64_t n, uint8_t *packed, float *absmax) {
     /* the midpoints between neighbouring codes; a value's code is the count of midpoints below it
@@ -206,6 +206,38 @@ ctrl_status ctrl_nf4_dequantize_raw(float *out, const uint8_t *packed, const uin
     const int64_t seg = 64 * 64; /* whole blocks of 64 per call */
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i += seg) ctrl_cpu_nf4_values(&w, i, n - i < seg ? n - i : seg, out + i);
+    return CTRL_OK;
+}
+
+void ctrl_nf4_span(int64_t n, int rank, int size, int64_t *v0, int64_t *v1) {
+    const int64_t supers = blocks(n, CTRL_NF4_SUPER), each = supers / size, more = supers % size;
+    const int64_t s0 = rank * each + (rank < more ? rank : more), s1 = s0 + each + (rank < more);
+    *v0 = s0 * CTRL_NF4_SUPER < n ? s0 * CTRL_NF4_SUPER : n;
+    *v1 = s1 * CTRL_NF4_SUPER < n ? s1 * CTRL_NF4_SUPER : n;
+}
+
+void ctrl_nf4_part_counts(int64_t v0, int64_t v1, size_t counts[3]) {
+    const int64_t n = v1 - v0, nb = blocks(n, CTRL_NF4_BLOCK);
+    counts[0] = (size_t)(n + 1) / 2, counts[1] = (size_t)nb;
+    counts[2] = sizeof(float) * (size_t)blocks(nb, CTRL_NF4_BLOCK2);
+}
+
+ctrl_status ctrl_nf4_slice(const ctrl_nf4 *q, int rank, int size, ctrl_nf4 *out) {
+    int64_t v0, v1;
+    ctrl_nf4_span(q->n, rank, size, &v0, &v1);
+    size_t c[3];
+    ctrl_nf4_part_counts(v0, v1, c);
+    memset(out, 0, sizeof *out);
+    out->n = v1 - v0, out->offset = q->offset;
+    out->packed = malloc(c[0] + 1), out->qabsmax = malloc(c[1] + 1),
+    out->absmax2 = malloc(c[2] + sizeof(float));
+    if (!out->packed || !out->qabsmax || !out->absmax2) {
+        ctrl_nf4_free(out);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "NF4: a slice of %lld values", (long long)(v1 - v0));
+    }
+    memcpy(out->packed, q->packed + v0 / 2, c[0]);
+    memcpy(out->qabsmax, q->qabsmax + v0 / CTRL_NF4_BLOCK, c[1]);
+    memcpy(out->absmax2, q->absmax2 + v0 / CTRL_NF4_SUPER, c[2]);
     return CTRL_OK;
 }
 

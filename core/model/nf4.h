@@ -55,4 +55,20 @@ ctrl_status ctrl_nf4_dequantize_raw(float *out, const uint8_t *packed, const uin
 /* Bytes q holds. */
 size_t ctrl_nf4_bytes(int64_t n);
 
+/* Slicing an NF4 tensor across `size` ranks (the groundwork for ZeRO-3 over a QLoRA base, issue 19:
+ * each rank keeping its slice of every weight's NF4 store and all-gathering a layer's before use).
+ * The cut falls on super-blocks of CTRL_NF4_SUPER values (256 blocks of 64: one absmax2 scale each),
+ * so each of the three parts (packed codes, absmax bytes, absmax2 scales) slices into whole elements
+ * and a slice is itself an NF4 tensor of its values (the same offset: dequantizing it gives exactly
+ * those values of the whole); the ranks' parts laid end to end in rank order are the whole's parts
+ * (what an all-gather of each part with these counts rebuilds). ctrl_nf4_span: rank's values
+ * [*v0, *v1) (super-blocks dealt as evenly as they go, the first ranks one more; empty when there are
+ * fewer super-blocks than ranks); ctrl_nf4_part_counts: the bytes of each part of values [v0, v1) of
+ * an n-value tensor (v0 on a super-block boundary); ctrl_nf4_slice: rank's slice as a tensor of its
+ * own (buffers allocated here; ctrl_nf4_free). */
+#define CTRL_NF4_SUPER ((int64_t)CTRL_NF4_BLOCK * CTRL_NF4_BLOCK2)
+void ctrl_nf4_span(int64_t n, int rank, int size, int64_t *v0, int64_t *v1);
+void ctrl_nf4_part_counts(int64_t v0, int64_t v1, size_t counts[3]);
+ctrl_status ctrl_nf4_slice(const ctrl_nf4 *q, int rank, int size, ctrl_nf4 *out);
+
 #endif

@@ -151,3 +151,56 @@ TEST(nf4_dequantize_raw_equals_the_two_step_dequantization) {
     ctrl_nf4_free(&q);
     free(w), free(a), free(b), free(absmax);
 }
+
+/* Slicing across ranks (ctrl_nf4_span / ctrl_nf4_slice, the groundwork for ZeRO-3 over an NF4 base):
+ * for 1-3 ranks over a tensor of three super-blocks and a partial one, the spans tile [0, n) on
+ * super-block boundaries, the slices' parts laid end to end in rank order are the whole's parts byte
+ * for byte (what an all-gather rebuilds), and each slice dequantized on its own gives exactly its
+ * values of the whole's dequantization. With more ranks than super-blocks the last spans are empty. */
+TEST(nf4_slices_tile_the_tensor_and_dequantize_alone) {
+    const int64_t n = 3 * CTRL_NF4_SUPER + 64 * 5 + 21;
+    float *w = malloc(sizeof(float) * (size_t)n), *whole = malloc(sizeof(float) * (size_t)n),
+          *part = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) w[i] = (float)cos((double)i * 0.11) * (float)(1 + (i / 64) % 7);
+    ctrl_nf4 q;
+    CHECK_EQ_INT(ctrl_nf4_quantize(w, n, &q), CTRL_OK);
+    CHECK_EQ_INT(ctrl_nf4_dequantize_raw(whole, q.packed, q.qabsmax, q.absmax2, q.offset, ctrl_nf4_code,
+                                         ctrl_nf4_dynamic_code, n),
+                 CTRL_OK);
+    size_t all[3];
+    ctrl_nf4_part_counts(0, n, all);
+    for (int size = 1; size <= 3; size++) {
+        uint8_t *joined[3] = {malloc(all[0]), malloc(all[1]), malloc(all[2])};
+        size_t at[3] = {0, 0, 0};
+        int64_t next = 0;
+        for (int r = 0; r < size; r++) {
+            int64_t v0, v1;
+            ctrl_nf4_span(n, r, size, &v0, &v1);
+            CHECK_MSG(v0 == next && v0 % CTRL_NF4_SUPER == 0 && v1 > v0, "size %d rank %d: [%lld, %lld)",
+                      size, r, (long long)v0, (long long)v1);
+            next = v1;
+            ctrl_nf4 s;
+            CHECK_EQ_INT(ctrl_nf4_slice(&q, r, size, &s), CTRL_OK);
+            CHECK(s.n == v1 - v0 && s.offset == q.offset);
+            size_t c[3];
+            ctrl_nf4_part_counts(v0, v1, c);
+            const void *src[3] = {s.packed, s.qabsmax, s.absmax2};
+            for (int k = 0; k < 3; k++) memcpy(joined[k] + at[k], src[k], c[k]), at[k] += c[k];
+            CHECK_EQ_INT(ctrl_nf4_dequantize_raw(part, s.packed, s.qabsmax, s.absmax2, s.offset,
+                                                 ctrl_nf4_code, ctrl_nf4_dynamic_code, s.n),
+                         CTRL_OK);
+            CHECK_MSG(!memcmp(part, whole + v0, sizeof(float) * (size_t)s.n),
+                      "size %d rank %d: the slice's values differ from the whole's", size, r);
+            ctrl_nf4_free(&s);
+        }
+        CHECK(next == n && at[0] == all[0] && at[1] == all[1] && at[2] == all[2]);
+        CHECK(!memcmp(joined[0], q.packed, all[0]) && !memcmp(joined[1], q.qabsmax, all[1]) &&
+              !memcmp(joined[2], q.absmax2, all[2]));
+        for (int k = 0; k < 3; k++) free(joined[k]);
+    }
+    int64_t v0, v1; /* 4 super-blocks over 6 ranks: ranks 4 and 5 hold nothing */
+    ctrl_nf4_span(n, 5, 6, &v0, &v1);
+    CHECK(v0 == n && v1 == n);
+    ctrl_nf4_free(&q);
+    free(w), free(whole), free(part);
+}
