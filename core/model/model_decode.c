@@ -7,6 +7,7 @@
  * Everything runs on the model's backend: on a device the cache, the scratch, the K/V append, the
  * attention and the head are in device memory, the call's int32 inputs go there in one copy, and
  * the logits come back in one copy, or stay there for sampling on the device (logits == NULL). */
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -158,7 +159,9 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
                                   tokens[t], V);
     ctrl_status st = model_check_backend(m, be);
     if (st == CTRL_OK) st = model_ensure_rope(m, max_pos);
-    if (st == CTRL_OK) st = model_prepare_weights(m, T);
+    /* AVX2 decoding's panels (model_decode_pack.c) hold the bf16 weights: no rounded fp32 copy for
+     * it (a call of more rows than they serve rounds W per product, as a long forward does) */
+    if (st == CTRL_OK) st = model_prepare_weights(m, model_pack_avx2(m) ? INT_MAX : T);
     if (st == CTRL_OK) st = decode_scratch(m, T);
     if (st == CTRL_OK) st = model_moe_ensure(m, T); /* decoding reuses the MoE layers' buffers */
     const int packed = model_pack_usable(m);        /* bf16 on the CPU: the weights packed once */
@@ -222,8 +225,7 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
     /* ZeRO-3: the hook gathers the embeddings (layer n_layers) and the head (n_layers + 1, or
      * n_layers tied) around their use as it does the layers */
     if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 0), 0);
-    if (st == CTRL_OK)
-        st = model_embed_lookup(m, m->acts[0].x_in, m->dev_batch.tokens, T, C);
+    if (st == CTRL_OK) st = model_embed_lookup(m, m->acts[0].x_in, m->dev_batch.tokens, T, C);
     if (st == CTRL_OK && cfg->embed_scale > 0)
         st = be->scale(m->acts[0].x_in, cfg->embed_scale, (int64_t)T * C);
     if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 0), 1);

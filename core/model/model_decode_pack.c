@@ -18,20 +18,33 @@
  *   Held: a LoRA run's frozen base (model_bf16_store.c) is packed once as it loads and its fp32
  *   values given back: the panels are then the weights' only copy (held = 1), used by the forward,
  *   dX and decoding alike, never repacked, and kept when decoding's panels are freed.
- * The products are those of ctrl_cpu_gemm_bf16 (the same rounding, the same sums). */
+ * The products are those of ctrl_cpu_gemm_bf16 (the same rounding, the same sums).
+ *   AVX2 only (no bf16 instructions: ctrl_cpu_bf16_kind_now() is the fp32 path): decoding packs each
+ *   projection into gemm_bf16_avx2.c's panels instead (2 bytes a weight; the same bf16 rounding of
+ *   both operands, one fp32 sum over k in order) for calls of up to AVX2_MAX_ROWS rows; larger calls
+ *   (a long prefill) take the fp32 fallback, which rounds W in each call. Without this a decoding
+ *   call of fewer than 64 rows multiplied by a rounded fp32 copy of every weight (4 bytes a weight
+ *   read, +4 bytes a parameter held) and one of 64 or more rounded every weight again in every call.
+ *   Training never reads these panels (its products stay the fallback's, bit for bit). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/gemm_bf16_avx2.h"
 #include "model/model_internal.h"
 
 typedef struct pack_entry {
     size_t off;
     int in, out;
-    unsigned gen;                 /* dec_pack_gen when packed */
-    int held;                     /* the weight's only copy (a LoRA run's frozen base) */
-    ctrl_cpu_bf16_packed *panels; /* NULL: not packed yet */
+    unsigned gen;                  /* dec_pack_gen when packed */
+    int held;                      /* the weight's only copy (a LoRA run's frozen base) */
+    ctrl_cpu_bf16_packed *panels;  /* NULL: not packed yet */
+    ctrl_cpu_bf16_avx2_panels *a2; /* AVX2 decoding's panels (NULL: none yet), packed under a2gen */
+    unsigned a2gen;
 } pack_entry;
+
+/* AVX2 decoding's panels serve calls of at most this many rows (64 concurrent sequences' steps) */
+#define AVX2_MAX_ROWS 64
 
 struct model_pack {
     pack_entry *e;
@@ -45,12 +58,21 @@ static int switched_off(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-int model_pack_usable(const ctrl_model *m) {
+static int packable(const ctrl_model *m) {
     const int off = switched_off("CTRL_NO_PACKED_DECODE"); /* 1: packed in every call, for comparisons */
     /* not for weights whose fp32 values change under the same offset without
      * ctrl_model_weights_changed: QLoRA's shared slot, the bf16-held layers, ZeRO-3's gathered slices */
-    return !off && m->linear_bf16 && m->be->host_memory && !m->nf4_w && !m->w16 && m->n_round_skip == 0 &&
-           ctrl_cpu_gemm_bf16_compiled() && ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32;
+    return !off && m->linear_bf16 && m->be->host_memory && !m->nf4_w && !m->w16 && m->n_round_skip == 0;
+}
+
+int model_pack_avx2(const ctrl_model *m) {
+    return packable(m) && ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32 && ctrl_cpu_bf16_avx2_available();
+}
+
+int model_pack_usable(const ctrl_model *m) {
+    if (!packable(m)) return 0;
+    if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32) return ctrl_cpu_bf16_avx2_available();
+    return ctrl_cpu_gemm_bf16_compiled();
 }
 
 static int cmp(const pack_entry *e, size_t off, int in, int out) {
@@ -131,7 +153,8 @@ const ctrl_cpu_bf16_packed *model_pack_valid(const ctrl_model *m, const float *w
     if (!e || !e->panels) return NULL;
     if (e->held) return e->panels;
     /* decoding's, packed from the weights as they are now (no change since: the same generation) */
-    if (e->gen != m->dec_pack_gen || switched_off("CTRL_NO_PACKED_TRAIN") || !model_pack_usable(m))
+    if (e->gen != m->dec_pack_gen || switched_off("CTRL_NO_PACKED_TRAIN") || !model_pack_usable(m) ||
+        ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32)
         return NULL;
     m->dec_pack->reused++;
     return e->panels;
@@ -152,6 +175,25 @@ static void add_bias(float *out, const float *bias, int T, int OUT) {
 #pragma omp parallel for schedule(static) if ((size_t)T * OUT > 65536)
     for (int t = 0; t < T; t++)
         for (int o = 0; o < OUT; o++) out[(size_t)t * OUT + o] += bias[o];
+}
+
+/* Decoding's product on AVX2 panels (packed where new or stale); more rows than AVX2_MAX_ROWS, or
+ * no memory for the panels: nothing done (*used 0), the fallback runs. */
+static ctrl_status avx2_linear(struct model_pack *p, pack_entry *e, unsigned gen, float *out, const float *x,
+                               const float *w, const float *bias, int T, int IN, int OUT, int *used) {
+    if (T > AVX2_MAX_ROWS) return CTRL_OK;
+    if (!e->a2) {
+        if (!(e->a2 = ctrl_cpu_bf16_avx2_pack(OUT, IN, w, IN))) return CTRL_OK;
+        p->bytes += ctrl_cpu_bf16_avx2_bytes(e->a2);
+        e->a2gen = gen;
+    } else if (e->a2gen != gen) {
+        if (ctrl_cpu_bf16_avx2_repack(e->a2, w, IN) != 0) return CTRL_OK;
+        e->a2gen = gen;
+    }
+    if (ctrl_cpu_bf16_avx2_linear(T, x, IN, e->a2, out, OUT) != 0) return CTRL_OK;
+    add_bias(out, bias, T, OUT);
+    *used = 1;
+    return CTRL_OK;
 }
 
 ctrl_status model_pack_linear(const ctrl_model *m, float *out, const float *x, const float *w,
@@ -180,6 +222,7 @@ ctrl_status model_pack_linear(const ctrl_model *m, float *out, const float *x, c
         *used = 1;
         return CTRL_OK;
     }
+    if (model_pack_avx2(m)) return avx2_linear(p, e, m->dec_pack_gen, out, x, w, bias, T, IN, OUT, used);
     if (!e->panels) {
         e->panels = ctrl_cpu_gemm_bf16_pack(1, OUT, IN, w, IN);
         if (!e->panels) return CTRL_OK; /* no fast path now, or no memory: the per-call product */
@@ -233,6 +276,7 @@ void model_pack_free(ctrl_model *m, int held_too) {
             continue;
         }
         ctrl_cpu_gemm_bf16_packed_free(p->e[i].panels);
+        ctrl_cpu_bf16_avx2_free(p->e[i].a2);
     }
     p->n = kept, p->bytes = 0;
     if (kept) return;

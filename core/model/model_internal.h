@@ -559,16 +559,17 @@ ctrl_status model_stage_in(ctrl_model *m, model_stage *st, const float *dlogp, f
 ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, int32_t *correct);
 
 /* The weights as bf16 panels (model_decode_pack.c). usable: a bf16 model on the CPU with
- * AVX-512 BF16 whose weights only change through ctrl_model_weights_changed (and no
- * CTRL_NO_PACKED_DECODE=1); begin: the table made and dec_pack_on set (decode clears it after the
- * call); hold: the weight at params + off ([out, in]) packed as a held entry, its only copy from then
- * on (the caller gives its fp32 pages back); valid: w's panels usable now (held, or decoding's of the
- * current generation with CTRL_NO_PACKED_TRAIN unset), NULL otherwise; linear: out = x w^T (+ bias)
- * on w's panels -- decoding packs w first where new or stale, other forwards only use valid ones;
- * linear_backward: dx = dout w on valid panels read transposed, then dw, dbias as the backend
- * computes them (*used = 0 for either: nothing done, the caller's product runs); bytes: decoding's
- * panels, held_bytes: the held ones; free: decoding's (held_too: all of it). */
+ * AVX-512 BF16, or with AVX2 + FMA only (avx2: decoding's own panels, gemm_bf16_avx2.c), whose
+ * weights only change through ctrl_model_weights_changed (and no CTRL_NO_PACKED_DECODE=1); begin: the table
+ * made and dec_pack_on set (decode clears it after the call); hold: the weight at params + off ([out, in])
+ * packed as a held entry, its only copy from then on (the caller gives its fp32 pages back); valid: w's
+ * panels usable now (held, or decoding's of the current generation with CTRL_NO_PACKED_TRAIN unset), NULL
+ * otherwise; linear: out = x w^T (+ bias) on w's panels -- decoding packs w first where new or stale, other
+ * forwards only use valid ones; linear_backward: dx = dout w on valid panels read transposed, then dw, dbias
+ * as the backend computes them (*used = 0 for either: nothing done, the caller's product runs); bytes:
+ * decoding's panels, held_bytes: the held ones; free: decoding's (held_too: all of it). */
 int model_pack_usable(const ctrl_model *m);
+int model_pack_avx2(const ctrl_model *m);
 ctrl_status model_pack_begin(ctrl_model *m);
 ctrl_status model_pack_hold(ctrl_model *m, size_t off, int in, int out);
 const struct ctrl_cpu_bf16_packed *model_pack_valid(const ctrl_model *m, const float *w, int IN, int OUT);

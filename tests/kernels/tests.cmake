@@ -39,3 +39,5 @@ set_tests_properties(test_gemm_bf16_shared_amx_tuned PROPERTIES LABELS unit TIME
                      ENVIRONMENT "CTRL_AMX_EMULATE=1;CTRL_AMX_BLOCKS=64,64,96")
 add_test(NAME test_gemm_bf16_shared_portable COMMAND test_gemm_bf16_shared)
 set_tests_properties(test_gemm_bf16_shared_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
+# AVX2 decoding's bf16 product (gemm_bf16_avx2.c) against its ordered fmaf sums, at 1 and 2 threads.
+ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_gemm_bf16_avx2.c unit)

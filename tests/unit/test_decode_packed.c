@@ -5,7 +5,9 @@
  *   and transformers' fp32 greedy tokens on the parity fixtures (all but one near tie, see below);
  * - after ctrl_model_weights_changed the packed weights are the new ones (an optimizer step between
  *   two generations): the logits equal those of a model loaded with the changed weights.
- * On a CPU without a fast bf16 GEMM nothing is packed and decoding takes the other path. */
+ * On a CPU without a fast bf16 GEMM but with AVX2 + FMA, decoding packs into gemm_bf16_avx2.c's panels
+ * instead (model_pack_avx2) and the same two cases run on them; there it also keeps no rounded fp32
+ * copy of the weights. Without either nothing is packed and decoding takes the other path. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/gemm_bf16_avx2.h"
 #include "file_text.h"
 #include "model/json_file.h"
 #include "model/kv_cache.h"
@@ -116,7 +119,8 @@ static int check_arch(const char *arch) {
 }
 
 TEST(bf16_decoding_on_packed_weights) {
-    if (!ctrl_cpu_has_avx512bf16()) TEST_SKIP("no AVX-512 BF16 here: nothing is packed");
+    if (!ctrl_cpu_has_avx512bf16() && !ctrl_cpu_bf16_avx2_available())
+        TEST_SKIP("neither AVX-512 BF16 nor AVX2 here: nothing is packed");
     /* bf16 against transformers' fp32 generate: every greedy token equal on three fixtures; on
      * llama's second prompt bf16 rounding flips a near tie at its third token (with the weights packed
      * in every call too: the dtype, not the packing), and the rest follows from there: 17 of 24 */
@@ -130,7 +134,8 @@ TEST(bf16_decoding_on_packed_weights) {
 }
 
 TEST(packed_weights_follow_weight_changes) {
-    if (!ctrl_cpu_has_avx512bf16()) TEST_SKIP("no AVX-512 BF16 here: nothing is packed");
+    if (!ctrl_cpu_has_avx512bf16() && !ctrl_cpu_bf16_avx2_available())
+        TEST_SKIP("neither AVX-512 BF16 nor AVX2 here: nothing is packed");
     cJSON *cases = cases_of("qwen2");
     ctrl_model *m = load_bf16("qwen2"), *fresh = load_bf16("qwen2");
     if (!m || !fresh || !cases) return;
@@ -138,6 +143,8 @@ TEST(packed_weights_follow_weight_changes) {
     float *a = malloc(sizeof(float) * 3 * 2 * V), *b = malloc(sizeof(float) * 3 * 2 * V);
     int32_t gen[2][12];
     run(m, cases, 3, a, gen); /* packs every weight */
+    if (model_pack_avx2(m))   /* AVX2: the panels are the bf16 weights; no rounded fp32 copy made */
+        CHECK(ctrl_model_bf16_copy(m) == NULL && ctrl_model_bf16_copy_bytes(m) == 0);
     /* an "optimizer step": every parameter changed, then the model told */
     for (size_t i = 0; i < m->n_params; i++) m->params[i] = m->params[i] * 0.75f + 0.001f * (float)(i % 7);
     ctrl_model_weights_changed(m);

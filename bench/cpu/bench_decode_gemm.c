@@ -1,0 +1,100 @@
+/* A decoding step's linear products at Qwen2.5-0.5B's shapes (24 layers of q, k, v, o, gate, up,
+ * down, then the 151,669 x 896 head), M rows (sequences) each, on the CPU's bf16 paths:
+ *   fp32        ctrl_cpu_linear_forward on the fp32 weights (what --dtype fp32 runs)
+ *   bf16-copy   ctrl_cpu_linear_forward_bf16 on a rounded fp32 copy of the weights (the fallback for
+ *               calls of fewer than 64 rows where no bf16 GEMM runs)
+ *   bf16-round  the same rounding the weights in every call (the fallback's calls of 64+ rows)
+ *   bf16-avx2   gemm_bf16_avx2.c's panels (decoding on an AVX2-only CPU now)
+ *   bf16-fast   ctrl_cpu_gemm_bf16_pack'd panels (AVX-512 BF16 / AMX; skipped where absent)
+ * Prints milliseconds (wall) and CPU milliseconds (user + system, all threads) for one step's
+ * products, the median of `reps` steps after one warm-up.
+ * usage: bench_decode_gemm [M ...]  (default 1 8 64; OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set the threads)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "cpu/cpu_ops.h"
+#include "cpu/gemm_bf16_avx2.h"
+
+enum { LAYERS = 24, NPROJ = 8, REPS = 5 };
+static const int shapes[NPROJ][2] = {{896, 896},  {128, 896},  {128, 896},  {896, 896},
+                                     {4864, 896}, {4864, 896}, {896, 4864}, {151669, 896}}; /* N, K */
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double cpu_now(void) {
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_utime.tv_usec * 1e-6 + r.ru_stime.tv_sec + r.ru_stime.tv_usec * 1e-6;
+}
+
+static int cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    int Ms[8] = {1, 8, 64}, nM = 3;
+    if (argc > 1) {
+        nM = 0;
+        for (int i = 1; i < argc && nM < 8; i++) Ms[nM++] = atoi(argv[i]);
+    }
+    /* one weight per projection kind (reading the same 24 times would stay in cache for the small
+     * ones): the layers' weights are distinct buffers, as in the model */
+    float *w[LAYERS][NPROJ], *wr[LAYERS][NPROJ];
+    ctrl_cpu_bf16_avx2_panels *pa[LAYERS][NPROJ];
+    ctrl_cpu_bf16_packed *pf[LAYERS][NPROJ];
+    unsigned s = 1;
+    for (int l = 0; l < LAYERS; l++)
+        for (int j = 0; j < NPROJ; j++) {
+            if (j == NPROJ - 1 && l > 0) { /* one head */
+                w[l][j] = wr[l][j] = NULL, pa[l][j] = NULL, pf[l][j] = NULL;
+                continue;
+            }
+            const size_t n = (size_t)shapes[j][0] * shapes[j][1];
+            w[l][j] = malloc(sizeof(float) * n), wr[l][j] = malloc(sizeof(float) * n);
+            for (size_t i = 0; i < n; i++)
+                w[l][j][i] = (float)((s = s * 1103515245u + 12345u) >> 8 & 0xFFFF) / 65536.0f - 0.5f;
+            ctrl_cpu_round_to_bf16(wr[l][j], w[l][j], (int64_t)n);
+            pa[l][j] = ctrl_cpu_bf16_avx2_pack(shapes[j][0], shapes[j][1], w[l][j], shapes[j][1]);
+            pf[l][j] = ctrl_cpu_gemm_bf16_pack(1, shapes[j][0], shapes[j][1], w[l][j], shapes[j][1]);
+        }
+    const char *names[5] = {"fp32", "bf16-copy", "bf16-round", "bf16-avx2", "bf16-fast"};
+    printf("%-11s%5s%12s%12s\n", "path", "M", "step ms", "CPU ms");
+    for (int mi = 0; mi < nM; mi++) {
+        const int M = Ms[mi];
+        float *x = malloc(sizeof(float) * (size_t)M * 4864),
+              *out = malloc(sizeof(float) * (size_t)M * 151669);
+        for (size_t i = 0; i < (size_t)M * 4864; i++) x[i] = (float)(i % 97) / 97.0f - 0.5f;
+        for (int v = 0; v < 5; v++) {
+            if ((v == 3 && !pa[0][0]) || (v == 4 && !pf[0][0])) continue;
+            double wall[REPS + 1], cpu[REPS + 1];
+            for (int r = 0; r <= REPS; r++) {
+                const double t0 = now(), c0 = cpu_now();
+                for (int l = 0; l < LAYERS; l++)
+                    for (int j = 0; j < NPROJ; j++) {
+                        if (!w[l][j]) continue;
+                        const int N = shapes[j][0], K = shapes[j][1];
+                        if (v == 0) ctrl_cpu_linear_forward(out, x, w[l][j], NULL, M, K, N);
+                        if (v == 1) ctrl_cpu_linear_forward_bf16(out, x, wr[l][j], NULL, M, K, N, 1);
+                        if (v == 2) ctrl_cpu_linear_forward_bf16(out, x, w[l][j], NULL, M, K, N, 0);
+                        if (v == 3) ctrl_cpu_bf16_avx2_linear(M, x, K, pa[l][j], out, N);
+                        if (v == 4) ctrl_cpu_gemm_bf16_packed(0, M, x, K, pf[l][j], out, N, 0);
+                    }
+                wall[r] = now() - t0, cpu[r] = cpu_now() - c0;
+            }
+            qsort(wall + 1, REPS, sizeof(double), cmp), qsort(cpu + 1, REPS, sizeof(double), cmp);
+            printf("%-11s%5d%12.1f%12.1f\n", names[v], M, 1e3 * wall[1 + REPS / 2], 1e3 * cpu[1 + REPS / 2]);
+            fflush(stdout);
+        }
+        free(x), free(out);
+    }
+    return 0;
+}
