@@ -18,7 +18,8 @@ time.process_time() around generate), peak RSS of the process, and how many sequ
 tokens equal hf-fp32's (a random model's logits are close together, so bf16 rounding changes some).
 The machine is shared: the load average is printed at the start and end of every run.
 usage: bench/scale/bench_generate_scale.py [--layers N] [--seqs 1,8,64] [--prompt-len N]
-       [--max-tokens N] [--threads N] [--only ctrl-bf16,ctrl-fp32,hf-fp32,hf-bf16]   (after scripts/build.sh)"""
+       [--max-tokens N] [--threads N] [--only ctrl-bf16,ctrl-fp32,hf-fp32,hf-bf16] [--ids-out FILE]
+       (after scripts/build.sh)"""
 import argparse
 import json
 import os
@@ -116,6 +117,8 @@ def main():
     p.add_argument("--kv-cache-mb", type=int, default=512)
     p.add_argument("--only", default="ctrl-bf16,ctrl-fp32,hf-fp32,hf-bf16")
     p.add_argument("--model", help="an existing model folder to use instead of making one")
+    p.add_argument("--ids-out", help="write every row's greedy token ids here (JSON: {\"run/seqs\": ids}), "
+                   "to compare rows measured in separate runs")
     p.add_argument("--hf-child")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--n", type=int, default=1)
@@ -163,6 +166,9 @@ def main():
                         print(f"{n:3d} seqs {c} / {h}: {rc['tokens'] / rc['seconds'] / (rh['tokens'] / rh['seconds']):.2f}x"
                               f" by wall clock, {rc['tokens'] / rc['cpu_s'] / (rh['tokens'] / rh['cpu_s']):.2f}x by CPU "
                               f"time, {rc['rss_mib'] / rh['rss_mib']:.2f}x peak RSS")
+        if args.ids_out:
+            with open(args.ids_out, "w") as f:
+                json.dump({f"{name}/{n}": r["ids"] for (name, n), r in table.items()}, f)
         vs = [r.get("versions") for r in table.values() if r.get("versions")]
         print(f"load average {bu.load_average()} at end" + (f"; {vs[0]}" if vs else ""))
 

@@ -31,6 +31,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/gemm_bf16_avx2.h"
+#include "ctrl/log.h"
 #include "model/model_internal.h"
 
 typedef struct pack_entry {
@@ -182,6 +183,11 @@ static void add_bias(float *out, const float *bias, int T, int OUT) {
 static ctrl_status avx2_linear(struct model_pack *p, pack_entry *e, unsigned gen, float *out, const float *x,
                                const float *w, const float *bias, int T, int IN, int OUT, int *used) {
     if (T > AVX2_MAX_ROWS) return CTRL_OK;
+    static int said; /* once per process: the backend's note says the other bf16 products are fp32's speed */
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        CTRL_INFO("cpu: bf16 decoding on AVX2 panels (weights packed once, 2 bytes each; calls of up to %d "
+                  "rows); training and longer forwards take the fp32 SGEMM fallback",
+                  AVX2_MAX_ROWS);
     if (!e->a2) {
         if (!(e->a2 = ctrl_cpu_bf16_avx2_pack(OUT, IN, w, IN))) return CTRL_OK;
         p->bytes += ctrl_cpu_bf16_avx2_bytes(e->a2);
