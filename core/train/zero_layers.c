@@ -234,7 +234,10 @@ static void lend_slot(train_zero *z, int l) {
     pool_piece pc[64];
     int n = 0;
     for (; i < e && n + 2 <= (int)(sizeof pc / sizeof pc[0]); i++) n += run_pieces(z, &z->runs[i], pc + n);
-    if (i < e) n = (int)(sizeof pc / sizeof pc[0]) + 1; /* more than it takes: the old way */
+    if (i < e) { /* more runs than pc holds: the old way (pool_lend must not read past pc) */
+        z->pool->missed++;
+        return;
+    }
     pool_lend(z->pool, l, pc, n);
 }
 
