@@ -173,7 +173,7 @@ typedef struct train_zero {
     /* stage 3 on the CPU: the pages reused by the gathers (zero_layers.c): `pool` lends its pages to the
      * released ranges of the layers in use, `gpool` to the layers' gradients during their backward;
      * NULL when off (CTRL_TEST_ZERO3_REFAULT=1, a device) */
-    struct zero_pool *pool, *gpool;
+    struct zero_pool *pool, *gpool; /* zero_pool.h */
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit

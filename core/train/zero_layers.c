@@ -8,11 +8,10 @@
  * layer_unit, frozen, state): the model's hooks gather them around each use -- the lookup, the head's
  * forward (with its backward when fused), its backward -- and release them after; no prefetch.
  *
- * The released ranges' pages are reused (the pool below): a gather into released pages would fault and
+ * The released ranges' pages are reused (zero_pool.h): a gather into released pages would fault and
  * zero each page again, at every use of every layer (5-20x the cost of writing resident memory on the
  * CPUs measured, docs/performance.md), so the layers in use borrow the pages of a small pool instead, moved
  * onto their released ranges (mremap) before the gather and moved back at the release. */
-#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +22,7 @@
 
 #include "collective/collective.h"
 #include "train/zero.h"
+#include "train/zero_pool.h"
 
 struct ctrl_memory {
     train_zero *z;
@@ -33,134 +33,10 @@ static train_zero_unit in_params(const train_zero *z, int u) {
     return (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer};
 }
 
-/* The whole pages inside [from, to). */
-typedef struct pool_piece {
-    char *at;
-    size_t len;
-} pool_piece;
-
-static pool_piece page_span(const float *from, const float *to) {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = ((uintptr_t)from + page - 1) / page * page, hi = (uintptr_t)to / page * page;
-    return (pool_piece){(char *)lo, hi > lo ? hi - lo : 0};
-}
-
 /* [from, to) of the parameters back to the system, the whole pages inside it. */
 static void release_range(float *from, float *to) {
-    const pool_piece r = page_span(from, to);
+    const zero_piece r = zero_page_span(from, to);
     if (r.len) madvise(r.at, r.len, MADV_DONTNEED);
-}
-
-/* The reused pages: `frames` frames of `frame` bytes of anonymous memory, each written once before its
- * first loan (so that its pages are present and the whole pool keeps one anon_vma: the pieces moved
- * home merge back into one mapping, and any piece of a free frame moves as one). A use
- * (a slot's gather, a layer's gradients in its backward) borrows a free frame: its pieces, the whole
- * pages of the use's released ranges, get the frame's pages moved onto them in order (mremap with
- * MREMAP_FIXED: the page tables move; no fault, no copy), and at the release the pages move back to
- * where they came from (MREMAP_DONTUNMAP: the range stays mapped, empty, reading zeros as after
- * madvise(MADV_DONTNEED)). A use with more than a frame's bytes, or while every frame is lent, takes
- * the old way (its pages faulted by the writes and handed back after); so does every use once an
- * mremap has failed. The frames' pages stay resident between steps. */
-struct zero_pool {
-    char *base;
-    size_t frame;
-    int frames, cap; /* cap: pieces a frame lends at most */
-    int *key_of;     /* per frame: the slot (unit) it is lent to, -1 free */
-    int *n;          /* per frame: its pieces lent, piece[f * cap ..] */
-    char *ready;     /* per frame: written once (its pages present) */
-    pool_piece *piece;
-    int *frame_of, n_keys; /* per slot (unit): its frame, -1 none */
-    long lent, missed;     /* uses on a frame; uses the old way (too large, or no frame free) */
-    int broken;            /* an mremap failed: the old way from then on */
-};
-
-/* A pool of `frames` x `frame` bytes lending `cap` pieces a use, for keys 0 .. n_keys - 1; NULL (the
- * old way) when there is nothing to lend, without memory for it, or with CTRL_TEST_ZERO3_REFAULT set
- * (tests and benchmarks compare with it). */
-static struct zero_pool *pool_new(int frames, size_t frame, int cap, int n_keys) {
-    if (getenv("CTRL_TEST_ZERO3_REFAULT") || !frame || cap <= 0 || n_keys <= 0) return NULL;
-    struct zero_pool *pl = calloc(1, sizeof *pl);
-    if (!pl) return NULL;
-    pl->frame = frame, pl->frames = frames, pl->cap = cap, pl->n_keys = n_keys;
-    pl->key_of = malloc(sizeof(int) * (size_t)frames), pl->n = calloc((size_t)frames, sizeof(int));
-    pl->ready = calloc((size_t)frames, 1);
-    pl->piece = malloc(sizeof(pool_piece) * (size_t)frames * (size_t)cap);
-    pl->frame_of = malloc(sizeof(int) * (size_t)n_keys);
-    void *base =
-        mmap(NULL, frame * (size_t)frames, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    pl->base = base == MAP_FAILED ? NULL : base;
-    if (!pl->key_of || !pl->n || !pl->ready || !pl->piece || !pl->frame_of || !pl->base) {
-        if (pl->base) munmap(pl->base, frame * (size_t)frames);
-        free(pl->key_of), free(pl->n), free(pl->ready), free(pl->piece), free(pl->frame_of), free(pl);
-        return NULL;
-    }
-    for (int f = 0; f < frames; f++) pl->key_of[f] = -1;
-    for (int k = 0; k < n_keys; k++) pl->frame_of[k] = -1;
-    return pl;
-}
-
-static void pool_free(struct zero_pool *pl) {
-    if (!pl) return;
-    munmap(pl->base, pl->frame * (size_t)pl->frames); /* what is lent stays where it is, as memory */
-    free(pl->key_of), free(pl->n), free(pl->ready), free(pl->piece), free(pl->frame_of), free(pl);
-}
-
-static void pool_broken(struct zero_pool *pl, const char *what) {
-    if (!pl->broken)
-        CTRL_WARN("zero3: reusing the released pages failed (%s: %s); they are faulted "
-                  "again at each use from here on",
-                  what, strerror(errno));
-    pl->broken = 1;
-}
-
-/* Use `key`'s n pieces backed by a free frame's pages, when one is free and large enough. */
-static void pool_lend(struct zero_pool *pl, int key, const pool_piece *pc, int n) {
-    if (!pl || pl->broken || pl->frame_of[key] >= 0) return;
-    size_t need = 0;
-    int k = 0, f = 0;
-    for (int i = 0; i < n; i++) need += pc[i].len, k += pc[i].len > 0;
-    if (!k) return;
-    while (f < pl->frames && pl->key_of[f] >= 0) f++;
-    if (need > pl->frame || k > pl->cap || f == pl->frames) {
-        pl->missed++;
-        return;
-    }
-    char *from = pl->base + (size_t)f * pl->frame;
-    if (!pl->ready[f]) memset(from, 0, pl->frame), pl->ready[f] = 1; /* present (zeros: the gradients') */
-    pool_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        if (!pc[i].len) continue;
-        if (mremap(from, pc[i].len, pc[i].len, MREMAP_MAYMOVE | MREMAP_FIXED, pc[i].at) == MAP_FAILED) {
-            pool_broken(pl, "mremap"); /* the range mapped again, empty: the old way */
-            if (mmap(pc[i].at, pc[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-                     0) == MAP_FAILED)
-                CTRL_ERROR("zero3: a released range could not be mapped again: %s", strerror(errno));
-            pl->missed++; /* the use not lent: its release hands every range back, these pages with them */
-            return;
-        }
-        mine[m++] = pc[i], from += pc[i].len;
-    }
-    pl->n[f] = m, pl->key_of[f] = key, pl->frame_of[key] = f, pl->lent++;
-}
-
-/* `key`'s frame, when it has one, back: its pages moved home, the pieces left empty (zeros). Returns
- * whether it had one (else the caller releases its ranges the old way). */
-static int pool_give_back(struct zero_pool *pl, int key) {
-    const int f = pl && key >= 0 && key < pl->n_keys ? pl->frame_of[key] : -1;
-    if (f < 0) return 0;
-    char *home = pl->base + (size_t)f * pl->frame;
-    const pool_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
-    for (int i = 0; i < pl->n[f]; i++) {
-        if (pl->broken || mremap(mine[i].at, mine[i].len, mine[i].len,
-                                 MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, home) == MAP_FAILED) {
-            if (!pl->broken) pool_broken(pl, "mremap back");
-            madvise(mine[i].at, mine[i].len, MADV_DONTNEED);
-        }
-        home += mine[i].len;
-    }
-    pl->n[f] = 0, pl->key_of[f] = -1, pl->frame_of[key] = -1;
-    return 1;
 }
 
 /* A run of a sliced range (in parameters): the other ranks' slices released, before this rank's and
@@ -179,11 +55,11 @@ static ctrl_status release_params(train_zero *z, const train_zero_run *run, int 
 
 /* The whole pages a run's release hands back (the other ranks' slices, before and after this rank's),
  * into out[0..2); returns 2. */
-static int run_pieces(train_zero *z, const train_zero_run *run, pool_piece out[2]) {
+static int run_pieces(train_zero *z, const train_zero_run *run, zero_piece out[2]) {
     const float *p = ctrl_model_params(z->model, NULL);
     size_t lo, hi;
     train_zero_run_cut(z, run, z->rank, &lo, &hi);
-    out[0] = page_span(p + run->u.a, p + lo), out[1] = page_span(p + hi, p + run->u.b);
+    out[0] = zero_page_span(p + run->u.a, p + lo), out[1] = zero_page_span(p + hi, p + run->u.b);
     return 2;
 }
 
@@ -231,19 +107,19 @@ static void lend_slot(train_zero *z, int l) {
     if (!z->pool || z->dev) return;
     int i;
     const int e = slot_runs(z, l, &i);
-    pool_piece pc[64];
+    zero_piece pc[64];
     int n = 0;
     for (; i < e && n + 2 <= (int)(sizeof pc / sizeof pc[0]); i++) n += run_pieces(z, &z->runs[i], pc + n);
-    if (i < e) { /* more runs than pc holds: the old way (pool_lend must not read past pc) */
-        z->pool->missed++;
+    if (i < e) { /* more runs than pc holds: the old way (zero_pool_lend must not read past pc) */
+        zero_pool_count_miss(z->pool);
         return;
     }
-    pool_lend(z->pool, l, pc, n);
+    zero_pool_lend(z->pool, l, pc, n);
 }
 
 /* Slot l's runs released: the pool's pages back, or the ranges handed to the system. */
 static ctrl_status release_slot(train_zero *z, int l) {
-    const int lent = pool_give_back(z->pool, l);
+    const int lent = zero_pool_give_back(z->pool, l);
     ctrl_status st = CTRL_OK;
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
         st = release_params(z, &z->runs[i], lent);
@@ -317,8 +193,8 @@ static ctrl_status gather_backward(ctrl_memory *m, int layer) {
     if (z->gpool && layer >= 0 && layer < ctrl_model_cfg(z->model)->n_layers && z->layer_unit[layer] >= 0) {
         const int u = z->layer_unit[layer]; /* the host's: the layer's gradients on zeroed pool pages */
         const float *g = ctrl_model_grads(z->model, NULL);
-        const pool_piece pc = page_span(g + z->units[u].a, g + z->units[u].b);
-        pool_lend(z->gpool, u, &pc, 1);
+        const zero_piece pc = zero_page_span(g + z->units[u].a, g + z->units[u].b);
+        zero_pool_lend(z->gpool, u, &pc, 1);
     }
     for (int u = 0; z->vm_grads && layer == 0 && u < z->n_units && st == CTRL_OK; u++)
         if (z->units[u].layer == TRAIN_ZERO_OUTER) st = train_zero_device_grads_in(z, u);
@@ -350,7 +226,7 @@ static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
     const float *mine = g + (lo - z->units[u].a);
     for (size_t i = 0; i < hi - lo; i++) acc[i] += mine[i];
     memset(g, 0, sizeof(float) * len); /* (the pool's pages go back zeroed, as it lends them) */
-    if (!pool_give_back(z->gpool, u)) release_range(g, g + len);
+    if (!zero_pool_give_back(z->gpool, u)) release_range(g, g + len);
     return CTRL_OK;
 }
 
@@ -432,14 +308,14 @@ static void make_pool(train_zero *z) {
         size_t bytes = 0;
         int n = 0;
         for (int i, e = slot_runs(z, l, &i); i < e; i++) {
-            pool_piece pc[2];
+            zero_piece pc[2];
             run_pieces(z, &z->runs[i], pc);
             bytes += pc[0].len + pc[1].len, n += (pc[0].len > 0) + (pc[1].len > 0);
         }
         if (l < n_layers && bytes > frame) frame = bytes;
         cap = n > cap ? n : cap;
     }
-    z->pool = pool_new(POOL_FRAMES, frame, cap, z->n_slots);
+    z->pool = zero_pool_new(POOL_FRAMES, frame, cap, z->n_slots);
 }
 
 /* Stage 3's gradient pool: frames of the largest layer unit's pages (a unit a layer at any bucket). */
@@ -447,37 +323,30 @@ static void make_gpool(train_zero *z) {
     const float *g = ctrl_model_grads(z->model, NULL);
     size_t frame = 0;
     for (int u = 0; u < z->n_units; u++) {
-        const pool_piece pc = page_span(g + z->units[u].a, g + z->units[u].b);
+        const zero_piece pc = zero_page_span(g + z->units[u].a, g + z->units[u].b);
         if (z->units[u].layer >= 0 && pc.len > frame) frame = pc.len;
     }
-    z->gpool = pool_new(POOL_FRAMES, frame, 1, z->n_units);
+    z->gpool = zero_pool_new(POOL_FRAMES, frame, 1, z->n_units);
 }
 
 void train_zero_pool_free(train_zero *z) {
-    pool_free(z->pool), pool_free(z->gpool);
+    zero_pool_free(z->pool), zero_pool_free(z->gpool);
     z->pool = z->gpool = NULL;
-}
-
-/* The frames lent so far (their pages resident from then on). */
-static int frames_used(const struct zero_pool *pl) {
-    int n = 0;
-    for (int f = 0; f < pl->frames; f++) n += pl->ready[f];
-    return n;
 }
 
 void train_zero_pool_report(const train_zero *z) {
     if (z->rank != 0 || z->stage < 3 || z->dev) return;
-    const struct zero_pool *p = z->pool, *g = z->gpool;
     if (getenv("CTRL_TEST_ZERO3_REFAULT")) /* (else no pool: nothing released to back) */
         CTRL_INFO("zero3: the released pages are faulted again at each use (CTRL_TEST_ZERO3_REFAULT)");
-    if (p)
+    const zero_pool_stats p = zero_pool_get_stats(z->pool), g = zero_pool_get_stats(z->gpool);
+    if (z->pool)
         CTRL_INFO("zero3: gathers into reused pages: %ld uses on %d of %d frames of %zu bytes, %ld the old "
                   "way (larger than a frame, or none free)%s",
-                  p->lent, frames_used(p), p->frames, p->frame, p->missed, p->broken ? "; failed, off" : "");
-    if (g)
+                  p.lent, p.used, p.frames, p.frame, p.missed, p.broken ? "; failed, off" : "");
+    if (z->gpool)
         CTRL_INFO("zero3: gradients on reused pages: %ld backwards of a layer on %d of %d frames of %zu "
                   "bytes, %ld the old way%s",
-                  g->lent, frames_used(g), g->frames, g->frame, g->missed, g->broken ? "; failed, off" : "");
+                  g.lent, g.used, g.frames, g.frame, g.missed, g.broken ? "; failed, off" : "");
 }
 
 /* The hooks' instance and stage 3's per-slot state: the gathers' states, the prefetches' handles,
