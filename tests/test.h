@@ -80,4 +80,17 @@ double test_rel_error_f64(const double *a, const double *b, long n);
         return;                                                                                              \
     } while (0)
 
+/* 1 in a build with AddressSanitizer (GCC's -fsanitize=address, clang's): several times slower, its
+ * resident memory blurred by the quarantine and shadow. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef TEST_UNDER_ASAN
+#define TEST_UNDER_ASAN 0
+#endif
+
 #endif

@@ -3,7 +3,7 @@
 ctrl_add_c_test(${CMAKE_CURRENT_LIST_DIR}/test_serve_clients.c e2e)
 target_link_libraries(test_serve_clients PRIVATE ctrl_serve)
 add_dependencies(test_serve_clients ctrl_cli)
-set_tests_properties(test_serve_clients PROPERTIES TIMEOUT 120)
+set_tests_properties(test_serve_clients PROPERTIES TIMEOUT 300)
 
 # vLLM's NCCL weight-transfer engine (tests/serve/test_serve_weight_transfer.c): ctrl serve on the
 # emulated CUDA device, a C trainer (weight_trainer.c) over the emulated NCCL (ctrl_nccl_emu, which

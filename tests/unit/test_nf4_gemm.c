@@ -179,18 +179,8 @@ static int reset_peak(void) {
     return fclose(f) == 0 && ok;
 }
 
-#if defined(__SANITIZE_ADDRESS__) /* GCC's -fsanitize=address */
-#define UNDER_ASAN 1
-#elif defined(__has_feature) /* clang's */
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 TEST(nf4_product_never_holds_the_dequantized_weight) {
-#ifdef UNDER_ASAN
-    TEST_SKIP("AddressSanitizer's quarantine and shadow memory blur the resident size");
-#endif
+    if (TEST_UNDER_ASAN) TEST_SKIP("AddressSanitizer's quarantine and shadow memory blur the resident size");
     const int T = 8, IN = 896, OUT = 4864; /* gate_proj: 17 MiB dequantized */
     case_w c;
     make(&c, IN, OUT, 21);
