@@ -139,7 +139,7 @@ TARGET static void pack_panel(uint32_t *dst, const float *W, int ldw, int N, int
 
 int ctrl_cpu_bf16_avx2_repack(ctrl_cpu_bf16_avx2_panels *p, const float *W, int ldw) {
     if (!p || !ctrl_cpu_bf16_avx2_available()) return -1;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p->words >= ((size_t)1 << 16))
     for (int q = 0; q < p->npanels; q++)
         pack_panel(p->w + (size_t)q * p->K2 * 16, W, ldw, p->N, p->K, p->K2, q);
     return 0;
