@@ -3,8 +3,9 @@
  * range mapped and reading zeros; uses too large, with too many pieces or while every frame is lent
  * are refused and counted; and -- the defect behind a crashed zero3 LoRA run -- while a frame is lent
  * its home stays reserved: memory mapped meanwhile (malloc's, a collective's) is never placed there and
- * then overwritten by the move home. */
+ * then overwritten by the move home; and thousands of loans leave the process's mappings as many. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -129,4 +130,46 @@ TEST(zero_pool_keeps_a_lent_frames_home_reserved) {
     for (int i = 0; i < N; i++) i % 2 ? free(other[i]) : (void)munmap(other[i], (size_t)(i % 32 + 1) * pg);
     zero_pool_free(pl);
     munmap(params, 64 * pg);
+}
+
+static int mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, c;
+    if (!f) return -1;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* A run lends and takes back thousands of times: the process's mappings must not grow with it (the
+ * kernel's limit, vm.max_map_count, is 65530 by default). */
+TEST(zero_pool_cycles_do_not_fragment_the_mappings) {
+    const size_t pg = page();
+    char *params = map(256 * pg);
+    CHECK(params != NULL);
+    if (!params) return;
+    zero_pool *pl = zero_pool_new(2, 24 * pg, 2, 4);
+    CHECK(pl != NULL);
+    if (!pl) return;
+    const zero_piece use[4][2] = {{{params + 3 * pg, 5 * pg}, {params + 20 * pg, 11 * pg}},
+                                  {{params + 64 * pg, 24 * pg}, {params, 0}},
+                                  {{params + 100 * pg, pg}, {params + 110 * pg, 20 * pg}},
+                                  {{params + 200 * pg, 16 * pg}, {params + 240 * pg, 8 * pg}}};
+    int first = -1;
+    for (int cycle = 0; cycle < 3000; cycle++) {
+        const int k = cycle % 4, next = (cycle + 1) % 4;
+        zero_pool_lend(pl, k, use[k], 2);
+        zero_pool_lend(pl, next, use[next], 2); /* two in use at a time, as a prefetch holds them */
+        memset(use[k][0].at, 1, use[k][0].len);
+        CHECK_EQ_INT(zero_pool_give_back(pl, k), 1);
+        CHECK_EQ_INT(zero_pool_give_back(pl, next), 1);
+        if (cycle == 8) first = mappings();
+    }
+    const int last = mappings();
+    CHECK(first > 0);
+    CHECK_MSG(last <= first + 4, "mappings %d after 8 cycles, %d after 3000", first, last);
+    const zero_pool_stats s = zero_pool_get_stats(pl);
+    CHECK(s.lent == 6000 && s.missed == 0 && !s.broken);
+    zero_pool_free(pl);
+    munmap(params, 256 * pg);
 }
