@@ -137,6 +137,7 @@ ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, cons
     snprintf(push, sizeof push, "%s/.weights-push.safetensors", output_dir);
     r->url = strdup(url ? url : "http://127.0.0.1:8000"), r->push_path = strdup(push);
     r->bearer = key && key[0] ? strdup(key) : NULL;
+    r->stale = 1;
     if (!r->url || !r->push_path || (key && key[0] && !r->bearer)) {
         ctrl_remote_server_free(r);
         return ctrl_error_set(CTRL_ERR_NOMEM, "[generation] server_url: out of memory");
@@ -144,12 +145,19 @@ ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, cons
     return CTRL_OK;
 }
 
-ctrl_status ctrl_remote_server_push(const ctrl_remote_server *r, ctrl_model *m) {
+ctrl_status ctrl_remote_server_push(ctrl_remote_server *r, ctrl_model *m) {
     if (!r->url) return CTRL_OK;
-    ctrl_status st =
-        ctrl_collective_is_root() ? ctrl_remote_push_weights(r->url, r->bearer, m, r->push_path) : CTRL_OK;
-    ctrl_status b = ctrl_collective_barrier();
-    return st != CTRL_OK ? st : b;
+    ctrl_status st = r->whole ? r->whole(r->whole_ctx, 1) : CTRL_OK; /* zero3: gathered on every rank */
+    if (st == CTRL_OK && ctrl_collective_is_root())
+        st = ctrl_remote_push_weights(r->url, r->bearer, m, r->push_path);
+    const ctrl_status b = ctrl_collective_barrier(); /* the others wait for rank 0's push */
+    const ctrl_status w = r->whole ? r->whole(r->whole_ctx, 0) : CTRL_OK;
+    if (st == CTRL_OK) r->stale = 0;
+    return st != CTRL_OK ? st : b != CTRL_OK ? b : w;
+}
+
+ctrl_status ctrl_remote_server_sync(ctrl_remote_server *r, ctrl_model *m) {
+    return r->url && r->stale ? ctrl_remote_server_push(r, m) : CTRL_OK;
 }
 
 void ctrl_remote_server_free(ctrl_remote_server *r) {

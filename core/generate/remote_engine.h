@@ -21,14 +21,26 @@ ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_m
  * weights are staged (output_dir/.weights-push.safetensors). All NULL: no server. */
 typedef struct ctrl_remote_server {
     char *url, *bearer, *push_path;
+    /* ZeRO-3 (may be NULL): the model gathered whole on every rank around a push (whole(ctx, 1)
+     * before, whole(ctx, 0) after: the run's train_zero_whole) */
+    ctrl_status (*whole)(void *ctx, int on);
+    void *whole_ctx;
+    /* the trainer's weights not pushed yet since the start (ctrl_remote_server_sync pushes them) */
+    int stale;
 } ctrl_remote_server;
 
-/* Fills *r for `url` (NULL: http://127.0.0.1:8000) and the run's output_dir; nothing is sent. */
+/* Fills *r for `url` (NULL: http://127.0.0.1:8000) and the run's output_dir, stale; nothing is sent. */
 ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, const char *output_dir);
-/* The weights every rank holds to r's server, called by every rank after each optimizer step:
- * rank 0 pushes them (ctrl_remote_push_weights) and every rank waits at a barrier, so no rank
- * generates from the old weights and the server gets one push a step. r->url NULL: nothing. */
-ctrl_status ctrl_remote_server_push(const ctrl_remote_server *r, ctrl_model *m);
+/* The model's weights to r's server, called by every rank after each optimizer step: (zero3: the
+ * model gathered whole on every rank first, r->whole, and released after) rank 0 pushes them
+ * (ctrl_remote_push_weights) and every rank waits at a barrier, so no rank generates from the old
+ * weights and the server gets one push a step. r->url NULL: nothing. */
+ctrl_status ctrl_remote_server_push(ctrl_remote_server *r, ctrl_model *m);
+/* Before each generation through the server, by every rank: the weights pushed if they have not
+ * been since the start (the first generation; a step's push clears it too). The start's push waits
+ * for this: under zero3 the model the trainer's kind is made beside holds only this rank's slices,
+ * its gathers not hooked yet. */
+ctrl_status ctrl_remote_server_sync(ctrl_remote_server *r, ctrl_model *m);
 void ctrl_remote_server_free(ctrl_remote_server *r);
 
 #endif

@@ -176,10 +176,16 @@ ctrl_status ctrl_model_jsd_forward(ctrl_model *s, const ctrl_batch *b, ctrl_mode
         if (!bf.hzs || !bf.hzt)
             st = ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the logits chunk");
     }
+    /* ZeRO-3: both heads gathered (the student's for its forward and backward, one gather as the
+     * fused head's; a sliced teacher's too), released after the chunks */
+    if (st == CTRL_OK) st = model_outer_hooks(s, 1, 1, 1);
+    if (st == CTRL_OK) st = model_outer_hooks(t, 1, 0, 1);
     for (int r0 = 0; st == CTRL_OK && r0 < n_rows; r0 += (int)chunk) {
         const int n = r0 + (int)chunk <= n_rows ? (int)chunk : n_rows - r0;
         st = jsd_chunk(s, t, rows + r0, n, a, &bf, jsd);
     }
+    const ctrl_status rt = model_outer_hooks(t, 1, 0, 0), rs = model_outer_hooks(s, 1, 0, 0);
+    if (st == CTRL_OK) st = rt != CTRL_OK ? rt : rs;
     bufs_free(be, &bf);
     free(rows);
     s->head_dh_ready = st == CTRL_OK;

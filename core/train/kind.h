@@ -62,6 +62,11 @@ typedef struct train_kind_env {
      * and released after (on = 0); nothing without zero3 */
     ctrl_status (*whole_weights)(void *ctx, int on);
     void *whole_ctx;
+    /* ZeRO-3: every layer gathered on every rank (on = 1, a collective) and released (0), whatever
+     * ds3_gather_for_generation says -- for the weights pushed to a `ctrl serve` (server mode);
+     * nothing without zero3 */
+    ctrl_status (*gather_whole)(void *ctx, int on);
+    void *gather_ctx;
     /* ZeRO-3 on several ranks with the policy's layers sliced (train_zero_load): a frozen model the
      * kind keeps beside it (the sequence kind's reference) is sliced too (zero_ref.h), its gathers
      * prefetched by zero3_prefetch floats (prefetch_bucket_size); 0 otherwise */

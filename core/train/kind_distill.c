@@ -20,6 +20,7 @@
 #include "train/kind.h"
 #include "train/teacher.h"
 #include "train/train.h"
+#include "train/zero_ref.h"
 
 #define DISTILL_METRICS 16
 
@@ -28,6 +29,10 @@ struct train_kind {
     ctrl_trainer *trainer;
     ctrl_distill_spec spec;
     ctrl_model *model, *teacher;
+    train_zero *teacher_zero; /* zero3 on several ranks: the teacher sliced (zero_ref.h), else NULL */
+    /* zero3: the student gathered around its generation (kind.h's whole_weights; NULL: nothing) */
+    ctrl_status (*whole_weights)(void *ctx, int on);
+    void *whole_ctx;
     ctrl_dataset train, eval;
     int eval_bs, sleep_level;
     ctrl_engine *engine, *teacher_engine; /* made when lmbda > 0 (colocate) / seq_kd */
@@ -60,7 +65,7 @@ static void distill_destroy(train_kind *k) {
     if (k->engine) ctrl_engine_free(k->engine);
     ctrl_remote_server_free(&k->server);
     if (k->teacher_engine) ctrl_engine_free(k->teacher_engine);
-    ctrl_model_free(k->teacher);
+    train_zero_ref_free(k->teacher_zero, k->teacher);
     ctrl_dataset_free(&k->train);
     ctrl_dataset_free(&k->eval);
     free(k);
@@ -113,11 +118,13 @@ static ctrl_status distill_after_step(train_kind *k, long step) {
 }
 
 /* Server mode: the student's samples come from a running `ctrl serve`, which gets the student's
- * weights now and after every optimizer step (distill_after_step), as the online kind's. */
-static ctrl_status connect_server(train_kind *k, const ctrl_run_settings *s) {
+ * weights before its first generation (ctrl_remote_server_sync) and after every optimizer step
+ * (distill_after_step), as the online kind's; under zero3 gathered whole for each push. */
+static ctrl_status connect_server(train_kind *k, const train_kind_env *env) {
+    const ctrl_run_settings *s = env->settings;
     ctrl_status st = ctrl_remote_server_init(&k->server, s->generation.server_url, s->run.output_dir);
+    k->server.whole = env->gather_whole, k->server.whole_ctx = env->gather_ctx;
     if (st == CTRL_OK) st = ctrl_remote_wait_ready(k->server.url, 240); /* TRL: vllm_server_timeout = 240 s */
-    if (st == CTRL_OK) st = distill_after_step(k, 0);
     if (st == CTRL_OK)
         CTRL_INFO("generation: the student samples through ctrl serve at %s (weights pushed after each step)",
                   k->server.url);
@@ -133,7 +140,13 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
     k->spec.size = sizeof k->spec;
     ctrl_status st = k->ops->distill_spec(k->trainer, &k->spec);
     if (st == CTRL_OK) st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
-    if (st == CTRL_OK)
+    /* zero3 on several ranks: the teacher sliced as the student (TRL's prepare_deepspeed of the
+     * teacher with the student's ZeRO-3 config), the student gathered whole for its generation */
+    k->whole_weights = env->whole_weights, k->whole_ctx = env->whole_ctx;
+    if (st == CTRL_OK && env->zero3_sliced)
+        st = train_teacher_load_sliced(env->cfg, env->model, env->tok, env->plugins->attention->ops,
+                                       env->zero3_prefetch, &k->teacher, &k->teacher_zero);
+    else if (st == CTRL_OK)
         st = train_teacher_load(env->cfg, env->model, env->tok, env->plugins->attention->ops, &k->teacher);
     const int generates = k->spec.lmbda > 0 || k->spec.seq_kd;
     if (st == CTRL_OK && generates) st = check_generation(env, k);
@@ -143,7 +156,7 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
         k->sleep_level = s->generation.sleep;
     }
     if (st == CTRL_OK && k->spec.lmbda > 0 && s->generation.server)
-        st = connect_server(k, s);
+        st = connect_server(k, env);
     else if (st == CTRL_OK && k->spec.lmbda > 0)
         st = make_engine(env, k->model, &k->engine);
     if (st == CTRL_OK && k->spec.seq_kd) st = make_engine(env, k->teacher, &k->teacher_engine);
@@ -199,12 +212,21 @@ static ctrl_status sample_batch(train_kind *k, ctrl_engine *e, const int *idx, i
                                     .stop_ids = k->stops,
                                     .n_stop = k->n_stop};
     }
-    if (st == CTRL_OK && !e) { /* the student, through the server */
-        st = ctrl_remote_generate(k->server.url, k->server.bearer, req, n, gout);
+    if (st == CTRL_OK && !e) { /* the student, through the server (the start's weights pushed once) */
+        st = ctrl_remote_server_sync(&k->server, k->model);
+        if (st == CTRL_OK) st = ctrl_remote_generate(k->server.url, k->server.bearer, req, n, gout);
     } else if (st == CTRL_OK) {
-        st = ctrl_engine_wake_up(e);
+        /* zero3: the model whole around its generation (TRL's unwrap_model_for_generation gathers
+         * the student's or the teacher's ZeRO-3 parameters), released after */
+        const int student = e == k->engine;
+        st = student ? (k->whole_weights ? k->whole_weights(k->whole_ctx, 1) : CTRL_OK)
+                     : train_zero_ref_whole(k->teacher_zero, 1);
+        if (st == CTRL_OK) st = ctrl_engine_wake_up(e);
         if (st == CTRL_OK) st = ctrl_engine_generate(e, req, n, gout, NULL, NULL);
         if (st == CTRL_OK && k->sleep_level) st = ctrl_engine_sleep(e, k->sleep_level);
+        const ctrl_status rel = student ? (k->whole_weights ? k->whole_weights(k->whole_ctx, 0) : CTRL_OK)
+                                        : train_zero_ref_whole(k->teacher_zero, 0);
+        if (st == CTRL_OK) st = rel;
     }
     size_t T = 0;
     for (int i = 0; i < n; i++) T += (size_t)req[i].prompt_len + (size_t)gout[i].len;
@@ -317,6 +339,8 @@ static ctrl_status distill_accumulate(train_kind *k, const int *order, long *cur
     for (int g = 0; g < ga; g++) ctrl_batch_free(&mb[g]);
     free(mb), free(idx);
     out->trained = num_items;
+    if (st == CTRL_OK)
+        st = train_zero_ref_report(k->teacher_zero, "the teacher"); /* the first step's, once */
     return st;
 }
 
@@ -402,6 +426,11 @@ static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
 
 static int distill_has_eval(const train_kind *k) { return k->eval.n > 0; }
 
+/* zero3: the sliced teacher gathered whole on every rank around an evaluation, as the student */
+static ctrl_status distill_eval_whole(train_kind *k, int on) {
+    return train_zero_ref_whole(k->teacher_zero, on);
+}
+
 const train_kind_ops train_kind_distill = {
     .name = "distill",
     .create = distill_create,
@@ -414,5 +443,6 @@ const train_kind_ops train_kind_distill = {
     .log_window = distill_log_window,
     .has_eval = distill_has_eval,
     .evaluate = distill_evaluate,
+    .eval_whole = distill_eval_whole,
     .eval_at_start = 1,
 };

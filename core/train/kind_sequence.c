@@ -83,9 +83,21 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
     if (st == CTRL_OK && k->spec.needs_ref_logp) {
         if (k->spec.precompute_ref_logp)
             st = train_sequence_precompute(env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
-        else if (!ctrl_model_lora(k->model))
+        else if (!ctrl_model_lora(k->model)) {
             st = train_sequence_load_reference(env, &k->ref, &k->ref_zero);
-        else if (k->spec.sync_ref_model)
+            /* zero3 with the reference whole beside the sliced policy (a CUDA model's, or
+             * CTRL_TEST_ZERO3_WHOLE_REF): the sync would need the whole policy after every step */
+            if (st == CTRL_OK && k->spec.sync_ref_model && env->zero3_sliced && !k->ref_zero)
+                st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                                    "%s: [%s] sync_ref_model = true with [memory] strategies = zero3: not "
+                                    "supported yet with the reference whole (%s); the CPU's sliced "
+                                    "reference syncs",
+                                    ctrl_config_where(env->cfg, env->settings->run.trainer, "sync_ref_model"),
+                                    env->settings->run.trainer,
+                                    ctrl_model_device(env->model).type != CTRL_DEVICE_CPU
+                                        ? "on a device"
+                                        : "CTRL_TEST_ZERO3_WHOLE_REF");
+        } else if (k->spec.sync_ref_model)
             st = ctrl_error_set(CTRL_ERR_CONFIG,
                                 "[%s] sync_ref_model: not with [peft] (the reference is the base "
                                 "model with the adapters off, as TRL's)",
@@ -194,7 +206,8 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
     }
     for (int g = 0; mb && g < ga; g++) ctrl_pref_batch_free(&mb[g]);
     free(mb), free(idx);
-    if (st == CTRL_OK) st = train_zero_ref_report(k->ref_zero); /* the first step's, once */
+    if (st == CTRL_OK)
+        st = train_zero_ref_report(k->ref_zero, "the reference model"); /* the first step's, once */
     return st;
 }
 
@@ -230,11 +243,19 @@ static ctrl_status sequence_after_step(train_kind *k, long step) {
     ctrl_status st = window_add_step(k);
     if (st != CTRL_OK) return st;
     if (!k->spec.sync_ref_model || !k->ref || step % k->spec.ref_model_sync_steps) return CTRL_OK;
+    const float a = (float)k->spec.ref_model_mixup_alpha;
+    if (k->ref_zero) { /* zero3: both sliced alike, each rank mixes its own slices */
+        st = train_zero_ref_mix(k->ref_zero, k->model, a);
+        if (st == CTRL_OK && ctrl_collective_is_root())
+            CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld, each "
+                      "rank its zero3 slices",
+                      (double)a, step);
+        return st;
+    }
     size_t n, n_ref;
     const float *p = ctrl_model_params(k->model, &n);
     float *r = ctrl_model_params(k->ref, &n_ref);
     if (n != n_ref) return ctrl_error_set(CTRL_ERR_RUNTIME, "sync_ref_model: the reference's shape differs");
-    const float a = (float)k->spec.ref_model_mixup_alpha;
     for (size_t i = 0; i < n; i++) r[i] = r[i] * (1.0f - a) + p[i] * a;
     ctrl_model_weights_changed(k->ref);
     CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld", (double)a, step);

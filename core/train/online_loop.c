@@ -76,9 +76,9 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     o->sleep_level = s->generation.sleep;
     ctrl_engine_config ec;
     if (st == CTRL_OK && !o->server.url) st = ctrl_engine_config_for(cfg, model, &ec); /* its KV pool */
-    if (st == CTRL_OK && o->server.url) { /* the server generates from the trainer's weights from the start */
+    if (st == CTRL_OK && o->server.url) { /* the server generates from the trainer's weights from the start:
+                                           * pushed before its first generation (ctrl_remote_server_sync) */
         st = ctrl_remote_wait_ready(o->server.url, 240); /* TRL: vllm_server_timeout = 240 s */
-        if (st == CTRL_OK) st = ctrl_online_after_step(o);
         if (st == CTRL_OK)
             CTRL_INFO("generation: ctrl serve at %s (weights pushed after each step)", o->server.url);
     } else if (st == CTRL_OK) {
@@ -167,8 +167,10 @@ static void gen_batch_free(ctrl_online *o) {
     o->gout = NULL, o->gprompt = o->trained = NULL, o->adv = NULL, o->old = o->ref_lp = NULL, o->gn = 0;
 }
 
-void ctrl_online_set_whole_weights(ctrl_online *o, ctrl_status (*whole)(void *ctx, int on), void *ctx) {
+void ctrl_online_set_whole_weights(ctrl_online *o, ctrl_status (*whole)(void *ctx, int on), void *ctx,
+                                   ctrl_status (*gather)(void *ctx, int on), void *gather_ctx) {
     o->whole_weights = whole, o->whole_ctx = ctx;
+    o->server.whole = gather, o->server.whole_ctx = gather_ctx;
 }
 
 /* Generates for `ps` prompts order[*cursor ...]: n_prompts requests of `n` samples each, of which
@@ -203,8 +205,10 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
     }
     ctrl_status st;
     if (o->server.url) {
-        st = ctrl_remote_generate(o->server.url, o->server.bearer, req + own0, n_own,
-                                  o->gout + (size_t)own0 * n);
+        st = ctrl_remote_server_sync(&o->server, o->model); /* the start's weights, once */
+        if (st == CTRL_OK)
+            st = ctrl_remote_generate(o->server.url, o->server.bearer, req + own0, n_own,
+                                      o->gout + (size_t)own0 * n);
     } else {
         st = o->whole_weights ? o->whole_weights(o->whole_ctx, 1) : CTRL_OK; /* ZeRO-3: gathered */
         if (st == CTRL_OK) st = ctrl_engine_wake_up(o->engine);

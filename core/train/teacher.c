@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "train/teacher.h"
+#include "train/zero_ref.h"
 
 /* The teacher's tokenizer files, when it has any, must give every id the student's token. */
 static ctrl_status check_tokenizer(const ctrl_config *cfg, const char *dir, const ctrl_tokenizer *tok) {
@@ -33,30 +34,43 @@ static ctrl_status check_tokenizer(const ctrl_config *cfg, const char *dir, cons
     return st;
 }
 
-ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
-                               const ctrl_attention_ops *attn, ctrl_model **out) {
+/* What a teacher must be: a causal LM of the student's vocabulary and tokenizer. */
+static ctrl_status check_teacher(const ctrl_config *cfg, const ctrl_model *t, const ctrl_model *student,
+                                 const ctrl_tokenizer *tok) {
     const ctrl_run_settings *s = ctrl_config_settings(cfg);
-    *out = NULL;
-    if (!s->teacher.path)
-        return ctrl_error_set(CTRL_ERR_CONFIG,
-                              "[teacher] path: trainer %s distils from a teacher model; set it",
-                              s->run.trainer);
     const char *where = ctrl_config_where(cfg, "teacher", "path");
-    ctrl_model *t = NULL;
-    ctrl_status st = ctrl_model_load(s->teacher.path, attn, &t);
-    if (st != CTRL_OK) return ctrl_error_wrap(st, "%s: [teacher] path", where);
     const ctrl_model_config *tc = ctrl_model_cfg(t), *sc = ctrl_model_cfg(student);
     if (tc->num_labels > 0)
-        st = ctrl_error_set(CTRL_ERR_CONFIG,
-                            "%s: [teacher] path: %s is a sequence classifier, not a causal LM", where,
-                            s->teacher.path);
-    else if (tc->vocab_size != sc->vocab_size)
-        st = ctrl_error_set(
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: [teacher] path: %s is a sequence classifier, not a causal LM", where,
+                              s->teacher.path);
+    if (tc->vocab_size != sc->vocab_size)
+        return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "%s: [teacher] path: the teacher's vocab_size is %d, the student's %d (GKD compares "
             "the teacher's full next-token distribution: one vocabulary)",
             where, tc->vocab_size, sc->vocab_size);
-    if (st == CTRL_OK) st = check_tokenizer(cfg, s->teacher.path, tok);
+    return check_tokenizer(cfg, s->teacher.path, tok);
+}
+
+static ctrl_status need_path(const ctrl_run_settings *s) {
+    return s->teacher.path ? CTRL_OK
+                           : ctrl_error_set(CTRL_ERR_CONFIG,
+                                            "[teacher] path: trainer %s distils from a teacher model; set it",
+                                            s->run.trainer);
+}
+
+ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
+                               const ctrl_attention_ops *attn, ctrl_model **out) {
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    *out = NULL;
+    ctrl_status st = need_path(s);
+    if (st != CTRL_OK) return st;
+    ctrl_model *t = NULL;
+    st = ctrl_model_load(s->teacher.path, attn, &t);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(st, "%s: [teacher] path", ctrl_config_where(cfg, "teacher", "path"));
+    st = check_teacher(cfg, t, student, tok);
     if (st == CTRL_OK) st = ctrl_model_freeze(t);
     /* forwards only: each layer's input and one shared set of internals, not every layer's */
     if (st == CTRL_OK) st = ctrl_model_set_recompute_all(t);
@@ -71,5 +85,31 @@ ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student
         return st;
     }
     *out = t;
+    return CTRL_OK;
+}
+
+ctrl_status train_teacher_load_sliced(const ctrl_config *cfg, const ctrl_model *student,
+                                      const ctrl_tokenizer *tok, const ctrl_attention_ops *attn,
+                                      size_t prefetch, ctrl_model **out, train_zero **zout) {
+    const ctrl_run_settings *s = ctrl_config_settings(cfg);
+    *out = NULL, *zout = NULL;
+    ctrl_status st = need_path(s);
+    if (st != CTRL_OK) return st;
+    ctrl_model *t = NULL;
+    train_zero *z = NULL;
+    /* no ctrl_model_freeze: the gradient buffer is never touched (no pages), and the slices are cut
+     * over the parameters as a policy's would be */
+    st = train_zero_frozen_load(s->teacher.path, attn, s->teacher.bf16 ? CTRL_BF16 : CTRL_F32, prefetch, &t,
+                                &z);
+    if (st != CTRL_OK)
+        return ctrl_error_wrap(st, "%s: [teacher] path (sliced for zero3)",
+                               ctrl_config_where(cfg, "teacher", "path"));
+    st = check_teacher(cfg, t, student, tok);
+    if (st == CTRL_OK) st = train_zero_frozen_describe(z, "the teacher", "over the ranks as the student");
+    if (st != CTRL_OK) {
+        train_zero_ref_free(z, t);
+        return st;
+    }
+    *out = t, *zout = z;
     return CTRL_OK;
 }

@@ -9,6 +9,7 @@
 #include "config/config_load.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "train/zero.h"
 
 /* Loads [teacher] path for `student` (tokenized by `tok`): refused naming the key when it is unset,
  * not a causal LM, of another vocabulary size, or when its own tokenizer (if it has tokenizer
@@ -18,5 +19,14 @@
  * (ctrl_model_hold_bf16: all of them rounded, the layers' stored in 2 bytes). */
 ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
                                const ctrl_attention_ops *attn, ctrl_model **out);
+/* The same under zero3 on several ranks with the student sliced on the CPU: the teacher sliced as
+ * DPO's reference (zero_ref.h: this rank's slices read, each unit gathered around its use, *zout its
+ * train_zero), as TRL's GKDTrainer prepares the teacher with the student's DeepSpeed ZeRO-3 config;
+ * [teacher] dtype = bf16 then computes in bf16 from the fp32 slices (a layer's bf16 copy rounded
+ * after its gather) instead of holding the weights in bf16. Free with train_zero_ref_free. A
+ * collective (it logs the slices' resident bytes). */
+ctrl_status train_teacher_load_sliced(const ctrl_config *cfg, const ctrl_model *student,
+                                      const ctrl_tokenizer *tok, const ctrl_attention_ops *attn,
+                                      size_t prefetch, ctrl_model **out, train_zero **zout);
 
 #endif

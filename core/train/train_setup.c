@@ -66,29 +66,36 @@ static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plug
     return CTRL_OK;
 }
 
-/* What zero3 runs with so far, on the CPU and CUDA alike: the token, sequence and online kinds
- * (generation gathers the whole model around it), not what reads the whole policy at other times. */
-static ctrl_status zero3_supported(const run_state *r, const ctrl_sequence_spec *spec) {
+/* What zero3 runs with so far: the token, sequence and online kinds on the CPU and CUDA alike
+ * (generation gathers the whole model around it; server mode's pushes on the CPU), the distill
+ * kind on the CPU (its teacher sliced on the host). */
+static ctrl_status zero3_supported(const run_state *r) {
     const ctrl_run_settings *s = r->s;
     const train_kind_ops *k = r->kind_ops;
-    if (k != &train_kind_token && k != &train_kind_sequence && k != &train_kind_online)
+    if (k == &train_kind_distill && r->comp.device.type != CTRL_DEVICE_CPU)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "%s: [memory] strategies = zero3 with trainer = %s on %s: not supported yet "
+                              "(the teacher is sliced on the host only; run on the CPU, or zero1/zero2)",
+                              ctrl_config_where(r->cfg, "run", "device"), s->run.trainer, s->run.device);
+    if (k == &train_kind_distill && s->peft.enabled)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] strategies = zero3 with trainer = %s and [peft]: not supported yet "
+                              "(GKD's zero3 slices a full student and its teacher; drop [peft] or use zero2)",
+                              s->run.trainer);
+    if (k != &train_kind_token && k != &train_kind_sequence && k != &train_kind_online &&
+        k != &train_kind_distill)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "[memory] strategies = zero3 with trainer = %s: not supported yet (SFT, the "
-                              "preference trainers and the online ones are; zero1 and zero2 work with every "
-                              "trainer)",
+                              "preference trainers, the online ones and GKD are; zero1 and zero2 work with "
+                              "every trainer)",
                               s->run.trainer);
-    if (k == &train_kind_sequence && spec->sync_ref_model)
+    if ((k == &train_kind_online || k == &train_kind_distill) && s->generation.server &&
+        r->comp.device.type != CTRL_DEVICE_CPU)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
-            "%s: [%s] sync_ref_model = true with [memory] strategies = zero3: not supported "
-            "yet (the sync reads the whole policy after every step)",
-            ctrl_config_where(r->cfg, s->run.trainer, "sync_ref_model"), s->run.trainer);
-    if (k == &train_kind_online && s->generation.server)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: [generation] mode = server with [memory] strategies = zero3: not supported "
-            "yet (the weights pushed after each step are the whole model's); use colocate",
-            ctrl_config_where(r->cfg, "generation", "mode"));
+            "%s: [generation] mode = server with [memory] strategies = zero3 on %s: not supported "
+            "yet (the CPU's gathers the model whole for each push); use colocate",
+            ctrl_config_where(r->cfg, "generation", "mode"), s->run.device);
     return CTRL_OK;
 }
 
@@ -167,7 +174,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     ctrl_sequence_spec spec = {.size = sizeof spec};
     if (st == CTRL_OK && TRAINER_HAS(r->trainer_ops, sequence_spec))
         st = r->trainer_ops->sequence_spec(r->trainer, &spec);
-    if (st == CTRL_OK && zero_stage >= 3) st = zero3_supported(r, &spec); /* before any loading */
+    if (st == CTRL_OK && zero_stage >= 3) st = zero3_supported(r); /* before any loading */
     if (st == CTRL_OK) st = train_zero_gen_check(cfg, zero_stage, r->kind_ops == &train_kind_online);
     if (st == CTRL_OK && s->peft.enabled && s->peft.save_score && !spec.needs_score)
         st = ctrl_error_set(CTRL_ERR_CONFIG,
@@ -209,6 +216,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .trainer = r->trainer,
                                     .whole_weights = train_zero_generation,
                                     .whole_ctx = &r->zgen,
+                                    .gather_whole = train_zero_whole,
+                                    .gather_ctx = &r->zero,
                                     .zero3_sliced = sliced,
                                     .zero3_prefetch = prefetch};
         train_zero_gen_init(&r->zgen, &r->zero, !s->generation.ds3_gather_for_generation);

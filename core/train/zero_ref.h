@@ -13,11 +13,27 @@ int train_zero_ref_applies(const train_kind_env *env);
 /* The reference ([model] path): this rank's slices read, hooked to gather each unit around its
  * forward use (train_zero_attach_frozen); logs (rank 0) its resident bytes per rank. A collective. */
 ctrl_status train_zero_ref_load(const train_kind_env *env, ctrl_model **ref, train_zero **out);
+/* What train_zero_ref_load does for any frozen model of DIR `path` (the reference, GKD's teacher):
+ * this rank's slices read, computing in `dtype`, forward only, cut as a policy of its
+ * shape would be and hooked to gather each unit around its use (prefetch: prefetch_bucket_size
+ * floats). No collective. */
+ctrl_status train_zero_frozen_load(const char *path, const ctrl_attention_ops *attn, ctrl_dtype dtype,
+                                   size_t prefetch, ctrl_model **out, train_zero **zout);
+/* Logs (rank 0) "zero3: WHAT sliced HOW: parameters resident at most ..." -- its resident bytes per
+ * rank and its largest layer, the largest over the ranks. A collective. */
+ctrl_status train_zero_frozen_describe(train_zero *z, const char *what, const char *how);
 void train_zero_ref_free(train_zero *z, ctrl_model *ref);
-/* After the first step (a collective; later calls do nothing): logs the most resident during its
- * forwards and after them, the largest over the ranks. */
-ctrl_status train_zero_ref_report(train_zero *z);
+/* After the first step (a collective; later calls do nothing): logs "zero3: WHAT's parameters
+ * resident per rank: ..." -- the most resident during its forwards and after them, the largest over
+ * the ranks. */
+ctrl_status train_zero_ref_report(train_zero *z, const char *what);
 /* Around an evaluation (a collective; z NULL: nothing): gathered whole (on = 1), released (0). */
 ctrl_status train_zero_ref_whole(train_zero *z, int on);
+/* TR-DPO's sync under zero3 (sync_ref_model): reference = alpha * policy + (1 - alpha) * reference on
+ * what this rank holds of the reference -- its slices of the sliced units and the whole units (the
+ * final norm) --, read from the policy, which holds the same slices (the same shape cut the same way)
+ * up to date after its step. No collective: every rank mixes its own slices. An error when the
+ * reference is gathered or a gather is in flight. */
+ctrl_status train_zero_ref_mix(train_zero *z, ctrl_model *policy, float alpha);
 
 #endif

@@ -265,12 +265,7 @@ rc=$?
   { bad "zero3 nf4: exit $rc"; tail -3 "$TMP/zq.log"; }
 echo "zero3 LoRA: resident $res of $buf bytes per rank, layers (base + adapters) $lay bytes"
 [ -n "$lay" ] && [ "$lay" -ge 1053696 ] && [ "$res" -le $((buf - lay / 2 + 8 * 2 * 4096)) ] && ok || bad "zero3 LoRA resident: '$line'"
-# what zero3 cannot run yet is refused, naming the key: server-mode generation (the pushed weights)
-"${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/gzs" --set memory.strategies=zero3 --set generation.mode=server \
-  >"$TMP/gzs.log" 2>&1
-rc=$?
-[ $rc != 0 ] && grep -q "generation.mode: \[generation\] mode = server with \[memory\] strategies = zero3: not supported" "$TMP/gzs.log" && ok ||
-  { bad "zero3 grpo server: exit $rc"; tail -3 "$TMP/gzs.log"; }
+# (server-mode generation with zero3: tests/e2e/test_zero3_trainers_mpi.sh)
 
 # 6. zero2's gradients partitioned during the backward (DeepSpeed stage 2): buckets of consecutive
 #    layers (reduce_bucket_size floats: here two of the four 65,856-float layers) reduce-scattered
@@ -304,7 +299,7 @@ for z in zero2 zero3; do
 done
 
 # 7. DPO (the sequence kind: a live reference model) with zero3 on 2 ranks: plain data parallel's
-#    curve and metrics; TR-DPO's reference sync (it reads the whole policy) is refused.
+#    curve and metrics (TR-DPO's reference sync with zero3: tests/e2e/test_zero3_trainers_mpi.sh).
 FIX="$SRC/tests/fixtures"
 sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/dpo|" -e "s/^max_steps = 20/max_steps = 6/" \
   -e "s/^per_device_train_batch_size = .*/per_device_train_batch_size = 2/" "$FIX/trl_dpo/sigmoid.ini" >"$TMP/dpo.ini"
@@ -313,9 +308,4 @@ sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s
   --set memory.reduce_bucket_size=1 >"$TMP/dpo3.log" 2>&1 || { bad "dpo zero3 2 ranks"; tail -20 "$TMP/dpo3.log"; }
 for key in loss rewards/margins logps/chosen logps/rejected; do curve_close "$TMP/dpo" "$TMP/dpo3" "$key" 1e-6 1e-9; done
 curve_close "$TMP/dpo" "$TMP/dpo3" grad_norm 1e-5
-"${C[@]}" train "$TMP/dpo.ini" --set run.output_dir="$TMP/dpos" --set memory.strategies=zero3 --set dpo.sync_ref_model=true \
-  >"$TMP/dpos.log" 2>&1
-rc=$?
-[ $rc != 0 ] && grep -q "\[dpo\] sync_ref_model = true with \[memory\] strategies = zero3: not supported" "$TMP/dpos.log" && ok ||
-  { bad "zero3 sync_ref_model: exit $rc"; tail -3 "$TMP/dpos.log"; }
 finish

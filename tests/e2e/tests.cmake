@@ -115,6 +115,9 @@ ctrl_e2e_test(test_dpo_mpi test_dpo_mpi.sh SKIP TIMEOUT 120)
 # DPO's and KTO's reference sliced under zero3 on 2 ranks: plain data parallel's curves, its bytes per
 # rank, resume (tests/e2e/test_zero3_ref_mpi.sh).
 ctrl_e2e_test(test_zero3_ref_mpi test_zero3_ref_mpi.sh SKIP TIMEOUT 120)
+# What zero3 refused before on the CPU: TR-DPO's reference sync, GKD (its teacher sliced) and server
+# mode's weight pushes, against plain data parallel on 2 ranks (tests/e2e/test_zero3_trainers_mpi.sh).
+ctrl_e2e_test(test_zero3_trainers_mpi test_zero3_trainers_mpi.sh SKIP TIMEOUT 240)
 
 # The ppo trainer end to end: value model, colocated and server generation, bad options (tests/e2e/test_ppo.sh).
 ctrl_e2e_test(test_ppo_e2e test_ppo.sh)

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# What zero3 refused until issue 19's trainers piece, on 2 ranks on the CPU against plain data
+# parallel on 2 ranks (the same rows per rank):
+#   1. TR-DPO's sync_ref_model (TRL's fixture sigmoid_tr_dpo, 6 steps, a sync every 2): the sliced
+#      reference mixed on each rank's own slices (no gather) -- loss, rewards/*, logps/* within 1e-5
+#      relative; a zero3 run resumed from checkpoint-3 follows a data parallel run resumed from it
+#      (both reload the initial reference, as TRL); with the reference whole (CTRL_TEST_ZERO3_WHOLE_REF)
+#      the sync is refused naming the key.
+#   2. GKD (lmbda 0.5 with seq_kd: the student's, the teacher's and the dataset's completions): the
+#      teacher sliced as the student, both gathered whole around their generation and the evaluations
+#      -- loss, grad_norm, on_policy and the evaluations within 1e-5; the teacher's resident bytes
+#      about half of it between uses; a zero3 run resumed from checkpoint-3 repeats the curve.
+#   3. Server mode (the weights pushed to `ctrl serve`): the model gathered whole on every rank for
+#      each push, rank 0 pushes, the others wait, then released. GRPO and GKD (lmbda 1) against data
+#      parallel in server mode (each its own server): the same curves (1e-5), one push before the
+#      first generation and one a step, and the server then generates what the saved model does; a
+#      zero3 GKD run resumed from checkpoint-3 (its server holding the last step's weights) repeats
+#      the curve: the checkpoint's weights are pushed before its first generation.
+# Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
+# usage: test_zero3_trainers_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+mpi_setup
+FIX="$SRC/tests/fixtures"
+# two NAME INI [--set ...]: plain data parallel (NAME-dp) and zero3 (NAME-z3) on 2 ranks
+two() {
+  local name=$1 ini=$2 && shift 2
+  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-dp" "$@" >"$TMP/$name-dp.log" 2>&1 &&
+    ok || { bad "$name: data parallel"; tail -5 "$TMP/$name-dp.log"; }
+  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-z3" --set memory.strategies=zero3 "$@" \
+    >"$TMP/$name-z3.log" 2>&1 && ok || { bad "$name: zero3"; tail -5 "$TMP/$name-z3.log"; }
+}
+# resume NAME INI STRATEGY [--set ...]: NAME's run with STRATEGY resumed from its checkpoint-3 into NAME-STRATEGY-res
+resume() {
+  local name=$1 ini=$2 z=$3 && shift 3
+  local out="$TMP/$name-$z-res"
+  mkdir -p "$out" && cp -r "$TMP/$name-$z/checkpoint-3" "$out/"
+  grep -E '"step": [0-3],' "$TMP/$name-$z/metrics.jsonl" >"$out/metrics.jsonl"
+  local strat=()
+  [ "$z" = z3 ] && strat=(--set memory.strategies=zero3)
+  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$out" "${strat[@]}" --set train.resume_from_checkpoint=last "$@" \
+    >"$out.log" 2>&1 && ok || { bad "$name $z resume"; tail -5 "$out.log"; }
+}
+curve() { sed 's/, "tokens_per_second": [0-9.]*//; s/, "train_runtime": [0-9.]*//; s/, "timing\/[a-z_]*": [-0-9.e]*//g' "$1/metrics.jsonl" | grep -v runtime; }
+
+# 1. TR-DPO: 6 steps of 2 rows a rank, the reference mixed (alpha 0.5) after steps 2, 4 and 6.
+sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/trdpo|" \
+  -e "s/^max_steps = 20/max_steps = 6/" -e "s/^per_device_train_batch_size = .*/per_device_train_batch_size = 2/" \
+  -e "s/^ref_model_sync_steps = .*/ref_model_sync_steps = 2/" -e "s/^save_strategy = .*/save_strategy = steps\nsave_steps = 3/" \
+  "$FIX/trl_dpo/sigmoid_tr_dpo.ini" >"$TMP/trdpo.ini"
+two trdpo "$TMP/trdpo.ini"
+for key in loss rewards/chosen rewards/rejected rewards/margins logps/chosen logps/rejected; do
+  curve_close "$TMP/trdpo-dp" "$TMP/trdpo-z3" "$key" 1e-5 1e-7
+done
+curve_close "$TMP/trdpo-dp" "$TMP/trdpo-z3" grad_norm 1e-4 1e-7
+[ "$(grep -c 'sync_ref_model: reference mixed with the policy (alpha 0.5) after step [246], each rank its zero3 slices' "$TMP/trdpo-z3.log")" = 3 ] &&
+  ok || bad "trdpo zero3: not 3 syncs of the slices: $(grep 'sync_ref_model' "$TMP/trdpo-z3.log")"
+grep -q "reference model sliced as the policy" "$TMP/trdpo-z3.log" && ok || bad "trdpo zero3: the reference not sliced"
+# the sync moved the reference: after it the rewards are no longer plain DPO's (step 3 onwards)
+"${MPI[@]}" "${C[@]}" train "$TMP/trdpo.ini" --set run.output_dir="$TMP/dpo-z3" --set memory.strategies=zero3 \
+  --set dpo.sync_ref_model=false --set train.max_steps=3 --set train.save_strategy=no >"$TMP/dpo-z3.log" 2>&1 ||
+  bad "dpo zero3 without the sync"
+a=$(grep '"step": 3,' "$TMP/trdpo-z3/metrics.jsonl" | grep -o '"rewards/chosen": [-0-9.e]*')
+b=$(grep '"step": 3,' "$TMP/dpo-z3/metrics.jsonl" | grep -o '"rewards/chosen": [-0-9.e]*')
+[ -n "$a" ] && [ "$a" != "$b" ] && ok || bad "trdpo zero3: the sync changed nothing at step 3 ('$a' vs '$b')"
+# resumed from checkpoint-3: the reference is the initial weights again (TRL keeps none in checkpoints)
+# and the syncs stay at steps 4 and 6 -- zero3's resumed run follows data parallel's resumed run
+resume trdpo "$TMP/trdpo.ini" dp
+resume trdpo "$TMP/trdpo.ini" z3
+for key in loss rewards/chosen rewards/margins logps/chosen; do
+  curve_close "$TMP/trdpo-dp-res" "$TMP/trdpo-z3-res" "$key" 1e-5 1e-7
+done
+# the reference whole beside the sliced policy (the benchmarks' switch): refused, naming the key
+"${MPI[@]}" -x CTRL_TEST_ZERO3_WHOLE_REF=1 "${C[@]}" train "$TMP/trdpo.ini" --set run.output_dir="$TMP/trw" \
+  --set memory.strategies=zero3 >"$TMP/trw.log" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "\[dpo\] sync_ref_model = true with \[memory\] strategies = zero3: not supported yet with the reference whole" "$TMP/trw.log" &&
+  ok || { bad "trdpo whole reference: exit $rc"; tail -3 "$TMP/trw.log"; }
+
+# 2. GKD on tiny_setup's model (2 layers, hidden 32) and a 1-layer hidden-48 teacher: 6 steps of 2
+#    rows a rank x 2 micro-batches, half the micro-batches on-policy, the others the teacher's
+#    samples (seq_kd); evaluations before and after; checkpoints at 3 and 6.
+tiny_setup 7 2
+tiny_teacher
+INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
+  INI_SAVE=$'save_strategy = steps\nsave_steps = 3' \
+  online_ini gkd gkd 6 "[gkd]" "lmbda = 0.5" "seq_kd = true" "max_new_tokens = 4" >"$TMP/gkd.ini"
+two gkd "$TMP/gkd.ini"
+curve_close "$TMP/gkd-dp" "$TMP/gkd-z3" loss 1e-5 1e-7
+curve_close "$TMP/gkd-dp" "$TMP/gkd-z3" grad_norm 1e-5 1e-7
+curve_close "$TMP/gkd-dp" "$TMP/gkd-z3" on_policy 1e-6 1e-9
+grep -q '"on_policy": 0.5' "$TMP/gkd-z3/metrics.jsonl" && ok || bad "gkd zero3: no step mixes on-policy and other micro-batches"
+for key in eval_loss eval_mean_token_accuracy eval_exact_match eval_teacher_exact_match; do
+  paste <(curve_col "$TMP/gkd-dp" "$key") <(curve_col "$TMP/gkd-z3" "$key") | awk '
+    { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-5 * a + 1e-7) bad = 1 }
+    END { exit (bad || n != 2) }' && ok || bad "gkd zero3: $key differs from data parallel's"
+done
+# the teacher sliced: between uses at most 0.55 of its bytes (1/2 plus the final norm and the slices'
+# partial pages), during its forwards above that and below the whole
+line=$(grep -o "zero3: the teacher sliced over the ranks as the student: parameters resident at most [0-9]* of its [0-9]* bytes" "$TMP/gkd-z3.log")
+echo "$line" | awk '{ r = $(NF - 4); w = $(NF - 1); exit !(w > 0 && r <= 0.55 * w) }' && ok || bad "gkd: the teacher's resident bytes: '$line'"
+peak=$(grep -o "the teacher's parameters resident per rank: at most [0-9]* bytes during its forwards of the first step, [0-9]* after them, of its [0-9]*" "$TMP/gkd-z3.log")
+echo "$peak" | awk '{ p = $9; a = $18; w = $NF; exit !(w > 0 && a <= 0.55 * w && p > a && p <= w) }' && ok ||
+  bad "gkd: the teacher's bytes in its forwards: '$peak'"
+echo "gkd zero3: $line; $peak"
+resume gkd "$TMP/gkd.ini" z3
+diff <(curve "$TMP/gkd-z3") <(curve "$TMP/gkd-z3-res") >"$TMP/diff" && ok || { bad "gkd zero3 resumed curve differs"; head "$TMP/diff"; }
+
+# 3. Server mode: two servers of the initial model, one for data parallel (port A), one for zero3 (B).
+PA=$(free_port)
+"${C[@]}" serve --model "$TMP/model" --port "$PA" >"$TMP/serveA.log" 2>&1 &
+SA=$!
+PB=$(free_port)
+while [ "$PB" = "$PA" ]; do PB=$(free_port); done
+"${C[@]}" serve --model "$TMP/model" --port "$PB" >"$TMP/serveB.log" 2>&1 &
+SB=$!
+trap 'kill $SA $SB 2>/dev/null; rm -rf "$TMP"' EXIT
+pushes() { curl -s "localhost:$1/health" | sed -n 's/.*"weight_updates":\([0-9]*\).*/\1/p'; }
+srv() { printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$1"; }
+# servers NAME INI STEPS: NAME-dp through server A, NAME-z3 through B; B's pushes counted (1 + STEPS)
+servers() {
+  local name=$1 ini=$2 steps=$3 before
+  before=$(pushes "$PB")
+  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-dp" --set generation.server_url="http://127.0.0.1:$PA" \
+    >"$TMP/$name-dp.log" 2>&1 && ok || { bad "$name: data parallel"; tail -5 "$TMP/$name-dp.log"; }
+  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-z3" --set memory.strategies=zero3 \
+    --set generation.server_url="http://127.0.0.1:$PB" >"$TMP/$name-z3.log" 2>&1 && ok || { bad "$name: zero3"; tail -5 "$TMP/$name-z3.log"; }
+  [ "$(($(pushes "$PB") - ${before:-0}))" = $((steps + 1)) ] && ok ||
+    bad "$name zero3: the server got $(($(pushes "$PB") - ${before:-0})) pushes from 2 ranks x $steps steps, want $((steps + 1))"
+}
+INI_TRAIN="dtype = fp32" INI_BATCH=2 INI_GEN=$(srv "$PA") online_ini grpo gs 6 "[grpo]" "num_generations = 4" \
+  "max_completion_length = 8" | sed '/^eval_file = /d' >"$TMP/gs.ini"
+servers gs "$TMP/gs.ini" 6
+for key in loss grad_norm reward; do curve_close "$TMP/gs-dp" "$TMP/gs-z3" "$key" 1e-5 1e-7; done
+server_greedy_same "$PB" "$TMP/gs-z3" 8 "grpo zero3 server mode"
+INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
+  INI_SAVE=$'save_strategy = steps\nsave_steps = 3' INI_GEN=$(srv "$PA") \
+  online_ini gkd gks 6 "[gkd]" "lmbda = 1" "max_new_tokens = 4" | sed '/^eval_file = /d' >"$TMP/gks.ini"
+servers gks "$TMP/gks.ini" 6
+for key in loss grad_norm; do curve_close "$TMP/gks-dp" "$TMP/gks-z3" "$key" 1e-5 1e-7; done
+server_greedy_same "$PB" "$TMP/gks-z3" 8 "gkd zero3 server mode"
+resume gks "$TMP/gks.ini" z3 --set generation.server_url="http://127.0.0.1:$PB"
+diff <(curve "$TMP/gks-z3") <(curve "$TMP/gks-z3-res") >"$TMP/diff" && ok || { bad "gkd zero3 server mode: resumed curve differs"; head "$TMP/diff"; }
+kill $SA $SB 2>/dev/null
+finish
