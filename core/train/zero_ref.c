@@ -9,11 +9,13 @@
  * it whole on every rank, as the policy (train_zero_ref_whole). TR-DPO's sync mixes each rank's own
  * slices from the policy's same slices (train_zero_ref_mix): no gather (TRL gathers both whole and
  * rank 0 mixes: the same element-wise values). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "train/zero_pool.h"
 #include "train/zero_ref.h"
 
 int train_zero_ref_applies(const train_kind_env *env) {
@@ -100,10 +102,16 @@ ctrl_status train_zero_ref_report(train_zero *z, const char *what) {
     const float *p = ctrl_model_params(z->model, &n);
     double v[2] = {(double)train_zero_resident(p, n * sizeof *p), (double)z->grad_peak};
     const ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
+    /* its own pool's loans (rank 0's): its gathers into reused pages, as the policy's */
+    const zero_pool_stats ps = zero_pool_get_stats(z->pool);
+    char pool[160] = "its released pages faulted again at each use";
+    if (z->pool)
+        snprintf(pool, sizeof pool, "%ld of its gathers into reused pages, %ld the old way%s", ps.lent,
+                 ps.missed, ps.broken ? "; failed, off" : "");
     if (st == CTRL_OK && ctrl_collective_is_root())
         CTRL_INFO("zero3: %s's parameters resident per rank: at most %.0f bytes during its forwards of the "
-                  "first step, %.0f after them, of its %zu bytes (%ld layer gathers prefetched)",
-                  what, v[1], v[0], n * sizeof *p, z->prefetched);
+                  "first step, %.0f after them, of its %zu bytes (%ld layer gathers prefetched; %s)",
+                  what, v[1], v[0], n * sizeof *p, z->prefetched, pool);
     return st;
 }
 

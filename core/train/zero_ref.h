@@ -25,7 +25,8 @@ ctrl_status train_zero_frozen_describe(train_zero *z, const char *what, const ch
 void train_zero_ref_free(train_zero *z, ctrl_model *ref);
 /* After the first step (a collective; later calls do nothing): logs "zero3: WHAT's parameters
  * resident per rank: ..." -- the most resident during its forwards and after them, the largest over
- * the ranks. */
+ * the ranks, and rank 0's loans of its own page pool ("N of its gathers into reused pages, M the old
+ * way", or "its released pages faulted again at each use" with none). */
 ctrl_status train_zero_ref_report(train_zero *z, const char *what);
 /* Around an evaluation (a collective; z NULL: nothing): gathered whole (on = 1), released (0). */
 ctrl_status train_zero_ref_whole(train_zero *z, int on);

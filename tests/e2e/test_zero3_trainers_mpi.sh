@@ -16,6 +16,9 @@
 #      first generation and one a step, and the server then generates what the saved model does; a
 #      zero3 GKD run resumed from checkpoint-3 (its server holding the last step's weights) repeats
 #      the curve: the checkpoint's weights are pushed before its first generation.
+# Every zero3 run's gathers (the policy's, the reference's, the teacher's, the pushes' whole-model
+# gathers) go through the page pool (zero_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1
+# in the environment (the pool off) the same checks pass against the old way.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_zero3_trainers_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -40,6 +43,16 @@ resume() {
   "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$out" "${strat[@]}" --set train.resume_from_checkpoint=last "$@" \
     >"$out.log" 2>&1 && ok || { bad "$name $z resume"; tail -5 "$out.log"; }
 }
+# pooled LOG WHAT: the run's zero3 gathers went through the page pool (zero_pool.h) and it never
+# failed -- or, with CTRL_TEST_ZERO3_REFAULT=1 (the pool off: this test passes either way), said so
+pooled() {
+  if [ -n "${CTRL_TEST_ZERO3_REFAULT:-}" ]; then
+    grep -q "zero3: the released pages are faulted again at each use" "$1" && ok || bad "$2: no REFAULT line"
+  else
+    grep -q "zero3: gathers into reused pages: [1-9][0-9]* uses" "$1" && ! grep -q "failed, off" "$1" && ok ||
+      bad "$2: the pool: '$(grep 'reused pages' "$1")'"
+  fi
+}
 curve() { sed 's/, "tokens_per_second": [0-9.]*//; s/, "train_runtime": [0-9.]*//; s/, "timing\/[a-z_]*": [-0-9.e]*//g' "$1/metrics.jsonl" | grep -v runtime; }
 
 # 1. TR-DPO: 6 steps of 2 rows a rank, the reference mixed (alpha 0.5) after steps 2, 4 and 6.
@@ -55,6 +68,7 @@ curve_close "$TMP/trdpo-dp" "$TMP/trdpo-z3" grad_norm 1e-4 1e-7
 [ "$(grep -c 'sync_ref_model: reference mixed with the policy (alpha 0.5) after step [246], each rank its zero3 slices' "$TMP/trdpo-z3.log")" = 3 ] &&
   ok || bad "trdpo zero3: not 3 syncs of the slices: $(grep 'sync_ref_model' "$TMP/trdpo-z3.log")"
 grep -q "reference model sliced as the policy" "$TMP/trdpo-z3.log" && ok || bad "trdpo zero3: the reference not sliced"
+pooled "$TMP/trdpo-z3.log" "trdpo zero3"
 # the sync moved the reference: after it the rewards are no longer plain DPO's (step 3 onwards)
 "${MPI[@]}" "${C[@]}" train "$TMP/trdpo.ini" --set run.output_dir="$TMP/dpo-z3" --set memory.strategies=zero3 \
   --set dpo.sync_ref_model=false --set train.max_steps=3 --set train.save_strategy=no >"$TMP/dpo-z3.log" 2>&1 ||
@@ -102,6 +116,12 @@ peak=$(grep -o "the teacher's parameters resident per rank: at most [0-9]* bytes
 echo "$peak" | awk '{ p = $9; a = $18; w = $NF; exit !(w > 0 && a <= 0.55 * w && p > a && p <= w) }' && ok ||
   bad "gkd: the teacher's bytes in its forwards: '$peak'"
 echo "gkd zero3: $line; $peak"
+pooled "$TMP/gkd-z3.log" "gkd zero3"
+# the teacher's gathers on its own pool's frames too (or its pages faulted again with the pool off)
+if [ -n "${CTRL_TEST_ZERO3_REFAULT:-}" ]; then want="its released pages faulted again at each use)"
+else want="[1-9][0-9]* of its gathers into reused pages, [0-9]* the old way)"; fi
+grep -q "the teacher's parameters resident per rank: .*prefetched; $want" "$TMP/gkd-z3.log" && ok ||
+  bad "gkd zero3: the teacher's pool: '$(grep "the teacher's parameters resident per rank" "$TMP/gkd-z3.log")'"
 resume gkd "$TMP/gkd.ini" z3
 diff <(curve "$TMP/gkd-z3") <(curve "$TMP/gkd-z3-res") >"$TMP/diff" && ok || { bad "gkd zero3 resumed curve differs"; head "$TMP/diff"; }
 
@@ -131,12 +151,14 @@ INI_TRAIN="dtype = fp32" INI_BATCH=2 INI_GEN=$(srv "$PA") online_ini grpo gs 6 "
   "max_completion_length = 8" | sed '/^eval_file = /d' >"$TMP/gs.ini"
 servers gs "$TMP/gs.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gs-dp" "$TMP/gs-z3" "$key" 1e-5 1e-7; done
+pooled "$TMP/gs-z3.log" "grpo zero3 server mode"
 server_greedy_same "$PB" "$TMP/gs-z3" 8 "grpo zero3 server mode"
 INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
   INI_SAVE=$'save_strategy = steps\nsave_steps = 3' INI_GEN=$(srv "$PA") \
   online_ini gkd gks 6 "[gkd]" "lmbda = 1" "max_new_tokens = 4" | sed '/^eval_file = /d' >"$TMP/gks.ini"
 servers gks "$TMP/gks.ini" 6
 for key in loss grad_norm; do curve_close "$TMP/gks-dp" "$TMP/gks-z3" "$key" 1e-5 1e-7; done
+pooled "$TMP/gks-z3.log" "gkd zero3 server mode"
 server_greedy_same "$PB" "$TMP/gks-z3" 8 "gkd zero3 server mode"
 resume gks "$TMP/gks.ini" z3 --set generation.server_url="http://127.0.0.1:$PB"
 diff <(curve "$TMP/gks-z3") <(curve "$TMP/gks-z3-res") >"$TMP/diff" && ok || { bad "gkd zero3 server mode: resumed curve differs"; head "$TMP/diff"; }
