@@ -72,6 +72,10 @@ typedef struct train_kind_env {
      * prefetched by zero3_prefetch floats (prefetch_bucket_size); 0 otherwise */
     int zero3_sliced;
     size_t zero3_prefetch;
+    /* ZeRO-3 on several ranks on the CPU, however the policy was loaded (a LoRA run reads it whole
+     * before slicing it): a frozen model of its own files the kind keeps beside it (GKD's teacher)
+     * can be sliced (zero_ref.h); 0 otherwise */
+    int zero3_frozen;
 } train_kind_env;
 
 /* One optimizer step as a kind reports it (the loop adds the gradient norm). */

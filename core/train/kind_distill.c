@@ -141,9 +141,10 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
     ctrl_status st = k->ops->distill_spec(k->trainer, &k->spec);
     if (st == CTRL_OK) st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
     /* zero3 on several ranks: the teacher sliced as the student (TRL's prepare_deepspeed of the
-     * teacher with the student's ZeRO-3 config), the student gathered whole for its generation */
+     * teacher with the student's ZeRO-3 config; a LoRA student's too: its frozen base is sliced as a
+     * full student's), the student gathered whole for its generation */
     k->whole_weights = env->whole_weights, k->whole_ctx = env->whole_ctx;
-    if (st == CTRL_OK && env->zero3_sliced)
+    if (st == CTRL_OK && env->zero3_frozen)
         st = train_teacher_load_sliced(env->cfg, env->model, env->tok, env->plugins->attention->ops,
                                        env->zero3_prefetch, &k->teacher, &k->teacher_zero);
     else if (st == CTRL_OK)

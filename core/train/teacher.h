@@ -19,7 +19,7 @@
  * (ctrl_model_hold_bf16: all of them rounded, the layers' stored in 2 bytes). */
 ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
                                const ctrl_attention_ops *attn, ctrl_model **out);
-/* The same under zero3 on several ranks with the student sliced on the CPU: the teacher sliced as
+/* The same under zero3 on several ranks on the CPU (a full or a LoRA student): the teacher sliced as
  * DPO's reference (zero_ref.h: this rank's slices read, each unit gathered around its use, *zout its
  * train_zero), as TRL's GKDTrainer prepares the teacher with the student's DeepSpeed ZeRO-3 config;
  * [teacher] dtype = bf16 then computes in bf16 from the fp32 slices (a layer's bf16 copy rounded

@@ -77,11 +77,6 @@ static ctrl_status zero3_supported(const run_state *r) {
                               "%s: [memory] strategies = zero3 with trainer = %s on %s: not supported yet "
                               "(the teacher is sliced on the host only; run on the CPU, or zero1/zero2)",
                               ctrl_config_where(r->cfg, "run", "device"), s->run.trainer, s->run.device);
-    if (k == &train_kind_distill && s->peft.enabled)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[memory] strategies = zero3 with trainer = %s and [peft]: not supported yet "
-                              "(GKD's zero3 slices a full student and its teacher; drop [peft] or use zero2)",
-                              s->run.trainer);
     if (k != &train_kind_token && k != &train_kind_sequence && k != &train_kind_online &&
         k != &train_kind_distill)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -219,7 +214,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .gather_whole = train_zero_whole,
                                     .gather_ctx = &r->zero,
                                     .zero3_sliced = sliced,
-                                    .zero3_prefetch = prefetch};
+                                    .zero3_prefetch = prefetch,
+                                    .zero3_frozen = zero_stage >= 3 && ctrl_collective_size() > 1 &&
+                                                    r->comp.device.type == CTRL_DEVICE_CPU};
         train_zero_gen_init(&r->zgen, &r->zero, !s->generation.ds3_gather_for_generation);
         st = r->kind_ops->create(&env, &r->kind);
     }

@@ -10,6 +10,7 @@
 #      teacher sliced as the student, both gathered whole around their generation and the evaluations
 #      -- loss, grad_norm, on_policy and the evaluations within 1e-5; the teacher's resident bytes
 #      about half of it between uses; a zero3 run resumed from checkpoint-3 repeats the curve.
+#      With LoRA on the student (6 steps): data parallel's loss, grad_norm and eval_loss, the teacher sliced.
 #   3. Server mode (the weights pushed to `ctrl serve`): the model gathered whole on every rank for
 #      each push, rank 0 pushes, the others wait, then released. GRPO and GKD (lmbda 1) against data
 #      parallel in server mode (each its own server): the same curves (1e-5), one push before the
@@ -124,6 +125,19 @@ grep -q "the teacher's parameters resident per rank: .*prefetched; $want" "$TMP/
   bad "gkd zero3: the teacher's pool: '$(grep "the teacher's parameters resident per rank" "$TMP/gkd-z3.log")'"
 resume gkd "$TMP/gkd.ini" z3
 diff <(curve "$TMP/gkd-z3") <(curve "$TMP/gkd-z3-res") >"$TMP/diff" && ok || { bad "gkd zero3 resumed curve differs"; head "$TMP/diff"; }
+# GKD with LoRA on the student (its frozen base sliced as zero3 LoRA's, read whole first): the teacher
+# sliced all the same; on-policy and dataset micro-batches, 6 steps -- data parallel's curve
+INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
+  online_ini gkd gkl 6 "[gkd]" "lmbda = 0.5" "max_new_tokens = 4" "[peft]" "enabled = true" >"$TMP/gkl.ini"
+two gkl "$TMP/gkl.ini"
+curve_close "$TMP/gkl-dp" "$TMP/gkl-z3" loss 1e-5 1e-7
+curve_close "$TMP/gkl-dp" "$TMP/gkl-z3" grad_norm 1e-5 1e-7
+paste <(curve_col "$TMP/gkl-dp" eval_loss) <(curve_col "$TMP/gkl-z3" eval_loss) | awk '
+  { n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-5 * a + 1e-7) bad = 1 }
+  END { exit (bad || n != 2) }' && ok || bad "gkd lora zero3: eval_loss differs from data parallel's"
+grep -q "zero3: the teacher sliced over the ranks as the student" "$TMP/gkl-z3.log" && grep -q "LoRA adapter" "$TMP/gkl-z3.log" &&
+  ok || bad "gkd lora zero3: the teacher not sliced, or no adapter saved"
+pooled "$TMP/gkl-z3.log" "gkd lora zero3"
 
 # 3. Server mode: two servers of the initial model, one for data parallel (port A), one for zero3 (B).
 PA=$(free_port)
