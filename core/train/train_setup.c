@@ -89,7 +89,7 @@ static ctrl_status zero3_supported(const run_state *r) {
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
             "%s: [generation] mode = server with [memory] strategies = zero3 on %s: not supported "
-            "yet (the CPU's gathers the model whole for each push); use colocate",
+            "yet (each push gathers the model whole on the CPU only); use colocate",
             ctrl_config_where(r->cfg, "generation", "mode"), s->run.device);
     return CTRL_OK;
 }

@@ -12,7 +12,7 @@
 # curve; zero3 on the device (each rank's slices of the layers in device memory, the rest of a layer
 # mapped, gathered over NCCL and unmapped around each use: section below) follows it too, with the
 # per-rank device bytes the run logs checked. zero3 with NF4 is refused naming the key (overlap_comm
-# on CUDA: test_zero_overlap_cuda_emu.sh).
+# on CUDA: test_zero_overlap_cuda_emu.sh); so are GKD and server mode with zero3 on CUDA.
 # usage: test_zero_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
@@ -136,4 +136,15 @@ grep -q "\[memory\] strategies = zero3 with \[peft\] quantization = nf4: not sup
   --set memory.stage3_param_persistence_threshold=auto >"$TMP/p3.log" 2>&1
 grep -q "stage3_param_persistence_threshold = auto with \[run\] device = cuda: not supported yet" "$TMP/p3.log" && ok ||
   { bad "zero3 persistence threshold on cuda: $(tail -2 "$TMP/p3.log")"; }
+# GKD (its teacher sliced on the host) and server mode (a push's whole-model gather) under zero3 run on the
+# CPU only (test_zero3_trainers_mpi.sh): on CUDA refused naming the key, before any loading
+tiny_teacher
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/g3" --set run.device=cuda --set memory.strategies=zero3 \
+  --set run.trainer=gkd --set teacher.path="$TMP/teacher" >"$TMP/g3.log" 2>&1
+grep -q "run.device: \[memory\] strategies = zero3 with trainer = gkd on cuda: not supported yet" "$TMP/g3.log" && ok ||
+  { bad "zero3 gkd on cuda: $(tail -2 "$TMP/g3.log")"; }
+"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/s3" --set run.device=cuda --set memory.strategies=zero3 \
+  --set run.trainer=grpo --set generation.mode=server --set reward.len.plugin=length >"$TMP/s3.log" 2>&1
+grep -q "generation.mode: \[generation\] mode = server with \[memory\] strategies = zero3 on cuda: not supported yet" "$TMP/s3.log" && ok ||
+  { bad "zero3 server mode on cuda: $(tail -2 "$TMP/s3.log")"; }
 finish
