@@ -74,6 +74,13 @@ const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 /* QLoRA ([peft] quantization = nf4): what the base holds in NF4 and what stays fp32, in words for the
  * start-up log (buf: "" without an NF4 base). */
 void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap);
+/* ZeRO-3 over a QLoRA base (core/train/zero_nf4.c): the model's NF4 store in host memory -- layer l's
+ * projection t at [l * *per_layer + t]; an entry whose packed is NULL holds nothing (a fused module's
+ * later linears, an MoE layer's MLP) -- or NULL (no NF4 base, or one copied to a device). The caller
+ * may replace an entry's buffers (ctrl_nf4_free frees them; the model frees what an entry holds when it
+ * is freed): each rank keeps its slice and puts the whole weight back around a layer's use. A product
+ * with a weight whose entry holds nothing is an error naming the layer, never a read of freed memory. */
+struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer);
 /* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
  * ctrl_model_grads holds their gradients from there (grads[i] is that of params[offset + i]). */
 size_t ctrl_model_trainable_offset(const ctrl_model *m);

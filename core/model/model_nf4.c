@@ -146,6 +146,11 @@ ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
     return CTRL_OK;
 }
 
+struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer) {
+    *per_layer = LORA_N_TARGETS;
+    return m->nf4_w && !m->nf4_dev ? m->nf4_w : NULL;
+}
+
 void nf4_free(ctrl_model *m) {
     for (int i = 0; m->nf4_w && i < m->cfg.n_layers * LORA_N_TARGETS; i++) ctrl_nf4_free(&m->nf4_w[i]);
     free(m->nf4_w);
@@ -155,7 +160,10 @@ void nf4_free(ctrl_model *m) {
 ctrl_status nf4_use_layer(ctrl_model *m, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++)
         if (stored(m, l, t) && !m->nf4_w[l * LORA_N_TARGETS + t].packed)
-            return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d was never loaded", l, t);
+            return ctrl_error_set(CTRL_ERR_RUNTIME,
+                                  "QLoRA: layer %d's weight %d is not held (never loaded, or a ZeRO-3 slice "
+                                  "used without its gather)",
+                                  l, t);
     m->nf4_layer = l;
     return CTRL_OK;
 }

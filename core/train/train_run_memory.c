@@ -87,6 +87,7 @@ ctrl_status train_run_report_resident(run_state *r) {
     double states = state;
     ctrl_status st = ctrl_collective_allreduce_max_f64(v, 6);
     if (st == CTRL_OK) st = ctrl_collective_allreduce_sum_f64(&states, 1);
+    if (st == CTRL_OK) st = train_zero_nf4_report(z); /* QLoRA: the NF4 store's slices (zero_nf4.c) */
     if (st != CTRL_OK || !r->root) return st;
     int buckets = 0;
     for (int l = 0; l < ctrl_model_cfg(r->model)->n_layers; l++) buckets += z->closes[l] != 0;

@@ -77,6 +77,8 @@ static int outer_slot(const train_zero *z, const ctrl_param_view *v, int n_layer
  * base, left out). */
 static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
     const int n_views = ctrl_model_view_count(m), n_layers = ctrl_model_cfg(m)->n_layers;
+    const struct ctrl_lora_config *lora = ctrl_model_lora(m);
+    const int nf4 = lora && lora->nf4;
     z->n_slots = n_layers + (z->stage >= 3 ? 2 : 0);
     const size_t ns = (size_t)(z->n_slots > 0 ? z->n_slots : 1);
     if (!(z->units = calloc((size_t)n_views + 1, sizeof *z->units)) ||
@@ -90,6 +92,9 @@ static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
         if ((size_t)v->offset < z->first) { /* LoRA's frozen base: stage 3 slices each layer's too */
             int l = view_layer(v);
             if (l >= n_layers) l = -1;
+            /* QLoRA: the projections are in the NF4 store (sliced by zero_nf4.c; their views share
+             * layer 0's fp32 slot), the rest of a layer's base (norms, biases) a few floats kept whole */
+            if (l >= 0 && nf4) continue;
             /* and the frozen embeddings, an untied head (on the CPU; a CUDA model keeps them whole) */
             if (l < 0 && ctrl_model_device(m).type == CTRL_DEVICE_CPU) l = slot;
             if (z->stage < 3 || l < 0) continue;
@@ -175,12 +180,13 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (stage >= 3) {
         const struct ctrl_lora_config *lora = ctrl_model_lora(m);
-        if (lora && lora->nf4) /* (DoRA's weight norms: each layer's after its gather, dora.c) */
+        /* on the CPU the NF4 store is sliced (zero_nf4.c); a device's copy of it is not */
+        if (lora && lora->nf4 && ctrl_model_device(m).type != CTRL_DEVICE_CPU)
             return ctrl_error_set(
                 CTRL_ERR_UNSUPPORTED,
-                "[memory] strategies = zero3 with [peft] quantization = nf4: not supported yet "
-                "(the base is dequantized per layer from its NF4 store, which is not sliced); "
-                "plain LoRA and DoRA are");
+                "[memory] strategies = zero3 with [peft] quantization = nf4 on a device: not supported "
+                "yet (the device's copy of the NF4 store is not sliced; with [run] device = cpu it is); "
+                "zero3 with plain LoRA or DoRA runs on a device");
         z->host_step = host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU; /* the step on the host */
     }
     /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned
@@ -218,13 +224,14 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
             "[memory] strategies = zero%d: %zu trainable floats cannot be cut in %d non-empty "
             "slices (run fewer ranks, or without zero%d)",
             stage, z->total, z->size, stage);
-    return CTRL_OK;
+    return stage >= 3 && !on_device ? train_zero_nf4_init(z, m) : CTRL_OK; /* QLoRA: the NF4 store sliced */
 }
 
 void train_zero_free(train_zero *z) {
     train_zero_device_free(z); /* a device's acc */
     train_zero_device3_free(z);
     train_zero_pool_free(z); /* the reused pages (what is lent stays where it is) */
+    train_zero_nf4_free(z);
     free(z->counts), free(z->units), free(z->layer_unit), free(z->hooks), free(z->acc), free(z->acc_off);
     free(z->closes), free(z->frozen), free(z->skip), free(z->state), free(z->pending), free(z->hacc);
     z->hacc = NULL;

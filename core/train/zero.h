@@ -174,6 +174,10 @@ typedef struct train_zero {
      * released ranges of the layers in use, `gpool` to the layers' gradients during their backward;
      * NULL when off (CTRL_TEST_ZERO3_REFAULT=1, a device) */
     struct zero_pool *pool, *gpool; /* zero_pool.h */
+    /* stage 3 over a QLoRA base on the CPU, several ranks (zero_nf4.c): this rank's slices of every
+     * layer's NF4 weights, a layer's gathered whole into the model's store by need_layer and freed by
+     * its release; NULL otherwise */
+    struct zero_nf4 *nf4;
 } train_zero;
 
 /* Rank r's slice [*lo, *hi) of unit u (in trainable floats), and every rank's slice length of unit
@@ -193,8 +197,8 @@ size_t train_zero_layer_bytes(const train_zero *z);
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
  * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned; its zero3
  * partitions on the device and steps the slices on the host). Stage 3
- * with LoRA takes neither NF4 nor DoRA, else an error naming the key. An error when a slice
- * offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
+ * over a QLoRA base ([peft] quantization = nf4) on a CUDA model is an error naming the key. An error when a
+ * slice offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
                             int overlap, int host_step);
 void train_zero_free(train_zero *z);
@@ -255,6 +259,18 @@ int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]);
  * hooks do (prefetch_bucket_size); after it (after = 1) l released. */
 ctrl_status train_zero_forward_layer(train_zero *z, int l, int after);
 void train_zero_release_layer(train_zero *z, int l);
+/* Stage 3 over a QLoRA base (zero_nf4.c; no-ops without one, on one rank, and for a layer already
+ * whole / released): init (from train_zero_init) slices the model's NF4 store, each rank keeping its
+ * super-blocks of every weight and freeing the rest; gather rebuilds layer l's weights whole in the
+ * store (a collective: every rank gathers the same layers in the same order, as the hooks do);
+ * release frees them again; free drops the slices (never touching the model, which may be gone). */
+ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m);
+ctrl_status train_zero_nf4_gather(train_zero *z, int l);
+void train_zero_nf4_release(train_zero *z, int l);
+void train_zero_nf4_free(train_zero *z);
+/* The NF4 bytes this rank holds now (its slices, the layers whole) and the layers gathered so far,
+ * logged by rank 0 (the largest over the ranks; a collective). */
+ctrl_status train_zero_nf4_report(train_zero *z);
 /* Stage 3's saves (the final one and checkpoint-N's model) streamed to rank 0 (zero_save.c): 1 when
  * it applies -- several ranks, a CPU model without LoRA, every layer sliced; else the save gathers
  * the whole model on every rank first (train_zero_gather_all). Then, on every rank:

@@ -119,6 +119,7 @@ static void lend_slot(train_zero *z, int l) {
 
 /* Slot l's runs released: the pool's pages back, or the ranges handed to the system. */
 static ctrl_status release_slot(train_zero *z, int l) {
+    train_zero_nf4_release(z, l); /* QLoRA: the layer's NF4 weights freed */
     const int lent = zero_pool_give_back(z->pool, l);
     ctrl_status st = CTRL_OK;
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
@@ -157,6 +158,7 @@ static ctrl_status need_layer(train_zero *z, int l) {
             st = gather_params(z, &z->runs[i]);
         }
     }
+    if (st == CTRL_OK) st = train_zero_nf4_gather(z, l); /* QLoRA: the layer's NF4 weights (zero_nf4.c) */
     z->state[l] = 2;
     return st;
 }

@@ -81,6 +81,9 @@ ctrl_e2e_test(test_zero3_embed_mpi test_zero3_embed_mpi.sh SKIP)
 # zero3's persistent parameters (stage3_param_persistence_threshold 0, auto, 1e9): plain data parallel's
 # curve, the same saved model, fewer tensors gathered, resume, the refusals (tests/e2e/test_zero3_persist_mpi.sh).
 ctrl_e2e_test(test_zero3_persist_mpi test_zero3_persist_mpi.sh SKIP)
+# zero3 over a QLoRA base (the NF4 store sliced, a layer's gathered around each use): plain data
+# parallel + nf4's curve, half the NF4 bytes per rank, resume, QDoRA (tests/e2e/test_zero3_nf4_mpi.sh).
+ctrl_e2e_test(test_zero3_nf4_mpi test_zero3_nf4_mpi.sh SKIP)
 
 # ZeRO-3's generation one layer at a time (ds3_gather_for_generation = false) over 2 MPI ranks: the
 # whole gather's completions and curves, lockstep, the parameters resident (tests/e2e/test_zero3_generate_mpi.sh).

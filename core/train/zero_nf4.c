@@ -1,0 +1,219 @@
+/* ZeRO-3 over a QLoRA base on the CPU ([memory] strategies = zero3 with [peft] quantization = nf4;
+ * see zero.h): DeepSpeed ZeRO-3 + QLoRA (bnb_4bit_quant_storage) partitions the quantized base across
+ * the ranks like any other parameter. Here each rank keeps its slice of every layer's NF4 weights --
+ * cut on super-blocks of 16,384 values (nf4.h: ctrl_nf4_span), so that each of the three parts (the
+ * packed codes, the absmax bytes, the absmax scales) is cut into whole elements -- and the model's
+ * store holds nothing for them between uses. Just before a layer's forward or backward (the gathers
+ * of zero_layers.c: need_layer) every weight of the layer is rebuilt whole: each part's buffer
+ * allocated, this rank's piece copied to its place and the three parts all-gathered in place (the
+ * pieces are whole floats -- 8,192, 256 and 4 bytes a super-block -- but the last), the collectives
+ * of the layer started together and then waited for; after the use (release_slot) the buffers are
+ * freed. The whole model (train_zero_gather_all: a save, an evaluation, generation gathered whole)
+ * gathers every layer's. The products then read the store as with one process, so the numbers are
+ * plain data parallel's bit for bit. What the base's fp32 slot and the layers' norms are is unchanged
+ * (zero.c leaves a QLoRA layer's frozen fp32 parameters whole: its norms and biases, a few floats).
+ *
+ * Not done: the layer's NF4 gathers are not prefetched (they are synchronous in need_layer: ~0.56
+ * bytes a weight against the adapters' fp32 gathers, which are); a CUDA model keeps zero3 + nf4
+ * refused (zero.c). The whole store is quantized on every rank as it loads (the base read whole, as
+ * every LoRA run under zero3 does) and sliced when ZeRO starts: the load's peak is the whole store. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ctrl/log.h>
+
+#include "collective/collective.h"
+#include "model/nf4.h"
+#include "train/zero.h"
+
+typedef struct nf4_weight {
+    int at;       /* its index in the model's store */
+    int64_t n;    /* the whole weight's values */
+    float offset; /* its absmax offset (every slice's) */
+    ctrl_nf4 mine;
+    int *counts;       /* [3][size]: each rank's piece of each part, in floats (4-byte elements) */
+    size_t floats[3];  /* each part's whole buffer in floats (the pieces end to end) */
+    size_t pos[3];     /* where this rank's piece starts in each part, in floats */
+    size_t mine_b[3];  /* this rank's pieces' bytes */
+    size_t whole_b[3]; /* the whole parts' bytes */
+} nf4_weight;
+
+struct zero_nf4 {
+    ctrl_model *model;
+    ctrl_nf4 *store;
+    int rank, size, n_layers;
+    nf4_weight *w;
+    int n_w;
+    int *layer_at; /* layer l's weights: w[layer_at[l] .. layer_at[l + 1]) */
+    char *held;    /* layer l's weights whole in the store now */
+    size_t mine_bytes, whole_bytes;
+    int64_t deal; /* the super-blocks dealt beyond an even share so far (span's rot) */
+    long gathers; /* layers gathered since init */
+};
+
+static size_t in_floats(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
+
+/* Rank r's values [*v0, *v1) of a weight of n values: its super-blocks dealt as ctrl_nf4_span deals
+ * them (consecutive, in rank order, each rank n / size of them), the remainder's one more each going
+ * to the ranks from `rot` on, cyclically -- rot follows the extra super-blocks dealt so far over the
+ * model (struct zero_nf4's deal), so the ranks' totals differ by at most one super-block where every
+ * weight's first ranks taking them would add up. */
+static void span(int64_t n, int r, int size, int64_t rot, int64_t *v0, int64_t *v1) {
+    const int64_t supers = (n + CTRL_NF4_SUPER - 1) / CTRL_NF4_SUPER, each = supers / size,
+                  more = supers % size;
+    int64_t s0 = 0;
+    for (int k = 0; k < r; k++) s0 += each + ((k - rot % size + size) % size < more);
+    const int64_t s1 = s0 + each + ((r - rot % size + size) % size < more);
+    *v0 = s0 * CTRL_NF4_SUPER < n ? s0 * CTRL_NF4_SUPER : n;
+    *v1 = s1 * CTRL_NF4_SUPER < n ? s1 * CTRL_NF4_SUPER : n;
+}
+
+/* Weight k's parts: each rank's pieces (in floats; whole floats but the last non-empty one's), and
+ * this rank's slice of the whole q, copied out. */
+static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 *q) {
+    w->n = q->n, w->offset = q->offset;
+    if (!(w->counts = calloc((size_t)(3 * s->size), sizeof(int))))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: the NF4 slices' counts");
+    ctrl_nf4_part_counts(0, q->n, w->whole_b);
+    for (int r = 0; r < s->size; r++) {
+        int64_t v0, v1;
+        size_t c[3];
+        span(q->n, r, s->size, s->deal, &v0, &v1);
+        ctrl_nf4_part_counts(v0, v1, c);
+        for (int k = 0; k < 3; k++) {
+            /* a piece after one that is not whole floats would land off its place */
+            if (w->floats[k] * sizeof(float) != (k == 0   ? (size_t)(v0 / 2)
+                                                 : k == 1 ? (size_t)(v0 / CTRL_NF4_BLOCK)
+                                                          : sizeof(float) * (size_t)(v0 / CTRL_NF4_SUPER)))
+                return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3: an NF4 slice of %lld values is not aligned",
+                                      (long long)q->n);
+            if (r == s->rank) w->pos[k] = w->floats[k], w->mine_b[k] = c[k];
+            const size_t f = v1 > v0 ? in_floats(c[k]) : 0;
+            if (f > (size_t)INT32_MAX)
+                return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "zero3: an NF4 weight of %lld values",
+                                      (long long)q->n);
+            w->counts[k * s->size + r] = (int)f, w->floats[k] += f;
+        }
+    }
+    int64_t v0, v1;
+    span(q->n, s->rank, s->size, s->deal, &v0, &v1);
+    s->deal += (q->n + CTRL_NF4_SUPER - 1) / CTRL_NF4_SUPER % s->size;
+    w->mine.n = v1 - v0, w->mine.offset = q->offset;
+    uint8_t **dst[3] = {&w->mine.packed, &w->mine.qabsmax, (uint8_t **)&w->mine.absmax2};
+    const uint8_t *src[3] = {q->packed + v0 / 2, q->qabsmax + v0 / CTRL_NF4_BLOCK,
+                             (const uint8_t *)(q->absmax2 + v0 / CTRL_NF4_SUPER)};
+    for (int k = 0; k < 3; k++) {
+        if (!(*dst[k] = calloc(in_floats(w->mine_b[k]) + 1, sizeof(float))))
+            return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: an NF4 slice of %lld values", (long long)w->mine.n);
+        memcpy(*dst[k], src[k], w->mine_b[k]);
+    }
+    s->mine_bytes += w->mine_b[0] + w->mine_b[1] + w->mine_b[2];
+    s->whole_bytes += w->whole_b[0] + w->whole_b[1] + w->whole_b[2];
+    return CTRL_OK;
+}
+
+void train_zero_nf4_free(train_zero *z) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s) return;
+    for (int i = 0; i < s->n_w; i++) ctrl_nf4_free(&s->w[i].mine), free(s->w[i].counts);
+    free(s->w), free(s->layer_at), free(s->held), free(s);
+    z->nf4 = NULL; /* (the model's store is the model's: it may be gone already) */
+}
+
+ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
+    int per = 0;
+    ctrl_nf4 *store = ctrl_model_nf4_store(m, &per);
+    if (z->stage < 3 || z->size < 2 || !store) return CTRL_OK; /* one rank: the store stays whole */
+    struct zero_nf4 *s = calloc(1, sizeof *s);
+    if (!s) return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    z->nf4 = s;
+    s->model = m, s->store = store, s->rank = z->rank, s->size = z->size;
+    s->n_layers = ctrl_model_cfg(m)->n_layers;
+    const size_t nl = (size_t)(s->n_layers > 0 ? s->n_layers : 1);
+    if (!(s->w = calloc(nl * (size_t)per, sizeof *s->w)) || !(s->layer_at = calloc(nl + 1, sizeof(int))) ||
+        !(s->held = calloc(nl, 1)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    ctrl_status st = CTRL_OK;
+    for (int l = 0; l < s->n_layers && st == CTRL_OK; l++) {
+        s->layer_at[l] = s->n_w;
+        for (int t = 0; t < per && st == CTRL_OK; t++) {
+            ctrl_nf4 *q = &store[l * per + t];
+            if (!q->packed) continue; /* nothing of its own (a fused module's row block, MoE) */
+            nf4_weight *w = &s->w[s->n_w++];
+            w->at = l * per + t;
+            st = cut_weight(s, w, q);
+            if (st == CTRL_OK) ctrl_nf4_free(q); /* the whole weight's buffers: this rank keeps its slice */
+        }
+    }
+    s->layer_at[s->n_layers] = s->n_w;
+    if (st != CTRL_OK) return st;
+    double v[3] = {(double)s->mine_bytes, (double)s->mine_bytes, -(double)s->mine_bytes};
+    st = ctrl_collective_allreduce_sum_f64(v, 1);
+    if (st == CTRL_OK) st = ctrl_collective_allreduce_max_f64(v + 1, 2);
+    if (st == CTRL_OK && z->rank == 0)
+        CTRL_INFO(
+            "zero3: the NF4 base sliced over %d ranks: each rank holds %.0f to %.0f of its %zu bytes "
+            "(%zu weights; %.0f over the ranks), a layer's all-gathered around each use and freed after",
+            z->size, -v[2], v[1], s->whole_bytes, (size_t)s->n_w, v[0]);
+    return st;
+}
+
+ctrl_status train_zero_nf4_gather(train_zero *z, int l) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s || l < 0 || l >= s->n_layers || s->held[l]) return CTRL_OK;
+    const int w0 = s->layer_at[l], w1 = s->layer_at[l + 1];
+    void *pending[3 * 8 * 2]; /* a layer's weights (at most 7) x 3 parts, started together */
+    int n_pending = 0;
+    ctrl_status st = CTRL_OK;
+    for (int i = w0; i < w1 && st == CTRL_OK; i++) {
+        const nf4_weight *w = &s->w[i];
+        ctrl_nf4 *q = &s->store[w->at];
+        uint8_t **dst[3] = {&q->packed, &q->qabsmax, (uint8_t **)&q->absmax2};
+        const uint8_t *mine[3] = {w->mine.packed, w->mine.qabsmax, (const uint8_t *)w->mine.absmax2};
+        q->n = w->n, q->offset = w->offset;
+        for (int k = 0; k < 3 && st == CTRL_OK; k++) {
+            if (!(*dst[k] = malloc(sizeof(float) * (w->floats[k] + 1)))) {
+                st = ctrl_error_set(CTRL_ERR_NOMEM, "zero3: layer %d's NF4 weights (%zu bytes)", l,
+                                    sizeof(float) * w->floats[k]);
+                break;
+            }
+            memcpy(*dst[k] + sizeof(float) * w->pos[k], mine[k], w->mine_b[k]);
+            if (n_pending < (int)(sizeof pending / sizeof pending[0]))
+                st = ctrl_collective_allgather_start_f32((float *)*dst[k], w->counts + k * s->size,
+                                                         &pending[n_pending++]);
+            else
+                st = ctrl_collective_allgather_f32((float *)*dst[k], w->counts + k * s->size);
+        }
+    }
+    for (int i = 0; i < n_pending; i++) { /* every started one waited for, whatever failed */
+        const ctrl_status sw = ctrl_collective_allgather_wait(pending[i]);
+        if (st == CTRL_OK) st = sw;
+    }
+    s->held[l] = 1; /* (on an error too: the release frees what was allocated) */
+    s->gathers++;
+    return st;
+}
+
+void train_zero_nf4_release(train_zero *z, int l) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s || l < 0 || l >= s->n_layers || !s->held[l]) return;
+    for (int i = s->layer_at[l]; i < s->layer_at[l + 1]; i++) ctrl_nf4_free(&s->store[s->w[i].at]);
+    s->held[l] = 0;
+}
+
+ctrl_status train_zero_nf4_report(train_zero *z) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s) return CTRL_OK;
+    double held = (double)s->mine_bytes; /* the slices, and what the store holds now (layers whole) */
+    for (int i = 0; i < s->n_w; i++) {
+        const ctrl_nf4 *q = &s->store[s->w[i].at];
+        if (q->packed) held += (double)(s->w[i].whole_b[0] + s->w[i].whole_b[1] + s->w[i].whole_b[2]);
+    }
+    ctrl_status st = ctrl_collective_allreduce_max_f64(&held, 1);
+    if (st == CTRL_OK && z->rank == 0)
+        CTRL_INFO("zero3: the NF4 base between steps: at most %.0f of its %zu bytes held per rank; %ld layer "
+                  "gathers of it so far",
+                  held, s->whole_bytes, s->gathers);
+    return st;
+}
