@@ -11,8 +11,8 @@
 # sums per rank (the run's log line, checked), and a 2-rank resume of its checkpoint repeats the
 # curve; zero3 on the device (each rank's slices of the layers in device memory, the rest of a layer
 # mapped, gathered over NCCL and unmapped around each use: section below) follows it too, with the
-# per-rank device bytes the run logs checked. zero3 with NF4 is refused naming the key (overlap_comm
-# on CUDA: test_zero_overlap_cuda_emu.sh); so are GKD and server mode with zero3 on CUDA.
+# per-rank device bytes the run logs checked. zero3 with NF4 on CUDA is refused naming the key
+# (overlap_comm on CUDA: test_zero_overlap_cuda_emu.sh); so are GKD and server mode with zero3 on CUDA.
 # usage: test_zero_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# zero3 over a QLoRA base (issues 19, 18; core/train/zero_nf4.c): 2 ranks of LoRA SFT (mpirun, 1
+# thread each) on a Qwen2.5-0.5B-shaped model (hidden 896, 14 heads, 2 KV heads, intermediate 4864;
+# LAYERS of its 24, the tiny test tokenizer's vocabulary so that the layers are what is measured) with
+# [peft] quantization = nf4 (all-linear, r 16): plain data parallel (every rank the whole NF4 store)
+# against zero3 (each rank its slice, a layer's gathered around each use). Per rank: the peak resident
+# memory and CPU time (/usr/bin/time: maximum RSS, user + system, loading included), the run's VmRSS
+# after the first step (zero3's own line; plain data parallel: the load's line), the NF4 bytes held
+# between steps (zero3's line), the final loss (the same both ways).
+# usage: bench/distributed/bench_zero3_nf4.sh BUILD_DIR [LAYERS STEPS]
+set -euo pipefail
+BUILD=$1 LAYERS=${2:-2} STEPS=${3:-3}
+source "$(dirname "$0")/common.sh"
+qwen_model "$TMP/model" "$LAYERS"
+sft_ini "$TMP/run.ini" "$TMP/model" "$STEPS" 1
+printf '[peft]\nenabled = true\ntarget_modules = all-linear\nr = 16\nlora_alpha = 32\nquantization = nf4\n' >>"$TMP/run.ini"
+params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
+machine
+echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, tiny vocabulary, $params parameters ($((params * 4 / 1048576)) MiB fp32); QLoRA (nf4, all-linear, r 16); 2 ranks x 1 thread, $STEPS steps; load average $(load)"
+echo "| QLoRA over 2 ranks | peak RSS per rank | CPU s per step per rank | NF4 store per rank | final loss |"
+echo "|---|---|---|---|---|"
+rank_env
+for way in plain zero3; do
+  st=() && [ $way = zero3 ] && st=(--set memory.strategies=zero3)
+  timed "$TMP/$way.log" "${MPI[@]}" "${ENV[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/$way" \
+    "${st[@]}" || { tail -20 "$TMP/$way.log"; exit 1; }
+  rss=$(ranks_rss "$TMP/$way.log")
+  cpu=$(ranks_cpu "$TMP/$way.log" "$STEPS")
+  held=$(grep -o "the NF4 base between steps: at most [0-9]* of its [0-9]* bytes" "$TMP/$way.log" |
+    sed 's/.*at most \([0-9]*\) of its \([0-9]*\) bytes/\1 of \2 B/' || true)
+  echo "| $way | $rss | $cpu | ${held:-whole} | $(last "$TMP/$way" loss) |"
+  grep -o "zero3: the NF4 base.*\|zero3: process memory.*\|after loading the model.*\|LoRA: r .*" "$TMP/$way.log" | sort -u || true
+done
+echo "load average after: $(load)"
