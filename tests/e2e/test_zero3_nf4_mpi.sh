@@ -6,7 +6,8 @@
 # added in another order); each rank holds about half of the NF4 store (the measured bytes printed and
 # asserted: at most half plus one super-block's 8,452 bytes, the ranks' together the whole); a resume from
 # the zero3 checkpoint follows the same curve to the same adapter bytes; QDoRA (use_dora) follows plain
-# data parallel's curve too. The model: hidden 256, intermediate 576 (9 super-blocks of 16,384 values
+# data parallel's curve too; GRPO generates the same completions with the layers gathered whole for
+# generation and one at a time. The model: hidden 256, intermediate 576 (9 super-blocks of 16,384 values
 # in each MLP weight: an odd number, whose extra super-block goes to each rank in turn), 2 layers.
 # Skipped (77) only when mpirun or libctrl_mpi.so is absent.
 # usage: test_zero3_nf4_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
@@ -55,4 +56,17 @@ mpi_train pd "${q[@]}" --set peft.use_dora=true --set train.save_strategy=no
 mpi_train zd "${q[@]}" --set peft.use_dora=true --set train.save_strategy=no --set memory.strategies=zero3
 curve_close "$TMP/pd" "$TMP/zd" loss 1e-6
 curve_close "$TMP/pd" "$TMP/zd" grad_norm 1e-5
+
+# 5. GRPO (colocated generation): the base's layers gathered whole for each generation phase
+# (ds3_gather_for_generation, the default) or one at a time per decoding pass (false): the same
+# completions (rewards) and gradients as plain data parallel + nf4
+INI_TRAIN="dtype = fp32" INI_BATCH=2 online_ini grpo g 6 "[grpo]" "num_generations = 2" "max_completion_length = 4" \
+  "[peft]" "enabled = true" "target_modules = all-linear" "quantization = nf4" >"$TMP/run.ini"
+mpi_train gp
+mpi_train gz --set memory.strategies=zero3
+mpi_train gl --set memory.strategies=zero3 --set generation.ds3_gather_for_generation=false
+for g in gz gl; do
+  curve_close "$TMP/gp" "$TMP/$g" reward 1e-6
+  curve_close "$TMP/gp" "$TMP/$g" grad_norm 1e-5
+done
 finish
