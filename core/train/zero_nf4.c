@@ -82,8 +82,10 @@ static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 
         span(q->n, r, s->size, s->deal, &v0, &v1);
         ctrl_nf4_part_counts(v0, v1, c);
         for (int k = 0; k < 3; k++) {
-            /* a piece after one that is not whole floats would land off its place */
-            if (w->floats[k] * sizeof(float) != (k == 0   ? (size_t)(v0 / 2)
+            /* a piece after one that is not whole floats would land off its place (an empty piece,
+             * after the weight's end, lands nowhere) */
+            if (v1 > v0 &&
+                w->floats[k] * sizeof(float) != (k == 0   ? (size_t)(v0 / 2)
                                                  : k == 1 ? (size_t)(v0 / CTRL_NF4_BLOCK)
                                                           : sizeof(float) * (size_t)(v0 / CTRL_NF4_SUPER)))
                 return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3: an NF4 slice of %lld values is not aligned",
