@@ -1,22 +1,23 @@
 /* ZeRO-3 over a QLoRA base on the CPU ([memory] strategies = zero3 with [peft] quantization = nf4;
  * see zero.h): DeepSpeed ZeRO-3 + QLoRA (bnb_4bit_quant_storage) partitions the quantized base across
  * the ranks like any other parameter. Here each rank keeps its slice of every layer's NF4 weights --
- * cut on super-blocks of 16,384 values (nf4.h: ctrl_nf4_span), so that each of the three parts (the
- * packed codes, the absmax bytes, the absmax scales) is cut into whole elements -- and the model's
+ * cut on super-blocks of 16,384 values (as nf4.h's ctrl_nf4_span; span below), so that each of the three
+ * parts (the packed codes, the absmax bytes, the absmax scales) is cut into whole elements -- and the model's
  * store holds nothing for them between uses. Just before a layer's forward or backward (the gathers
  * of zero_layers.c: need_layer) every weight of the layer is rebuilt whole: each part's buffer
  * allocated, this rank's piece copied to its place and the three parts all-gathered in place (the
  * pieces are whole floats -- 8,192, 256 and 4 bytes a super-block -- but the last), the collectives
  * of the layer started together and then waited for; after the use (release_slot) the buffers are
  * freed. The whole model (train_zero_gather_all: a save, an evaluation, generation gathered whole)
- * gathers every layer's. The products then read the store as with one process, so the numbers are
- * plain data parallel's bit for bit. What the base's fp32 slot and the layers' norms are is unchanged
- * (zero.c leaves a QLoRA layer's frozen fp32 parameters whole: its norms and biases, a few floats).
+ * gathers every layer's. The products then read the store as with one process, bit for bit (the
+ * adapters' gradients reduced as zero3 reduces any: plain data parallel's within rounding). What the base's
+ * fp32 slot and the layers' norms are is unchanged (zero.c leaves a QLoRA layer's frozen fp32 parameters
+ * whole: its norms and biases, a few floats).
  *
  * Not done: the layer's NF4 gathers are not prefetched (they are synchronous in need_layer: ~0.56
  * bytes a weight against the adapters' fp32 gathers, which are); a CUDA model keeps zero3 + nf4
  * refused (zero.c). The whole store is quantized on every rank as it loads (the base read whole, as
- * every LoRA run under zero3 does) and sliced when ZeRO starts: the load's peak is the whole store. */
+ * every LoRA run under zero3 does) and sliced when ZeRO starts: the load's peak holds the whole store. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
