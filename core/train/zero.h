@@ -263,9 +263,14 @@ void train_zero_release_layer(train_zero *z, int l);
  * whole / released): init (from train_zero_init) slices the model's NF4 store, each rank keeping its
  * super-blocks of every weight and freeing the rest; gather rebuilds layer l's weights whole in the
  * store (a collective: every rank gathers the same layers in the same order, as the hooks do);
- * release frees them again; free drops the slices (never touching the model, which may be gone). */
+ * release frees them again (waiting for a prefetch's gathers first); free drops the slices (never touching
+ * the model, which may be gone). */
 ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m);
 ctrl_status train_zero_nf4_gather(train_zero *z, int l);
+/* The prefetch: layer l's NF4 gathers started (completed by train_zero_nf4_gather), and the floats'
+ * worth of its NF4 bytes (what prefetch_bucket_size counts in flight; 0 without an NF4 store). */
+ctrl_status train_zero_nf4_start(train_zero *z, int l);
+size_t train_zero_nf4_floats(const train_zero *z, int l);
 void train_zero_nf4_release(train_zero *z, int l);
 void train_zero_nf4_free(train_zero *z);
 /* The NF4 bytes this rank holds now (its slices, the layers whole) and the layers gathered so far,

@@ -138,7 +138,7 @@ static ctrl_status start_layer(train_zero *z, int l) {
                  ? train_zero_device_gather_range(z, z->runs[i].u, &z->pending[i]) /* a side stream */
                  : ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + z->runs[i].u.a,
                                                        train_zero_run_counts(z, &z->runs[i]), &z->pending[i]);
-    return st;
+    return st == CTRL_OK ? train_zero_nf4_start(z, l) : st; /* QLoRA: the layer's NF4 weights too */
 }
 
 /* Layer l whole: its prefetch completed, or gathered now. */
@@ -178,7 +178,7 @@ static ctrl_status gather_layer_dir(train_zero *z, int layer, int dir) {
     if (layer >= n_layers) return st;
     for (int l = layer + dir; st == CTRL_OK && l >= 0 && l < n_layers; l += dir) {
         if (held >= z->prefetch) break;
-        held += layer_floats(z, l);
+        held += layer_floats(z, l) + train_zero_nf4_floats(z, l); /* (QLoRA: its NF4 bytes too) */
         if (z->state[l] == 0) st = start_layer(z, l), z->prefetched++;
     }
     return st;

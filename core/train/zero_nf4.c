@@ -14,10 +14,11 @@
  * fp32 slot and the layers' norms are is unchanged (zero.c leaves a QLoRA layer's frozen fp32 parameters
  * whole: its norms and biases, a few floats).
  *
- * Not done: the layer's NF4 gathers are not prefetched (they are synchronous in need_layer: ~0.56
- * bytes a weight against the adapters' fp32 gathers, which are); a CUDA model keeps zero3 + nf4
- * refused (zero.c). The whole store is quantized on every rank as it loads (the base read whole, as
- * every LoRA run under zero3 does) and sliced when ZeRO starts: the load's peak holds the whole store. */
+ * Prefetch (prefetch_bucket_size): start_layer starts a layer's NF4 gathers with its adapters' (the
+ * buffers allocated then), need_layer waits for them; the bucket counts the NF4 bytes in flight as
+ * floats' worth (train_zero_nf4_floats) beside the adapters' floats. Not done: a CUDA model keeps
+ * zero3 + nf4 refused (zero.c). The whole store is quantized on every rank as it loads (the base read whole,
+ * as every LoRA run under zero3 does) and sliced when ZeRO starts: the load's peak holds the whole store. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,12 @@ struct zero_nf4 {
     nf4_weight *w;
     int n_w;
     int *layer_at; /* layer l's weights: w[layer_at[l] .. layer_at[l + 1]) */
-    char *held;    /* layer l's weights whole in the store now */
+    int per;       /* the store's weights a layer */
+    /* layer l: 0 sliced (the store holds nothing), 1 its gathers in flight (prefetched: n_pend[l]
+     * handles at pend[l * 3 * per]), 2 whole in the store */
+    char *state;
+    void **pend;
+    int *n_pend;
     size_t mine_bytes, whole_bytes;
     int64_t deal; /* the super-blocks dealt beyond an even share so far (span's rot) */
     long gathers; /* layers gathered since init */
@@ -120,7 +126,7 @@ void train_zero_nf4_free(train_zero *z) {
     struct zero_nf4 *s = z->nf4;
     if (!s) return;
     for (int i = 0; i < s->n_w; i++) ctrl_nf4_free(&s->w[i].mine), free(s->w[i].counts);
-    free(s->w), free(s->layer_at), free(s->held), free(s);
+    free(s->w), free(s->layer_at), free(s->state), free(s->pend), free(s->n_pend), free(s);
     z->nf4 = NULL; /* (the model's store is the model's: it may be gone already) */
 }
 
@@ -134,8 +140,10 @@ ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
     s->model = m, s->store = store, s->rank = z->rank, s->size = z->size;
     s->n_layers = ctrl_model_cfg(m)->n_layers;
     const size_t nl = (size_t)(s->n_layers > 0 ? s->n_layers : 1);
+    s->per = per;
     if (!(s->w = calloc(nl * (size_t)per, sizeof *s->w)) || !(s->layer_at = calloc(nl + 1, sizeof(int))) ||
-        !(s->held = calloc(nl, 1)))
+        !(s->state = calloc(nl, 1)) || !(s->pend = calloc(nl * 3 * (size_t)per, sizeof(void *))) ||
+        !(s->n_pend = calloc(nl, sizeof(int))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
     ctrl_status st = CTRL_OK;
     for (int l = 0; l < s->n_layers && st == CTRL_OK; l++) {
@@ -162,14 +170,26 @@ ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
     return st;
 }
 
-ctrl_status train_zero_nf4_gather(train_zero *z, int l) {
-    struct zero_nf4 *s = z->nf4;
-    if (!s || l < 0 || l >= s->n_layers || s->held[l]) return CTRL_OK;
-    const int w0 = s->layer_at[l], w1 = s->layer_at[l + 1];
-    void *pending[3 * 8 * 2]; /* a layer's weights (at most 7) x 3 parts, started together */
-    int n_pending = 0;
+/* Layer l's pending gathers waited for (all of them, whatever failed). */
+static ctrl_status wait_layer(struct zero_nf4 *s, int l) {
     ctrl_status st = CTRL_OK;
-    for (int i = w0; i < w1 && st == CTRL_OK; i++) {
+    void **pend = s->pend + (size_t)l * 3 * (size_t)s->per;
+    for (int i = 0; i < s->n_pend[l]; i++) {
+        const ctrl_status sw = ctrl_collective_allgather_wait(pend[i]);
+        if (st == CTRL_OK) st = sw;
+        pend[i] = NULL;
+    }
+    s->n_pend[l] = 0;
+    return st;
+}
+
+ctrl_status train_zero_nf4_start(train_zero *z, int l) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s || l < 0 || l >= s->n_layers || s->state[l]) return CTRL_OK;
+    void **pend = s->pend + (size_t)l * 3 * (size_t)s->per;
+    ctrl_status st = CTRL_OK;
+    s->state[l] = 1; /* (on an error too: the release frees what was allocated) */
+    for (int i = s->layer_at[l]; i < s->layer_at[l + 1] && st == CTRL_OK; i++) {
         const nf4_weight *w = &s->w[i];
         ctrl_nf4 *q = &s->store[w->at];
         uint8_t **dst[3] = {&q->packed, &q->qabsmax, (uint8_t **)&q->absmax2};
@@ -182,27 +202,38 @@ ctrl_status train_zero_nf4_gather(train_zero *z, int l) {
                 break;
             }
             memcpy(*dst[k] + sizeof(float) * w->pos[k], mine[k], w->mine_b[k]);
-            if (n_pending < (int)(sizeof pending / sizeof pending[0]))
-                st = ctrl_collective_allgather_start_f32((float *)*dst[k], w->counts + k * s->size,
-                                                         &pending[n_pending++]);
-            else
-                st = ctrl_collective_allgather_f32((float *)*dst[k], w->counts + k * s->size);
+            st = ctrl_collective_allgather_start_f32((float *)*dst[k], w->counts + k * s->size,
+                                                     &pend[s->n_pend[l]++]);
         }
     }
-    for (int i = 0; i < n_pending; i++) { /* every started one waited for, whatever failed */
-        const ctrl_status sw = ctrl_collective_allgather_wait(pending[i]);
-        if (st == CTRL_OK) st = sw;
-    }
-    s->held[l] = 1; /* (on an error too: the release frees what was allocated) */
     s->gathers++;
     return st;
 }
 
+ctrl_status train_zero_nf4_gather(train_zero *z, int l) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s || l < 0 || l >= s->n_layers || s->state[l] == 2) return CTRL_OK;
+    ctrl_status st = train_zero_nf4_start(z, l); /* (prefetched: started already) */
+    const ctrl_status sw = wait_layer(s, l);
+    s->state[l] = 2;
+    return st == CTRL_OK ? sw : st;
+}
+
+size_t train_zero_nf4_floats(const train_zero *z, int l) {
+    const struct zero_nf4 *s = z->nf4;
+    size_t n = 0;
+    for (int i = s && l >= 0 && l < s->n_layers ? s->layer_at[l] : 0; s && i < s->layer_at[l + 1]; i++)
+        n += s->w[i].floats[0] + s->w[i].floats[1] + s->w[i].floats[2];
+    return n;
+}
+
 void train_zero_nf4_release(train_zero *z, int l) {
     struct zero_nf4 *s = z->nf4;
-    if (!s || l < 0 || l >= s->n_layers || !s->held[l]) return;
+    if (!s || l < 0 || l >= s->n_layers || !s->state[l]) return;
+    if (wait_layer(s, l) != CTRL_OK) /* (a prefetch never used: its buffers are written until done) */
+        CTRL_ERROR("zero3: %s", ctrl_error_message());
     for (int i = s->layer_at[l]; i < s->layer_at[l + 1]; i++) ctrl_nf4_free(&s->store[s->w[i].at]);
-    s->held[l] = 0;
+    s->state[l] = 0;
 }
 
 ctrl_status train_zero_nf4_report(train_zero *z) {

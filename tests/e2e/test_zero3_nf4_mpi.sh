@@ -42,6 +42,11 @@ line=$(grep -o "zero3: the NF4 base between steps: at most [0-9]* of its [0-9]* 
 read -r held whole2 ng < <(echo "$line" | grep -o '[0-9][0-9]*' | sed -n '3,5p' | tr '\n' ' ')
 echo "zero3 nf4: between steps $held of $whole2 bytes held per rank, $ng layer gathers in the first step"
 [ -n "$ng" ] && [ "$held" = "$hi" ] && [ "$whole2" = "$whole" ] && [ "$ng" = 8 ] && ok || bad "zero3 nf4: '$line'"
+# the next layer's gathers (its NF4 weights with its adapters) started ahead: prefetch_bucket_size auto
+# (0.9 x 256^2 floats) counts a layer's NF4 bytes too (about 70,000 floats' worth), so one layer ahead --
+# layer 1 in the forward, 0 in the backward, each micro-batch
+pf=$(grep -o "[0-9]* layer gathers prefetched in the step" "$TMP/z3.log" | grep -o '^[0-9]*')
+[ "$pf" = 4 ] && ok || bad "zero3 nf4: '$pf' layer gathers prefetched"
 
 # 3. the adapter saved (never the base), and a resume from checkpoint-3 reaches the same curve and bytes
 [ -f "$TMP/z3/adapter_model.safetensors" ] && [ -f "$TMP/z3/checkpoint-3/adapter_model.safetensors" ] &&
