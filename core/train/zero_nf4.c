@@ -64,8 +64,9 @@ static size_t in_floats(size_t bytes) { return (bytes + sizeof(float) - 1) / siz
 /* Rank r's values [*v0, *v1) of a weight of n values: its super-blocks dealt as ctrl_nf4_span deals
  * them (consecutive, in rank order, each rank n / size of them), the remainder's one more each going
  * to the ranks from `rot` on, cyclically -- rot follows the extra super-blocks dealt so far over the
- * model (struct zero_nf4's deal), so the ranks' totals differ by at most one super-block where every
- * weight's first ranks taking them would add up. */
+ * model (struct zero_nf4's deal), so the ranks' totals stay within a super-block or two of an even
+ * share (a weight's last super-block may be partial) where every weight's first ranks taking the extra
+ * ones would add up. */
 static void span(int64_t n, int r, int size, int64_t rot, int64_t *v0, int64_t *v1) {
     const int64_t supers = (n + CTRL_NF4_SUPER - 1) / CTRL_NF4_SUPER, each = supers / size,
                   more = supers % size;
@@ -76,7 +77,7 @@ static void span(int64_t n, int r, int size, int64_t rot, int64_t *v0, int64_t *
     *v1 = s1 * CTRL_NF4_SUPER < n ? s1 * CTRL_NF4_SUPER : n;
 }
 
-/* Weight k's parts: each rank's pieces (in floats; whole floats but the last non-empty one's), and
+/* A weight's parts: each rank's pieces (in floats; whole floats but the last non-empty one's), and
  * this rank's slice of the whole q, copied out. */
 static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 *q) {
     w->n = q->n, w->offset = q->offset;
