@@ -4,11 +4,14 @@
  *   bf16-copy   ctrl_cpu_linear_forward_bf16 on a rounded fp32 copy of the weights (the fallback for
  *               calls of fewer than 64 rows where no bf16 GEMM runs)
  *   bf16-round  the same rounding the weights in every call (the fallback's calls of 64+ rows)
- *   bf16-avx2   gemm_bf16_avx2.c's panels (decoding on an AVX2-only CPU now)
+ *   bf16-avx2   gemm_bf16_avx2.c's panels (decoding on an AVX2-only CPU now: the narrow tiles below
+ *               16 rows, the widened 6 x 16 tile from 16 rows)
+ *   avx2-narrow the same panels, the narrow tiles at any M (CTRL_NO_AVX2_WIDE=1)
  *   bf16-fast   ctrl_cpu_gemm_bf16_pack'd panels (AVX-512 BF16 / AMX; skipped where absent)
  * Prints milliseconds (wall) and CPU milliseconds (user + system, all threads) for one step's
  * products, the median of `reps` steps after one warm-up.
- * usage: bench_decode_gemm [M ...]  (default 1 8 64; OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set the threads)
+ * usage: bench_decode_gemm [--paths NAME,...] [M ...]  (default: every path; M 1 8 64;
+ *        OMP_NUM_THREADS / OPENBLAS_NUM_THREADS set the threads)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,10 +44,12 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    int Ms[8] = {1, 8, 64}, nM = 3;
-    if (argc > 1) {
+    int Ms[8] = {1, 8, 64}, nM = 3, first = 1;
+    const char *paths = NULL;
+    if (argc > 2 && !strcmp(argv[1], "--paths")) paths = argv[2], first = 3;
+    if (argc > first) {
         nM = 0;
-        for (int i = 1; i < argc && nM < 8; i++) Ms[nM++] = atoi(argv[i]);
+        for (int i = first; i < argc && nM < 8; i++) Ms[nM++] = atoi(argv[i]);
     }
     /* one weight per projection kind (reading the same 24 times would stay in cache for the small
      * ones): the layers' weights are distinct buffers, as in the model */
@@ -66,15 +71,17 @@ int main(int argc, char **argv) {
             pa[l][j] = ctrl_cpu_bf16_avx2_pack(shapes[j][0], shapes[j][1], w[l][j], shapes[j][1]);
             pf[l][j] = ctrl_cpu_gemm_bf16_pack(1, shapes[j][0], shapes[j][1], w[l][j], shapes[j][1]);
         }
-    const char *names[5] = {"fp32", "bf16-copy", "bf16-round", "bf16-avx2", "bf16-fast"};
+    const char *names[6] = {"fp32", "bf16-copy", "bf16-round", "bf16-avx2", "bf16-fast", "avx2-narrow"};
     printf("%-11s%5s%12s%12s\n", "path", "M", "step ms", "CPU ms");
     for (int mi = 0; mi < nM; mi++) {
         const int M = Ms[mi];
         float *x = malloc(sizeof(float) * (size_t)M * 4864),
               *out = malloc(sizeof(float) * (size_t)M * 151669);
         for (size_t i = 0; i < (size_t)M * 4864; i++) x[i] = (float)(i % 97) / 97.0f - 0.5f;
-        for (int v = 0; v < 5; v++) {
-            if ((v == 3 && !pa[0][0]) || (v == 4 && !pf[0][0])) continue;
+        for (int v = 0; v < 6; v++) {
+            if (((v == 3 || v == 5) && !pa[0][0]) || (v == 4 && !pf[0][0])) continue;
+            if (paths && !strstr(paths, names[v])) continue;
+            if (v == 5) setenv("CTRL_NO_AVX2_WIDE", "1", 1);
             double wall[REPS + 1], cpu[REPS + 1];
             for (int r = 0; r <= REPS; r++) {
                 const double t0 = now(), c0 = cpu_now();
@@ -85,13 +92,14 @@ int main(int argc, char **argv) {
                         if (v == 0) ctrl_cpu_linear_forward(out, x, w[l][j], NULL, M, K, N);
                         if (v == 1) ctrl_cpu_linear_forward_bf16(out, x, wr[l][j], NULL, M, K, N, 1);
                         if (v == 2) ctrl_cpu_linear_forward_bf16(out, x, w[l][j], NULL, M, K, N, 0);
-                        if (v == 3) ctrl_cpu_bf16_avx2_linear(M, x, K, pa[l][j], out, N);
+                        if (v == 3 || v == 5) ctrl_cpu_bf16_avx2_linear(M, x, K, pa[l][j], out, N);
                         if (v == 4) ctrl_cpu_gemm_bf16_packed(0, M, x, K, pf[l][j], out, N, 0);
                     }
                 wall[r] = now() - t0, cpu[r] = cpu_now() - c0;
             }
             qsort(wall + 1, REPS, sizeof(double), cmp), qsort(cpu + 1, REPS, sizeof(double), cmp);
             printf("%-11s%5d%12.1f%12.1f\n", names[v], M, 1e3 * wall[1 + REPS / 2], 1e3 * cpu[1 + REPS / 2]);
+            unsetenv("CTRL_NO_AVX2_WIDE");
             fflush(stdout);
         }
         free(x), free(out);

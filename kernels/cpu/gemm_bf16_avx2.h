@@ -1,11 +1,14 @@
-/* Decoding's bf16 product on a CPU with AVX2 and FMA but no bf16 instructions (gemm_bf16_avx2.c):
- * C[M, N] = bf16(A)[M, K] bf16(W)[N, K]^T, fp32 accumulation, W packed once into panels of 2 bytes
- * a value (where the fp32 fallback of kernels/cpu/bf16.c reads 4 bytes a value of a rounded fp32
+/* Decoding's (and a prefill's) bf16 product on a CPU with AVX2 and FMA but no bf16 instructions
+ * (gemm_bf16_avx2.c): C[M, N] = bf16(A)[M, K] bf16(W)[N, K]^T, fp32 accumulation, W packed once into panels
+ * of 2 bytes a value (where the fp32 fallback of kernels/cpu/bf16.c reads 4 bytes a value of a rounded fp32
  * copy, or rounds W in every call).
  *
  * Each C element is one fp32 sum over k in increasing order (fused multiply-adds, both factors
  * bf16 values: each product is exact), the same for any M, any row of a block, any thread count:
- * a sequence's logits do not depend on how many others decode beside it nor on the threads.
+ * a sequence's logits do not depend on how many others decode beside it nor on the threads, nor on
+ * how its prompt was cut into prefill calls. Up to 64 rows (decoding's steps) narrow tiles read the
+ * 2-byte panels directly; more rows (a prefill) a widened 6 x 16 fp32 tile (CTRL_NO_AVX2_WIDE=1: the
+ * narrow tiles at any row count, for comparisons): the same sums either way.
  *
  * ctrl_cpu_bf16_avx2_available: 1 where this CPU runs the kernel (AVX2 and FMA; compiled for x86-64).
  * _pack: W [N, K] (row stride ldw) rounded and packed (NULL: unavailable or out of memory);

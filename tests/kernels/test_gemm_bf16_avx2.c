@@ -2,7 +2,9 @@
  * promises, bit for bit: each C element is fmaf over k in order of the bf16 values of A and W (the
  * bf16 rounding of kernels/cpu/bf16.c), on shapes off every edge (K odd, K past 16-value blocks, N
  * off the 16-column panels, M off the 4-row / 4-panel tiles, leading dimensions wider than the
- * rows), at one thread and two (the same bits); the panels unpack to the rounded values (NaN, Inf,
+ * rows), the many-row (prefill) tile's too (M off its 6-row tiles and 192-row chunks, K across its
+ * 256-value blocks), each also with the narrow tiles forced (CTRL_NO_AVX2_WIDE=1), at one thread
+ * and two (the same bits); the panels unpack to the rounded values (NaN, Inf,
  * ties, denormals, -0 included) and a repack after W changed equals a fresh pack. */
 #include <math.h>
 #include <stdint.h>
@@ -18,25 +20,21 @@
 #include "random_floats.h"
 #include "test.h"
 
-static float rounded(float x) {
-    float r;
-    ctrl_cpu_round_to_bf16(&r, &x, 1);
-    return r;
-}
-
-/* C[M, N] (row stride ldc) as the kernel promises it */
+/* C[M, N] (row stride ldc) as the kernel promises it: A and W rounded to bf16 values first (as the
+ * kernel reads them), then per element fmaf over k in order (a zero pair past an odd K) */
 static void reference(int M, int N, int K, const float *A, int lda, const float *W, int ldw, float *C,
                       int ldc) {
+    float *a = calloc((size_t)M * (K + 1), sizeof(float)), *w = calloc((size_t)N * (K + 1), sizeof(float));
+    for (int i = 0; i < M; i++) ctrl_cpu_round_to_bf16(a + (size_t)i * (K + 1), A + (size_t)i * lda, K);
+    for (int n = 0; n < N; n++) ctrl_cpu_round_to_bf16(w + (size_t)n * (K + 1), W + (size_t)n * ldw, K);
     for (int i = 0; i < M; i++)
         for (int n = 0; n < N; n++) {
             float acc = 0.0f;
-            for (int k = 0; k < K + K % 2; k++) {
-                const float a = k < K ? rounded(A[(size_t)i * lda + k]) : 0.0f;
-                const float w = k < K ? rounded(W[(size_t)n * ldw + k]) : 0.0f;
-                acc = fmaf(a, w, acc);
-            }
+            for (int k = 0; k < K + K % 2; k++)
+                acc = fmaf(a[(size_t)i * (K + 1) + k], w[(size_t)n * (K + 1) + k], acc);
             C[(size_t)i * ldc + n] = acc;
         }
+    free(a), free(w);
 }
 
 static int check(int M, int N, int K, int pad, unsigned *seed) {
@@ -47,11 +45,17 @@ static int check(int M, int N, int K, int pad, unsigned *seed) {
     ctrl_cpu_bf16_avx2_panels *p = ctrl_cpu_bf16_avx2_pack(N, K, W, ldw);
     CHECK(p != NULL);
     int ok = 0;
-    if (p && ctrl_cpu_bf16_avx2_linear(M, A, lda, p, C, ldc) == 0) {
-        reference(M, N, K, A, lda, W, ldw, R, ldc);
-        ok = !memcmp(C, R, sizeof(float) * (size_t)M * ldc);
+    reference(M, N, K, A, lda, W, ldw, R, ldc);
+    /* the kernel's own choice of tile (the widened one past 64 rows), then the narrow tiles forced */
+    for (int narrow = 0; narrow < 2; narrow++) {
+        if (narrow) setenv("CTRL_NO_AVX2_WIDE", "1", 1);
+        ok = p && ctrl_cpu_bf16_avx2_linear(M, A, lda, p, C, ldc) == 0 &&
+             !memcmp(C, R, sizeof(float) * (size_t)M * ldc);
+        unsetenv("CTRL_NO_AVX2_WIDE");
+        CHECK_MSG(ok, "M %d N %d K %d pad %d%s: the product differs from the ordered fmaf sums", M, N, K, pad,
+                  narrow ? " (narrow tiles)" : "");
+        if (!ok) break;
     }
-    CHECK_MSG(ok, "M %d N %d K %d pad %d: the product differs from the ordered fmaf sums", M, N, K, pad);
     ctrl_cpu_bf16_avx2_free(p);
     free(A), free(W), free(C), free(R);
     return ok;
@@ -69,6 +73,20 @@ TEST(avx2_bf16_product_is_the_ordered_sum_bit_for_bit) {
                 bad += !check(Ms[a], Ns[b], Ks[c], (a + b + c) % 3 ? 0 : 5, &seed);
 }
 
+/* A prefill's row counts: the widened tile's 6-row blocks, its KC = 256 blocks of k (the sums carried
+ * through C between them), the 192-row chunks, an edge panel's masked columns */
+TEST(avx2_bf16_many_rows_are_the_ordered_sum_bit_for_bit) {
+    if (!ctrl_cpu_bf16_avx2_available()) TEST_SKIP("no AVX2 + FMA here");
+    unsigned seed = 17;
+    const int Ms[] = {65, 66, 71, 100, 191, 192, 193, 400}, Ns[] = {1, 17, 129},
+              Ks[] = {1, 255, 256, 257, 513};
+    int bad = 0;
+    for (int a = 0; a < 8; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 5 && bad < 3; c++)
+                bad += !check(Ms[a], Ns[b], Ks[c], (a + b + c) % 3 ? 0 : 3, &seed);
+}
+
 TEST(avx2_bf16_product_same_bits_at_any_thread_count) {
     if (!ctrl_cpu_bf16_avx2_available()) TEST_SKIP("no AVX2 + FMA here");
     unsigned seed = 5;
@@ -76,7 +94,9 @@ TEST(avx2_bf16_product_same_bits_at_any_thread_count) {
     float *W = rnd((size_t)N * K, &seed);
     ctrl_cpu_bf16_avx2_panels *p = ctrl_cpu_bf16_avx2_pack(N, K, W, K);
     CHECK(p != NULL);
-    for (int M = 1; p && M <= 9; M += 4) { /* past the one-thread threshold: parallel over panels */
+    const int Ms[] = {1, 5, 9, 40, 200};  /* narrow tiles, then the widened tile (200: two chunks) */
+    for (int mi = 0; p && mi < 5; mi++) { /* past the one-thread threshold: parallel over panels */
+        const int M = Ms[mi];
         float *A = rnd((size_t)M * K, &seed), *C1 = malloc(sizeof(float) * M * N),
               *C2 = malloc(sizeof(float) * M * N), *R = malloc(sizeof(float) * M * N);
 #ifdef _OPENMP

@@ -7,7 +7,9 @@
  *   two generations): the logits equal those of a model loaded with the changed weights.
  * On a CPU without a fast bf16 GEMM but with AVX2 + FMA, decoding packs into gemm_bf16_avx2.c's panels
  * instead (model_pack_avx2) and the same two cases run on them; there it also keeps no rounded fp32
- * copy of the weights. Without either nothing is packed and decoding takes the other path. */
+ * copy of the weights, and a prefill of any length multiplies by them too: one long call gives the
+ * logits of the same prompt in short calls bit for bit (CTRL_NO_AVX2_PREFILL=1: the long call takes
+ * the fp32 fallback, within 1e-2). Without either nothing is packed and decoding takes the other path. */
 #include <cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -131,6 +133,60 @@ TEST(bf16_decoding_on_packed_weights) {
         CHECK_MSG(same >= want[a], "%s: %d of %d greedy tokens equal transformers' (fp32), expected %d",
                   archs[a], same, 2 * STEPS, want[a]);
     }
+}
+
+/* One sequence's prompt of `len` tokens decoded in calls of `piece` rows: its last row's logits */
+static void prefill_pieces(ctrl_model *m, const int32_t *prompt, int len, int piece, float *out) {
+    const ctrl_model_config *c = ctrl_model_cfg(m);
+    ctrl_kv_cache *kv;
+    CHECK_EQ_INT(ctrl_kv_cache_create(c->n_layers, c->n_kv_heads, c->head_dim, 4, 1 << 20,
+                                      ctrl_model_compute_dtype(m), &kv),
+                 CTRL_OK);
+    ctrl_kv_seq seq = {0}, *seqs[1] = {&seq};
+    for (int t = 0; t < len; t += piece) {
+        int n = len - t < piece ? len - t : piece;
+        CHECK_EQ_INT(ctrl_model_decode(m, kv, seqs, prompt + t, &n, 1, out), CTRL_OK);
+    }
+    ctrl_kv_seq_release(kv, &seq);
+    ctrl_kv_cache_free(kv);
+}
+
+TEST(avx2_prefill_on_panels) {
+    /* AVX2 only: a prefill of more than 64 rows multiplies by decoding's panels too (the widened
+     * tile), whose sums are the same at any row count: the prompt in one call of 150 rows gives the
+     * logits of the same prompt in calls of 50 and of 7 rows bit for bit; with
+     * CTRL_NO_AVX2_PREFILL=1 the long call takes the fp32 fallback (its projections unpacked) within bf16's
+     * 1e-2 of them, the same greedy token */
+    if (!ctrl_cpu_bf16_avx2_available() || ctrl_cpu_has_avx512bf16())
+        TEST_SKIP("no AVX2-only bf16 path here (no AVX2, or AVX-512 BF16's own panels)");
+    ctrl_model *m = load_bf16("qwen2"), *other = load_bf16("qwen2");
+    if (!m || !other) return;
+    if (!model_pack_avx2(m)) {
+        ctrl_model_free(m), ctrl_model_free(other);
+        TEST_SKIP("the model does not decode on AVX2 panels here");
+    }
+    enum { LEN = 150 };
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    int32_t prompt[LEN];
+    for (int i = 0; i < LEN; i++) prompt[i] = (int32_t)((i * 37 + 11) % V);
+    float *one = malloc(sizeof(float) * V), *fifty = malloc(sizeof(float) * V),
+          *seven = malloc(sizeof(float) * V), *fallback = malloc(sizeof(float) * V);
+    prefill_pieces(m, prompt, LEN, LEN, one);
+    const size_t long_call = model_pack_bytes(m); /* what the 150-row call packed: every projection */
+    prefill_pieces(m, prompt, LEN, 50, fifty);
+    prefill_pieces(m, prompt, LEN, 7, seven);
+    CHECK_MSG(!memcmp(one, fifty, sizeof(float) * V), "150 rows at once differ from 3 calls of 50");
+    CHECK_MSG(!memcmp(one, seven, sizeof(float) * V), "150 rows at once differ from calls of 7");
+    setenv("CTRL_NO_AVX2_PREFILL", "1", 1);
+    prefill_pieces(other, prompt, LEN, LEN, fallback);
+    /* the fallback: the layers' projections not packed (the head's one row is: 64 rows or fewer) */
+    CHECK_MSG(model_pack_bytes(other) < long_call, "the 150-row call packed %zu bytes, with the switch %zu",
+              long_call, model_pack_bytes(other));
+    unsetenv("CTRL_NO_AVX2_PREFILL");
+    CHECK_REL(one, fallback, V, 1e-2);
+    CHECK_EQ_INT(argmax(one, V), argmax(fallback, V));
+    free(one), free(fifty), free(seven), free(fallback);
+    ctrl_model_free(m), ctrl_model_free(other);
 }
 
 TEST(packed_weights_follow_weight_changes) {
