@@ -231,11 +231,15 @@ static float *scratch_for(size_t want) {
     return scratch.p;
 }
 
-static void round_rows(float *dst, int r0, int r1, const float *A, int lda, int K, int K2) {
+/* (8 at a time: round8's bits, as bf16_value rounds) */
+TARGET static void round_rows(float *dst, int r0, int r1, const float *A, int lda, int K, int K2) {
     for (int i = r0; i < r1; i++) {
         float *d = dst + (size_t)i * 2 * K2;
         const float *s = A + (size_t)i * lda;
-        for (int k = 0; k < K; k++) d[k] = bf16_value(s[k]);
+        int k = 0;
+        for (; k + 8 <= K; k += 8)
+            _mm256_storeu_si256((__m256i *)(d + k), _mm256_slli_epi32(round8(_mm256_loadu_ps(s + k)), 16));
+        for (; k < K; k++) d[k] = bf16_value(s[k]);
         if (K % 2) d[K] = 0.0f;
     }
 }

@@ -40,6 +40,12 @@ static void reference(int M, int N, int K, const float *A, int lda, const float 
 static int check(int M, int N, int K, int pad, unsigned *seed) {
     const int lda = K + pad, ldw = K + pad, ldc = N + pad;
     float *A = rnd((size_t)M * lda, seed), *W = rnd((size_t)N * ldw, seed);
+    /* A's rounding (8 values at a time, then a scalar tail): ties to even, values just off a tie,
+     * denormals and -0, the largest finite (rounds to Inf) */
+    const uint32_t specials[] = {0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x3F807FFFu, 0x00000001u,
+                                 0x807FFFFFu, 0x80000000u, 0x477FFFFFu, 0x7F7FFFFFu};
+    for (size_t i = 0; i < sizeof specials / sizeof *specials && (size_t)M * lda > 1; i++)
+        memcpy(&A[(i * 31 + 5) % ((size_t)M * lda)], &specials[i], 4);
     float *C = malloc(sizeof(float) * (size_t)M * ldc), *R = malloc(sizeof(float) * (size_t)M * ldc);
     for (size_t i = 0; i < (size_t)M * ldc; i++) C[i] = R[i] = -7.0f; /* past N: untouched */
     ctrl_cpu_bf16_avx2_panels *p = ctrl_cpu_bf16_avx2_pack(N, K, W, ldw);
