@@ -21,9 +21,9 @@
  * The products are those of ctrl_cpu_gemm_bf16 (the same rounding, the same sums).
  *   AVX2 only (no bf16 instructions: ctrl_cpu_bf16_kind_now() is the fp32 path): decoding packs each
  *   projection into gemm_bf16_avx2.c's panels instead (2 bytes a weight; the same bf16 rounding of
- *   both operands, one fp32 sum over k in order), a prefill's calls of any length included (with
- *   CTRL_NO_AVX2_PREFILL=1 only calls of up to AVX2_MAX_ROWS rows: a longer one takes the fp32
- *   fallback, which rounds W in each call, as before 2026-11-28). Without this a decoding
+ *   both operands, one fp32 sum over k in order) for calls of up to AVX2_MAX_ROWS (256) rows, a
+ *   prefill's included (CTRL_NO_AVX2_PREFILL=1: up to 64, as before 2026-11-28); longer calls take
+ *   the fp32 fallback, which rounds W in each call. Without this a decoding
  *   call of fewer than 64 rows multiplied by a rounded fp32 copy of every weight (4 bytes a weight
  *   read, +4 bytes a parameter held) and one of 64 or more rounded every weight again in every call.
  *   Training never reads these panels (its products stay the fallback's, bit for bit). */
@@ -45,9 +45,11 @@ typedef struct pack_entry {
     unsigned a2gen;
 } pack_entry;
 
-/* With CTRL_NO_AVX2_PREFILL=1, AVX2 decoding's panels serve calls of at most this many rows (64
- * concurrent sequences' steps), as before they served a prefill too (for comparisons) */
-#define AVX2_MAX_ROWS 64
+/* AVX2 decoding's panels serve calls of at most this many rows: 64 concurrent sequences' steps and
+ * a prefill of up to 256 tokens a call, where they are faster than the fallback (gemm_bf16_avx2.c;
+ * OpenBLAS's SGEMM is as fast past that); CTRL_NO_AVX2_PREFILL=1: 64, as before 2026-11-28 */
+#define AVX2_MAX_ROWS 256
+#define AVX2_MAX_ROWS_OLD 64
 
 struct model_pack {
     pack_entry *e;
@@ -180,24 +182,17 @@ static void add_bias(float *out, const float *bias, int T, int OUT) {
         for (int o = 0; o < OUT; o++) out[(size_t)t * OUT + o] += bias[o];
 }
 
-/* Decoding's product on AVX2 panels (packed where new or stale), a prefill's too; more rows than
- * AVX2_MAX_ROWS with CTRL_NO_AVX2_PREFILL=1, or no memory for the panels: nothing done (*used 0),
- * the fallback runs. */
+/* Decoding's product on AVX2 panels (packed where new or stale), a prefill's of up to AVX2_MAX_ROWS
+ * rows too; more rows, or no memory for the panels: nothing done (*used 0), the fallback runs. */
 static ctrl_status avx2_linear(struct model_pack *p, pack_entry *e, unsigned gen, float *out, const float *x,
                                const float *w, const float *bias, int T, int IN, int OUT, int *used) {
-    const int short_only = switched_off("CTRL_NO_AVX2_PREFILL");
-    if (T > AVX2_MAX_ROWS && short_only) return CTRL_OK;
+    const int max_rows = switched_off("CTRL_NO_AVX2_PREFILL") ? AVX2_MAX_ROWS_OLD : AVX2_MAX_ROWS;
+    if (T > max_rows) return CTRL_OK;
     static int said; /* once per process: the backend's note says the other bf16 products are fp32's speed */
-    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) {
-        if (short_only)
-            CTRL_INFO(
-                "cpu: bf16 decoding on AVX2 panels (weights packed once, 2 bytes each; calls of up to %d "
-                "rows); training and longer forwards take the fp32 SGEMM fallback",
-                AVX2_MAX_ROWS);
-        else
-            CTRL_INFO("cpu: bf16 decoding and prefill on AVX2 panels (weights packed once, 2 bytes each); "
-                      "training takes the fp32 SGEMM fallback");
-    }
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        CTRL_INFO("cpu: bf16 decoding on AVX2 panels (weights packed once, 2 bytes each; calls of up to %d "
+                  "rows); training and longer forwards take the fp32 SGEMM fallback",
+                  max_rows);
     if (!e->a2) {
         if (!(e->a2 = ctrl_cpu_bf16_avx2_pack(OUT, IN, w, IN))) return CTRL_OK;
         p->bytes += ctrl_cpu_bf16_avx2_bytes(e->a2);

@@ -282,10 +282,15 @@ static void item(int M, const float *a, size_t lda, const ctrl_cpu_bf16_avx2_pan
  * up to 6 rows x 16 columns (12 accumulators, no widening in the inner loop). The tile's sums leave
  * through C between blocks of k and come back (fp32 both ways: exact), so each element is still one
  * fp32 sum over k in order, the same bits as the narrow tiles above. Rows are taken CHUNK at a time,
- * rounded by all threads, so that the rounded scratch stays small for a long prefill. On the Zen3
- * (one thread, 2026-11-28) this tile is 20-30% faster than the narrow ones at 1024 rows, as fast at
- * 64 and slower at 16-32 (its widening paid for fewer rows): decoding's steps keep the narrow tiles. */
-enum { KC = 256, CHUNK = 192, WIDE_ROWS = 65 };
+ * rounded by all threads, so that the rounded scratch stays small and a block of rows (256 x 256
+ * values, 256 KiB) stays in L2 while the panels stream past it; each chunk widens every panel again.
+ * On the Zen3 (one thread, 2026-11-28) this tile is 20-30% faster than the narrow ones at 1024 rows,
+ * as fast at 64 and slower at 16-32 (its widening paid for fewer rows): decoding's steps keep the
+ * narrow tiles. Against OpenBLAS's SGEMM (the fp32 fallback, W rounded per call) it is faster at 256
+ * rows (bench_decode_gemm: 4126 vs 4642 CPU ms a step) but not at 1024 (a 64 x 16-token prefill: 3-5%
+ * more CPU in 192-row chunks, 10-25% more in chunks of up to 862 rows that leave L2): model_decode_pack.c
+ * sends it calls of up to 256 rows. */
+enum { KC = 256, WIDE_ROWS = 65, CHUNK = 256 };
 
 /* b [kc][16] fp32 <- pairs [k2, k2 + kc / 2) of the panel at w */
 TARGET static void widen(float *b, const uint32_t *w, int k2, int kc) {
@@ -367,7 +372,8 @@ static _Thread_local float *widened; /* a thread's KC x 16 buffer, kept */
 
 static int wide(int M, const float *A, int lda, const ctrl_cpu_bf16_avx2_panels *p, float *C, int ldc) {
     const size_t lda2 = 2 * (size_t)p->K2;
-    float *a = scratch_for((size_t)(M < CHUNK ? M : CHUNK) * lda2);
+    const int chunk = CHUNK;
+    float *a = scratch_for((size_t)(M < chunk ? M : chunk) * lda2);
     if (!a) return -1;
 #ifdef _OPENMP
     const int threads = omp_get_max_threads();
@@ -375,8 +381,8 @@ static int wide(int M, const float *A, int lda, const ctrl_cpu_bf16_avx2_panels 
     const int threads = 1;
 #endif
     int failed = 0;
-    for (int m0 = 0; m0 < M && !failed; m0 += CHUNK) {
-        const int m = M - m0 < CHUNK ? M - m0 : CHUNK;
+    for (int m0 = 0; m0 < M && !failed; m0 += chunk) {
+        const int m = M - m0 < chunk ? M - m0 : chunk;
         /* item t: panel t / blocks, its rows' block t % blocks; the rows in as few blocks as give
          * every thread about 4 items (one block where the panels alone do) */
         int blocks = (4 * threads + p->npanels - 1) / p->npanels;

@@ -2,7 +2,7 @@
  * promises, bit for bit: each C element is fmaf over k in order of the bf16 values of A and W (the
  * bf16 rounding of kernels/cpu/bf16.c), on shapes off every edge (K odd, K past 16-value blocks, N
  * off the 16-column panels, M off the 4-row / 4-panel tiles, leading dimensions wider than the
- * rows), the many-row (prefill) tile's too (M off its 6-row tiles and 192-row chunks, K across its
+ * rows), the many-row (prefill) tile's too (M off its 6-row tiles and its chunks of rows, K across its
  * 256-value blocks), each also with the narrow tiles forced (CTRL_NO_AVX2_WIDE=1), at one thread
  * and two (the same bits); the panels unpack to the rounded values (NaN, Inf,
  * ties, denormals, -0 included) and a repack after W changed equals a fresh pack. */
@@ -80,17 +80,18 @@ TEST(avx2_bf16_product_is_the_ordered_sum_bit_for_bit) {
 }
 
 /* A prefill's row counts: the widened tile's 6-row blocks, its KC = 256 blocks of k (the sums carried
- * through C between them), the 192-row chunks, an edge panel's masked columns */
+ * through C between them), its chunks of rows, an edge panel's masked columns */
 TEST(avx2_bf16_many_rows_are_the_ordered_sum_bit_for_bit) {
     if (!ctrl_cpu_bf16_avx2_available()) TEST_SKIP("no AVX2 + FMA here");
     unsigned seed = 17;
-    const int Ms[] = {65, 66, 71, 100, 191, 192, 193, 400}, Ns[] = {1, 17, 129},
+    const int Ms[] = {65, 66, 71, 100, 255, 256, 257, 400}, Ns[] = {1, 17, 129},
               Ks[] = {1, 255, 256, 257, 513};
     int bad = 0;
     for (int a = 0; a < 8; a++)
         for (int b = 0; b < 3; b++)
             for (int c = 0; c < 5 && bad < 3; c++)
                 bad += !check(Ms[a], Ns[b], Ks[c], (a + b + c) % 3 ? 0 : 3, &seed);
+    if (!bad) check(600, 17, 1201, 1, &seed); /* three chunks of rows, the last one short */
 }
 
 TEST(avx2_bf16_product_same_bits_at_any_thread_count) {
@@ -100,7 +101,7 @@ TEST(avx2_bf16_product_same_bits_at_any_thread_count) {
     float *W = rnd((size_t)N * K, &seed);
     ctrl_cpu_bf16_avx2_panels *p = ctrl_cpu_bf16_avx2_pack(N, K, W, K);
     CHECK(p != NULL);
-    const int Ms[] = {1, 5, 9, 40, 200};  /* narrow tiles, then the widened tile (200: two chunks) */
+    const int Ms[] = {1, 5, 9, 40, 200};  /* narrow tiles, then the widened tile */
     for (int mi = 0; p && mi < 5; mi++) { /* past the one-thread threshold: parallel over panels */
         const int M = Ms[mi];
         float *A = rnd((size_t)M * K, &seed), *C1 = malloc(sizeof(float) * M * N),

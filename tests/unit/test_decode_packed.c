@@ -7,7 +7,7 @@
  *   two generations): the logits equal those of a model loaded with the changed weights.
  * On a CPU without a fast bf16 GEMM but with AVX2 + FMA, decoding packs into gemm_bf16_avx2.c's panels
  * instead (model_pack_avx2) and the same two cases run on them; there it also keeps no rounded fp32
- * copy of the weights, and a prefill of any length multiplies by them too: one long call gives the
+ * copy of the weights, and a prefill of up to 256 rows multiplies by them too: one long call gives the
  * logits of the same prompt in short calls bit for bit (CTRL_NO_AVX2_PREFILL=1: the long call takes
  * the fp32 fallback, within 1e-2). Without either nothing is packed and decoding takes the other path. */
 #include <cJSON.h>
@@ -152,8 +152,8 @@ static void prefill_pieces(ctrl_model *m, const int32_t *prompt, int len, int pi
 }
 
 TEST(avx2_prefill_on_panels) {
-    /* AVX2 only: a prefill of more than 64 rows multiplies by decoding's panels too (the widened
-     * tile), whose sums are the same at any row count: the prompt in one call of 150 rows gives the
+    /* AVX2 only: a prefill of 65-256 rows multiplies by decoding's panels too (the widened tile),
+     * whose sums are the same at any row count: the prompt in one call of 150 rows gives the
      * logits of the same prompt in calls of 50 and of 7 rows bit for bit; with
      * CTRL_NO_AVX2_PREFILL=1 the long call takes the fp32 fallback (its projections unpacked) within bf16's
      * 1e-2 of them, the same greedy token */
