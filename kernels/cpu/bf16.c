@@ -250,9 +250,11 @@ int ctrl_cpu_linear_backward_bf16(float *dx, float *dw, float *dbias, const floa
     if ((!dx || ctrl_cpu_gemm_bf16(0, 0, T, IN, OUT, dout, OUT, w, IN, dx, IN, 0) == 0) &&
         (!dw || ctrl_cpu_gemm_bf16(1, 0, OUT, IN, T, dout, OUT, x, IN, dw, IN, 1) == 0))
         return bias_grad(dbias, dout, T, OUT), 0;
-    float *dr = rounded_f32(1, dout, (int64_t)T * OUT), *xr = rounded_f32(0, x, (int64_t)T * IN),
+    /* x only for dW: a frozen weight (dw NULL: LoRA's base) has its x left alone (it was rounded for
+     * nothing: T x IN values a projection, read and written) */
+    float *dr = rounded_f32(1, dout, (int64_t)T * OUT), *xr = dw ? rounded_f32(0, x, (int64_t)T * IN) : NULL,
           *wr = dx && !w_rounded ? rounded_f32(2, w, (int64_t)OUT * IN) : NULL;
-    const int rc = dr && xr && (wr || !dx || w_rounded) ? 0 : -1;
+    const int rc = dr && (xr || !dw) && (wr || !dx || w_rounded) ? 0 : -1;
     if (rc == 0) ctrl_cpu_linear_backward(dx, dw, NULL, dr, xr, wr ? wr : w, T, IN, OUT);
     if (rc == 0) bias_grad(dbias, dout, T, OUT);
     return rc;
