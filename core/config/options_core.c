@@ -189,7 +189,8 @@ static const ctrl_option memory_options[] = {
      "data-parallel runs, DeepSpeed's: zero1 partitions the optimizer state over the ranks, zero2 also "
      "reduce-scatters the gradients, zero3 also slices each layer's parameters, gathered around its forward "
      "and backward (SFT, the preference trainers, colocated GRPO/RLOO, on the CPU and cuda, fp32 or bf16, "
-     "LoRA too); "
+     "LoRA too; QLoRA on the CPU: each rank keeps its slice of the NF4 store, a layer's gathered around its "
+     "use); "
      "offload_optimizer: on a CUDA run the optimizer state and step in host memory; offload_activations: the "
      "checkpointed layers' inputs kept out of the compute memory between forward and backward -- on a CUDA "
      "run in host memory, on the CPU in a file (offload_dir) -- (e.g. checkpointing, zero2; "
@@ -336,7 +337,9 @@ static const ctrl_option peft_options[] = {
      "multiplied in [train] dtype; on the CPU and on CUDA. As transformers quantizes every nn.Linear: "
      "Phi-3's fused qkv_proj / gate_up_proj each one NF4 tensor; a mixture of experts' experts and router "
      "stay fp32 (bitsandbytes leaves them: not nn.Linear); the start-up log says which are which. With "
-     "use_dora: QDoRA."},
+     "use_dora: QDoRA. With [memory] strategies = zero3 on the CPU each rank keeps only its slice of the NF4 "
+     "store (cut on 16,384-value super-blocks), a layer's weights all-gathered just before its forward and "
+     "backward and freed after (DeepSpeed ZeRO-3 + QLoRA); refused naming this key with zero3 on CUDA."},
     {"embedding_dtype", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|fp32|bf16",
      "How a LoRA run's frozen input embedding (and the LM head tied to it) is held. bf16: as bf16 values "
      "alone (2 bytes a value: 260 instead of 519 MiB at Qwen2.5-0.5B's 151,936 x 896), as a model loaded "
