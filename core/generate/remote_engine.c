@@ -7,6 +7,7 @@
 
 #include "collective/collective.h"
 #include "generate/remote_engine.h"
+#include "model/peft.h"
 #include "net/http_client.h"
 
 enum { TIMEOUT_S = 3600 }; /* a generation batch of long completions can take a while */
@@ -108,7 +109,7 @@ ctrl_status ctrl_remote_generate(const char *url, const char *bearer, const ctrl
 
 ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_model *m,
                                      const char *scratch_path) {
-    ctrl_status st = ctrl_model_save_weights(m, scratch_path, CTRL_F32);
+    ctrl_status st = ctrl_peft_save_merged_weights(m, scratch_path, CTRL_F32); /* adapters folded in */
     if (st != CTRL_OK) return st;
     FILE *f = fopen(scratch_path, "rb");
     char *buf = NULL;

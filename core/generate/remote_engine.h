@@ -12,7 +12,8 @@ ctrl_status ctrl_remote_wait_ready(const char *url, int wait_s);
  * the last token is one of the request's stop ids. Each request's seed is sent as it is. */
 ctrl_status ctrl_remote_generate(const char *url, const char *bearer, const ctrl_gen_request *reqs, int n_req,
                                  ctrl_gen_output *outs);
-/* Every parameter of `m` as one f32 safetensors body (staged in `scratch_path`). */
+/* Every parameter of `m` as one f32 safetensors body (staged in `scratch_path`); with LoRA the
+ * adapters folded into the base weights (ctrl_peft_save_merged_weights), as TRL pushes a PEFT model. */
 ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_model *m,
                                      const char *scratch_path);
 

@@ -141,23 +141,23 @@ ctrl_status lora_moe_gate_up_backward(ctrl_model *m, int l, int e, const float *
     return back_a(m, l, 0, e, xs, n, C, ws[1], dxs, ws[3]);
 }
 
-void lora_moe_merge(ctrl_model *m) {
+void lora_moe_merge(ctrl_model *m, int l, float *experts) {
     const ctrl_model_config *c = &m->cfg;
     const int E = c->n_experts, r = m->lora->r, C = c->hidden_size, Im = c->moe_intermediate_size;
-    for (int l = 0; m->moe_lora && l < c->n_layers; l++)
-        for (int e = 0; e < E; e++) {
-            float *W = m->params + m->layers[l].experts + (size_t)3 * e * Im * C; /* gate, up, down */
-            if (*slot(m, l, 0) >= 0) { /* [Im, C] += s B_blk [Im, r] A_e [r, C], gate's rows then up's */
-                const float *A = m->params + *slot(m, l, 0) + (size_t)e * r * C,
-                            *B = m->params + *slot(m, l, 1) + (size_t)e * 2 * Im * r;
-                for (int p = 0; p < 2; p++)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Im, C, r, m->lora_scale,
-                                B + (size_t)p * Im * r, r, A, C, 1.0f, W + (size_t)p * Im * C, C);
-            }
-            if (*slot(m, l, 2) >= 0) /* down [C, Im] += s B_e [C, r] A_e [r, Im] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, C, Im, r, m->lora_scale,
-                            m->params + *slot(m, l, 3) + (size_t)e * C * r, r,
-                            m->params + *slot(m, l, 2) + (size_t)e * r * Im, Im, 1.0f, W + (size_t)2 * Im * C,
-                            Im);
+    if (!m->moe_lora) return;
+    for (int e = 0; e < E; e++) {
+        float *W = experts + (size_t)3 * e * Im * C; /* gate, up, down */
+        if (*slot(m, l, 0) >= 0) { /* [Im, C] += s B_blk [Im, r] A_e [r, C], gate's rows then up's */
+            const float *A = m->params + *slot(m, l, 0) + (size_t)e * r * C,
+                        *B = m->params + *slot(m, l, 1) + (size_t)e * 2 * Im * r;
+            for (int p = 0; p < 2; p++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Im, C, r, m->lora_scale,
+                            B + (size_t)p * Im * r, r, A, C, 1.0f, W + (size_t)p * Im * C, C);
         }
+        if (*slot(m, l, 2) >= 0) /* down [C, Im] += s B_e [C, r] A_e [r, Im] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, C, Im, r, m->lora_scale,
+                        m->params + *slot(m, l, 3) + (size_t)e * C * r, r,
+                        m->params + *slot(m, l, 2) + (size_t)e * r * Im, Im, 1.0f, W + (size_t)2 * Im * C,
+                        Im);
+    }
 }

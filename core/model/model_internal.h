@@ -435,6 +435,8 @@ int lora_dropout_on(const ctrl_model *m);
  * when it holds them already), before layer l's forward or backward. */
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status nf4_layer_weights(ctrl_model *m, int l);
+/* NF4 view v's whole weight dequantized into out (numel floats), the slot untouched; held on the host. */
+ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, float *out);
 void nf4_free(ctrl_model *m);
 /* nf4_use_layer: the products that follow are layer l's (its forward or backward); nf4_holds: w is
  * one of the NF4 weights' (shared) views; nf4_linear_*: the product with that weight of the layer in
@@ -485,8 +487,9 @@ ctrl_status lora_moe_down_backward(ctrl_model *m, int l, int e, const float *h, 
                                    float *dh);
 ctrl_status lora_moe_gate_up_backward(ctrl_model *m, int l, int e, const float *xs, const float *dg,
                                       const float *du, int n, float *dxs);
-/* W_e += s B_e A_e of every expert adapter (ctrl_peft_merge), on the host parameters. */
-void lora_moe_merge(ctrl_model *m);
+/* W_e += s B_e A_e of layer l's expert adapters (ctrl_peft_merge), into `experts`: the layer's experts
+ * block (its host parameters, or a copy of them). */
+void lora_moe_merge(ctrl_model *m, int l, float *experts);
 /* The input and output widths of linear t (LORA_Q ...). */
 void lora_dims(const ctrl_model *m, int t, int *in, int *out);
 /* The adapter module linear t is part of (t itself, or Phi-3's LORA_QKV / LORA_GATE_UP), the first

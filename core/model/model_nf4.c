@@ -146,6 +146,19 @@ ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
     return CTRL_OK;
 }
 
+ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, float *out) {
+    const ctrl_nf4 *q = &m->nf4_w[v->nf4 - 1];
+    if (m->nf4_dev || !q->packed || q->n != v->numel)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "QLoRA: %s is not held whole on the host%s", v->name,
+                              m->nf4_dev ? " (its NF4 store is on the device)" : " (a ZeRO-3 slice)");
+    float *absmax = malloc(sizeof(float) * (size_t)((q->n + CTRL_NF4_BLOCK - 1) / CTRL_NF4_BLOCK));
+    if (!absmax) return ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: absmax of %lld weights", (long long)q->n);
+    ctrl_nf4_absmax(q, absmax);
+    ctrl_nf4_dequantize(q, absmax, out);
+    free(absmax);
+    return CTRL_OK;
+}
+
 struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer) {
     *per_layer = LORA_N_TARGETS;
     return m->nf4_w && !m->nf4_dev ? m->nf4_w : NULL;

@@ -28,7 +28,8 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
  * floats): the same except an expert adapter's lora_B (target_parameters), which ctrl holds expert
  * after expert ([E][out, r]) and PEFT as [out, E r] with expert e's rank k in column k E + e. With
  * `to_file` 0, the other way. */
-void ctrl_peft_file_layout(const ctrl_model *m, const ctrl_param_view *v, const float *src, float *dst, int to_file);
+void ctrl_peft_file_layout(const ctrl_model *m, const ctrl_param_view *v, const float *src, float *dst,
+                           int to_file);
 /* The same for an expert lora_B of E experts, [out, E r] in PEFT's file (expert e's rank k in column
  * k E + e) <-> ctrl's [E][out, r]. */
 void ctrl_peft_expert_b_layout(int64_t E, int64_t out, int64_t r, const float *src, float *dst, int to_file);
@@ -42,5 +43,10 @@ ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const 
  * adapters off: the model computes what it did, and ctrl_model_save writes the merged model (the
  * modules_to_save are the model's own tensors already). */
 ctrl_status ctrl_peft_merge(ctrl_model *m);
+/* The model as it computes, into one safetensors file at PATH under the base's HF names (what
+ * ctrl_model_save_weights writes for a model without adapters): every adapter folded into a copy of its
+ * base weight (PEFT's merge_adapter), a QLoRA base dequantized, a bf16-held base widened; the model
+ * itself unchanged. Server mode pushes this, as TRL pushes a PEFT model's merged weights to vLLM. */
+ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_dtype dtype);
 
 #endif

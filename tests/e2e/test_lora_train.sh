@@ -4,7 +4,8 @@
 # model; the optimizer state is the adapters' only, a fraction of a full fine-tune's); a run
 # resumed from a checkpoint continues the same curve (dropout included); a run continues from an
 # adapter directory ([peft] adapter_path); GRPO with a KL term uses the base with the adapters
-# switched off as its reference (KL exactly 0 at the first step, where B = 0), RLOO and DPO train.
+# switched off as its reference (KL exactly 0 at the first step, where B = 0), also in server mode (the
+# server sent the merged weights generates what the adapter does), RLOO and DPO train.
 # usage: test_lora_train.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
 export OMP_NUM_THREADS=1
@@ -211,6 +212,34 @@ ekl1=$(grep '"step": 1,' "$TMP/egrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]
 qkl1=$(grep '"step": 1,' "$TMP/qdgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 { [ "$qkl1" = 0 ] || [ "$qkl1" = 0.000000 ]; } && grep -q "lora_magnitude_vector" "$TMP/qdgrpo/adapter_model.safetensors" &&
   ok || bad "grpo qdora: kl at step 1 $qkl1, or no magnitudes in the adapter"
+# 5b. Server mode with LoRA (TRL's vllm_mode = server with PEFT): every push sends the base with the
+# adapters folded in, so the server then generates what the saved adapter does over the base; with a
+# QLoRA base it sends the dequantized base, merged. Refused on a device and with zero3 (test_config_errors).
+PORT=$(free_port)
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+for q in nf4 none; do # the LoRA run last: the server then holds its final weights
+  "${C[@]}" train "$TMP/grpo.ini" --set generation.mode=server --set generation.server_url="http://127.0.0.1:$PORT" \
+    --set peft.quantization=$q --set run.output_dir="$TMP/sgrpo_$q" >"$TMP/log" 2>&1 ||
+    { bad "grpo lora server mode ($q)"; tail -5 "$TMP/log"; }
+  kl3=$(grep '"step": 3,' "$TMP/sgrpo_$q/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
+  awk -v b="$kl3" 'BEGIN { exit !(b > 0) }' && ok || bad "grpo lora server mode ($q): kl at step 3 '$kl3'"
+done
+n=$(curl -s "localhost:$PORT/health" | sed -n 's/.*"weight_updates":\([0-9]*\).*/\1/p')
+[ "$n" = 8 ] && ok || bad "grpo lora server mode: /health weight_updates '$n', want 8 (2 runs x (the start + 3 steps))"
+echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
+"${C[@]}" generate --model "$TMP/model" --adapter "$TMP/sgrpo_none" --prompts "$TMP/p.jsonl" --temperature 0 \
+  --max-tokens 12 --out "$TMP/local.jsonl" >/dev/null 2>&1
+local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
+server_ids=$(curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 12}' |
+  sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\].*/\1/')
+[ -n "$local_ids" ] && [ "$local_ids" = "$server_ids" ] && ok ||
+  bad "grpo lora server mode: the server generates '$server_ids', the saved adapter '$local_ids'"
+"${C[@]}" generate --model "$TMP/model" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens 12 --out "$TMP/b.jsonl" >/dev/null 2>&1
+base_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/b.jsonl")
+[ "$base_ids" != "$local_ids" ] && ok || bad "grpo lora server mode: the adapter generates what the base does ('$base_ids')"
+kill $SERVER 2>/dev/null
 sed 's/trainer = grpo/trainer = rloo/; s/^\[grpo\]/[rloo]/; s/beta = 0.05/beta = 0.05/' "$TMP/grpo.ini" >"$TMP/rloo.ini"
 "${C[@]}" train "$TMP/rloo.ini" --set run.output_dir="$TMP/rloo" >"$TMP/log" 2>&1 || { bad "rloo lora run"; tail -5 "$TMP/log"; }
 [ -s "$TMP/rloo/adapter_model.safetensors" ] && ok || bad "rloo: no adapter saved"

@@ -18,6 +18,7 @@
 
 #include "file_text.h"
 #include "json_file.h"
+#include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
 #include "model/peft.h"
 #include "model/safetensors.h"
@@ -850,6 +851,106 @@ TEST(lora_merged_model_equals_the_adapters) {
         batch_free(&f);
         ctrl_model_free(plain), ctrl_model_free(m);
     }
+}
+
+/* ctrl_peft_save_merged_weights (server mode's push: PEFT's merge_adapter, the model unchanged): the
+ * file, loaded as a plain model beside the base's config.json, gives the adapters' log-probs (1e-5:
+ * fp32's noise) for LoRA, DoRA, fused and expert adapters, and over a QLoRA base (dequantized: the NF4
+ * products' values); the adapter model computes afterwards what it did before. */
+static void merged_file_case(const char *name, int nf4) {
+    char dir[1024], base[512], base_dir[1200], out[] = "/tmp/ctrl_lora_push_XXXXXX", path[1300], cfg[1300];
+    snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, name);
+    ctrl_lora_config lc;
+    CHECK_EQ_INT(ctrl_peft_read_config(dir, &lc, base, sizeof base), CTRL_OK);
+    snprintf(base_dir, sizeof base_dir, "%s/%s", CTRL_FIXTURE_DIR, base);
+    const char *arch = strstr(base, "models/") == base ? base + 7 : base;
+    ctrl_model *m = load_adapter_as(dir, nf4), *plain = NULL;
+    if (!m || !mkdtemp(out)) {
+        CHECK(0);
+        ctrl_model_free(m);
+        return;
+    }
+    fixture_batch f;
+    batch_load(&f, arch);
+    float *a = malloc(sizeof(float) * f.T), *p = malloc(sizeof(float) * f.T),
+          *again = malloc(sizeof(float) * f.T);
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    snprintf(cfg, sizeof cfg, "%s/config.json", out);
+    char src[1300];
+    snprintf(src, sizeof src, "%s/config.json", base_dir);
+    CHECK_EQ_INT(symlink(src, cfg), 0);
+    ctrl_status st = ctrl_peft_save_merged_weights(m, path, CTRL_F32);
+    CHECK_MSG(st == CTRL_OK, "%s: %s", name, ctrl_error_message());
+    CHECK_EQ_INT(ctrl_model_load(out, eager(), &plain), CTRL_OK);
+    if (plain) {
+        CHECK_EQ_INT(ctrl_model_forward(plain, &f.b, p, NULL, NULL), CTRL_OK);
+        const double e = test_rel_error_f32(p, a, f.T);
+        CHECK_MSG(e <= 1e-5, "%s: the merged file's log-probs relative error %.3g", name, e);
+        printf("  %-20s merged file vs adapters%s: log-probs rel %.1e\n", name, nf4 ? " (NF4 base)" : "", e);
+    }
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, again, NULL, NULL), CTRL_OK);
+    CHECK_REL(again, a, f.T, 0.0); /* the adapter model is unchanged */
+    unlink(path), unlink(cfg), rmdir(out);
+    free(a), free(p), free(again);
+    batch_free(&f);
+    ctrl_model_free(plain), ctrl_model_free(m);
+}
+
+TEST(lora_merged_file_equals_the_adapters) {
+    static const char *const cases[] = {"qwen2_attn_mlp",    "qwen2_dora_all_rslora", "phi3_qkv_gate_up",
+                                        "olmoe_experts_qkv", "qwen2_qlora_all",       "phi3_qdora_fused",
+                                        "qwen3_moe_qlora"};
+    for (int c = 0; c < 7; c++)
+        merged_file_case(cases[c], strstr(cases[c], "qlora") || strstr(cases[c], "qdora"));
+}
+
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    long len = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (b = malloc((size_t)len)) && fread(b, 1, (size_t)len, f) != (size_t)len)
+        len = -1;
+    if (f) fclose(f);
+    *n = len > 0 ? (size_t)len : 0;
+    return b;
+}
+
+/* The same over a base held in bf16 (bf16 compute, 2-byte values widened a layer at a time): the file
+ * equals, bit for bit, the one of the same model whose fp32 base holds the rounded values. Where the
+ * base is the bf16 GEMM's panels the push is refused (not read back yet). */
+TEST(lora_merged_file_over_a_bf16_base) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/lora/qwen2_attn_mlp", CTRL_FIXTURE_DIR);
+    ctrl_model *held = load_adapter(dir), *rounded = load_adapter(dir);
+    if (!held || !rounded) {
+        CHECK(0);
+        ctrl_model_free(held), ctrl_model_free(rounded);
+        return;
+    }
+    for (int v = 0; v < ctrl_model_view_count(rounded); v++) { /* the base layers' 2-D weights, rounded */
+        const ctrl_param_view *pv = ctrl_model_view(rounded, v);
+        if (!pv->lora && pv->ndim == 2 && !strncmp(pv->name, "model.layers.", 13))
+            ctrl_cpu_round_to_bf16(rounded->params + pv->offset, rounded->params + pv->offset, pv->numel);
+    }
+    CHECK_EQ_INT(ctrl_model_set_compute_dtype(held, CTRL_BF16), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_hold_base_bf16(held), CTRL_OK);
+    char pa[] = "/tmp/ctrl_lora_push_a_XXXXXX", pb[] = "/tmp/ctrl_lora_push_b_XXXXXX";
+    CHECK(mkstemp(pa) >= 0 && mkstemp(pb) >= 0);
+    if (ctrl_model_base_in_panels(held)) {
+        CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_ERR_UNSUPPORTED);
+        CHECK(strstr(ctrl_error_message(), "CTRL_NO_BASE_PANELS") != NULL);
+    } else {
+        CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_OK);
+        CHECK_EQ_INT(ctrl_peft_save_merged_weights(rounded, pb, CTRL_F32), CTRL_OK);
+        size_t na = 0, nb = 0;
+        char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+        CHECK(x && y && na == nb && na > 0 && memcmp(x, y, na) == 0);
+        free(x), free(y);
+    }
+    unlink(pa), unlink(pb);
+    ctrl_model_free(held), ctrl_model_free(rounded);
 }
 
 /* Activation checkpointing (every layer recomputed, as the default [memory] strategy) gives the
