@@ -152,17 +152,18 @@ static int run_tokenize(ctrl_cli *cli, int argc, char **argv) {
 const ctrl_command cli_cmd_tokenize = {
     .name = "tokenize",
     .summary = "token ids of JSONL text with a Hugging Face tokenizer (or --decode)",
-    .usage = "usage: ctrl tokenize --tokenizer DIR --input FILE.jsonl [--decode] [--no-special]\n"
-             "       ctrl tokenize --tokenizer DIR --input FILE.jsonl --chat [--add-generation-prompt]\n"
-             "                     [--assistant-mask] [--chat-template FILE.jinja]\n\n"
-             "Each line {\"text\": ...} becomes {\"input_ids\": [...]} (special tokens added as the\n"
-             "tokenizer's post-processor does, unless --no-special); with --decode, each line\n"
-             "{\"input_ids\": [...]} becomes {\"text\": ...} (--no-special drops special tokens).\n"
-             "With --chat, each line {\"messages\": [...], ...} is formatted with the tokenizer's chat\n"
-             "template (or --chat-template; the line's other members are template variables, e.g.\n"
-             "\"enable_thinking\") and tokenized as apply_chat_template(tokenize=True) does;\n"
-             "--assistant-mask adds \"assistant_masks\" from the template's {% generation %} blocks.\n"
-             "Bit-exact with the tokenizers library for byte-level BPE (Qwen, Llama-3) and SentencePiece-style\n"
-             "BPE with byte fallback (Llama-2, Mistral); assistant masks need a byte-level tokenizer.\n",
+    .usage =
+        "usage: ctrl tokenize --tokenizer DIR --input FILE.jsonl [--decode] [--no-special]\n"
+        "       ctrl tokenize --tokenizer DIR --input FILE.jsonl --chat [--add-generation-prompt]\n"
+        "                     [--assistant-mask] [--chat-template FILE.jinja]\n\n"
+        "Each line {\"text\": ...} becomes {\"input_ids\": [...]} (special tokens added as the\n"
+        "tokenizer's post-processor does, unless --no-special); with --decode, each line\n"
+        "{\"input_ids\": [...]} becomes {\"text\": ...} (--no-special drops special tokens).\n"
+        "With --chat, each line {\"messages\": [...], ...} is formatted with the tokenizer's chat\n"
+        "template (or --chat-template; the line's other members are template variables, e.g.\n"
+        "\"enable_thinking\") and tokenized as apply_chat_template(tokenize=True) does;\n"
+        "--assistant-mask adds \"assistant_masks\" from the template's {% generation %} blocks.\n"
+        "Bit-exact with the tokenizers library for byte-level BPE (Qwen, Llama-3) and SentencePiece-style\n"
+        "BPE with byte fallback (Llama-2, Mistral); assistant masks need a byte-level tokenizer.\n",
     .run = run_tokenize,
 };

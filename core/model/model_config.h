@@ -93,7 +93,8 @@ typedef struct ctrl_model_config {
      * always renormalised. */
     int n_experts, n_experts_per_tok, moe_intermediate_size, norm_topk_prob;
     uint8_t moe_layer[CTRL_MODEL_MAX_LAYERS];
-    float router_aux_loss_coef; /* the config's; the trainers add the load-balancing loss with it (train/moe_aux.h) */
+    float router_aux_loss_coef; /* the config's; the trainers add the load-balancing loss with it
+                                   (train/moe_aux.h) */
     int output_router_logits;
 } ctrl_model_config;
 

@@ -16,7 +16,9 @@
 #include "model/model_internal.h"
 
 void model_moe_release(ctrl_model *m) {
-    if (m->be) m->be->free(m->moe_dev), m->be->free(m->moe_rows), m->be->free(m->moe_ws), m->be->free(m->moe_lora_ws);
+    if (m->be)
+        m->be->free(m->moe_dev), m->be->free(m->moe_rows), m->be->free(m->moe_ws),
+            m->be->free(m->moe_lora_ws);
     m->moe_lora_ws = NULL, m->moe_lora_ws_bytes = 0;
     free(m->moe_host), free(m->moe_host_i), free(m->moe), free(m->moe_aux_grad), free(m->moe_aux_mask);
     m->moe_aux_grad = NULL, m->moe_aux_mask = NULL, m->moe_aux_armed = 0;
@@ -177,9 +179,10 @@ ctrl_status model_moe_forward(ctrl_model *m, int l, const float *x, float *out) 
     for (int e = 0; e < E; e++) {
         const int r0 = a->count[e], n = a->count[e + 1] - r0;
         if (n == 0) continue;
-        MODEL_TRY(model_linear_forward(m, a->y + (size_t)r0 * C, a->h + (size_t)r0 * Im, P + expert_at(m, l, e, 2),
-                                       NULL, n, Im, C));
-        MODEL_TRY(lora_moe_down(m, l, e, a->h + (size_t)r0 * Im, n, a->y + (size_t)r0 * C)); /* target_parameters */
+        MODEL_TRY(model_linear_forward(m, a->y + (size_t)r0 * C, a->h + (size_t)r0 * Im,
+                                       P + expert_at(m, l, e, 2), NULL, n, Im, C));
+        MODEL_TRY(
+            lora_moe_down(m, l, e, a->h + (size_t)r0 * Im, n, a->y + (size_t)r0 * C)); /* target_parameters */
     }
     if (!out) return CTRL_OK;
     MODEL_TRY(be->fill_zero(out, sizeof(float) * (size_t)T * C));
@@ -227,9 +230,9 @@ ctrl_status model_moe_backward(ctrl_model *m, int l, const float *x, const float
     for (int e = 0; e < E; e++) {
         const int r0 = a->count[e], n = a->count[e + 1] - r0;
         if (n == 0) continue;
-        MODEL_TRY(model_linear_backward(m, dh + (size_t)r0 * Im, model_grad(m, (long)expert_at(m, l, e, 2)), NULL,
-                                        dy + (size_t)r0 * C, a->h + (size_t)r0 * Im, P + expert_at(m, l, e, 2), n,
-                                        Im, C));
+        MODEL_TRY(model_linear_backward(m, dh + (size_t)r0 * Im, model_grad(m, (long)expert_at(m, l, e, 2)),
+                                        NULL, dy + (size_t)r0 * C, a->h + (size_t)r0 * Im,
+                                        P + expert_at(m, l, e, 2), n, Im, C));
         MODEL_TRY(lora_moe_down_backward(m, l, e, a->h + (size_t)r0 * Im, dy + (size_t)r0 * C, n,
                                          dh + (size_t)r0 * Im));
     }

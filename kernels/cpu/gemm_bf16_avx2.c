@@ -380,8 +380,7 @@ static int wide(int M, const float *A, int lda, const ctrl_cpu_bf16_avx2_panels 
 #else
     const int threads = 1;
 #endif
-    int failed = 0;
-    for (int m0 = 0; m0 < M && !failed; m0 += chunk) {
+    for (int m0 = 0; m0 < M; m0 += chunk) {
         const int m = M - m0 < chunk ? M - m0 : chunk;
         /* item t: panel t / blocks, its rows' block t % blocks; the rows in as few blocks as give
          * every thread about 4 items (one block where the panels alone do) */
@@ -393,17 +392,19 @@ static int wide(int M, const float *A, int lda, const ctrl_cpu_bf16_avx2_panels 
 #pragma omp for schedule(static)
             for (int i = 0; i < m; i++) round_rows(a, i, i + 1, A + (size_t)m0 * lda, lda, p->K, p->K2);
             if (!widened) widened = aligned_alloc(32, sizeof(float) * KC * 16);
-            if (!widened) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
-#pragma omp barrier
 #pragma omp for schedule(static)
             for (int t = 0; t < items; t++) {
-                const int r0 = (t % blocks) * per, q = t / blocks;
-                if (r0 >= m || __atomic_load_n(&failed, __ATOMIC_RELAXED)) continue;
-                wide_item(a, lda2, r0, r0 + per < m ? r0 + per : m, p, q, C + (size_t)m0 * ldc, ldc, widened);
+                const int r0 = (t % blocks) * per, q = t / blocks, r1 = r0 + per < m ? r0 + per : m;
+                float *c = C + (size_t)m0 * ldc;
+                if (r0 >= m) continue;
+                if (widened)
+                    wide_item(a, lda2, r0, r1, p, q, c, ldc, widened);
+                else /* no buffer for this thread: the narrow tiles, the same sums, no memory */
+                    item(r1 - r0, a + (size_t)r0 * lda2, lda2, p, q, 1, 1, c + (size_t)r0 * ldc, ldc);
             }
         }
     }
-    return failed ? -1 : 0;
+    return 0;
 }
 
 int ctrl_cpu_bf16_avx2_linear(int M, const float *A, int lda, const ctrl_cpu_bf16_avx2_panels *p, float *C,
