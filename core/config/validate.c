@@ -215,16 +215,6 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                 "the merged weights are pushed from a CPU model only (not implemented on a "
                 "device yet); use mode = colocate",
                 e->where, e->value, dev);
-        const char *strat = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
-        char w[128];
-        for (const char *pos = strat ? strat : ""; config_list_next(&pos, w, sizeof w) > 0;)
-            if (!strcmp(w, "zero3"))
-                return ctrl_error_set(
-                    CTRL_ERR_CONFIG,
-                    "%s: [peft] enabled = %s with [generation] mode = server and [memory] "
-                    "strategies = zero3: the merged weights of a sliced base are not pushed "
-                    "yet; use mode = colocate, or zero1 / zero2",
-                    e->where, e->value);
     }
     static const char *const adapter_keys[] = {"r",          "lora_alpha",       "target_modules",
                                                "use_rslora", "modules_to_save",  "init_lora_weights",

@@ -37,12 +37,14 @@ free_port() {
   echo "$p"
 }
 
-# server_greedy_same PORT MODEL N WHAT: the `ctrl serve` on PORT completes "12+7=" greedily (N tokens)
+# server_greedy_same PORT MODEL N WHAT [BASE]: the `ctrl serve` on PORT completes "12+7=" greedily (N tokens)
 # as `ctrl generate` does with the saved MODEL (the server has the trained weights); WHAT names the run.
+# With BASE, MODEL is a saved adapter, applied over BASE.
 server_greedy_same() {
   local port=$1 model=$2 n=$3 what=$4 local_ids server_ids
+  local which=(--model "$model") && [ -n "${5:-}" ] && which=(--model "$5" --adapter "$model")
   echo '{"prompt": "12+7="}' >"$TMP/p.jsonl"
-  "${C[@]}" generate --model "$model" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens "$n" \
+  "${C[@]}" generate "${which[@]}" --prompts "$TMP/p.jsonl" --temperature 0 --max-tokens "$n" \
     --out "$TMP/local.jsonl" >/dev/null 2>&1
   local_ids=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/local.jsonl")
   server_ids=$(curl -s -X POST "localhost:$port/generate" \

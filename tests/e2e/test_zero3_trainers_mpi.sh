@@ -16,7 +16,9 @@
 #      parallel in server mode (each its own server): the same curves (1e-5), one push before the
 #      first generation and one a step, and the server then generates what the saved model does; a
 #      zero3 GKD run resumed from checkpoint-3 (its server holding the last step's weights) repeats
-#      the curve: the checkpoint's weights are pushed before its first generation.
+#      the curve: the checkpoint's weights are pushed before its first generation. GRPO with LoRA: each
+#      push folds the adapters into the gathered base (data parallel's curve; the server then generates
+#      what the saved adapter does over the base); over a QLoRA base (both servers then complete alike).
 # Every zero3 run's gathers (the policy's, the reference's, the teacher's, the pushes' whole-model
 # gathers) go through the page pool (zero_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1
 # in the environment (the pool off) the same checks pass against the old way.
@@ -167,6 +169,20 @@ servers gs "$TMP/gs.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gs-dp" "$TMP/gs-z3" "$key" 1e-5 1e-7; done
 pooled "$TMP/gs-z3.log" "grpo zero3 server mode"
 server_greedy_same "$PB" "$TMP/gs-z3" 8 "grpo zero3 server mode"
+# with LoRA: each push folds the adapters into the gathered base; the server then generates what the saved
+# adapter does over the base
+{ cat "$TMP/gs.ini" && printf '[peft]\nenabled = true\nr = 4\nlora_alpha = 8\n'; } |
+  sed 's/^learning_rate = .*/learning_rate = 2e-2/' >"$TMP/gsl.ini"
+servers gsl "$TMP/gsl.ini" 6
+for key in loss grad_norm reward; do curve_close "$TMP/gsl-dp" "$TMP/gsl-z3" "$key" 1e-5 1e-7; done
+server_greedy_same "$PB" "$TMP/gsl-z3" 8 "grpo lora zero3 server mode" "$TMP/model"
+# and over a QLoRA base (the NF4 slices gathered, dequantized, merged): both servers then complete alike
+sed 's/^r = 4$/r = 4\nquantization = nf4/' "$TMP/gsl.ini" >"$TMP/gsq.ini"
+servers gsq "$TMP/gsq.ini" 6
+for key in loss grad_norm reward; do curve_close "$TMP/gsq-dp" "$TMP/gsq-z3" "$key" 1e-5 1e-7; done
+greedy() { curl -s -X POST "localhost:$1/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 8}'; }
+a=$(greedy "$PA") b=$(greedy "$PB")
+[[ $a == *completion_ids* ]] && [ "$a" = "$b" ] && ok || bad "grpo qlora server mode: zero3's server completes '$b', data parallel's '$a'"
 INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
   INI_SAVE=$'save_strategy = steps\nsave_steps = 3' INI_GEN=$(srv "$PA") \
   online_ini gkd gks 6 "[gkd]" "lmbda = 1" "max_new_tokens = 4" | sed '/^eval_file = /d' >"$TMP/gks.ini"
