@@ -247,8 +247,7 @@ static const ctrl_option generation_options[] = {
     {"mode", CTRL_OPT_CHOICE, "colocate", 0, 0, 0, "colocate|server",
      "colocate: generate in the training process from the live weights; server: HTTP to ctrl serve, "
      "the weights pushed at the start and after every optimizer step (with [peft]: the base with the "
-     "adapters folded in, a QLoRA base dequantized, as TRL pushes a PEFT model to vLLM; refused with "
-     "[peft] on a device)."},
+     "adapters folded in, a QLoRA base dequantized, as TRL pushes a PEFT model to vLLM)."},
     {"server_url", CTRL_OPT_STRING, "http://127.0.0.1:8000", 0, 0, 0, NULL,
      "The ctrl serve address (mode = server)."},
     {"max_num_seqs", CTRL_OPT_INT, "256", MIN(1), NULL, "Sequences decoded together at most."},

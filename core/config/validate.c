@@ -205,17 +205,6 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
         }
     }
     if (!peft_on) return CTRL_OK;
-    const char *mode = config_value_or_default(cfg, "generation", config_core_table("generation"), "mode");
-    if (mode && !strcmp(mode, "server")) { /* each push: the adapters folded into a host copy of the base */
-        const char *dev = config_value_or_default(cfg, "run", config_core_table("run"), "device");
-        if (dev && !strncmp(dev, "cuda", 4))
-            return ctrl_error_set(
-                CTRL_ERR_CONFIG,
-                "%s: [peft] enabled = %s with [generation] mode = server and [run] device = %s: "
-                "the merged weights are pushed from a CPU model only (not implemented on a "
-                "device yet); use mode = colocate",
-                e->where, e->value, dev);
-    }
     static const char *const adapter_keys[] = {"r",          "lora_alpha",       "target_modules",
                                                "use_rslora", "modules_to_save",  "init_lora_weights",
                                                "use_dora",   "target_parameters"};

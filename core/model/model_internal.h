@@ -435,7 +435,7 @@ int lora_dropout_on(const ctrl_model *m);
  * when it holds them already), before layer l's forward or backward. */
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status nf4_layer_weights(ctrl_model *m, int l);
-/* NF4 view v's whole weight dequantized into out (numel floats), the slot untouched; held on the host. */
+/* NF4 view v's whole weight dequantized on the host into out (numel floats), the slot untouched. */
 ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, float *out);
 void nf4_free(ctrl_model *m);
 /* nf4_use_layer: the products that follow are layer l's (its forward or backward); nf4_holds: w is

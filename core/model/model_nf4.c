@@ -148,9 +148,8 @@ ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
 
 ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, float *out) {
     const ctrl_nf4 *q = &m->nf4_w[v->nf4 - 1];
-    if (m->nf4_dev || !q->packed || q->n != v->numel)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "QLoRA: %s is not held whole on the host%s", v->name,
-                              m->nf4_dev ? " (its NF4 store is on the device)" : " (a ZeRO-3 slice)");
+    if (!q->packed || q->n != v->numel) /* (a device model keeps the host's store it copied) */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "QLoRA: %s is not held whole (a ZeRO-3 slice)", v->name);
     float *absmax = malloc(sizeof(float) * (size_t)((q->n + CTRL_NF4_BLOCK - 1) / CTRL_NF4_BLOCK));
     if (!absmax) return ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: absmax of %lld weights", (long long)q->n);
     ctrl_nf4_absmax(q, absmax);

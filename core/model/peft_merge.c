@@ -113,10 +113,7 @@ static ctrl_status view_values(ctrl_model *m, int v, float *dst) {
 
 ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_dtype dtype) {
     if (!m->has_lora || m->lora_off) return ctrl_model_save_weights(m, path, dtype);
-    if (!m->be->host_memory || m->params != m->dparams)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "%s: the weights with the adapters merged, of a model on %s: not supported yet",
-                              path, m->be->name);
+    if (m->host_stale) MODEL_TRY(ctrl_model_params_to_host(m)); /* a device model: its host copy, current */
     if (m->base_panels)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,

@@ -6,6 +6,8 @@
 # absolute (as tests/e2e/test_online_mpi.sh compares 1 and 2 ranks on the CPU).
 #   grpo: each rank samples and scores its prompts on its device, the policy's device gradients
 #     averaged over NCCL.
+#   grpo with LoRA and with QLoRA in server mode (one ctrl serve on the CPU): each push is the device
+#     model's host copy with the adapters folded in, the NF4 base dequantized from the host's store.
 #   ppo: the value model on each rank's device beside the policy, its device gradients averaged over
 #     NCCL as the policy's (ncclAllReduce), both AdamW steps on the device.
 # usage: test_online_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
@@ -38,6 +40,23 @@ same() {
 pair grpo grpo "[grpo]" "num_generations = 4" "max_completion_length = 8"
 same grpo 1e-5 1e-7 loss grad_norm
 same grpo 1e-4 1e-6 reward rewards/len/mean
+
+# GRPO with LoRA and with QLoRA in server mode: each push sends the device model's host copy with the
+# adapters folded in (the NF4 base dequantized from the host's store); one ctrl serve on the CPU (every
+# run pushes its initial weights first)
+PORT=$(free_port)
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+lora=("[grpo]" "num_generations = 4" "max_completion_length = 8" "[peft]" "enabled = true" "r = 4" "lora_alpha = 8")
+gen=$(printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$PORT")
+INI_GEN=$gen pair lsrv grpo "${lora[@]}"
+same lsrv 1e-5 1e-7 loss grad_norm
+same lsrv 1e-4 1e-6 reward
+INI_GEN=$gen pair qsrv grpo "${lora[@]}" "quantization = nf4"
+same qsrv 1e-5 1e-7 loss grad_norm
+same qsrv 1e-4 1e-6 reward
+kill $SERVER 2>/dev/null
 
 INI_TARGET=6 STEPS=12 pair ppo ppo "[ppo]" "response_length = 8" "num_ppo_epochs = 2" "kl_estimator = k3"
 grep -q "value model: .*stepping on the device" "$TMP/ppo-cuda.log" && ok || bad "ppo: $(grep "value model" "$TMP/ppo-cuda.log")"
