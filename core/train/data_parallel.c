@@ -180,3 +180,30 @@ double train_dp_items(long local_count) {
     if (ctrl_collective_allreduce_sum_f64(&v, 1) != CTRL_OK) return (double)local_count * size;
     return v / size;
 }
+
+int train_dp_eval_mine(long batch) {
+    const int size = ctrl_collective_size();
+    return size == 1 || batch % size == ctrl_collective_rank();
+}
+
+ctrl_status train_dp_eval_reduce(ctrl_status st, double *v, size_t n) {
+    if (ctrl_collective_size() == 1) return st;
+    /* the worst outcome and a rank that had it (an interruption inside a forward: a failure here) */
+    double agreed[2] = {st == CTRL_OK ? 0 : 1, st != CTRL_OK ? ctrl_collective_rank() : -1};
+    ctrl_status cs = ctrl_collective_allreduce_max_f64(agreed, 2);
+    if (cs != CTRL_OK) return cs;
+    if (st != CTRL_OK) return st;
+    if (agreed[0] > 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "evaluation: rank %d failed (its message above)",
+                              (int)agreed[1]);
+    return n ? ctrl_collective_allreduce_sum_f64(v, n) : CTRL_OK;
+}
+
+void train_dp_eval_note(char *buf, size_t cap, long mine, long all) {
+    const int size = ctrl_collective_size();
+    if (size == 1)
+        snprintf(buf, cap, "%s", "");
+    else
+        snprintf(buf, cap, "; rank %d evaluated %ld of the %ld batches of %d ranks", ctrl_collective_rank(),
+                 mine, all, size);
+}

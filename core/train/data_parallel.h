@@ -72,5 +72,20 @@ int train_dp_any(const train_dp *dp, int flag);
 ctrl_status train_dp_agree_config(const ctrl_config *cfg);
 /* See above: a count over the whole accumulated batch of every rank, divided by their number. */
 double train_dp_items(long local_count);
+/* Evaluation split over the ranks, as the HF Trainer's sharded eval dataloader (Accelerate's
+ * BatchSamplerShard): the evaluation's batches of per_device_eval_batch_size rows, in one process's
+ * order, batch i on rank i % N -- each batch holds the rows one process would put in it, so its
+ * values are one process's. 1 when batch i is this rank's (always with one rank). */
+int train_dp_eval_mine(long batch);
+/* After a rank evaluated its batches (`st` its status): the outcome agreed (one rank's failure fails
+ * every rank, the others with a message naming it), then v[0..n) -- the evaluation's sums and
+ * counts -- summed over the ranks, so that the means made from them are one process's (within the
+ * summation order's rounding). A rank with fewer batches (an uneven last round) adds what it has:
+ * nothing is counted twice, as Accelerate's gather_for_metrics drops its padding. The identity with
+ * one rank. */
+ctrl_status train_dp_eval_reduce(ctrl_status st, double *v, size_t n);
+/* The evaluation's info line's note on the split into buf ("" with one rank): ", rank 0 evaluated
+ * `mine` of the `all` batches of N ranks" (`all` summed over the ranks: one process's count). */
+void train_dp_eval_note(char *buf, size_t cap, long mine, long all);
 
 #endif

@@ -122,10 +122,11 @@ typedef struct train_kind_ops {
     ctrl_status (*evaluate)(train_kind *k, long step, FILE *metrics);
     int eval_at_start;
     /* Data parallel (train/data_parallel.h). 0: the loop hands each rank its share of the step's
-     * rows, and rank 0 alone evaluates. 1: the kind splits the work itself -- it gets the epoch's
-     * whole order and the global cursor, advances that by every rank's rows, and evaluate runs on
-     * every rank with `metrics` NULL except on rank 0 (online: generation batches are split by
-     * prompts and gathered, as TRL's). */
+     * rows. 1: the kind splits the work itself -- it gets the epoch's whole order and the global
+     * cursor, advances that by every rank's rows (online: generation batches are split by prompts
+     * and gathered, as TRL's). Either way evaluate runs on every rank with `metrics` NULL except on
+     * rank 0: each rank evaluates its batches (train_dp_eval_mine) and the values are summed over
+     * the ranks (train_dp_eval_reduce) -- the online kind's evaluation generates on rank 0 alone. */
     int splits_ranks;
     /* Right after the policy's optimizer step, with its learning rate and step (from 1): a kind
      * that trains a second model steps it here (may be NULL). */

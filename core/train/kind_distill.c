@@ -382,11 +382,13 @@ static ctrl_status count_matches(ctrl_model *m, const ctrl_batch *b, double *cou
 static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
     const ctrl_dataset *d = &k->eval;
     const int bs = k->eval_bs;
-    double loss_sum = 0, counts[4] = {0}, tcounts[4] = {0};
+    double loss_sum = 0, counts[4] = {0}, tcounts[4] = {0}, batches = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
     const int teacher_too = isnan(k->teacher_exact);
     for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
+        if (!train_dp_eval_mine(i0 / bs)) continue; /* another rank's batch (data_parallel.h) */
+        batches++;
         const int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
         ctrl_batch b;
@@ -410,8 +412,15 @@ static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
     }
     free(idx);
     release_teacher(k);
-    if (st != CTRL_OK) return st;
+    /* every rank's batches' sums: the whole set's means, as one process makes them */
+    const long mine = (long)batches;
+    double v[10] = {loss_sum,   counts[0],  counts[1],  counts[2],  counts[3],
+                    tcounts[0], tcounts[1], tcounts[2], tcounts[3], batches};
+    if ((st = train_dp_eval_reduce(st, v, 10)) != CTRL_OK) return st;
+    loss_sum = v[0];
+    for (int i = 0; i < 4; i++) counts[i] = v[1 + i], tcounts[i] = v[5 + i];
     if (teacher_too) k->teacher_exact = tcounts[1] > 0 ? tcounts[0] / tcounts[1] : 0;
+    if (!f) return CTRL_OK; /* rank 0 writes */
     const double loss = d->n ? loss_sum / d->n : 0, exact = counts[1] > 0 ? counts[0] / counts[1] : 0,
                  acc = counts[3] > 0 ? counts[2] / counts[3] : 0;
     fprintf(f,
@@ -420,8 +429,10 @@ static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
             "\"eval_teacher_exact_match\": %.6f}\n",
             step, loss, acc, exact, k->teacher_exact);
     fflush(f);
-    CTRL_INFO("eval: divergence %.4f, token accuracy %.3f, exact match %.3f (teacher %.3f; %d examples)",
-              loss, acc, exact, k->teacher_exact, d->n);
+    char note[128];
+    train_dp_eval_note(note, sizeof note, mine, (long)v[9]);
+    CTRL_INFO("eval: divergence %.4f, token accuracy %.3f, exact match %.3f (teacher %.3f; %d examples%s)",
+              loss, acc, exact, k->teacher_exact, d->n, note);
     return CTRL_OK;
 }
 

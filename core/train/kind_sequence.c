@@ -23,6 +23,10 @@ typedef struct seq_metrics {
     char *name[MAX_METRICS];
     double sum[MAX_METRICS];
     long count[MAX_METRICS];
+    /* where each name was first reported: an evaluation's batch x 2^16 + the report's place in it
+     * (metrics_merge_ranks orders names by it); batch and tick: the present batch, its reports */
+    double key[MAX_METRICS];
+    long batch, tick;
     int n;
 } seq_metrics;
 
@@ -47,14 +51,78 @@ static void seq_report(void *ctx, const char *name, double value) {
     if (i == m->n) {
         if (i == MAX_METRICS) return;
         if (!(m->name[i] = strdup(name))) return;
-        m->sum[i] = 0, m->count[i] = 0, m->n++;
+        m->sum[i] = 0, m->count[i] = 0, m->key[i] = (double)m->batch * 65536 + (double)m->tick, m->n++;
     }
+    m->tick++;
     if (!isnan(value)) m->sum[i] += value, m->count[i]++;
 }
 
 static void metrics_free(seq_metrics *m) {
     for (int i = 0; i < m->n; i++) free(m->name[i]);
     m->n = 0;
+}
+
+typedef struct metric_rec {
+    double key, sum, count;
+    char name[104];
+} metric_rec;
+
+/* Data parallel: every rank's metrics merged by name into each rank's `m` (the same table on every
+ * rank after), sums and counts added in rank order. A rank may have reported a name the others did
+ * not (KTO reports rewards/chosen only for a batch with a desirable row), or in another order, so
+ * the names travel with the values (each rank's table broadcast in turn). The names are ordered by
+ * where they were first reported (key; for an evaluation, one process's order) and keep that
+ * place at the next merges, before any name new then. */
+static ctrl_status metrics_merge_ranks(seq_metrics *m) {
+    const int N = ctrl_collective_size(), me = ctrl_collective_rank();
+    if (N == 1) return CTRL_OK;
+    metric_rec *recs = calloc(MAX_METRICS, sizeof *recs);
+    seq_metrics all = {.batch = m->batch, .tick = m->tick};
+    ctrl_status st = recs ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+    for (int r = 0; r < N && st == CTRL_OK; r++) {
+        double n = 0;
+        if (r == me) {
+            n = m->n;
+            for (int i = 0; i < m->n; i++) {
+                recs[i] = (metric_rec){m->key[i], m->sum[i], (double)m->count[i], ""};
+                snprintf(recs[i].name, sizeof recs[i].name, "%s", m->name[i]);
+            }
+        }
+        st = ctrl_collective_broadcast(&n, sizeof n, r);
+        if (st == CTRL_OK) st = ctrl_collective_broadcast(recs, (size_t)n * sizeof *recs, r);
+        for (int j = 0; st == CTRL_OK && j < (int)n; j++) {
+            int i = 0;
+            while (i < all.n && strcmp(all.name[i], recs[j].name)) i++;
+            if (i == all.n) {
+                if (i == MAX_METRICS) continue;
+                if (!(all.name[i] = strdup(recs[j].name))) {
+                    st = ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
+                    break;
+                }
+                all.key[i] = recs[j].key, all.sum[i] = 0, all.count[i] = 0, all.n++;
+            }
+            if (recs[j].key < all.key[i]) all.key[i] = recs[j].key;
+            all.sum[i] += recs[j].sum, all.count[i] += (long)recs[j].count;
+        }
+    }
+    free(recs);
+    if (st != CTRL_OK) {
+        metrics_free(&all);
+        return st;
+    }
+    for (int i = 1; i < all.n; i++) /* by key, stably: the same order on every rank */
+        for (int j = i; j > 0 && all.key[j] < all.key[j - 1]; j--) {
+            char *nm = all.name[j];
+            const double key = all.key[j], sum = all.sum[j];
+            const long count = all.count[j];
+            all.name[j] = all.name[j - 1], all.key[j] = all.key[j - 1], all.sum[j] = all.sum[j - 1],
+            all.count[j] = all.count[j - 1];
+            all.name[j - 1] = nm, all.key[j - 1] = key, all.sum[j - 1] = sum, all.count[j - 1] = count;
+        }
+    for (int i = 0; i < all.n; i++) all.key[i] = i - MAX_METRICS; /* before any name new later */
+    metrics_free(m);
+    *m = all;
+    return CTRL_OK;
 }
 
 static void sequence_destroy(train_kind *k) {
@@ -217,13 +285,8 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
  * gathers its metrics across processes (every rank reports the same names in the same order). */
 static ctrl_status window_add_step(train_kind *k) {
     seq_metrics *m = &k->step_m;
-    if (ctrl_collective_size() > 1 && m->n > 0) {
-        double buf[2 * MAX_METRICS];
-        for (int i = 0; i < m->n; i++) buf[i] = m->sum[i], buf[m->n + i] = (double)m->count[i];
-        ctrl_status st = ctrl_collective_allreduce_sum_f64(buf, 2 * (size_t)m->n);
-        if (st != CTRL_OK) return st;
-        for (int i = 0; i < m->n; i++) m->sum[i] = buf[i], m->count[i] = (long)buf[m->n + i];
-    }
+    ctrl_status st = metrics_merge_ranks(m); /* by name: a rank may lack one (metrics_merge_ranks) */
+    if (st != CTRL_OK) return st;
     for (int i = 0; i < m->n; i++) {
         int j = 0;
         while (j < k->window.n && strcmp(k->window.name[j], m->name[i])) j++;
@@ -307,7 +370,11 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
     seq_step s = step_for(k, &k->eval_m);
     s.exact_match = 1;
     double loss_sum = 0, items = 0;
+    long mine = 0;
     for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
+        if (!train_dp_eval_mine(i0 / bs)) continue; /* another rank's batch (data_parallel.h) */
+        mine++;
+        k->eval_m.batch = i0 / bs, k->eval_m.tick = 0;
         const int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
         ctrl_pref_batch b;
@@ -323,7 +390,15 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
         ctrl_pref_batch_free(&b);
     }
     free(idx);
-    if (st != CTRL_OK) return st;
+    /* every rank's batches' sums, and their metrics by name: one process's values */
+    double v[3] = {loss_sum, items, (double)mine};
+    st = train_dp_eval_reduce(st, v, 3);
+    if (st == CTRL_OK) st = metrics_merge_ranks(&k->eval_m);
+    if (st != CTRL_OK || !f) { /* rank 0 writes */
+        for (int i = 0; i < k->eval_m.n; i++) k->eval_m.sum[i] = 0, k->eval_m.count[i] = 0;
+        return st;
+    }
+    loss_sum = v[0], items = v[1];
     const double loss = items > 0 ? loss_sum / items : 0;
     fprintf(f, "{\"step\": %ld, \"eval_loss\": %.6g", step, loss);
     double acc = NAN;
@@ -337,11 +412,13 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
     }
     fputs("}\n", f);
     fflush(f);
+    char note[128];
+    train_dp_eval_note(note, sizeof note, mine, (long)v[2]);
     if (isnan(acc)) /* KTO logs no accuracy */
-        CTRL_INFO("eval: loss %.4f (%d %s)", loss, d->n, d->paired ? "pairs" : "rows");
+        CTRL_INFO("eval: loss %.4f (%d %s%s)", loss, d->n, d->paired ? "pairs" : "rows", note);
     else
-        CTRL_INFO("eval: loss %.4f, reward accuracy %.3f (%d %s)", loss, acc, d->n,
-                  d->paired ? "pairs" : "rows");
+        CTRL_INFO("eval: loss %.4f, reward accuracy %.3f (%d %s%s)", loss, acc, d->n,
+                  d->paired ? "pairs" : "rows", note);
     return CTRL_OK;
 }
 

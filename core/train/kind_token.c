@@ -191,6 +191,7 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
     for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
+        if (!train_dp_eval_mine(i0 / bs)) continue; /* another rank's batch (data_parallel.h) */
         int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
         ctrl_batch b;
@@ -218,7 +219,14 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
         ctrl_batch_free(&b);
     }
     free(idx);
-    if (st != CTRL_OK) return st;
+    /* every rank's batches' sums: the whole set's means, as one process makes them */
+    const long mine = batches;
+    double v[7] = {nll, (double)tokens, (double)correct, (double)exact, (double)sequences, aux_sum,
+                   (double)batches};
+    if ((st = train_dp_eval_reduce(st, v, 7)) != CTRL_OK) return st;
+    nll = v[0], tokens = (long)v[1], correct = (long)v[2], exact = (long)v[3], sequences = (long)v[4];
+    aux_sum = v[5], batches = (long)v[6];
+    if (!f) return CTRL_OK; /* rank 0 writes */
     /* with the load-balancing loss, TRL's eval_loss holds coef x each batch's aux too */
     const double aux = batches ? aux_sum / batches : 0;
     const double loss = (tokens ? nll / tokens : 0) + k->aux_coef * aux,
@@ -230,8 +238,10 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
     if (k->aux_coef != 0) fprintf(f, ", \"eval_aux_loss\": %.6g", aux);
     fputs("}\n", f);
     fflush(f);
-    CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples)", loss, accuracy,
-              exact_match, d->n);
+    char note[128];
+    train_dp_eval_note(note, sizeof note, mine, batches);
+    CTRL_INFO("eval: loss %.4f, token accuracy %.3f, exact match %.3f (%d examples%s)", loss, accuracy,
+              exact_match, d->n, note);
     return CTRL_OK;
 }
 

@@ -68,8 +68,10 @@ ctrl_status train_run_save_checkpoint(run_state *r, const char *out_dir, const c
     return st;
 }
 
-/* An evaluation at `step` by the ranks that evaluate (has_eval); with zero3 every rank first gathers
- * the layers (a collective), and releases them after. */
+/* An evaluation at `step` (has_eval: there is an eval set, the same on every rank): every rank
+ * evaluates its share and the kind sums the ranks' values (train_dp_eval_reduce), `metrics` NULL
+ * except on rank 0, which writes the line; with zero3 every rank first gathers the layers (a
+ * collective), and releases them after. */
 ctrl_status train_run_evaluate(run_state *r, int has_eval, long step) {
     const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
     ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;

@@ -65,8 +65,9 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
     const int saving = !save_strategy || strcmp(save_strategy, "no") != 0;
     const long eval_every = s->train.eval_steps;
     const int shuffle = s->data.shuffle;
-    /* rank 0 evaluates, or every rank for a kind that splits the work itself */
-    const int has_eval = (r->root || r->kind_ops->splits_ranks) && r->kind_ops->has_eval(r->kind);
+    /* every rank evaluates, its share of the eval set (data_parallel.h: train_dp_eval_mine); rank 0
+     * writes the metrics */
+    const int has_eval = r->kind_ops->has_eval(r->kind);
     size_t n_params;
     ctrl_model_params(r->model, &n_params);
     r->kind_ops->describe(r->kind, total, bs, ga, n_params);

@@ -113,6 +113,9 @@ ctrl_e2e_test(test_online_cuda_emu test_online_cuda_emu.sh EMU_MPI SKIP)
 # (tests/e2e/test_lora_train.sh).
 ctrl_e2e_test(test_lora_train test_lora_train.sh)
 
+# Evaluation split over 2 ranks (each its batches, the sums reduced): SFT, DPO, KTO and GKD's eval_
+# values one process's, uneven shares, zero3 (tests/e2e/test_eval_ranks_mpi.sh).
+ctrl_e2e_test(test_eval_ranks_mpi test_eval_ranks_mpi.sh SKIP TIMEOUT 180)
 # DPO over MPI: 2 ranks x 2 pairs follow 1 x 4, metrics gathered over the ranks (tests/e2e/test_dpo_mpi.sh).
 ctrl_e2e_test(test_dpo_mpi test_dpo_mpi.sh SKIP TIMEOUT 120)
 # DPO's and KTO's reference sliced under zero3 on 2 ranks: plain data parallel's curves, its bytes per

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Evaluation split over the ranks (issue 19; core/train/data_parallel.h: train_dp_eval_mine,
+# train_dp_eval_reduce). With `mpirun -np 2` each rank evaluates its batches of
+# per_device_eval_batch_size rows -- batch i on rank i % 2, as Accelerate shards the HF Trainer's
+# eval dataloader -- and the sums are reduced over the ranks, so that every eval_ value is one
+# process's evaluating the whole set: the same keys in the same order, the values within 1e-6
+# relative (+ 1e-9; the fp32/fp64 sums are only added in another order, and the printed values are
+# expected identical: the test prints how many are not). Both runs evaluate the same weights
+# (learning_rate 1e-30: no step changes a weight in fp32; DPO, KTO and GKD evaluate before the first step too). Uneven shares: SFT's 17
+# rows in batches of 4 (rank 0 three batches, rank 1 two, the last one row); DPO's 20 pairs in
+# batches of 8 (8 + 4 against 8), and in one batch of 32 (rank 1 evaluates nothing); KTO's 10 rows
+# in batches of 2, some batches all desirable or all undesirable (the ranks report different metric
+# names, merged by name); GKD's 9 rows in batches of 2. zero3 on 2 ranks for SFT, DPO and GKD too.
+# Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
+# usage: test_eval_ranks_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
+source "$(dirname "$0")/e2e_common.sh"
+mpi_setup
+FIX="$SRC/tests/fixtures"
+
+# same_evals A B LINES: the eval lines of $TMP/A and $TMP/B (LINES of them) hold the same keys in the
+# same order, the values within 1e-6 relative (+ 1e-9)
+same_evals() {
+  local r
+  evals() { grep '"eval_' "$TMP/$1/metrics.jsonl" | tr -d '{}' | tr ',' '\n'; }
+  r=$(paste -d'|' <(evals "$1") <(evals "$2") | awk -F'|' -v want="$3" '
+      { split($1, x, ": "); split($2, y, ": "); n++
+        if (x[1] != y[1]) { bad++; next }
+        if (x[1] ~ /"step"/) lines++
+        d = x[2] - y[2]; if (d < 0) d = -d; m = x[2] < 0 ? -x[2] : x[2]
+        if (d > 1e-6 * m + 1e-9) bad++
+        if (x[2] != y[2]) differ++ }
+      END { if (bad || lines != want) print "FAIL: " bad + 0 " of " n " values differ, " lines + 0 " lines"
+            else print "ok: " n " values, " differ + 0 " not printed identically" }')
+  echo "  $1 vs $2: $r"
+  case $r in ok*) ok ;; *) bad "$1 vs $2: the evaluations differ"; paste <(evals "$1") <(evals "$2") | head -40 ;; esac
+}
+# split NAME MINE ALL: each of NAME's 2 evaluations logged rank 0's share, MINE of ALL batches (ALL summed
+# over the ranks: a rank evaluating every batch, or one counted twice, shows)
+split() {
+  [ "$(grep -c "eval: .*; rank 0 evaluated $2 of the $3 batches of 2 ranks)" "$TMP/$1.log")" = 2 ] && ok ||
+    bad "$1: not rank 0's share $2 of $3 batches: $(grep 'eval: ' "$TMP/$1.log" | head -2)"
+}
+# train1 / train2 NAME INI [--set ...]: one process, or 2 ranks, writing $TMP/NAME
+train1() {
+  local name=$1 ini=$2 && shift 2
+  "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 && ok ||
+    { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
+}
+train2() {
+  local name=$1 ini=$2 && shift 2
+  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 && ok ||
+    { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
+}
+
+# 1. SFT (the token kind): 17 eval rows in batches of 4, evaluations after steps 1 and 2.
+tiny_setup 7 2
+head -17 "$TMP/data/eval.jsonl" >"$TMP/data/eval17.jsonl"
+tiny_ini "$TMP/sft.ini" "$TMP/sft" <<INI
+learning_rate = 1e-30
+max_steps = 2
+per_device_train_batch_size = 2
+per_device_eval_batch_size = 4
+eval_steps = 1
+logging_steps = 1
+save_strategy = no
+dtype = fp32
+INI
+sft=(--set data.eval_file="$TMP/data/eval17.jsonl")
+train1 sft-one "$TMP/sft.ini" "${sft[@]}"
+train2 sft-two "$TMP/sft.ini" "${sft[@]}"
+train2 sft-z3 "$TMP/sft.ini" "${sft[@]}" --set memory.strategies=zero3
+same_evals sft-one sft-two 2
+same_evals sft-one sft-z3 2
+split sft-two 3 5
+split sft-z3 3 5
+grep -q "eval: loss .*(17 examples)" "$TMP/sft-one.log" && ok || bad "sft: one process's eval line has a note"
+[ "$(grep -c '"eval_loss"' "$TMP/sft-two/metrics.jsonl")" = 2 ] && ok || bad "sft: rank 0 did not write 2 eval lines"
+
+# 2. DPO (the sequence kind, a live reference) on TRL's fixture: 20 pairs in batches of 8, and in one
+#    batch of 32 (rank 1 has none); an evaluation before and after the one step.
+sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/dpo|" \
+  -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" \
+  "$FIX/trl_dpo/sigmoid_eval.ini" >"$TMP/dpo.ini"
+train1 dpo-one "$TMP/dpo.ini"
+train2 dpo-two "$TMP/dpo.ini"
+train2 dpo-z3 "$TMP/dpo.ini" --set memory.strategies=zero3
+same_evals dpo-one dpo-two 2
+same_evals dpo-one dpo-z3 2
+train1 dpo32-one "$TMP/dpo.ini" --set train.per_device_eval_batch_size=32
+train2 dpo32-two "$TMP/dpo.ini" --set train.per_device_eval_batch_size=32
+same_evals dpo32-one dpo32-two 2
+split dpo-two 2 3
+split dpo-z3 2 3
+split dpo32-two 1 1
+
+# 3. KTO (unpaired, its per-batch KL estimate): 10 rows in batches of 2.
+head -10 "$FIX/trl_kto/rows.jsonl" >"$TMP/kto10.jsonl"
+sed -e "s|@DIR@/|$FIX/trl_kto/|; s|@DIR@|$FIX/trl_kto|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/kto|" \
+  -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" \
+  "$FIX/trl_kto/kto.ini" >"$TMP/kto.ini"
+kto=(--set data.eval_file="$TMP/kto10.jsonl" --set train.per_device_eval_batch_size=2)
+train1 kto-one "$TMP/kto.ini" "${kto[@]}"
+train2 kto-two "$TMP/kto.ini" "${kto[@]}"
+same_evals kto-one kto-two 2
+split kto-two 3 5
+
+# 4. GKD (the distill kind): 9 rows in batches of 2, no generation (lmbda 0).
+tiny_teacher
+head -9 "$TMP/data/eval.jsonl" >"$TMP/data/eval9.jsonl"
+INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
+  online_ini gkd gkd 1 "[gkd]" "lmbda = 0" |
+  sed "s|^eval_file = .*|eval_file = $TMP/data/eval9.jsonl|; s/^learning_rate = .*/learning_rate = 1e-30/" >"$TMP/gkd.ini"
+gkd=(--set train.per_device_eval_batch_size=2)
+train1 gkd-one "$TMP/gkd.ini" "${gkd[@]}"
+train2 gkd-two "$TMP/gkd.ini" "${gkd[@]}"
+train2 gkd-z3 "$TMP/gkd.ini" "${gkd[@]}" --set memory.strategies=zero3
+same_evals gkd-one gkd-two 2
+same_evals gkd-one gkd-z3 2
+split gkd-two 3 5
+split gkd-z3 3 5
+finish
