@@ -64,7 +64,7 @@ static void metrics_free(seq_metrics *m) {
 
 typedef struct metric_rec {
     double key, sum, count;
-    char name[104];
+    char name[104]; /* a plugin's metric names are short ("rewards/margins"); longer ones cut here */
 } metric_rec;
 
 /* Data parallel: every rank's metrics merged by name into each rank's `m` (the same table on every

@@ -221,8 +221,8 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
     free(idx);
     /* every rank's batches' sums: the whole set's means, as one process makes them */
     const long mine = batches;
-    double v[7] = {nll, (double)tokens, (double)correct, (double)exact, (double)sequences, aux_sum,
-                   (double)batches};
+    double v[7] = {nll,     (double)tokens, (double)correct, (double)exact, (double)sequences,
+                   aux_sum, (double)batches};
     if ((st = train_dp_eval_reduce(st, v, 7)) != CTRL_OK) return st;
     nll = v[0], tokens = (long)v[1], correct = (long)v[2], exact = (long)v[3], sequences = (long)v[4];
     aux_sum = v[5], batches = (long)v[6];

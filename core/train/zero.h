@@ -247,7 +247,7 @@ ctrl_status train_zero_scale_grads(const train_zero *z, ctrl_model *m, float coe
  * those of the units outside the layers). */
 ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m);
 /* Stage 3 (no-ops otherwise): every layer gathered whole on every rank (a collective: every rank
- * calls it), for what reads the whole model -- an evaluation on rank 0, a save, the weights'
+ * calls it), for what reads the whole model -- an evaluation (each rank its share), a save, the weights'
  * checksum; then released again. */
 ctrl_status train_zero_gather_all(train_zero *z);
 void train_zero_release_all(train_zero *z);

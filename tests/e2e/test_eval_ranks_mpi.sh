@@ -40,16 +40,24 @@ split() {
   [ "$(grep -c "eval: .*; rank 0 evaluated $2 of the $3 batches of 2 ranks)" "$TMP/$1.log")" = 2 ] && ok ||
     bad "$1: not rank 0's share $2 of $3 batches: $(grep 'eval: ' "$TMP/$1.log" | head -2)"
 }
-# train1 / train2 NAME INI [--set ...]: one process, or 2 ranks, writing $TMP/NAME
-train1() {
-  local name=$1 ini=$2 && shift 2
-  "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 && ok ||
-    { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
+# run1 NAME COMMAND...: COMMAND, its output in $TMP/NAME.log
+run1() {
+  local name=$1 && shift
+  "$@" >"$TMP/$name.log" 2>&1 && ok || { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
 }
-train2() {
-  local name=$1 ini=$2 && shift 2
-  "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 && ok ||
-    { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
+# both NAME INI Z3 MINE ALL [--set ...]: INI on one process (NAME-one) and on 2 ranks (NAME-two; with
+# Z3 = z3 also under zero3, NAME-z3): the 2-rank runs' evaluations (2 each) one process's, rank 0's
+# share MINE of ALL batches
+both() {
+  local name=$1 ini=$2 z3=$3 mine=$4 all=$5 && shift 5
+  run1 "$name-one" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-one" "$@"
+  local runs=(two) && [ "$z3" = z3 ] && runs+=(z3)
+  for r in "${runs[@]}"; do
+    local z=() && [ "$r" = z3 ] && z=(--set memory.strategies=zero3)
+    run1 "$name-$r" "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-$r" "$@" "${z[@]}"
+    same_evals "$name-one" "$name-$r" 2
+    split "$name-$r" "$mine" "$all"
+  done
 }
 
 # 1. SFT (the token kind): 17 eval rows in batches of 4, evaluations after steps 1 and 2, on tiny_setup's
@@ -63,7 +71,7 @@ logging_steps = 10
 save_strategy = no
 dtype = fp32
 INI
-"${C[@]}" train "$TMP/pre.ini" >"$TMP/pre.log" 2>&1 && ok || { bad "pre-training exited $?"; tail -5 "$TMP/pre.log"; }
+run1 pre "${C[@]}" train "$TMP/pre.ini"
 head -17 "$TMP/data/eval.jsonl" >"$TMP/data/eval17.jsonl"
 tiny_ini "$TMP/sft.ini" "$TMP/sft" <<INI
 learning_rate = 1e-30
@@ -76,13 +84,7 @@ save_strategy = no
 dtype = fp32
 INI
 sft=(--set model.path="$TMP/pre" --set data.eval_file="$TMP/data/eval17.jsonl")
-train1 sft-one "$TMP/sft.ini" "${sft[@]}"
-train2 sft-two "$TMP/sft.ini" "${sft[@]}"
-train2 sft-z3 "$TMP/sft.ini" "${sft[@]}" --set memory.strategies=zero3
-same_evals sft-one sft-two 2
-same_evals sft-one sft-z3 2
-split sft-two 3 5
-split sft-z3 3 5
+both sft "$TMP/sft.ini" z3 3 5 "${sft[@]}"
 grep -q "eval: loss .*(17 examples)" "$TMP/sft-one.log" && ok || bad "sft: one process's eval line has a note"
 [ "$(grep -c '"eval_loss"' "$TMP/sft-two/metrics.jsonl")" = 2 ] && ok || bad "sft: rank 0 did not write 2 eval lines"
 
@@ -91,17 +93,8 @@ grep -q "eval: loss .*(17 examples)" "$TMP/sft-one.log" && ok || bad "sft: one p
 sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s|@OUT@|$TMP/dpo|" \
   -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" \
   "$FIX/trl_dpo/sigmoid_eval.ini" >"$TMP/dpo.ini"
-train1 dpo-one "$TMP/dpo.ini"
-train2 dpo-two "$TMP/dpo.ini"
-train2 dpo-z3 "$TMP/dpo.ini" --set memory.strategies=zero3
-same_evals dpo-one dpo-two 2
-same_evals dpo-one dpo-z3 2
-train1 dpo32-one "$TMP/dpo.ini" --set train.per_device_eval_batch_size=32
-train2 dpo32-two "$TMP/dpo.ini" --set train.per_device_eval_batch_size=32
-same_evals dpo32-one dpo32-two 2
-split dpo-two 2 3
-split dpo-z3 2 3
-split dpo32-two 1 1
+both dpo "$TMP/dpo.ini" z3 2 3
+both dpo32 "$TMP/dpo.ini" - 1 1 --set train.per_device_eval_batch_size=32
 
 # 3. KTO (unpaired, its per-batch KL estimate): 10 rows in batches of 2.
 head -10 "$FIX/trl_kto/rows.jsonl" >"$TMP/kto10.jsonl"
@@ -109,10 +102,7 @@ sed -e "s|@DIR@/|$FIX/trl_kto/|; s|@DIR@|$FIX/trl_kto|; s|@SFT@|$FIX/trl_sft|; s
   -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" \
   "$FIX/trl_kto/kto.ini" >"$TMP/kto.ini"
 kto=(--set data.eval_file="$TMP/kto10.jsonl" --set train.per_device_eval_batch_size=2)
-train1 kto-one "$TMP/kto.ini" "${kto[@]}"
-train2 kto-two "$TMP/kto.ini" "${kto[@]}"
-same_evals kto-one kto-two 2
-split kto-two 3 5
+both kto "$TMP/kto.ini" - 3 5 "${kto[@]}"
 
 # 4. The reward trainer (the sequence kind without a reference; a fresh score head on the trained model,
 #    so its rewards, margins and accuracy are not 0 or constant): 13 pairs in batches of 3.
@@ -121,10 +111,7 @@ tail -13 "$R/pairs.jsonl" >"$TMP/rm13.jsonl"
 sed -e "s|@DIR@|$R|g; s|@MODEL@|$TMP/pre|; s|@OUT@|$TMP/rm|" \
   -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" "$R/margin_center.ini" >"$TMP/rm.ini"
 rm=(--set data.eval_file="$TMP/rm13.jsonl" --set train.per_device_eval_batch_size=3)
-train1 rm-one "$TMP/rm.ini" "${rm[@]}"
-train2 rm-two "$TMP/rm.ini" "${rm[@]}"
-same_evals rm-one rm-two 2
-split rm-two 3 5
+both rm "$TMP/rm.ini" - 3 5 "${rm[@]}"
 
 # 5. GKD (the distill kind): 9 rows in batches of 2, no generation (lmbda 0).
 tiny_teacher
@@ -133,11 +120,5 @@ INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAI
   online_ini gkd gkd 1 "[gkd]" "lmbda = 0" |
   sed "s|^eval_file = .*|eval_file = $TMP/data/eval9.jsonl|; s/^learning_rate = .*/learning_rate = 1e-30/" >"$TMP/gkd.ini"
 gkd=(--set model.path="$TMP/pre" --set train.per_device_eval_batch_size=2)
-train1 gkd-one "$TMP/gkd.ini" "${gkd[@]}"
-train2 gkd-two "$TMP/gkd.ini" "${gkd[@]}"
-train2 gkd-z3 "$TMP/gkd.ini" "${gkd[@]}" --set memory.strategies=zero3
-same_evals gkd-one gkd-two 2
-same_evals gkd-one gkd-z3 2
-split gkd-two 3 5
-split gkd-z3 3 5
+both gkd "$TMP/gkd.ini" z3 3 5 "${gkd[@]}"
 finish
