@@ -87,7 +87,7 @@ done
 # that hold the rest unmapped), each layer all-gathered over NCCL into memory mapped for its forward
 # and again for its backward, unmapped after (the emulator faults on a touch of unmapped memory: a
 # missing gather crashes the run), its gradients mapped for its backward and reduce-scattered and
-# unmapped after (one layer a bucket here), the next layers' gathers prefetched; rank 0's evaluations
+# unmapped after (one layer a bucket here), the next layers' gathers prefetched; the evaluations
 # and the saves gather the whole model. The plain curve and evaluations of data parallel on CUDA.
 run z3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 "${ev[@]}"
 curve_close "$TMP/dp" "$TMP/z3" loss 1e-6

@@ -125,7 +125,7 @@ rc=$?
 # 5. zero3 (SFT, a 4-layer model): each rank keeps its slice of every layer, gathered per layer for
 #    the forward and the backward (with checkpointing: before the recompute) and released after, its
 #    gradients reduce-scattered right after its backward and released;
-#    rank 0's evaluations and the saves gather the whole model. The plain curve, evaluations and
+#    the evaluations (each rank its share) and the saves gather the whole model. The plain curve, evaluations and
 #    final weights; the resident parameter memory between steps (mincore) at most the model less
 #    half its layers plus two pages per layer; a checkpoint resumes the same curve; zero2 cannot
 #    resume it (other slices). Each rank reads only its slices of the layers from the files (and
