@@ -3,8 +3,14 @@
  * values (w16) and their fp32 pages are given back to the system (madvise MADV_DONTNEED: the pages
  * read as zeros and hold no memory until written again). Before a layer runs (forward or decode,
  * model_layer_forward) its weights are widened back into their fp32 place, and the previously
- * widened layer's pages are given back: one layer in fp32 at a time. The embeddings, the final norm
- * and the LM head stay fp32 (rounded to bf16 values). The layout does not change: the views,
+ * widened layer's pages are given back: one layer in fp32 at a time. The widened layer's pages are
+ * borrowed from a one-frame pool (core/page_pool.h: its pages moved onto the layer's range with mremap
+ * and moved back at the next widening), so that widening writes resident memory instead of faulting
+ * and zeroing ~60 MB of fresh pages a layer (Qwen2.5-0.5B's shape), three times a training step
+ * (forward, recompute, dX); where the pool cannot lend (mremap refused, no memory for the frame,
+ * CTRL_TEST_BF16_REFAULT set) the layer's pages are given back with madvise and faulted again, as
+ * before. The numbers are the same either way: every value of the layer's range is written. The embeddings,
+ * the final norm and the LM head stay fp32 (rounded to bf16 values). The layout does not change: the views,
  * offsets and kernels see the same fp32 parameters, which the linear projections take as bf16
  * values (no rounded copy is made).
  *
@@ -31,6 +37,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
+#include "page_pool.h"
 
 static int getenv_flag(const char *name) {
     const char *v = getenv(name);
@@ -179,6 +186,15 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
         m->w16_lo = NULL;
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: the bf16 copy of %ld weights", total);
     }
+    if (!panels &&
+        !getenv("CTRL_TEST_BF16_REFAULT")) { /* the widened layer's pages: a frame of the largest */
+        size_t frame = 0;
+        for (int l = 0; l < L; l++) {
+            const page_piece pc = page_span(m->params + lo[l], m->params + hi[l]);
+            frame = pc.len > frame ? pc.len : frame;
+        }
+        m->w16_pool = page_pool_new(1, frame, 1, L); /* NULL: the old way */
+    }
     m->w16 = w16, m->w16_lo = lo, m->w16_layer = -1, m->w16_keep = keep,
     m->w16_n = panels ? in_panels : total;
     m->w16_loaded = loaded, m->base_panels = panels;
@@ -265,7 +281,11 @@ size_t ctrl_model_param_bytes(const ctrl_model *m) {
 ctrl_status model_bf16_layer_weights(ctrl_model *m, int l) {
     if (m->w16_layer == l) return CTRL_OK;
     const long *lo = m->w16_lo, *hi = m->w16_lo + m->cfg.n_layers;
-    if (m->w16_layer >= 0) model_release_range(m, lo[m->w16_layer], hi[m->w16_layer]);
+    /* the previous layer's pages back to the pool (else to the system), lent to layer l's range */
+    if (m->w16_layer >= 0 && !page_pool_give_back(m->w16_pool, m->w16_layer))
+        model_release_range(m, lo[m->w16_layer], hi[m->w16_layer]);
+    const page_piece pc = page_span(m->params + lo[l], m->params + hi[l]);
+    page_pool_lend(m->w16_pool, l, &pc, 1);
     ctrl_cpu_bf16_to_f32(m->params + lo[l], m->w16 + w16_at(m, l), hi[l] - lo[l]);
     if (m->w16_keep) keep_layer(m, l, 0); /* under LoRA: the layer's norms and biases, exact */
     m->w16_layer = l;
@@ -284,6 +304,8 @@ void model_bf16_free(ctrl_model *m) {
     ctrl_cpu_gemm_bf16_packed_free(m->head_keep); /* the trained head's panels (model.c's forward) */
     m->head_keep = NULL;
     m->base_panels = 0;
+    page_pool_free(m->w16_pool); /* (what it lent stays in the parameters, as ordinary memory) */
+    m->w16_pool = NULL;
     free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded), free(m->emb16);
     m->emb16 = NULL;
     m->w16_loaded = NULL;

@@ -241,6 +241,11 @@ struct ctrl_model {
     uint16_t *w16;
     long *w16_lo;
     int w16_layer;
+    /* The pages the widened layer borrows (core/page_pool.h: one frame of the largest layer's whole
+     * pages, lent to the layer widened now and taken back when the next one is): widening writes
+     * resident memory instead of faulting and zeroing fresh pages; NULL: the old way (no pages
+     * whole inside a layer, no memory for it, CTRL_TEST_BF16_REFAULT set). */
+    struct page_pool *w16_pool;
     /* The frozen base held in bf16 under LoRA (model_bf16_store.c, ctrl_model_hold_base_bf16): the
      * layers' norms and biases in fp32 (w16_keep, view after view; NULL for a frozen model held
      * whole), and the number of weights in w16. */

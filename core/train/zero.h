@@ -173,7 +173,7 @@ typedef struct train_zero {
     /* stage 3 on the CPU: the pages reused by the gathers (zero_layers.c): `pool` lends its pages to the
      * released ranges of the layers in use, `gpool` to the layers' gradients during their backward;
      * NULL when off (CTRL_TEST_ZERO3_REFAULT=1, a device) */
-    struct zero_pool *pool, *gpool; /* zero_pool.h */
+    struct page_pool *pool, *gpool; /* page_pool.h */
     /* stage 3 over a QLoRA base on the CPU, several ranks (zero_nf4.c): this rank's slices of every
      * layer's NF4 weights, a layer's gathered whole into the model's store by need_layer and freed by
      * its release; NULL otherwise */

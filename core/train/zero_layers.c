@@ -8,7 +8,7 @@
  * layer_unit, frozen, state): the model's hooks gather them around each use -- the lookup, the head's
  * forward (with its backward when fused), its backward -- and release them after; no prefetch.
  *
- * The released ranges' pages are reused (zero_pool.h): a gather into released pages would fault and
+ * The released ranges' pages are reused (page_pool.h): a gather into released pages would fault and
  * zero each page again, at every use of every layer (5-20x the cost of writing resident memory on the
  * CPUs measured, docs/performance.md), so the layers in use borrow the pages of a small pool instead, moved
  * onto their released ranges (mremap) before the gather and moved back at the release. */
@@ -22,7 +22,7 @@
 
 #include "collective/collective.h"
 #include "train/zero.h"
-#include "train/zero_pool.h"
+#include "page_pool.h"
 
 struct ctrl_memory {
     train_zero *z;
@@ -35,7 +35,7 @@ static train_zero_unit in_params(const train_zero *z, int u) {
 
 /* [from, to) of the parameters back to the system, the whole pages inside it. */
 static void release_range(float *from, float *to) {
-    const zero_piece r = zero_page_span(from, to);
+    const page_piece r = page_span(from, to);
     if (r.len) madvise(r.at, r.len, MADV_DONTNEED);
 }
 
@@ -55,11 +55,11 @@ static ctrl_status release_params(train_zero *z, const train_zero_run *run, int 
 
 /* The whole pages a run's release hands back (the other ranks' slices, before and after this rank's),
  * into out[0..2); returns 2. */
-static int run_pieces(train_zero *z, const train_zero_run *run, zero_piece out[2]) {
+static int run_pieces(train_zero *z, const train_zero_run *run, page_piece out[2]) {
     const float *p = ctrl_model_params(z->model, NULL);
     size_t lo, hi;
     train_zero_run_cut(z, run, z->rank, &lo, &hi);
-    out[0] = zero_page_span(p + run->u.a, p + lo), out[1] = zero_page_span(p + hi, p + run->u.b);
+    out[0] = page_span(p + run->u.a, p + lo), out[1] = page_span(p + hi, p + run->u.b);
     return 2;
 }
 
@@ -107,20 +107,20 @@ static void lend_slot(train_zero *z, int l) {
     if (!z->pool || z->dev) return;
     int i;
     const int e = slot_runs(z, l, &i);
-    zero_piece pc[64];
+    page_piece pc[64];
     int n = 0;
     for (; i < e && n + 2 <= (int)(sizeof pc / sizeof pc[0]); i++) n += run_pieces(z, &z->runs[i], pc + n);
-    if (i < e) { /* more runs than pc holds: the old way (zero_pool_lend must not read past pc) */
-        zero_pool_count_miss(z->pool);
+    if (i < e) { /* more runs than pc holds: the old way (page_pool_lend must not read past pc) */
+        page_pool_count_miss(z->pool);
         return;
     }
-    zero_pool_lend(z->pool, l, pc, n);
+    page_pool_lend(z->pool, l, pc, n);
 }
 
 /* Slot l's runs released: the pool's pages back, or the ranges handed to the system. */
 static ctrl_status release_slot(train_zero *z, int l) {
     train_zero_nf4_release(z, l); /* QLoRA: the layer's NF4 weights freed */
-    const int lent = zero_pool_give_back(z->pool, l);
+    const int lent = page_pool_give_back(z->pool, l);
     ctrl_status st = CTRL_OK;
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
         st = release_params(z, &z->runs[i], lent);
@@ -195,8 +195,8 @@ static ctrl_status gather_backward(ctrl_memory *m, int layer) {
     if (z->gpool && layer >= 0 && layer < ctrl_model_cfg(z->model)->n_layers && z->layer_unit[layer] >= 0) {
         const int u = z->layer_unit[layer]; /* the host's: the layer's gradients on zeroed pool pages */
         const float *g = ctrl_model_grads(z->model, NULL);
-        const zero_piece pc = zero_page_span(g + z->units[u].a, g + z->units[u].b);
-        zero_pool_lend(z->gpool, u, &pc, 1);
+        const page_piece pc = page_span(g + z->units[u].a, g + z->units[u].b);
+        page_pool_lend(z->gpool, u, &pc, 1);
     }
     for (int u = 0; z->vm_grads && layer == 0 && u < z->n_units && st == CTRL_OK; u++)
         if (z->units[u].layer == TRAIN_ZERO_OUTER) st = train_zero_device_grads_in(z, u);
@@ -228,7 +228,7 @@ static ctrl_status finish_unit(train_zero *z, int u, void *handle) {
     const float *mine = g + (lo - z->units[u].a);
     for (size_t i = 0; i < hi - lo; i++) acc[i] += mine[i];
     memset(g, 0, sizeof(float) * len); /* (the pool's pages go back zeroed, as it lends them) */
-    if (!zero_pool_give_back(z->gpool, u)) release_range(g, g + len);
+    if (!page_pool_give_back(z->gpool, u)) release_range(g, g + len);
     return CTRL_OK;
 }
 
@@ -297,6 +297,9 @@ static const ctrl_memory_ops layer_hooks = {
     .after_backward = reduce_layer,
 };
 
+/* CTRL_TEST_ZERO3_REFAULT set: no pools, every use the old way (tests and benchmarks compare with it). */
+static int refault(void) { return getenv("CTRL_TEST_ZERO3_REFAULT") != NULL; }
+
 /* The frames the pools lend (the layer in use and the next one, prefetched or reduced in flight). */
 #define POOL_FRAMES 2
 
@@ -310,14 +313,14 @@ static void make_pool(train_zero *z) {
         size_t bytes = 0;
         int n = 0;
         for (int i, e = slot_runs(z, l, &i); i < e; i++) {
-            zero_piece pc[2];
+            page_piece pc[2];
             run_pieces(z, &z->runs[i], pc);
             bytes += pc[0].len + pc[1].len, n += (pc[0].len > 0) + (pc[1].len > 0);
         }
         if (l < n_layers && bytes > frame) frame = bytes;
         cap = n > cap ? n : cap;
     }
-    z->pool = zero_pool_new(POOL_FRAMES, frame, cap, z->n_slots);
+    z->pool = refault() ? NULL : page_pool_new(POOL_FRAMES, frame, cap, z->n_slots);
 }
 
 /* Stage 3's gradient pool: frames of the largest layer unit's pages (a unit a layer at any bucket). */
@@ -325,14 +328,14 @@ static void make_gpool(train_zero *z) {
     const float *g = ctrl_model_grads(z->model, NULL);
     size_t frame = 0;
     for (int u = 0; u < z->n_units; u++) {
-        const zero_piece pc = zero_page_span(g + z->units[u].a, g + z->units[u].b);
+        const page_piece pc = page_span(g + z->units[u].a, g + z->units[u].b);
         if (z->units[u].layer >= 0 && pc.len > frame) frame = pc.len;
     }
-    z->gpool = zero_pool_new(POOL_FRAMES, frame, 1, z->n_units);
+    z->gpool = refault() ? NULL : page_pool_new(POOL_FRAMES, frame, 1, z->n_units);
 }
 
 void train_zero_pool_free(train_zero *z) {
-    zero_pool_free(z->pool), zero_pool_free(z->gpool);
+    page_pool_free(z->pool), page_pool_free(z->gpool);
     z->pool = z->gpool = NULL;
 }
 
@@ -340,7 +343,7 @@ void train_zero_pool_report(const train_zero *z) {
     if (z->rank != 0 || z->stage < 3 || z->dev) return;
     if (getenv("CTRL_TEST_ZERO3_REFAULT")) /* (else no pool: nothing released to back) */
         CTRL_INFO("zero3: the released pages are faulted again at each use (CTRL_TEST_ZERO3_REFAULT)");
-    const zero_pool_stats p = zero_pool_get_stats(z->pool), g = zero_pool_get_stats(z->gpool);
+    const page_pool_stats p = page_pool_get_stats(z->pool), g = page_pool_get_stats(z->gpool);
     if (z->pool)
         CTRL_INFO("zero3: gathers into reused pages: %ld uses on %d of %d frames of %zu bytes, %ld the old "
                   "way (larger than a frame, or none free)%s",

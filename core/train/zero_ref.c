@@ -15,7 +15,7 @@
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
-#include "train/zero_pool.h"
+#include "page_pool.h"
 #include "train/zero_ref.h"
 
 int train_zero_ref_applies(const train_kind_env *env) {
@@ -103,7 +103,7 @@ ctrl_status train_zero_ref_report(train_zero *z, const char *what) {
     double v[2] = {(double)train_zero_resident(p, n * sizeof *p), (double)z->grad_peak};
     const ctrl_status st = ctrl_collective_allreduce_max_f64(v, 2);
     /* its own pool's loans (rank 0's): its gathers into reused pages, as the policy's */
-    const zero_pool_stats ps = zero_pool_get_stats(z->pool);
+    const page_pool_stats ps = page_pool_get_stats(z->pool);
     char pool[160] = "its released pages faulted again at each use";
     if (z->pool)
         snprintf(pool, sizeof pool, "%ld of its gathers into reused pages, %ld the old way%s", ps.lent,

@@ -20,7 +20,7 @@
 #      push folds the adapters into the gathered base (data parallel's curve; the server then generates
 #      what the saved adapter does over the base); over a QLoRA base (both servers then complete alike).
 # Every zero3 run's gathers (the policy's, the reference's, the teacher's, the pushes' whole-model
-# gathers) go through the page pool (zero_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1
+# gathers) go through the page pool (core/page_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1
 # in the environment (the pool off) the same checks pass against the old way.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_zero3_trainers_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
@@ -46,7 +46,7 @@ resume() {
   "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$out" "${strat[@]}" --set train.resume_from_checkpoint=last "$@" \
     >"$out.log" 2>&1 && ok || { bad "$name $z resume"; tail -5 "$out.log"; }
 }
-# pooled LOG WHAT: the run's zero3 gathers went through the page pool (zero_pool.h) and it never
+# pooled LOG WHAT: the run's zero3 gathers went through the page pool (core/page_pool.h) and it never
 # failed -- or, with CTRL_TEST_ZERO3_REFAULT=1 (the pool off: this test passes either way), said so
 pooled() {
   if [ -n "${CTRL_TEST_ZERO3_REFAULT:-}" ]; then

@@ -14,12 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <ctrl/attention.h>
 #include <ctrl/memory.h>
 
 #include "cpu/cpu_ops.h"
 #include "json_file.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/peft.h"
 #include "registry/registry.h"
@@ -199,4 +202,81 @@ TEST(lora_gradients_repeat_bit_for_bit_in_fresh_models) {
         repeatable("qwen2_attn_mlp", at_load, 330, 3);
         repeatable("llama_all_rslora", at_load, 97, 3);
     }
+}
+
+static long minor_faults(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt;
+}
+
+/* A 4-layer all-linear LoRA model with ~4 MB layers, its base held in the 2-byte store (even where a
+ * bf16 GEMM kernel would hold it as panels); refault: CTRL_TEST_BF16_REFAULT, the widened layer's
+ * pages faulted fresh each time (the way before the pool). Two steps; the second's minor faults in
+ * *faults, its log-probabilities and gradients copied into lp and *g. */
+static void widened_steps(int refault, float *lp, float **g, size_t *ng, long *faults, size_t *layer_bytes) {
+    ctrl_model_config cfg;
+    CHECK_EQ_INT(ctrl_model_config_load(CTRL_FIXTURE_DIR "/models/qwen2", &cfg), CTRL_OK);
+    cfg.hidden_size = 256, cfg.intermediate_size = 1024, cfg.n_layers = 4, cfg.n_heads = 4,
+    cfg.n_kv_heads = 2;
+    cfg.head_dim = 64;
+    ctrl_lora_config lc = {.r = 4, .lora_alpha = 8, .all_linear = 1, .seed = 5};
+    ctrl_model *m = NULL;
+    CHECK_EQ_INT(ctrl_model_create_lora(&cfg, eager(), &lc, &m), CTRL_OK);
+    if (!m) return;
+    ctrl_model_init_random(m, 11, 0.05f);
+    setenv("CTRL_NO_BASE_PANELS", "1", 1);
+    if (refault) setenv("CTRL_TEST_BF16_REFAULT", "1", 1);
+    CHECK_EQ_INT(ctrl_model_set_compute_dtype(m, CTRL_BF16), CTRL_OK);
+    CHECK_MSG(ctrl_model_hold_base_bf16(m) == CTRL_OK, "%s", ctrl_error_message());
+    unsetenv("CTRL_NO_BASE_PANELS"), unsetenv("CTRL_TEST_BF16_REFAULT");
+    CHECK(ctrl_model_base_held_bf16(m) && !ctrl_model_base_in_panels(m));
+    *layer_bytes = 0;
+    for (int v = 0; v < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *pv = ctrl_model_view(m, v);
+        if (!strncmp(pv->name, "model.layers.0.", 15) && pv->offset < ctrl_model_trainable_offset(m))
+            *layer_bytes += sizeof(float) * (size_t)pv->numel;
+    }
+    enum { T = 40 };
+    int32_t tok[T], pos[T], tg[T], cu[3] = {0, 17, T};
+    float dlogp[T];
+    for (int t = 0; t < T; t++)
+        tok[t] = (t * 37 + 5) % 128, pos[t] = t < 17 ? t : t - 17, tg[t] = (t * 53 + 1) % 128,
+        dlogp[t] = -0.05f;
+    const ctrl_batch b = {.T = T, .B = 2, .tokens = tok, .positions = pos, .cu_seqlens = cu, .targets = tg};
+    for (int step = 0; step < 2; step++) {
+        const long before = minor_faults();
+        ctrl_model_set_training(m, 1, (uint64_t)step + 1);
+        CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward_fused(m, &b, dlogp, lp, NULL, NULL), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_backward(m, NULL), CTRL_OK);
+        *faults = minor_faults() - before;
+    }
+    const float *gr = ctrl_model_grads(m, ng);
+    *g = malloc(sizeof(float) * *ng);
+    memcpy(*g, gr, sizeof(float) * *ng);
+    ctrl_model_free(m);
+}
+
+/* The widened layer borrows a pool's resident pages (core/page_pool.h): a step after the first faults
+ * none of the layers' pages in again -- against the old way, which faults each layer's pages at every
+ * widening (the forward's and the backward's) -- and the numbers are the same bit for bit. */
+TEST(lora_bf16_base_widens_into_resident_pages) {
+    float lp[2][40];
+    float *g[2] = {NULL, NULL};
+    size_t ng[2] = {0, 0}, layer_bytes = 0;
+    long faults[2] = {0, 0};
+    for (int k = 0; k < 2; k++) widened_steps(k, lp[k], &g[k], &ng[k], &faults[k], &layer_bytes);
+    const long layer_pages = (long)(layer_bytes / (size_t)sysconf(_SC_PAGESIZE));
+    printf("  second step's minor faults: %ld reusing pages, %ld faulted fresh (a layer: %ld pages)\n",
+           faults[0], faults[1], layer_pages);
+    CHECK(!memcmp(lp[0], lp[1], sizeof lp[0]));
+    CHECK(g[0] && g[1] && ng[0] == ng[1] && ng[0] > 0 && !memcmp(g[0], g[1], sizeof(float) * ng[0]));
+    /* the old way: 6 widenings' pages -- the forward's of layers 1-3 (layer 0 stays widened from the
+     * first step's backward) and the backward's of layers 2-0 (layer 3 stays) */
+    CHECK_MSG(faults[1] >= 6 * layer_pages * 9 / 10, "faulted fresh: %ld minor faults, want >= %ld",
+              faults[1], 6 * layer_pages * 9 / 10);
+    CHECK_MSG(faults[0] < layer_pages / 2, "reusing pages: %ld minor faults, want < %ld", faults[0],
+              layer_pages / 2);
+    free(g[0]), free(g[1]);
 }

@@ -1,4 +1,4 @@
-/* The pool of zero_pool.h. Each frame is written once before its first loan, so that its pages are
+/* The pool of page_pool.h. Each frame is written once before its first loan, so that its pages are
  * present and the whole pool keeps one anon_vma (the pieces moved home merge back into one mapping).
  * A loan moves the frame's pages onto the use's pieces in order (mremap with MREMAP_FIXED: the page
  * tables move; no fault, no copy); the release moves them back. Both moves keep the range they leave
@@ -7,7 +7,7 @@
  * the hole and the move home would replace that memory with the frame's pages. A use with more bytes
  * or pieces than a frame takes, or while every frame is lent, takes the old way; so does every use
  * once an mremap has failed. */
-#include "train/zero_pool.h"
+#include "page_pool.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -18,39 +18,39 @@
 
 #include <ctrl/log.h>
 
-struct zero_pool {
+struct page_pool {
     char *base;
     size_t frame;
     int frames, cap; /* cap: pieces a frame lends at most */
     int *key_of;     /* per frame: the key it is lent to, -1 free */
     int *n;          /* per frame: its pieces lent, piece[f * cap ..] */
     char *ready;     /* per frame: written once (its pages present) */
-    zero_piece *piece;
+    page_piece *piece;
     int *frame_of, n_keys; /* per key: its frame, -1 none */
     long lent, missed;
     int broken;
 };
 
-zero_piece zero_page_span(const void *from, const void *to) {
+page_piece page_span(const void *from, const void *to) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)from + page - 1) / page * page, hi = (uintptr_t)to / page * page;
-    return (zero_piece){(char *)lo, hi > lo ? hi - lo : 0};
+    return (page_piece){(char *)lo, hi > lo ? hi - lo : 0};
 }
 
-zero_pool *zero_pool_new(int frames, size_t frame, int cap, int n_keys) {
-    if (getenv("CTRL_TEST_ZERO3_REFAULT") || !frame || frames <= 0 || cap <= 0 || n_keys <= 0) return NULL;
-    zero_pool *pl = calloc(1, sizeof *pl);
+page_pool *page_pool_new(int frames, size_t frame, int cap, int n_keys) {
+    if (!frame || frames <= 0 || cap <= 0 || n_keys <= 0) return NULL;
+    page_pool *pl = calloc(1, sizeof *pl);
     if (!pl) return NULL;
     pl->frame = frame, pl->frames = frames, pl->cap = cap, pl->n_keys = n_keys;
     pl->key_of = malloc(sizeof(int) * (size_t)frames), pl->n = calloc((size_t)frames, sizeof(int));
     pl->ready = calloc((size_t)frames, 1);
-    pl->piece = malloc(sizeof(zero_piece) * (size_t)frames * (size_t)cap);
+    pl->piece = malloc(sizeof(page_piece) * (size_t)frames * (size_t)cap);
     pl->frame_of = malloc(sizeof(int) * (size_t)n_keys);
     void *base =
         mmap(NULL, frame * (size_t)frames, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     pl->base = base == MAP_FAILED ? NULL : base;
     if (!pl->key_of || !pl->n || !pl->ready || !pl->piece || !pl->frame_of || !pl->base) {
-        zero_pool_free(pl);
+        page_pool_free(pl);
         return NULL;
     }
     for (int f = 0; f < frames; f++) pl->key_of[f] = -1;
@@ -58,16 +58,16 @@ zero_pool *zero_pool_new(int frames, size_t frame, int cap, int n_keys) {
     return pl;
 }
 
-void zero_pool_free(zero_pool *pl) {
+void page_pool_free(page_pool *pl) {
     if (!pl) return;
     if (pl->base) munmap(pl->base, pl->frame * (size_t)pl->frames);
     free(pl->key_of), free(pl->n), free(pl->ready), free(pl->piece), free(pl->frame_of), free(pl);
 }
 
-static void pool_broken(zero_pool *pl, const char *what) {
+static void pool_broken(page_pool *pl, const char *what) {
     if (!pl->broken)
-        CTRL_WARN("zero3: reusing the released pages failed (%s: %s); they are faulted "
-                  "again at each use from here on",
+        CTRL_WARN("reusing released pages failed (%s: %s); they are faulted again at each use "
+                  "from here on",
                   what, strerror(errno));
     pl->broken = 1;
 }
@@ -77,7 +77,7 @@ static int move_pages(char *from, size_t len, char *to) {
     return mremap(from, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to) != MAP_FAILED;
 }
 
-void zero_pool_lend(zero_pool *pl, int key, const zero_piece *pc, int n) {
+void page_pool_lend(page_pool *pl, int key, const page_piece *pc, int n) {
     if (!pl || pl->broken || key < 0 || key >= pl->n_keys || pl->frame_of[key] >= 0) return;
     size_t need = 0;
     int k = 0, f = 0;
@@ -90,7 +90,7 @@ void zero_pool_lend(zero_pool *pl, int key, const zero_piece *pc, int n) {
     }
     char *from = pl->base + (size_t)f * pl->frame;
     if (!pl->ready[f]) memset(from, 0, pl->frame), pl->ready[f] = 1; /* present (zeros: the gradients') */
-    zero_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
+    page_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
     int m = 0;
     for (int i = 0; i < n; i++) {
         if (!pc[i].len) continue;
@@ -100,7 +100,7 @@ void zero_pool_lend(zero_pool *pl, int key, const zero_piece *pc, int n) {
             pool_broken(pl, "mremap");
             if (mmap(pc[i].at, pc[i].len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
                      0) == MAP_FAILED)
-                CTRL_ERROR("zero3: a released range could not be mapped again: %s", strerror(errno));
+                CTRL_ERROR("page pool: a released range could not be mapped again: %s", strerror(errno));
             pl->missed++;
             return;
         }
@@ -109,11 +109,11 @@ void zero_pool_lend(zero_pool *pl, int key, const zero_piece *pc, int n) {
     pl->n[f] = m, pl->key_of[f] = key, pl->frame_of[key] = f, pl->lent++;
 }
 
-int zero_pool_give_back(zero_pool *pl, int key) {
+int page_pool_give_back(page_pool *pl, int key) {
     const int f = pl && key >= 0 && key < pl->n_keys ? pl->frame_of[key] : -1;
     if (f < 0) return 0;
     char *home = pl->base + (size_t)f * pl->frame;
-    const zero_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
+    const page_piece *mine = pl->piece + (size_t)f * (size_t)pl->cap;
     for (int i = 0; i < pl->n[f]; i++) {
         if (pl->broken || !move_pages(mine[i].at, mine[i].len, home)) {
             if (!pl->broken) pool_broken(pl, "mremap back");
@@ -125,12 +125,12 @@ int zero_pool_give_back(zero_pool *pl, int key) {
     return 1;
 }
 
-void zero_pool_count_miss(zero_pool *pl) {
+void page_pool_count_miss(page_pool *pl) {
     if (pl) pl->missed++;
 }
 
-zero_pool_stats zero_pool_get_stats(const zero_pool *pl) {
-    zero_pool_stats s = {0};
+page_pool_stats page_pool_get_stats(const page_pool *pl) {
+    page_pool_stats s = {0};
     if (!pl) return s;
     s.lent = pl->lent, s.missed = pl->missed, s.frames = pl->frames, s.frame = pl->frame;
     s.broken = pl->broken;
