@@ -117,6 +117,8 @@ for dtype in $DTYPES; do
   printf '| ctrl LoRA, dtype = %s | %d | %s | %.1f | %s | %.1f | %s | %s | %s |\n' $dtype $((peak / 1024)) "$wall" "$cpu" "$cps" \
     "$tps" "$([ -n "$tokens" ] && awk -v n="$tokens" -v c="$cpu" 'BEGIN {printf "%.1f", n / c}' || echo -)" \
     "${tokens:--}" "$loss"
+  awk -F': ' '/User time/ {u = $2} /System time/ {s = $2} /Minor/ {f = $2} END {
+    printf "  (user %s s, system %s s, %s minor page faults: the whole process)\n", u, s, f}' "$TMP/time-$dtype"
   grep -h "frozen base\|frozen embedding" "$TMP/log-$dtype" | sed 's/^.*LoRA: /  (ctrl log: /; s/$/)/' || true
   grep -h "memory after the first step" "$TMP/log-$dtype" | sed 's/^.*memory after/  (ctrl log: memory after/; s/$/)/' || true
 done
