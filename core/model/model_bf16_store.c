@@ -4,15 +4,15 @@
  * read as zeros and hold no memory until written again). Before a layer runs (forward or decode,
  * model_layer_forward) its weights are widened back into their fp32 place, and the previously
  * widened layer's pages are given back: one layer in fp32 at a time. The widened layer's pages are
- * borrowed from a one-frame pool (core/page_pool.h: its pages moved onto the layer's range with mremap
- * and moved back at the next widening), so that widening writes resident memory instead of faulting
- * and zeroing ~60 MB of fresh pages a layer (Qwen2.5-0.5B's shape), three times a training step
- * (forward, recompute, dX); where the pool cannot lend (mremap refused, no memory for the frame,
- * CTRL_TEST_BF16_REFAULT set) the layer's pages are given back with madvise and faulted again, as
- * before. The numbers are the same either way: every value of the layer's range is written. The embeddings,
- * the final norm and the LM head stay fp32 (rounded to bf16 values). The layout does not change: the views,
- * offsets and kernels see the same fp32 parameters, which the linear projections take as bf16
- * values (no rounded copy is made).
+ * borrowed from a one-frame pool (core/page_pool.h: its pages moved onto the layer's range with
+ * mremap and moved back at the next widening), so that widening writes resident memory instead of
+ * faulting and zeroing ~60 MB of fresh pages a layer (Qwen2.5-0.5B's shape), twice a layer a training
+ * step (the forward's; the backward's, for the recompute and dX); where the pool cannot lend (mremap
+ * refused, no memory for the frame, CTRL_TEST_BF16_REFAULT set) the layer's pages are given back with
+ * madvise and faulted again, as before. The numbers are the same either way: every value of the
+ * layer's range is written. The embeddings, the final norm and the LM head stay fp32 (rounded to bf16
+ * values). The layout does not change: the views, offsets and kernels see the same fp32 parameters,
+ * which the linear projections take as bf16 values (no rounded copy is made).
  *
  * Under LoRA with bf16 compute (ctrl_model_hold_base_bf16: the frozen base of an adapter run) only
  * the layers' projection weights are rounded: bf16 compute multiplies them as bf16 values anyway, so
@@ -186,8 +186,8 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
         m->w16_lo = NULL;
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: the bf16 copy of %ld weights", total);
     }
-    if (!panels &&
-        !getenv("CTRL_TEST_BF16_REFAULT")) { /* the widened layer's pages: a frame of the largest */
+    /* the widened layer's pages: one frame of the largest layer's */
+    if (!panels && !getenv("CTRL_TEST_BF16_REFAULT")) {
         size_t frame = 0;
         for (int l = 0; l < L; l++) {
             const page_piece pc = page_span(m->params + lo[l], m->params + hi[l]);
