@@ -76,6 +76,9 @@ typedef struct train_kind_env {
      * before slicing it): a frozen model of its own files the kind keeps beside it (GKD's teacher)
      * can be sliced (zero_ref.h); 0 otherwise */
     int zero3_frozen;
+    /* ZeRO-3 on several ranks on a device (zero_device.c): such a frozen model (GKD's teacher) is held
+     * whole on every rank's device beside the sliced model, not sliced; 0 otherwise */
+    int zero3_device;
 } train_kind_env;
 
 /* One optimizer step as a kind reports it (the loop adds the gradient norm). */

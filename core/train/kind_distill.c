@@ -149,6 +149,12 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
                                        env->zero3_prefetch, &k->teacher, &k->teacher_zero);
     else if (st == CTRL_OK)
         st = train_teacher_load(env->cfg, env->model, env->tok, env->plugins->attention->ops, &k->teacher);
+    /* on a device the teacher stays whole on every rank's device, as the sequence kind's reference */
+    if (st == CTRL_OK && env->zero3_device && ctrl_collective_is_root())
+        CTRL_INFO("zero3 on %s: the teacher is whole on every rank's device (%zu bytes of parameters%s), the "
+                  "student sliced",
+                  s->run.device, ctrl_model_param_bytes(k->teacher),
+                  s->teacher.bf16 ? ", computed in bf16" : "");
     const int generates = k->spec.lmbda > 0 || k->spec.seq_kd;
     if (st == CTRL_OK && generates) st = check_generation(env, k);
     if (st == CTRL_OK && generates) {

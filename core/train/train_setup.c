@@ -66,17 +66,12 @@ static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plug
     return CTRL_OK;
 }
 
-/* What zero3 runs with so far: the token, sequence and online kinds on the CPU and CUDA alike
- * (generation gathers the whole model around it; server mode's pushes on the CPU), the distill
- * kind on the CPU (its teacher sliced on the host). */
+/* What zero3 runs with so far: the token, sequence, online and distill kinds on the CPU and CUDA alike
+ * (generation gathers the whole model around it; server mode's pushes on the CPU; GKD's teacher sliced
+ * on the host, held whole on a device). */
 static ctrl_status zero3_supported(const run_state *r) {
     const ctrl_run_settings *s = r->s;
     const train_kind_ops *k = r->kind_ops;
-    if (k == &train_kind_distill && r->comp.device.type != CTRL_DEVICE_CPU)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "%s: [memory] strategies = zero3 with trainer = %s on %s: not supported yet "
-                              "(the teacher is sliced on the host only; run on the CPU, or zero1/zero2)",
-                              ctrl_config_where(r->cfg, "run", "device"), s->run.trainer, s->run.device);
     if (k != &train_kind_token && k != &train_kind_sequence && k != &train_kind_online &&
         k != &train_kind_distill)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
@@ -216,7 +211,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .zero3_sliced = sliced,
                                     .zero3_prefetch = prefetch,
                                     .zero3_frozen = zero_stage >= 3 && ctrl_collective_size() > 1 &&
-                                                    r->comp.device.type == CTRL_DEVICE_CPU};
+                                                    r->comp.device.type == CTRL_DEVICE_CPU,
+                                    .zero3_device = zero_stage >= 3 && ctrl_collective_size() > 1 &&
+                                                    r->comp.device.type != CTRL_DEVICE_CPU};
         train_zero_gen_init(&r->zgen, &r->zero, !s->generation.ds3_gather_for_generation);
         st = r->kind_ops->create(&env, &r->kind);
     }

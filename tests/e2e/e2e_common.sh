@@ -87,14 +87,15 @@ mpi_train() {
 
 # Training curves: column KEY of every metrics.jsonl line of DIR (curve_col DIR KEY), and two runs'
 # columns equal line by line within TOLERANCE relative (+ ABSOLUTE, 1e-12 unless given) over at
-# least 6 lines (curve_close DIR_A DIR_B KEY TOLERANCE [ABSOLUTE]; ok or bad, both printed on bad).
+# least 6 lines (CURVE_MIN=N: N) (curve_close DIR_A DIR_B KEY TOLERANCE [ABSOLUTE]; ok or bad, both
+# printed on bad).
 curve_col() { grep -o "\"$2\": [-0-9.e]*" "$1/metrics.jsonl" | sed 's/.*: //'; }
 curve_close() {
   local n
   n=$(paste <(curve_col "$1" "$3") <(curve_col "$2" "$3") |
-    awk -v tol="$4" -v abs="${5:-1e-12}" '{ d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1
+    awk -v tol="$4" -v abs="${5:-1e-12}" -v min="${CURVE_MIN:-6}" '{ d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1
          if (d > tol * m + abs) bad++; n++ }
-         END { print (n >= 6 && !bad) ? "ok" : n " lines, " bad+0 " differ" }')
+         END { print (n >= min && !bad) ? "ok" : n " lines, " bad+0 " differ" }')
   [ "$n" = ok ] && ok || { bad "$1 vs $2: $3 differs ($n)"; paste <(curve_col "$1" "$3") <(curve_col "$2" "$3"); }
 }
 
