@@ -67,8 +67,8 @@ static ctrl_status memory_strategies(const ctrl_config *cfg, const ctrl_run_plug
 }
 
 /* What zero3 runs with so far: the token, sequence, online and distill kinds on the CPU and CUDA alike
- * (generation gathers the whole model around it; server mode's pushes on the CPU; GKD's teacher sliced
- * on the host, held whole on a device). */
+ * (generation and server mode's pushes gather the whole model; GKD's teacher sliced on the host, held
+ * whole on a device). */
 static ctrl_status zero3_supported(const run_state *r) {
     const ctrl_run_settings *s = r->s;
     const train_kind_ops *k = r->kind_ops;
@@ -79,13 +79,6 @@ static ctrl_status zero3_supported(const run_state *r) {
                               "preference trainers, the online ones and GKD are; zero1 and zero2 work with "
                               "every trainer)",
                               s->run.trainer);
-    if ((k == &train_kind_online || k == &train_kind_distill) && s->generation.server &&
-        r->comp.device.type != CTRL_DEVICE_CPU)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: [generation] mode = server with [memory] strategies = zero3 on %s: not supported "
-            "yet (each push gathers the model whole on the CPU only); use colocate",
-            ctrl_config_where(r->cfg, "generation", "mode"), s->run.device);
     return CTRL_OK;
 }
 

@@ -12,8 +12,8 @@
 # curve; zero3 on the device (each rank's slices of the layers in device memory, the rest of a layer
 # mapped, gathered over NCCL and unmapped around each use: section below) follows it too, with the
 # per-rank device bytes the run logs checked. zero3 with NF4 on CUDA is refused naming the key
-# (overlap_comm on CUDA: test_zero_overlap_cuda_emu.sh), so is server mode; GKD with zero3 on CUDA (its teacher
-# whole on each device) follows data parallel on CUDA.
+# (overlap_comm on CUDA: test_zero_overlap_cuda_emu.sh; GKD and server mode with zero3 on CUDA:
+# test_zero3_trainers_cuda_emu.sh).
 # usage: test_zero_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
@@ -137,41 +137,4 @@ grep -q "\[memory\] strategies = zero3 with \[peft\] quantization = nf4 on a dev
   --set memory.stage3_param_persistence_threshold=auto >"$TMP/p3.log" 2>&1
 grep -q "stage3_param_persistence_threshold = auto with \[run\] device = cuda: not supported yet" "$TMP/p3.log" && ok ||
   { bad "zero3 persistence threshold on cuda: $(tail -2 "$TMP/p3.log")"; }
-# GKD under zero3 on CUDA: the student sliced (gathered whole on its device for its on-policy samples),
-# the teacher held whole on every rank's device (not sliced; the CPU slices it). lmbda 0.5 with seq_kd
-# (the student's, the teacher's and the dataset's micro-batches), 3 steps, evaluations before and after:
-# plain data parallel on CUDA's curve and evaluations, and the CPU's zero3 run (its teacher sliced on the
-# host); with LoRA on the student (2 steps, no seq_kd) data parallel's LoRA curve on CUDA.
-tiny_teacher
-INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
-  online_ini gkd gkd 3 "[gkd]" "lmbda = 0.5" "seq_kd = true" "max_new_tokens = 4" |
-  sed -e 's/^device = cpu/device = cuda/' -e "s#^eval_file = .*#eval_file = $TMP/data/eval16.jsonl#" >"$TMP/gkd.ini"
-gkd() { # gkd NAME SETTINGS...
-  local name=$1 && shift
-  "${MPI[@]}" "${C[@]}" train "$TMP/gkd.ini" --set run.output_dir="$TMP/$name" "$@" >"$TMP/$name.log" 2>&1 ||
-    { bad "gkd $name: exited $?"; tail -20 "$TMP/$name.log"; }
-}
-gkd gd
-gkd gz --set memory.strategies=zero3
-gkd gc --set memory.strategies=zero3 --set run.device=cpu
-for key in loss grad_norm on_policy; do CURVE_MIN=3 curve_close "$TMP/gd" "$TMP/gz" $key 1e-6; done
-CURVE_MIN=2 curve_close "$TMP/gd" "$TMP/gz" eval_loss 1e-6
-CURVE_MIN=3 curve_close "$TMP/gc" "$TMP/gz" loss 1e-5
-grep -q '"on_policy": 0.5' "$TMP/gz/metrics.jsonl" && ok || bad "gkd zero3 on cuda: no step mixes on-policy micro-batches"
-grep -q "zero3 on cuda: the teacher is whole on every rank's device ([0-9]* bytes of parameters), the student sliced" \
-  "$TMP/gz.log" && grep -q "zero3 on the device: per rank between steps" "$TMP/gz.log" && ok ||
-  bad "gkd zero3 on cuda: '$(grep -m2 "zero3 on" "$TMP/gz.log")'"
-grep -q "zero3: the teacher sliced over the ranks as the student" "$TMP/gc.log" && ok || bad "gkd zero3 on the cpu: the teacher not sliced"
-lora=(--set peft.enabled=true --set gkd.seq_kd=false --set train.max_steps=2)
-gkd gl "${lora[@]}"
-gkd glz "${lora[@]}" --set memory.strategies=zero3
-for key in loss grad_norm; do CURVE_MIN=2 curve_close "$TMP/gl" "$TMP/glz" $key 1e-6; done
-CURVE_MIN=2 curve_close "$TMP/gl" "$TMP/glz" eval_loss 1e-6
-grep -q "zero3 on the device: per rank between steps" "$TMP/glz.log" && grep -q "LoRA adapter" "$TMP/glz.log" && ok ||
-  bad "gkd lora zero3 on cuda: not sliced on the device, or no adapter saved"
-# server mode (a push's whole-model gather) under zero3 runs on the CPU only: on CUDA refused naming the key
-"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/s3" --set run.device=cuda --set memory.strategies=zero3 \
-  --set run.trainer=grpo --set generation.mode=server --set reward.len.plugin=length >"$TMP/s3.log" 2>&1
-grep -q "generation.mode: \[generation\] mode = server with \[memory\] strategies = zero3 on cuda: not supported yet" "$TMP/s3.log" && ok ||
-  { bad "zero3 server mode on cuda: $(tail -2 "$TMP/s3.log")"; }
 finish

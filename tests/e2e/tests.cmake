@@ -104,6 +104,9 @@ ctrl_e2e_test(test_offload_emu test_offload_emu.sh EMU)
 # Data parallel and ZeRO-2 on CUDA over NCCL: 2 ranks on the emulated runtime, NCCL and libctrl_mpi.so
 # (tests/e2e/test_zero_cuda_emu.sh).
 ctrl_e2e_test(test_zero_cuda_emu test_zero_cuda_emu.sh EMU_MPI SKIP TIMEOUT 600)
+# GKD (the teacher whole on each device) and server mode (each push a whole-model gather on the devices)
+# under zero3 on CUDA, against plain data parallel on CUDA (tests/e2e/test_zero3_trainers_cuda_emu.sh).
+ctrl_e2e_test(test_zero3_trainers_cuda_emu test_zero3_trainers_cuda_emu.sh EMU_MPI SKIP TIMEOUT 300)
 
 # GRPO and PPO over 2 ranks on CUDA (the value model's gradients over NCCL) against 2 ranks on the CPU,
 # under the emulated runtime, NCCL and libctrl_mpi.so (tests/e2e/test_online_cuda_emu.sh).
