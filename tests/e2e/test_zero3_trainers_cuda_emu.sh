@@ -42,9 +42,9 @@ grep -q "zero3 on the device: per rank between steps" "$TMP/glz.log" && grep -q 
   bad "gkd lora zero3 on cuda: not sliced on the device, or no adapter saved"
 # Server mode under zero3 on CUDA: each push maps and gathers the whole model on every rank's device over
 # NCCL (fp32), rank 0 sends the host copy refreshed from it. One `ctrl serve` of the initial model for
-# every run: each run's first push (before its first generation) puts its start weights back. GRPO and
-# GKD (lmbda 1), 2 steps each: data parallel on CUDA's curve, 1 + 2 pushes a run, and the server then
-# generating what the saved zero3 model does.
+# every run: each run's first push (before its first generation) puts its start weights back. GRPO (with
+# and without LoRA) and GKD (lmbda 1), 2 steps each: data parallel on CUDA's curve, 1 + 2 pushes a run, and
+# the server then generating what the saved zero3 model does.
 P=$(free_port)
 "${C[@]}" serve --model "$TMP/model" --port "$P" >"$TMP/serve.log" 2>&1 &
 SP=$!
@@ -66,6 +66,14 @@ served "$TMP/grpo-s.ini" sz --set memory.strategies=zero3
 for key in reward loss grad_norm; do CURVE_MIN=2 curve_close "$TMP/sd" "$TMP/sz" $key 1e-6 1e-9; done
 grep -q "zero3 on the device: per rank between steps" "$TMP/sz.log" && ok || bad "grpo server mode: zero3 not on the device"
 server_greedy_same "$P" "$TMP/sz" 8 "grpo zero3 server mode on cuda"
+# with LoRA (its frozen base sliced on the devices too): each push folds the adapters into the gathered
+# base's host copy; the server then completes as the saved adapter over the base does
+plora=(--set peft.enabled=true --set peft.r=4 --set peft.lora_alpha=8)
+served "$TMP/grpo-s.ini" ld "${plora[@]}"
+served "$TMP/grpo-s.ini" lz "${plora[@]}" --set memory.strategies=zero3
+for key in reward loss grad_norm; do CURVE_MIN=2 curve_close "$TMP/ld" "$TMP/lz" $key 1e-6 1e-9; done
+grep -q "zero3 on the device: per rank between steps" "$TMP/lz.log" && ok || bad "grpo lora server mode: zero3 not on the device"
+server_greedy_same "$P" "$TMP/lz" 8 "grpo lora zero3 server mode on cuda" "$TMP/model"
 sed -e '/^eval_file = /d' -e '/^seq_kd = /d' -e 's/^lmbda = .*/lmbda = 1/' -e 's/^max_steps = .*/max_steps = 2/' \
   "$TMP/gkd.ini" >"$TMP/gkd-s.ini"
 served "$TMP/gkd-s.ini" kd
