@@ -37,9 +37,9 @@ typedef struct run_state {
     train_health health;
     train_dp dp; /* this rank's share of each step (data_parallel.h); root: writes the run's files */
     int root;
-    train_zero zero;  /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
-    train_zero_gen zgen; /* zero3's generation phases (zero_generate.h) */
-    train_memory mem; /* the process's memory at the edges of the first step (memory_report.h) */
+    train_zero zero;          /* ZeRO stage 1/2 (zero.h): this rank's slice of the optimizer state */
+    train_zero_gen zgen;      /* zero3's generation phases (zero_generate.h) */
+    train_memory mem;         /* the process's memory at the edges of the first step (memory_report.h) */
     struct train_offload *ov; /* offload_optimizer's host step overlapped (offload_overlap.h; NULL: not) */
 } run_state;
 
