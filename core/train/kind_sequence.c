@@ -39,6 +39,10 @@ struct train_kind {
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
     train_zero *ref_zero;         /* zero3 on several ranks: the reference sliced (zero_ref.h) */
+    /* zero3 with the reference whole beside the sliced policy (a CUDA model's): the policy gathered
+     * whole on every rank for a sync (kind.h's gather_whole); NULL otherwise */
+    ctrl_status (*gather_whole)(void *ctx, int on);
+    void *gather_ctx;
     int eval_bs;
     double aux_coef;                    /* train/moe_aux.h */
     seq_metrics step_m, window, eval_m; /* this step's (every rank's), the logging window's, eval's */
@@ -154,17 +158,9 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
         else if (!ctrl_model_lora(k->model)) {
             st = train_sequence_load_reference(env, &k->ref, &k->ref_zero);
             /* zero3 with the reference whole beside the sliced policy (a CUDA model's, or
-             * CTRL_TEST_ZERO3_WHOLE_REF): the sync would need the whole policy after every step */
+             * CTRL_TEST_ZERO3_WHOLE_REF): a sync gathers the whole policy first */
             if (st == CTRL_OK && k->spec.sync_ref_model && env->zero3_sliced && !k->ref_zero)
-                st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                                    "%s: [%s] sync_ref_model = true with [memory] strategies = zero3: not "
-                                    "supported yet with the reference whole (%s); the CPU's sliced "
-                                    "reference syncs",
-                                    ctrl_config_where(env->cfg, env->settings->run.trainer, "sync_ref_model"),
-                                    env->settings->run.trainer,
-                                    ctrl_model_device(env->model).type != CTRL_DEVICE_CPU
-                                        ? "on a device"
-                                        : "CTRL_TEST_ZERO3_WHOLE_REF");
+                k->gather_whole = env->gather_whole, k->gather_ctx = env->gather_ctx;
         } else if (k->spec.sync_ref_model)
             st = ctrl_error_set(CTRL_ERR_CONFIG,
                                 "[%s] sync_ref_model: not with [peft] (the reference is the base "
@@ -279,8 +275,6 @@ static ctrl_status sequence_accumulate(train_kind *k, const int *order, long *cu
     return st;
 }
 
-/* TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps, the reference
- * becomes alpha * policy + (1 - alpha) * reference. */
 /* The step's metrics into the logging window; with several ranks summed over them first, as TRL
  * gathers its metrics across processes (every rank reports the same names in the same order). */
 static ctrl_status window_add_step(train_kind *k) {
@@ -300,8 +294,10 @@ static ctrl_status window_add_step(train_kind *k) {
     return CTRL_OK;
 }
 
-/* TRL's SyncRefModelCallback syncs when state.global_step % ref_model_sync_steps == 0: the global
- * step, so a resumed run syncs at the same steps as an uninterrupted one. */
+/* TR-DPO (TRL's SyncRefModelCallback): every ref_model_sync_steps optimizer steps, the reference
+ * becomes alpha * policy + (1 - alpha) * reference. TRL syncs when state.global_step %
+ * ref_model_sync_steps == 0: the global step, so a resumed run syncs at the same steps as an
+ * uninterrupted one. */
 static ctrl_status sequence_after_step(train_kind *k, long step) {
     ctrl_status st = window_add_step(k);
     if (st != CTRL_OK) return st;
@@ -315,14 +311,19 @@ static ctrl_status sequence_after_step(train_kind *k, long step) {
                       (double)a, step);
         return st;
     }
+    /* the reference whole beside a zero3-sliced policy: the policy gathered whole for the mix */
+    if (k->gather_whole && (st = k->gather_whole(k->gather_ctx, 1)) != CTRL_OK) return st;
     size_t n, n_ref;
     const float *p = ctrl_model_params(k->model, &n);
     float *r = ctrl_model_params(k->ref, &n_ref);
-    if (n != n_ref) return ctrl_error_set(CTRL_ERR_RUNTIME, "sync_ref_model: the reference's shape differs");
-    for (size_t i = 0; i < n; i++) r[i] = r[i] * (1.0f - a) + p[i] * a;
-    ctrl_model_weights_changed(k->ref);
-    CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld", (double)a, step);
-    return CTRL_OK;
+    if (n != n_ref) st = ctrl_error_set(CTRL_ERR_RUNTIME, "sync_ref_model: the reference's shape differs");
+    for (size_t i = 0; st == CTRL_OK && i < n; i++) r[i] = r[i] * (1.0f - a) + p[i] * a;
+    if (st == CTRL_OK) ctrl_model_weights_changed(k->ref);
+    const ctrl_status released = k->gather_whole ? k->gather_whole(k->gather_ctx, 0) : CTRL_OK;
+    if (st == CTRL_OK && ctrl_collective_is_root())
+        CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld%s", (double)a,
+                  step, k->gather_whole ? ", the policy gathered whole" : "");
+    return st != CTRL_OK ? st : released;
 }
 
 static void write_metric(FILE *f, const char *prefix, const char *name, double v) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO-3 on CUDA with the preference trainers (the sequence kind), 2 ranks under the CUDA emulator
 # (issue 19; core/train/zero_device.c): DPO (its reference a frozen whole copy on each rank's device
-# beside the sliced policy; with LoRA the policy itself with its adapters disabled, no copy), KTO and
+# beside the sliced policy; with LoRA the policy itself with its adapters disabled, no copy; TR-DPO's
+# sync mixing that reference with the policy gathered whole), KTO and
 # the reward trainer (a sequence classifier: the causal LM's trunk under a fresh score, which lies
 # outside the layers and stays whole) follow plain data parallel on CUDA: loss and the trainers'
 # metrics within 1e-6, gradient norm 1e-5, as test_zero_mpi's DPO on the CPU.
@@ -45,6 +46,12 @@ ini dpo sigmoid_sft_precompute_ga.ini dpop
 pair dpop rewards/chosen rewards/margins logps/chosen
 ini reward grad_accum.ini rm
 pair rm accuracy
+# TR-DPO (sync_ref_model, a sync every 2 steps): the whole reference mixed with the policy gathered whole
+ini dpo sigmoid_tr_dpo.ini trdpo
+sed -i "s/^ref_model_sync_steps = .*/ref_model_sync_steps = 2/" "$TMP/trdpo.ini"
+pair trdpo rewards/chosen rewards/margins logps/chosen
+[ "$(grep -c 'sync_ref_model: reference mixed with the policy (alpha [0-9.]*) after step [24], the policy gathered whole' "$TMP/trdpo3.log")" = 2 ] &&
+  ok || bad "trdpo zero3 on CUDA: not 2 syncs of the gathered policy: $(grep sync_ref_model "$TMP/trdpo3.log")"
 # DPO with LoRA: the reference is the policy with its adapters disabled (no second model)
 ini dpo sigmoid.ini dpol
 EXTRA=(--set peft.enabled=true --set peft.target_modules=all-linear --set peft.init_lora_weights=false)
