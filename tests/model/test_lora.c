@@ -937,7 +937,10 @@ TEST(lora_merged_file_over_a_bf16_base) {
     CHECK_EQ_INT(ctrl_model_set_compute_dtype(held, CTRL_BF16), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_hold_base_bf16(held), CTRL_OK);
     char pa[] = "/tmp/ctrl_lora_push_a_XXXXXX", pb[] = "/tmp/ctrl_lora_push_b_XXXXXX";
-    CHECK(mkstemp(pa) >= 0 && mkstemp(pb) >= 0);
+    const int fa = mkstemp(pa), fb = mkstemp(pb); /* the writer replaces the files; only the names are used */
+    CHECK(fa >= 0 && fb >= 0);
+    if (fa >= 0) close(fa);
+    if (fb >= 0) close(fb);
     if (ctrl_model_base_in_panels(held)) {
         CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_ERR_UNSUPPORTED);
         CHECK(strstr(ctrl_error_message(), "CTRL_NO_BASE_PANELS") != NULL);
