@@ -111,22 +111,20 @@ ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_m
                                      const char *scratch_path) {
     ctrl_status st = ctrl_peft_save_merged_weights(m, scratch_path, CTRL_F32); /* adapters folded in */
     if (st != CTRL_OK) return st;
+    /* sent from the file a block at a time: no second copy of the weights in memory */
     FILE *f = fopen(scratch_path, "rb");
-    char *buf = NULL;
     long n = -1;
-    if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)n)) && fread(buf, 1, (size_t)n, f) != (size_t)n)
-        n = -1;
-    if (f) fclose(f);
-    remove(scratch_path);
-    if (!buf || n <= 0) {
-        free(buf);
+    if (f && fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (f && n > 0 && fseek(f, 0, SEEK_SET) != 0) n = -1;
+    remove(scratch_path); /* the open stream still reads it */
+    if (!f || n <= 0) {
+        if (f) fclose(f);
         return ctrl_error_set(CTRL_ERR_IO, "%s: cannot read the staged weights back", scratch_path);
     }
     ctrl_http_response r;
-    st = ctrl_http_post(url, "/update_weights", "application/octet-stream", buf, (size_t)n, bearer, TIMEOUT_S,
-                        &r);
-    free(buf);
+    st = ctrl_http_post_file(url, "/update_weights", "application/octet-stream", f, (size_t)n, bearer,
+                             TIMEOUT_S, &r);
+    fclose(f);
     if (st == CTRL_OK && r.status / 100 != 2) st = http_failed(url, "/update_weights", &r);
     ctrl_http_response_free(&r);
     return st;

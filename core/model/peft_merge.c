@@ -94,21 +94,59 @@ static float *copy_at(const ctrl_model *m, float *out, const size_t *pos, int l,
     return NULL;
 }
 
-/* View v's values as the model computes with them, into dst: a QLoRA base's dequantized, a bf16-held
- * base's or embedding's widened (exact), the rest as held. */
+/* Layer view v's values as the model computes with them, into dst: a QLoRA base's dequantized, a
+ * bf16-held base's widened (exact), the rest as held. */
 static ctrl_status view_values(ctrl_model *m, int v, float *dst) {
     const ctrl_param_view *pv = &m->views[v];
     const int l = view_layer(pv, m->cfg.n_layers);
     if (pv->nf4) return nf4_dequantize_view(m, pv, dst);
-    if (m->emb16 && (long)pv->offset == m->off_embed) {
-        ctrl_cpu_bf16_to_f32(dst, m->emb16, pv->numel);
-        return CTRL_OK;
-    }
     if (m->w16 && l >= 0 && (long)pv->offset >= m->w16_lo[l] &&
         (long)pv->offset < m->w16_lo[m->cfg.n_layers + l])
         MODEL_TRY(model_bf16_layer_weights(m, l)); /* this layer's, widened into its place */
     memcpy(dst, m->params + pv->offset, sizeof(float) * (size_t)pv->numel);
     return CTRL_OK;
+}
+
+/* The merged file, written a layer at a time: each layer's views filled into one buffer and its adapters
+ * folded in when the writer first asks for one of them (the views of a layer are one run in the file's
+ * name order); the views of no layer written from where the model holds them (a bf16 embedding table
+ * as BF16: its values exactly, without a widened copy). So a push holds one layer more, not a model. */
+typedef struct {
+    ctrl_model *m;
+    const char *path;
+    size_t *pos; /* view v's place in buf: from its layer's start; 0 for the views of no layer */
+    float *buf;  /* the largest layer's views, or the largest view of no layer */
+    int layer;   /* whose values buf holds; -1: none */
+} merged_writer;
+
+static ctrl_status merged_layer(merged_writer *w, int l) {
+    ctrl_model *m = w->m;
+    for (int v = 0; v < m->n_views; v++)
+        if (!m->views[v].lora && view_layer(&m->views[v], m->cfg.n_layers) == l)
+            MODEL_TRY(view_values(m, v, w->buf + w->pos[v]));
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
+        long wo, bias;
+        lora_base_weight(m, l, t, &wo, &bias);
+        if (m->lora_a[l * LORA_N_TARGETS + t] < 0) continue;
+        float *W = copy_at(m, w->buf, w->pos, l, wo);
+        if (!W)
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: layer %d's weight %d is in no view", w->path, l, t);
+        merge_linear(m, l, t, W);
+    }
+    float *E = m->layers[l].router >= 0 ? copy_at(m, w->buf, w->pos, l, m->layers[l].experts) : NULL;
+    if (E) lora_moe_merge(m, l, E); /* the experts' adapters (target_parameters) */
+    w->layer = l;
+    return CTRL_OK;
+}
+
+static ctrl_status merged_fetch(void *user, const ctrl_st_write *t) {
+    merged_writer *w = user;
+    ctrl_model *m = w->m;
+    int v = 0;
+    while (v < m->n_views && m->views[v].name != t->name) v++; /* the writer copies the name pointers */
+    if (v == m->n_views) return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: %s is no view", w->path, t->name);
+    const int l = view_layer(&m->views[v], m->cfg.n_layers);
+    return l < 0 || l == w->layer ? CTRL_OK : merged_layer(w, l); /* no layer's: written as held */
 }
 
 ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_dtype dtype) {
@@ -122,36 +160,36 @@ ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_
             "it as bf16 values)",
             path);
     const int n = m->n_views, L = m->cfg.n_layers;
-    size_t *pos = malloc(sizeof(size_t) * (size_t)n), total = 0;
-    ctrl_st_write *tensors = calloc((size_t)n, sizeof *tensors);
-    for (int v = 0; pos && v < n; v++)
-        if (!m->views[v].lora) pos[v] = total, total += (size_t)m->views[v].numel;
-    float *out = pos && tensors ? malloc(sizeof(float) * (total ? total : 1)) : NULL;
-    ctrl_status st =
-        out ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for the merged weights", path);
+    merged_writer w = {.m = m, .path = path, .layer = -1, .pos = calloc((size_t)n + 1, sizeof(size_t))};
+    size_t *layer_size = calloc((size_t)L + 1, sizeof(size_t)), most = 1;
+    ctrl_st_write *tensors = calloc((size_t)n + 1, sizeof *tensors);
     int k = 0;
-    for (int v = 0; st == CTRL_OK && v < n; v++) {
+    for (int v = 0; w.pos && layer_size && tensors && v < n; v++) {
         const ctrl_param_view *pv = &m->views[v];
-        if (pv->lora) continue; /* folded into their base weights below */
-        st = view_values(m, v, out + pos[v]);
-        tensors[k++] = (ctrl_st_write){
-            .name = pv->name, .data = out + pos[v], .ndim = pv->ndim, .shape = {pv->shape[0], pv->shape[1]}};
-    }
-    for (int l = 0; st == CTRL_OK && l < L; l++) {
-        for (int t = 0; st == CTRL_OK && t < LORA_N_TARGETS; t++) {
-            long w, bias;
-            lora_base_weight(m, l, t, &w, &bias);
-            if (m->lora_a[l * LORA_N_TARGETS + t] < 0) continue;
-            float *W = copy_at(m, out, pos, l, w);
-            if (W)
-                merge_linear(m, l, t, W);
-            else
-                st = ctrl_error_set(CTRL_ERR_RUNTIME, "%s: layer %d's weight %d is in no view", path, l, t);
+        if (pv->lora) continue; /* folded into their base weights */
+        const int l = view_layer(pv, L);
+        if (l >= 0) {
+            w.pos[v] = layer_size[l], layer_size[l] += (size_t)pv->numel;
+            most = layer_size[l] > most ? layer_size[l] : most;
         }
-        float *E = m->layers[l].router >= 0 ? copy_at(m, out, pos, l, m->layers[l].experts) : NULL;
-        if (E) lora_moe_merge(m, l, E);
+        ctrl_st_write *t = &tensors[k++];
+        *t = (ctrl_st_write){.name = pv->name, .ndim = pv->ndim, .shape = {pv->shape[0], pv->shape[1]}};
+        if (m->emb16 &&
+            (long)pv->offset == m->off_embed) /* the bf16 table as it is (exact): no widened copy */
+            t->raw = m->emb16, t->raw_dtype = CTRL_BF16;
+        else if (l < 0)
+            t->data = m->params + pv->offset;
     }
-    if (st == CTRL_OK) st = ctrl_safetensors_write(path, tensors, k, dtype);
-    free(out), free(tensors), free(pos);
+    w.buf = w.pos && layer_size && tensors ? malloc(sizeof(float) * most) : NULL;
+    ctrl_status st =
+        w.buf ? CTRL_OK
+              : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for a layer of the merged weights", path);
+    for (int i = 0, v = 0; st == CTRL_OK && v < n; v++) { /* a layer's tensors: where its fetch puts them */
+        if (m->views[v].lora) continue;
+        if (view_layer(&m->views[v], L) >= 0) tensors[i].data = w.buf + w.pos[v];
+        i++;
+    }
+    if (st == CTRL_OK) st = ctrl_safetensors_write_fetched(path, tensors, k, dtype, merged_fetch, &w);
+    free(w.buf), free(w.pos), free(layer_size), free(tensors);
     return st;
 }

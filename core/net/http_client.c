@@ -87,8 +87,28 @@ static ctrl_status send_all(int fd, const char *p, size_t n, const char *url) {
     return CTRL_OK;
 }
 
+/* len bytes of f, from where it stands, in blocks of 1 MiB: a body as large as a model is never held whole.
+ */
+static ctrl_status send_file(int fd, FILE *f, size_t len, const char *url) {
+    enum { BLOCK = 1 << 20 };
+    char *block = malloc(BLOCK);
+    ctrl_status st = block ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for the body", url);
+    while (st == CTRL_OK && len > 0) {
+        const size_t want = len < BLOCK ? len : BLOCK, got = fread(block, 1, want, f);
+        if (got != want) {
+            st = ctrl_error_set(CTRL_ERR_IO, "%s: the body's file ended %zu bytes early", url, len - got);
+            break;
+        }
+        st = send_all(fd, block, got, url);
+        len -= got;
+    }
+    free(block);
+    return st;
+}
+
+/* The body is len bytes: `body` in memory, or read from `body_file` (then body is NULL). */
 static ctrl_status request(const char *base, const char *path, const char *method, const char *content_type,
-                           const void *body, size_t len, const char *bearer, int timeout_s,
+                           const void *body, FILE *body_file, size_t len, const char *bearer, int timeout_s,
                            ctrl_http_response *out) {
     memset(out, 0, sizeof *out);
     char host[256], port[16], url[1024];
@@ -120,7 +140,8 @@ static ctrl_status request(const char *base, const char *path, const char *metho
     if (bearer) hn += snprintf(head + hn, sizeof head - (size_t)hn, "Authorization: Bearer %s\r\n", bearer);
     hn += snprintf(head + hn, sizeof head - (size_t)hn, "\r\n");
     st = send_all(fd, head, (size_t)hn, url);
-    if (st == CTRL_OK && len) st = send_all(fd, body, len, url);
+    if (st == CTRL_OK && len)
+        st = body_file ? send_file(fd, body_file, len, url) : send_all(fd, body, len, url);
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
     if (!buf && st == CTRL_OK) st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for the response", url);
@@ -188,11 +209,16 @@ static ctrl_status request(const char *base, const char *path, const char *metho
 
 ctrl_status ctrl_http_post(const char *base_url, const char *path, const char *content_type, const void *body,
                            size_t len, const char *bearer, int timeout_s, ctrl_http_response *out) {
-    return request(base_url, path, "POST", content_type, body, len, bearer, timeout_s, out);
+    return request(base_url, path, "POST", content_type, body, NULL, len, bearer, timeout_s, out);
+}
+
+ctrl_status ctrl_http_post_file(const char *base_url, const char *path, const char *content_type, FILE *body,
+                                size_t len, const char *bearer, int timeout_s, ctrl_http_response *out) {
+    return request(base_url, path, "POST", content_type, NULL, body, len, bearer, timeout_s, out);
 }
 
 ctrl_status ctrl_http_get(const char *base_url, const char *path, int timeout_s, ctrl_http_response *out) {
-    return request(base_url, path, "GET", NULL, NULL, 0, NULL, timeout_s, out);
+    return request(base_url, path, "GET", NULL, NULL, NULL, 0, NULL, timeout_s, out);
 }
 
 void ctrl_http_response_free(ctrl_http_response *r) {

@@ -7,6 +7,7 @@
 #define CTRL_CORE_HTTP_CLIENT_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include <ctrl/status.h>
 
@@ -21,6 +22,10 @@ typedef struct ctrl_http_response {
  * URL; a non-2xx status is returned in *out for the caller to report. timeout_s bounds every wait. */
 ctrl_status ctrl_http_post(const char *base_url, const char *path, const char *content_type, const void *body,
                            size_t len, const char *bearer, int timeout_s, ctrl_http_response *out);
+/* The same with the body read from `body` (len bytes from its position), sent a block at a time: a
+ * model's weights pushed to a server without a copy of them in memory. */
+ctrl_status ctrl_http_post_file(const char *base_url, const char *path, const char *content_type, FILE *body,
+                                size_t len, const char *bearer, int timeout_s, ctrl_http_response *out);
 ctrl_status ctrl_http_get(const char *base_url, const char *path, int timeout_s, ctrl_http_response *out);
 void ctrl_http_response_free(ctrl_http_response *r);
 /* Decodes a chunked body (RFC 9112 7.1: hex size lines with optional extensions, the data, CRLF;

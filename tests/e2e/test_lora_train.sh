@@ -214,7 +214,8 @@ qkl1=$(grep '"step": 1,' "$TMP/qdgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-
   ok || bad "grpo qdora: kl at step 1 $qkl1, or no magnitudes in the adapter"
 # 5b. Server mode with LoRA (TRL's vllm_mode = server with PEFT): every push sends the base with the
 # adapters folded in, so the server then generates what the saved adapter does over the base; with a
-# QLoRA base it sends the dequantized base, merged. Refused on a device and with zero3 (test_config_errors).
+# QLoRA base it sends the dequantized base, merged (on a device and under zero3: test_online_cuda_emu,
+# test_zero3_trainers_mpi).
 PORT=$(free_port)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
 SERVER=$!

@@ -2,9 +2,11 @@
  * size lines in hex with extensions, trailers), malformed chunking refused, Content-Length
  * honoured (a longer body cut to it, a shorter one an error), an unknown transfer coding refused;
  * both through ctrl_http_dechunk and end to end from a socket server in this process that answers
- * one canned response. */
+ * one canned response. A body posted from a file (ctrl_http_post_file, server mode's weight push)
+ * arrives whole, byte for byte, across its 1 MiB blocks; a file shorter than the length given is an error. */
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -72,19 +74,24 @@ static void *serve_once(void *arg) {
     return NULL;
 }
 
-/* GET / against a server answering `response`; the status of the call, the response in *r. */
-static ctrl_status get(const char *response, ctrl_http_response *r) {
-    canned = response;
+/* A loopback listener on a free port served by `serve` in a thread; its base URL in base. */
+static int listen_on(void *(*serve)(void *), char *base, size_t cap, pthread_t *t) {
     listen_fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
     if (bind(listen_fd, (struct sockaddr *)&a, sizeof a) || listen(listen_fd, 1) ||
         getsockname(listen_fd, (struct sockaddr *)&a, &al))
-        return CTRL_ERR_IO;
+        return -1;
+    snprintf(base, cap, "http://127.0.0.1:%d", ntohs(a.sin_port));
+    return pthread_create(t, NULL, serve, NULL);
+}
+
+/* GET / against a server answering `response`; the status of the call, the response in *r. */
+static ctrl_status get(const char *response, ctrl_http_response *r) {
+    canned = response;
     char base[64];
-    snprintf(base, sizeof base, "http://127.0.0.1:%d", ntohs(a.sin_port));
     pthread_t t;
-    pthread_create(&t, NULL, serve_once, NULL);
+    if (listen_on(serve_once, base, sizeof base, &t)) return CTRL_ERR_IO;
     const ctrl_status st = ctrl_http_get(base, "/", 5, r);
     pthread_join(t, NULL);
     close(listen_fd);
@@ -142,4 +149,75 @@ TEST(unknown_transfer_coding_refused) {
     ctrl_http_response r = {0};
     CHECK(get("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx", &r) == CTRL_ERR_FORMAT);
     CHECK_CONTAINS(ctrl_error_message(), "gzip");
+}
+
+static unsigned char *received; /* the body the capturing server read */
+static size_t received_len;
+
+/* Accepts one connection, reads the request's head and the Content-Length bytes after it into
+ * `received`, answers 200 and closes. */
+static void *serve_capture(void *arg) {
+    (void)arg;
+    const int c = accept(listen_fd, NULL, NULL);
+    if (c < 0) return NULL;
+    size_t cap = 1 << 16, n = 0, want = (size_t)-1;
+    char *req = malloc(cap);
+    while (req && n < want) {
+        if (n == cap) req = realloc(req, cap *= 2);
+        const ssize_t k = req ? recv(c, req + n, cap - n, 0) : -1;
+        if (k <= 0) break;
+        n += (size_t)k;
+        const char *end = want == (size_t)-1 ? memmem(req, n, "\r\n\r\n", 4) : NULL;
+        const char *cl = end ? memmem(req, (size_t)(end - req), "Content-Length: ", 16) : NULL;
+        if (cl) want = (size_t)(end + 4 - req) + strtoull(cl + 16, NULL, 10);
+    }
+    if (req && n == want) {
+        const char *body = (const char *)memmem(req, n, "\r\n\r\n", 4) + 4;
+        received_len = n - (size_t)(body - req);
+        received = malloc(received_len + 1);
+        memcpy(received, body, received_len);
+    }
+    free(req);
+    canned = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    (void)!send(c, canned, strlen(canned), MSG_NOSIGNAL);
+    close(c);
+    return NULL;
+}
+
+/* POSTs len bytes of f to a capturing server. */
+static ctrl_status post_file(FILE *f, size_t len, ctrl_http_response *r) {
+    char base[64];
+    pthread_t t;
+    if (listen_on(serve_capture, base, sizeof base, &t)) return CTRL_ERR_IO;
+    const ctrl_status st =
+        ctrl_http_post_file(base, "/update_weights", "application/octet-stream", f, len, NULL, 5, r);
+    if (st != CTRL_OK) shutdown(listen_fd, SHUT_RDWR); /* the server's accept returns */
+    pthread_join(t, NULL);
+    close(listen_fd);
+    return st;
+}
+
+TEST(file_body_sent_whole) {
+    const size_t len = (3u << 20) + 17; /* three full blocks and a partial one */
+    unsigned char *data = malloc(len);
+    for (size_t i = 0; i < len; i++) data[i] = (unsigned char)(i * 2654435761u >> 13);
+    FILE *f = tmpfile();
+    CHECK(f && fwrite(data, 1, len, f) == len && fseek(f, 0, SEEK_SET) == 0);
+    ctrl_http_response r = {0};
+    received = NULL, received_len = 0;
+    CHECK_EQ_INT(post_file(f, len, &r), CTRL_OK);
+    CHECK_EQ_INT(r.status, 200);
+    CHECK_EQ_INT(received_len, len);
+    CHECK(received && !memcmp(received, data, len));
+    ctrl_http_response_free(&r);
+    free(received);
+    /* a file shorter than the length given: an error naming it, not a short body sent as whole */
+    CHECK(fseek(f, 0, SEEK_SET) == 0);
+    received = NULL;
+    CHECK(post_file(f, len + 5, &r) == CTRL_ERR_IO);
+    CHECK_CONTAINS(ctrl_error_message(), "ended 5 bytes early");
+    CHECK(received == NULL);
+    free(received);
+    fclose(f);
+    free(data);
 }

@@ -28,12 +28,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/cpu_ops.h"
 #include "model/json_file.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/peft.h"
+#include "model/safetensors.h"
 #include "test.h"
 #include "test_registry.h"
 
@@ -343,4 +345,41 @@ TEST(lora_embedding_in_bf16_untied_or_refused_when_trained) {
         CHECK_EQ_INT(ctrl_model_head_stats(u[0], lp[0], NULL), CTRL_OK); /* the head is not the table */
     }
     ctrl_model_free(u[0]), ctrl_model_free(u[1]);
+}
+
+/* Server mode's push of a LoRA model whose table is held in bf16 (ctrl_peft_save_merged_weights): the
+ * table goes into the file as it is held, a BF16 tensor (no widened fp32 copy of it is made), and every
+ * tensor read back as fp32 equals, bit for bit, the file of the same model whose fp32 table holds the
+ * rounded values (where the base is the bf16 GEMM's panels the push is refused: test_lora's case). */
+TEST(lora_merged_file_keeps_the_bf16_table) {
+    ctrl_model *held = load(1, 0, 0, 0, NULL), *rounded = load(0, 1, 0, 0, NULL);
+    char pa[] = "/tmp/ctrl_emb16_push_a_XXXXXX", pb[] = "/tmp/ctrl_emb16_push_b_XXXXXX";
+    const int fa = mkstemp(pa), fb = mkstemp(pb); /* the writer replaces the files; only the names are used */
+    if (fa >= 0) close(fa);
+    if (fb >= 0) close(fb);
+    CHECK(held && rounded && fa >= 0 && fb >= 0 && ctrl_model_embedding_held_bf16(held));
+    if (held && rounded && !ctrl_model_base_in_panels(held)) {
+        CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_OK);
+        CHECK_EQ_INT(ctrl_peft_save_merged_weights(rounded, pb, CTRL_F32), CTRL_OK);
+        ctrl_safetensors *a = NULL, *b = NULL;
+        CHECK_EQ_INT(ctrl_safetensors_open(pa, &a), CTRL_OK);
+        CHECK_EQ_INT(ctrl_safetensors_open(pb, &b), CTRL_OK);
+        const ctrl_st_tensor *e = a ? ctrl_safetensors_find(a, "model.embed_tokens.weight") : NULL;
+        CHECK(e && e->dtype == CTRL_BF16);
+        const int n = b ? ctrl_safetensors_count(b) : 0;
+        CHECK(n > 0 && a && ctrl_safetensors_count(a) == n);
+        for (int i = 0; a && i < n; i++) {
+            const ctrl_st_tensor *t = ctrl_safetensors_at(b, i);
+            int64_t numel = 1;
+            for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
+            float *x = malloc(sizeof(float) * (size_t)numel), *y = malloc(sizeof(float) * (size_t)numel);
+            CHECK_EQ_INT(ctrl_safetensors_read_f32(a, t->name, x, numel), CTRL_OK);
+            CHECK_EQ_INT(ctrl_safetensors_read_f32(b, t->name, y, numel), CTRL_OK);
+            CHECK_MSG(!memcmp(x, y, sizeof(float) * (size_t)numel), "%s differs", t->name);
+            free(x), free(y);
+        }
+        ctrl_safetensors_close(a), ctrl_safetensors_close(b);
+    }
+    unlink(pa), unlink(pb);
+    ctrl_model_free(held), ctrl_model_free(rounded);
 }

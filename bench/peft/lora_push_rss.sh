@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# What server mode's weight push costs the trainer in memory with LoRA (issue 18): GRPO with [peft]
+# through `ctrl serve` on a random Qwen2-shaped model, STEPS steps (STEPS + 1 pushes: the start and one
+# a step, each the base with the adapters folded in, ctrl_peft_save_merged_weights), the trainer's peak
+# RSS (/usr/bin/time -v, loading included) against the same run in colocate mode (no push), so the
+# difference is what the pushes hold at their peak. One thread. Run it with two builds to compare.
+# usage: bench/peft/lora_push_rss.sh BUILD_DIR HIDDEN LAYERS HEADS KV_HEADS INTERMEDIATE [--tokenizer DIR]
+#        [--vocab N] [--tie-embeddings] [--steps N (1)] [--dtype bf16|fp32 (bf16)]
+# Qwen2.5-0.5B's shape with 8 layers:
+#   bench/peft/lora_push_rss.sh build 896 8 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
+#     --vocab 151936 --tie-embeddings
+set -euo pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$(cd "$1" && pwd)
+shift
+STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
+ARGS=() INIT=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --tokenizer) TOK=$2; shift ;;
+    --steps) STEPS=$2; shift ;;
+    --dtype) DTYPE=$2; shift ;;
+    --vocab) INIT+=(--vocab "$2"); shift ;;
+    --tie-embeddings) INIT+=(--tie-embeddings) ;;
+    *) ARGS+=("$1") ;;
+  esac
+  shift
+done
+TMP=$(mktemp -d)
+SERVER=
+trap '[ -n "$SERVER" ] && kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
+C=("$BUILD/ctrl" --plugin-dir "$BUILD/plugins")
+export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
+"${C[@]}" model init --arch qwen2 --hidden "${ARGS[0]}" --layers "${ARGS[1]}" --heads "${ARGS[2]}" \
+  --kv-heads "${ARGS[3]}" --intermediate "${ARGS[4]}" "${INIT[@]}" --tokenizer "$TOK" --out "$TMP/model" >/dev/null
+for i in $(seq 16); do echo "{\"prompt\": \"$i+$((i * 7 % 13))=\"}"; done >"$TMP/prompts.jsonl"
+cat >"$TMP/grpo.ini" <<INI
+[run]
+trainer = grpo
+output_dir = $TMP/out
+device = cpu
+[model]
+path = $TMP/model
+[data]
+train_file = $TMP/prompts.jsonl
+[train]
+dtype = $DTYPE
+max_steps = $STEPS
+per_device_train_batch_size = 4
+logging_steps = 1
+save_strategy = no
+[generation]
+kv_cache_bytes = 64000000
+[reward.len]
+plugin = length
+target_length = 4
+[grpo]
+num_generations = 2
+max_completion_length = 4
+[peft]
+enabled = true
+target_modules = all-linear
+INI
+PORT=$(/work/venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
+  echo 18631)
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.2; done
+run() { # name, extra --set ...
+  local name=$1
+  shift
+  /usr/bin/time -v "${C[@]}" train "$TMP/grpo.ini" "$@" >"$TMP/log" 2>"$TMP/time" || {
+    echo "$name: failed"
+    tail -5 "$TMP/log" "$TMP/time"
+    exit 1
+  }
+  local rss cpu
+  rss=$(awk '/Maximum resident/ { printf "%.0f", $NF / 1024 }' "$TMP/time")
+  cpu=$(awk '/User time/ { u = $NF } /System time/ { s = $NF } END { printf "%.1f", u + s }' "$TMP/time")
+  printf '| %s | %s | %s |\n' "$name" "$rss" "$cpu"
+}
+echo "| run ($DTYPE, $STEPS step(s)) | trainer peak RSS (MiB) | CPU s |"
+echo "|---|---|---|"
+run "colocate (no push)"
+run "server mode ($((STEPS + 1)) pushes)" --set generation.mode=server --set generation.server_url="http://127.0.0.1:$PORT"
+echo "server /health: $(curl -s "localhost:$PORT/health")"
