@@ -5,7 +5,8 @@
 # RSS (/usr/bin/time -v, loading included) against the same run in colocate mode (no push), so the
 # difference is what the pushes hold at their peak. One thread. Run it with two builds to compare.
 # usage: bench/peft/lora_push_rss.sh BUILD_DIR HIDDEN LAYERS HEADS KV_HEADS INTERMEDIATE [--tokenizer DIR]
-#        [--vocab N] [--tie-embeddings] [--steps N (1)] [--dtype bf16|fp32 (bf16)]
+#        [--vocab N] [--tie-embeddings] [--steps N (1)] [--dtype bf16|fp32 (bf16)] [--full (no [peft]: a full
+#        fine-tune's push, the model's own weights)]
 # Qwen2.5-0.5B's shape with 8 layers:
 #   bench/peft/lora_push_rss.sh build 896 8 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
 #     --vocab 151936 --tie-embeddings
@@ -13,13 +14,14 @@ set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
 shift
-STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe
+STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe PEFT=true
 ARGS=() INIT=()
 while [ $# -gt 0 ]; do
   case $1 in
     --tokenizer) TOK=$2; shift ;;
     --steps) STEPS=$2; shift ;;
     --dtype) DTYPE=$2; shift ;;
+    --full) PEFT=false ;;
     --vocab) INIT+=(--vocab "$2"); shift ;;
     --tie-embeddings) INIT+=(--tie-embeddings) ;;
     *) ARGS+=("$1") ;;
@@ -57,10 +59,8 @@ target_length = 4
 [grpo]
 num_generations = 2
 max_completion_length = 4
-[peft]
-enabled = true
-target_modules = all-linear
 INI
+[ "$PEFT" = true ] && printf '[peft]\nenabled = true\ntarget_modules = all-linear\n' >>"$TMP/grpo.ini"
 PORT=$(/work/venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
   echo 18631)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
@@ -79,7 +79,7 @@ run() { # name, extra --set ...
   cpu=$(awk '/User time/ { u = $NF } /System time/ { s = $NF } END { printf "%.1f", u + s }' "$TMP/time")
   printf '| %s | %s | %s |\n' "$name" "$rss" "$cpu"
 }
-echo "| run ($DTYPE, $STEPS step(s)) | trainer peak RSS (MiB) | CPU s |"
+echo "| run ($DTYPE, [peft] enabled = $PEFT, $STEPS step(s)) | trainer peak RSS (MiB) | CPU s |"
 echo "|---|---|---|"
 run "colocate (no push)"
 run "server mode ($((STEPS + 1)) pushes)" --set generation.mode=server --set generation.server_url="http://127.0.0.1:$PORT"
