@@ -6,7 +6,8 @@
 # difference is what the pushes hold at their peak. One thread. Run it with two builds to compare.
 # usage: bench/peft/lora_push_rss.sh BUILD_DIR HIDDEN LAYERS HEADS KV_HEADS INTERMEDIATE [--tokenizer DIR]
 #        [--vocab N] [--tie-embeddings] [--steps N (1)] [--dtype bf16|fp32 (bf16)] [--full (no [peft]: a full
-#        fine-tune's push, the model's own weights)]
+#        fine-tune's push, the model's own weights)] [--zero3 (2 ranks, mpirun, [memory] strategies = zero3:
+#        each rank's peak from the final save's log line, VmHWM)]
 # Qwen2.5-0.5B's shape with 8 layers:
 #   bench/peft/lora_push_rss.sh build 896 8 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
 #     --vocab 151936 --tie-embeddings
@@ -14,7 +15,7 @@ set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
 shift
-STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe PEFT=true
+STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe PEFT=true Z3=
 ARGS=() INIT=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -22,6 +23,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift ;;
     --dtype) DTYPE=$2; shift ;;
     --full) PEFT=false ;;
+    --zero3) Z3=1 ;;
     --vocab) INIT+=(--vocab "$2"); shift ;;
     --tie-embeddings) INIT+=(--tie-embeddings) ;;
     *) ARGS+=("$1") ;;
@@ -61,6 +63,12 @@ num_generations = 2
 max_completion_length = 4
 INI
 [ "$PEFT" = true ] && printf '[peft]\nenabled = true\ntarget_modules = all-linear\n' >>"$TMP/grpo.ini"
+LAUNCH=()
+if [ -n "$Z3" ]; then
+  printf '[memory]\nstrategies = zero3\n' >>"$TMP/grpo.ini"
+  LAUNCH=(mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+  [ "$(id -u)" = 0 ] && LAUNCH+=(--allow-run-as-root)
+fi
 PORT=$(/work/venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
   echo 18631)
 "${C[@]}" serve --model "$TMP/model" --port "$PORT" >"$TMP/serve.log" 2>&1 &
@@ -69,17 +77,19 @@ for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && bre
 run() { # name, extra --set ...
   local name=$1
   shift
-  /usr/bin/time -v "${C[@]}" train "$TMP/grpo.ini" "$@" >"$TMP/log" 2>"$TMP/time" || {
+  /usr/bin/time -v "${LAUNCH[@]}" "${C[@]}" train "$TMP/grpo.ini" "$@" >"$TMP/log" 2>"$TMP/time" || {
     echo "$name: failed"
     tail -5 "$TMP/log" "$TMP/time"
     exit 1
   }
   local rss cpu
   rss=$(awk '/Maximum resident/ { printf "%.0f", $NF / 1024 }' "$TMP/time")
+  # zero3: each rank's, from the final save's report (the launcher's own is mpirun's)
+  [ -n "$Z3" ] && rss=$(sed -n 's/.*(VmHWM): \([0-9 /]*\) MiB.*/\1/p' "$TMP/log" "$TMP/time" | tail -1)
   cpu=$(awk '/User time/ { u = $NF } /System time/ { s = $NF } END { printf "%.1f", u + s }' "$TMP/time")
   printf '| %s | %s | %s |\n' "$name" "$rss" "$cpu"
 }
-echo "| run ($DTYPE, [peft] enabled = $PEFT, $STEPS step(s)) | trainer peak RSS (MiB) | CPU s |"
+echo "| run ($DTYPE, [peft] enabled = $PEFT, $STEPS step(s)${Z3:+, zero3 on 2 ranks}) | trainer peak RSS (MiB${Z3:+, per rank}) | CPU s |"
 echo "|---|---|---|"
 run "colocate (no push)"
 run "server mode ($((STEPS + 1)) pushes)" --set generation.mode=server --set generation.server_url="http://127.0.0.1:$PORT"

@@ -146,13 +146,15 @@ ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, cons
 
 ctrl_status ctrl_remote_server_push(ctrl_remote_server *r, ctrl_model *m) {
     if (!r->url) return CTRL_OK;
-    ctrl_status st = r->whole ? r->whole(r->whole_ctx, 1) : CTRL_OK; /* zero3: gathered on every rank */
+    /* zero3: the weights readable (streamed to rank 0, the others serving their slices until it has
+     * written them; or gathered on every rank), and released before the barrier */
+    ctrl_status st = r->whole ? r->whole(r->whole_ctx, 1) : CTRL_OK;
     if (st == CTRL_OK && ctrl_collective_is_root())
         st = ctrl_remote_push_weights(r->url, r->bearer, m, r->push_path);
-    const ctrl_status b = ctrl_collective_barrier(); /* the others wait for rank 0's push */
     const ctrl_status w = r->whole ? r->whole(r->whole_ctx, 0) : CTRL_OK;
+    const ctrl_status b = ctrl_collective_barrier(); /* the others wait for rank 0's push */
     if (st == CTRL_OK) r->stale = 0;
-    return st != CTRL_OK ? st : b != CTRL_OK ? b : w;
+    return st != CTRL_OK ? st : w != CTRL_OK ? w : b;
 }
 
 ctrl_status ctrl_remote_server_sync(ctrl_remote_server *r, ctrl_model *m) {

@@ -22,8 +22,10 @@ ctrl_status ctrl_remote_push_weights(const char *url, const char *bearer, ctrl_m
  * weights are staged (output_dir/.weights-push.safetensors). All NULL: no server. */
 typedef struct ctrl_remote_server {
     char *url, *bearer, *push_path;
-    /* ZeRO-3 (may be NULL): the model gathered whole on every rank around a push (whole(ctx, 1)
-     * before, whole(ctx, 0) after: the run's train_zero_whole) */
+    /* ZeRO-3 (may be NULL): the weights made readable around a push, whole(ctx, 1) before and
+     * whole(ctx, 0) after it on every rank (rank 0 after its push, the others at once): the run's
+     * train_zero_push -- each layer gathered to rank 0 as the writer reaches it, or the whole model
+     * gathered on every rank */
     ctrl_status (*whole)(void *ctx, int on);
     void *whole_ctx;
     /* the trainer's weights not pushed yet since the start (ctrl_remote_server_sync pushes them) */
@@ -33,7 +35,7 @@ typedef struct ctrl_remote_server {
 /* Fills *r for `url` (NULL: http://127.0.0.1:8000) and the run's output_dir, stale; nothing is sent. */
 ctrl_status ctrl_remote_server_init(ctrl_remote_server *r, const char *url, const char *output_dir);
 /* The model's weights to r's server, called by every rank after each optimizer step: (zero3: the
- * model gathered whole on every rank first, r->whole, and released after) rank 0 pushes them
+ * weights made readable first, r->whole, and released after) rank 0 pushes them
  * (ctrl_remote_push_weights) and every rank waits at a barrier, so no rank generates from the old
  * weights and the server gets one push a step. r->url NULL: nothing. */
 ctrl_status ctrl_remote_server_push(ctrl_remote_server *r, ctrl_model *m);

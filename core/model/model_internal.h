@@ -277,7 +277,8 @@ struct ctrl_model {
     /* A LoRA run's frozen base held as bf16 panels (model_bf16_store.c): the layers' projection
      * weights live only as held entries of dec_pack (w16 stays NULL; w16_n counts them) */
     int base_panels;
-    /* ctrl_model_set_save_fetch: called before each weight's data is written (NULL: none) */
+    /* ctrl_model_set_save_fetch: called before each weight's data is written (NULL: none) -- by the
+     * sharded save, ctrl_model_save_weights and the merged file (model_save_fetch; peft_merge.c) */
     ctrl_status (*save_fetch)(void *user, const float *data, int64_t numel);
     void *save_fetch_user;
     /* ZeRO-3 on a device (ctrl_model_adopt_device_buffers): dparams and dgrads are the caller's
@@ -492,6 +493,9 @@ ctrl_status lora_moe_down_backward(ctrl_model *m, int l, int e, const float *h, 
                                    float *dh);
 ctrl_status lora_moe_gate_up_backward(ctrl_model *m, int l, int e, const float *xs, const float *dg,
                                       const float *du, int n, float *dxs);
+/* The safetensors writer's fetch (user the model): its save_fetch for tensor t's data. */
+struct ctrl_st_write;
+ctrl_status model_save_fetch(void *user, const struct ctrl_st_write *t);
 /* W_e += s B_e A_e of layer l's expert adapters (ctrl_peft_merge), into `experts`: the layer's experts
  * block (its host parameters, or a copy of them). */
 void lora_moe_merge(ctrl_model *m, int l, float *experts);

@@ -249,7 +249,9 @@ ctrl_status ctrl_model_save_weights(ctrl_model *m, const char *path, ctrl_dtype 
                                        .ndim = v->ndim,
                                        .shape = {v->shape[0], v->shape[1]}};
     }
-    ctrl_status st = ctrl_safetensors_write(path, tensors, k, dtype);
+    /* zero3's streamed push: each layer gathered to this rank as the writer reaches it (save_fetch) */
+    ctrl_status st =
+        ctrl_safetensors_write_fetched(path, tensors, k, dtype, m->save_fetch ? model_save_fetch : NULL, m);
     free(tensors);
     return st;
 }

@@ -205,8 +205,7 @@ void ctrl_model_set_save_fetch(ctrl_model *m,
     m->save_fetch = fetch, m->save_fetch_user = user;
 }
 
-/* The writer's fetch: the model's (ctrl_model_set_save_fetch). */
-static ctrl_status save_fetch(void *user, const ctrl_st_write *t) {
+ctrl_status model_save_fetch(void *user, const ctrl_st_write *t) {
     const ctrl_model *m = user;
     int64_t numel = 1;
     for (int d = 0; d < t->ndim; d++) numel *= t->shape[d];
@@ -293,7 +292,7 @@ ctrl_status model_save_shards(ctrl_model *m, const char *dir, ctrl_dtype dtype, 
                                      .shape = {v->shape[0], v->shape[1]}};
         }
         snprintf(path, sizeof path, "%s/%s", dir, files[s]);
-        st = ctrl_safetensors_write_fetched(path, w, c, dtype, m->save_fetch ? save_fetch : NULL, m);
+        st = ctrl_safetensors_write_fetched(path, w, c, dtype, m->save_fetch ? model_save_fetch : NULL, m);
     }
     /* an earlier save's files go before the index is written: the loader takes model.safetensors
      * first, and must never find one beside a newer index */

@@ -119,11 +119,19 @@ typedef struct {
     int layer;   /* whose values buf holds; -1: none */
 } merged_writer;
 
+/* m's save_fetch (zero3's streamed push: the view's layer gathered to this rank) for view v. */
+static ctrl_status fetched(ctrl_model *m, int v) {
+    const ctrl_param_view *pv = &m->views[v];
+    return m->save_fetch ? m->save_fetch(m->save_fetch_user, m->params + pv->offset, pv->numel) : CTRL_OK;
+}
+
 static ctrl_status merged_layer(merged_writer *w, int l) {
     ctrl_model *m = w->m;
-    for (int v = 0; v < m->n_views; v++)
-        if (!m->views[v].lora && view_layer(&m->views[v], m->cfg.n_layers) == l)
-            MODEL_TRY(view_values(m, v, w->buf + w->pos[v]));
+    for (int v = 0; v < m->n_views; v++) {
+        if (m->views[v].lora || view_layer(&m->views[v], m->cfg.n_layers) != l) continue;
+        MODEL_TRY(fetched(m, v)); /* (the adapters lie in the same layer's ranges: gathered with it) */
+        MODEL_TRY(view_values(m, v, w->buf + w->pos[v]));
+    }
     for (int t = 0; t < LORA_N_TARGETS; t++) {
         long wo, bias;
         lora_base_weight(m, l, t, &wo, &bias);
@@ -146,7 +154,8 @@ static ctrl_status merged_fetch(void *user, const ctrl_st_write *t) {
     while (v < m->n_views && m->views[v].name != t->name) v++; /* the writer copies the name pointers */
     if (v == m->n_views) return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: %s is no view", w->path, t->name);
     const int l = view_layer(&m->views[v], m->cfg.n_layers);
-    return l < 0 || l == w->layer ? CTRL_OK : merged_layer(w, l); /* no layer's: written as held */
+    if (l < 0) return t->raw ? CTRL_OK : fetched(m, v); /* written from where the model holds it */
+    return l == w->layer ? CTRL_OK : merged_layer(w, l);
 }
 
 ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_dtype dtype) {

@@ -63,10 +63,13 @@ typedef struct train_kind_env {
     ctrl_status (*whole_weights)(void *ctx, int on);
     void *whole_ctx;
     /* ZeRO-3: every layer gathered on every rank (on = 1, a collective) and released (0), whatever
-     * ds3_gather_for_generation says -- for the weights pushed to a `ctrl serve` (server mode);
-     * nothing without zero3 */
+     * ds3_gather_for_generation says -- for TR-DPO's sync of the reference; nothing without zero3 */
     ctrl_status (*gather_whole)(void *ctx, int on);
     void *gather_ctx;
+    /* ZeRO-3: the weights pushed to a `ctrl serve` (server mode) made readable around the push, on =
+     * 1 before, 0 after it (ctrl_remote_server.whole: train_zero_push); nothing without zero3 */
+    ctrl_status (*push_whole)(void *ctx, int on);
+    void *push_ctx;
     /* ZeRO-3 on several ranks with the policy's layers sliced (train_zero_load): a frozen model the
      * kind keeps beside it (the sequence kind's reference) is sliced too (zero_ref.h), its gathers
      * prefetched by zero3_prefetch floats (prefetch_bucket_size); 0 otherwise */

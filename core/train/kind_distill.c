@@ -119,11 +119,11 @@ static ctrl_status distill_after_step(train_kind *k, long step) {
 
 /* Server mode: the student's samples come from a running `ctrl serve`, which gets the student's
  * weights before its first generation (ctrl_remote_server_sync) and after every optimizer step
- * (distill_after_step), as the online kind's; under zero3 gathered whole for each push. */
+ * (distill_after_step), as the online kind's; under zero3 made readable for each push (train_zero_push). */
 static ctrl_status connect_server(train_kind *k, const train_kind_env *env) {
     const ctrl_run_settings *s = env->settings;
     ctrl_status st = ctrl_remote_server_init(&k->server, s->generation.server_url, s->run.output_dir);
-    k->server.whole = env->gather_whole, k->server.whole_ctx = env->gather_ctx;
+    k->server.whole = env->push_whole, k->server.whole_ctx = env->push_ctx;
     if (st == CTRL_OK) st = ctrl_remote_wait_ready(k->server.url, 240); /* TRL: vllm_server_timeout = 240 s */
     if (st == CTRL_OK)
         CTRL_INFO("generation: the student samples through ctrl serve at %s (weights pushed after each step)",

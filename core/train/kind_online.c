@@ -27,8 +27,8 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
         st = ctrl_online_create(env->cfg, env->plugins, env->model, env->tok, env->trainer_ops, env->trainer,
                                 &k->online);
     if (st == CTRL_OK)
-        ctrl_online_set_whole_weights(k->online, env->whole_weights, env->whole_ctx, env->gather_whole,
-                                      env->gather_ctx);
+        ctrl_online_set_whole_weights(k->online, env->whole_weights, env->whole_ctx, env->push_whole,
+                                      env->push_ctx);
     if (st != CTRL_OK) {
         online_destroy(k);
         return st;

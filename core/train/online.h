@@ -57,7 +57,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
                                ctrl_online **out);
 /* ZeRO-3: the colocated generation reads the whole model, gathered by whole(ctx, 1) before and
  * released by whole(ctx, 0) after (DeepSpeed's ds3_gather_for_generation); server mode's weight
- * push gathers it whole with gather (ctrl_remote_server.whole). NULL: none. */
+ * push makes it readable with gather (ctrl_remote_server.whole: train_zero_push). NULL: none. */
 void ctrl_online_set_whole_weights(ctrl_online *o, ctrl_status (*whole)(void *ctx, int on), void *ctx,
                                    ctrl_status (*gather)(void *ctx, int on), void *gather_ctx);
 int ctrl_online_prompt_count(const ctrl_online *o);

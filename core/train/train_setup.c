@@ -201,6 +201,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .whole_ctx = &r->zgen,
                                     .gather_whole = train_zero_whole,
                                     .gather_ctx = &r->zero,
+                                    .push_whole = train_zero_push,
+                                    .push_ctx = &r->zero,
                                     .zero3_sliced = sliced,
                                     .zero3_prefetch = prefetch,
                                     .zero3_frozen = zero_stage >= 3 && ctrl_collective_size() > 1 &&

@@ -105,6 +105,8 @@ typedef struct train_zero {
     int save_held;     /* the streamed save: the layer whole on rank 0 now, or -1 */
     long save_gathers; /* the streamed save: layers gathered to rank 0 */
     int save_open;     /* the streamed save: rank 0 has not yet told the others it ended */
+    int push_streamed; /* server mode's push: streamed as a save (train_zero_push), not gathered whole */
+    long pushes;       /* server mode's pushes streamed so far */
     /* overlap_comm: a bucket's reduce-scatters started and left in flight while the backward goes
      * on, finished when the next bucket closes or the backward ends (n_flight of them: units, handles) */
     int overlap;
@@ -300,6 +302,13 @@ ctrl_status train_zero_save_model_written(void *user);
 /* The kinds' whole_weights (kind.h; `ctx` the train_zero): on = 1 gathers every layer unless it is
  * already (then on = 0 leaves it to whoever gathered), on = 0 releases what on = 1 gathered. */
 ctrl_status train_zero_whole(void *ctx, int on);
+/* Server mode's push (ctrl_remote_server.whole, `ctx` the train_zero), on every rank: where the
+ * weights can stream to rank 0 as a save's do (several ranks, a CPU model, every layer sliced; with
+ * LoRA too -- the merged file's writer reaches each layer's base and adapters -- but not over a QLoRA
+ * base, whose NF4 slices are not streamed), on = 1 opens it (rank 0: the model's save hooked; the
+ * others serve their slices until rank 0's on = 0), on = 0 closes it and logs the layers gathered;
+ * else train_zero_whole. */
+ctrl_status train_zero_push(void *ctx, int on);
 /* A hash of how the slices are cut (the ranks, the units' bounds), which a checkpoint's sharded
  * optimizer state must share to resume; 0 without ZeRO. */
 uint64_t train_zero_layout(const train_zero *z);

@@ -67,6 +67,24 @@ static int sliced_on_cpu(const train_zero *z) {
 
 int train_zero_save_streams(const train_zero *z) { return sliced_on_cpu(z) && !ctrl_model_lora(z->model); }
 
+ctrl_status train_zero_push(void *ctx, int on) {
+    train_zero *z = ctx;
+    if (on) z->push_streamed = sliced_on_cpu(z) && !z->nf4;
+    if (!z->push_streamed) return train_zero_whole(z, on);
+    if (on) {
+        train_zero_save_begin(z);
+        return train_zero_save_serve(z); /* the others: until rank 0 has written the weights */
+    }
+    z->push_streamed = 0;
+    const ctrl_status st = train_zero_save_end(z);
+    if (st == CTRL_OK && z->rank == 0 && z->pushes++ == 0)
+        CTRL_INFO(
+            "zero3: server mode's push streamed to rank 0, %ld units (layers, embeddings, head) gathered "
+            "to it one at a time (no rank holds the whole model for a push)",
+            z->save_gathers);
+    return st;
+}
+
 /* (on a CUDA model too: the adapters gathered over NCCL, then copied to the host) */
 int train_zero_save_adapter_only(const train_zero *z) { return sliced(z) && ctrl_model_lora(z->model); }
 

@@ -11,15 +11,16 @@
 #      -- loss, grad_norm, on_policy and the evaluations within 1e-5; the teacher's resident bytes
 #      about half of it between uses; a zero3 run resumed from checkpoint-3 repeats the curve.
 #      With LoRA on the student (6 steps): data parallel's loss, grad_norm and eval_loss, the teacher sliced.
-#   3. Server mode (the weights pushed to `ctrl serve`): the model gathered whole on every rank for
-#      each push, rank 0 pushes, the others wait, then released. GRPO and GKD (lmbda 1) against data
+#   3. Server mode (the weights pushed to `ctrl serve`): each push streamed to rank 0 a layer at a
+#      time as its file is written (the log says so; over a QLoRA base the model gathered whole on every
+#      rank instead), rank 0 pushes, the others wait. GRPO and GKD (lmbda 1) against data
 #      parallel in server mode (each its own server): the same curves (1e-5), one push before the
 #      first generation and one a step, and the server then generates what the saved model does; a
 #      zero3 GKD run resumed from checkpoint-3 (its server holding the last step's weights) repeats
 #      the curve: the checkpoint's weights are pushed before its first generation. GRPO with LoRA: each
-#      push folds the adapters into the gathered base (data parallel's curve; the server then generates
+#      push folds the adapters into each streamed layer's base (data parallel's curve; the server then generates
 #      what the saved adapter does over the base); over a QLoRA base (both servers then complete alike).
-# Every zero3 run's gathers (the policy's, the reference's, the teacher's, the pushes' whole-model
+# Every zero3 run's gathers (the policy's, the reference's, the teacher's, the QLoRA pushes' whole-model
 # gathers) go through the page pool (core/page_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1
 # in the environment (the pool off) the same checks pass against the old way.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
@@ -153,6 +154,14 @@ SB=$!
 trap 'kill $SA $SB 2>/dev/null; rm -rf "$TMP"' EXIT
 pushes() { curl -s "localhost:$1/health" | sed -n 's/.*"weight_updates":\([0-9]*\).*/\1/p'; }
 srv() { printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$1"; }
+# streamed LOG WHAT [no]: the pushes streamed each layer to rank 0 (no rank gathered the whole model), or not
+streamed() {
+  if [ -z "${3:-}" ]; then
+    grep -q "zero3: server mode's push streamed to rank 0, [1-9][0-9]* units" "$1" && ok || bad "$2: the push not streamed"
+  else
+    ! grep -q "push streamed" "$1" && ok || bad "$2: streamed, want the whole gather"
+  fi
+}
 # servers NAME INI STEPS: NAME-dp through server A, NAME-z3 through B; B's pushes counted (1 + STEPS)
 servers() {
   local name=$1 ini=$2 steps=$3 before
@@ -169,6 +178,7 @@ INI_TRAIN="dtype = fp32" INI_BATCH=2 INI_GEN=$(srv "$PA") online_ini grpo gs 6 "
 servers gs "$TMP/gs.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gs-dp" "$TMP/gs-z3" "$key" 1e-5 1e-7; done
 pooled "$TMP/gs-z3.log" "grpo zero3 server mode"
+streamed "$TMP/gs-z3.log" "grpo zero3 server mode"
 server_greedy_same "$PB" "$TMP/gs-z3" 8 "grpo zero3 server mode"
 # with LoRA: each push folds the adapters into the gathered base; the server then generates what the saved
 # adapter does over the base
@@ -177,10 +187,12 @@ server_greedy_same "$PB" "$TMP/gs-z3" 8 "grpo zero3 server mode"
 servers gsl "$TMP/gsl.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gsl-dp" "$TMP/gsl-z3" "$key" 1e-5 1e-7; done
 server_greedy_same "$PB" "$TMP/gsl-z3" 8 "grpo lora zero3 server mode" "$TMP/model"
+streamed "$TMP/gsl-z3.log" "grpo lora zero3 server mode"
 # and over a QLoRA base (the NF4 slices gathered, dequantized, merged): both servers then complete alike
 sed 's/^r = 4$/r = 4\nquantization = nf4/' "$TMP/gsl.ini" >"$TMP/gsq.ini"
 servers gsq "$TMP/gsq.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gsq-dp" "$TMP/gsq-z3" "$key" 1e-5 1e-7; done
+streamed "$TMP/gsq-z3.log" "grpo qlora zero3 server mode" no # (the NF4 slices: gathered whole)
 greedy() { curl -s -X POST "localhost:$1/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 8}'; }
 a=$(greedy "$PA") b=$(greedy "$PB")
 [[ $a == *completion_ids* ]] && [ "$a" = "$b" ] && ok || bad "grpo qlora server mode: zero3's server completes '$b', data parallel's '$a'"
@@ -190,6 +202,7 @@ INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAI
 servers gks "$TMP/gks.ini" 6
 for key in loss grad_norm; do curve_close "$TMP/gks-dp" "$TMP/gks-z3" "$key" 1e-5 1e-7; done
 pooled "$TMP/gks-z3.log" "gkd zero3 server mode"
+streamed "$TMP/gks-z3.log" "gkd zero3 server mode"
 server_greedy_same "$PB" "$TMP/gks-z3" 8 "gkd zero3 server mode"
 resume gks "$TMP/gks.ini" z3 --set generation.server_url="http://127.0.0.1:$PB"
 diff <(curve "$TMP/gks-z3") <(curve "$TMP/gks-z3-res") >"$TMP/diff" && ok || { bad "gkd zero3 server mode: resumed curve differs"; head "$TMP/diff"; }
