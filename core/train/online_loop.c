@@ -13,6 +13,7 @@
 #include "file_text.h"
 #include "generate/engine.h"
 #include "generate/remote_engine.h"
+#include "train/data_parallel.h"
 #include "train/moe_aux.h"
 #include "train/online_internal.h"
 
@@ -174,9 +175,11 @@ void ctrl_online_set_whole_weights(ctrl_online *o, ctrl_status (*whole)(void *ct
 }
 
 /* Generates for `ps` prompts order[*cursor ...]: n_prompts requests of `n` samples each, of which
- * this rank samples requests [own0, own0 + n_own) (seeded by their place in the whole batch). */
+ * this rank samples requests [own0, own0 + n_own), or with `sel` the n_own requests sel[0..n_own)
+ * (either way seeded by their place in the whole batch, so that the samples are one process's). */
 static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int *order, long *cursor,
-                            int n_prompts, int n, int own0, int n_own, const ctrl_sampling_params *sp) {
+                            int n_prompts, int n, int own0, int n_own, const int *sel,
+                            const ctrl_sampling_params *sp) {
     gen_batch_free(o);
     const int gn = n_prompts * n;
     o->gout = calloc((size_t)gn, sizeof *o->gout), o->gprompt = malloc(sizeof(int) * (size_t)gn);
@@ -203,20 +206,40 @@ static ctrl_status generate(ctrl_online *o, const ctrl_prompt_set *ps, const int
                                     .stop_ids = o->stops,
                                     .n_stop = o->n_stop};
     }
+    /* this rank's requests and their outputs: in place, or (sel) gathered into arrays of their own
+     * and the outputs moved to their places after */
+    ctrl_gen_request *mine = req + own0;
+    ctrl_gen_output *out = o->gout + (size_t)own0 * n;
+    if (sel) {
+        mine = malloc(sizeof *mine * (size_t)(n_own > 0 ? n_own : 1));
+        out = calloc((size_t)(n_own > 0 ? n_own : 1) * (size_t)n, sizeof *out);
+        if (!mine || !out) {
+            free(mine), free(out), free(req);
+            return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory for %d requests", n_own);
+        }
+        for (int j = 0; j < n_own; j++) mine[j] = req[sel[j]];
+    }
     ctrl_status st;
     if (o->server.url) {
-        st = ctrl_remote_server_sync(&o->server, o->model); /* the start's weights, once */
-        if (st == CTRL_OK)
-            st = ctrl_remote_generate(o->server.url, o->server.bearer, req + own0, n_own,
-                                      o->gout + (size_t)own0 * n);
+        st = ctrl_remote_server_sync(&o->server, o->model); /* the start's weights, once (every rank) */
+        /* the server seeds a call's requests from the first one's seed up: one call for each run of
+         * consecutive requests (with sel: each eval batch), so that each keeps its own seed */
+        for (int j = 0, e; st == CTRL_OK && j < n_own; j = e) {
+            for (e = j + 1; e < n_own && (!sel || sel[e] == sel[e - 1] + 1);) e++;
+            st = ctrl_remote_generate(o->server.url, o->server.bearer, mine + j, e - j, out + (size_t)j * n);
+        }
     } else {
         st = o->whole_weights ? o->whole_weights(o->whole_ctx, 1) : CTRL_OK; /* ZeRO-3: gathered */
         if (st == CTRL_OK) st = ctrl_engine_wake_up(o->engine);
-        if (st == CTRL_OK)
-            st = ctrl_engine_generate(o->engine, req + own0, n_own, o->gout + (size_t)own0 * n, NULL, NULL);
+        if (st == CTRL_OK && n_own > 0) st = ctrl_engine_generate(o->engine, mine, n_own, out, NULL, NULL);
         if (st == CTRL_OK && o->sleep_level) st = ctrl_engine_sleep(o->engine, o->sleep_level);
         const ctrl_status rel = o->whole_weights ? o->whole_weights(o->whole_ctx, 0) : CTRL_OK;
         if (st == CTRL_OK) st = rel;
+    }
+    if (sel) { /* moved, whatever the outcome: gen_batch_free frees what a failed run left */
+        for (int j = 0; j < n_own; j++)
+            for (int k = 0; k < n; k++) o->gout[(size_t)sel[j] * n + k] = out[(size_t)j * n + k];
+        free(mine), free(out);
     }
     free(req);
     return st;
@@ -234,7 +257,7 @@ static ctrl_status new_generation_batch(ctrl_online *o, const int *order, long *
     double t0 = ctrl_now();
     const double cpu0 = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID); /* user + system, every thread */
     const double epoch = (double)*cursor / (o->train.n > 0 ? o->train.n : 1);
-    ctrl_status st = generate(o, &o->train, order, cursor, P, G, own0, n_own, &o->sampling);
+    ctrl_status st = generate(o, &o->train, order, cursor, P, G, own0, n_own, NULL, &o->sampling);
     const double gen_cpu = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
     float *scores = NULL, *total = NULL, *kl = NULL;
     int *ntok = NULL, *stopped = calloc((size_t)(o->gn > 0 ? o->gn : 1), sizeof(int));
@@ -405,33 +428,65 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
     return st;
 }
 
+/* The evaluation (TRL's, the HF Trainer's evaluation loop over an eval dataloader Accelerate
+ * shards): the eval prompts in file order, in batches of per_device_eval_batch_size completions --
+ * whole groups of num_generations, so per_device_eval_batch_size / num_generations prompts (at least
+ * one) -- batch b on rank b % N (train_dp_eval_mine). Each rank samples its batches' completions with
+ * the training's sampling settings, each prompt seeded by its place in the eval set (from a stream of
+ * the evaluation's own, the same at every evaluation: the samples one process draws), and scores them
+ * a batch at a time; the sums and counts of the rewards that are not NaN (the total and each
+ * function's) are added over the ranks (train_dp_eval_reduce), so that the means rank 0 writes are
+ * one process's over the whole set (online_nanmean's), within the summation order's rounding. */
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     if (!o->eval.n) return CTRL_OK;
-    if (!f) { /* data parallel: rank 0 evaluates; every rank drops its generation batch, as it does */
-        gen_batch_free(o);
-        return CTRL_OK;
-    }
-    /* as TRL's evaluation: num_generations completions per prompt with the training's sampling
-     * settings, from a seed stream of their own (the same at every evaluation) */
-    ctrl_status st =
-        generate(o, &o->eval, NULL, NULL, o->eval.n, o->spec.num_generations, 0, o->eval.n, &o->sampling);
-    float *scores = NULL, *total = NULL;
-    if (st == CTRL_OK) st = online_score(o, &o->eval, 0, o->gn, &scores, &total);
-    if (st == CTRL_OK) {
-        const int R = ctrl_reward_set_count(o->rewards);
-        char name[160];
-        fprintf(f, "{\"step\": %ld, ", step);
-        online_write_metric(f, "eval_reward", online_nanmean(total, o->gn, 1, NULL));
-        for (int k = 0; k < R; k++) {
-            snprintf(name, sizeof name, "eval_rewards/%s/mean", ctrl_reward_set_name(o->rewards, k));
-            online_write_metric(f, name, online_nanmean(scores + k, o->gn, R, NULL));
+    const int G = o->spec.num_generations, n = o->eval.n, R = ctrl_reward_set_count(o->rewards);
+    const int per = ctrl_config_settings(o->cfg)->train.per_device_eval_batch_size / G;
+    const int k = per > 0 ? per : 1; /* prompts a batch */
+    const long batches = (n + k - 1) / k;
+    long mine = 0;
+    int *sel = calloc((size_t)n, sizeof(int)), n_sel = 0;
+    /* the total's sum and count, each function's, the batches evaluated */
+    double *v = calloc((size_t)(3 + 2 * R), sizeof(double));
+    ctrl_status st = sel && v ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    for (long b = 0; st == CTRL_OK && b < batches; b++)
+        if (train_dp_eval_mine(b)) {
+            mine++;
+            for (long p = b * k; p < (b + 1) * k && p < n; p++) sel[n_sel++] = (int)p;
         }
-        fprintf(f, "\"eval_prompts\": %d}\n", o->eval.n);
-        fflush(f);
-        CTRL_INFO("eval: mean reward %.4f over %d prompts x %d completions",
-                  online_nanmean(total, o->gn, 1, NULL), o->eval.n, o->spec.num_generations);
+    /* every rank, its share empty or not (server mode pushes the weights first: a collective) */
+    if (st == CTRL_OK) st = generate(o, &o->eval, NULL, NULL, n, G, 0, n_sel, sel, &o->sampling);
+    for (long b = 0; st == CTRL_OK && b < batches; b++) {
+        if (!train_dp_eval_mine(b)) continue;
+        const int c0 = (int)(b * k) * G, m = ((b + 1) * k <= n ? k : n - (int)(b * k)) * G;
+        float *scores = NULL, *total = NULL;
+        st = online_score(o, &o->eval, c0, m, &scores, &total);
+        for (int i = c0; st == CTRL_OK && i < c0 + m; i++) {
+            if (!isnan(total[i])) v[0] += total[i], v[1]++;
+            for (int r = 0; r < R; r++)
+                if (!isnan(scores[(size_t)i * R + r]))
+                    v[2 + 2 * r] += scores[(size_t)i * R + r], v[3 + 2 * r]++;
+        }
+        free(scores), free(total);
     }
-    free(scores), free(total);
+    /* the outcome agreed (a rank's failure fails every rank, naming it), the sums added */
+    if (v) v[2 + 2 * R] = (double)mine;
+    st = train_dp_eval_reduce(st, v, v ? (size_t)(3 + 2 * R) : 0);
+    if (st == CTRL_OK && f) {
+        char name[160], note[160];
+        fprintf(f, "{\"step\": %ld, ", step);
+        const double mean = v[1] > 0 ? v[0] / v[1] : NAN;
+        online_write_metric(f, "eval_reward", mean);
+        for (int r = 0; r < R; r++) {
+            snprintf(name, sizeof name, "eval_rewards/%s/mean", ctrl_reward_set_name(o->rewards, r));
+            online_write_metric(f, name, v[3 + 2 * r] > 0 ? v[2 + 2 * r] / v[3 + 2 * r] : NAN);
+        }
+        fprintf(f, "\"eval_prompts\": %d}\n", n);
+        fflush(f);
+        train_dp_eval_note(note, sizeof note, mine, (long)v[2 + 2 * R]); /* summed: one process's */
+        CTRL_INFO("eval: mean reward %.4f over %d prompts x %d completions (%ld batches of %d prompts%s)",
+                  mean, n, G, batches, k, note);
+    }
+    free(sel), free(v);
     gen_batch_free(o); /* the next training step generates anew */
     return st;
 }

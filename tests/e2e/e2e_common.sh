@@ -164,6 +164,36 @@ online_ini() {
 # ini_lines TEXT: TEXT and a newline, nothing when TEXT is empty
 ini_lines() { [ -z "$1" ] || printf '%s\n' "$1"; }
 
+# The evaluation split over the ranks (test_eval_ranks_mpi.sh, test_eval_online_mpi.sh):
+# same_evals A B LINES: the eval lines of $TMP/A and $TMP/B (LINES of them) hold the same keys in the
+# same order, the values within 1e-6 relative (+ 1e-9)
+same_evals() {
+  local r
+  evals() { grep '"eval_' "$TMP/$1/metrics.jsonl" | tr -d '{}' | tr ',' '\n'; }
+  r=$(paste -d'|' <(evals "$1") <(evals "$2") | awk -F'|' -v want="$3" '
+      { split($1, x, ": "); split($2, y, ": "); n++
+        if (x[1] != y[1]) { bad++; next }
+        if (x[1] ~ /"step"/) lines++
+        d = x[2] - y[2]; if (d < 0) d = -d; m = x[2] < 0 ? -x[2] : x[2]
+        if (d > 1e-6 * m + 1e-9) bad++
+        if (x[2] != y[2]) differ++ }
+      END { if (bad || lines != want) print "FAIL: " bad + 0 " of " n " values differ, " lines + 0 " lines"
+            else print "ok: " n " values, " differ + 0 " not printed identically" }')
+  echo "  $1 vs $2: $r"
+  case $r in ok*) ok ;; *) bad "$1 vs $2: the evaluations differ"; paste <(evals "$1") <(evals "$2") | head -40 ;; esac
+}
+# eval_split NAME MINE ALL: each of NAME's 2 evaluations logged rank 0's share, MINE of ALL batches (ALL summed
+# over the ranks: a rank evaluating every batch, or one counted twice, shows)
+eval_split() {
+  [ "$(grep -c "eval: .*; rank 0 evaluated $2 of the $3 batches of 2 ranks)" "$TMP/$1.log")" = 2 ] && ok ||
+    bad "$1: not rank 0's share $2 of $3 batches: $(grep 'eval: ' "$TMP/$1.log" | head -2)"
+}
+# run1 NAME COMMAND...: COMMAND, its output in $TMP/NAME.log
+run1() {
+  local name=$1 && shift
+  "$@" >"$TMP/$name.log" 2>&1 && ok || { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
+}
+
 # Prints the counts and exits non-zero when anything failed.
 finish() {
   echo "$pass passed, $fail failed"

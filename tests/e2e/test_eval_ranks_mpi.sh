@@ -17,34 +17,7 @@ source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
 FIX="$SRC/tests/fixtures"
 
-# same_evals A B LINES: the eval lines of $TMP/A and $TMP/B (LINES of them) hold the same keys in the
-# same order, the values within 1e-6 relative (+ 1e-9)
-same_evals() {
-  local r
-  evals() { grep '"eval_' "$TMP/$1/metrics.jsonl" | tr -d '{}' | tr ',' '\n'; }
-  r=$(paste -d'|' <(evals "$1") <(evals "$2") | awk -F'|' -v want="$3" '
-      { split($1, x, ": "); split($2, y, ": "); n++
-        if (x[1] != y[1]) { bad++; next }
-        if (x[1] ~ /"step"/) lines++
-        d = x[2] - y[2]; if (d < 0) d = -d; m = x[2] < 0 ? -x[2] : x[2]
-        if (d > 1e-6 * m + 1e-9) bad++
-        if (x[2] != y[2]) differ++ }
-      END { if (bad || lines != want) print "FAIL: " bad + 0 " of " n " values differ, " lines + 0 " lines"
-            else print "ok: " n " values, " differ + 0 " not printed identically" }')
-  echo "  $1 vs $2: $r"
-  case $r in ok*) ok ;; *) bad "$1 vs $2: the evaluations differ"; paste <(evals "$1") <(evals "$2") | head -40 ;; esac
-}
-# split NAME MINE ALL: each of NAME's 2 evaluations logged rank 0's share, MINE of ALL batches (ALL summed
-# over the ranks: a rank evaluating every batch, or one counted twice, shows)
-split() {
-  [ "$(grep -c "eval: .*; rank 0 evaluated $2 of the $3 batches of 2 ranks)" "$TMP/$1.log")" = 2 ] && ok ||
-    bad "$1: not rank 0's share $2 of $3 batches: $(grep 'eval: ' "$TMP/$1.log" | head -2)"
-}
-# run1 NAME COMMAND...: COMMAND, its output in $TMP/NAME.log
-run1() {
-  local name=$1 && shift
-  "$@" >"$TMP/$name.log" 2>&1 && ok || { bad "$name: exited $?"; tail -5 "$TMP/$name.log"; }
-}
+# same_evals, eval_split and run1: e2e_common.sh
 # both NAME INI Z3 MINE ALL [--set ...]: INI on one process (NAME-one) and on 2 ranks (NAME-two; with
 # Z3 = z3 also under zero3, NAME-z3): the 2-rank runs' evaluations (2 each) one process's, rank 0's
 # share MINE of ALL batches
@@ -56,7 +29,7 @@ both() {
     local z=() && [ "$r" = z3 ] && z=(--set memory.strategies=zero3)
     run1 "$name-$r" "${MPI[@]}" "${C[@]}" train "$ini" --set run.output_dir="$TMP/$name-$r" "$@" "${z[@]}"
     same_evals "$name-one" "$name-$r" 2
-    split "$name-$r" "$mine" "$all"
+    eval_split "$name-$r" "$mine" "$all"
   done
 }
 

@@ -119,6 +119,10 @@ ctrl_e2e_test(test_lora_train test_lora_train.sh)
 # Evaluation split over 2 ranks (each its batches, the sums reduced): SFT, DPO, KTO and GKD's eval_
 # values one process's, uneven shares, zero3 (tests/e2e/test_eval_ranks_mpi.sh).
 ctrl_e2e_test(test_eval_ranks_mpi test_eval_ranks_mpi.sh SKIP TIMEOUT 180)
+# The online trainers' evaluation split over 2 ranks (each its eval batches' prompts sampled and
+# scored, the reward sums reduced): GRPO, RLOO, online DPO and PPO's eval_ values one process's,
+# uneven and empty shares, zero3 both ways, server mode (tests/e2e/test_eval_online_mpi.sh).
+ctrl_e2e_test(test_eval_online_mpi test_eval_online_mpi.sh SKIP TIMEOUT 120)
 # DPO over MPI: 2 ranks x 2 pairs follow 1 x 4, metrics gathered over the ranks (tests/e2e/test_dpo_mpi.sh).
 ctrl_e2e_test(test_dpo_mpi test_dpo_mpi.sh SKIP TIMEOUT 120)
 # DPO's and KTO's reference sliced under zero3 on 2 ranks: plain data parallel's curves, its bytes per
