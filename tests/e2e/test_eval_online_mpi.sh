@@ -18,6 +18,7 @@
 #     and false; server mode (one `ctrl serve`, each rank sends its prompts).
 #   rloo: batches of 1 prompt; online_dpo (2 completions a prompt): batches of 2 prompts; ppo (one
 #     completion a prompt): batches of per_device_eval_batch_size = 1 prompt.
+#   a rank whose scoring fails ends the job, rank 0's error naming it.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_eval_online_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -89,4 +90,16 @@ ini odpo online_dpo "[online_dpo]" "max_new_tokens = 8"
 both odpo odpo 2 3
 INI_TARGET=6 ini ppo ppo "[ppo]" "response_length = 8"
 both ppo ppo 3 5 --set train.per_device_eval_batch_size=1
+# a rank whose scoring fails (a command reward that exits on rank 1, in the evaluation before the first
+# step): the job ends with an error, rank 0's naming rank 1, never a hang
+HELPER="$(dirname "${C[0]}")/reward_command_helper"
+printf '[ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ] && exit 3\nexec %s len8\n' "$HELPER" >"$TMP/rew.sh"
+INI_TARGET= ini fail grpo "[reward.cmd]" "plugin = command" "command = sh $TMP/rew.sh" "[grpo]" "num_generations = 4" \
+  "max_completion_length = 8"
+if timeout 120 "${MPI[@]}" "${C[@]}" train "$TMP/fail.ini" --set train.per_device_train_batch_size=2 >"$TMP/fail.log" 2>&1; then
+  bad "fail: a rank's failed evaluation did not fail the job"
+else
+  grep -q "rank 0: evaluation: rank 1 failed" "$TMP/fail.log" && grep -q "rank 1: reward 'cmd'" "$TMP/fail.log" && ok ||
+    { bad "fail: no error naming rank 1"; tail -5 "$TMP/fail.log"; }
+fi
 finish
