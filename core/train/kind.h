@@ -132,7 +132,8 @@ typedef struct train_kind_ops {
      * cursor, advances that by every rank's rows (online: generation batches are split by prompts
      * and gathered, as TRL's). Either way evaluate runs on every rank with `metrics` NULL except on
      * rank 0: each rank evaluates its batches (train_dp_eval_mine) and the values are summed over
-     * the ranks (train_dp_eval_reduce) -- the online kind's evaluation generates on rank 0 alone. */
+     * the ranks (train_dp_eval_reduce) -- the online kind's too (its batches' prompts sampled and
+     * scored, the reward sums reduced). */
     int splits_ranks;
     /* Right after the policy's optimizer step, with its learning rate and step (from 1): a kind
      * that trains a second model steps it here (may be NULL). */

@@ -93,7 +93,9 @@ ctrl_status ctrl_online_sync_metrics(ctrl_online *o);
 void ctrl_online_log_window(ctrl_online *o, FILE *f);
 /* num_generations completions of each [data] eval_file prompt, sampled as in training (TRL's
  * evaluation) from a fixed seed stream, scored: a metrics line with eval_reward and
- * eval_rewards/NAME/mean. No eval file: nothing. */
+ * eval_rewards/NAME/mean (f: rank 0's; NULL on the others). With N ranks each samples and scores
+ * its batches' prompts (per_device_eval_batch_size / num_generations prompts a batch, batch i on
+ * rank i % N) and the sums are reduced: one process's values. No eval file: nothing. */
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f);
 void ctrl_online_free(ctrl_online *o);
 
