@@ -10,6 +10,8 @@
 #     model's host copy with the adapters folded in, the NF4 base dequantized from the host's store.
 #   ppo: the value model on each rank's device beside the policy, its device gradients averaged over
 #     NCCL as the policy's (ncclAllReduce), both AdamW steps on the device.
+#   grpo's evaluation: each rank samples and scores its eval batches on its device; the eval_ lines
+#     one CUDA process's.
 # usage: test_online_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 mpi_setup
@@ -62,4 +64,17 @@ INI_TARGET=6 STEPS=12 pair ppo ppo "[ppo]" "response_length = 8" "num_ppo_epochs
 grep -q "value model: .*stepping on the device" "$TMP/ppo-cuda.log" && ok || bad "ppo: $(grep "value model" "$TMP/ppo-cuda.log")"
 same ppo 1e-5 1e-7 loss grad_norm value_model/grad_norm
 same ppo 1e-4 1e-6 loss/value_avg objective/scores objective/kl objective/rlhf_reward policy/approxkl_avg loss/policy_avg
+# GRPO's evaluation on 2 emulated devices (ctrl_online_evaluate): 5 eval prompts in batches of one (rank
+# 0 samples 3 on its device, rank 1 2), the reward sums reduced: the eval_ lines before and after the
+# step (learning rate 1e-30: the same weights) one CUDA process's
+head -5 "$TMP/data/eval_prompts.jsonl" >"$TMP/ev5.jsonl"
+INI_BATCH=2 INI_TRAIN=$'dtype = fp32\neval_steps = 1\nper_device_eval_batch_size = 2' \
+  online_ini grpo gev 1 "[grpo]" "num_generations = 2" "max_completion_length = 8" |
+  sed "s/^device = cpu/device = cuda/; s|^eval_file = .*|eval_file = $TMP/ev5.jsonl|; s/^learning_rate = .*/learning_rate = 1e-30/" >"$TMP/gev.ini"
+run1 gev-one "${C[@]}" train "$TMP/gev.ini" --set run.output_dir="$TMP/gev-one"
+run1 gev-two "${MPI[@]}" "${C[@]}" train "$TMP/gev.ini" --set run.output_dir="$TMP/gev-two" \
+  --set train.per_device_train_batch_size=1
+grep -q "device cuda:0: CUDA device 0 (ctrl CUDA emulator" "$TMP/gev-two.log" && ok || bad "gev: not on the emulated devices"
+same_evals gev-one gev-two 2
+eval_split gev-two 3 5
 finish
