@@ -15,7 +15,8 @@
 # length, digits counted (regex) and accuracy.
 #   grpo: batches of 1 prompt (rank 0 3 of 5), of 2 (rank 0 2 of 3, the last batch one prompt), one
 #     batch of 32 completions (rank 1 evaluates nothing); zero3 with ds3_gather_for_generation true
-#     and false; server mode (one `ctrl serve`, each rank sends its prompts).
+#     and false; server mode (one `ctrl serve`, each rank sends its prompts), also under zero3 (the
+#     weights pushed at the first evaluation with the model gathered for it).
 #   rloo: batches of 1 prompt; online_dpo (2 completions a prompt): batches of 2 prompts; ppo (one
 #     completion a prompt): batches of per_device_eval_batch_size = 1 prompt.
 #   a rank whose scoring fails ends the job, rank 0's error naming it.
@@ -82,6 +83,10 @@ trap 'kill $SERVER 2>/dev/null; rm -rf "$TMP"' EXIT
 INI_GEN=$(printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$PORT") \
   ini gsrv grpo "[grpo]" "num_generations = 4" "max_completion_length = 8"
 both gsrv gsrv 3 5
+run1 gsrv-z3 "${MPI[@]}" "${C[@]}" train "$TMP/gsrv.ini" --set run.output_dir="$TMP/gsrv-z3" \
+  --set train.per_device_train_batch_size=2 --set memory.strategies=zero3
+same_evals gsrv-one gsrv-z3 2
+eval_split gsrv-z3 3 5
 kill $SERVER 2>/dev/null
 
 ini rloo rloo "[rloo]" "num_generations = 4" "max_completion_length = 8"
