@@ -110,7 +110,9 @@ static const ctrl_option train_options[] = {
      "Optimizer steps to run; overrides num_train_epochs when > 0."},
     {"per_device_train_batch_size", CTRL_OPT_INT, "8", MIN(1), NULL, "Examples per micro-batch per device."},
     {"per_device_eval_batch_size", CTRL_OPT_INT, "8", MIN(1), NULL,
-     "Examples per evaluation batch per device (with N ranks each evaluates every N-th batch)."},
+     "Examples per evaluation batch per device (with N ranks each evaluates every N-th batch). The online "
+     "trainers: completions, in whole groups of num_generations (per_device_eval_batch_size / "
+     "num_generations prompts a batch, at least one)."},
     {"gradient_accumulation_steps", CTRL_OPT_INT, "1", MIN(1), NULL, "Micro-batches per optimizer step."},
     {"max_grad_norm", CTRL_OPT_FLOAT, "1.0", MIN(0), NULL, "Clip the global gradient norm (0 = off)."},
     {"weight_decay", CTRL_OPT_FLOAT, "0", MIN(0), NULL, "Decoupled weight decay (not on norms and biases)."},
@@ -170,8 +172,8 @@ static const ctrl_option train_options[] = {
      "A checkpoint directory, or 'last' for the newest in output_dir."},
     {"ddp_timeout", CTRL_OPT_INT, "1800", MIN(1), NULL,
      "Data parallel (mpirun/srun): seconds a collective may wait for the other ranks before the job is "
-     "ended with an error (a rank stopped or far behind; checkpoint saves and the online trainers' "
-     "evaluations, rank 0's, must fit in it), as TrainingArguments.ddp_timeout."},
+     "ended with an error (a rank stopped or far behind; checkpoint saves and the slowest "
+     "rank's share of an evaluation must fit in it), as TrainingArguments.ddp_timeout."},
     {"ddp_shared_memory", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
      "Data parallel on the CPU with every rank on one node (no [memory] strategy): the gradients live in "
      "memory all ranks map, and their mean is summed slice by slice there (each rank its slice, then "
