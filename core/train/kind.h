@@ -75,13 +75,13 @@ typedef struct train_kind_env {
      * prefetched by zero3_prefetch floats (prefetch_bucket_size); 0 otherwise */
     int zero3_sliced;
     size_t zero3_prefetch;
-    /* ZeRO-3 on several ranks on the CPU, however the policy was loaded (a LoRA run reads it whole
-     * before slicing it): a frozen model of its own files the kind keeps beside it (GKD's teacher)
-     * can be sliced (zero_ref.h); 0 otherwise */
+    /* ZeRO-3 on several ranks, however the policy was loaded (a LoRA run reads it whole before
+     * slicing it): a frozen model of its own files the kind keeps beside it (GKD's teacher) can be
+     * sliced (zero_ref.h; on a CUDA model on its device); 0 otherwise */
     int zero3_frozen;
-    /* ZeRO-3 on several ranks on a device (zero_device.c): such a frozen model (GKD's teacher) is held
-     * whole on every rank's device beside the sliced model, not sliced; 0 otherwise */
-    int zero3_device;
+    /* ZeRO-3: the policy's train_zero (zero.h), set up after the kind is created -- where a sliced
+     * reference's sync (TR-DPO on a device) reads the policy's slices; NULL otherwise */
+    struct train_zero *zero3_policy;
 } train_kind_env;
 
 /* One optimizer step as a kind reports it (the loop adds the gradient norm). */

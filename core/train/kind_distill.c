@@ -142,19 +142,14 @@ static ctrl_status distill_create(const train_kind_env *env, train_kind **out) {
     if (st == CTRL_OK) st = ctrl_datasets_load(env->cfg, env->tok, &k->train, &k->eval);
     /* zero3 on several ranks: the teacher sliced as the student (TRL's prepare_deepspeed of the
      * teacher with the student's ZeRO-3 config; a LoRA student's too: its frozen base is sliced as a
-     * full student's), the student gathered whole for its generation */
+     * full student's; on a CUDA model on the student's device), the student gathered whole for its
+     * generation */
     k->whole_weights = env->whole_weights, k->whole_ctx = env->whole_ctx;
     if (st == CTRL_OK && env->zero3_frozen)
         st = train_teacher_load_sliced(env->cfg, env->model, env->tok, env->plugins->attention->ops,
                                        env->zero3_prefetch, &k->teacher, &k->teacher_zero);
     else if (st == CTRL_OK)
         st = train_teacher_load(env->cfg, env->model, env->tok, env->plugins->attention->ops, &k->teacher);
-    /* on a device the teacher stays whole on every rank's device, as the sequence kind's reference */
-    if (st == CTRL_OK && env->zero3_device && ctrl_collective_is_root())
-        CTRL_INFO("zero3 on %s: the teacher is whole on every rank's device (%zu bytes of parameters%s), the "
-                  "student sliced",
-                  s->run.device, ctrl_model_param_bytes(k->teacher),
-                  s->teacher.bf16 ? ", computed in bf16" : "");
     const int generates = k->spec.lmbda > 0 || k->spec.seq_kd;
     if (st == CTRL_OK && generates) st = check_generation(env, k);
     if (st == CTRL_OK && generates) {

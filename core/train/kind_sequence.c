@@ -39,10 +39,11 @@ struct train_kind {
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
     train_zero *ref_zero;         /* zero3 on several ranks: the reference sliced (zero_ref.h) */
-    /* zero3 with the reference whole beside the sliced policy (a CUDA model's): the policy gathered
-     * whole on every rank for a sync (kind.h's gather_whole); NULL otherwise */
+    /* zero3 with the reference whole beside the sliced policy (CTRL_TEST_ZERO3_WHOLE_REF): the policy
+     * gathered whole on every rank for a sync (kind.h's gather_whole); NULL otherwise */
     ctrl_status (*gather_whole)(void *ctx, int on);
     void *gather_ctx;
+    train_zero *policy_zero; /* zero3: the policy's (a sliced reference's sync on a device reads it) */
     int eval_bs;
     double aux_coef;                    /* train/moe_aux.h */
     seq_metrics step_m, window, eval_m; /* this step's (every rank's), the logging window's, eval's */
@@ -157,8 +158,9 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
             st = train_sequence_precompute(env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
         else if (!ctrl_model_lora(k->model)) {
             st = train_sequence_load_reference(env, &k->ref, &k->ref_zero);
-            /* zero3 with the reference whole beside the sliced policy (a CUDA model's, or
-             * CTRL_TEST_ZERO3_WHOLE_REF): a sync gathers the whole policy first */
+            k->policy_zero = env->zero3_policy;
+            /* zero3 with the reference whole beside the sliced policy (CTRL_TEST_ZERO3_WHOLE_REF): a
+             * sync gathers the whole policy first */
             if (st == CTRL_OK && k->spec.sync_ref_model && env->zero3_sliced && !k->ref_zero)
                 k->gather_whole = env->gather_whole, k->gather_ctx = env->gather_ctx;
         } else if (k->spec.sync_ref_model)
@@ -304,7 +306,7 @@ static ctrl_status sequence_after_step(train_kind *k, long step) {
     if (!k->spec.sync_ref_model || !k->ref || step % k->spec.ref_model_sync_steps) return CTRL_OK;
     const float a = (float)k->spec.ref_model_mixup_alpha;
     if (k->ref_zero) { /* zero3: both sliced alike, each rank mixes its own slices */
-        st = train_zero_ref_mix(k->ref_zero, k->model, a);
+        st = train_zero_ref_mix(k->ref_zero, k->model, k->policy_zero, a);
         if (st == CTRL_OK && ctrl_collective_is_root())
             CTRL_INFO("sync_ref_model: reference mixed with the policy (alpha %g) after step %ld, each "
                       "rank its zero3 slices",

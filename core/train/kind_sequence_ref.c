@@ -37,13 +37,10 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
         ctrl_model_free(ref);
         return ctrl_error_wrap(st, "the reference model (%s)", s->model.path);
     }
-    if (zout && env->zero3_sliced && ctrl_collective_is_root()) /* a CUDA model's: not sliced yet */
-        CTRL_INFO("zero3 on %s: the reference model is whole on every rank (%zu bytes of parameters%s), "
-                  "the policy sliced",
-                  s->run.device, ctrl_model_param_bytes(ref),
-                  ctrl_model_device(ref).type == CTRL_DEVICE_CPU
-                      ? ": CTRL_TEST_ZERO3_WHOLE_REF"
-                      : "; its slicing on the device is not done yet");
+    if (zout && env->zero3_sliced && ctrl_collective_is_root()) /* CTRL_TEST_ZERO3_WHOLE_REF */
+        CTRL_INFO("zero3 on %s: the reference model is whole on every rank (%zu bytes of parameters: "
+                  "CTRL_TEST_ZERO3_WHOLE_REF), the policy sliced",
+                  s->run.device, ctrl_model_param_bytes(ref));
     *out = ref;
     return CTRL_OK;
 }

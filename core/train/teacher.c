@@ -99,8 +99,8 @@ ctrl_status train_teacher_load_sliced(const ctrl_config *cfg, const ctrl_model *
     train_zero *z = NULL;
     /* no ctrl_model_freeze: the gradient buffer is never touched (no pages), and the slices are cut
      * over the parameters as a policy's would be */
-    st = train_zero_frozen_load(s->teacher.path, attn, s->teacher.bf16 ? CTRL_BF16 : CTRL_F32, prefetch, &t,
-                                &z);
+    st = train_zero_frozen_load(s->teacher.path, attn, student, s->teacher.bf16 ? CTRL_BF16 : CTRL_F32,
+                                prefetch, &t, &z);
     if (st != CTRL_OK)
         return ctrl_error_wrap(st, "%s: [teacher] path (sliced for zero3)",
                                ctrl_config_where(cfg, "teacher", "path"));

@@ -19,9 +19,10 @@
  * (ctrl_model_hold_bf16: all of them rounded, the layers' stored in 2 bytes). */
 ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student, const ctrl_tokenizer *tok,
                                const ctrl_attention_ops *attn, ctrl_model **out);
-/* The same under zero3 on several ranks on the CPU (a full or a LoRA student): the teacher sliced as
- * DPO's reference (zero_ref.h: this rank's slices read, each unit gathered around its use, *zout its
- * train_zero), as TRL's GKDTrainer prepares the teacher with the student's DeepSpeed ZeRO-3 config;
+/* The same under zero3 on several ranks (a full or a LoRA student; on the CPU or the student's CUDA
+ * device): the teacher sliced as DPO's reference (zero_ref.h: this rank's slices read, each unit
+ * gathered around its use, *zout its train_zero), as TRL's GKDTrainer prepares the teacher with the
+ * student's DeepSpeed ZeRO-3 config;
  * [teacher] dtype = bf16 then computes in bf16 from the fp32 slices (a layer's bf16 copy rounded
  * after its gather) instead of holding the weights in bf16. Free with train_zero_ref_free. A
  * collective (it logs the slices' resident bytes). */

@@ -205,10 +205,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                     .push_ctx = &r->zero,
                                     .zero3_sliced = sliced,
                                     .zero3_prefetch = prefetch,
-                                    .zero3_frozen = zero_stage >= 3 && ctrl_collective_size() > 1 &&
-                                                    r->comp.device.type == CTRL_DEVICE_CPU,
-                                    .zero3_device = zero_stage >= 3 && ctrl_collective_size() > 1 &&
-                                                    r->comp.device.type != CTRL_DEVICE_CPU};
+                                    .zero3_frozen = zero_stage >= 3 && ctrl_collective_size() > 1,
+                                    .zero3_policy = zero_stage >= 3 ? &r->zero : NULL};
         train_zero_gen_init(&r->zgen, &r->zero, !s->generation.ds3_gather_for_generation);
         st = r->kind_ops->create(&env, &r->kind);
     }

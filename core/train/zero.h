@@ -225,11 +225,12 @@ void train_zero_gather_counts(train_zero *z, long *gathers, long *views, double 
  * buffer, and (stage 3) releases the other ranks' slices of every layer. Nothing for stage 1 and a
  * CUDA model's stage 2. */
 ctrl_status train_zero_attach(train_zero *z, ctrl_model *m);
-/* Stage 3 on the host: a second, frozen model laid out by its own train_zero_init (DPO's and KTO's
- * reference, zero_ref.c) hooked forward-only -- each layer, the embeddings and an untied head
+/* Stage 3: a second, frozen model laid out by its own train_zero_init (DPO's and KTO's reference, GKD's
+ * teacher, zero_ref.c) hooked forward-only -- each layer, the embeddings and an untied head
  * gathered around each use and released after, as the policy's forward; never a backward, no
- * reduction, no gradients -- and its other ranks' slices released. While z->measure is set, each
- * use's end records the parameters' resident bytes, the most seen, in z->grad_peak. */
+ * reduction, no gradients -- and its other ranks' slices released (on a CUDA model: its pieces
+ * unmapped, zero_device.c). While z->measure is set, each use's end records the parameters' resident
+ * bytes (a device's: mapped), the most seen, in z->grad_peak. */
 ctrl_status train_zero_attach_frozen(train_zero *z, ctrl_model *m);
 /* Stage 3 on the CPU: the reused pages' counts since attach logged (rank 0; after the first step). */
 void train_zero_pool_report(const train_zero *z);
@@ -354,6 +355,13 @@ size_t train_zero_device_mapped(train_zero *z, double out[4]);
  * its bf16 values widened into the parameters (queued on the compute stream); no-op otherwise. And
  * the bf16 range's bytes mapped now and at most since the last call (out[0], out[1]). */
 ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u);
+/* zero3 on a CUDA model: the device memory mapped now for the parameters (and their bf16 values),
+ * in bytes -- a frozen model's resident bytes (zero_ref.c). */
+size_t train_zero_device_resident(const train_zero *z);
+/* TR-DPO's sync of a frozen reference sliced on the device (zero_ref.c's train_zero_ref_mix): each of
+ * its slices (its masters in bf16, their bf16 values refreshed) = (1 - alpha) x its own + alpha x
+ * the policy's same slice (`pz`: the policy's train_zero, cut alike), on the device; no collective. */
+ctrl_status train_zero_device_mix(train_zero *z, train_zero *pz, float alpha);
 void train_zero_device_b16_mapped(train_zero *z, double out[2]);
 /* A checkpoint save: ranks other than 0 send their optimizer state to rank 0 (call while rank 0 is
  * in ctrl_checkpoint_save, which receives it with train_zero_write_shard). */

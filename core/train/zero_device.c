@@ -43,7 +43,7 @@ void train_zero_device_free(train_zero *z) {
                   "backwards, %ld of them still in flight when a later layer's backward began (the compute "
                   "stream waited for each before reading its slice)",
                   z->dev->name, z->flight_started, z->flight_behind);
-    z->dev->free(z->acc);
+    if (z->acc) z->dev->free(z->acc); /* (a frozen model's was freed at its load) */
     z->dev = NULL, z->acc = NULL;
 }
 
@@ -534,4 +534,62 @@ size_t train_zero_device_mapped(train_zero *z, double out[4]) {
         if (v[k]) v[k]->peak = v[k]->mapped;
     }
     return z->vm_params ? z->vm_params->gran : 0;
+}
+
+size_t train_zero_device_resident(const train_zero *z) {
+    size_t n = 0;
+    const zero_vm *v[2] = {z->vm_params, z->vm_b16};
+    for (int k = 0; k < 2; k++) n += v[k] ? v[k]->mapped * v[k]->gran : 0;
+    return n;
+}
+
+/* Unit u's slice of the policy `pz` (its fp32 values, current after the step) into `dst` (device
+ * memory, hi - lo floats): the host's masters with offload_optimizer, the device masters of a layer in
+ * bf16, else the device's parameters; a unit kept whole (the final norm) from the device's, gathered. */
+static ctrl_status policy_slice(train_zero *pz, int u, size_t lo, size_t hi, float *dst) {
+    const float *dev = ctrl_model_device_params(pz->model) + pz->first;
+    if (pz->units[u].layer == -1) return pz->dev->copy(dst, dev + lo, (hi - lo) * sizeof(float));
+    if (pz->host_step)
+        return pz->dev->to_device(dst, ctrl_model_params(pz->model, NULL) + pz->first + lo,
+                                  (hi - lo) * sizeof(float));
+    size_t a, b;
+    const float *master = master_of(pz, u, &a, &b);
+    return pz->dev->copy(dst, master ? master : dev + lo, (hi - lo) * sizeof(float));
+}
+
+ctrl_status train_zero_device_mix(train_zero *z, train_zero *pz, float alpha) {
+    if (!pz || !pz->dev || pz->n_units != z->n_units || pz->b16 != z->b16)
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "sync_ref_model: the zero3 reference is not cut as the policy");
+    size_t most = 1;
+    for (int u = 0; u < z->n_units; u++) {
+        size_t lo = z->units[u].a, hi = z->units[u].b;
+        if (z->units[u].layer != -1) train_zero_slice(z, u, z->rank, &lo, &hi);
+        if (pz->units[u].a != z->units[u].a || pz->units[u].b != z->units[u].b)
+            return ctrl_error_set(CTRL_ERR_RUNTIME, "sync_ref_model: the zero3 reference's unit %d differs",
+                                  u);
+        if (hi - lo > most) most = hi - lo;
+    }
+    float *tmp = NULL;
+    ctrl_status st = z->dev->alloc((void **)&tmp, most * sizeof(float));
+    float *ref = ctrl_model_device_params(z->model);
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
+        size_t lo = z->units[u].a, hi = z->units[u].b;
+        if (z->units[u].layer != -1) train_zero_slice(z, u, z->rank, &lo, &hi);
+        if (hi <= lo) continue;
+        size_t a, b;
+        float *master = z->units[u].layer == -1 ? NULL : master_of(z, u, &a, &b);
+        float *dst = master ? master : ref + lo; /* a layer in bf16: its fp32 master slice */
+        const int64_t n = (int64_t)(hi - lo);
+        /* reference * (1 - alpha) + policy * alpha, each product rounded to fp32 as the host's mix */
+        st = policy_slice(pz, u, lo, hi, tmp);
+        if (st == CTRL_OK) st = z->dev->scale(tmp, alpha, n);
+        if (st == CTRL_OK) st = z->dev->scale(dst, 1.0f - alpha, n);
+        if (st == CTRL_OK) st = z->dev->residual_forward(dst, dst, tmp, n);
+        if (st == CTRL_OK && master) st = refresh_b16(z, u); /* the bf16 slice the next gathers send */
+    }
+    if (st == CTRL_OK) st = z->dev->synchronize();
+    if (tmp) z->dev->free(tmp);
+    ctrl_model_device_weights_changed(z->model);
+    return st;
 }

@@ -407,7 +407,8 @@ static ctrl_status release_frozen(ctrl_memory *m, int layer) {
     if (z->measure && !z->gathered) { /* not while whole (an evaluation) */
         size_t n = 0;
         const float *p = ctrl_model_params(z->model, &n);
-        const size_t r = train_zero_resident(p, n * sizeof *p);
+        /* a device's: the memory mapped for its parameters */
+        const size_t r = z->dev ? train_zero_device_resident(z) : train_zero_resident(p, n * sizeof *p);
         if (r > z->grad_peak) z->grad_peak = r;
     }
     return release_layer(m, layer);
@@ -427,8 +428,8 @@ static const ctrl_memory_ops frozen_hooks = {
 };
 
 ctrl_status train_zero_attach_frozen(train_zero *z, ctrl_model *m) {
-    if (z->stage < 3 || z->dev)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "zero3: a frozen model on the host only");
+    if (z->stage < 3)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "zero3: a frozen model sliced by zero3 only");
     ctrl_status st = attach_slots(z, m);
     if (st == CTRL_OK) st = ctrl_model_set_sharding(m, &frozen_hooks, z->hooks);
     ctrl_model_set_sharding_outer(m, 1);

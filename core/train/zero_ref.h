@@ -7,18 +7,21 @@
 #include "train/zero.h"
 
 /* 1 when the reference is sliced: zero3 on several ranks with the policy sliced
- * (env->zero3_sliced), on the host. A CUDA model's reference stays whole on every rank (the caller
- * says so). */
+ * (env->zero3_sliced), on the host or on the policy's device (zero_device.c's pieces mapped per
+ * use); CTRL_TEST_ZERO3_WHOLE_REF keeps it whole (the caller says so). */
 int train_zero_ref_applies(const train_kind_env *env);
 /* The reference ([model] path): this rank's slices read, hooked to gather each unit around its
  * forward use (train_zero_attach_frozen); logs (rank 0) its resident bytes per rank. A collective. */
 ctrl_status train_zero_ref_load(const train_kind_env *env, ctrl_model **ref, train_zero **out);
 /* What train_zero_ref_load does for any frozen model of DIR `path` (the reference, GKD's teacher):
- * this rank's slices read, computing in `dtype`, forward only, cut as a policy of its
- * shape would be and hooked to gather each unit around its use (prefetch: prefetch_bucket_size
- * floats). No collective. */
-ctrl_status train_zero_frozen_load(const char *path, const ctrl_attention_ops *attn, ctrl_dtype dtype,
-                                   size_t prefetch, ctrl_model **out, train_zero **zout);
+ * this rank's slices read, placed on `like`'s device (NULL: the host), computing in `dtype`, forward
+ * only, cut as a policy of its shape would be and hooked to gather each unit around its use
+ * (prefetch: prefetch_bucket_size floats). On a device its slices live in device memory mapped piece
+ * by piece as a zero3 policy's (zero_device.c), each unit's other pieces mapped and all-gathered over
+ * NCCL around its use. No collective (on a device, but the NCCL communicator's making if it is the
+ * first). */
+ctrl_status train_zero_frozen_load(const char *path, const ctrl_attention_ops *attn, const ctrl_model *like,
+                                   ctrl_dtype dtype, size_t prefetch, ctrl_model **out, train_zero **zout);
 /* Logs (rank 0) "zero3: WHAT sliced HOW: parameters resident at most ..." -- its resident bytes per
  * rank and its largest layer, the largest over the ranks. A collective. */
 ctrl_status train_zero_frozen_describe(train_zero *z, const char *what, const char *how);
@@ -33,8 +36,9 @@ ctrl_status train_zero_ref_whole(train_zero *z, int on);
 /* TR-DPO's sync under zero3 (sync_ref_model): reference = alpha * policy + (1 - alpha) * reference on
  * what this rank holds of the reference -- its slices of the sliced units and the whole units (the
  * final norm) --, read from the policy, which holds the same slices (the same shape cut the same way)
- * up to date after its step. No collective: every rank mixes its own slices. An error when the
- * reference is gathered or a gather is in flight. */
-ctrl_status train_zero_ref_mix(train_zero *z, ctrl_model *policy, float alpha);
+ * up to date after its step (on a device: the policy's train_zero `pz` says where its slices are, the
+ * mix runs there, train_zero_device_mix). No collective: every rank mixes its own slices. An error
+ * when the reference is gathered or a gather is in flight. */
+ctrl_status train_zero_ref_mix(train_zero *z, ctrl_model *policy, train_zero *pz, float alpha);
 
 #endif
