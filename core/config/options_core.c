@@ -379,8 +379,8 @@ static const ctrl_option teacher_options[] = {
      "The teacher's compute dtype: bf16 runs its linear projections in bf16 (fp32 accumulation, as "
      "torch.autocast), whatever the student's [train] dtype, and on the CPU holds its weights in bf16 "
      "(rounded once; the layers' in 2 bytes each, widened to fp32 one layer at a time); under zero3 on "
-     "several ranks on the CPU the teacher is sliced in fp32 instead (a layer's bf16 copy rounded after its "
-     "gather); on cuda it is held whole on every rank's device, not sliced."},
+     "several ranks the teacher is sliced instead, its slices held in fp32 (on the CPU a layer's bf16 copy "
+     "rounded after its gather; on cuda its layers gathered as bf16 values on the devices)."},
     CTRL_OPTION_END,
 };
 

@@ -355,8 +355,8 @@ size_t train_zero_device_mapped(train_zero *z, double out[4]);
  * its bf16 values widened into the parameters (queued on the compute stream); no-op otherwise. And
  * the bf16 range's bytes mapped now and at most since the last call (out[0], out[1]). */
 ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u);
-/* zero3 on a CUDA model: the device memory mapped now for the parameters (and their bf16 values),
- * in bytes -- a frozen model's resident bytes (zero_ref.c). */
+/* zero3 on a CUDA model: the device memory held now for the parameters (mapped; in bf16 their bf16
+ * values mapped and the fp32 master slices too), in bytes -- a frozen model's resident bytes (zero_ref.c). */
 size_t train_zero_device_resident(const train_zero *z);
 /* TR-DPO's sync of a frozen reference sliced on the device (zero_ref.c's train_zero_ref_mix): each of
  * its slices (its masters in bf16, their bf16 values refreshed) = (1 - alpha) x its own + alpha x

@@ -540,7 +540,7 @@ size_t train_zero_device_resident(const train_zero *z) {
     size_t n = 0;
     const zero_vm *v[2] = {z->vm_params, z->vm_b16};
     for (int k = 0; k < 2; k++) n += v[k] ? v[k]->mapped * v[k]->gran : 0;
-    return n;
+    return n + (z->master ? z->master_n * sizeof(float) : 0); /* in bf16: the fp32 master slices too */
 }
 
 /* Unit u's slice of the policy `pz` (its fp32 values, current after the step) into `dst` (device
