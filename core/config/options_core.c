@@ -214,7 +214,7 @@ static const ctrl_option memory_options[] = {
      "layers are larger); a number of floats (5e7, DeepSpeed's own default, is accepted); 0: each layer "
      "gathered when reached."},
     {"stage3_param_persistence_threshold", CTRL_OPT_STRING, "0", 0, 0, 0, NULL,
-     "zero3 on the CPU: a parameter tensor of fewer elements than this (a norm weight, a bias; at a large "
+     "zero3: a parameter tensor of fewer elements than this (a norm weight, a bias; at a large "
      "value whole layers) stays whole on every rank, never released nor gathered around its layer's "
      "uses, which gather the layer's larger tensors only; its gradient is reduced and its optimizer state "
      "sliced as the others', and the ranks' updated slices of all of them are all-gathered in one "
@@ -222,7 +222,9 @@ static const ctrl_option memory_options[] = {
      "own default is 1e5). auto: 10 x hidden_size, what the HF Trainer fills in for DeepSpeed's auto. 0 "
      "(the default): none kept whole -- ctrl gathers each layer in one collective, so the small tensors "
      "cost no collectives of their own, while keeping them whole cuts a layer's gather into one per run of "
-     "larger tensors (docs/distributed.md). Refused without zero3, and above 0 on [run] device = cuda."},
+     "larger tensors (docs/distributed.md). On [run] device = cuda the kept tensors stay mapped on every "
+     "rank's device and are all-gathered over NCCL. Refused without zero3, and above 0 on cuda with "
+     "[train] dtype = bf16."},
     {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "zero2 and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
      "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "

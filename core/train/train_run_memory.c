@@ -19,6 +19,19 @@ ctrl_status train_run_report_load_memory(const run_state *r, int sliced) {
     return st;
 }
 
+/* zero3, rank 0: what the first step all-gathered -- the layers' uses, then the units kept whole (on a
+ * CUDA model the layers' and the persistent views' gathers only) -- and what
+ * stage3_param_persistence_threshold keeps whole. */
+static void log_gathers(train_zero *z) {
+    long gathers = 0, views = 0;
+    double floats = 0;
+    train_zero_gather_counts(z, &gathers, &views, &floats);
+    CTRL_INFO("zero3: the step all-gathered %.0f parameter floats in %ld collectives, %ld tensors around "
+              "their uses and persistent (stage3_param_persistence_threshold = %zu elements: %d tensors, "
+              "%zu bytes, whole on every rank)",
+              floats, gathers, views, z->persist, z->n_persist, z->persist_bytes);
+}
+
 /* After the first step of a partitioned ZeRO run: the gradient memory each rank held during the
  * backward (the most resident just before a bucket's reduction) and, zero3, the parameter and
  * gradient memory between steps (mincore), logged by rank 0. */
@@ -43,6 +56,7 @@ ctrl_status train_run_report_resident(run_state *r) {
                 "(prefetch_bucket_size = %zu floats)",
                 v[0], n_params * sizeof(float), train_zero_layer_bytes(&r->zero), r->zero.size, v[2],
                 n_grads * sizeof(float), v[4], v[5], v[1], v[3], piece, r->zero.prefetched, r->zero.prefetch);
+        if (st == CTRL_OK && r->root) log_gathers(&r->zero);
         if (st != CTRL_OK || !r->zero.b16) return st;
         double b[3] = {0}; /* bf16: the masters apart, the bf16 copy's slices */
         train_zero_device_b16_mapped(&r->zero, b);
@@ -114,15 +128,7 @@ ctrl_status train_run_report_resident(run_state *r) {
     if (z->stage >= 3)
         CTRL_INFO("zero3: process memory per rank at most %.0f kB now, %.0f kB at its peak (VmRSS, VmHWM)",
                   v[3], v[4]);
-    if (z->stage >= 3) { /* what the step all-gathered: the layers' uses, then the units kept whole */
-        long gathers = 0, views = 0;
-        double floats = 0;
-        train_zero_gather_counts(z, &gathers, &views, &floats);
-        CTRL_INFO("zero3: the step all-gathered %.0f parameter floats in %ld collectives, %ld tensors around "
-                  "their uses and persistent (stage3_param_persistence_threshold = %zu elements: %d tensors, "
-                  "%zu bytes, whole on every rank)",
-                  floats, gathers, views, z->persist, z->n_persist, z->persist_bytes);
-    }
+    if (z->stage >= 3) log_gathers(z);
     train_zero_pool_report(z); /* zero3: the gathers' and gradients' reused pages */
     return st;
 }

@@ -341,13 +341,21 @@ void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_gro
  * gradients moved into ranges mapped piece by piece, this rank's slices and the final norm pinned,
  * the rest unmapped) and free; a range of the parameters (in parameters) mapped and
  * all-gathered -- on the side stream when `handle` is given, completed by
- * ctrl_collective_device_allgather_wait --, released (unmapped once nothing else in its pieces is
+ * ctrl_collective_device_allgather_wait; `counts`: every rank's piece, NULL for the range's own cut
+ * (a run of a persistence threshold passes its range's, train_zero_run_counts) --, released (unmapped
+ * once nothing else in its pieces is
  * in use); unit u's gradients mapped (zeroed) for its backward (a unit outside the layers: once
  * until its reduce-scatter, grads_in); the bytes mapped now and at most
  * since the last call (parameters, gradients: out[0..3] = now, peak, now, peak), the piece. */
 ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m);
 void train_zero_device3_free(train_zero *z);
-ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle);
+ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, const int *counts,
+                                           void **handle);
+/* stage3_param_persistence_threshold on a CUDA model (from train_zero_attach, after the runs): the
+ * persistent views' pieces mapped for the run and their values all-gathered whole on every rank's
+ * device (train_zero_gather_kept, over NCCL; after each step again for the trainable ones, from
+ * train_zero_device_gather). An error in bf16 (not yet). */
+ctrl_status train_zero_device_keep(train_zero *z);
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u);
 ctrl_status train_zero_device_grads_in(train_zero *z, int u);
 size_t train_zero_device_mapped(train_zero *z, double out[4]);

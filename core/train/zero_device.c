@@ -136,6 +136,8 @@ ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
             st = ctrl_collective_device_allgather_b16(b16_base(z) + z->first + z->units[u].a,
                                                       train_zero_counts(z, u), NULL);
     }
+    /* zero3: the ranks' updated slices of the persistent views (stage3_param_persistence_threshold) */
+    if (st == CTRL_OK && z->stage >= 3 && !z->gathered) st = train_zero_gather_kept(z, 0);
     ctrl_model_device_weights_changed(m);
     return st;
 }
@@ -417,6 +419,7 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
 
 void train_zero_device3_free(train_zero *z) {
     if (z->master && z->vm_params) z->vm_params->be->free(z->master); /* (z->dev is cleared first) */
+    if (z->kept_buf && z->vm_params) z->vm_params->be->free(z->kept_buf), z->kept_buf = NULL; /* device's */
     vm_free(z->vm_params), vm_free(z->vm_grads), vm_free(z->vm_b16);
     free(z->held16), free(z->mat), free(z->grads_in);
     z->mat = NULL, z->n_mat = 0, z->b16_direct = 0, z->grads_in = NULL;
@@ -468,9 +471,10 @@ static ctrl_status widen_rest(train_zero *z, size_t a, size_t b) {
 /* held16's values: how a layer's range was gathered in bf16 */
 enum { HELD_NONE, HELD_WIDENED, HELD_REST, HELD_BESIDE };
 
-ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, void **handle) {
+ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, const int *counts,
+                                           void **handle) {
     float *p = ctrl_model_device_params(z->model) + u.a;
-    const int *counts = train_zero_cut_counts(z, u);
+    if (!counts) counts = train_zero_cut_counts(z, u);
     const int b16 = z->b16 && u.layer >= 0, frozen = u.a < z->first;
     /* bf16: 2 bytes a parameter over NCCL, widened after (LoRA's frozen base: always, it has no fp32
      * master); a save's gather (fp32_gather) sends the fp32 masters, and with b16_direct the bf16
@@ -592,4 +596,18 @@ ctrl_status train_zero_device_mix(train_zero *z, train_zero *pz, float alpha) {
     if (tmp) z->dev->free(tmp);
     ctrl_model_device_weights_changed(z->model);
     return st;
+}
+
+ctrl_status train_zero_device_keep(train_zero *z) {
+    if (!z->n_kept) return CTRL_OK;
+    if (z->b16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "[memory] stage3_param_persistence_threshold with zero3 in bf16 on %s: not "
+                              "supported yet",
+                              z->dev->name);
+    ctrl_status st =
+        z->dev->alloc((void **)&z->kept_buf, z->kept_n * sizeof(float)); /* the gathers' buffer */
+    for (int i = 0; i < z->n_kept && st == CTRL_OK; i++) /* whole on every rank: mapped for the run */
+        st = vm_pin(z->vm_params, z->kept[i].u.a * sizeof(float), z->kept[i].u.b * sizeof(float));
+    return st == CTRL_OK ? train_zero_gather_kept(z, 1) : st; /* (each rank holds its slices of them) */
 }

@@ -66,7 +66,8 @@ static int run_pieces(train_zero *z, const train_zero_run *run, page_piece out[2
 /* Every rank's slices of the run into every rank's parameters, and its bf16 copy re-rounded. */
 static ctrl_status gather_params(train_zero *z, const train_zero_run *run) {
     const train_zero_unit u = run->u;
-    if (z->dev) return train_zero_device_gather_range(z, u, NULL); /* mapped, over NCCL */
+    if (z->dev) /* mapped, over NCCL */
+        return train_zero_device_gather_range(z, u, train_zero_run_counts(z, run), NULL);
     ctrl_status st =
         ctrl_collective_allgather_f32(ctrl_model_params(z->model, NULL) + u.a, train_zero_run_counts(z, run));
     return st == CTRL_OK ? ctrl_model_params_range_changed(z->model, u.a, u.b - u.a) : st;
@@ -135,7 +136,8 @@ static ctrl_status start_layer(train_zero *z, int l) {
     lend_slot(z, l);
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++)
         st = z->dev
-                 ? train_zero_device_gather_range(z, z->runs[i].u, &z->pending[i]) /* a side stream */
+                 ? train_zero_device_gather_range(z, z->runs[i].u, train_zero_run_counts(z, &z->runs[i]),
+                                                  &z->pending[i]) /* a side stream */
                  : ctrl_collective_allgather_start_f32(ctrl_model_params(z->model, NULL) + z->runs[i].u.a,
                                                        train_zero_run_counts(z, &z->runs[i]), &z->pending[i]);
     return st == CTRL_OK ? train_zero_nf4_start(z, l) : st; /* QLoRA: the layer's NF4 weights too */
@@ -387,6 +389,10 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
     ctrl_model_set_sharding_outer(m, z->stage >= 3); /* the embeddings' and head's hooks too */
     if (st == CTRL_OK && !z->vm_grads) st = ctrl_model_zero_grad(m); /* zero3 on cuda: zeroed as mapped */
+    if (st == CTRL_OK && z->vm_params && z->n_kept) { /* the persistent views whole on the devices */
+        st = train_zero_device_keep(z);
+        z->gathers = z->gather_views = 0, z->gather_floats = 0;
+    }
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
     size_t n = 0;
     float *g = ctrl_model_grads(m, &n);

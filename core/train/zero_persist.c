@@ -12,6 +12,7 @@
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "device/backend.h"
 #include "train/zero.h"
 
 void train_zero_set_persistence(train_zero *z, size_t threshold) {
@@ -66,7 +67,8 @@ ctrl_status train_zero_make_runs(train_zero *z, ctrl_model *m) {
         }
     }
     z->run_at[z->n_slots] = z->n_runs;
-    if (z->kept_n && !(z->kept_buf = malloc(z->kept_n * sizeof *z->kept_buf)))
+    /* (a CUDA model's in device memory: train_zero_device_keep) */
+    if (z->kept_n && !z->dev && !z->kept_buf && !(z->kept_buf = malloc(z->kept_n * sizeof *z->kept_buf)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory for %zu persistent floats", z->kept_n);
     return CTRL_OK;
 }
@@ -76,9 +78,17 @@ static int wanted(const train_zero *z, const train_zero_run *k, int all) {
     return all || k->of.a >= z->first;
 }
 
+/* n floats from src to dst: host memory, or a CUDA model's (device memory, kept_buf there too). */
+static ctrl_status put(const train_zero *z, float *dst, const float *src, size_t n) {
+    if (z->dev) return n ? z->dev->copy(dst, src, n * sizeof(float)) : CTRL_OK;
+    memcpy(dst, src, n * sizeof(float));
+    return CTRL_OK;
+}
+
 ctrl_status train_zero_gather_kept(train_zero *z, int all) {
-    if (!z->n_kept || z->dev) return CTRL_OK;
-    float *p = ctrl_model_params(z->model, NULL);
+    if (!z->n_kept || (z->dev && !z->vm_params)) return CTRL_OK;
+    /* a CUDA model's zero3: on the device, over NCCL (kept_buf in device memory, train_zero_device_keep) */
+    float *p = z->dev ? ctrl_model_device_params(z->model) : ctrl_model_params(z->model, NULL);
     size_t total = 0, mine = 0;
     long views = 0;
     for (int r = 0; r < z->size; r++) { /* rank r's block: its slices of the pieces, in their order */
@@ -88,24 +98,26 @@ ctrl_status train_zero_gather_kept(train_zero *z, int all) {
         if (r == z->rank) mine = total;
         z->kept_counts[r] = (int)n, total += n;
     }
-    for (int i = 0; i < z->n_kept; i++) {
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < z->n_kept && st == CTRL_OK; i++) {
         size_t lo, hi;
         if (!wanted(z, &z->kept[i], all)) continue;
         views++;
         train_zero_run_cut(z, &z->kept[i], z->rank, &lo, &hi);
-        memcpy(z->kept_buf + mine, p + lo, (hi - lo) * sizeof(float)), mine += hi - lo;
+        st = put(z, z->kept_buf + mine, p + lo, hi - lo), mine += hi - lo;
     }
-    if (!total) return CTRL_OK;
-    ctrl_status st = ctrl_collective_allgather_f32(z->kept_buf, z->kept_counts);
+    if (st != CTRL_OK || !total) return st;
+    st = z->dev ? ctrl_collective_device_allgather_f32(z->kept_buf, z->kept_counts)
+                : ctrl_collective_allgather_f32(z->kept_buf, z->kept_counts);
     if (st != CTRL_OK) return st;
     size_t at = 0;
-    for (int r = 0; r < z->size; r++)
-        for (int i = 0; i < z->n_kept; i++) {
+    for (int r = 0; r < z->size && st == CTRL_OK; r++)
+        for (int i = 0; i < z->n_kept && st == CTRL_OK; i++) {
             size_t lo, hi;
             if (!wanted(z, &z->kept[i], all)) continue;
             train_zero_run_cut(z, &z->kept[i], r, &lo, &hi);
-            memcpy(p + lo, z->kept_buf + at, (hi - lo) * sizeof(float)), at += hi - lo;
+            st = put(z, p + lo, z->kept_buf + at, hi - lo), at += hi - lo;
         }
     z->gathers++, z->gather_views += views, z->gather_floats += (double)total;
-    return CTRL_OK;
+    return st;
 }

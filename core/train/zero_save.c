@@ -100,7 +100,7 @@ static ctrl_status gather_adapters_device(train_zero *z) {
         const int u = z->layer_unit[l];
         if (u < 0) continue;
         st = train_zero_device_gather_range(
-            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer},
+            z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer}, NULL,
             NULL);
         if (st == CTRL_OK) z->save_gathers++;
     }

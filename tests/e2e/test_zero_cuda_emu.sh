@@ -127,14 +127,32 @@ run r3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_b
   --set train.resume_from_checkpoint=last
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
 # what zero3 on CUDA does not do yet (NF4: the CPU slices it, test_zero3_nf4_mpi.sh; a persistence
-# threshold) is refused naming the key (exit 2 for a config error, 1 otherwise)
+# threshold in bf16) is refused naming the key (exit 2 for a config error, 1 otherwise)
 # (bf16, LoRA and DoRA are: test_zero3_cuda_emu.sh, test_zero3_lora_cuda_emu.sh)
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/b3" --set run.device=cuda --set memory.strategies=zero3 \
   --set peft.enabled=true --set peft.quantization=nf4 >"$TMP/b3.log" 2>&1
 grep -q "\[memory\] strategies = zero3 with \[peft\] quantization = nf4 on a device: not supported yet" "$TMP/b3.log" && ok ||
   { bad "zero3 nf4 on cuda: $(tail -2 "$TMP/b3.log")"; }
 "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/p3" --set run.device=cuda --set memory.strategies=zero3 \
-  --set memory.stage3_param_persistence_threshold=auto >"$TMP/p3.log" 2>&1
-grep -q "stage3_param_persistence_threshold = auto with \[run\] device = cuda: not supported yet" "$TMP/p3.log" && ok ||
-  { bad "zero3 persistence threshold on cuda: $(tail -2 "$TMP/p3.log")"; }
+  --set memory.stage3_param_persistence_threshold=auto --set train.dtype=bf16 >"$TMP/p3.log" 2>&1
+grep -q "stage3_param_persistence_threshold = auto with \[run\] device = cuda and \[train\] dtype = bf16: not supported yet" "$TMP/p3.log" && ok ||
+  { bad "zero3 persistence threshold in bf16 on cuda: $(tail -2 "$TMP/p3.log")"; }
+# stage3_param_persistence_threshold = auto (10 x hidden: 320 elements) in fp32: the norms and biases kept
+# whole on every rank's device (mapped for the run, their slices all-gathered over NCCL after each step),
+# each layer's gathers fetching its other tensors' runs: data parallel on CUDA's curve (1e-6) and the
+# CPU's zero3 run at auto (1e-5), the same tensors kept whole, fewer floats gathered than at 0
+run pz --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 \
+  --set memory.stage3_param_persistence_threshold=auto --set train.save_strategy=no
+run pc --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 \
+  --set memory.stage3_param_persistence_threshold=auto --set train.save_strategy=no
+curve_close "$TMP/dp" "$TMP/pz" loss 1e-6
+curve_close "$TMP/dp" "$TMP/pz" grad_norm 1e-5
+curve_close "$TMP/pc" "$TMP/pz" loss 1e-5
+gl() { grep -o "zero3: the step all-gathered [0-9]* parameter floats in [0-9]* collectives, [0-9]* tensors around their uses and persistent (stage3_param_persistence_threshold = [0-9]* elements: [0-9]* tensors" "$1" | sed 's/^zero3: //'; }
+read -r fz _ _ < <(gl "$TMP/z3.log" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
+read -r fp _ _ tp np < <(gl "$TMP/pz.log" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
+read -r _ _ _ tc nc < <(gl "$TMP/pc.log" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
+echo "zero3 on CUDA at threshold auto: $(gl "$TMP/pz.log"); at 0: $fz floats"
+[ "$tp" = 320 ] && [ "${np:-0}" -gt 0 ] && [ "$np" = "$nc" ] && [ "$tc" = 320 ] && [ "$fp" -lt "$fz" ] && ok ||
+  bad "zero3 persistence on cuda: '$(gl "$TMP/pz.log")' vs the cpu's '$(gl "$TMP/pc.log")', at 0 $fz floats"
 finish
