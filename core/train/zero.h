@@ -33,7 +33,9 @@
  * device (with offload_optimizer their fp32 masters and the optimizer's state on the host, the step
  * there) and gathers a layer over NCCL into device memory mapped for its use, unmapped after
  * (zero_device.c; SFT in fp32, or bf16 with the layers gathered as bf16 and fp32 master slices; with
- * LoRA each layer's frozen base sliced and gathered with its adapters, in bf16 held as bf16 only). */
+ * LoRA each layer's frozen base sliced and gathered with its adapters, in bf16 held as bf16 only; a
+ * frozen model beside it -- DPO's reference, GKD's teacher, zero_ref.c -- sliced and gathered the same
+ * way, forward only). */
 #ifndef CTRL_CORE_TRAIN_ZERO_H
 #define CTRL_CORE_TRAIN_ZERO_H
 

@@ -149,9 +149,10 @@ curve_close "$TMP/dp" "$TMP/pz" loss 1e-6
 curve_close "$TMP/dp" "$TMP/pz" grad_norm 1e-5
 curve_close "$TMP/pc" "$TMP/pz" loss 1e-5
 gl() { grep -o "zero3: the step all-gathered [0-9]* parameter floats in [0-9]* collectives, [0-9]* tensors around their uses and persistent (stage3_param_persistence_threshold = [0-9]* elements: [0-9]* tensors" "$1" | sed 's/^zero3: //'; }
-read -r fz _ _ < <(gl "$TMP/z3.log" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
-read -r fp _ _ tp np < <(gl "$TMP/pz.log" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
-read -r _ _ _ tc nc < <(gl "$TMP/pc.log" | grep -o '[0-9][0-9]*' | tr '\n' ' ')
+nums() { gl "$1" | sed 's/.*gathered \([0-9]*\) parameter floats.*threshold = \([0-9]*\) elements: \([0-9]*\) tensors/\1 \2 \3/'; }
+read -r fz _ _ < <(nums "$TMP/z3.log")
+read -r fp tp np < <(nums "$TMP/pz.log")
+read -r _ tc nc < <(nums "$TMP/pc.log")
 echo "zero3 on CUDA at threshold auto: $(gl "$TMP/pz.log"); at 0: $fz floats"
 [ "$tp" = 320 ] && [ "${np:-0}" -gt 0 ] && [ "$np" = "$nc" ] && [ "$tc" = 320 ] && [ "$fp" -lt "$fz" ] && ok ||
   bad "zero3 persistence on cuda: '$(gl "$TMP/pz.log")' vs the cpu's '$(gl "$TMP/pc.log")', at 0 $fz floats"
