@@ -72,6 +72,7 @@ typedef struct ctrl_run_settings {
         int report_png, report_tensorboard; /* report_to */
         int ddp_timeout;                    /* seconds */
         int ddp_shared_memory;              /* plain DP's gradients in shared memory (CPU, one node) */
+        int bf16_fallback_fp32;             /* bf16_fallback = fp32 (1) or rounded (0) */
     } train;
     struct {
         int server; /* mode = server */

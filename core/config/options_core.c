@@ -130,8 +130,10 @@ static const ctrl_option train_options[] = {
      "time; CTRL_NO_AMX=1 turns AMX off, CTRL_NO_AVX512BF16=1 both) a blocked GEMM on AMX tiles (tdpbf16ps) "
      "or "
      "vdpbf16ps that rounds as it packs, the LM head in bf16 too and no rounded copy of the weights; without "
-     "them SGEMM on bf16-rounded inputs (the log says once which path runs: no faster than fp32 there), each "
-     "projection rounding its weights as it runs (a rounded copy only for few-token forwards), decoding (and "
+     "them (an AVX2-only CPU) bf16 has no fast path and the training products run in plain fp32, as fast as "
+     "dtype = fp32 (bf16_fallback says; the log says once which path runs), or with bf16_fallback = rounded "
+     "as SGEMM on bf16-rounded inputs (bf16's numbers, no faster than fp32), each "
+     "projection rounding its weights as it runs (a rounded copy only for few-token forwards); decoding (and "
      "prefill calls of up to 256 tokens) on its own bf16 panels where the CPU has AVX2 (packed once per "
      "weight change, 2 bytes a "
      "weight: faster "
@@ -146,6 +148,16 @@ static const ctrl_option train_options[] = {
      "(q/k/v's, gate/up's, a LoRA adapter's with its base's) is packed once for all of them "
      "(CTRL_NO_SHARED_OPERANDS=1: per product, the same numbers), and a head that trains packs its "
      "weights once a step, not per chunk of tokens (CTRL_HEAD_PACK_PER_CHUNK=1: per chunk)."},
+    {"bf16_fallback", CTRL_OPT_CHOICE, "fp32", 0, 0, 0, "fp32|rounded",
+     "dtype = bf16 on a CPU without a bf16 kernel (no AVX-512 BF16 or AMX, e.g. an AVX2-only CPU, or with "
+     "them turned off by CTRL_NO_AVX512BF16): fp32 multiplies the forwards' and backwards' linear "
+     "products in plain fp32 (fp32's numbers and speed: emulating bf16 there is slower and no more "
+     "exact; weights held as bf16 values -- a LoRA run's frozen base, [peft] embedding_dtype = bf16, "
+     "[teacher] dtype = bf16 -- keep them, only the activations are no longer rounded); rounded emulates "
+     "torch.autocast's bf16 numbers (inputs and weights rounded to bf16, fp32 SGEMM), for runs that must "
+     "match a bf16 run on another machine. The log says once which runs. Decoding keeps its bf16 products "
+     "either way; on a CPU with AVX-512 BF16 or AMX, on CUDA and with dtype = fp32 this key changes "
+     "nothing. Applies to the run's reference, value and teacher models too."},
     {"logging_steps", CTRL_OPT_INT, "10", MIN(1), NULL, "Log metrics every N optimizer steps."},
     {"report_to", CTRL_OPT_LIST, "png", 0, 0, 0, "none|all|jsonl|png|tensorboard",
      "Where logged metrics go besides output_dir/metrics.jsonl (always written): png (output_dir/"

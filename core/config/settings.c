@@ -115,6 +115,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     const char *only = rd_str(&r, "data", "completion_only_loss");
     const char *kv = rd_str(&r, "generation", "kv_cache_dtype");
     const char *tdtype = rd_str(&r, "teacher", "dtype");
+    const char *bf16_fallback = rd_str(&r, "train", "bf16_fallback");
     const char *report = rd_str(&r, "train", "report_to");
     *s = (ctrl_run_settings){
         .run = {.trainer = rd_str(&r, "run", "trainer"),
@@ -175,7 +176,8 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                   .report_png = list_has(report, "png") || list_has(report, "all"),
                   .report_tensorboard = list_has(report, "tensorboard") || list_has(report, "all"),
                   .ddp_timeout = (int)rd_int(&r, "train", "ddp_timeout"),
-                  .ddp_shared_memory = rd_bool(&r, "train", "ddp_shared_memory")},
+                  .ddp_shared_memory = rd_bool(&r, "train", "ddp_shared_memory"),
+                  .bf16_fallback_fp32 = !bf16_fallback || !strcmp(bf16_fallback, "fp32")},
         .generation = {.server = mode && !strcmp(mode, "server"),
                        .server_url = rd_str(&r, "generation", "server_url"),
                        .temperature = rd_float(&r, "generation", "temperature"),

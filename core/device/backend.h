@@ -237,6 +237,12 @@ typedef struct ctrl_backend_ops {
      * caller frees it. NULL where not implemented. */
     ctrl_status (*host_register)(void *ptr, size_t bytes);
     void (*host_unregister)(void *ptr);
+    /* Appended: 1 where linear_*_bf16 run on a bf16 kernel now; 0 where they would emulate bf16 on
+     * fp32 GEMMs of rounded inputs (no faster than fp32: a CPU without AVX-512 BF16 or AMX, or with
+     * them turned off), and a model whose bf16 fallback is fp32 then multiplies in plain fp32
+     * (ctrl_model_set_bf16_fallback). fp32_instead: what the model does then (1 fp32, 0 the
+     * emulation), for the one line in the log that says which path the products take. NULL: 1. */
+    int (*bf16_kernel)(int fp32_instead);
 } ctrl_backend_ops;
 
 #define CTRL_UPLOAD_EVENTS 1024

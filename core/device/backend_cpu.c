@@ -58,22 +58,39 @@ static ctrl_status bf16_scratch_error(int T, int IN, int OUT) {
     return ctrl_error_set(CTRL_ERR_NOMEM, "cpu: bf16 scratch for a %d x %d linear over %d tokens", OUT, IN,
                           T);
 }
-/* Once per process: where bf16 compute has no fast path, the log says so (and what runs instead). */
-static void bf16_path_note(void) {
-    static int said;
-    if (said) return;
-    said = 1;
+/* Once per process (and per fallback): which path bf16 compute's linear products take here. Where no
+ * bf16 kernel runs they are fp32's, either plain (fp32_instead: the model's bf16 fallback is fp32) or
+ * on bf16-rounded inputs (the fallback "rounded": bf16's numbers, no faster than fp32). */
+static void bf16_path_note(int fp32_instead) {
+    static int said[2];
+    const char *why = ctrl_cpu_bf16_no_kernel_why();
+    fp32_instead = fp32_instead && why; /* with a kernel the fallback changes nothing */
+    if (__atomic_load_n(&said[fp32_instead], __ATOMIC_RELAXED) ||
+        __atomic_exchange_n(&said[fp32_instead], 1, __ATOMIC_RELAXED))
+        return;
     int fast;
     const char *path = ctrl_cpu_bf16_path(&fast);
     if (fast)
         CTRL_INFO("cpu: bf16 linear layers on %s", path);
+    else if (fp32_instead)
+        CTRL_WARN("cpu: bf16 compute has no fast path here (%s): the linear layers' products run in plain "
+                  "fp32 (fp32's numbers, at fp32's speed; decoding keeps bf16's); [train] "
+                  "bf16_fallback = rounded emulates bf16's rounded numbers instead (no faster than fp32)",
+                  why);
     else
-        CTRL_WARN("cpu: bf16 compute has no fast path here: linear layers run as %s, no faster than fp32",
-                  path);
+        CTRL_WARN("cpu: bf16 compute has no fast path here: linear layers run as %s, no faster than fp32%s",
+                  path,
+                  why ? "; [train] bf16_fallback = fp32 (the default) multiplies in plain fp32 instead" : "");
+}
+/* backend.h's bf16_kernel: the fp32 path is the only one without a bf16 kernel (AMX emulated in
+ * software, a test switch, runs the kernel's products) */
+static int bf16_kernel(int fp32_instead) {
+    bf16_path_note(fp32_instead);
+    return ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32;
 }
 static ctrl_status linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T,
                                        int IN, int OUT, int w_rounded) {
-    bf16_path_note();
+    bf16_path_note(0);
     return ctrl_cpu_linear_forward_bf16(out, x, w, bias, T, IN, OUT, w_rounded) == 0
                ? CTRL_OK
                : bf16_scratch_error(T, IN, OUT);
@@ -92,7 +109,7 @@ static ctrl_status nf4_status(int rc, int T, int IN, int OUT) {
 }
 static ctrl_status nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *w, const float *bias,
                                       int T, int IN, int OUT, int bf16) {
-    if (bf16) bf16_path_note();
+    if (bf16) bf16_path_note(0);
     return nf4_status(ctrl_cpu_nf4_linear_forward(out, x, w, bias, T, IN, OUT, bf16), T, IN, OUT);
 }
 static ctrl_status nf4_linear_backward(float *dx, const float *dout, const ctrl_nf4_ref *w, int T, int IN,
@@ -321,6 +338,7 @@ const ctrl_backend_ops *ctrl_backend_cpu(void) {
         .lora_dropout = lora_dropout, /* LoRA's dropout masks (model/lora.c) */
         .to_bf16 = to_bf16,
         .from_bf16 = from_bf16,
+        .bf16_kernel = bf16_kernel,
     };
     return &ops;
 }

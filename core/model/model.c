@@ -10,6 +10,7 @@
  * identical. */
 #include "model/model.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -664,7 +665,9 @@ ctrl_status model_trunk_forward(ctrl_model *m, const ctrl_batch *b) {
     m->head_dh_ready = 0; /* a backward(NULL) needs this forward's */
     m->moe_aux_armed = 0; /* an auxiliary loss is armed after the forward it belongs to */
     MODEL_TRY(check_batch(m, b));
-    MODEL_TRY(model_prepare_weights(m, b->T));
+    /* products in plain fp32 (the bf16 fallback): no rounded copy of the weights, whatever T (INT_MAX:
+     * model_prepare_weights' per-call rounding, which these products skip) */
+    MODEL_TRY(model_prepare_weights(m, model_bf16_as_fp32(m) ? INT_MAX : b->T));
     int max_pos = 0;
     for (int i = 0; i < b->T; i++) max_pos = b->positions[i] > max_pos ? b->positions[i] : max_pos;
     MODEL_TRY(model_ensure_rope(m, max_pos + 1));

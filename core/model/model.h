@@ -245,6 +245,17 @@ void ctrl_model_set_temperature(ctrl_model *m, float temperature);
  * any other dtype. */
 ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype);
 ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m);
+/* bf16 compute where the device has no bf16 kernel now (a CPU without AVX-512 BF16 or AMX, or with
+ * them turned off by CTRL_NO_AVX512BF16; the backend's bf16_kernel says): ROUNDED (the default) emulates
+ * bf16 -- inputs rounded to bf16 values, fp32 SGEMM: bf16's numbers, no faster than fp32 --; FP32
+ * multiplies the forwards' and backwards' linear products in plain fp32 instead (fp32's numbers at
+ * fp32's speed; weights held as bf16 values keep them, only nothing more is rounded). Decoding keeps
+ * bf16's products either way; a device with a bf16 kernel is not affected. */
+typedef enum { CTRL_BF16_FALLBACK_ROUNDED = 0, CTRL_BF16_FALLBACK_FP32 = 1 } ctrl_bf16_fallback;
+void ctrl_model_set_bf16_fallback(ctrl_model *m, ctrl_bf16_fallback fallback);
+ctrl_bf16_fallback ctrl_model_bf16_fallback(const ctrl_model *m);
+/* like's compute dtype and bf16 fallback onto m (a reference, value or teacher model beside a policy). */
+ctrl_status ctrl_model_set_compute_like(ctrl_model *m, const ctrl_model *like);
 /* Whoever changes the parameters in place (an optimizer step, loaded weights) says so: a model on a
  * device copies them there, and with bf16 compute the model keeps a rounded copy of them; both are
  * refreshed before the next forward or decode. */

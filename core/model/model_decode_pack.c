@@ -222,7 +222,8 @@ ctrl_status model_pack_linear(const ctrl_model *m, float *out, const float *x, c
             return add_bias(out, bias, T, OUT), CTRL_OK;
         float *v = held_values(e);
         if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "model: a held %d x %d weight unpacked", OUT, IN);
-        ctrl_status st = m->be->linear_forward_bf16(out, x, v, bias, T, IN, OUT, 1);
+        ctrl_status st = model_bf16_as_fp32(m) ? m->be->linear_forward(out, x, v, bias, T, IN, OUT)
+                                               : m->be->linear_forward_bf16(out, x, v, bias, T, IN, OUT, 1);
         free(v);
         return st;
     }
@@ -262,13 +263,17 @@ ctrl_status model_pack_linear_backward(const ctrl_model *m, float *dx, float *dw
         if (!e->held) return CTRL_OK; /* the per-call product, on w */
         float *v = held_values(e);
         if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "model: a held %d x %d weight unpacked", OUT, IN);
-        ctrl_status st = m->be->linear_backward_bf16(dx, NULL, NULL, dout, x, v, T, IN, OUT, 1);
+        ctrl_status st = model_bf16_as_fp32(m)
+                             ? m->be->linear_backward(dx, NULL, NULL, dout, x, v, T, IN, OUT)
+                             : m->be->linear_backward_bf16(dx, NULL, NULL, dout, x, v, T, IN, OUT, 1);
         free(v);
         if (st != CTRL_OK) return st;
     }
     *used = 1;
     /* dW += dY^T x and db: W is not read */
-    return dw || dbias ? m->be->linear_backward_bf16(NULL, dw, dbias, dout, x, w, T, IN, OUT, 0) : CTRL_OK;
+    if (!dw && !dbias) return CTRL_OK;
+    return model_bf16_as_fp32(m) ? m->be->linear_backward(NULL, dw, dbias, dout, x, w, T, IN, OUT)
+                                 : m->be->linear_backward_bf16(NULL, dw, dbias, dout, x, w, T, IN, OUT, 0);
 }
 
 size_t model_pack_bytes(const ctrl_model *m) { return m->dec_pack ? m->dec_pack->bytes : 0; }

@@ -187,7 +187,7 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                             .C = c->hidden_size,
                             .V = c->vocab_size,
                             .temperature = m->temperature,
-                            .bf16 = m->linear_bf16,
+                            .bf16 = m->linear_bf16 && !model_bf16_as_fp32(m),
 
                             .softcap = c->final_softcap,
                             .targets_only = 1,

@@ -42,6 +42,25 @@ ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
 
 ctrl_dtype ctrl_model_compute_dtype(const ctrl_model *m) { return m->linear_bf16 ? CTRL_BF16 : CTRL_F32; }
 
+void ctrl_model_set_bf16_fallback(ctrl_model *m, ctrl_bf16_fallback fallback) {
+    m->bf16_fp32 = fallback == CTRL_BF16_FALLBACK_FP32;
+}
+
+ctrl_bf16_fallback ctrl_model_bf16_fallback(const ctrl_model *m) {
+    return m->bf16_fp32 ? CTRL_BF16_FALLBACK_FP32 : CTRL_BF16_FALLBACK_ROUNDED;
+}
+
+ctrl_status ctrl_model_set_compute_like(ctrl_model *m, const ctrl_model *like) {
+    ctrl_model_set_bf16_fallback(m, ctrl_model_bf16_fallback(like));
+    return ctrl_model_set_compute_dtype(m, ctrl_model_compute_dtype(like));
+}
+
+int model_bf16_as_fp32(const ctrl_model *m) {
+    /* decoding (dec_n_new set for the call) keeps bf16's products: its AVX2 panels are a fast path */
+    if (!m->linear_bf16 || !m->bf16_fp32 || m->dec_n_new) return 0;
+    return ctrl_backend_has(m->be, bf16_kernel) && !m->be->bf16_kernel(1);
+}
+
 void ctrl_model_weights_changed(ctrl_model *m) {
     m->rounded_valid = 0;
     m->dec_pack_gen++; /* decoding's packed bf16 weights (model_decode_pack.c) are stale */
@@ -188,7 +207,8 @@ static ctrl_status act_b16(const ctrl_model *m, const float *x, int64_t n, const
  * them, as the bf16 products multiply W's rounded values (the table is frozen: no dW). */
 static ctrl_status embed16_forward(const ctrl_model *m, float *out, const float *x, const float *bias, int T,
                                    int IN, int OUT) {
-    if (ctrl_cpu_gemm_w16(0, 1, T, OUT, IN, 1.0f, x, IN, m->emb16, IN, out, OUT, 0, m->linear_bf16) != 0)
+    const int bf16 = m->linear_bf16 && !model_bf16_as_fp32(m); /* x rounded, as W's values are */
+    if (ctrl_cpu_gemm_w16(0, 1, T, OUT, IN, 1.0f, x, IN, m->emb16, IN, out, OUT, 0, bf16) != 0)
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the LM head's product");
     for (int t = 0; bias && t < T; t++)
         for (int j = 0; j < OUT; j++) out[(size_t)t * OUT + j] += bias[j];
@@ -200,8 +220,8 @@ static ctrl_status embed16_backward(const ctrl_model *m, float *dx, float *dw, f
     if (dw || dbias)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: a gradient for the embedding held in bf16 (it is frozen)");
-    if (dx &&
-        ctrl_cpu_gemm_w16(0, 0, T, IN, OUT, 1.0f, dout, OUT, m->emb16, IN, dx, IN, 0, m->linear_bf16) != 0)
+    const int bf16 = m->linear_bf16 && !model_bf16_as_fp32(m);
+    if (dx && ctrl_cpu_gemm_w16(0, 0, T, IN, OUT, 1.0f, dout, OUT, m->emb16, IN, dx, IN, 0, bf16) != 0)
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the LM head's product");
     return CTRL_OK;
 }
@@ -216,6 +236,9 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
         ctrl_status st = model_pack_linear(m, out, x, w, bias, T, IN, OUT, &used);
         if (st != CTRL_OK || used) return st;
     }
+    /* no bf16 kernel here and the fallback is fp32: w as it is (bf16 values where the model holds
+     * them so), x unrounded */
+    if (model_bf16_as_fp32(m)) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
     const uint16_t *w16 = held_b16(m, w, (int64_t)OUT * IN);
     if (w16) { /* 2-byte operands: w held, x kept or converted once here */
         const uint16_t *x16;
@@ -239,6 +262,7 @@ ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, flo
         ctrl_status st = model_pack_linear_backward(m, dx, dw, dbias, dout, x, w, T, IN, OUT, &used);
         if (st != CTRL_OK || used) return st;
     }
+    if (model_bf16_as_fp32(m)) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
     const uint16_t *w16 = held_b16(m, w, (int64_t)OUT * IN);
     if (w16) { /* dL/dout converted once for dx and dw; x kept or converted */
         const uint16_t *d16, *x16 = NULL;

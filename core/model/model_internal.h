@@ -73,6 +73,7 @@ struct ctrl_model {
     const ctrl_attention_ops *paged; /* decoding's (ctrl_model_set_paged_attention) */
     float temperature; /* the head's: log-probs and entropies of softmax(logits / temperature) */
     int linear_bf16;   /* linear projections in bf16 (ctrl_model_set_compute_dtype) */
+    int bf16_fp32;     /* ctrl_model_set_bf16_fallback FP32: fp32 products where no bf16 kernel runs */
     float *rounded;    /* backend; with linear_bf16: the parameters rounded to bf16 values (what the
                           linear projections multiply with), rebuilt after ctrl_model_weights_changed */
     int rounded_valid;
@@ -335,6 +336,9 @@ void model_release_backend(ctrl_model *m);
  * no-op with host memory), then with bf16 compute the rounded copy where one is kept (before a
  * forward or decode of T tokens; model_dtype.c says where). */
 ctrl_status model_prepare_weights(ctrl_model *m, int T);
+/* Whether bf16 compute's linear products run as plain fp32 now: the bf16 fallback is FP32, the
+ * device has no bf16 kernel now (the backend's bf16_kernel) and the model is not decoding. */
+int model_bf16_as_fp32(const ctrl_model *m);
 /* A linear projection in the model's compute dtype (the backend's linear_forward or its bf16 twin,
  * multiplying with the rounded copy of w). */
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,

@@ -252,7 +252,7 @@ ctrl_status nf4_linear_forward(const ctrl_model *m, float *out, const float *x, 
                                const float *bias, int T, int IN, int OUT) {
     ctrl_nf4_ref r;
     MODEL_TRY(ref_of(m, w, &r));
-    return m->be->nf4_linear_forward(out, x, &r, bias, T, IN, OUT, m->linear_bf16);
+    return m->be->nf4_linear_forward(out, x, &r, bias, T, IN, OUT, m->linear_bf16 && !model_bf16_as_fp32(m));
 }
 
 ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
@@ -263,7 +263,7 @@ ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float
     if (!dx) return CTRL_OK;
     ctrl_nf4_ref r;
     MODEL_TRY(ref_of(m, w, &r));
-    return m->be->nf4_linear_backward(dx, dout, &r, T, IN, OUT, m->linear_bf16);
+    return m->be->nf4_linear_backward(dx, dout, &r, T, IN, OUT, m->linear_bf16 && !model_bf16_as_fp32(m));
 }
 
 void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap) {

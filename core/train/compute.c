@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "collective/collective.h"
+#include "config/config_load.h"
 #include "registry/registry.h"
 #include "train/compute.h"
 
@@ -38,6 +39,11 @@ ctrl_status train_compute_attach(train_compute *c, ctrl_model *model, const char
             return ctrl_error_set(CTRL_ERR_DEVICE, "[run] device: libctrl_cuda.so has no model ops");
         st = ctrl_model_to_device(model, c->cuda->ops, c->device);
     }
+    /* [train] bf16_fallback: where the device has no bf16 kernel, plain fp32 products or bf16's rounded
+     * numbers (the model asks the backend per product; nothing changes where a kernel runs) */
+    const ctrl_run_settings *s = cfg ? ctrl_config_settings(cfg) : NULL;
+    ctrl_model_set_bf16_fallback(model, !s || s->train.bf16_fallback_fp32 ? CTRL_BF16_FALLBACK_FP32
+                                                                          : CTRL_BF16_FALLBACK_ROUNDED);
     /* bf16 where the backend has its ops; refused naming the key where it does not */
     if (st == CTRL_OK)
         st = ctrl_model_set_compute_dtype(model, strcmp(dtype, "bf16") == 0 ? CTRL_BF16 : CTRL_F32);

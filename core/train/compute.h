@@ -25,7 +25,9 @@ typedef struct train_compute {
 ctrl_status train_compute_select(const char *device, train_compute *c);
 /* Places the loaded model on the selected device. `dtype` is [train] dtype: bf16 runs the linear
  * projections in bf16 (fp32 accumulation and master weights, as torch.autocast) where the backend
- * has it, and is refused naming the key where it does not. `mem_ops` (may be NULL) is the
+ * has it, and is refused naming the key where it does not; where the device has no bf16 kernel,
+ * [train] bf16_fallback (cfg's settings) says whether they run in plain fp32 or emulate bf16's
+ * rounding (ctrl_model_set_bf16_fallback). `mem_ops` (may be NULL) is the
  * [memory] strategy, created from `cfg` and attached to the model. */
 ctrl_status train_compute_attach(train_compute *c, ctrl_model *model, const char *dtype,
                                  const ctrl_memory_ops *mem_ops, const ctrl_config *cfg);

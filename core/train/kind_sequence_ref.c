@@ -29,7 +29,7 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
      * runs under the same autocast); the dtype after the move, which resets the model's backend */
     if (st == CTRL_OK && ctrl_model_device(env->model).type != CTRL_DEVICE_CPU)
         st = ctrl_model_to_device(ref, ctrl_model_backend(env->model), ctrl_model_device(env->model));
-    if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(ref, ctrl_model_compute_dtype(env->model));
+    if (st == CTRL_OK) st = ctrl_model_set_compute_like(ref, env->model);
     /* no backward through the reference: one set of layer internals for all its layers (with a
      * 151k vocabulary and 8 pairs, 6 layers kept ~110 MiB of activations it never reads again) */
     if (st == CTRL_OK) st = ctrl_model_set_recompute_all(ref);

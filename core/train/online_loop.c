@@ -59,7 +59,7 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
         if (st == CTRL_OK && ctrl_model_device(model).type != CTRL_DEVICE_CPU) /* beside the policy */
             st = ctrl_model_to_device(o->ref, ctrl_model_backend(model), ctrl_model_device(model));
-        if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(o->ref, ctrl_model_compute_dtype(model));
+        if (st == CTRL_OK) st = ctrl_model_set_compute_like(o->ref, model);
         if (st == CTRL_OK) st = ctrl_model_set_recompute_all(o->ref); /* forwards only */
         if (st != CTRL_OK) ctrl_error_wrap(st, "the reference model (%s)", path);
     }

@@ -94,7 +94,7 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
     const ctrl_device dev = ctrl_model_device(o->model);
     if (st == CTRL_OK && dev.type != CTRL_DEVICE_CPU) /* beside the policy */
         st = ctrl_model_to_device(v->model, ctrl_model_backend(o->model), dev);
-    if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(v->model, ctrl_model_compute_dtype(o->model));
+    if (st == CTRL_OK) st = ctrl_model_set_compute_like(v->model, o->model);
     v->groups = calloc((size_t)ctrl_model_view_count(v->model), sizeof *v->groups);
     if (st == CTRL_OK && !v->groups) st = ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     v->opt_ops = plugins->optimizer->ops;

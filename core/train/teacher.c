@@ -53,6 +53,10 @@ static ctrl_status check_teacher(const ctrl_config *cfg, const ctrl_model *t, co
     return check_tokenizer(cfg, s->teacher.path, tok);
 }
 
+static ctrl_bf16_fallback fallback(const ctrl_run_settings *s) {
+    return s->train.bf16_fallback_fp32 ? CTRL_BF16_FALLBACK_FP32 : CTRL_BF16_FALLBACK_ROUNDED;
+}
+
 static ctrl_status need_path(const ctrl_run_settings *s) {
     return s->teacher.path ? CTRL_OK
                            : ctrl_error_set(CTRL_ERR_CONFIG,
@@ -75,6 +79,7 @@ ctrl_status train_teacher_load(const ctrl_config *cfg, const ctrl_model *student
     /* forwards only: each layer's input and one shared set of internals, not every layer's */
     if (st == CTRL_OK) st = ctrl_model_set_recompute_all(t);
     if (st == CTRL_OK && s->teacher.bf16) st = ctrl_model_set_compute_dtype(t, CTRL_BF16);
+    ctrl_model_set_bf16_fallback(t, fallback(s)); /* [train] bf16_fallback: the run's products */
     if (st == CTRL_OK) st = ctrl_model_place_like(t, student);
     /* bf16 on the CPU: the weights held as bf16, one layer widened at a time (on a device the
      * teacher computes from its device copy) */
@@ -104,6 +109,7 @@ ctrl_status train_teacher_load_sliced(const ctrl_config *cfg, const ctrl_model *
     if (st != CTRL_OK)
         return ctrl_error_wrap(st, "%s: [teacher] path (sliced for zero3)",
                                ctrl_config_where(cfg, "teacher", "path"));
+    ctrl_model_set_bf16_fallback(t, fallback(s));
     st = check_teacher(cfg, t, student, tok);
     if (st == CTRL_OK) st = train_zero_frozen_describe(z, "the teacher", "over the ranks as the student");
     if (st != CTRL_OK) {

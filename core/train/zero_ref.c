@@ -88,6 +88,7 @@ ctrl_status train_zero_ref_load(const train_kind_env *env, ctrl_model **ref, tra
         train_zero_frozen_load(s->model.path, env->plugins->attention->ops, env->model,
                                ctrl_model_compute_dtype(env->model), env->zero3_prefetch, &m, &z);
     if (st != CTRL_OK) return ctrl_error_wrap(st, "the reference model (%s) under zero3", s->model.path);
+    ctrl_model_set_bf16_fallback(m, ctrl_model_bf16_fallback(env->model)); /* and its bf16 fallback */
     st = train_zero_frozen_describe(z, "the reference model", "as the policy");
     if (st != CTRL_OK) {
         train_zero_ref_free(z, m);

@@ -226,11 +226,16 @@ const char *ctrl_cpu_bf16_path(int *fast) {
         return avx;
     default: break;
     }
+    static char fp32[128];
+    snprintf(fp32, sizeof fp32, "fp32 SGEMM on bf16-rounded inputs (%s)", ctrl_cpu_bf16_no_kernel_why());
+    return fp32;
+}
+
+const char *ctrl_cpu_bf16_no_kernel_why(void) {
+    if (ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32) return NULL;
     if (getenv("CTRL_NO_AVX512BF16") && ctrl_cpu_gemm_bf16_compiled() && cpu_has_avx512bf16())
-        return "fp32 SGEMM on bf16-rounded inputs (AVX-512 BF16 and AMX turned off by CTRL_NO_AVX512BF16)";
-    return ctrl_cpu_gemm_bf16_compiled()
-               ? "fp32 SGEMM on bf16-rounded inputs (this CPU has no AVX-512 BF16)"
-               : "fp32 SGEMM on bf16-rounded inputs (built without AVX-512 BF16 code)";
+        return "AVX-512 BF16 and AMX turned off by CTRL_NO_AVX512BF16";
+    return ctrl_cpu_gemm_bf16_compiled() ? "this CPU has no AVX-512 BF16" : "built without AVX-512 BF16 code";
 }
 
 int ctrl_cpu_linear_forward_bf16(float *out, const float *x, const float *w, const float *bias, int T, int IN,

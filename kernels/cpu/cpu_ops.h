@@ -89,6 +89,9 @@ const char *ctrl_cpu_blas_better_core(const char *current, int avx2_fma, int avx
 const char *ctrl_cpu_blas_core_advice(const char **current);
 /* How bf16 linear layers run here, in words; *fast = 0 where that is no faster than fp32. */
 const char *ctrl_cpu_bf16_path(int *fast);
+/* Why no bf16 kernel runs now (no AVX-512 BF16, turned off, not built), in words; NULL where one runs
+ * (AMX, AVX-512 BF16, AMX emulated). */
+const char *ctrl_cpu_bf16_no_kernel_why(void);
 /* Row-major C = alpha op(A) op(B) + beta C over typed operands (A, B of `ab`; C of `c`: fp32 x fp32
  * -> fp32, bf16 x bf16 -> fp32 or bf16), fp32 accumulation (gemm_typed.c). 0; -1 out of memory;
  * -2 an unsupported combination. */

@@ -135,6 +135,9 @@ ctrl_e2e_test(test_zero3_trainers_mpi test_zero3_trainers_mpi.sh SKIP TIMEOUT 24
 # The ppo trainer end to end: value model, colocated and server generation, bad options (tests/e2e/test_ppo.sh).
 ctrl_e2e_test(test_ppo_e2e test_ppo.sh)
 
+# [train] bf16_fallback: bf16 without a bf16 kernel computes fp32's products (or bf16's rounded ones),
+# the log says which (tests/e2e/test_bf16_fallback.sh).
+ctrl_e2e_test(test_bf16_fallback test_bf16_fallback.sh)
 # adamw_8bit end to end: the 8-bit state saved and resumed exactly, ZeRO refused (tests/e2e/test_adamw8bit.sh).
 ctrl_e2e_test(test_adamw8bit_e2e test_adamw8bit.sh)
 
