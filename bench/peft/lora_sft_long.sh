@@ -19,7 +19,8 @@
 #        checkpointing, [memory] strategies = (empty), every activation kept; +mlp: selective
 #        checkpointing, [checkpointing] keep_mlp = true; +emb16: the frozen embedding held in bf16,
 #        [peft] embedding_dtype = bf16 (what the default, auto, does under bf16 on the CPU); +emb32: the
-#        fp32 table autocast keeps, embedding_dtype = fp32)] [--trl-modes "autocast bf16" (also fp32: no
+#        fp32 table autocast keeps, embedding_dtype = fp32; +rounded: [train] bf16_fallback = rounded,
+#        bf16's rounded products where no bf16 GEMM kernel runs)] [--trl-modes "autocast bf16" (also fp32: no
 #        autocast, bf16=False)]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -100,6 +101,7 @@ for dtype in $DTYPES; do
     *+mlp) sets=(--set checkpointing.keep_mlp=true) ;;
     *+emb16) sets=(--set peft.embedding_dtype=bf16) ;;
     *+emb32) sets=(--set peft.embedding_dtype=fp32) ;;
+    *+rounded) sets=(--set train.bf16_fallback=rounded) ;;
   esac
   [ "$real" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
   env "${env[@]}" /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \

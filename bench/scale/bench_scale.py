@@ -12,7 +12,9 @@ Reported: training tokens/s (tokens / training-loop time, first step included), 
 CPU seconds per step (on a shared machine the steadier measure: TRL's process CPU time over
 trainer.train(); ctrl's user + system CPU of the run less that of a one-step run), peak RSS, the final loss,
 and the ratios. ctrl-bf16nofast is ctrl's bf16 with CTRL_NO_AVX512BF16=1 (what a CPU without AVX-512
-BF16 runs). A dtype ending in avx2 (ctrl-bf16avx2, ctrl-fp32avx2, trl-fp32avx2, trl-bf16avx2) is the stand-in
+BF16 runs: with the default [train] bf16_fallback = fp32, fp32's products). ctrl-bf16rounded is ctrl's bf16
+with bf16_fallback = rounded (where no bf16 kernel runs: SGEMM on bf16-rounded inputs, bf16's numbers; elsewhere
+the same as ctrl-bf16). A dtype ending in avx2 (ctrl-bf16avx2, ctrl-fp32avx2, trl-fp32avx2, trl-bf16avx2) is the stand-in
 for an AVX2-only CPU, each side held to AVX2 by its own switches: ctrl runs the binary of an AVX2 build
 ($BUILD_AVX2, default build-avx2, configured with -DCTRL_CPU_ARCH=haswell; the bench refuses a build without
 it) with CTRL_NO_AVX512BF16=1 and OPENBLAS_CORETYPE=Haswell; TRL runs with MKL_ENABLE_INSTRUCTIONS=AVX2,
@@ -27,7 +29,7 @@ The optimizer: AdamW on both sides unless said. --optim NAME gives ctrl's runs t
 TRL run's in a transformers optim name, e.g. trl-bf16-adamw_bnb_8bit (bitsandbytes' own AdamW8bit,
 `pip install bitsandbytes`); its ratios are printed against every TRL run.
 usage: bench/scale/bench_scale.py [--layers N] [--batch N] [--seq N] [--steps N] [--threads N]
-       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,ctrl-bf16avx2,ctrl-fp32avx2,trl-bf16,trl-fp32,trl-fp32avx2,
+       [--only ctrl-bf16,ctrl-fp32,ctrl-bf16nofast,ctrl-bf16rounded,ctrl-bf16avx2,ctrl-fp32avx2,trl-bf16,trl-fp32,trl-fp32avx2,
        trl-bf16avx2[-OPTIM]] [--optim adamw|adamw_8bit]
        [--profile] [--dir DIR] (after scripts/build.sh); --only none makes the model and data only"""
 import argparse
@@ -47,7 +49,7 @@ import bench_util as bu  # noqa: E402
 TOK = bu.qwen3_tokenizer()
 CTRL, PLUGINS = bu.build_paths("BUILD")
 # The AVX2-only stand-in's switches (see the docstring): each side's own, so that each takes its AVX2 path.
-RUNS = [("ctrl", d) for d in ("bf16", "fp32", "bf16nofast", "bf16avx2", "fp32avx2")] + \
+RUNS = [("ctrl", d) for d in ("bf16", "fp32", "bf16nofast", "bf16rounded", "bf16avx2", "fp32avx2")] + \
     [("trl", d) for d in ("bf16", "fp32", "bf16avx2", "fp32avx2")]
 AVX2_CTRL_ENV = {"CTRL_NO_AVX512BF16": "1", "OPENBLAS_CORETYPE": "Haswell"}
 AVX2_TORCH_ENV = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
@@ -97,7 +99,8 @@ def ctrl_once(d, args, dtype, optim, steps, profile):
     ini = os.path.join(d, f"ctrl_{dtype}_{optim}_{steps}.ini")
     bu.write_ini(ini, {"run": bu.cpu_run(out), "model": {"path": f"{d}/model", "attention": "flash"},
                        "data": {"train_file": f"{d}/train.jsonl", "max_length": args.seq, "shuffle": "false"},
-                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype[:4], optimizer=optim)})
+                       "train": bu.train_section("1e-5", steps, args.batch, 1, dtype=dtype[:4], optimizer=optim,
+                                                 bf16_fallback="rounded" if dtype.endswith("rounded") else None)})
     env = bu.thread_env(args.threads, OPENBLAS_NUM_THREADS="1")
     ctrl, plugins, held = CTRL, PLUGINS, []
     if dtype.endswith("nofast"):

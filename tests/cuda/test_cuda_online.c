@@ -389,7 +389,8 @@ TEST(gkd_generation_on_device_matches_cpu) {
  * autocast. At step 1 policy and reference are the same weights in the same dtype on the same
  * backend, so every reward is exactly 0 (the reference left in fp32, as before, gave 2.4e-5 and
  * -3.9e-5 here); the 3 steps' loss, margins and log-probs within 1e-4 relative + 5e-4 of the CPU's
- * bf16 run (the two backends' bf16 GEMMs round differently; a margin is a difference of sums). */
+ * bf16 run (the two backends' bf16 GEMMs round differently; a margin is a difference of sums). The
+ * CPU run keeps bf16's products on every CPU ([train] bf16_fallback = rounded). */
 TEST(dpo_reference_on_device_in_bf16) {
     if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
     const char *tmp = test_tmp_dir();
@@ -406,8 +407,8 @@ TEST(dpo_reference_on_device_in_bf16) {
             "[run]\ntrainer = dpo\noutput_dir = %s\nseed = 5\ndevice = cpu\n"
             "[model]\npath = " CTRL_FIXTURE_DIR "/trl_sft/model\n"
             "[data]\ntrain_file = " CTRL_FIXTURE_DIR "/trl_dpo/pairs.jsonl\nshuffle = false\n"
-            "[train]\ndtype = bf16\nlearning_rate = 1e-3\nlr_scheduler_type = constant\nmax_steps = 3\n"
-            "per_device_train_batch_size = 4\nlogging_steps = 1\nsave_strategy = no\n"
+            "[train]\ndtype = bf16\nbf16_fallback = rounded\nlearning_rate = 1e-3\nlr_scheduler_type = constant\n"
+            "max_steps = 3\nper_device_train_batch_size = 4\nlogging_steps = 1\nsave_strategy = no\n"
             "[dpo]\nbeta = 0.1\n",
             cpu_out);
     fclose(f);

@@ -72,10 +72,11 @@ curve() { sed 's/, "tokens_per_second": [0-9.]*//; s/, "train_runtime": [0-9.]*/
 diff <(curve "$TMP/dpo-z3") <(curve "$TMP/res") >"$TMP/diff" && ok || { bad "dpo zero3 resumed curve differs"; head "$TMP/diff"; }
 
 # 3. In bf16 through the rounded weight copy (CTRL_NO_AVX512BF16: each gathered layer's part of the
-#    reference's copy rounded after its gather): the same as data parallel in bf16.
+#    reference's copy rounded after its gather; [train] bf16_fallback = rounded): the same as data
+#    parallel in bf16.
 ini dpob trl_dpo sigmoid.ini
 MPI+=(-x CTRL_NO_AVX512BF16=1)
-two dpob --set train.dtype=bf16
+two dpob --set train.dtype=bf16 --set train.bf16_fallback=rounded
 close dpob loss rewards/chosen rewards/rejected logps/chosen logps/rejected
 MPI=("${MPI[@]:0:$((${#MPI[@]} - 2))}")
 

@@ -209,12 +209,13 @@ echo "zero3 prefetch: $pf layer gathers prefetched in the first step"
 # 2 micro-batches x (forward: layers 1-3 ahead, backward: 2-0) = 12
 [ "$pf" = 12 ] && ok || bad "zero3 prefetch: '$pf' gathers prefetched"
 # bf16 compute: the layers' bf16 products read the gathered weights; where the CPU has no bf16
-# instructions (forced: CTRL_NO_AVX512BF16) the model multiplies by a rounded copy, whose layers the
-# gathers round (the rest rounded after each step): both follow plain data parallel in bf16.
+# instructions (forced: CTRL_NO_AVX512BF16) and [train] bf16_fallback = rounded (set here: bf16's
+# numbers on every CPU) the model multiplies by a rounded copy, whose layers the gathers round (the
+# rest rounded after each step): both follow plain data parallel in bf16.
 # (one micro-batch a step, no clipping: the gradients are then plain data parallel's bit for bit --
 # a micro-batch's average is the same sum over the ranks -- where rounding the weights to bf16 would
 # otherwise turn zero3's reordered sums, 1e-7 apart, into bf16 steps apart)
-zb=(--set train.save_strategy=no --set train.dtype=bf16 --set memory.reduce_bucket_size=1
+zb=(--set train.save_strategy=no --set train.dtype=bf16 --set train.bf16_fallback=rounded --set memory.reduce_bucket_size=1
   --set train.gradient_accumulation_steps=1 --set train.max_grad_norm=0)
 for nb in 0 1; do
   env=() && [ $nb = 1 ] && env=(-x CTRL_NO_AVX512BF16=1)
