@@ -84,7 +84,7 @@ def avx2_build():
 
 def run_ctrl(d, args, dtype, optim, profile=False):
     """dtype: bf16, fp32, bf16nofast (bf16 with CTRL_NO_AVX512BF16=1: the path of a CPU without a
-    fast bf16 GEMM), or bf16avx2 / fp32avx2 (the AVX2 build with the AVX2 switches, avx2_build). CPU
+    fast bf16 GEMM), bf16rounded (bf16 with [train] bf16_fallback = rounded), or bf16avx2 / fp32avx2 (the AVX2 build with the AVX2 switches, avx2_build). CPU
     seconds per step: the user + system CPU of this run (TRL's process time counts both) less that of a
     one-step run, over the steps between (loading, saving and the first step's setup cancel out)."""
     r = ctrl_once(d, args, dtype, optim, args.steps, profile)
