@@ -5,15 +5,19 @@
 
 #include "train/kind.h"
 #include "train/online.h"
+#include "train/zero_ref.h"
 
 struct train_kind {
     ctrl_online *online;
     ctrl_online_spec spec;
+    ctrl_model *ref;      /* zero3 on several ranks: the reference sliced as the policy (zero_ref.h), */
+    train_zero *ref_zero; /* lent to the online loop; NULL otherwise (the loop loads it whole) */
 };
 
 static void online_destroy(train_kind *k) {
     if (!k) return;
     ctrl_online_free(k->online);
+    train_zero_ref_free(k->ref_zero, k->ref);
     free(k);
 }
 
@@ -23,9 +27,14 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
     k->spec.size = sizeof k->spec;
     ctrl_status st = env->trainer_ops->online_spec(env->trainer, &k->spec);
     /* the policy, its reference, a value model (PPO) and the generation engine follow [run] device */
+    /* zero3 on several ranks: the reference (GRPO / RLOO with beta > 0, Online DPO, PPO) sliced as the
+     * policy, as TRL prepares it with the policy's DeepSpeed config; with LoRA the base is the reference */
+    if (st == CTRL_OK && k->spec.needs_ref_logp && !ctrl_model_lora(env->model) &&
+        train_zero_ref_applies(env))
+        st = train_zero_ref_load(env, &k->ref, &k->ref_zero);
     if (st == CTRL_OK)
         st = ctrl_online_create(env->cfg, env->plugins, env->model, env->tok, env->trainer_ops, env->trainer,
-                                &k->online);
+                                k->ref, &k->online);
     if (st == CTRL_OK)
         ctrl_online_set_whole_weights(k->online, env->whole_weights, env->whole_ctx, env->push_whole,
                                       env->push_ctx);
@@ -53,7 +62,10 @@ static void online_describe(const train_kind *k, long total, int bs, int ga, siz
 
 static ctrl_status online_accumulate(train_kind *k, const int *order, long *cursor, int bs, int ga,
                                      train_step_stats *out) {
-    return ctrl_online_accumulate(k->online, order, cursor, bs, ga, &out->loss, &out->tokens);
+    ctrl_status st = ctrl_online_accumulate(k->online, order, cursor, bs, ga, &out->loss, &out->tokens);
+    if (st == CTRL_OK) /* the first step's (its generation batch's reference forwards), once */
+        st = train_zero_ref_report(k->ref_zero, "the reference model");
+    return st;
 }
 
 static ctrl_status online_after_step(train_kind *k, long step) {

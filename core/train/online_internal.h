@@ -16,6 +16,7 @@ typedef struct online_value online_value; /* a token-level trainer's value model
 struct ctrl_online {
     const ctrl_config *cfg;
     ctrl_model *model, *ref;
+    int ref_borrowed; /* ref is the caller's (kind_online.c's sliced reference): not freed here */
     const ctrl_tokenizer *tok;
     const ctrl_trainer_ops *ops;
     ctrl_trainer *trainer;

@@ -19,7 +19,7 @@
 
 ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
-                               ctrl_online **out) {
+                               ctrl_model *ref, ctrl_online **out) {
     ctrl_online *o = calloc(1, sizeof *o);
     if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     const ctrl_run_settings *s = ctrl_config_settings(cfg);
@@ -54,7 +54,10 @@ ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *p
     ctrl_model_set_temperature(model, temp);
     /* the reference: the initial weights, frozen; with LoRA the base itself, the adapters switched off
      * for its log-probs (TRL's disable_adapter): no second copy */
-    if (st == CTRL_OK && o->spec.needs_ref_logp && !ctrl_model_lora(model)) {
+    if (st == CTRL_OK && ref) { /* the caller's (zero3: sliced, placed and set up as the policy) */
+        o->ref = ref, o->ref_borrowed = 1;
+        ctrl_model_set_temperature(ref, temp);
+    } else if (st == CTRL_OK && o->spec.needs_ref_logp && !ctrl_model_lora(model)) {
         st = ctrl_model_load(path, plugins->attention->ops, &o->ref);
         if (st == CTRL_OK) ctrl_model_set_temperature(o->ref, temp);
         if (st == CTRL_OK && ctrl_model_device(model).type != CTRL_DEVICE_CPU) /* beside the policy */
@@ -136,6 +139,14 @@ ctrl_status online_flat_build(const ctrl_online *o, const ctrl_prompt_set *ps, i
 /* Per-completion log-probs under `m` (no gradient kept) of the completions this rank trains on
  * (online_ranks.c: bs at a time; the whole batch on one rank). */
 static ctrl_status completion_logps(ctrl_online *o, ctrl_model *m, int bs, float **dst) {
+    /* under zero3 the forwards are collectives (the policy's and a sliced reference's layers gathered
+     * around each use): every rank runs the same number, in the same order -- the batch holds N x bs x
+     * steps_per_generation completions (new_generation_batch), bs x steps_per_generation a rank */
+    const int N = ctrl_collective_size();
+    if (N > 1 && o->gn % (bs * N) != 0)
+        return ctrl_error_set(
+            CTRL_ERR_RUNTIME,
+            "online: %d completions do not split into micro-batches of %d over %d ranks alike", o->gn, bs, N);
     ctrl_status st = CTRL_OK;
     for (int c0 = 0; c0 < o->gn && st == CTRL_OK; c0 += bs) {
         if (!online_mine(o, c0)) continue;
@@ -531,7 +542,7 @@ void ctrl_online_free(ctrl_online *o) {
     ctrl_prompt_set_free(&o->train), ctrl_prompt_set_free(&o->eval);
     ctrl_reward_set_free(o->rewards);
     if (o->engine) ctrl_engine_free(o->engine);
-    ctrl_model_free(o->ref);
+    if (!o->ref_borrowed) ctrl_model_free(o->ref);
     online_value_free(o);
     for (int i = 0; i < o->n_metrics; i++) free(o->mname[i]);
     free(o);

@@ -11,6 +11,10 @@
 #      -- loss, grad_norm, on_policy and the evaluations within 1e-5; the teacher's resident bytes
 #      about half of it between uses; a zero3 run resumed from checkpoint-3 repeats the curve.
 #      With LoRA on the student (6 steps): data parallel's loss, grad_norm and eval_loss, the teacher sliced.
+#   2b. GRPO with beta 0.1 (6 steps of 2 completions a rank x 2 micro-batches): the online kind's
+#      reference sliced as the policy, each rank running the same reference forwards (its micro-batches
+#      of the generation batch) -- loss, kl, grad_norm and reward within 1e-5 of data parallel (whose
+#      reference is whole); its resident bytes about half of it between uses, more during them.
 #   3. Server mode (the weights pushed to `ctrl serve`): each push streamed to rank 0 a layer at a
 #      time as its file is written (the log says so; over a QLoRA base the model gathered whole on every
 #      rank instead), rank 0 pushes, the others wait. GRPO and GKD (lmbda 1) against data
@@ -142,6 +146,21 @@ paste <(curve_col "$TMP/gkl-dp" eval_loss) <(curve_col "$TMP/gkl-z3" eval_loss) 
 grep -q "zero3: the teacher sliced over the ranks as the student" "$TMP/gkl-z3.log" && grep -q "LoRA adapter" "$TMP/gkl-z3.log" &&
   ok || bad "gkd lora zero3: the teacher not sliced, or no adapter saved"
 pooled "$TMP/gkl-z3.log" "gkd lora zero3"
+
+# 2b. GRPO with beta > 0: the online kind's reference (core/train/kind_online.c) sliced as the policy
+INI_TRAIN="dtype = fp32" INI_BATCH=2 online_ini grpo gb 6 "[grpo]" "num_generations = 4" "max_completion_length = 8" \
+  "beta = 0.1" | sed '/^eval_file = /d' >"$TMP/gb.ini"
+two gb "$TMP/gb.ini"
+for key in loss kl grad_norm reward; do curve_close "$TMP/gb-dp" "$TMP/gb-z3" "$key" 1e-5 1e-7; done
+grep -q '"kl": [0-9.]*[1-9]' "$TMP/gb-z3/metrics.jsonl" && ok || bad "grpo beta zero3: no step with kl > 0"
+line=$(grep -o "zero3: the reference model sliced as the policy: parameters resident at most [0-9]* of its [0-9]* bytes" "$TMP/gb-z3.log")
+peak=$(grep -o "the reference model's parameters resident per rank: at most [0-9]* bytes during its forwards of the first step, [0-9]* after them, of its [0-9]*" "$TMP/gb-z3.log")
+echo "grpo beta zero3: $line; $peak"
+echo "$line $peak" | awk '{ n = split($0, w, " "); k = 0; for (i = 1; i <= n; i++) if (w[i] ~ /^[0-9]+$/) v[++k] = w[i]
+  m = v[2] / 2 + 4 * 2 * 4096; exit !(k == 5 && v[1] <= m && v[4] <= m && v[3] > v[4] && v[3] < v[5]) }' && ok ||
+  bad "grpo beta zero3: the reference's resident bytes: '$line' '$peak'"
+! grep -q "the reference model sliced" "$TMP/gb-dp.log" && ok || bad "grpo beta: data parallel's reference sliced"
+pooled "$TMP/gb-z3.log" "grpo beta zero3"
 
 # 3. Server mode: two servers of the initial model, one for data parallel (port A), one for zero3 (B).
 PA=$(free_port)
