@@ -104,7 +104,8 @@ n=$(paste <(curve_col "$TMP/gfp32" grad_norm) <(curve_col "$TMP/gzfp32" grad_nor
 # bf16: the first generation phase samples data parallel's completions (the same bf16 products)
 [ -n "$(curve_col "$TMP/gbf16" reward)" ] && [ "$(curve_col "$TMP/gbf16" reward | head -1)" = "$(curve_col "$TMP/gzbf16" reward | head -1)" ] && ok ||
   bad "grpo zero3 bf16 on cuda: reward $(curve_col "$TMP/gzbf16" reward | tr '\n' ' ') vs $(curve_col "$TMP/gbf16" reward | tr '\n' ' ')"
-# PPO (the value model whole on each rank's device beside the sliced policy): the same scores and norms
+# PPO (the value model whole on each rank's device beside the sliced policy, its reference sliced too):
+# the same scores and norms
 INI_BATCH=2 INI_TARGET=6 INI_TRAIN="dtype = fp32" online_ini ppo p 2 "[ppo]" "response_length = 8" "num_ppo_epochs = 1" |
   sed 's/^device = cpu/device = cuda/; /^eval_file/d' >"$TMP/ppo.ini"
 for name in p pz; do
@@ -117,6 +118,9 @@ done
 n=$(paste <(curve_col "$TMP/p" grad_norm) <(curve_col "$TMP/pz" grad_norm) |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
 [ "$n" = "2 0" ] && ok || bad "ppo zero3 on cuda: grad_norm ($n)"
+# ... its reference sliced on the devices as the policy (kind_online.c), data parallel's whole
+grep -q "zero3: the reference model sliced as the policy: parameters resident at most [0-9]* of its [0-9]* bytes per rank on its device" "$TMP/pz.log" &&
+  ! grep -q "reference model sliced" "$TMP/p.log" && ok || bad "ppo zero3 on cuda: the reference not sliced on the device"
 # ds3_gather_for_generation = false (core/train/zero_generate.c): each decoding pass gathers one layer
 # at a time into device memory mapped for it (the fp32 masters, in bf16 too, as the whole gather sends)
 # and unmaps it after, the ranks in lockstep: the completions, rewards and gradient norms of the whole
