@@ -199,7 +199,8 @@ TEST(sleep_returns_device_memory) {
     ctrl_model *m = load("qwen2", cases, 1);
     ctrl_engine *e = NULL;
     const size_t pool = 8u << 20;
-    if (m) CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){pool, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
+    if (m)
+        CHECK_EQ_INT(ctrl_engine_create(m, &(ctrl_engine_config){pool, 16, 8, 64, 0, 0, 0, 0}, &e), CTRL_OK);
     if (!e) {
         ctrl_model_free(m);
         return;
@@ -403,14 +404,15 @@ TEST(dpo_reference_on_device_in_bf16) {
     FILE *f = fopen(ini, "w");
     CHECK(f != NULL);
     if (!f) return;
-    fprintf(f,
-            "[run]\ntrainer = dpo\noutput_dir = %s\nseed = 5\ndevice = cpu\n"
-            "[model]\npath = " CTRL_FIXTURE_DIR "/trl_sft/model\n"
-            "[data]\ntrain_file = " CTRL_FIXTURE_DIR "/trl_dpo/pairs.jsonl\nshuffle = false\n"
-            "[train]\ndtype = bf16\nbf16_fallback = rounded\nlearning_rate = 1e-3\nlr_scheduler_type = constant\n"
-            "max_steps = 3\nper_device_train_batch_size = 4\nlogging_steps = 1\nsave_strategy = no\n"
-            "[dpo]\nbeta = 0.1\n",
-            cpu_out);
+    fprintf(
+        f,
+        "[run]\ntrainer = dpo\noutput_dir = %s\nseed = 5\ndevice = cpu\n"
+        "[model]\npath = " CTRL_FIXTURE_DIR "/trl_sft/model\n"
+        "[data]\ntrain_file = " CTRL_FIXTURE_DIR "/trl_dpo/pairs.jsonl\nshuffle = false\n"
+        "[train]\ndtype = bf16\nbf16_fallback = rounded\nlearning_rate = 1e-3\nlr_scheduler_type = constant\n"
+        "max_steps = 3\nper_device_train_batch_size = 4\nlogging_steps = 1\nsave_strategy = no\n"
+        "[dpo]\nbeta = 0.1\n",
+        cpu_out);
     fclose(f);
     ctrl_status st = test_train_ini(ini, NULL, 0);
     CHECK_MSG(st == CTRL_OK, "dpo bf16 on the CPU: %s", ctrl_error_message());
