@@ -127,11 +127,14 @@ static ctrl_status fetched(ctrl_model *m, int v) {
 
 static ctrl_status merged_layer(merged_writer *w, int l) {
     ctrl_model *m = w->m;
-    for (int v = 0; v < m->n_views; v++) {
-        if (m->views[v].lora || view_layer(&m->views[v], m->cfg.n_layers) != l) continue;
-        MODEL_TRY(fetched(m, v)); /* (the adapters lie in the same layer's ranges: gathered with it) */
-        MODEL_TRY(view_values(m, v, w->buf + w->pos[v]));
-    }
+    /* the layer fetched before any of its values are read: its adapters' views and its base's (an NF4
+     * view has no fp32 range of its own -- its slot is shared -- so a QLoRA layer is fetched by its
+     * adapters', and zero3 gathers the layer's NF4 weights with them) */
+    for (int v = 0; v < m->n_views; v++)
+        if (!m->views[v].nf4 && view_layer(&m->views[v], m->cfg.n_layers) == l) MODEL_TRY(fetched(m, v));
+    for (int v = 0; v < m->n_views; v++)
+        if (!m->views[v].lora && view_layer(&m->views[v], m->cfg.n_layers) == l)
+            MODEL_TRY(view_values(m, v, w->buf + w->pos[v]));
     for (int t = 0; t < LORA_N_TARGETS; t++) {
         long wo, bias;
         lora_base_weight(m, l, t, &wo, &bias);

@@ -307,10 +307,10 @@ ctrl_status train_zero_save_model_written(void *user);
 ctrl_status train_zero_whole(void *ctx, int on);
 /* Server mode's push (ctrl_remote_server.whole, `ctx` the train_zero), on every rank: where the
  * weights can stream to rank 0 as a save's do (several ranks, a CPU model, every layer sliced; with
- * LoRA too -- the merged file's writer reaches each layer's base and adapters -- but not over a QLoRA
- * base, whose NF4 slices are not streamed), on = 1 opens it (rank 0: the model's save hooked; the
- * others serve their slices until rank 0's on = 0), on = 0 closes it and logs the layers gathered;
- * else train_zero_whole. */
+ * LoRA too -- the merged file's writer reaches each layer's base and adapters --, and over a QLoRA
+ * base, each layer's NF4 weights all-gathered with its adapters and freed with them), on = 1 opens it (rank
+ * 0: the model's save hooked; the others serve their slices until rank 0's on = 0), on = 0 closes it and logs
+ * the layers gathered; else train_zero_whole. */
 ctrl_status train_zero_push(void *ctx, int on);
 /* A hash of how the slices are cut (the ranks, the units' bounds), which a checkpoint's sharded
  * optimizer state must share to resume; 0 without ZeRO. */

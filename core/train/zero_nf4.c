@@ -9,10 +9,11 @@
  * pieces are whole floats -- 8,192, 256 and 4 bytes a super-block -- but the last), the collectives
  * of the layer started together and then waited for; after the use (release_slot) the buffers are
  * freed. The whole model (train_zero_gather_all: a save, an evaluation, generation gathered whole)
- * gathers every layer's. The products then read the store as with one process, bit for bit (the
- * adapters' gradients reduced as zero3 reduces any: plain data parallel's within rounding). What the base's
- * fp32 slot and the layers' norms are is unchanged (zero.c leaves a QLoRA layer's frozen fp32 parameters
- * whole: its norms and biases, a few floats).
+ * gathers every layer's; server mode's streamed push (zero_save.c) one layer's at a time, on every rank,
+ * rank 0 keeping it until its writer moves on, the others freeing it at once. The products then read the
+ * store as with one process, bit for bit (the adapters' gradients reduced as zero3 reduces any: plain data
+ * parallel's within rounding). What the base's fp32 slot and the layers' norms are is unchanged (zero.c
+ * leaves a QLoRA layer's frozen fp32 parameters whole: its norms and biases, a few floats).
  *
  * Prefetch (prefetch_bucket_size): start_layer starts a layer's NF4 gathers with its adapters' (the
  * buffers allocated then), need_layer waits for them; the bucket counts the NF4 bytes in flight as

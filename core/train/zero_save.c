@@ -4,7 +4,10 @@
  * and released when the writer moves on (the embeddings and an untied head likewise: units of their
  * own); the final norm is whole on every rank already. Before each gather rank 0 broadcasts the layer's
  * index, and the other ranks, serving, send their slices of it from where they lie (no buffer of their own);
- * -1 ends the save. So no rank holds more than its slices plus, on rank 0, one layer (DeepSpeed gathers the
+ * -1 ends the save (server mode's push too, train_zero_push: the merged file's writer fetches a layer
+ * by its views, a QLoRA layer by its adapters' -- its NF4 weights, sliced by zero_nf4.c, are then
+ * all-gathered as a use's are, a few bytes a weight, and the serving ranks free them at once).
+ * So no rank holds more than its slices plus, on rank 0, one layer (DeepSpeed gathers the
  * whole model for stage3_gather_16bit_weights_on_model_save; its zero_to_fp32 script rebuilds it offline). */
 #include <stdint.h>
 #include <stdio.h>
@@ -28,24 +31,33 @@ static int layer_of(const train_zero *z, size_t a, size_t n) {
     return -1;
 }
 
-/* Layer l (or -1: the end) announced to the serving ranks, then gathered to rank 0. */
-static ctrl_status gather_to_root(train_zero *z, int32_t l) {
-    ctrl_status st = ctrl_collective_broadcast(&l, sizeof l, 0);
+/* Unit l's sliced ranges gathered to rank 0 (every rank: the others send their slices); over a QLoRA
+ * base a layer's NF4 weights then all-gathered into the store (zero_nf4.c, as a use's gather: every rank
+ * rebuilds the layer's three parts, a few bytes a weight; the serving ranks free them at once). */
+static ctrl_status gather_unit(train_zero *z, int l) {
+    ctrl_status st = CTRL_OK;
     train_zero_unit r[2];
     float *p = ctrl_model_params(z->model, NULL);
-    for (int i = 0, k = l >= 0 ? train_zero_layer_ranges(z, l, r) : 0; i < k && st == CTRL_OK; i++)
+    for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++)
         st = ctrl_collective_gather_f32(p + r[i].a, train_zero_cut_counts(z, r[i]), 0);
-    return st;
+    /* (the NF4 gather: a no-op without an NF4 store, and for the embeddings' and the head's units) */
+    return st == CTRL_OK ? train_zero_nf4_gather(z, l) : st;
 }
 
-/* Rank 0's fetch: the layer of the weight about to be written whole, the one before released. */
+/* Layer l (or -1: the end) announced to the serving ranks, then gathered to rank 0. */
+static ctrl_status gather_to_root(train_zero *z, int32_t l) {
+    const ctrl_status st = ctrl_collective_broadcast(&l, sizeof l, 0);
+    return st == CTRL_OK && l >= 0 ? gather_unit(z, l) : st;
+}
+
+/* Rank 0's fetch: the layer of the weight about to be written whole, the one before released (a weight
+ * whole on every rank -- the final norm, a QLoRA layer's norms -- leaves the held layer as it is). */
 static ctrl_status fetch(void *user, const float *data, int64_t numel) {
     train_zero *z = user;
     const int l = layer_of(z, (size_t)(data - ctrl_model_params(z->model, NULL)), (size_t)numel);
-    if (l == z->save_held) return CTRL_OK;
+    if (l == z->save_held || l < 0) return CTRL_OK;
     if (z->save_held >= 0) train_zero_release_layer(z, z->save_held);
     z->save_held = -1;
-    if (l < 0) return CTRL_OK;
     ctrl_status st = gather_to_root(z, l);
     if (st == CTRL_OK) z->save_held = l, z->save_gathers++;
     return st;
@@ -69,7 +81,7 @@ int train_zero_save_streams(const train_zero *z) { return sliced_on_cpu(z) && !c
 
 ctrl_status train_zero_push(void *ctx, int on) {
     train_zero *z = ctx;
-    if (on) z->push_streamed = sliced_on_cpu(z) && !z->nf4;
+    if (on) z->push_streamed = sliced_on_cpu(z);
     if (!z->push_streamed) return train_zero_whole(z, on);
     if (on) {
         train_zero_save_begin(z);
@@ -80,8 +92,12 @@ ctrl_status train_zero_push(void *ctx, int on) {
     if (st == CTRL_OK && z->rank == 0 && z->pushes++ == 0)
         CTRL_INFO(
             "zero3: server mode's push streamed to rank 0, %ld units (layers, embeddings, head) gathered "
-            "to it one at a time (no rank holds the whole model for a push)",
-            z->save_gathers);
+            "to it one at a time (no rank holds the whole model for a push)%s",
+            z->save_gathers,
+            z->nf4
+                ? "; the NF4 base's weights all-gathered with their layer, dequantized and merged on rank 0, "
+                  "freed after it"
+                : "");
     return st;
 }
 
@@ -161,10 +177,8 @@ ctrl_status train_zero_save_serve(train_zero *z) {
         if (l >= z->n_slots)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3 save: rank 0 asked for unit %d of %d", (int)l,
                                   z->n_slots);
-        train_zero_unit r[2];
-        float *p = ctrl_model_params(z->model, NULL);
-        for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++)
-            st = ctrl_collective_gather_f32(p + r[i].a, train_zero_cut_counts(z, r[i]), 0);
+        st = gather_unit(z, l);
+        train_zero_nf4_release(z, l); /* (rank 0 releases its copy with the layer) */
         if (st != CTRL_OK) return st;
         z->save_gathers++;
     }

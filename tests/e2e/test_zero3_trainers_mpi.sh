@@ -16,17 +16,19 @@
 #      of the generation batch) -- loss, kl, grad_norm and reward within 1e-5 of data parallel (whose
 #      reference is whole); its resident bytes about half of it between uses, more during them.
 #   3. Server mode (the weights pushed to `ctrl serve`): each push streamed to rank 0 a layer at a
-#      time as its file is written (the log says so; over a QLoRA base the model gathered whole on every
-#      rank instead), rank 0 pushes, the others wait. GRPO and GKD (lmbda 1) against data
+#      time as its file is written (the log says so; over a QLoRA base each layer's NF4 weights gathered
+#      with it), rank 0 pushes, the others wait. GRPO and GKD (lmbda 1) against data
 #      parallel in server mode (each its own server): the same curves (1e-5), one push before the
 #      first generation and one a step, and the server then generates what the saved model does; a
 #      zero3 GKD run resumed from checkpoint-3 (its server holding the last step's weights) repeats
 #      the curve: the checkpoint's weights are pushed before its first generation. GRPO with LoRA: each
 #      push folds the adapters into each streamed layer's base (data parallel's curve; the server then generates
-#      what the saved adapter does over the base); over a QLoRA base (both servers then complete alike).
-# Every zero3 run's gathers (the policy's, the reference's, the teacher's, the QLoRA pushes' whole-model
-# gathers) go through the page pool (core/page_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1
-# in the environment (the pool off) the same checks pass against the old way.
+#      what the saved adapter does over the base); over a QLoRA base (both servers then complete alike,
+#      and 3 steps pushed the old way -- the whole model gathered on every rank, CTRL_TEST_ZERO_SAVE_WHOLE
+#      -- give the streamed run's completions, rewards and curve exactly: the pushed files are the same).
+# Every zero3 run's gathers (the policy's, the reference's, the teacher's) go through the page pool
+# (core/page_pool.h), checked in the logs; with CTRL_TEST_ZERO3_REFAULT=1 in the environment (the pool
+# off) the same checks pass against the old way.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_zero3_trainers_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -207,14 +209,29 @@ servers gsl "$TMP/gsl.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gsl-dp" "$TMP/gsl-z3" "$key" 1e-5 1e-7; done
 server_greedy_same "$PB" "$TMP/gsl-z3" 8 "grpo lora zero3 server mode" "$TMP/model"
 streamed "$TMP/gsl-z3.log" "grpo lora zero3 server mode"
-# and over a QLoRA base (the NF4 slices gathered, dequantized, merged): both servers then complete alike
+# and over a QLoRA base (each layer's NF4 slices gathered with it, dequantized, merged): both servers then
+# complete alike
 sed 's/^r = 4$/r = 4\nquantization = nf4/' "$TMP/gsl.ini" >"$TMP/gsq.ini"
 servers gsq "$TMP/gsq.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gsq-dp" "$TMP/gsq-z3" "$key" 1e-5 1e-7; done
-streamed "$TMP/gsq-z3.log" "grpo qlora zero3 server mode" no # (the NF4 slices: gathered whole)
+streamed "$TMP/gsq-z3.log" "grpo qlora zero3 server mode"
+grep -q "push streamed to rank 0, .*; the NF4 base's weights all-gathered with their layer" "$TMP/gsq-z3.log" && ok ||
+  bad "grpo qlora zero3 server mode: the push's line names no NF4 gathers"
 greedy() { curl -s -X POST "localhost:$1/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 8}'; }
 a=$(greedy "$PA") b=$(greedy "$PB")
 [[ $a == *completion_ids* ]] && [ "$a" = "$b" ] && ok || bad "grpo qlora server mode: zero3's server completes '$b', data parallel's '$a'"
+# the old way (the whole model gathered on every rank for each push), 3 steps through server B: the same
+# pushed files -- the server's completions, so the rewards and the whole curve, the streamed run's exactly
+CTRL_TEST_ZERO_SAVE_WHOLE=1 "${MPI[@]}" -x CTRL_TEST_ZERO_SAVE_WHOLE "${C[@]}" train "$TMP/gsq.ini" \
+  --set run.output_dir="$TMP/gsq-zw" --set memory.strategies=zero3 --set train.max_steps=3 \
+  --set generation.server_url="http://127.0.0.1:$PB" >"$TMP/gsq-zw.log" 2>&1 && ok || { bad "grpo qlora zero3, pushes whole"; tail -5 "$TMP/gsq-zw.log"; }
+streamed "$TMP/gsq-zw.log" "grpo qlora zero3 server mode, CTRL_TEST_ZERO_SAVE_WHOLE" no
+steps3() { curve "$1" | grep -E '"step": [1-3],'; }
+[ "$(steps3 "$TMP/gsq-zw" | wc -l)" = 3 ] && diff <(steps3 "$TMP/gsq-z3") <(steps3 "$TMP/gsq-zw") >"$TMP/diff" && ok ||
+  { bad "grpo qlora zero3 server mode: the pushes gathered whole give another curve"; head -4 "$TMP/diff"; }
+n=$(wc -l <"$TMP/gsq-zw/completions.jsonl")
+[ "$n" -gt 0 ] && cmp -s <(head -n "$n" "$TMP/gsq-z3/completions.jsonl") "$TMP/gsq-zw/completions.jsonl" && ok ||
+  bad "grpo qlora zero3 server mode: the pushes gathered whole give other completions ($n lines)"
 INI_DATA=rows INI_TARGET= INI_MODEL=$'[teacher]\npath = '"$TMP/teacher" INI_TRAIN="dtype = fp32" INI_BATCH=2 \
   INI_SAVE=$'save_strategy = steps\nsave_steps = 3' INI_GEN=$(srv "$PA") \
   online_ini gkd gks 6 "[gkd]" "lmbda = 1" "max_new_tokens = 4" | sed '/^eval_file = /d' >"$TMP/gks.ini"
