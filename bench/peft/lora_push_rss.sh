@@ -6,8 +6,10 @@
 # difference is what the pushes hold at their peak. One thread. Run it with two builds to compare.
 # usage: bench/peft/lora_push_rss.sh BUILD_DIR HIDDEN LAYERS HEADS KV_HEADS INTERMEDIATE [--tokenizer DIR]
 #        [--vocab N] [--tie-embeddings] [--steps N (1)] [--dtype bf16|fp32 (bf16)] [--full (no [peft]: a full
-#        fine-tune's push, the model's own weights)] [--zero3 (2 ranks, mpirun, [memory] strategies = zero3:
-#        each rank's peak from the final save's log line, VmHWM)]
+#        fine-tune's push, the model's own weights)] [--qlora ([peft] quantization = nf4: the base held in
+#        NF4, each push dequantizing it)] [--zero3 (2 ranks, mpirun, [memory] strategies = zero3: each
+#        rank's peak from the final save's log line, VmHWM; CTRL_TEST_ZERO_SAVE_WHOLE=1 in the environment
+#        makes each push gather the whole model on every rank, the way before it streamed)]
 # Qwen2.5-0.5B's shape with 8 layers:
 #   bench/peft/lora_push_rss.sh build 896 8 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
 #     --vocab 151936 --tie-embeddings
@@ -15,7 +17,7 @@ set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "$1" && pwd)
 shift
-STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe PEFT=true Z3=
+STEPS=1 DTYPE=bf16 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe PEFT=true Z3= QLORA=
 ARGS=() INIT=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -23,6 +25,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift ;;
     --dtype) DTYPE=$2; shift ;;
     --full) PEFT=false ;;
+    --qlora) QLORA=1 ;;
     --zero3) Z3=1 ;;
     --vocab) INIT+=(--vocab "$2"); shift ;;
     --tie-embeddings) INIT+=(--tie-embeddings) ;;
@@ -63,10 +66,12 @@ num_generations = 2
 max_completion_length = 4
 INI
 [ "$PEFT" = true ] && printf '[peft]\nenabled = true\ntarget_modules = all-linear\n' >>"$TMP/grpo.ini"
+[ "$PEFT" = true ] && [ -n "$QLORA" ] && echo "quantization = nf4" >>"$TMP/grpo.ini"
 LAUNCH=()
 if [ -n "$Z3" ]; then
   printf '[memory]\nstrategies = zero3\n' >>"$TMP/grpo.ini"
   LAUNCH=(mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
+  [ -n "${CTRL_TEST_ZERO_SAVE_WHOLE:-}" ] && LAUNCH+=(-x CTRL_TEST_ZERO_SAVE_WHOLE)
   [ "$(id -u)" = 0 ] && LAUNCH+=(--allow-run-as-root)
 fi
 PORT=$(/work/venv/bin/python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null ||
@@ -89,7 +94,7 @@ run() { # name, extra --set ...
   cpu=$(awk '/User time/ { u = $NF } /System time/ { s = $NF } END { printf "%.1f", u + s }' "$TMP/time")
   printf '| %s | %s | %s |\n' "$name" "$rss" "$cpu"
 }
-echo "| run ($DTYPE, [peft] enabled = $PEFT, $STEPS step(s)${Z3:+, zero3 on 2 ranks}) | trainer peak RSS (MiB${Z3:+, per rank}) | CPU s |"
+echo "| run ($DTYPE, [peft] enabled = $PEFT${QLORA:+, nf4}, $STEPS step(s)${Z3:+, zero3 on 2 ranks}${CTRL_TEST_ZERO_SAVE_WHOLE:+, pushes gathered whole}) | trainer peak RSS (MiB${Z3:+, per rank}) | CPU s |"
 echo "|---|---|---|"
 run "colocate (no push)"
 run "server mode ($((STEPS + 1)) pushes)" --set generation.mode=server --set generation.server_url="http://127.0.0.1:$PORT"
