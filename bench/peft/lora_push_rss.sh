@@ -8,8 +8,8 @@
 #        [--vocab N] [--tie-embeddings] [--steps N (1)] [--dtype bf16|fp32 (bf16)] [--full (no [peft]: a full
 #        fine-tune's push, the model's own weights)] [--qlora ([peft] quantization = nf4: the base held in
 #        NF4, each push dequantizing it)] [--zero3 (2 ranks, mpirun, [memory] strategies = zero3: each
-#        rank's peak from the final save's log line, VmHWM; CTRL_TEST_ZERO_SAVE_WHOLE=1 in the environment
-#        makes each push gather the whole model on every rank, the way before it streamed)]
+#        rank's peak RSS by its own /usr/bin/time -v, over its whole life; CTRL_TEST_ZERO_SAVE_WHOLE=1 in
+#        the environment makes each push gather the whole model on every rank, the way before it streamed)]
 # Qwen2.5-0.5B's shape with 8 layers:
 #   bench/peft/lora_push_rss.sh build 896 8 14 2 4864 --tokenizer /work/shared/data/tokenizers/qwen3 \
 #     --vocab 151936 --tie-embeddings
@@ -67,8 +67,10 @@ max_completion_length = 4
 INI
 [ "$PEFT" = true ] && printf '[peft]\nenabled = true\ntarget_modules = all-linear\n' >>"$TMP/grpo.ini"
 [ "$PEFT" = true ] && [ -n "$QLORA" ] && echo "quantization = nf4" >>"$TMP/grpo.ini"
-LAUNCH=()
+LAUNCH=() RANKT=()
 if [ -n "$Z3" ]; then
+  # each rank under its own /usr/bin/time (the launcher's own peak is mpirun's), into rank-time.R
+  RANKT=(bash -c 'exec /usr/bin/time -v -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$TMP/rank-time")
   printf '[memory]\nstrategies = zero3\n' >>"$TMP/grpo.ini"
   LAUNCH=(mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
   [ -n "${CTRL_TEST_ZERO_SAVE_WHOLE:-}" ] && LAUNCH+=(-x CTRL_TEST_ZERO_SAVE_WHOLE)
@@ -82,15 +84,16 @@ for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && bre
 run() { # name, extra --set ...
   local name=$1
   shift
-  /usr/bin/time -v "${LAUNCH[@]}" "${C[@]}" train "$TMP/grpo.ini" "$@" >"$TMP/log" 2>"$TMP/time" || {
+  /usr/bin/time -v "${LAUNCH[@]}" "${RANKT[@]}" "${C[@]}" train "$TMP/grpo.ini" "$@" >"$TMP/log" 2>"$TMP/time" || {
     echo "$name: failed"
     tail -5 "$TMP/log" "$TMP/time"
     exit 1
   }
   local rss cpu
   rss=$(awk '/Maximum resident/ { printf "%.0f", $NF / 1024 }' "$TMP/time")
-  # zero3: each rank's, from the final save's report (the launcher's own is mpirun's)
-  [ -n "$Z3" ] && rss=$(sed -n 's/.*(VmHWM): \([0-9 /]*\) MiB.*/\1/p' "$TMP/log" "$TMP/time" | tail -1)
+  # zero3: each rank's (rank 0 / rank 1)
+  [ -n "$Z3" ] && rss=$(for r in 0 1; do awk '/Maximum resident/ { printf "%.0f\n", $NF / 1024 }' "$TMP/rank-time.$r"; done |
+    paste -sd/ | sed 's|/| / |')
   cpu=$(awk '/User time/ { u = $NF } /System time/ { s = $NF } END { printf "%.1f", u + s }' "$TMP/time")
   printf '| %s | %s | %s |\n' "$name" "$rss" "$cpu"
 }
