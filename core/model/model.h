@@ -69,6 +69,22 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
 typedef ctrl_status (*ctrl_model_parts_fn)(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
                                  void *ctx, ctrl_model **out);
+/* The same with LoRA adapters (ctrl_model_load_lora; lora may be NULL): the adapters are made, not
+ * read, whatever the ranges say. QLoRA (lora->nf4): each NF4 weight is read and quantized whole (its
+ * absmax offset is the mean over all of its blocks) and only its values [spans[2i], spans[2i + 1])
+ * kept, i its store index (1 + i = the view's nf4), spans[] [2 x n_layers x 7] filled by `nf4_parts`
+ * (the start on a super-block, CTRL_NF4_SUPER); the store then holds those pieces alone
+ * (ctrl_model_nf4_parts), and a product with an NF4 weight is an error until they are put whole again
+ * (zero_nf4.c). nf4_parts NULL: each weight kept whole. */
+typedef ctrl_status (*ctrl_model_nf4_parts_fn)(const ctrl_model *m, void *ctx, int64_t *spans);
+ctrl_status ctrl_model_load_lora_part(const char *dir, const ctrl_attention_ops *attn,
+                                      const struct ctrl_lora_config *lora, ctrl_model_parts_fn parts,
+                                      ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out);
+/* After a load with nf4_parts: the spans each NF4 store entry holds ([2i], [2i + 1] in values of the
+ * whole weight, whose n the entry keeps; the entry's buffers begin at value [2i]); NULL when every
+ * entry is whole. ctrl_model_nf4_parts_done: the entries are whole again or freed (the spans dropped). */
+const int64_t *ctrl_model_nf4_parts(const ctrl_model *m);
+void ctrl_model_nf4_parts_done(ctrl_model *m);
 /* The model's LoRA config (NULL without adapters). */
 const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 /* QLoRA ([peft] quantization = nf4): what the base holds in NF4 and what stays fp32, in words for the

@@ -231,6 +231,9 @@ struct ctrl_model {
     ctrl_nf4 *nf4_w;
     int nf4_layer;
     long nf4_slot[LORA_N_TARGETS];
+    /* Loaded in pieces (nf4_store_part, ZeRO-3's sliced loading): entry i holds the values
+     * [nf4_part[2i], nf4_part[2i + 1]) of its weight alone (its n the whole's); NULL: every entry whole */
+    int64_t *nf4_part;
     /* On a device backend (nf4_to_device): each weight's packed values, absmax bytes and absmax
      * scales in the backend's memory ([n_layers * LORA_N_TARGETS][3]), and the code books (16 + 256
      * floats); NULL on the CPU. */
@@ -444,6 +447,9 @@ int lora_dropout_on(const ctrl_model *m);
  * NF4 store; nf4_layer_weights dequantizes layer l's seven weights into the shared slot (nothing
  * when it holds them already), before layer l's forward or backward. */
 ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v);
+/* nf4_store, then only the values [v0, v1) of it kept (v0 on a super-block; the parts' buffers of
+ * those values alone, ctrl_model_nf4_parts). */
+ctrl_status nf4_store_part(ctrl_model *m, const ctrl_param_view *v, int64_t v0, int64_t v1);
 ctrl_status nf4_layer_weights(ctrl_model *m, int l);
 /* NF4 view v's whole weight dequantized on the host into out (numel floats), the slot untouched. */
 ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, float *out);

@@ -132,6 +132,7 @@ static ctrl_status shards_open(const char *dir, shard_set *s) {
 /* What load_into reads: the whole model (parts NULL), or the ranges of parameters parts gives. */
 typedef struct load_parts {
     ctrl_model_parts_fn fn;
+    ctrl_model_nf4_parts_fn nf4; /* QLoRA: each NF4 weight's piece kept (NULL: whole) */
     void *ctx;
 } load_parts;
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
@@ -227,11 +228,17 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
 
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
                                  void *ctx, ctrl_model **out) {
+    return ctrl_model_load_lora_part(dir, attn, NULL, parts, NULL, ctx, out);
+}
+
+ctrl_status ctrl_model_load_lora_part(const char *dir, const ctrl_attention_ops *attn,
+                                      const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
+                                      ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out) {
     ctrl_model_config cfg;
     ctrl_status st = ctrl_model_config_load(dir, &cfg);
     if (st != CTRL_OK) return st;
-    const load_parts p = {parts, ctx};
-    return load_into(dir, &cfg, attn, NULL, NULL, &p, out);
+    const load_parts p = {parts, nf4_parts, ctx};
+    return load_into(dir, &cfg, attn, NULL, lora, &p, out);
 }
 
 /* The elements of view v that lie in the ranges (pairs [a, b) of parameters, ascending; *next: the
@@ -262,6 +269,8 @@ static ctrl_status read_parts(const char *dir, const ctrl_safetensors *file, con
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                              const char *optional, const ctrl_lora_config *lora, const load_parts *parts,
                              ctrl_model **out) {
+    if (parts && lora && lora->use_dora) /* its magnitudes are the whole base's row norms */
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "%s: DoRA's base is read whole, not in parts", dir);
     ctrl_model *m;
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
@@ -273,6 +282,18 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     if (parts && (st = parts->fn(m, parts->ctx, &ranges, &n_ranges)) != CTRL_OK) {
         ctrl_model_free(m);
         return st;
+    }
+    int64_t *spans = NULL; /* QLoRA's pieces: each NF4 weight's values kept */
+    if (parts && parts->nf4 && lora && lora->nf4) {
+        const size_t n = 2 * (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1) * LORA_N_TARGETS;
+        if (!(spans = calloc(n, sizeof *spans)))
+            st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: the NF4 pieces", dir);
+        if (st == CTRL_OK) st = parts->nf4(m, parts->ctx, spans);
+        if (st != CTRL_OK) {
+            free(spans), free(ranges);
+            ctrl_model_free(m);
+            return st;
+        }
     }
     if ((st = shards_open(dir, &shards)) != CTRL_OK) {
         free(ranges);
@@ -302,7 +323,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
                 (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0], (long long)v->shape[1]);
             break;
         }
-        if (parts) { /* only the parts of it in the ranges (ascending, as the views) */
+        if (parts && !(spans && v->nf4)) { /* only the parts of it in the ranges (ascending, as the views) */
             st = read_parts(dir, file, t, v, params, ranges, n_ranges, &next);
             continue;
         }
@@ -315,12 +336,14 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
             break;
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
-        if (st == CTRL_OK && v->nf4) st = nf4_store(m, v); /* QLoRA: into NF4 before the next layer's */
+        if (st == CTRL_OK && v->nf4) /* QLoRA: into NF4 before the next layer's (its piece alone kept) */
+            st = spans ? nf4_store_part(m, v, spans[2 * (v->nf4 - 1)], spans[2 * (v->nf4 - 1) + 1])
+                       : nf4_store(m, v);
         if (st == CTRL_OK && m->w16_at_load) st = model_bf16_view_loaded(m, v);      /* LoRA: bf16 base */
         if (st == CTRL_OK && m->emb16_at_load) st = model_embed16_view_loaded(m, v); /* and embedding */
     }
     shards_close(&shards);
-    free(ranges);
+    free(ranges), free(spans);
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */
     if (st == CTRL_OK) st = keep_source_files(m, dir);
     if (st != CTRL_OK) {

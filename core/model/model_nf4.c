@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -79,6 +80,41 @@ ctrl_status nf4_store(ctrl_model *m, const ctrl_param_view *v) {
     return CTRL_OK;
 }
 
+ctrl_status nf4_store_part(ctrl_model *m, const ctrl_param_view *v, int64_t v0, int64_t v1) {
+    const int64_t n = v->numel;
+    if (v0 < 0 || v1 < v0 || v1 > n || (v0 % CTRL_NF4_SUPER && v0 != n) || (v1 % CTRL_NF4_SUPER && v1 != n))
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "QLoRA: %s: a piece [%lld, %lld) of %lld values off the super-blocks", v->name,
+                              (long long)v0, (long long)v1, (long long)n);
+    const size_t nw = (size_t)m->cfg.n_layers * LORA_N_TARGETS;
+    if (!m->nf4_part && !(m->nf4_part = calloc(2 * nw, sizeof *m->nf4_part)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: the NF4 pieces");
+    MODEL_TRY(nf4_store(m, v)); /* the whole weight (the offset is its blocks' mean), then cut */
+    ctrl_nf4 *q = &m->nf4_w[v->nf4 - 1];
+    size_t c[3];
+    ctrl_nf4_part_counts(v0, v1, c);
+    uint8_t *part[3] = {malloc(c[0] + 1), malloc(c[1] + 1), malloc(c[2] + sizeof(float))};
+    const uint8_t *src[3] = {q->packed + v0 / 2, q->qabsmax + v0 / CTRL_NF4_BLOCK,
+                             (const uint8_t *)(q->absmax2 + v0 / CTRL_NF4_SUPER)};
+    if (!part[0] || !part[1] || !part[2]) {
+        free(part[0]), free(part[1]), free(part[2]);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: %s's piece of %lld values", v->name,
+                              (long long)(v1 - v0));
+    }
+    for (int k = 0; k < 3; k++) memcpy(part[k], src[k], c[k]);
+    free(q->packed), free(q->qabsmax), free(q->absmax2);
+    q->packed = part[0], q->qabsmax = part[1], q->absmax2 = (float *)part[2]; /* n, offset: the whole's */
+    m->nf4_part[2 * (v->nf4 - 1)] = v0, m->nf4_part[2 * (v->nf4 - 1) + 1] = v1;
+    return CTRL_OK;
+}
+
+const int64_t *ctrl_model_nf4_parts(const ctrl_model *m) { return m->nf4_part; }
+
+void ctrl_model_nf4_parts_done(ctrl_model *m) {
+    free(m->nf4_part);
+    m->nf4_part = NULL;
+}
+
 /* Bytes of each of a weight's three device buffers (packed, absmax bytes, absmax scales). */
 static size_t part_bytes(const ctrl_nf4 *q, int k) {
     const int64_t nb = (q->n + CTRL_NF4_BLOCK - 1) / CTRL_NF4_BLOCK;
@@ -89,6 +125,8 @@ static size_t part_bytes(const ctrl_nf4 *q, int k) {
 
 ctrl_status nf4_to_device(ctrl_model *m) {
     if (!m->nf4_w || m->be->host_memory) return CTRL_OK;
+    if (m->nf4_part)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "QLoRA: the NF4 store holds a ZeRO-3 rank's pieces only");
     const int n = m->cfg.n_layers * LORA_N_TARGETS;
     const ctrl_backend_ops *be = m->be;
     if (!(m->nf4_dev = calloc((size_t)n * 3, sizeof *m->nf4_dev)))
@@ -124,8 +162,11 @@ ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++) { /* a fused tensor whole, into its first linear's slot */
         if (!stored(m, l, t)) continue;
         const ctrl_nf4 *q = &m->nf4_w[l * LORA_N_TARGETS + t];
-        if (!q->packed)
-            return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d was never loaded", l, t);
+        if (!q->packed || m->nf4_part)
+            return ctrl_error_set(CTRL_ERR_RUNTIME,
+                                  "QLoRA: layer %d's weight %d was never loaded (or is a "
+                                  "ZeRO-3 rank's piece)",
+                                  l, t);
         if (m->nf4_dev) { /* on the device: the kernel dequantizes into the device's slot */
             void *const *d = &m->nf4_dev[3 * (l * LORA_N_TARGETS + t)];
             MODEL_TRY(m->be->nf4_dequantize(m->dparams + w[t], d[0], d[1], d[2], q->offset, m->nf4_codes,
@@ -148,7 +189,7 @@ ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
 
 ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, float *out) {
     const ctrl_nf4 *q = &m->nf4_w[v->nf4 - 1];
-    if (!q->packed || q->n != v->numel) /* (a device model keeps the host's store it copied) */
+    if (!q->packed || q->n != v->numel || m->nf4_part) /* (a device model keeps the host's store it copied) */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "QLoRA: %s is not held whole (a ZeRO-3 slice)", v->name);
     float *absmax = malloc(sizeof(float) * (size_t)((q->n + CTRL_NF4_BLOCK - 1) / CTRL_NF4_BLOCK));
     if (!absmax) return ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: absmax of %lld weights", (long long)q->n);
@@ -167,11 +208,12 @@ void nf4_free(ctrl_model *m) {
     for (int i = 0; m->nf4_w && i < m->cfg.n_layers * LORA_N_TARGETS; i++) ctrl_nf4_free(&m->nf4_w[i]);
     free(m->nf4_w);
     m->nf4_w = NULL;
+    ctrl_model_nf4_parts_done(m);
 }
 
 ctrl_status nf4_use_layer(ctrl_model *m, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++)
-        if (stored(m, l, t) && !m->nf4_w[l * LORA_N_TARGETS + t].packed)
+        if (stored(m, l, t) && (!m->nf4_w[l * LORA_N_TARGETS + t].packed || m->nf4_part))
             return ctrl_error_set(CTRL_ERR_RUNTIME,
                                   "QLoRA: layer %d's weight %d is not held (never loaded, or a ZeRO-3 slice "
                                   "used without its gather)",

@@ -10,6 +10,7 @@
 #include <ctrl/log.h>
 
 #include "model/peft.h"
+#include "train/zero.h"
 
 static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_config *lc) {
     memset(lc, 0, sizeof *lc);
@@ -38,6 +39,10 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
 static int load_on_cpu; /* train_model_on_cpu: the run's compute device is the CPU */
 
 void train_model_on_cpu(int on_cpu) { load_on_cpu = on_cpu; }
+
+static int load_sliced; /* train_model_zero3_sliced */
+
+void train_model_zero3_sliced(int sliced) { load_sliced = sliced; }
 
 static int loop_decodes; /* train_model_decodes */
 
@@ -79,8 +84,21 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
      * its first value the base's (a classifier) or a new one's (a causal LM's trunk) */
     st = num_labels > 0
              ? ctrl_model_load_classifier_lora(s->model.path, attn, num_labels, s->run.seed, &lc, out)
-             : ctrl_model_load_lora(s->model.path, attn, &lc, out);
+         : load_sliced ? ctrl_model_load_lora_part(s->model.path, attn, &lc, train_zero_rank_parts,
+                                                   train_zero_rank_nf4_parts, NULL, out)
+                       : ctrl_model_load_lora(s->model.path, attn, &lc, out);
     if (st != CTRL_OK) return st;
+    if (load_sliced && num_labels <= 0 && lc.nf4)
+        CTRL_INFO(
+            "zero3 + QLoRA: each rank read its slices of the frozen embeddings (and an untied head) "
+            "from %s and kept its slices of each NF4 weight (each read and quantized whole as it loads, "
+            "one at a time: its absmax offset is the mean over the whole weight); the layers' norms and "
+            "biases and the final norm whole; not the whole base",
+            s->model.path);
+    else if (load_sliced && num_labels <= 0)
+        CTRL_INFO("zero3 + LoRA: each rank read its slices of the frozen base from %s (each layer's, the "
+                  "embeddings' and an untied head's; the final norm whole), not the whole base",
+                  s->model.path);
     const char *from = ckpt ? ckpt : adapter;
     if (from && (st = ctrl_peft_load_weights(*out, from)) != CTRL_OK) {
         ctrl_model_free(*out);

@@ -103,5 +103,9 @@ ctrl_status train_run_optimizer_create(run_state *r, int offload) {
             s->train.optimizer);
     }
     if (st == CTRL_OK) st = train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt);
-    return st == CTRL_OK ? train_zero_attach(&r->zero, r->model) : st; /* zero3: the layers sliced */
+    if (st == CTRL_OK) st = train_zero_attach(&r->zero, r->model); /* zero3: the layers sliced */
+    /* tests: what each rank holds now, to compare the sliced load with the whole one */
+    if (st == CTRL_OK && r->zero.stage >= 3 && r->zero.size > 1 && getenv("CTRL_TEST_ZERO3_DIGEST"))
+        st = train_zero_digest(&r->zero, r->model);
+    return st;
 }

@@ -123,6 +123,31 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
     return CTRL_OK;
 }
 
+/* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
+ * zero.Init partitions it at load); where it cannot (a device: its frozen embeddings are kept whole; a
+ * score head, DoRA's magnitudes from the whole base's norms, embed_tokens / lm_head trained in
+ * modules_to_save, an adapter_path's config, a reference precomputed from the base before ZeRO
+ * starts) the base is read whole on every rank and rank 0 says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole,
+ * to compare. */
+static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec) {
+    const ctrl_run_settings *s = r->s;
+    if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
+    const char *why = r->comp.cuda                ? "the run computes on a device"
+                      : spec->needs_score         ? "a score head (a classifier)"
+                      : s->peft.use_dora          ? "DoRA's magnitudes are the whole base's norms"
+                      : s->peft.save_embed_tokens ? "modules_to_save trains embed_tokens"
+                      : s->peft.save_lm_head      ? "modules_to_save trains lm_head"
+                      : s->peft.adapter_path      ? "[peft] adapter_path"
+                      : spec->needs_ref_logp && spec->precompute_ref_logp
+                          ? "the reference log-probs are precomputed from the base"
+                      : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"
+                                                             : NULL;
+    if (why && r->root)
+        CTRL_INFO("zero3 + LoRA: the frozen base read whole on every rank (%s), sliced when ZeRO starts",
+                  why);
+    return !why;
+}
+
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
  * trainer kind's data, the optimizer: the plugins the config resolved. */
 ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
@@ -166,12 +191,15 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                             "%s: [peft] modules_to_save = score: trainer %s trains a causal LM, which has "
                             "no score head (the reward trainer trains one, as PEFT's task_type SEQ_CLS)",
                             ctrl_config_where(cfg, "peft", "modules_to_save"), s->run.trainer);
-    /* zero3 on several ranks: each reads its slices only (a LoRA or classifier run reads the whole) */
+    /* zero3 on several ranks: each reads its slices only (a classifier run reads the whole) */
     const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled && !spec.needs_score;
+    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &spec);
     if (st == CTRL_OK && sliced)
         st = train_zero_load(weights_dir ? weights_dir : s->model.path, attention, &r->model);
+    train_model_zero3_sliced(lora_sliced);
     if (st == CTRL_OK && !sliced) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
         st = train_model_load(s, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
+    train_model_zero3_sliced(0);
     /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
@@ -220,11 +248,11 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK)
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
-    if (st == CTRL_OK && !sliced)
-        st = train_dp_broadcast_weights(&r->dp, r->model); /* sliced: the same files */
+    if (st == CTRL_OK && !sliced) /* sliced: the same files (LoRA: the adapters alone, whole here) */
+        st = train_dp_broadcast_weights(&r->dp, r->model);
     if (st == CTRL_OK && !zero_stage && !offload)
         st = train_dp_share_grads(&r->dp, r->model, s->train.ddp_shared_memory);
-    if (st == CTRL_OK) st = train_run_report_load_memory(r, sliced);
+    if (st == CTRL_OK) st = train_run_report_load_memory(r, sliced || lora_sliced);
     const size_t bucket = s->memory.reduce_bucket_size >= 0
                               ? (size_t)s->memory.reduce_bucket_size
                               : (size_t)(hidden * hidden > 1 ? hidden * hidden : 1);

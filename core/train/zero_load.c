@@ -6,24 +6,39 @@
  * files (checked finite there only; core/model/model_io.c's ctrl_model_load_part). The pages of the
  * mapped files are let go as they are read. So a rank's peak at start-up is its slices plus what
  * lies outside the layers, not the whole model; every rank reads the same files, so no broadcast
- * from rank 0 is needed either (the weights' checksum at each save still compares the ranks). */
+ * from rank 0 is needed either (the weights' checksum at each save still compares the ranks).
+ * A LoRA run (train_lora.c, ctrl_model_load_lora_part) reads the frozen base the same way: its slice
+ * of each layer's base, of the frozen embeddings and of an untied head, as zero.c's frozen ranges cut
+ * them; QLoRA keeps its super-blocks of each NF4 weight (train_zero_rank_nf4_parts). */
 #include <stdlib.h>
 
 #include <ctrl/log.h>
 
+#include "collective/collective.h"
 #include "train/zero.h"
+
+static int cmp_unit(const void *a, const void *b) {
+    const size_t x = ((const train_zero_unit *)a)->a, y = ((const train_zero_unit *)b)->a;
+    return x < y ? -1 : x > y;
+}
 
 /* The ranges of parameters this rank keeps after train_zero_attach: its slice of each layer's
  * unit and of the embeddings' and head's, every other unit whole, and anything outside the trainable floats
- * whole. */
-static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
-    (void)ctx;
-    train_zero z;
-    ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0, 0);
-    size_t all = 0;
-    ctrl_model_params((ctrl_model *)m, &all);
-    size_t *r = st == CTRL_OK ? malloc(sizeof *r * 2 * ((size_t)z.n_units + 2)) : NULL;
-    if (st == CTRL_OK && !r) st = ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+ * whole -- but for LoRA's frozen base (below z.first): this rank's slice of each frozen range zero.c
+ * cuts (each layer's base, the frozen embeddings, an untied head; QLoRA's layers keep their few fp32
+ * floats whole, the NF4 weights being cut by their own spans, below), the rest of it (the final norm)
+ * whole. The adapters lie in the ranges too; the loader makes them, never reads them. */
+static ctrl_status parts_of(const train_zero *z, size_t all, size_t **ranges, int *n) {
+    train_zero_unit *fz = malloc(sizeof *fz * ((size_t)z->n_slots + 1));
+    int nf = 0;
+    for (int l = 0; fz && z->frozen && l < z->n_slots; l++)
+        if (z->frozen[l].layer >= 0 && z->frozen[l].b > z->frozen[l].a) fz[nf++] = z->frozen[l];
+    if (fz) qsort(fz, (size_t)nf, sizeof *fz, cmp_unit); /* ascending (the embeddings first) */
+    size_t *r = fz ? malloc(sizeof *r * 2 * ((size_t)z->n_units + 2 * (size_t)nf + 3)) : NULL;
+    if (!r) {
+        free(fz);
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    }
     int k = 0;
 #define ADD(lo, hi)                                                                                          \
     do {                                                                                                     \
@@ -33,31 +48,75 @@ static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, i
         else                                                                                                 \
             r[2 * k] = (lo), r[2 * k + 1] = (hi), k++;                                                       \
     } while (0)
-    if (st == CTRL_OK) {
-        ADD((size_t)0, z.first);
-        for (int u = 0; u < z.n_units; u++) {
-            size_t lo = z.units[u].a, hi = z.units[u].b;
-            if (z.units[u].layer != -1)                    /* the layers, the embeddings, an untied head */
-                train_zero_slice(&z, u, z.rank, &lo, &hi); /* layers, embeddings, head */
-            ADD(z.first + lo, z.first + hi);
-        }
-        ADD(z.first + z.total, all);
+    size_t at = 0; /* the frozen base: whole between its sliced ranges */
+    for (int i = 0; i < nf; i++) {
+        size_t lo, hi;
+        train_zero_cut(z, fz[i], z->rank, &lo, &hi);
+        ADD(at, fz[i].a);
+        ADD(lo, hi);
+        at = fz[i].b;
     }
+    ADD(at, z->first);
+    for (int u = 0; u < z->n_units; u++) {
+        size_t lo = z->units[u].a, hi = z->units[u].b;
+        if (z->units[u].layer != -1)                   /* the layers, the embeddings, an untied head */
+            train_zero_slice(z, u, z->rank, &lo, &hi); /* layers, embeddings, head */
+        ADD(z->first + lo, z->first + hi);
+    }
+    ADD(z->first + z->total, all);
 #undef ADD
-    train_zero_free(&z);
-    if (st != CTRL_OK) {
-        free(r);
-        return st;
-    }
+    free(fz);
     *ranges = r, *n = k;
     return CTRL_OK;
 }
 
+ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
+    (void)ctx;
+    train_zero z;
+    ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0, 0);
+    size_t all = 0;
+    ctrl_model_params((ctrl_model *)m, &all);
+    if (st == CTRL_OK) st = parts_of(&z, all, ranges, n);
+    train_zero_free(&z);
+    return st;
+}
+
+/* QLoRA: this rank's values of each NF4 weight, as zero_nf4.c will cut the store. */
+ctrl_status train_zero_rank_nf4_parts(const ctrl_model *m, void *ctx, int64_t *spans) {
+    (void)ctx;
+    return train_zero_nf4_spans(m, ctrl_collective_rank(), ctrl_collective_size(), spans);
+}
+
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
-    ctrl_status st = ctrl_model_load_part(dir, attn, rank_parts, NULL, out);
+    ctrl_status st = ctrl_model_load_part(dir, attn, train_zero_rank_parts, NULL, out);
     if (st == CTRL_OK)
         CTRL_INFO("zero3: each rank read its slices of the layers' parameters from %s (and of the embeddings "
                   "and the head; the final norm whole), not the whole model",
                   dir);
+    return st;
+}
+
+ctrl_status train_zero_digest(train_zero *z, ctrl_model *m) {
+    size_t *r = NULL, all = 0;
+    int n = 0;
+    ctrl_model_params(m, &all);
+    ctrl_status st = parts_of(z, all, &r, &n);
+    if (st != CTRL_OK) return st;
+    uint64_t h = 14695981039346656037ull;
+    const unsigned char *p = (const unsigned char *)ctrl_model_params(m, NULL);
+    for (int k = 0; k < n; k++)
+        for (size_t b = r[2 * k] * sizeof(float); b < r[2 * k + 1] * sizeof(float); b++)
+            h = (h ^ p[b]) * 1099511628211ull;
+    free(r);
+    h = train_zero_nf4_digest(z, h);
+    const int size = ctrl_collective_size(), me = ctrl_collective_rank();
+    double *v = calloc(2 * (size_t)size, sizeof *v); /* each rank's two halves, exact in doubles */
+    if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    v[2 * me] = (double)(h >> 32), v[2 * me + 1] = (double)(h & 0xffffffffu);
+    st = ctrl_collective_allreduce_sum_f64(v, 2 * size);
+    for (int i = 0; st == CTRL_OK && me == 0 && i < size; i++)
+        CTRL_INFO("zero3: rank %d's slices after attach: digest %08llx%08llx", i,
+                  (unsigned long long)v[2 * i], (unsigned long long)v[2 * i + 1]);
+    free(v);
     return st;
 }

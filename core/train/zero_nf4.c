@@ -18,8 +18,11 @@
  * Prefetch (prefetch_bucket_size): start_layer starts a layer's NF4 gathers with its adapters' (the
  * buffers allocated then), need_layer waits for them; the bucket counts the NF4 bytes in flight as
  * floats' worth (train_zero_nf4_floats) beside the adapters' floats. Not done: a CUDA model keeps
- * zero3 + nf4 refused (zero.c). The whole store is quantized on every rank as it loads (the base read whole,
- * as every LoRA run under zero3 does) and sliced when ZeRO starts: the load's peak holds the whole store. */
+ * zero3 + nf4 refused (zero.c). Loading (zero_load.c, train_zero_nf4_spans): each NF4 weight is read and
+ * quantized whole as it loads, one at a time (its absmax offset is the mean over all of its blocks), and
+ * only this rank's super-blocks kept -- the spans cut_weight then finds in the store, checked to be its
+ * own -- so the load's peak holds one weight whole, not the store; where the base is read whole
+ * (train_setup.c's lora_reads_sliced) the whole store is quantized on every rank and cut here. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,7 @@
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "model/lora.h"
 #include "model/nf4.h"
 #include "train/zero.h"
 
@@ -78,9 +82,30 @@ static void span(int64_t n, int r, int size, int64_t rot, int64_t *v0, int64_t *
     *v1 = s1 * CTRL_NF4_SUPER < n ? s1 * CTRL_NF4_SUPER : n;
 }
 
+ctrl_status train_zero_nf4_spans(const ctrl_model *m, int rank, int size, int64_t *spans) {
+    const int nl = ctrl_model_cfg(m)->n_layers, per = LORA_N_TARGETS;
+    int64_t *n = calloc((size_t)(nl > 0 ? nl : 1) * (size_t)per, sizeof *n);
+    if (!n) return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: the NF4 spans");
+    for (int i = 0; i < ctrl_model_view_count((ctrl_model *)m);
+         i++) { /* the store's weights: the NF4 views */
+        const ctrl_param_view *v = ctrl_model_view((ctrl_model *)m, i);
+        if (v->nf4 > 0 && v->nf4 <= nl * per) n[v->nf4 - 1] = v->numel;
+    }
+    int64_t deal =
+        0; /* as train_zero_nf4_init deals them: the weights in store order, struct zero_nf4's deal */
+    for (int i = 0; i < nl * per; i++) {
+        if (!n[i]) continue;
+        span(n[i], rank, size, deal, &spans[2 * i], &spans[2 * i + 1]);
+        deal += (n[i] + CTRL_NF4_SUPER - 1) / CTRL_NF4_SUPER % size;
+    }
+    free(n);
+    return CTRL_OK;
+}
+
 /* A weight's parts: each rank's pieces (in floats; whole floats but the last non-empty one's), and
- * this rank's slice of the whole q, copied out. */
-static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 *q) {
+ * this rank's slice of the whole q, copied out (or, loaded in pieces, q's piece: checked to be that
+ * slice, `part` its values). */
+static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 *q, const int64_t *part) {
     w->n = q->n, w->offset = q->offset;
     if (!(w->counts = calloc((size_t)(3 * s->size), sizeof(int))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: the NF4 slices' counts");
@@ -110,10 +135,17 @@ static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 
     int64_t v0, v1;
     span(q->n, s->rank, s->size, s->deal, &v0, &v1);
     s->deal += (q->n + CTRL_NF4_SUPER - 1) / CTRL_NF4_SUPER % s->size;
+    if (part && (part[0] != v0 || part[1] != v1)) /* the loader's piece must be this slice exactly */
+        return ctrl_error_set(
+            CTRL_ERR_RUNTIME,
+            "zero3: an NF4 weight of %lld values was loaded as values [%lld, %lld), its slice "
+            "here is [%lld, %lld)",
+            (long long)q->n, (long long)part[0], (long long)part[1], (long long)v0, (long long)v1);
+    const int64_t at = part ? 0 : v0; /* where the slice starts in q's buffers */
     w->mine.n = v1 - v0, w->mine.offset = q->offset;
     uint8_t **dst[3] = {&w->mine.packed, &w->mine.qabsmax, (uint8_t **)&w->mine.absmax2};
-    const uint8_t *src[3] = {q->packed + v0 / 2, q->qabsmax + v0 / CTRL_NF4_BLOCK,
-                             (const uint8_t *)(q->absmax2 + v0 / CTRL_NF4_SUPER)};
+    const uint8_t *src[3] = {q->packed + at / 2, q->qabsmax + at / CTRL_NF4_BLOCK,
+                             (const uint8_t *)(q->absmax2 + at / CTRL_NF4_SUPER)};
     for (int k = 0; k < 3; k++) {
         if (!(*dst[k] = calloc(in_floats(w->mine_b[k]) + 1, sizeof(float))))
             return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: an NF4 slice of %lld values", (long long)w->mine.n);
@@ -148,6 +180,7 @@ ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
         !(s->n_pend = calloc(nl, sizeof(int))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
     ctrl_status st = CTRL_OK;
+    const int64_t *parts = ctrl_model_nf4_parts(m); /* loaded in pieces (zero_load.c): this rank's */
     for (int l = 0; l < s->n_layers && st == CTRL_OK; l++) {
         s->layer_at[l] = s->n_w;
         for (int t = 0; t < per && st == CTRL_OK; t++) {
@@ -155,12 +188,13 @@ ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
             if (!q->packed) continue; /* nothing of its own (a fused module's row block, MoE) */
             nf4_weight *w = &s->w[s->n_w++];
             w->at = l * per + t;
-            st = cut_weight(s, w, q);
+            st = cut_weight(s, w, q, parts ? parts + 2 * (size_t)(l * per + t) : NULL);
             if (st == CTRL_OK) ctrl_nf4_free(q); /* the whole weight's buffers: this rank keeps its slice */
         }
     }
     s->layer_at[s->n_layers] = s->n_w;
     if (st != CTRL_OK) return st;
+    if (parts) ctrl_model_nf4_parts_done(m); /* every entry freed: the gathers put them whole */
     double v[3] = {(double)s->mine_bytes, (double)s->mine_bytes, -(double)s->mine_bytes};
     st = ctrl_collective_allreduce_sum_f64(v, 1);
     if (st == CTRL_OK) st = ctrl_collective_allreduce_max_f64(v + 1, 2);
@@ -236,6 +270,19 @@ void train_zero_nf4_release(train_zero *z, int l) {
         CTRL_ERROR("zero3: %s", ctrl_error_message());
     for (int i = s->layer_at[l]; i < s->layer_at[l + 1]; i++) ctrl_nf4_free(&s->store[s->w[i].at]);
     s->state[l] = 0;
+}
+
+uint64_t train_zero_nf4_digest(const train_zero *z, uint64_t h) {
+    const struct zero_nf4 *s = z->nf4;
+    for (int i = 0; s && i < s->n_w; i++) {
+        const nf4_weight *w = &s->w[i];
+        const uint8_t *p[3] = {w->mine.packed, w->mine.qabsmax, (const uint8_t *)w->mine.absmax2};
+        for (int k = 0; k < 3; k++)
+            for (size_t b = 0; b < w->mine_b[k]; b++) h = (h ^ p[k][b]) * 1099511628211ull;
+        const uint8_t *o = (const uint8_t *)&w->mine.offset;
+        for (size_t b = 0; b < sizeof w->mine.offset; b++) h = (h ^ o[b]) * 1099511628211ull;
+    }
+    return h;
 }
 
 ctrl_status train_zero_nf4_report(train_zero *z) {

@@ -24,9 +24,18 @@ curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 
 # 1. the curve: plain data parallel + nf4 against zero3 + nf4
 mpi_train plain "${q[@]}"
-mpi_train z3 "${q[@]}" --set memory.strategies=zero3
+CTRL_TEST_ZERO3_DIGEST=1 mpi_train z3 "${q[@]}" --set memory.strategies=zero3
 curve_close "$TMP/plain" "$TMP/z3" loss 1e-6
 curve_close "$TMP/plain" "$TMP/z3" grad_norm 1e-5
+# each rank read its slices of the base and quantized-and-kept its super-blocks of each NF4 weight:
+# after attach it holds the same bytes (codes, absmax, scales, offsets, fp32 slices) as when the base
+# is read and quantized whole on every rank first (CTRL_TEST_ZERO3_WHOLE_LORA; one step is enough)
+CTRL_TEST_ZERO3_WHOLE_LORA=1 CTRL_TEST_ZERO3_DIGEST=1 mpi_train zw "${q[@]}" --set memory.strategies=zero3 \
+  --set train.max_steps=1 --set train.save_strategy=no
+dz=$(grep -o "zero3: rank [01]'s slices after attach: digest [0-9a-f]*" "$TMP/z3.log")
+[ "$(echo "$dz" | wc -l)" = 2 ] && [ "$dz" = "$(grep -o "zero3: rank [01]'s slices after attach: digest [0-9a-f]*" "$TMP/zw.log")" ] &&
+  grep -q "zero3 + QLoRA: each rank read its slices of the frozen embeddings" "$TMP/z3.log" && ok ||
+  bad "zero3 nf4: the sliced read's slices differ from the whole read's: '$dz'"
 
 # 2. the NF4 store per rank: each rank's bytes, the whole's, the weights (2 layers x 7), the sum
 line=$(grep -o "zero3: the NF4 base sliced over 2 ranks: each rank holds [0-9]* to [0-9]* of its [0-9]* bytes ([0-9]* weights; [0-9]* over the ranks)" "$TMP/z3.log")

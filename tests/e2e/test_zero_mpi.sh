@@ -231,14 +231,16 @@ done
 zl=(--set peft.enabled=true --set peft.target_modules=all-linear --set train.save_strategy=no)
 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/pl" "${z3[@]}" "${zl[@]}" >"$TMP/pl.log" 2>&1 ||
   { bad "lora plain 4 layers"; tail -20 "$TMP/pl.log"; }
-"${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zl" "${z3[@]}" "${zl[@]}" --set memory.strategies=checkpointing,zero3 \
+CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zl" "${z3[@]}" "${zl[@]}" --set memory.strategies=checkpointing,zero3 \
   --set memory.reduce_bucket_size=1 --set train.save_strategy=steps >"$TMP/zl.log" 2>&1 || { bad "lora zero3"; tail -20 "$TMP/zl.log"; }
 curve_close "$TMP/pl" "$TMP/zl" loss 1e-6
 curve_close "$TMP/pl" "$TMP/zl" grad_norm 1e-5
 # its saves (checkpoint-4, checkpoint-8, the final adapter) all-gather the adapters alone, never the
 # frozen base: the same bytes as the old way's (the whole model gathered on every rank first,
-# CTRL_TEST_ZERO_SAVE_WHOLE), and a resume from the streamed checkpoint-4 follows the same curve
-CTRL_TEST_ZERO_SAVE_WHOLE=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zlw" "${z3[@]}" "${zl[@]}" \
+# CTRL_TEST_ZERO_SAVE_WHOLE, after the base was read whole on every rank, CTRL_TEST_ZERO3_WHOLE_LORA:
+# each rank then holds after attach exactly what the sliced read gave it, the digests equal), and a
+# resume from the streamed checkpoint-4 follows the same curve
+CTRL_TEST_ZERO_SAVE_WHOLE=1 CTRL_TEST_ZERO3_WHOLE_LORA=1 CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/zlw" "${z3[@]}" "${zl[@]}" \
   --set memory.strategies=checkpointing,zero3 --set memory.reduce_bucket_size=1 --set train.save_strategy=steps >"$TMP/zlw.log" 2>&1 ||
   { bad "lora zero3 saving the old way"; tail -20 "$TMP/zlw.log"; }
 for f in adapter_model.safetensors adapter_config.json checkpoint-4/adapter_model.safetensors \
@@ -246,6 +248,12 @@ for f in adapter_model.safetensors adapter_config.json checkpoint-4/adapter_mode
   [ -f "$TMP/zl/$f" ] && cmp -s "$TMP/zl/$f" "$TMP/zlw/$f" && ok || bad "zero3 LoRA: $f differs from the old way's save (or is missing)"
 done
 [ ! -e "$TMP/zl/model.safetensors" ] && [ ! -e "$TMP/zl/checkpoint-4/model.safetensors" ] && ok || bad "zero3 LoRA: the base was written"
+grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/zl.log" &&
+  grep -q "zero3 + LoRA: the frozen base read whole on every rank (CTRL_TEST_ZERO3_WHOLE_LORA)" "$TMP/zlw.log" && ok ||
+  bad "zero3 LoRA: no sliced-read line (or whole-read line)"
+dz=$(grep -o "zero3: rank [01]'s slices after attach: digest [0-9a-f]*" "$TMP/zl.log")
+[ "$(echo "$dz" | wc -l)" = 2 ] && [ "$dz" = "$(grep -o "zero3: rank [01]'s slices after attach: digest [0-9a-f]*" "$TMP/zlw.log")" ] &&
+  ok || bad "zero3 LoRA: the sliced read's slices differ from the whole read's: '$dz'"
 for what in "the adapter" "checkpoint-4's adapter" "checkpoint-8's adapter"; do
   grep -q "zero3: $what saved from the adapters alone, 4 layers' adapter slices all-gathered (the frozen base never gathered); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/zl.log" && ok ||
     bad "zero3 LoRA: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/zl.log")"
