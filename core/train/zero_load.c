@@ -10,11 +10,13 @@
  * A LoRA run (train_lora.c, ctrl_model_load_lora_part) reads the frozen base the same way: its slice
  * of each layer's base, of the frozen embeddings and of an untied head, as zero.c's frozen ranges cut
  * them; QLoRA keeps its super-blocks of each NF4 weight (train_zero_rank_nf4_parts). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "model/nf4.h"
 #include "train/zero.h"
 
 static int cmp_unit(const void *a, const void *b) {
@@ -96,27 +98,36 @@ ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctr
     return st;
 }
 
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
 ctrl_status train_zero_digest(train_zero *z, ctrl_model *m) {
-    size_t *r = NULL, all = 0;
-    int n = 0;
-    ctrl_model_params(m, &all);
-    ctrl_status st = parts_of(z, all, &r, &n);
+    ctrl_status st = train_zero_gather_all(z); /* every rank's slices put together: the whole model */
     if (st != CTRL_OK) return st;
-    uint64_t h = 14695981039346656037ull;
-    const unsigned char *p = (const unsigned char *)ctrl_model_params(m, NULL);
-    for (int k = 0; k < n; k++)
-        for (size_t b = r[2 * k] * sizeof(float); b < r[2 * k + 1] * sizeof(float); b++)
-            h = (h ^ p[b]) * 1099511628211ull;
-    free(r);
-    h = train_zero_nf4_digest(z, h);
-    const int size = ctrl_collective_size(), me = ctrl_collective_rank();
-    double *v = calloc(2 * (size_t)size, sizeof *v); /* each rank's two halves, exact in doubles */
-    if (!v) return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
-    v[2 * me] = (double)(h >> 32), v[2 * me + 1] = (double)(h & 0xffffffffu);
-    st = ctrl_collective_allreduce_sum_f64(v, 2 * size);
-    for (int i = 0; st == CTRL_OK && me == 0 && i < size; i++)
-        CTRL_INFO("zero3: rank %d's slices after attach: digest %08llx%08llx", i,
-                  (unsigned long long)v[2 * i], (unsigned long long)v[2 * i + 1]);
-    free(v);
+    size_t n = 0;
+    const float *p = ctrl_model_params(m, &n);
+    uint64_t h = fnv(14695981039346656037ull, p, n * sizeof *p);
+    int per = 0;
+    const struct ctrl_nf4 *store = ctrl_model_nf4_store(m, &per); /* QLoRA: its weights, whole now */
+    for (int i = 0; store && i < ctrl_model_cfg(m)->n_layers * per; i++) {
+        const struct ctrl_nf4 *q = &store[i];
+        if (!q->packed) continue;
+        size_t c[3];
+        ctrl_nf4_part_counts(0, q->n, c);
+        h = fnv(fnv(fnv(fnv(h, q->packed, c[0]), q->qabsmax, c[1]), q->absmax2, c[2]), &q->offset,
+                sizeof q->offset);
+    }
+    train_zero_release_all(z);
+    /* the two 32-bit halves exactly as doubles: max and -min equal iff every rank's digest agrees */
+    double v[4] = {(double)(h >> 32), (double)(h & 0xffffffffu), -(double)(h >> 32),
+                   -(double)(h & 0xffffffffu)};
+    st = ctrl_collective_allreduce_max_f64(v, 4);
+    if (st == CTRL_OK && ctrl_collective_rank() == 0)
+        CTRL_INFO("zero3: the model gathered whole after attach: digest %08llx%08llx (%s)",
+                  (unsigned long long)v[0], (unsigned long long)v[1],
+                  v[0] == -v[2] && v[1] == -v[3] ? "every rank's the same" : "the ranks DIFFER");
     return st;
 }

@@ -272,19 +272,6 @@ void train_zero_nf4_release(train_zero *z, int l) {
     s->state[l] = 0;
 }
 
-uint64_t train_zero_nf4_digest(const train_zero *z, uint64_t h) {
-    const struct zero_nf4 *s = z->nf4;
-    for (int i = 0; s && i < s->n_w; i++) {
-        const nf4_weight *w = &s->w[i];
-        const uint8_t *p[3] = {w->mine.packed, w->mine.qabsmax, (const uint8_t *)w->mine.absmax2};
-        for (int k = 0; k < 3; k++)
-            for (size_t b = 0; b < w->mine_b[k]; b++) h = (h ^ p[k][b]) * 1099511628211ull;
-        const uint8_t *o = (const uint8_t *)&w->mine.offset;
-        for (size_t b = 0; b < sizeof w->mine.offset; b++) h = (h ^ o[b]) * 1099511628211ull;
-    }
-    return h;
-}
-
 ctrl_status train_zero_nf4_report(train_zero *z) {
     struct zero_nf4 *s = z->nf4;
     if (!s) return CTRL_OK;
