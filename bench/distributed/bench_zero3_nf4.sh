@@ -7,14 +7,17 @@
 # memory and CPU time (/usr/bin/time: maximum RSS, user + system, loading included -- the load's peak:
 # every rank quantizes the whole base as it loads), the resident memory while training (VmRSS sampled
 # every 0.5 s from /proc: each rank's median over the second half of its samples), the NF4 bytes held between steps
-# (zero3's line), the final loss (the same both ways).
-# usage: bench/distributed/bench_zero3_nf4.sh BUILD_DIR [LAYERS STEPS]
+# (zero3's line), the final loss (the same both ways). (The load's peak: every rank used to read and
+# quantize the whole base; now a zero3 rank reads its slices and keeps its super-blocks, zero_load.c.)
+# QUANT=none: plain LoRA (the base fp32), to measure zero3 + LoRA's sliced load the same way.
+# usage: [QUANT=none] bench/distributed/bench_zero3_nf4.sh BUILD_DIR [LAYERS STEPS]
 set -euo pipefail
 BUILD=$1 LAYERS=${2:-2} STEPS=${3:-3}
 source "$(dirname "$0")/common.sh"
 qwen_model "$TMP/model" "$LAYERS"
 sft_ini "$TMP/run.ini" "$TMP/model" "$STEPS" 1
-printf '[peft]\nenabled = true\ntarget_modules = all-linear\nr = 16\nlora_alpha = 32\nquantization = nf4\n' >>"$TMP/run.ini"
+printf '[peft]\nenabled = true\ntarget_modules = all-linear\nr = 16\nlora_alpha = 32\n' >>"$TMP/run.ini"
+[ "${QUANT:-nf4}" = nf4 ] && printf 'quantization = nf4\n' >>"$TMP/run.ini"
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
 machine
 echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, tiny vocabulary, $params parameters ($((params * 4 / 1048576)) MiB fp32); QLoRA (nf4, all-linear, r 16); 2 ranks x 1 thread, $STEPS steps; load average $(load)"
