@@ -20,7 +20,7 @@ printf '[peft]\nenabled = true\ntarget_modules = all-linear\nr = 16\nlora_alpha 
 [ "${QUANT:-nf4}" = nf4 ] && printf 'quantization = nf4\n' >>"$TMP/run.ini"
 params=$("${C[@]}" model info "$TMP/model" | sed -n 's/^parameters *\([0-9]*\).*/\1/p')
 machine
-echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, tiny vocabulary, $params parameters ($((params * 4 / 1048576)) MiB fp32); QLoRA (nf4, all-linear, r 16); 2 ranks x 1 thread, $STEPS steps; load average $(load)"
+echo "model: Qwen2.5-0.5B-shaped, $LAYERS layers, tiny vocabulary, $params parameters ($((params * 4 / 1048576)) MiB fp32); $([ "${QUANT:-nf4}" = nf4 ] && echo "QLoRA (nf4," || echo "LoRA (fp32 base,") all-linear, r 16); 2 ranks x 1 thread, $STEPS steps; load average $(load)"
 echo "| QLoRA over 2 ranks | peak RSS per rank | VmRSS while training per rank | CPU s per step per rank | NF4 store per rank | final loss |"
 echo "|---|---|---|---|---|---|"
 rank_env
