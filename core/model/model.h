@@ -69,8 +69,20 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
 typedef ctrl_status (*ctrl_model_parts_fn)(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
                                  void *ctx, ctrl_model **out);
-/* The same with LoRA adapters (ctrl_model_load_lora; lora may be NULL): the adapters are made, not
- * read, whatever the ranges say. QLoRA (lora->nf4): each NF4 weight is read and quantized whole (its
+/* The model's LoRA config (NULL without adapters). */
+const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
+/* QLoRA ([peft] quantization = nf4): what the base holds in NF4 and what stays fp32, in words for the
+ * start-up log (buf: "" without an NF4 base). */
+void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap);
+/* ZeRO-3 over a QLoRA base (core/train/zero_nf4.c): the model's NF4 store in host memory -- layer l's
+ * projection t at [l * *per_layer + t]; an entry whose packed is NULL holds nothing (a fused module's
+ * later linears, an MoE layer's MLP) -- or NULL (no NF4 base, or one copied to a device). The caller
+ * may replace an entry's buffers (ctrl_nf4_free frees them; the model frees what an entry holds when it
+ * is freed): each rank keeps its slice and puts the whole weight back around a layer's use. A product
+ * with a weight whose entry holds nothing is an error naming the layer, never a read of freed memory. */
+struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer);
+/* ctrl_model_load_part with LoRA adapters (ctrl_model_load_lora; lora may be NULL): the adapters are made,
+ * not read, whatever the ranges say. QLoRA (lora->nf4): each NF4 weight is read and quantized whole (its
  * absmax offset is the mean over all of its blocks) and only its values [spans[2i], spans[2i + 1])
  * kept, i its store index (1 + i = the view's nf4), spans[] [2 x n_layers x 7] filled by `nf4_parts`
  * (the start on a super-block, CTRL_NF4_SUPER); the store then holds those pieces alone
@@ -85,18 +97,6 @@ ctrl_status ctrl_model_load_lora_part(const char *dir, const ctrl_attention_ops 
  * entry is whole. ctrl_model_nf4_parts_done: the entries are whole again or freed (the spans dropped). */
 const int64_t *ctrl_model_nf4_parts(const ctrl_model *m);
 void ctrl_model_nf4_parts_done(ctrl_model *m);
-/* The model's LoRA config (NULL without adapters). */
-const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
-/* QLoRA ([peft] quantization = nf4): what the base holds in NF4 and what stays fp32, in words for the
- * start-up log (buf: "" without an NF4 base). */
-void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap);
-/* ZeRO-3 over a QLoRA base (core/train/zero_nf4.c): the model's NF4 store in host memory -- layer l's
- * projection t at [l * *per_layer + t]; an entry whose packed is NULL holds nothing (a fused module's
- * later linears, an MoE layer's MLP) -- or NULL (no NF4 base, or one copied to a device). The caller
- * may replace an entry's buffers (ctrl_nf4_free frees them; the model frees what an entry holds when it
- * is freed): each rank keeps its slice and puts the whole weight back around a layer's use. A product
- * with a weight whose entry holds nothing is an error naming the layer, never a read of freed memory. */
-struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer);
 /* The first trainable float of the parameters (0 without LoRA): views at or past it train, and
  * ctrl_model_grads holds their gradients from there (grads[i] is that of params[offset + i]). */
 size_t ctrl_model_trainable_offset(const ctrl_model *m);

@@ -211,19 +211,6 @@ void train_zero_free(train_zero *z);
  * head read (the rest of them zero, untouched), the final norm whole; the same on every rank, no
  * broadcast needed. */
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
-/* The loader's callbacks for it (ctrl_model_load_part / ctrl_model_load_lora_part; ctx unused): the
- * ranges of parameters this rank keeps once train_zero_attach slices the model (with LoRA: its slices
- * of the frozen base's ranges too, the adapters' ranges made at load), and QLoRA's: this rank's values
- * of each NF4 weight, as train_zero_nf4_init cuts them (train_zero_nf4_spans; spans [2 x n_layers x 7],
- * by store index). On a CPU model (a device keeps the frozen embeddings whole: not these ranges). */
-ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
-ctrl_status train_zero_rank_nf4_parts(const ctrl_model *m, void *ctx, int64_t *spans);
-ctrl_status train_zero_nf4_spans(const ctrl_model *m, int rank, int size, int64_t *spans);
-/* Tests (CTRL_TEST_ZERO3_DIGEST): after train_zero_attach, the model gathered whole from the ranks'
- * slices (train_zero_gather_all; released again after) and hashed -- every parameter, QLoRA's NF4 store
- * -- logged by rank 0 with whether every rank's hash agrees (a collective): the same whether the model
- * was read sliced or whole, a slice not read or read wrong showing as a different hash. */
-ctrl_status train_zero_digest(train_zero *z, ctrl_model *m);
 /* Stage 3 on the CPU: the views of fewer than `threshold` elements inside the sliced ranges kept whole
  * on every rank ([memory] stage3_param_persistence_threshold; call after train_zero_init, before
  * train_zero_attach; 0, the default, none). */
@@ -294,6 +281,20 @@ void train_zero_nf4_free(train_zero *z);
 /* The NF4 bytes this rank holds now (its slices, the layers whole) and the layers gathered so far,
  * logged by rank 0 (the largest over the ranks; a collective). */
 ctrl_status train_zero_nf4_report(train_zero *z);
+/* ZeRO-3's sliced loading, the loader's callbacks (train_zero_load's; ctrl_model_load_part /
+ * ctrl_model_load_lora_part; ctx unused): the ranges of parameters this rank keeps once train_zero_attach
+ * slices the model (with LoRA: its slices of the frozen base's ranges too, the adapters' ranges made at
+ * load), and QLoRA's: this rank's values of each NF4 weight, as train_zero_nf4_init cuts them
+ * (train_zero_nf4_spans; spans [2 x n_layers x 7], by store index). On a CPU model (a device keeps the frozen
+ * embeddings whole: not these ranges). */
+ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
+ctrl_status train_zero_rank_nf4_parts(const ctrl_model *m, void *ctx, int64_t *spans);
+ctrl_status train_zero_nf4_spans(const ctrl_model *m, int rank, int size, int64_t *spans);
+/* Tests (CTRL_TEST_ZERO3_DIGEST): after train_zero_attach, the model gathered whole from the ranks'
+ * slices (train_zero_gather_all; released again after) and hashed -- every parameter, QLoRA's NF4 store
+ * -- logged by rank 0 with whether every rank's hash agrees (a collective): the same whether the model
+ * was read sliced or whole, a slice not read or read wrong showing as a different hash. */
+ctrl_status train_zero_digest(train_zero *z, ctrl_model *m);
 /* Stage 3's saves (the final one and checkpoint-N's model) streamed to rank 0 (zero_save.c): 1 when
  * it applies -- several ranks, a CPU model without LoRA, every layer sliced; else the save gathers
  * the whole model on every rank first (train_zero_gather_all). Then, on every rank:

@@ -24,6 +24,19 @@ static int cmp_unit(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The ranges this rank keeps (parts_of, below) of a model laid out as train_zero_init cuts it. */
+static ctrl_status parts_of(const train_zero *z, size_t all, size_t **ranges, int *n);
+static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
+    (void)ctx;
+    train_zero z;
+    ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0, 0);
+    size_t all = 0;
+    ctrl_model_params((ctrl_model *)m, &all);
+    if (st == CTRL_OK) st = parts_of(&z, all, ranges, n);
+    train_zero_free(&z);
+    return st;
+}
+
 /* The ranges of parameters this rank keeps after train_zero_attach: its slice of each layer's
  * unit and of the embeddings' and head's, every other unit whole, and anything outside the trainable floats
  * whole -- but for LoRA's frozen base (below z.first): this rank's slice of each frozen range zero.c
@@ -72,30 +85,23 @@ static ctrl_status parts_of(const train_zero *z, size_t all, size_t **ranges, in
     return CTRL_OK;
 }
 
-ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
-    (void)ctx;
-    train_zero z;
-    ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0, 0);
-    size_t all = 0;
-    ctrl_model_params((ctrl_model *)m, &all);
-    if (st == CTRL_OK) st = parts_of(&z, all, ranges, n);
-    train_zero_free(&z);
+ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
+    ctrl_status st = ctrl_model_load_part(dir, attn, rank_parts, NULL, out);
+    if (st == CTRL_OK)
+        CTRL_INFO("zero3: each rank read its slices of the layers' parameters from %s (and of the embeddings "
+                  "and the head; the final norm whole), not the whole model",
+                  dir);
     return st;
+}
+
+ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
+    return rank_parts(m, ctx, ranges, n);
 }
 
 /* QLoRA: this rank's values of each NF4 weight, as zero_nf4.c will cut the store. */
 ctrl_status train_zero_rank_nf4_parts(const ctrl_model *m, void *ctx, int64_t *spans) {
     (void)ctx;
     return train_zero_nf4_spans(m, ctrl_collective_rank(), ctrl_collective_size(), spans);
-}
-
-ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
-    ctrl_status st = ctrl_model_load_part(dir, attn, train_zero_rank_parts, NULL, out);
-    if (st == CTRL_OK)
-        CTRL_INFO("zero3: each rank read its slices of the layers' parameters from %s (and of the embeddings "
-                  "and the head; the final norm whole), not the whole model",
-                  dir);
-    return st;
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
