@@ -147,6 +147,9 @@ typedef struct train_kind_ops {
      * the run resumes there, after `step` optimizer steps. */
     ctrl_status (*save_state)(train_kind *k, const char *dir);
     ctrl_status (*load_state)(train_kind *k, const char *dir, long step);
+    /* (may be NULL) On every rank but 0, after its ZeRO optimizer state went to rank 0, while rank 0
+     * is in save_state: what that writes of this rank's (zero3's sliced value model: its slices). */
+    ctrl_status (*save_state_serve)(train_kind *k);
     /* ZeRO-3 (may be NULL): around an evaluation, on every rank (a collective), the kind's own sliced
      * models (the sequence kind's reference) gathered whole (on = 1) and released after (on = 0). */
     ctrl_status (*eval_whole)(train_kind *k, int on);

@@ -107,6 +107,7 @@ static ctrl_status online_evaluate(train_kind *k, long step, FILE *f) {
 static ctrl_status online_save_state(train_kind *k, const char *dir) {
     return ctrl_online_save_state(k->online, dir);
 }
+static ctrl_status online_save_serve(train_kind *k) { return ctrl_online_save_serve(k->online); }
 static ctrl_status online_load_state(train_kind *k, const char *dir, long step) {
     return ctrl_online_load_state(k->online, dir, step);
 }
@@ -129,4 +130,5 @@ const train_kind_ops train_kind_online = {
     .optimizer_step = online_optimizer_step,
     .save_state = online_save_state,
     .load_state = online_load_state,
+    .save_state_serve = online_save_serve,
 };

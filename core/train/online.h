@@ -87,6 +87,10 @@ ctrl_status ctrl_online_optimizer_step(ctrl_online *o, double lr, long step);
  * and RLOO beyond that warning. */
 ctrl_status ctrl_online_save_state(ctrl_online *o, const char *dir);
 ctrl_status ctrl_online_load_state(ctrl_online *o, const char *dir, long step);
+/* Under zero3 with the value model sliced: on every rank but 0, while rank 0 writes the checkpoint
+ * (after the policy's optimizer state went), what rank 0's ctrl_online_save_state writes of this
+ * rank's (online_value_serve); nothing otherwise. */
+ctrl_status ctrl_online_save_serve(ctrl_online *o);
 /* Adds a value to the window's metric `name` (logged as the window's mean). */
 void ctrl_online_report(ctrl_online *o, const char *name, double value);
 /* Data parallel: the metrics reported on every rank since the last call summed into each (call

@@ -83,6 +83,9 @@ ctrl_status online_value_step(ctrl_online *o, double lr, long step);
  * optimizer steps (the shuffle stream where it was). */
 ctrl_status online_value_save(ctrl_online *o, const char *dir);
 ctrl_status online_value_load(ctrl_online *o, const char *dir, long step);
+/* zero3 (the value model sliced): on each rank but 0 while rank 0 is in online_value_save, its slices
+ * of the weights and its optimizer state sent to rank 0; nothing otherwise. */
+ctrl_status online_value_serve(ctrl_online *o);
 void online_value_free(ctrl_online *o);
 
 /* The trainer plugins' metrics callback (ctx: the ctrl_online). */

@@ -510,6 +510,8 @@ ctrl_status ctrl_online_save_state(ctrl_online *o, const char *dir) {
     return o->value ? online_value_save(o, dir) : CTRL_OK;
 }
 
+ctrl_status ctrl_online_save_serve(ctrl_online *o) { return o->value ? online_value_serve(o) : CTRL_OK; }
+
 ctrl_status ctrl_online_load_state(ctrl_online *o, const char *dir, long step) {
     const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
     const long ga = s->train.gradient_accumulation_steps;

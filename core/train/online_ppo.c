@@ -31,6 +31,8 @@
 #include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/online_internal.h"
+#include "train/zero.h"
+#include "train/zero_ref.h"
 
 struct online_value {
     ctrl_model *model;
@@ -49,6 +51,12 @@ struct online_value {
     float *dv_at;
     int n_at;
     uint64_t shuffles;
+    /* zero3 on several ranks on the CPU: the value model sliced as the policy (its own train_zero:
+     * layers, embeddings gathered around each use, gradients reduce-scattered into this rank's
+     * slices' sums, the optimizer over its slices); NULL: whole on every rank */
+    train_zero *zero;
+    int reported;     /* the first step's memory line logged */
+    double last_norm; /* the last step's gradient norm */
 };
 
 static void rows_free(online_value *v) {
@@ -63,6 +71,8 @@ void online_value_free(ctrl_online *o) {
     if (!v) return;
     rows_free(v);
     if (v->opt) v->opt_ops->destroy(v->opt);
+    if (v->zero) train_zero_free(v->zero);
+    free(v->zero);
     ctrl_model_free(v->model);
     free(v->groups), free(v->at), free(v->dv_at);
     free(v);
@@ -78,6 +88,79 @@ static int offload_optimizer(const ctrl_run_plugins *p) {
             return 1;
     }
     return 0;
+}
+
+/* zero3 in [memory] strategies (the stage plugin's own answer, as train_setup.c asks it). */
+static int zero3_listed(const ctrl_config *cfg, const ctrl_run_plugins *p) {
+    for (int i = 0; i < p->n_memory; i++) {
+        const ctrl_memory_ops *ops = p->memory[i]->ops;
+        if (ops->size < offsetof(ctrl_memory_ops, zero_stage) + sizeof ops->zero_stage || !ops->zero_stage)
+            continue;
+        ctrl_memory *m = NULL;
+        if (ops->create(ctrl_host_table(), cfg, 0, &m) != CTRL_OK) return 0; /* (setup reported it) */
+        const int stage = ops->zero_stage(m);
+        ops->destroy(m);
+        return stage >= 3;
+    }
+    return 0;
+}
+
+/* zero3 on several ranks, the policy sliced (a CPU model without LoRA: train_setup.c's `sliced`): the
+ * value model sliced as the policy, as DeepSpeed partitions TRL's PolicyAndValueWrapper whole.
+ * CTRL_TEST_ZERO3_WHOLE_VALUE keeps it whole (benchmarks compare). A CUDA model's stays whole. */
+static int value_sliced(const ctrl_online *o, const ctrl_run_plugins *p) {
+    return ctrl_collective_size() > 1 && ctrl_model_device(o->model).type == CTRL_DEVICE_CPU &&
+           !ctrl_model_lora(o->model) && !getenv("CTRL_TEST_ZERO3_WHOLE_VALUE") && zero3_listed(o->cfg, p);
+}
+
+/* Its optimizer over this rank's slices (train_zero_shard_groups: the gradients are the slices'
+ * sums), its layers hooked (gathered around each forward and backward, the gradients reduce-scattered
+ * bucket by bucket) and the other ranks' slices released; the bucket sizes the policy's. */
+static ctrl_status value_zero3(ctrl_online *o, online_value *v) {
+    const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
+    const double hidden = (double)ctrl_model_cfg(v->model)->hidden_size;
+    const size_t bucket = s->memory.reduce_bucket_size >= 0
+                              ? (size_t)s->memory.reduce_bucket_size
+                              : (size_t)(hidden * hidden > 1 ? hidden * hidden : 1);
+    const size_t prefetch = s->memory.prefetch_bucket_size >= 0 ? (size_t)s->memory.prefetch_bucket_size
+                                                                : (size_t)(0.9 * hidden * hidden);
+    if (!(v->zero = calloc(1, sizeof *v->zero)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
+    ctrl_status st = train_zero_init(v->zero, 3, v->model, bucket, prefetch, s->memory.overlap_comm, 0);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "the value model under zero3");
+    /* [memory] stage3_param_persistence_threshold as the policy's (train_setup.c; auto: 10 x hidden) */
+    const long t = s->memory.param_persistence_threshold;
+    if (t != 0) train_zero_set_persistence(v->zero, t < 0 ? (size_t)(10 * hidden) : (size_t)t);
+    v->n_groups =
+        train_param_groups(v->model, ctrl_model_params(v->model, NULL), ctrl_model_grads(v->model, NULL),
+                           (float)s->train.weight_decay, v->groups);
+    v->n_groups = train_zero_shard_groups(v->zero, v->model, v->groups, v->n_groups);
+    st = v->opt_ops->create(ctrl_host_table(), o->cfg, v->groups, v->n_groups,
+                            (ctrl_device){CTRL_DEVICE_CPU, 0}, &v->opt);
+    if (st == CTRL_OK) st = train_zero_attach(v->zero, v->model);
+    if (st == CTRL_OK) st = train_zero_frozen_describe(v->zero, "the value model", "as the policy");
+    return st;
+}
+
+/* After the value model's first step under zero3 (a collective, once): its parameters', gradients'
+ * and optimizer state's bytes per rank, the largest over the ranks, against the whole model's. */
+static ctrl_status value_report(online_value *v) {
+    train_zero *z = v->zero;
+    v->reported = 1;
+    size_t n = 0, ng = 0;
+    const float *p = ctrl_model_params(v->model, &n), *g = ctrl_model_grads(v->model, &ng);
+    const double state = (double)train_zero_state_bytes(v->opt_ops, v->opt);
+    double mx[3] = {(double)train_zero_resident(p, n * sizeof *p),
+                    (double)(train_zero_resident(g, ng * sizeof *g) + z->acc_n * sizeof(float)), state};
+    double sum = state;
+    ctrl_status st = ctrl_collective_allreduce_max_f64(mx, 3);
+    if (st == CTRL_OK) st = ctrl_collective_allreduce_sum_f64(&sum, 1);
+    if (st == CTRL_OK && ctrl_collective_is_root())
+        CTRL_INFO("zero3: the value model per rank after its first step: parameters %.0f of its %zu bytes "
+                  "resident, gradients %.0f bytes (its slices' sums and the buffer; whole %zu), optimizer "
+                  "state %.0f bytes (%.0f over the %d ranks)",
+                  mx[0], n * sizeof *p, mx[1], ng * sizeof *g, mx[2], sum, z->size);
+    return st;
 }
 
 ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins) {
@@ -103,7 +186,11 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
      * one that cannot step there (CTRL_ERR_UNSUPPORTED), or [memory] offload_optimizer, steps the host
      * copies */
     const char *where = dev.type == CTRL_DEVICE_CPU ? "the CPU" : "the host";
-    if (st == CTRL_OK && dev.type != CTRL_DEVICE_CPU && !offload_optimizer(plugins)) {
+    if (st == CTRL_OK && value_sliced(o, plugins)) {
+        st = value_zero3(o, v);
+        where = "the CPU, over its slices (zero3)";
+    }
+    if (st == CTRL_OK && !v->zero && dev.type != CTRL_DEVICE_CPU && !offload_optimizer(plugins)) {
         v->n_groups = train_param_groups(v->model, ctrl_model_device_params(v->model),
                                          ctrl_model_device_grads(v->model, NULL),
                                          (float)s->train.weight_decay, v->groups);
@@ -111,7 +198,7 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
         if (st == CTRL_OK) v->opt_on_device = 1, where = "the device";
         if (st == CTRL_ERR_UNSUPPORTED) st = CTRL_OK;
     }
-    if (st == CTRL_OK && !v->opt) {
+    if (st == CTRL_OK && !v->opt && !v->zero) {
         v->n_groups =
             train_param_groups(v->model, ctrl_model_params(v->model, NULL), ctrl_model_grads(v->model, NULL),
                                (float)s->train.weight_decay, v->groups);
@@ -299,12 +386,38 @@ void online_value_shuffle(ctrl_online *o) {
     }
 }
 
-ctrl_status online_value_zero_grad(ctrl_online *o) { return ctrl_model_zero_grad(o->value->model); }
+ctrl_status online_value_zero_grad(ctrl_online *o) {
+    online_value *v = o->value; /* zero3: this rank's slices' sums (the buffer is zeroed as reduced) */
+    return v->zero ? train_zero_zero_grad(v->zero, v->model) : ctrl_model_zero_grad(v->model);
+}
+
+/* zero3: the gradients reduce-scattered in the backward, this rank's slices' sums averaged; their
+ * global norm the slices' sums of squares added over the ranks, clipped, the slices stepped, the
+ * units kept whole (the final norm, the score head) all-gathered after (train_step.c's way). */
+static ctrl_status value_step_zero3(online_value *v, double lr, long step) {
+    train_zero *z = v->zero;
+    double sum_sq = 0;
+    ctrl_status st = train_zero_reduce_grads(z, v->model, &sum_sq);
+    if (st == CTRL_OK && v->max_grad_norm > 0) {
+        const double coef = v->max_grad_norm / (sqrt(sum_sq) + 1e-6);
+        if (coef < 1) st = train_zero_scale_grads(z, v->model, (float)coef);
+    }
+    if (st == CTRL_OK) st = v->opt_ops->step(v->opt, v->groups, v->n_groups, lr, step);
+    if (st == CTRL_OK) st = train_zero_gather_params(z, v->model);
+    if (st == CTRL_OK && !v->reported) st = value_report(v);
+    v->reported = 1, v->last_norm = sqrt(sum_sq);
+    return st;
+}
 
 ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
     online_value *v = o->value;
     double sum_sq = 0;
     ctrl_status st = CTRL_OK;
+    if (v->zero) {
+        st = value_step_zero3(v, lr, step);
+        if (st == CTRL_OK) ctrl_online_report(o, "value_model/grad_norm", v->last_norm);
+        return st;
+    }
     if (ctrl_collective_size() >
         1) { /* the ranks' gradients averaged, as the policy's (train_dp_average_grads) */
         size_t n = 0;
@@ -337,13 +450,55 @@ ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
 #define VALUE_WEIGHTS "value_model.safetensors"
 #define VALUE_OPTIMIZER "value_optimizer.safetensors"
 
+#define VALUE_OPTIMIZER_RANK "value_optimizer.rank-%d.safetensors"
+
+/* zero3: the sliced units' ranges of rank r (its slices of the layers and the embeddings), in the
+ * order both sides walk them; fn(ctx, at, floats) for each non-empty one. */
+static ctrl_status value_slices(online_value *v, int r, ctrl_status (*fn)(float *, size_t, int), int peer) {
+    train_zero *z = v->zero;
+    float *p = ctrl_model_params(v->model, NULL) + z->first;
+    ctrl_status st = CTRL_OK;
+    for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
+        if (z->units[u].layer == -1) continue; /* whole on every rank */
+        size_t lo, hi;
+        train_zero_slice(z, u, r, &lo, &hi);
+        if (hi > lo) st = fn(p + lo, (hi - lo) * sizeof(float), peer);
+    }
+    return st;
+}
+static ctrl_status send_to(float *at, size_t bytes, int peer) {
+    return ctrl_collective_send(at, bytes, peer);
+}
+static ctrl_status recv_from(float *at, size_t bytes, int peer) {
+    return ctrl_collective_recv(at, bytes, peer);
+}
+
+ctrl_status online_value_serve(ctrl_online *o) {
+    online_value *v = o->value;
+    if (!v || !v->zero || v->zero->rank == 0) return CTRL_OK;
+    /* its slices of the weights, then its optimizer state: in the order rank 0 receives them */
+    ctrl_status st = value_slices(v, v->zero->rank, send_to, 0);
+    return st == CTRL_OK ? train_zero_send_state(v->zero, v->opt_ops, v->opt) : st;
+}
+
 ctrl_status online_value_save(ctrl_online *o, const char *dir) {
     online_value *v = o->value;
+    train_zero *z = v->zero;
     char path[4400];
     snprintf(path, sizeof path, "%s/" VALUE_WEIGHTS, dir);
-    ctrl_status st = ctrl_model_save_weights(v->model, path, CTRL_F32); /* from the device first */
+    /* zero3: the others' slices into rank 0's model for the write (online_value_serve sends them), the
+     * pages released again after; its optimizer state one file per rank, as the policy's */
+    ctrl_status st = CTRL_OK;
+    for (int r = 1; z && r < z->size && st == CTRL_OK; r++) st = value_slices(v, r, recv_from, r);
+    if (st == CTRL_OK) st = ctrl_model_save_weights(v->model, path, CTRL_F32); /* from the device first */
+    if (z) train_zero_release_all(z);
+    for (int r = 0; z && r < z->size && st == CTRL_OK; r++) {
+        snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER_RANK, dir, r);
+        st = r == 0 ? ctrl_checkpoint_save_optimizer(path, v->opt_ops, v->opt)
+                    : train_zero_write_shard(z, r, path);
+    }
     snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER, dir);
-    if (st == CTRL_OK) st = ctrl_checkpoint_save_optimizer(path, v->opt_ops, v->opt);
+    if (st == CTRL_OK && !z) st = ctrl_checkpoint_save_optimizer(path, v->opt_ops, v->opt);
     return st;
 }
 
@@ -368,8 +523,12 @@ ctrl_status online_value_load(ctrl_online *o, const char *dir, long step) {
         st = ctrl_safetensors_read_f32(sf, pv->name, params + pv->offset, (int64_t)pv->numel);
     }
     ctrl_safetensors_close(sf);
-    ctrl_model_weights_changed(v->model); /* onto the device before the next forward */
-    snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER, dir);
+    if (v->zero) train_zero_release_all(v->zero); /* zero3: read whole, the others' slices let go */
+    ctrl_model_weights_changed(v->model);         /* onto the device before the next forward */
+    if (v->zero) /* zero3: this rank's own optimizer state (the same ranks as the checkpoint's) */
+        snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER_RANK, dir, v->zero->rank);
+    else
+        snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER, dir);
     if (st == CTRL_OK) st = ctrl_checkpoint_load_optimizer(path, v->opt_ops, v->opt);
     if (st != CTRL_OK)
         return ctrl_error_wrap(

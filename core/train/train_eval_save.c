@@ -47,6 +47,8 @@ ctrl_status train_run_save_checkpoint(run_state *r, const char *out_dir, const c
         st = train_zero_save_serve(&r->zero);
     if (st == CTRL_OK && !r->root && r->zero.stage) /* ZeRO: its slice of the state to rank 0 */
         st = train_zero_send_state(&r->zero, r->opt_ops, r->opt);
+    if (st == CTRL_OK && !r->root && r->kind_ops->save_state_serve) /* zero3's sliced value model */
+        st = r->kind_ops->save_state_serve(r->kind);
     const ctrl_checkpoint_shards shards = {r->zero.size, train_zero_write_shard, &r->zero,
                                            streamed ? train_zero_save_model_written : NULL};
     const ctrl_checkpoint_extra extra = {kind_save_state, r}; /* a value model */

@@ -15,6 +15,11 @@
 #      reference sliced as the policy, each rank running the same reference forwards (its micro-batches
 #      of the generation batch) -- loss, kl, grad_norm and reward within 1e-5 of data parallel (whose
 #      reference is whole); its resident bytes about half of it between uses, more during them.
+#   2c. PPO (6 steps, 2 PPO epochs): the value model sliced as the policy (its own train_zero: layers
+#      gathered around each forward and backward, gradients reduce-scattered, optimizer over its
+#      slices) -- loss, grad_norm, value_model/grad_norm, loss/value_avg within 1e-5 of data parallel
+#      (value model whole); its parameters, gradients and optimizer state per rank about half of the
+#      whole (the log line); a zero3 run resumed from checkpoint-4 repeats the curve.
 #   3. Server mode (the weights pushed to `ctrl serve`): each push streamed to rank 0 a layer at a
 #      time as its file is written (the log says so; over a QLoRA base each layer's NF4 weights gathered
 #      with it), rank 0 pushes, the others wait. GRPO and GKD (lmbda 1) against data
@@ -164,6 +169,37 @@ echo "$line $peak" | awk '{ n = split($0, w, " "); k = 0; for (i = 1; i <= n; i+
   bad "grpo beta zero3: the reference's resident bytes: '$line' '$peak'"
 ! grep -q "the reference model sliced" "$TMP/gb-dp.log" && ok || bad "grpo beta: data parallel's reference sliced"
 pooled "$TMP/gb-z3.log" "grpo beta zero3"
+
+# 2c. PPO (6 steps of 2 completions a rank x 2 micro-batches, 2 PPO epochs): the value model sliced as
+#    the policy (core/train/online_ppo.c: its layers gathered around each forward and backward, its
+#    gradients reduce-scattered, its optimizer over its slices) -- loss, grad_norm, value_model/grad_norm
+#    and loss/value_avg within 1e-5 of data parallel (whose value model is whole); its parameters,
+#    gradients and optimizer state per rank about half of the whole; a zero3 run resumed from
+#    checkpoint-4 (a generation batch's end: the value model's slices gathered to rank 0, its
+#    optimizer state one file per rank) repeats the curve.
+INI_TRAIN="dtype = fp32" INI_BATCH=2 INI_TARGET=6 INI_SAVE=$'save_strategy = steps\nsave_steps = 2' \
+  online_ini ppo pp 6 "[ppo]" "response_length = 8" "num_ppo_epochs = 2" | sed '/^eval_file = /d' >"$TMP/pp.ini"
+two pp "$TMP/pp.ini"
+for key in loss grad_norm value_model/grad_norm; do curve_close "$TMP/pp-dp" "$TMP/pp-z3" "$key" 1e-5 1e-7; done
+CURVE_MIN=3 curve_close "$TMP/pp-dp" "$TMP/pp-z3" loss/value_avg 1e-5 1e-7
+line=$(grep -o "zero3: the value model sliced as the policy: parameters resident at most [0-9]* of its [0-9]* bytes" "$TMP/pp-z3.log")
+mem=$(grep -o "zero3: the value model per rank after its first step: parameters [0-9]* of its [0-9]* bytes resident, gradients [0-9]* bytes (its slices' sums and the buffer; whole [0-9]*), optimizer state [0-9]* bytes ([0-9]* over the 2 ranks)" "$TMP/pp-z3.log")
+echo "ppo zero3: $line; $mem"
+# half of the whole plus the units kept whole (the final norm, the score head) and the slices' edge pages
+echo "$mem" | awk '{ n = split($0, w, " "); k = 0; for (i = 1; i <= n; i++) { x = w[i]; gsub(/[(),]/, "", x); if (x ~ /^[0-9]+$/) v[++k] = x }
+  m = v[2] / 2 + 4 * 2 * 4096
+  exit !(k == 7 && v[1] <= m && v[3] <= m && v[4] == v[2] && v[5] > 0 && 2 * v[5] <= 1.01 * v[6]) }' && ok ||
+  bad "ppo zero3: the value model's bytes per rank: '$mem'"
+[ -n "$line" ] && ! grep -q "value model sliced" "$TMP/pp-dp.log" && ok || bad "ppo: the value model not sliced under zero3, or sliced under data parallel"
+[ -s "$TMP/pp-z3/checkpoint-4/value_optimizer.rank-1.safetensors" ] && [ -s "$TMP/pp-z3/checkpoint-4/value_model.safetensors" ] &&
+  ok || bad "ppo zero3: checkpoint-4 holds no value model or no sharded value optimizer state"
+mkdir -p "$TMP/pp-res" && cp -r "$TMP/pp-z3/checkpoint-4" "$TMP/pp-res/"
+grep -E '"step": [0-4],' "$TMP/pp-z3/metrics.jsonl" >"$TMP/pp-res/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/pp.ini" --set run.output_dir="$TMP/pp-res" --set memory.strategies=zero3 \
+  --set train.resume_from_checkpoint=last >"$TMP/pp-res.log" 2>&1 && ok || { bad "ppo zero3 resume"; tail -5 "$TMP/pp-res.log"; }
+# (the values; without the wall-clock ones, nor the metrics a window lacks: logged null once seen before)
+values() { sed -E 's/"(step_time|tokens_per_second|timing\/[a-z_]+)": [-0-9.e]+,? ?//g; s/"[^"]*": null,? ?//g' "$1/metrics.jsonl" | grep -v runtime; }
+diff <(values "$TMP/pp-z3") <(values "$TMP/pp-res") >"$TMP/diff" && ok || { bad "ppo zero3 resumed curve differs"; head -4 "$TMP/diff"; }
 
 # 3. Server mode: two servers of the initial model, one for data parallel (port A), one for zero3 (B).
 PA=$(free_port)
