@@ -16,7 +16,19 @@
  * policy's model is there and the plugin can step there (as the loop decides for the policy:
  * [memory] offload_optimizer keeps it on the host), its gradient norm and clipping on the model's
  * backend. The value model is not saved with the policy (TRL saves only the policy); checkpoints
- * hold it (online_value_save / online_value_load). */
+ * hold it (online_value_save / online_value_load).
+ *
+ * Under zero3 on several ranks on the CPU (the policy sliced: no LoRA) it is partitioned as the
+ * policy, as DeepSpeed partitions TRL's PolicyAndValueWrapper: its own train_zero (zero.h) cut as a
+ * policy of its shape, its layers and embeddings sliced over the ranks and gathered around each
+ * forward and backward (the model's layer hooks), its gradients reduce-scattered during the backward
+ * into this rank's slices' sums, its optimizer over its slices, the final norm and the score head
+ * whole (all-gathered after each step). Its forwards are collectives: the rollout's score the whole
+ * gathered generation batch on every rank, the micro-batches' follow the policy's, one each. A
+ * checkpoint's rank 0 receives the other ranks' slices into its copy (online_value_serve, sent after
+ * their ZeRO optimizer state), writes the weights whole and releases the pages again, and its
+ * optimizer state goes one file per rank; a resume reads the weights (keeping its slices) and its
+ * own rank's state. It is read whole at start-up before the others' slices are released. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
