@@ -69,6 +69,11 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
 typedef ctrl_status (*ctrl_model_parts_fn)(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
                                  void *ctx, ctrl_model **out);
+/* The same laid out as `cfg` says, `optional` (a view's name, or NULL) left zero when DIR lacks it,
+ * as ctrl_model_load_as. */
+ctrl_status ctrl_model_load_part_as(const char *dir, const ctrl_model_config *cfg,
+                                    const ctrl_attention_ops *attn, const char *optional,
+                                    ctrl_model_parts_fn parts, void *ctx, ctrl_model **out);
 /* The model's LoRA config (NULL without adapters). */
 const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 /* QLoRA ([peft] quantization = nf4): what the base holds in NF4 and what stays fp32, in words for the
@@ -408,6 +413,11 @@ ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops
  * one's. */
 ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                             uint64_t seed, const struct ctrl_lora_config *lora,
+                                            ctrl_model **out);
+/* The same without adapters reading only the ranges `parts` gives (ctrl_model_load_part: ZeRO-3's
+ * slices; a fresh score head is initialised whole, as ctrl_model_load_classifier's). */
+ctrl_status ctrl_model_load_classifier_part(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                            uint64_t seed, ctrl_model_parts_fn parts, void *ctx,
                                             ctrl_model **out);
 /* The token of a sequence its score is read at: the last one that is not pad_token_id (the
  * rightmost non-pad token; 0 when all are pad), or the last one when the config has no pad token --

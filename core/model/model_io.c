@@ -226,6 +226,13 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
     return load_into(dir, cfg, attn, optional, lora, NULL, out);
 }
 
+ctrl_status ctrl_model_load_part_as(const char *dir, const ctrl_model_config *cfg,
+                                    const ctrl_attention_ops *attn, const char *optional,
+                                    ctrl_model_parts_fn parts, void *ctx, ctrl_model **out) {
+    const load_parts p = {parts, ctx};
+    return load_into(dir, cfg, attn, optional, NULL, &p, out);
+}
+
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
                                  void *ctx, ctrl_model **out) {
     return ctrl_model_load_lora_part(dir, attn, NULL, parts, NULL, ctx, out);

@@ -112,8 +112,24 @@ ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops
     return ctrl_model_load_classifier_lora(dir, attn, num_labels, seed, NULL, out);
 }
 
+static ctrl_status load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                   uint64_t seed, const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
+                                   void *ctx, ctrl_model **out);
+
 ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                             uint64_t seed, const ctrl_lora_config *lora, ctrl_model **out) {
+    return load_classifier(dir, attn, num_labels, seed, lora, NULL, NULL, out);
+}
+
+ctrl_status ctrl_model_load_classifier_part(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                            uint64_t seed, ctrl_model_parts_fn parts, void *ctx,
+                                            ctrl_model **out) {
+    return load_classifier(dir, attn, num_labels, seed, NULL, parts, ctx, out);
+}
+
+static ctrl_status load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                   uint64_t seed, const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
+                                   void *ctx, ctrl_model **out) {
     *out = NULL;
     ctrl_model_config cfg;
     MODEL_TRY(ctrl_model_config_load(dir, &cfg));
@@ -126,7 +142,10 @@ ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attentio
     const int fresh = cfg.num_labels == 0;
     cfg.num_labels = num_labels;
     ctrl_model *m;
-    MODEL_TRY(ctrl_model_load_as_lora(dir, &cfg, attn, fresh ? "score.weight" : NULL, lora, &m));
+    if (parts)
+        MODEL_TRY(ctrl_model_load_part_as(dir, &cfg, attn, fresh ? "score.weight" : NULL, parts, ctx, &m));
+    else
+        MODEL_TRY(ctrl_model_load_as_lora(dir, &cfg, attn, fresh ? "score.weight" : NULL, lora, &m));
     if (fresh)
         for (int i = 0; i < ctrl_model_view_count(m); i++)
             if (!strcmp(ctrl_model_view(m, i)->name, "score.weight"))

@@ -28,7 +28,7 @@
  * checkpoint's rank 0 receives the other ranks' slices into its copy (online_value_serve, sent after
  * their ZeRO optimizer state), writes the weights whole and releases the pages again, and its
  * optimizer state goes one file per rank; a resume reads the weights (keeping its slices) and its
- * own rank's state. It is read whole at start-up before the others' slices are released. */
+ * own rank's state. Each rank reads only its slices at start-up (train_zero_load_classifier). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -182,7 +182,15 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
     o->value = v;
     const char *dir = o->spec.value_model_path; /* the trainer's option, read by its create() */
     if (!dir || !dir[0]) dir = s->model.path;
-    ctrl_status st = ctrl_model_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model);
+    /* zero3: this rank's slices read (train_zero_load's cut; the score head and the final norm whole) */
+    const int sliced = value_sliced(o, plugins);
+    ctrl_status st =
+        sliced ? train_zero_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model)
+               : ctrl_model_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model);
+    if (st == CTRL_OK && sliced)
+        CTRL_INFO("zero3: each rank read its slices of the value model's layers and embeddings from %s (the "
+                  "final norm and the score head whole), not the whole model",
+                  dir);
     if (st != CTRL_OK)
         return ctrl_error_wrap(st, "[%s] value_model = %s: cannot load it as a value model", s->run.trainer,
                                dir);
@@ -198,7 +206,7 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
      * one that cannot step there (CTRL_ERR_UNSUPPORTED), or [memory] offload_optimizer, steps the host
      * copies */
     const char *where = dev.type == CTRL_DEVICE_CPU ? "the CPU" : "the host";
-    if (st == CTRL_OK && value_sliced(o, plugins)) {
+    if (st == CTRL_OK && sliced) {
         st = value_zero3(o, v);
         where = "the CPU, over its slices (zero3)";
     }

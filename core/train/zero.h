@@ -211,6 +211,11 @@ void train_zero_free(train_zero *z);
  * head read (the rest of them zero, untouched), the final norm whole; the same on every rank, no
  * broadcast needed. */
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
+/* The same for a sequence classifier of num_labels (ctrl_model_load_classifier: a causal LM's trunk
+ * under a fresh score head seeded by `seed`, kept whole on every rank; PPO's value model): this
+ * rank's slices read, the rest whole. */
+ctrl_status train_zero_load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                       uint64_t seed, ctrl_model **out);
 /* Stage 3 on the CPU: the views of fewer than `threshold` elements inside the sliced ranges kept whole
  * on every rank ([memory] stage3_param_persistence_threshold; call after train_zero_init, before
  * train_zero_attach; 0, the default, none). */

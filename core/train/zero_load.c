@@ -85,6 +85,11 @@ static ctrl_status parts_of(const train_zero *z, size_t all, size_t **ranges, in
     return CTRL_OK;
 }
 
+ctrl_status train_zero_load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
+                                       uint64_t seed, ctrl_model **out) {
+    return ctrl_model_load_classifier_part(dir, attn, num_labels, seed, rank_parts, NULL, out);
+}
+
 ctrl_status train_zero_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
     ctrl_status st = ctrl_model_load_part(dir, attn, rank_parts, NULL, out);
     if (st == CTRL_OK)

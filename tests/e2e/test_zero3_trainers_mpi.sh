@@ -15,7 +15,7 @@
 #      reference sliced as the policy, each rank running the same reference forwards (its micro-batches
 #      of the generation batch) -- loss, kl, grad_norm and reward within 1e-5 of data parallel (whose
 #      reference is whole); its resident bytes about half of it between uses, more during them.
-#   2c. PPO (6 steps, 2 PPO epochs): the value model sliced as the policy (its own train_zero: layers
+#   2c. PPO (6 steps, 2 PPO epochs): the value model read and kept sliced as the policy (its own train_zero: layers
 #      gathered around each forward and backward, gradients reduce-scattered, optimizer over its
 #      slices) -- loss, grad_norm, value_model/grad_norm, loss/value_avg within 1e-5 of data parallel
 #      (value model whole); its parameters, gradients and optimizer state per rank about half of the
@@ -171,7 +171,7 @@ echo "$line $peak" | awk '{ n = split($0, w, " "); k = 0; for (i = 1; i <= n; i+
 pooled "$TMP/gb-z3.log" "grpo beta zero3"
 
 # 2c. PPO (6 steps of 2 completions a rank x 2 micro-batches, 2 PPO epochs): the value model sliced as
-#    the policy (core/train/online_ppo.c: its layers gathered around each forward and backward, its
+#    the policy (core/train/online_ppo.c: each rank reads its slices; its layers gathered around each forward and backward, its
 #    gradients reduce-scattered, its optimizer over its slices) -- loss, grad_norm, value_model/grad_norm
 #    and loss/value_avg within 1e-5 of data parallel (whose value model is whole); its parameters,
 #    gradients and optimizer state per rank about half of the whole; a zero3 run resumed from
@@ -190,7 +190,8 @@ echo "$mem" | awk '{ n = split($0, w, " "); k = 0; for (i = 1; i <= n; i++) { x 
   m = v[2] / 2 + 4 * 2 * 4096
   exit !(k == 7 && v[1] <= m && v[3] <= m && v[4] == v[2] && v[5] > 0 && 2 * v[5] <= 1.01 * v[6]) }' && ok ||
   bad "ppo zero3: the value model's bytes per rank: '$mem'"
-[ -n "$line" ] && ! grep -q "value model sliced" "$TMP/pp-dp.log" && ok || bad "ppo: the value model not sliced under zero3, or sliced under data parallel"
+[ -n "$line" ] && grep -q "each rank read its slices of the value model's layers" "$TMP/pp-z3.log" &&
+  ! grep -q "value model sliced" "$TMP/pp-dp.log" && ok || bad "ppo: the value model not read and kept sliced under zero3, or sliced under data parallel"
 [ -s "$TMP/pp-z3/checkpoint-4/value_optimizer.rank-1.safetensors" ] && [ -s "$TMP/pp-z3/checkpoint-4/value_model.safetensors" ] &&
   ok || bad "ppo zero3: checkpoint-4 holds no value model or no sharded value optimizer state"
 mkdir -p "$TMP/pp-res" && cp -r "$TMP/pp-z3/checkpoint-4" "$TMP/pp-res/"
