@@ -473,7 +473,7 @@ ctrl_status online_value_step(ctrl_online *o, double lr, long step) {
 #define VALUE_OPTIMIZER_RANK "value_optimizer.rank-%d.safetensors"
 
 /* zero3: the sliced units' ranges of rank r (its slices of the layers and the embeddings), in the
- * order both sides walk them; fn(ctx, at, floats) for each non-empty one. */
+ * order both sides walk them: fn(where, bytes, peer) for each non-empty one. */
 static ctrl_status value_slices(online_value *v, int r, ctrl_status (*fn)(float *, size_t, int), int peer) {
     train_zero *z = v->zero;
     float *p = ctrl_model_params(v->model, NULL) + z->first;
