@@ -147,6 +147,14 @@ online_ini() {
   local trainer=$1 out=$2 steps=$3 train=train_prompts eval=eval_prompts
   shift 3
   [ "${INI_DATA:-prompts}" = rows ] && train=train eval=eval
+  # the evaluations: the first INI_EVAL_ROWS rows of the eval set (16; 0: all 250 -- 1,000 completions
+  # an evaluation, ~25 s under the CUDA emulator, and no test reads more than their presence or a
+  # comparison between two runs)
+  local rows=${INI_EVAL_ROWS:-16}
+  if [ "$rows" != 0 ]; then
+    [ -f "$TMP/data/$eval$rows.jsonl" ] || head -"$rows" "$TMP/data/$eval.jsonl" >"$TMP/data/$eval$rows.jsonl"
+    eval=$eval$rows
+  fi
   printf '[run]\ntrainer = %s\noutput_dir = %s\nseed = 3\ndevice = cpu\n[model]\npath = %s\n' "$trainer" "$TMP/$out" "$TMP/model"
   ini_lines "${INI_MODEL:-}"
   printf '[data]\ntrain_file = %s\neval_file = %s\n' "$TMP/data/$train.jsonl" "$TMP/data/$eval.jsonl"

@@ -90,10 +90,8 @@ rc=$?
 #    prompts, rewards gathered, advantages over whole groups: the same completions, rewards and
 #    curve as one process with 8 (the loss within 1e-5 or 1e-7 absolute: it is ~1e-9 at times),
 #    and the same evaluations.
-head -40 "$TMP/data/eval_prompts.jsonl" >"$TMP/data/eval40_prompts.jsonl"
-INI_BATCH=8 INI_TRAIN="dtype = fp32" INI_SAVE=$'save_steps = 3\neval_steps = 3' INI_GEN="log_completions = true" \
-  online_ini grpo g1 6 "[grpo]" "num_generations = 4" "max_completion_length = 12" |
-  sed "s|/eval_prompts.jsonl|/eval40_prompts.jsonl|" >"$TMP/grpo.ini"
+INI_EVAL_ROWS=40 INI_BATCH=8 INI_TRAIN="dtype = fp32" INI_SAVE=$'save_steps = 3\neval_steps = 3' INI_GEN="log_completions = true" \
+  online_ini grpo g1 6 "[grpo]" "num_generations = 4" "max_completion_length = 12" >"$TMP/grpo.ini"
 sed -e 's/trainer = grpo/trainer = rloo/' -e 's/^\[grpo\]/[rloo]\nbeta = 0.05/' -e "s|$TMP/g1|$TMP/r1|" "$TMP/grpo.ini" >"$TMP/rloo.ini"
 printf '[reward.acc]\nplugin = accuracy\nweight = 2\n' >>"$TMP/rloo.ini"
 for t in grpo rloo; do
