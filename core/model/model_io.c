@@ -229,7 +229,7 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
 ctrl_status ctrl_model_load_part_as(const char *dir, const ctrl_model_config *cfg,
                                     const ctrl_attention_ops *attn, const char *optional,
                                     ctrl_model_parts_fn parts, void *ctx, ctrl_model **out) {
-    const load_parts p = {parts, ctx};
+    const load_parts p = {parts, NULL, ctx};
     return load_into(dir, cfg, attn, optional, NULL, &p, out);
 }
 
