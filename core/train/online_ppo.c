@@ -102,27 +102,12 @@ static int offload_optimizer(const ctrl_run_plugins *p) {
     return 0;
 }
 
-/* zero3 in [memory] strategies (the stage plugin's own answer, as train_setup.c asks it). */
-static int zero3_listed(const ctrl_config *cfg, const ctrl_run_plugins *p) {
-    for (int i = 0; i < p->n_memory; i++) {
-        const ctrl_memory_ops *ops = p->memory[i]->ops;
-        if (ops->size < offsetof(ctrl_memory_ops, zero_stage) + sizeof ops->zero_stage || !ops->zero_stage)
-            continue;
-        ctrl_memory *m = NULL;
-        if (ops->create(ctrl_host_table(), cfg, 0, &m) != CTRL_OK) return 0; /* (setup reported it) */
-        const int stage = ops->zero_stage(m);
-        ops->destroy(m);
-        return stage >= 3;
-    }
-    return 0;
-}
-
 /* zero3 on several ranks, the policy sliced (a CPU model without LoRA: train_setup.c's `sliced`): the
  * value model sliced as the policy, as DeepSpeed partitions TRL's PolicyAndValueWrapper whole.
  * CTRL_TEST_ZERO3_WHOLE_VALUE keeps it whole (benchmarks compare). A CUDA model's stays whole. */
-static int value_sliced(const ctrl_online *o, const ctrl_run_plugins *p) {
-    return ctrl_collective_size() > 1 && ctrl_model_device(o->model).type == CTRL_DEVICE_CPU &&
-           !ctrl_model_lora(o->model) && !getenv("CTRL_TEST_ZERO3_WHOLE_VALUE") && zero3_listed(o->cfg, p);
+static int value_sliced(const ctrl_online *o) {
+    return o->zero3_sliced && ctrl_model_device(o->model).type == CTRL_DEVICE_CPU &&
+           !getenv("CTRL_TEST_ZERO3_WHOLE_VALUE");
 }
 
 /* Its optimizer over this rank's slices (train_zero_shard_groups: the gradients are the slices'
@@ -183,7 +168,7 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
     const char *dir = o->spec.value_model_path; /* the trainer's option, read by its create() */
     if (!dir || !dir[0]) dir = s->model.path;
     /* zero3: this rank's slices read (train_zero_load's cut; the score head and the final norm whole) */
-    const int sliced = value_sliced(o, plugins);
+    const int sliced = value_sliced(o);
     ctrl_status st =
         sliced ? train_zero_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model)
                : ctrl_model_load_classifier(dir, plugins->attention->ops, 1, s->run.seed, &v->model);
