@@ -94,10 +94,9 @@ static void online_log_window(train_kind *k, const train_window *w, FILE *f) {
                 w->loss, w->grad_norm, w->learning_rate, w->tokens_per_second);
 }
 
-static int online_has_eval(const train_kind *k) {
-    (void)k;
-    return 1; /* ctrl_online_evaluate writes nothing without eval prompts */
-}
+/* eval prompts: without them an evaluation point does nothing (under zero3 it would gather the whole
+ * model on every rank for nothing) */
+static int online_has_eval(const train_kind *k) { return ctrl_online_has_eval(k->online); }
 
 static ctrl_status online_evaluate(train_kind *k, long step, FILE *f) {
     return ctrl_online_evaluate(k->online, step, f);

@@ -106,6 +106,8 @@ void ctrl_online_log_window(ctrl_online *o, FILE *f);
  * its batches' prompts (per_device_eval_batch_size / num_generations prompts a batch, batch i on
  * rank i % N) and the sums are reduced: one process's values. No eval file: nothing. */
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f);
+/* Whether there are eval prompts ([data] eval_file): the same on every rank. */
+int ctrl_online_has_eval(const ctrl_online *o);
 void ctrl_online_free(ctrl_online *o);
 
 #endif

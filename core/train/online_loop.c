@@ -449,6 +449,8 @@ ctrl_status ctrl_online_accumulate(ctrl_online *o, const int *order, long *curso
  * a batch at a time; the sums and counts of the rewards that are not NaN (the total and each
  * function's) are added over the ranks (train_dp_eval_reduce), so that the means rank 0 writes are
  * one process's over the whole set (online_nanmean's), within the summation order's rounding. */
+int ctrl_online_has_eval(const ctrl_online *o) { return o->eval.n > 0; }
+
 ctrl_status ctrl_online_evaluate(ctrl_online *o, long step, FILE *f) {
     if (!o->eval.n) return CTRL_OK;
     const int G = o->spec.num_generations, n = o->eval.n, R = ctrl_reward_set_count(o->rewards);

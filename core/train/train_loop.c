@@ -220,6 +220,7 @@ ctrl_status ctrl_train_run(const ctrl_config *cfg, int (*interrupted)(void)) {
     }
     if (progressed && (streamed || adapters))
         train_zero_save_report(&r.zero, adapters ? "the adapter" : "the model");
+    if (progressed) train_zero_whole_report(&r.zero);
     train_run_teardown(&r);
     if (progressed && r.root && s->train.report_png) { /* the plot is a convenience: never fails the run */
         char jsonl[4200], png[4200];

@@ -75,9 +75,10 @@ typedef struct train_zero {
      * frozen, state, pending) by slot: the layers, then n_layers the embeddings (and a tied head),
      * n_layers + 1 an untied LM head -- the model's hook indices (ctrl_model_set_sharding) */
     int *layer_unit;
-    int n_slots;       /* stage 3: n_layers + 2, else n_layers */
-    int gathered;      /* stage 3: every layer is whole (train_zero_gather_all) */
-    ctrl_model *model; /* whose gradients the hooks reduce, whose layers stage 3 gathers */
+    int n_slots;        /* stage 3: n_layers + 2, else n_layers */
+    int gathered;       /* stage 3: every layer is whole (train_zero_gather_all) */
+    long whole_gathers; /* stage 3: train_zero_gather_all's gathers of the whole model so far */
+    ctrl_model *model;  /* whose gradients the hooks reduce, whose layers stage 3 gathers */
     /* partitioned (stage 2 on the CPU, stage 3): the gradients are reduce-scattered during the
      * backward, bucket by bucket (reduce_bucket_size floats, `bucket`), and each rank keeps only its
      * slices' sums over the step's micro-batches in `acc` (acc_off[u]: where unit u's slice
@@ -261,6 +262,9 @@ ctrl_status train_zero_gather_params(train_zero *z, ctrl_model *m);
  * checksum; then released again. */
 ctrl_status train_zero_gather_all(train_zero *z);
 void train_zero_release_all(train_zero *z);
+/* Rank 0, zero3 on several ranks: how many times the run gathered the whole model on every rank (an
+ * evaluation, generation gathered whole, a save or push not streamed), in the log. */
+void train_zero_whole_report(const train_zero *z);
 /* Stage 3: layer l's sliced ranges in the parameters (its trainable unit's, LoRA's frozen base's),
  * and layer l released (the other ranks' slices handed back to the system). (zero_layers.c) */
 int train_zero_layer_ranges(const train_zero *z, int l, train_zero_unit out[2]);

@@ -460,6 +460,7 @@ ctrl_status train_zero_gather_all(train_zero *z) {
     for (int l = 0; l < z->n_slots && st == CTRL_OK; l++) st = need_layer(z, l);
     z->fp32_gather = 0;
     z->gathered = st == CTRL_OK;
+    z->whole_gathers++;
     if (z->gathered && z->dev) { /* whole on the device: the host's copy refreshed at its next read */
         ctrl_model_set_device_sliced(z->model, 0);
         ctrl_model_device_weights_changed(z->model);
@@ -478,6 +479,13 @@ ctrl_status train_zero_whole(void *ctx, int on) {
     }
     if (z->lent) z->lent = 0, train_zero_release_all(z);
     return CTRL_OK;
+}
+
+void train_zero_whole_report(const train_zero *z) {
+    if (z->stage < 3 || z->size < 2 || z->rank != 0) return;
+    CTRL_INFO("zero3: the whole model gathered on every rank %ld time(s) in this run (evaluations, "
+              "generation with ds3_gather_for_generation = true, saves or pushes not streamed)",
+              z->whole_gathers);
 }
 
 void train_zero_release_all(train_zero *z) {

@@ -213,10 +213,14 @@ SB=$!
 trap 'kill $SA $SB 2>/dev/null; rm -rf "$TMP"' EXIT
 pushes() { curl -s "localhost:$1/health" | sed -n 's/.*"weight_updates":\([0-9]*\).*/\1/p'; }
 srv() { printf 'mode = server\nserver_url = http://127.0.0.1:%s' "$1"; }
-# streamed LOG WHAT [no]: the pushes streamed each layer to rank 0 (no rank gathered the whole model), or not
+# streamed LOG WHAT [no]: the pushes streamed each layer to rank 0 (no rank gathered the whole model; a run
+# without eval prompts), or not
 streamed() {
   if [ -z "${3:-}" ]; then
     grep -q "zero3: server mode's push streamed to rank 0, [1-9][0-9]* units" "$1" && ok || bad "$2: the push not streamed"
+    # and nothing else gathered the whole model: no eval prompts, so no evaluation either (an online run
+    # once gathered it at each evaluation point with nothing to evaluate)
+    grep -q "zero3: the whole model gathered on every rank 0 time(s)" "$1" && ok || bad "$2: the whole model gathered"
   else
     ! grep -q "push streamed" "$1" && ok || bad "$2: streamed, want the whole gather"
   fi
