@@ -26,14 +26,14 @@ void train_memory_mark(train_memory *t) {
 
 static double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
-void train_memory_log(const train_memory *t, ctrl_model *m, const char *optimizer) {
+void train_memory_log(const train_memory *t, ctrl_model *m, const char *optimizer, const size_t sliced[2]) {
     if (t->marks < 3 || t->rss_kb[0] <= 0) return; /* no /proc here */
     size_t n_params = 0, n_grads = 0;
     (void)ctrl_model_params(m, &n_params), (void)ctrl_model_grads(m, &n_grads);
     /* the parameters as held (a LoRA base in bf16 panels or 2 bytes), decoding's bf16 panels beside */
-    const double kb = 1024.0, params = mib((double)ctrl_model_param_bytes(m)),
+    const double kb = 1024.0, params = mib(sliced ? (double)sliced[0] : (double)ctrl_model_param_bytes(m)),
                  panels = mib((double)ctrl_model_decode_panel_bytes(m)),
-                 grads = mib(sizeof(float) * (double)n_grads),
+                 grads = mib(sliced ? (double)sliced[1] : sizeof(float) * (double)n_grads),
                  acts = mib((double)ctrl_model_activation_bytes(m)),
                  scratch = mib((double)ctrl_model_scratch_bytes(m)),
                  copy = mib((double)ctrl_model_bf16_copy_bytes(m));
@@ -43,9 +43,10 @@ void train_memory_log(const train_memory *t, ctrl_model *m, const char *optimize
     CTRL_INFO(
         "memory after the first step: peak %.0f MiB resident (VmHWM; %.0f MiB before the step, %.0f MiB "
         "after its forward/backward, %.0f MiB after the optimizer). Resident now %.0f MiB: parameters "
-        "%.0f MiB, gradients %.0f MiB, %s state %.0f MiB (what its first step added), activations %.0f "
+        "%.0f MiB, gradients %.0f MiB%s, %s state %.0f MiB (what its first step added), activations %.0f "
         "MiB, scratch %.0f MiB, bf16 weight copy %.0f MiB, decoding's bf16 panels %.0f MiB, the rest "
         "(libraries, tokenizer, data, heap) %.0f MiB",
         t->peak_kb[2] / kb, t->peak_kb[0] / kb, t->peak_kb[1] / kb, t->peak_kb[2] / kb, t->rss_kb[2] / kb,
-        params, grads, optimizer, opt, acts, scratch, copy, panels, rest);
+        params, grads, sliced ? " (resident: zero3's slices and its gradient slices' sums)" : "", optimizer, opt, acts, scratch, copy,
+        panels, rest);
 }

@@ -17,7 +17,8 @@ typedef struct train_memory {
 void train_memory_read(double *rss_kb, double *peak_kb);
 /* The next edge of the first step (call it 3 times: before, after the backward, after the optimizer). */
 void train_memory_mark(train_memory *t);
-/* Logs the report (INFO) once the three edges are read. */
-void train_memory_log(const train_memory *t, ctrl_model *m, const char *optimizer);
+/* Logs the report (INFO) once the three edges are read. sliced: NULL, or the parameters' and gradients'
+ * resident bytes where zero3 holds slices of them (else their whole sizes are counted). */
+void train_memory_log(const train_memory *t, ctrl_model *m, const char *optimizer, const size_t sliced[2]);
 
 #endif

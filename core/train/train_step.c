@@ -66,8 +66,15 @@ ctrl_status train_run_step(run_state *r, const int *order, long *cursor, int bs,
     if (st == CTRL_OK && r->kind_ops->after_step) st = r->kind_ops->after_step(r->kind, step + 1);
     if (st == CTRL_OK && r->mem.marks == 2) {
         train_memory_mark(&r->mem);
-        if (r->root && ctrl_model_device(r->model).type == CTRL_DEVICE_CPU) /* host memory is the model's */
-            train_memory_log(&r->mem, r->model, r->s->train.optimizer);
+        if (r->root && ctrl_model_device(r->model).type == CTRL_DEVICE_CPU) { /* host memory is the model's */
+            size_t n = 0, ng = 0, sliced[2];
+            const float *p = ctrl_model_params(r->model, &n), *g = ctrl_model_grads(r->model, &ng);
+            if (r->zero.stage >= 3) { /* what the pages hold (this rank's slices, what is whole), the sums */
+                sliced[0] = train_zero_resident(p, n * sizeof *p);
+                sliced[1] = train_zero_resident(g, ng * sizeof *g) + r->zero.acc_n * sizeof(float);
+            }
+            train_memory_log(&r->mem, r->model, r->s->train.optimizer, r->zero.stage >= 3 ? sliced : NULL);
+        }
     }
     return st;
 }

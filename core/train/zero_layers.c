@@ -39,6 +39,19 @@ static void release_range(float *from, float *to) {
     if (r.len) madvise(r.at, r.len, MADV_DONTNEED);
 }
 
+/* [from, to) zeroed without touching its whole pages: those handed back (read as zeros next), the
+ * partial pages at either end cleared. */
+static void clear_range(float *from, float *to) {
+    const page_piece r = page_span(from, to);
+    if (!r.len) {
+        memset(from, 0, (size_t)(to - from) * sizeof *from);
+        return;
+    }
+    memset(from, 0, (size_t)(r.at - (char *)from));
+    memset(r.at + r.len, 0, (size_t)((char *)to - (r.at + r.len)));
+    madvise(r.at, r.len, MADV_DONTNEED);
+}
+
 /* A run of a sliced range (in parameters): the other ranks' slices released, before this rank's and
  * after it (unless `lent`: their pages went back to the pool), and the whole run of the bf16 copy
  * (re-rounded at the next gather; never lent: a gather re-rounds it only while the copy is current). */
@@ -388,7 +401,8 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     st = ctrl_model_set_sharding(m, &layer_hooks, z->hooks);
     ctrl_model_set_sharding_outer(m, z->stage >= 3); /* the embeddings' and head's hooks too */
-    if (st == CTRL_OK && !z->vm_grads) st = ctrl_model_zero_grad(m); /* zero3 on cuda: zeroed as mapped */
+    /* a device's (zero3's: zeroed as mapped); the host's below, without touching them */
+    if (st == CTRL_OK && z->dev && !z->vm_grads) st = ctrl_model_zero_grad(m);
     if (st == CTRL_OK && z->vm_params && z->n_kept) { /* the persistent views whole on the devices */
         st = train_zero_device_keep(z);
         z->gathers = z->gather_views = 0, z->gather_floats = 0;
@@ -396,7 +410,9 @@ ctrl_status train_zero_attach(train_zero *z, ctrl_model *m) {
     if (st != CTRL_OK || z->dev) return st; /* a device's gradients: zeroed in place after each bucket */
     size_t n = 0;
     float *g = ctrl_model_grads(m, &n);
-    release_range(g, g + n);          /* zeros: the backward adds into them */
+    /* zeros for the backward to add into; clearing them as a step's zero_grad does made every rank
+     * hold the whole model's gradients once at start-up */
+    clear_range(g, g + n);
     if (z->stage >= 3) make_gpool(z); /* (zero2's units are buckets: a frame of one could be them all) */
     train_zero_release_all(z);
     /* the persistent views whole (a sliced load read this rank's slices of them only), their bf16 copy */
