@@ -186,6 +186,20 @@ int train_dp_eval_mine(long batch) {
     return size == 1 || batch % size == ctrl_collective_rank();
 }
 
+static int eval_lockstep; /* train_dp_eval_set_lockstep */
+
+void train_dp_eval_set_lockstep(int on) { eval_lockstep = on; }
+
+long train_dp_eval_span(long n_batches) {
+    const long size = ctrl_collective_size();
+    return eval_lockstep && size > 1 ? (n_batches + size - 1) / size * size : n_batches;
+}
+
+long train_dp_eval_batch(long batch, long n_batches, int *padding) {
+    *padding = batch >= n_batches;
+    return *padding ? n_batches - 1 : batch;
+}
+
 ctrl_status train_dp_eval_reduce(ctrl_status st, double *v, size_t n) {
     if (ctrl_collective_size() == 1) return st;
     /* the worst outcome and a rank that had it (an interruption inside a forward: a failure here) */

@@ -77,6 +77,17 @@ double train_dp_items(long local_count);
  * order, batch i on rank i % N -- each batch holds the rows one process would put in it, so its
  * values are one process's. 1 when batch i is this rank's (always with one rank). */
 int train_dp_eval_mine(long batch);
+/* Lockstep (zero3 evaluating with its layers gathered around each use: every forward is a collective,
+ * so every rank must run as many, in the same order): set around such an evaluation (train_run_evaluate).
+ * The batch indices an evaluation of n_batches batches walks (with train_dp_eval_mine): n_batches, or in
+ * lockstep the next multiple of the ranks, so that each rank runs as many; a batch index past the
+ * end is padding (train_dp_eval_padding), as Accelerate's even_batches pads the last round -- the
+ * rank runs the last batch again and drops its values. */
+void train_dp_eval_set_lockstep(int on);
+long train_dp_eval_span(long n_batches);
+/* Batch `batch` of n_batches: the batch to run (itself, or for padding the last one); *padding set
+ * when its values are to be dropped. */
+long train_dp_eval_batch(long batch, long n_batches, int *padding);
 /* After a rank evaluated its batches (`st` its status): the outcome agreed (one rank's failure fails
  * every rank, the others with a message naming it), then v[0..n) -- the evaluation's sums and
  * counts -- summed over the ranks, so that the means made from them are one process's (within the

@@ -153,6 +153,12 @@ typedef struct train_kind_ops {
     /* ZeRO-3 (may be NULL): around an evaluation, on every rank (a collective), the kind's own sliced
      * models (the sequence kind's reference) gathered whole (on = 1) and released after (on = 0). */
     ctrl_status (*eval_whole)(train_kind *k, int on);
+    /* 1: evaluate's forwards (the policy's, a sliced reference's or teacher's) are the training
+     * forwards' calls without the backward, the batches walked with train_dp_eval_span, so under
+     * zero3 they run with the layers gathered around each use as in training, every rank running as
+     * many (data_parallel.h's lockstep), and nothing is gathered whole (eval_whole not called). 0:
+     * the whole model gathered on every rank around the evaluation (the online kinds' generation). */
+    int eval_layerwise;
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

@@ -387,9 +387,13 @@ static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
     const int teacher_too = isnan(k->teacher_exact);
-    for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
-        if (!train_dp_eval_mine(i0 / bs)) continue; /* another rank's batch (data_parallel.h) */
-        batches++;
+    const long n_batches = (d->n + bs - 1) / bs;
+    for (long e = 0; e < train_dp_eval_span(n_batches) && st == CTRL_OK; e++) {
+        if (!train_dp_eval_mine(e)) continue; /* another rank's batch (data_parallel.h) */
+        int pad; /* zero3's lockstep: a padding batch, its values dropped (into scratch counts) */
+        const int i0 = (int)train_dp_eval_batch(e, n_batches, &pad) * bs;
+        double scratch[2][4] = {{0}};
+        batches += !pad;
         const int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
         ctrl_batch b;
@@ -405,9 +409,9 @@ static ctrl_status distill_evaluate(train_kind *k, long step, FILE *f) {
         if (st == CTRL_OK) st = ctrl_model_jsd_forward(k->model, &b, k->teacher, &a, jsd);
         double sum = 0;
         for (int t = 0; st == CTRL_OK && t < b.T; t++) sum += jsd[t];
-        loss_sum += n * (sum / (trained > 1 ? trained : 1));
-        if (st == CTRL_OK) st = count_matches(k->model, &b, counts);
-        if (st == CTRL_OK && teacher_too) st = count_matches(k->teacher, &b, tcounts);
+        if (!pad) loss_sum += n * (sum / (trained > 1 ? trained : 1));
+        if (st == CTRL_OK) st = count_matches(k->model, &b, pad ? scratch[0] : counts);
+        if (st == CTRL_OK && teacher_too) st = count_matches(k->teacher, &b, pad ? scratch[1] : tcounts);
         free(jsd);
         ctrl_batch_free(&b);
     }
@@ -458,4 +462,5 @@ const train_kind_ops train_kind_distill = {
     .evaluate = distill_evaluate,
     .eval_whole = distill_eval_whole,
     .eval_at_start = 1,
+    .eval_layerwise = 1,
 };

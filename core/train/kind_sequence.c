@@ -62,6 +62,8 @@ static void seq_report(void *ctx, const char *name, double value) {
     if (!isnan(value)) m->sum[i] += value, m->count[i]++;
 }
 
+static void seq_drop(void *ctx, const char *name, double value) { (void)ctx, (void)name, (void)value; }
+
 static void metrics_free(seq_metrics *m) {
     for (int i = 0; i < m->n; i++) free(m->name[i]);
     m->n = 0;
@@ -372,11 +374,16 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
     seq_step s = step_for(k, &k->eval_m);
     s.exact_match = 1;
+    seq_step padding = s; /* zero3's lockstep: a padding batch's metrics dropped */
+    padding.report = seq_drop;
     double loss_sum = 0, items = 0;
     long mine = 0;
-    for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
-        if (!train_dp_eval_mine(i0 / bs)) continue; /* another rank's batch (data_parallel.h) */
-        mine++;
+    const long n_batches = (d->n + bs - 1) / bs;
+    for (long e = 0; e < train_dp_eval_span(n_batches) && st == CTRL_OK; e++) {
+        if (!train_dp_eval_mine(e)) continue; /* another rank's batch (data_parallel.h) */
+        int pad;
+        const int i0 = (int)train_dp_eval_batch(e, n_batches, &pad) * bs;
+        mine += !pad;
         k->eval_m.batch = i0 / bs, k->eval_m.tick = 0;
         const int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
@@ -387,8 +394,8 @@ static ctrl_status sequence_evaluate(train_kind *k, long step, FILE *f) {
         double *ref = NULL, loss = 0;
         const long m = batch_items(&b);
         st = micro_view(&b, k->ref_eval, &v, &ref);
-        if (st == CTRL_OK) st = train_sequence_micro_batch(&s, &v, (double)m, 0, &loss);
-        loss_sum += loss * m, items += m;
+        if (st == CTRL_OK) st = train_sequence_micro_batch(pad ? &padding : &s, &v, (double)m, 0, &loss);
+        if (!pad) loss_sum += loss * m, items += m;
         free(ref);
         ctrl_pref_batch_free(&b);
     }
@@ -440,4 +447,5 @@ const train_kind_ops train_kind_sequence = {
     .eval_whole = sequence_eval_whole,
     .eval_at_start = 1, /* the "before" of a preference run (TRL's eval_on_start) */
     .tokenizer_only_at_create = 1,
+    .eval_layerwise = 1,
 };

@@ -190,8 +190,11 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
     long tokens = 0, correct = 0, exact = 0, sequences = 0, batches = 0;
     int *idx = malloc(sizeof(int) * (size_t)bs);
     ctrl_status st = idx ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
-    for (int i0 = 0; i0 < d->n && st == CTRL_OK; i0 += bs) {
-        if (!train_dp_eval_mine(i0 / bs)) continue; /* another rank's batch (data_parallel.h) */
+    const long n_batches = (d->n + bs - 1) / bs;
+    for (long e = 0; e < train_dp_eval_span(n_batches) && st == CTRL_OK; e++) {
+        if (!train_dp_eval_mine(e)) continue; /* another rank's batch (data_parallel.h) */
+        int pad;                              /* zero3's lockstep: a padding forward, its values dropped */
+        const int i0 = (int)train_dp_eval_batch(e, n_batches, &pad) * bs;
         int n = i0 + bs <= d->n ? bs : d->n - i0;
         for (int i = 0; i < n; i++) idx[i] = i0 + i;
         ctrl_batch b;
@@ -205,8 +208,8 @@ static ctrl_status token_evaluate(train_kind *k, long step, FILE *f) {
                       : ctrl_error_set(CTRL_ERR_NOMEM, "eval: out of memory");
         double aux = 0, unused = 0;
         if (st == CTRL_OK) st = aux_loss(k, &b, 1, 0, &unused, &aux);
-        aux_sum += aux, batches++;
-        for (int s = 0; st == CTRL_OK && s < b.B; s++) {
+        if (!pad) aux_sum += aux, batches++;
+        for (int s = 0; st == CTRL_OK && !pad && s < b.B; s++) {
             int all = 1, any = 0;
             for (int t = b.cu_seqlens[s]; t < b.cu_seqlens[s + 1]; t++) {
                 if (b.targets[t] < 0) continue;
@@ -259,4 +262,5 @@ const train_kind_ops train_kind_token = {
     .log_window = token_log_window,
     .has_eval = token_has_eval,
     .evaluate = token_evaluate,
+    .eval_layerwise = 1,
 };

@@ -1,6 +1,7 @@
 /* What a training run writes as it goes: the logging window (metrics.jsonl), evaluations,
  * checkpoints (rank 0 writes, ZeRO slices sent to it), and the checkpoint of an interrupted run. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "train/train_run.h"
@@ -70,12 +71,31 @@ ctrl_status train_run_save_checkpoint(run_state *r, const char *out_dir, const c
     return st;
 }
 
+/* zero3 on several ranks, a kind whose evaluation runs the training's forwards: those gather each
+ * layer around its use as in training (every rank running as many forwards: the lockstep), as
+ * DeepSpeed evaluates; CTRL_TEST_ZERO3_WHOLE_EVAL gathers the whole model instead, as before
+ * (tests and benchmarks compare). */
+static int eval_layerwise(const run_state *r) {
+    return r->zero.stage >= 3 && r->zero.size > 1 && r->kind_ops->eval_layerwise &&
+           !getenv("CTRL_TEST_ZERO3_WHOLE_EVAL");
+}
+
 /* An evaluation at `step` (has_eval: there is an eval set, the same on every rank): every rank
  * evaluates its share and the kind sums the ranks' values (train_dp_eval_reduce), `metrics` NULL
- * except on rank 0, which writes the line; with zero3 every rank first gathers the layers (a
- * collective), and releases them after. */
+ * except on rank 0, which writes the line; with zero3 the layers are gathered around each use by
+ * every rank in lockstep (eval_layerwise), or every rank first gathers the whole model (a
+ * collective) and releases it after. */
 ctrl_status train_run_evaluate(run_state *r, int has_eval, long step) {
     const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
+    if (any && eval_layerwise(r)) {
+        train_dp_eval_set_lockstep(1);
+        r->zero.fp32_gather = 1; /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather */
+        ctrl_status st =
+            has_eval ? r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics)) : CTRL_OK;
+        r->zero.fp32_gather = 0;
+        train_dp_eval_set_lockstep(0);
+        return st == CTRL_OK && has_eval ? train_metrics_commit(&r->metrics) : st;
+    }
     ctrl_status st = any ? train_zero_gather_all(&r->zero) : CTRL_OK;
     if (st == CTRL_OK && any && r->kind_ops->eval_whole) st = r->kind_ops->eval_whole(r->kind, 1);
     if (st == CTRL_OK && has_eval)

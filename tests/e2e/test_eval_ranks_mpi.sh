@@ -10,7 +10,9 @@
 # rows in batches of 4 (rank 0 three batches, rank 1 two, the last one row); DPO's 20 pairs in
 # batches of 8 (8 + 4 against 8), and in one batch of 32 (rank 1 evaluates nothing); KTO's 10 rows
 # in batches of 2, some batches all desirable or all undesirable (the ranks report different metric
-# names, merged by name); GKD's 9 rows in batches of 2. zero3 on 2 ranks for SFT, DPO and GKD too.
+# names, merged by name); GKD's 9 rows in batches of 2. zero3 on 2 ranks for SFT, DPO (both batch
+# sizes), KTO and GKD too: the forwards gather each layer around its use, every rank running as many
+# (a rank short of a batch runs a padding one, its values dropped), and the run logs no whole gather.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_eval_ranks_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -31,6 +33,11 @@ both() {
     same_evals "$name-one" "$name-$r" 2
     eval_split "$name-$r" "$mine" "$all"
   done
+  # zero3 evaluates with the layers gathered around each use, every rank running as many forwards (a
+  # rank short of a batch runs a padding one): the whole model never gathered
+  [ "$z3" = z3 ] && { grep -q "zero3: the whole model gathered on every rank 0 time(s)" "$TMP/$name-z3.log" && ok ||
+    bad "$name zero3: the whole model gathered ($(grep -o 'on every rank [0-9]* time' "$TMP/$name-z3.log"))"; }
+  return 0
 }
 
 # 1. SFT (the token kind): 17 eval rows in batches of 4, evaluations after steps 1 and 2, on tiny_setup's
@@ -67,7 +74,7 @@ sed -e "s|@DIR@/|$FIX/trl_dpo/|; s|@DIR@|$FIX/trl_dpo|; s|@SFT@|$FIX/trl_sft|; s
   -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" \
   "$FIX/trl_dpo/sigmoid_eval.ini" >"$TMP/dpo.ini"
 both dpo "$TMP/dpo.ini" z3 2 3
-both dpo32 "$TMP/dpo.ini" - 1 1 --set train.per_device_eval_batch_size=32
+both dpo32 "$TMP/dpo.ini" z3 1 1 --set train.per_device_eval_batch_size=32
 
 # 3. KTO (unpaired, its per-batch KL estimate): 10 rows in batches of 2.
 head -10 "$FIX/trl_kto/rows.jsonl" >"$TMP/kto10.jsonl"
@@ -75,7 +82,7 @@ sed -e "s|@DIR@/|$FIX/trl_kto/|; s|@DIR@|$FIX/trl_kto|; s|@SFT@|$FIX/trl_sft|; s
   -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" \
   "$FIX/trl_kto/kto.ini" >"$TMP/kto.ini"
 kto=(--set data.eval_file="$TMP/kto10.jsonl" --set train.per_device_eval_batch_size=2)
-both kto "$TMP/kto.ini" - 3 5 "${kto[@]}"
+both kto "$TMP/kto.ini" z3 3 5 "${kto[@]}"
 
 # 4. The reward trainer (the sequence kind without a reference; a fresh score head on the trained model,
 #    so its rewards, margins and accuracy are not 0 or constant): 13 pairs in batches of 3.

@@ -88,8 +88,10 @@ done
 # that hold the rest unmapped), each layer all-gathered over NCCL into memory mapped for its forward
 # and again for its backward, unmapped after (the emulator faults on a touch of unmapped memory: a
 # missing gather crashes the run), its gradients mapped for its backward and reduce-scattered and
-# unmapped after (one layer a bucket here), the next layers' gathers prefetched; the evaluations
-# and the saves gather the whole model. The plain curve and evaluations of data parallel on CUDA.
+# unmapped after (one layer a bucket here), the next layers' gathers prefetched; the evaluations'
+# forwards gather each layer around its use as the training's (every rank running as many), the saves
+# gather the whole model (checkpoint-3, checkpoint-6 and the final one: 3 whole gathers). The plain
+# curve and evaluations of data parallel on CUDA.
 run z3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 "${ev[@]}"
 curve_close "$TMP/dp" "$TMP/z3" loss 1e-6
 curve_close "$TMP/dp" "$TMP/z3" grad_norm 1e-5
@@ -97,6 +99,8 @@ curve_close "$TMP/cpu" "$TMP/z3" loss 1e-5 # and the CPU's 2-rank run, as data p
 n=$(paste <(curve_col "$TMP/dp" eval_loss) <(curve_col "$TMP/z3" eval_loss) |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
 [ "$n" = "2 0" ] && ok || bad "zero3 evaluations ($n)"
+grep -q "zero3: the whole model gathered on every rank 3 time(s)" "$TMP/z3.log" && ok ||
+  bad "zero3 on cuda: $(grep -o 'the whole model gathered on every rank [0-9]* time' "$TMP/z3.log"), want 3 (the saves)"
 # what a rank holds on its device between steps: the model less the other rank's half of the layers,
 # the embeddings and the head (all sliced), the gradients of the final norm only (the embeddings' and
 # head's mapped from their first use in a backward to their reduce-scatter, as a layer's), half
