@@ -34,7 +34,7 @@ static ctrl_status online_create(const train_kind_env *env, train_kind **out) {
         st = train_zero_ref_load(env, &k->ref, &k->ref_zero);
     if (st == CTRL_OK)
         st = ctrl_online_create(env->cfg, env->plugins, env->model, env->tok, env->trainer_ops, env->trainer,
-                                k->ref, env->zero3_sliced, &k->online);
+                                k->ref, env->zero3_frozen, &k->online);
     if (st == CTRL_OK)
         ctrl_online_set_whole_weights(k->online, env->whole_weights, env->whole_ctx, env->push_whole,
                                       env->push_ctx);

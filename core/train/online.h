@@ -55,11 +55,12 @@ typedef void (*ctrl_online_metric_fn)(void *ctx, const char *name, double value)
 /* `ref`: the frozen reference the caller loaded (zero3 on several ranks: sliced as the policy,
  * kind_online.c), borrowed, its forwards collectives that every rank runs alike (completion_logps:
  * the same count of micro-batches on each rank); NULL: loaded here whole when the trainer needs it.
- * `zero3_sliced`: the policy is sliced under zero3 on several ranks (train_kind_env's): a value model
- * (PPO) on the CPU is sliced as it (online_ppo.c). */
+ * `zero3`: zero3 on several ranks (train_kind_env's zero3_frozen: the policy sliced, with LoRA its
+ * frozen base): a value model (PPO) on the CPU is sliced too (online_ppo.c), trained in full beside
+ * the policy's adapters as TRL's PPO with a peft_config trains it. */
 ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
-                               ctrl_model *ref, int zero3_sliced, ctrl_online **out);
+                               ctrl_model *ref, int zero3, ctrl_online **out);
 /* ZeRO-3: the colocated generation reads the whole model, gathered by whole(ctx, 1) before and
  * released by whole(ctx, 0) after (DeepSpeed's ds3_gather_for_generation); server mode's weight
  * push makes it readable with gather (ctrl_remote_server.whole: train_zero_push). NULL: none. */

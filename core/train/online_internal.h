@@ -17,7 +17,7 @@ struct ctrl_online {
     const ctrl_config *cfg;
     ctrl_model *model, *ref;
     int ref_borrowed; /* ref is the caller's (kind_online.c's sliced reference): not freed here */
-    int zero3_sliced; /* the policy sliced under zero3 on several ranks (ctrl_online_create) */
+    int zero3;        /* zero3 on several ranks (ctrl_online_create) */
     const ctrl_tokenizer *tok;
     const ctrl_trainer_ops *ops;
     ctrl_trainer *trainer;

@@ -19,12 +19,12 @@
 
 ctrl_status ctrl_online_create(const ctrl_config *cfg, const ctrl_run_plugins *plugins, ctrl_model *model,
                                const ctrl_tokenizer *tok, const ctrl_trainer_ops *ops, ctrl_trainer *trainer,
-                               ctrl_model *ref, int zero3_sliced, ctrl_online **out) {
+                               ctrl_model *ref, int zero3, ctrl_online **out) {
     ctrl_online *o = calloc(1, sizeof *o);
     if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
     const ctrl_run_settings *s = ctrl_config_settings(cfg);
-    *o = (ctrl_online){
-        .cfg = cfg, .model = model, .tok = tok, .ops = ops, .trainer = trainer, .zero3_sliced = zero3_sliced};
+    *o =
+        (ctrl_online){.cfg = cfg, .model = model, .tok = tok, .ops = ops, .trainer = trainer, .zero3 = zero3};
     o->spec.size = sizeof o->spec;
     ctrl_status st = ops->online_spec(trainer, &o->spec);
     if (st == CTRL_OK && s->generation.server)

@@ -102,11 +102,12 @@ static int offload_optimizer(const ctrl_run_plugins *p) {
     return 0;
 }
 
-/* zero3 on several ranks, the policy sliced (a CPU model without LoRA: train_setup.c's `sliced`): the
- * value model sliced as the policy, as DeepSpeed partitions TRL's PolicyAndValueWrapper whole.
- * CTRL_TEST_ZERO3_WHOLE_VALUE keeps it whole (benchmarks compare). A CUDA model's stays whole. */
+/* zero3 on several ranks (the policy sliced; with LoRA its frozen base): the value model sliced, as
+ * DeepSpeed partitions TRL's PolicyAndValueWrapper whole (with a peft_config the value model has no
+ * adapters: trained in full). CTRL_TEST_ZERO3_WHOLE_VALUE keeps it whole (benchmarks compare). A CUDA
+ * model's stays whole. */
 static int value_sliced(const ctrl_online *o) {
-    return o->zero3_sliced && ctrl_model_device(o->model).type == CTRL_DEVICE_CPU &&
+    return o->zero3 && ctrl_model_device(o->model).type == CTRL_DEVICE_CPU &&
            !getenv("CTRL_TEST_ZERO3_WHOLE_VALUE");
 }
 

@@ -201,6 +201,29 @@ grep -E '"step": [0-4],' "$TMP/pp-z3/metrics.jsonl" >"$TMP/pp-res/metrics.jsonl"
 # (the values; without the wall-clock ones, nor the metrics a window lacks: logged null once seen before)
 values() { sed -E 's/"(step_time|tokens_per_second|timing\/[a-z_]+)": [-0-9.e]+,? ?//g; s/"[^"]*": null,? ?//g' "$1/metrics.jsonl" | grep -v runtime; }
 diff <(values "$TMP/pp-z3") <(values "$TMP/pp-res") >"$TMP/diff" && ok || { bad "ppo zero3 resumed curve differs"; head -4 "$TMP/diff"; }
+# 2d. PPO with [peft]: the policy's adapters over its sliced base, the value model (no adapters, trained in
+#     full as TRL's PPO with a peft_config trains it) sliced as in 2c: data parallel's curves within
+#     1e-5, the value model read sliced, and a resume from checkpoint-4 repeating the curve.
+{ cat "$TMP/pp.ini" && printf '[peft]\nenabled = true\nr = 4\nlora_alpha = 8\n'; } |
+  sed 's/^learning_rate = .*/learning_rate = 2e-2/' >"$TMP/ppl.ini"
+two ppl "$TMP/ppl.ini"
+for key in loss grad_norm value_model/grad_norm; do curve_close "$TMP/ppl-dp" "$TMP/ppl-z3" "$key" 1e-5 1e-7; done
+CURVE_MIN=3 curve_close "$TMP/ppl-dp" "$TMP/ppl-z3" loss/value_avg 1e-5 1e-7
+grep -q "each rank read its slices of the value model's layers" "$TMP/ppl-z3.log" &&
+  grep -q "zero3: the value model per rank after its first step" "$TMP/ppl-z3.log" && grep -q "LoRA adapter" "$TMP/ppl-z3.log" &&
+  [ -s "$TMP/ppl-z3/checkpoint-4/value_optimizer.rank-1.safetensors" ] && ok ||
+  bad "ppo lora zero3: the value model not sliced, or no adapter / sharded value optimizer state"
+grep -m1 -o "zero3: the value model per rank after its first step: .*" "$TMP/ppl-z3.log"
+mkdir -p "$TMP/ppl-res" && cp -r "$TMP/ppl-z3/checkpoint-4" "$TMP/ppl-res/"
+grep -E '"step": [0-4],' "$TMP/ppl-z3/metrics.jsonl" >"$TMP/ppl-res/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/ppl.ini" --set run.output_dir="$TMP/ppl-res" --set memory.strategies=zero3 \
+  --set train.resume_from_checkpoint=last >"$TMP/ppl-res.log" 2>&1 && ok || { bad "ppo lora zero3 resume"; tail -5 "$TMP/ppl-res.log"; }
+diff <(values "$TMP/ppl-z3") <(values "$TMP/ppl-res") >"$TMP/diff" && ok || { bad "ppo lora zero3 resumed curve differs"; head -4 "$TMP/diff"; }
+# and over a QLoRA base (the value model is not quantized, as TRL's is not): the same
+{ cat "$TMP/ppl.ini" && echo "quantization = nf4"; } | sed 's/^save_strategy = .*/save_strategy = no/' >"$TMP/ppq.ini"
+two ppq "$TMP/ppq.ini"
+for key in loss grad_norm value_model/grad_norm; do curve_close "$TMP/ppq-dp" "$TMP/ppq-z3" "$key" 1e-5 1e-7; done
+grep -q "each rank read its slices of the value model's layers" "$TMP/ppq-z3.log" && ok || bad "ppo qlora zero3: the value model not sliced"
 
 # 3. Server mode: two servers of the initial model, one for data parallel (port A), one for zero3 (B).
 PA=$(free_port)
