@@ -156,8 +156,11 @@ typedef struct train_kind_ops {
     /* 1: evaluate's forwards (the policy's, a sliced reference's or teacher's) are the training
      * forwards' calls without the backward, the batches walked with train_dp_eval_span, so under
      * zero3 they run with the layers gathered around each use as in training, every rank running as
-     * many (data_parallel.h's lockstep), and nothing is gathered whole (eval_whole not called). 0:
-     * the whole model gathered on every rank around the evaluation (the online kinds' generation). */
+     * many (data_parallel.h's lockstep), and nothing is gathered whole (eval_whole not called); the
+     * online kind's evaluation generates through the same whole_weights hook as its training
+     * (ds3_gather_for_generation: whole, or a layer at a time with idle passes; server mode: the
+     * push) and scores with the reward functions only. 0: the whole model gathered on every rank
+     * around the evaluation. */
     int eval_layerwise;
 } train_kind_ops;
 

@@ -130,4 +130,5 @@ const train_kind_ops train_kind_online = {
     .save_state = online_save_state,
     .load_state = online_load_state,
     .save_state_serve = online_save_serve,
+    .eval_layerwise = 1, /* the evaluation generates through whole_weights, as training does */
 };

@@ -74,6 +74,9 @@ for g in true false; do
   same_evals grpo-one "grpo-z3$g" 2
   eval_split "grpo-z3$g" 3 5
 done
+# the evaluations generate as the training does: a layer at a time (false) never gathers the whole model
+grep -q "zero3: the whole model gathered on every rank 0 time(s)" "$TMP/grpo-z3false.log" && ok ||
+  bad "grpo zero3, ds3_gather_for_generation = false: $(grep -o 'whole model gathered on every rank [0-9]* time' "$TMP/grpo-z3false.log")"
 
 # server mode: one server; both runs evaluate what it generates from the same weights
 PORT=$(free_port)
@@ -87,6 +90,8 @@ run1 gsrv-z3 "${MPI[@]}" "${C[@]}" train "$TMP/gsrv.ini" --set run.output_dir="$
   --set train.per_device_train_batch_size=2 --set memory.strategies=zero3
 same_evals gsrv-one gsrv-z3 2
 eval_split gsrv-z3 3 5
+grep -q "zero3: the whole model gathered on every rank 0 time(s)" "$TMP/gsrv-z3.log" && ok ||
+  bad "grpo zero3 server mode: $(grep -o 'whole model gathered on every rank [0-9]* time' "$TMP/gsrv-z3.log")"
 kill $SERVER 2>/dev/null
 
 ini rloo rloo "[rloo]" "num_generations = 4" "max_completion_length = 8"
