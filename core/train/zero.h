@@ -281,6 +281,10 @@ void train_zero_release_layer(train_zero *z, int l);
  * the model, which may be gone). */
 ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m);
 ctrl_status train_zero_nf4_gather(train_zero *z, int l);
+/* A streamed save's (zero_save.c): layer l's weights rebuilt whole in rank 0's store alone, the other
+ * ranks sending their pieces (their store unchanged); a layer whole or in flight already: as
+ * train_zero_nf4_gather (on every rank alike). A collective. */
+ctrl_status train_zero_nf4_gather_root(train_zero *z, int l);
 /* The prefetch: layer l's NF4 gathers started (completed by train_zero_nf4_gather), and the floats'
  * worth of its NF4 bytes (what prefetch_bucket_size counts in flight; 0 without an NF4 store). */
 ctrl_status train_zero_nf4_start(train_zero *z, int l);

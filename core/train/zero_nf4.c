@@ -8,9 +8,9 @@
  * allocated, this rank's piece copied to its place and the three parts all-gathered in place (the
  * pieces are whole floats -- 8,192, 256 and 4 bytes a super-block -- but the last), the collectives
  * of the layer started together and then waited for; after the use (release_slot) the buffers are
- * freed. The whole model (train_zero_gather_all: a save, an evaluation, generation gathered whole)
- * gathers every layer's; server mode's streamed push (zero_save.c) one layer's at a time, on every rank,
- * rank 0 keeping it until its writer moves on, the others freeing it at once. The products then read the
+ * freed. The whole model (train_zero_gather_all: a save not streamed, generation gathered whole)
+ * gathers every layer's; server mode's streamed push (zero_save.c) one layer's at a time to rank 0
+ * alone (train_zero_nf4_gather_root), kept until its writer moves on. The products then read the
  * store as with one process, bit for bit (the adapters' gradients reduced as zero3 reduces any: plain data
  * parallel's within rounding). What the base's fp32 slot and the layers' norms are is unchanged (zero.c
  * leaves a QLoRA layer's frozen fp32 parameters whole: its norms and biases, a few floats).
@@ -253,6 +253,39 @@ ctrl_status train_zero_nf4_gather(train_zero *z, int l) {
     const ctrl_status sw = wait_layer(s, l);
     s->state[l] = 2;
     return st == CTRL_OK ? sw : st;
+}
+
+ctrl_status train_zero_nf4_gather_root(train_zero *z, int l) {
+    struct zero_nf4 *s = z->nf4;
+    if (!s || l < 0 || l >= s->n_layers) return CTRL_OK;
+    if (s->state[l]) return train_zero_nf4_gather(z, l); /* (the same state on every rank) */
+    ctrl_status st = CTRL_OK;
+    for (int i = s->layer_at[l]; i < s->layer_at[l + 1] && st == CTRL_OK; i++) {
+        const nf4_weight *w = &s->w[i];
+        ctrl_nf4 *q = &s->store[w->at];
+        uint8_t **dst[3] = {&q->packed, &q->qabsmax, (uint8_t **)&q->absmax2};
+        const uint8_t *mine[3] = {w->mine.packed, w->mine.qabsmax, (const uint8_t *)w->mine.absmax2};
+        for (int k = 0; k < 3 && st == CTRL_OK; k++) {
+            /* the whole part's buffer on every rank (the gather's layout), touched on the others only
+             * where their piece lies, and freed at once there */
+            uint8_t *buf = malloc(sizeof(float) * (w->floats[k] + 1));
+            if (!buf) {
+                st = ctrl_error_set(CTRL_ERR_NOMEM, "zero3: layer %d's NF4 weights (%zu bytes)", l,
+                                    sizeof(float) * w->floats[k]);
+                break;
+            }
+            memcpy(buf + sizeof(float) * w->pos[k], mine[k], w->mine_b[k]);
+            st = ctrl_collective_gather_f32((float *)buf, w->counts + k * s->size, 0);
+            if (s->rank == 0)
+                *dst[k] = buf;
+            else
+                free(buf);
+        }
+        if (s->rank == 0) q->n = w->n, q->offset = w->offset;
+    }
+    if (s->rank == 0) s->state[l] = 2; /* (released with the layer, as a use's gather) */
+    s->gathers++;
+    return st;
 }
 
 size_t train_zero_nf4_floats(const train_zero *z, int l) {

@@ -6,7 +6,7 @@
  * index, and the other ranks, serving, send their slices of it from where they lie (no buffer of their own);
  * -1 ends the save (server mode's push too, train_zero_push: the merged file's writer fetches a layer
  * by its views, a QLoRA layer by its adapters' -- its NF4 weights, sliced by zero_nf4.c, are then
- * all-gathered as a use's are, a few bytes a weight, and the serving ranks free them at once).
+ * gathered to rank 0 too, the serving ranks sending their pieces).
  * So no rank holds more than its slices plus, on rank 0, one layer (DeepSpeed gathers the
  * whole model for stage3_gather_16bit_weights_on_model_save; its zero_to_fp32 script rebuilds it offline). */
 #include <stdint.h>
@@ -32,8 +32,7 @@ static int layer_of(const train_zero *z, size_t a, size_t n) {
 }
 
 /* Unit l's sliced ranges gathered to rank 0 (every rank: the others send their slices); over a QLoRA
- * base a layer's NF4 weights then all-gathered into the store (zero_nf4.c, as a use's gather: every rank
- * rebuilds the layer's three parts, a few bytes a weight; the serving ranks free them at once). */
+ * base a layer's NF4 weights likewise, into rank 0's store (zero_nf4.c). */
 static ctrl_status gather_unit(train_zero *z, int l) {
     ctrl_status st = CTRL_OK;
     train_zero_unit r[2];
@@ -41,7 +40,7 @@ static ctrl_status gather_unit(train_zero *z, int l) {
     for (int i = 0, k = train_zero_layer_ranges(z, l, r); i < k && st == CTRL_OK; i++)
         st = ctrl_collective_gather_f32(p + r[i].a, train_zero_cut_counts(z, r[i]), 0);
     /* (the NF4 gather: a no-op without an NF4 store, and for the embeddings' and the head's units) */
-    return st == CTRL_OK ? train_zero_nf4_gather(z, l) : st;
+    return st == CTRL_OK ? train_zero_nf4_gather_root(z, l) : st;
 }
 
 /* Layer l (or -1: the end) announced to the serving ranks, then gathered to rank 0. */
@@ -94,10 +93,9 @@ ctrl_status train_zero_push(void *ctx, int on) {
             "zero3: server mode's push streamed to rank 0, %ld units (layers, embeddings, head) gathered "
             "to it one at a time (no rank holds the whole model for a push)%s",
             z->save_gathers,
-            z->nf4
-                ? "; the NF4 base's weights all-gathered with their layer, dequantized and merged on rank 0, "
-                  "freed after it"
-                : "");
+            z->nf4 ? "; the NF4 base's weights gathered to it with their layer, dequantized and merged, "
+                     "freed after it"
+                   : "");
     return st;
 }
 

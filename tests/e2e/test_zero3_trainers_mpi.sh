@@ -280,7 +280,7 @@ sed 's/^r = 4$/r = 4\nquantization = nf4/' "$TMP/gsl.ini" >"$TMP/gsq.ini"
 servers gsq "$TMP/gsq.ini" 6
 for key in loss grad_norm reward; do curve_close "$TMP/gsq-dp" "$TMP/gsq-z3" "$key" 1e-5 1e-7; done
 streamed "$TMP/gsq-z3.log" "grpo qlora zero3 server mode"
-grep -q "push streamed to rank 0, .*; the NF4 base's weights all-gathered with their layer" "$TMP/gsq-z3.log" && ok ||
+grep -q "push streamed to rank 0, .*; the NF4 base's weights gathered to it with their layer" "$TMP/gsq-z3.log" && ok ||
   bad "grpo qlora zero3 server mode: the push's line names no NF4 gathers"
 greedy() { curl -s -X POST "localhost:$1/generate" -d '{"prompts": ["12+7="], "temperature": 0, "max_tokens": 8}'; }
 a=$(greedy "$PA") b=$(greedy "$PB")
