@@ -81,7 +81,7 @@ int train_dp_eval_mine(long batch);
  * so every rank must run as many, in the same order): set around such an evaluation (train_run_evaluate).
  * The batch indices an evaluation of n_batches batches walks (with train_dp_eval_mine): n_batches, or in
  * lockstep the next multiple of the ranks, so that each rank runs as many; a batch index past the
- * end is padding (train_dp_eval_padding), as Accelerate's even_batches pads the last round -- the
+ * end is padding (train_dp_eval_batch), as Accelerate's even_batches pads the last round -- the
  * rank runs the last batch again and drops its values. */
 void train_dp_eval_set_lockstep(int on);
 long train_dp_eval_span(long n_batches);

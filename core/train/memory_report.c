@@ -47,6 +47,6 @@ void train_memory_log(const train_memory *t, ctrl_model *m, const char *optimize
         "MiB, scratch %.0f MiB, bf16 weight copy %.0f MiB, decoding's bf16 panels %.0f MiB, the rest "
         "(libraries, tokenizer, data, heap) %.0f MiB",
         t->peak_kb[2] / kb, t->peak_kb[0] / kb, t->peak_kb[1] / kb, t->peak_kb[2] / kb, t->rss_kb[2] / kb,
-        params, grads, sliced ? " (resident: zero3's slices and its gradient slices' sums)" : "", optimizer, opt, acts, scratch, copy,
-        panels, rest);
+        params, grads, sliced ? " (resident: zero3's slices and its gradient slices' sums)" : "", optimizer,
+        opt, acts, scratch, copy, panels, rest);
 }
