@@ -191,11 +191,20 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                             "%s: [peft] modules_to_save = score: trainer %s trains a causal LM, which has "
                             "no score head (the reward trainer trains one, as PEFT's task_type SEQ_CLS)",
                             ctrl_config_where(cfg, "peft", "modules_to_save"), s->run.trainer);
-    /* zero3 on several ranks: each reads its slices only (a classifier run reads the whole) */
-    const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled && !spec.needs_score;
+    /* zero3 on several ranks: each reads its slices only (a classifier too: its score head, fresh or
+     * read, whole on every rank, a fresh one seeded alike) */
+    const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled;
     const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &spec);
-    if (st == CTRL_OK && sliced)
-        st = train_zero_load(weights_dir ? weights_dir : s->model.path, attention, &r->model);
+    const char *load_dir = weights_dir ? weights_dir : s->model.path;
+    if (st == CTRL_OK && sliced && !spec.needs_score) st = train_zero_load(load_dir, attention, &r->model);
+    if (st == CTRL_OK && sliced && spec.needs_score) {
+        st = train_zero_load_classifier(load_dir, attention, 1, s->run.seed, &r->model);
+        if (st == CTRL_OK)
+            CTRL_INFO(
+                "zero3: each rank read its slices of the classifier's layers and embeddings from %s (the "
+                "final norm and the score head whole), not the whole model",
+                load_dir);
+    }
     train_model_zero3_sliced(lora_sliced);
     if (st == CTRL_OK && !sliced) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
         st = train_model_load(s, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);

@@ -11,7 +11,7 @@
 # batches of 8 (8 + 4 against 8), and in one batch of 32 (rank 1 evaluates nothing); KTO's 10 rows
 # in batches of 2, some batches all desirable or all undesirable (the ranks report different metric
 # names, merged by name); GKD's 9 rows in batches of 2. zero3 on 2 ranks for SFT, DPO (both batch
-# sizes), KTO and GKD too: the forwards gather each layer around its use, every rank running as many
+# sizes), KTO, the reward trainer (its classifier read sliced) and GKD too: the forwards gather each layer around its use, every rank running as many
 # (a rank short of a batch runs a padding one, its values dropped), and the run logs no whole gather.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_eval_ranks_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
@@ -91,7 +91,9 @@ tail -13 "$R/pairs.jsonl" >"$TMP/rm13.jsonl"
 sed -e "s|@DIR@|$R|g; s|@MODEL@|$TMP/pre|; s|@OUT@|$TMP/rm|" \
   -e "s/^max_steps = 20/max_steps = 1/; s/^learning_rate = .*/learning_rate = 1e-30/" "$R/margin_center.ini" >"$TMP/rm.ini"
 rm=(--set data.eval_file="$TMP/rm13.jsonl" --set train.per_device_eval_batch_size=3)
-both rm "$TMP/rm.ini" - 3 5 "${rm[@]}"
+both rm "$TMP/rm.ini" z3 3 5 "${rm[@]}"
+# under zero3 each rank read its slices of the classifier (the fresh score seeded alike on every rank)
+grep -q "zero3: each rank read its slices of the classifier's layers" "$TMP/rm-z3.log" && ok || bad "rm zero3: not read sliced"
 
 # 5. GKD (the distill kind): 9 rows in batches of 2, no generation (lmbda 0).
 tiny_teacher
