@@ -11,6 +11,8 @@
 #endif
 
 #include "collective/collective.h"
+#include "model/lora.h"
+#include "model/peft.h"
 #include "train/moe_aux.h"
 #include "train/train_lora.h"
 #include "train/offload_overlap.h"
@@ -126,18 +128,25 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
  * zero.Init partitions it at load); where it cannot (a device: its frozen embeddings are kept whole; a
  * score head, DoRA's magnitudes from the whole base's norms, embed_tokens / lm_head trained in
- * modules_to_save, an adapter_path's config, a reference precomputed from the base before ZeRO
- * starts) the base is read whole on every rank and rank 0 says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole,
+ * modules_to_save -- asked here or in an adapter_path's config, or that config unreadable --, a
+ * reference precomputed from the base before ZeRO starts) the base is read whole on every rank and rank 0 says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole,
  * to compare. */
 static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
-    const char *why = r->comp.cuda                ? "the run computes on a device"
-                      : spec->needs_score         ? "a score head (a classifier)"
-                      : s->peft.use_dora          ? "DoRA's magnitudes are the whole base's norms"
-                      : s->peft.save_embed_tokens ? "modules_to_save trains embed_tokens"
-                      : s->peft.save_lm_head      ? "modules_to_save trains lm_head"
-                      : s->peft.adapter_path      ? "[peft] adapter_path"
+    /* [peft] adapter_path: the adapter's own config says what it trains (its adapters are read into
+     * the model after the base, as a resume's are; one unreadable is refused by the load after) */
+    static ctrl_lora_config ad; /* large (the target list): not on the stack */
+    memset(&ad, 0, sizeof ad);
+    const int unread =
+        s->peft.adapter_path && ctrl_peft_read_config(s->peft.adapter_path, &ad, NULL, 0) != CTRL_OK;
+    const char *why = r->comp.cuda                      ? "the run computes on a device"
+                      : spec->needs_score               ? "a score head (a classifier)"
+                      : s->peft.use_dora || ad.use_dora ? "DoRA's magnitudes are the whole base's norms"
+                      : s->peft.save_embed_tokens || ad.save_embed_tokens
+                          ? "modules_to_save trains embed_tokens"
+                      : s->peft.save_lm_head || ad.save_lm_head ? "modules_to_save trains lm_head"
+                      : unread                                  ? "[peft] adapter_path's config unread"
                       : spec->needs_ref_logp && spec->precompute_ref_logp
                           ? "the reference log-probs are precomputed from the base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"

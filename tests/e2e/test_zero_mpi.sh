@@ -254,6 +254,18 @@ grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/
 dz=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zl.log")
 [ -n "$dz" ] && [ "$dz" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zlw.log")" ] &&
   ok || bad "zero3 LoRA: the sliced read's slices differ from the whole read's: '$dz'"
+# [peft] adapter_path (zl's adapter): the base read sliced as without it, the adapters read into the
+# model after it (as a resume's): after attach each rank holds what a whole read gives it, the same curve
+za=(--set peft.enabled=true --set train.save_strategy=no --set peft.adapter_path="$TMP/zl" --set memory.strategies=checkpointing,zero3)
+for w in za zaw; do
+  env $([ $w = zaw ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
+    --set run.output_dir="$TMP/$w" "${z3[@]}" "${za[@]}" >"$TMP/$w.log" 2>&1 || { bad "lora zero3 adapter_path ($w)"; tail -20 "$TMP/$w.log"; }
+done
+curve_close "$TMP/zaw" "$TMP/za" loss 1e-6
+da=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/za.log")
+[ -n "$da" ] && [ "$da" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]*" "$TMP/zaw.log") (every rank's the same)" ] &&
+  grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/za.log" && [ "$da" != "$dz" ] && ok ||
+  bad "zero3 LoRA adapter_path: not read sliced, or its slices differ from the whole read's: '$da'"
 for what in "the adapter" "checkpoint-4's adapter" "checkpoint-8's adapter"; do
   grep -q "zero3: $what saved from the adapters alone, 4 layers' adapter slices all-gathered (the frozen base never gathered); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/zl.log" && ok ||
     bad "zero3 LoRA: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/zl.log")"
