@@ -97,6 +97,11 @@ typedef ctrl_status (*ctrl_model_nf4_parts_fn)(const ctrl_model *m, void *ctx, i
 ctrl_status ctrl_model_load_lora_part(const char *dir, const ctrl_attention_ops *attn,
                                       const struct ctrl_lora_config *lora, ctrl_model_parts_fn parts,
                                       ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out);
+/* The same laid out as `cfg` says, `optional` left zero when DIR lacks it (ctrl_model_load_part_as). */
+ctrl_status ctrl_model_load_lora_part_as(const char *dir, const ctrl_model_config *cfg,
+                                         const ctrl_attention_ops *attn, const char *optional,
+                                         const struct ctrl_lora_config *lora, ctrl_model_parts_fn parts,
+                                         ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out);
 /* After a load with nf4_parts: the spans each NF4 store entry holds ([2i], [2i + 1] in values of the
  * whole weight, whose n the entry keeps; the entry's buffers begin at value [2i]); NULL when every
  * entry is whole. ctrl_model_nf4_parts_done: the entries are whole again or freed (the spans dropped). */
@@ -419,6 +424,13 @@ ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attentio
 ctrl_status ctrl_model_load_classifier_part(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                             uint64_t seed, ctrl_model_parts_fn parts, void *ctx,
                                             ctrl_model **out);
+/* Under LoRA adapters (ctrl_model_load_classifier_lora) reading the ranges `parts` gives and, with
+ * QLoRA, the NF4 spans `nf4_parts` gives (ctrl_model_load_lora_part). */
+ctrl_status ctrl_model_load_classifier_lora_part(const char *dir, const ctrl_attention_ops *attn,
+                                                 int num_labels, uint64_t seed,
+                                                 const struct ctrl_lora_config *lora,
+                                                 ctrl_model_parts_fn parts, ctrl_model_nf4_parts_fn nf4_parts,
+                                                 void *ctx, ctrl_model **out);
 /* The token of a sequence its score is read at: the last one that is not pad_token_id (the
  * rightmost non-pad token; 0 when all are pad), or the last one when the config has no pad token --
  * what transformers does on a padded row holding this sequence. */

@@ -229,8 +229,15 @@ ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cf
 ctrl_status ctrl_model_load_part_as(const char *dir, const ctrl_model_config *cfg,
                                     const ctrl_attention_ops *attn, const char *optional,
                                     ctrl_model_parts_fn parts, void *ctx, ctrl_model **out) {
-    const load_parts p = {parts, NULL, ctx};
-    return load_into(dir, cfg, attn, optional, NULL, &p, out);
+    return ctrl_model_load_lora_part_as(dir, cfg, attn, optional, NULL, parts, NULL, ctx, out);
+}
+
+ctrl_status ctrl_model_load_lora_part_as(const char *dir, const ctrl_model_config *cfg,
+                                         const ctrl_attention_ops *attn, const char *optional,
+                                         const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
+                                         ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out) {
+    const load_parts p = {parts, nf4_parts, ctx};
+    return load_into(dir, cfg, attn, optional, lora, &p, out);
 }
 
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,

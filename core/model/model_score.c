@@ -114,22 +114,29 @@ ctrl_status ctrl_model_load_classifier(const char *dir, const ctrl_attention_ops
 
 static ctrl_status load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                    uint64_t seed, const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
-                                   void *ctx, ctrl_model **out);
+                                   ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out);
 
 ctrl_status ctrl_model_load_classifier_lora(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                             uint64_t seed, const ctrl_lora_config *lora, ctrl_model **out) {
-    return load_classifier(dir, attn, num_labels, seed, lora, NULL, NULL, out);
+    return load_classifier(dir, attn, num_labels, seed, lora, NULL, NULL, NULL, out);
 }
 
 ctrl_status ctrl_model_load_classifier_part(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                             uint64_t seed, ctrl_model_parts_fn parts, void *ctx,
                                             ctrl_model **out) {
-    return load_classifier(dir, attn, num_labels, seed, NULL, parts, ctx, out);
+    return load_classifier(dir, attn, num_labels, seed, NULL, parts, NULL, ctx, out);
+}
+
+ctrl_status ctrl_model_load_classifier_lora_part(const char *dir, const ctrl_attention_ops *attn,
+                                                 int num_labels, uint64_t seed, const ctrl_lora_config *lora,
+                                                 ctrl_model_parts_fn parts, ctrl_model_nf4_parts_fn nf4_parts,
+                                                 void *ctx, ctrl_model **out) {
+    return load_classifier(dir, attn, num_labels, seed, lora, parts, nf4_parts, ctx, out);
 }
 
 static ctrl_status load_classifier(const char *dir, const ctrl_attention_ops *attn, int num_labels,
                                    uint64_t seed, const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
-                                   void *ctx, ctrl_model **out) {
+                                   ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out) {
     *out = NULL;
     ctrl_model_config cfg;
     MODEL_TRY(ctrl_model_config_load(dir, &cfg));
@@ -143,7 +150,8 @@ static ctrl_status load_classifier(const char *dir, const ctrl_attention_ops *at
     cfg.num_labels = num_labels;
     ctrl_model *m;
     if (parts)
-        MODEL_TRY(ctrl_model_load_part_as(dir, &cfg, attn, fresh ? "score.weight" : NULL, parts, ctx, &m));
+        MODEL_TRY(ctrl_model_load_lora_part_as(dir, &cfg, attn, fresh ? "score.weight" : NULL, lora, parts,
+                                               nf4_parts, ctx, &m));
     else
         MODEL_TRY(ctrl_model_load_as_lora(dir, &cfg, attn, fresh ? "score.weight" : NULL, lora, &m));
     if (fresh)

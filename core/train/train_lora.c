@@ -82,20 +82,24 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_op
             "held in bf16 on the CPU only (set [run] device = cpu, or embedding_dtype = fp32)");
     /* a classifier (PEFT's SEQ_CLS): the trunk frozen under the adapters, the score trained in full,
      * its first value the base's (a classifier) or a new one's (a causal LM's trunk) */
-    st = num_labels > 0
+    st = num_labels > 0 && load_sliced
+             ? ctrl_model_load_classifier_lora_part(s->model.path, attn, num_labels, s->run.seed, &lc,
+                                                    train_zero_rank_parts, train_zero_rank_nf4_parts, NULL,
+                                                    out)
+         : num_labels > 0
              ? ctrl_model_load_classifier_lora(s->model.path, attn, num_labels, s->run.seed, &lc, out)
          : load_sliced ? ctrl_model_load_lora_part(s->model.path, attn, &lc, train_zero_rank_parts,
                                                    train_zero_rank_nf4_parts, NULL, out)
                        : ctrl_model_load_lora(s->model.path, attn, &lc, out);
     if (st != CTRL_OK) return st;
-    if (load_sliced && num_labels <= 0 && lc.nf4)
+    if (load_sliced && lc.nf4)
         CTRL_INFO(
             "zero3 + QLoRA: each rank read its slices of the frozen embeddings (and an untied head) "
             "from %s and kept its slices of each NF4 weight (each read and quantized whole as it loads, "
             "one at a time: its absmax offset is the mean over the whole weight); the layers' norms and "
             "biases and the final norm whole; not the whole base",
             s->model.path);
-    else if (load_sliced && num_labels <= 0)
+    else if (load_sliced)
         CTRL_INFO("zero3 + LoRA: each rank read its slices of the frozen base from %s (each layer's, the "
                   "embeddings' and an untied head's; the final norm whole), not the whole base",
                   s->model.path);

@@ -126,11 +126,11 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
 }
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
- * zero.Init partitions it at load); where it cannot (a device: its frozen embeddings are kept whole; a
- * score head, DoRA's magnitudes from the whole base's norms, embed_tokens / lm_head trained in
- * modules_to_save -- asked here or in an adapter_path's config, or that config unreadable --, a
- * reference precomputed from the base before ZeRO starts) the base is read whole on every rank and rank 0 says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole,
- * to compare. */
+ * zero.Init partitions it at load; a classifier's too, its score whole); where it cannot (a device: its
+ * frozen embeddings are kept whole; DoRA's magnitudes from the whole base's norms, embed_tokens / lm_head
+ * trained in modules_to_save -- asked here or in an adapter_path's config, or that config unreadable --, a
+ * reference precomputed from the base before ZeRO starts) the base is read whole on every rank and rank 0
+ * says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
 static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
@@ -141,7 +141,6 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
     const int unread =
         s->peft.adapter_path && ctrl_peft_read_config(s->peft.adapter_path, &ad, NULL, 0) != CTRL_OK;
     const char *why = r->comp.cuda                      ? "the run computes on a device"
-                      : spec->needs_score               ? "a score head (a classifier)"
                       : s->peft.use_dora || ad.use_dora ? "DoRA's magnitudes are the whole base's norms"
                       : s->peft.save_embed_tokens || ad.save_embed_tokens
                           ? "modules_to_save trains embed_tokens"

@@ -94,6 +94,17 @@ rm=(--set data.eval_file="$TMP/rm13.jsonl" --set train.per_device_eval_batch_siz
 both rm "$TMP/rm.ini" z3 3 5 "${rm[@]}"
 # under zero3 each rank read its slices of the classifier (the fresh score seeded alike on every rank)
 grep -q "zero3: each rank read its slices of the classifier's layers" "$TMP/rm-z3.log" && ok || bad "rm zero3: not read sliced"
+# with LoRA (PEFT's SEQ_CLS: the score trained beside the adapters) the frozen base read sliced too: what
+# each rank holds after attach is what a whole read gives it (digests), the same evaluations
+for w in rml rmlw; do
+  run1 "$w" env $([ $w = rmlw ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" \
+    train "$TMP/rm.ini" --set run.output_dir="$TMP/$w" "${rm[@]}" --set peft.enabled=true --set memory.strategies=zero3
+done
+same_evals rmlw rml 2
+dg=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]*" "$TMP/rml.log")
+[ -n "$dg" ] && [ "$dg" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]*" "$TMP/rmlw.log")" ] &&
+  grep -q "zero3 + LoRA: each rank read its slices of the frozen base" "$TMP/rml.log" && ok ||
+  bad "rm lora zero3: not read sliced, or its slices differ from the whole read's: '$dg'"
 
 # 5. GKD (the distill kind): 9 rows in batches of 2, no generation (lmbda 0).
 tiny_teacher
