@@ -58,7 +58,7 @@ ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device);
  * loaded machine the wall clock measures the load. */
 void train_dp_report(const train_dp *dp);
 /* Rank 0's weights to every rank (after loading; adapters initialised at random included). */
-ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m);
+ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m, int keep_outer);
 /* Checks that every rank holds the same weights (a checksum compared): an error naming the step
  * when they diverged. */
 ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step);

@@ -127,9 +127,9 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
  * zero.Init partitions it at load; a classifier's too, its score whole); where it cannot (a device: its
- * frozen embeddings are kept whole; DoRA's magnitudes from the whole base's norms, embed_tokens / lm_head
- * trained in modules_to_save -- asked here or in an adapter_path's config, or that config unreadable --, a
- * reference precomputed from the base before ZeRO starts) the base is read whole on every rank and rank 0
+ * frozen embeddings are kept whole; DoRA's magnitudes from the whole base's norms -- asked here or in an
+ * adapter_path's config, or that config unreadable --; a reference precomputed from the base before
+ * ZeRO starts) the base is read whole on every rank and rank 0
  * says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
 static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec) {
     const ctrl_run_settings *s = r->s;
@@ -142,10 +142,7 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
         s->peft.adapter_path && ctrl_peft_read_config(s->peft.adapter_path, &ad, NULL, 0) != CTRL_OK;
     const char *why = r->comp.cuda                      ? "the run computes on a device"
                       : s->peft.use_dora || ad.use_dora ? "DoRA's magnitudes are the whole base's norms"
-                      : s->peft.save_embed_tokens || ad.save_embed_tokens
-                          ? "modules_to_save trains embed_tokens"
-                      : s->peft.save_lm_head || ad.save_lm_head ? "modules_to_save trains lm_head"
-                      : unread                                  ? "[peft] adapter_path's config unread"
+                      : unread                          ? "[peft] adapter_path's config unread"
                       : spec->needs_ref_logp && spec->precompute_ref_logp
                           ? "the reference log-probs are precomputed from the base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"
@@ -265,8 +262,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK)
         st = train_dp_init(&r->dp, r->kind_ops, r->kind, s->train.per_device_train_batch_size,
                            s->train.gradient_accumulation_steps);
-    if (st == CTRL_OK && !sliced) /* sliced: the same files (LoRA: the adapters alone, whole here) */
-        st = train_dp_broadcast_weights(&r->dp, r->model);
+    /* sliced: the same files (LoRA: the adapters, whole here; read sliced, a trained embed_tokens /
+     * lm_head copy is each rank's slice: not sent) */
+    if (st == CTRL_OK && !sliced) st = train_dp_broadcast_weights(&r->dp, r->model, lora_sliced);
     if (st == CTRL_OK && !zero_stage && !offload)
         st = train_dp_share_grads(&r->dp, r->model, s->train.ddp_shared_memory);
     if (st == CTRL_OK) st = train_run_report_load_memory(r, sliced || lora_sliced);

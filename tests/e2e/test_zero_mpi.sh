@@ -254,18 +254,29 @@ grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/
 dz=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zl.log")
 [ -n "$dz" ] && [ "$dz" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zlw.log")" ] &&
   ok || bad "zero3 LoRA: the sliced read's slices differ from the whole read's: '$dz'"
+# digest_pair NAME WHAT SETTINGS...: a zero3 LoRA run reading its base sliced (NAME) and one reading it whole
+# (NAME-w), each hashing the model gathered after attach: the same digest and loss curve, and the sliced
+# read said; the digest into DIGEST
+digest_pair() {
+  local name=$1 what=$2 w d && shift 2
+  for w in "$name" "$name-w"; do
+    env $([ "$w" = "$name-w" ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" \
+      train "$TMP/run.ini" --set run.output_dir="$TMP/$w" "${z3[@]}" --set peft.enabled=true \
+      --set train.save_strategy=no "$@" >"$TMP/$w.log" 2>&1 || { bad "lora zero3 $what ($w)"; tail -20 "$TMP/$w.log"; }
+  done
+  curve_close "$TMP/$name-w" "$TMP/$name" loss 1e-6
+  DIGEST=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]*" "$TMP/$name.log")
+  [ -n "$DIGEST" ] && [ "$DIGEST" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]*" "$TMP/$name-w.log")" ] &&
+    grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/$name.log" && ok ||
+    bad "zero3 LoRA $what: not read sliced, or its slices differ from the whole read's: '$DIGEST'"
+}
 # [peft] adapter_path (zl's adapter): the base read sliced as without it, the adapters read into the
-# model after it (as a resume's): after attach each rank holds what a whole read gives it, the same curve
-za=(--set peft.enabled=true --set train.save_strategy=no --set peft.adapter_path="$TMP/zl" --set memory.strategies=checkpointing,zero3)
-for w in za zaw; do
-  env $([ $w = zaw ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
-    --set run.output_dir="$TMP/$w" "${z3[@]}" "${za[@]}" >"$TMP/$w.log" 2>&1 || { bad "lora zero3 adapter_path ($w)"; tail -20 "$TMP/$w.log"; }
-done
-curve_close "$TMP/zaw" "$TMP/za" loss 1e-6
-da=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/za.log")
-[ -n "$da" ] && [ "$da" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]*" "$TMP/zaw.log") (every rank's the same)" ] &&
-  grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/za.log" && [ "$da" != "$dz" ] && ok ||
-  bad "zero3 LoRA adapter_path: not read sliced, or its slices differ from the whole read's: '$da'"
+# model after it (as a resume's); its digest is not zl's (the adapters read, not made)
+digest_pair za adapter_path --set peft.adapter_path="$TMP/zl" --set memory.strategies=checkpointing,zero3
+[ "$DIGEST (every rank's the same)" != "$dz" ] && ok || bad "zero3 LoRA adapter_path: the adapter was not read"
+# modules_to_save = embed_tokens, lm_head: their trained copies read sliced as the rest (rank 0 then holds
+# only its slices of them, so they are not broadcast from it)
+digest_pair zm modules_to_save --set peft.modules_to_save=embed_tokens,lm_head --set memory.strategies=zero3
 for what in "the adapter" "checkpoint-4's adapter" "checkpoint-8's adapter"; do
   grep -q "zero3: $what saved from the adapters alone, 4 layers' adapter slices all-gathered (the frozen base never gathered); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/zl.log" && ok ||
     bad "zero3 LoRA: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/zl.log")"
