@@ -7,6 +7,7 @@
 #define CTRL_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -62,6 +63,10 @@ extern int test_current_failed;
             test_fail_at(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %g)", #a, #b, da_, db_,             \
                          (double)(tol));                                                                     \
     } while (0)
+
+/* A seed for a test's random inputs: fresh each run (the clock), or CTRL_TEST_SEED's value to
+ * replay a failure; printed either way. */
+uint64_t test_fresh_seed(void);
 
 /* Relative error of two arrays, ||a-b|| / ||b||; NaN never passes. */
 double test_rel_error_f32(const float *a, const float *b, long n);

@@ -1,6 +1,7 @@
 /* The runner behind tests/test.h. */
 #include <stdarg.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "test.h"
 
@@ -36,6 +37,13 @@ void test_fail_at(const char *file, int line, const char *fmt, ...) {
 void test_skip(const char *why) {
     current_skipped = 1;
     snprintf(skip_reason, sizeof skip_reason, "%s", why);
+}
+
+uint64_t test_fresh_seed(void) {
+    const char *env = getenv("CTRL_TEST_SEED");
+    const uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) * 6364136223846793005ull | 1;
+    printf("  seed %llu (CTRL_TEST_SEED replays it)\n", (unsigned long long)seed);
+    return seed;
 }
 
 double test_rel_error_f64(const double *a, const double *b, long n) {

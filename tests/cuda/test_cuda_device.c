@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/cuda_ops.h"
 #include "test.h"
@@ -195,7 +194,4 @@ TEST(no_device_is_a_clear_error) {
     }
 }
 
-__attribute__((constructor)) static void seed(void) {
-    rng = (uint64_t)time(NULL) * 2654435761u | 1;
-    printf("  seed %llu\n", (unsigned long long)rng);
-}
+__attribute__((constructor)) static void seed(void) { rng = test_fresh_seed(); }

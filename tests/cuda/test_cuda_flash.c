@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <ctrl/attention.h>
 
@@ -105,10 +104,14 @@ static void run_capped(const ctrl_attention_ops *ops, const shape *s, ctrl_dtype
         const double e = test_rel_error_f32(h, outs[i].ref, (long)outs[i].n);
         /* A gradient that is zero in exact arithmetic (dq and dk when each query sees one key: the
          * softmax is constant) is rounding noise in the reference (~1e-7), so a relative error
-         * means nothing there: such outputs pass when they are within 1e-6 absolutely. */
+         * means nothing there: such outputs pass when they are within 1e-6 absolutely. The lse is a
+         * logarithm: an error d in it is a relative error d in the softmax's normaliser, so it passes
+         * within tol absolutely too (with one key per query it is a single score, often near zero,
+         * where a relative error over a few heads is the bf16 rounding of q.k divided by chance). */
         double worst = 0;
         for (size_t z = 0; z < outs[i].n; z++) worst = fmax(worst, fabs((double)h[z] - outs[i].ref[z]));
-        CHECK_MSG(e <= tol || worst <= 1e-6,
+        const int is_lse = outs[i].ref == lse;
+        CHECK_MSG(e <= tol || worst <= 1e-6 || (is_lse && worst <= tol),
                   "%s%s %s: T %d (%d seqs) H %d/%d D %d window %d softcap %g: relative error %.3g (worst abs "
                   "%.3g)",
                   ctrl_dtype_name(dt), compute_bf16 ? " (bf16 products)" : "", outs[i].name, T, s->n_seqs, H,
@@ -282,10 +285,7 @@ TEST(flash_cuda_default_path) {
     ctrl_registry_destroy(reg);
 }
 
-__attribute__((constructor)) static void seed(void) {
-    rng = (uint64_t)time(NULL) * 6364136223846793005ull | 1;
-    printf("  seed %llu\n", (unsigned long long)rng);
-}
+__attribute__((constructor)) static void seed(void) { rng = test_fresh_seed(); }
 
 #else
 

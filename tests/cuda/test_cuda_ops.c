@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_ops.h"
@@ -378,10 +377,7 @@ TEST(adamw_fused) {
     free(p), free(m), free(v);
 }
 
-__attribute__((constructor)) static void seed(void) {
-    rng = (uint64_t)time(NULL) * 6364136223846793005ull | 1;
-    printf("  seed %llu\n", (unsigned long long)rng);
-}
+__attribute__((constructor)) static void seed(void) { rng = test_fresh_seed(); }
 
 /* bf16 compute through the backend table (cuda_backend_ops.c: operands converted to bf16, cuBLASLt's
  * bf16 GEMM, fp32 accumulation) against the CPU's bf16 linear (kernels/cpu/bf16.c): both multiply
