@@ -126,26 +126,22 @@ void train_dp_report(const train_dp *dp) {
         dp->sync_cpu_s * 1e3 / (double)dp->syncs, dp->syncs);
 }
 
-/* Whether view v is a trained embed_tokens / lm_head copy (LoRA's modules_to_save). */
-static int outer_view(const ctrl_param_view *v) {
-    return !strcmp(v->name, "model.embed_tokens.weight") || !strcmp(v->name, "lm_head.weight");
-}
-
-ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m, int keep_outer) {
+ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m,
+                                       int (*keep)(const ctrl_param_view *v)) {
     if (dp->size == 1) return CTRL_OK;
     size_t n = 0;
     float *p = ctrl_model_params(m, &n);
     /* Only what trains: a LoRA run's frozen base (the floats before the trainable offset) came from the
      * same files on every rank, and where it is held elsewhere (bf16, panels, NF4) its fp32 pages were
-     * given back: writing them again would make every other rank hold the whole fp32 base. keep_outer:
-     * neither the trained embed_tokens / lm_head copies each rank read its zero3 slice of (rank 0 holds
-     * only its own): the runs of views between them are sent, in order. */
+     * given back: writing them again would make every other rank hold the whole fp32 base. Nor the
+     * trained views `keep` names (each rank read its own slice of them, rank 0 holds only its own):
+     * the runs of views between them are sent, in order. */
     const size_t first = ctrl_model_trainable_offset(m);
     ctrl_status st = CTRL_OK;
     size_t at = first; /* the start of the run not sent yet */
-    for (int i = 0; keep_outer && i < ctrl_model_view_count(m) && st == CTRL_OK; i++) {
+    for (int i = 0; keep && i < ctrl_model_view_count(m) && st == CTRL_OK; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
-        if ((size_t)v->offset < first || !outer_view(v)) continue;
+        if ((size_t)v->offset < first || !keep(v)) continue;
         if ((size_t)v->offset > at)
             st = ctrl_collective_broadcast(p + at, ((size_t)v->offset - at) * sizeof *p, 0);
         at = (size_t)v->offset + (size_t)v->numel;

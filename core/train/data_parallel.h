@@ -57,8 +57,10 @@ ctrl_status train_dp_average_grads(train_dp *dp, ctrl_model *m, int on_device);
  * an info line for the benches (bench/distributed/bench_dp.sh). On free cores the two agree; on a
  * loaded machine the wall clock measures the load. */
 void train_dp_report(const train_dp *dp);
-/* Rank 0's weights to every rank (after loading; adapters initialised at random included). */
-ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m, int keep_outer);
+/* Rank 0's weights to every rank (after loading; adapters initialised at random included) but the
+ * trained views for which `keep` (NULL: none) says each rank holds its own. */
+ctrl_status train_dp_broadcast_weights(const train_dp *dp, ctrl_model *m,
+                                       int (*keep)(const ctrl_param_view *v));
 /* Checks that every rank holds the same weights (a checksum compared): an error naming the step
  * when they diverged. */
 ctrl_status train_dp_check_weights(const train_dp *dp, ctrl_model *m, long step);

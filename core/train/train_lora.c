@@ -48,16 +48,22 @@ static int loop_decodes; /* train_model_decodes */
 
 void train_model_decodes(int decodes) { loop_decodes = decodes; }
 
-ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
-                             int num_labels, ctrl_model **out) {
+ctrl_status train_lora_config(const ctrl_run_settings *s, ctrl_lora_config *out) {
+    return s->peft.adapter_path ? ctrl_peft_read_config(s->peft.adapter_path, out, NULL, 0)
+                                : lora_from_settings(s, out);
+}
+
+ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config *lora,
+                             const ctrl_attention_ops *attn, const char *ckpt, int num_labels,
+                             ctrl_model **out) {
     if (!s->peft.enabled)
         return num_labels > 0 ? ctrl_model_load_classifier(ckpt ? ckpt : s->model.path, attn, num_labels,
                                                            s->run.seed, out)
                               : ctrl_model_load(ckpt ? ckpt : s->model.path, attn, out);
     static ctrl_lora_config lc; /* large (the target list): not on the stack */
+    lc = *lora;
     const char *adapter = s->peft.adapter_path;
-    ctrl_status st = adapter ? ctrl_peft_read_config(adapter, &lc, NULL, 0) : lora_from_settings(s, &lc);
-    if (st != CTRL_OK) return st;
+    ctrl_status st = CTRL_OK;
     if (adapter && lc.seq_cls != (num_labels > 0))
         return ctrl_error_set(
             CTRL_ERR_CONFIG, "[peft] adapter_path = %s: a %s adapter, and trainer %s trains %s", adapter,

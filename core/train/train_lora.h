@@ -5,14 +5,21 @@
 #include <ctrl/attention.h>
 
 #include "config/config_load.h"
+#include "model/lora.h"
 #include "model/model.h"
 
-/* With [peft] enabled: the base ([model] path) frozen under LoRA adapters whose weights are
+/* With [peft] enabled: the LoRA config the run trains -- [peft] adapter_path's adapter_config.json
+ * (an error naming the file when it cannot be read), else the [peft] settings made into one. Read
+ * once by the run's setup, then handed to train_model_load. */
+ctrl_status train_lora_config(const ctrl_run_settings *s, ctrl_lora_config *out);
+/* With [peft] enabled: the base ([model] path) frozen under LoRA adapters (`lora`,
+ * train_lora_config's; unused without [peft]) whose weights are
  * `ckpt`'s adapter when resuming, else [peft] adapter_path's, else initialised; without:
  * `ckpt`'s full weights, else [model] path's. num_labels > 0: a sequence classifier of that many
  * labels (ctrl_model_load_classifier; with LoRA PEFT's SEQ_CLS, the score in the adapter). */
-ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_attention_ops *attn, const char *ckpt,
-                             int num_labels, ctrl_model **out);
+ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config *lora,
+                             const ctrl_attention_ops *attn, const char *ckpt, int num_labels,
+                             ctrl_model **out);
 /* Says that a LoRA run under ZeRO-3 on several ranks reads only this rank's slices of the frozen base
  * (train_zero_rank_parts; QLoRA: quantizes each NF4 weight and keeps its slice,
  * train_zero_rank_nf4_parts): set before train_model_load, 0 until then. */

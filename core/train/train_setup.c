@@ -12,7 +12,6 @@
 
 #include "collective/collective.h"
 #include "model/lora.h"
-#include "model/peft.h"
 #include "train/moe_aux.h"
 #include "train/train_lora.h"
 #include "train/offload_overlap.h"
@@ -125,24 +124,21 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
     return CTRL_OK;
 }
 
+/* A view stage 3 reads as each rank's slice outside the layers (train_dp_broadcast_weights' keep). */
+static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer_index(v) >= 0; }
+
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
  * zero.Init partitions it at load; a classifier's too, its score whole); where it cannot (a device: its
- * frozen embeddings are kept whole; DoRA's magnitudes from the whole base's norms -- asked here or in an
- * adapter_path's config, or that config unreadable --; a reference precomputed from the base before
- * ZeRO starts) the base is read whole on every rank and rank 0
- * says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
-static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec) {
+ * frozen embeddings are kept whole; DoRA's magnitudes from the whole base's norms -- asked in the
+ * settings or in an adapter_path's config, `lora` --; a reference precomputed from the base before
+ * ZeRO starts) the base is read whole on every rank and rank 0 says why.
+ * CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
+static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec,
+                             const ctrl_lora_config *lora) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
-    /* [peft] adapter_path: the adapter's own config says what it trains (its adapters are read into
-     * the model after the base, as a resume's are; one unreadable is refused by the load after) */
-    static ctrl_lora_config ad; /* large (the target list): not on the stack */
-    memset(&ad, 0, sizeof ad);
-    const int unread =
-        s->peft.adapter_path && ctrl_peft_read_config(s->peft.adapter_path, &ad, NULL, 0) != CTRL_OK;
-    const char *why = r->comp.cuda                      ? "the run computes on a device"
-                      : s->peft.use_dora || ad.use_dora ? "DoRA's magnitudes are the whole base's norms"
-                      : unread                          ? "[peft] adapter_path's config unread"
+    const char *why = r->comp.cuda     ? "the run computes on a device"
+                      : lora->use_dora ? "DoRA's magnitudes are the whole base's norms"
                       : spec->needs_ref_logp && spec->precompute_ref_logp
                           ? "the reference log-probs are precomputed from the base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"
@@ -199,7 +195,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     /* zero3 on several ranks: each reads its slices only (a classifier too: its score head, fresh or
      * read, whole on every rank, a fresh one seeded alike) */
     const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled;
-    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &spec);
+    static ctrl_lora_config lora; /* [peft]'s, read once (large: the target list, not on the stack) */
+    if (st == CTRL_OK && s->peft.enabled) st = train_lora_config(s, &lora);
+    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &spec, &lora);
     const char *load_dir = weights_dir ? weights_dir : s->model.path;
     if (st == CTRL_OK && sliced && !spec.needs_score) st = train_zero_load(load_dir, attention, &r->model);
     if (st == CTRL_OK && sliced && spec.needs_score) {
@@ -212,7 +210,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     }
     train_model_zero3_sliced(lora_sliced);
     if (st == CTRL_OK && !sliced) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
-        st = train_model_load(s, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
+        st = train_model_load(s, &lora, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
     train_model_zero3_sliced(0);
     /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
@@ -264,7 +262,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                            s->train.gradient_accumulation_steps);
     /* sliced: the same files (LoRA: the adapters, whole here; read sliced, a trained embed_tokens /
      * lm_head copy is each rank's slice: not sent) */
-    if (st == CTRL_OK && !sliced) st = train_dp_broadcast_weights(&r->dp, r->model, lora_sliced);
+    if (st == CTRL_OK && !sliced)
+        st = train_dp_broadcast_weights(&r->dp, r->model, lora_sliced ? sliced_outer_view : NULL);
     if (st == CTRL_OK && !zero_stage && !offload)
         st = train_dp_share_grads(&r->dp, r->model, s->train.ddp_shared_memory);
     if (st == CTRL_OK) st = train_run_report_load_memory(r, sliced || lora_sliced);

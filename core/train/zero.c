@@ -60,16 +60,19 @@ static int view_layer(const ctrl_param_view *v) {
     return sscanf(v->name, "model.layers.%d.%n", &l, &n) == 1 && n > 0 ? l : -1;
 }
 
-/* Stage 3: the slot of a view outside the layers that is sliced -- the embeddings n_layers, an
- * untied LM head n_layers + 1 (DeepSpeed partitions them as any parameter above
- * stage3_param_persistence_threshold: at any real vocabulary they are the largest tensors) --, else
- * -1 (the final norm, a score head: kept whole, small). */
-static int outer_slot(const train_zero *z, const ctrl_param_view *v, int n_layers) {
+int train_zero_outer_index(const ctrl_param_view *v) {
     /* tests and benchmarks: kept whole as before (CTRL_TEST_ZERO3_WHOLE_EMBED), to compare */
-    if (z->stage < 3 || getenv("CTRL_TEST_ZERO3_WHOLE_EMBED")) return -1;
-    if (!strcmp(v->name, "model.embed_tokens.weight")) return n_layers;
-    if (!strcmp(v->name, "lm_head.weight")) return n_layers + 1;
+    if (getenv("CTRL_TEST_ZERO3_WHOLE_EMBED")) return -1;
+    if (!strcmp(v->name, "model.embed_tokens.weight")) return 0;
+    if (!strcmp(v->name, "lm_head.weight")) return 1;
     return -1;
+}
+
+/* Stage 3: the slot of a view outside the layers that is sliced (train_zero_outer_index: the
+ * embeddings n_layers, an untied LM head n_layers + 1), else -1. */
+static int outer_slot(const train_zero *z, const ctrl_param_view *v, int n_layers) {
+    const int o = z->stage >= 3 ? train_zero_outer_index(v) : -1;
+    return o < 0 ? -1 : n_layers + o;
 }
 
 /* The partitioned stages' units (2 and 3 on the CPU): the runs of consecutive views of one layer

@@ -198,6 +198,11 @@ const int *train_zero_cut_counts(train_zero *z, train_zero_unit u);
 /* Stage 3: the bytes of the sliced parameters (the layers', the embeddings' and an untied head's:
  * the units sliced between uses), less the persistent views' (persist_bytes, whole on every rank). */
 size_t train_zero_layer_bytes(const train_zero *z);
+/* Stage 3 slices the views outside the layers that are the largest tensors at any real vocabulary
+ * -- the embeddings (0) and an untied LM head (1) -- as a layer, as DeepSpeed partitions any
+ * parameter above stage3_param_persistence_threshold; -1 for any other view (the final norm, a
+ * score head: kept whole, small). */
+int train_zero_outer_index(const ctrl_param_view *v);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
  * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned; its zero3

@@ -176,7 +176,9 @@ ctrl_status train_zero_save_serve(train_zero *z) {
             return ctrl_error_set(CTRL_ERR_RUNTIME, "zero3 save: rank 0 asked for unit %d of %d", (int)l,
                                   z->n_slots);
         st = gather_unit(z, l);
-        train_zero_nf4_release(z, l); /* (rank 0 releases its copy with the layer) */
+        /* QLoRA: the gather left nothing here unless the layer's NF4 weights were already whole on
+         * every rank (gathered before the save); then they go as rank 0's go, with the layer */
+        train_zero_nf4_release(z, l);
         if (st != CTRL_OK) return st;
         z->save_gathers++;
     }
