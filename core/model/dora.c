@@ -79,7 +79,9 @@ static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT, co
 }
 
 /* QDoRA: ||W_j|| of every adapted row of an NF4 base into m->dora_wn (backend memory), once: the base
- * is frozen (nf4_store drops them when a weight loads again). A row at a time from the host's store. */
+ * is frozen (nf4_store drops them when a weight loads again; the model's move to another backend
+ * too). A row at a time from the host's store -- whole until ZeRO-3 slices it, which computes them
+ * first (ctrl_model_nf4_hold_norms). */
 static ctrl_status nf4_norms(ctrl_model *m) {
     if (m->dora_wn || !m->nf4_w) return CTRL_OK;
     const size_t total = m->dora_norm_n ? m->dora_norm_n : 1;
@@ -156,6 +158,7 @@ ctrl_status dora_prepare(ctrl_model *m) {
         if (!m->dora_pending && !(m->dora_pending = malloc(n)))
             return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %zu layer flags", n);
         MODEL_TRY(norms_alloc(m));
+        MODEL_TRY(nf4_norms(m)); /* QDoRA: computed before the slicing (ctrl_model_nf4_hold_norms) */
         memset(m->dora_pending, 1, n);
     } else {
         MODEL_TRY(all_norms(m, 0));
@@ -163,6 +166,10 @@ ctrl_status dora_prepare(ctrl_model *m) {
     }
     m->dora_valid = 1;
     return CTRL_OK;
+}
+
+ctrl_status ctrl_model_nf4_hold_norms(ctrl_model *m) {
+    return m->has_lora && m->lora->use_dora ? nf4_norms(m) : CTRL_OK;
 }
 
 ctrl_status dora_layer_ready(ctrl_model *m, int l) {

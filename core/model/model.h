@@ -81,11 +81,21 @@ const struct ctrl_lora_config *ctrl_model_lora(const ctrl_model *m);
 void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap);
 /* ZeRO-3 over a QLoRA base (core/train/zero_nf4.c): the model's NF4 store in host memory -- layer l's
  * projection t at [l * *per_layer + t]; an entry whose packed is NULL holds nothing (a fused module's
- * later linears, an MoE layer's MLP) -- or NULL (no NF4 base, or one copied to a device). The caller
+ * later linears, an MoE layer's MLP) -- or NULL (no NF4 base). On a device model the products read the
+ * device's copy (ctrl_model_nf4_device); the host's entries then keep what it was copied from. The caller
  * may replace an entry's buffers (ctrl_nf4_free frees them; the model frees what an entry holds when it
  * is freed): each rank keeps its slice and puts the whole weight back around a layer's use. A product
  * with a weight whose entry holds nothing is an error naming the layer, never a read of freed memory. */
 struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer);
+/* A device model's copy of the NF4 store: 3 device buffers an entry (packed, absmax bytes, absmax
+ * scales), entry i at [3i], described by the host entry's n and offset; NULL on the CPU. The caller may
+ * free an entry's buffers (the backend's free) and put others of the same bytes in their place (the
+ * model frees what is there when it is freed); a product with an entry whose buffers are NULL is an
+ * error naming the layer. */
+void **ctrl_model_nf4_device(ctrl_model *m);
+/* QDoRA over an NF4 base: its weights' row norms computed now from the host's store (kept on the
+ * model's backend until it moves), before ZeRO-3 cuts the store into slices; a no-op otherwise. */
+ctrl_status ctrl_model_nf4_hold_norms(ctrl_model *m);
 /* ctrl_model_load_part with LoRA adapters (ctrl_model_load_lora; lora may be NULL): the adapters are made,
  * not read, whatever the ranges say. QLoRA (lora->nf4): each NF4 weight is read and quantized whole (its
  * absmax offset is the mean over all of its blocks) and only its values [spans[2i], spans[2i + 1])

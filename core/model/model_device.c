@@ -22,7 +22,7 @@ void ctrl_model_release_scratch(ctrl_model *m) {
     model_moe_release(m);     /* the mixture-of-experts layers' activations and scratch too */
     void **bufs[] = {(void **)&m->act_mem, (void **)&m->head_dh, (void **)&m->bwd_mem, (void **)&m->stage,
                      &m->head_ws,          (void **)&m->lora_ws, (void **)&m->dora_ws, (void **)&m->dora_norm,
-                     (void **)&m->dora_g,  (void **)&m->dora_wn};
+                     (void **)&m->dora_g};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
     model_act16_release(m); /* the activations' bf16 copies */
     m->act_cap_T = 0, m->act_bytes = 0, m->head_dh_ready = 0, m->T = 0, m->dora_valid = 0;
@@ -43,6 +43,8 @@ void model_release_backend(ctrl_model *m) {
     const ctrl_backend_ops *be = m->be;
     nf4_release_device(m); /* QLoRA's device copy of the NF4 store */
     ctrl_model_release_scratch(m);
+    if (m->dora_wn) be->free(m->dora_wn); /* QDoRA's base row norms: kept while the model stays here */
+    m->dora_wn = NULL;
     ctrl_model_release_decode_scratch(m); /* on this backend too */
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
                      (void **)&m->dbatch_mem, (void **)&m->wb16};

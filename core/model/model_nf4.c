@@ -46,6 +46,11 @@ static int stored(const ctrl_model *m, int l, int t) {
     return owner_of(m, t, &first) == t && (t < LORA_GATE || m->layers[l].router < 0);
 }
 
+/* Whether store entry i is held where the products read it (a device model: the device's buffers). */
+static int held(const ctrl_model *m, int i) {
+    return m->nf4_dev ? m->nf4_dev[3 * i] != NULL : m->nf4_w[i].packed != NULL;
+}
+
 /* Gives the pages wholly inside each projection's shared slot (the first layer's views, which every
  * layer's share) back to the system once every weight is stored: the slot only stages a weight as it
  * loads, and the products read the NF4 store (reading the slot afterwards reads zeros). Only the
@@ -162,7 +167,7 @@ ctrl_status nf4_layer_weights(ctrl_model *m, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++) { /* a fused tensor whole, into its first linear's slot */
         if (!stored(m, l, t)) continue;
         const ctrl_nf4 *q = &m->nf4_w[l * LORA_N_TARGETS + t];
-        if (!q->packed || m->nf4_part)
+        if (!held(m, l * LORA_N_TARGETS + t) || m->nf4_part)
             return ctrl_error_set(CTRL_ERR_RUNTIME,
                                   "QLoRA: layer %d's weight %d was never loaded (or is a "
                                   "ZeRO-3 rank's piece)",
@@ -201,8 +206,10 @@ ctrl_status nf4_dequantize_view(const ctrl_model *m, const ctrl_param_view *v, f
 
 struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer) {
     *per_layer = LORA_N_TARGETS;
-    return m->nf4_w && !m->nf4_dev ? m->nf4_w : NULL;
+    return m->nf4_w;
 }
+
+void **ctrl_model_nf4_device(ctrl_model *m) { return m->nf4_dev; }
 
 void nf4_free(ctrl_model *m) {
     for (int i = 0; m->nf4_w && i < m->cfg.n_layers * LORA_N_TARGETS; i++) ctrl_nf4_free(&m->nf4_w[i]);
@@ -213,7 +220,7 @@ void nf4_free(ctrl_model *m) {
 
 ctrl_status nf4_use_layer(ctrl_model *m, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++)
-        if (stored(m, l, t) && (!m->nf4_w[l * LORA_N_TARGETS + t].packed || m->nf4_part))
+        if (stored(m, l, t) && (!held(m, l * LORA_N_TARGETS + t) || m->nf4_part))
             return ctrl_error_set(CTRL_ERR_RUNTIME,
                                   "QLoRA: layer %d's weight %d is not held (never loaded, or a ZeRO-3 slice "
                                   "used without its gather)",
@@ -245,9 +252,11 @@ static ctrl_status ref_at(const ctrl_model *m, int l, int t, int host, ctrl_nf4_
     const ctrl_nf4 *q = &m->nf4_w[i];
     int in, out;
     lora_dims(m, t, &in, &out); /* projection t's own [out, in] (a row block of a fused tensor) */
-    if (!q->packed || first + (int64_t)in * out > q->n)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d is not held in NF4", l, t);
-    if (m->nf4_dev && !host)
+    const int dev = m->nf4_dev && !host;
+    if (!(dev ? held(m, i) : q->packed != NULL) || first + (int64_t)in * out > q->n)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "QLoRA: layer %d's weight %d is not held in NF4%s", l, t,
+                              dev || !m->nf4_dev ? "" : " in host memory (a ZeRO-3 slice on the device)");
+    if (dev)
         *r = (ctrl_nf4_ref){m->nf4_dev[3 * i], m->nf4_dev[3 * i + 1], m->nf4_dev[3 * i + 2], q->offset,
                             m->nf4_codes,      m->nf4_codes + 16,     (int64_t)in * out,     first};
     else

@@ -57,6 +57,7 @@ ctrl_status train_run_report_resident(run_state *r) {
                 v[0], n_params * sizeof(float), train_zero_layer_bytes(&r->zero), r->zero.size, v[2],
                 n_grads * sizeof(float), v[4], v[5], v[1], v[3], piece, r->zero.prefetched, r->zero.prefetch);
         if (st == CTRL_OK && r->root) log_gathers(&r->zero);
+        if (st == CTRL_OK) st = train_zero_nf4_report(&r->zero); /* QLoRA: the device's NF4 slices */
         if (st != CTRL_OK || !r->zero.b16) return st;
         double b[3] = {0}; /* bf16: the masters apart, the bf16 copy's slices */
         train_zero_device_b16_mapped(&r->zero, b);

@@ -182,14 +182,6 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
     if (!(z->counts = calloc((size_t)z->size, sizeof *z->counts)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero: out of memory");
     if (stage >= 3) {
-        const struct ctrl_lora_config *lora = ctrl_model_lora(m);
-        /* on the CPU the NF4 store is sliced (zero_nf4.c); a device's copy of it is not */
-        if (lora && lora->nf4 && ctrl_model_device(m).type != CTRL_DEVICE_CPU)
-            return ctrl_error_set(
-                CTRL_ERR_UNSUPPORTED,
-                "[memory] strategies = zero3 with [peft] quantization = nf4 on a device: not supported "
-                "yet (the device's copy of the NF4 store is not sliced; with [run] device = cpu it is); "
-                "zero3 with plain LoRA or DoRA runs on a device");
         z->host_step = host_step && ctrl_model_device(m).type != CTRL_DEVICE_CPU; /* the step on the host */
     }
     /* stage 2 (on a CUDA model: on the device, zero_device.c), stage 3: the gradients partitioned
@@ -227,7 +219,8 @@ ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t buck
             "[memory] strategies = zero%d: %zu trainable floats cannot be cut in %d non-empty "
             "slices (run fewer ranks, or without zero%d)",
             stage, z->total, z->size, stage);
-    return stage >= 3 && !on_device ? train_zero_nf4_init(z, m) : CTRL_OK; /* QLoRA: the NF4 store sliced */
+    return stage >= 3 ? train_zero_nf4_init(z, m)
+                      : CTRL_OK; /* QLoRA: the NF4 store sliced (a device's too) */
 }
 
 void train_zero_free(train_zero *z) {

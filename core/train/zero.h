@@ -179,9 +179,9 @@ typedef struct train_zero {
      * released ranges of the layers in use, `gpool` to the layers' gradients during their backward;
      * NULL when off (CTRL_TEST_ZERO3_REFAULT=1, a device) */
     struct page_pool *pool, *gpool; /* page_pool.h */
-    /* stage 3 over a QLoRA base on the CPU, several ranks (zero_nf4.c): this rank's slices of every
-     * layer's NF4 weights, a layer's gathered whole into the model's store by need_layer and freed by
-     * its release; NULL otherwise */
+    /* stage 3 over a QLoRA base, several ranks (zero_nf4.c; a CUDA model's in device memory): this rank's
+     * slices of every layer's NF4 weights, a layer's gathered whole into the model's store by need_layer and
+     * freed by its release; NULL otherwise */
     struct zero_nf4 *nf4;
 } train_zero;
 
@@ -206,9 +206,8 @@ int train_zero_outer_index(const ctrl_param_view *v);
 /* Lays out the units and slices of the model's trainable floats (stage 0: nothing); `bucket`:
  * [memory] reduce_bucket_size, `prefetch` prefetch_bucket_size (floats), `overlap` overlap_comm,
  * `host_step` offload_optimizer (a CUDA model's zero2 steps on the host, unpartitioned; its zero3
- * partitions on the device and steps the slices on the host). Stage 3
- * over a QLoRA base ([peft] quantization = nf4) on a CUDA model is an error naming the key. An error when a
- * slice offset does not fit MPI's int counts (more than 2^31 - 1 trainable floats). */
+ * partitions on the device and steps the slices on the host). An error when a slice offset does not fit MPI's
+ * int counts (more than 2^31 - 1 trainable floats). */
 ctrl_status train_zero_init(train_zero *z, int stage, ctrl_model *m, size_t bucket, size_t prefetch,
                             int overlap, int host_step);
 void train_zero_free(train_zero *z);

@@ -1,4 +1,4 @@
-/* ZeRO-3 over a QLoRA base on the CPU ([memory] strategies = zero3 with [peft] quantization = nf4;
+/* ZeRO-3 over a QLoRA base ([memory] strategies = zero3 with [peft] quantization = nf4;
  * see zero.h): DeepSpeed ZeRO-3 + QLoRA (bnb_4bit_quant_storage) partitions the quantized base across
  * the ranks like any other parameter. Here each rank keeps its slice of every layer's NF4 weights --
  * cut on super-blocks of 16,384 values (as nf4.h's ctrl_nf4_span; span below), so that each of the three
@@ -17,12 +17,17 @@
  *
  * Prefetch (prefetch_bucket_size): start_layer starts a layer's NF4 gathers with its adapters' (the
  * buffers allocated then), need_layer waits for them; the bucket counts the NF4 bytes in flight as
- * floats' worth (train_zero_nf4_floats) beside the adapters' floats. Not done: a CUDA model keeps
- * zero3 + nf4 refused (zero.c). Loading (zero_load.c, train_zero_nf4_spans): each NF4 weight is read and
- * quantized whole as it loads, one at a time (its absmax offset is the mean over all of its blocks), and
- * only this rank's super-blocks kept -- the spans cut_weight then finds in the store, checked to be its
- * own -- so the load's peak holds one weight whole, not the store; where the base is read whole
- * (train_setup.c's lora_reads_sliced) the whole store is quantized on every rank and cut here. */
+ * floats' worth (train_zero_nf4_floats) beside the adapters' floats.
+ *
+ * A CUDA model: the products read the device's copy of the store (ctrl_model_nf4_device), so that is
+ * the one cut (device_cut: this rank's pieces in device memory, the whole copy freed) and rebuilt
+ * (device_start: buffers allocated on the device, the pieces all-gathered over NCCL on the
+ * communication stream); the host's store keeps each weight's n and offset, and rank 0's is what a
+ * streamed save gathers into (root_whole), as on the CPU. Loading (zero_load.c, train_zero_nf4_spans): each
+ * NF4 weight is read and quantized whole as it loads, one at a time (its absmax offset is the mean over all
+ * of its blocks), and only this rank's super-blocks kept -- the spans cut_weight then finds in the store,
+ * checked to be its own -- so the load's peak holds one weight whole, not the store; where the base is read
+ * whole (train_setup.c's lora_reads_sliced) the whole store is quantized on every rank and cut here. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +35,7 @@
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "device/backend.h"
 #include "model/lora.h"
 #include "model/nf4.h"
 #include "train/zero.h"
@@ -62,6 +68,12 @@ struct zero_nf4 {
     size_t mine_bytes, whole_bytes;
     int64_t deal; /* the super-blocks dealt beyond an even share so far (span's rot) */
     long gathers; /* layers gathered since init */
+    /* a CUDA model: the store the products read is the device's (dstore, 3 buffers a weight by store
+     * index; the host's keeps each weight's n and offset, and rank 0's is filled by a streamed save's
+     * gathers); this rank's pieces in device memory (dmine, 3 a weight by w index); NULL on the CPU */
+    const ctrl_backend_ops *dev;
+    void **dstore, **dmine;
+    char *root_whole; /* a device model: layer l whole in rank 0's host store (gather_root) */
 };
 
 static size_t in_floats(size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); }
@@ -156,11 +168,38 @@ static ctrl_status cut_weight(struct zero_nf4 *s, nf4_weight *w, const ctrl_nf4 
     return CTRL_OK;
 }
 
+/* A CUDA model: this rank's pieces (cut_weight's, from the host) put in device memory, and the
+ * device's whole copy of each weight freed; the gathers then rebuild a layer there. */
+static ctrl_status device_cut(struct zero_nf4 *s, ctrl_model *m) {
+    void **dstore = ctrl_model_nf4_device(m);
+    if (!dstore) return CTRL_OK;
+    s->dev = ctrl_model_backend(m), s->dstore = dstore;
+    if (!(s->dmine = calloc(3 * (size_t)s->n_w + 1, sizeof(void *))) ||
+        !(s->root_whole = calloc((size_t)(s->n_layers > 0 ? s->n_layers : 1), 1)))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < s->n_w && st == CTRL_OK; i++) {
+        const nf4_weight *w = &s->w[i];
+        const void *mine[3] = {w->mine.packed, w->mine.qabsmax, w->mine.absmax2};
+        for (int k = 0; k < 3 && st == CTRL_OK; k++) {
+            st = s->dev->alloc(&s->dmine[3 * i + k], sizeof(float) * (in_floats(w->mine_b[k]) + 1));
+            if (st == CTRL_OK && w->mine_b[k])
+                st = s->dev->to_device(s->dmine[3 * i + k], mine[k], w->mine_b[k]);
+            if (st == CTRL_OK && dstore[3 * w->at + k]) s->dev->free(dstore[3 * w->at + k]);
+            dstore[3 * w->at + k] = NULL;
+        }
+    }
+    return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "zero3: the NF4 base's slices on %s", s->dev->name);
+}
+
 void train_zero_nf4_free(train_zero *z) {
     struct zero_nf4 *s = z->nf4;
     if (!s) return;
     for (int i = 0; i < s->n_w; i++) ctrl_nf4_free(&s->w[i].mine), free(s->w[i].counts);
-    free(s->w), free(s->layer_at), free(s->state), free(s->pend), free(s->n_pend), free(s);
+    for (int i = 0; s->dmine && i < 3 * s->n_w; i++)
+        if (s->dmine[i]) s->dev->free(s->dmine[i]);
+    free(s->w), free(s->layer_at), free(s->state), free(s->pend), free(s->n_pend), free(s->dmine);
+    free(s->root_whole), free(s);
     z->nf4 = NULL; /* (the model's store is the model's: it may be gone already) */
 }
 
@@ -179,7 +218,8 @@ ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
         !(s->state = calloc(nl, 1)) || !(s->pend = calloc(nl * 3 * (size_t)per, sizeof(void *))) ||
         !(s->n_pend = calloc(nl, sizeof(int))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
-    ctrl_status st = CTRL_OK;
+    /* QDoRA: the base's row norms from the whole store (DoRA reads the base whole: train_setup.c) */
+    ctrl_status st = ctrl_model_nf4_hold_norms(m);
     const int64_t *parts = ctrl_model_nf4_parts(m); /* loaded in pieces (zero_load.c): this rank's */
     for (int l = 0; l < s->n_layers && st == CTRL_OK; l++) {
         s->layer_at[l] = s->n_w;
@@ -193,6 +233,7 @@ ctrl_status train_zero_nf4_init(train_zero *z, ctrl_model *m) {
         }
     }
     s->layer_at[s->n_layers] = s->n_w;
+    if (st == CTRL_OK) st = device_cut(s, m);
     if (st != CTRL_OK) return st;
     if (parts) ctrl_model_nf4_parts_done(m); /* every entry freed: the gathers put them whole */
     double v[3] = {(double)s->mine_bytes, (double)s->mine_bytes, -(double)s->mine_bytes};
@@ -211,12 +252,36 @@ static ctrl_status wait_layer(struct zero_nf4 *s, int l) {
     ctrl_status st = CTRL_OK;
     void **pend = s->pend + (size_t)l * 3 * (size_t)s->per;
     for (int i = 0; i < s->n_pend[l]; i++) {
-        const ctrl_status sw = ctrl_collective_allgather_wait(pend[i]);
+        const ctrl_status sw =
+            s->dev ? ctrl_collective_device_allgather_wait(pend[i]) : ctrl_collective_allgather_wait(pend[i]);
         if (st == CTRL_OK) st = sw;
         pend[i] = NULL;
     }
     s->n_pend[l] = 0;
     return st;
+}
+
+/* A CUDA model's layer l: each part's whole buffer allocated in device memory, this rank's piece copied
+ * into its place and the buffer all-gathered over NCCL on the communication stream (queued after the
+ * copy), the handles in pend; the device store points at the buffers (the products read them once
+ * train_zero_nf4_gather waited). */
+static ctrl_status device_start(struct zero_nf4 *s, int l, void **pend) {
+    ctrl_status st = CTRL_OK;
+    for (int i = s->layer_at[l]; i < s->layer_at[l + 1] && st == CTRL_OK; i++) {
+        const nf4_weight *w = &s->w[i];
+        s->store[w->at].n = w->n, s->store[w->at].offset = w->offset; /* (what the products read) */
+        for (int k = 0; k < 3 && st == CTRL_OK; k++) {
+            void **d = &s->dstore[3 * w->at + k];
+            st = s->dev->alloc(d, sizeof(float) * (w->floats[k] + 1));
+            if (st == CTRL_OK && w->mine_b[k])
+                st = s->dev->copy((char *)*d + sizeof(float) * w->pos[k], s->dmine[3 * i + k], w->mine_b[k]);
+            if (st == CTRL_OK)
+                st = ctrl_collective_device_allgather_start_f32(*d, w->counts + k * s->size,
+                                                                &pend[s->n_pend[l]++]);
+        }
+    }
+    return st == CTRL_OK ? CTRL_OK
+                         : ctrl_error_wrap(st, "zero3: layer %d's NF4 weights on %s", l, s->dev->name);
 }
 
 ctrl_status train_zero_nf4_start(train_zero *z, int l) {
@@ -225,6 +290,10 @@ ctrl_status train_zero_nf4_start(train_zero *z, int l) {
     void **pend = s->pend + (size_t)l * 3 * (size_t)s->per;
     ctrl_status st = CTRL_OK;
     s->state[l] = 1; /* (on an error too: the release frees what was allocated) */
+    if (s->dev) {
+        s->gathers++;
+        return device_start(s, l, pend);
+    }
     for (int i = s->layer_at[l]; i < s->layer_at[l + 1] && st == CTRL_OK; i++) {
         const nf4_weight *w = &s->w[i];
         ctrl_nf4 *q = &s->store[w->at];
@@ -258,7 +327,9 @@ ctrl_status train_zero_nf4_gather(train_zero *z, int l) {
 ctrl_status train_zero_nf4_gather_root(train_zero *z, int l) {
     struct zero_nf4 *s = z->nf4;
     if (!s || l < 0 || l >= s->n_layers) return CTRL_OK;
-    if (s->state[l]) return train_zero_nf4_gather(z, l); /* (the same state on every rank) */
+    /* (the same state on every rank; a device model's save reads rank 0's host store: gathered there
+     * whatever its device holds) */
+    if (s->dev ? s->root_whole[l] : s->state[l]) return s->dev ? CTRL_OK : train_zero_nf4_gather(z, l);
     ctrl_status st = CTRL_OK;
     for (int i = s->layer_at[l]; i < s->layer_at[l + 1] && st == CTRL_OK; i++) {
         const nf4_weight *w = &s->w[i];
@@ -283,7 +354,10 @@ ctrl_status train_zero_nf4_gather_root(train_zero *z, int l) {
         }
         if (s->rank == 0) q->n = w->n, q->offset = w->offset;
     }
-    if (s->rank == 0) s->state[l] = 2; /* (released with the layer, as a use's gather) */
+    if (s->rank == 0 && s->dev)
+        s->root_whole[l] = 1; /* (released with the layer) */
+    else if (s->rank == 0)
+        s->state[l] = 2; /* (released with the layer, as a use's gather) */
     s->gathers++;
     return st;
 }
@@ -298,10 +372,27 @@ size_t train_zero_nf4_floats(const train_zero *z, int l) {
 
 void train_zero_nf4_release(train_zero *z, int l) {
     struct zero_nf4 *s = z->nf4;
-    if (!s || l < 0 || l >= s->n_layers || !s->state[l]) return;
+    if (!s || l < 0 || l >= s->n_layers) return;
+    if (s->dev && s->root_whole[l]) { /* rank 0's host copy a streamed save gathered */
+        for (int i = s->layer_at[l]; i < s->layer_at[l + 1]; i++) ctrl_nf4_free(&s->store[s->w[i].at]);
+        s->root_whole[l] = 0;
+    }
+    if (!s->state[l]) return;
     if (wait_layer(s, l) != CTRL_OK) /* (a prefetch never used: its buffers are written until done) */
         CTRL_ERROR("zero3: %s", ctrl_error_message());
-    for (int i = s->layer_at[l]; i < s->layer_at[l + 1]; i++) ctrl_nf4_free(&s->store[s->w[i].at]);
+    if (s->dev && s->dev->synchronize() != CTRL_OK) /* the kernels that read the layer are done */
+        CTRL_ERROR("zero3: %s", ctrl_error_message());
+    for (int i = s->layer_at[l]; i < s->layer_at[l + 1]; i++) {
+        if (!s->dev) {
+            ctrl_nf4_free(&s->store[s->w[i].at]);
+            continue;
+        }
+        for (int k = 0; k < 3; k++) {
+            void **d = &s->dstore[3 * s->w[i].at + k];
+            if (*d) s->dev->free(*d);
+            *d = NULL;
+        }
+    }
     s->state[l] = 0;
 }
 
@@ -309,14 +400,15 @@ ctrl_status train_zero_nf4_report(train_zero *z) {
     struct zero_nf4 *s = z->nf4;
     if (!s) return CTRL_OK;
     double held = (double)s->mine_bytes; /* the slices, and what the store holds now (layers whole) */
-    for (int i = 0; i < s->n_w; i++) {
-        const ctrl_nf4 *q = &s->store[s->w[i].at];
-        if (q->packed) held += (double)(s->w[i].whole_b[0] + s->w[i].whole_b[1] + s->w[i].whole_b[2]);
+    for (int i = 0; i < s->n_w; i++) {   /* (a device model: the device's; its host store is a save's) */
+        const int whole = s->dev ? s->dstore[3 * s->w[i].at] != NULL : s->store[s->w[i].at].packed != NULL;
+        if (whole) held += (double)(s->w[i].whole_b[0] + s->w[i].whole_b[1] + s->w[i].whole_b[2]);
     }
     ctrl_status st = ctrl_collective_allreduce_max_f64(&held, 1);
     if (st == CTRL_OK && z->rank == 0)
-        CTRL_INFO("zero3: the NF4 base between steps: at most %.0f of its %zu bytes held per rank; %ld layer "
-                  "gathers of it so far",
-                  held, s->whole_bytes, s->gathers);
+        CTRL_INFO(
+            "zero3: the NF4 base between steps: at most %.0f of its %zu bytes held per rank%s; %ld layer "
+            "gathers of it so far",
+            held, s->whole_bytes, s->dev ? " in device memory" : "", s->gathers);
     return st;
 }

@@ -9,6 +9,9 @@
 # never), a 2-rank resume of checkpoint-3 repeats the curve and the adapter exactly, and the per-rank
 # device bytes the run logs hold about half the layers (base and adapters). DoRA (each layer's weight
 # norms computed after its gather) follows data parallel's DoRA curve on CUDA and on the CPU.
+# QLoRA and QDoRA: the device's NF4 store sliced (each rank's super-blocks of every weight on its
+# device, a layer's gathered around its use), data parallel's QLoRA / QDoRA curves on CUDA; GRPO over it
+# generating layer by layer samples data parallel's completions.
 # usage: test_zero3_lora_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
 cuda_emu_mpi_setup "$4" "$5"
@@ -68,6 +71,44 @@ read -r master b16 < <(b3 "$TMP/z3b.log" | grep -o '[0-9][0-9]*' | sed -n '3p;5p
 echo "zero3 LoRA bf16 on CUDA, per rank between steps: parameters $pmb, adapters' fp32 masters $master, bf16 slices $b16"
 [ -n "$b16" ] && [ $((pmb - (p - lay))) -le $((2 * piece)) ] && [ $((4 * b16 - lay)) -le $((4 * 2 * 4 * piece)) ] &&
   [ $((4 * b16 - lay)) -ge $((-4 * 2 * 4 * piece)) ] && ok || bad "zero3 LoRA bf16 device bytes: '$(d3 "$TMP/z3b.log")' '$(b3 "$TMP/z3b.log")'"
+# QLoRA ([peft] quantization = nf4): the device's copy of the NF4 store sliced as the CPU slices the
+# host's (core/train/zero_nf4.c): each rank keeps its super-blocks of every weight in device memory and
+# a layer's are all-gathered over NCCL into device buffers around each use, freed after it (the
+# emulator faults on a freed buffer's read). The products read the bytes data parallel's whole store
+# holds: its curve (loss 1e-6, gradient norm 1e-5), not plain LoRA's
+run dpq --set train.save_strategy=no --set peft.quantization=nf4
+run z3q "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4
+curve_close "$TMP/dpq" "$TMP/z3q" loss 1e-6
+curve_close "$TMP/dpq" "$TMP/z3q" grad_norm 1e-5
+[ "$(curve_col "$TMP/dpq" loss | tail -1)" != "$(curve_col "$TMP/dp" loss | tail -1)" ] && ok || bad "zero3 QLoRA on cuda: plain LoRA's curve"
+# each rank holds about half of the NF4 bytes on its device, and between steps nothing more
+read -r lo hi whole < <(grep -o "zero3: the NF4 base sliced over 2 ranks: each rank holds [0-9]* to [0-9]* of its [0-9]* bytes" "$TMP/z3q.log" |
+  sed -E 's/.* holds ([0-9]+) to ([0-9]+) of its ([0-9]+) bytes/\1 \2 \3/')
+held=$(grep -o "zero3: the NF4 base between steps: at most [0-9]* of its [0-9]* bytes held per rank in device memory" "$TMP/z3q.log" |
+  sed -E 's/.* at most ([0-9]+) of .*/\1/')
+echo "zero3 QLoRA on CUDA: NF4 bytes per rank $lo to $hi of $whole; between steps $held"
+[ -n "$whole" ] && [ "$held" = "$hi" ] && [ $((lo + hi)) = "$whole" ] && [ "$hi" -le $((whole / 2 + 2 * (8192 + 256 + 4))) ] && ok ||
+  bad "zero3 QLoRA device bytes: $lo $hi $whole $held"
+# QDoRA: its base weights' row norms read once from the host's NF4 store before it is sliced
+run dpqd --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
+run z3qd "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
+curve_close "$TMP/dpqd" "$TMP/z3qd" loss 1e-6
+curve_close "$TMP/dpqd" "$TMP/z3qd" grad_norm 1e-5
+[ "$(curve_col "$TMP/dpqd" loss | tail -1)" != "$(curve_col "$TMP/dpq" loss | tail -1)" ] && ok || bad "zero3 QDoRA on cuda: QLoRA's curve"
+# GRPO over the QLoRA base: generating with ds3_gather_for_generation = false gathers each layer's NF4
+# weights for each decoding pass (the whole gather reads the same per-layer gathers); the completions
+# sampled are plain data parallel's (equal rewards), the gradient norms within 1e-5
+INI_BATCH=2 INI_TRAIN="dtype = fp32" online_ini grpo g 2 "[grpo]" "num_generations = 4" "max_completion_length = 8" |
+  sed 's/^device = cpu/device = cuda/; /^eval_file/d' >"$TMP/grpo.ini"
+printf '[peft]\nenabled = true\ntarget_modules = all-linear\nquantization = nf4\n' >>"$TMP/grpo.ini"
+for name in gq gzq; do
+  z=() && [ $name = gzq ] && z=(--set memory.strategies=zero3 --set generation.ds3_gather_for_generation=false)
+  "${MPI[@]}" "${C[@]}" train "$TMP/grpo.ini" --set run.output_dir="$TMP/$name" "${z[@]}" >"$TMP/$name.log" 2>&1 ||
+    { bad "grpo $name: exited $?"; tail -20 "$TMP/$name.log"; }
+done
+[ -n "$(curve_col "$TMP/gq" reward)" ] && [ "$(curve_col "$TMP/gq" reward)" = "$(curve_col "$TMP/gzq" reward)" ] && ok ||
+  bad "grpo zero3 QLoRA on cuda: reward $(curve_col "$TMP/gzq" reward | tr '\n' ' ') vs $(curve_col "$TMP/gq" reward | tr '\n' ' ')"
+CURVE_MIN=2 curve_close "$TMP/gq" "$TMP/gzq" grad_norm 1e-5
 # DoRA: each layer's weight norms ||W + s B A|| computed once the layer is gathered (its base whole),
 # recomputed after each step; data parallel's DoRA curve on CUDA and on the CPU
 for dev in cuda cpu; do
