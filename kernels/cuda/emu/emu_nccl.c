@@ -15,6 +15,8 @@
  * in flight (it fails with ncclRemoteError) and frees the communicator once that call returned.
  * Joining waits at most CTRL_NCCL_EMU_TIMEOUT_S seconds (default 60). */
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -175,6 +177,13 @@ static void comm_free(ncclComm_t c) {
     free(c);
 }
 
+/* Small writes go out at once: a collective's header and its data are separate writes, which Nagle's
+ * algorithm would hold back until the peer's delayed ACK (~40 ms a collective). */
+static void no_delay(int fd) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
 static ncclResult_t init_root(ncclComm_t c, const emu_id *e) {
     const int lfd = take_listener(e->nonce);
     if (lfd < 0)
@@ -207,6 +216,7 @@ static ncclResult_t init_root(ncclComm_t c, const emu_id *e) {
         }
         struct timeval none = {0};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+        no_delay(fd);
         c->fd[hello.rank] = fd;
         joined++;
     }
@@ -223,6 +233,7 @@ static ncclResult_t init_peer(ncclComm_t c, const emu_id *e) {
     for (;;) {
         const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            no_delay(fd);
             c->fd[0] = fd;
             break;
         }
