@@ -93,6 +93,11 @@ struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer);
  * model frees what is there when it is freed); a product with an entry whose buffers are NULL is an
  * error naming the layer. */
 void **ctrl_model_nf4_device(ctrl_model *m);
+/* QLoRA under ZeRO-3 on a device: the model's moves to a device copy none of the NF4 weights there
+ * (the device store's entries stay NULL) -- each rank then puts only its pieces there
+ * (core/train/zero_nf4.c), so the device never holds the whole store; a product before that is an
+ * error naming the layer. Call before ctrl_model_to_device. */
+void ctrl_model_nf4_defer_device(ctrl_model *m);
 /* QDoRA over an NF4 base: its weights' row norms computed now from the host's store (kept on the
  * model's backend until it moves), before ZeRO-3 cuts the store into slices; a no-op otherwise. */
 ctrl_status ctrl_model_nf4_hold_norms(ctrl_model *m);

@@ -216,6 +216,11 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
         st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
+    /* zero3 + QLoRA on devices: only each rank's NF4 pieces go to its device (zero_nf4.c), never the
+     * whole store -- unless the reference log-probs are precomputed from the policy before ZeRO starts */
+    if (st == CTRL_OK && zero_stage >= 3 && ctrl_collective_size() > 1 && r->comp.cuda && s->peft.enabled &&
+        s->peft.nf4 && !(spec.needs_ref_logp && spec.precompute_ref_logp))
+        ctrl_model_nf4_defer_device(r->model);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK && zero_stage < 3) st = train_model_hold_base(r->model, s); /* LoRA + bf16 */
     if (st == CTRL_OK && (offload & 2) && ctrl_model_set_offload_activations(r->model, 1) != CTRL_OK) {

@@ -178,6 +178,7 @@ static ctrl_status device_cut(struct zero_nf4 *s, ctrl_model *m) {
         !(s->root_whole = calloc((size_t)(s->n_layers > 0 ? s->n_layers : 1), 1)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
     ctrl_status st = CTRL_OK;
+    size_t freed = 0; /* the device's whole copy (none when the move deferred it) */
     for (int i = 0; i < s->n_w && st == CTRL_OK; i++) {
         const nf4_weight *w = &s->w[i];
         const void *mine[3] = {w->mine.packed, w->mine.qabsmax, w->mine.absmax2};
@@ -185,11 +186,17 @@ static ctrl_status device_cut(struct zero_nf4 *s, ctrl_model *m) {
             st = s->dev->alloc(&s->dmine[3 * i + k], sizeof(float) * (in_floats(w->mine_b[k]) + 1));
             if (st == CTRL_OK && w->mine_b[k])
                 st = s->dev->to_device(s->dmine[3 * i + k], mine[k], w->mine_b[k]);
-            if (st == CTRL_OK && dstore[3 * w->at + k]) s->dev->free(dstore[3 * w->at + k]);
+            if (st == CTRL_OK && dstore[3 * w->at + k])
+                s->dev->free(dstore[3 * w->at + k]), freed += w->whole_b[k];
             dstore[3 * w->at + k] = NULL;
         }
     }
-    return st == CTRL_OK ? CTRL_OK : ctrl_error_wrap(st, "zero3: the NF4 base's slices on %s", s->dev->name);
+    if (st != CTRL_OK) return ctrl_error_wrap(st, "zero3: the NF4 base's slices on %s", s->dev->name);
+    if (s->rank == 0)
+        CTRL_INFO("zero3: the NF4 base's slices put in %s memory; %s", s->dev->name,
+                  freed ? "its whole copy there freed (the device held the whole store once)"
+                        : "the device never held the whole store");
+    return CTRL_OK;
 }
 
 void train_zero_nf4_free(train_zero *z) {

@@ -89,6 +89,9 @@ held=$(grep -o "zero3: the NF4 base between steps: at most [0-9]* of its [0-9]* 
 echo "zero3 QLoRA on CUDA: NF4 bytes per rank $lo to $hi of $whole; between steps $held"
 [ -n "$whole" ] && [ "$held" = "$hi" ] && [ $((lo + hi)) = "$whole" ] && [ "$hi" -le $((whole / 2 + 2 * (8192 + 256 + 4))) ] && ok ||
   bad "zero3 QLoRA device bytes: $lo $hi $whole $held"
+# the move to the device copied none of the NF4 weights: each rank put its pieces there alone
+grep -q "zero3: the NF4 base's slices put in .* memory; the device never held the whole store" "$TMP/z3q.log" && ok ||
+  bad "zero3 QLoRA: $(grep "NF4 base's slices put" "$TMP/z3q.log")"
 # QDoRA: its base weights' row norms read once from the host's NF4 store before it is sliced
 run dpqd --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
 run z3qd "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
