@@ -10,7 +10,8 @@
 # device bytes the run logs hold about half the layers (base and adapters). DoRA (each layer's weight
 # norms computed after its gather) follows data parallel's DoRA curve on CUDA and on the CPU.
 # QLoRA and QDoRA: the device's NF4 store sliced (each rank's super-blocks of every weight on its
-# device, a layer's gathered around its use), data parallel's QLoRA / QDoRA curves on CUDA; GRPO over it
+# device, a layer's gathered around its use), data parallel's QLoRA / QDoRA curves on CUDA (fp32; QLoRA in bf16
+# too), a QLoRA checkpoint resumes exactly; GRPO over it
 # generating layer by layer samples data parallel's completions.
 # usage: test_zero3_lora_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
@@ -77,7 +78,7 @@ echo "zero3 LoRA bf16 on CUDA, per rank between steps: parameters $pmb, adapters
 # emulator faults on a freed buffer's read). The products read the bytes data parallel's whole store
 # holds: its curve (loss 1e-6, gradient norm 1e-5), not plain LoRA's
 run dpq --set train.save_strategy=no --set peft.quantization=nf4
-run z3q "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4
+run z3q "${z3[@]}" --set peft.quantization=nf4
 curve_close "$TMP/dpq" "$TMP/z3q" loss 1e-6
 curve_close "$TMP/dpq" "$TMP/z3q" grad_norm 1e-5
 [ "$(curve_col "$TMP/dpq" loss | tail -1)" != "$(curve_col "$TMP/dp" loss | tail -1)" ] && ok || bad "zero3 QLoRA on cuda: plain LoRA's curve"
@@ -92,6 +93,17 @@ echo "zero3 QLoRA on CUDA: NF4 bytes per rank $lo to $hi of $whole; between step
 # the move to the device copied none of the NF4 weights: each rank put its pieces there alone
 grep -q "zero3: the NF4 base's slices put in .* memory; the device never held the whole store" "$TMP/z3q.log" && ok ||
   bad "zero3 QLoRA: $(grep "NF4 base's slices put" "$TMP/z3q.log")"
+# its checkpoint resumes the same curve and adapter on 2 ranks (the NF4 slices cut again at the start)
+mkdir -p "$TMP/r3q" && cp -r "$TMP/z3q/checkpoint-3" "$TMP/r3q/"
+grep '"step": [1-3],' "$TMP/z3q/metrics.jsonl" >"$TMP/r3q/metrics.jsonl"
+run r3q "${z3[@]}" --set peft.quantization=nf4 --set train.resume_from_checkpoint=last
+diff <(curve "$TMP/z3q") <(curve "$TMP/r3q") >"$TMP/diff" && cmp -s "$TMP/z3q/adapter_model.safetensors" "$TMP/r3q/adapter_model.safetensors" &&
+  ok || { bad "zero3 QLoRA on cuda: resumed curve or adapter differs"; cat "$TMP/diff"; }
+# bf16 (the products multiply the dequantized tiles in bf16): data parallel's bf16 QLoRA curve
+run dpqb --set train.save_strategy=no --set peft.quantization=nf4 --set train.dtype=bf16
+run z3qb "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --set train.dtype=bf16
+curve_close "$TMP/dpqb" "$TMP/z3qb" loss 1e-3
+curve_close "$TMP/dpqb" "$TMP/z3qb" grad_norm 1e-2
 # QDoRA: its base weights' row norms read once from the host's NF4 store before it is sliced
 run dpqd --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
 run z3qd "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
