@@ -107,7 +107,9 @@ ctrl_status ctrl_model_nf4_hold_norms(ctrl_model *m);
  * kept, i its store index (1 + i = the view's nf4), spans[] [2 x n_layers x 7] filled by `nf4_parts`
  * (the start on a super-block, CTRL_NF4_SUPER); the store then holds those pieces alone
  * (ctrl_model_nf4_parts), and a product with an NF4 weight is an error until they are put whole again
- * (zero_nf4.c). nf4_parts NULL: each weight kept whole. */
+ * (zero_nf4.c). nf4_parts NULL: each weight kept whole. DoRA (not over NF4): the magnitudes set are the
+ * row norms of W + s B A over the parts read (the rest of W zero): with B = 0, each row's whole norm
+ * is the root of their squares summed over parts that cover W once (core/train/train_lora.c). */
 typedef ctrl_status (*ctrl_model_nf4_parts_fn)(const ctrl_model *m, void *ctx, int64_t *spans);
 ctrl_status ctrl_model_load_lora_part(const char *dir, const ctrl_attention_ops *attn,
                                       const struct ctrl_lora_config *lora, ctrl_model_parts_fn parts,

@@ -9,6 +9,10 @@
 
 #include <ctrl/log.h>
 
+#include <math.h>
+#include <stdlib.h>
+
+#include "collective/collective.h"
 #include "model/peft.h"
 #include "train/zero.h"
 
@@ -43,6 +47,27 @@ void train_model_on_cpu(int on_cpu) { load_on_cpu = on_cpu; }
 static int load_sliced; /* train_model_zero3_sliced */
 
 void train_model_zero3_sliced(int sliced) { load_sliced = sliced; }
+
+/* zero3's sliced read with DoRA: the magnitudes the load set are the norms of each rank's part of
+ * every row of W + s B A with B = 0 (the rest of its base is zero there; each value is in one rank's
+ * slice; train_setup.c reads whole where B starts non-zero), so the whole rows' norms are the square roots of
+ * their squares summed over the ranks -- DoRA's initial magnitudes without the whole base on any rank. */
+static ctrl_status dora_whole_norms(ctrl_model *m) {
+    float *p = ctrl_model_params(m, NULL);
+    ctrl_status st = CTRL_OK;
+    for (int i = 0; i < ctrl_model_view_count(m) && st == CTRL_OK; i++) {
+        const ctrl_param_view *v = ctrl_model_view(m, i);
+        if (!strstr(v->name, ".lora_magnitude_vector")) continue;
+        double *sq = malloc(sizeof(double) * (size_t)v->numel);
+        if (!sq) return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %lld magnitudes", (long long)v->numel);
+        for (int64_t j = 0; j < v->numel; j++) sq[j] = (double)p[v->offset + j] * p[v->offset + j];
+        st = ctrl_collective_allreduce_sum_f64(sq, (size_t)v->numel);
+        for (int64_t j = 0; j < v->numel && st == CTRL_OK; j++) p[v->offset + j] = (float)sqrt(sq[j]);
+        free(sq);
+    }
+    ctrl_model_weights_changed(m);
+    return st;
+}
 
 static int loop_decodes; /* train_model_decodes */
 
@@ -97,6 +122,8 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
          : load_sliced ? ctrl_model_load_lora_part(s->model.path, attn, &lc, train_zero_rank_parts,
                                                    train_zero_rank_nf4_parts, NULL, out)
                        : ctrl_model_load_lora(s->model.path, attn, &lc, out);
+    /* (a checkpoint's or an adapter's magnitudes are read over them below) */
+    if (st == CTRL_OK && load_sliced && lc.use_dora && !ckpt && !adapter) st = dora_whole_norms(*out);
     if (st != CTRL_OK) return st;
     if (load_sliced && lc.nf4)
         CTRL_INFO(

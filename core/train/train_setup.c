@@ -129,7 +129,7 @@ static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
  * zero.Init partitions it at load; a classifier's too, its score whole); where it cannot (a device: its
- * frozen embeddings are kept whole; DoRA's magnitudes from the whole base's norms -- asked in the
+ * frozen embeddings are kept whole; QDoRA's base norms from the whole NF4 store -- DoRA asked in the
  * settings or in an adapter_path's config, `lora` --; a reference precomputed from the base before
  * ZeRO starts) the base is read whole on every rank and rank 0 says why.
  * CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
@@ -137,8 +137,10 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
                              const ctrl_lora_config *lora) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
-    const char *why = r->comp.cuda     ? "the run computes on a device"
-                      : lora->use_dora ? "DoRA's magnitudes are the whole base's norms"
+    const char *why = r->comp.cuda                    ? "the run computes on a device"
+                      : lora->use_dora && s->peft.nf4 ? "QDoRA's base norms read from the whole NF4 store"
+                      : lora->use_dora && lora->init == CTRL_LORA_INIT_NONE && !s->peft.adapter_path
+                          ? "DoRA's magnitudes over init_lora_weights = false are norms of W + s B A, B not 0"
                       : spec->needs_ref_logp && spec->precompute_ref_logp
                           ? "the reference log-probs are precomputed from the base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"

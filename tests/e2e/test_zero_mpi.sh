@@ -277,6 +277,17 @@ digest_pair za adapter_path --set peft.adapter_path="$TMP/zl" --set memory.strat
 # modules_to_save = embed_tokens, lm_head: their trained copies read sliced as the rest (rank 0 then holds
 # only its slices of them, so they are not broadcast from it)
 digest_pair zm modules_to_save --set peft.modules_to_save=embed_tokens,lm_head --set memory.strategies=zero3
+# DoRA: the base read sliced too -- the magnitudes the load sets are the norms of each rank's part of
+# every row, made whole by summing their squares over the ranks (train_lora.c) --; the whole read's
+# curve (its digest differs in the magnitudes' last bits: a row's squares are added in another order)
+for w in zd zd-w; do
+  env $([ $w = zd-w ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
+    --set run.output_dir="$TMP/$w" "${z3[@]}" "${zl[@]}" --set peft.use_dora=true --set memory.strategies=zero3 \
+    >"$TMP/$w.log" 2>&1 || { bad "DoRA zero3 ($w)"; tail -20 "$TMP/$w.log"; }
+done
+curve_close "$TMP/zd-w" "$TMP/zd" loss 1e-6
+curve_close "$TMP/zd-w" "$TMP/zd" grad_norm 1e-5
+grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/zd.log" && ok || bad "zero3 DoRA: not read sliced"
 for what in "the adapter" "checkpoint-4's adapter" "checkpoint-8's adapter"; do
   grep -q "zero3: $what saved from the adapters alone, 4 layers' adapter slices all-gathered (the frozen base never gathered); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/zl.log" && ok ||
     bad "zero3 LoRA: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/zl.log")"
