@@ -18,7 +18,7 @@
  * backend. The value model is not saved with the policy (TRL saves only the policy); checkpoints
  * hold it (online_value_save / online_value_load).
  *
- * Under zero3 on several ranks on the CPU (the policy sliced: no LoRA) it is partitioned as the
+ * Under zero3 on several ranks (the policy sliced; on a CUDA model on the devices) it is partitioned as the
  * policy, as DeepSpeed partitions TRL's PolicyAndValueWrapper: its own train_zero (zero.h) cut as a
  * policy of its shape, its layers and embeddings sliced over the ranks and gathered around each
  * forward and backward (the model's layer hooks), its gradients reduce-scattered during the backward
@@ -26,9 +26,10 @@
  * whole (all-gathered after each step). Its forwards are collectives: the rollout's score the whole
  * gathered generation batch on every rank, the micro-batches' follow the policy's, one each. A
  * checkpoint's rank 0 receives the other ranks' slices into its copy (online_value_serve, sent after
- * their ZeRO optimizer state), writes the weights whole and releases the pages again, and its
- * optimizer state goes one file per rank; a resume reads the weights (keeping its slices) and its
- * own rank's state. Each rank reads only its slices at start-up (train_zero_load_classifier). */
+ * their ZeRO optimizer state; on a device every rank gathers it whole there instead), writes the
+ * weights whole and releases the pages again, and its optimizer state goes one file per rank; a resume
+ * reads the weights (keeping its slices; on a device putting them there) and its own rank's state. Each rank
+ * reads only its slices at start-up (train_zero_load_classifier). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -104,17 +105,16 @@ static int offload_optimizer(const ctrl_run_plugins *p) {
 
 /* zero3 on several ranks (the policy sliced; with LoRA its frozen base): the value model sliced, as
  * DeepSpeed partitions TRL's PolicyAndValueWrapper whole (with a peft_config the value model has no
- * adapters: trained in full). CTRL_TEST_ZERO3_WHOLE_VALUE keeps it whole (benchmarks compare). A CUDA
- * model's stays whole. */
-static int value_sliced(const ctrl_online *o) {
-    return o->zero3 && ctrl_model_device(o->model).type == CTRL_DEVICE_CPU &&
-           !getenv("CTRL_TEST_ZERO3_WHOLE_VALUE");
-}
+ * adapters: trained in full), on the CPU or on the policy's device. CTRL_TEST_ZERO3_WHOLE_VALUE keeps
+ * it whole (benchmarks and tests compare). */
+static int value_sliced(const ctrl_online *o) { return o->zero3 && !getenv("CTRL_TEST_ZERO3_WHOLE_VALUE"); }
 
 /* Its optimizer over this rank's slices (train_zero_shard_groups: the gradients are the slices'
- * sums), its layers hooked (gathered around each forward and backward, the gradients reduce-scattered
- * bucket by bucket) and the other ranks' slices released; the bucket sizes the policy's. */
-static ctrl_status value_zero3(ctrl_online *o, online_value *v) {
+ * sums; on a device the device's, stepped there unless `host_step`, offload_optimizer, as the
+ * policy's), its layers hooked (gathered around each forward and backward, the gradients
+ * reduce-scattered bucket by bucket) and the other ranks' slices released; the bucket sizes the
+ * policy's. */
+static ctrl_status value_zero3(ctrl_online *o, online_value *v, int host_step) {
     const ctrl_run_settings *s = ctrl_config_settings(o->cfg);
     const double hidden = (double)ctrl_model_cfg(v->model)->hidden_size;
     const size_t bucket = s->memory.reduce_bucket_size >= 0
@@ -124,7 +124,8 @@ static ctrl_status value_zero3(ctrl_online *o, online_value *v) {
                                                                 : (size_t)(0.9 * hidden * hidden);
     if (!(v->zero = calloc(1, sizeof *v->zero)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "online: out of memory");
-    ctrl_status st = train_zero_init(v->zero, 3, v->model, bucket, prefetch, s->memory.overlap_comm, 0);
+    ctrl_status st =
+        train_zero_init(v->zero, 3, v->model, bucket, prefetch, s->memory.overlap_comm, host_step);
     if (st != CTRL_OK) return ctrl_error_wrap(st, "the value model under zero3");
     /* [memory] stage3_param_persistence_threshold as the policy's (train_setup.c; auto: 10 x hidden) */
     const long t = s->memory.param_persistence_threshold;
@@ -133,8 +134,15 @@ static ctrl_status value_zero3(ctrl_online *o, online_value *v) {
         train_param_groups(v->model, ctrl_model_params(v->model, NULL), ctrl_model_grads(v->model, NULL),
                            (float)s->train.weight_decay, v->groups);
     v->n_groups = train_zero_shard_groups(v->zero, v->model, v->groups, v->n_groups);
-    st = v->opt_ops->create(ctrl_host_table(), o->cfg, v->groups, v->n_groups,
-                            (ctrl_device){CTRL_DEVICE_CPU, 0}, &v->opt);
+    v->opt_on_device = v->zero->dev && !v->zero->host_step;
+    st = v->opt_ops->create(
+        ctrl_host_table(), o->cfg, v->groups, v->n_groups,
+        v->opt_on_device ? ctrl_model_device(v->model) : (ctrl_device){CTRL_DEVICE_CPU, 0}, &v->opt);
+    if (st == CTRL_ERR_UNSUPPORTED && v->opt_on_device)
+        return ctrl_error_wrap(st,
+                               "the value model under zero3 on %s: optimizer %s cannot step on the device "
+                               "(add offload_optimizer to step on the host)",
+                               ctrl_model_backend(v->model)->name, s->train.optimizer);
     if (st == CTRL_OK) st = train_zero_attach(v->zero, v->model);
     if (st == CTRL_OK) st = train_zero_frozen_describe(v->zero, "the value model", "as the policy");
     return st;
@@ -145,6 +153,19 @@ static ctrl_status value_zero3(ctrl_online *o, online_value *v) {
 static ctrl_status value_report(online_value *v) {
     train_zero *z = v->zero;
     v->reported = 1;
+    if (z->dev) { /* on the device: what is mapped there (zero_device.c), the optimizer's state */
+        double d[6] = {0};
+        train_zero_device_mapped(z, d);
+        d[4] = (double)(z->acc_n * sizeof(float)), d[5] = (double)train_zero_state_bytes(v->opt_ops, v->opt);
+        ctrl_status st = ctrl_collective_allreduce_max_f64(d, 6);
+        if (st == CTRL_OK && ctrl_collective_is_root())
+            CTRL_INFO(
+                "zero3: the value model per rank on the device after its first step: parameters %.0f of "
+                "its %zu bytes mapped, gradients %.0f bytes mapped and %.0f of its slices' sums, "
+                "optimizer state %.0f bytes",
+                d[0], ctrl_model_param_bytes(v->model), d[2], d[4], d[5]);
+        return st;
+    }
     size_t n = 0, ng = 0;
     const float *p = ctrl_model_params(v->model, &n), *g = ctrl_model_grads(v->model, &ng);
     const double state = (double)train_zero_state_bytes(v->opt_ops, v->opt);
@@ -193,8 +214,10 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
      * copies */
     const char *where = dev.type == CTRL_DEVICE_CPU ? "the CPU" : "the host";
     if (st == CTRL_OK && sliced) {
-        st = value_zero3(o, v);
-        where = "the CPU, over its slices (zero3)";
+        st = value_zero3(o, v, offload_optimizer(plugins));
+        where = v->opt_on_device              ? "the device, over its slices (zero3)"
+                : dev.type != CTRL_DEVICE_CPU ? "the host, over its slices (zero3 with offload_optimizer)"
+                                              : "the CPU, over its slices (zero3)";
     }
     if (st == CTRL_OK && !v->zero && dev.type != CTRL_DEVICE_CPU && !offload_optimizer(plugins)) {
         v->n_groups = train_param_groups(v->model, ctrl_model_device_params(v->model),
@@ -482,8 +505,11 @@ static ctrl_status recv_from(float *at, size_t bytes, int peer) {
 ctrl_status online_value_serve(ctrl_online *o) {
     online_value *v = o->value;
     if (!v || !v->zero || v->zero->rank == 0) return CTRL_OK;
-    /* its slices of the weights, then its optimizer state: in the order rank 0 receives them */
-    ctrl_status st = value_slices(v, v->zero->rank, send_to, 0);
+    /* its slices of the weights (on a device: the whole model gathered on every device, as rank 0's
+     * save gathers it), then its optimizer state: in the order rank 0 receives them */
+    ctrl_status st =
+        v->zero->dev ? train_zero_gather_all(v->zero) : value_slices(v, v->zero->rank, send_to, 0);
+    if (v->zero->dev) train_zero_release_all(v->zero);
     return st == CTRL_OK ? train_zero_send_state(v->zero, v->opt_ops, v->opt) : st;
 }
 
@@ -495,7 +521,9 @@ ctrl_status online_value_save(ctrl_online *o, const char *dir) {
     /* zero3: the others' slices into rank 0's model for the write (online_value_serve sends them), the
      * pages released again after; its optimizer state one file per rank, as the policy's */
     ctrl_status st = CTRL_OK;
-    for (int r = 1; z && r < z->size && st == CTRL_OK; r++) st = value_slices(v, r, recv_from, r);
+    if (z && z->dev) /* on a device: gathered whole there (the fp32 masters in bf16), read from it */
+        st = train_zero_gather_all(z);
+    for (int r = 1; z && !z->dev && r < z->size && st == CTRL_OK; r++) st = value_slices(v, r, recv_from, r);
     if (st == CTRL_OK) st = ctrl_model_save_weights(v->model, path, CTRL_F32); /* from the device first */
     if (z) train_zero_release_all(z);
     for (int r = 0; z && r < z->size && st == CTRL_OK; r++) {
@@ -529,8 +557,12 @@ ctrl_status online_value_load(ctrl_online *o, const char *dir, long step) {
         st = ctrl_safetensors_read_f32(sf, pv->name, params + pv->offset, (int64_t)pv->numel);
     }
     ctrl_safetensors_close(sf);
-    if (v->zero) train_zero_release_all(v->zero); /* zero3: read whole, the others' slices let go */
-    ctrl_model_weights_changed(v->model);         /* onto the device before the next forward */
+    if (v->zero && v->zero->dev) { /* on a device: this rank's slices put there (a collective) */
+        if (st == CTRL_OK) st = train_zero_device_reload(v->zero, v->model);
+    } else {
+        if (v->zero) train_zero_release_all(v->zero); /* zero3: read whole, the others' slices let go */
+        ctrl_model_weights_changed(v->model);         /* onto the device before the next forward */
+    }
     if (v->zero) /* zero3: this rank's own optimizer state (the same ranks as the checkpoint's) */
         snprintf(path, sizeof path, "%s/" VALUE_OPTIMIZER_RANK, dir, v->zero->rank);
     else

@@ -369,6 +369,10 @@ ctrl_status train_zero_device_finish_unit(train_zero *z, int u, void *handle);
 ctrl_status train_zero_device_start_unit(train_zero *z, int u, void **handle);
 ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq);
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m);
+/* Zero3 on a CUDA model whose host parameters were read anew (a resume): this rank's slices put on
+ * the device from the host's values, and what every rank keeps whole gathered as after a step. A
+ * collective. */
+ctrl_status train_zero_device_reload(train_zero *z, ctrl_model *m);
 void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n);
 /* Stage 3 on a CUDA model (zero_device.c): init (after the units: the device's parameters and
  * gradients moved into ranges mapped piece by piece, this rank's slices and the final norm pinned,

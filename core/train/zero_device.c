@@ -121,9 +121,11 @@ static ctrl_status refresh_b16(train_zero *z, int u) {
     return hi > lo ? z->dev->to_bf16(b16, master, (int64_t)(hi - lo)) : CTRL_OK;
 }
 
-ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
+/* After a step (and upload: the host's values of this rank's slices put on the device first):
+ * bf16 slices refreshed, the units kept whole all-gathered, the persistent views too. */
+static ctrl_status device_gather(train_zero *z, ctrl_model *m, int upload) {
     float *p = ctrl_model_device_params(m) + z->first;
-    ctrl_status st = z->host_step ? upload_slices(z, m) : CTRL_OK;
+    ctrl_status st = upload ? upload_slices(z, m) : CTRL_OK;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) { /* zero3's layers stay sliced */
         size_t lo, hi;
         const float *master = master_of(z, u, &lo, &hi);
@@ -141,6 +143,12 @@ ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
     ctrl_model_device_weights_changed(m);
     return st;
 }
+
+ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
+    return device_gather(z, m, z->host_step);
+}
+
+ctrl_status train_zero_device_reload(train_zero *z, ctrl_model *m) { return device_gather(z, m, 1); }
 
 void train_zero_device_groups(const train_zero *z, ctrl_model *m, ctrl_param_group *groups, int n) {
     const float *host = ctrl_model_params(m, NULL);

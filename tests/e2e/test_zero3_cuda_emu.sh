@@ -11,7 +11,8 @@
 # resume repeats the curve exactly, and what each rank holds on its device is logged and checked.
 # GRPO with zero3 on CUDA (the whole model gathered on every rank for each generation phase and
 # released after, TRL's ds3_gather_for_generation = true) samples the completions of plain data
-# parallel on CUDA and follows its rewards and gradient norms; so does PPO; and with false (one layer
+# parallel on CUDA and follows its rewards and gradient norms; so does PPO (its value model sliced on
+# the devices too, its checkpoint resumed exactly); and with false (one layer
 # gathered at a time for each decoding pass) those of the whole gather's run.
 # usage: test_zero3_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
@@ -104,12 +105,13 @@ n=$(paste <(curve_col "$TMP/gfp32" grad_norm) <(curve_col "$TMP/gzfp32" grad_nor
 # bf16: the first generation phase samples data parallel's completions (the same bf16 products)
 [ -n "$(curve_col "$TMP/gbf16" reward)" ] && [ "$(curve_col "$TMP/gbf16" reward | head -1)" = "$(curve_col "$TMP/gzbf16" reward | head -1)" ] && ok ||
   bad "grpo zero3 bf16 on cuda: reward $(curve_col "$TMP/gzbf16" reward | tr '\n' ' ') vs $(curve_col "$TMP/gbf16" reward | tr '\n' ' ')"
-# PPO (the value model whole on each rank's device beside the sliced policy, its reference sliced too):
-# the same scores and norms
+# PPO (the value model sliced on the devices as the policy, online_ppo.c, its reference sliced too): the
+# same scores and norms, the value model's gradient norm and loss within 1e-5
 INI_BATCH=2 INI_TARGET=6 INI_TRAIN="dtype = fp32" online_ini ppo p 2 "[ppo]" "response_length = 8" "num_ppo_epochs = 1" |
   sed 's/^device = cpu/device = cuda/; /^eval_file/d' >"$TMP/ppo.ini"
 for name in p pz; do
-  z=() && [ $name = pz ] && z=(--set memory.strategies=zero3)
+  z=(--set train.save_strategy=steps --set train.save_steps=1)
+  [ $name = pz ] && z+=(--set memory.strategies=zero3)
   "${MPI[@]}" "${C[@]}" train "$TMP/ppo.ini" --set run.output_dir="$TMP/$name" "${z[@]}" >"$TMP/$name.log" 2>&1 ||
     { bad "ppo $name: exited $?"; tail -20 "$TMP/$name.log"; }
 done
@@ -118,6 +120,29 @@ done
 n=$(paste <(curve_col "$TMP/p" grad_norm) <(curve_col "$TMP/pz" grad_norm) |
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++; n++ } END { print n + 0, bad + 0 }')
 [ "$n" = "2 0" ] && ok || bad "ppo zero3 on cuda: grad_norm ($n)"
+CURVE_MIN=2 curve_close "$TMP/p" "$TMP/pz" value_model/grad_norm 1e-5
+CURVE_MIN=2 curve_close "$TMP/p" "$TMP/pz" loss/value_avg 1e-5
+# each rank holds about half of the value model on its device; data parallel keeps it whole
+read -r vres vall < <(grep -o "zero3: the value model sliced as the policy: parameters resident at most [0-9]* of its [0-9]* bytes per rank on its device" "$TMP/pz.log" |
+  sed -E 's/.* at most ([0-9]+) of its ([0-9]+) bytes.*/\1 \2/')
+echo "ppo zero3 on cuda: the value model's parameters on a rank's device $vres of $vall bytes"
+[ -n "$vall" ] && [ $((2 * vres)) -le $((vall + vall / 4)) ] && grep -q "its own adamw optimizer stepping on the device, over its slices (zero3)" "$TMP/pz.log" &&
+  ! grep -q "value model sliced" "$TMP/p.log" && ok || bad "ppo zero3 on cuda: the value model not sliced on the device: '$vres' '$vall'"
+# its checkpoint (the value model gathered whole on the devices, written by rank 0; its optimizer state
+# one file per rank) resumes the same curve to the same value model bytes
+mkdir -p "$TMP/pzr" && cp -r "$TMP/pz/checkpoint-1" "$TMP/pzr/" && grep '"step": 1,' "$TMP/pz/metrics.jsonl" >"$TMP/pzr/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/ppo.ini" --set run.output_dir="$TMP/pzr" --set memory.strategies=zero3 --set train.save_strategy=steps \
+  --set train.save_steps=1 --set train.resume_from_checkpoint=last >"$TMP/pzr.log" 2>&1 || { bad "ppo pzr: exited $?"; tail -20 "$TMP/pzr.log"; }
+for k in loss grad_norm value_model/grad_norm loss/value_avg objective/scores; do
+  [ "$(curve_col "$TMP/pz" $k)" = "$(curve_col "$TMP/pzr" $k)" ] || bad "ppo zero3 on cuda resumed: $k differs"
+done
+cmp -s "$TMP/pz/checkpoint-2/value_model.safetensors" "$TMP/pzr/checkpoint-2/value_model.safetensors" && ok ||
+  bad "ppo zero3 on cuda resumed: the value model differs"
+# the value model written whole: data parallel's after the first step, within 1e-4 (its floats past the header)
+vfloats() { tail -c +$((9 + $(head -c 8 "$1" | od -A n -t u8))) "$1" | od -A n -v -t f4 -w4; }
+vd=$(paste <(vfloats "$TMP/p/checkpoint-1/value_model.safetensors") <(vfloats "$TMP/pz/checkpoint-1/value_model.safetensors") |
+  awk 'NF == 2 { d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { printf "%d %g\n", n, m + 0 }')
+[ "${vd%% *}" -gt 1000 ] && awk -v m="${vd#* }" 'BEGIN { exit !(m < 1e-4) }' && ok || bad "ppo zero3 on cuda: the saved value model vs data parallel's: $vd"
 # ... its reference sliced on the devices as the policy (kind_online.c), data parallel's whole
 grep -q "zero3: the reference model sliced as the policy: parameters resident at most [0-9]* of its [0-9]* bytes per rank on its device" "$TMP/pz.log" &&
   ! grep -q "reference model sliced" "$TMP/p.log" && ok || bad "ppo zero3 on cuda: the reference not sliced on the device"
