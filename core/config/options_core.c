@@ -356,9 +356,9 @@ static const ctrl_option peft_options[] = {
      "multiplied in [train] dtype; on the CPU and on CUDA. As transformers quantizes every nn.Linear: "
      "Phi-3's fused qkv_proj / gate_up_proj each one NF4 tensor; a mixture of experts' experts and router "
      "stay fp32 (bitsandbytes leaves them: not nn.Linear); the start-up log says which are which. With "
-     "use_dora: QDoRA. With [memory] strategies = zero3 on the CPU each rank keeps only its slice of the NF4 "
-     "store (cut on 16,384-value super-blocks), a layer's weights all-gathered just before its forward and "
-     "backward and freed after (DeepSpeed ZeRO-3 + QLoRA); refused naming this key with zero3 on CUDA."},
+     "use_dora: QDoRA. With [memory] strategies = zero3 each rank keeps only its slice of the NF4 store (cut "
+     "on 16,384-value super-blocks; on CUDA in device memory), a layer's weights all-gathered just before "
+     "its forward and backward and freed after (DeepSpeed ZeRO-3 + QLoRA)."},
     {"embedding_dtype", CTRL_OPT_CHOICE, "auto", 0, 0, 0, "auto|fp32|bf16",
      "How a LoRA run's frozen input embedding (and the LM head tied to it) is held. bf16: as bf16 values "
      "alone (2 bytes a value: 260 instead of 519 MiB at Qwen2.5-0.5B's 151,936 x 896), as a model loaded "
