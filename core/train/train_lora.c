@@ -5,12 +5,11 @@
  * for, and says which views those are. */
 #include "train/train_lora.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <ctrl/log.h>
-
-#include <math.h>
-#include <stdlib.h>
 
 #include "collective/collective.h"
 #include "model/peft.h"
@@ -50,8 +49,9 @@ void train_model_zero3_sliced(int sliced) { load_sliced = sliced; }
 
 /* zero3's sliced read with DoRA: the magnitudes the load set are the norms of each rank's part of
  * every row of W + s B A with B = 0 (the rest of its base is zero there; each value is in one rank's
- * slice; train_setup.c reads whole where B starts non-zero), so the whole rows' norms are the square roots of
- * their squares summed over the ranks -- DoRA's initial magnitudes without the whole base on any rank. */
+ * slice; train_setup.c reads whole where B starts non-zero), so the whole rows' norms are the square
+ * roots of their squares summed over the ranks -- DoRA's initial magnitudes, no rank reading the
+ * whole base. */
 static ctrl_status dora_whole_norms(ctrl_model *m) {
     float *p = ctrl_model_params(m, NULL);
     ctrl_status st = CTRL_OK;
@@ -123,7 +123,10 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
                                                    train_zero_rank_nf4_parts, NULL, out)
                        : ctrl_model_load_lora(s->model.path, attn, &lc, out);
     /* (a checkpoint's or an adapter's magnitudes are read over them below) */
-    if (st == CTRL_OK && load_sliced && lc.use_dora && !ckpt && !adapter) st = dora_whole_norms(*out);
+    if (st == CTRL_OK && load_sliced && lc.use_dora && !ckpt && !adapter && (st = dora_whole_norms(*out))) {
+        ctrl_model_free(*out);
+        *out = NULL;
+    }
     if (st != CTRL_OK) return st;
     if (load_sliced && lc.nf4)
         CTRL_INFO(
