@@ -235,8 +235,8 @@ static const ctrl_option memory_options[] = {
      "(the default): none kept whole -- ctrl gathers each layer in one collective, so the small tensors "
      "cost no collectives of their own, while keeping them whole cuts a layer's gather into one per run of "
      "larger tensors (docs/distributed.md). On [run] device = cuda the kept tensors stay mapped on every "
-     "rank's device and are all-gathered over NCCL. Refused without zero3, and above 0 on cuda with "
-     "[train] dtype = bf16."},
+     "rank's device and are all-gathered over NCCL (in bf16 holding their bf16 values, as a gathered "
+     "layer's: the threshold changes no number). Refused without zero3."},
     {"overlap_comm", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "zero2 and zero3: a bucket's reduce-scatters are started and left in flight while the backward "
      "goes on, finished when the next bucket is reduced or the backward ends (DeepSpeed's overlap_comm; "

@@ -89,10 +89,12 @@ ctrl_status train_run_evaluate(run_state *r, int has_eval, long step) {
     const int any = r->kind_ops->has_eval(r->kind); /* the same on every rank */
     if (any && eval_layerwise(r)) {
         train_dp_eval_set_lockstep(1);
-        r->zero.fp32_gather = 1; /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather */
-        ctrl_status st =
-            has_eval ? r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics)) : CTRL_OK;
-        r->zero.fp32_gather = 0;
+        /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather */
+        ctrl_status st = train_zero_fp32_phase(&r->zero, 1);
+        if (st == CTRL_OK && has_eval)
+            st = r->kind_ops->evaluate(r->kind, step, train_metrics_stage(&r->metrics));
+        const ctrl_status sf = train_zero_fp32_phase(&r->zero, 0);
+        if (st == CTRL_OK) st = sf;
         train_dp_eval_set_lockstep(0);
         return st == CTRL_OK && has_eval ? train_metrics_commit(&r->metrics) : st;
     }

@@ -102,8 +102,7 @@ static ctrl_status offload_dir_check(const run_state *r, int offload) {
 }
 
 /* [memory] stage3_param_persistence_threshold: zero3's views kept whole (auto: 10 x hidden_size, as the
- * HF Trainer fills DeepSpeed's auto); refused without zero3, and above 0 on a CUDA model in bf16 (its
- * layers' fp32 masters apart, zero_device.c: not yet). */
+ * HF Trainer fills DeepSpeed's auto); refused without zero3. */
 static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
     const long t = r->s->memory.param_persistence_threshold;
     const char *where = ctrl_config_where(r->cfg, "memory", "stage3_param_persistence_threshold");
@@ -113,13 +112,6 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
                               "(add zero3 to [memory] strategies, or drop the key)",
                               where);
     if (zero_stage < 3 || t == 0) return CTRL_OK;
-    if (r->comp.device.type != CTRL_DEVICE_CPU && ctrl_model_compute_dtype(r->model) == CTRL_BF16)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: [memory] stage3_param_persistence_threshold = %s with [run] device = %s and "
-            "[train] dtype = bf16: not supported yet (zero3 in bf16 on a device keeps the "
-            "layers' fp32 masters apart); set 0, or train in fp32",
-            where, t < 0 ? "auto" : "a number above 0", r->s->run.device);
     train_zero_set_persistence(&r->zero, t < 0 ? (size_t)(10 * hidden) : (size_t)t);
     return CTRL_OK;
 }

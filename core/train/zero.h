@@ -134,7 +134,7 @@ typedef struct train_zero {
      * parameter, this rank's slices mapped for the run, refreshed after each step), all-gathered as
      * bf16 for a layer's forward and backward and widened into the parameters (which then hold bf16
      * values); fp32_gather: the gathers of train_zero_gather_all (a save, an evaluation, generation)
-     * send the fp32 masters instead; held16[l]: layer l's gather holds vm_b16 pieces */
+     * send the fp32 masters instead; held16[l]: how the latest gather of layer l holds vm_b16 pieces */
     int b16, fp32_gather;
     /* stage 3 on a CUDA model with offload_optimizer: the optimizer steps this rank's fp32 slices in
      * host memory (the host's parameters: the masters, its state there too) on `hacc`, the slices'
@@ -230,6 +230,10 @@ void train_zero_set_persistence(train_zero *z, size_t threshold);
  * the persistent views all-gathered in one collective. */
 ctrl_status train_zero_make_runs(train_zero *z, ctrl_model *m);
 ctrl_status train_zero_gather_kept(train_zero *z, int all);
+/* A layer-by-layer phase whose gathers send the fp32 masters (on: an evaluation or a generation phase
+ * on a CUDA model in bf16) begins or ends: fp32_gather set or cleared, and the persistent views of a
+ * model in bf16 given the values to match (the masters, or their bf16 values; a collective). */
+ctrl_status train_zero_fp32_phase(train_zero *z, int on);
 /* The parameter all-gathers counted since the last call (collectives, views, floats), then zeroed. */
 void train_zero_gather_counts(train_zero *z, long *gathers, long *views, double *floats);
 /* Partitioned stages: hooks the model's layers (the buckets' reductions after the backward; stage
@@ -389,10 +393,18 @@ void train_zero_device3_free(train_zero *z);
 ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, const int *counts,
                                            void **handle);
 /* stage3_param_persistence_threshold on a CUDA model (from train_zero_attach, after the runs): the
- * persistent views' pieces mapped for the run and their values all-gathered whole on every rank's
- * device (train_zero_gather_kept, over NCCL; after each step again for the trainable ones, from
- * train_zero_device_gather). An error in bf16 (not yet). */
+ * persistent views' pieces mapped for the run (in bf16 a layer's bf16 values too) and their values
+ * all-gathered whole on every rank's device (train_zero_gather_kept, over NCCL; after each step again
+ * for the trainable ones, from train_zero_device_gather). In bf16 a layer's persistent piece holds
+ * its bf16 values widened, as a gathered layer's rest does (so a threshold changes no number), and
+ * its fp32 masters while the model is gathered whole (train_zero_gather_all: a save, a generation
+ * phase). kept_part: this rank's part [lo, hi) (in parameters) of a layer's persistent piece into dst
+ * (device memory): its bf16 slice widened, or with fp32_gather a trainable one's masters; kept_b16:
+ * the piece's bf16 values from its fp32 ones, whole. */
 ctrl_status train_zero_device_keep(train_zero *z);
+ctrl_status train_zero_device_kept_part(train_zero *z, train_zero_unit piece, size_t lo, size_t hi,
+                                        float *dst);
+ctrl_status train_zero_device_kept_b16(train_zero *z, train_zero_unit piece);
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u);
 ctrl_status train_zero_device_grads_in(train_zero *z, int u);
 size_t train_zero_device_mapped(train_zero *z, double out[4]);

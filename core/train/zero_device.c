@@ -434,18 +434,44 @@ void train_zero_device3_free(train_zero *z) {
     z->vm_params = z->vm_grads = z->vm_b16 = NULL, z->master = NULL, z->held16 = NULL, z->b16 = 0;
 }
 
-/* zero3 in bf16, a gather of train_zero_gather_all: this rank's fp32 master slice of range u (a
- * layer's) into its place in the parameters, which are then all-gathered in fp32. */
-static ctrl_status master_in(train_zero *z, train_zero_unit u) {
-    const int k = u.layer >= 0 && u.a >= z->first ? z->layer_unit[u.layer] : -1; /* not LoRA's base */
+/* zero3 in bf16: the fp32 master values of parameters [a, b) (inside this rank's slice of layer unit
+ * k) into dst (device memory): the device's masters, or with offload_optimizer the host's parameters. */
+static ctrl_status master_values(train_zero *z, int k, size_t a, size_t b, float *dst) {
     size_t lo, hi;
-    const float *master = k >= 0 ? master_of(z, k, &lo, &hi) : NULL;
-    if (!master || hi <= lo) return CTRL_OK;
-    float *at = ctrl_model_device_params(z->model) + z->first + lo;
-    if (z->host_step) /* offload_optimizer: the host's */
-        return z->dev->to_device(at, ctrl_model_params(z->model, NULL) + z->first + lo,
-                                 (hi - lo) * sizeof(float));
-    return z->dev->copy(at, master, (hi - lo) * sizeof(float));
+    const float *master = master_of(z, k, &lo, &hi);
+    if (b <= a) return CTRL_OK;
+    if (z->host_step)
+        return z->dev->to_device(dst, ctrl_model_params(z->model, NULL) + a, (b - a) * sizeof(float));
+    return z->dev->copy(dst, master + (a - z->first - lo), (b - a) * sizeof(float));
+}
+
+/* The trainable layer unit that holds range u (a layer's, or a run or persistent piece of one), else
+ * -1 (LoRA's frozen base, a range outside the layers). */
+static int unit_of(const train_zero *z, train_zero_unit u) {
+    return u.layer >= 0 && u.a >= z->first ? z->layer_unit[u.layer] : -1;
+}
+
+/* zero3 in bf16, a gather of train_zero_gather_all: this rank's fp32 master slice of range u (a
+ * layer's, or a run of one: the slice's part in it) into its place in the parameters, which are then
+ * all-gathered in fp32. */
+static ctrl_status master_in(train_zero *z, train_zero_unit u) {
+    const int k = unit_of(z, u);
+    size_t lo, hi;
+    if (k < 0 || !master_of(z, k, &lo, &hi)) return CTRL_OK;
+    const size_t a = z->first + lo > u.a ? z->first + lo : u.a, b = z->first + hi < u.b ? z->first + hi : u.b;
+    return master_values(z, k, a, b, ctrl_model_device_params(z->model) + a);
+}
+
+ctrl_status train_zero_device_kept_part(train_zero *z, train_zero_unit piece, size_t lo, size_t hi,
+                                        float *dst) {
+    const int k = unit_of(z, piece);
+    if (z->fp32_gather && k >= 0) return master_values(z, k, lo, hi, dst);
+    return hi > lo ? z->dev->from_bf16(dst, b16_base(z) + lo, (int64_t)(hi - lo)) : CTRL_OK;
+}
+
+ctrl_status train_zero_device_kept_b16(train_zero *z, train_zero_unit piece) {
+    return z->dev->to_bf16(b16_base(z) + piece.a, ctrl_model_device_params(z->model) + piece.a,
+                           (int64_t)(piece.b - piece.a));
 }
 
 /* b16_direct: range u's parts outside the matrices the products read as bf16, each [a, b) (in
@@ -491,10 +517,15 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, con
     const int rest = from16 && !z->fp32_gather && z->b16_direct; /* the matrices stay bf16 only */
     ctrl_status st =
         rest ? each_rest(z, u, use_rest) : vm_use(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
+    /* (set by every gather, never cleared: a layer's runs share the entry, the release of each reads it) */
+    if (b16)
+        z->held16[held_at(z, u)] = !keep16   ? HELD_NONE
+                                   : !from16 ? HELD_BESIDE
+                                   : rest    ? HELD_REST
+                                             : HELD_WIDENED;
     if (st == CTRL_OK && keep16) {
         st = vm_use(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
         if (st != CTRL_OK) return st;
-        z->held16[held_at(z, u)] = !from16 ? HELD_BESIDE : rest ? HELD_REST : HELD_WIDENED;
         st = ctrl_collective_device_allgather_b16(b16_base(z) + u.a, counts, from16 ? handle : NULL);
         if (from16) return st == CTRL_OK && !handle ? train_zero_device_gathered(z, u) : st;
     }
@@ -519,10 +550,8 @@ ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
     if (st == CTRL_OK)
         st = held == HELD_REST ? each_rest(z, u, drop_rest)
                                : vm_drop(z->vm_params, u.a * sizeof(float), u.b * sizeof(float));
-    if (st == CTRL_OK && held != HELD_NONE) {
-        z->held16[held_at(z, u)] = HELD_NONE;
+    if (st == CTRL_OK && held != HELD_NONE)
         st = vm_drop(z->vm_b16, u.a * sizeof(uint16_t), u.b * sizeof(uint16_t));
-    }
     return st;
 }
 
@@ -608,14 +637,13 @@ ctrl_status train_zero_device_mix(train_zero *z, train_zero *pz, float alpha) {
 
 ctrl_status train_zero_device_keep(train_zero *z) {
     if (!z->n_kept) return CTRL_OK;
-    if (z->b16)
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "[memory] stage3_param_persistence_threshold with zero3 in bf16 on %s: not "
-                              "supported yet",
-                              z->dev->name);
     ctrl_status st =
         z->dev->alloc((void **)&z->kept_buf, z->kept_n * sizeof(float)); /* the gathers' buffer */
-    for (int i = 0; i < z->n_kept && st == CTRL_OK; i++) /* whole on every rank: mapped for the run */
-        st = vm_pin(z->vm_params, z->kept[i].u.a * sizeof(float), z->kept[i].u.b * sizeof(float));
+    for (int i = 0; i < z->n_kept && st == CTRL_OK; i++) { /* whole on every rank: mapped for the run */
+        const train_zero_unit k = z->kept[i].u;
+        st = vm_pin(z->vm_params, k.a * sizeof(float), k.b * sizeof(float));
+        if (st == CTRL_OK && z->b16 && k.layer >= 0) /* and a layer's bf16 values (a matrix's are read) */
+            st = vm_pin(z->vm_b16, k.a * sizeof(uint16_t), k.b * sizeof(uint16_t));
+    }
     return st == CTRL_OK ? train_zero_gather_kept(z, 1) : st; /* (each rank holds its slices of them) */
 }

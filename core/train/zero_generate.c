@@ -151,9 +151,9 @@ ctrl_status train_zero_generation(void *ctx, int on) {
         g->open = 1, g->in_pass = 0, g->passes = g->idle = 0, g->measure = MEASURED_PASSES;
         g->prefetched = z->prefetched;
         g->phases++;
-        z->fp32_gather = 1; /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather sends */
         ctrl_model_set_decode_hook(z->model, decode_hook, g);
-        return CTRL_OK;
+        return train_zero_fp32_phase(
+            z, 1); /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather sends */
     }
     if (!g->open) return CTRL_OK;
     /* a pass left between its layers (its forward failed): the ranks' gathers no longer match, so no
@@ -161,7 +161,9 @@ ctrl_status train_zero_generation(void *ctx, int on) {
     if (!g->reported) measure(g); /* the KV cache still held */
     ctrl_status st = g->in_pass ? CTRL_OK : idle_passes(g);
     ctrl_model_set_decode_hook(z->model, NULL, NULL);
-    g->open = 0, z->fp32_gather = 0;
+    g->open = 0;
+    const ctrl_status sf = train_zero_fp32_phase(z, 0);
+    if (st == CTRL_OK) st = sf;
     z->prefetched = g->prefetched;
     if (st == CTRL_OK && !g->in_pass && !g->reported) g->reported = 1, st = report(g);
     if (g->in_pass) CTRL_ERROR("zero3 generation: a forward pass failed between its layers");

@@ -474,6 +474,8 @@ ctrl_status train_zero_gather_all(train_zero *z) {
     ctrl_status st = ctrl_model_set_round_skip(z->model, NULL, 0); /* whole: the bf16 copy rounds all */
     z->fp32_gather = 1; /* a CUDA model's zero3 in bf16: the fp32 masters, not the bf16 slices */
     for (int l = 0; l < z->n_slots && st == CTRL_OK; l++) st = need_layer(z, l);
+    /* in bf16 on a device the persistent views held their bf16 values: their fp32 masters now */
+    if (st == CTRL_OK && z->b16) st = train_zero_gather_kept(z, 0);
     z->fp32_gather = 0;
     z->gathered = st == CTRL_OK;
     z->whole_gathers++;
@@ -506,6 +508,7 @@ void train_zero_whole_report(const train_zero *z) {
 
 void train_zero_release_all(train_zero *z) {
     if (z->stage < 3) return;
+    const int was_whole = z->gathered;
     z->gathered = 0;
     if (z->dev) ctrl_model_set_device_sliced(z->model, 1);
     for (int l = 0; l < z->n_slots; l++) {
@@ -513,6 +516,9 @@ void train_zero_release_all(train_zero *z) {
             CTRL_ERROR("zero3: %s", ctrl_error_message());
         z->state[l] = 0;
     }
+    /* in bf16 on a device: the persistent views' bf16 values again (the forward's, as a gathered layer's) */
+    if (was_whole && z->b16 && train_zero_gather_kept(z, 0) != CTRL_OK)
+        CTRL_ERROR("zero3: %s", ctrl_error_message());
     ctrl_model_set_round_skip(z->model, z->skip, z->n_skip); /* the gathers round the layers */
 }
 

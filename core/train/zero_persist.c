@@ -104,7 +104,12 @@ ctrl_status train_zero_gather_kept(train_zero *z, int all) {
         if (!wanted(z, &z->kept[i], all)) continue;
         views++;
         train_zero_run_cut(z, &z->kept[i], z->rank, &lo, &hi);
-        st = put(z, z->kept_buf + mine, p + lo, hi - lo), mine += hi - lo;
+        /* a layer's in bf16 on a device: its bf16 values widened, as a gathered layer's (or its fp32
+         * masters, fp32_gather) */
+        st = z->b16 && z->kept[i].u.layer >= 0
+                 ? train_zero_device_kept_part(z, z->kept[i].u, lo, hi, z->kept_buf + mine)
+                 : put(z, z->kept_buf + mine, p + lo, hi - lo);
+        mine += hi - lo;
     }
     if (st != CTRL_OK || !total) return st;
     st = z->dev ? ctrl_collective_device_allgather_f32(z->kept_buf, z->kept_counts)
@@ -118,6 +123,14 @@ ctrl_status train_zero_gather_kept(train_zero *z, int all) {
             train_zero_run_cut(z, &z->kept[i], r, &lo, &hi);
             st = put(z, p + lo, z->kept_buf + at, hi - lo), at += hi - lo;
         }
+    for (int i = 0; z->b16 && i < z->n_kept && st == CTRL_OK; i++) /* whole: their bf16 values too */
+        if (wanted(z, &z->kept[i], all) && z->kept[i].u.layer >= 0)
+            st = train_zero_device_kept_b16(z, z->kept[i].u);
     z->gathers++, z->gather_views += views, z->gather_floats += (double)total;
     return st;
+}
+
+ctrl_status train_zero_fp32_phase(train_zero *z, int on) {
+    z->fp32_gather = on;
+    return z->b16 ? train_zero_gather_kept(z, 0) : CTRL_OK;
 }

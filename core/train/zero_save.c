@@ -130,7 +130,8 @@ static ctrl_status gather_adapters_device(train_zero *z) {
             z, (train_zero_unit){z->first + z->units[u].a, z->first + z->units[u].b, z->units[u].layer});
         if (st == CTRL_OK) st = r;
     }
-    return st;
+    /* in bf16 the gathers wrote the fp32 masters over the persistent views: their bf16 values again */
+    return st == CTRL_OK && z->b16 ? train_zero_gather_kept(z, 0) : st;
 }
 
 ctrl_status train_zero_gather_adapters(train_zero *z) {

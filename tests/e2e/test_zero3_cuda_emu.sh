@@ -8,7 +8,8 @@
 # data parallel's on CUDA in bf16 within bf16's tolerance (the layers' norm weights and biases enter
 # the forward as bf16 values, as DeepSpeed's bf16 module holds them, where data parallel keeps them
 # fp32 as torch.autocast does), the final model and its checkpoint hold the fp32 masters, a 2-rank
-# resume repeats the curve exactly, and what each rank holds on its device is logged and checked.
+# resume repeats the curve exactly, and what each rank holds on its device is logged and checked;
+# stage3_param_persistence_threshold (auto, 1e9) changes no number, and its checkpoint resumes.
 # GRPO with zero3 on CUDA (the whole model gathered on every rank for each generation phase and
 # released after, TRL's ds3_gather_for_generation = true) samples the completions of plain data
 # parallel on CUDA and follows its rewards and gradient norms; so does PPO (its value model sliced on
@@ -38,6 +39,7 @@ max_grad_norm = 0.5
 dtype = bf16
 INI
 run() { mpi_train "$@"; }
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 run dp --set train.save_strategy=no
 run z3 --set memory.strategies=zero3 --set memory.reduce_bucket_size=1
 # the same curve as data parallel in bf16, within bf16's precision (norm weights and biases as bf16)
@@ -81,9 +83,33 @@ low=$(tail -c 4096 "$TMP/z3/model.safetensors" | od -A n -v -t u2 | tr -s ' ' '\
 mkdir -p "$TMP/r3" && cp -r "$TMP/z3/checkpoint-3" "$TMP/r3/"
 grep '"step": [1-3],' "$TMP/z3/metrics.jsonl" >"$TMP/r3/metrics.jsonl"
 run r3 --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 --set train.resume_from_checkpoint=last
-curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 bf16 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
 cmp -s "$TMP/z3/model.safetensors" "$TMP/r3/model.safetensors" && ok || bad "zero3 bf16: the resumed model differs"
+# stage3_param_persistence_threshold in bf16: the persistent tensors (auto: the norms and biases; 1e9:
+# every tensor of the layers) hold their bf16 values widened where a gathered layer's are (their
+# matrices' bf16 values whole beside them), the fp32 masters while the model is gathered whole (the
+# saves): the curve and the saved model of the run without, bit for bit; a checkpoint resumes the same
+for t in auto 1e9; do
+  run "p$t" --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 --set memory.stage3_param_persistence_threshold=$t
+  diff <(curve "$TMP/z3") <(curve "$TMP/p$t") >"$TMP/diff" && cmp -s "$TMP/z3/model.safetensors" "$TMP/p$t/model.safetensors" &&
+    ok || { bad "zero3 bf16 on CUDA at threshold $t: another curve or model"; cat "$TMP/diff"; }
+done
+grep -q "persistent (stage3_param_persistence_threshold = 1000000000 elements: 38 tensors" "$TMP/p1e9.log" && ok ||
+  bad "zero3 bf16 at 1e9: $(grep -o "persistent (stage3.*" "$TMP/p1e9.log")"
+mkdir -p "$TMP/pr" && cp -r "$TMP/p1e9/checkpoint-3" "$TMP/pr/" && grep '"step": [1-3],' "$TMP/z3/metrics.jsonl" >"$TMP/pr/metrics.jsonl"
+run pr --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 --set memory.stage3_param_persistence_threshold=1e9 \
+  --set train.resume_from_checkpoint=last
+diff <(curve "$TMP/z3") <(curve "$TMP/pr") >"$TMP/diff" && cmp -s "$TMP/z3/model.safetensors" "$TMP/pr/model.safetensors" &&
+  ok || { bad "zero3 bf16 on CUDA at threshold 1e9: resumed curve or model differs"; cat "$TMP/diff"; }
+# ... and an evaluation layer by layer (its gathers send the fp32 masters: so do the persistent tensors
+# for its length) the same eval_loss
+head -16 "$TMP/data/eval.jsonl" >"$TMP/data/eval16.jsonl"
+for t in 0 1e9; do
+  run "e$t" --set memory.strategies=zero3 --set data.eval_file="$TMP/data/eval16.jsonl" --set train.eval_steps=1 \
+    --set train.max_steps=2 --set train.save_strategy=no --set memory.stage3_param_persistence_threshold=$t
+done
+[ "$(grep -c eval_loss "$TMP/e0/metrics.jsonl")" = 2 ] && [ "$(curve "$TMP/e0")" = "$(curve "$TMP/e1e9")" ] && ok ||
+  bad "zero3 bf16 on CUDA, evaluation at threshold 1e9: $(curve_col "$TMP/e1e9" eval_loss | tr '\n' ' ') vs $(curve_col "$TMP/e0" eval_loss | tr '\n' ' ')"
 # GRPO (its own share of the generation batch per rank, sampled on the device): zero3 on CUDA gathers the
 # whole model for the generation phase (in bf16 too: the fp32 masters), scores and trains layer by layer
 for dt in fp32 bf16; do

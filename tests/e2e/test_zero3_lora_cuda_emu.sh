@@ -11,7 +11,7 @@
 # norms computed after its gather) follows data parallel's DoRA curve on CUDA and on the CPU.
 # QLoRA and QDoRA: the device's NF4 store sliced (each rank's super-blocks of every weight on its
 # device, a layer's gathered around its use), data parallel's QLoRA / QDoRA curves on CUDA (fp32; QLoRA in bf16
-# too), a QLoRA checkpoint resumes exactly; GRPO over it
+# too; QDoRA in bf16 with every tensor persistent as without), a QLoRA checkpoint resumes exactly; GRPO over it
 # generating layer by layer samples data parallel's completions.
 # usage: test_zero3_lora_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
@@ -104,6 +104,16 @@ run dpqb --set train.save_strategy=no --set peft.quantization=nf4 --set train.dt
 run z3qb "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --set train.dtype=bf16
 curve_close "$TMP/dpqb" "$TMP/z3qb" loss 1e-3
 curve_close "$TMP/dpqb" "$TMP/z3qb" grad_norm 1e-2
+# QDoRA in bf16 with every tensor of the layers persistent (stage3_param_persistence_threshold = 1e9: the
+# base's norms, the adapters and DoRA's magnitudes whole as their bf16 values; the adapter saves, which
+# gather the fp32 masters, give them back): the curve and adapter at 0, bit for bit
+for t in 0 1e9; do
+  run "qd$t" "${z3[@]}" --set peft.quantization=nf4 --set peft.use_dora=true --set train.dtype=bf16 \
+    --set train.max_steps=4 --set train.save_steps=2 --set memory.stage3_param_persistence_threshold=$t
+done
+[ -n "$(curve_col "$TMP/qd0" loss)" ] && [ "$(curve "$TMP/qd0")" = "$(curve "$TMP/qd1e9")" ] &&
+  cmp -s "$TMP/qd0/adapter_model.safetensors" "$TMP/qd1e9/adapter_model.safetensors" && ok ||
+  bad "zero3 QDoRA bf16 on cuda, every tensor persistent: another curve or adapter"
 # QDoRA: its base weights' row norms read once from the host's NF4 store before it is sliced
 run dpqd --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true
 run z3qd "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true

@@ -130,13 +130,7 @@ grep '"step": [1-3],' "$TMP/z3/metrics.jsonl" >"$TMP/r3/metrics.jsonl"
 run r3 --set run.device=cuda --set memory.strategies=zero3 --set memory.reduce_bucket_size=1 "${ev[@]}" \
   --set train.resume_from_checkpoint=last
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && ok || { bad "zero3 on CUDA: resumed curve differs"; cat "$TMP/diff"; }
-# what zero3 on CUDA does not do yet (a persistence threshold in bf16) is refused naming the key
-# (bf16, LoRA, DoRA and NF4 are: test_zero3_cuda_emu.sh, test_zero3_lora_cuda_emu.sh)
-"${C[@]}" train "$TMP/run.ini" --set run.output_dir="$TMP/p3" --set run.device=cuda --set memory.strategies=zero3 \
-  --set memory.stage3_param_persistence_threshold=auto --set train.dtype=bf16 >"$TMP/p3.log" 2>&1
-grep -q "stage3_param_persistence_threshold = auto with \[run\] device = cuda and \[train\] dtype = bf16: not supported yet" "$TMP/p3.log" && ok ||
-  { bad "zero3 persistence threshold in bf16 on cuda: $(tail -2 "$TMP/p3.log")"; }
-# stage3_param_persistence_threshold = auto (10 x hidden: 320 elements) in fp32: the norms and biases kept
+# stage3_param_persistence_threshold = auto (10 x hidden: 320 elements) in fp32 (bf16: test_zero3_cuda_emu.sh): the norms and biases kept
 # whole on every rank's device (mapped for the run, their slices all-gathered over NCCL after each step),
 # each layer's gathers fetching its other tensors' runs: data parallel on CUDA's curve (1e-6) and the
 # CPU's zero3 run at auto (1e-5), the same tensors kept whole, fewer floats gathered than at 0
