@@ -93,11 +93,13 @@ struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer);
  * model frees what is there when it is freed); a product with an entry whose buffers are NULL is an
  * error naming the layer. */
 void **ctrl_model_nf4_device(ctrl_model *m);
-/* QLoRA under ZeRO-3 on a device: the model's moves to a device copy none of the NF4 weights there
- * (the device store's entries stay NULL) -- each rank then puts only its pieces there
- * (core/train/zero_nf4.c), so the device never holds the whole store; a product before that is an
- * error naming the layer. Call before ctrl_model_to_device. */
-void ctrl_model_nf4_defer_device(ctrl_model *m);
+/* ZeRO-3 on a device: the model's move to a device (ctrl_model_to_device, called after this) copies
+ * neither its parameters nor its gradients there (ctrl_model_device_params and _grads are NULL until
+ * ZeRO-3 hands the model its sliced buffers, ctrl_model_adopt_device_buffers, which it fills from the
+ * host's parameters) nor any NF4 weight of QLoRA's store (its entries stay NULL: each rank puts only
+ * its pieces there, core/train/zero_nf4.c) -- so no device ever holds the whole model; a product
+ * before that is an error. */
+void ctrl_model_defer_device(ctrl_model *m);
 /* QDoRA over an NF4 base: its weights' row norms computed now from the host's store (kept on the
  * model's backend until it moves), before ZeRO-3 cuts the store into slices; a no-op otherwise. */
 ctrl_status ctrl_model_nf4_hold_norms(ctrl_model *m);

@@ -77,10 +77,13 @@ ctrl_status ctrl_model_to_device(ctrl_model *m, const ctrl_backend_ops *be, ctrl
     if (be->host_memory) return CTRL_OK;
     const size_t bytes = m->n_params * sizeof(float), gbytes = (m->n_train ? m->n_train : 1) * sizeof(float);
     m->dparams = m->dgrads = NULL;
-    ctrl_status st = be->alloc((void **)&m->dparams, bytes);
-    if (st == CTRL_OK) st = be->alloc((void **)&m->dgrads, gbytes); /* the trainable ones' only */
-    if (st == CTRL_OK) st = be->to_device(m->dparams, m->params, bytes);
-    if (st == CTRL_OK) st = be->to_device(m->dgrads, m->grads, gbytes);
+    ctrl_status st = CTRL_OK;
+    if (!m->dev_deferred) { /* (deferred: ZeRO-3 hands its sliced buffers over, adopt_device_buffers) */
+        st = be->alloc((void **)&m->dparams, bytes);
+        if (st == CTRL_OK) st = be->alloc((void **)&m->dgrads, gbytes); /* the trainable ones' only */
+        if (st == CTRL_OK) st = be->to_device(m->dparams, m->params, bytes);
+        if (st == CTRL_OK) st = be->to_device(m->dgrads, m->grads, gbytes);
+    }
     if (st != CTRL_OK) { /* back on the CPU, as it was */
         if (m->dparams) be->free(m->dparams);
         if (m->dgrads) be->free(m->dgrads);
@@ -198,3 +201,5 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                                             : NULL,
                             .w16 = w16_only ? m->emb16 : model_head_w16(m)};
 }
+
+void ctrl_model_defer_device(ctrl_model *m) { m->dev_deferred = 1; }

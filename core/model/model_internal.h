@@ -239,8 +239,9 @@ struct ctrl_model {
      * floats); NULL on the CPU. */
     void **nf4_dev;
     float *nf4_codes;
-    /* ctrl_model_nf4_defer_device: nf4_to_device copies no weight (ZeRO-3 puts each rank's pieces) */
-    int nf4_dev_deferred;
+    /* ctrl_model_defer_device: ctrl_model_to_device allocates and copies neither the parameters nor
+     * the gradients, nf4_to_device no weight (ZeRO-3 puts each rank's pieces) */
+    int dev_deferred;
     /* A frozen model held in bf16 (model_bf16_store.c): the layers' weights as bf16 (w16, layer
      * after layer), each layer's parameter range [w16_lo[l], w16_lo[n_layers + l]), and the layer
      * widened into params now (-1: none); NULL when not. */

@@ -130,7 +130,8 @@ static size_t part_bytes(const ctrl_nf4 *q, int k) {
 
 ctrl_status nf4_to_device(ctrl_model *m) {
     if (!m->nf4_w || m->be->host_memory) return CTRL_OK;
-    if (m->nf4_part)
+    /* (a ZeRO-3 rank's pieces: copied to the device by zero_nf4.c's cut, which defers the move) */
+    if (m->nf4_part && !m->dev_deferred)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "QLoRA: the NF4 store holds a ZeRO-3 rank's pieces only");
     const int n = m->cfg.n_layers * LORA_N_TARGETS;
     const ctrl_backend_ops *be = m->be;
@@ -139,7 +140,7 @@ ctrl_status nf4_to_device(ctrl_model *m) {
     ctrl_status st = be->alloc((void **)&m->nf4_codes, sizeof(float) * (16 + 256));
     if (st == CTRL_OK) st = be->to_device(m->nf4_codes, ctrl_nf4_code, sizeof(float) * 16);
     if (st == CTRL_OK) st = be->to_device(m->nf4_codes + 16, ctrl_nf4_dynamic_code, sizeof(float) * 256);
-    for (int i = 0; i < n && st == CTRL_OK && !m->nf4_dev_deferred; i++) {
+    for (int i = 0; i < n && st == CTRL_OK && !m->dev_deferred; i++) {
         const ctrl_nf4 *q = &m->nf4_w[i];
         const void *src[3] = {q->packed, q->qabsmax, q->absmax2};
         for (int k = 0; k < 3 && st == CTRL_OK && q->packed; k++) {
@@ -210,8 +211,6 @@ struct ctrl_nf4 *ctrl_model_nf4_store(ctrl_model *m, int *per_layer) {
 }
 
 void **ctrl_model_nf4_device(ctrl_model *m) { return m->nf4_dev; }
-
-void ctrl_model_nf4_defer_device(ctrl_model *m) { m->nf4_dev_deferred = 1; }
 
 void nf4_free(ctrl_model *m) {
     for (int i = 0; m->nf4_w && i < m->cfg.n_layers * LORA_N_TARGETS; i++) ctrl_nf4_free(&m->nf4_w[i]);

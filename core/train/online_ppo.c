@@ -202,6 +202,8 @@ ctrl_status online_value_create(ctrl_online *o, const ctrl_run_plugins *plugins)
         return ctrl_error_wrap(st, "[%s] value_model = %s: cannot load it as a value model", s->run.trainer,
                                dir);
     const ctrl_device dev = ctrl_model_device(o->model);
+    if (sliced && dev.type != CTRL_DEVICE_CPU) /* zero3: only each rank's slices go there (zero_device.c) */
+        ctrl_model_defer_device(v->model);
     if (st == CTRL_OK && dev.type != CTRL_DEVICE_CPU) /* beside the policy */
         st = ctrl_model_to_device(v->model, ctrl_model_backend(o->model), dev);
     if (st == CTRL_OK) st = ctrl_model_set_compute_like(v->model, o->model);

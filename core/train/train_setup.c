@@ -120,8 +120,9 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
 static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer_index(v) >= 0; }
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
- * zero.Init partitions it at load; a classifier's too, its score whole); where it cannot (a device: its
- * frozen embeddings are kept whole; QDoRA's base norms from the whole NF4 store -- DoRA asked in the
+ * zero.Init partitions it at load; a classifier's too, its score whole; bound for a device, its frozen
+ * embeddings and head whole, as the device keeps them); where it cannot (QDoRA's base norms from the
+ * whole NF4 store -- DoRA asked in the
  * settings or in an adapter_path's config, `lora` --; a reference precomputed from the base before
  * ZeRO starts) the base is read whole on every rank and rank 0 says why.
  * CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
@@ -129,8 +130,7 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
                              const ctrl_lora_config *lora) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
-    const char *why = r->comp.cuda                    ? "the run computes on a device"
-                      : lora->use_dora && s->peft.nf4 ? "QDoRA's base norms read from the whole NF4 store"
+    const char *why = lora->use_dora && s->peft.nf4 ? "QDoRA's base norms read from the whole NF4 store"
                       : lora->use_dora && lora->init == CTRL_LORA_INIT_NONE && !s->peft.adapter_path
                           ? "DoRA's magnitudes over init_lora_weights = false are norms of W + s B A, B not 0"
                       : spec->needs_ref_logp && spec->precompute_ref_logp
@@ -202,19 +202,20 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                 "final norm and the score head whole), not the whole model",
                 load_dir);
     }
-    train_model_zero3_sliced(lora_sliced);
+    train_model_zero3_sliced(lora_sliced, r->comp.cuda != NULL);
     if (st == CTRL_OK && !sliced) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
         st = train_model_load(s, &lora, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
-    train_model_zero3_sliced(0);
+    train_model_zero3_sliced(0, 0);
     /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
         st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
-    /* zero3 + QLoRA on devices: only each rank's NF4 pieces go to its device (zero_nf4.c), never the
-     * whole store -- unless the reference log-probs are precomputed from the policy before ZeRO starts */
-    if (st == CTRL_OK && zero_stage >= 3 && ctrl_collective_size() > 1 && r->comp.cuda && s->peft.enabled &&
-        s->peft.nf4 && !(spec.needs_ref_logp && spec.precompute_ref_logp))
-        ctrl_model_nf4_defer_device(r->model);
+    /* zero3 on devices: only each rank's slices of the parameters (zero_device.c) and of QLoRA's NF4
+     * store (zero_nf4.c) go to its device, never the whole model -- unless the reference log-probs are
+     * precomputed from the policy before ZeRO starts */
+    if (st == CTRL_OK && zero_stage >= 3 && ctrl_collective_size() > 1 && r->comp.cuda &&
+        !(spec.needs_ref_logp && spec.precompute_ref_logp))
+        ctrl_model_defer_device(r->model);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK && zero_stage < 3) st = train_model_hold_base(r->model, s); /* LoRA + bf16 */
     if (st == CTRL_OK && (offload & 2) && ctrl_model_set_offload_activations(r->model, 1) != CTRL_OK) {

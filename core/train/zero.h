@@ -303,11 +303,12 @@ void train_zero_nf4_free(train_zero *z);
  * logged by rank 0 (the largest over the ranks; a collective). */
 ctrl_status train_zero_nf4_report(train_zero *z);
 /* ZeRO-3's sliced loading, the loader's callbacks (train_zero_load's; ctrl_model_load_part /
- * ctrl_model_load_lora_part; ctx unused): the ranges of parameters this rank keeps once train_zero_attach
+ * ctrl_model_load_lora_part): the ranges of parameters this rank keeps once train_zero_attach
  * slices the model (with LoRA: its slices of the frozen base's ranges too, the adapters' ranges made at
- * load), and QLoRA's: this rank's values of each NF4 weight, as train_zero_nf4_init cuts them
- * (train_zero_nf4_spans; spans [2 x n_layers x 7], by store index). On a CPU model (a device keeps the frozen
- * embeddings whole: not these ranges). */
+ * load; ctx: NULL, or an int, non-zero when the model will compute on a device, which keeps LoRA's
+ * frozen embeddings and head whole), and QLoRA's: this rank's values of each NF4 weight, as
+ * train_zero_nf4_init cuts them (train_zero_nf4_spans; spans [2 x n_layers x 7], by store index; ctx
+ * unused). */
 ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
 ctrl_status train_zero_rank_nf4_parts(const ctrl_model *m, void *ctx, int64_t *spans);
 ctrl_status train_zero_nf4_spans(const ctrl_model *m, int rank, int size, int64_t *spans);

@@ -260,6 +260,16 @@ static size_t held_at(const train_zero *z, train_zero_unit u) {
     return 2 * (size_t)u.layer + (u.a < z->first);
 }
 
+/* Parameters [a, b) of the whole model into device memory dst: from the device's whole copy, or where
+ * the model's move deferred it (ctrl_model_defer_device: the device never holds the whole model) from
+ * the host's, which hold this rank's slices (a sliced load) or everything. */
+static ctrl_status from_whole(const train_zero *z, void *dst, size_t a, size_t b) {
+    const float *dev = ctrl_model_device_params(z->model);
+    if (b <= a) return CTRL_OK;
+    return dev ? z->dev->copy(dst, dev + a, (b - a) * sizeof(float))
+               : z->dev->to_device(dst, ctrl_model_params(z->model, NULL) + a, (b - a) * sizeof(float));
+}
+
 /* zero3 in bf16: the layers' fp32 master slices (from the model's parameters, before it frees
  * them) and their bf16 values in vm_b16 (this rank's slices mapped for the run, indexed as the
  * parameters). */
@@ -291,13 +301,12 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
                          : be->alloc((void **)&z->master, (z->master_n ? z->master_n : 1) * sizeof(float));
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(uint16_t), 0, &z->vm_b16);
     z->b16 = st == CTRL_OK;
-    const float *old = ctrl_model_device_params(m) + z->first;
     for (int u = 0; u < z->n_units && st == CTRL_OK; u++) {
         size_t lo, hi;
         float *master = master_of(z, u, &lo, &hi);
         if (!master || hi <= lo) continue;
         st = vm_pin(z->vm_b16, (z->first + lo) * sizeof(uint16_t), (z->first + hi) * sizeof(uint16_t));
-        if (st == CTRL_OK) st = be->copy(master, old + lo, (hi - lo) * sizeof(float));
+        if (st == CTRL_OK) st = from_whole(z, master, z->first + lo, z->first + hi);
         if (st == CTRL_OK) st = refresh_b16(z, u);
     }
     if (st == CTRL_OK && z->host_step) /* acc staged the masters: the sums start from zeros */
@@ -310,8 +319,15 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
         train_zero_cut(z, f, z->rank, &lo, &hi);
         if (hi <= lo) continue;
         st = vm_pin(z->vm_b16, lo * sizeof(uint16_t), hi * sizeof(uint16_t));
-        if (st == CTRL_OK)
-            st = be->to_bf16(b16_base(z) + lo, ctrl_model_device_params(m) + lo, (int64_t)(hi - lo));
+        float *tmp = NULL; /* (the model's move deferred: the host's values staged through device memory) */
+        const float *src = ctrl_model_device_params(m) + lo;
+        if (st == CTRL_OK && !ctrl_model_device_params(m)) {
+            st = be->alloc((void **)&tmp, (hi - lo) * sizeof(float));
+            if (st == CTRL_OK) st = from_whole(z, tmp, lo, hi);
+            src = tmp;
+        }
+        if (st == CTRL_OK) st = be->to_bf16(b16_base(z) + lo, src, (int64_t)(hi - lo));
+        if (tmp) be->free(tmp);
     }
     return st;
 }
@@ -388,11 +404,11 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
                               be->name);
     ctrl_status st = train_zero_device_init(z, m);                     /* the slices' sums, NCCL */
     const size_t n_params = ctrl_model_param_bytes(m) / sizeof(float); /* fp32 on a device */
-    const char *old = (const char *)ctrl_model_device_params(m);
+    float *old = ctrl_model_device_params(m); /* NULL where the move deferred it: the host's then */
     /* the device's copy current first: the host's may be newer (weights broadcast from rank 0, as a
      * LoRA run's are, reach the device at the next forward) */
     if (st == CTRL_OK) st = ctrl_model_params_to_host(m);
-    if (st == CTRL_OK) st = be->to_device((void *)old, ctrl_model_params(m, NULL), n_params * sizeof(float));
+    if (st == CTRL_OK && old) st = be->to_device(old, ctrl_model_params(m, NULL), n_params * sizeof(float));
     if (st == CTRL_OK) st = vm_new(be, n_params * sizeof(float), 0, &z->vm_params);
     if (st == CTRL_OK) st = vm_new(be, (z->total ? z->total : 1) * sizeof(float), 1, &z->vm_grads);
     if (st == CTRL_OK && ctrl_model_compute_dtype(m) == CTRL_BF16) st = b16_init(z, m, n_params);
@@ -416,9 +432,20 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
     const zero_vm *v = z->vm_params;
     for (size_t i = 0; v && i < v->n && st == CTRL_OK; i++) {
         const size_t a = i * v->gran, b = a + v->gran < v->bytes ? a + v->gran : v->bytes;
-        if (v->pinned[i]) st = be->copy(v->base + a, old + a, b - a);
+        if (v->pinned[i]) st = from_whole(z, v->base + a, a / sizeof(float), b / sizeof(float));
     }
     if (st == CTRL_OK) st = ctrl_model_adopt_device_buffers(m, (float *)v->base, (float *)z->vm_grads->base);
+    size_t free_b = 0, total_b = 0; /* what the device holds now (its whole copy, if any, freed) */
+    if (st == CTRL_OK && z->rank == 0 && ctrl_backend_has(be, memory_info) &&
+        be->memory_info(&free_b, &total_b) == CTRL_OK)
+        CTRL_INFO("zero3 on %s: %s; device memory in use now %zu of %zu bytes (the model's parameters %zu "
+                  "bytes)",
+                  be->name,
+                  old ? "the model's move to the device copied it whole first (one rank, or the reference "
+                        "log-probs precomputed from it), freed now"
+                      : "each rank put its slices of the parameters on its device from the host (the move "
+                        "to the device copied none: no device held the whole model)",
+                  total_b - free_b, total_b, n_params * sizeof(float));
     if (st == CTRL_OK) ctrl_model_set_device_sliced(m, 1);
     if (st == CTRL_OK) ctrl_model_device_weights_changed(m); /* the device's are current (sliced) */
     if (st == CTRL_OK && z->b16) st = b16_direct_init(z, m);

@@ -29,9 +29,10 @@ ctrl_status train_zero_frozen_load(const char *path, const ctrl_attention_ops *a
     ctrl_model *m = NULL;
     ctrl_status st =
         z ? train_zero_load(path, attn, &m) : ctrl_error_set(CTRL_ERR_NOMEM, "zero3: out of memory");
-    /* on the policy's device (a CUDA model's: moved whole, as the policy's was, then sliced by
-     * train_zero_init's zero_device.c into pieces mapped per use); the dtype after the move, which
+    /* on the policy's device (a CUDA model's: nothing copied by the move, each rank's slices put there
+     * by train_zero_init's zero_device.c, the rest mapped per use); the dtype after the move, which
      * resets the model's backend */
+    if (st == CTRL_OK && like && ctrl_model_device(like).type != CTRL_DEVICE_CPU) ctrl_model_defer_device(m);
     if (st == CTRL_OK && like) st = ctrl_model_place_like(m, like);
     /* its compute dtype and no backward: one set of layer internals for all its layers */
     if (st == CTRL_OK) st = ctrl_model_set_compute_dtype(m, dtype);

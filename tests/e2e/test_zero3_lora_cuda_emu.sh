@@ -3,7 +3,9 @@
 # frozen base of each layer is sliced as the trainable layers are (each rank keeps its half on its
 # device, the rest of a layer mapped, gathered over NCCL and unmapped around each use: the emulator
 # faults on a touch of unmapped memory), gathered with the layer's adapters, never reduced nor stepped;
-# the adapters are reduce-scattered and stepped on each rank's slices. The curve is plain data
+# the adapters are reduce-scattered and stepped on each rank's slices; each rank's host reads only its
+# slices of the frozen base's layers (QLoRA: keeps its super-blocks of each NF4 weight) as the whole
+# read's curve. The curve is plain data
 # parallel's with LoRA on CUDA (fp32: 1e-6; bf16, the base gathered as bf16 values: bf16's
 # tolerance), the saves write the adapter alone (its layers' adapter slices all-gathered, the base
 # never), a 2-rank resume of checkpoint-3 repeats the curve and the adapter exactly, and the per-rank
@@ -19,11 +21,21 @@ cuda_emu_mpi_setup "$4" "$5"
 tiny_setup 7 3
 cuda_run_ini "$TMP/run.ini" "[peft]" "enabled = true" "target_modules = all-linear"
 run() { mpi_train "$@"; }
+curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 z3=(--set memory.strategies=zero3 --set memory.reduce_bucket_size=1)
 run dp --set train.save_strategy=no
 run z3 "${z3[@]}"
 curve_close "$TMP/dp" "$TMP/z3" loss 1e-6
 curve_close "$TMP/dp" "$TMP/z3" grad_norm 1e-5
+# whole() NAME ARGS...: a run reading the frozen base whole on every rank's host (CTRL_TEST_ZERO3_WHOLE_LORA)
+whole() { local m0=("${MPI[@]}") && export CTRL_TEST_ZERO3_WHOLE_LORA=1 && MPI+=(-x CTRL_TEST_ZERO3_WHOLE_LORA) &&
+  run "$@"; MPI=("${m0[@]}") && unset CTRL_TEST_ZERO3_WHOLE_LORA; }
+# each rank's host read its slices of the frozen base's layers only (the frozen embeddings and head
+# whole, as the device keeps them), as zero.Init: the curve and adapter of the whole read's, bit for bit
+whole z3w "${z3[@]}"
+grep -q "zero3 + LoRA: each rank read its slices of the frozen base from .* (each layer's; the frozen embeddings, an untied head and the final norm whole)" "$TMP/z3.log" &&
+  [ "$(curve "$TMP/z3")" = "$(curve "$TMP/z3w")" ] && cmp -s "$TMP/z3/adapter_model.safetensors" "$TMP/z3w/adapter_model.safetensors" && ok ||
+  bad "zero3 LoRA on cuda: not read sliced, or not the whole read's curve: $(grep -o "zero3 + LoRA: .*" "$TMP/z3.log")"
 # the saves: the adapter alone, its layers' adapter slices all-gathered, the frozen base never
 for f in adapter_model.safetensors adapter_config.json checkpoint-3/adapter_model.safetensors \
   checkpoint-3/optimizer.rank-0.safetensors checkpoint-3/optimizer.rank-1.safetensors; do
@@ -46,7 +58,6 @@ maxdiff() { # the largest difference between two safetensors files' floats (the 
 mkdir -p "$TMP/r3" && cp -r "$TMP/z3/checkpoint-3" "$TMP/r3/"
 grep '"step": [1-3],' "$TMP/z3/metrics.jsonl" >"$TMP/r3/metrics.jsonl"
 run r3 "${z3[@]}" --set train.resume_from_checkpoint=last
-curve() { sed 's/, "tokens_per_second": [0-9.]*//' "$1/metrics.jsonl"; }
 diff <(curve "$TMP/z3") <(curve "$TMP/r3") >"$TMP/diff" && cmp -s "$TMP/z3/adapter_model.safetensors" "$TMP/r3/adapter_model.safetensors" &&
   ok || { bad "zero3 LoRA on cuda: resumed curve or adapter differs"; cat "$TMP/diff"; }
 # what a rank holds on its device between steps: what lies outside the layers whole, about half of the
@@ -81,6 +92,11 @@ run dpq --set train.save_strategy=no --set peft.quantization=nf4
 run z3q "${z3[@]}" --set peft.quantization=nf4
 curve_close "$TMP/dpq" "$TMP/z3q" loss 1e-6
 curve_close "$TMP/dpq" "$TMP/z3q" grad_norm 1e-5
+# each rank quantized the NF4 weights one at a time and kept its super-blocks (read sliced): the whole read's curve
+whole z3qw "${z3[@]}" --set peft.quantization=nf4 --set train.save_strategy=no
+grep -q "zero3 + QLoRA: each rank read the rest of the frozen base from .* and kept its slices of each NF4 weight" "$TMP/z3q.log" &&
+  [ "$(curve "$TMP/z3q")" = "$(curve "$TMP/z3qw")" ] && ok ||
+  bad "zero3 QLoRA on cuda: not read sliced, or not the whole read's curve: $(grep -o "zero3 + QLoRA: .*" "$TMP/z3q.log")"
 [ "$(curve_col "$TMP/dpq" loss | tail -1)" != "$(curve_col "$TMP/dp" loss | tail -1)" ] && ok || bad "zero3 QLoRA on cuda: plain LoRA's curve"
 # each rank holds about half of the NF4 bytes on its device, and between steps nothing more
 read -r lo hi whole < <(grep -o "zero3: the NF4 base sliced over 2 ranks: each rank holds [0-9]* to [0-9]* of its [0-9]* bytes" "$TMP/z3q.log" |

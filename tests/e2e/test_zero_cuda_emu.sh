@@ -10,8 +10,9 @@
 # follows plain data parallel on CUDA (1e-6) with half of the optimizer state and of the gradient
 # sums per rank (the run's log line, checked), and a 2-rank resume of its checkpoint repeats the
 # curve; zero3 on the device (each rank's slices of the layers in device memory, the rest of a layer
-# mapped, gathered over NCCL and unmapped around each use: section below) follows it too, with the
-# per-rank device bytes the run logs checked. zero3 with NF4 on CUDA is refused naming the key
+# mapped, gathered over NCCL and unmapped around each use: section below; no device ever holding the
+# whole model, each rank putting its slices there from its host) follows it too, with the per-rank
+# device bytes the run logs checked. zero3 with NF4 on CUDA is refused naming the key
 # (overlap_comm on CUDA: test_zero_overlap_cuda_emu.sh; GKD and server mode with zero3 on CUDA:
 # test_zero3_trainers_cuda_emu.sh).
 # usage: test_zero_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
@@ -101,6 +102,14 @@ n=$(paste <(curve_col "$TMP/dp" eval_loss) <(curve_col "$TMP/z3" eval_loss) |
 [ "$n" = "2 0" ] && ok || bad "zero3 evaluations ($n)"
 grep -q "zero3: the whole model gathered on every rank 3 time(s)" "$TMP/z3.log" && ok ||
   bad "zero3 on cuda: $(grep -o 'the whole model gathered on every rank [0-9]* time' "$TMP/z3.log"), want 3 (the saves)"
+# no device ever held the whole model (as DeepSpeed's zero.Init): the move to the device copied none of
+# it, each rank put its slices there from its host; the allocator's memory in use then (the emulator's
+# count leaves the mapped pieces out) under the model's parameter bytes -- a whole copy, freed, stays
+# in the caching allocator
+zi=$(grep -o "zero3 on cuda: each rank put its slices of the parameters on its device from the host (the move to the device copied none: no device held the whole model); device memory in use now [0-9]* of [0-9]* bytes (the model's parameters [0-9]* bytes)" "$TMP/z3.log")
+read -r used _ pbytes < <(echo "$zi" | grep -o '[0-9][0-9]*' | tail -3 | tr '\n' ' ')
+echo "zero3 on CUDA at its start: device memory in use $used bytes, the model's parameters $pbytes bytes"
+[ -n "$pbytes" ] && [ "$used" -lt "$pbytes" ] && ok || bad "zero3 on cuda: the whole model on the device at start: '$zi'"
 # what a rank holds on its device between steps: the model less the other rank's half of the layers,
 # the embeddings and the head (all sliced), the gradients of the final norm only (the embeddings' and
 # head's mapped from their first use in a backward to their reduce-scatter, as a layer's), half
