@@ -246,13 +246,14 @@ static const ctrl_option memory_options[] = {
      "without ZeRO, with zero1, and with zero2 + offload_optimizer on a device (nothing reduced during the "
      "backward)."},
     {"offload_overlap", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
-     "offload_optimizer on a CUDA run (without ZeRO): the host's optimizer step (adamw; one that cannot "
-     "step a layer at a time is stepped whole, as the log says) runs on a host thread one "
-     "layer at a time in forward order while the device runs the next step's forward, each layer's "
-     "updated weights uploaded on a stream of their own as soon as stepped and waited for just before "
-     "that layer's forward -- exact, the same weights bit for bit as false. false: the whole model "
-     "stepped on the host, then copied to the device before the next forward (for debugging). Set "
-     "anywhere else (no offload_optimizer, a ZeRO stage, the CPU) it is refused (docs/distributed.md)."},
+     "offload_optimizer on a CUDA run (without ZeRO, or with zero3: each rank's slices): the host's "
+     "optimizer step (adamw; one that cannot step a layer at a time is stepped whole, as the log says) "
+     "runs on a host thread one layer at a time in forward order while the device runs the next step's "
+     "forward, each layer's updated weights uploaded on a stream of their own as soon as stepped and "
+     "waited for just before that layer's forward (zero3: its gather) -- exact, the same weights bit for "
+     "bit as false. false: the whole model stepped on the host, then copied to the device before the next "
+     "forward (for debugging). Set anywhere else (no offload_optimizer, zero1 or zero2, the CPU) it is "
+     "refused (docs/distributed.md)."},
     {"offload_dir", CTRL_OPT_PATH, NULL, 0, 0, 0, NULL,
      "offload_activations on the CPU: the directory of the file that holds the checkpointed layers' inputs "
      "between forward and backward (DeepSpeed's nvme_path; unset: [run] output_dir). The file is unlinked as "

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "collective/collective.h"
+#include "model/lora.h"
 #include "train/compute.h"
 #include "train/kind.h"
 #include "train/kind_sequence.h"
@@ -147,9 +148,14 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
         return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for the reference log-probs");
     }
     ctrl_status st = CTRL_OK;
+    /* zero3 with LoRA on several ranks: the base alone loaded sliced, as a reference (the policy's
+     * frozen base with its adapters off: the same weights), so the policy is read sliced too; QLoRA's
+     * reference is its own quantized base, computed from it before ZeRO starts */
+    const ctrl_lora_config *lora = ctrl_model_lora(env->model);
+    const int lora_sliced = env->zero3_frozen && lora && !lora->nf4;
     /* with zero3's sliced reference the pass is a collective: every rank computes unless all read */
     double missing = !read_cache(path, h, train, eval, rt, re);
-    if (env->zero3_sliced) st = ctrl_collective_allreduce_max_f64(&missing, 1);
+    if (env->zero3_sliced || lora_sliced) st = ctrl_collective_allreduce_max_f64(&missing, 1);
     if (st == CTRL_OK && !missing) {
         CTRL_INFO("reference log-probs read from %s", path);
     } else if (st == CTRL_OK) {
@@ -158,7 +164,10 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
          * only its slices, its gathers not hooked yet: the reference is loaded sliced and hooked) */
         ctrl_model *ref = env->model, *loaded = NULL;
         train_zero *lz = NULL;
-        if (s->train.resume_from_checkpoint || env->zero3_sliced) {
+        if (lora_sliced) {
+            st = train_zero_ref_load(env, &loaded, &lz);
+            ref = loaded;
+        } else if (s->train.resume_from_checkpoint || env->zero3_sliced) {
             st = train_sequence_load_reference(env, &loaded, &lz);
             ref = loaded;
         }

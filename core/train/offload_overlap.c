@@ -20,7 +20,17 @@
  * Where the host's parameters or optimizer state are read, or the model runs other than through its
  * layer hooks (a checkpoint, an evaluation, generation, the end of training), the caller drains
  * first (train_offload_drain). With gradient accumulation only the first micro-batch's forward
- * waits (the others find every unit there). */
+ * waits (the others find every unit there).
+ *
+ * Under ZeRO-3 (zero3 with offload_optimizer on a device: train_offload_create given the train_zero)
+ * the units are ZeRO's (the embeddings, each layer, the final norm, an untied head: parameter order,
+ * the forward's), the host steps this rank's slice of each, its upload is ZeRO's (the slice into the
+ * device's parameters, or in bf16 into its fp32 master staging, train_zero_device_upload_unit) and
+ * what follows the wait too (the bf16 slice refreshed, a unit kept whole all-gathered, the unit's
+ * gradient sums zeroed for the backward: train_zero_device_unit_ready); ZeRO's own hooks call
+ * train_offload_need before a unit's gather (its slice must be the stepped one on every rank before
+ * any rank gathers it) and for every unit after the last layer's forward (the final norm is read
+ * next). */
 #include "train/offload_overlap.h"
 
 #include <pthread.h>
@@ -33,6 +43,7 @@
 #include <ctrl/memory.h>
 
 #include "device/backend.h"
+#include "train/zero.h"
 
 struct ctrl_memory {
     train_offload *o;
@@ -65,6 +76,7 @@ struct train_offload {
     long steps, waits, late;
     /* the host's parameters and gradients page-locked (host_register) for the copies: 1 each */
     int pinned_params, pinned_grads;
+    train_zero *z; /* ZeRO-3's units, uploads and hooks (NULL: the model's layers, its hooks) */
 };
 
 /* unit of view `name`: 1 + its layer, n_units - 1 the final norm and head, else 0 */
@@ -146,7 +158,8 @@ static ctrl_status pump(train_offload *o) {
     const int n = o->stepped;
     pthread_mutex_unlock(&o->mu);
     for (; o->queued < n; o->queued++) {
-        ctrl_status st = each_range(o, o->queued, upload);
+        ctrl_status st =
+            o->z ? train_zero_device_upload_unit(o->z, o->queued) : each_range(o, o->queued, upload);
         if (st != CTRL_OK) return st;
     }
     return CTRL_OK;
@@ -164,10 +177,28 @@ static ctrl_status need(train_offload *o, int u) {
         return ctrl_error_set(wst, "offload_optimizer: the host step: %s", o->werr);
     ctrl_status st = pump(o);
     if (st == CTRL_OK) st = o->be->upload_wait(u);
-    if (st == CTRL_OK) st = each_range(o, u, changed);
+    if (st == CTRL_OK) st = o->z ? train_zero_device_unit_ready(o->z, u) : each_range(o, u, changed);
     if (st == CTRL_OK) o->waited[u] = 1, o->waits++;
     return st;
 }
+
+/* The next forward began (the host's later unit steps count as overlapped). */
+static void began(train_offload *o) {
+    pthread_mutex_lock(&o->mu);
+    o->began = 1;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+ctrl_status train_offload_need(train_offload *o, int u) {
+    if (!o || !o->active) return CTRL_OK;
+    if (u != 0) began(o); /* (unit 0 is the step's own wait: the embeddings) */
+    ctrl_status st = pump(o);
+    for (int k = u < 0 ? 0 : u; st == CTRL_OK && k < (u < 0 ? o->n_units : u + 1); k++) st = need(o, k);
+    return st;
+}
+
+int train_offload_active(const train_offload *o) { return o && o->active; }
 
 /* The hooks get the layers' indices 0 .. n_layers - 1; any other (a model that also calls the
  * sharding hooks around its embeddings and head with slots n_layers, n_layers + 1) needs nothing
@@ -176,12 +207,7 @@ static ctrl_status need(train_offload *o, int u) {
 static ctrl_status before_forward(ctrl_memory *h, int layer) {
     train_offload *o = h->o;
     if (!o->active || layer < 0 || layer >= o->n_layers) return CTRL_OK;
-    if (layer == 0) {
-        pthread_mutex_lock(&o->mu);
-        o->began = 1;
-        pthread_cond_broadcast(&o->cv);
-        pthread_mutex_unlock(&o->mu);
-    }
+    if (layer == 0) began(o);
     ctrl_status st = pump(o);
     return st == CTRL_OK ? need(o, 1 + layer) : st;
 }
@@ -217,12 +243,20 @@ static void pin(train_offload *o) {
 
 int train_offload_pinned(const train_offload *o) { return o->pinned_params && o->pinned_grads; }
 
+/* ZeRO-3's unit of a group (this rank's slice of a view): the unit its parameters lie in. */
+static int zero_unit_of(const train_zero *z, size_t off) {
+    for (int u = 0; u < z->n_units; u++)
+        if (off >= z->first + z->units[u].a && off < z->first + z->units[u].b) return u;
+    return 0;
+}
+
 ctrl_status train_offload_create(train_offload **out, const char **why, ctrl_model *m,
                                  const ctrl_optimizer_ops *oo, ctrl_optimizer *opt,
-                                 const ctrl_param_group *groups, int n_groups) {
+                                 const ctrl_param_group *groups, int n_groups, train_zero *z) {
     *out = NULL, *why = NULL;
     const ctrl_backend_ops *be = ctrl_model_backend(m);
     const int n_layers = ctrl_model_cfg(m)->n_layers;
+    const int n_units = z ? z->n_units : n_layers + 2;
     if (!ctrl_backend_has(be, upload_copy) || !ctrl_backend_has(be, upload_wait))
         *why = "the backend has no upload stream";
     else if (oo->size < offsetof(ctrl_optimizer_ops, step_groups) + sizeof oo->step_groups ||
@@ -230,13 +264,16 @@ ctrl_status train_offload_create(train_offload **out, const char **why, ctrl_mod
         *why = "the optimizer cannot step one layer at a time (no step_groups)";
     else if (ctrl_model_lora(m))
         *why = "a LoRA model (its adapters are stepped whole)";
-    else if (n_layers + 2 > CTRL_UPLOAD_EVENTS)
+    else if (n_units > CTRL_UPLOAD_EVENTS)
         *why = "more layers than the upload stream has events";
+    else if (z && z->n_kept)
+        *why = "zero3's persistent tensors (stage3_param_persistence_threshold) are all-gathered together "
+               "after the whole step";
     if (*why) return CTRL_OK;
     train_offload *o = calloc(1, sizeof *o);
     if (!o) return ctrl_error_set(CTRL_ERR_NOMEM, "offload_optimizer: out of memory");
     o->m = m, o->be = be, o->oo = oo, o->opt = opt, o->groups = groups, o->n_groups = n_groups;
-    o->n_layers = n_layers, o->n_units = n_layers + 2;
+    o->n_layers = n_layers, o->n_units = n_units, o->z = z;
     o->host = ctrl_model_params(m, NULL), o->dev = ctrl_model_device_params(m);
     o->hooks.o = o;
     o->hold = getenv("CTRL_TEST_OFFLOAD_HOLD") != NULL;
@@ -253,10 +290,13 @@ ctrl_status train_offload_create(train_offload **out, const char **why, ctrl_mod
         if (v->offset < first) continue;
         o->unit[g++] = unit_of(v->name, n_layers);
     }
+    for (int g = 0; z && g < n_groups; g++) o->unit[g] = zero_unit_of(z, (size_t)(groups[g].param - o->host));
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);
-    pin(o);
-    ctrl_status st = ctrl_model_set_sharding(m, &hook_ops, &o->hooks);
+    /* (ZeRO-3: the host's parameters are the whole model's address range, this rank's slices alone
+     * backed; page-locking it would back it all -- copies from pageable memory, and ZeRO's hooks) */
+    if (!z) pin(o);
+    ctrl_status st = z ? CTRL_OK : ctrl_model_set_sharding(m, &hook_ops, &o->hooks);
     if (st != CTRL_OK) {
         train_offload_destroy(o);
         return st;
@@ -312,7 +352,7 @@ void train_offload_destroy(train_offload *o) {
     if (!o) return;
     ctrl_status st = train_offload_drain(o);
     (void)st; /* at teardown: an error was reported where it happened */
-    ctrl_model_set_sharding(o->m, NULL, NULL);
+    if (!o->z) ctrl_model_set_sharding(o->m, NULL, NULL);
     if (o->pinned_params) o->be->host_unregister(o->host);
     if (o->pinned_grads) o->be->host_unregister(ctrl_model_grads(o->m, NULL));
     pthread_mutex_destroy(&o->mu);

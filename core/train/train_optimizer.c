@@ -11,26 +11,31 @@ static void set_groups(run_state *r, float *params, float *grads) {
     r->n_groups = train_param_groups(r->model, params, grads, (float)r->s->train.weight_decay, r->groups);
 }
 
-/* offload_optimizer (no ZeRO): the host step overlapped with the next step's compute
- * (offload_overlap.c) unless [memory] offload_overlap = false or it cannot be; said either way. */
+/* offload_optimizer (no ZeRO, or zero3's slices): the host step overlapped with the next step's
+ * compute (offload_overlap.c) unless [memory] offload_overlap = false or it cannot be; said either
+ * way. */
 static ctrl_status overlap_create(run_state *r) {
     const char *why = r->s->memory.offload_overlap ? NULL : "[memory] offload_overlap = false";
     if (!why && (r->kind_ops->optimizer_step || r->kind_ops == &train_kind_online ||
                  r->kind_ops == &train_kind_distill))
         why = "this trainer reads the weights between steps (generation, a second model's step)";
     ctrl_status st = CTRL_OK;
-    if (!why) st = train_offload_create(&r->ov, &why, r->model, r->opt_ops, r->opt, r->groups, r->n_groups);
+    train_zero *z = r->zero.host_step ? &r->zero : NULL;
+    if (!why)
+        st = train_offload_create(&r->ov, &why, r->model, r->opt_ops, r->opt, r->groups, r->n_groups, z);
+    if (z) z->ov = r->ov;
     if (st == CTRL_OK && r->ov)
         CTRL_INFO(
             "offload_optimizer: the host step overlapped with the next step's compute, layer by layer "
-            "([memory] offload_overlap = true: each layer stepped on a host thread in forward order and "
-            "uploaded as soon as stepped; the next forward waits for each layer's upload alone); the "
+            "([memory] offload_overlap = true: each layer%s stepped on a host thread in forward order and "
+            "uploaded as soon as stepped; the next forward waits for each layer's upload alone%s); the "
             "host's parameters and gradients %s",
+            z ? "'s slice" : "", z ? ", before its gather" : "",
             train_offload_pinned(r->ov) ? "page-locked" : "pageable (copies staged by the driver)");
     else if (st == CTRL_OK)
-        CTRL_INFO("offload_optimizer: the host step not overlapped (%s): the whole model stepped, then "
+        CTRL_INFO("offload_optimizer: the host step not overlapped (%s): the whole %s stepped, then "
                   "copied to the device before the next forward",
-                  why);
+                  why, z ? "rank's slices" : "model");
     return st;
 }
 
@@ -48,13 +53,13 @@ ctrl_status train_run_optimizer_create(run_state *r, int offload) {
     if (!r->groups) return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory");
     const ctrl_device dev = ctrl_model_device(r->model);
     if (strcmp(ctrl_config_where(cfg, "memory", "offload_overlap"), "default") != 0 &&
-        (dev.type == CTRL_DEVICE_CPU || r->zero.stage || !(offload & 1)))
+        (dev.type == CTRL_DEVICE_CPU || (r->zero.stage && !r->zero.host_step) || !(offload & 1)))
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "%s: [memory] offload_overlap applies to offload_optimizer on a device run "
-                              "without ZeRO only (here: %s)",
+                              "without ZeRO or with zero3 only (here: %s)",
                               ctrl_config_where(cfg, "memory", "offload_overlap"),
                               !(offload & 1)  ? "no offload_optimizer"
-                              : r->zero.stage ? "a ZeRO stage"
+                              : r->zero.stage ? "zero1 or zero2"
                                               : "the CPU");
     if (dev.type != CTRL_DEVICE_CPU && (offload & 1))
         CTRL_INFO("optimizer %s: steps on the host, its state in host memory ([memory] strategies = "
@@ -104,6 +109,9 @@ ctrl_status train_run_optimizer_create(run_state *r, int offload) {
     }
     if (st == CTRL_OK) st = train_zero_report(&r->zero, s->train.optimizer, r->opt_ops, r->opt);
     if (st == CTRL_OK) st = train_zero_attach(&r->zero, r->model); /* zero3: the layers sliced */
+    /* zero3 with offload_optimizer: the host step of the slices overlapped (after the attach: its
+     * persistent tensors known) */
+    if (st == CTRL_OK && r->zero.host_step) st = overlap_create(r);
     /* tests: what each rank holds now, to compare the sliced load with the whole one */
     if (st == CTRL_OK && r->zero.stage >= 3 && r->zero.size > 1 && getenv("CTRL_TEST_ZERO3_DIGEST"))
         st = train_zero_digest(&r->zero, r->model);

@@ -123,8 +123,9 @@ static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer
  * zero.Init partitions it at load; a classifier's too, its score whole; bound for a device, its frozen
  * embeddings and head whole, as the device keeps them); where it cannot (QDoRA's base norms from the
  * whole NF4 store -- DoRA asked in the
- * settings or in an adapter_path's config, `lora` --; a reference precomputed from the base before
- * ZeRO starts) the base is read whole on every rank and rank 0 says why.
+ * settings or in an adapter_path's config, `lora` --; QLoRA's reference log-probs precomputed from
+ * its quantized base before ZeRO starts -- LoRA's come from the base loaded sliced,
+ * kind_sequence_ref.c --) the base is read whole on every rank and rank 0 says why.
  * CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
 static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec,
                              const ctrl_lora_config *lora) {
@@ -133,8 +134,8 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
     const char *why = lora->use_dora && s->peft.nf4 ? "QDoRA's base norms read from the whole NF4 store"
                       : lora->use_dora && lora->init == CTRL_LORA_INIT_NONE && !s->peft.adapter_path
                           ? "DoRA's magnitudes over init_lora_weights = false are norms of W + s B A, B not 0"
-                      : spec->needs_ref_logp && spec->precompute_ref_logp
-                          ? "the reference log-probs are precomputed from the base"
+                      : spec->needs_ref_logp && spec->precompute_ref_logp && s->peft.nf4
+                          ? "the reference log-probs are precomputed from the quantized base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"
                                                              : NULL;
     if (why && r->root)
@@ -212,9 +213,9 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
         st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
     /* zero3 on devices: only each rank's slices of the parameters (zero_device.c) and of QLoRA's NF4
      * store (zero_nf4.c) go to its device, never the whole model -- unless the reference log-probs are
-     * precomputed from the policy before ZeRO starts */
+     * precomputed from the policy before ZeRO starts (QLoRA's: kind_sequence_ref.c) */
     if (st == CTRL_OK && zero_stage >= 3 && ctrl_collective_size() > 1 && r->comp.cuda &&
-        !(spec.needs_ref_logp && spec.precompute_ref_logp))
+        !(spec.needs_ref_logp && spec.precompute_ref_logp && s->peft.enabled && s->peft.nf4))
         ctrl_model_defer_device(r->model);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK && zero_stage < 3) st = train_model_hold_base(r->model, s); /* LoRA + bf16 */
@@ -291,6 +292,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
 void train_run_teardown(run_state *r) {
     train_offload_report(r->ov);
     train_offload_destroy(r->ov); /* the host step joined before the optimizer goes */
+    r->ov = r->zero.ov = NULL;
     if (r->kind) r->kind_ops->destroy(r->kind);
     if (r->opt) r->opt_ops->destroy(r->opt);
     if (r->trainer) r->trainer_ops->destroy(r->trainer);

@@ -57,7 +57,8 @@ ctrl_status train_run_step(run_state *r, const int *order, long *cursor, int bs,
     else if (st == CTRL_OK)
         st = fuse ? oo->step_scaled(r->opt, r->groups, r->n_groups, lr, step + 1, scale)
                   : oo->step(r->opt, r->groups, r->n_groups, lr, step + 1);
-    if (st == CTRL_OK && r->zero.stage) st = train_zero_gather_params(&r->zero, r->model);
+    /* (overlapped under zero3: each unit put on the devices before its gather, offload_overlap.c) */
+    if (st == CTRL_OK && r->zero.stage && !r->ov) st = train_zero_gather_params(&r->zero, r->model);
     if (st == CTRL_OK && r->kind_ops->optimizer_step) st = r->kind_ops->optimizer_step(r->kind, lr, step + 1);
     if (r->opt_on_device || r->zero.host_step) /* zero3 offload: the slices copied to the device */
         ctrl_model_device_weights_changed(r->model);

@@ -14,6 +14,7 @@
 #include "model/lora.h"
 #include "model/safetensors.h"
 #include "train/checkpoint.h"
+#include "train/offload_overlap.h"
 #include "train/zero.h"
 
 void train_zero_cut(const train_zero *z, train_zero_unit u, int r, size_t *lo, size_t *hi) {
@@ -318,7 +319,9 @@ size_t train_zero_layer_bytes(const train_zero *z) {
 ctrl_status train_zero_zero_grad(train_zero *z, ctrl_model *m) {
     z->gathers = z->gather_views = 0, z->gather_floats = 0; /* a step's gathers counted from here */
     if (!z->partitioned) return ctrl_model_zero_grad(m);
-    /* the model's gradients are zeroed and released after each backward's reduction */
+    /* the model's gradients are zeroed and released after each backward's reduction; the host step
+     * overlapped: each unit's sums once it is ready (train_zero_device_unit_ready) */
+    if (z->dev && train_offload_active(z->ov)) return CTRL_OK;
     if (z->dev) return z->dev->fill_zero(z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
     memset(z->acc, 0, sizeof(float) * z->acc_n);
     return CTRL_OK;

@@ -139,8 +139,11 @@ typedef struct train_zero {
     /* stage 3 on a CUDA model with offload_optimizer: the optimizer steps this rank's fp32 slices in
      * host memory (the host's parameters: the masters, its state there too) on `hacc`, the slices'
      * sums brought back from `acc` after the backward; the updated slices are copied to the device
-     * after the step (in bf16 through `acc`, then rounded into vm_b16; `master` unused) */
+     * after the step (in bf16 through `acc`, then rounded into vm_b16; `master` unused) -- or, with
+     * the host step overlapped (`ov`, offload_overlap.c: [memory] offload_overlap), unit by unit as
+     * stepped, each before its gather in the next forward */
     int host_step;
+    struct train_offload *ov;
     float *hacc;
     float *master;
     size_t master_lo, master_n;
@@ -374,6 +377,14 @@ ctrl_status train_zero_device_finish_unit(train_zero *z, int u, void *handle);
 ctrl_status train_zero_device_start_unit(train_zero *z, int u, void **handle);
 ctrl_status train_zero_device_sum_squares(train_zero *z, double *sum_sq);
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m);
+/* zero3 with offload_optimizer overlapped (offload_overlap.c, `ov`): unit u's slice, stepped on the
+ * host, queued for the device on the upload stream (backend.h's upload_copy, event u) -- into the
+ * device's parameters, or in bf16 into its fp32 master staging in `acc` --; and once the compute
+ * stream waited for it, unit_ready: its bf16 slice refreshed, its gradient sums zeroed for the next
+ * backward (train_zero_zero_grad leaves them while a round is in flight), a unit kept whole (the
+ * final norm) all-gathered (a collective: called in the same order on every rank). */
+ctrl_status train_zero_device_upload_unit(train_zero *z, int u);
+ctrl_status train_zero_device_unit_ready(train_zero *z, int u);
 /* Zero3 on a CUDA model whose host parameters were read anew (a resume): this rank's slices put on
  * the device from the host's values, and what every rank keeps whole gathered as after a step. A
  * collective. */

@@ -144,6 +144,29 @@ static ctrl_status device_gather(train_zero *z, ctrl_model *m, int upload) {
     return st;
 }
 
+ctrl_status train_zero_device_upload_unit(train_zero *z, int u) {
+    size_t lo, hi;
+    float *master = master_of(z, u, &lo, &hi);
+    const float *host = ctrl_model_params(z->model, NULL) + z->first;
+    float *dst = master ? master : ctrl_model_device_params(z->model) + z->first + lo;
+    /* (an empty slice: the event recorded all the same, after a copy of nothing) */
+    return z->dev->upload_copy(hi > lo ? (void *)dst : (void *)z->acc, host + lo, (hi - lo) * sizeof(float),
+                               u);
+}
+
+ctrl_status train_zero_device_unit_ready(train_zero *z, int u) {
+    size_t lo, hi;
+    float *master = master_of(z, u, &lo, &hi);
+    ctrl_status st = master ? refresh_b16(z, u) : CTRL_OK;
+    /* the unit's gradient sums from zeros for the backward (in bf16 they staged its masters; the
+     * step's zero_grad left them alone while the round was in flight) */
+    if (st == CTRL_OK && hi > lo) st = z->dev->fill_zero(z->acc + z->acc_off[u], (hi - lo) * sizeof(float));
+    if (st == CTRL_OK && z->units[u].layer == -1) /* kept whole: every rank's slice */
+        st = ctrl_collective_device_allgather_f32(
+            ctrl_model_device_params(z->model) + z->first + z->units[u].a, train_zero_counts(z, u));
+    return st;
+}
+
 ctrl_status train_zero_device_gather(train_zero *z, ctrl_model *m) {
     return device_gather(z, m, z->host_step);
 }

@@ -21,6 +21,7 @@
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
+#include "train/offload_overlap.h"
 #include "train/zero.h"
 #include "page_pool.h"
 
@@ -141,9 +142,16 @@ static ctrl_status release_slot(train_zero *z, int l) {
     return st;
 }
 
+/* offload_optimizer overlapped: slot l's unit stepped on the host and its slice on the device (every
+ * rank's) before any gather of it. */
+static ctrl_status stepped(train_zero *z, int l) {
+    return z->ov && z->layer_unit[l] >= 0 ? train_offload_need(z->ov, z->layer_unit[l]) : CTRL_OK;
+}
+
 /* Layer l's gathers started (prefetch): completed by need_layer. */
 static ctrl_status start_layer(train_zero *z, int l) {
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = stepped(z, l);
+    if (st != CTRL_OK) return st;
     z->state[l] = 1;
     count_use(z, l);
     lend_slot(z, l);
@@ -158,7 +166,7 @@ static ctrl_status start_layer(train_zero *z, int l) {
 
 /* Layer l whole: its prefetch completed, or gathered now. */
 static ctrl_status need_layer(train_zero *z, int l) {
-    ctrl_status st = CTRL_OK;
+    ctrl_status st = z->state[l] == 0 ? stepped(z, l) : CTRL_OK;
     if (z->state[l] == 0) count_use(z, l), lend_slot(z, l);
     for (int i, e = slot_runs(z, l, &i); i < e && st == CTRL_OK; i++) {
         const train_zero_unit r = z->runs[i].u;
@@ -220,9 +228,14 @@ static ctrl_status gather_backward(ctrl_memory *m, int layer) {
 
 static ctrl_status release_layer(ctrl_memory *m, int layer) {
     train_zero *z = m->z;
-    if (z->stage < 3 || z->gathered || layer < 0 || layer >= z->n_slots || z->state[layer] != 2)
-        return CTRL_OK;
-    const ctrl_status st = release_slot(z, layer);
+    /* offload_optimizer overlapped: after the last layer's forward every unit stepped and on the
+     * device (the final norm, kept whole, is read next, outside any gather) */
+    ctrl_status st =
+        z->ov && layer == ctrl_model_cfg(z->model)->n_layers - 1 ? train_offload_need(z->ov, -1) : CTRL_OK;
+    if (st != CTRL_OK || z->stage < 3 || z->gathered || layer < 0 || layer >= z->n_slots ||
+        z->state[layer] != 2)
+        return st;
+    st = release_slot(z, layer);
     z->state[layer] = 0;
     return st;
 }

@@ -97,6 +97,15 @@ grep -E '"step": [0-3],' "$TMP/dpop-z3/metrics.jsonl" >"$TMP/resp/metrics.jsonl"
   ok || { bad "dpo precompute zero3 resume"; tail -5 "$TMP/resp.log"; }
 grep -q "reference model sliced as the policy" "$TMP/resp.log" && ok || bad "dpo precompute resume: reference not sliced"
 diff <(curve "$TMP/dpop-z3") <(curve "$TMP/resp") >"$TMP/diff" && ok || { bad "dpo precompute zero3 resumed curve differs"; head "$TMP/diff"; }
+# ... with LoRA: the pass runs the base loaded sliced (the policy's frozen base, its adapters off), so
+# the policy reads its base sliced too: data parallel's curve (the policy with its adapters off there)
+ini dpopl trl_dpo sigmoid_sft_precompute_ga.ini
+two dpopl --set peft.enabled=true --set train.save_strategy=no
+close dpopl loss logps/chosen logps/rejected
+for key in rewards/chosen rewards/rejected; do curve_close "$TMP/dpopl-dp" "$TMP/dpopl-z3" "$key" 1e-5 2e-6; done
+grep -q "zero3 + LoRA: each rank read its slices of the frozen base" "$TMP/dpopl-z3.log" &&
+  grep -q "reference model sliced as the policy" "$TMP/dpopl-z3.log" && ok ||
+  bad "dpo lora precompute zero3: the base not read sliced, or the reference not loaded sliced"
 
 # 5. KTO with its live reference (KL estimate from mismatched pairs).
 ini kto trl_kto kto.ini

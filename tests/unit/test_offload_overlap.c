@@ -92,7 +92,8 @@ static int side_open(side *s, ctrl_registry *reg, int overlap) {
     CHECK_MSG(ok, "adamw: %s", ctrl_error_message());
     if (ok && overlap) {
         const char *why = NULL;
-        ok = train_offload_create(&s->ov, &why, s->m, s->oo, s->opt, s->groups, s->n_groups) == CTRL_OK &&
+        ok = train_offload_create(&s->ov, &why, s->m, s->oo, s->opt, s->groups, s->n_groups, NULL) ==
+                 CTRL_OK &&
              s->ov;
         CHECK_MSG(ok, "overlap: %s %s", why ? why : "", ctrl_error_message());
     }
