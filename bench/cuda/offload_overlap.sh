@@ -2,7 +2,8 @@
 # offload_optimizer on a GPU, natively (docs/distributed.md "Offloading the optimizer"): the same SFT
 # run with the optimizer on the device, with offload_optimizer stepping the whole model on the host
 # ([memory] offload_overlap = false) and with the host step overlapped layer by layer with the next
-# forward (the default). Checks that the two offloaded runs save the same weights bit for bit and the
+# forward (the default), and the same pair under zero3 (one rank). Checks that the two offloaded runs
+# of each pair save the same weights bit for bit and the
 # same curve, and prints each run's wall and CPU seconds a step (the steps after the first) and the
 # overlap's log line. A Qwen2-shaped model of LAYERS layers (default 12), hidden HIDDEN (1024),
 # randomly initialised with the repository's tiny tokenizer, STEPS (8) steps of batch 4 x SEQ (512)
@@ -62,3 +63,13 @@ else
 fi
 grep -o "offload_optimizer: the host step overlapped with the next step's compute in .*" "$W/overlap.log"
 grep -o "optimizer adamw: .*" "$W/device.log" | head -n1
+# under zero3 (one rank: its slices are the whole model, stepped unit by unit on the host, each put on
+# the device before its gather), the same pair
+run z3whole --set memory.strategies=checkpointing,zero3,offload_optimizer --set memory.offload_overlap=false
+run z3overlap --set memory.strategies=checkpointing,zero3,offload_optimizer
+if cmp -s "$W/z3whole/model.safetensors" "$W/z3overlap/model.safetensors" && [ "$(curve "$W/z3whole")" = "$(curve "$W/z3overlap")" ]; then
+  echo "zero3 offload overlap: the same weights bit for bit and the same curve as the whole host step"
+else
+  echo "FAIL zero3 offload overlap: the weights or the curve differ from the whole host step"
+fi
+grep -o "offload_optimizer: the host step overlapped with the next step's compute in .*" "$W/z3overlap.log"

@@ -152,8 +152,8 @@ ctrl_status train_zero_generation(void *ctx, int on) {
         g->prefetched = z->prefetched;
         g->phases++;
         ctrl_model_set_decode_hook(z->model, decode_hook, g);
-        return train_zero_fp32_phase(
-            z, 1); /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather sends */
+        /* a CUDA model's zero3 in bf16: the fp32 masters, as the whole gather sends */
+        return train_zero_fp32_phase(z, 1);
     }
     if (!g->open) return CTRL_OK;
     /* a pass left between its layers (its forward failed): the ranks' gathers no longer match, so no
