@@ -47,22 +47,60 @@ static int load_sliced, load_sliced_device; /* train_model_zero3_sliced */
 
 void train_model_zero3_sliced(int sliced, int device) { load_sliced = sliced, load_sliced_device = device; }
 
+/* ||s B A||^2 of each output row of the adapted weight whose magnitudes are view `mag`
+ * ("P.lora_magnitude_vector"; "P.lora_A.weight" [r, IN], "P.lora_B.weight" [OUT, r]) into ba[OUT]:
+ * s^2 B_j (A A^T) B_j^T, through the r x r Gram matrix of A. */
+static ctrl_status ba_row_squares(ctrl_model *m, const ctrl_param_view *mag, double *ba) {
+    const struct ctrl_lora_config *c = ctrl_model_lora(m);
+    char name[256];
+    const size_t stem = strlen(mag->name) - strlen("lora_magnitude_vector");
+    snprintf(name, sizeof name, "%.*slora_A.weight", (int)stem, mag->name);
+    const ctrl_param_view *va = ctrl_model_find_view(m, name);
+    snprintf(name, sizeof name, "%.*slora_B.weight", (int)stem, mag->name);
+    const ctrl_param_view *vb = ctrl_model_find_view(m, name);
+    const int r = c->r;
+    if (!va || !vb || va->numel % r || vb->numel != mag->numel * r)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "DoRA: no adapters of %d rows beside %s", r, mag->name);
+    const float *p = ctrl_model_params(m, NULL), *A = p + va->offset, *B = p + vb->offset;
+    const int64_t in = va->numel / r;
+    double *g = calloc((size_t)r * (size_t)r, sizeof *g);
+    if (!g) return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: a Gram matrix of %d", r);
+    for (int i = 0; i < r; i++)
+        for (int k = 0; k < r; k++)
+            for (int64_t x = 0; x < in; x++) g[i * r + k] += (double)A[i * in + x] * A[k * in + x];
+    const double s = ctrl_lora_scaling(c);
+    for (int64_t j = 0; j < mag->numel; j++) {
+        double q = 0;
+        for (int i = 0; i < r; i++)
+            for (int k = 0; k < r; k++) q += (double)B[j * r + i] * g[i * r + k] * B[j * r + k];
+        ba[j] = s * s * q;
+    }
+    free(g);
+    return CTRL_OK;
+}
+
 /* zero3's sliced read with DoRA: the magnitudes the load set are the norms of each rank's part of
- * every row of W + s B A with B = 0 (the rest of its base is zero there; each value is in one rank's
- * slice; train_setup.c reads whole where B starts non-zero), so the whole rows' norms are the square
- * roots of their squares summed over the ranks -- DoRA's initial magnitudes, no rank reading the
- * whole base. */
+ * every row of W + s B A, the rest of its base zero there -- each value of W is in one rank's part,
+ * while s B A (the adapters, made whole on every rank) is in all of them -- so the whole rows' norms
+ * are the square roots of their squares summed over the ranks, less (ranks - 1) x ||s B A||^2 where B
+ * does not start at zero (init_lora_weights = false) -- DoRA's initial magnitudes, no rank reading
+ * the whole base. */
 static ctrl_status dora_whole_norms(ctrl_model *m) {
     float *p = ctrl_model_params(m, NULL);
+    const int b_zero = ctrl_model_lora(m)->init != CTRL_LORA_INIT_NONE, extra = ctrl_collective_size() - 1;
     ctrl_status st = CTRL_OK;
     for (int i = 0; i < ctrl_model_view_count(m) && st == CTRL_OK; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
         if (!strstr(v->name, ".lora_magnitude_vector")) continue;
-        double *sq = malloc(sizeof(double) * (size_t)v->numel);
+        double *sq = malloc(sizeof(double) * 2 * (size_t)v->numel), *ba = sq + v->numel;
         if (!sq) return ctrl_error_set(CTRL_ERR_NOMEM, "DoRA: %lld magnitudes", (long long)v->numel);
         for (int64_t j = 0; j < v->numel; j++) sq[j] = (double)p[v->offset + j] * p[v->offset + j];
         st = ctrl_collective_allreduce_sum_f64(sq, (size_t)v->numel);
-        for (int64_t j = 0; j < v->numel && st == CTRL_OK; j++) p[v->offset + j] = (float)sqrt(sq[j]);
+        if (st == CTRL_OK && !b_zero) st = ba_row_squares(m, v, ba);
+        for (int64_t j = 0; j < v->numel && st == CTRL_OK; j++) {
+            const double w = b_zero ? sq[j] : sq[j] - extra * ba[j];
+            p[v->offset + j] = (float)sqrt(w > 0 ? w : 0);
+        }
         free(sq);
     }
     ctrl_model_weights_changed(m);

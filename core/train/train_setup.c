@@ -132,8 +132,6 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
     const char *why = lora->use_dora && s->peft.nf4 ? "QDoRA's base norms read from the whole NF4 store"
-                      : lora->use_dora && lora->init == CTRL_LORA_INIT_NONE && !s->peft.adapter_path
-                          ? "DoRA's magnitudes over init_lora_weights = false are norms of W + s B A, B not 0"
                       : spec->needs_ref_logp && spec->precompute_ref_logp && s->peft.nf4
                           ? "the reference log-probs are precomputed from the quantized base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"

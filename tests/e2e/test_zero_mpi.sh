@@ -279,15 +279,21 @@ digest_pair za adapter_path --set peft.adapter_path="$TMP/zl" --set memory.strat
 digest_pair zm modules_to_save --set peft.modules_to_save=embed_tokens,lm_head --set memory.strategies=zero3
 # DoRA: the base read sliced too -- the magnitudes the load sets are the norms of each rank's part of
 # every row, made whole by summing their squares over the ranks (train_lora.c) --; the whole read's
-# curve (its digest differs in the magnitudes' last bits: a row's squares are added in another order)
-for w in zd zd-w; do
-  env $([ $w = zd-w ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
-    --set run.output_dir="$TMP/$w" "${z3[@]}" "${zl[@]}" --set peft.use_dora=true --set memory.strategies=zero3 \
+# curve (its digest differs in the magnitudes' last bits: a row's squares are added in another order);
+# with init_lora_weights = false (B not zero: each rank's part counted s B A whole, the extra ranks'
+# ||s B A||^2 taken off) too
+for w in zd zd-w zf zf-w; do
+  f=() && case $w in zf*) f=(--set peft.init_lora_weights=false) ;; esac
+  env $(case $w in *-w) echo CTRL_TEST_ZERO3_WHOLE_LORA=1 ;; esac) "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
+    --set run.output_dir="$TMP/$w" "${z3[@]}" "${zl[@]}" --set peft.use_dora=true --set memory.strategies=zero3 "${f[@]}" \
     >"$TMP/$w.log" 2>&1 || { bad "DoRA zero3 ($w)"; tail -20 "$TMP/$w.log"; }
 done
-curve_close "$TMP/zd-w" "$TMP/zd" loss 1e-6
-curve_close "$TMP/zd-w" "$TMP/zd" grad_norm 1e-5
-grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/zd.log" && ok || bad "zero3 DoRA: not read sliced"
+for d in zd zf; do
+  curve_close "$TMP/$d-w" "$TMP/$d" loss 1e-6
+  curve_close "$TMP/$d-w" "$TMP/$d" grad_norm 1e-5
+  grep -q "zero3 + LoRA: each rank read its slices of the frozen base from" "$TMP/$d.log" && ok || bad "zero3 DoRA ($d): not read sliced"
+done
+[ "$(curve_col "$TMP/zf" loss | head -1)" != "$(curve_col "$TMP/zd" loss | head -1)" ] && ok || bad "zero3 DoRA init false: init true's first loss"
 for what in "the adapter" "checkpoint-4's adapter" "checkpoint-8's adapter"; do
   grep -q "zero3: $what saved from the adapters alone, 4 layers' adapter slices all-gathered (the frozen base never gathered); peak resident memory per rank so far (VmHWM): [0-9]* / [0-9]* MiB" "$TMP/zl.log" && ok ||
     bad "zero3 LoRA: no adapter-save line for $what: $(grep -o "zero3: .* saved .*" "$TMP/zl.log")"
