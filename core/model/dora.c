@@ -85,6 +85,10 @@ static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT, co
 static ctrl_status nf4_norms(ctrl_model *m) {
     if (m->dora_wn || !m->nf4_w) return CTRL_OK;
     const size_t total = m->dora_norm_n ? m->dora_norm_n : 1;
+    if (m->dora_wn_host) { /* computed as each weight loaded (a ZeRO-3 rank's pieces of the store) */
+        MODEL_TRY(m->be->alloc((void **)&m->dora_wn, sizeof(float) * total));
+        return m->be->to_device(m->dora_wn, m->dora_wn_host, sizeof(float) * total);
+    }
     float *host = calloc(total, sizeof(float));
     if (!host) return ctrl_error_set(CTRL_ERR_NOMEM, "QDoRA: %zu weight norms", total);
     ctrl_status st = CTRL_OK;
@@ -141,6 +145,23 @@ ctrl_status dora_init_magnitudes(ctrl_model *m) {
     if (!m->has_lora || !m->lora->use_dora) return CTRL_OK;
     if (!m->be->host_memory)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "DoRA: magnitudes are initialised before the model moves");
+    if (m->nf4_part) { /* QDoRA over a ZeRO-3 rank's pieces of the store: with B = 0, ||W + s B A|| = ||W|| */
+        if (m->lora->init == CTRL_LORA_INIT_NONE || !m->dora_wn_host)
+            return ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "QDoRA: the magnitudes over a ZeRO-3 rank's pieces of the NF4 base need B = 0 "
+                "at init (init_lora_weights not false) and the norms held as it loaded");
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            for (int t = 0; t < LORA_N_TARGETS; t++) {
+                int IN, OUT;
+                if (*mag_off(m, l, t) < 0) continue;
+                lora_dims(m, t, &IN, &OUT);
+                memcpy(m->params + *mag_off(m, l, t), m->dora_wn_host + *at_off(m, l, t),
+                       sizeof(float) * (size_t)OUT);
+            }
+        ctrl_model_weights_changed(m);
+        return CTRL_OK;
+    }
     MODEL_TRY(all_norms(m, 1));
     ctrl_model_weights_changed(m);
     return CTRL_OK;

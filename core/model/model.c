@@ -273,7 +273,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->params), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
-    free(m->dora_pending);
+    free(m->dora_pending), free(m->dora_wn_host);
     lora_bank_free(m);
     nf4_free(m);
     model_bf16_free(m);

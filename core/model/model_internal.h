@@ -209,8 +209,11 @@ struct ctrl_model {
     float *dora_ws;
     size_t dora_ws_bytes;
     /* QDoRA (an NF4 base): ||W_j|| of every adapted row, at dora_at like dora_norm (backend memory,
-     * computed once from the NF4 store: the base is frozen; NULL until then) */
+     * computed once from the NF4 store: the base is frozen; NULL until then); dora_wn_host: the same
+     * computed as each weight loads whole when the store keeps a ZeRO-3 rank's pieces of it
+     * (nf4_store_part), whence dora_wn is filled (host memory, kept for the model's life) */
     float *dora_wn;
+    float *dora_wn_host;
     /* Adapters served side by side over the base (lora_bank.c, ctrl_model_add_adapter): the bank,
      * its decode scratch (bank_ws, bank_ws_n floats), and for the decode call under way each
      * sequence's adapter (dec_adapters, 0 the base; NULL: all the base) with the sequences' new
@@ -474,6 +477,9 @@ ctrl_status nf4_linear_backward(const ctrl_model *m, float *dx, float *dw, float
  * host's store a row at a time as the products dequantize it, summed in double. */
 ctrl_status nf4_product(const ctrl_model *m, int l, int t, float *out, const float *x, int T);
 ctrl_status nf4_row_norms(const ctrl_model *m, int l, int t, float *norms);
+/* QDoRA, the store keeping a ZeRO-3 rank's pieces (nf4_store_part): right after NF4 view v was
+ * quantized whole, the row norms of every adapted linear whose base it is into dora_wn_host. */
+ctrl_status nf4_hold_dora_norms(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status nf4_to_device(ctrl_model *m);
 void nf4_release_device(ctrl_model *m);
 /* A model held in bf16 (model_bf16_store.c): layer l's weights widened into params before it runs

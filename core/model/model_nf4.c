@@ -94,7 +94,8 @@ ctrl_status nf4_store_part(ctrl_model *m, const ctrl_param_view *v, int64_t v0, 
     const size_t nw = (size_t)m->cfg.n_layers * LORA_N_TARGETS;
     if (!m->nf4_part && !(m->nf4_part = calloc(2 * nw, sizeof *m->nf4_part)))
         return ctrl_error_set(CTRL_ERR_NOMEM, "QLoRA: the NF4 pieces");
-    MODEL_TRY(nf4_store(m, v)); /* the whole weight (the offset is its blocks' mean), then cut */
+    MODEL_TRY(nf4_store(m, v));           /* the whole weight (the offset is its blocks' mean), then cut */
+    MODEL_TRY(nf4_hold_dora_norms(m, v)); /* QDoRA: its rows' norms, while it is whole */
     ctrl_nf4 *q = &m->nf4_w[v->nf4 - 1];
     size_t c[3];
     ctrl_nf4_part_counts(v0, v1, c);
@@ -345,4 +346,19 @@ void ctrl_model_nf4_summary(const ctrl_model *m, char *buf, size_t cap) {
                  "parameters), the embeddings, norms and LM head (the fp32 count above includes one layer's "
                  "projections: the slot each weight is quantized from as it loads)",
                  dense, nf4, moe, moe > 1 ? "s" : "", experts);
+}
+
+ctrl_status nf4_hold_dora_norms(ctrl_model *m, const ctrl_param_view *v) {
+    if (!m->has_lora || !m->lora->use_dora || v->nf4 < 1) return CTRL_OK;
+    const int i = v->nf4 - 1, l = i / LORA_N_TARGETS;
+    if (!m->dora_wn_host && !(m->dora_wn_host = calloc(m->dora_norm_n ? m->dora_norm_n : 1, sizeof(float))))
+        return ctrl_error_set(CTRL_ERR_NOMEM, "QDoRA: %zu weight norms", m->dora_norm_n);
+    for (int t = 0; t < LORA_N_TARGETS;
+         t++) { /* the adapted linears whose base is entry i (a fused one's rows) */
+        int64_t first;
+        if (m->lora_mag[l * LORA_N_TARGETS + t] < 0 || l * LORA_N_TARGETS + owner_of(m, t, &first) != i)
+            continue;
+        MODEL_TRY(nf4_row_norms(m, l, t, m->dora_wn_host + m->dora_at[l * LORA_N_TARGETS + t]));
+    }
+    return CTRL_OK;
 }

@@ -161,7 +161,9 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
                                                    train_zero_rank_nf4_parts, &load_sliced_device, out)
                        : ctrl_model_load_lora(s->model.path, attn, &lc, out);
     /* (a checkpoint's or an adapter's magnitudes are read over them below) */
-    if (st == CTRL_OK && load_sliced && lc.use_dora && !ckpt && !adapter && (st = dora_whole_norms(*out))) {
+    /* (QDoRA's are whole already: its norms taken as each NF4 weight loaded whole) */
+    if (st == CTRL_OK && load_sliced && lc.use_dora && !lc.nf4 && !ckpt && !adapter &&
+        (st = dora_whole_norms(*out))) {
         ctrl_model_free(*out);
         *out = NULL;
     }

@@ -121,8 +121,8 @@ static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
  * zero.Init partitions it at load; a classifier's too, its score whole; bound for a device, its frozen
- * embeddings and head whole, as the device keeps them); where it cannot (QDoRA's base norms from the
- * whole NF4 store -- DoRA asked in the
+ * embeddings and head whole, as the device keeps them); where it cannot (QDoRA's magnitudes with
+ * init_lora_weights = false, from the whole NF4 weights and B A -- DoRA asked in the
  * settings or in an adapter_path's config, `lora` --; QLoRA's reference log-probs precomputed from
  * its quantized base before ZeRO starts -- LoRA's come from the base loaded sliced,
  * kind_sequence_ref.c --) the base is read whole on every rank and rank 0 says why.
@@ -131,7 +131,8 @@ static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequ
                              const ctrl_lora_config *lora) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
-    const char *why = lora->use_dora && s->peft.nf4 ? "QDoRA's base norms read from the whole NF4 store"
+    const char *why = lora->use_dora && s->peft.nf4 && lora->init == CTRL_LORA_INIT_NONE
+                          ? "QDoRA's magnitudes over init_lora_weights = false need the whole NF4 weights"
                       : spec->needs_ref_logp && spec->precompute_ref_logp && s->peft.nf4
                           ? "the reference log-probs are precomputed from the quantized base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"

@@ -5,7 +5,8 @@
 # is plain data parallel + nf4's (<= 1e-6 relative loss, 1e-5 grad_norm: the slices' sums of squares
 # added in another order); each rank holds about half of the NF4 store (the measured bytes printed and
 # asserted: at most half plus two super-blocks' 8,452 bytes, the ranks' together the whole); a resume from
-# the zero3 checkpoint follows the same curve to the same adapter bytes; QDoRA (use_dora) follows plain
+# the zero3 checkpoint follows the same curve to the same adapter bytes; QDoRA (use_dora, its base read
+# sliced too: the whole read's bytes after attach) follows plain
 # data parallel's curve too; GRPO generates the same completions with the layers gathered whole for
 # generation and one at a time. The model: hidden 256, 2 layers, intermediate 576 (9 super-blocks of
 # 16,384 values in each MLP weight: an odd number, whose extra super-block goes to each rank in turn),
@@ -76,6 +77,17 @@ mpi_train pd "${q[@]}" --set peft.use_dora=true --set train.save_strategy=no
 mpi_train zd "${q[@]}" --set peft.use_dora=true --set train.save_strategy=no --set memory.strategies=zero3
 curve_close "$TMP/pd" "$TMP/zd" loss 1e-6
 curve_close "$TMP/pd" "$TMP/zd" grad_norm 1e-5
+# ... its base read sliced too (each NF4 weight's row norms taken while it loads whole, the magnitudes
+# those norms, B being 0): after attach the ranks' slices gathered whole are the whole read's bytes
+for w in zds zdw; do
+  env $([ $w = zdw ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
+    --set run.output_dir="$TMP/$w" "${q[@]}" --set peft.use_dora=true --set memory.strategies=zero3 --set train.max_steps=1 \
+    --set train.save_strategy=no >"$TMP/$w.log" 2>&1 || { bad "$w: exited $?"; tail -20 "$TMP/$w.log"; }
+done
+dd=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zds.log")
+[ -n "$dd" ] && [ "$dd" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zdw.log")" ] &&
+  grep -q "zero3 + QLoRA: each rank read its slices of the frozen embeddings" "$TMP/zd.log" && ok ||
+  bad "zero3 QDoRA: not read sliced, or its slices differ from the whole read's: '$dd'"
 
 # 5. GRPO (colocated generation): the base's layers gathered whole for each generation phase
 # (ds3_gather_for_generation, the default) or one at a time per decoding pass (false): the same
