@@ -353,8 +353,8 @@ ctrl_status nf4_hold_dora_norms(ctrl_model *m, const ctrl_param_view *v) {
     const int i = v->nf4 - 1, l = i / LORA_N_TARGETS;
     if (!m->dora_wn_host && !(m->dora_wn_host = calloc(m->dora_norm_n ? m->dora_norm_n : 1, sizeof(float))))
         return ctrl_error_set(CTRL_ERR_NOMEM, "QDoRA: %zu weight norms", m->dora_norm_n);
-    for (int t = 0; t < LORA_N_TARGETS;
-         t++) { /* the adapted linears whose base is entry i (a fused one's rows) */
+    /* the adapted linears whose base is entry i (a fused one's rows of it) */
+    for (int t = 0; t < LORA_N_TARGETS; t++) {
         int64_t first;
         if (m->lora_mag[l * LORA_N_TARGETS + t] < 0 || l * LORA_N_TARGETS + owner_of(m, t, &first) != i)
             continue;
