@@ -247,7 +247,8 @@ static const ctrl_option memory_options[] = {
      "backward)."},
     {"offload_overlap", CTRL_OPT_BOOL, "true", 0, 0, 0, NULL,
      "offload_optimizer on a CUDA run (without ZeRO, or with zero3: each rank's slices): the host's "
-     "optimizer step (adamw; one that cannot step a layer at a time is stepped whole, as the log says) "
+     "optimizer step (adamw; one that cannot step a layer at a time, a LoRA model, or zero3 with a "
+     "persistence threshold is stepped whole, as the log says) "
      "runs on a host thread one layer at a time in forward order while the device runs the next step's "
      "forward, each layer's updated weights uploaded on a stream of their own as soon as stepped and "
      "waited for just before that layer's forward (zero3: its gather) -- exact, the same weights bit for "

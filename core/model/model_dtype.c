@@ -95,6 +95,11 @@ float *ctrl_model_bf16_copy(const ctrl_model *m) { return m->rounded; }
 
 ctrl_status model_prepare_weights(ctrl_model *m, int T) {
     const size_t bytes = sizeof(float) * m->n_params;
+    if (!m->dparams) /* ctrl_model_defer_device: ZeRO-3 has not put the slices there yet */
+        return ctrl_error_set(CTRL_ERR_RUNTIME,
+                              "model: a forward on %s before ZeRO-3 put its parameters there (the move "
+                              "to the device was deferred)",
+                              m->be->name);
     if (!m->dparams_valid) {
         ctrl_status st = m->be->to_device(m->dparams, m->params, bytes);
         if (st != CTRL_OK) return ctrl_error_wrap(st, "model: parameters onto %s", m->be->name);

@@ -285,11 +285,12 @@ ctrl_status train_offload_create(train_offload **out, const char **why, ctrl_mod
     }
     /* the groups are the views from the trainable offset on, in order (train_param_groups) */
     const size_t first = ctrl_model_trainable_offset(m);
-    for (int i = 0, g = 0; i < ctrl_model_view_count(m) && g < n_groups; i++) {
+    for (int i = 0, g = 0; !z && i < ctrl_model_view_count(m) && g < n_groups; i++) {
         const ctrl_param_view *v = ctrl_model_view(m, i);
         if (v->offset < first) continue;
         o->unit[g++] = unit_of(v->name, n_layers);
     }
+    /* (ZeRO-3: its slices of the views, by where they lie) */
     for (int g = 0; z && g < n_groups; g++) o->unit[g] = zero_unit_of(z, (size_t)(groups[g].param - o->host));
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->cv, NULL);

@@ -224,4 +224,32 @@ TEST(bf16_step_converts_each_operand_once) {
     CHECK(once.n == tuned.n && !memcmp(once.grads, tuned.grads, sizeof(float) * once.n));
     free(once.grads), free(per.grads), free(tuned.grads);
 }
+
+/* ctrl_model_defer_device (ZeRO-3 on a device: the move copies nothing, zero_device.c puts the slices
+ * there): a forward before that is an error naming the cause, not a read of memory that is not there;
+ * nothing of the parameters was allocated on the device. */
+TEST(deferred_move_refuses_a_forward) {
+    if (!need_gpu()) TEST_SKIP(ctrl_cuda_unavailable_reason());
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/qwen2", CTRL_FIXTURE_DIR);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    ctrl_model *m = NULL;
+    int ok = attn && ctrl_model_load(dir, attn->plugin->ops, &m) == CTRL_OK;
+    if (ok) ctrl_model_defer_device(m);
+    ok =
+        ok && ctrl_model_to_device(m, ctrl_cuda_backend_ops(), (ctrl_device){CTRL_DEVICE_CUDA, 0}) == CTRL_OK;
+    CHECK_MSG(ok, "%s", ctrl_error_message());
+    if (ok) {
+        CHECK(ctrl_model_device_params(m) == NULL && ctrl_model_device_grads(m, NULL) == NULL);
+        ctrl_batch b;
+        static int32_t tok[8], pos[8], tg[8], cu[2] = {0, 8};
+        float logp[8];
+        random_batch(&b, tok, pos, tg, cu, 1, 5, ctrl_model_cfg(m)->vocab_size);
+        CHECK_EQ_INT(ctrl_model_forward(m, &b, logp, NULL, NULL), CTRL_ERR_RUNTIME);
+        CHECK(strstr(ctrl_error_message(), "before ZeRO-3 put its parameters there") != NULL);
+    }
+    ctrl_model_free(m);
+    ctrl_registry_destroy(reg);
+}
 #endif
