@@ -162,6 +162,12 @@ typedef struct train_kind_ops {
      * push) and scores with the reward functions only. 0: the whole model gathered on every rank
      * around the evaluation. */
     int eval_layerwise;
+    /* (may be NULL) Once, on every rank, when the run is set up -- ZeRO's hooks attached, the optimizer
+     * made -- before a checkpoint's state is read and before the first step: work that runs through the
+     * policy as training will (a collective under zero3). The sequence kind precomputes a LoRA
+     * policy's reference log-probs here: its base with the adapters off, gathered as training gathers
+     * it, whatever the ZeRO stage (kind_sequence_ref.c). */
+    ctrl_status (*ready)(train_kind *k);
 } train_kind_ops;
 
 extern const train_kind_ops train_kind_token;

@@ -38,7 +38,11 @@ struct train_kind {
     ctrl_pref_set train, eval;
     double *ref_train, *ref_eval; /* precomputed: [row][2] (chosen or desirable, rejected or KL) */
     int ref_is_base;              /* LoRA: the reference is the policy with its adapters off */
-    train_zero *ref_zero;         /* zero3 on several ranks: the reference sliced (zero_ref.h) */
+    /* LoRA with precompute_ref_logp: the pass waits for the run's setup (sequence_ready), made from
+     * `env` (its tokenizer gone by then) */
+    int precompute_at_ready;
+    train_kind_env env;
+    train_zero *ref_zero; /* zero3 on several ranks: the reference sliced (zero_ref.h) */
     /* zero3 with the reference whole beside the sliced policy (CTRL_TEST_ZERO3_WHOLE_REF): the policy
      * gathered whole on every rank for a sync (kind.h's gather_whole); NULL otherwise */
     ctrl_status (*gather_whole)(void *ctx, int on);
@@ -156,7 +160,9 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
     if (st == CTRL_OK && k->train.n == 0)
         st = ctrl_error_set(CTRL_ERR_CONFIG, "[data] train_file: no usable row");
     if (st == CTRL_OK && k->spec.needs_ref_logp) {
-        if (k->spec.precompute_ref_logp)
+        if (k->spec.precompute_ref_logp && ctrl_model_lora(k->model))
+            k->precompute_at_ready = 1, k->env = *env, k->env.tok = NULL;
+        else if (k->spec.precompute_ref_logp)
             st = train_sequence_precompute(env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
         else if (!ctrl_model_lora(k->model)) {
             st = train_sequence_load_reference(env, &k->ref, &k->ref_zero);
@@ -179,6 +185,15 @@ static ctrl_status sequence_create(const train_kind_env *env, train_kind **out) 
     }
     *out = k;
     return CTRL_OK;
+}
+
+/* LoRA's precomputed reference: the policy's base with its adapters off, run once the setup is done,
+ * so under zero3 the pass gathers the base's layers as training does (each rank read only its
+ * slices: QLoRA's NF4 super-blocks too) and a resumed run needs no second copy of the base. */
+static ctrl_status sequence_ready(train_kind *k) {
+    if (!k->precompute_at_ready) return CTRL_OK;
+    k->precompute_at_ready = 0;
+    return train_sequence_precompute(&k->env, &k->spec, &k->train, &k->eval, &k->ref_train, &k->ref_eval);
 }
 
 static int sequence_rows(const train_kind *k) { return k->train.n; }
@@ -448,4 +463,5 @@ const train_kind_ops train_kind_sequence = {
     .eval_at_start = 1, /* the "before" of a preference run (TRL's eval_on_start) */
     .tokenizer_only_at_create = 1,
     .eval_layerwise = 1,
+    .ready = sequence_ready,
 };

@@ -72,8 +72,9 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
 /* precompute_ref_log_probs: the reference sums of every row of both sets ([row][2], malloc'd), read
  * from output_dir/ref_logps.bin when it was made from the same rows and weights, else computed in
  * one pass (batches of spec->precompute_ref_batch_size rows, or the train / eval batch size) by the
- * policy before training -- or, when resuming, a copy of the initial weights loaded for the pass
- * -- and stored there. */
+ * policy before training -- with LoRA its base, adapters off (the kind's `ready`: after ZeRO's
+ * hooks); without, when resuming or under zero3 on several ranks, a copy of the initial weights
+ * loaded for the pass -- and stored there. A collective on several ranks. */
 ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequence_spec *spec,
                                       const ctrl_pref_set *train, const ctrl_pref_set *eval,
                                       double **ref_train, double **ref_eval);

@@ -2,7 +2,7 @@
  * placed beside the policy, or the reference sums of every row precomputed in one pass before
  * training (TRL's precompute_ref_log_probs) and stored in output_dir/ref_logps.bin, so that the
  * reference is not in memory while training and a resumed run reads them back instead of needing
- * the initial weights again. */
+ * the initial weights again (with LoRA the pass runs the policy's base, adapters off, as TRL's). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,8 +46,8 @@ ctrl_status train_sequence_load_reference(const train_kind_env *env, ctrl_model 
     return CTRL_OK;
 }
 
-/* FNV-1a over what the sums depend on: the reference's weights (by path), the rows' tokens, the
- * layout, LD-DPO's weighting. */
+/* FNV-1a over what the sums depend on: the reference's weights (by path; QLoRA's quantized, the
+ * compute dtype), the rows' tokens, the layout, LD-DPO's weighting. */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *c = p;
     for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
@@ -140,6 +140,10 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
     uint64_t h = fnv(1469598103934665603ull, s->model.path, strlen(s->model.path));
     h = fnv(h, &spec->length_desensitized, sizeof spec->length_desensitized);
     if (spec->length_desensitized) h = fnv(h, &spec->ld_alpha, sizeof spec->ld_alpha);
+    /* and what the base computes with: QLoRA's NF4 store, the compute dtype */
+    const ctrl_lora_config *lora = ctrl_model_lora(env->model);
+    const int nf4 = lora && lora->nf4, dtype = (int)ctrl_model_compute_dtype(env->model);
+    h = fnv(fnv(h, &nf4, sizeof nf4), &dtype, sizeof dtype);
     h = set_hash(set_hash(h, train), eval);
     double *rt = malloc(sizeof(double) * 2 * (size_t)train->n),
            *re = malloc(sizeof(double) * 2 * (size_t)(eval->n + 1));
@@ -148,26 +152,22 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
         return ctrl_error_set(CTRL_ERR_NOMEM, "train: out of memory for the reference log-probs");
     }
     ctrl_status st = CTRL_OK;
-    /* zero3 with LoRA on several ranks: the base alone loaded sliced, as a reference (the policy's
-     * frozen base with its adapters off: the same weights), so the policy is read sliced too; QLoRA's
-     * reference is its own quantized base, computed from it before ZeRO starts */
-    const ctrl_lora_config *lora = ctrl_model_lora(env->model);
-    const int lora_sliced = env->zero3_frozen && lora && !lora->nf4;
-    /* with zero3's sliced reference the pass is a collective: every rank computes unless all read */
+    /* LoRA: the policy's frozen base with its adapters off, as the live reference (called once the run
+     * is set up: under zero3 its layers gathered as training gathers them) */
+    const int base = lora != NULL;
+    /* on several ranks the pass may be a collective (zero3's gathers): every rank computes unless all
+     * read */
     double missing = !read_cache(path, h, train, eval, rt, re);
-    if (env->zero3_sliced || lora_sliced) st = ctrl_collective_allreduce_max_f64(&missing, 1);
+    if (ctrl_collective_size() > 1) st = ctrl_collective_allreduce_max_f64(&missing, 1);
     if (st == CTRL_OK && !missing) {
         CTRL_INFO("reference log-probs read from %s", path);
     } else if (st == CTRL_OK) {
-        /* the reference is the initial weights: the policy itself before training, loaded again
+        /* else the reference is the initial weights: the policy itself before training, loaded again
          * when resuming (the policy has moved) and under zero3 on several ranks (the policy holds
          * only its slices, its gathers not hooked yet: the reference is loaded sliced and hooked) */
         ctrl_model *ref = env->model, *loaded = NULL;
         train_zero *lz = NULL;
-        if (lora_sliced) {
-            st = train_zero_ref_load(env, &loaded, &lz);
-            ref = loaded;
-        } else if (s->train.resume_from_checkpoint || env->zero3_sliced) {
+        if (!base && (s->train.resume_from_checkpoint || env->zero3_sliced)) {
             st = train_sequence_load_reference(env, &loaded, &lz);
             ref = loaded;
         }
@@ -176,10 +176,10 @@ ctrl_status train_sequence_precompute(const train_kind_env *env, const ctrl_sequ
         const int be = spec->precompute_ref_batch_size > 0 ? spec->precompute_ref_batch_size
                                                            : s->train.per_device_eval_batch_size;
         CTRL_INFO("precomputing the reference log-probs of %d + %d rows", train->n, eval->n);
-        if (!loaded) ctrl_model_set_adapters_enabled(ref, 0); /* LoRA: the base, as the live reference */
+        if (base) ctrl_model_set_adapters_enabled(ref, 0);
         if (st == CTRL_OK) st = pass(spec, ref, train, bt > 0 ? bt : 1, rt);
         if (st == CTRL_OK && eval->n) st = pass(spec, ref, eval, be > 0 ? be : 1, re);
-        if (!loaded) ctrl_model_set_adapters_enabled(ref, 1);
+        if (base) ctrl_model_set_adapters_enabled(ref, 1);
         train_zero_ref_free(lz, loaded);
         if (st == CTRL_OK && ctrl_collective_is_root()) write_cache(path, h, train->n, eval->n, rt, re);
     }

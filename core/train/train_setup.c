@@ -123,18 +123,13 @@ static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer
  * zero.Init partitions it at load; a classifier's too, its score whole; bound for a device, its frozen
  * embeddings and head whole, as the device keeps them); where it cannot (QDoRA's magnitudes with
  * init_lora_weights = false, from the whole NF4 weights and B A -- DoRA asked in the
- * settings or in an adapter_path's config, `lora` --; QLoRA's reference log-probs precomputed from
- * its quantized base before ZeRO starts -- LoRA's come from the base loaded sliced,
- * kind_sequence_ref.c --) the base is read whole on every rank and rank 0 says why.
- * CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
-static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_sequence_spec *spec,
-                             const ctrl_lora_config *lora) {
+ * settings or in an adapter_path's config, `lora` --) the base is read whole on every rank and rank 0
+ * says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
+static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_lora_config *lora) {
     const ctrl_run_settings *s = r->s;
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
     const char *why = lora->use_dora && s->peft.nf4 && lora->init == CTRL_LORA_INIT_NONE
                           ? "QDoRA's magnitudes over init_lora_weights = false need the whole NF4 weights"
-                      : spec->needs_ref_logp && spec->precompute_ref_logp && s->peft.nf4
-                          ? "the reference log-probs are precomputed from the quantized base"
                       : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"
                                                              : NULL;
     if (why && r->root)
@@ -191,7 +186,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled;
     static ctrl_lora_config lora; /* [peft]'s, read once (large: the target list, not on the stack) */
     if (st == CTRL_OK && s->peft.enabled) st = train_lora_config(s, &lora);
-    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &spec, &lora);
+    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &lora);
     const char *load_dir = weights_dir ? weights_dir : s->model.path;
     if (st == CTRL_OK && sliced && !spec.needs_score) st = train_zero_load(load_dir, attention, &r->model);
     if (st == CTRL_OK && sliced && spec.needs_score) {
@@ -211,10 +206,8 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))
         st = train_moe_aux_not_added(cfg, r->model, s->run.trainer);
     /* zero3 on devices: only each rank's slices of the parameters (zero_device.c) and of QLoRA's NF4
-     * store (zero_nf4.c) go to its device, never the whole model -- unless the reference log-probs are
-     * precomputed from the policy before ZeRO starts (QLoRA's: kind_sequence_ref.c) */
-    if (st == CTRL_OK && zero_stage >= 3 && ctrl_collective_size() > 1 && r->comp.cuda &&
-        !(spec.needs_ref_logp && spec.precompute_ref_logp && s->peft.enabled && s->peft.nf4))
+     * store (zero_nf4.c) go to its device, never the whole model */
+    if (st == CTRL_OK && zero_stage >= 3 && ctrl_collective_size() > 1 && r->comp.cuda)
         ctrl_model_defer_device(r->model);
     if (st == CTRL_OK) st = train_compute_attach(&r->comp, r->model, s->train.dtype, layer_strategy, cfg);
     if (st == CTRL_OK && zero_stage < 3) st = train_model_hold_base(r->model, s); /* LoRA + bf16 */
@@ -284,8 +277,10 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                                              : "zero2 with offload_optimizer on a device reduces on the host "
                                                "after the backward");
     if (st == CTRL_OK) st = persistence(r, zero_stage, hidden);
-    if (st != CTRL_OK) return st;
-    return train_run_optimizer_create(r, offload);
+    if (st == CTRL_OK) st = train_run_optimizer_create(r, offload);
+    /* the kind's work through the policy as set up (a LoRA policy's precomputed reference) */
+    if (st == CTRL_OK && r->kind_ops->ready) st = r->kind_ops->ready(r->kind);
+    return st;
 }
 
 void train_run_teardown(run_state *r) {

@@ -464,8 +464,7 @@ ctrl_status train_zero_device3_init(train_zero *z, ctrl_model *m) {
         CTRL_INFO("zero3 on %s: %s; device memory in use now %zu of %zu bytes (the model's parameters %zu "
                   "bytes)",
                   be->name,
-                  old ? "the model's move to the device copied it whole first (one rank, or QLoRA's reference "
-                        "log-probs precomputed from it), freed now"
+                  old ? "the model's move to the device copied it whole first (one rank), freed now"
                       : "each rank put its slices of the parameters on its device from the host (the move "
                         "to the device copied none: no device held the whole model)",
                   total_b - free_b, total_b, n_params * sizeof(float));

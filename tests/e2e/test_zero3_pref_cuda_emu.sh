@@ -2,7 +2,8 @@
 # ZeRO-3 on CUDA with the preference trainers (the sequence kind), 2 ranks under the CUDA emulator
 # (issue 19; core/train/zero_device.c): DPO (its reference frozen and sliced on the devices as the
 # policy, each unit's pieces mapped and gathered around its forward use -- about half of it mapped on a
-# rank's device between uses --; with LoRA the policy itself with its adapters disabled, no copy;
+# rank's device between uses --; with LoRA the policy itself with its adapters disabled, no copy, and
+# QLoRA's precomputed reference run through the policy's sliced NF4 base;
 # TR-DPO's sync mixing each rank's slices of the reference with the policy's on the device), KTO and
 # the reward trainer (a sequence classifier: the causal LM's trunk under a fresh score, which lies
 # outside the layers and stays whole) follow plain data parallel on CUDA: loss and the trainers'
@@ -53,6 +54,16 @@ pair kto logps/chosen
 # policy holds only its slices then, unhooked): the rewards start at 0 as data parallel's
 ini dpo sigmoid_sft_precompute_ga.ini dpop
 pair dpop rewards/chosen rewards/margins logps/chosen
+# ... with QLoRA: the pass runs once the run is set up, through the policy's NF4 base with its adapters
+# off, gathered by zero3's hooks, so no device ever held the whole model (it did before: the pass ran
+# the policy whole, ahead of zero3)
+ini dpo sigmoid_sft_precompute_ga.ini dpopq
+EXTRA=(--set peft.enabled=true --set peft.target_modules=all-linear --set peft.quantization=nf4)
+pair dpopq rewards/chosen rewards/margins logps/chosen
+grep -q "zero3 on cuda: each rank put its slices of the parameters on its device from the host (the move to the device copied none" "$TMP/dpopq3.log" &&
+  grep -q "zero3 + QLoRA: each rank read the rest of the frozen base" "$TMP/dpopq3.log" && ok ||
+  bad "dpopq zero3 on cuda: the QLoRA base read or moved whole"
+EXTRA=()
 ini reward grad_accum.ini rm
 pair rm accuracy
 # TR-DPO (sync_ref_model, a sync every 2 steps): each rank mixes its slices of the reference with the

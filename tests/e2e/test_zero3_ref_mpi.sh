@@ -9,7 +9,8 @@
 # parameters per rank at most ~1/2 of its bytes between uses and below the whole during its
 # forwards; a zero3 DPO run resumed from checkpoint-3 ends on the same curve; DPO in bf16 (the
 # rounded weight copy) as data parallel in bf16; with precompute_ref_log_probs the pass before
-# training uses the reference sliced (the policy is only slices then) and follows data parallel too.
+# training uses the reference sliced (the policy is only slices then) and follows data parallel too;
+# with LoRA or QLoRA the pass runs the policy's sliced base, adapters off, through zero3's hooks.
 # Skipped (77) only when mpirun or the MPI backend (libctrl_mpi.so) is absent.
 # usage: test_zero3_ref_mpi.sh CTRL_BINARY PLUGIN_DIR SOURCE_DIR
 source "$(dirname "$0")/e2e_common.sh"
@@ -97,15 +98,31 @@ grep -E '"step": [0-3],' "$TMP/dpop-z3/metrics.jsonl" >"$TMP/resp/metrics.jsonl"
   ok || { bad "dpo precompute zero3 resume"; tail -5 "$TMP/resp.log"; }
 grep -q "reference model sliced as the policy" "$TMP/resp.log" && ok || bad "dpo precompute resume: reference not sliced"
 diff <(curve "$TMP/dpop-z3") <(curve "$TMP/resp") >"$TMP/diff" && ok || { bad "dpo precompute zero3 resumed curve differs"; head "$TMP/diff"; }
-# ... with LoRA: the pass runs the base loaded sliced (the policy's frozen base, its adapters off), so
-# the policy reads its base sliced too: data parallel's curve (the policy with its adapters off there)
+# ... with LoRA and QLoRA: the pass runs once the run is set up, through the policy's frozen base with
+# its adapters off (as data parallel's), its layers gathered by zero3's hooks -- so the policy reads
+# its base sliced (QLoRA: its NF4 super-blocks) and no reference is loaded: data parallel's curve.
+# QLoRA's runs go into the output_dirs LoRA's left their stored log-probs in: they are not read back
+# (they were made from other weights: the unquantized base). Resumed from checkpoint-3 in a fresh
+# output_dir (no stored log-probs), QLoRA's pass runs the same quantized base again: the same curve
+# (a reference loaded for it would be the unquantized weights).
 ini dpopl trl_dpo sigmoid_sft_precompute_ga.ini
-two dpopl --set peft.enabled=true --set train.save_strategy=no
-close dpopl loss logps/chosen logps/rejected
-for key in rewards/chosen rewards/rejected; do curve_close "$TMP/dpopl-dp" "$TMP/dpopl-z3" "$key" 1e-5 2e-6; done
-grep -q "zero3 + LoRA: each rank read its slices of the frozen base" "$TMP/dpopl-z3.log" &&
-  grep -q "reference model sliced as the policy" "$TMP/dpopl-z3.log" && ok ||
-  bad "dpo lora precompute zero3: the base not read sliced, or the reference not loaded sliced"
+for q in none nf4; do
+  two dpopl --set peft.enabled=true --set peft.quantization=$q --set train.save_strategy=steps --set train.save_steps=3
+  grep -q "precomputing the reference log-probs" "$TMP/dpopl-dp.log" &&
+    grep -q "precomputing the reference log-probs" "$TMP/dpopl-z3.log" && ok || bad "dpo lora ($q): stored log-probs of other weights read"
+  close dpopl loss logps/chosen logps/rejected
+  for key in rewards/chosen rewards/rejected; do curve_close "$TMP/dpopl-dp" "$TMP/dpopl-z3" "$key" 1e-5 2e-6; done
+  grep -q "zero3 + Q\{0,1\}LoRA: each rank read its slices of the frozen" "$TMP/dpopl-z3.log" &&
+    ! grep -q "the reference model" "$TMP/dpopl-z3.log" && ok ||
+    bad "dpo lora ($q) precompute zero3: the base not read sliced, or a reference loaded"
+done
+rm -rf "$TMP/resq" && mkdir -p "$TMP/resq" && cp -r "$TMP/dpopl-z3/checkpoint-3" "$TMP/resq/"
+grep -E '"step": [0-3],' "$TMP/dpopl-z3/metrics.jsonl" >"$TMP/resq/metrics.jsonl"
+"${MPI[@]}" "${C[@]}" train "$TMP/dpopl.ini" --set run.output_dir="$TMP/resq" --set memory.strategies=zero3 \
+  --set peft.enabled=true --set peft.quantization=nf4 --set train.save_strategy=steps --set train.save_steps=3 \
+  --set train.resume_from_checkpoint=last >"$TMP/resq.log" 2>&1 && ok || { bad "qlora precompute zero3 resume"; tail -5 "$TMP/resq.log"; }
+grep -q "precomputing the reference log-probs" "$TMP/resq.log" && ok || bad "qlora precompute resume: not computed again"
+diff <(curve "$TMP/dpopl-z3") <(curve "$TMP/resq") >"$TMP/diff" && ok || { bad "qlora precompute zero3 resumed curve differs"; head "$TMP/diff"; }
 
 # 5. KTO with its live reference (KL estimate from mismatched pairs).
 ini kto trl_kto kto.ini
