@@ -107,6 +107,18 @@ static ctrl_status view_values(ctrl_model *m, int v, float *dst) {
     return CTRL_OK;
 }
 
+/* A base held as the bf16 GEMM's panels (model_bf16_store.c: its fp32 pages given back): projection t's
+ * weight at offset wo unpacked into W (exact: the panels hold its bf16 values). */
+static ctrl_status panel_values(ctrl_model *m, int t, long wo, float *W) {
+    int in, out;
+    lora_dims(m, t, &in, &out);
+    const struct ctrl_cpu_bf16_packed *p = model_pack_valid(m, m->params + wo, in, out);
+    if (!p || ctrl_cpu_gemm_bf16_packed_unpack(p, W, in) != 0)
+        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: a %d x %d base weight held as panels is not readable",
+                              out, in);
+    return CTRL_OK;
+}
+
 /* The merged file, written a layer at a time: each layer's views filled into one buffer and its adapters
  * folded in when the writer first asks for one of them (the views of a layer are one run in the file's
  * name order); the views of no layer written from where the model holds them (a bf16 embedding table
@@ -138,11 +150,11 @@ static ctrl_status merged_layer(merged_writer *w, int l) {
     for (int t = 0; t < LORA_N_TARGETS; t++) {
         long wo, bias;
         lora_base_weight(m, l, t, &wo, &bias);
-        if (m->lora_a[l * LORA_N_TARGETS + t] < 0) continue;
-        float *W = copy_at(m, w->buf, w->pos, l, wo);
-        if (!W)
+        float *W = wo >= 0 ? copy_at(m, w->buf, w->pos, l, wo) : NULL;
+        if (wo >= 0 && !W)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: layer %d's weight %d is in no view", w->path, l, t);
-        merge_linear(m, l, t, W);
+        if (W && m->base_panels) MODEL_TRY(panel_values(m, t, wo, W));
+        if (W && m->lora_a[l * LORA_N_TARGETS + t] >= 0) merge_linear(m, l, t, W);
     }
     float *E = m->layers[l].router >= 0 ? copy_at(m, w->buf, w->pos, l, m->layers[l].experts) : NULL;
     if (E) lora_moe_merge(m, l, E); /* the experts' adapters (target_parameters) */
@@ -164,13 +176,6 @@ static ctrl_status merged_fetch(void *user, const ctrl_st_write *t) {
 ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_dtype dtype) {
     if (!m->has_lora || m->lora_off) return ctrl_model_save_weights(m, path, dtype);
     if (m->host_stale) MODEL_TRY(ctrl_model_params_to_host(m)); /* a device model: its host copy, current */
-    if (m->base_panels)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: the weights with the adapters merged: the frozen base is held as the bf16 GEMM's "
-            "packed panels on this CPU, which are not read back yet (CTRL_NO_BASE_PANELS=1 holds "
-            "it as bf16 values)",
-            path);
     const int n = m->n_views, L = m->cfg.n_layers;
     merged_writer w = {.m = m, .path = path, .layer = -1, .pos = calloc((size_t)n + 1, sizeof(size_t))};
     size_t *layer_size = calloc((size_t)L + 1, sizeof(size_t)), most = 1;

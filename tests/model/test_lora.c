@@ -153,10 +153,15 @@ static void check_case(const char *name) {
     }
     CHECK_EQ_INT(checked, gs ? ctrl_safetensors_count(gs) : -1);
     const double all = sqrt(num / den);
-    /* fp32 noise: llama_all_rslora (s = 11.3) is 1.4e-5 from PEFT over all gradients, 2e-5 on its worst
-     * tensors, where PEFT's own fp32 is 3-4e-5 away from PEFT in float64 (measured by hand) */
-    CHECK_MSG(all <= 2e-5, "%s: gradients: relative error %.3g", name, all);
-    CHECK_MSG(worst <= 5e-5, "%s: gradient of %s: relative error %.3g", name, worst_name, worst);
+    /* fp32 noise, two fp32 computations apart: PEFT's own fp32 is 3-4e-5 away from PEFT in float64 on
+     * llama_all_rslora (measured by hand), whose scale s = 11.3 magnifies it; that case is 1.4e-5 from
+     * PEFT over all gradients (2.0e-5 its worst tensor) through OpenBLAS's Haswell/Zen SGEMM, 3.9e-5
+     * (6.2e-5) through its SkylakeX/Cooperlake one (an AVX-512 CPU), which sums in another order; the
+     * cases without rsLoRA stay near 1e-6 either way */
+    const int magnified = strstr(name, "rslora") != NULL;
+    CHECK_MSG(all <= (magnified ? 6e-5 : 2e-5), "%s: gradients: relative error %.3g", name, all);
+    CHECK_MSG(worst <= (magnified ? 1.2e-4 : 5e-5), "%s: gradient of %s: relative error %.3g", name,
+              worst_name, worst);
     printf(
         "  %-20s loss %.6f (PEFT %.6f), logp rel %.1e, %d adapter gradients rel %.1e (worst tensor %.1e)\n",
         name, loss, want_loss, e_logp, checked, all, worst);
@@ -917,9 +922,9 @@ static char *slurp(const char *path, size_t *n) {
     return b;
 }
 
-/* The same over a base held in bf16 (bf16 compute, 2-byte values widened a layer at a time): the file
- * equals, bit for bit, the one of the same model whose fp32 base holds the rounded values. Where the
- * base is the bf16 GEMM's panels the push is refused (not read back yet). */
+/* The same over a base held in bf16 (bf16 compute: 2-byte values widened a layer at a time, or where a
+ * bf16 GEMM kernel runs the GEMM's panels, unpacked): the file equals, bit for bit, the one of the same
+ * model whose fp32 base holds the rounded values. */
 TEST(lora_merged_file_over_a_bf16_base) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/lora/qwen2_attn_mlp", CTRL_FIXTURE_DIR);
@@ -941,17 +946,14 @@ TEST(lora_merged_file_over_a_bf16_base) {
     CHECK(fa >= 0 && fb >= 0);
     if (fa >= 0) close(fa);
     if (fb >= 0) close(fb);
-    if (ctrl_model_base_in_panels(held)) {
-        CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_ERR_UNSUPPORTED);
-        CHECK(strstr(ctrl_error_message(), "CTRL_NO_BASE_PANELS") != NULL);
-    } else {
-        CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_OK);
-        CHECK_EQ_INT(ctrl_peft_save_merged_weights(rounded, pb, CTRL_F32), CTRL_OK);
-        size_t na = 0, nb = 0;
-        char *x = slurp(pa, &na), *y = slurp(pb, &nb);
-        CHECK(x && y && na == nb && na > 0 && memcmp(x, y, na) == 0);
-        free(x), free(y);
-    }
+    printf("  the base held %s\n",
+           ctrl_model_base_in_panels(held) ? "as the bf16 GEMM's panels" : "as bf16 values");
+    CHECK_EQ_INT(ctrl_peft_save_merged_weights(held, pa, CTRL_F32), CTRL_OK);
+    CHECK_EQ_INT(ctrl_peft_save_merged_weights(rounded, pb, CTRL_F32), CTRL_OK);
+    size_t na = 0, nb = 0;
+    char *x = slurp(pa, &na), *y = slurp(pb, &nb);
+    CHECK(x && y && na == nb && na > 0 && memcmp(x, y, na) == 0);
+    free(x), free(y);
     unlink(pa), unlink(pb);
     ctrl_model_free(held), ctrl_model_free(rounded);
 }
