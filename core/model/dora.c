@@ -141,16 +141,31 @@ static ctrl_status all_norms(ctrl_model *m, int set) {
     return CTRL_OK;
 }
 
+ctrl_status dora_nf4_magnitudes_at_load(ctrl_model *m, int l, int t) {
+    int IN, OUT;
+    lora_dims(m, t, &IN, &OUT);
+    MODEL_TRY(norms_alloc(m));
+    MODEL_TRY(nf4_norms(m)); /* (from dora_wn_host: this weight's rows' norms held just before) */
+    MODEL_TRY(weight_norms(m, l, t, IN, OUT, NULL));
+    memcpy(m->params + *mag_off(m, l, t), m->dora_norm + *at_off(m, l, t), sizeof(float) * (size_t)OUT);
+    return CTRL_OK;
+}
+
 ctrl_status dora_init_magnitudes(ctrl_model *m) {
     if (!m->has_lora || !m->lora->use_dora) return CTRL_OK;
     if (!m->be->host_memory)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "DoRA: magnitudes are initialised before the model moves");
-    if (m->nf4_part) { /* QDoRA over a ZeRO-3 rank's pieces of the store: with B = 0, ||W + s B A|| = ||W|| */
-        if (m->lora->init == CTRL_LORA_INIT_NONE || !m->dora_wn_host)
+    if (m->nf4_part) { /* QDoRA over a ZeRO-3 rank's pieces of the store: set as each weight loaded whole */
+        if (!m->dora_wn_host)
             return ctrl_error_set(
                 CTRL_ERR_UNSUPPORTED,
-                "QDoRA: the magnitudes over a ZeRO-3 rank's pieces of the NF4 base need B = 0 "
-                "at init (init_lora_weights not false) and the norms held as it loaded");
+                "QDoRA: the magnitudes over a ZeRO-3 rank's pieces of the NF4 base need the "
+                "norms held as it loaded");
+        if (m->lora->init == CTRL_LORA_INIT_NONE) { /* B != 0: dora_nf4_magnitudes_at_load set them */
+            ctrl_model_weights_changed(m);
+            return CTRL_OK;
+        }
+        /* with B = 0, ||W + s B A|| = ||W|| */
         for (int l = 0; l < m->cfg.n_layers; l++)
             for (int t = 0; t < LORA_N_TARGETS; t++) {
                 int IN, OUT;

@@ -542,6 +542,10 @@ void lora_base_weight(const ctrl_model *m, int l, int t, long *w, long *bias);
  * DoRA layer. */
 void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT);
 ctrl_status dora_init_magnitudes(ctrl_model *m);
+/* QDoRA with init_lora_weights = false (B != 0) over a ZeRO-3 rank's pieces of the NF4 base: layer l's
+ * target t's magnitude := ||W + s B A|| while its NF4 weight is whole in the store (nf4_store_part,
+ * right after its rows' norms: the same computation as dora_init_magnitudes' over a whole store). */
+ctrl_status dora_nf4_magnitudes_at_load(ctrl_model *m, int l, int t);
 ctrl_status dora_prepare(ctrl_model *m);
 /* Before layer l's forward or backward, after the sharding's gather (model_layer_hooks): its norms
  * and scalings, where dora_prepare left them to the layer (ZeRO-3); nothing otherwise. */

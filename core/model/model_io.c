@@ -283,12 +283,6 @@ static ctrl_status read_parts(const char *dir, const ctrl_safetensors *file, con
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                              const char *optional, const ctrl_lora_config *lora, const load_parts *parts,
                              ctrl_model **out) {
-    /* QDoRA's magnitudes over B != 0: of the whole NF4 weights and the adapters (its norms alone are
-     * held as each weight loads whole: nf4_hold_dora_norms) */
-    if (parts && lora && lora->use_dora && lora->nf4 && lora->init == CTRL_LORA_INIT_NONE)
-        return ctrl_error_set(
-            CTRL_ERR_UNSUPPORTED,
-            "%s: QDoRA with init_lora_weights = false: its base is read whole, not in parts", dir);
     ctrl_model *m;
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;

@@ -359,6 +359,8 @@ ctrl_status nf4_hold_dora_norms(ctrl_model *m, const ctrl_param_view *v) {
         if (m->lora_mag[l * LORA_N_TARGETS + t] < 0 || l * LORA_N_TARGETS + owner_of(m, t, &first) != i)
             continue;
         MODEL_TRY(nf4_row_norms(m, l, t, m->dora_wn_host + m->dora_at[l * LORA_N_TARGETS + t]));
+        /* B != 0 (init_lora_weights = false): the magnitudes need W A^T too, while W is whole */
+        if (m->lora->init == CTRL_LORA_INIT_NONE) MODEL_TRY(dora_nf4_magnitudes_at_load(m, l, t));
     }
     return CTRL_OK;
 }

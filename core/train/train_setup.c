@@ -121,21 +121,16 @@ static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
  * zero.Init partitions it at load; a classifier's too, its score whole; bound for a device, its frozen
- * embeddings and head whole, as the device keeps them); where it cannot (QDoRA's magnitudes with
- * init_lora_weights = false, from the whole NF4 weights and B A -- DoRA asked in the
- * settings or in an adapter_path's config, `lora` --) the base is read whole on every rank and rank 0
- * says why. CTRL_TEST_ZERO3_WHOLE_LORA: whole, to compare. */
-static int lora_reads_sliced(const run_state *r, int zero_stage, const ctrl_lora_config *lora) {
-    const ctrl_run_settings *s = r->s;
-    if (zero_stage < 3 || ctrl_collective_size() < 2 || !s->peft.enabled) return 0;
-    const char *why = lora->use_dora && s->peft.nf4 && lora->init == CTRL_LORA_INIT_NONE
-                          ? "QDoRA's magnitudes over init_lora_weights = false need the whole NF4 weights"
-                      : getenv("CTRL_TEST_ZERO3_WHOLE_LORA") ? "CTRL_TEST_ZERO3_WHOLE_LORA"
-                                                             : NULL;
-    if (why && r->root)
-        CTRL_INFO("zero3 + LoRA: the frozen base read whole on every rank (%s), sliced when ZeRO starts",
-                  why);
-    return !why;
+ * embeddings and head whole, as the device keeps them). CTRL_TEST_ZERO3_WHOLE_LORA: whole on every
+ * rank, sliced when ZeRO starts, to compare (rank 0 says so). */
+static int lora_reads_sliced(const run_state *r, int zero_stage) {
+    if (zero_stage < 3 || ctrl_collective_size() < 2 || !r->s->peft.enabled) return 0;
+    const int whole = getenv("CTRL_TEST_ZERO3_WHOLE_LORA") != NULL;
+    if (whole && r->root)
+        CTRL_INFO(
+            "zero3 + LoRA: the frozen base read whole on every rank (CTRL_TEST_ZERO3_WHOLE_LORA), sliced "
+            "when ZeRO starts");
+    return !whole;
 }
 
 /* Loads the trainer, the model (its weights from `weights_dir` when resuming), the tokenizer, the
@@ -186,7 +181,7 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
     const int sliced = zero_stage >= 3 && ctrl_collective_size() > 1 && !s->peft.enabled;
     static ctrl_lora_config lora; /* [peft]'s, read once (large: the target list, not on the stack) */
     if (st == CTRL_OK && s->peft.enabled) st = train_lora_config(s, &lora);
-    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage, &lora);
+    const int lora_sliced = st == CTRL_OK && lora_reads_sliced(r, zero_stage);
     const char *load_dir = weights_dir ? weights_dir : s->model.path;
     if (st == CTRL_OK && sliced && !spec.needs_score) st = train_zero_load(load_dir, attention, &r->model);
     if (st == CTRL_OK && sliced && spec.needs_score) {

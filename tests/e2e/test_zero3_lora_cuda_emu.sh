@@ -13,7 +13,8 @@
 # norms computed after its gather) follows data parallel's DoRA curve on CUDA and on the CPU.
 # QLoRA and QDoRA: the device's NF4 store sliced (each rank's super-blocks of every weight on its
 # device, a layer's gathered around its use), data parallel's QLoRA / QDoRA curves on CUDA (fp32; QLoRA in bf16
-# too; QDoRA in bf16 with every tensor persistent as without), a QLoRA checkpoint resumes exactly; GRPO over it
+# too; QDoRA in bf16 with every tensor persistent as without; QDoRA with init_lora_weights = false read
+# sliced as the whole read), a QLoRA checkpoint resumes exactly; GRPO over it
 # generating layer by layer samples data parallel's completions.
 # usage: test_zero3_lora_cuda_emu.sh CTRL_BINARY EMU_PLUGIN_DIR SOURCE_DIR EMU_LIBCTRL_CUDA EMU_LIBCTRL_MPI
 source "$(dirname "$0")/e2e_common.sh"
@@ -136,6 +137,13 @@ run z3qd "${z3[@]}" --set train.save_strategy=no --set peft.quantization=nf4 --s
 curve_close "$TMP/dpqd" "$TMP/z3qd" loss 1e-6
 curve_close "$TMP/dpqd" "$TMP/z3qd" grad_norm 1e-5
 [ "$(curve_col "$TMP/dpqd" loss | tail -1)" != "$(curve_col "$TMP/dpq" loss | tail -1)" ] && ok || bad "zero3 QDoRA on cuda: QLoRA's curve"
+# ... with init_lora_weights = false (B != 0: each magnitude ||W + s B A|| computed as its NF4 weight
+# loads whole, before the cut): read sliced, the whole read's curve bit for bit
+qf=(--set train.save_strategy=no --set peft.quantization=nf4 --set peft.use_dora=true --set peft.init_lora_weights=false)
+run z3qf "${z3[@]}" "${qf[@]}"
+whole z3qfw "${z3[@]}" "${qf[@]}"
+grep -q "zero3 + QLoRA: each rank read the rest of the frozen base" "$TMP/z3qf.log" && [ -n "$(curve_col "$TMP/z3qf" loss)" ] &&
+  [ "$(curve "$TMP/z3qf")" = "$(curve "$TMP/z3qfw")" ] && ok || bad "zero3 QDoRA init false on cuda: not read sliced, or not the whole read's curve"
 # GRPO over the QLoRA base: generating with ds3_gather_for_generation = false gathers each layer's NF4
 # weights for each decoding pass (the whole gather reads the same per-layer gathers); the completions
 # sampled are plain data parallel's (equal rewards), the gradient norms within 1e-5

@@ -78,16 +78,21 @@ mpi_train zd "${q[@]}" --set peft.use_dora=true --set train.save_strategy=no --s
 curve_close "$TMP/pd" "$TMP/zd" loss 1e-6
 curve_close "$TMP/pd" "$TMP/zd" grad_norm 1e-5
 # ... its base read sliced too (each NF4 weight's row norms taken while it loads whole, the magnitudes
-# those norms, B being 0): after attach the ranks' slices gathered whole are the whole read's bytes
-for w in zds zdw; do
-  env $([ $w = zdw ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
-    --set run.output_dir="$TMP/$w" "${q[@]}" --set peft.use_dora=true --set memory.strategies=zero3 --set train.max_steps=1 \
-    --set train.save_strategy=no >"$TMP/$w.log" 2>&1 || { bad "$w: exited $?"; tail -20 "$TMP/$w.log"; }
+# those norms, B being 0; with init_lora_weights = false, B != 0, ||W + s B A|| computed then from the
+# whole weight as a whole read computes it): after attach the ranks' slices gathered whole are the
+# whole read's bytes
+for init in true false; do
+  for w in zds zdw; do
+    env $([ $w = zdw ] && echo CTRL_TEST_ZERO3_WHOLE_LORA=1) CTRL_TEST_ZERO3_DIGEST=1 "${MPI[@]}" "${C[@]}" train "$TMP/run.ini" \
+      --set run.output_dir="$TMP/$w" "${q[@]}" --set peft.use_dora=true --set peft.init_lora_weights=$init \
+      --set memory.strategies=zero3 --set train.max_steps=1 --set train.save_strategy=no >"$TMP/$w.log" 2>&1 ||
+      { bad "$w: exited $?"; tail -20 "$TMP/$w.log"; }
+  done
+  dd=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zds.log")
+  [ -n "$dd" ] && [ "$dd" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zdw.log")" ] &&
+    grep -q "zero3 + QLoRA: each rank read its slices of the frozen embeddings" "$TMP/zds.log" && ok ||
+    bad "zero3 QDoRA (init_lora_weights = $init): not read sliced, or its slices differ from the whole read's: '$dd'"
 done
-dd=$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zds.log")
-[ -n "$dd" ] && [ "$dd" = "$(grep -o "zero3: the model gathered whole after attach: digest [0-9a-f]* (every rank's the same)" "$TMP/zdw.log")" ] &&
-  grep -q "zero3 + QLoRA: each rank read its slices of the frozen embeddings" "$TMP/zd.log" && ok ||
-  bad "zero3 QDoRA: not read sliced, or its slices differ from the whole read's: '$dd'"
 
 # 5. GRPO (colocated generation): the base's layers gathered whole for each generation phase
 # (ds3_gather_for_generation, the default) or one at a time per decoding pass (false): the same
