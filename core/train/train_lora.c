@@ -43,9 +43,9 @@ static int load_on_cpu; /* train_model_on_cpu: the run's compute device is the C
 
 void train_model_on_cpu(int on_cpu) { load_on_cpu = on_cpu; }
 
-static int load_sliced, load_sliced_device; /* train_model_zero3_sliced */
+static int load_sliced; /* train_model_zero3_sliced */
 
-void train_model_zero3_sliced(int sliced, int device) { load_sliced = sliced, load_sliced_device = device; }
+void train_model_zero3_sliced(int sliced) { load_sliced = sliced; }
 
 /* ||s B A||^2 of each output row of the adapted weight whose magnitudes are view `mag`
  * ("P.lora_magnitude_vector"; "P.lora_A.weight" [r, IN], "P.lora_B.weight" [OUT, r]) into ba[OUT]:
@@ -153,12 +153,12 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
      * its first value the base's (a classifier) or a new one's (a causal LM's trunk) */
     st = num_labels > 0 && load_sliced
              ? ctrl_model_load_classifier_lora_part(s->model.path, attn, num_labels, s->run.seed, &lc,
-                                                    train_zero_rank_parts, train_zero_rank_nf4_parts,
-                                                    &load_sliced_device, out)
+                                                    train_zero_rank_parts, train_zero_rank_nf4_parts, NULL,
+                                                    out)
          : num_labels > 0
              ? ctrl_model_load_classifier_lora(s->model.path, attn, num_labels, s->run.seed, &lc, out)
          : load_sliced ? ctrl_model_load_lora_part(s->model.path, attn, &lc, train_zero_rank_parts,
-                                                   train_zero_rank_nf4_parts, &load_sliced_device, out)
+                                                   train_zero_rank_nf4_parts, NULL, out)
                        : ctrl_model_load_lora(s->model.path, attn, &lc, out);
     /* (a checkpoint's or an adapter's magnitudes are read over them below) */
     /* (QDoRA's are whole already: its norms taken as each NF4 weight loaded whole) */
@@ -168,21 +168,17 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
         *out = NULL;
     }
     if (st != CTRL_OK) return st;
-    /* (bound for a device: the frozen embeddings and head read whole, as the device keeps them) */
-    const char *outer = load_sliced_device ? "the frozen embeddings, an untied head" : "";
     if (load_sliced && lc.nf4)
-        CTRL_INFO("zero3 + QLoRA: each rank read %s from %s and kept its slices of each NF4 weight "
-                  "(each read and quantized whole as it loads, one at a time: its absmax offset is the mean "
-                  "over the whole weight); the layers' norms and biases%s%s and the final norm whole; not "
-                  "the whole base",
-                  load_sliced_device ? "the rest of the frozen base"
-                                     : "its slices of the frozen embeddings (and an untied head)",
-                  s->model.path, *outer ? ", " : "", outer);
+        CTRL_INFO(
+            "zero3 + QLoRA: each rank read its slices of the frozen embeddings (and an untied head) from "
+            "%s and kept its slices of each NF4 weight (each read and quantized whole as it loads, one at "
+            "a time: its absmax offset is the mean over the whole weight); the layers' norms and biases "
+            "and the final norm whole; not the whole base",
+            s->model.path);
     else if (load_sliced)
-        CTRL_INFO("zero3 + LoRA: each rank read its slices of the frozen base from %s (each layer's%s; %s%s"
-                  "the final norm whole), not the whole base",
-                  s->model.path, load_sliced_device ? "" : ", the embeddings' and an untied head's", outer,
-                  *outer ? " and " : "");
+        CTRL_INFO("zero3 + LoRA: each rank read its slices of the frozen base from %s (each layer's, the "
+                  "embeddings' and an untied head's; the final norm whole), not the whole base",
+                  s->model.path);
     const char *from = ckpt ? ckpt : adapter;
     if (from && (st = ctrl_peft_load_weights(*out, from)) != CTRL_OK) {
         ctrl_model_free(*out);

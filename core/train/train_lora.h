@@ -22,9 +22,8 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
                              ctrl_model **out);
 /* Says that a LoRA run under ZeRO-3 on several ranks reads only this rank's slices of the frozen base
  * (train_zero_rank_parts; QLoRA: quantizes each NF4 weight and keeps its slice,
- * train_zero_rank_nf4_parts), and whether the model will compute on a device (which keeps the frozen
- * embeddings and head whole): set before train_model_load, 0 until then. */
-void train_model_zero3_sliced(int sliced, int device);
+ * train_zero_rank_nf4_parts): set before train_model_load, 0 until then. */
+void train_model_zero3_sliced(int sliced);
 /* Says whether the run computes on the CPU (with bf16 its LoRA base is then held in bf16 as it
  * loads); set before train_model_load, 0 until then. */
 void train_model_on_cpu(int on_cpu);

@@ -192,10 +192,10 @@ ctrl_status train_run_setup(run_state *r, const char *weights_dir) {
                 "final norm and the score head whole), not the whole model",
                 load_dir);
     }
-    train_model_zero3_sliced(lora_sliced, r->comp.cuda != NULL);
+    train_model_zero3_sliced(lora_sliced);
     if (st == CTRL_OK && !sliced) /* with [peft]: PEFT's SEQ_CLS, the score trained beside the adapters */
         st = train_model_load(s, &lora, attention, weights_dir, spec.needs_score ? 1 : 0, &r->model);
-    train_model_zero3_sliced(0, 0);
+    train_model_zero3_sliced(0);
     /* [train] router_aux_loss_coef on a dense model is refused, as TRL raises (train/moe_aux.h) */
     if (st == CTRL_OK) st = train_moe_aux_check(cfg, r->model);
     if (st == CTRL_OK && (r->kind_ops == &train_kind_distill || spec.needs_score))

@@ -99,8 +99,8 @@ static ctrl_status layer_units(train_zero *z, ctrl_model *m) {
             /* QLoRA: the projections are in the NF4 store (sliced by zero_nf4.c; their views share
              * layer 0's fp32 slot), the rest of a layer's base (norms, biases) a few floats kept whole */
             if (l >= 0 && nf4) continue;
-            /* and the frozen embeddings, an untied head (on the CPU; a CUDA model keeps them whole) */
-            if (l < 0 && ctrl_model_device(m).type == CTRL_DEVICE_CPU) l = slot;
+            /* and the frozen embeddings, an untied head: their own slots */
+            if (l < 0) l = slot;
             if (z->stage < 3 || l < 0) continue;
             train_zero_unit *f = &z->frozen[l];
             const size_t end = (size_t)v->offset + (size_t)v->numel;

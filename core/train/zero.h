@@ -308,10 +308,8 @@ ctrl_status train_zero_nf4_report(train_zero *z);
 /* ZeRO-3's sliced loading, the loader's callbacks (train_zero_load's; ctrl_model_load_part /
  * ctrl_model_load_lora_part): the ranges of parameters this rank keeps once train_zero_attach
  * slices the model (with LoRA: its slices of the frozen base's ranges too, the adapters' ranges made at
- * load; ctx: NULL, or an int, non-zero when the model will compute on a device, which keeps LoRA's
- * frozen embeddings and head whole), and QLoRA's: this rank's values of each NF4 weight, as
- * train_zero_nf4_init cuts them (train_zero_nf4_spans; spans [2 x n_layers x 7], by store index; ctx
- * unused). */
+ * load), and QLoRA's: this rank's values of each NF4 weight, as train_zero_nf4_init cuts them
+ * (train_zero_nf4_spans; spans [2 x n_layers x 7], by store index); ctx unused (NULL). */
 ctrl_status train_zero_rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n);
 ctrl_status train_zero_rank_nf4_parts(const ctrl_model *m, void *ctx, int64_t *spans);
 ctrl_status train_zero_nf4_spans(const ctrl_model *m, int rank, int size, int64_t *spans);
@@ -414,6 +412,9 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, con
  * (device memory): its bf16 slice widened, or with fp32_gather a trainable one's masters; kept_b16:
  * the piece's bf16 values from its fp32 ones, whole. */
 ctrl_status train_zero_device_keep(train_zero *z);
+/* Whether range u is held in bf16 (zero3 in bf16 on a device): a layer's, trainable or LoRA's frozen
+ * base; the embeddings and head (their slots past the layers), trainable or frozen, are fp32. */
+int train_zero_in_b16(const train_zero *z, train_zero_unit u);
 ctrl_status train_zero_device_kept_part(train_zero *z, train_zero_unit piece, size_t lo, size_t hi,
                                         float *dst);
 ctrl_status train_zero_device_kept_b16(train_zero *z, train_zero_unit piece);

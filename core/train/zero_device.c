@@ -278,6 +278,10 @@ static size_t param_byte(const train_zero *z, size_t trainable) {
 
 static uint16_t *b16_base(const train_zero *z) { return (uint16_t *)(void *)z->vm_b16->base; }
 
+int train_zero_in_b16(const train_zero *z, train_zero_unit u) {
+    return z->b16 && u.layer >= 0 && u.layer < ctrl_model_cfg(z->model)->n_layers;
+}
+
 /* held16's entry of a layer's range: its trainable unit's, or LoRA's frozen base's. */
 static size_t held_at(const train_zero *z, train_zero_unit u) {
     return 2 * (size_t)u.layer + (u.a < z->first);
@@ -334,7 +338,8 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
     }
     if (st == CTRL_OK && z->host_step) /* acc staged the masters: the sums start from zeros */
         st = be->fill_zero(z->acc, (z->acc_n ? z->acc_n : 1) * sizeof(float));
-    /* LoRA's frozen base: no master (never stepped); this rank's slice of each layer's as bf16 */
+    /* LoRA's frozen base: no master (never stepped); this rank's slice of each layer's as bf16 (the
+     * frozen embeddings' and an untied head's stay fp32, as the trainable ones: pin_base) */
     for (int l = 0; z->frozen && l < n_layers && st == CTRL_OK; l++) {
         const train_zero_unit f = z->frozen[l];
         size_t lo, hi;
@@ -355,15 +360,15 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
     return st;
 }
 
-/* Pins [a, b) of the parameters (in parameters) but LoRA's frozen layer ranges, of which this rank's
- * slices only (in bf16: none, their bf16 values are in vm_b16). */
+/* Pins [a, b) of the parameters (in parameters) but LoRA's frozen ranges, of which this rank's slices
+ * only (in bf16 a layer's none: their bf16 values are in vm_b16). */
 static ctrl_status pin_base(train_zero *z, size_t a, size_t b) {
     const int n_layers = ctrl_model_cfg(z->model)->n_layers;
     size_t at = a;
     ctrl_status st = CTRL_OK;
     while (at < b && st == CTRL_OK) {
         const train_zero_unit *next = NULL; /* the lowest frozen range from `at` on */
-        for (int l = 0; z->frozen && l < n_layers; l++)
+        for (int l = 0; z->frozen && l < z->n_slots; l++)
             if (z->frozen[l].layer >= 0 && z->frozen[l].b > at && (!next || z->frozen[l].a < next->a))
                 next = &z->frozen[l];
         const size_t end = next && next->a < b ? (next->a > at ? next->a : at) : b;
@@ -371,7 +376,8 @@ static ctrl_status pin_base(train_zero *z, size_t a, size_t b) {
         if (!next || next->a >= b || st != CTRL_OK) break;
         size_t lo, hi;
         train_zero_cut(z, *next, z->rank, &lo, &hi);
-        if (!z->b16 && hi > lo) st = vm_pin(z->vm_params, lo * sizeof(float), hi * sizeof(float));
+        if ((!z->b16 || next->layer >= n_layers) && hi > lo)
+            st = vm_pin(z->vm_params, lo * sizeof(float), hi * sizeof(float));
         at = next->b;
     }
     return st;
@@ -558,7 +564,7 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, con
                                            void **handle) {
     float *p = ctrl_model_device_params(z->model) + u.a;
     if (!counts) counts = train_zero_cut_counts(z, u);
-    const int b16 = z->b16 && u.layer >= 0, frozen = u.a < z->first;
+    const int b16 = train_zero_in_b16(z, u), frozen = u.a < z->first;
     /* bf16: 2 bytes a parameter over NCCL, widened after (LoRA's frozen base: always, it has no fp32
      * master); a save's gather (fp32_gather) sends the fp32 masters, and with b16_direct the bf16
      * values beside them (the products read those) */
@@ -585,7 +591,7 @@ ctrl_status train_zero_device_gather_range(train_zero *z, train_zero_unit u, con
 }
 
 ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u) {
-    if (!z->b16 || u.layer < 0) return CTRL_OK;
+    if (!train_zero_in_b16(z, u)) return CTRL_OK;
     const int held = z->held16[held_at(z, u)];
     if (held == HELD_REST) return each_rest(z, u, widen_rest);
     if (held != HELD_WIDENED) return CTRL_OK;
@@ -594,7 +600,7 @@ ctrl_status train_zero_device_gathered(train_zero *z, train_zero_unit u) {
 }
 
 ctrl_status train_zero_device_release_range(train_zero *z, train_zero_unit u) {
-    const int held = z->b16 && u.layer >= 0 ? z->held16[held_at(z, u)] : HELD_NONE;
+    const int held = train_zero_in_b16(z, u) ? z->held16[held_at(z, u)] : HELD_NONE;
     ctrl_status st = z->dev->synchronize(); /* the kernels that read the layer are done */
     if (st == CTRL_OK)
         st = held == HELD_REST ? each_rest(z, u, drop_rest)
@@ -691,7 +697,7 @@ ctrl_status train_zero_device_keep(train_zero *z) {
     for (int i = 0; i < z->n_kept && st == CTRL_OK; i++) { /* whole on every rank: mapped for the run */
         const train_zero_unit k = z->kept[i].u;
         st = vm_pin(z->vm_params, k.a * sizeof(float), k.b * sizeof(float));
-        if (st == CTRL_OK && z->b16 && k.layer >= 0) /* and a layer's bf16 values (a matrix's are read) */
+        if (st == CTRL_OK && train_zero_in_b16(z, k)) /* and a layer's bf16 values (a matrix's are read) */
             st = vm_pin(z->vm_b16, k.a * sizeof(uint16_t), k.b * sizeof(uint16_t));
     }
     return st == CTRL_OK ? train_zero_gather_kept(z, 1) : st; /* (each rank holds its slices of them) */

@@ -28,12 +28,8 @@ static int cmp_unit(const void *a, const void *b) {
 static ctrl_status parts_of(const train_zero *z, size_t all, size_t **ranges, int *n);
 static ctrl_status rank_parts(const ctrl_model *m, void *ctx, size_t **ranges, int *n) {
     train_zero z;
+    (void)ctx;
     ctrl_status st = train_zero_init(&z, 3, (ctrl_model *)m, 1, 0, 0, 0);
-    /* bound for a device (the model loads on the host): LoRA's frozen embeddings and head whole, as
-     * zero.c's layer_units leaves them on a CUDA model */
-    const int n_layers = ctrl_model_cfg(m)->n_layers;
-    for (int l = n_layers; st == CTRL_OK && ctx && *(const int *)ctx && z.frozen && l < z.n_slots; l++)
-        z.frozen[l] = (train_zero_unit){0, 0, -1};
     size_t all = 0;
     ctrl_model_params((ctrl_model *)m, &all);
     if (st == CTRL_OK) st = parts_of(&z, all, ranges, n);

@@ -106,7 +106,7 @@ ctrl_status train_zero_gather_kept(train_zero *z, int all) {
         train_zero_run_cut(z, &z->kept[i], z->rank, &lo, &hi);
         /* a layer's in bf16 on a device: its bf16 values widened, as a gathered layer's (or its fp32
          * masters, fp32_gather) */
-        st = z->b16 && z->kept[i].u.layer >= 0
+        st = train_zero_in_b16(z, z->kept[i].u)
                  ? train_zero_device_kept_part(z, z->kept[i].u, lo, hi, z->kept_buf + mine)
                  : put(z, z->kept_buf + mine, p + lo, hi - lo);
         mine += hi - lo;
@@ -124,7 +124,7 @@ ctrl_status train_zero_gather_kept(train_zero *z, int all) {
             st = put(z, p + lo, z->kept_buf + at, hi - lo), at += hi - lo;
         }
     for (int i = 0; z->b16 && i < z->n_kept && st == CTRL_OK; i++) /* whole: their bf16 values too */
-        if (wanted(z, &z->kept[i], all) && z->kept[i].u.layer >= 0)
+        if (wanted(z, &z->kept[i], all) && train_zero_in_b16(z, z->kept[i].u))
             st = train_zero_device_kept_b16(z, z->kept[i].u);
     z->gathers++, z->gather_views += views, z->gather_floats += (double)total;
     return st;

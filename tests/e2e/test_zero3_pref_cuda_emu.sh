@@ -61,7 +61,7 @@ ini dpo sigmoid_sft_precompute_ga.ini dpopq
 EXTRA=(--set peft.enabled=true --set peft.target_modules=all-linear --set peft.quantization=nf4)
 pair dpopq rewards/chosen rewards/margins logps/chosen
 grep -q "zero3 on cuda: each rank put its slices of the parameters on its device from the host (the move to the device copied none" "$TMP/dpopq3.log" &&
-  grep -q "zero3 + QLoRA: each rank read the rest of the frozen base" "$TMP/dpopq3.log" && ok ||
+  grep -q "zero3 + QLoRA: each rank read its slices of the frozen embeddings" "$TMP/dpopq3.log" && ok ||
   bad "dpopq zero3 on cuda: the QLoRA base read or moved whole"
 EXTRA=()
 ini reward grad_accum.ini rm
