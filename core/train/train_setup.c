@@ -120,9 +120,8 @@ static ctrl_status persistence(run_state *r, int zero_stage, double hidden) {
 static int sliced_outer_view(const ctrl_param_view *v) { return train_zero_outer_index(v) >= 0; }
 
 /* zero3 with [peft] on several ranks: whether each rank reads only its slices of the frozen base (as
- * zero.Init partitions it at load; a classifier's too, its score whole; bound for a device, its frozen
- * embeddings and head whole, as the device keeps them). CTRL_TEST_ZERO3_WHOLE_LORA: whole on every
- * rank, sliced when ZeRO starts, to compare (rank 0 says so). */
+ * zero.Init partitions it at load; a classifier's too, its score whole). CTRL_TEST_ZERO3_WHOLE_LORA:
+ * whole on every rank, sliced when ZeRO starts, to compare (rank 0 says so). */
 static int lora_reads_sliced(const run_state *r, int zero_stage) {
     if (zero_stage < 3 || ctrl_collective_size() < 2 || !r->s->peft.enabled) return 0;
     const int whole = getenv("CTRL_TEST_ZERO3_WHOLE_LORA") != NULL;

@@ -363,7 +363,6 @@ static ctrl_status b16_init(train_zero *z, ctrl_model *m, size_t n_params) {
 /* Pins [a, b) of the parameters (in parameters) but LoRA's frozen ranges, of which this rank's slices
  * only (in bf16 a layer's none: their bf16 values are in vm_b16). */
 static ctrl_status pin_base(train_zero *z, size_t a, size_t b) {
-    const int n_layers = ctrl_model_cfg(z->model)->n_layers;
     size_t at = a;
     ctrl_status st = CTRL_OK;
     while (at < b && st == CTRL_OK) {
@@ -376,7 +375,7 @@ static ctrl_status pin_base(train_zero *z, size_t a, size_t b) {
         if (!next || next->a >= b || st != CTRL_OK) break;
         size_t lo, hi;
         train_zero_cut(z, *next, z->rank, &lo, &hi);
-        if ((!z->b16 || next->layer >= n_layers) && hi > lo)
+        if (!train_zero_in_b16(z, *next) && hi > lo)
             st = vm_pin(z->vm_params, lo * sizeof(float), hi * sizeof(float));
         at = next->b;
     }
