@@ -335,7 +335,7 @@ static const ctrl_option peft_options[] = {
      "converts with a doubled rank and the router, are refused)."},
     {"use_rslora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Rank-stabilised LoRA: scale = lora_alpha / sqrt(r)."},
-    {"init_lora_weights", CTRL_OPT_STRING, "true", 0, 0, 0, "true|false|gaussian",
+    {"init_lora_weights", CTRL_OPT_CHOICE, "true", 0, 0, 0, "true|false|gaussian",
      "true: A Kaiming-uniform (a = sqrt(5)), B zero (PEFT's default); gaussian: A ~ N(0, 1/r), B zero; "
      "false: "
      "both Kaiming-uniform (the adapter changes the model from the first step; for tests)."},
@@ -343,7 +343,7 @@ static const ctrl_option peft_options[] = {
      "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings). "
      "score (or classifier): a sequence classifier's head, which the reward trainer trains with LoRA "
      "anyway (PEFT's task_type SEQ_CLS adds it); refused with a trainer of a causal LM."},
-    {"bias", CTRL_OPT_STRING, "none", 0, 0, 0, "none|all|lora_only",
+    {"bias", CTRL_OPT_CHOICE, "none", 0, 0, 0, "none|all|lora_only",
      "Which biases train: none (the only one implemented; the others are refused)."},
     {"use_dora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "DoRA (PEFT's use_dora): each adapted layer's weight split into a trainable magnitude per output row "
@@ -351,7 +351,7 @@ static const ctrl_option peft_options[] = {
      "norm is a constant in backward, as PEFT computes it. With quantization = nf4 (QDoRA, as PEFT runs DoRA "
      "over bitsandbytes' Linear4bit): W is the dequantized NF4 weight, W A^T its tile-by-tile NF4 product "
      "and ||W|| of each row computed once from the NF4 store, never a whole weight dequantized."},
-    {"quantization", CTRL_OPT_STRING, "none", 0, 0, 0, "none|nf4",
+    {"quantization", CTRL_OPT_CHOICE, "none", 0, 0, 0, "none|nf4",
      "QLoRA: nf4 holds the frozen base's projection weights (q/k/v/o/gate/up/down) in 4-bit NormalFloat as "
      "bitsandbytes does (load_in_4bit, bnb_4bit_quant_type nf4, blocks of 64, double-quantized absmax), "
      "dequantized a tile at a time inside the GEMMs of forward and backward (never a whole weight), "

@@ -116,7 +116,8 @@ ctrl_status config_check_value(const config_entry *e, const ctrl_option *o) {
         if (!v[0])
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s: [%s] %s: empty path", e->where, e->section, e->key);
         return CTRL_OK;
-    case CTRL_OPT_STRING: return CTRL_OK;
+    case CTRL_OPT_STRING: /* any text, unless the option declares its words (held to them: never ignored) */
+        return !o->choices || config_choice_ok(o->choices, v) ? CTRL_OK : bad_choice(e, v, o->choices);
     }
     return CTRL_OK;
 }

@@ -31,7 +31,7 @@ typedef struct ctrl_option {
     const char *default_value; /* as INI text; NULL = no default */
     unsigned flags;            /* CTRL_OPT_REQUIRED | CTRL_OPT_HAS_MIN | ... */
     double min, max;           /* range for INT and FLOAT, per flags */
-    const char *choices;       /* "a|b|c" for CHOICE and LIST */
+    const char *choices;       /* "a|b|c" for CHOICE and LIST (a STRING declaring them is held to them) */
     const char *doc;           /* one sentence for `ctrl plugins describe` and the reference */
 } ctrl_option;
 
