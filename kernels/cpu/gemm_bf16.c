@@ -399,9 +399,14 @@ TARGET static void pack_rows(uint32_t *dst, const operand *o, int r0, int n, int
     }
 }
 
-/* c[mr, nr] (+)= the 8 x 48 tile of a (kc2 pairs x MR) times b (kc2 pairs x NR). */
-TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c, size_t ldc, int mr, int nr,
-                        int accumulate) {
+/* c[mr, nr] (+)= the 8 x (16 nv) tile of a (kc2 pairs x MR) times b (kc2 pairs x NR): the first nv of
+ * the panel's three 16-column vectors (nv = 3: the whole 48; fewer at N's right edge, where the rest
+ * would be zero columns -- an edge of 32 or 16 columns costs 2/3 or 1/3 of the FMAs, not all). Each
+ * column's sum is the same whatever nv (the same order over k). */
+TARGET static inline __attribute__((always_inline)) void tile_nv(int kc2, const uint32_t *a,
+                                                                 const uint32_t *b, float *c, size_t ldc,
+                                                                 int mr, int nr, int accumulate,
+                                                                 const int nv) {
     __m512 acc[MR][3];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++)
@@ -410,14 +415,15 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
     for (int i = 0; i < mr; i++) /* C's rows arrive while the products run */
         for (int j = 0; j < nr; j += 16) _mm_prefetch((const char *)(c + (size_t)i * ldc + j), _MM_HINT_T0);
     for (int k2 = 0; k2 < kc2; k2++, a += MR, b += NR) {
-        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16),
-                       b2 = (__m512bh)_mm512_loadu_si512(b + 32);
+        const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b);
+        const __m512bh b1 = nv > 1 ? (__m512bh)_mm512_loadu_si512(b + 16) : b0;
+        const __m512bh b2 = nv > 2 ? (__m512bh)_mm512_loadu_si512(b + 32) : b0;
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)a[i]);
             acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
-            acc[i][2] = _mm512_dpbf16_ps(acc[i][2], av, b2);
+            if (nv > 1) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
+            if (nv > 2) acc[i][2] = _mm512_dpbf16_ps(acc[i][2], av, b2);
         }
     }
     if (mr == MR && nr == NR) {
@@ -432,7 +438,7 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
     }
     for (int i = 0; i < MR; i++) {
         if (i >= mr) break;
-        for (int j = 0; j < 3 && 16 * j < nr; j++) {
+        for (int j = 0; j < nv && 16 * j < nr; j++) {
             const int n = nr - 16 * j;
             const __mmask16 m = n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1u);
             float *cp = c + (size_t)i * ldc + 16 * j;
@@ -440,6 +446,16 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
             _mm512_mask_storeu_ps(cp, m, v);
         }
     }
+}
+
+TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c, size_t ldc, int mr, int nr,
+                        int accumulate) {
+    if (nr > 32)
+        tile_nv(kc2, a, b, c, ldc, mr, nr, accumulate, 3);
+    else if (nr > 16)
+        tile_nv(kc2, a, b, c, ldc, mr, nr, accumulate, 2);
+    else
+        tile_nv(kc2, a, b, c, ldc, mr, nr, accumulate, 1);
 }
 
 static const ctrl_bf16_kernel avx512_kernel = {
