@@ -17,8 +17,9 @@ Reported per step, the first step a warm-up and not counted: wall seconds (ctrl'
 step time from a callback) with the generation's share, and CPU seconds (the steadier measure on a
 shared machine), counted the same way on both sides: user + system time of every thread (system
 time holds the futex waits of OMP_WAIT_POLICY=PASSIVE's sleeping threads and page clearing), and
-the user part alone; ctrl's is the run's less that of a one-step run, over the steps between, TRL's
-is measured around its counted steps by a callback; the generation's CPU seconds (user + system:
+the user part alone; ctrl's is its own timing/step_cpu_s (CPU seconds inside each step; the user
+part: the run's less that of a one-step run, over the steps between), TRL's is measured around its
+counted steps by a callback; the generation's CPU seconds (user + system:
 ctrl's timing/generation_cpu_s, TRL's measured around its _generate). Also peak RSS and mean
 completion length.
 --device cuda: ctrl with `[run] device = cuda` (generation from the device's KV cache), TRL's trainer
@@ -67,7 +68,7 @@ def run_ctrl(d, args, dtype):
     mean = bu.mean_of(rows)
     return {"step_s": mean("step_time"), "generation_s": mean("timing/generation_s"),
             "generation_cpu_s": mean("timing/generation_cpu_s"),
-            "cpu_step_s": (run.user_s + run.sys_s - one.user_s - one.sys_s) / (args.steps - 1),
+            "cpu_step_s": mean("timing/step_cpu_s"),
             "user_step_s": (run.user_s - one.user_s) / (args.steps - 1), "rss_mib": run.rss_mib,
             "mean_length": mean("completions/mean_length")}
 

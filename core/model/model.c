@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <ctrl/hugepages.h>
 #include <ctrl/log.h>
 
 #include "model/model_internal.h"
@@ -247,8 +248,8 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
         ctrl_model_free(m);
         return st;
     }
-    m->params = calloc(m->n_params, sizeof(float));
-    m->grads = calloc(m->n_train ? m->n_train : 1, sizeof(float));
+    m->params = ctrl_calloc_huge(m->n_params, sizeof(float));
+    m->grads = ctrl_calloc_huge(m->n_train ? m->n_train : 1, sizeof(float));
     if (!m->params || !m->grads) {
         const size_t n_params = m->n_params; /* read before the model is freed */
         ctrl_model_free(m);

@@ -35,6 +35,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <ctrl/hugepages.h>
+
 #include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
 #include "page_pool.h"
@@ -48,7 +50,10 @@ void model_release_range(ctrl_model *m, long lo, long hi) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = (uintptr_t)(m->params + lo), b = (uintptr_t)(m->params + hi);
     a = (a + page - 1) & ~(page - 1), b &= ~(page - 1);
-    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advisory: kept resident if refused */
+    if (b > a) { /* advisory: kept resident if refused */
+        ctrl_advise_small_pages((void *)a, b - a);
+        (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    }
 }
 
 /* Whether view pv lies in a layer's range (lo: [L] starts, then [L] ends). */
@@ -179,6 +184,7 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
     long in_panels = 0;
     const int panels = base_only && !getenv_flag("CTRL_NO_BASE_PANELS") && panels_fit(m, &in_panels);
     uint16_t *w16 = panels ? NULL : malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
+    ctrl_advise_huge_pages(w16, sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
     float *keep = base_only ? malloc(sizeof(float) * (size_t)(kept > 0 ? kept : 1)) : NULL;
     long *loaded = base_only ? calloc((size_t)L, sizeof(long)) : NULL;
     if ((!panels && !w16) || (base_only && (!keep || !loaded))) {

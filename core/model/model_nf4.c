@@ -27,6 +27,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <ctrl/hugepages.h>
+
 #include "model/model_internal.h"
 
 /* The NF4 tensor projection t's values are in, and where in it they start: a fused module's linears
@@ -65,7 +67,7 @@ static void release_slot(ctrl_model *m) {
         if (v->nf4 < 1 || (long)v->offset != m->nf4_slot[(v->nf4 - 1) % LORA_N_TARGETS]) continue;
         const uintptr_t a = ((uintptr_t)(m->params + v->offset) + page - 1) & ~(page - 1),
                         b = (uintptr_t)(m->params + v->offset + (size_t)v->numel) & ~(page - 1);
-        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+        if (b > a) ctrl_advise_small_pages((void *)a, b - a), madvise((void *)a, b - a, MADV_DONTNEED);
     }
 }
 

@@ -117,8 +117,9 @@ typedef struct train_kind_ops {
     /* After each optimizer step (may be NULL); `step`: the optimizer steps done, counted from the
      * run's start through resumes (the HF Trainer's state.global_step). */
     ctrl_status (*after_step)(train_kind *k, long step);
-    /* The wall time of the whole step just done (may be NULL: not logged). */
-    void (*step_time)(train_kind *k, double seconds);
+    /* The wall time of the whole step just done and the process's CPU time in it, user + system of
+     * every thread (may be NULL: not logged). */
+    void (*step_time)(train_kind *k, double seconds, double cpu_seconds);
     /* Writes the window's metrics as JSON members ("loss": ..., ...) between the loop's "step"
      * and "num_tokens", and the terminal's progress line when stderr is not a terminal. */
     void (*log_window)(train_kind *k, const train_window *w, FILE *metrics);

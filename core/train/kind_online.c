@@ -77,8 +77,9 @@ static ctrl_status online_optimizer_step(train_kind *k, double lr, long step) {
     return ctrl_online_optimizer_step(k->online, lr, step);
 }
 
-static void online_step_time(train_kind *k, double seconds) {
+static void online_step_time(train_kind *k, double seconds, double cpu_seconds) {
     ctrl_online_report(k->online, "step_time", seconds); /* as TRL logs it */
+    ctrl_online_report(k->online, "timing/step_cpu_s", cpu_seconds);
     /* data parallel: the step's metrics summed over the ranks, before rank 0 logs them (a failure
      * here is the next step's: the same collective fails there) */
     (void)ctrl_online_sync_metrics(k->online);

@@ -90,10 +90,12 @@ static ctrl_status run_steps(run_state *r, ctrl_train_state *ts, const char *out
         const double lr = ctrl_lr_at(sched ? sched : "linear", lr0, step, total, warmup, min_lr);
         train_step_stats s;
         double grad_norm = 0;
-        const double t_step = ctrl_now();
+        const double t_step = ctrl_now(), cpu_step = ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID);
         const long cursor0 = ts->cursor;
         st = train_run_step(r, order, &ts->cursor, bs, ga, lr, step, &s, &grad_norm);
-        if (r->kind_ops->step_time) r->kind_ops->step_time(r->kind, ctrl_now() - t_step);
+        if (r->kind_ops->step_time)
+            r->kind_ops->step_time(r->kind, ctrl_now() - t_step,
+                                   ctrl_clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_step);
         if (st == CTRL_ERR_INTERRUPTED) { /* long work inside the step (tokenizing a long row) */
             ts->cursor = cursor0;         /* the step did not happen: the state is the last step's */
             if (ts->step > start_step) {

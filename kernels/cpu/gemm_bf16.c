@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/hugepages.h>
+
 #include "cpu/cpu_ops.h"
 #include "cpu/gemm_bf16_kernel.h"
 
@@ -754,6 +756,7 @@ static const uint32_t *share_a(const ctrl_bf16_kernel *kk, const float *A, int t
         if (words > s->cap) {
             uint32_t *w = aligned_alloc(64, sizeof(uint32_t) * words);
             if (!w) return NULL; /* packed per call */
+            ctrl_advise_huge_pages(w, sizeof(uint32_t) * words);
             free(s->w);
             s->w = w, s->cap = words;
         }
@@ -859,6 +862,7 @@ static int pack_all(ctrl_cpu_bf16_packed *p, const ctrl_bf16_kernel *kk, const f
                                      p->K - pc < kk->kc ? p->K - pc : kk->kc);
         uint32_t *w = aligned_alloc(64, sizeof(uint32_t) * words);
         if (!w) return -1;
+        ctrl_advise_huge_pages(w, sizeof(uint32_t) * words); /* kept, read by every later product */
         free(p->w);
         p->w = w, p->words = words;
         p->nr = kk->nr, p->kc = kk->kc, p->nc = kk->nc, p->kpad = kk->kpad;

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/hugepages.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -158,6 +160,7 @@ ctrl_cpu_bf16_avx2_panels *ctrl_cpu_bf16_avx2_pack(int N, int K, const float *W,
     p->words = (size_t)p->npanels * p->K2 * 16;
     p->w = aligned_alloc(64, (sizeof(uint32_t) * p->words + 63) / 64 * 64);
     if (!p->w) return free(p), NULL;
+    ctrl_advise_huge_pages(p->w, sizeof(uint32_t) * p->words);
     ctrl_cpu_bf16_avx2_repack(p, W, ldw);
     return p;
 }

@@ -30,10 +30,14 @@ M=$TMP/grpo/metrics.jsonl
 for k in loss grad_norm learning_rate reward reward_std rewards/len/mean rewards/len/std frac_reward_zero_std \
   completions/mean_length completions/min_length completions/max_length completions/clipped_ratio \
   completions/mean_terminated_length entropy clip_ratio/low_mean clip_ratio/high_mean clip_ratio/region_mean \
-  num_tokens timing/generation_s timing/generation_cpu_s; do
+  num_tokens timing/generation_s timing/generation_cpu_s timing/step_cpu_s; do
   grep -q "\"$k\": " "$M" && ok || bad "metric $k missing from $M"
 done
 grep -q '"eval_reward": ' "$M" && ok || bad "no eval_reward line"
+# the step's CPU seconds hold its generation's
+awk -F'"timing/generation_cpu_s": |"timing/step_cpu_s": ' 'NF == 3 { n++; split($2, g, ","); split($3, s, ",");
+  if (!(s[1] > 0 && s[1] >= g[1])) bad++ } END { exit !(n > 0 && !bad) }' "$M" && ok ||
+  bad "timing/step_cpu_s not above timing/generation_cpu_s in $M"
 first=$(awk -F'"reward": ' 'NR <= 4 && NF > 1 { split($2, a, ","); s += a[1]; n++ } END { print s / n }' "$M")
 last=$(awk -F'"reward": ' '$0 !~ /eval/ && NF > 1 { v[++n] = $2 } END { for (i = n - 3; i <= n; i++) { split(v[i], a, ","); s += a[1] } print s / 4 }' "$M")
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b > a) }' && ok || bad "grpo did not learn: reward $first -> $last"

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/hugepages.h>
 #include <ctrl/plugin_api.h>
 
 CTRL_PLUGIN_API_DEFINE;
@@ -95,8 +96,8 @@ static ctrl_status adamw_create(const ctrl_host *host, const ctrl_config *cfg, c
         return CTRL_OK;
     }
     for (int g = 0; g < n_groups; g++) {
-        o->m[g] = calloc((size_t)groups[g].numel, sizeof(float));
-        o->v[g] = calloc((size_t)groups[g].numel, sizeof(float));
+        o->m[g] = ctrl_calloc_huge((size_t)groups[g].numel, sizeof(float));
+        o->v[g] = ctrl_calloc_huge((size_t)groups[g].numel, sizeof(float));
         if (!o->m[g] || !o->v[g]) goto oom;
     }
     *out = o;

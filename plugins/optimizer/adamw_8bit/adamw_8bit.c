@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <ctrl/hugepages.h>
 #include <ctrl/plugin_api.h>
 
 #include "blockwise8.h"
@@ -85,7 +86,7 @@ static ctrl_status adamw8_create(const ctrl_host *host, const ctrl_config *cfg,
             continue;
         }
         s->blocks = (s->numel + BW8_BLOCK - 1) / BW8_BLOCK;
-        s->q1 = calloc(n, 1), s->q2 = calloc(n, 1);
+        s->q1 = ctrl_calloc_huge(n, 1), s->q2 = ctrl_calloc_huge(n, 1);
         s->absmax1 = calloc((size_t)s->blocks, sizeof(float));
         s->absmax2 = calloc((size_t)s->blocks, sizeof(float));
         if (!s->q1 || !s->q2 || !s->absmax1 || !s->absmax2) goto oom;

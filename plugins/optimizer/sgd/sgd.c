@@ -5,6 +5,7 @@
  *   p <- p - lr g                                                                            */
 #include <stdlib.h>
 
+#include <ctrl/hugepages.h>
 #include <ctrl/plugin_api.h>
 
 CTRL_PLUGIN_API_DEFINE;
@@ -60,7 +61,8 @@ static ctrl_status sgd_create(const ctrl_host *host, const ctrl_config *cfg, con
     if (!o->numel || !o->buf) goto oom;
     for (int g = 0; g < n_groups; g++) {
         o->numel[g] = groups[g].numel;
-        if (o->momentum != 0 && !(o->buf[g] = calloc((size_t)groups[g].numel, sizeof(float)))) goto oom;
+        if (o->momentum != 0 && !(o->buf[g] = ctrl_calloc_huge((size_t)groups[g].numel, sizeof(float))))
+            goto oom;
     }
     *out = o;
     return CTRL_OK;
