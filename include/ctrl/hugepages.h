@@ -42,8 +42,8 @@ static inline void ctrl_advise_small_pages(void *p, size_t bytes) {
 
 /* calloc, its whole 2 MiB blocks advised to be huge pages (freed with free). */
 static inline void *ctrl_calloc_huge(size_t n, size_t size) {
-    void *p = calloc(n, size);
-    if (p && n && size <= SIZE_MAX / n) ctrl_advise_huge_pages(p, n * size);
+    void *p = calloc(n, size); /* (NULL where n * size overflows) */
+    ctrl_advise_huge_pages(p, n * size);
     return p;
 }
 
