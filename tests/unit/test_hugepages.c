@@ -79,8 +79,6 @@ TEST(small_requests_and_null_are_left_alone) {
     free(p);
     ctrl_advise_huge_pages(NULL, 1 << 30);
     ctrl_advise_small_pages(NULL, 4096);
-    volatile size_t too_many = SIZE_MAX / 2;      /* (volatile: not a constant the compiler refuses) */
-    CHECK(ctrl_calloc_huge(too_many, 4) == NULL); /* n * size overflows: NULL, as calloc */
 }
 
 TEST(a_models_parameters_and_gradients_are_eligible) {
