@@ -1,8 +1,8 @@
 /* include/ctrl/hugepages.h: ctrl_calloc_huge returns zeroed memory whose whole 2 MiB blocks the kernel
  * may back with transparent huge pages (their mapping's THPeligible in /proc/self/smaps), and
  * ctrl_advise_small_pages takes a range back to small pages (not eligible) without touching the rest;
- * a model's parameters and gradients are allocated so. Skipped where THP is off ("never") or
- * /proc/self/smaps says nothing of it, and under ASan (its allocator maps memory its own way). */
+ * a model's parameters and gradients are allocated so. Skipped where THP is off (for the system or this
+ * process) or /proc/self/smaps says nothing of it, and under ASan (its allocator maps memory its own way). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,14 +33,22 @@ static int thp_eligible(const void *at) {
     return inside ? value : -1;
 }
 
+/* THP off for the system ("never", or no THP at all) or for this process (prctl PR_SET_THP_DISABLE,
+ * which some containers set: /proc/self/status says "THP_enabled: 0"). */
 static int thp_off(void) {
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    char mode[128] = "";
-    if (f) {
-        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+    char line[128] = "";
+    if (!f) return 1;
+    if (!fgets(line, sizeof line, f)) line[0] = 0;
+    fclose(f);
+    if (strstr(line, "[never]")) return 1;
+    int off = 0;
+    if ((f = fopen("/proc/self/status", "r"))) {
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "THP_enabled:", 12)) off = atoi(line + 12) == 0;
         fclose(f);
     }
-    return !f || strstr(mode, "[never]") != NULL;
+    return off;
 }
 
 static char *block_inside(char *p) {
