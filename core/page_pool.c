@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <ctrl/hugepages.h>
 #include <ctrl/log.h>
 
 struct page_pool {
@@ -35,6 +36,13 @@ page_piece page_span(const void *from, const void *to) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)from + page - 1) / page * page, hi = (uintptr_t)to / page * page;
     return (page_piece){(char *)lo, hi > lo ? hi - lo : 0};
+}
+
+void page_release(const void *from, const void *to) {
+    const page_piece r = page_span(from, to);
+    if (!r.len) return;
+    ctrl_advise_small_pages(r.at, r.len);
+    (void)madvise(r.at, r.len, MADV_DONTNEED);
 }
 
 page_pool *page_pool_new(int frames, size_t frame, int cap, int n_keys) {
@@ -117,7 +125,7 @@ int page_pool_give_back(page_pool *pl, int key) {
     for (int i = 0; i < pl->n[f]; i++) {
         if (pl->broken || !move_pages(mine[i].at, mine[i].len, home)) {
             if (!pl->broken) pool_broken(pl, "mremap back");
-            madvise(mine[i].at, mine[i].len, MADV_DONTNEED);
+            page_release(mine[i].at, mine[i].at + mine[i].len);
         }
         home += mine[i].len;
     }

@@ -17,6 +17,10 @@ typedef struct page_piece {
 
 /* The whole pages inside [from, to) (len 0 when there are none). */
 page_piece page_span(const void *from, const void *to);
+/* The whole pages inside [from, to) given back to the system (MADV_DONTNEED: they read as zeros until
+ * written again), advised to small pages first (ctrl/hugepages.h: a partly released 2 MiB block is not
+ * kept whole, a released one not filled again). Advice: kept resident where refused. */
+void page_release(const void *from, const void *to);
 
 typedef struct page_pool page_pool;
 

@@ -32,8 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <ctrl/hugepages.h>
 
@@ -46,15 +44,7 @@ static int getenv_flag(const char *name) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-void model_release_range(ctrl_model *m, long lo, long hi) {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)(m->params + lo), b = (uintptr_t)(m->params + hi);
-    a = (a + page - 1) & ~(page - 1), b &= ~(page - 1);
-    if (b > a) { /* advisory: kept resident if refused */
-        ctrl_advise_small_pages((void *)a, b - a);
-        (void)madvise((void *)a, b - a, MADV_DONTNEED);
-    }
-}
+void model_release_range(ctrl_model *m, long lo, long hi) { page_release(m->params + lo, m->params + hi); }
 
 /* Whether view pv lies in a layer's range (lo: [L] starts, then [L] ends). */
 static int in_layers(const long *lo, int L, const ctrl_param_view *pv) {

@@ -24,10 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <ctrl/hugepages.h>
 
 #include "model/model_internal.h"
 
@@ -61,13 +57,10 @@ static void release_slot(ctrl_model *m) {
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++)
             if (stored(m, l, t) && !m->nf4_w[l * LORA_N_TARGETS + t].packed) return;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    for (int i = 0; i < m->n_views && page > 1; i++) {
+    for (int i = 0; i < m->n_views; i++) {
         const ctrl_param_view *v = &m->views[i];
         if (v->nf4 < 1 || (long)v->offset != m->nf4_slot[(v->nf4 - 1) % LORA_N_TARGETS]) continue;
-        const uintptr_t a = ((uintptr_t)(m->params + v->offset) + page - 1) & ~(page - 1),
-                        b = (uintptr_t)(m->params + v->offset + (size_t)v->numel) & ~(page - 1);
-        if (b > a) ctrl_advise_small_pages((void *)a, b - a), madvise((void *)a, b - a, MADV_DONTNEED);
+        model_release_range(m, (long)v->offset, (long)(v->offset + (size_t)v->numel));
     }
 }
 

@@ -18,7 +18,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <ctrl/hugepages.h>
 #include <ctrl/log.h>
 
 #include "collective/collective.h"
@@ -36,10 +35,7 @@ static train_zero_unit in_params(const train_zero *z, int u) {
 }
 
 /* [from, to) of the parameters back to the system, the whole pages inside it. */
-static void release_range(float *from, float *to) {
-    const page_piece r = page_span(from, to);
-    if (r.len) ctrl_advise_small_pages(r.at, r.len), madvise(r.at, r.len, MADV_DONTNEED);
-}
+static void release_range(float *from, float *to) { page_release(from, to); }
 
 /* [from, to) zeroed without touching its whole pages: those handed back (read as zeros next), the
  * partial pages at either end cleared. */
@@ -51,7 +47,7 @@ static void clear_range(float *from, float *to) {
     }
     memset(from, 0, (size_t)(r.at - (char *)from));
     memset(r.at + r.len, 0, (size_t)((char *)to - (r.at + r.len)));
-    ctrl_advise_small_pages(r.at, r.len), madvise(r.at, r.len, MADV_DONTNEED);
+    page_release(r.at, r.at + r.len);
 }
 
 /* A run of a sliced range (in parameters): the other ranks' slices released, before this rank's and
