@@ -136,6 +136,9 @@ int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, con
                                 float *C, int ldc, int accumulate);
 int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, int ldb);
 size_t ctrl_cpu_gemm_bf16_pack_bytes(int N, int K);
+/* The depth block (kc) of the kernel ctrl_cpu_gemm_bf16 runs now for N columns and depth K (0: none): a
+ * product cut along K into whole multiples of it sums in the unsplit product's order. */
+int ctrl_cpu_gemm_bf16_depth_block(int N, int K);
 size_t ctrl_cpu_gemm_bf16_packed_bytes(const ctrl_cpu_bf16_packed *p);
 void ctrl_cpu_gemm_bf16_packed_free(ctrl_cpu_bf16_packed *p);
 /* An operand several products read (x by q, k and v and their LoRA adapters' A; dL/dout by dX and the

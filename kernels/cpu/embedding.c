@@ -49,11 +49,10 @@ static void scale_rows(float *C, float s, int M, int N, int ldc) {
 /* B's stored rows are widened a block at a time into fp32 scratch (about 4 MiB: in cache, reused
  * from the heap) and multiplied there by the GEMM's fast fp32 packing (packing the bf16 values
  * directly, or through ctrl_cpu_gemm_bf16_source's callbacks, ran 3-6x slower at the LM head's
- * shape). Split along N (trans_b) a column's sum is untouched; split along K, the blocks are
- * multiples of 1536 rows, a whole number of every bf16 kernel's depth blocks (384 AVX-512, 512
- * AMX), so the sums run in the order of the unsplit product. */
+ * shape). Split along N (trans_b) a column's sum is untouched; split along K (bf16), the blocks are
+ * whole multiples of the running kernel's depth block (ctrl_cpu_gemm_bf16_depth_block), so the sums
+ * run in the order of the unsplit product. */
 #define W16_BLOCK_FLOATS (1 << 20)
-#define W16_K_MULTIPLE 1536
 
 int ctrl_cpu_gemm_w16(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
                       const uint16_t *B, int ldb, float *C, int ldc, int accumulate, int bf16) {
@@ -66,7 +65,8 @@ int ctrl_cpu_gemm_w16(int trans_a, int trans_b, int M, int N, int K, float alpha
         return 0;
     }
     int rb = W16_BLOCK_FLOATS / len;
-    if (!trans_b) rb = rb < W16_K_MULTIPLE ? W16_K_MULTIPLE : rb / W16_K_MULTIPLE * W16_K_MULTIPLE;
+    const int kb = bf16 && !trans_b ? ctrl_cpu_gemm_bf16_depth_block(N, K) : 0;
+    if (kb > 0) rb = rb < kb ? kb : rb / kb * kb;
     rb = rb < 1 ? 1 : rb > rows ? rows : rb;
     float *w = malloc(sizeof(float) * (size_t)rb * (size_t)len);
     if (!w) return -1;

@@ -6,16 +6,18 @@
  * Blocking in the usual way for a packed-panel GEMM: for each block of nc columns and kc of the
  * depth, B[kc, nc] is rounded and packed into panels of nr columns, each a run of (k, k+1) pairs
  * (gemm_bf16_kernel.h has the layouts); then each block of mc rows of A is packed, and the
- * kernel's tile walks the depth against one B panel after another. AVX-512 BF16: kc = 384, mc =
+ * kernel's tile walks the depth against one B panel after another. AVX-512 BF16: kc = 1024, mc =
  * 192, panels of 48 columns; an 8 x 48 register tile (24 accumulators) takes per pair of k 3 loads
- * of B, 8 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (36 KiB) stays in L1 while the A block
- * (144 KiB) streams from L2; the tile's rows of C are prefetched as it starts. Packing goes 16 rows
- * at a time: rows along K are rounded, narrowed and transposed 16 x 16 in registers; rows along M
- * or N (the transposed operands) are read two source rows at a time; AMX's A tiles (rows of pairs)
- * are the same 16 x 16 blocks untransposed. K odd or not a multiple of kc: the last pair is padded
- * with zero; edges of M and N: the tile is computed whole on padding and stored under masks. op(X)
- * is X or X^T as stored row-major, so the three products a linear layer needs (x W^T, dout W,
- * dout^T x) run without transposed copies. */
+ * of B, 8 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (96 KiB) and the A block (384 KiB) are
+ * read from L2 (the hardware prefetchers keep up: 9 bytes a cycle); the tile's rows of C are
+ * prefetched as it starts. The deep block amortises each tile's start and its stores of C: on a Zen4,
+ * a 64-sequence decoding step's products (M = 64) took 7% less time than with kc = 384 (an L1-sized
+ * B panel), 8 rows 13% less, the training shapes the same (docs/performance.md, session #20). Packing goes 16
+ * rows at a time: rows along K are rounded, narrowed and transposed 16 x 16 in registers; rows along M or N
+ * (the transposed operands) are read two source rows at a time; AMX's A tiles (rows of pairs) are the same 16
+ * x 16 blocks untransposed. K odd or not a multiple of kc: the last pair is padded with zero; edges of M and
+ * N: the tile is computed whole on padding and stored under masks. op(X) is X or X^T as stored row-major, so
+ * the three products a linear layer needs (x W^T, dout W, dout^T x) run without transposed copies. */
 #include <immintrin.h>
 #include <limits.h>
 #include <pthread.h>
@@ -461,7 +463,7 @@ TARGET static void tile(int kc2, const uint32_t *a, const uint32_t *b, float *c,
 }
 
 static const ctrl_bf16_kernel avx512_kernel = {
-    .mr = MR, .nr = NR, .kc = 384, .mc = 192, .nc = 8160, .kpad = 1, .a_rows = 0, .tile = tile};
+    .mr = MR, .nr = NR, .kc = 1024, .mc = 192, .nc = 8160, .kpad = 1, .a_rows = 0, .tile = tile};
 
 /* A depth block's panel depth in pairs, and the words of a packed block of B (nc columns, kc deep). */
 static int kp_of(const ctrl_bf16_kernel *kk, int kc) {
@@ -810,6 +812,16 @@ int ctrl_cpu_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const floa
     (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C;
     (void)ldc, (void)accumulate;
     return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_depth_block(int N, int K) {
+#ifdef CTRL_HAVE_BLOCKED
+    const ctrl_bf16_kernel *kk = kernel_for(N, K);
+    return kk ? kk->kc : 0;
+#else
+    (void)N, (void)K;
+    return 0;
 #endif
 }
 

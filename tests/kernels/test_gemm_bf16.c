@@ -1,7 +1,7 @@
 /* The blocked bf16 GEMM (kernels/cpu/gemm_bf16.c) and the bf16 linear layer on it, against an fp64
  * reference computed from the bf16-rounded inputs: all four orientations (the model uses three:
  * x W^T, dout W, dout^T x), odd shapes (edges of the 8 x 48 and the 32 x 32 tiles, K odd, K past
- * the 384 and 512 depth blocks, M past the 192- and 256-row blocks, N past the 8160- and
+ * the 1024-deep blocks (AVX-512 BF16 and AMX), M past the 192- and 256-row blocks, N past the 8160- and
  * 8192-column blocks), leading dimensions wider than the rows, accumulate on and off; the rounding
  * done while packing equals ctrl_cpu_round_to_bf16 bit for bit (ties, overflow to infinity) in
  * both packing directions; the dispatch follows its switches. ctest runs this file four times: as

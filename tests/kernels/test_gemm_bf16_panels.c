@@ -3,7 +3,7 @@
  * x W^T (_packed) and the backward's dX = dY W read from the forward's panels transposed
  * (_packed_t; where ctrl_cpu_gemm_bf16 takes its 1-4 row path, x W^T with W [N,K], its sums run
  * in another order: within 1e-5), for B packed from [N,K] and [K,N] storage, on shapes past every block edge
- * (K odd, K past the 384 / 512 depth blocks, N and K past the 8160 / 8192 column blocks, M past the 192 / 256
+ * (K odd, K past the 1024-deep blocks, N and K past the 8160 / 8192 column blocks, M past the 192 / 256
  * row blocks, N and K off the 16-value groups and the 48 / 32-column panels); panels packed under one kernel
  * multiplied under the other (the AMX kernel emulated, CTRL_AMX_EMULATE, against AVX-512 BF16: another panel
  * width, depth block and padding); _unpack gives back the rounded values. ctest runs it as is, on the

@@ -124,14 +124,14 @@ TEST(shared_operands_match_products_packing_per_call) {
         return;
     }
     unsigned seed = 3;
-    /* M, K, N1, N2, N3: K odd and past the 384 / 512 depth blocks, M past the 192 / 256 row blocks,
+    /* M, K, N1, N2, N3: K odd and past the 1024-deep blocks, M past the 192 / 256 row blocks,
      * N off the 48 / 32-column panels; r = 16 columns (a LoRA adapter); few rows */
     static const int shapes[][5] = {
-        {300, 777, 100, 16, 70}, {37, 130, 50, 16, 33}, {3, 40, 20, 17, 18}, {260, 64, 16, 96, 130}};
+        {300, 1101, 100, 16, 70}, {37, 130, 50, 16, 33}, {3, 40, 20, 17, 18}, {260, 64, 16, 96, 130}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         check_shared_a(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4], &seed);
     static const int outs[3] = {70, 16, 16};
-    check_shared_b(530, 90, outs, &seed); /* T past a depth block */
+    check_shared_b(1030, 90, outs, &seed); /* T past a depth block */
     check_shared_b(33, 200, outs, &seed);
     ctrl_cpu_gemm_bf16_share_release();
 }
