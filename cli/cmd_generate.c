@@ -176,7 +176,23 @@ static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tp
     return ctrl_tokenizer_encode(tok, p->valuestring, strlen(p->valuestring), 1, ids, n);
 }
 
-/* The process's CPU time (every thread), user and system. */
+/* Nothing trains here: with bf16 compute the weights are packed into the GEMM's panels once, before
+ * the first step, and their fp32 copies given back; where that cannot be, decoding packs them itself
+ * as it first multiplies by them, as a trainer's does. */
+static ctrl_status hold_panels(ctrl_model *m, int adapted) {
+    ctrl_status st = adapted ? CTRL_OK : ctrl_model_freeze(m); /* (an adapter's base is frozen already) */
+    if (st == CTRL_OK) st = ctrl_model_hold_panels(m);
+    if (st == CTRL_OK)
+        CTRL_INFO("generate: the weights held as bf16 GEMM panels before the first step (parameters now %.0f "
+                  "MiB: the projections' fp32 copies given back)",
+                  (double)ctrl_model_param_bytes(m) / (1 << 20));
+    if (st != CTRL_ERR_UNSUPPORTED) return st;
+    CTRL_INFO("generate: weights packed for bf16 as decoding first multiplies by them (%s)",
+              ctrl_error_message());
+    ctrl_error_clear();
+    return CTRL_OK;
+}
+
 static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     gen_args a;
     int rc = parse(argc, argv, &a);
@@ -189,6 +205,7 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     ctrl_status st =
         a.adapter ? ctrl_peft_load(a.model, a.adapter, NULL, &m) : ctrl_model_load(a.model, NULL, &m);
     if (st == CTRL_OK && a.bf16) st = ctrl_model_set_compute_dtype(m, CTRL_BF16);
+    if (st == CTRL_OK && a.bf16) st = hold_panels(m, a.adapter != NULL);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(a.model, &tok);
     if (st == CTRL_OK && a.chat) st = ctrl_chat_template_load(tok, &tpl);
     /* read and tokenize every prompt */

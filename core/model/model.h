@@ -271,6 +271,14 @@ ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m);
  * backward's dX and decoding (model_decode_pack.c); CTRL_NO_BASE_PANELS=1 keeps the 2-byte store. */
 int ctrl_model_base_held_bf16(const ctrl_model *m);
 int ctrl_model_base_in_panels(const ctrl_model *m);
+/* For inference (ctrl generate --dtype bf16): the frozen base of a LoRA model, or a model frozen whole
+ * (ctrl_model_freeze), computing in bf16 where a bf16 GEMM kernel runs, held as the GEMM's panels
+ * alone -- the layers' projections packed once and their fp32 pages given back, the LM head's panels
+ * packed once beside its fp32 values -- so decoding packs nothing and the process holds about 2 bytes
+ * a projection weight instead of 4 + 2. The numbers are decoding's on packed panels, bit for bit.
+ * CTRL_ERR_UNSUPPORTED (the model unchanged) with fp32 compute, without a bf16 GEMM kernel (AVX2 only:
+ * decoding packs its own AVX2 panels), with CTRL_NO_BASE_PANELS set, QLoRA, DoRA or experts. */
+ctrl_status ctrl_model_hold_panels(ctrl_model *m);
 /* Whether the frozen input embedding is held as bf16 values alone (ctrl_lora_config.bf16_embed, [peft]
  * embedding_dtype = bf16; model_embed16.c): 2 bytes a value, counted by ctrl_model_param_bytes. */
 int ctrl_model_embedding_held_bf16(const ctrl_model *m);

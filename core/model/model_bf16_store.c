@@ -28,7 +28,11 @@
  * is widened: the forward (x W^T), the backward's dX (dY W, the same panels read transposed) and
  * decoding multiply by the panels, which are the weights' only copy (about 2 bytes a weight: the
  * panels pad each weight's rows to the kernel's panel width). The products are bit for bit those
- * of the 2-byte store (the same bf16 values, the same blocked GEMM). */
+ * of the 2-byte store (the same bf16 values, the same blocked GEMM).
+ *
+ * For inference (ctrl_model_hold_panels: ctrl generate --dtype bf16) the same panels hold a LoRA
+ * model's base or a model frozen whole, and the LM head's panels are held beside its fp32 values:
+ * decoding then packs nothing. Only as panels: where none can be made the model is left as it is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,9 +139,11 @@ static int panels_fit(const ctrl_model *m, long *n) {
     return *n == in2d;
 }
 
-/* The bf16 store's layout and buffers (nothing packed yet). base_only: the frozen base under LoRA
- * (the projections rounded, the norms and biases kept); otherwise a frozen model. */
-static ctrl_status begin(ctrl_model *m, int base_only) {
+/* The bf16 store's layout and buffers (nothing packed yet). base_only: the frozen base under LoRA, or
+ * of a model frozen whole (the projections rounded, the norms and biases kept); otherwise a frozen
+ * model, all of it rounded. panels_only: held as panels or not at all (CTRL_ERR_UNSUPPORTED, the
+ * model unchanged). */
+static ctrl_status begin(ctrl_model *m, int base_only, int panels_only) {
     if (!m->be->host_memory || m->params != m->dparams)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "model: bf16 storage is for a model computing on the CPU");
@@ -173,6 +179,16 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
     m->w16_lo = lo; /* (panels_fit reads the layers' ranges) */
     long in_panels = 0;
     const int panels = base_only && !getenv_flag("CTRL_NO_BASE_PANELS") && panels_fit(m, &in_panels);
+    if (panels_only && !panels) {
+        free(lo);
+        m->w16_lo = NULL;
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              ctrl_cpu_gemm_bf16_pack_bytes(16, 16) == 0
+                                  ? "model: no bf16 GEMM kernel runs on this CPU (AVX-512 BF16 or AMX)"
+                              : getenv_flag("CTRL_NO_BASE_PANELS")
+                                  ? "model: CTRL_NO_BASE_PANELS is set"
+                                  : "model: the layers hold weights that are not linear projections");
+    }
     uint16_t *w16 = panels ? NULL : malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
     ctrl_advise_huge_pages(w16, sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
     float *keep = base_only ? malloc(sizeof(float) * (size_t)(kept > 0 ? kept : 1)) : NULL;
@@ -198,8 +214,8 @@ static ctrl_status begin(ctrl_model *m, int base_only) {
     return CTRL_OK;
 }
 
-static ctrl_status hold(ctrl_model *m, int base_only) {
-    MODEL_TRY(begin(m, base_only));
+static ctrl_status hold(ctrl_model *m, int base_only, int panels_only) {
+    MODEL_TRY(begin(m, base_only, panels_only));
     if (!base_only) ctrl_cpu_round_to_bf16(m->params, m->params, (int64_t)m->n_params);
     for (int l = 0; l < m->cfg.n_layers; l++) MODEL_TRY(pack_layer(m, l));
     return CTRL_OK;
@@ -209,16 +225,20 @@ ctrl_status ctrl_model_hold_bf16(ctrl_model *m) {
     if (m->n_train != 0 || m->has_lora || m->nf4_w)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: only a frozen model without adapters is held in bf16");
-    return hold(m, 0);
+    return hold(m, 0, 0);
 }
 
-/* Why the frozen base of LoRA model m cannot be held in bf16 (CTRL_OK: it can). */
-static ctrl_status base_holdable(const ctrl_model *m) {
-    if (!m->has_lora || !m->lora || m->w16 || m->base_panels)
-        return ctrl_error_set(CTRL_ERR_RUNTIME, "model: the base is held in bf16 once, under LoRA");
-    if (m->lora->nf4)
+/* Why the frozen base of model m -- under LoRA, or (frozen_whole) a model frozen whole
+ * (ctrl_model_freeze) -- cannot be held in bf16 (CTRL_OK: it can). */
+static ctrl_status base_holdable(const ctrl_model *m, int frozen_whole) {
+    if (m->w16 || m->base_panels ||
+        (frozen_whole ? m->has_lora || m->n_train != 0 : !m->has_lora || !m->lora))
+        return ctrl_error_set(CTRL_ERR_RUNTIME, frozen_whole
+                                                    ? "model: a frozen model without adapters is held once"
+                                                    : "model: the base is held in bf16 once, under LoRA");
+    if (!frozen_whole && m->lora->nf4)
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: the base is in NF4 (QLoRA); kept as it is");
-    if (m->lora->use_dora) /* DoRA's weight norms read the fp32 base weights */
+    if (!frozen_whole && m->lora->use_dora) /* DoRA's weight norms read the fp32 base weights */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: DoRA's weight norms need the fp32 base");
     if (m->cfg.n_experts > 0) /* the experts' GEMMs and the router are not model_linear_* products */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: a mixture of experts' base is kept in fp32");
@@ -228,13 +248,25 @@ static ctrl_status base_holdable(const ctrl_model *m) {
 ctrl_status ctrl_model_hold_base_bf16(ctrl_model *m) {
     if (!m->linear_bf16) /* fp32 compute multiplies the fp32 weights: rounding them would change it */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: the base is held in bf16 only with bf16 compute");
-    MODEL_TRY(base_holdable(m));
-    return hold(m, 1);
+    MODEL_TRY(base_holdable(m, 0));
+    return hold(m, 1, 0);
+}
+
+ctrl_status ctrl_model_hold_panels(ctrl_model *m) {
+    if (!m->linear_bf16)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: held as panels only with bf16 compute");
+    MODEL_TRY(base_holdable(m, !m->has_lora));
+    MODEL_TRY(hold(m, 1, 1));
+    if (m->off_lm_head < 0) return CTRL_OK;
+    /* the head's too, where it trains no more (its fp32 values stay: the embedding's when tied) */
+    if (m->has_lora && (size_t)m->off_lm_head >= m->train_off) return CTRL_OK;
+    return model_pack_hold(m, (size_t)m->off_lm_head, m->cfg.hidden_size, m->cfg.vocab_size);
 }
 
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if (!m->w16_lo) {
-        if (base_holdable(m) != CTRL_OK || begin(m, 1) != CTRL_OK) { /* kept in fp32: the caller logs why */
+        /* kept in fp32 where it cannot be held: the caller logs why */
+        if (base_holdable(m, 0) != CTRL_OK || begin(m, 1, 0) != CTRL_OK) {
             ctrl_error_clear();
             m->w16_at_load = 0;
             return CTRL_OK;

@@ -68,6 +68,19 @@ printf '{"prompt": "12+7="}\n{"prompt": "40+3="}\n' >"$TMP/prompts.jsonl"
 ids() { sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$1"; }
 [ -s "$TMP/g1.jsonl" ] && [ "$(ids "$TMP/g1.jsonl")" = "$(ids "$TMP/g2.jsonl")" ] && ok ||
   bad "generate --adapter: $(ids "$TMP/g1.jsonl") vs merged $(ids "$TMP/g2.jsonl")"
+# with --dtype bf16 the frozen base is held as the bf16 GEMM's panels before the first step (where a bf16
+# GEMM kernel runs; the log says so): the same completions as decoding packing its own panels
+# (CTRL_NO_BASE_PANELS=1, the fp32 base kept), and the log says which it was.
+"${C[@]}" generate --model "$TMP/model" --adapter "$TMP/lora" --prompts "$TMP/prompts.jsonl" --out "$TMP/g3.jsonl" \
+  --temperature 0 --max-tokens 8 --dtype bf16 >"$TMP/g3.log" 2>&1 || bad "generate --adapter --dtype bf16"
+CTRL_NO_BASE_PANELS=1 "${C[@]}" generate --model "$TMP/model" --adapter "$TMP/lora" --prompts "$TMP/prompts.jsonl" \
+  --out "$TMP/g4.jsonl" --temperature 0 --max-tokens 8 --dtype bf16 >"$TMP/g4.log" 2>&1 || bad "generate, base not held"
+[ -s "$TMP/g3.jsonl" ] && [ "$(ids "$TMP/g3.jsonl")" = "$(ids "$TMP/g4.jsonl")" ] && ok ||
+  bad "generate --adapter --dtype bf16, held: $(ids "$TMP/g3.jsonl") vs not held $(ids "$TMP/g4.jsonl")"
+grep -q "CTRL_NO_BASE_PANELS is set" "$TMP/g4.log" && ok || bad "generate: no note that the base was not held"
+if grep -q "held as bf16 GEMM panels" "$TMP/g3.log"; then ok; else
+  grep -q "weights packed for bf16 as decoding first multiplies" "$TMP/g3.log" && ok || bad "generate: no note of the hold"
+fi
 
 # 1d. DoRA ([peft] use_dora): the adapter holds PEFT's lora_magnitude_vector tensors and says
 # use_dora; the merged model (W = m / ||W + s B A|| (W + s B A)) scores what the adapter does.

@@ -4,7 +4,9 @@
  *   weights packed in every call (CTRL_NO_PACKED_DECODE=1) within 1e-2 and the same greedy tokens,
  *   and transformers' fp32 greedy tokens on the parity fixtures (all but one near tie, see below);
  * - after ctrl_model_weights_changed the packed weights are the new ones (an optimizer step between
- *   two generations): the logits equal those of a model loaded with the changed weights.
+ *   two generations): the logits equal those of a model loaded with the changed weights;
+ * - a frozen model held as panels before decoding (ctrl_model_hold_panels: ctrl generate --dtype bf16)
+ *   gives the logits of decoding packing its own panels bit for bit, its projections' pages given back.
  * On a CPU without a fast bf16 GEMM but with AVX2 + FMA, decoding packs into gemm_bf16_avx2.c's panels
  * instead (model_pack_avx2) and the same two cases run on them; there it also keeps no rounded fp32
  * copy of the weights, and a prefill of up to 256 rows multiplies by them too: one long call gives the
@@ -12,6 +14,7 @@
  * the fp32 fallback, within 1e-2). Without either nothing is packed and decoding takes the other path. */
 #include <cJSON.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +136,73 @@ TEST(bf16_decoding_on_packed_weights) {
         CHECK_MSG(same >= want[a], "%s: %d of %d greedy tokens equal transformers' (fp32), expected %d",
                   archs[a], same, 2 * STEPS, want[a]);
     }
+}
+
+/* A frozen model held as panels (ctrl_model_hold_panels, what ctrl generate --dtype bf16 does): its
+ * logits bit for bit those of the same model decoding on panels it packs itself, before and after the
+ * decoding scratch (and decoding's own panels) are released; the projections' fp32 pages given back
+ * (they read zeros), the norms kept, fewer parameter bytes; refused while the model may train, twice,
+ * with fp32 compute, and where no bf16 GEMM kernel runs (the model unchanged: it decodes as before). */
+static void check_held(const char *arch) {
+    cJSON *cases = cases_of(arch);
+    ctrl_model *m = load_bf16(arch), *ref = load_bf16(arch);
+    if (!m || !ref || !cases) return;
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    float *a = malloc(sizeof(float) * 3 * 2 * V), *b = malloc(sizeof(float) * 3 * 2 * V);
+    int32_t gen[2][12];
+    CHECK_EQ_INT(ctrl_model_hold_panels(m), CTRL_ERR_RUNTIME); /* not frozen: it may still train */
+    CHECK_EQ_INT(ctrl_model_freeze(m), CTRL_OK);
+    const size_t before = ctrl_model_param_bytes(m);
+    if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32) {
+        CHECK_EQ_INT(ctrl_model_hold_panels(m), CTRL_ERR_UNSUPPORTED);
+        CHECK(!ctrl_model_base_in_panels(m) && ctrl_model_param_bytes(m) == before);
+    } else {
+        CHECK_MSG(ctrl_model_hold_panels(m) == CTRL_OK, "%s: %s", arch, ctrl_error_message());
+        CHECK_EQ_INT(ctrl_model_hold_panels(m), CTRL_ERR_RUNTIME); /* once */
+        CHECK(ctrl_model_base_in_panels(m));
+        CHECK_MSG(ctrl_model_param_bytes(m) < before, "%s: %zu parameter bytes held, %zu before", arch,
+                  ctrl_model_param_bytes(m), before);
+        /* every whole page inside a layer's projection weight reads zeros; the norms are kept */
+        const uintptr_t page = 4096;
+        long pages = 0, nonzero = 0;
+        for (int v = 0; v < ctrl_model_view_count(m); v++) {
+            const ctrl_param_view *pv = ctrl_model_view(m, v);
+            if (pv->ndim != 2 || strncmp(pv->name, "model.layers.", 13) != 0) continue;
+            const uintptr_t lo = (uintptr_t)(m->params + pv->offset),
+                            hi = (uintptr_t)(m->params + pv->offset + pv->numel);
+            for (uintptr_t p = (lo + page - 1) / page * page; p + page <= hi; p += page, pages++)
+                for (const float *f = (const float *)p; f < (const float *)(p + page); f++)
+                    nonzero += *f != 0.0f;
+        }
+        printf("  %s: %ld whole pages of projection weights given back\n", arch, pages);
+        CHECK_MSG(nonzero == 0, "%s: %ld values of given-back pages are not zero", arch, nonzero);
+        const ctrl_param_view *n = ctrl_model_find_view(m, "model.layers.0.input_layernorm.weight");
+        CHECK(n && !memcmp(m->params + n->offset, ref->params + n->offset, sizeof(float) * (size_t)n->numel));
+    }
+    for (int round = 0; round < 2; round++) {
+        run(m, cases, 3, a, gen);
+        run(ref, cases, 3, b, gen);
+        CHECK_MSG(!memcmp(a, b, sizeof(float) * 3 * 2 * V), "%s, round %d: held logits differ (rel %.3g)",
+                  arch, round, test_rel_error_f32(a, b, 3L * 2 * V));
+        if (ctrl_model_base_in_panels(m))
+            CHECK_EQ_INT(model_pack_bytes(m), 0); /* nothing packed of its own */
+        ctrl_model_release_decode_scratch(m), ctrl_model_release_decode_scratch(ref);
+    }
+    free(a), free(b);
+    ctrl_model_free(m), ctrl_model_free(ref);
+    cJSON_Delete(cases);
+}
+
+TEST(frozen_model_held_as_panels) {
+    check_held("qwen2");  /* the head tied to the embedding */
+    check_held("llama");  /* its own head */
+    ctrl_model *m = NULL; /* fp32 compute: nothing to hold */
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &m), CTRL_OK);
+    if (!m) return;
+    CHECK_EQ_INT(ctrl_model_freeze(m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_hold_panels(m), CTRL_ERR_UNSUPPORTED);
+    CHECK(!ctrl_model_base_in_panels(m));
+    ctrl_model_free(m);
 }
 
 /* One sequence's prompt of `len` tokens decoded in calls of `piece` rows: its last row's logits */
