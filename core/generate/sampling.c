@@ -22,16 +22,23 @@ double ctrl_rng_uniform(ctrl_rng *r) {
 /* exp(x) for a log-probability x <= 0 (-inf: 0, which the clamped approximation is not). */
 static inline float prob(float x) { return x == -INFINITY ? 0.0f : ctrl_exp_approx(x); }
 
-static double logsumexp(const float *l, int V) {
+static float max_of(const float *l, int V) {
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    return mx;
+}
+
+/* log sum exp l; mx: max_of(l, V) */
+static double logsumexp_at(const float *l, int V, float mx) {
     if (mx == -INFINITY) return -INFINITY;
     double s = 0;
 #pragma omp simd reduction(+ : s)
     for (int i = 0; i < V; i++) s += prob(l[i] - mx);
     return mx + log(s);
 }
+
+static double logsumexp(const float *l, int V) { return logsumexp_at(l, V, max_of(l, V)); }
 
 static int float_ascending(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -152,11 +159,11 @@ int32_t ctrl_sample_seq(const ctrl_sampling_params *p, float *l, int V, const in
                         int n_prompt, ctrl_rng *rng, float *logprob) {
     const int processed = ctrl_sampling_process_seq(p, l, V, seen, n_seen, n_prompt);
     if (processed != 0) return processed;
-    const double lse = logsumexp(l, V);
+    const float mx = max_of(l, V);
+    const double lse = logsumexp_at(l, V, mx);
     int32_t tok = 0;
-    if (p->temperature == 0) { /* greedy: the first maximum */
-        for (int i = 1; i < V; i++)
-            if (l[i] > l[tok]) tok = i;
+    if (p->temperature == 0) { /* greedy: the first maximum (a scan for it, not a chain of compares) */
+        while (tok < V - 1 && !(l[tok] == mx)) tok++;
     } else {
         /* the inverse CDF: whole blocks of 256 summed (vectorised) until the one u falls in */
         const double u = ctrl_rng_uniform(rng);

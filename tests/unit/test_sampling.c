@@ -118,6 +118,12 @@ TEST(same_seed_same_tokens_and_greedy_is_argmax) {
     int arg = 0;
     for (int i = 1; i < V; i++) arg = c[0].logits[i] > c[0].logits[arg] ? i : arg;
     CHECK_EQ_INT(ctrl_sample(&greedy, l, V, NULL, 0, &a, &lp), arg);
+    /* ties: the first maximum, its log-probability log(1/2) among two equal ones and -inf elsewhere */
+    for (int i = 0; i < V; i++) l[i] = i == V / 2 || i == V - 1 ? 2.5f : -INFINITY;
+    CHECK_EQ_INT(ctrl_sample(&greedy, l, V, NULL, 0, &a, &lp), V / 2);
+    CHECK_NEAR(lp, -logf(2.0f), 1e-6);
+    for (int i = 0; i < V; i++) l[i] = -INFINITY; /* nothing possible: token 0, as before */
+    CHECK_EQ_INT(ctrl_sample(&greedy, l, V, NULL, 0, &a, &lp), 0);
     ctrl_sampling_params bad = {.temperature = 1, .top_p = 1.5f, .repetition_penalty = 1};
     CHECK_EQ_INT(ctrl_sample(&bad, l, V, NULL, 0, &a, &lp), -1);
     free(c);
