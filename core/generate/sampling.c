@@ -163,7 +163,9 @@ int32_t ctrl_sample_seq(const ctrl_sampling_params *p, float *l, int V, const in
     const double lse = logsumexp_at(l, V, mx);
     int32_t tok = 0;
     if (p->temperature == 0) { /* greedy: the first maximum (a scan for it, not a chain of compares) */
-        while (tok < V - 1 && !(l[tok] == mx)) tok++;
+        int i = 0;
+        while (i < V && !(l[i] == mx)) i++;
+        tok = i < V ? i : 0; /* none: every logit -inf (a max reduction may start at -FLT_MAX), token 0 */
     } else {
         /* the inverse CDF: whole blocks of 256 summed (vectorised) until the one u falls in */
         const double u = ctrl_rng_uniform(rng);
