@@ -720,6 +720,24 @@ typedef struct shared_op {
 static _Thread_local shared_op shares[SHARE_SLOTS];
 static _Thread_local size_t share_packs, share_reads;
 
+/* A thread's shared operands' memory is freed when it exits (a serving engine's worker thread decodes
+ * with them too): a key whose value is the thread's slots, set when it first shares. */
+static pthread_key_t shares_key;
+static int shares_key_made;
+static pthread_once_t shares_key_once = PTHREAD_ONCE_INIT;
+static void shares_free(void *slots) {
+    shared_op *sh = slots;
+    for (int i = 0; i < SHARE_SLOTS; i++) {
+        free(sh[i].w), free(sh[i].b.w);
+        memset(&sh[i], 0, sizeof sh[i]);
+    }
+}
+static void shares_key_make(void) { shares_key_made = pthread_key_create(&shares_key, shares_free) == 0; }
+static void shares_track(void) {
+    pthread_once(&shares_key_once, shares_key_make);
+    if (shares_key_made && !pthread_getspecific(shares_key)) pthread_setspecific(shares_key, shares);
+}
+
 static size_t apack_words(const ctrl_bf16_kernel *kk, int M, int K) {
     const size_t w = (size_t)((K + kk->kc - 1) / kk->kc) * (size_t)((M + kk->mc - 1) / kk->mc) *
                      (size_t)kp_of(kk, kk->kc) * (size_t)kk->mc;
@@ -1029,6 +1047,7 @@ int ctrl_cpu_gemm_bf16_share(int slot, int as_b, int trans, int rows, int K, con
     shared_op *s = &shares[slot];
     s->p = NULL, s->packed = 0;
     if (!X || rows <= 0 || K <= 0) return 0;
+    shares_track();
     if (s->b.w && (s->b.N != rows || s->b.K != K)) /* its panels are sized for their shape */
         free(s->b.w), s->b.w = NULL, s->b.words = 0;
     s->p = X, s->as_b = as_b, s->trans = trans, s->rows = rows, s->K = K, s->ld = ld;
@@ -1042,10 +1061,7 @@ int ctrl_cpu_gemm_bf16_share(int slot, int as_b, int trans, int rows, int K, con
 
 void ctrl_cpu_gemm_bf16_share_release(void) {
 #ifdef CTRL_HAVE_BLOCKED
-    for (int i = 0; i < SHARE_SLOTS; i++) {
-        free(shares[i].w), free(shares[i].b.w);
-        memset(&shares[i], 0, sizeof shares[i]);
-    }
+    shares_free(shares);
 #endif
 }
 
