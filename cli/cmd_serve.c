@@ -81,6 +81,10 @@ static int run_serve(ctrl_cli *cli, int argc, char **argv) {
             o.kv_cache_dtype = !strcmp(v, "bf16");
         } else if (!strcmp(k, "--kv-cache-dtype")) {
             return cli_usage_error(&cli_cmd_serve, "--kv-cache-dtype %s: fp32 or bf16", v);
+        } else if (!strcmp(k, "--dtype") && (!strcmp(v, "fp32") || !strcmp(v, "bf16"))) {
+            o.bf16 = !strcmp(v, "bf16");
+        } else if (!strcmp(k, "--dtype")) {
+            return cli_usage_error(&cli_cmd_serve, "--dtype %s: fp32 or bf16", v);
         } else if (!strcmp(k, "--lora") || !strcmp(k, "--lora-modules")) { /* NAME=DIR, repeatable */
             const char *eq = strchr(v, '=');
             if (!eq || eq == v || !eq[1])
@@ -143,7 +147,8 @@ const ctrl_command cli_cmd_serve = {
         "with vLLM's NCCL weight sync on a GPU, ctrl's /generate and /update_weights)",
     .usage =
         "usage: ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb 256]\n"
-        "                  [--kv-cache-dtype fp32|bf16] [--api-key KEY] [--max-body-kb 1024]\n"
+        "                  [--dtype fp32|bf16] [--kv-cache-dtype fp32|bf16] [--api-key KEY] [--max-body-kb "
+        "1024]\n"
         "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
         "                  [--timeout-s 30]"
         " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n"
@@ -168,6 +173,9 @@ const ctrl_command cli_cmd_serve = {
         "with the other requests' decoding. Connections idle for --timeout-s, and request bodies not\n"
         "received within it, are closed. Binds to 127.0.0.1 unless --host says otherwise.\n"
         "A client that disconnects cancels its generation (streamed or not).\n"
+        "--dtype bf16 (vLLM's --dtype bfloat16): the linear layers and the LM head compute in bf16\n"
+        "(fp32 accumulation, as torch.autocast) on weights packed to bf16 at the first step and again\n"
+        "after /update_weights changes them; the KV cache is then bf16 unless --kv-cache-dtype says fp32.\n"
         "SIGINT/SIGTERM drain: /health answers 503 and new generations are refused (503) while the\n"
         "requests in flight finish for at most --drain-s seconds; the rest are answered 503; then the\n"
         "server exits 0.\n"

@@ -26,7 +26,8 @@ typedef struct ctrl_serve_options {
     const char *host; /* an IPv4 address */
     int port;
     size_t kv_cache_bytes;
-    int kv_cache_dtype;  /* 0 fp32, 1 bf16 */
+    int kv_cache_dtype;  /* 0 fp32, 1 bf16, -1 the compute dtype's */
+    int bf16;            /* --dtype bf16 (vLLM's --dtype bfloat16): the linear layers compute in bf16 */
     size_t max_body;     /* bytes of a JSON body (a weights body may be as large as the model in f32) */
     const char *api_key; /* NULL: none */
     int max_seqs;        /* prompts x n of one request */

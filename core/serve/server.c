@@ -18,6 +18,7 @@ void ctrl_serve_options_default(ctrl_serve_options *o) {
     *o = (ctrl_serve_options){.host = "127.0.0.1",
                               .port = 8000,
                               .kv_cache_bytes = (size_t)256 << 20,
+                              .kv_cache_dtype = -1,
                               .max_body = (size_t)1 << 20,
                               .max_seqs = 4096,
                               .max_queued = 16384,
@@ -110,6 +111,9 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
     }
     ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
     if (st == CTRL_OK) st = place(&s);
+    /* bf16: decoding packs the weights into bf16 panels at its first step and keeps them, packing a
+     * weight again after /update_weights changes it (the model is not held as panels: it may change) */
+    if (st == CTRL_OK && o->bf16) st = ctrl_model_set_compute_dtype(s.model, CTRL_BF16);
     if (st == CTRL_OK) st = serve_lora_start(&s); /* --lora's adapters */
     if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);

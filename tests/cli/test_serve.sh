@@ -144,6 +144,30 @@ done
 kill -INT $spid
 wait $spid && ok || bad "serve did not stop cleanly"
 
+# --dtype bf16 (vLLM's --dtype bfloat16): greedy completions are ctrl generate --dtype bf16's, and after
+# /update_weights changes a projection (packed into bf16 panels at the first step) the output follows
+# it: the weight is packed again, not served stale. --dtype takes fp32 or bf16.
+"${C[@]}" serve --model "$TMP/m" --port "$PORT" --dtype fp16 >"$TMP/out" 2>&1
+[ $? = 2 ] && grep -q -- "--dtype fp16: fp32 or bf16" "$TMP/out" && ok || bad "serve --dtype fp16: $(cat "$TMP/out")"
+start --dtype bf16
+echo '{"prompt": "1+2="}' >"$TMP/p.jsonl"
+"${C[@]}" generate --model "$TMP/m" --prompts "$TMP/p.jsonl" --out "$TMP/g.jsonl" --temperature 0 --max-tokens 8 \
+  --dtype bf16 >/dev/null 2>&1 || bad "generate --dtype bf16"
+want=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/g.jsonl")
+got=$(greedy | sed 's/.*\[//')
+[ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve --dtype bf16 greedy '$got', generate --dtype bf16 '$want'"
+{ # q_proj of layer 0 ([64, 64]) as 7, -3, 7, -3, ...
+  h='{"model.layers.0.self_attn.q_proj.weight":{"dtype":"F32","shape":[64,64],"data_offsets":[0,16384]}}'
+  printf "\\x$(printf %02x ${#h})\\x00\\x00\\x00\\x00\\x00\\x00\\x00%s" "$h"
+  for _ in $(seq 2048); do printf '\x00\x00\xe0\x40\x00\x00\x40\xc0'; done
+} >"$TMP/q.st"
+code=$(post /update_weights --data-binary "@$TMP/q.st")
+after=$(greedy | sed 's/.*\[//')
+[ "$code" = 200 ] && [ -n "$after" ] && [ "$after" != "$got" ] && ok ||
+  bad "serve --dtype bf16 after a q_proj update: HTTP $code, output '$after' (before '$got')"
+kill -INT $spid
+wait $spid && ok || bad "serve --dtype bf16 did not stop cleanly"
+
 # Slowloris: partial requests are closed after --timeout-s (they were held forever), and a body
 # trickled in faster than that is cut at the upload deadline.
 start --timeout-s 1 --drain-s 1
