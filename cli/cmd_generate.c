@@ -343,8 +343,9 @@ const ctrl_command cli_cmd_generate = {
         "generation_config.json's eos_token_id or max-tokens. temperature 0 is greedy; each line\n"
         "samples with seed + its line number, so a prompt's completions do not depend on the others.\n"
         "--dtype bf16: the linear layers and the LM head compute in bf16 (fp32 accumulation, as\n"
-        "torch.autocast), on weights packed to bf16 once; the KV cache is then bf16 unless\n"
-        "--kv-cache-dtype says fp32. A bf16 KV cache holds twice the tokens in --kv-cache-mb.\n"
+        "torch.autocast), on weights packed to bf16 once, before the first step, their fp32 copies\n"
+        "given back where an AVX-512 BF16 or AMX GEMM runs (the log says which); the KV cache is then\n"
+        "bf16 unless --kv-cache-dtype says fp32. A bf16 KV cache holds twice the tokens in --kv-cache-mb.\n"
         "--adapter DIR: a PEFT LoRA adapter directory over the --model base, applied in every step.\n"
         "--decode-threads N: the OpenMP threads of a step (as [generation] decode_threads); 0, the\n"
         "default, is every thread.\n",
