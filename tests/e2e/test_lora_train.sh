@@ -81,6 +81,22 @@ grep -q "CTRL_NO_BASE_PANELS is set" "$TMP/g4.log" && ok || bad "generate: no no
 if grep -q "held as bf16 GEMM panels" "$TMP/g3.log"; then ok; else
   grep -q "weights packed for bf16 as decoding first multiplies" "$TMP/g3.log" && ok || bad "generate: no note of the hold"
 fi
+# ctrl serve --lora NAME=DIR --dtype bf16: a completion naming the adapter is generate --adapter --dtype bf16's,
+# one naming the base the base's under generate --dtype bf16 (adapter and base batched by one bf16 engine).
+"${C[@]}" generate --model "$TMP/model" --prompts "$TMP/prompts.jsonl" --out "$TMP/g5.jsonl" --temperature 0 \
+  --max-tokens 8 --dtype bf16 >/dev/null 2>&1 || bad "generate --dtype bf16 (base)"
+PORT=$(free_port)
+"${C[@]}" serve --model "$TMP/model" --port "$PORT" --lora a="$TMP/lora" --dtype bf16 >"$TMP/serve16.log" 2>&1 &
+spid=$!
+for _ in $(seq 100); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+for name in a model; do
+  curl -s -X POST "localhost:$PORT/v1/completions" -d "{\"model\": \"$name\", \"prompt\": \"12+7=\", \"max_tokens\": 8,
+    \"temperature\": 0, \"return_token_ids\": true}" >"$TMP/http16_$name.json"
+  want="$TMP/g5.jsonl" && [ $name = a ] && want="$TMP/g3.jsonl"
+  got=$(sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/http16_$name.json") w=$(head -1 "$want" | ids /dev/stdin)
+  [ -n "$w" ] && [ "$got" = "$w" ] && ok || bad "serve --dtype bf16, model $name: '$got', generate: '$w'"
+done
+kill -INT "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
 
 # 1d. DoRA ([peft] use_dora): the adapter holds PEFT's lora_magnitude_vector tensors and says
 # use_dora; the merged model (W = m / ||W + s B A|| (W + s B A)) scores what the adapter does.
