@@ -179,9 +179,8 @@ static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tp
 /* Nothing trains here: with bf16 compute the weights are packed into the GEMM's panels once, before
  * the first step, and their fp32 copies given back; where that cannot be, decoding packs them itself
  * as it first multiplies by them, as a trainer's does. */
-static ctrl_status hold_panels(ctrl_model *m, int adapted) {
-    ctrl_status st = adapted ? CTRL_OK : ctrl_model_freeze(m); /* (an adapter's base is frozen already) */
-    if (st == CTRL_OK) st = ctrl_model_hold_panels(m);
+static ctrl_status hold_panels(ctrl_model *m) {
+    ctrl_status st = ctrl_model_base_in_panels(m) ? CTRL_OK : ctrl_model_hold_panels(m); /* (as it loaded) */
     if (st == CTRL_OK)
         CTRL_INFO("generate: the weights held as bf16 GEMM panels before the first step (parameters now %.0f "
                   "MiB: the projections' fp32 copies given back)",
@@ -202,10 +201,11 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     ctrl_template *tpl = NULL;
     ctrl_engine *eng = NULL;
     /* with --adapter the base under a PEFT LoRA adapter, applied live in every step (no merge) */
-    ctrl_status st =
-        a.adapter ? ctrl_peft_load(a.model, a.adapter, NULL, &m) : ctrl_model_load(a.model, NULL, &m);
+    ctrl_status st = a.adapter ? ctrl_peft_load(a.model, a.adapter, NULL, &m)
+                     : a.bf16  ? ctrl_model_load_frozen_bf16(a.model, NULL, &m) /* held as it loads */
+                               : ctrl_model_load(a.model, NULL, &m);
     if (st == CTRL_OK && a.bf16) st = ctrl_model_set_compute_dtype(m, CTRL_BF16);
-    if (st == CTRL_OK && a.bf16) st = hold_panels(m, a.adapter != NULL);
+    if (st == CTRL_OK && a.bf16) st = hold_panels(m);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(a.model, &tok);
     if (st == CTRL_OK && a.chat) st = ctrl_chat_template_load(tok, &tpl);
     /* read and tokenize every prompt */

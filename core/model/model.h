@@ -45,6 +45,12 @@ struct ctrl_lora_config;
 ctrl_status ctrl_model_create(const ctrl_model_config *cfg, const ctrl_attention_ops *attn, ctrl_model **out);
 /* config.json + model.safetensors (or the shards of model.safetensors.index.json). */
 ctrl_status ctrl_model_load(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
+/* For inference (ctrl generate --dtype bf16): DIR's model frozen (ctrl_model_freeze) and computing in
+ * bf16, each layer held as the bf16 GEMM's panels as soon as the loader has read it (its fp32 pages
+ * given back), then the LM head's: what ctrl_model_hold_panels does after a load, without the whole
+ * model in fp32 first. Where it cannot be held (ctrl_model_hold_panels says why) the model is frozen,
+ * bf16, its weights fp32 (ctrl_model_base_in_panels tells). */
+ctrl_status ctrl_model_load_frozen_bf16(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out);
 /* DIR's weights into a model of shape *cfg (DIR's config.json, or it with another head: a causal
  * LM's trunk under a score); a tensor of the model DIR lacks is an error, except the one named
  * `optional` (NULL: none), which is left zero. */

@@ -257,8 +257,12 @@ ctrl_status ctrl_model_hold_panels(ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: held as panels only with bf16 compute");
     MODEL_TRY(base_holdable(m, !m->has_lora));
     MODEL_TRY(hold(m, 1, 1));
+    return model_hold_head(m);
+}
+
+ctrl_status model_hold_head(ctrl_model *m) {
     if (m->off_lm_head < 0) return CTRL_OK;
-    /* the head's too, where it trains no more (its fp32 values stay: the embedding's when tied) */
+    /* where it trains no more (its fp32 values stay: the embedding's when tied) */
     if (m->has_lora && (size_t)m->off_lm_head >= m->train_off) return CTRL_OK;
     return model_pack_hold(m, (size_t)m->off_lm_head, m->cfg.hidden_size, m->cfg.vocab_size);
 }
@@ -266,7 +270,8 @@ ctrl_status ctrl_model_hold_panels(ctrl_model *m) {
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if (!m->w16_lo) {
         /* kept in fp32 where it cannot be held: the caller logs why */
-        if (base_holdable(m, 0) != CTRL_OK || begin(m, 1, 0) != CTRL_OK) {
+        const int whole = !m->has_lora; /* a model frozen whole (ctrl_model_load_frozen_bf16): panels only */
+        if (base_holdable(m, whole) != CTRL_OK || begin(m, 1, whole) != CTRL_OK) {
             ctrl_error_clear();
             m->w16_at_load = 0;
             return CTRL_OK;

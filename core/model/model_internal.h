@@ -491,6 +491,9 @@ int model_bf16_holds(const ctrl_model *m, const float *w);
 /* The loader read view v (lora->bf16_base): a layer whose views are all read is packed into bf16; a
  * model whose base cannot be held stays fp32 (w16_at_load cleared). */
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v);
+/* The LM head's panels held (model_decode_pack.c) where it does not train: ctrl_model_hold_panels' last
+ * step, and ctrl_model_load_frozen_bf16's once every layer is held. */
+ctrl_status model_hold_head(ctrl_model *m);
 /* Gives back the whole pages inside params[lo, hi) (model_bf16_store.c; their contents become zeros). */
 void model_release_range(ctrl_model *m, long lo, long hi);
 /* The frozen embedding in bf16 (model_embed16.c): the loader read view v (emb16_at_load), the

@@ -137,7 +137,7 @@ typedef struct load_parts {
 } load_parts;
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                              const char *optional, const ctrl_lora_config *lora, const load_parts *parts,
-                             ctrl_model **out);
+                             int frozen_bf16, ctrl_model **out);
 
 /* DIR's config.json and generation_config.json, kept to be carried over when the model is saved
  * (a checkpoint resumed from may be gone by then). */
@@ -212,18 +212,25 @@ ctrl_status ctrl_model_load_lora(const char *dir, const ctrl_attention_ops *attn
     ctrl_model_config cfg;
     ctrl_status st = ctrl_model_config_load(dir, &cfg);
     if (st != CTRL_OK) return st;
-    return load_into(dir, &cfg, attn, NULL, lora, NULL, out);
+    return load_into(dir, &cfg, attn, NULL, lora, NULL, 0, out);
+}
+
+ctrl_status ctrl_model_load_frozen_bf16(const char *dir, const ctrl_attention_ops *attn, ctrl_model **out) {
+    ctrl_model_config cfg;
+    ctrl_status st = ctrl_model_config_load(dir, &cfg);
+    if (st != CTRL_OK) return st;
+    return load_into(dir, &cfg, attn, NULL, NULL, NULL, 1, out);
 }
 
 ctrl_status ctrl_model_load_as(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                                const char *optional, ctrl_model **out) {
-    return load_into(dir, cfg, attn, optional, NULL, NULL, out);
+    return load_into(dir, cfg, attn, optional, NULL, NULL, 0, out);
 }
 
 ctrl_status ctrl_model_load_as_lora(const char *dir, const ctrl_model_config *cfg,
                                     const ctrl_attention_ops *attn, const char *optional,
                                     const ctrl_lora_config *lora, ctrl_model **out) {
-    return load_into(dir, cfg, attn, optional, lora, NULL, out);
+    return load_into(dir, cfg, attn, optional, lora, NULL, 0, out);
 }
 
 ctrl_status ctrl_model_load_part_as(const char *dir, const ctrl_model_config *cfg,
@@ -237,7 +244,7 @@ ctrl_status ctrl_model_load_lora_part_as(const char *dir, const ctrl_model_confi
                                          const ctrl_lora_config *lora, ctrl_model_parts_fn parts,
                                          ctrl_model_nf4_parts_fn nf4_parts, void *ctx, ctrl_model **out) {
     const load_parts p = {parts, nf4_parts, ctx};
-    return load_into(dir, cfg, attn, optional, lora, &p, out);
+    return load_into(dir, cfg, attn, optional, lora, &p, 0, out);
 }
 
 ctrl_status ctrl_model_load_part(const char *dir, const ctrl_attention_ops *attn, ctrl_model_parts_fn parts,
@@ -252,7 +259,7 @@ ctrl_status ctrl_model_load_lora_part(const char *dir, const ctrl_attention_ops 
     ctrl_status st = ctrl_model_config_load(dir, &cfg);
     if (st != CTRL_OK) return st;
     const load_parts p = {parts, nf4_parts, ctx};
-    return load_into(dir, &cfg, attn, NULL, lora, &p, out);
+    return load_into(dir, &cfg, attn, NULL, lora, &p, 0, out);
 }
 
 /* The elements of view v that lie in the ranges (pairs [a, b) of parameters, ascending; *next: the
@@ -282,11 +289,19 @@ static ctrl_status read_parts(const char *dir, const ctrl_safetensors *file, con
 /* A model of shape *cfg (with adapters: lora) and DIR's weights (ctrl_model_load_as). */
 static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, const ctrl_attention_ops *attn,
                              const char *optional, const ctrl_lora_config *lora, const load_parts *parts,
-                             ctrl_model **out) {
+                             int frozen_bf16, ctrl_model **out) {
     ctrl_model *m;
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
     m->w16_at_load = lora && lora->bf16_base && !lora->nf4;
+    if (frozen_bf16) { /* inference: no gradients, bf16 compute, each layer held as panels once read */
+        if ((st = ctrl_model_freeze(m)) == CTRL_OK) st = ctrl_model_set_compute_dtype(m, CTRL_BF16);
+        if (st != CTRL_OK) {
+            ctrl_model_free(m);
+            return st;
+        }
+        m->w16_at_load = 1;
+    }
     m->emb16_at_load = lora ? lora->bf16_embed : 0; /* 2: where it can (the default) */
     shard_set shards = {0};
     size_t *ranges = NULL;
@@ -356,6 +371,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     }
     shards_close(&shards);
     free(ranges), free(spans);
+    if (st == CTRL_OK && frozen_bf16 && m->base_panels) st = model_hold_head(m); /* and the head's panels */
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */
     if (st == CTRL_OK) st = keep_source_files(m, dir);
     if (st != CTRL_OK) {

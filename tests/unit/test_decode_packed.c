@@ -193,9 +193,43 @@ static void check_held(const char *arch) {
     cJSON_Delete(cases);
 }
 
+/* The same held as it loads (ctrl_model_load_frozen_bf16): the logits and the parameter bytes of the
+ * model held after its load; where it cannot be held, frozen and bf16 with its fp32 weights. */
+static void check_held_at_load(const char *arch) {
+    char path[512];
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
+    cJSON *cases = cases_of(arch);
+    ctrl_model *m = NULL, *after = load_bf16(arch);
+    CHECK_EQ_INT(ctrl_model_load_frozen_bf16(path, NULL, &m), CTRL_OK);
+    if (!m || !after || !cases) return;
+    test_attach_paged(m);
+    CHECK(ctrl_model_compute_dtype(m) == CTRL_BF16);
+    CHECK(ctrl_model_hold_panels(m) != CTRL_OK); /* held already, or it cannot be */
+    ctrl_error_clear();
+    CHECK_EQ_INT(ctrl_model_freeze(after), CTRL_OK);
+    const int held = ctrl_model_hold_panels(after) == CTRL_OK;
+    ctrl_error_clear();
+    CHECK_EQ_INT(ctrl_model_base_in_panels(m), held);
+    CHECK_MSG(ctrl_model_param_bytes(m) == ctrl_model_param_bytes(after),
+              "%s: %zu parameter bytes, %zu held after", arch, ctrl_model_param_bytes(m),
+              ctrl_model_param_bytes(after));
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    float *a = malloc(sizeof(float) * 3 * 2 * V), *b = malloc(sizeof(float) * 3 * 2 * V);
+    int32_t gen[2][12];
+    run(m, cases, 3, a, gen);
+    run(after, cases, 3, b, gen);
+    CHECK_MSG(!memcmp(a, b, sizeof(float) * 3 * 2 * V), "%s: logits held at load differ (rel %.3g)", arch,
+              test_rel_error_f32(a, b, 3L * 2 * V));
+    free(a), free(b);
+    ctrl_model_free(m), ctrl_model_free(after);
+    cJSON_Delete(cases);
+}
+
 TEST(frozen_model_held_as_panels) {
-    check_held("qwen2");  /* the head tied to the embedding */
-    check_held("llama");  /* its own head */
+    check_held("qwen2"); /* the head tied to the embedding */
+    check_held("llama"); /* its own head */
+    check_held_at_load("qwen2");
+    check_held_at_load("llama");
     ctrl_model *m = NULL; /* fp32 compute: nothing to hold */
     CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &m), CTRL_OK);
     if (!m) return;
