@@ -272,6 +272,11 @@ TEST(lora_bf16_base_widens_into_resident_pages) {
            faults[0], faults[1], layer_pages);
     CHECK(!memcmp(lp[0], lp[1], sizeof lp[0]));
     CHECK(g[0] && g[1] && ng[0] == ng[1] && ng[0] > 0 && !memcmp(g[0], g[1], sizeof(float) * ng[0]));
+    if (TEST_UNDER_ASAN) { /* its allocator maps each large scratch buffer afresh: faults of its own */
+        printf("  under ASan: the fault counts are not checked\n");
+        free(g[0]), free(g[1]);
+        return;
+    }
     /* the old way: 6 widenings' pages -- the forward's of layers 1-3 (layer 0 stays widened from the
      * first step's backward) and the backward's of layers 2-0 (layer 3 stays) */
     CHECK_MSG(faults[1] >= 6 * layer_pages * 9 / 10, "faulted fresh: %ld minor faults, want >= %ld",
