@@ -147,11 +147,10 @@ const ctrl_command cli_cmd_serve = {
         "with vLLM's NCCL weight sync on a GPU, ctrl's /generate and /update_weights)",
     .usage =
         "usage: ctrl serve --model DIR [--host 127.0.0.1] [--port 8000] [--kv-cache-mb 256]\n"
-        "                  [--dtype fp32|bf16] [--kv-cache-dtype fp32|bf16] [--api-key KEY] [--max-body-kb "
-        "1024]\n"
-        "                  [--max-seqs-per-request 4096] [--max-queued-seqs 16384] [--prefill-chunk 512]\n"
-        "                  [--timeout-s 30]"
-        " [--max-connections 512] [--max-connections-per-ip 256] [--drain-s 60]\n"
+        "                  [--dtype fp32|bf16] [--kv-cache-dtype fp32|bf16] [--api-key KEY]\n"
+        "                  [--max-body-kb 1024] [--max-seqs-per-request 4096] [--max-queued-seqs 16384]\n"
+        "                  [--prefill-chunk 512] [--timeout-s 30] [--max-connections 512]\n"
+        "                  [--max-connections-per-ip 256] [--drain-s 60]\n"
         "                  [--lora NAME=DIR ...] [--allow-runtime-lora-updating]\n"
         "                  [--device cpu|cuda|auto] [--weight-transfer-config '{\"backend\": \"nccl\"}']\n"
         "                  [--weight-transfer-timeout-s 300]\n\n"

@@ -10,14 +10,15 @@
  * 192, panels of 48 columns; an 8 x 48 register tile (24 accumulators) takes per pair of k 3 loads
  * of B, 8 broadcasts of A's pairs, 24 vdpbf16ps. The B panel (96 KiB) and the A block (384 KiB) are
  * read from L2 (the hardware prefetchers keep up: 9 bytes a cycle); the tile's rows of C are
- * prefetched as it starts. The deep block amortises each tile's start and its stores of C: on a Zen4,
- * a 64-sequence decoding step's products (M = 64) took 7% less time than with kc = 384 (an L1-sized
- * B panel), 8 rows 13% less, the training shapes the same (docs/performance.md, session #20). Packing goes 16
- * rows at a time: rows along K are rounded, narrowed and transposed 16 x 16 in registers; rows along M or N
- * (the transposed operands) are read two source rows at a time; AMX's A tiles (rows of pairs) are the same 16
- * x 16 blocks untransposed. K odd or not a multiple of kc: the last pair is padded with zero; edges of M and
- * N: the tile is computed whole on padding and stored under masks. op(X) is X or X^T as stored row-major, so
- * the three products a linear layer needs (x W^T, dout W, dout^T x) run without transposed copies. */
+ * prefetched as it starts. The deep block amortises each tile's start and its stores of C: on a
+ * Zen4, a 64-sequence decoding step's products (M = 64) took 7% less time than with kc = 384 (an
+ * L1-sized B panel), 8 rows 13% less, the training shapes the same (docs/performance.md, session
+ * #20). Packing goes 16 rows at a time: rows along K are rounded, narrowed and transposed 16 x 16 in
+ * registers; rows along M or N (the transposed operands) are read two source rows at a time; AMX's A
+ * tiles (rows of pairs) are the same 16 x 16 blocks untransposed. K odd or not a multiple of kc: the
+ * last pair is padded with zero; edges of M and N: the tile is computed whole on padding and stored
+ * under masks. op(X) is X or X^T as stored row-major, so the three products a linear layer needs
+ * (x W^T, dout W, dout^T x) run without transposed copies. */
 #include <immintrin.h>
 #include <limits.h>
 #include <pthread.h>
