@@ -182,12 +182,13 @@ static ctrl_status begin(ctrl_model *m, int base_only, int panels_only) {
     if (panels_only && !panels) {
         free(lo);
         m->w16_lo = NULL;
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              ctrl_cpu_gemm_bf16_pack_bytes(16, 16) == 0
-                                  ? "model: no bf16 GEMM kernel runs on this CPU (AVX-512 BF16 or AMX)"
-                              : getenv_flag("CTRL_NO_BASE_PANELS")
-                                  ? "model: CTRL_NO_BASE_PANELS is set"
-                                  : "model: the layers hold weights that are not linear projections");
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            ctrl_cpu_gemm_bf16_pack_bytes(16, 16) == 0
+                ? "model: no bf16 GEMM kernel runs here (AVX-512 BF16 or AMX: absent, or switched off)"
+            : getenv_flag("CTRL_NO_BASE_PANELS")
+                ? "model: CTRL_NO_BASE_PANELS is set"
+                : "model: the layers hold weights that are not linear projections");
     }
     uint16_t *w16 = panels ? NULL : malloc(sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
     ctrl_advise_huge_pages(w16, sizeof(uint16_t) * (size_t)(total > 0 ? total : 1));
