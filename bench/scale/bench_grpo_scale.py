@@ -22,12 +22,15 @@ part: the run's less that of a one-step run, over the steps between), TRL's is m
 counted steps by a callback; the generation's CPU seconds (user + system:
 ctrl's timing/generation_cpu_s, TRL's measured around its _generate). Also peak RSS and mean
 completion length.
+--lora R: both sides train a LoRA adapter instead of the whole model (PEFT's LoraConfig: r R, lora_alpha
+2R, dropout 0, target_modules all-linear, its default init; ctrl's [peft] with the same values): ctrl
+decodes with the adapters applied live on the frozen base, TRL generates with the PeftModel.
 --device cuda: ctrl with `[run] device = cuda` (generation from the device's KV cache), TRL's trainer
 on the GPU with transformers' generate (use_vllm = False: TRL's recommended vLLM colocation needs vLLM,
 which this bench does not install); CPU seconds then count only the host's share.
 usage: bench/scale/bench_grpo_scale.py [--layers N] [--steps N] [--batch N] [--generations N]
        [--max-completion-length N] [--threads N] [--device cpu|cuda]
-       [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32] [--ctrl-set SECTION.KEY=VALUE ...]"""
+       [--lora R] [--only ctrl-bf16,ctrl-fp32,trl-bf16,trl-fp32] [--ctrl-set SECTION.KEY=VALUE ...]"""
 import argparse
 import json
 import os
@@ -52,6 +55,9 @@ def ctrl_once(d, args, dtype, steps):
         "generation": {"kv_cache_bytes": 4000000000 if args.device == "cuda" else 512000000, "temperature": 1.0},
         "grpo": {"num_generations": args.generations, "max_completion_length": args.max_completion_length},
         "reward.len": {"plugin": "length", "target_length": 20}}
+    if args.lora:
+        sections["peft"] = {"enabled": "true", "r": args.lora, "lora_alpha": 2 * args.lora, "lora_dropout": 0,
+                            "target_modules": "all-linear"}
     for kv in args.ctrl_set:  # --ctrl-set SECTION.KEY=VALUE: ctrl's config only (e.g. an A/B of a setting)
         key, value = kv.split("=", 1)
         section, name = key.rsplit(".", 1)
@@ -76,7 +82,7 @@ def run_ctrl(d, args, dtype):
 def run_trl(d, args, dtype):
     r, run = bu.child_json(bu.child_cmd(__file__, "--trl-child", d, args,
                                         ("threads", "steps", "batch", "generations", "max_completion_length",
-                                         "device"),
+                                         "device", "lora"),
                                         "--dtype", dtype))
     r["rss_mib"] = run.rss_mib
     return r
@@ -106,7 +112,14 @@ def trl_child(d, args):
                                    max_steps=args.steps, logging_steps=1, seed=42, bf16=args.dtype == "bf16",
                                    use_cpu=args.device == "cpu"))
     m = AutoModelForCausalLM.from_pretrained(os.path.join(d, "model"), dtype=torch.float32)
-    tr = GRPOTrainer(model=m, reward_funcs=[bu.reward_len], args=cfg, train_dataset=ds, processing_class=tok)
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, target_modules="all-linear",
+                                 task_type="CAUSAL_LM")
+    tr = GRPOTrainer(model=m, reward_funcs=[bu.reward_len], args=cfg, train_dataset=ds, processing_class=tok,
+                     peft_config=peft_config)
     times = {"generation_s": 0.0, "generation_cpu_s": 0.0}
     bu.timed(tr, "_generate", times, "generation_s")
     generate = tr._generate
@@ -157,6 +170,7 @@ def main():
     p.add_argument("--trl-child")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--lora", type=int, default=0, metavar="R", help="train a LoRA adapter of rank R on both sides")
     p.add_argument("--ctrl-set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a setting of ctrl's runs (repeatable), e.g. generation.decode_threads=2")
     args = p.parse_args()
@@ -177,7 +191,8 @@ def main():
               f"Qwen2.5-0.5B shape with {args.layers} of 24 layers, vocab 151,669; GRPO, {args.batch} completions "
               f"per step ({args.batch // args.generations} prompts x {args.generations}), <= "
               f"{args.max_completion_length} new tokens, {args.steps} steps (the first a warm-up), "
-              f"{args.threads} thread(s), device {args.device}")
+              f"{args.threads} thread(s), device {args.device}"
+              + (f", LoRA all-linear r {args.lora} alpha {2 * args.lora}" if args.lora else ""))
         print(f"{'run':10s}{'step s':>9s}{'gen s':>8s}{'CPU s/step':>12s}{'user s':>8s}{'gen CPU':>8s}{'RSS MiB':>9s}"
               f"{'mean len':>10s}  load   (CPU: user + system)")
         table = {}

@@ -136,6 +136,21 @@ int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, con
                                 float *C, int ldc, int accumulate);
 int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, int ldb);
 size_t ctrl_cpu_gemm_bf16_pack_bytes(int N, int K);
+/* Panels of a B stored [N, K] (trans_b 1: a weight W, op(B) = W^T) read in parts, for a W whose panels
+ * are its only copy (a frozen embedding tied to the LM head). _block: the width of p's column blocks
+ * (0: not such panels); _cols: a range of op(B)'s columns [n0, n0 + n) -- n0 a multiple of the block,
+ * n one too or reaching N -- as a product of its own: C[M, n] (+)= A[M, K] op(B)[:, n0 : n0 + n]
+ * (transposed 0), or C[M, K] (+)= A[M, n] op(B)[:, n0 : n0 + n]^T (transposed 1: dX = dY W over a
+ * chunk of W's rows), bit for bit _packed and _packed_t on panels packed from those rows alone (with
+ * transposed 0 also the whole product's columns); A row-major; -1 (C untouched) for another range or
+ * without a kernel. _rows: rows[i] of B (of W) as fp32 into out + i * ldo (exact: they are bf16 values); -1
+ * where a row is out of range (nothing written). */
+int ctrl_cpu_gemm_bf16_packed_block(const ctrl_cpu_bf16_packed *p);
+int ctrl_cpu_gemm_bf16_packed_cols(int transposed, int M, const float *A, int lda,
+                                   const ctrl_cpu_bf16_packed *p, int n0, int n, float *C, int ldc,
+                                   int accumulate);
+int ctrl_cpu_gemm_bf16_packed_rows(const ctrl_cpu_bf16_packed *p, const int32_t *rows, int n, float *out,
+                                   int ldo);
 /* The depth block (kc) of the kernel ctrl_cpu_gemm_bf16 runs now for N columns and depth K (0: none): a
  * product cut along K into whole multiples of it sums in the unsplit product's order. */
 int ctrl_cpu_gemm_bf16_depth_block(int N, int K);
@@ -293,7 +308,10 @@ typedef struct ctrl_head_args {
     int targets_only;
     /* Appended: W's bf16 panels as ctrl_cpu_gemm_bf16_pack(1, V, C, w, C) made them from w as it is
      * now (decoding's, core/model/model_decode_pack.c), or NULL: with bf16, the one-pass head's
-     * logits multiply by them instead of packing W anew (the same sums). Host memory only. */
+     * logits multiply by them instead of packing W anew (the same sums). Host memory only. With w
+     * and w16 NULL they are W's only copy (a frozen embedding tied to the head, held as the head's
+     * panels; dw must be NULL): every product of the head reads them (ctrl_cpu_gemm_bf16_packed_cols,
+     * the vocabulary chunks whole column blocks of theirs), whatever bf16 says. */
     const struct ctrl_cpu_bf16_packed *w_packed;
     /* Appended: with bf16, w already rounded to bf16 and held as 2-byte values [V, C] (the model's bf16
      * copy of its weights on a device): the products read it as it is instead of rounding w's chunks

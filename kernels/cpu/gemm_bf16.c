@@ -989,6 +989,91 @@ int ctrl_cpu_gemm_bf16_packed_t(int trans_a, int M, const float *A, int lda, con
 #endif
 }
 
+#ifdef CTRL_HAVE_BLOCKED
+/* Words of one whole column block (nc columns, every depth block) of p's layout (as panel_at counts). */
+static size_t block_col_words(const ctrl_cpu_bf16_packed *p) {
+    const int nr = p->nr, full_nc = (p->nc + nr - 1) / nr * nr, kfull = pairs_padded(p->kc, p->kpad);
+    const int klast = p->K % p->kc ? pairs_padded(p->K % p->kc, p->kpad) : 0;
+    return (size_t)full_nc * ((size_t)(p->K / p->kc) * kfull + klast);
+}
+
+/* *v: p's columns [n0, n0 + n) of op(B) as panels of their own (their words are p's: nothing copied),
+ * where n0 starts a column block and the range ends at one or at N; 0, or -1 otherwise. */
+static int column_view(const ctrl_cpu_bf16_packed *p, int n0, int n, ctrl_cpu_bf16_packed *v) {
+    if (!p || !p->trans_b || n <= 0 || n0 < 0 || n0 % p->nc || n0 + n > p->N || (n % p->nc && n0 + n != p->N))
+        return -1;
+    *v = *p;
+    v->N = n, v->w = p->w + (size_t)(n0 / p->nc) * block_col_words(p);
+    v->words = 0; /* (a view: never freed or repacked) */
+    return 0;
+}
+#endif
+
+int ctrl_cpu_gemm_bf16_packed_block(const ctrl_cpu_bf16_packed *p) {
+#ifdef CTRL_HAVE_BLOCKED
+    return p && p->trans_b ? p->nc : 0;
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_packed_cols(int transposed, int M, const float *A, int lda,
+                                   const ctrl_cpu_bf16_packed *p, int n0, int n, float *C, int ldc,
+                                   int accumulate) {
+#ifdef CTRL_HAVE_BLOCKED
+    ctrl_cpu_bf16_packed v;
+    if (column_view(p, n0, n, &v) != 0) return -1;
+    if (M <= 0) return 0;
+    const operand a = {A, 0, 1, (size_t)lda, NULL, NULL, NULL, 0};
+    if (!transposed) { /* the whole panels' kernel: the view is in its layout */
+        const ctrl_bf16_kernel *kk = kernel_for(p->N, p->K);
+        if (!kk) return -1;
+        if (same_layout(p, kk))
+            return gemm_blocked(kk, M, n, p->K, &a, NULL, C, (size_t)ldc, accumulate, v.w,
+                                share_a(kk, A, 0, M, p->K, lda));
+        const operand b = {NULL, 0, 0, 0, NULL, NULL, &v, 0};
+        return gemm_blocked(kk, M, n, p->K, &a, &b, C, (size_t)ldc, accumulate, NULL,
+                            share_a(kk, A, 0, M, p->K, lda));
+    }
+    const ctrl_bf16_kernel *kk = kernel_for(p->K, n);
+    if (!kk) return -1;
+    const operand b = {NULL, 0, 0, 0, NULL, NULL, &v, 1};
+    return gemm_blocked(kk, M, p->K, n, &a, &b, C, (size_t)ldc, accumulate, NULL,
+                        share_a(kk, A, 0, M, n, lda));
+#else
+    (void)transposed, (void)M, (void)A, (void)lda, (void)p, (void)n0, (void)n, (void)C, (void)ldc,
+        (void)accumulate;
+    return -1;
+#endif
+}
+
+int ctrl_cpu_gemm_bf16_packed_rows(const ctrl_cpu_bf16_packed *p, const int32_t *rows, int n, float *out,
+                                   int ldo) {
+#ifdef CTRL_HAVE_BLOCKED
+    if (!p || !p->trans_b) return -1;
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= p->N) return -1;
+#pragma omp parallel for schedule(static) if (n > 16)
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * ldo;
+        for (int pc = 0; pc < p->K; pc += p->kc) { /* a depth block's pairs lie nr words apart */
+            const uint32_t *w = panel_at(p, rows[i], pc);
+            const int kend = pc + p->kc < p->K ? pc + p->kc : p->K;
+            for (int k = pc; k < kend; k += 2, w += p->nr) {
+                const uint32_t lo = *w << 16, hi = *w & 0xFFFF0000u;
+                memcpy(o + k, &lo, 4);
+                if (k + 1 < kend) memcpy(o + k + 1, &hi, 4);
+            }
+        }
+    }
+    return 0;
+#else
+    (void)p, (void)rows, (void)n, (void)out, (void)ldo;
+    return -1;
+#endif
+}
+
 int ctrl_cpu_gemm_bf16_packed_unpack(const ctrl_cpu_bf16_packed *p, float *B, int ldb) {
 #ifdef CTRL_HAVE_BLOCKED
     if (!p) return -1;

@@ -84,8 +84,13 @@ static float *gather_at(const ctrl_head_args *a, void *workspace, size_t bytes, 
            (size_t)which * tc * a->C;
 }
 
+/* W held only as its bf16 panels (a frozen embedding tied to the head: w and w16 NULL) */
+static int panels_only(const ctrl_head_args *a) { return !a->w && !a->w16 && a->w_packed; }
+
 static int chunk_v(const ctrl_head_args *a) {
     int c = a->chunk_vocab > 0 ? a->chunk_vocab : DEFAULT_CHUNK_VOCAB;
+    const int block = panels_only(a) ? ctrl_cpu_gemm_bf16_packed_block(a->w_packed) : 0;
+    if (block > 0) c = c < block ? block : c / block * block; /* the panels' column blocks, whole */
     return c < a->V ? c : a->V;
 }
 
@@ -114,11 +119,40 @@ static void head_gemm(const ctrl_head_args *a, int ta, int tb, int M, int N, int
                 A, lda, B, ldb, beta, C, ldc);
 }
 
+/* head_gemm with B = W's rows [w_row, w_row + (tb ? N : K)) held only as panels (panels_only): on
+ * them, or (no bf16 kernel now, or no memory) on the rows unpacked into fp32; -1: no memory. */
+static int panels_gemm(const ctrl_head_args *a, int tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, int w_row, float beta, float *C, int ldc) {
+    const int n = tb ? N : K;
+    if (ctrl_cpu_gemm_bf16_packed_cols(!tb, M, A, lda, a->w_packed, w_row, n, C, ldc, beta != 0.0f) == 0) {
+        if (alpha != 1.0f)
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] *= alpha;
+        return 0;
+    }
+    float *w = malloc(sizeof(float) * (size_t)n * a->C);
+    int32_t *rows = malloc(sizeof(int32_t) * (size_t)n);
+    int st = w && rows ? 0 : -1;
+    for (int i = 0; i < n && st == 0; i++) rows[i] = w_row + i;
+    if (st == 0) st = ctrl_cpu_gemm_bf16_packed_rows(a->w_packed, rows, n, w, a->C);
+    if (st == 0) head_gemm(a, 0, tb, M, N, K, alpha, A, lda, w, a->C, beta, C, ldc);
+    free(w), free(rows);
+    return st;
+}
+
 /* head_gemm with B = W from row w_row on: a->w, or where W is held only as bf16 values (w NULL: a
  * frozen embedding tied to the head, [peft] embedding_dtype = bf16) a->w16, as the same products
- * (ctrl_cpu_gemm_w16); without the memory for them C reads NaN (a non-finite loss, not a silent one). */
+ * (ctrl_cpu_gemm_w16), or only as panels (panels_gemm); without the memory for them C reads NaN (a
+ * non-finite loss, not a silent one). */
 static void w_gemm(const ctrl_head_args *a, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                    size_t w_row, float beta, float *C, int ldc) {
+    if (panels_only(a)) {
+        if (panels_gemm(a, tb, M, N, K, alpha, A, lda, (int)w_row, beta, C, ldc) != 0)
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = NAN;
+        return;
+    }
     if (a->w || !a->w16) {
         head_gemm(a, 0, tb, M, N, K, alpha, A, lda, a->w + w_row * (size_t)a->C, a->C, beta, C, ldc);
         return;

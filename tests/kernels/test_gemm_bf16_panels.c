@@ -110,3 +110,65 @@ TEST(panels_of_another_kernel_layout) {
             free(B);
         }
 }
+
+/* Panels of W [N, K] read in parts (the LM head's chunks of the vocabulary on panels that are W's only
+ * copy): each whole column block's product equals the whole product's columns bit for bit, its
+ * transposed product (dX over that chunk of W's rows) the unpacked GEMM on those rows alone; ranges
+ * that do not start at a block, or end inside one short of N, are refused; rows come back as W's
+ * rounded rows. */
+TEST(panels_read_by_column_blocks_and_rows) {
+    if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32) {
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_block(NULL), 0);
+        printf("  not run here: no bf16 kernel (no panels)\n");
+        return;
+    }
+    static const int shapes[][2] = {{16420, 40}, {8197, 1030}, {100, 33}};
+    unsigned seed = 17;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int N = shapes[s][0], K = shapes[s][1], M = 7;
+        float *W = rnd((size_t)N * K, &seed), *A = rnd((size_t)M * K, &seed);
+        ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(1, N, K, W, K);
+        const int block = ctrl_cpu_gemm_bf16_packed_block(p);
+        CHECK(p != NULL && block > 0);
+        if (!p || block <= 0) return;
+        float *full = malloc(sizeof(float) * (size_t)M * N), *part = malloc(sizeof(float) * (size_t)M * N);
+        float *d1 = malloc(sizeof(float) * (size_t)M * K), *d2 = malloc(sizeof(float) * (size_t)M * K);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed(0, M, A, K, p, full, N, 0), 0);
+        int chunks = 0;
+        for (int n0 = 0; n0 < N; n0 += block, chunks++) {
+            const int n = N - n0 < block ? N - n0 : block;
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_cols(0, M, A, K, p, n0, n, part + n0, N, 0), 0);
+            float *dy = rnd((size_t)M * n, &seed);
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_cols(1, M, dy, n, p, n0, n, d1, K, 0), 0);
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16(0, 0, M, K, n, dy, n, W + (size_t)n0 * K, K, d2, K, 0), 0);
+            CHECK_MSG(!memcmp(d1, d2, sizeof(float) * (size_t)M * K),
+                      "%dx%d rows [%d, %d): transposed differs (rel %.3g)", N, K, n0, n0 + n,
+                      test_rel_error_f32(d1, d2, (long)M * K));
+            free(dy);
+        }
+        CHECK_MSG(!memcmp(full, part, sizeof(float) * (size_t)M * N), "%dx%d: the blocks' columns differ", N,
+                  K);
+        CHECK(chunks == (N + block - 1) / block);
+        float c = 7;
+        if (N > block) {
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_cols(0, 1, A, K, p, 16, block, &c, block, 0), -1);
+            CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_cols(0, 1, A, K, p, 0, block + 16, &c, block + 16, 0), -1);
+        }
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_cols(0, 1, A, K, p, 0, N + 1, &c, N + 1, 0), -1);
+        CHECK(c == 7);
+        const int32_t rows[4] = {0, N - 1, N / 2, 3 % N};
+        float *got = malloc(sizeof(float) * 4 * (size_t)K), *want = malloc(sizeof(float) * 4 * (size_t)K);
+        for (int i = 0; i < 4; i++) ctrl_cpu_round_to_bf16(want + (size_t)i * K, W + (size_t)rows[i] * K, K);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_rows(p, rows, 4, got, K), 0);
+        CHECK_MSG(!memcmp(got, want, sizeof(float) * 4 * (size_t)K), "%dx%d: rows differ", N, K);
+        const int32_t bad = N;
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_rows(p, &bad, 1, got, K), -1);
+        ctrl_cpu_bf16_packed *pt = ctrl_cpu_gemm_bf16_pack(0, K, N, W, K); /* op(B) = W itself: not a W^T */
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_block(pt), 0);
+        CHECK_EQ_INT(ctrl_cpu_gemm_bf16_packed_rows(pt, rows, 1, got, K), -1);
+        ctrl_cpu_gemm_bf16_packed_free(pt);
+        printf("  %dx%d: %d column blocks of %d\n", N, K, chunks, block);
+        free(got), free(want), free(full), free(part), free(d1), free(d2), free(W), free(A);
+        ctrl_cpu_gemm_bf16_packed_free(p);
+    }
+}
