@@ -63,9 +63,11 @@ typedef struct ctrl_lora_config {
      * CPU): each layer's projection weights narrowed to 2 bytes once the layer is read, so the fp32
      * base never is resident whole. */
     int bf16_base;
-    /* [peft] embedding_dtype: the frozen input embedding (and the LM head tied to it) held as bf16
-     * values alone as it loads (model_embed16.c). 1 (bf16): refused where it is trained or off the
-     * CPU; 2 (auto, the default under bf16 compute): held so where it can, fp32 elsewhere, silently. */
+    /* [peft] embedding_dtype: the frozen input embedding (and the LM head tied to it) held in bf16
+     * alone as it loads (model_embed16.c: as the tied head's panels where a bf16 kernel runs, else as
+     * values). 1 (bf16): refused where it is trained or off the CPU; 2 (auto, the default under bf16
+     * compute): held so where it can, fp32 elsewhere, silently; 3 (auto in a loop that decodes): held
+     * only as the head's panels, fp32 elsewhere. */
     int bf16_embed;
 } ctrl_lora_config;
 

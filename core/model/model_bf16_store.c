@@ -297,10 +297,14 @@ int ctrl_model_base_in_panels(const ctrl_model *m) { return m->base_panels; }
 
 size_t ctrl_model_param_bytes(const ctrl_model *m) {
     size_t bytes = sizeof(float) * m->n_params;
+    const size_t table = (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size;
     if (m->emb16) /* the frozen embedding in 2 bytes a value, its fp32 pages given back */
-        bytes -= (sizeof(float) - sizeof(uint16_t)) * (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size;
+        bytes -= (sizeof(float) - sizeof(uint16_t)) * table;
+    if (m->emb_panels) /* or as the head's panels (counted with the held ones) */
+        bytes -= sizeof(float) * table;
+    if (m->base_panels || m->emb_panels) bytes += model_pack_held_bytes(m);
     if (m->base_panels) /* the projections as panels; the norms and biases in place */
-        return bytes - sizeof(float) * (size_t)m->w16_n + model_pack_held_bytes(m);
+        return bytes - sizeof(float) * (size_t)m->w16_n;
     if (!m->w16) return bytes;
     const long *lo = m->w16_lo, *hi = m->w16_lo + m->cfg.n_layers;
     bytes -= sizeof(float) * (size_t)m->w16_n - sizeof(uint16_t) * (size_t)m->w16_n; /* held in 2 bytes */
@@ -341,7 +345,7 @@ void model_bf16_free(ctrl_model *m) {
     page_pool_free(m->w16_pool); /* (what it lent stays in the parameters, as ordinary memory) */
     m->w16_pool = NULL;
     free(m->w16), free(m->w16_lo), free(m->w16_keep), free(m->w16_loaded), free(m->emb16);
-    m->emb16 = NULL;
+    m->emb16 = NULL, m->emb_panels = NULL; /* (the panels: a held entry, freed above) */
     m->w16_loaded = NULL;
     m->w16 = NULL, m->w16_lo = NULL, m->w16_keep = NULL;
 }

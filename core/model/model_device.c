@@ -184,7 +184,8 @@ ctrl_status model_stage_out(ctrl_model *m, const model_stage *st, float *logp, i
 ctrl_head_args model_head_args(const ctrl_model *m) {
     const ctrl_model_config *c = &m->cfg;
     const float *w = m->dparams + m->off_lm_head;
-    const int w16_only = m->off_lm_head >= 0 && model_embed16_holds(m, w); /* a bf16 table, tied */
+    /* a bf16 table, tied: as values (w16) or as the head's panels (w_packed) */
+    const int w16_only = m->off_lm_head >= 0 && model_embed16_holds(m, w);
     return (ctrl_head_args){.hidden = m->lnf,
                             .w = w16_only ? NULL : w,
                             .targets = m->dev_batch.targets,
@@ -196,7 +197,8 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
 
                             .softcap = c->final_softcap,
                             .targets_only = 1,
-                            .w_packed = m->be->host_memory && m->off_lm_head >= 0 && !w16_only
+                            .w_packed = w16_only ? m->emb_panels /* then W's only copy */
+                                        : m->be->host_memory && m->off_lm_head >= 0
                                             ? model_pack_valid(m, w, c->hidden_size, c->vocab_size)
                                             : NULL,
                             .w16 = w16_only ? m->emb16 : model_head_w16(m)};

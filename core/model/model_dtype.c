@@ -31,7 +31,7 @@ ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
         (!ctrl_backend_has(m->be, linear_forward_bf16) || !ctrl_backend_has(m->be, round_to_bf16)))
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
                               m->be->name);
-    if (dtype != CTRL_BF16 && m->emb16) /* fp32 lookups would need the fp32 table given back */
+    if (dtype != CTRL_BF16 && ctrl_model_embedding_held_bf16(m)) /* fp32 lookups: the fp32 table is gone */
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "model: [peft] embedding_dtype = bf16 holds the embedding in bf16: fp32 "
                               "compute is refused");
@@ -208,32 +208,28 @@ static ctrl_status act_b16(const ctrl_model *m, const float *x, int64_t n, const
     return m->be->to_bf16(*tmp, x, n);
 }
 
-/* The LM head tied to an embedding held as bf16 values alone (model_embed16.c): x W^T and dX = dY W on
- * them, as the bf16 products multiply W's rounded values (the table is frozen: no dW). */
+/* The LM head tied to an embedding held in bf16 alone (model_embed16.c): x W^T and dX = dY W on it, as
+ * the bf16 products multiply W's rounded values (the table is frozen: no dW). */
 static ctrl_status embed16_forward(const ctrl_model *m, float *out, const float *x, const float *bias, int T,
-                                   int IN, int OUT) {
+                                   int OUT) {
     const int bf16 = m->linear_bf16 && !model_bf16_as_fp32(m); /* x rounded, as W's values are */
-    if (ctrl_cpu_gemm_w16(0, 1, T, OUT, IN, 1.0f, x, IN, m->emb16, IN, out, OUT, 0, bf16) != 0)
-        return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the LM head's product");
+    MODEL_TRY(model_embed16_forward(m, out, OUT, x, T, 0, OUT, bf16));
     for (int t = 0; bias && t < T; t++)
         for (int j = 0; j < OUT; j++) out[(size_t)t * OUT + j] += bias[j];
     return CTRL_OK;
 }
 
 static ctrl_status embed16_backward(const ctrl_model *m, float *dx, float *dw, float *dbias,
-                                    const float *dout, int T, int IN, int OUT) {
+                                    const float *dout, int T) {
     if (dw || dbias)
         return ctrl_error_set(CTRL_ERR_RUNTIME,
                               "model: a gradient for the embedding held in bf16 (it is frozen)");
-    const int bf16 = m->linear_bf16 && !model_bf16_as_fp32(m);
-    if (dx && ctrl_cpu_gemm_w16(0, 0, T, IN, OUT, 1.0f, dout, OUT, m->emb16, IN, dx, IN, 0, bf16) != 0)
-        return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory for the LM head's product");
-    return CTRL_OK;
+    return dx ? model_embed16_backward(m, dx, dout, T, m->linear_bf16 && !model_bf16_as_fp32(m)) : CTRL_OK;
 }
 
 ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x, const float *w,
                                  const float *bias, int T, int IN, int OUT) {
-    if (model_embed16_holds(m, w)) return embed16_forward(m, out, x, bias, T, IN, OUT);
+    if (model_embed16_holds(m, w)) return embed16_forward(m, out, x, bias, T, OUT);
     if (nf4_holds(m, w)) return nf4_linear_forward(m, out, x, w, bias, T, IN, OUT); /* QLoRA's base */
     if (!m->linear_bf16) return m->be->linear_forward(out, x, w, bias, T, IN, OUT);
     if (m->dec_pack) { /* panels (model_decode_pack.c): decoding's, current ones, a held base */
@@ -259,7 +255,7 @@ ctrl_status model_linear_forward(const ctrl_model *m, float *out, const float *x
 
 ctrl_status model_linear_backward(const ctrl_model *m, float *dx, float *dw, float *dbias, const float *dout,
                                   const float *x, const float *w, int T, int IN, int OUT) {
-    if (model_embed16_holds(m, w)) return embed16_backward(m, dx, dw, dbias, dout, T, IN, OUT);
+    if (model_embed16_holds(m, w)) return embed16_backward(m, dx, dw, dbias, dout, T);
     if (nf4_holds(m, w)) return nf4_linear_backward(m, dx, dw, dbias, dout, w, T, IN, OUT);
     if (!m->linear_bf16) return m->be->linear_backward(dx, dw, dbias, dout, x, w, T, IN, OUT);
     if (m->dec_pack) { /* dx on the forward's panels, read transposed (model_decode_pack.c) */

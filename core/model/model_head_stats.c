@@ -35,17 +35,18 @@ static ctrl_status mean_head_row(ctrl_model *m, float *d) {
         free(acc), free(row);
         return ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory");
     }
-    /* a tied head held as bf16 values alone ([peft] embedding_dtype = bf16): its rows widened */
+    /* a tied head held in bf16 alone ([peft] embedding_dtype = bf16): its rows widened */
     const int w16 = model_embed16_holds(m, m->dparams + m->off_lm_head);
-    for (int32_t v = 0; v < V; v++) {
-        if (w16) ctrl_cpu_embedding_forward_bf16(row, &v, m->emb16, 1, C);
+    ctrl_status st = CTRL_OK;
+    for (int32_t v = 0; v < V && st == CTRL_OK; v++) {
+        if (w16) st = model_embed16_rows(m, &v, 1, row);
         const float *r = w16 ? row : w + (size_t)v * C;
         for (int c = 0; c < C; c++) acc[c] += r[c];
     }
     free(row);
     for (int c = 0; c < C; c++) d[c] = (float)(acc[c] / V);
     free(acc);
-    return CTRL_OK;
+    return st;
 }
 
 static ctrl_status mean_logits(ctrl_model *m, float *out) {
@@ -66,7 +67,11 @@ static ctrl_status mean_logits(ctrl_model *m, float *out) {
  * vocabulary (one GEMM each on the backend), capped and summed on the host. */
 static ctrl_status mean_capped_logits(ctrl_model *m, float *out) {
     const ctrl_backend_ops *be = m->be;
-    const int T = m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size, VC = V < 4096 ? V : 4096;
+    /* (a table held as the head's panels: whole column blocks of theirs) */
+    const int T = m->T, C = m->cfg.hidden_size, V = m->cfg.vocab_size, block = model_embed16_chunk(m),
+              VC = block > 0  ? (V < block ? V : block)
+                   : V < 4096 ? V
+                              : 4096;
     const float cap = m->cfg.final_softcap;
     float *d = NULL, *z = malloc(sizeof(float) * (size_t)T * VC);
     double *acc = calloc((size_t)T, sizeof(double));
@@ -75,9 +80,7 @@ static ctrl_status mean_capped_logits(ctrl_model *m, float *out) {
     for (int v0 = 0; st == CTRL_OK && v0 < V; v0 += VC) {
         const int vc = v0 + VC <= V ? VC : V - v0;
         if (model_embed16_holds(m, m->dparams + m->off_lm_head)) /* the tied table in bf16: its values */
-            st = ctrl_cpu_gemm_w16(0, 1, T, vc, C, 1.0f, m->lnf, C, m->emb16 + (size_t)v0 * C, C, d, vc, 0, 0)
-                     ? ctrl_error_set(CTRL_ERR_NOMEM, "model: out of memory")
-                     : CTRL_OK;
+            st = model_embed16_forward(m, d, vc, m->lnf, T, v0, vc, 0);
         else
             st = be->linear_forward(d, m->lnf, m->dparams + m->off_lm_head + (size_t)v0 * C, NULL, T, C, vc);
         if (st == CTRL_OK) st = be->to_host(z, d, sizeof(float) * (size_t)T * vc);

@@ -269,7 +269,13 @@ struct ctrl_model {
      * bf16): emb16 [V, C], its fp32 pages given back (they read as zeros); the lookups widen its rows,
      * the LM head tied to it multiplies by them. emb16_at_load: held as the loader reads it. */
     uint16_t *emb16;
-    int emb16_at_load; /* 1 held in bf16 (asked), 2 where it can (embedding_dtype = auto) */
+    /* Or, tied to the LM head where a bf16 GEMM kernel runs, held only as the head's panels (a held entry
+     * of the panel table, model_decode_pack.c): the lookups widen rows out of them, every product of
+     * the head reads them (NULL: not so). */
+    const struct ctrl_cpu_bf16_packed *emb_panels;
+    /* 1 held in bf16 (asked), 2 where it can (embedding_dtype = auto), 3 as the head's panels where it
+     * can (auto in a loop that decodes: from bf16 values decoding would pack the head every step) */
+    int emb16_at_load;
     /* LoRA on the experts (lora_moe.c; lora->n_params, PEFT's target_parameters): per layer the offsets
      * of gate_up_proj's lora_A [E r, C], lora_B and down_proj's lora_A [E r, Im], lora_B
      * ([n_layers][4], -1 where none). A is PEFT's layout (expert e's rows e r ...); B is held expert
@@ -497,12 +503,22 @@ ctrl_status model_hold_head(ctrl_model *m);
 /* Gives back the whole pages inside params[lo, hi) (model_bf16_store.c; their contents become zeros). */
 void model_release_range(ctrl_model *m, long lo, long hi);
 /* The frozen embedding in bf16 (model_embed16.c): the loader read view v (emb16_at_load), the
- * embedding's is narrowed into emb16 and its fp32 pages given back; the lookup out[t] = the row of
- * tokens[t] (from emb16 where held, else the backend's embedding_forward); whether w is the held
- * table (the tied LM head). */
+ * embedding's is narrowed into emb16 or packed into the tied head's panels, and its fp32 pages given
+ * back; the lookup out[t] = the row of tokens[t] (from the bf16 table where held, else the backend's
+ * embedding_forward); whether w is the held table (the tied LM head); the held table's rows [n] widened
+ * into out [n, C] (exact); x W[v0 : v0 + vc]^T (v0 and vc whole multiples of _chunk, vc may reach V;
+ * _chunk 0: any) and dX = dY W on it (host memory: the head's products on the bf16 values); W's values as
+ * bf16 into a new buffer (*out, the caller frees it) unless held as bf16 values
+ * (*out = emb16). */
 ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v);
 ctrl_status model_embed_lookup(ctrl_model *m, float *out, const int32_t *tokens, int T, int C);
 int model_embed16_holds(const ctrl_model *m, const float *w);
+ctrl_status model_embed16_rows(const ctrl_model *m, const int32_t *rows, int n, float *out);
+ctrl_status model_embed16_forward(const ctrl_model *m, float *out, int ldo, const float *x, int T, int v0,
+                                  int vc, int bf16);
+int model_embed16_chunk(const ctrl_model *m);
+ctrl_status model_embed16_backward(const ctrl_model *m, float *dx, const float *dout, int T, int bf16);
+ctrl_status model_embed16_values(const ctrl_model *m, const uint16_t **out);
 /* LoRA on the experts (lora_moe.c): lora_moe_layout adds layer l's expert adapters (PEFT's names,
  * gate_up_proj's under base_layer. when down_proj has one too) and returns how many parameters it
  * wrapped (lora_init fills them); the forward adds expert e's adapter over its n

@@ -302,7 +302,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         }
         m->w16_at_load = 1;
     }
-    m->emb16_at_load = lora ? lora->bf16_embed : 0; /* 2: where it can (the default) */
+    m->emb16_at_load = lora ? lora->bf16_embed : 0; /* 2, 3: where it can (the default) */
     shard_set shards = {0};
     size_t *ranges = NULL;
     int n_ranges = 0, next = 0;

@@ -177,6 +177,8 @@ ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_
     if (!m->has_lora || m->lora_off) return ctrl_model_save_weights(m, path, dtype);
     if (m->host_stale) MODEL_TRY(ctrl_model_params_to_host(m)); /* a device model: its host copy, current */
     const int n = m->n_views, L = m->cfg.n_layers;
+    const uint16_t *table16 = NULL; /* a bf16-held table's values (read out of its panels: a copy) */
+    if (ctrl_model_embedding_held_bf16(m)) MODEL_TRY(model_embed16_values(m, &table16));
     merged_writer w = {.m = m, .path = path, .layer = -1, .pos = calloc((size_t)n + 1, sizeof(size_t))};
     size_t *layer_size = calloc((size_t)L + 1, sizeof(size_t)), most = 1;
     ctrl_st_write *tensors = calloc((size_t)n + 1, sizeof *tensors);
@@ -191,9 +193,8 @@ ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_
         }
         ctrl_st_write *t = &tensors[k++];
         *t = (ctrl_st_write){.name = pv->name, .ndim = pv->ndim, .shape = {pv->shape[0], pv->shape[1]}};
-        if (m->emb16 &&
-            (long)pv->offset == m->off_embed) /* the bf16 table as it is (exact): no widened copy */
-            t->raw = m->emb16, t->raw_dtype = CTRL_BF16;
+        if (table16 && (long)pv->offset == m->off_embed) /* the bf16 table as it is (exact): not widened */
+            t->raw = table16, t->raw_dtype = CTRL_BF16;
         else if (l < 0)
             t->data = m->params + pv->offset;
     }
@@ -208,5 +209,6 @@ ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_
     }
     if (st == CTRL_OK) st = ctrl_safetensors_write_fetched(path, tensors, k, dtype, merged_fetch, &w);
     free(w.buf), free(w.pos), free(layer_size), free(tensors);
+    if (table16 != m->emb16) free((void *)table16);
     return st;
 }

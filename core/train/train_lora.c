@@ -138,11 +138,11 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
     /* [peft] embedding_dtype = bf16: the frozen embedding held as bf16 values as it loads (the
      * settings refused it with fp32 compute, a named CUDA device or embed_tokens trained); auto (the
      * default): so wherever bf16 would be accepted -- bf16 compute on the CPU, no zero3 (load_on_cpu
-     * is 0 there), the table frozen (the loader keeps a trained one fp32) -- in a loop that does not
-     * decode (decoding from the bf16 table: +55% generation CPU measured, docs/performance.md), and
-     * fp32 elsewhere */
+     * is 0 there), the table frozen (the loader keeps a trained one fp32); in a loop that decodes only
+     * as the tied head's panels (3: decoding from bf16 values packs the head in every step, +55% of
+     * the generation's CPU measured, docs/performance.md), and fp32 elsewhere */
     lc.bf16_embed = s->peft.embed_bf16 == 2
-                        ? (load_on_cpu && !loop_decodes && !strcmp(s->train.dtype, "bf16") ? 2 : 0)
+                        ? (load_on_cpu && !strcmp(s->train.dtype, "bf16") ? (loop_decodes ? 3 : 2) : 0)
                         : s->peft.embed_bf16;
     if (lc.bf16_embed == 1 && !load_on_cpu)
         return ctrl_error_set(
@@ -193,8 +193,8 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
     if (ctrl_model_embedding_held_bf16(*out))
         CTRL_INFO("LoRA: the frozen embedding held in bf16 ([peft] embedding_dtype = %s): the lookups "
                   "return its rows rounded to bf16%s",
-                  lc.bf16_embed == 2 ? "auto, the default" : "bf16",
-                  lc.bf16_embed == 2 ? " (embedding_dtype = fp32 keeps it fp32, as autocast does)" : "");
+                  lc.bf16_embed >= 2 ? "auto, the default" : "bf16",
+                  lc.bf16_embed >= 2 ? " (embedding_dtype = fp32 keeps it fp32, as autocast does)" : "");
     CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%)%s, the base frozen%s%s%s%s",
               lc.r, (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
               lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",

@@ -235,6 +235,63 @@ TEST(head_in_bf16) {
     free(h), free(w), free(hr), free(wr);
 }
 
+/* The head on W's panels alone (w and w16 NULL: a frozen embedding tied to the head, held as its panels):
+ * the one-pass head and the chunked forward + backward over V past two column blocks, rows without
+ * a target skipped, give the log-probs, LSEs and dhidden of the head on the fp32 W under bf16 (within
+ * 1e-5: its chunks of 8192 columns sum the softmax in another grouping, and its chunks of up to 4 rows
+ * take the few-rows path), whatever bf16 says. */
+TEST(head_on_panels_alone) {
+    if (ctrl_cpu_bf16_kind_now() == CTRL_CPU_BF16_FP32) TEST_SKIP("no bf16 kernel: no panels");
+    enum { T = 19, C = 40, V = 20000 };
+    unsigned seed = 21;
+    float *h = malloc(sizeof(float) * T * C), *w = malloc(sizeof(float) * V * C);
+    int32_t tg[T];
+    float dlogp[T];
+    for (int i = 0; i < T * C; i++) h[i] = frand(&seed);
+    for (int i = 0; i < V * C; i++) w[i] = frand(&seed) * 0.3f;
+    for (int t = 0; t < T; t++)
+        tg[t] = t % 5 == 3 ? -100 : (int32_t)((t * 7919u) % V), dlogp[t] = frand(&seed);
+    ctrl_cpu_bf16_packed *p = ctrl_cpu_gemm_bf16_pack(1, V, C, w, C);
+    CHECK(p != NULL && ctrl_cpu_gemm_bf16_packed_block(p) < V / 2);
+    float lp[3][2][T], lse[3][2][T], *dh[3][2];
+    for (int v = 0; v < 3; v++) { /* 0: the fp32 W; 1: its panels alone; 2: the same, bf16 = 0 */
+        const ctrl_head_args a = {.hidden = h,
+                                  .w = v == 0 ? w : NULL,
+                                  .targets = tg,
+                                  .T = T,
+                                  .C = C,
+                                  .V = V,
+                                  .temperature = 0.7f,
+                                  .chunk_tokens = 8,
+                                  .bf16 = v != 2,
+                                  .targets_only = 1,
+                                  .w_packed = v == 0 ? NULL : p};
+        void *ws = malloc(ctrl_cpu_head_fused_workspace_bytes(&a));
+        dh[v][0] = malloc(sizeof(float) * T * C), dh[v][1] = malloc(sizeof(float) * T * C);
+        ctrl_cpu_head_forward_backward(&a, dlogp, lp[v][0], NULL, lse[v][0], NULL, dh[v][0], NULL, ws);
+        free(ws);
+        ws = malloc(ctrl_cpu_head_workspace_bytes(&a));
+        ctrl_cpu_head_forward(&a, lp[v][1], NULL, lse[v][1], NULL, ws);
+        ctrl_cpu_head_backward(&a, lse[v][1], dlogp, NULL, NULL, dh[v][1], NULL, ws);
+        free(ws);
+    }
+    for (int v = 1; v < 3; v++)
+        for (int k = 0; k < 2; k++) {
+            double e = 0, el = 0;
+            for (int t = 0; t < T; t++)
+                e = fmax(e, fabs(lp[v][k][t] - lp[0][k][t])),
+                el = fmax(el, fabs(lse[v][k][t] - lse[0][k][t]));
+            const double ed = rel(dh[v][k], dh[0][k], T * C);
+            printf("  panels alone (bf16 %d), %s: log-probs %.2g, lse %.2g, dhidden %.2g from the fp32 W's\n",
+                   v == 1, k ? "chunked" : "one pass", e, el, ed);
+            CHECK(e < 1e-5 && el < 1e-5 && ed < 1e-5);
+            CHECK(lp[v][k][3] == 0.0f && dh[v][k][3 * C] == 0.0f); /* a row without a target */
+        }
+    for (int v = 0; v < 3; v++) free(dh[v][0]), free(dh[v][1]);
+    ctrl_cpu_gemm_bf16_packed_free(p);
+    free(h), free(w);
+}
+
 /* Few tokens through x W^T (decoding) take the unpacked path: the same sums as the blocked one. */
 TEST(few_rows_match_blocked) {
     if (!ctrl_cpu_has_avx512bf16()) TEST_SKIP("AVX-512 BF16 off");

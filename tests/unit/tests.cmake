@@ -15,6 +15,8 @@ set_tests_properties(test_nf4_gemm_portable PROPERTIES LABELS unit ENVIRONMENT C
 # (the tied head's SGEMM on widened blocks of the table).
 add_test(NAME test_lora_embed16_portable COMMAND test_lora_embed16)
 set_tests_properties(test_lora_embed16_portable PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_AVX512BF16=1 TIMEOUT 120)
+add_test(NAME test_lora_embed16_values COMMAND test_lora_embed16)
+set_tests_properties(test_lora_embed16_values PROPERTIES LABELS unit ENVIRONMENT CTRL_NO_EMBED_PANELS=1 TIMEOUT 120)
 # Decoding's packed weights with AVX-512 BF16 off: the AVX2 panels where AVX2 runs, and a frozen model's
 # hold as panels refused (the model decodes as before).
 add_test(NAME test_decode_packed_portable COMMAND test_decode_packed)
