@@ -285,8 +285,9 @@ int ctrl_model_base_in_panels(const ctrl_model *m);
  * CTRL_ERR_UNSUPPORTED (the model unchanged) with fp32 compute, without a bf16 GEMM kernel (AVX2 only:
  * decoding packs its own AVX2 panels), with CTRL_NO_BASE_PANELS set, QLoRA, DoRA or experts. */
 ctrl_status ctrl_model_hold_panels(ctrl_model *m);
-/* Whether the frozen input embedding is held as bf16 values alone (ctrl_lora_config.bf16_embed, [peft]
- * embedding_dtype = bf16; model_embed16.c): 2 bytes a value, counted by ctrl_model_param_bytes. */
+/* Whether the frozen input embedding is held in bf16 alone (ctrl_lora_config.bf16_embed, [peft]
+ * embedding_dtype = bf16 or auto; model_embed16.c), counted by ctrl_model_param_bytes: 0 no, 1 as bf16
+ * values (2 bytes a value), 2 as the tied LM head's bf16 GEMM panels (its only copy). */
 int ctrl_model_embedding_held_bf16(const ctrl_model *m);
 /* The bytes of the bf16 panels decoding packed (the weights packed once for decoding and reused by
  * the training products of the same weights; a held base's are in ctrl_model_param_bytes). */

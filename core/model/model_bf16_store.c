@@ -31,8 +31,10 @@
  * of the 2-byte store (the same bf16 values, the same blocked GEMM).
  *
  * For inference (ctrl_model_hold_panels: ctrl generate --dtype bf16) the same panels hold a LoRA
- * model's base or a model frozen whole, and the LM head's panels are held beside its fp32 values:
- * decoding then packs nothing. Only as panels: where none can be made the model is left as it is. */
+ * model's base or a model frozen whole, and the LM head's panels are held too: decoding then packs
+ * nothing. A head of its own in a model frozen whole is then only its panels (its fp32 pages given
+ * back); a tied one keeps the embedding's fp32 values for the lookups unless the table is held in bf16
+ * (model_embed16.c). Only as panels: where none can be made the model is left as it is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,7 +267,14 @@ ctrl_status model_hold_head(ctrl_model *m) {
     if (m->off_lm_head < 0) return CTRL_OK;
     /* where it trains no more (its fp32 values stay: the embedding's when tied) */
     if (m->has_lora && (size_t)m->off_lm_head >= m->train_off) return CTRL_OK;
-    return model_pack_hold(m, (size_t)m->off_lm_head, m->cfg.hidden_size, m->cfg.vocab_size);
+    const size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size;
+    MODEL_TRY(model_pack_hold(m, (size_t)m->off_lm_head, m->cfg.hidden_size, m->cfg.vocab_size));
+    /* a model frozen whole with a head of its own: decoding reads only the panels; its fp32 pages back */
+    if (!m->has_lora && m->off_lm_head != m->off_embed && !m->head_held_only) {
+        model_release_range(m, m->off_lm_head, (long)(m->off_lm_head + n));
+        m->head_held_only = 1;
+    }
+    return CTRL_OK;
 }
 
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
@@ -301,6 +310,8 @@ size_t ctrl_model_param_bytes(const ctrl_model *m) {
     if (m->emb16) /* the frozen embedding in 2 bytes a value, its fp32 pages given back */
         bytes -= (sizeof(float) - sizeof(uint16_t)) * table;
     if (m->emb_panels) /* or as the head's panels (counted with the held ones) */
+        bytes -= sizeof(float) * table;
+    if (m->head_held_only) /* an untied head as its panels alone */
         bytes -= sizeof(float) * table;
     if (m->base_panels || m->emb_panels) bytes += model_pack_held_bytes(m);
     if (m->base_panels) /* the projections as panels; the norms and biases in place */

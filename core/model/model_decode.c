@@ -250,8 +250,8 @@ static ctrl_status decode(ctrl_model *m, ctrl_kv_cache *c, ctrl_kv_seq *const *s
         if (st == CTRL_OK)
             st = model_norm_forward(m, m->dec_h, m->dec_rstd, m->dec_hin, m->dparams + m->off_norm, rows, C);
         if (st == CTRL_OK && m->dec_hook) st = m->dec_hook(m->dec_hook_ctx, model_outer_slot(m, 1), 0);
-        if (st == CTRL_OK && (packed || ctrl_model_embedding_held_bf16(m))) /* the head in bf16 too: its
-                                                                               panels, or a bf16 table */
+        /* the head in bf16 too: its panels (decoding's or held), or a bf16 table */
+        if (st == CTRL_OK && (packed || ctrl_model_embedding_held_bf16(m) || m->head_held_only))
             st = model_linear_forward(m, lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);
         else if (st == CTRL_OK)
             st = be->linear_forward(lg, m->dec_h, m->dparams + m->off_lm_head, NULL, rows, C, V);

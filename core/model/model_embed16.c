@@ -10,14 +10,18 @@
  *     (emb_panels, a held entry of the panel table, model_decode_pack.c): the lookups widen rows out
  *     of the panels (ctrl_cpu_gemm_bf16_packed_rows), the head multiplies by them in every product --
  *     the training head chunk by chunk of the vocabulary (ctrl_cpu_gemm_bf16_packed_cols), decoding's
- *     head without packing it again in each step, which from bf16 values costs +55% of a decoding
- *     run's CPU (docs/performance.md) and is why a decoding loop's auto holds the table so or not at
- *     all (emb16_at_load 3). CTRL_NO_EMBED_PANELS=1 keeps the values form (for comparisons).
- * The input embeddings are the rounded rows -- the one change in the numbers. Only for a frozen table
- * on the CPU under bf16 compute (the settings refuse the key otherwise; here a trained table --
- * modules_to_save -- or a device is refused again; under auto such a table simply stays fp32). The
- * head's statistics (the sequence trainers' mean logits, model_head_stats.c) read the same bf16
- * values. */
+ *     head without packing it again in each step. From bf16 values decoding packs the tied head in
+ *     every step (+55% of a decoding run's CPU, docs/performance.md), so a loop that decodes (auto:
+ *     emb16_at_load 3) holds a tied table as panels or not at all. CTRL_NO_EMBED_PANELS=1 keeps the
+ *     values form (for comparisons).
+ * The input embeddings are the rounded rows -- the one change in the numbers. Inference (ctrl generate
+ * --dtype bf16, a model loaded frozen in bf16: emb16_at_load 4) holds the table only where its values
+ * are bf16 already (a checkpoint stored in bf16, as Qwen's and Llama's are): no change at all, and half
+ * (untied: as values) or all (tied: as the head's panels, which it holds anyway) of the table's fp32
+ * memory saved. Only for a frozen table on the CPU under bf16 compute (the settings refuse the key
+ * otherwise; here a trained table -- modules_to_save -- or a device is refused again; under auto such
+ * a table simply stays fp32). The head's statistics (the sequence trainers' mean logits,
+ * model_head_stats.c) read the same bf16 values. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +29,15 @@
 #include "model/model_internal.h"
 
 static const char *const key = "[peft] embedding_dtype = bf16";
+
+/* Whether every value of x[n] is a bf16 value (its low 16 bits zero): a checkpoint stored in bf16. */
+static int bf16_exact(const float *x, size_t n) {
+    const uint32_t *u = (const uint32_t *)(const void *)x;
+    uint32_t any = 0;
+#pragma omp parallel for reduction(| : any) schedule(static)
+    for (size_t i = 0; i < n; i++) any |= u[i] & 0xFFFFu;
+    return any == 0;
+}
 
 /* Whether the table can be held as the tied head's panels. */
 static int as_panels(const ctrl_model *m) {
@@ -48,13 +61,15 @@ ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if ((size_t)v->numel != n)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: %s has %lld values, not %zu", key, v->name,
                               (long long)v->numel, n);
+    if (m->emb16_at_load == 4 && !bf16_exact(m->params + v->offset, n)) return CTRL_OK; /* inference: exact */
     if (as_panels(m)) {
         MODEL_TRY(model_pack_hold(m, v->offset, C, V));
         m->emb_panels = model_pack_valid(m, m->params + v->offset, C, V);
         model_release_range(m, (long)v->offset, (long)(v->offset + n));
         return CTRL_OK;
     }
-    if (m->emb16_at_load == 3) return CTRL_OK; /* decoding from bf16 values: kept fp32 */
+    /* tied, in a loop that decodes: from bf16 values decoding would pack the head in every step */
+    if (m->emb16_at_load >= 3 && m->off_lm_head == m->off_embed) return CTRL_OK;
     uint16_t *e = malloc(sizeof(uint16_t) * n);
     if (!e) return ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory for %zu values", key, n);
     ctrl_cpu_f32_to_bf16(e, m->params + v->offset, (int64_t)n);
@@ -139,4 +154,4 @@ ctrl_status model_embed16_values(const ctrl_model *m, const uint16_t **out) {
     return st;
 }
 
-int ctrl_model_embedding_held_bf16(const ctrl_model *m) { return m->emb16 != NULL || m->emb_panels != NULL; }
+int ctrl_model_embedding_held_bf16(const ctrl_model *m) { return m->emb_panels ? 2 : m->emb16 ? 1 : 0; }

@@ -273,8 +273,10 @@ struct ctrl_model {
      * of the panel table, model_decode_pack.c): the lookups widen rows out of them, every product of
      * the head reads them (NULL: not so). */
     const struct ctrl_cpu_bf16_packed *emb_panels;
+    int head_held_only; /* an untied LM head held as its panels alone (model_hold_head, inference) */
     /* 1 held in bf16 (asked), 2 where it can (embedding_dtype = auto), 3 as the head's panels where it
-     * can (auto in a loop that decodes: from bf16 values decoding would pack the head every step) */
+     * can (auto in a loop that decodes: from bf16 values decoding would pack the head every step), 4
+     * where it can and its values are bf16 already (inference: ctrl_model_load_frozen_bf16) */
     int emb16_at_load;
     /* LoRA on the experts (lora_moe.c; lora->n_params, PEFT's target_parameters): per layer the offsets
      * of gate_up_proj's lora_A [E r, C], lora_B and down_proj's lora_A [E r, Im], lora_B

@@ -302,7 +302,8 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         }
         m->w16_at_load = 1;
     }
-    m->emb16_at_load = lora ? lora->bf16_embed : 0; /* 2, 3: where it can (the default) */
+    /* 2, 3: where it can (the default); 4 (inference): where its values are bf16 already */
+    m->emb16_at_load = frozen_bf16 ? 4 : lora ? lora->bf16_embed : 0;
     shard_set shards = {0};
     size_t *ranges = NULL;
     int n_ranges = 0, next = 0;

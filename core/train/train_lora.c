@@ -191,9 +191,12 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
     char nf4[512];
     ctrl_model_nf4_summary(*out, nf4, sizeof nf4);
     if (ctrl_model_embedding_held_bf16(*out))
-        CTRL_INFO("LoRA: the frozen embedding held in bf16 ([peft] embedding_dtype = %s): the lookups "
+        CTRL_INFO("LoRA: the frozen embedding held in bf16 ([peft] embedding_dtype = %s) as %s: the lookups "
                   "return its rows rounded to bf16%s",
                   lc.bf16_embed >= 2 ? "auto, the default" : "bf16",
+                  ctrl_model_embedding_held_bf16(*out) == 2
+                      ? "the tied LM head's bf16 GEMM panels (its only copy)"
+                      : "bf16 values",
                   lc.bf16_embed >= 2 ? " (embedding_dtype = fp32 keeps it fp32, as autocast does)" : "");
     CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%)%s, the base frozen%s%s%s%s",
               lc.r, (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,

@@ -215,8 +215,10 @@ enabled = true
 lora_dropout = 0
 INI
 "${C[@]}" train "$TMP/grpo.ini" >"$TMP/log" 2>&1 || { bad "grpo lora run"; tail -5 "$TMP/log"; }
-# (a loop that decodes keeps the fp32 table under the default embedding_dtype = auto)
-grep -q "frozen embedding held in bf16" "$TMP/log" && bad "grpo: the default held the embedding in bf16" || ok
+# (this model's head is its own: the default embedding_dtype = auto holds the table as bf16 values, which
+# only the lookups read)
+grep -q "frozen embedding held in bf16 (\[peft\] embedding_dtype = auto, the default) as bf16 values" "$TMP/log" &&
+  ok || bad "grpo: the default did not hold the untied table as bf16 values"
 kl1=$(grep '"step": 1,' "$TMP/grpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 kl3=$(grep '"step": 3,' "$TMP/grpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 awk -v a="$kl1" -v b="$kl3" 'BEGIN { exit !(a == 0 && b > 0) }' && ok || bad "grpo kl: step 1 $kl1, step 3 $kl3"
@@ -234,6 +236,30 @@ qkl1=$(grep '"step": 1,' "$TMP/qgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]
 ekl1=$(grep '"step": 1,' "$TMP/egrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
 [ "$ekl1" = 0 ] || [ "$ekl1" = 0.000000 ] && [ -s "$TMP/egrpo/adapter_model.safetensors" ] && ok ||
   bad "grpo embedding_dtype = bf16: kl at step 1 $ekl1, or no adapter"
+# A tied head: under auto a loop that decodes holds the table as the head's panels where a bf16 GEMM
+# kernel runs (never as values: decoding would pack the head from them in every step), and as the
+# head's panels or as bf16 values (CTRL_NO_EMBED_PANELS=1) the run is the same, completions and losses
+# bit for bit
+"${C[@]}" model init --arch qwen2 --hidden 32 --layers 2 --heads 2 --tie-embeddings \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/tmodel" >/dev/null || bad "tied model init"
+tg=(--set model.path="$TMP/tmodel" --set train.max_steps=2)
+"${C[@]}" train "$TMP/grpo.ini" "${tg[@]}" --set run.output_dir="$TMP/tgrpo" >"$TMP/log" 2>&1 ||
+  { bad "grpo tied run"; tail -5 "$TMP/log"; }
+grep "frozen embedding held in bf16" "$TMP/log" | grep -q "as bf16 values" &&
+  bad "grpo: the default held a tied table as bf16 values" || ok
+numbers() { grep -o '"\(loss\|reward\|entropy\|grad_norm\|kl\|completions/mean_length\)": [^,]*' "$1/metrics.jsonl"; }
+for how in panels values; do
+  [ $how = values ] && export CTRL_NO_EMBED_PANELS=1
+  "${C[@]}" train "$TMP/grpo.ini" "${tg[@]}" --set peft.embedding_dtype=bf16 --set run.output_dir="$TMP/t$how" \
+    >"$TMP/log" 2>&1 || { bad "grpo tied, the table as $how"; tail -5 "$TMP/log"; }
+  unset CTRL_NO_EMBED_PANELS
+  if [ $how = panels ] && ! grep -q "as the tied LM head's bf16 GEMM panels" "$TMP/log"; then
+    echo "  (no bf16 GEMM kernel here: the table as bf16 values both times)"
+  fi
+done
+grep -q "as bf16 values" "$TMP/log" && ok || bad "grpo: CTRL_NO_EMBED_PANELS=1 did not hold the table as values"
+[ -n "$(numbers "$TMP/tpanels")" ] && [ "$(numbers "$TMP/tpanels")" = "$(numbers "$TMP/tvalues")" ] && ok ||
+  bad "grpo: the table as the head's panels and as bf16 values differ"
 # and QDoRA GRPO: decoding applies the magnitudes over the NF4 base (at the start they are the norms:
 # KL 0), the adapter holds them
 "${C[@]}" train "$TMP/grpo.ini" "${qd[@]}" --set train.max_steps=2 --set run.output_dir="$TMP/qdgrpo" \

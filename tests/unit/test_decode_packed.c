@@ -210,6 +210,7 @@ static void check_held_at_load(const char *arch) {
     const int held = ctrl_model_hold_panels(after) == CTRL_OK;
     ctrl_error_clear();
     CHECK_EQ_INT(ctrl_model_base_in_panels(m), held);
+    CHECK(!ctrl_model_embedding_held_bf16(m)); /* fp32 values: the table as it is */
     CHECK_MSG(ctrl_model_param_bytes(m) == ctrl_model_param_bytes(after),
               "%s: %zu parameter bytes, %zu held after", arch, ctrl_model_param_bytes(m),
               ctrl_model_param_bytes(after));
@@ -225,11 +226,67 @@ static void check_held_at_load(const char *arch) {
     cJSON_Delete(cases);
 }
 
+/* A checkpoint stored in bf16 (the fixture saved as bf16), loaded frozen in bf16: its embedding's
+ * values are bf16 already, so the table is held in bf16 alone as it loads -- a tied one as the head's
+ * panels (where a bf16 kernel runs; otherwise it stays fp32), one of its own as bf16 values: the
+ * logits bit for bit those of the same checkpoint held after a plain load (the fp32 table), the
+ * parameter bytes smaller by the table's fp32 (tied) or half of them (untied). The fp32 fixture's
+ * table (not bf16 values) is not held (check_held_at_load). */
+static void check_held_exact(const char *arch) {
+    char path[512], dir[] = "/tmp/ctrl_exact_XXXXXX";
+    snprintf(path, sizeof path, CTRL_FIXTURE_DIR "/models/%s", arch);
+    CHECK(mkdtemp(dir) != NULL);
+    ctrl_model *src = NULL, *m = NULL, *after = NULL;
+    CHECK_EQ_INT(ctrl_model_load(path, NULL, &src), CTRL_OK);
+    if (src) CHECK_EQ_INT(ctrl_model_save(src, dir, CTRL_BF16), CTRL_OK);
+    ctrl_model_free(src);
+    cJSON *cases = cases_of(arch);
+    CHECK_EQ_INT(ctrl_model_load_frozen_bf16(dir, NULL, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(dir, NULL, &after), CTRL_OK);
+    if (m && after && cases) {
+        test_attach_paged(m), test_attach_paged(after);
+        const ctrl_model_config *c = ctrl_model_cfg(m);
+        const int tied = c->tie_word_embeddings, fast = ctrl_cpu_bf16_kind_now() != CTRL_CPU_BF16_FP32;
+        CHECK_EQ_INT(ctrl_model_set_compute_dtype(after, CTRL_BF16), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_freeze(after), CTRL_OK);
+        if (ctrl_model_hold_panels(after) != CTRL_OK) ctrl_error_clear();
+        const int want = tied ? (fast ? 2 : 0) : 1;
+        CHECK_MSG(ctrl_model_embedding_held_bf16(m) == want && ctrl_model_embedding_held_bf16(after) == 0,
+                  "%s: the table held %d, want %d", arch, ctrl_model_embedding_held_bf16(m), want);
+        const size_t table = (size_t)c->vocab_size * (size_t)c->hidden_size;
+        const size_t saved = want == 2 ? 4 * table : want == 1 ? 2 * table : 0;
+        CHECK_MSG(ctrl_model_param_bytes(m) + saved == ctrl_model_param_bytes(after),
+                  "%s: %zu parameter bytes held at load, %zu after a plain load", arch,
+                  ctrl_model_param_bytes(m), ctrl_model_param_bytes(after));
+        const int V = c->vocab_size;
+        float *a = malloc(sizeof(float) * 3 * 2 * V), *b = malloc(sizeof(float) * 3 * 2 * V);
+        int32_t gen[2][12];
+        run(m, cases, 3, a, gen);
+        run(after, cases, 3, b, gen);
+        CHECK_MSG(!memcmp(a, b, sizeof(float) * 3 * 2 * V),
+                  "%s: logits with the table in bf16 differ (rel %.3g)", arch,
+                  test_rel_error_f32(a, b, 3L * 2 * V));
+        printf("  %s stored in bf16: the table held %s, %zu bytes fewer\n", arch,
+               want == 2 ? "as the head's panels"
+               : want    ? "as bf16 values"
+                         : "in fp32",
+               saved);
+        free(a), free(b);
+    }
+    ctrl_model_free(m), ctrl_model_free(after);
+    cJSON_Delete(cases);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 TEST(frozen_model_held_as_panels) {
     check_held("qwen2"); /* the head tied to the embedding */
     check_held("llama"); /* its own head */
     check_held_at_load("qwen2");
     check_held_at_load("llama");
+    check_held_exact("qwen2");
+    check_held_exact("llama");
     ctrl_model *m = NULL; /* fp32 compute: nothing to hold */
     CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &m), CTRL_OK);
     if (!m) return;
