@@ -181,14 +181,10 @@ static ctrl_status prompt_ids(const ctrl_tokenizer *tok, const ctrl_template *tp
  * as it first multiplies by them, as a trainer's does. */
 static ctrl_status hold_panels(ctrl_model *m) {
     ctrl_status st = ctrl_model_base_in_panels(m) ? CTRL_OK : ctrl_model_hold_panels(m); /* (as it loaded) */
-    const int table = ctrl_model_embedding_held_bf16(m);
+    char held[256];
+    ctrl_model_held_summary(m, held, sizeof held);
     if (st == CTRL_OK)
-        CTRL_INFO("generate: the weights held as bf16 GEMM panels before the first step (parameters now %.0f "
-                  "MiB: the projections' fp32 copies given back%s)",
-                  (double)ctrl_model_param_bytes(m) / (1 << 20),
-                  table == 2   ? "; the embedding, stored in bf16, held as the tied head's panels alone"
-                  : table == 1 ? "; the embedding, stored in bf16, held as its bf16 values"
-                               : "");
+        CTRL_INFO("generate: the weights held as bf16 GEMM panels before the first step (%s)", held);
     if (st != CTRL_ERR_UNSUPPORTED) return st;
     CTRL_INFO("generate: weights packed for bf16 as decoding first multiplies by them (%s)",
               ctrl_error_message());

@@ -285,6 +285,16 @@ int ctrl_model_base_in_panels(const ctrl_model *m);
  * CTRL_ERR_UNSUPPORTED (the model unchanged) with fp32 compute, without a bf16 GEMM kernel (AVX2 only:
  * decoding packs its own AVX2 panels), with CTRL_NO_BASE_PANELS set, QLoRA, DoRA or experts. */
 ctrl_status ctrl_model_hold_panels(ctrl_model *m);
+/* New values x[numel] of view v (ctrl serve's /update_weights), written where the model holds it: in
+ * place in fp32, or a weight held as bf16 panels packed again from x (its fp32 pages stay given back),
+ * or an embedding held in bf16 because its values were bf16 ones (ctrl_model_load_frozen_bf16) kept so
+ * where x's are too and put back in fp32 where they are not; the caller calls
+ * ctrl_model_weights_changed after its writes. ctrl_model_view_held: whether v's fp32 values are
+ * not in the parameters (write through ctrl_model_write_view, not into ctrl_model_params). */
+ctrl_status ctrl_model_write_view(ctrl_model *m, const ctrl_param_view *v, const float *x);
+/* One line for the log: the parameters' bytes and what of them is held in bf16 (as panels, as values). */
+void ctrl_model_held_summary(const ctrl_model *m, char *buf, size_t cap);
+int ctrl_model_view_held(const ctrl_model *m, const ctrl_param_view *v);
 /* Whether the frozen input embedding is held in bf16 alone (ctrl_lora_config.bf16_embed, [peft]
  * embedding_dtype = bf16 or auto; model_embed16.c), counted by ctrl_model_param_bytes: 0 no, 1 as bf16
  * values (2 bytes a value), 2 as the tied LM head's bf16 GEMM panels (its only copy). */

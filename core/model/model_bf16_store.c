@@ -298,6 +298,39 @@ ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     return CTRL_OK;
 }
 
+ctrl_status ctrl_model_write_view(ctrl_model *m, const ctrl_param_view *v, const float *x) {
+    const size_t lo = v->offset, hi = lo + (size_t)v->numel;
+    if ((long)lo == m->off_embed && ctrl_model_embedding_held_bf16(m)) return model_embed16_write(m, x);
+    const int L = m->cfg.n_layers;
+    if (m->w16 && in_layers(m->w16_lo, L, v))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: %s is held in the 2-byte bf16 store", v->name);
+    const int packed = model_pack_rewrite(m, lo, hi, x); /* a held weight's panels */
+    if (packed < 0)
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "model: %s is held as bf16 panels and no bf16 kernel runs now", v->name);
+    /* the fp32 values too, unless their pages were given back (a held projection, an untied head) */
+    const int given_back = packed > 0 && ((m->base_panels && in_layers(m->w16_lo, L, v)) ||
+                                          ((long)lo == m->off_lm_head && m->head_held_only));
+    if (!given_back) memcpy(m->params + lo, x, sizeof(float) * (size_t)v->numel);
+    return CTRL_OK;
+}
+
+void ctrl_model_held_summary(const ctrl_model *m, char *buf, size_t cap) {
+    const int table = ctrl_model_embedding_held_bf16(m);
+    snprintf(buf, cap, "parameters %.0f MiB%s%s%s", (double)ctrl_model_param_bytes(m) / (1 << 20),
+             m->base_panels ? ": the projections as bf16 GEMM panels, their fp32 copies given back" : "",
+             m->head_held_only ? "; the LM head as its panels alone" : "",
+             table == 2   ? "; the embedding held in bf16 as the tied head's panels alone"
+             : table == 1 ? "; the embedding held as bf16 values"
+                          : "");
+}
+
+int ctrl_model_view_held(const ctrl_model *m, const ctrl_param_view *v) {
+    if ((long)v->offset == m->off_embed && ctrl_model_embedding_held_bf16(m)) return 1;
+    if ((long)v->offset == m->off_lm_head && m->head_held_only) return 1;
+    return (m->base_panels || m->w16) && in_layers(m->w16_lo, m->cfg.n_layers, v) && v->ndim == 2;
+}
+
 int ctrl_model_base_held_bf16(const ctrl_model *m) {
     return (m->w16 != NULL && m->w16_keep != NULL) || m->base_panels;
 }

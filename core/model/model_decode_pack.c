@@ -282,6 +282,18 @@ size_t ctrl_model_decode_panel_bytes(const ctrl_model *m) { return model_pack_by
 
 size_t model_pack_held_bytes(const ctrl_model *m) { return m->dec_pack ? m->dec_pack->held_bytes : 0; }
 
+int model_pack_rewrite(ctrl_model *m, size_t lo, size_t hi, const float *x) {
+    struct model_pack *p = m->dec_pack;
+    int n = 0;
+    for (int i = 0; p && i < p->n; i++) {
+        const pack_entry *e = &p->e[i];
+        if (!e->held || e->off < lo || e->off + (size_t)e->in * e->out > hi) continue;
+        if (ctrl_cpu_gemm_bf16_repack(e->panels, x + (e->off - lo), e->in) != 0) return -1;
+        n++;
+    }
+    return n;
+}
+
 void model_pack_free(ctrl_model *m, int held_too) {
     struct model_pack *p = m->dec_pack;
     if (!p) return;

@@ -32,9 +32,10 @@ ctrl_status ctrl_model_set_compute_dtype(ctrl_model *m, ctrl_dtype dtype) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: bf16 compute is not implemented on %s yet",
                               m->be->name);
     if (dtype != CTRL_BF16 && ctrl_model_embedding_held_bf16(m)) /* fp32 lookups: the fp32 table is gone */
-        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
-                              "model: the embedding is held in bf16 alone ([peft] embedding_dtype, or a "
-                              "checkpoint stored in bf16 loaded for bf16 inference): fp32 compute is refused");
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "model: the embedding is held in bf16 alone ([peft] embedding_dtype, or a "
+            "checkpoint stored in bf16 loaded for bf16 inference): fp32 compute is refused");
     m->linear_bf16 = dtype == CTRL_BF16;
     m->rounded_valid = 0;
     return CTRL_OK;

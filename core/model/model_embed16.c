@@ -154,4 +154,20 @@ ctrl_status model_embed16_values(const ctrl_model *m, const uint16_t **out) {
     return st;
 }
 
+ctrl_status model_embed16_write(ctrl_model *m, const float *x) {
+    const size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size, off = (size_t)m->off_embed;
+    if (bf16_exact(x, n)) { /* still bf16 values: held as before */
+        if (m->emb16) ctrl_cpu_f32_to_bf16(m->emb16, x, (int64_t)n);
+        if (m->emb_panels && model_pack_rewrite(m, off, off + n, x) != 1) return no_product();
+        return CTRL_OK;
+    }
+    memcpy(m->params + off, x, sizeof(float) * n); /* the lookups read fp32 again, exactly */
+    free(m->emb16);
+    m->emb16 = NULL;
+    if (m->emb_panels && model_pack_rewrite(m, off, off + n, x) != 1) /* (the tied head's, held still) */
+        return no_product();
+    m->emb_panels = NULL;
+    return CTRL_OK;
+}
+
 int ctrl_model_embedding_held_bf16(const ctrl_model *m) { return m->emb_panels ? 2 : m->emb16 ? 1 : 0; }

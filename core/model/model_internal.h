@@ -521,6 +521,10 @@ ctrl_status model_embed16_forward(const ctrl_model *m, float *out, int ldo, cons
 int model_embed16_chunk(const ctrl_model *m);
 ctrl_status model_embed16_backward(const ctrl_model *m, float *dx, const float *dout, int T, int bf16);
 ctrl_status model_embed16_values(const ctrl_model *m, const uint16_t **out);
+/* New values x of the table held in bf16 (ctrl_model_write_view): written into its bf16 form where
+ * they are bf16 values, else the table back in fp32 (its bf16 form dropped; a tied head's panels
+ * packed again from x). */
+ctrl_status model_embed16_write(ctrl_model *m, const float *x);
 /* LoRA on the experts (lora_moe.c): lora_moe_layout adds layer l's expert adapters (PEFT's names,
  * gate_up_proj's under base_layer. when down_proj has one too) and returns how many parameters it
  * wrapped (lora_init fills them); the forward adds expert e's adapter over its n
@@ -637,6 +641,9 @@ ctrl_status model_pack_linear_backward(const ctrl_model *m, float *dx, float *dw
 size_t model_pack_bytes(const ctrl_model *m);
 size_t model_pack_held_bytes(const ctrl_model *m);
 void model_pack_free(ctrl_model *m, int held_too);
+/* The held panels of every weight inside params[lo, hi) packed again from x (x[0] is params[lo]'s new
+ * value): how many; -1 where no bf16 kernel can pack now (the panels are then partly new). */
+int model_pack_rewrite(ctrl_model *m, size_t lo, size_t hi, const float *x);
 /* How many training products (forward or dX) ran on decoding's panels so far (tests). */
 size_t model_pack_reused(const ctrl_model *m);
 

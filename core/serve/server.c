@@ -83,10 +83,8 @@ static void context_limit(ctrl_server *s) {
 }
 
 /* --device: the model (and so the engine's KV pool) on the CUDA device, or left on the CPU. */
-static ctrl_status place(ctrl_server *s) {
-    ctrl_device dev;
-    ctrl_status st = ctrl_device_select(s->opt->device, &dev, &s->cuda);
-    if (st != CTRL_OK || dev.type == CTRL_DEVICE_CPU) return st;
+static ctrl_status place(ctrl_server *s, ctrl_device dev) {
+    if (dev.type == CTRL_DEVICE_CPU) return CTRL_OK;
     if (dev.index != 0)
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
@@ -109,11 +107,25 @@ ctrl_status ctrl_serve_run(const ctrl_serve_options *o, const ctrl_registry *reg
         if (fread(&r, sizeof r, 1, ur) == 1) s.rng ^= r;
         fclose(ur);
     }
-    ctrl_status st = ctrl_model_load(o->model_dir, NULL, &s.model);
-    if (st == CTRL_OK) st = place(&s);
-    /* bf16: decoding packs the weights into bf16 panels at its first step and keeps them, packing a
-     * weight again after /update_weights changes it (the model is not held as panels: it may change) */
+    ctrl_device dev;
+    ctrl_status st = ctrl_device_select(o->device, &dev, &s.cuda);
+    /* bf16 on the CPU: frozen and held as the bf16 GEMM's panels as it loads, as ctrl generate --dtype
+     * bf16 holds it (where no bf16 kernel runs, decoding packs the weights at its first step instead);
+     * /update_weights packs again what it changes (ctrl_model_write_view) */
+    const int held = o->bf16 && dev.type == CTRL_DEVICE_CPU;
+    if (st == CTRL_OK)
+        st = held ? ctrl_model_load_frozen_bf16(o->model_dir, NULL, &s.model)
+                  : ctrl_model_load(o->model_dir, NULL, &s.model);
+    if (st == CTRL_OK) st = place(&s, dev);
     if (st == CTRL_OK && o->bf16) st = ctrl_model_set_compute_dtype(s.model, CTRL_BF16);
+    char summary[256];
+    if (st == CTRL_OK && held) ctrl_model_held_summary(s.model, summary, sizeof summary);
+    if (st == CTRL_OK && held)
+        CTRL_INFO("serve: %s (%s)",
+                  ctrl_model_base_in_panels(s.model)
+                      ? "the weights held as bf16 GEMM panels"
+                      : "not held as bf16 GEMM panels (no bf16 GEMM kernel here: decoding packs its own)",
+                  summary);
     if (st == CTRL_OK) st = serve_lora_start(&s); /* --lora's adapters */
     if (st == CTRL_OK) st = ctrl_tokenizer_load(o->model_dir, &s.tok);
     if (st == CTRL_OK && ctrl_tokenizer_chat_template(s.tok)) st = ctrl_chat_template_load(s.tok, &s.chat);

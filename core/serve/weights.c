@@ -50,17 +50,25 @@ static int apply(ctrl_model *m, const ctrl_safetensors *st, char *err, size_t er
         const ctrl_st_tensor *t = ctrl_safetensors_at(st, i);
         if (!fits(t, ctrl_model_find_view(m, t->name), err, errcap) || !finite(st, t, err, errcap)) return -1;
     }
-    float *params = ctrl_model_params(m, NULL);
+    float *params = ctrl_model_params(m, NULL), *buf = NULL;
     for (int i = 0; i < n; i++) {
         const ctrl_st_tensor *t = ctrl_safetensors_at(st, i);
         const ctrl_param_view *v = ctrl_model_find_view(m, t->name);
-        if (ctrl_safetensors_read_f32(st, t->name, params + v->offset, v->numel) != CTRL_OK) {
+        /* a weight held as bf16 panels (--dtype bf16): read aside, then packed again */
+        const int held = ctrl_model_view_held(m, v);
+        float *to = held ? (buf = realloc(buf, sizeof(float) * (size_t)v->numel)) : params + v->offset;
+        ctrl_status s = to ? ctrl_safetensors_read_f32(st, t->name, to, v->numel)
+                           : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
+        if (s == CTRL_OK && held) s = ctrl_model_write_view(m, v, to);
+        if (s != CTRL_OK) {
             /* validated above: a failure here is a bug, and the weights are no longer whole */
             snprintf(err, errcap, "tensor '%s': %s", t->name, ctrl_error_message());
             ctrl_model_weights_changed(m);
+            free(buf);
             return -1;
         }
     }
+    free(buf);
     if (n > 0) ctrl_model_weights_changed(m);
     return n;
 }

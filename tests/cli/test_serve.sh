@@ -165,8 +165,44 @@ code=$(post /update_weights --data-binary "@$TMP/q.st")
 after=$(greedy | sed 's/.*\[//')
 [ "$code" = 200 ] && [ -n "$after" ] && [ "$after" != "$got" ] && ok ||
   bad "serve --dtype bf16 after a q_proj update: HTTP $code, output '$after' (before '$got')"
+# (held as bf16 GEMM panels where a bf16 kernel runs: q_proj's panels were packed again from the update)
+# the checkpoint itself as the body: every weight back -- the held ones packed again -- and the output
+code=$(post /update_weights --data-binary "@$TMP/m/model.safetensors")
+back=$(greedy | sed 's/.*\[//')
+[ "$code" = 200 ] && [ "$back" = "$got" ] && ok ||
+  bad "serve --dtype bf16, the checkpoint posted back: HTTP $code, output '$back' (at first '$got')"
+grep -q "serve: .*held as bf16 GEMM panels" "$TMP/serve.log" && ok || bad "serve --dtype bf16: no hold logged"
 kill -INT $spid
 wait $spid && ok || bad "serve --dtype bf16 did not stop cleanly"
+
+# A tied checkpoint stored in bf16: its table held in bf16 alone (as the head's panels where a bf16 kernel
+# runs), the greedy completions ctrl generate --dtype bf16's; an fp32 checkpoint posted over it (its table's
+# values no bf16 ones: the table back in fp32, the head's panels packed again) serves what generate does
+# from that checkpoint.
+"${C[@]}" model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --tie-embeddings --seed 5 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/mt" >/dev/null || bad "tied model init"
+"${C[@]}" model convert --model "$TMP/mt" --out "$TMP/mt16" --dtype bf16 >/dev/null || bad "model convert bf16"
+gen_ids() { # MODEL: generate --dtype bf16's greedy token ids for p.jsonl
+  "${C[@]}" generate --model "$1" --prompts "$TMP/p.jsonl" --out "$TMP/g.jsonl" --temperature 0 --max-tokens 8 \
+    --dtype bf16 >/dev/null 2>&1 || bad "generate --dtype bf16 $1"
+  sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/g.jsonl"
+}
+w16=$(gen_ids "$TMP/mt16") w32=$(gen_ids "$TMP/mt")
+"${C[@]}" serve --model "$TMP/mt16" --port "$PORT" --dtype bf16 >"$TMP/serve.log" 2>&1 &
+spid=$!
+for _ in $(seq 100); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+got=$(greedy | sed 's/.*\[//')
+[ -n "$w16" ] && [ "$got" = "$w16" ] && ok || bad "serve --dtype bf16 of a bf16 checkpoint: '$got', generate '$w16'"
+if grep -q "serve: the weights held as bf16 GEMM panels" "$TMP/serve.log"; then
+  grep -q "the embedding held in bf16 as the tied head's panels alone" "$TMP/serve.log" && ok ||
+    bad "serve --dtype bf16: a bf16 checkpoint's tied table not held: $(grep serve: "$TMP/serve.log")"
+fi
+code=$(post /update_weights --data-binary "@$TMP/mt/model.safetensors")
+got=$(greedy | sed 's/.*\[//')
+[ "$code" = 200 ] && [ -n "$w32" ] && [ "$got" = "$w32" ] && ok ||
+  bad "serve --dtype bf16, the fp32 checkpoint posted: HTTP $code, '$got', generate from it '$w32'"
+kill -INT $spid
+wait $spid && ok || bad "serve --dtype bf16 (bf16 checkpoint) did not stop cleanly"
 
 # Slowloris: partial requests are closed after --timeout-s (they were held forever), and a body
 # trickled in faster than that is cut at the upload deadline.
