@@ -34,7 +34,8 @@
  * model's base or a model frozen whole, and the LM head's panels are held too: decoding then packs
  * nothing. A head of its own in a model frozen whole is then only its panels (its fp32 pages given
  * back); a tied one keeps the embedding's fp32 values for the lookups unless the table is held in bf16
- * (model_embed16.c). Only as panels: where none can be made the model is left as it is. */
+ * (model_embed16.c: as it loads, or here where its values are bf16 ones already). Only as panels: where
+ * none can be made the model is left as it is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,7 +261,8 @@ ctrl_status ctrl_model_hold_panels(ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED, "model: held as panels only with bf16 compute");
     MODEL_TRY(base_holdable(m, !m->has_lora));
     MODEL_TRY(hold(m, 1, 1));
-    return model_hold_head(m);
+    MODEL_TRY(model_hold_head(m));
+    return model_embed16_hold_exact(m); /* (a checkpoint stored in bf16: its table too) */
 }
 
 ctrl_status model_hold_head(ctrl_model *m) {

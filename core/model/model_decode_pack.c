@@ -282,6 +282,11 @@ size_t ctrl_model_decode_panel_bytes(const ctrl_model *m) { return model_pack_by
 
 size_t model_pack_held_bytes(const ctrl_model *m) { return m->dec_pack ? m->dec_pack->held_bytes : 0; }
 
+const ctrl_cpu_bf16_packed *model_pack_held(const ctrl_model *m, size_t off, int in, int out) {
+    const pack_entry *e = entry_of(m, m->dparams + off, in, out);
+    return e && e->held ? e->panels : NULL;
+}
+
 int model_pack_rewrite(ctrl_model *m, size_t lo, size_t hi, const float *x) {
     struct model_pack *p = m->dec_pack;
     int n = 0;

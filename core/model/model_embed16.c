@@ -15,13 +15,13 @@
  *     emb16_at_load 3) holds a tied table as panels or not at all. CTRL_NO_EMBED_PANELS=1 keeps the
  *     values form (for comparisons).
  * The input embeddings are the rounded rows -- the one change in the numbers. Inference (ctrl generate
- * --dtype bf16, a model loaded frozen in bf16: emb16_at_load 4) holds the table only where its values
- * are bf16 already (a checkpoint stored in bf16, as Qwen's and Llama's are): no change at all, and half
- * (untied: as values) or all (tied: as the head's panels, which it holds anyway) of the table's fp32
- * memory saved. Only for a frozen table on the CPU under bf16 compute (the settings refuse the key
- * otherwise; here a trained table -- modules_to_save -- or a device is refused again; under auto such
- * a table simply stays fp32). The head's statistics (the sequence trainers' mean logits,
- * model_head_stats.c) read the same bf16 values. */
+ * --dtype bf16, a model loaded frozen in bf16: emb16_at_load 4; or held after its load,
+ * model_embed16_hold_exact) holds the table only where its values are bf16 already (a checkpoint stored in
+ * bf16, as Qwen's and Llama's are): no change at all, and half (untied: as values) or all (tied: as the
+ * head's panels, which it holds anyway) of the table's fp32 memory saved. Only for a frozen table on the CPU
+ * under bf16 compute (the settings refuse the key otherwise; here a trained table -- modules_to_save -- or a
+ * device is refused again; under auto such a table simply stays fp32). The head's statistics (the sequence
+ * trainers' mean logits, model_head_stats.c) read the same bf16 values. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,6 +152,23 @@ ctrl_status model_embed16_values(const ctrl_model *m, const uint16_t **out) {
     if (st != CTRL_OK) free(e), e = NULL;
     *out = e;
     return st;
+}
+
+ctrl_status model_embed16_hold_exact(ctrl_model *m) {
+    const size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size, off = (size_t)m->off_embed;
+    if (m->off_embed < 0 || m->emb16 || m->emb_panels || off >= m->train_off || !m->be->host_memory ||
+        m->params != m->dparams || !bf16_exact(m->params + off, n))
+        return CTRL_OK;
+    const int C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    if (m->off_lm_head == m->off_embed) { /* tied: the head's held panels, where it has them, are the table */
+        if (!as_panels(m) || !(m->emb_panels = model_pack_held(m, off, C, V))) return CTRL_OK;
+    } else if (!(m->emb16 = malloc(sizeof(uint16_t) * n))) {
+        return CTRL_OK; /* (no memory for the smaller copy: the fp32 table stays) */
+    } else {
+        ctrl_cpu_f32_to_bf16(m->emb16, m->params + off, (int64_t)n);
+    }
+    model_release_range(m, (long)off, (long)(off + n));
+    return CTRL_OK;
 }
 
 ctrl_status model_embed16_write(ctrl_model *m, const float *x) {

@@ -521,6 +521,10 @@ ctrl_status model_embed16_forward(const ctrl_model *m, float *out, int ldo, cons
 int model_embed16_chunk(const ctrl_model *m);
 ctrl_status model_embed16_backward(const ctrl_model *m, float *dx, const float *dout, int T, int bf16);
 ctrl_status model_embed16_values(const ctrl_model *m, const uint16_t **out);
+/* A frozen model held as panels after its load (ctrl_model_hold_panels): the table held in bf16 alone
+ * where its values are bf16 ones already (tied: as the head's held panels; untied: as values), as
+ * ctrl_model_load_frozen_bf16 holds it as it loads. */
+ctrl_status model_embed16_hold_exact(ctrl_model *m);
 /* New values x of the table held in bf16 (ctrl_model_write_view): written into its bf16 form where
  * they are bf16 values, else the table back in fp32 (its bf16 form dropped; a tied head's panels
  * packed again from x). */
@@ -640,6 +644,8 @@ ctrl_status model_pack_linear_backward(const ctrl_model *m, float *dx, float *dw
                                        int OUT, int *used);
 size_t model_pack_bytes(const ctrl_model *m);
 size_t model_pack_held_bytes(const ctrl_model *m);
+/* The held panels of the weight (off, in, out), NULL where it is not held. */
+const struct ctrl_cpu_bf16_packed *model_pack_held(const ctrl_model *m, size_t off, int in, int out);
 void model_pack_free(ctrl_model *m, int held_too);
 /* The held panels of every weight inside params[lo, hi) packed again from x (x[0] is params[lo]'s new
  * value): how many; -1 where no bf16 kernel can pack now (the panels are then partly new). */
