@@ -46,19 +46,22 @@ static int finite(const ctrl_safetensors *st, const ctrl_st_tensor *t, char *err
 
 static int apply(ctrl_model *m, const ctrl_safetensors *st, char *err, size_t errcap) {
     const int n = ctrl_safetensors_count(st);
+    size_t most = 0; /* the largest weight held as bf16 panels (--dtype bf16): read aside, then packed */
     for (int i = 0; i < n; i++) { /* every tensor checked before anything is written */
         const ctrl_st_tensor *t = ctrl_safetensors_at(st, i);
-        if (!fits(t, ctrl_model_find_view(m, t->name), err, errcap) || !finite(st, t, err, errcap)) return -1;
+        const ctrl_param_view *v = ctrl_model_find_view(m, t->name);
+        if (!fits(t, v, err, errcap) || !finite(st, t, err, errcap)) return -1;
+        if (ctrl_model_view_held(m, v) && (size_t)v->numel > most) most = (size_t)v->numel;
     }
-    float *params = ctrl_model_params(m, NULL), *buf = NULL;
+    float *params = ctrl_model_params(m, NULL), *buf = most ? malloc(sizeof(float) * most) : NULL;
+    if (most && !buf)
+        return snprintf(err, errcap, "out of memory for a %zu-value weight (nothing was updated)", most), -1;
     for (int i = 0; i < n; i++) {
         const ctrl_st_tensor *t = ctrl_safetensors_at(st, i);
         const ctrl_param_view *v = ctrl_model_find_view(m, t->name);
-        /* a weight held as bf16 panels (--dtype bf16): read aside, then packed again */
         const int held = ctrl_model_view_held(m, v);
-        float *to = held ? (buf = realloc(buf, sizeof(float) * (size_t)v->numel)) : params + v->offset;
-        ctrl_status s = to ? ctrl_safetensors_read_f32(st, t->name, to, v->numel)
-                           : ctrl_error_set(CTRL_ERR_NOMEM, "out of memory");
+        float *to = held ? buf : params + v->offset;
+        ctrl_status s = ctrl_safetensors_read_f32(st, t->name, to, v->numel);
         if (s == CTRL_OK && held) s = ctrl_model_write_view(m, v, to);
         if (s != CTRL_OK) {
             /* validated above: a failure here is a bug, and the weights are no longer whole */
