@@ -329,8 +329,9 @@ void ctrl_model_held_summary(const ctrl_model *m, char *buf, size_t cap) {
 
 int ctrl_model_view_held(const ctrl_model *m, const ctrl_param_view *v) {
     if ((long)v->offset == m->off_embed && ctrl_model_embedding_held_bf16(m)) return 1;
-    if ((long)v->offset == m->off_lm_head && m->head_held_only) return 1;
-    return (m->base_panels || m->w16) && in_layers(m->w16_lo, m->cfg.n_layers, v) && v->ndim == 2;
+    if (m->w16 && in_layers(m->w16_lo, m->cfg.n_layers, v)) return 1;
+    /* a weight with held panels (a projection, an LM head -- a tied one beside the fp32 table) */
+    return model_pack_held_in(m, v->offset, v->offset + (size_t)v->numel);
 }
 
 int ctrl_model_base_held_bf16(const ctrl_model *m) {

@@ -287,6 +287,14 @@ const ctrl_cpu_bf16_packed *model_pack_held(const ctrl_model *m, size_t off, int
     return e && e->held ? e->panels : NULL;
 }
 
+int model_pack_held_in(const ctrl_model *m, size_t lo, size_t hi) {
+    const struct model_pack *p = m->dec_pack;
+    for (int i = 0; p && i < p->n; i++)
+        if (p->e[i].held && p->e[i].off >= lo && p->e[i].off + (size_t)p->e[i].in * p->e[i].out <= hi)
+            return 1;
+    return 0;
+}
+
 int model_pack_rewrite(ctrl_model *m, size_t lo, size_t hi, const float *x) {
     struct model_pack *p = m->dec_pack;
     int n = 0;

@@ -647,6 +647,8 @@ size_t model_pack_held_bytes(const ctrl_model *m);
 /* The held panels of the weight (off, in, out), NULL where it is not held. */
 const struct ctrl_cpu_bf16_packed *model_pack_held(const ctrl_model *m, size_t off, int in, int out);
 void model_pack_free(ctrl_model *m, int held_too);
+/* Whether a weight inside params[lo, hi) has held panels. */
+int model_pack_held_in(const ctrl_model *m, size_t lo, size_t hi);
 /* The held panels of every weight inside params[lo, hi) packed again from x (x[0] is params[lo]'s new
  * value): how many; -1 where no bf16 kernel can pack now (the panels are then partly new). */
 int model_pack_rewrite(ctrl_model *m, size_t lo, size_t hi, const float *x);

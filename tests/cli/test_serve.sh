@@ -175,34 +175,47 @@ grep -q "serve: .*held as bf16 GEMM panels" "$TMP/serve.log" && ok || bad "serve
 kill -INT $spid
 wait $spid && ok || bad "serve --dtype bf16 did not stop cleanly"
 
-# A tied checkpoint stored in bf16: its table held in bf16 alone (as the head's panels where a bf16 kernel
-# runs), the greedy completions ctrl generate --dtype bf16's; an fp32 checkpoint posted over it (its table's
-# values no bf16 ones: the table back in fp32, the head's panels packed again) serves what generate does
-# from that checkpoint.
+# Two tied models, one stored in fp32 (its table kept in fp32, the head's panels held beside it), another in
+# bf16 (the table held in bf16 alone, as the head's panels where a bf16 kernel runs): served, each gives ctrl generate
+# --dtype bf16's greedy tokens, and after the other checkpoint is posted over it, the other's -- the head's
+# panels packed again from the new table (they were served stale before), the table put back in fp32
+# where the new values are not bf16 ones.
 "${C[@]}" model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --tie-embeddings --seed 5 \
   --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/mt" >/dev/null || bad "tied model init"
-"${C[@]}" model convert --model "$TMP/mt" --out "$TMP/mt16" --dtype bf16 >/dev/null || bad "model convert bf16"
-gen_ids() { # MODEL: generate --dtype bf16's greedy token ids for p.jsonl
+"${C[@]}" model init --arch qwen3 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --tie-embeddings --seed 11 \
+  --tokenizer "$SRC/tests/fixtures/tokenizer/tiny_bpe" --out "$TMP/mt11" >/dev/null || bad "tied model init"
+"${C[@]}" model convert --model "$TMP/mt11" --out "$TMP/mt16" --dtype bf16 >/dev/null || bad "model convert bf16"
+gen_ids() { # MODEL: generate --dtype bf16's greedy token ids and their log-probs for p.jsonl
   "${C[@]}" generate --model "$1" --prompts "$TMP/p.jsonl" --out "$TMP/g.jsonl" --temperature 0 --max-tokens 8 \
     --dtype bf16 >/dev/null 2>&1 || bad "generate --dtype bf16 $1"
-  sed 's/.*"token_ids":\[\([0-9,]*\)\].*/\1/' "$TMP/g.jsonl"
+  sed 's/.*"token_ids":\[\([0-9,]*\)\],"logprobs":\[\([^]]*\)\].*/\1 \2/' "$TMP/g.jsonl"
 }
-w16=$(gen_ids "$TMP/mt16") w32=$(gen_ids "$TMP/mt")
-"${C[@]}" serve --model "$TMP/mt16" --port "$PORT" --dtype bf16 >"$TMP/serve.log" 2>&1 &
-spid=$!
-for _ in $(seq 100); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
-got=$(greedy | sed 's/.*\[//')
-[ -n "$w16" ] && [ "$got" = "$w16" ] && ok || bad "serve --dtype bf16 of a bf16 checkpoint: '$got', generate '$w16'"
-if grep -q "serve: the weights held as bf16 GEMM panels" "$TMP/serve.log"; then
-  grep -q "the embedding held in bf16 as the tied head's panels alone" "$TMP/serve.log" && ok ||
-    bad "serve --dtype bf16: a bf16 checkpoint's tied table not held: $(grep serve: "$TMP/serve.log")"
-fi
-code=$(post /update_weights --data-binary "@$TMP/mt/model.safetensors")
-got=$(greedy | sed 's/.*\[//')
-[ "$code" = 200 ] && [ -n "$w32" ] && [ "$got" = "$w32" ] && ok ||
-  bad "serve --dtype bf16, the fp32 checkpoint posted: HTTP $code, '$got', generate from it '$w32'"
-kill -INT $spid
-wait $spid && ok || bad "serve --dtype bf16 (bf16 checkpoint) did not stop cleanly"
+greedy_lp() { # the server's: the same, from /generate
+  curl -s -X POST "localhost:$PORT/generate" -d '{"prompts": ["1+2="], "max_tokens": 8, "temperature": 0}' |
+    sed 's/.*"completion_ids":\[\[\([0-9,]*\)\]\],"logprobs":\[\[\([^]]*\)\]\].*/\1 \2/'
+}
+w32=$(gen_ids "$TMP/mt") w16=$(gen_ids "$TMP/mt16")
+[ -n "$w32" ] && [ -n "$w16" ] && [ "$w32" != "$w16" ] && ok || bad "tied checkpoints: generate '$w32', '$w16'"
+# (token ids and their log-probs: the completions of these small random models are near constant)
+for first in mt mt16; do
+  other=mt16 want=$w32 then=$w16
+  [ $first = mt16 ] && other=mt want=$w16 then=$w32
+  "${C[@]}" serve --model "$TMP/$first" --port "$PORT" --dtype bf16 >"$TMP/serve.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do curl -sf "localhost:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
+  got=$(greedy_lp)
+  [ "$got" = "$want" ] && ok || bad "serve --dtype bf16 of $first: '$got', generate '$want'"
+  if [ $first = mt16 ] && grep -q "serve: the weights held as bf16 GEMM panels" "$TMP/serve.log"; then
+    grep -q "the embedding held in bf16 as the tied head's panels alone" "$TMP/serve.log" && ok ||
+      bad "serve --dtype bf16: a bf16 checkpoint's tied table not held: $(grep serve: "$TMP/serve.log")"
+  fi
+  code=$(post /update_weights --data-binary "@$TMP/$other/model.safetensors")
+  got=$(greedy_lp)
+  [ "$code" = 200 ] && [ "$got" = "$then" ] && ok ||
+    bad "serve --dtype bf16 of $first, $other posted over it: HTTP $code, '$got', generate from $other '$then'"
+  kill -INT $spid
+  wait $spid && ok || bad "serve --dtype bf16 of $first did not stop cleanly"
+done
 
 # Slowloris: partial requests are closed after --timeout-s (they were held forever), and a body
 # trickled in faster than that is cut at the upload deadline.
