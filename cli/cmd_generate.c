@@ -201,11 +201,10 @@ static int run_generate(ctrl_cli *cli, int argc, char **argv) {
     ctrl_template *tpl = NULL;
     ctrl_engine *eng = NULL;
     /* with --adapter the base under a PEFT LoRA adapter, applied live in every step (no merge) */
-    ctrl_status st = a.adapter ? ctrl_peft_load(a.model, a.adapter, NULL, &m)
-                     : a.bf16  ? ctrl_model_load_frozen_bf16(a.model, NULL, &m) /* held as it loads */
+    /* with bf16 held as it loads: layer by layer, the fp32 model never whole */
+    ctrl_status st = a.adapter ? (a.bf16 ? ctrl_peft_load_bf16 : ctrl_peft_load)(a.model, a.adapter, NULL, &m)
+                     : a.bf16  ? ctrl_model_load_frozen_bf16(a.model, NULL, &m)
                                : ctrl_model_load(a.model, NULL, &m);
-    if (st == CTRL_OK && a.bf16 && a.adapter) /* (loaded frozen in bf16 without one) */
-        st = ctrl_model_set_compute_dtype(m, CTRL_BF16);
     if (st == CTRL_OK && a.bf16) st = hold_panels(m);
     if (st == CTRL_OK) st = ctrl_tokenizer_load(a.model, &tok);
     if (st == CTRL_OK && a.chat) st = ctrl_chat_template_load(tok, &tpl);

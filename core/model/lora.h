@@ -62,7 +62,7 @@ typedef struct ctrl_lora_config {
     /* The frozen base held in bf16 as it loads (model_bf16_store.c; the caller computes in bf16 on the
      * CPU): each layer's projection weights narrowed to 2 bytes once the layer is read, so the fp32
      * base never is resident whole. */
-    int bf16_base;
+    int bf16_base; /* (2: as the bf16 GEMM's panels or not at all, for inference: ctrl_peft_load_bf16) */
     /* [peft] embedding_dtype: the frozen input embedding (and the LM head tied to it) held in bf16
      * alone as it loads (model_embed16.c: as the tied head's panels where a bf16 kernel runs, else as
      * values). 1 (bf16): refused where it is trained or off the CPU; 2 (auto, the default under bf16

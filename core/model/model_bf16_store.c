@@ -282,8 +282,10 @@ ctrl_status model_hold_head(ctrl_model *m) {
 ctrl_status model_bf16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if (!m->w16_lo) {
         /* kept in fp32 where it cannot be held: the caller logs why */
-        const int whole = !m->has_lora; /* a model frozen whole (ctrl_model_load_frozen_bf16): panels only */
-        if (base_holdable(m, whole) != CTRL_OK || begin(m, 1, whole) != CTRL_OK) {
+        /* a model frozen whole (ctrl_model_load_frozen_bf16), or an adapter's base for inference
+         * (ctrl_peft_load_bf16; w16_at_load 2): panels only */
+        const int whole = !m->has_lora;
+        if (base_holdable(m, whole) != CTRL_OK || begin(m, 1, whole || m->w16_at_load == 2) != CTRL_OK) {
             ctrl_error_clear();
             m->w16_at_load = 0;
             return CTRL_OK;

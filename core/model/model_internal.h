@@ -261,7 +261,8 @@ struct ctrl_model {
      * whole), and the number of weights in w16. */
     float *w16_keep;
     long w16_n;
-    /* Held as it loads (lora->bf16_base): set by load_into; each layer's floats read so far
+    /* Held as it loads (lora->bf16_base; 2: as panels only, for inference -- a model frozen whole,
+     * an adapter's base in ctrl_peft_load_bf16): set by load_into; each layer's floats read so far
      * (w16_loaded, [n_layers]), the layer packed when all are. */
     int w16_at_load;
     long *w16_loaded;

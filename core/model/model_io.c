@@ -293,14 +293,14 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     ctrl_model *m;
     ctrl_status st = ctrl_model_create_lora(cfg, attn, lora, &m);
     if (st != CTRL_OK) return st;
-    m->w16_at_load = lora && lora->bf16_base && !lora->nf4;
+    m->w16_at_load = lora && !lora->nf4 ? lora->bf16_base : 0; /* 2: panels only (inference) */
     if (frozen_bf16) { /* inference: no gradients, bf16 compute, each layer held as panels once read */
         if ((st = ctrl_model_freeze(m)) == CTRL_OK) st = ctrl_model_set_compute_dtype(m, CTRL_BF16);
         if (st != CTRL_OK) {
             ctrl_model_free(m);
             return st;
         }
-        m->w16_at_load = 1;
+        m->w16_at_load = 2;
     }
     /* 2, 3: where it can (the default); 4 (inference): where its values are bf16 already */
     m->emb16_at_load = frozen_bf16 ? 4 : lora ? lora->bf16_embed : 0;
@@ -372,7 +372,9 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     }
     shards_close(&shards);
     free(ranges), free(spans);
-    if (st == CTRL_OK && frozen_bf16 && m->base_panels) st = model_hold_head(m); /* and the head's panels */
+    /* for inference: the head's panels too */
+    if (st == CTRL_OK && (frozen_bf16 || (lora && lora->bf16_base == 2)) && m->base_panels)
+        st = model_hold_head(m);
     if (st == CTRL_OK) st = dora_init_magnitudes(m); /* DoRA's magnitudes: the loaded weights' norms */
     if (st == CTRL_OK) st = keep_source_files(m, dir);
     if (st != CTRL_OK) {

@@ -39,6 +39,12 @@ void ctrl_peft_expert_b_layout(int64_t E, int64_t out, int64_t r, const float *s
  * (BASE_DIR's num_labels, 1 for a causal LM's trunk) whose score is the adapter's. */
 ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
                            ctrl_model **out);
+/* The same for bf16 inference (ctrl generate --adapter --dtype bf16): bf16 compute, the base held as the
+ * bf16 GEMM's panels layer by layer as it loads (the LM head's too; a table of bf16 values in bf16
+ * alone), so the fp32 base is never whole; where it cannot be held (no bf16 GEMM kernel, QLoRA, DoRA,
+ * experts) it stays fp32, as ctrl_model_hold_panels would leave it. */
+ctrl_status ctrl_peft_load_bf16(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
+                                ctrl_model **out);
 /* Folds every adapter into its base weight, W += s B A (PEFT's merge_and_unload), and switches the
  * adapters off: the model computes what it did, and ctrl_model_save writes the merged model (the
  * modules_to_save are the model's own tensors already). */

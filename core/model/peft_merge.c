@@ -15,11 +15,14 @@
 #include "model/peft.h"
 #include "model/safetensors.h"
 
-ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
-                           ctrl_model **out) {
+static ctrl_status load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
+                        int bf16, ctrl_model **out) {
     static ctrl_lora_config lc; /* large (the target list): not on the stack */
     *out = NULL;
     MODEL_TRY(ctrl_peft_read_config(adapter_dir, &lc, NULL, 0));
+    /* for bf16 inference: the base held as the bf16 GEMM's panels as it loads, a table of bf16 values
+     * in bf16 alone (model_bf16_store.c, model_embed16.c) */
+    if (bf16) lc.bf16_base = 2, lc.bf16_embed = 4;
     ctrl_model *m;
     if (lc.seq_cls) { /* a classifier's adapter (SEQ_CLS): the base's trunk, the adapter's score */
         ctrl_model_config cfg;
@@ -33,8 +36,22 @@ ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const 
         ctrl_model_free(m);
         return st;
     }
+    if (bf16 && (st = ctrl_model_set_compute_dtype(m, CTRL_BF16)) != CTRL_OK) {
+        ctrl_model_free(m);
+        return st;
+    }
     *out = m;
     return CTRL_OK;
+}
+
+ctrl_status ctrl_peft_load(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
+                           ctrl_model **out) {
+    return load(base_dir, adapter_dir, attn, 0, out);
+}
+
+ctrl_status ctrl_peft_load_bf16(const char *base_dir, const char *adapter_dir, const ctrl_attention_ops *attn,
+                                ctrl_model **out) {
+    return load(base_dir, adapter_dir, attn, 1, out);
 }
 
 /* Linear t of layer l folded into W (its base weight [OUT, IN]: in the parameters, or a copy of them):

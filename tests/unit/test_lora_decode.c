@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/cpu_ops.h"
 #include "generate/engine.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
@@ -111,6 +112,47 @@ static void decode_batch(ctrl_model *m, const int32_t *tokens, const int *lens, 
 
 /* Writes into the fresh directory made from `dir` (mkdtemp's template) the adapter `src` over `base`
  * with every lora_B scaled by f: a second adapter for the same base. */
+/* ctrl_peft_load_bf16 (generate --adapter --dtype bf16): the base held as panels layer by layer as it
+ * loads gives the decoded logits of ctrl_peft_load + bf16 compute + ctrl_model_hold_panels bit for bit,
+ * with the same parameter bytes (where no bf16 GEMM kernel runs neither holds: bf16 compute on the fp32
+ * base); a trained head (modules_to_save lm_head) is not held. */
+static void check_bf16_load(const char *adapter, const char *arch) {
+    char a[512], base[512];
+    snprintf(a, sizeof a, "%s/lora/%s", CTRL_FIXTURE_DIR, adapter);
+    snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+    ctrl_model *m = NULL, *after = NULL;
+    CHECK_EQ_INT(ctrl_peft_load_bf16(base, a, NULL, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_peft_load(base, a, NULL, &after), CTRL_OK);
+    if (!m || !after) goto done;
+    test_attach_paged(m), test_attach_paged(after);
+    CHECK(ctrl_model_compute_dtype(m) == CTRL_BF16);
+    CHECK_EQ_INT(ctrl_model_set_compute_dtype(after, CTRL_BF16), CTRL_OK);
+    if (ctrl_model_hold_panels(after) != CTRL_OK) ctrl_error_clear();
+    const int fast = ctrl_cpu_gemm_bf16_pack_bytes(16, 16) != 0;
+    CHECK(ctrl_model_base_in_panels(m) == fast && ctrl_model_base_in_panels(after) == fast);
+    CHECK_MSG(ctrl_model_param_bytes(m) == ctrl_model_param_bytes(after),
+              "%s: %zu parameter bytes, %zu held after", adapter, ctrl_model_param_bytes(m),
+              ctrl_model_param_bytes(after));
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11};
+    const int lens[2] = {4, 3};
+    float *x = malloc(sizeof(float) * 2 * V), *y = malloc(sizeof(float) * 2 * V);
+    decode_batch(m, tokens, lens, 2, NULL, x);
+    decode_batch(after, tokens, lens, 2, NULL, y);
+    CHECK_MSG(!memcmp(x, y, sizeof(float) * 2 * V), "%s: logits held as it loads differ (rel %.3g)", adapter,
+              test_rel_error_f32(x, y, 2L * V));
+    printf("  %-18s held as it loads: %zu parameter bytes, base in panels %d\n", adapter,
+           ctrl_model_param_bytes(m), ctrl_model_base_in_panels(m));
+    free(x), free(y);
+done:
+    ctrl_model_free(m), ctrl_model_free(after);
+}
+
+TEST(lora_base_held_as_it_loads_for_inference) {
+    check_bf16_load("qwen2_attn_mlp", "qwen2");
+    check_bf16_load("llama_all_rslora", "llama"); /* modules_to_save lm_head: trained, not held */
+}
+
 static int scaled_adapter(const char *base, const char *src, float f, char *dir) {
     CHECK(mkdtemp(dir) != NULL);
     ctrl_model *m = NULL;
