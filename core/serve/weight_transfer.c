@@ -605,15 +605,18 @@ static enum MHD_Result update(ctrl_server *s, serve_wt *w, struct MHD_Connection
         ret = serve_error(c, 400, msg);
     } else {
         ctrl_batcher_lock_engine(s->batch); /* between generations, never during one */
-        float *params = ctrl_model_params(s->model, NULL);
-        for (int i = 0; i < n; i++)
-            memcpy(params + t[i].v->offset, r.pending + t[i].pending, (size_t)t[i].numel * 4);
+        /* (through the model: a weight it holds otherwise than in fp32 is packed again) */
+        ctrl_status ws = CTRL_OK;
+        for (int i = 0; i < n && ws == CTRL_OK; i++)
+            ws = ctrl_model_write_view(s->model, t[i].v, r.pending + t[i].pending);
+        if (ws != CTRL_OK) /* (validated above: a failure here is a bug; the weights are no longer whole) */
+            snprintf(msg, sizeof msg, "writing the received weights: %s", ctrl_error_message());
         if (n > 0) {
             ctrl_model_weights_changed(s->model);
             ctrl_engine_reset_prefix_cache(s->eng); /* cached K/V were computed with the old weights */
         }
         ctrl_batcher_unlock_engine(s->batch);
-        ret = message(c, "Weights updated");
+        ret = ws == CTRL_OK ? message(c, "Weights updated") : serve_error(c, 500, msg);
     }
     free(r.pending);
     free(t);
