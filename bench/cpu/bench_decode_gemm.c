@@ -8,6 +8,8 @@
  *               16 rows, the widened 6 x 16 tile from 16 rows)
  *   avx2-narrow the same panels, the narrow tiles at any M (CTRL_NO_AVX2_WIDE=1)
  *   bf16-fast   ctrl_cpu_gemm_bf16_pack'd panels (AVX-512 BF16 / AMX; skipped where absent)
+ *   nf4         QLoRA's base: the layers' weights in NF4 (ctrl_cpu_nf4_linear_forward in bf16, each
+ *               weight's panels decoded from the nibbles in every call), the head's bf16-fast panels
  * Prints milliseconds (wall) and CPU milliseconds (user + system, all threads) for one step's
  * products, the median of `reps` steps after one warm-up.
  * usage: bench_decode_gemm [--paths NAME,...] [M ...]  (default: every path; M 1 8 64;
@@ -21,6 +23,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/gemm_bf16_avx2.h"
+#include "model/nf4.h"
 
 enum { LAYERS = 24, NPROJ = 8, REPS = 5 };
 static const int shapes[NPROJ][2] = {{896, 896},  {128, 896},  {128, 896},  {896, 896},
@@ -56,6 +59,8 @@ int main(int argc, char **argv) {
     float *w[LAYERS][NPROJ], *wr[LAYERS][NPROJ];
     ctrl_cpu_bf16_avx2_panels *pa[LAYERS][NPROJ];
     ctrl_cpu_bf16_packed *pf[LAYERS][NPROJ];
+    static ctrl_nf4 q[LAYERS][NPROJ];
+    static ctrl_nf4_ref qr[LAYERS][NPROJ];
     unsigned s = 1;
     for (int l = 0; l < LAYERS; l++)
         for (int j = 0; j < NPROJ; j++) {
@@ -70,16 +75,24 @@ int main(int argc, char **argv) {
             ctrl_cpu_round_to_bf16(wr[l][j], w[l][j], (int64_t)n);
             pa[l][j] = ctrl_cpu_bf16_avx2_pack(shapes[j][0], shapes[j][1], w[l][j], shapes[j][1]);
             pf[l][j] = ctrl_cpu_gemm_bf16_pack(1, shapes[j][0], shapes[j][1], w[l][j], shapes[j][1]);
+            if (j < NPROJ - 1 && (!paths || strstr(paths, "nf4"))) {
+                if (ctrl_nf4_quantize(w[l][j], (int64_t)n, &q[l][j]) != CTRL_OK) return 1;
+                qr[l][j] =
+                    (ctrl_nf4_ref){q[l][j].packed, q[l][j].qabsmax,       q[l][j].absmax2, q[l][j].offset,
+                                   ctrl_nf4_code,  ctrl_nf4_dynamic_code, (int64_t)n,      0};
+            }
         }
-    const char *names[6] = {"fp32", "bf16-copy", "bf16-round", "bf16-avx2", "bf16-fast", "avx2-narrow"};
+    const char *names[7] = {"fp32",      "bf16-copy",   "bf16-round", "bf16-avx2",
+                            "bf16-fast", "avx2-narrow", "nf4"};
     printf("%-11s%5s%12s%12s\n", "path", "M", "step ms", "CPU ms");
     for (int mi = 0; mi < nM; mi++) {
         const int M = Ms[mi];
         float *x = malloc(sizeof(float) * (size_t)M * 4864),
               *out = malloc(sizeof(float) * (size_t)M * 151669);
         for (size_t i = 0; i < (size_t)M * 4864; i++) x[i] = (float)(i % 97) / 97.0f - 0.5f;
-        for (int v = 0; v < 6; v++) {
-            if (((v == 3 || v == 5) && !pa[0][0]) || (v == 4 && !pf[0][0])) continue;
+        for (int v = 0; v < 7; v++) {
+            if (((v == 3 || v == 5) && !pa[0][0]) || ((v == 4 || v == 6) && !pf[0][0])) continue;
+            if (v == 6 && !q[0][0].packed) continue;
             if (paths && !strstr(paths, names[v])) continue;
             if (v == 5) setenv("CTRL_NO_AVX2_WIDE", "1", 1);
             double wall[REPS + 1], cpu[REPS + 1];
@@ -93,7 +106,10 @@ int main(int argc, char **argv) {
                         if (v == 1) ctrl_cpu_linear_forward_bf16(out, x, wr[l][j], NULL, M, K, N, 1);
                         if (v == 2) ctrl_cpu_linear_forward_bf16(out, x, w[l][j], NULL, M, K, N, 0);
                         if (v == 3 || v == 5) ctrl_cpu_bf16_avx2_linear(M, x, K, pa[l][j], out, N);
-                        if (v == 4) ctrl_cpu_gemm_bf16_packed(0, M, x, K, pf[l][j], out, N, 0);
+                        if (v == 4 || (v == 6 && j == NPROJ - 1))
+                            ctrl_cpu_gemm_bf16_packed(0, M, x, K, pf[l][j], out, N, 0);
+                        else if (v == 6)
+                            ctrl_cpu_nf4_linear_forward(out, x, &qr[l][j], NULL, M, K, N, 1);
                     }
                 wall[r] = now() - t0, cpu[r] = cpu_now() - c0;
             }

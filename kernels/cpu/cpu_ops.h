@@ -172,10 +172,10 @@ void ctrl_cpu_gemm_bf16_share_release(void);
 void ctrl_cpu_gemm_bf16_share_stats(size_t *packed, size_t *read);
 /* ctrl_cpu_gemm_bf16 with B made on the fly instead of read from memory (QLoRA's NF4 weights,
  * gemm_nf4.c): src(ctx, i, n, dst) writes the n values at row-major indices [i, i + n) of B as
- * stored (ldb apart, [K,N] or [N,K] as trans_b says) into dst as fp32, a run of a row (at most a
- * depth block, or a few groups of 16 columns) at a time, and the packing rounds them to bf16 as it
- * rounds an fp32 B; called from several threads at once. */
-typedef void (*ctrl_cpu_gemm_source)(const void *ctx, size_t i, int n, float *dst);
+ * stored (ldb apart, [K,N] or [N,K] as trans_b says) into dst as bf16 (round to nearest even, as the
+ * packing rounds an fp32 B), a run of a row (at most a depth block, or a few groups of 16 columns) at
+ * a time; called from several threads at once. */
+typedef void (*ctrl_cpu_gemm_source)(const void *ctx, size_t i, int n, uint16_t *dst);
 int ctrl_cpu_gemm_bf16_source(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
                               ctrl_cpu_gemm_source b_src, const void *b_ctx, int ldb, float *C, int ldc,
                               int accumulate);

@@ -48,7 +48,7 @@ typedef struct operand {
     int bf16;      /* 1: p holds bf16 */
     int k_contig;  /* 1: element (r, k) at p[r * ld + k]; 0: at p[k * ld + r] */
     size_t ld;
-    ctrl_cpu_gemm_source src; /* non-NULL: fp32 values made by src(src_ctx, ...), p unused (pack_source) */
+    ctrl_cpu_gemm_source src; /* non-NULL: bf16 values made by src(src_ctx, ...), p unused (pack_source) */
     const void *src_ctx;
     /* non-NULL: B read from another product's packed panels (pack_panels), p unused; panels_t: as
      * the transpose of the op(B) they hold */
@@ -63,20 +63,7 @@ struct ctrl_cpu_bf16_packed {
     uint32_t *w;
 };
 
-static inline uint16_t round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu)) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline uint32_t elem(const operand *o, int r, int k) {
-    const size_t i = o->k_contig ? (size_t)r * o->ld + k : (size_t)k * o->ld + r;
-    return o->bf16 ? ((const uint16_t *)o->p)[i] : round_bf16(((const float *)o->p)[i]);
-}
-
-/* 16 floats rounded to bf16 (round to nearest even, NaN kept quiet, as round_bf16), each in the
+/* 16 floats rounded to bf16 (round to nearest even, NaN kept quiet), each in the
  * low half of its 32-bit lane. */
 TARGET static inline __m512i round16(__m512 x) {
     const __m512i u = _mm512_castps_si512(x);
@@ -87,7 +74,7 @@ TARGET static inline __m512i round16(__m512 x) {
     return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
 
-/* 32 floats rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, NaN kept quiet, as round_bf16;
+/* 32 floats rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, NaN kept quiet, as round16;
  * but denormals become signed zeros, which every bf16 product here -- vdpbf16ps, tdpbf16ps -- reads
  * them as anyway): bf16 j of the result is lo[j] for j < 16, hi[j - 16] after: as 32-bit lanes, the
  * pairs (lo[2j], lo[2j + 1]) then (hi[2j], hi[2j + 1]). One instruction where round16 takes eight
@@ -166,6 +153,11 @@ TARGET static void rows16(__m512i v[16], const operand *o, int row, int n, int k
     }
 }
 
+/* 16 bf16 values (those of `rows` set; zeros after) */
+TARGET static inline __m256i load16(__mmask16 rows, const uint16_t *p) {
+    return _mm512_castsi512_si256(_mm512_maskz_loadu_epi16((__mmask32)rows, p));
+}
+
 /* Packs block rows [r, r + 16) (n of them valid, zeros after) of depth [k0, k0 + kc) into the layout
  * above, panels kp pairs deep (pairs past the depth: 0); the block's row 0 is operand row r0. */
 TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int r0, int r, int n, int k0,
@@ -175,14 +167,27 @@ TARGET static void pack16(uint32_t *dst, int W, int alloc, const operand *o, int
     const halves h = halves_of(dst, W, kp, r, alloc);
     for (int k2 = kc2; k2 < kp; k2++) store16(&h, k2, _mm512_setzero_si512());
     if (o->bf16) {
-        for (int k2 = 0; k2 < kc2; k2++) {
-            uint32_t v[16];
-            for (int i = 0; i < 16; i++)
-                v[i] = i < n ? elem(o, r0 + r + i, k0 + 2 * k2) |
-                                   (2 * k2 + 1 < kc ? elem(o, r0 + r + i, k0 + 2 * k2 + 1) << 16 : 0u)
-                             : 0u;
-            store16(&h, k2, _mm512_loadu_si512(v));
-        }
+        const uint16_t *p = o->p;
+        if (o->k_contig) /* a row's 32 values are its 16 pairs as they lie; 16 rows transposed */
+            for (int k = 0; k < kc; k += 32) {
+                const int left = kc - k, np = left >= 32 ? 16 : (left + 1) / 2;
+                const __mmask32 m = left >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
+                __m512i v[16];
+                for (int i = 0; i < 16; i++)
+                    v[i] = i < n ? _mm512_maskz_loadu_epi16(m, p + (size_t)(r0 + r + i) * o->ld + k0 + k)
+                                 : _mm512_setzero_si512();
+                transpose16(v);
+                for (int q = 0; q < np; q++) store16(&h, k / 2 + q, v[q]);
+            }
+        else /* rows k and k + 1 hold the 16 rows' values side by side: widened and interleaved */
+            for (int k2 = 0; k2 < kc2; k2++) {
+                const uint16_t *lo = p + (size_t)(k0 + 2 * k2) * o->ld + r0 + r;
+                __m512i v = _mm512_cvtepu16_epi32(load16(rows, lo));
+                if (2 * k2 + 1 < kc)
+                    v = _mm512_or_si512(
+                        v, _mm512_slli_epi32(_mm512_cvtepu16_epi32(load16(rows, lo + o->ld)), 16));
+                store16(&h, k2, v);
+            }
         return;
     }
     const float *p = o->p;
@@ -258,18 +263,18 @@ TARGET static void pack_block(uint32_t *dst, int W, const operand *o, int r0, in
 }
 
 /* A source operand (QLoRA's NF4 weights, gemm_nf4.c): a few groups of 16 block rows at a time, their
- * fp32 values over the depth block made into a small scratch (at most SOURCE_FLOATS, in L2) by the
- * source, one call per source row run, then packed from it as from memory. */
-#define SOURCE_FLOATS 65536
+ * bf16 values over the depth block made into a small scratch (at most SOURCE_VALUES, in L2) by the
+ * source, one call per source row run, then packed from it as a bf16 operand in memory. */
+#define SOURCE_VALUES 65536
 TARGET static void pack_source(uint32_t *dst, int W, const operand *o, int r0, int n, int k0, int kc, int kp,
                                int g0, int g1) {
-    const int per = SOURCE_FLOATS / (16 * kc) > 0 ? SOURCE_FLOATS / (16 * kc) : 1; /* groups per batch */
-    float *buf = malloc(sizeof(float) * (size_t)per * 16 * (size_t)kc);
-    if (!buf) return; /* cannot happen in practice (256 KiB); the product is then wrong, not a crash */
+    const int per = SOURCE_VALUES / (16 * kc) > 0 ? SOURCE_VALUES / (16 * kc) : 1; /* groups per batch */
+    uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)per * 16 * (size_t)kc);
+    if (!buf) return; /* cannot happen in practice (128 KiB); the product is then wrong, not a crash */
     for (int ga = g0; ga < g1; ga += per) {
         const int gb = ga + per < g1 ? ga + per : g1, lo = 16 * ga, hi = 16 * gb < n ? 16 * gb : n;
         /* the batch's element (r, k) at buf[(r - lo) * kc + k] (k_contig) or buf[k * (hi - lo) + r - lo] */
-        const operand m = {buf, 0, o->k_contig, (size_t)(o->k_contig ? kc : hi - lo), NULL, NULL, NULL, 0};
+        const operand m = {buf, 1, o->k_contig, (size_t)(o->k_contig ? kc : hi - lo), NULL, NULL, NULL, 0};
         if (o->k_contig)
             for (int r = lo; r < hi; r++)
                 o->src(o->src_ctx, (size_t)(r0 + r) * o->ld + (size_t)k0, kc, buf + (size_t)(r - lo) * kc);
@@ -474,20 +479,36 @@ static size_t block_words(const ctrl_bf16_kernel *kk, int nc, int kc) {
     return (size_t)kp_of(kk, kc) * (size_t)((nc + kk->nr - 1) / kk->nr * kk->nr);
 }
 
+/* CTRL_BF16_BLOCK_PACK=1: B packed a whole block at a time for few rows too (the form before
+ * packing panel by panel; for comparisons) */
+static int block_packing_forced(void) {
+    static int forced = -1;
+    if (forced < 0) {
+        const char *v = getenv("CTRL_BF16_BLOCK_PACK");
+        forced = v && *v && strcmp(v, "0") != 0;
+    }
+    return forced;
+}
+
 /* bpre: B packed beforehand (ctrl_cpu_gemm_bf16_pack: the blocks in this loop's order, jc outer, pc
- * inner, each block_words long), or NULL: B is packed here, block by block. */
+ * inner, each block_words long), or NULL: B is packed here, block by block -- or, where A has one
+ * block of rows (few rows: decoding over an NF4 or fp32 weight), panel by panel, each thread packing
+ * a panel into its own buffer right before its tiles read it (in L2: a whole block's panels, up to
+ * 16 MiB, would be written out to memory and read back for a handful of rows). */
 static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const operand *A, const operand *B,
                         float *C, size_t ldc, int accumulate, const uint32_t *bpre, const uint32_t *apre) {
     const int kr = kk->mr, kn = kk->nr, KC = kk->kc, MC = kk->mc, NC = kk->nc;
     const int kpmax = kp_of(kk, KC);
     const int ncmax = N < NC ? (N + kn - 1) / kn * kn : NC;
-    uint32_t *bp = bpre ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
-    if (!bpre && !bp) return -1;
+    const int by_panel = !bpre && M <= MC && !block_packing_forced();
+    uint32_t *bp = bpre || by_panel ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
+    if (!bpre && !by_panel && !bp) return -1;
     int failed = 0;
 #pragma omp parallel
     {
         uint32_t *ap = apre ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * MC);
-        if (!ap && !apre) {
+        uint32_t *bq = by_panel ? aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * kn) : NULL;
+        if ((!ap && !apre) || (by_panel && !bq)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -505,6 +526,25 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                 const int ngroups = (nc + 15) / 16;
                 const uint32_t *bb = bpre ? bpre + boff : bp;
                 boff += block_words(kk, nc, kc);
+                if (by_panel) {
+                    const uint32_t *ab = ap;
+                    if (apre)
+                        ab = apre + (size_t)(pc / KC) * kpmax * MC;
+                    else if (ap && kk->a_rows)
+                        pack_rows(ap, A, 0, M, pc, kc, kp);
+                    else if (ap)
+                        pack_block(ap, kr, A, 0, M, pc, kc, kp, 0, (M + 15) / 16);
+#pragma omp for schedule(static)
+                    for (int p = 0; p < npanels; p++) {
+                        if (!ab || !bq) continue;
+                        const int n = nc - p * kn < kn ? nc - p * kn : kn;
+                        pack_block(bq, kn, B, jc + p * kn, n, pc, kc, kp, 0, (n + 15) / 16);
+                        for (int i = 0; i < M; i += kr)
+                            kk->tile(kp, ab + (size_t)i * kp, bq, C + (size_t)i * ldc + jc + p * kn, ldc,
+                                     M - i < kr ? M - i : kr, n, accumulate || pc > 0);
+                    }
+                    continue;
+                }
                 if (!bpre) {
 #pragma omp for schedule(static)
                     for (int t = 0; t < nth; t++)
@@ -537,7 +577,7 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
             }
         }
         if (kk->end) kk->end();
-        free(ap);
+        free(ap), free(bq);
     }
     free(bp);
     return failed ? -1 : 0;
@@ -644,7 +684,7 @@ static const ctrl_bf16_kernel *kernel_for(int N, int K) {
 
 /* Few rows of A against B stored [N, K] (decoding: a handful of tokens through a linear layer):
  * C[M, N] (+)= A B^T with B read once, 4 of its rows at a time, rounded in registers (vcvtne2ps2bf16
- * rounds to nearest even, as round_bf16) instead of packed: packing would cost more than the
+ * rounds to nearest even, as round16) instead of packed: packing would cost more than the
  * products. A's rows are rounded into a small buffer first (Kp: K padded to 32, zeros). */
 TARGET static void few_round_a(uint16_t *a, int M, int K, int Kp, const float *A, size_t lda) {
     for (int i = 0; i < M; i++)

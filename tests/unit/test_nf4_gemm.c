@@ -75,7 +75,9 @@ TEST(nf4_values_equal_the_whole_dequantization_bit_for_bit) {
     drop(&c);
 }
 
-static int exact_bf16(int T) { return ctrl_cpu_has_avx512bf16() && T > 4; }
+/* the bf16 products bit for bit: the blocked GEMM on both sides (not the 1-4 row path of
+ * ctrl_cpu_gemm_bf16, nor the few-row NF4 kernel, whose sums run in other orders) */
+static int exact_bf16(int T, int IN) { return ctrl_cpu_has_avx512bf16() && T > 4 && (T > 8 || IN % 64); }
 
 static void check_shape(int T, int IN, int OUT, uint64_t seed) {
     case_w c;
@@ -85,7 +87,7 @@ static void check_shape(int T, int IN, int OUT, uint64_t seed) {
     float *got = malloc(sizeof(float) * (size_t)T * (IN > OUT ? IN : OUT)),
           *want = malloc(sizeof(float) * (size_t)T * (IN > OUT ? IN : OUT));
     for (int bf16 = 0; bf16 < 2; bf16++) {
-        const int exact = bf16 && exact_bf16(T);
+        const int exact = bf16 && exact_bf16(T, IN);
         /* forward: x W^T + bias */
         CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(got, x, &c.ref, bias, T, IN, OUT, bf16), 0);
         if (bf16)
@@ -114,12 +116,14 @@ static void check_shape(int T, int IN, int OUT, uint64_t seed) {
 }
 
 TEST(nf4_products_equal_dequantize_then_gemm_on_odd_shapes) {
-    check_shape(5, 70, 37, 11);    /* K = 70: blocks of 64 straddle rows; a partial last block */
-    check_shape(3, 71, 37, 12);    /* an odd count of values (the last byte half used); T <= 4 */
-    check_shape(17, 200, 90, 13);  /* 282 blocks: two double-quantization scales */
-    check_shape(33, 130, 300, 14); /* wider than one 48-column panel, several groups of 16 */
-    check_shape(9, 700, 500, 15);  /* 350,000 values: more than one 1 MiB band of the fp32 path */
-    check_shape(64, 896, 128, 16); /* Qwen2.5-0.5B's k/v projection, 64 tokens: the vector decoder */
+    check_shape(5, 70, 37, 11);     /* K = 70: blocks of 64 straddle rows; a partial last block */
+    check_shape(3, 71, 37, 12);     /* an odd count of values (the last byte half used); T <= 4 */
+    check_shape(17, 200, 90, 13);   /* 282 blocks: two double-quantization scales */
+    check_shape(33, 130, 300, 14);  /* wider than one 48-column panel, several groups of 16 */
+    check_shape(9, 700, 500, 15);   /* 350,000 values: more than one 1 MiB band of the fp32 path */
+    check_shape(64, 896, 128, 16);  /* Qwen2.5-0.5B's k/v projection, 64 tokens: the vector decoder */
+    check_shape(230, 1100, 60, 17); /* rows past a row block (B packed a block at a time, not panel by
+                                     * panel), depth past a depth block */
 }
 
 /* A row block of a fused weight quantized whole (QLoRA on Phi-3's qkv_proj / gate_up_proj, as
@@ -158,6 +162,38 @@ TEST(nf4_products_of_a_fused_row_block_equal_its_dequantized_rows) {
         }
     free(x), free(dout), free(got), free(want);
     drop(&c);
+}
+
+/* Decoding's few rows (T <= 8) in bf16: where W's rows start on blocks of 64 (IN and the row
+ * block's first value multiples of 64) the product takes gemm_nf4.c's few-row kernel (no packing;
+ * its sums run along IN, so within float rounding of the blocked GEMM's, not bit for bit): every T
+ * from 1 to 9 (9: the packed path), an odd number of output rows (the last row alone), a row block of
+ * a fused weight that starts on a block (first = 3 x 128), against dequantize-then-multiply. */
+TEST(nf4_few_rows_agree_with_dequantize_then_gemm) {
+    static const int shapes[][3] = {{64, 37, 0}, {896, 131, 0}, {128, 20, 3}}; /* IN, OUT, first row */
+    for (int s = 0; s < 3; s++) {
+        const int IN = shapes[s][0], OUT = shapes[s][1], r0 = shapes[s][2];
+        case_w c;
+        make(&c, IN, OUT + r0, 31 + (uint64_t)s);
+        ctrl_nf4_ref r = c.ref;
+        r.first = (int64_t)r0 * IN, r.n = (int64_t)OUT * IN;
+        float *x = randn((int64_t)9 * IN, 41 + (uint64_t)s, 2.0f), *bias = randn(OUT, 51, 1.0f);
+        float *got = malloc(sizeof(float) * 9 * (size_t)OUT), *want = malloc(sizeof(float) * 9 * (size_t)OUT);
+        for (int T = 1; T <= 9; T++) {
+            CHECK_EQ_INT(ctrl_cpu_nf4_linear_forward(got, x, &r, bias, T, IN, OUT, 1), 0);
+            CHECK_EQ_INT(ctrl_cpu_linear_forward_bf16(want, x, c.deq + (size_t)r0 * IN, bias, T, IN, OUT, 0),
+                         0);
+            CHECK_MSG(test_rel_error_f32(got, want, (long)T * OUT) <= 1e-5, "T %d IN %d OUT %d: rel %.3g", T,
+                      IN, OUT, test_rel_error_f32(got, want, (long)T * OUT));
+            for (int i = 0; i < T * OUT; i++) /* every element, not the norm alone */
+                if (fabsf(got[i] - want[i]) > 1e-4f * (1.0f + fabsf(want[i]))) {
+                    CHECK_MSG(0, "T %d IN %d OUT %d: element %d %g vs %g", T, IN, OUT, i, got[i], want[i]);
+                    break;
+                }
+        }
+        free(x), free(bias), free(got), free(want);
+        drop(&c);
+    }
 }
 
 /* The peak resident memory a process has had, in KiB (VmHWM), or -1. */
