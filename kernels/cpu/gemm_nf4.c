@@ -66,19 +66,24 @@ TARGET static inline __m512 decode16(const uint8_t *bytes, __m512 codes, __m512 
     return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nib), codes), s);
 }
 
-/* The same values rounded to bf16, 32 at a time: each block's 16 code values times its scale,
- * rounded by vcvtneps2bf16 (to nearest even; the values are finite, and a denormal one -- never made
- * by a code value times a block's scale in practice -- would become a zero, which the bf16 products
- * read it as anyway), make a table twice over in one register; 16 bytes become 32 word indices
- * (the high nibble, then the byte itself: vpermw reads an index's low 5 bits, the low nibble and a
- * bit the doubled table ignores) and one vpermw looks them all up. */
+/* A block's 16 code values times its scale s rounded to bf16, twice over (32 words: a vpermw table
+ * whose index bit 4 does not matter). */
+TARGET16 static inline __m512i table_of(__m512 code16, float s) {
+    const __m512 v = _mm512_mul_ps(code16, _mm512_set1_ps(s));
+    return (__m512i)_mm512_cvtne2ps_pbh(v, v);
+}
+
+/* The same values rounded to bf16, 32 at a time: each block's table (table_of; vcvtne2ps2bf16 rounds
+ * to nearest even; the values are finite, and a denormal one -- never made by a code value times a
+ * block's scale in practice -- would become a zero, which the bf16 products read it as anyway); 16
+ * bytes become 32 word indices (the high nibble, then the byte itself: vpermw reads an index's low 5
+ * bits, the low nibble and a bit the doubled table ignores) and one vpermw looks them all up. */
 TARGET16 static void bf16_vec(const ctrl_nf4_ref *w, int64_t i, int64_t n, uint16_t *dst) {
     const __m512 code16 = _mm512_loadu_ps(w->code);
     while (n > 0) {
         const int64_t b = i / 64, end = (b + 1) * 64 < i + n ? (b + 1) * 64 : i + n;
         const float s = scale_of(w, b);
-        const __m256i half = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(code16, _mm512_set1_ps(s)));
-        const __m512i table = _mm512_inserti64x4(_mm512_castsi256_si512(half), half, 1);
+        const __m512i table = table_of(code16, s);
         for (; i < end && i % 2; i++, n--) *dst++ = bf16_of(value_at(w, i, s));
         for (; i + 32 <= end; i += 32, n -= 32, dst += 32) {
             const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->packed + i / 2)));
@@ -111,11 +116,6 @@ TARGET static void values_vec(const ctrl_nf4_ref *w, int64_t i, int64_t n, float
  * the blocked GEMM's (lanes along IN, not along the output): the products agree within float
  * rounding, not bit for bit, as ctrl_cpu_gemm_bf16's own few-row path. */
 #define FEW_ROWS 8
-TARGET16 static inline __m512i block_table(const ctrl_nf4_ref *w, int64_t b, __m512 code16) {
-    const __m256i half = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(code16, _mm512_set1_ps(scale_of(w, b))));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(half), half, 1);
-}
-
 /* rows [n, n + nw) of W (nw 1 or 2) against T rows of xb: out[m * OUT + n + r]. A block's 32 bytes
  * widen to 32 words (byte i: the values 2i in its high nibble, 2i + 1 in its low one); the words
  * shifted right by 4 look up the even values, the words as they are the odd ones (vpermw reads an
@@ -131,14 +131,14 @@ few_rows(float *out, const uint16_t *xb, const ctrl_nf4_ref *w, int T, int IN, i
     for (int k = 0; k < IN; k += 64) {
         const __m512i z0 =
             _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w->packed + (base0 + k) / 2)));
-        const __m512i t0 = block_table(w, (base0 + k) / 64, code16);
+        const __m512i t0 = table_of(code16, scale_of(w, (base0 + k) / 64));
         const __m512bh e0 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(z0, 4), t0),
                        o0 = (__m512bh)_mm512_permutexvar_epi16(z0, t0);
         __m512bh e1 = e0, o1 = o0;
         if (nw > 1) {
             const __m512i z1 =
                 _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w->packed + (base1 + k) / 2)));
-            const __m512i t1 = block_table(w, (base1 + k) / 64, code16);
+            const __m512i t1 = table_of(code16, scale_of(w, (base1 + k) / 64));
             e1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(z1, 4), t1);
             o1 = (__m512bh)_mm512_permutexvar_epi16(z1, t1);
         }
