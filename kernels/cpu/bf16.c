@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/par_min.h"
 #include "cpu/gemm_bf16_kernel.h"
 
 /* The bits of f rounded to bf16 (to nearest, ties to even; a NaN stays NaN, made quiet) in the high half,
@@ -193,7 +194,7 @@ static float *rounded_f32(int slot, const float *src, int64_t n) {
 
 static void add_bias(float *out, const float *bias, int T, int OUT) {
     if (!bias) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)T * OUT >= CTRL_CPU_PAR_MIN)
     for (int t = 0; t < T; t++)
         for (int o = 0; o < OUT; o++) out[(size_t)t * OUT + o] += bias[o];
 }
@@ -201,7 +202,7 @@ static void add_bias(float *out, const float *bias, int T, int OUT) {
 /* db[o] += column sums of dout (unrounded, on every path) */
 static void bias_grad(float *dbias, const float *dout, int T, int OUT) {
     if (!dbias) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)T * OUT >= CTRL_CPU_PAR_MIN)
     for (int o = 0; o < OUT; o++) {
         float s = 0;
         for (int t = 0; t < T; t++) s += dout[(size_t)t * OUT + o];

@@ -30,6 +30,7 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/gemm_bf16_kernel.h"
+#include "cpu/par_min.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -504,7 +505,7 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
     uint32_t *bp = bpre || by_panel ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
     if (!bpre && !by_panel && !bp) return -1;
     int failed = 0;
-#pragma omp parallel
+#pragma omp parallel if (CTRL_CPU_GEMM_PARALLEL(M, N, K))
     {
         uint32_t *ap = apre ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * MC);
         uint32_t *bq = by_panel ? aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * kn) : NULL;
@@ -534,7 +535,9 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                         pack_rows(ap, A, 0, M, pc, kc, kp);
                     else if (ap)
                         pack_block(ap, kr, A, 0, M, pc, kc, kp, 0, (M + 15) / 16);
-#pragma omp for schedule(static)
+                        /* no barrier between depth blocks: a static schedule gives each thread the same
+                         * panels (the same columns of C) in every one, and A's copy is its own */
+#pragma omp for schedule(static) nowait
                     for (int p = 0; p < npanels; p++) {
                         if (!ab || !bq) continue;
                         const int n = nc - p * kn < kn ? nc - p * kn : kn;
@@ -736,7 +739,7 @@ static int gemm_few(int M, int N, int K, const float *A, size_t lda, const float
     uint16_t *a = aligned_alloc(64, sizeof(uint16_t) * FEW_ROWS * (size_t)Kp);
     if (!a) return -1;
     few_round_a(a, M, K, Kp, A, lda);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (CTRL_CPU_GEMM_PARALLEL(M, N, K))
     for (int n0 = 0; n0 < N; n0 += 4)
         few_cols(a, M, K, Kp, B, ldb, C, ldc, n0, N - n0 < 4 ? N - n0 : 4, accumulate);
     free(a);
@@ -789,7 +792,7 @@ static size_t apack_words(const ctrl_bf16_kernel *kk, int M, int K) {
 static void apack_all(uint32_t *dst, const ctrl_bf16_kernel *kk, const operand *A, int M, int K) {
     const int MC = kk->mc, KC = kk->kc, kpmax = kp_of(kk, KC), mblocks = (M + MC - 1) / MC;
     const int items = mblocks * ((K + KC - 1) / KC);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (items > 1)
     for (int w = 0; w < items; w++) {
         const int pc = w / mblocks * KC, ic = w % mblocks * MC;
         const int kc = K - pc < KC ? K - pc : KC, mc = M - ic < MC ? M - ic : MC, kp = kp_of(kk, kc);

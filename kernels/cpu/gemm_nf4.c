@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
+#include "cpu/par_min.h"
 
 #define CHUNK_FLOATS (1 << 18)
 
@@ -184,7 +185,7 @@ static int few_forward(float *out, const float *x, const ctrl_nf4_ref *w, int T,
     uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)T * (size_t)IN);
     if (!xb) return -1;
     round_rows(xb, x, (int64_t)T * IN);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (CTRL_CPU_GEMM_PARALLEL(T, OUT, IN))
     for (int n = 0; n < OUT; n += 2) few_range(out, xb, w, T, IN, OUT, n, n + 2 < OUT ? n + 2 : OUT);
     free(xb);
     return 0;
@@ -307,7 +308,7 @@ int ctrl_cpu_nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *
 bias:
 #endif
     if (bias) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)T * OUT >= CTRL_CPU_PAR_MIN)
         for (int t = 0; t < T; t++)
             for (int o = 0; o < OUT; o++) out[(size_t)t * OUT + o] += bias[o];
     }

@@ -10,4 +10,12 @@
 
 #define CTRL_CPU_PAR_MIN 65536
 
+/* The same for a product, in multiply-adds (M N K): below it (~40 us on one core in bf16) the
+ * product runs on one thread -- a decoding step's LoRA factors (8 x 16 x 896) and narrow
+ * projections (k, v: 8 x 128 x 896) each cost less than the other threads' wake-up. The same
+ * numbers either way: a thread computes whole output tiles, never part of a sum. */
+#define CTRL_CPU_GEMM_PAR_MIN (1 << 21)
+#define CTRL_CPU_GEMM_PARALLEL(M, N, K)                                                                      \
+    ((double)(M) * (double)(N) * (double)(K) >= (double)CTRL_CPU_GEMM_PAR_MIN)
+
 #endif
