@@ -480,8 +480,8 @@ static size_t block_words(const ctrl_bf16_kernel *kk, int nc, int kc) {
     return (size_t)kp_of(kk, kc) * (size_t)((nc + kk->nr - 1) / kk->nr * kk->nr);
 }
 
-/* CTRL_BF16_BLOCK_PACK=1: B packed a whole block at a time for few rows too (the form before
- * packing panel by panel; for comparisons) */
+/* CTRL_BF16_BLOCK_PACK=1: few rows run as many do (B packed here a whole block at a time, the work
+ * split and a barrier after each block; the form before panel by panel, for comparisons) */
 static int block_packing_forced(void) {
     static int forced = -1;
     if (forced < 0) {
@@ -492,24 +492,26 @@ static int block_packing_forced(void) {
 }
 
 /* bpre: B packed beforehand (ctrl_cpu_gemm_bf16_pack: the blocks in this loop's order, jc outer, pc
- * inner, each block_words long), or NULL: B is packed here, block by block -- or, where A has one
- * block of rows (few rows: decoding over an NF4 or fp32 weight), panel by panel, each thread packing
- * a panel into its own buffer right before its tiles read it (in L2: a whole block's panels, up to
- * 16 MiB, would be written out to memory and read back for a handful of rows). */
+ * inner, each block_words long), or NULL: B is packed here, block by block. Where A has one block of
+ * rows (few rows: decoding) the threads share out B's panels instead, each thread the same panels
+ * (the same columns of C) in every depth block, so no barrier runs between blocks; a B packed here
+ * is then packed panel by panel, each into the thread's own buffer right before its tiles read it
+ * (in L2: a whole block's panels, up to 16 MiB, would be written out to memory and read back for a
+ * handful of rows). */
 static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const operand *A, const operand *B,
                         float *C, size_t ldc, int accumulate, const uint32_t *bpre, const uint32_t *apre) {
     const int kr = kk->mr, kn = kk->nr, KC = kk->kc, MC = kk->mc, NC = kk->nc;
     const int kpmax = kp_of(kk, KC);
     const int ncmax = N < NC ? (N + kn - 1) / kn * kn : NC;
-    const int by_panel = !bpre && M <= MC && !block_packing_forced();
+    const int by_panel = M <= MC && !block_packing_forced();
     uint32_t *bp = bpre || by_panel ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * ncmax);
     if (!bpre && !by_panel && !bp) return -1;
     int failed = 0;
 #pragma omp parallel if (CTRL_CPU_GEMM_PARALLEL(M, N, K))
     {
         uint32_t *ap = apre ? NULL : aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * MC);
-        uint32_t *bq = by_panel ? aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * kn) : NULL;
-        if ((!ap && !apre) || (by_panel && !bq)) {
+        uint32_t *bq = by_panel && !bpre ? aligned_alloc(64, sizeof(uint32_t) * (size_t)kpmax * kn) : NULL;
+        if ((!ap && !apre) || (by_panel && !bpre && !bq)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -528,6 +530,8 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                 const uint32_t *bb = bpre ? bpre + boff : bp;
                 boff += block_words(kk, nc, kc);
                 if (by_panel) {
+                    /* no barrier between depth blocks: a static schedule gives each thread the same
+                     * panels (the same columns of C) in every one, and A's copy is its own */
                     const uint32_t *ab = ap;
                     if (apre)
                         ab = apre + (size_t)(pc / KC) * kpmax * MC;
@@ -535,15 +539,14 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                         pack_rows(ap, A, 0, M, pc, kc, kp);
                     else if (ap)
                         pack_block(ap, kr, A, 0, M, pc, kc, kp, 0, (M + 15) / 16);
-                        /* no barrier between depth blocks: a static schedule gives each thread the same
-                         * panels (the same columns of C) in every one, and A's copy is its own */
 #pragma omp for schedule(static) nowait
                     for (int p = 0; p < npanels; p++) {
-                        if (!ab || !bq) continue;
+                        if (!ab || (!bpre && !bq)) continue;
                         const int n = nc - p * kn < kn ? nc - p * kn : kn;
-                        pack_block(bq, kn, B, jc + p * kn, n, pc, kc, kp, 0, (n + 15) / 16);
+                        const uint32_t *panel = bpre ? bb + (size_t)p * kp * kn : bq;
+                        if (!bpre) pack_block(bq, kn, B, jc + p * kn, n, pc, kc, kp, 0, (n + 15) / 16);
                         for (int i = 0; i < M; i += kr)
-                            kk->tile(kp, ab + (size_t)i * kp, bq, C + (size_t)i * ldc + jc + p * kn, ldc,
+                            kk->tile(kp, ab + (size_t)i * kp, panel, C + (size_t)i * ldc + jc + p * kn, ldc,
                                      M - i < kr ? M - i : kr, n, accumulate || pc > 0);
                     }
                     continue;
@@ -554,7 +557,7 @@ static int gemm_blocked(const ctrl_bf16_kernel *kk, int M, int N, int K, const o
                         pack_block(bp, kn, B, jc, nc, pc, kc, kp, ngroups * t / nth, ngroups * (t + 1) / nth);
                 }
                 /* work items: blocks of MC rows, each split across the columns when there are
-                 * fewer blocks than threads (few tokens: decoding) */
+                 * fewer blocks than threads */
                 const int mblocks = (M + MC - 1) / MC;
                 const int nsplit = mblocks >= nth ? 1 : (npanels < nth ? npanels : nth);
 #pragma omp for schedule(dynamic, 1)
