@@ -59,7 +59,7 @@ static inline float value_at(const ctrl_nf4_ref *w, int64_t i, float s) {
 #if defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
 #define VECTOR 1
 #define TARGET __attribute__((target("avx512f,avx512bw")))
-#define TARGET16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define TARGET16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 /* 16 values of one block from 8 bytes (the first value in the high nibble of the first byte) */
 TARGET static inline __m512 decode16(const uint8_t *bytes, __m512 codes, __m512 s) {
     const __m128i b = _mm_loadl_epi64((const __m128i *)bytes), low4 = _mm_set1_epi8(0x0F);
@@ -86,10 +86,14 @@ TARGET16 static void bf16_vec(const ctrl_nf4_ref *w, int64_t i, int64_t n, uint1
         const float s = scale_of(w, b);
         const __m512i table = table_of(code16, s);
         for (; i < end && i % 2; i++, n--) *dst++ = bf16_of(value_at(w, i, s));
-        for (; i + 32 <= end; i += 32, n -= 32, dst += 32) {
-            const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->packed + i / 2)));
+        while (end - i >= 2) { /* whole bytes, up to 16 at a time (a shorter run masked) */
+            const int cnt = end - i >= 32 ? 32 : (int)((end - i) & ~(int64_t)1);
+            const __mmask16 bytes = (__mmask16)((1u << (cnt / 2)) - 1u);
+            const __mmask32 words = cnt == 32 ? 0xFFFFFFFFu : (__mmask32)((1u << cnt) - 1u);
+            const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(bytes, w->packed + i / 2));
             const __m512i idx = _mm512_or_si512(_mm512_srli_epi32(d, 4), _mm512_slli_epi32(d, 16));
-            _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(idx, table));
+            _mm512_mask_storeu_epi16(dst, words, _mm512_permutexvar_epi16(idx, table));
+            i += cnt, n -= cnt, dst += cnt;
         }
         for (; i < end; i++, n--) *dst++ = bf16_of(value_at(w, i, s));
     }
@@ -205,7 +209,9 @@ static void values_scalar(const ctrl_nf4_ref *w, int64_t i, int64_t n, float *ds
 static int vector_ok(void) {
 #if VECTOR
     static int ok = -1;
-    if (ok < 0) ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (ok < 0)
+        ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
     return ok;
 #else
     return 0;
