@@ -229,29 +229,37 @@ void ctrl_cpu_nf4_values(const ctrl_nf4_ref *w, int64_t i, int64_t n, float *dst
     values_scalar(w, i, n, dst);
 }
 
+/* The vector decoders run: AVX-512 (F, BW, VL) and BF16, not turned off by CTRL_NO_AVX512BF16 (read
+ * at each product: tests flip it). */
+static int bf16_vector(void) { return vector_ok() && ctrl_cpu_has_avx512bf16(); }
+
 #if VECTOR
-/* the few-row kernel runs: few rows, blocks of 64 aligned with W's rows, AVX-512 BF16 (not turned off
- * by CTRL_NF4_PACK_FEW=1, which packs for any rows: for comparisons) */
+/* the few-row kernel runs (where the vector decoders do): few rows, blocks of 64 aligned with W's
+ * rows, not turned off by CTRL_NF4_PACK_FEW=1 (which packs for any rows: for comparisons) */
 static int few_ok(const ctrl_nf4_ref *w, int T, int IN) {
     static int off = -1;
     if (off < 0) {
         const char *v = getenv("CTRL_NF4_PACK_FEW");
-        off = (v && *v && strcmp(v, "0") != 0) || !vector_ok() || !ctrl_cpu_has_avx512bf16();
+        off = v && *v && strcmp(v, "0") != 0;
     }
     return !off && T <= FEW_ROWS && IN % 64 == 0 && w->first % 64 == 0;
 }
 #endif
 
-/* The packing step's source (ctrl_cpu_gemm_source): W's values [i, i + n) as bf16. The bf16 GEMM
- * that calls it runs on CPUs with AVX-512 BF16 (AMX ones have it too); the scalar loop is for the
- * rest. */
+/* The packing step's source (ctrl_cpu_gemm_source; ctx: a source_ctx): W's values [i, i + n) as
+ * bf16, by the vector decoder where the product found it runs (AVX-512 BF16; AMX CPUs have it too)
+ * and one by one elsewhere (the emulated AMX kernel on another CPU). */
+typedef struct source_ctx {
+    const ctrl_nf4_ref *w;
+    int vec;
+} source_ctx;
+
 static void nf4_source(const void *ctx, size_t at, int n, uint16_t *dst) {
-    const ctrl_nf4_ref *w = ctx;
+    const source_ctx *c = ctx;
+    const ctrl_nf4_ref *w = c->w;
     int64_t i = (int64_t)at + w->first;
 #if VECTOR
-    static int vec = -1;
-    if (vec < 0) vec = vector_ok() && ctrl_cpu_has_avx512bf16();
-    if (vec) {
+    if (c->vec) {
         bf16_vec(w, i, n, dst);
         return;
     }
@@ -305,10 +313,11 @@ int ctrl_cpu_nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *
                                 int IN, int OUT, int bf16) {
     if (T <= 0 || OUT <= 0) return 0;
     if (IN <= 0 || (int64_t)IN * OUT != w->n) return -2;
+    const source_ctx src = {w, bf16 && bf16_vector()};
 #if VECTOR
-    if (bf16 && few_ok(w, T, IN) && few_forward(out, x, w, T, IN, OUT) == 0) goto bias;
+    if (src.vec && few_ok(w, T, IN) && few_forward(out, x, w, T, IN, OUT) == 0) goto bias;
 #endif
-    if (!bf16 || ctrl_cpu_gemm_bf16_source(0, 1, T, OUT, IN, x, IN, nf4_source, w, IN, out, OUT, 0) != 0)
+    if (!bf16 || ctrl_cpu_gemm_bf16_source(0, 1, T, OUT, IN, x, IN, nf4_source, &src, IN, out, OUT, 0) != 0)
         if (banded(out, x, w, T, IN, OUT, 0, bf16) != 0) return -1;
 #if VECTOR
 bias:
@@ -325,7 +334,8 @@ int ctrl_cpu_nf4_linear_backward(float *dx, const float *dout, const ctrl_nf4_re
                                  int bf16) {
     if (T <= 0 || IN <= 0) return 0;
     if (OUT <= 0 || (int64_t)IN * OUT != w->n) return -2;
-    if (bf16 && ctrl_cpu_gemm_bf16_source(0, 0, T, IN, OUT, dout, OUT, nf4_source, w, IN, dx, IN, 0) == 0)
+    const source_ctx src = {w, bf16 && bf16_vector()};
+    if (bf16 && ctrl_cpu_gemm_bf16_source(0, 0, T, IN, OUT, dout, OUT, nf4_source, &src, IN, dx, IN, 0) == 0)
         return 0;
     return banded(dx, dout, w, T, IN, OUT, 1, bf16);
 }
