@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "cpu/cpu_ops.h"
-#include "cpu/par_min.h"
 #include "cpu/gemm_bf16_kernel.h"
+#include "cpu/par_min.h"
 
 /* The bits of f rounded to bf16 (to nearest, ties to even; a NaN stays NaN, made quiet) in the high half,
  * the low half zero. Branch-free, so that the loops below vectorise (AVX2: 8 values an instruction;

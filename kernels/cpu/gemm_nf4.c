@@ -113,14 +113,15 @@ TARGET static void values_vec(const ctrl_nf4_ref *w, int64_t i, int64_t n, float
 }
 
 /* Decoding's products, x [T, IN] W^T for T <= FEW_ROWS (a handful of sequences), with no packing at
- * all: packing W's panels costs more than these few rows' products. Each row of W is decoded 32
- * values at a time into a register (a block's table, as bf16_vec) and dotted with the T rows of x
- * (rounded to bf16 once, xb [T, IN]) by vdpbf16ps, two rows of W at once so that each load of x
- * serves both; a row's 16 lanes are summed at its end. W's rows must start on blocks of 64 (IN and
+ * all: packing W's panels costs more than these few rows' products. Each row of W is decoded a block
+ * of 64 values at a time into two registers (the block's table, as bf16_vec's) and dotted with the T
+ * rows of x (rounded to bf16 once, xb [T, IN]) by vdpbf16ps, two rows of W at once so that each load
+ * of x serves both; a row's 16 lanes are summed at its end. W's rows must start on blocks of 64 (IN and
  * first multiples of 64: every projection of the models here). The sums run in another order than
  * the blocked GEMM's (lanes along IN, not along the output): the products agree within float
  * rounding, not bit for bit, as ctrl_cpu_gemm_bf16's own few-row path. */
 #define FEW_ROWS 8
+
 /* rows [n, n + nw) of W (nw 1 or 2) against T rows of xb: out[m * OUT + n + r]. A block's 32 bytes
  * widen to 32 words (byte i: the values 2i in its high nibble, 2i + 1 in its low one); the words
  * shifted right by 4 look up the even values, the words as they are the odd ones (vpermw reads an
@@ -315,13 +316,13 @@ int ctrl_cpu_nf4_linear_forward(float *out, const float *x, const ctrl_nf4_ref *
     if (IN <= 0 || (int64_t)IN * OUT != w->n) return -2;
     const source_ctx src = {w, bf16 && bf16_vector()};
 #if VECTOR
-    if (src.vec && few_ok(w, T, IN) && few_forward(out, x, w, T, IN, OUT) == 0) goto bias;
+    const int few = src.vec && few_ok(w, T, IN) && few_forward(out, x, w, T, IN, OUT) == 0;
+#else
+    const int few = 0;
 #endif
-    if (!bf16 || ctrl_cpu_gemm_bf16_source(0, 1, T, OUT, IN, x, IN, nf4_source, &src, IN, out, OUT, 0) != 0)
+    if (!few &&
+        (!bf16 || ctrl_cpu_gemm_bf16_source(0, 1, T, OUT, IN, x, IN, nf4_source, &src, IN, out, OUT, 0) != 0))
         if (banded(out, x, w, T, IN, OUT, 0, bf16) != 0) return -1;
-#if VECTOR
-bias:
-#endif
     if (bias) {
 #pragma omp parallel for schedule(static) if ((size_t)T * OUT >= CTRL_CPU_PAR_MIN)
         for (int t = 0; t < T; t++)
