@@ -4,10 +4,11 @@
  * at the edges, an odd count of values, more than 256 blocks so the double quantization's second
  * scale is used, weights wider than one band of the fp32 path). The values are bit for bit; the bf16
  * products (the same blocked GEMM, B's panels packed from the nibbles) are bit for bit too where
- * that GEMM runs both (AVX-512 BF16, T > 4); the fp32 products (cblas_sgemm a band of rows at a
- * time) and the rest within 1e-6 relative (the order of the sums). And the products' memory: a
- * product with Qwen2.5-0.5B's widest weight (4864 x 896) raises the peak RSS by far less than that
- * weight dequantized (17 MiB). */
+ * that GEMM runs both (AVX-512 BF16, T > 4, and not decoding's few-row NF4 kernel: T <= 8 on rows
+ * that start on blocks of 64, checked on its own within float rounding); the fp32 products
+ * (cblas_sgemm a band of rows at a time) and the rest within 1e-6 relative (the order of the sums). And the
+ * products' memory: a product with Qwen2.5-0.5B's widest weight (4864 x 896) raises the peak RSS by far less
+ * than that weight dequantized (17 MiB). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
