@@ -354,8 +354,10 @@ static const ctrl_option peft_options[] = {
     {"quantization", CTRL_OPT_CHOICE, "none", 0, 0, 0, "none|nf4",
      "QLoRA: nf4 holds the frozen base's projection weights (q/k/v/o/gate/up/down) in 4-bit NormalFloat as "
      "bitsandbytes does (load_in_4bit, bnb_4bit_quant_type nf4, blocks of 64, double-quantized absmax), "
-     "dequantized a tile at a time inside the GEMMs of forward and backward (never a whole weight), "
-     "multiplied in [train] dtype; on the CPU and on CUDA. As transformers quantizes every nn.Linear: "
+     "dequantized a tile at a time inside the GEMMs of forward and backward (never a whole weight; on a CPU "
+     "with AVX-512 BF16 decoding's products of up to 8 sequences decode W's rows in registers, with no "
+     "panels at all), multiplied in [train] dtype; on the CPU and on CUDA. As transformers quantizes every "
+     "nn.Linear: "
      "Phi-3's fused qkv_proj / gate_up_proj each one NF4 tensor; a mixture of experts' experts and router "
      "stay fp32 (bitsandbytes leaves them: not nn.Linear); the start-up log says which are which. With "
      "use_dora: QDoRA. With [memory] strategies = zero3 each rank keeps only its slice of the NF4 store (cut "
