@@ -49,8 +49,8 @@ void dora_layout(ctrl_model *m, size_t *cursor, int l, int module, int OUT) {
  * norms held in m->dora_wn (given to dora_norm as a one-column W). */
 static ctrl_status weight_norms(ctrl_model *m, int l, int t, int IN, int OUT, const float *mag) {
     const ctrl_backend_ops *be = m->be;
-    const int r = m->lora->r;
-    const double s = m->lora_scale;
+    const int r = lora_r(m, l, t);
+    const double s = lora_s(m, l, t);
     long w, bias;
     lora_base_weight(m, l, t, &w, &bias);
     const float *P = m->dparams, *A = P + a_of(m, l, t), *B = P + b_of(m, l, t);
@@ -126,7 +126,7 @@ static ctrl_status layer_norms(ctrl_model *m, int l, int set) {
             MODEL_TRY(weight_norms(m, l, t, IN, OUT, mag));
         else /* the norms as they are: the scalings only */
             MODEL_TRY(m->be->dora_norm(m->dora_norm + at, m->dora_g + at, NULL, NULL, NULL, NULL, mag, 0.0f,
-                                       OUT, IN, m->lora->r));
+                                       OUT, IN, lora_r(m, l, t)));
         if (set) /* host memory: dora_init_magnitudes runs before the model moves */
             memcpy(m->params + mo, m->dora_norm + at, sizeof(float) * (size_t)OUT);
     }
@@ -226,7 +226,7 @@ ctrl_status dora_combine(ctrl_model *m, int l, int t, float *out, const float *y
 ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, float *dx, const float *dout,
                           const float *x, int IN, int OUT) {
     const ctrl_backend_ops *be = m->be;
-    const int T = m->T, r = m->lora->r;
+    const int T = m->T, r = lora_r(m, l, t);
     const float *P = m->dparams;
     const long ao = a_of(m, l, t), bo = b_of(m, l, t), mo = *mag_off(m, l, t);
     long w, bias;
@@ -245,7 +245,7 @@ ctrl_status dora_backward(ctrl_model *m, int l, int t, const layer_acts *a, floa
     MODEL_TRY(be->dora_backward(model_grad(m, mo), w2, w3, dout, m->dora_norm + *at_off(m, l, t),
                                 m->dora_g + *at_off(m, l, t), T, OUT));
     MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, w2, xa, P + bo, T, r, OUT));
-    MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
+    MODEL_TRY(be->scale(dxa, lora_s(m, l, t), (int64_t)T * r));
     MODEL_TRY(model_linear_backward(m, w2, model_grad(m, ao), NULL, dxa, xp, P + ao, T, IN, r)); /* dxa A */
     MODEL_TRY(model_linear_backward(m, w1, NULL, NULL, w3, x, P + w, T, IN, OUT)); /* ((g-1) dout) W */
     MODEL_TRY(be->residual_forward(w2, w2, w1, (int64_t)T * IN));

@@ -26,95 +26,10 @@ float ctrl_lora_scaling(const ctrl_lora_config *c) {
     return c->use_rslora ? c->lora_alpha / sqrtf((float)c->r) : c->lora_alpha / (float)c->r;
 }
 
-/* PEFT's rule for a list entry: the module's name is the entry or ends with "." + entry. */
-static int name_matches(const char *full, const char *entry) {
-    const size_t nf = strlen(full), ne = strlen(entry);
-    if (nf == ne) return !strcmp(full, entry);
-    return nf > ne && full[nf - ne - 1] == '.' && !strcmp(full + nf - ne, entry);
-}
-
-/* Whether one of the n entries of `list` matches model.layers.<layer>.<suffix>. */
-static int listed(const char (*list)[96], int n, int layer, const char *suffix) {
-    char full[128];
-    snprintf(full, sizeof full, "model.layers.%d.%s", layer, suffix);
-    for (int i = 0; i < n; i++)
-        if (name_matches(full, list[i])) return 1;
-    return 0;
-}
-
-/* Whether entry `name` can name `full` ("self_attn.q_proj") in some layer: as a suffix of
- * model.layers.N.<full>, or as a full name model.layers.N.<full>. */
-static int can_name(const char *name, const char *full) {
-    return name_matches(full, name) ||
-           (strlen(name) > strlen(full) && name_matches(name, full) && !strncmp(name, "model.layers.", 13));
-}
-
-int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module) {
-    return c->all_linear || listed(c->targets, c->n_targets, layer, ctrl_lora_module_names[module]);
-}
-
-ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where) {
-    if (!strcmp(name, "all-linear")) {
-        c->all_linear = 1;
-        return CTRL_OK;
-    }
-    int known = 0; /* the entry must name one of the projections (of some layer) */
-    for (int t = 0; t < LORA_N_MODULES && !known; t++) {
-        const char *full = ctrl_lora_module_names[t];
-        known = can_name(name, full) || !strcmp(name, strchr(full, '.') + 1);
-    }
-    if (!known)
-        return ctrl_error_set(
-            CTRL_ERR_CONFIG,
-            "%s: target_modules entry '%s' names no linear layer LoRA can adapt here (q_proj, "
-            "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, Phi-3's fused qkv_proj and "
-            "gate_up_proj, a full name such as model.layers.0.self_attn.q_proj, or all-linear)",
-            where, name);
-    if (c->n_targets == CTRL_LORA_MAX_TARGETS || strlen(name) >= sizeof c->targets[0])
-        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: too many or too long target_modules entries", where);
-    snprintf(c->targets[c->n_targets++], sizeof c->targets[0], "%s", name);
-    return CTRL_OK;
-}
-
-static const char *const moe_param_names[LORA_MOE_N] = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
-
-int ctrl_lora_targets_param(const ctrl_lora_config *c, int layer, int which) {
-    return listed(c->params, c->n_params, layer, moe_param_names[which]);
-}
-
-ctrl_status ctrl_lora_add_parameter(ctrl_lora_config *c, const char *name, const char *where) {
-    int known = 0;
-    for (int w = 0; w < LORA_MOE_N && !known; w++) known = can_name(name, moe_param_names[w]);
-    if (!known)
-        return ctrl_error_set(
-            CTRL_ERR_CONFIG,
-            "%s: target_parameters entry '%s': only the experts' gate_up_proj and down_proj "
-            "(experts.gate_up_proj, experts.down_proj) are implemented (not the router's "
-            "gate.weight)",
-            where, name);
-    if (c->n_params == (int)(sizeof c->params / sizeof c->params[0]) || strlen(name) >= sizeof c->params[0])
-        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: too many or too long target_parameters entries", where);
-    snprintf(c->params[c->n_params++], sizeof c->params[0], "%s", name);
-    return CTRL_OK;
-}
-
-ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where) {
-    if (name_matches("model.embed_tokens", name))
-        c->save_embed_tokens = 1;
-    else if (!strcmp(name, "lm_head"))
-        c->save_lm_head = 1;
-    else if (!strcmp(name, "score") || !strcmp(name, "classifier")) /* PEFT's SEQ_CLS head names */
-        c->seq_cls = 1;
-    else
-        return ctrl_error_set(CTRL_ERR_CONFIG,
-                              "%s: modules_to_save entry '%s': only embed_tokens, lm_head and a sequence "
-                              "classifier's score (or classifier) can be trained in full beside the adapters",
-                              where, name);
-    return CTRL_OK;
-}
-
 static long *a_off(const ctrl_model *m, int l, int t) { return &m->lora_a[l * LORA_N_TARGETS + t]; }
 static long *b_off(const ctrl_model *m, int l, int t) { return &m->lora_b[l * LORA_N_TARGETS + t]; }
+int lora_r(const ctrl_model *m, int l, int t) { return m->lora_rank[l * LORA_N_TARGETS + t]; }
+float lora_s(const ctrl_model *m, int l, int t) { return m->lora_scales[l * LORA_N_TARGETS + t]; }
 
 void lora_dims(const ctrl_model *m, int t, int *in, int *out) {
     const ctrl_model_config *c = &m->cfg;
@@ -172,12 +87,13 @@ static ctrl_status lora_check_moe(const ctrl_model *m) {
 
 ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
     char n[160];
-    const int r = m->lora->r;
     int adapted = 0, wrapped = 0;
     MODEL_TRY(lora_check_moe(m));
+    MODEL_TRY(ctrl_lora_check_choices(m->lora, "LoRA"));
     for (int l = 0; l < m->cfg.n_layers; l++) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             *a_off(m, l, t) = *b_off(m, l, t) = -1;
+            m->lora_rank[l * LORA_N_TARGETS + t] = 0, m->lora_scales[l * LORA_N_TARGETS + t] = 0;
             if (m->lora_mag) m->lora_mag[l * LORA_N_TARGETS + t] = -1;
         }
         const int moe = m->layers[l].router >= 0;  /* an MoE layer has no gate/up/down_proj linears */
@@ -186,6 +102,8 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
             const int mod = lora_module(m, t, &row0, &out);
             if (row0 != 0 || !ctrl_lora_targets(m->lora, l, mod) || (moe && t >= LORA_GATE)) continue;
             lora_dims(m, t, &in, &dummy);
+            const int r = ctrl_lora_rank(m->lora, l, mod);
+            const float s = ctrl_lora_module_scaling(m->lora, l, mod);
             long ab_off[2];
             for (int ab = 0; ab < 2; ab++) {
                 snprintf(n, sizeof n, "model.layers.%d.%s.lora_%c.weight", l, ctrl_lora_module_names[mod],
@@ -198,6 +116,7 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
                 int k0, kout;
                 if (lora_module(m, k, &k0, &kout) != mod) continue;
                 *a_off(m, l, k) = ab_off[0], *b_off(m, l, k) = ab_off[1] + (long)k0 * r;
+                m->lora_rank[l * LORA_N_TARGETS + k] = r, m->lora_scales[l * LORA_N_TARGETS + k] = s;
             }
             if (m->lora->use_dora) dora_layout(m, cursor, l, mod, out);
             adapted++;
@@ -238,9 +157,8 @@ static void kaiming(float *w, int64_t n, int fan_in, uint64_t *s) {
     for (int64_t i = 0; i < n; i++) w[i] = (float)((2 * next_uniform(s) - 1) * bound);
 }
 
-/* lora_A [n floats, fan_in in]: N(0, 1/r) (Box-Muller) with init gaussian, else Kaiming-uniform. */
-static void init_a(const ctrl_model *m, float *A, int64_t n, int in, uint64_t *s) {
-    const int r = m->lora->r;
+/* lora_A [n floats, fan_in in] of rank r: N(0, 1/r) (Box-Muller) with init gaussian, else Kaiming-uniform. */
+static void init_a(const ctrl_model *m, float *A, int64_t n, int in, int r, uint64_t *s) {
     if (m->lora->init != CTRL_LORA_INIT_GAUSSIAN) {
         kaiming(A, n, in, s);
         return;
@@ -253,7 +171,6 @@ static void init_a(const ctrl_model *m, float *A, int64_t n, int in, uint64_t *s
 }
 
 void lora_init(ctrl_model *m) {
-    const int r = m->lora->r;
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             int in, out, row0, slot_out;
@@ -263,7 +180,8 @@ void lora_init(ctrl_model *m) {
             float *A = m->params + *a_off(m, l, t), *B = m->params + *b_off(m, l, t);
             uint64_t s =
                 mix64(m->lora->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(l * LORA_N_TARGETS + t + 1)));
-            init_a(m, A, (int64_t)r * in, in, &s);
+            const int r = lora_r(m, l, t);
+            init_a(m, A, (int64_t)r * in, in, r, &s);
             if (m->lora->init == CTRL_LORA_INIT_NONE)
                 kaiming(B, (int64_t)out * r, r, &s);
             else
@@ -275,7 +193,8 @@ void lora_init(ctrl_model *m) {
         for (int v = 0; v < m->n_views && !vb; v++)
             if (m->views[v].offset == (size_t)m->moe_lora[i]) va = &m->views[v], vb = va + 1;
         uint64_t s = mix64(m->lora->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1)));
-        init_a(m, m->params + va->offset, va->numel, (int)va->shape[1], &s); /* nn.Linear(in, E r) */
+        init_a(m, m->params + va->offset, va->numel, (int)va->shape[1], m->lora->r,
+               &s); /* nn.Linear(in, E r) */
         if (m->lora->init == CTRL_LORA_INIT_NONE)
             kaiming(m->params + vb->offset, vb->numel, (int)vb->shape[1], &s); /* nn.Linear(E r, out) */
         else
@@ -288,10 +207,10 @@ size_t lora_act_floats(const ctrl_model *m, int l) {
     if (!m->has_lora) return 0;
     size_t n = 0;
     for (int t = 0; t < LORA_N_TARGETS; t++) {
-        int any = 0;
-        for (int k = 0; k < m->cfg.n_layers && !any; k++)
-            any = (l < 0 ? model_recomputed(m, k) : k == l) && *a_off(m, k, t) >= 0;
-        n += any ? (size_t)m->lora->r : 0;
+        int r = 0; /* the shared set: room for the largest of the recomputed layers' */
+        for (int k = 0; k < m->cfg.n_layers; k++)
+            if ((l < 0 ? model_recomputed(m, k) : k == l) && lora_r(m, k, t) > r) r = lora_r(m, k, t);
+        n += (size_t)r;
     }
     return n;
 }
@@ -332,8 +251,9 @@ ctrl_status lora_scratch(ctrl_model *m, float **xa, float **w1, float **w2, floa
     for (int i = 0; i < 3; i++) wide = cand[i] > wide ? cand[i] : wide;
     const size_t T = (size_t)m->T;
     MODEL_TRY(model_grow(m, (void **)&m->lora_ws, &m->lora_ws_bytes,
-                         sizeof(float) * T * ((size_t)m->lora->r + 3 * wide)));
-    *xa = m->lora_ws, *w1 = *xa + T * (size_t)m->lora->r, *w2 = *w1 + T * wide, *w3 = *w2 + T * wide;
+                         sizeof(float) * T * ((size_t)ctrl_lora_max_rank(m->lora) + 3 * wide)));
+    *xa = m->lora_ws, *w1 = *xa + T * (size_t)ctrl_lora_max_rank(m->lora), *w2 = *w1 + T * wide,
+    *w3 = *w2 + T * wide;
     return CTRL_OK;
 }
 
@@ -367,7 +287,7 @@ ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out,
     if (m->dec_adapters && out) return lora_bank_forward(m, l, t, out, x, IN, OUT); /* serving */
     if (!m->has_lora || m->lora_off || *a_off(m, l, t) < 0) return CTRL_OK;
     const ctrl_backend_ops *be = m->be;
-    const int T = m->T, r = m->lora->r;
+    const int T = m->T, r = lora_r(m, l, t);
     const float *P = m->dparams;
     float *xa, *w1, *w2, *w3;
     MODEL_TRY(lora_scratch(m, &xa, &w1, &w2, &w3));
@@ -377,7 +297,7 @@ ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out,
         x = w1;
     }
     MODEL_TRY(model_linear_forward(m, xa, x, P + *a_off(m, l, t), NULL, T, IN, r));
-    MODEL_TRY(be->scale(xa, m->lora_scale, (int64_t)T * r));
+    MODEL_TRY(be->scale(xa, lora_s(m, l, t), (int64_t)T * r));
     if (!out) return CTRL_OK; /* a recompute for backward: lora_xa is all it needs */
     MODEL_TRY(model_linear_forward(m, w2, xa, P + *b_off(m, l, t), NULL, T, r, OUT));
     if (!m->lora->use_dora) return be->residual_forward(out, out, w2, (int64_t)T * OUT);
@@ -393,14 +313,14 @@ ctrl_status lora_backward(ctrl_model *m, int l, int t, const layer_acts *a, floa
     if (!m->has_lora || m->lora_off || *a_off(m, l, t) < 0) return CTRL_OK;
     if (m->lora->use_dora) return dora_backward(m, l, t, a, dx, dout, x, IN, OUT);
     const ctrl_backend_ops *be = m->be;
-    const int T = m->T, r = m->lora->r;
+    const int T = m->T, r = lora_r(m, l, t);
     const float *P = m->dparams;
     float *dxa, *w1, *w2, *w3;
     MODEL_TRY(lora_scratch(m, &dxa, &w1, &w2, &w3));
     (void)w3;
     const long ao = *a_off(m, l, t), bo = *b_off(m, l, t);
     MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, dout, a->lora_xa[t], P + bo, T, r, OUT));
-    MODEL_TRY(be->scale(dxa, m->lora_scale, (int64_t)T * r));
+    MODEL_TRY(be->scale(dxa, lora_s(m, l, t), (int64_t)T * r));
     const int drop = lora_dropout_on(m);
     if (drop) {
         MODEL_TRY(lora_apply_dropout(m, l, t, w1, x, (int64_t)T * IN));

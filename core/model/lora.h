@@ -30,6 +30,15 @@ typedef enum {
 } ctrl_lora_init;
 
 #define CTRL_LORA_MAX_TARGETS 512
+#define CTRL_LORA_MAX_PATTERNS 64 /* rank_pattern / alpha_pattern entries, exclude_modules names */
+#define CTRL_LORA_MAX_LAYERS 1024 /* layers_to_transform entries */
+
+/* A rank_pattern / alpha_pattern entry: PEFT's key (a regular expression matched as
+ * re.match(r"(.*\.)?(KEY)$", module name)) and its value. */
+typedef struct ctrl_lora_pattern {
+    char key[256];
+    double value;
+} ctrl_lora_pattern;
 
 /* What PEFT's LoraConfig says (adapter_config.json or the [peft] section). target_modules entries
  * match a module as PEFT matches a list: the module's full name equals the entry or ends with
@@ -69,16 +78,54 @@ typedef struct ctrl_lora_config {
      * compute): held so where it can, fp32 elsewhere, silently; 3 (auto in a loop that decodes): held
      * only as the head's panels, fp32 elsewhere. */
     int bf16_embed;
+    /* PEFT's choice of modules beyond target_modules' list, and per-module rank and alpha (lora_match.c;
+     * regular expressions with Python's re semantics, through PCRE2):
+     * target_regex: target_modules given as a string other than all-linear (re.fullmatch on the
+     * module's name); exclude / exclude_regex: exclude_modules as a list (matched as target_modules'
+     * entries) or as a string (re.fullmatch); layers / n_layers: layers_to_transform (the layer
+     * index taken from the module's name by layers_pattern's entries, or PEFT's default: the first
+     * numbered segment); rank_pattern / alpha_pattern: the first key that matches a module gives its r /
+     * lora_alpha instead of r / lora_alpha. */
+    char target_regex[1024];
+    int n_exclude;
+    char exclude[CTRL_LORA_MAX_PATTERNS][96];
+    char exclude_regex[1024];
+    int n_layers;
+    int layers[CTRL_LORA_MAX_LAYERS];
+    int n_layers_pattern;
+    char layers_pattern[8][96];
+    int n_rank_pattern, n_alpha_pattern;
+    ctrl_lora_pattern rank_pattern[CTRL_LORA_MAX_PATTERNS], alpha_pattern[CTRL_LORA_MAX_PATTERNS];
 } ctrl_lora_config;
 
 /* LoRA's dropout draw on host memory (lora.c; the CPU backend's lora_dropout op, what a device's
  * computes where its values are): out[i] = 0 where u_i < p, else x[i] * keep, u_i = ((mix64(key + i *
  * 0x9E3779B97F4A7C15) >> 11) + 0.5) / 2^53, mix64 splitmix64's finalizer (out may be x). */
 void lora_dropout_host(float *out, const float *x, int64_t n, uint64_t key, float p, float keep);
-/* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora. */
+/* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora (the config's own r and lora_alpha). */
 float ctrl_lora_scaling(const ctrl_lora_config *c);
-/* Whether PEFT would put an adapter on layer `layer`'s module `module` (LORA_Q ... LORA_GATE_UP). */
+/* Whether PEFT would put an adapter on layer `layer`'s module `module` (LORA_Q ... LORA_GATE_UP):
+ * exclude_modules, target_modules (list, all-linear or regular expression), layers_to_transform. */
 int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module);
+/* That module's rank, lora_alpha and scaling (rank_pattern, alpha_pattern; else r, lora_alpha). */
+int ctrl_lora_rank(const ctrl_lora_config *c, int layer, int module);
+float ctrl_lora_module_scaling(const ctrl_lora_config *c, int layer, int module);
+/* The largest rank any module can have (r or a rank_pattern value). */
+int ctrl_lora_max_rank(const ctrl_lora_config *c);
+/* Setters for the fields above, each refusing by `where` what PEFT would refuse or what is not a
+ * valid regular expression. */
+ctrl_status ctrl_lora_set_target_regex(ctrl_lora_config *c, const char *pattern, const char *where);
+ctrl_status ctrl_lora_add_exclude(ctrl_lora_config *c, const char *name, const char *where);
+ctrl_status ctrl_lora_set_exclude_regex(ctrl_lora_config *c, const char *pattern, const char *where);
+ctrl_status ctrl_lora_add_layer(ctrl_lora_config *c, long layer, const char *where);
+ctrl_status ctrl_lora_add_layers_pattern(ctrl_lora_config *c, const char *pattern, const char *where);
+ctrl_status ctrl_lora_add_rank_pattern(ctrl_lora_config *c, const char *key, double r, const char *where);
+ctrl_status ctrl_lora_add_alpha_pattern(ctrl_lora_config *c, const char *key, double alpha,
+                                        const char *where);
+/* The combinations PEFT refuses (layers_to_transform or layers_pattern with target_modules as a
+ * string, layers_pattern without layers_to_transform) and the ones not implemented here (these
+ * choices with target_parameters), named by `where`. */
+ctrl_status ctrl_lora_check_choices(const ctrl_lora_config *c, const char *where);
 /* Adds a target_modules entry; CTRL_ERR_CONFIG naming `where` when it names no linear layer of a
  * decoder (PEFT would refuse it too) or there are too many. */
 ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const char *where);

@@ -20,15 +20,17 @@
 
 struct lora_bank_entry {
     ctrl_lora_config cfg;
-    float scale;
+    float scale; /* the experts' (the config's r and lora_alpha) */
     long *a, *b; /* [n_layers][LORA_N_TARGETS] offsets into w, -1 where none */
-    long *moe;   /* [n_layers][4]: the experts' gate_up lora_A, lora_B, down lora_A, lora_B; -1: none */
+    int *r;      /* [n_layers][LORA_N_TARGETS] each adapter's rank (rank_pattern) and scaling */
+    float *s;
+    long *moe; /* [n_layers][4]: the experts' gate_up lora_A, lora_B, down lora_A, lora_B; -1: none */
     float *w;
 };
 
 static void entry_free(lora_bank_entry *e) {
     if (!e) return;
-    free(e->a), free(e->b), free(e->moe), free(e->w);
+    free(e->a), free(e->b), free(e->r), free(e->s), free(e->moe), free(e->w);
     free(e);
 }
 
@@ -84,7 +86,7 @@ static ctrl_status read_expert(const ctrl_model *m, lora_bank_entry *e, ctrl_saf
 static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const char *dir) {
     char path[4200], name[CTRL_ST_MAX_NAME];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    const int L = m->cfg.n_layers, r = e->cfg.r;
+    const int L = m->cfg.n_layers;
     size_t n = 0;
     for (int l = 0; l < L; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) { /* a fused module's linears share its A, rows of its B */
@@ -94,6 +96,8 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
                                                                                               : t;
             e->a[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + t] = -1;
             if (!ctrl_lora_targets(&e->cfg, l, mod)) continue;
+            const int r = e->r[l * LORA_N_TARGETS + t] = ctrl_lora_rank(&e->cfg, l, mod);
+            e->s[l * LORA_N_TARGETS + t] = ctrl_lora_module_scaling(&e->cfg, l, mod);
             if (row0) {
                 e->a[l * LORA_N_TARGETS + t] = e->a[l * LORA_N_TARGETS + first];
                 e->b[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + first] + (long)row0 * r;
@@ -111,8 +115,8 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
             if (m->layers[l].router < 0 || !ctrl_lora_targets_param(&e->cfg, l, k)) continue;
             int in, out;
             moe_dims(m, k, &in, &out);
-            at[0] = (long)n, n += (size_t)m->cfg.n_experts * r * in;
-            at[1] = (long)n, n += (size_t)m->cfg.n_experts * r * out;
+            at[0] = (long)n, n += (size_t)m->cfg.n_experts * e->cfg.r * in;
+            at[1] = (long)n, n += (size_t)m->cfg.n_experts * e->cfg.r * out;
             wrapped++;
         }
     if (e->cfg.n_params > 0 && !wrapped) /* PEFT: "target_parameters ... no parameter was matched" */
@@ -132,6 +136,7 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
             const int mod = lora_module(m, t, &row0, &out);
             if (row0) continue; /* each module once, at its first linear */
             lora_dims(m, t, &in, &slot_out);
+            const int r = e->r[l * LORA_N_TARGETS + t];
             for (int ab = 0; ab < 2 && st == CTRL_OK && e->a[l * LORA_N_TARGETS + t] >= 0; ab++) {
                 const int64_t d0 = ab ? out : r, d1 = ab ? r : in;
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l,
@@ -178,9 +183,11 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
     if (st == CTRL_OK) {
         const size_t n = (size_t)m->cfg.n_layers * LORA_N_TARGETS;
         e->a = malloc(sizeof(long) * n), e->b = malloc(sizeof(long) * n);
+        e->r = malloc(sizeof(int) * n), e->s = malloc(sizeof(float) * n);
         e->moe = malloc(sizeof(long) * 4 * (size_t)m->cfg.n_layers);
-        st = e->a && e->b && e->moe ? read_weights(m, e, dir)
-                                    : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
+        st = e->a && e->b && e->r && e->s && e->moe
+                 ? read_weights(m, e, dir)
+                 : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
     }
     lora_bank_entry **p = st == CTRL_OK ? realloc(m->bank, sizeof *p * (size_t)(m->n_bank + 1)) : NULL;
     if (st == CTRL_OK && !p) st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
@@ -219,7 +226,8 @@ static ctrl_status linear(const ctrl_model *m, float *out, const float *x, const
 static ctrl_status scratch(ctrl_model *m, int rows, int OUT) {
     int max_r = 1;
     for (int i = 0; i < m->n_bank; i++)
-        if (m->bank[i] && m->bank[i]->cfg.r > max_r) max_r = m->bank[i]->cfg.r;
+        if (m->bank[i] && ctrl_lora_max_rank(&m->bank[i]->cfg) > max_r)
+            max_r = ctrl_lora_max_rank(&m->bank[i]->cfg);
     const size_t need = (size_t)rows * ((size_t)max_r + (size_t)OUT);
     if (need > m->bank_ws_n) {
         free(m->bank_ws);
@@ -232,13 +240,13 @@ static ctrl_status scratch(ctrl_model *m, int rows, int OUT) {
     return CTRL_OK;
 }
 
-/* out [rows, OUT] += s (x A^T) B^T of adapter e (x [rows, IN], A [r, IN], B [OUT, r]). */
-static ctrl_status add_adapter(ctrl_model *m, const lora_bank_entry *e, const float *A, const float *B,
-                               const float *x, int rows, int IN, int OUT, float *out) {
-    float *xa = m->bank_ws, *y = xa + (size_t)rows * e->cfg.r;
-    MODEL_TRY(linear(m, xa, x, A, rows, IN, e->cfg.r));
-    MODEL_TRY(m->be->scale(xa, e->scale, (int64_t)rows * e->cfg.r));
-    MODEL_TRY(linear(m, y, xa, B, rows, e->cfg.r, OUT));
+/* out [rows, OUT] += s (x A^T) B^T of an adapter of rank r (x [rows, IN], A [r, IN], B [OUT, r]). */
+static ctrl_status add_adapter(ctrl_model *m, int r, float s, const float *A, const float *B, const float *x,
+                               int rows, int IN, int OUT, float *out) {
+    float *xa = m->bank_ws, *y = xa + (size_t)rows * r;
+    MODEL_TRY(linear(m, xa, x, A, rows, IN, r));
+    MODEL_TRY(m->be->scale(xa, s, (int64_t)rows * r));
+    MODEL_TRY(linear(m, y, xa, B, rows, r, OUT));
     return m->be->residual_forward(out, out, y, (int64_t)rows * OUT);
 }
 
@@ -260,9 +268,10 @@ ctrl_status lora_bank_moe(ctrl_model *m, int l, int k, int ex, const float *xs, 
         const int r = e->cfg.r;
         const float *A = e->w + ao + (size_t)ex * r * in,
                     *B = e->w + e->moe[l * 4 + 2 * k + 1] + (size_t)ex * out * r, *x = xs + (size_t)j0 * in;
-        MODEL_TRY(add_adapter(m, e, A, B, x, j - j0, in, OUT, o1 + (size_t)j0 * OUT));
+        MODEL_TRY(add_adapter(m, r, e->scale, A, B, x, j - j0, in, OUT, o1 + (size_t)j0 * OUT));
         if (k == LORA_MOE_GATE_UP) /* up's rows of B_e (x A_e^T again: decoding's rows are few) */
-            MODEL_TRY(add_adapter(m, e, A, B + (size_t)Im * r, x, j - j0, in, Im, o2 + (size_t)j0 * Im));
+            MODEL_TRY(
+                add_adapter(m, r, e->scale, A, B + (size_t)Im * r, x, j - j0, in, Im, o2 + (size_t)j0 * Im));
     }
     return CTRL_OK;
 }
@@ -276,8 +285,9 @@ ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const flo
         const lora_bank_entry *e = ad[s] > 0 && ad[s] <= m->n_bank ? m->bank[ad[s] - 1] : NULL;
         const long ao = e ? e->a[l * LORA_N_TARGETS + t] : -1;
         if (ao >= 0)
-            MODEL_TRY(add_adapter(m, e, e->w + ao, e->w + e->b[l * LORA_N_TARGETS + t], x + (size_t)t0 * IN,
-                                  rows, IN, OUT, out + (size_t)t0 * OUT));
+            MODEL_TRY(add_adapter(m, e->r[l * LORA_N_TARGETS + t], e->s[l * LORA_N_TARGETS + t], e->w + ao,
+                                  e->w + e->b[l * LORA_N_TARGETS + t], x + (size_t)t0 * IN, rows, IN, OUT,
+                                  out + (size_t)t0 * OUT));
         t0 += rows, s = e_end;
     }
     return CTRL_OK;

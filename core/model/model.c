@@ -228,6 +228,8 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
         m->has_lora = 1, m->lora = malloc(sizeof *m->lora);
         m->lora_a = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         m->lora_b = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
+        m->lora_rank = calloc(LORA_N_TARGETS * (size_t)cfg->n_layers, sizeof(int));
+        m->lora_scales = calloc(LORA_N_TARGETS * (size_t)cfg->n_layers, sizeof(float));
         if (cfg->n_experts > 0) m->moe_lora = malloc(sizeof(long) * 4 * (size_t)cfg->n_layers);
         if (m->lora) *m->lora = *lora, m->lora_scale = ctrl_lora_scaling(lora);
         if (m->lora && cfg->num_labels > 0) m->lora->seq_cls = 1; /* PEFT's SEQ_CLS: the score trains */
@@ -236,7 +238,8 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
             m->dora_at = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         }
     }
-    if (!m->layers || !m->acts || !m->views || (lora && (!m->lora || !m->lora_a || !m->lora_b)) ||
+    if (!m->layers || !m->acts || !m->views ||
+        (lora && (!m->lora || !m->lora_a || !m->lora_b || !m->lora_rank || !m->lora_scales)) ||
         (lora && cfg->n_experts > 0 && !m->moe_lora) ||
         (lora && lora->use_dora && (!m->lora_mag || !m->dora_at))) {
         ctrl_model_free(m);
@@ -273,6 +276,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (!m->grads_external) free(m->grads);
     free(m->params), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
+    free(m->lora_rank), free(m->lora_scales);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
     free(m->dora_pending), free(m->dora_wn_host);
     lora_bank_free(m);
@@ -440,8 +444,7 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
     size_t mlp = 0; /* selective checkpointing: the recomputed layers' gate/up outputs and their xa */
     for (int l = 0; l < c->n_layers; l++)
         if (model_keeps_mlp(m, l))
-            for (int t = LORA_GATE; t <= LORA_UP; t++)
-                mlp += I + (m->has_lora && m->lora_a[l * LORA_N_TARGETS + t] >= 0 ? (size_t)m->lora->r : 0);
+            for (int t = LORA_GATE; t <= LORA_UP; t++) mlp += I + (m->has_lora ? (size_t)lora_r(m, l, t) : 0);
     const size_t floats = (size_t)T * (C * inputs + internals * (kept + shared) + top + lora + mlp);
     model_offload_release(m); /* the copies in flight first */
     m->be->free(m->act_mem);
@@ -466,8 +469,7 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
                 layer_acts *a = &m->acts[l];
                 a->g = TAKE(I), a->u = TAKE(I);
                 for (int t = LORA_GATE; t <= LORA_UP; t++)
-                    if (m->has_lora && m->lora_a[l * LORA_N_TARGETS + t] >= 0)
-                        a->lora_xa[t] = TAKE(m->lora->r);
+                    if (m->has_lora && lora_r(m, l, t) > 0) a->lora_xa[t] = TAKE(lora_r(m, l, t));
             }
             continue;
         }
@@ -479,10 +481,10 @@ ctrl_status model_ensure_acts(ctrl_model *m, int T) {
         model_arch_take_acts(c, a, &p, T);
         for (int t = 0; t < LORA_N_TARGETS; t++) a->lora_xa[t] = NULL;
         for (int t = 0, ll = l < 0 ? -1 : l; m->has_lora && t < LORA_N_TARGETS; t++) {
-            int any = 0; /* the shared set has room for any layer's */
-            for (int k = 0; k < c->n_layers && !any; k++)
-                any = (ll < 0 ? model_recomputed(m, k) : k == ll) && m->lora_a[k * LORA_N_TARGETS + t] >= 0;
-            if (any) a->lora_xa[t] = TAKE(m->lora->r);
+            int r = 0; /* the shared set has room for any layer's */
+            for (int k = 0; k < c->n_layers; k++)
+                if ((ll < 0 ? model_recomputed(m, k) : k == ll) && lora_r(m, k, t) > r) r = lora_r(m, k, t);
+            if (r) a->lora_xa[t] = TAKE(r);
         }
     }
     m->x_out = TAKE(C), m->lnf = TAKE(C), m->rstdf = TAKE(1), m->head_lse = TAKE(1), m->head_ent = TAKE(1);

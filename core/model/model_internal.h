@@ -185,6 +185,10 @@ struct ctrl_model {
     ctrl_lora_config *lora;
     float lora_scale;
     long *lora_a, *lora_b;
+    /* each adapter's rank and scaling ([n_layers][LORA_N_TARGETS]: rank_pattern / alpha_pattern make
+     * them per module; lora_r / lora_s read them) */
+    int *lora_rank;
+    float *lora_scales;
     size_t train_off, n_train;
     uint64_t lora_step;
     float *lora_ws;
@@ -437,6 +441,9 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor);
 void lora_init(ctrl_model *m);
 /* Floats per token of layer l's lora_xa (l < 0: the shared set of the recomputed layers). */
 size_t lora_act_floats(const ctrl_model *m, int l);
+/* Layer l's adapter on linear t: its rank (0 where none) and its scaling (lora_alpha / r or / sqrt(r)). */
+int lora_r(const ctrl_model *m, int l, int t);
+float lora_s(const ctrl_model *m, int l, int t);
 ctrl_status lora_forward(ctrl_model *m, int l, int target, layer_acts *a, float *out, const float *x, int IN,
                          int OUT);
 ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a, float *dx, const float *dout,

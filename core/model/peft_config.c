@@ -12,15 +12,13 @@
 
 /* Keys that change what the adapter computes and are not implemented: they must be absent, null,
  * false, {} or []. */
-static const char *const unsupported[] = {"use_qalora",          "use_bdlora",
-                                          "fan_in_fan_out",      "lora_bias",
-                                          "layers_to_transform", "rank_pattern",
-                                          "alpha_pattern",       "exclude_modules",
-                                          "layer_replication",   "trainable_token_indices",
-                                          "megatron_config",     "alora_invocation_tokens",
-                                          "eva_config",          "corda_config",
-                                          "arrow_config",        "kasa_config",
-                                          "lora_ga_config",      "monteclora_config",
+static const char *const unsupported[] = {"use_qalora",        "use_bdlora",
+                                          "fan_in_fan_out",    "lora_bias",
+                                          "layer_replication", "trainable_token_indices",
+                                          "megatron_config",   "alora_invocation_tokens",
+                                          "eva_config",        "corda_config",
+                                          "arrow_config",      "kasa_config",
+                                          "lora_ga_config",    "monteclora_config",
                                           "loftq_config"};
 
 static int trivial(const cJSON *v) {
@@ -38,6 +36,62 @@ static ctrl_status read_number(const cJSON *root, const char *path, const char *
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: \"%s\" must be a number >= %g", path, key, lo);
     *out = v->valuedouble;
     return CTRL_OK;
+}
+
+/* A rank_pattern / alpha_pattern object ({key: number}, in the file's order: PEFT takes the first
+ * key that matches). */
+static ctrl_status read_patterns(const cJSON *root, const char *path, const char *key, ctrl_lora_config *c) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (trivial(v)) return CTRL_OK;
+    if (!cJSON_IsObject(v)) return bad(path, key, "must be an object of pattern: number");
+    char where[4300];
+    snprintf(where, sizeof where, "%s: \"%s\"", path, key);
+    for (const cJSON *e = v->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e)) return bad(path, key, "values must be numbers");
+        MODEL_TRY(key[0] == 'r' ? ctrl_lora_add_rank_pattern(c, e->string, e->valuedouble, where)
+                                : ctrl_lora_add_alpha_pattern(c, e->string, e->valuedouble, where));
+    }
+    return CTRL_OK;
+}
+
+/* exclude_modules, layers_to_transform, layers_pattern, rank_pattern and alpha_pattern (lora_match.c). */
+static ctrl_status read_choices(const cJSON *root, const char *path, ctrl_lora_config *c) {
+    char where[4300];
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "exclude_modules");
+    snprintf(where, sizeof where, "%s: \"exclude_modules\"", path);
+    if (cJSON_IsString(v)) /* a regular expression (re.fullmatch) */
+        MODEL_TRY(ctrl_lora_set_exclude_regex(c, v->valuestring, where));
+    else if (!trivial(v) && !cJSON_IsArray(v))
+        return bad(path, "exclude_modules", "must be a list of names, a regular expression or null");
+    for (const cJSON *e = cJSON_IsArray(v) ? v->child : NULL; e; e = e->next) {
+        if (!cJSON_IsString(e)) return bad(path, "exclude_modules", "entries must be strings");
+        MODEL_TRY(ctrl_lora_add_exclude(c, e->valuestring, where));
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "layers_to_transform");
+    snprintf(where, sizeof where, "%s: \"layers_to_transform\"", path);
+    if (!trivial(v) && !cJSON_IsArray(v) && !cJSON_IsNumber(v))
+        return bad(path, "layers_to_transform", "must be a layer index, a list of them or null");
+    for (const cJSON *e = cJSON_IsArray(v)    ? v->child
+                          : cJSON_IsNumber(v) ? v
+                                              : NULL;
+         e; e = cJSON_IsArray(v) ? e->next : NULL) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
+            return bad(path, "layers_to_transform", "entries must be whole numbers");
+        MODEL_TRY(ctrl_lora_add_layer(c, (long)fmax(-1, fmin(e->valuedouble, 2e9)), where));
+    }
+    v = cJSON_GetObjectItemCaseSensitive(root, "layers_pattern");
+    snprintf(where, sizeof where, "%s: \"layers_pattern\"", path);
+    if (!trivial(v) && !cJSON_IsArray(v) && !cJSON_IsString(v))
+        return bad(path, "layers_pattern", "must be a name, a list of names or null");
+    if (cJSON_IsString(v) && v->valuestring[0])
+        MODEL_TRY(ctrl_lora_add_layers_pattern(c, v->valuestring, where));
+    for (const cJSON *e = cJSON_IsArray(v) ? v->child : NULL; e; e = e->next) {
+        if (!cJSON_IsString(e)) return bad(path, "layers_pattern", "entries must be strings");
+        MODEL_TRY(ctrl_lora_add_layers_pattern(c, e->valuestring, where));
+    }
+    MODEL_TRY(read_patterns(root, path, "rank_pattern", c));
+    MODEL_TRY(read_patterns(root, path, "alpha_pattern", c));
+    return ctrl_lora_check_choices(c, path);
 }
 
 static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_config *c, char *base,
@@ -83,11 +137,9 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     v = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
     if (c->n_params > 0 && trivial(v)) {
         /* only expert parameters (PEFT allows target_modules [] or null with target_parameters) */
-    } else if (cJSON_IsString(v)) {
-        if (strcmp(v->valuestring, "all-linear") != 0)
-            return bad(path, "target_modules",
-                       "a regular expression; only a list of names or all-linear is implemented");
-        MODEL_TRY(ctrl_lora_add_target(c, v->valuestring, where));
+    } else if (cJSON_IsString(v)) { /* all-linear, or a regular expression (re.fullmatch) */
+        MODEL_TRY(strcmp(v->valuestring, "all-linear") ? ctrl_lora_set_target_regex(c, v->valuestring, where)
+                                                       : ctrl_lora_add_target(c, v->valuestring, where));
     } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
         for (const cJSON *e = v->child; e; e = e->next) {
             if (!cJSON_IsString(e)) return bad(path, "target_modules", "entries must be strings");
@@ -102,6 +154,7 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
         MODEL_TRY(ctrl_lora_add_module_to_save(c, e->valuestring, where));
     }
     if (!trivial(v) && !cJSON_IsArray(v)) return bad(path, "modules_to_save", "must be a list or null");
+    MODEL_TRY(read_choices(root, path, c));
     v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
     if (base) snprintf(base, base_len, "%s", cJSON_IsString(v) ? v->valuestring : "");
     return CTRL_OK;

@@ -138,14 +138,15 @@ static char *config_json(const ctrl_model *m, const char *base) {
         cJSON_AddStringToObject(o, "init_lora_weights", "gaussian");
     else
         cJSON_AddBoolToObject(o, "init_lora_weights", c->init == CTRL_LORA_INIT_DEFAULT);
-    cJSON *t = cJSON_AddArrayToObject(o, "target_modules");
+    cJSON *t = c->target_regex[0] ? NULL : cJSON_AddArrayToObject(o, "target_modules");
+    if (!t) cJSON_AddStringToObject(o, "target_modules", c->target_regex); /* a regular expression */
     for (int k = 0; c->all_linear && k < LORA_N_TARGETS; k++) { /* PEFT saves what all-linear became */
         int row0,
             out; /* a decoder's seven projections, or Phi-3's qkv_proj, o_proj, gate_up_proj, down_proj */
         const int mod = lora_module(m, k, &row0, &out);
         if (!row0) cJSON_AddItemToArray(t, cJSON_CreateString(strchr(ctrl_lora_module_names[mod], '.') + 1));
     }
-    for (int k = 0; k < c->n_targets; k++) cJSON_AddItemToArray(t, cJSON_CreateString(c->targets[k]));
+    for (int k = 0; t && k < c->n_targets; k++) cJSON_AddItemToArray(t, cJSON_CreateString(c->targets[k]));
     if (c->n_params > 0) { /* LoRA on the experts (PEFT's ParamWrapper) */
         cJSON *p = cJSON_AddArrayToObject(o, "target_parameters");
         for (int k = 0; k < c->n_params; k++) cJSON_AddItemToArray(p, cJSON_CreateString(c->params[k]));
@@ -161,10 +162,29 @@ static char *config_json(const ctrl_model *m, const char *base) {
         if (c->save_lm_head) cJSON_AddItemToArray(s, cJSON_CreateString("lm_head"));
     } else
         cJSON_AddNullToObject(o, "modules_to_save");
-    cJSON_AddObjectToObject(o, "rank_pattern");
-    cJSON_AddObjectToObject(o, "alpha_pattern");
-    cJSON_AddNullToObject(o, "layers_to_transform");
-    cJSON_AddNullToObject(o, "layers_pattern");
+    cJSON *rp = cJSON_AddObjectToObject(o, "rank_pattern"), *ap = cJSON_AddObjectToObject(o, "alpha_pattern");
+    for (int k = 0; k < c->n_rank_pattern; k++)
+        cJSON_AddNumberToObject(rp, c->rank_pattern[k].key, c->rank_pattern[k].value);
+    for (int k = 0; k < c->n_alpha_pattern; k++)
+        cJSON_AddNumberToObject(ap, c->alpha_pattern[k].key, decimal((float)c->alpha_pattern[k].value));
+    if (c->exclude_regex[0])
+        cJSON_AddStringToObject(o, "exclude_modules", c->exclude_regex);
+    else if (c->n_exclude > 0) {
+        cJSON *e = cJSON_AddArrayToObject(o, "exclude_modules");
+        for (int k = 0; k < c->n_exclude; k++) cJSON_AddItemToArray(e, cJSON_CreateString(c->exclude[k]));
+    } else
+        cJSON_AddNullToObject(o, "exclude_modules");
+    if (c->n_layers > 0) {
+        cJSON *l = cJSON_AddArrayToObject(o, "layers_to_transform");
+        for (int k = 0; k < c->n_layers; k++) cJSON_AddItemToArray(l, cJSON_CreateNumber(c->layers[k]));
+    } else
+        cJSON_AddNullToObject(o, "layers_to_transform");
+    if (c->n_layers_pattern > 0) {
+        cJSON *l = cJSON_AddArrayToObject(o, "layers_pattern");
+        for (int k = 0; k < c->n_layers_pattern; k++)
+            cJSON_AddItemToArray(l, cJSON_CreateString(c->layers_pattern[k]));
+    } else
+        cJSON_AddNullToObject(o, "layers_pattern");
     cJSON_AddNullToObject(o, "revision");
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

@@ -58,11 +58,11 @@ ctrl_status ctrl_peft_load_bf16(const char *base_dir, const char *adapter_dir, c
  * W += s B [OUT, r] A [r, IN] (a fused module's linear has its row block of B); with DoRA each row j then
  * scaled to m_j / ||W_j + s (B A)_j||. */
 static void merge_linear(const ctrl_model *m, int l, int t, float *W) {
-    const int r = m->lora->r;
+    const int r = lora_r(m, l, t);
     const long ao = m->lora_a[l * LORA_N_TARGETS + t], bo = m->lora_b[l * LORA_N_TARGETS + t];
     int IN, OUT;
     lora_dims(m, t, &IN, &OUT);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OUT, IN, r, m->lora_scale, m->params + bo, r,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OUT, IN, r, lora_s(m, l, t), m->params + bo, r,
                 m->params + ao, IN, 1.0f, W, IN);
     const long mo = m->lora_mag ? m->lora_mag[l * LORA_N_TARGETS + t] : -1;
     for (int j = 0; mo >= 0 && j < OUT; j++) {

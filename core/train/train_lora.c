@@ -58,7 +58,13 @@ static ctrl_status ba_row_squares(ctrl_model *m, const ctrl_param_view *mag, dou
     const ctrl_param_view *va = ctrl_model_find_view(m, name);
     snprintf(name, sizeof name, "%.*slora_B.weight", (int)stem, mag->name);
     const ctrl_param_view *vb = ctrl_model_find_view(m, name);
-    const int r = c->r;
+    int l = -1, mod = LORA_N_MODULES, at = 0; /* model.layers.<l>.<module>.lora_magnitude_vector */
+    if (sscanf(mag->name, "model.layers.%d.%n", &l, &at) == 1)
+        for (mod = 0; mod < LORA_N_MODULES; mod++)
+            if (!strncmp(mag->name + at, ctrl_lora_module_names[mod], stem - (size_t)at - 1) &&
+                strlen(ctrl_lora_module_names[mod]) == stem - (size_t)at - 1)
+                break;
+    const int r = mod < LORA_N_MODULES ? ctrl_lora_rank(c, l, mod) : c->r;
     if (!va || !vb || va->numel % r || vb->numel != mag->numel * r)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "DoRA: no adapters of %d rows beside %s", r, mag->name);
     const float *p = ctrl_model_params(m, NULL), *A = p + va->offset, *B = p + vb->offset;
@@ -68,7 +74,7 @@ static ctrl_status ba_row_squares(ctrl_model *m, const ctrl_param_view *mag, dou
     for (int i = 0; i < r; i++)
         for (int k = 0; k < r; k++)
             for (int64_t x = 0; x < in; x++) g[i * r + k] += (double)A[i * in + x] * A[k * in + x];
-    const double s = ctrl_lora_scaling(c);
+    const double s = mod < LORA_N_MODULES ? ctrl_lora_module_scaling(c, l, mod) : ctrl_lora_scaling(c);
     for (int64_t j = 0; j < mag->numel; j++) {
         double q = 0;
         for (int i = 0; i < r; i++)

@@ -194,6 +194,17 @@ TEST(phi3_fused_lora_and_dora_match_peft) {
     check_case("phi3_all_dora");
 }
 
+/* PEFT's choice of modules and per-module rank and alpha: rank_pattern / alpha_pattern (regular
+ * expressions, the first key that matches) over all-linear with exclude_modules as a list;
+ * layers_to_transform with layers_pattern and rsLoRA over a pattern's rank; target_modules and
+ * exclude_modules as regular expressions with DoRA; Phi-3's fused projections with their own rank and alpha
+ * in one layer. */
+TEST(lora_module_choices_and_patterns_match_peft) {
+    static const char *const cases[] = {"qwen2_rank_alpha_pattern", "llama_layers_rslora", "qwen3_regex_dora",
+                                        "phi3_fused_rank_pattern"};
+    for (int i = 0; i < 4; i++) check_case(cases[i]);
+}
+
 /* LoRA on MoE experts (PEFT's target_parameters: lora.ParamWrapper over transformers 5's stacked
  * experts.gate_up_proj / down_proj): both nested (gate_up_proj's under base_layer.) with attention
  * adapters (Qwen3-MoE, top 2 renormalised), down_proj alone with rsLoRA and no target_modules
@@ -708,9 +719,14 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
     static const char *const cases[][2] = {
         {"\"use_qalora\": true", "use_qalora"},
         {"\"bias\": \"all\"", "bias"},
-        {"\"rank_pattern\": {\"q_proj\": 8}", "rank_pattern"},
+        {"\"rank_pattern\": {\"q_proj\": 2.5}", "rank_pattern"},
+        {"\"alpha_pattern\": {\"q_(proj\": 2}", "alpha_pattern"},
         {"\"peft_type\": \"IA3\"", "peft_type"},
-        {"\"target_modules\": \".*q_proj\"", "target_modules"},
+        {"\"target_modules\": \".*q_(proj\"", "target_modules"},
+        {"\"target_modules\": \"all-linear\", \"layers_to_transform\": [0]", "layers_to_transform"},
+        {"\"layers_pattern\": \"layers\"", "layers_pattern"},
+        {"\"layers_to_transform\": [0.5]", "layers_to_transform"},
+        {"\"exclude_modules\": 3", "exclude_modules"},
         {"\"target_modules\": [\"lm_head\"]", "lm_head"},
         {"\"modules_to_save\": [\"norm\"]", "norm"},
         {"\"task_type\": \"TOKEN_CLS\"", "task_type"},
@@ -738,9 +754,19 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
  * set, the trained adapters are saved there with ctrl's log-probs of the batch (logp.json) and
  * merged (merged/), for PEFT to load them and compare (by hand: tests/reference/check_peft_adapter.py). */
 TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
-    static const char *const cases[] = {"llama_qv",           "llama_all_rslora",     "qwen2_attn_mlp",
-                                        "qwen3_default_init", "phi3_qkv_gate_up",     "phi3_all_dora",
-                                        "qwen3_moe_experts",  "mixtral_experts_down", "qwen2_qdora_all"};
+    static const char *const cases[] = {"llama_qv",
+                                        "llama_all_rslora",
+                                        "qwen2_attn_mlp",
+                                        "qwen3_default_init",
+                                        "phi3_qkv_gate_up",
+                                        "phi3_all_dora",
+                                        "qwen3_moe_experts",
+                                        "mixtral_experts_down",
+                                        "qwen2_qdora_all",
+                                        "qwen2_rank_alpha_pattern",
+                                        "llama_layers_rslora",
+                                        "qwen3_regex_dora",
+                                        "phi3_fused_rank_pattern"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -749,9 +775,13 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "families/phi3_mha",
                                         "families/qwen3_moe_a",
                                         "families/mixtral",
-                                        "qwen2"};
+                                        "qwen2",
+                                        "qwen2",
+                                        "llama",
+                                        "qwen3",
+                                        "families/phi3_gqa"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 9; c++) {
+    for (int c = 0; c < 13; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
@@ -807,9 +837,10 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
 /* ctrl_peft_merge (PEFT's merge_and_unload): the merged model computes what the adapters did, and
  * saved, it loads back as a plain model with the same log-probs. */
 TEST(lora_merged_model_equals_the_adapters) {
-    static const char *const cases[] = {"llama_qv",      "llama_all_rslora",      "qwen2_attn_mlp",
-                                        "llama_dora_qv", "qwen2_dora_all_rslora", "phi3_qkv_gate_up",
-                                        "phi3_all_dora", "olmoe_experts_qkv",     "qwen3_moe_gate_up"};
+    static const char *const cases[] = {"llama_qv",         "llama_all_rslora",       "qwen2_attn_mlp",
+                                        "llama_dora_qv",    "qwen2_dora_all_rslora",  "phi3_qkv_gate_up",
+                                        "phi3_all_dora",    "olmoe_experts_qkv",      "qwen3_moe_gate_up",
+                                        "qwen3_regex_dora", "phi3_fused_rank_pattern"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -818,8 +849,10 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "families/phi3_gqa",
                                         "families/phi3_mha",
                                         "families/olmoe",
-                                        "families/qwen3_moe_b"};
-    for (int c = 0; c < 9; c++) {
+                                        "families/qwen3_moe_b",
+                                        "qwen3",
+                                        "families/phi3_gqa"};
+    for (int c = 0; c < 11; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",

@@ -110,6 +110,32 @@ CASES = {
     "qwen3_moe_gate_up": ("families/qwen3_moe_b", dict(r=2, lora_alpha=3, target_modules=["o_proj"],
                                                        target_parameters=["experts.gate_up_proj"],
                                                        init_lora_weights=False, lora_dropout=0.0)),
+    # PEFT's choice of modules and per-module rank / alpha (lora_match.c): rank_pattern and alpha_pattern
+    # (regular expressions matched as re.match(r"(.*\.)?(KEY)$", name), the first key that matches),
+    # exclude_modules as a list, over all-linear with Qwen2's biases
+    "qwen2_rank_alpha_pattern": ("qwen2", dict(r=4, lora_alpha=8, target_modules="all-linear",
+                                               rank_pattern={"q_proj": 2, r"layers\.1\.mlp\.down_proj": 6},
+                                               alpha_pattern={"v_proj": 3, r"mlp\.(gate|up)_proj": 12},
+                                               exclude_modules=["k_proj"], init_lora_weights=False,
+                                               lora_dropout=0.0)),
+    # layers_to_transform with layers_pattern, rsLoRA with a rank_pattern (scale alpha / sqrt(its r))
+    "llama_layers_rslora": ("llama", dict(r=3, lora_alpha=6, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+                                          layers_to_transform=[1], layers_pattern="layers", use_rslora=True,
+                                          rank_pattern={"o_proj": 5}, init_lora_weights=False, lora_dropout=0.1)),
+    # target_modules and exclude_modules as regular expressions (re.fullmatch), DoRA with per-module
+    # rank and alpha
+    "qwen3_regex_dora": ("qwen3", dict(r=2, lora_alpha=4,
+                                       target_modules=r".*\.layers\.0\.self_attn\.(q|v)_proj|.*\.mlp\.up_proj",
+                                       exclude_modules=r".*\.1\.mlp\.up_proj", rank_pattern={"up_proj": 3},
+                                       alpha_pattern={"q_proj": 7}, init_lora_weights=False, lora_dropout=0.0,
+                                       use_dora=True), "perturb"),
+    # Phi-3's fused projections with their own rank / alpha, one layer (layers_to_transform an int)
+    "phi3_fused_rank_pattern": ("families/phi3_gqa", dict(r=2, lora_alpha=4,
+                                                          target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+                                                          rank_pattern={"qkv_proj": 3},
+                                                          alpha_pattern={"gate_up_proj": 10},
+                                                          layers_to_transform=0, init_lora_weights=False,
+                                                          lora_dropout=0.0)),
 }
 
 

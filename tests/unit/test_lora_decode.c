@@ -92,6 +92,8 @@ TEST(lora_decoding_applies_the_adapters_live) {
     check("qwen2_dora_all_rslora", "qwen2");            /* DoRA, biases, lora_dropout 0.05 */
     check("phi3_all_dora", "families/phi3_mha");        /* Phi-3's fused qkv_proj / gate_up_proj, DoRA */
     check("qwen3_moe_experts", "families/qwen3_moe_a"); /* MoE experts (target_parameters), nested */
+    check("qwen2_rank_alpha_pattern", "qwen2");         /* rank_pattern, alpha_pattern, exclude_modules */
+    check("llama_layers_rslora", "llama"); /* layers_to_transform, rsLoRA over a pattern's rank */
 }
 
 /* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
@@ -266,6 +268,50 @@ TEST(lora_bank_serves_fused_phi3_adapters) {
     decode_batch(m, tokens, lens, 2, NULL, plain);
     CHECK(test_rel_error_f32(mixed, plain, V) > 1e-4); /* the adapter changes the first sequence's */
     free(mixed), free(plain);
+    ctrl_model_free(m);
+}
+
+/* Adapters whose modules have ranks and alphas of their own (rank_pattern, alpha_pattern; exclude_modules)
+ * in the bank beside one of a single rank, and Phi-3's fused projections so: one decode call mixing
+ * them with the base gives each sequence what its adapter gives alone. */
+TEST(lora_bank_serves_adapters_with_per_module_ranks) {
+    static const char base[] = CTRL_FIXTURE_DIR "/models/qwen2",
+                      a1[] = CTRL_FIXTURE_DIR "/lora/qwen2_rank_alpha_pattern",
+                      a2[] = CTRL_FIXTURE_DIR "/lora/qwen2_attn_mlp";
+    ctrl_model *m = NULL;
+    int id = 0;
+    CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
+    if (!m) return;
+    test_attach_paged(m);
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a2, &id), CTRL_OK);
+    static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2, 9};
+    static const int lens[4] = {3, 5, 4, 2}, adapters[4] = {1, 0, 2, 1};
+    const int V = ctrl_model_cfg(m)->vocab_size;
+    float *mixed = malloc(sizeof(float) * 4 * V), *plain = malloc(sizeof(float) * 4 * V);
+    decode_batch(m, tokens, lens, 4, adapters, mixed);
+    const char *const dirs[2] = {a1, a2};
+    const double worst = each_alone(base, dirs, tokens, lens, 4, adapters, mixed, V);
+    decode_batch(m, tokens, lens, 4, NULL, plain);
+    CHECK(test_rel_error_f32(mixed, plain, V) > 1e-4); /* the patterned adapter changes the first's */
+    printf("  per-module ranks beside a single rank in one decode call: logits rel %.1e\n", worst);
+    free(mixed), free(plain);
+    ctrl_model_free(m);
+
+    static const char pbase[] = CTRL_FIXTURE_DIR "/families/phi3_gqa",
+                      p1[] = CTRL_FIXTURE_DIR "/lora/phi3_fused_rank_pattern";
+    CHECK_EQ_INT(ctrl_model_load(pbase, NULL, &m), CTRL_OK);
+    if (!m) return;
+    test_attach_paged(m);
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, p1, &id), CTRL_OK);
+    static const int32_t ptokens[] = {3, 17, 42, 9, 5, 64, 11};
+    static const int plens[2] = {4, 3}, padapters[2] = {1, 0};
+    const int PV = ctrl_model_cfg(m)->vocab_size;
+    mixed = malloc(sizeof(float) * 2 * PV);
+    decode_batch(m, ptokens, plens, 2, padapters, mixed);
+    const char *const pdirs[1] = {p1};
+    each_alone(pbase, pdirs, ptokens, plens, 2, padapters, mixed, PV);
+    free(mixed);
     ctrl_model_free(m);
 }
 
