@@ -77,6 +77,7 @@ void ctrl_config_free(ctrl_config *cfg) {
         free(cfg->sections[i].where);
     }
     for (int i = 0; i < cfg->n_asked; i++) free(cfg->asked[i]);
+    free(cfg->settings.peft.choices);
     free(cfg->asked);
     free(cfg->entries);
     free(cfg->sections);

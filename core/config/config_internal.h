@@ -96,6 +96,9 @@ typedef ctrl_run_plugins config_selection;
 
 /* The typed settings of a validated config (settings.c). */
 ctrl_status config_settings_fill(ctrl_config *cfg);
+/* [peft]'s target_modules_regex, exclude_modules(_regex), layers_to_transform, layers_pattern, rank_pattern
+ * and alpha_pattern, checked, into s->peft.choices (settings_peft.c; NULL when none is set). */
+ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings *s);
 
 /* Helpers of validation shared by validate.c and plugin_sections.c. */
 const ctrl_option *config_core_table(const char *section);

@@ -96,6 +96,10 @@ typedef struct ctrl_run_settings {
         unsigned target_bits;          /* bit k: projection k (q, k, v, o, gate, up, down, qkv, gate_up) */
         unsigned param_bits; /* target_parameters: bit 0 experts.gate_up_proj, 1 experts.down_proj */
         int all_linear, save_embed_tokens, save_lm_head, save_score; /* save_score: PEFT SEQ_CLS */
+        /* target_modules_regex, exclude_modules(_regex), layers_to_transform, layers_pattern,
+         * rank_pattern and alpha_pattern, checked and held as a LoRA config's fields (settings_peft.c;
+         * NULL when none is set): the rest of it is unused */
+        struct ctrl_lora_config *choices;
     } peft;
     struct {
         const char *path; /* NULL when unset */

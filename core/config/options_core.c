@@ -327,6 +327,31 @@ static const ctrl_option peft_options[] = {
      "Linear layers that get adapters; all-linear: every linear layer but the output head (as PEFT). "
      "Phi-3's fused qkv_proj and gate_up_proj get one adapter each over their whole output, as PEFT puts it "
      "(q_proj etc. name nothing there); a list that names no layer of the model is refused."},
+    {"target_modules_regex", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "target_modules as PEFT's string form: a regular expression (Python re syntax, run by PCRE2) that must "
+     "match a module's whole name (re.fullmatch), e.g. .*\\.layers\\.[0-3]\\.self_attn\\.(q|v)_proj; instead "
+     "of "
+     "target_modules' list (setting both is refused). Saved as PEFT saves it (target_modules a string)."},
+    {"exclude_modules", CTRL_OPT_LIST, NULL, 0, 0, 0, NULL,
+     "Modules that get no adapter though target_modules names them (PEFT's exclude_modules as a list): each "
+     "entry matches as a target_modules entry (a module name, or its whole name model.layers.N....)."},
+    {"exclude_modules_regex", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "exclude_modules as PEFT's string form: a regular expression that excludes every module whose whole "
+     "name it matches (re.fullmatch)."},
+    {"layers_to_transform", CTRL_OPT_LIST, NULL, 0, 0, 0, NULL,
+     "Layer indices that get adapters (PEFT's layers_to_transform): the others keep none. The index is read "
+     "from the module's name as PEFT reads it (after layers_pattern's name, or the first numbered part). Not "
+     "with all-linear or target_modules_regex (PEFT refuses those)."},
+    {"layers_pattern", CTRL_OPT_LIST, NULL, 0, 0, 0, NULL,
+     "The name(s) before the layer index in module names (PEFT's layers_pattern, e.g. layers); only with "
+     "layers_to_transform."},
+    {"rank_pattern", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "Ranks of their own for some modules, as a JSON object {\"pattern\": rank, ...} (PEFT's rank_pattern): "
+     "the first pattern, in the order written, that matches the end of a module's name (re.match of "
+     "(.*\\.)?(pattern)$) gives its r, e.g. {\"q_proj\": 8, \"layers\\\\.0\\\\.mlp\\\\.down_proj\": 32}."},
+    {"alpha_pattern", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
+     "lora_alpha of their own for some modules, as rank_pattern gives ranks (PEFT's alpha_pattern); each "
+     "module's scale is its alpha / its r (or / sqrt(r) with use_rslora)."},
     {"target_parameters", CTRL_OPT_LIST, "", 0, 0, 0, "experts.gate_up_proj|experts.down_proj",
      "LoRA on a mixture-of-experts model's experts (PEFT's target_parameters: Qwen3-MoE, Mixtral, OLMoE): "
      "each expert's weight W_e + s B_e A_e, saved as PEFT's ParamWrapper saves it (mlp.experts[.base_layer]"

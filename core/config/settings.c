@@ -111,6 +111,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
     }
     reader r = {.cfg = cfg};
     ctrl_run_settings *s = &cfg->settings;
+    free(s->peft.choices); /* (the settings are filled again when the config is checked again) */
     const char *mode = rd_str(&r, "generation", "mode");
     const char *only = rd_str(&r, "data", "completion_only_loss");
     const char *kv = rd_str(&r, "generation", "kv_cache_dtype");
@@ -236,6 +237,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
         s->peft.save_lm_head |= t && !strcmp(t, "lm_head");
         s->peft.save_score |= t && (!strcmp(t, "score") || !strcmp(t, "classifier"));
     }
+    if (r.st == CTRL_OK) r.st = settings_read_peft_choices(cfg, s);
     for (int i = 0; i < cfg->plugins.n_rewards; i++)
         cfg->plugins.reward[i].weight = rd_float(&r, cfg->plugins.reward[i].section, "weight");
     const char *shard = rd_str(&r, "train", "save_max_shard_size");

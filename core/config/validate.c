@@ -205,9 +205,21 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
         }
     }
     if (!peft_on) return CTRL_OK;
-    static const char *const adapter_keys[] = {"r",          "lora_alpha",       "target_modules",
-                                               "use_rslora", "modules_to_save",  "init_lora_weights",
-                                               "use_dora",   "target_parameters"};
+    static const char *const adapter_keys[] = {"r",
+                                               "lora_alpha",
+                                               "target_modules",
+                                               "use_rslora",
+                                               "modules_to_save",
+                                               "init_lora_weights",
+                                               "use_dora",
+                                               "target_parameters",
+                                               "target_modules_regex",
+                                               "exclude_modules",
+                                               "exclude_modules_regex",
+                                               "layers_to_transform",
+                                               "layers_pattern",
+                                               "rank_pattern",
+                                               "alpha_pattern"};
     if (config_find(cfg, "peft", "adapter_path"))
         for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {
             config_entry *k = config_find(cfg, "peft", adapter_keys[i]);

@@ -169,11 +169,14 @@ ctrl_status ctrl_lora_add_target(ctrl_lora_config *c, const char *name, const ch
     return CTRL_OK;
 }
 
-/* CTRL_OK when `pattern` compiles, else an error naming `where`. */
-static ctrl_status check_regex(const char *pattern, const char *where) {
+/* CTRL_OK when `pattern` compiles, else an error naming `where` and `entry` (what the user wrote, of
+ * which PEFT makes `pattern`). */
+static ctrl_status check_regex(const char *pattern, const char *entry, const char *where) {
     char err[400];
     pcre2_code *re = compile(pattern, err, sizeof err);
-    if (!re) return ctrl_error_set(CTRL_ERR_CONFIG, "%s: '%s': %s", where, pattern, err);
+    if (!re)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: '%s': %s%s%s", where, entry, err,
+                              entry == pattern ? "" : " in ", entry == pattern ? "" : pattern);
     pcre2_code_free(re);
     return CTRL_OK;
 }
@@ -182,7 +185,7 @@ static ctrl_status check_regex(const char *pattern, const char *where) {
 static ctrl_status set_regex(char *dst, size_t n, const char *pattern, const char *where) {
     if (strlen(pattern) >= n)
         return ctrl_error_set(CTRL_ERR_CONFIG, "%s: longer than %zu bytes", where, n - 1);
-    const ctrl_status st = check_regex(pattern, where);
+    const ctrl_status st = check_regex(pattern, pattern, where);
     if (st == CTRL_OK) snprintf(dst, n, "%s", pattern);
     return st;
 }
@@ -219,7 +222,7 @@ ctrl_status ctrl_lora_add_layers_pattern(ctrl_lora_config *c, const char *patter
         return ctrl_error_set(CTRL_ERR_CONFIG, "%s: empty, too long or more than 8 layers_pattern entries",
                               where);
     snprintf(p, sizeof p, "(?:^|.*?\\.)%s\\.(?P<idx>\\d+)\\.", pattern);
-    const ctrl_status st = check_regex(p, where);
+    const ctrl_status st = check_regex(p, pattern, where);
     if (st != CTRL_OK) return st;
     snprintf(c->layers_pattern[c->n_layers_pattern++], sizeof c->layers_pattern[0], "%s", pattern);
     return CTRL_OK;
@@ -234,7 +237,7 @@ static ctrl_status add_pattern(ctrl_lora_pattern *list, int *n, const char *key,
     if (!isfinite(value) || value < lo || (lo >= 1 && (value != floor(value) || value > 1e6)))
         return ctrl_error_set(CTRL_ERR_CONFIG, "%s: '%s': %g is not a valid %s", where, key, value, what);
     snprintf(p, sizeof p, "(.*\\.)?(%s)$", key);
-    const ctrl_status st = check_regex(p, where);
+    const ctrl_status st = check_regex(p, key, where);
     if (st != CTRL_OK) return st;
     snprintf(list[*n].key, sizeof list->key, "%s", key);
     list[(*n)++].value = value;

@@ -38,20 +38,34 @@ static ctrl_status read_number(const cJSON *root, const char *path, const char *
     return CTRL_OK;
 }
 
-/* A rank_pattern / alpha_pattern object ({key: number}, in the file's order: PEFT takes the first
- * key that matches). */
-static ctrl_status read_patterns(const cJSON *root, const char *path, const char *key, ctrl_lora_config *c) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+/* A rank_pattern / alpha_pattern object v ({key: number}, in the file's order: PEFT takes the first
+ * key that matches); errors name `where`. */
+static ctrl_status add_patterns(ctrl_lora_config *c, const cJSON *v, int alpha, const char *where) {
     if (trivial(v)) return CTRL_OK;
-    if (!cJSON_IsObject(v)) return bad(path, key, "must be an object of pattern: number");
-    char where[4300];
-    snprintf(where, sizeof where, "%s: \"%s\"", path, key);
+    if (!cJSON_IsObject(v))
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: must be an object of pattern: number", where);
     for (const cJSON *e = v->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e)) return bad(path, key, "values must be numbers");
-        MODEL_TRY(key[0] == 'r' ? ctrl_lora_add_rank_pattern(c, e->string, e->valuedouble, where)
-                                : ctrl_lora_add_alpha_pattern(c, e->string, e->valuedouble, where));
+        if (!cJSON_IsNumber(e)) return ctrl_error_set(CTRL_ERR_CONFIG, "%s: values must be numbers", where);
+        MODEL_TRY(alpha ? ctrl_lora_add_alpha_pattern(c, e->string, e->valuedouble, where)
+                        : ctrl_lora_add_rank_pattern(c, e->string, e->valuedouble, where));
     }
     return CTRL_OK;
+}
+
+static ctrl_status read_patterns(const cJSON *root, const char *path, const char *key, ctrl_lora_config *c) {
+    char where[4300];
+    snprintf(where, sizeof where, "%s: \"%s\"", path, key);
+    return add_patterns(c, cJSON_GetObjectItemCaseSensitive(root, key), key[0] == 'a', where);
+}
+
+ctrl_status ctrl_peft_patterns_from_json(ctrl_lora_config *c, const char *json, int alpha,
+                                         const char *where) {
+    cJSON *v = cJSON_Parse(json);
+    if (!v)
+        return ctrl_error_set(CTRL_ERR_CONFIG, "%s: not a JSON object ({\"pattern\": number, ...})", where);
+    const ctrl_status st = add_patterns(c, v, alpha, where);
+    cJSON_Delete(v);
+    return st;
 }
 
 /* exclude_modules, layers_to_transform, layers_pattern, rank_pattern and alpha_pattern (lora_match.c). */

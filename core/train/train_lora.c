@@ -31,6 +31,20 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
         if (s->peft.param_bits & (1u << k))
             st = ctrl_lora_add_parameter(lc, params[k], "[peft] target_parameters");
     if (st != CTRL_OK) return st;
+    const ctrl_lora_config *ch = s->peft.choices; /* settings_peft.c: checked when the config was */
+    if (ch) {
+        memcpy(lc->target_regex, ch->target_regex, sizeof lc->target_regex);
+        lc->n_exclude = ch->n_exclude, lc->n_layers = ch->n_layers,
+        lc->n_layers_pattern = ch->n_layers_pattern;
+        memcpy(lc->exclude, ch->exclude, sizeof lc->exclude);
+        memcpy(lc->exclude_regex, ch->exclude_regex, sizeof lc->exclude_regex);
+        memcpy(lc->layers, ch->layers, sizeof lc->layers);
+        memcpy(lc->layers_pattern, ch->layers_pattern, sizeof lc->layers_pattern);
+        lc->n_rank_pattern = ch->n_rank_pattern, lc->n_alpha_pattern = ch->n_alpha_pattern;
+        memcpy(lc->rank_pattern, ch->rank_pattern, sizeof lc->rank_pattern);
+        memcpy(lc->alpha_pattern, ch->alpha_pattern, sizeof lc->alpha_pattern);
+        if (ch->target_regex[0]) return CTRL_OK; /* instead of target_modules' list */
+    }
     if (s->peft.all_linear) return ctrl_lora_add_target(lc, "all-linear", "[peft] target_modules");
     for (int k = 0; k < LORA_N_MODULES && st == CTRL_OK; k++)
         if (s->peft.target_bits & (1u << k))
@@ -204,8 +218,12 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
                       ? "the tied LM head's bf16 GEMM panels (its only copy)"
                       : "bf16 values",
                   lc.bf16_embed >= 2 ? " (embedding_dtype = fp32 keeps it fp32, as autocast does)" : "");
-    CTRL_INFO("LoRA: r %d, scale %.4g, %zu trainable parameters of %zu (%.3f%%)%s, the base frozen%s%s%s%s",
-              lc.r, (double)ctrl_lora_scaling(&lc), train, all, 100.0 * (double)train / (double)all,
+    CTRL_INFO("LoRA: r %d, scale %.4g%s, %zu trainable parameters of %zu (%.3f%%)%s, the base frozen%s%s%s%s",
+              lc.r, (double)ctrl_lora_scaling(&lc),
+              lc.n_rank_pattern || lc.n_alpha_pattern
+                  ? " (other ranks / scales where rank_pattern / alpha_pattern say)"
+                  : "",
+              train, all, 100.0 * (double)train / (double)all,
               lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",
               nf4[0] ? " " : "", nf4, from ? "; adapter from " : "", from ? from : "");
     return CTRL_OK;

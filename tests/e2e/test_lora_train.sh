@@ -56,6 +56,30 @@ with=$(lp --model "$TMP/model" --adapter "$TMP/lora") merged=$(lp --model "$TMP/
 awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
   for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
   exit !(n == 2) }' && ok || bad "merged losses $merged, with the adapter $with, base $base"
+# 1c. PEFT's other choices of modules and per-module rank / alpha ([peft] rank_pattern, alpha_pattern,
+# exclude_modules, layers_to_transform + layers_pattern): saved in adapter_config.json as PEFT writes them,
+# and the merged model (each module at its own scale) scores what the adapter does; a pattern that is not
+# a regular expression is a config error naming the key.
+pat=(--set train.max_steps=2 --set train.save_strategy=no --set peft.target_modules=q_proj,k_proj,v_proj,down_proj
+  --set 'peft.rank_pattern={"q_proj": 2, "layers\\.1\\.mlp\\.down_proj": 6}' --set 'peft.alpha_pattern={"v_proj": 3}'
+  --set peft.exclude_modules=k_proj --set peft.layers_to_transform=1 --set peft.layers_pattern=layers)
+"${C[@]}" train "$TMP/sft.ini" "${pat[@]}" --set run.output_dir="$TMP/pat" >"$TMP/log" 2>&1 || { bad "patterns run"; tail -3 "$TMP/log"; }
+tr -d ' \t\n' <"$TMP/pat/adapter_config.json" >"$TMP/pat.json"
+grep -q '"rank_pattern":{"q_proj":2,"layers\\\\.1\\\\.mlp\\\\.down_proj":6}' "$TMP/pat.json" &&
+  grep -q '"alpha_pattern":{"v_proj":3}' "$TMP/pat.json" && grep -q '"exclude_modules":\["k_proj"\]' "$TMP/pat.json" &&
+  grep -q '"layers_to_transform":\[1\]' "$TMP/pat.json" && grep -q '"layers_pattern":\["layers"\]' "$TMP/pat.json" &&
+  grep -q "(other ranks / scales where rank_pattern / alpha_pattern say)" "$TMP/log" && ok ||
+  { bad "patterns: adapter_config.json or log"; cat "$TMP/pat.json"; }
+"${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/pat" --out "$TMP/pmerged" >/dev/null 2>&1 || bad "patterns: merge"
+with=$(lp --model "$TMP/model" --adapter "$TMP/pat") merged=$(lp --model "$TMP/pmerged")
+awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
+  exit !(n == 2) }' && ok || bad "patterns: merged losses $merged, with the adapter $with, base $base"
+"${C[@]}" train "$TMP/sft.ini" --set 'peft.rank_pattern={"q_(proj": 2}' >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "\[peft\] rank_pattern: 'q_(proj'" "$TMP/log" && ok || { bad "a bad rank_pattern not refused"; tail -3 "$TMP/log"; }
+"${C[@]}" train "$TMP/sft.ini" --set peft.layers_to_transform=0 >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "layers_to_transform / layers_pattern cannot be used when target_modules is a string" "$TMP/log" && ok ||
+  { bad "layers_to_transform with all-linear not refused"; tail -3 "$TMP/log"; }
 "${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/nowhere" --out "$TMP/m2" >/dev/null 2>&1
 [ $? = 1 ] && ok || bad "merge of a missing adapter: not a run-time error"
 
