@@ -73,8 +73,10 @@ static ctrl_status lora_check_moe(const ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "LoRA: use_dora with target_parameters: PEFT's ParamWrapper has no DoRA");
     for (int l = 0; m->cfg.n_experts > 0 && l < m->cfg.n_layers; l++)
-        for (int t = LORA_GATE; t <= LORA_DOWN; t++)
-            if (ctrl_lora_targets(c, l, t))
+        for (int t = LORA_GATE; t <= LORA_DOWN; t++) {
+            const int on = ctrl_lora_targets(c, l, t);
+            if (on < 0) return CTRL_ERR_CONFIG;
+            if (on)
                 return ctrl_error_set(
                     CTRL_ERR_UNSUPPORTED,
                     "LoRA: target_modules %s on %s, a mixture-of-experts model: PEFT 0.21 turns these into "
@@ -82,6 +84,7 @@ static ctrl_status lora_check_moe(const ctrl_model *m) {
                     "(rank_pattern), which is not implemented; name the attention projections in "
                     "target_modules and experts.gate_up_proj / experts.down_proj in target_parameters",
                     c->all_linear ? "all-linear" : ctrl_lora_target_names[t], m->cfg.model_type);
+        }
     return CTRL_OK;
 }
 
@@ -100,10 +103,12 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
         for (int t = 0; t < LORA_N_TARGETS; t++) { /* each module once, at its first linear */
             int row0, out, in, dummy;
             const int mod = lora_module(m, t, &row0, &out);
-            if (row0 != 0 || !ctrl_lora_targets(m->lora, l, mod) || (moe && t >= LORA_GATE)) continue;
+            int on, r;
+            float s;
+            if (row0 != 0 || (moe && t >= LORA_GATE)) continue;
+            MODEL_TRY(ctrl_lora_module_choice(m->lora, l, mod, &on, &r, &s));
+            if (!on) continue;
             lora_dims(m, t, &in, &dummy);
-            const int r = ctrl_lora_rank(m->lora, l, mod);
-            const float s = ctrl_lora_module_scaling(m->lora, l, mod);
             long ab_off[2];
             for (int ab = 0; ab < 2; ab++) {
                 snprintf(n, sizeof n, "model.layers.%d.%s.lora_%c.weight", l, ctrl_lora_module_names[mod],

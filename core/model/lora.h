@@ -105,11 +105,14 @@ void lora_dropout_host(float *out, const float *x, int64_t n, uint64_t key, floa
 /* s = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora (the config's own r and lora_alpha). */
 float ctrl_lora_scaling(const ctrl_lora_config *c);
 /* Whether PEFT would put an adapter on layer `layer`'s module `module` (LORA_Q ... LORA_GATE_UP):
- * exclude_modules, target_modules (list, all-linear or regular expression), layers_to_transform. */
+ * exclude_modules, target_modules (list, all-linear or regular expression), layers_to_transform; and
+ * if so its rank and scaling (rank_pattern, alpha_pattern; else r, lora_alpha: alpha / r, or / sqrt(r)
+ * with use_rslora). CTRL_ERR_CONFIG, naming the expression, where one cannot be matched (too costly:
+ * nested quantifiers). */
+ctrl_status ctrl_lora_module_choice(const ctrl_lora_config *c, int layer, int module, int *targeted,
+                                    int *rank, float *scale);
+/* The targeted flag alone: 1, 0, or -1 where ctrl_lora_module_choice fails (the error set). */
 int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module);
-/* That module's rank, lora_alpha and scaling (rank_pattern, alpha_pattern; else r, lora_alpha). */
-int ctrl_lora_rank(const ctrl_lora_config *c, int layer, int module);
-float ctrl_lora_module_scaling(const ctrl_lora_config *c, int layer, int module);
 /* The largest rank any module can have (r or a rank_pattern value). */
 int ctrl_lora_max_rank(const ctrl_lora_config *c);
 /* Setters for the fields above, each refusing by `where` what PEFT would refuse or what is not a

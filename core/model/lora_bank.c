@@ -95,9 +95,10 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
                                                                         : mod == LORA_GATE_UP ? LORA_GATE
                                                                                               : t;
             e->a[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + t] = -1;
-            if (!ctrl_lora_targets(&e->cfg, l, mod)) continue;
-            const int r = e->r[l * LORA_N_TARGETS + t] = ctrl_lora_rank(&e->cfg, l, mod);
-            e->s[l * LORA_N_TARGETS + t] = ctrl_lora_module_scaling(&e->cfg, l, mod);
+            int on, r;
+            MODEL_TRY(ctrl_lora_module_choice(&e->cfg, l, mod, &on, &r, &e->s[l * LORA_N_TARGETS + t]));
+            if (!on) continue;
+            e->r[l * LORA_N_TARGETS + t] = r;
             if (row0) {
                 e->a[l * LORA_N_TARGETS + t] = e->a[l * LORA_N_TARGETS + first];
                 e->b[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + first] + (long)row0 * r;

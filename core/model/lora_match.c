@@ -60,14 +60,24 @@ static pcre2_code *compile(const char *pattern, char *err, size_t err_n) {
     return re;
 }
 
-/* re.match (anchored at the start; end_too: re.fullmatch) of `pattern` on `text`: 1, 0, or -1 when it
- * does not compile (the setters refuse those first). Group "idx", if asked and matched, into *idx. */
+/* Backtracking steps one match may take: a module name is short, so an expression that needs more is
+ * pathological (nested quantifiers in a stranger's adapter_config.json); it is refused, not run for
+ * minutes as Python's re would. */
+#define MATCH_LIMIT 200000
+
+/* re.match (anchored at the start; end_too: re.fullmatch) of `pattern` on `text`: 1, 0, or -1 with the
+ * error set when it cannot be run (the setters refuse what does not compile; MATCH_LIMIT). Group "idx",
+ * if asked and matched, into *idx. */
 static int re_match(const char *pattern, const char *text, int end_too, long *idx) {
-    pcre2_code *re = compile(pattern, NULL, 0);
-    if (!re) return -1;
+    char err[400];
+    pcre2_code *re = compile(pattern, err, sizeof err);
+    if (!re) return ctrl_error_set(CTRL_ERR_CONFIG, "LoRA: '%s': %s", pattern, err), -1;
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    pcre2_match_context *mc = pcre2_match_context_create(NULL);
+    if (mc) pcre2_set_match_limit(mc, MATCH_LIMIT);
     const uint32_t opts = PCRE2_ANCHORED | (end_too ? PCRE2_ENDANCHORED : 0);
-    int rc = md ? pcre2_match(re, (PCRE2_SPTR)text, strlen(text), 0, opts, md, NULL) : -1;
+    int rc =
+        md && mc ? pcre2_match(re, (PCRE2_SPTR)text, strlen(text), 0, opts, md, mc) : PCRE2_ERROR_NOMEMORY;
     if (rc >= 0 && idx) {
         PCRE2_UCHAR num[32];
         PCRE2_SIZE len = sizeof num;
@@ -75,68 +85,93 @@ static int re_match(const char *pattern, const char *text, int end_too, long *id
                    ? strtol((char *)num, NULL, 10)
                    : -1;
     }
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        ctrl_error_set(CTRL_ERR_CONFIG, "LoRA: the regular expression '%s' on the module name %s: %s",
+                       pattern, text, (char *)msg);
+    }
+    pcre2_match_context_free(mc);
     pcre2_match_data_free(md);
     pcre2_code_free(re);
-    return rc >= 0 ? 1 : 0;
+    return rc >= 0 ? 1 : rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
 }
 
-/* The layer index PEFT reads from `full` for layers_to_transform, or -1. */
+/* The layer index PEFT reads from `full` for layers_to_transform (-1: none), or -2 on an error. */
 static long layer_index(const ctrl_lora_config *c, const char *full) {
     long idx = -1;
-    if (c->n_layers_pattern == 0) {
-        re_match(".*?\\.[^.]*\\.(?P<idx>\\d+)\\.", full, 0, &idx);
-        return idx;
-    }
+    if (c->n_layers_pattern == 0)
+        return re_match(".*?\\.[^.]*\\.(?P<idx>\\d+)\\.", full, 0, &idx) < 0 ? -2 : idx;
     for (int i = 0; i < c->n_layers_pattern; i++) {
         char p[256];
         snprintf(p, sizeof p, "(?:^|.*?\\.)%s\\.(?P<idx>\\d+)\\.", c->layers_pattern[i]);
-        if (re_match(p, full, 0, &idx) == 1) return idx;
+        const int hit = re_match(p, full, 0, &idx);
+        if (hit != 0) return hit < 0 ? -2 : idx;
     }
     return -1;
 }
 
+/* 1 when exclude_modules names `full`, 0 when not, -1 on an error. */
 static int excluded(const ctrl_lora_config *c, const char *full) {
-    if (c->exclude_regex[0]) return re_match(c->exclude_regex, full, 1, NULL) == 1;
+    if (c->exclude_regex[0]) return re_match(c->exclude_regex, full, 1, NULL);
     for (int i = 0; i < c->n_exclude; i++)
         if (name_matches(full, c->exclude[i])) return 1;
     return 0;
 }
 
-int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module) {
-    char full[128];
-    const char *suffix = ctrl_lora_module_names[module];
-    module_name(full, sizeof full, layer, suffix);
-    if (excluded(c, full)) return 0;
-    if (c->target_regex[0]) return re_match(c->target_regex, full, 1, NULL) == 1;
+/* 1 when PEFT puts an adapter on `full` (model.layers.<layer>.<suffix>), 0 when not, -1 on an error. */
+static int targets(const ctrl_lora_config *c, int layer, const char *suffix, const char *full) {
+    const int ex = excluded(c, full);
+    if (ex != 0) return ex < 0 ? -1 : 0;
+    if (c->target_regex[0]) return re_match(c->target_regex, full, 1, NULL);
     for (int i = 0; i < c->n_targets; i++)
         if (!strcmp(full, c->targets[i])) return 1; /* named whole: layers_to_transform does not apply */
     if (!c->all_linear && !listed(c->targets, c->n_targets, layer, suffix)) return 0;
     if (c->n_layers == 0) return 1;
     const long idx = layer_index(c, full);
+    if (idx == -2) return -1;
     for (int i = 0; idx >= 0 && i < c->n_layers; i++)
         if (c->layers[i] == idx) return 1;
     return 0;
 }
 
-/* The value of the first pattern whose key matches the module, or `fallback`. */
-static double pattern_value(const ctrl_lora_pattern *p, int n, int layer, int module, double fallback) {
-    char full[128], re[300];
-    module_name(full, sizeof full, layer, ctrl_lora_module_names[module]);
+/* The value of the first pattern whose key matches `full` into *out (else `fallback`). */
+static ctrl_status pattern_value(const ctrl_lora_pattern *p, int n, const char *full, double fallback,
+                                 double *out) {
+    char re[300];
+    *out = fallback;
     for (int i = 0; i < n; i++) {
         snprintf(re, sizeof re, "(.*\\.)?(%s)$", p[i].key);
-        if (re_match(re, full, 0, NULL) == 1) return p[i].value;
+        const int hit = re_match(re, full, 0, NULL);
+        if (hit < 0) return CTRL_ERR_CONFIG;
+        if (hit) {
+            *out = p[i].value;
+            break;
+        }
     }
-    return fallback;
+    return CTRL_OK;
 }
 
-int ctrl_lora_rank(const ctrl_lora_config *c, int layer, int module) {
-    return (int)pattern_value(c->rank_pattern, c->n_rank_pattern, layer, module, c->r);
+ctrl_status ctrl_lora_module_choice(const ctrl_lora_config *c, int layer, int module, int *targeted,
+                                    int *rank, float *scale) {
+    char full[128];
+    module_name(full, sizeof full, layer, ctrl_lora_module_names[module]);
+    const int t = targets(c, layer, ctrl_lora_module_names[module], full);
+    if (t < 0) return CTRL_ERR_CONFIG;
+    *targeted = t, *rank = 0, *scale = 0;
+    if (!t) return CTRL_OK;
+    double r, alpha;
+    ctrl_status st = pattern_value(c->rank_pattern, c->n_rank_pattern, full, c->r, &r);
+    if (st == CTRL_OK) st = pattern_value(c->alpha_pattern, c->n_alpha_pattern, full, c->lora_alpha, &alpha);
+    if (st != CTRL_OK) return st;
+    *rank = (int)r, *scale = (float)(c->use_rslora ? alpha / sqrt(r) : alpha / r);
+    return CTRL_OK;
 }
 
-float ctrl_lora_module_scaling(const ctrl_lora_config *c, int layer, int module) {
-    const double r = ctrl_lora_rank(c, layer, module),
-                 alpha = pattern_value(c->alpha_pattern, c->n_alpha_pattern, layer, module, c->lora_alpha);
-    return (float)(c->use_rslora ? alpha / sqrt(r) : alpha / r);
+int ctrl_lora_targets(const ctrl_lora_config *c, int layer, int module) {
+    int t, r;
+    float s;
+    return ctrl_lora_module_choice(c, layer, module, &t, &r, &s) == CTRL_OK ? t : -1;
 }
 
 int ctrl_lora_max_rank(const ctrl_lora_config *c) {

@@ -17,6 +17,8 @@
  * not implemented: another peft_type, bias other than none, rank/alpha patterns,
  * layers_to_transform, a regex target_modules, ... */
 ctrl_status ctrl_peft_read_config(const char *dir, ctrl_lora_config *out, char *base, size_t base_len);
+/* The same from the file's own path. */
+ctrl_status ctrl_peft_read_config_file(const char *path, ctrl_lora_config *out, char *base, size_t base_len);
 /* rank_pattern (alpha 0) or alpha_pattern (alpha 1) from a JSON object's text ({"pattern": number, ...},
  * as adapter_config.json holds it) into c; errors name `where`. */
 ctrl_status ctrl_peft_patterns_from_json(ctrl_lora_config *c, const char *json, int alpha, const char *where);

@@ -177,6 +177,10 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
 ctrl_status ctrl_peft_read_config(const char *dir, ctrl_lora_config *out, char *base, size_t base_len) {
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    return ctrl_peft_read_config_file(path, out, base, base_len);
+}
+
+ctrl_status ctrl_peft_read_config_file(const char *path, ctrl_lora_config *out, char *base, size_t base_len) {
     memset(out, 0, sizeof *out);
     ctrl_status st;
     cJSON *root = ctrl_read_json_object(path, 16u << 20, &st);

@@ -78,7 +78,10 @@ static ctrl_status ba_row_squares(ctrl_model *m, const ctrl_param_view *mag, dou
             if (!strncmp(mag->name + at, ctrl_lora_module_names[mod], stem - (size_t)at - 1) &&
                 strlen(ctrl_lora_module_names[mod]) == stem - (size_t)at - 1)
                 break;
-    const int r = mod < LORA_N_MODULES ? ctrl_lora_rank(c, l, mod) : c->r;
+    int on = 1, r = c->r;
+    float s = ctrl_lora_scaling(c);
+    if (mod < LORA_N_MODULES && ctrl_lora_module_choice(c, l, mod, &on, &r, &s) != CTRL_OK)
+        return CTRL_ERR_CONFIG;
     if (!va || !vb || va->numel % r || vb->numel != mag->numel * r)
         return ctrl_error_set(CTRL_ERR_RUNTIME, "DoRA: no adapters of %d rows beside %s", r, mag->name);
     const float *p = ctrl_model_params(m, NULL), *A = p + va->offset, *B = p + vb->offset;
@@ -88,7 +91,6 @@ static ctrl_status ba_row_squares(ctrl_model *m, const ctrl_param_view *mag, dou
     for (int i = 0; i < r; i++)
         for (int k = 0; k < r; k++)
             for (int64_t x = 0; x < in; x++) g[i * r + k] += (double)A[i * in + x] * A[k * in + x];
-    const double s = mod < LORA_N_MODULES ? ctrl_lora_module_scaling(c, l, mod) : ctrl_lora_scaling(c);
     for (int64_t j = 0; j < mag->numel; j++) {
         double q = 0;
         for (int i = 0; i < r; i++)

@@ -8,7 +8,7 @@ src=$1 out=$2
 fx=$src/tests/fixtures
 sep=$'\n=====\n' # FUZZ_SEPARATOR (tests/fuzz/fuzz_common.h)
 rm -rf "$out"
-mkdir -p "$out"/{safetensors,model_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body,parquet,serve_wire}
+mkdir -p "$out"/{safetensors,model_config,adapter_config,tokenizer,tokenize_text,template,config,sft_rows,prompt_rows,pref_rows,serve_body,parquet,serve_wire}
 
 # safetensors: small files made here (the fixtures' are hundreds of KB): an 8-byte little-endian
 # header length, the JSON header, the data.
@@ -27,6 +27,7 @@ st_seed "$out/safetensors/scalar_empty" '{"s":{"dtype":"F32","shape":[],"data_of
 st_seed "$out/safetensors/other_dtypes" '{"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"u":{"dtype":"U8","shape":[3],"data_offsets":[8,11]}}' 11
 
 for d in "$fx"/models/*/; do cp "$d/config.json" "$out/model_config/$(basename "$d").json"; done
+for d in "$fx"/lora/*/; do cp "$d/adapter_config.json" "$out/adapter_config/$(basename "$d").json"; done
 
 cp "$src"/tests/fuzz/seeds/tokenizer/* "$out/tokenizer/"
 

@@ -714,6 +714,21 @@ TEST(seq_cls_adapter_scores_match_peft) {
     ctrl_model_free(m);
 }
 
+/* A regular expression too costly to match against a module name (nested quantifiers: Python's re
+ * would run for hours) is refused when the model is laid out, naming it -- never a hang. */
+TEST(lora_costly_regular_expression_is_refused) {
+    static ctrl_lora_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.r = 2, lc.lora_alpha = 4;
+    const char *costly = "(.|\\w)*(.|\\w)*(.|\\w)*(.|\\w)*\\b\\B";
+    CHECK_EQ_INT(ctrl_lora_set_target_regex(&lc, costly, "test"), CTRL_OK);
+    ctrl_model *m = NULL;
+    CHECK(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/llama", eager(), &lc, &m) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), costly);
+    CHECK_CONTAINS(ctrl_error_message(), "match limit");
+    ctrl_model_free(m);
+}
+
 /* What would make the adapter compute something else is refused, naming the key. */
 TEST(lora_adapter_config_refuses_what_is_not_implemented) {
     static const char *const cases[][2] = {
