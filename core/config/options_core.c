@@ -360,10 +360,18 @@ static const ctrl_option peft_options[] = {
      "converts with a doubled rank and the router, are refused)."},
     {"use_rslora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Rank-stabilised LoRA: scale = lora_alpha / sqrt(r)."},
-    {"init_lora_weights", CTRL_OPT_CHOICE, "true", 0, 0, 0, "true|false|gaussian",
+    {"init_lora_weights", CTRL_OPT_CHOICE, "true", 0, 0, 0, "true|false|gaussian|pissa|olora",
      "true: A Kaiming-uniform (a = sqrt(5)), B zero (PEFT's default); gaussian: A ~ N(0, 1/r), B zero; "
-     "false: "
-     "both Kaiming-uniform (the adapter changes the model from the first step; for tests)."},
+     "false: both Kaiming-uniform (the adapter changes the model from the first step; for tests); pissa "
+     "(PiSSA): A and B from each adapted weight's top-r singular values and vectors (W = V S U^T: A = "
+     "sqrt(S_r "
+     "/ s) U_r^T, B = V_r sqrt(S_r / s)), the frozen base becoming the residual W - s B A; olora (OLoRA): A "
+     "and B "
+     "from W's QR (A = R's first r rows, B = Q's first r columns), the base W - s B A. Both as PEFT computes "
+     "them (float32 SVD / QR, LAPACK), as each weight loads (before a bf16 or NF4 base is narrowed: QPiSSA); "
+     "the saved adapter says so, and PEFT (or ctrl) loading it over the original base recomputes the "
+     "residual. "
+     "The SVD of every adapted weight takes a while on large models; not with zero3's sliced loading."},
     {"modules_to_save", CTRL_OPT_LIST, "", 0, 0, 0, "embed_tokens|lm_head|score|classifier",
      "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings). "
      "score (or classifier): a sequence classifier's head, which the reward trainer trains with LoRA "

@@ -180,7 +180,8 @@ void lora_init(ctrl_model *m) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             int in, out, row0, slot_out;
             lora_module(m, t, &row0, &out); /* a fused module's A and whole B, at its first linear */
-            if (*a_off(m, l, t) < 0 || row0 != 0) continue;
+            /* pissa / olora: set from the base weight as it loads (lora_from_base.c) */
+            if (*a_off(m, l, t) < 0 || row0 != 0 || lora_init_from_base_on(m->lora)) continue;
             lora_dims(m, t, &in, &slot_out);
             float *A = m->params + *a_off(m, l, t), *B = m->params + *b_off(m, l, t);
             uint64_t s =

@@ -26,7 +26,9 @@ extern const char *const ctrl_lora_module_names[LORA_N_MODULES]; /* ..., "self_a
 typedef enum {
     CTRL_LORA_INIT_DEFAULT,  /* init_lora_weights = true: A Kaiming-uniform (a = sqrt(5)), B zero */
     CTRL_LORA_INIT_GAUSSIAN, /* A ~ N(0, 1/r), B zero */
-    CTRL_LORA_INIT_NONE      /* false: nn.Linear's own init on both (A and B Kaiming-uniform) */
+    CTRL_LORA_INIT_NONE,     /* false: nn.Linear's own init on both (A and B Kaiming-uniform) */
+    CTRL_LORA_INIT_PISSA,    /* pissa: A, B from the base weight's top-r SVD, the base its residual */
+    CTRL_LORA_INIT_OLORA     /* olora: A, B from the base weight's QR, the base its residual */
 } ctrl_lora_init;
 
 #define CTRL_LORA_MAX_TARGETS 512

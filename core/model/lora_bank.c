@@ -171,6 +171,13 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
                             "others (as in PEFT's mixed batches); merge it (ctrl model merge) and serve the "
                             "merged model",
                             dir);
+    if (st == CTRL_OK && lora_init_from_base_on(&e->cfg))
+        st = ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s/adapter_config.json: \"init_lora_weights\": %s: such an adapter applies to the "
+            "base's residual, not to the base others share; merge it (ctrl model merge) and serve "
+            "the merged model",
+            dir, e->cfg.init == CTRL_LORA_INIT_PISSA ? "pissa" : "olora");
     if (st == CTRL_OK && e->cfg.seq_cls)
         st = ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                             "%s/adapter_config.json: \"task_type\": SEQ_CLS, a sequence classifier's "

@@ -189,6 +189,7 @@ struct ctrl_model {
      * them per module; lora_r / lora_s read them) */
     int *lora_rank;
     float *lora_scales;
+    int lora_from_base_done; /* adapters set from their base weight as it loaded (pissa, olora) */
     size_t train_off, n_train;
     uint64_t lora_step;
     float *lora_ws;
@@ -444,6 +445,14 @@ size_t lora_act_floats(const ctrl_model *m, int l);
 /* Layer l's adapter on linear t: its rank (0 where none) and its scaling (lora_alpha / r or / sqrt(r)). */
 int lora_r(const ctrl_model *m, int l, int t);
 float lora_s(const ctrl_model *m, int l, int t);
+/* init_lora_weights = pissa / olora (lora_from_base.c): lora_init_from_base_on says whether the config
+ * asks for it; lora_init_from_base sets the adapter over view v (a projection's whole base weight, just
+ * read in fp32) from it and leaves the residual in its place (nothing for other views), counting
+ * them in m->lora_from_base_done. */
+int lora_init_from_base_on(const ctrl_lora_config *c);
+ctrl_status lora_init_from_base(ctrl_model *m, const ctrl_param_view *v);
+/* After the load: every adapter was set so (else an error), and the model told its weights changed. */
+ctrl_status lora_init_from_base_check(ctrl_model *m);
 ctrl_status lora_forward(ctrl_model *m, int l, int target, layer_acts *a, float *out, const float *x, int IN,
                          int OUT);
 ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a, float *dx, const float *dout,

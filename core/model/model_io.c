@@ -351,6 +351,14 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
                 (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0], (long long)v->shape[1]);
             break;
         }
+        if (parts && lora_init_from_base_on(lora) && !v->lora) {
+            st = ctrl_error_set(
+                CTRL_ERR_UNSUPPORTED,
+                "LoRA init_lora_weights = %s: each adapter is computed from its whole base weight, "
+                "which a rank reading its slices (zero3) does not hold",
+                lora->init == CTRL_LORA_INIT_PISSA ? "pissa" : "olora");
+            break;
+        }
         if (parts && !(spans && v->nf4)) { /* only the parts of it in the ranges (ascending, as the views) */
             st = read_parts(dir, file, t, v, params, ranges, n_ranges, &next);
             continue;
@@ -364,6 +372,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
             break;
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
+        if (st == CTRL_OK) st = lora_init_from_base(m, v); /* pissa / olora: before it is narrowed */
         if (st == CTRL_OK && v->nf4) /* QLoRA: into NF4 before the next layer's (its piece alone kept) */
             st = spans ? nf4_store_part(m, v, spans[2 * (v->nf4 - 1)], spans[2 * (v->nf4 - 1) + 1])
                        : nf4_store(m, v);
@@ -372,6 +381,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
     }
     shards_close(&shards);
     free(ranges), free(spans);
+    if (st == CTRL_OK && lora_init_from_base_on(lora)) st = lora_init_from_base_check(m);
     /* for inference: the head's panels too */
     if (st == CTRL_OK && (frozen_bf16 || (lora && lora->bf16_base == 2)) && m->base_panels)
         st = model_hold_head(m);

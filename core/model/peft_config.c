@@ -136,9 +136,15 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
     c->use_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_dora"));
     v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
-    if (cJSON_IsString(v) && strcmp(v->valuestring, "gaussian") != 0)
-        return bad(path, "init_lora_weights", "only true, false and \"gaussian\" are implemented");
-    c->init = CTRL_LORA_INIT_NONE; /* the weights are the file's */
+    const int pissa = cJSON_IsString(v) && !strcmp(v->valuestring, "pissa"),
+              olora = cJSON_IsString(v) && !strcmp(v->valuestring, "olora");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "gaussian") != 0 && !pissa && !olora)
+        return bad(path, "init_lora_weights",
+                   "only true, false, \"gaussian\", \"pissa\" and \"olora\" are implemented (pissa_niter_N's "
+                   "randomized SVD cannot be recomputed: convert such an adapter to plain LoRA with PEFT's "
+                   "path_initial_model_for_weight_conversion)");
+    /* the weights are the file's; over pissa's and olora's residual of the base, recomputed as it loads */
+    c->init = pissa ? CTRL_LORA_INIT_PISSA : olora ? CTRL_LORA_INIT_OLORA : CTRL_LORA_INIT_NONE;
     char where[4300];
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(root, "target_parameters");
     if (!trivial(tp) && !cJSON_IsArray(tp)) return bad(path, "target_parameters", "must be a list or null");

@@ -134,8 +134,11 @@ static char *config_json(const ctrl_model *m, const char *base) {
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
-    if (c->init == CTRL_LORA_INIT_GAUSSIAN)
-        cJSON_AddStringToObject(o, "init_lora_weights", "gaussian");
+    if (c->init == CTRL_LORA_INIT_GAUSSIAN || lora_init_from_base_on(c)) /* pissa, olora: over the residual */
+        cJSON_AddStringToObject(o, "init_lora_weights",
+                                c->init == CTRL_LORA_INIT_GAUSSIAN ? "gaussian"
+                                : c->init == CTRL_LORA_INIT_PISSA  ? "pissa"
+                                                                   : "olora");
     else
         cJSON_AddBoolToObject(o, "init_lora_weights", c->init == CTRL_LORA_INIT_DEFAULT);
     cJSON *t = c->target_regex[0] ? NULL : cJSON_AddArrayToObject(o, "target_modules");

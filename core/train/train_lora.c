@@ -24,6 +24,8 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     const char *init = s->peft.init_lora_weights;
     lc->init = !strcmp(init, "gaussian") ? CTRL_LORA_INIT_GAUSSIAN
                : !strcmp(init, "false")  ? CTRL_LORA_INIT_NONE
+               : !strcmp(init, "pissa")  ? CTRL_LORA_INIT_PISSA
+               : !strcmp(init, "olora")  ? CTRL_LORA_INIT_OLORA
                                          : CTRL_LORA_INIT_DEFAULT;
     ctrl_status st = CTRL_OK;
     static const char *const params[] = {"experts.gate_up_proj", "experts.down_proj"};
@@ -228,6 +230,13 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
               train, all, 100.0 * (double)train / (double)all,
               lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",
               nf4[0] ? " " : "", nf4, from ? "; adapter from " : "", from ? from : "");
+    if (lc.init == CTRL_LORA_INIT_PISSA || lc.init == CTRL_LORA_INIT_OLORA)
+        CTRL_INFO("LoRA: init_lora_weights = %s: each adapter from its weight's %s as the weight loaded, the "
+                  "frozen "
+                  "base the residual W - s B A%s",
+                  lc.init == CTRL_LORA_INIT_PISSA ? "pissa" : "olora",
+                  lc.init == CTRL_LORA_INIT_PISSA ? "top-r SVD" : "QR",
+                  lc.nf4 ? ", then quantized to NF4" : "");
     return CTRL_OK;
 }
 

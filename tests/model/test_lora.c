@@ -714,6 +714,107 @@ TEST(seq_cls_adapter_scores_match_peft) {
     ctrl_model_free(m);
 }
 
+/* PEFT's initialisations from the base weight (init_lora_weights = pissa: the top-r SVD; olora: the QR),
+ * the base left as the residual W - s B A: (1) over the residual ctrl computes from the original base,
+ * PEFT's adapters (A and B scaled at random after PEFT's initialisation, so that the output depends on
+ * the residual) give PEFT's log-probs and gradients; (2) ctrl's own initial A and B are PEFT's
+ * (init_ab.safetensors), a PiSSA component up to its sign (LAPACK's choice: A's row and B's column
+ * negated together, B A the same), OLoRA's exactly as its QR. PiSSA with a rank_pattern, OLoRA, PiSSA on
+ * Phi-3's fused projections with rsLoRA. */
+TEST(lora_initialised_from_the_base_matches_peft) {
+    static const char *const cases[] = {"qwen2_pissa", "llama_olora", "phi3_pissa_fused"};
+    for (int c = 0; c < 3; c++) {
+        check_case(cases[c]);
+        char dir[1024], base[512], path[1300];
+        snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
+        static ctrl_lora_config lc;
+        CHECK_EQ_INT(ctrl_peft_read_config(dir, &lc, base, sizeof base), CTRL_OK);
+        const int pissa = lc.init == CTRL_LORA_INIT_PISSA;
+        CHECK(pissa || lc.init == CTRL_LORA_INIT_OLORA);
+        snprintf(path, sizeof path, "%s/%s", CTRL_FIXTURE_DIR, base);
+        ctrl_model *m = NULL;
+        CHECK_EQ_INT(ctrl_model_load_lora(path, eager(), &lc, &m), CTRL_OK);
+        snprintf(path, sizeof path, "%s/init_ab.safetensors", dir);
+        ctrl_safetensors *f = NULL;
+        CHECK_EQ_INT(ctrl_safetensors_open(path, &f), CTRL_OK);
+        if (!m || !f) {
+            ctrl_model_free(m), ctrl_safetensors_close(f);
+            continue;
+        }
+        const float *p = ctrl_model_params(m, NULL);
+        double worst = 0;
+        int checked = 0;
+        for (int v = 0; v < ctrl_model_view_count(m); v++) {
+            const ctrl_param_view *va = ctrl_model_view(m, v), *vb = ctrl_model_view(m, v + 1);
+            if (!va->lora || !strstr(va->name, ".lora_A.")) continue;
+            char name[CTRL_ST_MAX_NAME];
+            float *want[2];
+            const ctrl_param_view *ab[2] = {va, vb};
+            for (int k = 0; k < 2; k++) {
+                want[k] = malloc(sizeof(float) * (size_t)ab[k]->numel);
+                snprintf(name, sizeof name, "base_model.model.%s", ab[k]->name);
+                CHECK_EQ_INT(ctrl_safetensors_read_f32(f, name, want[k], ab[k]->numel), CTRL_OK);
+            }
+            const int r = (int)va->shape[0], IN = (int)va->shape[1], OUT = (int)vb->shape[0];
+            for (int j = 0; j < r; j++) { /* component j: A's row j, B's column j, one sign */
+                const float *A = p + va->offset + (size_t)j * IN, *wa = want[0] + (size_t)j * IN;
+                double dot = 0, na = 0, da = 0, nb = 0, db = 0;
+                for (int i = 0; i < IN; i++) dot += (double)A[i] * wa[i];
+                const double sg = pissa && dot < 0 ? -1 : 1;
+                for (int i = 0; i < IN; i++) da += pow(sg * A[i] - wa[i], 2), na += (double)wa[i] * wa[i];
+                for (int o = 0; o < OUT; o++) {
+                    const double b = p[vb->offset + (size_t)o * r + j], w = want[1][(size_t)o * r + j];
+                    db += pow(sg * b - w, 2), nb += w * w;
+                }
+                const double e = fmax(sqrt(da / na), sqrt(db / nb));
+                CHECK_MSG(e <= 2e-4, "%s %s component %d: relative error %.3g", cases[c], va->name, j, e);
+                worst = fmax(worst, e);
+                checked++;
+            }
+            free(want[0]), free(want[1]);
+        }
+        CHECK(checked > 0);
+        printf("  %-20s ctrl's initial A, B vs PEFT's: %d components, worst relative error %.1e\n", cases[c],
+               checked, worst);
+        ctrl_safetensors_close(f);
+        ctrl_model_free(m);
+    }
+}
+
+/* QPiSSA ([peft] quantization = nf4 with init_lora_weights = pissa, PEFT's recipe: PiSSA in fp32, then
+ * the residual quantized): the NF4 store holds NF4(W - s B A) -- each entry byte for byte what quantizing
+ * the fp32 model's residual gives -- and the adapters are the same. */
+TEST(qpissa_quantizes_the_residual) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/lora/qwen2_pissa", CTRL_FIXTURE_DIR);
+    ctrl_model *full = load_adapter_as(dir, 0), *q = load_adapter_as(dir, 1);
+    int per_layer = 0, entries = 0;
+    const ctrl_nf4 *store = q ? ctrl_model_nf4_store(q, &per_layer) : NULL;
+    CHECK(store != NULL);
+    for (int l = 0; store && l < ctrl_model_cfg(full)->n_layers; l++)
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            const ctrl_nf4 *e = &store[l * per_layer + t];
+            long w, bias;
+            lora_base_weight(full, l, t, &w, &bias);
+            if (!e->packed) continue;
+            ctrl_nf4 want;
+            CHECK_EQ_INT(ctrl_nf4_quantize(full->params + w, e->n, &want), CTRL_OK);
+            CHECK(memcmp(want.packed, e->packed, (size_t)(e->n + 1) / 2) == 0 &&
+                  memcmp(want.qabsmax, e->qabsmax, (size_t)(e->n + 63) / 64) == 0);
+            ctrl_nf4_free(&want);
+            entries++;
+        }
+    CHECK(entries == 7 * 2);
+    for (int v = 0; full && q && v < ctrl_model_view_count(full); v++) { /* the adapters: the file's */
+        const ctrl_param_view *pv = ctrl_model_view(full, v);
+        const ctrl_param_view *qv = pv->lora ? ctrl_model_find_view(q, pv->name) : NULL;
+        if (pv->lora) CHECK(qv && qv->numel == pv->numel);
+        if (qv) CHECK_REL(q->params + qv->offset, full->params + pv->offset, pv->numel, 0.0);
+    }
+    printf("  qwen2_pissa over NF4: %d entries hold NF4 of the fp32 residual\n", entries);
+    ctrl_model_free(full), ctrl_model_free(q);
+}
+
 /* A regular expression too costly to match against a module name (nested quantifiers: Python's re
  * would run for hours) is refused when the model is laid out, naming it -- never a hang. */
 TEST(lora_costly_regular_expression_is_refused) {
@@ -745,7 +846,8 @@ TEST(lora_adapter_config_refuses_what_is_not_implemented) {
         {"\"target_modules\": [\"lm_head\"]", "lm_head"},
         {"\"modules_to_save\": [\"norm\"]", "norm"},
         {"\"task_type\": \"TOKEN_CLS\"", "task_type"},
-        {"\"init_lora_weights\": \"pissa\"", "init_lora_weights"},
+        {"\"init_lora_weights\": \"pissa_niter_4\"", "init_lora_weights"},
+        {"\"init_lora_weights\": \"loftq\"", "init_lora_weights"},
     };
     char dir[] = "/tmp/ctrl_lora_cfg_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
@@ -781,7 +883,9 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "qwen2_rank_alpha_pattern",
                                         "llama_layers_rslora",
                                         "qwen3_regex_dora",
-                                        "phi3_fused_rank_pattern"};
+                                        "phi3_fused_rank_pattern",
+                                        "qwen2_pissa",
+                                        "llama_olora"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -794,9 +898,11 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "qwen2",
                                         "llama",
                                         "qwen3",
-                                        "families/phi3_gqa"};
+                                        "families/phi3_gqa",
+                                        "qwen2",
+                                        "llama"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 13; c++) {
+    for (int c = 0; c < 15; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
@@ -852,10 +958,11 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
 /* ctrl_peft_merge (PEFT's merge_and_unload): the merged model computes what the adapters did, and
  * saved, it loads back as a plain model with the same log-probs. */
 TEST(lora_merged_model_equals_the_adapters) {
-    static const char *const cases[] = {"llama_qv",         "llama_all_rslora",       "qwen2_attn_mlp",
-                                        "llama_dora_qv",    "qwen2_dora_all_rslora",  "phi3_qkv_gate_up",
-                                        "phi3_all_dora",    "olmoe_experts_qkv",      "qwen3_moe_gate_up",
-                                        "qwen3_regex_dora", "phi3_fused_rank_pattern"};
+    static const char *const cases[] = {"llama_qv",         "llama_all_rslora",        "qwen2_attn_mlp",
+                                        "llama_dora_qv",    "qwen2_dora_all_rslora",   "phi3_qkv_gate_up",
+                                        "phi3_all_dora",    "olmoe_experts_qkv",       "qwen3_moe_gate_up",
+                                        "qwen3_regex_dora", "phi3_fused_rank_pattern", "qwen2_pissa",
+                                        "phi3_pissa_fused"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -866,8 +973,10 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "families/olmoe",
                                         "families/qwen3_moe_b",
                                         "qwen3",
+                                        "families/phi3_gqa",
+                                        "qwen2",
                                         "families/phi3_gqa"};
-    for (int c = 0; c < 11; c++) {
+    for (int c = 0; c < 13; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",

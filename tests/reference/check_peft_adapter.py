@@ -60,6 +60,11 @@ def main():
             rel = ((a - b).norm() / b.norm()).item()
             own = ((b - unmerged).norm() / unmerged.norm()).item()  # PEFT's own merge vs its adapters
             tol = max(1e-6, 2 * own)
+            with open(os.path.join(root, case, "adapter_config.json")) as f:
+                if json.load(f).get("init_lora_weights") == "pissa":
+                    # PiSSA's residual is each side's own float32 SVD (LAPACK's sgesdd here, torch's there):
+                    # both within ~3e-6 of float64's on these small gaps between singular values
+                    tol = max(tol, 1e-5)
             ok &= rel <= tol
             print("%-20s ctrl merged vs PEFT merge_and_unload: logits relative L2 %.2e (PEFT merged vs unmerged "
                   "%.2e) %s" % (case, rel, own, "ok" if rel <= tol else "FAIL"))

@@ -136,6 +136,16 @@ CASES = {
                                                           alpha_pattern={"gate_up_proj": 10},
                                                           layers_to_transform=0, init_lora_weights=False,
                                                           lora_dropout=0.0)),
+    # PEFT's initialisations from the base weight, which leave its residual as the base (lora_from_base.c):
+    # PiSSA (top-r SVD) with a rank_pattern, OLoRA (QR), PiSSA on Phi-3's fused projections with rsLoRA.
+    # "perturb_ab": PEFT's initial A and B are kept in init_ab.safetensors, then scaled element by element
+    # by random factors in [0.5, 1.5] before saving, so that the log-probs depend on the residual
+    "qwen2_pissa": ("qwen2", dict(r=4, lora_alpha=8, target_modules="all-linear", rank_pattern={"down_proj": 2},
+                                  init_lora_weights="pissa", lora_dropout=0.0), "perturb_ab"),
+    "llama_olora": ("llama", dict(r=3, lora_alpha=6, target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+                                  init_lora_weights="olora", lora_dropout=0.0), "perturb_ab"),
+    "phi3_pissa_fused": ("families/phi3_gqa", dict(r=2, lora_alpha=4, target_modules="all-linear", use_rslora=True,
+                                                   init_lora_weights="pissa", lora_dropout=0.0), "perturb_ab"),
 }
 
 
@@ -193,6 +203,16 @@ def main():
         # random): in eval bitsandbytes repacks 4-bit weights for its CPU inference kernel, which
         # multiplies in bf16, where its training path multiplies the dequantized fp32 weight (as on a GPU)
         pm.train("nf4" in how)
+        if "perturb_ab" in how:
+            d = os.path.join(OUT, case)
+            os.makedirs(d, exist_ok=True)
+            with torch.no_grad():
+                init = {file_name(n): p.detach().clone().contiguous() for n, p in pm.named_parameters()
+                        if ".lora_A." in n or ".lora_B." in n}
+                save_file(init, os.path.join(d, "init_ab.safetensors"))
+                for n, p in pm.named_parameters():
+                    if ".lora_A." in n or ".lora_B." in n:
+                        p.mul_(0.5 + torch.rand(p.shape))
         if "perturb" in how:
             with torch.no_grad():
                 for n, p in pm.named_parameters():
