@@ -48,7 +48,10 @@ ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings
     free(s->peft.choices);
     s->peft.choices = NULL;
     int any = 0;
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) any |= config_find(cfg, "peft", keys[k]) != NULL;
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        any |= config_find(cfg, "peft", keys[k]) != NULL;
+        config_note_read(cfg, "peft", keys[k]);
+    }
     if (!any) return CTRL_OK;
     ctrl_lora_config *c = calloc(1, sizeof *c);
     if (!c) return ctrl_error_set(CTRL_ERR_NOMEM, "[peft]: out of memory");
@@ -65,7 +68,6 @@ ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings
     if (rx) c->all_linear = 0; /* the regular expression replaces the list */
     for (size_t k = 0; k < sizeof keys / sizeof *keys && st == CTRL_OK; k++) {
         const config_entry *e = config_find(cfg, "peft", keys[k]);
-        config_note_read(cfg, "peft", keys[k]);
         if (!e) continue;
         snprintf(where, sizeof where, "%s: [peft] %s", e->where, keys[k]);
         st = read_key(e, (int)k, c, where);
