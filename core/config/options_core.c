@@ -360,6 +360,12 @@ static const ctrl_option peft_options[] = {
      "converts with a doubled rank and the router, are refused)."},
     {"use_rslora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
      "Rank-stabilised LoRA: scale = lora_alpha / sqrt(r)."},
+    {"lora_bias", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "PEFT's lora_bias: lora_B gets a trainable bias b (lora_B.bias in the adapter), the adapter adding s (x "
+     "A^T "
+     "B^T + b); zero at init_lora_weights = true. Not with use_dora, target_parameters or the other inits "
+     "(as "
+     "PEFT); merging folds s b into the base's bias, refused where the base layer has none (as PEFT)."},
     {"init_lora_weights", CTRL_OPT_CHOICE, "true", 0, 0, 0, "true|false|gaussian|pissa|olora",
      "true: A Kaiming-uniform (a = sqrt(5)), B zero (PEFT's default); gaussian: A ~ N(0, 1/r), B zero; "
      "false: both Kaiming-uniform (the adapter changes the model from the first step; for tests); pissa "

@@ -202,6 +202,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .lora_dropout = rd_float(&r, "peft", "lora_dropout"),
                  .use_rslora = rd_bool(&r, "peft", "use_rslora"),
                  .use_dora = rd_bool(&r, "peft", "use_dora"),
+                 .lora_bias = rd_bool(&r, "peft", "lora_bias"),
                  .nf4 = !strcmp(rd_str(&r, "peft", "quantization"), "nf4"),
                  .embed_bf16 = !strcmp(rd_str(&r, "peft", "embedding_dtype"), "bf16")   ? 1
                                : !strcmp(rd_str(&r, "peft", "embedding_dtype"), "auto") ? 2

@@ -47,6 +47,17 @@ static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, c
 ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings *s) {
     free(s->peft.choices);
     s->peft.choices = NULL;
+    const char *init = s->peft.init_lora_weights;
+    if (s->peft.lora_bias &&
+        (s->peft.use_dora || s->peft.param_bits || (strcmp(init, "true") && strcmp(init, "false"))))
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s: [peft] lora_bias = true with %s: PEFT allows lora_bias only without DoRA, without "
+            "target_parameters and with init_lora_weights true or false",
+            ctrl_config_where(cfg, "peft", "lora_bias"),
+            s->peft.use_dora     ? "use_dora"
+            : s->peft.param_bits ? "target_parameters"
+                                 : init);
     int any = 0;
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         any |= config_find(cfg, "peft", keys[k]) != NULL;

@@ -211,6 +211,7 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                                                "use_rslora",
                                                "modules_to_save",
                                                "init_lora_weights",
+                                               "lora_bias",
                                                "use_dora",
                                                "target_parameters",
                                                "target_modules_regex",

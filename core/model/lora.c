@@ -95,7 +95,7 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
     MODEL_TRY(ctrl_lora_check_choices(m->lora, "LoRA"));
     for (int l = 0; l < m->cfg.n_layers; l++) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
-            *a_off(m, l, t) = *b_off(m, l, t) = -1;
+            *a_off(m, l, t) = *b_off(m, l, t) = m->lora_bb[l * LORA_N_TARGETS + t] = -1;
             m->lora_rank[l * LORA_N_TARGETS + t] = 0, m->lora_scales[l * LORA_N_TARGETS + t] = 0;
             if (m->lora_mag) m->lora_mag[l * LORA_N_TARGETS + t] = -1;
         }
@@ -117,10 +117,18 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
                 ab_off[ab] = model_add_view(m, cursor, n, 2, ab ? out : r, ab ? r : in, 0);
                 if (at < m->cap_views) m->views[at].lora = 1;
             }
+            long bb = -1; /* lora_bias: lora_B.bias [out] */
+            if (m->lora->lora_bias) {
+                snprintf(n, sizeof n, "model.layers.%d.%s.lora_B.bias", l, ctrl_lora_module_names[mod]);
+                const int at = m->n_views;
+                bb = model_add_view(m, cursor, n, 1, out, 0, 1);
+                if (at < m->cap_views) m->views[at].lora = 1;
+            }
             for (int k = t; k < LORA_N_TARGETS; k++) { /* the module's linears: A, and their rows of B */
                 int k0, kout;
                 if (lora_module(m, k, &k0, &kout) != mod) continue;
                 *a_off(m, l, k) = ab_off[0], *b_off(m, l, k) = ab_off[1] + (long)k0 * r;
+                m->lora_bb[l * LORA_N_TARGETS + k] = bb < 0 ? -1 : bb + k0;
                 m->lora_rank[l * LORA_N_TARGETS + k] = r, m->lora_scales[l * LORA_N_TARGETS + k] = s;
             }
             if (m->lora->use_dora) dora_layout(m, cursor, l, mod, out);
@@ -192,6 +200,13 @@ void lora_init(ctrl_model *m) {
                 kaiming(B, (int64_t)out * r, r, &s);
             else
                 memset(B, 0, sizeof(float) * (size_t)out * r);
+            if (m->lora_bb[l * LORA_N_TARGETS + t] >= 0) { /* nn.Linear(r, out)'s bias, or zero */
+                float *bb = m->params + m->lora_bb[l * LORA_N_TARGETS + t];
+                if (m->lora->init == CTRL_LORA_INIT_NONE)
+                    kaiming(bb, out, r, &s);
+                else
+                    memset(bb, 0, sizeof(float) * (size_t)out);
+            }
         }
     for (int i = 0; m->moe_lora && i < m->cfg.n_layers * 4; i += 2) { /* the experts': lora_A, lora_B */
         if (m->moe_lora[i] < 0) continue;
@@ -305,7 +320,13 @@ ctrl_status lora_forward(ctrl_model *m, int l, int t, layer_acts *a, float *out,
     MODEL_TRY(model_linear_forward(m, xa, x, P + *a_off(m, l, t), NULL, T, IN, r));
     MODEL_TRY(be->scale(xa, lora_s(m, l, t), (int64_t)T * r));
     if (!out) return CTRL_OK; /* a recompute for backward: lora_xa is all it needs */
-    MODEL_TRY(model_linear_forward(m, w2, xa, P + *b_off(m, l, t), NULL, T, r, OUT));
+    const float *sb = NULL;   /* lora_bias: s b, as (x A^T B^T + b) s */
+    if (m->lora_bb[l * LORA_N_TARGETS + t] >= 0) {
+        MODEL_TRY(be->copy(w3, P + m->lora_bb[l * LORA_N_TARGETS + t], sizeof(float) * (size_t)OUT));
+        MODEL_TRY(be->scale(w3, lora_s(m, l, t), OUT));
+        sb = w3;
+    }
+    MODEL_TRY(model_linear_forward(m, w2, xa, P + *b_off(m, l, t), sb, T, r, OUT));
     if (!m->lora->use_dora) return be->residual_forward(out, out, w2, (int64_t)T * OUT);
     if (x != w1) return dora_combine(m, l, t, out, w2, NULL, OUT); /* no dropout: out - b is x W^T */
     long w, bias;
@@ -323,9 +344,15 @@ ctrl_status lora_backward(ctrl_model *m, int l, int t, const layer_acts *a, floa
     const float *P = m->dparams;
     float *dxa, *w1, *w2, *w3;
     MODEL_TRY(lora_scratch(m, &dxa, &w1, &w2, &w3));
-    (void)w3;
-    const long ao = *a_off(m, l, t), bo = *b_off(m, l, t);
-    MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), NULL, dout, a->lora_xa[t], P + bo, T, r, OUT));
+    const long ao = *a_off(m, l, t), bo = *b_off(m, l, t), bb = m->lora_bb[l * LORA_N_TARGETS + t];
+    if (bb >= 0)
+        MODEL_TRY(be->fill_zero(w3, sizeof(float) * (size_t)OUT)); /* lora_bias: db = s colsum(dout) */
+    MODEL_TRY(model_linear_backward(m, dxa, model_grad(m, bo), bb >= 0 ? w3 : NULL, dout, a->lora_xa[t],
+                                    P + bo, T, r, OUT));
+    if (bb >= 0) {
+        MODEL_TRY(be->scale(w3, lora_s(m, l, t), OUT));
+        MODEL_TRY(be->residual_forward(model_grad(m, bb), model_grad(m, bb), w3, OUT));
+    }
     MODEL_TRY(be->scale(dxa, lora_s(m, l, t), (int64_t)T * r));
     const int drop = lora_dropout_on(m);
     if (drop) {

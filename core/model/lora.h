@@ -57,7 +57,10 @@ typedef struct ctrl_lora_config {
     char targets[CTRL_LORA_MAX_TARGETS][96];
     int save_embed_tokens, save_lm_head; /* modules_to_save */
     int use_dora; /* DoRA (dora.c): a trainable magnitude per output row of every adapted layer */
-    int nf4;      /* QLoRA (model_nf4.c): the base's linear weights held in NF4, dequantized per layer */
+    /* PEFT's lora_bias: lora_B has a bias b [OUT] (lora_B.bias), the adapter adding s (x A^T B^T + b);
+     * zero at init_lora_weights = true, nn.Linear's U(-1/sqrt(r), 1/sqrt(r)) at false */
+    int lora_bias;
+    int nf4; /* QLoRA (model_nf4.c): the base's linear weights held in NF4, dequantized per layer */
     /* PEFT's task_type SEQ_CLS (a sequence classifier, a reward model): the score head is among the
      * modules_to_save (PEFT adds "classifier" and "score" itself), trained in full and saved in the
      * adapter as base_model.model.score.weight. Set by modules_to_save "score"/"classifier", by an

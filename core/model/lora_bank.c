@@ -24,13 +24,14 @@ struct lora_bank_entry {
     long *a, *b; /* [n_layers][LORA_N_TARGETS] offsets into w, -1 where none */
     int *r;      /* [n_layers][LORA_N_TARGETS] each adapter's rank (rank_pattern) and scaling */
     float *s;
+    long *bb;  /* [n_layers][LORA_N_TARGETS] lora_B.bias offsets into w (lora_bias), -1 where none */
     long *moe; /* [n_layers][4]: the experts' gate_up lora_A, lora_B, down lora_A, lora_B; -1: none */
     float *w;
 };
 
 static void entry_free(lora_bank_entry *e) {
     if (!e) return;
-    free(e->a), free(e->b), free(e->r), free(e->s), free(e->moe), free(e->w);
+    free(e->a), free(e->b), free(e->r), free(e->s), free(e->bb), free(e->moe), free(e->w);
     free(e);
 }
 
@@ -40,19 +41,24 @@ void lora_bank_free(ctrl_model *m) {
     m->bank = NULL, m->n_bank = 0, m->bank_ws = NULL, m->bank_ws_n = 0;
 }
 
-/* Tensor `name` of f, [d0, d1] and finite, into dst. */
+/* Tensor `name` of f, [d0, d1] (d0 < 0: a vector [d1]) and finite, into dst. */
 static ctrl_status read_tensor(ctrl_safetensors *f, const char *path, const char *name, int64_t d0,
                                int64_t d1, float *dst) {
     const ctrl_st_tensor *x = ctrl_safetensors_find(f, name);
-    if (!x || x->ndim != 2 || x->shape[0] != d0 || x->shape[1] != d1)
-        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: %s '%s' (adapter_config.json implies [%lld, %lld])", path,
-                              x ? "a wrongly shaped" : "no tensor", name, (long long)d0, (long long)d1);
+    const int nd = d0 < 0 ? 1 : 2;
+    if (!x || x->ndim != nd || (nd == 2 && x->shape[0] != d0) || x->shape[nd - 1] != d1) {
+        char want[64];
+        snprintf(want, sizeof want, nd == 2 ? "[%lld, %lld]" : "[%lld]", (long long)(nd == 2 ? d0 : d1),
+                 (long long)d1);
+        return ctrl_error_set(CTRL_ERR_FORMAT, "%s: %s '%s' (adapter_config.json implies %s)", path,
+                              x ? "a wrongly shaped" : "no tensor", name, want);
+    }
     float bad;
     const int64_t at = ctrl_safetensors_find_non_finite(f, x, &bad);
     if (at >= 0)
         return ctrl_error_set(CTRL_ERR_FORMAT, "%s: '%s' holds %g at element %lld", path, name, (double)bad,
                               (long long)at);
-    return ctrl_safetensors_read_f32(f, name, dst, d0 * d1);
+    return ctrl_safetensors_read_f32(f, name, dst, nd == 2 ? d0 * d1 : d1);
 }
 
 /* An expert's adapter k's (LORA_MOE_GATE_UP, LORA_MOE_DOWN) input and output widths. */
@@ -94,7 +100,7 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
             const int mod = lora_module(m, t, &row0, &mod_out), first = mod == LORA_QKV       ? LORA_Q
                                                                         : mod == LORA_GATE_UP ? LORA_GATE
                                                                                               : t;
-            e->a[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + t] = -1;
+            e->a[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + t] = e->bb[l * LORA_N_TARGETS + t] = -1;
             int on, r;
             MODEL_TRY(ctrl_lora_module_choice(&e->cfg, l, mod, &on, &r, &e->s[l * LORA_N_TARGETS + t]));
             if (!on) continue;
@@ -102,11 +108,14 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
             if (row0) {
                 e->a[l * LORA_N_TARGETS + t] = e->a[l * LORA_N_TARGETS + first];
                 e->b[l * LORA_N_TARGETS + t] = e->b[l * LORA_N_TARGETS + first] + (long)row0 * r;
+                if (e->cfg.lora_bias)
+                    e->bb[l * LORA_N_TARGETS + t] = e->bb[l * LORA_N_TARGETS + first] + row0;
                 continue;
             }
             lora_dims(m, t, &in, &out);
             e->a[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)r * in;
             e->b[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)mod_out * r;
+            if (e->cfg.lora_bias) e->bb[l * LORA_N_TARGETS + t] = (long)n, n += (size_t)mod_out;
         }
     int wrapped = 0;
     for (int l = 0; l < L; l++)
@@ -143,6 +152,12 @@ static ctrl_status read_weights(const ctrl_model *m, lora_bank_entry *e, const c
                 snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l,
                          ctrl_lora_module_names[mod], ab ? 'B' : 'A');
                 st = read_tensor(f, path, name, d0, d1, e->w + (ab ? e->b : e->a)[l * LORA_N_TARGETS + t]);
+                used++;
+            }
+            if (st == CTRL_OK && e->bb[l * LORA_N_TARGETS + t] >= 0) { /* lora_bias: lora_B.bias [out] */
+                snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.bias", l,
+                         ctrl_lora_module_names[mod]);
+                st = read_tensor(f, path, name, -1, out, e->w + e->bb[l * LORA_N_TARGETS + t]);
                 used++;
             }
         }
@@ -191,9 +206,9 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
     if (st == CTRL_OK) {
         const size_t n = (size_t)m->cfg.n_layers * LORA_N_TARGETS;
         e->a = malloc(sizeof(long) * n), e->b = malloc(sizeof(long) * n);
-        e->r = malloc(sizeof(int) * n), e->s = malloc(sizeof(float) * n);
+        e->r = malloc(sizeof(int) * n), e->s = malloc(sizeof(float) * n), e->bb = malloc(sizeof(long) * n);
         e->moe = malloc(sizeof(long) * 4 * (size_t)m->cfg.n_layers);
-        st = e->a && e->b && e->r && e->s && e->moe
+        st = e->a && e->b && e->r && e->s && e->bb && e->moe
                  ? read_weights(m, e, dir)
                  : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", dir);
     }
@@ -223,20 +238,21 @@ void ctrl_model_set_decode_adapters(ctrl_model *m, const int *adapter_of_seq) {
     m->dec_adapters = adapter_of_seq;
 }
 
-/* out = x w^T in the model's compute dtype (w outside the parameters: rounded on the fly in bf16). */
-static ctrl_status linear(const ctrl_model *m, float *out, const float *x, const float *w, int T, int IN,
-                          int OUT) {
-    return m->linear_bf16 ? m->be->linear_forward_bf16(out, x, w, NULL, T, IN, OUT, 0)
-                          : m->be->linear_forward(out, x, w, NULL, T, IN, OUT);
+/* out = x w^T (+ bias) in the model's compute dtype (w outside the parameters: rounded on the fly in bf16).
+ */
+static ctrl_status linear(const ctrl_model *m, float *out, const float *x, const float *w, const float *bias,
+                          int T, int IN, int OUT) {
+    return m->linear_bf16 ? m->be->linear_forward_bf16(out, x, w, bias, T, IN, OUT, 0)
+                          : m->be->linear_forward(out, x, w, bias, T, IN, OUT);
 }
 
-/* The bank's scratch: room for xa [rows, max r] and an output [rows, OUT] over `rows` rows. */
+/* The bank's scratch: room for xa [rows, max r], an output [rows, OUT] and lora_bias's s b [OUT]. */
 static ctrl_status scratch(ctrl_model *m, int rows, int OUT) {
     int max_r = 1;
     for (int i = 0; i < m->n_bank; i++)
         if (m->bank[i] && ctrl_lora_max_rank(&m->bank[i]->cfg) > max_r)
             max_r = ctrl_lora_max_rank(&m->bank[i]->cfg);
-    const size_t need = (size_t)rows * ((size_t)max_r + (size_t)OUT);
+    const size_t need = (size_t)rows * ((size_t)max_r + (size_t)OUT) + (size_t)OUT;
     if (need > m->bank_ws_n) {
         free(m->bank_ws);
         if (!(m->bank_ws = malloc(sizeof(float) * need))) {
@@ -248,13 +264,18 @@ static ctrl_status scratch(ctrl_model *m, int rows, int OUT) {
     return CTRL_OK;
 }
 
-/* out [rows, OUT] += s (x A^T) B^T of an adapter of rank r (x [rows, IN], A [r, IN], B [OUT, r]). */
-static ctrl_status add_adapter(ctrl_model *m, int r, float s, const float *A, const float *B, const float *x,
-                               int rows, int IN, int OUT, float *out) {
-    float *xa = m->bank_ws, *y = xa + (size_t)rows * r;
-    MODEL_TRY(linear(m, xa, x, A, rows, IN, r));
+/* out [rows, OUT] += s (x A^T B^T + b) of an adapter of rank r (x [rows, IN], A [r, IN], B [OUT, r]; b
+ * [OUT]: lora_bias's, or NULL). */
+static ctrl_status add_adapter(ctrl_model *m, int r, float s, const float *A, const float *B, const float *b,
+                               const float *x, int rows, int IN, int OUT, float *out) {
+    float *xa = m->bank_ws, *y = xa + (size_t)rows * r, *sb = y + (size_t)rows * OUT;
+    MODEL_TRY(linear(m, xa, x, A, NULL, rows, IN, r));
     MODEL_TRY(m->be->scale(xa, s, (int64_t)rows * r));
-    MODEL_TRY(linear(m, y, xa, B, rows, r, OUT));
+    if (b) {
+        MODEL_TRY(m->be->copy(sb, b, sizeof(float) * (size_t)OUT));
+        MODEL_TRY(m->be->scale(sb, s, OUT));
+    }
+    MODEL_TRY(linear(m, y, xa, B, b ? sb : NULL, rows, r, OUT));
     return m->be->residual_forward(out, out, y, (int64_t)rows * OUT);
 }
 
@@ -276,10 +297,10 @@ ctrl_status lora_bank_moe(ctrl_model *m, int l, int k, int ex, const float *xs, 
         const int r = e->cfg.r;
         const float *A = e->w + ao + (size_t)ex * r * in,
                     *B = e->w + e->moe[l * 4 + 2 * k + 1] + (size_t)ex * out * r, *x = xs + (size_t)j0 * in;
-        MODEL_TRY(add_adapter(m, r, e->scale, A, B, x, j - j0, in, OUT, o1 + (size_t)j0 * OUT));
+        MODEL_TRY(add_adapter(m, r, e->scale, A, B, NULL, x, j - j0, in, OUT, o1 + (size_t)j0 * OUT));
         if (k == LORA_MOE_GATE_UP) /* up's rows of B_e (x A_e^T again: decoding's rows are few) */
-            MODEL_TRY(
-                add_adapter(m, r, e->scale, A, B + (size_t)Im * r, x, j - j0, in, Im, o2 + (size_t)j0 * Im));
+            MODEL_TRY(add_adapter(m, r, e->scale, A, B + (size_t)Im * r, NULL, x, j - j0, in, Im,
+                                  o2 + (size_t)j0 * Im));
     }
     return CTRL_OK;
 }
@@ -293,9 +314,11 @@ ctrl_status lora_bank_forward(ctrl_model *m, int l, int t, float *out, const flo
         const lora_bank_entry *e = ad[s] > 0 && ad[s] <= m->n_bank ? m->bank[ad[s] - 1] : NULL;
         const long ao = e ? e->a[l * LORA_N_TARGETS + t] : -1;
         if (ao >= 0)
-            MODEL_TRY(add_adapter(m, e->r[l * LORA_N_TARGETS + t], e->s[l * LORA_N_TARGETS + t], e->w + ao,
-                                  e->w + e->b[l * LORA_N_TARGETS + t], x + (size_t)t0 * IN, rows, IN, OUT,
-                                  out + (size_t)t0 * OUT));
+            MODEL_TRY(
+                add_adapter(m, e->r[l * LORA_N_TARGETS + t], e->s[l * LORA_N_TARGETS + t], e->w + ao,
+                            e->w + e->b[l * LORA_N_TARGETS + t],
+                            e->bb[l * LORA_N_TARGETS + t] >= 0 ? e->w + e->bb[l * LORA_N_TARGETS + t] : NULL,
+                            x + (size_t)t0 * IN, rows, IN, OUT, out + (size_t)t0 * OUT));
         t0 += rows, s = e_end;
     }
     return CTRL_OK;

@@ -299,6 +299,15 @@ ctrl_status ctrl_lora_check_choices(const ctrl_lora_config *c, const char *where
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "%s: layers_pattern is given without layers_to_transform (as PEFT refuses)",
                               where);
+    if (c->lora_bias && (c->use_dora || c->n_params > 0 ||
+                         (c->init != CTRL_LORA_INIT_DEFAULT && c->init != CTRL_LORA_INIT_NONE)))
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: lora_bias with %s: PEFT allows lora_bias only without DoRA, without "
+                              "target_parameters and with init_lora_weights true or false",
+                              where,
+                              c->use_dora       ? "use_dora"
+                              : c->n_params > 0 ? "target_parameters"
+                                                : "this init_lora_weights");
     if (c->n_params > 0 && (c->n_layers > 0 || c->n_rank_pattern > 0 || c->n_alpha_pattern > 0 ||
                             c->n_exclude > 0 || c->exclude_regex[0]))
         return ctrl_error_set(

@@ -221,7 +221,8 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
     /* every view a layer can have (and its adapters): layout never grows it */
-    m->cap_views = 3 + (17 + 3 * cfg->n_experts + (lora ? (2 + !!lora->use_dora) * LORA_N_TARGETS + 4 : 0)) *
+    m->cap_views = 3 + (17 + 3 * cfg->n_experts +
+                        (lora ? (2 + !!lora->use_dora + !!lora->lora_bias) * LORA_N_TARGETS + 4 : 0)) *
                            cfg->n_layers;
     m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
     if (lora) {
@@ -230,6 +231,7 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
         m->lora_b = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         m->lora_rank = calloc(LORA_N_TARGETS * (size_t)cfg->n_layers, sizeof(int));
         m->lora_scales = calloc(LORA_N_TARGETS * (size_t)cfg->n_layers, sizeof(float));
+        m->lora_bb = malloc(sizeof(long) * LORA_N_TARGETS * (size_t)cfg->n_layers);
         if (cfg->n_experts > 0) m->moe_lora = malloc(sizeof(long) * 4 * (size_t)cfg->n_layers);
         if (m->lora) *m->lora = *lora, m->lora_scale = ctrl_lora_scaling(lora);
         if (m->lora && cfg->num_labels > 0) m->lora->seq_cls = 1; /* PEFT's SEQ_CLS: the score trains */
@@ -239,7 +241,7 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
         }
     }
     if (!m->layers || !m->acts || !m->views ||
-        (lora && (!m->lora || !m->lora_a || !m->lora_b || !m->lora_rank || !m->lora_scales)) ||
+        (lora && (!m->lora || !m->lora_a || !m->lora_b || !m->lora_rank || !m->lora_scales || !m->lora_bb)) ||
         (lora && cfg->n_experts > 0 && !m->moe_lora) ||
         (lora && lora->use_dora && (!m->lora_mag || !m->dora_at))) {
         ctrl_model_free(m);
@@ -276,7 +278,7 @@ void ctrl_model_free(ctrl_model *m) {
     if (!m->grads_external) free(m->grads);
     free(m->params), free(m->views), free(m->layers), free(m->acts);
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
-    free(m->lora_rank), free(m->lora_scales);
+    free(m->lora_rank), free(m->lora_scales), free(m->lora_bb);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
     free(m->dora_pending), free(m->dora_wn_host);
     lora_bank_free(m);

@@ -189,6 +189,8 @@ struct ctrl_model {
      * them per module; lora_r / lora_s read them) */
     int *lora_rank;
     float *lora_scales;
+    long *lora_bb; /* [n_layers][LORA_N_TARGETS] lora_B.bias offsets (lora_bias; a fused slot's rows), -1:
+                      none */
     int lora_from_base_done; /* adapters set from their base weight as it loaded (pissa, olora) */
     size_t train_off, n_train;
     uint64_t lora_step;

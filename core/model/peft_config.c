@@ -12,13 +12,19 @@
 
 /* Keys that change what the adapter computes and are not implemented: they must be absent, null,
  * false, {} or []. */
-static const char *const unsupported[] = {"use_qalora",        "use_bdlora",
-                                          "fan_in_fan_out",    "lora_bias",
-                                          "layer_replication", "trainable_token_indices",
-                                          "megatron_config",   "alora_invocation_tokens",
-                                          "eva_config",        "corda_config",
-                                          "arrow_config",      "kasa_config",
-                                          "lora_ga_config",    "monteclora_config",
+static const char *const unsupported[] = {"use_qalora",
+                                          "use_bdlora",
+                                          "fan_in_fan_out",
+                                          "layer_replication",
+                                          "trainable_token_indices",
+                                          "megatron_config",
+                                          "alora_invocation_tokens",
+                                          "eva_config",
+                                          "corda_config",
+                                          "arrow_config",
+                                          "kasa_config",
+                                          "lora_ga_config",
+                                          "monteclora_config",
                                           "loftq_config"};
 
 static int trivial(const cJSON *v) {
@@ -135,6 +141,7 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     c->r = (int)r, c->lora_alpha = (float)alpha, c->lora_dropout = (float)dropout;
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
     c->use_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_dora"));
+    c->lora_bias = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "lora_bias"));
     v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
     const int pissa = cJSON_IsString(v) && !strcmp(v->valuestring, "pissa"),
               olora = cJSON_IsString(v) && !strcmp(v->valuestring, "olora");

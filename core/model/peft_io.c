@@ -131,6 +131,7 @@ static char *config_json(const ctrl_model *m, const char *base) {
     cJSON_AddNumberToObject(o, "lora_dropout", decimal(c->lora_dropout));
     cJSON_AddBoolToObject(o, "use_rslora", c->use_rslora);
     cJSON_AddBoolToObject(o, "use_dora", c->use_dora);
+    cJSON_AddBoolToObject(o, "lora_bias", c->lora_bias);
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);

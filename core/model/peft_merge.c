@@ -56,8 +56,20 @@ ctrl_status ctrl_peft_load_bf16(const char *base_dir, const char *adapter_dir, c
 
 /* Linear t of layer l folded into W (its base weight [OUT, IN]: in the parameters, or a copy of them):
  * W += s B [OUT, r] A [r, IN] (a fused module's linear has its row block of B); with DoRA each row j then
- * scaled to m_j / ||W_j + s (B A)_j||. */
-static void merge_linear(const ctrl_model *m, int l, int t, float *W) {
+ * scaled to m_j / ||W_j + s (B A)_j||; with lora_bias the base's bias (bias: in the parameters or a copy) +=
+ * s b (bias_mergeable). */
+static ctrl_status bias_mergeable(const ctrl_model *m, int l, int t, const float *bias) {
+    if (m->lora_bb[l * LORA_N_TARGETS + t] < 0 || bias) return CTRL_OK;
+    return ctrl_error_set(
+        CTRL_ERR_UNSUPPORTED,
+        "merge: layer %d's %s has lora_bias but the base layer has no bias (PEFT: \"Impossible "
+        "to merge LoRA with lora_bias=True because the base layer has no bias\")",
+        l, ctrl_lora_target_names[t]);
+}
+
+static ctrl_status merge_linear(const ctrl_model *m, int l, int t, float *W, float *bias) {
+    MODEL_TRY(bias_mergeable(m, l, t, bias));
+    const long bb = m->lora_bb[l * LORA_N_TARGETS + t];
     const int r = lora_r(m, l, t);
     const long ao = m->lora_a[l * LORA_N_TARGETS + t], bo = m->lora_b[l * LORA_N_TARGETS + t];
     int IN, OUT;
@@ -72,6 +84,8 @@ static void merge_linear(const ctrl_model *m, int l, int t, float *W) {
         const float f = m->params[mo + j] / (float)sqrt(n2);
         for (int i = 0; i < IN; i++) row[i] *= f;
     }
+    for (int j = 0; bb >= 0 && j < OUT; j++) bias[j] += lora_s(m, l, t) * m->params[bb + j];
+    return CTRL_OK;
 }
 
 ctrl_status ctrl_peft_merge(ctrl_model *m) {
@@ -80,11 +94,18 @@ ctrl_status ctrl_peft_merge(ctrl_model *m) {
         return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                               "merge: the base is held in NF4 (QLoRA); merge into the full-precision base "
                               "(ctrl model merge --base DIR --adapter DIR)");
+    for (int l = 0; l < m->cfg.n_layers; l++) /* what cannot merge refused before anything changes */
+        for (int t = 0; t < LORA_N_TARGETS; t++) {
+            long w, bias;
+            lora_base_weight(m, l, t, &w, &bias);
+            MODEL_TRY(bias_mergeable(m, l, t, bias >= 0 ? m->params + bias : NULL));
+        }
     for (int l = 0; l < m->cfg.n_layers; l++) {
         for (int t = 0; t < LORA_N_TARGETS; t++) {
             long w, bias;
             lora_base_weight(m, l, t, &w, &bias);
-            if (m->lora_a[l * LORA_N_TARGETS + t] >= 0) merge_linear(m, l, t, m->params + w);
+            if (m->lora_a[l * LORA_N_TARGETS + t] >= 0)
+                MODEL_TRY(merge_linear(m, l, t, m->params + w, bias >= 0 ? m->params + bias : NULL));
         }
         if (m->layers[l].router >= 0) /* the experts' (target_parameters) */
             lora_moe_merge(m, l, m->params + m->layers[l].experts);
@@ -171,7 +192,8 @@ static ctrl_status merged_layer(merged_writer *w, int l) {
         if (wo >= 0 && !W)
             return ctrl_error_set(CTRL_ERR_RUNTIME, "%s: layer %d's weight %d is in no view", w->path, l, t);
         if (W && m->base_panels) MODEL_TRY(panel_values(m, t, wo, W));
-        if (W && m->lora_a[l * LORA_N_TARGETS + t] >= 0) merge_linear(m, l, t, W);
+        float *Bias = W && bias >= 0 ? copy_at(m, w->buf, w->pos, l, bias) : NULL;
+        if (W && m->lora_a[l * LORA_N_TARGETS + t] >= 0) MODEL_TRY(merge_linear(m, l, t, W, Bias));
     }
     float *E = m->layers[l].router >= 0 ? copy_at(m, w->buf, w->pos, l, m->layers[l].experts) : NULL;
     if (E) lora_moe_merge(m, l, E); /* the experts' adapters (target_parameters) */

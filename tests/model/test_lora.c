@@ -815,6 +815,29 @@ TEST(qpissa_quantizes_the_residual) {
     ctrl_model_free(full), ctrl_model_free(q);
 }
 
+/* lora_bias (lora_B with a bias, scaled with the adapter: s (x A^T B^T + b)) against PEFT: on layers with
+ * and without a base bias, and on q/k/v with rsLoRA; the bias's gradient among the adapter's. Merging
+ * folds s b into the base's bias, and is refused, naming the layer, where the base has none (PEFT:
+ * "Impossible to merge LoRA with lora_bias=True because the base layer has no bias"), the model
+ * untouched. */
+TEST(lora_bias_matches_peft) {
+    check_case("qwen2_lora_bias");
+    check_case("qwen2_lora_bias_qkv");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/lora/qwen2_lora_bias", CTRL_FIXTURE_DIR);
+    ctrl_model *m = load_adapter(dir);
+    if (!m) return;
+    size_t n = 0;
+    const float *p = ctrl_model_params(m, &n);
+    float *before = malloc(sizeof(float) * n);
+    memcpy(before, p, sizeof(float) * n);
+    CHECK(ctrl_peft_merge(m) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "has lora_bias but the base layer has no bias");
+    CHECK(memcmp(before, ctrl_model_params(m, NULL), sizeof(float) * n) == 0);
+    free(before);
+    ctrl_model_free(m);
+}
+
 /* A regular expression too costly to match against a module name (nested quantifiers: Python's re
  * would run for hours) is refused when the model is laid out, naming it -- never a hang. */
 TEST(lora_costly_regular_expression_is_refused) {
@@ -885,7 +908,8 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "qwen3_regex_dora",
                                         "phi3_fused_rank_pattern",
                                         "qwen2_pissa",
-                                        "llama_olora"};
+                                        "llama_olora",
+                                        "qwen2_lora_bias"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -900,9 +924,10 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "qwen3",
                                         "families/phi3_gqa",
                                         "qwen2",
-                                        "llama"};
+                                        "llama",
+                                        "qwen2"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 15; c++) {
+    for (int c = 0; c < 16; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
@@ -962,7 +987,7 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "llama_dora_qv",    "qwen2_dora_all_rslora",   "phi3_qkv_gate_up",
                                         "phi3_all_dora",    "olmoe_experts_qkv",       "qwen3_moe_gate_up",
                                         "qwen3_regex_dora", "phi3_fused_rank_pattern", "qwen2_pissa",
-                                        "phi3_pissa_fused"};
+                                        "phi3_pissa_fused", "qwen2_lora_bias_qkv"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -975,8 +1000,9 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "qwen3",
                                         "families/phi3_gqa",
                                         "qwen2",
-                                        "families/phi3_gqa"};
-    for (int c = 0; c < 13; c++) {
+                                        "families/phi3_gqa",
+                                        "qwen2"};
+    for (int c = 0; c < 14; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",

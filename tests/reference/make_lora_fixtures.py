@@ -146,6 +146,14 @@ CASES = {
                                   init_lora_weights="olora", lora_dropout=0.0), "perturb_ab"),
     "phi3_pissa_fused": ("families/phi3_gqa", dict(r=2, lora_alpha=4, target_modules="all-linear", use_rslora=True,
                                                    init_lora_weights="pissa", lora_dropout=0.0), "perturb_ab"),
+    # lora_bias: lora_B with a bias (nn.Linear(r, out)'s default init at init_lora_weights=False), on layers
+    # with and without a base bias (Qwen2's q/k/v have one; o_proj and gate_proj do not: no merge); on q/k/v
+    # alone with rsLoRA, which merges (the base's bias += s b)
+    "qwen2_lora_bias": ("qwen2", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"],
+                                      lora_bias=True, init_lora_weights=False, lora_dropout=0.1)),
+    "qwen2_lora_bias_qkv": ("qwen2", dict(r=2, lora_alpha=6, target_modules=["q_proj", "k_proj", "v_proj"],
+                                          lora_bias=True, use_rslora=True, init_lora_weights=False,
+                                          lora_dropout=0.0)),
 }
 
 

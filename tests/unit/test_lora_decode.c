@@ -94,6 +94,8 @@ TEST(lora_decoding_applies_the_adapters_live) {
     check("qwen3_moe_experts", "families/qwen3_moe_a"); /* MoE experts (target_parameters), nested */
     check("qwen2_rank_alpha_pattern", "qwen2");         /* rank_pattern, alpha_pattern, exclude_modules */
     check("llama_layers_rslora", "llama"); /* layers_to_transform, rsLoRA over a pattern's rank */
+    check("qwen2_pissa", "qwen2");         /* PiSSA: over the base's residual */
+    check("qwen2_lora_bias", "qwen2");     /* lora_bias */
 }
 
 /* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
@@ -222,6 +224,8 @@ TEST(lora_bank_mixes_adapters_in_one_decode_call) {
     CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", NULL, &q), CTRL_OK);
     if (q) CHECK(ctrl_model_add_adapter(q, CTRL_FIXTURE_DIR "/lora/qwen2_dora_all_rslora", &id1) != CTRL_OK);
     CHECK_CONTAINS(ctrl_error_message(), "use_dora");
+    if (q) CHECK(ctrl_model_add_adapter(q, CTRL_FIXTURE_DIR "/lora/qwen2_pissa", &id1) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "init_lora_weights");
     ctrl_model_free(q);
 
     static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2, 9};
@@ -271,13 +275,14 @@ TEST(lora_bank_serves_fused_phi3_adapters) {
     ctrl_model_free(m);
 }
 
-/* Adapters whose modules have ranks and alphas of their own (rank_pattern, alpha_pattern; exclude_modules)
- * in the bank beside one of a single rank, and Phi-3's fused projections so: one decode call mixing
- * them with the base gives each sequence what its adapter gives alone. */
+/* Adapters whose modules have ranks and alphas of their own (rank_pattern, alpha_pattern; exclude_modules),
+ * one with lora_bias, in the bank beside one of a single rank, and Phi-3's fused projections so: one decode
+ * call mixing them with the base gives each sequence what its adapter gives alone. */
 TEST(lora_bank_serves_adapters_with_per_module_ranks) {
     static const char base[] = CTRL_FIXTURE_DIR "/models/qwen2",
                       a1[] = CTRL_FIXTURE_DIR "/lora/qwen2_rank_alpha_pattern",
-                      a2[] = CTRL_FIXTURE_DIR "/lora/qwen2_attn_mlp";
+                      a2[] = CTRL_FIXTURE_DIR "/lora/qwen2_attn_mlp",
+                      a3[] = CTRL_FIXTURE_DIR "/lora/qwen2_lora_bias";
     ctrl_model *m = NULL;
     int id = 0;
     CHECK_EQ_INT(ctrl_model_load(base, NULL, &m), CTRL_OK);
@@ -285,15 +290,17 @@ TEST(lora_bank_serves_adapters_with_per_module_ranks) {
     test_attach_paged(m);
     CHECK_EQ_INT(ctrl_model_add_adapter(m, a1, &id), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_add_adapter(m, a2, &id), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_add_adapter(m, a3, &id), CTRL_OK);
     static const int32_t tokens[] = {3, 17, 42, 99, 5, 64, 11, 23, 88, 7, 120, 45, 2, 9};
-    static const int lens[4] = {3, 5, 4, 2}, adapters[4] = {1, 0, 2, 1};
+    static const int lens[4] = {3, 5, 4, 2}, adapters[4] = {1, 3, 2, 1};
     const int V = ctrl_model_cfg(m)->vocab_size;
     float *mixed = malloc(sizeof(float) * 4 * V), *plain = malloc(sizeof(float) * 4 * V);
     decode_batch(m, tokens, lens, 4, adapters, mixed);
-    const char *const dirs[2] = {a1, a2};
+    const char *const dirs[3] = {a1, a2, a3};
     const double worst = each_alone(base, dirs, tokens, lens, 4, adapters, mixed, V);
     decode_batch(m, tokens, lens, 4, NULL, plain);
-    CHECK(test_rel_error_f32(mixed, plain, V) > 1e-4); /* the patterned adapter changes the first's */
+    CHECK(test_rel_error_f32(mixed, plain, V) > 1e-4);         /* the patterned adapter changes the first's */
+    CHECK(test_rel_error_f32(mixed + V, plain + V, V) > 1e-4); /* and lora_bias's the second's */
     printf("  per-module ranks beside a single rank in one decode call: logits rel %.1e\n", worst);
     free(mixed), free(plain);
     ctrl_model_free(m);
