@@ -130,6 +130,8 @@ ctrl_status ctrl_lora_add_layers_pattern(ctrl_lora_config *c, const char *patter
 ctrl_status ctrl_lora_add_rank_pattern(ctrl_lora_config *c, const char *key, double r, const char *where);
 ctrl_status ctrl_lora_add_alpha_pattern(ctrl_lora_config *c, const char *key, double alpha,
                                         const char *where);
+/* dst's target_regex, exclude(_regex), layers, layers_pattern, rank_pattern and alpha_pattern := src's. */
+void ctrl_lora_copy_choices(ctrl_lora_config *dst, const ctrl_lora_config *src);
 /* The combinations PEFT refuses (layers_to_transform or layers_pattern with target_modules as a
  * string, layers_pattern without layers_to_transform) and the ones not implemented here (these
  * choices with target_parameters), named by `where`. */

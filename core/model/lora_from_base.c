@@ -97,6 +97,9 @@ ctrl_status lora_init_from_base(ctrl_model *m, const ctrl_param_view *v) {
         if ((int64_t)OUT * IN != v->numel) continue;
         const int r = lora_r(m, l, t);
         const float s = lora_s(m, l, t);
+        if (!(s > 0) && m->lora->init == CTRL_LORA_INIT_PISSA) /* PiSSA divides the singular values by s */
+            return ctrl_error_set(CTRL_ERR_CONFIG, "LoRA PiSSA: %s's scale is %g; it needs lora_alpha > 0",
+                                  v->name, (double)s);
         if (r > (OUT < IN ? OUT : IN))
             return ctrl_error_set(CTRL_ERR_CONFIG, "LoRA %s: r = %d exceeds the rank of %s [%d, %d]",
                                   m->lora->init == CTRL_LORA_INIT_PISSA ? "PiSSA" : "OLoRA", r, v->name, OUT,

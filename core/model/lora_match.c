@@ -288,6 +288,19 @@ ctrl_status ctrl_lora_add_alpha_pattern(ctrl_lora_config *c, const char *key, do
     return add_pattern(c->alpha_pattern, &c->n_alpha_pattern, key, alpha, 0, "lora_alpha (>= 0)", where);
 }
 
+void ctrl_lora_copy_choices(ctrl_lora_config *dst, const ctrl_lora_config *src) {
+    memcpy(dst->target_regex, src->target_regex, sizeof dst->target_regex);
+    memcpy(dst->exclude_regex, src->exclude_regex, sizeof dst->exclude_regex);
+    dst->n_exclude = src->n_exclude, dst->n_layers = src->n_layers,
+    dst->n_layers_pattern = src->n_layers_pattern;
+    memcpy(dst->exclude, src->exclude, sizeof dst->exclude);
+    memcpy(dst->layers, src->layers, sizeof dst->layers);
+    memcpy(dst->layers_pattern, src->layers_pattern, sizeof dst->layers_pattern);
+    dst->n_rank_pattern = src->n_rank_pattern, dst->n_alpha_pattern = src->n_alpha_pattern;
+    memcpy(dst->rank_pattern, src->rank_pattern, sizeof dst->rank_pattern);
+    memcpy(dst->alpha_pattern, src->alpha_pattern, sizeof dst->alpha_pattern);
+}
+
 ctrl_status ctrl_lora_check_choices(const ctrl_lora_config *c, const char *where) {
     if ((c->target_regex[0] || c->all_linear) && (c->n_layers > 0 || c->n_layers_pattern > 0))
         return ctrl_error_set(

@@ -35,16 +35,7 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     if (st != CTRL_OK) return st;
     const ctrl_lora_config *ch = s->peft.choices; /* settings_peft.c: checked when the config was */
     if (ch) {
-        memcpy(lc->target_regex, ch->target_regex, sizeof lc->target_regex);
-        lc->n_exclude = ch->n_exclude, lc->n_layers = ch->n_layers,
-        lc->n_layers_pattern = ch->n_layers_pattern;
-        memcpy(lc->exclude, ch->exclude, sizeof lc->exclude);
-        memcpy(lc->exclude_regex, ch->exclude_regex, sizeof lc->exclude_regex);
-        memcpy(lc->layers, ch->layers, sizeof lc->layers);
-        memcpy(lc->layers_pattern, ch->layers_pattern, sizeof lc->layers_pattern);
-        lc->n_rank_pattern = ch->n_rank_pattern, lc->n_alpha_pattern = ch->n_alpha_pattern;
-        memcpy(lc->rank_pattern, ch->rank_pattern, sizeof lc->rank_pattern);
-        memcpy(lc->alpha_pattern, ch->alpha_pattern, sizeof lc->alpha_pattern);
+        ctrl_lora_copy_choices(lc, ch);
         if (ch->target_regex[0]) return CTRL_OK; /* instead of target_modules' list */
     }
     if (s->peft.all_linear) return ctrl_lora_add_target(lc, "all-linear", "[peft] target_modules");
@@ -231,9 +222,8 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
               lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",
               nf4[0] ? " " : "", nf4, from ? "; adapter from " : "", from ? from : "");
     if (lc.init == CTRL_LORA_INIT_PISSA || lc.init == CTRL_LORA_INIT_OLORA)
-        CTRL_INFO("LoRA: init_lora_weights = %s: each adapter from its weight's %s as the weight loaded, the "
-                  "frozen "
-                  "base the residual W - s B A%s",
+        CTRL_INFO("LoRA: init_lora_weights = %s: each adapter from its weight's %s as the weight loaded, "
+                  "the frozen base the residual W - s B A%s",
                   lc.init == CTRL_LORA_INIT_PISSA ? "pissa" : "olora",
                   lc.init == CTRL_LORA_INIT_PISSA ? "top-r SVD" : "QR",
                   lc.nf4 ? ", then quantized to NF4" : "");
