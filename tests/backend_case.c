@@ -198,7 +198,8 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
     if (experts) {
         CHECK_EQ_INT(ctrl_lora_add_parameter(&lc, "experts.gate_up_proj", "test"), CTRL_OK);
         CHECK_EQ_INT(ctrl_lora_add_parameter(&lc, "experts.down_proj", "test"), CTRL_OK);
-    } else { /* modules of their own rank and alpha (rank_pattern, alpha_pattern) */
+    } else { /* modules of their own rank and alpha (rank_pattern, alpha_pattern); lora_bias without DoRA */
+        lc.lora_bias = !dora;
         CHECK_EQ_INT(ctrl_lora_add_rank_pattern(&lc, "q_proj|qkv_proj", 2, "test"), CTRL_OK);
         CHECK_EQ_INT(ctrl_lora_add_rank_pattern(&lc, "layers\\.1\\.mlp\\.down_proj", 6, "test"), CTRL_OK);
         CHECK_EQ_INT(ctrl_lora_add_alpha_pattern(&lc, "v_proj|gate_up_proj", 3, "test"), CTRL_OK);
