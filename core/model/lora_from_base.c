@@ -1,14 +1,15 @@
 /* PEFT's initialisations that read the base weight and change it (peft 0.21, tuners/lora/layer.py),
  * run on each adapted projection weight as it loads in fp32, before it is narrowed to bf16 or NF4:
- *   pissa  (pissa_init)  W = V S U^T (float32 SVD, LAPACK sgesdd as torch.linalg.svd on the CPU):
+ *   pissa  (pissa_init)  W = V S U^T (PEFT: torch.linalg.svd in float32; here its top r triplets, below):
  *          A = sqrt(S_r / s) U_r^T, B = V_r sqrt(S_r / s), and W -= s B A (the residual keeps the rest);
- *   olora  (olora_init)  W = Q R (float32 Householder QR, LAPACK sgeqrf + sorgqr as torch.linalg.qr):
+ *   olora  (olora_init)  W = Q R (float32 Householder QR, LAPACK as torch.linalg.qr; its first r reflectors):
  *          A = R[:r], B = Q[:, :r], and W -= s B A;
  * s the module's scaling (alpha / r, rank_pattern / alpha_pattern included). An adapter PEFT saved so
  * (its adapter_config.json says pissa or olora) is loaded the same way: the residual recomputed from
  * the original base, then A and B replaced by the file's, as PeftModel.from_pretrained does. A
  * singular vector's sign is LAPACK's choice: A's row j and B's column j may both be negated against
  * torch's, which leaves B A, the residual and training (AdamW is odd in the gradient) the same. */
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,65 +18,104 @@
 #include "model/model_internal.h"
 
 /* LAPACK (OpenBLAS's), Fortran calling convention, column-major. */
-void sgesdd_(const char *jobz, const int *m, const int *n, float *a, const int *lda, float *s, float *u,
-             const int *ldu, float *vt, const int *ldvt, float *work, const int *lwork, int *iwork,
-             int *info);
+void dsyevr_(const char *jobz, const char *range, const char *uplo, const int *n, double *a, const int *lda,
+             const double *vl, const double *vu, const int *il, const int *iu, const double *abstol, int *m,
+             double *w, double *z, const int *ldz, int *isuppz, double *work, const int *lwork, int *iwork,
+             const int *liwork, int *info);
 void sgeqrf_(const int *m, const int *n, float *a, const int *lda, float *tau, float *work, const int *lwork,
              int *info);
-void sorgqr_(const int *m, const int *n, const int *k, float *a, const int *lda, const float *tau,
-             float *work, const int *lwork, int *info);
+void sormqr_(const char *side, const char *trans, const int *m, const int *n, const int *k, const float *a,
+             const int *lda, const float *tau, float *c, const int *ldc, float *work, const int *lwork,
+             int *info);
 
-/* PiSSA of W [OUT, IN] (row major): A [r, IN], B [OUT, r]. */
+/* PiSSA of W [OUT, IN] (row major): A [r, IN], B [OUT, r]. The top r singular triplets only, from the
+ * eigenvectors of the smaller Gram matrix in float64 (W W^T or W^T W: dsyrk + dsyevr for its r largest
+ * eigenvalues), the other side's vectors W^T v / S or W u / S: the same triplets as the float32 full
+ * SVD PEFT runs (within its own rounding, ~1e-6) at a fraction of the arithmetic. A zero singular value
+ * gives a zero row of A and column of B, as sqrt(0) does in PEFT's. */
 static ctrl_status pissa(const float *W, int OUT, int IN, int r, float s, float *A, float *B) {
-    /* row-major W is column-major W^T [IN, OUT] = U' S V'^T: W = V' S U'^T, so W's right singular
-     * vectors are U''s columns and its left ones V''s rows (VT' [k, OUT]) */
-    const int m = IN, n = OUT, k = IN < OUT ? IN : OUT;
-    float *a = malloc(sizeof(float) * (size_t)m * n), *sv = malloc(sizeof(float) * (size_t)k),
-          *u = malloc(sizeof(float) * (size_t)m * k), *vt = malloc(sizeof(float) * (size_t)k * n);
-    int *iwork = malloc(sizeof(int) * 8 * (size_t)k), info = 0, lwork = -1;
-    float query = 0, *work = NULL;
-    ctrl_status st = a && sv && u && vt && iwork ? CTRL_OK : CTRL_ERR_NOMEM;
+    const int left = OUT <= IN, n = left ? OUT : IN; /* left: the Gram is W W^T, its vectors W's left ones */
+    double *w = malloc(sizeof(double) * (size_t)OUT * IN), *g = malloc(sizeof(double) * (size_t)n * n),
+           *lam = malloc(sizeof(double) * (size_t)n), *z = malloc(sizeof(double) * (size_t)n * r);
+    int *isuppz = malloc(sizeof(int) * 2 * (size_t)r), info = 0, found = 0, lwork = -1, liwork = -1, iq = 0;
+    double wq = 0, *work = NULL;
+    int *iwork = NULL;
+    ctrl_status st = w && g && lam && z && isuppz ? CTRL_OK : CTRL_ERR_NOMEM;
     if (st == CTRL_OK) {
-        memcpy(a, W, sizeof(float) * (size_t)m * n);
-        sgesdd_("S", &m, &n, a, &m, sv, u, &m, vt, &k, &query, &lwork, iwork, &info);
-        lwork = (int)query + 1;
-        if (!(work = malloc(sizeof(float) * (size_t)lwork))) st = CTRL_ERR_NOMEM;
+        for (size_t i = 0; i < (size_t)OUT * IN; i++) w[i] = W[i];
+        /* row-major W [OUT, IN]: W W^T = w w^T (NoTrans), W^T W (Trans); the lower triangle, row major =
+         * the upper one column major */
+        cblas_dsyrk(CblasRowMajor, CblasLower, left ? CblasNoTrans : CblasTrans, n, left ? IN : OUT, 1.0, w,
+                    IN, 0.0, g, n);
+        const int il = n - r + 1, iu = n;
+        const double zero = 0;
+        dsyevr_("V", "I", "U", &n, g, &n, &zero, &zero, &il, &iu, &zero, &found, lam, z, &n, isuppz, &wq,
+                &lwork, &iq, &liwork, &info);
+        lwork = (int)wq + 1, liwork = iq + 1;
+        work = malloc(sizeof(double) * (size_t)lwork), iwork = malloc(sizeof(int) * (size_t)liwork);
+        if (!work || !iwork) st = CTRL_ERR_NOMEM;
+        if (st == CTRL_OK)
+            dsyevr_("V", "I", "U", &n, g, &n, &zero, &zero, &il, &iu, &zero, &found, lam, z, &n, isuppz, work,
+                    &lwork, iwork, &liwork, &info);
+        if (st == CTRL_OK && (info != 0 || found != r))
+            st = ctrl_error_set(CTRL_ERR_RUNTIME,
+                                "PiSSA: the eigenvectors of a [%d, %d] Gram matrix (dsyevr info %d)", n, n,
+                                info);
     }
-    if (st == CTRL_OK) sgesdd_("S", &m, &n, a, &m, sv, u, &m, vt, &k, work, &lwork, iwork, &info);
-    if (st == CTRL_OK && info != 0)
-        st = ctrl_error_set(CTRL_ERR_RUNTIME, "PiSSA: the SVD failed (sgesdd info %d)", info);
-    for (int j = 0; st == CTRL_OK && j < r; j++) {
-        const float g = sqrtf(sv[j] / s);
-        for (int i = 0; i < IN; i++) A[(size_t)j * IN + i] = g * u[(size_t)j * m + i];
-        for (int o = 0; o < OUT; o++) B[(size_t)o * r + j] = vt[j + (size_t)o * k] * g;
+    /* the other side's vectors unnormalised: W^T V [IN, r] (left) or W U [OUT, r], into g (n x n >= that) */
+    const int other = left ? IN : OUT;
+    double *wv = st == CTRL_OK ? malloc(sizeof(double) * (size_t)other * r) : NULL;
+    if (st == CTRL_OK && !wv) st = CTRL_ERR_NOMEM;
+    if (st == CTRL_OK) /* z: column-major [n, r] = row-major [r, n]: wv[x][c] = sum_k W(.)[x][k] z[c][k] */
+        cblas_dgemm(CblasRowMajor, left ? CblasTrans : CblasNoTrans, CblasTrans, other, r, n, 1.0, w, IN, z,
+                    n, 0.0, wv, r);
+    for (int j = 0; st == CTRL_OK && j < r; j++) { /* component j: eigenvalue r - 1 - j (ascending) */
+        const int c = r - 1 - j;
+        const double *v = z + (size_t)c * n, sv = sqrt(fmax(lam[c], 0));
+        const double gj = sv > 1e-30 ? sqrt(sv / s) : 0; /* a zero singular value: zeros, as PEFT's sqrt(0) */
+        const double inv = sv > 1e-30 ? 1 / sv : 0;
+        for (int o = 0; o < OUT; o++)
+            B[(size_t)o * r + j] = (float)((left ? v[o] : wv[(size_t)o * r + c] * inv) * gj);
+        for (int i = 0; i < IN; i++)
+            A[(size_t)j * IN + i] = (float)((left ? wv[(size_t)i * r + c] * inv : v[i]) * gj);
     }
-    free(a), free(sv), free(u), free(vt), free(iwork), free(work);
-    return st == CTRL_ERR_NOMEM ? ctrl_error_set(st, "PiSSA: the SVD of a [%d, %d] weight", OUT, IN) : st;
+    free(wv);
+    free(w), free(g), free(lam), free(z), free(isuppz), free(work), free(iwork);
+    return st == CTRL_ERR_NOMEM
+               ? ctrl_error_set(st, "PiSSA: the singular vectors of a [%d, %d] weight", OUT, IN)
+               : st;
 }
 
-/* OLoRA of W [OUT, IN] (row major): A = R[:r] [r, IN], B = Q[:, :r] [OUT, r]. */
+/* OLoRA of W [OUT, IN] (row major): A = R[:r] [r, IN], B = Q[:, :r] [OUT, r], W = Q R. Only the first r
+ * Householder reflectors matter (they are W's first r columns' QR): sgeqrf of those columns, the
+ * reflectors applied to W (sormqr) for R's first r rows and to the identity's first r columns for Q's. */
 static ctrl_status olora(const float *W, int OUT, int IN, int r, float *A, float *B) {
-    const int m = OUT, n = IN, k = OUT < IN ? OUT : IN;
-    float *a = malloc(sizeof(float) * (size_t)m * n), *tau = malloc(sizeof(float) * (size_t)k), *work = NULL;
+    const int m = OUT;
+    float *a = malloc(sizeof(float) * (size_t)m * IN), *q = calloc((size_t)m * r, sizeof(float)),
+          *tau = malloc(sizeof(float) * (size_t)r), *work = NULL;
     int info = 0, lwork = -1;
     float query = 0;
-    ctrl_status st = a && tau ? CTRL_OK : CTRL_ERR_NOMEM;
+    ctrl_status st = a && q && tau ? CTRL_OK : CTRL_ERR_NOMEM;
     for (int o = 0; st == CTRL_OK && o < OUT; o++) /* column-major W [OUT, IN] */
         for (int i = 0; i < IN; i++) a[o + (size_t)i * m] = W[(size_t)o * IN + i];
     if (st == CTRL_OK) {
-        sgeqrf_(&m, &n, a, &m, tau, &query, &lwork, &info);
-        lwork = (int)query + 1 + 64 * n;
+        sgeqrf_(&m, &r, a, &m, tau, &query, &lwork, &info);
+        lwork = (int)query + 64 * (IN > r ? IN : r) + 1;
         if (!(work = malloc(sizeof(float) * (size_t)lwork))) st = CTRL_ERR_NOMEM;
     }
-    if (st == CTRL_OK) sgeqrf_(&m, &n, a, &m, tau, work, &lwork, &info);
-    for (int j = 0; st == CTRL_OK && info == 0 && j < r; j++) /* R's first r rows (upper triangle) */
-        for (int i = 0; i < IN; i++) A[(size_t)j * IN + i] = i >= j ? a[j + (size_t)i * m] : 0.0f;
-    if (st == CTRL_OK && info == 0) sorgqr_(&m, &k, &k, a, &m, tau, work, &lwork, &info); /* Q [OUT, k] */
+    if (st == CTRL_OK) sgeqrf_(&m, &r, a, &m, tau, work, &lwork, &info); /* the first r columns */
+    const int rest = IN - r;
+    if (st == CTRL_OK && info == 0 && rest > 0) /* Q^T applied to the other columns: R's rows there */
+        sormqr_("L", "T", &m, &rest, &r, a, &m, tau, a + (size_t)r * m, &m, work, &lwork, &info);
+    for (int j = 0; st == CTRL_OK && j < r; j++) q[j + (size_t)j * m] = 1.0f;
+    if (st == CTRL_OK && info == 0) sormqr_("L", "N", &m, &r, &r, a, &m, tau, q, &m, work, &lwork, &info);
     if (st == CTRL_OK && info != 0)
         st = ctrl_error_set(CTRL_ERR_RUNTIME, "OLoRA: the QR failed (info %d)", info);
+    for (int j = 0; st == CTRL_OK && j < r; j++) /* R's first r rows (upper triangular in the first r) */
+        for (int i = 0; i < IN; i++) A[(size_t)j * IN + i] = i >= j ? a[j + (size_t)i * m] : 0.0f;
     for (int o = 0; st == CTRL_OK && o < OUT; o++)
-        for (int j = 0; j < r; j++) B[(size_t)o * r + j] = a[o + (size_t)j * m];
-    free(a), free(tau), free(work);
+        for (int j = 0; j < r; j++) B[(size_t)o * r + j] = q[o + (size_t)j * m];
+    free(a), free(q), free(tau), free(work);
     return st == CTRL_ERR_NOMEM ? ctrl_error_set(st, "OLoRA: the QR of a [%d, %d] weight", OUT, IN) : st;
 }
 
