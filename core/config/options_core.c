@@ -366,7 +366,7 @@ static const ctrl_option peft_options[] = {
      "B^T + b); zero at init_lora_weights = true. Not with use_dora, target_parameters or the other inits "
      "(as "
      "PEFT); merging folds s b into the base's bias, refused where the base layer has none (as PEFT)."},
-    {"init_lora_weights", CTRL_OPT_CHOICE, "true", 0, 0, 0, "true|false|gaussian|pissa|olora",
+    {"init_lora_weights", CTRL_OPT_CHOICE, "true", 0, 0, 0, "true|false|gaussian|pissa|olora|orthogonal",
      "true: A Kaiming-uniform (a = sqrt(5)), B zero (PEFT's default); gaussian: A ~ N(0, 1/r), B zero; "
      "false: both Kaiming-uniform (the adapter changes the model from the first step; for tests); pissa "
      "(PiSSA): A and B from each adapted weight's top-r singular values and vectors (W = V S U^T: A = "
@@ -377,7 +377,9 @@ static const ctrl_option peft_options[] = {
      "them (float32 SVD / QR, LAPACK), as each weight loads (before a bf16 or NF4 base is narrowed: QPiSSA); "
      "the saved adapter says so, and PEFT (or ctrl) loading it over the original base recomputes the "
      "residual. "
-     "The SVD of every adapted weight takes a while on large models; not with zero3's sliced loading."},
+     "The SVD of every adapted weight takes a while on large models; not with zero3's sliced loading. "
+     "orthogonal "
+     "(PEFT's, even r): A and B random with orthonormal mixing such that B A = 0 (neither is zero)."},
     {"modules_to_save", CTRL_OPT_LIST, "", 0, 0, 0, "embed_tokens|lm_head|score|classifier",
      "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings). "
      "score (or classifier): a sequence classifier's head, which the reward trainer trains with LoRA "

@@ -108,6 +108,12 @@ ctrl_status lora_layout(ctrl_model *m, size_t *cursor) {
             if (row0 != 0 || (moe && t >= LORA_GATE)) continue;
             MODEL_TRY(ctrl_lora_module_choice(m->lora, l, mod, &on, &r, &s));
             if (!on) continue;
+            if (m->lora->init == CTRL_LORA_INIT_ORTHOGONAL && r % 2)
+                return ctrl_error_set(
+                    CTRL_ERR_CONFIG,
+                    "LoRA: init_lora_weights = orthogonal needs an even rank (PEFT's refusal); "
+                    "model.layers.%d.%s has r = %d",
+                    l, ctrl_lora_module_names[mod], r);
             lora_dims(m, t, &in, &dummy);
             long ab_off[2];
             for (int ab = 0; ab < 2; ab++) {
@@ -183,6 +189,48 @@ static void init_a(const ctrl_model *m, float *A, int64_t n, int in, int r, uint
     }
 }
 
+/* A standard normal draw (Box-Muller; the second value of the pair unused). */
+static double normal(uint64_t *s) {
+    const double u1 = next_uniform(s), u2 = next_uniform(s);
+    return sqrt(-2.0 * log(u1)) * cos(2 * M_PI * u2);
+}
+
+/* PEFT's orthogonal_init (r even): Q an orthogonal r x r (Gram-Schmidt of a Gaussian one), A = (X_a
+ * Q_odd)^T / 10 [r, in] and B = X_b^T Q_even / 10 [out, r] with X Gaussian and Q_odd / Q_even Q's rows 0,
+ * 2, ... / 1, 3, ...: B A = X_b^T Q_even Q_odd^T X_a^T / 100 = 0, the adapter starting at nothing while
+ * both factors are not zero. */
+static void orthogonal(float *A, float *B, int r, int in, int out, uint64_t *s) {
+    double *q = malloc(sizeof(double) * (size_t)r * r);
+    if (!q) { /* (a few KB; on failure both zero, which still starts the adapter at nothing) */
+        memset(A, 0, sizeof(float) * (size_t)r * in), memset(B, 0, sizeof(float) * (size_t)out * r);
+        return;
+    }
+    for (int i = 0; i < r * r; i++) q[i] = normal(s);
+    for (int i = 0; i < r; i++) { /* modified Gram-Schmidt over the rows */
+        for (int k = 0; k < i; k++) {
+            double d = 0;
+            for (int j = 0; j < r; j++) d += q[i * r + j] * q[k * r + j];
+            for (int j = 0; j < r; j++) q[i * r + j] -= d * q[k * r + j];
+        }
+        double n = 0;
+        for (int j = 0; j < r; j++) n += q[i * r + j] * q[i * r + j];
+        for (int j = 0; j < r; j++) q[i * r + j] /= sqrt(n);
+    }
+    const int h = r / 2;
+    memset(A, 0, sizeof(float) * (size_t)r * in), memset(B, 0, sizeof(float) * (size_t)out * r);
+    for (int i = 0; i < in; i++)
+        for (int k = 0; k < h; k++) { /* A[j][i] = sum_k X_a[i][k] Q[2k][j] / 10 */
+            const double x = normal(s) / 10;
+            for (int j = 0; j < r; j++) A[(size_t)j * in + i] += (float)(x * q[(2 * k) * r + j]);
+        }
+    for (int k = 0; k < h; k++)
+        for (int o = 0; o < out; o++) { /* B[o][j] = sum_k X_b[k][o] Q[2k + 1][j] / 10 */
+            const double x = normal(s) / 10;
+            for (int j = 0; j < r; j++) B[(size_t)o * r + j] += (float)(x * q[(2 * k + 1) * r + j]);
+        }
+    free(q);
+}
+
 void lora_init(ctrl_model *m) {
     for (int l = 0; l < m->cfg.n_layers; l++)
         for (int t = 0; t < LORA_N_TARGETS; t++) {
@@ -195,6 +243,10 @@ void lora_init(ctrl_model *m) {
             uint64_t s =
                 mix64(m->lora->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(l * LORA_N_TARGETS + t + 1)));
             const int r = lora_r(m, l, t);
+            if (m->lora->init == CTRL_LORA_INIT_ORTHOGONAL) {
+                orthogonal(A, B, r, in, out, &s);
+                continue;
+            }
             init_a(m, A, (int64_t)r * in, in, r, &s);
             if (m->lora->init == CTRL_LORA_INIT_NONE)
                 kaiming(B, (int64_t)out * r, r, &s);

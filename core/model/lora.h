@@ -24,11 +24,12 @@ enum { LORA_QKV = LORA_N_TARGETS, LORA_GATE_UP, LORA_N_MODULES };
 extern const char *const ctrl_lora_module_names[LORA_N_MODULES]; /* ..., "self_attn.qkv_proj", ... */
 
 typedef enum {
-    CTRL_LORA_INIT_DEFAULT,  /* init_lora_weights = true: A Kaiming-uniform (a = sqrt(5)), B zero */
-    CTRL_LORA_INIT_GAUSSIAN, /* A ~ N(0, 1/r), B zero */
-    CTRL_LORA_INIT_NONE,     /* false: nn.Linear's own init on both (A and B Kaiming-uniform) */
-    CTRL_LORA_INIT_PISSA,    /* pissa: A, B from the base weight's top-r SVD, the base its residual */
-    CTRL_LORA_INIT_OLORA     /* olora: A, B from the base weight's QR, the base its residual */
+    CTRL_LORA_INIT_DEFAULT,   /* init_lora_weights = true: A Kaiming-uniform (a = sqrt(5)), B zero */
+    CTRL_LORA_INIT_GAUSSIAN,  /* A ~ N(0, 1/r), B zero */
+    CTRL_LORA_INIT_NONE,      /* false: nn.Linear's own init on both (A and B Kaiming-uniform) */
+    CTRL_LORA_INIT_PISSA,     /* pissa: A, B from the base weight's top-r SVD, the base its residual */
+    CTRL_LORA_INIT_OLORA,     /* olora: A, B from the base weight's QR, the base its residual */
+    CTRL_LORA_INIT_ORTHOGONAL /* orthogonal: A, B random with B A = 0 (even r: PEFT's orthogonal_init) */
 } ctrl_lora_init;
 
 #define CTRL_LORA_MAX_TARGETS 512

@@ -145,9 +145,11 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
     const int pissa = cJSON_IsString(v) && !strcmp(v->valuestring, "pissa"),
               olora = cJSON_IsString(v) && !strcmp(v->valuestring, "olora");
-    if (cJSON_IsString(v) && strcmp(v->valuestring, "gaussian") != 0 && !pissa && !olora)
+    const int orth = cJSON_IsString(v) && !strcmp(v->valuestring, "orthogonal");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "gaussian") != 0 && !pissa && !olora && !orth)
         return bad(path, "init_lora_weights",
-                   "only true, false, \"gaussian\", \"pissa\" and \"olora\" are implemented (pissa_niter_N's "
+                   "only true, false, \"gaussian\", \"pissa\", \"olora\" and \"orthogonal\" are implemented "
+                   "(pissa_niter_N's "
                    "randomized SVD cannot be recomputed: convert such an adapter to plain LoRA with PEFT's "
                    "path_initial_model_for_weight_conversion)");
     /* the weights are the file's; over pissa's and olora's residual of the base, recomputed as it loads */

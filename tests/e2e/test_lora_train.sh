@@ -80,10 +80,10 @@ awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); spli
 "${C[@]}" train "$TMP/sft.ini" --set peft.layers_to_transform=0 >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "layers_to_transform / layers_pattern cannot be used when target_modules is a string" "$TMP/log" && ok ||
   { bad "layers_to_transform with all-linear not refused"; tail -3 "$TMP/log"; }
-# 1d. init_lora_weights = pissa / olora: the adapters from each weight's SVD / QR and the base its residual,
-# so the first step's loss is the base model's (the default init's, B = 0) up to bf16 rounding; the adapter
-# says so (PEFT recomputes the residual when it loads it); ctrl serve --lora refuses it (the base is shared).
-for init in pissa olora; do
+# 1c2. init_lora_weights = pissa / olora (the adapters from each weight's SVD / QR, the base its residual)
+# and orthogonal (B A = 0 with neither zero): the first step's loss is the base model's (the default
+# init's, B = 0) up to bf16 rounding; the adapter says so (PEFT recomputes the residual when it loads it).
+for init in pissa olora orthogonal; do
   "${C[@]}" train "$TMP/sft.ini" --set train.max_steps=1 --set train.save_strategy=no --set peft.lora_dropout=0 \
     --set peft.init_lora_weights=$init --set run.output_dir="$TMP/i$init" >"$TMP/log" 2>&1 || { bad "$init run"; tail -3 "$TMP/log"; }
   a=$(loss_at "$TMP/i$init" 1) b=$(loss_at "$TMP/lora" 1)
@@ -91,7 +91,7 @@ for init in pissa olora; do
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 2e-3 * b) }' && ok ||
     bad "$init: first loss $a against the base's $b, or adapter_config.json"
 done
-# 1e. lora_bias: lora_B's bias trained and saved under PEFT's name; with use_dora a config error (as PEFT)
+# 1c3. lora_bias: lora_B's bias trained and saved under PEFT's name; with use_dora a config error (as PEFT)
 "${C[@]}" train "$TMP/sft.ini" --set train.max_steps=2 --set train.save_strategy=no --set peft.lora_bias=true \
   --set run.output_dir="$TMP/lb" >"$TMP/log" 2>&1 || { bad "lora_bias run"; tail -3 "$TMP/log"; }
 grep -q '"lora_bias":[[:space:]]*true' "$TMP/lb/adapter_config.json" &&

@@ -838,6 +838,72 @@ TEST(lora_bias_matches_peft) {
     ctrl_model_free(m);
 }
 
+/* init_lora_weights = orthogonal (PEFT's orthogonal_init): A and B both non-zero with B A = 0, so the
+ * model computes the base's log-probs; every rank's (a rank_pattern's 2 too); an odd rank refused by
+ * name (as PEFT refuses it); the saved adapter says orthogonal. */
+TEST(lora_orthogonal_init_starts_at_the_base) {
+    static ctrl_lora_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.r = 4, lc.lora_alpha = 8, lc.init = CTRL_LORA_INIT_ORTHOGONAL, lc.seed = 3;
+    CHECK_EQ_INT(ctrl_lora_add_target(&lc, "all-linear", "test"), CTRL_OK);
+    CHECK_EQ_INT(ctrl_lora_add_rank_pattern(&lc, "down_proj", 2, "test"), CTRL_OK);
+    ctrl_model *m = NULL, *base = NULL;
+    CHECK_EQ_INT(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &base), CTRL_OK);
+    if (!m || !base) {
+        ctrl_model_free(m), ctrl_model_free(base);
+        return;
+    }
+    const float *p = ctrl_model_params(m, NULL);
+    int pairs = 0;
+    for (int v = 0; v + 1 < ctrl_model_view_count(m); v++) {
+        const ctrl_param_view *va = ctrl_model_view(m, v), *vb = ctrl_model_view(m, v + 1);
+        if (!va->lora || !strstr(va->name, ".lora_A.")) continue;
+        const int r = (int)va->shape[0], IN = (int)va->shape[1], OUT = (int)vb->shape[0];
+        double na = 0, nb = 0, nba = 0;
+        for (int64_t i = 0; i < va->numel; i++) na += (double)p[va->offset + i] * p[va->offset + i];
+        for (int64_t i = 0; i < vb->numel; i++) nb += (double)p[vb->offset + i] * p[vb->offset + i];
+        for (int o = 0; o < OUT; o++)
+            for (int i = 0; i < IN; i++) {
+                double x = 0;
+                for (int j = 0; j < r; j++)
+                    x += (double)p[vb->offset + (size_t)o * r + j] * p[va->offset + (size_t)j * IN + i];
+                nba += x * x;
+            }
+        CHECK_MSG(na > 0 && nb > 0 && sqrt(nba) <= 1e-6 * sqrt(na * nb), "%s: |A| %.3g |B| %.3g |B A| %.3g",
+                  va->name, sqrt(na), sqrt(nb), sqrt(nba));
+        pairs++;
+    }
+    CHECK_EQ_INT(pairs, 14);
+    fixture_batch f;
+    batch_load(&f, "qwen2");
+    float *a = malloc(sizeof(float) * f.T), *b = malloc(sizeof(float) * f.T);
+    CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_forward(base, &f.b, b, NULL, NULL), CTRL_OK);
+    CHECK_REL(a, b, f.T, 1e-6);
+    char dir[] = "/tmp/ctrl_lora_orth_XXXXXX", path[1100];
+    CHECK(mkdtemp(dir) != NULL);
+    CHECK_EQ_INT(ctrl_peft_save(m, dir, "qwen2"), CTRL_OK);
+    static ctrl_lora_config back; /* (read back with the file's weights: no initialisation to repeat) */
+    CHECK_EQ_INT(ctrl_peft_read_config(dir, &back, NULL, 0), CTRL_OK);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    ctrl_status st;
+    char *text = ctrl_read_text_file(path, 1 << 20, &st);
+    CHECK(text && strstr(text, "\"init_lora_weights\":\t\"orthogonal\"") != NULL);
+    free(text);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir), unlink(path);
+    rmdir(dir);
+    free(a), free(b);
+    batch_free(&f);
+    ctrl_model_free(m), ctrl_model_free(base);
+    lc.rank_pattern[0].value = 3; /* an odd rank */
+    m = NULL;
+    CHECK(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/qwen2", eager(), &lc, &m) != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "orthogonal needs an even rank");
+    ctrl_model_free(m);
+}
+
 /* A regular expression too costly to match against a module name (nested quantifiers: Python's re
  * would run for hours) is refused when the model is laid out, naming it -- never a hang. */
 TEST(lora_costly_regular_expression_is_refused) {
