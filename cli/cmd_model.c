@@ -380,27 +380,36 @@ static ctrl_status save_with(ctrl_model *m, const char *out, const char *source,
     return st;
 }
 
+/* --base DIR --adapter DIR --out DIR (all three needed) and, where dtype is given, the SAVE options
+ * (merge's): 0, or the usage error's exit code. */
+static int base_adapter_out(int argc, char **argv, const char *cmd, const char **base, const char **adapter,
+                            const char **out, const char **dtype, int64_t *shard) {
+    for (int i = 1; i < argc; i++) {
+        const int o = dtype ? save_option(argc, argv, &i, cmd, dtype, shard) : 1;
+        if (o < 0) return 2;
+        if (o == 0) continue;
+        if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--base"))
+            *base = cli_model_dir(argv[++i]);
+        else if (!strcmp(argv[i], "--adapter"))
+            *adapter = argv[++i];
+        else if (!strcmp(argv[i], "--out"))
+            *out = argv[++i];
+        else
+            return cli_usage_error(&cli_cmd_model, "model %s: unknown option '%s'", cmd, argv[i]);
+    }
+    if (!*base || !*adapter || !*out)
+        return cli_usage_error(&cli_cmd_model, "model %s needs --base DIR --adapter DIR --out DIR", cmd);
+    return 0;
+}
+
 /* ctrl model merge --base DIR --adapter DIR --out DIR: PEFT's merge_and_unload, saved as a plain HF
  * model directory (with the base's tokenizer files), in the base's dtype unless --dtype says. */
 static int merge(int argc, char **argv) {
     const char *base = NULL, *adapter = NULL, *out = NULL, *dtype = "auto";
     int64_t shard = CTRL_DEFAULT_MAX_SHARD;
-    for (int i = 1; i < argc; i++) {
-        const int o = save_option(argc, argv, &i, "merge", &dtype, &shard);
-        if (o < 0) return 2;
-        if (o == 0) continue;
-        if (i + 1 >= argc) return cli_usage_error(&cli_cmd_model, "%s needs a value", argv[i]);
-        if (!strcmp(argv[i], "--base"))
-            base = cli_model_dir(argv[++i]);
-        else if (!strcmp(argv[i], "--adapter"))
-            adapter = argv[++i];
-        else if (!strcmp(argv[i], "--out"))
-            out = argv[++i];
-        else
-            return cli_usage_error(&cli_cmd_model, "model merge: unknown option '%s'", argv[i]);
-    }
-    if (!base || !adapter || !out)
-        return cli_usage_error(&cli_cmd_model, "model merge needs --base DIR --adapter DIR --out DIR");
+    const int bad = base_adapter_out(argc, argv, "merge", &base, &adapter, &out, &dtype, &shard);
+    if (bad) return bad;
     ctrl_model *m;
     ctrl_status st = ctrl_peft_load(base, adapter, NULL, &m);
     if (st != CTRL_OK) return cli_fail(st);
@@ -440,14 +449,30 @@ static int convert(int argc, char **argv) {
     return 0;
 }
 
+/* ctrl model convert-adapter --base DIR --adapter DIR --out DIR: a PiSSA / OLoRA adapter as a plain LoRA
+ * adapter of twice the rank over the original base (ctrl_peft_convert_to_lora). */
+static int convert_adapter(int argc, char **argv) {
+    const char *base = NULL, *adapter = NULL, *out = NULL;
+    const int bad = base_adapter_out(argc, argv, "convert-adapter", &base, &adapter, &out, NULL, NULL);
+    if (bad) return bad;
+    const ctrl_status st = ctrl_peft_convert_to_lora(base, adapter, out);
+    if (st != CTRL_OK) return cli_fail(st);
+    printf("%s: %s as a plain LoRA adapter of %s\n", out, adapter, base);
+    return 0;
+}
+
 static int run_model(ctrl_cli *cli, int argc, char **argv) {
-    if (argc < 2) return cli_usage_error(&cli_cmd_model, "expected info, init, logprobs, merge or convert");
+    if (argc < 2)
+        return cli_usage_error(&cli_cmd_model,
+                               "expected info, init, logprobs, merge, convert or convert-adapter");
     if (!strcmp(argv[1], "info")) return info(argc - 1, argv + 1);
     if (!strcmp(argv[1], "init")) return init(cli, argc - 1, argv + 1);
     if (!strcmp(argv[1], "logprobs")) return logprobs(cli, argc - 1, argv + 1);
     if (!strcmp(argv[1], "merge")) return merge(argc - 1, argv + 1);
     if (!strcmp(argv[1], "convert")) return convert(argc - 1, argv + 1);
-    return cli_usage_error(&cli_cmd_model, "unknown subcommand '%s' (info, init, logprobs, merge, convert)",
+    if (!strcmp(argv[1], "convert-adapter")) return convert_adapter(argc - 1, argv + 1);
+    return cli_usage_error(&cli_cmd_model,
+                           "unknown subcommand '%s' (info, init, logprobs, merge, convert, convert-adapter)",
                            argv[1]);
 }
 
@@ -465,6 +490,7 @@ const ctrl_command cli_cmd_model = {
         "       ctrl model logprobs --model DIR [--adapter DIR] --input FILE.jsonl [--attention NAME]\n"
         "       ctrl model merge --base DIR --adapter DIR --out DIR [SAVE]\n"
         "       ctrl model convert --model DIR --out DIR [SAVE]\n"
+        "       ctrl model convert-adapter --base DIR --adapter DIR --out DIR\n"
         "       SAVE: [--dtype auto|fp32|bf16|fp16] [--max-shard-size SIZE]\n\n"
         "info: architecture, parameter count, shapes, vocabulary, context.\n"
         "init: a randomly initialised model (N(0, 0.02) weights, as transformers) saved as an HF\n"
@@ -482,6 +508,9 @@ const ctrl_command cli_cmd_model = {
         "merge: the adapter folded into the base weights (W += s B A, PEFT's merge_and_unload),\n"
         "      saved as a plain HF model directory with the base's tokenizer files.\n"
         "convert: the model saved again as ctrl saves a trained one.\n"
+        "convert-adapter: a PiSSA / OLoRA adapter (init_lora_weights pissa, olora: over the base's\n"
+        "      residual) as a plain LoRA adapter of twice the rank over the original base (PEFT's\n"
+        "      path_initial_model_for_weight_conversion): for ctrl serve --lora and PEFT users alike.\n"
         "SAVE: as save_pretrained: config.json carried over (dtype updated), --dtype auto keeps the\n"
         "      source's, weights above --max-shard-size (default 50GB; 5GB, 500MB, 200KB or bytes)\n"
         "      in model-0000K-of-0000N.safetensors shards with model.safetensors.index.json.\n",

@@ -321,6 +321,11 @@ ctrl_status ctrl_lora_check_choices(const ctrl_lora_config *c, const char *where
                               c->use_dora       ? "use_dora"
                               : c->n_params > 0 ? "target_parameters"
                                                 : "this init_lora_weights");
+    if (c->n_params > 0 && (c->init == CTRL_LORA_INIT_PISSA || c->init == CTRL_LORA_INIT_OLORA))
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "%s: init_lora_weights = %s with target_parameters (LoRA on experts): not implemented", where,
+            c->init == CTRL_LORA_INIT_PISSA ? "pissa" : "olora");
     if (c->n_params > 0 && (c->n_layers > 0 || c->n_rank_pattern > 0 || c->n_alpha_pattern > 0 ||
                             c->n_exclude > 0 || c->exclude_regex[0]))
         return ctrl_error_set(

@@ -28,6 +28,12 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir);
 /* Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (fp32), atomically, as PEFT's
  * save_pretrained would for this model's adapters; `base` is base_model_name_or_path. */
 ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base);
+/* A PiSSA / OLoRA adapter (init_lora_weights = pissa, olora: over the base's residual) as a plain LoRA
+ * adapter of the original base (PEFT's save_pretrained with path_initial_model_for_weight_conversion):
+ * the initial A0, B0 recomputed from base_dir as training began, then A' = [A; A0], B' = [B, -B0], r and
+ * lora_alpha doubled (rsLoRA: alpha times sqrt 2), so s B' A' = s (B A - B0 A0) and W + s B' A' = W_res +
+ * s B A; written into out_dir with init_lora_weights true. */
+ctrl_status ctrl_peft_convert_to_lora(const char *base_dir, const char *adapter_dir, const char *out_dir);
 
 /* A trainable view's values (or gradients) `src` as PEFT's file holds them, into dst (view v's numel
  * floats): the same except an expert adapter's lora_B (target_parameters), which ctrl holds expert

@@ -2,6 +2,7 @@
  * PEFT's names, adapter_config.json with the LoraConfig fields PEFT reads back. */
 #include <cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,8 +118,8 @@ static double decimal(float x) {
     return strtod(buf, NULL);
 }
 
-static char *config_json(const ctrl_model *m, const char *base) {
-    const ctrl_lora_config *c = m->lora;
+/* adapter_config.json's text for config c over model m (its modules: what all-linear became). */
+static char *config_json(const ctrl_model *m, const ctrl_lora_config *c, const char *base) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddStringToObject(o, "task_type", c->seq_cls ? "SEQ_CLS" : "CAUSAL_LM");
@@ -226,10 +227,95 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
     ctrl_status st = ctrl_safetensors_write(path, w, n, CTRL_F32);
     free(w), free(names), free(moved);
     if (st != CTRL_OK) return st;
-    char *text = config_json(m, base);
+    char *text = config_json(m, m->lora, base);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     st = text ? model_write_text_atomic(path, text)
               : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
     cJSON_free(text);
+    return st;
+}
+
+/* The converted config: r and lora_alpha (and their patterns) doubled, so that s is the same over twice
+ * the rank (with rsLoRA lora_alpha times sqrt 2), init_lora_weights true (PEFT's save_pretrained with
+ * path_initial_model_for_weight_conversion). */
+static ctrl_status converted_config(const ctrl_lora_config *c, const char *dir, ctrl_lora_config *out) {
+    if (c->use_rslora && (c->n_rank_pattern || c->n_alpha_pattern))
+        return ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                              "%s: use_rslora with rank_pattern / alpha_pattern: the conversion would change "
+                              "the scales (PEFT refuses it too)",
+                              dir);
+    *out = *c;
+    out->init = CTRL_LORA_INIT_DEFAULT, out->r = 2 * c->r;
+    out->lora_alpha = c->use_rslora ? c->lora_alpha * sqrtf(2.0f) : 2 * c->lora_alpha;
+    for (int k = 0; k < out->n_rank_pattern; k++) out->rank_pattern[k].value *= 2;
+    for (int k = 0; k < out->n_alpha_pattern; k++) out->alpha_pattern[k].value *= 2;
+    return CTRL_OK;
+}
+
+ctrl_status ctrl_peft_convert_to_lora(const char *base_dir, const char *adapter_dir, const char *out_dir) {
+    static ctrl_lora_config lc, conv; /* large (the target list): not on the stack */
+    char base[4096];
+    MODEL_TRY(ctrl_peft_read_config(adapter_dir, &lc, base, sizeof base));
+    if (!lora_init_from_base_on(&lc))
+        return ctrl_error_set(
+            CTRL_ERR_CONFIG,
+            "%s/adapter_config.json: init_lora_weights is not pissa or olora: the adapter applies "
+            "to the base as it is already",
+            adapter_dir);
+    MODEL_TRY(converted_config(&lc, adapter_dir, &conv));
+    ctrl_model *m = NULL; /* the original base: its adapters' initial A0, B0 computed as it loads */
+    MODEL_TRY(ctrl_model_load_lora(base_dir, NULL, &lc, &m));
+    const size_t n = m->n_train;
+    float *init = malloc(sizeof(float) * (n ? n : 1)), *buf = NULL;
+    ctrl_st_write *w = calloc((size_t)m->n_views, sizeof *w);
+    char(*names)[CTRL_ST_MAX_NAME] = calloc((size_t)m->n_views, sizeof *names);
+    ctrl_status st =
+        init && w && names ? CTRL_OK : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", out_dir);
+    if (st == CTRL_OK) memcpy(init, m->params + m->train_off, sizeof(float) * n);
+    if (st == CTRL_OK) st = ctrl_peft_load_weights(m, adapter_dir); /* the trained A, B */
+    if (st == CTRL_OK && !(buf = malloc(sizeof(float) * 2 * (n ? n : 1))))
+        st = ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", out_dir);
+    int k = 0;
+    size_t at = 0;
+    for (int i = 0; st == CTRL_OK && i < m->n_views; i++) { /* A' = [A; A0], B' = [B, -B0]; the rest as is */
+        const ctrl_param_view *v = &m->views[i];
+        if (!in_adapter(m, v)) continue;
+        const float *now = m->params + v->offset, *was = init + (v->offset - m->train_off);
+        const int is_a = strstr(v->name, ".lora_A.weight") != NULL,
+                  is_b = strstr(v->name, ".lora_B.weight") != NULL;
+        float *d = buf + at;
+        int64_t d0 = v->shape[0], d1 = v->ndim > 1 ? v->shape[1] : 0;
+        if (is_a) { /* [r, IN] twice over */
+            memcpy(d, now, sizeof(float) * (size_t)v->numel),
+                memcpy(d + v->numel, was, sizeof(float) * (size_t)v->numel);
+            d0 *= 2;
+        } else if (is_b) { /* [OUT, r]: each row's r, then the negated initial r */
+            for (int64_t o = 0; o < d0; o++)
+                for (int64_t j = 0; j < d1; j++)
+                    d[o * 2 * d1 + j] = now[o * d1 + j], d[o * 2 * d1 + d1 + j] = -was[o * d1 + j];
+            d1 *= 2;
+        } else
+            memcpy(d, now, sizeof(float) * (size_t)v->numel);
+        at += (size_t)v->numel * (is_a || is_b ? 2 : 1);
+        snprintf(names[k], sizeof names[k], PEFT_PREFIX "%s", v->name);
+        w[k] = (ctrl_st_write){.name = names[k], .data = d, .ndim = v->ndim, .shape = {d0, d1}};
+        k++;
+    }
+    char path[4200];
+    if (st == CTRL_OK && mkdir(out_dir, 0777) != 0 && errno != EEXIST)
+        st = ctrl_error_set(CTRL_ERR_IO, "%s: cannot create directory: %s", out_dir, strerror(errno));
+    if (st == CTRL_OK) {
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", out_dir);
+        st = ctrl_safetensors_write(path, w, k, CTRL_F32);
+    }
+    char *text = st == CTRL_OK ? config_json(m, &conv, base) : NULL;
+    if (st == CTRL_OK) {
+        snprintf(path, sizeof path, "%s/adapter_config.json", out_dir);
+        st = text ? model_write_text_atomic(path, text)
+                  : ctrl_error_set(CTRL_ERR_NOMEM, "%s: out of memory", path);
+    }
+    cJSON_free(text);
+    free(init), free(buf), free(w), free(names);
+    ctrl_model_free(m);
     return st;
 }

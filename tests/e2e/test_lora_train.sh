@@ -91,6 +91,17 @@ for init in pissa olora orthogonal; do
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 2e-3 * b) }' && ok ||
     bad "$init: first loss $a against the base's $b, or adapter_config.json"
 done
+# ... and converted to a plain LoRA adapter of twice the rank over the original base (ctrl model
+# convert-adapter, PEFT's path_initial_model_for_weight_conversion), it scores what the PiSSA adapter does
+for init in pissa olora; do
+  "${C[@]}" model convert-adapter --base "$TMP/model" --adapter "$TMP/i$init" --out "$TMP/c$init" >/dev/null 2>&1 ||
+    bad "$init: convert-adapter"
+  x=$(lp --model "$TMP/model" --adapter "$TMP/i$init") y=$(lp --model "$TMP/model" --adapter "$TMP/c$init")
+  grep -q '"r":[[:space:]]*8' "$TMP/c$init/adapter_config.json" &&
+    awk -v a="$x" -v b="$y" 'BEGIN { n = split(a, p, " "); split(b, q, " "); for (i = 1; i <= n; i++) {
+      d = p[i] - q[i]; if (d < 0) d = -d; if (d > 1e-5 * q[i]) exit 1 } exit !(n == 2) }' && ok ||
+    bad "$init converted: losses $y against the adapter's $x"
+done
 # 1c3. lora_bias: lora_B's bias trained and saved under PEFT's name; with use_dora a config error (as PEFT)
 "${C[@]}" train "$TMP/sft.ini" --set train.max_steps=2 --set train.save_strategy=no --set peft.lora_bias=true \
   --set run.output_dir="$TMP/lb" >"$TMP/log" 2>&1 || { bad "lora_bias run"; tail -3 "$TMP/log"; }

@@ -781,6 +781,60 @@ TEST(lora_initialised_from_the_base_matches_peft) {
     }
 }
 
+/* ctrl model convert-adapter (PEFT's path_initial_model_for_weight_conversion): a PiSSA / OLoRA adapter
+ * written as a plain LoRA adapter of twice the rank, which over the ORIGINAL base (no residual) gives the
+ * log-probs PEFT computed with the PiSSA / OLoRA adapter over its residual (the fixture's), and those ctrl
+ * computes with it; its config says r and lora_alpha doubled, init_lora_weights true. */
+TEST(pissa_and_olora_adapters_convert_to_plain_lora) {
+    static const char *const cases[][2] = {{"qwen2_pissa", "qwen2"}, {"llama_olora", "llama"}};
+    for (int c = 0; c < 2; c++) {
+        char dir[1024], base[1024], out[] = "/tmp/ctrl_lora_conv_XXXXXX", path[1200];
+        snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c][0]);
+        snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, cases[c][1]);
+        CHECK(mkdtemp(out) != NULL);
+        CHECK_EQ_INT(ctrl_peft_convert_to_lora(base, dir, out), CTRL_OK);
+        static ctrl_lora_config was, now;
+        CHECK_EQ_INT(ctrl_peft_read_config(dir, &was, NULL, 0), CTRL_OK);
+        CHECK_EQ_INT(ctrl_peft_read_config(out, &now, NULL, 0), CTRL_OK);
+        CHECK(now.r == 2 * was.r && now.init == CTRL_LORA_INIT_NONE && !now.use_rslora &&
+              fabsf(ctrl_lora_scaling(&now) - ctrl_lora_scaling(&was)) < 1e-6f);
+        ctrl_model *conv = NULL, *orig = load_adapter(dir);
+        CHECK_EQ_INT(ctrl_peft_load(base, out, eager(), &conv), CTRL_OK);
+        snprintf(path, sizeof path, "%s/batch.json", dir);
+        cJSON *want = json_file(path);
+        fixture_batch f;
+        batch_load(&f, cases[c][1]);
+        int n = 0;
+        float *peft = calloc((size_t)f.T, sizeof(float)), *a = malloc(sizeof(float) * f.T),
+              *b = malloc(sizeof(float) * f.T);
+        for (const cJSON *e = cJSON_GetObjectItemCaseSensitive(want, "logp")->child; e && n < f.T;
+             e = e->next)
+            peft[n++] = (float)e->valuedouble;
+        if (conv && orig && n == f.T) {
+            CHECK_EQ_INT(ctrl_model_forward(conv, &f.b, a, NULL, NULL), CTRL_OK);
+            CHECK_EQ_INT(ctrl_model_forward(orig, &f.b, b, NULL, NULL), CTRL_OK);
+            const double ep = test_rel_error_f32(a, peft, f.T), ec = test_rel_error_f32(a, b, f.T);
+            CHECK_MSG(ep <= 2e-6 && ec <= 2e-6, "%s: converted vs PEFT %.3g, vs ctrl's %.3g", cases[c][0], ep,
+                      ec);
+            printf(
+                "  %-12s converted to plain LoRA r %d over the original base: log-probs vs PEFT's %.1e, vs "
+                "ctrl's %s adapter %.1e\n",
+                cases[c][0], now.r, ep, cases[c][0], ec);
+        } else
+            CHECK(0);
+        free(peft), free(a), free(b);
+        batch_free(&f);
+        cJSON_Delete(want);
+        ctrl_model_free(conv), ctrl_model_free(orig);
+        snprintf(path, sizeof path, "%s/adapter_config.json", out), unlink(path);
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", out), unlink(path);
+        rmdir(out);
+    }
+    CHECK(ctrl_peft_convert_to_lora(CTRL_FIXTURE_DIR "/models/qwen2", CTRL_FIXTURE_DIR "/lora/qwen2_attn_mlp",
+                                    "/tmp/ctrl_lora_conv_none") != CTRL_OK);
+    CHECK_CONTAINS(ctrl_error_message(), "not pissa or olora");
+}
+
 /* QPiSSA ([peft] quantization = nf4 with init_lora_weights = pissa, PEFT's recipe: PiSSA in fp32, then
  * the residual quantized): the NF4 store holds NF4(W - s B A) -- each entry byte for byte what quantizing
  * the fp32 model's residual gives -- and the adapters are the same. */
