@@ -971,6 +971,27 @@ TEST(lora_costly_regular_expression_is_refused) {
     CHECK_CONTAINS(ctrl_error_message(), costly);
     CHECK_CONTAINS(ctrl_error_message(), "match limit");
     ctrl_model_free(m);
+    /* while a long real-world one (Unsloth writes such target_modules for vision-language models) is
+     * matched on every module of 64 layers well within the limit: the seven projections, nothing else */
+    memset(&lc, 0, sizeof lc);
+    lc.r = 2, lc.lora_alpha = 4;
+    CHECK_EQ_INT(
+        ctrl_lora_set_target_regex(
+            &lc,
+            "(?:.*?(?:vision|image|visual|patch|language|text).*?(?:self_attn|attention|attn|mlp|"
+            "feed_forward|ffn|dense).*?(?:k_proj|v_proj|q_proj|out_proj|fc1|fc2|o_proj|gate_proj|up_proj|"
+            "down_proj).*?)|(?:\\bmodel\\.layers\\.[\\d]{1,}\\.(?:self_attn|attention|attn|mlp|"
+            "feed_forward|ffn|dense)\\.(?:(?:k_proj|v_proj|q_proj|out_proj|fc1|fc2|o_proj|gate_proj|"
+            "up_proj|down_proj)))",
+            "test"),
+        CTRL_OK);
+    int on = 0, r = 0;
+    float sc = 0;
+    for (int l = 0; l < 64; l++)
+        for (int mod = 0; mod < LORA_N_MODULES; mod++) {
+            CHECK_EQ_INT(ctrl_lora_module_choice(&lc, l, mod, &on, &r, &sc), CTRL_OK);
+            CHECK_EQ_INT(on, mod < LORA_N_TARGETS); /* (not Phi-3's fused names) */
+        }
 }
 
 /* What would make the adapter compute something else is refused, naming the key. */
