@@ -720,10 +720,10 @@ TEST(seq_cls_adapter_scores_match_peft) {
  * the residual) give PEFT's log-probs and gradients; (2) ctrl's own initial A and B are PEFT's
  * (init_ab.safetensors), a PiSSA component up to its sign (LAPACK's choice: A's row and B's column
  * negated together, B A the same), OLoRA's exactly as its QR. PiSSA with a rank_pattern, OLoRA, PiSSA on
- * Phi-3's fused projections with rsLoRA. */
+ * Phi-3's fused projections with rsLoRA, PiSSA with DoRA (magnitudes perturbed too). */
 TEST(lora_initialised_from_the_base_matches_peft) {
-    static const char *const cases[] = {"qwen2_pissa", "llama_olora", "phi3_pissa_fused"};
-    for (int c = 0; c < 3; c++) {
+    static const char *const cases[] = {"qwen2_pissa", "llama_olora", "phi3_pissa_fused", "qwen2_pissa_dora"};
+    for (int c = 0; c < 4; c++) {
         check_case(cases[c]);
         char dir[1024], base[512], path[1300];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
@@ -784,10 +784,12 @@ TEST(lora_initialised_from_the_base_matches_peft) {
 /* ctrl model convert-adapter (PEFT's path_initial_model_for_weight_conversion): a PiSSA / OLoRA adapter
  * written as a plain LoRA adapter of twice the rank, which over the ORIGINAL base (no residual) gives the
  * log-probs PEFT computed with the PiSSA / OLoRA adapter over its residual (the fixture's), and those ctrl
- * computes with it; its config says r and lora_alpha doubled, init_lora_weights true. */
+ * computes with it; its config says r and lora_alpha doubled (rsLoRA: times sqrt 2), init_lora_weights
+ * true. PiSSA, OLoRA, PiSSA with DoRA and rsLoRA (the magnitudes carried over: the weight is the same). */
 TEST(pissa_and_olora_adapters_convert_to_plain_lora) {
-    static const char *const cases[][2] = {{"qwen2_pissa", "qwen2"}, {"llama_olora", "llama"}};
-    for (int c = 0; c < 2; c++) {
+    static const char *const cases[][2] = {
+        {"qwen2_pissa", "qwen2"}, {"llama_olora", "llama"}, {"qwen2_pissa_dora", "qwen2"}};
+    for (int c = 0; c < 3; c++) {
         char dir[1024], base[1024], out[] = "/tmp/ctrl_lora_conv_XXXXXX", path[1200];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c][0]);
         snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, cases[c][1]);
@@ -796,7 +798,7 @@ TEST(pissa_and_olora_adapters_convert_to_plain_lora) {
         static ctrl_lora_config was, now;
         CHECK_EQ_INT(ctrl_peft_read_config(dir, &was, NULL, 0), CTRL_OK);
         CHECK_EQ_INT(ctrl_peft_read_config(out, &now, NULL, 0), CTRL_OK);
-        CHECK(now.r == 2 * was.r && now.init == CTRL_LORA_INIT_NONE && !now.use_rslora &&
+        CHECK(now.r == 2 * was.r && now.init == CTRL_LORA_INIT_NONE && now.use_rslora == was.use_rslora &&
               fabsf(ctrl_lora_scaling(&now) - ctrl_lora_scaling(&was)) < 1e-6f);
         ctrl_model *conv = NULL, *orig = load_adapter(dir);
         CHECK_EQ_INT(ctrl_peft_load(base, out, eager(), &conv), CTRL_OK);

@@ -146,6 +146,10 @@ CASES = {
                                   init_lora_weights="olora", lora_dropout=0.0), "perturb_ab"),
     "phi3_pissa_fused": ("families/phi3_gqa", dict(r=2, lora_alpha=4, target_modules="all-linear", use_rslora=True,
                                                    init_lora_weights="pissa", lora_dropout=0.0), "perturb_ab"),
+    # PiSSA with DoRA: the magnitudes the norms of W_res + s B A = W (then perturbed), rsLoRA
+    "qwen2_pissa_dora": ("qwen2", dict(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj", "up_proj"],
+                                       use_rslora=True, use_dora=True, init_lora_weights="pissa", lora_dropout=0.0),
+                         "perturb_ab", "perturb"),
     # lora_bias: lora_B with a bias (nn.Linear(r, out)'s default init at init_lora_weights=False), on layers
     # with and without a base bias (Qwen2's q/k/v have one; o_proj and gate_proj do not: no merge); on q/k/v
     # alone with rsLoRA, which merges (the base's bias += s b)
