@@ -47,26 +47,18 @@ static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, c
 ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings *s) {
     free(s->peft.choices);
     s->peft.choices = NULL;
-    const char *init = s->peft.init_lora_weights;
-    if (s->peft.lora_bias &&
-        (s->peft.use_dora || s->peft.param_bits || (strcmp(init, "true") && strcmp(init, "false"))))
-        return ctrl_error_set(
-            CTRL_ERR_CONFIG,
-            "%s: [peft] lora_bias = true with %s: PEFT allows lora_bias only without DoRA, without "
-            "target_parameters and with init_lora_weights true or false",
-            ctrl_config_where(cfg, "peft", "lora_bias"),
-            s->peft.use_dora     ? "use_dora"
-            : s->peft.param_bits ? "target_parameters"
-                                 : init);
     int any = 0;
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         any |= config_find(cfg, "peft", keys[k]) != NULL;
         config_note_read(cfg, "peft", keys[k]);
     }
-    if (!any) return CTRL_OK;
+    if (!any && !s->peft.lora_bias) return CTRL_OK;
     ctrl_lora_config *c = calloc(1, sizeof *c);
     if (!c) return ctrl_error_set(CTRL_ERR_NOMEM, "[peft]: out of memory");
-    c->all_linear = s->peft.all_linear, c->n_params = s->peft.param_bits != 0; /* for the checks below */
+    /* what ctrl_lora_check_choices weighs these against (the run's config is built from the same settings) */
+    c->all_linear = s->peft.all_linear, c->n_params = s->peft.param_bits != 0;
+    c->lora_bias = s->peft.lora_bias, c->use_dora = s->peft.use_dora;
+    c->init = ctrl_lora_init_named(s->peft.init_lora_weights);
     ctrl_status st = CTRL_OK;
     char where[700];
     const config_entry *tm = config_find(cfg, "peft", "target_modules"),
@@ -83,11 +75,12 @@ ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings
         snprintf(where, sizeof where, "%s: [peft] %s", e->where, keys[k]);
         st = read_key(e, (int)k, c, where);
     }
-    if (st == CTRL_OK) {
-        snprintf(where, sizeof where, "%s: [peft]", cfg->file_name);
+    if (st == CTRL_OK) { /* (lora_bias's refusals are the likeliest: at its line) */
+        snprintf(where, sizeof where, "%s: [peft]",
+                 s->peft.lora_bias ? ctrl_config_where(cfg, "peft", "lora_bias") : cfg->file_name);
         st = ctrl_lora_check_choices(c, where);
     }
-    if (st != CTRL_OK) {
+    if (st != CTRL_OK || !any) {
         free(c);
         return st;
     }

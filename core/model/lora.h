@@ -131,6 +131,10 @@ ctrl_status ctrl_lora_add_layers_pattern(ctrl_lora_config *c, const char *patter
 ctrl_status ctrl_lora_add_rank_pattern(ctrl_lora_config *c, const char *key, double r, const char *where);
 ctrl_status ctrl_lora_add_alpha_pattern(ctrl_lora_config *c, const char *key, double alpha,
                                         const char *where);
+/* init_lora_weights' value in [peft] ("true", "false", "gaussian", "pissa", "olora", "orthogonal"; the option
+ * table admits no other) as the enum. */
+ctrl_lora_init ctrl_lora_init_named(const char *name);
+const char *ctrl_lora_init_name(ctrl_lora_init init);
 /* dst's target_regex, exclude(_regex), layers, layers_pattern, rank_pattern and alpha_pattern := src's. */
 void ctrl_lora_copy_choices(ctrl_lora_config *dst, const ctrl_lora_config *src);
 /* The combinations PEFT refuses (layers_to_transform or layers_pattern with target_modules as a

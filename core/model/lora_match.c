@@ -288,6 +288,20 @@ ctrl_status ctrl_lora_add_alpha_pattern(ctrl_lora_config *c, const char *key, do
     return add_pattern(c->alpha_pattern, &c->n_alpha_pattern, key, alpha, 0, "lora_alpha (>= 0)", where);
 }
 
+/* init_lora_weights' values, as [peft] and adapter_config.json spell them */
+static const char *const init_names[] = {
+    [CTRL_LORA_INIT_DEFAULT] = "true", [CTRL_LORA_INIT_GAUSSIAN] = "gaussian",
+    [CTRL_LORA_INIT_NONE] = "false",   [CTRL_LORA_INIT_PISSA] = "pissa",
+    [CTRL_LORA_INIT_OLORA] = "olora",  [CTRL_LORA_INIT_ORTHOGONAL] = "orthogonal"};
+
+ctrl_lora_init ctrl_lora_init_named(const char *name) {
+    for (int i = 0; i < (int)(sizeof init_names / sizeof *init_names); i++)
+        if (!strcmp(name, init_names[i])) return (ctrl_lora_init)i;
+    return CTRL_LORA_INIT_DEFAULT;
+}
+
+const char *ctrl_lora_init_name(ctrl_lora_init init) { return init_names[init]; }
+
 void ctrl_lora_copy_choices(ctrl_lora_config *dst, const ctrl_lora_config *src) {
     memcpy(dst->target_regex, src->target_regex, sizeof dst->target_regex);
     memcpy(dst->exclude_regex, src->exclude_regex, sizeof dst->exclude_regex);

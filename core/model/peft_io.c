@@ -137,14 +137,10 @@ static char *config_json(const ctrl_model *m, const ctrl_lora_config *c, const c
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     /* (pissa, olora: the adapter is over the base's residual, which PEFT recomputes when it loads it) */
-    static const char *const inits[] = {[CTRL_LORA_INIT_GAUSSIAN] = "gaussian",
-                                        [CTRL_LORA_INIT_PISSA] = "pissa",
-                                        [CTRL_LORA_INIT_OLORA] = "olora",
-                                        [CTRL_LORA_INIT_ORTHOGONAL] = "orthogonal"};
     if (c->init == CTRL_LORA_INIT_DEFAULT || c->init == CTRL_LORA_INIT_NONE)
         cJSON_AddBoolToObject(o, "init_lora_weights", c->init == CTRL_LORA_INIT_DEFAULT);
     else
-        cJSON_AddStringToObject(o, "init_lora_weights", inits[c->init]);
+        cJSON_AddStringToObject(o, "init_lora_weights", ctrl_lora_init_name(c->init));
     cJSON *t = c->target_regex[0] ? NULL : cJSON_AddArrayToObject(o, "target_modules");
     if (!t) cJSON_AddStringToObject(o, "target_modules", c->target_regex); /* a regular expression */
     for (int k = 0; c->all_linear && k < LORA_N_TARGETS; k++) { /* PEFT saves what all-linear became */

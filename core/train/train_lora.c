@@ -21,13 +21,7 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     lc->use_dora = s->peft.use_dora, lc->lora_bias = s->peft.lora_bias;
     lc->save_embed_tokens = s->peft.save_embed_tokens, lc->save_lm_head = s->peft.save_lm_head;
     lc->seq_cls = s->peft.save_score;
-    const char *init = s->peft.init_lora_weights;
-    lc->init = !strcmp(init, "gaussian")     ? CTRL_LORA_INIT_GAUSSIAN
-               : !strcmp(init, "false")      ? CTRL_LORA_INIT_NONE
-               : !strcmp(init, "pissa")      ? CTRL_LORA_INIT_PISSA
-               : !strcmp(init, "olora")      ? CTRL_LORA_INIT_OLORA
-               : !strcmp(init, "orthogonal") ? CTRL_LORA_INIT_ORTHOGONAL
-                                             : CTRL_LORA_INIT_DEFAULT;
+    lc->init = ctrl_lora_init_named(s->peft.init_lora_weights);
     ctrl_status st = CTRL_OK;
     static const char *const params[] = {"experts.gate_up_proj", "experts.down_proj"};
     for (int k = 0; k < 2 && st == CTRL_OK; k++)

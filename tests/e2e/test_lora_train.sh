@@ -109,7 +109,7 @@ grep -q '"lora_bias":[[:space:]]*true' "$TMP/lb/adapter_config.json" &&
   [ "$(grep -a -o 'lora_B\.bias' "$TMP/lb/adapter_model.safetensors" | wc -l)" = 14 ] && ok ||
   bad "lora_bias: adapter_config.json or the 14 lora_B.bias tensors (2 layers x 7 projections)"
 "${C[@]}" train "$TMP/sft.ini" --set peft.lora_bias=true --set peft.use_dora=true >"$TMP/log" 2>&1
-[ $? = 2 ] && grep -q "\[peft\] lora_bias = true with use_dora" "$TMP/log" && ok || { bad "lora_bias with DoRA not refused"; tail -3 "$TMP/log"; }
+[ $? = 2 ] && grep -q "\[peft\]: lora_bias with use_dora" "$TMP/log" && ok || { bad "lora_bias with DoRA not refused"; tail -3 "$TMP/log"; }
 "${C[@]}" train "$TMP/sft.ini" --set peft.init_lora_weights=pissa_niter_4 >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "init_lora_weights" "$TMP/log" && ok || bad "init_lora_weights = pissa_niter_4 not refused"
 "${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/nowhere" --out "$TMP/m2" >/dev/null 2>&1
