@@ -176,7 +176,9 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
 
 /* LoRA on `be` against the CPU: tests/fixtures/models/ARCH under adapters on every linear layer
  * (init false: B != 0), dropout 0.2 in training mode, modules_to_save lm_head where the head is
- * untied; a forward and backward, the adapters nudged, a fused forward and backward; log-probs and
+ * untied, trainable_token_indices (rows of the embedding, and of a head tied to it: the device's table
+ * written, its lookup's and head's gradients of those rows); a forward and backward, the adapters nudged,
+ * a fused forward and backward; log-probs and
  * every trainable tensor's gradient within `tol` (0: bit-identical). The base has no gradients
  * (the backend's kernels skip NULL parameter gradients). */
 static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol, int dora,
@@ -206,6 +208,9 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
     }
     ctrl_model_config mc;
     CHECK_EQ_INT(ctrl_model_config_load(dir, &mc), CTRL_OK);
+    static const int rows[] = {5, 17, 42, 61}; /* make_batch draws below min(vocab, 100) */
+    for (int k = 0; !experts && k < 4; k++)
+        if (rows[k] < mc.vocab_size) CHECK_EQ_INT(ctrl_lora_add_token(&lc, rows[k], "test"), CTRL_OK);
     ctrl_batch b;
     make_batch(&b, mc.vocab_size < 100 ? mc.vocab_size : 100);
     float dlogp[CASE_T], logp[2][2][CASE_T], *grads[2] = {NULL, NULL};
@@ -221,7 +226,7 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
             ok = ctrl_model_load_lora(dir, attn->plugin->ops, &lc, &m) == CTRL_OK;
         }
         if (ok && side == 1) ok = ctrl_model_to_device(m, be, device) == CTRL_OK;
-        ctrl_model_set_training(m, 1, 9);
+        if (ok) ctrl_model_set_training(m, 1, 9);
         ok = ok && ctrl_model_zero_grad(m) == CTRL_OK &&
              ctrl_model_forward(m, &b, logp[side][0], NULL, NULL) == CTRL_OK &&
              ctrl_model_backward(m, dlogp) == CTRL_OK;

@@ -352,6 +352,16 @@ static const ctrl_option peft_options[] = {
     {"alpha_pattern", CTRL_OPT_STRING, NULL, 0, 0, 0, NULL,
      "lora_alpha of their own for some modules, as rank_pattern gives ranks (PEFT's alpha_pattern); each "
      "module's scale is its alpha / its r (or / sqrt(r) with use_rslora)."},
+    {"trainable_token_indices", CTRL_OPT_LIST, NULL, 0, 0, 0, NULL,
+     "Token ids whose rows of the input embedding train beside the adapters (PEFT's trainable_token_indices: "
+     "e.g. new chat-template tokens), the rest of the table frozen: one [n, hidden] tensor of their values, "
+     "starting as the rows, saved in the adapter as PEFT saves it "
+     "(model.embed_tokens.token_adapter.trainable_tokens_delta). With tied embeddings the LM head's rows are "
+     "the same values. Turning the adapters off (a reference model) gives the base's rows back; merging "
+     "writes "
+     "the trained rows into the table. The table then stays fp32 (embedding_dtype = bf16 is refused); not "
+     "with modules_to_save = embed_tokens (as PEFT), zero3, or in `ctrl serve --lora`'s bank (merge such an "
+     "adapter)."},
     {"target_parameters", CTRL_OPT_LIST, "", 0, 0, 0, "experts.gate_up_proj|experts.down_proj",
      "LoRA on a mixture-of-experts model's experts (PEFT's target_parameters: Qwen3-MoE, Mixtral, OLMoE): "
      "each expert's weight W_e + s B_e A_e, saved as PEFT's ParamWrapper saves it (mlp.experts[.base_layer]"

@@ -4,7 +4,8 @@
  *   exclude_modules        a list of names (matched as target_modules' entries)
  *   exclude_modules_regex  exclude_modules as PEFT's string
  *   layers_to_transform    a list of layer indices; layers_pattern: a list of names
- *   rank_pattern / alpha_pattern  JSON objects {"pattern": number}, as adapter_config.json holds them */
+ *   rank_pattern / alpha_pattern  JSON objects {"pattern": number}, as adapter_config.json holds them
+ *   trainable_token_indices  a list of token ids (rows of the input embedding trained beside the adapters) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,9 +14,9 @@
 #include "model/lora.h"
 #include "model/peft.h"
 
-static const char *const keys[] = {"target_modules_regex", "exclude_modules", "exclude_modules_regex",
-                                   "layers_to_transform",  "layers_pattern",  "rank_pattern",
-                                   "alpha_pattern"};
+static const char *const keys[] = {"target_modules_regex", "exclude_modules",        "exclude_modules_regex",
+                                   "layers_to_transform",  "layers_pattern",         "rank_pattern",
+                                   "alpha_pattern",        "trainable_token_indices"};
 
 /* Key k's entries into c (where: "FILE:LINE: [peft] KEY"). */
 static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, const char *where) {
@@ -33,11 +34,14 @@ static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, c
         if (r < 0)
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s: an entry longer than %zu bytes", where, sizeof item);
         char *end = NULL;
-        const long layer = k == 3 ? strtol(item, &end, 10) : 0;
-        if (k == 3 && (end == item || *end))
-            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: '%s' is not a layer index", where, item);
+        const int number = k == 3 || k == 7; /* a layer index, a token id */
+        const long at = number ? strtol(item, &end, 10) : 0;
+        if (number && (end == item || *end))
+            return ctrl_error_set(CTRL_ERR_CONFIG, "%s: '%s' is not a %s", where, item,
+                                  k == 3 ? "layer index" : "token id");
         const ctrl_status st = k == 1   ? ctrl_lora_add_exclude(c, item, where)
-                               : k == 3 ? ctrl_lora_add_layer(c, layer, where)
+                               : k == 3 ? ctrl_lora_add_layer(c, at, where)
+                               : k == 7 ? ctrl_lora_add_token(c, at, where)
                                         : ctrl_lora_add_layers_pattern(c, item, where);
         if (st != CTRL_OK) return st;
     }
@@ -75,6 +79,13 @@ ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings
         snprintf(where, sizeof where, "%s: [peft] %s", e->where, keys[k]);
         st = read_key(e, (int)k, c, where);
     }
+    const config_entry *tt = config_find(cfg, "peft", keys[7]);
+    if (st == CTRL_OK && tt && s->peft.save_embed_tokens) /* PEFT refuses it too */
+        st =
+            ctrl_error_set(CTRL_ERR_CONFIG,
+                           "%s: [peft] trainable_token_indices with modules_to_save = embed_tokens (%s): the "
+                           "table is trained in full already; choose one",
+                           tt->where, ctrl_config_where(cfg, "peft", "modules_to_save"));
     if (st == CTRL_OK) { /* (lora_bias's refusals are the likeliest: at its line) */
         snprintf(where, sizeof where, "%s: [peft]",
                  s->peft.lora_bias ? ctrl_config_where(cfg, "peft", "lora_bias") : cfg->file_name);

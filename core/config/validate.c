@@ -203,6 +203,35 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                     "a trained embedding stays fp32 (only a frozen one is held in bf16)",
                     ed->where);
         }
+        if (config_find(cfg, "peft", "trainable_token_indices"))
+            return ctrl_error_set(
+                CTRL_ERR_CONFIG,
+                "%s: [peft] embedding_dtype = bf16 with trainable_token_indices (%s): rows of "
+                "the table are trained, so it stays fp32 (only a frozen one is held in bf16)",
+                ed->where, ctrl_config_where(cfg, "peft", "trainable_token_indices"));
+    }
+    const config_entry *tt = config_find(cfg, "peft", "trainable_token_indices");
+    const char *strat = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
+    char w[128];
+    for (const char *pos = strat ? strat : ""; tt && config_list_next(&pos, w, sizeof w) > 0;)
+        if (!strcmp(w,
+                    "zero3")) /* the trained rows are rows of the table, which each rank holds a slice of */
+            return ctrl_error_set(
+                CTRL_ERR_CONFIG,
+                "%s: [peft] trainable_token_indices with [memory] strategies = zero3: the "
+                "trained rows live in the embedding table, which each rank holds a slice of "
+                "(not implemented; zero1 and zero2 work)",
+                tt->where);
+    /* an adapter's setting with enabled left unset (false): it would be ignored, silently -- refused; an
+     * explicit enabled = false (a run switching LoRA off, --set peft.enabled=false) keeps the rest unread */
+    for (const ctrl_option *o = config_core_table("peft"); !e && o && o->key; o++) {
+        const config_entry *k = strcmp(o->key, "enabled") ? config_find(cfg, "peft", o->key) : NULL;
+        if (k)
+            return ctrl_error_set(
+                CTRL_ERR_CONFIG,
+                "%s: [peft] %s is set but [peft] enabled is not: the adapters' settings would "
+                "be ignored (set enabled = true to train adapters, or remove it)",
+                k->where, o->key);
     }
     if (!peft_on) return CTRL_OK;
     static const char *const adapter_keys[] = {"r",
@@ -220,7 +249,8 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                                                "layers_to_transform",
                                                "layers_pattern",
                                                "rank_pattern",
-                                               "alpha_pattern"};
+                                               "alpha_pattern",
+                                               "trainable_token_indices"};
     if (config_find(cfg, "peft", "adapter_path"))
         for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {
             config_entry *k = config_find(cfg, "peft", adapter_keys[i]);

@@ -35,6 +35,7 @@ typedef enum {
 #define CTRL_LORA_MAX_TARGETS 512
 #define CTRL_LORA_MAX_PATTERNS 64 /* rank_pattern / alpha_pattern entries, exclude_modules names */
 #define CTRL_LORA_MAX_LAYERS 1024 /* layers_to_transform entries */
+#define CTRL_LORA_MAX_TOKENS 4096 /* trainable_token_indices entries */
 
 /* A rank_pattern / alpha_pattern entry: PEFT's key (a regular expression matched as
  * re.match(r"(.*\.)?(KEY)$", module name)) and its value. */
@@ -102,6 +103,12 @@ typedef struct ctrl_lora_config {
     char layers_pattern[8][96];
     int n_rank_pattern, n_alpha_pattern;
     ctrl_lora_pattern rank_pattern[CTRL_LORA_MAX_PATTERNS], alpha_pattern[CTRL_LORA_MAX_PATTERNS];
+    /* trainable_token_indices (PEFT's TrainableTokensLayer beside the adapters, lora_tokens.c): these rows
+     * of the input embedding trained as one [n_tokens, C] tensor of their values (initialised as the
+     * rows), the rest of the table frozen; on tied embeddings the LM head's rows are the same values.
+     * Distinct, in the order given (the tensor's row order). */
+    int n_tokens;
+    int32_t tokens[CTRL_LORA_MAX_TOKENS];
 } ctrl_lora_config;
 
 /* LoRA's dropout draw on host memory (lora.c; the CPU backend's lora_dropout op, what a device's
@@ -151,6 +158,9 @@ int ctrl_lora_targets_param(const ctrl_lora_config *c, int layer, int which);
 /* Adds a target_parameters entry; CTRL_ERR_CONFIG naming `where` unless it names the experts'
  * gate_up_proj or down_proj (the router's gate.weight is not implemented). */
 ctrl_status ctrl_lora_add_parameter(ctrl_lora_config *c, const char *name, const char *where);
+/* Adds a trainable_token_indices entry; CTRL_ERR_CONFIG naming `where` when it is negative, given twice
+ * or one too many (the vocabulary's bound is the model's: checked at layout). */
+ctrl_status ctrl_lora_add_token(ctrl_lora_config *c, long id, const char *where);
 /* Adds a modules_to_save entry (embed_tokens or lm_head, by PEFT's suffix rule; score or classifier:
  * a sequence classifier's head, seq_cls). */
 ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where);

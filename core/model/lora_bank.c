@@ -203,6 +203,13 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
                             "%s/adapter_config.json: \"modules_to_save\": an adapter that replaces the "
                             "embeddings or the head cannot be served beside others; merge it",
                             dir);
+    if (st == CTRL_OK && e->cfg.n_tokens > 0)
+        st =
+            ctrl_error_set(CTRL_ERR_UNSUPPORTED,
+                           "%s/adapter_config.json: \"trainable_token_indices\": an adapter that replaces "
+                           "rows of the embedding table cannot be served beside others; merge it (ctrl model "
+                           "merge) and serve the merged model",
+                           dir);
     if (st == CTRL_OK) {
         const size_t n = (size_t)m->cfg.n_layers * LORA_N_TARGETS;
         e->a = malloc(sizeof(long) * n), e->b = malloc(sizeof(long) * n);

@@ -46,6 +46,7 @@ void model_release_backend(ctrl_model *m) {
     if (m->dora_wn) be->free(m->dora_wn); /* QDoRA's base row norms: kept while the model stays here */
     m->dora_wn = NULL;
     ctrl_model_release_decode_scratch(m); /* on this backend too */
+    lora_tokens_release(m);               /* trainable_token_indices' base rows there */
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
                      (void **)&m->dbatch_mem, (void **)&m->wb16};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;
@@ -123,6 +124,7 @@ ctrl_status ctrl_model_scale_grads(ctrl_model *m, float s) {
 void ctrl_model_device_weights_changed(ctrl_model *m) {
     m->rounded_valid = 0;
     m->dora_valid = 0;
+    m->tt_valid = 0;
     m->dparams_valid = 1;
     m->host_stale = m->dparams != m->params;
 }
@@ -186,6 +188,7 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
     const float *w = m->dparams + m->off_lm_head;
     /* a bf16 table, tied: as values (w16) or as the head's panels (w_packed) */
     const int w16_only = m->off_lm_head >= 0 && model_embed16_holds(m, w);
+    const int tt = lora_tokens_on(m) && !m->lora_off && m->off_lm_head >= 0 && m->off_lm_head == m->off_embed;
     return (ctrl_head_args){.hidden = m->lnf,
                             .w = w16_only ? NULL : w,
                             .targets = m->dev_batch.targets,
@@ -201,7 +204,11 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                                         : m->be->host_memory && m->off_lm_head >= 0
                                             ? model_pack_valid(m, w, c->hidden_size, c->vocab_size)
                                             : NULL,
-                            .w16 = w16_only ? m->emb16 : model_head_w16(m)};
+                            .w16 = w16_only ? m->emb16 : model_head_w16(m),
+                            /* trainable_token_indices on a tied head: its rows' gradient */
+                            .tt_rows = tt ? m->lora->tokens : NULL,
+                            .tt_n = tt ? m->lora->n_tokens : 0,
+                            .tt_dw = tt ? model_grad(m, m->off_tt) : NULL};
 }
 
 void ctrl_model_defer_device(ctrl_model *m) { m->dev_deferred = 1; }

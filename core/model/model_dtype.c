@@ -66,6 +66,7 @@ void ctrl_model_weights_changed(ctrl_model *m) {
     m->rounded_valid = 0;
     m->dec_pack_gen++; /* decoding's packed bf16 weights (model_decode_pack.c) are stale */
     m->dora_valid = 0;
+    m->tt_valid = 0; /* trainable_token_indices' rows written into the table again */
     m->dparams_valid = m->dparams == m->params;
     m->host_stale = 0;
 }
@@ -106,7 +107,9 @@ ctrl_status model_prepare_weights(ctrl_model *m, int T) {
         if (st != CTRL_OK) return ctrl_error_wrap(st, "model: parameters onto %s", m->be->name);
         m->dparams_valid = 1;
         m->nf4_layer = -1; /* QLoRA: the device's slot now holds the host's, not a layer's */
+        m->tt_state = 0;   /* the table's rows are the host's: trainable_token_indices' written again */
     }
+    MODEL_TRY(lora_tokens_sync(m)); /* the table holds the rows computed with: trained, or the base's */
     /* no rounded copy where the backend's bf16 products round w themselves at no cost */
     const int rounds_itself = ctrl_backend_has(m->be, bf16_rounds_weights) && m->be->bf16_rounds_weights();
     /* nor on the CPU for a forward of many tokens (training, scoring, a prefill): each product

@@ -48,6 +48,12 @@ static int as_panels(const ctrl_model *m) {
 
 ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if ((long)v->offset != m->off_embed || m->emb16 || m->emb_panels) return CTRL_OK;
+    if (lora_tokens_on(m) && m->emb16_at_load >= 2) return CTRL_OK; /* auto: rows of it trained, fp32 */
+    if (lora_tokens_on(m)) /* the table's rows hold trainable_token_indices' values (lora_tokens.c) */
+        return ctrl_error_set(CTRL_ERR_CONFIG,
+                              "%s: trainable_token_indices trains rows of the table; only a frozen embedding "
+                              "is held in bf16",
+                              key);
     const int frozen_on_host = m->be->host_memory && m->params == m->dparams && v->offset < m->train_off;
     if (m->emb16_at_load >= 2 && !frozen_on_host) return CTRL_OK; /* auto: fp32 where bf16 cannot be */
     if (!m->be->host_memory || m->params != m->dparams)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "model/model_internal.h"
 
 static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -44,6 +45,7 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
             normal_fill(x, v->numel, seed, i, std);
         }
     }
+    lora_tokens_capture(m);        /* trainable_token_indices' rows: the table's new ones */
     ctrl_model_weights_changed(m); /* a model on a device copies them there before its next forward */
 }
 

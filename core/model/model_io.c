@@ -311,6 +311,14 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         ctrl_model_free(m);
         return st;
     }
+    if (parts && lora && lora->n_tokens > 0) {
+        ctrl_model_free(m);
+        free(ranges);
+        return ctrl_error_set(
+            CTRL_ERR_UNSUPPORTED,
+            "LoRA trainable_token_indices with zero3: the trained rows live in the embedding "
+            "table, which each rank reads a slice of (not implemented; zero1 / zero2 work)");
+    }
     int64_t *spans = NULL; /* QLoRA's pieces: each NF4 weight's values kept */
     if (parts && parts->nf4 && lora && lora->nf4) {
         const size_t n = 2 * (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1) * LORA_N_TARGETS;
@@ -373,6 +381,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
         if (st == CTRL_OK) st = lora_init_from_base(m, v); /* pissa / olora: before it is narrowed */
+        if (st == CTRL_OK && (long)v->offset == m->off_embed) lora_tokens_capture(m); /* trainable rows */
         if (st == CTRL_OK && v->nf4) /* QLoRA: into NF4 before the next layer's (its piece alone kept) */
             st = spans ? nf4_store_part(m, v, spans[2 * (v->nf4 - 1)], spans[2 * (v->nf4 - 1) + 1])
                        : nf4_store(m, v);

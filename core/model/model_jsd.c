@@ -140,6 +140,7 @@ static ctrl_status jsd_chunk(ctrl_model *s, ctrl_model *t, const int *rows, int 
     if (!be->host_memory) MODEL_TRY(be->to_device(bf->zs, zs, bytes));
     MODEL_TRY(model_linear_backward(s, bf->dh, model_grad(s, s->off_lm_head), NULL, bf->zs, bf->hs,
                                     s->dparams + s->off_lm_head, n, Cs, V));
+    MODEL_TRY(lora_tokens_head_grad(s, bf->zs, bf->hs, n)); /* trainable_token_indices' rows, tied */
     for (int i = 0; i < n; i++)
         MODEL_TRY(be->copy(s->head_dh + (size_t)rows[i] * Cs, bf->dh + (size_t)i * Cs, sizeof(float) * Cs));
     return CTRL_OK;

@@ -12,19 +12,10 @@
 
 /* Keys that change what the adapter computes and are not implemented: they must be absent, null,
  * false, {} or []. */
-static const char *const unsupported[] = {"use_qalora",
-                                          "use_bdlora",
-                                          "fan_in_fan_out",
-                                          "layer_replication",
-                                          "trainable_token_indices",
-                                          "megatron_config",
-                                          "alora_invocation_tokens",
-                                          "eva_config",
-                                          "corda_config",
-                                          "arrow_config",
-                                          "kasa_config",
-                                          "lora_ga_config",
-                                          "monteclora_config",
+static const char *const unsupported[] = {"use_qalora",        "use_bdlora",      "fan_in_fan_out",
+                                          "layer_replication", "megatron_config", "alora_invocation_tokens",
+                                          "eva_config",        "corda_config",    "arrow_config",
+                                          "kasa_config",       "lora_ga_config",  "monteclora_config",
                                           "loftq_config"};
 
 static int trivial(const cJSON *v) {
@@ -114,6 +105,36 @@ static ctrl_status read_choices(const cJSON *root, const char *path, ctrl_lora_c
     return ctrl_lora_check_choices(c, path);
 }
 
+/* trainable_token_indices: a list of token ids (the input embedding's rows), or {module: list} naming
+ * the input embedding (embed_tokens, or a name ending in .embed_tokens; PEFT's other targets, an untied
+ * lm_head among them, are not implemented). */
+static ctrl_status read_tokens(const cJSON *root, const char *path, ctrl_lora_config *c) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "trainable_token_indices");
+    if (trivial(v)) return CTRL_OK;
+    char where[4300];
+    snprintf(where, sizeof where, "%s: \"trainable_token_indices\"", path);
+    if (cJSON_IsObject(v)) {
+        if (cJSON_GetArraySize(v) != 1 || !cJSON_IsArray(v->child))
+            return bad(path, "trainable_token_indices",
+                       "as an object, must map the input embedding to a list");
+        const char *name = v->child->string;
+        const size_t n = strlen(name);
+        if (strcmp(name, "embed_tokens") && !(n > 13 && !strcmp(name + n - 13, ".embed_tokens")))
+            return ctrl_error_set(CTRL_ERR_FORMAT,
+                                  "%s: \"%s\": trainable tokens of a module other than the input embedding "
+                                  "(embed_tokens) are not implemented",
+                                  where, name);
+        v = v->child;
+    }
+    if (!cJSON_IsArray(v)) return bad(path, "trainable_token_indices", "must be a list of token ids or null");
+    for (const cJSON *e = v->child; e; e = e->next) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
+            return bad(path, "trainable_token_indices", "entries must be whole numbers");
+        MODEL_TRY(ctrl_lora_add_token(c, (long)fmax(-1, fmin(e->valuedouble, 3e9)), where));
+    }
+    return CTRL_OK;
+}
+
 static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_config *c, char *base,
                                size_t base_len) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
@@ -184,6 +205,7 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     }
     if (!trivial(v) && !cJSON_IsArray(v)) return bad(path, "modules_to_save", "must be a list or null");
     MODEL_TRY(read_choices(root, path, c));
+    MODEL_TRY(read_tokens(root, path, c));
     v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
     if (base) snprintf(base, base_len, "%s", cJSON_IsString(v) ? v->valuestring : "");
     return CTRL_OK;

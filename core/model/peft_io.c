@@ -188,6 +188,11 @@ static char *config_json(const ctrl_model *m, const ctrl_lora_config *c, const c
             cJSON_AddItemToArray(l, cJSON_CreateString(c->layers_pattern[k]));
     } else
         cJSON_AddNullToObject(o, "layers_pattern");
+    if (c->n_tokens > 0) { /* PEFT's list form: the input embedding's rows */
+        cJSON *tk = cJSON_AddArrayToObject(o, "trainable_token_indices");
+        for (int k = 0; k < c->n_tokens; k++) cJSON_AddItemToArray(tk, cJSON_CreateNumber(c->tokens[k]));
+    } else
+        cJSON_AddNullToObject(o, "trainable_token_indices");
     cJSON_AddNullToObject(o, "revision");
     char *text = cJSON_Print(o);
     cJSON_Delete(o);

@@ -110,7 +110,8 @@ ctrl_status ctrl_peft_merge(ctrl_model *m) {
         if (m->layers[l].router >= 0) /* the experts' (target_parameters) */
             lora_moe_merge(m, l, m->params + m->layers[l].experts);
     }
-    m->lora_off = 1; /* the adapters are in the weights now */
+    lora_tokens_merge(m); /* trainable_token_indices' rows into the table */
+    m->lora_off = 1;      /* the adapters are in the weights now */
     ctrl_model_weights_changed(m);
     return CTRL_OK;
 }
@@ -215,6 +216,13 @@ static ctrl_status merged_fetch(void *user, const ctrl_st_write *t) {
 ctrl_status ctrl_peft_save_merged_weights(ctrl_model *m, const char *path, ctrl_dtype dtype) {
     if (!m->has_lora || m->lora_off) return ctrl_model_save_weights(m, path, dtype);
     if (m->host_stale) MODEL_TRY(ctrl_model_params_to_host(m)); /* a device model: its host copy, current */
+    if (lora_tokens_on(m)) { /* the table holding trainable_token_indices' trained rows, as it is written */
+        const int off = m->lora_off;
+        m->lora_off = 0;
+        const ctrl_status st = lora_tokens_sync(m);
+        m->lora_off = off;
+        MODEL_TRY(st);
+    }
     const int n = m->n_views, L = m->cfg.n_layers;
     const uint16_t *table16 = NULL; /* a bf16-held table's values (read out of its panels: a copy) */
     if (ctrl_model_embedding_held_bf16(m)) MODEL_TRY(model_embed16_values(m, &table16));

@@ -325,6 +325,13 @@ typedef struct ctrl_head_args {
      * instead of allocating, faulting in and unmapping it every step (272 MB at Qwen's vocabulary).
      * The caller frees *w_keep (ctrl_cpu_gemm_bf16_packed_free). NULL: packed and freed in each call. */
     struct ctrl_cpu_bf16_packed **w_keep;
+    /* Appended: the backward's gradient of W's rows tt_rows[0 .. tt_n) (host memory, distinct, < V)
+     * accumulated into tt_dw [tt_n, C] (the backend's memory) as dw's rows would be, dw itself may be
+     * NULL: PEFT's trainable_token_indices on a head tied to the embedding (core/model/lora_tokens.c).
+     * tt_n 0: none. */
+    const int32_t *tt_rows;
+    int tt_n;
+    float *tt_dw;
 } ctrl_head_args;
 
 /* Bytes of scratch forward/backward need (the chunk buffers); the caller provides it. */

@@ -163,6 +163,18 @@ static void w_gemm(const ctrl_head_args *a, int tb, int M, int N, int K, float a
             for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = NAN;
 }
 
+/* tt_dw[k] += dz[:, tt_rows[k] - v0]^T h for the rows in [v0, v0 + vc): dz [tc, vc] (row stride ldz),
+ * h [tc, C]; the products as dw's (head_gemm). */
+static void rows_grad(const ctrl_head_args *a, const float *dz, int ldz, const float *h, int tc, int v0,
+                      int vc) {
+    for (int k = 0; k < a->tt_n; k++) {
+        const int v = a->tt_rows[k];
+        if (v >= v0 && v < v0 + vc)
+            head_gemm(a, 1, 0, 1, a->C, tc, 1.0f, dz + (v - v0), ldz, h, a->C, 1.0f,
+                      a->tt_dw + (size_t)k * a->C, a->C);
+    }
+}
+
 /* Soft-capping of n raw logits in place: c tanh(x / c), then / temperature (as transformers caps
  * and TRL divides). */
 static void softcap_rows(const ctrl_head_args *a, float *z, size_t n) {
@@ -281,6 +293,7 @@ void ctrl_cpu_head_backward(const ctrl_head_args *a, const float *lse, const flo
             w_gemm(a, 0, tc, a->C, vc, 1.0f, z, vc, (size_t)v0, v0 == 0 ? 0.0f : 1.0f, dh, a->C);
             if (dw) /* NULL: a frozen head (LoRA) */
                 head_gemm(a, 1, 0, vc, a->C, tc, 1.0f, z, vc, h, a->C, 1.0f, dw + (size_t)v0 * a->C, a->C);
+            rows_grad(a, z, vc, h, tc, v0, vc); /* trainable_token_indices' rows */
         }
         chunk_dhidden_out(a, rows, r0, tc, dhidden, dh);
     }
@@ -414,6 +427,7 @@ void ctrl_cpu_head_forward_backward(const ctrl_head_args *a, const float *dlogp,
             w_gemm(a, 0, tc, C, V, 1.0f, z, V, 0, 0.0f, dh, C);
         if (dw) /* NULL: a frozen head (LoRA) */
             head_gemm(a, 1, 0, V, C, tc, 1.0f, z, V, h, C, 1.0f, dw, C);
+        rows_grad(a, z, V, h, tc, 0, V); /* trainable_token_indices' rows */
         chunk_dhidden_out(a, rows, r0, tc, dhidden, dh);
     }
     ctrl_cpu_gemm_bf16_packed_free(own);

@@ -253,6 +253,16 @@ extern "C" ctrl_status ctrl_cuda_head_backward(const ctrl_head_args *a, const fl
                 if (s == CTRL_OK && dwc)
                     s = ctrl_cuda_gemm_f32(1, 0, vc, a->C, tc, 1.0f, z, vc, h, a->C, 1.0f, dwc, a->C);
             }
+            // trainable_token_indices on a tied head: the gradient of its rows alone, as dW's rows
+            for (int k = 0; s == CTRL_OK && k < a->tt_n; k++) {
+                const int v = a->tt_rows[k];
+                if (v < v0 || v >= v0 + vc) continue;
+                float *dr = a->tt_dw + (size_t)k * a->C;
+                s = a->bf16 ? ctrl_cuda_gemm(1, 0, 1, a->C, tc, 1.0f, (const uint16_t *)b.z + (v - v0), vc,
+                                             b.h, a->C, 1.0f, dr, a->C, CTRL_BF16, CTRL_F32)
+                            : ctrl_cuda_gemm_f32(1, 0, 1, a->C, tc, 1.0f, z + (v - v0), vc, h, a->C, 1.0f, dr,
+                                                 a->C);
+            }
             if (s != CTRL_OK) return s;
         }
     }

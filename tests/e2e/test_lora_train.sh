@@ -316,6 +316,33 @@ done
 grep -q "as bf16 values" "$TMP/log" && ok || bad "grpo: CTRL_NO_EMBED_PANELS=1 did not hold the table as values"
 [ -n "$(numbers "$TMP/tpanels")" ] && [ "$(numbers "$TMP/tpanels")" = "$(numbers "$TMP/tvalues")" ] && ok ||
   bad "grpo: the table as the head's panels and as bf16 values differ"
+# 5a. trainable_token_indices (rows of the tied table, so of the head, trained beside the adapters): GRPO's
+# reference is the base's rows (KL 0 at the first step, where the rows start as the base's and B = 0); the
+# adapter holds the rows under PEFT's name and lists them; the table stays fp32 under the default; an SFT
+# run's adapter, merged (the rows written into the table), scores what it does applied live; refusals by key
+tt=(--set peft.trainable_token_indices=13,31,18,1000)
+"${C[@]}" train "$TMP/grpo.ini" "${tg[@]}" "${tt[@]}" --set run.output_dir="$TMP/ttgrpo" >"$TMP/log" 2>&1 ||
+  { bad "grpo trainable tokens run"; tail -5 "$TMP/log"; }
+tkl1=$(grep '"step": 1,' "$TMP/ttgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-]*\).*/\1/')
+{ [ "$tkl1" = 0 ] || [ "$tkl1" = 0.000000 ]; } && ! grep -q "frozen embedding held in bf16" "$TMP/log" &&
+  grep -q "embed_tokens.token_adapter.trainable_tokens_delta" "$TMP/ttgrpo/adapter_model.safetensors" &&
+  tr -d ' \t\n' <"$TMP/ttgrpo/adapter_config.json" | grep -q '"trainable_token_indices":\[13,31,18,1000\]' && ok ||
+  bad "grpo trainable tokens: kl at step 1 $tkl1, the table in bf16, or the adapter without the rows"
+"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set model.path="$TMP/tmodel" --set train.max_steps=2 \
+  --set train.save_strategy=no --set run.output_dir="$TMP/ttsft" >"$TMP/log" 2>&1 || { bad "sft trainable tokens"; tail -3 "$TMP/log"; }
+"${C[@]}" model merge --base "$TMP/tmodel" --adapter "$TMP/ttsft" --out "$TMP/ttmerged" >/dev/null 2>&1 || bad "merge tt"
+with=$(lp --model "$TMP/tmodel" --adapter "$TMP/ttsft") merged=$(lp --model "$TMP/ttmerged") base=$(lp --model "$TMP/tmodel")
+awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
+  exit !(n == 2) }' && ok || bad "trainable tokens merged: losses $merged, with the adapter $with, base $base"
+"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set peft.embedding_dtype=bf16 >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "embedding_dtype = bf16 with trainable_token_indices" "$TMP/log" && ok ||
+  { bad "trainable tokens with embedding_dtype = bf16 not refused"; tail -2 "$TMP/log"; }
+"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set peft.modules_to_save=embed_tokens >"$TMP/log" 2>&1
+[ $? = 2 ] && grep -q "trainable_token_indices with modules_to_save = embed_tokens" "$TMP/log" && ok ||
+  { bad "trainable tokens with modules_to_save = embed_tokens not refused"; tail -2 "$TMP/log"; }
+"${C[@]}" train "$TMP/sft.ini" --set peft.trainable_token_indices=13,5000 >"$TMP/log" 2>&1
+[ $? != 0 ] && grep -q "token 5000 is outside" "$TMP/log" && ok || { bad "a token outside the vocabulary"; tail -2 "$TMP/log"; }
 # and QDoRA GRPO: decoding applies the magnitudes over the NF4 base (at the start they are the norms:
 # KL 0), the adapter holds them
 "${C[@]}" train "$TMP/grpo.ini" "${qd[@]}" --set train.max_steps=2 --set run.output_dir="$TMP/qdgrpo" \

@@ -17,6 +17,7 @@
 #include <ctrl/memory.h>
 
 #include "file_text.h"
+#include "fixture_batch.h"
 #include "json_file.h"
 #include "cpu/cpu_ops.h"
 #include "model/model_internal.h"
@@ -32,33 +33,6 @@ static const ctrl_attention_ops *eager(void) {
     if (p->init) p->init(ctrl_host_table());
     return p->ops;
 }
-
-/* The model fixture's packed batch (models/<arch>/batch.json). */
-typedef struct fixture_batch {
-    int T, n_cu;
-    int32_t *tokens, *pos, *tg, *cu;
-    ctrl_batch b;
-} fixture_batch;
-
-/* arch: a model of models/ ("qwen2"), or a folder under the fixtures ("families/phi3_gqa"). */
-static void batch_load(fixture_batch *f, const char *arch) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s%s/batch.json", CTRL_FIXTURE_DIR, strchr(arch, '/') ? "" : "models/",
-             arch);
-    cJSON *root = json_file(path);
-    int n;
-    f->tokens = json_ints(root, "tokens", &f->T), f->pos = json_ints(root, "positions", &n);
-    f->tg = json_ints(root, "targets", &n), f->cu = json_ints(root, "cu_seqlens", &f->n_cu);
-    f->b = (ctrl_batch){.T = f->T,
-                        .B = f->n_cu - 1,
-                        .tokens = f->tokens,
-                        .positions = f->pos,
-                        .cu_seqlens = f->cu,
-                        .targets = f->tg};
-    cJSON_Delete(root);
-}
-
-static void batch_free(fixture_batch *f) { free(f->tokens), free(f->pos), free(f->tg), free(f->cu); }
 
 /* The base model of a fixture adapter with the adapter loaded from PEFT's files (nf4: the base
  * quantized to NF4, QLoRA). */
@@ -203,6 +177,15 @@ TEST(lora_module_choices_and_patterns_match_peft) {
     static const char *const cases[] = {"qwen2_rank_alpha_pattern", "llama_layers_rslora", "qwen3_regex_dora",
                                         "phi3_fused_rank_pattern"};
     for (int i = 0; i < 4; i++) check_case(cases[i]);
+}
+
+/* trainable_token_indices beside the adapters (PEFT's TrainableTokensLayer, core/model/lora_tokens.c):
+ * rows of Qwen2's tied embedding (so of its LM head too: a token twice in the batch, one never in it,
+ * whose gradient is the head's alone) and, as a dictionary, of Llama's untied one with DoRA; the rows'
+ * values moved away from the base's so that they change the output. */
+TEST(trainable_tokens_match_peft) {
+    check_case("qwen2_trainable_tokens");
+    check_case("llama_trainable_tokens_dict");
 }
 
 /* LoRA on MoE experts (PEFT's target_parameters: lora.ParamWrapper over transformers 5's stacked

@@ -36,6 +36,11 @@ target_sources(test_save PRIVATE $<TARGET_OBJECTS:test_attention_eager>)
 target_link_libraries(test_save PRIVATE OpenMP::OpenMP_C ctrl_openblas)
 add_dependencies(test_save sft adamw flash eager checkpointing)
 set_tests_properties(test_save PROPERTIES TIMEOUT 120)
+# trainable_token_indices beside LoRA past the PEFT parity of test_lora.c (test_lora_tokens.c).
+ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/model/test_lora_tokens.c parity)
+target_sources(test_lora_tokens PRIVATE $<TARGET_OBJECTS:test_attention_eager>)
+target_link_libraries(test_lora_tokens PRIVATE OpenMP::OpenMP_C ctrl_openblas)
+set_tests_properties(test_lora_tokens PROPERTIES TIMEOUT 60)
 # The frozen base of a LoRA model held in bf16 changes no number (test_lora_bf16_base.c), on the
 # AVX-512 BF16 path and the portable one.
 ctrl_add_c_test(${CMAKE_SOURCE_DIR}/tests/model/test_lora_bf16_base.c parity)

@@ -158,6 +158,19 @@ CASES = {
     "qwen2_lora_bias_qkv": ("qwen2", dict(r=2, lora_alpha=6, target_modules=["q_proj", "k_proj", "v_proj"],
                                           lora_bias=True, use_rslora=True, init_lora_weights=False,
                                           lora_dropout=0.0)),
+    # trainable_token_indices (PEFT's TrainableTokensLayer beside the adapters): the listed rows of the
+    # input embedding trained as a [n, C] tensor of their values (initialised as the rows), the rest
+    # frozen; on Qwen2's tied embedding the LM head's rows are the same tensor. "perturb_tt": the rows'
+    # values moved by N(0, 0.5) noise before saving, so that they change the output. Token 57 is twice in
+    # the batch, 100 not at all (its gradient only through the tied head)
+    "qwen2_trainable_tokens": ("qwen2", dict(r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"],
+                                             trainable_token_indices=[57, 5, 100, 116], init_lora_weights=False,
+                                             lora_dropout=0.0), "perturb_tt"),
+    # the dictionary form on Llama's untied embedding (the LM head stays the base's), with DoRA
+    "llama_trainable_tokens_dict": ("llama", dict(r=2, lora_alpha=6, target_modules=["v_proj", "o_proj"],
+                                                  trainable_token_indices={"embed_tokens": [62, 3, 57]},
+                                                  use_dora=True, init_lora_weights=False, lora_dropout=0.0),
+                                    "perturb_tt", "perturb"),
 }
 
 
@@ -197,6 +210,7 @@ def file_name(param_name):
     """The adapter file's name of a trainable parameter (PEFT drops the adapter name)."""
     n = param_name.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
     n = n.replace(".lora_magnitude_vector.default.weight", ".lora_magnitude_vector")
+    n = n.replace(".trainable_tokens_delta.default", ".trainable_tokens_delta")
     return n.replace(".modules_to_save.default.", ".")
 
 
@@ -225,6 +239,11 @@ def main():
                 for n, p in pm.named_parameters():
                     if ".lora_A." in n or ".lora_B." in n:
                         p.mul_(0.5 + torch.rand(p.shape))
+        if "perturb_tt" in how:
+            with torch.no_grad():
+                for n, p in pm.named_parameters():
+                    if "trainable_tokens_delta" in n:
+                        p.add_(0.5 * torch.randn(p.shape))
         if "perturb" in how:
             with torch.no_grad():
                 for n, p in pm.named_parameters():

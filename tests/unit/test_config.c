@@ -525,7 +525,7 @@ TEST(sections_and_lists) {
     const char *path = write_ini("lists.ini",
                                  "[reward.b]\nplugin = length\n[model]\npath = m\n[memory]\n"
                                  "strategies = offload,checkpointing\n[reward.a]\nplugin = length\n"
-                                 "[peft]\ntarget_modules = q_proj v_proj,, o_proj\n",
+                                 "[peft]\nenabled = true\ntarget_modules = q_proj v_proj,, o_proj\n",
                                  0);
     const char *sets[] = {"reward.c.plugin=length"};
     ctrl_config *cfg = NULL;

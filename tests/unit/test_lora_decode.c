@@ -96,6 +96,10 @@ TEST(lora_decoding_applies_the_adapters_live) {
     check("llama_layers_rslora", "llama"); /* layers_to_transform, rsLoRA over a pattern's rank */
     check("qwen2_pissa", "qwen2");         /* PiSSA: over the base's residual */
     check("qwen2_lora_bias", "qwen2");     /* lora_bias */
+    /* trainable_token_indices: rows of a tied table (the head reads them too) and of an untied one, the
+     * adapters' off: the base's rows written back */
+    check("qwen2_trainable_tokens", "qwen2");
+    check("llama_trainable_tokens_dict", "llama");
 }
 
 /* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
