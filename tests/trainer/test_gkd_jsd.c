@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dpo_case.h" /* dpo_compare_grads */
+#include "model/peft.h"
 #include "model/safetensors.h"
 #include "fixture.h"
 #include "test.h"
@@ -205,6 +206,55 @@ TEST(gkd_jsd_finite_differences) {
                   betas[bi], worst, checked);
         printf("  beta %.1f temperature %.1f: %d entries, worst finite-difference rel error %.2g\n",
                betas[bi], temps[bi], checked, worst);
+    }
+    free(jsd);
+    case_close(&c);
+}
+
+/* A LoRA student with trainable_token_indices over a tied table (Qwen2's, PEFT's fixture adapter
+ * qwen2_trainable_tokens): the divergence's gradient of the trained rows -- the lookup's and the tied
+ * head's (lora_tokens_head_grad, beside the head's own product) -- against central finite differences. */
+TEST(gkd_jsd_trainable_tokens_finite_differences) {
+    jsd_case c;
+    if (!case_open(&c)) return case_close(&c);
+    ctrl_model_free(c.student), c.student = NULL;
+    const ctrl_attention_ops *attn = ctrl_registry_find(c.reg, CTRL_KIND_ATTENTION, "eager")->plugin->ops;
+    CHECK_EQ_INT(ctrl_peft_load(CTRL_FIXTURE_DIR "/models/qwen2",
+                                CTRL_FIXTURE_DIR "/lora/qwen2_trainable_tokens", attn, &c.student),
+                 CTRL_OK);
+    const ctrl_param_view *pv =
+        c.student ? ctrl_model_find_view(c.student, "model.embed_tokens.token_adapter.trainable_tokens_delta")
+                  : NULL;
+    CHECK(pv != NULL);
+    float *jsd = malloc(sizeof(float) * c.b.T);
+    if (pv) {
+        CHECK_EQ_INT(ctrl_model_zero_grad(c.student), CTRL_OK);
+        run(&c, 0.5, 1.0, 2, jsd);
+        CHECK_EQ_INT(ctrl_model_backward(c.student, NULL), CTRL_OK);
+        float *G = malloc(sizeof(float) * (size_t)pv->numel); /* (the runs below add to the model's) */
+        memcpy(G, ctrl_model_grads(c.student, NULL) + (pv->offset - ctrl_model_trainable_offset(c.student)),
+               sizeof(float) * (size_t)pv->numel);
+        float *P = ctrl_model_params(c.student, NULL) + pv->offset;
+        double worst = 0;
+        int checked = 0;
+        for (int64_t i = 0; i < pv->numel; i += 7) {
+            const double g = G[i];
+            if (fabs(g) < 1e-4) continue;
+            const float keep = P[i], h = 1e-2f;
+            P[i] = keep + h, ctrl_model_weights_changed(c.student);
+            const double lp = run(&c, 0.5, 1.0, 2, jsd);
+            P[i] = keep - h, ctrl_model_weights_changed(c.student);
+            const double lm = run(&c, 0.5, 1.0, 2, jsd);
+            P[i] = keep, ctrl_model_weights_changed(c.student);
+            const double fd = (lp - lm) / (2.0 * h), e = fabs(fd - g) / (fabs(g) + 1e-4);
+            worst = e > worst ? e : worst, checked++;
+        }
+        free(G);
+        CHECK_MSG(checked >= 10, "only %d entries checked", checked);
+        CHECK_MSG(worst <= 2e-2, "the trained rows: worst finite-difference rel error %.3g over %d entries",
+                  worst, checked);
+        printf("  trainable tokens, tied: %d entries of the rows, worst finite-difference rel error %.2g\n",
+               checked, worst);
     }
     free(jsd);
     case_close(&c);
