@@ -1035,7 +1035,9 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "phi3_fused_rank_pattern",
                                         "qwen2_pissa",
                                         "llama_olora",
-                                        "qwen2_lora_bias"};
+                                        "qwen2_lora_bias",
+                                        "qwen2_trainable_tokens",
+                                        "llama_trainable_tokens_dict"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -1051,9 +1053,11 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "families/phi3_gqa",
                                         "qwen2",
                                         "llama",
-                                        "qwen2"};
+                                        "qwen2",
+                                        "qwen2",
+                                        "llama"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 16; c++) {
+    for (int c = 0; c < 18; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
@@ -1109,11 +1113,22 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
 /* ctrl_peft_merge (PEFT's merge_and_unload): the merged model computes what the adapters did, and
  * saved, it loads back as a plain model with the same log-probs. */
 TEST(lora_merged_model_equals_the_adapters) {
-    static const char *const cases[] = {"llama_qv",         "llama_all_rslora",        "qwen2_attn_mlp",
-                                        "llama_dora_qv",    "qwen2_dora_all_rslora",   "phi3_qkv_gate_up",
-                                        "phi3_all_dora",    "olmoe_experts_qkv",       "qwen3_moe_gate_up",
-                                        "qwen3_regex_dora", "phi3_fused_rank_pattern", "qwen2_pissa",
-                                        "phi3_pissa_fused", "qwen2_lora_bias_qkv"};
+    static const char *const cases[] = {"llama_qv",
+                                        "llama_all_rslora",
+                                        "qwen2_attn_mlp",
+                                        "llama_dora_qv",
+                                        "qwen2_dora_all_rslora",
+                                        "phi3_qkv_gate_up",
+                                        "phi3_all_dora",
+                                        "olmoe_experts_qkv",
+                                        "qwen3_moe_gate_up",
+                                        "qwen3_regex_dora",
+                                        "phi3_fused_rank_pattern",
+                                        "qwen2_pissa",
+                                        "phi3_pissa_fused",
+                                        "qwen2_lora_bias_qkv",
+                                        "qwen2_trainable_tokens",
+                                        "llama_trainable_tokens_dict"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -1127,8 +1142,10 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "families/phi3_gqa",
                                         "qwen2",
                                         "families/phi3_gqa",
-                                        "qwen2"};
-    for (int c = 0; c < 14; c++) {
+                                        "qwen2",
+                                        "qwen2",
+                                        "llama"};
+    for (int c = 0; c < 16; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",
@@ -1189,6 +1206,11 @@ static void merged_file_case(const char *name, int nf4) {
     float *a = malloc(sizeof(float) * f.T), *p = malloc(sizeof(float) * f.T),
           *again = malloc(sizeof(float) * f.T);
     CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
+    if (lc.n_tokens > 0) { /* a reference forward last (the table then holds the base's rows): the push */
+        ctrl_model_set_adapters_enabled(m, 0); /* writes the trained ones all the same */
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, p, NULL, NULL), CTRL_OK);
+        ctrl_model_set_adapters_enabled(m, 1);
+    }
     snprintf(path, sizeof path, "%s/model.safetensors", out);
     snprintf(cfg, sizeof cfg, "%s/config.json", out);
     char src[1300];
@@ -1214,8 +1236,8 @@ static void merged_file_case(const char *name, int nf4) {
 TEST(lora_merged_file_equals_the_adapters) {
     static const char *const cases[] = {"qwen2_attn_mlp",    "qwen2_dora_all_rslora", "phi3_qkv_gate_up",
                                         "olmoe_experts_qkv", "qwen2_qlora_all",       "phi3_qdora_fused",
-                                        "qwen3_moe_qlora"};
-    for (int c = 0; c < 7; c++)
+                                        "qwen3_moe_qlora",   "qwen2_trainable_tokens"};
+    for (int c = 0; c < 8; c++)
         merged_file_case(cases[c], strstr(cases[c], "qlora") || strstr(cases[c], "qdora"));
 }
 
