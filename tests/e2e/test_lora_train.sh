@@ -328,8 +328,17 @@ tkl1=$(grep '"step": 1,' "$TMP/ttgrpo/metrics.jsonl" | sed 's/.*"kl": \([0-9.e+-
   grep -q "embed_tokens.token_adapter.trainable_tokens_delta" "$TMP/ttgrpo/adapter_model.safetensors" &&
   tr -d ' \t\n' <"$TMP/ttgrpo/adapter_config.json" | grep -q '"trainable_token_indices":\[13,31,18,1000\]' && ok ||
   bad "grpo trainable tokens: kl at step 1 $tkl1, the table in bf16, or the adapter without the rows"
-"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set model.path="$TMP/tmodel" --set train.max_steps=2 \
-  --set train.save_strategy=no --set run.output_dir="$TMP/ttsft" >"$TMP/log" 2>&1 || { bad "sft trainable tokens"; tail -3 "$TMP/log"; }
+"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set model.path="$TMP/tmodel" --set train.max_steps=4 \
+  --set train.save_steps=2 --set run.output_dir="$TMP/ttsft" >"$TMP/log" 2>&1 || { bad "sft trainable tokens"; tail -3 "$TMP/log"; }
+# resumed from checkpoint-2 (the rows and their optimizer state in it): steps 3, 4 and the adapter as before
+mkdir -p "$TMP/ttres" && cp -r "$TMP/ttsft/checkpoint-2" "$TMP/ttres/"
+grep '"step": [1-2],' "$TMP/ttsft/metrics.jsonl" >"$TMP/ttres/metrics.jsonl"
+"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set model.path="$TMP/tmodel" --set train.max_steps=4 \
+  --set train.save_steps=2 --set run.output_dir="$TMP/ttres" --set train.resume_from_checkpoint=last >"$TMP/log" 2>&1 ||
+  { bad "resume trainable tokens"; tail -3 "$TMP/log"; }
+[ -n "$(curve "$TMP/ttsft")" ] && diff <(curve "$TMP/ttsft") <(curve "$TMP/ttres") >/dev/null &&
+  cmp -s "$TMP/ttsft/adapter_model.safetensors" "$TMP/ttres/adapter_model.safetensors" && ok ||
+  bad "trainable tokens: the resumed run differs"
 "${C[@]}" model merge --base "$TMP/tmodel" --adapter "$TMP/ttsft" --out "$TMP/ttmerged" >/dev/null 2>&1 || bad "merge tt"
 with=$(lp --model "$TMP/tmodel" --adapter "$TMP/ttsft") merged=$(lp --model "$TMP/ttmerged") base=$(lp --model "$TMP/tmodel")
 awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
