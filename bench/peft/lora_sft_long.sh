@@ -21,13 +21,14 @@
 #        [peft] embedding_dtype = bf16 (what the default, auto, does under bf16 on the CPU); +emb32: the
 #        fp32 table autocast keeps, embedding_dtype = fp32; +rounded: [train] bf16_fallback = rounded,
 #        bf16's rounded products where no bf16 GEMM kernel runs)] [--trl-modes "autocast bf16" (also fp32: no
-#        autocast, bf16=False)]
+#        autocast, bf16=False)] [--tokens IDS (comma-separated: PEFT's trainable_token_indices in every run,
+#        ctrl's and TRL's)]
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 . "$SRC/bench/peft/watch_run.sh"
 BUILD=$(cd "$1" && pwd)
 shift
-STEPS=3 BATCH=4 ROW=256 TRL=1 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe DTYPES="bf16 fp32" MODES="autocast bf16"
+STEPS=3 BATCH=4 ROW=256 TRL=1 TOK=$SRC/tests/fixtures/tokenizer/tiny_bpe DTYPES="bf16 fp32" MODES="autocast bf16" TOKENS=
 ARGS=() INIT=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -38,6 +39,7 @@ while [ $# -gt 0 ]; do
     --no-trl) TRL=0 ;;
     --ctrl) DTYPES=$2; shift ;;
     --trl-modes) MODES=$2; shift ;;
+    --tokens) TOKENS=$2; shift ;;
     --vocab) INIT+=(--vocab "$2"); shift ;;
     --tie-embeddings) INIT+=(--tie-embeddings) ;;
     *) ARGS+=("$1") ;;
@@ -89,7 +91,7 @@ r = 16
 lora_alpha = 32
 lora_dropout = 0
 INI
-echo "rows: $((STEPS * BATCH)) of ~$ROW tokens; $STEPS steps of $BATCH; one thread each"
+echo "rows: $((STEPS * BATCH)) of ~$ROW tokens; $STEPS steps of $BATCH; one thread each${TOKENS:+; trainable_token_indices $TOKENS}"
 echo "load: $(uptime | sed 's/.*load/load/')"
 printf '| run | peak RSS (MiB) | wall (s) | CPU (s) | CPU s/step | tokens/s (wall) | tokens/s (CPU) | tokens | last loss |\n'
 printf '|---|---|---|---|---|---|---|---|---|\n'
@@ -104,6 +106,7 @@ for dtype in $DTYPES; do
     *+rounded) sets=(--set train.bf16_fallback=rounded) ;;
   esac
   [ "$real" = bf16-store ] && env=(CTRL_NO_BASE_PANELS=1) real=bf16
+  [ -n "$TOKENS" ] && sets+=(--set peft.trainable_token_indices="$TOKENS")
   env "${env[@]}" /usr/bin/time -v -o "$TMP/time-$dtype" "${C[@]}" train "$TMP/run.ini" --set run.output_dir="$out" \
     --set train.dtype=$real "${sets[@]}" >"$TMP/log-$dtype" 2>&1 &
   watch_run $! "$out/metrics.jsonl" "$STEPS" || { tail -5 "$TMP/log-$dtype"; exit 1; }
@@ -127,7 +130,7 @@ done
 if [ $TRL = 1 ]; then
   for mode in $MODES; do
     /work/venv/bin/python "$SRC/bench/peft/trl_lora_long.py" "$TMP/model" "$TMP/train.jsonl" $mode "$STEPS" \
-      "$BATCH" 2>"$TMP/trl-$mode.err" | grep '^| TRL' || tail -3 "$TMP/trl-$mode.err"
+      "$BATCH" "$TOKENS" 2>"$TMP/trl-$mode.err" | grep '^| TRL' || tail -3 "$TMP/trl-$mode.err"
   done
 fi
 echo "load after: $(uptime | sed 's/.*load/load/')"

@@ -10,7 +10,8 @@ True recomputes each layer in backward). Prints one
 markdown row: peak RSS (ru_maxrss), wall time of the whole process, CPU seconds of trainer.train()
 (process time), CPU seconds per step after the first (process time at each step's end), tokens/s by
 wall (TRL's num_tokens over train_runtime) and by CPU time, last loss.
-usage: trl_lora_long.py MODEL_DIR TRAIN_JSONL autocast|bf16|fp32[+keep] STEPS BATCH"""
+With TOKENS (comma-separated token ids) the LoraConfig has trainable_token_indices=TOKENS.
+usage: trl_lora_long.py MODEL_DIR TRAIN_JSONL autocast|bf16|fp32[+keep] STEPS BATCH [TOKENS]"""
 import resource
 import sys
 import tempfile
@@ -52,8 +53,9 @@ def main():
                          logging_steps=1, save_strategy="no", report_to=[], bf16=mode != "fp32", use_cpu=True,
                          dataloader_num_workers=0, max_length=1024,
                          gradient_checkpointing=not keep)
+        tokens = [int(t) for t in sys.argv[6].split(",")] if len(sys.argv) > 6 and sys.argv[6] else None
         peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
-                                 task_type="CAUSAL_LM")
+                                 task_type="CAUSAL_LM", trainable_token_indices=tokens)
         step_cpu = StepCPU()
         trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                              peft_config=peft_config, callbacks=[step_cpu])
