@@ -210,12 +210,12 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                 "the table are trained, so it stays fp32 (only a frozen one is held in bf16)",
                 ed->where, ctrl_config_where(cfg, "peft", "trainable_token_indices"));
     }
+    /* trainable_token_indices' rows are rows of the table, which zero3 gives each rank a slice of */
     const config_entry *tt = config_find(cfg, "peft", "trainable_token_indices");
     const char *strat = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
     char w[128];
     for (const char *pos = strat ? strat : ""; tt && config_list_next(&pos, w, sizeof w) > 0;)
-        if (!strcmp(w,
-                    "zero3")) /* the trained rows are rows of the table, which each rank holds a slice of */
+        if (!strcmp(w, "zero3"))
             return ctrl_error_set(
                 CTRL_ERR_CONFIG,
                 "%s: [peft] trainable_token_indices with [memory] strategies = zero3: the "
