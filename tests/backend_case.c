@@ -176,8 +176,9 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
 
 /* LoRA on `be` against the CPU: tests/fixtures/models/ARCH under adapters on every linear layer
  * (init false: B != 0), dropout 0.2 in training mode, modules_to_save lm_head where the head is
- * untied, trainable_token_indices (rows of the embedding, and of a head tied to it: the device's table
- * written, its lookup's and head's gradients of those rows); a forward and backward, the adapters nudged,
+ * untied (with DoRA rows of that head trained instead: trainable tokens), trainable_token_indices (rows
+ * of the embedding, and of a head tied to it: the device's table written, its lookup's and head's
+ * gradients of those rows); a forward and backward, the adapters nudged,
  * a fused forward and backward; log-probs and
  * every trainable tensor's gradient within `tol` (0: bit-identical). The base has no gradients
  * (the backend's kernels skip NULL parameter gradients). */
@@ -222,7 +223,11 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
         int ok = ctrl_model_load_lora(dir, attn->plugin->ops, &lc, &m) == CTRL_OK;
         if (ok && !ctrl_model_cfg(m)->tie_word_embeddings) { /* once more, with the head trained in full */
             ctrl_model_free(m);
-            lc.save_lm_head = 1;
+            lc.save_lm_head = !dora; /* (with DoRA: rows of the head trained instead, trainable tokens) */
+            lc.n_head_tokens = 0;
+            for (int k = 0; dora && !experts && k < 4; k++)
+                if (rows[3 - k] < mc.vocab_size)
+                    CHECK_EQ_INT(ctrl_lora_add_head_token(&lc, rows[3 - k], "test"), CTRL_OK);
             ok = ctrl_model_load_lora(dir, attn->plugin->ops, &lc, &m) == CTRL_OK;
         }
         if (ok && side == 1) ok = ctrl_model_to_device(m, be, device) == CTRL_OK;

@@ -362,6 +362,12 @@ static const ctrl_option peft_options[] = {
      "the trained rows into the table. The table then stays fp32 (embedding_dtype = bf16 is refused); not "
      "with modules_to_save = embed_tokens (as PEFT), zero3, or in `ctrl serve --lora`'s bank (merge such an "
      "adapter)."},
+    {"trainable_token_indices_lm_head", CTRL_OPT_LIST, NULL, 0, 0, 0, NULL,
+     "Token ids whose rows of an untied LM head train beside the adapters (PEFT's trainable_token_indices = "
+     "{\"embed_tokens\": [...], \"lm_head\": [...]}, e.g. Llama-3's new special tokens, whose input rows "
+     "trainable_token_indices lists), saved as lm_head.token_adapter.trainable_tokens_delta. On tied "
+     "embeddings the head is the table: only trainable_token_indices' own list is accepted (as PEFT ties "
+     "them). Not with modules_to_save = lm_head, zero3, or the serving bank."},
     {"target_parameters", CTRL_OPT_LIST, "", 0, 0, 0, "experts.gate_up_proj|experts.down_proj",
      "LoRA on a mixture-of-experts model's experts (PEFT's target_parameters: Qwen3-MoE, Mixtral, OLMoE): "
      "each expert's weight W_e + s B_e A_e, saved as PEFT's ParamWrapper saves it (mlp.experts[.base_layer]"

@@ -5,7 +5,8 @@
  *   exclude_modules_regex  exclude_modules as PEFT's string
  *   layers_to_transform    a list of layer indices; layers_pattern: a list of names
  *   rank_pattern / alpha_pattern  JSON objects {"pattern": number}, as adapter_config.json holds them
- *   trainable_token_indices  a list of token ids (rows of the input embedding trained beside the adapters) */
+ *   trainable_token_indices  a list of token ids (rows of the input embedding trained beside the adapters);
+ *   trainable_token_indices_lm_head: rows of an untied LM head */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,10 @@
 #include "model/lora.h"
 #include "model/peft.h"
 
-static const char *const keys[] = {"target_modules_regex", "exclude_modules",        "exclude_modules_regex",
-                                   "layers_to_transform",  "layers_pattern",         "rank_pattern",
-                                   "alpha_pattern",        "trainable_token_indices"};
+static const char *const keys[] = {
+    "target_modules_regex", "exclude_modules",         "exclude_modules_regex",
+    "layers_to_transform",  "layers_pattern",          "rank_pattern",
+    "alpha_pattern",        "trainable_token_indices", "trainable_token_indices_lm_head"};
 
 /* Key k's entries into c (where: "FILE:LINE: [peft] KEY"). */
 static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, const char *where) {
@@ -34,7 +36,7 @@ static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, c
         if (r < 0)
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s: an entry longer than %zu bytes", where, sizeof item);
         char *end = NULL;
-        const int number = k == 3 || k == 7; /* a layer index, a token id */
+        const int number = k == 3 || k >= 7; /* a layer index, a token id */
         const long at = number ? strtol(item, &end, 10) : 0;
         if (number && (end == item || *end))
             return ctrl_error_set(CTRL_ERR_CONFIG, "%s: '%s' is not a %s", where, item,
@@ -42,6 +44,7 @@ static ctrl_status read_key(const config_entry *e, int k, ctrl_lora_config *c, c
         const ctrl_status st = k == 1   ? ctrl_lora_add_exclude(c, item, where)
                                : k == 3 ? ctrl_lora_add_layer(c, at, where)
                                : k == 7 ? ctrl_lora_add_token(c, at, where)
+                               : k == 8 ? ctrl_lora_add_head_token(c, at, where)
                                         : ctrl_lora_add_layers_pattern(c, item, where);
         if (st != CTRL_OK) return st;
     }
@@ -79,13 +82,15 @@ ctrl_status settings_read_peft_choices(const ctrl_config *cfg, ctrl_run_settings
         snprintf(where, sizeof where, "%s: [peft] %s", e->where, keys[k]);
         st = read_key(e, (int)k, c, where);
     }
-    const config_entry *tt = config_find(cfg, "peft", keys[7]);
-    if (st == CTRL_OK && tt && s->peft.save_embed_tokens) /* PEFT refuses it too */
-        st =
-            ctrl_error_set(CTRL_ERR_CONFIG,
-                           "%s: [peft] trainable_token_indices with modules_to_save = embed_tokens (%s): the "
-                           "table is trained in full already; choose one",
-                           tt->where, ctrl_config_where(cfg, "peft", "modules_to_save"));
+    for (int h = 0; h < 2 && st == CTRL_OK; h++) { /* the embedding's rows, the head's: PEFT refuses both */
+        const config_entry *tt = config_find(cfg, "peft", keys[7 + h]);
+        if (tt && (h ? s->peft.save_lm_head : s->peft.save_embed_tokens))
+            st = ctrl_error_set(CTRL_ERR_CONFIG,
+                                "%s: [peft] %s with modules_to_save = %s (%s): the table is trained in full "
+                                "already; choose one",
+                                tt->where, keys[7 + h], h ? "lm_head" : "embed_tokens",
+                                ctrl_config_where(cfg, "peft", "modules_to_save"));
+    }
     if (st == CTRL_OK) { /* (lora_bias's refusals are the likeliest: at its line) */
         snprintf(where, sizeof where, "%s: [peft]",
                  s->peft.lora_bias ? ctrl_config_where(cfg, "peft", "lora_bias") : cfg->file_name);

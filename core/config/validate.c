@@ -212,16 +212,17 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
     }
     /* trainable_token_indices' rows are rows of the table, which zero3 gives each rank a slice of */
     const config_entry *tt = config_find(cfg, "peft", "trainable_token_indices");
+    if (!tt) tt = config_find(cfg, "peft", "trainable_token_indices_lm_head");
     const char *strat = config_value_or_default(cfg, "memory", config_core_table("memory"), "strategies");
     char w[128];
     for (const char *pos = strat ? strat : ""; tt && config_list_next(&pos, w, sizeof w) > 0;)
         if (!strcmp(w, "zero3"))
             return ctrl_error_set(
                 CTRL_ERR_CONFIG,
-                "%s: [peft] trainable_token_indices with [memory] strategies = zero3: the "
+                "%s: [peft] %s with [memory] strategies = zero3: the "
                 "trained rows live in the embedding table, which each rank holds a slice of "
                 "(not implemented; zero1 and zero2 work)",
-                tt->where);
+                tt->where, tt->key);
     /* an adapter's setting with enabled left unset (false): it would be ignored, silently -- refused; an
      * explicit enabled = false (a run switching LoRA off, --set peft.enabled=false) keeps the rest unread */
     for (const ctrl_option *o = config_core_table("peft"); !e && o && o->key; o++) {
@@ -250,7 +251,8 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                                                "layers_pattern",
                                                "rank_pattern",
                                                "alpha_pattern",
-                                               "trainable_token_indices"};
+                                               "trainable_token_indices",
+                                               "trainable_token_indices_lm_head"};
     if (config_find(cfg, "peft", "adapter_path"))
         for (size_t i = 0; i < sizeof adapter_keys / sizeof *adapter_keys; i++) {
             config_entry *k = config_find(cfg, "peft", adapter_keys[i]);

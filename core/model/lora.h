@@ -106,9 +106,10 @@ typedef struct ctrl_lora_config {
     /* trainable_token_indices (PEFT's TrainableTokensLayer beside the adapters, lora_tokens.c): these rows
      * of the input embedding trained as one [n_tokens, C] tensor of their values (initialised as the
      * rows), the rest of the table frozen; on tied embeddings the LM head's rows are the same values.
-     * Distinct, in the order given (the tensor's row order). */
-    int n_tokens;
-    int32_t tokens[CTRL_LORA_MAX_TOKENS];
+     * head_tokens: rows of an untied LM head trained so (PEFT's {"lm_head": [...]}). Each list distinct,
+     * in the order given (the tensor's row order). */
+    int n_tokens, n_head_tokens;
+    int32_t tokens[CTRL_LORA_MAX_TOKENS], head_tokens[CTRL_LORA_MAX_TOKENS];
 } ctrl_lora_config;
 
 /* LoRA's dropout draw on host memory (lora.c; the CPU backend's lora_dropout op, what a device's
@@ -161,6 +162,8 @@ ctrl_status ctrl_lora_add_parameter(ctrl_lora_config *c, const char *name, const
 /* Adds a trainable_token_indices entry; CTRL_ERR_CONFIG naming `where` when it is negative, given twice
  * or one too many (the vocabulary's bound is the model's: checked at layout). */
 ctrl_status ctrl_lora_add_token(ctrl_lora_config *c, long id, const char *where);
+/* The same for the LM head's rows (head_tokens). */
+ctrl_status ctrl_lora_add_head_token(ctrl_lora_config *c, long id, const char *where);
 /* Adds a modules_to_save entry (embed_tokens or lm_head, by PEFT's suffix rule; score or classifier:
  * a sequence classifier's head, seq_cls). */
 ctrl_status ctrl_lora_add_module_to_save(ctrl_lora_config *c, const char *name, const char *where);

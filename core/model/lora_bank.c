@@ -203,7 +203,7 @@ ctrl_status ctrl_model_add_adapter(ctrl_model *m, const char *dir, int *id) {
                             "%s/adapter_config.json: \"modules_to_save\": an adapter that replaces the "
                             "embeddings or the head cannot be served beside others; merge it",
                             dir);
-    if (st == CTRL_OK && e->cfg.n_tokens > 0)
+    if (st == CTRL_OK && (e->cfg.n_tokens > 0 || e->cfg.n_head_tokens > 0))
         st =
             ctrl_error_set(CTRL_ERR_UNSUPPORTED,
                            "%s/adapter_config.json: \"trainable_token_indices\": an adapter that replaces "

@@ -313,8 +313,9 @@ void ctrl_lora_copy_choices(ctrl_lora_config *dst, const ctrl_lora_config *src) 
     dst->n_rank_pattern = src->n_rank_pattern, dst->n_alpha_pattern = src->n_alpha_pattern;
     memcpy(dst->rank_pattern, src->rank_pattern, sizeof dst->rank_pattern);
     memcpy(dst->alpha_pattern, src->alpha_pattern, sizeof dst->alpha_pattern);
-    dst->n_tokens = src->n_tokens;
+    dst->n_tokens = src->n_tokens, dst->n_head_tokens = src->n_head_tokens;
     memcpy(dst->tokens, src->tokens, sizeof dst->tokens);
+    memcpy(dst->head_tokens, src->head_tokens, sizeof dst->head_tokens);
 }
 
 ctrl_status ctrl_lora_check_choices(const ctrl_lora_config *c, const char *where) {

@@ -164,8 +164,7 @@ static ctrl_status layout(ctrl_model *m) {
     else if (c->num_labels <= 0 && save_head)
         m->off_lm_head = model_add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
     if (m->lora) MODEL_TRY(lora_layout(m, &cur));
-    m->off_tt = -1;
-    if (m->lora) MODEL_TRY(lora_tokens_layout(m, &cur)); /* trainable_token_indices' rows */
+    MODEL_TRY(lora_tokens_layout(m, &cur)); /* trainable_token_indices' rows */
     m->n_params = cur;
     m->n_train = cur - m->train_off;
     if (m->n_views > m->cap_views)
@@ -223,7 +222,7 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     m->acts = calloc((size_t)cfg->n_layers, sizeof *m->acts);
     /* every view a layer can have (and its adapters): layout never grows it */
-    m->cap_views = 4 + (17 + 3 * cfg->n_experts +
+    m->cap_views = 5 + (17 + 3 * cfg->n_experts +
                         (lora ? (2 + !!lora->use_dora + !!lora->lora_bias) * LORA_N_TARGETS + 4 : 0)) *
                            cfg->n_layers;
     m->views = malloc(sizeof *m->views * (size_t)m->cap_views);
@@ -282,7 +281,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_rank), free(m->lora_scales), free(m->lora_bb);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
-    free(m->tt_map), free(m->tt_orig);
+    lora_tokens_free(m);
     free(m->dora_pending), free(m->dora_wn_host);
     lora_bank_free(m);
     nf4_free(m);
@@ -628,7 +627,7 @@ ctrl_status model_layer_forward(ctrl_model *m, int l, float *next, model_attenti
  * tokens the embedding's backward scatters (m->grad_tokens: the padding_idx, config.json's
  * pad_token_id, as -1: nn.Embedding gives its row no gradient). */
 static ctrl_status keep_batch(ctrl_model *m, const ctrl_batch *b) {
-    const int tt = lora_tokens_on(m); /* and the tokens as rows of trainable_token_indices' tensor */
+    const int tt = m->has_lora && m->tt[0].n; /* and the tokens as rows of trainable_token_indices' tensor */
     const size_t n = (size_t)((4 + tt) * b->T + b->B + 1);
     free(m->batch_mem);
     if (!(m->batch_mem = malloc(sizeof(int32_t) * n)))

@@ -168,10 +168,10 @@ ctrl_status ctrl_model_backward(ctrl_model *m, const float *dlogp) {
         MODEL_TRY(st);
         MODEL_TRY(model_layer_hooks(m, l, 1, 0));
     }
-    model_share_release(m);                     /* the shared operands' memory (model_share) */
-    m->moe_aux_armed = 0;                       /* its gradient is in the routers now */
-    float *dwte = model_grad(m, m->off_embed);  /* none when frozen (LoRA) */
-    const int rows = dwte || lora_tokens_on(m); /* the table's gradient, or trainable_token_indices' */
+    model_share_release(m);                    /* the shared operands' memory (model_share) */
+    m->moe_aux_armed = 0;                      /* its gradient is in the routers now */
+    float *dwte = model_grad(m, m->off_embed); /* none when frozen (LoRA) */
+    const int rows = dwte || m->tt_tokens;     /* the table's gradient, or trainable_token_indices' */
     if (rows && c->embed_scale > 0) MODEL_TRY(be->scale(g.dres, c->embed_scale, (int64_t)T * C));
     if (dwte) MODEL_TRY(be->embedding_backward(dwte, g.dres, m->grad_tokens, T, C));
     MODEL_TRY(lora_tokens_backward(m, g.dres));

@@ -269,6 +269,9 @@ ctrl_status model_hold_head(ctrl_model *m) {
     if (m->off_lm_head < 0) return CTRL_OK;
     /* where it trains no more (its fp32 values stay: the embedding's when tied) */
     if (m->has_lora && (size_t)m->off_lm_head >= m->train_off) return CTRL_OK;
+    /* nor rows of it (trainable_token_indices: written into it as the adapters go on and off; decoding's
+     * panels of it are packed again when they change) */
+    if (lora_tokens_in(m, m->off_lm_head)) return CTRL_OK;
     const size_t n = (size_t)m->cfg.vocab_size * (size_t)m->cfg.hidden_size;
     MODEL_TRY(model_pack_hold(m, (size_t)m->off_lm_head, m->cfg.hidden_size, m->cfg.vocab_size));
     /* a model frozen whole with a head of its own: decoding reads only the panels; its fp32 pages back */

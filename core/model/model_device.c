@@ -188,7 +188,10 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
     const float *w = m->dparams + m->off_lm_head;
     /* a bf16 table, tied: as values (w16) or as the head's panels (w_packed) */
     const int w16_only = m->off_lm_head >= 0 && model_embed16_holds(m, w);
-    const int tt = lora_tokens_on(m) && !m->lora_off && m->off_lm_head >= 0 && m->off_lm_head == m->off_embed;
+    const int32_t *tt_rows; /* trainable_token_indices of the head (tied: the embedding's) */
+    int tt_n;
+    float *tt_dw;
+    lora_tokens_head(m, &tt_rows, &tt_n, &tt_dw);
     return (ctrl_head_args){.hidden = m->lnf,
                             .w = w16_only ? NULL : w,
                             .targets = m->dev_batch.targets,
@@ -205,10 +208,9 @@ ctrl_head_args model_head_args(const ctrl_model *m) {
                                             ? model_pack_valid(m, w, c->hidden_size, c->vocab_size)
                                             : NULL,
                             .w16 = w16_only ? m->emb16 : model_head_w16(m),
-                            /* trainable_token_indices on a tied head: its rows' gradient */
-                            .tt_rows = tt ? m->lora->tokens : NULL,
-                            .tt_n = tt ? m->lora->n_tokens : 0,
-                            .tt_dw = tt ? model_grad(m, m->off_tt) : NULL};
+                            .tt_rows = tt_rows,
+                            .tt_n = tt_n,
+                            .tt_dw = tt_dw};
 }
 
 void ctrl_model_defer_device(ctrl_model *m) { m->dev_deferred = 1; }

@@ -79,10 +79,8 @@ ctrl_status ctrl_model_set_round_skip(ctrl_model *m, const size_t *ranges, int n
 ctrl_status ctrl_model_params_range_changed(ctrl_model *m, size_t off, size_t n) {
     if (n) m->dec_pack_gen++;
     /* trainable_token_indices' values among them (offload_optimizer's overlapped step uploads by ranges):
-     * written into the table again */
-    if (lora_tokens_on(m) && off < (size_t)m->off_tt + (size_t)m->lora->n_tokens * m->cfg.hidden_size &&
-        off + n > (size_t)m->off_tt)
-        m->tt_valid = 0;
+     * written into the tables again */
+    lora_tokens_changed(m, off, n);
     if (!m->rounded_valid || !n) return CTRL_OK;
     if (m->wb16) return m->be->to_bf16(m->wb16 + off, m->dparams + off, (int64_t)n);
     return m->rounded ? m->be->round_to_bf16(m->rounded + off, m->dparams + off, (int64_t)n) : CTRL_OK;

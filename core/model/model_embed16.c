@@ -48,8 +48,9 @@ static int as_panels(const ctrl_model *m) {
 
 ctrl_status model_embed16_view_loaded(ctrl_model *m, const ctrl_param_view *v) {
     if ((long)v->offset != m->off_embed || m->emb16 || m->emb_panels) return CTRL_OK;
-    if (lora_tokens_on(m) && m->emb16_at_load >= 2) return CTRL_OK; /* auto: rows of it trained, fp32 */
-    if (lora_tokens_on(m)) /* the table's rows hold trainable_token_indices' values (lora_tokens.c) */
+    const int trained_rows = lora_tokens_in(m, m->off_embed);  /* trainable_token_indices (lora_tokens.c) */
+    if (trained_rows && m->emb16_at_load >= 2) return CTRL_OK; /* auto: rows of it trained, fp32 */
+    if (trained_rows)
         return ctrl_error_set(CTRL_ERR_CONFIG,
                               "%s: trainable_token_indices trains rows of the table; only a frozen embedding "
                               "is held in bf16",

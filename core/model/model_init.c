@@ -45,7 +45,7 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
             normal_fill(x, v->numel, seed, i, std);
         }
     }
-    lora_tokens_capture(m);        /* trainable_token_indices' rows: the table's new ones */
+    lora_tokens_capture(m, -1);    /* trainable_token_indices' rows: the tables' new ones */
     ctrl_model_weights_changed(m); /* a model on a device copies them there before its next forward */
 }
 

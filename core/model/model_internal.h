@@ -211,18 +211,22 @@ struct ctrl_model {
      * dora_prepare leaves each layer's norms to dora_layer_ready, after the layer's gather; pending[l]:
      * layer l's not computed since the weights changed */
     char *dora_pending;
-    /* trainable_token_indices (lora_tokens.c): off_tt, the view of the trained rows' values; tt_map [V],
-     * each token's row in it (-1: frozen). The embedding table (and the LM head tied to it) holds the rows
-     * the model computes with: the trained values while the adapters are on, the base's (tt_orig; its
-     * copy on the backend tt_orig_dev) while they are off (a reference model), written there by
-     * lora_tokens_sync before a forward when they differ (tt_state: which rows the table holds, 0 not
-     * known; tt_valid 0: the trained values changed since they were written). tt_merged: folded into the
-     * table for good (merge). tt_tokens: the batch's tokens as rows of the view (-1: none; the lookup's
-     * gradient scatters by them), beside m->grad_tokens. */
-    long off_tt;
+    /* trainable_token_indices (lora_tokens.c): tt[0] the input embedding's rows, tt[1] an untied LM head's;
+     * tt_map [V], each token's row in tt[0]'s view (-1: frozen). Each table holds the rows the model
+     * computes with: the trained values while the adapters are on, the base's (a set's orig) while they
+     * are off (a reference model), written there by lora_tokens_sync before a forward when they differ
+     * (tt_state: which rows the tables hold, 0 not known; tt_valid 0: the trained values changed since
+     * they were written). tt_merged: folded into the tables for good (merge). tt_tokens: the batch's
+     * tokens as rows of tt[0]'s view (-1: none; the lookup's gradient scatters by them), beside
+     * m->grad_tokens. */
+    struct lora_token_set {
+        long view, table;       /* the trained values' view [n, C]; the table they are rows of */
+        const int32_t *ids;     /* the rows (the LoRA config's list) */
+        int n, captured;        /* captured: the base's rows read (as the table loaded) */
+        float *orig, *orig_dev; /* the base's rows [n, C] (host; the backend's copy) */
+    } tt[2];
     int32_t *tt_map;
-    float *tt_orig, *tt_orig_dev;
-    int tt_state, tt_valid, tt_merged, tt_captured;
+    int tt_state, tt_valid, tt_merged;
     const int32_t *tt_tokens;
     int dora_hold_norms; /* tests: the norms kept as they are (PEFT's detached constant) while the
                           * weights change, for finite differences of what backward differentiates */
@@ -468,24 +472,30 @@ int lora_init_from_base_on(const ctrl_lora_config *c);
 ctrl_status lora_init_from_base(ctrl_model *m, const ctrl_param_view *v);
 /* After the load: every adapter was set so (else an error), and the model told its weights changed. */
 ctrl_status lora_init_from_base_check(ctrl_model *m);
-/* trainable_token_indices (lora_tokens.c): whether the model has them; their view laid out after the
- * adapters (the ids checked against the vocabulary); the rows captured from the table as the model's
- * values are set (the embedding's view loaded, or a random init): the trained values and the base's
- * copy; the table made to hold the rows the model computes with now (before each forward); the batch's
- * tokens as rows of the view (tt[t]); the lookup's gradient into the view's (dx: dL/d the looked-up
- * rows); the rows folded into the table for good (merge: the adapters go off); the backend's copy
- * released (the model moves). */
+/* trainable_token_indices (lora_tokens.c): whether the model has them; their views laid out after the
+ * adapters (the ids checked against the vocabulary); the rows captured from a table as the model's
+ * values are set (the table at offset `table` loaded; -1: every table, a random init): the trained values
+ * and the base's copy; the tables made to hold the rows the model computes with now (before each
+ * forward); the batch's tokens as rows of the embedding's view (tt[t]); the lookup's gradient into the
+ * view's (dx: dL/d the looked-up rows); the LM head's trained rows and their gradient (its ids, count and
+ * gradient rows: n 0 where none train the head now); parameters [off, off + n) changed (the views among
+ * them: written again); the rows folded into the tables for good (merge: the adapters go off); the
+ * backend's copies released (the model moves), then the host's (the model is freed). */
 int lora_tokens_on(const ctrl_model *m);
+int lora_tokens_in(const ctrl_model *m, long table); /* rows of the table at offset `table` train */
 ctrl_status lora_tokens_layout(ctrl_model *m, size_t *cursor);
-void lora_tokens_capture(ctrl_model *m);
+void lora_tokens_capture(ctrl_model *m, long table);
 ctrl_status lora_tokens_sync(ctrl_model *m);
 void lora_tokens_batch(const ctrl_model *m, const int32_t *tokens, int T, int32_t *tt);
 ctrl_status lora_tokens_backward(ctrl_model *m, const float *dx);
 /* ... and a tied head's part from dz [n, V] = dL/dlogits of hidden rows h [n, C] (the backend's), where the
  * head is not the fused one (GKD's divergence; fp32 products) */
 ctrl_status lora_tokens_head_grad(ctrl_model *m, const float *dz, const float *h, int n);
+void lora_tokens_head(const ctrl_model *m, const int32_t **ids, int *n, float **dw);
+void lora_tokens_changed(ctrl_model *m, size_t off, size_t n);
 void lora_tokens_merge(ctrl_model *m);
-void lora_tokens_release(ctrl_model *m); /* the backend's copy (model_release_backend) */
+void lora_tokens_release(ctrl_model *m);
+void lora_tokens_free(ctrl_model *m);
 ctrl_status lora_forward(ctrl_model *m, int l, int target, layer_acts *a, float *out, const float *x, int IN,
                          int OUT);
 ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a, float *dx, const float *dout,

@@ -311,7 +311,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         ctrl_model_free(m);
         return st;
     }
-    if (parts && lora && lora->n_tokens > 0) {
+    if (parts && lora && (lora->n_tokens > 0 || lora->n_head_tokens > 0)) {
         ctrl_model_free(m);
         free(ranges);
         return ctrl_error_set(
@@ -380,8 +380,8 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
             break;
         }
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
-        if (st == CTRL_OK) st = lora_init_from_base(m, v); /* pissa / olora: before it is narrowed */
-        if (st == CTRL_OK && (long)v->offset == m->off_embed) lora_tokens_capture(m); /* trainable rows */
+        if (st == CTRL_OK) st = lora_init_from_base(m, v);          /* pissa / olora: before it is narrowed */
+        if (st == CTRL_OK) lora_tokens_capture(m, (long)v->offset); /* trainable_token_indices' rows */
         if (st == CTRL_OK && v->nf4) /* QLoRA: into NF4 before the next layer's (its piece alone kept) */
             st = spans ? nf4_store_part(m, v, spans[2 * (v->nf4 - 1)], spans[2 * (v->nf4 - 1) + 1])
                        : nf4_store(m, v);

@@ -105,32 +105,37 @@ static ctrl_status read_choices(const cJSON *root, const char *path, ctrl_lora_c
     return ctrl_lora_check_choices(c, path);
 }
 
+/* Whether module name `name` is `module` or ends in "." + module (PEFT's suffix match). */
+static int names(const char *name, const char *module) {
+    const size_t n = strlen(name), k = strlen(module);
+    return !strcmp(name, module) || (n > k && name[n - k - 1] == '.' && !strcmp(name + n - k, module));
+}
+
 /* trainable_token_indices: a list of token ids (the input embedding's rows), or {module: list} naming
- * the input embedding (embed_tokens, or a name ending in .embed_tokens; PEFT's other targets, an untied
- * lm_head among them, are not implemented). */
+ * the input embedding (embed_tokens) and / or the LM head (lm_head); PEFT's other targets are not
+ * implemented. */
 static ctrl_status read_tokens(const cJSON *root, const char *path, ctrl_lora_config *c) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "trainable_token_indices");
     if (trivial(v)) return CTRL_OK;
     char where[4300];
     snprintf(where, sizeof where, "%s: \"trainable_token_indices\"", path);
-    if (cJSON_IsObject(v)) {
-        if (cJSON_GetArraySize(v) != 1 || !cJSON_IsArray(v->child))
-            return bad(path, "trainable_token_indices",
-                       "as an object, must map the input embedding to a list");
-        const char *name = v->child->string;
-        const size_t n = strlen(name);
-        if (strcmp(name, "embed_tokens") && !(n > 13 && !strcmp(name + n - 13, ".embed_tokens")))
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v))
+        return bad(path, "trainable_token_indices",
+                   "must be a list of token ids, an object of such lists or null");
+    for (const cJSON *l = cJSON_IsObject(v) ? v->child : v; l; l = cJSON_IsObject(v) ? l->next : NULL) {
+        const int head = cJSON_IsObject(v) && names(l->string, "lm_head");
+        if (cJSON_IsObject(v) && !head && !names(l->string, "embed_tokens"))
             return ctrl_error_set(CTRL_ERR_FORMAT,
                                   "%s: \"%s\": trainable tokens of a module other than the input embedding "
-                                  "(embed_tokens) are not implemented",
-                                  where, name);
-        v = v->child;
-    }
-    if (!cJSON_IsArray(v)) return bad(path, "trainable_token_indices", "must be a list of token ids or null");
-    for (const cJSON *e = v->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
-            return bad(path, "trainable_token_indices", "entries must be whole numbers");
-        MODEL_TRY(ctrl_lora_add_token(c, (long)fmax(-1, fmin(e->valuedouble, 3e9)), where));
+                                  "(embed_tokens) and the LM head (lm_head) are not implemented",
+                                  where, l->string);
+        if (!cJSON_IsArray(l)) return bad(path, "trainable_token_indices", "each module's must be a list");
+        for (const cJSON *e = l->child; e; e = e->next) {
+            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
+                return bad(path, "trainable_token_indices", "entries must be whole numbers");
+            const long id = (long)fmax(-1, fmin(e->valuedouble, 3e9));
+            MODEL_TRY(head ? ctrl_lora_add_head_token(c, id, where) : ctrl_lora_add_token(c, id, where));
+        }
     }
     return CTRL_OK;
 }

@@ -188,7 +188,14 @@ static char *config_json(const ctrl_model *m, const ctrl_lora_config *c, const c
             cJSON_AddItemToArray(l, cJSON_CreateString(c->layers_pattern[k]));
     } else
         cJSON_AddNullToObject(o, "layers_pattern");
-    if (c->n_tokens > 0) { /* PEFT's list form: the input embedding's rows */
+    if (c->n_head_tokens > 0) { /* PEFT's dictionary: the embedding's rows and the head's */
+        cJSON *d = cJSON_AddObjectToObject(o, "trainable_token_indices");
+        cJSON *e = c->n_tokens ? cJSON_AddArrayToObject(d, "embed_tokens") : NULL,
+              *h = cJSON_AddArrayToObject(d, "lm_head");
+        for (int k = 0; k < c->n_tokens; k++) cJSON_AddItemToArray(e, cJSON_CreateNumber(c->tokens[k]));
+        for (int k = 0; k < c->n_head_tokens; k++)
+            cJSON_AddItemToArray(h, cJSON_CreateNumber(c->head_tokens[k]));
+    } else if (c->n_tokens > 0) { /* PEFT's list form: the input embedding's rows */
         cJSON *tk = cJSON_AddArrayToObject(o, "trainable_token_indices");
         for (int k = 0; k < c->n_tokens; k++) cJSON_AddItemToArray(tk, cJSON_CreateNumber(c->tokens[k]));
     } else

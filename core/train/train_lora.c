@@ -216,11 +216,12 @@ ctrl_status train_model_load(const ctrl_run_settings *s, const ctrl_lora_config 
               train, all, 100.0 * (double)train / (double)all,
               lc.use_dora ? (lc.nf4 ? ", DoRA magnitudes (QDoRA)" : ", DoRA magnitudes") : "",
               nf4[0] ? " " : "", nf4, from ? "; adapter from " : "", from ? from : "");
-    if (lc.n_tokens > 0)
-        CTRL_INFO("LoRA: trainable_token_indices: %d rows of the input embedding trained%s; the table held in "
-                  "fp32",
-                  lc.n_tokens,
-                  ctrl_model_cfg(*out)->tie_word_embeddings ? " (and of the LM head tied to it)" : "");
+    if (lc.n_tokens > 0 || lc.n_head_tokens > 0)
+        CTRL_INFO(
+            "LoRA: trainable_token_indices: %d rows of the input embedding trained%s, %d of the LM head's; "
+            "the tables held in fp32",
+            lc.n_tokens, ctrl_model_cfg(*out)->tie_word_embeddings ? " (the LM head's: tied)" : "",
+            ctrl_model_cfg(*out)->tie_word_embeddings ? 0 : lc.n_head_tokens);
     if (lc.init == CTRL_LORA_INIT_PISSA || lc.init == CTRL_LORA_INIT_OLORA)
         CTRL_INFO("LoRA: init_lora_weights = %s: each adapter from its weight's %s as the weight loaded, "
                   "the frozen base the residual W - s B A%s",

@@ -344,6 +344,16 @@ with=$(lp --model "$TMP/tmodel" --adapter "$TMP/ttsft") merged=$(lp --model "$TM
 awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
   for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
   exit !(n == 2) }' && ok || bad "trainable tokens merged: losses $merged, with the adapter $with, base $base"
+# the untied model: rows of the table and of the head (PEFT's {"embed_tokens": ..., "lm_head": ...})
+"${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set peft.trainable_token_indices_lm_head=31,18,900 --set train.max_steps=2 \
+  --set train.save_strategy=no --set run.output_dir="$TMP/tthead" >"$TMP/log" 2>&1 || { bad "sft head tokens"; tail -3 "$TMP/log"; }
+"${C[@]}" model merge --base "$TMP/model" --adapter "$TMP/tthead" --out "$TMP/tthmerged" >/dev/null 2>&1 || bad "merge tt head"
+with=$(lp --model "$TMP/model" --adapter "$TMP/tthead") merged=$(lp --model "$TMP/tthmerged") base=$(lp --model "$TMP/model")
+grep -q "lm_head.token_adapter.trainable_tokens_delta" "$TMP/tthead/adapter_model.safetensors" &&
+  tr -d ' \t\n' <"$TMP/tthead/adapter_config.json" | grep -q '"lm_head":\[31,18,900\]' &&
+  awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
+  exit !(n == 2) }' && ok || bad "head tokens: the adapter or merged losses $merged, with the adapter $with, base $base"
 "${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set peft.embedding_dtype=bf16 >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "embedding_dtype = bf16 with trainable_token_indices" "$TMP/log" && ok ||
   { bad "trainable tokens with embedding_dtype = bf16 not refused"; tail -2 "$TMP/log"; }

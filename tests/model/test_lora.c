@@ -181,11 +181,12 @@ TEST(lora_module_choices_and_patterns_match_peft) {
 
 /* trainable_token_indices beside the adapters (PEFT's TrainableTokensLayer, core/model/lora_tokens.c):
  * rows of Qwen2's tied embedding (so of its LM head too: a token twice in the batch, one never in it,
- * whose gradient is the head's alone) and, as a dictionary, of Llama's untied one with DoRA; the rows'
- * values moved away from the base's so that they change the output. */
+ * whose gradient is the head's alone) and, as a dictionary, of Llama's untied one with DoRA, and of its
+ * untied LM head too; the rows' values moved away from the base's so that they change the output. */
 TEST(trainable_tokens_match_peft) {
     check_case("qwen2_trainable_tokens");
     check_case("llama_trainable_tokens_dict");
+    check_case("llama_trainable_tokens_head"); /* and rows of Llama's untied head (PEFT's lm_head key) */
 }
 
 /* LoRA on MoE experts (PEFT's target_parameters: lora.ParamWrapper over transformers 5's stacked
@@ -1037,7 +1038,8 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "llama_olora",
                                         "qwen2_lora_bias",
                                         "qwen2_trainable_tokens",
-                                        "llama_trainable_tokens_dict"};
+                                        "llama_trainable_tokens_dict",
+                                        "llama_trainable_tokens_head"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -1055,9 +1057,10 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "llama",
                                         "qwen2",
                                         "qwen2",
+                                        "llama",
                                         "llama"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 18; c++) {
+    for (int c = 0; c < 19; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
@@ -1128,7 +1131,8 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "phi3_pissa_fused",
                                         "qwen2_lora_bias_qkv",
                                         "qwen2_trainable_tokens",
-                                        "llama_trainable_tokens_dict"};
+                                        "llama_trainable_tokens_dict",
+                                        "llama_trainable_tokens_head"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -1144,8 +1148,9 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "families/phi3_gqa",
                                         "qwen2",
                                         "qwen2",
+                                        "llama",
                                         "llama"};
-    for (int c = 0; c < 16; c++) {
+    for (int c = 0; c < 17; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",
@@ -1206,7 +1211,9 @@ static void merged_file_case(const char *name, int nf4) {
     float *a = malloc(sizeof(float) * f.T), *p = malloc(sizeof(float) * f.T),
           *again = malloc(sizeof(float) * f.T);
     CHECK_EQ_INT(ctrl_model_forward(m, &f.b, a, NULL, NULL), CTRL_OK);
-    if (lc.n_tokens > 0) { /* a reference forward last (the table then holds the base's rows): the push */
+    if (lc.n_tokens > 0 ||
+        lc.n_head_tokens >
+            0) { /* a reference forward last (the table then holds the base's rows): the push */
         ctrl_model_set_adapters_enabled(m, 0); /* writes the trained ones all the same */
         CHECK_EQ_INT(ctrl_model_forward(m, &f.b, p, NULL, NULL), CTRL_OK);
         ctrl_model_set_adapters_enabled(m, 1);
@@ -1234,10 +1241,11 @@ static void merged_file_case(const char *name, int nf4) {
 }
 
 TEST(lora_merged_file_equals_the_adapters) {
-    static const char *const cases[] = {"qwen2_attn_mlp",    "qwen2_dora_all_rslora", "phi3_qkv_gate_up",
-                                        "olmoe_experts_qkv", "qwen2_qlora_all",       "phi3_qdora_fused",
-                                        "qwen3_moe_qlora",   "qwen2_trainable_tokens"};
-    for (int c = 0; c < 8; c++)
+    static const char *const cases[] = {
+        "qwen2_attn_mlp",    "qwen2_dora_all_rslora",  "phi3_qkv_gate_up",
+        "olmoe_experts_qkv", "qwen2_qlora_all",        "phi3_qdora_fused",
+        "qwen3_moe_qlora",   "qwen2_trainable_tokens", "llama_trainable_tokens_head"};
+    for (int c = 0; c < 9; c++)
         merged_file_case(cases[c], strstr(cases[c], "qlora") || strstr(cases[c], "qdora"));
 }
 

@@ -266,8 +266,19 @@ TEST(what_is_not_implemented_or_not_valid_is_refused_by_name) {
     CHECK(m == NULL);
     char dir[] = "/tmp/ctrl_lora_tokens_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    CHECK_EQ_INT(config_with(dir, "{\"lm_head\": [3]}", &lc), CTRL_ERR_FORMAT);
-    CHECK_CONTAINS(ctrl_error_message(), "lm_head");
+    CHECK_EQ_INT(config_with(dir, "{\"wte\": [3]}", &lc), CTRL_ERR_FORMAT);
+    CHECK_CONTAINS(ctrl_error_message(), "wte");
+    CHECK_EQ_INT(config_with(dir, "{\"embed_tokens\": [3], \"model.lm_head\": [4, 3]}", &lc), CTRL_OK);
+    CHECK(lc.n_tokens == 1 && lc.n_head_tokens == 2 && lc.head_tokens[0] == 4);
+    /* a tied head is the embedding: another list for it is refused, the same one is the tied rows once */
+    lc.n_head_tokens = 0;
+    CHECK_EQ_INT(ctrl_lora_add_head_token(&lc, 9, "test"), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load_lora(qwen2, eager(), &lc, &m), CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "tie_word_embeddings");
+    lc.head_tokens[0] = 3;
+    CHECK_EQ_INT(ctrl_model_load_lora(qwen2, eager(), &lc, &m), CTRL_OK);
+    CHECK(m && rows_view(m) && !ctrl_model_find_view(m, "lm_head.token_adapter.trainable_tokens_delta"));
+    ctrl_model_free(m), m = NULL;
     CHECK_EQ_INT(config_with(dir, "[3, 3.5]", &lc), CTRL_ERR_FORMAT);
     CHECK_CONTAINS(ctrl_error_message(), "trainable_token_indices");
     CHECK_EQ_INT(config_with(dir, "{\"model.embed_tokens\": [3, 9]}", &lc), CTRL_OK);

@@ -171,6 +171,12 @@ CASES = {
                                                   trainable_token_indices={"embed_tokens": [62, 3, 57]},
                                                   use_dora=True, init_lora_weights=False, lora_dropout=0.0),
                                     "perturb_tt", "perturb"),
+    # rows of Llama's untied LM head too (PEFT's dictionary with lm_head: a TrainableTokensLayer over the
+    # nn.Linear head, its own rows), a token in both lists, one of the head's never in the batch
+    "llama_trainable_tokens_head": ("llama", dict(r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"],
+                                                  trainable_token_indices={"embed_tokens": [57, 62],
+                                                                           "lm_head": [62, 100, 7]},
+                                                  init_lora_weights=False, lora_dropout=0.0), "perturb_tt"),
 }
 
 

@@ -100,6 +100,7 @@ TEST(lora_decoding_applies_the_adapters_live) {
      * adapters' off: the base's rows written back */
     check("qwen2_trainable_tokens", "qwen2");
     check("llama_trainable_tokens_dict", "llama");
+    check("llama_trainable_tokens_head", "llama"); /* rows of the untied head too */
 }
 
 /* Each sequence's next-token logits after its whole prompt, decoded in one call ([n] sequences,
@@ -159,6 +160,43 @@ done:
 TEST(lora_base_held_as_it_loads_for_inference) {
     check_bf16_load("qwen2_attn_mlp", "qwen2");
     check_bf16_load("llama_all_rslora", "llama"); /* modules_to_save lm_head: trained, not held */
+}
+
+/* trainable_token_indices in bf16 inference (ctrl_peft_load_bf16: the base held as panels as it loads,
+ * a head held as panels -- not one whose rows train, which the adapters rewrite): decoded log-probs are
+ * the fp32 adapter's within bf16's rounding, far from the base rows'. */
+static void check_tokens_bf16(const char *adapter, const char *arch) {
+    char a[512], base[512];
+    snprintf(a, sizeof a, "%s/lora/%s", CTRL_FIXTURE_DIR, adapter);
+    snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin *eager = NULL;
+    CHECK_EQ_INT(ctrl_registry_require(reg, CTRL_KIND_ATTENTION, "eager", &eager), CTRL_OK);
+    ctrl_model *m = NULL, *ref = NULL;
+    CHECK_EQ_INT(ctrl_peft_load_bf16(base, a, eager ? eager->ops : NULL, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_peft_load(base, a, eager ? eager->ops : NULL, &ref), CTRL_OK);
+    if (m && ref) {
+        test_attach_paged(m), test_attach_paged(ref);
+        static const int32_t tokens[] = {57, 62, 3, 100, 7, 5, 116, 11, 62, 57}; /* the trained ones */
+        const int n = 10;
+        float got[16], on[16], off[16];
+        decode_logp(m, tokens, n, got);
+        forward_logp(ref, tokens, n, on);
+        ctrl_model_set_adapters_enabled(ref, 0);
+        forward_logp(ref, tokens, n, off);
+        const double e_on = test_rel_error_f32(got, on, n - 1), e_off = test_rel_error_f32(got, off, n - 1);
+        CHECK_MSG(e_on <= 3e-2 && e_on < e_off / 4,
+                  "%s in bf16: %.3g from the adapter's, %.3g from the base's", adapter, e_on, e_off);
+        printf("  %-27s bf16 decoding: %.1e from the fp32 adapter's log-probs, %.1e from the base's\n",
+               adapter, e_on, e_off);
+    }
+    ctrl_model_free(m), ctrl_model_free(ref);
+    ctrl_registry_destroy(reg);
+}
+
+TEST(trainable_tokens_decode_in_bf16_as_loaded_for_inference) {
+    check_tokens_bf16("qwen2_trainable_tokens", "qwen2");      /* the tied table */
+    check_tokens_bf16("llama_trainable_tokens_head", "llama"); /* the untied table and head */
 }
 
 static int scaled_adapter(const char *base, const char *src, float f, char *dir) {
