@@ -314,7 +314,9 @@ static const ctrl_option peft_options[] = {
      "Train LoRA adapters (PEFT's LoraConfig semantics) instead of the full model: the base weights are "
      "frozen "
      "(no gradients, no optimizer state) and output_dir receives a PEFT adapter (adapter_config.json, "
-     "adapter_model.safetensors) instead of a model."},
+     "adapter_model.safetensors) instead of a model. Another [peft] key set while this one is not is refused "
+     "naming it (it would be ignored); enabled = false, set explicitly, switches LoRA off and leaves them "
+     "unread."},
     {"r", CTRL_OPT_INT, "16", MIN(1), NULL, "LoRA rank."},
     {"lora_alpha", CTRL_OPT_FLOAT, "32", POSITIVE, NULL,
      "LoRA scaling numerator (scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora)."},
