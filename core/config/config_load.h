@@ -90,7 +90,8 @@ typedef struct ctrl_run_settings {
     struct {
         int enabled, r, use_rslora, use_dora, nf4; /* nf4: quantization = nf4 */
         int lora_bias;                             /* PEFT's lora_bias: lora_B has a bias */
-        int embed_bf16;                            /* embedding_dtype: 0 fp32, 1 bf16, 2 auto */
+        int ensure_weight_tying; /* PEFT's: a tied table in modules_to_save trained once, both its uses */
+        int embed_bf16;          /* embedding_dtype: 0 fp32, 1 bf16, 2 auto */
         double lora_alpha, lora_dropout;
         const char *init_lora_weights; /* true, false, gaussian */
         const char *adapter_path;      /* NULL when unset */

@@ -399,9 +399,14 @@ static const ctrl_option peft_options[] = {
      "orthogonal "
      "(PEFT's, even r): A and B random with orthonormal mixing such that B A = 0 (neither is zero)."},
     {"modules_to_save", CTRL_OPT_LIST, "", 0, 0, 0, "embed_tokens|lm_head|score|classifier",
-     "Modules trained in full beside the adapters and saved in the adapter file (not with tied embeddings). "
+     "Modules trained in full beside the adapters and saved in the adapter file (with tied embeddings only "
+     "together with ensure_weight_tying = true: PEFT would otherwise untie them). "
      "score (or classifier): a sequence classifier's head, which the reward trainer trains with LoRA "
      "anyway (PEFT's task_type SEQ_CLS adds it); refused with a trainer of a causal LM."},
+    {"ensure_weight_tying", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,
+     "PEFT's ensure_weight_tying: on a model with tied embeddings, modules_to_save embed_tokens and / or "
+     "lm_head train one copy of the table that is both the embedding and the LM head (saved under both "
+     "names, as PEFT saves it). Without it such a modules_to_save is refused (PEFT would untie the two)."},
     {"bias", CTRL_OPT_CHOICE, "none", 0, 0, 0, "none|all|lora_only",
      "Which biases train: none (the only one implemented; the others are refused)."},
     {"use_dora", CTRL_OPT_BOOL, "false", 0, 0, 0, NULL,

@@ -203,6 +203,7 @@ ctrl_status config_settings_fill(ctrl_config *cfg) {
                  .use_rslora = rd_bool(&r, "peft", "use_rslora"),
                  .use_dora = rd_bool(&r, "peft", "use_dora"),
                  .lora_bias = rd_bool(&r, "peft", "lora_bias"),
+                 .ensure_weight_tying = rd_bool(&r, "peft", "ensure_weight_tying"),
                  .nf4 = !strcmp(rd_str(&r, "peft", "quantization"), "nf4"),
                  .embed_bf16 = !strcmp(rd_str(&r, "peft", "embedding_dtype"), "bf16")   ? 1
                                : !strcmp(rd_str(&r, "peft", "embedding_dtype"), "auto") ? 2

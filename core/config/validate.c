@@ -242,6 +242,7 @@ static ctrl_status check_not_implemented(const ctrl_config *cfg) {
                                                "modules_to_save",
                                                "init_lora_weights",
                                                "lora_bias",
+                                               "ensure_weight_tying",
                                                "use_dora",
                                                "target_parameters",
                                                "target_modules_regex",

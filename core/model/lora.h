@@ -58,6 +58,9 @@ typedef struct ctrl_lora_config {
     int n_targets;
     char targets[CTRL_LORA_MAX_TARGETS][96];
     int save_embed_tokens, save_lm_head; /* modules_to_save */
+    /* PEFT's ensure_weight_tying: with tied embeddings, modules_to_save embed_tokens and / or lm_head train
+     * one copy of the table that is both (saved under both names); without it PEFT unties them (refused) */
+    int ensure_weight_tying;
     int use_dora; /* DoRA (dora.c): a trainable magnitude per output row of every adapted layer */
     /* PEFT's lora_bias: lora_B has a bias b [OUT] (lora_B.bias), the adapter adding s (x A^T B^T + b);
      * zero at init_lora_weights = true, nn.Linear's U(-1/sqrt(r), 1/sqrt(r)) at false */

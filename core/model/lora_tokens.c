@@ -96,12 +96,14 @@ ctrl_status lora_tokens_layout(ctrl_model *m, size_t *cursor) {
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "LoRA: trainable_token_indices for lm_head on a sequence classifier (no LM head)");
-    if ((c->n_tokens && c->save_embed_tokens) || (head && c->save_lm_head))
+    const int embed_saved = (size_t)m->off_embed >= m->train_off, /* modules_to_save: trained whole */
+        head_saved = m->off_lm_head >= 0 && (size_t)m->off_lm_head >= m->train_off;
+    if ((c->n_tokens && embed_saved) || (head && head_saved))
         return ctrl_error_set(
             CTRL_ERR_CONFIG,
             "LoRA: trainable_token_indices with modules_to_save %s: the table is trained in "
             "full already (PEFT refuses both)",
-            c->n_tokens && c->save_embed_tokens ? "embed_tokens" : "lm_head");
+            c->n_tokens && embed_saved ? "embed_tokens" : "lm_head");
     if (c->n_tokens) {
         free(m->tt_map);
         if (!(m->tt_map = malloc(sizeof(int32_t) * (size_t)m->cfg.vocab_size)))

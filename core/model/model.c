@@ -56,8 +56,11 @@ static ctrl_status layout(ctrl_model *m) {
     size_t cur = 0;
     char n[96];
     for (int t = 0; t < LORA_N_TARGETS; t++) m->nf4_slot[t] = -1;
-    const int save_embed = m->lora && m->lora->save_embed_tokens,
-              save_head = m->lora && m->lora->save_lm_head, nf4 = m->lora && m->lora->nf4;
+    /* a tied table in modules_to_save (ensure_weight_tying): the embedding trains, the head is it */
+    const int tied_saved = m->lora && c->tie_word_embeddings && m->lora->ensure_weight_tying &&
+                           (m->lora->save_embed_tokens || m->lora->save_lm_head);
+    const int save_embed = m->lora && (m->lora->save_embed_tokens || tied_saved),
+              save_head = m->lora && m->lora->save_lm_head && !tied_saved, nf4 = m->lora && m->lora->nf4;
     if (!save_embed)
         m->off_embed = model_add_view(m, &cur, "model.embed_tokens.weight", 2, c->vocab_size, C, 0);
     for (int l = 0; l < c->n_layers; l++) {
@@ -193,11 +196,14 @@ ctrl_status ctrl_model_create_lora(const ctrl_model_config *cfg, const ctrl_atte
                               "LoRA: modules_to_save lm_head on a sequence classifier (num_labels = %d), "
                               "which has a score head and no LM head",
                               cfg->num_labels);
-    if (lora && cfg->tie_word_embeddings && (lora->save_embed_tokens || lora->save_lm_head))
+    if (lora && cfg->tie_word_embeddings && (lora->save_embed_tokens || lora->save_lm_head) &&
+        !lora->ensure_weight_tying)
         return ctrl_error_set(
             CTRL_ERR_UNSUPPORTED,
-            "LoRA: modules_to_save with tied word embeddings (tie_word_embeddings = true) is "
-            "not implemented: PEFT would untie them");
+            "LoRA: modules_to_save with tied word embeddings (tie_word_embeddings = true) and "
+            "ensure_weight_tying false: PEFT would untie them (not implemented); set ensure_weight_tying = "
+            "true "
+            "to train the one table that is both, or train rows of it (trainable_token_indices)");
     /* attn may be NULL for a model that is only initialised or converted; forward needs one. */
     if (attn && (!attn->forward || !attn->backward))
         return ctrl_error_set(CTRL_ERR_PLUGIN,

@@ -168,6 +168,7 @@ static ctrl_status read_fields(const cJSON *root, const char *path, ctrl_lora_co
     c->use_rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora"));
     c->use_dora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_dora"));
     c->lora_bias = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "lora_bias"));
+    c->ensure_weight_tying = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "ensure_weight_tying"));
     v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
     const int pissa = cJSON_IsString(v) && !strcmp(v->valuestring, "pissa"),
               olora = cJSON_IsString(v) && !strcmp(v->valuestring, "olora");

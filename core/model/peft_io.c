@@ -17,6 +17,31 @@
 /* The views an adapter holds: the LoRA tensors and the modules_to_save (all the trainable ones). */
 static int in_adapter(const ctrl_model *m, const ctrl_param_view *v) { return v->offset >= m->train_off; }
 
+/* A tied table trained whole (modules_to_save with ensure_weight_tying): PEFT saves it under the head's
+ * name too (TIED_HEAD), the same values. */
+#define TIED_HEAD PEFT_PREFIX "lm_head.weight"
+static int tied_saved(const ctrl_model *m) {
+    return m->off_lm_head >= 0 && m->off_lm_head == m->off_embed && (size_t)m->off_embed >= m->train_off;
+}
+
+/* TIED_HEAD in file f: the embedding's values (the model's, as just read), or an error naming path. */
+static ctrl_status tied_head_same(const ctrl_model *m, ctrl_safetensors *f, const char *path) {
+    const ctrl_param_view *v = ctrl_model_find_view(m, "model.embed_tokens.weight");
+    const ctrl_st_tensor *t = ctrl_safetensors_find(f, TIED_HEAD);
+    float *x = v && t && t->ndim == 2 && t->shape[0] == v->shape[0] && t->shape[1] == v->shape[1]
+                   ? malloc(sizeof(float) * (size_t)v->numel)
+                   : NULL;
+    ctrl_status st = x ? ctrl_safetensors_read_f32(f, TIED_HEAD, x, v->numel) : CTRL_ERR_FORMAT;
+    if (st == CTRL_OK && memcmp(x, m->params + v->offset, sizeof(float) * (size_t)v->numel))
+        st = CTRL_ERR_FORMAT;
+    free(x);
+    return st == CTRL_OK ? CTRL_OK
+                         : ctrl_error_set(CTRL_ERR_FORMAT,
+                                          "%s: '%s' is not the values of the tied embedding's trained copy "
+                                          "(ensure_weight_tying: one table, saved under both names)",
+                                          path, TIED_HEAD);
+}
+
 /* The number of experts of an expert adapter's lora_B view (0: any other view). */
 static int expert_b(const ctrl_model *m, const ctrl_param_view *v) {
     const size_t n = strlen(v->name);
@@ -98,6 +123,10 @@ ctrl_status ctrl_peft_load_weights(ctrl_model *m, const char *dir) {
     if (st == CTRL_OK && used != ctrl_safetensors_count(f)) /* a tensor the config does not explain */
         for (int k = 0; k < ctrl_safetensors_count(f) && st == CTRL_OK; k++) {
             const char *n = ctrl_safetensors_at(f, k)->name;
+            if (tied_saved(m) && !strcmp(n, TIED_HEAD)) { /* the trained table under the head's name */
+                st = tied_head_same(m, f, path);
+                continue;
+            }
             const ctrl_param_view *v = strncmp(n, PEFT_PREFIX, strlen(PEFT_PREFIX))
                                            ? NULL
                                            : ctrl_model_find_view(m, n + strlen(PEFT_PREFIX));
@@ -133,6 +162,7 @@ static char *config_json(const ctrl_model *m, const ctrl_lora_config *c, const c
     cJSON_AddBoolToObject(o, "use_rslora", c->use_rslora);
     cJSON_AddBoolToObject(o, "use_dora", c->use_dora);
     cJSON_AddBoolToObject(o, "lora_bias", c->lora_bias);
+    cJSON_AddBoolToObject(o, "ensure_weight_tying", c->ensure_weight_tying);
     cJSON_AddStringToObject(o, "bias", "none");
     cJSON_AddBoolToObject(o, "fan_in_fan_out", 0);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
@@ -212,8 +242,8 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return ctrl_error_set(CTRL_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
     char path[4200];
-    ctrl_st_write *w = calloc((size_t)m->n_views, sizeof *w);
-    char(*names)[CTRL_ST_MAX_NAME] = calloc((size_t)m->n_views, sizeof *names);
+    ctrl_st_write *w = calloc((size_t)m->n_views + 1, sizeof *w);
+    char(*names)[CTRL_ST_MAX_NAME] = calloc((size_t)m->n_views + 1, sizeof *names);
     float *moved = malloc(sizeof(float) * (m->n_train ? m->n_train : 1)); /* the adapter in PEFT's layout */
     if (!w || !names || !moved) {
         free(w), free(names), free(moved);
@@ -230,6 +260,9 @@ ctrl_status ctrl_peft_save(ctrl_model *m, const char *dir, const char *base) {
         w[n] = (ctrl_st_write){
             .name = names[n], .data = data, .ndim = v->ndim, .shape = {v->shape[0], v->shape[1]}};
         n++;
+        if ((long)v->offset == m->off_embed &&
+            tied_saved(m)) /* and under the head's name, as PEFT saves it */
+            w[n] = w[n - 1], w[n].name = TIED_HEAD, n++;
     }
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     ctrl_status st = ctrl_safetensors_write(path, w, n, CTRL_F32);

@@ -19,6 +19,7 @@ static ctrl_status lora_from_settings(const ctrl_run_settings *s, ctrl_lora_conf
     memset(lc, 0, sizeof *lc);
     lc->r = s->peft.r, lc->lora_alpha = (float)s->peft.lora_alpha, lc->use_rslora = s->peft.use_rslora;
     lc->use_dora = s->peft.use_dora, lc->lora_bias = s->peft.lora_bias;
+    lc->ensure_weight_tying = s->peft.ensure_weight_tying;
     lc->save_embed_tokens = s->peft.save_embed_tokens, lc->save_lm_head = s->peft.save_lm_head;
     lc->seq_cls = s->peft.save_score;
     lc->init = ctrl_lora_init_named(s->peft.init_lora_weights);

@@ -354,6 +354,20 @@ grep -q "lm_head.token_adapter.trainable_tokens_delta" "$TMP/tthead/adapter_mode
   awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
   for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
   exit !(n == 2) }' && ok || bad "head tokens: the adapter or merged losses $merged, with the adapter $with, base $base"
+# modules_to_save on the tied table: refused as PEFT would untie it, unless ensure_weight_tying (one trained
+# table, saved under both names as PEFT saves it; the merged model scores what the adapter does)
+tms=(--set model.path="$TMP/tmodel" --set peft.modules_to_save=embed_tokens --set train.max_steps=2 --set train.save_strategy=no)
+"${C[@]}" train "$TMP/sft.ini" "${tms[@]}" >"$TMP/log" 2>&1
+[ $? != 0 ] && grep -q "ensure_weight_tying" "$TMP/log" && ok || bad "modules_to_save on a tied table without ensure_weight_tying"
+"${C[@]}" train "$TMP/sft.ini" "${tms[@]}" --set peft.ensure_weight_tying=true --set run.output_dir="$TMP/ewt" >"$TMP/log" 2>&1 ||
+  { bad "ensure_weight_tying run"; tail -3 "$TMP/log"; }
+"${C[@]}" model merge --base "$TMP/tmodel" --adapter "$TMP/ewt" --out "$TMP/ewtmerged" >/dev/null 2>&1 || bad "merge ewt"
+with=$(lp --model "$TMP/tmodel" --adapter "$TMP/ewt") merged=$(lp --model "$TMP/ewtmerged") base=$(lp --model "$TMP/tmodel")
+grep -q "base_model.model.lm_head.weight" "$TMP/ewt/adapter_model.safetensors" &&
+  grep -q "base_model.model.model.embed_tokens.weight" "$TMP/ewt/adapter_model.safetensors" &&
+  awk -v a="$with" -v b="$merged" -v c="$base" 'BEGIN { n = split(a, x, " "); split(b, y, " "); split(c, z, " ");
+  for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d < 0) d = -d; if (d > 1e-5 * y[i] || x[i] == z[i]) exit 1 }
+  exit !(n == 2) }' && ok || bad "ensure_weight_tying: the adapter or merged losses $merged, with the adapter $with, base $base"
 "${C[@]}" train "$TMP/sft.ini" "${tt[@]}" --set peft.embedding_dtype=bf16 >"$TMP/log" 2>&1
 [ $? = 2 ] && grep -q "embedding_dtype = bf16 with trainable_token_indices" "$TMP/log" && ok ||
   { bad "trainable tokens with embedding_dtype = bf16 not refused"; tail -2 "$TMP/log"; }

@@ -49,6 +49,7 @@ for f in "$src"/configs/*.ini "$fx"/trl_sft/*.ini; do cp "$f" "$out/config/$(bas
 peft_ini=$'[model]\npath = '"$fx"$'/models/qwen2\n[data]\ntrain_file = '"$fx"$'/sft_data/conversational_prompt_completion.jsonl\n[peft]\nenabled = true\n'
 printf '%s%s' "$peft_ini" $'exclude_modules = k_proj\nlayers_to_transform = 0, 1\nlayers_pattern = layers\nrank_pattern = {"q_proj": 8, "down_proj": 2}\nalpha_pattern = {"v_proj": 3}\nlora_bias = true\n' >"$out/config/peft_choices"
 printf '%s%s' "$peft_ini" $'target_modules_regex = .*\\.layers\\.[01]\\.self_attn\\.(q|v)_proj\nexclude_modules_regex = .*1\\.self_attn\\.v_proj\ninit_lora_weights = pissa\n' >"$out/config/peft_regex"
+printf '%s%s' "$peft_ini" $'trainable_token_indices = 3, 17, 42\ntrainable_token_indices_lm_head = 5, 9\n' >"$out/config/peft_tokens"
 
 # sft_rows: first byte picks the [data] configuration (tests/fuzz/fuzz_sft_rows.c); 0x10 also packs.
 for f in "$fx"/sft_data/*.jsonl "$fx"/sft_data/messages_array.json "$fx"/trl_sft/messages.jsonl; do

@@ -189,6 +189,10 @@ TEST(trainable_tokens_match_peft) {
     check_case("llama_trainable_tokens_head"); /* and rows of Llama's untied head (PEFT's lm_head key) */
 }
 
+/* modules_to_save on Qwen2's tied table with ensure_weight_tying (PEFT: one trained copy that is the
+ * embedding and the head, saved under both names): PEFT's log-probs and the copy's gradient, both uses'. */
+TEST(tied_modules_to_save_with_ensure_weight_tying_match_peft) { check_case("qwen2_tied_saved_ewt"); }
+
 /* LoRA on MoE experts (PEFT's target_parameters: lora.ParamWrapper over transformers 5's stacked
  * experts.gate_up_proj / down_proj): both nested (gate_up_proj's under base_layer.) with attention
  * adapters (Qwen3-MoE, top 2 renormalised), down_proj alone with rsLoRA and no target_modules
@@ -1039,7 +1043,8 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "qwen2_lora_bias",
                                         "qwen2_trainable_tokens",
                                         "llama_trainable_tokens_dict",
-                                        "llama_trainable_tokens_head"};
+                                        "llama_trainable_tokens_head",
+                                        "qwen2_tied_saved_ewt"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -1058,9 +1063,10 @@ TEST(lora_sgd_steps_lower_the_loss_and_export_for_peft) {
                                         "qwen2",
                                         "qwen2",
                                         "llama",
-                                        "llama"};
+                                        "llama",
+                                        "qwen2"};
     const char *export = getenv("CTRL_LORA_EXPORT_DIR");
-    for (int c = 0; c < 19; c++) {
+    for (int c = 0; c < 20; c++) {
         char dir[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         const int nf4 = strstr(cases[c], "qdora") != NULL; /* QDoRA: over the NF4 base */
@@ -1132,7 +1138,8 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "qwen2_lora_bias_qkv",
                                         "qwen2_trainable_tokens",
                                         "llama_trainable_tokens_dict",
-                                        "llama_trainable_tokens_head"};
+                                        "llama_trainable_tokens_head",
+                                        "qwen2_tied_saved_ewt"};
     static const char *const archs[] = {"llama",
                                         "llama",
                                         "qwen2",
@@ -1149,8 +1156,9 @@ TEST(lora_merged_model_equals_the_adapters) {
                                         "qwen2",
                                         "qwen2",
                                         "llama",
-                                        "llama"};
-    for (int c = 0; c < 17; c++) {
+                                        "llama",
+                                        "qwen2"};
+    for (int c = 0; c < 18; c++) {
         char dir[1024], base[1024];
         snprintf(dir, sizeof dir, "%s/lora/%s", CTRL_FIXTURE_DIR, cases[c]);
         snprintf(base, sizeof base, "%s/%s%s", CTRL_FIXTURE_DIR, strchr(archs[c], '/') ? "" : "models/",

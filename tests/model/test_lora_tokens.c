@@ -264,6 +264,17 @@ TEST(what_is_not_implemented_or_not_valid_is_refused_by_name) {
     CHECK(ctrl_model_load_lora(CTRL_FIXTURE_DIR "/models/llama", eager(), &lc, &m) == CTRL_ERR_CONFIG);
     CHECK_CONTAINS(ctrl_error_message(), "modules_to_save embed_tokens");
     CHECK(m == NULL);
+    /* modules_to_save on a tied table: refused unless ensure_weight_tying (then one trained table) */
+    lc.n_tokens = 0, lc.save_embed_tokens = 0, lc.save_lm_head = 1;
+    CHECK_EQ_INT(ctrl_model_load_lora(qwen2, eager(), &lc, &m), CTRL_ERR_UNSUPPORTED);
+    CHECK_CONTAINS(ctrl_error_message(), "ensure_weight_tying");
+    lc.ensure_weight_tying = 1;
+    CHECK_EQ_INT(ctrl_model_load_lora(qwen2, eager(), &lc, &m), CTRL_OK);
+    const ctrl_param_view *table = m ? ctrl_model_find_view(m, "model.embed_tokens.weight") : NULL;
+    CHECK(table && table->offset >= ctrl_model_trainable_offset(m) &&
+          !ctrl_model_find_view(m, "lm_head.weight"));
+    ctrl_model_free(m), m = NULL;
+    lc.ensure_weight_tying = 0, lc.save_lm_head = 0;
     char dir[] = "/tmp/ctrl_lora_tokens_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     CHECK_EQ_INT(config_with(dir, "{\"wte\": [3]}", &lc), CTRL_ERR_FORMAT);

@@ -177,6 +177,11 @@ CASES = {
                                                   trainable_token_indices={"embed_tokens": [57, 62],
                                                                            "lm_head": [62, 100, 7]},
                                                   init_lora_weights=False, lora_dropout=0.0), "perturb_tt"),
+    # modules_to_save on a tied table with ensure_weight_tying: one trained copy that is the embedding and
+    # the LM head (PEFT saves it under both names; its config lists the embedding's)
+    "qwen2_tied_saved_ewt": ("qwen2", dict(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"],
+                                           modules_to_save=["lm_head"], ensure_weight_tying=True,
+                                           init_lora_weights=False, lora_dropout=0.0)),
 }
 
 
@@ -265,8 +270,10 @@ def main():
         loss.backward()
         grads = {file_name(n): p.grad.detach().contiguous() for n, p in pm.named_parameters() if p.requires_grad}
         saved = get_peft_model_state_dict(pm)
-        assert set(grads) == set("base_model.model." + k if not k.startswith("base_model") else k for k in saved) \
-            or set(grads) == set(saved), (sorted(grads), sorted(saved))
+        full = set("base_model.model." + k if not k.startswith("base_model") else k for k in saved)
+        if kw.get("ensure_weight_tying"):  # the tied copy saved under the head's name too
+            full.discard("base_model.model.lm_head.weight")
+        assert set(grads) == full or set(grads) == set(saved), (sorted(grads), sorted(saved))
         save_file(grads, os.path.join(d, "grads.safetensors"))
         scale = kw["lora_alpha"] / (math.sqrt(kw["r"]) if kw.get("use_rslora") else kw["r"])
         with open(os.path.join(d, "batch.json"), "w") as f:
