@@ -7,6 +7,7 @@
 #include "config/config_load.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "model/peft.h"
 #include "test.h"
 #include "test_registry.h"
 #include "random_batch.h"
@@ -261,6 +262,50 @@ static void lora_check(const ctrl_backend_ops *be, ctrl_device device, const cha
             arch, kind, (double)lc.lora_dropout, be->name, el, n, eg);
     }
     free(grads[0]), free(grads[1]);
+    ctrl_registry_destroy(reg);
+}
+
+void backend_saved_off_check(const ctrl_backend_ops *be, ctrl_device device, const char *adapter,
+                             const char *arch, const char *view) {
+    char a[512], base[512];
+    snprintf(a, sizeof a, "%s/lora/%s", CTRL_FIXTURE_DIR, adapter);
+    snprintf(base, sizeof base, "%s/models/%s", CTRL_FIXTURE_DIR, arch);
+    ctrl_registry *reg = test_plugin_registry();
+    const ctrl_plugin_entry *attn = ctrl_registry_find(reg, CTRL_KIND_ATTENTION, "eager");
+    ctrl_model *m = NULL, *b = NULL;
+    CHECK_EQ_INT(ctrl_peft_load(base, a, attn ? attn->plugin->ops : NULL, &m), CTRL_OK);
+    CHECK_EQ_INT(ctrl_model_load(base, attn ? attn->plugin->ops : NULL, &b), CTRL_OK);
+    const ctrl_param_view *v = m ? ctrl_model_find_view(m, view) : NULL;
+    CHECK(v && v->offset >= ctrl_model_trainable_offset(m));
+    if (v && b) {
+        float *p = ctrl_model_params(m, NULL);
+        for (int64_t i = 0; i < v->numel; i++) p[v->offset + i] *= 1.3f; /* trained away from the base */
+        ctrl_model_weights_changed(m);
+        float *want = malloc(sizeof(float) * (size_t)v->numel);
+        memcpy(want, p + v->offset, sizeof(float) * (size_t)v->numel);
+        if (be) CHECK_EQ_INT(ctrl_model_to_device(m, be, device), CTRL_OK);
+        if (be) CHECK_EQ_INT(ctrl_model_to_device(b, be, device), CTRL_OK);
+        ctrl_batch bt;
+        make_batch(&bt, ctrl_model_cfg(m)->vocab_size < 100 ? ctrl_model_cfg(m)->vocab_size : 100);
+        static float on[CASE_T], off[CASE_T], again[CASE_T], plain[CASE_T];
+        CHECK_EQ_INT(ctrl_model_forward(m, &bt, on, NULL, NULL), CTRL_OK);
+        ctrl_model_set_adapters_enabled(m, 0);
+        CHECK_EQ_INT(ctrl_model_forward(m, &bt, off, NULL, NULL), CTRL_OK);
+        CHECK_EQ_INT(ctrl_model_forward(b, &bt, plain, NULL, NULL), CTRL_OK);
+        CHECK_MSG(same(off, plain, sizeof off), "%s: adapters off: not the base's log-probs (rel %.3g)",
+                  adapter, test_rel_error_f32(off, plain, CASE_T));
+        ctrl_model_set_adapters_enabled(m, 1); /* the trained table back at once: a save reads it */
+        const float *now = ctrl_model_params(m, NULL);
+        CHECK_MSG(!memcmp(now + v->offset, want, sizeof(float) * (size_t)v->numel),
+                  "%s: the trained %s not back with the adapters", adapter, view);
+        CHECK_EQ_INT(ctrl_model_forward(m, &bt, again, NULL, NULL), CTRL_OK);
+        CHECK_MSG(same(on, again, sizeof on), "%s: adapters on again: not the adapter's log-probs", adapter);
+        CHECK(!same(on, off, sizeof on));
+        printf("  %-22s %s on %s: adapters off = the base bit for bit, on again = the adapter\n", adapter,
+               view, be ? be->name : "cpu");
+        free(want);
+    }
+    ctrl_model_free(m), ctrl_model_free(b);
     ctrl_registry_destroy(reg);
 }
 

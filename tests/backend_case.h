@@ -27,6 +27,12 @@ void backend_score_check(const ctrl_backend_ops *be, ctrl_device device, const c
 /* LoRA adapters (dropout on, modules_to_save lm_head where untied) on tests/fixtures/models/ARCH: on
  * `be` against the CPU, log-probs and trainable gradients within `tol` (0: bit-identical). */
 void backend_lora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
+/* A LoRA adapter with modules_to_save (tests/fixtures/lora/ADAPTER over models/ARCH), its trained table
+ * `view` scaled away from the base's, on `be` (NULL: the CPU): with the adapters off the log-probs are
+ * the base model's bit for bit (PEFT's disable_adapter() runs the original module), on again the
+ * adapter's bit for bit, and the adapter saved after an adapters-off forward holds the trained table. */
+void backend_saved_off_check(const ctrl_backend_ops *be, ctrl_device device, const char *adapter,
+                             const char *arch, const char *view);
 /* The same with the base in NF4 (QLoRA, [peft] quantization = nf4), plain LoRA adapters. */
 void backend_qlora_check(const ctrl_backend_ops *be, ctrl_device device, const char *arch, double tol);
 /* And QDoRA: DoRA adapters (magnitudes, weight norms) over the NF4 base. */

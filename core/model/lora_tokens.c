@@ -78,7 +78,7 @@ static ctrl_status set_layout(ctrl_model *m, size_t *cursor, int k, long table, 
 ctrl_status lora_tokens_layout(ctrl_model *m, size_t *cursor) {
     memset(m->tt, 0, sizeof m->tt);
     m->tt[0].view = m->tt[1].view = -1;
-    m->tt_state = 0, m->tt_valid = 0, m->tt_merged = 0;
+    m->tt_state = 0, m->tt_valid = 0;
     if (!m->has_lora) return CTRL_OK;
     const ctrl_lora_config *c = m->lora;
     const int tied = m->off_lm_head >= 0 && m->off_lm_head == m->off_embed;
@@ -134,7 +134,7 @@ void lora_tokens_capture(ctrl_model *m, long table) {
 }
 
 ctrl_status lora_tokens_sync(ctrl_model *m) {
-    if (!lora_tokens_on(m) || m->tt_merged) return CTRL_OK;
+    if (!lora_tokens_on(m) || m->lora_merged) return CTRL_OK;
     const int want = m->lora_off ? 1 : 2; /* the base's rows, or the trained ones */
     if (m->tt_state == want && (want == 1 || m->tt_valid)) return CTRL_OK;
     const ctrl_backend_ops *be = m->be;
@@ -214,7 +214,6 @@ void lora_tokens_merge(ctrl_model *m) {
         for (int k = 0; k < m->tt[s].n; k++)
             memcpy(m->params + m->tt[s].table + (size_t)m->tt[s].ids[k] * C,
                    m->params + m->tt[s].view + (size_t)k * C, sizeof(float) * (size_t)C);
-    m->tt_merged = lora_tokens_on(m);
 }
 
 void lora_tokens_release(ctrl_model *m) {

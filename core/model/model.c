@@ -168,6 +168,7 @@ static ctrl_status layout(ctrl_model *m) {
         m->off_lm_head = model_add_view(m, &cur, "lm_head.weight", 2, c->vocab_size, C, 0);
     if (m->lora) MODEL_TRY(lora_layout(m, &cur));
     MODEL_TRY(lora_tokens_layout(m, &cur)); /* trainable_token_indices' rows */
+    lora_saved_layout(m);                   /* modules_to_save's tables: their base's values aside */
     m->n_params = cur;
     m->n_train = cur - m->train_off;
     if (m->n_views > m->cap_views)
@@ -287,7 +288,7 @@ void ctrl_model_free(ctrl_model *m) {
     free(m->lora), free(m->lora_a), free(m->lora_b), free(m->lora_host), free(m->moe_lora);
     free(m->lora_rank), free(m->lora_scales), free(m->lora_bb);
     free(m->lora_mag), free(m->dora_at); /* dora_norm, dora_g: backend memory (released above) */
-    lora_tokens_free(m);
+    lora_tokens_free(m), lora_saved_free(m);
     free(m->dora_pending), free(m->dora_wn_host);
     lora_bank_free(m);
     nf4_free(m);
@@ -314,7 +315,12 @@ void ctrl_model_set_training(ctrl_model *m, int training, uint64_t step) {
     m->training = training;
     if (training) m->lora_step = step << 24;
 }
-void ctrl_model_set_adapters_enabled(ctrl_model *m, int enabled) { m->lora_off = !enabled; }
+void ctrl_model_set_adapters_enabled(ctrl_model *m, int enabled) {
+    m->lora_off = !enabled;
+    /* modules_to_save's trained tables back at once (lora_saved.c): what reads them next may be a save */
+    if (enabled && m->saved_off && lora_saved_sync(m) != CTRL_OK)
+        CTRL_ERROR("LoRA: the adapters back on: %s", ctrl_error_message());
+}
 int ctrl_model_view_count(const ctrl_model *m) { return m->n_views; }
 const ctrl_param_view *ctrl_model_view(const ctrl_model *m, int i) {
     return i >= 0 && i < m->n_views ? &m->views[i] : NULL;

@@ -47,6 +47,7 @@ void model_release_backend(ctrl_model *m) {
     m->dora_wn = NULL;
     ctrl_model_release_decode_scratch(m); /* on this backend too */
     lora_tokens_release(m);               /* trainable_token_indices' base rows there */
+    lora_saved_release(m);                /* modules_to_save's base tables there (swapped back first) */
     void **bufs[] = {(void **)&m->cos_tab, (void **)&m->sin_tab, (void **)&m->rounded,
                      (void **)&m->dbatch_mem, (void **)&m->wb16};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(*bufs[i]), *bufs[i] = NULL;

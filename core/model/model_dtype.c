@@ -111,7 +111,10 @@ ctrl_status model_prepare_weights(ctrl_model *m, int T) {
         m->dparams_valid = 1;
         m->nf4_layer = -1; /* QLoRA: the device's slot now holds the host's, not a layer's */
         m->tt_state = 0;   /* the table's rows are the host's: trainable_token_indices' written again */
+        lora_saved_uploaded(m);
     }
+    MODEL_TRY(
+        lora_saved_sync(m)); /* modules_to_save's tables: the base's values while the adapters are off */
     MODEL_TRY(lora_tokens_sync(m)); /* the table holds the rows computed with: trained, or the base's */
     /* no rounded copy where the backend's bf16 products round w themselves at no cost */
     const int rounds_itself = ctrl_backend_has(m->be, bf16_rounds_weights) && m->be->bf16_rounds_weights();

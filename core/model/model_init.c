@@ -46,6 +46,7 @@ void ctrl_model_init_random(ctrl_model *m, uint64_t seed, float std) {
         }
     }
     lora_tokens_capture(m, -1);    /* trainable_token_indices' rows: the tables' new ones */
+    lora_saved_capture(m, -1);     /* modules_to_save's base values */
     ctrl_model_weights_changed(m); /* a model on a device copies them there before its next forward */
 }
 

@@ -216,7 +216,8 @@ struct ctrl_model {
      * computes with: the trained values while the adapters are on, the base's (a set's orig) while they
      * are off (a reference model), written there by lora_tokens_sync before a forward when they differ
      * (tt_state: which rows the tables hold, 0 not known; tt_valid 0: the trained values changed since
-     * they were written). tt_merged: folded into the tables for good (merge). tt_tokens: the batch's
+     * they were written). lora_merged: the adapters folded into the weights for good (ctrl_peft_merge:
+     * the rows stay in the tables, the trained tables stay). tt_tokens: the batch's
      * tokens as rows of tt[0]'s view (-1: none; the lookup's gradient scatters by them), beside
      * m->grad_tokens. */
     struct lora_token_set {
@@ -226,7 +227,19 @@ struct ctrl_model {
         float *orig, *orig_dev; /* the base's rows [n, C] (host; the backend's copy) */
     } tt[2];
     int32_t *tt_map;
-    int tt_state, tt_valid, tt_merged;
+    int tt_state, tt_valid, lora_merged;
+    /* modules_to_save with the adapters off (lora_saved.c): a table trained in full (the embedding, an
+     * untied LM head) holds the base's values while lora_off, as PEFT's disable_adapter() runs the original
+     * module. saved[k]: the table's offset and floats, the base's values (orig: host, kept; orig_dev its
+     * backend copy, holding the trained values while swapped; orig_dev_valid 0: to be uploaded again);
+     * saved_off: the tables hold the base's values now. */
+    struct lora_saved_table {
+        long table;
+        size_t n;
+        float *orig, *orig_dev;
+        int captured, orig_dev_valid;
+    } saved[2];
+    int saved_off;
     const int32_t *tt_tokens;
     int dora_hold_norms; /* tests: the norms kept as they are (PEFT's detached constant) while the
                           * weights change, for finite differences of what backward differentiates */
@@ -496,6 +509,16 @@ void lora_tokens_changed(ctrl_model *m, size_t off, size_t n);
 void lora_tokens_merge(ctrl_model *m);
 void lora_tokens_release(ctrl_model *m);
 void lora_tokens_free(ctrl_model *m);
+/* modules_to_save's base values (lora_saved.c): found at layout (the trainable tables), captured as a
+ * table loads (-1: every one), the tables made to hold the base's values while the adapters are off and
+ * the trained ones while on (before each forward, and as the adapters go on), released with the backend
+ * (swapped back first), freed with the model. */
+void lora_saved_layout(ctrl_model *m);
+void lora_saved_capture(ctrl_model *m, long table);
+ctrl_status lora_saved_sync(ctrl_model *m);
+void lora_saved_release(ctrl_model *m);
+void lora_saved_uploaded(ctrl_model *m); /* the host's parameters were put on the device whole */
+void lora_saved_free(ctrl_model *m);
 ctrl_status lora_forward(ctrl_model *m, int l, int target, layer_acts *a, float *out, const float *x, int IN,
                          int OUT);
 ctrl_status lora_backward(ctrl_model *m, int l, int target, const layer_acts *a, float *dx, const float *dout,

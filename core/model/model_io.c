@@ -382,6 +382,7 @@ static ctrl_status load_into(const char *dir, const ctrl_model_config *cfg, cons
         st = ctrl_safetensors_read_f32(file, v->name, params + v->offset, numel);
         if (st == CTRL_OK) st = lora_init_from_base(m, v);          /* pissa / olora: before it is narrowed */
         if (st == CTRL_OK) lora_tokens_capture(m, (long)v->offset); /* trainable_token_indices' rows */
+        if (st == CTRL_OK) lora_saved_capture(m, (long)v->offset);  /* modules_to_save's base values */
         if (st == CTRL_OK && v->nf4) /* QLoRA: into NF4 before the next layer's (its piece alone kept) */
             st = spans ? nf4_store_part(m, v, spans[2 * (v->nf4 - 1)], spans[2 * (v->nf4 - 1) + 1])
                        : nf4_store(m, v);

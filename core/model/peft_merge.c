@@ -111,6 +111,7 @@ ctrl_status ctrl_peft_merge(ctrl_model *m) {
             lora_moe_merge(m, l, m->params + m->layers[l].experts);
     }
     lora_tokens_merge(m); /* trainable_token_indices' rows into the table */
+    m->lora_merged = 1;   /* (their tables, and modules_to_save's trained ones, stay so) */
     m->lora_off = 1;      /* the adapters are in the weights now */
     ctrl_model_weights_changed(m);
     return CTRL_OK;

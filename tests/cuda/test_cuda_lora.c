@@ -67,6 +67,17 @@ TEST(lora_dropout_mask_on_the_device_is_the_hosts) {
 
 /* A LoRA model (all-linear, dropout 0.3) training on the device: the CPU's log-probs and gradients,
  * and no host staging for the masks (m->lora_host never allocated). */
+/* modules_to_save with the adapters off on the device: the base's tables swapped in there (PEFT's
+ * disable_adapter()), the trained ones back when the adapters are (backend_case.c). */
+TEST(modules_to_save_off_on_the_device_is_the_base) {
+    const ctrl_backend_ops *be = cuda_test_ops();
+    if (!be) TEST_SKIP(ctrl_error_message());
+    backend_saved_off_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "llama_all_rslora", "llama",
+                            "lm_head.weight");
+    backend_saved_off_check(be, (ctrl_device){CTRL_DEVICE_CUDA, 0}, "qwen2_tied_saved_ewt", "qwen2",
+                            "model.embed_tokens.weight");
+}
+
 TEST(lora_dropout_trains_on_the_device_without_a_host_round_trip) {
     const ctrl_backend_ops *be = cuda_test_ops();
     if (!be) TEST_SKIP(ctrl_error_message());

@@ -21,6 +21,7 @@
 #include <ctrl/attention.h>
 
 #include "fixture_batch.h"
+#include "backend_case.h"
 #include "json_file.h"
 #include "model/model_internal.h"
 #include "model/peft.h"
@@ -227,6 +228,17 @@ TEST(a_saved_adapter_is_pefts_and_loads_back) {
     rmdir(dir);
     tokens_batch_free(&f);
     ctrl_model_free(m);
+}
+
+/* modules_to_save with the adapters off: the base's tables (PEFT's disable_adapter()), on the CPU: an
+ * untied head, an embedding, a tied table (ensure_weight_tying). */
+TEST(adapters_off_give_the_base_of_modules_to_save) {
+    backend_saved_off_check(NULL, (ctrl_device){CTRL_DEVICE_CPU, 0}, "llama_all_rslora", "llama",
+                            "lm_head.weight");
+    backend_saved_off_check(NULL, (ctrl_device){CTRL_DEVICE_CPU, 0}, "qwen3_default_init", "qwen3",
+                            "model.embed_tokens.weight");
+    backend_saved_off_check(NULL, (ctrl_device){CTRL_DEVICE_CPU, 0}, "qwen2_tied_saved_ewt", "qwen2",
+                            "model.embed_tokens.weight");
 }
 
 static ctrl_status config_with(const char *dir, const char *tokens_json, ctrl_lora_config *lc) {
