@@ -68,15 +68,15 @@ ctrl_status lora_saved_sync(ctrl_model *m) {
     for (int k = 0; k < 2; k++) {
         struct lora_saved_table *s = &m->saved[k];
         if (!s->n) continue;
-        if (!s->captured)
-            return ctrl_error_set(CTRL_ERR_RUNTIME,
-                                  "LoRA: the base's values of a modules_to_save table were never read (no "
-                                  "weights set, or no memory for their copy)");
         if (m->dparams_sliced || m->shard_outer) /* zero3: this rank holds a slice of the table */
             return ctrl_error_set(
                 CTRL_ERR_UNSUPPORTED,
                 "LoRA: the adapters switched off with modules_to_save under zero3 (the base's "
                 "table beside the trained one on sliced parameters is not implemented)");
+        if (!s->captured)
+            return ctrl_error_set(CTRL_ERR_RUNTIME,
+                                  "LoRA: the base's values of a modules_to_save table were never read (no "
+                                  "weights set, or no memory for their copy)");
         MODEL_TRY(swap(m, s));
         MODEL_TRY(ctrl_model_params_range_changed(m, (size_t)s->table, s->n)); /* bf16 copies, panels */
     }
