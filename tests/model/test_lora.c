@@ -95,6 +95,22 @@ static void check_case(const char *name) {
     CHECK_MSG(e_logp <= 1e-5, "%s: logp relative error %.3g", name, e_logp);
     CHECK_MSG(fabs(loss - want_loss) <= 1e-5 * fabs(want_loss), "%s: loss %.7f vs PEFT %.7f", name, loss,
               want_loss);
+    const cJSON *off_json = cJSON_GetObjectItemCaseSensitive(want, "off_logp");
+    if (off_json) { /* PEFT's disable_adapter(): the reference model of TRL + PEFT (modules_to_save: the originals)
+                */
+        float *off_logp = calloc(f.T, 4), *got = calloc(f.T, 4);
+        i = 0;
+        for (const cJSON *e = off_json->child; e && i < f.T; e = e->next) off_logp[i++] = (float)e->valuedouble;
+        ctrl_model_set_adapters_enabled(m, 0);
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, got, NULL, NULL), CTRL_OK);
+        ctrl_model_set_adapters_enabled(m, 1);
+        const double e_off = test_rel_error_f32(got, off_logp, f.T);
+        CHECK_MSG(e_off <= 1e-5, "%s: adapters off: logp relative error %.3g from PEFT's disable_adapter()",
+                  name, e_off);
+        printf("  %-20s adapters off vs PEFT's disable_adapter(): logp rel %.1e\n", name, e_off);
+        CHECK_EQ_INT(ctrl_model_forward(m, &f.b, logp, NULL, NULL), CTRL_OK); /* on again: as before */
+        free(off_logp), free(got);
+    }
     CHECK_EQ_INT(ctrl_model_zero_grad(m), CTRL_OK);
     CHECK_EQ_INT(ctrl_model_backward(m, dlogp), CTRL_OK);
     size_t n_train;
@@ -192,6 +208,13 @@ TEST(trainable_tokens_match_peft) {
 /* modules_to_save on Qwen2's tied table with ensure_weight_tying (PEFT: one trained copy that is the
  * embedding and the head, saved under both names): PEFT's log-probs and the copy's gradient, both uses'. */
 TEST(tied_modules_to_save_with_ensure_weight_tying_match_peft) { check_case("qwen2_tied_saved_ewt"); }
+
+/* modules_to_save trained away from the base, with the adapters off: PEFT's disable_adapter() (the
+ * original modules: TRL's reference model) -- Llama's untied embedding and head, Qwen2's tied table. */
+TEST(modules_to_save_off_match_pefts_disable_adapter) {
+    check_case("llama_saved_off");
+    check_case("qwen2_tied_saved_ewt");
+}
 
 /* LoRA on MoE experts (PEFT's target_parameters: lora.ParamWrapper over transformers 5's stacked
  * experts.gate_up_proj / down_proj): both nested (gate_up_proj's under base_layer.) with attention

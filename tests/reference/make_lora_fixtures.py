@@ -181,7 +181,13 @@ CASES = {
     # the LM head (PEFT saves it under both names; its config lists the embedding's)
     "qwen2_tied_saved_ewt": ("qwen2", dict(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"],
                                            modules_to_save=["lm_head"], ensure_weight_tying=True,
-                                           init_lora_weights=False, lora_dropout=0.0)),
+                                           init_lora_weights=False, lora_dropout=0.0), "perturb_mts"),
+    # modules_to_save with the adapters off (PEFT's disable_adapter(): the original modules): Llama's untied
+    # embedding and head trained away from the base ("perturb_mts": scaled by random factors in [0.8, 1.2]);
+    # batch.json's off_logp is what PEFT computes under disable_adapter()
+    "llama_saved_off": ("llama", dict(r=2, lora_alpha=4, target_modules=["q_proj", "down_proj"],
+                                      modules_to_save=["embed_tokens", "lm_head"], init_lora_weights=False,
+                                      lora_dropout=0.0), "perturb_mts"),
 }
 
 
@@ -255,6 +261,11 @@ def main():
                 for n, p in pm.named_parameters():
                     if "trainable_tokens_delta" in n:
                         p.add_(0.5 * torch.randn(p.shape))
+        if "perturb_mts" in how:
+            with torch.no_grad():
+                for n, p in pm.named_parameters():
+                    if ".modules_to_save." in n:
+                        p.mul_(0.8 + 0.4 * torch.rand(p.shape))
         if "perturb" in how:
             with torch.no_grad():
                 for n, p in pm.named_parameters():
@@ -266,6 +277,10 @@ def main():
         save_peft_adapter(pm, d, base_path(arch))
         with open(os.path.join(base_dir, "batch.json")) as f:
             batch = json.load(f)
+        off_logps = None
+        if "perturb_mts" in how:  # what the reference model of TRL + PEFT computes
+            with torch.no_grad(), pm.disable_adapter():
+                off_logps, _ = packed_logps(pm, torch, batch["cu_seqlens"], batch["tokens"])
         logps, loss = packed_logps(pm, torch, batch["cu_seqlens"], batch["tokens"])
         loss.backward()
         grads = {file_name(n): p.grad.detach().contiguous() for n, p in pm.named_parameters() if p.requires_grad}
@@ -278,7 +293,7 @@ def main():
         scale = kw["lora_alpha"] / (math.sqrt(kw["r"]) if kw.get("use_rslora") else kw["r"])
         with open(os.path.join(d, "batch.json"), "w") as f:
             json.dump({"logp": logps, "loss": loss.item(), "scaling": scale, "base": base_path(arch),
-                       "nf4": "nf4" in how,
+                       "nf4": "nf4" in how, **({"off_logp": off_logps} if off_logps else {}),
                        "note": "torch %s, transformers %s, peft %s (make_lora_fixtures.py)" % (
                            torch.__version__, transformers.__version__, peft.__version__)}, f)
         print(case, "loss %.6f" % loss.item(), "trainable", sum(p.numel() for p in grads.values()),
